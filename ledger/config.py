@@ -1,0 +1,42 @@
+"""Configuration of the chain connection (no web3 import here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from node.errors import ConfigError
+
+BACKENDS = ("anvil", "pyevm", "rpc")
+
+
+@dataclass
+class LedgerConfig:
+    backend: str = "anvil"  # anvil: a managed local anvil; pyevm: in-process; rpc: rpc_url
+    rpc_url: str = ""
+    anvil_state_file: str = ""  # persist the managed anvil's chain across restarts
+    keystore: str = ""  # encrypted keystore JSON; empty with dev_account >= 0 on local chains
+    password_file: str = ""
+    dev_account: int = -1  # index of a well-known dev key, local chains only
+    registry_address: str = ""
+    ledger_address: str = ""
+    run_id: int = 0
+    confirmations: int = 0
+    request_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"ledger.backend={self.backend!r}: must be one of {list(BACKENDS)}")
+        if self.backend == "rpc" and not self.rpc_url:
+            raise ConfigError("ledger.backend='rpc' needs ledger.rpc_url, e.g. http://127.0.0.1:8545")
+        if self.rpc_url and not self.rpc_url.startswith(("http://", "https://", "ws://", "wss://")):
+            raise ConfigError(f"ledger.rpc_url={self.rpc_url!r}: must start with http://, https://, ws:// or wss://")
+        if self.keystore and self.dev_account >= 0:
+            raise ConfigError("ledger.keystore and ledger.dev_account are both set: keep only one")
+        for name in ("registry_address", "ledger_address"):
+            value = getattr(self, name)
+            if value and not (value.startswith("0x") and len(value) == 42):
+                raise ConfigError(f"ledger.{name}={value!r}: must be a 0x-prefixed 20-byte hex address")
+        if self.run_id < 0:
+            raise ConfigError(f"ledger.run_id={self.run_id}: must be >= 0")
+        if self.request_timeout <= 0:
+            raise ConfigError(f"ledger.request_timeout={self.request_timeout}: must be > 0 seconds")

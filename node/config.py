@@ -1,0 +1,232 @@
+"""``NodeConfig``: every component's configuration, read from one TOML file.
+
+The TOML file has one table per component (``[model]``, ``[training]``,
+``[diloco]``, ``[compression]``, ``[pipeline]``, ``[p2p]``, ``[ledger]``) plus
+node-level keys at the top. CLI flags override single values with dotted keys
+(``--set diloco.inner_steps=50``). Validation happens at load time; every error
+names the field and how to fix it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from ledger.config import LedgerConfig
+from node.errors import ConfigError
+from p2p.config import P2PConfig
+from training.config import (
+    CompressionConfig,
+    DilocoConfig,
+    ModelConfig,
+    PipelineConfig,
+    TrainingConfig,
+)
+
+_SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "training": TrainingConfig,
+    "diloco": DilocoConfig,
+    "compression": CompressionConfig,
+    "pipeline": PipelineConfig,
+    "p2p": P2PConfig,
+    "ledger": LedgerConfig,
+}
+
+
+@dataclass
+class NodeConfig:
+    """Everything one node needs. Sub-configs are validated on construction."""
+
+    data_dir: str = "."  # identity, keystore, archive, checkpoints and state live here
+    run_name: str = "dlx-demo"
+    replica: int = 0  # the cluster this node belongs to (one pipeline replica)
+    stage: int = -1  # -1: hold every stage of the replica in this process
+    rounds: int = 0  # outer rounds to train; 0 = until stopped
+    checkpoint_every: int = 1  # K: publish a checkpoint every K rounds
+    round_timeout: float = 120.0  # deadline for a round's contributions
+    quorum: int = 1  # minimum replicas per stage to close a round at the deadline
+    retention_rounds: int = 0  # archived contributions kept; 0 = keep everything
+    metrics_port: int = 0  # 0 = no Prometheus endpoint
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    diloco: DilocoConfig = field(default_factory=DilocoConfig)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    p2p: P2PConfig = field(default_factory=P2PConfig)
+    ledger: LedgerConfig = field(default_factory=LedgerConfig)
+
+    def __post_init__(self) -> None:
+        if self.replica < 0:
+            raise ConfigError(f"replica={self.replica}: must be >= 0")
+        if not -1 <= self.stage < self.pipeline.num_stages:
+            raise ConfigError(
+                f"stage={self.stage}: must be -1 (all stages) or in [0, pipeline.num_stages="
+                f"{self.pipeline.num_stages})"
+            )
+        if self.pipeline.num_stages > self.model.n_layer + 0:
+            raise ConfigError(
+                f"pipeline.num_stages={self.pipeline.num_stages} exceeds model.n_layer="
+                f"{self.model.n_layer}: use at most one stage per transformer block"
+            )
+        if self.rounds < 0:
+            raise ConfigError(f"rounds={self.rounds}: must be >= 0 (0 = until stopped)")
+        if self.checkpoint_every < 1:
+            raise ConfigError(f"checkpoint_every={self.checkpoint_every}: must be >= 1")
+        if self.round_timeout <= 0:
+            raise ConfigError(f"round_timeout={self.round_timeout}: must be > 0 seconds")
+        if not 1 <= self.quorum <= self.diloco.num_replicas:
+            raise ConfigError(
+                f"quorum={self.quorum}: must be in [1, diloco.num_replicas={self.diloco.num_replicas}]"
+            )
+        if self.retention_rounds < 0:
+            raise ConfigError(f"retention_rounds={self.retention_rounds}: must be >= 0 (0 = keep all)")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port={self.metrics_port}: must be in [0, 65535]")
+
+    def path(self, relative: str) -> Path:
+        """Resolve a configured path against ``data_dir``."""
+        p = Path(relative).expanduser()
+        return p if p.is_absolute() else Path(self.data_dir).expanduser() / p
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _coerce(value: Any, annotation: Any, where: str) -> Any:
+    """Check a TOML/CLI value against a dataclass field's type."""
+    text = str(annotation)
+    if text in ("bool", "<class 'bool'>"):
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+            return value.lower() in ("true", "1")
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}={value!r}: must be true or false")
+        return value
+    if text in ("int", "<class 'int'>"):
+        if isinstance(value, str):
+            try:
+                return int(value, 0)
+            except ValueError:
+                raise ConfigError(f"{where}={value!r}: must be an integer") from None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}={value!r}: must be an integer")
+        return value
+    if text in ("float", "<class 'float'>"):
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise ConfigError(f"{where}={value!r}: must be a number") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}={value!r}: must be a number")
+        return float(value)
+    if text in ("str", "<class 'str'>"):
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}={value!r}: must be a string")
+        return value
+    if text.startswith("list"):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+            if "int" in text:
+                try:
+                    value = [int(v) for v in value]
+                except ValueError:
+                    raise ConfigError(f"{where}={value!r}: must be a list of integers") from None
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}={value!r}: must be a list")
+        return value
+    return value
+
+
+def _build(cls: type, table: dict[str, Any], prefix: str) -> Any:
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in table.items():
+        where = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(f"{where}: unknown setting; known ones are {sorted(names)}")
+        if key in _SECTIONS and cls is NodeConfig:
+            if not isinstance(value, dict):
+                raise ConfigError(f"[{key}] must be a table")
+            kwargs[key] = _build(_SECTIONS[key], value, f"{key}.")
+        else:
+            kwargs[key] = _coerce(value, hints[key], where)
+    return cls(**kwargs)
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """Turn ``["diloco.inner_steps=50", "rounds=3"]`` into a nested dict."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. diloco.inner_steps=50")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        if len(parts) > 2 or not all(parts):
+            raise ConfigError(f"override {item!r}: keys are 'name' or 'section.name'")
+        node = tree
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value.strip()
+    return tree
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> NodeConfig:
+    """Read ``path`` (TOML), apply ``KEY=VALUE`` overrides, validate, return."""
+    table: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            table = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {p} not found: create one with 'dlx-node init'") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {p} is not UTF-8 text") from None
+    table = _merge(table, parse_overrides(overrides or []))
+    try:
+        return _build(NodeConfig, table, "")
+    except TypeError as exc:  # a value of the wrong shape slipped through
+        raise ConfigError(f"invalid configuration: {exc}") from None
+
+
+def config_from_dict(table: dict[str, Any]) -> NodeConfig:
+    """Build and validate a ``NodeConfig`` from a nested dict (e.g. ``to_dict()``)."""
+    return _build(NodeConfig, table, "")
+
+
+def dump_toml(table: dict[str, Any]) -> str:
+    """Serialize a nested dict of plain values as TOML (enough for our configs)."""
+
+    def scalar(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, list):
+            return "[" + ", ".join(scalar(x) for x in v) + "]"
+        raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+    top = [f"{k} = {scalar(v)}" for k, v in table.items() if not isinstance(v, dict)]
+    sections = []
+    for k, v in table.items():
+        if isinstance(v, dict):
+            sections.append(f"\n[{k}]\n" + "\n".join(f"{kk} = {scalar(vv)}" for kk, vv in v.items()))
+    return "\n".join(top) + "\n" + "\n".join(sections) + "\n"

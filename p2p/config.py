@@ -1,0 +1,42 @@
+"""Configuration of the libp2p host (no libp2p import here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from node.errors import ConfigError
+
+
+@dataclass
+class P2PConfig:
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 0  # 0: an ephemeral port
+    key_file: str = "identity.key"  # relative paths resolve against the node's data_dir
+    bootstrap: list[str] = field(default_factory=list)  # multiaddrs with /p2p/<peer id>
+    mdns: bool = False
+    mdns_interface: str = "lo"
+    gossip_heartbeat: float = 1.0
+    max_blob_bytes: int = 2 << 30
+    blob_concurrency: int = 4
+    transfer_timeout: float = 300.0
+    rate_limit_bps: float = 0.0  # 0: no cap; else bytes/s per peer for blob traffic
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.listen_port <= 65535:
+            raise ConfigError(f"p2p.listen_port={self.listen_port}: must be in [0, 65535]")
+        for addr in self.bootstrap:
+            if not addr.startswith("/") or "/p2p/" not in addr:
+                raise ConfigError(
+                    f"p2p.bootstrap entry {addr!r}: must be a multiaddr ending in /p2p/<peer id>, "
+                    "e.g. /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW..."
+                )
+        if self.gossip_heartbeat <= 0:
+            raise ConfigError(f"p2p.gossip_heartbeat={self.gossip_heartbeat}: must be > 0 seconds")
+        if self.max_blob_bytes < 1:
+            raise ConfigError(f"p2p.max_blob_bytes={self.max_blob_bytes}: must be >= 1")
+        if self.blob_concurrency < 1:
+            raise ConfigError(f"p2p.blob_concurrency={self.blob_concurrency}: must be >= 1")
+        if self.transfer_timeout <= 0:
+            raise ConfigError(f"p2p.transfer_timeout={self.transfer_timeout}: must be > 0 seconds")
+        if self.rate_limit_bps < 0:
+            raise ConfigError(f"p2p.rate_limit_bps={self.rate_limit_bps}: must be >= 0 (0 = no cap)")

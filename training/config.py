@@ -1,0 +1,145 @@
+"""Configuration of the model, the local training, DiLoCoX and compression.
+
+Plain dataclasses with no torch import, validated in ``__post_init__`` with
+messages that name the TOML field and say how to fix it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from node.errors import ConfigError
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    # ~0.1M parameters: unit and integration tests.
+    "tiny": dict(n_layer=2, n_head=2, n_embd=32, block_size=32),
+    # ~0.8M parameters: demo runs on 2 CPU cores.
+    "mini": dict(n_layer=4, n_head=4, n_embd=128, block_size=64),
+    # ~3.2M parameters: benchmarks.
+    "small": dict(n_layer=6, n_head=6, n_embd=192, block_size=128),
+}
+
+
+@dataclass
+class ModelConfig:
+    """A GPT-2 shaped decoder. ``preset`` fills the size fields left at 0."""
+
+    preset: str = "tiny"
+    vocab_size: int = 256  # byte-level tokenizer
+    n_layer: int = 0
+    n_head: int = 0
+    n_embd: int = 0
+    block_size: int = 0
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require(
+            self.preset in MODEL_PRESETS,
+            f"model.preset={self.preset!r}: must be one of {sorted(MODEL_PRESETS)}",
+        )
+        for name, value in MODEL_PRESETS[self.preset].items():
+            if getattr(self, name) == 0:
+                setattr(self, name, value)
+        for name in ("vocab_size", "n_layer", "n_head", "n_embd", "block_size"):
+            _require(getattr(self, name) >= 1, f"model.{name}={getattr(self, name)}: must be >= 1")
+        _require(
+            self.n_embd % self.n_head == 0,
+            f"model.n_embd={self.n_embd} is not divisible by model.n_head={self.n_head}: "
+            "pick n_embd as a multiple of n_head",
+        )
+        _require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout}: must be in [0, 1)")
+
+
+@dataclass
+class TrainingConfig:
+    """Local (inner) training of one replica."""
+
+    data_path: str = ""  # empty: a small corpus the project generates itself
+    seed: int = 0
+    batch_size: int = 8
+    inner_lr: float = 3e-3
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_fraction: float = 0.1  # tail of the corpus held out for evaluation
+    eval_batches: int = 4
+
+    def __post_init__(self) -> None:
+        _require(self.batch_size >= 1, f"training.batch_size={self.batch_size}: must be >= 1")
+        _require(self.inner_lr > 0, f"training.inner_lr={self.inner_lr}: must be > 0")
+        _require(self.weight_decay >= 0, f"training.weight_decay={self.weight_decay}: must be >= 0")
+        _require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "training.beta1/beta2: must be in [0, 1)")
+        _require(self.grad_clip >= 0, f"training.grad_clip={self.grad_clip}: must be >= 0 (0 = off)")
+        _require(
+            0.0 < self.eval_fraction < 0.5,
+            f"training.eval_fraction={self.eval_fraction}: must be in (0, 0.5)",
+        )
+        _require(self.eval_batches >= 1, f"training.eval_batches={self.eval_batches}: must be >= 1")
+
+
+@dataclass
+class DilocoConfig:
+    """The outer loop (arXiv 2311.08105, 2506.21263)."""
+
+    inner_steps: int = 20  # H
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    nesterov: bool = True
+    one_step_delay: bool = True
+    num_replicas: int = 2  # M, replicas expected per stage
+
+    def __post_init__(self) -> None:
+        _require(self.inner_steps >= 1, f"diloco.inner_steps={self.inner_steps}: must be >= 1")
+        _require(self.outer_lr > 0, f"diloco.outer_lr={self.outer_lr}: must be > 0")
+        _require(
+            0 <= self.outer_momentum < 1,
+            f"diloco.outer_momentum={self.outer_momentum}: must be in [0, 1)",
+        )
+        _require(self.num_replicas >= 1, f"diloco.num_replicas={self.num_replicas}: must be >= 1")
+
+
+@dataclass
+class CompressionConfig:
+    """Adaptive low-rank + quantization codec for pseudo-gradients."""
+
+    enabled: bool = True
+    error_budget: float = 0.5  # max relative Frobenius error per tensor and round
+    max_rank: int = 32
+    bit_choices: list[int] = field(default_factory=lambda: [2, 4, 8])
+    error_feedback: bool = True
+    min_compress_numel: int = 4096  # smaller tensors are only quantized
+
+    def __post_init__(self) -> None:
+        _require(
+            0 < self.error_budget <= 1,
+            f"compression.error_budget={self.error_budget}: must be in (0, 1]",
+        )
+        _require(self.max_rank >= 1, f"compression.max_rank={self.max_rank}: must be >= 1")
+        _require(
+            len(self.bit_choices) > 0 and all(b in (2, 4, 8, 16) for b in self.bit_choices),
+            f"compression.bit_choices={self.bit_choices}: must be a non-empty subset of [2, 4, 8, 16]",
+        )
+        self.bit_choices = sorted(set(self.bit_choices))
+        _require(
+            self.min_compress_numel >= 1,
+            f"compression.min_compress_numel={self.min_compress_numel}: must be >= 1",
+        )
+
+
+@dataclass
+class PipelineConfig:
+    """How one replica is split into pipeline stages."""
+
+    num_stages: int = 2
+    micro_batches: int = 2
+
+    def __post_init__(self) -> None:
+        _require(self.num_stages >= 1, f"pipeline.num_stages={self.num_stages}: must be >= 1")
+        _require(self.micro_batches >= 1, f"pipeline.micro_batches={self.micro_batches}: must be >= 1")
