@@ -43,8 +43,9 @@ class NodeConfig:
 
     data_dir: str = "."  # identity, keystore, archive, checkpoints and state live here
     run_name: str = "dlx-demo"
-    replica: int = 0  # the cluster this node belongs to (one pipeline replica)
-    stage: int = -1  # -1: hold every stage of the replica in this process
+    cluster: str = "cluster-0"  # nodes on one fast link that together hold one pipeline replica
+    cluster_size: int = 1  # members of the cluster; 1 = this node holds every stage
+    cluster_master: str = "127.0.0.1:29500"  # torch.distributed rendezvous (host:port) of the cluster
     rounds: int = 0  # outer rounds to train; 0 = until stopped
     checkpoint_every: int = 1  # K: publish a checkpoint every K rounds
     round_timeout: float = 120.0  # deadline for a round's contributions
@@ -60,13 +61,16 @@ class NodeConfig:
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
 
     def __post_init__(self) -> None:
-        if self.replica < 0:
-            raise ConfigError(f"replica={self.replica}: must be >= 0")
-        if not -1 <= self.stage < self.pipeline.num_stages:
+        if not self.cluster or not self.cluster.replace("-", "").replace("_", "").isalnum():
+            raise ConfigError(f"cluster={self.cluster!r}: use letters, digits, '-' or '_'")
+        if self.cluster_size not in (1, self.pipeline.num_stages):
             raise ConfigError(
-                f"stage={self.stage}: must be -1 (all stages) or in [0, pipeline.num_stages="
-                f"{self.pipeline.num_stages})"
+                f"cluster_size={self.cluster_size}: must be 1 (one node holds every stage) or "
+                f"pipeline.num_stages={self.pipeline.num_stages} (one node per stage)"
             )
+        host, _, port = self.cluster_master.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"cluster_master={self.cluster_master!r}: must be HOST:PORT, e.g. 127.0.0.1:29500")
         if self.pipeline.num_stages > self.model.n_layer + 0:
             raise ConfigError(
                 f"pipeline.num_stages={self.pipeline.num_stages} exceeds model.n_layer="

@@ -1,0 +1,153 @@
+"""The ``dlx-node`` command line.
+
+Only this module configures logging and turns :class:`node.errors.DlxError`
+into exit codes and one-line messages. Heavy packages (torch, libp2p, web3)
+are imported inside the commands, so ``dlx-node --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+from node.errors import DlxError
+
+logger = logging.getLogger(__name__)
+
+EXIT_INTERRUPTED = 130
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def configure_logging(level: str = "info", json_logs: bool = False, log_file: str | None = None) -> None:
+    handler: logging.Handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
+    if json_logs:
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    # py-libp2p and web3 are chatty at INFO.
+    for noisy in ("libp2p", "web3", "urllib3", "asyncio", "multiaddr", "async_service"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", default="node.toml", help="node configuration file (TOML)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one setting, e.g. --set diloco.inner_steps=50 (repeatable)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dlx-node",
+        description="Verifiable decentralized training: DiLoCoX over libp2p with an EVM ledger.",
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-json", action="store_true", help="structured (JSON lines) logs on stderr")
+    parser.add_argument("--log-file", default=None, help="write logs to this file instead of stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("init", help="create the identity key, Ethereum account and a commented node.toml")
+    p.add_argument("--data-dir", default=".", help="directory for keys, state and node.toml")
+    acct = p.add_mutually_exclusive_group()
+    acct.add_argument("--dev-account", type=int, default=None, metavar="N",
+                      help="use well-known local dev key N (local chains only)")
+    acct.add_argument("--password-file", default=None,
+                      help="create an encrypted keystore protected by the password in this file")
+    p.add_argument("--force", action="store_true", help="overwrite an existing node.toml (keys are never overwritten)")
+
+    p = sub.add_parser("start", help="run a node: train, exchange, commit, checkpoint")
+    _add_config_args(p)
+    p.add_argument("--no-progress", action="store_true", help="no live progress line (logs only)")
+
+    p = sub.add_parser("demo", help="local multi-node training run on a managed local chain")
+    p.add_argument("--data", default="", help="text file to train on (default: a corpus the project generates)")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--stages", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--inner-steps", type=int, default=20)
+    p.add_argument("--preset", default="mini", choices=["tiny", "mini", "small"])
+    p.add_argument("--checkpoint-every", type=int, default=2)
+    p.add_argument("--out", default="dlx-demo", help="working directory for node data, logs and checkpoints")
+    p.add_argument("--timeout", type=float, default=1800.0, help="give up after this many seconds")
+
+    p = sub.add_parser("status", help="what a running node is doing")
+    p.add_argument("--data-dir", default=".", help="the node's data directory")
+    p.add_argument("--json", action="store_true", help="print the raw status record")
+
+    for name, helptext in (
+        ("audit", "re-derive a run's training history from the chain and archived contributions"),
+        ("pull", "download a published checkpoint, verify it against the chain, write a transformers dir"),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--rpc", required=True, help="JSON-RPC URL of the chain, e.g. http://127.0.0.1:8545")
+        p.add_argument("--run", type=int, required=True, help="run id")
+        p.add_argument("--ledger", default="", help="TrainingLedger address (default: from --deployment)")
+        p.add_argument("--registry", default="", help="NodeRegistry address (default: from --deployment)")
+        p.add_argument("--deployment", default="", help="deployment.json written by 'dlx-node demo'")
+        p.add_argument("--bootstrap", action="append", default=[], help="peer multiaddr to fetch from (repeatable)")
+        if name == "audit":
+            p.add_argument("--archive", action="append", default=[],
+                           help="local archive directory (a node's data dir) to read contributions from")
+            p.add_argument("--json", dest="json_out", default="", help="write the report as JSON here")
+            p.add_argument("--html", dest="html_out", default="", help="write an HTML report here")
+            p.add_argument("--no-replay", action="store_true", help="skip the bit-exact weights replay")
+        else:
+            p.add_argument("--round", type=int, default=-1, help="checkpoint round (default: latest)")
+            p.add_argument("--archive", action="append", default=[],
+                           help="local directory holding checkpoint files to read instead of peers")
+            p.add_argument("out_dir", help="output directory for the transformers model")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    configure_logging(args.log_level, args.log_json, args.log_file)
+    from node import commands  # deferred: pulls in torch / libp2p / web3 as needed
+
+    started = time.monotonic()
+    try:
+        return int(getattr(commands, f"cmd_{args.command}")(args) or 0)
+    except KeyboardInterrupt:
+        print("dlx-node: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except DlxError as exc:
+        logger.debug("command failed after %.1fs", time.monotonic() - started, exc_info=True)
+        print(f"dlx-node {args.command}: error: {exc}", file=sys.stderr)
+        return getattr(exc, "exit_code", 1)
+    except OSError as exc:
+        if os.environ.get("DLX_DEBUG"):
+            raise
+        print(f"dlx-node {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Configuration loading: every shipped file loads; bad values name the field."""
+
+from pathlib import Path
+
+import pytest
+
+from node.config import config_from_dict, dump_toml, load_config
+from node.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def shipped_configs() -> list[Path]:
+    return sorted(p for p in ROOT.rglob("*.toml") if "node_modules" not in p.parts
+                  and p.name != "pyproject.toml" and ".venv" not in p.parts)
+
+
+def test_project_ships_config_files():
+    assert shipped_configs(), "the project must ship at least one node config"
+
+
+@pytest.mark.parametrize("path", shipped_configs(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)
+    assert cfg.model.n_layer >= cfg.pipeline.num_stages
+
+
+def test_defaults_and_presets_fill_sizes():
+    cfg = load_config(None)
+    assert cfg.model.preset == "tiny" and cfg.model.n_embd > 0 and cfg.model.n_embd % cfg.model.n_head == 0
+
+
+def test_overrides_are_typed(tmp_path):
+    cfg = load_config(None, ["diloco.inner_steps=7", "compression.enabled=false", "rounds=3",
+                             "compression.bit_choices=8,4", "p2p.rate_limit_bps=1.25e8"])
+    assert cfg.diloco.inner_steps == 7 and cfg.compression.enabled is False and cfg.rounds == 3
+    assert cfg.compression.bit_choices == [4, 8] and cfg.p2p.rate_limit_bps == 1.25e8
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("diloco.inner_steps=0", "diloco.inner_steps=0"),
+        ("diloco.inner_steps=abc", "diloco.inner_steps='abc'"),
+        ("model.preset=huge", "model.preset='huge'"),
+        ("pipeline.num_stages=9", "pipeline.num_stages=9"),
+        ("quorum=5", "quorum=5"),
+        ("cluster_size=3", "cluster_size=3"),
+        ("ledger.backend=ganache", "ledger.backend='ganache'"),
+        ("p2p.bootstrap=/ip4/1.2.3.4/tcp/1", "p2p.bootstrap entry"),
+        ("diloco.nope=1", "diloco.nope: unknown setting"),
+        ("nonsense", "expected KEY=VALUE"),
+    ],
+)
+def test_bad_values_name_the_field(override, field):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert field in str(info.value)
+
+
+def test_bad_files_give_specific_errors(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[diloco\ninner_steps = 3\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+    wrong_type = tmp_path / "wrong.toml"
+    wrong_type.write_text("diloco = 3\n")
+    with pytest.raises(ConfigError, match=r"\[diloco\] must be a table"):
+        load_config(wrong_type)
+
+
+def test_round_trip_through_toml(tmp_path):
+    cfg = load_config(None, ["diloco.inner_steps=5", "run_name=x"])
+    path = tmp_path / "node.toml"
+    path.write_text(dump_toml(cfg.to_dict()))
+    again = load_config(path)
+    assert again == cfg
+    assert config_from_dict(cfg.to_dict()) == cfg
