@@ -1,0 +1,59 @@
+"""Errors of the ``training`` package.
+
+Every error here derives from :class:`TrainingError`, itself under the project
+root :class:`node.errors.DlxError`. Other training modules may append classes
+below; keep the existing ones stable because callers catch them by name.
+"""
+
+from node.errors import DlxError
+
+
+class TrainingError(DlxError):
+    """Root of the errors the training package raises on purpose."""
+
+
+class ModelInputError(TrainingError, ValueError):
+    """A tensor handed to the model has the wrong shape, dtype or length."""
+
+
+class StageSplitError(TrainingError, ValueError):
+    """A model cannot be split into the requested pipeline stages."""
+
+
+class StateDictError(TrainingError, ValueError):
+    """A state dict is missing names, has extra names or mismatched shapes."""
+
+
+class DataError(TrainingError):
+    """A corpus file is missing, empty, unreadable or too short."""
+
+
+class PipelineError(TrainingError):
+    """A multi-process pipeline could not be formed, timed out or failed."""
+
+
+class ExportError(TrainingError):
+    """A checkpoint could not be exported to the Hugging Face format."""
+
+
+# --- DiLoCoX engine (training/diloco.py, compression.py, hashing.py) ---
+
+
+class WeightsHashError(TrainingError, ValueError):
+    """Tensors cannot be hashed canonically (unsupported dtype, not a tensor, bad stage hash)."""
+
+
+class ContributionDecodeError(TrainingError, ValueError):
+    """An encoded contribution is malformed, oversized or does not match the stage's tensors."""
+
+
+class ContributionEncodeError(TrainingError, ValueError):
+    """A pseudo-gradient cannot be encoded (non-finite values, unsupported shape or dtype)."""
+
+
+class RoundOrderError(TrainingError):
+    """An engine call came out of round order (encode/apply skipped or repeated a round)."""
+
+
+class EngineStateError(TrainingError, ValueError):
+    """An engine checkpoint does not match this stage (names, shapes, config or version)."""
