@@ -1,0 +1,128 @@
+"""The archive: the exact signed contribution bytes a node aggregated, per round.
+
+Layout under ``<data_dir>/archive/run-<run_id>/``::
+
+    run.json                        the run document (its sha256 is the chain's configHash)
+    round-00000003/
+        <envelope sha256 hex>.env   one signed contribution envelope, byte for byte
+        round.json                  {"round": 3, "contributions": [[stage, replica, peer_id, hash], ...]}
+                                    in canonical aggregation order (stage, replica, peer id, hash)
+
+The archive is what lets an auditor re-derive every round: the contributions
+root on chain is the Merkle root of the envelope hashes in canonical order,
+and replaying the aggregation over them must give the committed weights root.
+Pruning keeps the newest ``retention_rounds`` rounds (0 keeps everything).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from node.errors import StateError
+from node.fsutil import atomic_write_bytes, atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ArchivedContribution:
+    stage: int
+    replica: int
+    peer_id: str
+    envelope_hash: bytes  # sha256 of the envelope bytes
+
+    def key(self) -> tuple[int, int, str, bytes]:
+        return (self.stage, self.replica, self.peer_id, self.envelope_hash)
+
+
+class Archive:
+    """Per-run store of signed contribution envelopes, keyed by round and hash."""
+
+    def __init__(self, root: str | Path, run_id: int) -> None:
+        self.dir = Path(root) / f"run-{run_id}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def _round_dir(self, round_index: int) -> Path:
+        return self.dir / f"round-{round_index:08d}"
+
+    def write_run_document(self, data: bytes) -> None:
+        atomic_write_bytes(self.dir / "run.json", data)
+
+    def run_document(self) -> bytes | None:
+        path = self.dir / "run.json"
+        return path.read_bytes() if path.exists() else None
+
+    def put(self, round_index: int, envelope: bytes) -> bytes:
+        """Store one envelope (idempotent); return its sha256."""
+        digest = hashlib.sha256(envelope).digest()
+        path = self._round_dir(round_index) / f"{digest.hex()}.env"
+        if not path.exists():
+            atomic_write_bytes(path, envelope)
+        return digest
+
+    def get(self, round_index: int, envelope_hash: bytes) -> bytes:
+        path = self._round_dir(round_index) / f"{envelope_hash.hex()}.env"
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise StateError(f"archive has no envelope {envelope_hash.hex()} for round {round_index}") from None
+
+    def find(self, envelope_hash: bytes) -> Path | None:
+        """Locate an envelope by hash in any round (used to serve it to peers)."""
+        hits = list(self.dir.glob(f"round-*/{envelope_hash.hex()}.env"))
+        return hits[0] if hits else None
+
+    def seal_round(self, round_index: int, contributions: list[ArchivedContribution]) -> None:
+        """Record which envelopes were aggregated in round ``round_index``, in canonical order."""
+        ordered = sorted(contributions, key=ArchivedContribution.key)
+        for c in ordered:
+            if not (self._round_dir(round_index) / f"{c.envelope_hash.hex()}.env").exists():
+                raise StateError(f"cannot seal round {round_index}: envelope {c.envelope_hash.hex()} missing")
+        atomic_write_json(
+            self._round_dir(round_index) / "round.json",
+            {
+                "round": round_index,
+                "contributions": [[c.stage, c.replica, c.peer_id, c.envelope_hash.hex()] for c in ordered],
+            },
+        )
+        # Envelopes received but not aggregated (late, duplicate) are dropped here.
+        keep = {f"{c.envelope_hash.hex()}.env" for c in ordered}
+        for path in self._round_dir(round_index).glob("*.env"):
+            if path.name not in keep:
+                logger.info("round %d: dropping unaggregated envelope %s", round_index, path.name[:16])
+                path.unlink()
+
+    def sealed(self, round_index: int) -> list[ArchivedContribution] | None:
+        path = self._round_dir(round_index) / "round.json"
+        if not path.exists():
+            return None
+        try:
+            doc = json.loads(path.read_text())
+            return [ArchivedContribution(int(s), int(r), str(p), bytes.fromhex(h)) for s, r, p, h in
+                    doc["contributions"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StateError(f"archive manifest {path} is corrupt: {exc}") from None
+
+    def rounds(self) -> list[int]:
+        out = []
+        for p in self.dir.glob("round-*"):
+            try:
+                out.append(int(p.name.split("-")[1]))
+            except (IndexError, ValueError):
+                continue
+        return sorted(out)
+
+    def prune(self, retention_rounds: int) -> list[int]:
+        """Delete all but the newest ``retention_rounds`` sealed rounds; 0 keeps everything."""
+        if retention_rounds <= 0:
+            return []
+        sealed = [r for r in self.rounds() if (self._round_dir(r) / "round.json").exists()]
+        doomed = sealed[:-retention_rounds]
+        for r in doomed:
+            shutil.rmtree(self._round_dir(r), ignore_errors=True)
+        return doomed

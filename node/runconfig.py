@@ -1,0 +1,96 @@
+"""The run configuration and its hash: what a run's on-chain ``configHash`` pins.
+
+The run document is canonical JSON (sorted keys, no whitespace, UTF-8) of every
+setting that changes the training math: model, training, DiLoCoX, compression,
+pipeline stage count, and the sha256 of the training text (not its path, which
+differs between machines). ``config_hash = sha256(document)``. The initial
+weights follow from ``model`` and ``training.seed`` (``training.model.
+init_state_dict``), so the hash pins them too. Node-local settings (ports,
+keys, timeouts, data_dir) are not part of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from node.config import NodeConfig
+from node.errors import ConfigError
+
+RUN_FORMAT = "dlx-run-v1"
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def run_document(cfg: NodeConfig) -> dict[str, Any]:
+    """The settings every replica of a run must share, as plain data."""
+    training = dataclasses.asdict(cfg.training)
+    data_path = training.pop("data_path")
+    if data_path:
+        try:
+            training["data_sha256"] = file_sha256(cfg.path(data_path))
+        except OSError as exc:
+            raise ConfigError(f"training.data_path={data_path!r}: cannot read it ({exc.strerror})") from None
+    else:
+        training["data_sha256"] = "generated"
+    return {
+        "format": RUN_FORMAT,
+        "run_name": cfg.run_name,
+        "model": dataclasses.asdict(cfg.model),
+        "training": training,
+        "diloco": dataclasses.asdict(cfg.diloco),
+        "compression": dataclasses.asdict(cfg.compression),
+        "pipeline": {"num_stages": cfg.pipeline.num_stages},
+    }
+
+
+def canonical_json(document: dict[str, Any]) -> bytes:
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def config_hash(document: dict[str, Any]) -> bytes:
+    """32-byte sha256 of the canonical run document."""
+    return hashlib.sha256(canonical_json(document)).digest()
+
+
+def parse_run_document(data: bytes, expected_hash: bytes | None = None) -> dict[str, Any]:
+    """Decode a run document fetched from a peer or a file; check it against the chain's hash."""
+    if expected_hash is not None and hashlib.sha256(data).digest() != expected_hash:
+        raise ConfigError(
+            f"run document hash {hashlib.sha256(data).hexdigest()} does not match the chain's "
+            f"configHash {expected_hash.hex()}"
+        )
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"run document is not valid JSON: {exc}") from None
+    if not isinstance(document, dict) or document.get("format") != RUN_FORMAT:
+        raise ConfigError(f"run document has no format {RUN_FORMAT!r}")
+    return document
+
+
+def node_config_from_run(document: dict[str, Any], **node_fields: Any) -> NodeConfig:
+    """A NodeConfig whose training settings are exactly those of ``document``."""
+    from node.config import config_from_dict
+
+    training = dict(document["training"])
+    training.pop("data_sha256", None)
+    table = {
+        "run_name": document["run_name"],
+        "model": document["model"],
+        "training": training,
+        "diloco": document["diloco"],
+        "compression": document["compression"],
+        "pipeline": {"num_stages": document["pipeline"]["num_stages"]},
+        **node_fields,
+    }
+    return config_from_dict(table)
