@@ -57,3 +57,7 @@ class RoundOrderError(TrainingError):
 
 class EngineStateError(TrainingError, ValueError):
     """An engine checkpoint does not match this stage (names, shapes, config or version)."""
+
+
+class AggregationError(TrainingError, ValueError):
+    """A round cannot be aggregated (no contributions, or weights and momentum do not match)."""

@@ -1,0 +1,320 @@
+"""The DiLoCoX outer loop of one pipeline stage (arXiv 2506.21263; DiLoCo, arXiv 2311.08105).
+
+DiLoCo's Algorithm 1, per stage ``s`` and replica ``i``, with ``theta`` the
+global (outer) weights of the stage::
+
+    for outer round t = 0, 1, ...:
+        for H inner steps: inner AdamW step on the local weights theta_i   # the trainer
+        Delta_i^t = theta_i^{start of round t} - theta_i                       # encode_contribution(t)
+        Delta^t   = (1/M) sum_i decode(encode(Delta_i^t))                     # apply_round(t) -> aggregate
+        theta^t   = OuterSGDNesterov(theta^{t-1}, Delta^t)
+        theta_i  <- theta^t  (plus the delayed correction below)
+
+Outer step (SGD with Nesterov momentum, PyTorch's convention; DiLoCo defaults
+``lr = 0.7``, ``mu = 0.9``), every operation elementwise in float32, in this
+order, never fused::
+
+    Delta   = (((c_0 + c_1) + c_2) + ... + c_{M-1}) / M      contributions in the given order
+    m_t     = mu * m_{t-1} + Delta
+    u_t     = Delta + mu * m_t         (Nesterov)   |   u_t = m_t   (plain momentum)
+    theta^t = theta^{t-1} - lr * u_t
+
+One-step-delay overlap (DiLoCoX, abstract: "one-step-delay overlap of
+communication and local training"). Round t's pseudo-gradients are exchanged
+while round t+1 already trains, so ``apply_round(t)`` runs after the inner steps
+of round t+1. Let ``E_t`` be the local weights when round t ended (its
+contribution was encoded) and ``L`` the local weights now. The correction is::
+
+    theta_i <- theta^t + (L - E_t)
+
+i.e. the progress made during round t+1 is kept and re-based on the new global
+weights, as if round t+1 had started from ``theta^t``. Every other stored local
+snapshot (the start of the current round, and ``E_{t+1}`` if round t+1 was
+already encoded) is re-based the same way, ``X <- theta^t + (X - E_t)``.
+
+Pseudo-gradient under the delay: ``Delta_i^{t+1} = (start of round t+1) - E_{t+1}``
+measured in one consistent frame, i.e. exactly the local progress of round
+t+1, whichever of ``encode_contribution(t+1)`` and ``apply_round(t)`` runs first.
+After the re-basing the start of round t+1 is ``theta^t``, so
+``Delta^{t+1}`` is relative to ``theta^t``, and ``theta^{t+1} =
+OuterSGDNesterov(theta^t, Delta^{t+1})`` applies it to the weights it belongs
+to. It was computed from a start that did not yet include round t's outer
+step: that one-round staleness is the price of the overlap. Without the delay,
+``apply_round(t)`` runs before round t+1 trains, ``L = E_t`` and the rule
+reduces to DiLoCo's ``theta_i <- theta^t`` (done as a plain copy).
+
+Bit-exact aggregation: :func:`aggregate` is a pure function of the previous
+global weights, the momentum, the contribution bytes in canonical order and the
+config; the decoder uses integer arithmetic for its matrix product
+(:mod:`training.compression`) and the outer step only elementwise IEEE float32
+operations, so another process (the auditor) gets the same
+:func:`~training.hashing.stage_weights_hash`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from training.compression import CompressionStats, ErrorFeedbackCompressor, decode_contribution
+from training.config import CompressionConfig, DilocoConfig
+from training.errors import AggregationError, ContributionDecodeError, EngineStateError, RoundOrderError
+from training.hashing import stage_weights_hash
+
+logger = logging.getLogger(__name__)
+
+ENGINE_STATE_VERSION = 1
+
+Weights = dict[str, torch.Tensor]
+
+
+def _f32(value: float) -> torch.Tensor:
+    """A float32 0-d tensor: makes the precision of every scalar in the outer step explicit."""
+    return torch.tensor(value, dtype=torch.float32)
+
+
+def average_contributions(decoded: Sequence[Mapping[str, torch.Tensor]]) -> Weights:
+    """``(((c_0 + c_1) + ...) + c_{M-1}) / M`` per tensor, float32, in the given order."""
+    if not decoded:
+        raise AggregationError("no contributions to average")
+    count = _f32(float(len(decoded)))
+    average = {}
+    for name in sorted(decoded[0]):
+        total = decoded[0][name].to(torch.float32)
+        for contribution in decoded[1:]:
+            total = torch.add(total, contribution[name])
+        average[name] = torch.div(total, count)
+    return average
+
+
+def outer_step(
+    global_weights: Mapping[str, torch.Tensor],
+    momentum: Mapping[str, torch.Tensor],
+    pseudo_gradient: Mapping[str, torch.Tensor],
+    diloco_cfg: DilocoConfig,
+) -> tuple[Weights, Weights]:
+    """SGD with (Nesterov) momentum on the outer weights: ``(new_weights, new_momentum)``.
+
+    ``m_t = mu*m + Delta``; ``u = Delta + mu*m_t`` (Nesterov) or ``m_t``;
+    ``theta_t = theta - lr*u``; each an unfused float32 elementwise op.
+    """
+    mu = _f32(diloco_cfg.outer_momentum)
+    lr = _f32(diloco_cfg.outer_lr)
+    new_weights, new_momentum = {}, {}
+    for name in sorted(global_weights):
+        delta = pseudo_gradient[name]
+        buffer = torch.add(torch.mul(momentum[name], mu), delta)
+        update = torch.add(delta, torch.mul(buffer, mu)) if diloco_cfg.nesterov else buffer
+        new_weights[name] = torch.sub(global_weights[name], torch.mul(update, lr))
+        new_momentum[name] = buffer
+    return new_weights, new_momentum
+
+
+def aggregate(
+    global_weights: Mapping[str, torch.Tensor],
+    momentum: Mapping[str, torch.Tensor],
+    contributions: Sequence[bytes],
+    diloco_cfg: DilocoConfig,
+    *,
+    stage_index: int | None = None,
+    outer_round: int | None = None,
+) -> tuple[Weights, Weights, bytes]:
+    """The auditable aggregation of one round of one stage: ``(new_global, new_momentum, weights_hash)``.
+
+    Decodes ``contributions`` in the given (canonical) order, averages them and
+    applies :func:`outer_step`. Pure: the inputs are not modified. Bit-exact
+    across processes and IEEE-754 platforms (module docstring). A malformed
+    contribution raises :class:`ContributionDecodeError` naming its index, so
+    the caller can drop it and aggregate the rest.
+    """
+    if not contributions:
+        raise AggregationError("no contributions to aggregate")
+    names = set(global_weights)
+    if set(momentum) != names:
+        raise AggregationError("momentum names differ from the global weights' names")
+    for name in names:
+        if global_weights[name].dtype != torch.float32 or momentum[name].dtype != torch.float32:
+            raise AggregationError(f"{name!r}: global weights and momentum must be float32")
+        if global_weights[name].shape != momentum[name].shape:
+            raise AggregationError(f"{name!r}: momentum shape differs from the weights' shape")
+    shapes = {name: tuple(value.shape) for name, value in global_weights.items()}
+    decoded = []
+    for index, blob in enumerate(contributions):
+        try:
+            decoded.append(decode_contribution(blob, shapes, stage_index=stage_index, outer_round=outer_round))
+        except ContributionDecodeError as exc:
+            raise ContributionDecodeError(f"contribution {index}: {exc}") from None
+    new_global, new_momentum = outer_step(global_weights, momentum, average_contributions(decoded), diloco_cfg)
+    return new_global, new_momentum, stage_weights_hash(new_global)
+
+
+@dataclass
+class RoundResult:
+    """What ``apply_round`` did: the new global weights' hash and timings."""
+
+    outer_round: int
+    weights_hash: bytes
+    num_contributions: int
+    aggregate_seconds: float  # decode + average + outer step + hash
+    correction_seconds: float  # re-basing the local weights
+    stats: dict = field(default_factory=dict)
+
+
+def _clone(weights: Mapping[str, torch.Tensor]) -> Weights:
+    return {name: value.detach().to(torch.float32).clone() for name, value in weights.items()}
+
+
+class StageEngine:
+    """DiLoCoX state of one stage on one replica; no networking.
+
+    ``params`` are the live parameters of the stage module (updated in place by
+    the inner optimizer); the engine reads them to form pseudo-gradients and
+    writes them when a round is applied. It keeps the global weights, the outer
+    momentum, the error-feedback residuals and the local snapshots the delay
+    correction needs. Call order per round t (module docstring)::
+
+        no delay:  train(t); encode_contribution(t); apply_round(t, ...)
+        delay:     train(t); encode_contribution(t); [apply_round(t-1, ...)];
+                   train(t+1); ...; finally apply_round(last, ...)
+    """
+
+    def __init__(
+        self,
+        stage_index: int,
+        params: Mapping[str, torch.Tensor],
+        diloco_cfg: DilocoConfig,
+        compression_cfg: CompressionConfig,
+    ) -> None:
+        self.stage_index = stage_index
+        self.params = dict(params)
+        self.diloco_cfg = diloco_cfg
+        self.compression_cfg = compression_cfg
+        self.shapes = {name: tuple(value.shape) for name, value in self.params.items()}
+        self.global_weights: Weights = _clone(self.params)
+        self.momentum: Weights = {name: torch.zeros(s, dtype=torch.float32) for name, s in self.shapes.items()}
+        self.compressor = ErrorFeedbackCompressor(self.shapes, compression_cfg)
+        self._round_start: Weights = _clone(self.params)  # local weights when the current round began
+        self._round_end: dict[int, Weights] = {}  # E_t for rounds encoded but not applied yet
+        self.last_encoded = -1
+        self.last_applied = -1
+
+    @property
+    def delayed(self) -> bool:
+        return self.diloco_cfg.one_step_delay
+
+    def encode_contribution(self, outer_round: int) -> tuple[bytes, CompressionStats]:
+        """Pseudo-gradient of ``outer_round`` (start-of-round minus current local weights), compressed."""
+        if outer_round != self.last_encoded + 1:
+            raise RoundOrderError(f"stage {self.stage_index}: encode round {outer_round}, expected {self.last_encoded + 1}")
+        pending = outer_round - 1 - self.last_applied  # rounds encoded but not applied
+        if pending > (1 if self.delayed else 0):
+            raise RoundOrderError(
+                f"stage {self.stage_index}: round {self.last_applied + 1} must be applied before encoding "
+                f"round {outer_round} ({'one-step delay' if self.delayed else 'no delay'})"
+            )
+        started = time.perf_counter()
+        local = _clone(self.params)
+        pseudo_gradient = {name: torch.sub(self._round_start[name], local[name]) for name in self.shapes}
+        blob, stats = self.compressor.compress(
+            pseudo_gradient, stage_index=self.stage_index, outer_round=outer_round
+        )
+        self._round_end[outer_round] = local
+        self._round_start = local
+        self.last_encoded = outer_round
+        stats.encode_seconds = time.perf_counter() - started
+        return blob, stats
+
+    def apply_round(self, outer_round: int, contributions: Sequence[bytes]) -> RoundResult:
+        """Aggregate round ``outer_round`` and update global and local weights (module docstring)."""
+        if outer_round != self.last_applied + 1 or outer_round > self.last_encoded:
+            raise RoundOrderError(
+                f"stage {self.stage_index}: apply round {outer_round}, expected {self.last_applied + 1} "
+                f"(last encoded {self.last_encoded})"
+            )
+        started = time.perf_counter()
+        new_global, new_momentum, weights_hash = aggregate(
+            self.global_weights, self.momentum, contributions, self.diloco_cfg,
+            stage_index=self.stage_index, outer_round=outer_round,
+        )
+        aggregated = time.perf_counter()
+        round_end = self._round_end.pop(outer_round)
+        with torch.no_grad():
+            if not self.delayed:
+                for name, param in self.params.items():
+                    param.copy_(new_global[name])
+                self._round_start = _clone(new_global)
+            else:
+                for name, param in self.params.items():
+                    progress = torch.sub(param.detach().to(torch.float32), round_end[name])
+                    param.copy_(torch.add(new_global[name], progress))
+
+                def rebase(snapshot: Weights) -> Weights:
+                    return {n: torch.add(new_global[n], torch.sub(snapshot[n], round_end[n])) for n in snapshot}
+
+                self._round_start = rebase(self._round_start)
+                self._round_end = {r: rebase(snapshot) for r, snapshot in self._round_end.items()}
+        self.global_weights, self.momentum = new_global, new_momentum
+        self.last_applied = outer_round
+        return RoundResult(
+            outer_round=outer_round,
+            weights_hash=weights_hash,
+            num_contributions=len(contributions),
+            aggregate_seconds=aggregated - started,
+            correction_seconds=time.perf_counter() - aggregated,
+        )
+
+    def weights_hash(self) -> bytes:
+        """Hash of the current global weights of the stage."""
+        return stage_weights_hash(self.global_weights)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict:
+        """Global weights, momentum, error feedback, local snapshots and round counters (cloned)."""
+        return {
+            "version": ENGINE_STATE_VERSION,
+            "stage_index": self.stage_index,
+            "one_step_delay": self.delayed,
+            "last_encoded": self.last_encoded,
+            "last_applied": self.last_applied,
+            "global_weights": _clone(self.global_weights),
+            "momentum": _clone(self.momentum),
+            "error_feedback": self.compressor.state_dict(),
+            "round_start": _clone(self._round_start),
+            "round_end": {int(r): _clone(snap) for r, snap in self._round_end.items()},
+        }
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Restore :meth:`state_dict`; the live params are the trainer's to restore."""
+        try:
+            if state["version"] != ENGINE_STATE_VERSION:
+                raise EngineStateError(f"engine state version {state['version']}, expected {ENGINE_STATE_VERSION}")
+            if state["stage_index"] != self.stage_index:
+                raise EngineStateError(f"engine state is for stage {state['stage_index']}, not {self.stage_index}")
+            if bool(state["one_step_delay"]) != self.delayed:
+                raise EngineStateError("engine state was saved with a different diloco.one_step_delay")
+            last_encoded, last_applied = int(state["last_encoded"]), int(state["last_applied"])
+            round_end = {int(r): self._checked(f"round_end[{r}]", s) for r, s in state["round_end"].items()}
+            if sorted(round_end) != list(range(last_applied + 1, last_encoded + 1)):
+                raise EngineStateError("engine state: pending round snapshots do not match the round counters")
+            global_weights = self._checked("global_weights", state["global_weights"])
+            momentum = self._checked("momentum", state["momentum"])
+            round_start = self._checked("round_start", state["round_start"])
+            self.compressor.load_state_dict(state["error_feedback"])
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise EngineStateError(f"engine state is malformed: {type(exc).__name__}: {exc}") from None
+        self.global_weights, self.momentum, self._round_start = global_weights, momentum, round_start
+        self._round_end = round_end
+        self.last_encoded, self.last_applied = last_encoded, last_applied
+
+    def _checked(self, what: str, weights: Mapping[str, torch.Tensor]) -> Weights:
+        if set(weights) != set(self.shapes):
+            raise EngineStateError(f"engine state {what}: tensor names differ from stage {self.stage_index}'s")
+        for name, value in weights.items():
+            if tuple(value.shape) != self.shapes[name]:
+                raise EngineStateError(f"engine state {what}[{name!r}]: shape {tuple(value.shape)} != {self.shapes[name]}")
+        return _clone(weights)
