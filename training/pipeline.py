@@ -1,0 +1,331 @@
+"""Running one replica's pipeline stages: in one process, or one process per stage.
+
+Both runners perform the same inner step (the "inner optimizer" of DiLoCo,
+arXiv 2311.08105 Algorithm 1, here per stage as in DiLoCoX arXiv 2506.21263):
+
+1. ``loss = mean cross-entropy over the batch``; backward.
+2. Global-norm gradient clipping over *all* stages' parameters::
+
+       norm = sqrt(sum over stages s of sum_{g in stage s} ||g||^2)
+       g   <- g * min(1, grad_clip / (norm + 1e-6))
+
+   In the multi-process pipeline each stage computes its own sum of squares
+   and the sums are all-reduced, so every stage scales by the same factor as
+   the single-process run (``grad_clip = 0`` disables clipping).
+3. One AdamW step per stage (lr, betas, weight decay from
+   :class:`training.config.TrainingConfig`; decay only on matrices, as GPT-2).
+
+:class:`LocalReplicaTrainer` chains the :class:`~training.stages.StageModule`
+objects in one process. :class:`PipelineStageTrainer` runs one stage per
+process on a real ``torch.distributed.pipelining`` pipeline (gloo on CPU,
+``ScheduleGPipe`` with ``micro_batches`` micro-batches; gradients are the mean
+over micro-batches, which equals the full-batch mean because micro-batches have
+equal size). Results agree up to float summation order (observed: ~1e-6 after a few steps).
+
+Dropout draws random numbers in a different order in the two runners: the
+equivalence holds for ``dropout = 0`` (the default).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from training.config import ModelConfig, TrainingConfig
+from training.errors import PipelineError
+from training.model import init_state_dict, lm_loss
+from training.stages import StageModule, StageSpec, merge_state_dicts, split_stages, split_state_dict
+
+logger = logging.getLogger(__name__)
+
+_CLIP_EPS = 1e-6
+
+
+def make_inner_optimizer(module: nn.Module, training_cfg: TrainingConfig) -> torch.optim.AdamW:
+    """AdamW over ``module``'s parameters; weight decay on matrices only (not biases, LayerNorms)."""
+    decay = [p for p in module.parameters() if p.dim() >= 2]
+    no_decay = [p for p in module.parameters() if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": training_cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        groups, lr=training_cfg.inner_lr, betas=(training_cfg.beta1, training_cfg.beta2)
+    )
+
+
+def grad_sq_norm(module: nn.Module) -> torch.Tensor:
+    """Sum of squared gradient entries of ``module`` (float64 scalar; missing grads count 0)."""
+    total = torch.zeros((), dtype=torch.float64)
+    for param in module.parameters():
+        if param.grad is not None:
+            total += param.grad.detach().double().pow(2).sum()
+    return total
+
+
+def clip_coefficient(total_sq_norm: torch.Tensor, grad_clip: float) -> float:
+    """The factor ``min(1, grad_clip / (norm + eps))`` for a global squared norm."""
+    if grad_clip <= 0:
+        return 1.0
+    norm = math.sqrt(float(total_sq_norm))
+    return min(1.0, grad_clip / (norm + _CLIP_EPS))
+
+
+def scale_grads(module: nn.Module, coefficient: float) -> None:
+    """Multiply every gradient of ``module`` by ``coefficient`` (skipped when it is 1)."""
+    if coefficient >= 1.0:
+        return
+    for param in module.parameters():
+        if param.grad is not None:
+            param.grad.mul_(coefficient)
+
+
+class LocalReplicaTrainer:
+    """All stages of one replica chained in this process, one AdamW per stage.
+
+    Weights start as ``state_dict`` (a full-model state dict) or
+    ``init_state_dict(model_cfg, training_cfg.seed)``.
+    """
+
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        training_cfg: TrainingConfig,
+        num_stages: int = 1,
+        state_dict: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        self.model_cfg = model_cfg
+        self.training_cfg = training_cfg
+        self.specs: list[StageSpec] = split_stages(model_cfg.n_layer, num_stages)
+        full = state_dict if state_dict is not None else init_state_dict(model_cfg, training_cfg.seed)
+        self.stage_modules: list[StageModule] = []
+        for spec, part in zip(self.specs, split_state_dict(full, self.specs, model_cfg)):
+            module = StageModule(model_cfg, spec, seed=None)
+            module.load_state_dict(part)
+            self.stage_modules.append(module)
+        self.optimizers = [make_inner_optimizer(m, training_cfg) for m in self.stage_modules]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of token ids ``x`` through every stage."""
+        hidden = x
+        for module in self.stage_modules:
+            hidden = module(hidden)
+        return hidden
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """One inner step on batch ``(x, y)``; returns the batch loss before the update."""
+        for module, optimizer in zip(self.stage_modules, self.optimizers):
+            module.train()
+            optimizer.zero_grad(set_to_none=True)
+        loss = lm_loss(self.forward(x), y)
+        loss.backward()
+        # Summed stage by stage, exactly as the all-reduce of the pipeline runner does.
+        total = torch.zeros((), dtype=torch.float64)
+        for module in self.stage_modules:
+            total = total + grad_sq_norm(module)
+        coefficient = clip_coefficient(total, self.training_cfg.grad_clip)
+        for module, optimizer in zip(self.stage_modules, self.optimizers):
+            scale_grads(module, coefficient)
+            optimizer.step()
+        return float(loss.detach())
+
+    @torch.no_grad()
+    def eval_loss(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+        """Mean over ``batches`` of the batch-mean cross-entropy (no update)."""
+        for module in self.stage_modules:
+            module.eval()
+        total = 0.0
+        for x, y in batches:
+            total += float(lm_loss(self.forward(x), y))
+        for module in self.stage_modules:
+            module.train()
+        return total / len(batches)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The full model's weights (merged stage state dicts, canonical order)."""
+        return merge_state_dicts([m.state_dict() for m in self.stage_modules])
+
+    def load_state_dict(self, full_state_dict: dict[str, torch.Tensor]) -> None:
+        """Replace the weights of every stage (optimizer state is kept)."""
+        parts = split_state_dict(full_state_dict, self.specs, self.model_cfg)
+        for module, part in zip(self.stage_modules, parts):
+            module.load_state_dict(part)
+
+
+def init_pipeline_group(
+    rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float = 60.0
+) -> dist.ProcessGroup:
+    """Join (rank 0: host) the gloo process group of one replica's pipeline.
+
+    Rendezvous over TCP at ``master_addr:master_port``; the rendezvous and every
+    later collective or point-to-point operation fail after ``timeout_s``.
+    One pipeline group per process: it is torch's default process group.
+    """
+    if dist.is_initialized():
+        raise PipelineError("a torch.distributed process group already exists in this process; close() it first")
+    if not 0 <= rank < world_size:
+        raise PipelineError(f"rank={rank} not in [0, world_size={world_size})")
+    try:
+        dist.init_process_group(
+            backend="gloo",
+            init_method=f"tcp://{master_addr}:{int(master_port)}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+    except Exception as exc:  # torch raises RuntimeError / DistStoreError / DistNetworkError
+        raise PipelineError(
+            f"rank {rank}/{world_size}: pipeline rendezvous at {master_addr}:{master_port} failed: {exc}"
+        ) from exc
+    logger.info("pipeline group joined: rank %d/%d at %s:%d", rank, world_size, master_addr, master_port)
+    return dist.group.WORLD
+
+
+def close_pipeline_group() -> None:
+    """Destroy the process group made by :func:`init_pipeline_group` (no-op if none)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class PipelineStageTrainer:
+    """One stage of a replica's pipeline, run in this process (rank == stage index).
+
+    Every rank calls :meth:`train_step` / :meth:`eval_loss` with the same
+    batches (the data is deterministic, see :mod:`training.data`); the first
+    stage uses ``x``, the last ``y``, the others only their shapes. Every rank
+    gets the loss back (broadcast from the last stage).
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        spec: StageSpec,
+        rank: int,
+        world_size: int,
+        micro_batches: int,
+        training_cfg: TrainingConfig,
+        group: dist.ProcessGroup | None = None,
+        state_dict: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        if world_size != spec.num_stages or rank != spec.index:
+            raise PipelineError(
+                f"rank={rank}, world_size={world_size} do not match stage {spec.index} of {spec.num_stages}: "
+                "run one process per stage with rank = stage index"
+            )
+        if micro_batches < 1:
+            raise PipelineError(f"micro_batches={micro_batches}: must be >= 1")
+        if not dist.is_initialized():
+            raise PipelineError("no process group: call init_pipeline_group() first")
+        self.cfg = cfg
+        self.spec = spec
+        self.rank = rank
+        self.world_size = world_size
+        self.micro_batches = micro_batches
+        self.training_cfg = training_cfg
+        self.group = group if group is not None else dist.group.WORLD
+        self.module = StageModule(cfg, spec, seed=None)
+        if state_dict is None:
+            full = init_state_dict(cfg, training_cfg.seed)
+            state_dict = {name: full[name] for name in self.module.state_dict()}
+        self.module.load_state_dict(state_dict)
+        self.optimizer = make_inner_optimizer(self.module, training_cfg)
+        self._schedule = None
+        self._schedule_shape: tuple[int, ...] | None = None
+        self._closed = False
+
+    def _schedule_for(self, shape: tuple[int, ...]):
+        # PipelineStage infers the activation shapes from the first micro-batch and
+        # keeps them, so a new batch shape needs a new stage and schedule.
+        if self._schedule is None or self._schedule_shape != shape:
+            from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+            stage = PipelineStage(
+                self.module, self.spec.index, self.spec.num_stages, torch.device("cpu"), group=self.group
+            )
+            self._schedule = ScheduleGPipe(stage, n_microbatches=self.micro_batches, loss_fn=lm_loss)
+            self._schedule_shape = shape
+        return self._schedule
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """One pipelined inner step on ``(x, y)``; every rank returns the batch loss."""
+        self._check_open()
+        if x.size(0) % self.micro_batches != 0:
+            raise PipelineError(
+                f"batch size {x.size(0)} is not divisible by micro_batches={self.micro_batches}"
+            )
+        self.module.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        schedule = self._schedule_for(tuple(x.shape))
+        losses: list[torch.Tensor] = []
+        try:
+            if self.spec.is_first and self.spec.is_last:
+                schedule.step(x, target=y, losses=losses)
+            elif self.spec.is_first:
+                schedule.step(x)
+            elif self.spec.is_last:
+                schedule.step(target=y, losses=losses)
+            else:
+                schedule.step()
+            loss = torch.zeros((), dtype=torch.float64)
+            if self.spec.is_last:
+                # Equal-size micro-batches: the mean of their means is the batch mean.
+                loss = torch.stack([l.detach().double() for l in losses]).mean()
+            dist.broadcast(loss, group_src=self.world_size - 1, group=self.group)
+            total = grad_sq_norm(self.module)
+            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.group)
+        except PipelineError:
+            raise
+        except Exception as exc:  # gloo timeouts and peer failures surface as RuntimeError
+            raise PipelineError(f"stage {self.spec.index}: pipeline step failed: {exc}") from exc
+        scale_grads(self.module, clip_coefficient(total, self.training_cfg.grad_clip))
+        self.optimizer.step()
+        return float(loss)
+
+    @torch.no_grad()
+    def eval_loss(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+        """Mean held-out loss over ``batches``, forward only; every rank returns it."""
+        self._check_open()
+        self.module.eval()
+        total = torch.zeros((), dtype=torch.float64)
+        try:
+            for x, y in batches:
+                if self.spec.is_first:
+                    hidden = self.module(x)
+                else:
+                    hidden = torch.empty(x.size(0), x.size(1), self.cfg.n_embd)
+                    dist.recv(hidden, group_src=self.rank - 1, group=self.group)
+                    hidden = self.module(hidden)
+                if self.spec.is_last:
+                    total += float(lm_loss(hidden, y))
+                else:
+                    dist.send(hidden.contiguous(), group_dst=self.rank + 1, group=self.group)
+            dist.broadcast(total, group_src=self.world_size - 1, group=self.group)
+        except Exception as exc:
+            raise PipelineError(f"stage {self.spec.index}: pipeline eval failed: {exc}") from exc
+        finally:
+            self.module.train()
+        return float(total) / len(batches)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """This stage's weights under their full-model names."""
+        return self.module.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Replace this stage's weights (optimizer state is kept)."""
+        self.module.load_state_dict(state_dict)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PipelineError(f"stage {self.spec.index}: trainer is closed")
+
+    def close(self) -> None:
+        """Destroy the process group; the trainer cannot be used afterwards. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._schedule = None
+            close_pipeline_group()
