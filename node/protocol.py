@@ -1,0 +1,143 @@
+"""Payloads of the round protocol's messages (see docs/PROTOCOL.md).
+
+Each message travels inside a signed :mod:`p2p.envelope` whose ``kind`` names
+the payload type below; ``round``/``stage``/``replica`` live in the envelope
+header. Payloads are msgpack maps decoded strictly: exact keys, exact types,
+bounded sizes. A bad payload raises :class:`ProtocolError` and is dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, get_type_hints
+
+import msgpack
+
+from node.errors import NodeError
+
+HELLO = "hello"
+CONTRIBUTION = "contribution"  # a blob, not gossip: payload = encoded pseudo-gradient
+ANNOUNCE = "announce"
+CLOSE = "close"
+ATTESTATION = "attestation"
+KINDS = (HELLO, CONTRIBUTION, ANNOUNCE, CLOSE, ATTESTATION)
+
+MAX_GOSSIP_PAYLOAD = 64 * 1024
+
+
+class ProtocolError(NodeError):
+    """A peer's message payload is malformed; it is dropped."""
+
+
+@dataclass(frozen=True)
+class Hello:
+    """'I exist, this is my cluster, my account, my addresses and the round I train.'"""
+
+    cluster: str
+    cluster_size: int
+    account: bytes  # 20-byte Ethereum address registered with this node's ed25519 key
+    addrs: list[str]
+    training_round: int  # the outer round this node is training now (-1: not yet)
+
+
+@dataclass(frozen=True)
+class Announce:
+    """'My contribution to (round, stage) is the blob with this envelope hash.'"""
+
+    envelope_hash: bytes  # sha256 of the contribution envelope bytes
+    size: int
+
+
+@dataclass(frozen=True)
+class Close:
+    """The round coordinator's decision: exactly these contributions are aggregated."""
+
+    contributions: list[list[Any]]  # [[replica, peer_id, envelope_hash(bytes32), size], ...] canonical order
+
+
+@dataclass(frozen=True)
+class Attestation:
+    """A node's signed result for (round, stage): what it computed from the closed set."""
+
+    weights_hash: bytes  # stage weights hash after the outer step
+    contributions_root: bytes  # Merkle root of this stage's closed contribution hashes
+    num_contributions: int
+    train_loss: float  # mean inner loss of the replica (last stage only; nan elsewhere)
+    eval_loss: float  # held-out loss of the replica (last stage only; nan elsewhere)
+    tokens: int  # tokens this replica trained in the round
+    shard_hash: bytes  # sha256 of the checkpoint shard of this stage (b"" if not a checkpoint round)
+    checkpoint_hash: bytes  # sha256 of the assembled checkpoint (b"" if not known yet)
+
+
+_TYPES = {HELLO: Hello, ANNOUNCE: Announce, CLOSE: Close, ATTESTATION: Attestation}
+
+
+def encode_payload(message: Any) -> bytes:
+    return msgpack.packb(asdict(message), use_bin_type=True)
+
+
+def _check(value: Any, annotation: Any, where: str) -> Any:
+    text = str(annotation)
+    if annotation is bytes or text == "bytes":
+        ok = isinstance(value, bytes)
+    elif annotation is int or text == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif annotation is float or text == "float":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif annotation is str or text == "str":
+        ok = isinstance(value, str) and len(value) <= 512
+    elif text.startswith("list"):
+        ok = isinstance(value, list) and len(value) <= 4096
+    else:
+        ok = True
+    if not ok:
+        raise ProtocolError(f"{where}: unexpected {type(value).__name__}")
+    return value
+
+
+def decode_payload(kind: str, data: bytes) -> Any:
+    """Strictly decode the payload of a gossip message of ``kind``."""
+    cls = _TYPES.get(kind)
+    if cls is None:
+        raise ProtocolError(f"kind {kind!r} carries no gossip payload")
+    if len(data) > MAX_GOSSIP_PAYLOAD:
+        raise ProtocolError(f"{kind} payload of {len(data)} bytes exceeds {MAX_GOSSIP_PAYLOAD}")
+    try:
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_GOSSIP_PAYLOAD)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise ProtocolError(f"{kind} payload is not msgpack: {exc}") from None
+    names = [f.name for f in fields(cls)]
+    if not isinstance(raw, dict) or sorted(raw) != sorted(names):
+        raise ProtocolError(f"{kind} payload must have exactly the keys {names}")
+    hints = get_type_hints(cls)
+    values = {name: _check(raw[name], hints[name], f"{kind}.{name}") for name in names}
+    message = cls(**values)
+    _validate(message)
+    return message
+
+
+def _validate(message: Any) -> None:
+    if isinstance(message, Hello):
+        if len(message.account) != 20:
+            raise ProtocolError("hello.account must be 20 bytes")
+        if message.cluster_size < 1 or message.training_round < -1:
+            raise ProtocolError("hello.cluster_size/training_round out of range")
+        if not all(isinstance(a, str) for a in message.addrs):
+            raise ProtocolError("hello.addrs must be strings")
+    elif isinstance(message, Announce):
+        if len(message.envelope_hash) != 32 or message.size < 1:
+            raise ProtocolError("announce.envelope_hash must be 32 bytes and size >= 1")
+    elif isinstance(message, Close):
+        for item in message.contributions:
+            if (not isinstance(item, list) or len(item) != 4 or not isinstance(item[0], int)
+                    or not isinstance(item[1], str) or not isinstance(item[2], bytes)
+                    or len(item[2]) != 32 or not isinstance(item[3], int)):
+                raise ProtocolError("close.contributions entries must be [replica, peer_id, hash32, size]")
+    elif isinstance(message, Attestation):
+        for name in ("weights_hash", "contributions_root"):
+            if len(getattr(message, name)) != 32:
+                raise ProtocolError(f"attestation.{name} must be 32 bytes")
+        for name in ("shard_hash", "checkpoint_hash"):
+            if len(getattr(message, name)) not in (0, 32):
+                raise ProtocolError(f"attestation.{name} must be empty or 32 bytes")

@@ -1,0 +1,189 @@
+"""The training side of a node: the stages it holds, their trainers and DiLoCoX engines.
+
+A node holds either every stage of its replica (a cluster of one: the stages
+run chained in this process) or one stage (a cluster of ``num_stages`` nodes
+joined by a torch.distributed gloo pipeline). Either way, each held stage has
+its own :class:`training.diloco.StageEngine`; this class is the node's only
+door into ``training/``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from node.config import NodeConfig
+from training.data import corpus_from_config, eval_batches, round_batches
+from training.diloco import RoundResult, StageEngine, aggregate
+from training.hashing import stage_weights_hash
+from training.model import init_state_dict
+from training.pipeline import LocalReplicaTrainer, PipelineStageTrainer, close_pipeline_group, init_pipeline_group
+from training.stages import split_stages, stage_param_names
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainStats:
+    mean_loss: float
+    tokens: int
+    seconds: float
+
+
+class ReplicaWorker:
+    """Trainers and engines of the stages one node holds (see module docstring)."""
+
+    def __init__(self, cfg: NodeConfig, replica: int, stages: tuple[int, ...], rank: int) -> None:
+        self.cfg = cfg
+        self.replica = replica
+        self.stages = stages
+        self.rank = rank
+        self.specs = split_stages(cfg.model.n_layer, cfg.pipeline.num_stages)
+        training_cfg = cfg.training
+        if training_cfg.data_path:
+            # Resolve the data path against data_dir without mutating the caller's config.
+            from dataclasses import replace
+
+            training_cfg = replace(training_cfg, data_path=str(cfg.path(training_cfg.data_path)))
+        self.corpus = corpus_from_config(training_cfg, cfg.model)
+        self._eval = eval_batches(self.corpus, cfg.training.eval_batches, cfg.training.batch_size,
+                                  cfg.model.block_size)
+        self.pipelined = len(stages) < cfg.pipeline.num_stages
+        self.trainer: LocalReplicaTrainer | PipelineStageTrainer | None = None
+        self.engines: dict[int, StageEngine] = {}
+
+    # -- set-up ---------------------------------------------------------------------
+    def start(self, rendezvous_timeout: float, op_timeout: float) -> None:
+        """Build the trainer (joining the cluster's pipeline group if the replica is split)."""
+        full = init_state_dict(self.cfg.model, self.cfg.training.seed)
+        if self.pipelined:
+            host, _, port = self.cfg.cluster_master.rpartition(":")
+            init_pipeline_group(self.rank, self.cfg.pipeline.num_stages, host, int(port),
+                                timeout_s=max(rendezvous_timeout, op_timeout))
+            spec = self.specs[self.stages[0]]
+            self.trainer = PipelineStageTrainer(
+                self.cfg.model, spec, self.rank, self.cfg.pipeline.num_stages, self.cfg.pipeline.micro_batches,
+                self.cfg.training, state_dict={n: full[n] for n in stage_param_names(self.cfg.model, spec)},
+            )
+            modules = {spec.index: self.trainer.module}
+        else:
+            self.trainer = LocalReplicaTrainer(self.cfg.model, self.cfg.training, self.cfg.pipeline.num_stages,
+                                               state_dict=full)
+            modules = {spec.index: m for spec, m in zip(self.specs, self.trainer.stage_modules)}
+        for stage in self.stages:
+            params = dict(modules[stage].named_parameters())
+            self.engines[stage] = StageEngine(stage, params, self.cfg.diloco, self.cfg.compression)
+
+    def close(self) -> None:
+        if isinstance(self.trainer, PipelineStageTrainer):
+            self.trainer.close()
+            close_pipeline_group()
+        self.trainer = None
+
+    def agree_on_round(self, proposal: int) -> int:
+        """Pipeline members agree on the next round to train (the max of their proposals)."""
+        if not self.pipelined:
+            return proposal
+        import torch.distributed as dist
+
+        value = torch.tensor([proposal], dtype=torch.int64)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return int(value.item())
+
+    # -- state ----------------------------------------------------------------------
+    def stage_names(self, stage: int) -> list[str]:
+        return stage_param_names(self.cfg.model, self.specs[stage])
+
+    def global_state(self, stage: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        engine = self.engines[stage]
+        return engine.global_weights, engine.momentum
+
+    def global_hash(self, stage: int) -> bytes:
+        return self.engines[stage].weights_hash()
+
+    def load_global(self, stage: int, weights: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor],
+                    last_round: int) -> None:
+        """Enter at ``last_round + 1`` from global state (a checkpoint): local = global, no pending rounds."""
+        engine = self.engines[stage]
+        state = engine.state_dict()
+        weights = {n: weights[n].to(torch.float32).clone() for n in state["global_weights"]}
+        state.update(
+            last_encoded=last_round, last_applied=last_round, global_weights=weights,
+            momentum={n: momentum[n].to(torch.float32).clone() for n in weights},
+            round_start={n: t.clone() for n, t in weights.items()}, round_end={},
+        )
+        engine.load_state_dict(state)
+        with torch.no_grad():
+            for name, param in engine.params.items():
+                param.copy_(weights[name])
+
+    def skip_to(self, stage: int, next_round: int) -> None:
+        """Make ``next_round`` the next round to encode, keeping weights (a node that sat rounds out)."""
+        engine = self.engines[stage]
+        if engine.last_encoded >= next_round - 1:
+            return
+        state = engine.state_dict()
+        state.update(last_encoded=next_round - 1, last_applied=max(state["last_applied"], next_round - 1),
+                     round_end={})
+        engine.load_state_dict(state)
+
+    # -- one outer round --------------------------------------------------------------
+    def train_round(self, outer_round: int, on_step: Callable[[int, float], None] | None = None) -> TrainStats:
+        """H inner steps on this replica's deterministic batches of ``outer_round``."""
+        h = self.cfg.diloco.inner_steps
+        batches = round_batches(self.corpus, self.cfg.training.seed, self.replica, outer_round, h,
+                                self.cfg.training.batch_size, self.cfg.model.block_size)
+        started = time.perf_counter()
+        losses = []
+        for step, (x, y) in enumerate(batches):
+            losses.append(self.trainer.train_step(x, y))
+            if on_step is not None:
+                on_step(step + 1, losses[-1])
+        tokens = h * self.cfg.training.batch_size * self.cfg.model.block_size
+        return TrainStats(sum(losses) / len(losses), tokens, time.perf_counter() - started)
+
+    def eval_loss(self) -> float:
+        return self.trainer.eval_loss(self._eval)
+
+    def encode(self, stage: int, outer_round: int):
+        """(contribution bytes, compression stats) of ``stage`` for ``outer_round``."""
+        self.skip_to(stage, outer_round)
+        return self.engines[stage].encode_contribution(outer_round)
+
+    def apply(self, stage: int, outer_round: int, contributions: list[bytes]) -> bytes:
+        """Aggregate ``outer_round`` of ``stage`` (canonical order); return the new stage weights hash.
+
+        A round this node encoded goes through the engine (with the one-step-delay
+        correction). A round it did not encode (it joined late or sat the round
+        out) is absorbed: the global state advances with the same pure
+        :func:`training.diloco.aggregate`, and every local snapshot moves by the
+        same global delta, so local progress is kept.
+        """
+        engine = self.engines[stage]
+        if engine.last_encoded >= outer_round and engine.last_applied == outer_round - 1:
+            result: RoundResult = engine.apply_round(outer_round, contributions)
+            return result.weights_hash
+        state = engine.state_dict()
+        old = state["global_weights"]
+        new_global, new_momentum, weights_hash = aggregate(
+            old, state["momentum"], contributions, self.cfg.diloco, stage_index=stage, outer_round=outer_round,
+        )
+        delta = {n: torch.sub(new_global[n], old[n]) for n in old}
+        state["global_weights"], state["momentum"] = new_global, new_momentum
+        state["round_start"] = {n: torch.add(t, delta[n]) for n, t in state["round_start"].items()}
+        state["round_end"] = {r: {n: torch.add(t, delta[n]) for n, t in snap.items()}
+                              for r, snap in state["round_end"].items()}
+        state["last_applied"] = max(state["last_applied"], min(outer_round, state["last_encoded"]))
+        engine.load_state_dict(state)
+        with torch.no_grad():
+            for name, param in engine.params.items():
+                param.add_(delta[name])
+        return weights_hash
+
+    def initial_hashes(self) -> dict[int, bytes]:
+        full = init_state_dict(self.cfg.model, self.cfg.training.seed)
+        return {s: stage_weights_hash({n: full[n] for n in self.stage_names(s)}) for s in self.stages}

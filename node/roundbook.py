@@ -1,0 +1,103 @@
+"""What a node has heard about each round: a thread-safe book with blocking waits.
+
+The gossip consumer thread files every accepted message here; the round loop
+and the chain worker wait on it with deadlines. Pure bookkeeping: no network,
+no torch, no chain.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+from node.protocol import Announce, Attestation, Close, Hello
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Announced:
+    peer_id: str
+    replica: int
+    envelope_hash: bytes
+    size: int
+
+
+@dataclass
+class PeerInfo:
+    peer_id: str
+    public_key: bytes
+    hello: Hello
+    seen_at: float
+
+
+class RoundBook:
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.peers: dict[str, PeerInfo] = {}
+        self.announces: dict[tuple[int, int], dict[str, Announced]] = defaultdict(dict)
+        self.closes: dict[tuple[int, int], dict[str, tuple[Close, bytes]]] = defaultdict(dict)
+        self.attestations: dict[tuple[int, int], dict[str, Attestation]] = defaultdict(dict)
+
+    # -- filing (gossip thread) ------------------------------------------------
+    def add_hello(self, peer_id: str, public_key: bytes, hello: Hello) -> None:
+        with self._cond:
+            self.peers[peer_id] = PeerInfo(peer_id, public_key, hello, time.monotonic())
+            self._cond.notify_all()
+
+    def add_announce(self, round_index: int, stage: int, item: Announced) -> None:
+        with self._cond:
+            self.announces[(round_index, stage)].setdefault(item.peer_id, item)
+            self._cond.notify_all()
+
+    def add_close(self, round_index: int, stage: int, coordinator: str, close: Close, envelope: bytes) -> None:
+        with self._cond:
+            self.closes[(round_index, stage)].setdefault(coordinator, (close, envelope))
+            self._cond.notify_all()
+
+    def add_attestation(self, round_index: int, stage: int, peer_id: str, att: Attestation) -> None:
+        with self._cond:
+            self.attestations[(round_index, stage)].setdefault(peer_id, att)
+            self._cond.notify_all()
+
+    # -- reading ---------------------------------------------------------------
+    def snapshot_announces(self, round_index: int, stage: int) -> dict[str, Announced]:
+        with self._cond:
+            return dict(self.announces.get((round_index, stage), {}))
+
+    def snapshot_attestations(self, round_index: int, stage: int) -> dict[str, Attestation]:
+        with self._cond:
+            return dict(self.attestations.get((round_index, stage), {}))
+
+    def snapshot_closes(self, round_index: int, stage: int) -> dict[str, tuple[Close, bytes]]:
+        with self._cond:
+            return dict(self.closes.get((round_index, stage), {}))
+
+    def live_peers(self, max_age: float) -> dict[str, PeerInfo]:
+        now = time.monotonic()
+        with self._cond:
+            return {p: info for p, info in self.peers.items() if now - info.seen_at <= max_age}
+
+    def wait_for(self, predicate: Callable[[], T | None], timeout: float,
+                 stop: threading.Event | None = None) -> T | None:
+        """Block until ``predicate()`` returns a non-None value, the timeout passes or ``stop`` is set."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                value = predicate()
+                if value is not None:
+                    return value
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or (stop is not None and stop.is_set()):
+                    return None
+                self._cond.wait(min(remaining, 0.5))
+
+    def forget_before(self, round_index: int) -> None:
+        """Drop state of rounds older than ``round_index`` (bounds memory on long runs)."""
+        with self._cond:
+            for book in (self.announces, self.closes, self.attestations):
+                for key in [k for k in book if k[0] < round_index]:
+                    del book[key]
