@@ -1,0 +1,221 @@
+"""The chain side of each finished round: commit (by rotation), checkpoint, verify, dispute.
+
+Runs on its own thread so chain latency never stalls training. Rounds are
+handled in order. For round t every node:
+
+1. waits for attestations covering every stage (its own included);
+2. derives the round record: ``weights_root`` over the stage weight hashes,
+   ``contributions_root`` (Merkle root of every aggregated envelope hash in
+   canonical order), mean losses, tokens, number of contributors;
+3. on checkpoint rounds assembles the full checkpoint from the stage shards
+   (every node builds the same bytes, so every node can serve it);
+4. commits if it is first in the round's committer rotation, or if the
+   previous committers left the round uncommitted for a grace period each;
+   the committer then publishes the checkpoint's content hash;
+5. reads the round back from the chain and files a dispute if the committed
+   roots differ from what it computed itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from ledger.merkle import merkle_root
+from ledger.records import RoundCommit, to_micro
+from node.checkpoint import merge_shards, parse_checkpoint, write_checkpoint
+from node.errors import DlxError
+from node.topology import committer_order
+from training.hashing import weights_root
+
+if TYPE_CHECKING:
+    from node.runtime import Node
+
+logger = logging.getLogger(__name__)
+
+COMMIT_FALLBACK_S = 8.0
+
+
+class Committer:
+    def __init__(self, node: "Node") -> None:
+        self.node = node
+        self._queue: queue.Queue[int | None] = queue.Queue()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread = threading.Thread(target=self._loop, name="committer", daemon=True)
+        self._thread.start()
+
+    def submit(self, outer_round: int) -> None:
+        self._idle.clear()
+        self._queue.put(outer_round)
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every submitted round is handled."""
+        deadline = time.monotonic() + timeout
+        while not self._idle.is_set() and time.monotonic() < deadline:
+            self._idle.wait(0.5)
+        return self._idle.is_set()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                self.handle(item)
+            except DlxError as exc:
+                logger.error("round %d: chain step failed: %s", item, exc)
+            except Exception:
+                logger.exception("round %d: chain step crashed", item)
+            if self._queue.empty():
+                self._idle.set()
+
+    # ------------------------------------------------------------------ one round
+    def _attestations(self, outer_round: int):
+        node = self.node
+        num_stages = node.cfg.pipeline.num_stages
+
+        def all_stages():
+            atts = {s: node.book.snapshot_attestations(outer_round, s) for s in range(num_stages)}
+            return atts if all(atts.values()) else None
+
+        return node.book.wait_for(all_stages, timeout=node.cfg.round_timeout, stop=node.stop_event)
+
+    def record(self, outer_round: int):
+        """The round's commit as this node sees it, or None if attestations are missing."""
+        node = self.node
+        atts = self._attestations(outer_round)
+        if atts is None:
+            logger.warning("round %d: not every stage attested in time; this node will not commit it", outer_round)
+            return None, None
+        stage_hashes, stage_roots = [], []
+        for stage in range(node.cfg.pipeline.num_stages):
+            mine = atts[stage].get(node.peer_id)
+            chosen = mine or Counter((a.weights_hash, a.contributions_root) for a in atts[stage].values()).most_common(1)[0][0]
+            if mine is not None:
+                chosen = (mine.weights_hash, mine.contributions_root)
+                others = {(a.weights_hash, a.contributions_root) for p, a in atts[stage].items() if p != node.peer_id}
+                if others - {chosen}:
+                    logger.warning("round %d stage %d: peers attested a different result than ours", outer_round, stage)
+            stage_hashes.append(chosen[0])
+            stage_roots.append(chosen[1])
+        closes = []
+        for stage in range(node.cfg.pipeline.num_stages):
+            close = node._accepted_closes.get((outer_round, stage)) or self._close_matching(outer_round, stage,
+                                                                                            stage_roots[stage])
+            if close is None:
+                logger.warning("round %d stage %d: no close matching the attested root", outer_round, stage)
+                return None, None
+            closes.append((stage, close))
+        leaves = [digest for _stage, close in closes for (_r, _p, digest, _s) in close.contributions]
+        contributors = {peer for _stage, close in closes for (_r, peer, _d, _s) in close.contributions}
+        last = node.cfg.pipeline.num_stages - 1
+        last_replicas = {r for (r, _p, _d, _s) in dict(closes)[last].contributions}
+        train = [a.train_loss for a in atts[last].values() if not math.isnan(a.train_loss)]
+        evals = [a.eval_loss for a in atts[last].values() if not math.isnan(a.eval_loss)]
+        tokens_per_replica = node.cfg.diloco.inner_steps * node.cfg.training.batch_size * node.cfg.model.block_size
+        commit = RoundCommit(
+            run_id=node.run_id,
+            round=outer_round,
+            weights_root=weights_root(stage_hashes),
+            contributions_root=merkle_root(leaves),
+            train_loss_micro=to_micro(sum(train) / len(train)) if train else 0,
+            eval_loss_micro=to_micro(sum(evals) / len(evals)) if evals else 0,
+            tokens=tokens_per_replica * len(last_replicas),
+            num_contributors=len(contributors),
+        )
+        return commit, atts
+
+    def _close_matching(self, outer_round: int, stage: int, root: bytes):
+        for close, _data in self.node.book.snapshot_closes(outer_round, stage).values():
+            if merkle_root([c[2] for c in close.contributions]) == root:
+                return close
+        return None
+
+    def handle(self, outer_round: int) -> None:
+        node = self.node
+        commit, atts = self.record(outer_round)
+        if commit is None:
+            return
+        node.progress.weights_root = commit.weights_root.hex()
+        checkpoint_hash = None
+        if (outer_round + 1) % node.cfg.checkpoint_every == 0:
+            checkpoint_hash = self._assemble_checkpoint(outer_round, atts)
+        order = committer_order(outer_round, sorted(node.placements))
+        rank = order.index(node.peer_id) if node.peer_id in order else len(order)
+        # Rounds commit strictly in order: let the previous round land first (bounded wait).
+        self._wait(lambda: node.chain.last_round(node.run_id) >= outer_round - 1, node.cfg.round_timeout)
+        committed = self._wait(lambda: node.chain.commit_of(node.run_id, outer_round) is not None,
+                               rank * COMMIT_FALLBACK_S)
+        if not committed and not node.stop_event.is_set():
+            node.chain.commit_round(commit)
+            logger.info("round %d committed (weights root %s, %d contributors)", outer_round,
+                        commit.weights_root.hex()[:12], commit.num_contributors)
+            if checkpoint_hash is not None:
+                node.chain.publish_checkpoint(node.run_id, outer_round, checkpoint_hash,
+                                              f"dlx://blob/{checkpoint_hash.hex()}")
+                logger.info("round %d checkpoint %s published", outer_round, checkpoint_hash.hex()[:12])
+        self._verify(outer_round, commit)
+
+    def _verify(self, outer_round: int, mine: RoundCommit) -> None:
+        node = self.node
+        if not self._wait(lambda: node.chain.commit_of(node.run_id, outer_round) is not None, node.cfg.round_timeout):
+            logger.warning("round %d: no commit on chain after %.0fs", outer_round, node.cfg.round_timeout)
+            return
+        onchain = node.chain.commit_of(node.run_id, outer_round)
+        node.progress.last_commit = max(node.progress.last_commit, outer_round)
+        if (onchain.weights_root, onchain.contributions_root) != (mine.weights_root, mine.contributions_root):
+            logger.error("round %d: committed roots differ from ours; filing a dispute", outer_round)
+            node.chain.dispute(node.run_id, outer_round, mine.weights_root, mine.contributions_root)
+
+    def _wait(self, predicate, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if predicate():
+                    return True
+            except DlxError as exc:
+                logger.debug("chain read failed (retrying): %s", exc)
+            if time.monotonic() >= deadline or self.node.stop_event.is_set():
+                return False
+            time.sleep(0.5)
+
+    def _assemble_checkpoint(self, outer_round: int, atts) -> bytes | None:
+        """Build the full checkpoint from every stage's shard; serve it; return its content hash."""
+        node = self.node
+        shards = []
+        for stage in range(node.cfg.pipeline.num_stages):
+            local = node.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
+            if local.exists():
+                shards.append(parse_checkpoint(local.read_bytes()))
+                continue
+            votes = Counter(a.shard_hash for a in atts[stage].values() if a.shard_hash)
+            if not votes:
+                logger.warning("round %d: no shard of stage %d attested; no checkpoint", outer_round, stage)
+                return None
+            shard_hash = votes.most_common(1)[0][0]
+            dest = node.data_dir / "incoming" / f"{shard_hash.hex()}.part"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                node.host.fetch_blob(shard_hash.hex(), dest, timeout=node.cfg.p2p.transfer_timeout)
+                shards.append(parse_checkpoint(dest.read_bytes(), shard_hash))
+            except DlxError as exc:
+                logger.warning("round %d: shard of stage %d not fetched: %s", outer_round, stage, exc)
+                return None
+            finally:
+                dest.unlink(missing_ok=True)
+        full = merge_shards(shards)
+        path = node.checkpoint_dir / f"round-{outer_round:08d}.safetensors"
+        digest = write_checkpoint(path, full)
+        node.host.provide_blob(path.read_bytes())
+        logger.info("round %d: checkpoint %s (%d bytes)", outer_round, digest.hex()[:12], path.stat().st_size)
+        return digest
