@@ -17,11 +17,11 @@ def _require(ok: bool, message: str) -> None:
 
 
 MODEL_PRESETS: dict[str, dict[str, int]] = {
-    # ~0.1M parameters: unit and integration tests.
+    # ~43k parameters: unit and integration tests.
     "tiny": dict(n_layer=2, n_head=2, n_embd=32, block_size=32),
-    # ~0.8M parameters: demo runs on 2 CPU cores.
+    # ~0.87M parameters: demo runs on 2 CPU cores.
     "mini": dict(n_layer=4, n_head=4, n_embd=128, block_size=64),
-    # ~3.2M parameters: benchmarks.
+    # ~2.8M parameters: benchmarks.
     "small": dict(n_layer=6, n_head=6, n_embd=192, block_size=128),
 }
 
