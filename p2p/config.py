@@ -20,6 +20,15 @@ class P2PConfig:
     blob_concurrency: int = 4
     transfer_timeout: float = 300.0
     rate_limit_bps: float = 0.0  # 0: no cap; else bytes/s per peer for blob traffic
+    blob_dir: str = "blobs"  # relative paths resolve against the node's data_dir
+    blob_stall_timeout: float = 15.0  # a blob stream idle this long is abandoned (resumed elsewhere)
+    gossip_max_message_bytes: int = 1_000_000  # larger messages are refused: send them as blobs
+    gossip_max_msgs_per_sec: float = 200.0  # per peer and topic; gossipsub drops the excess
+    gossip_resync_interval: float = 5.0  # pull recent messages from peers (/dlx/sync); 0 = only on request
+    sync_cache_messages: int = 512  # recent messages kept per topic for /dlx/sync
+    sync_cache_bytes: int = 8 << 20  # and at most this many bytes per topic
+    discovery_interval: float = 30.0  # max seconds between DHT lookups for new peers
+    max_peers: int = 64  # stop dialling discovered peers beyond this many connections
 
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port <= 65535:
@@ -38,5 +47,22 @@ class P2PConfig:
             raise ConfigError(f"p2p.blob_concurrency={self.blob_concurrency}: must be >= 1")
         if self.transfer_timeout <= 0:
             raise ConfigError(f"p2p.transfer_timeout={self.transfer_timeout}: must be > 0 seconds")
+        if self.blob_stall_timeout <= 0:
+            raise ConfigError(f"p2p.blob_stall_timeout={self.blob_stall_timeout}: must be > 0 seconds")
+        if not 1 <= self.gossip_max_message_bytes <= (1 << 20) - (16 << 10):
+            raise ConfigError(
+                f"p2p.gossip_max_message_bytes={self.gossip_max_message_bytes}: must be in [1, 1032192] "
+                "(py-libp2p drops gossip RPCs over 1 MiB); send larger payloads as blobs"
+            )
+        if self.gossip_max_msgs_per_sec <= 0:
+            raise ConfigError(f"p2p.gossip_max_msgs_per_sec={self.gossip_max_msgs_per_sec}: must be > 0")
+        if self.gossip_resync_interval < 0:
+            raise ConfigError(f"p2p.gossip_resync_interval={self.gossip_resync_interval}: must be >= 0 (0 = off)")
+        if self.sync_cache_messages < 1 or self.sync_cache_bytes < 1:
+            raise ConfigError("p2p.sync_cache_messages and p2p.sync_cache_bytes: must be >= 1")
+        if self.discovery_interval <= 0:
+            raise ConfigError(f"p2p.discovery_interval={self.discovery_interval}: must be > 0 seconds")
+        if self.max_peers < 1:
+            raise ConfigError(f"p2p.max_peers={self.max_peers}: must be >= 1")
         if self.rate_limit_bps < 0:
             raise ConfigError(f"p2p.rate_limit_bps={self.rate_limit_bps}: must be >= 0 (0 = no cap)")

@@ -1,0 +1,167 @@
+"""Content-addressed blob storage on disk (no networking here).
+
+Layout: ``<root>/<sha256 hex>`` for complete, verified blobs and
+``<root>/.staging/`` for writes in progress. Every blob enters the store through
+a staging file that is hashed, fsynced and then ``os.replace``d into place, so
+a crash never leaves a file under a name that does not match its content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from p2p.errors import BlobError, BlobHashMismatch, BlobNotFound, BlobTooLarge
+
+logger = logging.getLogger(__name__)
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_READ_SIZE = 4 << 20
+
+
+def check_sha256_hex(sha256_hex: str) -> str:
+    """Normalise and validate a content address; raise BlobError if it is not 64 hex digits."""
+    if not isinstance(sha256_hex, str) or not _HEX64.match(sha256_hex.lower()):
+        raise BlobError(f"blob id {sha256_hex!r}: must be a sha256 as 64 hex digits")
+    return sha256_hex.lower()
+
+
+def hash_file(path: Path, length: int | None = None) -> str:
+    """Hex sha256 of a file (hashlib releases the GIL on large buffers; call from a worker thread)."""
+    digest = hashlib.sha256()
+    remaining = length
+    with open(path, "rb") as handle:
+        while remaining is None or remaining > 0:
+            chunk = handle.read(_READ_SIZE if remaining is None else min(_READ_SIZE, remaining))
+            if not chunk:
+                break
+            digest.update(chunk)
+            if remaining is not None:
+                remaining -= len(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class BlobStore:
+    """Verified blobs under one directory; safe to use from several threads."""
+
+    def __init__(self, root: str | os.PathLike[str], max_blob_bytes: int) -> None:
+        self.root = Path(root)
+        self.staging = self.root / ".staging"
+        self.staging.mkdir(parents=True, exist_ok=True)
+        self.max_blob_bytes = max_blob_bytes
+        for leftover in self.staging.iterdir():  # interrupted writes of a previous run
+            leftover.unlink(missing_ok=True)
+
+    def path(self, sha256_hex: str) -> Path:
+        return self.root / check_sha256_hex(sha256_hex)
+
+    def has(self, sha256_hex: str) -> bool:
+        return self.path(sha256_hex).is_file()
+
+    def size(self, sha256_hex: str) -> int:
+        try:
+            return self.path(sha256_hex).stat().st_size
+        except FileNotFoundError:
+            raise BlobNotFound(f"blob {sha256_hex} is not stored locally") from None
+
+    def new_staging_file(self, suffix: str = ".part") -> Path:
+        fd, name = tempfile.mkstemp(prefix="blob-", suffix=suffix, dir=self.staging)
+        os.close(fd)
+        return Path(name)
+
+    def put_bytes(self, data: bytes) -> str:
+        """Store ``data``; return its sha256 hex."""
+        if len(data) > self.max_blob_bytes:
+            raise BlobTooLarge(f"blob of {len(data)} bytes exceeds max_blob_bytes={self.max_blob_bytes}")
+        sha256_hex = hashlib.sha256(data).hexdigest()
+        if self.has(sha256_hex):
+            return sha256_hex
+        staged = self.new_staging_file()
+        with open(staged, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.commit(staged, sha256_hex, verified=True)
+        return sha256_hex
+
+    def put_file(self, source: str | os.PathLike[str]) -> str:
+        """Copy the file at ``source`` into the store (hashing while copying); return its sha256 hex."""
+        source = Path(source)
+        try:
+            size = source.stat().st_size
+        except OSError as exc:
+            raise BlobError(f"cannot read blob source {source}: {exc}") from None
+        if size > self.max_blob_bytes:
+            raise BlobTooLarge(f"{source}: {size} bytes exceeds max_blob_bytes={self.max_blob_bytes}")
+        staged = self.new_staging_file()
+        digest = hashlib.sha256()
+        try:
+            with open(source, "rb") as src, open(staged, "wb") as dst:
+                while chunk := src.read(_READ_SIZE):
+                    digest.update(chunk)
+                    dst.write(chunk)
+                dst.flush()
+                os.fsync(dst.fileno())
+        except BaseException:
+            staged.unlink(missing_ok=True)
+            raise
+        sha256_hex = digest.hexdigest()
+        if self.has(sha256_hex):
+            staged.unlink(missing_ok=True)
+            return sha256_hex
+        self.commit(staged, sha256_hex, verified=True)
+        return sha256_hex
+
+    def commit(self, staged: Path, sha256_hex: str, verified: bool = False) -> Path:
+        """Move a complete staging file into place, hashing it first unless ``verified``."""
+        sha256_hex = check_sha256_hex(sha256_hex)
+        if not verified:
+            actual = hash_file(staged)
+            if actual != sha256_hex:
+                staged.unlink(missing_ok=True)
+                raise BlobHashMismatch(f"staged blob hashes to {actual}, expected {sha256_hex}")
+        target = self.path(sha256_hex)
+        os.replace(staged, target)
+        _fsync_dir(self.root)
+        return target
+
+    def export(self, sha256_hex: str, dest: str | os.PathLike[str]) -> Path:
+        """Make the blob available at ``dest``: a hard link when possible, else an atomic copy."""
+        source = self.path(sha256_hex)
+        if not source.is_file():
+            raise BlobNotFound(f"blob {sha256_hex} is not stored locally")
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.exists() and dest.resolve() == source.resolve():
+            return dest
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+        os.replace(tmp, dest)
+        return dest
+
+    def remove(self, sha256_hex: str) -> bool:
+        """Delete a stored blob; True if it existed."""
+        path = self.path(sha256_hex)
+        existed = path.is_file()
+        path.unlink(missing_ok=True)
+        return existed
+
+    def list(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.is_file() and _HEX64.match(p.name))

@@ -1,0 +1,352 @@
+"""Signed msgpack envelopes: every application message a node sends.
+
+Layout (one msgpack map, keys in this order, nothing else allowed)::
+
+    domain          bin   b"dlx-envelope-v1"   (domain separator: a signature over
+                                                 an envelope can never be replayed
+                                                 as a signature over anything else)
+    version         int   1
+    run_id          int   >= 0
+    round           int   >= 0                  outer round (DiLoCo, arXiv 2311.08105 Alg. 1)
+    kind            str   [a-z0-9_]{1,32}       "contribution", "announce", ...
+    stage           int   >= -1                 pipeline stage, -1 if n/a
+    replica         int   >= -1                 replica index, -1 if n/a
+    sender          bin   32-byte ed25519 public key; the peer id derives from it
+    payload         bin   inline payload
+    payload_sha256  bin   32 bytes
+    timestamp_ms    int   unix milliseconds at creation
+    signature       bin   64-byte ed25519 signature of the signing bytes
+
+The signing bytes are the msgpack array of every field but ``payload`` and
+``signature``, prefixed by nothing else (the domain is its first element). The
+payload is covered through its hash, so a signed *header* alone (without the
+possibly tens-of-MB payload) is verifiable evidence, e.g. of equivocation.
+
+Decoding is strict: exact key set, exact types, bounded lengths, canonical
+encoding (re-encoding gives the same bytes, so ``envelope_hash`` is unique per
+message), payload hash and signature checked. Every failure raises
+:class:`~p2p.errors.EnvelopeRejected` with a specific ``reason``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import msgpack
+
+from p2p.errors import EnvelopeRejected
+from p2p.identity import Identity, peer_id_from_public_key, verify_signature
+
+logger = logging.getLogger(__name__)
+
+DOMAIN = b"dlx-envelope-v1"
+VERSION = 1
+NO_INDEX = -1
+_KIND_RE = re.compile(r"^[a-z0-9_]{1,32}$")
+_MAX_UINT64 = (1 << 64) - 1
+_FIELDS = (
+    "domain",
+    "version",
+    "run_id",
+    "round",
+    "kind",
+    "stage",
+    "replica",
+    "sender",
+    "payload",
+    "payload_sha256",
+    "timestamp_ms",
+    "signature",
+)
+_SIGNED_FIELDS = tuple(name for name in _FIELDS if name not in ("payload", "signature"))
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A decoded or freshly created, signature-checked envelope (see module docstring)."""
+
+    run_id: int
+    round: int
+    kind: str
+    stage: int
+    replica: int
+    sender: bytes
+    payload: bytes
+    payload_sha256: bytes
+    timestamp_ms: int
+    signature: bytes
+    domain: bytes = DOMAIN
+    version: int = VERSION
+    _encoded: bytes | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def create(
+        cls,
+        identity: Identity,
+        run_id: int,
+        round: int,
+        kind: str,
+        payload: bytes,
+        stage: int = NO_INDEX,
+        replica: int = NO_INDEX,
+        timestamp_ms: int | None = None,
+    ) -> Envelope:
+        """Build and sign an envelope with ``identity``'s key."""
+        payload = bytes(payload)
+        fields = dict(
+            run_id=run_id,
+            round=round,
+            kind=kind,
+            stage=stage,
+            replica=replica,
+            sender=identity.public_key_bytes,
+            payload=payload,
+            payload_sha256=hashlib.sha256(payload).digest(),
+            timestamp_ms=int(time.time() * 1000) if timestamp_ms is None else timestamp_ms,
+            signature=b"",
+        )
+        unsigned = cls(**fields)
+        unsigned._check_fields()
+        return replace(unsigned, signature=identity.sign(unsigned.signing_bytes()))
+
+    def _check_fields(self) -> None:
+        def need_int(name: str, low: int) -> None:
+            value = getattr(self, name)
+            if type(value) is not int or not low <= value <= _MAX_UINT64:
+                raise EnvelopeRejected("malformed", f"{name}={value!r}: must be an int in [{low}, 2^64)")
+
+        for name, low in (("version", 0), ("run_id", 0), ("round", 0), ("timestamp_ms", 0)):
+            need_int(name, low)
+        for name in ("stage", "replica"):
+            need_int(name, NO_INDEX)
+        if type(self.kind) is not str or not _KIND_RE.match(self.kind):
+            raise EnvelopeRejected("bad_kind", f"kind={self.kind!r}: must match [a-z0-9_]{{1,32}}")
+        for name, size in (("domain", len(DOMAIN)), ("sender", 32), ("payload_sha256", 32)):
+            value = getattr(self, name)
+            if type(value) is not bytes or len(value) != size:
+                raise EnvelopeRejected("malformed", f"{name}: must be {size} bytes")
+        if type(self.payload) is not bytes:
+            raise EnvelopeRejected("malformed", "payload: must be bytes")
+        if type(self.signature) is not bytes or len(self.signature) not in (0, 64):
+            raise EnvelopeRejected("malformed", "signature: must be 64 bytes")
+
+    def signing_bytes(self) -> bytes:
+        """The exact bytes the sender signed: msgpack array of every field but payload and signature."""
+        return msgpack.packb([getattr(self, name) for name in _SIGNED_FIELDS], use_bin_type=True)
+
+    def to_bytes(self) -> bytes:
+        """Canonical wire encoding (see module docstring)."""
+        if self._encoded is None:
+            encoded = msgpack.packb({name: getattr(self, name) for name in _FIELDS}, use_bin_type=True)
+            object.__setattr__(self, "_encoded", encoded)
+        return self._encoded  # type: ignore[return-value]
+
+    @property
+    def envelope_hash(self) -> str:
+        """Hex sha256 of :meth:`to_bytes`: the envelope's unique id."""
+        return hashlib.sha256(self.to_bytes()).hexdigest()
+
+    @property
+    def sender_peer_id(self) -> str:
+        """libp2p peer id of the sender's key."""
+        return peer_id_from_public_key(self.sender)
+
+    @property
+    def payload_hash_hex(self) -> str:
+        return self.payload_sha256.hex()
+
+    def header(self) -> Envelope:
+        """This envelope without its payload: still verifiable with :func:`verify_header`."""
+        return replace(self, payload=b"", _encoded=None)
+
+    def slot(self) -> tuple[bytes, int, int, str, int]:
+        """(sender, run, round, kind, stage): a sender may sign one envelope per slot."""
+        return (self.sender, self.run_id, self.round, self.kind, self.stage)
+
+
+def verify_header(envelope: Envelope) -> bool:
+    """True iff the signature is valid over the envelope's signed fields (payload not needed)."""
+    return verify_signature(envelope.sender, envelope.signing_bytes(), envelope.signature)
+
+
+def decode_envelope(data: bytes, max_size: int) -> Envelope:
+    """Strictly decode and verify one envelope (no replay or round checks: see EnvelopeValidator).
+
+    Raises :class:`EnvelopeRejected` with reason ``oversized``, ``malformed``,
+    ``non_canonical``, ``bad_domain``, ``bad_version``, ``bad_kind``,
+    ``payload_hash_mismatch`` or ``bad_signature``.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise EnvelopeRejected("malformed", f"expected bytes, got {type(data).__name__}")
+    if len(data) > max_size:
+        raise EnvelopeRejected("oversized", f"{len(data)} bytes > limit {max_size}")
+    data = bytes(data)
+    try:
+        decoded: Any = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            max_bin_len=max_size,
+            max_str_len=64,
+            max_array_len=0,
+            max_map_len=len(_FIELDS),
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise EnvelopeRejected("malformed", f"not a msgpack envelope: {type(exc).__name__}: {exc}") from None
+    if not isinstance(decoded, dict):
+        raise EnvelopeRejected("malformed", "top level must be a map")
+    if set(decoded) != set(_FIELDS):
+        missing = sorted(set(_FIELDS) - set(decoded))
+        unknown = sorted(map(str, set(decoded) - set(_FIELDS)))
+        raise EnvelopeRejected("malformed", f"missing fields {missing}, unknown fields {unknown}")
+    if decoded["domain"] != DOMAIN:
+        raise EnvelopeRejected("bad_domain", f"domain={decoded['domain']!r}")
+    if decoded["version"] != VERSION:
+        raise EnvelopeRejected("bad_version", f"version={decoded['version']!r}, this node speaks {VERSION}")
+    envelope = Envelope(**decoded)
+    envelope._check_fields()
+    if len(envelope.signature) != 64:
+        raise EnvelopeRejected("malformed", "signature: must be 64 bytes")
+    if envelope.to_bytes() != data:
+        raise EnvelopeRejected("non_canonical", "re-encoding differs (field order or integer width)")
+    if hashlib.sha256(envelope.payload).digest() != envelope.payload_sha256:
+        raise EnvelopeRejected("payload_hash_mismatch")
+    if not verify_header(envelope):
+        raise EnvelopeRejected("bad_signature", f"from {envelope.sender_peer_id}")
+    return envelope
+
+
+@dataclass(frozen=True)
+class Equivocation:
+    """Two different validly signed envelopes from one sender for the same slot.
+
+    Both are kept as headers (payload stripped, signature still verifiable with
+    :func:`verify_header`), which is enough to prove the double-signing.
+    """
+
+    sender_peer_id: str
+    run_id: int
+    round: int
+    kind: str
+    stage: int
+    first: Envelope
+    second: Envelope
+
+
+class EnvelopeValidator:
+    """Stateful checks for one run on top of :func:`decode_envelope`.
+
+    Rejects envelopes of another run (``wrong_run``), older than ``min_round``
+    (``stale_round``), more than ``max_rounds_ahead`` past it (``future_round``),
+    already seen (``replayed``), or conflicting with an earlier envelope of the
+    same sender and slot (``equivocation``; both kept in :attr:`equivocations`).
+    Kinds in ``equivocation_exempt_kinds`` may be re-signed freely (e.g. periodic
+    "hello"). Thread-safe: the host calls it from its network thread.
+    """
+
+    def __init__(
+        self,
+        run_id: int,
+        max_size: int,
+        min_round: int = 0,
+        max_rounds_ahead: int = 2,
+        equivocation_exempt_kinds: frozenset[str] | set[str] | tuple[str, ...] = ("hello",),
+        allowed_kinds: frozenset[str] | set[str] | tuple[str, ...] | None = None,
+        max_clock_skew_s: float | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.max_size = max_size
+        self.min_round = min_round
+        self.max_rounds_ahead = max_rounds_ahead
+        self.equivocation_exempt_kinds = frozenset(equivocation_exempt_kinds)
+        self.allowed_kinds = None if allowed_kinds is None else frozenset(allowed_kinds)
+        self.max_clock_skew_s = max_clock_skew_s
+        self.equivocations: list[Equivocation] = []
+        self.rejections: Counter[str] = Counter()
+        self._seen: dict[int, set[str]] = {}  # round -> envelope hashes
+        self._slots: dict[tuple[bytes, int, int, str, int], tuple[str, Envelope]] = {}
+        self._lock = threading.Lock()
+
+    def check(self, data: bytes) -> Envelope:
+        """Decode, verify and record ``data``; raise EnvelopeRejected on any failure."""
+        try:
+            envelope = decode_envelope(data, self.max_size)
+            return self._check_state(envelope)
+        except EnvelopeRejected as exc:
+            with self._lock:
+                self.rejections[exc.reason] += 1
+            raise
+
+    def accepts(self, data: bytes, sender_peer_id: str = "") -> bool:
+        """:meth:`check` as a boolean (the shape of a gossip topic validator); logs the reason."""
+        try:
+            self.check(data)
+        except EnvelopeRejected as exc:
+            logger.debug("dropped envelope relayed by %s: %s", sender_peer_id or "?", exc)
+            return False
+        return True
+
+    def _check_state(self, envelope: Envelope) -> Envelope:
+        if envelope.run_id != self.run_id:
+            raise EnvelopeRejected("wrong_run", f"run_id={envelope.run_id}, expected {self.run_id}")
+        if self.allowed_kinds is not None and envelope.kind not in self.allowed_kinds:
+            raise EnvelopeRejected("bad_kind", f"kind={envelope.kind!r} not accepted here")
+        if self.max_clock_skew_s is not None:
+            skew = abs(envelope.timestamp_ms / 1000 - time.time())
+            if skew > self.max_clock_skew_s:
+                raise EnvelopeRejected("bad_timestamp", f"clock skew {skew:.1f} s")
+        envelope_hash = envelope.envelope_hash
+        with self._lock:
+            if envelope.round < self.min_round:
+                raise EnvelopeRejected("stale_round", f"round={envelope.round} < {self.min_round}")
+            if envelope.round > self.min_round + self.max_rounds_ahead:
+                raise EnvelopeRejected(
+                    "future_round", f"round={envelope.round} > {self.min_round}+{self.max_rounds_ahead}"
+                )
+            seen = self._seen.setdefault(envelope.round, set())
+            if envelope_hash in seen:
+                raise EnvelopeRejected("replayed", envelope_hash[:16])
+            if envelope.kind not in self.equivocation_exempt_kinds:
+                slot = envelope.slot()
+                previous = self._slots.get(slot)
+                if previous is not None and previous[0] != envelope_hash:
+                    evidence = Equivocation(
+                        envelope.sender_peer_id,
+                        envelope.run_id,
+                        envelope.round,
+                        envelope.kind,
+                        envelope.stage,
+                        previous[1],
+                        envelope.header(),
+                    )
+                    self.equivocations.append(evidence)
+                    logger.warning(
+                        "equivocation by %s in run %d round %d kind %s stage %d",
+                        evidence.sender_peer_id,
+                        envelope.run_id,
+                        envelope.round,
+                        envelope.kind,
+                        envelope.stage,
+                    )
+                    raise EnvelopeRejected("equivocation", f"by {evidence.sender_peer_id}")
+                self._slots[slot] = (envelope_hash, envelope.header())
+            seen.add(envelope_hash)
+        return envelope
+
+    def advance(self, min_round: int) -> None:
+        """Move the round floor; forget replay/slot state of older rounds (bounds memory)."""
+        with self._lock:
+            self.min_round = max(self.min_round, min_round)
+            for round_index in [r for r in self._seen if r < self.min_round]:
+                del self._seen[round_index]
+            for slot in [s for s in self._slots if s[2] < self.min_round]:
+                del self._slots[slot]

@@ -1,0 +1,61 @@
+"""Errors of the networking layer, all under :class:`node.errors.DlxError`."""
+
+from __future__ import annotations
+
+from node.errors import DlxError
+
+
+class P2PError(DlxError):
+    """Root of every error raised by ``p2p/``."""
+
+    exit_code = 5
+
+
+class IdentityError(P2PError):
+    """The identity key file is missing, unreadable, corrupt or has the wrong type."""
+
+
+class P2PTimeout(P2PError, TimeoutError):
+    """A call on the host did not finish within its timeout."""
+
+
+class HostClosed(P2PError):
+    """The host was closed (or failed) and can no longer serve calls."""
+
+
+class DialError(P2PError):
+    """A peer could not be reached or refused the connection."""
+
+
+class EnvelopeRejected(P2PError):
+    """An envelope failed validation; ``reason`` is a short machine-readable code.
+
+    Reason codes: ``malformed``, ``oversized``, ``non_canonical``, ``bad_domain``,
+    ``bad_version``, ``bad_signature``, ``payload_hash_mismatch``, ``wrong_run``,
+    ``stale_round``, ``future_round``, ``replayed``, ``equivocation``, ``bad_kind``.
+    """
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"envelope rejected ({reason})" + (f": {detail}" if detail else ""))
+
+
+class BlobError(P2PError):
+    """A blob could not be stored, served or fetched."""
+
+
+class BlobNotFound(BlobError):
+    """No provider (or no local copy) holds the requested blob."""
+
+
+class BlobTooLarge(BlobError):
+    """A blob exceeds ``P2PConfig.max_blob_bytes``."""
+
+
+class BlobHashMismatch(BlobError):
+    """Downloaded bytes do not hash to the requested sha256; they were discarded."""
+
+
+class BlobUnavailable(BlobError):
+    """Every provider failed before the blob was complete; what was received is kept for a retry."""

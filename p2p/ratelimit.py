@@ -1,0 +1,54 @@
+"""Token-bucket rate caps for blob traffic, to emulate 1 Gbps / 100 Mbps links in experiments."""
+
+from __future__ import annotations
+
+import trio
+
+
+class TokenBucket:
+    """A token bucket refilled at ``rate`` bytes/s holding at most ``burst`` bytes.
+
+    :meth:`consume` may take more than the burst at once (a 1 MiB chunk against a
+    small bucket): it then waits for the debt to be refilled, so the long-run rate
+    stays at ``rate`` whatever the chunk size.
+    """
+
+    def __init__(self, rate: float, burst: float | None = None) -> None:
+        if rate <= 0:
+            raise ValueError(f"rate={rate}: must be > 0 bytes/s")
+        self.rate = float(rate)
+        self.burst = float(burst if burst is not None else max(rate * 0.05, 64 * 1024))
+        self._tokens = self.burst
+        self._stamp = trio.current_time()
+        self._lock = trio.Lock()
+
+    async def consume(self, amount: int) -> None:
+        """Wait until ``amount`` bytes may pass (FIFO among concurrent callers)."""
+        async with self._lock:
+            now = trio.current_time()
+            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+            self._stamp = now
+            self._tokens -= amount
+            if self._tokens < 0:
+                await trio.sleep(-self._tokens / self.rate)
+
+
+class PeerRateLimiter:
+    """One :class:`TokenBucket` per (peer, direction); ``rate <= 0`` disables it."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self._buckets: dict[tuple[str, str], TokenBucket] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.rate > 0
+
+    async def consume(self, peer_id: str, direction: str, amount: int) -> None:
+        if self.rate <= 0:
+            return
+        key = (peer_id, direction)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = TokenBucket(self.rate)
+        await bucket.consume(amount)

@@ -1,0 +1,60 @@
+"""Framing shared by the dlx stream protocols: 4-byte big-endian length + msgpack map."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from p2p.errors import P2PError
+
+
+class ProtocolViolation(P2PError):
+    """A peer sent a frame that does not follow the protocol (closed, truncated, oversized, malformed)."""
+
+
+async def read_exactly(stream: Any, length: int) -> bytes:
+    """Read exactly ``length`` bytes (a yamux read returns at most one buffered frame)."""
+    parts: list[bytes] = []
+    remaining = length
+    while remaining:
+        chunk = await stream.read(remaining)
+        if not chunk:
+            raise ProtocolViolation(f"stream closed with {remaining} of {length} bytes missing")
+        parts.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(parts)
+
+
+async def read_frame(stream: Any, max_len: int) -> dict[str, Any]:
+    """Read one length-prefixed msgpack map of at most ``max_len`` bytes."""
+    length = int.from_bytes(await read_exactly(stream, 4), "big")
+    if length > max_len:
+        raise ProtocolViolation(f"frame of {length} bytes exceeds limit {max_len}")
+    body = await read_exactly(stream, length)
+    try:
+        frame = msgpack.unpackb(body, raw=False, strict_map_key=True, max_ext_len=0)
+    except Exception as exc:  # msgpack raises several types on bad input
+        raise ProtocolViolation(f"malformed frame: {type(exc).__name__}: {exc}") from None
+    if not isinstance(frame, dict):
+        raise ProtocolViolation("frame is not a map")
+    return frame
+
+
+def encode_frame(frame: dict[str, Any]) -> bytes:
+    body = msgpack.packb(frame, use_bin_type=True)
+    return len(body).to_bytes(4, "big") + body
+
+
+async def write_frame(stream: Any, frame: dict[str, Any]) -> None:
+    await stream.write(encode_frame(frame))
+
+
+def field(frame: dict[str, Any], name: str, kind: type, low: int | None = None) -> Any:
+    """``frame[name]`` checked for type (bool is not an int) and lower bound."""
+    value = frame.get(name)
+    if type(value) is not kind:
+        raise ProtocolViolation(f"field {name!r}: expected {kind.__name__}, got {type(value).__name__}")
+    if low is not None and value < low:
+        raise ProtocolViolation(f"field {name!r}={value}: must be >= {low}")
+    return value
