@@ -1,0 +1,274 @@
+"""Chain backends: in-process py-evm, any JSON-RPC URL, and a managed local anvil.
+
+* :func:`connect_pyevm` - an in-process py-evm chain (eth-tester); fast for unit tests and single-process
+  runs, but its log lookup slows quadratically with chain length, so long histories belong on anvil.
+* :func:`connect_rpc` - any HTTP(S) JSON-RPC endpoint; raises :class:`ChainUnavailable` if unreachable.
+* :class:`AnvilProcess` - a local anvil started from the pinned npm package
+  (``contracts/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil``; ``DLX_ANVIL`` overrides the path).
+  The binary is started directly, never through ``npx`` (that wrapper survives a SIGKILL and leaks the real
+  process), and stopped by PID.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import requests
+from web3 import EthereumTesterProvider, HTTPProvider, Web3
+from web3.exceptions import ProviderConnectionError
+
+from contracts import CONTRACTS_DIR
+from ledger.errors import ChainUnavailable
+
+logger = logging.getLogger(__name__)
+
+#: Chain id of anvil's default dev chain.
+ANVIL_CHAIN_ID = 31337
+#: Chain id of eth-tester's in-process py-evm chain.
+PYEVM_CHAIN_ID = 131277322940537
+#: Chains whose keys are public knowledge: dev keys are only ever accepted on these.
+LOCAL_CHAIN_IDS = frozenset({ANVIL_CHAIN_ID, PYEVM_CHAIN_ID})
+
+DEFAULT_ANVIL = CONTRACTS_DIR / "node_modules" / "@foundry-rs" / "anvil-linux-amd64" / "bin" / "anvil"
+_LISTENING = re.compile(r"Listening on ([0-9.]+):(\d+)")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long to keep retrying an RPC call whose endpoint is down (exponential backoff)."""
+
+    total_seconds: float = 30.0
+    initial_delay: float = 0.25
+    max_delay: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.total_seconds < 0 or self.initial_delay <= 0 or self.max_delay < self.initial_delay:
+            raise ValueError(f"RetryPolicy{self}: need total_seconds >= 0 and 0 < initial_delay <= max_delay")
+
+
+NO_RETRY = RetryPolicy(total_seconds=0.0)
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """Whether ``exc`` means the RPC endpoint could not be reached (as opposed to a rejected request)."""
+    return isinstance(
+        exc,
+        (
+            requests.exceptions.ConnectionError,
+            requests.exceptions.Timeout,
+            ProviderConnectionError,
+            ConnectionError,
+            TimeoutError,
+        ),
+    )
+
+
+def call_with_retries(call: Callable[[], T], policy: RetryPolicy, what: str) -> T:
+    """Run ``call``; retry with backoff while the endpoint is unreachable, then raise ChainUnavailable.
+
+    Only connection failures are retried: a revert or a rejected transaction is raised at once.
+    """
+    deadline = time.monotonic() + policy.total_seconds
+    delay = policy.initial_delay
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - classified right below
+            if not is_connection_error(exc):
+                raise
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ChainUnavailable(
+                    f"{what}: chain RPC unreachable after {attempt} attempt(s) "
+                    f"over {policy.total_seconds:.1f}s: {exc.__class__.__name__}: {exc}"
+                ) from exc
+            logger.warning("%s: chain RPC unreachable (%s), retrying in %.2fs", what, exc.__class__.__name__, delay)
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, policy.max_delay)
+
+
+def connect_pyevm() -> Web3:
+    """A fresh in-process py-evm chain (chain id 131277322940537) with ten funded dev accounts."""
+    return Web3(EthereumTesterProvider())
+
+
+def connect_rpc(url: str, timeout: float = 10.0, wait: float = 0.0) -> Web3:
+    """Connect to the HTTP(S) JSON-RPC endpoint ``url``.
+
+    Args:
+        url: ``http://`` or ``https://`` URL.
+        timeout: Per-request timeout in seconds.
+        wait: Keep retrying for this many seconds if the endpoint is down (0: probe once).
+
+    Raises:
+        ChainUnavailable: The endpoint does not answer ``eth_chainId``.
+    """
+    if not url.startswith(("http://", "https://")):
+        raise ChainUnavailable(f"rpc url {url!r}: only http:// and https:// endpoints are supported")
+    provider = HTTPProvider(url, request_kwargs={"timeout": timeout}, exception_retry_configuration=None)
+    w3 = Web3(provider)
+    chain_id = call_with_retries(lambda: w3.eth.chain_id, RetryPolicy(total_seconds=wait), f"connect {url}")
+    logger.info("connected to %s (chain id %d)", url, chain_id)
+    return w3
+
+
+def anvil_binary() -> Path:
+    """Path of the anvil binary: ``$DLX_ANVIL`` if set, else the one the pinned npm package installs."""
+    override = os.environ.get("DLX_ANVIL")
+    path = Path(override) if override else DEFAULT_ANVIL
+    if not path.is_file():
+        raise ChainUnavailable(
+            f"anvil binary not found at {path}: run `npm ci --prefix contracts` or set DLX_ANVIL to its path"
+        )
+    return path
+
+
+def _kill(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+class AnvilProcess:
+    """A local anvil node run as a child process, stopped by PID.
+
+    Usage::
+
+        with AnvilProcess(state_file="chain.json") as anvil:
+            w3 = connect_rpc(anvil.url)
+
+    Args:
+        state_file: If set, anvil loads the chain from this file at start and dumps it there every
+            ``state_interval`` seconds and on a clean stop, so the chain survives restarts.
+        port: TCP port on 127.0.0.1; 0 lets the OS choose (read back from anvil's ``Listening on`` line).
+        state_interval: Seconds between state dumps.
+        extra_args: More anvil command-line arguments.
+        start_timeout: Seconds to wait for the ``Listening on`` line.
+    """
+
+    def __init__(
+        self,
+        state_file: str | os.PathLike | None = None,
+        port: int = 0,
+        *,
+        state_interval: int = 1,
+        extra_args: tuple[str, ...] = (),
+        start_timeout: float = 30.0,
+    ):
+        self.state_file = Path(state_file) if state_file else None
+        self.port = port
+        self.state_interval = state_interval
+        self.extra_args = tuple(extra_args)
+        self.start_timeout = start_timeout
+        self.url: str | None = None
+        self._process: subprocess.Popen | None = None
+        self._output: collections.deque[str] = collections.deque(maxlen=200)
+        self._finalizer: weakref.finalize | None = None
+        self._drainer: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The anvil process id while running."""
+        return self._process.pid if self._process is not None else None
+
+    def running(self) -> bool:
+        """Whether the anvil process is alive."""
+        return self._process is not None and self._process.poll() is None
+
+    def start(self) -> str:
+        """Start anvil and return its URL (``http://127.0.0.1:<port>``)."""
+        if self.running():
+            raise ChainUnavailable(f"anvil already running (pid {self.pid})")
+        command = [str(anvil_binary()), "--host", "127.0.0.1", "--port", str(self.port), "--hardfork", "prague"]
+        if self.state_file is not None:
+            self.state_file.parent.mkdir(parents=True, exist_ok=True)
+            command += ["--state", str(self.state_file), "--state-interval", str(self.state_interval)]
+        command += list(self.extra_args)
+        self._output.clear()
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self._process = process
+        self._finalizer = weakref.finalize(self, _kill, process)
+        listening = threading.Event()
+        found: list[str] = []
+
+        def drain() -> None:
+            # Keeps reading for the process's whole life so anvil never blocks on a full pipe.
+            for line in process.stdout:
+                self._output.append(line.rstrip())
+                if not listening.is_set():
+                    match = _LISTENING.search(line)
+                    if match:
+                        found.append(match.group(2))
+                        listening.set()
+            listening.set()
+
+        self._drainer = threading.Thread(target=drain, name=f"anvil-{process.pid}-output", daemon=True)
+        self._drainer.start()
+        if not listening.wait(self.start_timeout) or not found:
+            self.kill()
+            tail = "\n".join(list(self._output)[-15:])
+            raise ChainUnavailable(f"anvil did not start within {self.start_timeout}s; its output ended:\n{tail}")
+        self.url = f"http://127.0.0.1:{found[0]}"
+        logger.info("anvil pid %d listening on %s (state file: %s)", process.pid, self.url, self.state_file)
+        return self.url
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop anvil cleanly (SIGTERM, which makes it dump its state file), SIGKILL after ``timeout``."""
+        process = self._process
+        if process is None:
+            return
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                logger.warning("anvil pid %d ignored SIGTERM for %.0fs: killing it", process.pid, timeout)
+                process.kill()
+                process.wait()
+        self._forget()
+
+    def kill(self) -> None:
+        """SIGKILL anvil (fault injection: state since the last periodic dump is lost)."""
+        if self._process is not None:
+            _kill(self._process)
+        self._forget()
+
+    def output(self) -> list[str]:
+        """The last lines anvil printed (for diagnostics)."""
+        return list(self._output)
+
+    def _forget(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        if self._drainer is not None:
+            self._drainer.join(timeout=5)  # the process is gone: its output pipe reaches EOF
+        if self._process is not None and self._process.stdout is not None:
+            self._process.stdout.close()
+        self._drainer = None
+        self._process = None
+        self._finalizer = None
+
+    def __enter__(self) -> AnvilProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -1,0 +1,274 @@
+"""Sending transactions robustly and decoding reverts, identically on anvil and py-evm.
+
+* Every transaction is preflighted with ``eth_estimateGas``: a revert is decoded there into the matching
+  :class:`ledger.errors.ContractRevert` subclass before anything is signed. The transaction then carries an
+  explicit gas limit (estimate x margin), explicit EIP-1559 fees and the account's pending nonce, read under a
+  lock (one sender per account: the nonce is never guessed locally, so a chain that lost blocks on restart
+  cannot leave a nonce gap).
+* Calls are retried with exponential backoff while the RPC endpoint is unreachable
+  (:func:`ledger.chain.call_with_retries`), then :class:`ChainUnavailable` is raised.
+* A mined transaction that reverted anyway (the state changed between estimate and inclusion) is replayed
+  with ``eth_call`` at its block's parent to decode the error.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import threading
+import time
+from typing import Any
+
+from eth_abi import decode, encode
+from eth_utils import keccak
+from web3 import Web3
+from web3.exceptions import ContractLogicError, TransactionNotFound, Web3RPCError
+
+import contracts
+from ledger import errors
+from ledger.chain import RetryPolicy, call_with_retries
+from ledger.errors import ContractRevert, TransactionTimeout, UnknownRevert
+
+logger = logging.getLogger(__name__)
+
+_ERROR_STRING = bytes.fromhex("08c379a0")  # Error(string)
+_PANIC = bytes.fromhex("4e487b71")  # Panic(uint256)
+
+
+def _error_table() -> dict[bytes, tuple[str, list[str], list[str]]]:
+    table = {}
+    for name in contracts.NAMES:
+        for entry in contracts.artifact(name)["abi"]:
+            if entry["type"] != "error":
+                continue
+            types = [item["type"] for item in entry["inputs"]]
+            names = [item["name"] for item in entry["inputs"]]
+            selector = keccak(text=f"{entry['name']}({','.join(types)})")[:4]
+            table[selector] = (entry["name"], types, names)
+    return table
+
+
+#: 4-byte selector -> (error name, argument types, argument names) for every custom error of the contracts.
+ERROR_SELECTORS = _error_table()
+
+
+def _show(value: Any) -> str:
+    return "0x" + value.hex() if isinstance(value, bytes) else str(value)
+
+
+def revert_from_data(data: bytes, what: str) -> ContractRevert:
+    """The ContractRevert subclass for raw revert ``data`` (selector + ABI-encoded arguments)."""
+    selector = data[:4]
+    if selector in ERROR_SELECTORS:
+        name, types, names = ERROR_SELECTORS[selector]
+        try:
+            values = dict(zip(names, decode(types, data[4:]), strict=True))
+        except Exception:  # noqa: BLE001 - malformed data from the node: report it undecoded
+            return UnknownRevert(f"{what}: reverted with malformed {name} data 0x{data.hex()}", data=data)
+        shown = ", ".join(f"{key}={_show(value)}" for key, value in values.items())
+        return errors.REVERT_CLASSES[name](f"{what}: reverted with {name}({shown})", values=values, data=data)
+    if selector == _ERROR_STRING:
+        try:
+            reason = decode(["string"], data[4:])[0]
+        except Exception:  # noqa: BLE001
+            reason = f"0x{data.hex()}"
+        return UnknownRevert(f"{what}: reverted: {reason}", values={"reason": reason}, data=data)
+    if selector == _PANIC:
+        code = int.from_bytes(data[4:36], "big") if len(data) >= 36 else -1
+        return UnknownRevert(f"{what}: panicked with code {code:#x}", values={"code": code}, data=data)
+    return UnknownRevert(f"{what}: reverted without a known error (data 0x{data.hex()})", data=data)
+
+
+def _bytes_from_eth_tester(exc: BaseException) -> bytes | None:
+    """Revert data from eth-tester's ``TransactionFailed`` chain (it nests the raw bytes, or their repr)."""
+    seen = set()
+    literal = None
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for arg in current.args:
+            if isinstance(arg, bytes):
+                return arg
+            if isinstance(arg, BaseException) and arg.args and isinstance(arg.args[0], bytes):
+                return arg.args[0]
+            if isinstance(arg, str) and literal is None:
+                text = arg.removeprefix("execution reverted: ")
+                if text.startswith(("b'", 'b"')):
+                    try:
+                        literal = ast.literal_eval(text)
+                    except (ValueError, SyntaxError):
+                        pass
+        current = current.__cause__ or current.__context__
+    return literal
+
+
+def decode_revert(exc: BaseException, what: str) -> ContractRevert | None:
+    """Map a revert raised by either backend to a ContractRevert subclass; None if ``exc`` is no revert.
+
+    web3 raises ``ContractCustomError``/``ContractLogicError`` (with ``.data``) against a JSON-RPC node such
+    as anvil; eth-tester raises ``eth_tester.exceptions.TransactionFailed`` on py-evm.
+    """
+    if isinstance(exc, ContractLogicError):
+        data = exc.data
+        if isinstance(data, str) and data.startswith("0x"):
+            return revert_from_data(bytes.fromhex(data[2:]), what)
+        if isinstance(data, bytes):
+            return revert_from_data(data, what)
+        return UnknownRevert(f"{what}: reverted: {exc}")
+    if type(exc).__name__ == "TransactionFailed" and type(exc).__module__.startswith("eth_tester"):
+        data = _bytes_from_eth_tester(exc)
+        if data is not None:
+            return revert_from_data(data, what)
+        return UnknownRevert(f"{what}: reverted: {exc}")
+    return None
+
+
+def _already_sent(exc: BaseException) -> bool:
+    # After a retried send the node may already hold (or have mined) the same signed transaction.
+    text = str(exc).lower()
+    return isinstance(exc, (Web3RPCError, ValueError)) and ("already known" in text or "nonce too low" in text)
+
+
+class TransactionSender:
+    """Signs and sends an account's transactions; one instance per account and process.
+
+    Args:
+        w3: Connected Web3.
+        account: A local signer (``eth_account`` LocalAccount).
+        retry: Backoff policy while the RPC endpoint is down.
+        receipt_timeout: Seconds to wait for a transaction to be mined.
+        gas_margin: Gas limit = estimate x margin + 10k, bounding the limit yet tolerating small state drift.
+    """
+
+    def __init__(
+        self,
+        w3: Web3,
+        account: Any,
+        *,
+        retry: RetryPolicy = RetryPolicy(),
+        receipt_timeout: float = 60.0,
+        gas_margin: float = 1.25,
+    ):
+        self.w3 = w3
+        self.account = account
+        self.retry = retry
+        self.receipt_timeout = receipt_timeout
+        self.gas_margin = gas_margin
+        self._lock = threading.Lock()
+        self._chain_id: int | None = None
+
+    @property
+    def chain_id(self) -> int:
+        """The connected chain's id (read once)."""
+        if self._chain_id is None:
+            self._chain_id = self.rpc(lambda: self.w3.eth.chain_id, "eth_chainId")
+        return self._chain_id
+
+    def rpc(self, call, what: str):
+        """Run a read-only RPC ``call`` with retries; reverts become ContractRevert subclasses."""
+        try:
+            return call_with_retries(call, self.retry, what)
+        except Exception as exc:
+            revert = decode_revert(exc, what)
+            if revert is not None:
+                raise revert from exc
+            raise
+
+    def call(self, contract, name: str, args: tuple = (), what: str = "", block: int | str = "latest"):
+        """``eth_call`` the view ``name(*args)`` of the web3 ``contract``."""
+        function = contract.get_function_by_name(name)(*args)
+        return self.rpc(
+            lambda: function.call({"from": self.account.address}, block_identifier=block), what or name
+        )
+
+    def transact(self, contract, name: str, args: tuple = (), what: str = "", value: int = 0) -> dict:
+        """Send ``name(*args)`` of the web3 ``contract`` as a transaction; return its receipt once mined.
+
+        Raises:
+            ContractRevert: (a subclass) the call reverts, in the preflight or once mined.
+            ChainUnavailable: the RPC stayed unreachable for the retry policy's duration.
+            TransactionTimeout: sent but not mined within ``receipt_timeout``.
+        """
+        data = contract.encode_abi(name, args=list(args))
+        return self.send({"to": contract.address, "value": value, "data": data}, what or name)
+
+    def deploy(self, artifact: dict, args: tuple = (), what: str = "") -> str:
+        """Deploy the contract of a build ``artifact`` with constructor ``args``; return its address."""
+        constructor = next((item for item in artifact["abi"] if item["type"] == "constructor"), None)
+        types = [item["type"] for item in constructor["inputs"]] if constructor else []
+        data = artifact["bytecode"] + encode(types, list(args)).hex()
+        receipt = self.send({"value": 0, "data": data}, what or f"deploy {artifact['contractName']}")
+        return receipt["contractAddress"]
+
+    def send(self, request: dict, what: str) -> dict:
+        """Preflight, sign and send the transaction ``request`` (to/value/data); return the mined receipt.
+
+        Raises:
+            ContractRevert: (a subclass) the call reverts, in the preflight or once mined.
+            ChainUnavailable: the RPC stayed unreachable for the retry policy's duration.
+            TransactionTimeout: sent but not mined within ``receipt_timeout``.
+        """
+        with self._lock:
+            address = self.account.address
+            request = {"from": address, **request}
+            estimate = self.rpc(lambda: self.w3.eth.estimate_gas(request), what)
+            gas = int(estimate * self.gas_margin) + 10_000
+            base_fee = self.rpc(lambda: self.w3.eth.get_block("latest")["baseFeePerGas"], "eth_getBlockByNumber")
+            priority = self.rpc(lambda: self.w3.eth.max_priority_fee, "eth_maxPriorityFeePerGas")
+            nonce = self.rpc(lambda: self.w3.eth.get_transaction_count(address, "pending"), "eth_getTransactionCount")
+            transaction = {
+                **request,
+                "gas": gas,
+                "nonce": nonce,
+                "chainId": self.chain_id,
+                "maxPriorityFeePerGas": priority,
+                "maxFeePerGas": 2 * base_fee + priority,
+                "type": 2,
+            }
+            del transaction["from"]
+            signed = self.account.sign_transaction(transaction)
+            tx_hash = signed.hash
+            try:
+                call_with_retries(
+                    lambda: self.w3.eth.send_raw_transaction(signed.raw_transaction), self.retry, f"{what}: send"
+                )
+            except Exception as exc:
+                if not _already_sent(exc):
+                    revert = decode_revert(exc, what)
+                    if revert is not None:
+                        raise revert from exc
+                    raise
+                logger.info("%s: node already had transaction %s (%s)", what, tx_hash.to_0x_hex(), exc)
+            receipt = self._wait_for_receipt(tx_hash, what)
+        if receipt["status"] != 1:
+            raise self._explain_failure(request, receipt, what)
+        logger.debug("%s: mined in block %d, gas %d", what, receipt["blockNumber"], receipt["gasUsed"])
+        return receipt
+
+    def _wait_for_receipt(self, tx_hash: bytes, what: str) -> dict:
+        deadline = time.monotonic() + self.receipt_timeout
+        delay = 0.05
+        while True:
+            try:
+                return call_with_retries(
+                    lambda: self.w3.eth.get_transaction_receipt(tx_hash), self.retry, f"{what}: receipt"
+                )
+            except TransactionNotFound:
+                pass
+            if time.monotonic() >= deadline:
+                raise TransactionTimeout(
+                    f"{what}: transaction {tx_hash.hex()} not mined within {self.receipt_timeout:.0f}s"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _explain_failure(self, request: dict, receipt: dict, what: str) -> ContractRevert:
+        block = receipt["blockNumber"]
+        where = f"{what} (tx {receipt['transactionHash'].to_0x_hex()}, block {block})"
+        try:
+            self.w3.eth.call(request, block_identifier=max(block - 1, 0))
+        except Exception as exc:  # noqa: BLE001 - decoded or reported below
+            revert = decode_revert(exc, where)
+            if revert is not None:
+                return revert
+        return UnknownRevert(f"{where}: mined but reverted (gas used {receipt['gasUsed']})")
