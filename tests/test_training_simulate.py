@@ -1,0 +1,59 @@
+"""Simulation mode on the tiny model: the three modes run, account bytes, and agree where they must."""
+
+from __future__ import annotations
+
+import pytest
+
+from training.config import CompressionConfig, DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig
+from training.data import generated_corpus
+from training.errors import TrainingError
+from training.model import count_params
+from training.simulate import simulate
+
+MODEL = ModelConfig(preset="tiny")
+TRAINING = TrainingConfig(batch_size=4, eval_batches=2)
+PIPELINE = PipelineConfig(num_stages=2)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return generated_corpus(seed=0, n_bytes=50_000)
+
+
+def _run(corpus, mode, rounds=3, **diloco):
+    cfg = DilocoConfig(**{"inner_steps": 3, "num_replicas": 2, **diloco})
+    compression = CompressionConfig(error_budget=0.5, min_compress_numel=512)
+    return simulate(mode, corpus, MODEL, TRAINING, cfg, compression, PIPELINE, rounds)
+
+
+def test_diloco_x_without_delay_and_compression_is_diloco_exactly(corpus):
+    cfg = DilocoConfig(inner_steps=3, num_replicas=2, one_step_delay=False)
+    plain = simulate("diloco", corpus, MODEL, TRAINING, cfg, CompressionConfig(), PIPELINE, 3)
+    switched_off = simulate(
+        "diloco_x", corpus, MODEL, TRAINING, cfg, CompressionConfig(enabled=False), PIPELINE, 3
+    )
+    assert [r.weights_root for r in switched_off.rounds] == [r.weights_root for r in plain.rounds]
+    assert switched_off.final_eval_loss == plain.final_eval_loss
+
+
+def test_modes_report_bytes_ratio_and_losses(corpus):
+    ddp, diloco, diloco_x = (_run(corpus, mode) for mode in ("ddp", "diloco", "diloco_x"))
+    params = count_params(MODEL)
+    tokens = 3 * 3 * TRAINING.batch_size * MODEL.block_size
+    for result in (ddp, diloco, diloco_x):
+        assert result.tokens_per_replica == tokens and len(result.rounds) == 3
+        assert 0 < result.final_eval_loss < 6.0
+    # Ring AllReduce of float32 gradients, every step: 2 (M-1)/M * 4 * params.
+    assert ddp.bytes_per_replica == pytest.approx(3 * 3 * 4 * params)
+    # Uncompressed DiLoCo: one float32 copy of the model per round, plus framing.
+    assert 3 * 4 * params < diloco.bytes_per_replica < 1.01 * 3 * 4 * params
+    assert all(r.compression_ratio > 3 for r in diloco_x.rounds)
+    assert diloco_x.bytes_per_replica < diloco.bytes_per_replica / 3
+    # One-step delay: nothing is applied by the end of round 0; the flush applies the last round.
+    assert diloco_x.rounds[0].eval_loss is None and diloco_x.rounds[-1].eval_loss is not None
+    assert all(r.tensors for r in diloco_x.rounds)
+
+
+def test_unknown_mode_is_refused(corpus):
+    with pytest.raises(TrainingError):
+        _run(corpus, "allreduce")
