@@ -151,8 +151,8 @@ class Node:
         self.chain = NodeChain.connect(cfg)
         self.chain.check_run(self.run_id, self.config_hash)
         self.chain.ensure_registered(self.identity)
-        self.host = P2PHost.start(cfg.p2p, self.identity, blob_dir=self.data_dir / "blobs")
-        self.host.subscribe(run_topic(self.run_id), validator=self._relay_ok)
+        self.host = P2PHost.start(cfg.p2p, self.identity, data_dir=self.data_dir)
+        self._queue = self.host.subscribe(run_topic(self.run_id), validator=self._relay_ok)
         self._spawn(self._gossip_loop, "gossip")
         self._spawn(self._heartbeat_loop, "heartbeat")
         self.host.provide_blob(canonical_json(self.document))  # the run document, by its hash
@@ -399,8 +399,11 @@ class Node:
         try:
             dest = self.data_dir / "incoming" / f"{a.envelope_hash.hex()}.part"
             dest.parent.mkdir(parents=True, exist_ok=True)
-            self.host.fetch_blob(a.envelope_hash.hex(), dest, providers=[a.peer_id],
-                                 timeout=self.cfg.p2p.transfer_timeout)
+            try:
+                self.host.fetch_blob(a.envelope_hash.hex(), dest, providers=[a.peer_id],
+                                     timeout=self.cfg.p2p.transfer_timeout)
+            except P2PError:  # the announcer may be gone: any provider will do
+                self.host.fetch_blob(a.envelope_hash.hex(), dest, timeout=self.cfg.p2p.transfer_timeout)
             data = dest.read_bytes()
             dest.unlink(missing_ok=True)
             env = decode_envelope(data, self.cfg.p2p.max_blob_bytes)
@@ -465,7 +468,7 @@ class Node:
         return env.run_id == self.run_id and env.kind in msg.KINDS
 
     def _gossip_loop(self) -> None:
-        queue = self.host.subscription(run_topic(self.run_id))
+        queue = self._queue
         while not self.stop_event.is_set():
             try:
                 data, _from = queue.get(timeout=0.5)
@@ -525,9 +528,9 @@ class Node:
                     for data in self._published[r]:
                         self.host.publish(run_topic(self.run_id), data)
                 self.progress.peers = len(self.host.peers())
-                stats = self.host.stats()
-                self.progress.bytes_sent = stats.get("bytes_sent", 0)
-                self.progress.bytes_received = stats.get("bytes_received", 0)
+                stats = self.host.transfer_stats().values()
+                self.progress.bytes_sent = sum(s.get("sent", 0) for s in stats)
+                self.progress.bytes_received = sum(s.get("received", 0) for s in stats)
                 self._report(throttle=True)
             except P2PError as exc:
                 logger.debug("heartbeat: %s", exc)

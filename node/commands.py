@@ -1,0 +1,190 @@
+"""Implementations of the ``dlx-node`` subcommands (parsing lives in :mod:`node.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from node.config import load_config
+from node.errors import ConfigError, NodeError
+
+logger = logging.getLogger(__name__)
+
+
+class PortBusy(NodeError):
+    exit_code = 7
+
+
+def _check_port_free(host: str, port: int, what: str) -> None:
+    if port == 0:
+        return
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            raise PortBusy(f"{what}={port} on {host} is already in use: stop the other process or pick "
+                           "another port (0 = any free port)") from None
+
+
+# ---------------------------------------------------------------------- init
+def cmd_init(args: argparse.Namespace) -> int:
+    from importlib.resources import files
+
+    from ledger.account import create_keystore, read_password_file
+    from p2p.identity import Identity
+
+    data_dir = Path(args.data_dir).expanduser()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    identity = Identity.load_or_create(data_dir / "identity.key")
+    template = files("node").joinpath("templates/node.toml").read_text()
+    config_path = data_dir / "node.toml"
+    if config_path.exists() and not args.force:
+        raise ConfigError(f"{config_path} exists: keep it, or pass --force to overwrite it (keys are kept)")
+    lines = template.replace('data_dir = "."', f'data_dir = "{data_dir.resolve()}"')
+    if args.password_file:
+        keystore = data_dir / "keystore.json"
+        if keystore.exists():
+            print(f"keeping existing keystore {keystore}")
+        else:
+            account = create_keystore(keystore, read_password_file(args.password_file))
+            print(f"created Ethereum account {account.address} in {keystore}")
+        lines = lines.replace('keystore = ""  ', f'keystore = "{keystore.resolve()}"  ')
+        lines = lines.replace('password_file = ""', f'password_file = "{Path(args.password_file).resolve()}"')
+    elif args.dev_account is not None:
+        lines = lines.replace("dev_account = -1 ", f"dev_account = {args.dev_account} ")
+    from node.fsutil import atomic_write_bytes
+
+    atomic_write_bytes(config_path, lines.encode())
+    load_config(config_path)
+    print(f"identity: {identity.peer_id} ({data_dir / 'identity.key'})")
+    print(f"config:   {config_path}  (set ledger.rpc_url, addresses and run_id, then 'dlx-node start')")
+    return 0
+
+
+# ---------------------------------------------------------------------- start
+def _progress_line(p) -> str:
+    def mb(n: int) -> str:
+        return f"{n / 1e6:.1f}MB"
+
+    loss = "-" if math.isnan(p.loss) else f"{p.loss:.3f}"
+    held = "-" if math.isnan(p.eval_loss) else f"{p.eval_loss:.3f}"
+    return (f"[{p.state:9s}] round {p.round} step {p.step}/{p.inner_steps} loss {loss} held-out {held} "
+            f"sent {mb(p.bytes_sent)} recv {mb(p.bytes_received)} peers {p.peers} committed {p.last_commit}")
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    _check_port_free(cfg.p2p.listen_host, cfg.p2p.listen_port, "p2p.listen_port")
+    _check_port_free("127.0.0.1", cfg.metrics_port, "metrics_port")
+    from node.runtime import Node
+
+    metrics = _start_metrics(cfg.metrics_port) if cfg.metrics_port else None
+    show = not args.no_progress and sys.stderr.isatty()
+
+    def on_progress(p) -> None:
+        if metrics is not None:
+            metrics(p)
+        if show:
+            sys.stderr.write("\r" + _progress_line(p)[:160].ljust(160))
+            sys.stderr.flush()
+
+    node = Node(cfg, on_progress=on_progress)
+
+    def handle(signum, _frame) -> None:
+        logger.info("signal %d: finishing up", signum)
+        node.stop()
+
+    signal.signal(signal.SIGINT, handle)
+    signal.signal(signal.SIGTERM, handle)
+    progress = node.run()
+    if show:
+        sys.stderr.write("\n")
+    logger.info("stopped after round %d (last committed %d)", progress.last_finished, progress.last_commit)
+    return 0
+
+
+def _start_metrics(port: int):
+    from prometheus_client import Gauge, start_http_server
+
+    start_http_server(port, addr="127.0.0.1")
+    gauges = {name: Gauge(f"dlx_{name}", help_) for name, help_ in (
+        ("round", "outer round being trained"), ("inner_step", "inner step within the round"),
+        ("loss", "last inner training loss"), ("eval_loss", "held-out loss after the last round"),
+        ("peers", "connected libp2p peers"), ("bytes_sent", "application bytes sent"),
+        ("bytes_received", "application bytes received"), ("last_commit", "last round committed on chain"))}
+
+    def update(p) -> None:
+        for name, value in (("round", p.round), ("inner_step", p.step), ("loss", p.loss),
+                            ("eval_loss", p.eval_loss), ("peers", p.peers), ("bytes_sent", p.bytes_sent),
+                            ("bytes_received", p.bytes_received), ("last_commit", p.last_commit)):
+            gauges[name].set(value)
+
+    return update
+
+
+# ---------------------------------------------------------------------- status
+def cmd_status(args: argparse.Namespace) -> int:
+    path = Path(args.data_dir).expanduser() / "status.json"
+    try:
+        status = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise NodeError(f"no node status at {path}: is a node running with data_dir={args.data_dir}?") from None
+    except ValueError as exc:
+        raise NodeError(f"status file {path} is unreadable: {exc}") from None
+    alive = _pid_alive(status.get("pid", -1))
+    if args.json:
+        print(json.dumps({**status, "alive": alive}, indent=1))
+        return 0 if alive else 1
+    age = time.time() - status.get("updated_at", 0)
+    placement = status.get("placement") or {}
+    print(f"node     {status.get('peer_id')}  ({'running' if alive else 'not running'}, pid {status.get('pid')}, "
+          f"updated {age:.0f}s ago)")
+    print(f"run      {status.get('run_id')}  state {status.get('state')}  cluster {placement.get('cluster')} "
+          f"replica {placement.get('replica')} stages {placement.get('stages')}")
+    print(f"round    {status.get('round')} step {status.get('step')}/{status.get('inner_steps')}  "
+          f"loss {status.get('loss')}  held-out {status.get('eval_loss')}")
+    print(f"network  peers {status.get('peers')}  sent {status.get('bytes_sent')} B  "
+          f"received {status.get('bytes_received')} B")
+    print(f"chain    last finished round {status.get('last_finished')}  last commit {status.get('last_commit')}  "
+          f"weights root {status.get('weights_root') or '-'}")
+    return 0 if alive else 1
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# ---------------------------------------------------------------------- demo
+def cmd_demo(args: argparse.Namespace) -> int:
+    from node.demo import run_demo
+
+    return run_demo(args)
+
+
+# ---------------------------------------------------------------------- audit / pull
+def cmd_audit(args: argparse.Namespace) -> int:
+    from node.audit import run_audit
+
+    return run_audit(args)
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from node.pull import run_pull
+
+    return run_pull(args)

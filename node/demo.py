@@ -1,0 +1,142 @@
+"""``dlx-node demo``: the README's main job.
+
+A managed anvil, the contracts deployed, ``replicas x stages`` node processes
+on loopback training a small GPT-2 with DiLoCoX, a live progress table, and a
+summary read back from the chain: rounds, held-out loss per round, bytes sent
+vs. what data-parallel AllReduce would have sent, and where the checkpoint is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from node.config import load_config
+from node.errors import ConfigError, NodeError
+from node.launcher import LocalRun
+
+logger = logging.getLogger(__name__)
+
+
+def _table(run: LocalRun, started: float) -> str:
+    rows = [f"  {'node':6s} {'state':10s} {'round':>5s} {'step':>7s} {'loss':>7s} {'held-out':>8s} "
+            f"{'sent':>9s} {'peers':>5s} {'commit':>6s}"]
+    for slot in run.nodes:
+        st = slot.status()
+        alive = slot.process is not None and slot.process.poll() is None
+        state = st.get("state", "starting") if alive else f"exit {slot.process.returncode if slot.process else '-'}"
+        loss = st.get("loss")
+        held = st.get("eval_loss")
+        rows.append(
+            f"  {slot.name:6s} {state:10s} {st.get('round', -1):>5} {st.get('step', 0):>3}/{st.get('inner_steps', 0):<3} "
+            f"{'-' if loss is None else f'{loss:.3f}':>7s} {'-' if held is None else f'{held:.3f}':>8s} "
+            f"{st.get('bytes_sent', 0) / 1e6:>7.2f}MB {st.get('peers', 0):>5} {st.get('last_commit', -1):>6}")
+    return f"t+{time.monotonic() - started:5.0f}s\n" + "\n".join(rows)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    if args.replicas < 1 or args.stages < 1 or args.rounds < 1 or args.inner_steps < 1:
+        raise ConfigError("--replicas, --stages, --rounds and --inner-steps must all be >= 1")
+    data = ""
+    if args.data:
+        path = Path(args.data).expanduser().resolve()
+        if not path.is_file():
+            raise ConfigError(f"--data {args.data}: no such file")
+        data = str(path)
+    settings = [f"model.preset={args.preset}", f"rounds={args.rounds}", f"diloco.inner_steps={args.inner_steps}",
+                f"checkpoint_every={args.checkpoint_every}", f"training.data_path={data}", "round_timeout=120"]
+    load_config(None, settings + [f"pipeline.num_stages={args.stages}", f"diloco.num_replicas={args.replicas}"])
+    out = Path(args.out).resolve()
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--out {out} is not empty: pick a new directory (a demo starts a fresh chain)")
+    run = LocalRun(out, replicas=args.replicas, stages=args.stages, split=args.stages > 1, settings=settings)
+    print(f"dlx-node demo: {args.replicas} replicas x {args.stages} stages, model '{args.preset}', "
+          f"{args.rounds} outer rounds of H={args.inner_steps}, data: {data or 'generated corpus'}")
+    started = time.monotonic()
+    interactive = sys.stdout.isatty()
+    last_print = [0.0]
+
+    def tick(r: LocalRun) -> None:
+        now = time.monotonic()
+        if now - last_print[0] < (1.0 if interactive else 10.0):
+            return
+        last_print[0] = now
+        text = _table(r, started)
+        if interactive:
+            sys.stdout.write("\x1b[H\x1b[J" + text + "\n")
+        else:
+            sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+    try:
+        run.setup()
+        print(f"chain: anvil at {run.url}, registry {run.registry}, ledger {run.ledger}, run {run.run_id}")
+        run.start()
+        ok = run.wait(args.timeout, on_tick=tick)
+        summary = summarize(run)
+    finally:
+        run.stop()
+    print(format_summary(summary))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    if not ok:
+        logs = ", ".join(str(s.log_path) for s in run.nodes)
+        raise NodeError(f"demo did not finish cleanly; node logs: {logs}")
+    return 0
+
+
+def summarize(run: LocalRun) -> dict:
+    """Read the run back from the chain and the nodes' status files."""
+    from ledger.records import from_micro
+    from training.config import ModelConfig
+    from training.model import count_params
+
+    client = run.client()
+    history = client.history(run.run_id)
+    cfg = load_config(run.nodes[0].config_path)
+    params = count_params(cfg.model)
+    rounds = [{"round": c.commit.round, "eval_loss": from_micro(c.commit.eval_loss_micro),
+               "train_loss": from_micro(c.commit.train_loss_micro), "contributors": c.commit.num_contributors,
+               "weights_root": c.commit.weights_root.hex()} for c in history.commits]
+    sent = sum(slot.status().get("bytes_sent", 0) for slot in run.nodes)
+    # Ring AllReduce of fp32 gradients every inner step: 2 (M-1)/M x model bytes per replica per step.
+    m = run.replicas
+    steps = len(rounds) * cfg.diloco.inner_steps
+    allreduce = int(2 * (m - 1) / m * params * 4 * steps * m) if m > 1 else 0
+    checkpoints = [{"round": c.round, "content_hash": c.content_hash.hex(), "uri": c.uri}
+                   for c in history.checkpoints]
+    latest = checkpoints[-1] if checkpoints else None
+    ckpt_path = None
+    if latest is not None:
+        for slot in run.nodes:
+            p = slot.data_dir / "checkpoints" / f"round-{latest['round']:08d}.safetensors"
+            if p.exists():
+                ckpt_path = str(p)
+                break
+    return {
+        "run_id": run.run_id, "rpc_url": run.url, "registry": run.registry, "ledger": run.ledger,
+        "model_params": params, "rounds": rounds, "bytes_sent_all_nodes": sent,
+        "allreduce_bytes_equivalent": allreduce, "checkpoints": checkpoints, "latest_checkpoint_file": ckpt_path,
+        "disputes": len(history.disputes), "workdir": str(run.workdir),
+    }
+
+
+def format_summary(s: dict) -> str:
+    lines = ["", f"run {s['run_id']}: {len(s['rounds'])} rounds committed on chain ({s['model_params']:,} parameters)",
+             "  round  held-out  train   contributors  weights root"]
+    for r in s["rounds"]:
+        lines.append(f"  {r['round']:>5}  {r['eval_loss']:8.4f}  {r['train_loss']:6.4f}  {r['contributors']:>12}  "
+                     f"{r['weights_root'][:16]}")
+    ratio = s["allreduce_bytes_equivalent"] / s["bytes_sent_all_nodes"] if s["bytes_sent_all_nodes"] else float("nan")
+    lines.append(f"bytes sent by all nodes: {s['bytes_sent_all_nodes'] / 1e6:.2f} MB; data-parallel AllReduce "
+                 f"would have sent {s['allreduce_bytes_equivalent'] / 1e6:.2f} MB ({ratio:.0f}x more)")
+    lines.append(f"checkpoints on chain: {len(s['checkpoints'])}; latest: "
+                 f"{s['checkpoints'][-1] if s['checkpoints'] else 'none'}")
+    lines.append(f"checkpoint file: {s['latest_checkpoint_file']}")
+    lines.append(f"disputes: {s['disputes']}; node data, logs and deployment.json in {s['workdir']}")
+    lines.append(f"audit it:  dlx-node audit --rpc {s['rpc_url']} --run {s['run_id']} --deployment "
+                 f"{s['workdir']}/deployment.json --archive {s['workdir']}/<node>  (while the chain runs)")
+    return "\n".join(lines)

@@ -1,0 +1,188 @@
+"""A local multi-node run on one machine: the demo and the end-to-end tests.
+
+Starts a managed anvil, deploys the contracts, creates the run, writes one
+``node.toml`` per node and launches each node as a real ``dlx-node start``
+process on loopback. Nodes can be killed and restarted to exercise recovery.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ledger.account import dev_account
+from ledger.chain import AnvilProcess, connect_rpc
+from ledger.client import LedgerClient
+from node.config import dump_toml, load_config
+from node.errors import NodeError
+from node.runconfig import canonical_json, config_hash, run_document
+from p2p.identity import Identity
+
+logger = logging.getLogger(__name__)
+
+DEPLOYER_ACCOUNT = 0
+MAX_NODES = 9  # anvil dev accounts 1..9
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class NodeSlot:
+    name: str
+    data_dir: Path
+    config_path: Path
+    peer_id: str
+    listen_port: int
+    process: subprocess.Popen | None = None
+    cluster: str = ""
+    account: int = 0  # anvil dev account index
+    master_port: int = 0  # torch.distributed rendezvous of the slot's cluster
+    log_path: Path | None = None
+    starts: int = 0
+
+    @property
+    def multiaddr(self) -> str:
+        return f"/ip4/127.0.0.1/tcp/{self.listen_port}/p2p/{self.peer_id}"
+
+    def status(self) -> dict:
+        try:
+            return json.loads((self.data_dir / "status.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+
+@dataclass
+class LocalRun:
+    """See module docstring. ``split`` places one node per stage; else one node per replica."""
+
+    workdir: Path
+    replicas: int = 2
+    stages: int = 2
+    split: bool = True
+    settings: list[str] = field(default_factory=list)  # extra KEY=VALUE overrides for every node
+    anvil: AnvilProcess | None = None
+    url: str = ""
+    run_id: int = 0
+    registry: str = ""
+    ledger: str = ""
+    nodes: list[NodeSlot] = field(default_factory=list)
+
+    def setup(self) -> None:
+        self.workdir = Path(self.workdir).resolve()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        per_replica = self.stages if self.split else 1
+        if self.replicas * per_replica > MAX_NODES:
+            raise NodeError(f"{self.replicas * per_replica} nodes requested; a local run supports {MAX_NODES}")
+        self.anvil = AnvilProcess(state_file=self.workdir / "chain-state.json")
+        self.url = self.anvil.start()
+        w3 = connect_rpc(self.url, wait=10)
+        deployer = dev_account(DEPLOYER_ACCOUNT, w3.eth.chain_id)
+        self.registry, self.ledger = LedgerClient.deploy(w3, deployer)
+        base = self._base_settings()
+        cfg = load_config(None, base)
+        document = run_document(cfg)
+        client = LedgerClient(w3, deployer, self.registry, self.ledger)
+        self.run_id = client.create_run(config_hash(document), self.stages, cfg.diloco.inner_steps,
+                                        f"dlx://blob/{config_hash(document).hex()}")
+        (self.workdir / "run.json").write_bytes(canonical_json(document))
+        (self.workdir / "deployment.json").write_text(json.dumps({
+            "rpc_url": self.url, "registry": self.registry, "ledger": self.ledger, "run_id": self.run_id,
+            "chain_id": w3.eth.chain_id,
+        }, indent=1))
+        index = 0
+        for replica in range(self.replicas):
+            master_port = free_port()
+            for stage in range(per_replica):
+                index += 1
+                name = f"r{replica}s{stage}" if self.split else f"r{replica}"
+                data_dir = self.workdir / name
+                identity = Identity.load_or_create(data_dir / "identity.key")
+                slot = NodeSlot(name, data_dir, data_dir / "node.toml", identity.peer_id, free_port(),
+                                cluster=f"cluster-{replica}", account=index, master_port=master_port)
+                self.nodes.append(slot)
+        for slot in self.nodes:
+            overrides = base + [
+                f"data_dir={slot.data_dir}", f"cluster={slot.cluster}", f"cluster_size={per_replica}",
+                f"cluster_master=127.0.0.1:{slot.master_port}", f"p2p.listen_port={slot.listen_port}",
+                "ledger.backend=rpc", f"ledger.rpc_url={self.url}", f"ledger.dev_account={slot.account}",
+                f"ledger.registry_address={self.registry}", f"ledger.ledger_address={self.ledger}",
+                f"ledger.run_id={self.run_id}",
+            ]
+            node_cfg = load_config(None, overrides)
+            table = node_cfg.to_dict()
+            table["p2p"]["bootstrap"] = [o.multiaddr for o in self.nodes if o is not slot]
+            slot.config_path.write_text("# written by dlx-node's local launcher\n" + dump_toml(table))
+            load_config(slot.config_path)  # what we wrote must load
+
+    def _base_settings(self) -> list[str]:
+        return [f"pipeline.num_stages={self.stages}", f"diloco.num_replicas={self.replicas}", *self.settings]
+
+    def start_node(self, slot: NodeSlot) -> None:
+        slot.starts += 1
+        slot.log_path = slot.data_dir / f"node-{slot.starts}.log"
+        log = open(slot.log_path, "wb")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        slot.process = subprocess.Popen(
+            [sys.executable, "-m", "node.cli", "--log-file", str(slot.log_path), "start", "--no-progress",
+             "--config", str(slot.config_path)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+        log.close()
+
+    def start(self) -> None:
+        for slot in self.nodes:
+            self.start_node(slot)
+
+    def kill(self, slot: NodeSlot, sig: int = signal.SIGKILL) -> None:
+        if slot.process is not None and slot.process.poll() is None:
+            slot.process.send_signal(sig)
+            slot.process.wait(timeout=30)
+
+    def running(self) -> list[NodeSlot]:
+        return [s for s in self.nodes if s.process is not None and s.process.poll() is None]
+
+    def wait(self, timeout: float, on_tick=None) -> bool:
+        """Wait for every node process to exit; True if all exited with status 0."""
+        deadline = time.monotonic() + timeout
+        while self.running():
+            if time.monotonic() > deadline:
+                return False
+            if on_tick is not None:
+                on_tick(self)
+            time.sleep(1.0)
+        if on_tick is not None:
+            on_tick(self)
+        return all(s.process.returncode == 0 for s in self.nodes)
+
+    def client(self) -> LedgerClient:
+        w3 = connect_rpc(self.url, wait=5)
+        return LedgerClient(w3, dev_account(DEPLOYER_ACCOUNT, w3.eth.chain_id), self.registry, self.ledger)
+
+    def stop(self) -> None:
+        for slot in self.nodes:
+            if slot.process is not None and slot.process.poll() is None:
+                slot.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for slot in self.nodes:
+            if slot.process is None:
+                continue
+            try:
+                slot.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                slot.process.kill()
+                slot.process.wait(timeout=10)
+        if self.anvil is not None:
+            self.anvil.stop()
+            self.anvil = None
