@@ -1,0 +1,91 @@
+"""Fixtures for the ledger tests: a session-wide real anvil, and fresh deployments on py-evm or anvil.
+
+Loaded from tests/conftest.py via ``pytest_plugins``. ``chain_w3`` is parametrized over both backends, so a
+test that uses ``deployment`` runs once on py-evm and once on a real anvil node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from web3 import Web3
+
+from ledger.account import dev_account
+from ledger.chain import AnvilProcess, RetryPolicy, connect_pyevm, connect_rpc
+from ledger.client import LedgerClient
+
+FAST_RETRY = RetryPolicy(total_seconds=2.0, initial_delay=0.1, max_delay=0.5)
+
+
+@pytest.fixture(scope="session")
+def anvil_session():
+    """One real anvil for the whole test session (each test deploys its own contracts on it)."""
+    anvil = AnvilProcess()
+    anvil.start()
+    yield anvil
+    anvil.stop()
+
+
+@pytest.fixture(params=["pyevm", "anvil"])
+def chain_w3(request) -> Web3:
+    """A Web3 on a fresh py-evm chain, or on the session's anvil."""
+    if request.param == "pyevm":
+        return connect_pyevm()
+    anvil = request.getfixturevalue("anvil_session")
+    return connect_rpc(anvil.url, timeout=10.0)
+
+
+def node_key(seed: int) -> Ed25519PrivateKey:
+    """A deterministic ed25519 node key for tests."""
+    return Ed25519PrivateKey.from_private_bytes(seed.to_bytes(32, "big"))
+
+
+def raw_public_key(key: Ed25519PrivateKey) -> bytes:
+    """The raw 32-byte public key."""
+    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+@dataclass
+class Deployment:
+    """Contracts freshly deployed by dev account 0, with a client per dev account on demand."""
+
+    w3: Web3
+    registry: str
+    ledger: str
+    min_stake: int = 0
+    _clients: dict[int, LedgerClient] = field(default_factory=dict)
+
+    def client(self, index: int, **kwargs) -> LedgerClient:
+        """A LedgerClient acting as dev account ``index`` (cached when no options are given)."""
+        if kwargs:
+            return self._new_client(index, **kwargs)
+        if index not in self._clients:
+            self._clients[index] = self._new_client(index)
+        return self._clients[index]
+
+    def _new_client(self, index: int, **kwargs) -> LedgerClient:
+        kwargs.setdefault("retry", FAST_RETRY)
+        account = dev_account(index, self.w3.eth.chain_id)
+        return LedgerClient(self.w3, account, self.registry, self.ledger, **kwargs)
+
+    def register(self, index: int, seed: int | None = None) -> LedgerClient:
+        """Register dev account ``index`` with a valid binding signature of node key ``seed`` (default index+1)."""
+        client = self.client(index)
+        key = node_key(index + 1 if seed is None else seed)
+        client.register(raw_public_key(key), key.sign(client.my_binding_message()), stake=self.min_stake)
+        return client
+
+
+def deploy(w3: Web3, min_stake: int = 0) -> Deployment:
+    """Deploy a fresh NodeRegistry + TrainingLedger from dev account 0."""
+    registry, ledger = LedgerClient.deploy(w3, dev_account(0, w3.eth.chain_id), min_stake, retry=FAST_RETRY)
+    return Deployment(w3, registry, ledger, min_stake)
+
+
+@pytest.fixture
+def deployment(chain_w3) -> Deployment:
+    """A fresh deployment without stake on the parametrized chain."""
+    return deploy(chain_w3)
