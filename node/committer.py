@@ -30,6 +30,7 @@ from ledger.merkle import merkle_root
 from ledger.records import RoundCommit, to_micro
 from node.checkpoint import merge_shards, parse_checkpoint, write_checkpoint
 from node.errors import DlxError
+from node.roundbook import PEER_TTL_S
 from node.topology import committer_order
 from training.hashing import weights_root
 
@@ -150,20 +151,24 @@ class Committer:
         checkpoint_hash = None
         if (outer_round + 1) % node.cfg.checkpoint_every == 0:
             checkpoint_hash = self._assemble_checkpoint(outer_round, atts)
-        order = committer_order(outer_round, sorted(node.placements))
+        live = node.book.live_peers(PEER_TTL_S)
+        order = [p for p in committer_order(outer_round, sorted(node.placements)) if p == node.peer_id or p in live]
         rank = order.index(node.peer_id) if node.peer_id in order else len(order)
         # Rounds commit strictly in order: let the previous round land first (bounded wait).
         self._wait(lambda: node.chain.last_round(node.run_id) >= outer_round - 1, node.cfg.round_timeout)
         committed = self._wait(lambda: node.chain.commit_of(node.run_id, outer_round) is not None,
                                rank * COMMIT_FALLBACK_S)
+        mine = False
         if not committed and not node.stop_event.is_set():
             node.chain.commit_round(commit)
+            mine = True
             logger.info("round %d committed (weights root %s, %d contributors)", outer_round,
                         commit.weights_root.hex()[:12], commit.num_contributors)
             if checkpoint_hash is not None:
                 node.chain.publish_checkpoint(node.run_id, outer_round, checkpoint_hash,
                                               f"dlx://blob/{checkpoint_hash.hex()}")
                 logger.info("round %d checkpoint %s published", outer_round, checkpoint_hash.hex()[:12])
+        node.record_round(outer_round, commit.weights_root, mine)
         self._verify(outer_round, commit)
 
     def _verify(self, outer_round: int, mine: RoundCommit) -> None:

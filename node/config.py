@@ -49,6 +49,7 @@ class NodeConfig:
     rounds: int = 0  # outer rounds to train; 0 = until stopped
     checkpoint_every: int = 1  # K: publish a checkpoint every K rounds
     round_timeout: float = 120.0  # deadline for a round's contributions
+    join_timeout: float = 60.0  # how long to wait for the run's other replicas before starting
     quorum: int = 1  # minimum replicas per stage to close a round at the deadline
     retention_rounds: int = 0  # archived contributions kept; 0 = keep everything
     metrics_port: int = 0  # 0 = no Prometheus endpoint
@@ -80,6 +81,8 @@ class NodeConfig:
             raise ConfigError(f"rounds={self.rounds}: must be >= 0 (0 = until stopped)")
         if self.checkpoint_every < 1:
             raise ConfigError(f"checkpoint_every={self.checkpoint_every}: must be >= 1")
+        if self.join_timeout <= 0:
+            raise ConfigError(f"join_timeout={self.join_timeout}: must be > 0 seconds")
         if self.round_timeout <= 0:
             raise ConfigError(f"round_timeout={self.round_timeout}: must be > 0 seconds")
         if not 1 <= self.quorum <= self.diloco.num_replicas:

@@ -106,7 +106,7 @@ class LocalRun:
             master_port = free_port()
             for stage in range(per_replica):
                 index += 1
-                name = f"r{replica}s{stage}" if self.split else f"r{replica}"
+                name = f"r{replica}n{stage}" if self.split else f"r{replica}"
                 data_dir = self.workdir / name
                 identity = Identity.load_or_create(data_dir / "identity.key")
                 slot = NodeSlot(name, data_dir, data_dir / "node.toml", identity.peer_id, free_port(),

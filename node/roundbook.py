@@ -17,6 +17,9 @@ from node.protocol import Announce, Attestation, Close, Hello
 
 T = TypeVar("T")
 
+#: A peer whose last hello is older than this is treated as gone (not expected in a round).
+PEER_TTL_S = 8.0
+
 
 @dataclass(frozen=True)
 class Announced:

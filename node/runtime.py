@@ -36,7 +36,7 @@ from node.config import NodeConfig
 from node.errors import NodeError, StateError
 from node.fsutil import atomic_write_json
 from node.replica import ReplicaWorker
-from node.roundbook import Announced, RoundBook
+from node.roundbook import PEER_TTL_S, Announced, RoundBook
 from node.runconfig import canonical_json, config_hash, run_document
 from node.topology import Declaration, Placement, assign_stages, committer_order
 from p2p.envelope import Envelope, EnvelopeValidator, decode_envelope
@@ -47,9 +47,7 @@ from p2p.identity import Identity
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_S = 1.0
-PEER_TTL_S = 8.0  # a peer whose hello is older than this is not expected in a round
 CLOSE_FALLBACK_S = 6.0  # each next coordinator waits this much longer before closing
-JOIN_WAIT_S = 60.0
 
 
 def run_topic(run_id: int) -> str:
@@ -110,6 +108,7 @@ class Node:
         self._fetching: set[bytes] = set()
         self._pool = ThreadPoolExecutor(max_workers=max(2, cfg.p2p.blob_concurrency), thread_name_prefix="fetch")
         self._threads: list[threading.Thread] = []
+        self._state_lock = threading.RLock()
         self._state = self._load_state()
         self._train_info: dict[int, tuple[float, float, int]] = {}  # round -> (train loss, eval loss, tokens)
         self._accepted_closes: dict[tuple[int, int], msg.Close] = {}
@@ -162,11 +161,12 @@ class Node:
                 self.host.connect(addr, timeout=10)
             except P2PError as exc:
                 logger.warning("bootstrap %s unreachable: %s", addr, exc)
+        self._resync()
         self.placement = self._await_placement()
         logger.info("placed: cluster %s replica %d stages %s", self.placement.cluster, self.placement.replica,
                     list(self.placement.stages))
         self.worker = ReplicaWorker(cfg, self.placement.replica, self.placement.stages, self.placement.rank)
-        self.worker.start(rendezvous_timeout=JOIN_WAIT_S, op_timeout=cfg.round_timeout * 2 + 60)
+        self.worker.start(rendezvous_timeout=self.cfg.join_timeout * 2, op_timeout=cfg.round_timeout * 2 + 60)
         self.committer = Committer(self)
         start_round, unfinished = self._entry_point()
         start_round = self.worker.agree_on_round(start_round)
@@ -175,7 +175,7 @@ class Node:
         return start_round, unfinished
 
     def _await_placement(self) -> Placement:
-        deadline = time.monotonic() + JOIN_WAIT_S
+        deadline = time.monotonic() + self.cfg.join_timeout
         want = self.cfg.diloco.num_replicas
         while not self.stop_event.is_set():
             self.placements = self._compute_placements()
@@ -183,8 +183,8 @@ class Node:
             replicas = {p.replica for p in self.placements.values()}
             if mine is not None and (len(replicas) >= want or time.monotonic() > deadline):
                 return mine
-            if time.monotonic() > deadline + JOIN_WAIT_S:
-                raise NodeError(f"cluster {self.cfg.cluster!r} did not form within {2 * JOIN_WAIT_S:.0f}s: "
+            if time.monotonic() > deadline + self.cfg.join_timeout:
+                raise NodeError(f"cluster {self.cfg.cluster!r} did not form within {2 * self.cfg.join_timeout:.0f}s: "
                                 f"check that its {self.cfg.cluster_size} members run and can reach each other")
             time.sleep(0.5)
         raise NodeError("stopped while joining")
@@ -231,6 +231,11 @@ class Node:
 
     # ------------------------------------------------------------------ the loop
     def _train_loop(self, start_round: int, unfinished: list[int]) -> None:
+        # A joiner first replays the catch-up rounds that have closed already; with the
+        # delay, the last one closes only after the peers' next round, so it waits.
+        keep = 1 if self.cfg.diloco.one_step_delay else 0
+        while len(unfinished) > keep and not self.stop_event.is_set():
+            self._finish_round(unfinished.pop(0))
         outer_round = start_round
         end = self.cfg.rounds if self.cfg.rounds > 0 else None
         while not self.stop_event.is_set() and (end is None or outer_round < end):
@@ -348,18 +353,26 @@ class Node:
         def decide() -> msg.Close | None:
             now = time.monotonic()
             closes = self.book.snapshot_closes(outer_round, stage)
+            live = self.book.live_peers(PEER_TTL_S)
+            # Coordinators that are gone (no hello for PEER_TTL_S) are skipped at once.
+            ranked = [c for c in order if c == self.peer_id or c in live]
             for rank, coordinator in enumerate(order):
-                if coordinator in closes and (rank == 0 or now >= started + rank * CLOSE_FALLBACK_S):
+                if coordinator in closes and (rank == 0 or now >= started + rank * CLOSE_FALLBACK_S
+                                              or coordinator in ranked[:1]):
                     return closes[coordinator][0]
-            if self.peer_id in order:
-                rank = order.index(self.peer_id)
+            if self.peer_id in ranked:
+                rank = ranked.index(self.peer_id)
                 if rank == 0 or now >= deadline + rank * CLOSE_FALLBACK_S:
                     return self._try_close(outer_round, stage, final=now >= deadline)
             return None
 
+        last_resync = started
         while True:
             self._prefetch(outer_round, stage)
             close = self.book.wait_for(decide, timeout=1.0, stop=None)
+            if close is None and time.monotonic() - last_resync > 5.0:
+                last_resync = time.monotonic()
+                self._resync()
             if close is not None:
                 self._accepted_closes[(outer_round, stage)] = close
                 return close
@@ -513,6 +526,13 @@ class Node:
         elif env.kind == msg.ATTESTATION:
             self.book.add_attestation(env.round, env.stage, sender, payload)
 
+    def _resync(self) -> None:
+        """Pull recent run messages from every peer: gossip is best effort."""
+        try:
+            self.host.resync(run_topic(self.run_id), timeout=10)
+        except P2PError as exc:
+            logger.debug("resync failed: %s", exc)
+
     def _heartbeat_loop(self) -> None:
         while not self.stop_event.wait(HEARTBEAT_S):
             try:
@@ -558,8 +578,17 @@ class Node:
         return state
 
     def _save_state(self) -> None:
-        self._state["run_id"] = self.run_id
-        atomic_write_json(self.state_path, self._state)
+        with self._state_lock:
+            self._state["run_id"] = self.run_id
+            atomic_write_json(self.state_path, self._state)
+
+    def record_round(self, outer_round: int, weights_root: bytes, committed_by_me: bool) -> None:
+        """Remember the weights root this node computed for a round (state.json, for operators/tests)."""
+        with self._state_lock:
+            self._state.setdefault("weights_roots", {})[str(outer_round)] = weights_root.hex()
+            if committed_by_me:
+                self._state.setdefault("committed", []).append(outer_round)
+        self._save_state()
 
     def _set_state(self, state: str) -> None:
         self.progress.state = state
