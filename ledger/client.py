@@ -17,7 +17,14 @@ from web3 import Web3
 
 import contracts
 from ledger.chain import RetryPolicy
-from ledger.errors import CommitConflict, LedgerCheckpointExists, LedgerError, LedgerInputError, TransactionTimeout
+from ledger.errors import (
+    CommitConflict,
+    LedgerCheckpointExists,
+    LedgerError,
+    LedgerInputError,
+    LedgerRoundNotIncreasing,
+    TransactionTimeout,
+)
 from ledger.events import DecodedEvent, EventDecoder, scan_logs, topic_address, topic_uint
 from ledger.records import (
     UINT32_MAX,
@@ -279,6 +286,11 @@ class LedgerClient:
                     commit.train_loss_micro, commit.eval_loss_micro, commit.tokens, commit.num_contributors)
             try:
                 receipt = self._sender.transact(self._ledger, "commitRound", args, what)
+            except LedgerRoundNotIncreasing:
+                # Another node's commit of this very round may have been mined between our check and ours.
+                if self.commit_of(commit.run_id, commit.round) is not None and attempt < attempts:
+                    continue
+                raise
             except TransactionTimeout:
                 if attempt == attempts:
                     raise

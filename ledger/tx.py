@@ -8,7 +8,7 @@
 * Calls are retried with exponential backoff while the RPC endpoint is unreachable
   (:func:`ledger.chain.call_with_retries`), then :class:`ChainUnavailable` is raised.
 * A mined transaction that reverted anyway (the state changed between estimate and inclusion) is replayed
-  with ``eth_call`` at its block's parent to decode the error.
+  with ``eth_call`` on the state after its block to decode the error.
 """
 
 from __future__ import annotations
@@ -211,8 +211,7 @@ class TransactionSender:
         with self._lock:
             address = self.account.address
             request = {"from": address, **request}
-            estimate = self.rpc(lambda: self.w3.eth.estimate_gas(request), what)
-            gas = int(estimate * self.gas_margin) + 10_000
+            gas = self._gas_limit(request, what)
             base_fee = self.rpc(lambda: self.w3.eth.get_block("latest")["baseFeePerGas"], "eth_getBlockByNumber")
             priority = self.rpc(lambda: self.w3.eth.max_priority_fee, "eth_maxPriorityFeePerGas")
             nonce = self.rpc(lambda: self.w3.eth.get_transaction_count(address, "pending"), "eth_getTransactionCount")
@@ -245,6 +244,11 @@ class TransactionSender:
         logger.debug("%s: mined in block %d, gas %d", what, receipt["blockNumber"], receipt["gasUsed"])
         return receipt
 
+    def _gas_limit(self, request: dict, what: str) -> int:
+        # The preflight: a revert surfaces here, decoded, before anything is signed.
+        estimate = self.rpc(lambda: self.w3.eth.estimate_gas(request), what)
+        return int(estimate * self.gas_margin) + 10_000
+
     def _wait_for_receipt(self, tx_hash: bytes, what: str) -> dict:
         deadline = time.monotonic() + self.receipt_timeout
         delay = 0.05
@@ -266,7 +270,9 @@ class TransactionSender:
         block = receipt["blockNumber"]
         where = f"{what} (tx {receipt['transactionHash'].to_0x_hex()}, block {block})"
         try:
-            self.w3.eth.call(request, block_identifier=max(block - 1, 0))
+            # Replayed on the state after its block: whatever made it fail (typically another transaction
+            # earlier in the same block) is in that state.
+            self.w3.eth.call(request, block_identifier=block)
         except Exception as exc:  # noqa: BLE001 - decoded or reported below
             revert = decode_revert(exc, where)
             if revert is not None:

@@ -6,6 +6,7 @@ test that uses ``deployment`` runs once on py-evm and once on a real anvil node.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import pytest
@@ -16,8 +17,21 @@ from web3 import Web3
 from ledger.account import dev_account
 from ledger.chain import AnvilProcess, RetryPolicy, connect_pyevm, connect_rpc
 from ledger.client import LedgerClient
+from ledger.records import RoundCommit
 
 FAST_RETRY = RetryPolicy(total_seconds=2.0, initial_delay=0.1, max_delay=0.5)
+
+
+def digest(label: str) -> bytes:
+    """sha256 of a label: a stand-in 32-byte hash or root."""
+    return hashlib.sha256(label.encode()).digest()
+
+
+def make_commit(run_id: int, round: int, label: str = "", contributors: int = 4) -> RoundCommit:
+    """A distinct, deterministic RoundCommit for ``round`` (``label`` varies its roots)."""
+    return RoundCommit(run_id=run_id, round=round, weights_root=digest(f"w{round}{label}"),
+                       contributions_root=digest(f"c{round}{label}"), train_loss_micro=3_500_000 - round,
+                       eval_loss_micro=3_600_000 - round, tokens=4096 * (round + 1), num_contributors=contributors)
 
 
 @pytest.fixture(scope="session")

@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
+from ledger_fixtures import digest, make_commit
 
 from ledger import errors
 from ledger.audit import check_hash_chain
 from ledger.records import RoundCommit
-
-
-def digest(label: str) -> bytes:
-    return hashlib.sha256(label.encode()).digest()
-
-
-def make_commit(run_id: int, round: int, label: str = "", contributors: int = 4) -> RoundCommit:
-    return RoundCommit(run_id=run_id, round=round, weights_root=digest(f"w{round}{label}"),
-                       contributions_root=digest(f"c{round}{label}"), train_loss_micro=3_500_000 - round,
-                       eval_loss_micro=3_600_000 - round, tokens=4096 * (round + 1), num_contributors=contributors)
 
 
 @pytest.fixture

@@ -1,0 +1,80 @@
+"""The committed contract artifacts: reproducible from source with the pinned solc, and conventions kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import contracts
+
+BUILD = contracts.CONTRACTS_DIR / "build.js"
+
+
+def run_check(directory: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["node", str(directory / "build.js"), "--check"], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_rebuild_gives_the_committed_bytes():
+    result = run_check(contracts.CONTRACTS_DIR)
+    assert result.returncode == 0, result.stderr
+    assert "up to date" in result.stdout
+
+
+def test_check_fails_when_an_artifact_differs(tmp_path):
+    copy = tmp_path / "contracts"
+    copy.mkdir()
+    for name in ("build.js", "package.json"):
+        shutil.copy(contracts.CONTRACTS_DIR / name, copy / name)
+    for name in ("src", "artifacts", "build"):
+        shutil.copytree(contracts.CONTRACTS_DIR / name, copy / name)
+    os.symlink(contracts.CONTRACTS_DIR / "node_modules", copy / "node_modules")
+    artifact_path = copy / "artifacts" / "TrainingLedger.json"
+    artifact = json.loads(artifact_path.read_text())
+    artifact["deployedBytecode"] = artifact["deployedBytecode"][:-2] + "00"
+    artifact_path.write_text(json.dumps(artifact, indent=2) + "\n")
+    result = run_check(copy)
+    assert result.returncode == 1
+    assert "artifacts/TrainingLedger.json" in result.stderr
+
+
+def test_artifacts_pin_compiler_and_settings():
+    build_input = json.loads(contracts.BUILD_INPUT.read_text())
+    assert build_input["settings"]["evmVersion"] == "prague"
+    assert build_input["settings"]["optimizer"] == {"enabled": True, "runs": 200}
+    package = json.loads((contracts.CONTRACTS_DIR / "package.json").read_text())
+    assert package["dependencies"]["solc"] == "0.8.37"  # exact pin, no range
+    for name in contracts.NAMES:
+        artifact = contracts.artifact(name)
+        assert artifact["compiler"].startswith("0.8.37+")
+        assert artifact["deployedBytecode"].startswith("0x") and len(artifact["deployedBytecode"]) > 1000
+        source = (contracts.CONTRACTS_DIR / artifact["sourceName"]).read_text()
+        assert build_input["sources"][artifact["sourceName"]]["content"] == source
+
+
+def test_contract_conventions():
+    for name in contracts.NAMES:
+        artifact = contracts.artifact(name)
+        metadata = json.loads(artifact["metadata"])
+        notices = metadata["output"]["userdoc"].get("methods", {})
+        functions = [entry for entry in artifact["abi"] if entry["type"] == "function"]
+        for function in functions:
+            signature = f"{function['name']}({','.join(item['type'] for item in function['inputs'])})"
+            assert "notice" in notices.get(signature, {}), f"{name}.{signature} lacks a NatSpec @notice"
+        for event in (entry for entry in artifact["abi"] if entry["type"] == "event"):
+            assert event["name"].endswith("ed"), f"{name} event {event['name']} is not past tense"
+        prefix = "Registry" if name == "NodeRegistry" else "Ledger"
+        for error in (entry for entry in artifact["abi"] if entry["type"] == "error"):
+            assert error["name"].startswith(prefix)
+    # Public state would show up as getters named like the private variables.
+    for name in contracts.NAMES:
+        assert not any(entry.get("name", "").startswith("_") for entry in contracts.artifact(name)["abi"])
+
+
+def test_contracts_package_imports_without_web3():
+    code = "import sys, contracts; contracts.artifact('NodeRegistry'); assert 'web3' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=contracts.CONTRACTS_DIR.parent, timeout=60)

@@ -1,0 +1,111 @@
+"""A managed anvil across stops, crashes and outages: state file, idempotent resubmission, retries."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from ledger_fixtures import FAST_RETRY, deploy, digest, make_commit
+
+from ledger.account import dev_account
+from ledger.chain import AnvilProcess, RetryPolicy, connect_rpc
+from ledger.client import LedgerClient
+from ledger.errors import ChainUnavailable
+
+
+def reconnect(anvil: AnvilProcess, deployment, index: int = 1, retry: RetryPolicy = FAST_RETRY) -> LedgerClient:
+    w3 = connect_rpc(anvil.url, wait=5)
+    return LedgerClient(w3, dev_account(index, w3.eth.chain_id), deployment.registry, deployment.ledger, retry=retry)
+
+
+def test_resubmission_after_restart_with_state_file_is_idempotent(tmp_path):
+    state = tmp_path / "chain.json"
+    anvil = AnvilProcess(state_file=state)
+    try:
+        anvil.start()
+        deployment = deploy(connect_rpc(anvil.url))
+        client = deployment.register(1)
+        run_id = client.create_run(digest("config"), 2, 10)
+        first = client.commit_round(make_commit(run_id, 0))
+        anvil.stop()  # SIGTERM: anvil dumps its state file
+        assert state.stat().st_size > 0
+
+        anvil.start()
+        client = reconnect(anvil, deployment)
+        assert client.commit_of(run_id, 0) == make_commit(run_id, 0)
+        block = client.w3.eth.block_number
+        assert client.commit_round(make_commit(run_id, 0)) == first  # the node retrying after the outage
+        assert client.w3.eth.block_number == block
+        client.commit_round(make_commit(run_id, 1))  # the nonce continues from the restored chain
+        assert client.last_round(run_id) == 1 and client.commit_count(run_id) == 2
+        assert client.history(run_id).commits[0].tx_hash == first
+    finally:
+        anvil.stop()
+
+
+def test_crash_loses_recent_blocks_and_resubmission_recommits(tmp_path):
+    state = tmp_path / "chain.json"
+    anvil = AnvilProcess(state_file=state, state_interval=1)
+    try:
+        anvil.start()
+        deployment = deploy(connect_rpc(anvil.url))
+        client = deployment.register(1)
+        run_id = client.create_run(digest("config"), 2, 10)
+        client.commit_round(make_commit(run_id, 0))
+        time.sleep(2.5)  # at least one periodic dump holds round 0
+        client.commit_round(make_commit(run_id, 1))
+        anvil.kill()  # SIGKILL: round 1 may or may not have reached the state file
+
+        anvil.start()
+        client = reconnect(anvil, deployment)
+        assert client.commit_of(run_id, 0) == make_commit(run_id, 0)
+        client.commit_round(make_commit(run_id, 1))  # either a no-op or a fresh commit, never a double one
+        client.commit_round(make_commit(run_id, 2))
+        assert client.commit_count(run_id) == 3
+        assert [r.commit.round for r in client.history(run_id).commits] == [0, 1, 2]
+    finally:
+        anvil.stop()
+
+
+def test_calls_retry_while_the_rpc_is_down(tmp_path):
+    state = tmp_path / "chain.json"
+    anvil = AnvilProcess(state_file=state)
+    try:
+        anvil.start()
+        deployment = deploy(connect_rpc(anvil.url))
+        client = deployment.register(1)
+        run_id = client.create_run(digest("config"), 2, 10)
+        port = int(anvil.url.rsplit(":", 1)[1])
+        anvil.stop()
+
+        patient = LedgerClient(client.w3, client.account, deployment.registry, deployment.ledger,
+                               retry=RetryPolicy(total_seconds=30, initial_delay=0.1, max_delay=0.5))
+        impatient = LedgerClient(client.w3, client.account, deployment.registry, deployment.ledger,
+                                 retry=RetryPolicy(total_seconds=0.3, initial_delay=0.1, max_delay=0.1))
+        with pytest.raises(ChainUnavailable):
+            impatient.last_round(run_id)
+
+        restarted = AnvilProcess(state_file=state, port=port)
+        reconnect_later = threading.Timer(1.0, restarted.start)
+        reconnect_later.start()
+        try:
+            patient.commit_round(make_commit(run_id, 0))  # blocks through the outage, then commits
+            assert patient.commit_of(run_id, 0) == make_commit(run_id, 0)
+        finally:
+            reconnect_later.join()
+            restarted.stop()
+    finally:
+        anvil.stop()
+
+
+def test_unreachable_rpc_and_missing_binary(tmp_path, monkeypatch):
+    with AnvilProcess() as anvil:
+        url = anvil.url
+    with pytest.raises(ChainUnavailable, match="unreachable"):
+        connect_rpc(url, timeout=1, wait=0.3)
+    with pytest.raises(ChainUnavailable, match="http"):
+        connect_rpc("ws://127.0.0.1:1")
+    monkeypatch.setenv("DLX_ANVIL", str(tmp_path / "no-anvil"))
+    with pytest.raises(ChainUnavailable, match="DLX_ANVIL"):
+        AnvilProcess().start()

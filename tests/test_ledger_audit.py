@@ -1,0 +1,67 @@
+"""Auditor helpers on a real deployment: audit_run, binding signatures, bytecode verification."""
+
+from __future__ import annotations
+
+import pytest
+from ledger_fixtures import deploy, digest, make_commit, node_key, raw_public_key
+
+import contracts
+from ledger.account import dev_account
+from ledger.audit import audit_run, verify_bytecode
+from ledger.errors import AuditError
+
+
+def test_audit_of_an_honest_run_is_clean(deployment):
+    client = deployment.register(1)
+    run_id = client.create_run(digest("config"), 2, 10)
+    for round in range(3):
+        client.commit_round(make_commit(run_id, round))
+    deployment.register(2).dispute(run_id, 1, digest("x"), digest("y"))
+    report = audit_run(client, run_id)
+    assert report.ok, report.problems
+    assert report.commits_checked == 3
+    assert report.invalid_registrations == []
+    assert report.disputed_rounds == [1]
+
+
+def test_audit_flags_commits_from_a_forged_binding(deployment):
+    honest = deployment.register(1)
+    forger = deployment.client(2)
+    victim_key = raw_public_key(node_key(42))
+    # Squatting someone's key with a signature the key never made: the contract cannot tell, auditors can.
+    forger.register(victim_key, bytes(range(64)))
+    run_id = honest.create_run(digest("config"), 1, 10)
+    honest.commit_round(make_commit(run_id, 0))
+    forger.commit_round(make_commit(run_id, 1))
+    report = audit_run(honest, run_id)
+    assert [r.account for r in report.invalid_registrations] == [forger.address]
+    assert not report.ok
+    assert len(report.problems) == 1 and "round 1" in report.problems[0] and forger.address in report.problems[0]
+
+
+def test_audit_accepts_commits_made_before_unregistering(deployment):
+    client = deployment.register(1)
+    run_id = client.create_run(digest("config"), 1, 10)
+    client.commit_round(make_commit(run_id, 0))
+    client.unregister()
+    assert audit_run(client, run_id, check_code=False).ok  # the commit predates the exit
+
+
+def test_verify_bytecode_masks_immutables(chain_w3):
+    first = deploy(chain_w3, min_stake=0)
+    second = deploy(chain_w3, min_stake=12345)  # different immutable value, same code otherwise
+    registry_artifact = contracts.artifact("NodeRegistry")
+    ledger_artifact = contracts.artifact("TrainingLedger")
+    for deployment in (first, second):
+        verify_bytecode(chain_w3, deployment.registry, registry_artifact)
+        verify_bytecode(chain_w3, deployment.ledger, ledger_artifact)
+    with pytest.raises(AuditError, match="bytes"):
+        verify_bytecode(chain_w3, first.registry, ledger_artifact)
+    with pytest.raises(AuditError, match="no code"):
+        verify_bytecode(chain_w3, dev_account(5, chain_w3.eth.chain_id).address, registry_artifact)
+    tampered = dict(registry_artifact)
+    code = bytearray.fromhex(tampered["deployedBytecode"][2:])
+    code[10] ^= 0xFF
+    tampered["deployedBytecode"] = "0x" + code.hex()
+    with pytest.raises(AuditError, match="differs"):
+        verify_bytecode(chain_w3, first.registry, tampered)

@@ -1,0 +1,59 @@
+"""Revert decoding: every custom error of the contracts maps to a Python class, on both backends."""
+
+from __future__ import annotations
+
+import pytest
+from eth_abi import encode
+from eth_utils import keccak
+from ledger_fixtures import digest, make_commit
+
+import contracts
+from ledger import errors
+from ledger.account import dev_account
+from ledger.tx import ERROR_SELECTORS, TransactionSender, decode_revert, revert_from_data
+
+
+def test_every_contract_error_has_a_python_class():
+    names = {entry["name"] for name in contracts.NAMES for entry in contracts.artifact(name)["abi"]
+             if entry["type"] == "error"}
+    assert names == set(errors.REVERT_CLASSES)
+    assert {name for name, _, _ in ERROR_SELECTORS.values()} == names
+    for name, cls in errors.REVERT_CLASSES.items():
+        assert issubclass(cls, errors.RegistryError if name.startswith("Registry") else errors.LedgerRevert)
+
+
+def test_revert_data_decoding():
+    data = keccak(text="LedgerRoundNotIncreasing(uint64,uint64)")[:4] + encode(["uint64", "uint64"], [7, 3])
+    revert = revert_from_data(data, "commit")
+    assert isinstance(revert, errors.LedgerRoundNotIncreasing)
+    assert revert.values == {"last": 7, "got": 3} and revert.data == data
+    assert "LedgerRoundNotIncreasing(last=7, got=3)" in str(revert)
+    reason = revert_from_data(bytes.fromhex("08c379a0") + encode(["string"], ["no"]), "x")
+    assert type(reason) is errors.UnknownRevert and reason.values == {"reason": "no"}
+    panic = revert_from_data(bytes.fromhex("4e487b71") + encode(["uint256"], [0x11]), "x")
+    assert panic.values == {"code": 0x11}
+    assert type(revert_from_data(b"\xde\xad\xbe\xef", "x")) is errors.UnknownRevert
+    truncated = revert_from_data(data[:10], "x")
+    assert type(truncated) is errors.UnknownRevert and "malformed" in str(truncated)
+    assert decode_revert(ValueError("not a revert"), "x") is None
+
+
+class NoPreflightSender(TransactionSender):
+    """Fault injection: skips the estimate, so a reverting transaction is mined (as after a lost race)."""
+
+    def _gas_limit(self, request: dict, what: str) -> int:
+        return 300_000
+
+
+def test_a_mined_revert_is_decoded(deployment):
+    client = deployment.register(1)
+    run_id = client.create_run(digest("config"), 1, 1)
+    client.commit_round(make_commit(run_id, 3))
+    sender = NoPreflightSender(deployment.w3, dev_account(1, deployment.w3.eth.chain_id))
+    ledger = client._ledger
+    commit = make_commit(run_id, 2)
+    args = (run_id, 2, commit.weights_root, commit.contributions_root, 0, 0, 0, 0)
+    with pytest.raises(errors.LedgerRoundNotIncreasing, match="block") as raised:
+        sender.transact(ledger, "commitRound", args)
+    assert raised.value.values == {"last": 3, "got": 2}
+    assert client.commit_count(run_id) == 1
