@@ -117,3 +117,53 @@ def test_rendezvous_times_out_with_a_pipeline_error():
     # rank 1 of 2 with nobody hosting the rendezvous: bounded by the timeout, a PipelineError
     with pytest.raises(PipelineError, match="rendezvous"):
         init_pipeline_group(1, 2, "127.0.0.1", _free_port(), timeout_s=2)
+
+
+FAULT_WORKER = textwrap.dedent(
+    """
+    import os, sys, time, torch
+    torch.set_num_threads(1)
+    from training.config import ModelConfig, TrainingConfig
+    from training.data import generated_corpus, round_batches
+    from training.errors import PipelineError
+    from training.pipeline import PipelineStageTrainer, init_pipeline_group
+    from training.stages import split_stages
+
+    rank, port = int(sys.argv[1]), int(sys.argv[2])
+    cfg, tcfg = ModelConfig(preset="tiny"), TrainingConfig(batch_size=4)
+    x, y = round_batches(generated_corpus(0, 20_000), 0, 0, 0, 1, 4, cfg.block_size)[0]
+    group = init_pipeline_group(rank, 2, "127.0.0.1", port, timeout_s=5)
+    trainer = PipelineStageTrainer(cfg, split_stages(2, 2)[rank], rank, 2, 2, tcfg, group=group)
+    if rank == 1:
+        os._exit(0)  # the last stage dies before the step
+    start = time.monotonic()
+    try:
+        trainer.train_step(x, y)
+        print("NO ERROR")
+    except PipelineError as exc:
+        print(f"PIPELINE_ERROR {time.monotonic() - start:.1f}")
+    trainer.close()
+    """
+)
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_stage_gives_a_bounded_pipeline_error(tmp_path):
+    script = tmp_path / "fault.py"
+    script.write_text(FAULT_WORKER)
+    port = _free_port()
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(rank), str(port)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in range(2)
+    ]
+    try:
+        outputs = [p.communicate(timeout=45)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert procs[0].returncode == 0, outputs[0][-3000:]
+    line = [l for l in outputs[0].splitlines() if l.startswith(("PIPELINE_ERROR", "NO ERROR"))][0]
+    assert line.startswith("PIPELINE_ERROR") and float(line.split()[1]) < 10  # within the 5 s timeout (+ slack)
