@@ -144,6 +144,7 @@ class BlobService:
                         with trio.fail_after(self.stall_timeout):
                             await stream.write(bytes(chunk))
                         self._stats.add(BLOB_PROTOCOL, sent=len(chunk))
+                        self._stats.add_peer(peer, sent=len(chunk))
             finally:
                 handle.close()
             await stream.close()
@@ -200,6 +201,7 @@ class BlobService:
                 if not chunk:
                     raise ProtocolViolation(f"stream ended {length - written - len(buffer)} bytes early")
                 self._stats.add(BLOB_PROTOCOL, received=len(chunk))
+                self._stats.add_peer(peer_text, received=len(chunk))
                 await self._limiter.consume(peer_text, "in", len(chunk))
                 buffer += chunk
                 if len(buffer) >= FILE_IO_BYTES:

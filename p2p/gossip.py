@@ -23,6 +23,8 @@ import os
 from collections import deque
 from dataclasses import dataclass
 
+import libp2p.pubsub.pubsub as _pubsub_module
+import libp2p.pubsub.rpc_queue as _rpc_queue_module
 from libp2p.custom_types import TProtocol
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
 
@@ -30,6 +32,25 @@ SYNC_PROTOCOL = TProtocol("/dlx/sync/1.0.0")
 SYNC_MAX_RESPONSE_BYTES = 16 << 20
 GOSSIP_RPC_LIMIT = 1 << 20  # py-libp2p's inbound RPC cap: larger RPCs are dropped
 GOSSIP_RPC_OVERHEAD = 16 << 10  # protobuf framing, from/seqno/signature/key, topic name
+
+
+#: Queue depths py-libp2p hard-codes at 32 (per-peer outbound RPCs, per-subscription
+#: deliveries) and drops beyond, silently. A burst of 60 envelopes lost half of them.
+GOSSIP_QUEUE_DEPTH = 4096
+
+
+def _raise_pubsub_queue_depths() -> None:
+    """Raise py-libp2p 0.8.1's two 32-slot pubsub queues (module constant and default argument)."""
+    _pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = GOSSIP_QUEUE_DEPTH  # read at subscribe() time
+    init = _rpc_queue_module.RpcQueue.__init__
+    defaults = init.__defaults__
+    if defaults and len(defaults) == 2 and defaults[0] in (_rpc_queue_module.OutBoundQueueSize, GOSSIP_QUEUE_DEPTH):
+        init.__defaults__ = (GOSSIP_QUEUE_DEPTH, defaults[1])  # Pubsub builds RpcQueue() with defaults
+    else:  # a different py-libp2p: leave it alone rather than patch blindly
+        raise RuntimeError(f"unexpected RpcQueue.__init__ defaults {defaults}; p2p/gossip.py needs updating")
+
+
+_raise_pubsub_queue_depths()
 
 
 def build_gossipsub(heartbeat: float, max_msgs_per_sec: float, degree: int = 6) -> GossipSub:

@@ -61,11 +61,22 @@ _DELIVERED_MEMORY = 4096  # per topic: hashes of delivered messages, to drop gos
 
 
 class TransferStats:
-    """Bytes sent/received per protocol (thread-safe; read with :meth:`snapshot`)."""
+    """Bytes sent/received per protocol, and blob bytes per peer (thread-safe)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counters: dict[str, list[int]] = {}
+        self._peers: dict[str, list[int]] = {}
+
+    def add_peer(self, peer_id: str, sent: int = 0, received: int = 0) -> None:
+        with self._lock:
+            counters = self._peers.setdefault(peer_id, [0, 0])
+            counters[0] += sent
+            counters[1] += received
+
+    def peers_snapshot(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            return {peer: {"sent": c[0], "received": c[1]} for peer, c in self._peers.items()}
 
     def add(self, protocol: str, sent: int = 0, received: int = 0) -> None:
         with self._lock:
@@ -681,6 +692,10 @@ class P2PHost:
     def transfer_stats(self) -> dict[str, dict[str, int]]:
         """Application bytes sent/received per protocol (``/dlx/blob/1.0.0``, ``/dlx/sync/1.0.0``, ``/meshsub``)."""
         return self.stats.snapshot()
+
+    def blob_peer_stats(self) -> dict[str, dict[str, int]]:
+        """Blob bytes sent to / received from each peer since start."""
+        return self.stats.peers_snapshot()
 
     def __repr__(self) -> str:
         return f"P2PHost({self.peer_id}, {'closed' if self._closed else 'open'})"
