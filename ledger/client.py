@@ -109,6 +109,16 @@ class LedgerClient:
         self._registry_events = EventDecoder(registry_abi)
         self._ledger_events = EventDecoder(ledger_abi)
 
+    @classmethod
+    def from_config(cls, w3: Web3, account: Any, config: Any) -> LedgerClient:
+        """A client for the deployment and settings of a :class:`ledger.config.LedgerConfig`."""
+        if not (config.registry_address and config.ledger_address):
+            raise LedgerInputError("ledger.registry_address and ledger.ledger_address must both be set")
+        retry = RetryPolicy(total_seconds=config.retry_seconds)
+        return cls(w3, account, config.registry_address, config.ledger_address, retry=retry,
+                   receipt_timeout=config.receipt_timeout, from_block=config.from_block,
+                   log_page_blocks=config.log_page_blocks)
+
     # Deployment ----------------------------------------------------------------------------------------
     @staticmethod
     def deploy(w3: Web3, account: Any, min_stake: int = 0, *, retry: RetryPolicy = RetryPolicy()) -> tuple[str, str]:

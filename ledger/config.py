@@ -22,6 +22,11 @@ class LedgerConfig:
     run_id: int = 0
     confirmations: int = 0
     request_timeout: float = 10.0
+    retry_seconds: float = 30.0  # keep retrying an unreachable RPC this long before ChainUnavailable
+    receipt_timeout: float = 60.0  # seconds to wait for a sent transaction to be mined
+    from_block: int = 0  # first block to scan for events (the deployment block; 0 = genesis)
+    log_page_blocks: int = 10_000  # blocks per eth_getLogs request (public RPCs cap the range)
+    anvil_state_interval: int = 1  # seconds between state dumps of a managed anvil with a state file
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -40,3 +45,13 @@ class LedgerConfig:
             raise ConfigError(f"ledger.run_id={self.run_id}: must be >= 0")
         if self.request_timeout <= 0:
             raise ConfigError(f"ledger.request_timeout={self.request_timeout}: must be > 0 seconds")
+        if self.retry_seconds < 0:
+            raise ConfigError(f"ledger.retry_seconds={self.retry_seconds}: must be >= 0 seconds (0: no retry)")
+        if self.receipt_timeout <= 0:
+            raise ConfigError(f"ledger.receipt_timeout={self.receipt_timeout}: must be > 0 seconds")
+        if self.from_block < 0:
+            raise ConfigError(f"ledger.from_block={self.from_block}: must be >= 0 (the deployment block)")
+        if self.log_page_blocks < 1:
+            raise ConfigError(f"ledger.log_page_blocks={self.log_page_blocks}: must be >= 1")
+        if self.anvil_state_interval < 1:
+            raise ConfigError(f"ledger.anvil_state_interval={self.anvil_state_interval}: must be >= 1 second")

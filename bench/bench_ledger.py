@@ -1,0 +1,159 @@
+"""Ledger benchmark: gas of every contract call, and the time to read and verify a long run's history.
+
+Runs against a real anvil started from contracts/node_modules (``npm ci --prefix contracts`` first):
+
+    /work/venv/bin/python bench/bench_ledger.py [--rounds 1000] [--out bench/results/ledger.json]
+
+Measures:
+* gas used by each call (deployments, register with and without stake, createRun, commitRound, checkpoint,
+  dispute, unregister);
+* round-commit gas with 4, 64 and 4096 contributors (must not grow: contributor data is behind one root);
+* time to read a run of ``--rounds`` committed rounds back from anvil (paginated event scan) and verify it
+  (hash-chain replay, binding signatures, committers, bytecode), target <= 5 s for 1000 rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cryptography.hazmat.primitives import serialization  # noqa: E402
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
+
+from ledger.account import dev_account  # noqa: E402
+from ledger.audit import audit_run, check_hash_chain  # noqa: E402
+from ledger.chain import AnvilProcess, connect_rpc  # noqa: E402
+from ledger.client import LedgerClient  # noqa: E402
+from ledger.records import RoundCommit  # noqa: E402
+
+
+def digest(label: str) -> bytes:
+    return hashlib.sha256(label.encode()).digest()
+
+
+def commit(run_id: int, index: int, contributors: int) -> RoundCommit:
+    return RoundCommit(run_id, index, digest(f"w{index}"), digest(f"c{index}"), 3_000_000 + index,
+                       3_100_000 + index, 65_536 * (index + 1), contributors)
+
+
+def gas_of(client: LedgerClient, tx_hash: str) -> int:
+    return client.w3.eth.get_transaction_receipt(tx_hash)["gasUsed"]
+
+
+def register(client: LedgerClient, seed: int, stake: int | None = None) -> str:
+    key = Ed25519PrivateKey.from_private_bytes(seed.to_bytes(32, "big"))
+    public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return client.register(public, key.sign(client.my_binding_message()), stake=stake)
+
+
+def measure_gas(w3) -> dict:
+    chain_id = w3.eth.chain_id
+    deployer = dev_account(0, chain_id)
+    block = w3.eth.block_number
+    registry, ledger = LedgerClient.deploy(w3, deployer)
+    deploy_gas = [w3.eth.get_block(number, full_transactions=True)["gasUsed"]
+                  for number in range(block + 1, w3.eth.block_number + 1)]
+    clients = [LedgerClient(w3, dev_account(i, chain_id), registry, ledger) for i in range(3)]
+    gas = {"deploy_NodeRegistry": deploy_gas[0], "deploy_TrainingLedger": deploy_gas[1]}
+    gas["register"] = gas_of(clients[1], register(clients[1], 1))
+    register(clients[2], 2)
+    run_id = clients[1].create_run(digest("config"), 4, 500, "file:///run.toml")
+    gas["createRun"] = w3.eth.get_block("latest")["gasUsed"]  # anvil automines one transaction per block
+    gas["commitRound_first_of_run_4_contributors"] = gas_of(clients[1], clients[1].commit_round(commit(run_id, 0, 4)))
+    by_contributors = {}
+    for index, contributors in ((1, 4), (2, 64), (3, 4096)):
+        tx_hash = clients[1].commit_round(commit(run_id, index, contributors))
+        by_contributors[str(contributors)] = gas_of(clients[1], tx_hash)
+    gas["commitRound_by_contributors"] = by_contributors
+    gas["publishCheckpoint"] = gas_of(clients[1], clients[1].publish_checkpoint(run_id, 3, digest("ckpt"),
+                                                                                 "file:///checkpoints/round-3"))
+    gas["dispute"] = gas_of(clients[2], clients[2].dispute(run_id, 3, digest("mine"), digest("c3")))
+    gas["unregister"] = gas_of(clients[2], clients[2].unregister())
+
+    staked_registry, staked_ledger = LedgerClient.deploy(w3, deployer, min_stake=10**18)
+    staked = LedgerClient(w3, dev_account(3, chain_id), staked_registry, staked_ledger)
+    gas["register_with_stake"] = gas_of(staked, register(staked, 3))
+    gas["unregister_with_refund"] = gas_of(staked, staked.unregister())
+    return gas
+
+
+def measure_history(w3, rounds: int) -> dict:
+    chain_id = w3.eth.chain_id
+    registry, ledger = LedgerClient.deploy(w3, dev_account(0, chain_id))
+    client = LedgerClient(w3, dev_account(4, chain_id), registry, ledger)
+    register(client, 4)
+    run_id = client.create_run(digest("long run"), 2, 50)
+    started = time.perf_counter()
+    for index in range(rounds):
+        client.commit_round(commit(run_id, index, 8))
+    commit_seconds = time.perf_counter() - started
+
+    reader = LedgerClient(w3, dev_account(5, chain_id), registry, ledger)
+    started = time.perf_counter()
+    history = reader.history(run_id)
+    read_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    problems = check_hash_chain(history, chain_id, ledger)
+    chain_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    report = audit_run(reader, run_id)  # reads again, plus bytecode, signatures and committers
+    audit_seconds = time.perf_counter() - started
+    assert len(history.commits) == rounds and not problems and report.ok, (problems, report.problems)
+    return {
+        "rounds": rounds,
+        "commit_all_seconds": round(commit_seconds, 3),
+        "commit_per_round_ms": round(1000 * commit_seconds / rounds, 2),
+        "read_history_seconds": round(read_seconds, 3),
+        "verify_hash_chain_seconds": round(chain_seconds, 3),
+        "full_audit_seconds": round(audit_seconds, 3),
+        "read_and_verify_seconds": round(read_seconds + chain_seconds, 3),
+        "target_seconds": 5.0,
+        "within_target": read_seconds + chain_seconds <= 5.0 and audit_seconds <= 5.0,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=1000)
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "ledger.json"))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    with AnvilProcess() as anvil:
+        w3 = connect_rpc(anvil.url)
+        gas = measure_gas(w3)
+        print(json.dumps({"gas": gas}, indent=2))
+        history = measure_history(w3, args.rounds)
+        print(json.dumps({"history": history}, indent=2))
+
+    contributors_gas = gas["commitRound_by_contributors"]
+    result = {
+        "benchmark": "ledger",
+        "chain": "anvil 1.7.1 (hardfork prague)",
+        "compiler": "solc 0.8.37, optimizer runs 200",
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "gas": gas,
+        "commit_gas_max": max(max(contributors_gas.values()), gas["commitRound_first_of_run_4_contributors"]),
+        "commit_gas_target": 130_000,
+        "commit_gas_grows_with_contributors": contributors_gas["4096"] - contributors_gas["4"] > 100,
+        "history": history,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    temporary = out.with_suffix(".tmp")
+    temporary.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(temporary, out)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
