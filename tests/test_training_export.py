@@ -31,7 +31,8 @@ def test_export_loads_in_transformers_with_equal_logits_and_tokenizer(tmp_path):
     cfg = ModelConfig(preset="tiny")
     model = GPT(cfg, seed=4).eval()
     out = export_hf(model.state_dict(), cfg, tmp_path / "export")
-    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    files = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(os.listdir(out)) == files
     assert [p for p in os.listdir(tmp_path) if p != "export"] == []  # no temp dir left behind
 
     hf, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)

@@ -35,7 +35,8 @@ WORKER = textwrap.dedent(
     from training.pipeline import PipelineStageTrainer, init_pipeline_group
     from training.stages import split_stages
 
-    rank, port, out, steps, seed = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    rank, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    steps, seed = int(sys.argv[4]), int(sys.argv[5])
     cfg = ModelConfig(preset="tiny")
     tcfg = TrainingConfig(seed=seed, batch_size=4)
     corpus = generated_corpus(seed=0, n_bytes=20_000)
@@ -62,7 +63,8 @@ def _single_process(num_stages: int):
     tcfg = TrainingConfig(seed=SEED, batch_size=4)
     corpus = generated_corpus(seed=0, n_bytes=20_000)
     trainer = LocalReplicaTrainer(cfg, tcfg, num_stages=num_stages)
-    losses = [trainer.train_step(x, y) for x, y in round_batches(corpus, SEED, 0, 0, STEPS, 4, cfg.block_size)]
+    batches = round_batches(corpus, SEED, 0, 0, STEPS, 4, cfg.block_size)
+    losses = [trainer.train_step(x, y) for x, y in batches]
     return losses, trainer.eval_loss(eval_batches(corpus, 2, 4, cfg.block_size)), trainer.state_dict()
 
 
@@ -82,7 +84,8 @@ def test_two_process_pipeline_matches_single_process(tmp_path):
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), str(rank), str(port), str(tmp_path / f"r{rank}.pt"), str(STEPS), str(SEED)],
+            [sys.executable, str(script), str(rank), str(port), str(tmp_path / f"r{rank}.pt"),
+             str(STEPS), str(SEED)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         for rank in range(2)
@@ -103,7 +106,8 @@ def test_two_process_pipeline_matches_single_process(tmp_path):
     merged = {**results[0]["state"], **results[1]["state"]}
     assert list(merged) == list(state)
     specs = split_stages(2, 2)
-    assert set(results[0]["state"]) == {k for k in state if k.startswith(("transformer.wte", "transformer.wpe", "transformer.h.0."))}
+    first_stage = ("transformer.wte", "transformer.wpe", "transformer.h.0.")
+    assert set(results[0]["state"]) == {k for k in state if k.startswith(first_stage)}
     assert specs[1].has_head and "lm_head.weight" in results[1]["state"]
     for name, tensor in state.items():
         torch.testing.assert_close(merged[name], tensor, atol=ATOL, rtol=RTOL, msg=name)
@@ -166,4 +170,5 @@ def test_a_dead_stage_gives_a_bounded_pipeline_error(tmp_path):
                 p.kill()
     assert procs[0].returncode == 0, outputs[0][-3000:]
     line = [l for l in outputs[0].splitlines() if l.startswith(("PIPELINE_ERROR", "NO ERROR"))][0]
-    assert line.startswith("PIPELINE_ERROR") and float(line.split()[1]) < 10  # within the 5 s timeout (+ slack)
+    # within the 5 s timeout (+ slack)
+    assert line.startswith("PIPELINE_ERROR") and float(line.split()[1]) < 10

@@ -161,7 +161,8 @@ def generated_text(seed: int = 0, n_bytes: int = 200_000) -> str:
 def generated_corpus(seed: int = 0, n_bytes: int = 200_000, eval_fraction: float = 0.1) -> Corpus:
     """A corpus of :func:`generated_text` for demos and tests when no file is given."""
     text = generated_text(seed, n_bytes)
-    return corpus_from_bytes(text.encode("ascii"), eval_fraction, source=f"<generated seed={seed} bytes={n_bytes}>")
+    source = f"<generated seed={seed} bytes={n_bytes}>"
+    return corpus_from_bytes(text.encode("ascii"), eval_fraction, source=source)
 
 
 def corpus_from_config(training_cfg: TrainingConfig, model_cfg: ModelConfig) -> Corpus:

@@ -97,15 +97,16 @@ def tokenizer_json(model_cfg: ModelConfig) -> dict:
     if model_cfg.vocab_size != 256:
         raise ExportError(f"model.vocab_size={model_cfg.vocab_size}: the byte tokenizer needs 256")
     mapping = bytes_to_unicode()
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
     return {
         "version": "1.0",
         "truncation": None,
         "padding": None,
         "added_tokens": [],
         "normalizer": None,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+        "pre_tokenizer": dict(byte_level),
         "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+        "decoder": dict(byte_level),
         "model": {
             "type": "BPE",
             "dropout": None,
@@ -136,7 +137,9 @@ def _check_state_dict(state_dict: dict[str, torch.Tensor], model_cfg: ModelConfi
     missing = [name for name in expected if name not in state_dict]
     extra = [name for name in state_dict if name not in expected]
     if missing or extra:
-        raise ExportError(f"state dict does not match the model config: missing {missing[:5]}, extra {extra[:5]}")
+        raise ExportError(
+            f"state dict does not match the model config: missing {missing[:5]}, extra {extra[:5]}"
+        )
     tensors = {}
     for name, shape in expected.items():
         tensor = state_dict[name]

@@ -308,7 +308,9 @@ class TransformerSlice(nn.Module):
         x = self.transformer["wte"](idx) + self.transformer["wpe"](positions)
         return self.transformer["drop"](x)
 
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):  # type: ignore[override]
+    def load_state_dict(  # type: ignore[override]
+        self, state_dict, strict: bool = True, assign: bool = False
+    ):
         """``nn.Module.load_state_dict`` with a :class:`StateDictError` naming the mismatch."""
         own = {name: tuple(t.shape) for name, t in self.state_dict().items()}
         if strict:

@@ -167,7 +167,9 @@ def init_pipeline_group(
     One pipeline group per process: it is torch's default process group.
     """
     if dist.is_initialized():
-        raise PipelineError("a torch.distributed process group already exists in this process; close() it first")
+        raise PipelineError(
+            "a torch.distributed process group already exists in this process; close() it first"
+        )
     if not 0 <= rank < world_size:
         raise PipelineError(f"rank={rank} not in [0, world_size={world_size})")
     try:
