@@ -20,6 +20,7 @@ import logging
 import os
 import queue
 import random
+import socket
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -143,6 +144,7 @@ class P2PHost:
         blob_dir = Path(config.blob_dir)
         if not blob_dir.is_absolute():
             blob_dir = Path(data_dir or ".") / blob_dir
+        _check_port_free(config.listen_host, config.listen_port)
         host = cls(config, identity, blob_dir)
         host._thread.start()
         if not host._ready.wait(timeout):
@@ -699,6 +701,25 @@ class P2PHost:
 
     def __repr__(self) -> str:
         return f"P2PHost({self.peer_id}, {'closed' if self._closed else 'open'})"
+
+
+def _check_port_free(listen_host: str, port: int) -> None:
+    """Refuse a fixed port another process (or host) already listens on.
+
+    py-libp2p listens with SO_REUSEPORT, so a second node on the same port would
+    start silently and the kernel would split incoming connections between them.
+    A probe bind without SO_REUSEPORT fails in exactly that case.
+    """
+    if port == 0:
+        return
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are fine
+        probe.bind((listen_host, port))
+    except OSError as exc:
+        raise P2PError(f"p2p.listen_port={port}: {listen_host}:{port} is already in use ({exc.strerror})") from None
+    finally:
+        probe.close()
 
 
 def _dht_key(sha256_hex: str) -> bytes:
