@@ -26,14 +26,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cryptography.hazmat.primitives import serialization  # noqa: E402
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ledger.account import dev_account  # noqa: E402
-from ledger.audit import audit_run, check_hash_chain  # noqa: E402
-from ledger.chain import AnvilProcess, connect_rpc  # noqa: E402
-from ledger.client import LedgerClient  # noqa: E402
-from ledger.records import RoundCommit  # noqa: E402
+from ledger.account import dev_account
+from ledger.audit import audit_run, check_hash_chain
+from ledger.chain import AnvilProcess, connect_rpc
+from ledger.client import LedgerClient
+from ledger.records import RoundCommit
 
 
 def digest(label: str) -> bytes:
@@ -41,8 +41,16 @@ def digest(label: str) -> bytes:
 
 
 def commit(run_id: int, index: int, contributors: int) -> RoundCommit:
-    return RoundCommit(run_id, index, digest(f"w{index}"), digest(f"c{index}"), 3_000_000 + index,
-                       3_100_000 + index, 65_536 * (index + 1), contributors)
+    return RoundCommit(
+        run_id,
+        index,
+        digest(f"w{index}"),
+        digest(f"c{index}"),
+        3_000_000 + index,
+        3_100_000 + index,
+        65_536 * (index + 1),
+        contributors,
+    )
 
 
 def gas_of(client: LedgerClient, tx_hash: str) -> int:
@@ -60,22 +68,27 @@ def measure_gas(w3) -> dict:
     deployer = dev_account(0, chain_id)
     block = w3.eth.block_number
     registry, ledger = LedgerClient.deploy(w3, deployer)
-    deploy_gas = [w3.eth.get_block(number, full_transactions=True)["gasUsed"]
-                  for number in range(block + 1, w3.eth.block_number + 1)]
+    deploy_gas = [
+        w3.eth.get_block(number, full_transactions=True)["gasUsed"]
+        for number in range(block + 1, w3.eth.block_number + 1)
+    ]
     clients = [LedgerClient(w3, dev_account(i, chain_id), registry, ledger) for i in range(3)]
     gas = {"deploy_NodeRegistry": deploy_gas[0], "deploy_TrainingLedger": deploy_gas[1]}
     gas["register"] = gas_of(clients[1], register(clients[1], 1))
     register(clients[2], 2)
     run_id = clients[1].create_run(digest("config"), 4, 500, "file:///run.toml")
     gas["createRun"] = w3.eth.get_block("latest")["gasUsed"]  # anvil automines one transaction per block
-    gas["commitRound_first_of_run_4_contributors"] = gas_of(clients[1], clients[1].commit_round(commit(run_id, 0, 4)))
+    gas["commitRound_first_of_run_4_contributors"] = gas_of(
+        clients[1], clients[1].commit_round(commit(run_id, 0, 4))
+    )
     by_contributors = {}
     for index, contributors in ((1, 4), (2, 64), (3, 4096)):
         tx_hash = clients[1].commit_round(commit(run_id, index, contributors))
         by_contributors[str(contributors)] = gas_of(clients[1], tx_hash)
     gas["commitRound_by_contributors"] = by_contributors
-    gas["publishCheckpoint"] = gas_of(clients[1], clients[1].publish_checkpoint(run_id, 3, digest("ckpt"),
-                                                                                 "file:///checkpoints/round-3"))
+    gas["publishCheckpoint"] = gas_of(
+        clients[1], clients[1].publish_checkpoint(run_id, 3, digest("ckpt"), "file:///checkpoints/round-3")
+    )
     gas["dispute"] = gas_of(clients[2], clients[2].dispute(run_id, 3, digest("mine"), digest("c3")))
     gas["unregister"] = gas_of(clients[2], clients[2].unregister())
 
@@ -140,7 +153,11 @@ def main() -> None:
         "benchmark": "ledger",
         "chain": "anvil 1.7.1 (hardfork prague)",
         "compiler": "solc 0.8.37, optimizer runs 200",
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+        },
         "gas": gas,
         "commit_gas_max": max(max(contributors_gas.values()), gas["commitRound_first_of_run_4_contributors"]),
         "commit_gas_target": 130_000,

@@ -9,7 +9,7 @@ running a node needs no Node.js.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 CONTRACTS_DIR = Path(__file__).resolve().parent
@@ -19,7 +19,7 @@ BUILD_INPUT = CONTRACTS_DIR / "build" / "input.json"
 NAMES = ("NodeRegistry", "TrainingLedger")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(name: str) -> str:
     if name not in NAMES:
         raise KeyError(f"unknown contract {name!r}: expected one of {list(NAMES)}")

@@ -74,7 +74,7 @@ def read_password_file(path: str | os.PathLike) -> str:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise AccountError(f"ledger.password_file={str(path)!r}: cannot read it: {exc}") from exc
-    password = text[:-1] if text.endswith("\n") else text
+    password = text.removesuffix("\n")
     if not password:
         raise AccountError(f"ledger.password_file={str(path)!r}: file is empty")
     mode = Path(path).stat().st_mode

@@ -59,7 +59,9 @@ def check_hash_chain(history: RunHistory, chain_id: int, ledger_address: str) ->
             )
             head = record.head_hash  # resynchronise so one bad link is reported once
     if head != history.head_hash:
-        problems.append(f"run {run.run_id}: contract head {history.head_hash.hex()} != replayed head {head.hex()}")
+        problems.append(
+            f"run {run.run_id}: contract head {history.head_hash.hex()} != replayed head {head.hex()}"
+        )
     return problems
 
 
@@ -75,7 +77,9 @@ def verify_bytecode(w3: Web3, address: str, artifact: dict) -> None:
     if not deployed:
         raise AuditError(f"no code at {address}: {name} is not deployed there")
     if len(deployed) != len(expected):
-        raise AuditError(f"code at {address} is {len(deployed)} bytes, {name}'s artifact {len(expected)} bytes")
+        raise AuditError(
+            f"code at {address} is {len(deployed)} bytes, {name}'s artifact {len(expected)} bytes"
+        )
     masked = bytearray(deployed)
     for references in artifact.get("immutableReferences", {}).values():
         for reference in references:
@@ -83,7 +87,9 @@ def verify_bytecode(w3: Web3, address: str, artifact: dict) -> None:
             masked[start : start + length] = expected[start : start + length]
     if bytes(masked) != expected:
         first = next(i for i, (a, b) in enumerate(zip(masked, expected)) if a != b)
-        raise AuditError(f"code at {address} differs from {name}'s committed artifact (first at byte {first})")
+        raise AuditError(
+            f"code at {address} differs from {name}'s committed artifact (first at byte {first})"
+        )
 
 
 @dataclass
@@ -112,7 +118,10 @@ def audit_run(client: LedgerClient, run_id: int, check_code: bool = True) -> Aud
     history = client.history(run_id)
     report = AuditReport(run_id=run_id, commits_checked=len(history.commits))
     if check_code:
-        for name, address in (("NodeRegistry", client.registry_address), ("TrainingLedger", client.ledger_address)):
+        for name, address in (
+            ("NodeRegistry", client.registry_address),
+            ("TrainingLedger", client.ledger_address),
+        ):
             try:
                 verify_bytecode(client.w3, address, contracts.artifact(name))
             except AuditError as exc:

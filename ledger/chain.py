@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Self, TypeVar
 
 import requests
 from web3 import EthereumTesterProvider, HTTPProvider, Web3
@@ -61,6 +61,8 @@ class RetryPolicy:
 
 
 NO_RETRY = RetryPolicy(total_seconds=0.0)
+#: The default policy: keep retrying an unreachable endpoint for 30 s.
+DEFAULT_RETRY = RetryPolicy()
 
 
 def is_connection_error(exc: BaseException) -> bool:
@@ -89,7 +91,7 @@ def call_with_retries(call: Callable[[], T], policy: RetryPolicy, what: str) -> 
         attempt += 1
         try:
             return call()
-        except Exception as exc:  # noqa: BLE001 - classified right below
+        except Exception as exc:
             if not is_connection_error(exc):
                 raise
             remaining = deadline - time.monotonic()
@@ -98,7 +100,9 @@ def call_with_retries(call: Callable[[], T], policy: RetryPolicy, what: str) -> 
                     f"{what}: chain RPC unreachable after {attempt} attempt(s) "
                     f"over {policy.total_seconds:.1f}s: {exc.__class__.__name__}: {exc}"
                 ) from exc
-            logger.warning("%s: chain RPC unreachable (%s), retrying in %.2fs", what, exc.__class__.__name__, delay)
+            logger.warning(
+                "%s: chain RPC unreachable (%s), retrying in %.2fs", what, exc.__class__.__name__, delay
+            )
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, policy.max_delay)
 
@@ -195,7 +199,15 @@ class AnvilProcess:
         """Start anvil and return its URL (``http://127.0.0.1:<port>``)."""
         if self.running():
             raise ChainUnavailable(f"anvil already running (pid {self.pid})")
-        command = [str(anvil_binary()), "--host", "127.0.0.1", "--port", str(self.port), "--hardfork", "prague"]
+        command = [
+            str(anvil_binary()),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--hardfork",
+            "prague",
+        ]
         if self.state_file is not None:
             self.state_file.parent.mkdir(parents=True, exist_ok=True)
             command += ["--state", str(self.state_file), "--state-interval", str(self.state_interval)]
@@ -225,7 +237,9 @@ class AnvilProcess:
         if not listening.wait(self.start_timeout) or not found:
             self.kill()
             tail = "\n".join(list(self._output)[-15:])
-            raise ChainUnavailable(f"anvil did not start within {self.start_timeout}s; its output ended:\n{tail}")
+            raise ChainUnavailable(
+                f"anvil did not start within {self.start_timeout}s; its output ended:\n{tail}"
+            )
         self.url = f"http://127.0.0.1:{found[0]}"
         logger.info("anvil pid %d listening on %s (state file: %s)", process.pid, self.url, self.state_file)
         return self.url
@@ -266,7 +280,7 @@ class AnvilProcess:
         self._process = None
         self._finalizer = None
 
-    def __enter__(self) -> AnvilProcess:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

@@ -16,7 +16,7 @@ from eth_utils import to_checksum_address
 from web3 import Web3
 
 import contracts
-from ledger.chain import RetryPolicy
+from ledger.chain import DEFAULT_RETRY, RetryPolicy
 from ledger.errors import (
     CommitConflict,
     LedgerCheckpointExists,
@@ -90,7 +90,7 @@ class LedgerClient:
         registry_address: str,
         ledger_address: str,
         *,
-        retry: RetryPolicy = RetryPolicy(),
+        retry: RetryPolicy = DEFAULT_RETRY,
         receipt_timeout: float = 60.0,
         from_block: int = 0,
         log_page_blocks: int = 10_000,
@@ -115,13 +115,22 @@ class LedgerClient:
         if not (config.registry_address and config.ledger_address):
             raise LedgerInputError("ledger.registry_address and ledger.ledger_address must both be set")
         retry = RetryPolicy(total_seconds=config.retry_seconds)
-        return cls(w3, account, config.registry_address, config.ledger_address, retry=retry,
-                   receipt_timeout=config.receipt_timeout, from_block=config.from_block,
-                   log_page_blocks=config.log_page_blocks)
+        return cls(
+            w3,
+            account,
+            config.registry_address,
+            config.ledger_address,
+            retry=retry,
+            receipt_timeout=config.receipt_timeout,
+            from_block=config.from_block,
+            log_page_blocks=config.log_page_blocks,
+        )
 
     # Deployment ----------------------------------------------------------------------------------------
     @staticmethod
-    def deploy(w3: Web3, account: Any, min_stake: int = 0, *, retry: RetryPolicy = RetryPolicy()) -> tuple[str, str]:
+    def deploy(
+        w3: Web3, account: Any, min_stake: int = 0, *, retry: RetryPolicy = DEFAULT_RETRY
+    ) -> tuple[str, str]:
         """Deploy a NodeRegistry (with ``min_stake`` wei) and a TrainingLedger bound to it.
 
         Returns:
@@ -173,20 +182,31 @@ class LedgerClient:
         pubkey = check_bytes32("pubkey", pubkey)
         if self.key_of(self.address) == pubkey:
             logger.info("account %s already registered with this key", self.address)
-            return self._first_tx(self._registry, self._registry_events, "NodeRegistered",
-                                  [topic_address(self.address), "0x" + pubkey.hex()], last=True)
+            return self._first_tx(
+                self._registry,
+                self._registry_events,
+                "NodeRegistered",
+                [topic_address(self.address), "0x" + pubkey.hex()],
+                last=True,
+            )
         if stake is None:
             stake = self.min_stake()
-        receipt = self._sender.transact(self._registry, "register", (pubkey, bytes(signature)), "register", stake)
+        receipt = self._sender.transact(
+            self._registry, "register", (pubkey, bytes(signature)), "register", stake
+        )
         return receipt["transactionHash"].to_0x_hex()
 
     def unregister(self) -> str:
         """Leave the registry (the stake is returned); return the tx hash."""
-        return self._sender.transact(self._registry, "unregister", (), "unregister")["transactionHash"].to_0x_hex()
+        return self._sender.transact(self._registry, "unregister", (), "unregister")[
+            "transactionHash"
+        ].to_0x_hex()
 
     def is_registered(self, address: str | None = None) -> bool:
         """Whether ``address`` (default: this account) is a registered node."""
-        return self._sender.call(self._registry, "isRegistered", (to_checksum_address(address or self.address),))
+        return self._sender.call(
+            self._registry, "isRegistered", (to_checksum_address(address or self.address),)
+        )
 
     def key_of(self, address: str) -> bytes | None:
         """The node key bound to ``address``, or None."""
@@ -208,8 +228,15 @@ class LedgerClient:
 
     def registrations(self) -> list[Registration]:
         """Every registration ever made, in chain order, marking the ones later unregistered."""
-        logs = self._scan(self._registry, [[self._registry_events.topic("NodeRegistered"),
-                                            self._registry_events.topic("NodeUnregistered")]])
+        logs = self._scan(
+            self._registry,
+            [
+                [
+                    self._registry_events.topic("NodeRegistered"),
+                    self._registry_events.topic("NodeUnregistered"),
+                ]
+            ],
+        )
         registrations: list[Registration] = []
         open_by_account: dict[str, int] = {}
         for event in (self._registry_events.decode(log) for log in logs):
@@ -218,13 +245,22 @@ class LedgerClient:
             account = event.args["account"]
             if event.name == "NodeRegistered":
                 open_by_account[account] = len(registrations)
-                registrations.append(Registration(
-                    account=account, pubkey=bytes(event.args["pubkey"]), signature=bytes(event.args["signature"]),
-                    stake=event.args["stake"], block_number=event.block_number, tx_hash=event.tx_hash))
+                registrations.append(
+                    Registration(
+                        account=account,
+                        pubkey=bytes(event.args["pubkey"]),
+                        signature=bytes(event.args["signature"]),
+                        stake=event.args["stake"],
+                        block_number=event.block_number,
+                        tx_hash=event.tx_hash,
+                    )
+                )
             elif account in open_by_account:
                 index = open_by_account.pop(account)
                 old = registrations[index]
-                registrations[index] = Registration(**{**old.__dict__, "unregistered_block": event.block_number})
+                registrations[index] = Registration(
+                    **{**old.__dict__, "unregistered_block": event.block_number}
+                )
         return registrations
 
     # Runs ----------------------------------------------------------------------------------------------
@@ -241,12 +277,15 @@ class LedgerClient:
         check_uint("num_stages", num_stages, UINT32_MAX)
         check_uint("inner_steps", inner_steps, UINT32_MAX)
         receipt = self._sender.transact(
-            self._ledger, "createRun", (config_hash, num_stages, inner_steps, config_uri), "createRun")
+            self._ledger, "createRun", (config_hash, num_stages, inner_steps, config_uri), "createRun"
+        )
         for log in receipt["logs"]:
             event = self._ledger_events.decode(log)
             if event is not None and event.name == "RunCreated":
                 return event.args["runId"]
-        raise LedgerError(f"createRun transaction {receipt['transactionHash'].to_0x_hex()} emitted no RunCreated")
+        raise LedgerError(
+            f"createRun transaction {receipt['transactionHash'].to_0x_hex()} emitted no RunCreated"
+        )
 
     def run_info(self, run_id: int) -> RunInfo:
         """Run ``run_id`` as created (from its RunCreated event); raises LedgerError if it does not exist."""
@@ -288,12 +327,26 @@ class LedgerClient:
                 if existing != commit:
                     raise CommitConflict(
                         f"{what}: already committed with different data: on chain {existing}, attempted {commit}",
-                        on_chain=existing, attempted=commit)
+                        on_chain=existing,
+                        attempted=commit,
+                    )
                 logger.info("%s: already committed with identical data", what)
-                return self._first_tx(self._ledger, self._ledger_events, "RoundCommitted",
-                                      [topic_uint(commit.run_id), topic_uint(commit.round)])
-            args = (commit.run_id, commit.round, commit.weights_root, commit.contributions_root,
-                    commit.train_loss_micro, commit.eval_loss_micro, commit.tokens, commit.num_contributors)
+                return self._first_tx(
+                    self._ledger,
+                    self._ledger_events,
+                    "RoundCommitted",
+                    [topic_uint(commit.run_id), topic_uint(commit.round)],
+                )
+            args = (
+                commit.run_id,
+                commit.round,
+                commit.weights_root,
+                commit.contributions_root,
+                commit.train_loss_micro,
+                commit.eval_loss_micro,
+                commit.tokens,
+                commit.num_contributors,
+            )
             try:
                 receipt = self._sender.transact(self._ledger, "commitRound", args, what)
             except LedgerRoundNotIncreasing:
@@ -304,8 +357,9 @@ class LedgerClient:
             except TransactionTimeout:
                 if attempt == attempts:
                     raise
-                logger.warning("%s: not mined in time (attempt %d/%d): checking the chain again", what, attempt,
-                               attempts)
+                logger.warning(
+                    "%s: not mined in time (attempt %d/%d): checking the chain again", what, attempt, attempts
+                )
                 continue
             return receipt["transactionHash"].to_0x_hex()
         raise AssertionError("unreachable")
@@ -317,8 +371,16 @@ class LedgerClient:
         weights_root, contributions_root, train_loss, eval_loss, tokens, contributors, exists = stored
         if not exists:
             return None
-        return RoundCommit(run_id, round, bytes(weights_root), bytes(contributions_root), train_loss, eval_loss,
-                           tokens, contributors)
+        return RoundCommit(
+            run_id,
+            round,
+            bytes(weights_root),
+            bytes(contributions_root),
+            train_loss,
+            eval_loss,
+            tokens,
+            contributors,
+        )
 
     def last_round(self, run_id: int) -> int | None:
         """The last committed round of ``run_id``, or None if none is committed."""
@@ -347,12 +409,18 @@ class LedgerClient:
         check_uint("round", round, UINT64_MAX)
         what = f"publishCheckpoint(run {run_id}, round {round})"
         try:
-            receipt = self._sender.transact(self._ledger, "publishCheckpoint", (run_id, round, content_hash, uri), what)
+            receipt = self._sender.transact(
+                self._ledger, "publishCheckpoint", (run_id, round, content_hash, uri), what
+            )
         except LedgerCheckpointExists as exc:
             if bytes(exc.values["contentHash"]) != content_hash:
                 raise
-            return self._first_tx(self._ledger, self._ledger_events, "CheckpointPublished",
-                                  [topic_uint(run_id), topic_uint(round)])
+            return self._first_tx(
+                self._ledger,
+                self._ledger_events,
+                "CheckpointPublished",
+                [topic_uint(run_id), topic_uint(round)],
+            )
         return receipt["transactionHash"].to_0x_hex()
 
     def checkpoint_of(self, run_id: int, round: int) -> bytes | None:
@@ -365,15 +433,29 @@ class LedgerClient:
         run = self._run_struct(run_id)
         if run["checkpointCount"] == 0:
             return None
-        logs = self._scan(self._ledger, [self._ledger_events.topic("CheckpointPublished"), topic_uint(run_id),
-                                         topic_uint(run["latestCheckpointRound"])])
+        logs = self._scan(
+            self._ledger,
+            [
+                self._ledger_events.topic("CheckpointPublished"),
+                topic_uint(run_id),
+                topic_uint(run["latestCheckpointRound"]),
+            ],
+        )
         return _checkpoint(self._ledger_events.decode(logs[0])) if logs else None
 
-    def dispute(self, run_id: int, round: int, computed_weights_root: bytes, computed_contributions_root: bytes) -> str:
+    def dispute(
+        self, run_id: int, round: int, computed_weights_root: bytes, computed_contributions_root: bytes
+    ) -> str:
         """Flag committed ``round`` of ``run_id`` with the roots this node computed instead; return the tx hash."""
-        args = (run_id, round, check_bytes32("computed_weights_root", computed_weights_root),
-                check_bytes32("computed_contributions_root", computed_contributions_root))
-        receipt = self._sender.transact(self._ledger, "dispute", args, f"dispute(run {run_id}, round {round})")
+        args = (
+            run_id,
+            round,
+            check_bytes32("computed_weights_root", computed_weights_root),
+            check_bytes32("computed_contributions_root", computed_contributions_root),
+        )
+        receipt = self._sender.transact(
+            self._ledger, "dispute", args, f"dispute(run {run_id}, round {round})"
+        )
         return receipt["transactionHash"].to_0x_hex()
 
     def dispute_count(self, run_id: int, round: int) -> int:
@@ -390,8 +472,9 @@ class LedgerClient:
         to_block = self._block_number()
         head = self.head_of(run_id)
         names = ("RunCreated", "RoundCommitted", "CheckpointPublished", "RoundDisputed")
-        logs = self._scan(self._ledger, [[self._ledger_events.topic(name) for name in names], topic_uint(run_id)],
-                          to_block)
+        logs = self._scan(
+            self._ledger, [[self._ledger_events.topic(name) for name in names], topic_uint(run_id)], to_block
+        )
         run = None
         commits, checkpoints, disputes = [], [], []
         for event in (self._ledger_events.decode(log) for log in logs):
@@ -408,13 +491,28 @@ class LedgerClient:
         if run is None:
             raise LedgerError(f"run {run_id} does not exist on ledger {self.ledger_address}")
         registrations = self.registrations() if with_registrations else []
-        return RunHistory(run=run, head_hash=head, commits=commits, checkpoints=checkpoints, disputes=disputes,
-                          registrations=registrations)
+        return RunHistory(
+            run=run,
+            head_hash=head,
+            commits=commits,
+            checkpoints=checkpoints,
+            disputes=disputes,
+            registrations=registrations,
+        )
 
     # Internals -----------------------------------------------------------------------------------------
     def _run_struct(self, run_id: int) -> dict:
-        names = ("configHash", "headHash", "numStages", "innerSteps", "lastRound", "commitCount", "creator",
-                 "latestCheckpointRound", "checkpointCount")
+        names = (
+            "configHash",
+            "headHash",
+            "numStages",
+            "innerSteps",
+            "lastRound",
+            "commitCount",
+            "creator",
+            "latestCheckpointRound",
+            "checkpointCount",
+        )
         return dict(zip(names, self._sender.call(self._ledger, "runOf", (run_id,)), strict=True))
 
     def _block_number(self) -> int:
@@ -423,8 +521,15 @@ class LedgerClient:
     def _scan(self, contract, topics: list, to_block: int | None = None) -> list[dict]:
         if to_block is None:
             to_block = self._block_number()
-        return scan_logs(self.w3, contract.address, topics, self.from_block, to_block, self.log_page_blocks,
-                         self._sender.rpc)
+        return scan_logs(
+            self.w3,
+            contract.address,
+            topics,
+            self.from_block,
+            to_block,
+            self.log_page_blocks,
+            self._sender.rpc,
+        )
 
     def _first_tx(self, contract, decoder: EventDecoder, name: str, topics: list, last: bool = False) -> str:
         logs = self._scan(contract, [decoder.topic(name), *topics])
@@ -436,32 +541,61 @@ class LedgerClient:
 
 def _run_info(event: DecodedEvent) -> RunInfo:
     args = event.args
-    return RunInfo(run_id=args["runId"], config_hash=bytes(args["configHash"]), creator=args["creator"],
-                   num_stages=args["numStages"], inner_steps=args["innerSteps"],
-                   genesis_head=bytes(args["genesisHead"]), config_uri=args["configUri"],
-                   block_number=event.block_number, tx_hash=event.tx_hash)
+    return RunInfo(
+        run_id=args["runId"],
+        config_hash=bytes(args["configHash"]),
+        creator=args["creator"],
+        num_stages=args["numStages"],
+        inner_steps=args["innerSteps"],
+        genesis_head=bytes(args["genesisHead"]),
+        config_uri=args["configUri"],
+        block_number=event.block_number,
+        tx_hash=event.tx_hash,
+    )
 
 
 def _commit_record(event: DecodedEvent) -> CommitRecord:
     args = event.args
-    commit = RoundCommit(run_id=args["runId"], round=args["round"], weights_root=bytes(args["weightsRoot"]),
-                         contributions_root=bytes(args["contributionsRoot"]),
-                         train_loss_micro=args["trainLossMicro"], eval_loss_micro=args["evalLossMicro"],
-                         tokens=args["tokens"], num_contributors=args["numContributors"])
-    return CommitRecord(commit=commit, committer=args["committer"], head_hash=bytes(args["headHash"]),
-                        block_number=event.block_number, tx_hash=event.tx_hash)
+    commit = RoundCommit(
+        run_id=args["runId"],
+        round=args["round"],
+        weights_root=bytes(args["weightsRoot"]),
+        contributions_root=bytes(args["contributionsRoot"]),
+        train_loss_micro=args["trainLossMicro"],
+        eval_loss_micro=args["evalLossMicro"],
+        tokens=args["tokens"],
+        num_contributors=args["numContributors"],
+    )
+    return CommitRecord(
+        commit=commit,
+        committer=args["committer"],
+        head_hash=bytes(args["headHash"]),
+        block_number=event.block_number,
+        tx_hash=event.tx_hash,
+    )
 
 
 def _checkpoint(event: DecodedEvent) -> CheckpointRecord:
     args = event.args
-    return CheckpointRecord(run_id=args["runId"], round=args["round"], content_hash=bytes(args["contentHash"]),
-                            uri=args["uri"], publisher=args["publisher"], block_number=event.block_number,
-                            tx_hash=event.tx_hash)
+    return CheckpointRecord(
+        run_id=args["runId"],
+        round=args["round"],
+        content_hash=bytes(args["contentHash"]),
+        uri=args["uri"],
+        publisher=args["publisher"],
+        block_number=event.block_number,
+        tx_hash=event.tx_hash,
+    )
 
 
 def _dispute(event: DecodedEvent) -> DisputeRecord:
     args = event.args
-    return DisputeRecord(run_id=args["runId"], round=args["round"], disputer=args["disputer"],
-                         computed_weights_root=bytes(args["computedWeightsRoot"]),
-                         computed_contributions_root=bytes(args["computedContributionsRoot"]),
-                         block_number=event.block_number, tx_hash=event.tx_hash)
+    return DisputeRecord(
+        run_id=args["runId"],
+        round=args["round"],
+        disputer=args["disputer"],
+        computed_weights_root=bytes(args["computedWeightsRoot"]),
+        computed_contributions_root=bytes(args["computedContributionsRoot"]),
+        block_number=event.block_number,
+        tx_hash=event.tx_hash,
+    )

@@ -57,7 +57,11 @@ class EventDecoder:
         name, inputs = self._events[topics[0]]
         indexed = [item for item in inputs if item.get("indexed")]
         plain = [item for item in inputs if not item.get("indexed")]
-        values = dict(zip([item["name"] for item in plain], decode([item["type"] for item in plain], bytes(log["data"]))))
+        values = dict(
+            zip(
+                [item["name"] for item in plain], decode([item["type"] for item in plain], bytes(log["data"]))
+            )
+        )
         for item, topic in zip(indexed, topics[1:], strict=True):
             values[item["name"]] = decode([item["type"]], topic)[0]
         for item in inputs:

@@ -20,7 +20,16 @@ from ledger.records import RoundCommit
 
 _GENESIS_TYPES = ["uint256", "address", "uint256", "bytes32"]
 _LINK_TYPES = [
-    "bytes32", "uint256", "uint64", "bytes32", "bytes32", "uint64", "uint64", "uint64", "uint32", "address",
+    "bytes32",
+    "uint256",
+    "uint64",
+    "bytes32",
+    "bytes32",
+    "uint64",
+    "uint64",
+    "uint64",
+    "uint32",
+    "address",
 ]
 
 

@@ -62,7 +62,9 @@ class RoundCommit:
         check_uint("run_id", self.run_id, 2**256 - 1)
         check_uint("round", self.round, UINT64_MAX)
         object.__setattr__(self, "weights_root", check_bytes32("weights_root", self.weights_root))
-        object.__setattr__(self, "contributions_root", check_bytes32("contributions_root", self.contributions_root))
+        object.__setattr__(
+            self, "contributions_root", check_bytes32("contributions_root", self.contributions_root)
+        )
         check_uint("train_loss_micro", self.train_loss_micro, UINT64_MAX)
         check_uint("eval_loss_micro", self.eval_loss_micro, UINT64_MAX)
         check_uint("tokens", self.tokens, UINT64_MAX)

@@ -26,7 +26,7 @@ from web3.exceptions import ContractLogicError, TransactionNotFound, Web3RPCErro
 
 import contracts
 from ledger import errors
-from ledger.chain import RetryPolicy, call_with_retries
+from ledger.chain import DEFAULT_RETRY, RetryPolicy, call_with_retries
 from ledger.errors import ContractRevert, TransactionTimeout, UnknownRevert
 
 logger = logging.getLogger(__name__)
@@ -126,7 +126,9 @@ def decode_revert(exc: BaseException, what: str) -> ContractRevert | None:
 def _already_sent(exc: BaseException) -> bool:
     # After a retried send the node may already hold (or have mined) the same signed transaction.
     text = str(exc).lower()
-    return isinstance(exc, (Web3RPCError, ValueError)) and ("already known" in text or "nonce too low" in text)
+    return isinstance(exc, (Web3RPCError, ValueError)) and (
+        "already known" in text or "nonce too low" in text
+    )
 
 
 class TransactionSender:
@@ -145,7 +147,7 @@ class TransactionSender:
         w3: Web3,
         account: Any,
         *,
-        retry: RetryPolicy = RetryPolicy(),
+        retry: RetryPolicy = DEFAULT_RETRY,
         receipt_timeout: float = 60.0,
         gas_margin: float = 1.25,
     ):
@@ -212,9 +214,13 @@ class TransactionSender:
             address = self.account.address
             request = {"from": address, **request}
             gas = self._gas_limit(request, what)
-            base_fee = self.rpc(lambda: self.w3.eth.get_block("latest")["baseFeePerGas"], "eth_getBlockByNumber")
+            base_fee = self.rpc(
+                lambda: self.w3.eth.get_block("latest")["baseFeePerGas"], "eth_getBlockByNumber"
+            )
             priority = self.rpc(lambda: self.w3.eth.max_priority_fee, "eth_maxPriorityFeePerGas")
-            nonce = self.rpc(lambda: self.w3.eth.get_transaction_count(address, "pending"), "eth_getTransactionCount")
+            nonce = self.rpc(
+                lambda: self.w3.eth.get_transaction_count(address, "pending"), "eth_getTransactionCount"
+            )
             transaction = {
                 **request,
                 "gas": gas,
@@ -229,7 +235,9 @@ class TransactionSender:
             tx_hash = signed.hash
             try:
                 call_with_retries(
-                    lambda: self.w3.eth.send_raw_transaction(signed.raw_transaction), self.retry, f"{what}: send"
+                    lambda: self.w3.eth.send_raw_transaction(signed.raw_transaction),
+                    self.retry,
+                    f"{what}: send",
                 )
             except Exception as exc:
                 if not _already_sent(exc):

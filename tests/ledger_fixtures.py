@@ -29,9 +29,16 @@ def digest(label: str) -> bytes:
 
 def make_commit(run_id: int, round: int, label: str = "", contributors: int = 4) -> RoundCommit:
     """A distinct, deterministic RoundCommit for ``round`` (``label`` varies its roots)."""
-    return RoundCommit(run_id=run_id, round=round, weights_root=digest(f"w{round}{label}"),
-                       contributions_root=digest(f"c{round}{label}"), train_loss_micro=3_500_000 - round,
-                       eval_loss_micro=3_600_000 - round, tokens=4096 * (round + 1), num_contributors=contributors)
+    return RoundCommit(
+        run_id=run_id,
+        round=round,
+        weights_root=digest(f"w{round}{label}"),
+        contributions_root=digest(f"c{round}{label}"),
+        train_loss_micro=3_500_000 - round,
+        eval_loss_micro=3_600_000 - round,
+        tokens=4096 * (round + 1),
+        num_contributors=contributors,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -59,7 +59,9 @@ def test_load_account_from_config(tmp_path, monkeypatch):
     with pytest.raises(AccountError, match="password_file"):
         load_account(LedgerConfig(backend="pyevm", keystore=str(path)), 1)
 
-    assert load_account(LedgerConfig(backend="pyevm", dev_account=2), PYEVM_CHAIN_ID) == dev_account(2, PYEVM_CHAIN_ID)
+    assert load_account(LedgerConfig(backend="pyevm", dev_account=2), PYEVM_CHAIN_ID) == dev_account(
+        2, PYEVM_CHAIN_ID
+    )
     with pytest.raises(AccountError, match="refused"):
         load_account(LedgerConfig(backend="pyevm", dev_account=2), 1)
     with pytest.raises(AccountError, match="no ledger account"):
@@ -71,8 +73,15 @@ def test_client_from_config_uses_its_settings():
     from ledger.errors import LedgerInputError
 
     w3 = connect_pyevm()
-    config = LedgerConfig(backend="pyevm", registry_address="0x" + "11" * 20, ledger_address="0x" + "22" * 20,
-                          retry_seconds=3.0, receipt_timeout=7.0, from_block=5, log_page_blocks=50)
+    config = LedgerConfig(
+        backend="pyevm",
+        registry_address="0x" + "11" * 20,
+        ledger_address="0x" + "22" * 20,
+        retry_seconds=3.0,
+        receipt_timeout=7.0,
+        from_block=5,
+        log_page_blocks=50,
+    )
     client = LedgerClient.from_config(w3, dev_account(0, PYEVM_CHAIN_ID), config)
     assert (client.from_block, client.log_page_blocks) == (5, 50)
     assert client._sender.retry.total_seconds == 3.0 and client._sender.receipt_timeout == 7.0

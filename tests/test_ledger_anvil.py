@@ -14,9 +14,13 @@ from ledger.client import LedgerClient
 from ledger.errors import ChainUnavailable
 
 
-def reconnect(anvil: AnvilProcess, deployment, index: int = 1, retry: RetryPolicy = FAST_RETRY) -> LedgerClient:
+def reconnect(
+    anvil: AnvilProcess, deployment, index: int = 1, retry: RetryPolicy = FAST_RETRY
+) -> LedgerClient:
     w3 = connect_rpc(anvil.url, wait=5)
-    return LedgerClient(w3, dev_account(index, w3.eth.chain_id), deployment.registry, deployment.ledger, retry=retry)
+    return LedgerClient(
+        w3, dev_account(index, w3.eth.chain_id), deployment.registry, deployment.ledger, retry=retry
+    )
 
 
 def test_resubmission_after_restart_with_state_file_is_idempotent(tmp_path):
@@ -79,10 +83,20 @@ def test_calls_retry_while_the_rpc_is_down(tmp_path):
         port = int(anvil.url.rsplit(":", 1)[1])
         anvil.stop()
 
-        patient = LedgerClient(client.w3, client.account, deployment.registry, deployment.ledger,
-                               retry=RetryPolicy(total_seconds=30, initial_delay=0.1, max_delay=0.5))
-        impatient = LedgerClient(client.w3, client.account, deployment.registry, deployment.ledger,
-                                 retry=RetryPolicy(total_seconds=0.3, initial_delay=0.1, max_delay=0.1))
+        patient = LedgerClient(
+            client.w3,
+            client.account,
+            deployment.registry,
+            deployment.ledger,
+            retry=RetryPolicy(total_seconds=30, initial_delay=0.1, max_delay=0.5),
+        )
+        impatient = LedgerClient(
+            client.w3,
+            client.account,
+            deployment.registry,
+            deployment.ledger,
+            retry=RetryPolicy(total_seconds=0.3, initial_delay=0.1, max_delay=0.1),
+        )
         with pytest.raises(ChainUnavailable):
             impatient.last_round(run_id)
 

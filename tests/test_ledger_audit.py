@@ -36,7 +36,9 @@ def test_audit_flags_commits_from_a_forged_binding(deployment):
     report = audit_run(honest, run_id)
     assert [r.account for r in report.invalid_registrations] == [forger.address]
     assert not report.ok
-    assert len(report.problems) == 1 and "round 1" in report.problems[0] and forger.address in report.problems[0]
+    assert (
+        len(report.problems) == 1 and "round 1" in report.problems[0] and forger.address in report.problems[0]
+    )
 
 
 def test_audit_accepts_commits_made_before_unregistering(deployment):

@@ -26,7 +26,12 @@ def test_create_run_records_its_shape(deployment):
     assert client.run_count() == 2
     info = client.run_info(second)
     assert (info.config_hash, info.num_stages, info.inner_steps, info.config_uri, info.creator) == (
-        digest("b"), 4, 500, "ipfs://config", client.address)
+        digest("b"),
+        4,
+        500,
+        "ipfs://config",
+        client.address,
+    )
     assert [run.run_id for run in client.find_runs(digest("a"))] == [first]
     assert client.last_round(first) is None and client.commit_count(first) == 0
     with pytest.raises(errors.LedgerBadRunShape):
@@ -92,7 +97,7 @@ def test_commit_gas_does_not_grow_with_contributors(run):
 
 
 def test_hash_chain_head_matches_replay(run):
-    deployment, client, run_id = run
+    _, client, run_id = run
     genesis = client.head_of(run_id)
     for round in range(3):
         client.commit_round(make_commit(run_id, round))
@@ -104,17 +109,22 @@ def test_hash_chain_head_matches_replay(run):
     # Dropping or altering a commit breaks the replay.
     dropped = history.__class__(**{**history.__dict__, "commits": history.commits[:1] + history.commits[2:]})
     assert check_hash_chain(dropped, client.chain_id, client.ledger_address)
-    altered_commit = history.commits[1].commit.__class__(**{**history.commits[1].commit.__dict__, "tokens": 1})
+    altered_commit = history.commits[1].commit.__class__(
+        **{**history.commits[1].commit.__dict__, "tokens": 1}
+    )
     altered_record = history.commits[1].__class__(**{**history.commits[1].__dict__, "commit": altered_commit})
-    altered = history.__class__(**{**history.__dict__, "commits": [history.commits[0], altered_record,
-                                                                   history.commits[2]]})
+    altered = history.__class__(
+        **{**history.__dict__, "commits": [history.commits[0], altered_record, history.commits[2]]}
+    )
     assert check_hash_chain(altered, client.chain_id, client.ledger_address)
 
 
 def test_checkpoints(run):
-    deployment, client, run_id = run
+    _, client, run_id = run
     assert client.latest_checkpoint(run_id) is None
-    client.publish_checkpoint(run_id, 0, digest("initial"), "file:///ckpt-0")  # initial weights, before commits
+    client.publish_checkpoint(
+        run_id, 0, digest("initial"), "file:///ckpt-0"
+    )  # initial weights, before commits
     with pytest.raises(errors.LedgerCheckpointAhead) as ahead:
         client.publish_checkpoint(run_id, 1, digest("ckpt1"), "file:///ckpt-1")
     assert ahead.value.values == {"last": 0, "got": 1}
@@ -128,7 +138,11 @@ def test_checkpoints(run):
     assert client.checkpoint_of(run_id, 1) == digest("ckpt1") and client.checkpoint_of(run_id, 2) is None
     latest = client.latest_checkpoint(run_id)
     assert (latest.round, latest.content_hash, latest.uri, latest.publisher) == (
-        1, digest("ckpt1"), "file:///ckpt-1", client.address)
+        1,
+        digest("ckpt1"),
+        "file:///ckpt-1",
+        client.address,
+    )
 
 
 def test_disputes(run):

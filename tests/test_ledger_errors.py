@@ -14,8 +14,12 @@ from ledger.tx import ERROR_SELECTORS, TransactionSender, decode_revert, revert_
 
 
 def test_every_contract_error_has_a_python_class():
-    names = {entry["name"] for name in contracts.NAMES for entry in contracts.artifact(name)["abi"]
-             if entry["type"] == "error"}
+    names = {
+        entry["name"]
+        for name in contracts.NAMES
+        for entry in contracts.artifact(name)["abi"]
+        if entry["type"] == "error"
+    }
     assert names == set(errors.REVERT_CLASSES)
     assert {name for name, _, _ in ERROR_SELECTORS.values()} == names
     for name, cls in errors.REVERT_CLASSES.items():

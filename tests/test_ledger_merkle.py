@@ -18,7 +18,11 @@ def test_definition_by_hand():
     a, b, c = b"alpha", b"beta", b"gamma"
     assert merkle_root([]) == EMPTY_ROOT == sha(b"")
     assert merkle_root([a]) == leaf_hash(a) == sha(b"\x00" + a)
-    assert merkle_root([a, b]) == inner_hash(leaf_hash(a), leaf_hash(b)) == sha(b"\x01" + sha(b"\x00" + a) + sha(b"\x00" + b))
+    assert (
+        merkle_root([a, b])
+        == inner_hash(leaf_hash(a), leaf_hash(b))
+        == sha(b"\x01" + sha(b"\x00" + a) + sha(b"\x00" + b))
+    )
     # Three leaves: the odd last node is promoted unchanged, not paired with itself.
     assert merkle_root([a, b, c]) == inner_hash(inner_hash(leaf_hash(a), leaf_hash(b)), leaf_hash(c))
     assert merkle_root([a, b, c]) != merkle_root([a, b, c, c])
@@ -42,6 +46,8 @@ def test_every_proof_verifies_and_tampering_fails(count):
         assert not verify_proof(leaf + b"!", proof, root)
         if proof:
             sibling, is_left = proof[0]
-            assert not verify_proof(leaf, [(sibling, not is_left), *proof[1:]], root) or sibling == leaf_hash(leaf)
+            assert not verify_proof(leaf, [(sibling, not is_left), *proof[1:]], root) or sibling == leaf_hash(
+                leaf
+            )
     with pytest.raises(LedgerInputError):
         merkle_proof(leaves, count)

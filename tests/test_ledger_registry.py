@@ -83,7 +83,9 @@ def test_unregister_frees_the_key_and_is_recorded(deployment):
     deployment.register(2, seed=20)  # the key is free again
     registrations = client.registrations()
     assert [(r.account, r.active) for r in registrations] == [
-        (client.address, False), (deployment.client(2).address, True)]
+        (client.address, False),
+        (deployment.client(2).address, True),
+    ]
     assert registrations[0].unregistered_block > registrations[0].block_number
 
 
