@@ -44,8 +44,11 @@ def configure_logging(level: str = "info", json_logs: bool = False, log_file: st
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
     # py-libp2p and web3 are chatty at INFO.
-    for noisy in ("libp2p", "web3", "urllib3", "asyncio", "multiaddr", "async_service"):
+    for noisy in ("web3", "urllib3", "asyncio", "multiaddr", "async_service"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    # py-libp2p logs every failed dial to a peer that is down at WARNING, with its own handler.
+    libp2p_logger = logging.getLogger("libp2p")
+    libp2p_logger.setLevel(logging.DEBUG if root.level <= logging.DEBUG else logging.ERROR)
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:

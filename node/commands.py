@@ -27,6 +27,8 @@ def _check_port_free(host: str, port: int, what: str) -> None:
     if port == 0:
         return
     with socket.socket() as s:
+        # As a real listener does: TIME_WAIT leftovers of a killed process do not count as busy.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
