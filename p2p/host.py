@@ -22,6 +22,7 @@ import queue
 import random
 import socket
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -184,6 +185,11 @@ class P2PHost:
             msg_id_constructor=ContentAddressedMessageIDGenerator(),
             max_inbound_rpc_size=GOSSIP_RPC_LIMIT,
         )
+        # py-libp2p seeds the seqno counter with time.time() in *seconds* and adds one per
+        # message, so a node publishing more than once a second that restarts reuses seqnos
+        # of its previous life: gossipsub's equivocation check (from + seqno) then drops its
+        # messages and penalises it. Seed with nanoseconds, as go-libp2p does.
+        self._pubsub.counter = time.time_ns()
         self._dht = KadDHT(self._libp2p, DHTMode.SERVER, enable_random_walk=False)
         self._blobs = BlobService(
             self.store,
