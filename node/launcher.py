@@ -132,7 +132,7 @@ class LocalRun:
     def start_node(self, slot: NodeSlot) -> None:
         slot.starts += 1
         slot.log_path = slot.data_dir / f"node-{slot.starts}.log"
-        log = open(slot.log_path, "wb")
+        log = open(slot.log_path, "ab")  # shared with the node's own log handler: append, never truncate
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         slot.process = subprocess.Popen(
             [sys.executable, "-m", "node.cli", "--log-file", str(slot.log_path), "start", "--no-progress",
