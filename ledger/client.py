@@ -19,6 +19,7 @@ import contracts
 from ledger.chain import DEFAULT_RETRY, RetryPolicy
 from ledger.errors import (
     CommitConflict,
+    DeploymentMismatch,
     LedgerCheckpointExists,
     LedgerError,
     LedgerInputError,
@@ -167,6 +168,25 @@ class LedgerClient:
     def my_binding_message(self) -> bytes:
         """:func:`binding_message` for this client's chain, registry and account."""
         return binding_message(self.chain_id, self.registry_address, self.address)
+
+    def check_deployment(self) -> None:
+        """Check that both addresses hold contracts and that the ledger trusts this registry.
+
+        Raises:
+            DeploymentMismatch: Missing code, or the ledger is bound to another registry.
+        """
+        for name, address in (
+            ("NodeRegistry", self.registry_address),
+            ("TrainingLedger", self.ledger_address),
+        ):
+            code = self._sender.rpc(lambda address=address: self.w3.eth.get_code(address), "eth_getCode")
+            if not code:
+                raise DeploymentMismatch(f"no {name} at {address} on chain {self.chain_id}: no code there")
+        trusted = self._sender.call(self._ledger, "registry")
+        if trusted != self.registry_address:
+            raise DeploymentMismatch(
+                f"TrainingLedger {self.ledger_address} trusts registry {trusted}, not {self.registry_address}"
+            )
 
     # Registry ------------------------------------------------------------------------------------------
     def register(self, pubkey: bytes, signature: bytes, stake: int | None = None) -> str:

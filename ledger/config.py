@@ -46,7 +46,7 @@ class LedgerConfig:
         if self.request_timeout <= 0:
             raise ConfigError(f"ledger.request_timeout={self.request_timeout}: must be > 0 seconds")
         if self.retry_seconds < 0:
-            raise ConfigError(f"ledger.retry_seconds={self.retry_seconds}: must be >= 0 seconds (0: no retry)")
+            raise ConfigError(f"ledger.retry_seconds={self.retry_seconds}: must be >= 0 (0: no retry)")
         if self.receipt_timeout <= 0:
             raise ConfigError(f"ledger.receipt_timeout={self.receipt_timeout}: must be > 0 seconds")
         if self.from_block < 0:

@@ -30,6 +30,14 @@ class AccountError(LedgerError):
     """The node's Ethereum account cannot be loaded or created (keystore, password, dev key refused)."""
 
 
+class RpcRejected(LedgerError):
+    """The chain node refused a request outright (e.g. insufficient funds for gas, invalid transaction)."""
+
+
+class DeploymentMismatch(LedgerError):
+    """The configured addresses do not hold the expected dlx-node contracts on this chain."""
+
+
 class TransactionTimeout(LedgerError):
     """A sent transaction was not mined in time; it may still be mined later."""
 

@@ -21,13 +21,21 @@ from typing import Any
 
 from eth_abi import decode, encode
 from eth_utils import keccak
+from eth_utils.exceptions import ValidationError as EthValidationError
 from web3 import Web3
-from web3.exceptions import ContractLogicError, TransactionNotFound, Web3RPCError
+from web3.exceptions import BadFunctionCallOutput, ContractLogicError, TransactionNotFound, Web3RPCError
 
 import contracts
 from ledger import errors
 from ledger.chain import DEFAULT_RETRY, RetryPolicy, call_with_retries
-from ledger.errors import ContractRevert, TransactionTimeout, UnknownRevert
+from ledger.errors import (
+    ContractRevert,
+    DeploymentMismatch,
+    LedgerError,
+    RpcRejected,
+    TransactionTimeout,
+    UnknownRevert,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +131,21 @@ def decode_revert(exc: BaseException, what: str) -> ContractRevert | None:
     return None
 
 
+def _ledger_error(exc: Exception, what: str) -> Exception:
+    """The ledger error for a failed RPC request (``exc`` itself if it already is one or is unexpected)."""
+    if isinstance(exc, LedgerError):
+        return exc
+    revert = decode_revert(exc, what)
+    if revert is not None:
+        return revert
+    if isinstance(exc, BadFunctionCallOutput):
+        return DeploymentMismatch(f"{what}: the contract returned nothing: wrong address or chain? ({exc})")
+    # py-evm refuses with eth_utils' ValidationError (e.g. "cannot afford txn gas"), anvil with an RPC error.
+    if isinstance(exc, (Web3RPCError, EthValidationError)) or type(exc).__module__.startswith("eth_tester"):
+        return RpcRejected(f"{what}: the chain node refused the request: {exc}")
+    return exc
+
+
 def _already_sent(exc: BaseException) -> bool:
     # After a retried send the node may already hold (or have mined) the same signed transaction.
     text = str(exc).lower()
@@ -167,14 +190,15 @@ class TransactionSender:
         return self._chain_id
 
     def rpc(self, call, what: str):
-        """Run a read-only RPC ``call`` with retries; reverts become ContractRevert subclasses."""
+        """Run an RPC ``call`` with retries; map the failures to :mod:`ledger.errors` classes.
+
+        Reverts become ContractRevert subclasses, an empty answer from a contract call DeploymentMismatch,
+        and a request the node refuses (insufficient funds, malformed transaction) RpcRejected.
+        """
         try:
             return call_with_retries(call, self.retry, what)
         except Exception as exc:
-            revert = decode_revert(exc, what)
-            if revert is not None:
-                raise revert from exc
-            raise
+            raise _ledger_error(exc, what) from exc
 
     def call(self, contract, name: str, args: tuple = (), what: str = "", block: int | str = "latest"):
         """``eth_call`` the view ``name(*args)`` of the web3 ``contract``."""
@@ -241,10 +265,7 @@ class TransactionSender:
                 )
             except Exception as exc:
                 if not _already_sent(exc):
-                    revert = decode_revert(exc, what)
-                    if revert is not None:
-                        raise revert from exc
-                    raise
+                    raise _ledger_error(exc, f"{what}: send") from exc
                 logger.info("%s: node already had transaction %s (%s)", what, tx_hash.to_0x_hex(), exc)
             receipt = self._wait_for_receipt(tx_hash, what)
         if receipt["status"] != 1:

@@ -10,6 +10,7 @@ from ledger_fixtures import digest, make_commit
 import contracts
 from ledger import errors
 from ledger.account import dev_account
+from ledger.client import LedgerClient
 from ledger.tx import ERROR_SELECTORS, TransactionSender, decode_revert, revert_from_data
 
 
@@ -61,3 +62,22 @@ def test_a_mined_revert_is_decoded(deployment):
         sender.transact(ledger, "commitRound", args)
     assert raised.value.values == {"last": 3, "got": 2}
     assert client.commit_count(run_id) == 1
+
+
+def test_wrong_addresses_and_unfunded_accounts_give_ledger_errors(deployment):
+    from eth_account import Account
+
+    w3 = deployment.w3
+    stranger = LedgerClient(w3, dev_account(1, w3.eth.chain_id), "0x" + "11" * 20, "0x" + "22" * 20)
+    with pytest.raises(errors.DeploymentMismatch, match="no NodeRegistry"):
+        stranger.check_deployment()
+    with pytest.raises(errors.DeploymentMismatch):
+        stranger.last_round(1)
+    swapped = LedgerClient(w3, dev_account(1, w3.eth.chain_id), deployment.ledger, deployment.registry)
+    with pytest.raises(errors.LedgerError):
+        swapped.check_deployment()
+    deployment.client(1).check_deployment()
+
+    unfunded = LedgerClient(w3, Account.create(), deployment.registry, deployment.ledger)
+    with pytest.raises(errors.RpcRejected):
+        unfunded.create_run(digest("config"), 1, 1)
