@@ -133,7 +133,7 @@ def decode_revert(exc: BaseException, what: str) -> ContractRevert | None:
 
 def _ledger_error(exc: Exception, what: str) -> Exception:
     """The ledger error for a failed RPC request (``exc`` itself if it already is one or is unexpected)."""
-    if isinstance(exc, LedgerError):
+    if isinstance(exc, (LedgerError, TransactionNotFound)):  # the latter is an answer, not a failure
         return exc
     revert = decode_revert(exc, what)
     if revert is not None:
@@ -147,10 +147,11 @@ def _ledger_error(exc: Exception, what: str) -> Exception:
 
 
 def _already_sent(exc: BaseException) -> bool:
-    # After a retried send the node may already hold (or have mined) the same signed transaction.
+    # The node holds or has mined a transaction with this nonce: ours after a retried send, or another
+    # sender's. anvil/geth say "already known"/"nonce too low"; py-evm "Invalid transaction nonce: Expected".
     text = str(exc).lower()
-    return isinstance(exc, (Web3RPCError, ValueError)) and (
-        "already known" in text or "nonce too low" in text
+    return isinstance(exc, (Web3RPCError, ValueError, EthValidationError)) and (
+        "already known" in text or "nonce too low" in text or "invalid transaction nonce" in text
     )
 
 
@@ -242,36 +243,59 @@ class TransactionSender:
                 lambda: self.w3.eth.get_block("latest")["baseFeePerGas"], "eth_getBlockByNumber"
             )
             priority = self.rpc(lambda: self.w3.eth.max_priority_fee, "eth_maxPriorityFeePerGas")
-            nonce = self.rpc(
-                lambda: self.w3.eth.get_transaction_count(address, "pending"), "eth_getTransactionCount"
-            )
-            transaction = {
-                **request,
-                "gas": gas,
-                "nonce": nonce,
-                "chainId": self.chain_id,
-                "maxPriorityFeePerGas": priority,
-                "maxFeePerGas": 2 * base_fee + priority,
-                "type": 2,
-            }
-            del transaction["from"]
-            signed = self.account.sign_transaction(transaction)
-            tx_hash = signed.hash
-            try:
-                call_with_retries(
-                    lambda: self.w3.eth.send_raw_transaction(signed.raw_transaction),
-                    self.retry,
-                    f"{what}: send",
-                )
-            except Exception as exc:
-                if not _already_sent(exc):
-                    raise _ledger_error(exc, f"{what}: send") from exc
-                logger.info("%s: node already had transaction %s (%s)", what, tx_hash.to_0x_hex(), exc)
+            fees = {"maxPriorityFeePerGas": priority, "maxFeePerGas": 2 * base_fee + priority, "type": 2}
+            tx_hash = self._sign_and_send(request, gas, fees, what)
             receipt = self._wait_for_receipt(tx_hash, what)
         if receipt["status"] != 1:
             raise self._explain_failure(request, receipt, what)
         logger.debug("%s: mined in block %d, gas %d", what, receipt["blockNumber"], receipt["gasUsed"])
         return receipt
+
+    def _sign_and_send(self, request: dict, gas: int, fees: dict, what: str, attempts: int = 3) -> bytes:
+        """Sign with the pending nonce and send; return the hash of the transaction the node holds.
+
+        A "nonce too low"/"already known" answer means either the node already has this very transaction
+        (a send retried after a dropped connection) or another sender using the same account took the nonce;
+        in the second case the transaction is signed again with a fresh nonce.
+        """
+        address = request["from"]
+        unsigned = {key: value for key, value in request.items() if key != "from"}
+        for _ in range(attempts):
+            nonce = self._pending_nonce(address)
+            transaction = {**unsigned, **fees, "gas": gas, "nonce": nonce, "chainId": self.chain_id}
+            signed = self.account.sign_transaction(transaction)
+            try:
+                call_with_retries(
+                    lambda signed=signed: self._send_raw(signed.raw_transaction), self.retry, f"{what}: send"
+                )
+                return signed.hash
+            except Exception as exc:
+                if not _already_sent(exc):
+                    raise _ledger_error(exc, f"{what}: send") from exc
+                if self._node_has(signed.hash):
+                    logger.info("%s: node already had transaction %s", what, signed.hash.to_0x_hex())
+                    return signed.hash
+                logger.warning(
+                    "%s: nonce %d was taken by another sender of %s: re-signing", what, nonce, address
+                )
+        raise RpcRejected(
+            f"{what}: nonce kept being taken by another sender of {address} ({attempts} attempts)"
+        )
+
+    def _pending_nonce(self, address: str) -> int:
+        return self.rpc(
+            lambda: self.w3.eth.get_transaction_count(address, "pending"), "eth_getTransactionCount"
+        )
+
+    def _send_raw(self, raw_transaction: bytes) -> None:
+        self.w3.eth.send_raw_transaction(raw_transaction)
+
+    def _node_has(self, tx_hash: bytes) -> bool:
+        try:
+            self.rpc(lambda: self.w3.eth.get_transaction(tx_hash), "eth_getTransactionByHash")
+        except TransactionNotFound:
+            return False
+        return True
 
     def _gas_limit(self, request: dict, what: str) -> int:
         # The preflight: a revert surfaces here, decoded, before anything is signed.

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import requests
 from eth_abi import encode
 from eth_utils import keccak
-from ledger_fixtures import digest, make_commit
+from ledger_fixtures import FAST_RETRY, digest, make_commit
 
 import contracts
 from ledger import errors
@@ -81,3 +82,42 @@ def test_wrong_addresses_and_unfunded_accounts_give_ledger_errors(deployment):
     unfunded = LedgerClient(w3, Account.create(), deployment.registry, deployment.ledger)
     with pytest.raises(errors.RpcRejected):
         unfunded.create_run(digest("config"), 1, 1)
+
+
+class DroppedResponseSender(TransactionSender):
+    """Fault injection: the first send reaches the node but its answer is lost (connection dropped)."""
+
+    dropped = 0
+
+    def _send_raw(self, raw_transaction: bytes) -> None:
+        super()._send_raw(raw_transaction)
+        if not self.dropped:
+            self.dropped += 1
+            raise requests.exceptions.ConnectionError("connection reset after send (injected)")
+
+
+class StaleNonceSender(TransactionSender):
+    """Fault injection: another sender of the same account takes the nonce between read and send."""
+
+    stale = 0
+
+    def _pending_nonce(self, address: str) -> int:
+        nonce = super()._pending_nonce(address)
+        if not self.stale and nonce > 0:
+            self.stale += 1
+            return nonce - 1
+        return nonce
+
+
+@pytest.mark.parametrize("sender_class", [DroppedResponseSender, StaleNonceSender])
+def test_resent_and_raced_nonces_end_in_one_transaction(deployment, sender_class):
+    w3 = deployment.w3
+    client = deployment.client(1)
+    client.create_run(digest("first"), 1, 1)  # the account has used a nonce
+    sender = sender_class(w3, client.account, retry=FAST_RETRY)
+    nonce_before = w3.eth.get_transaction_count(client.address)
+    receipt = sender.transact(client._ledger, "createRun", (digest("second"), 1, 1, ""))
+    assert receipt["status"] == 1
+    assert w3.eth.get_transaction_count(client.address) == nonce_before + 1
+    assert client.run_count() == 2
+    assert (sender.dropped if sender_class is DroppedResponseSender else sender.stale) == 1
