@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import contracts
 
 BUILD = contracts.CONTRACTS_DIR / "build.js"
@@ -30,6 +32,7 @@ def test_rebuild_gives_the_committed_bytes():
     assert "up to date" in result.stdout
 
 
+@pytest.mark.slow  # a second full compile; the checker itself rarely changes
 def test_check_fails_when_an_artifact_differs(tmp_path):
     copy = tmp_path / "contracts"
     copy.mkdir()

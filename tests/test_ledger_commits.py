@@ -177,7 +177,7 @@ def test_history_reads_everything_back_page_by_page(run):
     deployment.register(2).dispute(run_id, 2, digest("x"), digest("y"))
 
     history = client.history(run_id)
-    paged = deployment.client(1, log_page_blocks=3).history(run_id)
+    paged = deployment.client(1, log_page_blocks=8).history(run_id)
     assert paged == history
     assert history.run.run_id == run_id and history.run.num_stages == 2 and history.run.inner_steps == 50
     assert [record.commit for record in history.commits] == commits
