@@ -38,6 +38,7 @@ class Hello:
     account: bytes  # 20-byte Ethereum address registered with this node's ed25519 key
     addrs: list[str]
     training_round: int  # the outer round this node is training now (-1: not yet)
+    first_round: int  # the first round this node contributes to in this life (-1: not decided yet)
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def _validate(message: Any) -> None:
     if isinstance(message, Hello):
         if len(message.account) != 20:
             raise ProtocolError("hello.account must be 20 bytes")
-        if message.cluster_size < 1 or message.training_round < -1:
+        if message.cluster_size < 1 or message.training_round < -1 or message.first_round < -1:
             raise ProtocolError("hello.cluster_size/training_round out of range")
         if not all(isinstance(a, str) for a in message.addrs):
             raise ProtocolError("hello.addrs must be strings")

@@ -91,18 +91,31 @@ class PeerFetcher:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def fetch_to(self, hash_hex: str, dest: Path, timeout: float = FETCH_TIMEOUT_S) -> Path:
-        """Download blob ``hash_hex`` (hash-verified by the blob protocol) to ``dest``; raises P2PError."""
-        from p2p.errors import P2PError
+        """Download blob ``hash_hex`` (hash-verified by the blob protocol) to ``dest``; raises P2PError.
 
-        providers: list[str] = []
+        Every bootstrap peer that holds the blob serves ranges of it in parallel;
+        only if none holds it are providers looked up on the DHT (a lookup costs
+        seconds, a bootstrap peer's answer milliseconds).
+        """
+        from p2p.errors import BlobNotFound, P2PError
+
         try:
-            providers = self.host.find_providers(hash_hex, timeout=12)
-        except P2PError as exc:
-            logger.debug("DHT lookup of %s failed: %s", hash_hex[:16], exc)
-        providers = list(dict.fromkeys(providers + self.bootstrap_peers))
-        logger.info("fetching %s from %d candidate provider(s)", hash_hex[:16], len(providers))
-        try:
-            return self.host.fetch_blob(hash_hex, dest, providers=providers or None, timeout=timeout)
+            try:
+                if not self.bootstrap_peers:
+                    raise BlobNotFound("no bootstrap peers")
+                return self.host.fetch_blob(hash_hex, dest, providers=self.bootstrap_peers, timeout=timeout)
+            except BlobNotFound:
+                providers: list[str] = []
+                try:
+                    providers = [p for p in self.host.find_providers(hash_hex, timeout=15)
+                                 if p not in self.bootstrap_peers]
+                except P2PError as exc:
+                    logger.debug("DHT lookup of %s failed: %s", hash_hex[:16], exc)
+                if not providers:
+                    raise BlobNotFound(f"blob {hash_hex[:16]}: no bootstrap peer holds it and the DHT knows no "
+                                       "provider") from None
+                logger.info("fetching %s from %d DHT provider(s)", hash_hex[:16], len(providers))
+                return self.host.fetch_blob(hash_hex, dest, providers=providers, timeout=timeout)
         finally:
             self.host.remove_blob(hash_hex)  # the copy at dest is ours; do not serve what we only audit
 

@@ -112,6 +112,7 @@ class Node:
         self._state = self._load_state()
         self._train_info: dict[int, tuple[float, float, int]] = {}  # round -> (train loss, eval loss, tokens)
         self._accepted_closes: dict[tuple[int, int], msg.Close] = {}
+        self.first_round = -1  # first round this process contributes to (announced in hellos)
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> Progress:
@@ -171,6 +172,7 @@ class Node:
         start_round, unfinished = self._entry_point()
         start_round = self.worker.agree_on_round(start_round)
         unfinished = [r for r in unfinished if r < start_round]
+        self.first_round = start_round
         logger.info("entering at round %d (catching up %s)", start_round, unfinished or "nothing")
         return start_round, unfinished
 
@@ -223,7 +225,15 @@ class Node:
             return parse_checkpoint(path.read_bytes(), content_hash)
         staged = self.data_dir / "incoming" / f"{content_hash.hex()}.part"
         staged.parent.mkdir(parents=True, exist_ok=True)
-        self.host.fetch_blob(content_hash.hex(), staged, timeout=self.cfg.p2p.transfer_timeout)
+        # Every node assembles and serves the checkpoint: ask the live peers first (parallel
+        # ranges from all of them), the DHT only if none of them has it.
+        providers = [p for p in self.book.live_peers(PEER_TTL_S) if p != self.peer_id]
+        try:
+            self.host.fetch_blob(content_hash.hex(), staged, providers=providers or None,
+                                 timeout=self.cfg.p2p.transfer_timeout)
+        except P2PError as exc:
+            logger.info("checkpoint not fetched from live peers (%s); asking the DHT", exc)
+            self.host.fetch_blob(content_hash.hex(), staged, timeout=self.cfg.p2p.transfer_timeout)
         data = Path(staged).read_bytes()
         ckpt = parse_checkpoint(data, content_hash)  # refuses anything but the chain's bytes
         os.replace(staged, path)
@@ -386,8 +396,12 @@ class Node:
         with self._fetch_lock:
             have = dict(self._fetched.get((outer_round, stage), {}))
         ready = {a.replica: a for a in announced.values() if a.envelope_hash in have}
-        live = {pl.replica for p, pl in self.placements.items() if stage in pl.stages
-                and (p == self.peer_id or p in self.book.live_peers(PEER_TTL_S))}
+        # Expected: every live replica that has entered the run at or before this round.
+        # A node that is catching up (first_round > round) will not contribute to it.
+        peers = self.book.live_peers(PEER_TTL_S)
+        live = {pl.replica for p, pl in self.placements.items() if stage in pl.stages and (
+            (p == self.peer_id and outer_round in self._train_info)
+            or (p in peers and 0 <= peers[p].hello.first_round <= outer_round))}
         if not (live <= set(ready) or (final and len(ready) >= self.cfg.quorum)):
             return None
         entries = sorted([[a.replica, a.peer_id, a.envelope_hash, a.size] for a in ready.values()],
@@ -537,7 +551,7 @@ class Node:
         while not self.stop_event.wait(HEARTBEAT_S):
             try:
                 hello = msg.Hello(self.cfg.cluster, self.cfg.cluster_size, self.chain.account_bytes,
-                                  self.host.listen_addrs, self.progress.round)
+                                  self.host.listen_addrs, self.progress.round, self.first_round)
                 env = Envelope.create(self.identity, self.run_id, 0, msg.HELLO, msg.encode_payload(hello))
                 self.host.publish(run_topic(self.run_id), env.to_bytes())
                 # Gossip is best effort: re-announce what recent rounds still need.
