@@ -234,12 +234,22 @@ class AnvilProcess:
 
         self._drainer = threading.Thread(target=drain, name=f"anvil-{process.pid}-output", daemon=True)
         self._drainer.start()
-        if not listening.wait(self.start_timeout) or not found:
+        output_ended_or_listening = listening.wait(self.start_timeout)
+        if not found:
+            code = None
+            if output_ended_or_listening:  # its output ended without the line: anvil is exiting
+                try:
+                    code = process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
             self.kill()
             tail = "\n".join(list(self._output)[-15:])
-            raise ChainUnavailable(
-                f"anvil did not start within {self.start_timeout}s; its output ended:\n{tail}"
+            why = (
+                f"exited with code {code}"
+                if code is not None
+                else f"did not start within {self.start_timeout}s"
             )
+            raise ChainUnavailable(f"anvil {why}; its output ended:\n{tail}")
         self.url = f"http://127.0.0.1:{found[0]}"
         logger.info("anvil pid %d listening on %s (state file: %s)", process.pid, self.url, self.state_file)
         return self.url

@@ -120,6 +120,10 @@ def test_unreachable_rpc_and_missing_binary(tmp_path, monkeypatch):
         connect_rpc(url, timeout=1, wait=0.3)
     with pytest.raises(ChainUnavailable, match="http"):
         connect_rpc("ws://127.0.0.1:1")
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text("not a state file {")
+    with pytest.raises(ChainUnavailable, match="exited with code"):
+        AnvilProcess(state_file=corrupt).start()
     monkeypatch.setenv("DLX_ANVIL", str(tmp_path / "no-anvil"))
     with pytest.raises(ChainUnavailable, match="DLX_ANVIL"):
         AnvilProcess().start()
