@@ -24,8 +24,6 @@ logger = logging.getLogger(__name__)
 class NotRegistered(NodeError):
     """This node's account is not registered and could not register itself."""
 
-    exit_code = 6
-
 
 class NodeChain:
     def __init__(self, client: LedgerClient, anvil: AnvilProcess | None = None) -> None:

@@ -20,6 +20,32 @@ logger = logging.getLogger(__name__)
 
 EXIT_INTERRUPTED = 130
 
+#: Exit codes by error class, most specific first (matched by name along the MRO, so this
+#: table needs no imports). README.md lists them for operators.
+EXIT_CODES: tuple[tuple[str, int], ...] = (
+    ("ConfigError", 2),
+    ("StateError", 4),
+    ("ChainUnavailable", 5),
+    ("NotRegistered", 6),
+    ("AccountError", 6),
+    ("PortBusy", 7),
+    ("AuditFailed", 8),
+    ("PullRefused", 9),
+    ("P2PError", 10),
+    ("LedgerError", 11),
+    ("TrainingError", 12),
+    ("NodeError", 3),
+    ("DlxError", 1),
+)
+
+
+def exit_code_for(exc: BaseException) -> int:
+    names = [cls.__name__ for cls in type(exc).__mro__]
+    for name, code in EXIT_CODES:
+        if name in names:
+            return code
+    return 1
+
 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -144,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     except DlxError as exc:
         logger.debug("command failed after %.1fs", time.monotonic() - started, exc_info=True)
         print(f"dlx-node {args.command}: error: {exc}", file=sys.stderr)
-        return getattr(exc, "exit_code", 1)
+        return exit_code_for(exc)
     except OSError as exc:
         if os.environ.get("DLX_DEBUG"):
             raise

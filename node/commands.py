@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 
 class PortBusy(NodeError):
-    exit_code = 7
+    """A port the configuration names is taken by another process."""
 
 
 def _check_port_free(host: str, port: int, what: str) -> None:

@@ -11,23 +11,14 @@ it without pulling in torch, libp2p or web3.
 class DlxError(Exception):
     """Root of every error dlx-node raises deliberately."""
 
-    #: Process exit code the CLI uses when this error ends a command.
-    exit_code = 1
-
 
 class ConfigError(DlxError, ValueError):
     """A configuration value is missing, malformed or out of range."""
-
-    exit_code = 2
 
 
 class NodeError(DlxError):
     """An error of the node's orchestration (round protocol, state files)."""
 
-    exit_code = 3
-
 
 class StateError(NodeError):
     """A checkpoint or state file is corrupt, mismatched or unreadable."""
-
-    exit_code = 4
