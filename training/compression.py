@@ -293,42 +293,74 @@ def _candidates(shape: tuple[int, ...], cfg: CompressionConfig) -> list[_Candida
     return sorted(out, key=lambda c: (c.cost, c.codec != "quant", c.bits, c.rank))
 
 
-def _encode_quant(matrix: torch.Tensor, bits: int) -> tuple[dict, torch.Tensor, int]:
+@dataclass
+class _Coded:
+    """A quantized candidate: the integers and scales that would go on the wire."""
+
+    candidate: _Candidate
+    ints: tuple[torch.Tensor, ...]  # quant: (Xq,); lowrank: (P_int, Q_int, w)
+    scale: torch.Tensor  # quant: per-column scales; lowrank: S (0-d)
+    estimate: float  # relative error from float32 algebra (selection only)
+
+    def decode(self) -> torch.Tensor:
+        """The exact decoder's output (bit-identical to decode_contribution)."""
+        if self.candidate.codec == "quant":
+            return reconstruct_quant(self.ints[0], self.scale)
+        return reconstruct_lowrank(*self.ints, self.scale)
+
+    def fields(self) -> tuple[dict, int]:
+        bits = self.candidate.bits
+        if self.candidate.codec == "quant":
+            out = {"b": bits, "q": pack_ints(self.ints[0], bits), "x": _f32_bytes(self.scale)}
+            return out, len(out["q"]) + len(out["x"])
+        p_int, q_int, weights = self.ints
+        out = {
+            "b": bits,
+            "r": self.candidate.rank,
+            "p": pack_ints(p_int, bits),
+            "q": pack_ints(q_int, bits),
+            "w": weights.numpy().astype("<u2").tobytes(),
+            "x": _f32_bytes(self.scale.reshape(1)),
+        }
+        return out, len(out["p"]) + len(out["q"]) + len(out["w"]) + 4
+
+
+def _code_quant(matrix: torch.Tensor, bits: int, candidate: _Candidate, norm: float) -> _Coded:
     q_int, scales = _quantize_columns(matrix, bits)
-    fields = {"b": bits, "q": pack_ints(q_int, bits), "x": _f32_bytes(scales)}
-    payload = len(fields["q"]) + len(fields["x"])
-    return fields, reconstruct_quant(q_int, scales), payload
+    return _Coded(candidate, (q_int,), scales, _rel_error(matrix, reconstruct_quant(q_int, scales), norm))
 
 
-def _encode_lowrank(
-    u: torch.Tensor, sigma: torch.Tensor, v: torch.Tensor, rank: int, bits: int
-) -> tuple[dict, torch.Tensor, int]:
+def _code_lowrank(
+    matrix: torch.Tensor, factors: tuple[torch.Tensor, torch.Tensor, torch.Tensor], candidate: _Candidate, norm: float
+) -> _Coded:
+    u, sigma, v = factors
+    rank, bits = candidate.rank, candidate.bits
     root = torch.sqrt(sigma[:rank])
     p_int, p_scales = _quantize_columns(u[:, :rank] * root, bits)
     q_int, q_scales = _quantize_columns(v[:, :rank] * root, bits)
     products = (p_scales.to(torch.float64) * q_scales.to(torch.float64)).to(torch.float32)
-    top = products.max()
-    scale = (top / MAX_WEIGHT).to(torch.float32).reshape(())
+    scale = (products.max() / MAX_WEIGHT).to(torch.float32).reshape(())
     if scale > 0:
         weights = torch.clamp(torch.round(products / scale), 0, MAX_WEIGHT).to(torch.int64)
     else:
         weights = torch.zeros(rank, dtype=torch.int64)
-    fields = {
-        "b": bits,
-        "r": rank,
-        "p": pack_ints(p_int, bits),
-        "q": pack_ints(q_int, bits),
-        "w": weights.numpy().astype("<u2").tobytes(),
-        "x": _f32_bytes(scale.reshape(1)),
-    }
-    payload = len(fields["p"]) + len(fields["q"]) + len(fields["w"]) + 4
-    return fields, reconstruct_lowrank(p_int, q_int, weights, scale), payload
+    # ||X - A B^T||^2 = ||X||^2 - 2 <X B, A> + <A^T A, B^T B> with A = P*w*S, B = Q (float32
+    # BLAS, cheap); the exact integer decode is only run for the candidate that wins.
+    a = p_int.to(torch.float32) * (weights.to(torch.float32) * scale)
+    b = q_int.to(torch.float32)
+    if norm == 0.0:
+        estimate = 0.0 if not torch.any(weights) or not torch.any(p_int) or not torch.any(q_int) else float("inf")
+    else:
+        cross = float(torch.sum((matrix @ b).to(torch.float64) * a.to(torch.float64)))
+        gram = float(torch.sum((a.t() @ a).to(torch.float64) * (b.t() @ b).to(torch.float64)))
+        estimate = math.sqrt(max(norm * norm - 2 * cross + gram, 0.0)) / norm
+    return _Coded(candidate, (p_int, q_int, weights), scale, estimate)
 
 
 def _rel_error(matrix: torch.Tensor, decoded: torch.Tensor, norm: float) -> float:
     if norm == 0.0:
         return 0.0 if not torch.any(decoded) else float("inf")
-    return float(torch.linalg.vector_norm((matrix - decoded).to(torch.float64))) / norm
+    return float(torch.linalg.vector_norm(matrix - decoded)) / norm
 
 
 def encode_tensor(
@@ -337,11 +369,13 @@ def encode_tensor(
     """Code one tensor: ``(wire entry, decoded float32 tensor, stats)``.
 
     The decoded tensor is bit-identical to what :func:`decode_contribution`
-    returns for this entry.
+    returns for this entry. Candidates are screened with cheap float32
+    estimates of their error; the winner's error is then measured on its exact
+    decode (and the search goes on if rounding pushed it over the budget).
     """
     shape = tuple(tensor.shape)
     value = tensor.detach().to(torch.float32)
-    if not torch.all(torch.isfinite(value)):
+    if not bool(torch.isfinite(value).all()):
         raise ContributionEncodeError(f"{name!r}: pseudo-gradient has non-finite values")
     raw_bytes = 4 * value.numel()
     header = {"n": name, "s": list(shape)}
@@ -351,50 +385,51 @@ def encode_tensor(
         return entry, value.clone(), stats
 
     matrix = value.reshape(matrix_view_shape(shape))
-    norm = float(torch.linalg.vector_norm(matrix.to(torch.float64)))
+    norm = float(torch.linalg.vector_norm(matrix))
     budget = cfg.error_budget
     candidates = _candidates(shape, cfg)
     factors = None
-    tried: list[tuple[float, _Candidate, dict, torch.Tensor, int]] = []
-    skipped: list[_Candidate] = []
+    coded: list[_Coded] = []
 
-    def attempt(candidate: _Candidate) -> tuple[float, dict, torch.Tensor, int]:
+    def code(candidate: _Candidate) -> _Coded:
         nonlocal factors
         if candidate.codec == "quant":
-            fields, decoded, payload = _encode_quant(matrix, candidate.bits)
-        else:
-            if factors is None:
-                factors = _factorize(matrix, max(c.rank for c in candidates))
-            fields, decoded, payload = _encode_lowrank(*factors, candidate.rank, candidate.bits)
-        return _rel_error(matrix, decoded, norm), fields, decoded, payload
+            return _code_quant(matrix, candidate.bits, candidate, norm)
+        if factors is None:
+            factors = _factorize(matrix, max(c.rank for c in candidates))
+        return _code_lowrank(matrix, factors, candidate, norm)
 
-    chosen = None
+    chosen = decoded = None
+    error = float("inf")
     for candidate in candidates:
         if candidate.codec == "lowrank" and norm > 0:
             if factors is None:
                 factors = _factorize(matrix, max(c.rank for c in candidates))
+            # The unquantized rank-r factorization already misses the budget: skip.
             kept = float(torch.sum(factors[1][: candidate.rank].to(torch.float64) ** 2))
-            truncation = math.sqrt(max(norm * norm - kept, 0.0)) / norm
-            if truncation > budget:
-                skipped.append(candidate)
+            if math.sqrt(max(norm * norm - kept, 0.0)) / norm > budget:
                 continue
-        error, fields, decoded, payload = attempt(candidate)
-        tried.append((error, candidate, fields, decoded, payload))
-        if error <= budget:
-            chosen = tried[-1]
-            break
+        attempt = code(candidate)
+        coded.append(attempt)
+        if attempt.estimate <= budget:
+            decoded = attempt.decode()
+            error = _rel_error(matrix, decoded, norm)
+            if error <= budget:
+                chosen = attempt
+                break
     if chosen is None:
         # Nothing meets the budget: spend the effort to find the most accurate option.
-        for candidate in skipped:
-            error, fields, decoded, payload = attempt(candidate)
-            tried.append((error, candidate, fields, decoded, payload))
-        chosen = min(tried, key=lambda item: (item[0], item[1].cost))
-        logger.debug("%s: no codec meets error budget %.3g, best %.3g", name, budget, chosen[0])
-    error, candidate, fields, decoded, payload = chosen
+        tried = {(c.candidate.codec, c.candidate.rank, c.candidate.bits) for c in coded}
+        coded.extend(code(c) for c in candidates if (c.codec, c.rank, c.bits) not in tried)
+        chosen = min(coded, key=lambda c: (c.estimate, c.candidate.cost))
+        decoded = chosen.decode()
+        error = _rel_error(matrix, decoded, norm)
+        logger.debug("%s: no codec meets error budget %.3g, best %.3g", name, budget, error)
+    fields, payload = chosen.fields()
+    candidate = chosen.candidate
     entry = {**header, "c": candidate.codec, **fields}
     stats = TensorCodecStats(
-        name, shape, candidate.codec, candidate.rank, candidate.bits, raw_bytes, payload,
-        error, error <= budget,
+        name, shape, candidate.codec, candidate.rank, candidate.bits, raw_bytes, payload, error, error <= budget
     )
     return entry, decoded.reshape(shape), stats
 

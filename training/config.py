@@ -94,6 +94,10 @@ class DilocoConfig:
     nesterov: bool = True
     one_step_delay: bool = True
     num_replicas: int = 2  # M, replicas expected per stage
+    # How local weights follow a delayed outer step (docs/DILOCOX.md): "rebase" keeps the
+    # local progress of the round that overlapped the exchange, theta^t + (L - E_t);
+    # "reset" restarts from theta^t (that progress still arrives as the next pseudo-gradient).
+    delay_correction: str = "rebase"
 
     def __post_init__(self) -> None:
         _require(self.inner_steps >= 1, f"diloco.inner_steps={self.inner_steps}: must be >= 1")
@@ -103,6 +107,10 @@ class DilocoConfig:
             f"diloco.outer_momentum={self.outer_momentum}: must be in [0, 1)",
         )
         _require(self.num_replicas >= 1, f"diloco.num_replicas={self.num_replicas}: must be >= 1")
+        _require(
+            self.delay_correction in ("rebase", "reset"),
+            f"diloco.delay_correction={self.delay_correction!r}: must be 'rebase' or 'reset'",
+        )
 
 
 @dataclass

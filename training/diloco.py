@@ -243,7 +243,8 @@ class StageEngine:
         aggregated = time.perf_counter()
         round_end = self._round_end.pop(outer_round)
         with torch.no_grad():
-            if not self.delayed:
+            if not self.delayed or self.diloco_cfg.delay_correction == "reset":
+                # No delay: L = E_t, DiLoCo's theta_i <- theta^t. "reset": the same by choice.
                 for name, param in self.params.items():
                     param.copy_(new_global[name])
                 self._round_start = _clone(new_global)

@@ -1,0 +1,160 @@
+"""Benchmark: centralized AdamW (DDP) vs synchronous DiLoCo vs DiLoCoX on tinyshakespeare.
+
+Same model, same seeds, same tokens per replica for the three modes (see
+training/simulate.py). Prints a table and writes bench/results/diloco.json
+(or diloco_<tag>.json). Targets of issue 2: DiLoCoX sends >= 1000x fewer bytes
+per token than the baseline, with held-out loss within 2% of it, and codec +
+outer step take < 2% of the round time.
+
+    /work/venv/bin/python bench/bench_diloco.py --preset mini --inner-steps 50 --rounds 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from training.config import (  # noqa: E402
+    CompressionConfig,
+    DilocoConfig,
+    ModelConfig,
+    PipelineConfig,
+    TrainingConfig,
+)
+from training.data import load_corpus  # noqa: E402
+from training.model import count_params  # noqa: E402
+from training.simulate import MODES, simulate  # noqa: E402
+
+DEFAULT_DATA = "../shared/data/tinyshakespeare/input.txt"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default=DEFAULT_DATA, help="corpus, relative to the repository root")
+    parser.add_argument("--preset", default="mini")
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--inner-steps", type=int, default=50, help="H")
+    parser.add_argument("--rounds", type=int, default=30, help="outer rounds; tokens = rounds*H*batch*block")
+    parser.add_argument("--batch-size", type=int, default=8, help="per replica")
+    parser.add_argument("--inner-lr", type=float, default=3e-3)
+    parser.add_argument("--outer-lr", type=float, default=0.7)
+    parser.add_argument("--outer-momentum", type=float, default=0.9)
+    parser.add_argument("--error-budget", type=float, default=0.5)
+    parser.add_argument("--bits", default="2,4,8")
+    parser.add_argument("--max-rank", type=int, default=32)
+    parser.add_argument("--min-compress-numel", type=int, default=4096)
+    parser.add_argument("--no-delay", action="store_true", help="DiLoCoX without the one-step delay")
+    parser.add_argument("--delay-correction", default="rebase", choices=["rebase", "reset"])
+    parser.add_argument("--eval-batches", type=int, default=16)
+    parser.add_argument("--eval-every", type=int, default=5, help="rounds between held-out evaluations")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--tag", default="", help="write bench/results/diloco_<tag>.json")
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    torch.set_num_threads(args.threads)
+    model_cfg = ModelConfig(preset=args.preset)
+    training_cfg = TrainingConfig(
+        data_path=args.data, seed=args.seed, batch_size=args.batch_size, inner_lr=args.inner_lr,
+        eval_batches=args.eval_batches,
+    )
+    diloco_cfg = DilocoConfig(
+        inner_steps=args.inner_steps, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
+        one_step_delay=not args.no_delay, num_replicas=args.replicas, delay_correction=args.delay_correction,
+    )
+    compression_cfg = CompressionConfig(
+        error_budget=args.error_budget, bit_choices=[int(b) for b in args.bits.split(",")],
+        max_rank=args.max_rank, min_compress_numel=args.min_compress_numel,
+    )
+    pipeline_cfg = PipelineConfig(num_stages=args.stages)
+    corpus = load_corpus(REPO / args.data, training_cfg.eval_fraction, model_cfg.block_size)
+
+    results = {}
+    for mode in args.modes.split(","):
+        started = time.perf_counter()
+        result = simulate(
+            mode, corpus, model_cfg, training_cfg, diloco_cfg, compression_cfg, pipeline_cfg, args.rounds,
+            eval_every=args.eval_every,
+        )
+        results[mode] = (result, time.perf_counter() - started)
+        print(f"{mode}: done in {results[mode][1]:.0f} s, held-out loss {result.final_eval_loss:.4f}", flush=True)
+
+    print()
+    print(f"model {args.preset} ({count_params(model_cfg):,} params), M={args.replicas}, S={args.stages}, "
+          f"H={args.inner_steps}, rounds={args.rounds}, batch {args.batch_size}x{model_cfg.block_size}, "
+          f"tokens/replica {next(iter(results.values()))[0].tokens_per_replica:,}")
+    header = f"{'mode':<10} {'held-out':>9} {'bytes/token':>12} {'vs ddp':>9} {'ratio/round (min..max)':>23} {'codec+outer':>12}"
+    print(header)
+    print("-" * len(header))
+    baseline = results.get("ddp", (None,))[0]
+    summary = {}
+    for mode, (result, seconds) in results.items():
+        ratios = [r.compression_ratio for r in result.rounds]
+        fewer = baseline.bytes_per_token / result.bytes_per_token if baseline else None
+        loss_gap = (result.final_eval_loss / baseline.final_eval_loss - 1) if baseline else None
+        ratio_text = f"{min(ratios):.1f}..{max(ratios):.1f}" if mode != "ddp" else "-"
+        print(
+            f"{mode:<10} {result.final_eval_loss:>9.4f} {result.bytes_per_token:>12.2f} "
+            f"{(f'{fewer:.0f}x' if fewer else '-'):>9} {ratio_text:>23} {100 * result.codec_outer_share:>11.2f}%"
+        )
+        summary[mode] = {
+            "held_out_loss": result.final_eval_loss,
+            "bytes_per_token": result.bytes_per_token,
+            "bytes_per_replica": result.bytes_per_replica,
+            "fewer_bytes_than_ddp": fewer,
+            "loss_vs_ddp": loss_gap,
+            "compression_ratio_per_round": ratios,
+            "codec_outer_share": result.codec_outer_share,
+            "wall_seconds": seconds,
+        }
+    targets = {}
+    if baseline and "diloco_x" in results:
+        x = summary["diloco_x"]
+        targets = {
+            "fewer_bytes_ge_1000x": x["fewer_bytes_than_ddp"] >= 1000,
+            "loss_within_2pct": x["loss_vs_ddp"] <= 0.02,
+            "codec_outer_share_lt_2pct": x["codec_outer_share"] < 0.02,
+        }
+        print()
+        print(f"DiLoCoX vs ddp: {x['fewer_bytes_than_ddp']:.0f}x fewer bytes/token, held-out loss "
+              f"{100 * x['loss_vs_ddp']:+.2f}%, codec+outer {100 * x['codec_outer_share']:.2f}% of round time")
+        print("targets:", ", ".join(f"{k}={'PASS' if v else 'FAIL'}" for k, v in targets.items()))
+
+    out = {
+        "args": vars(args),
+        "platform": {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine(),
+                     "cpus": os.cpu_count(), "threads": args.threads},
+        "num_params": count_params(model_cfg),
+        "summary": summary,
+        "targets": targets,
+        "runs": {mode: result.to_dict() for mode, (result, _) in results.items()},
+    }
+    name = f"diloco_{args.tag}.json" if args.tag else "diloco.json"
+    path = REPO / "bench" / "results" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(out, indent=1, default=str))
+    os.replace(tmp, path)
+    print(f"wrote {path.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
