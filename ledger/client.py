@@ -26,13 +26,20 @@ from ledger.errors import (
     LedgerRoundNotIncreasing,
     TransactionTimeout,
 )
-from ledger.events import DecodedEvent, EventDecoder, scan_logs, topic_address, topic_uint
+from ledger.events import (
+    EventDecoder,
+    checkpoint_from,
+    commit_record_from,
+    dispute_from,
+    run_info_from,
+    scan_logs,
+    topic_address,
+    topic_uint,
+)
 from ledger.records import (
     UINT32_MAX,
     UINT64_MAX,
     CheckpointRecord,
-    CommitRecord,
-    DisputeRecord,
     Registration,
     RoundCommit,
     RunHistory,
@@ -312,13 +319,13 @@ class LedgerClient:
         logs = self._scan(self._ledger, [self._ledger_events.topic("RunCreated"), topic_uint(run_id)])
         if not logs:
             raise LedgerError(f"run {run_id} does not exist on ledger {self.ledger_address}")
-        return _run_info(self._ledger_events.decode(logs[0]))
+        return run_info_from(self._ledger_events.decode(logs[0]))
 
     def find_runs(self, config_hash: bytes) -> list[RunInfo]:
         """Every run created with ``config_hash``, oldest first (to reuse a run instead of creating one)."""
         config_hash = check_bytes32("config_hash", config_hash)
         logs = self._scan(self._ledger, [self._ledger_events.topic("RunCreated")])
-        runs = [_run_info(self._ledger_events.decode(log)) for log in logs]
+        runs = [run_info_from(self._ledger_events.decode(log)) for log in logs]
         return [run for run in runs if run.config_hash == config_hash]
 
     def run_count(self) -> int:
@@ -461,7 +468,7 @@ class LedgerClient:
                 topic_uint(run["latestCheckpointRound"]),
             ],
         )
-        return _checkpoint(self._ledger_events.decode(logs[0])) if logs else None
+        return checkpoint_from(self._ledger_events.decode(logs[0])) if logs else None
 
     def dispute(
         self, run_id: int, round: int, computed_weights_root: bytes, computed_contributions_root: bytes
@@ -501,13 +508,13 @@ class LedgerClient:
             if event is None:
                 continue
             if event.name == "RunCreated":
-                run = _run_info(event)
+                run = run_info_from(event)
             elif event.name == "RoundCommitted":
-                commits.append(_commit_record(event))
+                commits.append(commit_record_from(event))
             elif event.name == "CheckpointPublished":
-                checkpoints.append(_checkpoint(event))
+                checkpoints.append(checkpoint_from(event))
             else:
-                disputes.append(_dispute(event))
+                disputes.append(dispute_from(event))
         if run is None:
             raise LedgerError(f"run {run_id} does not exist on ledger {self.ledger_address}")
         registrations = self.registrations() if with_registrations else []
@@ -557,65 +564,3 @@ class LedgerClient:
             raise LedgerError(f"no {name} event found for {topics} on {contract.address}")
         event = decoder.decode(logs[-1] if last else logs[0])
         return event.tx_hash
-
-
-def _run_info(event: DecodedEvent) -> RunInfo:
-    args = event.args
-    return RunInfo(
-        run_id=args["runId"],
-        config_hash=bytes(args["configHash"]),
-        creator=args["creator"],
-        num_stages=args["numStages"],
-        inner_steps=args["innerSteps"],
-        genesis_head=bytes(args["genesisHead"]),
-        config_uri=args["configUri"],
-        block_number=event.block_number,
-        tx_hash=event.tx_hash,
-    )
-
-
-def _commit_record(event: DecodedEvent) -> CommitRecord:
-    args = event.args
-    commit = RoundCommit(
-        run_id=args["runId"],
-        round=args["round"],
-        weights_root=bytes(args["weightsRoot"]),
-        contributions_root=bytes(args["contributionsRoot"]),
-        train_loss_micro=args["trainLossMicro"],
-        eval_loss_micro=args["evalLossMicro"],
-        tokens=args["tokens"],
-        num_contributors=args["numContributors"],
-    )
-    return CommitRecord(
-        commit=commit,
-        committer=args["committer"],
-        head_hash=bytes(args["headHash"]),
-        block_number=event.block_number,
-        tx_hash=event.tx_hash,
-    )
-
-
-def _checkpoint(event: DecodedEvent) -> CheckpointRecord:
-    args = event.args
-    return CheckpointRecord(
-        run_id=args["runId"],
-        round=args["round"],
-        content_hash=bytes(args["contentHash"]),
-        uri=args["uri"],
-        publisher=args["publisher"],
-        block_number=event.block_number,
-        tx_hash=event.tx_hash,
-    )
-
-
-def _dispute(event: DecodedEvent) -> DisputeRecord:
-    args = event.args
-    return DisputeRecord(
-        run_id=args["runId"],
-        round=args["round"],
-        disputer=args["disputer"],
-        computed_weights_root=bytes(args["computedWeightsRoot"]),
-        computed_contributions_root=bytes(args["computedContributionsRoot"]),
-        block_number=event.block_number,
-        tx_hash=event.tx_hash,
-    )

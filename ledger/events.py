@@ -16,6 +16,8 @@ from eth_abi import decode
 from eth_utils import keccak, to_checksum_address
 from web3 import Web3
 
+from ledger.records import CheckpointRecord, CommitRecord, DisputeRecord, RoundCommit, RunInfo
+
 logger = logging.getLogger(__name__)
 
 
@@ -110,3 +112,69 @@ def scan_logs(
         start = end + 1
     logs.sort(key=lambda log: (int(log["blockNumber"]), int(log["logIndex"])))
     return logs
+
+
+def run_info_from(event: DecodedEvent) -> RunInfo:
+    """The RunInfo of a decoded RunCreated event."""
+    args = event.args
+    return RunInfo(
+        run_id=args["runId"],
+        config_hash=bytes(args["configHash"]),
+        creator=args["creator"],
+        num_stages=args["numStages"],
+        inner_steps=args["innerSteps"],
+        genesis_head=bytes(args["genesisHead"]),
+        config_uri=args["configUri"],
+        block_number=event.block_number,
+        tx_hash=event.tx_hash,
+    )
+
+
+def commit_record_from(event: DecodedEvent) -> CommitRecord:
+    """The CommitRecord of a decoded RoundCommitted event."""
+    args = event.args
+    commit = RoundCommit(
+        run_id=args["runId"],
+        round=args["round"],
+        weights_root=bytes(args["weightsRoot"]),
+        contributions_root=bytes(args["contributionsRoot"]),
+        train_loss_micro=args["trainLossMicro"],
+        eval_loss_micro=args["evalLossMicro"],
+        tokens=args["tokens"],
+        num_contributors=args["numContributors"],
+    )
+    return CommitRecord(
+        commit=commit,
+        committer=args["committer"],
+        head_hash=bytes(args["headHash"]),
+        block_number=event.block_number,
+        tx_hash=event.tx_hash,
+    )
+
+
+def checkpoint_from(event: DecodedEvent) -> CheckpointRecord:
+    """The CheckpointRecord of a decoded CheckpointPublished event."""
+    args = event.args
+    return CheckpointRecord(
+        run_id=args["runId"],
+        round=args["round"],
+        content_hash=bytes(args["contentHash"]),
+        uri=args["uri"],
+        publisher=args["publisher"],
+        block_number=event.block_number,
+        tx_hash=event.tx_hash,
+    )
+
+
+def dispute_from(event: DecodedEvent) -> DisputeRecord:
+    """The DisputeRecord of a decoded RoundDisputed event."""
+    args = event.args
+    return DisputeRecord(
+        run_id=args["runId"],
+        round=args["round"],
+        disputer=args["disputer"],
+        computed_weights_root=bytes(args["computedWeightsRoot"]),
+        computed_contributions_root=bytes(args["computedContributionsRoot"]),
+        block_number=event.block_number,
+        tx_hash=event.tx_hash,
+    )
