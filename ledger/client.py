@@ -82,7 +82,8 @@ class LedgerClient:
 
     Args:
         w3: Connected Web3 (see :mod:`ledger.chain`).
-        account: The node's local signer (see :mod:`ledger.account`).
+        account: The node's local signer (see :mod:`ledger.account`), or None for a read-only client
+            (auditors, status): reads work, transactions raise AccountError.
         registry_address: The NodeRegistry.
         ledger_address: The TrainingLedger.
         retry: Backoff policy while the RPC endpoint is down.
@@ -154,8 +155,8 @@ class LedgerClient:
     # Identity ------------------------------------------------------------------------------------------
     @property
     def address(self) -> str:
-        """The client's Ethereum account address."""
-        return self.account.address
+        """The client's Ethereum account address (the zero address for a read-only client)."""
+        return self._sender.address
 
     @property
     def registry_address(self) -> str:

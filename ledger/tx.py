@@ -29,6 +29,7 @@ import contracts
 from ledger import errors
 from ledger.chain import DEFAULT_RETRY, RetryPolicy, call_with_retries
 from ledger.errors import (
+    AccountError,
     ContractRevert,
     DeploymentMismatch,
     LedgerError,
@@ -160,7 +161,7 @@ class TransactionSender:
 
     Args:
         w3: Connected Web3.
-        account: A local signer (``eth_account`` LocalAccount).
+        account: A local signer (``eth_account`` LocalAccount), or None for a read-only sender.
         retry: Backoff policy while the RPC endpoint is down.
         receipt_timeout: Seconds to wait for a transaction to be mined.
         gas_margin: Gas limit = estimate x margin + 10k, bounding the limit yet tolerating small state drift.
@@ -184,6 +185,15 @@ class TransactionSender:
         self._chain_id: int | None = None
 
     @property
+    def address(self) -> str:
+        """The sending account's address (the zero address for a read-only sender)."""
+        return self.account.address if self.account is not None else "0x" + "00" * 20
+
+    def _call_options(self) -> dict:
+        # A read-only sender leaves "from" out: py-evm checks a sender's balance even for eth_call.
+        return {"from": self.account.address} if self.account is not None else {}
+
+    @property
     def chain_id(self) -> int:
         """The connected chain's id (read once)."""
         if self._chain_id is None:
@@ -204,9 +214,7 @@ class TransactionSender:
     def call(self, contract, name: str, args: tuple = (), what: str = "", block: int | str = "latest"):
         """``eth_call`` the view ``name(*args)`` of the web3 ``contract``."""
         function = contract.get_function_by_name(name)(*args)
-        return self.rpc(
-            lambda: function.call({"from": self.account.address}, block_identifier=block), what or name
-        )
+        return self.rpc(lambda: function.call(self._call_options(), block_identifier=block), what or name)
 
     def transact(self, contract, name: str, args: tuple = (), what: str = "", value: int = 0) -> dict:
         """Send ``name(*args)`` of the web3 ``contract`` as a transaction; return its receipt once mined.
@@ -235,6 +243,10 @@ class TransactionSender:
             ChainUnavailable: the RPC stayed unreachable for the retry policy's duration.
             TransactionTimeout: sent but not mined within ``receipt_timeout``.
         """
+        if self.account is None:
+            raise AccountError(
+                f"{what}: this ledger client is read-only (no account): cannot send transactions"
+            )
         with self._lock:
             address = self.account.address
             request = {"from": address, **request}

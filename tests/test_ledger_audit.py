@@ -67,3 +67,17 @@ def test_verify_bytecode_masks_immutables(chain_w3):
     tampered["deployedBytecode"] = "0x" + code.hex()
     with pytest.raises(AuditError, match="differs"):
         verify_bytecode(chain_w3, first.registry, tampered)
+
+
+def test_a_read_only_client_audits_but_cannot_send(deployment):
+    from ledger.client import LedgerClient
+    from ledger.errors import AccountError
+
+    writer = deployment.register(1)
+    run_id = writer.create_run(digest("config"), 1, 10)
+    writer.commit_round(make_commit(run_id, 0))
+    auditor = LedgerClient(deployment.w3, None, deployment.registry, deployment.ledger)
+    assert auditor.last_round(run_id) == 0
+    assert audit_run(auditor, run_id).ok
+    with pytest.raises(AccountError, match="read-only"):
+        auditor.create_run(digest("other"), 1, 1)
