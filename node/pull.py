@@ -186,6 +186,7 @@ class PullResult:
     content_hash: str
     source: str
     size: int
+    block_size: int  # the model's context length (generation must fit in it)
 
 
 def _checkpoint_record(client: Any, run_id: int, round_index: int | None) -> tuple[int, bytes]:
@@ -294,7 +295,7 @@ def pull_checkpoint(client: Any, run_id: int, out_dir: str | Path, round_index: 
     })
     logger.info("checkpoint of round %d (%s, %d bytes, from %s) exported to %s", round_index, expected[:16], size,
                 source, out)
-    return PullResult(out, run_id, round_index, expected, source, size)
+    return PullResult(out, run_id, round_index, expected, source, size, model_cfg.block_size)
 
 
 def run_pull(args: Any) -> int:
@@ -314,6 +315,7 @@ def run_pull(args: Any) -> int:
           f"{result.size} bytes, from {result.source}) -> {out}")
     print(f'from transformers import AutoModelForCausalLM, AutoTokenizer; tok = AutoTokenizer.from_pretrained("{out}"); '
           f'model = AutoModelForCausalLM.from_pretrained("{out}")')
-    print('print(tok.decode(model.generate(**tok("To be", return_tensors="pt"), max_new_tokens=40, '
+    new_tokens = max(1, min(40, result.block_size - 8))  # prompt + new tokens must fit the context
+    print(f'print(tok.decode(model.generate(**tok("To be", return_tensors="pt"), max_new_tokens={new_tokens}, '
           'do_sample=False)[0]))')
     return 0

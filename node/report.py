@@ -110,7 +110,7 @@ def render_html(report: Any) -> str:
             f"<td>{r.eval_loss:.4f}</td><td>{r.train_loss:.4f}</td><td>{r.num_contributors}</td>"
             f"<td class=\"contributors\">{contributors}</td><td>{esc(r.committer[:12])}</td><td>{replay}</td></tr>")
     first = report.first_bad_round
-    headline = (f"{verdict}: {len(report.rounds)} rounds, {counts['ok']} items ok, {counts['FAIL']} failed, "
+    headline = (f"{len(report.rounds)} rounds, {counts['ok']} items ok, {counts['FAIL']} failed, "
                 f"{counts['unverifiable']} unverifiable" + (f"; first bad round {first}" if first is not None else ""))
     timings = ", ".join(f"{esc(k)} {v}" for k, v in report.timings.items())
     return f"""<!DOCTYPE html>

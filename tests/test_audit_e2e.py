@@ -1,0 +1,373 @@
+"""``dlx-node audit`` and ``dlx-node pull`` against a real short run.
+
+One module-scoped run (real anvil, 2 real ``dlx-node start`` processes, 2
+replicas x 2 stages held by one node each, 3 outer rounds, a checkpoint every
+round) is shared by every test; anvil stays up until the module ends. Tests
+that change the chain (a second run committed by a lying node, a forged
+registration) create what they audit and never touch run 1's record, except
+the forged-registration test, which runs last because the registry is shared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ledger.account import dev_account
+from ledger.client import LedgerClient
+from ledger.merkle import merkle_root
+from ledger.records import RoundCommit
+from node.audit import FAIL, OK, UNVERIFIABLE, AuditFailed, audit_run, run_audit
+from node.launcher import LocalRun
+from node.pull import PeerFetcher, PullRefused, pull_checkpoint, run_pull
+from p2p.envelope import Envelope, decode_envelope
+from p2p.identity import Identity
+
+SETTINGS = ["model.preset=tiny", "diloco.inner_steps=4", "training.batch_size=4", "round_timeout=60",
+            "checkpoint_every=1", "rounds=3", "join_timeout=60"]
+ROUNDS = 3
+BIG = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    local = LocalRun(tmp_path_factory.mktemp("audit-run"), replicas=2, stages=2, split=False, settings=SETTINGS)
+    try:
+        local.setup()
+        local.start()
+        ok = local.wait(300)
+        logs = "\n".join(p.read_text(errors="replace")[-3000:] for s in local.nodes for p in s.data_dir.glob("*.log"))
+        assert ok, logs
+        assert [c.commit.round for c in local.client().history(local.run_id).commits] == list(range(ROUNDS)), logs
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.fixture(scope="module")
+def client(run):
+    return run.client()
+
+
+def _archives(run) -> list[Path]:
+    return [slot.data_dir for slot in run.nodes]
+
+
+def _copy_node_dir(slot, dest: Path) -> Path:
+    for sub in ("archive", "checkpoints"):
+        shutil.copytree(slot.data_dir / sub, dest / sub)
+    return dest
+
+
+def _round_dir(node_dir: Path, run_id: int, round_index: int) -> Path:
+    return node_dir / "archive" / f"run-{run_id}" / f"round-{round_index:08d}"
+
+
+def _serve(tmp_path: Path, name: str, files: list[Path]):
+    """A real libp2p host in its own process (``python -m p2p.serve``) providing ``files`` as blobs."""
+    proc = subprocess.Popen([sys.executable, "-m", "p2p.serve", "--data-dir", str(tmp_path / name),
+                             *map(str, files)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    info = json.loads(proc.stdout.readline())
+    return proc, info
+
+
+def _stop(proc) -> None:
+    proc.stdin.close()
+    proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------------- audit
+@pytest.mark.timeout(120)
+def test_audit_passes_with_every_archive(run, client):
+    report = audit_run(client, run.run_id, archives=_archives(run))
+    assert report.ok, [c.line() for c in report.all_checks() if c.status != OK]
+    assert report.counts()[UNVERIFIABLE] == 0 and report.counts()[FAIL] == 0
+    assert [r.round for r in report.rounds] == list(range(ROUNDS))
+    for verdict in report.rounds:
+        assert verdict.status == OK
+        names = [c.name for c in verdict.checks]
+        assert "weights root (replay)" in names and "contributions root" in names
+        assert len(verdict.contributors) == 4 and all(c.account for c in verdict.contributors)
+        assert verdict.replay_seconds is not None and verdict.replay_seconds > 0
+    # Every checkpoint was compared with the replayed weights and momentum of its round.
+    assert len(report.checkpoints) == ROUNDS
+    assert all(c.status == OK and "replayed state" in c.reason for c in report.checkpoints)
+
+
+@pytest.mark.timeout(60)
+def test_audit_without_evidence_reports_unverifiable_not_ok(run, client):
+    report = audit_run(client, run.run_id)
+    assert report.ok  # nothing contradicts the chain...
+    assert all(r.status == UNVERIFIABLE for r in report.rounds)  # ...but nothing off-chain was checked
+    run_document = next(c for c in report.general if c.name == "run document")
+    assert run_document.status == UNVERIFIABLE
+    assert all(c.status == UNVERIFIABLE for c in report.checkpoints)
+    assert report.counts()[UNVERIFIABLE] >= 2 * ROUNDS
+
+
+@pytest.mark.timeout(120)
+def test_flipped_byte_in_one_contribution_fails_naming_its_round(run, client, tmp_path):
+    node_copy = _copy_node_dir(run.nodes[0], tmp_path / "r0")
+    victim = sorted(_round_dir(node_copy, run.run_id, 1).glob("*.env"))[2]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+
+    report = audit_run(client, run.run_id, archives=[node_copy])
+    assert not report.ok
+    assert report.first_bad_round == 1
+    # Round 2 still replays: from round 1's checkpoint (content hash and weights root verified).
+    assert [r.status for r in report.rounds] == [OK, FAIL, OK]
+    failure = report.first_failure()
+    assert victim.stem[:12] in failure.name and "hash to" in failure.reason
+    # The CLI turns it into exit code 8 naming the round.
+    args = SimpleNamespace(rpc=run.url, run=run.run_id, deployment=str(run.workdir / "deployment.json"),
+                           registry="", ledger="", archive=[str(node_copy)], bootstrap=[], json_out="",
+                           html_out="", no_replay=False)
+    with pytest.raises(AuditFailed, match="first bad round 1") as failed:
+        run_audit(args)
+    assert failed.value.exit_code == 8
+    # An intact copy elsewhere supersedes the corrupt one (noted, not trusted).
+    report = audit_run(client, run.run_id, archives=[node_copy, run.nodes[1].data_dir])
+    assert report.ok and report.counts()[UNVERIFIABLE] == 0
+    assert any("corrupt copy ignored" in note for note in report.rounds[1].notes)
+
+
+@pytest.mark.timeout(120)
+def test_replay_resumes_from_a_verified_checkpoint_after_a_gap(run, client, tmp_path):
+    node_copy = _copy_node_dir(run.nodes[0], tmp_path / "r0")
+    shutil.rmtree(_round_dir(node_copy, run.run_id, 0))  # as if pruned by retention_rounds
+    report = audit_run(client, run.run_id, archives=[node_copy])
+    assert report.ok
+    assert [r.status for r in report.rounds] == [UNVERIFIABLE, OK, OK]
+    replay_1 = next(c for c in report.rounds[1].checks if c.name == "weights root (replay)")
+    assert replay_1.reason == "from checkpoint of round 0"
+
+
+@pytest.mark.timeout(180)
+def test_audit_over_libp2p_with_no_local_archive(run, client, tmp_path):
+    """Everything off-chain comes from a peer: run document, close lists (gossip), envelopes, checkpoints."""
+    from node import protocol as msg
+    from node.runtime import run_topic
+    from p2p.config import P2PConfig
+    from p2p.host import P2PHost
+
+    archive = run.nodes[0].data_dir / "archive" / f"run-{run.run_id}"
+    peer = P2PHost.start(P2PConfig(listen_port=0), Identity.generate(), data_dir=tmp_path / "peer")
+    fetcher = None
+    try:
+        peer.provide_blob(archive / "run.json", announce=False)
+        for path in sorted((run.nodes[0].data_dir / "checkpoints").glob("round-*.safetensors")):
+            peer.provide_blob(path, announce=False)
+        for round_index in range(ROUNDS):
+            manifest = json.loads((archive / f"round-{round_index:08d}" / "round.json").read_text())
+            for stage in (0, 1):
+                entries = [[r, p, bytes.fromhex(h), 1] for s, r, p, h in manifest["contributions"] if s == stage]
+                for _r, _p, digest, _size in entries:
+                    peer.provide_blob(archive / f"round-{round_index:08d}" / f"{digest.hex()}.env", announce=False)
+                close = Envelope.create(peer.identity, run.run_id, round_index, msg.CLOSE,
+                                        msg.encode_payload(msg.Close(entries)), stage=stage)
+                peer.publish(run_topic(run.run_id), close.to_bytes())
+        fetcher = PeerFetcher.start(peer.listen_addrs[:1])
+        report = audit_run(client, run.run_id, fetcher=fetcher)
+    finally:
+        if fetcher is not None:
+            fetcher.close()
+        peer.close()
+    assert report.sources == ["peers"]
+    assert report.ok and report.counts()[UNVERIFIABLE] == 0, [c.line() for c in report.all_checks() if c.status != OK]
+
+
+@pytest.mark.timeout(180)
+def test_cli_writes_json_and_an_html_report_chromium_renders(run, tmp_path):
+    out_json, out_html = tmp_path / "audit.json", tmp_path / "audit.html"
+    cmd = [sys.executable, "-m", "node.cli", "audit", "--rpc", run.url, "--run", str(run.run_id),
+           "--deployment", str(run.workdir / "deployment.json"), "--json", str(out_json), "--html", str(out_html)]
+    for archive in _archives(run):
+        cmd += ["--archive", str(archive)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for round_index in range(ROUNDS):
+        assert f"round {round_index}: ok" in done.stdout
+    assert "PASSED" in done.stdout and "0 unverifiable" in done.stdout
+    data = json.loads(out_json.read_text())
+    assert data["ok"] is True and data["first_bad_round"] is None and len(data["rounds"]) == ROUNDS
+
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian package 'chromium' is required (apt-get install -y chromium)"
+    dom = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'chromium'}",
+         "--dump-dom", out_html.resolve().as_uri()],
+        capture_output=True, text=True, timeout=90,
+    ).stdout
+    assert "Audit of run" in dom
+    assert '<svg class="loss-curve"' in dom
+    for series in ("eval-loss", "train-loss"):
+        assert f'class="{series}" data-points="{ROUNDS}"' in dom
+    assert dom.count('<tr class="round"') == ROUNDS
+
+
+@pytest.mark.timeout(180)
+def test_a_lying_commit_is_caught_naming_its_round(run, client, tmp_path):
+    """A registered node commits a second run with the true contributions but a false weights root in round 1."""
+    history = client.history(run.run_id, with_registrations=False)
+    run2 = client.create_run(history.run.config_hash, history.run.num_stages, history.run.inner_steps)
+    # Run 2's contributions: run 1's payloads re-signed by the same node keys for run 2 (the signed header
+    # binds the run id, so run 1's envelopes cannot be reused as they are).
+    identities = {}
+    for slot in run.nodes:
+        identity = Identity.load(slot.data_dir / "identity.key")
+        identities[identity.peer_id] = identity
+    source = run.nodes[0].data_dir / "archive" / f"run-{run.run_id}"
+    target = tmp_path / "liar" / "archive" / f"run-{run2}"
+    target.mkdir(parents=True)
+    shutil.copy(source / "run.json", target / "run.json")
+    liar = LedgerClient(client.w3, dev_account(run.nodes[0].account, client.chain_id), run.registry, run.ledger)
+    for record in history.commits:
+        round_index = record.commit.round
+        manifest = json.loads((source / f"round-{round_index:08d}" / "round.json").read_text())
+        entries = []
+        for stage, replica, peer_id, hash_hex in manifest["contributions"]:
+            old = decode_envelope((source / f"round-{round_index:08d}" / f"{hash_hex}.env").read_bytes(), BIG)
+            new = Envelope.create(identities[peer_id], run2, round_index, old.kind, old.payload, stage=stage,
+                                  replica=replica, timestamp_ms=old.timestamp_ms).to_bytes()
+            digest = hashlib.sha256(new).hexdigest()
+            (target / f"round-{round_index:08d}").mkdir(exist_ok=True)
+            (target / f"round-{round_index:08d}" / f"{digest}.env").write_bytes(new)
+            entries.append([stage, replica, peer_id, digest])
+        entries.sort()
+        (target / f"round-{round_index:08d}" / "round.json").write_text(
+            json.dumps({"round": round_index, "contributions": entries}))
+        weights_root = record.commit.weights_root
+        if round_index == 1:
+            weights_root = hashlib.sha256(b"what the liar wants the model to be").digest()
+        liar.commit_round(RoundCommit(
+            run2, round_index, weights_root, merkle_root([bytes.fromhex(e[3]) for e in entries]),
+            record.commit.train_loss_micro, record.commit.eval_loss_micro, record.commit.tokens,
+            record.commit.num_contributors))
+
+    report = audit_run(client, run2, archives=[tmp_path / "liar"])
+    assert not report.ok
+    assert report.first_bad_round == 1
+    assert [r.status for r in report.rounds] == [OK, FAIL, OK]  # round 2 follows from the honest state
+    failure = report.first_failure()
+    assert failure.name == "weights root (replay)" and "!= committed" in failure.reason
+    # The contributions themselves were all genuine.
+    assert all(c.status == OK for c in report.rounds[1].checks if c.name != "weights root (replay)")
+
+
+# ---------------------------------------------------------------------- pull
+@pytest.mark.timeout(240)
+def test_pull_from_peers_gives_a_transformers_model_with_our_logits(run, client, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from node.checkpoint import read_checkpoint
+    from training.config import ModelConfig
+    from training.model import GPT
+
+    latest = client.latest_checkpoint(run.run_id)
+    files = [s.data_dir / "checkpoints" / f"round-{latest.round:08d}.safetensors" for s in run.nodes]
+    # Two providers of the checkpoint and one bootstrap peer without it: the download still succeeds.
+    servers = [_serve(tmp_path, "p0", files[:1]), _serve(tmp_path, "p1", files[1:]), _serve(tmp_path, "p2", [])]
+    fetcher = None
+    try:
+        fetcher = PeerFetcher.start([info["listen_addrs"][0] for _proc, info in servers])
+        out = tmp_path / "model"
+        result = pull_checkpoint(client, run.run_id, out, fetcher=fetcher)
+    finally:
+        if fetcher is not None:
+            fetcher.close()
+        for proc, _info in servers:
+            _stop(proc)
+    assert (result.round, result.content_hash, result.source) == (latest.round, latest.content_hash.hex(), "peers")
+    assert json.loads((out / "dlx_provenance.json").read_text())["content_hash"] == latest.content_hash.hex()
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = tokenizer("To be, or not", return_tensors="pt")
+    assert ids["input_ids"].tolist() == [list(b"To be, or not")]  # byte-level: token id = byte
+    checkpoint = read_checkpoint(files[0], latest.content_hash)
+    ours = GPT(ModelConfig(**checkpoint.model_config), seed=None)
+    ours.load_state_dict(checkpoint.weights)
+    ours.eval()
+    with torch.no_grad():
+        theirs = model(ids["input_ids"]).logits
+        mine, _ = ours(ids["input_ids"])
+    torch.testing.assert_close(theirs, mine, atol=1e-4, rtol=0)  # same weights, float32: ~1e-6 apart
+    generated = model.generate(**ids, max_new_tokens=12, do_sample=False)
+    assert generated.shape[1] == ids["input_ids"].shape[1] + 12
+    assert tokenizer.decode(generated[0]).startswith("To be, or not")
+    assert generated[0].tolist() == ours.generate(ids["input_ids"], 12)[0].tolist()
+
+
+@pytest.mark.timeout(180)
+def test_pull_refuses_a_tampered_checkpoint(run, client, tmp_path, capsys):
+    latest = client.latest_checkpoint(run.run_id)
+    good = run.nodes[0].data_dir / "checkpoints" / f"round-{latest.round:08d}.safetensors"
+    tampered_dir = tmp_path / "tampered"
+    tampered_dir.mkdir()
+    data = bytearray(good.read_bytes())
+    data[-100] ^= 0x01  # a weight's low bit: still a valid safetensors file
+    (tampered_dir / good.name).write_bytes(bytes(data))
+    actual = hashlib.sha256(data).hexdigest()
+
+    out = tmp_path / "out"
+    with pytest.raises(PullRefused) as refused:
+        pull_checkpoint(client, run.run_id, out, archives=[tampered_dir])
+    assert refused.value.exit_code == 9
+    assert latest.content_hash.hex() in str(refused.value) and actual in str(refused.value)
+    assert not out.exists()
+
+    # A peer serving other bytes under the checkpoint's hash: the download is refused and deleted.
+    proc, info = _serve(tmp_path, "liar", [good])
+    fetcher = None
+    try:
+        blob = tmp_path / "liar" / "blobs" / latest.content_hash.hex()
+        blob.write_bytes(bytes(data))  # same size, one bit flipped, served as the real thing
+        fetcher = PeerFetcher.start(info["listen_addrs"][:1])
+        with pytest.raises(PullRefused) as refused:
+            pull_checkpoint(client, run.run_id, out, fetcher=fetcher)
+    finally:
+        if fetcher is not None:
+            fetcher.close()
+        _stop(proc)
+    assert latest.content_hash.hex() in str(refused.value) and actual in str(refused.value)
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+
+    # The CLI with an intact archive: exit 0 and the two lines an agent developer pastes.
+    args = SimpleNamespace(rpc=run.url, run=run.run_id, deployment=str(run.workdir / "deployment.json"),
+                           registry="", ledger="", archive=[str(tampered_dir), str(run.nodes[1].data_dir)],
+                           bootstrap=[], round=-1, out_dir=str(out))
+    assert run_pull(args) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert any("AutoModelForCausalLM.from_pretrained" in line for line in printed)
+    assert any("model.generate" in line for line in printed)
+    assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
+
+
+# ---------------------------------------------------------------------- last: changes the shared registry
+@pytest.mark.timeout(120)
+def test_a_forged_registration_is_caught(run, client):
+    forger = LedgerClient(client.w3, dev_account(8, client.chain_id), run.registry, run.ledger)
+    forger.register(os.urandom(32), os.urandom(64))  # the contract cannot check ed25519: the auditor does
+    report = audit_run(client, run.run_id, archives=_archives(run))
+    assert not report.ok
+    forged = [c for c in report.general if c.status == FAIL]
+    assert len(forged) == 1 and forged[0].name.startswith(f"registration {forger.address}")
+    assert report.first_bad_round is None  # the run's own rounds are fine...
+    # ...until the forged account commits: that round is named.
+    forger.commit_round(RoundCommit(run.run_id, ROUNDS, b"\x01" * 32, b"\x02" * 32, 1, 1, 1, 1))
+    report = audit_run(client, run.run_id, archives=_archives(run))
+    assert report.first_bad_round == ROUNDS
+    committer = next(c for c in report.rounds[-1].checks if c.name == "committer registered")
+    assert committer.status == FAIL and forger.address in committer.reason
