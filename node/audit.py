@@ -30,24 +30,34 @@ more). Nothing that could not be checked is reported as ``ok``. See
 docs/AUDIT.md.
 """
 
-from __future__ import annotations
-
 import hashlib
 import itertools
-import json
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from node.errors import DlxError, StateError
+from node.pull import ArchiveSource, PeerSource, first_good_copy, reader_client
+from node.report import FAIL, OK, UNVERIFIABLE, AuditReport, Check, Contributor, RoundVerdict, worst
+
+__all__ = [
+    "FAIL",
+    "OK",
+    "UNVERIFIABLE",
+    "AuditFailed",
+    "AuditReport",
+    "Check",
+    "RoundVerdict",
+    "audit_run",
+    "run_audit",
+    "worst",
+]
 
 logger = logging.getLogger(__name__)
 
-OK, FAIL, UNVERIFIABLE = "ok", "FAIL", "unverifiable"
-_RANK = {OK: 0, UNVERIFIABLE: 1, FAIL: 2}
 MAX_COMBINATIONS = 64  # distinct per-stage contribution lists tried against one contributions root
 CONTRIBUTION_KIND = "contribution"  # node.protocol.CONTRIBUTION (not imported: keeps this module light)
 MAX_ENVELOPE_BYTES = 2 << 30
@@ -61,259 +71,6 @@ class AuditFailed(DlxError):
     exit_code = 8
 
 
-def worst(statuses: Iterable[str]) -> str:
-    """The most severe of ``statuses`` (FAIL > unverifiable > ok); ok for none."""
-    return max(statuses, key=_RANK.__getitem__, default=OK)
-
-
-@dataclass
-class Check:
-    """One audited item and its outcome."""
-
-    name: str
-    status: str
-    reason: str = ""
-    round: int | None = None  # the round the item belongs to, if any
-
-    def line(self) -> str:
-        return f"{self.name}: {self.status}" + (f" ({self.reason})" if self.reason else "")
-
-
-@dataclass
-class Contributor:
-    """One aggregated contribution of a round, as listed by the evidence."""
-
-    stage: int
-    replica: int
-    peer_id: str
-    envelope: str  # sha256 hex of the envelope bytes
-    account: str = ""  # registered account of the signing key, if found
-
-
-@dataclass
-class RoundVerdict:
-    """Everything checked about one committed round."""
-
-    round: int
-    committer: str
-    block: int
-    train_loss: float
-    eval_loss: float
-    tokens: int
-    num_contributors: int
-    weights_root: str
-    contributions_root: str
-    checks: list[Check] = field(default_factory=list)
-    contributors: list[Contributor] = field(default_factory=list)
-    replay_seconds: float | None = None
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def status(self) -> str:
-        return worst(c.status for c in self.checks)
-
-    def first_problem(self) -> Check | None:
-        for wanted in (FAIL, UNVERIFIABLE):
-            for check in self.checks:
-                if check.status == wanted:
-                    return check
-        return None
-
-    def line(self) -> str:
-        """The one-line verdict printed per round."""
-        text = f"round {self.round}: {self.status}"
-        problem = self.first_problem()
-        if problem is not None:
-            text += f" -- {problem.name}: {problem.reason}"
-        extra = [f"{len(self.contributors)} contributions"]
-        if self.replay_seconds is not None:
-            extra.append(f"replay {self.replay_seconds:.3f}s")
-        return text + f" [{', '.join(extra)}]"
-
-
-@dataclass
-class AuditReport:
-    """The outcome of :func:`audit_run` (rendered by :mod:`node.report`)."""
-
-    run_id: int
-    chain_id: int
-    registry: str
-    ledger: str
-    config_hash: str
-    num_stages: int
-    inner_steps: int
-    head: str
-    replay: bool
-    general: list[Check] = field(default_factory=list)
-    rounds: list[RoundVerdict] = field(default_factory=list)
-    checkpoints: list[Check] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-    sources: list[str] = field(default_factory=list)
-
-    def all_checks(self) -> list[Check]:
-        return self.general + [c for r in self.rounds for c in r.checks] + self.checkpoints
-
-    def counts(self) -> dict[str, int]:
-        checks = self.all_checks()
-        return {status: sum(c.status == status for c in checks) for status in (OK, FAIL, UNVERIFIABLE)}
-
-    @property
-    def ok(self) -> bool:
-        """No item failed (unverifiable items are allowed: see :meth:`counts`)."""
-        return not any(c.status == FAIL for c in self.all_checks())
-
-    @property
-    def first_bad_round(self) -> int | None:
-        """The lowest round with a failed item (its own or its checkpoint's), or None."""
-        bad = [r.round for r in self.rounds if r.status == FAIL]
-        bad += [c.round for c in self.checkpoints if c.status == FAIL and c.round is not None]
-        return min(bad, default=None)
-
-    def first_failure(self) -> Check | None:
-        """The first failed item of the first bad round, else the first failed chain-level item."""
-        first = self.first_bad_round
-        if first is not None:
-            for check in [c for r in self.rounds if r.round == first for c in r.checks] + self.checkpoints:
-                if check.status == FAIL and (check.round is None or check.round == first):
-                    return check
-        return next((c for c in self.all_checks() if c.status == FAIL), None)
-
-    def summary(self) -> str:
-        counts = self.counts()
-        verdict = "PASSED" if self.ok else "FAILED"
-        text = (f"audit of run {self.run_id} {verdict}: {len(self.rounds)} rounds, {counts[OK]} items ok, "
-                f"{counts[FAIL]} failed, {counts[UNVERIFIABLE]} unverifiable")
-        if not self.ok:
-            first = self.first_bad_round
-            text += f"; first bad round: {first}" if first is not None else "; no round is bad (chain-level items)"
-        return text
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["ok"] = self.ok
-        data["first_bad_round"] = self.first_bad_round
-        data["counts"] = self.counts()
-        for verdict, raw in zip(self.rounds, data["rounds"]):
-            raw["status"] = verdict.status
-        return data
-
-
-# ---------------------------------------------------------------------- evidence sources
-class ArchiveSource:
-    """Evidence from a local directory: a node's data dir, its ``archive`` dir or a ``run-<id>`` dir.
-
-    Reads the layout of :mod:`node.archive` (run document, per-round ``round.json``
-    and ``<sha256>.env`` files) and checkpoints named ``round-XXXXXXXX.safetensors``
-    (in ``checkpoints/`` or the directory itself). Nothing read is trusted: the
-    auditor checks every byte against the chain.
-    """
-
-    def __init__(self, directory: str | Path, run_id: int) -> None:
-        self.root = Path(directory)
-        self.name = f"archive {self.root}"
-        candidates = [self.root / "archive" / f"run-{run_id}", self.root / f"run-{run_id}", self.root]
-        self.run_dir = next((c for c in candidates if (c / "run.json").exists() or any(c.glob("round-*/"))),
-                            None)
-
-    def run_documents(self) -> list[bytes]:
-        if self.run_dir is None or not (self.run_dir / "run.json").exists():
-            return []
-        return [(self.run_dir / "run.json").read_bytes()]
-
-    def round_lists(self, round_index: int) -> list[list[tuple[int, int, str, str]]]:
-        """The archived contribution lists of ``round_index`` (0 or 1 list; entries (stage, replica, peer, hex))."""
-        if self.run_dir is None:
-            return []
-        path = self.run_dir / f"round-{round_index:08d}" / "round.json"
-        if not path.exists():
-            return []
-        try:
-            doc = json.loads(path.read_text())
-            entries = [(int(s), int(r), str(p), str(h).lower()) for s, r, p, h in doc["contributions"]]
-            if int(doc.get("round", round_index)) != round_index:
-                raise ValueError(f"it says round {doc.get('round')}")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            logger.warning("%s: round %d manifest unreadable: %s", self.name, round_index, exc)
-            return []
-        return [entries]
-
-    def envelope(self, round_index: int, hash_hex: str) -> bytes | None:
-        if self.run_dir is None:
-            return None
-        path = self.run_dir / f"round-{round_index:08d}" / f"{hash_hex}.env"
-        try:
-            return path.read_bytes()
-        except OSError:
-            return None
-
-    def checkpoint(self, round_index: int, content_hash_hex: str) -> bytes | None:
-        from node.pull import find_checkpoint_files
-
-        for path in find_checkpoint_files([self.root], round_index, content_hash_hex):
-            try:
-                return path.read_bytes()
-            except OSError:
-                continue
-        return None
-
-
-class PeerSource:
-    """Evidence fetched over libp2p: blobs by hash, and round lists from the run's recent ``close`` gossip.
-
-    ``fetcher`` is a :class:`node.pull.PeerFetcher` already connected to peers.
-    Close messages are the coordinators' signed lists of what each stage
-    aggregated; peers keep only recent ones, so old rounds need archives.
-    """
-
-    def __init__(self, fetcher: Any, run_id: int) -> None:
-        self.fetcher = fetcher
-        self.run_id = run_id
-        self.name = "peers"
-        self._closes: dict[int, dict[int, list[list[tuple[int, int, str, str]]]]] | None = None
-
-    def run_documents(self) -> list[bytes]:
-        return []  # fetched by hash in _run_document (needs the chain's configHash)
-
-    def blob(self, hash_hex: str) -> bytes | None:
-        return self.fetcher.fetch(hash_hex)
-
-    def round_lists(self, round_index: int) -> list[list[tuple[int, int, str, str]]]:
-        if self._closes is None:
-            self._closes = self.fetcher.close_lists(self.run_id)
-        by_stage = self._closes.get(round_index, {})
-        return [entries for stage in sorted(by_stage) for entries in by_stage[stage]]
-
-    def envelope(self, round_index: int, hash_hex: str) -> bytes | None:
-        return self.fetcher.fetch(hash_hex)
-
-    def checkpoint(self, round_index: int, content_hash_hex: str) -> bytes | None:
-        return self.fetcher.fetch(content_hash_hex)
-
-
-@dataclass
-class _Copy:
-    data: bytes | None
-    bad: list[str]  # "<source>: bytes hash to <hex>"
-
-
-def _first_good(sources: list, getter: Callable[[Any], bytes | None], expected_hex: str) -> _Copy:
-    """The first copy among ``sources`` whose sha256 is ``expected_hex``, noting the corrupt ones."""
-    bad = []
-    for source in sources:
-        try:
-            data = getter(source)
-        except DlxError as exc:
-            logger.debug("%s: %s", source.name, exc)
-            data = None
-        if data is None:
-            continue
-        got = hashlib.sha256(data).hexdigest()
-        if got == expected_hex:
-            return _Copy(data, bad)
-        bad.append(f"{source.name}: bytes hash to {got}")
-    return _Copy(None, bad)
-
-
 # ---------------------------------------------------------------------- chain checks
 def _check_chain(client: Any, history: Any, report: AuditReport, check_code: bool) -> dict[str, list]:
     """Bytecode, hash chain, registrations and committers; return valid registrations by account."""
@@ -324,7 +81,10 @@ def _check_chain(client: Any, history: Any, report: AuditReport, check_code: boo
 
     chain_id = report.chain_id
     if check_code:
-        for name, address in (("NodeRegistry", client.registry_address), ("TrainingLedger", client.ledger_address)):
+        for name, address in (
+            ("NodeRegistry", client.registry_address),
+            ("TrainingLedger", client.ledger_address),
+        ):
             try:
                 verify_bytecode(client.w3, address, contracts.artifact(name))
                 report.general.append(Check(f"bytecode {name} {address}", OK))
@@ -340,8 +100,11 @@ def _check_chain(client: Any, history: Any, report: AuditReport, check_code: boo
 
     run = history.run
     head = genesis_head(chain_id, client.ledger_address, run.run_id, run.config_hash)
-    report.general.append(Check("genesis head", OK) if head == run.genesis_head else
-                          Check("genesis head", FAIL, f"event {run.genesis_head.hex()} != recomputed {head.hex()}"))
+    report.general.append(
+        Check("genesis head", OK)
+        if head == run.genesis_head
+        else Check("genesis head", FAIL, f"event {run.genesis_head.hex()} != recomputed {head.hex()}")
+    )
 
     valid: dict[str, list] = {}
     for registration in history.registrations:
@@ -350,8 +113,14 @@ def _check_chain(client: Any, history: Any, report: AuditReport, check_code: boo
             valid.setdefault(registration.account, []).append(registration)
             report.general.append(Check(name, OK))
         else:
-            report.general.append(Check(name, FAIL, "ed25519 binding signature does not verify: the key never "
-                                                    "signed this account's binding message (forged registration)"))
+            report.general.append(
+                Check(
+                    name,
+                    FAIL,
+                    "ed25519 binding signature does not verify: the key never "
+                    "signed this account's binding message (forged registration)",
+                )
+            )
 
     previous_round = None
     for record, verdict in zip(history.commits, report.rounds):
@@ -364,16 +133,31 @@ def _check_chain(client: Any, history: Any, report: AuditReport, check_code: boo
         if head != record.head_hash:
             problems.append(f"event head {record.head_hash.hex()} != recomputed {head.hex()}")
             head = record.head_hash  # resynchronise so one bad link is reported once
-        verdict.checks.append(Check("hash chain link", FAIL, "; ".join(problems)) if problems else
-                              Check("hash chain link", OK))
-        in_force = any(r.block_number <= record.block_number
-                       and (r.unregistered_block is None or r.unregistered_block > record.block_number)
-                       for r in valid.get(record.committer, []))
-        verdict.checks.append(Check("committer registered", OK) if in_force else Check(
-            "committer registered", FAIL, f"{record.committer} had no registration with a valid binding "
-                                          f"signature at block {record.block_number}"))
-    report.general.append(Check("hash chain head", OK) if head == history.head_hash else Check(
-        "hash chain head", FAIL, f"contract headOf {history.head_hash.hex()} != replayed {head.hex()}"))
+        verdict.checks.append(
+            Check("hash chain link", FAIL, "; ".join(problems)) if problems else Check("hash chain link", OK)
+        )
+        in_force = any(
+            r.block_number <= record.block_number
+            and (r.unregistered_block is None or r.unregistered_block > record.block_number)
+            for r in valid.get(record.committer, [])
+        )
+        verdict.checks.append(
+            Check("committer registered", OK)
+            if in_force
+            else Check(
+                "committer registered",
+                FAIL,
+                f"{record.committer} had no registration with a valid binding "
+                f"signature at block {record.block_number}",
+            )
+        )
+    report.general.append(
+        Check("hash chain head", OK)
+        if head == history.head_hash
+        else Check(
+            "hash chain head", FAIL, f"contract headOf {history.head_hash.hex()} != replayed {head.hex()}"
+        )
+    )
     return valid
 
 
@@ -390,24 +174,36 @@ def _run_document(report: AuditReport, history: Any, sources: list) -> dict | No
         good = [d for d in docs if hashlib.sha256(d).hexdigest() == expected]
         return (good or docs or [None])[0]
 
-    copy = _first_good(sources, getter, expected)
+    copy = first_good_copy(sources, getter, expected)
     if copy.data is None:
         if copy.bad:
-            report.general.append(Check("run document", FAIL, "no copy hashes to the configHash: " + "; ".join(copy.bad)))
+            report.general.append(
+                Check("run document", FAIL, "no copy hashes to the configHash: " + "; ".join(copy.bad))
+            )
         else:
-            report.general.append(Check("run document", UNVERIFIABLE, "no archive or peer holds the run document "
-                                                                      f"{expected[:16]}"))
+            report.general.append(
+                Check(
+                    "run document", UNVERIFIABLE, f"no archive or peer holds the run document {expected[:16]}"
+                )
+            )
         return None
     try:
         document = parse_run_document(copy.data, history.run.config_hash)
         stages, inner = document["pipeline"]["num_stages"], document["diloco"]["inner_steps"]
     except (DlxError, KeyError, TypeError) as exc:
-        report.general.append(Check("run document", FAIL, f"hashes to the configHash but is not a valid run "
-                                                          f"document: {exc}"))
+        report.general.append(
+            Check("run document", FAIL, f"hashes to the configHash but is not a valid run document: {exc}")
+        )
         return None
     if (stages, inner) != (history.run.num_stages, history.run.inner_steps):
-        report.general.append(Check("run document", FAIL, f"says {stages} stages x H={inner}, the run was created "
-                                                          f"with {history.run.num_stages} x {history.run.inner_steps}"))
+        report.general.append(
+            Check(
+                "run document",
+                FAIL,
+                f"says {stages} stages x H={inner}, the run was created "
+                f"with {history.run.num_stages} x {history.run.inner_steps}",
+            )
+        )
         return None
     note = f" (corrupt copies ignored: {'; '.join(copy.bad)})" if copy.bad else ""
     report.general.append(Check("run document", OK, f"sha256 = configHash{note}" if note else ""))
@@ -460,8 +256,14 @@ class _Replayer:
 
         hashes, new_weights, new_momentum = [], [], []
         for stage, payloads in enumerate(payloads_by_stage):
-            weights, momentum, digest = aggregate(self.weights[stage], self.momentum[stage], payloads,
-                                                  self.cfg.diloco, stage_index=stage, outer_round=round_index)
+            weights, momentum, digest = aggregate(
+                self.weights[stage],
+                self.momentum[stage],
+                payloads,
+                self.cfg.diloco,
+                stage_index=stage,
+                outer_round=round_index,
+            )
             new_weights.append(weights)
             new_momentum.append(momentum)
             hashes.append(digest)
@@ -470,7 +272,9 @@ class _Replayer:
 
 
 # ---------------------------------------------------------------------- one round's contributions
-def _candidate_sets(sources: list, round_index: int, num_stages: int) -> list[list[tuple[int, int, str, str]]]:
+def _candidate_sets(
+    sources: list, round_index: int, num_stages: int
+) -> list[list[tuple[int, int, str, str]]]:
     """Full canonical contribution lists to try: one distinct per-stage list from each stage, combined."""
     per_stage: dict[int, list[tuple]] = {s: [] for s in range(num_stages)}
     for source in sources:
@@ -501,15 +305,25 @@ def _registered_key(valid: dict[str, list], pubkey: bytes, from_block: int, to_b
     """The account whose valid registration binds ``pubkey`` and was in force during [from_block, to_block]."""
     for account, registrations in valid.items():
         for r in registrations:
-            if (r.pubkey == pubkey and r.block_number <= to_block
-                    and (r.unregistered_block is None or r.unregistered_block > from_block)):
+            if (
+                r.pubkey == pubkey
+                and r.block_number <= to_block
+                and (r.unregistered_block is None or r.unregistered_block > from_block)
+            ):
                 return account
     return None
 
 
-def _check_contributions(verdict: RoundVerdict, record: Any, sources: list, num_stages: int,
-                         valid: dict[str, list], previous_block: int, run: Any,
-                         document: dict | None) -> list[list[bytes]] | None:
+def _check_contributions(
+    verdict: RoundVerdict,
+    record: Any,
+    sources: list,
+    num_stages: int,
+    valid: dict[str, list],
+    previous_block: int,
+    run: Any,
+    document: dict | None,
+) -> list[list[bytes]] | None:
     """Contributions root and envelopes of one round; return the payloads per stage if all verified."""
     from p2p.envelope import decode_envelope
     from p2p.errors import EnvelopeRejected
@@ -517,14 +331,21 @@ def _check_contributions(verdict: RoundVerdict, record: Any, sources: list, num_
     commit = record.commit
     candidates = _candidate_sets(sources, commit.round, num_stages)
     if not candidates:
-        verdict.checks.append(Check("contributions root", UNVERIFIABLE, "no archive or peer lists this round's "
-                                                                         "contributions"))
+        verdict.checks.append(
+            Check("contributions root", UNVERIFIABLE, "no archive or peer lists this round's contributions")
+        )
         return None
     entries = next((c for c in candidates if _contribution_root(c) == commit.contributions_root), None)
     if entries is None:
         got = _contribution_root(candidates[0]).hex()
-        verdict.checks.append(Check("contributions root", FAIL, f"Merkle root of the archived contributions is "
-                                                                 f"{got}, chain says {commit.contributions_root.hex()}"))
+        verdict.checks.append(
+            Check(
+                "contributions root",
+                FAIL,
+                f"Merkle root of the archived contributions is "
+                f"{got}, chain says {commit.contributions_root.hex()}",
+            )
+        )
         return None
     verdict.checks.append(Check("contributions root", OK))
     verdict.contributors = [Contributor(s, r, p, h) for s, r, p, h in entries]
@@ -542,24 +363,35 @@ def _check_contributions(verdict: RoundVerdict, record: Any, sources: list, num_
         problems.append(f"{len(peers)} distinct contributors, commit says {commit.num_contributors}")
     if document is not None:
         last_replicas = {r for s, r, _p, _h in entries if s == num_stages - 1}
-        per_replica = (document["diloco"]["inner_steps"] * document["training"]["batch_size"]
-                       * document["model"]["block_size"])
+        per_replica = (
+            document["diloco"]["inner_steps"]
+            * document["training"]["batch_size"]
+            * document["model"]["block_size"]
+        )
         if commit.tokens != per_replica * len(last_replicas):
             problems.append(f"tokens {commit.tokens} != {per_replica} x {len(last_replicas)} replicas")
-    verdict.checks.append(Check("round shape", FAIL, "; ".join(problems)) if problems else Check("round shape", OK))
+    verdict.checks.append(
+        Check("round shape", FAIL, "; ".join(problems)) if problems else Check("round shape", OK)
+    )
 
     payloads: list[list[bytes]] = [[] for _ in range(num_stages)]
     missing = 0
     for contributor in verdict.contributors:
         label = f"contribution s{contributor.stage} r{contributor.replica} {contributor.envelope[:12]}"
-        copy = _first_good(sources, lambda src, c=contributor: src.envelope(commit.round, c.envelope),
-                           contributor.envelope)
+        copy = first_good_copy(
+            sources, lambda src, c=contributor: src.envelope(commit.round, c.envelope), contributor.envelope
+        )
         if copy.data is None:
             if copy.bad:
-                verdict.checks.append(Check(label, FAIL, "archived bytes are not the committed envelope: "
-                                                         + "; ".join(copy.bad)))
+                verdict.checks.append(
+                    Check(
+                        label, FAIL, "archived bytes are not the committed envelope: " + "; ".join(copy.bad)
+                    )
+                )
             else:
-                verdict.checks.append(Check(label, UNVERIFIABLE, "envelope bytes not held by any archive or peer"))
+                verdict.checks.append(
+                    Check(label, UNVERIFIABLE, "envelope bytes not held by any archive or peer")
+                )
                 missing += 1
             continue
         verdict.notes += [f"{label}: corrupt copy ignored ({b})" for b in copy.bad]
@@ -569,8 +401,14 @@ def _check_contributions(verdict: RoundVerdict, record: Any, sources: list, num_
             verdict.checks.append(Check(label, FAIL, f"envelope rejected: {exc}"))
             continue
         got = (env.kind, env.run_id, env.round, env.stage, env.replica, env.sender_peer_id)
-        want = (CONTRIBUTION_KIND, run.run_id, commit.round, contributor.stage, contributor.replica,
-                contributor.peer_id)
+        want = (
+            CONTRIBUTION_KIND,
+            run.run_id,
+            commit.round,
+            contributor.stage,
+            contributor.replica,
+            contributor.peer_id,
+        )
         if got != want:
             fields = ("kind", "run", "round", "stage", "replica", "signer")
             diff = ", ".join(f"{f} {g!r} != {w!r}" for f, g, w in zip(fields, got, want) if g != w)
@@ -578,8 +416,14 @@ def _check_contributions(verdict: RoundVerdict, record: Any, sources: list, num_
             continue
         account = _registered_key(valid, env.sender, previous_block, record.block_number)
         if account is None:
-            verdict.checks.append(Check(label, FAIL, f"signer {env.sender_peer_id} is not bound to any registered "
-                                                     "account (valid binding signature) during the round"))
+            verdict.checks.append(
+                Check(
+                    label,
+                    FAIL,
+                    f"signer {env.sender_peer_id} is not bound to any registered "
+                    "account (valid binding signature) during the round",
+                )
+            )
             continue
         contributor.account = account
         verdict.checks.append(Check(label, OK))
@@ -589,8 +433,13 @@ def _check_contributions(verdict: RoundVerdict, record: Any, sources: list, num_
     return payloads
 
 
-def _replay_round(verdict: RoundVerdict, commit: Any, replayer: _Replayer | None,
-                  payloads: list[list[bytes]] | None, replay: bool) -> None:
+def _replay_round(
+    verdict: RoundVerdict,
+    commit: Any,
+    replayer: _Replayer | None,
+    payloads: list[list[bytes]] | None,
+    replay: bool,
+) -> None:
     from training.errors import TrainingError
 
     if not replay:
@@ -604,28 +453,46 @@ def _replay_round(verdict: RoundVerdict, commit: Any, replayer: _Replayer | None
         verdict.checks.append(Check("weights root (replay)", UNVERIFIABLE, "contributions not verified"))
         return
     if replayer.weights is None:
-        verdict.checks.append(Check("weights root (replay)", UNVERIFIABLE, "no starting state: an earlier round "
-                                    "could not be replayed and no checkpoint of the previous round was verified"))
+        verdict.checks.append(
+            Check(
+                "weights root (replay)",
+                UNVERIFIABLE,
+                "no starting state: an earlier round "
+                "could not be replayed and no checkpoint of the previous round was verified",
+            )
+        )
         return
     started = time.perf_counter()
     try:
         root = replayer.apply(commit.round, payloads)
     except TrainingError as exc:
         replayer.drop()
-        verdict.checks.append(Check("weights root (replay)", FAIL, f"the committed contributions do not "
-                                                                   f"aggregate: {exc}"))
+        verdict.checks.append(
+            Check("weights root (replay)", FAIL, f"the committed contributions do not aggregate: {exc}")
+        )
         return
     verdict.replay_seconds = time.perf_counter() - started
     if root == commit.weights_root:
         verdict.checks.append(Check("weights root (replay)", OK, f"from {replayer.base}"))
     else:
         # Keep the replayed (honest) state: later rounds are checked against what the contributions imply.
-        verdict.checks.append(Check("weights root (replay)", FAIL, f"replayed {root.hex()} != committed "
-                                                                   f"{commit.weights_root.hex()}"))
+        verdict.checks.append(
+            Check(
+                "weights root (replay)",
+                FAIL,
+                f"replayed {root.hex()} != committed {commit.weights_root.hex()}",
+            )
+        )
 
 
-def _check_checkpoint(report: AuditReport, record: Any, commit: Any, sources: list,
-                      replayer: _Replayer | None, config_hash: bytes) -> Any:
+def _check_checkpoint(
+    report: AuditReport,
+    record: Any,
+    commit: Any,
+    sources: list,
+    replayer: _Replayer | None,
+    config_hash: bytes,
+) -> Any:
     """Check one published checkpoint; return it parsed if its content and weights root are right."""
     import torch
 
@@ -638,7 +505,7 @@ def _check_checkpoint(report: AuditReport, record: Any, commit: Any, sources: li
         report.checkpoints.append(Check(name, status, reason, round=record.round))
 
     expected = record.content_hash.hex()
-    copy = _first_good(sources, lambda src: src.checkpoint(record.round, expected), expected)
+    copy = first_good_copy(sources, lambda src: src.checkpoint(record.round, expected), expected)
     if copy.data is None:
         if copy.bad:
             add(FAIL, "no copy has the published content hash: " + "; ".join(copy.bad))
@@ -652,7 +519,9 @@ def _check_checkpoint(report: AuditReport, record: Any, commit: Any, sources: li
         return None
     problems = []
     if (ckpt.run_id, ckpt.round, ckpt.config_hash) != (report.run_id, record.round, config_hash):
-        problems.append(f"metadata says run {ckpt.run_id} round {ckpt.round} config {ckpt.config_hash.hex()[:16]}")
+        problems.append(
+            f"metadata says run {ckpt.run_id} round {ckpt.round} config {ckpt.config_hash.hex()[:16]}"
+        )
     stage_names = replayer.names if replayer is not None else None
     hashes = []
     if stage_names is not None:
@@ -669,14 +538,21 @@ def _check_checkpoint(report: AuditReport, record: Any, commit: Any, sources: li
         hashes = [ckpt.stage_hashes.get(s, b"") for s in range(report.num_stages)]
     if commit is None:
         problems.append("its round was never committed")
-    elif len(hashes) == report.num_stages and all(len(h) == 32 for h in hashes) and \
-            weights_root(hashes) != commit.weights_root:
-        problems.append(f"its weights root {weights_root(hashes).hex()} != committed {commit.weights_root.hex()}")
+    elif (
+        len(hashes) == report.num_stages
+        and all(len(h) == 32 for h in hashes)
+        and weights_root(hashes) != commit.weights_root
+    ):
+        problems.append(
+            f"its weights root {weights_root(hashes).hex()} != committed {commit.weights_root.hex()}"
+        )
     if replayer is not None and replayer.weights is not None and not problems:
         for stage, names in enumerate(replayer.names):
             for n in names:
-                if not (torch.equal(ckpt.weights[n], replayer.weights[stage][n])
-                        and torch.equal(ckpt.momentum.get(n, torch.zeros(0)), replayer.momentum[stage][n])):
+                if not (
+                    torch.equal(ckpt.weights[n], replayer.weights[stage][n])
+                    and torch.equal(ckpt.momentum.get(n, torch.zeros(0)), replayer.momentum[stage][n])
+                ):
                     problems.append(f"{n} differs from the replayed weights/momentum of round {record.round}")
                     break
             if problems:
@@ -684,15 +560,23 @@ def _check_checkpoint(report: AuditReport, record: Any, commit: Any, sources: li
     if problems:
         add(FAIL, "; ".join(problems))
         return None
-    basis = "content hash, weights root" + (", replayed state" if replayer is not None and replayer.weights
-                                            is not None else "")
+    basis = "content hash, weights root" + (
+        ", replayed state" if replayer is not None and replayer.weights is not None else ""
+    )
     add(OK, basis)
     return ckpt
 
 
 # ---------------------------------------------------------------------- the audit
-def audit_run(client: Any, run_id: int, archives: Iterable[str | Path] = (), fetcher: Any = None,
-              replay: bool = True, progress: Progress | None = None, check_code: bool = True) -> AuditReport:
+def audit_run(
+    client: Any,
+    run_id: int,
+    archives: Iterable[str | Path] = (),
+    fetcher: Any = None,
+    replay: bool = True,
+    progress: Progress | None = None,
+    check_code: bool = True,
+) -> AuditReport:
     """Audit run ``run_id`` (module docstring): return an :class:`AuditReport`, never raise on a finding.
 
     Args:
@@ -707,17 +591,32 @@ def audit_run(client: Any, run_id: int, archives: Iterable[str | Path] = (), fet
     history = client.history(run_id)
     timings["read_history_s"] = time.perf_counter() - started
     run = history.run
-    report = AuditReport(run_id=run_id, chain_id=client.chain_id, registry=client.registry_address,
-                         ledger=client.ledger_address, config_hash=run.config_hash.hex(),
-                         num_stages=run.num_stages, inner_steps=run.inner_steps, head=history.head_hash.hex(),
-                         replay=replay)
+    report = AuditReport(
+        run_id=run_id,
+        chain_id=client.chain_id,
+        registry=client.registry_address,
+        ledger=client.ledger_address,
+        config_hash=run.config_hash.hex(),
+        num_stages=run.num_stages,
+        inner_steps=run.inner_steps,
+        head=history.head_hash.hex(),
+        replay=replay,
+    )
     for record in history.commits:
         c = record.commit
-        report.rounds.append(RoundVerdict(
-            round=c.round, committer=record.committer, block=record.block_number,
-            train_loss=c.train_loss_micro / 1e6, eval_loss=c.eval_loss_micro / 1e6, tokens=c.tokens,
-            num_contributors=c.num_contributors, weights_root=c.weights_root.hex(),
-            contributions_root=c.contributions_root.hex()))
+        report.rounds.append(
+            RoundVerdict(
+                round=c.round,
+                committer=record.committer,
+                block=record.block_number,
+                train_loss=c.train_loss_micro / 1e6,
+                eval_loss=c.eval_loss_micro / 1e6,
+                tokens=c.tokens,
+                num_contributors=c.num_contributors,
+                weights_root=c.weights_root.hex(),
+                contributions_root=c.contributions_root.hex(),
+            )
+        )
     mark = time.perf_counter()
     valid = _check_chain(client, history, report, check_code)
     timings["chain_checks_s"] = time.perf_counter() - mark
@@ -746,12 +645,19 @@ def audit_run(client: Any, run_id: int, archives: Iterable[str | Path] = (), fet
             elif commit.round != previous_round + 1:
                 replayer.drop()  # a round that was never committed: the state after it is unknown
                 verdict.notes.append(f"rounds {previous_round + 1}..{commit.round - 1} were never committed")
-        payloads = _check_contributions(verdict, record, sources, run.num_stages, valid, previous_block, run,
-                                        document)
+        payloads = _check_contributions(
+            verdict, record, sources, run.num_stages, valid, previous_block, run, document
+        )
         _replay_round(verdict, commit, replayer, payloads, replay)
         if commit.round in checkpoints:
-            ckpt = _check_checkpoint(report, checkpoints[commit.round], commit, sources,
-                                     replayer if replay else None, run.config_hash)
+            ckpt = _check_checkpoint(
+                report,
+                checkpoints[commit.round],
+                commit,
+                sources,
+                replayer if replay else None,
+                run.config_hash,
+            )
             if ckpt is not None and replayer is not None and replay and replayer.weights is None:
                 replayer.start_from_checkpoint(ckpt)  # the base for the rounds after a gap
         previous_block, previous_round = record.block_number, commit.round
@@ -793,40 +699,22 @@ class _ProgressBar:
             self.stream.flush()
 
 
-def _reader_client(args: Any) -> Any:
-    """A LedgerClient for the deployment named by --deployment or --registry/--ledger (read-only account)."""
-    from eth_account import Account
-
-    from ledger.chain import connect_rpc
-    from ledger.client import LedgerClient
-    from node.errors import ConfigError
-
-    registry, ledger = args.registry, args.ledger
-    if args.deployment:
-        try:
-            deployment = json.loads(Path(args.deployment).read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"--deployment {args.deployment}: cannot read it ({exc})") from None
-        registry = registry or deployment.get("registry", "")
-        ledger = ledger or deployment.get("ledger", "")
-    if not (registry and ledger):
-        raise ConfigError("the contract addresses are missing: pass --deployment deployment.json, or both "
-                          "--registry and --ledger")
-    w3 = connect_rpc(args.rpc, wait=10)
-    # An auditor only reads: a throwaway key, never funded, never used to send.
-    return LedgerClient(w3, Account.create(), registry, ledger)
-
-
 def run_audit(args: Any) -> int:
     """``dlx-node audit``: print per-round verdicts and the summary, write --json/--html, exit 0 or 8."""
     from node.pull import PeerFetcher
     from node.report import write_html, write_json
 
-    client = _reader_client(args)
+    client = reader_client(args)
     fetcher = PeerFetcher.start(args.bootstrap) if args.bootstrap else None
     try:
-        report = audit_run(client, args.run, archives=args.archive, fetcher=fetcher,
-                           replay=not args.no_replay, progress=_ProgressBar())
+        report = audit_run(
+            client,
+            args.run,
+            archives=args.archive,
+            fetcher=fetcher,
+            replay=not args.no_replay,
+            progress=_ProgressBar(),
+        )
     finally:
         if fetcher is not None:
             fetcher.close()
@@ -844,8 +732,10 @@ def run_audit(args: Any) -> int:
         write_html(report, args.html_out)
         print(f"HTML report: {args.html_out}")
     t = report.timings
-    print(f"chain part {t.get('chain_total_s', 0):.2f}s, rounds {t.get('rounds_s', 0):.2f}s"
-          + (f", replay {t['replay_mean_s_per_round']:.3f}s/round" if "replay_mean_s_per_round" in t else ""))
+    print(
+        f"chain part {t.get('chain_total_s', 0):.2f}s, rounds {t.get('rounds_s', 0):.2f}s"
+        + (f", replay {t['replay_mean_s_per_round']:.3f}s/round" if "replay_mean_s_per_round" in t else "")
+    )
     print(report.summary())
     if not report.ok:
         first, bad = report.first_bad_round, report.first_failure()

@@ -12,18 +12,23 @@ message names the hash expected and the hash received. The accepted weights
 are exported with :func:`training.export.export_hf` as a Hugging Face GPT-2
 directory with its byte-level tokenizer.
 
-:class:`PeerFetcher` is also the auditor's door to peers (:mod:`node.audit`).
+:class:`PeerFetcher`, :class:`ArchiveSource`, :class:`PeerSource` and
+:func:`first_good_copy` are how both commands get content-addressed bytes
+(checkpoints, and for :mod:`node.audit` run documents, contribution lists and
+envelopes) from local directories and peers without trusting either.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import shutil
 import tempfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from node.errors import DlxError, NodeError
 
@@ -73,9 +78,16 @@ class PeerFetcher:
         from p2p.identity import Identity
 
         workdir = Path(tempfile.mkdtemp(prefix="dlx-fetch-"))
-        host_ip = "127.0.0.1" if all(a.startswith(("/ip4/127.", "/dns4/localhost")) for a in bootstrap) else "0.0.0.0"
-        host = P2PHost.start(P2PConfig(listen_host=host_ip, listen_port=0, gossip_resync_interval=0),
-                             Identity.generate(), data_dir=workdir)
+        host_ip = (
+            "127.0.0.1"
+            if all(a.startswith(("/ip4/127.", "/dns4/localhost")) for a in bootstrap)
+            else "0.0.0.0"
+        )
+        host = P2PHost.start(
+            P2PConfig(listen_host=host_ip, listen_port=0, gossip_resync_interval=0),
+            Identity.generate(),
+            data_dir=workdir,
+        )
         peers = []
         for addr in bootstrap:
             try:
@@ -107,13 +119,17 @@ class PeerFetcher:
             except BlobNotFound:
                 providers: list[str] = []
                 try:
-                    providers = [p for p in self.host.find_providers(hash_hex, timeout=15)
-                                 if p not in self.bootstrap_peers]
+                    providers = [
+                        p
+                        for p in self.host.find_providers(hash_hex, timeout=15)
+                        if p not in self.bootstrap_peers
+                    ]
                 except P2PError as exc:
                     logger.debug("DHT lookup of %s failed: %s", hash_hex[:16], exc)
                 if not providers:
-                    raise BlobNotFound(f"blob {hash_hex[:16]}: no bootstrap peer holds it and the DHT knows no "
-                                       "provider") from None
+                    raise BlobNotFound(
+                        f"blob {hash_hex[:16]}: no bootstrap peer holds it and the DHT knows no provider"
+                    ) from None
                 logger.info("fetching %s from %d DHT provider(s)", hash_hex[:16], len(providers))
                 return self.host.fetch_blob(hash_hex, dest, providers=providers, timeout=timeout)
         finally:
@@ -168,11 +184,128 @@ class PeerFetcher:
                 close = msg.decode_payload(msg.CLOSE, env.payload)
             except (EnvelopeRejected, msg.ProtocolError):
                 continue
-            entries = sorted((env.stage, int(r), str(p), bytes(h).hex()) for r, p, h, _size in close.contributions)
+            entries = sorted(
+                (env.stage, int(r), str(p), bytes(h).hex()) for r, p, h, _size in close.contributions
+            )
             lists = out.setdefault(env.round, {}).setdefault(env.stage, [])
             if entries not in lists:
                 lists.append(entries)
         return out
+
+
+# ---------------------------------------------------------------------- evidence sources (the auditor's)
+class ArchiveSource:
+    """Evidence from a local directory: a node's data dir, its ``archive`` dir or a ``run-<id>`` dir.
+
+    Reads the layout of :mod:`node.archive` (run document, per-round ``round.json``
+    and ``<sha256>.env`` files) and checkpoints named ``round-XXXXXXXX.safetensors``
+    (in ``checkpoints/`` or the directory itself). Nothing read is trusted: the
+    auditor checks every byte against the chain.
+    """
+
+    def __init__(self, directory: str | Path, run_id: int) -> None:
+        self.root = Path(directory)
+        self.name = f"archive {self.root}"
+        candidates = [self.root / "archive" / f"run-{run_id}", self.root / f"run-{run_id}", self.root]
+        self.run_dir = next(
+            (c for c in candidates if (c / "run.json").exists() or any(c.glob("round-*/"))), None
+        )
+
+    def run_documents(self) -> list[bytes]:
+        if self.run_dir is None or not (self.run_dir / "run.json").exists():
+            return []
+        return [(self.run_dir / "run.json").read_bytes()]
+
+    def round_lists(self, round_index: int) -> list[list[tuple[int, int, str, str]]]:
+        """The archived contribution lists of ``round_index`` (0 or 1 list; entries (stage, replica, peer, hex))."""
+        if self.run_dir is None:
+            return []
+        path = self.run_dir / f"round-{round_index:08d}" / "round.json"
+        if not path.exists():
+            return []
+        try:
+            doc = json.loads(path.read_text())
+            entries = [(int(s), int(r), str(p), str(h).lower()) for s, r, p, h in doc["contributions"]]
+            if int(doc.get("round", round_index)) != round_index:
+                raise ValueError(f"it says round {doc.get('round')}")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning("%s: round %d manifest unreadable: %s", self.name, round_index, exc)
+            return []
+        return [entries]
+
+    def envelope(self, round_index: int, hash_hex: str) -> bytes | None:
+        if self.run_dir is None:
+            return None
+        path = self.run_dir / f"round-{round_index:08d}" / f"{hash_hex}.env"
+        try:
+            return path.read_bytes()
+        except OSError:
+            return None
+
+    def checkpoint(self, round_index: int, content_hash_hex: str) -> bytes | None:
+        for path in find_checkpoint_files([self.root], round_index, content_hash_hex):
+            try:
+                return path.read_bytes()
+            except OSError:
+                continue
+        return None
+
+
+class PeerSource:
+    """Evidence fetched over libp2p: blobs by hash, and round lists from the run's recent ``close`` gossip.
+
+    ``fetcher`` is a :class:`node.pull.PeerFetcher` already connected to peers.
+    Close messages are the coordinators' signed lists of what each stage
+    aggregated; peers keep only recent ones, so old rounds need archives.
+    """
+
+    def __init__(self, fetcher: Any, run_id: int) -> None:
+        self.fetcher = fetcher
+        self.run_id = run_id
+        self.name = "peers"
+        self._closes: dict[int, dict[int, list[list[tuple[int, int, str, str]]]]] | None = None
+
+    def run_documents(self) -> list[bytes]:
+        return []  # fetched by hash in _run_document (needs the chain's configHash)
+
+    def blob(self, hash_hex: str) -> bytes | None:
+        return self.fetcher.fetch(hash_hex)
+
+    def round_lists(self, round_index: int) -> list[list[tuple[int, int, str, str]]]:
+        if self._closes is None:
+            self._closes = self.fetcher.close_lists(self.run_id)
+        by_stage = self._closes.get(round_index, {})
+        return [entries for stage in sorted(by_stage) for entries in by_stage[stage]]
+
+    def envelope(self, round_index: int, hash_hex: str) -> bytes | None:
+        return self.fetcher.fetch(hash_hex)
+
+    def checkpoint(self, round_index: int, content_hash_hex: str) -> bytes | None:
+        return self.fetcher.fetch(content_hash_hex)
+
+
+@dataclass
+class EvidenceCopy:
+    data: bytes | None
+    bad: list[str]  # "<source>: bytes hash to <hex>"
+
+
+def first_good_copy(sources: list, getter: Callable[[Any], bytes | None], expected_hex: str) -> EvidenceCopy:
+    """The first copy among ``sources`` whose sha256 is ``expected_hex``, noting the corrupt ones."""
+    bad = []
+    for source in sources:
+        try:
+            data = getter(source)
+        except DlxError as exc:
+            logger.debug("%s: %s", source.name, exc)
+            data = None
+        if data is None:
+            continue
+        got = hashlib.sha256(data).hexdigest()
+        if got == expected_hex:
+            return EvidenceCopy(data, bad)
+        bad.append(f"{source.name}: bytes hash to {got}")
+    return EvidenceCopy(None, bad)
 
 
 # ---------------------------------------------------------------------- pulling
@@ -193,14 +326,18 @@ def _checkpoint_record(client: Any, run_id: int, round_index: int | None) -> tup
     if round_index is None or round_index < 0:
         record = client.latest_checkpoint(run_id)
         if record is None:
-            raise NoCheckpoint(f"run {run_id} has no published checkpoint yet: wait for the first checkpoint "
-                               "round (checkpoint_every) to be committed")
+            raise NoCheckpoint(
+                f"run {run_id} has no published checkpoint yet: wait for the first checkpoint "
+                "round (checkpoint_every) to be committed"
+            )
         return record.round, record.content_hash
     content_hash = client.checkpoint_of(run_id, round_index)
     if content_hash is None:
         published = sorted(c.round for c in client.history(run_id, with_registrations=False).checkpoints)
-        raise NoCheckpoint(f"run {run_id} has no checkpoint published for round {round_index}; published rounds: "
-                           f"{published or 'none'}")
+        raise NoCheckpoint(
+            f"run {run_id} has no checkpoint published for round {round_index}; published rounds: "
+            f"{published or 'none'}"
+        )
     return round_index, content_hash
 
 
@@ -213,31 +350,46 @@ def _verify(data: bytes, client: Any, run_id: int, round_index: int, content_has
 
     got = hashlib.sha256(data).hexdigest()
     if got != content_hash.hex():
-        raise PullRefused(f"checkpoint of round {round_index} from {source} refused: expected content hash "
-                          f"{content_hash.hex()} (on chain), got {got}")
+        raise PullRefused(
+            f"checkpoint of round {round_index} from {source} refused: expected content hash "
+            f"{content_hash.hex()} (on chain), got {got}"
+        )
     try:
         ckpt = parse_checkpoint(data, content_hash)
         run = client.run_info(run_id)
         model_cfg = ModelConfig(**ckpt.model_config)
         specs = split_stages(model_cfg.n_layer, run.num_stages)
-        hashes = [stage_weights_hash({n: ckpt.weights[n] for n in stage_param_names(model_cfg, spec)})
-                  for spec in specs]
+        hashes = [
+            stage_weights_hash({n: ckpt.weights[n] for n in stage_param_names(model_cfg, spec)})
+            for spec in specs
+        ]
     except (DlxError, KeyError, TypeError) as exc:
-        raise PullRefused(f"checkpoint {got[:16]} from {source} has the chain's content hash but is unusable: "
-                          f"{exc}") from None
+        raise PullRefused(
+            f"checkpoint {got[:16]} from {source} has the chain's content hash but is unusable: {exc}"
+        ) from None
     if (ckpt.run_id, ckpt.round, ckpt.config_hash) != (run_id, round_index, run.config_hash):
-        raise PullRefused(f"checkpoint {got[:16]} says run {ckpt.run_id} round {ckpt.round}, expected run {run_id} "
-                          f"round {round_index} with configHash {run.config_hash.hex()[:16]}")
+        raise PullRefused(
+            f"checkpoint {got[:16]} says run {ckpt.run_id} round {ckpt.round}, expected run {run_id} "
+            f"round {round_index} with configHash {run.config_hash.hex()[:16]}"
+        )
     commit = client.commit_of(run_id, round_index)
     if commit is None or weights_root(hashes) != commit.weights_root:
-        raise PullRefused(f"checkpoint {got[:16]}: its weights root {weights_root(hashes).hex()} is not the one "
-                          f"committed for round {round_index} "
-                          f"({commit.weights_root.hex() if commit else 'no commit'})")
+        raise PullRefused(
+            f"checkpoint {got[:16]}: its weights root {weights_root(hashes).hex()} is not the one "
+            f"committed for round {round_index} "
+            f"({commit.weights_root.hex() if commit else 'no commit'})"
+        )
     return ckpt, model_cfg
 
 
-def pull_checkpoint(client: Any, run_id: int, out_dir: str | Path, round_index: int | None = None,
-                    archives: Iterable[str | Path] = (), fetcher: PeerFetcher | None = None) -> PullResult:
+def pull_checkpoint(
+    client: Any,
+    run_id: int,
+    out_dir: str | Path,
+    round_index: int | None = None,
+    archives: Iterable[str | Path] = (),
+    fetcher: PeerFetcher | None = None,
+) -> PullResult:
     """Fetch, verify and export the checkpoint of ``round_index`` (None: the latest) of ``run_id``.
 
     Local ``archives`` are tried first, then peers. Raises :class:`PullRefused`
@@ -258,8 +410,11 @@ def pull_checkpoint(client: Any, run_id: int, out_dir: str | Path, round_index: 
     accepted = None
     for path in find_checkpoint_files(archives, round_index, expected):
         try:
-            accepted = (*_verify(path.read_bytes(), client, run_id, round_index, content_hash, str(path)), str(path),
-                        path.stat().st_size)
+            accepted = (
+                *_verify(path.read_bytes(), client, run_id, round_index, content_hash, str(path)),
+                str(path),
+                path.stat().st_size,
+            )
             break
         except PullRefused as exc:
             logger.warning("%s", exc)
@@ -271,9 +426,15 @@ def pull_checkpoint(client: Any, run_id: int, out_dir: str | Path, round_index: 
         try:
             dest = fetcher.fetch_to(expected, staging / f"{expected}.safetensors")
             data = dest.read_bytes()
-            accepted = (*_verify(data, client, run_id, round_index, content_hash, "peers"), "peers", len(data))
+            accepted = (
+                *_verify(data, client, run_id, round_index, content_hash, "peers"),
+                "peers",
+                len(data),
+            )
         except BlobHashMismatch as exc:
-            refusals.append(f"checkpoint of round {round_index} downloaded from peers refused and deleted: {exc}")
+            refusals.append(
+                f"checkpoint of round {round_index} downloaded from peers refused and deleted: {exc}"
+            )
         except PullRefused as exc:
             refusals.append(f"{exc} (download deleted)")
         except P2PError as exc:
@@ -285,37 +446,86 @@ def pull_checkpoint(client: Any, run_id: int, out_dir: str | Path, round_index: 
         if refusals:
             raise PullRefused("; ".join(refusals))
         where = "no --archive directory holds it" if fetcher is None else f"no peer served it ({fetch_error})"
-        raise NodeError(f"checkpoint {expected[:16]} of run {run_id} round {round_index}: {where}; pass "
-                        "--bootstrap with a node's multiaddr (status.json 'listen_addrs') or --archive")
+        raise NodeError(
+            f"checkpoint {expected[:16]} of run {run_id} round {round_index}: {where}; pass "
+            "--bootstrap with a node's multiaddr (status.json 'listen_addrs') or --archive"
+        )
     ckpt, model_cfg, source, size = accepted
     export_hf(ckpt.weights, model_cfg, out, overwrite=out.exists())
-    atomic_write_json(out / "dlx_provenance.json", {
-        "run_id": run_id, "round": round_index, "content_hash": expected, "chain_id": client.chain_id,
-        "ledger": client.ledger_address, "registry": client.registry_address, "config_hash": ckpt.config_hash.hex(),
-    })
-    logger.info("checkpoint of round %d (%s, %d bytes, from %s) exported to %s", round_index, expected[:16], size,
-                source, out)
+    atomic_write_json(
+        out / "dlx_provenance.json",
+        {
+            "run_id": run_id,
+            "round": round_index,
+            "content_hash": expected,
+            "chain_id": client.chain_id,
+            "ledger": client.ledger_address,
+            "registry": client.registry_address,
+            "config_hash": ckpt.config_hash.hex(),
+        },
+    )
+    logger.info(
+        "checkpoint of round %d (%s, %d bytes, from %s) exported to %s",
+        round_index,
+        expected[:16],
+        size,
+        source,
+        out,
+    )
     return PullResult(out, run_id, round_index, expected, source, size, model_cfg.block_size)
+
+
+def reader_client(args: Any) -> Any:
+    """A LedgerClient for the deployment named by --deployment or --registry/--ledger (read-only account)."""
+    from ledger.chain import connect_rpc
+    from ledger.client import LedgerClient
+    from node.errors import ConfigError
+
+    registry, ledger = args.registry, args.ledger
+    if args.deployment:
+        try:
+            deployment = json.loads(Path(args.deployment).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--deployment {args.deployment}: cannot read it ({exc})") from None
+        registry = registry or deployment.get("registry", "")
+        ledger = ledger or deployment.get("ledger", "")
+    if not (registry and ledger):
+        raise ConfigError(
+            "the contract addresses are missing: pass --deployment deployment.json, or both "
+            "--registry and --ledger"
+        )
+    w3 = connect_rpc(args.rpc, wait=10)
+    return LedgerClient(w3, None, registry, ledger)  # read-only: an auditor never sends a transaction
 
 
 def run_pull(args: Any) -> int:
     """``dlx-node pull``: exit 0 with the model written, 9 if only wrong bytes were offered."""
-    from node.audit import _reader_client
-
-    client = _reader_client(args)
+    client = reader_client(args)
     fetcher = PeerFetcher.start(args.bootstrap) if args.bootstrap else None
     try:
-        result = pull_checkpoint(client, args.run, args.out_dir, None if args.round < 0 else args.round,
-                                 archives=args.archive, fetcher=fetcher)
+        result = pull_checkpoint(
+            client,
+            args.run,
+            args.out_dir,
+            None if args.round < 0 else args.round,
+            archives=args.archive,
+            fetcher=fetcher,
+        )
     finally:
         if fetcher is not None:
             fetcher.close()
     out = str(result.out_dir)
-    print(f"verified checkpoint of run {result.run_id} round {result.round} (sha256 {result.content_hash}, "
-          f"{result.size} bytes, from {result.source}) -> {out}")
-    print(f'from transformers import AutoModelForCausalLM, AutoTokenizer; tok = AutoTokenizer.from_pretrained("{out}"); '
-          f'model = AutoModelForCausalLM.from_pretrained("{out}")')
+    print(
+        f"verified checkpoint of run {result.run_id} round {result.round} (sha256 {result.content_hash}, "
+        f"{result.size} bytes, from {result.source}) -> {out}"
+    )
+    print(
+        f'from transformers import AutoModelForCausalLM, AutoTokenizer; tok = AutoTokenizer.from_pretrained("{out}"); '
+        f'model = AutoModelForCausalLM.from_pretrained("{out}")'
+    )
     new_tokens = max(1, min(40, result.block_size - 8))  # prompt + new tokens must fit the context
-    print(f'print(tok.decode(model.generate(**tok("To be", return_tensors="pt"), max_new_tokens={new_tokens}, '
-          'do_sample=False)[0]))')
+    print(
+        f'print(tok.decode(model.generate(**tok("To be", return_tensors="pt"), max_new_tokens={new_tokens}, '
+        "do_sample=False)[0]))"
+    )
     return 0

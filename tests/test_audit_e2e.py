@@ -31,22 +31,35 @@ from node.pull import PeerFetcher, PullRefused, pull_checkpoint, run_pull
 from p2p.envelope import Envelope, decode_envelope
 from p2p.identity import Identity
 
-SETTINGS = ["model.preset=tiny", "diloco.inner_steps=4", "training.batch_size=4", "round_timeout=60",
-            "checkpoint_every=1", "rounds=3", "join_timeout=60"]
+SETTINGS = [
+    "model.preset=tiny",
+    "diloco.inner_steps=4",
+    "training.batch_size=4",
+    "round_timeout=60",
+    "checkpoint_every=1",
+    "rounds=3",
+    "join_timeout=60",
+]
 ROUNDS = 3
 BIG = 1 << 30
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    local = LocalRun(tmp_path_factory.mktemp("audit-run"), replicas=2, stages=2, split=False, settings=SETTINGS)
+    local = LocalRun(
+        tmp_path_factory.mktemp("audit-run"), replicas=2, stages=2, split=False, settings=SETTINGS
+    )
     try:
         local.setup()
         local.start()
         ok = local.wait(300)
-        logs = "\n".join(p.read_text(errors="replace")[-3000:] for s in local.nodes for p in s.data_dir.glob("*.log"))
+        logs = "\n".join(
+            p.read_text(errors="replace")[-3000:] for s in local.nodes for p in s.data_dir.glob("*.log")
+        )
         assert ok, logs
-        assert [c.commit.round for c in local.client().history(local.run_id).commits] == list(range(ROUNDS)), logs
+        assert [c.commit.round for c in local.client().history(local.run_id).commits] == list(
+            range(ROUNDS)
+        ), logs
         yield local
     finally:
         local.stop()
@@ -73,8 +86,12 @@ def _round_dir(node_dir: Path, run_id: int, round_index: int) -> Path:
 
 def _serve(tmp_path: Path, name: str, files: list[Path]):
     """A real libp2p host in its own process (``python -m p2p.serve``) providing ``files`` as blobs."""
-    proc = subprocess.Popen([sys.executable, "-m", "p2p.serve", "--data-dir", str(tmp_path / name),
-                             *map(str, files)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "p2p.serve", "--data-dir", str(tmp_path / name), *map(str, files)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     info = json.loads(proc.stdout.readline())
     return proc, info
 
@@ -129,9 +146,18 @@ def test_flipped_byte_in_one_contribution_fails_naming_its_round(run, client, tm
     failure = report.first_failure()
     assert victim.stem[:12] in failure.name and "hash to" in failure.reason
     # The CLI turns it into exit code 8 naming the round.
-    args = SimpleNamespace(rpc=run.url, run=run.run_id, deployment=str(run.workdir / "deployment.json"),
-                           registry="", ledger="", archive=[str(node_copy)], bootstrap=[], json_out="",
-                           html_out="", no_replay=False)
+    args = SimpleNamespace(
+        rpc=run.url,
+        run=run.run_id,
+        deployment=str(run.workdir / "deployment.json"),
+        registry="",
+        ledger="",
+        archive=[str(node_copy)],
+        bootstrap=[],
+        json_out="",
+        html_out="",
+        no_replay=False,
+    )
     with pytest.raises(AuditFailed, match="first bad round 1") as failed:
         run_audit(args)
     assert failed.value.exit_code == 8
@@ -170,11 +196,21 @@ def test_audit_over_libp2p_with_no_local_archive(run, client, tmp_path):
         for round_index in range(ROUNDS):
             manifest = json.loads((archive / f"round-{round_index:08d}" / "round.json").read_text())
             for stage in (0, 1):
-                entries = [[r, p, bytes.fromhex(h), 1] for s, r, p, h in manifest["contributions"] if s == stage]
+                entries = [
+                    [r, p, bytes.fromhex(h), 1] for s, r, p, h in manifest["contributions"] if s == stage
+                ]
                 for _r, _p, digest, _size in entries:
-                    peer.provide_blob(archive / f"round-{round_index:08d}" / f"{digest.hex()}.env", announce=False)
-                close = Envelope.create(peer.identity, run.run_id, round_index, msg.CLOSE,
-                                        msg.encode_payload(msg.Close(entries)), stage=stage)
+                    peer.provide_blob(
+                        archive / f"round-{round_index:08d}" / f"{digest.hex()}.env", announce=False
+                    )
+                close = Envelope.create(
+                    peer.identity,
+                    run.run_id,
+                    round_index,
+                    msg.CLOSE,
+                    msg.encode_payload(msg.Close(entries)),
+                    stage=stage,
+                )
                 peer.publish(run_topic(run.run_id), close.to_bytes())
         fetcher = PeerFetcher.start(peer.listen_addrs[:1])
         report = audit_run(client, run.run_id, fetcher=fetcher)
@@ -183,17 +219,33 @@ def test_audit_over_libp2p_with_no_local_archive(run, client, tmp_path):
             fetcher.close()
         peer.close()
     assert report.sources == ["peers"]
-    assert report.ok and report.counts()[UNVERIFIABLE] == 0, [c.line() for c in report.all_checks() if c.status != OK]
+    assert report.ok and report.counts()[UNVERIFIABLE] == 0, [
+        c.line() for c in report.all_checks() if c.status != OK
+    ]
 
 
 @pytest.mark.timeout(180)
 def test_cli_writes_json_and_an_html_report_chromium_renders(run, tmp_path):
     out_json, out_html = tmp_path / "audit.json", tmp_path / "audit.html"
-    cmd = [sys.executable, "-m", "node.cli", "audit", "--rpc", run.url, "--run", str(run.run_id),
-           "--deployment", str(run.workdir / "deployment.json"), "--json", str(out_json), "--html", str(out_html)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "node.cli",
+        "audit",
+        "--rpc",
+        run.url,
+        "--run",
+        str(run.run_id),
+        "--deployment",
+        str(run.workdir / "deployment.json"),
+        "--json",
+        str(out_json),
+        "--html",
+        str(out_html),
+    ]
     for archive in _archives(run):
         cmd += ["--archive", str(archive)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stdout + done.stderr
     for round_index in range(ROUNDS):
         assert f"round {round_index}: ok" in done.stdout
@@ -204,10 +256,22 @@ def test_cli_writes_json_and_an_html_report_chromium_renders(run, tmp_path):
     chromium = shutil.which("chromium")
     assert chromium, "Debian package 'chromium' is required (apt-get install -y chromium)"
     dom = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'chromium'}",
-         "--dump-dom", out_html.resolve().as_uri()],
-        capture_output=True, text=True, timeout=90,
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'chromium'}",
+            "--dump-dom",
+            out_html.resolve().as_uri(),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=90,
     ).stdout
     assert "Audit of run" in dom
     assert '<svg class="loss-curve"' in dom
@@ -231,29 +295,48 @@ def test_a_lying_commit_is_caught_naming_its_round(run, client, tmp_path):
     target = tmp_path / "liar" / "archive" / f"run-{run2}"
     target.mkdir(parents=True)
     shutil.copy(source / "run.json", target / "run.json")
-    liar = LedgerClient(client.w3, dev_account(run.nodes[0].account, client.chain_id), run.registry, run.ledger)
+    liar = LedgerClient(
+        client.w3, dev_account(run.nodes[0].account, client.chain_id), run.registry, run.ledger
+    )
     for record in history.commits:
         round_index = record.commit.round
         manifest = json.loads((source / f"round-{round_index:08d}" / "round.json").read_text())
         entries = []
         for stage, replica, peer_id, hash_hex in manifest["contributions"]:
             old = decode_envelope((source / f"round-{round_index:08d}" / f"{hash_hex}.env").read_bytes(), BIG)
-            new = Envelope.create(identities[peer_id], run2, round_index, old.kind, old.payload, stage=stage,
-                                  replica=replica, timestamp_ms=old.timestamp_ms).to_bytes()
+            new = Envelope.create(
+                identities[peer_id],
+                run2,
+                round_index,
+                old.kind,
+                old.payload,
+                stage=stage,
+                replica=replica,
+                timestamp_ms=old.timestamp_ms,
+            ).to_bytes()
             digest = hashlib.sha256(new).hexdigest()
             (target / f"round-{round_index:08d}").mkdir(exist_ok=True)
             (target / f"round-{round_index:08d}" / f"{digest}.env").write_bytes(new)
             entries.append([stage, replica, peer_id, digest])
         entries.sort()
         (target / f"round-{round_index:08d}" / "round.json").write_text(
-            json.dumps({"round": round_index, "contributions": entries}))
+            json.dumps({"round": round_index, "contributions": entries})
+        )
         weights_root = record.commit.weights_root
         if round_index == 1:
             weights_root = hashlib.sha256(b"what the liar wants the model to be").digest()
-        liar.commit_round(RoundCommit(
-            run2, round_index, weights_root, merkle_root([bytes.fromhex(e[3]) for e in entries]),
-            record.commit.train_loss_micro, record.commit.eval_loss_micro, record.commit.tokens,
-            record.commit.num_contributors))
+        liar.commit_round(
+            RoundCommit(
+                run2,
+                round_index,
+                weights_root,
+                merkle_root([bytes.fromhex(e[3]) for e in entries]),
+                record.commit.train_loss_micro,
+                record.commit.eval_loss_micro,
+                record.commit.tokens,
+                record.commit.num_contributors,
+            )
+        )
 
     report = audit_run(client, run2, archives=[tmp_path / "liar"])
     assert not report.ok
@@ -278,7 +361,11 @@ def test_pull_from_peers_gives_a_transformers_model_with_our_logits(run, client,
     latest = client.latest_checkpoint(run.run_id)
     files = [s.data_dir / "checkpoints" / f"round-{latest.round:08d}.safetensors" for s in run.nodes]
     # Two providers of the checkpoint and one bootstrap peer without it: the download still succeeds.
-    servers = [_serve(tmp_path, "p0", files[:1]), _serve(tmp_path, "p1", files[1:]), _serve(tmp_path, "p2", [])]
+    servers = [
+        _serve(tmp_path, "p0", files[:1]),
+        _serve(tmp_path, "p1", files[1:]),
+        _serve(tmp_path, "p2", []),
+    ]
     fetcher = None
     try:
         fetcher = PeerFetcher.start([info["listen_addrs"][0] for _proc, info in servers])
@@ -289,7 +376,11 @@ def test_pull_from_peers_gives_a_transformers_model_with_our_logits(run, client,
             fetcher.close()
         for proc, _info in servers:
             _stop(proc)
-    assert (result.round, result.content_hash, result.source) == (latest.round, latest.content_hash.hex(), "peers")
+    assert (result.round, result.content_hash, result.source) == (
+        latest.round,
+        latest.content_hash.hex(),
+        "peers",
+    )
     assert json.loads((out / "dlx_provenance.json").read_text())["content_hash"] == latest.content_hash.hex()
 
     tokenizer = AutoTokenizer.from_pretrained(out)
@@ -345,9 +436,17 @@ def test_pull_refuses_a_tampered_checkpoint(run, client, tmp_path, capsys):
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
 
     # The CLI with an intact archive: exit 0 and the two lines an agent developer pastes.
-    args = SimpleNamespace(rpc=run.url, run=run.run_id, deployment=str(run.workdir / "deployment.json"),
-                           registry="", ledger="", archive=[str(tampered_dir), str(run.nodes[1].data_dir)],
-                           bootstrap=[], round=-1, out_dir=str(out))
+    args = SimpleNamespace(
+        rpc=run.url,
+        run=run.run_id,
+        deployment=str(run.workdir / "deployment.json"),
+        registry="",
+        ledger="",
+        archive=[str(tampered_dir), str(run.nodes[1].data_dir)],
+        bootstrap=[],
+        round=-1,
+        out_dir=str(out),
+    )
     assert run_pull(args) == 0
     printed = capsys.readouterr().out.splitlines()
     assert any("AutoModelForCausalLM.from_pretrained" in line for line in printed)
