@@ -35,6 +35,7 @@ from node.errors import DlxError, NodeError
 logger = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_S = 300.0
+MAX_DHT_MISSES = 3
 
 
 class PullRefused(DlxError):
@@ -68,6 +69,7 @@ class PeerFetcher:
         self.workdir = workdir
         self.bootstrap_peers = bootstrap_peers
         self.errors: dict[str, str] = {}  # hash -> why the last fetch failed
+        self.dht_misses = 0  # consecutive DHT lookups that found nobody
 
     @classmethod
     def start(cls, bootstrap: list[str], connect_timeout: float = 10.0) -> PeerFetcher:
@@ -107,7 +109,9 @@ class PeerFetcher:
 
         Every bootstrap peer that holds the blob serves ranges of it in parallel;
         only if none holds it are providers looked up on the DHT (a lookup costs
-        seconds, a bootstrap peer's answer milliseconds).
+        seconds, a bootstrap peer's answer milliseconds). After
+        ``MAX_DHT_MISSES`` lookups in a row found nobody, the DHT is not asked
+        again: an audit of a long, pruned history must not spend seconds per blob.
         """
         from p2p.errors import BlobNotFound, P2PError
 
@@ -118,6 +122,8 @@ class PeerFetcher:
                 return self.host.fetch_blob(hash_hex, dest, providers=self.bootstrap_peers, timeout=timeout)
             except BlobNotFound:
                 providers: list[str] = []
+                if self.dht_misses >= MAX_DHT_MISSES:
+                    raise BlobNotFound(f"blob {hash_hex[:16]}: no bootstrap peer holds it") from None
                 try:
                     providers = [
                         p
@@ -126,6 +132,7 @@ class PeerFetcher:
                     ]
                 except P2PError as exc:
                     logger.debug("DHT lookup of %s failed: %s", hash_hex[:16], exc)
+                self.dht_misses = 0 if providers else self.dht_misses + 1
                 if not providers:
                     raise BlobNotFound(
                         f"blob {hash_hex[:16]}: no bootstrap peer holds it and the DHT knows no provider"
