@@ -48,7 +48,7 @@ class NodeChain:
             raise ConfigError("ledger.backend='pyevm' is in-process only: a node process needs "
                               "ledger.backend='rpc' (or 'anvil') to share the chain with its peers")
         account = load_account(lc, w3.eth.chain_id)
-        client = LedgerClient(w3, account, lc.registry_address, lc.ledger_address)
+        client = LedgerClient.from_config(w3, account, lc)
         return cls(client, anvil)
 
     @property

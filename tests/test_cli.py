@@ -31,3 +31,79 @@ def test_start_with_bad_value_is_a_config_error(tmp_path):
     proc = run_cli("start", "--config", str(tmp_path / "node.toml"))
     assert proc.returncode == 2
     assert "diloco.inner_steps=-1" in proc.stderr
+
+
+# ---------------------------------------------------------------------- errors against a real chain
+import socket  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    """A real anvil with the contracts and a run, node configs written, no node started."""
+    from node.launcher import LocalRun
+
+    run = LocalRun(tmp_path_factory.mktemp("cli-run"), replicas=2, stages=2, split=False,
+                   settings=["model.preset=tiny", "rounds=1"])
+    run.setup()
+    yield run
+    run.stop()
+
+
+def _one_line_error(proc, code, *needles):
+    assert proc.returncode == code, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("dlx-node start: error:"), proc.stderr
+    for needle in needles:
+        assert needle in lines[-1], lines[-1]
+
+
+def test_unreachable_rpc_exits_5(deployed):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    proc = run_cli("start", "--config", str(deployed.nodes[0].config_path), "--set",
+                   f"ledger.rpc_url=http://127.0.0.1:{closed}", "--set", "ledger.request_timeout=1")
+    _one_line_error(proc, 5, f"127.0.0.1:{closed}")
+
+
+def test_settings_that_differ_from_the_run_exit_2(deployed):
+    proc = run_cli("start", "--config", str(deployed.nodes[0].config_path), "--set", "diloco.outer_lr=0.5")
+    _one_line_error(proc, 2, "configHash", "use exactly the run's")
+
+
+def test_key_registered_to_another_node_exits_6(deployed):
+    from ledger.account import dev_account
+    from ledger.client import LedgerClient, binding_message
+    from ledger.chain import connect_rpc
+    from p2p.identity import Identity
+
+    slot = deployed.nodes[1]
+    w3 = connect_rpc(deployed.url, wait=5)
+    account = dev_account(slot.account, w3.eth.chain_id)
+    client = LedgerClient(w3, account, deployed.registry, deployed.ledger)
+    other = Identity.generate()
+    client.register(other.public_key_bytes,
+                    other.sign(binding_message(w3.eth.chain_id, deployed.registry, account.address)))
+    proc = run_cli("start", "--config", str(slot.config_path))
+    _one_line_error(proc, 6, "registered with another node key")
+
+
+def test_busy_port_exits_7(deployed):
+    slot = deployed.nodes[0]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", slot.listen_port))
+        s.listen()
+        proc = run_cli("start", "--config", str(slot.config_path))
+    _one_line_error(proc, 7, f"p2p.listen_port={slot.listen_port}", "already in use")
+
+
+def test_corrupt_state_file_exits_4_and_is_left_untouched(deployed):
+    slot = deployed.nodes[0]
+    state = slot.data_dir / "state.json"
+    state.write_text('{"run_id": 1, "last_contr')
+    proc = run_cli("start", "--config", str(slot.config_path))
+    _one_line_error(proc, 4, "state.json", "corrupt")
+    assert state.read_text() == '{"run_id": 1, "last_contr'
+    state.unlink()

@@ -1,0 +1,157 @@
+"""Unit tests of node/'s pure pieces: topology, payloads, archive, checkpoints, round book."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+
+import msgpack
+import pytest
+import torch
+
+from node import protocol as msg
+from node.archive import Archive, ArchivedContribution
+from node.checkpoint import Checkpoint, merge_shards, parse_checkpoint, read_checkpoint, write_checkpoint
+from node.config import load_config
+from node.errors import ConfigError, NodeError, StateError
+from node.roundbook import Announced, RoundBook
+from node.runconfig import canonical_json, config_hash, parse_run_document, run_document
+from node.topology import Declaration, assign_stages, canonical_order, committer_order
+
+
+# ---------------------------------------------------------------- topology
+def test_single_node_clusters_hold_every_stage_and_are_numbered_by_name():
+    decls = [Declaration("peerB", "zeta", 1), Declaration("peerA", "alpha", 1)]
+    placed = assign_stages(decls, num_stages=3)
+    assert placed["peerA"].replica == 0 and placed["peerB"].replica == 1
+    assert placed["peerA"].stages == (0, 1, 2) and placed["peerA"].rank == 0
+
+
+def test_split_cluster_members_take_stages_by_peer_id_and_incomplete_clusters_wait():
+    decls = [Declaration("p2", "c0", 2), Declaration("p1", "c0", 2), Declaration("q1", "c1", 2)]
+    placed = assign_stages(decls, num_stages=2)
+    assert placed["p1"].stages == (0,) and placed["p2"].stages == (1,) and placed["p2"].rank == 1
+    assert "q1" not in placed  # its cluster declared 2 members, only one is here
+    # Members disagreeing on the cluster size never get a slot.
+    assert "x1" not in assign_stages([Declaration("x1", "c", 1), Declaration("x2", "c", 2)], 2)
+    with pytest.raises(NodeError, match="num_stages=0"):
+        assign_stages(decls, 0)
+
+
+def test_assignment_is_the_same_whatever_order_peers_learn_it_in():
+    decls = [Declaration(f"p{i}", f"c{i % 3}", 1 if i % 3 else 2) for i in range(7)]
+    assert assign_stages(decls, 2) == assign_stages(list(reversed(decls)), 2)
+
+
+def test_committer_rotation_is_deterministic_and_rotates():
+    peers = ["a", "b", "c", "d"]
+    assert committer_order(5, peers) == committer_order(5, list(reversed(peers)))
+    assert sorted(committer_order(5, peers)) == peers
+    firsts = {committer_order(r, peers)[0] for r in range(40)}
+    assert len(firsts) > 1
+    assert committer_order(0, []) == []
+    assert canonical_order([(1, 0, "b", b"x"), (0, 1, "a", b"y"), (0, 0, "z", b"z")])[0] == (0, 0, "z", b"z")
+
+
+# ---------------------------------------------------------------- payloads
+def test_payloads_round_trip_and_reject_malformed_input():
+    hello = msg.Hello("c0", 1, b"\x01" * 20, ["/ip4/127.0.0.1/tcp/1"], 3, 2)
+    assert msg.decode_payload(msg.HELLO, msg.encode_payload(hello)) == hello
+    close = msg.Close([[0, "peer", b"\x02" * 32, 10]])
+    assert msg.decode_payload(msg.CLOSE, msg.encode_payload(close)) == close
+    bad = [
+        (msg.HELLO, msgpack.packb({"cluster": "c"})),  # missing keys
+        (msg.HELLO, msg.encode_payload(msg.Hello("c0", 1, b"\x01" * 19, [], 0, 0))),  # short account
+        (msg.ANNOUNCE, msgpack.packb({"envelope_hash": b"x", "size": 1})),  # short hash
+        (msg.ANNOUNCE, msgpack.packb({"envelope_hash": "str", "size": 1})),  # wrong type
+        (msg.CLOSE, msgpack.packb({"contributions": [[0, "p", b"\x00" * 32]]})),  # short entry
+        (msg.ATTESTATION, b"\xc1"),  # not msgpack
+        (msg.ANNOUNCE, b"\x00" * (msg.MAX_GOSSIP_PAYLOAD + 1)),  # oversized
+        ("contribution", b""),  # not a gossip kind
+    ]
+    for kind, data in bad:
+        with pytest.raises(msg.ProtocolError):
+            msg.decode_payload(kind, data)
+
+
+# ---------------------------------------------------------------- archive
+def test_archive_seals_rounds_canonically_drops_late_envelopes_and_prunes(tmp_path):
+    archive = Archive(tmp_path, run_id=7)
+    e1, e2, late = b"envelope-1", b"envelope-2", b"late"
+    h1, h2 = archive.put(0, e1), archive.put(0, e2)
+    archive.put(0, late)
+    assert archive.put(0, e1) == h1 == hashlib.sha256(e1).digest()  # idempotent
+    archive.seal_round(0, [ArchivedContribution(1, 0, "p", h2), ArchivedContribution(0, 1, "q", h1)])
+    sealed = archive.sealed(0)
+    assert [c.stage for c in sealed] == [0, 1]
+    assert archive.get(0, h1) == e1 and archive.find(h2) is not None
+    with pytest.raises(StateError):
+        archive.get(0, hashlib.sha256(late).digest())  # not aggregated: dropped at sealing
+    with pytest.raises(StateError, match="missing"):
+        archive.seal_round(1, [ArchivedContribution(0, 0, "p", b"\x00" * 32)])
+    for r in (1, 2, 3):
+        archive.seal_round(r, [ArchivedContribution(0, 0, "p", archive.put(r, b"e%d" % r))])
+    assert archive.prune(2) == [0, 1] and archive.rounds() == [2, 3]
+    (archive.dir / "round-00000003" / "round.json").write_text("{not json")
+    with pytest.raises(StateError, match="corrupt"):
+        archive.sealed(3)
+
+
+# ---------------------------------------------------------------- checkpoints
+def _ckpt(round_index: int, stage: int, value: float) -> Checkpoint:
+    names = {0: ["transformer.wte.weight"], 1: ["lm_head.weight"]}[stage]
+    weights = {n: torch.full((3, 2), value) for n in names}
+    return Checkpoint(1, round_index, {"preset": "tiny"}, b"\x07" * 32, {stage: bytes([stage]) * 32}, weights,
+                      {n: torch.zeros(3, 2) for n in names})
+
+
+def test_checkpoint_bytes_are_deterministic_and_verified(tmp_path):
+    full = merge_shards([_ckpt(4, 0, 1.0), _ckpt(4, 1, 2.0)])
+    assert full.to_bytes() == merge_shards([_ckpt(4, 1, 2.0), _ckpt(4, 0, 1.0)]).to_bytes()
+    path = tmp_path / "c.safetensors"
+    digest = write_checkpoint(path, full)
+    again = read_checkpoint(path, digest)
+    assert again.round == 4 and set(again.stage_hashes) == {0, 1}
+    assert torch.equal(again.weights["lm_head.weight"], torch.full((3, 2), 2.0))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    with pytest.raises(StateError, match="content hash mismatch"):
+        parse_checkpoint(bytes(data), digest)
+    with pytest.raises(StateError, match="not a valid safetensors"):
+        parse_checkpoint(b"garbage")
+    with pytest.raises(StateError, match="disagree"):
+        merge_shards([_ckpt(4, 0, 1.0), _ckpt(5, 1, 2.0)])
+    with pytest.raises(StateError, match="lacks"):
+        again.stage_state(["transformer.h.0.ln_1.weight"])
+
+
+# ---------------------------------------------------------------- round book
+def test_round_book_wait_wakes_on_new_messages():
+    book = RoundBook()
+    item = Announced("p", 0, b"\x01" * 32, 5)
+    threading.Timer(0.2, book.add_announce, args=(3, 0, item)).start()
+    started = time.monotonic()
+    got = book.wait_for(lambda: book.snapshot_announces(3, 0) or None, timeout=5)
+    assert got == {"p": item} and time.monotonic() - started < 2
+    assert book.wait_for(lambda: None, timeout=0.2) is None
+    book.forget_before(4)
+    assert book.snapshot_announces(3, 0) == {}
+
+
+# ---------------------------------------------------------------- run document
+def test_run_document_pins_the_math_not_the_node(tmp_path):
+    a = run_document(load_config(None, ["p2p.listen_port=4001", "data_dir=/x"]))
+    b = run_document(load_config(None, ["p2p.listen_port=5001", "data_dir=/y", "round_timeout=9"]))
+    c = run_document(load_config(None, ["diloco.outer_lr=0.5"]))
+    assert config_hash(a) == config_hash(b) != config_hash(c)
+    data = canonical_json(a)
+    assert parse_run_document(data, config_hash(a)) == a
+    with pytest.raises(ConfigError, match="does not match"):
+        parse_run_document(data, config_hash(c))
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello " * 1000)
+    d = run_document(load_config(None, [f"training.data_path={text}"]))
+    assert d["training"]["data_sha256"] == hashlib.sha256(text.read_bytes()).hexdigest()
+    with pytest.raises(ConfigError, match="cannot read"):
+        run_document(load_config(None, [f"training.data_path={tmp_path / 'missing.txt'}"]))
