@@ -26,13 +26,18 @@ from dataclasses import dataclass
 import libp2p.pubsub.pubsub as _pubsub_module
 import libp2p.pubsub.rpc_queue as _rpc_queue_module
 from libp2p.custom_types import TProtocol
-from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 
 SYNC_PROTOCOL = TProtocol("/dlx/sync/1.0.0")
 SYNC_MAX_RESPONSE_BYTES = 16 << 20
 GOSSIP_RPC_LIMIT = 1 << 20  # py-libp2p's inbound RPC cap: larger RPCs are dropped
 GOSSIP_RPC_OVERHEAD = 16 << 10  # protobuf framing, from/seqno/signature/key, topic name
 
+
+#: Gossipsub v1.1 and v1.0 only. v1.2 adds IDONTWANT, which py-libp2p 0.8.1 sends to every
+#: mesh peer for every message (go-libp2p: only above 1 KiB); for small round messages that
+#: doubled the RPCs per message and, on 2 loaded cores, multiplied gossip latency.
+GOSSIP_PROTOCOLS = (PROTOCOL_ID_V11, PROTOCOL_ID)
 
 #: Queue depths py-libp2p hard-codes at 32 (per-peer outbound RPCs, per-subscription
 #: deliveries) and drops beyond, silently. A burst of 60 envelopes lost half of them.
@@ -54,7 +59,7 @@ _raise_pubsub_queue_depths()
 
 
 def build_gossipsub(heartbeat: float, max_msgs_per_sec: float, degree: int = 6) -> GossipSub:
-    """Gossipsub v1.2/1.1/1.0 tuned for a few dozen peers exchanging round messages.
+    """Gossipsub v1.1/1.0 tuned for a few dozen peers exchanging round messages.
 
     Adaptive gossip is off because it rewrites the heartbeat to >= 30 s when it
     judges the network unhealthy (a small test network always looks unhealthy);
@@ -62,7 +67,7 @@ def build_gossipsub(heartbeat: float, max_msgs_per_sec: float, degree: int = 6) 
     which a single-machine or single-LAN cluster never has.
     """
     return GossipSub(
-        protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID],
+        protocols=list(GOSSIP_PROTOCOLS),
         degree=degree,
         degree_low=max(1, degree - 2),
         degree_high=degree * 2,

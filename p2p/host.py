@@ -51,7 +51,7 @@ from p2p.gossip import (
 )
 from p2p.identity import Identity
 from p2p.ratelimit import PeerRateLimiter
-from p2p.transport import build_libp2p_host, start_mdns
+from p2p.transport import build_libp2p_host, close_leftover_tcp_streams, start_mdns
 from p2p.wire import ProtocolViolation, field as frame_field, read_frame, write_frame
 
 logger = logging.getLogger(__name__)
@@ -230,6 +230,7 @@ class P2PHost:
                     await self._run_blocking(mdns.stop)
                 with trio.move_on_after(5):
                     await self._libp2p.close()
+                await close_leftover_tcp_streams()
             self._pubsub.seen_messages.stop()  # py-libp2p never stops this cache's sweeper thread
 
     def close(self, timeout: float = 10.0) -> None:

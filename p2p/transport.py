@@ -15,14 +15,20 @@ import logging
 import socket
 import struct
 import threading
+import weakref
 from typing import Any
+
+import trio
 
 from libp2p import new_host
 from libp2p.abc import IHost
 from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.io.trio import TrioTCPStream
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
+import libp2p.stream_muxer.yamux.yamux as _yamux_module
+from libp2p.security.noise.io import MAX_PLAINTEXT_LENGTH as _NOISE_MAX_PLAINTEXT
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.transport.tcp.tcp import TCP
@@ -36,6 +42,69 @@ logger = logging.getLogger(__name__)
 SECURITY_PROTOCOLS = (str(NOISE_PROTOCOL_ID),)
 #: The only stream muxer offered or accepted.
 MUXER_PROTOCOLS = (str(YAMUX_PROTOCOL_ID),)
+
+
+def _fit_yamux_frames_in_noise_frames() -> None:
+    """Make each outgoing yamux data frame (12-byte header + payload) fit one Noise message.
+
+    py-libp2p 0.8.1 sends 64 KiB + 12 byte yamux frames over Noise, whose
+    messages carry at most 65519 plaintext bytes, so every frame became a full
+    Noise message plus a 29-byte one: twice the per-message work (syscalls,
+    AEAD calls, Python frames) on both ends. Only the sender's slicing changes,
+    so peers running any yamux implementation are unaffected.
+    """
+    if _yamux_module.MAX_MESSAGE_SIZE > _NOISE_MAX_PLAINTEXT:
+        _yamux_module.MAX_MESSAGE_SIZE = _NOISE_MAX_PLAINTEXT
+
+
+_fit_yamux_frames_in_noise_frames()
+
+
+# TCP streams per trio thread (one host per thread), so a host can close what py-libp2p forgot.
+_TCP_STREAMS: dict[int, weakref.WeakSet[TrioTCPStream]] = {}
+_TCP_STREAMS_LOCK = threading.Lock()
+
+
+def _track_tcp_streams() -> None:
+    """Record every TCP stream py-libp2p wraps, per thread.
+
+    Under load, py-libp2p 0.8.1 sometimes drops a connection (seen after
+    simultaneous dials and during shutdown) without closing its socket, which
+    then lingers in CLOSE_WAIT after ``host.close()``.
+    """
+    original_init = TrioTCPStream.__init__
+    if getattr(original_init, "_dlx_tracked", False):
+        return
+
+    def init(self: TrioTCPStream, stream: Any) -> None:
+        original_init(self, stream)
+        with _TCP_STREAMS_LOCK:
+            _TCP_STREAMS.setdefault(threading.get_ident(), weakref.WeakSet()).add(self)
+
+    init._dlx_tracked = True  # type: ignore[attr-defined]
+    TrioTCPStream.__init__ = init  # type: ignore[method-assign]
+
+
+_track_tcp_streams()
+
+
+async def close_leftover_tcp_streams() -> int:
+    """Close TCP sockets of this thread's host that are still open; call after the host closed."""
+    with _TCP_STREAMS_LOCK:
+        streams = list(_TCP_STREAMS.pop(threading.get_ident(), ()))
+    closed = 0
+    for stream in streams:
+        if stream.stream.socket.fileno() == -1:
+            continue
+        closed += 1
+        with trio.move_on_after(1):
+            try:
+                await stream.close()
+            except Exception:  # already broken: the socket is released either way
+                pass
+    if closed:
+        logger.debug("closed %d TCP sockets py-libp2p left open", closed)
+    return closed
 
 
 def build_libp2p_host(identity: Identity) -> IHost:

@@ -1,0 +1,237 @@
+"""Benchmark of the p2p layer on loopback; writes bench/results/p2p.json.
+
+Measures (issue 3):
+- blob throughput between two processes (``python -m p2p.serve`` provider, fetcher here),
+  uncapped and with the per-peer rate cap at 1 Gbps and 100 Mbps (achieved vs cap);
+- CPU seconds per 100 MB on each side (uncapped run);
+- gossip latency p50/p99 across 5 hosts, each in its own process;
+- resident memory of an idle host process.
+
+Usage: python bench/bench_p2p.py [--size-mb 100] [--repeats 3] [--messages 200]
+The machine is shared: every figure is the median of ``--repeats`` runs, and the
+load average at the start is recorded next to them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from p2p.config import P2PConfig  # noqa: E402
+from p2p.host import P2PHost  # noqa: E402
+from p2p.identity import Identity  # noqa: E402
+
+GOSSIP_TOPIC = "bench/gossip"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of a live process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def start_provider(path: Path, data_dir: Path, rate_limit_bps: float = 0.0) -> tuple[subprocess.Popen, dict]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "p2p.serve", str(path), "--data-dir", str(data_dir),
+         "--rate-limit-bps", str(rate_limit_bps)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    return process, json.loads(process.stdout.readline())
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.stdin.close()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def blob_run(blob: Path, work: Path, rate_limit_bps: float) -> dict:
+    """One transfer of ``blob`` from a provider process to a host in this process."""
+    provider, info = start_provider(blob, work / "provider", rate_limit_bps)
+    try:
+        config = P2PConfig(rate_limit_bps=rate_limit_bps, transfer_timeout=600)
+        with P2PHost.start(config, Identity.generate(), data_dir=work / "fetcher") as fetcher:
+            fetcher.connect(info["listen_addrs"][0])
+            sha = info["blobs"][str(blob)]
+            server_cpu0 = process_cpu_seconds(provider.pid)
+            client_cpu0 = time.process_time()
+            start = time.monotonic()
+            out = fetcher.fetch_blob(sha, work / "out.bin", providers=[info["peer_id"]])
+            elapsed = time.monotonic() - start
+            client_cpu = time.process_time() - client_cpu0
+            server_cpu = process_cpu_seconds(provider.pid) - server_cpu0
+            size = out.stat().st_size
+            fetcher.remove_blob(sha)
+            out.unlink()
+    finally:
+        stop(provider)
+        for leftover in (work / "provider" / "blobs").glob("*"):
+            if leftover.is_file():
+                leftover.unlink()
+    return {
+        "bytes": size,
+        "seconds": elapsed,
+        "mb_per_s": size / elapsed / 1e6,
+        "fetcher_cpu_s_per_100mb": client_cpu * 100e6 / size,
+        "provider_cpu_s_per_100mb": server_cpu * 100e6 / size,
+    }
+
+
+def bench_blobs(size_mb: int, repeats: int, work: Path) -> dict:
+    blob = work / "blob.bin"
+    with open(blob, "wb") as handle:
+        for _ in range(size_mb):
+            handle.write(os.urandom(1 << 20))
+    results = {}
+    for label, cap in (("uncapped", 0.0), ("cap_1gbps", 125e6), ("cap_100mbps", 12.5e6)):
+        runs = [blob_run(blob, work, cap) for _ in range(repeats if cap != 12.5e6 else 1)]
+        summary = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+        summary["runs_mb_per_s"] = [round(r["mb_per_s"], 1) for r in runs]
+        if cap:
+            summary["cap_mb_per_s"] = cap / 1e6
+            summary["achieved_fraction_of_cap"] = summary["mb_per_s"] / (cap / 1e6)
+        results[label] = summary
+        print(f"blob {label}: {summary['mb_per_s']:.1f} MB/s (runs {summary['runs_mb_per_s']}), "
+              f"cpu/100MB fetcher {summary['fetcher_cpu_s_per_100mb']:.2f} s, "
+              f"provider {summary['provider_cpu_s_per_100mb']:.2f} s", flush=True)
+    blob.unlink()
+    return results
+
+
+def gossip_peer(bootstrap: str, expected: int, hosts: int) -> None:
+    """Child process: one host that records (receive time - send time) of each bench message."""
+    with P2PHost.start(P2PConfig(bootstrap=[bootstrap], gossip_resync_interval=0), Identity.generate(),
+                       data_dir=tempfile.mkdtemp(prefix="bench-gossip-")) as host:
+        messages = host.subscribe(GOSSIP_TOPIC)
+        deadline = time.monotonic() + 60  # ready = connected to every host and seeing their subscriptions
+        while time.monotonic() < deadline and (
+            len(host.peers()) < hosts - 1 or len(host.topic_peers(GOSSIP_TOPIC)) < hosts - 1
+        ):
+            time.sleep(0.1)
+        print(json.dumps({"ready": host.peer_id, "peers": len(host.peers())}), flush=True)
+        latencies = []
+        deadline = time.monotonic() + 120
+        while len(latencies) < expected and time.monotonic() < deadline:
+            try:
+                data, _ = messages.get(timeout=1)
+            except Exception:  # queue.Empty: keep waiting until the deadline
+                continue
+            sent = json.loads(data)["sent"]
+            latencies.append(time.time() - sent)
+        print(json.dumps({"latencies": latencies}), flush=True)
+
+
+def bench_gossip(messages: int, rate_per_s: float, hosts: int = 5) -> dict:
+    with P2PHost.start(P2PConfig(gossip_resync_interval=0), Identity.generate(),
+                       data_dir=tempfile.mkdtemp(prefix="bench-gossip-")) as publisher:
+        publisher.subscribe(GOSSIP_TOPIC)
+        children = [
+            subprocess.Popen([sys.executable, __file__, "--gossip-peer", publisher.listen_addrs[0],
+                              "--messages", str(messages), "--hosts", str(hosts)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+            for _ in range(hosts - 1)
+        ]
+        for child in children:
+            json.loads(child.stdout.readline())
+        deadline = time.monotonic() + 30
+        while len(publisher.topic_peers(GOSSIP_TOPIC)) < hosts - 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(3)  # a few 1 s heartbeats for the mesh to settle after the last connection
+        for index in range(messages):
+            payload = json.dumps({"sent": time.time(), "index": index, "pad": "x" * 200}).encode()
+            publisher.publish(GOSSIP_TOPIC, payload)
+            time.sleep(1 / rate_per_s)
+        latencies: list[float] = []
+        for child in children:
+            latencies += json.loads(child.stdout.readline())["latencies"]
+            child.wait(timeout=30)
+    latencies.sort()
+    expected = messages * (hosts - 1)
+    quantile = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
+    result = {
+        "hosts": hosts,
+        "messages": messages,
+        "publish_rate_per_s": rate_per_s,
+        "delivered_fraction": len(latencies) / expected,
+        "latency_ms_p50": quantile(0.50),
+        "latency_ms_p99": quantile(0.99),
+        "latency_ms_max": latencies[-1] * 1000,
+    }
+    print(f"gossip {hosts} hosts: p50 {result['latency_ms_p50']:.1f} ms, p99 {result['latency_ms_p99']:.1f} ms, "
+          f"delivered {result['delivered_fraction']:.3f}", flush=True)
+    return result
+
+
+def bench_idle_memory() -> dict:
+    """RSS of a ``python -m p2p.serve`` host with no blobs, after 5 s idle, vs a bare interpreter."""
+    process = subprocess.Popen([sys.executable, "-m", "p2p.serve"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    process.stdout.readline()
+    time.sleep(5)
+    host_rss = rss_mib(process.pid)
+    stop(process)
+    bare = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, text=True)
+    time.sleep(1)
+    bare_rss = rss_mib(bare.pid)
+    stop(bare)
+    result = {"idle_host_rss_mib": host_rss, "bare_python_rss_mib": bare_rss}
+    print(f"idle host RSS {host_rss:.1f} MiB (bare python {bare_rss:.1f} MiB)", flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--messages", type=int, default=200)
+    parser.add_argument("--gossip-rate", type=float, default=20.0)
+    parser.add_argument("--hosts", type=int, default=5, help="hosts in the gossip test, one process each")
+    parser.add_argument("--gossip-peer", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "p2p.json"))
+    args = parser.parse_args()
+    if args.gossip_peer:
+        gossip_peer(args.gossip_peer, args.messages, args.hosts)
+        return
+
+    load = os.getloadavg()
+    print(f"load average at start: {load}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-p2p-") as work:
+        blobs = bench_blobs(args.size_mb, args.repeats, Path(work))
+    report = {
+        "machine": {"cpus": os.cpu_count(), "load_average_at_start": load, "python": sys.version.split()[0]},
+        "libp2p_version": __import__("importlib.metadata").metadata.version("libp2p"),
+        "blob_size_mb": args.size_mb,
+        "blob": blobs,
+        "target_mb_per_s": 125,
+        "gossip": bench_gossip(args.messages, args.gossip_rate, args.hosts),
+        "memory": bench_idle_memory(),
+        "load_average_at_end": os.getloadavg(),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
