@@ -49,6 +49,7 @@ class NodeSlot:
     cluster: str = ""
     account: int = 0  # anvil dev account index
     master_port: int = 0  # torch.distributed rendezvous of the slot's cluster
+    metrics_port: int = 0
     log_path: Path | None = None
     starts: int = 0
 
@@ -72,6 +73,7 @@ class LocalRun:
     stages: int = 2
     split: bool = True
     settings: list[str] = field(default_factory=list)  # extra KEY=VALUE overrides for every node
+    metrics: bool = False  # give every node a Prometheus endpoint on a free port
     anvil: AnvilProcess | None = None
     url: str = ""
     run_id: int = 0
@@ -120,6 +122,9 @@ class LocalRun:
                 f"ledger.registry_address={self.registry}", f"ledger.ledger_address={self.ledger}",
                 f"ledger.run_id={self.run_id}",
             ]
+            if self.metrics:
+                slot.metrics_port = free_port()
+                overrides.append(f"metrics_port={slot.metrics_port}")
             node_cfg = load_config(None, overrides)
             table = node_cfg.to_dict()
             table["p2p"]["bootstrap"] = [o.multiaddr for o in self.nodes if o is not slot]
