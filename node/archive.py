@@ -117,12 +117,16 @@ class Archive:
                 continue
         return sorted(out)
 
-    def prune(self, retention_rounds: int) -> list[int]:
-        """Delete all but the newest ``retention_rounds`` sealed rounds; 0 keeps everything."""
+    def prune(self, retention_rounds: int) -> dict[int, list[bytes]]:
+        """Delete all but the newest ``retention_rounds`` sealed rounds; 0 keeps everything.
+
+        Returns the envelope hashes deleted, by round, so the caller stops serving them too.
+        """
         if retention_rounds <= 0:
-            return []
+            return {}
         sealed = [r for r in self.rounds() if (self._round_dir(r) / "round.json").exists()]
-        doomed = sealed[:-retention_rounds]
-        for r in doomed:
+        doomed = {}
+        for r in sealed[:-retention_rounds]:
+            doomed[r] = [bytes.fromhex(p.stem) for p in self._round_dir(r).glob("*.env")]
             shutil.rmtree(self._round_dir(r), ignore_errors=True)
         return doomed

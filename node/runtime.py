@@ -113,6 +113,9 @@ class Node:
         self._train_info: dict[int, tuple[float, float, int]] = {}  # round -> (train loss, eval loss, tokens)
         self._accepted_closes: dict[tuple[int, int], msg.Close] = {}
         self.first_round = -1  # first round this process contributes to (announced in hellos)
+        # Rounds this node finished in an earlier life: it never signs a second, different
+        # close or attestation for them (peers would hold both as equivocation evidence).
+        self.previous_life_finished = self._state.get("last_finished", -1)
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> Progress:
@@ -322,7 +325,9 @@ class Node:
                 self.archive.put(outer_round, self._fetched[(outer_round, stage)][digest])
                 sealed.append(ArchivedContribution(stage, replica, peer_id, digest))
         self.archive.seal_round(outer_round, sealed)
-        self.archive.prune(self.cfg.retention_rounds)
+        for pruned in self.archive.prune(self.cfg.retention_rounds).values():
+            for digest in pruned:
+                self.host.remove_blob(digest.hex())
         checkpoint_round = (outer_round + 1) % self.cfg.checkpoint_every == 0
         for stage in self.worker.stages:
             shard_hash = self._write_shard(outer_round, stage, hashes[stage]) if checkpoint_round else b""
@@ -332,7 +337,8 @@ class Node:
                 outer_round, stage).contributions), train_loss if last and contributed else math.nan,
                 eval_loss if last and contributed else math.nan, tokens, shard_hash, b"")
             self.book.add_attestation(outer_round, stage, self.peer_id, att)
-            self._gossip(outer_round, msg.ATTESTATION, att, stage)
+            if outer_round > self.previous_life_finished:
+                self._gossip(outer_round, msg.ATTESTATION, att, stage)
         with self._fetch_lock:
             for key in [k for k in self._fetched if k[0] < outer_round - 2]:
                 del self._fetched[key]
@@ -370,7 +376,7 @@ class Node:
                 if coordinator in closes and (rank == 0 or now >= started + rank * CLOSE_FALLBACK_S
                                               or coordinator in ranked[:1]):
                     return closes[coordinator][0]
-            if self.peer_id in ranked:
+            if self.peer_id in ranked and outer_round > self.previous_life_finished:
                 rank = ranked.index(self.peer_id)
                 if rank == 0 or now >= deadline + rank * CLOSE_FALLBACK_S:
                     return self._try_close(outer_round, stage, final=now >= deadline)
