@@ -53,6 +53,7 @@ class NodeConfig:
     quorum: int = 1  # minimum replicas per stage to close a round at the deadline
     retention_rounds: int = 0  # archived contributions kept; 0 = keep everything
     metrics_port: int = 0  # 0 = no Prometheus endpoint
+    torch_threads: int = 0  # intra-op threads for training; 0 = torch's default (all cores)
     model: ModelConfig = field(default_factory=ModelConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     diloco: DilocoConfig = field(default_factory=DilocoConfig)
@@ -91,6 +92,8 @@ class NodeConfig:
             )
         if self.retention_rounds < 0:
             raise ConfigError(f"retention_rounds={self.retention_rounds}: must be >= 0 (0 = keep all)")
+        if self.torch_threads < 0:
+            raise ConfigError(f"torch_threads={self.torch_threads}: must be >= 0 (0 = torch's default)")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port={self.metrics_port}: must be in [0, 65535]")
 

@@ -132,7 +132,11 @@ class LocalRun:
             load_config(slot.config_path)  # what we wrote must load
 
     def _base_settings(self) -> list[str]:
-        return [f"pipeline.num_stages={self.stages}", f"diloco.num_replicas={self.replicas}", *self.settings]
+        # Several nodes share this machine's cores: one intra-op thread each avoids oversubscription.
+        nodes = self.replicas * (self.stages if self.split else 1)
+        threads = max(1, (os.cpu_count() or 1) // nodes)
+        return [f"pipeline.num_stages={self.stages}", f"diloco.num_replicas={self.replicas}",
+                f"torch_threads={threads}", *self.settings]
 
     def start_node(self, slot: NodeSlot) -> None:
         slot.starts += 1

@@ -59,6 +59,8 @@ class ReplicaWorker:
     # -- set-up ---------------------------------------------------------------------
     def start(self, rendezvous_timeout: float, op_timeout: float) -> None:
         """Build the trainer (joining the cluster's pipeline group if the replica is split)."""
+        if self.cfg.torch_threads > 0:
+            torch.set_num_threads(self.cfg.torch_threads)
         full = init_state_dict(self.cfg.model, self.cfg.training.seed)
         if self.pipelined:
             host, _, port = self.cfg.cluster_master.rpartition(":")
