@@ -39,6 +39,7 @@ from node.replica import ReplicaWorker
 from node.roundbook import PEER_TTL_S, Announced, RoundBook
 from node.runconfig import canonical_json, config_hash, run_document
 from node.topology import Declaration, Placement, assign_stages, committer_order
+from training.errors import PipelineError
 from p2p.envelope import Envelope, EnvelopeValidator, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
 from p2p.host import P2PHost
@@ -283,7 +284,14 @@ class Node:
             if self.stop_event.is_set():
                 raise RoundAbandoned()
 
-        stats = self.worker.train_round(outer_round, on_step)
+        try:
+            stats = self.worker.train_round(outer_round, on_step)
+        except PipelineError as exc:
+            # A split cluster trains in lockstep; without its partner the replica cannot train.
+            raise NodeError(
+                f"round {outer_round}: pipeline of cluster {self.cfg.cluster!r} broke ({exc}); restart every "
+                "node of the cluster: they rejoin from the chain's latest checkpoint"
+            ) from exc
         eval_loss = self.worker.eval_loss()
         self.progress.eval_loss = eval_loss
         self._train_info[outer_round] = (stats.mean_loss, eval_loss, stats.tokens)
