@@ -331,10 +331,13 @@ class P2PHost:
         with trio.move_on_after(5):
             await self._dht.add_peer(info.peer_id, skip_server_mode_check=True)
 
-    def peers(self) -> list[str]:
+    def peers(self, timeout: float = 5.0) -> list[str]:
         """Peer ids with an open connection."""
-        self._check_open()
-        return sorted(p.to_base58() for p in list(self._libp2p.get_network().connections))
+
+        async def connected() -> list[str]:
+            return sorted(p.to_base58() for p in self._libp2p.get_network().connections)
+
+        return self._call(connected, timeout=timeout, what="peers")
 
     def disconnect(self, peer_id: str, timeout: float = 10.0) -> None:
         """Close every connection to ``peer_id``."""
@@ -427,7 +430,7 @@ class P2PHost:
     async def _subscribe(self, topic: str, validator: GossipValidator | None) -> queue.Queue:
         existing = self._subscriptions.get(topic)
         if existing is not None:
-            if validator is not None and validator is not existing.validator:
+            if validator is not None and validator != existing.validator:
                 raise P2PError(f"topic {topic!r} is already subscribed with another validator")
             return existing.queue
         subscription = _Subscription(queue.Queue(), validator)
@@ -506,10 +509,13 @@ class P2PHost:
 
         self._call(send, timeout=timeout, what=f"publish on {topic}")
 
-    def topic_peers(self, topic: str) -> list[str]:
+    def topic_peers(self, topic: str, timeout: float = 5.0) -> list[str]:
         """Peers known to be subscribed to ``topic``."""
-        self._check_open()
-        return sorted(p.to_base58() for p in self._pubsub.peer_topics.get(topic, set()))
+
+        async def subscribed() -> list[str]:
+            return sorted(p.to_base58() for p in self._pubsub.peer_topics.get(topic, set()))
+
+        return self._call(subscribed, timeout=timeout, what="topic_peers")
 
     def resync(self, topic: str, timeout: float = 10.0) -> int:
         """Pull recent messages of ``topic`` from every connected peer over ``/dlx/sync/1.0.0``.
