@@ -274,8 +274,9 @@ class _Replayer:
 # ---------------------------------------------------------------------- one round's contributions
 def _candidate_sets(
     sources: list, round_index: int, num_stages: int
-) -> list[list[tuple[int, int, str, str]]]:
-    """Full canonical contribution lists to try: one distinct per-stage list from each stage, combined."""
+) -> tuple[list[list[tuple[int, int, str, str]]], list[int]]:
+    """Full canonical contribution lists to try (one distinct per-stage list per stage, combined), and the
+    stages no source lists (then the evidence is incomplete and nothing is tried)."""
     per_stage: dict[int, list[tuple]] = {s: [] for s in range(num_stages)}
     for source in sources:
         try:
@@ -288,11 +289,11 @@ def _candidate_sets(
                 part = tuple(sorted(e for e in entries if e[0] == stage))
                 if part and part not in per_stage[stage]:
                     per_stage[stage].append(part)
-    if not any(per_stage.values()):
-        return []
-    options = [per_stage[s] or [()] for s in range(num_stages)]
-    combos = itertools.islice(itertools.product(*options), MAX_COMBINATIONS)
-    return [[e for part in combo for e in part] for combo in combos]
+    unlisted = [s for s in range(num_stages) if not per_stage[s]]
+    if unlisted:
+        return [], unlisted
+    combos = itertools.islice(itertools.product(*(per_stage[s] for s in range(num_stages))), MAX_COMBINATIONS)
+    return [[e for part in combo for e in part] for combo in combos], []
 
 
 def _contribution_root(entries: list[tuple[int, int, str, str]]) -> bytes:
@@ -329,11 +330,14 @@ def _check_contributions(
     from p2p.errors import EnvelopeRejected
 
     commit = record.commit
-    candidates = _candidate_sets(sources, commit.round, num_stages)
-    if not candidates:
-        verdict.checks.append(
-            Check("contributions root", UNVERIFIABLE, "no archive or peer lists this round's contributions")
+    candidates, unlisted = _candidate_sets(sources, commit.round, num_stages)
+    if unlisted:
+        what = (
+            "this round's contributions"
+            if len(unlisted) == num_stages
+            else f"stage(s) {unlisted} of this round"
         )
+        verdict.checks.append(Check("contributions root", UNVERIFIABLE, f"no archive or peer lists {what}"))
         return None
     entries = next((c for c in candidates if _contribution_root(c) == commit.contributions_root), None)
     if entries is None:

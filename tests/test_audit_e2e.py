@@ -178,6 +178,30 @@ def test_replay_resumes_from_a_verified_checkpoint_after_a_gap(run, client, tmp_
     assert replay_1.reason == "from checkpoint of round 0"
 
 
+@pytest.mark.timeout(120)
+def test_archives_of_nodes_holding_different_stages_are_merged(run, client, tmp_path):
+    """As when one node holds each stage: each archive lists only its stage; together they give the root."""
+    source = run.nodes[0].data_dir / "archive" / f"run-{run.run_id}"
+    for stage in (0, 1):
+        target = tmp_path / f"stage{stage}" / "archive" / f"run-{run.run_id}"
+        target.mkdir(parents=True)
+        shutil.copy(source / "run.json", target / "run.json")
+        for round_dir in sorted(source.glob("round-*")):
+            manifest = json.loads((round_dir / "round.json").read_text())
+            mine = [e for e in manifest["contributions"] if e[0] == stage]
+            (target / round_dir.name).mkdir()
+            for entry in mine:
+                shutil.copy(round_dir / f"{entry[3]}.env", target / round_dir.name / f"{entry[3]}.env")
+            manifest["contributions"] = mine
+            (target / round_dir.name / "round.json").write_text(json.dumps(manifest))
+    merged = audit_run(client, run.run_id, archives=[tmp_path / "stage0", tmp_path / "stage1"])
+    assert merged.ok and merged.counts()[UNVERIFIABLE] == 0
+    alone = audit_run(client, run.run_id, archives=[tmp_path / "stage1"])
+    assert alone.ok  # incomplete evidence is unverifiable, never a failure
+    assert all(r.status == UNVERIFIABLE for r in alone.rounds)
+    assert "stage(s) [0]" in alone.rounds[0].first_problem().reason
+
+
 @pytest.mark.timeout(180)
 def test_audit_over_libp2p_with_no_local_archive(run, client, tmp_path):
     """Everything off-chain comes from a peer: run document, close lists (gossip), envelopes, checkpoints."""
