@@ -632,7 +632,12 @@ def audit_run(
     report.sources = [s.name for s in sources]
     mark = time.perf_counter()
     document = _run_document(report, history, sources)
-    replayer = _Replayer(document) if document is not None else None
+    replayer = None
+    if document is not None:
+        try:
+            replayer = _Replayer(document)
+        except DlxError as exc:  # hashes to the configHash, yet its settings do not load
+            report.general.append(Check("run document settings", FAIL, str(exc)))
     checkpoints = {c.round: c for c in history.checkpoints}
     commits = {r.commit.round: r.commit for r in history.commits}
     for ckpt_round in sorted(set(checkpoints) - set(commits)):
