@@ -307,7 +307,9 @@ class BlobService:
                     in_flight -= 1
                     notify()
 
-        streams_per_provider = max(1, self.concurrency // max(1, len(providers)))
+        # Two streams per provider hide the per-piece request round trip; more only add
+        # yamux interleaving cost on the receiving event loop (measured: ~15% more CPU).
+        streams_per_provider = max(1, min(2, self.concurrency // max(1, len(providers))))
         async with trio.open_nursery() as nursery:
             for peer in providers:
                 for _ in range(streams_per_provider):
