@@ -12,6 +12,7 @@ outer step take < 2% of the round time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -49,8 +50,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=30, help="outer rounds; tokens = rounds*H*batch*block")
     parser.add_argument("--batch-size", type=int, default=8, help="per replica")
     parser.add_argument("--inner-lr", type=float, default=3e-3)
-    parser.add_argument("--outer-lr", type=float, default=0.7)
-    parser.add_argument("--outer-momentum", type=float, default=0.9)
+    parser.add_argument("--outer-lr", type=float, default=0.7, help="synchronous DiLoCo")
+    parser.add_argument("--outer-momentum", type=float, default=0.9, help="synchronous DiLoCo")
+    parser.add_argument("--x-outer-lr", type=float, default=None, help="DiLoCoX (default: --outer-lr)")
+    parser.add_argument("--x-outer-momentum", type=float, default=None, help="DiLoCoX (default: --outer-momentum)")
     parser.add_argument("--error-budget", type=float, default=0.5)
     parser.add_argument("--bits", default="2,4,8")
     parser.add_argument("--max-rank", type=int, default=32)
@@ -83,6 +86,11 @@ def main() -> int:
         error_budget=args.error_budget, bit_choices=[int(b) for b in args.bits.split(",")],
         max_rank=args.max_rank, min_compress_numel=args.min_compress_numel,
     )
+    x_diloco_cfg = dataclasses.replace(
+        diloco_cfg,
+        outer_lr=args.outer_lr if args.x_outer_lr is None else args.x_outer_lr,
+        outer_momentum=args.outer_momentum if args.x_outer_momentum is None else args.x_outer_momentum,
+    )
     pipeline_cfg = PipelineConfig(num_stages=args.stages)
     corpus = load_corpus(REPO / args.data, training_cfg.eval_fraction, model_cfg.block_size)
 
@@ -90,7 +98,8 @@ def main() -> int:
     for mode in args.modes.split(","):
         started = time.perf_counter()
         result = simulate(
-            mode, corpus, model_cfg, training_cfg, diloco_cfg, compression_cfg, pipeline_cfg, args.rounds,
+            mode, corpus, model_cfg, training_cfg, x_diloco_cfg if mode == "diloco_x" else diloco_cfg,
+            compression_cfg, pipeline_cfg, args.rounds,
             eval_every=args.eval_every,
         )
         results[mode] = (result, time.perf_counter() - started)

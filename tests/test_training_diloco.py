@@ -244,3 +244,23 @@ def test_state_dict_round_trip_continues_identically():
         wrong_shape.load_state_dict(state)
     with pytest.raises(EngineStateError):
         twin.load_state_dict({"version": 1})
+
+
+def test_reset_correction_restarts_from_the_global_weights():
+    cfg = DilocoConfig(one_step_delay=True, delay_correction="reset")
+    param = torch.zeros(4)
+    engine = StageEngine(0, {"w": param}, cfg, RAW)
+    param -= 1.0
+    blob0, _ = engine.encode_contribution(0)
+    param -= 2.0  # round 1's progress: dropped locally, it travels in Delta^1
+    blob1, _ = engine.encode_contribution(1)
+    engine.apply_round(0, [blob0])
+    assert torch.equal(param, engine.global_weights["w"])
+    assert torch.allclose(_decode(blob1, (4,)), torch.full((4,), 2.0))
+
+
+def test_config_rejects_unknown_delay_correction():
+    from node.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="delay_correction"):
+        DilocoConfig(delay_correction="rewind")

@@ -232,9 +232,9 @@ def _quantize_columns(matrix: torch.Tensor, bits: int) -> tuple[torch.Tensor, to
     """Symmetric per-column quantization: (int64 values, float32 scales)."""
     limit = qmax(bits)
     scales = matrix.abs().amax(dim=0) / limit
-    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+    # A zero column has scale 0; dividing it by any positive number keeps it 0.
+    safe = scales.clamp_min(torch.finfo(torch.float32).tiny)
     q_int = torch.clamp(torch.round(matrix / safe), -limit, limit).to(torch.int64)
-    q_int = torch.where(scales > 0, q_int, torch.zeros_like(q_int))
     return q_int, scales.to(torch.float32)
 
 
