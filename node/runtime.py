@@ -34,7 +34,7 @@ from node.checkpoint import Checkpoint, parse_checkpoint, write_checkpoint
 from node.committer import Committer
 from node.config import NodeConfig
 from node.errors import NodeError, StateError
-from node.fsutil import atomic_write_json
+from node.fsutil import atomic_write_bytes, atomic_write_json
 from node.replica import ReplicaWorker
 from node.roundbook import PEER_TTL_S, Announced, RoundBook
 from node.runconfig import canonical_json, config_hash, run_document
@@ -196,8 +196,10 @@ class Node:
         raise NodeError("stopped while joining")
 
     def _compute_placements(self) -> dict[str, Placement]:
+        # Every peer ever heard of, not only the live ones: a replica index must not shift
+        # when another cluster goes away (it seeds the replica's data shard).
         decls = [Declaration(self.peer_id, self.cfg.cluster, self.cfg.cluster_size)]
-        for peer_id, info in self.book.live_peers(PEER_TTL_S * 3).items():
+        for peer_id, info in self.book.live_peers(float("inf")).items():
             if peer_id != self.peer_id and self.chain.is_bound(info.hello.account, info.public_key):
                 decls.append(Declaration(peer_id, info.hello.cluster, info.hello.cluster_size))
         return assign_stages(decls, self.cfg.pipeline.num_stages)
@@ -239,8 +241,9 @@ class Node:
             logger.info("checkpoint not fetched from live peers (%s); asking the DHT", exc)
             self.host.fetch_blob(content_hash.hex(), staged, timeout=self.cfg.p2p.transfer_timeout)
         data = Path(staged).read_bytes()
+        staged.unlink(missing_ok=True)
         ckpt = parse_checkpoint(data, content_hash)  # refuses anything but the chain's bytes
-        os.replace(staged, path)
+        atomic_write_bytes(path, data)
         return ckpt
 
     # ------------------------------------------------------------------ the loop
@@ -409,22 +412,23 @@ class Node:
         announced = self.book.snapshot_announces(outer_round, stage)
         with self._fetch_lock:
             have = dict(self._fetched.get((outer_round, stage), {}))
-        ready = {a.replica: a for a in announced.values() if a.envelope_hash in have}
-        # Expected: every live replica that has entered the run at or before this round.
-        # A node that is catching up (first_round > round) will not contribute to it.
+        ready = {a.peer_id: a for a in announced.values() if a.envelope_hash in have}
+        # Expected: every live holder of the stage that entered the run at or before this
+        # round. A node that is catching up (first_round > round) will not contribute to it.
         peers = self.book.live_peers(PEER_TTL_S)
-        live = {pl.replica for p, pl in self.placements.items() if stage in pl.stages and (
+        expected = {p for p, pl in self.placements.items() if stage in pl.stages and (
             (p == self.peer_id and outer_round in self._train_info)
             or (p in peers and 0 <= peers[p].hello.first_round <= outer_round))}
-        if not (live <= set(ready) or (final and len(ready) >= self.cfg.quorum)):
+        replicas = {a.replica for a in ready.values()}
+        if not (expected <= set(ready) or (final and len(replicas) >= self.cfg.quorum)):
             return None
         entries = sorted([[a.replica, a.peer_id, a.envelope_hash, a.size] for a in ready.values()],
                          key=lambda e: (e[0], e[1], e[2]))
         close = msg.Close(entries)
         data = self._gossip(outer_round, msg.CLOSE, close, stage)
         self.book.add_close(outer_round, stage, self.peer_id, close, data)
-        late = set(live) - set(ready)
-        logger.info("round %d stage %d closed with replicas %s%s", outer_round, stage, sorted(ready),
+        late = {self.placements[p].replica for p in expected - set(ready)}
+        logger.info("round %d stage %d closed with replicas %s%s", outer_round, stage, sorted(replicas),
                     f" (missing {sorted(late)})" if late else "")
         return close
 

@@ -85,9 +85,9 @@ def test_two_replicas_by_two_stages_commit_every_round_once(make_run):
 
 @pytest.mark.timeout(600)
 def test_node_killed_mid_round_rejoins_from_checkpoint(make_run):
-    # Slower rounds (H=12) so the run is still going when the victim is back (~20 s).
+    # Rounds of a few seconds (H=40) so the run is still going when the victim is back (~15 s).
     run = make_run(replicas=2, stages=2, split=False,
-                   settings=TINY + ["rounds=10", "join_timeout=60", "diloco.inner_steps=12"])
+                   settings=TINY + ["rounds=12", "join_timeout=60", "diloco.inner_steps=40"])
     run.start()
     _wait_for_round(run, 1, 240)
     victim = run.nodes[1]
@@ -97,10 +97,10 @@ def test_node_killed_mid_round_rejoins_from_checkpoint(make_run):
     assert run.wait(480), _logs(run)
     history = run.client().history(run.run_id)
     rounds = [c.commit.round for c in history.commits]
-    assert rounds == list(range(10)), rounds  # no duplicate, no missing round
+    assert rounds == list(range(12)), rounds  # no duplicate, no missing round
     log = (victim.data_dir / "node-2.log").read_text()
     assert "from the chain-verified checkpoint of round" in log
-    assert _state(victim)["last_contributed"] == 9
+    assert _state(victim)["last_contributed"] == 11
     # After the restart both replicas contribute again.
     assert history.commits[-1].commit.num_contributors == 2
     assert not history.disputes
@@ -108,7 +108,8 @@ def test_node_killed_mid_round_rejoins_from_checkpoint(make_run):
 
 @pytest.mark.timeout(600)
 def test_late_joiner_catches_up_and_contributes(make_run):
-    run = make_run(replicas=3, stages=2, split=False, settings=TINY + ["rounds=7", "join_timeout=5"])
+    run = make_run(replicas=3, stages=2, split=False,
+                   settings=TINY + ["rounds=12", "join_timeout=5", "diloco.inner_steps=40"])
     for slot in run.nodes[:2]:
         run.start_node(slot)
     _wait_for_round(run, 2, 300)
@@ -116,7 +117,7 @@ def test_late_joiner_catches_up_and_contributes(make_run):
     run.start_node(joiner)
     assert run.wait(480), _logs(run)
     history = run.client().history(run.run_id)
-    assert [c.commit.round for c in history.commits] == list(range(7))
+    assert [c.commit.round for c in history.commits] == list(range(12))
     assert all(c.commit.num_contributors == 2 for c in history.commits[:3])
     assert history.commits[-1].commit.num_contributors == 3
     log = (joiner.data_dir / "node-1.log").read_text()
