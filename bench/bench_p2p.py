@@ -50,9 +50,20 @@ def rss_mib(pid: int) -> float:
 
 def start_provider(path: Path, data_dir: Path, rate_limit_bps: float = 0.0) -> tuple[subprocess.Popen, dict]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "p2p.serve", str(path), "--data-dir", str(data_dir),
-         "--rate-limit-bps", str(rate_limit_bps)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "p2p.serve",
+            str(path),
+            "--data-dir",
+            str(data_dir),
+            "--rate-limit-bps",
+            str(rate_limit_bps),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
     return process, json.loads(process.stdout.readline())
 
@@ -113,17 +124,23 @@ def bench_blobs(size_mb: int, repeats: int, work: Path) -> dict:
             summary["cap_mb_per_s"] = cap / 1e6
             summary["achieved_fraction_of_cap"] = summary["mb_per_s"] / (cap / 1e6)
         results[label] = summary
-        print(f"blob {label}: {summary['mb_per_s']:.1f} MB/s (runs {summary['runs_mb_per_s']}), "
-              f"cpu/100MB fetcher {summary['fetcher_cpu_s_per_100mb']:.2f} s, "
-              f"provider {summary['provider_cpu_s_per_100mb']:.2f} s", flush=True)
+        print(
+            f"blob {label}: {summary['mb_per_s']:.1f} MB/s (runs {summary['runs_mb_per_s']}), "
+            f"cpu/100MB fetcher {summary['fetcher_cpu_s_per_100mb']:.2f} s, "
+            f"provider {summary['provider_cpu_s_per_100mb']:.2f} s",
+            flush=True,
+        )
     blob.unlink()
     return results
 
 
 def gossip_peer(bootstrap: str, expected: int, hosts: int) -> None:
     """Child process: one host that records (receive time - send time) of each bench message."""
-    with P2PHost.start(P2PConfig(bootstrap=[bootstrap], gossip_resync_interval=0), Identity.generate(),
-                       data_dir=tempfile.mkdtemp(prefix="bench-gossip-")) as host:
+    with P2PHost.start(
+        P2PConfig(bootstrap=[bootstrap], gossip_resync_interval=0),
+        Identity.generate(),
+        data_dir=tempfile.mkdtemp(prefix="bench-gossip-"),
+    ) as host:
         messages = host.subscribe(GOSSIP_TOPIC)
         deadline = time.monotonic() + 60  # ready = connected to every host and seeing their subscriptions
         while time.monotonic() < deadline and (
@@ -144,12 +161,28 @@ def gossip_peer(bootstrap: str, expected: int, hosts: int) -> None:
 
 
 def bench_gossip(messages: int, rate_per_s: float, hosts: int = 5) -> dict:
-    with P2PHost.start(P2PConfig(gossip_resync_interval=0), Identity.generate(),
-                       data_dir=tempfile.mkdtemp(prefix="bench-gossip-")) as publisher:
+    with P2PHost.start(
+        P2PConfig(gossip_resync_interval=0),
+        Identity.generate(),
+        data_dir=tempfile.mkdtemp(prefix="bench-gossip-"),
+    ) as publisher:
         publisher.subscribe(GOSSIP_TOPIC)
         children = [
-            subprocess.Popen([sys.executable, __file__, "--gossip-peer", publisher.listen_addrs[0],
-                              "--messages", str(messages), "--hosts", str(hosts)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--gossip-peer",
+                    publisher.listen_addrs[0],
+                    "--messages",
+                    str(messages),
+                    "--hosts",
+                    str(hosts),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+            )
             for _ in range(hosts - 1)
         ]
         for child in children:
@@ -178,20 +211,31 @@ def bench_gossip(messages: int, rate_per_s: float, hosts: int = 5) -> dict:
         "latency_ms_p99": quantile(0.99),
         "latency_ms_max": latencies[-1] * 1000,
     }
-    print(f"gossip {hosts} hosts: p50 {result['latency_ms_p50']:.1f} ms, p99 {result['latency_ms_p99']:.1f} ms, "
-          f"delivered {result['delivered_fraction']:.3f}", flush=True)
+    print(
+        f"gossip {hosts} hosts: p50 {result['latency_ms_p50']:.1f} ms, "
+        f"p99 {result['latency_ms_p99']:.1f} ms, "
+        f"delivered {result['delivered_fraction']:.3f}",
+        flush=True,
+    )
     return result
 
 
 def bench_idle_memory() -> dict:
     """RSS of a ``python -m p2p.serve`` host with no blobs, after 5 s idle, vs a bare interpreter."""
-    process = subprocess.Popen([sys.executable, "-m", "p2p.serve"], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "p2p.serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     process.stdout.readline()
     time.sleep(5)
     host_rss = rss_mib(process.pid)
     stop(process)
-    bare = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, text=True)
+    bare = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, text=True
+    )
     time.sleep(1)
     bare_rss = rss_mib(bare.pid)
     stop(bare)

@@ -133,7 +133,9 @@ class BlobService:
             try:
                 position, end = offset, offset + length
                 while position < end:
-                    block = await self._run_blocking(os.pread, handle.fileno(), min(FILE_IO_BYTES, end - position), position)
+                    block = await self._run_blocking(
+                        os.pread, handle.fileno(), min(FILE_IO_BYTES, end - position), position
+                    )
                     if not block:
                         raise BlobError(f"blob {sha256_hex} shrank while being served")
                     position += len(block)
@@ -188,7 +190,9 @@ class BlobService:
                 pass
         return int(header["total"])
 
-    async def _fetch_piece(self, peer: ID, digest: bytes, offset: int, length: int, fd: int, progress: list[int]) -> None:
+    async def _fetch_piece(
+        self, peer: ID, digest: bytes, offset: int, length: int, fd: int, progress: list[int]
+    ) -> None:
         """Write ``[offset, offset+length)`` of the blob into ``fd``; ``progress[0]`` counts bytes on disk."""
         peer_text = peer.to_base58()
         stream, _ = await self._request(peer, digest, offset, length)
@@ -265,7 +269,9 @@ class BlobService:
             logger.warning("blob %s from %s failed its hash check; discarded", sha256_hex[:16], usable)
             raise
 
-    async def _download_pieces(self, digest: bytes, total: int, providers: list[ID], fd: int, errors: dict[str, str]) -> None:
+    async def _download_pieces(
+        self, digest: bytes, total: int, providers: list[ID], fd: int, errors: dict[str, str]
+    ) -> None:
         pieces: deque[tuple[int, int]] = deque(
             (offset, min(PIECE_BYTES, total - offset)) for offset in range(0, total, PIECE_BYTES)
         )
@@ -296,12 +302,18 @@ class BlobService:
                     done = progress[0]
                     if done < length:
                         pieces.appendleft((offset + done, length - done))
-                    if isinstance(exc, _ProviderFailed) and exc.status == "busy" and busy_retries < _BUSY_RETRIES:
+                    if (
+                        isinstance(exc, _ProviderFailed)
+                        and exc.status == "busy"
+                        and busy_retries < _BUSY_RETRIES
+                    ):
                         busy_retries += 1
                         await trio.sleep(0.25)
                         continue
                     errors[peer.to_base58()] = f"{type(exc).__name__}: {exc}"
-                    logger.info("provider %s failed at offset %d: %s; others continue", peer, offset + done, exc)
+                    logger.info(
+                        "provider %s failed at offset %d: %s; others continue", peer, offset + done, exc
+                    )
                     return
                 finally:
                     in_flight -= 1
@@ -316,5 +328,6 @@ class BlobService:
                     nursery.start_soon(worker, peer)
         if pieces:
             raise BlobUnavailable(
-                f"blob {digest.hex()[:16]}: every provider failed with {sum(n for _, n in pieces)} bytes missing ({errors})"
+                f"blob {digest.hex()[:16]}: every provider failed with "
+                f"{sum(n for _, n in pieces)} bytes missing ({errors})"
             )

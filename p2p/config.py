@@ -57,7 +57,9 @@ class P2PConfig:
         if self.gossip_max_msgs_per_sec <= 0:
             raise ConfigError(f"p2p.gossip_max_msgs_per_sec={self.gossip_max_msgs_per_sec}: must be > 0")
         if self.gossip_resync_interval < 0:
-            raise ConfigError(f"p2p.gossip_resync_interval={self.gossip_resync_interval}: must be >= 0 (0 = off)")
+            raise ConfigError(
+                f"p2p.gossip_resync_interval={self.gossip_resync_interval}: must be >= 0 (0 = off)"
+            )
         if self.sync_cache_messages < 1 or self.sync_cache_bytes < 1:
             raise ConfigError("p2p.sync_cache_messages and p2p.sync_cache_bytes: must be >= 1")
         if self.discovery_interval <= 0:

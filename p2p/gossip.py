@@ -19,14 +19,23 @@ periodic pull returns only what the puller has not received from that peer yet.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import libp2p.pubsub.pubsub as _pubsub_module
 import libp2p.pubsub.rpc_queue as _rpc_queue_module
+import trio
+from libp2p.abc import IHost
 from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+
+from p2p.wire import field, read_frame, write_frame
+
+logger = logging.getLogger(__name__)
 
 SYNC_PROTOCOL = TProtocol("/dlx/sync/1.0.0")
 SYNC_MAX_RESPONSE_BYTES = 16 << 20
@@ -49,7 +58,11 @@ def _raise_pubsub_queue_depths() -> None:
     _pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = GOSSIP_QUEUE_DEPTH  # read at subscribe() time
     init = _rpc_queue_module.RpcQueue.__init__
     defaults = init.__defaults__
-    if defaults and len(defaults) == 2 and defaults[0] in (_rpc_queue_module.OutBoundQueueSize, GOSSIP_QUEUE_DEPTH):
+    if (
+        defaults
+        and len(defaults) == 2
+        and defaults[0] in (_rpc_queue_module.OutBoundQueueSize, GOSSIP_QUEUE_DEPTH)
+    ):
         init.__defaults__ = (GOSSIP_QUEUE_DEPTH, defaults[1])  # Pubsub builds RpcQueue() with defaults
     else:  # a different py-libp2p: leave it alone rather than patch blindly
         raise RuntimeError(f"unexpected RpcQueue.__init__ defaults {defaults}; p2p/gossip.py needs updating")
@@ -128,3 +141,39 @@ class RecentMessages:
     def drop(self, topic: str) -> None:
         self._topics.pop(topic, None)
         self._bytes.pop(topic, None)
+
+
+async def pull_recent(
+    host: IHost, peer: ID, topic: str, epoch: bytes, after: int
+) -> tuple[list[bytes], tuple[bytes, int]]:
+    """Ask ``peer`` for ``topic`` messages newer than (epoch, after); return them and the next cursor."""
+    stream = await host.new_stream(peer, [SYNC_PROTOCOL])
+    try:
+        await write_frame(stream, {"topic": topic, "epoch": epoch, "after": after})
+        reply = await read_frame(stream, SYNC_MAX_RESPONSE_BYTES)
+    finally:
+        await stream.close()
+    messages = [m for m in field(reply, "messages", list) if type(m) is bytes]
+    return messages, (field(reply, "epoch", bytes), field(reply, "next", int, 0))
+
+
+async def serve_recent(stream: Any, recent: RecentMessages) -> int:
+    """Answer one ``/dlx/sync/1.0.0`` request from ``recent``; return the payload bytes sent."""
+    try:
+        with trio.fail_after(10):
+            request = await read_frame(stream, 4096)
+            topic = field(request, "topic", str)
+            epoch = field(request, "epoch", bytes)
+            after = field(request, "after", int, 0)
+            last, messages = recent.since(topic, epoch, after, SYNC_MAX_RESPONSE_BYTES - 4096)
+            await write_frame(stream, {"epoch": recent.epoch, "next": last, "messages": messages})
+            await stream.close()
+            return sum(len(m) for m in messages)
+    except Exception as exc:  # bad request or dropped peer: end this stream only
+        logger.debug("sync request failed: %s", exc)
+        with trio.move_on_after(1):
+            try:
+                await stream.reset()
+            except Exception:
+                pass
+        return 0

@@ -41,18 +41,20 @@ from libp2p.tools.anyio_service import background_trio_service
 from p2p.blob_protocol import BLOB_PROTOCOL, BlobService
 from p2p.blobstore import BlobStore, check_sha256_hex
 from p2p.config import P2PConfig
+from p2p.discovery import Discovery
 from p2p.errors import BlobError, BlobNotFound, DialError, HostClosed, P2PError, P2PTimeout
 from p2p.gossip import (
     GOSSIP_RPC_LIMIT,
-    SYNC_MAX_RESPONSE_BYTES,
     SYNC_PROTOCOL,
     RecentMessages,
     build_gossipsub,
+    pull_recent,
+    serve_recent,
 )
 from p2p.identity import Identity
 from p2p.ratelimit import PeerRateLimiter
 from p2p.transport import build_libp2p_host, close_leftover_tcp_streams, start_mdns
-from p2p.wire import ProtocolViolation, field as frame_field, read_frame, write_frame
+from p2p.wire import ProtocolViolation
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +126,9 @@ class P2PHost:
         self._closing: trio.Event | None = None
         self._closed = False
         self._listen_addrs: list[str] = []
-        self._thread = threading.Thread(target=self._thread_main, name=f"p2p-host-{self.peer_id[-6:]}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._thread_main, name=f"p2p-host-{self.peer_id[-6:]}", daemon=True
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -215,10 +219,13 @@ class P2PHost:
                                 self._listen_addrs = [
                                     str(a) for a in self._libp2p.get_addrs() if "/p2p/" in str(a)
                                 ] or [f"{a}/p2p/{self.peer_id}" for a in self._libp2p.get_transport_addrs()]
+                                discovery = Discovery(self._libp2p, self._dht, config, self._connect_info)
                                 if config.mdns:
-                                    mdns = await self._run_blocking(start_mdns, self._libp2p, config.mdns_interface)
-                                    nursery.start_soon(self._mdns_loop, mdns)
-                                nursery.start_soon(self._bootstrap_loop)
+                                    mdns = await self._run_blocking(
+                                        start_mdns, self._libp2p, config.mdns_interface
+                                    )
+                                    nursery.start_soon(discovery.run_mdns, mdns)
+                                nursery.start_soon(discovery.run)
                                 if config.gossip_resync_interval > 0:
                                     nursery.start_soon(self._resync_loop)
                                 self._ready.set()
@@ -356,67 +363,11 @@ class P2PHost:
         if self._closed:
             raise HostClosed(f"p2p host {self.peer_id} is closed")
 
-    async def _bootstrap_loop(self) -> None:
-        """Dial bootstrap peers, fill the DHT, then connect to every peer the DHT finds."""
-        pending = {addr: 0.0 for addr in self.config.bootstrap}
-        delay = 0.5
-        while True:
-            for addr in list(pending):
-                try:
-                    info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
-                    with trio.fail_after(10):
-                        await self._connect_info(info)
-                    del pending[addr]
-                except Exception as exc:  # keep retrying: the bootstrap peer may start later
-                    logger.debug("bootstrap %s not reachable yet: %s", addr, exc)
-            if self._libp2p.get_network().connections:
-                await self._discover_once()
-            await trio.sleep(delay * (0.8 + 0.4 * random.random()))
-            delay = min(delay * 2, self.config.discovery_interval)
-
-    async def _discover_once(self) -> None:
-        """One DHT lookup of our own id (it fills the routing tables on both sides), then dial new peers."""
-        try:
-            with trio.move_on_after(10):
-                await self._dht.peer_routing.find_closest_peers_network(self._libp2p.get_id().to_bytes())
-        except Exception as exc:  # a failing lookup is retried on the next round
-            logger.debug("DHT self-lookup failed: %s", exc)
-        connected = self._libp2p.get_network().connections
-        if len(connected) >= self.config.max_peers:
-            return
-        for peer in self._dht.routing_table.get_peer_ids():
-            if peer in connected or peer == self._libp2p.get_id():
-                continue
-            addrs = self._libp2p.get_peerstore().addrs(peer)
-            if not addrs:
-                continue
-            try:
-                with trio.fail_after(10):
-                    await self._connect_info(PeerInfo(peer, addrs))
-            except Exception as exc:  # an unreachable peer stays in the table; the DHT will drop it
-                logger.debug("could not dial discovered peer %s: %s", peer, exc)
-            if len(self._libp2p.get_network().connections) >= self.config.max_peers:
-                return
-
-    async def _mdns_loop(self, mdns: Any) -> None:
-        """Dial peers that mDNS put into the peerstore (it only records their addresses)."""
-        while True:
-            await trio.sleep(1.0)
-            connected = self._libp2p.get_network().connections
-            for peer, _seen in list(mdns.listener.discovered_services.values()):
-                if peer in connected or peer == self._libp2p.get_id():
-                    continue
-                addrs = self._libp2p.get_peerstore().addrs(peer)
-                if addrs:
-                    with trio.move_on_after(10):
-                        try:
-                            await self._connect_info(PeerInfo(peer, addrs))
-                        except Exception as exc:  # unreachable LAN peer
-                            logger.debug("mDNS peer %s not reachable: %s", peer, exc)
-
     # ------------------------------------------------------------------ gossip
 
-    def subscribe(self, topic: str, validator: GossipValidator | None = None, timeout: float = 10.0) -> queue.Queue:
+    def subscribe(
+        self, topic: str, validator: GossipValidator | None = None, timeout: float = 10.0
+    ) -> queue.Queue:
         """Subscribe to ``topic``; messages arrive on the returned queue as ``(data, from_peer_id)``.
 
         ``validator(data, from_peer_id) -> bool`` runs on the network thread before a
@@ -537,25 +488,18 @@ class P2PHost:
             epoch, after = subscription.sync_cursor.get(peer_text, (b"", 0))
             try:
                 with trio.fail_after(5):
-                    stream = await self._libp2p.new_stream(peer, [SYNC_PROTOCOL])
-                    try:
-                        await write_frame(stream, {"topic": topic, "epoch": epoch, "after": after})
-                        reply = await read_frame(stream, SYNC_MAX_RESPONSE_BYTES)
-                    finally:
-                        await stream.close()
-                messages = frame_field(reply, "messages", list)
-                cursor = (frame_field(reply, "epoch", bytes), frame_field(reply, "next", int, 0))
+                    messages, cursor = await pull_recent(self._libp2p, peer, topic, epoch, after)
             except Exception as exc:  # a peer without the protocol or gone: others still answer
                 logger.debug("sync of %s from %s failed: %s", topic, peer_text, exc)
                 return
             subscription.sync_cursor[peer_text] = cursor
             for data in messages:
-                if type(data) is not bytes:
-                    continue
                 self.stats.add(SYNC_PROTOCOL, received=len(data))
                 if hashlib.sha256(data).digest() in subscription.delivered:
                     continue
-                if subscription.validator is not None and not self._run_validator(subscription.validator, data, peer_text):
+                if subscription.validator is not None and not self._run_validator(
+                    subscription.validator, data, peer_text
+                ):
                     continue
                 if self._deliver(topic, data, peer_text):
                     new += 1
@@ -566,24 +510,8 @@ class P2PHost:
         return new
 
     async def _handle_sync(self, stream: Any) -> None:
-        try:
-            with trio.fail_after(10):
-                request = await read_frame(stream, 4096)
-                topic = frame_field(request, "topic", str)
-                epoch = frame_field(request, "epoch", bytes)
-                after = frame_field(request, "after", int, 0)
-                budget = SYNC_MAX_RESPONSE_BYTES - 4096
-                last, messages = self._recent.since(topic, epoch, after, budget)
-                await write_frame(stream, {"epoch": self._recent.epoch, "next": last, "messages": messages})
-                self.stats.add(SYNC_PROTOCOL, sent=sum(len(m) for m in messages))
-                await stream.close()
-        except Exception as exc:  # bad request or dropped peer: end this stream only
-            logger.debug("sync request failed: %s", exc)
-            with trio.move_on_after(1):
-                try:
-                    await stream.reset()
-                except Exception:
-                    pass
+        sent = await serve_recent(stream, self._recent)
+        self.stats.add(SYNC_PROTOCOL, sent=sent)
 
     async def _resync_loop(self) -> None:
         while True:
@@ -597,7 +525,9 @@ class P2PHost:
 
     # ------------------------------------------------------------------ blobs
 
-    def provide_blob(self, source: bytes | str | os.PathLike[str], announce: bool = True, timeout: float = 30.0) -> str:
+    def provide_blob(
+        self, source: bytes | str | os.PathLike[str], announce: bool = True, timeout: float = 30.0
+    ) -> str:
         """Store ``source`` (bytes or a file path) in the blob dir and announce it on the DHT.
 
         Returns the sha256 hex. Hashing and copying happen on the calling thread,
@@ -648,7 +578,9 @@ class P2PHost:
     def find_providers(self, sha256_hex: str, timeout: float = 10.0) -> list[str]:
         """Peer ids announcing ``sha256_hex`` (deduplicated; includes this host if it holds the blob)."""
         sha256_hex = check_sha256_hex(sha256_hex)
-        found = self._call(self._find_providers, sha256_hex, timeout=timeout, what=f"find_providers {sha256_hex[:16]}")
+        found = self._call(
+            self._find_providers, sha256_hex, timeout=timeout, what=f"find_providers {sha256_hex[:16]}"
+        )
         return [p.to_base58() for p in found]
 
     async def _find_providers(self, sha256_hex: str) -> list[ID]:
@@ -674,7 +606,7 @@ class P2PHost:
         providers: list[str] | None = None,
         timeout: float | None = None,
     ) -> Path:
-        """Download a blob (parallel ranges from every provider), verify its sha256, place it at ``dest_path``.
+        """Download a blob (parallel ranges from all providers), verify its sha256, put it at ``dest_path``.
 
         Without ``providers`` they are looked up on the DHT. The blob is also kept in
         the blob dir (so this host can serve it). Raises BlobNotFound, BlobTooLarge,
@@ -685,7 +617,9 @@ class P2PHost:
         timeout = self.config.transfer_timeout if timeout is None else timeout
         if not self.store.has(sha256_hex):
             peer_ids = [ID.from_base58(p) for p in providers] if providers else None
-            self._call(self._fetch, sha256_hex, peer_ids, timeout=timeout, what=f"fetch blob {sha256_hex[:16]}")
+            self._call(
+                self._fetch, sha256_hex, peer_ids, timeout=timeout, what=f"fetch blob {sha256_hex[:16]}"
+            )
         return self.store.export(sha256_hex, dest_path)
 
     async def _fetch(self, sha256_hex: str, providers: list[ID] | None) -> Path:
@@ -705,7 +639,8 @@ class P2PHost:
     # ------------------------------------------------------------------ introspection
 
     def transfer_stats(self) -> dict[str, dict[str, int]]:
-        """Application bytes sent/received per protocol (``/dlx/blob/1.0.0``, ``/dlx/sync/1.0.0``, ``/meshsub``)."""
+        """Application bytes sent/received per protocol (``/dlx/blob/1.0.0``, ``/dlx/sync/1.0.0``,
+        ``/meshsub``)."""
         return self.stats.snapshot()
 
     def blob_peer_stats(self) -> dict[str, dict[str, int]]:
@@ -730,7 +665,9 @@ def _check_port_free(listen_host: str, port: int) -> None:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are fine
         probe.bind((listen_host, port))
     except OSError as exc:
-        raise P2PError(f"p2p.listen_port={port}: {listen_host}:{port} is already in use ({exc.strerror})") from None
+        raise P2PError(
+            f"p2p.listen_port={port}: {listen_host}:{port} is already in use ({exc.strerror})"
+        ) from None
     finally:
         probe.close()
 

@@ -39,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         for topic in args.subscribe:
             host.subscribe(topic)
         blobs = {path: host.provide_blob(path, announce=bool(args.bootstrap)) for path in args.files}
-        print(json.dumps({"peer_id": host.peer_id, "listen_addrs": host.listen_addrs, "blobs": blobs}), flush=True)
+        print(
+            json.dumps({"peer_id": host.peer_id, "listen_addrs": host.listen_addrs, "blobs": blobs}),
+            flush=True,
+        )
         sys.stdin.read()  # serve until the parent closes our stdin
     finally:
         host.close()

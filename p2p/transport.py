@@ -18,17 +18,16 @@ import threading
 import weakref
 from typing import Any
 
+import libp2p.stream_muxer.yamux.yamux as _yamux_module
 import trio
-
 from libp2p import new_host
 from libp2p.abc import IHost
 from libp2p.crypto.ed25519 import create_new_key_pair
-from libp2p.io.trio import TrioTCPStream
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
+from libp2p.io.trio import TrioTCPStream
+from libp2p.security.noise.io import MAX_PLAINTEXT_LENGTH as _NOISE_MAX_PLAINTEXT
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
-import libp2p.stream_muxer.yamux.yamux as _yamux_module
-from libp2p.security.noise.io import MAX_PLAINTEXT_LENGTH as _NOISE_MAX_PLAINTEXT
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.transport.tcp.tcp import TCP
@@ -128,7 +127,9 @@ def interface_ipv4(interface: str) -> str:
         pass
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         try:
-            packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", interface.encode()[:15]))  # SIOCGIFADDR
+            packed = fcntl.ioctl(
+                probe.fileno(), 0x8915, struct.pack("256s", interface.encode()[:15])
+            )  # SIOCGIFADDR
         except OSError as exc:
             raise P2PError(f"p2p.mdns_interface={interface!r}: no IPv4 address ({exc})") from None
     return socket.inet_ntoa(packed[20:24])

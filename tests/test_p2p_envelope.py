@@ -29,8 +29,21 @@ def repack(fields):
 
 def resign(fields, identity=ALICE):
     """Re-sign tampered fields so that only the intended check can fail."""
-    signed = [fields[name] for name in ("domain", "version", "run_id", "round", "kind", "stage", "replica",
-                                         "sender", "payload_sha256", "timestamp_ms")]
+    signed = [
+        fields[name]
+        for name in (
+            "domain",
+            "version",
+            "run_id",
+            "round",
+            "kind",
+            "stage",
+            "replica",
+            "sender",
+            "payload_sha256",
+            "timestamp_ms",
+        )
+    ]
     fields["signature"] = identity.sign(msgpack.packb(signed, use_bin_type=True))
     return repack(fields)
 
@@ -60,8 +73,14 @@ def test_signed_header_without_payload_still_verifies():
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"\xc1", b"not msgpack at all", msgpack.packb([1, 2, 3]), msgpack.packb({"domain": DOMAIN}),
-     msgpack.packb(b"bytes")],
+    [
+        b"",
+        b"\xc1",
+        b"not msgpack at all",
+        msgpack.packb([1, 2, 3]),
+        msgpack.packb({"domain": DOMAIN}),
+        msgpack.packb(b"bytes"),
+    ],
 )
 def test_malformed(data):
     assert reason_of(data) == "malformed"
@@ -75,8 +94,17 @@ def test_unknown_field_is_malformed():
 
 @pytest.mark.parametrize(
     "name,value",
-    [("round", True), ("round", -1), ("round", "3"), ("stage", -2), ("sender", b"\x00" * 31),
-     ("payload_sha256", "ab" * 32), ("payload", "text"), ("run_id", 1.5), ("signature", b"\x00" * 10)],
+    [
+        ("round", True),
+        ("round", -1),
+        ("round", "3"),
+        ("stage", -2),
+        ("sender", b"\x00" * 31),
+        ("payload_sha256", "ab" * 32),
+        ("payload", "text"),
+        ("run_id", 1.5),
+        ("signature", b"\x00" * 10),
+    ],
 )
 def test_wrong_types_and_lengths_are_malformed(name, value):
     fields = raw_map(make())
@@ -106,8 +134,15 @@ def test_bad_domain_and_version():
 
 
 def test_bad_signature_on_any_tampered_field():
-    for name, value in [("round", 4), ("run_id", 8), ("kind", "contribution"), ("stage", 2), ("replica", 1),
-                        ("timestamp_ms", 1), ("payload_sha256", hashlib.sha256(b"other").digest())]:
+    for name, value in [
+        ("round", 4),
+        ("run_id", 8),
+        ("kind", "contribution"),
+        ("stage", 2),
+        ("replica", 1),
+        ("timestamp_ms", 1),
+        ("payload_sha256", hashlib.sha256(b"other").digest()),
+    ]:
         fields = raw_map(make())
         fields[name] = value
         if name == "payload_sha256":

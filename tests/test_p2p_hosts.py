@@ -41,7 +41,9 @@ def cluster(tmp_path_factory):
 
 def test_bootstrap_and_dht_discovery(cluster):
     ids = {h.peer_id for h in cluster}
-    wait_until(lambda: all(set(h.peers()) == ids - {h.peer_id} for h in cluster), 20, "a full mesh of connections")
+    wait_until(
+        lambda: all(set(h.peers()) == ids - {h.peer_id} for h in cluster), 20, "a full mesh of connections"
+    )
     assert all(addr.endswith(f"/p2p/{h.peer_id}") for h in cluster for addr in h.listen_addrs)
     # Peer routing: host 3 learned host 2's address without being told.
     addrs = cluster[3].find_peer(cluster[2].peer_id, timeout=10)
@@ -52,7 +54,9 @@ def test_bootstrap_and_dht_discovery(cluster):
 def subscribe_all(cluster, topic, validators):
     queues = [h.subscribe(topic, v.accepts) for h, v in zip(cluster, validators)]
     others = len(cluster) - 1
-    wait_until(lambda: all(len(h.topic_peers(topic)) == others for h in cluster), 20, f"subscriptions on {topic}")
+    wait_until(
+        lambda: all(len(h.topic_peers(topic)) == others for h in cluster), 20, f"subscriptions on {topic}"
+    )
     time.sleep(2.5)  # a couple of 1 s heartbeats to graft the mesh
     return queues
 
@@ -114,7 +118,9 @@ def test_late_subscriber_gets_recent_messages(cluster):
 def test_sync_recovers_a_message_gossip_rejected_while_behind(cluster):
     """Host 3 is a round behind: it rejects round-1 gossip, then catches up and pulls it via /dlx/sync."""
     topic = "dlx/run42/rounds"
-    validators = [EnvelopeValidator(RUN, max_size=1 << 20, max_rounds_ahead=0 if i == 3 else 2) for i in range(4)]
+    validators = [
+        EnvelopeValidator(RUN, max_size=1 << 20, max_rounds_ahead=0 if i == 3 else 2) for i in range(4)
+    ]
     queues = subscribe_all(cluster, topic, validators)
     ahead = Envelope.create(cluster[0].identity, RUN, 1, "announce", b"round 1 begins")
     cluster[0].publish(topic, ahead.to_bytes())

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from p2p.config import P2PConfig
 from node.errors import ConfigError
+from p2p.config import P2PConfig
 from p2p.errors import HostClosed, P2PError
 from p2p.host import P2PHost
 from p2p.identity import Identity
@@ -41,7 +41,9 @@ def test_close_leaves_no_threads_sockets_or_listeners(tmp_path):
     baseline_sockets = open_sockets()
     first = P2PHost.start(P2PConfig(), Identity.load_or_create(tmp_path / "a.key"), data_dir=tmp_path / "a")
     hosts = [first] + [
-        P2PHost.start(P2PConfig(bootstrap=first.listen_addrs), Identity.generate(), data_dir=tmp_path / f"h{i}")
+        P2PHost.start(
+            P2PConfig(bootstrap=first.listen_addrs), Identity.generate(), data_dir=tmp_path / f"h{i}"
+        )
         for i in range(2)
     ]
     queues = [h.subscribe("t") for h in hosts]

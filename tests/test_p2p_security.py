@@ -35,15 +35,18 @@ def security_options(kind, key_pair):
         return {PLAINTEXT_PROTOCOL_ID: InsecureTransport(key_pair)}
     if kind == "secio":
         return {secio.ID: secio.Transport(key_pair)}
-    return {NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=create_new_x25519_key_pair().private_key)}
+    return {
+        NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=create_new_x25519_key_pair().private_key)
+    }
 
 
 def dial(target_addr, security, muxer):
     """Dial ``target_addr`` from a stock py-libp2p host restricted to one security and one muxer."""
     key_pair = create_new_key_pair()
     muxers = {YAMUX_PROTOCOL_ID: Yamux} if muxer == "yamux" else {MPLEX_PROTOCOL_ID: Mplex}
-    dialer = new_host(key_pair=key_pair, sec_opt=security_options(security, key_pair), muxer_opt=muxers,
-                      transports=[TCP()])
+    dialer = new_host(
+        key_pair=key_pair, sec_opt=security_options(security, key_pair), muxer_opt=muxers, transports=[TCP()]
+    )
 
     async def attempt():
         async with dialer.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
@@ -75,8 +78,12 @@ def test_other_security_or_muxer_is_refused(target, security, muxer):
 def test_host_does_not_offer_plaintext_when_dialling(target, tmp_path):
     """Our host dialling a plaintext-only listener fails too (it never falls back)."""
     key_pair = create_new_key_pair()
-    listener = new_host(key_pair=key_pair, sec_opt=security_options("plaintext", key_pair),
-                        muxer_opt={YAMUX_PROTOCOL_ID: Yamux}, transports=[TCP()])
+    listener = new_host(
+        key_pair=key_pair,
+        sec_opt=security_options("plaintext", key_pair),
+        muxer_opt={YAMUX_PROTOCOL_ID: Yamux},
+        transports=[TCP()],
+    )
     outcome = {}
 
     async def serve_and_dial():

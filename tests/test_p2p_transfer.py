@@ -21,9 +21,19 @@ pytestmark = pytest.mark.timeout(120)
 def start_provider(path, data_dir, rate_limit_bps=0.0):
     """``python -m p2p.serve`` in its own process; returns (process, info dict)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "p2p.serve", str(path), "--data-dir", str(data_dir),
-         "--rate-limit-bps", str(rate_limit_bps)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "p2p.serve",
+            str(path),
+            "--data-dir",
+            str(data_dir),
+            "--rate-limit-bps",
+            str(rate_limit_bps),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     line = process.stdout.readline()
     if not line:
@@ -53,7 +63,9 @@ def test_download_finishes_from_another_provider_when_one_is_killed(tmp_path, bl
     rate = 6e6  # both providers capped so the transfer lasts a few seconds
     doomed, info = start_provider(blob_file, tmp_path / "doomed", rate_limit_bps=rate)
     try:
-        survivor = P2PHost.start(P2PConfig(rate_limit_bps=rate), Identity.generate(), data_dir=tmp_path / "survivor")
+        survivor = P2PHost.start(
+            P2PConfig(rate_limit_bps=rate), Identity.generate(), data_dir=tmp_path / "survivor"
+        )
         fetcher = P2PHost.start(P2PConfig(), Identity.generate(), data_dir=tmp_path / "fetcher")
         try:
             sha = survivor.provide_blob(blob_file, announce=False)
