@@ -122,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=2)
     p.add_argument("--out", default="dlx-demo", help="working directory for node data, logs and checkpoints")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up after this many seconds")
+    p.add_argument("--keep", action="store_true",
+                   help="after training, keep the chain running (for audit/pull) until Ctrl-C")
 
     p = sub.add_parser("status", help="what a running node is doing")
     p.add_argument("--data-dir", default=".", help="the node's data directory")

@@ -78,10 +78,17 @@ def run_demo(args: argparse.Namespace) -> int:
         run.start()
         ok = run.wait(args.timeout, on_tick=tick)
         summary = summarize(run)
+        print(format_summary(summary))
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        if args.keep:
+            print(f"\nthe chain stays up at {run.url} for audit/pull; Ctrl-C to stop it")
+            try:
+                while run.anvil is not None and run.anvil.running():
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                pass
     finally:
         run.stop()
-    print(format_summary(summary))
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if not ok:
         logs = ", ".join(str(s.log_path) for s in run.nodes)
         raise NodeError(f"demo did not finish cleanly; node logs: {logs}")
@@ -121,6 +128,7 @@ def summarize(run: LocalRun) -> dict:
         "model_params": params, "rounds": rounds, "bytes_sent_all_nodes": sent,
         "allreduce_bytes_equivalent": allreduce, "checkpoints": checkpoints, "latest_checkpoint_file": ckpt_path,
         "disputes": len(history.disputes), "workdir": str(run.workdir),
+        "node_dirs": [str(slot.data_dir) for slot in run.nodes],
     }
 
 
@@ -137,6 +145,7 @@ def format_summary(s: dict) -> str:
                  f"{s['checkpoints'][-1] if s['checkpoints'] else 'none'}")
     lines.append(f"checkpoint file: {s['latest_checkpoint_file']}")
     lines.append(f"disputes: {s['disputes']}; node data, logs and deployment.json in {s['workdir']}")
-    lines.append(f"audit it:  dlx-node audit --rpc {s['rpc_url']} --run {s['run_id']} --deployment "
-                 f"{s['workdir']}/deployment.json --archive {s['workdir']}/<node>  (while the chain runs)")
+    archives = " ".join(f"--archive {p}" for p in s.get("node_dirs", []))
+    lines.append(f"audit it (with --keep, while the chain runs):\n  dlx-node audit --rpc {s['rpc_url']} "
+                 f"--run {s['run_id']} --deployment {s['workdir']}/deployment.json {archives}")
     return "\n".join(lines)
