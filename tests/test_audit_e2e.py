@@ -195,7 +195,7 @@ def test_archives_of_nodes_holding_different_stages_are_merged(run, client, tmp_
             manifest["contributions"] = mine
             (target / round_dir.name / "round.json").write_text(json.dumps(manifest))
     merged = audit_run(client, run.run_id, archives=[tmp_path / "stage0", tmp_path / "stage1"])
-    assert merged.ok and merged.counts()[UNVERIFIABLE] == 0
+    assert merged.ok and all(r.status == OK for r in merged.rounds)  # (no checkpoint files were copied)
     alone = audit_run(client, run.run_id, archives=[tmp_path / "stage1"])
     assert alone.ok  # incomplete evidence is unverifiable, never a failure
     assert all(r.status == UNVERIFIABLE for r in alone.rounds)
