@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import threading
+from queue import Empty
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -517,7 +518,7 @@ class Node:
         while not self.stop_event.is_set():
             try:
                 data, _from = queue.get(timeout=0.5)
-            except Exception:  # queue.Empty
+            except Empty:
                 continue
             try:
                 self._on_message(data)
