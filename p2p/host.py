@@ -14,6 +14,7 @@ Kademlia DHT in server mode for peer routing and provider records, and the
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import hashlib
 import logging
@@ -61,7 +62,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 GossipValidator = Callable[[bytes, str], bool]
 GOSSIP_PROTOCOL = "/meshsub"
-_DELIVERED_MEMORY = 4096  # per topic: hashes of delivered messages, to drop gossip/sync duplicates
+_DELIVERED_MEMORY = 4096
+_PROVIDER_QUERY_FANOUT = 32  # connected peers asked directly for a blob's providers  # per topic: hashes of delivered messages, to drop gossip/sync duplicates
 
 
 class TransferStats:
@@ -442,23 +444,33 @@ class P2PHost:
 
         self._call(leave, timeout=timeout, what=f"unsubscribe {topic}")
 
-    def publish(self, topic: str, data: bytes, timeout: float = 10.0) -> None:
-        """Gossip ``data`` on ``topic``. Raises P2PError if it exceeds ``gossip_max_message_bytes``
-        (gossipsub would drop it silently: send large payloads as blobs)."""
+    def publish(self, topic: str, data: bytes, timeout: float = 10.0) -> bool:
+        """Gossip ``data`` on ``topic``; return False if these exact bytes were already gossiped.
+
+        Message ids are content-addressed, so publishing identical bytes again within
+        pubsub's 120 s seen window is a no-op (False): peers that missed them get them
+        through ``/dlx/sync`` (:meth:`resync`, and every ``gossip_resync_interval``).
+        Raises P2PError if ``data`` exceeds ``gossip_max_message_bytes`` (gossipsub would
+        drop it silently: send large payloads as blobs and gossip their hash).
+        """
         if len(data) > self.config.gossip_max_message_bytes:
             raise P2PError(
                 f"gossip message of {len(data)} bytes exceeds p2p.gossip_max_message_bytes="
                 f"{self.config.gossip_max_message_bytes}: send it as a blob and gossip its hash"
             )
         data = bytes(data)
+        message_id = base64.b64encode(hashlib.sha256(data).digest())  # ContentAddressedMessageIDGenerator
 
-        async def send() -> None:
+        async def send() -> bool:
             if topic not in self._subscriptions:
                 self._recent.add(topic, data)  # still servable through /dlx/sync
+            if self._pubsub.seen_messages.has(message_id):
+                return False
             await self._pubsub.publish(topic, data)
             self.stats.add(GOSSIP_PROTOCOL, sent=len(data))
+            return True
 
-        self._call(send, timeout=timeout, what=f"publish on {topic}")
+        return self._call(send, timeout=timeout, what=f"publish on {topic}")
 
     def topic_peers(self, topic: str, timeout: float = 5.0) -> list[str]:
         """Peers known to be subscribed to ``topic``."""
@@ -585,9 +597,28 @@ class P2PHost:
 
     async def _find_providers(self, sha256_hex: str) -> list[ID]:
         key = _dht_key(sha256_hex)
-        infos = list(self._dht.provider_store.get_providers(key))
-        with trio.move_on_after(8):
-            infos += await self._dht.provider_store.find_providers(key, 20)
+        store = self._dht.provider_store
+        infos = list(store.get_providers(key))
+        # py-libp2p's lookup stops at the local record store as soon as it holds one
+        # provider, so also ask every connected peer directly (a small network: the
+        # k closest peers are all of them), then run the iterative lookup.
+        ask = list(self._libp2p.get_network().connections)[:_PROVIDER_QUERY_FANOUT]
+
+        async def ask_peer(peer: ID) -> None:
+            with trio.move_on_after(5):
+                try:
+                    providers, _closer = await store._get_providers_from_peer_with_closers(peer, key)
+                except Exception as exc:  # a peer without the DHT protocol, or gone
+                    logger.debug("GET_PROVIDERS from %s failed: %s", peer, exc)
+                    return
+                infos.extend(providers)
+
+        async with trio.open_nursery() as nursery:
+            for peer in ask:
+                nursery.start_soon(ask_peer, peer)
+        if not infos:
+            with trio.move_on_after(5):
+                infos += await store.find_providers(key, 20)
         peerstore = self._libp2p.get_peerstore()
         my_id = self._libp2p.get_id()
         unique: dict[ID, None] = {}

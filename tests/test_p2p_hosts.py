@@ -134,6 +134,13 @@ def test_sync_recovers_a_message_gossip_rejected_while_behind(cluster):
     assert cluster[3].transfer_stats()["/dlx/sync/1.0.0"]["received"] >= len(ahead.to_bytes())
 
 
+def test_republishing_identical_bytes_is_deduplicated(cluster):
+    topic = "dlx/run42/control"
+    data = Envelope.create(cluster[1].identity, RUN, 0, "hello", b"once").to_bytes()
+    assert cluster[1].publish(topic, data) is True
+    assert cluster[1].publish(topic, data) is False  # same content id: not sent twice
+
+
 def test_oversized_gossip_is_refused_loudly(cluster):
     with pytest.raises(P2PError, match="blob"):
         cluster[0].publish("dlx/run42/control", b"x" * 1_100_000)
