@@ -62,8 +62,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 GossipValidator = Callable[[bytes, str], bool]
 GOSSIP_PROTOCOL = "/meshsub"
-_DELIVERED_MEMORY = 4096
-_PROVIDER_QUERY_FANOUT = 32  # connected peers asked directly for a blob's providers  # per topic: hashes of delivered messages, to drop gossip/sync duplicates
+_DELIVERED_MEMORY = 4096  # per topic: hashes of delivered messages, to drop gossip/sync duplicates
+_PROVIDER_QUERY_FANOUT = 32  # connected peers asked directly for a blob's providers
 
 
 class TransferStats:
