@@ -59,7 +59,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-rank", type=int, default=32)
     parser.add_argument("--min-compress-numel", type=int, default=4096)
     parser.add_argument("--no-delay", action="store_true", help="DiLoCoX without the one-step delay")
-    parser.add_argument("--delay-correction", default="rebase", choices=["rebase", "reset"])
+    parser.add_argument("--delay-correction", default="rebase", choices=["rebase", "lookahead", "reset"])
     parser.add_argument("--eval-batches", type=int, default=16)
     parser.add_argument("--eval-every", type=int, default=5, help="rounds between held-out evaluations")
     parser.add_argument("--seed", type=int, default=0)

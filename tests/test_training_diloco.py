@@ -264,3 +264,31 @@ def test_config_rejects_unknown_delay_correction():
 
     with pytest.raises(ConfigError, match="delay_correction"):
         DilocoConfig(delay_correction="rewind")
+
+
+def test_lookahead_with_one_replica_is_synchronous_diloco():
+    # One replica, lossless: its own estimate of theta^t IS theta^t, so overlapping the
+    # exchange changes nothing but float rounding of the re-basing.
+    g = torch.Generator().manual_seed(9)
+    steps = [0.1 * torch.randn(6, generator=g) for _ in range(4)]
+    init = torch.randn(6, generator=g)
+    results = []
+    for cfg in (DilocoConfig(one_step_delay=False), DilocoConfig(one_step_delay=True, delay_correction="lookahead")):
+        param = init.clone()
+        engine = StageEngine(0, {"w": param}, cfg, RAW)
+        pending = None
+        for outer_round, step in enumerate(steps):
+            param -= step * (1 + 0.1 * param.abs())  # weight-dependent "training"
+            if pending is not None:
+                engine.apply_round(outer_round - 1, [pending])
+            blob, _ = engine.encode_contribution(outer_round)
+            if cfg.one_step_delay:
+                pending = blob
+                with pytest.raises(RoundOrderError):
+                    engine.encode_contribution(outer_round + 1)  # must apply round t first
+            else:
+                engine.apply_round(outer_round, [blob])
+        if pending is not None:
+            engine.apply_round(len(steps) - 1, [pending])
+        results.append(engine.global_weights["w"])
+    assert torch.allclose(results[0], results[1], atol=1e-6)

@@ -585,6 +585,7 @@ class ErrorFeedbackCompressor:
         self.cfg = cfg
         self.shapes = {name: tuple(shape) for name, shape in shapes.items()}
         self.residual = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()}
+        self.last_decoded: dict[str, torch.Tensor] = {}
 
     def compress(
         self, pseudo_gradient: Mapping[str, torch.Tensor], *, stage_index: int, outer_round: int
@@ -602,6 +603,7 @@ class ErrorFeedbackCompressor:
         if use_feedback:
             for name in self.residual:
                 self.residual[name] = torch.sub(target[name].to(torch.float32), decoded[name])
+        self.last_decoded = decoded  # what every receiver will decode from ``blob``
         return blob, stats
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -96,7 +96,9 @@ class DilocoConfig:
     num_replicas: int = 2  # M, replicas expected per stage
     # How local weights follow a delayed outer step (docs/DILOCOX.md): "rebase" keeps the
     # local progress of the round that overlapped the exchange, theta^t + (L - E_t);
-    # "reset" restarts from theta^t (that progress still arrives as the next pseudo-gradient).
+    # "lookahead" also starts that round from the replica's own estimate of theta^t and
+    # re-bases from there; "reset" restarts from theta^t (that progress still arrives as
+    # the next pseudo-gradient).
     delay_correction: str = "rebase"
 
     def __post_init__(self) -> None:
@@ -108,8 +110,8 @@ class DilocoConfig:
         )
         _require(self.num_replicas >= 1, f"diloco.num_replicas={self.num_replicas}: must be >= 1")
         _require(
-            self.delay_correction in ("rebase", "reset"),
-            f"diloco.delay_correction={self.delay_correction!r}: must be 'rebase' or 'reset'",
+            self.delay_correction in ("rebase", "lookahead", "reset"),
+            f"diloco.delay_correction={self.delay_correction!r}: must be 'rebase', 'lookahead' or 'reset'",
         )
 
 

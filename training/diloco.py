@@ -206,12 +206,16 @@ class StageEngine:
     def delayed(self) -> bool:
         return self.diloco_cfg.one_step_delay
 
+    @property
+    def lookahead(self) -> bool:
+        return self.delayed and self.diloco_cfg.delay_correction == "lookahead"
+
     def encode_contribution(self, outer_round: int) -> tuple[bytes, CompressionStats]:
         """Pseudo-gradient of ``outer_round`` (start-of-round minus current local weights), compressed."""
         if outer_round != self.last_encoded + 1:
             raise RoundOrderError(f"stage {self.stage_index}: encode round {outer_round}, expected {self.last_encoded + 1}")
         pending = outer_round - 1 - self.last_applied  # rounds encoded but not applied
-        if pending > (1 if self.delayed else 0):
+        if pending > (1 if self.delayed and not self.lookahead else 0):
             raise RoundOrderError(
                 f"stage {self.stage_index}: round {self.last_applied + 1} must be applied before encoding "
                 f"round {outer_round} ({'one-step delay' if self.delayed else 'no delay'})"
@@ -222,6 +226,16 @@ class StageEngine:
         blob, stats = self.compressor.compress(
             pseudo_gradient, stage_index=self.stage_index, outer_round=outer_round
         )
+        if self.lookahead:
+            # Start the next round from this replica's own estimate of theta^t: the outer
+            # step applied to its own (decoded) contribution instead of the average.
+            estimate, _ = outer_step(
+                self.global_weights, self.momentum, self.compressor.last_decoded, self.diloco_cfg
+            )
+            with torch.no_grad():
+                for name, param in self.params.items():
+                    param.copy_(estimate[name])
+            local = estimate
         self._round_end[outer_round] = local
         self._round_start = local
         self.last_encoded = outer_round

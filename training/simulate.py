@@ -269,6 +269,10 @@ def _simulate_diloco(
             started = time.perf_counter()
             losses.extend(trainer.train_step(x, y) for x, y in batches(replica, outer_round))
             train_seconds[replica] = time.perf_counter() - started
+        # One-step delay: the previous round's exchange overlapped this round's inner
+        # steps; its outer step is applied now, before this round's contribution is encoded.
+        if delayed and pending is not None:
+            apply(outer_round - 1, pending, outer_seconds)
         # Every replica encodes its pseudo-gradient of this round, stage by stage.
         contributions: list[list[bytes]] = [[] for _ in range(pipeline_cfg.num_stages)]
         sent = [0] * replicas
@@ -284,15 +288,12 @@ def _simulate_diloco(
                 raw[replica] += stats.raw_bytes
                 if replica == 0:
                     tensor_stats.extend(dataclasses.asdict(t) for t in stats.tensors)
-        # Outer step: this round's now, or (one-step delay) the previous round's, whose
-        # exchange overlapped this round's inner steps.
         if not delayed:
             apply(outer_round, contributions, outer_seconds)
-        elif pending is not None:
-            apply(outer_round - 1, pending, outer_seconds)
-        pending = contributions
-        if delayed and outer_round == outer_rounds - 1:
-            apply(outer_round, pending, outer_seconds)  # flush: no next round to overlap with
+        else:
+            pending = contributions
+            if outer_round == outer_rounds - 1:
+                apply(outer_round, pending, outer_seconds)  # flush: no next round to overlap with
         evaluate = (outer_round + 1) % eval_every == 0 or outer_round == outer_rounds - 1
         eval_loss = None
         if evaluate and engines[0][0].last_applied >= 0:
