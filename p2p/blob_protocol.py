@@ -156,7 +156,8 @@ class BlobService:
     # ----- client side -----
 
     async def _request(self, peer: ID, digest: bytes, offset: int, length: int) -> tuple[Any, dict[str, Any]]:
-        stream = await self._open_stream(peer, BLOB_PROTOCOL)
+        with trio.fail_after(self.stall_timeout):  # dialling included: a dead provider costs one stall
+            stream = await self._open_stream(peer, BLOB_PROTOCOL)
         try:
             with trio.fail_after(self.stall_timeout):
                 await write_frame(stream, {"sha256": digest, "offset": offset, "length": length})
@@ -234,19 +235,22 @@ class BlobService:
             return self.store.path(sha256_hex)
         if not providers:
             raise BlobNotFound(f"blob {sha256_hex[:16]}: no providers")
-        total = None
-        usable: list[ID] = []
+        sizes: dict[ID, int] = {}
         errors: dict[str, str] = {}
-        for peer in providers:
+
+        async def ask(peer: ID) -> None:
             try:
-                size = await self.stat(peer, sha256_hex)
-            except Exception as exc:  # provider unreachable or without the blob: try the others
+                sizes[peer] = await self.stat(peer, sha256_hex)
+            except Exception as exc:  # provider unreachable or without the blob: the others may serve
                 errors[peer.to_base58()] = f"{type(exc).__name__}: {exc}"
-                continue
-            if total is None:
-                total = size
-            if size == total:
-                usable.append(peer)
+
+        async with trio.open_nursery() as nursery:
+            for peer in providers:
+                nursery.start_soon(ask, peer)
+        # Every provider of a content address must report the same size; the most common
+        # answer wins and the final hash check settles the rest.
+        total = max(set(sizes.values()), key=list(sizes.values()).count) if sizes else None
+        usable = [peer for peer in providers if sizes.get(peer) == total]
         if total is None:
             raise BlobNotFound(f"blob {sha256_hex[:16]}: no provider could serve it ({errors})")
         if total > max_bytes:

@@ -134,18 +134,24 @@ class BlobStore:
                 staged.unlink(missing_ok=True)
                 raise BlobHashMismatch(f"staged blob hashes to {actual}, expected {sha256_hex}")
         target = self.path(sha256_hex)
+        # Read-only: exported copies are hard links, so this keeps callers from editing a
+        # stored blob in place (which would make this host serve bytes that fail their hash).
+        os.chmod(staged, 0o444)
         os.replace(staged, target)
         _fsync_dir(self.root)
         return target
 
     def export(self, sha256_hex: str, dest: str | os.PathLike[str]) -> Path:
-        """Make the blob available at ``dest``: a hard link when possible, else an atomic copy."""
+        """Make the blob available at ``dest``: a read-only hard link when possible, else an atomic copy.
+
+        Do not modify the result in place: copy it first (or remove it when done).
+        """
         source = self.path(sha256_hex)
         if not source.is_file():
             raise BlobNotFound(f"blob {sha256_hex} is not stored locally")
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        if dest.exists() and dest.resolve() == source.resolve():
+        if dest.exists() and os.path.samefile(dest, source):
             return dest
         tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
         tmp.unlink(missing_ok=True)

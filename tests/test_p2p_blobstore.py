@@ -50,6 +50,8 @@ def test_export_links_and_remove(tmp_path):
     sha = store.put_bytes(b"abc")
     out = store.export(sha, tmp_path / "nested" / "out.bin")
     assert out.read_bytes() == b"abc"
+    assert out.stat().st_mode & 0o777 == 0o444  # a shared inode: nobody edits the stored blob in place
+    assert store.export(sha, out) == out  # exporting onto itself is a no-op
     assert store.remove(sha) and not store.has(sha) and not store.remove(sha)
     assert out.read_bytes() == b"abc"  # the exported copy survives
 

@@ -172,6 +172,7 @@ def test_corrupt_provider_is_detected(cluster, tmp_path):
     data = os.urandom(3 << 20)
     sha = cluster[1].provide_blob(data, announce=False)
     path = cluster[1].blob_path(sha)
+    path.chmod(0o644)
     path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size, one bit off
     with pytest.raises(BlobHashMismatch):
         cluster[2].fetch_blob(sha, tmp_path / "bad.bin", providers=[cluster[1].peer_id], timeout=30)
