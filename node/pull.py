@@ -235,6 +235,9 @@ class ArchiveSource:
             entries = [(int(s), int(r), str(p), str(h).lower()) for s, r, p, h in doc["contributions"]]
             if int(doc.get("round", round_index)) != round_index:
                 raise ValueError(f"it says round {doc.get('round')}")
+            for _s, _r, _p, h in entries:
+                if len(h) != 64 or set(h) - set("0123456789abcdef"):
+                    raise ValueError(f"{h[:80]!r} is not a sha256 hex digest")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             logger.warning("%s: round %d manifest unreadable: %s", self.name, round_index, exc)
             return []
@@ -250,12 +253,17 @@ class ArchiveSource:
             return None
 
     def checkpoint(self, round_index: int, content_hash_hex: str) -> bytes | None:
+        """The candidate file with the expected content, else the first candidate (reported as corrupt)."""
+        first = None
         for path in find_checkpoint_files([self.root], round_index, content_hash_hex):
             try:
-                return path.read_bytes()
+                data = path.read_bytes()
             except OSError:
                 continue
-        return None
+            if hashlib.sha256(data).hexdigest() == content_hash_hex:
+                return data
+            first = data if first is None else first
+        return first
 
 
 class PeerSource:
@@ -293,6 +301,8 @@ class PeerSource:
 
 @dataclass
 class EvidenceCopy:
+    """The verified bytes of one item (None if no source had them) and the sources that offered others."""
+
     data: bytes | None
     bad: list[str]  # "<source>: bytes hash to <hex>"
 
