@@ -72,9 +72,18 @@ def configure_logging(level: str = "info", json_logs: bool = False, log_file: st
     # py-libp2p and web3 are chatty at INFO.
     for noisy in ("web3", "urllib3", "asyncio", "multiaddr", "async_service"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
-    # py-libp2p logs every failed dial to a peer that is down at WARNING, with its own handler.
+
+
+
+def tame_libp2p_logging(level: int) -> None:
+    """py-libp2p resets its loggers when imported (level WARNING, no handler, no propagation),
+    so every failed dial to a peer that is down lands on stderr unformatted. Import it now and
+    route its records through our handler: errors only, unless we log at debug level."""
+    import libp2p  # noqa: F401  (its import-time logging set-up must run before we adjust it)
+
     libp2p_logger = logging.getLogger("libp2p")
-    libp2p_logger.setLevel(logging.DEBUG if root.level <= logging.DEBUG else logging.ERROR)
+    libp2p_logger.setLevel(logging.DEBUG if level <= logging.DEBUG else logging.ERROR)
+    libp2p_logger.propagate = True
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -161,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     configure_logging(args.log_level, args.log_json, args.log_file)
+    if args.command in ("start", "audit", "pull"):
+        tame_libp2p_logging(logging.getLogger().level)
     from node import commands  # deferred: pulls in torch / libp2p / web3 as needed
 
     started = time.monotonic()

@@ -415,11 +415,13 @@ class Node:
             have = dict(self._fetched.get((outer_round, stage), {}))
         ready = {a.peer_id: a for a in announced.values() if a.envelope_hash in have}
         # Expected: every live holder of the stage that entered the run at or before this
-        # round. A node that is catching up (first_round > round) will not contribute to it.
+        # round, or has not yet decided where it enters (first_round -1: it is still joining;
+        # at a fresh start that is everyone for a moment). A node that is catching up
+        # (first_round > round) will not contribute to it.
         peers = self.book.live_peers(PEER_TTL_S)
         expected = {p for p, pl in self.placements.items() if stage in pl.stages and (
             (p == self.peer_id and outer_round in self._train_info)
-            or (p in peers and 0 <= peers[p].hello.first_round <= outer_round))}
+            or (p in peers and peers[p].hello.first_round <= outer_round))}
         replicas = {a.replica for a in ready.values()}
         if not (expected <= set(ready) or (final and len(replicas) >= self.cfg.quorum)):
             return None
