@@ -43,6 +43,21 @@ step: that one-round staleness is the price of the overlap. Without the delay,
 ``apply_round(t)`` runs before round t+1 trains, ``L = E_t`` and the rule
 reduces to DiLoCo's ``theta_i <- theta^t`` (done as a plain copy).
 
+Variants (``diloco.delay_correction``; the default is the rule above):
+
+* ``"lookahead"``: right after encoding round t (which then requires round
+  t-1 to be applied already), the replica moves its local weights to its own
+  estimate of the next global weights, ``S^{t+1} = OuterSGDNesterov(theta^{t-1},
+  m^{t-1}, decode(own contribution))``, trains round t+1 from there, and
+  ``apply_round(t)`` re-bases with ``theta_i <- theta^t + (L - S^{t+1})``. The
+  pseudo-gradient of round t+1 is ``S^{t+1} - E^{t+1}``, again exactly the
+  round's local progress, taken relative to ``theta^t`` after the re-basing;
+  the start is only off by ``lr (1 + mu) (own - average)`` instead of the whole
+  outer step (with momentum the outer step extrapolates far from ``E_t``).
+  With one replica and lossless coding this is synchronous DiLoCo.
+* ``"reset"``: ``theta_i <- theta^t``: the progress of round t+1 is kept only
+  through its pseudo-gradient, applied one round later (delayed-gradient SGD).
+
 Bit-exact aggregation: :func:`aggregate` is a pure function of the previous
 global weights, the momentum, the contribution bytes in canonical order and the
 config; the decoder uses integer arithmetic for its matrix product
@@ -178,8 +193,9 @@ class StageEngine:
     correction needs. Call order per round t (module docstring)::
 
         no delay:  train(t); encode_contribution(t); apply_round(t, ...)
-        delay:     train(t); encode_contribution(t); [apply_round(t-1, ...)];
+        delay:     train(t); [apply_round(t-1, ...)]; encode_contribution(t);
                    train(t+1); ...; finally apply_round(last, ...)
+                   ("rebase"/"reset" also accept encode(t) before apply(t-1))
     """
 
     def __init__(
