@@ -196,6 +196,7 @@ MUTATIONS = {
     "nan_scale": lambda m: m["t"][1].update(x=b"\x00\x00\xc0\x7f" * 5),
     "negative_scale": lambda m: m["t"][1].update(x=b"\x00\x00\x80\xbf" * 5),
     "out_of_range_ints": _set_max_value,
+    "overflowing_scale": lambda m: m["t"][1].update(x=b"\xff\xff\x7f\x7f" * 5),  # 3.4e38 * q -> inf
     "entry_not_map": lambda m: m["t"].__setitem__(0, [1, 2]),
     "name_type": lambda m: m["t"][0].update(n=7),
 }

@@ -379,7 +379,7 @@ def encode_tensor(
         raise ContributionEncodeError(f"{name!r}: pseudo-gradient has non-finite values")
     raw_bytes = 4 * value.numel()
     header = {"n": name, "s": list(shape)}
-    if not cfg.enabled:
+    if not cfg.enabled or value.numel() == 0:
         entry = {**header, "c": "raw", "d": _f32_bytes(value)}
         stats = TensorCodecStats(name, shape, "raw", 0, 32, raw_bytes, raw_bytes, 0.0, True)
         return entry, value.clone(), stats
@@ -564,10 +564,14 @@ def decode_contribution(
     names = sorted(expected_shapes)
     if len(entries) != len(names):
         raise ContributionDecodeError(f"contribution has {len(entries)} tensors, the stage has {len(names)}")
-    return {
-        name: _decode_entry(entry, name, tuple(expected_shapes[name]), index)
-        for index, (entry, name) in enumerate(zip(entries, names))
-    }
+    decoded = {}
+    for index, (entry, name) in enumerate(zip(entries, names)):
+        value = _decode_entry(entry, name, tuple(expected_shapes[name]), index)
+        # Finite scales can still overflow float32 in the product: refuse, never average an inf.
+        if not bool(torch.isfinite(value).all()):
+            raise ContributionDecodeError(f"tensor {index} ({name!r}): decodes to non-finite values")
+        decoded[name] = value
+    return decoded
 
 
 # ----------------------------------------------------------------------------- error feedback
