@@ -292,3 +292,13 @@ def test_lookahead_with_one_replica_is_synchronous_diloco():
             engine.apply_round(len(steps) - 1, [pending])
         results.append(engine.global_weights["w"])
     assert torch.allclose(results[0], results[1], atol=1e-6)
+
+
+def test_reset_refuses_to_drop_unencoded_progress():
+    param = torch.zeros(3)
+    engine = StageEngine(0, {"w": param}, DilocoConfig(delay_correction="reset"), RAW)
+    param -= 1.0
+    blob0, _ = engine.encode_contribution(0)
+    param -= 1.0  # round 1 trained but not encoded
+    with pytest.raises(RoundOrderError, match="reset"):
+        engine.apply_round(0, [blob0])

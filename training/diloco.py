@@ -265,6 +265,13 @@ class StageEngine:
                 f"stage {self.stage_index}: apply round {outer_round}, expected {self.last_applied + 1} "
                 f"(last encoded {self.last_encoded})"
             )
+        if self.delayed and self.diloco_cfg.delay_correction == "reset" and self.last_encoded == outer_round:
+            # Resetting now would throw away the progress of round t+1 before it is encoded.
+            if any(not torch.equal(p.detach(), self._round_end[outer_round][n]) for n, p in self.params.items()):
+                raise RoundOrderError(
+                    f"stage {self.stage_index}: delay_correction='reset' needs round {outer_round + 1} "
+                    f"encoded before round {outer_round} is applied"
+                )
         started = time.perf_counter()
         new_global, new_momentum, weights_hash = aggregate(
             self.global_weights, self.momentum, contributions, self.diloco_cfg,

@@ -270,8 +270,9 @@ def _simulate_diloco(
             losses.extend(trainer.train_step(x, y) for x, y in batches(replica, outer_round))
             train_seconds[replica] = time.perf_counter() - started
         # One-step delay: the previous round's exchange overlapped this round's inner
-        # steps; its outer step is applied now, before this round's contribution is encoded.
-        if delayed and pending is not None:
+        # steps; its outer step is applied now ("lookahead" needs it before encoding).
+        apply_first = diloco_cfg.delay_correction == "lookahead"
+        if delayed and pending is not None and apply_first:
             apply(outer_round - 1, pending, outer_seconds)
         # Every replica encodes its pseudo-gradient of this round, stage by stage.
         contributions: list[list[bytes]] = [[] for _ in range(pipeline_cfg.num_stages)]
@@ -291,6 +292,8 @@ def _simulate_diloco(
         if not delayed:
             apply(outer_round, contributions, outer_seconds)
         else:
+            if pending is not None and not apply_first:
+                apply(outer_round - 1, pending, outer_seconds)
             pending = contributions
             if outer_round == outer_rounds - 1:
                 apply(outer_round, pending, outer_seconds)  # flush: no next round to overlap with
