@@ -9,15 +9,17 @@ exactly ``length`` raw bytes in 1 MiB writes, then closes. Status values:
 The client downloads a blob as 8 MiB pieces spread over every provider at once
 (up to ``blob_concurrency`` streams); a piece interrupted by a dying provider is
 put back with its remaining range and finished by another provider. The bytes
-land in a staging file and are hashed off the event loop before the blob is
-committed to the :class:`~p2p.blobstore.BlobStore`; nothing unverified is ever
-handed over. The built-in libp2p request/response helper and Bitswap are not
-used: the first fails above ~6.5 MB, the second runs at ~20 MB/s and holds the
-file in memory several times.
+land in a staging file and are hashed in order as they arrive (off the event
+loop); only a file matching its sha256 is committed to the
+:class:`~p2p.blobstore.BlobStore`: nothing unverified is ever handed over. The
+built-in libp2p request/response helper and Bitswap are not used: the first
+fails above ~6.5 MB, the second runs at ~20 MB/s and holds the file in memory
+several times.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections import deque
@@ -51,6 +53,62 @@ class _ProviderFailed(Exception):
     def __init__(self, status: str) -> None:
         super().__init__(status)
         self.status = status
+
+
+class _InOrderHasher:
+    """Hashes the staging file front to back while pieces land out of order.
+
+    Runs beside the download so the final verification costs no extra wall time;
+    reading and hashing happen on the host's thread pool (hashlib releases the GIL).
+    """
+
+    def __init__(self, fd: int, total: int, run_blocking: RunBlocking) -> None:
+        self._fd = fd
+        self._total = total
+        self._run_blocking = run_blocking
+        self._digest = hashlib.sha256()
+        self._hashed = 0
+        self._ranges: list[tuple[int, int]] = []  # written, not yet hashed
+        self._changed = trio.Event()
+
+    def written(self, offset: int, length: int) -> None:
+        """Record that ``[offset, offset+length)`` is on disk (called on the event loop)."""
+        if length:
+            self._ranges.append((offset, offset + length))
+            self._changed.set()
+
+    def _contiguous_end(self) -> int:
+        end = self._hashed
+        merged = True
+        while merged:
+            merged = False
+            for start, stop in list(self._ranges):
+                if start <= end:
+                    end = max(end, stop)
+                    self._ranges.remove((start, stop))
+                    merged = True
+        return end
+
+    async def run(self) -> None:
+        while self._hashed < self._total:
+            end = self._contiguous_end()
+            if end > self._hashed:
+                await self._run_blocking(self._hash_range, self._hashed, end)
+                self._hashed = end
+            else:
+                self._changed = trio.Event()  # no await since _contiguous_end(): nothing is missed
+                await self._changed.wait()
+
+    def _hash_range(self, start: int, end: int) -> None:
+        while start < end:
+            block = os.pread(self._fd, min(FILE_IO_BYTES, end - start), start)
+            if not block:
+                raise BlobError("staging file is shorter than the bytes written to it")
+            self._digest.update(block)
+            start += len(block)
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
 
 
 class BlobService:
@@ -192,7 +250,14 @@ class BlobService:
         return int(header["total"])
 
     async def _fetch_piece(
-        self, peer: ID, digest: bytes, offset: int, length: int, fd: int, progress: list[int]
+        self,
+        peer: ID,
+        digest: bytes,
+        offset: int,
+        length: int,
+        fd: int,
+        progress: list[int],
+        hasher: _InOrderHasher,
     ) -> None:
         """Write ``[offset, offset+length)`` of the blob into ``fd``; ``progress[0]`` counts bytes on disk."""
         peer_text = peer.to_base58()
@@ -211,6 +276,7 @@ class BlobService:
                 buffer += chunk
                 if len(buffer) >= FILE_IO_BYTES:
                     await self._run_blocking(os.pwrite, fd, buffer, offset + written)
+                    hasher.written(offset + written, len(buffer))
                     written += len(buffer)
                     progress[0] = written
                     buffer = bytearray()
@@ -219,6 +285,7 @@ class BlobService:
             if buffer:
                 with trio.CancelScope(shield=True):
                     await self._run_blocking(os.pwrite, fd, buffer, offset + written)
+                hasher.written(offset + written, len(buffer))
                 written += len(buffer)
                 progress[0] = written
         with trio.move_on_after(1):
@@ -260,21 +327,34 @@ class BlobService:
         fd = os.open(staged, os.O_RDWR)
         try:
             os.ftruncate(fd, total)
-            await self._download_pieces(digest, total, usable, fd, errors)
+            hasher = _InOrderHasher(fd, total, self._run_blocking)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(hasher.run)  # cancelled if the download fails
+                    await self._download_pieces(digest, total, usable, fd, errors, hasher)
+            except BaseExceptionGroup as group:  # trio wraps even a lone failure: surface it as is
+                if len(group.exceptions) == 1:
+                    raise group.exceptions[0] from None
+                raise
+            if hasher.hexdigest() != sha256_hex:
+                logger.warning("blob %s from %s failed its hash check; discarded", sha256_hex[:16], usable)
+                raise BlobHashMismatch(f"bytes hash to {hasher.hexdigest()}, expected {sha256_hex}")
             await self._run_blocking(os.fsync, fd)
         except BaseException:
             os.close(fd)
             staged.unlink(missing_ok=True)
             raise
         os.close(fd)
-        try:
-            return await self._run_blocking(self.store.commit, staged, sha256_hex)
-        except BlobHashMismatch:
-            logger.warning("blob %s from %s failed its hash check; discarded", sha256_hex[:16], usable)
-            raise
+        return await self._run_blocking(self.store.commit, staged, sha256_hex, True)
 
     async def _download_pieces(
-        self, digest: bytes, total: int, providers: list[ID], fd: int, errors: dict[str, str]
+        self,
+        digest: bytes,
+        total: int,
+        providers: list[ID],
+        fd: int,
+        errors: dict[str, str],
+        hasher: _InOrderHasher,
     ) -> None:
         pieces: deque[tuple[int, int]] = deque(
             (offset, min(PIECE_BYTES, total - offset)) for offset in range(0, total, PIECE_BYTES)
@@ -301,7 +381,7 @@ class BlobService:
                 progress = [0]
                 try:
                     async with self._fetch_slots:
-                        await self._fetch_piece(peer, digest, offset, length, fd, progress)
+                        await self._fetch_piece(peer, digest, offset, length, fd, progress, hasher)
                 except Exception as exc:  # this provider failed: give the rest of the piece back
                     done = progress[0]
                     if done < length:

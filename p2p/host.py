@@ -287,7 +287,13 @@ class P2PHost:
         token = trio.lowlevel.current_trio_token()
         done = trio.Event()
         future = self._executor.submit(fn, *args, **kwargs)
-        future.add_done_callback(lambda _: token.run_sync_soon(done.set, idempotent=True))
+        def wake(_: concurrent.futures.Future) -> None:
+            try:
+                token.run_sync_soon(done.set, idempotent=True)
+            except trio.RunFinishedError:
+                pass  # the host closed meanwhile; nobody waits for this result
+
+        future.add_done_callback(wake)
         try:
             await done.wait()
         except BaseException:
