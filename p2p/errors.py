@@ -8,7 +8,7 @@ from node.errors import DlxError
 class P2PError(DlxError):
     """Root of every error raised by ``p2p/``."""
 
-    exit_code = 5
+    exit_code = 6
 
 
 class IdentityError(P2PError):
