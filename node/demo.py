@@ -109,6 +109,13 @@ def summarize(run: LocalRun) -> dict:
                "train_loss": from_micro(c.commit.train_loss_micro), "contributors": c.commit.num_contributors,
                "weights_root": c.commit.weights_root.hex()} for c in history.commits]
     sent = sum(slot.status().get("bytes_sent", 0) for slot in run.nodes)
+    # Pseudo-gradient traffic alone: every archived contribution envelope, counted once, is
+    # fetched by the M-1 other replicas' holders of its stage.
+    envelopes = {}
+    for slot in run.nodes:
+        for path in (slot.data_dir / "archive").glob("run-*/round-*/*.env"):
+            envelopes[path.name] = path.stat().st_size
+    exchange = sum(envelopes.values()) * max(0, run.replicas - 1)
     # Ring AllReduce of fp32 gradients every inner step: 2 (M-1)/M x model bytes per replica per step.
     m = run.replicas
     steps = len(rounds) * cfg.diloco.inner_steps
@@ -126,6 +133,7 @@ def summarize(run: LocalRun) -> dict:
     return {
         "run_id": run.run_id, "rpc_url": run.url, "registry": run.registry, "ledger": run.ledger,
         "model_params": params, "rounds": rounds, "bytes_sent_all_nodes": sent,
+        "pseudo_gradient_bytes": exchange, "inner_steps": cfg.diloco.inner_steps,
         "allreduce_bytes_equivalent": allreduce, "checkpoints": checkpoints, "latest_checkpoint_file": ckpt_path,
         "disputes": len(history.disputes), "workdir": str(run.workdir),
         "node_dirs": [str(slot.data_dir) for slot in run.nodes],
@@ -138,9 +146,13 @@ def format_summary(s: dict) -> str:
     for r in s["rounds"]:
         lines.append(f"  {r['round']:>5}  {r['eval_loss']:8.4f}  {r['train_loss']:6.4f}  {r['contributors']:>12}  "
                      f"{r['weights_root'][:16]}")
-    ratio = s["allreduce_bytes_equivalent"] / s["bytes_sent_all_nodes"] if s["bytes_sent_all_nodes"] else float("nan")
-    lines.append(f"bytes sent by all nodes: {s['bytes_sent_all_nodes'] / 1e6:.2f} MB; data-parallel AllReduce "
-                 f"would have sent {s['allreduce_bytes_equivalent'] / 1e6:.2f} MB ({ratio:.0f}x more)")
+    allreduce = s["allreduce_bytes_equivalent"]
+    exchange = s["pseudo_gradient_bytes"]
+    lines.append(f"pseudo-gradients exchanged: {exchange / 1e6:.2f} MB; data-parallel AllReduce of fp32 gradients "
+                 f"every step would have sent {allreduce / 1e6:.2f} MB "
+                 f"({allreduce / exchange if exchange else float('nan'):.0f}x more, H={s['inner_steps']})")
+    lines.append(f"all traffic of all nodes (gossip, contributions, checkpoint shards and copies): "
+                 f"{s['bytes_sent_all_nodes'] / 1e6:.2f} MB")
     lines.append(f"checkpoints on chain: {len(s['checkpoints'])}; latest: "
                  f"{s['checkpoints'][-1] if s['checkpoints'] else 'none'}")
     lines.append(f"checkpoint file: {s['latest_checkpoint_file']}")

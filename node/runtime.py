@@ -104,7 +104,6 @@ class Node:
         self.placements: dict[str, Placement] = {}
         self.validator = EnvelopeValidator(self.run_id, max_size=msg.MAX_GOSSIP_PAYLOAD + 4096,
                                            max_rounds_ahead=1 << 40, equivocation_exempt_kinds=(msg.HELLO,))
-        self._published: dict[int, list[bytes]] = {}  # round -> gossip envelopes to re-announce
         self._fetched: dict[tuple[int, int], dict[bytes, bytes]] = {}  # (round, stage) -> hash -> envelope
         self._fetch_lock = threading.Lock()
         self._fetching: set[bytes] = set()
@@ -500,11 +499,11 @@ class Node:
         env = Envelope.create(self.identity, self.run_id, outer_round, kind, msg.encode_payload(message),
                               stage=stage, replica=self.placement.replica if self.placement else -1)
         data = env.to_bytes()
-        self._published.setdefault(outer_round, []).append(data)
         try:
             self.host.publish(run_topic(self.run_id), data)
         except P2PError as exc:
-            logger.warning("publish %s for round %d failed (will re-announce): %s", kind, outer_round, exc)
+            # Peers still get it: the host serves recent topic messages over /dlx/sync.
+            logger.warning("publish %s for round %d failed: %s", kind, outer_round, exc)
         return data
 
     def _relay_ok(self, data: bytes, _from: str = "") -> bool:
@@ -575,13 +574,6 @@ class Node:
                                   self.host.listen_addrs, self.progress.round, self.first_round)
                 env = Envelope.create(self.identity, self.run_id, 0, msg.HELLO, msg.encode_payload(hello))
                 self.host.publish(run_topic(self.run_id), env.to_bytes())
-                # Gossip is best effort: re-announce what recent rounds still need.
-                floor = self.progress.last_finished - max(2, self.cfg.checkpoint_every + 1)
-                for r in [r for r in self._published if r < floor]:
-                    del self._published[r]
-                for r in sorted(self._published):
-                    for data in self._published[r]:
-                        self.host.publish(run_topic(self.run_id), data)
                 self.progress.peers = len(self.host.peers())
                 stats = self.host.transfer_stats().values()
                 self.progress.bytes_sent = sum(s.get("sent", 0) for s in stats)

@@ -17,12 +17,13 @@ def test_demo_runs_and_summarizes_from_the_chain(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 rounds committed on chain" in proc.stdout
-    assert "AllReduce would have sent" in proc.stdout
+    assert "AllReduce of fp32 gradients every step would have sent" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert [r["round"] for r in summary["rounds"]] == [0, 1]
     assert all(r["contributors"] == 4 for r in summary["rounds"])
     assert summary["checkpoints"] and summary["latest_checkpoint_file"]
     assert summary["disputes"] == 0
+    assert 0 < summary["pseudo_gradient_bytes"] < summary["allreduce_bytes_equivalent"]
     # The demo refuses to reuse a non-empty directory (it always starts a fresh chain).
     again = subprocess.run([sys.executable, "-m", "node.cli", "demo", "--out", str(out)],
                            capture_output=True, text=True, timeout=120)
