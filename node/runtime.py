@@ -23,7 +23,6 @@ import os
 import threading
 from queue import Empty
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -35,6 +34,7 @@ from node.checkpoint import Checkpoint, parse_checkpoint, write_checkpoint
 from node.committer import Committer
 from node.config import NodeConfig
 from node.errors import NodeError, StateError
+from node.exchange import ContributionPool
 from node.fsutil import atomic_write_bytes, atomic_write_json
 from node.replica import ReplicaWorker
 from node.roundbook import PEER_TTL_S, Announced, RoundBook
@@ -104,10 +104,7 @@ class Node:
         self.placements: dict[str, Placement] = {}
         self.validator = EnvelopeValidator(self.run_id, max_size=msg.MAX_GOSSIP_PAYLOAD + 4096,
                                            max_rounds_ahead=1 << 40, equivocation_exempt_kinds=(msg.HELLO,))
-        self._fetched: dict[tuple[int, int], dict[bytes, bytes]] = {}  # (round, stage) -> hash -> envelope
-        self._fetch_lock = threading.Lock()
-        self._fetching: set[bytes] = set()
-        self._pool = ThreadPoolExecutor(max_workers=max(2, cfg.p2p.blob_concurrency), thread_name_prefix="fetch")
+        self.contributions: ContributionPool | None = None
         self._threads: list[threading.Thread] = []
         self._state_lock = threading.RLock()
         self._state = self._load_state()
@@ -136,7 +133,8 @@ class Node:
         self.stop_event.set()
         if self.committer is not None:
             self.committer.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.contributions is not None:
+            self.contributions.close()
         for t in self._threads:
             t.join(timeout=5)
         if self.worker is not None:
@@ -156,6 +154,9 @@ class Node:
         self.chain.check_run(self.run_id, self.config_hash)
         self.chain.ensure_registered(self.identity)
         self.host = P2PHost.start(cfg.p2p, self.identity, data_dir=self.data_dir)
+        self.contributions = ContributionPool(self.host, self.book, self.run_id, self.data_dir / "incoming",
+                                              cfg.p2p.max_blob_bytes, cfg.p2p.transfer_timeout,
+                                              cfg.p2p.blob_concurrency)
         self._queue = self.host.subscribe(run_topic(self.run_id), validator=self._relay_ok)
         self._spawn(self._gossip_loop, "gossip")
         self._spawn(self._heartbeat_loop, "heartbeat")
@@ -310,8 +311,7 @@ class Node:
                                        stage=stage, replica=self.placement.replica).to_bytes()
             digest = self.archive.put(outer_round, envelope)
             self.host.provide_blob(envelope)
-            with self._fetch_lock:
-                self._fetched.setdefault((outer_round, stage), {})[digest] = envelope
+            self.contributions.add(outer_round, stage, digest, envelope)
             self.book.add_announce(outer_round, stage,
                                    Announced(self.peer_id, self.placement.replica, digest, len(envelope)))
             self._gossip(outer_round, msg.ANNOUNCE, msg.Announce(digest, len(envelope)), stage)
@@ -329,11 +329,11 @@ class Node:
         hashes: dict[int, bytes] = {}
         for stage in self.worker.stages:
             close = self._await_close(outer_round, stage)
-            envelopes = self._collect(outer_round, stage, close)
+            envelopes = self.contributions.collect(outer_round, stage, close)
             payloads = [decode_envelope(e, self.cfg.p2p.max_blob_bytes).payload for e in envelopes]
             hashes[stage] = self.worker.apply(stage, outer_round, payloads)
-            for replica, peer_id, digest, _size in close.contributions:
-                self.archive.put(outer_round, self._fetched[(outer_round, stage)][digest])
+            for (replica, peer_id, digest, _size), envelope in zip(close.contributions, envelopes):
+                self.archive.put(outer_round, envelope)
                 sealed.append(ArchivedContribution(stage, replica, peer_id, digest))
         self.archive.seal_round(outer_round, sealed)
         for pruned in self.archive.prune(self.cfg.retention_rounds).values():
@@ -350,9 +350,7 @@ class Node:
             self.book.add_attestation(outer_round, stage, self.peer_id, att)
             if outer_round > self.previous_life_finished:
                 self._gossip(outer_round, msg.ATTESTATION, att, stage)
-        with self._fetch_lock:
-            for key in [k for k in self._fetched if k[0] < outer_round - 2]:
-                del self._fetched[key]
+        self.contributions.forget_before(outer_round - 2)
         self.progress.last_finished = outer_round
         self._state["last_finished"] = outer_round
         self._save_state()
@@ -395,7 +393,7 @@ class Node:
 
         last_resync = started
         while True:
-            self._prefetch(outer_round, stage)
+            self.contributions.prefetch(outer_round, stage)
             close = self.book.wait_for(decide, timeout=1.0, stop=None)
             if close is None and time.monotonic() - last_resync > 5.0:
                 last_resync = time.monotonic()
@@ -410,8 +408,7 @@ class Node:
     def _try_close(self, outer_round: int, stage: int, final: bool) -> msg.Close | None:
         """As coordinator: close when every live replica's contribution is here, or at the deadline."""
         announced = self.book.snapshot_announces(outer_round, stage)
-        with self._fetch_lock:
-            have = dict(self._fetched.get((outer_round, stage), {}))
+        have = self.contributions.have(outer_round, stage)
         ready = {a.peer_id: a for a in announced.values() if a.envelope_hash in have}
         # Expected: every live holder of the stage that entered the run at or before this
         # round, or has not yet decided where it enters (first_round -1: it is still joining;
@@ -433,57 +430,6 @@ class Node:
         logger.info("round %d stage %d closed with replicas %s%s", outer_round, stage, sorted(replicas),
                     f" (missing {sorted(late)})" if late else "")
         return close
-
-    def _prefetch(self, outer_round: int, stage: int) -> None:
-        for a in self.book.snapshot_announces(outer_round, stage).values():
-            with self._fetch_lock:
-                if a.envelope_hash in self._fetched.get((outer_round, stage), {}) or a.envelope_hash in self._fetching:
-                    continue
-                self._fetching.add(a.envelope_hash)
-            self._pool.submit(self._fetch_one, outer_round, stage, a)
-
-    def _fetch_one(self, outer_round: int, stage: int, a: Announced) -> None:
-        try:
-            dest = self.data_dir / "incoming" / f"{a.envelope_hash.hex()}.part"
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                self.host.fetch_blob(a.envelope_hash.hex(), dest, providers=[a.peer_id],
-                                     timeout=self.cfg.p2p.transfer_timeout)
-            except P2PError:  # the announcer may be gone: any provider will do
-                self.host.fetch_blob(a.envelope_hash.hex(), dest, timeout=self.cfg.p2p.transfer_timeout)
-            data = dest.read_bytes()
-            dest.unlink(missing_ok=True)
-            env = decode_envelope(data, self.cfg.p2p.max_blob_bytes)
-            if (env.kind, env.run_id, env.round, env.stage, env.replica, env.sender_peer_id) != (
-                    msg.CONTRIBUTION, self.run_id, outer_round, stage, a.replica, a.peer_id):
-                raise EnvelopeRejected("mismatch", "contribution header does not match its announcement")
-            with self._fetch_lock:
-                self._fetched.setdefault((outer_round, stage), {})[a.envelope_hash] = data
-            self.host.provide_blob(data)  # serve it onward (archive replicas)
-        except (P2PError, OSError) as exc:
-            logger.warning("round %d stage %d: contribution %s from %s not fetched: %s", outer_round, stage,
-                           a.envelope_hash.hex()[:12], a.peer_id[-8:], exc)
-        finally:
-            with self._fetch_lock:
-                self._fetching.discard(a.envelope_hash)
-            self.book.add_announce(outer_round, stage, a)  # wake waiters
-
-    def _collect(self, outer_round: int, stage: int, close: msg.Close) -> list[bytes]:
-        """The closed set's envelopes in canonical order, fetching any still missing."""
-        deadline = time.monotonic() + self.cfg.p2p.transfer_timeout
-        while True:
-            with self._fetch_lock:
-                have = self._fetched.get((outer_round, stage), {})
-                missing = [e for e in close.contributions if e[2] not in have]
-                if not missing:
-                    return [have[e[2]] for e in close.contributions]
-            if time.monotonic() > deadline:
-                raise NodeError(f"round {outer_round} stage {stage}: contributions "
-                                f"{[e[2].hex()[:12] for e in missing]} could not be fetched")
-            for replica, peer_id, digest, size in missing:
-                self.book.add_announce(outer_round, stage, Announced(peer_id, replica, digest, size))
-            self._prefetch(outer_round, stage)
-            time.sleep(0.2)
 
     def _write_shard(self, outer_round: int, stage: int, weights_hash: bytes) -> bytes:
         weights, momentum = self.worker.global_state(stage)
@@ -554,7 +500,7 @@ class Node:
             self.book.add_announce(env.round, env.stage, Announced(sender, env.replica, payload.envelope_hash,
                                                                    payload.size))
             if self.worker is not None and env.stage in self.worker.stages:
-                self._prefetch(env.round, env.stage)
+                self.contributions.prefetch(env.round, env.stage)
         elif env.kind == msg.CLOSE:
             self.book.add_close(env.round, env.stage, sender, payload, data)
         elif env.kind == msg.ATTESTATION:

@@ -1,0 +1,108 @@
+"""Fetching the contributions a node aggregates: background, verified, deduplicated.
+
+A fetch starts as soon as an announce for a held stage arrives, so round t's
+contributions travel while round t+1 trains (the one-step-delay overlap of
+arXiv 2506.21263). Every fetched envelope is checked against its announcement
+(signature, run, round, stage, replica, sender) before it counts as *here*,
+and is then served onward to peers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from node import protocol as msg
+from node.errors import NodeError
+from node.roundbook import Announced, RoundBook
+from p2p.envelope import decode_envelope
+from p2p.errors import EnvelopeRejected, P2PError
+from p2p.host import P2PHost
+
+logger = logging.getLogger(__name__)
+
+
+class ContributionPool:
+    """Verified contribution envelopes by (round, stage) and envelope hash."""
+
+    def __init__(self, host: P2PHost, book: RoundBook, run_id: int, incoming: Path, max_bytes: int,
+                 transfer_timeout: float, workers: int) -> None:
+        self.host = host
+        self.book = book
+        self.run_id = run_id
+        self.incoming = incoming
+        self.max_bytes = max_bytes
+        self.transfer_timeout = transfer_timeout
+        self._have: dict[tuple[int, int], dict[bytes, bytes]] = {}
+        self._in_flight: set[bytes] = set()
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=max(2, workers), thread_name_prefix="fetch")
+
+    def add(self, outer_round: int, stage: int, digest: bytes, envelope: bytes) -> None:
+        """Register an envelope this node already holds (its own contribution)."""
+        with self._lock:
+            self._have.setdefault((outer_round, stage), {})[digest] = envelope
+
+    def have(self, outer_round: int, stage: int) -> dict[bytes, bytes]:
+        with self._lock:
+            return dict(self._have.get((outer_round, stage), {}))
+
+    def prefetch(self, outer_round: int, stage: int) -> None:
+        """Start fetching every announced contribution of (round, stage) not yet here."""
+        for a in self.book.snapshot_announces(outer_round, stage).values():
+            with self._lock:
+                if a.envelope_hash in self._have.get((outer_round, stage), {}) or a.envelope_hash in self._in_flight:
+                    continue
+                self._in_flight.add(a.envelope_hash)
+            self._executor.submit(self._fetch_one, outer_round, stage, a)
+
+    def _fetch_one(self, outer_round: int, stage: int, a: Announced) -> None:
+        try:
+            dest = self.incoming / f"{a.envelope_hash.hex()}.part"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.host.fetch_blob(a.envelope_hash.hex(), dest, providers=[a.peer_id], timeout=self.transfer_timeout)
+            except P2PError:  # the announcer may be gone: any provider will do
+                self.host.fetch_blob(a.envelope_hash.hex(), dest, timeout=self.transfer_timeout)
+            data = dest.read_bytes()
+            dest.unlink(missing_ok=True)
+            env = decode_envelope(data, self.max_bytes)
+            if (env.kind, env.run_id, env.round, env.stage, env.replica, env.sender_peer_id) != (
+                    msg.CONTRIBUTION, self.run_id, outer_round, stage, a.replica, a.peer_id):
+                raise EnvelopeRejected("mismatch", "contribution header does not match its announcement")
+            self.add(outer_round, stage, a.envelope_hash, data)
+            self.host.provide_blob(data)  # serve it onward (archive replicas)
+        except (P2PError, OSError) as exc:
+            logger.warning("round %d stage %d: contribution %s from %s not fetched: %s", outer_round, stage,
+                           a.envelope_hash.hex()[:12], a.peer_id[-8:], exc)
+        finally:
+            with self._lock:
+                self._in_flight.discard(a.envelope_hash)
+            self.book.add_announce(outer_round, stage, a)  # wake whoever waits on the book
+
+    def collect(self, outer_round: int, stage: int, close: msg.Close) -> list[bytes]:
+        """The closed set's envelopes in the close's (canonical) order, fetching any still missing."""
+        deadline = time.monotonic() + self.transfer_timeout
+        while True:
+            have = self.have(outer_round, stage)
+            missing = [e for e in close.contributions if e[2] not in have]
+            if not missing:
+                return [have[e[2]] for e in close.contributions]
+            if time.monotonic() > deadline:
+                raise NodeError(f"round {outer_round} stage {stage}: contributions "
+                                f"{[e[2].hex()[:12] for e in missing]} could not be fetched")
+            for replica, peer_id, digest, size in missing:
+                self.book.add_announce(outer_round, stage, Announced(peer_id, replica, digest, size))
+            self.prefetch(outer_round, stage)
+            time.sleep(0.2)
+
+    def forget_before(self, outer_round: int) -> None:
+        with self._lock:
+            for key in [k for k in self._have if k[0] < outer_round]:
+                del self._have[key]
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
