@@ -11,7 +11,7 @@ import logging
 import threading
 
 from ledger.account import load_account
-from ledger.chain import AnvilProcess, connect_pyevm, connect_rpc
+from ledger.chain import AnvilProcess, connect_rpc
 from ledger.client import LedgerClient, binding_message
 from ledger.errors import LedgerError
 from ledger.records import CheckpointRecord, RoundCommit

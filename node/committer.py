@@ -43,7 +43,7 @@ COMMIT_FALLBACK_S = 8.0
 
 
 class Committer:
-    def __init__(self, node: "Node") -> None:
+    def __init__(self, node: Node) -> None:
         self.node = node
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._idle = threading.Event()

@@ -98,7 +98,6 @@ def run_demo(args: argparse.Namespace) -> int:
 def summarize(run: LocalRun) -> dict:
     """Read the run back from the chain and the nodes' status files."""
     from ledger.records import from_micro
-    from training.config import ModelConfig
     from training.model import count_params
 
     client = run.client()

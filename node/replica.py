@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -21,7 +21,12 @@ from training.data import corpus_from_config, eval_batches, round_batches
 from training.diloco import RoundResult, StageEngine, aggregate
 from training.hashing import stage_weights_hash
 from training.model import init_state_dict
-from training.pipeline import LocalReplicaTrainer, PipelineStageTrainer, close_pipeline_group, init_pipeline_group
+from training.pipeline import (
+    LocalReplicaTrainer,
+    PipelineStageTrainer,
+    close_pipeline_group,
+    init_pipeline_group,
+)
 from training.stages import split_stages, stage_param_names
 
 logger = logging.getLogger(__name__)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import TypeVar
 
-from node.protocol import Announce, Attestation, Close, Hello
+from node.protocol import Attestation, Close, Hello
 
 T = TypeVar("T")
 

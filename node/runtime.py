@@ -21,11 +21,11 @@ import logging
 import math
 import os
 import threading
-from queue import Empty
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from queue import Empty
 
 from node import protocol as msg
 from node.archive import Archive, ArchivedContribution
@@ -40,11 +40,11 @@ from node.replica import ReplicaWorker
 from node.roundbook import PEER_TTL_S, Announced, RoundBook
 from node.runconfig import canonical_json, config_hash, run_document
 from node.topology import Declaration, Placement, assign_stages, committer_order
-from training.errors import PipelineError
 from p2p.envelope import Envelope, EnvelopeValidator, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
 from p2p.host import P2PHost
 from p2p.identity import Identity
+from training.errors import PipelineError
 
 logger = logging.getLogger(__name__)
 

@@ -34,9 +34,9 @@ def test_start_with_bad_value_is_a_config_error(tmp_path):
 
 
 # ---------------------------------------------------------------------- errors against a real chain
-import socket  # noqa: E402
+import socket
 
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +75,8 @@ def test_settings_that_differ_from_the_run_exit_2(deployed):
 
 def test_key_registered_to_another_node_exits_6(deployed):
     from ledger.account import dev_account
-    from ledger.client import LedgerClient, binding_message
     from ledger.chain import connect_rpc
+    from ledger.client import LedgerClient, binding_message
     from p2p.identity import Identity
 
     slot = deployed.nodes[1]
