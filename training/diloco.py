@@ -193,9 +193,10 @@ class StageEngine:
     correction needs. Call order per round t (module docstring)::
 
         no delay:  train(t); encode_contribution(t); apply_round(t, ...)
-        delay:     train(t); [apply_round(t-1, ...)]; encode_contribution(t);
-                   train(t+1); ...; finally apply_round(last, ...)
-                   ("rebase"/"reset" also accept encode(t) before apply(t-1))
+        delay:     train(t); encode_contribution(t); apply_round(t-1, ...); train(t+1) ...
+                   ...; finally apply_round(last, ...)
+                   "rebase": either order of encode(t) / apply(t-1) (same result);
+                   "reset": encode(t) first; "lookahead": apply(t-1) first.
     """
 
     def __init__(
