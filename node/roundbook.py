@@ -18,8 +18,10 @@ from node.protocol import Attestation, Close, Hello
 
 T = TypeVar("T")
 
-#: A peer whose last hello is older than this is treated as gone (not expected in a round).
-PEER_TTL_S = 8.0
+#: A peer not heard from (hello or any round message) for this long is treated as gone and
+#: is not expected in a round. Generous: a node busy training on a loaded machine can leave
+#: its heartbeat thread waiting for the GIL for several seconds.
+PEER_TTL_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,13 @@ class RoundBook:
         with self._cond:
             self.peers[peer_id] = PeerInfo(peer_id, public_key, hello, time.monotonic())
             self._cond.notify_all()
+
+    def heard_from(self, peer_id: str) -> None:
+        """Any signed message of a known peer shows it is alive."""
+        with self._cond:
+            info = self.peers.get(peer_id)
+            if info is not None:
+                info.seen_at = time.monotonic()
 
     def add_announce(self, round_index: int, stage: int, item: Announced) -> None:
         with self._cond:

@@ -486,6 +486,7 @@ class Node:
         env = self.validator.check(data)
         payload = msg.decode_payload(env.kind, env.payload)
         sender = env.sender_peer_id
+        self.book.heard_from(sender)
         placed = self.placements.get(sender)
         if env.kind in (msg.ANNOUNCE, msg.CLOSE, msg.ATTESTATION) and (
                 placed is None or env.stage not in placed.stages

@@ -66,7 +66,10 @@ def test_close_leaves_no_threads_sockets_or_listeners(tmp_path):
     while time.monotonic() < deadline and set(threading.enumerate()) != baseline_threads:
         time.sleep(0.1)
     assert set(threading.enumerate()) == baseline_threads
-    assert open_sockets() == baseline_sockets
+    # Compare socket identities (inodes): the /proc/net lines of sockets that were already
+    # open (slot number, queue sizes) change with other traffic in the process.
+    leaked = {inode: line for inode, line in open_sockets().items() if inode not in baseline_sockets}
+    assert not leaked
     for port in ports:
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", port), timeout=2).close()
