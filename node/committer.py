@@ -89,7 +89,27 @@ class Committer:
             atts = {s: node.book.snapshot_attestations(outer_round, s) for s in range(num_stages)}
             return atts if all(atts.values()) else None
 
-        return node.book.wait_for(all_stages, timeout=node.cfg.round_timeout, stop=node.stop_event)
+        atts = node.book.wait_for(all_stages, timeout=node.cfg.round_timeout, stop=node.stop_event)
+        if atts is None:
+            return None
+        # The loss figures are means over the replicas' last-stage attestations: give the
+        # ones still in flight a moment, so every committer derives the same figures.
+        last = num_stages - 1
+
+        def every_replica_reported():
+            close = node._accepted_closes.get((outer_round, last))
+            if close is None:  # a node without the last stage knows its close from gossip
+                seen = list(node.book.snapshot_closes(outer_round, last).values())
+                close = seen[0][0] if seen else None
+            reported = node.book.snapshot_attestations(outer_round, last)
+            expected = len({c[0] for c in close.contributions}) if close is not None else len(reported)
+            return reported if sum(not math.isnan(a.eval_loss) for a in reported.values()) >= expected else None
+
+        complete = node.book.wait_for(every_replica_reported, timeout=min(10.0, node.cfg.round_timeout),
+                                      stop=node.stop_event)
+        if complete is not None:
+            atts[last] = complete
+        return atts
 
     def record(self, outer_round: int):
         """The round's commit as this node sees it, or None if attestations are missing."""
