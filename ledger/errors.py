@@ -15,8 +15,6 @@ from node.errors import DlxError
 class LedgerError(DlxError):
     """Root of the errors of ``ledger/``."""
 
-    exit_code = 5
-
 
 class LedgerInputError(LedgerError, ValueError):
     """A value handed to the ledger client is malformed (wrong length, out of range)."""

@@ -68,7 +68,6 @@ Progress = Callable[[int, int, str], None]
 class AuditFailed(DlxError):
     """The audit found an item that contradicts the chain's record."""
 
-    exit_code = 8
 
 
 # ---------------------------------------------------------------------- chain checks

@@ -41,7 +41,6 @@ MAX_DHT_MISSES = 3
 class PullRefused(DlxError):
     """The checkpoint bytes offered are not the ones the chain records; they were discarded."""
 
-    exit_code = 9
 
 
 class NoCheckpoint(NodeError):

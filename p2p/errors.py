@@ -8,8 +8,6 @@ from node.errors import DlxError
 class P2PError(DlxError):
     """Root of every error raised by ``p2p/``."""
 
-    exit_code = 6
-
 
 class IdentityError(P2PError):
     """The identity key file is missing, unreadable, corrupt or has the wrong type."""

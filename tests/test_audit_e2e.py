@@ -21,6 +21,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from node.cli import exit_code_for
+
 from ledger.account import dev_account
 from ledger.client import LedgerClient
 from ledger.merkle import merkle_root
@@ -165,7 +167,7 @@ def test_flipped_byte_in_one_contribution_fails_naming_its_round(run, client, tm
     )
     with pytest.raises(AuditFailed, match="first bad round 1") as failed:
         run_audit(args)
-    assert failed.value.exit_code == 8
+    assert exit_code_for(failed.value) == 8
     # An intact copy elsewhere supersedes the corrupt one (noted, not trusted).
     report = audit_run(client, run.run_id, archives=[node_copy, run.nodes[1].data_dir])
     assert report.ok and report.counts()[UNVERIFIABLE] == 0
@@ -444,7 +446,7 @@ def test_pull_refuses_a_tampered_checkpoint(run, client, tmp_path, capsys):
     out = tmp_path / "out"
     with pytest.raises(PullRefused) as refused:
         pull_checkpoint(client, run.run_id, out, archives=[tampered_dir])
-    assert refused.value.exit_code == 9
+    assert exit_code_for(refused.value) == 9
     assert latest.content_hash.hex() in str(refused.value) and actual in str(refused.value)
     assert not out.exists()
 
