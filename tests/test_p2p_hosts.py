@@ -107,7 +107,7 @@ def test_late_subscriber_gets_recent_messages(cluster):
     topic = "dlx/run42/late"
     for host in cluster[:3]:
         host.subscribe(topic)
-    wait_until(lambda: len(cluster[0].topic_peers(topic)) == 2, 20, "early subscriptions")
+    wait_until(lambda: len(cluster[0].topic_peers(topic)) == 2, 60, "early subscriptions")
     for index in range(3):
         cluster[0].publish(topic, b"message %d" % index)
     late_queue = cluster[3].subscribe(topic, lambda data, peer: data != b"message 1")
