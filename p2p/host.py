@@ -228,6 +228,7 @@ class P2PHost:
                                     )
                                     nursery.start_soon(discovery.run_mdns, mdns)
                                 nursery.start_soon(discovery.run)
+                                nursery.start_soon(self._pubsub_repair_loop)
                                 if config.gossip_resync_interval > 0:
                                     nursery.start_soon(self._resync_loop)
                                 self._ready.set()
@@ -530,6 +531,26 @@ class P2PHost:
     async def _handle_sync(self, stream: Any) -> None:
         sent = await serve_recent(stream, self._recent)
         self.stats.add(SYNC_PROTOCOL, sent=sent)
+
+    async def _pubsub_repair_loop(self) -> None:
+        """Give every connected peer a pubsub stream, retrying.
+
+        py-libp2p opens the pubsub stream once, from the ``connected`` notification; if
+        that open fails (it can race the muxer handshake under load) the peer never
+        joins pubsub, never learns our subscriptions and never gets our gossip, for as
+        long as the connection lives. Seen as a 4-host test whose subscriptions never
+        completed. ``ensure_peer_stream`` is idempotent for peers that have one.
+        """
+        while True:
+            await trio.sleep(2.0)
+            for peer_id in list(self._libp2p.get_network().connections):
+                if peer_id in self._pubsub.peers:
+                    continue
+                with trio.move_on_after(5):
+                    try:
+                        await self._pubsub.ensure_peer_stream(peer_id, timeout=5.0)
+                    except Exception as exc:  # a broken peer must not end the loop
+                        logger.debug("pubsub stream to %s not opened: %s", peer_id, exc)
 
     async def _resync_loop(self) -> None:
         while True:
