@@ -365,16 +365,7 @@ class LedgerClient:
                     "RoundCommitted",
                     [topic_uint(commit.run_id), topic_uint(commit.round)],
                 )
-            args = (
-                commit.run_id,
-                commit.round,
-                commit.weights_root,
-                commit.contributions_root,
-                commit.train_loss_micro,
-                commit.eval_loss_micro,
-                commit.tokens,
-                commit.num_contributors,
-            )
+            args = commit.fields()
             try:
                 receipt = self._sender.transact(self._ledger, "commitRound", args, what)
             except LedgerRoundNotIncreasing:

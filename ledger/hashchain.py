@@ -43,17 +43,6 @@ def next_head(previous: bytes, commit: RoundCommit, committer: str) -> bytes:
     return keccak(
         encode(
             _LINK_TYPES,
-            [
-                previous,
-                commit.run_id,
-                commit.round,
-                commit.weights_root,
-                commit.contributions_root,
-                commit.train_loss_micro,
-                commit.eval_loss_micro,
-                commit.tokens,
-                commit.num_contributors,
-                committer,
-            ],
+            [previous, *commit.fields(), committer],
         )
     )

@@ -70,6 +70,19 @@ class RoundCommit:
         check_uint("tokens", self.tokens, UINT64_MAX)
         check_uint("num_contributors", self.num_contributors, UINT32_MAX)
 
+    def fields(self) -> tuple:
+        """The commit's values in ``TrainingLedger.commitRound``'s argument order (also the hash-chain link's)."""
+        return (
+            self.run_id,
+            self.round,
+            self.weights_root,
+            self.contributions_root,
+            self.train_loss_micro,
+            self.eval_loss_micro,
+            self.tokens,
+            self.num_contributors,
+        )
+
 
 @dataclass(frozen=True)
 class RunInfo:
