@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from node.errors import ConfigError
+from ledger.errors import LedgerConfigError
 
 BACKENDS = ("anvil", "pyevm", "rpc")
 
@@ -30,28 +30,28 @@ class LedgerConfig:
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
-            raise ConfigError(f"ledger.backend={self.backend!r}: must be one of {list(BACKENDS)}")
+            raise LedgerConfigError(f"ledger.backend={self.backend!r}: must be one of {list(BACKENDS)}")
         if self.backend == "rpc" and not self.rpc_url:
-            raise ConfigError("ledger.backend='rpc' needs ledger.rpc_url, e.g. http://127.0.0.1:8545")
+            raise LedgerConfigError("ledger.backend='rpc' needs ledger.rpc_url, e.g. http://127.0.0.1:8545")
         if self.rpc_url and not self.rpc_url.startswith(("http://", "https://", "ws://", "wss://")):
-            raise ConfigError(f"ledger.rpc_url={self.rpc_url!r}: must start with http://, https://, ws:// or wss://")
+            raise LedgerConfigError(f"ledger.rpc_url={self.rpc_url!r}: must start with http://, https://, ws:// or wss://")
         if self.keystore and self.dev_account >= 0:
-            raise ConfigError("ledger.keystore and ledger.dev_account are both set: keep only one")
+            raise LedgerConfigError("ledger.keystore and ledger.dev_account are both set: keep only one")
         for name in ("registry_address", "ledger_address"):
             value = getattr(self, name)
             if value and not (value.startswith("0x") and len(value) == 42):
-                raise ConfigError(f"ledger.{name}={value!r}: must be a 0x-prefixed 20-byte hex address")
+                raise LedgerConfigError(f"ledger.{name}={value!r}: must be a 0x-prefixed 20-byte hex address")
         if self.run_id < 0:
-            raise ConfigError(f"ledger.run_id={self.run_id}: must be >= 0")
+            raise LedgerConfigError(f"ledger.run_id={self.run_id}: must be >= 0")
         if self.request_timeout <= 0:
-            raise ConfigError(f"ledger.request_timeout={self.request_timeout}: must be > 0 seconds")
+            raise LedgerConfigError(f"ledger.request_timeout={self.request_timeout}: must be > 0 seconds")
         if self.retry_seconds < 0:
-            raise ConfigError(f"ledger.retry_seconds={self.retry_seconds}: must be >= 0 (0: no retry)")
+            raise LedgerConfigError(f"ledger.retry_seconds={self.retry_seconds}: must be >= 0 (0: no retry)")
         if self.receipt_timeout <= 0:
-            raise ConfigError(f"ledger.receipt_timeout={self.receipt_timeout}: must be > 0 seconds")
+            raise LedgerConfigError(f"ledger.receipt_timeout={self.receipt_timeout}: must be > 0 seconds")
         if self.from_block < 0:
-            raise ConfigError(f"ledger.from_block={self.from_block}: must be >= 0 (the deployment block)")
+            raise LedgerConfigError(f"ledger.from_block={self.from_block}: must be >= 0 (the deployment block)")
         if self.log_page_blocks < 1:
-            raise ConfigError(f"ledger.log_page_blocks={self.log_page_blocks}: must be >= 1")
+            raise LedgerConfigError(f"ledger.log_page_blocks={self.log_page_blocks}: must be >= 1")
         if self.anvil_state_interval < 1:
-            raise ConfigError(f"ledger.anvil_state_interval={self.anvil_state_interval}: must be >= 1 second")
+            raise LedgerConfigError(f"ledger.anvil_state_interval={self.anvil_state_interval}: must be >= 1 second")

@@ -1,6 +1,6 @@
 """Errors of the ledger package.
 
-``LedgerError`` is the root here (under :class:`node.errors.DlxError`). A contract revert becomes a
+``LedgerError`` is the root here (this package imports nothing from ``node/``). A contract revert becomes a
 :class:`ContractRevert` subclass named exactly like the Solidity custom error (``LedgerRoundNotIncreasing``
 and so on), whichever backend raised it: web3 raises ``ContractCustomError`` on a JSON-RPC node such as
 anvil but eth-tester raises ``TransactionFailed`` on py-evm; ``ledger.tx.decode_revert`` maps both by the
@@ -9,11 +9,12 @@ error's 4-byte selector. The decoded arguments are in ``.values`` (a dict by par
 
 from __future__ import annotations
 
-from node.errors import DlxError
-
-
-class LedgerError(DlxError):
+class LedgerError(Exception):
     """Root of the errors of ``ledger/``."""
+
+
+class LedgerConfigError(LedgerError, ValueError):
+    """A ``[ledger]`` setting is missing, malformed or out of range."""
 
 
 class LedgerInputError(LedgerError, ValueError):

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from node.errors import DlxError, StateError
+from node.errors import DLX_ERRORS, AuditFailed, StateError
 from node.pull import ArchiveSource, PeerSource, first_good_copy, reader_client
 from node.report import FAIL, OK, UNVERIFIABLE, AuditReport, Check, Contributor, RoundVerdict, worst
 
@@ -63,10 +63,6 @@ CONTRIBUTION_KIND = "contribution"  # node.protocol.CONTRIBUTION (not imported: 
 MAX_ENVELOPE_BYTES = 2 << 30
 
 Progress = Callable[[int, int, str], None]
-
-
-class AuditFailed(DlxError):
-    """The audit found an item that contradicts the chain's record."""
 
 
 
@@ -189,7 +185,7 @@ def _run_document(report: AuditReport, history: Any, sources: list) -> dict | No
     try:
         document = parse_run_document(copy.data, history.run.config_hash)
         stages, inner = document["pipeline"]["num_stages"], document["diloco"]["inner_steps"]
-    except (DlxError, KeyError, TypeError) as exc:
+    except (*DLX_ERRORS, KeyError, TypeError) as exc:
         report.general.append(
             Check("run document", FAIL, f"hashes to the configHash but is not a valid run document: {exc}")
         )
@@ -280,7 +276,7 @@ def _candidate_sets(
     for source in sources:
         try:
             lists = source.round_lists(round_index)
-        except DlxError as exc:
+        except DLX_ERRORS as exc:
             logger.debug("%s: %s", source.name, exc)
             continue
         for entries in lists:
@@ -635,7 +631,7 @@ def audit_run(
     if document is not None:
         try:
             replayer = _Replayer(document)
-        except DlxError as exc:  # hashes to the configHash, yet its settings do not load
+        except DLX_ERRORS as exc:  # hashes to the configHash, yet its settings do not load
             report.general.append(Check("run document settings", FAIL, str(exc)))
     checkpoints = {c.round: c for c in history.checkpoints}
     commits = {r.commit.round: r.commit for r in history.commits}

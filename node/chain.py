@@ -16,13 +16,9 @@ from ledger.client import LedgerClient, binding_message
 from ledger.errors import LedgerError
 from ledger.records import CheckpointRecord, RoundCommit
 from node.config import NodeConfig
-from node.errors import ConfigError, NodeError
+from node.errors import ConfigError, NodeError, NotRegistered
 
 logger = logging.getLogger(__name__)
-
-
-class NotRegistered(NodeError):
-    """This node's account is not registered and could not register itself."""
 
 
 class NodeChain:

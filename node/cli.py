@@ -1,7 +1,7 @@
 """The ``dlx-node`` command line.
 
-Only this module configures logging and turns :class:`node.errors.DlxError`
-into exit codes and one-line messages. Heavy packages (torch, libp2p, web3)
+Only this module configures logging and turns the packages' errors
+(:data:`node.errors.DLX_ERRORS`) into exit codes and one-line messages. Heavy packages (torch, libp2p, web3)
 are imported inside the commands, so ``dlx-node --help`` stays fast.
 """
 
@@ -14,35 +14,44 @@ import os
 import sys
 import time
 
-from node.errors import DlxError
+from ledger.errors import AccountError, ChainUnavailable, LedgerError
+from node.errors import (
+    CONFIG_ERRORS,
+    DLX_ERRORS,
+    AuditFailed,
+    NodeError,
+    NotRegistered,
+    PortBusy,
+    PullRefused,
+    StateError,
+)
+from p2p.errors import P2PError
+from training.errors import TrainingError
 
 logger = logging.getLogger(__name__)
 
 EXIT_INTERRUPTED = 130
 
-#: Exit codes by error class, most specific first (matched by name along the MRO, so this
-#: table needs no imports). README.md lists them for operators.
-EXIT_CODES: tuple[tuple[str, int], ...] = (
-    ("ConfigError", 2),
-    ("StateError", 4),
-    ("ChainUnavailable", 5),
-    ("NotRegistered", 6),
-    ("AccountError", 6),
-    ("PortBusy", 7),
-    ("AuditFailed", 8),
-    ("PullRefused", 9),
-    ("P2PError", 10),
-    ("LedgerError", 11),
-    ("TrainingError", 12),
-    ("NodeError", 3),
-    ("DlxError", 1),
+#: Exit codes by error class, most specific first (the first class the error is an instance of
+#: wins). README.md lists them for operators. The error modules are light: no torch, libp2p, web3.
+EXIT_CODES: tuple[tuple[tuple[type[Exception], ...], int], ...] = (
+    (CONFIG_ERRORS, 2),
+    ((StateError,), 4),
+    ((ChainUnavailable,), 5),
+    ((NotRegistered, AccountError), 6),
+    ((PortBusy,), 7),
+    ((AuditFailed,), 8),
+    ((PullRefused,), 9),
+    ((P2PError,), 10),
+    ((LedgerError,), 11),
+    ((TrainingError,), 12),
+    ((NodeError,), 3),
 )
 
 
 def exit_code_for(exc: BaseException) -> int:
-    names = [cls.__name__ for cls in type(exc).__mro__]
-    for name, code in EXIT_CODES:
-        if name in names:
+    for classes, code in EXIT_CODES:
+        if isinstance(exc, classes):
             return code
     return 1
 
@@ -180,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dlx-node: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except DlxError as exc:
+    except DLX_ERRORS as exc:
         logger.debug("command failed after %.1fs", time.monotonic() - started, exc_info=True)
         print(f"dlx-node {args.command}: error: {exc}", file=sys.stderr)
         return exit_code_for(exc)

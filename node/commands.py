@@ -14,13 +14,9 @@ import time
 from pathlib import Path
 
 from node.config import load_config
-from node.errors import ConfigError, NodeError
+from node.errors import ConfigError, NodeError, PortBusy
 
 logger = logging.getLogger(__name__)
-
-
-class PortBusy(NodeError):
-    """A port the configuration names is taken by another process."""
 
 
 def _check_port_free(host: str, port: int, what: str) -> None:

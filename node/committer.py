@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from ledger.merkle import merkle_root
 from ledger.records import RoundCommit, to_micro
 from node.checkpoint import merge_shards, parse_checkpoint, write_checkpoint
-from node.errors import DlxError
+from node.errors import DLX_ERRORS
 from node.roundbook import PEER_TTL_S
 from node.topology import committer_order
 from training.hashing import weights_root
@@ -73,7 +73,7 @@ class Committer:
                 return
             try:
                 self.handle(item)
-            except DlxError as exc:
+            except DLX_ERRORS as exc:
                 logger.error("round %d: chain step failed: %s", item, exc)
             except Exception:
                 logger.exception("round %d: chain step crashed", item)
@@ -208,7 +208,7 @@ class Committer:
             try:
                 if predicate():
                     return True
-            except DlxError as exc:
+            except DLX_ERRORS as exc:
                 logger.debug("chain read failed (retrying): %s", exc)
             if time.monotonic() >= deadline or self.node.stop_event.is_set():
                 return False
@@ -233,7 +233,7 @@ class Committer:
             try:
                 node.host.fetch_blob(shard_hash.hex(), dest, timeout=node.cfg.p2p.transfer_timeout)
                 shards.append(parse_checkpoint(dest.read_bytes(), shard_hash))
-            except DlxError as exc:
+            except DLX_ERRORS as exc:
                 logger.warning("round %d: shard of stage %d not fetched: %s", outer_round, stage, exc)
                 return None
             finally:

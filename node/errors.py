@@ -1,24 +1,49 @@
-"""The exception root of dlx-node.
+"""The node's own errors, and the groups of every package's errors the node catches.
 
-Every error the project raises on purpose derives from :class:`DlxError`. Each
-package keeps a small hierarchy of its own under it (``training.errors``,
-``p2p.errors``, ``ledger.errors``); only the CLI turns them into exit codes and
-one-line messages. This module imports nothing so that every package can use
-it without pulling in torch, libp2p or web3.
+Each package keeps its own exception root (``training.errors.TrainingError``,
+``p2p.errors.P2PError``, ``ledger.errors.LedgerError``) and imports nothing
+from ``node/``. ``node/`` sits on top: its errors derive from :class:`NodeError`,
+and :data:`DLX_ERRORS` / :data:`CONFIG_ERRORS` group every package's roots for
+the places that handle "any deliberate error" (the CLI, which turns them into
+exit codes and one-line messages; the committer and the offline tools, which
+report and go on). Only light modules are imported here (no torch, libp2p, web3).
 """
 
-
-class DlxError(Exception):
-    """Root of every error dlx-node raises deliberately."""
-
-
-class ConfigError(DlxError, ValueError):
-    """A configuration value is missing, malformed or out of range."""
+from ledger.errors import LedgerConfigError, LedgerError
+from p2p.errors import P2PConfigError, P2PError
+from training.errors import TrainingConfigError, TrainingError
 
 
-class NodeError(DlxError):
-    """An error of the node's orchestration (round protocol, state files)."""
+class NodeError(Exception):
+    """Root of the errors of ``node/`` (round protocol, state files, commands)."""
+
+
+class ConfigError(NodeError, ValueError):
+    """A node configuration value (node.toml, run document, command line) is missing, malformed or out of range."""
 
 
 class StateError(NodeError):
     """A checkpoint or state file is corrupt, mismatched or unreadable."""
+
+
+#: Every error any package raises on purpose (the roots of the four packages).
+DLX_ERRORS: tuple[type[Exception], ...] = (NodeError, TrainingError, P2PError, LedgerError)
+
+#: A setting of any package is wrong: the user must fix a configuration.
+CONFIG_ERRORS: tuple[type[Exception], ...] = (ConfigError, TrainingConfigError, P2PConfigError, LedgerConfigError)
+
+
+class NotRegistered(NodeError):
+    """The node's account is not registered on chain, or is registered to another key."""
+
+
+class PortBusy(NodeError):
+    """A port the node must listen on is taken by another process."""
+
+
+class AuditFailed(NodeError):
+    """The audit found an item that contradicts the chain's record."""
+
+
+class PullRefused(NodeError):
+    """The checkpoint bytes offered are not the ones the chain records; they were discarded."""

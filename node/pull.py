@@ -30,16 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node.errors import DlxError, NodeError
+from node.errors import DLX_ERRORS, NodeError, PullRefused
 
 logger = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_S = 300.0
 MAX_DHT_MISSES = 3
-
-
-class PullRefused(DlxError):
-    """The checkpoint bytes offered are not the ones the chain records; they were discarded."""
 
 
 
@@ -312,7 +308,7 @@ def first_good_copy(sources: list, getter: Callable[[Any], bytes | None], expect
     for source in sources:
         try:
             data = getter(source)
-        except DlxError as exc:
+        except DLX_ERRORS as exc:
             logger.debug("%s: %s", source.name, exc)
             data = None
         if data is None:
@@ -379,7 +375,7 @@ def _verify(data: bytes, client: Any, run_id: int, round_index: int, content_has
             stage_weights_hash({n: ckpt.weights[n] for n in stage_param_names(model_cfg, spec)})
             for spec in specs
         ]
-    except (DlxError, KeyError, TypeError) as exc:
+    except (*DLX_ERRORS, KeyError, TypeError) as exc:
         raise PullRefused(
             f"checkpoint {got[:16]} from {source} has the chain's content hash but is unusable: {exc}"
         ) from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from node.errors import ConfigError
+from p2p.errors import P2PConfigError
 
 
 @dataclass
@@ -32,39 +32,39 @@ class P2PConfig:
 
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port <= 65535:
-            raise ConfigError(f"p2p.listen_port={self.listen_port}: must be in [0, 65535]")
+            raise P2PConfigError(f"p2p.listen_port={self.listen_port}: must be in [0, 65535]")
         for addr in self.bootstrap:
             if not addr.startswith("/") or "/p2p/" not in addr:
-                raise ConfigError(
+                raise P2PConfigError(
                     f"p2p.bootstrap entry {addr!r}: must be a multiaddr ending in /p2p/<peer id>, "
                     "e.g. /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW..."
                 )
         if self.gossip_heartbeat <= 0:
-            raise ConfigError(f"p2p.gossip_heartbeat={self.gossip_heartbeat}: must be > 0 seconds")
+            raise P2PConfigError(f"p2p.gossip_heartbeat={self.gossip_heartbeat}: must be > 0 seconds")
         if self.max_blob_bytes < 1:
-            raise ConfigError(f"p2p.max_blob_bytes={self.max_blob_bytes}: must be >= 1")
+            raise P2PConfigError(f"p2p.max_blob_bytes={self.max_blob_bytes}: must be >= 1")
         if self.blob_concurrency < 1:
-            raise ConfigError(f"p2p.blob_concurrency={self.blob_concurrency}: must be >= 1")
+            raise P2PConfigError(f"p2p.blob_concurrency={self.blob_concurrency}: must be >= 1")
         if self.transfer_timeout <= 0:
-            raise ConfigError(f"p2p.transfer_timeout={self.transfer_timeout}: must be > 0 seconds")
+            raise P2PConfigError(f"p2p.transfer_timeout={self.transfer_timeout}: must be > 0 seconds")
         if self.blob_stall_timeout <= 0:
-            raise ConfigError(f"p2p.blob_stall_timeout={self.blob_stall_timeout}: must be > 0 seconds")
+            raise P2PConfigError(f"p2p.blob_stall_timeout={self.blob_stall_timeout}: must be > 0 seconds")
         if not 1 <= self.gossip_max_message_bytes <= (1 << 20) - (16 << 10):
-            raise ConfigError(
+            raise P2PConfigError(
                 f"p2p.gossip_max_message_bytes={self.gossip_max_message_bytes}: must be in [1, 1032192] "
                 "(py-libp2p drops gossip RPCs over 1 MiB); send larger payloads as blobs"
             )
         if self.gossip_max_msgs_per_sec <= 0:
-            raise ConfigError(f"p2p.gossip_max_msgs_per_sec={self.gossip_max_msgs_per_sec}: must be > 0")
+            raise P2PConfigError(f"p2p.gossip_max_msgs_per_sec={self.gossip_max_msgs_per_sec}: must be > 0")
         if self.gossip_resync_interval < 0:
-            raise ConfigError(
+            raise P2PConfigError(
                 f"p2p.gossip_resync_interval={self.gossip_resync_interval}: must be >= 0 (0 = off)"
             )
         if self.sync_cache_messages < 1 or self.sync_cache_bytes < 1:
-            raise ConfigError("p2p.sync_cache_messages and p2p.sync_cache_bytes: must be >= 1")
+            raise P2PConfigError("p2p.sync_cache_messages and p2p.sync_cache_bytes: must be >= 1")
         if self.discovery_interval <= 0:
-            raise ConfigError(f"p2p.discovery_interval={self.discovery_interval}: must be > 0 seconds")
+            raise P2PConfigError(f"p2p.discovery_interval={self.discovery_interval}: must be > 0 seconds")
         if self.max_peers < 1:
-            raise ConfigError(f"p2p.max_peers={self.max_peers}: must be >= 1")
+            raise P2PConfigError(f"p2p.max_peers={self.max_peers}: must be >= 1")
         if self.rate_limit_bps < 0:
-            raise ConfigError(f"p2p.rate_limit_bps={self.rate_limit_bps}: must be >= 0 (0 = no cap)")
+            raise P2PConfigError(f"p2p.rate_limit_bps={self.rate_limit_bps}: must be >= 0 (0 = no cap)")

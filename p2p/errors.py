@@ -1,12 +1,13 @@
-"""Errors of the networking layer, all under :class:`node.errors.DlxError`."""
+"""Errors of the networking layer, all under :class:`P2PError` (imports nothing from other packages)."""
 
 from __future__ import annotations
 
-from node.errors import DlxError
-
-
-class P2PError(DlxError):
+class P2PError(Exception):
     """Root of every error raised by ``p2p/``."""
+
+
+class P2PConfigError(P2PError, ValueError):
+    """A ``[p2p]`` setting is missing, malformed or out of range."""
 
 
 class IdentityError(P2PError):

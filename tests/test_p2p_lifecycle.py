@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from node.errors import ConfigError
+from p2p.errors import P2PConfigError
 from p2p.config import P2PConfig
 from p2p.errors import HostClosed, P2PError
 from p2p.host import P2PHost
@@ -98,7 +98,7 @@ def test_port_in_use_is_a_clear_start_error(tmp_path):
 
 
 def test_bad_config_values_name_the_field():
-    with pytest.raises(ConfigError, match="gossip_max_message_bytes"):
+    with pytest.raises(P2PConfigError, match="gossip_max_message_bytes"):
         P2PConfig(gossip_max_message_bytes=2 << 20)
-    with pytest.raises(ConfigError, match="bootstrap"):
+    with pytest.raises(P2PConfigError, match="bootstrap"):
         P2PConfig(bootstrap=["127.0.0.1:4001"])

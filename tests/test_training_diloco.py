@@ -260,9 +260,9 @@ def test_reset_correction_restarts_from_the_global_weights():
 
 
 def test_config_rejects_unknown_delay_correction():
-    from node.errors import ConfigError
+    from training.errors import TrainingConfigError
 
-    with pytest.raises(ConfigError, match="delay_correction"):
+    with pytest.raises(TrainingConfigError, match="delay_correction"):
         DilocoConfig(delay_correction="rewind")
 
 

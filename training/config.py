@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from node.errors import ConfigError
+from training.errors import TrainingConfigError
 
 
 def _require(ok: bool, message: str) -> None:
     if not ok:
-        raise ConfigError(message)
+        raise TrainingConfigError(message)
 
 
 MODEL_PRESETS: dict[str, dict[str, int]] = {

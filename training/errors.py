@@ -1,15 +1,17 @@
 """Errors of the ``training`` package.
 
-Every error here derives from :class:`TrainingError`, itself under the project
-root :class:`node.errors.DlxError`. Other training modules may append classes
-below; keep the existing ones stable because callers catch them by name.
+Every error here derives from :class:`TrainingError`, the root of this package
+(it imports nothing: lower packages never depend on ``node/``). Other training
+modules may append classes below; keep the existing ones stable because callers
+catch them by name.
 """
 
-from node.errors import DlxError
-
-
-class TrainingError(DlxError):
+class TrainingError(Exception):
     """Root of the errors the training package raises on purpose."""
+
+
+class TrainingConfigError(TrainingError, ValueError):
+    """A model, training, DiLoCoX or compression setting is missing, malformed or out of range."""
 
 
 class ModelInputError(TrainingError, ValueError):
