@@ -180,6 +180,14 @@ class LocalRun:
         return LedgerClient(w3, dev_account(DEPLOYER_ACCOUNT, w3.eth.chain_id), self.registry, self.ledger)
 
     def stop(self) -> None:
+        """Stop every node (SIGTERM, then SIGKILL after 20 s), then the chain."""
+        self.stop_nodes()
+        if self.anvil is not None:
+            self.anvil.stop()
+            self.anvil = None
+
+    def stop_nodes(self) -> None:
+        """Stop every node process (SIGTERM, then SIGKILL after 20 s); the chain keeps running."""
         for slot in self.nodes:
             if slot.process is not None and slot.process.poll() is None:
                 slot.process.send_signal(signal.SIGTERM)
@@ -192,6 +200,3 @@ class LocalRun:
             except subprocess.TimeoutExpired:
                 slot.process.kill()
                 slot.process.wait(timeout=10)
-        if self.anvil is not None:
-            self.anvil.stop()
-            self.anvil = None

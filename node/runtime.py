@@ -110,6 +110,7 @@ class Node:
         self._state = self._load_state()
         self._train_info: dict[int, tuple[float, float, int]] = {}  # round -> (train loss, eval loss, tokens)
         self._accepted_closes: dict[tuple[int, int], msg.Close] = {}
+        self._connected: set[str] = set()  # peers with an open connection (heartbeat's last look)
         self.first_round = -1  # first round this process contributes to (announced in hellos)
         # Rounds this node finished in an earlier life: it never signs a second, different
         # close or attestation for them (peers would hold both as equivocation evidence).
@@ -211,7 +212,10 @@ class Node:
                   if p != self.peer_id]
         live_round = max(others, default=-1)
         last_committed = self.chain.last_round(self.run_id)
-        if last_committed < 0 and live_round <= 0:
+        if last_committed < 0 and (live_round <= 0 or not self._round_closed(0)):
+            # A fresh run whose round 0 is still open: a founding replica whose cluster formed
+            # later than the others (a slow or loaded machine) still enters at round 0, and
+            # the others wait for it up to the round deadline, as for any expected replica.
             return 0, []
         checkpoint = self.chain.latest_checkpoint(self.run_id)
         base = -1
@@ -225,6 +229,20 @@ class Node:
                         list(self.worker.stages), base)
         start = max(live_round + 1, base + 1, self._state.get("last_contributed", -1) + 1)
         return start, list(range(base + 1, start))
+
+    def _round_closed(self, outer_round: int) -> bool:
+        """Whether any coordinator's close of ``outer_round`` (any stage) has reached this node."""
+        return any(self.book.snapshot_closes(outer_round, stage) for stage in range(self.cfg.pipeline.num_stages))
+
+    def _alive_peers(self) -> set[str]:
+        """Peers that count as present: heard from within PEER_TTL_S, or still connected.
+
+        A peer is declared gone only on evidence that survives a slow peer: a process that is
+        stopped or starved of CPU keeps its connections open (the kernel holds them), so it stays
+        expected until the round deadline; a crashed one drops its connections and, once its
+        last message is PEER_TTL_S old, is gone.
+        """
+        return set(self.book.live_peers(PEER_TTL_S)) | self._connected
 
     def _download_checkpoint(self, round_index: int, content_hash: bytes) -> Checkpoint:
         path = self.checkpoint_dir / f"round-{round_index:08d}.safetensors"
@@ -378,8 +396,8 @@ class Node:
         def decide() -> msg.Close | None:
             now = time.monotonic()
             closes = self.book.snapshot_closes(outer_round, stage)
-            live = self.book.live_peers(PEER_TTL_S)
-            # Coordinators that are gone (no hello for PEER_TTL_S) are skipped at once.
+            live = alive
+            # Coordinators that are gone (see _alive_peers) are skipped at once.
             ranked = [c for c in order if c == self.peer_id or c in live]
             for rank, coordinator in enumerate(order):
                 if coordinator in closes and (rank == 0 or now >= started + rank * CLOSE_FALLBACK_S
@@ -388,12 +406,14 @@ class Node:
             if self.peer_id in ranked and outer_round > self.previous_life_finished:
                 rank = ranked.index(self.peer_id)
                 if rank == 0 or now >= deadline + rank * CLOSE_FALLBACK_S:
-                    return self._try_close(outer_round, stage, final=now >= deadline)
+                    return self._try_close(outer_round, stage, final=now >= deadline, alive=alive)
             return None
 
         last_resync = started
+        alive = self._alive_peers()
         while True:
             self.contributions.prefetch(outer_round, stage)
+            alive = self._alive_peers()
             close = self.book.wait_for(decide, timeout=1.0, stop=None)
             if close is None and time.monotonic() - last_resync > 5.0:
                 last_resync = time.monotonic()
@@ -405,7 +425,7 @@ class Node:
                 raise NodeError(f"round {outer_round} stage {stage}: no coordinator closed the round within "
                                 f"{self.cfg.round_timeout:.0f}s (+fallbacks); is a quorum of replicas alive?")
 
-    def _try_close(self, outer_round: int, stage: int, final: bool) -> msg.Close | None:
+    def _try_close(self, outer_round: int, stage: int, final: bool, alive: set[str]) -> msg.Close | None:
         """As coordinator: close when every live replica's contribution is here, or at the deadline."""
         announced = self.book.snapshot_announces(outer_round, stage)
         have = self.contributions.have(outer_round, stage)
@@ -414,10 +434,10 @@ class Node:
         # round, or has not yet decided where it enters (first_round -1: it is still joining;
         # at a fresh start that is everyone for a moment). A node that is catching up
         # (first_round > round) will not contribute to it.
-        peers = self.book.live_peers(PEER_TTL_S)
+        peers = self.book.live_peers(float("inf"))
         expected = {p for p, pl in self.placements.items() if stage in pl.stages and (
             (p == self.peer_id and outer_round in self._train_info)
-            or (p in peers and peers[p].hello.first_round <= outer_round))}
+            or (p in alive and p in peers and peers[p].hello.first_round <= outer_round))}
         replicas = {a.replica for a in ready.values()}
         if not (expected <= set(ready) or (final and len(replicas) >= self.cfg.quorum)):
             return None
@@ -521,7 +541,8 @@ class Node:
                                   self.host.listen_addrs, self.progress.round, self.first_round)
                 env = Envelope.create(self.identity, self.run_id, 0, msg.HELLO, msg.encode_payload(hello))
                 self.host.publish(run_topic(self.run_id), env.to_bytes())
-                self.progress.peers = len(self.host.peers())
+                self._connected = set(self.host.peers())
+                self.progress.peers = len(self._connected)
                 stats = self.host.transfer_stats().values()
                 self.progress.bytes_sent = sum(s.get("sent", 0) for s in stats)
                 self.progress.bytes_received = sum(s.get("received", 0) for s in stats)

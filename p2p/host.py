@@ -64,6 +64,7 @@ GossipValidator = Callable[[bytes, str], bool]
 GOSSIP_PROTOCOL = "/meshsub"
 _DELIVERED_MEMORY = 4096  # per topic: hashes of delivered messages, to drop gossip/sync duplicates
 _PROVIDER_QUERY_FANOUT = 32  # connected peers asked directly for a blob's providers
+SUBSCRIPTION_REANNOUNCE_TICKS = 2  # re-announce our topics to every pubsub peer every 2 x 2 s
 
 
 class TransferStats:
@@ -540,9 +541,27 @@ class P2PHost:
         joins pubsub, never learns our subscriptions and never gets our gossip, for as
         long as the connection lives. Seen as a 4-host test whose subscriptions never
         completed. ``ensure_peer_stream`` is idempotent for peers that have one.
+
+        It also re-announces our subscriptions to every pubsub peer now and then. A peer
+        forgets our subscriptions when one of the two pubsub streams between us dies
+        (py-libp2p's dead-peer handling; for example when simultaneous dials leave two
+        connections and one is closed): it re-opens its own stream, but ours is still
+        alive, so nothing would ever tell it our topics again and it would leave us out
+        of its gossip for good. A subscription it already knows is a no-op there.
         """
+        ticks = 0
         while True:
             await trio.sleep(2.0)
+            ticks += 1
+            if ticks % SUBSCRIPTION_REANNOUNCE_TICKS == 0:
+                for topic in list(self._subscriptions):
+                    # _build_announce_rpc is private but libp2p is pinned (pyproject.toml).
+                    packet, subopt = self._pubsub._build_announce_rpc(topic, subscribe=True)
+                    with trio.move_on_after(5):
+                        try:
+                            await self._pubsub.message_all_peers(packet.SerializeToString(), announce=subopt)
+                        except Exception as exc:  # a broken peer must not end the loop
+                            logger.debug("re-announcing %s failed: %s", topic, exc)
             for peer_id in list(self._libp2p.get_network().connections):
                 if peer_id in self._pubsub.peers:
                     continue
