@@ -6,7 +6,7 @@ Usage::
 
 1. Chain part: a managed anvil, a deployment, one registered node (valid ed25519 binding), a run with
    ``--rounds`` rounds committed directly with :class:`ledger.client.LedgerClient`; then
-   :func:`node.audit.audit_run` without evidence and without replay is timed: history read (paginated
+   :func:`node.tools.audit.audit_run` without evidence and without replay is timed: history read (paginated
    event scan), contract bytecode, genesis and hash chain link by link, every binding signature, every
    committer. Target: <= 5 s for 1000 rounds.
 2. Replay: a real short run (2 ``dlx-node start`` processes, 2 replicas x 2 stages each, ``--replay-rounds``
@@ -32,7 +32,7 @@ from ledger.account import dev_account
 from ledger.chain import AnvilProcess, connect_rpc
 from ledger.client import LedgerClient
 from ledger.records import RoundCommit
-from node.audit import FAIL, OK, UNVERIFIABLE, audit_run
+from node.tools.audit import FAIL, OK, UNVERIFIABLE, audit_run
 from p2p.identity import Identity
 
 
@@ -99,7 +99,7 @@ def chain_part(rounds: int) -> dict:
 
 
 def replay_part(preset: str, rounds: int) -> dict:
-    from node.launcher import LocalRun
+    from node.commands.launcher import LocalRun
 
     settings = [
         f"model.preset={preset}",

@@ -181,11 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level, args.log_json, args.log_file)
     if args.command in ("start", "audit", "pull"):
         tame_libp2p_logging(logging.getLogger().level)
-    from node import commands  # deferred: pulls in torch / libp2p / web3 as needed
+    from node.commands.faces import COMMANDS  # deferred: pulls in torch / libp2p / web3 as needed
 
     started = time.monotonic()
     try:
-        return int(getattr(commands, f"cmd_{args.command}")(args) or 0)
+        return int(COMMANDS[args.command](args) or 0)
     except KeyboardInterrupt:
         print("dlx-node: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -27,10 +27,10 @@ from ledger.account import dev_account
 from ledger.client import LedgerClient
 from ledger.merkle import merkle_root
 from ledger.records import RoundCommit
-from node.audit import FAIL, OK, UNVERIFIABLE, AuditFailed, audit_run, run_audit
+from node.tools.audit import FAIL, OK, UNVERIFIABLE, AuditFailed, audit_run, run_audit
 from node.errors import NodeError
-from node.launcher import LocalRun
-from node.pull import NoCheckpoint, PeerFetcher, PullRefused, pull_checkpoint, run_pull
+from node.commands.launcher import LocalRun
+from node.tools.pull import NoCheckpoint, PeerFetcher, PullRefused, pull_checkpoint, run_pull
 from p2p.envelope import Envelope, decode_envelope
 from p2p.identity import Identity
 
@@ -212,8 +212,8 @@ def test_archives_of_nodes_holding_different_stages_are_merged(run, client, tmp_
 @pytest.mark.timeout(180)
 def test_audit_over_libp2p_with_no_local_archive(run, client, tmp_path):
     """Everything off-chain comes from a peer: run document, close lists (gossip), envelopes, checkpoints."""
-    from node import protocol as msg
-    from node.runtime import run_topic
+    from node.live import protocol as msg
+    from node.live.protocol import run_topic
     from p2p.config import P2PConfig
     from p2p.host import P2PHost
 
@@ -385,7 +385,7 @@ def test_pull_from_peers_gives_a_transformers_model_with_our_logits(run, client,
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from node.checkpoint import read_checkpoint
+    from node.store.checkpoint import read_checkpoint
     from training.config import ModelConfig
     from training.model import GPT
 

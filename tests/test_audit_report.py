@@ -6,8 +6,8 @@ import io
 import json
 import math
 
-from node.audit import _ProgressBar
-from node.report import (
+from node.tools.audit import _ProgressBar
+from node.tools.report import (
     FAIL,
     OK,
     UNVERIFIABLE,

@@ -42,7 +42,7 @@ import pytest
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory):
     """A real anvil with the contracts and a run, node configs written, no node started."""
-    from node.launcher import LocalRun
+    from node.commands.launcher import LocalRun
 
     run = LocalRun(tmp_path_factory.mktemp("cli-run"), replicas=2, stages=2, split=False,
                    settings=["model.preset=tiny", "rounds=1"])

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from node.launcher import LocalRun
-from node.roundbook import PEER_TTL_S
+from node.commands.launcher import LocalRun
+from node.live.roundbook import PEER_TTL_S
 
 TINY = ["model.preset=tiny", "diloco.inner_steps=4", "training.batch_size=4", "round_timeout=60",
         "checkpoint_every=1"]

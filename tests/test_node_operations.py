@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from node.config import load_config
-from node.launcher import LocalRun
+from node.commands.launcher import LocalRun
 from p2p.identity import Identity
 
 

@@ -10,14 +10,14 @@ import msgpack
 import pytest
 import torch
 
-from node import protocol as msg
-from node.archive import Archive, ArchivedContribution
-from node.checkpoint import Checkpoint, merge_shards, parse_checkpoint, read_checkpoint, write_checkpoint
+from node.live import protocol as msg
+from node.store.archive import Archive, ArchivedContribution
+from node.store.checkpoint import Checkpoint, merge_shards, parse_checkpoint, read_checkpoint, write_checkpoint
 from node.config import load_config
 from node.errors import ConfigError, NodeError, StateError
-from node.roundbook import Announced, RoundBook
+from node.live.roundbook import Announced, RoundBook
 from node.runconfig import canonical_json, config_hash, parse_run_document, run_document
-from node.topology import Declaration, assign_stages, canonical_order, committer_order
+from node.live.topology import Declaration, assign_stages, canonical_order, committer_order
 
 
 # ---------------------------------------------------------------- topology

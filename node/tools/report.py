@@ -1,6 +1,6 @@
 """The audit report: its data (items, per-round verdicts) and its renderings for machines and people.
 
-:class:`AuditReport` is what :func:`node.audit.audit_run` returns. Every
+:class:`AuditReport` is what :func:`node.tools.audit.audit_run` returns. Every
 audited item is a :class:`Check` whose status is ``ok``, ``FAIL`` or
 ``unverifiable`` (never ok for what could not be checked). It renders as JSON
 (:func:`write_json`) and as one self-contained HTML page (:func:`write_html`)
@@ -101,7 +101,7 @@ class RoundVerdict:
 
 @dataclass
 class AuditReport:
-    """The outcome of :func:`audit_run` (rendered by :mod:`node.report`)."""
+    """The outcome of :func:`audit_run` (rendered by :mod:`node.tools.report`)."""
 
     run_id: int
     chain_id: int

@@ -14,7 +14,7 @@ directory with its byte-level tokenizer.
 
 :class:`PeerFetcher`, :class:`ArchiveSource`, :class:`PeerSource` and
 :func:`first_good_copy` are how both commands get content-addressed bytes
-(checkpoints, and for :mod:`node.audit` run documents, contribution lists and
+(checkpoints, and for :mod:`node.tools.audit` run documents, contribution lists and
 envelopes) from local directories and peers without trusting either.
 """
 
@@ -161,8 +161,8 @@ class PeerFetcher:
         """
         import queue
 
-        from node import protocol as msg
-        from node.runtime import run_topic
+        from node.live import protocol as msg
+        from node.live.protocol import run_topic
         from p2p.envelope import decode_envelope
         from p2p.errors import EnvelopeRejected, P2PError
 
@@ -199,7 +199,7 @@ class PeerFetcher:
 class ArchiveSource:
     """Evidence from a local directory: a node's data dir, its ``archive`` dir or a ``run-<id>`` dir.
 
-    Reads the layout of :mod:`node.archive` (run document, per-round ``round.json``
+    Reads the layout of :mod:`node.store.archive` (run document, per-round ``round.json``
     and ``<sha256>.env`` files) and checkpoints named ``round-XXXXXXXX.safetensors``
     (in ``checkpoints/`` or the directory itself). Nothing read is trusted: the
     auditor checks every byte against the chain.
@@ -264,7 +264,7 @@ class ArchiveSource:
 class PeerSource:
     """Evidence fetched over libp2p: blobs by hash, and round lists from the run's recent ``close`` gossip.
 
-    ``fetcher`` is a :class:`node.pull.PeerFetcher` already connected to peers.
+    ``fetcher`` is a :class:`node.tools.pull.PeerFetcher` already connected to peers.
     Close messages are the coordinators' signed lists of what each stage
     aggregated; peers keep only recent ones, so old rounds need archives.
     """
@@ -355,7 +355,7 @@ def _checkpoint_record(client: Any, run_id: int, round_index: int | None) -> tup
 
 def _verify(data: bytes, client: Any, run_id: int, round_index: int, content_hash: bytes, source: str) -> Any:
     """Parse ``data`` and check it is the chain's checkpoint of ``round_index``; raise PullRefused otherwise."""
-    from node.checkpoint import parse_checkpoint
+    from node.store.checkpoint import parse_checkpoint
     from training.config import ModelConfig
     from training.hashing import stage_weights_hash, weights_root
     from training.stages import split_stages, stage_param_names

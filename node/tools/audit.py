@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from node.errors import DLX_ERRORS, AuditFailed, StateError
-from node.pull import ArchiveSource, PeerSource, first_good_copy, reader_client
-from node.report import FAIL, OK, UNVERIFIABLE, AuditReport, Check, Contributor, RoundVerdict, worst
+from node.tools.pull import ArchiveSource, PeerSource, first_good_copy, reader_client
+from node.tools.report import FAIL, OK, UNVERIFIABLE, AuditReport, Check, Contributor, RoundVerdict, worst
 
 __all__ = [
     "FAIL",
@@ -59,7 +59,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MAX_COMBINATIONS = 64  # distinct per-stage contribution lists tried against one contributions root
-CONTRIBUTION_KIND = "contribution"  # node.protocol.CONTRIBUTION (not imported: keeps this module light)
+CONTRIBUTION_KIND = "contribution"  # node.live.protocol.CONTRIBUTION (not imported: keeps this module light)
 MAX_ENVELOPE_BYTES = 2 << 30
 
 Progress = Callable[[int, int, str], None]
@@ -495,7 +495,7 @@ def _check_checkpoint(
     """Check one published checkpoint; return it parsed if its content and weights root are right."""
     import torch
 
-    from node.checkpoint import parse_checkpoint
+    from node.store.checkpoint import parse_checkpoint
     from training.hashing import stage_weights_hash, weights_root
 
     name = f"checkpoint of round {record.round} {record.content_hash.hex()[:16]}"
@@ -581,7 +581,7 @@ def audit_run(
     Args:
         client: A :class:`ledger.client.LedgerClient` of the deployment (its account is only a reader).
         archives: Local directories with archived contributions, run documents and checkpoints.
-        fetcher: A connected :class:`node.pull.PeerFetcher` to fetch missing evidence from peers, or None.
+        fetcher: A connected :class:`node.tools.pull.PeerFetcher` to fetch missing evidence from peers, or None.
         replay: Re-run the aggregation and outer step of every round (False: chain and archives only).
         progress: Called as ``progress(done, total, what)`` while rounds are checked.
     """
@@ -705,8 +705,8 @@ class _ProgressBar:
 
 def run_audit(args: Any) -> int:
     """``dlx-node audit``: print per-round verdicts and the summary, write --json/--html, exit 0 or 8."""
-    from node.pull import PeerFetcher
-    from node.report import write_html, write_json
+    from node.tools.pull import PeerFetcher
+    from node.tools.report import write_html, write_json
 
     client = reader_client(args)
     fetcher = PeerFetcher.start(args.bootstrap) if args.bootstrap else None

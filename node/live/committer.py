@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING
 
 from ledger.merkle import merkle_root
 from ledger.records import RoundCommit, to_micro
-from node.checkpoint import merge_shards, parse_checkpoint, write_checkpoint
+from node.store.checkpoint import merge_shards, parse_checkpoint, write_checkpoint
 from node.errors import DLX_ERRORS
-from node.roundbook import PEER_TTL_S
-from node.topology import committer_order
+from node.live.roundbook import PEER_TTL_S
+from node.live.topology import committer_order
 from training.hashing import weights_root
 
 if TYPE_CHECKING:
-    from node.runtime import Node
+    from node.live.node import Node
 
 logger = logging.getLogger(__name__)
 

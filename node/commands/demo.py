@@ -17,7 +17,7 @@ from pathlib import Path
 
 from node.config import load_config
 from node.errors import ConfigError, NodeError
-from node.launcher import LocalRun
+from node.commands.launcher import LocalRun
 
 logger = logging.getLogger(__name__)
 

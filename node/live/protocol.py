@@ -22,6 +22,11 @@ CLOSE = "close"
 ATTESTATION = "attestation"
 KINDS = (HELLO, CONTRIBUTION, ANNOUNCE, CLOSE, ATTESTATION)
 
+
+def run_topic(run_id: int) -> str:
+    """The gossip topic of a run (docs/PROTOCOL.md: one topic per run)."""
+    return f"/dlx/run/{run_id}/v1"
+
 MAX_GOSSIP_PAYLOAD = 64 * 1024
 
 

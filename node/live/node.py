@@ -27,19 +27,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Empty
 
-from node import protocol as msg
-from node.archive import Archive, ArchivedContribution
-from node.chain import NodeChain
-from node.checkpoint import Checkpoint, parse_checkpoint, write_checkpoint
-from node.committer import Committer
+from node.live import protocol as msg
+from node.live.protocol import run_topic
+from node.store.archive import Archive, ArchivedContribution
+from node.live.onchain import NodeChain
+from node.store.checkpoint import Checkpoint, parse_checkpoint, write_checkpoint
+from node.live.committer import Committer
 from node.config import NodeConfig
 from node.errors import NodeError, StateError
-from node.exchange import ContributionPool
+from node.live.exchange import ContributionPool
 from node.fsutil import atomic_write_bytes, atomic_write_json
-from node.replica import ReplicaWorker
-from node.roundbook import PEER_TTL_S, Announced, RoundBook
+from node.live.replica import ReplicaWorker
+from node.live.roundbook import PEER_TTL_S, Announced, RoundBook
 from node.runconfig import canonical_json, config_hash, run_document
-from node.topology import Declaration, Placement, assign_stages, committer_order
+from node.live.topology import Declaration, Placement, assign_stages, committer_order
 from p2p.envelope import Envelope, EnvelopeValidator, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
 from p2p.host import P2PHost
@@ -50,10 +51,6 @@ logger = logging.getLogger(__name__)
 
 HEARTBEAT_S = 1.0
 CLOSE_FALLBACK_S = 6.0  # each next coordinator waits this much longer before closing
-
-
-def run_topic(run_id: int) -> str:
-    return f"/dlx/run/{run_id}/v1"
 
 
 class RoundAbandoned(Exception):

@@ -1,4 +1,4 @@
-"""Implementations of the ``dlx-node`` subcommands (parsing lives in :mod:`node.cli`)."""
+"""What each ``dlx-node`` subcommand does (parsing and exit codes live in :mod:`node.cli`)."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     _check_port_free(cfg.p2p.listen_host, cfg.p2p.listen_port, "p2p.listen_port")
     _check_port_free("127.0.0.1", cfg.metrics_port, "metrics_port")
-    from node.runtime import Node
+    from node.live.node import Node
 
     metrics = _start_metrics(cfg.metrics_port) if cfg.metrics_port else None
     show = not args.no_progress and sys.stderr.isatty()
@@ -170,19 +170,30 @@ def _pid_alive(pid: int) -> bool:
 
 # ---------------------------------------------------------------------- demo
 def cmd_demo(args: argparse.Namespace) -> int:
-    from node.demo import run_demo
+    from node.commands.demo import run_demo
 
     return run_demo(args)
 
 
 # ---------------------------------------------------------------------- audit / pull
 def cmd_audit(args: argparse.Namespace) -> int:
-    from node.audit import run_audit
+    from node.tools.audit import run_audit
 
     return run_audit(args)
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from node.pull import run_pull
+    from node.tools.pull import run_pull
 
     return run_pull(args)
+
+
+#: The subcommands by name (node.cli parses the arguments and calls one of these).
+COMMANDS = {
+    "init": cmd_init,
+    "start": cmd_start,
+    "status": cmd_status,
+    "demo": cmd_demo,
+    "audit": cmd_audit,
+    "pull": cmd_pull,
+}

@@ -1,0 +1,1 @@
+"""The live node: joins a run, trains its stages, exchanges, coordinates rounds, commits."""

@@ -1,0 +1,1 @@
+"""What a node keeps on disk and serves: the round archive and checkpoints."""

@@ -1,0 +1,1 @@
+"""Offline tools over a run's public record: audit, pull, and the audit report."""
