@@ -50,6 +50,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=30, help="outer rounds; tokens = rounds*H*batch*block")
     parser.add_argument("--batch-size", type=int, default=8, help="per replica")
     parser.add_argument("--inner-lr", type=float, default=3e-3)
+    parser.add_argument("--lr-schedule", default="cosine", choices=["cosine", "constant"])
+    parser.add_argument("--warmup-steps", type=int, default=0)
+    parser.add_argument("--min-lr-ratio", type=float, default=0.1)
+    parser.add_argument("--beta2", type=float, default=0.95)
+    parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--outer-lr", type=float, default=0.7, help="synchronous DiLoCo")
     parser.add_argument("--outer-momentum", type=float, default=0.9, help="synchronous DiLoCo")
     parser.add_argument("--x-outer-lr", type=float, default=None, help="DiLoCoX (default: --outer-lr)")
@@ -76,7 +81,8 @@ def main() -> int:
     model_cfg = ModelConfig(preset=args.preset)
     training_cfg = TrainingConfig(
         data_path=args.data, seed=args.seed, batch_size=args.batch_size, inner_lr=args.inner_lr,
-        eval_batches=args.eval_batches,
+        eval_batches=args.eval_batches, lr_schedule=args.lr_schedule, warmup_steps=args.warmup_steps,
+        min_lr_ratio=args.min_lr_ratio, beta2=args.beta2, weight_decay=args.weight_decay,
     )
     diloco_cfg = DilocoConfig(
         inner_steps=args.inner_steps, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,

@@ -310,6 +310,84 @@ class StageEngine:
         """Hash of the current global weights of the stage."""
         return stage_weights_hash(self.global_weights)
 
+    # ------------------------------------------------------------------ joining, catching up
+
+    def can_apply(self, outer_round: int) -> bool:
+        """True if ``apply_round(outer_round)`` is the next step (this replica encoded that round)."""
+        return self.last_encoded >= outer_round and self.last_applied == outer_round - 1
+
+    def rebase(self, global_weights: Mapping[str, torch.Tensor], momentum: Mapping[str, torch.Tensor],
+               last_round: int) -> None:
+        """Enter after ``last_round`` from global state (e.g. a checkpoint): local = global, nothing pending.
+
+        The live params are overwritten with ``global_weights``; the error-feedback
+        residual is kept (it is this replica's own). Round ``last_round + 1`` is
+        the next to encode.
+        """
+        weights = self._checked("global_weights", global_weights)
+        momentum = self._checked("momentum", momentum)
+        self.global_weights, self.momentum = weights, momentum
+        self._round_start = _clone(weights)
+        self._round_end = {}
+        self.last_encoded = self.last_applied = last_round
+        with torch.no_grad():
+            for name, param in self.params.items():
+                param.copy_(weights[name])
+
+    def skip_to(self, next_round: int) -> None:
+        """Make ``next_round`` the next round to encode, keeping every weight (a replica that sat rounds out).
+
+        Rounds before ``next_round`` that this replica did not encode are
+        treated as encoded and applied without it (their snapshots are dropped);
+        the local progress since the round start stays in the next pseudo-gradient.
+        """
+        if self.last_encoded >= next_round - 1:
+            return
+        self._round_end = {}
+        self.last_encoded = next_round - 1
+        self.last_applied = max(self.last_applied, next_round - 1)
+
+    def absorb_round(self, outer_round: int, contributions: Sequence[bytes]) -> RoundResult:
+        """Apply a round this replica did not contribute to: the others' outer step, local progress kept.
+
+        The global state advances with the same pure :func:`aggregate`, and the
+        live params and every stored snapshot move by the same global delta
+        ``theta^t - theta^{t-1}`` (so the next pseudo-gradient is still this
+        replica's own progress).
+        """
+        started = time.perf_counter()
+        old = self.global_weights
+        new_global, new_momentum, weights_hash = aggregate(
+            old, self.momentum, contributions, self.diloco_cfg,
+            stage_index=self.stage_index, outer_round=outer_round,
+        )
+        aggregated = time.perf_counter()
+        delta = {n: torch.sub(new_global[n], old[n]) for n in old}
+
+        def shift(snapshot: Weights) -> Weights:
+            return {n: torch.add(t, delta[n]) for n, t in snapshot.items()}
+
+        self._round_start = shift(self._round_start)
+        self._round_end = {r: shift(snapshot) for r, snapshot in self._round_end.items()}
+        self.global_weights, self.momentum = new_global, new_momentum
+        self.last_applied = max(self.last_applied, min(outer_round, self.last_encoded))
+        with torch.no_grad():
+            for name, param in self.params.items():
+                param.add_(delta[name])
+        return RoundResult(
+            outer_round=outer_round,
+            weights_hash=weights_hash,
+            num_contributions=len(contributions),
+            aggregate_seconds=aggregated - started,
+            correction_seconds=time.perf_counter() - aggregated,
+        )
+
+    def finish_round(self, outer_round: int, contributions: Sequence[bytes]) -> RoundResult:
+        """:meth:`apply_round` if this replica encoded ``outer_round`` and it is next, else :meth:`absorb_round`."""
+        if self.can_apply(outer_round):
+            return self.apply_round(outer_round, contributions)
+        return self.absorb_round(outer_round, contributions)
+
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict:
