@@ -98,6 +98,9 @@ class TrainingConfig:
         _require(self.eval_batches >= 1, f"training.eval_batches={self.eval_batches}: must be >= 1")
 
 
+DELAY_CORRECTIONS = ("rebase", "lookahead", "eager", "reset")
+
+
 @dataclass
 class DilocoConfig:
     """The outer loop (arXiv 2311.08105, 2506.21263)."""
@@ -112,7 +115,8 @@ class DilocoConfig:
     # local progress of the round that overlapped the exchange, theta^t + (L - E_t);
     # "lookahead" also starts that round from the replica's own estimate of theta^t and
     # re-bases from there; "reset" restarts from theta^t (that progress still arrives as
-    # the next pseudo-gradient).
+    # the next pseudo-gradient); "eager" is "lookahead" with the others' previous-round
+    # contributions standing in for their current ones (arXiv 2502.12996).
     delay_correction: str = "rebase"
 
     def __post_init__(self) -> None:
@@ -124,8 +128,8 @@ class DilocoConfig:
         )
         _require(self.num_replicas >= 1, f"diloco.num_replicas={self.num_replicas}: must be >= 1")
         _require(
-            self.delay_correction in ("rebase", "lookahead", "reset"),
-            f"diloco.delay_correction={self.delay_correction!r}: must be 'rebase', 'lookahead' or 'reset'",
+            self.delay_correction in DELAY_CORRECTIONS,
+            f"diloco.delay_correction={self.delay_correction!r}: must be one of {', '.join(DELAY_CORRECTIONS)}",
         )
 
 

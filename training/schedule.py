@@ -22,7 +22,7 @@ round ``t`` of a run whose last round is ``T-1``::
 
     no delay:                   train(t); encode(t); apply(t)
     delay, "rebase" / "reset":  train(t); encode(t); apply(t-1)       [+ apply(t) if t = T-1]
-    delay, "lookahead":         train(t); apply(t-1); encode(t)       [+ apply(t) if t = T-1]
+    delay, "lookahead"/"eager": train(t); apply(t-1); encode(t)       [+ apply(t) if t = T-1]
 
 ``apply(t-1)`` is skipped in round 0; the last round flushes its own apply.
 """
@@ -57,7 +57,7 @@ def round_actions(diloco_cfg: DilocoConfig, outer_round: int, *, last: bool = Fa
         return [train, encode, RoundAction(APPLY, outer_round)]
     previous = [RoundAction(APPLY, outer_round - 1)] if outer_round > 0 else []
     flush = [RoundAction(APPLY, outer_round)] if last else []
-    if diloco_cfg.delay_correction == "lookahead":
+    if diloco_cfg.delay_correction in ("lookahead", "eager"):
         return [train, *previous, encode, *flush]
     return [train, encode, *previous, *flush]
 
