@@ -266,14 +266,15 @@ def test_config_rejects_unknown_delay_correction():
         DilocoConfig(delay_correction="rewind")
 
 
-def test_lookahead_with_one_replica_is_synchronous_diloco():
+@pytest.mark.parametrize("correction", ["lookahead", "eager"])
+def test_lookahead_with_one_replica_is_synchronous_diloco(correction):
     # One replica, lossless: its own estimate of theta^t IS theta^t, so overlapping the
     # exchange changes nothing but float rounding of the re-basing.
     g = torch.Generator().manual_seed(9)
     steps = [0.1 * torch.randn(6, generator=g) for _ in range(4)]
     init = torch.randn(6, generator=g)
     results = []
-    for cfg in (DilocoConfig(one_step_delay=False), DilocoConfig(one_step_delay=True, delay_correction="lookahead")):
+    for cfg in (DilocoConfig(one_step_delay=False), DilocoConfig(one_step_delay=True, delay_correction=correction)):
         param = init.clone()
         engine = StageEngine(0, {"w": param}, cfg, RAW)
         pending = None
@@ -302,3 +303,20 @@ def test_reset_refuses_to_drop_unencoded_progress():
     param -= 1.0  # round 1 trained but not encoded
     with pytest.raises(RoundOrderError, match="reset"):
         engine.apply_round(0, [blob0])
+
+
+def test_eager_starts_from_own_plus_the_others_previous_contribution():
+    # Two replicas; after round 0 is applied, replica 0's start for round 2 is the outer step
+    # from theta^0 with (own_1 + other_0) / 2 (arXiv 2502.12996), not own_1 alone.
+    cfg = DilocoConfig(delay_correction="eager", outer_lr=0.7, outer_momentum=0.9)
+    param = torch.zeros(3)
+    engine = StageEngine(0, {"w": param}, cfg, RAW)
+    other = encode_contribution({"w": torch.tensor([1.0, 2.0, 3.0])}, RAW, stage_index=0, outer_round=0)[0]
+    param -= 0.5
+    own0, _ = engine.encode_contribution(0)
+    param -= 0.25
+    engine.apply_round(0, [own0, other])
+    global0, momentum0 = engine.global_weights["w"].clone(), engine.momentum["w"].clone()
+    engine.encode_contribution(1)  # own_1 = 0.25 (progress of round 1)
+    expected, _ = outer_step({"w": global0}, {"w": momentum0}, {"w": (torch.full((3,), 0.25) + torch.tensor([1.0, 2.0, 3.0])) / 2}, cfg)
+    assert torch.allclose(param, expected["w"], atol=1e-6)

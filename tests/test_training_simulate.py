@@ -57,3 +57,24 @@ def test_modes_report_bytes_ratio_and_losses(corpus):
 def test_unknown_mode_is_refused(corpus):
     with pytest.raises(TrainingError):
         _run(corpus, "allreduce")
+
+
+@pytest.mark.parametrize("correction", ["lookahead", "eager"])
+def test_one_replica_lossless_lookahead_variants_are_synchronous_diloco(corpus, correction):
+    # One replica, no compression: its own estimate of theta^t is theta^t, so the delayed
+    # schedule (apply before encode) reaches synchronous DiLoCo up to float rounding.
+    cfg = DilocoConfig(inner_steps=3, num_replicas=1, delay_correction=correction)
+    sync = simulate("diloco", corpus, MODEL, TRAINING, cfg, CompressionConfig(), PIPELINE, 3)
+    delayed = simulate("diloco_x", corpus, MODEL, TRAINING, cfg, CompressionConfig(enabled=False), PIPELINE, 3)
+    assert delayed.final_eval_loss == pytest.approx(sync.final_eval_loss, abs=1e-4)
+
+
+def test_ddp_and_diloco_follow_the_inner_lr_schedule(corpus):
+    # The cosine schedule over the run changes the result; a constant rate reproduces the old one.
+    cfg = DilocoConfig(inner_steps=3, num_replicas=2)
+    runs = {
+        schedule: simulate(mode, corpus, MODEL, TrainingConfig(batch_size=4, eval_batches=2, lr_schedule=schedule),
+                           cfg, CompressionConfig(), PIPELINE, 2)
+        for schedule in ("cosine", "constant") for mode in ("ddp",)
+    }
+    assert runs["cosine"].final_eval_loss != runs["constant"].final_eval_loss

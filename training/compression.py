@@ -33,35 +33,13 @@ A low-rank candidate whose unquantized factorization already misses the budget
 is skipped without quantizing. If no candidate meets the budget, the one with
 the smallest error is used (the stats say so).
 
-Decode (bit-exact on every IEEE-754 platform; no float matmul, no BLAS, no
-fused multiply-add, a fixed order of elementwise ops):
-
-* ``quant``:   ``out = float32(Xq) * s[None, :]`` (one float32 multiply per element;
-  ``|Xq| <= 32767`` converts exactly).
-* ``lowrank``: ``M = (P_int * w[None, :]) @ Q_int^T`` in int64 (exact: the
-  decoder bounds ``r * qmax_b**2 * 65535 < 2**53``), then
-  ``out = float32(float64(M) * float64(S))``: the int64 -> float64 conversion is
-  exact, the float64 product and the float32 rounding are each correctly rounded.
-* ``raw``: the float32 values.
-
 Error feedback (per tensor, ``e_0 = 0``): ``target_t = g_t + e_{t-1}``,
 ``sent_t = decode(encode(target_t))``, ``e_t = target_t - sent_t``. Then
 ``sum_t sent_t = sum_t g_t - e_T``: the decoded contributions track the inputs up
 to one bounded residual.
 
-Wire format (msgpack, version 1)::
-
-    {"v": 1, "st": stage_index, "rd": outer_round,
-     "t": [entry, ...]}                  # one entry per tensor, names ascending
-    entry = {"n": name, "s": [dims], "c": "quant",   "b": bits, "q": packed, "x": f32 scales}
-          | {"n": name, "s": [dims], "c": "lowrank", "b": bits, "r": rank,
-             "p": packed P, "q": packed Q, "w": u16 LE weights, "x": f32 S}
-          | {"n": name, "s": [dims], "c": "raw", "d": f32 values}
-
-Integers are packed as ``u = q + qmax_b`` in b bits, little-endian within bytes
-(value j of a byte at bit ``b*j``), zero padding; floats are little-endian
-float32 bytes. :func:`decode_contribution` rejects anything else with
-:class:`~training.errors.ContributionDecodeError`.
+The wire format and the exact decoder live in :mod:`training.codec_wire`;
+the bandwidth-budget policy in :mod:`training.bandwidth`.
 """
 
 from __future__ import annotations
@@ -72,37 +50,33 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 import msgpack
-import numpy as np
 import torch
 
+from training.codec_wire import (  # noqa: F401  (re-exported: the codec's public names)
+    CODEC_VERSION,
+    MAX_RANK,
+    MAX_WEIGHT,
+    SUPPORTED_BITS,
+    WEIGHT_BITS,
+    _f32_bytes,
+    decode_contribution,
+    matrix_view_shape,
+    max_contribution_bytes,
+    pack_ints,
+    qmax,
+    reconstruct_lowrank,
+    reconstruct_quant,
+    unpack_ints,
+)
 from training.config import CompressionConfig
-from training.errors import ContributionDecodeError, ContributionEncodeError, EngineStateError
+from training.errors import ContributionEncodeError, EngineStateError
 
 logger = logging.getLogger(__name__)
 
-CODEC_VERSION = 1
-WEIGHT_BITS = 16  # integer weights of the low-rank columns
-MAX_WEIGHT = (1 << WEIGHT_BITS) - 1
-MAX_RANK = 64  # keeps the int64 decode product below 2**53 for every bit width
-SUPPORTED_BITS = (2, 4, 8, 16)
 FACTOR_SEED = 0x5EED  # fixed seed of the randomized range finder
 EXACT_SVD_MAX_DIM = 96  # min(m, n) up to which an exact SVD is cheaper than sketching
 _OVERSAMPLE = 8
 _POWER_ITERATIONS = 2
-
-
-def qmax(bits: int) -> int:
-    """Largest magnitude of a symmetric ``bits``-bit quantized value."""
-    return (1 << (bits - 1)) - 1
-
-
-def matrix_view_shape(shape: tuple[int, ...]) -> tuple[int, int]:
-    """The ``(m, n)`` matrix a tensor of ``shape`` is coded as (1-D: one column)."""
-    if len(shape) == 0:
-        return 1, 1
-    if len(shape) == 1:
-        return shape[0], 1
-    return shape[0], math.prod(shape[1:])
 
 
 # ----------------------------------------------------------------------------- stats
@@ -148,84 +122,6 @@ class CompressionStats:
         out["ratio"] = self.ratio
         out["max_rel_error"] = self.max_rel_error
         return out
-
-
-# ----------------------------------------------------------------------------- bit packing
-
-
-def pack_ints(values: torch.Tensor, bits: int) -> bytes:
-    """Pack signed ints in ``[-qmax, qmax]`` as ``bits``-bit offsets, little-endian."""
-    offset = values.reshape(-1).to(torch.int64) + qmax(bits)
-    array = offset.numpy()
-    if bits == 16:
-        return array.astype("<u2").tobytes()
-    if bits == 8:
-        return array.astype(np.uint8).tobytes()
-    per_byte = 8 // bits
-    pad = (-array.size) % per_byte
-    array = np.concatenate([array.astype(np.uint8), np.zeros(pad, dtype=np.uint8)]).reshape(-1, per_byte)
-    packed = np.zeros(array.shape[0], dtype=np.uint8)
-    for j in range(per_byte):
-        packed |= (array[:, j] << (bits * j)).astype(np.uint8)
-    return packed.tobytes()
-
-
-def unpack_ints(data: bytes, bits: int, count: int, where: str) -> torch.Tensor:
-    """Inverse of :func:`pack_ints`; strict about length, padding and range."""
-    expected = (count * bits + 7) // 8
-    if len(data) != expected:
-        raise ContributionDecodeError(f"{where}: {len(data)} payload bytes, expected {expected}")
-    if bits == 16:
-        array = np.frombuffer(data, dtype="<u2").astype(np.int64)
-    elif bits == 8:
-        array = np.frombuffer(data, dtype=np.uint8).astype(np.int64)
-    else:
-        per_byte = 8 // bits
-        raw = np.frombuffer(data, dtype=np.uint8)
-        mask = (1 << bits) - 1
-        array = np.stack([(raw >> (bits * j)) & mask for j in range(per_byte)], axis=1).reshape(-1)
-        array = array.astype(np.int64)
-        if np.any(array[count:]):
-            raise ContributionDecodeError(f"{where}: non-zero padding bits")
-        array = array[:count]
-    if array.size and int(array.max()) > 2 * qmax(bits):
-        raise ContributionDecodeError(f"{where}: value out of the {bits}-bit symmetric range")
-    return torch.from_numpy(array - qmax(bits))
-
-
-def _f32_bytes(values: torch.Tensor) -> bytes:
-    array = values.detach().to(torch.float32).reshape(-1).contiguous().numpy()
-    return array.astype("<f4").tobytes()
-
-
-def _f32_tensor(data: bytes, count: int, where: str, *, nonnegative: bool = False) -> torch.Tensor:
-    if len(data) != 4 * count:
-        raise ContributionDecodeError(f"{where}: {len(data)} bytes of float32, expected {4 * count}")
-    array = np.frombuffer(data, dtype="<f4").astype(np.float32)
-    if not np.all(np.isfinite(array)):
-        raise ContributionDecodeError(f"{where}: non-finite float32 value")
-    if nonnegative and np.any(array < 0):
-        raise ContributionDecodeError(f"{where}: negative scale")
-    return torch.from_numpy(array.copy())
-
-
-# ----------------------------------------------------------------------------- reconstruction
-# These three functions ARE the decoder: the encoder measures its error with
-# them and error feedback subtracts their output, so every party computes the
-# same float32 bits from the same integers.
-
-
-def reconstruct_quant(q_int: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """``float32(q_int) * scales[None, :]``; q_int is ``m x n`` int64, scales ``n`` float32."""
-    return torch.mul(q_int.to(torch.float32), scales.reshape(1, -1))
-
-
-def reconstruct_lowrank(
-    p_int: torch.Tensor, q_int: torch.Tensor, weights: torch.Tensor, scale: torch.Tensor
-) -> torch.Tensor:
-    """``float32(float64((P * w) @ Q^T) * float64(S))`` with the product in int64."""
-    product = torch.matmul(torch.mul(p_int, weights.reshape(1, -1)), q_int.t())
-    return torch.mul(product.to(torch.float64), scale.to(torch.float64)).to(torch.float32)
 
 
 def _quantize_columns(matrix: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -454,126 +350,6 @@ def encode_contribution(
     return blob, decoded, stats
 
 
-# ----------------------------------------------------------------------------- decoding
-
-
-def _field(entry: dict, key: str, kind: type, where: str):
-    if key not in entry:
-        raise ContributionDecodeError(f"{where}: missing field {key!r}")
-    value = entry[key]
-    # bool is an int subclass; a bool where an int belongs is malformed input.
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ContributionDecodeError(f"{where}: field {key!r} is {type(value).__name__}, not {kind.__name__}")
-    return value
-
-
-def _check_keys(entry: dict, allowed: set[str], where: str) -> None:
-    extra = set(entry) - allowed
-    if extra:
-        raise ContributionDecodeError(f"{where}: unknown fields {sorted(map(str, extra))}")
-
-
-def _decode_entry(entry: object, name: str, shape: tuple[int, ...], index: int) -> torch.Tensor:
-    where = f"tensor {index} ({name!r})"
-    if not isinstance(entry, dict):
-        raise ContributionDecodeError(f"{where}: entry is {type(entry).__name__}, not a map")
-    got_name = _field(entry, "n", str, where)
-    if got_name != name:
-        raise ContributionDecodeError(f"{where}: name {got_name!r} where {name!r} was expected")
-    got_shape = _field(entry, "s", list, where)
-    if [d for d in got_shape if not isinstance(d, int) or isinstance(d, bool)] or tuple(got_shape) != shape:
-        raise ContributionDecodeError(f"{where}: shape {got_shape} does not match the stage's {list(shape)}")
-    codec = _field(entry, "c", str, where)
-    m, n = matrix_view_shape(shape)
-    if codec == "raw":
-        _check_keys(entry, {"n", "s", "c", "d"}, where)
-        return _f32_tensor(_field(entry, "d", bytes, where), m * n, where).reshape(shape)
-    bits = _field(entry, "b", int, where)
-    if bits not in SUPPORTED_BITS:
-        raise ContributionDecodeError(f"{where}: unsupported bit width {bits}")
-    if codec == "quant":
-        _check_keys(entry, {"n", "s", "c", "b", "q", "x"}, where)
-        q_int = unpack_ints(_field(entry, "q", bytes, where), bits, m * n, where).reshape(m, n)
-        scales = _f32_tensor(_field(entry, "x", bytes, where), n, where, nonnegative=True)
-        return reconstruct_quant(q_int, scales).reshape(shape)
-    if codec == "lowrank":
-        _check_keys(entry, {"n", "s", "c", "b", "r", "p", "q", "w", "x"}, where)
-        if len(shape) < 2:
-            raise ContributionDecodeError(f"{where}: lowrank codec on a {len(shape)}-D tensor")
-        rank = _field(entry, "r", int, where)
-        if not 1 <= rank <= min(m, n, MAX_RANK):
-            raise ContributionDecodeError(f"{where}: rank {rank} outside [1, {min(m, n, MAX_RANK)}]")
-        p_int = unpack_ints(_field(entry, "p", bytes, where), bits, m * rank, where).reshape(m, rank)
-        q_int = unpack_ints(_field(entry, "q", bytes, where), bits, n * rank, where).reshape(n, rank)
-        weight_bytes = _field(entry, "w", bytes, where)
-        if len(weight_bytes) != 2 * rank:
-            raise ContributionDecodeError(f"{where}: {len(weight_bytes)} weight bytes, expected {2 * rank}")
-        weights = torch.from_numpy(np.frombuffer(weight_bytes, dtype="<u2").astype(np.int64))
-        scale = _f32_tensor(_field(entry, "x", bytes, where), 1, where, nonnegative=True).reshape(())
-        return reconstruct_lowrank(p_int, q_int, weights, scale).reshape(shape)
-    raise ContributionDecodeError(f"{where}: unknown codec {codec!r}")
-
-
-def max_contribution_bytes(expected_shapes: Mapping[str, tuple[int, ...]]) -> int:
-    """Upper bound on a well-formed contribution's size (raw float32 plus framing)."""
-    numel = sum(math.prod(s) for s in expected_shapes.values())
-    return 4 * numel + 1024 * (len(expected_shapes) + 1) + sum(8 * len(s) for s in expected_shapes.values())
-
-
-def decode_contribution(
-    data: bytes,
-    expected_shapes: Mapping[str, tuple[int, ...]],
-    *,
-    stage_index: int | None = None,
-    outer_round: int | None = None,
-) -> dict[str, torch.Tensor]:
-    """Decode a contribution into float32 tensors, strictly.
-
-    ``expected_shapes`` is the stage's ``{name: shape}``; the contribution must
-    hold exactly those tensors, in ascending name order. When given,
-    ``stage_index`` and ``outer_round`` must match the header. Anything else
-    (oversized, truncated, wrong types, wrong shapes, out-of-range integers,
-    non-finite floats, trailing bytes) raises :class:`ContributionDecodeError`.
-    """
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise ContributionDecodeError(f"contribution is {type(data).__name__}, not bytes")
-    limit = max_contribution_bytes(expected_shapes)
-    if len(data) > limit:
-        raise ContributionDecodeError(f"contribution of {len(data)} bytes exceeds the stage's limit {limit}")
-    try:
-        message = msgpack.unpackb(
-            bytes(data), raw=False, use_list=True, strict_map_key=True,
-            max_bin_len=limit, max_str_len=4096, max_array_len=max(len(expected_shapes), 64) + 8,
-            max_map_len=16, max_ext_len=0,
-        )
-    except Exception as exc:  # msgpack raises several unrelated types on bad input
-        raise ContributionDecodeError(f"contribution is not valid msgpack: {type(exc).__name__}: {exc}") from None
-    if not isinstance(message, dict):
-        raise ContributionDecodeError("contribution is not a msgpack map")
-    _check_keys(message, {"v", "st", "rd", "t"}, "contribution")
-    version = _field(message, "v", int, "contribution")
-    if version != CODEC_VERSION:
-        raise ContributionDecodeError(f"contribution version {version}, this node decodes {CODEC_VERSION}")
-    got_stage = _field(message, "st", int, "contribution")
-    got_round = _field(message, "rd", int, "contribution")
-    if stage_index is not None and got_stage != stage_index:
-        raise ContributionDecodeError(f"contribution is for stage {got_stage}, expected {stage_index}")
-    if outer_round is not None and got_round != outer_round:
-        raise ContributionDecodeError(f"contribution is for round {got_round}, expected {outer_round}")
-    entries = _field(message, "t", list, "contribution")
-    names = sorted(expected_shapes)
-    if len(entries) != len(names):
-        raise ContributionDecodeError(f"contribution has {len(entries)} tensors, the stage has {len(names)}")
-    decoded = {}
-    for index, (entry, name) in enumerate(zip(entries, names)):
-        value = _decode_entry(entry, name, tuple(expected_shapes[name]), index)
-        # Finite scales can still overflow float32 in the product: refuse, never average an inf.
-        if not bool(torch.isfinite(value).all()):
-            raise ContributionDecodeError(f"tensor {index} ({name!r}): decodes to non-finite values")
-        decoded[name] = value
-    return decoded
-
-
 # ----------------------------------------------------------------------------- error feedback
 
 
@@ -601,9 +377,16 @@ class ErrorFeedbackCompressor:
             name: torch.add(value.to(torch.float32), self.residual[name]) if use_feedback else value
             for name, value in pseudo_gradient.items()
         }
-        blob, decoded, stats = encode_contribution(
-            target, self.cfg, stage_index=stage_index, outer_round=outer_round
-        )
+        if self.cfg.enabled and self.cfg.bandwidth_budget > 0:
+            from training.bandwidth import encode_within_bandwidth  # imports this module
+
+            blob, decoded, stats = encode_within_bandwidth(
+                target, self.cfg, self.cfg.bandwidth_budget, stage_index=stage_index, outer_round=outer_round
+            )
+        else:
+            blob, decoded, stats = encode_contribution(
+                target, self.cfg, stage_index=stage_index, outer_round=outer_round
+            )
         if use_feedback:
             for name in self.residual:
                 self.residual[name] = torch.sub(target[name].to(torch.float32), decoded[name])

@@ -68,6 +68,13 @@ class TrainingConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
+    # Inner learning-rate schedule across the whole run (training/schedule.py): linear warmup,
+    # then cosine decay to inner_lr * min_lr_ratio over lr_decay_steps inner steps (0: the
+    # run's total, rounds * H, when the caller knows it). "constant" keeps inner_lr.
+    lr_schedule: str = "cosine"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
+    lr_decay_steps: int = 0
     eval_fraction: float = 0.1  # tail of the corpus held out for evaluation
     eval_batches: int = 4
 
@@ -78,10 +85,20 @@ class TrainingConfig:
         _require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "training.beta1/beta2: must be in [0, 1)")
         _require(self.grad_clip >= 0, f"training.grad_clip={self.grad_clip}: must be >= 0 (0 = off)")
         _require(
+            self.lr_schedule in ("cosine", "constant"),
+            f"training.lr_schedule={self.lr_schedule!r}: must be 'cosine' or 'constant'",
+        )
+        _require(self.warmup_steps >= 0, f"training.warmup_steps={self.warmup_steps}: must be >= 0")
+        _require(0 <= self.min_lr_ratio <= 1, f"training.min_lr_ratio={self.min_lr_ratio}: must be in [0, 1]")
+        _require(self.lr_decay_steps >= 0, f"training.lr_decay_steps={self.lr_decay_steps}: must be >= 0 (0 = run length)")
+        _require(
             0.0 < self.eval_fraction < 0.5,
             f"training.eval_fraction={self.eval_fraction}: must be in (0, 0.5)",
         )
         _require(self.eval_batches >= 1, f"training.eval_batches={self.eval_batches}: must be >= 1")
+
+
+DELAY_CORRECTIONS = ("rebase", "lookahead", "eager", "reset")
 
 
 @dataclass
@@ -98,7 +115,8 @@ class DilocoConfig:
     # local progress of the round that overlapped the exchange, theta^t + (L - E_t);
     # "lookahead" also starts that round from the replica's own estimate of theta^t and
     # re-bases from there; "reset" restarts from theta^t (that progress still arrives as
-    # the next pseudo-gradient).
+    # the next pseudo-gradient); "eager" is "lookahead" with the others' previous-round
+    # contributions standing in for their current ones (arXiv 2502.12996).
     delay_correction: str = "rebase"
 
     def __post_init__(self) -> None:
@@ -110,8 +128,8 @@ class DilocoConfig:
         )
         _require(self.num_replicas >= 1, f"diloco.num_replicas={self.num_replicas}: must be >= 1")
         _require(
-            self.delay_correction in ("rebase", "lookahead", "reset"),
-            f"diloco.delay_correction={self.delay_correction!r}: must be 'rebase', 'lookahead' or 'reset'",
+            self.delay_correction in DELAY_CORRECTIONS,
+            f"diloco.delay_correction={self.delay_correction!r}: must be one of {', '.join(DELAY_CORRECTIONS)}",
         )
 
 
@@ -125,6 +143,10 @@ class CompressionConfig:
     bit_choices: list[int] = field(default_factory=lambda: [2, 4, 8])
     error_feedback: bool = True
     min_compress_numel: int = 4096  # smaller tensors are only quantized
+    # Bytes one replica may send for one stage per round (training/bandwidth.py). > 0: the
+    # codec spends this budget where it removes the most error (error_budget is then unused);
+    # 0: every tensor is coded to error_budget.
+    bandwidth_budget: int = 0
 
     def __post_init__(self) -> None:
         _require(
@@ -137,6 +159,10 @@ class CompressionConfig:
             f"compression.bit_choices={self.bit_choices}: must be a non-empty subset of [2, 4, 8, 16]",
         )
         self.bit_choices = sorted(set(self.bit_choices))
+        _require(
+            self.bandwidth_budget >= 0,
+            f"compression.bandwidth_budget={self.bandwidth_budget}: must be >= 0 bytes (0 = use error_budget)",
+        )
         _require(
             self.min_compress_numel >= 1,
             f"compression.min_compress_numel={self.min_compress_numel}: must be >= 1",

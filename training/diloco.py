@@ -55,6 +55,12 @@ Variants (``diloco.delay_correction``; the default is the rule above):
   the start is only off by ``lr (1 + mu) (own - average)`` instead of the whole
   outer step (with momentum the outer step extrapolates far from ``E_t``).
   With one replica and lossless coding this is synchronous DiLoCo.
+* ``"eager"`` (Kale, Douillard, Donchev 2025, arXiv 2502.12996, "eager updates"):
+  as ``"lookahead"``, but the estimate of round t's average uses the others'
+  contributions of round t-1 as a proxy for their round t ones,
+  ``S^{t+1} = OuterSGDNesterov(theta^{t-1}, m^{t-1}, (own_t + sum_{j != i} c_j^{t-1}) / M)``
+  (round t-1 was applied just before; in round 0, ``own_0`` alone). The start
+  is then off only by how much the others' progress changed in one round.
 * ``"reset"``: ``theta_i <- theta^t``: the progress of round t+1 is kept only
   through its pseudo-gradient, applied one round later (delayed-gradient SGD).
 
@@ -156,6 +162,14 @@ def aggregate(
             raise AggregationError(f"{name!r}: global weights and momentum must be float32")
         if global_weights[name].shape != momentum[name].shape:
             raise AggregationError(f"{name!r}: momentum shape differs from the weights' shape")
+    new_global, new_momentum, weights_hash, _ = _aggregate(
+        global_weights, momentum, contributions, diloco_cfg, stage_index=stage_index, outer_round=outer_round
+    )
+    return new_global, new_momentum, weights_hash
+
+
+def _aggregate(global_weights, momentum, contributions, diloco_cfg, *, stage_index, outer_round):
+    """:func:`aggregate` plus the decoded average (the engine's "eager" correction needs it)."""
     shapes = {name: tuple(value.shape) for name, value in global_weights.items()}
     decoded = []
     for index, blob in enumerate(contributions):
@@ -163,8 +177,9 @@ def aggregate(
             decoded.append(decode_contribution(blob, shapes, stage_index=stage_index, outer_round=outer_round))
         except ContributionDecodeError as exc:
             raise ContributionDecodeError(f"contribution {index}: {exc}") from None
-    new_global, new_momentum = outer_step(global_weights, momentum, average_contributions(decoded), diloco_cfg)
-    return new_global, new_momentum, stage_weights_hash(new_global)
+    average = average_contributions(decoded)
+    new_global, new_momentum = outer_step(global_weights, momentum, average, diloco_cfg)
+    return new_global, new_momentum, stage_weights_hash(new_global), average
 
 
 @dataclass
@@ -196,7 +211,8 @@ class StageEngine:
         delay:     train(t); encode_contribution(t); apply_round(t-1, ...); train(t+1) ...
                    ...; finally apply_round(last, ...)
                    "rebase": either order of encode(t) / apply(t-1) (same result);
-                   "reset": encode(t) first; "lookahead": apply(t-1) first.
+                   "reset": encode(t) first; "lookahead", "eager": apply(t-1) first
+                   (training.schedule.round_actions gives the order).
     """
 
     def __init__(
@@ -216,6 +232,10 @@ class StageEngine:
         self.compressor = ErrorFeedbackCompressor(self.shapes, compression_cfg)
         self._round_start: Weights = _clone(self.params)  # local weights when the current round began
         self._round_end: dict[int, Weights] = {}  # E_t for rounds encoded but not applied yet
+        # "eager": own decoded contributions of unapplied rounds, and (sum of the others'
+        # decoded contributions, M) of the last applied round.
+        self._own_decoded: dict[int, Weights] = {}
+        self._others_previous: tuple[Weights, int] | None = None
         self.last_encoded = -1
         self.last_applied = -1
 
@@ -225,7 +245,17 @@ class StageEngine:
 
     @property
     def lookahead(self) -> bool:
-        return self.delayed and self.diloco_cfg.delay_correction == "lookahead"
+        """True for the corrections that jump to an estimate of theta^t after encoding ("lookahead", "eager")."""
+        return self.delayed and self.diloco_cfg.delay_correction in ("lookahead", "eager")
+
+    def _estimate_input(self) -> Weights:
+        """The pseudo-gradient the lookahead step uses: own, or eager's own + others' previous round, / M."""
+        own = self.compressor.last_decoded
+        if self.diloco_cfg.delay_correction != "eager" or self._others_previous is None:
+            return own
+        others, count = self._others_previous
+        divisor = _f32(float(count))
+        return {name: torch.div(torch.add(own[name], others[name]), divisor) for name in own}
 
     def encode_contribution(self, outer_round: int) -> tuple[bytes, CompressionStats]:
         """Pseudo-gradient of ``outer_round`` (start-of-round minus current local weights), compressed."""
@@ -246,9 +276,8 @@ class StageEngine:
         if self.lookahead:
             # Start the next round from this replica's own estimate of theta^t: the outer
             # step applied to its own (decoded) contribution instead of the average.
-            estimate, _ = outer_step(
-                self.global_weights, self.momentum, self.compressor.last_decoded, self.diloco_cfg
-            )
+            estimate, _ = outer_step(self.global_weights, self.momentum, self._estimate_input(), self.diloco_cfg)
+            self._own_decoded[outer_round] = self.compressor.last_decoded
             with torch.no_grad():
                 for name, param in self.params.items():
                     param.copy_(estimate[name])
@@ -274,12 +303,17 @@ class StageEngine:
                     f"encoded before round {outer_round} is applied"
                 )
         started = time.perf_counter()
-        new_global, new_momentum, weights_hash = aggregate(
+        new_global, new_momentum, weights_hash, average = _aggregate(
             self.global_weights, self.momentum, contributions, self.diloco_cfg,
             stage_index=self.stage_index, outer_round=outer_round,
         )
         aggregated = time.perf_counter()
         round_end = self._round_end.pop(outer_round)
+        own = self._own_decoded.pop(outer_round, None)
+        if self.diloco_cfg.delay_correction == "eager" and own is not None:
+            count = len(contributions)
+            total = _f32(float(count))
+            self._others_previous = ({n: torch.sub(torch.mul(average[n], total), own[n]) for n in own}, count)
         with torch.no_grad():
             if not self.delayed or self.diloco_cfg.delay_correction == "reset":
                 # No delay: L = E_t, DiLoCo's theta_i <- theta^t. "reset": the same by choice.
@@ -310,6 +344,86 @@ class StageEngine:
         """Hash of the current global weights of the stage."""
         return stage_weights_hash(self.global_weights)
 
+    # ------------------------------------------------------------------ joining, catching up
+
+    def can_apply(self, outer_round: int) -> bool:
+        """True if ``apply_round(outer_round)`` is the next step (this replica encoded that round)."""
+        return self.last_encoded >= outer_round and self.last_applied == outer_round - 1
+
+    def rebase(self, global_weights: Mapping[str, torch.Tensor], momentum: Mapping[str, torch.Tensor],
+               last_round: int) -> None:
+        """Enter after ``last_round`` from global state (e.g. a checkpoint): local = global, nothing pending.
+
+        The live params are overwritten with ``global_weights``; the error-feedback
+        residual is kept (it is this replica's own). Round ``last_round + 1`` is
+        the next to encode.
+        """
+        weights = self._checked("global_weights", global_weights)
+        momentum = self._checked("momentum", momentum)
+        self.global_weights, self.momentum = weights, momentum
+        self._round_start = _clone(weights)
+        self._round_end, self._own_decoded, self._others_previous = {}, {}, None
+        self.last_encoded = self.last_applied = last_round
+        with torch.no_grad():
+            for name, param in self.params.items():
+                param.copy_(weights[name])
+
+    def skip_to(self, next_round: int) -> None:
+        """Make ``next_round`` the next round to encode, keeping every weight (a replica that sat rounds out).
+
+        Rounds before ``next_round`` that this replica did not encode are
+        treated as encoded and applied without it (their snapshots are dropped);
+        the local progress since the round start stays in the next pseudo-gradient.
+        """
+        if self.last_encoded >= next_round - 1:
+            return
+        self._round_end, self._own_decoded = {}, {}
+        self.last_encoded = next_round - 1
+        self.last_applied = max(self.last_applied, next_round - 1)
+
+    def absorb_round(self, outer_round: int, contributions: Sequence[bytes]) -> RoundResult:
+        """Apply a round this replica did not contribute to: the others' outer step, local progress kept.
+
+        The global state advances with the same pure :func:`aggregate`, and the
+        live params and every stored snapshot move by the same global delta
+        ``theta^t - theta^{t-1}`` (so the next pseudo-gradient is still this
+        replica's own progress).
+        """
+        started = time.perf_counter()
+        old = self.global_weights
+        new_global, new_momentum, weights_hash = aggregate(
+            old, self.momentum, contributions, self.diloco_cfg,
+            stage_index=self.stage_index, outer_round=outer_round,
+        )
+        aggregated = time.perf_counter()
+        delta = {n: torch.sub(new_global[n], old[n]) for n in old}
+
+        def shift(snapshot: Weights) -> Weights:
+            return {n: torch.add(t, delta[n]) for n, t in snapshot.items()}
+
+        self._round_start = shift(self._round_start)
+        self._round_end = {r: shift(snapshot) for r, snapshot in self._round_end.items()}
+        self.global_weights, self.momentum = new_global, new_momentum
+        self.last_applied = max(self.last_applied, min(outer_round, self.last_encoded))
+        self._own_decoded.pop(outer_round, None)
+        self._others_previous = None  # "eager" falls back to "lookahead" for the next round
+        with torch.no_grad():
+            for name, param in self.params.items():
+                param.add_(delta[name])
+        return RoundResult(
+            outer_round=outer_round,
+            weights_hash=weights_hash,
+            num_contributions=len(contributions),
+            aggregate_seconds=aggregated - started,
+            correction_seconds=time.perf_counter() - aggregated,
+        )
+
+    def finish_round(self, outer_round: int, contributions: Sequence[bytes]) -> RoundResult:
+        """:meth:`apply_round` if this replica encoded ``outer_round`` and it is next, else :meth:`absorb_round`."""
+        if self.can_apply(outer_round):
+            return self.apply_round(outer_round, contributions)
+        return self.absorb_round(outer_round, contributions)
+
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict:
@@ -325,6 +439,10 @@ class StageEngine:
             "error_feedback": self.compressor.state_dict(),
             "round_start": _clone(self._round_start),
             "round_end": {int(r): _clone(snap) for r, snap in self._round_end.items()},
+            "own_decoded": {int(r): _clone(snap) for r, snap in self._own_decoded.items()},
+            "others_previous": None if self._others_previous is None else (
+                _clone(self._others_previous[0]), self._others_previous[1]
+            ),
         }
 
     def load_state_dict(self, state: Mapping) -> None:
@@ -343,11 +461,16 @@ class StageEngine:
             global_weights = self._checked("global_weights", state["global_weights"])
             momentum = self._checked("momentum", state["momentum"])
             round_start = self._checked("round_start", state["round_start"])
+            # "eager" state (absent in states saved before it existed: lookahead for one round).
+            own_decoded = {int(r): self._checked(f"own_decoded[{r}]", s) for r, s in state.get("own_decoded", {}).items()}
+            others = state.get("others_previous")
+            others_previous = None if others is None else (self._checked("others_previous", others[0]), int(others[1]))
             self.compressor.load_state_dict(state["error_feedback"])
         except (KeyError, TypeError, AttributeError) as exc:
             raise EngineStateError(f"engine state is malformed: {type(exc).__name__}: {exc}") from None
         self.global_weights, self.momentum, self._round_start = global_weights, momentum, round_start
         self._round_end = round_end
+        self._own_decoded, self._others_previous = own_decoded, others_previous
         self.last_encoded, self.last_applied = last_encoded, last_applied
 
     def _checked(self, what: str, weights: Mapping[str, torch.Tensor]) -> Weights:

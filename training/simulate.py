@@ -44,6 +44,7 @@ from training.errors import TrainingError
 from training.hashing import stage_weights_hash, weights_root
 from training.model import count_params, init_state_dict
 from training.pipeline import LocalReplicaTrainer
+from training.schedule import APPLY, ENCODE, TRAIN, inner_lr, round_actions, set_lr, trainer_optimizers
 
 logger = logging.getLogger(__name__)
 
@@ -199,7 +200,9 @@ def _simulate_ddp(initial, batches, held_out, model_cfg, training_cfg, pipeline_
         per_replica = [batches(replica, outer_round) for replica in range(replicas)]
         started = time.perf_counter()
         losses = []
-        for step in range(len(per_replica[0])):
+        steps = len(per_replica[0])
+        for step in range(steps):
+            set_lr(trainer.optimizers, inner_lr(training_cfg, outer_round * steps + step, outer_rounds * steps))
             x = torch.cat([per_replica[r][step][0] for r in range(replicas)])
             y = torch.cat([per_replica[r][step][1] for r in range(replicas)])
             losses.append(trainer.train_step(x, y))
@@ -242,7 +245,7 @@ def _simulate_diloco(
     ]
     evaluator = LocalReplicaTrainer(model_cfg, training_cfg, pipeline_cfg.num_stages, state_dict=initial)
     delayed = diloco_cfg.one_step_delay
-    pending: list[list[bytes]] | None = None  # per stage, the contributions of the unapplied round
+    exchanged: dict[int, list[list[bytes]]] = {}  # round -> per stage, the contributions not applied yet
     records: list[RoundRecord] = []
 
     def apply(outer_round: int, contributions: list[list[bytes]], outer_seconds: list[float]) -> None:
@@ -259,44 +262,48 @@ def _simulate_diloco(
         if len(hashes) != 1:
             raise TrainingError(f"round {outer_round}: replicas disagree on the global weights")
 
+    steps = diloco_cfg.inner_steps
+
+    def train(replica: int, outer_round: int) -> list[float]:
+        trainer = trainers[replica]
+        optimizers = trainer_optimizers(trainer)
+        losses = []
+        for step, (x, y) in enumerate(batches(replica, outer_round)):
+            set_lr(optimizers, inner_lr(training_cfg, outer_round * steps + step, outer_rounds * steps))
+            losses.append(trainer.train_step(x, y))
+        return losses
+
     for outer_round in range(outer_rounds):
         train_seconds = [0.0] * replicas
         codec_seconds = [0.0] * replicas
         outer_seconds = [0.0] * replicas
         losses = []
-        # H inner steps per replica (replicas run one after the other here, in parallel in reality).
-        for replica, trainer in enumerate(trainers):
-            started = time.perf_counter()
-            losses.extend(trainer.train_step(x, y) for x, y in batches(replica, outer_round))
-            train_seconds[replica] = time.perf_counter() - started
-        # One-step delay: the previous round's exchange overlapped this round's inner
-        # steps; its outer step is applied now ("lookahead" needs it before encoding).
-        apply_first = diloco_cfg.delay_correction == "lookahead"
-        if delayed and pending is not None and apply_first:
-            apply(outer_round - 1, pending, outer_seconds)
-        # Every replica encodes its pseudo-gradient of this round, stage by stage.
         contributions: list[list[bytes]] = [[] for _ in range(pipeline_cfg.num_stages)]
         sent = [0] * replicas
         raw = [0] * replicas
         tensor_stats: list[dict] = []
-        for replica in range(replicas):
-            for stage, engine in enumerate(engines[replica]):
-                started = time.perf_counter()
-                blob, stats = engine.encode_contribution(outer_round)
-                codec_seconds[replica] += time.perf_counter() - started
-                contributions[stage].append(blob)
-                sent[replica] += len(blob)
-                raw[replica] += stats.raw_bytes
-                if replica == 0:
-                    tensor_stats.extend(dataclasses.asdict(t) for t in stats.tensors)
-        if not delayed:
-            apply(outer_round, contributions, outer_seconds)
-        else:
-            if pending is not None and not apply_first:
-                apply(outer_round - 1, pending, outer_seconds)
-            pending = contributions
-            if outer_round == outer_rounds - 1:
-                apply(outer_round, pending, outer_seconds)  # flush: no next round to overlap with
+        # The round's actions in the order the node runs them (training/schedule.py).
+        for action in round_actions(diloco_cfg, outer_round, last=outer_round == outer_rounds - 1):
+            if action.kind == TRAIN:
+                # H inner steps per replica (one after the other here, in parallel in reality).
+                for replica in range(replicas):
+                    started = time.perf_counter()
+                    losses.extend(train(replica, outer_round))
+                    train_seconds[replica] = time.perf_counter() - started
+            elif action.kind == ENCODE:
+                for replica in range(replicas):
+                    for stage, engine in enumerate(engines[replica]):
+                        started = time.perf_counter()
+                        blob, stats = engine.encode_contribution(outer_round)
+                        codec_seconds[replica] += time.perf_counter() - started
+                        contributions[stage].append(blob)
+                        sent[replica] += len(blob)
+                        raw[replica] += stats.raw_bytes
+                        if replica == 0:
+                            tensor_stats.extend(dataclasses.asdict(t) for t in stats.tensors)
+                exchanged[outer_round] = contributions
+            elif action.kind == APPLY:
+                apply(action.outer_round, exchanged.pop(action.outer_round), outer_seconds)
         evaluate = (outer_round + 1) % eval_every == 0 or outer_round == outer_rounds - 1
         eval_loss = None
         if evaluate and engines[0][0].last_applied >= 0:

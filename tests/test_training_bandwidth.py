@@ -1,0 +1,80 @@
+"""Compression under a bandwidth budget: the allocation rule and the codec that uses it."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from training.bandwidth import allocate, encode_within_bandwidth, lower_hull
+from training.compression import ErrorFeedbackCompressor, decode_contribution
+from training.config import CompressionConfig
+
+
+def test_lower_hull_drops_dominated_and_concave_points():
+    points = [(10, 100.0), (20, 40.0), (30, 35.0), (40, 5.0), (25, 90.0), (50, 6.0)]
+    # (25, 90) is dominated by (20, 40); (30, 35) lies above the segment (20, 40)-(40, 5); (50, 6) is worse than (40, 5).
+    assert lower_hull(points) == [0, 1, 3]
+
+
+def test_allocate_matches_brute_force_on_convex_options():
+    options = {
+        "a": [(10, 100.0), (20, 50.0), (40, 20.0), (80, 5.0)],
+        "b": [(5, 30.0), (15, 10.0), (45, 2.0)],
+        "c": [(8, 60.0), (16, 20.0), (32, 4.0)],
+    }
+    for budget in (23, 40, 60, 90, 130, 200):
+        choice = allocate(options, budget)
+        cost = sum(options[n][i][0] for n, i in choice.items())
+        error = sum(options[n][i][1] for n, i in choice.items())
+        assert cost <= budget
+        feasible = [
+            sum(options[n][i][1] for n, i in zip("abc", combo))
+            for combo in itertools.product(*(range(len(options[n])) for n in "abc"))
+            if sum(options[n][i][0] for n, i in zip("abc", combo)) <= budget
+        ]
+        # Greedy on convex hulls is within one upgrade of the optimum; on these options it is exact.
+        assert error == pytest.approx(min(feasible))
+
+
+def test_allocate_sends_the_cheapest_codings_when_nothing_fits():
+    options = {"a": [(10, 1.0), (20, 0.5)], "b": [(10, 1.0)]}
+    assert allocate(options, 5) == {"a": 0, "b": 0}
+
+
+def _pseudo_gradient(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "h.attn.weight": torch.randn(128, 8, generator=g) @ torch.randn(8, 384, generator=g) * 0.01,
+        "h.mlp.weight": torch.randn(256, 128, generator=g),
+        "h.ln.bias": torch.randn(128, generator=g) * 0.1,
+    }
+
+
+def test_more_bandwidth_buys_less_error_and_the_budget_holds():
+    tensors = _pseudo_gradient()
+    shapes = {n: tuple(t.shape) for n, t in tensors.items()}
+    cfg = CompressionConfig()
+    errors = []
+    for budget in (3_000, 10_000, 40_000):
+        blob, decoded, stats = encode_within_bandwidth(tensors, cfg, budget, stage_index=1, outer_round=2)
+        assert len(blob) <= budget
+        exact = decode_contribution(blob, shapes, stage_index=1, outer_round=2)
+        assert all(torch.equal(exact[n], decoded[n]) for n in tensors)
+        errors.append(sum(float((tensors[n] - decoded[n]).pow(2).sum()) for n in tensors))
+    assert errors[0] > errors[1] > errors[2]
+
+
+def test_error_feedback_compressor_uses_the_bandwidth_budget():
+    tensors = _pseudo_gradient(1)
+    shapes = {n: tuple(t.shape) for n, t in tensors.items()}
+    compressor = ErrorFeedbackCompressor(shapes, CompressionConfig(bandwidth_budget=6_000))
+    sizes = []
+    for outer_round in range(3):
+        blob, stats = compressor.compress(tensors, stage_index=0, outer_round=outer_round)
+        sizes.append(len(blob))
+        assert stats.encoded_bytes == len(blob)
+    assert max(sizes) <= 6_000
+    with pytest.raises(ValueError):
+        CompressionConfig(bandwidth_budget=-1)

@@ -1,0 +1,99 @@
+"""The schedules of a DiLoCoX run: the inner learning rate per step, and the order of train / encode / apply per round.
+
+Both are pure functions of the configuration, shared by the simulation
+(:mod:`training.simulate`) and the node, so the node runs exactly what the
+benchmark measures.
+
+Inner learning rate (``training.lr_schedule``), as nanoGPT and the DiLoCo
+papers use it (linear warmup, then cosine decay over the whole run, *not*
+restarted at each outer round: arXiv 2311.08105 Sec. 3, arXiv 2503.09799
+Sec. 3)::
+
+    step s = outer_round * H + k            (k: inner step within the round)
+    lr(s)  = inner_lr * (s + 1) / warmup                       s < warmup
+           = min + (inner_lr - min) * (1 + cos(pi * p)) / 2     p = (s - warmup) / (T - warmup), clamped to [0, 1]
+    min    = inner_lr * min_lr_ratio,  T = total inner steps of the run
+
+With ``lr_schedule = "constant"`` (or no known ``T``) the rate is ``inner_lr``
+after warmup.
+
+Round schedule (DiLoCoX's one-step delay, docs/DILOCOX.md section 4). Per outer
+round ``t`` of a run whose last round is ``T-1``::
+
+    no delay:                   train(t); encode(t); apply(t)
+    delay, "rebase" / "reset":  train(t); encode(t); apply(t-1)       [+ apply(t) if t = T-1]
+    delay, "lookahead"/"eager": train(t); apply(t-1); encode(t)       [+ apply(t) if t = T-1]
+
+``apply(t-1)`` is skipped in round 0; the last round flushes its own apply.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from training.config import DilocoConfig, TrainingConfig
+
+TRAIN = "train"
+ENCODE = "encode"
+APPLY = "apply"
+
+
+@dataclass(frozen=True)
+class RoundAction:
+    """One step of the round schedule: ``kind`` (train / encode / apply) of ``outer_round``."""
+
+    kind: str
+    outer_round: int
+
+
+def round_actions(diloco_cfg: DilocoConfig, outer_round: int, *, last: bool = False) -> list[RoundAction]:
+    """The ordered actions of ``outer_round`` (module docstring); ``last`` flushes the final apply."""
+    if outer_round < 0:
+        raise ValueError(f"outer_round={outer_round}: must be >= 0")
+    train = RoundAction(TRAIN, outer_round)
+    encode = RoundAction(ENCODE, outer_round)
+    if not diloco_cfg.one_step_delay:
+        return [train, encode, RoundAction(APPLY, outer_round)]
+    previous = [RoundAction(APPLY, outer_round - 1)] if outer_round > 0 else []
+    flush = [RoundAction(APPLY, outer_round)] if last else []
+    if diloco_cfg.delay_correction in ("lookahead", "eager"):
+        return [train, *previous, encode, *flush]
+    return [train, encode, *previous, *flush]
+
+
+def pending_after_round(diloco_cfg: DilocoConfig) -> int:
+    """Rounds encoded but not applied when a round's actions are done (not the last): 1 with delay, else 0."""
+    return 1 if diloco_cfg.one_step_delay else 0
+
+
+def inner_lr(training_cfg: TrainingConfig, step: int, total_steps: int | None) -> float:
+    """Inner AdamW learning rate at global inner step ``step`` (0-based; module docstring).
+
+    ``total_steps`` is the run's number of inner steps per replica
+    (``rounds * H``); ``training.lr_decay_steps > 0`` overrides it, and with
+    neither the rate stays at ``inner_lr`` after warmup.
+    """
+    peak = training_cfg.inner_lr
+    warmup = training_cfg.warmup_steps
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    horizon = training_cfg.lr_decay_steps or total_steps or 0
+    if training_cfg.lr_schedule == "constant" or horizon <= warmup:
+        return peak
+    floor = peak * training_cfg.min_lr_ratio
+    progress = min(1.0, (step - warmup) / (horizon - warmup))
+    return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def set_lr(optimizers, lr: float) -> None:
+    """Set ``lr`` on every parameter group of every optimizer in ``optimizers``."""
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
+
+def trainer_optimizers(trainer) -> list:
+    """The inner optimizers of a :class:`~training.pipeline.LocalReplicaTrainer` or ``PipelineStageTrainer``."""
+    optimizers = getattr(trainer, "optimizers", None)
+    return list(optimizers) if optimizers is not None else [trainer.optimizer]
