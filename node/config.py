@@ -78,12 +78,6 @@ class NodeConfig:
                 f"pipeline.num_stages={self.pipeline.num_stages} exceeds model.n_layer="
                 f"{self.model.n_layer}: use at most one stage per transformer block"
             )
-        if self.diloco.one_step_delay and self.diloco.delay_correction != "rebase":
-            raise ConfigError(
-                f"diloco.delay_correction={self.diloco.delay_correction!r}: a node applies round t-1 after "
-                "encoding round t, which only the 'rebase' correction supports (the others are for "
-                "bench/simulation runs)"
-            )
         if self.rounds < 0:
             raise ConfigError(f"rounds={self.rounds}: must be >= 0 (0 = until stopped)")
         if self.checkpoint_every < 1:

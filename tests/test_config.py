@@ -54,7 +54,7 @@ def test_overrides_are_typed(tmp_path):
         ("p2p.bootstrap=/ip4/1.2.3.4/tcp/1", "p2p.bootstrap entry"),
         ("diloco.nope=1", "diloco.nope: unknown setting"),
         ("nonsense", "expected KEY=VALUE"),
-        ("diloco.delay_correction=lookahead", "diloco.delay_correction='lookahead'"),
+        ("diloco.delay_correction=sideways", "diloco.delay_correction='sideways'"),
     ],
 )
 def test_bad_values_name_the_field(override, field):

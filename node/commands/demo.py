@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
+from node.commands.launcher import LocalRun
 from node.config import load_config
 from node.errors import ConfigError, NodeError
-from node.commands.launcher import LocalRun
 
 logger = logging.getLogger(__name__)
 

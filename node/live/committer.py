@@ -24,26 +24,56 @@ import queue
 import threading
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 from ledger.merkle import merkle_root
 from ledger.records import RoundCommit, to_micro
-from node.store.checkpoint import merge_shards, parse_checkpoint, write_checkpoint
+from node.config import NodeConfig
 from node.errors import DLX_ERRORS
-from node.live.roundbook import PEER_TTL_S
+from node.live.coordination import RoundCoordinator
+from node.live.membership import Membership
+from node.live.onchain import NodeChain
+from node.live.roundbook import RoundBook
 from node.live.topology import committer_order
+from node.store.checkpoint import merge_shards, parse_checkpoint, write_checkpoint
+from p2p.host import P2PHost
 from training.hashing import weights_root
-
-if TYPE_CHECKING:
-    from node.live.node import Node
 
 logger = logging.getLogger(__name__)
 
 COMMIT_FALLBACK_S = 8.0
 
 
+@dataclass
+class CommitterContext:
+    """What the committer reads and whom it tells (it never sees the whole node).
+
+    ``on_recorded(round, weights_root, committed_by_me)`` is called once this node
+    derived a round's record (and committed it, if it was its turn);
+    ``on_confirmed(round)`` once the round is read back from the chain.
+    """
+
+    cfg: NodeConfig
+    run_id: int
+    peer_id: str
+    book: RoundBook
+    chain: NodeChain
+    host: P2PHost
+    coordinator: RoundCoordinator
+    membership: Membership
+    checkpoint_dir: Path
+    incoming_dir: Path
+    stop_event: threading.Event
+    on_recorded: Callable[[int, bytes, bool], None]
+    on_confirmed: Callable[[int], None]
+
+
 class Committer:
-    def __init__(self, node: Node) -> None:
+    """The committer thread of one node (see module docstring)."""
+
+    def __init__(self, node: CommitterContext) -> None:
         self.node = node
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._idle = threading.Event()
@@ -97,7 +127,7 @@ class Committer:
         last = num_stages - 1
 
         def every_replica_reported():
-            close = node._accepted_closes.get((outer_round, last))
+            close = node.coordinator.accepted(outer_round, last)
             if close is None:  # a node without the last stage knows its close from gossip
                 seen = list(node.book.snapshot_closes(outer_round, last).values())
                 close = seen[0][0] if seen else None
@@ -131,8 +161,8 @@ class Committer:
             stage_roots.append(chosen[1])
         closes = []
         for stage in range(node.cfg.pipeline.num_stages):
-            close = node._accepted_closes.get((outer_round, stage)) or self._close_matching(outer_round, stage,
-                                                                                            stage_roots[stage])
+            close = node.coordinator.accepted(outer_round, stage) or self._close_matching(outer_round, stage,
+                                                                                           stage_roots[stage])
             if close is None:
                 logger.warning("round %d stage %d: no close matching the attested root", outer_round, stage)
                 return None, None
@@ -167,12 +197,12 @@ class Committer:
         commit, atts = self.record(outer_round)
         if commit is None:
             return
-        node.progress.weights_root = commit.weights_root.hex()
         checkpoint_hash = None
         if (outer_round + 1) % node.cfg.checkpoint_every == 0:
             checkpoint_hash = self._assemble_checkpoint(outer_round, atts)
-        live = node.book.live_peers(PEER_TTL_S)
-        order = [p for p in committer_order(outer_round, sorted(node.placements)) if p == node.peer_id or p in live]
+        live = node.membership.alive()
+        order = [p for p in committer_order(outer_round, node.membership.placed_peers())
+                 if p == node.peer_id or p in live]
         rank = order.index(node.peer_id) if node.peer_id in order else len(order)
         # Rounds commit strictly in order: let the previous round land first (bounded wait).
         self._wait(lambda: node.chain.last_round(node.run_id) >= outer_round - 1, node.cfg.round_timeout)
@@ -188,7 +218,7 @@ class Committer:
                 node.chain.publish_checkpoint(node.run_id, outer_round, checkpoint_hash,
                                               f"dlx://blob/{checkpoint_hash.hex()}")
                 logger.info("round %d checkpoint %s published", outer_round, checkpoint_hash.hex()[:12])
-        node.record_round(outer_round, commit.weights_root, mine)
+        node.on_recorded(outer_round, commit.weights_root, mine)
         self._verify(outer_round, commit)
 
     def _verify(self, outer_round: int, mine: RoundCommit) -> None:
@@ -197,7 +227,7 @@ class Committer:
             logger.warning("round %d: no commit on chain after %.0fs", outer_round, node.cfg.round_timeout)
             return
         onchain = node.chain.commit_of(node.run_id, outer_round)
-        node.progress.last_commit = max(node.progress.last_commit, outer_round)
+        node.on_confirmed(outer_round)
         if (onchain.weights_root, onchain.contributions_root) != (mine.weights_root, mine.contributions_root):
             logger.error("round %d: committed roots differ from ours; filing a dispute", outer_round)
             node.chain.dispute(node.run_id, outer_round, mine.weights_root, mine.contributions_root)
@@ -228,7 +258,7 @@ class Committer:
                 logger.warning("round %d: no shard of stage %d attested; no checkpoint", outer_round, stage)
                 return None
             shard_hash = votes.most_common(1)[0][0]
-            dest = node.data_dir / "incoming" / f"{shard_hash.hex()}.part"
+            dest = node.incoming_dir / f"{shard_hash.hex()}.part"
             dest.parent.mkdir(parents=True, exist_ok=True)
             try:
                 node.host.fetch_blob(shard_hash.hex(), dest, timeout=node.cfg.p2p.transfer_timeout)

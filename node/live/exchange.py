@@ -15,8 +15,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from node.live import protocol as msg
 from node.errors import NodeError
+from node.live import protocol as msg
 from node.live.roundbook import Announced, RoundBook
 from p2p.envelope import decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError

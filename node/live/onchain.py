@@ -16,7 +16,7 @@ from ledger.client import LedgerClient, binding_message
 from ledger.errors import LedgerError
 from ledger.records import CheckpointRecord, RoundCommit
 from node.config import NodeConfig
-from node.errors import ConfigError, NodeError, NotRegistered
+from node.errors import ConfigError, NotRegistered
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import torch
 
 from node.config import NodeConfig
 from training.data import corpus_from_config, eval_batches, round_batches
-from training.diloco import RoundResult, StageEngine, aggregate
+from training.diloco import StageEngine
 from training.hashing import stage_weights_hash
 from training.model import init_state_dict
 from training.pipeline import (
@@ -115,28 +115,13 @@ class ReplicaWorker:
     def load_global(self, stage: int, weights: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor],
                     last_round: int) -> None:
         """Enter at ``last_round + 1`` from global state (a checkpoint): local = global, no pending rounds."""
-        engine = self.engines[stage]
-        state = engine.state_dict()
-        weights = {n: weights[n].to(torch.float32).clone() for n in state["global_weights"]}
-        state.update(
-            last_encoded=last_round, last_applied=last_round, global_weights=weights,
-            momentum={n: momentum[n].to(torch.float32).clone() for n in weights},
-            round_start={n: t.clone() for n, t in weights.items()}, round_end={},
-        )
-        engine.load_state_dict(state)
-        with torch.no_grad():
-            for name, param in engine.params.items():
-                param.copy_(weights[name])
+        names = self.engines[stage].global_weights
+        self.engines[stage].rebase({n: weights[n].to(torch.float32) for n in names},
+                                   {n: momentum[n].to(torch.float32) for n in names}, last_round)
 
     def skip_to(self, stage: int, next_round: int) -> None:
         """Make ``next_round`` the next round to encode, keeping weights (a node that sat rounds out)."""
-        engine = self.engines[stage]
-        if engine.last_encoded >= next_round - 1:
-            return
-        state = engine.state_dict()
-        state.update(last_encoded=next_round - 1, last_applied=max(state["last_applied"], next_round - 1),
-                     round_end={})
-        engine.load_state_dict(state)
+        self.engines[stage].skip_to(next_round)
 
     # -- one outer round --------------------------------------------------------------
     def train_round(self, outer_round: int, on_step: Callable[[int, float], None] | None = None) -> TrainStats:
@@ -164,32 +149,12 @@ class ReplicaWorker:
     def apply(self, stage: int, outer_round: int, contributions: list[bytes]) -> bytes:
         """Aggregate ``outer_round`` of ``stage`` (canonical order); return the new stage weights hash.
 
-        A round this node encoded goes through the engine (with the one-step-delay
-        correction). A round it did not encode (it joined late or sat the round
-        out) is absorbed: the global state advances with the same pure
-        :func:`training.diloco.aggregate`, and every local snapshot moves by the
-        same global delta, so local progress is kept.
+        A round this node encoded goes through the engine's outer step with the
+        one-step-delay correction; a round it did not encode (it joined late or
+        sat the round out) is absorbed, local progress kept
+        (:meth:`training.diloco.StageEngine.finish_round`).
         """
-        engine = self.engines[stage]
-        if engine.last_encoded >= outer_round and engine.last_applied == outer_round - 1:
-            result: RoundResult = engine.apply_round(outer_round, contributions)
-            return result.weights_hash
-        state = engine.state_dict()
-        old = state["global_weights"]
-        new_global, new_momentum, weights_hash = aggregate(
-            old, state["momentum"], contributions, self.cfg.diloco, stage_index=stage, outer_round=outer_round,
-        )
-        delta = {n: torch.sub(new_global[n], old[n]) for n in old}
-        state["global_weights"], state["momentum"] = new_global, new_momentum
-        state["round_start"] = {n: torch.add(t, delta[n]) for n, t in state["round_start"].items()}
-        state["round_end"] = {r: {n: torch.add(t, delta[n]) for n, t in snap.items()}
-                              for r, snap in state["round_end"].items()}
-        state["last_applied"] = max(state["last_applied"], min(outer_round, state["last_encoded"]))
-        engine.load_state_dict(state)
-        with torch.no_grad():
-            for name, param in engine.params.items():
-                param.add_(delta[name])
-        return weights_hash
+        return self.engines[stage].finish_round(outer_round, contributions).weights_hash
 
     def initial_hashes(self) -> dict[int, bytes]:
         full = init_state_dict(self.cfg.model, self.cfg.training.seed)

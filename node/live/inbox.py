@@ -1,0 +1,100 @@
+"""The gossip inbox: every message of the run topic is parsed, checked, then handled by its kind.
+
+Runs on its own thread. Parse, then use: an envelope is decoded and validated
+(signature, run, size, replay, equivocation), its payload decoded into a typed
+message, and a round message is checked against its sender's placement,
+before a handler from the table files it in the :class:`RoundBook`. A bad
+message costs only itself: it is dropped and the reason logged; the consumer
+never dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from queue import Empty, Queue
+
+from node.live import protocol as msg
+from node.live.exchange import ContributionPool
+from node.live.membership import Membership
+from node.live.roundbook import Announced, RoundBook
+from p2p.envelope import Envelope, EnvelopeValidator, decode_envelope
+from p2p.errors import EnvelopeRejected
+
+logger = logging.getLogger(__name__)
+
+
+class GossipInbox:
+    """Consumes the run topic's queue and dispatches by message kind (see module docstring).
+
+    ``held_stages()`` returns the stages this node holds (empty while joining), so
+    that an announce for one of them starts the contribution's fetch at once.
+    """
+
+    def __init__(self, run_id: int, validator: EnvelopeValidator, book: RoundBook, membership: Membership,
+                 contributions: ContributionPool, held_stages: Callable[[], tuple[int, ...]]) -> None:
+        self.run_id = run_id
+        self.validator = validator
+        self.book = book
+        self.membership = membership
+        self.contributions = contributions
+        self.held_stages = held_stages
+        self._handlers: dict[str, Callable[[Envelope, object, bytes], None]] = {
+            msg.ANNOUNCE: self._on_announce,
+            msg.CLOSE: self._on_close,
+            msg.ATTESTATION: self._on_attestation,
+        }
+
+    # -- the topic validator (runs on the host's thread, before relaying) -------------------
+    def relay_ok(self, data: bytes, _from: str = "") -> bool:
+        """Only well-formed, signed envelopes of this run are relayed."""
+        try:
+            env = decode_envelope(data, self.validator.max_size)
+        except EnvelopeRejected:
+            return False
+        return env.run_id == self.run_id and env.kind in msg.KINDS
+
+    # -- the consumer thread ------------------------------------------------------------
+    def run(self, queue: Queue, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                data, _from = queue.get(timeout=0.5)
+            except Empty:
+                continue
+            try:
+                self.handle(data)
+            except (EnvelopeRejected, msg.ProtocolError) as exc:
+                if getattr(exc, "reason", "") != "replayed":
+                    logger.debug("dropped message: %s", exc)
+            except Exception:  # a bad message must never kill the consumer
+                logger.exception("error while handling a gossip message; dropped")
+
+    def handle(self, data: bytes) -> None:
+        """Parse, check and file one message; raises EnvelopeRejected / ProtocolError for a bad one."""
+        env = decode_envelope(data, self.validator.max_size)
+        if env.kind == msg.HELLO:
+            # Hellos repeat every second with the same header: exempt from replay checks.
+            if env.run_id == self.run_id:
+                self.book.add_hello(env.sender_peer_id, env.sender, msg.decode_payload(msg.HELLO, env.payload))
+            return
+        env = self.validator.check(data)
+        payload = msg.decode_payload(env.kind, env.payload)
+        self.book.heard_from(env.sender_peer_id)
+        handler = self._handlers.get(env.kind)
+        if handler is None:
+            raise msg.ProtocolError(f"{env.kind} messages are not sent on the run topic")
+        self.membership.check_sender(env)
+        handler(env, payload, data)
+
+    def _on_announce(self, env: Envelope, announce: msg.Announce, _data: bytes) -> None:
+        self.book.add_announce(env.round, env.stage,
+                               Announced(env.sender_peer_id, env.replica, announce.envelope_hash, announce.size))
+        if env.stage in self.held_stages():
+            self.contributions.prefetch(env.round, env.stage)
+
+    def _on_close(self, env: Envelope, close: msg.Close, data: bytes) -> None:
+        self.book.add_close(env.round, env.stage, env.sender_peer_id, close, data)
+
+    def _on_attestation(self, env: Envelope, attestation: msg.Attestation, _data: bytes) -> None:
+        self.book.add_attestation(env.round, env.stage, env.sender_peer_id, attestation)

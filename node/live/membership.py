@@ -1,0 +1,124 @@
+"""Who is in the run: placement of the declared peers, their liveness, and the entry round.
+
+Owns what a node knows about its peers beyond single rounds: the placement of
+every registered peer that declared its cluster in a ``hello`` (pure
+:func:`node.live.topology.assign_stages` over the signed declarations), the set
+of peers that still count as present, and the round the live peers are
+training. The hellos themselves are filed in the :class:`RoundBook`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from node.errors import NodeError
+from node.live import protocol as msg
+from node.live.roundbook import PEER_TTL_S, RoundBook
+from node.live.topology import Declaration, Placement, assign_stages
+
+logger = logging.getLogger(__name__)
+
+
+class Membership:
+    """Placement and liveness of the run's peers, as this node sees them (see module docstring).
+
+    ``is_bound(account, public_key)`` answers whether the registry binds a hello's
+    account to the key that signed it; only such peers are placed.
+    """
+
+    def __init__(self, peer_id: str, cluster: str, cluster_size: int, num_stages: int, book: RoundBook,
+                 is_bound: Callable[[bytes, bytes], bool]) -> None:
+        self.peer_id = peer_id
+        self.cluster = cluster
+        self.cluster_size = cluster_size
+        self.num_stages = num_stages
+        self.book = book
+        self.is_bound = is_bound
+        self.placements: dict[str, Placement] = {}
+        self._connected: set[str] = set()
+        self._lock = threading.Lock()
+
+    # -- placement --------------------------------------------------------------------
+    def refresh(self) -> dict[str, Placement]:
+        """Recompute every peer's placement from the hellos heard so far."""
+        # Every peer ever heard of, not only the live ones: a replica index must not shift
+        # when another cluster goes away (it seeds the replica's data shard).
+        decls = [Declaration(self.peer_id, self.cluster, self.cluster_size)]
+        for peer_id, info in self.book.live_peers(float("inf")).items():
+            if peer_id != self.peer_id and self.is_bound(info.hello.account, info.public_key):
+                decls.append(Declaration(peer_id, info.hello.cluster, info.hello.cluster_size))
+        placements = assign_stages(decls, self.num_stages)
+        with self._lock:
+            self.placements = placements
+        return placements
+
+    def await_placement(self, want_replicas: int, join_timeout: float, stop: threading.Event) -> Placement:
+        """Wait until this node's cluster is complete and ``want_replicas`` replicas declared themselves.
+
+        After ``join_timeout`` a complete own cluster is enough; after twice that the
+        node gives up with an error that says what to check.
+        """
+        deadline = time.monotonic() + join_timeout
+        while not stop.is_set():
+            placements = self.refresh()
+            mine = placements.get(self.peer_id)
+            replicas = {p.replica for p in placements.values()}
+            if mine is not None and (len(replicas) >= want_replicas or time.monotonic() > deadline):
+                return mine
+            if time.monotonic() > deadline + join_timeout:
+                raise NodeError(f"cluster {self.cluster!r} did not form within {2 * join_timeout:.0f}s: "
+                                f"check that its {self.cluster_size} members run and can reach each other")
+            time.sleep(0.5)
+        raise NodeError("stopped while joining")
+
+    def holders(self, stage: int) -> list[str]:
+        """Peer ids placed on ``stage``, sorted."""
+        return sorted(p for p, pl in self.refresh().items() if stage in pl.stages)
+
+    def placed_peers(self) -> list[str]:
+        with self._lock:
+            return sorted(self.placements)
+
+    def check_sender(self, env) -> None:
+        """Refuse a round message whose sender is not placed where the envelope says it is."""
+        def fits(placed: Placement | None) -> bool:
+            return placed is not None and env.stage in placed.stages and (
+                env.kind != msg.ANNOUNCE or env.replica == placed.replica)
+
+        if fits(self.placements.get(env.sender_peer_id)):
+            return
+        if not fits(self.refresh().get(env.sender_peer_id)):
+            raise msg.ProtocolError(f"{env.kind} from {env.sender_peer_id[-8:]} for stage {env.stage} replica "
+                                    f"{env.replica} does not match its placement")
+
+    # -- liveness ---------------------------------------------------------------------
+    def set_connected(self, peer_ids: list[str]) -> None:
+        """The peers the host has an open connection to (the heartbeat's last look)."""
+        self._connected = set(peer_ids)
+
+    def alive(self) -> set[str]:
+        """Peers that count as present: heard from within PEER_TTL_S, or still connected.
+
+        A peer is declared gone only on evidence that survives a slow peer: a process that
+        is stopped or starved of CPU keeps its connections open (the kernel holds them), so
+        it stays expected until the round deadline; a crashed one drops its connections
+        and, once its last message is PEER_TTL_S old, is gone.
+        """
+        return set(self.book.live_peers(PEER_TTL_S)) | self._connected
+
+    def first_round_of(self, peer_id: str) -> int | None:
+        """The first round a peer announced it contributes to (-1: still joining), or None if unknown."""
+        info = self.book.live_peers(float("inf")).get(peer_id)
+        return None if info is None else info.hello.first_round
+
+    def live_training_round(self) -> int:
+        """The highest round a live peer (other than this node) says it is training; -1 if none."""
+        return max((info.hello.training_round for peer, info in self.book.live_peers(PEER_TTL_S).items()
+                    if peer != self.peer_id), default=-1)
+
+    def live_providers(self) -> list[str]:
+        """Live peers other than this node (checkpoint and blob providers)."""
+        return [p for p in self.book.live_peers(PEER_TTL_S) if p != self.peer_id]

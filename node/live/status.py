@@ -1,0 +1,110 @@
+"""What a node remembers across restarts (state.json) and shows to operators (status.json, progress).
+
+``state.json`` holds the rounds this node contributed to and finished, so a
+restarted node never signs a second, different message for a round it already
+handled; it is written atomically after every change. ``status.json`` is the
+snapshot ``dlx-node status`` and the demo read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from node.errors import StateError
+from node.fsutil import atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Progress:
+    """The node's live figures (shown by the CLI's progress line and written to status.json)."""
+
+    state: str = "starting"
+    round: int = -1
+    step: int = 0
+    inner_steps: int = 0
+    loss: float = math.nan
+    eval_loss: float = math.nan
+    peers: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    last_commit: int = -1
+    last_finished: int = -1
+    weights_root: str = ""
+    history: list[dict] = field(default_factory=list)
+
+
+class StateFile:
+    """The node's state.json for one run (a file of another run counts as empty)."""
+
+    def __init__(self, path: Path, run_id: int) -> None:
+        self.path = path
+        self.run_id = run_id
+        self._lock = threading.RLock()
+        self._state = self._load()
+
+    def _load(self) -> dict:
+        if not self.path.exists():
+            return {}
+        try:
+            state = json.loads(self.path.read_text())
+        except (OSError, ValueError) as exc:
+            raise StateError(f"state file {self.path} is corrupt ({exc}); move it away to start fresh, "
+                             "the node will then rejoin from the chain's latest checkpoint") from None
+        if not isinstance(state, dict) or state.get("run_id") != self.run_id:
+            return {}
+        return state
+
+    def get(self, key: str, default: Any = None) -> Any:
+        with self._lock:
+            return self._state.get(key, default)
+
+    def update(self, **values: Any) -> None:
+        """Set keys and write the file atomically."""
+        with self._lock:
+            self._state.update(values)
+            self._save()
+
+    def record_round(self, outer_round: int, weights_root: bytes, committed_by_me: bool) -> None:
+        """Remember the weights root this node computed for a round (for operators and tests)."""
+        with self._lock:
+            self._state.setdefault("weights_roots", {})[str(outer_round)] = weights_root.hex()
+            if committed_by_me:
+                self._state.setdefault("committed", []).append(outer_round)
+            self._save()
+
+    def _save(self) -> None:
+        self._state["run_id"] = self.run_id
+        atomic_write_json(self.path, self._state)
+
+
+def write_status(path: Path, progress: Progress, peer_id: str, run_id: int, placement, listen_addrs: list[str]) -> None:
+    """Write status.json (best effort: a full disk must not stop training)."""
+    p = progress
+    status = {
+        "pid": os.getpid(), "peer_id": peer_id, "run_id": run_id, "state": p.state,
+        "round": p.round, "step": p.step, "inner_steps": p.inner_steps, "loss": _num(p.loss),
+        "eval_loss": _num(p.eval_loss), "peers": p.peers, "bytes_sent": p.bytes_sent,
+        "bytes_received": p.bytes_received, "last_finished": p.last_finished, "last_commit": p.last_commit,
+        "weights_root": p.weights_root, "updated_at": time.time(),
+        "placement": None if placement is None else {
+            "cluster": placement.cluster, "replica": placement.replica, "stages": list(placement.stages)},
+        "listen_addrs": listen_addrs,
+    }
+    try:
+        atomic_write_json(path, status)
+    except OSError as exc:
+        logger.debug("status not written: %s", exc)
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or math.isnan(x) else x
