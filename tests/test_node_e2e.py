@@ -84,6 +84,25 @@ def test_two_replicas_by_two_stages_commit_every_round_once(make_run):
     assert not history.disputes
 
 
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("variant", [["diloco.delay_correction=eager"], ["diloco.one_step_delay=false"]],
+                         ids=["eager-delay", "no-delay"])
+def test_node_runs_the_other_round_schedules(make_run, variant):
+    """The node follows training.schedule.round_actions for every variant the benchmark measures."""
+    run = make_run(replicas=2, stages=2, split=False, settings=TINY + ["rounds=3", "join_timeout=60", *variant])
+    run.start()
+    assert run.wait(360), _logs(run)
+    history = run.client().history(run.run_id)
+    assert [c.commit.round for c in history.commits] == [0, 1, 2]
+    assert all(c.commit.num_contributors == 2 for c in history.commits)
+    for slot in run.nodes:
+        roots = _state(slot)["weights_roots"]
+        assert [roots[str(c.commit.round)] for c in history.commits] == [
+            c.commit.weights_root.hex() for c in history.commits], slot.name
+    assert history.commits[-1].commit.eval_loss_micro < history.commits[0].commit.eval_loss_micro
+    assert not history.disputes
+
+
 @pytest.mark.timeout(600)
 def test_node_killed_mid_round_rejoins_from_checkpoint(make_run):
     # Rounds of a few seconds (H=40) so the run is still going when the victim is back (~15 s).

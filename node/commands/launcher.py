@@ -52,6 +52,9 @@ class NodeSlot:
     metrics_port: int = 0
     log_path: Path | None = None
     starts: int = 0
+    #: The program that runs this node's CLI (default: ``python -m node.cli``); the tests' adversary
+    #: harness puts a misbehaving member's entry point here.
+    command: list[str] | None = None
 
     @property
     def multiaddr(self) -> str:
@@ -144,8 +147,8 @@ class LocalRun:
         log = open(slot.log_path, "ab")  # shared with the node's own log handler: append, never truncate
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         slot.process = subprocess.Popen(
-            [sys.executable, "-m", "node.cli", "--log-file", str(slot.log_path), "start", "--no-progress",
-             "--config", str(slot.config_path)],
+            [*(slot.command or [sys.executable, "-m", "node.cli"]), "--log-file", str(slot.log_path), "start",
+             "--no-progress", "--config", str(slot.config_path)],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
         log.close()

@@ -6,6 +6,15 @@ expected replica's contribution is here, or at the round deadline with at
 least ``quorum`` replicas; everyone aggregates exactly the set of the first
 valid close of the highest-ranked live coordinator, so all holders keep
 bit-identical weights. Owns the accepted closes.
+
+A close from a peer is checked before it is used (:meth:`RoundCoordinator.judge`):
+at least ``quorum`` replicas, entries in canonical order, distinct replicas,
+peers and envelopes, every entry placed on that stage and replica, and every
+named contribution fetched, signed by the named peer and decodable. An invalid
+close is ignored (its signed envelope stays in the round book as evidence) and
+its coordinator is skipped for the round, so the next one takes over at once.
+A close whose contributions are still on their way is waited for, at most
+``transfer_timeout``.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from node.errors import NodeError
 from node.live import protocol as msg
 from node.live.exchange import ContributionPool
 from node.live.membership import Membership
-from node.live.roundbook import RoundBook
+from node.live.roundbook import Announced, RoundBook
 from node.live.topology import committer_order
 
 logger = logging.getLogger(__name__)
@@ -29,6 +38,8 @@ logger = logging.getLogger(__name__)
 CLOSE_FALLBACK_S = 6.0
 #: While waiting for a close, pull recent run messages from every peer this often (gossip is best effort).
 RESYNC_EVERY_S = 5.0
+#: Verdicts of :meth:`RoundCoordinator.judge` besides "valid" (None) and a reason string.
+PENDING = "pending"
 
 
 class RoundCoordinator:
@@ -44,7 +55,7 @@ class RoundCoordinator:
     def __init__(self, peer_id: str, quorum: int, round_timeout: float, book: RoundBook,
                  membership: Membership, contributions: ContributionPool,
                  contributed: Callable[[int], bool], gossip: Callable[..., bytes], resync: Callable[[], None],
-                 previous_life_finished: int) -> None:
+                 previous_life_finished: int, transfer_timeout: float = 60.0) -> None:
         self.peer_id = peer_id
         self.quorum = quorum
         self.round_timeout = round_timeout
@@ -55,7 +66,10 @@ class RoundCoordinator:
         self.gossip = gossip
         self.resync = resync
         self.previous_life_finished = previous_life_finished
+        self.transfer_timeout = transfer_timeout
         self._accepted: dict[tuple[int, int], msg.Close] = {}
+        self._invalid: dict[tuple[int, int, str], str] = {}  # (round, stage, coordinator) -> reason
+        self._pending_since: dict[tuple[int, int, str], float] = {}
         self._lock = threading.Lock()
 
     # -- what was decided ---------------------------------------------------------------
@@ -70,8 +84,62 @@ class RoundCoordinator:
 
     def forget_before(self, outer_round: int) -> None:
         with self._lock:
-            for key in [k for k in self._accepted if k[0] < outer_round]:
-                del self._accepted[key]
+            for book in (self._accepted, self._invalid, self._pending_since):
+                for key in [k for k in book if k[0] < outer_round]:
+                    del book[key]
+
+    def invalid_closes(self, outer_round: int, stage: int) -> dict[str, str]:
+        """Coordinators whose close of (round, stage) was refused, with the reason."""
+        with self._lock:
+            return {c: why for (r, s, c), why in self._invalid.items() if (r, s) == (outer_round, stage)}
+
+    # -- checking a close -----------------------------------------------------------------
+    def judge(self, outer_round: int, stage: int, coordinator: str, close: msg.Close) -> str | None:
+        """None if the close is valid, PENDING while its contributions are on their way, else the reason."""
+        key = (outer_round, stage, coordinator)
+        with self._lock:
+            if key in self._invalid:
+                return self._invalid[key]
+        reason = self._problem(outer_round, stage, close)
+        if reason == PENDING:
+            since = self._pending_since.setdefault(key, time.monotonic())
+            if time.monotonic() - since <= self.transfer_timeout:
+                return PENDING
+            reason = f"its contributions could not be fetched within {self.transfer_timeout:.0f}s"
+        if reason is not None:
+            with self._lock:
+                self._invalid[key] = reason
+            logger.warning("round %d stage %d: close of %s ignored: %s", outer_round, stage, coordinator[-8:], reason)
+        return reason
+
+    def _problem(self, outer_round: int, stage: int, close: msg.Close) -> str | None:
+        entries = [tuple(e) for e in close.contributions]
+        replicas = {e[0] for e in entries}
+        if len(replicas) < max(1, self.quorum):
+            return f"{len(replicas)} replica(s), fewer than the quorum of {max(1, self.quorum)}"
+        if entries != sorted(entries, key=lambda e: (e[0], e[1], e[2])):
+            return "entries not in canonical (replica, peer, hash) order"
+        if not (len(replicas) == len({e[1] for e in entries}) == len({e[2] for e in entries}) == len(entries)):
+            return "duplicate replica, peer or contribution"
+        rejected = self.contributions.rejected(outer_round, stage)
+        for _replica, peer_id, digest, _size in entries:
+            if digest in rejected:
+                return f"names contribution {digest.hex()[:12]} of {peer_id[-8:]}, rejected: {rejected[digest][1]}"
+        pending = False
+        for replica, peer_id, digest, size in entries:
+            placed = self.membership.placements.get(peer_id)
+            if placed is None or stage not in placed.stages or placed.replica != replica:
+                pending = True  # its hello may not be here yet; judged again until the timeout
+                continue
+            if not self.contributions.holds(outer_round, stage, replica, peer_id, digest):
+                # Fetch what the close names (announces may have been missed); a wrong header
+                # is not counted as here, so the close stays pending and then fails.
+                self.contributions.fetch(outer_round, stage, Announced(peer_id, replica, digest, size))
+                pending = True
+        if pending:
+            return PENDING
+        return None
+
 
     # -- waiting for the decision -------------------------------------------------------
     def await_close(self, outer_round: int, stage: int) -> msg.Close:
@@ -84,11 +152,16 @@ class RoundCoordinator:
         def decide() -> msg.Close | None:
             now = time.monotonic()
             closes = self.book.snapshot_closes(outer_round, stage)
-            # Coordinators that are gone (Membership.alive) are skipped at once.
-            ranked = [c for c in order if c == self.peer_id or c in alive]
+            verdicts = {c: self.judge(outer_round, stage, c, closes[c][0]) for c in order if c in closes}
+            refused = {c for c, verdict in verdicts.items() if verdict not in (None, PENDING)}
+            # Coordinators that are gone (Membership.alive) or closed invalidly are skipped at once.
+            ranked = [c for c in order if (c == self.peer_id or c in alive) and c not in refused]
             for rank, coordinator in enumerate(order):
-                if coordinator in closes and (rank == 0 or now >= started + rank * CLOSE_FALLBACK_S
-                                              or coordinator in ranked[:1]):
+                if coordinator in refused or coordinator not in closes:
+                    continue
+                if rank == 0 or now >= started + rank * CLOSE_FALLBACK_S or coordinator in ranked[:1]:
+                    if verdicts[coordinator] == PENDING:
+                        return None  # its contributions are still on their way
                     return closes[coordinator][0]
             if self.peer_id in ranked and outer_round > self.previous_life_finished:
                 rank = ranked.index(self.peer_id)
@@ -124,6 +197,8 @@ class RoundCoordinator:
         have = self.contributions.have(outer_round, stage)
         ready = {a.peer_id: a for a in announced.values() if a.envelope_hash in have}
         placements = self.membership.placements
+        # A replica whose contribution was proven bad this round is not waited for.
+        bad_senders = {sender for sender, _reason in self.contributions.rejected(outer_round, stage).values()}
         expected = set()
         for peer, placement in placements.items():
             if stage not in placement.stages:
@@ -133,7 +208,7 @@ class RoundCoordinator:
                     expected.add(peer)
                 continue
             first_round = self.membership.first_round_of(peer)
-            if peer in alive and first_round is not None and first_round <= outer_round:
+            if peer in alive and peer not in bad_senders and first_round is not None and first_round <= outer_round:
                 expected.add(peer)
         replicas = {a.replica for a in ready.values()}
         if not (expected <= set(ready) or (final and len(replicas) >= self.quorum)):

@@ -3,8 +3,11 @@
 A fetch starts as soon as an announce for a held stage arrives, so round t's
 contributions travel while round t+1 trains (the one-step-delay overlap of
 arXiv 2506.21263). Every fetched envelope is checked against its announcement
-(signature, run, round, stage, replica, sender) before it counts as *here*,
-and is then served onward to peers.
+(signature, run, round, stage, replica, sender) and its payload must decode
+for the stage (``check_payload``) before it counts as *here*; only then is it
+served onward to peers. A contribution that fails is *rejected*: the reason is
+logged once, the signed envelope kept under ``evidence/`` as proof, and the
+round goes on without it.
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from node.errors import NodeError
+from node.fsutil import atomic_write_bytes
 from node.live import protocol as msg
 from node.live.roundbook import Announced, RoundBook
 from p2p.envelope import decode_envelope
@@ -29,35 +34,70 @@ class ContributionPool:
     """Verified contribution envelopes by (round, stage) and envelope hash."""
 
     def __init__(self, host: P2PHost, book: RoundBook, run_id: int, incoming: Path, max_bytes: int,
-                 transfer_timeout: float, workers: int) -> None:
+                 transfer_timeout: float, workers: int,
+                 check_payload: Callable[[int, int, bytes], None] | None = None,
+                 evidence_dir: Path | None = None) -> None:
         self.host = host
         self.book = book
         self.run_id = run_id
         self.incoming = incoming
         self.max_bytes = max_bytes
         self.transfer_timeout = transfer_timeout
+        self.check_payload = check_payload
+        self.evidence_dir = evidence_dir
         self._have: dict[tuple[int, int], dict[bytes, bytes]] = {}
+        self._rejected: dict[tuple[int, int], dict[bytes, tuple[str, str]]] = {}  # digest -> (sender, reason)
+        self._senders: dict[bytes, tuple[int, str]] = {}  # digest -> (replica, peer id) of envelopes held
         self._in_flight: set[bytes] = set()
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=max(2, workers), thread_name_prefix="fetch")
 
     def add(self, outer_round: int, stage: int, digest: bytes, envelope: bytes) -> None:
-        """Register an envelope this node already holds (its own contribution)."""
+        """Register an envelope this node holds (its own contribution, or one fetched and checked)."""
+        env = decode_envelope(envelope, self.max_bytes)
         with self._lock:
             self._have.setdefault((outer_round, stage), {})[digest] = envelope
+            self._senders[digest] = (env.replica, env.sender_peer_id)
+
+    def holds(self, outer_round: int, stage: int, replica: int, peer_id: str, digest: bytes) -> bool:
+        """Whether the checked envelope ``digest`` of (round, stage) is here and was signed by that replica's peer."""
+        with self._lock:
+            return digest in self._have.get((outer_round, stage), {}) and self._senders.get(digest) == (replica, peer_id)
 
     def have(self, outer_round: int, stage: int) -> dict[bytes, bytes]:
         with self._lock:
             return dict(self._have.get((outer_round, stage), {}))
 
+    def rejected(self, outer_round: int, stage: int) -> dict[bytes, tuple[str, str]]:
+        """Envelope hashes of (round, stage) proven bad: digest -> (sender peer id, reason)."""
+        with self._lock:
+            return dict(self._rejected.get((outer_round, stage), {}))
+
+    def _reject(self, outer_round: int, stage: int, a: Announced, reason: str, data: bytes) -> None:
+        with self._lock:
+            self._rejected.setdefault((outer_round, stage), {})[a.envelope_hash] = (a.peer_id, reason)
+        logger.warning("round %d stage %d: contribution %s of %s rejected: %s", outer_round, stage,
+                       a.envelope_hash.hex()[:12], a.peer_id[-8:], reason)
+        if self.evidence_dir is not None:
+            try:  # the signed envelope is the proof; keep it
+                atomic_write_bytes(self.evidence_dir / f"round-{outer_round:08d}-stage{stage}-"
+                                   f"{a.envelope_hash.hex()}.envelope", data)
+            except OSError as exc:
+                logger.warning("evidence not kept: %s", exc)
+
     def prefetch(self, outer_round: int, stage: int) -> None:
         """Start fetching every announced contribution of (round, stage) not yet here."""
         for a in self.book.snapshot_announces(outer_round, stage).values():
-            with self._lock:
-                if a.envelope_hash in self._have.get((outer_round, stage), {}) or a.envelope_hash in self._in_flight:
-                    continue
-                self._in_flight.add(a.envelope_hash)
-            self._executor.submit(self._fetch_one, outer_round, stage, a)
+            self.fetch(outer_round, stage, a)
+
+    def fetch(self, outer_round: int, stage: int, a: Announced) -> None:
+        """Start fetching one contribution (announced, or named by a close) unless it is here or refused."""
+        with self._lock:
+            if (a.envelope_hash in self._have.get((outer_round, stage), {}) or a.envelope_hash in self._in_flight
+                    or a.envelope_hash in self._rejected.get((outer_round, stage), {})):
+                return
+            self._in_flight.add(a.envelope_hash)
+        self._executor.submit(self._fetch_one, outer_round, stage, a)
 
     def _fetch_one(self, outer_round: int, stage: int, a: Announced) -> None:
         try:
@@ -73,15 +113,21 @@ class ContributionPool:
             if (env.kind, env.run_id, env.round, env.stage, env.replica, env.sender_peer_id) != (
                     msg.CONTRIBUTION, self.run_id, outer_round, stage, a.replica, a.peer_id):
                 raise EnvelopeRejected("mismatch", "contribution header does not match its announcement")
+            if self.check_payload is not None:
+                try:
+                    self.check_payload(stage, outer_round, env.payload)
+                except ValueError as exc:  # the codec's errors (ContributionDecodeError) are ValueErrors
+                    self._reject(outer_round, stage, a, f"payload does not decode: {exc}", data)
+                    return
             self.add(outer_round, stage, a.envelope_hash, data)
             self.host.provide_blob(data)  # serve it onward (archive replicas)
-        except (P2PError, OSError) as exc:
+        except (P2PError, OSError) as exc:  # a header that does not match its announcement included
             logger.warning("round %d stage %d: contribution %s from %s not fetched: %s", outer_round, stage,
                            a.envelope_hash.hex()[:12], a.peer_id[-8:], exc)
         finally:
             with self._lock:
                 self._in_flight.discard(a.envelope_hash)
-            self.book.add_announce(outer_round, stage, a)  # wake whoever waits on the book
+            self.book.notify()  # wake whoever waits on the book
 
     def collect(self, outer_round: int, stage: int, close: msg.Close) -> list[bytes]:
         """The closed set's envelopes in the close's (canonical) order, fetching any still missing."""
@@ -95,14 +141,16 @@ class ContributionPool:
                 raise NodeError(f"round {outer_round} stage {stage}: contributions "
                                 f"{[e[2].hex()[:12] for e in missing]} could not be fetched")
             for replica, peer_id, digest, size in missing:
-                self.book.add_announce(outer_round, stage, Announced(peer_id, replica, digest, size))
-            self.prefetch(outer_round, stage)
+                self.fetch(outer_round, stage, Announced(peer_id, replica, digest, size))
             time.sleep(0.2)
 
     def forget_before(self, outer_round: int) -> None:
         with self._lock:
-            for key in [k for k in self._have if k[0] < outer_round]:
-                del self._have[key]
+            for book in (self._have, self._rejected):
+                for key in [k for k in book if k[0] < outer_round]:
+                    for digest in book[key]:
+                        self._senders.pop(digest, None)
+                    del book[key]
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

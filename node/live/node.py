@@ -139,15 +139,17 @@ class Node:
         self.host = P2PHost.start(cfg.p2p, self.identity, data_dir=self.data_dir)
         self.membership = Membership(self.peer_id, cfg.cluster, cfg.cluster_size, cfg.pipeline.num_stages,
                                      self.book, self.chain.is_bound)
-        self.contributions = ContributionPool(self.host, self.book, self.run_id, self.data_dir / "incoming",
-                                              cfg.p2p.max_blob_bytes, cfg.p2p.transfer_timeout,
-                                              cfg.p2p.blob_concurrency)
+        self.contributions = ContributionPool(
+            self.host, self.book, self.run_id, self.data_dir / "incoming", cfg.p2p.max_blob_bytes,
+            cfg.p2p.transfer_timeout, cfg.p2p.blob_concurrency,
+            check_payload=lambda stage, r, payload: self.worker.check_contribution(stage, r, payload),
+            evidence_dir=self.data_dir / "evidence")
         # Rounds this node finished in an earlier life: it never signs a second, different
         # close or attestation for them (peers would hold both as equivocation evidence).
         self.coordinator = RoundCoordinator(
             self.peer_id, cfg.quorum, cfg.round_timeout, self.book, self.membership, self.contributions,
             contributed=lambda r: r in self._train_info, gossip=self._gossip, resync=self._resync,
-            previous_life_finished=self.state.get("last_finished", -1))
+            previous_life_finished=self.state.get("last_finished", -1), transfer_timeout=cfg.p2p.transfer_timeout)
         inbox = GossipInbox(self.run_id, self.validator, self.book, self.membership, self.contributions,
                             held_stages=lambda: self.worker.stages if self.worker is not None else ())
         queue = self.host.subscribe(run_topic(self.run_id), validator=inbox.relay_ok)

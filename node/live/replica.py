@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from node.config import NodeConfig
+from training.codec_wire import decode_contribution
 from training.data import corpus_from_config, eval_batches, round_batches
 from training.diloco import StageEngine
 from training.hashing import stage_weights_hash
@@ -145,6 +146,11 @@ class ReplicaWorker:
         """(contribution bytes, compression stats) of ``stage`` for ``outer_round``."""
         self.skip_to(stage, outer_round)
         return self.engines[stage].encode_contribution(outer_round)
+
+    def check_contribution(self, stage: int, outer_round: int, payload: bytes) -> None:
+        """Raise ContributionDecodeError unless ``payload`` decodes strictly for (stage, round)."""
+        shapes = {name: tuple(t.shape) for name, t in self.engines[stage].global_weights.items()}
+        decode_contribution(payload, shapes, stage_index=stage, outer_round=outer_round)
 
     def apply(self, stage: int, outer_round: int, contributions: list[bytes]) -> bytes:
         """Aggregate ``outer_round`` of ``stage`` (canonical order); return the new stage weights hash.

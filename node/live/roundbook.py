@@ -61,6 +61,11 @@ class RoundBook:
             if info is not None:
                 info.seen_at = time.monotonic()
 
+    def notify(self) -> None:
+        """Wake every waiter (something they may be waiting for changed elsewhere)."""
+        with self._cond:
+            self._cond.notify_all()
+
     def add_announce(self, round_index: int, stage: int, item: Announced) -> None:
         with self._cond:
             self.announces[(round_index, stage)].setdefault(item.peer_id, item)

@@ -1,0 +1,65 @@
+"""A misbehaving run member, built from the node's own classes, run as a real process by the tests.
+
+    python tests/adversary.py ATTACK [dlx-node arguments...]
+
+patches one behaviour of :class:`node.live.node.Node`'s rooms for ATTACK, then
+runs the normal ``dlx-node`` command line, so everything else (joining,
+signing, gossip, the chain) is the real node's. Attacks:
+
+- ``malformed-payload``: every contribution's payload is replaced by bytes of
+  the same length that do not decode (still validly signed by the member).
+- ``empty-close``: as coordinator, the member first publishes a signed close
+  with no entries, then behaves honestly (its second close is equivocation).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ATTACKS = ("malformed-payload", "empty-close")
+
+
+def malformed_payload() -> None:
+    from node.live.replica import ReplicaWorker
+
+    honest_encode = ReplicaWorker.encode
+
+    def encode(self, stage, outer_round):
+        blob, stats = honest_encode(self, stage, outer_round)  # keeps the engine's round counters right
+        return bytes((b ^ 0x5A) for b in blob), stats
+
+    ReplicaWorker.encode = encode
+
+
+def empty_close() -> None:
+    from node.live import protocol as msg
+    from node.live.coordination import RoundCoordinator
+
+    honest_try_close = RoundCoordinator._try_close
+    sent: set[tuple[int, int]] = set()
+
+    def try_close(self, outer_round, stage, final, alive):
+        if (outer_round, stage) not in sent:
+            sent.add((outer_round, stage))
+            self.gossip(outer_round, msg.CLOSE, msg.Close([]), stage)
+        return honest_try_close(self, outer_round, stage, final, alive)
+
+    RoundCoordinator._try_close = try_close
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in ATTACKS:
+        print(f"usage: adversary.py {{{'|'.join(ATTACKS)}}} [dlx-node arguments]", file=sys.stderr)
+        return 2
+    attack = sys.argv.pop(1)
+    {"malformed-payload": malformed_payload, "empty-close": empty_close}[attack]()
+    from node.cli import main as cli_main
+
+    return cli_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
