@@ -72,6 +72,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--bandwidth-budget", type=int, default=0,
                         help="DiLoCoX: bytes per stage contribution per round (0: code to --error-budget)")
     parser.add_argument("--no-error-feedback", action="store_true")
+    parser.add_argument("--no-compression", action="store_true", help="DiLoCoX with the raw codec (delay only)")
     parser.add_argument("--eval-batches", type=int, default=16)
     parser.add_argument("--eval-every", type=int, default=5, help="rounds between held-out evaluations")
     parser.add_argument("--seed", type=int, default=0)
@@ -99,6 +100,7 @@ def main() -> int:
         error_budget=args.error_budget, bit_choices=[int(b) for b in args.bits.split(",")],
         max_rank=args.max_rank, min_compress_numel=args.min_compress_numel,
         bandwidth_budget=args.bandwidth_budget, error_feedback=not args.no_error_feedback,
+        enabled=not args.no_compression,
     )
     x_diloco_cfg = dataclasses.replace(
         diloco_cfg,

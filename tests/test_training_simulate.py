@@ -78,3 +78,12 @@ def test_ddp_and_diloco_follow_the_inner_lr_schedule(corpus):
         for schedule in ("cosine", "constant") for mode in ("ddp",)
     }
     assert runs["cosine"].final_eval_loss != runs["constant"].final_eval_loss
+
+
+def test_centralized_reference_is_the_ddp_mode(corpus):
+    from training.simulate import centralized_reference
+
+    cfg = DilocoConfig(inner_steps=3, num_replicas=2)
+    reference = centralized_reference(corpus, MODEL, TRAINING, cfg, PIPELINE, 2)
+    ddp = simulate("ddp", corpus, MODEL, TRAINING, cfg, CompressionConfig(), PIPELINE, 2)
+    assert reference == ddp.final_eval_loss

@@ -330,3 +330,25 @@ def _simulate_diloco(
             outer_round, records[-1].train_loss, eval_loss, records[-1].compression_ratio,
         )
     return records, _global_root(engines[0]).hex(), records[-1].eval_loss
+
+
+def centralized_reference(
+    corpus: Corpus,
+    model_cfg: ModelConfig,
+    training_cfg: TrainingConfig,
+    diloco_cfg: DilocoConfig,
+    pipeline_cfg: PipelineConfig,
+    outer_rounds: int,
+) -> float:
+    """Held-out loss of the centralized baseline on the same tokens as a DiLoCoX run of ``outer_rounds``.
+
+    DDP (one AdamW on the M replicas' concatenated batches, same inner-lr
+    schedule over ``outer_rounds * H`` steps, same eval batches), i.e. the
+    ``"ddp"`` mode of :func:`simulate`: what the demo prints beside its own
+    held-out loss.
+    """
+    result = simulate(
+        "ddp", corpus, model_cfg, training_cfg, diloco_cfg, CompressionConfig(enabled=False), pipeline_cfg,
+        outer_rounds, eval_every=outer_rounds,
+    )
+    return result.final_eval_loss
