@@ -10,6 +10,8 @@ signing, gossip, the chain) is the real node's. Attacks:
   the same length that do not decode (still validly signed by the member).
 - ``empty-close``: as coordinator, the member first publishes a signed close
   with no entries, then behaves honestly (its second close is equivocation).
+- ``absurd-hello``: every hello claims the member trains round 10**12 (a
+  joiner that believed it would enter out of reach); otherwise honest.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ATTACKS = ("malformed-payload", "empty-close")
+ATTACKS = ("malformed-payload", "empty-close", "absurd-hello")
 
 
 def malformed_payload() -> None:
@@ -50,12 +52,27 @@ def empty_close() -> None:
     RoundCoordinator._try_close = try_close
 
 
+def absurd_hello() -> None:
+    import dataclasses
+
+    from node.live import protocol as msg
+
+    honest_encode = msg.encode_payload
+
+    def encode_payload(message):
+        if isinstance(message, msg.Hello):
+            message = dataclasses.replace(message, training_round=10**12)
+        return honest_encode(message)
+
+    msg.encode_payload = encode_payload  # the node signs what this returns
+
+
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in ATTACKS:
         print(f"usage: adversary.py {{{'|'.join(ATTACKS)}}} [dlx-node arguments]", file=sys.stderr)
         return 2
     attack = sys.argv.pop(1)
-    {"malformed-payload": malformed_payload, "empty-close": empty_close}[attack]()
+    {"malformed-payload": malformed_payload, "empty-close": empty_close, "absurd-hello": absurd_hello}[attack]()
     from node.cli import main as cli_main
 
     return cli_main()

@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -162,12 +164,14 @@ def test_a_stalled_member_still_contributes_to_every_round(make_run):
 
 
 @pytest.mark.timeout(600)
-def test_late_joiner_catches_up_and_contributes(make_run):
+def test_late_joiner_catches_up_and_contributes_despite_an_absurd_hello(make_run):
     # An open-ended run (rounds=0): the founders keep going until the test has seen the joiner
     # contribute, however long the joiner's start takes on a loaded machine. A fixed number of
     # rounds would race it: the founders could finish and stop serving blobs before it joins.
+    # One founder is an adversary whose hellos claim round 10**12: the joiner must not believe it.
     run = make_run(replicas=3, stages=2, split=False,
                    settings=TINY + ["rounds=0", "join_timeout=5", "diloco.inner_steps=40"])
+    run.nodes[1].command = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py"), "absurd-hello"]
     for slot in run.nodes[:2]:
         run.start_node(slot)
     _wait_for_round(run, 2, 300)
@@ -191,6 +195,7 @@ def test_late_joiner_catches_up_and_contributes(make_run):
     assert all(c.commit.num_contributors == 3 for c in history.commits[joined_at:joined_at + 2])
     log = (joiner.data_dir / "node-1.log").read_text()
     assert "from the chain-verified checkpoint of round" in log
+    assert "claim to train round 1000000000000" in log
     roots = _state(joiner)["weights_roots"]
     assert roots, "the joiner recorded no round"
     for c in history.commits:

@@ -78,6 +78,7 @@ class Committer:
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._idle = threading.Event()
         self._idle.set()
+        self.handled_through = -1  # every round up to this one has been handled (committed or given up)
         self._thread = threading.Thread(target=self._loop, name="committer", daemon=True)
         self._thread.start()
 
@@ -107,6 +108,7 @@ class Committer:
                 logger.error("round %d: chain step failed: %s", item, exc)
             except Exception:
                 logger.exception("round %d: chain step crashed", item)
+            self.handled_through = max(self.handled_through, item)
             if self._queue.empty():
                 self._idle.set()
 

@@ -14,7 +14,7 @@ named contribution fetched, signed by the named peer and decodable. An invalid
 close is ignored (its signed envelope stays in the round book as evidence) and
 its coordinator is skipped for the round, so the next one takes over at once.
 A close whose contributions are still on their way is waited for, at most
-``transfer_timeout``.
+``PENDING_LIMIT_S``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ CLOSE_FALLBACK_S = 6.0
 RESYNC_EVERY_S = 5.0
 #: Verdicts of :meth:`RoundCoordinator.judge` besides "valid" (None) and a reason string.
 PENDING = "pending"
+#: How long a close whose contributions are not all here yet is waited for before it is refused.
+#: Bounded well below the round's give-up time, so a close naming something unfetchable cannot
+#: stall the round; an honest close's contributions were fetched while the round trained.
+PENDING_LIMIT_S = 20.0
 
 
 class RoundCoordinator:
@@ -102,10 +106,11 @@ class RoundCoordinator:
                 return self._invalid[key]
         reason = self._problem(outer_round, stage, close)
         if reason == PENDING:
+            limit = min(self.transfer_timeout, PENDING_LIMIT_S)
             since = self._pending_since.setdefault(key, time.monotonic())
-            if time.monotonic() - since <= self.transfer_timeout:
+            if time.monotonic() - since <= limit:
                 return PENDING
-            reason = f"its contributions could not be fetched within {self.transfer_timeout:.0f}s"
+            reason = f"its entries could not be placed and fetched within {limit:.0f}s"
         if reason is not None:
             with self._lock:
                 self._invalid[key] = reason
@@ -181,7 +186,7 @@ class RoundCoordinator:
             if time.monotonic() - last_resync > RESYNC_EVERY_S:
                 last_resync = time.monotonic()
                 self.resync()
-            if time.monotonic() > deadline + (len(order) + 2) * CLOSE_FALLBACK_S:
+            if time.monotonic() > deadline + (len(order) + 2) * CLOSE_FALLBACK_S + PENDING_LIMIT_S:
                 raise NodeError(f"round {outer_round} stage {stage}: no coordinator closed the round within "
                                 f"{self.round_timeout:.0f}s (+fallbacks); is a quorum of replicas alive?")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from queue import Empty, Queue
 
@@ -23,6 +24,10 @@ from p2p.envelope import Envelope, EnvelopeValidator, decode_envelope
 from p2p.errors import EnvelopeRejected
 
 logger = logging.getLogger(__name__)
+
+#: A hello older (or newer) than this by its signed timestamp is refused: a replayed old hello
+#: must not make a departed peer look present, nor carry a stale declaration.
+HELLO_MAX_AGE_S = 60.0
 
 
 class GossipInbox:
@@ -74,9 +79,15 @@ class GossipInbox:
         """Parse, check and file one message; raises EnvelopeRejected / ProtocolError for a bad one."""
         env = decode_envelope(data, self.validator.max_size)
         if env.kind == msg.HELLO:
-            # Hellos repeat every second with the same header: exempt from replay checks.
-            if env.run_id == self.run_id:
-                self.book.add_hello(env.sender_peer_id, env.sender, msg.decode_payload(msg.HELLO, env.payload))
+            # Hellos repeat every second with the same header: exempt from replay checks, but
+            # only fresh ones count. Membership places a sender only once the registry binds
+            # its account to the signing key.
+            if env.run_id != self.run_id:
+                raise msg.ProtocolError(f"hello of run {env.run_id}")
+            age = abs(time.time() - env.timestamp_ms / 1000)
+            if age > HELLO_MAX_AGE_S:
+                raise msg.ProtocolError(f"hello of {env.sender_peer_id[-8:]} is {age:.0f}s off the clock")
+            self.book.add_hello(env.sender_peer_id, env.sender, msg.decode_payload(msg.HELLO, env.payload))
             return
         env = self.validator.check(data)
         payload = msg.decode_payload(env.kind, env.payload)

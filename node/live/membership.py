@@ -114,10 +114,24 @@ class Membership:
         info = self.book.live_peers(float("inf")).get(peer_id)
         return None if info is None else info.hello.first_round
 
-    def live_training_round(self) -> int:
-        """The highest round a live peer (other than this node) says it is training; -1 if none."""
-        return max((info.hello.training_round for peer, info in self.book.live_peers(PEER_TTL_S).items()
-                    if peer != self.peer_id), default=-1)
+    def live_training_round(self, last_committed: int, window: int) -> int:
+        """The highest round a live, placed peer (not this node) says it trains; -1 if none.
+
+        A hello is only a claim: one past ``last_committed + window`` (no honest peer runs
+        that far ahead of the chain) is ignored, so a member cannot push a joiner's entry
+        round out of reach with an absurd number.
+        """
+        placements = self.refresh()
+        claims = []
+        for peer, info in self.book.live_peers(PEER_TTL_S).items():
+            if peer == self.peer_id or peer not in placements:
+                continue
+            if info.hello.training_round > last_committed + window:
+                logger.warning("ignoring %s's claim to train round %d (last committed %d)", peer[-8:],
+                               info.hello.training_round, last_committed)
+                continue
+            claims.append(info.hello.training_round)
+        return max(claims, default=-1)
 
     def live_providers(self) -> list[str]:
         """Live peers other than this node (checkpoint and blob providers)."""

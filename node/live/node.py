@@ -58,6 +58,8 @@ from training.schedule import APPLY, ENCODE, TRAIN, pending_after_round, round_a
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_S = 1.0
+#: Rounds of state kept behind the last finished one (the committer and slow peers' attestations need them).
+ROUNDS_KEPT = 3
 
 
 class RoundAbandoned(Exception):
@@ -91,8 +93,11 @@ class Node:
         self.membership: Membership | None = None
         self.coordinator: RoundCoordinator | None = None
         self.contributions: ContributionPool | None = None
+        # The validator's window moves with the run (_forget_before): memory stays flat and
+        # messages far outside the rounds this node works on are refused.
         self.validator = EnvelopeValidator(self.run_id, max_size=msg.MAX_GOSSIP_PAYLOAD + 4096,
-                                           max_rounds_ahead=1 << 40, equivocation_exempt_kinds=(msg.HELLO,))
+                                           max_rounds_ahead=64 + 4 * cfg.checkpoint_every,
+                                           equivocation_exempt_kinds=(msg.HELLO,))
         self._threads: list[threading.Thread] = []
         self._train_info: dict[int, tuple[float, float, int]] = {}  # round -> (train loss, eval loss, tokens)
         self.first_round = -1  # first round this process contributes to (announced in hellos)
@@ -176,13 +181,14 @@ class Node:
         start_round = self.worker.agree_on_round(start_round)
         unfinished = [r for r in unfinished if r < start_round]
         self.first_round = start_round
+        self.validator.advance(min([start_round, *unfinished]))
         logger.info("entering at round %d (catching up %s)", start_round, unfinished or "nothing")
         return start_round, unfinished
 
     def _entry_point(self) -> tuple[int, list[int]]:
         """Where this node enters: round 0 of a fresh run, or after the latest checkpoint."""
-        live_round = self.membership.live_training_round()
         last_committed = self.chain.last_round(self.run_id)
+        live_round = self.membership.live_training_round(last_committed, self._round_window())
         if last_committed < 0 and (live_round <= 0 or not self._round_closed(0)):
             # A fresh run whose round 0 is still open: a founding replica whose cluster formed
             # later than the others (a slow or loaded machine) still enters at round 0, and
@@ -200,6 +206,10 @@ class Node:
                         list(self.worker.stages), base)
         start = max(live_round + 1, base + 1, self.state.get("last_contributed", -1) + 1)
         return start, list(range(base + 1, start))
+
+    def _round_window(self) -> int:
+        """How many rounds past the last committed one a peer can honestly be (delay, commit lag, catch-up)."""
+        return 8 + 2 * self.cfg.checkpoint_every
 
     def _round_closed(self, outer_round: int) -> bool:
         """Whether any coordinator's close of ``outer_round`` (any stage) has reached this node."""
@@ -332,11 +342,20 @@ class Node:
             self.book.add_attestation(outer_round, stage, self.peer_id, att)
             if outer_round > previous_life_finished:
                 self._gossip(outer_round, msg.ATTESTATION, att, stage)
-        self.contributions.forget_before(outer_round - 2)
+        self._forget_before(min(outer_round - ROUNDS_KEPT, self.committer.handled_through))
         self.progress.last_finished = outer_round
         self.state.update(last_finished=outer_round)
         self.committer.submit(outer_round)
         self._report()
+
+    def _forget_before(self, outer_round: int) -> None:
+        """Drop every room's state of rounds before ``outer_round`` (memory stays flat on long runs)."""
+        self.contributions.forget_before(outer_round)
+        self.coordinator.forget_before(outer_round)
+        self.book.forget_before(outer_round)
+        self.validator.advance(outer_round)
+        for old in [r for r in self._train_info if r < outer_round]:
+            del self._train_info[old]
 
     def _write_shard(self, outer_round: int, stage: int, weights_hash: bytes) -> bytes:
         weights, momentum = self.worker.global_state(stage)
