@@ -6,7 +6,9 @@
 * :class:`AnvilProcess` - a local anvil started from the pinned npm package
   (``contracts/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil``; ``DLX_ANVIL`` overrides the path).
   The binary is started directly, never through ``npx`` (that wrapper survives a SIGKILL and leaks the real
-  process), and stopped by PID.
+  process), in its own session (a terminal's Ctrl-C goes to its owner, which stops it last), and stopped by
+  PID: by :meth:`AnvilProcess.stop`, or at interpreter exit if its owner forgot. An owner that must survive
+  SIGTERM installs a handler that ends in ``stop()`` (``dlx-node demo`` and ``dlx-node start`` do).
 """
 
 from __future__ import annotations
@@ -213,10 +215,21 @@ class AnvilProcess:
             command += ["--state", str(self.state_file), "--state-interval", str(self.state_interval)]
         command += list(self.extra_args)
         self._output.clear()
+        # Its own session: a Ctrl-C at the terminal reaches the process that owns this anvil, not anvil
+        # itself, so the owner can stop its nodes first and the chain last.
         process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
         )
         self._process = process
+        try:
+            return self._await_listening(process)
+        except BaseException:
+            # Includes an exception a signal handler raises while we wait: never leave anvil behind.
+            self.kill()
+            raise
+
+    def _await_listening(self, process: subprocess.Popen) -> str:
         self._finalizer = weakref.finalize(self, _kill, process)
         listening = threading.Event()
         found: list[str] = []
@@ -242,7 +255,6 @@ class AnvilProcess:
                     code = process.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     pass
-            self.kill()
             tail = "\n".join(list(self._output)[-15:])
             why = (
                 f"exited with code {code}"

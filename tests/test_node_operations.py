@@ -11,14 +11,14 @@ import urllib.request
 
 import pytest
 
-from node.config import load_config
 from node.commands.launcher import LocalRun
+from node.config import load_config
 from p2p.identity import Identity
 
 
 def cli(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, check=False)
 
 
 def test_init_creates_keys_and_a_loadable_config(tmp_path):
@@ -59,7 +59,7 @@ def test_status_metrics_and_graceful_sigterm(tmp_path):
         assert slot.peer_id in status.stdout and "running" in status.stdout
         body = urllib.request.urlopen(f"http://127.0.0.1:{slot.metrics_port}/metrics", timeout=10).read().decode()
         assert "dlx_round" in body and "dlx_bytes_sent" in body
-        round_metric = [l for l in body.splitlines() if l.startswith("dlx_round ")][0]
+        round_metric = next(line for line in body.splitlines() if line.startswith("dlx_round "))
         assert float(round_metric.split()[1]) >= 1
         for s in run.nodes:
             s.process.send_signal(signal.SIGTERM)

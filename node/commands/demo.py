@@ -4,6 +4,13 @@ A managed anvil, the contracts deployed, ``replicas x stages`` node processes
 on loopback training a small GPT-2 with DiLoCoX, a live progress table, and a
 summary read back from the chain: rounds, held-out loss per round, bytes sent
 vs. what data-parallel AllReduce would have sent, and where the checkpoint is.
+
+SIGINT and SIGTERM stop the demo in order: the node processes get SIGTERM
+(each finishes its round bookkeeping and writes its state; SIGKILL after 20 s),
+then anvil gets SIGTERM (it dumps ``chain-state.json``). Stopped during
+training, the demo exits with 128 + the signal number (130, 143); after
+training, with ``--keep``, a signal is the way to end it and it exits with 0.
+Further signals during that stop are ignored, so it is never cut short.
 """
 
 from __future__ import annotations
@@ -11,8 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from node.commands.launcher import LocalRun
@@ -22,9 +32,44 @@ from node.errors import ConfigError, NodeError
 logger = logging.getLogger(__name__)
 
 
+class _Stopped(Exception):
+    """A SIGINT or SIGTERM arrived while the demo could be interrupted."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+class _Signals:
+    """SIGINT/SIGTERM handling of the demo: the first signal raises :class:`_Stopped` in the main thread
+    (unless the demo is already stopping); any later one is only reported."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.interruptible = True
+
+    def handle(self, signum: int, _frame) -> None:
+        first = self.received is None
+        if first:
+            self.received = signum
+        if first and self.interruptible:
+            raise _Stopped(signum)
+        print(f"dlx-node demo: signal {signum}: already stopping (nodes, then the chain)", file=sys.stderr,
+              flush=True)
+
+    @contextmanager
+    def installed(self) -> Iterator[_Signals]:
+        previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
 def _table(run: LocalRun, started: float) -> str:
-    rows = [f"  {'node':6s} {'state':10s} {'round':>5s} {'step':>7s} {'loss':>7s} {'held-out':>8s} "
-            f"{'sent':>9s} {'peers':>5s} {'commit':>6s}"]
+    rows = [(f"  {'node':6s} {'state':10s} {'round':>5s} {'step':>7s} {'loss':>7s} {'held-out':>8s} "
+             f"{'sent':>9s} {'peers':>5s} {'commit':>6s}")]
     for slot in run.nodes:
         st = slot.status()
         alive = slot.process is not None and slot.process.poll() is None
@@ -72,27 +117,47 @@ def run_demo(args: argparse.Namespace) -> int:
             sys.stdout.write(text + "\n")
         sys.stdout.flush()
 
-    try:
-        run.setup()
-        print(f"chain: anvil at {run.url}, registry {run.registry}, ledger {run.ledger}, run {run.run_id}")
-        run.start()
-        ok = run.wait(args.timeout, on_tick=tick)
-        summary = summarize(run)
-        print(format_summary(summary))
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
-        if args.keep:
-            print(f"\nthe chain stays up at {run.url} for audit/pull; Ctrl-C to stop it")
-            try:
+    signals = _Signals()
+    ok = keeping = False
+    stopped_by: int | None = None
+    with signals.installed():
+        try:
+            ok = _train_and_report(run, args, out, tick)
+            if args.keep:
+                keeping = True
+                print(f"\nthe chain stays up at {run.url} for audit/pull; Ctrl-C (or SIGTERM) stops it",
+                      flush=True)
                 while run.anvil is not None and run.anvil.running():
                     time.sleep(1)
-            except KeyboardInterrupt:
-                pass
-    finally:
-        run.stop()
+        except _Stopped as stopped:
+            signals.interruptible = False
+            stopped_by = stopped.signum
+            if not keeping:
+                print(f"dlx-node demo: signal {stopped_by}: stopping the nodes, then the chain",
+                      file=sys.stderr, flush=True)
+        finally:
+            signals.interruptible = False
+            run.stop()
+    if stopped_by is not None and not keeping:
+        print(f"dlx-node demo: stopped; node data, logs and chain-state.json in {out}", file=sys.stderr, flush=True)
+        return 128 + stopped_by
     if not ok:
         logs = ", ".join(str(s.log_path) for s in run.nodes)
         raise NodeError(f"demo did not finish cleanly; node logs: {logs}")
     return 0
+
+
+def _train_and_report(run: LocalRun, args: argparse.Namespace, out: Path, tick) -> bool:
+    """Start the chain and the nodes, wait for them, print and write the summary; True if all exited 0."""
+    run.setup()
+    print(f"chain: anvil (pid {run.anvil.pid}) at {run.url}, registry {run.registry}, ledger {run.ledger}, "
+          f"run {run.run_id}", flush=True)
+    run.start()
+    ok = run.wait(args.timeout, on_tick=tick)
+    summary = summarize(run)
+    print(format_summary(summary), flush=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return ok
 
 
 def summarize(run: LocalRun) -> dict:

@@ -144,14 +144,15 @@ class LocalRun:
     def start_node(self, slot: NodeSlot) -> None:
         slot.starts += 1
         slot.log_path = slot.data_dir / f"node-{slot.starts}.log"
-        log = open(slot.log_path, "ab")  # shared with the node's own log handler: append, never truncate
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        slot.process = subprocess.Popen(
-            [*(slot.command or [sys.executable, "-m", "node.cli"]), "--log-file", str(slot.log_path), "start",
-             "--no-progress", "--config", str(slot.config_path)],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )
-        log.close()
+        # The log is shared with the node's own log handler: append, never truncate. Its own session: a
+        # terminal's Ctrl-C reaches the launcher, which stops the nodes before the chain.
+        with open(slot.log_path, "ab") as log:
+            slot.process = subprocess.Popen(
+                [*(slot.command or [sys.executable, "-m", "node.cli"]), "--log-file", str(slot.log_path), "start",
+                 "--no-progress", "--config", str(slot.config_path)],
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            )
 
     def start(self) -> None:
         for slot in self.nodes:
