@@ -30,8 +30,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ledger.account import dev_account
-from ledger.audit import audit_run, check_hash_chain
 from ledger.chain import AnvilProcess, connect_rpc
+from ledger.checks import check_chain_record, check_hash_chain
 from ledger.client import LedgerClient
 from ledger.records import RoundCommit
 
@@ -115,12 +115,12 @@ def measure_history(w3, rounds: int) -> dict:
     history = reader.history(run_id)
     read_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    problems = check_hash_chain(history, chain_id, ledger)
+    problems = check_hash_chain(history, chain_id, ledger).problems
     chain_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    report = audit_run(reader, run_id)  # reads again, plus bytecode, signatures and committers
+    checks = check_chain_record(reader, reader.history(run_id))  # reads again, plus bytecode, signatures, committers
     audit_seconds = time.perf_counter() - started
-    assert len(history.commits) == rounds and not problems and report.ok, (problems, report.problems)
+    assert len(history.commits) == rounds and not problems and checks.ok, (problems, checks.problems)
     return {
         "rounds": rounds,
         "commit_all_seconds": round(commit_seconds, 3),

@@ -27,9 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from p2p.config import P2PConfig  # noqa: E402
-from p2p.host import P2PHost  # noqa: E402
-from p2p.identity import Identity  # noqa: E402
+from p2p.config import P2PConfig
+from p2p.host import P2PHost
+from p2p.identity import Identity
 
 GOSSIP_TOPIC = "bench/gossip"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -201,7 +201,7 @@ def bench_gossip(messages: int, rate_per_s: float, hosts: int = 5) -> dict:
             child.wait(timeout=30)
     latencies.sort()
     expected = messages * (hosts - 1)
-    quantile = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
+    quantile = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000
     result = {
         "hosts": hosts,
         "messages": messages,

@@ -1,7 +1,8 @@
 """The on-chain record of a training run and its Python client (knows nothing of torch or libp2p).
 
 Modules: ``chain`` (py-evm / JSON-RPC / managed anvil backends), ``account`` (keystore or dev key),
-``client`` (``LedgerClient``, ``binding_message``), ``records`` (dataclasses), ``merkle`` (contributions
-root), ``hashchain`` (the commit hash chain), ``audit`` (auditor checks), ``errors``. This package module
+``client`` (``LedgerClient``, ``binding_message``), ``history`` (the client's event-log reads),
+``records`` (dataclasses), ``merkle`` (contributions root), ``hashchain`` (the commit hash chain),
+``checks`` (the chain checks of an audit, one result per item), ``events``, ``tx``, ``errors``. This package module
 imports nothing heavy, so ``ledger.config`` stays cheap to load.
 """

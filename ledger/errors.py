@@ -9,6 +9,7 @@ error's 4-byte selector. The decoded arguments are in ``.values`` (a dict by par
 
 from __future__ import annotations
 
+
 class LedgerError(Exception):
     """Root of the errors of ``ledger/``."""
 

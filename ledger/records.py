@@ -127,6 +127,17 @@ class Registration:
         """Whether the registration was still in force when it was read."""
         return self.unregistered_block is None
 
+    def in_force(self, first_block: int, last_block: int | None = None) -> bool:
+        """Whether the registration was in force at some block of ``[first_block, last_block]``.
+
+        The one rule of the project: registered at or before the range's last block and not unregistered
+        by its first. ``last_block=None`` asks about the single block ``first_block``.
+        """
+        last_block = first_block if last_block is None else last_block
+        return self.block_number <= last_block and (
+            self.unregistered_block is None or self.unregistered_block > first_block
+        )
+
 
 @dataclass(frozen=True)
 class CheckpointRecord:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+
 class P2PError(Exception):
     """Root of every error raised by ``p2p/``."""
 

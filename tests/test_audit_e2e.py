@@ -21,16 +21,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from node.cli import exit_code_for
-
 from ledger.account import dev_account
 from ledger.client import LedgerClient
 from ledger.merkle import merkle_root
 from ledger.records import RoundCommit
-from node.tools.audit import FAIL, OK, UNVERIFIABLE, AuditFailed, audit_run, run_audit
-from node.errors import NodeError
+from node.cli import exit_code_for
 from node.commands.launcher import LocalRun
-from node.tools.pull import NoCheckpoint, PeerFetcher, PullRefused, pull_checkpoint, run_pull
+from node.errors import NodeError
+from node.tools.audit import FAIL, OK, UNVERIFIABLE, AuditFailed, audit_run, run_audit
+from node.tools.evidence import PeerFetcher
+from node.tools.pull import NoCheckpoint, PullRefused, pull_checkpoint, run_pull
 from p2p.envelope import Envelope, decode_envelope
 from p2p.identity import Identity
 

@@ -1,4 +1,4 @@
-"""Auditor helpers on a real deployment: audit_run, binding signatures, bytecode verification."""
+"""The chain checks (ledger.checks) on a real deployment: a run's record, binding signatures, bytecode."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from ledger_fixtures import deploy, digest, make_commit, node_key, raw_public_ke
 
 import contracts
 from ledger.account import dev_account
-from ledger.audit import audit_run, verify_bytecode
+from ledger.checks import check_chain_record, verify_bytecode
 from ledger.errors import AuditError
 
 
@@ -17,11 +17,12 @@ def test_audit_of_an_honest_run_is_clean(deployment):
     for round in range(3):
         client.commit_round(make_commit(run_id, round))
     deployment.register(2).dispute(run_id, 1, digest("x"), digest("y"))
-    report = audit_run(client, run_id)
-    assert report.ok, report.problems
-    assert report.commits_checked == 3
-    assert report.invalid_registrations == []
-    assert report.disputed_rounds == [1]
+    checks = check_chain_record(client, client.history(run_id))
+    assert checks.ok, checks.problems
+    assert len(checks.hash_chain.links) == len(checks.committers) == 3
+    assert [item.name.split()[0] for item in checks.contracts] == ["bytecode", "bytecode", "ledger"]
+    assert len(checks.registrations) == 2 and all(item.ok for item in checks.registrations)
+    assert checks.disputed_rounds == [1]
 
 
 def test_audit_flags_commits_from_a_forged_binding(deployment):
@@ -33,12 +34,14 @@ def test_audit_flags_commits_from_a_forged_binding(deployment):
     run_id = honest.create_run(digest("config"), 1, 10)
     honest.commit_round(make_commit(run_id, 0))
     forger.commit_round(make_commit(run_id, 1))
-    report = audit_run(honest, run_id)
-    assert [r.account for r in report.invalid_registrations] == [forger.address]
-    assert not report.ok
-    assert (
-        len(report.problems) == 1 and "round 1" in report.problems[0] and forger.address in report.problems[0]
-    )
+    checks = check_chain_record(honest, honest.history(run_id))
+    assert not checks.ok
+    forged = [item for item in checks.registrations if not item.ok]
+    assert len(forged) == 1 and forger.address in forged[0].name and "forged registration" in forged[0].reason
+    assert list(checks.valid) == [honest.address]
+    assert [item.ok for item in checks.committers] == [True, False]
+    assert forger.address in checks.committers[1].reason
+    assert checks.hash_chain.ok  # the chain itself is intact: only who committed is wrong
 
 
 def test_audit_accepts_commits_made_before_unregistering(deployment):
@@ -46,7 +49,8 @@ def test_audit_accepts_commits_made_before_unregistering(deployment):
     run_id = client.create_run(digest("config"), 1, 10)
     client.commit_round(make_commit(run_id, 0))
     client.unregister()
-    assert audit_run(client, run_id, check_code=False).ok  # the commit predates the exit
+    checks = check_chain_record(client, client.history(run_id), check_code=False)
+    assert checks.ok and checks.contracts is None  # the commit predates the exit
 
 
 def test_verify_bytecode_masks_immutables(chain_w3):
@@ -78,6 +82,6 @@ def test_a_read_only_client_audits_but_cannot_send(deployment):
     writer.commit_round(make_commit(run_id, 0))
     auditor = LedgerClient(deployment.w3, None, deployment.registry, deployment.ledger)
     assert auditor.last_round(run_id) == 0
-    assert audit_run(auditor, run_id).ok
+    assert check_chain_record(auditor, auditor.history(run_id)).ok
     with pytest.raises(AccountError, match="read-only"):
         auditor.create_run(digest("other"), 1, 1)

@@ -6,7 +6,7 @@ import pytest
 from ledger_fixtures import digest, make_commit
 
 from ledger import errors
-from ledger.audit import check_hash_chain
+from ledger.checks import check_hash_chain
 from ledger.records import RoundCommit
 
 
@@ -105,10 +105,13 @@ def test_hash_chain_head_matches_replay(run):
     assert history.run.genesis_head == genesis
     assert history.head_hash == client.head_of(run_id) != genesis
     assert history.commits[-1].head_hash == history.head_hash
-    assert check_hash_chain(history, client.chain_id, client.ledger_address) == []
-    # Dropping or altering a commit breaks the replay.
+    sound = check_hash_chain(history, client.chain_id, client.ledger_address)
+    assert sound.ok and sound.problems == [] and len(sound.links) == 3
+    # Dropping or altering a commit breaks the replay at the first link after the change (the replay then
+    # resynchronises on the event's head, so one bad link is reported once).
     dropped = history.__class__(**{**history.__dict__, "commits": history.commits[:1] + history.commits[2:]})
-    assert check_hash_chain(dropped, client.chain_id, client.ledger_address)
+    broken = check_hash_chain(dropped, client.chain_id, client.ledger_address)
+    assert [link.ok for link in broken.links] == [True, False] and not broken.ok
     altered_commit = history.commits[1].commit.__class__(
         **{**history.commits[1].commit.__dict__, "tokens": 1}
     )
@@ -116,7 +119,9 @@ def test_hash_chain_head_matches_replay(run):
     altered = history.__class__(
         **{**history.__dict__, "commits": [history.commits[0], altered_record, history.commits[2]]}
     )
-    assert check_hash_chain(altered, client.chain_id, client.ledger_address)
+    broken = check_hash_chain(altered, client.chain_id, client.ledger_address)
+    assert [link.ok for link in broken.links] == [True, False, True] and broken.head.ok
+    assert "round 1" in broken.problems[0]
 
 
 def test_checkpoints(run):

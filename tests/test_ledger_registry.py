@@ -6,7 +6,7 @@ import pytest
 from ledger_fixtures import deploy, node_key, raw_public_key
 
 from ledger import errors
-from ledger.audit import verify_binding
+from ledger.checks import verify_binding
 from ledger.client import BINDING_DOMAIN, binding_message
 
 

@@ -1,1 +1,1 @@
-"""Offline tools over a run's public record: audit, pull, and the audit report."""
+"""Offline tools over a run's public record: audit, pull, the evidence both use, and the audit report."""

@@ -1,0 +1,277 @@
+"""The chain checks of an audit: functions over a run's on-chain record that return one result per item.
+
+An auditor needs only an RPC URL and the two addresses. :meth:`ledger.client.LedgerClient.history` reads
+the record; these functions judge it and never raise on a finding (what to do with a failed item is the
+caller's: :mod:`node.tools.audit` composes them with the evidence and replay checks).
+
+* :func:`check_hash_chain` -- the genesis head, one link per RoundCommitted event, the contract's head.
+* :func:`verify_binding` / :func:`check_registrations` -- a registration's ed25519 signature over
+  :func:`ledger.client.binding_message` (the contract cannot check it: the EVM has no ed25519 precompile).
+* :func:`check_committers` / :func:`bound_account` -- a committer, or a contribution's signing key, held
+  a registration with a valid binding in force (:meth:`ledger.records.Registration.in_force`).
+* :func:`check_contracts` -- the code deployed at both addresses is the committed build artifact,
+  immutables masked (:func:`bytecode_problem`), and the ledger trusts the registry.
+* :func:`check_chain_record` runs them all on one run.
+
+Only :func:`check_contracts` and :func:`verify_bytecode` read the chain; the others are pure.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from web3 import Web3
+
+import contracts
+from ledger.client import binding_message
+from ledger.errors import AuditError, LedgerError
+from ledger.hashchain import genesis_head, next_head
+from ledger.records import CommitRecord, Registration, RunHistory
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """One checked item: its name, whether it matches the chain, and why not."""
+
+    name: str
+    ok: bool
+    reason: str = ""
+
+    @classmethod
+    def of(cls, name: str, problems: list[str]) -> ItemResult:
+        """The item's result from its problems (none: ok)."""
+        return cls(name, not problems, "; ".join(problems))
+
+    def line(self) -> str:
+        return self.name if self.ok else f"{self.name}: {self.reason}"
+
+
+# ---------------------------------------------------------------------- contracts
+def bytecode_problem(deployed: bytes, artifact: dict, address: str) -> str | None:
+    """Why ``deployed`` (the code at ``address``) is not ``artifact``'s deployed bytecode, or None.
+
+    The immutables (values written into the code at deployment, e.g. the ledger's registry address) are
+    masked: their bytes are taken from the artifact before comparing.
+    """
+    expected = bytes.fromhex(artifact["deployedBytecode"].removeprefix("0x"))
+    name = artifact.get("contractName", "contract")
+    if not deployed:
+        return f"no code at {address}: {name} is not deployed there"
+    if len(deployed) != len(expected):
+        return f"code at {address} is {len(deployed)} bytes, {name}'s artifact {len(expected)} bytes"
+    masked = bytearray(deployed)
+    for references in artifact.get("immutableReferences", {}).values():
+        for reference in references:
+            start, length = reference["start"], reference["length"]
+            masked[start : start + length] = expected[start : start + length]
+    if bytes(masked) != expected:
+        first = next(i for i, (a, b) in enumerate(zip(masked, expected)) if a != b)
+        return f"code at {address} differs from {name}'s committed artifact (first at byte {first})"
+    return None
+
+
+def verify_bytecode(w3: Web3, address: str, artifact: dict) -> None:
+    """Check that the code at ``address`` is ``artifact``'s deployed bytecode, immutables masked.
+
+    Raises:
+        AuditError: No code at the address, a different length, or differing bytes outside the immutables.
+    """
+    problem = bytecode_problem(bytes(w3.eth.get_code(Web3.to_checksum_address(address))), artifact, address)
+    if problem is not None:
+        raise AuditError(problem)
+
+
+def check_contracts(client: Any) -> list[ItemResult]:
+    """Both contracts' bytecode against the committed artifacts, and that the ledger trusts the registry."""
+    results = []
+    for name, address in (("NodeRegistry", client.registry_address), ("TrainingLedger", client.ledger_address)):
+        try:
+            verify_bytecode(client.w3, address, contracts.artifact(name))
+            results.append(ItemResult(f"bytecode {name} {address}", True))
+        except LedgerError as exc:
+            results.append(ItemResult(f"bytecode {name} {address}", False, str(exc)))
+    try:
+        client.check_deployment()
+        results.append(ItemResult("ledger trusts registry", True))
+    except LedgerError as exc:
+        results.append(ItemResult("ledger trusts registry", False, str(exc)))
+    return results
+
+
+# ---------------------------------------------------------------------- the hash chain
+@dataclass(frozen=True)
+class HashChainResult:
+    """The hash chain of one run replayed: the genesis head, each commit's link (chain order), the head."""
+
+    genesis: ItemResult
+    links: list[ItemResult]
+    head: ItemResult
+
+    @property
+    def ok(self) -> bool:
+        return all(item.ok for item in (self.genesis, *self.links, self.head))
+
+    @property
+    def problems(self) -> list[str]:
+        """One line per failed item (a link's names its round)."""
+        items = [self.genesis, *self.links, self.head]
+        return [item.line() for item in items if not item.ok]
+
+
+def check_hash_chain(history: RunHistory, chain_id: int, ledger_address: str) -> HashChainResult:
+    """Replay ``history``'s commits from the genesis head: each event's head, and the contract's at the end.
+
+    Rounds must strictly increase. After a wrong link the replay resynchronises on the event's head, so
+    one bad link is reported once.
+    """
+    run = history.run
+    head = genesis_head(chain_id, ledger_address, run.run_id, run.config_hash)
+    genesis = ItemResult.of(
+        "genesis head",
+        [] if head == run.genesis_head else [f"event {run.genesis_head.hex()} != recomputed {head.hex()}"],
+    )
+    links = []
+    previous_round = None
+    for record in history.commits:
+        commit = record.commit
+        problems = []
+        if previous_round is not None and commit.round <= previous_round:
+            problems.append(f"committed after round {previous_round}")
+        previous_round = commit.round
+        head = next_head(head, commit, record.committer)
+        if head != record.head_hash:
+            problems.append(f"event head {record.head_hash.hex()} != recomputed {head.hex()}")
+            head = record.head_hash
+        links.append(ItemResult.of(f"hash chain link round {commit.round}", problems))
+    final = ItemResult.of(
+        "hash chain head",
+        []
+        if head == history.head_hash
+        else [f"contract headOf {history.head_hash.hex()} != replayed {head.hex()}"],
+    )
+    return HashChainResult(genesis, links, final)
+
+
+# ---------------------------------------------------------------------- registrations
+def verify_binding(registration: Registration, chain_id: int, registry_address: str) -> bool:
+    """Whether ``registration``'s signature is its key's valid ed25519 signature over the binding message."""
+    if len(registration.pubkey) != 32 or len(registration.signature) != 64:
+        return False
+    message = binding_message(chain_id, registry_address, registration.account)
+    try:
+        Ed25519PublicKey.from_public_bytes(registration.pubkey).verify(registration.signature, message)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+def check_registrations(
+    registrations: list[Registration], chain_id: int, registry_address: str
+) -> tuple[list[ItemResult], dict[str, list[Registration]]]:
+    """One result per registration (its binding signature), and the valid registrations by account."""
+    results, valid = [], {}
+    for registration in registrations:
+        name = (
+            f"registration {registration.account} key {registration.pubkey.hex()[:16]} "
+            f"(block {registration.block_number})"
+        )
+        if verify_binding(registration, chain_id, registry_address):
+            valid.setdefault(registration.account, []).append(registration)
+            results.append(ItemResult(name, True))
+        else:
+            results.append(
+                ItemResult(
+                    name,
+                    False,
+                    "ed25519 binding signature does not verify: the key never "
+                    "signed this account's binding message (forged registration)",
+                )
+            )
+    return results, valid
+
+
+def bound_account(
+    valid: dict[str, list[Registration]], pubkey: bytes, first_block: int, last_block: int
+) -> str | None:
+    """The account whose valid registration binds ``pubkey`` and was in force during the block range."""
+    for account, registrations in valid.items():
+        if any(r.pubkey == pubkey and r.in_force(first_block, last_block) for r in registrations):
+            return account
+    return None
+
+
+def check_committers(commits: list[CommitRecord], valid: dict[str, list[Registration]]) -> list[ItemResult]:
+    """One result per commit: its committer held a registration with a valid binding at the commit's block."""
+    results = []
+    for record in commits:
+        in_force = any(r.in_force(record.block_number) for r in valid.get(record.committer, []))
+        results.append(
+            ItemResult(f"committer of round {record.commit.round}", True)
+            if in_force
+            else ItemResult(
+                f"committer of round {record.commit.round}",
+                False,
+                f"{record.committer} had no registration with a valid binding "
+                f"signature at block {record.block_number}",
+            )
+        )
+    return results
+
+
+# ---------------------------------------------------------------------- one run
+@dataclass
+class ChainChecks:
+    """Every chain item of one run (:func:`check_chain_record`); ``links`` and ``committers`` follow
+    ``history.commits``."""
+
+    run_id: int
+    contracts: list[ItemResult] | None  # None: not checked (on request)
+    hash_chain: HashChainResult
+    registrations: list[ItemResult]
+    committers: list[ItemResult]
+    valid: dict[str, list[Registration]] = field(default_factory=dict)  # valid registrations by account
+    disputed_rounds: list[int] = field(default_factory=list)
+
+    def items(self) -> list[ItemResult]:
+        return [
+            *(self.contracts or []),
+            self.hash_chain.genesis,
+            *self.registrations,
+            *self.hash_chain.links,
+            *self.committers,
+            self.hash_chain.head,
+        ]
+
+    @property
+    def problems(self) -> list[str]:
+        return [item.line() for item in self.items() if not item.ok]
+
+    @property
+    def ok(self) -> bool:
+        """Nothing contradicts the record (a forged registration does, even of an account that never
+        committed: it claims a node key for an account that never proved control of it)."""
+        return not self.problems
+
+
+def check_chain_record(client: Any, history: RunHistory, check_code: bool = True) -> ChainChecks:
+    """Every chain check of ``history`` (read with ``client``, a reader of the run's deployment)."""
+    chain_id = client.chain_id
+    registrations, valid = check_registrations(history.registrations, chain_id, client.registry_address)
+    checks = ChainChecks(
+        run_id=history.run.run_id,
+        contracts=check_contracts(client) if check_code else None,
+        hash_chain=check_hash_chain(history, chain_id, client.ledger_address),
+        registrations=registrations,
+        committers=check_committers(history.commits, valid),
+        valid=valid,
+        disputed_rounds=sorted({dispute.round for dispute in history.disputes}),
+    )
+    if checks.problems:
+        logger.info("chain checks of run %d: %d problem(s)", history.run.run_id, len(checks.problems))
+    return checks

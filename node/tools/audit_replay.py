@@ -1,0 +1,262 @@
+"""The replay side of an audit: the run document, the bit-exact replay of every round, the checkpoints.
+
+The run document (sha256 = the chain's ``configHash``) pins the model, the seed and so the initial
+weights, and the DiLoCoX outer-step settings. :class:`Replayer` advances every stage's global state round
+by round with :func:`training.diloco.aggregate` (DiLoCo Algorithm 1's outer step, arXiv 2311.08105) and
+compares the weights root with the commit's; a published checkpoint is checked against the chain and,
+when the replay reached its round, against the replayed state, and restarts the replay after a gap.
+See docs/AUDIT.md.
+"""
+
+import hashlib
+import time
+from typing import Any
+
+from node.errors import DLX_ERRORS, StateError
+from node.tools.evidence import PeerSource, first_good_copy
+from node.tools.report import FAIL, OK, UNVERIFIABLE, AuditReport, Check, RoundVerdict
+
+
+def check_run_document(report: AuditReport, history: Any, sources: list) -> dict | None:
+    """The run document whose sha256 is the chain's ``configHash``, checked against the run's shape; None
+    (and a FAIL or unverifiable item in the report) if no source has a usable copy."""
+    from node.runconfig import parse_run_document
+
+    expected = history.run.config_hash.hex()
+
+    def getter(source: Any) -> bytes | None:
+        if isinstance(source, PeerSource):
+            return source.blob(expected)
+        docs = source.run_documents()
+        good = [d for d in docs if hashlib.sha256(d).hexdigest() == expected]
+        return (good or docs or [None])[0]
+
+    copy = first_good_copy(sources, getter, expected)
+    if copy.data is None:
+        if copy.bad:
+            report.general.append(
+                Check("run document", FAIL, "no copy hashes to the configHash: " + "; ".join(copy.bad))
+            )
+        else:
+            report.general.append(
+                Check(
+                    "run document", UNVERIFIABLE, f"no archive or peer holds the run document {expected[:16]}"
+                )
+            )
+        return None
+    try:
+        document = parse_run_document(copy.data, history.run.config_hash)
+        stages, inner = document["pipeline"]["num_stages"], document["diloco"]["inner_steps"]
+    except (*DLX_ERRORS, KeyError, TypeError) as exc:
+        report.general.append(
+            Check("run document", FAIL, f"hashes to the configHash but is not a valid run document: {exc}")
+        )
+        return None
+    if (stages, inner) != (history.run.num_stages, history.run.inner_steps):
+        report.general.append(
+            Check(
+                "run document",
+                FAIL,
+                f"says {stages} stages x H={inner}, the run was created "
+                f"with {history.run.num_stages} x {history.run.inner_steps}",
+            )
+        )
+        return None
+    note = f" (corrupt copies ignored: {'; '.join(copy.bad)})" if copy.bad else ""
+    report.general.append(Check("run document", OK, f"sha256 = configHash{note}" if note else ""))
+    return document
+
+
+class Replayer:
+    """The global state of every stage, advanced round by round with the canonical aggregation."""
+
+    def __init__(self, document: dict) -> None:
+        from node.runconfig import node_config_from_run
+        from training.stages import split_stages, stage_param_names
+
+        self.cfg = node_config_from_run(document)
+        self.num_stages = self.cfg.pipeline.num_stages
+        specs = split_stages(self.cfg.model.n_layer, self.num_stages)
+        self.names = [stage_param_names(self.cfg.model, spec) for spec in specs]
+        self.weights: list[dict] | None = None
+        self.momentum: list[dict] | None = None
+        self.base = ""  # where the current state came from
+
+    def start_from_initial(self) -> None:
+        import torch
+
+        from training.model import init_state_dict
+
+        full = init_state_dict(self.cfg.model, self.cfg.training.seed)
+        self.weights = [{n: full[n] for n in names} for names in self.names]
+        self.momentum = [{n: torch.zeros_like(full[n]) for n in names} for names in self.names]
+        self.base = "initial weights"
+
+    def start_from_checkpoint(self, ckpt: Any) -> None:
+        import torch
+
+        self.weights, self.momentum = [], []
+        for names in self.names:
+            weights, momentum = ckpt.stage_state(names)
+            self.weights.append({n: weights[n].to(torch.float32) for n in names})
+            self.momentum.append({n: momentum[n].to(torch.float32) for n in names})
+        self.base = f"checkpoint of round {ckpt.round}"
+
+    def drop(self) -> None:
+        self.weights = self.momentum = None
+
+    def apply(self, round_index: int, payloads_by_stage: list[list[bytes]]) -> bytes:
+        """Aggregate every stage of ``round_index``; return the new weights root."""
+        from training.diloco import aggregate
+        from training.hashing import weights_root
+
+        hashes, new_weights, new_momentum = [], [], []
+        for stage, payloads in enumerate(payloads_by_stage):
+            weights, momentum, digest = aggregate(
+                self.weights[stage],
+                self.momentum[stage],
+                payloads,
+                self.cfg.diloco,
+                stage_index=stage,
+                outer_round=round_index,
+            )
+            new_weights.append(weights)
+            new_momentum.append(momentum)
+            hashes.append(digest)
+        self.weights, self.momentum = new_weights, new_momentum
+        return weights_root(hashes)
+
+
+def check_replay(
+    verdict: RoundVerdict,
+    commit: Any,
+    replayer: Replayer | None,
+    payloads: list[list[bytes]] | None,
+    replay: bool,
+) -> None:
+    """The replayed weights root of one round against the commit (one item in ``verdict``)."""
+    from training.errors import TrainingError
+
+    if not replay:
+        verdict.checks.append(Check("weights root (replay)", UNVERIFIABLE, "replay skipped (--no-replay)"))
+        return
+    if replayer is None:
+        verdict.checks.append(Check("weights root (replay)", UNVERIFIABLE, "no verified run document"))
+        return
+    if payloads is None:
+        replayer.drop()
+        verdict.checks.append(Check("weights root (replay)", UNVERIFIABLE, "contributions not verified"))
+        return
+    if replayer.weights is None:
+        verdict.checks.append(
+            Check(
+                "weights root (replay)",
+                UNVERIFIABLE,
+                "no starting state: an earlier round "
+                "could not be replayed and no checkpoint of the previous round was verified",
+            )
+        )
+        return
+    started = time.perf_counter()
+    try:
+        root = replayer.apply(commit.round, payloads)
+    except TrainingError as exc:
+        replayer.drop()
+        verdict.checks.append(
+            Check("weights root (replay)", FAIL, f"the committed contributions do not aggregate: {exc}")
+        )
+        return
+    verdict.replay_seconds = time.perf_counter() - started
+    if root == commit.weights_root:
+        verdict.checks.append(Check("weights root (replay)", OK, f"from {replayer.base}"))
+    else:
+        # Keep the replayed (honest) state: later rounds are checked against what the contributions imply.
+        verdict.checks.append(
+            Check(
+                "weights root (replay)",
+                FAIL,
+                f"replayed {root.hex()} != committed {commit.weights_root.hex()}",
+            )
+        )
+
+
+def check_checkpoint(
+    report: AuditReport,
+    record: Any,
+    commit: Any,
+    sources: list,
+    replayer: Replayer | None,
+    config_hash: bytes,
+) -> Any:
+    """Check one published checkpoint; return it parsed if its content and weights root are right."""
+    import torch
+
+    from node.store.checkpoint import parse_checkpoint
+    from training.hashing import stage_weights_hash, weights_root
+
+    name = f"checkpoint of round {record.round} {record.content_hash.hex()[:16]}"
+
+    def add(status: str, reason: str = "") -> None:
+        report.checkpoints.append(Check(name, status, reason, round=record.round))
+
+    expected = record.content_hash.hex()
+    copy = first_good_copy(sources, lambda src: src.checkpoint(record.round, expected), expected)
+    if copy.data is None:
+        if copy.bad:
+            add(FAIL, "no copy has the published content hash: " + "; ".join(copy.bad))
+        else:
+            add(UNVERIFIABLE, "file not held by any archive or peer")
+        return None
+    try:
+        ckpt = parse_checkpoint(copy.data, record.content_hash)
+    except StateError as exc:
+        add(FAIL, f"content hash right but not a valid checkpoint: {exc}")
+        return None
+    problems = []
+    if (ckpt.run_id, ckpt.round, ckpt.config_hash) != (report.run_id, record.round, config_hash):
+        problems.append(
+            f"metadata says run {ckpt.run_id} round {ckpt.round} config {ckpt.config_hash.hex()[:16]}"
+        )
+    stage_names = replayer.names if replayer is not None else None
+    hashes = []
+    if stage_names is not None:
+        for stage, names in enumerate(stage_names):
+            try:
+                hashes.append(stage_weights_hash({n: ckpt.weights[n] for n in names}))
+            except KeyError as exc:
+                problems.append(f"stage {stage} lacks {exc}")
+                break
+        else:
+            if {s: h for s, h in enumerate(hashes)} != ckpt.stage_hashes:
+                problems.append("stage hashes in its metadata do not match its tensors")
+    else:
+        hashes = [ckpt.stage_hashes.get(s, b"") for s in range(report.num_stages)]
+    if commit is None:
+        problems.append("its round was never committed")
+    elif (
+        len(hashes) == report.num_stages
+        and all(len(h) == 32 for h in hashes)
+        and weights_root(hashes) != commit.weights_root
+    ):
+        problems.append(
+            f"its weights root {weights_root(hashes).hex()} != committed {commit.weights_root.hex()}"
+        )
+    if replayer is not None and replayer.weights is not None and not problems:
+        for stage, names in enumerate(replayer.names):
+            for n in names:
+                if not (
+                    torch.equal(ckpt.weights[n], replayer.weights[stage][n])
+                    and torch.equal(ckpt.momentum.get(n, torch.zeros(0)), replayer.momentum[stage][n])
+                ):
+                    problems.append(f"{n} differs from the replayed weights/momentum of round {record.round}")
+                    break
+            if problems:
+                break
+    if problems:
+        add(FAIL, "; ".join(problems))
+        return None
+    basis = "content hash, weights root" + (
+        ", replayed state" if replayer is not None and replayer.weights is not None else ""
+    )
+    add(OK, basis)
+    return ckpt

@@ -1,0 +1,330 @@
+"""The evidence layer of ``dlx-node audit`` and ``dlx-node pull``: content-addressed bytes from untrusted places.
+
+Both commands trust no node and no directory. They ask for an item by the hash the chain records and take
+the first copy that hashes to it (:func:`first_good_copy`), noting the sources that offered other bytes.
+
+* :class:`ArchiveSource` -- a local directory: a node's data dir, its ``archive`` dir or a ``run-<id>`` dir
+  (run documents, contribution lists, envelopes, checkpoints).
+* :class:`PeerSource` -- peers over libp2p, through a :class:`PeerFetcher` (a short-lived host that
+  fetches blobs by hash from the bootstrap peers and the DHT, and the run's recent ``close`` gossip).
+* :func:`find_checkpoint_files` -- candidate checkpoint files in directories (unverified).
+* :func:`reader_client` -- the read-only :class:`ledger.client.LedgerClient` both commands judge against.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from node.errors import DLX_ERRORS
+
+logger = logging.getLogger(__name__)
+
+FETCH_TIMEOUT_S = 300.0
+MAX_DHT_MISSES = 3
+
+
+def find_checkpoint_files(dirs: Iterable[str | Path], round_index: int, content_hash_hex: str) -> list[Path]:
+    """Candidate checkpoint files in ``dirs``: by round name or by content hash (unverified)."""
+    names = [f"round-{round_index:08d}.safetensors", f"{content_hash_hex}.safetensors", content_hash_hex]
+    found = []
+    for directory in map(Path, dirs):
+        for sub in (directory, directory / "checkpoints", directory / "blobs"):
+            for name in names:
+                path = sub / name
+                if path.is_file() and path not in found:
+                    found.append(path)
+    return found
+
+
+class PeerFetcher:
+    """A short-lived libp2p host that fetches blobs by hash from the bootstrap peers and the DHT."""
+
+    def __init__(self, host: Any, workdir: Path, bootstrap_peers: list[str]) -> None:
+        self.host = host
+        self.workdir = workdir
+        self.bootstrap_peers = bootstrap_peers
+        self.errors: dict[str, str] = {}  # hash -> why the last fetch failed
+        self.dht_misses = 0  # consecutive DHT lookups that found nobody
+
+    @classmethod
+    def start(cls, bootstrap: list[str], connect_timeout: float = 10.0) -> PeerFetcher:
+        """Start a host on an ephemeral loopback/any port and dial ``bootstrap`` (unreachable ones are logged)."""
+        from p2p.config import P2PConfig
+        from p2p.errors import P2PError
+        from p2p.host import P2PHost
+        from p2p.identity import Identity
+
+        workdir = Path(tempfile.mkdtemp(prefix="dlx-fetch-"))
+        host_ip = (
+            "127.0.0.1"
+            if all(a.startswith(("/ip4/127.", "/dns4/localhost")) for a in bootstrap)
+            else "0.0.0.0"
+        )
+        host = P2PHost.start(
+            P2PConfig(listen_host=host_ip, listen_port=0, gossip_resync_interval=0),
+            Identity.generate(),
+            data_dir=workdir,
+        )
+        peers = []
+        for addr in bootstrap:
+            try:
+                peers.append(host.connect(addr, timeout=connect_timeout))
+            except P2PError as exc:
+                logger.warning("bootstrap peer %s unreachable: %s", addr, exc)
+        if bootstrap and not peers:
+            logger.warning("no bootstrap peer reachable; only the DHT of this host can be asked")
+        return cls(host, workdir, peers)
+
+    def close(self) -> None:
+        self.host.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def fetch_to(self, hash_hex: str, dest: Path, timeout: float = FETCH_TIMEOUT_S) -> Path:
+        """Download blob ``hash_hex`` (hash-verified by the blob protocol) to ``dest``; raises P2PError.
+
+        Every bootstrap peer that holds the blob serves ranges of it in parallel;
+        only if none holds it are providers looked up on the DHT (a lookup costs
+        seconds, a bootstrap peer's answer milliseconds). After
+        ``MAX_DHT_MISSES`` lookups in a row found nobody, the DHT is not asked
+        again: an audit of a long, pruned history must not spend seconds per blob.
+        """
+        from p2p.errors import BlobNotFound, P2PError
+
+        try:
+            try:
+                if not self.bootstrap_peers:
+                    raise BlobNotFound("no bootstrap peers")
+                return self.host.fetch_blob(hash_hex, dest, providers=self.bootstrap_peers, timeout=timeout)
+            except BlobNotFound:
+                providers: list[str] = []
+                if self.dht_misses >= MAX_DHT_MISSES:
+                    raise BlobNotFound(f"blob {hash_hex[:16]}: no bootstrap peer holds it") from None
+                try:
+                    providers = [
+                        p
+                        for p in self.host.find_providers(hash_hex, timeout=15)
+                        if p not in self.bootstrap_peers
+                    ]
+                except P2PError as exc:
+                    logger.debug("DHT lookup of %s failed: %s", hash_hex[:16], exc)
+                self.dht_misses = 0 if providers else self.dht_misses + 1
+                if not providers:
+                    raise BlobNotFound(
+                        f"blob {hash_hex[:16]}: no bootstrap peer holds it and the DHT knows no provider"
+                    ) from None
+                logger.info("fetching %s from %d DHT provider(s)", hash_hex[:16], len(providers))
+                return self.host.fetch_blob(hash_hex, dest, providers=providers, timeout=timeout)
+        finally:
+            self.host.remove_blob(hash_hex)  # the copy at dest is ours; do not serve what we only audit
+
+    def fetch(self, hash_hex: str, timeout: float = FETCH_TIMEOUT_S) -> bytes | None:
+        """The blob's bytes, or None if no peer could serve them (the reason is kept in ``errors``)."""
+        from p2p.errors import P2PError
+
+        dest = self.workdir / "incoming" / hash_hex
+        try:
+            self.fetch_to(hash_hex, dest, timeout)
+            return dest.read_bytes()
+        except P2PError as exc:
+            self.errors[hash_hex] = str(exc)
+            logger.info("blob %s not fetched: %s", hash_hex[:16], exc)
+            return None
+        finally:
+            dest.unlink(missing_ok=True)
+
+    def close_lists(self, run_id: int) -> dict[int, dict[int, list[list[tuple[int, int, str, str]]]]]:
+        """Contribution lists of the run's recent ``close`` messages: round -> stage -> [entries].
+
+        Entries are (stage, replica, peer_id, envelope hash hex). Several coordinators
+        may have closed one (round, stage); every distinct list is kept, and the
+        auditor keeps the one whose Merkle root the chain records.
+        """
+        import queue
+
+        from node.live import protocol as msg
+        from node.live.protocol import run_topic
+        from p2p.envelope import decode_envelope
+        from p2p.errors import EnvelopeRejected, P2PError
+
+        topic = run_topic(run_id)
+        try:
+            inbox = self.host.subscribe(topic)
+            self.host.resync(topic, timeout=15)
+        except P2PError as exc:
+            logger.warning("could not pull the run's recent messages from peers: %s", exc)
+            return {}
+        out: dict[int, dict[int, list[list[tuple[int, int, str, str]]]]] = {}
+        while True:
+            try:
+                data, _sender = inbox.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                env = decode_envelope(data, msg.MAX_GOSSIP_PAYLOAD + 4096)
+                if env.kind != msg.CLOSE or env.run_id != run_id:
+                    continue
+                close = msg.decode_payload(msg.CLOSE, env.payload)
+            except (EnvelopeRejected, msg.ProtocolError):
+                continue
+            entries = sorted(
+                (env.stage, int(r), str(p), bytes(h).hex()) for r, p, h, _size in close.contributions
+            )
+            lists = out.setdefault(env.round, {}).setdefault(env.stage, [])
+            if entries not in lists:
+                lists.append(entries)
+        return out
+
+
+class ArchiveSource:
+    """Evidence from a local directory: a node's data dir, its ``archive`` dir or a ``run-<id>`` dir.
+
+    Reads the layout of :mod:`node.store.archive` (run document, per-round ``round.json``
+    and ``<sha256>.env`` files) and checkpoints named ``round-XXXXXXXX.safetensors``
+    (in ``checkpoints/`` or the directory itself). Nothing read is trusted: the
+    auditor checks every byte against the chain.
+    """
+
+    def __init__(self, directory: str | Path, run_id: int) -> None:
+        self.root = Path(directory)
+        self.name = f"archive {self.root}"
+        candidates = [self.root / "archive" / f"run-{run_id}", self.root / f"run-{run_id}", self.root]
+        self.run_dir = next(
+            (c for c in candidates if (c / "run.json").exists() or any(c.glob("round-*/"))), None
+        )
+
+    def run_documents(self) -> list[bytes]:
+        if self.run_dir is None or not (self.run_dir / "run.json").exists():
+            return []
+        return [(self.run_dir / "run.json").read_bytes()]
+
+    def round_lists(self, round_index: int) -> list[list[tuple[int, int, str, str]]]:
+        """The archived contribution lists of ``round_index`` (0 or 1 list; entries (stage, replica, peer, hex))."""
+        if self.run_dir is None:
+            return []
+        path = self.run_dir / f"round-{round_index:08d}" / "round.json"
+        if not path.exists():
+            return []
+        try:
+            doc = json.loads(path.read_text())
+            entries = [(int(s), int(r), str(p), str(h).lower()) for s, r, p, h in doc["contributions"]]
+            if int(doc.get("round", round_index)) != round_index:
+                raise ValueError(f"it says round {doc.get('round')}")
+            for _s, _r, _p, h in entries:
+                if len(h) != 64 or set(h) - set("0123456789abcdef"):
+                    raise ValueError(f"{h[:80]!r} is not a sha256 hex digest")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning("%s: round %d manifest unreadable: %s", self.name, round_index, exc)
+            return []
+        return [entries]
+
+    def envelope(self, round_index: int, hash_hex: str) -> bytes | None:
+        if self.run_dir is None:
+            return None
+        path = self.run_dir / f"round-{round_index:08d}" / f"{hash_hex}.env"
+        try:
+            return path.read_bytes()
+        except OSError:
+            return None
+
+    def checkpoint(self, round_index: int, content_hash_hex: str) -> bytes | None:
+        """The candidate file with the expected content, else the first candidate (reported as corrupt)."""
+        first = None
+        for path in find_checkpoint_files([self.root], round_index, content_hash_hex):
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            if hashlib.sha256(data).hexdigest() == content_hash_hex:
+                return data
+            first = data if first is None else first
+        return first
+
+
+class PeerSource:
+    """Evidence fetched over libp2p: blobs by hash, and round lists from the run's recent ``close`` gossip.
+
+    ``fetcher`` is a :class:`PeerFetcher` already connected to peers.
+    Close messages are the coordinators' signed lists of what each stage
+    aggregated; peers keep only recent ones, so old rounds need archives.
+    """
+
+    def __init__(self, fetcher: Any, run_id: int) -> None:
+        self.fetcher = fetcher
+        self.run_id = run_id
+        self.name = "peers"
+        self._closes: dict[int, dict[int, list[list[tuple[int, int, str, str]]]]] | None = None
+
+    def run_documents(self) -> list[bytes]:
+        return []  # fetched by hash in _run_document (needs the chain's configHash)
+
+    def blob(self, hash_hex: str) -> bytes | None:
+        return self.fetcher.fetch(hash_hex)
+
+    def round_lists(self, round_index: int) -> list[list[tuple[int, int, str, str]]]:
+        if self._closes is None:
+            self._closes = self.fetcher.close_lists(self.run_id)
+        by_stage = self._closes.get(round_index, {})
+        return [entries for stage in sorted(by_stage) for entries in by_stage[stage]]
+
+    def envelope(self, round_index: int, hash_hex: str) -> bytes | None:
+        return self.fetcher.fetch(hash_hex)
+
+    def checkpoint(self, round_index: int, content_hash_hex: str) -> bytes | None:
+        return self.fetcher.fetch(content_hash_hex)
+
+
+@dataclass
+class EvidenceCopy:
+    """The verified bytes of one item (None if no source had them) and the sources that offered others."""
+
+    data: bytes | None
+    bad: list[str]  # "<source>: bytes hash to <hex>"
+
+
+def first_good_copy(sources: list, getter: Callable[[Any], bytes | None], expected_hex: str) -> EvidenceCopy:
+    """The first copy among ``sources`` whose sha256 is ``expected_hex``, noting the corrupt ones."""
+    bad = []
+    for source in sources:
+        try:
+            data = getter(source)
+        except DLX_ERRORS as exc:
+            logger.debug("%s: %s", source.name, exc)
+            data = None
+        if data is None:
+            continue
+        got = hashlib.sha256(data).hexdigest()
+        if got == expected_hex:
+            return EvidenceCopy(data, bad)
+        bad.append(f"{source.name}: bytes hash to {got}")
+    return EvidenceCopy(None, bad)
+
+
+def reader_client(args: Any) -> Any:
+    """A LedgerClient for the deployment named by --deployment or --registry/--ledger (read-only account)."""
+    from ledger.chain import connect_rpc
+    from ledger.client import LedgerClient
+    from node.errors import ConfigError
+
+    registry, ledger = args.registry, args.ledger
+    if args.deployment:
+        try:
+            deployment = json.loads(Path(args.deployment).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--deployment {args.deployment}: cannot read it ({exc})") from None
+        registry = registry or deployment.get("registry", "")
+        ledger = ledger or deployment.get("ledger", "")
+    if not (registry and ledger):
+        raise ConfigError(
+            "the contract addresses are missing: pass --deployment deployment.json, or both "
+            "--registry and --ledger"
+        )
+    w3 = connect_rpc(args.rpc, wait=10)
+    return LedgerClient(w3, None, registry, ledger)  # read-only: an auditor never sends a transaction

@@ -1,0 +1,169 @@
+"""The blob side of :class:`p2p.host.P2PHost`: store, announce, find and fetch content-addressed blobs.
+
+Blobs are files named by their sha256. They are stored in the host's :class:`p2p.blobstore.BlobStore`,
+announced as provider records on the Kademlia DHT (key: the sha2-256 multihash, as IPFS uses), and
+downloaded in parallel ranges from every provider over ``/dlx/blob/1.0.0`` (:mod:`p2p.blob_protocol`),
+which verifies the hash before anything is kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from pathlib import Path
+
+import trio
+from libp2p.peer.id import ID
+
+from p2p.blobstore import check_sha256_hex
+from p2p.errors import BlobError, BlobNotFound, P2PError
+from p2p.wire import ProtocolViolation
+
+logger = logging.getLogger(__name__)
+
+_PROVIDER_QUERY_FANOUT = 32  # connected peers asked directly for a blob's providers
+
+
+class HostBlobs:
+    """Mixin of :class:`p2p.host.P2PHost`: the blob methods.
+
+    Expects of the host: ``config``, ``store`` (:class:`p2p.blobstore.BlobStore`), ``_call`` and
+    ``_check_open`` (:class:`p2p.host_thread.HostThread`), ``_closed``, ``_token``, ``_libp2p``, ``_dht`` and
+    ``_blobs`` (:class:`p2p.blob_protocol.BlobService`).
+    """
+
+    def provide_blob(
+        self, source: bytes | str | os.PathLike[str], announce: bool = True, timeout: float = 30.0
+    ) -> str:
+        """Store ``source`` (bytes or a file path) in the blob dir and announce it on the DHT.
+
+        Returns the sha256 hex. Hashing and copying happen on the calling thread,
+        never on the event loop. The blob is served as soon as it is stored, even
+        if the DHT announcement times out (that raises P2PTimeout after storing).
+        """
+        self._check_open()
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            sha256_hex = self.store.put_bytes(bytes(source))
+        else:
+            sha256_hex = self.store.put_file(source)
+        if announce:
+            self._call(self._announce, sha256_hex, timeout=timeout, what=f"announce blob {sha256_hex[:16]}")
+        return sha256_hex
+
+    async def _announce(self, sha256_hex: str) -> None:
+        key = _dht_key(sha256_hex)
+        ok = await self._dht.provider_store.provide(key)
+        if not ok:
+            logger.info("blob %s stored; no DHT peer took the provider record yet", sha256_hex[:16])
+
+    def has_blob(self, sha256_hex: str) -> bool:
+        return self.store.has(sha256_hex)
+
+    def blob_path(self, sha256_hex: str) -> Path:
+        """Path of a locally stored blob (read-only use)."""
+        if not self.store.has(sha256_hex):
+            raise BlobNotFound(f"blob {sha256_hex} is not stored locally")
+        return self.store.path(sha256_hex)
+
+    def remove_blob(self, sha256_hex: str) -> bool:
+        """Delete a local blob (it is no longer served); True if it existed."""
+        sha256_hex = check_sha256_hex(sha256_hex)
+        existed = self.store.remove(sha256_hex)
+        if existed and not self._closed and self._token is not None:
+            try:
+                self._call(self._forget_provided, sha256_hex, timeout=5, what="forget blob")
+            except P2PError:
+                pass  # the local record expires anyway; we no longer serve the blob
+        return existed
+
+    async def _forget_provided(self, sha256_hex: str) -> None:
+        key = _dht_key(sha256_hex)
+        store = self._dht.provider_store
+        store.providing_keys.discard(key)  # stops the DHT's periodic re-announcement
+        store.providers.get(key, {}).pop(str(self._libp2p.get_id()), None)
+
+    def find_providers(self, sha256_hex: str, timeout: float = 10.0) -> list[str]:
+        """Peer ids announcing ``sha256_hex`` (deduplicated; includes this host if it holds the blob)."""
+        sha256_hex = check_sha256_hex(sha256_hex)
+        found = self._call(
+            self._find_providers, sha256_hex, timeout=timeout, what=f"find_providers {sha256_hex[:16]}"
+        )
+        return [p.to_base58() for p in found]
+
+    async def _find_providers(self, sha256_hex: str) -> list[ID]:
+        key = _dht_key(sha256_hex)
+        store = self._dht.provider_store
+        infos = list(store.get_providers(key))
+        # py-libp2p's lookup stops at the local record store as soon as it holds one
+        # provider, so also ask every connected peer directly (a small network: the
+        # k closest peers are all of them), then run the iterative lookup.
+        ask = list(self._libp2p.get_network().connections)[:_PROVIDER_QUERY_FANOUT]
+
+        async def ask_peer(peer: ID) -> None:
+            with trio.move_on_after(5):
+                try:
+                    providers, _closer = await store._get_providers_from_peer_with_closers(peer, key)
+                except Exception as exc:  # a peer without the DHT protocol, or gone
+                    logger.debug("GET_PROVIDERS from %s failed: %s", peer, exc)
+                    return
+                infos.extend(providers)
+
+        async with trio.open_nursery() as nursery:
+            for peer in ask:
+                nursery.start_soon(ask_peer, peer)
+        if not infos:
+            with trio.move_on_after(5):
+                infos += await store.find_providers(key, 20)
+        peerstore = self._libp2p.get_peerstore()
+        my_id = self._libp2p.get_id()
+        unique: dict[ID, None] = {}
+        for info in infos:
+            if info.peer_id == my_id and not self.store.has(sha256_hex):
+                continue
+            if info.addrs and info.peer_id != my_id:
+                peerstore.add_addrs(info.peer_id, info.addrs, 3600)
+            unique[info.peer_id] = None
+        return list(unique)
+
+    def fetch_blob(
+        self,
+        sha256_hex: str,
+        dest_path: str | os.PathLike[str],
+        providers: list[str] | None = None,
+        timeout: float | None = None,
+    ) -> Path:
+        """Download a blob (parallel ranges from all providers), verify its sha256, put it at ``dest_path``.
+
+        Without ``providers`` they are looked up on the DHT. The blob is also kept in
+        the blob dir (so this host can serve it). Raises BlobNotFound, BlobTooLarge,
+        BlobUnavailable (every provider failed), BlobHashMismatch or P2PTimeout
+        (``timeout`` defaults to ``p2p.transfer_timeout``).
+        """
+        sha256_hex = check_sha256_hex(sha256_hex)
+        timeout = self.config.transfer_timeout if timeout is None else timeout
+        if not self.store.has(sha256_hex):
+            peer_ids = [ID.from_base58(p) for p in providers] if providers else None
+            self._call(
+                self._fetch, sha256_hex, peer_ids, timeout=timeout, what=f"fetch blob {sha256_hex[:16]}"
+            )
+        return self.store.export(sha256_hex, dest_path)
+
+    async def _fetch(self, sha256_hex: str, providers: list[ID] | None) -> Path:
+        if providers is None:
+            with trio.move_on_after(10):
+                providers = await self._find_providers(sha256_hex)
+        my_id = self._libp2p.get_id()
+        candidates = [p for p in dict.fromkeys(providers or []) if p != my_id]
+        random.shuffle(candidates)  # spread load when many fetch the same blob
+        try:
+            return await self._blobs.download(sha256_hex, candidates, self.config.max_blob_bytes)
+        except BlobError:
+            raise
+        except ProtocolViolation as exc:
+            raise BlobError(f"blob {sha256_hex[:16]}: {exc}") from None
+
+
+def _dht_key(sha256_hex: str) -> bytes:
+    """DHT provider key of a blob: the sha2-256 multihash (0x12 0x20 + digest), as IPFS uses."""
+    return b"\x12\x20" + bytes.fromhex(check_sha256_hex(sha256_hex))
