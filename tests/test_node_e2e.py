@@ -57,8 +57,9 @@ def test_two_replicas_by_two_stages_commit_every_round_once(make_run):
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("variant", [["diloco.delay_correction=eager"], ["diloco.one_step_delay=false"]],
-                         ids=["eager-delay", "no-delay"])
+@pytest.mark.parametrize("variant", [["diloco.delay_correction=eager"], ["diloco.one_step_delay=false"],
+                                     ["diloco.overlap_steps=2"]],
+                         ids=["eager-delay", "no-delay", "partial-overlap"])
 def test_node_runs_the_other_round_schedules(make_run, variant):
     """The node follows training.schedule.round_actions for every variant the benchmark measures."""
     run = make_run(replicas=2, stages=2, split=False, settings=TINY + ["rounds=3", "join_timeout=60", *variant])
