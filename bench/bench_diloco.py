@@ -72,6 +72,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--bandwidth-budget", type=int, default=0,
                         help="DiLoCoX: bytes per stage contribution per round (0: code to --error-budget)")
     parser.add_argument("--no-error-feedback", action="store_true")
+    parser.add_argument("--overlap-steps", type=int, default=0,
+                        help="DiLoCoX: inner steps the exchange overlaps before it is applied (0: the whole round)")
     parser.add_argument("--no-compression", action="store_true", help="DiLoCoX with the raw codec (delay only)")
     parser.add_argument("--eval-batches", type=int, default=16)
     parser.add_argument("--eval-every", type=int, default=5, help="rounds between held-out evaluations")
@@ -106,6 +108,7 @@ def main() -> int:
         diloco_cfg,
         outer_lr=args.outer_lr if args.x_outer_lr is None else args.x_outer_lr,
         outer_momentum=args.outer_momentum if args.x_outer_momentum is None else args.x_outer_momentum,
+        overlap_steps=args.overlap_steps,
     )
     pipeline_cfg = PipelineConfig(num_stages=args.stages)
     corpus = load_corpus(REPO / args.data, training_cfg.eval_fraction, model_cfg.block_size)

@@ -6,59 +6,33 @@ real node with one behaviour patched.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
-
-from node.commands.launcher import LocalRun
+from node_fixtures import TINY, node_state, run_logs
 
 ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py")]
-TINY = ["model.preset=tiny", "diloco.inner_steps=4", "training.batch_size=4", "round_timeout=60",
-        "checkpoint_every=1", "join_timeout=60"]
-
-
-def _logs(run: LocalRun) -> str:
-    out = []
-    for slot in run.nodes:
-        for path in sorted(slot.data_dir.glob("node-*.log")):
-            out.append(f"==== {path}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-30:]))
-    return "\n".join(out)
+SETTINGS = [*TINY, "join_timeout=60"]
 
 
 def _roots(slot) -> dict:
-    return json.loads((slot.data_dir / "state.json").read_text())["weights_roots"]
-
-
-@pytest.fixture
-def make_run(tmp_path):
-    runs = []
-
-    def make(**kw) -> LocalRun:
-        run = LocalRun(tmp_path / f"run{len(runs)}", **kw)
-        runs.append(run)
-        run.setup()
-        return run
-
-    yield make
-    for run in runs:
-        run.stop()
+    return node_state(slot)["weights_roots"]
 
 
 @pytest.mark.timeout(600)
 def test_malformed_payloads_are_excluded_and_honest_nodes_keep_committing(make_run):
-    run = make_run(replicas=3, stages=2, split=False, settings=TINY + ["rounds=4"])
+    run = make_run(replicas=3, stages=2, split=False, settings=SETTINGS + ["rounds=4"])
     attacker = run.nodes[2]
     attacker.command = [*ADVERSARY, "malformed-payload"]
     run.start()
     honest = run.nodes[:2]
     for slot in honest:
-        assert slot.process.wait(timeout=480) == 0, _logs(run)
+        assert slot.process.wait(timeout=480) == 0, run_logs(run)
     history = run.client().history(run.run_id)
     assert [c.commit.round for c in history.commits] == [0, 1, 2, 3]
     # Only the two honest replicas are in any round; both computed the chain's roots.
-    assert all(c.commit.num_contributors == 2 for c in history.commits), _logs(run)
+    assert all(c.commit.num_contributors == 2 for c in history.commits), run_logs(run)
     for slot in honest:
         roots = _roots(slot)
         assert [roots[str(c.commit.round)] for c in history.commits] == [
@@ -72,16 +46,16 @@ def test_malformed_payloads_are_excluded_and_honest_nodes_keep_committing(make_r
 
 @pytest.mark.timeout(600)
 def test_an_empty_close_is_ignored_and_the_next_coordinator_closes(make_run):
-    run = make_run(replicas=2, stages=2, split=False, settings=TINY + ["rounds=4"])
+    run = make_run(replicas=2, stages=2, split=False, settings=SETTINGS + ["rounds=4"])
     attacker = run.nodes[1]
     attacker.command = [*ADVERSARY, "empty-close"]
     run.start()
     honest = run.nodes[0]
-    assert honest.process.wait(timeout=480) == 0, _logs(run)
+    assert honest.process.wait(timeout=480) == 0, run_logs(run)
     history = run.client().history(run.run_id)
     assert [c.commit.round for c in history.commits] == [0, 1, 2, 3]
     roots = _roots(honest)
     assert [roots[str(c.commit.round)] for c in history.commits] == [
         c.commit.weights_root.hex() for c in history.commits]
     # The attacker's contributions are valid: it is in every round; only its closes were refused.
-    assert all(c.commit.num_contributors == 2 for c in history.commits), _logs(run)
+    assert all(c.commit.num_contributors == 2 for c in history.commits), run_logs(run)

@@ -7,31 +7,16 @@ them train a tiny model for a few outer rounds, and checks the chain record.
 from __future__ import annotations
 
 import hashlib
-import json
 import signal
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from node_fixtures import TINY, node_state, run_logs
 
 from node.commands.launcher import LocalRun
 from node.live.roundbook import PEER_TTL_S
-
-TINY = ["model.preset=tiny", "diloco.inner_steps=4", "training.batch_size=4", "round_timeout=60",
-        "checkpoint_every=1"]
-
-
-def _logs(run: LocalRun) -> str:
-    out = []
-    for slot in run.nodes:
-        for path in sorted(slot.data_dir.glob("node-*.log")):
-            out.append(f"==== {path}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-40:]))
-    return "\n".join(out)
-
-
-def _state(slot) -> dict:
-    return json.loads((slot.data_dir / "state.json").read_text())
 
 
 def _wait_for_round(run: LocalRun, round_index: int, timeout: float) -> None:
@@ -41,37 +26,22 @@ def _wait_for_round(run: LocalRun, round_index: int, timeout: float) -> None:
         last = client.last_round(run.run_id)
         if last is not None and last >= round_index:
             return
-        assert run.running(), "every node exited early:\n" + _logs(run)
+        assert run.running(), "every node exited early:\n" + run_logs(run)
         time.sleep(1.0)
-    raise AssertionError(f"round {round_index} not committed within {timeout}s\n" + _logs(run))
-
-
-@pytest.fixture
-def make_run(tmp_path):
-    runs = []
-
-    def make(**kw) -> LocalRun:
-        run = LocalRun(tmp_path / f"run{len(runs)}", **kw)
-        runs.append(run)
-        run.setup()
-        return run
-
-    yield make
-    for run in runs:
-        run.stop()
+    raise AssertionError(f"round {round_index} not committed within {timeout}s\n" + run_logs(run))
 
 
 @pytest.mark.timeout(420)
 def test_two_replicas_by_two_stages_commit_every_round_once(make_run):
     run = make_run(replicas=2, stages=2, split=True, settings=TINY + ["rounds=3", "join_timeout=60"])
     run.start()
-    assert run.wait(360), _logs(run)
+    assert run.wait(360), run_logs(run)
     history = run.client().history(run.run_id)
     assert [c.commit.round for c in history.commits] == [0, 1, 2]
     assert all(c.commit.num_contributors == 4 for c in history.commits)
     # Every node computed the weights root the chain records, every round.
     for slot in run.nodes:
-        roots = _state(slot)["weights_roots"]
+        roots = node_state(slot)["weights_roots"]
         for c in history.commits:
             assert roots[str(c.commit.round)] == c.commit.weights_root.hex(), slot.name
     # Losses went down and were recorded as scaled integers.
@@ -87,18 +57,19 @@ def test_two_replicas_by_two_stages_commit_every_round_once(make_run):
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("variant", [["diloco.delay_correction=eager"], ["diloco.one_step_delay=false"]],
-                         ids=["eager-delay", "no-delay"])
+@pytest.mark.parametrize("variant", [["diloco.delay_correction=eager"], ["diloco.one_step_delay=false"],
+                                     ["diloco.overlap_steps=2"]],
+                         ids=["eager-delay", "no-delay", "partial-overlap"])
 def test_node_runs_the_other_round_schedules(make_run, variant):
     """The node follows training.schedule.round_actions for every variant the benchmark measures."""
     run = make_run(replicas=2, stages=2, split=False, settings=TINY + ["rounds=3", "join_timeout=60", *variant])
     run.start()
-    assert run.wait(360), _logs(run)
+    assert run.wait(360), run_logs(run)
     history = run.client().history(run.run_id)
     assert [c.commit.round for c in history.commits] == [0, 1, 2]
     assert all(c.commit.num_contributors == 2 for c in history.commits)
     for slot in run.nodes:
-        roots = _state(slot)["weights_roots"]
+        roots = node_state(slot)["weights_roots"]
         assert [roots[str(c.commit.round)] for c in history.commits] == [
             c.commit.weights_root.hex() for c in history.commits], slot.name
     assert history.commits[-1].commit.eval_loss_micro < history.commits[0].commit.eval_loss_micro
@@ -116,13 +87,13 @@ def test_node_killed_mid_round_rejoins_from_checkpoint(make_run):
     run.kill(victim, signal.SIGKILL)
     time.sleep(2)
     run.start_node(victim)
-    assert run.wait(480), _logs(run)
+    assert run.wait(480), run_logs(run)
     history = run.client().history(run.run_id)
     rounds = [c.commit.round for c in history.commits]
     assert rounds == list(range(12)), rounds  # no duplicate, no missing round
     log = (victim.data_dir / "node-2.log").read_text()
     assert "from the chain-verified checkpoint of round" in log
-    assert _state(victim)["last_contributed"] == 11
+    assert node_state(victim)["last_contributed"] == 11
     # After the restart both replicas contribute again.
     assert history.commits[-1].commit.num_contributors == 2
     assert not history.disputes
@@ -133,9 +104,9 @@ def _wait_for(predicate, timeout: float, what: str, run: LocalRun) -> None:
     while time.monotonic() < deadline:
         if predicate():
             return
-        assert run.running(), "every node exited early:\n" + _logs(run)
+        assert run.running(), "every node exited early:\n" + run_logs(run)
         time.sleep(1.0)
-    raise AssertionError(f"{what}: not within {timeout}s\n" + _logs(run))
+    raise AssertionError(f"{what}: not within {timeout}s\n" + run_logs(run))
 
 
 @pytest.mark.timeout(600)
@@ -156,10 +127,10 @@ def test_a_stalled_member_still_contributes_to_every_round(make_run):
         time.sleep(PEER_TTL_S + 5)  # the stall itself is the test's subject, not a wait for an event
     finally:
         sleeper.process.send_signal(signal.SIGCONT)
-    assert run.wait(480), _logs(run)
+    assert run.wait(480), run_logs(run)
     history = run.client().history(run.run_id)
     assert [c.commit.round for c in history.commits] == list(range(6))
-    assert [c.commit.num_contributors for c in history.commits] == [2] * 6, _logs(run)
+    assert [c.commit.num_contributors for c in history.commits] == [2] * 6, run_logs(run)
     assert not history.disputes
 
 
@@ -196,7 +167,7 @@ def test_late_joiner_catches_up_and_contributes_despite_an_absurd_hello(make_run
     log = (joiner.data_dir / "node-1.log").read_text()
     assert "from the chain-verified checkpoint of round" in log
     assert "claim to train round 1000000000000" in log
-    roots = _state(joiner)["weights_roots"]
+    roots = node_state(joiner)["weights_roots"]
     assert roots, "the joiner recorded no round"
     for c in history.commits:
         if str(c.commit.round) in roots:

@@ -88,3 +88,15 @@ def test_config_validates_the_schedule_fields():
     for bad in (dict(lr_schedule="linear"), dict(warmup_steps=-1), dict(min_lr_ratio=1.5), dict(lr_decay_steps=-2)):
         with pytest.raises(ValueError):  # the config error class is a ValueError
             TrainingConfig(**bad)
+
+
+def test_partial_overlap_applies_the_previous_round_inside_the_next():
+    cfg = DilocoConfig(inner_steps=10, overlap_steps=3)
+    actions = round_actions(cfg, 2, last=True)
+    assert [(a.kind, a.outer_round, a.first_step, a.end_step) for a in actions] == [
+        (TRAIN, 2, 0, 3), (APPLY, 1, 0, 0), (TRAIN, 2, 3, 10), (ENCODE, 2, 0, 0), (APPLY, 2, 0, 0)
+    ]
+    assert [(a.kind, a.first_step, a.end_step) for a in round_actions(cfg, 0)] == [(TRAIN, 0, 10), (ENCODE, 0, 0)]
+    for bad in (dict(overlap_steps=10), dict(overlap_steps=-1), dict(overlap_steps=2, delay_correction="reset")):
+        with pytest.raises(ValueError):
+            DilocoConfig(inner_steps=10, **bad)

@@ -87,3 +87,11 @@ def test_centralized_reference_is_the_ddp_mode(corpus):
     reference = centralized_reference(corpus, MODEL, TRAINING, cfg, PIPELINE, 2)
     ddp = simulate("ddp", corpus, MODEL, TRAINING, cfg, CompressionConfig(), PIPELINE, 2)
     assert reference == ddp.final_eval_loss
+
+
+def test_partial_overlap_runs_and_differs_from_the_whole_round_delay(corpus):
+    whole = _run(corpus, "diloco_x", rounds=3)
+    partial = _run(corpus, "diloco_x", rounds=3, overlap_steps=1)
+    assert partial.tokens_per_replica == whole.tokens_per_replica
+    assert partial.final_weights_root != whole.final_weights_root
+    assert 0 < partial.final_eval_loss < 6.0

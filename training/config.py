@@ -118,6 +118,9 @@ class DilocoConfig:
     # the next pseudo-gradient); "eager" is "lookahead" with the others' previous-round
     # contributions standing in for their current ones (arXiv 2502.12996).
     delay_correction: str = "rebase"
+    # Inner steps of round t+1 that round t's exchange overlaps before it is applied
+    # (Streaming DiLoCo, arXiv 2501.18512); 0 = the whole round (DiLoCoX's one-step delay).
+    overlap_steps: int = 0
 
     def __post_init__(self) -> None:
         _require(self.inner_steps >= 1, f"diloco.inner_steps={self.inner_steps}: must be >= 1")
@@ -127,6 +130,15 @@ class DilocoConfig:
             f"diloco.outer_momentum={self.outer_momentum}: must be in [0, 1)",
         )
         _require(self.num_replicas >= 1, f"diloco.num_replicas={self.num_replicas}: must be >= 1")
+        _require(
+            0 <= self.overlap_steps < self.inner_steps,
+            f"diloco.overlap_steps={self.overlap_steps}: must be in [0, diloco.inner_steps={self.inner_steps}) "
+            "(0 = the whole round)",
+        )
+        _require(
+            not (self.overlap_steps and self.delay_correction == "reset"),
+            "diloco.overlap_steps > 0 needs a delay_correction that keeps local progress (not 'reset')",
+        )
         _require(
             self.delay_correction in DELAY_CORRECTIONS,
             f"diloco.delay_correction={self.delay_correction!r}: must be one of {', '.join(DELAY_CORRECTIONS)}",

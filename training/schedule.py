@@ -25,6 +25,11 @@ round ``t`` of a run whose last round is ``T-1``::
     delay, "lookahead"/"eager": train(t); apply(t-1); encode(t)       [+ apply(t) if t = T-1]
 
 ``apply(t-1)`` is skipped in round 0; the last round flushes its own apply.
+With ``diloco.overlap_steps = tau`` (``0 < tau < H``; Streaming DiLoCo's overlap,
+arXiv 2501.18512) the exchange of round t-1 overlaps only the first tau inner
+steps of round t, for every delay correction but "reset"::
+
+    train(t, steps 0..tau-1); apply(t-1); train(t, steps tau..H-1); encode(t)   [+ apply(t) if t = T-1]
 """
 
 from __future__ import annotations
@@ -41,22 +46,34 @@ APPLY = "apply"
 
 @dataclass(frozen=True)
 class RoundAction:
-    """One step of the round schedule: ``kind`` (train / encode / apply) of ``outer_round``."""
+    """One step of the round schedule: ``kind`` (train / encode / apply) of ``outer_round``.
+
+    A train action covers the inner steps ``first_step <= k < end_step`` of its round.
+    """
 
     kind: str
     outer_round: int
+    first_step: int = 0
+    end_step: int = 0
 
 
 def round_actions(diloco_cfg: DilocoConfig, outer_round: int, *, last: bool = False) -> list[RoundAction]:
     """The ordered actions of ``outer_round`` (module docstring); ``last`` flushes the final apply."""
     if outer_round < 0:
         raise ValueError(f"outer_round={outer_round}: must be >= 0")
-    train = RoundAction(TRAIN, outer_round)
+    steps = diloco_cfg.inner_steps
+    train = RoundAction(TRAIN, outer_round, 0, steps)
     encode = RoundAction(ENCODE, outer_round)
     if not diloco_cfg.one_step_delay:
         return [train, encode, RoundAction(APPLY, outer_round)]
     previous = [RoundAction(APPLY, outer_round - 1)] if outer_round > 0 else []
     flush = [RoundAction(APPLY, outer_round)] if last else []
+    overlap = diloco_cfg.overlap_steps
+    if previous and 0 < overlap < steps:
+        # Streaming DiLoCo's partial overlap: round t-1's exchange hides behind the first
+        # `overlap` inner steps of round t only, then it is applied and round t goes on.
+        return [RoundAction(TRAIN, outer_round, 0, overlap), *previous,
+                RoundAction(TRAIN, outer_round, overlap, steps), encode, *flush]
     if diloco_cfg.delay_correction in ("lookahead", "eager"):
         return [train, *previous, encode, *flush]
     return [train, encode, *previous, *flush]

@@ -264,11 +264,11 @@ def _simulate_diloco(
 
     steps = diloco_cfg.inner_steps
 
-    def train(replica: int, outer_round: int) -> list[float]:
+    def train(replica: int, outer_round: int, first_step: int, end_step: int) -> list[float]:
         trainer = trainers[replica]
         optimizers = trainer_optimizers(trainer)
         losses = []
-        for step, (x, y) in enumerate(batches(replica, outer_round)):
+        for step, (x, y) in enumerate(batches(replica, outer_round)[first_step:end_step], start=first_step):
             set_lr(optimizers, inner_lr(training_cfg, outer_round * steps + step, outer_rounds * steps))
             losses.append(trainer.train_step(x, y))
         return losses
@@ -288,8 +288,8 @@ def _simulate_diloco(
                 # H inner steps per replica (one after the other here, in parallel in reality).
                 for replica in range(replicas):
                     started = time.perf_counter()
-                    losses.extend(train(replica, outer_round))
-                    train_seconds[replica] = time.perf_counter() - started
+                    losses.extend(train(replica, outer_round, action.first_step, action.end_step))
+                    train_seconds[replica] += time.perf_counter() - started
             elif action.kind == ENCODE:
                 for replica in range(replicas):
                     for stage, engine in enumerate(engines[replica]):

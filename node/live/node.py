@@ -100,6 +100,7 @@ class Node:
                                            equivocation_exempt_kinds=(msg.HELLO,))
         self._threads: list[threading.Thread] = []
         self._train_info: dict[int, tuple[float, float, int]] = {}  # round -> (train loss, eval loss, tokens)
+        self._round_parts: dict[int, list] = {}  # round -> TrainStats of its parts trained so far
         self.first_round = -1  # first round this process contributes to (announced in hellos)
         self._last_report = 0.0
 
@@ -250,7 +251,7 @@ class Node:
             try:
                 for action in round_actions(diloco, outer_round, last=end is not None and outer_round == end - 1):
                     if action.kind == TRAIN:
-                        self._train_inner_steps(action.outer_round)
+                        self._train_inner_steps(action.outer_round, action.first_step, action.end_step)
                     elif action.kind == ENCODE:
                         self._publish_contributions(action.outer_round)
                         unfinished.append(action.outer_round)
@@ -269,8 +270,8 @@ class Node:
         if self.committer is not None:
             self.committer.drain(timeout=self.cfg.round_timeout)
 
-    def _train_inner_steps(self, outer_round: int) -> None:
-        self.progress.round, self.progress.step = outer_round, 0
+    def _train_inner_steps(self, outer_round: int, first_step: int, end_step: int) -> None:
+        self.progress.round, self.progress.step = outer_round, first_step
         self._set_state("training")
 
         def on_step(step: int, loss: float) -> None:
@@ -280,18 +281,24 @@ class Node:
                 raise RoundAbandoned()
 
         try:
-            stats = self.worker.train_round(outer_round, on_step)
+            stats = self.worker.train_round(outer_round, on_step, first_step, end_step)
         except PipelineError as exc:
             # A split cluster trains in lockstep; without its partner the replica cannot train.
             raise NodeError(
                 f"round {outer_round}: pipeline of cluster {self.cfg.cluster!r} broke ({exc}); restart every "
                 "node of the cluster: they rejoin from the chain's latest checkpoint"
             ) from exc
+        self._round_parts.setdefault(outer_round, []).append(stats)
+        if end_step < self.cfg.diloco.inner_steps:
+            return  # the rest of the round comes after the previous round is applied
+        parts = self._round_parts.pop(outer_round)
+        tokens = sum(p.tokens for p in parts)
+        mean_loss = sum(p.mean_loss * p.tokens for p in parts) / tokens
         eval_loss = self.worker.eval_loss()
         self.progress.eval_loss = eval_loss
-        self._train_info[outer_round] = (stats.mean_loss, eval_loss, stats.tokens)
+        self._train_info[outer_round] = (mean_loss, eval_loss, tokens)
         logger.info("round %d: %d inner steps in %.1fs, loss %.4f, held-out %.4f", outer_round,
-                    self.cfg.diloco.inner_steps, stats.seconds, stats.mean_loss, eval_loss)
+                    self.cfg.diloco.inner_steps, sum(p.seconds for p in parts), mean_loss, eval_loss)
 
     def _publish_contributions(self, outer_round: int) -> None:
         if outer_round <= self.state.get("last_contributed", -1):

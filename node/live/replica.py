@@ -28,6 +28,7 @@ from training.pipeline import (
     close_pipeline_group,
     init_pipeline_group,
 )
+from training.schedule import inner_lr, set_lr, trainer_optimizers
 from training.stages import split_stages, stage_param_names
 
 logger = logging.getLogger(__name__)
@@ -125,18 +126,29 @@ class ReplicaWorker:
         self.engines[stage].skip_to(next_round)
 
     # -- one outer round --------------------------------------------------------------
-    def train_round(self, outer_round: int, on_step: Callable[[int, float], None] | None = None) -> TrainStats:
-        """H inner steps on this replica's deterministic batches of ``outer_round``."""
+    def train_round(self, outer_round: int, on_step: Callable[[int, float], None] | None = None,
+                    first_step: int = 0, end_step: int | None = None) -> TrainStats:
+        """Inner steps ``first_step <= k < end_step`` (default: all H) on this replica's batches of ``outer_round``.
+
+        A round may be trained in two parts (the schedule's partial overlap applies the
+        previous round between them); the batches are the same deterministic ones either way.
+        """
         h = self.cfg.diloco.inner_steps
+        end_step = h if end_step is None else end_step
         batches = round_batches(self.corpus, self.cfg.training.seed, self.replica, outer_round, h,
-                                self.cfg.training.batch_size, self.cfg.model.block_size)
+                                self.cfg.training.batch_size, self.cfg.model.block_size)[first_step:end_step]
         started = time.perf_counter()
         losses = []
-        for step, (x, y) in enumerate(batches):
+        # The inner learning rate follows the run's schedule over its global inner step, as the
+        # simulation does (training.schedule.inner_lr; open-ended runs have no decay horizon).
+        total_steps = self.cfg.rounds * h if self.cfg.rounds > 0 else None
+        optimizers = trainer_optimizers(self.trainer)
+        for step, (x, y) in enumerate(batches, start=first_step):
+            set_lr(optimizers, inner_lr(self.cfg.training, outer_round * h + step, total_steps))
             losses.append(self.trainer.train_step(x, y))
             if on_step is not None:
                 on_step(step + 1, losses[-1])
-        tokens = h * self.cfg.training.batch_size * self.cfg.model.block_size
+        tokens = len(losses) * self.cfg.training.batch_size * self.cfg.model.block_size
         return TrainStats(sum(losses) / len(losses), tokens, time.perf_counter() - started)
 
     def eval_loss(self) -> float:

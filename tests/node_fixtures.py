@@ -1,0 +1,43 @@
+"""Fixtures and helpers for tests that run real node processes with the local launcher."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from node.commands.launcher import LocalRun
+
+#: A tiny, fast run: every test's base settings.
+TINY = ["model.preset=tiny", "diloco.inner_steps=4", "training.batch_size=4", "round_timeout=60",
+        "checkpoint_every=1"]
+
+
+def run_logs(run: LocalRun, lines: int = 40) -> str:
+    """The last lines of every node's logs (for assertion messages)."""
+    out = []
+    for slot in run.nodes:
+        for path in sorted(slot.data_dir.glob("node-*.log")):
+            out.append(f"==== {path}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
+    return "\n".join(out)
+
+
+def node_state(slot) -> dict:
+    """A node's state.json."""
+    return json.loads((slot.data_dir / "state.json").read_text())
+
+
+@pytest.fixture
+def make_run(tmp_path):
+    """Make (and set up) LocalRuns in the test's directory; every one is stopped at teardown."""
+    runs = []
+
+    def make(**kw) -> LocalRun:
+        run = LocalRun(tmp_path / f"run{len(runs)}", **kw)
+        runs.append(run)
+        run.setup()
+        return run
+
+    yield make
+    for run in runs:
+        run.stop()

@@ -1,0 +1,103 @@
+"""Unit tests of the live node's rooms: membership claims and the checks a close must pass.
+
+Real RoundBook, Membership and RoundCoordinator; the contribution pool is the
+boundary here (a small stand-in that says which envelopes are held or refused).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from node.live import protocol as msg
+from node.live.coordination import PENDING, RoundCoordinator
+from node.live.membership import Membership
+from node.live.roundbook import RoundBook
+
+PEERS = ["peer-a", "peer-b", "peer-c"]
+
+
+def digest(name: str) -> bytes:
+    return hashlib.sha256(name.encode()).digest()
+
+
+def hello(cluster: str, training_round: int = 0, first_round: int = 0) -> msg.Hello:
+    return msg.Hello(cluster, 1, b"\x01" * 20, [], training_round, first_round)
+
+
+class Pool:
+    """Stand-in for ContributionPool: held (replica, peer, digest) triples and refused digests."""
+
+    def __init__(self) -> None:
+        self.held: set[tuple[int, str, bytes]] = set()
+        self.refused: dict[bytes, tuple[str, str]] = {}
+        self.fetched: list[bytes] = []
+
+    def holds(self, _round, _stage, replica, peer_id, envelope_hash) -> bool:
+        return (replica, peer_id, envelope_hash) in self.held
+
+    def rejected(self, _round, _stage) -> dict[bytes, tuple[str, str]]:
+        return dict(self.refused)
+
+    def fetch(self, _round, _stage, announced) -> None:
+        self.fetched.append(announced.envelope_hash)
+
+    def have(self, _round, _stage) -> dict:
+        return {}
+
+
+def rooms(quorum: int = 1):
+    book = RoundBook()
+    membership = Membership("peer-a", "c0", 1, 2, book, is_bound=lambda _account, _key: True)
+    for index, peer in enumerate(PEERS[1:], start=1):
+        book.add_hello(peer, b"k" * 32, hello(f"c{index}"))
+    membership.refresh()
+    pool = Pool()
+    coordinator = RoundCoordinator("peer-a", quorum, 60.0, book, membership, pool, contributed=lambda _r: True,
+                                   gossip=lambda *a: b"", resync=lambda: None, previous_life_finished=-1)
+    return book, membership, pool, coordinator
+
+
+def entry(replica: int, peer: str) -> list:
+    return [replica, peer, digest(peer), 100]
+
+
+def test_a_valid_close_passes_and_bad_ones_are_refused_with_a_reason():
+    _book, _membership, pool, coordinator = rooms(quorum=2)
+    for replica, peer in enumerate(PEERS):
+        pool.held.add((replica, peer, digest(peer)))
+    good = msg.Close([entry(0, "peer-a"), entry(1, "peer-b")])
+    assert coordinator.judge(0, 0, "c-good", good) is None
+    assert "quorum" in coordinator.judge(0, 0, "c-empty", msg.Close([]))
+    assert "quorum" in coordinator.judge(0, 0, "c-short", msg.Close([entry(0, "peer-a")]))
+    assert "canonical" in coordinator.judge(0, 0, "c-order", msg.Close([entry(1, "peer-b"), entry(0, "peer-a")]))
+    duplicate = msg.Close([entry(0, "peer-a"), [0, "peer-a", digest("other"), 100], entry(1, "peer-b")])
+    assert "duplicate" in coordinator.judge(0, 0, "c-dup", duplicate)
+    pool.refused[digest("peer-c")] = ("peer-c", "payload does not decode")
+    refused = msg.Close([entry(0, "peer-a"), entry(2, "peer-c")])
+    assert "does not decode" in coordinator.judge(0, 0, "c-bad", refused)
+    # A verdict is kept: the same coordinator's close is not re-judged into validity later.
+    pool.refused.clear()
+    assert "does not decode" in coordinator.judge(0, 0, "c-bad", refused)
+    assert set(coordinator.invalid_closes(0, 0)) == {"c-empty", "c-short", "c-order", "c-dup", "c-bad"}
+
+
+def test_a_close_naming_contributions_not_here_is_pending_and_fetches_them():
+    _book, _membership, pool, coordinator = rooms()
+    close = msg.Close([entry(0, "peer-a"), entry(1, "peer-b")])
+    assert coordinator.judge(3, 1, "c", close) == PENDING
+    assert set(pool.fetched) == {digest("peer-a"), digest("peer-b")}
+    pool.held.update({(0, "peer-a", digest("peer-a")), (1, "peer-b", digest("peer-b"))})
+    assert coordinator.judge(3, 1, "c", close) is None
+    # Held, but signed by another replica than the close claims: never counts as here.
+    wrong = msg.Close([[2, "peer-b", digest("peer-b"), 100]])
+    assert coordinator.judge(3, 1, "c2", wrong) == PENDING
+
+
+def test_an_absurd_training_round_claim_is_ignored_for_the_entry_round():
+    book, membership, _pool, _coordinator = rooms()
+    book.add_hello("peer-b", b"k" * 32, hello("c1", training_round=12))
+    book.add_hello("peer-c", b"k" * 32, hello("c2", training_round=10**12))
+    assert membership.live_training_round(last_committed=10, window=8) == 12
+    # An unplaced peer's claim does not count either.
+    unbound = Membership("peer-a", "c0", 1, 2, book, is_bound=lambda _account, _key: False)
+    assert unbound.live_training_round(last_committed=10, window=8) == -1
