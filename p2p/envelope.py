@@ -318,6 +318,11 @@ class EnvelopeValidator:
             if envelope.kind not in self.equivocation_exempt_kinds:
                 slot = envelope.slot()
                 previous = self._slots.get(slot)
+                if previous is not None and previous[0] != envelope_hash and (
+                        previous[1].payload_sha256 == envelope.payload_sha256):
+                    # The same message signed again (a restarted sender re-sends what it said
+                    # before): nothing new, and no contradiction either.
+                    raise EnvelopeRejected("replayed", "same payload re-signed")
                 if previous is not None and previous[0] != envelope_hash:
                     evidence = Equivocation(
                         envelope.sender_peer_id,

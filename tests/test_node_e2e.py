@@ -77,6 +77,34 @@ def test_node_runs_the_other_round_schedules(make_run, variant):
 
 
 @pytest.mark.timeout(600)
+def test_a_whole_run_stopped_and_restarted_resumes(make_run):
+    """Every node stops (SIGTERM) with rounds finished but not committed; restarted, the run goes on.
+
+    Nobody holds the gossiped closes of those rounds any more: each node re-applies the
+    set it sealed in its archive, re-attests, and the rounds commit once, in order.
+    """
+    run = make_run(replicas=2, stages=2, split=False, settings=TINY + ["rounds=0", "join_timeout=60"])
+    run.start()
+    _wait_for_round(run, 2, 300)
+    run.stop_nodes()
+    stopped_at = run.client().last_round(run.run_id)
+    finished = [node_state(slot)["last_finished"] for slot in run.nodes]
+    run.start()
+    _wait_for_round(run, max(stopped_at, *finished) + 3, 300)
+    run.stop_nodes()
+    history = run.client().history(run.run_id)
+    rounds = [c.commit.round for c in history.commits]
+    assert rounds == list(range(len(rounds))), rounds
+    assert all(c.commit.num_contributors == 2 for c in history.commits), run_logs(run)
+    for slot in run.nodes:
+        roots = node_state(slot)["weights_roots"]
+        for c in history.commits:
+            if str(c.commit.round) in roots:
+                assert roots[str(c.commit.round)] == c.commit.weights_root.hex(), slot.name
+    assert not history.disputes
+
+
+@pytest.mark.timeout(600)
 def test_node_killed_mid_round_rejoins_from_checkpoint(make_run):
     # Rounds of a few seconds (H=40) so the run is still going when the victim is back (~15 s).
     run = make_run(replicas=2, stages=2, split=False,

@@ -77,6 +77,11 @@ class RoundCoordinator:
         self._lock = threading.Lock()
 
     # -- what was decided ---------------------------------------------------------------
+    def adopt(self, outer_round: int, stage: int, close: msg.Close) -> None:
+        """Take ``close`` as the decision of (round, stage) without waiting (a round sealed in an earlier life)."""
+        with self._lock:
+            self._accepted[(outer_round, stage)] = close
+
     def accepted(self, outer_round: int, stage: int) -> msg.Close | None:
         """The close this node aggregated for (round, stage), if it did."""
         with self._lock:
@@ -216,8 +221,8 @@ class RoundCoordinator:
             if peer in alive and peer not in bad_senders and first_round is not None and first_round <= outer_round:
                 expected.add(peer)
         replicas = {a.replica for a in ready.values()}
-        if not (expected <= set(ready) or (final and len(replicas) >= self.quorum)):
-            return None
+        if not ready or not (expected <= set(ready) or (final and len(replicas) >= self.quorum)):
+            return None  # never an empty close: a round without contributions waits for them
         entries = sorted([[a.replica, a.peer_id, a.envelope_hash, a.size] for a in ready.values()],
                          key=lambda e: (e[0], e[1], e[2]))
         close = msg.Close(entries)

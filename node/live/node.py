@@ -101,6 +101,7 @@ class Node:
         self._threads: list[threading.Thread] = []
         self._train_info: dict[int, tuple[float, float, int]] = {}  # round -> (train loss, eval loss, tokens)
         self._round_parts: dict[int, list] = {}  # round -> TrainStats of its parts trained so far
+        self._reannounced: set[int] = set()  # rounds whose archived contribution this life announced again
         self.first_round = -1  # first round this process contributes to (announced in hellos)
         self._last_report = 0.0
 
@@ -154,7 +155,8 @@ class Node:
         # close or attestation for them (peers would hold both as equivocation evidence).
         self.coordinator = RoundCoordinator(
             self.peer_id, cfg.quorum, cfg.round_timeout, self.book, self.membership, self.contributions,
-            contributed=lambda r: r in self._train_info, gossip=self._gossip, resync=self._resync,
+            contributed=lambda r: r in self._train_info or r in self._reannounced, gossip=self._gossip,
+            resync=self._resync,
             previous_life_finished=self.state.get("last_finished", -1), transfer_timeout=cfg.p2p.transfer_timeout)
         inbox = GossipInbox(self.run_id, self.validator, self.book, self.membership, self.contributions,
                             held_stages=lambda: self.worker.stages if self.worker is not None else ())
@@ -181,7 +183,8 @@ class Node:
         start_round, unfinished = self._entry_point()
         start_round = self.worker.agree_on_round(start_round)
         unfinished = [r for r in unfinished if r < start_round]
-        self.first_round = start_round
+        self._reannounced = self._reannounce(unfinished)
+        self.first_round = min([start_round, *self._reannounced])
         self.validator.advance(min([start_round, *unfinished]))
         logger.info("entering at round %d (catching up %s)", start_round, unfinished or "nothing")
         return start_round, unfinished
@@ -207,6 +210,35 @@ class Node:
                         list(self.worker.stages), base)
         start = max(live_round + 1, base + 1, self.state.get("last_contributed", -1) + 1)
         return start, list(range(base + 1, start))
+
+    def _reannounce(self, rounds: list[int]) -> set[int]:
+        """Announce again this node's own contributions of unfinished rounds, from the archive.
+
+        After a restart of the whole run nobody holds the earlier announces, and the node
+        never signs a second, different contribution for a round: it serves and announces
+        the very envelopes it signed before (peers that kept the first announce drop the
+        re-signed one as a replay), so the round can still close with every replica.
+        """
+        done = set()
+        for outer_round in rounds:
+            if outer_round <= self.coordinator.previous_life_finished:
+                continue
+            for envelope in self.archive.envelopes(outer_round):
+                env = decode_envelope(envelope, self.cfg.p2p.max_blob_bytes)
+                if env.kind != msg.CONTRIBUTION or env.sender_peer_id != self.peer_id:
+                    continue
+                if env.stage not in self.worker.stages or env.replica != self.placement.replica:
+                    continue
+                digest = hashlib.sha256(envelope).digest()
+                self.host.provide_blob(envelope)
+                self.contributions.add(outer_round, env.stage, digest, envelope)
+                self.book.add_announce(outer_round, env.stage,
+                                       Announced(self.peer_id, env.replica, digest, len(envelope)))
+                self._gossip(outer_round, msg.ANNOUNCE, msg.Announce(digest, len(envelope)), env.stage)
+                done.add(outer_round)
+        if done:
+            logger.info("announced again this node's archived contributions of rounds %s", sorted(done))
+        return done
 
     def _round_window(self) -> int:
         """How many rounds past the last committed one a peer can honestly be (delay, commit lag, catch-up)."""
@@ -324,8 +356,11 @@ class Node:
         contributed = outer_round in self._train_info
         sealed: list[ArchivedContribution] = []
         hashes: dict[int, bytes] = {}
+        sealed_before = self._sealed_in_earlier_life(outer_round)
         for stage in self.worker.stages:
-            close = self.coordinator.await_close(outer_round, stage)
+            if sealed_before is not None:
+                self.coordinator.adopt(outer_round, stage, sealed_before[stage])
+            close = self.coordinator.accepted(outer_round, stage) or self.coordinator.await_close(outer_round, stage)
             envelopes = self.contributions.collect(outer_round, stage, close)
             payloads = [decode_envelope(e, self.cfg.p2p.max_blob_bytes).payload for e in envelopes]
             hashes[stage] = self.worker.apply(stage, outer_round, payloads)
@@ -337,7 +372,6 @@ class Node:
             for digest in pruned:
                 self.host.remove_blob(digest.hex())
         checkpoint_round = (outer_round + 1) % self.cfg.checkpoint_every == 0
-        previous_life_finished = self.coordinator.previous_life_finished
         for stage in self.worker.stages:
             shard_hash = self._write_shard(outer_round, stage, hashes[stage]) if checkpoint_round else b""
             train_loss, eval_loss, tokens = self._train_info.get(outer_round, (math.nan, math.nan, 0))
@@ -347,8 +381,9 @@ class Node:
                                   train_loss if last and contributed else math.nan,
                                   eval_loss if last and contributed else math.nan, tokens, shard_hash, b"")
             self.book.add_attestation(outer_round, stage, self.peer_id, att)
-            if outer_round > previous_life_finished:
-                self._gossip(outer_round, msg.ATTESTATION, att, stage)
+            # Also for a round finished in an earlier life: the same attestation again (peers
+            # that kept the first one drop it as a re-signed replay), so the round can commit.
+            self._gossip(outer_round, msg.ATTESTATION, att, stage)
         self._forget_before(min(outer_round - ROUNDS_KEPT, self.committer.handled_through))
         self.progress.last_finished = outer_round
         self.state.update(last_finished=outer_round)
@@ -363,6 +398,37 @@ class Node:
         self.validator.advance(outer_round)
         for old in [r for r in self._train_info if r < outer_round]:
             del self._train_info[old]
+
+    def _sealed_in_earlier_life(self, outer_round: int) -> dict[int, msg.Close] | None:
+        """The closes of a round this node finished before a restart, rebuilt from its archive.
+
+        The node never signs a second close for such a round, and after a restart of the
+        whole run nobody still holds the gossiped ones; the archive kept exactly the signed
+        envelopes it aggregated, so it re-applies the same set (and the contributions are
+        served again from the archive). None if the round is not sealed here.
+        """
+        if outer_round > self.coordinator.previous_life_finished:
+            return None
+        sealed = self.archive.sealed(outer_round)
+        if not sealed:
+            return None
+        closes: dict[int, list] = {stage: [] for stage in self.worker.stages}
+        try:
+            for item in sealed:
+                if item.stage not in closes:
+                    continue
+                envelope = self.archive.get(outer_round, item.envelope_hash)
+                self.contributions.add(outer_round, item.stage, item.envelope_hash, envelope)
+                self.host.provide_blob(envelope)
+                closes[item.stage].append([item.replica, item.peer_id, item.envelope_hash, len(envelope)])
+        except StateError as exc:
+            logger.warning("round %d: archive incomplete (%s); waiting for the peers' close", outer_round, exc)
+            return None
+        if not all(closes.values()):
+            return None
+        logger.info("round %d: re-applying the contributions sealed in the archive before the restart", outer_round)
+        return {stage: msg.Close(sorted(entries, key=lambda e: (e[0], e[1], e[2])))
+                for stage, entries in closes.items()}
 
     def _write_shard(self, outer_round: int, stage: int, weights_hash: bytes) -> bytes:
         weights, momentum = self.worker.global_state(stage)

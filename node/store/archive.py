@@ -65,6 +65,10 @@ class Archive:
             atomic_write_bytes(path, envelope)
         return digest
 
+    def envelopes(self, round_index: int) -> list[bytes]:
+        """Every envelope stored for a round (sealed or not), in file-name order."""
+        return [path.read_bytes() for path in sorted(self._round_dir(round_index).glob("*.env"))]
+
     def get(self, round_index: int, envelope_hash: bytes) -> bytes:
         path = self._round_dir(round_index) / f"{envelope_hash.hex()}.env"
         try:
