@@ -142,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=1800.0, help="give up after this many seconds")
     p.add_argument("--keep", action="store_true",
                    help="after training, keep the chain running (for audit/pull) until Ctrl-C")
+    p.add_argument("--no-reference", dest="reference", action="store_false",
+                   help="skip training the centralized (DDP) reference the summary compares against")
 
     p = sub.add_parser("status", help="what a running node is doing")
     p.add_argument("--data-dir", default=".", help="the node's data directory")

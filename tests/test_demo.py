@@ -25,6 +25,10 @@ def test_demo_runs_and_summarizes_from_the_chain(tmp_path):
     assert summary["checkpoints"] and summary["latest_checkpoint_file"]
     assert summary["disputes"] == 0
     assert 0 < summary["pseudo_gradient_bytes"] < summary["allreduce_bytes_equivalent"]
+    # The centralized reference on the same tokens is trained and printed beside the run's loss.
+    reference = summary["centralized_reference_eval_loss"]
+    assert 0 < reference < summary["rounds"][0]["eval_loss"] + 1.0
+    assert "centralized data-parallel AdamW on the same tokens" in proc.stdout
     # The demo refuses to reuse a non-empty directory (it always starts a fresh chain).
     again = subprocess.run([sys.executable, "-m", "node.cli", "demo", "--out", str(out)],
                            capture_output=True, text=True, timeout=120, check=False)

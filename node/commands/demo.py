@@ -155,9 +155,31 @@ def _train_and_report(run: LocalRun, args: argparse.Namespace, out: Path, tick) 
     run.start()
     ok = run.wait(args.timeout, on_tick=tick)
     summary = summarize(run)
+    if getattr(args, "reference", True) and summary["rounds"]:
+        print("training the centralized reference on the same tokens (skip with --no-reference) ...", flush=True)
+        summary["centralized_reference_eval_loss"] = centralized_reference_loss(run, len(summary["rounds"]))
     print(format_summary(summary), flush=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return ok
+
+
+def centralized_reference_loss(run: LocalRun, rounds: int) -> float:
+    """Held-out loss of data-parallel AdamW on the same tokens, schedule and eval batches as the run.
+
+    :func:`training.simulate.centralized_reference` (the benchmark's DDP mode) on the
+    run's own settings: what the demo's DiLoCoX loss should be read against.
+    """
+    from dataclasses import replace
+
+    from training.data import corpus_from_config
+    from training.simulate import centralized_reference
+
+    cfg = load_config(run.nodes[0].config_path)
+    training_cfg = cfg.training
+    if training_cfg.data_path:
+        training_cfg = replace(training_cfg, data_path=str(cfg.path(training_cfg.data_path)))
+    corpus = corpus_from_config(training_cfg, cfg.model)
+    return centralized_reference(corpus, cfg.model, cfg.training, cfg.diloco, cfg.pipeline, rounds)
 
 
 def summarize(run: LocalRun) -> dict:
@@ -212,6 +234,11 @@ def format_summary(s: dict) -> str:
                      f"{r['weights_root'][:16]}")
     allreduce = s["allreduce_bytes_equivalent"]
     exchange = s["pseudo_gradient_bytes"]
+    reference = s.get("centralized_reference_eval_loss")
+    if reference is not None and s["rounds"]:
+        final = s["rounds"][-1]["eval_loss"]
+        lines.append(f"held-out loss {final:.4f}; centralized data-parallel AdamW on the same tokens: {reference:.4f} "
+                     f"({100 * (final / reference - 1):+.1f}%)")
     lines.append(f"pseudo-gradients exchanged: {exchange / 1e6:.2f} MB; data-parallel AllReduce of fp32 gradients "
                  f"every step would have sent {allreduce / 1e6:.2f} MB "
                  f"({allreduce / exchange if exchange else float('nan'):.0f}x more, H={s['inner_steps']})")
