@@ -35,7 +35,8 @@ def main() -> int:
     rows = []
     ddp_by_budget: dict[tuple, float] = {}
     runs = {path.stem.removeprefix("diloco_"): json.loads(path.read_text())
-            for path in sorted(RESULTS.glob("diloco_*.json")) if path.name != args.out}
+            for path in sorted(RESULTS.glob("diloco_*.json")) if path.name != Path(args.out).name}
+    runs = {tag: run for tag, run in runs.items() if "summary" in run and "args" in run}
     for tag, run in runs.items():
         ddp = run["summary"].get("ddp")
         if ddp:

@@ -22,7 +22,7 @@ def test_outer_step_by_hand():
     # m = 0.9*0 + 0.5 = 0.5; u = 0.5 + 0.9*0.5 = 0.95; theta = 1 - 0.7*0.95 = 0.335
     assert momentum["w"].item() == pytest.approx(0.5)
     assert new["w"].item() == pytest.approx(0.335, abs=1e-7)
-    plain, _ = outer_step(theta, {"w": torch.tensor([1.0])}, delta, DilocoConfig(nesterov=False))
+    plain, _ = outer_step(theta, {"w": torch.tensor([1.0])}, delta, DilocoConfig(outer_lr=0.7, outer_momentum=0.9, nesterov=False))
     # m = 0.9*1 + 0.5 = 1.4; theta = 1 - 0.7*1.4 = 0.02
     assert plain["w"].item() == pytest.approx(0.02, abs=1e-7)
 

@@ -63,7 +63,7 @@ def test_inner_lr_warmup_then_cosine_to_the_floor():
 def test_inner_lr_constant_unknown_horizon_and_override():
     assert inner_lr(TrainingConfig(inner_lr=2e-3, lr_schedule="constant"), 700, 1000) == 2e-3
     assert inner_lr(TrainingConfig(inner_lr=2e-3), 700, None) == 2e-3  # no horizon: constant after warmup
-    cfg = TrainingConfig(inner_lr=2e-3, lr_decay_steps=100, min_lr_ratio=0.0)
+    cfg = TrainingConfig(inner_lr=2e-3, warmup_steps=0, lr_decay_steps=100, min_lr_ratio=0.0)
     assert inner_lr(cfg, 100, 10_000) == pytest.approx(0.0)
 
 

@@ -73,7 +73,7 @@ def test_ddp_and_diloco_follow_the_inner_lr_schedule(corpus):
     # The cosine schedule over the run changes the result; a constant rate reproduces the old one.
     cfg = DilocoConfig(inner_steps=3, num_replicas=2)
     runs = {
-        schedule: simulate(mode, corpus, MODEL, TrainingConfig(batch_size=4, eval_batches=2, lr_schedule=schedule),
+        schedule: simulate(mode, corpus, MODEL, TrainingConfig(batch_size=4, eval_batches=2, lr_schedule=schedule, warmup_steps=0),
                            cfg, CompressionConfig(), PIPELINE, 2)
         for schedule in ("cosine", "constant") for mode in ("ddp",)
     }
