@@ -19,7 +19,7 @@ from node.errors import ConfigError, NodeError, PortBusy
 logger = logging.getLogger(__name__)
 
 
-def _check_port_free(host: str, port: int, what: str) -> None:
+def _refuse_busy_port(host: str, port: int, what: str) -> None:
     if port == 0:
         return
     with socket.socket() as s:
@@ -80,8 +80,8 @@ def _progress_line(p) -> str:
 
 def cmd_start(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
-    _check_port_free(cfg.p2p.listen_host, cfg.p2p.listen_port, "p2p.listen_port")
-    _check_port_free("127.0.0.1", cfg.metrics_port, "metrics_port")
+    _refuse_busy_port(cfg.p2p.listen_host, cfg.p2p.listen_port, "p2p.listen_port")
+    _refuse_busy_port("127.0.0.1", cfg.metrics_port, "metrics_port")
     from node.live.node import Node
 
     metrics = _start_metrics(cfg.metrics_port) if cfg.metrics_port else None

@@ -42,6 +42,7 @@ from node.live.membership import Membership
 from node.live.onchain import NodeChain
 from node.live.protocol import run_topic
 from node.live.replica import ReplicaWorker
+from node.live.resume import RestartRecovery
 from node.live.roundbook import Announced, RoundBook
 from node.live.status import Progress, StateFile, write_status
 from node.live.topology import Placement
@@ -183,7 +184,10 @@ class Node:
         start_round, unfinished = self._entry_point()
         start_round = self.worker.agree_on_round(start_round)
         unfinished = [r for r in unfinished if r < start_round]
-        self._reannounced = self._reannounce(unfinished)
+        self.recovery = RestartRecovery(self.archive, self.contributions, self.host, self.book, self.peer_id,
+                                        self.placement.replica, self.worker.stages, cfg.p2p.max_blob_bytes,
+                                        self._gossip, self.coordinator.previous_life_finished)
+        self._reannounced = self.recovery.reannounce(unfinished)
         self.first_round = min([start_round, *self._reannounced])
         self.validator.advance(min([start_round, *unfinished]))
         logger.info("entering at round %d (catching up %s)", start_round, unfinished or "nothing")
@@ -210,35 +214,6 @@ class Node:
                         list(self.worker.stages), base)
         start = max(live_round + 1, base + 1, self.state.get("last_contributed", -1) + 1)
         return start, list(range(base + 1, start))
-
-    def _reannounce(self, rounds: list[int]) -> set[int]:
-        """Announce again this node's own contributions of unfinished rounds, from the archive.
-
-        After a restart of the whole run nobody holds the earlier announces, and the node
-        never signs a second, different contribution for a round: it serves and announces
-        the very envelopes it signed before (peers that kept the first announce drop the
-        re-signed one as a replay), so the round can still close with every replica.
-        """
-        done = set()
-        for outer_round in rounds:
-            if outer_round <= self.coordinator.previous_life_finished:
-                continue
-            for envelope in self.archive.envelopes(outer_round):
-                env = decode_envelope(envelope, self.cfg.p2p.max_blob_bytes)
-                if env.kind != msg.CONTRIBUTION or env.sender_peer_id != self.peer_id:
-                    continue
-                if env.stage not in self.worker.stages or env.replica != self.placement.replica:
-                    continue
-                digest = hashlib.sha256(envelope).digest()
-                self.host.provide_blob(envelope)
-                self.contributions.add(outer_round, env.stage, digest, envelope)
-                self.book.add_announce(outer_round, env.stage,
-                                       Announced(self.peer_id, env.replica, digest, len(envelope)))
-                self._gossip(outer_round, msg.ANNOUNCE, msg.Announce(digest, len(envelope)), env.stage)
-                done.add(outer_round)
-        if done:
-            logger.info("announced again this node's archived contributions of rounds %s", sorted(done))
-        return done
 
     def _round_window(self) -> int:
         """How many rounds past the last committed one a peer can honestly be (delay, commit lag, catch-up)."""
@@ -356,7 +331,7 @@ class Node:
         contributed = outer_round in self._train_info
         sealed: list[ArchivedContribution] = []
         hashes: dict[int, bytes] = {}
-        sealed_before = self._sealed_in_earlier_life(outer_round)
+        sealed_before = self.recovery.sealed_closes(outer_round)
         for stage in self.worker.stages:
             if sealed_before is not None:
                 self.coordinator.adopt(outer_round, stage, sealed_before[stage])
@@ -398,37 +373,6 @@ class Node:
         self.validator.advance(outer_round)
         for old in [r for r in self._train_info if r < outer_round]:
             del self._train_info[old]
-
-    def _sealed_in_earlier_life(self, outer_round: int) -> dict[int, msg.Close] | None:
-        """The closes of a round this node finished before a restart, rebuilt from its archive.
-
-        The node never signs a second close for such a round, and after a restart of the
-        whole run nobody still holds the gossiped ones; the archive kept exactly the signed
-        envelopes it aggregated, so it re-applies the same set (and the contributions are
-        served again from the archive). None if the round is not sealed here.
-        """
-        if outer_round > self.coordinator.previous_life_finished:
-            return None
-        sealed = self.archive.sealed(outer_round)
-        if not sealed:
-            return None
-        closes: dict[int, list] = {stage: [] for stage in self.worker.stages}
-        try:
-            for item in sealed:
-                if item.stage not in closes:
-                    continue
-                envelope = self.archive.get(outer_round, item.envelope_hash)
-                self.contributions.add(outer_round, item.stage, item.envelope_hash, envelope)
-                self.host.provide_blob(envelope)
-                closes[item.stage].append([item.replica, item.peer_id, item.envelope_hash, len(envelope)])
-        except StateError as exc:
-            logger.warning("round %d: archive incomplete (%s); waiting for the peers' close", outer_round, exc)
-            return None
-        if not all(closes.values()):
-            return None
-        logger.info("round %d: re-applying the contributions sealed in the archive before the restart", outer_round)
-        return {stage: msg.Close(sorted(entries, key=lambda e: (e[0], e[1], e[2])))
-                for stage, entries in closes.items()}
 
     def _write_shard(self, outer_round: int, stage: int, weights_hash: bytes) -> bytes:
         weights, momentum = self.worker.global_state(stage)

@@ -1,0 +1,93 @@
+"""Picking a run up after a restart: what a node said and sealed before is said and applied again.
+
+After a restart of the whole run nobody holds the earlier gossip, and a node
+never signs a second, different message for a round it handled before. Its
+archive kept exactly what it signed and what it aggregated, so:
+
+- rounds it had sealed are re-applied from the archive (the same signed set);
+- its own contributions of rounds not finished yet are served and announced
+  again (peers that kept the first announce drop the re-signed one as a
+  replay), so those rounds can still close with every replica.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+
+from node.errors import StateError
+from node.live import protocol as msg
+from node.live.exchange import ContributionPool
+from node.live.roundbook import Announced, RoundBook
+from node.store.archive import Archive
+from p2p.envelope import decode_envelope
+from p2p.host import P2PHost
+
+logger = logging.getLogger(__name__)
+
+
+class RestartRecovery:
+    """See module docstring. ``previous_life_finished``: the last round finished before the restart."""
+
+    def __init__(self, archive: Archive, contributions: ContributionPool, host: P2PHost, book: RoundBook,
+                 peer_id: str, replica: int, stages: tuple[int, ...], max_bytes: int,
+                 gossip: Callable[..., bytes], previous_life_finished: int) -> None:
+        self.archive = archive
+        self.contributions = contributions
+        self.host = host
+        self.book = book
+        self.peer_id = peer_id
+        self.replica = replica
+        self.stages = stages
+        self.max_bytes = max_bytes
+        self.gossip = gossip
+        self.previous_life_finished = previous_life_finished
+
+    def reannounce(self, rounds: list[int]) -> set[int]:
+        """Serve and announce again this node's archived contributions of the unfinished ``rounds``."""
+        done = set()
+        for outer_round in rounds:
+            if outer_round <= self.previous_life_finished:
+                continue
+            for envelope in self.archive.envelopes(outer_round):
+                env = decode_envelope(envelope, self.max_bytes)
+                if (env.kind, env.sender_peer_id, env.replica) != (msg.CONTRIBUTION, self.peer_id, self.replica):
+                    continue
+                if env.stage not in self.stages:
+                    continue
+                digest = hashlib.sha256(envelope).digest()
+                self.host.provide_blob(envelope)
+                self.contributions.add(outer_round, env.stage, digest, envelope)
+                self.book.add_announce(outer_round, env.stage, Announced(self.peer_id, env.replica, digest,
+                                                                         len(envelope)))
+                self.gossip(outer_round, msg.ANNOUNCE, msg.Announce(digest, len(envelope)), env.stage)
+                done.add(outer_round)
+        if done:
+            logger.info("announced again this node's archived contributions of rounds %s", sorted(done))
+        return done
+
+    def sealed_closes(self, outer_round: int) -> dict[int, msg.Close] | None:
+        """The closes of a round sealed before the restart, rebuilt from the archive; None if not sealed here."""
+        if outer_round > self.previous_life_finished:
+            return None
+        sealed = self.archive.sealed(outer_round)
+        if not sealed:
+            return None
+        closes: dict[int, list] = {stage: [] for stage in self.stages}
+        try:
+            for item in sealed:
+                if item.stage not in closes:
+                    continue
+                envelope = self.archive.get(outer_round, item.envelope_hash)
+                self.contributions.add(outer_round, item.stage, item.envelope_hash, envelope)
+                self.host.provide_blob(envelope)
+                closes[item.stage].append([item.replica, item.peer_id, item.envelope_hash, len(envelope)])
+        except StateError as exc:
+            logger.warning("round %d: archive incomplete (%s); waiting for the peers' close", outer_round, exc)
+            return None
+        if not all(closes.values()):
+            return None
+        logger.info("round %d: re-applying the contributions sealed in the archive before the restart", outer_round)
+        return {stage: msg.Close(sorted(entries, key=lambda e: (e[0], e[1], e[2])))
+                for stage, entries in closes.items()}
