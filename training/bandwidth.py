@@ -28,10 +28,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping, Sequence
 
-import msgpack
 import torch
 
-from training.codec_wire import CODEC_VERSION, matrix_view_shape
+from training.codec_wire import matrix_view_shape, pack_contribution
 from training.compression import (
     CompressionStats,
     TensorCodecStats,
@@ -167,8 +166,6 @@ def encode_within_bandwidth(
         decoded[name] = value
         stats.tensors.append(tensor_stats)
         stats.raw_bytes += tensor_stats.raw_bytes
-    blob = msgpack.packb(
-        {"v": CODEC_VERSION, "st": stage_index, "rd": outer_round, "t": entries}, use_bin_type=True
-    )
+    blob = pack_contribution(stage_index, outer_round, entries)
     stats.encoded_bytes = len(blob)
     return blob, decoded, stats

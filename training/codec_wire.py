@@ -197,6 +197,11 @@ def _decode_entry(entry: object, name: str, shape: tuple[int, ...], index: int) 
     raise ContributionDecodeError(f"{where}: unknown codec {codec!r}")
 
 
+def pack_contribution(stage_index: int, outer_round: int, entries: list[dict]) -> bytes:
+    """The wire bytes of a contribution: its header and the encoded tensors, in the given (name) order."""
+    return msgpack.packb({"v": CODEC_VERSION, "st": stage_index, "rd": outer_round, "t": entries}, use_bin_type=True)
+
+
 def max_contribution_bytes(expected_shapes: Mapping[str, tuple[int, ...]]) -> int:
     """Upper bound on a well-formed contribution's size (raw float32 plus framing)."""
     numel = sum(math.prod(s) for s in expected_shapes.values())

@@ -49,7 +49,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-import msgpack
 import torch
 
 from training.codec_wire import (  # noqa: F401  (re-exported: the codec's public names)
@@ -62,6 +61,7 @@ from training.codec_wire import (  # noqa: F401  (re-exported: the codec's publi
     decode_contribution,
     matrix_view_shape,
     max_contribution_bytes,
+    pack_contribution,
     pack_ints,
     qmax,
     reconstruct_lowrank,
@@ -343,9 +343,7 @@ def encode_contribution(
         decoded[name] = value
         stats.tensors.append(tensor_stats)
         stats.raw_bytes += tensor_stats.raw_bytes
-    blob = msgpack.packb(
-        {"v": CODEC_VERSION, "st": stage_index, "rd": outer_round, "t": entries}, use_bin_type=True
-    )
+    blob = pack_contribution(stage_index, outer_round, entries)
     stats.encoded_bytes = len(blob)
     return blob, decoded, stats
 
