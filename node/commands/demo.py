@@ -179,7 +179,13 @@ def centralized_reference_loss(run: LocalRun, rounds: int) -> float:
     if training_cfg.data_path:
         training_cfg = replace(training_cfg, data_path=str(cfg.path(training_cfg.data_path)))
     corpus = corpus_from_config(training_cfg, cfg.model)
-    return centralized_reference(corpus, cfg.model, cfg.training, cfg.diloco, cfg.pipeline, rounds)
+    quiet = logging.getLogger("training.simulate")  # its per-round lines would interleave with the summary
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        return centralized_reference(corpus, cfg.model, cfg.training, cfg.diloco, cfg.pipeline, rounds)
+    finally:
+        quiet.setLevel(level)
 
 
 def summarize(run: LocalRun) -> dict:
