@@ -5,9 +5,10 @@ never signs a second, different message for a round it handled before. Its
 archive kept exactly what it signed and what it aggregated, so:
 
 - rounds it had sealed are re-applied from the archive (the same signed set);
-- its own contributions of rounds not finished yet are served and announced
+- its own contributions of the rounds it catches up are served and announced
   again (peers that kept the first announce drop the re-signed one as a
-  replay), so those rounds can still close with every replica.
+  replay), and it declares itself a contributor from the first of them, so a
+  peer that had not sealed one of those rounds closes it with the same replicas.
 """
 
 from __future__ import annotations
@@ -45,11 +46,11 @@ class RestartRecovery:
         self.previous_life_finished = previous_life_finished
 
     def reannounce(self, rounds: list[int]) -> set[int]:
-        """Serve and announce again this node's archived contributions of the unfinished ``rounds``."""
+        """Serve and announce again this node's archived contributions of the catch-up ``rounds``."""
         done = set()
         for outer_round in rounds:
-            if outer_round <= self.previous_life_finished:
-                continue
+            # Also rounds this node sealed: a peer that had not sealed them before the restart
+            # must close them with this node's contribution too (it expects it from first_round).
             for envelope in self.archive.envelopes(outer_round):
                 env = decode_envelope(envelope, self.max_bytes)
                 if (env.kind, env.sender_peer_id, env.replica) != (msg.CONTRIBUTION, self.peer_id, self.replica):
