@@ -27,6 +27,14 @@ def node_state(slot) -> dict:
     return json.loads((slot.data_dir / "state.json").read_text())
 
 
+def assert_chain_roots(run: LocalRun, commits) -> None:
+    """Every node recorded, for every committed round, the weights root the chain holds."""
+    for slot in run.nodes:
+        roots = node_state(slot)["weights_roots"]
+        assert [roots.get(str(c.commit.round)) for c in commits] == [c.commit.weights_root.hex() for c in commits], \
+            slot.name
+
+
 @pytest.fixture
 def make_run(tmp_path):
     """Make (and set up) LocalRuns in the test's directory; every one is stopped at teardown."""

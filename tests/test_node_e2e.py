@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from node_fixtures import TINY, node_state, run_logs
+from node_fixtures import TINY, assert_chain_roots, node_state, run_logs
 
 from node.commands.launcher import LocalRun
 from node.live.roundbook import PEER_TTL_S
@@ -40,10 +40,7 @@ def test_two_replicas_by_two_stages_commit_every_round_once(make_run):
     assert [c.commit.round for c in history.commits] == [0, 1, 2]
     assert all(c.commit.num_contributors == 4 for c in history.commits)
     # Every node computed the weights root the chain records, every round.
-    for slot in run.nodes:
-        roots = node_state(slot)["weights_roots"]
-        for c in history.commits:
-            assert roots[str(c.commit.round)] == c.commit.weights_root.hex(), slot.name
+    assert_chain_roots(run, history.commits)
     # Losses went down and were recorded as scaled integers.
     assert history.commits[-1].commit.eval_loss_micro < history.commits[0].commit.eval_loss_micro
     # Every published checkpoint's content hash is the sha256 of the file the nodes serve. A node
@@ -72,10 +69,7 @@ def test_node_runs_the_other_round_schedules(make_run, variant):
     history = run.client().history(run.run_id)
     assert [c.commit.round for c in history.commits] == [0, 1, 2]
     assert all(c.commit.num_contributors == 2 for c in history.commits)
-    for slot in run.nodes:
-        roots = node_state(slot)["weights_roots"]
-        assert [roots[str(c.commit.round)] for c in history.commits] == [
-            c.commit.weights_root.hex() for c in history.commits], slot.name
+    assert_chain_roots(run, history.commits)
     assert history.commits[-1].commit.eval_loss_micro < history.commits[0].commit.eval_loss_micro
     assert not history.disputes
 
