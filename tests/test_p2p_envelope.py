@@ -235,3 +235,21 @@ def test_create_refuses_bad_fields():
         make(kind="Bad Kind")
     with pytest.raises(EnvelopeRejected):
         make(round=-1)
+
+
+def test_the_same_payload_signed_again_is_a_replay_and_a_different_one_is_equivocation():
+    """A restarted sender re-signs what it said before: dropped quietly, no evidence against it."""
+    identity = Identity.generate()
+    validator = EnvelopeValidator(7, max_size=1 << 16, max_rounds_ahead=8)
+    first = Envelope.create(identity, 7, 3, "attestation", b"same result", stage=1)
+    validator.check(first.to_bytes())
+    again = Envelope.create(identity, 7, 3, "attestation", b"same result", stage=1,
+                            timestamp_ms=first.timestamp_ms + 1)
+    assert again.to_bytes() != first.to_bytes()
+    with pytest.raises(EnvelopeRejected) as info:
+        validator.check(again.to_bytes())
+    assert info.value.reason == "replayed" and not validator.equivocations
+    other = Envelope.create(identity, 7, 3, "attestation", b"another result", stage=1)
+    with pytest.raises(EnvelopeRejected) as info:
+        validator.check(other.to_bytes())
+    assert info.value.reason == "equivocation" and len(validator.equivocations) == 1
