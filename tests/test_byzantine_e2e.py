@@ -59,3 +59,23 @@ def test_an_empty_close_is_ignored_and_the_next_coordinator_closes(make_run):
         c.commit.weights_root.hex() for c in history.commits]
     # The attacker's contributions are valid: it is in every round; only its closes were refused.
     assert all(c.commit.num_contributors == 2 for c in history.commits), run_logs(run)
+
+
+@pytest.mark.timeout(600)
+def test_an_equivocating_coordinator_is_skipped_and_honest_nodes_stay_identical(make_run):
+    run = make_run(replicas=3, stages=2, split=False, settings=SETTINGS + ["rounds=4"])
+    attacker = run.nodes[2]
+    attacker.command = [*ADVERSARY, "equivocating-close"]
+    run.start()
+    honest = run.nodes[:2]
+    for slot in honest:
+        assert slot.process.wait(timeout=480) == 0, run_logs(run)
+    history = run.client().history(run.run_id)
+    assert [c.commit.round for c in history.commits] == [0, 1, 2, 3]
+    for slot in honest:
+        roots = _roots(slot)
+        assert [roots[str(c.commit.round)] for c in history.commits] == [
+            c.commit.weights_root.hex() for c in history.commits], run_logs(run)
+    # Both versions of the attacker's closes reached the honest nodes, which skipped them.
+    logs = "\n".join(p.read_text() for slot in honest for p in slot.data_dir.glob("node-*.log"))
+    assert "signed two different closes" in logs, run_logs(run)

@@ -7,11 +7,13 @@ boundary here (a small stand-in that says which envelopes are held or refused).
 from __future__ import annotations
 
 import hashlib
+import time
 
 from node.live import protocol as msg
-from node.live.coordination import PENDING, RoundCoordinator
+from node.live.coordination import CLOSE_FALLBACK_S, CLOSE_SETTLE_S, PENDING, RoundCoordinator
 from node.live.membership import Membership
 from node.live.roundbook import RoundBook
+from node.live.topology import committer_order
 
 PEERS = ["peer-a", "peer-b", "peer-c"]
 
@@ -43,6 +45,9 @@ class Pool:
 
     def have(self, _round, _stage) -> dict:
         return {}
+
+    def prefetch(self, _round, _stage) -> None:
+        pass
 
 
 def rooms(quorum: int = 1):
@@ -101,3 +106,46 @@ def test_an_absurd_training_round_claim_is_ignored_for_the_entry_round():
     # An unplaced peer's claim does not count either.
     unbound = Membership("peer-a", "c0", 1, 2, book, is_bound=lambda _account, _key: False)
     assert unbound.live_training_round(last_committed=10, window=8) == -1
+
+
+def test_a_coordinator_that_signed_two_different_closes_is_refused():
+    book, _membership, pool, coordinator = rooms()
+    pool.held.update({(0, "peer-a", digest("peer-a")), (1, "peer-b", digest("peer-b"))})
+    close = msg.Close([entry(0, "peer-a"), entry(1, "peer-b")])
+    book.add_close(0, 0, "peer-b", close, b"first")
+    assert coordinator.judge(0, 0, "peer-b", close) is None
+    # The inbox files the equivocation when the second, different close arrives.
+    book.add_close_equivocation(1, 0, "peer-b")
+    assert "equivocation" in coordinator.judge(1, 0, "peer-b", close)
+    assert "peer-b" in coordinator.invalid_closes(1, 0)
+
+
+def _round_led_by(leader: str, holders: list[str]) -> int:
+    return next(r for r in range(100) if committer_order(r * 1000, holders)[0] == leader)
+
+
+def test_another_coordinators_close_is_used_only_once_it_has_settled():
+    book, membership, pool, coordinator = rooms()
+    pool.held.update({(0, "peer-a", digest("peer-a")), (1, "peer-b", digest("peer-b"))})
+    membership.set_connected(PEERS)
+    outer_round = _round_led_by("peer-b", membership.holders(0))
+    close = msg.Close([entry(0, "peer-a"), entry(1, "peer-b")])
+    book.add_close(outer_round, 0, "peer-b", close, b"envelope")
+    assert coordinator.await_close(outer_round, 0) == close
+    # Never sooner than the settle time after its arrival: a second version would have voided it.
+    assert book.close_age(outer_round, 0, "peer-b") >= CLOSE_SETTLE_S
+
+
+def test_a_lower_ranked_coordinators_close_waits_for_the_deadline_while_the_leader_is_present():
+    book, membership, pool, coordinator = rooms()
+    pool.held.update({(0, "peer-a", digest("peer-a")), (1, "peer-b", digest("peer-b"))})
+    membership.set_connected(PEERS)
+    holders = membership.holders(0)
+    outer_round = next(r for r in range(100) if committer_order(r * 1000, holders)[:2] == ["peer-c", "peer-b"])
+    coordinator.round_timeout = 3.0
+    censoring = msg.Close([entry(1, "peer-b")])  # leaves out peer-a's contribution
+    book.add_close(outer_round, 0, "peer-b", censoring, b"envelope")
+    started = time.monotonic()
+    assert coordinator.await_close(outer_round, 0) == censoring
+    # Used only after round deadline + 1 x fallback (the leader peer-c never closed).
+    assert time.monotonic() - started >= 3.0 + CLOSE_FALLBACK_S

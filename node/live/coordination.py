@@ -44,6 +44,10 @@ PENDING = "pending"
 #: Bounded well below the round's give-up time, so a close naming something unfetchable cannot
 #: stall the round; an honest close's contributions were fetched while the round trained.
 PENDING_LIMIT_S = 20.0
+#: Another coordinator's close is used only once it has been here this long without a second,
+#: different close of the same coordinator arriving (gossip floods both versions of an
+#: equivocating close to every node well within it; see docs/PROTOCOL.md).
+CLOSE_SETTLE_S = 2.0
 
 
 class RoundCoordinator:
@@ -109,7 +113,10 @@ class RoundCoordinator:
         with self._lock:
             if key in self._invalid:
                 return self._invalid[key]
-        reason = self._problem(outer_round, stage, close)
+        if coordinator in self.book.close_equivocators(outer_round, stage):
+            reason = "its coordinator signed two different closes of the round (equivocation)"
+        else:
+            reason = self._problem(outer_round, stage, close)
         if reason == PENDING:
             limit = min(self.transfer_timeout, PENDING_LIMIT_S)
             since = self._pending_since.setdefault(key, time.monotonic())
@@ -169,9 +176,14 @@ class RoundCoordinator:
             for rank, coordinator in enumerate(order):
                 if coordinator in refused or coordinator not in closes:
                     continue
-                if rank == 0 or now >= started + rank * CLOSE_FALLBACK_S or coordinator in ranked[:1]:
+                # A lower-ranked coordinator's close counts from deadline + rank x fallback (when it
+                # may close), or at once if every coordinator ranked above it is gone or refused.
+                if rank == 0 or now >= deadline + rank * CLOSE_FALLBACK_S or coordinator in ranked[:1]:
                     if verdicts[coordinator] == PENDING:
                         return None  # its contributions are still on their way
+                    if coordinator != self.peer_id and \
+                            self.book.close_age(outer_round, stage, coordinator) < CLOSE_SETTLE_S:
+                        return None  # not settled: a second, different version may still arrive
                     return closes[coordinator][0]
             if self.peer_id in ranked and outer_round > self.previous_life_finished:
                 rank = ranked.index(self.peer_id)

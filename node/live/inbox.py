@@ -89,7 +89,12 @@ class GossipInbox:
                 raise msg.ProtocolError(f"hello of {env.sender_peer_id[-8:]} is {age:.0f}s off the clock")
             self.book.add_hello(env.sender_peer_id, env.sender, msg.decode_payload(msg.HELLO, env.payload))
             return
-        env = self.validator.check(data)
+        try:
+            env = self.validator.check(data)
+        except EnvelopeRejected as exc:
+            if exc.reason == "equivocation":
+                self._on_equivocation(data)
+            raise
         payload = msg.decode_payload(env.kind, env.payload)
         self.book.heard_from(env.sender_peer_id)
         handler = self._handlers.get(env.kind)
@@ -97,6 +102,18 @@ class GossipInbox:
             raise msg.ProtocolError(f"{env.kind} messages are not sent on the run topic")
         self.membership.check_sender(env)
         handler(env, payload, data)
+
+    def _on_equivocation(self, data: bytes) -> None:
+        """A coordinator that signed two different closes of one (round, stage) is skipped for it.
+
+        The validator keeps both envelopes as evidence; which one a node saw first depends on
+        timing, so neither may decide the round (docs/PROTOCOL.md, "Closing a round").
+        """
+        env = decode_envelope(data, self.validator.max_size)
+        if env.kind == msg.CLOSE:
+            logger.warning("round %d stage %d: %s signed two different closes; both are ignored", env.round,
+                           env.stage, env.sender_peer_id[-8:])
+            self.book.add_close_equivocation(env.round, env.stage, env.sender_peer_id)
 
     def _on_announce(self, env: Envelope, announce: msg.Announce, _data: bytes) -> None:
         self.book.add_announce(env.round, env.stage,

@@ -46,6 +46,8 @@ class RoundBook:
         self.peers: dict[str, PeerInfo] = {}
         self.announces: dict[tuple[int, int], dict[str, Announced]] = defaultdict(dict)
         self.closes: dict[tuple[int, int], dict[str, tuple[Close, bytes]]] = defaultdict(dict)
+        self.close_times: dict[tuple[int, int], dict[str, float]] = defaultdict(dict)  # first arrival, monotonic
+        self.equivocators: dict[tuple[int, int], set[str]] = defaultdict(set)  # signed two different closes
         self.attestations: dict[tuple[int, int], dict[str, Attestation]] = defaultdict(dict)
 
     # -- filing (gossip thread) ------------------------------------------------
@@ -74,6 +76,13 @@ class RoundBook:
     def add_close(self, round_index: int, stage: int, coordinator: str, close: Close, envelope: bytes) -> None:
         with self._cond:
             self.closes[(round_index, stage)].setdefault(coordinator, (close, envelope))
+            self.close_times[(round_index, stage)].setdefault(coordinator, time.monotonic())
+            self._cond.notify_all()
+
+    def add_close_equivocation(self, round_index: int, stage: int, coordinator: str) -> None:
+        """``coordinator`` signed a second, different close of (round, stage): none of its closes counts."""
+        with self._cond:
+            self.equivocators[(round_index, stage)].add(coordinator)
             self._cond.notify_all()
 
     def add_attestation(self, round_index: int, stage: int, peer_id: str, att: Attestation) -> None:
@@ -93,6 +102,16 @@ class RoundBook:
     def snapshot_closes(self, round_index: int, stage: int) -> dict[str, tuple[Close, bytes]]:
         with self._cond:
             return dict(self.closes.get((round_index, stage), {}))
+
+    def close_age(self, round_index: int, stage: int, coordinator: str) -> float:
+        """Seconds since ``coordinator``'s close of (round, stage) arrived (0 if it has not)."""
+        with self._cond:
+            since = self.close_times.get((round_index, stage), {}).get(coordinator)
+            return 0.0 if since is None else time.monotonic() - since
+
+    def close_equivocators(self, round_index: int, stage: int) -> set[str]:
+        with self._cond:
+            return set(self.equivocators.get((round_index, stage), ()))
 
     def live_peers(self, max_age: float) -> dict[str, PeerInfo]:
         now = time.monotonic()
@@ -116,6 +135,6 @@ class RoundBook:
     def forget_before(self, round_index: int) -> None:
         """Drop state of rounds older than ``round_index`` (bounds memory on long runs)."""
         with self._cond:
-            for book in (self.announces, self.closes, self.attestations):
+            for book in (self.announces, self.closes, self.close_times, self.equivocators, self.attestations):
                 for key in [k for k in book if k[0] < round_index]:
                     del book[key]
