@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import time
 
+import pytest
+
 from node.live import protocol as msg
 from node.live.coordination import CLOSE_FALLBACK_S, CLOSE_SETTLE_S, PENDING, RoundCoordinator
 from node.live.membership import Membership
@@ -149,3 +151,25 @@ def test_a_lower_ranked_coordinators_close_waits_for_the_deadline_while_the_lead
     assert coordinator.await_close(outer_round, 0) == censoring
     # Used only after round deadline + 1 x fallback (the leader peer-c never closed).
     assert time.monotonic() - started >= 3.0 + CLOSE_FALLBACK_S
+
+
+def test_a_hello_far_off_the_clock_or_of_another_run_is_refused():
+    from node.live.inbox import HELLO_MAX_AGE_S, GossipInbox
+    from p2p.envelope import Envelope, EnvelopeValidator
+    from p2p.identity import Identity
+
+    book, membership, pool, _coordinator = rooms()
+    inbox = GossipInbox(7, EnvelopeValidator(7, max_size=1 << 16), book, membership, pool, held_stages=lambda: ())
+    identity = Identity.generate()
+    payload = msg.encode_payload(hello("c9"))
+
+    def sent(run_id: int = 7, age_s: float = 0.0) -> bytes:
+        stamp = int((time.time() - age_s) * 1000)
+        return Envelope.create(identity, run_id, 0, msg.HELLO, payload, timestamp_ms=stamp).to_bytes()
+
+    for stale in (sent(age_s=HELLO_MAX_AGE_S + 30), sent(age_s=-(HELLO_MAX_AGE_S + 30)), sent(run_id=8)):
+        with pytest.raises(msg.ProtocolError):
+            inbox.handle(stale)
+    assert identity.peer_id not in book.peers
+    inbox.handle(sent(age_s=5))
+    assert book.peers[identity.peer_id].hello.cluster == "c9"
