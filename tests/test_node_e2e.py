@@ -161,6 +161,36 @@ def test_a_stalled_member_still_contributes_to_every_round(make_run):
 
 
 @pytest.mark.timeout(600)
+def test_a_round_without_its_quorum_is_waited_for_not_an_exit(make_run):
+    """With quorum = every replica, a member frozen past the deadline and every fallback pauses the run.
+
+    The round stays open (docs/PROTOCOL.md, "A round without a quorum"): the others warn and
+    keep waiting instead of exiting, and when the member is back the round closes with both.
+    """
+    run = make_run(replicas=2, stages=2, split=False,
+                   settings=TINY + ["rounds=4", "join_timeout=60", "quorum=2", "round_timeout=10",
+                                    "diloco.inner_steps=40"])
+    run.start()
+    _wait_for_round(run, 0, 300)
+    sleeper, waiter = run.nodes[1], run.nodes[0]
+
+    def waiting() -> bool:
+        log = "\n".join(p.read_text() for p in waiter.data_dir.glob("node-*.log"))
+        return "waiting for replicas to come back" in log
+
+    sleeper.process.send_signal(signal.SIGSTOP)
+    try:
+        _wait_for(waiting, 300, "the other node reports the round without quorum", run)
+    finally:
+        sleeper.process.send_signal(signal.SIGCONT)
+    assert run.wait(480), run_logs(run)
+    assert waiter.process.returncode == 0
+    history = run.client().history(run.run_id)
+    assert [c.commit.round for c in history.commits] == list(range(4))
+    assert [c.commit.num_contributors for c in history.commits] == [2] * 4, run_logs(run)
+
+
+@pytest.mark.timeout(600)
 def test_late_joiner_catches_up_and_contributes_despite_an_absurd_hello(make_run):
     # An open-ended run (rounds=0): the founders keep going until the test has seen the joiner
     # contribute, however long the joiner's start takes on a loaded machine. A fixed number of

@@ -44,10 +44,17 @@ PENDING = "pending"
 #: Bounded well below the round's give-up time, so a close naming something unfetchable cannot
 #: stall the round; an honest close's contributions were fetched while the round trained.
 PENDING_LIMIT_S = 20.0
+#: A round past its deadline and every fallback without a close is retried (waited for) and
+#: reported this often.
+QUORUM_WARN_EVERY_S = 30.0
 #: Another coordinator's close is used only once it has been here this long without a second,
 #: different close of the same coordinator arriving (gossip floods both versions of an
 #: equivocating close to every node well within it; see docs/PROTOCOL.md).
 CLOSE_SETTLE_S = 2.0
+
+
+class RoundStopped(NodeError):
+    """The node was asked to stop while a round waited for its close."""
 
 
 class RoundCoordinator:
@@ -63,7 +70,8 @@ class RoundCoordinator:
     def __init__(self, peer_id: str, quorum: int, round_timeout: float, book: RoundBook,
                  membership: Membership, contributions: ContributionPool,
                  contributed: Callable[[int], bool], gossip: Callable[..., bytes], resync: Callable[[], None],
-                 previous_life_finished: int, transfer_timeout: float = 60.0) -> None:
+                 previous_life_finished: int, transfer_timeout: float = 60.0,
+                 stop: threading.Event | None = None) -> None:
         self.peer_id = peer_id
         self.quorum = quorum
         self.round_timeout = round_timeout
@@ -75,6 +83,7 @@ class RoundCoordinator:
         self.resync = resync
         self.previous_life_finished = previous_life_finished
         self.transfer_timeout = transfer_timeout
+        self.stop = stop
         self._accepted: dict[tuple[int, int], msg.Close] = {}
         self._invalid: dict[tuple[int, int, str], str] = {}  # (round, stage, coordinator) -> reason
         self._pending_since: dict[tuple[int, int, str], float] = {}
@@ -191,7 +200,7 @@ class RoundCoordinator:
                     return self._try_close(outer_round, stage, final=now >= deadline, alive=alive)
             return None
 
-        last_resync = started
+        last_resync = last_warning = started
         while True:
             self.contributions.prefetch(outer_round, stage)
             alive = self.membership.alive()
@@ -203,9 +212,17 @@ class RoundCoordinator:
             if time.monotonic() - last_resync > RESYNC_EVERY_S:
                 last_resync = time.monotonic()
                 self.resync()
-            if time.monotonic() > deadline + (len(order) + 2) * CLOSE_FALLBACK_S + PENDING_LIMIT_S:
-                raise NodeError(f"round {outer_round} stage {stage}: no coordinator closed the round within "
-                                f"{self.round_timeout:.0f}s (+fallbacks); is a quorum of replicas alive?")
+            if self.stop is not None and self.stop.is_set():
+                raise RoundStopped(f"round {outer_round} stage {stage}: stopped while waiting for its close")
+            # A round that misses its quorum stays open (docs/PROTOCOL.md, "A round without a quorum"):
+            # the run pauses and the round closes as soon as enough replicas are back.
+            overdue = time.monotonic() - (deadline + (len(order) + 2) * CLOSE_FALLBACK_S + PENDING_LIMIT_S)
+            if overdue > 0 and time.monotonic() - last_warning > QUORUM_WARN_EVERY_S:
+                last_warning = time.monotonic()
+                have = {a.replica for a in self.book.snapshot_announces(outer_round, stage).values()}
+                logger.warning("round %d stage %d: no close %.0fs past the deadline; %d replica(s) announced, "
+                               "quorum %d: waiting for replicas to come back", outer_round, stage,
+                               time.monotonic() - deadline, len(have), self.quorum)
 
     def _try_close(self, outer_round: int, stage: int, final: bool, alive: set[str]) -> msg.Close | None:
         """As coordinator: close when every expected replica's contribution is here, or at the deadline.

@@ -35,7 +35,7 @@ from node.errors import NodeError, StateError
 from node.fsutil import atomic_write_bytes
 from node.live import protocol as msg
 from node.live.committer import Committer, CommitterContext
-from node.live.coordination import RoundCoordinator
+from node.live.coordination import RoundCoordinator, RoundStopped
 from node.live.exchange import ContributionPool
 from node.live.inbox import GossipInbox
 from node.live.membership import Membership
@@ -158,7 +158,8 @@ class Node:
             self.peer_id, cfg.quorum, cfg.round_timeout, self.book, self.membership, self.contributions,
             contributed=lambda r: r in self._train_info or r in self._reannounced, gossip=self._gossip,
             resync=self._resync,
-            previous_life_finished=self.state.get("last_finished", -1), transfer_timeout=cfg.p2p.transfer_timeout)
+            previous_life_finished=self.state.get("last_finished", -1), transfer_timeout=cfg.p2p.transfer_timeout,
+            stop=self.stop_event)
         inbox = GossipInbox(self.run_id, self.validator, self.book, self.membership, self.contributions,
                             held_stages=lambda: self.worker.stages if self.worker is not None else ())
         queue = self.host.subscribe(run_topic(self.run_id), validator=inbox.relay_ok)
@@ -250,8 +251,12 @@ class Node:
         diloco = self.cfg.diloco
         # A joiner first replays the catch-up rounds that have closed already; with the
         # delay, the last one closes only after the peers' next round, so it waits.
-        while len(unfinished) > pending_after_round(diloco) and not self.stop_event.is_set():
-            self._finish_round(unfinished.pop(0))
+        try:
+            while len(unfinished) > pending_after_round(diloco) and not self.stop_event.is_set():
+                self._finish_round(unfinished.pop(0))
+        except RoundStopped as exc:
+            logger.info("%s", exc)
+            return
         outer_round = start_round
         end = self.cfg.rounds if self.cfg.rounds > 0 else None
         while not self.stop_event.is_set() and (end is None or outer_round < end):
@@ -265,15 +270,18 @@ class Node:
                     elif action.kind == APPLY:
                         while unfinished and unfinished[0] <= action.outer_round:
                             self._finish_round(unfinished.pop(0))
-            except RoundAbandoned:
+            except (RoundAbandoned, RoundStopped):
                 logger.info("round %d abandoned on request", outer_round)
                 break
             outer_round += 1
         # Finish what was exchanged; a stopping node waits only briefly.
-        for r in unfinished:
-            if self.stop_event.is_set():
-                break
-            self._finish_round(r)
+        try:
+            for r in unfinished:
+                if self.stop_event.is_set():
+                    break
+                self._finish_round(r)
+        except RoundStopped as exc:
+            logger.info("%s", exc)
         if self.committer is not None:
             self.committer.drain(timeout=self.cfg.round_timeout)
 
