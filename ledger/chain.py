@@ -14,11 +14,13 @@
 from __future__ import annotations
 
 import collections
+import ctypes
 import logging
 import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -145,6 +147,28 @@ def anvil_binary() -> Path:
     return path
 
 
+def _load_prctl():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl if sys.platform.startswith("linux") else None
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()  # resolved in the parent: the child only makes one call between fork and exec
+_PR_SET_PDEATHSIG = 1
+
+
+def terminate_with_parent() -> None:
+    """``preexec_fn``: the child gets SIGTERM when its parent dies, even by SIGKILL (Linux).
+
+    A launcher killed outright then leaves no node or anvil behind (each child handles
+    SIGTERM as a clean stop). Tied to the spawning thread: spawn from a long-lived one.
+    """
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _kill(process: subprocess.Popen) -> None:
     if process.poll() is None:
         process.kill()
@@ -219,7 +243,7 @@ class AnvilProcess:
         # itself, so the owner can stop its nodes first and the chain last.
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=terminate_with_parent,
         )
         self._process = process
         try:

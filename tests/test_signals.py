@@ -219,3 +219,26 @@ def test_start_owning_its_anvil_stops_it_on_sigterm(tmp_path):
         client = LedgerClient(connect_rpc(anvil.url, wait=10), None, run.registry, run.ledger)
         rounds = [c.commit.round for c in client.history(run.run_id).commits]
     assert rounds and rounds == list(range(len(rounds))), rounds
+
+
+@pytest.mark.timeout(120)
+def test_a_launcher_killed_outright_takes_its_children_with_it(tmp_path):
+    """SIGKILL cannot be handled; the children (anvil here, nodes likewise) get SIGTERM from the kernel."""
+    script = ("import sys, time; from ledger.chain import AnvilProcess; a = AnvilProcess(); a.start(); "
+              "print(a.url, flush=True); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    started: dict[int, str] = {}
+    try:
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http"), url
+        started = _descendants(proc.pid)
+        assert started, "anvil is not the launcher's child"
+        connect_rpc(url)
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while _still_running(started) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _still_running(started) == []
+    finally:
+        _cleanup(proc, started)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ledger.account import dev_account
-from ledger.chain import AnvilProcess, connect_rpc
+from ledger.chain import AnvilProcess, connect_rpc, terminate_with_parent
 from ledger.client import LedgerClient
 from node.config import dump_toml, load_config
 from node.errors import NodeError
@@ -152,6 +152,7 @@ class LocalRun:
                 [*(slot.command or [sys.executable, "-m", "node.cli"]), "--log-file", str(slot.log_path), "start",
                  "--no-progress", "--config", str(slot.config_path)],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                preexec_fn=terminate_with_parent,  # a launcher killed outright takes its nodes with it
             )
 
     def start(self) -> None:
