@@ -8,6 +8,16 @@ signing, gossip, the chain) is the real node's. Attacks:
 
 - ``malformed-payload``: every contribution's payload is replaced by bytes of
   the same length that do not decode (still validly signed by the member).
+- ``huge-1e3`` / ``huge-1e6``: the honest pseudo-gradient times 1e3 / 1e6,
+  re-encoded with the run's codec (finite, decodable, validly signed).
+- ``sign-flip``: the honest pseudo-gradient negated.
+- ``noise``: Gaussian noise with the honest pseudo-gradient's norm per tensor.
+- ``stale``: the previous round's honest pseudo-gradient re-encoded and
+  re-signed for the current round.
+- ``zero``: a free rider that trains nothing useful and sends zeros.
+- ``copy``: a free rider that copies another replica's contribution of the
+  round (waits for it, then re-encodes it as its own).
+- ``late``: an honest contribution announced only after the round deadline.
 - ``empty-close``: as coordinator, the member first publishes a signed close
   with no entries, then behaves honestly (its second close is equivocation).
 - ``equivocating-close``: the member acts as the coordinator of every (round,
@@ -25,7 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ATTACKS = ("malformed-payload", "empty-close", "equivocating-close", "absurd-hello")
+CONTRIBUTION_ATTACKS = ("huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero")
+ATTACKS = ("malformed-payload", *CONTRIBUTION_ATTACKS, "copy", "late", "empty-close", "equivocating-close",
+           "absurd-hello")
 
 
 def malformed_payload() -> None:
@@ -38,6 +50,97 @@ def malformed_payload() -> None:
         return bytes((b ^ 0x5A) for b in blob), stats
 
     ReplicaWorker.encode = encode
+
+
+def forged_contribution(attack: str) -> None:
+    """Re-encode the member's own honest pseudo-gradient after ``attack`` changed it."""
+    import torch
+
+    from node.live.replica import ReplicaWorker
+    from training.codec_wire import decode_contribution
+    from training.compression import encode_contribution
+
+    honest_encode = ReplicaWorker.encode
+    previous: dict[int, dict] = {}
+
+    def encode(self, stage, outer_round):
+        blob, stats = honest_encode(self, stage, outer_round)  # keeps the engine's round counters right
+        shapes = {name: tuple(t.shape) for name, t in self.engines[stage].global_weights.items()}
+        honest = decode_contribution(blob, shapes, stage_index=stage, outer_round=outer_round)
+        generator = torch.Generator().manual_seed(1000 * outer_round + stage)
+        if attack == "stale":
+            forged, previous[stage] = previous.get(stage, honest), honest
+        else:
+            forged = {name: forge(attack, value, generator) for name, value in honest.items()}
+        blob, _decoded, _stats = encode_contribution(forged, self.cfg.compression, stage_index=stage,
+                                                     outer_round=outer_round)
+        return blob, stats
+
+    def forge(kind, value, generator):
+        if kind.startswith("huge-"):
+            return value * float(kind.removeprefix("huge-"))
+        if kind == "sign-flip":
+            return -value
+        if kind == "noise":
+            noise = torch.randn(value.shape, generator=generator)
+            return noise * (value.norm() / noise.norm().clamp_min(1e-12))
+        return torch.zeros_like(value)  # "zero"
+
+    ReplicaWorker.encode = encode
+
+
+def copying_free_rider() -> None:
+    """Announce, as its own, another replica's contribution of the same round."""
+    import time
+
+    from node.live.node import Node
+    from p2p.envelope import decode_envelope
+    from training.codec_wire import decode_contribution
+    from training.compression import encode_contribution
+
+    honest_encode_of = Node._publish_contributions
+
+    def publish(self, outer_round):
+        worker = self.worker
+        honest_encode = worker.encode
+
+        def encode(stage, r):
+            blob, stats = honest_encode(stage, r)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # wait for someone else's contribution of the round
+                theirs = list(self.contributions.have(r, stage).values())
+                if theirs:
+                    payload = decode_envelope(theirs[0], self.cfg.p2p.max_blob_bytes).payload
+                    shapes = {n: tuple(t.shape) for n, t in worker.engines[stage].global_weights.items()}
+                    copied = decode_contribution(payload, shapes, stage_index=stage, outer_round=r)
+                    blob, _decoded, _stats = encode_contribution(copied, self.cfg.compression, stage_index=stage,
+                                                                 outer_round=r)
+                    break
+                time.sleep(0.2)
+            return blob, stats
+
+        worker.encode = encode
+        try:
+            return honest_encode_of(self, outer_round)
+        finally:
+            del worker.encode
+
+    Node._publish_contributions = publish
+
+
+def late_delivery() -> None:
+    """Announce an honest contribution only after the others' round deadline."""
+    import time
+
+    from node.live.node import Node
+
+    honest_publish = Node._publish_contributions
+
+    def publish(self, outer_round):
+        time.sleep(self.cfg.round_timeout + 10)
+        return honest_publish(self, outer_round)
+
+    Node._publish_contributions = publish
 
 
 def empty_close() -> None:
@@ -104,8 +207,11 @@ def main() -> int:
         print(f"usage: adversary.py {{{'|'.join(ATTACKS)}}} [dlx-node arguments]", file=sys.stderr)
         return 2
     attack = sys.argv.pop(1)
-    {"malformed-payload": malformed_payload, "empty-close": empty_close, "equivocating-close": equivocating_close,
-     "absurd-hello": absurd_hello}[attack]()
+    if attack in CONTRIBUTION_ATTACKS:
+        forged_contribution(attack)
+    else:
+        {"malformed-payload": malformed_payload, "copy": copying_free_rider, "late": late_delivery,
+         "empty-close": empty_close, "equivocating-close": equivocating_close, "absurd-hello": absurd_hello}[attack]()
     from node.cli import main as cli_main
 
     return cli_main()
