@@ -1,0 +1,160 @@
+"""Byzantine members in real runs: one attacker among the replicas, one run per attack.
+
+    python bench/bench_byzantine.py [--replicas 4] [--rounds 8] [--inner-steps 20] [--attacks a,b,...]
+
+Each run is a real local run (anvil, ``--replicas`` one-node clusters of the
+``mini`` model on tinyshakespeare) in which the last replica is the tests'
+adversary harness (``tests/adversary.py``: the real node with one behaviour
+patched), plus one honest run with the same seeds. For every run it records:
+which nodes exited and how, the rounds committed and how many contributors
+each held, how often the attacker's contributions were excluded (from the
+honest nodes' archives), ``dlx-node audit``'s verdict, and the held-out loss
+of the final global weights (the last checkpoint, evaluated on the run's eval
+batches) against the honest run's. Writes bench/results/byzantine.json.
+
+Goals (issue 12): no honest node exits in any run; every malicious
+contribution is excluded or its harm bounded; final held-out loss within 5% of
+the honest run for every attack; the audit passes on every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from node.commands.launcher import LocalRun  # noqa: E402
+from node.config import load_config  # noqa: E402
+
+ADVERSARY = [sys.executable, str(ROOT / "tests" / "adversary.py")]
+DEFAULT_ATTACKS = ("malformed-payload", "huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero", "copy",
+                   "late", "empty-close", "equivocating-close", "absurd-hello")
+DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+
+
+def held_out_loss(node_cfg_path: Path, checkpoint: Path) -> float:
+    """Held-out loss of a checkpoint's global weights on the run's eval batches."""
+    from dataclasses import replace
+
+    from node.store.checkpoint import read_checkpoint
+    from training.data import corpus_from_config, eval_batches
+    from training.pipeline import LocalReplicaTrainer
+
+    cfg = load_config(node_cfg_path)
+    training_cfg = cfg.training
+    if training_cfg.data_path:
+        training_cfg = replace(training_cfg, data_path=str(cfg.path(training_cfg.data_path)))
+    corpus = corpus_from_config(training_cfg, cfg.model)
+    weights = read_checkpoint(checkpoint).weights
+    trainer = LocalReplicaTrainer(cfg.model, cfg.training, cfg.pipeline.num_stages, state_dict=weights)
+    return trainer.eval_loss(eval_batches(corpus, cfg.training.eval_batches, cfg.training.batch_size,
+                                          cfg.model.block_size))
+
+
+def excluded_from_archive(slot, attacker_peer: str) -> dict:
+    """Rounds in which an honest node's sealed archive holds / lacks the attacker's contributions."""
+    held, rounds = 0, 0
+    for sealed in sorted((slot.data_dir / "archive").glob("run-*/round-*/round.json")):
+        entries = json.loads(sealed.read_text()).get("contributions", [])  # [stage, replica, peer id, hash]
+        rounds += 1
+        held += any(entry[2] == attacker_peer for entry in entries)
+    evidence = len(list((slot.data_dir / "evidence").glob("*.envelope")))
+    return {"rounds_sealed": rounds, "rounds_with_attacker": held, "evidence_files": evidence}
+
+
+def one_run(workdir: Path, attack: str | None, args) -> dict:
+    settings = [
+        f"model.preset={args.preset}", f"diloco.inner_steps={args.inner_steps}", f"rounds={args.rounds}",
+        f"checkpoint_every={args.rounds}", "join_timeout=120", f"round_timeout={args.round_timeout}",
+        f"training.data_path={DATA}",
+    ]
+    run = LocalRun(workdir, replicas=args.replicas, stages=1, split=False, settings=settings)
+    run.setup()
+    attacker = run.nodes[-1]
+    if attack is not None:
+        attacker.command = [*ADVERSARY, attack]
+    started = time.monotonic()
+    run.start()
+    honest = run.nodes[:-1] if attack is not None else run.nodes
+    try:
+        run.wait(args.timeout)
+    finally:
+        run.stop()
+    seconds = time.monotonic() - started
+    exits = {slot.name: slot.process.returncode for slot in run.nodes}
+    result = {"attack": attack or "honest", "seconds": round(seconds, 1), "exit_codes": exits,
+              "honest_exits_nonzero": [s.name for s in honest if s.process.returncode != 0]}
+    state = json.loads((honest[0].data_dir / "state.json").read_text())
+    result["rounds_finished"] = state.get("last_finished", -1) + 1
+    checkpoint = honest[0].data_dir / "checkpoints" / f"round-{args.rounds - 1:08d}.safetensors"
+    result["held_out"] = held_out_loss(honest[0].config_path, checkpoint) if checkpoint.exists() else None
+    if attack is not None:
+        result["archive"] = excluded_from_archive(honest[0], attacker.peer_id)
+    result["audit"] = audit(run, honest[0])
+    return result
+
+
+def audit(run: LocalRun, slot) -> dict:
+    """``dlx-node audit`` of the run against a chain restarted from its state file."""
+    from ledger.chain import AnvilProcess
+
+    anvil = AnvilProcess(state_file=run.workdir / "chain-state.json")
+    url = anvil.start()
+    try:
+        deployment = json.loads((run.workdir / "deployment.json").read_text())
+        out = subprocess.run(
+            [sys.executable, "-m", "node.cli", "audit", "--rpc", url, "--ledger", deployment["ledger"],
+             "--registry", deployment["registry"], "--run", str(run.run_id), "--archive", str(slot.data_dir),
+             "--json", str(run.workdir / "audit.json")],
+            capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    finally:
+        anvil.stop()
+    tail = (out.stdout + out.stderr).strip().splitlines()[-12:]
+    return {"exit_code": out.returncode, "tail": tail}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="mini")
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--inner-steps", type=int, default=20)
+    parser.add_argument("--round-timeout", type=float, default=60.0)
+    parser.add_argument("--timeout", type=float, default=1200.0, help="bound on one run (seconds)")
+    parser.add_argument("--attacks", default=",".join(DEFAULT_ATTACKS))
+    parser.add_argument("--workdir", default="/tmp/dlx-bench-byzantine")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "byzantine.json"))
+    args = parser.parse_args()
+    attacks = [a for a in args.attacks.split(",") if a]
+    results = []
+    for attack in [None, *attacks]:
+        workdir = Path(args.workdir) / (attack or "honest")
+        if workdir.exists():
+            import shutil
+
+            shutil.rmtree(workdir)
+        result = one_run(workdir, attack, args)
+        results.append(result)
+        print(json.dumps({k: v for k, v in result.items() if k != "audit"}), flush=True)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"settings": vars(args), "runs": results}, indent=1))
+    honest = results[0]["held_out"]
+    print(f"\n{'attack':<20} {'honest exits':>12} {'attacker in rounds':>18} {'held-out':>9} {'vs honest':>9} audit")
+    for r in results:
+        loss = r["held_out"]
+        delta = f"{100 * (loss / honest - 1):+.1f}%" if loss and honest else "n/a"
+        archive = r.get("archive", {})
+        seen = f"{archive.get('rounds_with_attacker', '-')}/{archive.get('rounds_sealed', '-')}"
+        print(f"{r['attack']:<20} {len(r['honest_exits_nonzero']):>12} {seen:>18} "
+              f"{loss if loss is None else round(loss, 4)!s:>9} {delta:>9} {r['audit']['exit_code']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
