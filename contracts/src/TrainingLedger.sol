@@ -594,8 +594,8 @@ contract TrainingLedger {
         emit MemberSlashed(runId, account, stake);
     }
 
-    /// @dev The signers of `signatures` over `digest`: each a current member of `runId`, strictly ascending;
-    /// at least `quorum` of them other than `excluded`. Returns the counted signers.
+    /// @dev The signers of `signatures` over `digest`, strictly ascending; each but `excluded` a current member
+    /// of `runId`, and at least `quorum` of them. Returns the counted signers (`excluded` left out).
     function _quorumSigners(
         uint256 runId,
         bytes32 digest,
@@ -613,8 +613,9 @@ contract TrainingLedger {
             address signer = _recover(digest, signatures[i * _SIGNATURE_LENGTH:(i + 1) * _SIGNATURE_LENGTH], i);
             if (signer <= previous) revert LedgerSignersNotAscending(previous, signer);
             previous = signer;
+            if (signer == excluded) continue; // present but not counted, whatever its seat
             if (members[signer].status != MemberStatus.Active) revert LedgerSignerNotMember(runId, signer);
-            if (signer != excluded) signers[counted++] = signer;
+            signers[counted++] = signer;
         }
         if (counted < quorum) revert LedgerQuorumNotMet(quorum, counted);
         assembly ("memory-safe") {
