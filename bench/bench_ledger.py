@@ -131,7 +131,9 @@ def measure_gas(w3) -> dict:
     forked = RoundRecord(*committed.fields()[:3], digest("forked"), *committed.fields()[4:])
     gas["reportEquivocation"] = gas_of(
         clients[9],
-        clients[9].report_equivocation(committed, clients[6].sign_record(committed), forked, clients[6].sign_record(forked)),
+        clients[9].report_equivocation(
+            committed, clients[6].sign_record(committed), forked, clients[6].sign_record(forked)
+        ),
     )
     gas["unregister"] = gas_of(clients[8], clients[8].unregister())
 

@@ -103,7 +103,8 @@ class EventReads:
     """Mixin of :class:`ledger.client.LedgerClient`: everything read from event logs.
 
     Expects of the client: ``w3``, ``from_block``, ``log_page_blocks``, ``ledger_address``, ``head_of``,
-    ``record_hash_of``, ``_run_struct``, ``_sender`` (:class:`ledger.tx.TransactionSender`), ``_registry``, ``_ledger`` and
+    ``record_hash_of``, ``_run_struct``, ``_sender`` (:class:`ledger.tx.TransactionSender`), ``_registry``,
+    ``_ledger`` and
     their :class:`ledger.events.EventDecoder` ``_registry_events``, ``_ledger_events``.
     """
 

@@ -197,7 +197,8 @@ def test_accusation_blocks_withdrawal_and_a_guilty_verdict_slashes(deployment):
     with pytest.raises(errors.LedgerQuorumNotMet):  # the accused's own signature does not count
         run.client(1).resolve_accusation(guilty, [run.client(1).sign_verdict(guilty), accused.sign_verdict(guilty)])
     with pytest.raises(errors.LedgerSignerNotMember):
-        run.client(1).resolve_accusation(guilty, [run.client(1).sign_verdict(guilty), deployment.client(6).sign_verdict(guilty)])
+        stranger = deployment.client(6).sign_verdict(guilty)
+        run.client(1).resolve_accusation(guilty, [run.client(1).sign_verdict(guilty), stranger])
     run.client(2).resolve_accusation(guilty, [run.client(i).sign_verdict(guilty) for i in (1, 3)])
     assert accused.accusation_status(run.run_id, accused.address, evidence) == "guilty"
     assert accused.member(run.run_id, accused.address).status == "slashed"
