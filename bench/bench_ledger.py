@@ -5,8 +5,10 @@ Runs against a real anvil started from contracts/node_modules (``npm ci --prefix
     /work/venv/bin/python bench/bench_ledger.py [--rounds 1000] [--out bench/results/ledger.json]
 
 Measures:
-* gas used by each call (deployments, register with and without stake, createRun, commitRound, checkpoint,
-  dispute, unregister);
+* gas used by each call (deployments, register with and without stake, createRun, joinRun, leaveRun,
+  withdrawStake, commitRound, dispute, reportEquivocation, accuse, resolveAccusation, unregister);
+* round-commit gas by quorum k = 1, 3, 5, 8 signatures (target <= 150k at k = 3), first commit of a run and a
+  later one, with and without a checkpoint;
 * round-commit gas with 4, 64 and 4096 contributors (must not grow: contributor data is behind one root);
 * time to read a run of ``--rounds`` committed rounds back from anvil (paginated event scan) and verify it
   (hash-chain replay, binding signatures, committers, bytecode), target <= 5 s for 1000 rounds.
@@ -33,24 +35,37 @@ from ledger.account import dev_account
 from ledger.chain import AnvilProcess, connect_rpc
 from ledger.checks import check_chain_record, check_hash_chain
 from ledger.client import LedgerClient
-from ledger.records import RoundCommit
+from ledger.records import ZERO_HASH, RoundRecord, Verdict
+
+QUORUMS = (1, 3, 5, 8)
+MEMBERS = range(1, 9)  # dev accounts 1-8 join every measured run
+STAKE = 10**16
 
 
 def digest(label: str) -> bytes:
     return hashlib.sha256(label.encode()).digest()
 
 
-def commit(run_id: int, index: int, contributors: int) -> RoundCommit:
-    return RoundCommit(
+def next_record(client: LedgerClient, run_id: int, contributors: int, checkpoint: bytes = ZERO_HASH) -> RoundRecord:
+    index = client.commit_count(run_id)
+    return RoundRecord(
         run_id,
         index,
+        client.head_of(run_id),
         digest(f"w{index}"),
         digest(f"c{index}"),
         3_000_000 + index,
         3_100_000 + index,
         65_536 * (index + 1),
         contributors,
+        checkpoint,
     )
+
+
+def commit(clients: dict, run_id: int, k: int, contributors: int = 8, checkpoint: bytes = ZERO_HASH) -> str:
+    """Commit the run's next round signed by members 1..k, submitted by member 1."""
+    record = next_record(clients[1], run_id, contributors, checkpoint)
+    return clients[1].commit_round(record, [clients[i].sign_record(record) for i in range(1, k + 1)])
 
 
 def gas_of(client: LedgerClient, tx_hash: str) -> int:
@@ -72,25 +87,55 @@ def measure_gas(w3) -> dict:
         w3.eth.get_block(number, full_transactions=True)["gasUsed"]
         for number in range(block + 1, w3.eth.block_number + 1)
     ]
-    clients = [LedgerClient(w3, dev_account(i, chain_id), registry, ledger) for i in range(3)]
+    clients = {i: LedgerClient(w3, dev_account(i, chain_id), registry, ledger) for i in range(10)}
     gas = {"deploy_NodeRegistry": deploy_gas[0], "deploy_TrainingLedger": deploy_gas[1]}
     gas["register"] = gas_of(clients[1], register(clients[1], 1))
-    register(clients[2], 2)
-    run_id = clients[1].create_run(digest("config"), 4, 500, "file:///run.toml")
-    gas["createRun"] = w3.eth.get_block("latest")["gasUsed"]  # anvil automines one transaction per block
-    gas["commitRound_first_of_run_4_contributors"] = gas_of(
-        clients[1], clients[1].commit_round(commit(run_id, 0, 4))
-    )
+    for i in MEMBERS[1:]:
+        register(clients[i], i)
+    by_quorum = {}
+    runs = {}
+    for k in QUORUMS:
+        run_id = clients[1].create_run(
+            digest(f"config k={k}"), 4, 500, "file:///run.toml", min_stake=STAKE, quorum=k, unbonding_blocks=2
+        )
+        gas.setdefault("createRun", w3.eth.get_block("latest")["gasUsed"])  # anvil mines one tx per block
+        for i in MEMBERS:
+            tx = clients[i].join_run(run_id)
+            gas.setdefault("joinRun", gas_of(clients[i], tx))
+        runs[k] = run_id
+        first = gas_of(clients[1], commit(clients, run_id, k))
+        later = gas_of(clients[1], commit(clients, run_id, k))
+        with_checkpoint = gas_of(clients[1], commit(clients, run_id, k, checkpoint=digest("ckpt")))
+        by_quorum[str(k)] = {"first": first, "later": later, "with_checkpoint": with_checkpoint}
+    gas["commitRound_by_quorum"] = by_quorum
+
+    run_id = runs[3]
     by_contributors = {}
-    for index, contributors in ((1, 4), (2, 64), (3, 4096)):
-        tx_hash = clients[1].commit_round(commit(run_id, index, contributors))
-        by_contributors[str(contributors)] = gas_of(clients[1], tx_hash)
-    gas["commitRound_by_contributors"] = by_contributors
-    gas["publishCheckpoint"] = gas_of(
-        clients[1], clients[1].publish_checkpoint(run_id, 3, digest("ckpt"), "file:///checkpoints/round-3")
+    for contributors in (4, 64, 4096):
+        by_contributors[str(contributors)] = gas_of(clients[1], commit(clients, run_id, 3, contributors))
+    gas["commitRound_k3_by_contributors"] = by_contributors
+
+    committed = clients[1].commit_of(run_id, 0)
+    mine = RoundRecord(*committed.fields()[:3], digest("mine"), *committed.fields()[4:])
+    gas["dispute"] = gas_of(clients[8], clients[8].dispute(mine, clients[8].sign_record(mine)))
+    evidence = digest("evidence")
+    gas["accuse"] = gas_of(clients[1], clients[1].accuse(run_id, clients[7].address, evidence))
+    verdict = Verdict(run_id, clients[7].address, evidence, False)
+    gas["resolveAccusation_k3_not_guilty"] = gas_of(
+        clients[1], clients[1].resolve_accusation(verdict, [clients[i].sign_verdict(verdict) for i in (1, 2, 3)])
     )
-    gas["dispute"] = gas_of(clients[2], clients[2].dispute(run_id, 3, digest("mine"), digest("c3")))
-    gas["unregister"] = gas_of(clients[2], clients[2].unregister())
+    gas["leaveRun"] = gas_of(clients[7], clients[7].leave_run(run_id))
+    for _ in range(2):  # the unbonding period: two blocks
+        clients[0].create_run(digest("filler"), 1, 1)
+    gas["withdrawStake"] = gas_of(clients[7], clients[7].withdraw_stake(run_id))
+    forked = RoundRecord(*committed.fields()[:3], digest("forked"), *committed.fields()[4:])
+    gas["reportEquivocation"] = gas_of(
+        clients[9],
+        clients[9].report_equivocation(
+            committed, clients[6].sign_record(committed), forked, clients[6].sign_record(forked)
+        ),
+    )
+    gas["unregister"] = gas_of(clients[8], clients[8].unregister())
 
     staked_registry, staked_ledger = LedgerClient.deploy(w3, deployer, min_stake=10**18)
     staked = LedgerClient(w3, dev_account(3, chain_id), staked_registry, staked_ledger)
@@ -104,10 +149,12 @@ def measure_history(w3, rounds: int) -> dict:
     registry, ledger = LedgerClient.deploy(w3, dev_account(0, chain_id))
     client = LedgerClient(w3, dev_account(4, chain_id), registry, ledger)
     register(client, 4)
-    run_id = client.create_run(digest("long run"), 2, 50)
+    run_id = client.create_run(digest("long run"), 2, 50, quorum=1)
+    client.join_run(run_id)
     started = time.perf_counter()
-    for index in range(rounds):
-        client.commit_round(commit(run_id, index, 8))
+    for _ in range(rounds):
+        record = next_record(client, run_id, 8)
+        client.commit_round(record, [client.sign_record(record)])
     commit_seconds = time.perf_counter() - started
 
     reader = LedgerClient(w3, dev_account(5, chain_id), registry, ledger)
@@ -118,7 +165,7 @@ def measure_history(w3, rounds: int) -> dict:
     problems = check_hash_chain(history, chain_id, ledger).problems
     chain_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    checks = check_chain_record(reader, reader.history(run_id))  # reads again, plus bytecode, signatures, committers
+    checks = check_chain_record(reader, reader.history(run_id))  # reads again, plus bytecode, bindings, attesters
     audit_seconds = time.perf_counter() - started
     assert len(history.commits) == rounds and not problems and checks.ok, (problems, checks.problems)
     return {
@@ -148,7 +195,8 @@ def main() -> None:
         history = measure_history(w3, args.rounds)
         print(json.dumps({"history": history}, indent=2))
 
-    contributors_gas = gas["commitRound_by_contributors"]
+    contributors_gas = gas["commitRound_k3_by_contributors"]
+    k3 = gas["commitRound_by_quorum"]["3"]
     result = {
         "benchmark": "ledger",
         "chain": "anvil 1.7.1 (hardfork prague)",
@@ -159,8 +207,8 @@ def main() -> None:
             "platform": platform.platform(),
         },
         "gas": gas,
-        "commit_gas_max": max(max(contributors_gas.values()), gas["commitRound_first_of_run_4_contributors"]),
-        "commit_gas_target": 130_000,
+        "commit_gas_k3_max": max(*contributors_gas.values(), *k3.values()),
+        "commit_gas_k3_target": 150_000,
         "commit_gas_grows_with_contributors": contributors_gas["4096"] - contributors_gas["4"] > 100,
         "history": history,
     }

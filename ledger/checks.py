@@ -4,11 +4,14 @@ An auditor needs only an RPC URL and the two addresses. :meth:`ledger.client.Led
 the record; these functions judge it and never raise on a finding (what to do with a failed item is the
 caller's: :mod:`node.tools.audit` composes them with the evidence and replay checks).
 
-* :func:`check_hash_chain` -- the genesis head, one link per RoundCommitted event, the contract's head.
+* :func:`check_hash_chain` -- the genesis head, one link per RoundCommitted event (consecutive rounds below
+  ``max_rounds``, ``prev_head``), the contract's head.
 * :func:`verify_binding` / :func:`check_registrations` -- a registration's ed25519 signature over
   :func:`ledger.client.binding_message` (the contract cannot check it: the EVM has no ed25519 precompile).
-* :func:`check_committers` / :func:`bound_account` -- a committer, or a contribution's signing key, held
-  a registration with a valid binding in force (:meth:`ledger.records.Registration.in_force`).
+* :func:`check_attesters` -- each commit's attesters are ``quorum`` distinct members in force at its block,
+  rebuilt from the membership events alone (:meth:`ledger.records.Membership.in_force`).
+* :func:`check_members` / :func:`bound_account` -- a member's node key, or a contribution's signing key, was
+  bound by a registration with a valid binding in force (:meth:`ledger.records.Registration.in_force`).
 * :func:`check_contracts` -- the code deployed at both addresses is the committed build artifact,
   immutables masked (:func:`bytecode_problem`), and the ledger trusts the registry.
 * :func:`check_chain_record` runs them all on one run.
@@ -30,7 +33,7 @@ import contracts
 from ledger.client import binding_message
 from ledger.errors import AuditError, LedgerError
 from ledger.hashchain import genesis_head, next_head
-from ledger.records import CommitRecord, Registration, RunHistory
+from ledger.records import DisputeRecord, EquivocationRecord, Registration, RunHistory, SlashRecord
 
 logger = logging.getLogger(__name__)
 
@@ -127,8 +130,9 @@ class HashChainResult:
 def check_hash_chain(history: RunHistory, chain_id: int, ledger_address: str) -> HashChainResult:
     """Replay ``history``'s commits from the genesis head: each event's head, and the contract's at the end.
 
-    Rounds must strictly increase. After a wrong link the replay resynchronises on the event's head, so
-    one bad link is reported once.
+    Each link also checks what the contract enforced: rounds are consecutive from 0 and below the run's
+    ``max_rounds`` (when set), and each record names the previous head as its ``prev_head``. After a wrong
+    link the replay resynchronises on the event's head, so one bad link is reported once.
     """
     run = history.run
     head = genesis_head(chain_id, ledger_address, run.run_id, run.config_hash)
@@ -137,14 +141,16 @@ def check_hash_chain(history: RunHistory, chain_id: int, ledger_address: str) ->
         [] if head == run.genesis_head else [f"event {run.genesis_head.hex()} != recomputed {head.hex()}"],
     )
     links = []
-    previous_round = None
-    for record in history.commits:
+    for expected_round, record in enumerate(history.commits):
         commit = record.commit
         problems = []
-        if previous_round is not None and commit.round <= previous_round:
-            problems.append(f"committed after round {previous_round}")
-        previous_round = commit.round
-        head = next_head(head, commit, record.committer)
+        if commit.round != expected_round:
+            problems.append(f"round {commit.round} committed where round {expected_round} was next")
+        if run.max_rounds and commit.round >= run.max_rounds:
+            problems.append(f"round {commit.round} is beyond the run's max_rounds {run.max_rounds}")
+        if commit.prev_head != head:
+            problems.append(f"record's prev_head {commit.prev_head.hex()} != previous head {head.hex()}")
+        head = next_head(head, commit)
         if head != record.head_hash:
             problems.append(f"event head {record.head_hash.hex()} != recomputed {head.hex()}")
             head = record.head_hash
@@ -156,6 +162,55 @@ def check_hash_chain(history: RunHistory, chain_id: int, ledger_address: str) ->
         else [f"contract headOf {history.head_hash.hex()} != replayed {head.hex()}"],
     )
     return HashChainResult(genesis, links, final)
+
+
+# ---------------------------------------------------------------------- members and attesters
+def check_attesters(history: RunHistory) -> list[ItemResult]:
+    """One result per commit: ``quorum`` distinct attesters, ascending, each a member in force at the commit.
+
+    The chain verified the signatures; this re-checks, from the membership events alone, that the signers it
+    accepted were members when the commit was mined (and that the submitter was one).
+    """
+    results = []
+    quorum = history.run.quorum
+    for record in history.commits:
+        in_force = {m.account for m in history.members_at(record.position)}
+        attesters = list(record.attesters)
+        problems = []
+        if len(set(attesters)) < quorum:
+            problems.append(f"{len(set(attesters))} distinct attesters, the run's quorum is {quorum}")
+        if [int(a, 16) for a in attesters] != sorted({int(a, 16) for a in attesters}):
+            problems.append("attesters are not strictly ascending")
+        outsiders = [a for a in attesters if a not in in_force]
+        if outsiders:
+            problems.append(f"not members at block {record.block_number}: {', '.join(outsiders)}")
+        if record.submitter not in in_force:
+            problems.append(f"submitter {record.submitter} was not a member at block {record.block_number}")
+        results.append(ItemResult.of(f"attesters of round {record.commit.round}", problems))
+    return results
+
+
+def check_members(history: RunHistory, valid: dict[str, list[Registration]]) -> list[ItemResult]:
+    """One result per membership: the node key the ledger copied was bound to the account by a registration
+    with a valid binding signature, in force when it joined."""
+    results = []
+    for membership in history.memberships:
+        block = membership.joined[0]
+        bound = any(
+            r.pubkey == membership.node_key and r.in_force(block) for r in valid.get(membership.account, [])
+        )
+        name = f"member {membership.account} (joined block {block})"
+        results.append(
+            ItemResult(name, True)
+            if bound
+            else ItemResult(
+                name,
+                False,
+                f"node key {membership.node_key.hex()[:16]} had no registration with a valid binding "
+                f"signature for {membership.account} at block {block}",
+            )
+        )
+    return results
 
 
 # ---------------------------------------------------------------------- registrations
@@ -206,45 +261,36 @@ def bound_account(
     return None
 
 
-def check_committers(commits: list[CommitRecord], valid: dict[str, list[Registration]]) -> list[ItemResult]:
-    """One result per commit: its committer held a registration with a valid binding at the commit's block."""
-    results = []
-    for record in commits:
-        in_force = any(r.in_force(record.block_number) for r in valid.get(record.committer, []))
-        results.append(
-            ItemResult(f"committer of round {record.commit.round}", True)
-            if in_force
-            else ItemResult(
-                f"committer of round {record.commit.round}",
-                False,
-                f"{record.committer} had no registration with a valid binding "
-                f"signature at block {record.block_number}",
-            )
-        )
-    return results
-
-
 # ---------------------------------------------------------------------- one run
 @dataclass
 class ChainChecks:
-    """Every chain item of one run (:func:`check_chain_record`); ``links`` and ``committers`` follow
-    ``history.commits``."""
+    """Every chain item of one run (:func:`check_chain_record`); ``links`` and ``attesters`` follow
+    ``history.commits``, ``members`` follows ``history.memberships``."""
 
     run_id: int
     contracts: list[ItemResult] | None  # None: not checked (on request)
     hash_chain: HashChainResult
     registrations: list[ItemResult]
-    committers: list[ItemResult]
+    members: list[ItemResult]
+    attesters: list[ItemResult]
     valid: dict[str, list[Registration]] = field(default_factory=dict)  # valid registrations by account
-    disputed_rounds: list[int] = field(default_factory=list)
+    disputes: dict[int, list[DisputeRecord]] = field(default_factory=dict)  # by round
+    equivocations: dict[int, list[EquivocationRecord]] = field(default_factory=dict)  # by round
+    slashings: list[SlashRecord] = field(default_factory=list)
+
+    @property
+    def disputed_rounds(self) -> list[int]:
+        """The rounds some member disputed, ascending."""
+        return sorted(self.disputes)
 
     def items(self) -> list[ItemResult]:
         return [
             *(self.contracts or []),
             self.hash_chain.genesis,
             *self.registrations,
+            *self.members,
             *self.hash_chain.links,
-            *self.committers,
+            *self.attesters,
             self.hash_chain.head,
         ]
 
@@ -255,7 +301,8 @@ class ChainChecks:
     @property
     def ok(self) -> bool:
         """Nothing contradicts the record (a forged registration does, even of an account that never
-        committed: it claims a node key for an account that never proved control of it)."""
+        signed: it claims a node key for an account that never proved control of it). Disputes, equivocations
+        and slashings are findings to report, not contradictions of the record."""
         return not self.problems
 
 
@@ -263,14 +310,23 @@ def check_chain_record(client: Any, history: RunHistory, check_code: bool = True
     """Every chain check of ``history`` (read with ``client``, a reader of the run's deployment)."""
     chain_id = client.chain_id
     registrations, valid = check_registrations(history.registrations, chain_id, client.registry_address)
+    disputes: dict[int, list[DisputeRecord]] = {}
+    for dispute in history.disputes:
+        disputes.setdefault(dispute.round, []).append(dispute)
+    equivocations: dict[int, list[EquivocationRecord]] = {}
+    for equivocation in history.equivocations:
+        equivocations.setdefault(equivocation.round, []).append(equivocation)
     checks = ChainChecks(
         run_id=history.run.run_id,
         contracts=check_contracts(client) if check_code else None,
         hash_chain=check_hash_chain(history, chain_id, client.ledger_address),
         registrations=registrations,
-        committers=check_committers(history.commits, valid),
+        members=check_members(history, valid),
+        attesters=check_attesters(history),
         valid=valid,
-        disputed_rounds=sorted({dispute.round for dispute in history.disputes}),
+        disputes=disputes,
+        equivocations=equivocations,
+        slashings=list(history.slashings),
     )
     if checks.problems:
         logger.info("chain checks of run %d: %d problem(s)", history.run.run_id, len(checks.problems))

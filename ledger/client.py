@@ -3,14 +3,16 @@
 ``LedgerClient`` takes and returns bytes, ints and the dataclasses of :mod:`ledger.records`; it knows
 nothing of torch or libp2p. Writes go through :class:`ledger.tx.TransactionSender` (explicit gas, pending
 nonce, retries with backoff, reverts decoded into :mod:`ledger.errors` classes on both backends). Writes are
-idempotent where the protocol needs it: re-committing a round that is already on chain with identical data
-returns the original transaction instead of failing, and different data raises :class:`CommitConflict`.
+idempotent where the protocol needs it: re-committing a round that is already on chain with an identical
+record returns the original transaction instead of failing, and a different record raises
+:class:`CommitConflict`. Records and verdicts are signed with :mod:`ledger.attest` (EIP-712).
 Reads of the event logs (registrations, runs, a run's history) are :class:`ledger.history.EventReads`'s.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from eth_utils import to_checksum_address
@@ -18,18 +20,38 @@ from web3 import Web3
 
 import contracts
 from ledger.chain import DEFAULT_RETRY, RetryPolicy
+from ledger.attest import (
+    order_signatures,
+    pack_signatures,
+    record_digest,
+    record_struct_hash,
+    sign_record,
+    sign_verdict,
+    verdict_digest,
+)
 from ledger.errors import (
+    AccountError,
     CommitConflict,
     DeploymentMismatch,
-    LedgerCheckpointExists,
     LedgerError,
     LedgerInputError,
-    LedgerRoundNotIncreasing,
+    LedgerRoundNotNext,
+    LedgerStaleHead,
     TransactionTimeout,
 )
 from ledger.events import EventDecoder, topic_address, topic_uint
 from ledger.history import EventReads
-from ledger.records import UINT32_MAX, UINT64_MAX, RoundCommit, check_bytes32, check_uint
+from ledger.records import (
+    ACCUSATION_STATUSES,
+    MEMBER_STATUSES,
+    UINT32_MAX,
+    UINT64_MAX,
+    Member,
+    RoundRecord,
+    Verdict,
+    check_bytes32,
+    check_uint,
+)
 from ledger.tx import TransactionSender
 
 logger = logging.getLogger(__name__)
@@ -238,21 +260,39 @@ class LedgerClient(EventReads):
         return self._sender.call(self._registry, "nodeCount")
 
     # Runs ----------------------------------------------------------------------------------------------
-    def create_run(self, config_hash: bytes, num_stages: int, inner_steps: int, config_uri: str = "") -> int:
-        """Create a run; return its id.
+    def create_run(
+        self,
+        config_hash: bytes,
+        num_stages: int,
+        inner_steps: int,
+        config_uri: str = "",
+        *,
+        min_stake: int = 0,
+        quorum: int = 1,
+        unbonding_blocks: int = 0,
+        max_rounds: int = 0,
+    ) -> int:
+        """Create a run; return its id. Its parameters never change.
 
         Args:
             config_hash: 32-byte hash of the run's full configuration (model, data, hyperparameters, stages, H).
             num_stages: Pipeline stages (>= 1).
             inner_steps: Inner steps H per outer round (>= 1).
             config_uri: Where the configuration can be fetched (emitted only).
+            min_stake: Wei each member stakes to join.
+            quorum: Distinct member signatures a commit (or a verdict) needs, >= 1.
+            unbonding_blocks: Blocks between ``leave_run`` and the earliest ``withdraw_stake``.
+            max_rounds: Rounds 0 .. max_rounds-1 may be committed; 0 leaves the run open-ended.
         """
         config_hash = check_bytes32("config_hash", config_hash)
         check_uint("num_stages", num_stages, UINT32_MAX)
         check_uint("inner_steps", inner_steps, UINT32_MAX)
-        receipt = self._sender.transact(
-            self._ledger, "createRun", (config_hash, num_stages, inner_steps, config_uri), "createRun"
-        )
+        check_uint("min_stake", min_stake, 2**256 - 1)
+        check_uint("quorum", quorum, UINT32_MAX)
+        check_uint("unbonding_blocks", unbonding_blocks, UINT64_MAX)
+        check_uint("max_rounds", max_rounds, UINT64_MAX)
+        args = (config_hash, num_stages, inner_steps, min_stake, quorum, unbonding_blocks, max_rounds, config_uri)
+        receipt = self._sender.transact(self._ledger, "createRun", args, "createRun")
         for log in receipt["logs"]:
             event = self._ledger_events.decode(log)
             if event is not None and event.name == "RunCreated":
@@ -265,44 +305,112 @@ class LedgerClient(EventReads):
         """The number of runs (the latest run id)."""
         return self._sender.call(self._ledger, "runCount")
 
-    # Rounds --------------------------------------------------------------------------------------------
-    def commit_round(self, commit: RoundCommit, attempts: int = 3) -> str:
-        """Commit one outer round; return the hash of the transaction that committed it.
+    # Membership ----------------------------------------------------------------------------------------
+    def join_run(self, run_id: int, stake: int | None = None) -> str:
+        """Join run ``run_id`` as a signing member; return the tx hash.
 
-        Idempotent: if the round is already on chain with identical data (from any registered node, e.g.
+        Idempotent: if this account already holds an active seat, returns the MemberJoined transaction.
+
+        Args:
+            stake: Wei to stake; None sends the run's minimum stake.
+
+        Raises:
+            LedgerNotRegistered: The account is not in the NodeRegistry.
+            LedgerStakeTooLow, LedgerAlreadyMember (unbonding: withdraw first), LedgerMemberSlashed.
+        """
+        seat = self.member(run_id, self.address)
+        if seat is not None and seat.active:
+            logger.info("account %s is already a member of run %d", self.address, run_id)
+            return self._first_tx(
+                self._ledger,
+                self._ledger_events,
+                "MemberJoined",
+                [topic_uint(run_id), topic_address(self.address)],
+                last=True,
+            )
+        if stake is None:
+            stake = self._run_struct(run_id)["minStake"]
+        check_uint("stake", stake, 2**128 - 1)
+        return self._tx("joinRun", (run_id,), f"joinRun(run {run_id})", stake)
+
+    def leave_run(self, run_id: int) -> str:
+        """Stop signing for ``run_id`` now and start unbonding the stake; return the tx hash."""
+        return self._tx("leaveRun", (run_id,), f"leaveRun(run {run_id})")
+
+    def withdraw_stake(self, run_id: int) -> str:
+        """Take the stake back once unbonding is over and no accusation is open; return the tx hash.
+
+        Raises:
+            LedgerStillUnbonding, LedgerAccusationPending, LedgerNotUnbonding.
+        """
+        return self._tx("withdrawStake", (run_id,), f"withdrawStake(run {run_id})")
+
+    def member(self, run_id: int, address: str) -> Member | None:
+        """The seat of ``address`` in ``run_id`` as the contract holds it now, or None (never joined/withdrew)."""
+        address = to_checksum_address(address)
+        node_key, stake, unbonding_end, open_accusations, status = self._sender.call(
+            self._ledger, "memberOf", (run_id, address)
+        )
+        if status == 0:
+            return None
+        return Member(
+            run_id, address, bytes(node_key), stake, unbonding_end, open_accusations, MEMBER_STATUSES[status]
+        )
+
+    def member_count(self, run_id: int) -> int:
+        """The number of members currently able to sign for ``run_id``."""
+        return self._run_struct(run_id)["memberCount"]
+
+    # Signing -------------------------------------------------------------------------------------------
+    def sign_record(self, record: RoundRecord) -> bytes:
+        """This account's 65-byte EIP-712 signature over ``record`` for this chain and ledger."""
+        if self.account is None:
+            raise AccountError("this ledger client is read-only (no account): cannot sign")
+        return sign_record(self.account, record, self.chain_id, self.ledger_address)
+
+    def sign_verdict(self, verdict: Verdict) -> bytes:
+        """This account's 65-byte EIP-712 signature over ``verdict`` for this chain and ledger."""
+        if self.account is None:
+            raise AccountError("this ledger client is read-only (no account): cannot sign")
+        return sign_verdict(self.account, verdict, self.chain_id, self.ledger_address)
+
+    def record_digest(self, record: RoundRecord) -> bytes:
+        """The EIP-712 digest members sign for ``record`` on this chain and ledger."""
+        return record_digest(record, self.chain_id, self.ledger_address)
+
+    # Rounds --------------------------------------------------------------------------------------------
+    def commit_round(self, record: RoundRecord, signatures: Iterable[bytes], attempts: int = 3) -> str:
+        """Commit one outer round with members' signatures; return the hash of the transaction that committed it.
+
+        The signatures (65 bytes each, any order) are sorted by signer address as the contract requires; the
+        contract checks that at least ``quorum`` distinct current members signed. The caller must itself be a
+        current member.
+
+        Idempotent: if the round is already on chain with an identical record (submitted by any member, e.g.
         this one before an outage), that commit's transaction hash is returned and nothing is sent.
 
         Raises:
-            CommitConflict: The round is already committed with different data.
-            LedgerRoundNotIncreasing: A later round is already committed (and this one never was).
-            LedgerNotRegistered, LedgerUnknownRun, LedgerZeroHash: contract rules.
+            CommitConflict: The round is already committed with a different record.
+            LedgerRoundNotNext: Another round than the next is named (and this one was never committed).
+            LedgerStaleHead: ``record.prev_head`` is not the run's head.
+            LedgerNotMember, LedgerSignerNotMember, LedgerQuorumNotMet, LedgerSignersNotAscending,
+            LedgerInvalidSignature, LedgerRoundBeyondMax, LedgerUnknownRun, LedgerZeroHash: contract rules.
             ChainUnavailable, TransactionTimeout: the chain could not be reached / did not mine in time.
         """
-        if not isinstance(commit, RoundCommit):
-            raise LedgerInputError(f"commit_round needs a RoundCommit, got {type(commit).__name__}")
-        what = f"commitRound(run {commit.run_id}, round {commit.round})"
+        if not isinstance(record, RoundRecord):
+            raise LedgerInputError(f"commit_round needs a RoundRecord, got {type(record).__name__}")
+        signatures = [bytes(signature) for signature in signatures]
+        packed = pack_signatures(order_signatures(self.record_digest(record), signatures))
+        what = f"commitRound(run {record.run_id}, round {record.round})"
         for attempt in range(1, attempts + 1):
-            existing = self.commit_of(commit.run_id, commit.round)
-            if existing is not None:
-                if existing != commit:
-                    raise CommitConflict(
-                        f"{what}: already committed with different data: on chain {existing}, attempted {commit}",
-                        on_chain=existing,
-                        attempted=commit,
-                    )
-                logger.info("%s: already committed with identical data", what)
-                return self._first_tx(
-                    self._ledger,
-                    self._ledger_events,
-                    "RoundCommitted",
-                    [topic_uint(commit.run_id), topic_uint(commit.round)],
-                )
-            args = commit.fields()
+            already = self._committed_tx(record, what)
+            if already is not None:
+                return already
             try:
-                receipt = self._sender.transact(self._ledger, "commitRound", args, what)
-            except LedgerRoundNotIncreasing:
-                # Another node's commit of this very round may have been mined between our check and ours.
-                if self.commit_of(commit.run_id, commit.round) is not None and attempt < attempts:
+                receipt = self._sender.transact(self._ledger, "commitRound", (record.fields(), packed), what)
+            except (LedgerRoundNotNext, LedgerStaleHead):
+                # Another member's commit of this very round may have been mined between our check and ours.
+                if self.record_hash_of(record.run_id, record.round) is not None and attempt < attempts:
                     continue
                 raise
             except TransactionTimeout:
@@ -315,101 +423,139 @@ class LedgerClient(EventReads):
             return receipt["transactionHash"].to_0x_hex()
         raise AssertionError("unreachable")
 
-    def commit_of(self, run_id: int, round: int) -> RoundCommit | None:
-        """The commit of ``round`` of ``run_id``, or None if that round was not committed."""
-        check_uint("round", round, UINT64_MAX)
-        stored = self._sender.call(self._ledger, "commitOf", (run_id, round))
-        weights_root, contributions_root, train_loss, eval_loss, tokens, contributors, exists = stored
-        if not exists:
+    def _committed_tx(self, record: RoundRecord, what: str) -> str | None:
+        """The tx that committed ``record``'s round if it holds ``record``; CommitConflict if another record."""
+        on_chain = self.record_hash_of(record.run_id, record.round)
+        if on_chain is None:
             return None
-        return RoundCommit(
-            run_id,
-            round,
-            bytes(weights_root),
-            bytes(contributions_root),
-            train_loss,
-            eval_loss,
-            tokens,
-            contributors,
-        )
+        committed = self.commit_record(record.run_id, record.round)
+        if on_chain != record_struct_hash(record):
+            existing = committed.commit if committed is not None else None
+            raise CommitConflict(
+                f"{what}: already committed with a different record: on chain {existing}, attempted {record}",
+                on_chain=existing,
+                attempted=record,
+            )
+        logger.info("%s: already committed with an identical record", what)
+        if committed is None:
+            raise LedgerError(f"{what}: committed on chain but no RoundCommitted event found")
+        return committed.tx_hash
+
+    def record_hash_of(self, run_id: int, round: int) -> bytes | None:
+        """The EIP-712 struct hash of the record committed for ``round`` of ``run_id``, or None."""
+        check_uint("round", round, UINT64_MAX)
+        stored = bytes(self._sender.call(self._ledger, "recordHashOf", (run_id, round)))
+        return None if stored == bytes(32) else stored
+
+    def commit_of(self, run_id: int, round: int) -> RoundRecord | None:
+        """The record committed for ``round`` of ``run_id`` (from its RoundCommitted event), or None."""
+        committed = self.commit_record(run_id, round)
+        return committed.commit if committed is not None else None
 
     def last_round(self, run_id: int) -> int | None:
         """The last committed round of ``run_id``, or None if none is committed."""
-        run = self._run_struct(run_id)
-        return run["lastRound"] if run["commitCount"] > 0 else None
+        count = self._run_struct(run_id)["commitCount"]
+        return count - 1 if count > 0 else None
 
     def commit_count(self, run_id: int) -> int:
-        """How many rounds of ``run_id`` are committed."""
+        """How many rounds of ``run_id`` are committed (also the number of the next round)."""
         return self._run_struct(run_id)["commitCount"]
 
     def head_of(self, run_id: int) -> bytes:
-        """The current head of ``run_id``'s hash chain (see :mod:`ledger.hashchain`)."""
+        """The current head of ``run_id``'s hash chain (see :mod:`ledger.hashchain`): the next ``prev_head``."""
         return bytes(self._sender.call(self._ledger, "headOf", (run_id,)))
 
-    # Checkpoints and disputes --------------------------------------------------------------------------
-    def publish_checkpoint(self, run_id: int, round: int, content_hash: bytes, uri: str) -> str:
-        """Publish the checkpoint of ``round``; return the tx hash.
-
-        Idempotent: if the same content hash is already published for that round, returns its transaction.
-
-        Raises:
-            LedgerCheckpointExists: A different checkpoint is already published for the round.
-            LedgerCheckpointAhead: ``round`` is after the last committed round.
-        """
-        content_hash = check_bytes32("content_hash", content_hash)
-        check_uint("round", round, UINT64_MAX)
-        what = f"publishCheckpoint(run {run_id}, round {round})"
-        try:
-            receipt = self._sender.transact(
-                self._ledger, "publishCheckpoint", (run_id, round, content_hash, uri), what
-            )
-        except LedgerCheckpointExists as exc:
-            if bytes(exc.values["contentHash"]) != content_hash:
-                raise
-            return self._first_tx(
-                self._ledger,
-                self._ledger_events,
-                "CheckpointPublished",
-                [topic_uint(run_id), topic_uint(round)],
-            )
-        return receipt["transactionHash"].to_0x_hex()
-
     def checkpoint_of(self, run_id: int, round: int) -> bytes | None:
-        """The content hash published for ``round`` of ``run_id``, or None."""
+        """The checkpoint content hash committed with ``round`` of ``run_id``, or None."""
         content_hash = bytes(self._sender.call(self._ledger, "checkpointOf", (run_id, round)))
         return None if content_hash == bytes(32) else content_hash
 
-    def dispute(
-        self, run_id: int, round: int, computed_weights_root: bytes, computed_contributions_root: bytes
-    ) -> str:
-        """Flag committed ``round`` of ``run_id`` with the roots this node computed instead; return the tx hash."""
-        args = (
-            run_id,
-            round,
-            check_bytes32("computed_weights_root", computed_weights_root),
-            check_bytes32("computed_contributions_root", computed_contributions_root),
-        )
-        receipt = self._sender.transact(
-            self._ledger, "dispute", args, f"dispute(run {run_id}, round {round})"
-        )
-        return receipt["transactionHash"].to_0x_hex()
+    # Disputes, equivocation, accusations ---------------------------------------------------------------
+    def dispute(self, record: RoundRecord, signature: bytes) -> str:
+        """Record on chain a member's own signed ``record`` for a committed round it differs from; return the tx.
+
+        The disputer is the signer of ``signature`` (usually this account: ``client.sign_record(record)``),
+        which must hold a stake in the run. A dispute cannot be withdrawn.
+
+        Raises:
+            LedgerRoundNotCommitted, LedgerDisputeMatchesCommit, LedgerAlreadyDisputed, LedgerNotBonded.
+        """
+        if not isinstance(record, RoundRecord):
+            raise LedgerInputError(f"dispute needs a RoundRecord, got {type(record).__name__}")
+        args = (record.fields(), pack_signatures([signature]))
+        return self._tx("dispute", args, f"dispute(run {record.run_id}, round {record.round})")
 
     def dispute_count(self, run_id: int, round: int) -> int:
-        """How many nodes disputed ``round`` of ``run_id``."""
+        """How many members disputed ``round`` of ``run_id``."""
         return self._sender.call(self._ledger, "disputeCount", (run_id, round))
 
+    def report_equivocation(
+        self, record_a: RoundRecord, signature_a: bytes, record_b: RoundRecord, signature_b: bytes
+    ) -> str:
+        """Prove that one member signed two different records for a round: it is slashed; return the tx.
+
+        Raises:
+            LedgerNotEquivocation, LedgerDifferentSigners, LedgerNotBonded, LedgerInvalidSignature.
+        """
+        for record in (record_a, record_b):
+            if not isinstance(record, RoundRecord):
+                raise LedgerInputError(f"report_equivocation needs RoundRecords, got {type(record).__name__}")
+        args = (
+            record_a.fields(),
+            pack_signatures([signature_a]),
+            record_b.fields(),
+            pack_signatures([signature_b]),
+        )
+        return self._tx("reportEquivocation", args, f"reportEquivocation(run {record_a.run_id})")
+
+    def accuse(self, run_id: int, accused: str, evidence_hash: bytes) -> str:
+        """Open an accusation against staked member ``accused`` (blocks its withdrawal); return the tx hash."""
+        args = (run_id, to_checksum_address(accused), check_bytes32("evidence_hash", evidence_hash))
+        return self._tx("accuse", args, f"accuse(run {run_id}, {accused})")
+
+    def resolve_accusation(self, verdict: Verdict, signatures: Iterable[bytes]) -> str:
+        """Decide an open accusation with members' signatures over ``verdict`` (any order); return the tx hash.
+
+        Guilty slashes the accused and removes it from the run. The accused's own signature is not counted.
+
+        Raises:
+            LedgerAccusationNotOpen, LedgerQuorumNotMet, LedgerSignerNotMember, LedgerSignersNotAscending.
+        """
+        if not isinstance(verdict, Verdict):
+            raise LedgerInputError(f"resolve_accusation needs a Verdict, got {type(verdict).__name__}")
+        digest = verdict_digest(verdict, self.chain_id, self.ledger_address)
+        packed = pack_signatures(order_signatures(digest, [bytes(signature) for signature in signatures]))
+        what = f"resolveAccusation(run {verdict.run_id}, {verdict.accused})"
+        return self._tx("resolveAccusation", (verdict.fields(), packed), what)
+
+    def accusation_status(self, run_id: int, accused: str, evidence_hash: bytes) -> str:
+        """The accusation's state: one of ``ACCUSATION_STATUSES`` ("none", "open", "guilty", "cleared")."""
+        args = (run_id, to_checksum_address(accused), check_bytes32("evidence_hash", evidence_hash))
+        return ACCUSATION_STATUSES[self._sender.call(self._ledger, "accusationOf", args)]
+
+    def slashed_total(self) -> int:
+        """Wei slashed so far over all runs (kept by the ledger for good)."""
+        return self._sender.call(self._ledger, "slashedTotal")
+
     # Internals -----------------------------------------------------------------------------------------
+    def _tx(self, name: str, args: tuple, what: str, value: int = 0) -> str:
+        receipt = self._sender.transact(self._ledger, name, args, what, value)
+        return receipt["transactionHash"].to_0x_hex()
+
     def _run_struct(self, run_id: int) -> dict:
         names = (
-            "configHash",
-            "headHash",
+            "commitCount",
+            "maxRounds",
+            "quorum",
+            "checkpointCount",
+            "latestCheckpointRound",
+            "creator",
             "numStages",
             "innerSteps",
-            "lastRound",
-            "commitCount",
-            "creator",
-            "latestCheckpointRound",
-            "checkpointCount",
+            "memberCount",
+            "unbondingBlocks",
+            "minStake",
+            "configHash",
+            "headHash",
         )
         return dict(zip(names, self._sender.call(self._ledger, "runOf", (run_id,)), strict=True))
-

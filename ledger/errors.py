@@ -1,7 +1,7 @@
 """Errors of the ledger package.
 
 ``LedgerError`` is the root here (this package imports nothing from ``node/``). A contract revert becomes a
-:class:`ContractRevert` subclass named exactly like the Solidity custom error (``LedgerRoundNotIncreasing``
+:class:`ContractRevert` subclass named exactly like the Solidity custom error (``LedgerRoundNotNext``
 and so on), whichever backend raised it: web3 raises ``ContractCustomError`` on a JSON-RPC node such as
 anvil but eth-tester raises ``TransactionFailed`` on py-evm; ``ledger.tx.decode_revert`` maps both by the
 error's 4-byte selector. The decoded arguments are in ``.values`` (a dict by parameter name).
@@ -43,7 +43,7 @@ class TransactionTimeout(LedgerError):
 
 
 class CommitConflict(LedgerError):
-    """The round is already committed on chain with different data than the node tried to commit."""
+    """The round is already committed on chain with a different record than the node tried to commit."""
 
     def __init__(self, message: str, *, on_chain: object = None, attempted: object = None):
         super().__init__(message)
@@ -112,7 +112,7 @@ class LedgerRevert(ContractRevert):
 
 
 class LedgerNotRegistered(LedgerRevert):
-    """The caller is not a registered node."""
+    """The account joining a run is not a registered node."""
 
 
 class LedgerUnknownRun(LedgerRevert):
@@ -123,32 +123,108 @@ class LedgerBadRunShape(LedgerRevert):
     """``numStages`` or ``innerSteps`` is zero."""
 
 
+class LedgerBadQuorum(LedgerRevert):
+    """A run's quorum is zero."""
+
+
 class LedgerZeroHash(LedgerRevert):
-    """A config hash, root or content hash is all zero."""
+    """A config hash, root or evidence hash is all zero."""
 
 
-class LedgerRoundNotIncreasing(LedgerRevert):
-    """The round is not greater than the run's last committed round."""
+class LedgerStakeTooLow(LedgerRevert):
+    """``joinRun`` was sent with less than the run's minimum stake."""
+
+
+class LedgerAlreadyMember(LedgerRevert):
+    """The account already holds a seat (active or unbonding) in the run."""
+
+
+class LedgerMemberSlashed(LedgerRevert):
+    """The account was slashed in this run and can never join it again."""
+
+
+class LedgerNotMember(LedgerRevert):
+    """The caller is not a current (active) member of the run."""
+
+
+class LedgerNotUnbonding(LedgerRevert):
+    """``withdrawStake`` from an account that has not left the run."""
+
+
+class LedgerStillUnbonding(LedgerRevert):
+    """The stake cannot be withdrawn before the unbonding period ends."""
+
+
+class LedgerAccusationPending(LedgerRevert):
+    """The stake cannot be withdrawn while an accusation against the member is open."""
+
+
+class LedgerRefundFailed(LedgerRevert):
+    """Returning the stake to the member failed."""
+
+
+class LedgerRoundNotNext(LedgerRevert):
+    """The round is not the run's next one (last committed + 1, or 0 first)."""
+
+
+class LedgerRoundBeyondMax(LedgerRevert):
+    """The round is at or past the run's maxRounds."""
+
+
+class LedgerStaleHead(LedgerRevert):
+    """The record's prevHead is not the run's current head (e.g. a replayed old signature)."""
+
+
+class LedgerBadSignaturesLength(LedgerRevert):
+    """The packed signatures are not a whole number of 65-byte signatures."""
+
+
+class LedgerInvalidSignature(LedgerRevert):
+    """A signature is malformed, malleable (high s), has a bad v or recovers nothing."""
+
+
+class LedgerSignerNotMember(LedgerRevert):
+    """A signature recovers to an account that is not a current member of the run."""
+
+
+class LedgerSignersNotAscending(LedgerRevert):
+    """Signers are not in strictly ascending address order (or one signed twice)."""
+
+
+class LedgerQuorumNotMet(LedgerRevert):
+    """Fewer distinct member signatures than the run's quorum."""
+
+
+class LedgerNotEquivocation(LedgerRevert):
+    """The two records are of different runs or rounds, or are the same record."""
+
+
+class LedgerDifferentSigners(LedgerRevert):
+    """The two equivocation signatures come from different accounts."""
+
+
+class LedgerNotBonded(LedgerRevert):
+    """The account holds no stake in the run (never joined, withdrew, or already slashed)."""
 
 
 class LedgerRoundNotCommitted(LedgerRevert):
     """A dispute names a round that was never committed."""
 
 
-class LedgerCheckpointAhead(LedgerRevert):
-    """A checkpoint names a round after the last committed one."""
-
-
-class LedgerCheckpointExists(LedgerRevert):
-    """A checkpoint was already published for that round."""
-
-
 class LedgerDisputeMatchesCommit(LedgerRevert):
-    """A dispute posts the same roots as the commit."""
+    """A dispute's record is the committed record."""
 
 
 class LedgerAlreadyDisputed(LedgerRevert):
-    """The account already disputed that round."""
+    """The member already disputed that round."""
+
+
+class LedgerAccusationExists(LedgerRevert):
+    """That accusation (run, accused, evidence) was already opened."""
+
+
+class LedgerAccusationNotOpen(LedgerRevert):
+    """No open accusation (run, accused, evidence) to resolve."""
 
 
 #: Every Python class that mirrors a Solidity custom error, by the error's name.
@@ -165,12 +241,31 @@ REVERT_CLASSES: dict[str, type[ContractRevert]] = {
         LedgerNotRegistered,
         LedgerUnknownRun,
         LedgerBadRunShape,
+        LedgerBadQuorum,
         LedgerZeroHash,
-        LedgerRoundNotIncreasing,
+        LedgerStakeTooLow,
+        LedgerAlreadyMember,
+        LedgerMemberSlashed,
+        LedgerNotMember,
+        LedgerNotUnbonding,
+        LedgerStillUnbonding,
+        LedgerAccusationPending,
+        LedgerRefundFailed,
+        LedgerRoundNotNext,
+        LedgerRoundBeyondMax,
+        LedgerStaleHead,
+        LedgerBadSignaturesLength,
+        LedgerInvalidSignature,
+        LedgerSignerNotMember,
+        LedgerSignersNotAscending,
+        LedgerQuorumNotMet,
+        LedgerNotEquivocation,
+        LedgerDifferentSigners,
+        LedgerNotBonded,
         LedgerRoundNotCommitted,
-        LedgerCheckpointAhead,
-        LedgerCheckpointExists,
         LedgerDisputeMatchesCommit,
         LedgerAlreadyDisputed,
+        LedgerAccusationExists,
+        LedgerAccusationNotOpen,
     )
 }

@@ -16,7 +16,14 @@ from eth_abi import decode
 from eth_utils import keccak, to_checksum_address
 from web3 import Web3
 
-from ledger.records import CheckpointRecord, CommitRecord, DisputeRecord, RoundCommit, RunInfo
+from ledger.records import (
+    CommitRecord,
+    DisputeRecord,
+    EquivocationRecord,
+    RoundRecord,
+    RunInfo,
+    SlashRecord,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +40,14 @@ class DecodedEvent:
     address: str
 
 
+def abi_type(item: dict) -> str:
+    """The canonical ABI type of an ABI input (a struct ``tuple`` becomes ``(t1,t2,...)``)."""
+    kind = item["type"]
+    if kind.startswith("tuple"):
+        return "(" + ",".join(abi_type(component) for component in item["components"]) + ")" + kind[5:]
+    return kind
+
+
 class EventDecoder:
     """Decodes the logs of one contract ABI by their first topic."""
 
@@ -42,7 +57,7 @@ class EventDecoder:
         for entry in abi:
             if entry["type"] != "event":
                 continue
-            signature = f"{entry['name']}({','.join(item['type'] for item in entry['inputs'])})"
+            signature = f"{entry['name']}({','.join(abi_type(item) for item in entry['inputs'])})"
             topic = keccak(text=signature)
             self._events[topic] = (entry["name"], entry["inputs"])
             self.topics[entry["name"]] = topic
@@ -61,7 +76,7 @@ class EventDecoder:
         plain = [item for item in inputs if not item.get("indexed")]
         values = dict(
             zip(
-                [item["name"] for item in plain], decode([item["type"] for item in plain], bytes(log["data"]))
+                [item["name"] for item in plain], decode([abi_type(item) for item in plain], bytes(log["data"]))
             )
         )
         for item, topic in zip(indexed, topics[1:], strict=True):
@@ -69,6 +84,8 @@ class EventDecoder:
         for item in inputs:
             if item["type"] == "address":
                 values[item["name"]] = to_checksum_address(values[item["name"]])
+            elif item["type"] == "address[]":
+                values[item["name"]] = tuple(to_checksum_address(value) for value in values[item["name"]])
         tx_hash = log["transactionHash"]
         return DecodedEvent(
             name=name,
@@ -123,6 +140,10 @@ def run_info_from(event: DecodedEvent) -> RunInfo:
         creator=args["creator"],
         num_stages=args["numStages"],
         inner_steps=args["innerSteps"],
+        min_stake=args["minStake"],
+        quorum=args["quorum"],
+        unbonding_blocks=args["unbondingBlocks"],
+        max_rounds=args["maxRounds"],
         genesis_head=bytes(args["genesisHead"]),
         config_uri=args["configUri"],
         block_number=event.block_number,
@@ -133,35 +154,13 @@ def run_info_from(event: DecodedEvent) -> RunInfo:
 def commit_record_from(event: DecodedEvent) -> CommitRecord:
     """The CommitRecord of a decoded RoundCommitted event."""
     args = event.args
-    commit = RoundCommit(
-        run_id=args["runId"],
-        round=args["round"],
-        weights_root=bytes(args["weightsRoot"]),
-        contributions_root=bytes(args["contributionsRoot"]),
-        train_loss_micro=args["trainLossMicro"],
-        eval_loss_micro=args["evalLossMicro"],
-        tokens=args["tokens"],
-        num_contributors=args["numContributors"],
-    )
     return CommitRecord(
-        commit=commit,
-        committer=args["committer"],
+        commit=RoundRecord.from_fields(args["record"]),
+        submitter=args["submitter"],
+        attesters=tuple(args["attesters"]),
         head_hash=bytes(args["headHash"]),
         block_number=event.block_number,
-        tx_hash=event.tx_hash,
-    )
-
-
-def checkpoint_from(event: DecodedEvent) -> CheckpointRecord:
-    """The CheckpointRecord of a decoded CheckpointPublished event."""
-    args = event.args
-    return CheckpointRecord(
-        run_id=args["runId"],
-        round=args["round"],
-        content_hash=bytes(args["contentHash"]),
-        uri=args["uri"],
-        publisher=args["publisher"],
-        block_number=event.block_number,
+        log_index=event.log_index,
         tx_hash=event.tx_hash,
     )
 
@@ -173,8 +172,36 @@ def dispute_from(event: DecodedEvent) -> DisputeRecord:
         run_id=args["runId"],
         round=args["round"],
         disputer=args["disputer"],
-        computed_weights_root=bytes(args["computedWeightsRoot"]),
-        computed_contributions_root=bytes(args["computedContributionsRoot"]),
+        record=RoundRecord.from_fields(args["record"]),
+        signature=bytes(args["signature"]),
         block_number=event.block_number,
+        tx_hash=event.tx_hash,
+    )
+
+
+def equivocation_from(event: DecodedEvent) -> EquivocationRecord:
+    """The EquivocationRecord of a decoded EquivocationReported event."""
+    args = event.args
+    return EquivocationRecord(
+        run_id=args["runId"],
+        round=args["round"],
+        account=args["account"],
+        record_hash_a=bytes(args["recordHashA"]),
+        record_hash_b=bytes(args["recordHashB"]),
+        reporter=args["reporter"],
+        block_number=event.block_number,
+        tx_hash=event.tx_hash,
+    )
+
+
+def slash_from(event: DecodedEvent) -> SlashRecord:
+    """The SlashRecord of a decoded MemberSlashed event."""
+    args = event.args
+    return SlashRecord(
+        run_id=args["runId"],
+        account=args["account"],
+        stake=args["stake"],
+        block_number=event.block_number,
+        log_index=event.log_index,
         tx_hash=event.tx_hash,
     )

@@ -1,4 +1,4 @@
-"""Reads of the two contracts' event logs: registrations, runs, checkpoints and a run's whole history.
+"""Reads of the two contracts' event logs: registrations, runs, members, commits and a run's whole history.
 
 Events are read with ``eth_getLogs`` paginated by block range (:func:`ledger.events.scan_logs`) from the
 deployment block on and decoded into the dataclasses of :mod:`ledger.records`. :class:`EventReads` is a
@@ -7,24 +7,104 @@ mixin of :class:`ledger.client.LedgerClient`, whose other methods are calls and 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ledger.errors import LedgerError
 from ledger.events import (
+    DecodedEvent,
     EventDecoder,
-    checkpoint_from,
     commit_record_from,
     dispute_from,
+    equivocation_from,
     run_info_from,
     scan_logs,
+    slash_from,
     topic_uint,
 )
-from ledger.records import CheckpointRecord, Registration, RunHistory, RunInfo, check_bytes32
+from ledger.records import (
+    AccusationRecord,
+    CheckpointRecord,
+    CommitRecord,
+    Membership,
+    Registration,
+    RunHistory,
+    RunInfo,
+    check_bytes32,
+    checkpoint_uri,
+    end_of_block,
+)
+
+#: The TrainingLedger events of one run (all carry the run id as their first topic).
+_RUN_EVENTS = (
+    "RunCreated",
+    "RoundCommitted",
+    "RoundDisputed",
+    "MemberJoined",
+    "MemberLeft",
+    "StakeWithdrawn",
+    "MemberSlashed",
+    "EquivocationReported",
+    "AccusationOpened",
+    "AccusationResolved",
+)
+
+
+def checkpoint_of_commit(record: CommitRecord) -> CheckpointRecord:
+    """The checkpoint a commit published (its record's ``checkpoint_hash`` must be nonzero)."""
+    commit = record.commit
+    return CheckpointRecord(
+        run_id=commit.run_id,
+        round=commit.round,
+        content_hash=commit.checkpoint_hash,
+        uri=checkpoint_uri(commit.checkpoint_hash),
+        publisher=record.submitter,
+        block_number=record.block_number,
+        tx_hash=record.tx_hash,
+    )
+
+
+def memberships_from(events: list[DecodedEvent]) -> list[Membership]:
+    """The membership periods told by a run's decoded events in chain order (other events are skipped).
+
+    MemberJoined opens a period; MemberLeft and MemberSlashed end it as a signer; StakeWithdrawn closes it
+    (the account may join again: a new period).
+    """
+    periods: list[Membership] = []
+    current: dict[str, int] = {}  # account -> index of its period still holding a stake
+    for event in events:
+        args = event.args
+        position = (event.block_number, event.log_index)
+        if event.name == "MemberJoined":
+            current[args["account"]] = len(periods)
+            periods.append(
+                Membership(
+                    run_id=args["runId"],
+                    account=args["account"],
+                    node_key=bytes(args["nodeKey"]),
+                    stake=args["stake"],
+                    joined=position,
+                    joined_tx=event.tx_hash,
+                )
+            )
+        elif event.name in ("MemberLeft", "MemberSlashed", "StakeWithdrawn") and args["account"] in current:
+            index = current[args["account"]]
+            if event.name == "MemberLeft":
+                periods[index] = replace(periods[index], left=position, unbonding_end=args["unbondingEnd"])
+            elif event.name == "MemberSlashed":
+                periods[index] = replace(periods[index], slashed=position)
+                del current[args["account"]]
+            else:
+                periods[index] = replace(periods[index], withdrawn_block=event.block_number)
+                del current[args["account"]]
+    return periods
 
 
 class EventReads:
     """Mixin of :class:`ledger.client.LedgerClient`: everything read from event logs.
 
     Expects of the client: ``w3``, ``from_block``, ``log_page_blocks``, ``ledger_address``, ``head_of``,
-    ``_run_struct``, ``_sender`` (:class:`ledger.tx.TransactionSender`), ``_registry``, ``_ledger`` and
+    ``record_hash_of``, ``_run_struct``, ``_sender`` (:class:`ledger.tx.TransactionSender`), ``_registry``,
+    ``_ledger`` and
     their :class:`ledger.events.EventDecoder` ``_registry_events``, ``_ledger_events``.
     """
 
@@ -80,19 +160,34 @@ class EventReads:
         return [run for run in runs if run.config_hash == config_hash]
 
     def latest_checkpoint(self, run_id: int) -> CheckpointRecord | None:
-        """The checkpoint of the highest round published for ``run_id`` (with its URI), or None."""
+        """The checkpoint of the highest round that published one for ``run_id`` (with its URI), or None."""
         run = self._run_struct(run_id)
         if run["checkpointCount"] == 0:
             return None
+        record = self.commit_record(run_id, run["latestCheckpointRound"])
+        return checkpoint_of_commit(record) if record is not None else None
+
+    def commit_record(self, run_id: int, round: int) -> CommitRecord | None:
+        """The RoundCommitted event of ``round`` of ``run_id`` (record, submitter, attesters), or None."""
+        if self.record_hash_of(run_id, round) is None:
+            return None
         logs = self._scan(
-            self._ledger,
-            [
-                self._ledger_events.topic("CheckpointPublished"),
-                topic_uint(run_id),
-                topic_uint(run["latestCheckpointRound"]),
-            ],
+            self._ledger, [self._ledger_events.topic("RoundCommitted"), topic_uint(run_id), topic_uint(round)]
         )
-        return checkpoint_from(self._ledger_events.decode(logs[0])) if logs else None
+        return commit_record_from(self._ledger_events.decode(logs[0])) if logs else None
+
+    def memberships(self, run_id: int, to_block: int | None = None) -> list[Membership]:
+        """Every membership period of ``run_id`` up to ``to_block`` (default: latest), in join order."""
+        names = ("MemberJoined", "MemberLeft", "StakeWithdrawn", "MemberSlashed")
+        logs = self._scan(
+            self._ledger, [[self._ledger_events.topic(name) for name in names], topic_uint(run_id)], to_block
+        )
+        return memberships_from([self._ledger_events.decode(log) for log in logs])
+
+    def members_at(self, run_id: int, block: int | None = None) -> list[Membership]:
+        """The members of ``run_id`` able to sign at the end of ``block`` (default: latest), from events alone."""
+        block = self._block_number() if block is None else block
+        return [m for m in self.memberships(run_id, block) if m.in_force(end_of_block(block))]
 
     def history(self, run_id: int, with_registrations: bool = True) -> RunHistory:
         """Everything the chain records about ``run_id``, read from events (paginated by block range).
@@ -102,23 +197,46 @@ class EventReads:
         """
         to_block = self._block_number()
         head = self.head_of(run_id)
-        names = ("RunCreated", "RoundCommitted", "CheckpointPublished", "RoundDisputed")
         logs = self._scan(
-            self._ledger, [[self._ledger_events.topic(name) for name in names], topic_uint(run_id)], to_block
+            self._ledger,
+            [[self._ledger_events.topic(name) for name in _RUN_EVENTS], topic_uint(run_id)],
+            to_block,
         )
+        events = [event for event in (self._ledger_events.decode(log) for log in logs) if event is not None]
         run = None
-        commits, checkpoints, disputes = [], [], []
-        for event in (self._ledger_events.decode(log) for log in logs):
-            if event is None:
-                continue
+        commits, disputes, equivocations, slashings = [], [], [], []
+        accusations: dict[tuple[str, bytes], AccusationRecord] = {}
+        for event in events:
+            args = event.args
             if event.name == "RunCreated":
                 run = run_info_from(event)
             elif event.name == "RoundCommitted":
                 commits.append(commit_record_from(event))
-            elif event.name == "CheckpointPublished":
-                checkpoints.append(checkpoint_from(event))
-            else:
+            elif event.name == "RoundDisputed":
                 disputes.append(dispute_from(event))
+            elif event.name == "EquivocationReported":
+                equivocations.append(equivocation_from(event))
+            elif event.name == "MemberSlashed":
+                slashings.append(slash_from(event))
+            elif event.name == "AccusationOpened":
+                key = (args["accused"], bytes(args["evidenceHash"]))
+                accusations[key] = AccusationRecord(
+                    run_id=run_id,
+                    accused=args["accused"],
+                    accuser=args["accuser"],
+                    evidence_hash=key[1],
+                    opened_block=event.block_number,
+                    opened_tx=event.tx_hash,
+                )
+            elif event.name == "AccusationResolved":
+                key = (args["accused"], bytes(args["evidenceHash"]))
+                if key in accusations:
+                    accusations[key] = replace(
+                        accusations[key],
+                        resolved_block=event.block_number,
+                        guilty=args["guilty"],
+                        signers=tuple(args["signers"]),
+                    )
         if run is None:
             raise LedgerError(f"run {run_id} does not exist on ledger {self.ledger_address}")
         registrations = self.registrations() if with_registrations else []
@@ -126,8 +244,12 @@ class EventReads:
             run=run,
             head_hash=head,
             commits=commits,
-            checkpoints=checkpoints,
+            checkpoints=[checkpoint_of_commit(c) for c in commits if c.commit.has_checkpoint],
+            memberships=memberships_from(events),
             disputes=disputes,
+            equivocations=equivocations,
+            accusations=list(accusations.values()),
+            slashings=slashings,
             registrations=registrations,
         )
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from eth_utils import is_address, to_checksum_address
+
 from ledger.errors import LedgerInputError
 
 UINT32_MAX = 2**32 - 1
@@ -45,54 +47,127 @@ def check_uint(name: str, value: int, maximum: int) -> int:
     return value
 
 
+ZERO_HASH = bytes(32)
+
+
+def check_address(name: str, value: str) -> str:
+    """Return ``value`` checksummed if it is a 0x-hex 20-byte address, else raise LedgerInputError."""
+    if not isinstance(value, str) or not is_address(value):
+        raise LedgerInputError(f"{name}={value!r}: must be a 0x-prefixed 20-byte hex address")
+    return to_checksum_address(value)
+
+
 @dataclass(frozen=True)
-class RoundCommit:
-    """One outer round's commitment, as the node submits it (see TrainingLedger.commitRound)."""
+class RoundRecord:
+    """One outer round's record, as members sign it and TrainingLedger.commitRound takes it.
+
+    The EIP-712 type ``Record`` (:mod:`ledger.attest`). ``prev_head`` is the run's chain head before the round
+    (``LedgerClient.head_of``), so a signature cannot be replayed on a later round; ``checkpoint_hash`` is
+    the content hash of the round's checkpoint, or 32 zero bytes when the round publishes none.
+    """
 
     run_id: int
     round: int
+    prev_head: bytes  # 32 bytes: the run's head before this round
     weights_root: bytes  # 32 bytes: root over the stage weight hashes after the outer step
     contributions_root: bytes  # 32 bytes: ledger.merkle.merkle_root of the round's signed contributions
     train_loss_micro: int
     eval_loss_micro: int
     tokens: int
     num_contributors: int
+    checkpoint_hash: bytes = ZERO_HASH  # 32 bytes; zero: no checkpoint this round
 
     def __post_init__(self) -> None:
         check_uint("run_id", self.run_id, 2**256 - 1)
         check_uint("round", self.round, UINT64_MAX)
-        object.__setattr__(self, "weights_root", check_bytes32("weights_root", self.weights_root))
-        object.__setattr__(
-            self, "contributions_root", check_bytes32("contributions_root", self.contributions_root)
-        )
+        for name in ("prev_head", "weights_root", "contributions_root", "checkpoint_hash"):
+            object.__setattr__(self, name, check_bytes32(name, getattr(self, name)))
         check_uint("train_loss_micro", self.train_loss_micro, UINT64_MAX)
         check_uint("eval_loss_micro", self.eval_loss_micro, UINT64_MAX)
         check_uint("tokens", self.tokens, UINT64_MAX)
         check_uint("num_contributors", self.num_contributors, UINT32_MAX)
 
+    @property
+    def has_checkpoint(self) -> bool:
+        """Whether the round publishes a checkpoint."""
+        return self.checkpoint_hash != ZERO_HASH
+
     def fields(self) -> tuple:
-        """The commit's values in ``TrainingLedger.commitRound``'s argument order (also the hash-chain link's)."""
+        """The values in the order of the Solidity struct ``Record`` (and of its EIP-712 type)."""
         return (
             self.run_id,
             self.round,
+            self.prev_head,
             self.weights_root,
             self.contributions_root,
             self.train_loss_micro,
             self.eval_loss_micro,
             self.tokens,
             self.num_contributors,
+            self.checkpoint_hash,
+        )
+
+    @classmethod
+    def from_fields(cls, values) -> RoundRecord:
+        """The record of a decoded ``Record`` tuple (struct order)."""
+        run_id, round, prev_head, weights, contributions, train, evaluation, tokens, contributors, ckpt = values
+        return cls(
+            run_id,
+            round,
+            bytes(prev_head),
+            bytes(weights),
+            bytes(contributions),
+            train,
+            evaluation,
+            tokens,
+            contributors,
+            bytes(ckpt),
         )
 
 
 @dataclass(frozen=True)
+class Verdict:
+    """The outcome of an accusation, as members sign it (EIP-712 type ``Verdict``)."""
+
+    run_id: int
+    accused: str
+    evidence_hash: bytes
+    guilty: bool
+
+    def __post_init__(self) -> None:
+        check_uint("run_id", self.run_id, 2**256 - 1)
+        object.__setattr__(self, "accused", check_address("accused", self.accused))
+        object.__setattr__(self, "evidence_hash", check_bytes32("evidence_hash", self.evidence_hash))
+        if not isinstance(self.guilty, bool):
+            raise LedgerInputError(f"guilty={self.guilty!r}: must be a bool")
+
+    def fields(self) -> tuple:
+        """The values in the order of the Solidity struct ``Verdict``."""
+        return (self.run_id, self.accused, self.evidence_hash, self.guilty)
+
+
+#: A point in chain order: (block number, log index). Comparing positions orders events and transactions.
+Position = tuple[int, int]
+
+
+def end_of_block(block_number: int) -> Position:
+    """The position after every event of ``block_number``."""
+    return (block_number, 2**63)
+
+
+@dataclass(frozen=True)
 class RunInfo:
-    """A run as created on chain (from its RunCreated event)."""
+    """A run as created on chain (from its RunCreated event); its parameters never change."""
 
     run_id: int
     config_hash: bytes
     creator: str
     num_stages: int
     inner_steps: int
+    min_stake: int  # wei each member stakes
+    quorum: int  # member signatures a commit or a verdict needs
+    unbonding_blocks: int  # blocks between leaving and withdrawing the stake
+    max_rounds: int  # rounds 0 .. max_rounds-1 may be committed; 0: open-ended
     genesis_head: bytes
     config_uri: str
     block_number: int
@@ -101,13 +176,76 @@ class RunInfo:
 
 @dataclass(frozen=True)
 class CommitRecord:
-    """A RoundCommitted event: the commit plus who made it and the chain head after it."""
+    """A RoundCommitted event: the record, who submitted it, who attested it and the chain head after it."""
 
-    commit: RoundCommit
-    committer: str
+    commit: RoundRecord
+    submitter: str
+    attesters: tuple[str, ...]  # ascending, as the contract checked them
     head_hash: bytes
     block_number: int
+    log_index: int
     tx_hash: str
+
+    @property
+    def position(self) -> Position:
+        return (self.block_number, self.log_index)
+
+
+#: Member seat states, as ``TrainingLedger.MemberStatus`` numbers them.
+MEMBER_STATUSES = ("none", "active", "unbonding", "slashed")
+#: Accusation states, as ``TrainingLedger.AccusationStatus`` numbers them.
+ACCUSATION_STATUSES = ("none", "open", "guilty", "cleared")
+
+
+@dataclass(frozen=True)
+class Member:
+    """A seat as the contract holds it now (``memberOf``)."""
+
+    run_id: int
+    account: str
+    node_key: bytes
+    stake: int
+    unbonding_end: int  # first block at which the stake can be withdrawn (after leaving)
+    open_accusations: int
+    status: str  # one of MEMBER_STATUSES except "none"
+
+    @property
+    def active(self) -> bool:
+        return self.status == "active"
+
+
+@dataclass(frozen=True)
+class Membership:
+    """One period of an account's membership of a run, rebuilt from events.
+
+    It starts at MemberJoined and ends (as a signer) at MemberLeft or MemberSlashed; ``withdrawn_block`` is set
+    once the stake is taken back. An account that withdrew may join again: that is another Membership.
+    """
+
+    run_id: int
+    account: str
+    node_key: bytes
+    stake: int
+    joined: Position
+    joined_tx: str
+    left: Position | None = None  # MemberLeft
+    unbonding_end: int | None = None
+    slashed: Position | None = None  # MemberSlashed
+    withdrawn_block: int | None = None
+
+    @property
+    def ended(self) -> Position | None:
+        """Where the account stopped being able to sign (left or slashed), or None."""
+        ends = [end for end in (self.left, self.slashed) if end is not None]
+        return min(ends) if ends else None
+
+    def in_force(self, position: Position) -> bool:
+        """Whether the account was a signing member at ``position`` (e.g. a commit's (block, log index)).
+
+        The rule of the contract: joined before and neither left nor slashed before.
+        """
+        ended = self.ended
+        return self.joined < position and (ended is None or ended > position)
 
 
 @dataclass(frozen=True)
@@ -141,27 +279,77 @@ class Registration:
 
 @dataclass(frozen=True)
 class CheckpointRecord:
-    """A CheckpointPublished event."""
+    """A checkpoint, published with the committed record of its round (``checkpointHash`` nonzero)."""
 
     run_id: int
     round: int
     content_hash: bytes
-    uri: str
-    publisher: str
+    uri: str  # derived: dlx://blob/<content hash hex>
+    publisher: str  # the commit's submitter
+    block_number: int
+    tx_hash: str
+
+
+def checkpoint_uri(content_hash: bytes) -> str:
+    """Where a checkpoint with ``content_hash`` is fetched from peers."""
+    return f"dlx://blob/{content_hash.hex()}"
+
+
+@dataclass(frozen=True)
+class DisputeRecord:
+    """A RoundDisputed event: a member's own signed record for a round, differing from the committed one."""
+
+    run_id: int
+    round: int
+    disputer: str
+    record: RoundRecord
+    signature: bytes
     block_number: int
     tx_hash: str
 
 
 @dataclass(frozen=True)
-class DisputeRecord:
-    """A RoundDisputed event."""
+class EquivocationRecord:
+    """An EquivocationReported event: ``account`` signed two records (their struct hashes) for one round."""
 
     run_id: int
     round: int
-    disputer: str
-    computed_weights_root: bytes
-    computed_contributions_root: bytes
+    account: str
+    record_hash_a: bytes
+    record_hash_b: bytes
+    reporter: str
     block_number: int
+    tx_hash: str
+
+
+@dataclass(frozen=True)
+class AccusationRecord:
+    """An AccusationOpened event and, once decided, its AccusationResolved event."""
+
+    run_id: int
+    accused: str
+    accuser: str
+    evidence_hash: bytes
+    opened_block: int
+    opened_tx: str
+    resolved_block: int | None = None
+    guilty: bool | None = None
+    signers: tuple[str, ...] = ()
+
+    @property
+    def open(self) -> bool:
+        return self.resolved_block is None
+
+
+@dataclass(frozen=True)
+class SlashRecord:
+    """A MemberSlashed event (the cause is the EquivocationRecord or AccusationRecord of the same tx)."""
+
+    run_id: int
+    account: str
+    stake: int
+    block_number: int
+    log_index: int
     tx_hash: str
 
 
@@ -173,10 +361,18 @@ class RunHistory:
     head_hash: bytes  # the contract's current headOf(run_id)
     commits: list[CommitRecord] = field(default_factory=list)
     checkpoints: list[CheckpointRecord] = field(default_factory=list)
+    memberships: list[Membership] = field(default_factory=list)
     disputes: list[DisputeRecord] = field(default_factory=list)
+    equivocations: list[EquivocationRecord] = field(default_factory=list)
+    accusations: list[AccusationRecord] = field(default_factory=list)
+    slashings: list[SlashRecord] = field(default_factory=list)
     registrations: list[Registration] = field(default_factory=list)
 
     @property
     def last_round(self) -> int | None:
         """The last committed round, or None if nothing is committed."""
         return self.commits[-1].commit.round if self.commits else None
+
+    def members_at(self, position: Position) -> list[Membership]:
+        """The memberships in force at ``position`` (a signer set), in join order."""
+        return [membership for membership in self.memberships if membership.in_force(position)]

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from eth_abi import decode, encode
-from eth_utils import keccak
+from eth_utils import keccak, to_checksum_address
 from eth_utils.exceptions import ValidationError as EthValidationError
 from web3 import Web3
 from web3.exceptions import BadFunctionCallOutput, ContractLogicError, TransactionNotFound, Web3RPCError
@@ -71,7 +71,11 @@ def revert_from_data(data: bytes, what: str) -> ContractRevert:
     if selector in ERROR_SELECTORS:
         name, types, names = ERROR_SELECTORS[selector]
         try:
-            values = dict(zip(names, decode(types, data[4:]), strict=True))
+            decoded = decode(types, data[4:])
+            values = {
+                key: to_checksum_address(value) if kind == "address" else value
+                for key, kind, value in zip(names, types, decoded, strict=True)
+            }
         except Exception:  # noqa: BLE001 - malformed data from the node: report it undecoded
             return UnknownRevert(f"{what}: reverted with malformed {name} data 0x{data.hex()}", data=data)
         shown = ", ".join(f"{key}={_show(value)}" for key, value in values.items())

@@ -17,7 +17,7 @@ from web3 import Web3
 from ledger.account import dev_account
 from ledger.chain import AnvilProcess, RetryPolicy, connect_pyevm, connect_rpc
 from ledger.client import LedgerClient
-from ledger.records import RoundCommit
+from ledger.records import ZERO_HASH, RoundRecord
 
 FAST_RETRY = RetryPolicy(total_seconds=2.0, initial_delay=0.1, max_delay=0.5)
 
@@ -27,17 +27,26 @@ def digest(label: str) -> bytes:
     return hashlib.sha256(label.encode()).digest()
 
 
-def make_commit(run_id: int, round: int, label: str = "", contributors: int = 4) -> RoundCommit:
-    """A distinct, deterministic RoundCommit for ``round`` (``label`` varies its roots)."""
-    return RoundCommit(
+def make_record(
+    run_id: int,
+    round: int,
+    prev_head: bytes,
+    label: str = "",
+    contributors: int = 4,
+    checkpoint_hash: bytes = ZERO_HASH,
+) -> RoundRecord:
+    """A distinct, deterministic RoundRecord for ``round`` on top of ``prev_head`` (``label`` varies its roots)."""
+    return RoundRecord(
         run_id=run_id,
         round=round,
+        prev_head=prev_head,
         weights_root=digest(f"w{round}{label}"),
         contributions_root=digest(f"c{round}{label}"),
         train_loss_micro=3_500_000 - round,
         eval_loss_micro=3_600_000 - round,
         tokens=4096 * (round + 1),
         num_contributors=contributors,
+        checkpoint_hash=checkpoint_hash,
     )
 
 
@@ -98,6 +107,73 @@ class Deployment:
         key = node_key(index + 1 if seed is None else seed)
         client.register(raw_public_key(key), key.sign(client.my_binding_message()), stake=self.min_stake)
         return client
+
+    def member_run(
+        self,
+        members: tuple[int, ...] = (1, 2, 3, 4),
+        quorum: int = 3,
+        *,
+        min_stake: int = 0,
+        unbonding_blocks: int = 0,
+        max_rounds: int = 0,
+        label: str = "config",
+    ) -> MemberRun:
+        """A new run (created by the first member) that dev accounts ``members`` registered for and joined."""
+        for index in members:
+            if not self.client(index).is_registered():
+                self.register(index)
+        run_id = self.client(members[0]).create_run(
+            digest(label),
+            2,
+            50,
+            "file:///run.toml",
+            min_stake=min_stake,
+            quorum=quorum,
+            unbonding_blocks=unbonding_blocks,
+            max_rounds=max_rounds,
+        )
+        for index in members:
+            self.client(index).join_run(run_id)
+        return MemberRun(self, run_id, tuple(members), quorum)
+
+
+@dataclass
+class MemberRun:
+    """A run with members: builds the next record, signs it with chosen members, commits it."""
+
+    deployment: Deployment
+    run_id: int
+    members: tuple[int, ...]
+    quorum: int
+
+    def client(self, index: int) -> LedgerClient:
+        return self.deployment.client(index)
+
+    @property
+    def reader(self) -> LedgerClient:
+        return self.client(self.members[0])
+
+    def next_record(self, label: str = "", **kwargs) -> RoundRecord:
+        """The record of the run's next round on top of its current head."""
+        reader = self.reader
+        return make_record(
+            self.run_id, reader.commit_count(self.run_id), reader.head_of(self.run_id), label, **kwargs
+        )
+
+    def sign(self, record: RoundRecord, signers: tuple[int, ...] | None = None) -> list[bytes]:
+        """Signatures of ``record`` by dev accounts ``signers`` (default: the first ``quorum`` members)."""
+        if signers is None:
+            signers = self.members[: self.quorum]
+        return [self.client(index).sign_record(record) for index in signers]
+
+    def commit(self, label: str = "", signers: tuple[int, ...] | None = None, submitter: int | None = None,
+               **kwargs) -> tuple[RoundRecord, str]:
+        """Commit the next round signed by ``signers``, sent by ``submitter`` (default: the first member)."""
+        record = self.next_record(label, **kwargs)
+        tx = self.client(self.members[0] if submitter is None else submitter).commit_round(
+            record, self.sign(record, signers)
+        )
+        return record, tx
 
 
 def deploy(w3: Web3, min_stake: int = 0) -> Deployment:

@@ -64,6 +64,17 @@ def test_artifacts_pin_compiler_and_settings():
         assert build_input["sources"][artifact["sourceName"]]["content"] == source
 
 
+def canonical_type(item: dict) -> str:
+    """An ABI input's canonical type (a struct is ``(t1,t2,...)``), as signatures and NatSpec keys spell it."""
+    if item["type"].startswith("tuple"):
+        return "(" + ",".join(canonical_type(c) for c in item["components"]) + ")" + item["type"][5:]
+    return item["type"]
+
+
+#: Past tenses that do not end in -ed.
+IRREGULAR_PAST = ("Left", "Withdrawn")
+
+
 def test_contract_conventions():
     for name in contracts.NAMES:
         artifact = contracts.artifact(name)
@@ -71,10 +82,10 @@ def test_contract_conventions():
         notices = metadata["output"]["userdoc"].get("methods", {})
         functions = [entry for entry in artifact["abi"] if entry["type"] == "function"]
         for function in functions:
-            signature = f"{function['name']}({','.join(item['type'] for item in function['inputs'])})"
+            signature = f"{function['name']}({','.join(canonical_type(item) for item in function['inputs'])})"
             assert "notice" in notices.get(signature, {}), f"{name}.{signature} lacks a NatSpec @notice"
         for event in (entry for entry in artifact["abi"] if entry["type"] == "event"):
-            assert event["name"].endswith("ed"), f"{name} event {event['name']} is not past tense"
+            assert event["name"].endswith(("ed", *IRREGULAR_PAST)), f"{name} event {event['name']} is not past tense"
         prefix = "Registry" if name == "NodeRegistry" else "Ledger"
         for error in (entry for entry in artifact["abi"] if entry["type"] == "error"):
             assert error["name"].startswith(prefix)

@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from ledger_fixtures import FAST_RETRY, deploy, digest, make_commit
+from ledger_fixtures import FAST_RETRY, deploy
 
 from ledger.account import dev_account
 from ledger.chain import AnvilProcess, RetryPolicy, connect_rpc
@@ -29,21 +29,23 @@ def test_resubmission_after_restart_with_state_file_is_idempotent(tmp_path):
     try:
         anvil.start()
         deployment = deploy(connect_rpc(anvil.url))
-        client = deployment.register(1)
-        run_id = client.create_run(digest("config"), 2, 10)
-        first = client.commit_round(make_commit(run_id, 0))
+        run = deployment.member_run((1, 2), quorum=2)
+        record, first = run.commit()
+        signatures = run.sign(record)
         anvil.stop()  # SIGTERM: anvil dumps its state file
         assert state.stat().st_size > 0
 
         anvil.start()
         client = reconnect(anvil, deployment)
-        assert client.commit_of(run_id, 0) == make_commit(run_id, 0)
+        assert client.commit_of(run.run_id, 0) == record
         block = client.w3.eth.block_number
-        assert client.commit_round(make_commit(run_id, 0)) == first  # the node retrying after the outage
+        assert client.commit_round(record, signatures) == first  # the node retrying after the outage
         assert client.w3.eth.block_number == block
-        client.commit_round(make_commit(run_id, 1))  # the nonce continues from the restored chain
-        assert client.last_round(run_id) == 1 and client.commit_count(run_id) == 2
-        assert client.history(run_id).commits[0].tx_hash == first
+        deployment.w3 = client.w3
+        deployment._clients = {1: client}
+        run.commit()  # the nonce continues from the restored chain
+        assert client.last_round(run.run_id) == 1 and client.commit_count(run.run_id) == 2
+        assert client.history(run.run_id).commits[0].tx_hash == first
     finally:
         anvil.stop()
 
@@ -54,20 +56,22 @@ def test_crash_loses_recent_blocks_and_resubmission_recommits(tmp_path):
     try:
         anvil.start()
         deployment = deploy(connect_rpc(anvil.url))
-        client = deployment.register(1)
-        run_id = client.create_run(digest("config"), 2, 10)
-        client.commit_round(make_commit(run_id, 0))
+        run = deployment.member_run((1,), quorum=1)
+        first, _ = run.commit()
         time.sleep(2.5)  # at least one periodic dump holds round 0
-        client.commit_round(make_commit(run_id, 1))
+        second, _ = run.commit()
+        signatures = run.sign(second)
         anvil.kill()  # SIGKILL: round 1 may or may not have reached the state file
 
         anvil.start()
         client = reconnect(anvil, deployment)
-        assert client.commit_of(run_id, 0) == make_commit(run_id, 0)
-        client.commit_round(make_commit(run_id, 1))  # either a no-op or a fresh commit, never a double one
-        client.commit_round(make_commit(run_id, 2))
-        assert client.commit_count(run_id) == 3
-        assert [r.commit.round for r in client.history(run_id).commits] == [0, 1, 2]
+        deployment.w3 = client.w3
+        deployment._clients = {1: client}
+        assert client.commit_of(run.run_id, 0) == first
+        client.commit_round(second, signatures)  # either a no-op or a fresh commit, never a double one
+        run.commit()
+        assert client.commit_count(run.run_id) == 3
+        assert [r.commit.round for r in client.history(run.run_id).commits] == [0, 1, 2]
     finally:
         anvil.stop()
 
@@ -78,8 +82,10 @@ def test_calls_retry_while_the_rpc_is_down(tmp_path):
     try:
         anvil.start()
         deployment = deploy(connect_rpc(anvil.url))
-        client = deployment.register(1)
-        run_id = client.create_run(digest("config"), 2, 10)
+        run = deployment.member_run((1,), quorum=1)
+        client, run_id = run.client(1), run.run_id
+        record = run.next_record()
+        signatures = run.sign(record)
         port = int(anvil.url.rsplit(":", 1)[1])
         anvil.stop()
 
@@ -104,8 +110,8 @@ def test_calls_retry_while_the_rpc_is_down(tmp_path):
         reconnect_later = threading.Timer(1.0, restarted.start)
         reconnect_later.start()
         try:
-            patient.commit_round(make_commit(run_id, 0))  # blocks through the outage, then commits
-            assert patient.commit_of(run_id, 0) == make_commit(run_id, 0)
+            patient.commit_round(record, signatures)  # blocks through the outage, then commits
+            assert patient.commit_of(run_id, 0) == record
         finally:
             reconnect_later.join()
             restarted.stop()

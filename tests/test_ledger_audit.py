@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from ledger_fixtures import deploy, digest, make_commit, node_key, raw_public_key
+from dataclasses import replace
+
+from ledger_fixtures import deploy, digest, node_key, raw_public_key
 
 import contracts
 from ledger.account import dev_account
@@ -12,45 +14,49 @@ from ledger.errors import AuditError
 
 
 def test_audit_of_an_honest_run_is_clean(deployment):
-    client = deployment.register(1)
-    run_id = client.create_run(digest("config"), 2, 10)
-    for round in range(3):
-        client.commit_round(make_commit(run_id, round))
-    deployment.register(2).dispute(run_id, 1, digest("x"), digest("y"))
-    checks = check_chain_record(client, client.history(run_id))
+    run = deployment.member_run((1, 2, 3), quorum=2)
+    client = run.client(1)
+    for _ in range(3):
+        run.commit()
+    committed = client.commit_of(run.run_id, 1)
+    mine = replace(committed, weights_root=digest("x"))
+    run.client(3).dispute(mine, run.client(3).sign_record(mine))
+    checks = check_chain_record(client, client.history(run.run_id))
     assert checks.ok, checks.problems
-    assert len(checks.hash_chain.links) == len(checks.committers) == 3
+    assert len(checks.hash_chain.links) == len(checks.attesters) == 3
     assert [item.name.split()[0] for item in checks.contracts] == ["bytecode", "bytecode", "ledger"]
-    assert len(checks.registrations) == 2 and all(item.ok for item in checks.registrations)
+    assert len(checks.registrations) == 3 and all(item.ok for item in checks.registrations)
+    assert len(checks.members) == 3 and all(item.ok for item in checks.members)
     assert checks.disputed_rounds == [1]
 
 
-def test_audit_flags_commits_from_a_forged_binding(deployment):
+def test_audit_flags_members_with_a_forged_binding(deployment):
     honest = deployment.register(1)
     forger = deployment.client(2)
     victim_key = raw_public_key(node_key(42))
     # Squatting someone's key with a signature the key never made: the contract cannot tell, auditors can.
     forger.register(victim_key, bytes(range(64)))
-    run_id = honest.create_run(digest("config"), 1, 10)
-    honest.commit_round(make_commit(run_id, 0))
-    forger.commit_round(make_commit(run_id, 1))
-    checks = check_chain_record(honest, honest.history(run_id))
+    run = deployment.member_run((1, 2), quorum=2)
+    run.commit()
+    checks = check_chain_record(honest, honest.history(run.run_id))
     assert not checks.ok
     forged = [item for item in checks.registrations if not item.ok]
     assert len(forged) == 1 and forger.address in forged[0].name and "forged registration" in forged[0].reason
     assert list(checks.valid) == [honest.address]
-    assert [item.ok for item in checks.committers] == [True, False]
-    assert forger.address in checks.committers[1].reason
-    assert checks.hash_chain.ok  # the chain itself is intact: only who committed is wrong
+    assert [item.ok for item in checks.members] == [True, False]
+    assert forger.address in checks.members[1].name
+    assert checks.hash_chain.ok and all(item.ok for item in checks.attesters)  # the chain itself is intact
 
 
-def test_audit_accepts_commits_made_before_unregistering(deployment):
-    client = deployment.register(1)
-    run_id = client.create_run(digest("config"), 1, 10)
-    client.commit_round(make_commit(run_id, 0))
+def test_audit_accepts_commits_made_before_leaving_and_unregistering(deployment):
+    run = deployment.member_run((1,), quorum=1)
+    client = run.client(1)
+    run.commit()
+    client.leave_run(run.run_id)
+    client.withdraw_stake(run.run_id)
     client.unregister()
-    checks = check_chain_record(client, client.history(run_id), check_code=False)
-    assert checks.ok and checks.contracts is None  # the commit predates the exit
+    checks = check_chain_record(client, client.history(run.run_id), check_code=False)
+    assert checks.ok and checks.contracts is None, checks.problems  # the commit predates the exit
 
 
 def test_verify_bytecode_masks_immutables(chain_w3):
@@ -77,11 +83,10 @@ def test_a_read_only_client_audits_but_cannot_send(deployment):
     from ledger.client import LedgerClient
     from ledger.errors import AccountError
 
-    writer = deployment.register(1)
-    run_id = writer.create_run(digest("config"), 1, 10)
-    writer.commit_round(make_commit(run_id, 0))
+    run = deployment.member_run((1,), quorum=1)
+    run.commit()
     auditor = LedgerClient(deployment.w3, None, deployment.registry, deployment.ledger)
-    assert auditor.last_round(run_id) == 0
-    assert check_chain_record(auditor, auditor.history(run_id)).ok
+    assert auditor.last_round(run.run_id) == 0
+    assert check_chain_record(auditor, auditor.history(run.run_id)).ok
     with pytest.raises(AccountError, match="read-only"):
         auditor.create_run(digest("other"), 1, 1)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import requests
 from eth_abi import encode
-from eth_utils import keccak
-from ledger_fixtures import FAST_RETRY, digest, make_commit
+from eth_utils import keccak, to_checksum_address
+from ledger_fixtures import FAST_RETRY, digest
 
 import contracts
 from ledger import errors
@@ -29,11 +29,14 @@ def test_every_contract_error_has_a_python_class():
 
 
 def test_revert_data_decoding():
-    data = keccak(text="LedgerRoundNotIncreasing(uint64,uint64)")[:4] + encode(["uint64", "uint64"], [7, 3])
+    data = keccak(text="LedgerRoundNotNext(uint64,uint64)")[:4] + encode(["uint64", "uint64"], [7, 3])
     revert = revert_from_data(data, "commit")
-    assert isinstance(revert, errors.LedgerRoundNotIncreasing)
-    assert revert.values == {"last": 7, "got": 3} and revert.data == data
-    assert "LedgerRoundNotIncreasing(last=7, got=3)" in str(revert)
+    assert isinstance(revert, errors.LedgerRoundNotNext)
+    assert revert.values == {"expected": 7, "got": 3} and revert.data == data
+    assert "LedgerRoundNotNext(expected=7, got=3)" in str(revert)
+    signer = "0x" + "ab" * 20
+    data = keccak(text="LedgerSignerNotMember(uint256,address)")[:4] + encode(["uint256", "address"], [1, signer])
+    assert revert_from_data(data, "commit").values["signer"] == to_checksum_address(signer)
     reason = revert_from_data(bytes.fromhex("08c379a0") + encode(["string"], ["no"]), "x")
     assert type(reason) is errors.UnknownRevert and reason.values == {"reason": "no"}
     panic = revert_from_data(bytes.fromhex("4e487b71") + encode(["uint256"], [0x11]), "x")
@@ -52,17 +55,17 @@ class NoPreflightSender(TransactionSender):
 
 
 def test_a_mined_revert_is_decoded(deployment):
-    client = deployment.register(1)
-    run_id = client.create_run(digest("config"), 1, 1)
-    client.commit_round(make_commit(run_id, 3))
+    run = deployment.member_run((1,), quorum=1)
+    client = run.client(1)
+    run.commit()
     sender = NoPreflightSender(deployment.w3, dev_account(1, deployment.w3.eth.chain_id))
-    ledger = client._ledger
-    commit = make_commit(run_id, 2)
-    args = (run_id, 2, commit.weights_root, commit.contributions_root, 0, 0, 0, 0)
-    with pytest.raises(errors.LedgerRoundNotIncreasing, match="block") as raised:
-        sender.transact(ledger, "commitRound", args)
-    assert raised.value.values == {"last": 3, "got": 2}
-    assert client.commit_count(run_id) == 1
+    stale = run.next_record()
+    stale = stale.__class__(**{**stale.__dict__, "round": 0})
+    args = (stale.fields(), client.sign_record(stale))
+    with pytest.raises(errors.LedgerRoundNotNext, match="block") as raised:
+        sender.transact(client._ledger, "commitRound", args)
+    assert raised.value.values == {"expected": 1, "got": 0}
+    assert client.commit_count(run.run_id) == 1
 
 
 def test_wrong_addresses_and_unfunded_accounts_give_ledger_errors(deployment):
@@ -116,7 +119,7 @@ def test_resent_and_raced_nonces_end_in_one_transaction(deployment, sender_class
     client.create_run(digest("first"), 1, 1)  # the account has used a nonce
     sender = sender_class(w3, client.account, retry=FAST_RETRY)
     nonce_before = w3.eth.get_transaction_count(client.address)
-    receipt = sender.transact(client._ledger, "createRun", (digest("second"), 1, 1, ""))
+    receipt = sender.transact(client._ledger, "createRun", (digest("second"), 1, 1, 0, 1, 0, 0, ""))
     assert receipt["status"] == 1
     assert w3.eth.get_transaction_count(client.address) == nonce_before + 1
     assert client.run_count() == 2
