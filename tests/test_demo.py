@@ -20,6 +20,9 @@ def test_demo_runs_and_summarizes_from_the_chain(tmp_path):
     assert "AllReduce of fp32 gradients every step would have sent" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert [r["round"] for r in summary["rounds"]] == [0, 1]
+    # A staked run whose every record carries the signatures of k = 2 distinct members.
+    assert summary["attest_quorum"] == 2 and summary["stake_wei"] > 0
+    assert all(len(set(r["attesters"])) >= 2 for r in summary["rounds"]), summary["rounds"]
     # Both stages of at least one replica each round; the 2x2 protocol test asserts all four.
     assert all(r["contributors"] >= 2 for r in summary["rounds"])
     assert summary["checkpoints"] and summary["latest_checkpoint_file"]

@@ -205,7 +205,8 @@ def summarize(run: LocalRun) -> dict:
     params = count_params(cfg.model)
     rounds = [{"round": c.commit.round, "eval_loss": from_micro(c.commit.eval_loss_micro),
                "train_loss": from_micro(c.commit.train_loss_micro), "contributors": c.commit.num_contributors,
-               "weights_root": c.commit.weights_root.hex()} for c in history.commits]
+               "weights_root": c.commit.weights_root.hex(), "attesters": list(c.attesters)}
+              for c in history.commits]
     sent = sum(slot.status().get("bytes_sent", 0) for slot in run.nodes)
     # Pseudo-gradient traffic alone: every archived contribution envelope, counted once, is
     # fetched by the M-1 other replicas' holders of its stage.
@@ -229,7 +230,9 @@ def summarize(run: LocalRun) -> dict:
                 ckpt_path = str(p)
                 break
     return {
-        "run_id": run.run_id, "rpc_url": run.url, "registry": run.registry, "ledger": run.ledger,
+        "run_id": run.run_id, "attest_quorum": history.run.quorum, "stake_wei": history.run.min_stake,
+        "members": len({m.account for m in history.memberships}),
+        "rpc_url": run.url, "registry": run.registry, "ledger": run.ledger,
         "model_params": params, "rounds": rounds, "bytes_sent_all_nodes": sent,
         "pseudo_gradient_bytes": exchange, "inner_steps": cfg.diloco.inner_steps,
         "allreduce_bytes_equivalent": allreduce, "checkpoints": checkpoints, "latest_checkpoint_file": ckpt_path,
@@ -239,11 +242,13 @@ def summarize(run: LocalRun) -> dict:
 
 
 def format_summary(s: dict) -> str:
-    lines = ["", f"run {s['run_id']}: {len(s['rounds'])} rounds committed on chain ({s['model_params']:,} parameters)",
-             "  round  held-out  train   contributors  weights root"]
+    lines = ["", f"run {s['run_id']}: {len(s['rounds'])} rounds committed on chain ({s['model_params']:,} parameters), "
+                 f"each signed by at least {s['attest_quorum']} of the run's {s['members']} staked members "
+                 f"({s['stake_wei'] / 1e18:g} ETH each)",
+             "  round  held-out  train   contributors  attesters  weights root"]
     for r in s["rounds"]:
         lines.append(f"  {r['round']:>5}  {r['eval_loss']:8.4f}  {r['train_loss']:6.4f}  {r['contributors']:>12}  "
-                     f"{r['weights_root'][:16]}")
+                     f"{len(r['attesters']):>9}  {r['weights_root'][:16]}")
     allreduce = s["allreduce_bytes_equivalent"]
     exchange = s["pseudo_gradient_bytes"]
     reference = s.get("centralized_reference_eval_loss")

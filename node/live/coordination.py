@@ -91,9 +91,16 @@ class RoundCoordinator:
 
     # -- what was decided ---------------------------------------------------------------
     def adopt(self, outer_round: int, stage: int, close: msg.Close) -> None:
-        """Take ``close`` as the decision of (round, stage) without waiting (a round sealed in an earlier life)."""
+        """Take ``close`` as the decision of (round, stage) without waiting (a round sealed in an earlier life).
+
+        The set is published again as this node's close: after a whole-run restart nobody holds
+        the original close any more, and a peer that had not sealed the round would otherwise
+        wait a full deadline for it, fall behind, and close later rounds without this replica.
+        """
         with self._lock:
             self._accepted[(outer_round, stage)] = close
+        data = self.gossip(outer_round, msg.CLOSE, close, stage)
+        self.book.add_close(outer_round, stage, self.peer_id, close, data)
 
     def accepted(self, outer_round: int, stage: int) -> msg.Close | None:
         """The close this node aggregated for (round, stage), if it did."""
