@@ -53,8 +53,8 @@ class NoCheckpoint(NodeError):
 # ---------------------------------------------------------------------- the round on chain
 def round_standing(history: Any, chain_id: int, ledger_address: str) -> dict[int, RoundNotTrusted | None]:
     """For every committed round of ``history``: None if the chain gives no reason to distrust it, else the
-    error (not raised) of the first check it fails, in this order: hash chain link, attested by ``quorum``
-    members in force, within ``maxRounds``, undisputed.
+    error (not raised) of the first check it fails, in this order: within ``maxRounds``, hash chain link,
+    attested by ``quorum`` members in force, undisputed.
 
     Pure: it judges a :class:`ledger.records.RunHistory` (as :mod:`ledger.checks` does) and reads nothing.
     """
@@ -71,15 +71,15 @@ def round_standing(history: Any, chain_id: int, ledger_address: str) -> dict[int
         round_index = record.commit.round
         where = f"round {round_index} of run {run.run_id}"
         problem: RoundNotTrusted | None = None
-        if not link.ok:
+        if run.max_rounds and round_index >= run.max_rounds:
+            problem = RoundBeyondMax(
+                f"{where} is past the run's last round {run.max_rounds - 1} (maxRounds {run.max_rounds})"
+            )
+        elif not link.ok:
             problem = RoundNotLinked(f"{where} does not link into the run's hash chain: {link.reason}")
         elif not attesters.ok:
             problem = RoundUnattested(
                 f"{where} is not attested by {run.quorum} members in force: {attesters.reason}"
-            )
-        elif run.max_rounds and round_index >= run.max_rounds:
-            problem = RoundBeyondMax(
-                f"{where} is past the run's last round {run.max_rounds - 1} (maxRounds {run.max_rounds})"
             )
         elif round_index in disputes:
             who = ", ".join(f"{d.disputer} (block {d.block_number})" for d in disputes[round_index])
