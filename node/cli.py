@@ -137,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--stages", type=int, default=2)
     p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--attest-quorum", type=int, default=2, metavar="K",
+                   help="member signatures every round's on-chain record needs (the run's k)")
+    p.add_argument("--stake", type=float, default=1.0, metavar="ETH",
+                   help="stake each member puts into the run (slashed for equivocation)")
     p.add_argument("--inner-steps", type=int, default=20)
     p.add_argument("--preset", default="mini", choices=["tiny", "mini", "small"])
     p.add_argument("--checkpoint-every", type=int, default=2)

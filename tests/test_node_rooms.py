@@ -54,7 +54,7 @@ class Pool:
 
 def rooms(quorum: int = 1):
     book = RoundBook()
-    membership = Membership("peer-a", "c0", 1, 2, book, is_bound=lambda _account, _key: True)
+    membership = Membership("peer-a", "c0", 1, 2, book, seat=lambda _account, _key: (0, 0))
     for index, peer in enumerate(PEERS[1:], start=1):
         book.add_hello(peer, b"k" * 32, hello(f"c{index}"))
     membership.refresh()
@@ -106,7 +106,7 @@ def test_an_absurd_training_round_claim_is_ignored_for_the_entry_round():
     book.add_hello("peer-c", b"k" * 32, hello("c2", training_round=10**12))
     assert membership.live_training_round(last_committed=10, window=8) == 12
     # An unplaced peer's claim does not count either.
-    unbound = Membership("peer-a", "c0", 1, 2, book, is_bound=lambda _account, _key: False)
+    unbound = Membership("peer-a", "c0", 1, 2, book, seat=lambda _account, _key: None)
     assert unbound.live_training_round(last_committed=10, window=8) == -1
 
 

@@ -33,10 +33,25 @@ def test_split_cluster_members_take_stages_by_peer_id_and_incomplete_clusters_wa
     placed = assign_stages(decls, num_stages=2)
     assert placed["p1"].stages == (0,) and placed["p2"].stages == (1,) and placed["p2"].rank == 1
     assert "q1" not in placed  # its cluster declared 2 members, only one is here
-    # Members disagreeing on the cluster size never get a slot.
-    assert "x1" not in assign_stages([Declaration("x1", "c", 1), Declaration("x2", "c", 2)], 2)
+    # Members disagreeing on the cluster size: the earliest-joined member's size counts.
+    placed = assign_stages([Declaration("x1", "c", 1, (5, 0)), Declaration("x2", "c", 2, (4, 0))], 2)
+    assert "x1" not in placed and "x2" not in placed  # x2 joined first and declared 2: incomplete
+    placed = assign_stages([Declaration("x1", "c", 1, (3, 0)), Declaration("x2", "c", 2, (4, 0))], 2)
+    assert placed["x1"].stages == (0, 1) and "x2" not in placed
     with pytest.raises(NodeError, match="num_stages=0"):
         assign_stages(decls, 0)
+
+
+def test_a_newcomer_cluster_never_shifts_a_replica_index_nor_squats_a_seat():
+    founders = [Declaration("a", "m-cluster", 1, (10, 0)), Declaration("b", "z-cluster", 1, (10, 1))]
+    before = assign_stages(founders, 2)
+    assert [before[p].replica for p in ("a", "b")] == [0, 1]
+    # A cluster whose name sorts first, joined later: it takes the next index.
+    after = assign_stages([*founders, Declaration("c", "0-first", 1, (20, 0))], 2)
+    assert [after[p].replica for p in ("a", "b", "c")] == [0, 1, 2]
+    # A late peer declaring a formed cluster's name gets no seat and changes nothing.
+    squat = assign_stages([*founders, Declaration("0-early-id", "m-cluster", 1, (30, 0))], 2)
+    assert "0-early-id" not in squat and squat["a"] == before["a"]
 
 
 def test_assignment_is_the_same_whatever_order_peers_learn_it_in():

@@ -98,7 +98,13 @@ def run_demo(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve()
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out {out} is not empty: pick a new directory (a demo starts a fresh chain)")
-    run = LocalRun(out, replicas=args.replicas, stages=args.stages, split=args.stages > 1, settings=settings)
+    nodes = args.replicas * args.stages
+    if not 1 <= args.attest_quorum <= nodes:
+        raise ConfigError(f"--attest-quorum={args.attest_quorum}: must be in [1, {nodes}] (the number of nodes)")
+    if args.stake < 0:
+        raise ConfigError(f"--stake={args.stake}: must be >= 0")
+    run = LocalRun(out, replicas=args.replicas, stages=args.stages, split=args.stages > 1, settings=settings,
+                   attest_quorum=args.attest_quorum, stake_wei=int(args.stake * 10**18))
     print(f"dlx-node demo: {args.replicas} replicas x {args.stages} stages, model '{args.preset}', "
           f"{args.rounds} outer rounds of H={args.inner_steps}, data: {data or 'generated corpus'}")
     started = time.monotonic()

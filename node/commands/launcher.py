@@ -77,6 +77,9 @@ class LocalRun:
     split: bool = True
     settings: list[str] = field(default_factory=list)  # extra KEY=VALUE overrides for every node
     metrics: bool = False  # give every node a Prometheus endpoint on a free port
+    attest_quorum: int = 1  # member signatures each round's record needs on chain (the run's k)
+    stake_wei: int = 0  # what each member stakes to join the run
+    unbonding_blocks: int = 0
     anvil: AnvilProcess | None = None
     url: str = ""
     run_id: int = 0
@@ -100,7 +103,9 @@ class LocalRun:
         document = run_document(cfg)
         client = LedgerClient(w3, deployer, self.registry, self.ledger)
         self.run_id = client.create_run(config_hash(document), self.stages, cfg.diloco.inner_steps,
-                                        f"dlx://blob/{config_hash(document).hex()}")
+                                        f"dlx://blob/{config_hash(document).hex()}", min_stake=self.stake_wei,
+                                        quorum=self.attest_quorum, unbonding_blocks=self.unbonding_blocks,
+                                        max_rounds=cfg.rounds)
         (self.workdir / "run.json").write_bytes(canonical_json(document))
         (self.workdir / "deployment.json").write_text(json.dumps({
             "rpc_url": self.url, "registry": self.registry, "ledger": self.ledger, "run_id": self.run_id,

@@ -1,19 +1,27 @@
-"""The chain side of each finished round: commit (by rotation), checkpoint, verify, dispute.
+"""The chain side of each finished round: sign the record, gather a quorum, commit, verify, dispute.
 
 Runs on its own thread so chain latency never stalls training. Rounds are
-handled in order. For round t every node:
+handled in order (the chain takes round t only right after round t-1). For
+round t every node:
 
 1. waits for attestations covering every stage (its own included);
 2. derives the round record: ``weights_root`` over the stage weight hashes,
    ``contributions_root`` (Merkle root of every aggregated envelope hash in
    canonical order), mean losses, tokens, number of contributors;
 3. on checkpoint rounds assembles the full checkpoint from the stage shards
-   (every node builds the same bytes, so every node can serve it);
-4. commits if it is first in the round's committer rotation, or if the
+   (every node builds the same bytes, so every node can serve it) and puts its
+   content hash in the record;
+4. once round t-1 is on chain, completes the record with the chain head
+   (``prev_head``), signs it with its Ethereum key (EIP-712, docs/LEDGER.md),
+   at most one record per round in any life, and gossips the signature;
+5. waits for the run's quorum ``k`` of member signatures over one record, then
+   submits it if it is first in the round's committer rotation, or if the
    previous committers left the round uncommitted for a grace period each;
-   the committer then publishes the checkpoint's content hash;
-5. reads the round back from the chain and files a dispute if the committed
-   roots differ from what it computed itself.
+6. reads the round back from the chain and files a dispute, with its own
+   signed record, if the committed roots differ from what it computed itself.
+
+A member seen signing two different records of one round is reported on chain
+(``reportEquivocation``), which slashes its stake.
 """
 
 from __future__ import annotations
@@ -25,17 +33,20 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ledger.errors import CommitConflict
 from ledger.merkle import merkle_root
-from ledger.records import RoundCommit, to_micro
+from ledger.records import RoundRecord, to_micro
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
 from node.live.coordination import RoundCoordinator
 from node.live.membership import Membership
 from node.live.onchain import NodeChain
+from node.live import protocol as msg
 from node.live.roundbook import RoundBook
+from node.live.status import StateFile
 from node.live.topology import committer_order
 from node.store.checkpoint import merge_shards, parse_checkpoint, write_checkpoint
 from p2p.host import P2PHost
@@ -44,6 +55,10 @@ from training.hashing import weights_root
 logger = logging.getLogger(__name__)
 
 COMMIT_FALLBACK_S = 8.0
+#: While a round waits for its quorum of record signatures, this node re-publishes its own this often.
+RESIGN_EVERY_S = 10.0
+#: A round waiting for the chain or for signatures says so in the log this often.
+WAIT_REPORT_S = 60.0
 
 
 @dataclass
@@ -68,6 +83,8 @@ class CommitterContext:
     stop_event: threading.Event
     on_recorded: Callable[[int, bytes, bool], None]
     on_confirmed: Callable[[int], None]
+    state: StateFile
+    gossip: Callable[..., bytes]  # gossip(round, kind, message) signs and publishes a run message
 
 
 class Committer:
@@ -144,7 +161,8 @@ class Committer:
         return atts
 
     def record(self, outer_round: int):
-        """The round's commit as this node sees it, or None if attestations are missing."""
+        """The round's record as this node derives it (``prev_head`` still zero), or None if attestations
+        are missing."""
         node = self.node
         atts = self._attestations(outer_round)
         if atts is None:
@@ -176,9 +194,10 @@ class Committer:
         train = [a.train_loss for a in atts[last].values() if not math.isnan(a.train_loss)]
         evals = [a.eval_loss for a in atts[last].values() if not math.isnan(a.eval_loss)]
         tokens_per_replica = node.cfg.diloco.inner_steps * node.cfg.training.batch_size * node.cfg.model.block_size
-        commit = RoundCommit(
+        commit = RoundRecord(
             run_id=node.run_id,
             round=outer_round,
+            prev_head=bytes(32),  # completed once round t-1 is on chain (handle)
             weights_root=weights_root(stage_hashes),
             contributions_root=merkle_root(leaves),
             train_loss_micro=to_micro(sum(train) / len(train)) if train else 0,
@@ -196,34 +215,109 @@ class Committer:
 
     def handle(self, outer_round: int) -> None:
         node = self.node
-        commit, atts = self.record(outer_round)
-        if commit is None:
+        derived, atts = self.record(outer_round)
+        if derived is None:
             return
         checkpoint_hash = None
         if (outer_round + 1) % node.cfg.checkpoint_every == 0:
             checkpoint_hash = self._assemble_checkpoint(outer_round, atts)
+        # The chain takes round t only right after round t-1: wait for it (a round without its
+        # quorum of signatures pauses the record, never the training).
+        if not self._wait_reporting(lambda: node.chain.last_round(node.run_id) >= outer_round - 1,
+                                    f"round {outer_round}: waiting for round {outer_round - 1} on chain"):
+            return
+        onchain = node.chain.commit_of(node.run_id, outer_round)
+        mine = replace(derived, prev_head=onchain.prev_head if onchain else node.chain.head_of(node.run_id),
+                       checkpoint_hash=checkpoint_hash or bytes(32))
+        signature = self._sign(mine)
+        committed_by_me = False
+        if onchain is None:
+            committed_by_me = self._commit_with_quorum(outer_round, mine, signature)
+        node.on_recorded(outer_round, mine.weights_root, committed_by_me)
+        self._verify(outer_round, mine, signature)
+        self._report_equivocations()
+
+    def _sign(self, record: RoundRecord) -> bytes | None:
+        """Sign ``record`` unless this node signed another record of the round (in any life); gossip it."""
+        node = self.node
+        digest = node.chain.client.record_digest(record)
+        before = node.state.signed_record(record.round)
+        if before is not None and before[0] != digest:
+            logger.warning("round %d: this node signed another record of the round before (a restart?); "
+                           "it does not sign a second one", record.round)
+            return None
+        signature = before[1] if before is not None else node.chain.sign_record(record)
+        node.state.remember_signed(record.round, digest, signature)
+        node.book.add_record_signature(record.round, digest, record, node.chain.client.address, signature)
+        self._publish(record, signature)
+        return signature
+
+    def _publish(self, record: RoundRecord, signature: bytes) -> None:
+        node = self.node
+        message = msg.RecordSignature(record.prev_head, record.weights_root, record.contributions_root,
+                                      record.train_loss_micro, record.eval_loss_micro, record.tokens,
+                                      record.num_contributors, record.checkpoint_hash,
+                                      bytes.fromhex(node.chain.client.address[2:]), signature)
+        try:
+            node.gossip(record.round, msg.RECORD, message)
+        except DLX_ERRORS as exc:
+            logger.warning("round %d: record signature not published: %s", record.round, exc)
+
+    def _quorum_record(self, outer_round: int, mine: RoundRecord, quorum: int):
+        """(record, signatures) of a record of the round signed by at least ``quorum`` members, ours first."""
+        node = self.node
+        signed = node.book.snapshot_signatures(outer_round)
+        own = node.chain.client.record_digest(mine)
+        for digest in sorted(signed, key=lambda d: (d != own, -len(signed[d][1]))):
+            record, signatures = signed[digest]
+            if len(signatures) >= quorum:
+                return record, list(signatures.values())
+        return None
+
+    def _commit_with_quorum(self, outer_round: int, mine: RoundRecord, signature: bytes | None) -> bool:
+        """Wait for a quorum of signatures over one record; submit it when this node's turn comes."""
+        node = self.node
+        quorum = node.chain.run_info(node.run_id).quorum
+        last_publish = time.monotonic()
+        found = None
+
+        def quorum_or_committed():
+            nonlocal found, last_publish
+            if signature is not None and time.monotonic() - last_publish > RESIGN_EVERY_S:
+                last_publish = time.monotonic()
+                self._publish(mine, signature)  # gossip is best effort: say it again until the quorum forms
+            found = self._quorum_record(outer_round, mine, quorum)
+            return found is not None or node.chain.commit_of(node.run_id, outer_round) is not None
+
+        if not self._wait_reporting(quorum_or_committed, f"round {outer_round}: waiting for {quorum} member "
+                                    "signatures over one record"):
+            return False
+        if found is None:
+            return False  # another member committed it first
+        record, signatures = found
+        if record != mine:
+            logger.warning("round %d: the quorum signed a record other than ours (losses or checkpoint differ)",
+                           outer_round)
         live = node.membership.alive()
         order = [p for p in committer_order(outer_round, node.membership.placed_peers())
                  if p == node.peer_id or p in live]
         rank = order.index(node.peer_id) if node.peer_id in order else len(order)
-        # Rounds commit strictly in order: let the previous round land first (bounded wait).
-        self._wait(lambda: node.chain.last_round(node.run_id) >= outer_round - 1, node.cfg.round_timeout)
-        committed = self._wait(lambda: node.chain.commit_of(node.run_id, outer_round) is not None,
-                               rank * COMMIT_FALLBACK_S)
-        mine = False
-        if not committed and not node.stop_event.is_set():
-            node.chain.commit_round(commit)
-            mine = True
-            logger.info("round %d committed (weights root %s, %d contributors)", outer_round,
-                        commit.weights_root.hex()[:12], commit.num_contributors)
-            if checkpoint_hash is not None:
-                node.chain.publish_checkpoint(node.run_id, outer_round, checkpoint_hash,
-                                              f"dlx://blob/{checkpoint_hash.hex()}")
-                logger.info("round %d checkpoint %s published", outer_round, checkpoint_hash.hex()[:12])
-        node.on_recorded(outer_round, commit.weights_root, mine)
-        self._verify(outer_round, commit)
+        if self._wait(lambda: node.chain.commit_of(node.run_id, outer_round) is not None, rank * COMMIT_FALLBACK_S):
+            return False
+        if node.stop_event.is_set():
+            return False
+        try:
+            node.chain.commit_round(record, signatures[:max(quorum, 1)])
+        except CommitConflict as exc:
+            logger.warning("round %d: another record was committed first: %s", outer_round, exc)
+            return False
+        logger.info("round %d committed with %d member signatures (weights root %s, %d contributors%s)",
+                    outer_round, min(len(signatures), quorum), record.weights_root.hex()[:12],
+                    record.num_contributors,
+                    f", checkpoint {record.checkpoint_hash.hex()[:12]}" if record.has_checkpoint else "")
+        return True
 
-    def _verify(self, outer_round: int, mine: RoundCommit) -> None:
+    def _verify(self, outer_round: int, mine: RoundRecord, signature: bytes | None) -> None:
         node = self.node
         if not self._wait(lambda: node.chain.commit_of(node.run_id, outer_round) is not None, node.cfg.round_timeout):
             logger.warning("round %d: no commit on chain after %.0fs", outer_round, node.cfg.round_timeout)
@@ -231,8 +325,33 @@ class Committer:
         onchain = node.chain.commit_of(node.run_id, outer_round)
         node.on_confirmed(outer_round)
         if (onchain.weights_root, onchain.contributions_root) != (mine.weights_root, mine.contributions_root):
+            if signature is None:
+                logger.error("round %d: committed roots differ from ours; no signed record of ours to dispute "
+                             "with", outer_round)
+                return
             logger.error("round %d: committed roots differ from ours; filing a dispute", outer_round)
-            node.chain.dispute(node.run_id, outer_round, mine.weights_root, mine.contributions_root)
+            node.chain.dispute(mine, signature)
+
+    def _report_equivocations(self) -> None:
+        """Slash members seen signing two different records of one round (the evidence is the two signatures)."""
+        node = self.node
+        for outer_round, signer, (record_a, sig_a), (record_b, sig_b) in node.book.take_record_equivocations():
+            logger.error("round %d: member %s signed two different records; reporting it on chain", outer_round,
+                         signer)
+            try:
+                node.chain.report_equivocation(record_a, sig_a, record_b, sig_b)
+            except DLX_ERRORS as exc:
+                logger.warning("round %d: equivocation report for %s not accepted: %s", outer_round, signer, exc)
+
+    def _wait_reporting(self, predicate, what: str) -> bool:
+        """Wait for ``predicate`` until the node stops, saying what it waits for every WAIT_REPORT_S."""
+        started = time.monotonic()
+        while not self.node.stop_event.is_set():
+            if self._wait(predicate, WAIT_REPORT_S):
+                return True
+            if not self.node.stop_event.is_set():
+                logger.warning("%s (%.0fs so far)", what, time.monotonic() - started)
+        return False
 
     def _wait(self, predicate, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from queue import Empty, Queue
 
+from ledger.errors import LedgerError
+from ledger.records import RoundRecord
 from node.live import protocol as msg
 from node.live.exchange import ContributionPool
 from node.live.membership import Membership
@@ -38,17 +40,20 @@ class GossipInbox:
     """
 
     def __init__(self, run_id: int, validator: EnvelopeValidator, book: RoundBook, membership: Membership,
-                 contributions: ContributionPool, held_stages: Callable[[], tuple[int, ...]]) -> None:
+                 contributions: ContributionPool, held_stages: Callable[[], tuple[int, ...]],
+                 record_signer: Callable[[RoundRecord, bytes, bytes], str] | None = None) -> None:
         self.run_id = run_id
         self.validator = validator
         self.book = book
         self.membership = membership
         self.contributions = contributions
         self.held_stages = held_stages
+        self.record_signer = record_signer
         self._handlers: dict[str, Callable[[Envelope, object, bytes], None]] = {
             msg.ANNOUNCE: self._on_announce,
             msg.CLOSE: self._on_close,
             msg.ATTESTATION: self._on_attestation,
+            msg.RECORD: self._on_record,
         }
 
     # -- the topic validator (runs on the host's thread, before relaying) -------------------
@@ -100,7 +105,8 @@ class GossipInbox:
         handler = self._handlers.get(env.kind)
         if handler is None:
             raise msg.ProtocolError(f"{env.kind} messages are not sent on the run topic")
-        self.membership.check_sender(env)
+        if env.kind != msg.RECORD:  # a record signature's authority is its EIP-712 signer's seat
+            self.membership.check_sender(env)
         handler(env, payload, data)
 
     def _on_equivocation(self, data: bytes) -> None:
@@ -110,6 +116,8 @@ class GossipInbox:
         timing, so neither may decide the round (docs/PROTOCOL.md, "Closing a round").
         """
         env = decode_envelope(data, self.validator.max_size)
+        if env.kind == msg.RECORD:
+            self._on_record(env, msg.decode_payload(msg.RECORD, env.payload), data)  # files it as evidence
         if env.kind == msg.CLOSE:
             logger.warning("round %d stage %d: %s signed two different closes; both are ignored", env.round,
                            env.stage, env.sender_peer_id[-8:])
@@ -123,6 +131,19 @@ class GossipInbox:
 
     def _on_close(self, env: Envelope, close: msg.Close, data: bytes) -> None:
         self.book.add_close(env.round, env.stage, env.sender_peer_id, close, data)
+
+    def _on_record(self, env: Envelope, signed: msg.RecordSignature, _data: bytes) -> None:
+        """A member's signature over the round's record: verified, then filed (never trusted on the sender's word)."""
+        if self.record_signer is None:
+            return
+        try:
+            record = RoundRecord(env.run_id, env.round, signed.prev_head, signed.weights_root,
+                                 signed.contributions_root, signed.train_loss_micro, signed.eval_loss_micro,
+                                 signed.tokens, signed.num_contributors, signed.checkpoint_hash)
+        except LedgerError as exc:
+            raise msg.ProtocolError(f"record of round {env.round}: {exc}") from None
+        signer, digest = self.record_signer(record, signed.account, signed.signature)
+        self.book.add_record_signature(env.round, digest, record, signer, signed.signature)
 
     def _on_attestation(self, env: Envelope, attestation: msg.Attestation, _data: bytes) -> None:
         self.book.add_attestation(env.round, env.stage, env.sender_peer_id, attestation)

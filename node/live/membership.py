@@ -1,7 +1,7 @@
 """Who is in the run: placement of the declared peers, their liveness, and the entry round.
 
 Owns what a node knows about its peers beyond single rounds: the placement of
-every registered peer that declared its cluster in a ``hello`` (pure
+every run member that declared its cluster in a ``hello`` (pure
 :func:`node.live.topology.assign_stages` over the signed declarations), the set
 of peers that still count as present, and the round the live peers are
 training. The hellos themselves are filed in the :class:`RoundBook`.
@@ -25,18 +25,20 @@ logger = logging.getLogger(__name__)
 class Membership:
     """Placement and liveness of the run's peers, as this node sees them (see module docstring).
 
-    ``is_bound(account, public_key)`` answers whether the registry binds a hello's
-    account to the key that signed it; only such peers are placed.
+    ``seat(account, public_key)`` returns where on chain the hello's account joined the
+    run ((block, log index)) if it holds a signing seat bound to the key that signed the
+    hello, else None; only such peers are placed. ``joined`` is this node's own.
     """
 
     def __init__(self, peer_id: str, cluster: str, cluster_size: int, num_stages: int, book: RoundBook,
-                 is_bound: Callable[[bytes, bytes], bool]) -> None:
+                 seat: Callable[[bytes, bytes], tuple[int, int] | None], joined: tuple[int, int] = (0, 0)) -> None:
         self.peer_id = peer_id
         self.cluster = cluster
         self.cluster_size = cluster_size
         self.num_stages = num_stages
         self.book = book
-        self.is_bound = is_bound
+        self.seat = seat
+        self.joined = joined
         self.placements: dict[str, Placement] = {}
         self._connected: set[str] = set()
         self._lock = threading.Lock()
@@ -46,10 +48,13 @@ class Membership:
         """Recompute every peer's placement from the hellos heard so far."""
         # Every peer ever heard of, not only the live ones: a replica index must not shift
         # when another cluster goes away (it seeds the replica's data shard).
-        decls = [Declaration(self.peer_id, self.cluster, self.cluster_size)]
+        decls = [Declaration(self.peer_id, self.cluster, self.cluster_size, self.joined)]
         for peer_id, info in self.book.live_peers(float("inf")).items():
-            if peer_id != self.peer_id and self.is_bound(info.hello.account, info.public_key):
-                decls.append(Declaration(peer_id, info.hello.cluster, info.hello.cluster_size))
+            if peer_id == self.peer_id:
+                continue
+            joined = self.seat(info.hello.account, info.public_key)
+            if joined is not None:
+                decls.append(Declaration(peer_id, info.hello.cluster, info.hello.cluster_size, joined))
         placements = assign_stages(decls, self.num_stages)
         with self._lock:
             self.placements = placements

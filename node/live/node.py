@@ -30,8 +30,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ledger.errors import LedgerError
+from ledger.records import RoundRecord
 from node.config import NodeConfig
-from node.errors import NodeError, StateError
+from node.errors import NodeError, NotRegistered, StateError
 from node.fsutil import atomic_write_bytes
 from node.live import protocol as msg
 from node.live.committer import Committer, CommitterContext
@@ -144,9 +146,19 @@ class Node:
         self.chain = NodeChain.connect(cfg)
         self.chain.check_run(self.run_id, self.config_hash)
         self.chain.ensure_registered(self.identity)
+        self.chain.ensure_member(self.run_id)
+        own_seat = self.chain.seat(self.run_id, self.chain.account_bytes, self.identity.public_key_bytes)
+        if own_seat is None:
+            raise NotRegistered(f"account {self.chain.client.address} joined run {self.run_id} but its seat is not "
+                                "bound to this node's key (registered with another key?)")
         self.host = P2PHost.start(cfg.p2p, self.identity, data_dir=self.data_dir)
+
+        def seat(account: bytes, public_key: bytes) -> tuple[int, int] | None:
+            membership = self.chain.seat(self.run_id, account, public_key)
+            return None if membership is None else membership.joined
+
         self.membership = Membership(self.peer_id, cfg.cluster, cfg.cluster_size, cfg.pipeline.num_stages,
-                                     self.book, self.chain.is_bound)
+                                     self.book, seat, joined=own_seat.joined)
         self.contributions = ContributionPool(
             self.host, self.book, self.run_id, self.data_dir / "incoming", cfg.p2p.max_blob_bytes,
             cfg.p2p.transfer_timeout, cfg.p2p.blob_concurrency,
@@ -161,7 +173,8 @@ class Node:
             previous_life_finished=self.state.get("last_finished", -1), transfer_timeout=cfg.p2p.transfer_timeout,
             stop=self.stop_event)
         inbox = GossipInbox(self.run_id, self.validator, self.book, self.membership, self.contributions,
-                            held_stages=lambda: self.worker.stages if self.worker is not None else ())
+                            held_stages=lambda: self.worker.stages if self.worker is not None else (),
+                            record_signer=self._record_signer)
         queue = self.host.subscribe(run_topic(self.run_id), validator=inbox.relay_ok)
         self._spawn(lambda: inbox.run(queue, self.stop_event), "gossip")
         self._spawn(self._heartbeat_loop, "heartbeat")
@@ -181,7 +194,7 @@ class Node:
         self.committer = Committer(CommitterContext(
             cfg, self.run_id, self.peer_id, self.book, self.chain, self.host, self.coordinator, self.membership,
             self.checkpoint_dir, self.data_dir / "incoming", self.stop_event,
-            on_recorded=self._on_recorded, on_confirmed=self._on_confirmed))
+            on_recorded=self._on_recorded, on_confirmed=self._on_confirmed, state=self.state, gossip=self._gossip))
         start_round, unfinished = self._entry_point()
         start_round = self.worker.agree_on_round(start_round)
         unfinished = [r for r in unfinished if r < start_round]
@@ -207,6 +220,7 @@ class Node:
         base = -1
         if checkpoint is not None:
             ckpt = self._download_checkpoint(checkpoint.round, checkpoint.content_hash)
+            self._check_against_record(ckpt)
             for stage in self.worker.stages:
                 weights, momentum = ckpt.stage_state(self.worker.stage_names(stage))
                 self.worker.load_global(stage, weights, momentum, ckpt.round)
@@ -215,6 +229,13 @@ class Node:
                         list(self.worker.stages), base)
         start = max(live_round + 1, base + 1, self.state.get("last_contributed", -1) + 1)
         return start, list(range(base + 1, start))
+
+    def _check_against_record(self, ckpt: Checkpoint) -> None:
+        """Refuse a checkpoint whose weights are not the ones the attested record of its round commits to."""
+        record = self.chain.commit_of(self.run_id, ckpt.round)
+        if record is None or self.worker.weights_root_of(ckpt.weights) != record.weights_root:
+            raise StateError(f"the checkpoint of round {ckpt.round} does not hold the weights its attested record "
+                             "commits to; refusing to train from it")
 
     def _round_window(self) -> int:
         """How many rounds past the last committed one a peer can honestly be (delay, commit lag, catch-up)."""
@@ -400,6 +421,20 @@ class Node:
         self.progress.last_commit = max(self.progress.last_commit, outer_round)
 
     # ------------------------------------------------------------------ gossip
+    def _record_signer(self, record: RoundRecord, account: bytes, signature: bytes) -> tuple[str, bytes]:
+        """(signer, EIP-712 digest) of a gossiped record signature by a member of the run, else ProtocolError."""
+        try:
+            signer = self.chain.signer_of(record, signature)
+        except LedgerError as exc:
+            raise msg.ProtocolError(f"record signature of round {record.round} does not verify: {exc}") from None
+        if signer.lower() != "0x" + account.hex():
+            raise msg.ProtocolError(f"record of round {record.round} is signed by {signer}, not by the account "
+                                    f"0x{account.hex()} it names")
+        if not self.chain.is_member(self.run_id, signer):
+            raise msg.ProtocolError(f"record of round {record.round} is signed by {signer}, not a member of run "
+                                    f"{self.run_id}")
+        return signer, self.chain.client.record_digest(record)
+
     def _gossip(self, outer_round: int, kind: str, message, stage: int = -1) -> bytes:
         env = Envelope.create(self.identity, self.run_id, outer_round, kind, msg.encode_payload(message),
                               stage=stage, replica=self.placement.replica if self.placement else -1)

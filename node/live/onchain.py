@@ -2,30 +2,37 @@
 
 Everything the runtime asks of the ledger goes through here, so the round
 protocol reads in its own terms (``last_round`` is -1 before the first commit,
-bindings are cached, registration happens once).
+seats are cached, registration and joining the run happen once).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from ledger.account import load_account
 from ledger.chain import AnvilProcess, connect_rpc
 from ledger.client import LedgerClient, binding_message
 from ledger.errors import LedgerError
-from ledger.records import CheckpointRecord, RoundCommit
+from ledger.attest import recover_signer
+from ledger.records import CheckpointRecord, Membership, RoundRecord, RunInfo
 from node.config import NodeConfig
 from node.errors import ConfigError, NotRegistered
 
 logger = logging.getLogger(__name__)
+
+#: An unknown account re-reads the run's membership events at most this often.
+SEATS_REFRESH_S = 5.0
 
 
 class NodeChain:
     def __init__(self, client: LedgerClient, anvil: AnvilProcess | None = None) -> None:
         self.client = client
         self._anvil = anvil
-        self._bindings: dict[tuple[bytes, bytes], bool] = {}
+        self._seats: dict[str, Membership] = {}  # account -> its current membership period
+        self._seats_read = 0.0
+        self._run_info: dict[int, RunInfo] = {}
         self._lock = threading.Lock()  # web3 HTTP sessions and nonces are not shared across threads safely
 
     @classmethod
@@ -55,9 +62,15 @@ class NodeChain:
         if self._anvil is not None:
             self._anvil.stop()
 
+    def run_info(self, run_id: int) -> RunInfo:
+        """The run as created (its parameters never change: cached)."""
+        if run_id not in self._run_info:
+            with self._lock:
+                self._run_info[run_id] = self.client.run_info(run_id)
+        return self._run_info[run_id]
+
     def check_run(self, run_id: int, config_hash: bytes) -> None:
-        with self._lock:
-            info = self.client.run_info(run_id)
+        info = self.run_info(run_id)
         if info.config_hash != config_hash:
             raise ConfigError(
                 f"run {run_id} on chain has configHash {info.config_hash.hex()}, but this node's settings hash "
@@ -82,26 +95,75 @@ class NodeChain:
                                     f"{exc}") from exc
         logger.info("registered account %s with peer id %s", self.client.address, identity.peer_id)
 
-    def is_bound(self, account: bytes, public_key: bytes) -> bool:
-        """Whether the registry binds ``account`` to ``public_key`` (cached once true)."""
-        cache_key = (account, public_key)
-        if self._bindings.get(cache_key):
-            return True
+    def ensure_member(self, run_id: int) -> None:
+        """Hold a signing seat in the run: join it with the run's minimum stake, once."""
+        with self._lock:
+            seat = self.client.member(run_id, self.client.address)
+            if seat is not None and seat.active:
+                return
+            if seat is not None:
+                raise NotRegistered(f"account {self.client.address} holds a {seat.status} seat in run {run_id}; "
+                                    "a member that left must withdraw its stake after unbonding before joining "
+                                    "again, and a slashed member cannot rejoin")
+            stake = self.run_info(run_id).min_stake
+            try:
+                self.client.join_run(run_id, stake)
+            except LedgerError as exc:
+                raise NotRegistered(f"account {self.client.address} could not join run {run_id} with a stake of "
+                                    f"{stake} wei: {exc}") from exc
+        logger.info("joined run %d with a stake of %d wei", run_id, stake)
+
+    def seat(self, run_id: int, account: bytes, public_key: bytes) -> Membership | None:
+        """The account's current membership of the run if it holds a signing seat bound to ``public_key``.
+
+        Read from the chain's membership events; re-read at most every few seconds when an
+        unknown account asks, so a flood of hellos from outsiders cannot flood the RPC.
+        """
+        address = "0x" + account.hex()
+        seat = self._lookup(address)
+        if seat is None and time.monotonic() - self._seats_read > SEATS_REFRESH_S:
+            self._refresh_seats(run_id)
+            seat = self._lookup(address)
+        if seat is None or seat.node_key != public_key:
+            return None
+        return seat
+
+    def is_member(self, run_id: int, address: str) -> bool:
+        """Whether ``address`` holds a signing seat of the run (membership events; cached like :meth:`seat`)."""
+        if self._lookup(address) is None and time.monotonic() - self._seats_read > SEATS_REFRESH_S:
+            self._refresh_seats(run_id)
+        return self._lookup(address) is not None
+
+    def _lookup(self, address: str) -> Membership | None:
+        return self._seats.get(address.lower())
+
+    def _refresh_seats(self, run_id: int) -> None:
         try:
             with self._lock:
-                bound = self.client.key_of("0x" + account.hex()) == public_key
+                periods = self.client.memberships(run_id)
         except LedgerError as exc:
-            logger.debug("binding check failed: %s", exc)
-            return False
-        self._bindings[cache_key] = bound
-        return bound
+            logger.debug("membership read failed: %s", exc)
+            return
+        self._seats = {m.account.lower(): m for m in periods if m.ended is None}
+        self._seats_read = time.monotonic()
+
+    def signer_of(self, record: RoundRecord, signature: bytes) -> str:
+        """The account whose EIP-712 signature over ``record`` this is (raises LedgerError if malformed)."""
+        return recover_signer(record, signature, self.client.chain_id, self.client.ledger_address)
+
+    def sign_record(self, record: RoundRecord) -> bytes:
+        return self.client.sign_record(record)
 
     def last_round(self, run_id: int) -> int:
         with self._lock:
             last = self.client.last_round(run_id)
         return -1 if last is None else last
 
-    def commit_of(self, run_id: int, round_index: int) -> RoundCommit | None:
+    def head_of(self, run_id: int) -> bytes:
+        with self._lock:
+            return self.client.head_of(run_id)
+
+    def commit_of(self, run_id: int, round_index: int) -> RoundRecord | None:
         with self._lock:
             return self.client.commit_of(run_id, round_index)
 
@@ -109,14 +171,15 @@ class NodeChain:
         with self._lock:
             return self.client.latest_checkpoint(run_id)
 
-    def commit_round(self, commit: RoundCommit) -> str:
+    def commit_round(self, record: RoundRecord, signatures: list[bytes]) -> str:
         with self._lock:
-            return self.client.commit_round(commit)
+            return self.client.commit_round(record, signatures)
 
-    def publish_checkpoint(self, run_id: int, round_index: int, content_hash: bytes, uri: str) -> str:
+    def dispute(self, record: RoundRecord, signature: bytes) -> str:
         with self._lock:
-            return self.client.publish_checkpoint(run_id, round_index, content_hash, uri)
+            return self.client.dispute(record, signature)
 
-    def dispute(self, run_id: int, round_index: int, weights_root: bytes, contributions_root: bytes) -> str:
+    def report_equivocation(self, record_a: RoundRecord, signature_a: bytes, record_b: RoundRecord,
+                            signature_b: bytes) -> str:
         with self._lock:
-            return self.client.dispute(run_id, round_index, weights_root, contributions_root)
+            return self.client.report_equivocation(record_a, signature_a, record_b, signature_b)

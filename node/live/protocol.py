@@ -20,7 +20,8 @@ CONTRIBUTION = "contribution"  # a blob, not gossip: payload = encoded pseudo-gr
 ANNOUNCE = "announce"
 CLOSE = "close"
 ATTESTATION = "attestation"
-KINDS = (HELLO, CONTRIBUTION, ANNOUNCE, CLOSE, ATTESTATION)
+RECORD = "record"  # a member's EIP-712 signature over the round's on-chain record
+KINDS = (HELLO, CONTRIBUTION, ANNOUNCE, CLOSE, ATTESTATION, RECORD)
 
 
 def run_topic(run_id: int) -> str:
@@ -75,7 +76,28 @@ class Attestation:
     checkpoint_hash: bytes  # sha256 of the assembled checkpoint (b"" if not known yet)
 
 
-_TYPES = {HELLO: Hello, ANNOUNCE: Announce, CLOSE: Close, ATTESTATION: Attestation}
+@dataclass(frozen=True)
+class RecordSignature:
+    """A member's signature over the record of the envelope's round (ledger.records.RoundRecord).
+
+    Run and round are the envelope's; the rest are the record's other fields. ``account`` is
+    the signer's Ethereum address and ``signature`` its 65-byte EIP-712 signature
+    (docs/LEDGER.md): the receiver recovers the signer and checks both.
+    """
+
+    prev_head: bytes
+    weights_root: bytes
+    contributions_root: bytes
+    train_loss_micro: int
+    eval_loss_micro: int
+    tokens: int
+    num_contributors: int
+    checkpoint_hash: bytes
+    account: bytes
+    signature: bytes
+
+
+_TYPES = {HELLO: Hello, ANNOUNCE: Announce, CLOSE: Close, ATTESTATION: Attestation, RECORD: RecordSignature}
 
 
 def encode_payload(message: Any) -> bytes:
@@ -140,6 +162,15 @@ def _validate(message: Any) -> None:
                     or not isinstance(item[1], str) or not isinstance(item[2], bytes)
                     or len(item[2]) != 32 or not isinstance(item[3], int)):
                 raise ProtocolError("close.contributions entries must be [replica, peer_id, hash32, size]")
+    elif isinstance(message, RecordSignature):
+        for name in ("prev_head", "weights_root", "contributions_root", "checkpoint_hash"):
+            if len(getattr(message, name)) != 32:
+                raise ProtocolError(f"record.{name} must be 32 bytes")
+        for name in ("train_loss_micro", "eval_loss_micro", "tokens", "num_contributors"):
+            if not 0 <= getattr(message, name) < 1 << 64:
+                raise ProtocolError(f"record.{name} must be in [0, 2^64)")
+        if len(message.account) != 20 or len(message.signature) != 65:
+            raise ProtocolError("record.account must be 20 bytes and record.signature 65 bytes")
     elif isinstance(message, Attestation):
         for name in ("weights_hash", "contributions_root"):
             if len(getattr(message, name)) != 32:

@@ -20,7 +20,7 @@ from node.config import NodeConfig
 from training.codec_wire import decode_contribution
 from training.data import corpus_from_config, eval_batches, round_batches
 from training.diloco import StageEngine
-from training.hashing import stage_weights_hash
+from training.hashing import stage_weights_hash, weights_root
 from training.model import init_state_dict
 from training.pipeline import (
     LocalReplicaTrainer,
@@ -173,6 +173,12 @@ class ReplicaWorker:
         (:meth:`training.diloco.StageEngine.finish_round`).
         """
         return self.engines[stage].finish_round(outer_round, contributions).weights_hash
+
+    def weights_root_of(self, full_weights: dict) -> bytes:
+        """The record's ``weights_root`` of a full model's weights (every stage, not only the held ones)."""
+        hashes = [stage_weights_hash({n: full_weights[n] for n in self.stage_names(s)})
+                  for s in range(self.cfg.pipeline.num_stages)]
+        return weights_root(hashes)
 
     def initial_hashes(self) -> dict[int, bytes]:
         full = init_state_dict(self.cfg.model, self.cfg.training.seed)

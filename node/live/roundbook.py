@@ -49,6 +49,11 @@ class RoundBook:
         self.close_times: dict[tuple[int, int], dict[str, float]] = defaultdict(dict)  # first arrival, monotonic
         self.equivocators: dict[tuple[int, int], set[str]] = defaultdict(set)  # signed two different closes
         self.attestations: dict[tuple[int, int], dict[str, Attestation]] = defaultdict(dict)
+        # round -> record digest -> (record, {signer address: 65-byte EIP-712 signature})
+        self.signatures: dict[int, dict[bytes, tuple[object, dict[str, bytes]]]] = defaultdict(dict)
+        # (round, signer) -> the first (digest, signature) it signed; a second, different one is evidence
+        self._signed_by: dict[tuple[int, str], tuple[bytes, bytes]] = {}
+        self.record_equivocations: list[tuple[int, str, tuple, tuple]] = []
 
     # -- filing (gossip thread) ------------------------------------------------
     def add_hello(self, peer_id: str, public_key: bytes, hello: Hello) -> None:
@@ -89,6 +94,34 @@ class RoundBook:
         with self._cond:
             self.attestations[(round_index, stage)].setdefault(peer_id, att)
             self._cond.notify_all()
+
+    def add_record_signature(self, round_index: int, digest: bytes, record: object, signer: str,
+                             signature: bytes) -> None:
+        """File a verified member signature over a round's record (``digest`` = its EIP-712 digest).
+
+        A member that signed two different records of one round is kept in
+        ``record_equivocations`` as ``(round, signer, (record, sig), (record, sig))``: proof enough
+        on chain to slash it (TrainingLedger.reportEquivocation). Only its first record counts.
+        """
+        with self._cond:
+            first = self._signed_by.setdefault((round_index, signer), (digest, signature))
+            if first[0] != digest:
+                first_record = self.signatures[round_index][first[0]][0]
+                self.record_equivocations.append(
+                    (round_index, signer, (first_record, first[1]), (record, signature)))
+                return
+            entry = self.signatures[round_index].setdefault(digest, (record, {}))
+            entry[1].setdefault(signer, signature)
+            self._cond.notify_all()
+
+    def snapshot_signatures(self, round_index: int) -> dict[bytes, tuple[object, dict[str, bytes]]]:
+        with self._cond:
+            return {d: (rec, dict(sigs)) for d, (rec, sigs) in self.signatures.get(round_index, {}).items()}
+
+    def take_record_equivocations(self) -> list[tuple[int, str, tuple, tuple]]:
+        with self._cond:
+            found, self.record_equivocations = self.record_equivocations, []
+            return found
 
     # -- reading ---------------------------------------------------------------
     def snapshot_announces(self, round_index: int, stage: int) -> dict[str, Announced]:
@@ -138,3 +171,7 @@ class RoundBook:
             for book in (self.announces, self.closes, self.close_times, self.equivocators, self.attestations):
                 for key in [k for k in book if k[0] < round_index]:
                     del book[key]
+            for key in [k for k in self.signatures if k < round_index]:
+                del self.signatures[key]
+            for key in [k for k in self._signed_by if k[0] < round_index]:
+                del self._signed_by[key]

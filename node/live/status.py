@@ -82,6 +82,22 @@ class StateFile:
                 self._state.setdefault("committed", []).append(outer_round)
             self._save()
 
+    def signed_record(self, outer_round: int) -> tuple[bytes, bytes] | None:
+        """(EIP-712 digest, signature) of the record this node signed for a round, in any life."""
+        with self._lock:
+            entry = self._state.get("signed_records", {}).get(str(outer_round))
+        return None if entry is None else (bytes.fromhex(entry[0]), bytes.fromhex(entry[1]))
+
+    def remember_signed(self, outer_round: int, digest: bytes, signature: bytes, keep: int = 256) -> None:
+        """Record a signature before it is sent: a member never signs two records of one round (it would
+        be slashed for equivocation), not even across a restart. The last ``keep`` rounds are kept."""
+        with self._lock:
+            signed = self._state.setdefault("signed_records", {})
+            signed[str(outer_round)] = [digest.hex(), signature.hex()]
+            for old in sorted(signed, key=int)[:-keep]:
+                del signed[old]
+            self._save()
+
     def _save(self) -> None:
         self._state["run_id"] = self.run_id
         atomic_write_json(self.path, self._state)

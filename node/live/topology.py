@@ -15,11 +15,16 @@ from node.errors import NodeError
 
 @dataclass(frozen=True)
 class Declaration:
-    """A node's public claim: "I am ``peer_id``, in ``cluster`` of ``cluster_size`` nodes"."""
+    """A node's public claim: "I am ``peer_id``, in ``cluster`` of ``cluster_size`` nodes".
+
+    ``joined`` is where on chain the node's account joined the run ((block, log index) of its
+    MemberJoined event): public, fixed, and later for anyone who comes later.
+    """
 
     peer_id: str
     cluster: str
     cluster_size: int
+    joined: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -36,30 +41,34 @@ class Placement:
 def assign_stages(declarations: list[Declaration], num_stages: int) -> dict[str, Placement]:
     """Place every declared node on a (replica, stages) slot.
 
-    Clusters are numbered by sorted cluster name (replica index). Inside a
-    cluster of one node, that node holds every stage; in a cluster of
+    Clusters are numbered in the order their members joined the run on chain
+    (the earliest member's join; the name breaks ties), so a cluster that comes
+    later always takes the next replica index and never shifts anyone's: the
+    index seeds each replica's data shard. A cluster's seats go to the
+    ``cluster_size`` earliest-joined nodes declaring it (with the size the
+    earliest one declared), so a newcomer cannot squat on a formed cluster.
+    Inside a cluster of one node, that node holds every stage; in a cluster of
     ``num_stages`` nodes, members sorted by peer id take stages 0..S-1. A
-    cluster that declared a size no member set matches is left out until it is
-    complete, so a half-formed cluster never gets a replica slot.
+    cluster not yet complete gets no replica slot.
     """
     if num_stages < 1:
         raise NodeError(f"num_stages={num_stages}: must be >= 1")
     by_cluster: dict[str, list[Declaration]] = {}
     for decl in declarations:
         by_cluster.setdefault(decl.cluster, []).append(decl)
-    complete: dict[str, list[str]] = {}
+    complete: dict[str, tuple[tuple[int, int], list[str]]] = {}
     for name, members in by_cluster.items():
-        peers = sorted({m.peer_id for m in members})
-        sizes = {m.cluster_size for m in members}
-        if len(sizes) != 1:
-            continue  # members disagree on the cluster size: not a usable cluster
-        size = sizes.pop()
-        if size not in (1, num_stages) or len(peers) != size:
+        members = sorted({m.peer_id: m for m in members}.values(), key=lambda m: (m.joined, m.peer_id))
+        size = members[0].cluster_size
+        if size not in (1, num_stages):
             continue
-        complete[name] = peers
+        seated = [m for m in members if m.cluster_size == size][:size]
+        if len(seated) != size:
+            continue
+        complete[name] = (seated[0].joined, sorted(m.peer_id for m in seated))
     placements: dict[str, Placement] = {}
-    for replica, name in enumerate(sorted(complete)):
-        peers = complete[name]
+    for replica, name in enumerate(sorted(complete, key=lambda n: (complete[n][0], n))):
+        peers = complete[name][1]
         for rank, peer in enumerate(peers):
             stages = tuple(range(num_stages)) if len(peers) == 1 else (rank,)
             placements[peer] = Placement(peer, name, replica, stages, rank)
