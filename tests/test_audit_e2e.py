@@ -2,8 +2,8 @@
 
 One module-scoped run (real anvil, 2 real ``dlx-node start`` processes, 2
 replicas x 2 stages held by one node each, 3 outer rounds, a checkpoint every
-round, every round's record signed by the run's members) is shared by every
-test; anvil stays up until the module ends. Tests that change the chain (a
+round, every round's record signed by both nodes: the run's quorum is k = 2)
+is shared by every test; anvil stays up until the module ends. Tests that change the chain (a
 second run committed by a quorum of lying members, a forged registration)
 create what they audit and never touch run 1's record, except the
 forged-registration test, which runs last because the registry is shared.
@@ -66,7 +66,12 @@ BIG = 1 << 30
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     local = LocalRun(
-        tmp_path_factory.mktemp("audit-run"), replicas=2, stages=2, split=False, settings=SETTINGS
+        tmp_path_factory.mktemp("audit-run"),
+        replicas=2,
+        stages=2,
+        split=False,
+        settings=SETTINGS,
+        attest_quorum=2,  # both nodes sign every round's record
     )
     try:
         local.setup()
