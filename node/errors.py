@@ -45,5 +45,50 @@ class AuditFailed(NodeError):
     """The audit found an item that contradicts the chain's record."""
 
 
+class AuditIncomplete(NodeError):
+    """Nothing the audit checked contradicts the record, but some items could not be verified: not PASSED."""
+
+
 class PullRefused(NodeError):
-    """The checkpoint bytes offered are not the ones the chain records; they were discarded."""
+    """The checkpoint is not one to trust: the bytes offered are not the chain's, or its round fails a check.
+
+    ``check`` names the check that failed (the subclasses set it); bytes already downloaded are discarded.
+    """
+
+    check = "content hash"
+
+
+class RoundNotTrusted(PullRefused):
+    """The checkpoint's round fails a chain check, so no file of it is written, whatever its bytes."""
+
+    check = "round"
+
+
+class RoundUnattested(RoundNotTrusted):
+    """The round's record was not attested by ``quorum`` distinct members in force at its commit."""
+
+    check = "attested by k members in force"
+
+
+class RoundDisputed(RoundNotTrusted):
+    """A staked member put its own, differing record of the round on chain (``RoundDisputed``)."""
+
+    check = "undisputed"
+
+
+class RoundBeyondMax(RoundNotTrusted):
+    """The round is past the run's last round (``maxRounds``)."""
+
+    check = "within maxRounds"
+
+
+class RoundNotLinked(RoundNotTrusted):
+    """The round's commit does not link into the run's hash chain."""
+
+    check = "hash chain link"
+
+
+class CheckpointInconsistent(PullRefused):
+    """The file has the content hash the record names, but its metadata or weights root contradict the record."""
+
+    check = "consistent with its commit"

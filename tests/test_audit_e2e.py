@@ -2,10 +2,14 @@
 
 One module-scoped run (real anvil, 2 real ``dlx-node start`` processes, 2
 replicas x 2 stages held by one node each, 3 outer rounds, a checkpoint every
-round) is shared by every test; anvil stays up until the module ends. Tests
-that change the chain (a second run committed by a lying node, a forged
-registration) create what they audit and never touch run 1's record, except
-the forged-registration test, which runs last because the registry is shared.
+round, every round's record signed by both nodes: the run's quorum is k = 2)
+is shared by every test; anvil stays up until the module ends. Tests that change the chain (a
+second run committed by a quorum of lying members, a forged registration)
+create what they audit and never touch run 1's record, except the
+forged-registration test, which runs last because the registry is shared.
+
+The audit PASSES only with every item verified; without the evidence it is
+INCOMPLETE (never PASSED), and a contradiction makes it FAIL.
 """
 
 from __future__ import annotations
@@ -24,11 +28,23 @@ import pytest
 from ledger.account import dev_account
 from ledger.client import LedgerClient
 from ledger.merkle import merkle_root
-from ledger.records import RoundCommit
+from ledger.errors import LedgerNotMember
+from ledger.records import RoundRecord
 from node.cli import exit_code_for
 from node.commands.launcher import LocalRun
 from node.errors import NodeError
-from node.tools.audit import FAIL, OK, UNVERIFIABLE, AuditFailed, audit_run, run_audit
+from node.tools.audit import (
+    ATTESTED,
+    FAIL,
+    FAILED,
+    INCOMPLETE,
+    OK,
+    UNVERIFIABLE,
+    AuditFailed,
+    AuditIncomplete,
+    audit_run,
+    run_audit,
+)
 from node.tools.evidence import PeerFetcher
 from node.tools.pull import NoCheckpoint, PullRefused, pull_checkpoint, run_pull
 from p2p.envelope import Envelope, decode_envelope
@@ -50,7 +66,12 @@ BIG = 1 << 30
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     local = LocalRun(
-        tmp_path_factory.mktemp("audit-run"), replicas=2, stages=2, split=False, settings=SETTINGS
+        tmp_path_factory.mktemp("audit-run"),
+        replicas=2,
+        stages=2,
+        split=False,
+        settings=SETTINGS,
+        attest_quorum=2,  # both nodes sign every round's record
     )
     try:
         local.setup()
@@ -111,8 +132,12 @@ def test_audit_passes_with_every_archive(run, client):
     assert report.ok, [c.line() for c in report.all_checks() if c.status != OK]
     assert report.counts()[UNVERIFIABLE] == 0 and report.counts()[FAIL] == 0
     assert [r.round for r in report.rounds] == list(range(ROUNDS))
+    node_accounts = {dev_account(slot.account, client.chain_id).address for slot in run.nodes}
     for verdict in report.rounds:
         assert verdict.status == OK
+        # Signed by the run's quorum of members (the nodes' accounts), as the chain's event says.
+        assert len(verdict.attesters) >= report.quorum >= 1 and set(verdict.attesters) <= node_accounts
+        assert next(c for c in verdict.checks if c.name == ATTESTED).status == OK
         names = [c.name for c in verdict.checks]
         assert "weights root (replay)" in names and "contributions root" in names
         # Both stages aggregated (a round may close with a quorum: not every replica every round).
@@ -129,7 +154,7 @@ def test_audit_passes_with_every_archive(run, client):
 @pytest.mark.timeout(60)
 def test_audit_without_evidence_reports_unverifiable_not_ok(run, client):
     report = audit_run(client, run.run_id)
-    assert report.ok  # nothing contradicts the chain...
+    assert report.verdict == INCOMPLETE and not report.ok  # nothing contradicts the chain...
     assert all(r.status == UNVERIFIABLE for r in report.rounds)  # ...but nothing off-chain was checked
     run_document = next(c for c in report.general if c.name == "run document")
     assert run_document.status == UNVERIFIABLE
@@ -179,7 +204,7 @@ def test_replay_resumes_from_a_verified_checkpoint_after_a_gap(run, client, tmp_
     node_copy = _copy_node_dir(run.nodes[0], tmp_path / "r0")
     shutil.rmtree(_round_dir(node_copy, run.run_id, 0))  # as if pruned by retention_rounds
     report = audit_run(client, run.run_id, archives=[node_copy])
-    assert report.ok
+    assert report.verdict == INCOMPLETE
     assert [r.status for r in report.rounds] == [UNVERIFIABLE, OK, OK]
     replay_1 = next(c for c in report.rounds[1].checks if c.name == "weights root (replay)")
     assert replay_1.reason == "from checkpoint of round 0"
@@ -202,9 +227,10 @@ def test_archives_of_nodes_holding_different_stages_are_merged(run, client, tmp_
             manifest["contributions"] = mine
             (target / round_dir.name / "round.json").write_text(json.dumps(manifest))
     merged = audit_run(client, run.run_id, archives=[tmp_path / "stage0", tmp_path / "stage1"])
-    assert merged.ok and all(r.status == OK for r in merged.rounds)  # (no checkpoint files were copied)
+    assert all(r.status == OK for r in merged.rounds)
+    assert merged.verdict == INCOMPLETE  # no checkpoint files were copied: those items are unverifiable
     alone = audit_run(client, run.run_id, archives=[tmp_path / "stage1"])
-    assert alone.ok  # incomplete evidence is unverifiable, never a failure
+    assert alone.verdict == INCOMPLETE  # incomplete evidence is unverifiable, never a failure, never a pass
     assert all(r.status == UNVERIFIABLE for r in alone.rounds)
     assert "stage(s) [0]" in alone.rounds[0].first_problem().reason
 
@@ -283,6 +309,7 @@ def test_cli_writes_json_and_an_html_report_chromium_renders(run, tmp_path):
     assert "PASSED" in done.stdout and "0 unverifiable" in done.stdout
     data = json.loads(out_json.read_text())
     assert data["ok"] is True and data["first_bad_round"] is None and len(data["rounds"]) == ROUNDS
+    assert data["verdict"] == "PASSED" and all(r["attesters"] for r in data["rounds"])
 
     chromium = shutil.which("chromium")
     assert chromium, "Debian package 'chromium' is required (apt-get install -y chromium)"
@@ -304,18 +331,35 @@ def test_cli_writes_json_and_an_html_report_chromium_renders(run, tmp_path):
         text=True,
         timeout=90,
     ).stdout
-    assert "Audit of run" in dom
-    assert '<svg class="loss-curve"' in dom
+    assert "Audit of run" in dom and 'data-verdict="PASSED"' in dom
+    assert '<svg class="loss-curve"' in dom and 'class="unverified"' not in dom
     for series in ("eval-loss", "train-loss"):
         assert f'class="{series}" data-points="{ROUNDS}"' in dom
     assert dom.count('<tr class="round"') == ROUNDS
 
+    # Without evidence: INCOMPLETE, its own exit code, and every round marked unverified on the chart.
+    cmd = cmd[: cmd.index("--archive")] if "--archive" in cmd else cmd
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=150)
+    assert done.returncode == exit_code_for(AuditIncomplete("x")) == 13, done.stdout + done.stderr
+    assert "INCOMPLETE" in done.stdout and "first unverified round 0" in done.stderr
+    page = out_html.read_text()
+    assert 'data-verdict="INCOMPLETE"' in page and page.count('class="unverified"') == ROUNDS
+
 
 @pytest.mark.timeout(180)
-def test_a_lying_commit_is_caught_naming_its_round(run, client, tmp_path):
-    """A registered node commits a second run with the true contributions but a false weights root in round 1."""
+def test_an_outsider_cannot_commit_and_a_quorum_signed_lie_is_caught_naming_its_round(run, client, tmp_path):
+    """The nodes' accounts, a full quorum of a second run, sign the true contributions but a false weights
+    root in round 1; an account without a seat cannot commit at all."""
     history = client.history(run.run_id, with_registrations=False)
-    run2 = client.create_run(history.run.config_hash, history.run.num_stages, history.run.inner_steps)
+    members = [
+        LedgerClient(client.w3, dev_account(slot.account, client.chain_id), run.registry, run.ledger)
+        for slot in run.nodes
+    ]
+    run2 = members[0].create_run(
+        history.run.config_hash, history.run.num_stages, history.run.inner_steps, quorum=len(members)
+    )
+    for member in members:
+        member.join_run(run2)
     # Run 2's contributions: run 1's payloads re-signed by the same node keys for run 2 (the signed header
     # binds the run id, so run 1's envelopes cannot be reused as they are).
     identities = {}
@@ -326,9 +370,7 @@ def test_a_lying_commit_is_caught_naming_its_round(run, client, tmp_path):
     target = tmp_path / "liar" / "archive" / f"run-{run2}"
     target.mkdir(parents=True)
     shutil.copy(source / "run.json", target / "run.json")
-    liar = LedgerClient(
-        client.w3, dev_account(run.nodes[0].account, client.chain_id), run.registry, run.ledger
-    )
+    outsider = LedgerClient(client.w3, dev_account(7, client.chain_id), run.registry, run.ledger)
     for record in history.commits:
         round_index = record.commit.round
         manifest = json.loads((source / f"round-{round_index:08d}" / "round.json").read_text())
@@ -355,28 +397,33 @@ def test_a_lying_commit_is_caught_naming_its_round(run, client, tmp_path):
         )
         weights_root = record.commit.weights_root
         if round_index == 1:
-            weights_root = hashlib.sha256(b"what the liar wants the model to be").digest()
-        liar.commit_round(
-            RoundCommit(
-                run2,
-                round_index,
-                weights_root,
-                merkle_root([bytes.fromhex(e[3]) for e in entries]),
-                record.commit.train_loss_micro,
-                record.commit.eval_loss_micro,
-                record.commit.tokens,
-                record.commit.num_contributors,
-            )
+            weights_root = hashlib.sha256(b"what the liars want the model to be").digest()
+        lie = RoundRecord(
+            run2,
+            round_index,
+            members[0].head_of(run2),
+            weights_root,
+            merkle_root([bytes.fromhex(e[3]) for e in entries]),
+            record.commit.train_loss_micro,
+            record.commit.eval_loss_micro,
+            record.commit.tokens,
+            record.commit.num_contributors,
         )
+        signatures = [member.sign_record(lie) for member in members]
+        if round_index == 1:
+            with pytest.raises(LedgerNotMember):  # the quorum's signatures do not make a non-member a submitter
+                outsider.commit_round(lie, signatures)
+        members[0].commit_round(lie, signatures)
 
     report = audit_run(client, run2, archives=[tmp_path / "liar"])
-    assert not report.ok
+    assert report.verdict == FAILED and report.failed
     assert report.first_bad_round == 1
     assert [r.status for r in report.rounds] == [OK, FAIL, OK]  # round 2 follows from the honest state
     failure = report.first_failure()
     assert failure.name == "weights root (replay)" and "!= committed" in failure.reason
-    # The contributions themselves were all genuine.
+    # The chain accepted it (a full quorum signed it) and the contributions themselves were all genuine.
     assert all(c.status == OK for c in report.rounds[1].checks if c.name != "weights root (replay)")
+    assert sorted(report.rounds[1].attesters) == sorted(m.address for m in members)
 
 
 # ---------------------------------------------------------------------- pull
@@ -481,6 +528,7 @@ def test_pull_refuses_a_tampered_checkpoint(run, client, tmp_path, capsys):
     assert run_pull(args) == 0
     printed = capsys.readouterr().out.splitlines()
     assert any("AutoModelForCausalLM.from_pretrained" in line for line in printed)
+    assert any(line.startswith(f"round {latest.round} attested by ") for line in printed)
     assert any("model.generate" in line for line in printed)
     assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
 
@@ -510,13 +558,16 @@ def test_a_forged_registration_is_caught(run, client):
     forger = LedgerClient(client.w3, dev_account(8, client.chain_id), run.registry, run.ledger)
     forger.register(os.urandom(32), os.urandom(64))  # the contract cannot check ed25519: the auditor does
     report = audit_run(client, run.run_id, archives=_archives(run))
-    assert not report.ok
+    assert report.failed
     forged = [c for c in report.general if c.status == FAIL]
     assert len(forged) == 1 and forged[0].name.startswith(f"registration {forger.address}")
     assert report.first_bad_round is None  # the run's own rounds are fine...
-    # ...until the forged account commits: that round is named.
-    forger.commit_round(RoundCommit(run.run_id, ROUNDS, b"\x01" * 32, b"\x02" * 32, 1, 1, 1, 1))
+    # ...a registration alone gives no right to commit...
+    record = RoundRecord(run.run_id, ROUNDS, client.head_of(run.run_id), b"\x01" * 32, b"\x02" * 32, 1, 1, 1, 1)
+    with pytest.raises(LedgerNotMember):
+        forger.commit_round(record, [forger.sign_record(record)])
+    # ...and a seat taken with the squatted key is named as a member without a valid binding.
+    forger.join_run(run.run_id)
     report = audit_run(client, run.run_id, archives=_archives(run))
-    assert report.first_bad_round == ROUNDS
-    committer = next(c for c in report.rounds[-1].checks if c.name == "committer registered")
-    assert committer.status == FAIL and forger.address in committer.reason
+    member = [c for c in report.general if c.status == FAIL and c.name.startswith(f"member {forger.address}")]
+    assert len(member) == 1 and "no registration with a valid binding" in member[0].reason

@@ -6,8 +6,12 @@ and the two contract addresses are all it needs) and checks, item by item:
 1. **Chain** -- the contracts' bytecode against the committed build artifacts
    and the ledger's trusted registry; the commit hash chain link by link up to
    the contract's ``headOf(runId)``; every registration's ed25519 binding
-   signature (the EVM cannot check it); that every committer held a valid
-   registration at the commit's block.
+   signature (the EVM cannot check it); every member's node key bound by a
+   valid registration; that each round's record was attested by ``quorum``
+   distinct members in force at its commit (membership rebuilt from the chain's
+   events) and lies within the run's ``maxRounds``. Disputes (a member's own
+   signed, differing record), equivocation reports and slashings are read and
+   shown with their rounds.
 2. **Run document** -- a copy whose sha256 is the chain's ``configHash`` (from an
    archive or fetched by that hash from peers); it pins the model, the seed and
    so the initial weights, and the DiLoCoX settings of the outer step.
@@ -26,7 +30,11 @@ and the two contract addresses are all it needs) and checks, item by item:
 
 Every item ends as ``ok``, ``FAIL`` (with the reason) or ``unverifiable`` (with
 the reason: the evidence was not available, e.g. an archive no peer serves any
-more). Nothing that could not be checked is reported as ``ok``. See
+more). Nothing that could not be checked is reported as ``ok``: the audit
+PASSED only if every item is ok; with unverifiable items and no failure it is
+INCOMPLETE (exit 13), with a failure FAILED (exit 8). A disputed round is judged
+by replay: FAIL if the committed record does not replay, otherwise ok with a
+note naming the dispute (and whether the disputer's record replays). See
 docs/AUDIT.md.
 
 This module composes the checks and is the command's face: the chain items
@@ -42,17 +50,34 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from node.errors import DLX_ERRORS, AuditFailed
+from node.errors import DLX_ERRORS, AuditFailed, AuditIncomplete
 from node.tools.audit_replay import Replayer, check_checkpoint, check_replay, check_run_document
 from node.tools.audit_rounds import check_contributions
 from node.tools.evidence import ArchiveSource, PeerFetcher, PeerSource, reader_client
-from node.tools.report import FAIL, OK, UNVERIFIABLE, AuditReport, Check, RoundVerdict, worst
+from node.tools.report import (
+    FAIL,
+    FAILED,
+    INCOMPLETE,
+    OK,
+    PASSED,
+    UNVERIFIABLE,
+    AuditReport,
+    Check,
+    DisputeView,
+    RoundVerdict,
+    worst,
+)
 
 __all__ = [
+    "ATTESTED",
     "FAIL",
+    "FAILED",
+    "INCOMPLETE",
     "OK",
+    "PASSED",
     "UNVERIFIABLE",
     "AuditFailed",
+    "AuditIncomplete",
     "AuditReport",
     "Check",
     "RoundVerdict",
@@ -65,15 +90,19 @@ logger = logging.getLogger(__name__)
 
 Progress = Callable[[int, int, str], None]
 
+#: The per-round item that replaced "committer registered": quorum distinct members in force signed the record.
+ATTESTED = "attested by k members in force"
+WITHIN_MAX_ROUNDS = "within maxRounds"
+
 
 def _report_item(item: Any) -> Check:
     """A report item from a :class:`ledger.checks.ItemResult`."""
     return Check(item.name, OK if item.ok else FAIL, item.reason)
 
 
-def _chain_checks(client: Any, history: Any, report: AuditReport, check_code: bool) -> dict[str, list]:
-    """The chain items (:func:`ledger.checks.check_chain_record`) into the report; return the valid
-    registrations by account (the contribution checks need them)."""
+def _chain_checks(client: Any, history: Any, report: AuditReport, check_code: bool) -> Any:
+    """The chain items (:func:`ledger.checks.check_chain_record`) into the report; return the
+    :class:`ledger.checks.ChainChecks` (valid registrations, disputes, equivocations, slashings)."""
     from ledger.checks import check_chain_record
 
     chain = check_chain_record(client, history, check_code)
@@ -83,11 +112,103 @@ def _chain_checks(client: Any, history: Any, report: AuditReport, check_code: bo
         report.general += [_report_item(item) for item in chain.contracts]
     report.general.append(_report_item(chain.hash_chain.genesis))
     report.general += [_report_item(item) for item in chain.registrations]
-    for verdict, link, committer in zip(report.rounds, chain.hash_chain.links, chain.committers):
+    report.general += [_report_item(item) for item in chain.members]
+    max_rounds = history.run.max_rounds
+    for verdict, record, link, attested in zip(
+        report.rounds, history.commits, chain.hash_chain.links, chain.attesters
+    ):
         verdict.checks.append(Check("hash chain link", OK if link.ok else FAIL, link.reason))
-        verdict.checks.append(Check("committer registered", OK if committer.ok else FAIL, committer.reason))
+        in_force = len(history.members_at(record.position))
+        why = attested.reason or (
+            f"{len(record.attesters)} of {in_force} members in force, quorum {history.run.quorum}"
+        )
+        verdict.checks.append(Check(ATTESTED, OK if attested.ok else FAIL, why))
+        if max_rounds and verdict.round >= max_rounds:
+            verdict.checks.append(
+                Check(
+                    WITHIN_MAX_ROUNDS,
+                    FAIL,
+                    f"round {verdict.round} is past the run's last round {max_rounds - 1} (maxRounds {max_rounds})",
+                )
+            )
+        else:
+            verdict.checks.append(Check(WITHIN_MAX_ROUNDS, OK, f"of {max_rounds}" if max_rounds else "open-ended"))
     report.general.append(_report_item(chain.hash_chain.head))
-    return chain.valid
+    return chain
+
+
+def _findings(history: Any, chain: Any, report: AuditReport) -> None:
+    """Equivocation reports into their rounds' notes; slashings and accusations into the report's notes."""
+    by_round = {verdict.round: verdict for verdict in report.rounds}
+    causes = {}
+    for round_index, reports in chain.equivocations.items():
+        for equivocation in reports:
+            causes[equivocation.tx_hash] = f"equivocation on round {round_index}"
+            verdict = by_round.get(round_index)
+            if verdict is not None:
+                role = "an attester of this round" if equivocation.account in verdict.attesters else "a member"
+                verdict.notes.append(
+                    f"{role}, {equivocation.account}, signed two records of this round (reported by "
+                    f"{equivocation.reporter} at block {equivocation.block_number}; slashed)"
+                )
+    for accusation in history.accusations:
+        if accusation.guilty:
+            causes.setdefault(f"verdict:{accusation.accused}:{accusation.resolved_block}", "a guilty verdict")
+        state = "open" if accusation.open else ("guilty" if accusation.guilty else "cleared")
+        report.notes.append(
+            f"accusation of {accusation.accused} by {accusation.accuser} "
+            f"(evidence {accusation.evidence_hash.hex()[:16]}, block {accusation.opened_block}): {state}"
+        )
+    for slash in chain.slashings:
+        cause = causes.get(slash.tx_hash) or causes.get(
+            f"verdict:{slash.account}:{slash.block_number}", "cause not found"
+        )
+        report.notes.append(
+            f"member {slash.account} slashed {slash.stake} wei at block {slash.block_number} ({cause})"
+        )
+
+
+def _judge_disputes(verdict: RoundVerdict, disputes: list, commit: Any, replayed: bytes | None) -> None:
+    """Show each disputer's record next to the committed one and say which one the replay supports.
+
+    The round's own status is left to its items: FAIL if the committed record does not replay, otherwise
+    ok (or unverifiable) with a note naming the dispute.
+    """
+    committed = (
+        "unverified" if replayed is None else ("replays" if replayed == commit.weights_root else "does NOT replay")
+    )
+    for dispute in disputes:
+        record = dispute.record
+        replays = "unknown" if replayed is None else ("yes" if record.weights_root == replayed else "no")
+        verdict.disputes.append(
+            DisputeView(
+                disputer=dispute.disputer,
+                block=dispute.block_number,
+                weights_root=record.weights_root.hex(),
+                contributions_root=record.contributions_root.hex(),
+                train_loss=record.train_loss_micro / 1e6,
+                eval_loss=record.eval_loss_micro / 1e6,
+                checkpoint_hash=record.checkpoint_hash.hex() if record.has_checkpoint else "",
+                replays=replays,
+            )
+        )
+        differs = [
+            name
+            for name in ("weights_root", "contributions_root", "train_loss_micro", "eval_loss_micro", "tokens",
+                         "num_contributors", "checkpoint_hash", "prev_head")
+            if getattr(record, name) != getattr(commit, name)
+        ]
+        other_list = (
+            "; its contributions root differs, so its weights were judged against the committed contributions"
+            if record.contributions_root != commit.contributions_root
+            else ""
+        )
+        theirs = {"yes": "replays", "no": "does not replay", "unknown": "is unverified"}[replays]
+        verdict.notes.append(
+            f"disputed by {dispute.disputer} at block {dispute.block_number} (its record differs in "
+            f"{', '.join(differs) or 'nothing'}): the committed record {committed}, the disputer's "
+            f"{theirs}{other_list}"
+        )
 
 
 def audit_run(
@@ -123,13 +244,15 @@ def audit_run(
         inner_steps=run.inner_steps,
         head=history.head_hash.hex(),
         replay=replay,
+        quorum=run.quorum,
+        max_rounds=run.max_rounds,
     )
     for record in history.commits:
         c = record.commit
         report.rounds.append(
             RoundVerdict(
                 round=c.round,
-                committer=record.committer,
+                submitter=record.submitter,
                 block=record.block_number,
                 train_loss=c.train_loss_micro / 1e6,
                 eval_loss=c.eval_loss_micro / 1e6,
@@ -137,10 +260,15 @@ def audit_run(
                 num_contributors=c.num_contributors,
                 weights_root=c.weights_root.hex(),
                 contributions_root=c.contributions_root.hex(),
+                attesters=list(record.attesters),
+                prev_head=c.prev_head.hex(),
+                checkpoint_hash=c.checkpoint_hash.hex() if c.has_checkpoint else "",
             )
         )
     mark = time.perf_counter()
-    valid = _chain_checks(client, history, report, check_code)
+    chain = _chain_checks(client, history, report, check_code)
+    _findings(history, chain, report)
+    valid = chain.valid
     timings["chain_checks_s"] = time.perf_counter() - mark
     timings["chain_total_s"] = time.perf_counter() - started
 
@@ -175,7 +303,9 @@ def audit_run(
         payloads = check_contributions(
             verdict, record, sources, run.num_stages, valid, previous_block, run, document
         )
-        check_replay(verdict, commit, replayer, payloads, replay)
+        replayed = check_replay(verdict, commit, replayer, payloads, replay)
+        if commit.round in chain.disputes:
+            _judge_disputes(verdict, chain.disputes[commit.round], commit, replayed)
         if commit.round in checkpoints:
             ckpt = check_checkpoint(
                 report,
@@ -227,7 +357,11 @@ class _ProgressBar:
 
 
 def run_audit(args: Any) -> int:
-    """``dlx-node audit``: print per-round verdicts and the summary, write --json/--html, exit 0 or 8."""
+    """``dlx-node audit``: print per-round verdicts and the summary, write --json/--html.
+
+    Exit 0 only if the audit PASSED; AuditFailed (8) if an item contradicts the record, AuditIncomplete (13)
+    if some items could not be verified.
+    """
     from node.tools.report import write_html, write_json
 
     client = reader_client(args)
@@ -249,6 +383,10 @@ def run_audit(args: Any) -> int:
             print(check.line())
     for verdict in report.rounds:
         print(verdict.line())
+        for note in verdict.notes:
+            print(f"  {note}")
+    for note in report.notes:
+        print(note)
     for check in report.checkpoints:
         print(check.line())
     if args.json_out:
@@ -263,8 +401,15 @@ def run_audit(args: Any) -> int:
         + (f", replay {t['replay_mean_s_per_round']:.3f}s/round" if "replay_mean_s_per_round" in t else "")
     )
     print(report.summary())
-    if not report.ok:
+    if report.failed:
         first, bad = report.first_bad_round, report.first_failure()
         where = f"first bad round {first}" if first is not None else "a chain-level item"
         raise AuditFailed(f"run {args.run} does not match its record: {where}: {bad.name}: {bad.reason}")
+    if report.verdict == INCOMPLETE:
+        first, missing = report.first_unverified_round, report.first_unverifiable()
+        where = f"first unverified round {first}" if first is not None else "a chain-level item"
+        raise AuditIncomplete(
+            f"run {args.run}: audit INCOMPLETE, {report.counts()[UNVERIFIABLE]} item(s) unverifiable "
+            f"({where}: {missing.name}: {missing.reason}); pass --archive or --bootstrap with the evidence"
+        )
     return 0

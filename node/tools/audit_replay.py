@@ -133,20 +133,23 @@ def check_replay(
     replayer: Replayer | None,
     payloads: list[list[bytes]] | None,
     replay: bool,
-) -> None:
-    """The replayed weights root of one round against the commit (one item in ``verdict``)."""
+) -> bytes | None:
+    """The replayed weights root of one round against the commit (one item in ``verdict``).
+
+    Returns the replayed root (to judge a disputer's record against it), or None if the round was not replayed.
+    """
     from training.errors import TrainingError
 
     if not replay:
         verdict.checks.append(Check("weights root (replay)", UNVERIFIABLE, "replay skipped (--no-replay)"))
-        return
+        return None
     if replayer is None:
         verdict.checks.append(Check("weights root (replay)", UNVERIFIABLE, "no verified run document"))
-        return
+        return None
     if payloads is None:
         replayer.drop()
         verdict.checks.append(Check("weights root (replay)", UNVERIFIABLE, "contributions not verified"))
-        return
+        return None
     if replayer.weights is None:
         verdict.checks.append(
             Check(
@@ -156,7 +159,7 @@ def check_replay(
                 "could not be replayed and no checkpoint of the previous round was verified",
             )
         )
-        return
+        return None
     started = time.perf_counter()
     try:
         root = replayer.apply(commit.round, payloads)
@@ -165,7 +168,7 @@ def check_replay(
         verdict.checks.append(
             Check("weights root (replay)", FAIL, f"the committed contributions do not aggregate: {exc}")
         )
-        return
+        return None
     verdict.replay_seconds = time.perf_counter() - started
     if root == commit.weights_root:
         verdict.checks.append(Check("weights root (replay)", OK, f"from {replayer.base}"))
@@ -178,6 +181,7 @@ def check_replay(
                 f"replayed {root.hex()} != committed {commit.weights_root.hex()}",
             )
         )
+    return root
 
 
 def check_checkpoint(

@@ -1,19 +1,22 @@
 """``dlx-node pull``: fetch a published checkpoint, verify it against the chain, write a transformers dir.
 
-The chain's ``CheckpointPublished`` record names the checkpoint by its content
-hash (sha256 of the file). ``pull`` takes the bytes from a local directory
-(``--archive``) or downloads them over libp2p from every provider it finds
-(the ``--bootstrap`` peers and the DHT; :meth:`p2p.host.P2PHost.fetch_blob`
-fetches ranges from several providers at once), and accepts them only if they
-hash to the chain's value, belong to the run and round asked for, and their
-weights hash to the weights root committed for that round. Anything else is
-refused: a download is deleted, nothing is written to ``OUT_DIR``, and the
-message names the hash expected and the hash received. The accepted weights
-are exported with :func:`training.export.export_hf` as a Hugging Face GPT-2
-directory with its byte-level tokenizer.
+A checkpoint is published only inside an attested round record (its ``checkpointHash``, the sha256 of the
+file). ``pull`` first judges the round on the chain alone (:func:`round_standing`): its commit links into the
+run's hash chain, its record was attested by ``quorum`` distinct members in force at the commit, it lies
+within the run's ``maxRounds``, and no member disputed it. By default it takes the latest checkpoint whose
+round passes; ``--round`` asks for one round, refused with the failed check's error
+(:class:`node.errors.RoundNotTrusted` and its subclasses) if it does not pass.
 
-The bytes come through the evidence layer shared with ``dlx-node audit``
-(:mod:`node.tools.evidence`).
+Then it takes the bytes from a local directory (``--archive``) or downloads them over libp2p from every
+provider it finds (the ``--bootstrap`` peers and the DHT; :meth:`p2p.host.P2PHost.fetch_blob` fetches ranges
+from several providers at once), and accepts them only if they hash to the record's ``checkpointHash``,
+belong to the run and round asked for, and their weights hash to the record's ``weightsRoot``
+(:class:`node.errors.CheckpointInconsistent` otherwise; by default the next older trusted checkpoint is then
+tried). Anything else is refused: a download is deleted, nothing is written to ``OUT_DIR``, and the message
+names the check that failed. The accepted weights are exported with :func:`training.export.export_hf` as a
+Hugging Face GPT-2 directory with its byte-level tokenizer.
+
+The bytes come through the evidence layer shared with ``dlx-node audit`` (:mod:`node.tools.evidence`).
 """
 
 from __future__ import annotations
@@ -23,11 +26,21 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from node.errors import DLX_ERRORS, NodeError, PullRefused
+from node.errors import (
+    DLX_ERRORS,
+    CheckpointInconsistent,
+    NodeError,
+    PullRefused,
+    RoundBeyondMax,
+    RoundDisputed,
+    RoundNotLinked,
+    RoundNotTrusted,
+    RoundUnattested,
+)
 from node.tools.evidence import PeerFetcher, find_checkpoint_files, reader_client
 
 logger = logging.getLogger(__name__)
@@ -35,6 +48,47 @@ logger = logging.getLogger(__name__)
 
 class NoCheckpoint(NodeError):
     """The run has no published checkpoint (for the round asked)."""
+
+
+# ---------------------------------------------------------------------- the round on chain
+def round_standing(history: Any, chain_id: int, ledger_address: str) -> dict[int, RoundNotTrusted | None]:
+    """For every committed round of ``history``: None if the chain gives no reason to distrust it, else the
+    error (not raised) of the first check it fails, in this order: within ``maxRounds``, hash chain link,
+    attested by ``quorum`` members in force, undisputed.
+
+    Pure: it judges a :class:`ledger.records.RunHistory` (as :mod:`ledger.checks` does) and reads nothing.
+    """
+    from ledger.checks import check_attesters, check_hash_chain
+
+    run = history.run
+    links = check_hash_chain(history, chain_id, ledger_address).links
+    attested = check_attesters(history)
+    disputes: dict[int, list] = {}
+    for dispute in history.disputes:
+        disputes.setdefault(dispute.round, []).append(dispute)
+    standing: dict[int, RoundNotTrusted | None] = {}
+    for record, link, attesters in zip(history.commits, links, attested):
+        round_index = record.commit.round
+        where = f"round {round_index} of run {run.run_id}"
+        problem: RoundNotTrusted | None = None
+        if run.max_rounds and round_index >= run.max_rounds:
+            problem = RoundBeyondMax(
+                f"{where} is past the run's last round {run.max_rounds - 1} (maxRounds {run.max_rounds})"
+            )
+        elif not link.ok:
+            problem = RoundNotLinked(f"{where} does not link into the run's hash chain: {link.reason}")
+        elif not attesters.ok:
+            problem = RoundUnattested(
+                f"{where} is not attested by {run.quorum} members in force: {attesters.reason}"
+            )
+        elif round_index in disputes:
+            who = ", ".join(f"{d.disputer} (block {d.block_number})" for d in disputes[round_index])
+            problem = RoundDisputed(
+                f"{where} is disputed: {who} put a differing signed record on chain; "
+                "run 'dlx-node audit' to see which record replays"
+            )
+        standing[round_index] = problem
+    return standing
 
 
 # ---------------------------------------------------------------------- pulling
@@ -49,36 +103,65 @@ class PullResult:
     source: str
     size: int
     block_size: int  # the model's context length (generation must fit in it)
+    attesters: tuple[str, ...] = ()  # the members whose signatures committed the round's record
+    submitter: str = ""
+    skipped: list[str] = field(default_factory=list)  # newer checkpoints passed over by default, and why
 
 
-def _checkpoint_record(client: Any, run_id: int, round_index: int | None) -> tuple[int, bytes]:
-    if round_index is None or round_index < 0:
-        record = client.latest_checkpoint(run_id)
-        if record is None:
+def _candidates(
+    history: Any, standing: dict[int, RoundNotTrusted | None], round_index: int | None
+) -> tuple[list[Any], list[str]]:
+    """The commit records whose checkpoint may be pulled, newest first, and why newer ones were passed over.
+
+    Raises:
+        NoCheckpoint: Nothing published (for ``round_index``).
+        RoundNotTrusted: ``round_index`` (or, by default, every published round) fails a chain check.
+    """
+    run_id = history.run.run_id
+    published = [record for record in history.commits if record.commit.has_checkpoint]
+    if round_index is not None:
+        chosen = [record for record in published if record.commit.round == round_index]
+        if not chosen:
+            rounds = [record.commit.round for record in published]
             raise NoCheckpoint(
-                f"run {run_id} has no published checkpoint yet: wait for the first checkpoint "
-                "round (checkpoint_every) to be committed"
+                f"run {run_id} has no checkpoint published for round {round_index}; published rounds: "
+                f"{rounds or 'none'}"
             )
-        return record.round, record.content_hash
-    content_hash = client.checkpoint_of(run_id, round_index)
-    if content_hash is None:
-        published = sorted(c.round for c in client.history(run_id, with_registrations=False).checkpoints)
+        if standing.get(round_index) is not None:
+            raise standing[round_index]
+        return chosen, []
+    if not published:
         raise NoCheckpoint(
-            f"run {run_id} has no checkpoint published for round {round_index}; published rounds: "
-            f"{published or 'none'}"
+            f"run {run_id} has no published checkpoint yet: wait for the first checkpoint "
+            "round (checkpoint_every) to be committed"
         )
-    return round_index, content_hash
+    trusted, skipped = [], []
+    for record in reversed(published):
+        problem = standing.get(record.commit.round)
+        if problem is None:
+            trusted.append(record)
+        else:
+            skipped.append(f"round {record.commit.round}: {problem.check}: {problem}")
+    if not trusted:
+        latest = standing[published[-1].commit.round]
+        raise type(latest)(f"no published checkpoint of run {run_id} is on a trusted round: {'; '.join(skipped)}")
+    return trusted, skipped
 
 
-def _verified_checkpoint(
-    data: bytes, client: Any, run_id: int, round_index: int, content_hash: bytes, source: str
-) -> Any:
-    """Parse ``data`` and check it is the chain's checkpoint of ``round_index``; raise PullRefused otherwise."""
+def _verified_checkpoint(data: bytes, run: Any, commit: Any, source: str) -> Any:
+    """Parse ``data`` and check it is the checkpoint ``commit`` (a RoundRecord of ``run``) publishes.
+
+    Raises:
+        PullRefused: The bytes do not hash to the record's ``checkpointHash``.
+        CheckpointInconsistent: They do, but the file is unusable, names another run/round/config, or its
+            weights root is not the record's ``weightsRoot``.
+    """
     from node.store.checkpoint import parse_checkpoint
     from training.config import ModelConfig
     from training.hashing import stage_weights_hash, weights_root
     from training.stages import split_stages, stage_param_names
 
+    run_id, round_index, content_hash = run.run_id, commit.round, commit.checkpoint_hash
     got = hashlib.sha256(data).hexdigest()
     if got != content_hash.hex():
         raise PullRefused(
@@ -87,7 +170,6 @@ def _verified_checkpoint(
         )
     try:
         ckpt = parse_checkpoint(data, content_hash)
-        run = client.run_info(run_id)
         model_cfg = ModelConfig(**ckpt.model_config)
         specs = split_stages(model_cfg.n_layer, run.num_stages)
         hashes = [
@@ -95,22 +177,69 @@ def _verified_checkpoint(
             for spec in specs
         ]
     except (*DLX_ERRORS, KeyError, TypeError) as exc:
-        raise PullRefused(
-            f"checkpoint {got[:16]} from {source} has the chain's content hash but is unusable: {exc}"
+        raise CheckpointInconsistent(
+            f"checkpoint {got[:16]} from {source} has the record's content hash but is unusable: {exc}"
         ) from None
     if (ckpt.run_id, ckpt.round, ckpt.config_hash) != (run_id, round_index, run.config_hash):
-        raise PullRefused(
+        raise CheckpointInconsistent(
             f"checkpoint {got[:16]} says run {ckpt.run_id} round {ckpt.round}, expected run {run_id} "
             f"round {round_index} with configHash {run.config_hash.hex()[:16]}"
         )
-    commit = client.commit_of(run_id, round_index)
-    if commit is None or weights_root(hashes) != commit.weights_root:
-        raise PullRefused(
-            f"checkpoint {got[:16]}: its weights root {weights_root(hashes).hex()} is not the one "
-            f"committed for round {round_index} "
-            f"({commit.weights_root.hex() if commit else 'no commit'})"
+    if weights_root(hashes) != commit.weights_root:
+        raise CheckpointInconsistent(
+            f"checkpoint {got[:16]} of round {round_index}: its weights root {weights_root(hashes).hex()} "
+            f"is not the attested record's weightsRoot {commit.weights_root.hex()}"
         )
     return ckpt, model_cfg
+
+
+def _fetch_verified(
+    run: Any, commit: Any, out: Path, archives: Iterable[str | Path], fetcher: PeerFetcher | None
+) -> tuple[Any, Any, str, int]:
+    """The checkpoint ``commit`` publishes, from the first archive file or peer download that verifies.
+
+    Raises:
+        CheckpointInconsistent: The record's bytes were found but contradict the record.
+        PullRefused: Only other bytes were offered.
+        NodeError: No source has the bytes.
+    """
+    from p2p.errors import BlobHashMismatch, P2PError
+
+    expected = commit.checkpoint_hash.hex()
+    refusals: list[PullRefused] = []
+    for path in find_checkpoint_files(archives, commit.round, expected):
+        try:
+            return (*_verified_checkpoint(path.read_bytes(), run, commit, str(path)), str(path), path.stat().st_size)
+        except PullRefused as exc:
+            logger.warning("%s", exc)
+            refusals.append(exc)
+    fetch_error = "no provider found"
+    if fetcher is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.download-", dir=out.parent))
+        try:
+            dest = fetcher.fetch_to(expected, staging / f"{expected}.safetensors")
+            data = dest.read_bytes()
+            return (*_verified_checkpoint(data, run, commit, "peers"), "peers", len(data))
+        except BlobHashMismatch as exc:
+            refusals.append(
+                PullRefused(f"checkpoint of round {commit.round} downloaded from peers refused and deleted: {exc}")
+            )
+        except PullRefused as exc:
+            refusals.append(type(exc)(f"{exc} (download deleted)"))
+        except P2PError as exc:
+            logger.warning("checkpoint %s not downloaded: %s", expected[:16], exc)
+            fetch_error = str(exc)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # verified bytes are in memory; nothing half-kept
+    if refusals:
+        inconsistent = [r for r in refusals if isinstance(r, CheckpointInconsistent)]
+        raise (inconsistent[0] if inconsistent else refusals[0]).__class__("; ".join(map(str, refusals)))
+    where = "no --archive directory holds it" if fetcher is None else f"no peer served it ({fetch_error})"
+    raise NodeError(
+        f"checkpoint {expected[:16]} of run {run.run_id} round {commit.round}: {where}; pass "
+        "--bootstrap with a node's multiaddr (status.json 'listen_addrs') or --archive"
+    )
 
 
 def pull_checkpoint(
@@ -121,74 +250,54 @@ def pull_checkpoint(
     archives: Iterable[str | Path] = (),
     fetcher: PeerFetcher | None = None,
 ) -> PullResult:
-    """Fetch, verify and export the checkpoint of ``round_index`` (None: the latest) of ``run_id``.
+    """Fetch, verify and export the checkpoint of ``round_index`` (None: the latest trusted one) of ``run_id``.
 
-    Local ``archives`` are tried first, then peers. Raises :class:`PullRefused`
-    (exit 9) if no source offers the chain's bytes and some offered other bytes,
-    :class:`NoCheckpoint` if nothing is published, :class:`NodeError` if no source
-    has it. ``out_dir`` is written only after verification, atomically.
+    The round must pass :func:`round_standing` (by default, newer checkpoints whose round does not are passed
+    over and listed in ``PullResult.skipped``, as are newer ones whose file contradicts their record). Local
+    ``archives`` are tried first, then peers. ``out_dir`` is written only after verification, atomically.
+
+    Raises:
+        RoundNotTrusted: The round asked for (or every published round) fails a chain check; its subclass
+            names the check (RoundUnattested, RoundDisputed, RoundBeyondMax, RoundNotLinked).
+        CheckpointInconsistent: The file with the record's content hash contradicts the record.
+        PullRefused: Only bytes other than the record's were offered (exit 9, as all refusals).
+        NoCheckpoint: Nothing is published (for that round).
+        NodeError: No source has the bytes, or ``out_dir`` is not empty.
     """
     from node.fsutil import atomic_write_json
-    from p2p.errors import BlobHashMismatch, P2PError
     from training.export import export_hf
 
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise NodeError(f"{out} exists and is not empty: choose a new output directory")
-    round_index, content_hash = _checkpoint_record(client, run_id, round_index)
-    expected = content_hash.hex()
-    refusals: list[str] = []
-    accepted = None
-    for path in find_checkpoint_files(archives, round_index, expected):
+    history = client.history(run_id, with_registrations=False)
+    standing = round_standing(history, client.chain_id, client.ledger_address)
+    candidates, skipped = _candidates(history, standing, round_index)
+    accepted = record = None
+    for record in candidates:
         try:
-            accepted = (
-                *_verified_checkpoint(path.read_bytes(), client, run_id, round_index, content_hash, str(path)),
-                str(path),
-                path.stat().st_size,
-            )
+            accepted = _fetch_verified(history.run, record.commit, out, archives, fetcher)
             break
-        except PullRefused as exc:
-            logger.warning("%s", exc)
-            refusals.append(str(exc))
-    fetch_error = "no provider found"
-    if accepted is None and fetcher is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.download-", dir=out.parent))
-        try:
-            dest = fetcher.fetch_to(expected, staging / f"{expected}.safetensors")
-            data = dest.read_bytes()
-            accepted = (
-                *_verified_checkpoint(data, client, run_id, round_index, content_hash, "peers"),
-                "peers",
-                len(data),
-            )
-        except BlobHashMismatch as exc:
-            refusals.append(
-                f"checkpoint of round {round_index} downloaded from peers refused and deleted: {exc}"
-            )
-        except PullRefused as exc:
-            refusals.append(f"{exc} (download deleted)")
-        except P2PError as exc:
-            logger.warning("checkpoint %s not downloaded: %s", expected[:16], exc)
-            fetch_error = str(exc)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)  # verified bytes are in memory; nothing half-kept
-    if accepted is None:
-        if refusals:
-            raise PullRefused("; ".join(refusals))
-        where = "no --archive directory holds it" if fetcher is None else f"no peer served it ({fetch_error})"
-        raise NodeError(
-            f"checkpoint {expected[:16]} of run {run_id} round {round_index}: {where}; pass "
-            "--bootstrap with a node's multiaddr (status.json 'listen_addrs') or --archive"
-        )
+        except CheckpointInconsistent as exc:
+            if round_index is not None or record is candidates[-1]:
+                raise
+            logger.warning("passing over round %d: %s", record.commit.round, exc)
+            skipped.append(f"round {record.commit.round}: {exc.check}: {exc}")
     ckpt, model_cfg, source, size = accepted
+    commit = record.commit
+    expected = commit.checkpoint_hash.hex()
+    for reason in skipped:
+        logger.warning("newer checkpoint passed over: %s", reason)
     export_hf(ckpt.weights, model_cfg, out, overwrite=out.exists())
     atomic_write_json(
         out / "dlx_provenance.json",
         {
             "run_id": run_id,
-            "round": round_index,
+            "round": commit.round,
             "content_hash": expected,
+            "weights_root": commit.weights_root.hex(),
+            "attesters": list(record.attesters),
+            "commit_tx": record.tx_hash,
             "chain_id": client.chain_id,
             "ledger": client.ledger_address,
             "registry": client.registry_address,
@@ -197,16 +306,28 @@ def pull_checkpoint(
     )
     logger.info(
         "checkpoint of round %d (%s, %d bytes, from %s) exported to %s",
-        round_index,
+        commit.round,
         expected[:16],
         size,
         source,
         out,
     )
-    return PullResult(out, run_id, round_index, expected, source, size, model_cfg.block_size)
+    return PullResult(
+        out,
+        run_id,
+        commit.round,
+        expected,
+        source,
+        size,
+        model_cfg.block_size,
+        attesters=tuple(record.attesters),
+        submitter=record.submitter,
+        skipped=skipped,
+    )
+
 
 def run_pull(args: Any) -> int:
-    """``dlx-node pull``: exit 0 with the model written, 9 if only wrong bytes were offered."""
+    """``dlx-node pull``: exit 0 with the model written, 9 if the round or the bytes were refused."""
     client = reader_client(args)
     fetcher = PeerFetcher.start(args.bootstrap) if args.bootstrap else None
     try:
@@ -222,10 +343,13 @@ def run_pull(args: Any) -> int:
         if fetcher is not None:
             fetcher.close()
     out = str(result.out_dir)
+    for reason in result.skipped:
+        print(f"passed over {reason}")
     print(
         f"verified checkpoint of run {result.run_id} round {result.round} (sha256 {result.content_hash}, "
         f"{result.size} bytes, from {result.source}) -> {out}"
     )
+    print(f"round {result.round} attested by {len(result.attesters)}: {', '.join(result.attesters)}")
     print(
         f'from transformers import AutoModelForCausalLM, AutoTokenizer; tok = AutoTokenizer.from_pretrained("{out}"); '
         f'model = AutoModelForCausalLM.from_pretrained("{out}")'

@@ -2,12 +2,15 @@
 
 :class:`AuditReport` is what :func:`node.tools.audit.audit_run` returns. Every
 audited item is a :class:`Check` whose status is ``ok``, ``FAIL`` or
-``unverifiable`` (never ok for what could not be checked). It renders as JSON
-(:func:`write_json`) and as one self-contained HTML page (:func:`write_html`)
-with no external resources (no scripts, fonts or images): the loss curve is an
-inline SVG drawn from the losses the chain records for each round, with one
-``<polyline>`` point per committed round, so the page renders the same in any
-browser, offline, and can be archived next to the JSON.
+``unverifiable`` (never ok for what could not be checked). The report's verdict
+is ``PASSED`` only if every item is ok, ``FAILED`` if any item failed, and
+``INCOMPLETE`` otherwise (some items unverifiable, none failed). It renders as
+JSON (:func:`write_json`) and as one self-contained HTML page
+(:func:`write_html`) with no external resources (no scripts, fonts or images):
+the loss curve is an inline SVG drawn from the losses the chain records for
+each round, with one ``<polyline>`` point per committed round and a marker on
+every round that is not verified, so the page renders the same in any browser,
+offline, and can be archived next to the JSON.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ logger = logging.getLogger(__name__)
 
 OK, FAIL, UNVERIFIABLE = "ok", "FAIL", "unverifiable"
 _RANK = {OK: 0, UNVERIFIABLE: 1, FAIL: 2}
+#: The report's overall verdicts: every item ok / some unverifiable, none failed / some item failed.
+PASSED, INCOMPLETE, FAILED = "PASSED", "INCOMPLETE", "FAILED"
+_VERDICT_OF = {OK: PASSED, UNVERIFIABLE: INCOMPLETE, FAIL: FAILED}
 
 
 def worst(statuses: Iterable[str]) -> str:
@@ -59,11 +65,25 @@ class Contributor:
 
 
 @dataclass
+class DisputeView:
+    """A member's own signed record of a disputed round (``RoundDisputed``), next to the committed one."""
+
+    disputer: str
+    block: int
+    weights_root: str
+    contributions_root: str
+    train_loss: float
+    eval_loss: float
+    checkpoint_hash: str
+    replays: str = "unknown"  # "yes" / "no": its weights root is / is not the replay of the round; "unknown"
+
+
+@dataclass
 class RoundVerdict:
     """Everything checked about one committed round."""
 
     round: int
-    committer: str
+    submitter: str
     block: int
     train_loss: float
     eval_loss: float
@@ -71,8 +91,12 @@ class RoundVerdict:
     num_contributors: int
     weights_root: str
     contributions_root: str
+    attesters: list[str] = field(default_factory=list)  # the members whose signatures committed the record
+    prev_head: str = ""
+    checkpoint_hash: str = ""  # empty: the round published no checkpoint
     checks: list[Check] = field(default_factory=list)
     contributors: list[Contributor] = field(default_factory=list)
+    disputes: list[DisputeView] = field(default_factory=list)
     replay_seconds: float | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -93,7 +117,9 @@ class RoundVerdict:
         problem = self.first_problem()
         if problem is not None:
             text += f" -- {problem.name}: {problem.reason}"
-        extra = [f"{len(self.contributors)} contributions"]
+        extra = [f"{len(self.contributors)} contributions", f"attested by {len(self.attesters)}"]
+        if self.disputes:
+            extra.append(f"disputed by {', '.join(d.disputer for d in self.disputes)}")
         if self.replay_seconds is not None:
             extra.append(f"replay {self.replay_seconds:.3f}s")
         return text + f" [{', '.join(extra)}]"
@@ -117,6 +143,9 @@ class AuditReport:
     checkpoints: list[Check] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
+    quorum: int = 0
+    max_rounds: int = 0  # 0: open-ended
+    notes: list[str] = field(default_factory=list)  # findings that are not items: slashings, accusations
 
     def all_checks(self) -> list[Check]:
         return self.general + [c for r in self.rounds for c in r.checks] + self.checkpoints
@@ -126,9 +155,19 @@ class AuditReport:
         return {status: sum(c.status == status for c in checks) for status in (OK, FAIL, UNVERIFIABLE)}
 
     @property
+    def verdict(self) -> str:
+        """PASSED (every item ok), INCOMPLETE (some unverifiable, none failed) or FAILED (some item failed)."""
+        return _VERDICT_OF[worst(c.status for c in self.all_checks())]
+
+    @property
     def ok(self) -> bool:
-        """No item failed (unverifiable items are allowed: see :meth:`counts`)."""
-        return not any(c.status == FAIL for c in self.all_checks())
+        """The audit PASSED: every item was checked and matches (an unverifiable item is not ok)."""
+        return self.verdict == PASSED
+
+    @property
+    def failed(self) -> bool:
+        """Some item contradicts the record."""
+        return self.verdict == FAILED
 
     @property
     def first_bad_round(self) -> int | None:
@@ -146,14 +185,27 @@ class AuditReport:
                     return check
         return next((c for c in self.all_checks() if c.status == FAIL), None)
 
+    @property
+    def first_unverified_round(self) -> int | None:
+        """The lowest round that is not fully verified (failed or unverifiable), or None."""
+        return min((r.round for r in self.rounds if r.status != OK), default=None)
+
+    def first_unverifiable(self) -> Check | None:
+        """The first unverifiable item (of the first unverified round if there is one)."""
+        first = self.first_unverified_round
+        ordered = [c for r in self.rounds if r.round == first for c in r.checks] + self.all_checks()
+        return next((c for c in ordered if c.status == UNVERIFIABLE), None)
+
     def summary(self) -> str:
         counts = self.counts()
-        verdict = "PASSED" if self.ok else "FAILED"
         text = (
-            f"audit of run {self.run_id} {verdict}: {len(self.rounds)} rounds, {counts[OK]} items ok, "
+            f"audit of run {self.run_id} {self.verdict}: {len(self.rounds)} rounds, {counts[OK]} items ok, "
             f"{counts[FAIL]} failed, {counts[UNVERIFIABLE]} unverifiable"
         )
-        if not self.ok:
+        if self.verdict == INCOMPLETE:
+            first = self.first_unverified_round
+            text += f"; first unverified round: {first}" if first is not None else "; every round verified"
+        if self.failed:
             first = self.first_bad_round
             text += (
                 f"; first bad round: {first}"
@@ -164,6 +216,7 @@ class AuditReport:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data["verdict"] = self.verdict
         data["ok"] = self.ok
         data["first_bad_round"] = self.first_bad_round
         data["counts"] = self.counts()
@@ -174,7 +227,14 @@ class AuditReport:
 
 # ---------------------------------------------------------------------- renderings
 
-_COLORS = {OK: "#1a7f37", FAIL: "#cf222e", UNVERIFIABLE: "#9a6700"}
+_COLORS = {
+    OK: "#1a7f37",
+    FAIL: "#cf222e",
+    UNVERIFIABLE: "#9a6700",
+    PASSED: "#1a7f37",
+    FAILED: "#cf222e",
+    INCOMPLETE: "#9a6700",
+}
 
 
 def write_json(report: Any, path: str | Path) -> Path:
@@ -184,13 +244,20 @@ def write_json(report: Any, path: str | Path) -> Path:
 
 
 def loss_curve_svg(
-    rounds: list[int], series: dict[str, list[float]], width: int = 640, height: int = 240
+    rounds: list[int],
+    series: dict[str, list[float]],
+    width: int = 640,
+    height: int = 240,
+    statuses: list[str] | None = None,
 ) -> str:
     """An inline SVG line chart: x = round, one polyline per named series (one point per round).
 
     Values that are not finite or not positive are plotted as gaps would
     mislead; they are left out and the polyline's ``data-points`` says how many
-    points it holds.
+    points it holds. With ``statuses`` (one per round), every round that is not
+    ok gets a marker on the first series: a hollow amber circle (class
+    ``unverified``) or a red cross (class ``failed``): the chain's losses of
+    those rounds are claims the audit could not confirm.
     """
     pad_left, pad_right, pad_top, pad_bottom = 48, 12, 12, 28
     values = [v for vs in series.values() for v in vs if math.isfinite(v) and v > 0]
@@ -242,6 +309,22 @@ def loss_curve_svg(
             f"{html.escape(name)}</text>"
         )
         legend_y += 14
+    first = next(iter(series.values()), [])
+    for r, v, status in zip(rounds, first, statuses or []):
+        if status == OK or not (math.isfinite(v) and v > 0):
+            continue
+        px, py = x(r), y(v)
+        if status == FAIL:
+            parts.append(
+                f'<path class="failed" data-round="{r}" stroke="{_COLORS[FAIL]}" stroke-width="2" '
+                f'd="M{px - 4:.1f},{py - 4:.1f} L{px + 4:.1f},{py + 4:.1f} M{px - 4:.1f},{py + 4:.1f} '
+                f'L{px + 4:.1f},{py - 4:.1f}"><title>round {r}: FAIL</title></path>'
+            )
+        else:
+            parts.append(
+                f'<circle class="unverified" data-round="{r}" cx="{px:.1f}" cy="{py:.1f}" r="4" fill="#fff" '
+                f'stroke="{_COLORS[UNVERIFIABLE]}" stroke-width="2"><title>round {r}: unverifiable</title></circle>'
+            )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -258,11 +341,29 @@ def _checks_table(checks: list[Any], css: str) -> str:
     return f'<table class="{css}"><tr><th>item</th><th>verdict</th><th>reason</th></tr>{rows}</table>'
 
 
+def _short(value: str, keep: int = 12) -> str:
+    """``value`` cut to ``keep`` characters, the whole in a tooltip (roots and addresses)."""
+    esc = html.escape
+    return f'<code title="{esc(value)}">{esc(value[:keep])}</code>' if value else "-"
+
+
+def _dispute_cell(r: Any) -> str:
+    esc = html.escape
+    rows = []
+    for d in r.disputes:
+        rows.append(
+            f'<div class="dispute" data-replays="{esc(d.replays)}">by {_short(d.disputer)} (block {d.block}): '
+            f"weights {_short(d.weights_root)}, contributions {_short(d.contributions_root)}, "
+            f"eval loss {d.eval_loss:.4f}; replays: {esc(d.replays)}</div>"
+        )
+    return "".join(rows) or "-"
+
+
 def render_html(report: Any) -> str:
     """The report as one self-contained HTML document."""
     esc = html.escape
     counts = report.counts()
-    verdict = "PASSED" if report.ok else "FAILED"
+    verdict = report.verdict
     rounds = [r.round for r in report.rounds]
     svg = loss_curve_svg(
         rounds,
@@ -270,6 +371,7 @@ def render_html(report: Any) -> str:
             "eval loss": [r.eval_loss for r in report.rounds],
             "train loss": [r.train_loss for r in report.rounds],
         },
+        statuses=[r.status for r in report.rounds],
     )
     round_rows = []
     for r in report.rounds:
@@ -284,19 +386,30 @@ def render_html(report: Any) -> str:
             )
             or "-"
         )
+        attesters = "<br>".join(_short(a) for a in r.attesters) or "-"
+        notes = "".join(f'<div class="note">{esc(n)}</div>' for n in r.notes)
         replay = f"{r.replay_seconds:.3f}" if r.replay_seconds is not None else "-"
         round_rows.append(
             f'<tr class="round" data-round="{r.round}" data-status="{esc(r.status)}"><td>{r.round}</td>'
-            f"<td>{_status(r.status)}</td><td>{esc(problem.name + ': ' + problem.reason) if problem else ''}</td>"
-            f"<td>{r.eval_loss:.4f}</td><td>{r.train_loss:.4f}</td><td>{r.num_contributors}</td>"
-            f'<td class="contributors">{contributors}</td><td>{esc(r.committer[:12])}</td><td>{replay}</td></tr>'
+            f"<td>{_status(r.status)}</td>"
+            f"<td>{esc(problem.name + ': ' + problem.reason) if problem else ''}{notes}</td>"
+            f"<td>{r.eval_loss:.4f}</td><td>{r.train_loss:.4f}</td>"
+            f'<td class="roots">weights {_short(r.weights_root)}<br>contributions {_short(r.contributions_root)}'
+            f"<br>checkpoint {_short(r.checkpoint_hash)}</td>"
+            f'<td class="attesters" data-count="{len(r.attesters)}">{attesters}<br>submitted by '
+            f"{_short(r.submitter)}</td>"
+            f'<td class="disputes" data-count="{len(r.disputes)}">{_dispute_cell(r)}</td>'
+            f'<td>{r.num_contributors}</td><td class="contributors">{contributors}</td><td>{replay}</td></tr>'
         )
-    first = report.first_bad_round
-    headline = (
-        f"{len(report.rounds)} rounds, {counts['ok']} items ok, {counts['FAIL']} failed, "
-        f"{counts['unverifiable']} unverifiable" + (f"; first bad round {first}" if first is not None else "")
+    headline = f"{len(report.rounds)} rounds, {counts['ok']} items ok, {counts['FAIL']} failed, " + (
+        f"{counts['unverifiable']} unverifiable"
     )
+    if report.first_bad_round is not None:
+        headline += f"; first bad round {report.first_bad_round}"
+    elif verdict == INCOMPLETE and report.first_unverified_round is not None:
+        headline += f"; first unverified round {report.first_unverified_round}"
     timings = ", ".join(f"{esc(k)} {v}" for k, v in report.timings.items())
+    findings = "".join(f"<li>{esc(n)}</li>" for n in report.notes)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>dlx-node audit of run {report.run_id}</title>
 <style>
@@ -304,22 +417,28 @@ body {{ font-family: sans-serif; margin: 1.5em; color: #1f2328; }}
 table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 13px; }}
 td, th {{ border: 1px solid #d0d7de; padding: 3px 6px; vertical-align: top; text-align: left; }}
 .status {{ font-weight: bold; }}
+.note {{ color: #57606a; font-size: 12px; }}
 code {{ font-size: 12px; }}
 </style></head>
 <body>
 <h1>Audit of run {report.run_id}</h1>
-<p id="verdict" data-ok="{str(report.ok).lower()}">{_status(verdict if report.ok else "FAIL")} {esc(headline)}</p>
+<p id="verdict" data-verdict="{verdict}" data-ok="{str(report.ok).lower()}">{_status(verdict)} {esc(headline)}</p>
 <p>chain {report.chain_id}, ledger <code>{esc(report.ledger)}</code>, registry <code>{esc(report.registry)}</code>,
 configHash <code>{esc(report.config_hash)}</code>, {report.num_stages} stages, H = {report.inner_steps},
-head <code>{esc(report.head)}</code></p>
+quorum {report.quorum}, maxRounds {report.max_rounds or "open-ended"}, head <code>{esc(report.head)}</code></p>
 <p>evidence: {esc(", ".join(report.sources) or "chain only")}; replay {"on" if report.replay else "off"};
 timings: {timings}</p>
 <h2>Loss per round (from the chain)</h2>
 {svg}
+<p class="note">Hollow circles: rounds not verified (their losses are the chain's claim only);
+crosses: failed rounds.</p>
 <h2>Rounds</h2>
-<table class="rounds"><tr><th>round</th><th>verdict</th><th>first problem</th><th>eval loss</th><th>train loss</th>
-<th>contributors</th><th>contributions (stage, replica, peer, account)</th><th>committer</th><th>replay s</th></tr>
+<table class="rounds"><tr><th>round</th><th>verdict</th><th>first problem, notes</th><th>eval loss</th>
+<th>train loss</th><th>roots</th><th>attesters</th><th>disputes</th><th>contributors</th>
+<th>contributions (stage, replica, peer, account)</th><th>replay s</th></tr>
 {"".join(round_rows)}</table>
+<h2>Findings</h2>
+<ul class="findings">{findings or "<li>no slashing, accusation or equivocation</li>"}</ul>
 <h2>Checkpoints</h2>
 {_checks_table(report.checkpoints, "checkpoints")}
 <h2>Chain</h2>

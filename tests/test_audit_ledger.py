@@ -1,0 +1,255 @@
+"""``dlx-node audit`` and ``dlx-node pull`` on attested runs built in-process (py-evm and a real anvil).
+
+Members register, join with a quorum k and sign each RoundRecord (EIP-712); rounds publish real checkpoint
+files (tiny model) by their content hash. No node runs, so contributions and the replay are unverifiable: an
+honest run's audit is INCOMPLETE, never PASSED. What the chain refuses to record at all (an outsider's or an
+under-attested commit, a round past maxRounds) is shown refused by the chain, and the audit's and pull's pure
+checks are shown on a crafted RunHistory (a client whose ``history`` is edited: fault injection by subclass).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+from ledger_fixtures import FAST_RETRY, digest
+
+from ledger.client import LedgerClient
+from ledger.errors import LedgerNotMember, LedgerQuorumNotMet, LedgerRoundBeyondMax
+from node.cli import exit_code_for
+from node.errors import (
+    AuditFailed,
+    AuditIncomplete,
+    CheckpointInconsistent,
+    PullRefused,
+    RoundBeyondMax,
+    RoundDisputed,
+    RoundUnattested,
+)
+from node.tools import audit as audit_tool
+from node.tools import pull as pull_tool
+from node.tools.audit import ATTESTED, FAIL, FAILED, INCOMPLETE, OK, UNVERIFIABLE, WITHIN_MAX_ROUNDS, audit_run
+from node.tools.pull import pull_checkpoint, round_standing
+
+
+# ---------------------------------------------------------------------- helpers
+def tiny_checkpoint(run_id: int, round_index: int, config_hash: bytes) -> tuple[bytes, bytes]:
+    """A real checkpoint file of a 2-stage tiny model for (run, round): its bytes and its weights root."""
+    from node.store.checkpoint import Checkpoint
+    from training.config import ModelConfig
+    from training.hashing import stage_weights_hash, weights_root
+    from training.model import init_state_dict
+    from training.stages import split_stages, stage_param_names
+
+    cfg = ModelConfig(preset="tiny")
+    weights = init_state_dict(cfg, seed=round_index)
+    stages = [stage_param_names(cfg, spec) for spec in split_stages(cfg.n_layer, 2)]
+    hashes = {s: stage_weights_hash({n: weights[n] for n in names}) for s, names in enumerate(stages)}
+    momentum = {n: torch.zeros_like(t) for n, t in weights.items()}
+    ckpt = Checkpoint(run_id, round_index, asdict(cfg), config_hash, hashes, weights, momentum)
+    return ckpt.to_bytes(), weights_root([hashes[0], hashes[1]])
+
+
+class AttestedRun:
+    """A member run whose rounds publish checkpoints into ``archive/checkpoints``."""
+
+    def __init__(self, deployment, tmp_path, members=(1, 2, 3, 4), quorum=3, max_rounds=0):
+        self.run = deployment.member_run(members, quorum, max_rounds=max_rounds)
+        self.run_id = self.run.run_id
+        self.archive = tmp_path / "archive"
+        (self.archive / "checkpoints").mkdir(parents=True)
+        self.config_hash = self.run.reader.run_info(self.run_id).config_hash
+        self.reader = LedgerClient(deployment.w3, None, deployment.registry, deployment.ledger, retry=FAST_RETRY)
+        self.records = []
+
+    def commit(self, lie: bool = False, signers=None):
+        """Commit the next round with a checkpoint; ``lie``: its record's weightsRoot is not the file's."""
+        record = self.run.next_record()
+        data, root = tiny_checkpoint(self.run_id, record.round, self.config_hash)
+        (self.archive / "checkpoints" / f"round-{record.round:08d}.safetensors").write_bytes(data)
+        record = replace(
+            record,
+            weights_root=digest("what the liars want the model to be") if lie else root,
+            checkpoint_hash=hashlib.sha256(data).digest(),
+        )
+        self.run.client(self.run.members[0]).commit_round(record, self.run.sign(record, signers))
+        self.records.append(record)
+        return record
+
+    def addresses(self, indices) -> list[str]:
+        return sorted((self.run.client(i).address for i in indices), key=lambda a: int(a, 16))
+
+
+class EditedHistory(LedgerClient):
+    """A read-only client whose ``history`` passes through ``edit``: the record a broken chain could hold."""
+
+    def __init__(self, reader: LedgerClient, edit):
+        super().__init__(reader.w3, None, reader.registry_address, reader.ledger_address, retry=FAST_RETRY)
+        self._edit = edit
+
+    def history(self, run_id, with_registrations=True):
+        return self._edit(super().history(run_id, with_registrations))
+
+
+def _check(verdict, name):
+    return next(c for c in verdict.checks if c.name == name)
+
+
+# ---------------------------------------------------------------------- honest
+def test_an_honest_attested_run_without_evidence_is_incomplete_never_passed(
+    deployment, tmp_path, monkeypatch, capsys
+):
+    attested = AttestedRun(deployment, tmp_path)
+    for _ in range(3):
+        attested.commit()
+    report = audit_run(attested.reader, attested.run_id, archives=[attested.archive])
+    assert report.verdict == INCOMPLETE and not report.ok and not report.failed
+    assert report.counts()[FAIL] == 0 and report.counts()[UNVERIFIABLE] > 0
+    for verdict in report.rounds:
+        assert verdict.attesters == attested.addresses((1, 2, 3))
+        assert _check(verdict, ATTESTED).status == OK and "3 of 4 members in force" in _check(verdict, ATTESTED).reason
+        assert _check(verdict, "hash chain link").status == OK
+        assert _check(verdict, WITHIN_MAX_ROUNDS).status == OK
+        assert _check(verdict, "weights root (replay)").status == UNVERIFIABLE  # no run document, no evidence
+        assert verdict.status == UNVERIFIABLE
+    assert [c.status for c in report.checkpoints] == [OK] * 3  # content hash and weights root of each file
+    assert all(c.status == OK for c in report.general if c.name.startswith("member "))
+    # The command: INCOMPLETE has its own exit code, never 0.
+    monkeypatch.setattr(audit_tool, "reader_client", lambda args: attested.reader)
+    args = SimpleNamespace(
+        run=attested.run_id, archive=[attested.archive], bootstrap=[], no_replay=False, json_out="", html_out=""
+    )
+    with pytest.raises(AuditIncomplete, match="first unverified round 0") as incomplete:
+        audit_tool.run_audit(args)
+    assert exit_code_for(incomplete.value) == 13 and exit_code_for(AuditFailed("x")) == 8
+    assert "INCOMPLETE" in capsys.readouterr().out
+    # Pull: the latest checkpoint, with its attesters printed.
+    monkeypatch.setattr(pull_tool, "reader_client", lambda args: attested.reader)
+    args = SimpleNamespace(run=attested.run_id, round=-1, archive=[attested.archive], bootstrap=[],
+                           out_dir=str(tmp_path / "model"))
+    assert pull_tool.run_pull(args) == 0
+    printed = capsys.readouterr().out
+    assert "round 2 attested by 3: " + ", ".join(attested.addresses((1, 2, 3))) in printed
+    assert (tmp_path / "model" / "model.safetensors").exists()
+
+
+# ---------------------------------------------------------------------- forged
+def test_a_quorum_signed_forged_round_fails_the_audit_and_is_never_pulled(deployment, tmp_path):
+    """k members sign a record whose weightsRoot is not what its published checkpoint holds."""
+    attested = AttestedRun(deployment, tmp_path)
+    attested.commit()
+    attested.commit()
+    attested.commit(lie=True)
+    report = audit_run(attested.reader, attested.run_id, archives=[attested.archive])
+    assert report.verdict == FAILED and report.first_bad_round == 2
+    assert report.first_failure().name.startswith("checkpoint of round 2") and "weights root" in (
+        report.first_failure().reason
+    )
+    assert _check(report.rounds[2], ATTESTED).status == OK  # the chain accepted it: k members signed it
+    # --round 2: refused, naming the check; nothing written.
+    with pytest.raises(CheckpointInconsistent, match="is not the attested record's weightsRoot") as refused:
+        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "forged", 2, archives=[attested.archive])
+    assert refused.value.check == "consistent with its commit" and exit_code_for(refused.value) == 9
+    assert not (tmp_path / "forged").exists()
+    # By default: the latest checkpoint consistent with its record, saying which was passed over and why.
+    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model", archives=[attested.archive])
+    assert result.round == 1 and len(result.skipped) == 1
+    assert result.skipped[0].startswith("round 2: consistent with its commit")
+
+
+# ---------------------------------------------------------------------- disputed, equivocation
+def test_a_disputed_round_is_shown_with_both_records_and_not_pulled(deployment, tmp_path):
+    attested = AttestedRun(deployment, tmp_path)
+    attested.commit()
+    committed = attested.commit()
+    run = attested.run
+    theirs = replace(committed, weights_root=digest("member 4's own result"))
+    run.client(4).dispute(theirs, run.client(4).sign_record(theirs))
+    # Member 2 attested round 1 and signs another record of it: equivocation, reported and slashed.
+    other = replace(committed, eval_loss_micro=1)
+    run.client(4).report_equivocation(
+        committed, run.client(2).sign_record(committed), other, run.client(2).sign_record(other)
+    )
+
+    report = audit_run(attested.reader, attested.run_id, archives=[attested.archive])
+    assert report.verdict == INCOMPLETE  # nothing replayable here: unverified, never PASSED
+    disputed = report.rounds[1]
+    assert [d.disputer for d in disputed.disputes] == [run.client(4).address]
+    view = disputed.disputes[0]
+    assert view.weights_root == theirs.weights_root.hex() != disputed.weights_root
+    assert view.contributions_root == disputed.contributions_root and view.replays == "unknown"
+    assert any(
+        n.startswith(f"disputed by {run.client(4).address}") and "differs in weights_root" in n
+        for n in disputed.notes
+    )
+    assert any(f"an attester of this round, {run.client(2).address}, signed two records" in n for n in disputed.notes)
+    assert any(f"member {run.client(2).address} slashed" in n and "equivocation on round 1" in n for n in report.notes)
+    assert report.rounds[0].disputes == []
+    with pytest.raises(RoundDisputed, match="round 1 of run .* is disputed") as refused:
+        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", 1, archives=[attested.archive])
+    assert refused.value.check == "undisputed" and not (tmp_path / "out").exists()
+    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model", archives=[attested.archive])
+    assert result.round == 0 and result.skipped[0].startswith("round 1: undisputed")
+
+
+# ---------------------------------------------------------------------- what the chain refuses to record
+def test_under_attested_rounds_are_refused_by_the_chain_and_by_the_checks(deployment, tmp_path):
+    attested = AttestedRun(deployment, tmp_path)
+    run = attested.run
+    attested.commit()
+    record = run.next_record()
+    with pytest.raises(LedgerQuorumNotMet):
+        run.client(1).commit_round(record, run.sign(record, (1, 2)))
+    deployment.register(6)  # registered, but no seat in the run
+    with pytest.raises(LedgerNotMember):
+        run.client(6).commit_round(record, run.sign(record, (1, 2, 3)))
+    attested.commit()
+    attested.commit()
+
+    # The chain cannot hold an under-attested round, so the checks are shown on a crafted history.
+    outsider = run.client(6).address
+
+    def under_attested(history):
+        commits = list(history.commits)
+        commits[1] = replace(commits[1], attesters=commits[1].attesters[:2])
+        commits[2] = replace(commits[2], attesters=(*commits[2].attesters[:2], outsider))
+        return replace(history, commits=commits)
+
+    crafted = EditedHistory(attested.reader, under_attested)
+    report = audit_run(crafted, attested.run_id, archives=[attested.archive])
+    assert report.verdict == FAILED and report.first_bad_round == 1
+    assert [_check(r, ATTESTED).status for r in report.rounds] == [OK, FAIL, FAIL]
+    assert "2 distinct attesters, the run's quorum is 3" in _check(report.rounds[1], ATTESTED).reason
+    assert outsider in _check(report.rounds[2], ATTESTED).reason
+    standing = round_standing(crafted.history(attested.run_id), crafted.chain_id, crafted.ledger_address)
+    assert standing[0] is None and all(isinstance(standing[r], RoundUnattested) for r in (1, 2))
+    with pytest.raises(RoundUnattested, match="not attested by 3 members in force") as refused:
+        pull_checkpoint(crafted, attested.run_id, tmp_path / "out", 2, archives=[attested.archive])
+    assert refused.value.check == "attested by k members in force" and isinstance(refused.value, PullRefused)
+    result = pull_checkpoint(crafted, attested.run_id, tmp_path / "model", archives=[attested.archive])
+    assert result.round == 0 and [s.split(":")[0] for s in result.skipped] == ["round 2", "round 1"]
+
+
+def test_rounds_past_max_rounds_are_refused_by_the_chain_and_by_the_checks(deployment, tmp_path):
+    bounded = AttestedRun(deployment, tmp_path / "bounded", max_rounds=2)
+    bounded.commit()
+    bounded.commit()
+    with pytest.raises(LedgerRoundBeyondMax):
+        bounded.commit()
+
+    # A run of 3 committed rounds whose history claims maxRounds 2: the chain could not have held it.
+    attested = AttestedRun(deployment, tmp_path / "open")
+    for _ in range(3):
+        attested.commit()
+    crafted = EditedHistory(attested.reader, lambda h: replace(h, run=replace(h.run, max_rounds=2)))
+    report = audit_run(crafted, attested.run_id, archives=[attested.archive])
+    assert report.verdict == FAILED and report.first_bad_round == 2
+    assert [_check(r, WITHIN_MAX_ROUNDS).status for r in report.rounds] == [OK, OK, FAIL]
+    assert "past the run's last round 1" in _check(report.rounds[2], WITHIN_MAX_ROUNDS).reason
+    with pytest.raises(RoundBeyondMax, match="past the run's last round 1") as refused:
+        pull_checkpoint(crafted, attested.run_id, tmp_path / "out", 2, archives=[attested.archive])
+    assert refused.value.check == "within maxRounds"
+    assert pull_checkpoint(crafted, attested.run_id, tmp_path / "model", archives=[attested.archive]).round == 1
