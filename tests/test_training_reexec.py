@@ -44,7 +44,8 @@ from training.reexec_sim import (
     SimReplica,
     run_with_states,
 )
-from training.replica_state import ReplicaStartState, parse_stage_state
+from training.hashing import stage_weights_hash
+from training.replica_state import ReplicaStartState, initial_replica_state, parse_stage_state
 
 ROUNDS = 2
 HONEST, OTHER_DATA, HALF_STEPS, PERTURBED, FORGED_STATE = range(5)
@@ -270,3 +271,17 @@ def test_split_pipeline_replica_reexecutes_chained_bit_exactly(tmp_path):
     plain = ReplicaStartState(tuple(
         dataclasses.replace(p, meta=dataclasses.replace(p.meta, micro_batches=0)) for p in state.stages))
     assert reexecute(plain, corpus, model, training, diloco, compression).payloads[0] != stages[0]["payload"]
+
+
+def test_round_zero_state_is_public_and_global_weights_bind_to_the_record(run):
+    sim, records = run
+    meta = records[0].states[HONEST].meta
+    initial = initial_replica_state(meta, sim.model, sim.training, sim.diloco, sim.compression)
+    assert initial.stage_hashes() == [c.state_hash for c in records[0].claims[HONEST]]
+    # Round 1 starts from the initial global weights (round 0 is applied after round 1's encode).
+    state = records[1].states[HONEST]
+    on_record = {-1: {p.stage_index: stage_weights_hash(p.group("param")) for p in initial.stages}}
+    assert _check(sim, records, HONEST, 1, committed_weights=on_record).verdict == EXACT
+    forged = {-1: {0: b"\0" * 32, 1: on_record[-1][1]}}
+    assert _check(sim, records, HONEST, 1, committed_weights=forged).verdict == STATE_MISMATCH
+    assert state.stages[0].engine_counters[1] == 0  # last applied round -1, stored + 1

@@ -48,7 +48,7 @@ from training.codec_wire import decode_contribution
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
 from training.data import Corpus, round_batches
 from training.errors import ContributionDecodeError, ReexecError, ReplicaStateError
-from training.hashing import tensor_le_bytes
+from training.hashing import stage_weights_hash, tensor_le_bytes
 from training.model import lm_loss
 from training.pipeline import LocalReplicaTrainer, clip_coefficient, grad_sq_norm, scale_grads
 from training.replica_state import (
@@ -298,7 +298,7 @@ class SpotCheck:
     verdict: str  # EXACT | WITHIN_TOLERANCE | MISMATCH | STATE_MISMATCH | DATA_MISMATCH
     reason: str
     distances: dict[int, float] = field(default_factory=dict)  # stage -> contribution_distance
-    next_state_hashes: list[bytes] | None = None  # per stage: what round t+1's envelopes must bind
+    next_state_hashes: list[bytes] | None = None  # per stage: what round t+1's envelopes must bind (EXACT only)
     reexec_seconds: float = 0.0
 
     @property
@@ -319,6 +319,7 @@ def verify_contribution(
     replica: int,
     run_rounds: int,
     previous_contributions: Mapping[int, Sequence[bytes]] | None = None,
+    committed_weights: Mapping[int, Mapping[int, bytes]] | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
     threads: int | None = None,
 ) -> SpotCheck:
@@ -327,8 +328,11 @@ def verify_contribution(
     ``state_parts``: the served start-state bytes of every stage (stage order);
     ``claims``: one per stage, from the signed envelopes. Order of the checks:
     the served state parses and hashes to the committed one, its metadata is
-    this round's, the data commitment is the round's data, then the rerun's
-    payloads are compared stage by stage (the worst stage decides).
+    this round's, its global weights are the committed ones (``committed_weights``:
+    round -> stage -> ``stage_weights_hash`` on the record, round -1 the initial
+    weights; a round not in it is not checked), the data commitment is the
+    round's data, then the rerun's payloads are compared stage by stage (the
+    worst stage decides).
     """
     def failed(kind: str, reason: str) -> SpotCheck:
         logger.info("spot check of replica %d round %d: %s (%s)", replica, outer_round, kind, reason)
@@ -351,6 +355,11 @@ def verify_contribution(
     if (meta.outer_round, meta.replica, meta.inner_steps, meta.lr_total_steps) != (
             outer_round, replica, diloco_cfg.inner_steps, expected_horizon):
         return failed(STATE_MISMATCH, f"state metadata {meta} is not round {outer_round} of replica {replica}")
+    for part in parts:
+        applied = part.engine_counters[1] - 1  # the round the state's global weights are from
+        committed = (committed_weights or {}).get(applied, {}).get(part.stage_index)
+        if committed is not None and stage_weights_hash(part.group("global")) != committed:
+            return failed(STATE_MISMATCH, f"stage {part.stage_index}: global weights are not round {applied}'s on record")
     expected_data = data_commitment(corpus, training_cfg, model_cfg, diloco_cfg, replica, outer_round)
     if any(claim.data_commitment != expected_data for claim in claims):
         return failed(DATA_MISMATCH, "the data commitment is not this round's batches")
@@ -369,7 +378,8 @@ def verify_contribution(
     }
     worst = max(distances.values())
     outcome = verdict(worst, tolerance)
-    next_hashes = None if rerun.next_state is None else rerun.next_state.stage_hashes()
+    # The next state only chains bit-exactly from a bit-exact rerun (same platform, same threads).
+    next_hashes = None if rerun.next_state is None or outcome != EXACT else rerun.next_state.stage_hashes()
     reason = f"largest relative distance {worst:.3g} (tolerance {tolerance:.3g})"
     if outcome == MISMATCH:
         logger.info("spot check of replica %d round %d: mismatch, %s", replica, outer_round, reason)

@@ -16,6 +16,7 @@ Tests and ``bench/bench_reexec.py`` use them.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -164,13 +165,12 @@ class SimRound:
     claims: dict[int, list[ContributionClaim]] = field(default_factory=dict)  # replica -> one claim per stage
     contributions: dict[int, list[bytes]] = field(default_factory=dict)  # stage -> payloads in replica order
     train_seconds: float = 0.0  # all replicas' inner steps
-    encode_seconds: float = 0.0
+    encode_seconds: float = 0.0  # all replicas' encodes (and apply of the previous round)
+    capture_seconds: float = 0.0  # all replicas' start-state captures, serialisation, hashes, data commitments
 
 
 def run_with_states(replicas: list[SimReplica], sim: SimConfig) -> list[SimRound]:
     """Run ``sim.rounds`` rounds of ``replicas`` (replica order = canonical order); keep every start state."""
-    import time
-
     records: list[SimRound] = []
     for outer_round in range(sim.rounds):
         record = SimRound(outer_round)
@@ -180,11 +180,16 @@ def run_with_states(replicas: list[SimReplica], sim: SimConfig) -> list[SimRound
                 for member in replicas:
                     if action.first_step == 0:
                         record.states[member.replica] = member.start_state(outer_round)
+                        record.capture_seconds += time.perf_counter() - started
+                        started = time.perf_counter()
                     member.train(outer_round, action.first_step, action.end_step)
-                record.train_seconds += time.perf_counter() - started
+                    record.train_seconds += time.perf_counter() - started
+                    started = time.perf_counter()
             elif action.kind == ENCODE:
                 for member in replicas:
                     payloads = member.encode(outer_round)
+                    record.encode_seconds += time.perf_counter() - started
+                    started = time.perf_counter()
                     state = record.states[member.replica]
                     data = data_commitment(sim.corpus, sim.training, sim.model, sim.diloco, member.replica,
                                            outer_round)
@@ -194,12 +199,14 @@ def run_with_states(replicas: list[SimReplica], sim: SimConfig) -> list[SimRound
                     ]
                     for stage, payload in payloads.items():
                         record.contributions.setdefault(stage, []).append(payload)
-                record.encode_seconds += time.perf_counter() - started
+                    record.capture_seconds += time.perf_counter() - started
+                    started = time.perf_counter()
             elif action.kind == APPLY:
                 contributions = records[action.outer_round].contributions if action.outer_round < outer_round \
                     else record.contributions
                 for member in replicas:
                     member.finish(action.outer_round, contributions)
+                record.encode_seconds += time.perf_counter() - started
         records.append(record)
         logger.info("reexec sim round %d: %d replicas", outer_round, len(replicas))
     return records

@@ -229,6 +229,27 @@ def capture_replica_state(
     ))
 
 
+def initial_replica_state(
+    meta: RoundMeta,
+    model_cfg: ModelConfig,
+    training_cfg: TrainingConfig,
+    diloco_cfg: DilocoConfig,
+    compression_cfg: CompressionConfig,
+) -> ReplicaStartState:
+    """The start state of round 0, a pure function of the run's configuration (the anchor of the chain).
+
+    Weights ``init_state_dict(model, training.seed)``, no AdamW state, zero
+    residual, engines at round -1. A replica whose round-0 state hash differs
+    did not start from the run's weights.
+    """
+    if meta.outer_round != 0:
+        raise ReplicaStateError(f"the initial state is round 0's, not round {meta.outer_round}'s")
+    trainer = LocalReplicaTrainer(model_cfg, training_cfg, meta.num_stages)
+    engines = [StageEngine(spec.index, dict(module.named_parameters()), diloco_cfg, compression_cfg)
+               for spec, module in zip(trainer.specs, trainer.stage_modules)]
+    return capture_replica_state(meta, trainer, engines)
+
+
 # ----------------------------------------------------------------------------- restore
 
 
