@@ -16,7 +16,7 @@ with error feedback), every contribution of every round re-executed:
 (c) cost: rerun time against a member's own round time, the always-on cost of
     capturing and hashing the start state, and the state's size.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_reexec.py            # mini, M=4, H=20, 4 rounds
+    PYTHONPATH=. .venv/bin/python bench/bench_reexec.py            # mini, M=3, H=20, 3 rounds
 """
 
 from __future__ import annotations
@@ -72,10 +72,10 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=DEFAULT_DATA, help="corpus, relative to the repository root")
     parser.add_argument("--preset", default="mini")
-    parser.add_argument("--replicas", type=int, default=4, help="honest replicas of run (a)")
+    parser.add_argument("--replicas", type=int, default=3, help="honest replicas of run (a)")
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--inner-steps", type=int, default=20, help="H (node.toml default)")
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--warmup-steps", type=int, default=20)
     parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE)
@@ -86,7 +86,7 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def check_all(sim, records, replicas, threads):
+def check_all(sim, records, replicas, threads, tolerance):
     """verify_contribution of every (replica, round), plus the chain check into the next round."""
     out = []
     for record in records:
@@ -96,6 +96,7 @@ def check_all(sim, records, replicas, threads):
                 [p.to_bytes() for p in record.states[replica].stages], record.claims[replica], sim.corpus,
                 sim.model, sim.training, sim.diloco, sim.compression, outer_round=record.outer_round,
                 replica=replica, run_rounds=sim.rounds, previous_contributions=previous, threads=threads,
+                tolerance=tolerance,
             )
             chain = None
             if record.outer_round + 1 < len(records) and check.next_state_hashes is not None:
@@ -141,11 +142,12 @@ def main() -> int:
     print(f"(a) honest: {args.replicas} replicas x {args.rounds} rounds, claimants on 1 thread", flush=True)
     sim = sim_for(args.replicas, args.rounds)
     honest_records = run_with_states([SimReplica(r, sim) for r in range(args.replicas)], sim)
-    honest = check_all(sim, honest_records, range(args.replicas), 1) + check_all(sim, honest_records, range(args.replicas), 2)
+    honest = [check for threads in (1, 2)
+              for check in check_all(sim, honest_records, range(args.replicas), threads, args.tolerance)]
     print("(a) split pipeline: 2 replicas x 2 rounds with 2 micro-batches, rerun chained", flush=True)
     split_sim = sim_for(2, 2, micro_batches=2)
     split_records = run_with_states([SimReplica(r, split_sim) for r in range(2)], split_sim)
-    split = check_all(split_sim, split_records, range(2), 1)
+    split = check_all(split_sim, split_records, range(2), 1, args.tolerance)
     split_plain = []
     for record in split_records:  # the same start states, rerun as if the replica had not been split
         previous = split_records[record.outer_round - 1].contributions if record.outer_round > 0 else None
@@ -167,8 +169,8 @@ def main() -> int:
     cheat_sim = sim_for(len(CHEATS), args.rounds)
     cheaters = [cls(index, cheat_sim) for index, cls in enumerate(CHEATS.values())]
     cheat_records = run_with_states(cheaters, cheat_sim)
-    cheat_checks = check_all(cheat_sim, cheat_records, range(len(CHEATS)), 1) + \
-        check_all(cheat_sim, cheat_records, range(len(CHEATS)), 2)
+    cheat_checks = [check for threads in (1, 2)
+                    for check in check_all(cheat_sim, cheat_records, range(len(CHEATS)), threads, args.tolerance)]
 
     # Summaries
     honest_2 = [c["distance"] for c in honest if c["threads"] == 2]

@@ -302,7 +302,9 @@ def _check_stage(part: StageStartState, shapes: Mapping[str, tuple[int, ...]]) -
         group, _, tensor_name = name.partition("/")
         expected = () if group == "adam.step" else shapes.get(tensor_name)
         if expected is None or tuple(value.shape) != tuple(expected):
-            raise ReplicaStateError(f"stage {part.stage_index} state: unexpected tensor {name!r} {tuple(value.shape)}")
+            raise ReplicaStateError(
+                f"stage {part.stage_index} state: unexpected tensor {name!r} {tuple(value.shape)}"
+            )
         groups.setdefault(group, set()).add(tensor_name)
     for group in ("param", "global", "momentum", "residual", "round_start"):
         if groups.get(group) != set(shapes):
