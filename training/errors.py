@@ -63,3 +63,14 @@ class EngineStateError(TrainingError, ValueError):
 
 class AggregationError(TrainingError, ValueError):
     """A round cannot be aggregated (no contributions, or weights and momentum do not match)."""
+
+
+# --- Re-execution spot checks (training/replica_state.py, training/reexec.py) ---
+
+
+class ReplicaStateError(TrainingError, ValueError):
+    """A replica start state is malformed, does not match the configuration, or its parts disagree."""
+
+
+class ReexecError(TrainingError):
+    """A contribution cannot be re-executed from the inputs given (missing round, wrong replica or stages)."""

@@ -1,0 +1,437 @@
+"""Re-execution spot checks: rerun another replica's round and compare it with what it signed (issue 13).
+
+A contribution of replica ``i`` to round ``t`` binds (in its signed envelope)
+the hash of the replica's start state (:mod:`training.replica_state`) and a
+commitment to the round's data (:func:`data_commitment`). A verifier that
+samples it (:func:`sample_replicas`) fetches the start state, checks both
+bindings, and reruns the round exactly as the node runs it::
+
+    restore trainer + engines from the start state        # training.replica_state.restore_replica
+    for action in round_actions(diloco, t):               # training.schedule, as node/live/node.py
+        train:  H inner AdamW steps on round_batches(seed, i, t, k), lr = inner_lr(t*H + k)
+        apply:  finish_round(t-1, the public contributions of round t-1)
+        encode: skip_to(t); encode_contribution(t)         # error feedback, codec: the node's code
+    compare the payloads with the signed ones             # contribution_distance -> verdict
+
+A replica split over several processes (one stage per node, GPipe micro-batches)
+is re-executed whole in one process: :func:`pipeline_train_step` reproduces the
+pipeline's arithmetic (per-micro-batch losses, gradients accumulated in
+micro-batch order and divided by their count, clipping on the summed squared
+norms), so the chained rerun is bit-exact with the split one
+(``tests/test_training_reexec.py``).
+
+Bit-exact on the same platform with the same intra-op thread count (the start
+state records it; the rerun uses it). With another thread count the float
+reductions run in another order: the payloads then differ slightly and the
+check falls back to the relative L2 distance of the decoded pseudo-gradients
+against a tolerance measured from honest reruns (docs/DILOCOX.md section 10).
+
+The rerun also yields the replica's start state of round ``t+1``; its hash
+must equal the one the replica's round ``t+1`` contribution binds (chaining:
+the private parts of the state, error-feedback residual and AdamW moments,
+are checked through the transition they must follow).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import struct
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from training.codec_wire import decode_contribution
+from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
+from training.data import Corpus, round_batches
+from training.errors import ContributionDecodeError, ReexecError, ReplicaStateError
+from training.hashing import stage_weights_hash, tensor_le_bytes
+from training.model import lm_loss
+from training.pipeline import LocalReplicaTrainer, clip_coefficient, grad_sq_norm, scale_grads
+from training.replica_state import (
+    ReplicaStartState,
+    RoundMeta,
+    capture_replica_state,
+    parse_stage_state,
+    restore_replica,
+)
+from training.schedule import APPLY, ENCODE, TRAIN, inner_lr, round_actions, set_lr
+from training.stages import split_stages, stage_param_shapes
+
+logger = logging.getLogger(__name__)
+
+DATA_MAGIC = b"dlx-round-data-v1"
+SAMPLE_MAGIC = b"dlx-reexec-sample-v1"
+
+EXACT = "exact"  # payload bytes identical
+WITHIN_TOLERANCE = "within_tolerance"  # decoded pseudo-gradients within the tolerance
+MISMATCH = "mismatch"  # the rerun does not reproduce the contribution
+STATE_MISMATCH = "state_mismatch"  # the served state is not the committed one, or not where the chain leads
+DATA_MISMATCH = "data_mismatch"  # the data commitment is not the round's data
+
+# Relative L2 distance accepted between decoded pseudo-gradients when the rerun is not
+# bit-exact (another thread count or platform). Measured on the mini model (H = 20,
+# bench/results/reexec.json): honest reruns on 2 threads of contributions trained on 1
+# reach 3.0e-3 (quantization steps flip); the cheats of the issue start at 4.9e-2
+# (a 1% perturbation of the update norm; docs/DILOCOX.md section 10).
+DEFAULT_TOLERANCE = 1e-2
+
+
+# ----------------------------------------------------------------------------- what the round reads
+
+
+def data_commitment(
+    corpus: Corpus, training_cfg: TrainingConfig, model_cfg: ModelConfig, diloco_cfg: DilocoConfig,
+    replica: int, outer_round: int,
+) -> bytes:
+    """sha256 of the token ids the H inner steps of ``(replica, outer_round)`` consume.
+
+    ``sha256(b"dlx-round-data-v1" || corpus sha256 (32 bytes) || u64 run_seed || u64 replica
+    || u64 round || u64 H || u64 batch || u64 block || for k in 0..H-1: x_k || y_k)``,
+    integers little-endian, ``x_k``, ``y_k`` the int64 token ids of step ``k`` (row-major, LE).
+    """
+    steps, batch, block = diloco_cfg.inner_steps, training_cfg.batch_size, model_cfg.block_size
+    digest = hashlib.sha256(DATA_MAGIC + bytes.fromhex(corpus.sha256))
+    digest.update(struct.pack("<6Q", training_cfg.seed, replica, outer_round, steps, batch, block))
+    for x, y in round_batches(corpus, training_cfg.seed, replica, outer_round, steps, batch, block):
+        digest.update(tensor_le_bytes(x))
+        digest.update(tensor_le_bytes(y))
+    return digest.digest()
+
+
+def round_meta(
+    outer_round: int, replica: int, model_cfg: ModelConfig, diloco_cfg: DilocoConfig, *, run_rounds: int,
+    num_stages: int, micro_batches: int = 0, threads: int | None = None,
+) -> RoundMeta:
+    """The :class:`RoundMeta` a node records for ``(replica, outer_round)``.
+
+    ``run_rounds``: the run's rounds (0 = open-ended, no lr decay horizon), as
+    :meth:`node.live.replica.ReplicaWorker.train_round` uses it; ``micro_batches``:
+    the pipeline's count if this replica is split over processes, else 0;
+    ``threads``: default ``torch.get_num_threads()``.
+    """
+    del model_cfg  # the shapes come from the state itself; kept for a stable signature
+    return RoundMeta(
+        outer_round=outer_round, replica=replica, num_stages=num_stages, inner_steps=diloco_cfg.inner_steps,
+        lr_total_steps=run_rounds * diloco_cfg.inner_steps if run_rounds > 0 else 0,
+        threads=threads or torch.get_num_threads(), micro_batches=micro_batches,
+    )
+
+
+# ----------------------------------------------------------------------------- the rerun
+
+
+def pipeline_train_step(
+    trainer: LocalReplicaTrainer, x: torch.Tensor, y: torch.Tensor, micro_batches: int
+) -> float:
+    """One inner step with the arithmetic of the split pipeline (``PipelineStageTrainer`` + ``ScheduleGPipe``).
+
+    The batch is cut into ``micro_batches`` equal slices (``tensor_split`` on the
+    batch dimension, as torch's pipelining does); each slice's mean loss is
+    back-propagated in slice order, so gradients accumulate as they do stage by
+    stage; then every gradient is divided by the slice count (the schedule's
+    ``scale_grads``), clipped by the global norm from the per-stage squared
+    sums, and AdamW steps. Returns the mean of the slices' losses.
+    """
+    if x.size(0) % micro_batches:
+        raise ReexecError(f"batch size {x.size(0)} is not divisible by micro_batches={micro_batches}")
+    for module, optimizer in zip(trainer.stage_modules, trainer.optimizers):
+        module.train()
+        optimizer.zero_grad(set_to_none=True)
+    losses = []
+    for x_slice, y_slice in zip(x.tensor_split(micro_batches), y.tensor_split(micro_batches)):
+        loss = lm_loss(trainer.forward(x_slice), y_slice)
+        loss.backward()
+        losses.append(float(loss.detach()))
+    if micro_batches != 1:
+        for module in trainer.stage_modules:
+            for param in module.parameters():
+                if param.grad is not None:
+                    param.grad.div_(micro_batches)
+    total = torch.zeros((), dtype=torch.float64)
+    for module in trainer.stage_modules:
+        total = total + grad_sq_norm(module)
+    coefficient = clip_coefficient(total, trainer.training_cfg.grad_clip)
+    for module, optimizer in zip(trainer.stage_modules, trainer.optimizers):
+        scale_grads(module, coefficient)
+        optimizer.step()
+    return sum(losses) / len(losses)
+
+
+@dataclass
+class Reexecution:
+    """What rerunning ``(replica, outer_round)`` produced."""
+
+    outer_round: int
+    replica: int
+    payloads: dict[int, bytes]  # stage -> contribution bytes
+    next_state: ReplicaStartState | None  # start state of round t+1 (None if round t-1 was not applied)
+    train_seconds: float
+    encode_seconds: float
+    threads: int
+
+    @property
+    def seconds(self) -> float:
+        return self.train_seconds + self.encode_seconds
+
+
+def reexecute(
+    state: ReplicaStartState,
+    corpus: Corpus,
+    model_cfg: ModelConfig,
+    training_cfg: TrainingConfig,
+    diloco_cfg: DilocoConfig,
+    compression_cfg: CompressionConfig,
+    *,
+    previous_contributions: Mapping[int, Sequence[bytes]] | None = None,
+    threads: int | None = None,
+) -> Reexecution:
+    """Rerun round ``state.meta.outer_round`` of ``state.meta.replica`` from ``state`` (module docstring).
+
+    ``previous_contributions``: stage -> the contributions of round t-1 in
+    canonical order (what the round's apply(t-1) aggregated; public, archived by
+    every node). Needed when the schedule applies round t-1 before encoding
+    round t (lookahead, eager, ``overlap_steps > 0``) and to obtain the next
+    start state; with the default "rebase" and no overlap it may be omitted and
+    only the payloads come back. ``threads``: intra-op threads for the rerun,
+    default the claimant's (``state.meta.threads``), which makes it bit-exact.
+    """
+    meta = state.meta
+    if meta.inner_steps != diloco_cfg.inner_steps:
+        raise ReexecError(
+            f"start state has H={meta.inner_steps}, the run's diloco.inner_steps={diloco_cfg.inner_steps}"
+        )
+    outer_round, steps = meta.outer_round, meta.inner_steps
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or meta.threads)
+    try:
+        trainer, engines = restore_replica(state, model_cfg, training_cfg, diloco_cfg, compression_cfg)
+        batches = round_batches(corpus, training_cfg.seed, meta.replica, outer_round, steps,
+                                training_cfg.batch_size, model_cfg.block_size)
+        horizon = meta.lr_total_steps or None
+        payloads: dict[int, bytes] = {}
+        train_seconds = encode_seconds = 0.0
+        applied_previous = outer_round == 0
+        for action in round_actions(diloco_cfg, outer_round):
+            started = time.perf_counter()
+            if action.kind == TRAIN:
+                for step in range(action.first_step, action.end_step):
+                    set_lr(trainer.optimizers, inner_lr(training_cfg, outer_round * steps + step, horizon))
+                    x, y = batches[step]
+                    if meta.micro_batches:
+                        pipeline_train_step(trainer, x, y, meta.micro_batches)
+                    else:
+                        trainer.train_step(x, y)
+                train_seconds += time.perf_counter() - started
+            elif action.kind == APPLY:
+                if previous_contributions is None:
+                    if not payloads:
+                        raise ReexecError(
+                            f"round {outer_round}: the schedule applies round {outer_round - 1} before encoding; "
+                            "pass previous_contributions"
+                        )
+                    continue
+                for engine in engines:
+                    engine.finish_round(action.outer_round, list(previous_contributions[engine.stage_index]))
+                applied_previous = True
+                encode_seconds += time.perf_counter() - started
+            elif action.kind == ENCODE:
+                for engine in engines:  # as node.live.replica.ReplicaWorker.encode
+                    engine.skip_to(outer_round)
+                    payloads[engine.stage_index], _ = engine.encode_contribution(outer_round)
+                encode_seconds += time.perf_counter() - started
+        next_state = None
+        if applied_previous:
+            next_state = capture_replica_state(replace(meta, outer_round=outer_round + 1), trainer, engines)
+        return Reexecution(outer_round, meta.replica, payloads, next_state, train_seconds, encode_seconds,
+                           torch.get_num_threads())
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+# ----------------------------------------------------------------------------- comparing
+
+
+def contribution_distance(
+    claimed: bytes, recomputed: bytes, shapes: Mapping[str, tuple[int, ...]], *, stage_index: int, outer_round: int
+) -> float:
+    """0.0 for identical payload bytes, else the relative L2 distance of the decoded pseudo-gradients.
+
+    ``||decode(claimed) - decode(recomputed)|| / ||decode(recomputed)||``; the norm runs over every tensor of the stage (float64 sums). A claimed
+    payload that does not decode for this stage and round is infinitely far.
+    """
+    if claimed == recomputed:
+        return 0.0
+    try:
+        theirs = decode_contribution(claimed, shapes, stage_index=stage_index, outer_round=outer_round)
+    except ContributionDecodeError:
+        return math.inf
+    ours = decode_contribution(recomputed, shapes, stage_index=stage_index, outer_round=outer_round)
+    difference = sum(float((theirs[n].double() - ours[n].double()).pow(2).sum()) for n in ours)
+    reference = sum(float(ours[n].double().pow(2).sum()) for n in ours)
+    if reference == 0.0:
+        return 0.0 if difference == 0.0 else math.inf
+    return math.sqrt(difference / reference)
+
+
+def verdict(distance: float, tolerance: float) -> str:
+    """:data:`EXACT` (bit-exact), :data:`WITHIN_TOLERANCE` or :data:`MISMATCH`."""
+    if distance == 0.0:
+        return EXACT
+    return WITHIN_TOLERANCE if distance <= tolerance else MISMATCH
+
+
+@dataclass(frozen=True)
+class ContributionClaim:
+    """What one stage's signed envelope of ``(replica, outer_round)`` states."""
+
+    stage_index: int
+    state_hash: bytes  # stage_state_hash of the start state the replica committed to
+    data_commitment: bytes
+    payload: bytes
+
+
+@dataclass
+class SpotCheck:
+    """The outcome of checking one replica's contribution to one round."""
+
+    outer_round: int
+    replica: int
+    verdict: str  # EXACT | WITHIN_TOLERANCE | MISMATCH | STATE_MISMATCH | DATA_MISMATCH
+    reason: str
+    distances: dict[int, float] = field(default_factory=dict)  # stage -> contribution_distance
+    next_state_hashes: list[bytes] | None = None  # per stage: what round t+1's envelopes must bind (EXACT only)
+    reexec_seconds: float = 0.0
+
+    @property
+    def honest(self) -> bool:
+        return self.verdict in (EXACT, WITHIN_TOLERANCE)
+
+
+def verify_contribution(
+    state_parts: Sequence[bytes],
+    claims: Sequence[ContributionClaim],
+    corpus: Corpus,
+    model_cfg: ModelConfig,
+    training_cfg: TrainingConfig,
+    diloco_cfg: DilocoConfig,
+    compression_cfg: CompressionConfig,
+    *,
+    outer_round: int,
+    replica: int,
+    run_rounds: int,
+    previous_contributions: Mapping[int, Sequence[bytes]] | None = None,
+    committed_weights: Mapping[int, Mapping[int, bytes]] | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    threads: int | None = None,
+) -> SpotCheck:
+    """Check the contributions of ``(replica, outer_round)`` against a rerun (module docstring).
+
+    ``state_parts``: the served start-state bytes of every stage (stage order);
+    ``claims``: one per stage, from the signed envelopes. Order of the checks:
+    the served state parses and hashes to the committed one, its metadata is
+    this round's, its global weights are the committed ones (``committed_weights``:
+    round -> stage -> ``stage_weights_hash`` on the record, round -1 the initial
+    weights; a round not in it is not checked), the data commitment is the
+    round's data, then the rerun's payloads are compared stage by stage (the
+    worst stage decides).
+    """
+    def failed(kind: str, reason: str) -> SpotCheck:
+        logger.info("spot check of replica %d round %d: %s (%s)", replica, outer_round, kind, reason)
+        return SpotCheck(outer_round, replica, kind, reason)
+
+    num_stages = len(claims)
+    if (not claims or sorted(c.stage_index for c in claims) != list(range(num_stages))
+            or len(state_parts) != num_stages):
+        raise ReexecError(
+            f"need one claim and one state part per stage, got {len(claims)} and {len(state_parts)}"
+        )
+    claims = sorted(claims, key=lambda c: c.stage_index)
+    try:
+        parts = tuple(parse_stage_state(data) for data in state_parts)
+        for part, claim in zip(parts, claims):
+            if part.stage_index != claim.stage_index or part.state_hash() != claim.state_hash:
+                return failed(STATE_MISMATCH, f"stage {claim.stage_index}: served state is not the committed one")
+        state = ReplicaStartState(parts)
+    except ReplicaStateError as exc:
+        return failed(STATE_MISMATCH, f"served state is malformed: {exc}")
+    meta = state.meta
+    expected_horizon = run_rounds * diloco_cfg.inner_steps if run_rounds > 0 else 0
+    if (meta.outer_round, meta.replica, meta.inner_steps, meta.lr_total_steps) != (
+            outer_round, replica, diloco_cfg.inner_steps, expected_horizon):
+        return failed(STATE_MISMATCH, f"state metadata {meta} is not round {outer_round} of replica {replica}")
+    for part in parts:
+        applied = part.engine_counters[1] - 1  # the round the state's global weights are from
+        committed = (committed_weights or {}).get(applied, {}).get(part.stage_index)
+        if committed is not None and stage_weights_hash(part.group("global")) != committed:
+            return failed(STATE_MISMATCH,
+                          f"stage {part.stage_index}: global weights are not round {applied}'s on record")
+    expected_data = data_commitment(corpus, training_cfg, model_cfg, diloco_cfg, replica, outer_round)
+    if any(claim.data_commitment != expected_data for claim in claims):
+        return failed(DATA_MISMATCH, "the data commitment is not this round's batches")
+    try:
+        rerun = reexecute(state, corpus, model_cfg, training_cfg, diloco_cfg, compression_cfg,
+                          previous_contributions=previous_contributions, threads=threads)
+    except ReplicaStateError as exc:
+        return failed(STATE_MISMATCH, f"state does not fit the run's model: {exc}")
+    specs = split_stages(model_cfg.n_layer, num_stages)
+    distances = {
+        claim.stage_index: contribution_distance(
+            claim.payload, rerun.payloads[claim.stage_index],
+            stage_param_shapes(model_cfg, specs[claim.stage_index]),
+            stage_index=claim.stage_index, outer_round=outer_round,
+        )
+        for claim in claims
+    }
+    worst = max(distances.values())
+    outcome = verdict(worst, tolerance)
+    # The next state only chains bit-exactly from a bit-exact rerun (same platform, same threads).
+    next_hashes = None if rerun.next_state is None or outcome != EXACT else rerun.next_state.stage_hashes()
+    reason = f"largest relative distance {worst:.3g} (tolerance {tolerance:.3g})"
+    if outcome == MISMATCH:
+        logger.info("spot check of replica %d round %d: mismatch, %s", replica, outer_round, reason)
+    return SpotCheck(outer_round, replica, outcome, reason, distances, next_hashes, rerun.seconds)
+
+
+def check_state_chain(expected_stage_hashes: Sequence[bytes], claimed_stage_hashes: Sequence[bytes]) -> str:
+    """:data:`EXACT` if round t+1's envelopes bind the start state round t's rerun produced, else :data:`STATE_MISMATCH`."""
+    return EXACT if list(expected_stage_hashes) == list(claimed_stage_hashes) else STATE_MISMATCH
+
+
+# ----------------------------------------------------------------------------- who checks whom
+
+
+def sample_score(previous_record_hash: bytes, verifier: bytes, outer_round: int, replica: int) -> float:
+    """The uniform number in [0, 1) that decides whether ``verifier`` re-executes ``replica`` in ``outer_round``.
+
+    ``int(sha256(b"dlx-reexec-sample-v1" || u32 len(record) || record || u32 len(verifier)
+    || verifier || u64 round || u64 replica)[:8], big-endian) / 2**64``. The record hash is
+    round ``outer_round``'s own attested record (it exists only once the round closed with
+    the contribution in it), the verifier its peer id bytes: unpredictable to the member
+    while it trains, and anyone can recompute it.
+    """
+    digest = hashlib.sha256(SAMPLE_MAGIC)
+    digest.update(struct.pack("<I", len(previous_record_hash)) + previous_record_hash)
+    digest.update(struct.pack("<I", len(verifier)) + verifier)
+    digest.update(struct.pack("<QQ", outer_round, replica))
+    return int.from_bytes(digest.digest()[:8], "big") / 2**64
+
+
+def sample_replicas(
+    previous_record_hash: bytes, verifier: bytes, outer_round: int, replicas: Sequence[int], rate: float,
+    *, own_replica: int | None = None,
+) -> list[int]:
+    """The replicas ``verifier`` re-executes in ``outer_round``: those with :func:`sample_score` < ``rate``.
+
+    Each (verifier, replica) pair is drawn independently with probability
+    ``rate``; a verifier never checks its own replica.
+    """
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"reexec sampling rate={rate}: must be in [0, 1]")
+    return [
+        replica for replica in sorted(replicas)
+        if replica != own_replica and sample_score(previous_record_hash, verifier, outer_round, replica) < rate
+    ]

@@ -1,0 +1,398 @@
+"""A replica's complete training state at the start of an outer round, as canonical bytes.
+
+Re-execution (:mod:`training.reexec`) reruns round ``t`` of replica ``i`` and
+compares the result with the contribution the replica signed. For that the
+contribution commits (by hash) to everything the round's H inner steps and the
+encode read, for every stage ``s`` of the replica:
+
+* the live local weights ``theta_i`` (``param/<name>``);
+* the inner AdamW state: step count and both moments (``adam.step/<name>``,
+  ``adam.exp_avg/<name>``, ``adam.exp_avg_sq/<name>``; absent before the first
+  inner step of the run);
+* the :class:`~training.diloco.StageEngine` state: global weights and outer
+  momentum of the last applied round (``global/``, ``momentum/``), the
+  error-feedback residual (``residual/``), the local snapshot of the round
+  start (``round_start/``), the snapshots of rounds encoded but not applied
+  yet (``round_end.<r>/``), and the "eager" correction's own decoded
+  contributions (``own_decoded.<r>/``) and the others' previous sum
+  (``others_previous/``);
+* the round's position: outer round, replica, stages, H, the inner-lr
+  schedule's horizon, the torch intra-op thread count and, for a replica split
+  over several processes, the pipeline's micro-batch count (metadata).
+
+Byte layout of one stage's part (all integers little-endian)::
+
+    b"dlx-replica-state-v1"                20 bytes, domain separation
+    u32 len(meta) || meta                  canonical JSON: sorted keys, no spaces, ASCII
+    u32 number of tensors
+    for each tensor, names in ascending order of their UTF-8 bytes:
+        the record of training.hashing.stage_weights_hash (name, dtype tag, dims, data)
+
+    stage_state_hash  = sha256(the bytes above)
+    replica_state_root = sha256(b"dlx-replica-state-root-v1" || u32 S || hash_0 || ... || hash_{S-1})
+
+A node holding one stage of a split replica captures, archives and serves only
+its stage's part; the contribution of stage ``s`` binds ``stage_state_hash`` of
+that part. A verifier fetches every part, checks each against its envelope and
+re-executes the replica whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
+from training.diloco import ENGINE_STATE_VERSION, StageEngine
+from training.errors import ReplicaStateError
+from training.hashing import tensor_le_bytes
+from training.pipeline import LocalReplicaTrainer
+from training.stages import merge_state_dicts, split_stages, stage_param_shapes
+
+logger = logging.getLogger(__name__)
+
+STATE_MAGIC = b"dlx-replica-state-v1"
+STATE_ROOT_MAGIC = b"dlx-replica-state-root-v1"
+STATE_VERSION = 1
+_ADAM_FIELDS = ("exp_avg", "exp_avg_sq", "step")
+_MAX_META_BYTES = 1 << 16
+_MAX_TENSORS = 1 << 16
+
+
+@dataclass(frozen=True)
+class RoundMeta:
+    """Where in the run a start state sits, and how the replica computed the round.
+
+    ``lr_total_steps``: the horizon of the inner-lr schedule (``rounds * H``; 0 for an
+    open-ended run). ``threads``: ``torch.get_num_threads()`` while training (the
+    verifier uses the same count to be bit-exact). ``micro_batches``: 0 if every stage
+    ran chained in one process, else the GPipe micro-batch count of the split pipeline.
+    """
+
+    outer_round: int
+    replica: int
+    num_stages: int
+    inner_steps: int
+    lr_total_steps: int
+    threads: int
+    micro_batches: int
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
+                raise ReplicaStateError(f"round meta {name}={value!r}: must be an integer in [0, 2**63)")
+        if self.num_stages < 1 or self.inner_steps < 1 or self.threads < 1:
+            raise ReplicaStateError(
+                f"round meta: num_stages={self.num_stages}, inner_steps={self.inner_steps}, "
+                f"threads={self.threads} must all be >= 1"
+            )
+
+
+@dataclass(frozen=True)
+class StageStartState:
+    """One stage's part of a replica start state: metadata plus named float32 tensors."""
+
+    meta: RoundMeta
+    stage_index: int
+    engine_counters: tuple[int, int, int]  # (last_encoded, last_applied, others_previous count or -1)
+    tensors: Mapping[str, torch.Tensor]
+
+    def to_bytes(self) -> bytes:
+        """The canonical bytes of the module docstring."""
+        meta = _canonical_json({
+            "v": STATE_VERSION,
+            "stage": self.stage_index,
+            "meta": asdict(self.meta),
+            "engine": list(self.engine_counters),
+        })
+        out = [STATE_MAGIC, struct.pack("<I", len(meta)), meta, struct.pack("<I", len(self.tensors))]
+        for name in sorted(self.tensors, key=lambda n: n.encode("utf-8")):
+            out.append(_tensor_record(name, self.tensors[name]))
+        return b"".join(out)
+
+    def state_hash(self) -> bytes:
+        """sha256 of :meth:`to_bytes` (what the stage's contribution envelope binds)."""
+        return hashlib.sha256(self.to_bytes()).digest()
+
+    @property
+    def num_bytes(self) -> int:
+        return len(self.to_bytes())
+
+    def group(self, prefix: str) -> dict[str, torch.Tensor]:
+        """The tensors under ``prefix/`` with the prefix removed (e.g. ``"param"``)."""
+        head = prefix + "/"
+        return {name[len(head):]: value for name, value in self.tensors.items() if name.startswith(head)}
+
+    def rounds_of(self, kind: str) -> list[int]:
+        """The rounds ``r`` of the ``<kind>.<r>/`` groups (``round_end``, ``own_decoded``)."""
+        head = kind + "."
+        return sorted({int(name[len(head):].split("/", 1)[0]) for name in self.tensors if name.startswith(head)})
+
+
+@dataclass(frozen=True)
+class ReplicaStartState:
+    """Every stage's part of one replica's start state of one round (stage-index order)."""
+
+    stages: tuple[StageStartState, ...]
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise ReplicaStateError("a replica start state needs at least one stage")
+        meta = self.stages[0].meta
+        if [s.stage_index for s in self.stages] != list(range(meta.num_stages)):
+            raise ReplicaStateError(
+                f"stages {[s.stage_index for s in self.stages]}: a replica start state needs every stage "
+                f"0..{meta.num_stages - 1} in order"
+            )
+        if any(s.meta != meta for s in self.stages):
+            raise ReplicaStateError("the stages' round metadata disagree (round, replica, H, threads, micro-batches)")
+
+    @property
+    def meta(self) -> RoundMeta:
+        return self.stages[0].meta
+
+    def stage_hashes(self) -> list[bytes]:
+        return [stage.state_hash() for stage in self.stages]
+
+    def state_hash(self) -> bytes:
+        """:func:`replica_state_root` of the stage hashes."""
+        return replica_state_root(self.stage_hashes())
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(stage.num_bytes for stage in self.stages)
+
+
+def replica_state_root(stage_hashes: Sequence[bytes]) -> bytes:
+    """sha256 over the per-stage state hashes in stage-index order."""
+    digest = hashlib.sha256(STATE_ROOT_MAGIC + struct.pack("<I", len(stage_hashes)))
+    for index, stage_hash in enumerate(stage_hashes):
+        if not isinstance(stage_hash, (bytes, bytearray)) or len(stage_hash) != 32:
+            raise ReplicaStateError(f"stage state hash {index} is not 32 bytes")
+        digest.update(bytes(stage_hash))
+    return digest.digest()
+
+
+# ----------------------------------------------------------------------------- capture
+
+
+def capture_stage_state(
+    meta: RoundMeta, engine: StageEngine, module: nn.Module, optimizer: torch.optim.Optimizer
+) -> StageStartState:
+    """The start state of ``engine.stage_index`` from the live objects (call before the round's first inner step).
+
+    ``module`` and ``optimizer``: the stage's module and inner AdamW (a
+    :class:`~training.pipeline.LocalReplicaTrainer`'s ``stage_modules[s]`` and
+    ``optimizers[s]``, or a ``PipelineStageTrainer``'s ``module`` and ``optimizer``).
+    Everything is copied: training on afterwards does not change the capture.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    for name, param in module.named_parameters():
+        tensors[f"param/{name}"] = param.detach().clone()
+        state = optimizer.state.get(param, {})
+        if state and set(state) != set(_ADAM_FIELDS):
+            raise ReplicaStateError(f"{name!r}: inner optimizer state has fields {sorted(state)}, expected AdamW's")
+        for field_name, value in state.items():
+            tensors[f"adam.{field_name}/{name}"] = torch.as_tensor(value, dtype=torch.float32).detach().clone()
+    engine_state = engine.state_dict()
+    for group, key in (("global", "global_weights"), ("momentum", "momentum"), ("residual", "error_feedback"),
+                       ("round_start", "round_start")):
+        tensors.update({f"{group}/{n}": t for n, t in engine_state[key].items()})
+    for kind in ("round_end", "own_decoded"):
+        for outer_round, snapshot in engine_state[kind].items():
+            tensors.update({f"{kind}.{int(outer_round)}/{n}": t for n, t in snapshot.items()})
+    others = engine_state["others_previous"]
+    if others is not None:
+        tensors.update({f"others_previous/{n}": t for n, t in others[0].items()})
+    counters = (int(engine_state["last_encoded"]) + 1, int(engine_state["last_applied"]) + 1,
+                -1 if others is None else int(others[1]))
+    # Stored +1 so that "nothing yet" (-1) is 0 and every counter is a non-negative integer.
+    return StageStartState(meta, engine.stage_index, counters,
+                           {n: t.detach().to(torch.float32).contiguous() for n, t in tensors.items()})
+
+
+def capture_replica_state(
+    meta: RoundMeta, trainer: LocalReplicaTrainer, engines: Sequence[StageEngine]
+) -> ReplicaStartState:
+    """:func:`capture_stage_state` of every stage of a replica chained in one process."""
+    return ReplicaStartState(tuple(
+        capture_stage_state(meta, engine, module, optimizer)
+        for engine, module, optimizer in zip(engines, trainer.stage_modules, trainer.optimizers)
+    ))
+
+
+def initial_replica_state(
+    meta: RoundMeta,
+    model_cfg: ModelConfig,
+    training_cfg: TrainingConfig,
+    diloco_cfg: DilocoConfig,
+    compression_cfg: CompressionConfig,
+) -> ReplicaStartState:
+    """The start state of round 0, a pure function of the run's configuration (the anchor of the chain).
+
+    Weights ``init_state_dict(model, training.seed)``, no AdamW state, zero
+    residual, engines at round -1. A replica whose round-0 state hash differs
+    did not start from the run's weights.
+    """
+    if meta.outer_round != 0:
+        raise ReplicaStateError(f"the initial state is round 0's, not round {meta.outer_round}'s")
+    trainer = LocalReplicaTrainer(model_cfg, training_cfg, meta.num_stages)
+    engines = [StageEngine(spec.index, dict(module.named_parameters()), diloco_cfg, compression_cfg)
+               for spec, module in zip(trainer.specs, trainer.stage_modules)]
+    return capture_replica_state(meta, trainer, engines)
+
+
+# ----------------------------------------------------------------------------- restore
+
+
+def restore_replica(
+    state: ReplicaStartState,
+    model_cfg: ModelConfig,
+    training_cfg: TrainingConfig,
+    diloco_cfg: DilocoConfig,
+    compression_cfg: CompressionConfig,
+) -> tuple[LocalReplicaTrainer, list[StageEngine]]:
+    """A chained trainer and one engine per stage, in exactly the captured state."""
+    meta = state.meta
+    specs = split_stages(model_cfg.n_layer, meta.num_stages)
+    for part, spec in zip(state.stages, specs):
+        _check_stage(part, stage_param_shapes(model_cfg, spec))
+    weights = merge_state_dicts([part.group("param") for part in state.stages])
+    trainer = LocalReplicaTrainer(model_cfg, training_cfg, meta.num_stages, state_dict=weights)
+    engines = []
+    for part, module, optimizer in zip(state.stages, trainer.stage_modules, trainer.optimizers):
+        for name, param in module.named_parameters():
+            fields = {f: part.tensors.get(f"adam.{f}/{name}") for f in _ADAM_FIELDS}
+            if all(value is not None for value in fields.values()):
+                optimizer.state[param] = {f: value.clone() for f, value in fields.items()}
+            elif any(value is not None for value in fields.values()):
+                raise ReplicaStateError(f"stage {part.stage_index} {name!r}: AdamW state is incomplete")
+        engine = StageEngine(part.stage_index, dict(module.named_parameters()), diloco_cfg, compression_cfg)
+        last_encoded, last_applied, others_count = part.engine_counters
+        engine.load_state_dict({
+            "version": ENGINE_STATE_VERSION,
+            "stage_index": part.stage_index,
+            "one_step_delay": diloco_cfg.one_step_delay,
+            "last_encoded": last_encoded - 1,
+            "last_applied": last_applied - 1,
+            "global_weights": part.group("global"),
+            "momentum": part.group("momentum"),
+            "error_feedback": part.group("residual"),
+            "round_start": part.group("round_start"),
+            "round_end": {r: part.group(f"round_end.{r}") for r in part.rounds_of("round_end")},
+            "own_decoded": {r: part.group(f"own_decoded.{r}") for r in part.rounds_of("own_decoded")},
+            "others_previous": None if others_count < 0 else (part.group("others_previous"), others_count),
+        })
+        engines.append(engine)
+    return trainer, engines
+
+
+def _check_stage(part: StageStartState, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Every tensor group of ``part`` names exactly the stage's parameters, with their shapes."""
+    groups: dict[str, set[str]] = {}
+    for name, value in part.tensors.items():
+        group, _, tensor_name = name.partition("/")
+        expected = () if group == "adam.step" else shapes.get(tensor_name)
+        if expected is None or tuple(value.shape) != tuple(expected):
+            raise ReplicaStateError(
+                f"stage {part.stage_index} state: unexpected tensor {name!r} {tuple(value.shape)}"
+            )
+        groups.setdefault(group, set()).add(tensor_name)
+    for group in ("param", "global", "momentum", "residual", "round_start"):
+        if groups.get(group) != set(shapes):
+            raise ReplicaStateError(f"stage {part.stage_index} state: group {group!r} does not hold every parameter")
+
+
+# ----------------------------------------------------------------------------- bytes
+
+
+def parse_stage_state(data: bytes) -> StageStartState:
+    """Parse :meth:`StageStartState.to_bytes` strictly; raise :class:`ReplicaStateError` on anything else."""
+    view = memoryview(data)
+    position = 0
+
+    def take(count: int, what: str) -> bytes:
+        nonlocal position
+        if count < 0 or position + count > len(view):
+            raise ReplicaStateError(f"replica state truncated in {what} (at byte {position} of {len(view)})")
+        chunk = bytes(view[position:position + count])
+        position += count
+        return chunk
+
+    def u32(what: str) -> int:
+        return struct.unpack("<I", take(4, what))[0]
+
+    if take(len(STATE_MAGIC), "magic") != STATE_MAGIC:
+        raise ReplicaStateError("not a replica state (bad magic)")
+    meta_len = u32("meta length")
+    if meta_len > _MAX_META_BYTES:
+        raise ReplicaStateError(f"replica state meta of {meta_len} bytes is too large")
+    raw_meta = take(meta_len, "meta")
+    try:
+        header = json.loads(raw_meta.decode("ascii"))
+        if _canonical_json(header) != raw_meta:
+            raise ReplicaStateError("replica state meta is not canonical JSON")
+        if set(header) != {"v", "stage", "meta", "engine"} or header["v"] != STATE_VERSION:
+            raise ReplicaStateError(f"replica state meta keys {sorted(header)} or version unsupported")
+        meta = RoundMeta(**header["meta"])
+        stage_index = header["stage"]
+        counters = tuple(header["engine"])
+        if (not isinstance(stage_index, int) or not 0 <= stage_index < meta.num_stages or len(counters) != 3
+                or not all(isinstance(c, int) and -1 <= c < 2**63 for c in counters)):
+            raise ReplicaStateError(f"replica state: bad stage {stage_index!r} or engine counters {counters!r}")
+    except (UnicodeDecodeError, ValueError, TypeError) as exc:
+        if isinstance(exc, ReplicaStateError):
+            raise
+        raise ReplicaStateError(f"replica state meta is malformed: {exc}") from None
+    count = u32("tensor count")
+    if count > _MAX_TENSORS:
+        raise ReplicaStateError(f"replica state holds {count} tensors, more than {_MAX_TENSORS}")
+    tensors: dict[str, torch.Tensor] = {}
+    previous = b""
+    for _ in range(count):
+        name_bytes = take(u32("name length"), "name")
+        if tensors and name_bytes <= previous:
+            raise ReplicaStateError("replica state tensors are not in ascending name order")
+        previous = name_bytes
+        name = name_bytes.decode("utf-8", errors="strict")
+        tag = take(struct.unpack("<B", take(1, "dtype length"))[0], "dtype")
+        if tag != b"float32":
+            raise ReplicaStateError(f"{name!r}: dtype {tag!r}, only float32 is stored")
+        ndim = u32("ndim")
+        if ndim > 8:
+            raise ReplicaStateError(f"{name!r}: {ndim} dimensions")
+        shape = struct.unpack(f"<{ndim}Q", take(8 * ndim, "dims"))
+        size = struct.unpack("<Q", take(8, "data length"))[0]
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        if size != 4 * numel:
+            raise ReplicaStateError(f"{name!r}: {size} data bytes for shape {shape}")
+        array = np.frombuffer(take(size, name), dtype="<f4").astype(np.float32)
+        tensors[name] = torch.from_numpy(array.copy()).reshape(shape)
+    if position != len(view):
+        raise ReplicaStateError(f"replica state has {len(view) - position} trailing bytes")
+    return StageStartState(meta, stage_index, counters, tensors)
+
+
+def _canonical_json(value) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def _tensor_record(name: str, tensor: torch.Tensor) -> bytes:
+    if tensor.dtype != torch.float32:
+        raise ReplicaStateError(f"{name!r}: dtype {tensor.dtype}, the replica state stores float32 only")
+    name_bytes = name.encode("utf-8")
+    data = tensor_le_bytes(tensor)
+    dims = struct.pack(f"<{tensor.dim()}Q", *tensor.shape)
+    return b"".join((struct.pack("<I", len(name_bytes)), name_bytes, struct.pack("<B", 7), b"float32",
+                     struct.pack("<I", tensor.dim()), dims, struct.pack("<Q", len(data)), data))
+
