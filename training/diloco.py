@@ -85,6 +85,7 @@ from training.compression import CompressionStats, ErrorFeedbackCompressor, deco
 from training.config import CompressionConfig, DilocoConfig
 from training.errors import AggregationError, ContributionDecodeError, EngineStateError, RoundOrderError
 from training.hashing import stage_weights_hash
+from training.robust import ContributionReport, robust_contributions
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +136,34 @@ def outer_step(
     return new_weights, new_momentum
 
 
+@dataclass
+class Aggregation:
+    """One round of one stage, aggregated: the new state and what happened to each contribution.
+
+    ``contributions`` holds one :class:`~training.robust.ContributionReport` per
+    input contribution, in canonical order (the node records the exclusions in
+    the round's record; the auditor re-derives them). ``average`` is the
+    averaged pseudo-gradient, None when nothing was accepted (the round is then
+    a no-op: weights and momentum unchanged).
+    """
+
+    new_global: Weights
+    new_momentum: Weights
+    weights_hash: bytes
+    average: Weights | None
+    contributions: list[ContributionReport]
+
+    @property
+    def accepted(self) -> list[int]:
+        """Canonical indices of the contributions that entered the average."""
+        return [report.index for report in self.contributions if report.accepted]
+
+    @property
+    def excluded(self) -> dict[int, str]:
+        """``{index: reason}`` of the contributions left out."""
+        return {report.index: report.reason for report in self.contributions if not report.accepted}
+
+
 def aggregate(
     global_weights: Mapping[str, torch.Tensor],
     momentum: Mapping[str, torch.Tensor],
@@ -143,14 +172,44 @@ def aggregate(
     *,
     stage_index: int | None = None,
     outer_round: int | None = None,
+    compression_cfg: CompressionConfig | None = None,
+    excluded: Mapping[int, str] | None = None,
 ) -> tuple[Weights, Weights, bytes]:
     """The auditable aggregation of one round of one stage: ``(new_global, new_momentum, weights_hash)``.
 
-    Decodes ``contributions`` in the given (canonical) order, averages them and
-    applies :func:`outer_step`. Pure: the inputs are not modified. Bit-exact
-    across processes and IEEE-754 platforms (module docstring). A malformed
-    contribution raises :class:`ContributionDecodeError` naming its index, so
-    the caller can drop it and aggregate the rest.
+    :func:`aggregate_with_report` without the report (the keyword arguments are
+    the same).
+    """
+    result = aggregate_with_report(
+        global_weights, momentum, contributions, diloco_cfg, stage_index=stage_index, outer_round=outer_round,
+        compression_cfg=compression_cfg, excluded=excluded,
+    )
+    return result.new_global, result.new_momentum, result.weights_hash
+
+
+def aggregate_with_report(
+    global_weights: Mapping[str, torch.Tensor],
+    momentum: Mapping[str, torch.Tensor],
+    contributions: Sequence[bytes],
+    diloco_cfg: DilocoConfig,
+    *,
+    stage_index: int | None = None,
+    outer_round: int | None = None,
+    compression_cfg: CompressionConfig | None = None,
+    excluded: Mapping[int, str] | None = None,
+) -> Aggregation:
+    """Decode, screen out, clip, average and step one round of one stage (docs/DILOCOX.md sections 2, 10).
+
+    ``contributions`` in the given (canonical) order go through
+    :func:`training.robust.robust_contributions`: one that does not decode, has
+    the wrong shapes, non-finite values, or (``compression_cfg.enabled``) the
+    raw codec, or whose index is in ``excluded`` (screening), is left out with
+    a reason; the rest are clipped to ``diloco.norm_clip`` x their lower median
+    norm, averaged and applied by :func:`outer_step`. Pure: the inputs are not
+    modified. Bit-exact across processes and IEEE-754 platforms (module
+    docstring). Raises :class:`AggregationError` only for an empty list or
+    mismatched weights and momentum; with every contribution excluded the round
+    is a no-op (same weights, same momentum).
     """
     if not contributions:
         raise AggregationError("no contributions to aggregate")
@@ -162,36 +221,48 @@ def aggregate(
             raise AggregationError(f"{name!r}: global weights and momentum must be float32")
         if global_weights[name].shape != momentum[name].shape:
             raise AggregationError(f"{name!r}: momentum shape differs from the weights' shape")
-    new_global, new_momentum, weights_hash, _ = _aggregate(
-        global_weights, momentum, contributions, diloco_cfg, stage_index=stage_index, outer_round=outer_round
+    return _aggregate(
+        global_weights, momentum, contributions, diloco_cfg, stage_index=stage_index, outer_round=outer_round,
+        compression_cfg=compression_cfg, excluded=excluded,
     )
-    return new_global, new_momentum, weights_hash
 
 
-def _aggregate(global_weights, momentum, contributions, diloco_cfg, *, stage_index, outer_round):
-    """:func:`aggregate` plus the decoded average (the engine's "eager" correction needs it)."""
+def _aggregate(global_weights, momentum, contributions, diloco_cfg, *, stage_index, outer_round,
+               compression_cfg=None, excluded=None) -> Aggregation:
     shapes = {name: tuple(value.shape) for name, value in global_weights.items()}
-    decoded = []
-    for index, blob in enumerate(contributions):
-        try:
-            decoded.append(decode_contribution(blob, shapes, stage_index=stage_index, outer_round=outer_round))
-        except ContributionDecodeError as exc:
-            raise ContributionDecodeError(f"contribution {index}: {exc}") from None
-    average = average_contributions(decoded)
-    new_global, new_momentum = outer_step(global_weights, momentum, average, diloco_cfg)
-    return new_global, new_momentum, stage_weights_hash(new_global), average
+    accepted, reports = robust_contributions(
+        contributions, shapes, norm_clip=diloco_cfg.norm_clip, stage_index=stage_index, outer_round=outer_round,
+        refuse_raw=compression_cfg is not None and compression_cfg.enabled, excluded=excluded,
+    )
+    for report in reports:
+        if not report.accepted or report.scale != 1.0:
+            logger.warning(
+                "stage %s round %s: contribution %d %s: %s", stage_index, outer_round, report.index,
+                f"scaled by {report.scale:.3g}" if report.accepted else f"excluded ({report.reason})", report.detail,
+            )
+    if not accepted:
+        new_global, new_momentum, average = _clone(global_weights), _clone(momentum), None
+    else:
+        average = average_contributions(accepted)
+        new_global, new_momentum = outer_step(global_weights, momentum, average, diloco_cfg)
+    return Aggregation(new_global, new_momentum, stage_weights_hash(new_global), average, reports)
 
 
 @dataclass
 class RoundResult:
-    """What ``apply_round`` did: the new global weights' hash and timings."""
+    """What ``apply_round`` did: the new global weights' hash, each contribution's fate, timings."""
 
     outer_round: int
     weights_hash: bytes
-    num_contributions: int
+    num_contributions: int  # given, accepted or not
     aggregate_seconds: float  # decode + average + outer step + hash
     correction_seconds: float  # re-basing the local weights
     stats: dict = field(default_factory=dict)
+    contributions: list[ContributionReport] = field(default_factory=list)  # canonical order
+
+    @property
+    def num_accepted(self) -> int:
+        return sum(report.accepted for report in self.contributions)
 
 
 def _clone(weights: Mapping[str, torch.Tensor]) -> Weights:
@@ -288,8 +359,13 @@ class StageEngine:
         stats.encode_seconds = time.perf_counter() - started
         return blob, stats
 
-    def apply_round(self, outer_round: int, contributions: Sequence[bytes]) -> RoundResult:
-        """Aggregate round ``outer_round`` and update global and local weights (module docstring)."""
+    def apply_round(
+        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None
+    ) -> RoundResult:
+        """Aggregate round ``outer_round`` and update global and local weights (module docstring).
+
+        ``excluded``: canonical indices screening left out (:func:`aggregate_with_report`).
+        """
         if outer_round != self.last_applied + 1 or outer_round > self.last_encoded:
             raise RoundOrderError(
                 f"stage {self.stage_index}: apply round {outer_round}, expected {self.last_applied + 1} "
@@ -303,17 +379,22 @@ class StageEngine:
                     f"encoded before round {outer_round} is applied"
                 )
         started = time.perf_counter()
-        new_global, new_momentum, weights_hash, average = _aggregate(
+        result = _aggregate(
             self.global_weights, self.momentum, contributions, self.diloco_cfg,
-            stage_index=self.stage_index, outer_round=outer_round,
+            stage_index=self.stage_index, outer_round=outer_round, compression_cfg=self.compression_cfg,
+            excluded=excluded,
         )
+        new_global, new_momentum, average = result.new_global, result.new_momentum, result.average
         aggregated = time.perf_counter()
         round_end = self._round_end.pop(outer_round)
         own = self._own_decoded.pop(outer_round, None)
         if self.diloco_cfg.delay_correction == "eager" and own is not None:
-            count = len(contributions)
+            count = len(result.accepted)
             total = _f32(float(count))
-            self._others_previous = ({n: torch.sub(torch.mul(average[n], total), own[n]) for n in own}, count)
+            # (With its own contribution left out, "others" is approximate; the next estimate only.)
+            self._others_previous = None if average is None else (
+                {n: torch.sub(torch.mul(average[n], total), own[n]) for n in own}, count
+            )
         with torch.no_grad():
             if not self.delayed or self.diloco_cfg.delay_correction == "reset":
                 # No delay: L = E_t, DiLoCo's theta_i <- theta^t. "reset": the same by choice.
@@ -334,10 +415,11 @@ class StageEngine:
         self.last_applied = outer_round
         return RoundResult(
             outer_round=outer_round,
-            weights_hash=weights_hash,
+            weights_hash=result.weights_hash,
             num_contributions=len(contributions),
             aggregate_seconds=aggregated - started,
             correction_seconds=time.perf_counter() - aggregated,
+            contributions=result.contributions,
         )
 
     def weights_hash(self) -> bytes:
@@ -381,7 +463,9 @@ class StageEngine:
         self.last_encoded = next_round - 1
         self.last_applied = max(self.last_applied, next_round - 1)
 
-    def absorb_round(self, outer_round: int, contributions: Sequence[bytes]) -> RoundResult:
+    def absorb_round(
+        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None
+    ) -> RoundResult:
         """Apply a round this replica did not contribute to: the others' outer step, local progress kept.
 
         The global state advances with the same pure :func:`aggregate`, and the
@@ -391,10 +475,12 @@ class StageEngine:
         """
         started = time.perf_counter()
         old = self.global_weights
-        new_global, new_momentum, weights_hash = aggregate(
+        result = aggregate_with_report(
             old, self.momentum, contributions, self.diloco_cfg,
-            stage_index=self.stage_index, outer_round=outer_round,
+            stage_index=self.stage_index, outer_round=outer_round, compression_cfg=self.compression_cfg,
+            excluded=excluded,
         )
+        new_global, new_momentum = result.new_global, result.new_momentum
         aggregated = time.perf_counter()
         delta = {n: torch.sub(new_global[n], old[n]) for n in old}
 
@@ -412,17 +498,20 @@ class StageEngine:
                 param.add_(delta[name])
         return RoundResult(
             outer_round=outer_round,
-            weights_hash=weights_hash,
+            weights_hash=result.weights_hash,
             num_contributions=len(contributions),
             aggregate_seconds=aggregated - started,
             correction_seconds=time.perf_counter() - aggregated,
+            contributions=result.contributions,
         )
 
-    def finish_round(self, outer_round: int, contributions: Sequence[bytes]) -> RoundResult:
+    def finish_round(
+        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None
+    ) -> RoundResult:
         """:meth:`apply_round` if this replica encoded ``outer_round`` and it is next, else :meth:`absorb_round`."""
         if self.can_apply(outer_round):
-            return self.apply_round(outer_round, contributions)
-        return self.absorb_round(outer_round, contributions)
+            return self.apply_round(outer_round, contributions, excluded=excluded)
+        return self.absorb_round(outer_round, contributions, excluded=excluded)
 
     # ------------------------------------------------------------------ checkpoints
 

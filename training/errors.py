@@ -63,3 +63,18 @@ class EngineStateError(TrainingError, ValueError):
 
 class AggregationError(TrainingError, ValueError):
     """A round cannot be aggregated (no contributions, or weights and momentum do not match)."""
+
+
+# --- Byzantine tolerance (training/robust.py): which way a contribution was malformed ---
+
+
+class ContributionShapeError(ContributionDecodeError):
+    """A contribution's tensors (names, count or shapes) do not match the stage's."""
+
+
+class ContributionNonFiniteError(ContributionDecodeError):
+    """A contribution holds or decodes to non-finite values."""
+
+
+class ContributionCodecRefused(ContributionDecodeError):
+    """A contribution uses a codec the run forbids (``raw`` on a non-empty tensor in a compressed run)."""
