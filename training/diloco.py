@@ -307,6 +307,9 @@ class StageEngine:
         # decoded contributions, M) of the last applied round.
         self._own_decoded: dict[int, Weights] = {}
         self._others_previous: tuple[Weights, int] | None = None
+        # What this replica transmitted (decoded), for rounds not applied yet and the last applied
+        # one: contribution_dropped() puts it back into the error-feedback residual.
+        self._sent: dict[int, Weights] = {}
         self.last_encoded = -1
         self.last_applied = -1
 
@@ -355,6 +358,7 @@ class StageEngine:
             local = estimate
         self._round_end[outer_round] = local
         self._round_start = local
+        self._sent[outer_round] = self.compressor.last_decoded
         self.last_encoded = outer_round
         stats.encode_seconds = time.perf_counter() - started
         return blob, stats
@@ -413,6 +417,7 @@ class StageEngine:
                 self._round_end = {r: rebase(snapshot) for r, snapshot in self._round_end.items()}
         self.global_weights, self.momentum = new_global, new_momentum
         self.last_applied = outer_round
+        self._forget_sent_before(outer_round)
         return RoundResult(
             outer_round=outer_round,
             weights_hash=result.weights_hash,
@@ -425,6 +430,28 @@ class StageEngine:
     def weights_hash(self) -> bytes:
         """Hash of the current global weights of the stage."""
         return stage_weights_hash(self.global_weights)
+
+    def contribution_dropped(self, outer_round: int) -> bool:
+        """Tell the engine its contribution of ``outer_round`` was not aggregated (it came too late).
+
+        The decoded update it transmitted goes back into the error-feedback
+        residual (:meth:`ErrorFeedbackCompressor.restore_undelivered`), so the
+        next contribution sends it again instead of losing that round's
+        progress. Call it before or after that round is applied, and before the
+        next round is encoded for the progress to ride along with it. Returns
+        False (and does nothing) if the round's update is no longer known or was
+        already restored.
+        """
+        sent = self._sent.pop(outer_round, None)
+        if sent is None:
+            logger.warning("stage %d: no transmitted update of round %d to restore", self.stage_index, outer_round)
+            return False
+        self.compressor.restore_undelivered(sent)
+        return True
+
+    def _forget_sent_before(self, outer_round: int) -> None:
+        for old in [r for r in self._sent if r < outer_round]:
+            del self._sent[old]
 
     # ------------------------------------------------------------------ joining, catching up
 
@@ -444,7 +471,7 @@ class StageEngine:
         momentum = self._checked("momentum", momentum)
         self.global_weights, self.momentum = weights, momentum
         self._round_start = _clone(weights)
-        self._round_end, self._own_decoded, self._others_previous = {}, {}, None
+        self._round_end, self._own_decoded, self._others_previous, self._sent = {}, {}, None, {}
         self.last_encoded = self.last_applied = last_round
         with torch.no_grad():
             for name, param in self.params.items():
@@ -459,7 +486,7 @@ class StageEngine:
         """
         if self.last_encoded >= next_round - 1:
             return
-        self._round_end, self._own_decoded = {}, {}
+        self._round_end, self._own_decoded, self._sent = {}, {}, {}
         self.last_encoded = next_round - 1
         self.last_applied = max(self.last_applied, next_round - 1)
 
@@ -491,6 +518,7 @@ class StageEngine:
         self._round_end = {r: shift(snapshot) for r, snapshot in self._round_end.items()}
         self.global_weights, self.momentum = new_global, new_momentum
         self.last_applied = max(self.last_applied, min(outer_round, self.last_encoded))
+        self._forget_sent_before(min(outer_round, self.last_applied))
         self._own_decoded.pop(outer_round, None)
         self._others_previous = None  # "eager" falls back to "lookahead" for the next round
         with torch.no_grad():
@@ -532,6 +560,7 @@ class StageEngine:
             "others_previous": None if self._others_previous is None else (
                 _clone(self._others_previous[0]), self._others_previous[1]
             ),
+            "sent": {int(r): _clone(snap) for r, snap in self._sent.items()},
         }
 
     def load_state_dict(self, state: Mapping) -> None:
@@ -554,12 +583,13 @@ class StageEngine:
             own_decoded = {int(r): self._checked(f"own_decoded[{r}]", s) for r, s in state.get("own_decoded", {}).items()}
             others = state.get("others_previous")
             others_previous = None if others is None else (self._checked("others_previous", others[0]), int(others[1]))
+            sent = {int(r): self._checked(f"sent[{r}]", s) for r, s in state.get("sent", {}).items()}
             self.compressor.load_state_dict(state["error_feedback"])
         except (KeyError, TypeError, AttributeError) as exc:
             raise EngineStateError(f"engine state is malformed: {type(exc).__name__}: {exc}") from None
         self.global_weights, self.momentum, self._round_start = global_weights, momentum, round_start
         self._round_end = round_end
-        self._own_decoded, self._others_previous = own_decoded, others_previous
+        self._own_decoded, self._others_previous, self._sent = own_decoded, others_previous, sent
         self.last_encoded, self.last_applied = last_encoded, last_applied
 
     def _checked(self, what: str, weights: Mapping[str, torch.Tensor]) -> Weights:
