@@ -123,7 +123,7 @@ class DilocoConfig:
     overlap_steps: int = 0
     # Byzantine tolerance (training/robust.py; docs/DILOCOX.md section 10). Norm rule, every
     # stage: a contribution whose L2 norm exceeds norm_clip x the lower median of the round's
-    # norms is scaled down to that bound (0 = off). Honest norms sit within ~1.5x of each other.
+    # norms is scaled down to that bound (0 = off).
     norm_clip: float = 2.0
     # Screening (training/screening.py), only where one node holds every stage: contribution i
     # is excluded when the loss of (theta - outer_lr * c_i) on a seeded held-out batch of

@@ -70,6 +70,14 @@ config; the decoder uses integer arithmetic for its matrix product
 (:mod:`training.compression`) and the outer step only elementwise IEEE float32
 operations, so another process (the auditor) gets the same
 :func:`~training.hashing.stage_weights_hash`.
+
+Byzantine tolerance (issue 12; :mod:`training.robust`, docs/DILOCOX.md section
+10): before the average, a contribution that does not decode, has the wrong
+shapes, non-finite values, the raw codec in a compressed run, or was screened
+out (:mod:`training.screening`) is left out with a reason, and each remaining
+one is scaled to at most ``diloco.norm_clip`` times the lower median of their
+exactly computed norms. :func:`aggregate_with_report` returns what happened to
+each contribution.
 """
 
 from __future__ import annotations
@@ -81,9 +89,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from training.compression import CompressionStats, ErrorFeedbackCompressor, decode_contribution
+from training.compression import CompressionStats, ErrorFeedbackCompressor
 from training.config import CompressionConfig, DilocoConfig
-from training.errors import AggregationError, ContributionDecodeError, EngineStateError, RoundOrderError
+from training.errors import AggregationError, EngineStateError, RoundOrderError
 from training.hashing import stage_weights_hash
 from training.robust import ContributionReport, robust_contributions
 
