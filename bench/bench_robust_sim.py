@@ -13,7 +13,8 @@ re-encoded with the run's codec so the wire format stays valid):
     stale                its own contribution of the previous round (re-labelled with this round)
 
 Reported: the final held-out loss of each attack with the defences on (norm
-rule + screening, the defaults) against the honest run with the defences on,
+rule + screening, the defaults; "norm": the norm rule alone, as in a split
+cluster) against the honest run with the defences on,
 and the honest run with the defences on against off. Goals of issue 12: every
 attack within 5% of the honest run; the defences cost the honest run at most 1%.
 Writes bench/results/robust_sim.json (or robust_sim_<tag>.json).
@@ -64,6 +65,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--attacks", default=",".join(ATTACKS))
     parser.add_argument("--undefended-attacks", default="huge_1e6,sign_flip",
                         help="also run these with the defences off (to show what they do)")
+    parser.add_argument("--norm-only-attacks", default="",
+                        help="also run these with the norm rule alone (a split cluster: no screening)")
     parser.add_argument("--eval-batches", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
@@ -133,9 +136,10 @@ def main() -> int:
     runs = [("honest", "on", None), ("honest", "off", None)]
     runs += [(attack, "on", attack) for attack in args.attacks.split(",") if attack]
     runs += [(attack, "off", attack) for attack in args.undefended_attacks.split(",") if attack]
+    runs += [(attack, "norm", attack) for attack in args.norm_only_attacks.split(",") if attack]
     results = {}
     for name, defences, attack in runs:
-        cfg = defended if defences == "on" else undefended
+        cfg = {"on": defended, "off": undefended, "norm": dataclasses.replace(defended, screening=False)}[defences]
         tamper = Attacker(attack, args.attacker, shapes, compression_cfg, args.seed + 1) if attack else None
         started = time.perf_counter()
         try:
