@@ -19,7 +19,7 @@ and the honest run with the defences on against off. Goals of issue 12: every
 attack within 5% of the honest run; the defences cost the honest run at most 1%.
 Writes bench/results/robust_sim.json (or robust_sim_<tag>.json).
 
-    .venv/bin/python bench/bench_robust_sim.py                 # mini, M=4, S=2, H=20 x 8 rounds
+    .venv/bin/python bench/bench_robust_sim.py                 # mini, M=4, S=2, H=10 x 6 rounds (~15 min on 2 shared cores)
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--preset", default="mini")
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--stages", type=int, default=2)
-    parser.add_argument("--inner-steps", type=int, default=20, help="H")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--warmup-steps", type=int, default=20)
+    parser.add_argument("--inner-steps", type=int, default=10, help="H")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--warmup-steps", type=int, default=10)
     parser.add_argument("--bandwidth-budget", type=int, default=80_000)
     parser.add_argument("--attacker", type=int, default=3, help="the malicious replica's index")
     parser.add_argument("--attacks", default=",".join(ATTACKS))
