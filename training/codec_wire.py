@@ -35,7 +35,12 @@ import msgpack
 import numpy as np
 import torch
 
-from training.errors import ContributionDecodeError
+from training.errors import (
+    ContributionCodecRefused,
+    ContributionDecodeError,
+    ContributionNonFiniteError,
+    ContributionShapeError,
+)
 
 CODEC_VERSION = 1
 WEIGHT_BITS = 16  # integer weights of the low-rank columns
@@ -111,7 +116,7 @@ def _f32_tensor(data: bytes, count: int, where: str, *, nonnegative: bool = Fals
         raise ContributionDecodeError(f"{where}: {len(data)} bytes of float32, expected {4 * count}")
     array = np.frombuffer(data, dtype="<f4").astype(np.float32)
     if not np.all(np.isfinite(array)):
-        raise ContributionDecodeError(f"{where}: non-finite float32 value")
+        raise ContributionNonFiniteError(f"{where}: non-finite float32 value")
     if nonnegative and np.any(array < 0):
         raise ContributionDecodeError(f"{where}: negative scale")
     return torch.from_numpy(array.copy())
@@ -156,19 +161,24 @@ def _check_keys(entry: dict, allowed: set[str], where: str) -> None:
         raise ContributionDecodeError(f"{where}: unknown fields {sorted(map(str, extra))}")
 
 
-def _decode_entry(entry: object, name: str, shape: tuple[int, ...], index: int) -> torch.Tensor:
+def _decode_entry(
+    entry: object, name: str, shape: tuple[int, ...], index: int, refuse_raw: bool = False
+) -> torch.Tensor:
     where = f"tensor {index} ({name!r})"
     if not isinstance(entry, dict):
         raise ContributionDecodeError(f"{where}: entry is {type(entry).__name__}, not a map")
     got_name = _field(entry, "n", str, where)
     if got_name != name:
-        raise ContributionDecodeError(f"{where}: name {got_name!r} where {name!r} was expected")
+        raise ContributionShapeError(f"{where}: name {got_name!r} where {name!r} was expected")
     got_shape = _field(entry, "s", list, where)
     if [d for d in got_shape if not isinstance(d, int) or isinstance(d, bool)] or tuple(got_shape) != shape:
-        raise ContributionDecodeError(f"{where}: shape {got_shape} does not match the stage's {list(shape)}")
+        raise ContributionShapeError(f"{where}: shape {got_shape} does not match the stage's {list(shape)}")
     codec = _field(entry, "c", str, where)
     m, n = matrix_view_shape(shape)
     if codec == "raw":
+        if refuse_raw and m * n > 0:
+            # A compressed run's encoder only sends raw for empty tensors (compression.encode_tensor).
+            raise ContributionCodecRefused(f"{where}: raw codec in a compressed run")
         _check_keys(entry, {"n", "s", "c", "d"}, where)
         return _f32_tensor(_field(entry, "d", bytes, where), m * n, where).reshape(shape)
     bits = _field(entry, "b", int, where)
@@ -214,6 +224,7 @@ def decode_contribution(
     *,
     stage_index: int | None = None,
     outer_round: int | None = None,
+    refuse_raw: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Decode a contribution into float32 tensors, strictly.
 
@@ -221,7 +232,11 @@ def decode_contribution(
     hold exactly those tensors, in ascending name order. When given,
     ``stage_index`` and ``outer_round`` must match the header. Anything else
     (oversized, truncated, wrong types, wrong shapes, out-of-range integers,
-    non-finite floats, trailing bytes) raises :class:`ContributionDecodeError`.
+    non-finite floats, trailing bytes) raises :class:`ContributionDecodeError`
+    (:class:`ContributionShapeError` for names, count or shapes that differ
+    from the stage's, :class:`ContributionNonFiniteError` for non-finite
+    values). ``refuse_raw`` (a run with compression on) makes a ``raw`` entry of
+    a non-empty tensor a protocol violation, :class:`ContributionCodecRefused`.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ContributionDecodeError(f"contribution is {type(data).__name__}, not bytes")
@@ -251,12 +266,12 @@ def decode_contribution(
     entries = _field(message, "t", list, "contribution")
     names = sorted(expected_shapes)
     if len(entries) != len(names):
-        raise ContributionDecodeError(f"contribution has {len(entries)} tensors, the stage has {len(names)}")
+        raise ContributionShapeError(f"contribution has {len(entries)} tensors, the stage has {len(names)}")
     decoded = {}
     for index, (entry, name) in enumerate(zip(entries, names)):
-        value = _decode_entry(entry, name, tuple(expected_shapes[name]), index)
+        value = _decode_entry(entry, name, tuple(expected_shapes[name]), index, refuse_raw)
         # Finite scales can still overflow float32 in the product: refuse, never average an inf.
         if not bool(torch.isfinite(value).all()):
-            raise ContributionDecodeError(f"tensor {index} ({name!r}): decodes to non-finite values")
+            raise ContributionNonFiniteError(f"tensor {index} ({name!r}): decodes to non-finite values")
         decoded[name] = value
     return decoded

@@ -364,6 +364,7 @@ class ErrorFeedbackCompressor:
         self.shapes = {name: tuple(shape) for name, shape in shapes.items()}
         self.residual = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()}
         self.last_decoded: dict[str, torch.Tensor] = {}
+        self._carry = False  # the residual holds an undelivered update (matters when feedback is off)
 
     def compress(
         self, pseudo_gradient: Mapping[str, torch.Tensor], *, stage_index: int, outer_round: int
@@ -371,8 +372,9 @@ class ErrorFeedbackCompressor:
         if set(pseudo_gradient) != set(self.shapes):
             raise ContributionEncodeError("pseudo-gradient names differ from the stage's tensors")
         use_feedback = self.cfg.enabled and self.cfg.error_feedback
+        carry = use_feedback or self._carry
         target = {
-            name: torch.add(value.to(torch.float32), self.residual[name]) if use_feedback else value
+            name: torch.add(value.to(torch.float32), self.residual[name]) if carry else value
             for name, value in pseudo_gradient.items()
         }
         if self.cfg.enabled and self.cfg.bandwidth_budget > 0:
@@ -388,8 +390,28 @@ class ErrorFeedbackCompressor:
         if use_feedback:
             for name in self.residual:
                 self.residual[name] = torch.sub(target[name].to(torch.float32), decoded[name])
+        elif self._carry:
+            self.residual = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()}
+        self._carry = False
         self.last_decoded = decoded  # what every receiver will decode from ``blob``
         return blob, stats
+
+    def restore_undelivered(self, sent: Mapping[str, torch.Tensor]) -> None:
+        """Put a transmitted update that was never aggregated back into the residual.
+
+        ``sent`` is the decoded contribution of a round that was dropped (a
+        straggler's late contribution): ``e <- e + sent``, so the next
+        :meth:`compress` sends it again (with error feedback off, that one next
+        contribution still carries it). Then ``sum(aggregated sent) = sum(g) - e``
+        holds again over the rounds that were aggregated.
+        """
+        if set(sent) != set(self.shapes):
+            raise ContributionEncodeError("undelivered update names differ from the stage's tensors")
+        for name, value in sent.items():
+            if tuple(value.shape) != self.shapes[name]:
+                raise ContributionEncodeError(f"undelivered {name!r}: shape {tuple(value.shape)} != {self.shapes[name]}")
+            self.residual[name] = torch.add(self.residual[name], value.to(torch.float32))
+        self._carry = True
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {name: value.clone() for name, value in self.residual.items()}
@@ -401,3 +423,4 @@ class ErrorFeedbackCompressor:
             if tuple(value.shape) != self.shapes[name]:
                 raise EngineStateError(f"error-feedback {name!r}: shape {tuple(value.shape)} != {self.shapes[name]}")
         self.residual = {name: value.detach().to(torch.float32).clone() for name, value in state.items()}
+        self._carry = any(bool(torch.any(value)) for value in self.residual.values())

@@ -121,6 +121,18 @@ class DilocoConfig:
     # Inner steps of round t+1 that round t's exchange overlaps before it is applied
     # (Streaming DiLoCo, arXiv 2501.18512); 0 = the whole round (DiLoCoX's one-step delay).
     overlap_steps: int = 0
+    # Byzantine tolerance (training/robust.py; docs/DILOCOX.md section 10). Norm rule, every
+    # stage: a contribution whose L2 norm exceeds norm_clip x the lower median of the round's
+    # norms is scaled down to that bound (0 = off).
+    norm_clip: float = 2.0
+    # Screening (training/screening.py), only where one node holds every stage: contribution i
+    # is excluded when the loss of (theta - outer_lr * c_i) on a seeded held-out batch of
+    # screen_batch_size windows exceeds min(loss of theta, median over i) + max(screen_abs_tol,
+    # screen_rel_tol * loss of theta).
+    screening: bool = True
+    screen_rel_tol: float = 0.02
+    screen_abs_tol: float = 0.0
+    screen_batch_size: int = 16
 
     def __post_init__(self) -> None:
         _require(self.inner_steps >= 1, f"diloco.inner_steps={self.inner_steps}: must be >= 1")
@@ -143,6 +155,15 @@ class DilocoConfig:
             self.delay_correction in DELAY_CORRECTIONS,
             f"diloco.delay_correction={self.delay_correction!r}: must be one of {', '.join(DELAY_CORRECTIONS)}",
         )
+        _require(
+            self.norm_clip == 0 or 1 <= self.norm_clip < float("inf"),
+            f"diloco.norm_clip={self.norm_clip}: must be 0 (off) or a finite factor >= 1 (below 1 every "
+            "contribution above the median would be cut; 2.0 is the default)",
+        )
+        for name in ("screen_rel_tol", "screen_abs_tol"):
+            value = getattr(self, name)
+            _require(0 <= value < float("inf"), f"diloco.{name}={value}: must be a finite number >= 0")
+        _require(self.screen_batch_size >= 1, f"diloco.screen_batch_size={self.screen_batch_size}: must be >= 1")
 
 
 @dataclass

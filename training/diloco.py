@@ -70,6 +70,14 @@ config; the decoder uses integer arithmetic for its matrix product
 (:mod:`training.compression`) and the outer step only elementwise IEEE float32
 operations, so another process (the auditor) gets the same
 :func:`~training.hashing.stage_weights_hash`.
+
+Byzantine tolerance (issue 12; :mod:`training.robust`, docs/DILOCOX.md section
+10): before the average, a contribution that does not decode, has the wrong
+shapes, non-finite values, the raw codec in a compressed run, or was screened
+out (:mod:`training.screening`) is left out with a reason, and each remaining
+one is scaled to at most ``diloco.norm_clip`` times the lower median of their
+exactly computed norms. :func:`aggregate_with_report` returns what happened to
+each contribution.
 """
 
 from __future__ import annotations
@@ -81,10 +89,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from training.compression import CompressionStats, ErrorFeedbackCompressor, decode_contribution
+from training.compression import CompressionStats, ErrorFeedbackCompressor
 from training.config import CompressionConfig, DilocoConfig
-from training.errors import AggregationError, ContributionDecodeError, EngineStateError, RoundOrderError
+from training.errors import AggregationError, EngineStateError, RoundOrderError
 from training.hashing import stage_weights_hash
+from training.robust import ContributionReport, robust_contributions
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +144,34 @@ def outer_step(
     return new_weights, new_momentum
 
 
+@dataclass
+class Aggregation:
+    """One round of one stage, aggregated: the new state and what happened to each contribution.
+
+    ``contributions`` holds one :class:`~training.robust.ContributionReport` per
+    input contribution, in canonical order (the node records the exclusions in
+    the round's record; the auditor re-derives them). ``average`` is the
+    averaged pseudo-gradient, None when nothing was accepted (the round is then
+    a no-op: weights and momentum unchanged).
+    """
+
+    new_global: Weights
+    new_momentum: Weights
+    weights_hash: bytes
+    average: Weights | None
+    contributions: list[ContributionReport]
+
+    @property
+    def accepted(self) -> list[int]:
+        """Canonical indices of the contributions that entered the average."""
+        return [report.index for report in self.contributions if report.accepted]
+
+    @property
+    def excluded(self) -> dict[int, str]:
+        """``{index: reason}`` of the contributions left out."""
+        return {report.index: report.reason for report in self.contributions if not report.accepted}
+
+
 def aggregate(
     global_weights: Mapping[str, torch.Tensor],
     momentum: Mapping[str, torch.Tensor],
@@ -143,14 +180,44 @@ def aggregate(
     *,
     stage_index: int | None = None,
     outer_round: int | None = None,
+    compression_cfg: CompressionConfig | None = None,
+    excluded: Mapping[int, str] | None = None,
 ) -> tuple[Weights, Weights, bytes]:
     """The auditable aggregation of one round of one stage: ``(new_global, new_momentum, weights_hash)``.
 
-    Decodes ``contributions`` in the given (canonical) order, averages them and
-    applies :func:`outer_step`. Pure: the inputs are not modified. Bit-exact
-    across processes and IEEE-754 platforms (module docstring). A malformed
-    contribution raises :class:`ContributionDecodeError` naming its index, so
-    the caller can drop it and aggregate the rest.
+    :func:`aggregate_with_report` without the report (the keyword arguments are
+    the same).
+    """
+    result = aggregate_with_report(
+        global_weights, momentum, contributions, diloco_cfg, stage_index=stage_index, outer_round=outer_round,
+        compression_cfg=compression_cfg, excluded=excluded,
+    )
+    return result.new_global, result.new_momentum, result.weights_hash
+
+
+def aggregate_with_report(
+    global_weights: Mapping[str, torch.Tensor],
+    momentum: Mapping[str, torch.Tensor],
+    contributions: Sequence[bytes],
+    diloco_cfg: DilocoConfig,
+    *,
+    stage_index: int | None = None,
+    outer_round: int | None = None,
+    compression_cfg: CompressionConfig | None = None,
+    excluded: Mapping[int, str] | None = None,
+) -> Aggregation:
+    """Decode, screen out, clip, average and step one round of one stage (docs/DILOCOX.md sections 2, 10).
+
+    ``contributions`` in the given (canonical) order go through
+    :func:`training.robust.robust_contributions`: one that does not decode, has
+    the wrong shapes, non-finite values, or (``compression_cfg.enabled``) the
+    raw codec, or whose index is in ``excluded`` (screening), is left out with
+    a reason; the rest are clipped to ``diloco.norm_clip`` x their lower median
+    norm, averaged and applied by :func:`outer_step`. Pure: the inputs are not
+    modified. Bit-exact across processes and IEEE-754 platforms (module
+    docstring). Raises :class:`AggregationError` only for an empty list or
+    mismatched weights and momentum; with every contribution excluded the round
+    is a no-op (same weights, same momentum).
     """
     if not contributions:
         raise AggregationError("no contributions to aggregate")
@@ -162,36 +229,48 @@ def aggregate(
             raise AggregationError(f"{name!r}: global weights and momentum must be float32")
         if global_weights[name].shape != momentum[name].shape:
             raise AggregationError(f"{name!r}: momentum shape differs from the weights' shape")
-    new_global, new_momentum, weights_hash, _ = _aggregate(
-        global_weights, momentum, contributions, diloco_cfg, stage_index=stage_index, outer_round=outer_round
+    return _aggregate(
+        global_weights, momentum, contributions, diloco_cfg, stage_index=stage_index, outer_round=outer_round,
+        compression_cfg=compression_cfg, excluded=excluded,
     )
-    return new_global, new_momentum, weights_hash
 
 
-def _aggregate(global_weights, momentum, contributions, diloco_cfg, *, stage_index, outer_round):
-    """:func:`aggregate` plus the decoded average (the engine's "eager" correction needs it)."""
+def _aggregate(global_weights, momentum, contributions, diloco_cfg, *, stage_index, outer_round,
+               compression_cfg=None, excluded=None) -> Aggregation:
     shapes = {name: tuple(value.shape) for name, value in global_weights.items()}
-    decoded = []
-    for index, blob in enumerate(contributions):
-        try:
-            decoded.append(decode_contribution(blob, shapes, stage_index=stage_index, outer_round=outer_round))
-        except ContributionDecodeError as exc:
-            raise ContributionDecodeError(f"contribution {index}: {exc}") from None
-    average = average_contributions(decoded)
-    new_global, new_momentum = outer_step(global_weights, momentum, average, diloco_cfg)
-    return new_global, new_momentum, stage_weights_hash(new_global), average
+    accepted, reports = robust_contributions(
+        contributions, shapes, norm_clip=diloco_cfg.norm_clip, stage_index=stage_index, outer_round=outer_round,
+        refuse_raw=compression_cfg is not None and compression_cfg.enabled, excluded=excluded,
+    )
+    for report in reports:
+        if not report.accepted or report.scale != 1.0:
+            logger.warning(
+                "stage %s round %s: contribution %d %s: %s", stage_index, outer_round, report.index,
+                f"scaled by {report.scale:.3g}" if report.accepted else f"excluded ({report.reason})", report.detail,
+            )
+    if not accepted:
+        new_global, new_momentum, average = _clone(global_weights), _clone(momentum), None
+    else:
+        average = average_contributions(accepted)
+        new_global, new_momentum = outer_step(global_weights, momentum, average, diloco_cfg)
+    return Aggregation(new_global, new_momentum, stage_weights_hash(new_global), average, reports)
 
 
 @dataclass
 class RoundResult:
-    """What ``apply_round`` did: the new global weights' hash and timings."""
+    """What ``apply_round`` did: the new global weights' hash, each contribution's fate, timings."""
 
     outer_round: int
     weights_hash: bytes
-    num_contributions: int
+    num_contributions: int  # given, accepted or not
     aggregate_seconds: float  # decode + average + outer step + hash
     correction_seconds: float  # re-basing the local weights
     stats: dict = field(default_factory=dict)
+    contributions: list[ContributionReport] = field(default_factory=list)  # canonical order
+
+    @property
+    def num_accepted(self) -> int:
+        return sum(report.accepted for report in self.contributions)
 
 
 def _clone(weights: Mapping[str, torch.Tensor]) -> Weights:
@@ -236,6 +315,9 @@ class StageEngine:
         # decoded contributions, M) of the last applied round.
         self._own_decoded: dict[int, Weights] = {}
         self._others_previous: tuple[Weights, int] | None = None
+        # What this replica transmitted (decoded), for rounds not applied yet and the last applied
+        # one: contribution_dropped() puts it back into the error-feedback residual.
+        self._sent: dict[int, Weights] = {}
         self.last_encoded = -1
         self.last_applied = -1
 
@@ -284,12 +366,18 @@ class StageEngine:
             local = estimate
         self._round_end[outer_round] = local
         self._round_start = local
+        self._sent[outer_round] = self.compressor.last_decoded
         self.last_encoded = outer_round
         stats.encode_seconds = time.perf_counter() - started
         return blob, stats
 
-    def apply_round(self, outer_round: int, contributions: Sequence[bytes]) -> RoundResult:
-        """Aggregate round ``outer_round`` and update global and local weights (module docstring)."""
+    def apply_round(
+        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None
+    ) -> RoundResult:
+        """Aggregate round ``outer_round`` and update global and local weights (module docstring).
+
+        ``excluded``: canonical indices screening left out (:func:`aggregate_with_report`).
+        """
         if outer_round != self.last_applied + 1 or outer_round > self.last_encoded:
             raise RoundOrderError(
                 f"stage {self.stage_index}: apply round {outer_round}, expected {self.last_applied + 1} "
@@ -303,17 +391,22 @@ class StageEngine:
                     f"encoded before round {outer_round} is applied"
                 )
         started = time.perf_counter()
-        new_global, new_momentum, weights_hash, average = _aggregate(
+        result = _aggregate(
             self.global_weights, self.momentum, contributions, self.diloco_cfg,
-            stage_index=self.stage_index, outer_round=outer_round,
+            stage_index=self.stage_index, outer_round=outer_round, compression_cfg=self.compression_cfg,
+            excluded=excluded,
         )
+        new_global, new_momentum, average = result.new_global, result.new_momentum, result.average
         aggregated = time.perf_counter()
         round_end = self._round_end.pop(outer_round)
         own = self._own_decoded.pop(outer_round, None)
         if self.diloco_cfg.delay_correction == "eager" and own is not None:
-            count = len(contributions)
+            count = len(result.accepted)
             total = _f32(float(count))
-            self._others_previous = ({n: torch.sub(torch.mul(average[n], total), own[n]) for n in own}, count)
+            # (With its own contribution left out, "others" is approximate; the next estimate only.)
+            self._others_previous = None if average is None else (
+                {n: torch.sub(torch.mul(average[n], total), own[n]) for n in own}, count
+            )
         with torch.no_grad():
             if not self.delayed or self.diloco_cfg.delay_correction == "reset":
                 # No delay: L = E_t, DiLoCo's theta_i <- theta^t. "reset": the same by choice.
@@ -332,17 +425,41 @@ class StageEngine:
                 self._round_end = {r: rebase(snapshot) for r, snapshot in self._round_end.items()}
         self.global_weights, self.momentum = new_global, new_momentum
         self.last_applied = outer_round
+        self._forget_sent_before(outer_round)
         return RoundResult(
             outer_round=outer_round,
-            weights_hash=weights_hash,
+            weights_hash=result.weights_hash,
             num_contributions=len(contributions),
             aggregate_seconds=aggregated - started,
             correction_seconds=time.perf_counter() - aggregated,
+            contributions=result.contributions,
         )
 
     def weights_hash(self) -> bytes:
         """Hash of the current global weights of the stage."""
         return stage_weights_hash(self.global_weights)
+
+    def contribution_dropped(self, outer_round: int) -> bool:
+        """Tell the engine its contribution of ``outer_round`` was not aggregated (it came too late).
+
+        The decoded update it transmitted goes back into the error-feedback
+        residual (:meth:`ErrorFeedbackCompressor.restore_undelivered`), so the
+        next contribution sends it again instead of losing that round's
+        progress. Call it before or after that round is applied, and before the
+        next round is encoded for the progress to ride along with it. Returns
+        False (and does nothing) if the round's update is no longer known or was
+        already restored.
+        """
+        sent = self._sent.pop(outer_round, None)
+        if sent is None:
+            logger.warning("stage %d: no transmitted update of round %d to restore", self.stage_index, outer_round)
+            return False
+        self.compressor.restore_undelivered(sent)
+        return True
+
+    def _forget_sent_before(self, outer_round: int) -> None:
+        for old in [r for r in self._sent if r < outer_round]:
+            del self._sent[old]
 
     # ------------------------------------------------------------------ joining, catching up
 
@@ -362,7 +479,7 @@ class StageEngine:
         momentum = self._checked("momentum", momentum)
         self.global_weights, self.momentum = weights, momentum
         self._round_start = _clone(weights)
-        self._round_end, self._own_decoded, self._others_previous = {}, {}, None
+        self._round_end, self._own_decoded, self._others_previous, self._sent = {}, {}, None, {}
         self.last_encoded = self.last_applied = last_round
         with torch.no_grad():
             for name, param in self.params.items():
@@ -377,11 +494,13 @@ class StageEngine:
         """
         if self.last_encoded >= next_round - 1:
             return
-        self._round_end, self._own_decoded = {}, {}
+        self._round_end, self._own_decoded, self._sent = {}, {}, {}
         self.last_encoded = next_round - 1
         self.last_applied = max(self.last_applied, next_round - 1)
 
-    def absorb_round(self, outer_round: int, contributions: Sequence[bytes]) -> RoundResult:
+    def absorb_round(
+        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None
+    ) -> RoundResult:
         """Apply a round this replica did not contribute to: the others' outer step, local progress kept.
 
         The global state advances with the same pure :func:`aggregate`, and the
@@ -391,10 +510,12 @@ class StageEngine:
         """
         started = time.perf_counter()
         old = self.global_weights
-        new_global, new_momentum, weights_hash = aggregate(
+        result = aggregate_with_report(
             old, self.momentum, contributions, self.diloco_cfg,
-            stage_index=self.stage_index, outer_round=outer_round,
+            stage_index=self.stage_index, outer_round=outer_round, compression_cfg=self.compression_cfg,
+            excluded=excluded,
         )
+        new_global, new_momentum = result.new_global, result.new_momentum
         aggregated = time.perf_counter()
         delta = {n: torch.sub(new_global[n], old[n]) for n in old}
 
@@ -405,6 +526,7 @@ class StageEngine:
         self._round_end = {r: shift(snapshot) for r, snapshot in self._round_end.items()}
         self.global_weights, self.momentum = new_global, new_momentum
         self.last_applied = max(self.last_applied, min(outer_round, self.last_encoded))
+        self._forget_sent_before(min(outer_round, self.last_applied))
         self._own_decoded.pop(outer_round, None)
         self._others_previous = None  # "eager" falls back to "lookahead" for the next round
         with torch.no_grad():
@@ -412,17 +534,20 @@ class StageEngine:
                 param.add_(delta[name])
         return RoundResult(
             outer_round=outer_round,
-            weights_hash=weights_hash,
+            weights_hash=result.weights_hash,
             num_contributions=len(contributions),
             aggregate_seconds=aggregated - started,
             correction_seconds=time.perf_counter() - aggregated,
+            contributions=result.contributions,
         )
 
-    def finish_round(self, outer_round: int, contributions: Sequence[bytes]) -> RoundResult:
+    def finish_round(
+        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None
+    ) -> RoundResult:
         """:meth:`apply_round` if this replica encoded ``outer_round`` and it is next, else :meth:`absorb_round`."""
         if self.can_apply(outer_round):
-            return self.apply_round(outer_round, contributions)
-        return self.absorb_round(outer_round, contributions)
+            return self.apply_round(outer_round, contributions, excluded=excluded)
+        return self.absorb_round(outer_round, contributions, excluded=excluded)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -443,6 +568,7 @@ class StageEngine:
             "others_previous": None if self._others_previous is None else (
                 _clone(self._others_previous[0]), self._others_previous[1]
             ),
+            "sent": {int(r): _clone(snap) for r, snap in self._sent.items()},
         }
 
     def load_state_dict(self, state: Mapping) -> None:
@@ -465,12 +591,13 @@ class StageEngine:
             own_decoded = {int(r): self._checked(f"own_decoded[{r}]", s) for r, s in state.get("own_decoded", {}).items()}
             others = state.get("others_previous")
             others_previous = None if others is None else (self._checked("others_previous", others[0]), int(others[1]))
+            sent = {int(r): self._checked(f"sent[{r}]", s) for r, s in state.get("sent", {}).items()}
             self.compressor.load_state_dict(state["error_feedback"])
         except (KeyError, TypeError, AttributeError) as exc:
             raise EngineStateError(f"engine state is malformed: {type(exc).__name__}: {exc}") from None
         self.global_weights, self.momentum, self._round_start = global_weights, momentum, round_start
         self._round_end = round_end
-        self._own_decoded, self._others_previous = own_decoded, others_previous
+        self._own_decoded, self._others_previous, self._sent = own_decoded, others_previous, sent
         self.last_encoded, self.last_applied = last_encoded, last_applied
 
     def _checked(self, what: str, weights: Mapping[str, torch.Tensor]) -> Weights:

@@ -74,3 +74,18 @@ class ReplicaStateError(TrainingError, ValueError):
 
 class ReexecError(TrainingError):
     """A contribution cannot be re-executed from the inputs given (missing round, wrong replica or stages)."""
+
+
+# --- Byzantine tolerance (training/robust.py): which way a contribution was malformed ---
+
+
+class ContributionShapeError(ContributionDecodeError):
+    """A contribution's tensors (names, count or shapes) do not match the stage's."""
+
+
+class ContributionNonFiniteError(ContributionDecodeError):
+    """A contribution holds or decodes to non-finite values."""
+
+
+class ContributionCodecRefused(ContributionDecodeError):
+    """A contribution uses a codec the run forbids (``raw`` on a non-empty tensor in a compressed run)."""

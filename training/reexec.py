@@ -24,7 +24,7 @@ Bit-exact on the same platform with the same intra-op thread count (the start
 state records it; the rerun uses it). With another thread count the float
 reductions run in another order: the payloads then differ slightly and the
 check falls back to the relative L2 distance of the decoded pseudo-gradients
-against a tolerance measured from honest reruns (docs/DILOCOX.md section 10).
+against a tolerance measured from honest reruns (docs/DILOCOX.md section 11).
 
 The rerun also yields the replica's start state of round ``t+1``; its hash
 must equal the one the replica's round ``t+1`` contribution binds (chaining:
@@ -76,7 +76,7 @@ DATA_MISMATCH = "data_mismatch"  # the data commitment is not the round's data
 # bit-exact (another thread count or platform). Measured on the mini model (H = 20,
 # bench/results/reexec.json): honest reruns on 2 threads of contributions trained on 1
 # reach 3.0e-3 (quantization steps flip); the cheats of the issue start at 4.9e-2
-# (a 1% perturbation of the update norm; docs/DILOCOX.md section 10).
+# (a 1% perturbation of the update norm; docs/DILOCOX.md section 11).
 DEFAULT_TOLERANCE = 1e-2
 
 

@@ -26,6 +26,14 @@ the bytes each replica sends).
 
 The loop of :func:`simulate` is DiLoCo's Algorithm 1 with DiLoCoX's delay;
 every replica keeps one :class:`~training.diloco.StageEngine` per stage.
+
+Byzantine members (issue 12): ``tamper(outer_round, stage, contributions)``
+may replace what replicas send before the round is applied (an attacker
+replica trains honestly and sends something else; ``bench/bench_robust_sim.py``).
+The simulation holds the whole model, like a one-node cluster, so with
+``diloco.screening`` every round is screened (:mod:`training.screening`) before
+the robust aggregation (:mod:`training.robust`); each round's record keeps what
+happened to every contribution.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +49,13 @@ import torch
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig
 from training.data import Corpus, eval_batches, round_batches
 from training.diloco import StageEngine
+from training.screening import (
+    decode_full,
+    model_loss_fn,
+    screen_contributions,
+    screening_batch,
+    screening_exclusions,
+)
 from training.errors import TrainingError
 from training.hashing import stage_weights_hash, weights_root
 from training.model import count_params, init_state_dict
@@ -49,6 +65,9 @@ from training.schedule import APPLY, ENCODE, TRAIN, inner_lr, round_actions, set
 logger = logging.getLogger(__name__)
 
 MODES = ("ddp", "diloco", "diloco_x")
+
+# (outer_round, stage, contributions in replica order) -> what the replicas actually send.
+Tamper = Callable[[int, int, list[bytes]], list[bytes]]
 
 
 @dataclass
@@ -66,6 +85,9 @@ class RoundRecord:
     outer_seconds: float  # decode + average + outer step + correction, per replica (mean)
     weights_root: str = ""  # hex root of the global weights after the last applied round
     tensors: list[dict] = field(default_factory=list)  # codec choices of replica 0 (diloco_x)
+    # The rounds applied during this one (they lag by one with the delay), each
+    # {"outer_round", "screening": [ScreeningReport], "aggregation": [per stage [ContributionReport]]} as dicts.
+    applied: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -143,6 +165,7 @@ def simulate(
     *,
     eval_every: int = 1,
     num_eval_batches: int | None = None,
+    tamper: Tamper | None = None,
 ) -> SimulationResult:
     """Run ``outer_rounds`` rounds of H = ``diloco_cfg.inner_steps`` steps of ``mode``.
 
@@ -150,7 +173,8 @@ def simulate(
     replicas start from ``init_state_dict(model_cfg, training_cfg.seed)``;
     replica r trains in round t on ``round_batches(corpus, seed, r, t, ...)``.
     Held-out loss is measured on the global weights every ``eval_every`` rounds
-    and after the last one.
+    and after the last one. ``tamper`` (DiLoCo modes) replaces what the
+    replicas send (module docstring).
     """
     if outer_rounds < 1:
         raise TrainingError(f"outer_rounds={outer_rounds}: must be >= 1")
@@ -175,7 +199,7 @@ def simulate(
     else:
         rounds, trainer_root, final_loss = _simulate_diloco(
             initial, batches, held_out, model_cfg, training_cfg, diloco_cfg, compression_cfg,
-            pipeline_cfg, outer_rounds, eval_every,
+            pipeline_cfg, outer_rounds, eval_every, corpus, tamper,
         )
     return SimulationResult(
         mode=mode,
@@ -229,7 +253,7 @@ def _simulate_ddp(initial, batches, held_out, model_cfg, training_cfg, pipeline_
 
 def _simulate_diloco(
     initial, batches, held_out, model_cfg, training_cfg, diloco_cfg, compression_cfg, pipeline_cfg,
-    outer_rounds, eval_every,
+    outer_rounds, eval_every, corpus, tamper,
 ):
     replicas = diloco_cfg.num_replicas
     trainers = [
@@ -248,19 +272,37 @@ def _simulate_diloco(
     exchanged: dict[int, list[list[bytes]]] = {}  # round -> per stage, the contributions not applied yet
     records: list[RoundRecord] = []
 
-    def apply(outer_round: int, contributions: list[list[bytes]], outer_seconds: list[float]) -> None:
+    def screen(outer_round: int, contributions: list[list[bytes]]) -> tuple[dict[int, str], list[dict]]:
+        """Screening of round ``outer_round`` (every replica would compute the same; done once)."""
+        if not diloco_cfg.screening:
+            return {}, []
+        shapes = [engine.shapes for engine in engines[0]]
+        decoded = [
+            decode_full([contributions[stage][replica] for stage in range(len(contributions))], shapes,
+                        outer_round=outer_round, refuse_raw=compression_cfg.enabled)
+            for replica in range(len(contributions[0]))
+        ]
+        x, y = screening_batch(corpus, training_cfg.seed, outer_round, diloco_cfg.screen_batch_size,
+                               model_cfg.block_size)
+        reports = screen_contributions(model_loss_fn(model_cfg, x, y), _global_state(engines[0]), decoded, diloco_cfg)
+        return screening_exclusions(reports), [r.to_dict() for r in reports]
+
+    def apply(outer_round: int, contributions: list[list[bytes]], outer_seconds: list[float]) -> tuple[list, list]:
         """Every replica applies round ``outer_round``; all must reach the same global weights."""
-        hashes = set()
+        excluded, screening = screen(outer_round, contributions)
+        hashes, reports = set(), []
         for replica in range(replicas):
             started = time.perf_counter()
             results = [
-                engines[replica][stage].apply_round(outer_round, contributions[stage])
+                engines[replica][stage].apply_round(outer_round, contributions[stage], excluded=excluded)
                 for stage in range(len(contributions))
             ]
             outer_seconds[replica] += time.perf_counter() - started
             hashes.add(b"".join(r.weights_hash for r in results))
+            reports = [[c.to_dict() for c in r.contributions] for r in results]
         if len(hashes) != 1:
             raise TrainingError(f"round {outer_round}: replicas disagree on the global weights")
+        return screening, reports
 
     steps = diloco_cfg.inner_steps
 
@@ -282,6 +324,7 @@ def _simulate_diloco(
         sent = [0] * replicas
         raw = [0] * replicas
         tensor_stats: list[dict] = []
+        applied: list[dict] = []
         # The round's actions in the order the node runs them (training/schedule.py).
         for action in round_actions(diloco_cfg, outer_round, last=outer_round == outer_rounds - 1):
             if action.kind == TRAIN:
@@ -301,9 +344,12 @@ def _simulate_diloco(
                         raw[replica] += stats.raw_bytes
                         if replica == 0:
                             tensor_stats.extend(dataclasses.asdict(t) for t in stats.tensors)
+                if tamper is not None:
+                    contributions = [tamper(outer_round, stage, list(blobs)) for stage, blobs in enumerate(contributions)]
                 exchanged[outer_round] = contributions
             elif action.kind == APPLY:
-                apply(action.outer_round, exchanged.pop(action.outer_round), outer_seconds)
+                screening, aggregation = apply(action.outer_round, exchanged.pop(action.outer_round), outer_seconds)
+                applied.append({"outer_round": action.outer_round, "screening": screening, "aggregation": aggregation})
         evaluate = (outer_round + 1) % eval_every == 0 or outer_round == outer_rounds - 1
         eval_loss = None
         if evaluate and engines[0][0].last_applied >= 0:
@@ -322,6 +368,7 @@ def _simulate_diloco(
                 outer_seconds=sum(outer_seconds) / replicas,
                 weights_root=_global_root(engines[0]).hex(),
                 tensors=tensor_stats,
+                applied=applied,
             )
         )
         logger.info(

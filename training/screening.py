@@ -1,0 +1,186 @@
+"""Contribution screening: does a contribution, applied alone, make the model worse?
+
+In the spirit of Templar's Gauntlet (loss before and after applying one
+peer's update on a batch the validator chooses): every node holding the whole
+model, and the auditor, evaluate the global weights ``theta`` and, for each
+contribution ``d_i`` alone, ``theta - outer_lr * d_i`` (the plain outer SGD step
+with that contribution as the average; no momentum, no Nesterov term) on the
+same seeded held-out batch of the round, and leave out a contribution that does
+clearly worse than both ``theta`` itself and the median contribution
+(docs/DILOCOX.md section 10)::
+
+    L_b   = f32(loss(theta))
+    L_i   = f32(loss(theta - f32(outer_lr) * d_i))          float32 weights; +inf if not finite
+    med   = lower median of the L_i of the screened contributions
+    tol   = max(screen_abs_tol, screen_rel_tol * L_b)                    float64
+    excluded_i  <=>  not (L_i <= min(L_b, med) + tol)
+
+``f32`` rounds the float64 loss to the nearest float32: the loss is computed in
+float64 (:func:`model_loss_fn`), whose order-dependent last bits (thread count,
+BLAS kernel) are then far below a float32 step, so two processes record the same
+numbers; the exclusion is a pure function of the recorded numbers, which an
+auditor can both re-derive and check against its own evaluation.
+
+Screening needs the whole model (one node holding every stage, i.e. a
+one-node cluster). In a split cluster no node can evaluate the loss of one
+stage's contribution alone, and only the norm rule (:mod:`training.robust`)
+applies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from training.codec_wire import decode_contribution
+from training.config import DilocoConfig, ModelConfig
+from training.data import Corpus, check_corpus
+from training.errors import ContributionDecodeError, DataError
+from training.model import GPT, lm_loss
+from training.robust import lower_median
+
+SCREENING_BATCH_DOMAIN = b"dlx-node/screening-batch/v1"
+_U64_MAX = 2**64 - 1
+
+LossFn = Callable[[Mapping[str, torch.Tensor]], float]
+
+
+def screening_offsets(run_seed: int, outer_round: int, batch_size: int, n_start: int) -> list[int]:
+    """``offset_b = u64be(sha256(DOMAIN || u64be(run_seed) || u64be(outer_round) || u64be(b))[:8]) % n_start``."""
+    for name, value in (("run_seed", run_seed), ("outer_round", outer_round)):
+        if not 0 <= value <= _U64_MAX:
+            raise DataError(f"{name}={value}: must be in [0, 2**64)")
+    if batch_size < 1 or n_start < 1:
+        raise DataError(f"batch_size={batch_size}, n_start={n_start}: both must be >= 1")
+    prefix = SCREENING_BATCH_DOMAIN + struct.pack(">QQ", run_seed, outer_round)
+    return [
+        int.from_bytes(hashlib.sha256(prefix + struct.pack(">Q", row)).digest()[:8], "big") % n_start
+        for row in range(batch_size)
+    ]
+
+
+def screening_batch(
+    corpus: Corpus, run_seed: int, outer_round: int, batch_size: int, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The screening batch ``(x, y)`` of ``outer_round``: seeded windows of the held-out split.
+
+    ``n_start = len(eval) - block_size``; row ``b`` is the window at
+    :func:`screening_offsets` ``[b]`` (a different batch every round, the same on
+    every node and for the auditor).
+    """
+    check_corpus(corpus, block_size)
+    n_start = int(corpus.eval.numel()) - block_size
+    starts = torch.tensor(screening_offsets(run_seed, outer_round, batch_size, n_start))
+    windows = corpus.eval[starts.unsqueeze(-1) + torch.arange(block_size + 1)].long()
+    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+
+def model_loss_fn(model_cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor) -> LossFn:
+    """``weights -> mean cross-entropy of the full GPT on (x, y)``, evaluated in float64 (no grad, eval mode)."""
+    model = GPT(model_cfg, seed=None).to(torch.float64).eval()
+
+    def loss(weights: Mapping[str, torch.Tensor]) -> float:
+        model.load_state_dict({name: value.to(torch.float64) for name, value in weights.items()})
+        with torch.no_grad():
+            return float(lm_loss(model(x)[0], y))
+
+    return loss
+
+
+def _f32(value: float) -> float:
+    """The nearest float32 (as a Python float); NaN and overflow become +inf."""
+    rounded = float(np.float32(value)) if math.isfinite(value) else math.inf
+    return rounded if math.isfinite(rounded) else math.inf
+
+
+@dataclass(frozen=True)
+class ScreeningReport:
+    """The screening verdict on one contribution (canonical ``index``).
+
+    ``loss_after`` is None for a contribution that was not screened (it did not
+    decode; aggregation excludes it anyway).
+    """
+
+    index: int
+    loss_before: float
+    loss_after: float | None
+    excluded: bool
+    detail: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def decode_full(
+    contribution_by_stage: Sequence[bytes],
+    shapes_by_stage: Sequence[Mapping[str, tuple[int, ...]]],
+    *,
+    outer_round: int,
+    refuse_raw: bool = False,
+) -> dict[str, torch.Tensor] | None:
+    """One replica's contributions to every stage, decoded and merged into full-model tensors (None if any fails)."""
+    merged: dict[str, torch.Tensor] = {}
+    for stage, (blob, shapes) in enumerate(zip(contribution_by_stage, shapes_by_stage, strict=True)):
+        try:
+            merged.update(
+                decode_contribution(blob, shapes, stage_index=stage, outer_round=outer_round, refuse_raw=refuse_raw)
+            )
+        except ContributionDecodeError:
+            return None
+    return merged
+
+
+def screen_contributions(
+    loss_fn: LossFn,
+    global_weights: Mapping[str, torch.Tensor],
+    contributions: Sequence[Mapping[str, torch.Tensor] | None],
+    diloco_cfg: DilocoConfig,
+) -> list[ScreeningReport]:
+    """Screen each (decoded, full-model) contribution alone against ``global_weights`` (module docstring).
+
+    ``loss_fn`` maps full-model float32 weights to the loss on the round's
+    :func:`screening_batch` (:func:`model_loss_fn`). ``None`` entries (did not
+    decode) are reported, not screened.
+    """
+    lr = torch.tensor(diloco_cfg.outer_lr, dtype=torch.float32)
+    loss_before = _f32(loss_fn(global_weights))
+    after: dict[int, float] = {}
+    for index, contribution in enumerate(contributions):
+        if contribution is None:
+            continue
+        stepped = {name: torch.sub(value, torch.mul(contribution[name], lr)) for name, value in global_weights.items()}
+        after[index] = _f32(loss_fn(stepped))
+    return judge(loss_before, after, len(contributions), diloco_cfg)
+
+
+def judge(
+    loss_before: float, loss_after: Mapping[int, float], count: int, diloco_cfg: DilocoConfig
+) -> list[ScreeningReport]:
+    """The exclusion rule on recorded losses (pure; what an auditor re-derives from a round's record)."""
+    tolerance = max(diloco_cfg.screen_abs_tol, diloco_cfg.screen_rel_tol * loss_before)
+    median = lower_median(list(loss_after.values())) if loss_after else math.inf
+    threshold = min(loss_before, median) + tolerance
+    reports = []
+    for index in range(count):
+        if index not in loss_after:
+            reports.append(ScreeningReport(index, loss_before, None, False, "not screened (does not decode)"))
+            continue
+        value = loss_after[index]
+        excluded = not value <= threshold
+        detail = (
+            f"loss {loss_before:.6g} -> {value:.6g} alone, above min(before, median {median:.6g}) + {tolerance:.3g}"
+            if excluded else ""
+        )
+        reports.append(ScreeningReport(index, loss_before, value, excluded, detail))
+    return reports
+
+
+def screening_exclusions(reports: Sequence[ScreeningReport]) -> dict[int, str]:
+    """``{index: detail}`` of the excluded contributions: the ``excluded`` argument of ``aggregate``."""
+    return {report.index: report.detail for report in reports if report.excluded}
