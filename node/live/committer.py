@@ -141,23 +141,6 @@ class Committer:
         atts = node.book.wait_for(all_stages, timeout=node.cfg.round_timeout, stop=node.stop_event)
         if atts is None:
             return None
-        # The loss figures are means over the replicas' last-stage attestations: give the
-        # ones still in flight a moment, so every committer derives the same figures.
-        last = num_stages - 1
-
-        def every_replica_reported():
-            close = node.coordinator.accepted(outer_round, last)
-            if close is None:  # a node without the last stage knows its close from gossip
-                seen = list(node.book.snapshot_closes(outer_round, last).values())
-                close = seen[0][0] if seen else None
-            reported = node.book.snapshot_attestations(outer_round, last)
-            expected = len({c[0] for c in close.contributions}) if close is not None else len(reported)
-            return reported if sum(not math.isnan(a.eval_loss) for a in reported.values()) >= expected else None
-
-        complete = node.book.wait_for(every_replica_reported, timeout=min(10.0, node.cfg.round_timeout),
-                                      stop=node.stop_event)
-        if complete is not None:
-            atts[last] = complete
         return atts
 
     def record(self, outer_round: int):
@@ -191,8 +174,9 @@ class Committer:
         contributors = {peer for _stage, close in closes for (_r, peer, _d, _s) in close.contributions}
         last = node.cfg.pipeline.num_stages - 1
         last_replicas = {r for (r, _p, _d, _s) in dict(closes)[last].contributions}
-        train = [a.train_loss for a in atts[last].values() if not math.isnan(a.train_loss)]
-        evals = [a.eval_loss for a in atts[last].values() if not math.isnan(a.eval_loss)]
+        reporters = self._loss_reporters(outer_round, last, last_replicas, stage_hashes[last])
+        train = [a.train_loss for _peer, a in reporters if not math.isnan(a.train_loss)]
+        evals = [a.eval_loss for _peer, a in reporters if not math.isnan(a.eval_loss)]
         tokens_per_replica = node.cfg.diloco.inner_steps * node.cfg.training.batch_size * node.cfg.model.block_size
         commit = RoundRecord(
             run_id=node.run_id,
@@ -206,6 +190,29 @@ class Committer:
             num_contributors=len(contributors),
         )
         return commit, atts
+
+    def _loss_reporters(self, outer_round: int, last: int, replicas: set[int], weights_hash: bytes):
+        """The last-stage attestations the record's loss figures are the mean of, in peer-id order.
+
+        Those of the replicas aggregated in the round whose weights agree with the record's:
+        every honest member derives the same set and sums it in the same order, so they sign
+        the same record. A member that reported other weights (it aggregated something else)
+        does not count. Waits a moment for attestations still in flight.
+        """
+        node = self.node
+
+        def agreeing(complete: bool):
+            placements = node.membership.placements
+            atts = node.book.snapshot_attestations(outer_round, last)
+            heard = {placements[p].replica for p in atts if p in placements}
+            if complete and not replicas <= heard:
+                return None
+            return [(p, a) for p, a in sorted(atts.items()) if p in placements and placements[p].replica in replicas
+                    and a.weights_hash == weights_hash and not math.isnan(a.eval_loss)]
+
+        found = node.book.wait_for(lambda: agreeing(True), timeout=min(10.0, node.cfg.round_timeout),
+                                   stop=node.stop_event)
+        return found if found is not None else agreeing(False)
 
     def _close_matching(self, outer_round: int, stage: int, root: bytes):
         for close, _data in self.node.book.snapshot_closes(outer_round, stage).values():

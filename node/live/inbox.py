@@ -94,6 +94,15 @@ class GossipInbox:
                 raise msg.ProtocolError(f"hello of {env.sender_peer_id[-8:]} is {age:.0f}s off the clock")
             self.book.add_hello(env.sender_peer_id, env.sender, msg.decode_payload(msg.HELLO, env.payload))
             return
+        handler = self._handlers.get(env.kind)
+        if handler is None:
+            raise msg.ProtocolError(f"{env.kind} messages are not sent on the run topic")
+        # Placement first, before the validator files the envelope as seen: a message of a peer
+        # not placed yet (its seat or hello still on the way) is dropped now and accepted from
+        # the next copy a resync brings, instead of being refused later as a replay. (A record
+        # signature's authority is its EIP-712 signer's seat, checked by its handler.)
+        if env.kind != msg.RECORD:
+            self.membership.check_sender(env)
         try:
             env = self.validator.check(data)
         except EnvelopeRejected as exc:
@@ -102,11 +111,6 @@ class GossipInbox:
             raise
         payload = msg.decode_payload(env.kind, env.payload)
         self.book.heard_from(env.sender_peer_id)
-        handler = self._handlers.get(env.kind)
-        if handler is None:
-            raise msg.ProtocolError(f"{env.kind} messages are not sent on the run topic")
-        if env.kind != msg.RECORD:  # a record signature's authority is its EIP-712 signer's seat
-            self.membership.check_sender(env)
         handler(env, payload, data)
 
     def _on_equivocation(self, data: bytes) -> None:

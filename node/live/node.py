@@ -359,6 +359,7 @@ class Node:
         self._set_state("finishing")
         contributed = outer_round in self._train_info
         sealed: list[ArchivedContribution] = []
+        excluded: list[list] = []  # [stage, replica, peer id, envelope hash, reason, detail]
         hashes: dict[int, bytes] = {}
         sealed_before = self.recovery.sealed_closes(outer_round)
         for stage in self.worker.stages:
@@ -367,11 +368,22 @@ class Node:
             close = self.coordinator.accepted(outer_round, stage) or self.coordinator.await_close(outer_round, stage)
             envelopes = self.contributions.collect(outer_round, stage, close)
             payloads = [decode_envelope(e, self.cfg.p2p.max_blob_bytes).payload for e in envelopes]
-            hashes[stage] = self.worker.apply(stage, outer_round, payloads)
+            screened, _reports = self.worker.screen(outer_round, payloads)
+            result = self.worker.apply(stage, outer_round, payloads, excluded=screened)
+            hashes[stage] = result.weights_hash
+            for report in result.contributions:
+                if not report.accepted:
+                    replica, peer_id, digest, _size = close.contributions[report.index]
+                    logger.warning("round %d stage %d: contribution %s of replica %d (%s) excluded: %s %s",
+                                   outer_round, stage, digest.hex()[:12], replica, peer_id[-8:], report.reason,
+                                   report.detail)
+                    excluded.append([stage, replica, peer_id, digest.hex(), report.reason, report.detail])
+            if contributed and not any(entry[1] == self.peer_id for entry in close.contributions):
+                self.worker.contribution_dropped(stage, outer_round)  # a straggler's update is sent again later
             for (replica, peer_id, digest, _size), envelope in zip(close.contributions, envelopes):
                 self.archive.put(outer_round, envelope)
                 sealed.append(ArchivedContribution(stage, replica, peer_id, digest))
-        self.archive.seal_round(outer_round, sealed)
+        self.archive.seal_round(outer_round, sealed, excluded=excluded)
         for pruned in self.archive.prune(self.cfg.retention_rounds).values():
             for digest in pruned:
                 self.host.remove_blob(digest.hex())

@@ -23,7 +23,7 @@ from node.errors import ConfigError, NotRegistered
 logger = logging.getLogger(__name__)
 
 #: An unknown account re-reads the run's membership events at most this often.
-SEATS_REFRESH_S = 5.0
+SEATS_REFRESH_S = 2.0
 
 
 class NodeChain:

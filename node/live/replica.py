@@ -19,7 +19,8 @@ import torch
 from node.config import NodeConfig
 from training.codec_wire import decode_contribution
 from training.data import corpus_from_config, eval_batches, round_batches
-from training.diloco import StageEngine
+from training.diloco import RoundResult, StageEngine
+from training.screening import decode_full, model_loss_fn, screen_contributions, screening_batch, screening_exclusions
 from training.hashing import stage_weights_hash, weights_root
 from training.model import init_state_dict
 from training.pipeline import (
@@ -162,17 +163,45 @@ class ReplicaWorker:
     def check_contribution(self, stage: int, outer_round: int, payload: bytes) -> None:
         """Raise ContributionDecodeError unless ``payload`` decodes strictly for (stage, round)."""
         shapes = {name: tuple(t.shape) for name, t in self.engines[stage].global_weights.items()}
-        decode_contribution(payload, shapes, stage_index=stage, outer_round=outer_round)
+        decode_contribution(payload, shapes, stage_index=stage, outer_round=outer_round,
+                            refuse_raw=self.cfg.compression.enabled)
 
-    def apply(self, stage: int, outer_round: int, contributions: list[bytes]) -> bytes:
-        """Aggregate ``outer_round`` of ``stage`` (canonical order); return the new stage weights hash.
+    @property
+    def screens(self) -> bool:
+        """Whether rounds are screened (docs/DILOCOX.md section 10): a run of one stage, so that every
+        holder evaluates whole-model losses; otherwise only the norm rule applies, the same at every node."""
+        return self.cfg.diloco.screening and self.cfg.pipeline.num_stages == 1
 
-        A round this node encoded goes through the engine's outer step with the
-        one-step-delay correction; a round it did not encode (it joined late or
-        sat the round out) is absorbed, local progress kept
-        (:meth:`training.diloco.StageEngine.finish_round`).
+    def screen(self, outer_round: int, contributions: list[bytes]) -> tuple[dict[int, str], list]:
+        """(excluded index -> reason, reports) of screening ``outer_round``'s contributions; ({}, []) if off."""
+        if not self.screens:
+            return {}, []
+        engine = self.engines[0]
+        decoded = [decode_full([blob], [engine.shapes], outer_round=outer_round,
+                               refuse_raw=self.cfg.compression.enabled) for blob in contributions]
+        x, y = screening_batch(self.corpus, self.cfg.training.seed, outer_round, self.cfg.diloco.screen_batch_size,
+                               self.cfg.model.block_size)
+        reports = screen_contributions(model_loss_fn(self.cfg.model, x, y), engine.global_weights, decoded,
+                                       self.cfg.diloco)
+        return screening_exclusions(reports), reports
+
+    def apply(self, stage: int, outer_round: int, contributions: list[bytes],
+              excluded: dict[int, str] | None = None) -> RoundResult:
+        """Aggregate ``outer_round`` of ``stage`` (canonical order) without the ``excluded`` indices.
+
+        Contributions that fail to decode or break the run's codec are left out, the
+        rest clipped by the norm rule (:mod:`training.robust`). A round this node encoded
+        goes through the engine's outer step with the one-step-delay correction; a round
+        it did not encode (it joined late or sat the round out) is absorbed, local
+        progress kept (:meth:`training.diloco.StageEngine.finish_round`).
         """
-        return self.engines[stage].finish_round(outer_round, contributions).weights_hash
+        return self.engines[stage].finish_round(outer_round, contributions, excluded=excluded)
+
+    def contribution_dropped(self, stage: int, outer_round: int) -> None:
+        """This node's contribution of ``outer_round`` was not aggregated: send its update again later."""
+        if self.engines[stage].contribution_dropped(outer_round):
+            logger.info("round %d stage %d: our contribution was not in the close; its update goes back into "
+                        "the error-feedback residual", outer_round, stage)
 
     def weights_root_of(self, full_weights: dict) -> bytes:
         """The record's ``weights_root`` of a full model's weights (every stage, not only the held ones)."""

@@ -81,8 +81,14 @@ class Archive:
         hits = list(self.dir.glob(f"round-*/{envelope_hash.hex()}.env"))
         return hits[0] if hits else None
 
-    def seal_round(self, round_index: int, contributions: list[ArchivedContribution]) -> None:
-        """Record which envelopes were aggregated in round ``round_index``, in canonical order."""
+    def seal_round(self, round_index: int, contributions: list[ArchivedContribution],
+                   excluded: list[list] | None = None) -> None:
+        """Record which envelopes were aggregated in round ``round_index``, in canonical order.
+
+        ``excluded`` lists the closed contributions the aggregation left out (training.robust:
+        undecodable, wrong shape, non-finite, forbidden codec, screened) as ``[stage, replica,
+        peer id, envelope hash hex, reason, detail]``; an auditor re-derives them.
+        """
         ordered = sorted(contributions, key=ArchivedContribution.key)
         for c in ordered:
             if not (self._round_dir(round_index) / f"{c.envelope_hash.hex()}.env").exists():
@@ -92,6 +98,7 @@ class Archive:
             {
                 "round": round_index,
                 "contributions": [[c.stage, c.replica, c.peer_id, c.envelope_hash.hex()] for c in ordered],
+                "excluded": list(excluded or []),
             },
         )
         # Envelopes received but not aggregated (late, duplicate) are dropped here.

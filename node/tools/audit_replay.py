@@ -67,6 +67,10 @@ def check_run_document(report: AuditReport, history: Any, sources: list) -> dict
     return document
 
 
+class ScreeningUnavailable(Exception):
+    """A round's screening cannot be re-derived here (the run's training text is missing)."""
+
+
 class Replayer:
     """The global state of every stage, advanced round by round with the canonical aggregation."""
 
@@ -81,6 +85,8 @@ class Replayer:
         self.weights: list[dict] | None = None
         self.momentum: list[dict] | None = None
         self.base = ""  # where the current state came from
+        self.last_excluded: list[tuple[int, int, str, str]] = []
+        self._corpus_cache = None
 
     def start_from_initial(self) -> None:
         import torch
@@ -105,24 +111,71 @@ class Replayer:
     def drop(self) -> None:
         self.weights = self.momentum = None
 
+    def _corpus(self):
+        """The run's training text (for screening batches), or None if this machine does not have it."""
+        if self._corpus_cache is None:
+            from training.data import corpus_from_config
+
+            try:
+                self._corpus_cache = corpus_from_config(self.cfg.training, self.cfg.model)
+            except (*DLX_ERRORS, OSError) as exc:
+                self._corpus_cache = exc
+        return None if isinstance(self._corpus_cache, Exception) else self._corpus_cache
+
+    def screened(self, round_index: int, payloads_by_stage: list[list[bytes]]) -> dict[int, str]:
+        """The screening exclusions of a round, re-derived (docs/DILOCOX.md section 10); {} if the run does not
+        screen. Raises ScreeningUnavailable without the training text (the held-out batch comes from it)."""
+        if not (self.cfg.diloco.screening and self.num_stages == 1):
+            return {}
+        from training.screening import (
+            decode_full,
+            model_loss_fn,
+            screen_contributions,
+            screening_batch,
+            screening_exclusions,
+        )
+
+        corpus = self._corpus()
+        if corpus is None:
+            raise ScreeningUnavailable(f"the run screens contributions on its held-out text, which is not "
+                                       f"available here ({self._corpus_cache})")
+        shapes = {name: tuple(t.shape) for name, t in self.weights[0].items()}
+        refuse_raw = self.cfg.compression.enabled
+        decoded = [decode_full([blob], [shapes], outer_round=round_index, refuse_raw=refuse_raw)
+                   for blob in payloads_by_stage[0]]
+        x, y = screening_batch(corpus, self.cfg.training.seed, round_index, self.cfg.diloco.screen_batch_size,
+                               self.cfg.model.block_size)
+        reports = screen_contributions(model_loss_fn(self.cfg.model, x, y), self.weights[0], decoded,
+                                       self.cfg.diloco)
+        return screening_exclusions(reports)
+
     def apply(self, round_index: int, payloads_by_stage: list[list[bytes]]) -> bytes:
-        """Aggregate every stage of ``round_index``; return the new weights root."""
-        from training.diloco import aggregate
+        """Aggregate every stage of ``round_index``; return the new weights root.
+
+        The contributions the nodes had to leave out (training.robust: undecodable, wrong shape,
+        non-finite, forbidden codec, screened) are re-derived and left out here too; they are
+        listed in ``self.last_excluded`` as (stage, index, reason, detail).
+        """
+        from training.diloco import aggregate_with_report
         from training.hashing import weights_root
 
-        hashes, new_weights, new_momentum = [], [], []
+        screened = self.screened(round_index, payloads_by_stage)
+        hashes, new_weights, new_momentum, self.last_excluded = [], [], [], []
         for stage, payloads in enumerate(payloads_by_stage):
-            weights, momentum, digest = aggregate(
+            result = aggregate_with_report(
                 self.weights[stage],
                 self.momentum[stage],
                 payloads,
                 self.cfg.diloco,
                 stage_index=stage,
                 outer_round=round_index,
+                compression_cfg=self.cfg.compression,
+                excluded=screened if stage == 0 else None,
             )
-            new_weights.append(weights)
-            new_momentum.append(momentum)
-            hashes.append(digest)
+            new_weights.append(result.new_global)
+            new_momentum.append(result.new_momentum)
+            hashes.append(result.weights_hash)
+            self.last_excluded += [(stage, r.index, r.reason, r.detail) for r in result.contributions if not r.accepted]
         self.weights, self.momentum = new_weights, new_momentum
         return weights_root(hashes)
 
@@ -163,6 +216,10 @@ def check_replay(
     started = time.perf_counter()
     try:
         root = replayer.apply(commit.round, payloads)
+    except ScreeningUnavailable as exc:
+        replayer.drop()
+        verdict.checks.append(Check("weights root (replay)", UNVERIFIABLE, str(exc)))
+        return None
     except TrainingError as exc:
         replayer.drop()
         verdict.checks.append(
@@ -170,6 +227,8 @@ def check_replay(
         )
         return None
     verdict.replay_seconds = time.perf_counter() - started
+    for stage, index, reason, detail in replayer.last_excluded:
+        verdict.notes.append(f"stage {stage} contribution {index} excluded ({reason}): {detail}")
     if root == commit.weights_root:
         verdict.checks.append(Check("weights root (replay)", OK, f"from {replayer.base}"))
     else:
