@@ -11,7 +11,7 @@ Measures:
   later one, with and without a checkpoint;
 * round-commit gas with 4, 64 and 4096 contributors (must not grow: contributor data is behind one root);
 * time to read a run of ``--rounds`` committed rounds back from anvil (paginated event scan) and verify it
-  (hash-chain replay, binding signatures, committers, bytecode), target <= 5 s for 1000 rounds.
+  (hash-chain replay, binding signatures, attesters and members, bytecode), target <= 5 s for 1000 rounds.
 """
 
 from __future__ import annotations
