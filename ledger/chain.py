@@ -159,14 +159,21 @@ _PRCTL = _load_prctl()  # resolved in the parent: the child only makes one call 
 _PR_SET_PDEATHSIG = 1
 
 
-def terminate_with_parent() -> None:
-    """``preexec_fn``: the child gets SIGTERM when its parent dies, even by SIGKILL (Linux).
+def _set_parent_death_signal() -> None:
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def terminate_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGTERM when its parent dies, even by SIGKILL (Linux).
 
     A launcher killed outright then leaves no node or anvil behind (each child handles
-    SIGTERM as a clean stop). Tied to the spawning thread: spawn from a long-lived one.
+    SIGTERM as a clean stop). The kernel ties the signal to the spawning *thread*, so it is
+    only armed for children spawned from the main thread (None elsewhere: a child started
+    from a short-lived thread would otherwise be stopped when that thread ends).
     """
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if _PRCTL is None or threading.current_thread() is not threading.main_thread():
+        return None
+    return _set_parent_death_signal
 
 
 def _kill(process: subprocess.Popen) -> None:
@@ -243,7 +250,7 @@ class AnvilProcess:
         # itself, so the owner can stop its nodes first and the chain last.
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True, preexec_fn=terminate_with_parent,
+            start_new_session=True, preexec_fn=terminate_with_parent(),
         )
         self._process = process
         try:

@@ -168,7 +168,7 @@ def test_a_round_without_its_quorum_is_waited_for_not_an_exit(make_run):
     keep waiting instead of exiting, and when the member is back the round closes with both.
     """
     run = make_run(replicas=2, stages=2, split=False,
-                   settings=TINY + ["rounds=4", "join_timeout=60", "quorum=2", "round_timeout=10",
+                   settings=TINY + ["rounds=10", "join_timeout=60", "quorum=2", "round_timeout=10",
                                     "diloco.inner_steps=40"])
     run.start()
     _wait_for_round(run, 0, 300)
@@ -186,8 +186,8 @@ def test_a_round_without_its_quorum_is_waited_for_not_an_exit(make_run):
     assert run.wait(480), run_logs(run)
     assert waiter.process.returncode == 0
     history = run.client().history(run.run_id)
-    assert [c.commit.round for c in history.commits] == list(range(4))
-    assert [c.commit.num_contributors for c in history.commits] == [2] * 4, run_logs(run)
+    assert [c.commit.round for c in history.commits] == list(range(10))
+    assert [c.commit.num_contributors for c in history.commits] == [2] * 10, run_logs(run)
 
 
 @pytest.mark.timeout(600)

@@ -157,7 +157,7 @@ class LocalRun:
                 [*(slot.command or [sys.executable, "-m", "node.cli"]), "--log-file", str(slot.log_path), "start",
                  "--no-progress", "--config", str(slot.config_path)],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                preexec_fn=terminate_with_parent,  # a launcher killed outright takes its nodes with it
+                preexec_fn=terminate_with_parent(),  # a launcher killed outright takes its nodes with it
             )
 
     def start(self) -> None:

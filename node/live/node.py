@@ -242,8 +242,17 @@ class Node:
         return 8 + 2 * self.cfg.checkpoint_every
 
     def _round_closed(self, outer_round: int) -> bool:
-        """Whether any coordinator's close of ``outer_round`` (any stage) has reached this node."""
-        return any(self.book.snapshot_closes(outer_round, stage) for stage in range(self.cfg.pipeline.num_stages))
+        """Whether a valid close of ``outer_round`` (any stage) has reached this node.
+
+        Only a close that passes the checks counts: an empty or otherwise invalid close a
+        member publishes at the start must not make a founder believe round 0 is over and
+        enter as a catch-up node.
+        """
+        for stage in range(self.cfg.pipeline.num_stages):
+            for coordinator, (close, _data) in self.book.snapshot_closes(outer_round, stage).items():
+                if self.coordinator.judge(outer_round, stage, coordinator, close) is None:
+                    return True
+        return False
 
     def _download_checkpoint(self, round_index: int, content_hash: bytes) -> Checkpoint:
         path = self.checkpoint_dir / f"round-{round_index:08d}.safetensors"

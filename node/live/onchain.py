@@ -22,8 +22,9 @@ from node.errors import ConfigError, NotRegistered
 
 logger = logging.getLogger(__name__)
 
-#: An unknown account re-reads the run's membership events at most this often.
+#: An account without a seat makes the node re-read the run's membership events at most this often.
 SEATS_REFRESH_S = 2.0
+SEATS_READS_PER_S = 4.0
 
 
 class NodeChain:
@@ -32,6 +33,7 @@ class NodeChain:
         self._anvil = anvil
         self._seats: dict[str, Membership] = {}  # account -> its current membership period
         self._seats_read = 0.0
+        self._unknown_checked: dict[str, float] = {}
         self._run_info: dict[int, RunInfo] = {}
         self._lock = threading.Lock()  # web3 HTTP sessions and nonces are not shared across threads safely
 
@@ -121,7 +123,7 @@ class NodeChain:
         """
         address = "0x" + account.hex()
         seat = self._lookup(address)
-        if seat is None and time.monotonic() - self._seats_read > SEATS_REFRESH_S:
+        if seat is None and self._may_refresh(address):
             self._refresh_seats(run_id)
             seat = self._lookup(address)
         if seat is None or seat.node_key != public_key:
@@ -130,9 +132,23 @@ class NodeChain:
 
     def is_member(self, run_id: int, address: str) -> bool:
         """Whether ``address`` holds a signing seat of the run (membership events; cached like :meth:`seat`)."""
-        if self._lookup(address) is None and time.monotonic() - self._seats_read > SEATS_REFRESH_S:
+        if self._lookup(address) is None and self._may_refresh(address):
             self._refresh_seats(run_id)
         return self._lookup(address) is not None
+
+    def _may_refresh(self, address: str) -> bool:
+        """Re-read the seats for an account not seen yet at once, then at most every SEATS_REFRESH_S per
+        account, and never more than SEATS_READS_PER_S times a second overall (hellos of outsiders)."""
+        now = time.monotonic()
+        last = self._unknown_checked.get(address.lower())
+        if last is not None and now - last < SEATS_REFRESH_S:
+            return False
+        if now - self._seats_read < 1.0 / SEATS_READS_PER_S:
+            return False
+        if len(self._unknown_checked) > 4096:
+            self._unknown_checked.clear()
+        self._unknown_checked[address.lower()] = now
+        return True
 
     def _lookup(self, address: str) -> Membership | None:
         return self._seats.get(address.lower())
