@@ -118,12 +118,13 @@ def payload_vectors() -> list[dict[str, Any]]:
 def envelope_cases() -> list[dict[str, Any]]:
     """Envelope inputs: one per payload kind, a contribution, and integer-width edge cases."""
     cases = []
+    # Header values as the node sets them (docs/PROTOCOL.md, "Messages"): a hello always says
+    # round 0, stage and replica -1; a record names no stage; the others name (round, stage)
+    # and the sender's replica.
+    header = {msg.HELLO: (0, -1, -1), msg.RECORD: (3, -1, 0)}
     for name, kind, message in payload_messages():
-        stage = -1 if kind == msg.HELLO else 1
-        replica = -1 if kind in (msg.HELLO, msg.RECORD) else 0
-        if kind == msg.RECORD:
-            stage = -1
-        cases.append(dict(name=name, run_id=RUN_ID, round=3, kind=kind, stage=stage, replica=replica,
+        outer_round, stage, replica = header.get(kind, (3, 1, 0))
+        cases.append(dict(name=name, run_id=RUN_ID, round=outer_round, kind=kind, stage=stage, replica=replica,
                           timestamp_ms=TIMESTAMP_MS, payload=msg.encode_payload(message)))
     cases.append(dict(name="contribution", run_id=RUN_ID, round=3, kind=msg.CONTRIBUTION, stage=0,
                       replica=1, timestamp_ms=TIMESTAMP_MS, payload=bytes(range(256)) * 2))
