@@ -1,10 +1,17 @@
 """``/dlx/blob/1.0.0``: content-addressed bulk transfer over libp2p streams.
 
-One request per stream. The client sends a frame ``{sha256: bin32, offset: int,
-length: int}`` (``length == 0`` asks for the header only). The server answers a
-frame ``{status, total, sha256, offset, length}`` and, if ``status == "ok"``,
-exactly ``length`` raw bytes in 1 MiB writes, then closes. Status values:
-``ok``, ``not_found``, ``out_of_range``, ``too_large``, ``busy``, ``bad_request``.
+One request per stream (docs/P2P.md, "Blobs", is the specification; the frame
+builders below are the only place the frames are made). The client sends one
+frame ``{sha256: bin32, offset: int, length: int}`` of at most 4096 bytes
+(``length == 0`` asks for the header only). The server answers one reply frame
+(at most 4096 bytes), then, if ``status == "ok"``, exactly ``length`` raw bytes
+in 1 MiB writes, then closes its side. The reply's keys depend on its status::
+
+    ok            {status, total, sha256, offset, length}
+    not_found     {status}
+    out_of_range  {status, total}
+    busy          {status}
+    bad_request   {status, detail}
 
 The client downloads a blob as 8 MiB pieces spread over every provider at once
 (up to ``blob_concurrency`` streams); a piece interrupted by a dying provider is
@@ -42,11 +49,50 @@ BLOB_PROTOCOL = TProtocol("/dlx/blob/1.0.0")
 CHUNK_BYTES = 1 << 20  # one write on the stream
 PIECE_BYTES = 8 << 20  # unit of work handed to one provider
 FILE_IO_BYTES = 4 << 20  # one disk read/write off the event loop
-_MAX_FRAME = 4096
+MAX_FRAME_BYTES = 4096  # request and reply frame bodies
 _BUSY_RETRIES = 20
 
 RunBlocking = Callable[..., Awaitable[Any]]
 OpenStream = Callable[[ID, TProtocol], Awaitable[Any]]
+
+
+def request_frame(digest: bytes, offset: int, length: int) -> dict[str, Any]:
+    """The client's request: ``length`` bytes of the blob ``digest`` from ``offset`` (0 = header only)."""
+    return {"sha256": digest, "offset": offset, "length": length}
+
+
+def parse_request(frame: dict[str, Any]) -> tuple[bytes, int, int]:
+    """(sha256, offset, length) of a request frame; raises ProtocolViolation (reply ``bad_request``)."""
+    digest = field(frame, "sha256", bytes)
+    offset = field(frame, "offset", int, 0)
+    length = field(frame, "length", int, 0)
+    if len(digest) != 32:
+        raise ProtocolViolation("sha256 must be 32 bytes")
+    return digest, offset, length
+
+
+def ok_reply(total: int, digest: bytes, offset: int, length: int) -> dict[str, Any]:
+    """Header of a served range; ``length`` raw bytes follow it."""
+    return {"status": "ok", "total": total, "sha256": digest, "offset": offset, "length": length}
+
+
+def not_found_reply() -> dict[str, Any]:
+    return {"status": "not_found"}
+
+
+def out_of_range_reply(total: int) -> dict[str, Any]:
+    """The blob is here, but ``offset + length`` exceeds its ``total`` size."""
+    return {"status": "out_of_range", "total": total}
+
+
+def busy_reply() -> dict[str, Any]:
+    """Every serving slot stayed taken for ``blob_stall_timeout``: ask again later."""
+    return {"status": "busy"}
+
+
+def bad_request_reply(detail: str) -> dict[str, Any]:
+    """The request frame was not a valid request; ``detail`` is a human-readable reason."""
+    return {"status": "bad_request", "detail": detail}
 
 
 class _ProviderFailed(Exception):
@@ -141,7 +187,7 @@ class BlobService:
         peer = stream.muxed_conn.peer_id.to_base58()
         try:
             with trio.fail_after(self.stall_timeout):
-                request = await read_frame(stream, _MAX_FRAME)
+                request = await read_frame(stream, MAX_FRAME_BYTES)
             await self._serve(stream, peer, request)
         except Exception as exc:  # a peer's bad request or a dropped connection ends only this stream
             logger.debug("blob request from %s failed: %s: %s", peer, type(exc).__name__, exc)
@@ -153,13 +199,9 @@ class BlobService:
 
     async def _serve(self, stream: Any, peer: str, request: dict[str, Any]) -> None:
         try:
-            digest = field(request, "sha256", bytes)
-            offset = field(request, "offset", int, 0)
-            length = field(request, "length", int, 0)
-            if len(digest) != 32:
-                raise ProtocolViolation("sha256 must be 32 bytes")
+            digest, offset, length = parse_request(request)
         except ProtocolViolation as exc:
-            await write_frame(stream, {"status": "bad_request", "detail": str(exc)})
+            await write_frame(stream, bad_request_reply(str(exc)))
             await stream.close()
             return
         sha256_hex = digest.hex()
@@ -167,14 +209,14 @@ class BlobService:
         try:
             total = path.stat().st_size
         except FileNotFoundError:
-            await write_frame(stream, {"status": "not_found"})
+            await write_frame(stream, not_found_reply())
             await stream.close()
             return
         if offset + length > total:
-            await write_frame(stream, {"status": "out_of_range", "total": total})
+            await write_frame(stream, out_of_range_reply(total))
             await stream.close()
             return
-        header = {"status": "ok", "total": total, "sha256": digest, "offset": offset, "length": length}
+        header = ok_reply(total, digest, offset, length)
         if length == 0:
             await write_frame(stream, header)
             await stream.close()
@@ -182,7 +224,7 @@ class BlobService:
         with trio.move_on_after(self.stall_timeout) as waited:
             await self._serve_slots.acquire()
         if waited.cancelled_caught:
-            await write_frame(stream, {"status": "busy"})
+            await write_frame(stream, busy_reply())
             await stream.close()
             return
         try:
@@ -218,8 +260,8 @@ class BlobService:
             stream = await self._open_stream(peer, BLOB_PROTOCOL)
         try:
             with trio.fail_after(self.stall_timeout):
-                await write_frame(stream, {"sha256": digest, "offset": offset, "length": length})
-                header = await read_frame(stream, _MAX_FRAME)
+                await write_frame(stream, request_frame(digest, offset, length))
+                header = await read_frame(stream, MAX_FRAME_BYTES)
             status = field(header, "status", str)
             if status != "ok":
                 raise _ProviderFailed(status)

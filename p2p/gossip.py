@@ -19,6 +19,8 @@ periodic pull returns only what the puller has not received from that peer yet.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
 import os
 from collections import deque
@@ -96,6 +98,16 @@ def build_gossipsub(heartbeat: float, max_msgs_per_sec: float, degree: int = 6) 
     )
 
 
+def gossip_message_id(data: bytes) -> bytes:
+    """The gossipsub message id of ``data``: base64 (standard alphabet, padded) of its sha256.
+
+    The same function as py-libp2p's ``ContentAddressedMessageIDGenerator``, which the host
+    installs: every implementation on a run topic must use it, or IHAVE/IWANT gossip and the
+    seen-message cache do not recognise the same message (docs/P2P.md, "Gossip").
+    """
+    return base64.b64encode(hashlib.sha256(data).digest())
+
+
 @dataclass
 class _Cached:
     seq: int
@@ -143,13 +155,23 @@ class RecentMessages:
         self._bytes.pop(topic, None)
 
 
+def sync_request_frame(topic: str, epoch: bytes, after: int) -> dict[str, Any]:
+    """A ``/dlx/sync/1.0.0`` request: ``topic`` messages after sequence ``after`` of ``epoch``."""
+    return {"topic": topic, "epoch": epoch, "after": after}
+
+
+def sync_response_frame(epoch: bytes, next_seq: int, messages: list[bytes]) -> dict[str, Any]:
+    """A ``/dlx/sync/1.0.0`` response: the server's epoch, the cursor to send next time, the messages."""
+    return {"epoch": epoch, "next": next_seq, "messages": messages}
+
+
 async def pull_recent(
     host: IHost, peer: ID, topic: str, epoch: bytes, after: int
 ) -> tuple[list[bytes], tuple[bytes, int]]:
     """Ask ``peer`` for ``topic`` messages newer than (epoch, after); return them and the next cursor."""
     stream = await host.new_stream(peer, [SYNC_PROTOCOL])
     try:
-        await write_frame(stream, {"topic": topic, "epoch": epoch, "after": after})
+        await write_frame(stream, sync_request_frame(topic, epoch, after))
         reply = await read_frame(stream, SYNC_MAX_RESPONSE_BYTES)
     finally:
         await stream.close()
@@ -166,7 +188,7 @@ async def serve_recent(stream: Any, recent: RecentMessages) -> int:
             epoch = field(request, "epoch", bytes)
             after = field(request, "after", int, 0)
             last, messages = recent.since(topic, epoch, after, SYNC_MAX_RESPONSE_BYTES - 4096)
-            await write_frame(stream, {"epoch": recent.epoch, "next": last, "messages": messages})
+            await write_frame(stream, sync_response_frame(recent.epoch, last, messages))
             await stream.close()
             return sum(len(m) for m in messages)
     except Exception as exc:  # bad request or dropped peer: end this stream only

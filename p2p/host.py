@@ -42,6 +42,7 @@ from p2p.host_gossip import HostGossip, Subscription
 from p2p.host_thread import HostThread
 from p2p.identity import Identity
 from p2p.ratelimit import PeerRateLimiter
+from p2p.refusals import RefusedProtocols, guard_new_stream
 from p2p.transport import build_libp2p_host, close_leftover_tcp_streams, start_mdns
 
 logger = logging.getLogger(__name__)
@@ -142,6 +143,9 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
         self._closing = trio.Event()
         config = self.config
         self._libp2p = build_libp2p_host(self.identity)
+        # A peer that refuses /meshsub, /dlx/sync or Kademlia is not asked again at once.
+        self.refused_protocols = RefusedProtocols()
+        guard_new_stream(self._libp2p, self.refused_protocols)
         # Pubsub and the DHT register their notifees and stream handlers before the
         # host listens: a connection made before pubsub exists never joins the mesh.
         self._gossipsub = build_gossipsub(config.gossip_heartbeat, config.gossip_max_msgs_per_sec)

@@ -8,7 +8,6 @@ hold (``resync``), and repairs py-libp2p's pubsub streams and subscription annou
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import logging
 import queue
@@ -21,7 +20,7 @@ import trio
 from libp2p.peer.id import ID
 
 from p2p.errors import P2PError
-from p2p.gossip import SYNC_PROTOCOL, pull_recent, serve_recent
+from p2p.gossip import SYNC_PROTOCOL, gossip_message_id, pull_recent, serve_recent
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +140,7 @@ class HostGossip:
                 f"{self.config.gossip_max_message_bytes}: send it as a blob and gossip its hash"
             )
         data = bytes(data)
-        message_id = base64.b64encode(hashlib.sha256(data).digest())  # ContentAddressedMessageIDGenerator
+        message_id = gossip_message_id(data)
 
         async def send() -> bool:
             if topic not in self._subscriptions:

@@ -31,7 +31,11 @@ async def read_frame(stream: Any, max_len: int) -> dict[str, Any]:
     length = int.from_bytes(await read_exactly(stream, 4), "big")
     if length > max_len:
         raise ProtocolViolation(f"frame of {length} bytes exceeds limit {max_len}")
-    body = await read_exactly(stream, length)
+    return decode_body(await read_exactly(stream, length))
+
+
+def decode_body(body: bytes) -> dict[str, Any]:
+    """The msgpack map of one frame body (the bytes after the length prefix)."""
     try:
         frame = msgpack.unpackb(body, raw=False, strict_map_key=True, max_ext_len=0)
     except Exception as exc:  # msgpack raises several types on bad input
@@ -41,7 +45,20 @@ async def read_frame(stream: Any, max_len: int) -> dict[str, Any]:
     return frame
 
 
+def decode_frame(data: bytes, max_len: int) -> dict[str, Any]:
+    """Decode one complete frame (length prefix + body) held in memory; the inverse of encode_frame."""
+    if len(data) < 4:
+        raise ProtocolViolation(f"frame of {len(data)} bytes has no length prefix")
+    length = int.from_bytes(data[:4], "big")
+    if length > max_len:
+        raise ProtocolViolation(f"frame of {length} bytes exceeds limit {max_len}")
+    if len(data) != 4 + length:
+        raise ProtocolViolation(f"frame announces {length} body bytes, holds {len(data) - 4}")
+    return decode_body(bytes(data[4:]))
+
+
 def encode_frame(frame: dict[str, Any]) -> bytes:
+    """4-byte big-endian body length, then the body: msgpack of ``frame`` (keys in insertion order)."""
     body = msgpack.packb(frame, use_bin_type=True)
     return len(body).to_bytes(4, "big") + body
 
