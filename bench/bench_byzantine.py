@@ -111,6 +111,7 @@ def audit(run: LocalRun, slot) -> dict:
         out = subprocess.run(
             [sys.executable, "-m", "node.cli", "audit", "--rpc", url, "--ledger", deployment["ledger"],
              "--registry", deployment["registry"], "--run", str(run.run_id), "--archive", str(slot.data_dir),
+             "--data", str(DATA),
              "--json", str(run.workdir / "audit.json")],
             capture_output=True, text=True, timeout=1800, cwd=ROOT)
     finally:

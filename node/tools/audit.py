@@ -219,6 +219,7 @@ def audit_run(
     replay: bool = True,
     progress: Progress | None = None,
     check_code: bool = True,
+    data_path: str | Path | None = None,
 ) -> AuditReport:
     """Audit run ``run_id`` (module docstring): return an :class:`AuditReport`, never raise on a finding.
 
@@ -228,6 +229,8 @@ def audit_run(
         fetcher: A connected :class:`node.tools.evidence.PeerFetcher` to fetch missing evidence from peers, or None.
         replay: Re-run the aggregation and outer step of every round (False: chain and archives only).
         progress: Called as ``progress(done, total, what)`` while rounds are checked.
+        data_path: The run's training text, for re-deriving contribution screening (None: only runs on the
+            project's generated corpus can be screened here).
     """
     timings: dict[str, float] = {}
     started = time.perf_counter()
@@ -281,7 +284,7 @@ def audit_run(
     replayer = None
     if document is not None:
         try:
-            replayer = Replayer(document)
+            replayer = Replayer(document, data_path)
         except DLX_ERRORS as exc:  # hashes to the configHash, yet its settings do not load
             report.general.append(Check("run document settings", FAIL, str(exc)))
     checkpoints = {c.round: c for c in history.checkpoints}
@@ -374,6 +377,7 @@ def run_audit(args: Any) -> int:
             fetcher=fetcher,
             replay=not args.no_replay,
             progress=_ProgressBar(),
+            data_path=getattr(args, "data", "") or None,
         )
     finally:
         if fetcher is not None:

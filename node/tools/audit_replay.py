@@ -10,6 +10,7 @@ See docs/AUDIT.md.
 
 import hashlib
 import time
+from pathlib import Path
 from typing import Any
 
 from node.errors import DLX_ERRORS, StateError
@@ -74,7 +75,7 @@ class ScreeningUnavailable(Exception):
 class Replayer:
     """The global state of every stage, advanced round by round with the canonical aggregation."""
 
-    def __init__(self, document: dict) -> None:
+    def __init__(self, document: dict, data_path: str | Path | None = None) -> None:
         from node.runconfig import node_config_from_run
         from training.stages import split_stages, stage_param_names
 
@@ -87,6 +88,8 @@ class Replayer:
         self.base = ""  # where the current state came from
         self.last_excluded: list[tuple[int, int, str, str]] = []
         self._corpus_cache = None
+        self.data_path = data_path
+        self.data_sha256 = document.get("training", {}).get("data_sha256", "")
 
     def start_from_initial(self) -> None:
         import torch
@@ -112,13 +115,30 @@ class Replayer:
         self.weights = self.momentum = None
 
     def _corpus(self):
-        """The run's training text (for screening batches), or None if this machine does not have it."""
+        """The run's training text (for screening batches), or None if this machine does not have it.
+
+        The run document pins the text by sha256 (or "generated": the project's own corpus); a
+        ``--data`` file is used only if it hashes to that.
+        """
         if self._corpus_cache is None:
+            from dataclasses import replace
+
+            from node.runconfig import file_sha256
             from training.data import corpus_from_config
 
             try:
-                self._corpus_cache = corpus_from_config(self.cfg.training, self.cfg.model)
-            except (*DLX_ERRORS, OSError) as exc:
+                if self.data_sha256 == "generated":
+                    training = replace(self.cfg.training, data_path="")
+                elif not self.data_path:
+                    raise FileNotFoundError(f"the run trained on a text of sha256 {self.data_sha256[:16]}...; "
+                                            "pass it with --data FILE")
+                elif file_sha256(self.data_path) != self.data_sha256:
+                    raise ValueError(f"{self.data_path} does not hash to the run's training text "
+                                     f"{self.data_sha256[:16]}...")
+                else:
+                    training = replace(self.cfg.training, data_path=str(self.data_path))
+                self._corpus_cache = corpus_from_config(training, self.cfg.model)
+            except (*DLX_ERRORS, OSError, ValueError) as exc:
                 self._corpus_cache = exc
         return None if isinstance(self._corpus_cache, Exception) else self._corpus_cache
 
