@@ -34,7 +34,10 @@ from node.config import load_config  # noqa: E402
 
 ADVERSARY = [sys.executable, str(ROOT / "tests" / "adversary.py")]
 DEFAULT_ATTACKS = ("malformed-payload", "huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero", "copy",
-                   "late", "empty-close", "equivocating-close", "absurd-hello")
+                   "late", "empty-close", "duplicate-close", "equivocating-close", "censoring-close", "absurd-hello",
+                   "first-cluster")
+#: Attacks that are a configuration, not patched behaviour: the real node with that setting.
+CONFIG_ATTACKS = {"first-cluster": ("cluster", "0-sorts-first")}
 DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 
 
@@ -59,13 +62,19 @@ def held_out_loss(node_cfg_path: Path, checkpoint: Path) -> float:
 
 def excluded_from_archive(slot, attacker_peer: str) -> dict:
     """Rounds in which an honest node's sealed archive holds / lacks the attacker's contributions."""
-    held, rounds = 0, 0
+    held, rounds, excluded, reasons = 0, 0, 0, set()
     for sealed in sorted((slot.data_dir / "archive").glob("run-*/round-*/round.json")):
-        entries = json.loads(sealed.read_text()).get("contributions", [])  # [stage, replica, peer id, hash]
+        doc = json.loads(sealed.read_text())
+        entries = doc.get("contributions", [])  # [stage, replica, peer id, hash]
         rounds += 1
         held += any(entry[2] == attacker_peer for entry in entries)
+        # [stage, replica, peer id, hash, reason, detail] of what the aggregation left out
+        mine = [entry for entry in doc.get("excluded", []) if entry[2] == attacker_peer]
+        excluded += bool(mine)
+        reasons.update(entry[4] for entry in mine)
     evidence = len(list((slot.data_dir / "evidence").glob("*.envelope")))
-    return {"rounds_sealed": rounds, "rounds_with_attacker": held, "evidence_files": evidence}
+    return {"rounds_sealed": rounds, "rounds_with_attacker": held, "rounds_attacker_excluded": excluded,
+            "exclusion_reasons": sorted(reasons), "evidence_files": evidence}
 
 
 def one_run(workdir: Path, attack: str | None, args) -> dict:
@@ -74,10 +83,16 @@ def one_run(workdir: Path, attack: str | None, args) -> dict:
         f"checkpoint_every={args.rounds}", "join_timeout=120", f"round_timeout={args.round_timeout}",
         f"training.data_path={DATA}",
     ]
-    run = LocalRun(workdir, replicas=args.replicas, stages=1, split=False, settings=settings)
+    run = LocalRun(workdir, replicas=args.replicas, stages=1, split=False, settings=settings,
+                   attest_quorum=args.attest_quorum)
     run.setup()
     attacker = run.nodes[-1]
-    if attack is not None:
+    if attack in CONFIG_ATTACKS:  # e.g. a new cluster whose name sorts before every other
+        key, value = CONFIG_ATTACKS[attack]
+        text = attacker.config_path.read_text()
+        lines = [f'{key} = "{value}"' if line.startswith(f"{key} = ") else line for line in text.splitlines()]
+        attacker.config_path.write_text("\n".join(lines) + "\n")
+    elif attack is not None:
         attacker.command = [*ADVERSARY, attack]
     started = time.monotonic()
     run.start()
@@ -88,7 +103,8 @@ def one_run(workdir: Path, attack: str | None, args) -> dict:
         run.stop()
     seconds = time.monotonic() - started
     exits = {slot.name: slot.process.returncode for slot in run.nodes}
-    result = {"attack": attack or "honest", "seconds": round(seconds, 1), "exit_codes": exits,
+    result = {"attack": attack or "honest", "attest_quorum": args.attest_quorum, "seconds": round(seconds, 1),
+              "exit_codes": exits,
               "honest_exits_nonzero": [s.name for s in honest if s.process.returncode != 0]}
     state = json.loads((honest[0].data_dir / "state.json").read_text())
     result["rounds_finished"] = state.get("last_finished", -1) + 1
@@ -127,14 +143,19 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--inner-steps", type=int, default=20)
     parser.add_argument("--round-timeout", type=float, default=60.0)
+    parser.add_argument("--attest-quorum", type=int, default=2,
+                        help="member signatures a round's record needs (k); with k = 1 the attacker alone can "
+                             "commit a record")
     parser.add_argument("--timeout", type=float, default=1200.0, help="bound on one run (seconds)")
     parser.add_argument("--attacks", default=",".join(DEFAULT_ATTACKS))
     parser.add_argument("--workdir", default="/tmp/dlx-bench-byzantine")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "byzantine.json"))
+    parser.add_argument("--append", action="store_true", help="add to --out's runs instead of starting over "
+                        "(the honest run is then not repeated)")
     args = parser.parse_args()
     attacks = [a for a in args.attacks.split(",") if a]
-    results = []
-    for attack in [None, *attacks]:
+    results = json.loads(Path(args.out).read_text())["runs"] if args.append else []
+    for attack in ([] if args.append else [None]) + attacks:
         workdir = Path(args.workdir) / (attack or "honest")
         if workdir.exists():
             import shutil
@@ -146,13 +167,16 @@ def main() -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"settings": vars(args), "runs": results}, indent=1))
     honest = results[0]["held_out"]
-    print(f"\n{'attack':<20} {'honest exits':>12} {'attacker in rounds':>18} {'held-out':>9} {'vs honest':>9} audit")
+    print(f"\n{'attack':<26} {'exits':>6} {'attacker closed in (excluded)':>30} {'held-out':>9} "
+          f"{'vs honest':>9} audit")
     for r in results:
         loss = r["held_out"]
         delta = f"{100 * (loss / honest - 1):+.1f}%" if loss and honest else "n/a"
         archive = r.get("archive", {})
-        seen = f"{archive.get('rounds_with_attacker', '-')}/{archive.get('rounds_sealed', '-')}"
-        print(f"{r['attack']:<20} {len(r['honest_exits_nonzero']):>12} {seen:>18} "
+        seen = (f"{archive.get('rounds_with_attacker', '-')}/{archive.get('rounds_sealed', '-')} "
+                f"(excl. {archive.get('rounds_attacker_excluded', '-')})")
+        name = f"{r['attack']} (k={r.get('attest_quorum', 1)})"
+        print(f"{name:<26} {len(r['honest_exits_nonzero']):>6} {seen:>30} "
               f"{loss if loss is None else round(loss, 4)!s:>9} {delta:>9} {r['audit']['exit_code']}")
     return 0
 

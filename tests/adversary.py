@@ -24,6 +24,12 @@ signing, gossip, the chain) is the real node's. Attacks:
   stage) and publishes two valid but different closes of each: every
   contribution, and all but the last one (honest nodes must skip it,
   whichever they saw first).
+- ``duplicate-close``: as coordinator, the member first publishes a close that
+  names one contribution twice, then behaves honestly (its second close is
+  equivocation).
+- ``censoring-close``: the member acts as the coordinator of every (round,
+  stage) and closes as soon as its own contribution is ready, with only that
+  one (a valid close that leaves every honest contribution out).
 - ``absurd-hello``: every hello claims the member trains round 10**12 (a
   joiner that believed it would enter out of reach); otherwise honest.
 """
@@ -36,8 +42,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 CONTRIBUTION_ATTACKS = ("huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero")
-ATTACKS = ("malformed-payload", *CONTRIBUTION_ATTACKS, "copy", "late", "empty-close", "equivocating-close",
-           "absurd-hello")
+ATTACKS = ("malformed-payload", *CONTRIBUTION_ATTACKS, "copy", "late", "empty-close", "duplicate-close",
+           "equivocating-close", "censoring-close", "absurd-hello")
 
 
 def malformed_payload() -> None:
@@ -159,6 +165,54 @@ def empty_close() -> None:
     RoundCoordinator._try_close = try_close
 
 
+def duplicate_close() -> None:
+    from node.live import protocol as msg
+    from node.live.coordination import RoundCoordinator
+
+    honest_try_close = RoundCoordinator._try_close
+    sent: set[tuple[int, int]] = set()
+
+    def try_close(self, outer_round, stage, final, alive):
+        close = honest_try_close(self, outer_round, stage, final, alive)
+        if close is not None and (outer_round, stage) not in sent:
+            sent.add((outer_round, stage))
+            entries = list(close.contributions)
+            self.gossip(outer_round, msg.CLOSE, msg.Close([entries[0], *entries]), stage)
+        return close
+
+    RoundCoordinator._try_close = try_close
+
+
+def censoring_close() -> None:
+    from node.live import coordination
+    from node.live import protocol as msg
+    from node.live.coordination import RoundCoordinator
+
+    honest_init, honest_order = RoundCoordinator.__init__, coordination.committer_order
+    me: dict[str, str] = {}
+
+    def init(self, *args, **kwargs):
+        honest_init(self, *args, **kwargs)
+        me["peer_id"] = self.peer_id
+
+    def order(round_index, peer_ids):  # it believes it leads every round
+        ranked = honest_order(round_index, peer_ids)
+        mine = me.get("peer_id")
+        return [mine, *(p for p in ranked if p != mine)] if mine in ranked else ranked
+
+    def try_close(self, outer_round, stage, final, alive):
+        own = [a for a in self.book.snapshot_announces(outer_round, stage).values() if a.peer_id == self.peer_id]
+        if not own:
+            return None
+        close = msg.Close([[own[0].replica, own[0].peer_id, own[0].envelope_hash, own[0].size]])
+        data = self.gossip(outer_round, msg.CLOSE, close, stage)
+        self.book.add_close(outer_round, stage, self.peer_id, close, data)
+        return close
+
+    RoundCoordinator.__init__, coordination.committer_order = init, order
+    RoundCoordinator._try_close = try_close
+
+
 def equivocating_close() -> None:
     from node.live import coordination
     from node.live import protocol as msg
@@ -211,7 +265,8 @@ def main() -> int:
         forged_contribution(attack)
     else:
         {"malformed-payload": malformed_payload, "copy": copying_free_rider, "late": late_delivery,
-         "empty-close": empty_close, "equivocating-close": equivocating_close, "absurd-hello": absurd_hello}[attack]()
+         "empty-close": empty_close, "duplicate-close": duplicate_close, "equivocating-close": equivocating_close,
+         "censoring-close": censoring_close, "absurd-hello": absurd_hello}[attack]()
     from node.cli import main as cli_main
 
     return cli_main()
