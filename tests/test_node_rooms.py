@@ -173,3 +173,50 @@ def test_a_hello_far_off_the_clock_or_of_another_run_is_refused():
     assert identity.peer_id not in book.peers
     inbox.handle(sent(age_s=5))
     assert book.peers[identity.peer_id].hello.cluster == "c9"
+
+
+def test_record_signatures_are_checked_and_a_bad_one_costs_only_itself():
+    from node.live.inbox import GossipInbox
+    from p2p.envelope import Envelope, EnvelopeValidator
+    from p2p.identity import Identity
+
+    book, membership, pool, _coordinator = rooms()
+    member, outsider = b"\x0a" * 20, b"\x0b" * 20
+
+    def signer(record, account, signature):  # stand-in for the chain: recover + membership
+        if signature[:1] == b"\x00":
+            raise msg.ProtocolError("signature does not verify")
+        if account != member:
+            raise msg.ProtocolError("not a member")
+        return "0x" + account.hex(), hashlib.sha256(repr(record.fields()).encode()).digest()
+
+    inbox = GossipInbox(7, EnvelopeValidator(7, max_size=1 << 16), book, membership, pool,
+                        held_stages=lambda: (), record_signer=signer)
+    def sent(account: bytes, signature: bytes, root: bytes = b"\x01" * 32, payload: bytes | None = None) -> bytes:
+        body = payload if payload is not None else msg.encode_payload(
+            msg.RecordSignature(b"\x00" * 32, root, b"\x02" * 32, 1, 2, 3, 4, b"\x00" * 32, account, signature))
+        return Envelope.create(Identity.generate(), 7, 0, msg.RECORD, body).to_bytes()  # one sender each
+
+    with pytest.raises(msg.ProtocolError):  # malformed: a 64-byte signature
+        inbox.handle(sent(member, b"\x01" * 64))
+    with pytest.raises(msg.ProtocolError):  # not msgpack at all
+        inbox.handle(sent(member, b"", payload=b"\xc1" * 40))
+    with pytest.raises(msg.ProtocolError):  # a non-member's signature
+        inbox.handle(sent(outsider, b"\x01" * 65, root=b"\x03" * 32))
+    with pytest.raises(msg.ProtocolError):  # a signature that does not verify
+        inbox.handle(sent(member, b"\x00" * 65, root=b"\x04" * 32))
+    assert book.snapshot_signatures(0) == {}
+    inbox.handle(sent(member, b"\x01" * 65))
+    (record, signatures), = book.snapshot_signatures(0).values()
+    assert record.weights_root == b"\x01" * 32 and list(signatures) == ["0x" + member.hex()]
+
+
+def test_a_member_signing_two_records_of_a_round_is_kept_as_evidence_once():
+    book = RoundBook()
+    book.add_record_signature(3, b"a" * 32, "rec-a", "0xm", b"sig-a")
+    book.add_record_signature(3, b"a" * 32, "rec-a", "0xm", b"sig-a")  # a replay is not equivocation
+    assert book.take_record_equivocations() == []
+    book.add_record_signature(3, b"b" * 32, "rec-b", "0xm", b"sig-b")
+    assert book.take_record_equivocations() == [(3, "0xm", ("rec-a", b"sig-a"), ("rec-b", b"sig-b"))]
+    # Only the first record counts toward a quorum.
+    assert {d: list(s) for d, (_r, s) in book.snapshot_signatures(3).items()} == {b"a" * 32: ["0xm"]}
