@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", dest="json_out", default="", help="write the report as JSON here")
             p.add_argument("--html", dest="html_out", default="", help="write an HTML report here")
             p.add_argument("--no-replay", action="store_true", help="skip the bit-exact weights replay")
+            p.add_argument("--reexecute", default="0", metavar="N",
+                           help="rerun N sampled contributions (or 'all') and every ejection's evidence from the "
+                                "archives' start states (docs/PROTOCOL.md, 'Spot checks')")
             p.add_argument("--data", default="", metavar="FILE",
                            help="the run's training text (its sha256 is in the run document): screened rounds "
                                 "are re-derived on its held-out batches; without it they are unverifiable")

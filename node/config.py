@@ -54,6 +54,10 @@ class NodeConfig:
     retention_rounds: int = 0  # archived contributions kept; 0 = keep everything
     metrics_port: int = 0  # 0 = no Prometheus endpoint
     torch_threads: int = 0  # intra-op threads for training; 0 = torch's default (all cores)
+    # Re-execution spot checks (docs/DILOCOX.md section 11): expected number of other members that
+    # re-execute each contribution; a node checks each other replica with probability
+    # spot_checks / (members - 1). 0 = this node checks nobody (it still serves its start states).
+    spot_checks: float = 0.06
     model: ModelConfig = field(default_factory=ModelConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     diloco: DilocoConfig = field(default_factory=DilocoConfig)
@@ -94,6 +98,8 @@ class NodeConfig:
             raise ConfigError(f"retention_rounds={self.retention_rounds}: must be >= 0 (0 = keep all)")
         if self.torch_threads < 0:
             raise ConfigError(f"torch_threads={self.torch_threads}: must be >= 0 (0 = torch's default)")
+        if not 0.0 <= self.spot_checks <= 1024.0:
+            raise ConfigError(f"spot_checks={self.spot_checks}: must be in [0, 1024] (expected checks per contribution)")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port={self.metrics_port}: must be in [0, 65535]")
 

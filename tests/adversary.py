@@ -14,6 +14,8 @@ signing, gossip, the chain) is the real node's. Attacks:
 - ``noise``: Gaussian noise with the honest pseudo-gradient's norm per tensor.
 - ``stale``: the previous round's honest pseudo-gradient re-encoded and
   re-signed for the current round.
+- ``perturb``: the honest pseudo-gradient plus noise of 1% of its norm per
+  tensor (passes every aggregation check; only re-execution catches it).
 - ``zero``: a free rider that trains nothing useful and sends zeros.
 - ``copy``: a free rider that copies another replica's contribution of the
   round (waits for it, then re-encodes it as its own).
@@ -41,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CONTRIBUTION_ATTACKS = ("huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero")
+CONTRIBUTION_ATTACKS = ("huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero", "perturb")
 ATTACKS = ("malformed-payload", *CONTRIBUTION_ATTACKS, "copy", "late", "empty-close", "duplicate-close",
            "equivocating-close", "censoring-close", "absurd-hello")
 
@@ -87,6 +89,9 @@ def forged_contribution(attack: str) -> None:
             return value * float(kind.removeprefix("huge-"))
         if kind == "sign-flip":
             return -value
+        if kind == "perturb":  # subtle: passes robust aggregation, only a re-execution catches it
+            noise = torch.randn(value.shape, generator=generator)
+            return value + noise * (0.01 * value.norm() / noise.norm().clamp_min(1e-12))
         if kind == "noise":
             noise = torch.randn(value.shape, generator=generator)
             return noise * (value.norm() / noise.norm().clamp_min(1e-12))
@@ -100,6 +105,7 @@ def copying_free_rider() -> None:
     import time
 
     from node.live.node import Node
+    from node.live.protocol import decode_contribution_body
     from p2p.envelope import decode_envelope
     from training.codec_wire import decode_contribution
     from training.compression import encode_contribution
@@ -116,7 +122,8 @@ def copying_free_rider() -> None:
             while time.monotonic() < deadline:  # wait for someone else's contribution of the round
                 theirs = list(self.contributions.have(r, stage).values())
                 if theirs:
-                    payload = decode_envelope(theirs[0], self.cfg.p2p.max_blob_bytes).payload
+                    envelope = decode_envelope(theirs[0], self.cfg.p2p.max_blob_bytes)
+                    payload = decode_contribution_body(envelope.payload).blob
                     shapes = {n: tuple(t.shape) for n, t in worker.engines[stage].global_weights.items()}
                     copied = decode_contribution(payload, shapes, stage_index=stage, outer_round=r)
                     blob, _decoded, _stats = encode_contribution(copied, self.cfg.compression, stage_index=stage,

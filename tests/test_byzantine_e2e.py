@@ -54,6 +54,7 @@ def test_malformed_payloads_are_excluded_and_honest_nodes_keep_committing(make_r
     assert commits[-1].commit.eval_loss_micro < commits[0].commit.eval_loss_micro
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_an_empty_close_is_ignored_and_the_next_coordinator_closes(make_run):
     run, _honest, commits = _attacked_run(make_run, "empty-close", replicas=2, quorum=1)
@@ -68,6 +69,7 @@ def test_an_equivocating_coordinator_is_skipped_and_honest_nodes_stay_identical(
     assert "signed two different closes" in _logs(honest), run_logs(run)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_huge_contributions_are_clipped_and_the_run_stays_finite(make_run):
     """x1e6 the honest pseudo-gradient, validly encoded and signed: the norm rule bounds its harm."""

@@ -58,9 +58,12 @@ def test_two_replicas_by_two_stages_commit_every_round_once(make_run):
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("variant", [["diloco.delay_correction=eager"], ["diloco.one_step_delay=false"],
-                                     ["diloco.overlap_steps=2"]],
-                         ids=["eager-delay", "no-delay", "partial-overlap"])
+@pytest.mark.parametrize("variant", [
+    pytest.param(["diloco.delay_correction=eager"], id="eager-delay"),
+    # The default suite keeps one variant; the others run with `pytest -m slow` (scripts/slow-tests.sh).
+    pytest.param(["diloco.one_step_delay=false"], id="no-delay", marks=pytest.mark.slow),
+    pytest.param(["diloco.overlap_steps=2"], id="partial-overlap", marks=pytest.mark.slow),
+])
 def test_node_runs_the_other_round_schedules(make_run, variant):
     """The node follows training.schedule.round_actions for every variant the benchmark measures."""
     run = make_run(replicas=2, stages=2, split=False, settings=TINY + ["rounds=3", "join_timeout=60", *variant])
@@ -135,6 +138,7 @@ def _wait_for(predicate, timeout: float, what: str, run: LocalRun) -> None:
     raise AssertionError(f"{what}: not within {timeout}s\n" + run_logs(run))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_stalled_member_still_contributes_to_every_round(make_run):
     """A member frozen (SIGSTOP) for longer than the liveness TTL is waited for, not left out.
@@ -160,6 +164,7 @@ def test_a_stalled_member_still_contributes_to_every_round(make_run):
     assert not history.disputes
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_round_without_its_quorum_is_waited_for_not_an_exit(make_run):
     """With quorum = every replica, a member frozen past the deadline and every fallback pauses the run.

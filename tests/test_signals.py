@@ -135,6 +135,7 @@ def test_demo_keep_stops_its_chain_on_sigterm(tmp_path):
         _cleanup(proc, started)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_demo_stopped_mid_run_by_sigint_leaves_nothing(tmp_path):
     proc, out, log = _start_demo(tmp_path, "--rounds", "3", "--timeout", "400")

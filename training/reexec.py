@@ -187,6 +187,7 @@ def reexecute(
     compression_cfg: CompressionConfig,
     *,
     previous_contributions: Mapping[int, Sequence[bytes]] | None = None,
+    previous_excluded: Mapping[int, Mapping[int, str]] | None = None,
     threads: int | None = None,
 ) -> Reexecution:
     """Rerun round ``state.meta.outer_round`` of ``state.meta.replica`` from ``state`` (module docstring).
@@ -196,7 +197,9 @@ def reexecute(
     every node). Needed when the schedule applies round t-1 before encoding
     round t (lookahead, eager, ``overlap_steps > 0``) and to obtain the next
     start state; with the default "rebase" and no overlap it may be omitted and
-    only the payloads come back. ``threads``: intra-op threads for the rerun,
+    only the payloads come back. ``previous_excluded``: stage -> the canonical indices
+    of round t-1 that screening left out (the sealed round's ``excluded``; the
+    engine re-derives every other exclusion itself). ``threads``: intra-op threads for the rerun,
     default the claimant's (``state.meta.threads``), which makes it bit-exact.
     """
     meta = state.meta
@@ -235,7 +238,8 @@ def reexecute(
                         )
                     continue
                 for engine in engines:
-                    engine.finish_round(action.outer_round, list(previous_contributions[engine.stage_index]))
+                    engine.finish_round(action.outer_round, list(previous_contributions[engine.stage_index]),
+                                        excluded=(previous_excluded or {}).get(engine.stage_index))
                 applied_previous = True
                 encode_seconds += time.perf_counter() - started
             elif action.kind == ENCODE:
@@ -325,6 +329,7 @@ def verify_contribution(
     run_rounds: int,
     previous_contributions: Mapping[int, Sequence[bytes]] | None = None,
     committed_weights: Mapping[int, Mapping[int, bytes]] | None = None,
+    previous_excluded: Mapping[int, Mapping[int, str]] | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
     threads: int | None = None,
 ) -> SpotCheck:
@@ -374,7 +379,8 @@ def verify_contribution(
         return failed(DATA_MISMATCH, "the data commitment is not this round's batches")
     try:
         rerun = reexecute(state, corpus, model_cfg, training_cfg, diloco_cfg, compression_cfg,
-                          previous_contributions=previous_contributions, threads=threads)
+                          previous_contributions=previous_contributions, previous_excluded=previous_excluded,
+                          threads=threads)
     except ReplicaStateError as exc:
         return failed(STATE_MISMATCH, f"state does not fit the run's model: {exc}")
     specs = split_stages(model_cfg.n_layer, num_stages)

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ledger.errors import CommitConflict
+from ledger.errors import CommitConflict, LedgerSignerNotMember
 from ledger.merkle import merkle_root
 from ledger.records import RoundRecord, to_micro
 from node.config import NodeConfig
@@ -277,8 +277,11 @@ class Committer:
         own = node.chain.client.record_digest(mine)
         for digest in sorted(signed, key=lambda d: (d != own, -len(signed[d][1]))):
             record, signatures = signed[digest]
-            if len(signatures) >= quorum:
-                return record, list(signatures.values())
+            # Only current members count: a signer slashed since it signed (a spot check found it
+            # cheating) would make the chain refuse the whole commit.
+            current = [sig for signer, sig in signatures.items() if node.chain.is_member(node.run_id, signer)]
+            if len(current) >= quorum:
+                return record, current
         return None
 
     def _commit_with_quorum(self, outer_round: int, mine: RoundRecord, signature: bytes | None) -> bool:
@@ -296,11 +299,22 @@ class Committer:
             found = self._quorum_record(outer_round, mine, quorum)
             return found is not None or node.chain.commit_of(node.run_id, outer_round) is not None
 
-        if not self._wait_reporting(quorum_or_committed, f"round {outer_round}: waiting for {quorum} member "
-                                    "signatures over one record"):
-            return False
-        if found is None:
-            return False  # another member committed it first
+        while True:
+            if not self._wait_reporting(quorum_or_committed, f"round {outer_round}: waiting for {quorum} member "
+                                        "signatures over one record"):
+                return False
+            if found is None:
+                return False  # another member committed it first
+            try:
+                return self._submit(outer_round, mine, found, quorum)
+            except LedgerSignerNotMember as exc:
+                logger.warning("round %d: a signer left the run before the commit (%s); waiting for current "
+                               "members' signatures", outer_round, exc)
+                node.chain.forget_seats(node.run_id)
+
+    def _submit(self, outer_round: int, mine: RoundRecord, found, quorum: int) -> bool:
+        """Submit a quorum-signed record when this node's turn comes; False if someone else committed first."""
+        node = self.node
         record, signatures = found
         if record != mine:
             logger.warning("round %d: the quorum signed a record other than ours (losses or checkpoint differ)",

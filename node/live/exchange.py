@@ -116,7 +116,7 @@ class ContributionPool:
             if self.check_payload is not None:
                 try:
                     self.check_payload(stage, outer_round, env.payload)
-                except ValueError as exc:  # the codec's errors (ContributionDecodeError) are ValueErrors
+                except (ValueError, msg.ProtocolError) as exc:  # the codec's errors are ValueErrors
                     self._reject(outer_round, stage, a, f"payload does not decode: {exc}", data)
                     return
             self.add(outer_round, stage, a.envelope_hash, data)

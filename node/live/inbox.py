@@ -41,7 +41,8 @@ class GossipInbox:
 
     def __init__(self, run_id: int, validator: EnvelopeValidator, book: RoundBook, membership: Membership,
                  contributions: ContributionPool, held_stages: Callable[[], tuple[int, ...]],
-                 record_signer: Callable[[RoundRecord, bytes, bytes], str] | None = None) -> None:
+                 record_signer: Callable[[RoundRecord, bytes, bytes], str] | None = None,
+                 spot_checks=None) -> None:
         self.run_id = run_id
         self.validator = validator
         self.book = book
@@ -54,7 +55,10 @@ class GossipInbox:
             msg.CLOSE: self._on_close,
             msg.ATTESTATION: self._on_attestation,
             msg.RECORD: self._on_record,
+            msg.ACCUSATION: self._on_accusation,
+            msg.VERDICT: self._on_verdict,
         }
+        self.spot_checks = spot_checks  # node.live.verifier.SpotChecker, once the node trains
 
     # -- the topic validator (runs on the host's thread, before relaying) -------------------
     def relay_ok(self, data: bytes, _from: str = "") -> bool:
@@ -101,7 +105,13 @@ class GossipInbox:
         # not placed yet (its seat or hello still on the way) is dropped now and accepted from
         # the next copy a resync brings, instead of being refused later as a replay. (A record
         # signature's authority is its EIP-712 signer's seat, checked by its handler.)
-        if env.kind != msg.RECORD:
+        if env.kind in (msg.ACCUSATION, msg.VERDICT):
+            # Not round messages of a stage: an accuser must be a placed member (its authority on
+            # chain is its seat); a verdict's authority is its EIP-712 signer's seat (its handler).
+            if env.kind == msg.ACCUSATION and (self.membership.ejected(env.sender_peer_id) or
+                                               env.sender_peer_id not in self.membership.refresh()):
+                raise msg.ProtocolError(f"accusation from {env.sender_peer_id[-8:]}, not a placed member")
+        elif env.kind != msg.RECORD:
             self.membership.check_sender(env)
         try:
             env = self.validator.check(data)
@@ -148,6 +158,14 @@ class GossipInbox:
             raise msg.ProtocolError(f"record of round {env.round}: {exc}") from None
         signer, digest = self.record_signer(record, signed.account, signed.signature)
         self.book.add_record_signature(env.round, digest, record, signer, signed.signature)
+
+    def _on_accusation(self, env: Envelope, accusation: msg.Accusation, _data: bytes) -> None:
+        if self.spot_checks is not None:
+            self.spot_checks.on_accusation(env, accusation)
+
+    def _on_verdict(self, env: Envelope, verdict: msg.VerdictSignature, _data: bytes) -> None:
+        if self.spot_checks is not None:
+            self.spot_checks.on_verdict(env, verdict)
 
     def _on_attestation(self, env: Envelope, attestation: msg.Attestation, _data: bytes) -> None:
         self.book.add_attestation(env.round, env.stage, env.sender_peer_id, attestation)

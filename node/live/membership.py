@@ -41,6 +41,7 @@ class Membership:
         self.joined = joined
         self.placements: dict[str, Placement] = {}
         self._connected: set[str] = set()
+        self._ejected: set[str] = set()
         self._lock = threading.Lock()
 
     # -- placement --------------------------------------------------------------------
@@ -87,8 +88,23 @@ class Membership:
         with self._lock:
             return sorted(self.placements)
 
+    def eject(self, peer_id: str) -> None:
+        """A member found guilty on chain: its messages no longer count and it is no longer expected.
+
+        Its placement stays, so that no other replica's index shifts (it seeds their data).
+        """
+        self._ejected.add(peer_id)
+
+    def ejected(self, peer_id: str) -> bool:
+        return peer_id in self._ejected
+
     def check_sender(self, env) -> None:
         """Refuse a round message whose sender is not placed where the envelope says it is."""
+        # An ejected member's announces and closes no longer count; its attestations of rounds it
+        # took part in still do (they are only loss reports, and every member must derive the same
+        # record whether it heard of the ejection before or after them).
+        if env.sender_peer_id in self._ejected and env.kind in (msg.ANNOUNCE, msg.CLOSE):
+            raise msg.ProtocolError(f"{env.kind} from {env.sender_peer_id[-8:]}, a member ejected from the run")
         def fits(placed: Placement | None) -> bool:
             return placed is not None and env.stage in placed.stages and (
                 env.kind != msg.ANNOUNCE or env.replica == placed.replica)
@@ -112,7 +128,7 @@ class Membership:
         it stays expected until the round deadline; a crashed one drops its connections
         and, once its last message is PEER_TTL_S old, is gone.
         """
-        return set(self.book.live_peers(PEER_TTL_S)) | self._connected
+        return (set(self.book.live_peers(PEER_TTL_S)) | self._connected) - self._ejected
 
     def first_round_of(self, peer_id: str) -> int | None:
         """The first round a peer announced it contributes to (-1: still joining), or None if unknown."""

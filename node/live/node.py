@@ -47,6 +47,7 @@ from node.live.replica import ReplicaWorker
 from node.live.resume import RestartRecovery
 from node.live.roundbook import Announced, RoundBook
 from node.live.status import Progress, StateFile, write_status
+from node.live.verifier import SpotChecker, VerifierContext
 from node.live.topology import Placement
 from node.runconfig import canonical_json, config_hash, run_document
 from node.store.archive import Archive, ArchivedContribution
@@ -100,11 +101,15 @@ class Node:
         # messages far outside the rounds this node works on are refused.
         self.validator = EnvelopeValidator(self.run_id, max_size=msg.MAX_GOSSIP_PAYLOAD + 4096,
                                            max_rounds_ahead=64 + 4 * cfg.checkpoint_every,
-                                           equivocation_exempt_kinds=(msg.HELLO,))
+                                           equivocation_exempt_kinds=(msg.HELLO, msg.ACCUSATION, msg.VERDICT))
         self._threads: list[threading.Thread] = []
         self._train_info: dict[int, tuple[float, float, int]] = {}  # round -> (train loss, eval loss, tokens)
         self._round_parts: dict[int, list] = {}  # round -> TrainStats of its parts trained so far
         self._reannounced: set[int] = set()  # rounds whose archived contribution this life announced again
+        self.spot_checks: SpotChecker | None = None
+        self._start_states: dict[int, dict[int, bytes]] = {}  # round -> stage -> start-state hash served
+        self._stage_hashes: dict[int, dict[int, bytes]] = {}  # round -> stage -> weights hash after its outer step
+        self.ejected = False  # this node was found guilty on chain and removed from the run
         self.first_round = -1  # first round this process contributes to (announced in hellos)
         self._last_report = 0.0
 
@@ -116,6 +121,9 @@ class Node:
             self._train_loop(start_round, unfinished)
         finally:
             self.close()
+        if self.ejected:
+            raise NotRegistered(f"this node was found guilty on a spot check by run {self.run_id}'s quorum: its "
+                                "stake was slashed and its seat removed (evidence under evidence/ of its peers)")
         return self.progress
 
     def stop(self) -> None:
@@ -126,6 +134,8 @@ class Node:
         self.stop_event.set()
         if self.committer is not None:
             self.committer.close()
+        if self.spot_checks is not None:
+            self.spot_checks.close()
         if self.contributions is not None:
             self.contributions.close()
         for t in self._threads:
@@ -154,7 +164,7 @@ class Node:
         self.host = P2PHost.start(cfg.p2p, self.identity, data_dir=self.data_dir)
 
         def seat(account: bytes, public_key: bytes) -> tuple[int, int] | None:
-            membership = self.chain.seat(self.run_id, account, public_key)
+            membership = self.chain.seat(self.run_id, account, public_key, current=False)
             return None if membership is None else membership.joined
 
         self.membership = Membership(self.peer_id, cfg.cluster, cfg.cluster_size, cfg.pipeline.num_stages,
@@ -162,7 +172,8 @@ class Node:
         self.contributions = ContributionPool(
             self.host, self.book, self.run_id, self.data_dir / "incoming", cfg.p2p.max_blob_bytes,
             cfg.p2p.transfer_timeout, cfg.p2p.blob_concurrency,
-            check_payload=lambda stage, r, payload: self.worker.check_contribution(stage, r, payload),
+            check_payload=lambda stage, r, payload: self.worker.check_contribution(
+                stage, r, msg.decode_contribution_body(payload).blob),
             evidence_dir=self.data_dir / "evidence")
         # Rounds this node finished in an earlier life: it never signs a second, different
         # close or attestation for them (peers would hold both as equivocation evidence).
@@ -172,7 +183,7 @@ class Node:
             resync=self._resync,
             previous_life_finished=self.state.get("last_finished", -1), transfer_timeout=cfg.p2p.transfer_timeout,
             stop=self.stop_event)
-        inbox = GossipInbox(self.run_id, self.validator, self.book, self.membership, self.contributions,
+        self.inbox = inbox = GossipInbox(self.run_id, self.validator, self.book, self.membership, self.contributions,
                             held_stages=lambda: self.worker.stages if self.worker is not None else (),
                             record_signer=self._record_signer)
         queue = self.host.subscribe(run_topic(self.run_id), validator=inbox.relay_ok)
@@ -195,6 +206,11 @@ class Node:
             cfg, self.run_id, self.peer_id, self.book, self.chain, self.host, self.coordinator, self.membership,
             self.checkpoint_dir, self.data_dir / "incoming", self.stop_event,
             on_recorded=self._on_recorded, on_confirmed=self._on_confirmed, state=self.state, gossip=self._gossip))
+        self.spot_checks = SpotChecker(VerifierContext(
+            cfg, self.run_id, self.peer_id, self.chain, self.host, self.archive, self.membership, self._gossip,
+            self._sign_envelope, self._stage_hashes_of, lambda: self.placement.replica, lambda: self.progress.round,
+            self.data_dir / "spotchecks", self.data_dir / "evidence", self.stop_event, self._on_ejected))
+        inbox.spot_checks = self.spot_checks
         start_round, unfinished = self._entry_point()
         start_round = self.worker.agree_on_round(start_round)
         unfinished = [r for r in unfinished if r < start_round]
@@ -325,6 +341,9 @@ class Node:
             if self.stop_event.is_set():
                 raise RoundAbandoned()
 
+        if first_step == 0:  # what the round's contributions will bind (docs/DILOCOX.md section 11)
+            self._start_states[outer_round] = self.spot_checks.serve_start_states(
+                outer_round, self.worker.capture_start_states(outer_round))
         try:
             stats = self.worker.train_round(outer_round, on_step, first_step, end_step)
         except PipelineError as exc:
@@ -348,9 +367,14 @@ class Node:
     def _publish_contributions(self, outer_round: int) -> None:
         if outer_round <= self.state.get("last_contributed", -1):
             raise StateError(f"round {outer_round} was already contributed before a restart; refusing to re-sign")
+        states = self._start_states.pop(outer_round, None)
+        if states is None:
+            raise StateError(f"round {outer_round}: no start state was captured; refusing to contribute unbound")
+        data_commitment = self.worker.data_commitment(outer_round)
         for stage in self.worker.stages:
             blob, cstats = self.worker.encode(stage, outer_round)
-            envelope = Envelope.create(self.identity, self.run_id, outer_round, msg.CONTRIBUTION, blob,
+            body = msg.encode_contribution_body(msg.ContributionBody(states[stage], data_commitment, blob))
+            envelope = Envelope.create(self.identity, self.run_id, outer_round, msg.CONTRIBUTION, body,
                                        stage=stage, replica=self.placement.replica).to_bytes()
             digest = self.archive.put(outer_round, envelope)
             self.host.provide_blob(envelope)
@@ -376,10 +400,12 @@ class Node:
                 self.coordinator.adopt(outer_round, stage, sealed_before[stage])
             close = self.coordinator.accepted(outer_round, stage) or self.coordinator.await_close(outer_round, stage)
             envelopes = self.contributions.collect(outer_round, stage, close)
-            payloads = [decode_envelope(e, self.cfg.p2p.max_blob_bytes).payload for e in envelopes]
+            payloads = [msg.decode_contribution_body(decode_envelope(e, self.cfg.p2p.max_blob_bytes).payload).blob
+                        for e in envelopes]
             screened, _reports = self.worker.screen(outer_round, payloads)
             result = self.worker.apply(stage, outer_round, payloads, excluded=screened)
             hashes[stage] = result.weights_hash
+            self._stage_hashes.setdefault(outer_round, {})[stage] = result.weights_hash
             for report in result.contributions:
                 if not report.accepted:
                     replica, peer_id, digest, _size = close.contributions[report.index]
@@ -423,6 +449,10 @@ class Node:
         self.validator.advance(outer_round)
         for old in [r for r in self._train_info if r < outer_round]:
             del self._train_info[old]
+        for old in [r for r in self._stage_hashes if r < outer_round - 8]:
+            del self._stage_hashes[old]
+        for old in [r for r in self._start_states if r < outer_round]:
+            del self._start_states[old]
 
     def _write_shard(self, outer_round: int, stage: int, weights_hash: bytes) -> bytes:
         weights, momentum = self.worker.global_state(stage)
@@ -437,6 +467,30 @@ class Node:
     def _on_recorded(self, outer_round: int, weights_root: bytes, committed_by_me: bool) -> None:
         self.progress.weights_root = weights_root.hex()
         self.state.record_round(outer_round, weights_root, committed_by_me)
+        if self.spot_checks is not None:
+            self.spot_checks.on_recorded(outer_round, weights_root)
+
+    def _stage_hashes_of(self, outer_round: int) -> dict[int, bytes]:
+        """Stage -> weights hash of ``outer_round`` as this node computed it (round -1: the initial weights)."""
+        if outer_round < 0:
+            return self.worker.initial_hashes()
+        return dict(self._stage_hashes.get(outer_round, {}))
+
+    def _sign_envelope(self, outer_round: int, kind: str, payload: bytes) -> bytes:
+        return Envelope.create(self.identity, self.run_id, outer_round, kind, payload,
+                               replica=self.placement.replica if self.placement else -1).to_bytes()
+
+    def _on_ejected(self, peer_id: str, account: bytes) -> None:
+        """A member was found guilty on chain: stop counting it; if it is this node, stop."""
+        self.membership.eject(peer_id)
+        if peer_id == self.peer_id:
+            logger.error("this node (account 0x%s) was found guilty by the run's quorum and removed from run %d; "
+                         "stopping", account.hex(), self.run_id)
+            self.ejected = True
+            self.stop()
+        else:
+            logger.warning("member %s (account 0x%s) removed from the run: its messages no longer count",
+                           peer_id[-8:], account.hex())
 
     def _on_confirmed(self, outer_round: int) -> None:
         self.progress.last_commit = max(self.progress.last_commit, outer_round)

@@ -15,8 +15,8 @@ from ledger.account import load_account
 from ledger.chain import AnvilProcess, connect_rpc
 from ledger.client import LedgerClient, binding_message
 from ledger.errors import LedgerError
-from ledger.attest import recover_signer
-from ledger.records import CheckpointRecord, Membership, RoundRecord, RunInfo
+from ledger.attest import recover_signer, recover_verdict_signer
+from ledger.records import CheckpointRecord, Membership, RoundRecord, RunInfo, Verdict
 from node.config import NodeConfig
 from node.errors import ConfigError, NotRegistered
 
@@ -32,6 +32,7 @@ class NodeChain:
         self.client = client
         self._anvil = anvil
         self._seats: dict[str, Membership] = {}  # account -> its current membership period
+        self._placed: dict[str, Membership] = {}  # account -> its latest period, current or ended
         self._seats_read = 0.0
         self._unknown_checked: dict[str, float] = {}
         self._run_info: dict[int, RunInfo] = {}
@@ -115,17 +116,22 @@ class NodeChain:
                                     f"{stake} wei: {exc}") from exc
         logger.info("joined run %d with a stake of %d wei", run_id, stake)
 
-    def seat(self, run_id: int, account: bytes, public_key: bytes) -> Membership | None:
-        """The account's current membership of the run if it holds a signing seat bound to ``public_key``.
+    def seat(self, run_id: int, account: bytes, public_key: bytes, current: bool = True) -> Membership | None:
+        """The account's membership of the run if its seat is bound to ``public_key``.
 
-        Read from the chain's membership events; re-read at most every few seconds when an
-        unknown account asks, so a flood of hellos from outsiders cannot flood the RPC.
+        ``current``: only a seat held now (a signing seat); False: also one that ended (the
+        member left or was slashed), which placement keeps so that no other replica's index
+        shifts when a member goes. Read from the chain's membership events; re-read at most
+        every few seconds when an unknown account asks, so a flood of hellos from outsiders
+        cannot flood the RPC.
         """
         address = "0x" + account.hex()
-        seat = self._lookup(address)
+        table = self._seats if current else self._placed
+        seat = table.get(address.lower())
         if seat is None and self._may_refresh(address):
             self._refresh_seats(run_id)
-            seat = self._lookup(address)
+            table = self._seats if current else self._placed
+            seat = table.get(address.lower())
         if seat is None or seat.node_key != public_key:
             return None
         return seat
@@ -161,6 +167,7 @@ class NodeChain:
             logger.debug("membership read failed: %s", exc)
             return
         self._seats = {m.account.lower(): m for m in periods if m.ended is None}
+        self._placed = {m.account.lower(): m for m in periods}  # events in chain order: the latest period wins
         self._seats_read = time.monotonic()
 
     def signer_of(self, record: RoundRecord, signature: bytes) -> str:
@@ -199,3 +206,27 @@ class NodeChain:
                             signature_b: bytes) -> str:
         with self._lock:
             return self.client.report_equivocation(record_a, signature_a, record_b, signature_b)
+
+    # -- accusations (re-execution spot checks, docs/PROTOCOL.md "Spot checks") -----------
+    def sign_verdict(self, verdict: Verdict) -> bytes:
+        return self.client.sign_verdict(verdict)
+
+    def verdict_signer(self, verdict: Verdict, signature: bytes) -> str:
+        """The account whose EIP-712 signature over ``verdict`` this is (raises LedgerError if malformed)."""
+        return recover_verdict_signer(verdict, signature, self.client.chain_id, self.client.ledger_address)
+
+    def accuse(self, run_id: int, accused: str, evidence_hash: bytes) -> str:
+        with self._lock:
+            return self.client.accuse(run_id, accused, evidence_hash)
+
+    def resolve_accusation(self, verdict: Verdict, signatures: list[bytes]) -> str:
+        with self._lock:
+            return self.client.resolve_accusation(verdict, signatures)
+
+    def accusation_status(self, run_id: int, accused: str, evidence_hash: bytes) -> str:
+        with self._lock:
+            return self.client.accusation_status(run_id, accused, evidence_hash)
+
+    def forget_seats(self, run_id: int) -> None:
+        """Re-read the run's seats now (a member was slashed: it must stop counting at once)."""
+        self._refresh_seats(run_id)

@@ -21,7 +21,10 @@ ANNOUNCE = "announce"
 CLOSE = "close"
 ATTESTATION = "attestation"
 RECORD = "record"  # a member's EIP-712 signature over the round's on-chain record
-KINDS = (HELLO, CONTRIBUTION, ANNOUNCE, CLOSE, ATTESTATION, RECORD)
+EVIDENCE = "evidence"  # a blob, not gossip: a verifier's signed proof that a contribution does not re-execute
+ACCUSATION = "accusation"  # 'this member's contribution failed my spot check; the evidence is this blob'
+VERDICT = "verdict"  # a member's EIP-712 signature over the verdict on an accusation
+KINDS = (HELLO, CONTRIBUTION, ANNOUNCE, CLOSE, ATTESTATION, RECORD, ACCUSATION, VERDICT)
 
 
 def run_topic(run_id: int) -> str:
@@ -97,7 +100,85 @@ class RecordSignature:
     signature: bytes
 
 
-_TYPES = {HELLO: Hello, ANNOUNCE: Announce, CLOSE: Close, ATTESTATION: Attestation, RECORD: RecordSignature}
+@dataclass(frozen=True)
+class Accusation:
+    """'The contribution of (``outer_round``, ``replica``) did not re-execute; my evidence is blob ``evidence_hash``.'
+
+    The evidence blob is an :data:`EVIDENCE` envelope signed by the accuser
+    (:class:`Evidence`); ``evidence_hash`` (its sha256) is what the accusation on chain names.
+    """
+
+    outer_round: int  # the round of the contribution (the envelope's round is the sender's current one)
+    accused: bytes  # the accused member's 20-byte account
+    accused_peer: str  # the peer id that signed the contribution
+    replica: int
+    evidence_hash: bytes
+    evidence_size: int
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """The payload of an :data:`EVIDENCE` envelope: a spot check's self-contained result.
+
+    ``contributions``: the accused's signed contribution envelopes of the round, one per
+    stage (they bind the start-state hashes, served by the accused, and the data
+    commitment); ``verdict``/``reason``/``distances``: what the verifier's rerun found.
+    """
+
+    accused: bytes
+    replica: int
+    contributions: list[bytes]
+    verdict: str
+    reason: str
+    distances: list[float]  # per stage, in stage order
+
+
+@dataclass(frozen=True)
+class VerdictSignature:
+    """A member's signature over ``Verdict(runId, accused, evidenceHash, guilty)`` (docs/LEDGER.md)."""
+
+    accused: bytes
+    evidence_hash: bytes
+    guilty: bool
+    account: bytes
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class ContributionBody:
+    """The payload of a contribution envelope: what re-executes it, then the encoded pseudo-gradient.
+
+    Layout: ``b"dlx-contribution/2" || state_hash (32) || data_commitment (32) || codec blob``.
+    ``state_hash`` is the stage's start state of the round (docs/DILOCOX.md section 11),
+    ``data_commitment`` the sha256 of the round's token ids; the signature over the envelope
+    binds both to the pseudo-gradient, and the record's contributions root binds the envelope.
+    """
+
+    state_hash: bytes
+    data_commitment: bytes
+    blob: bytes
+
+
+CONTRIBUTION_MAGIC = b"dlx-contribution/2"
+
+
+def encode_contribution_body(body: ContributionBody) -> bytes:
+    if len(body.state_hash) != 32 or len(body.data_commitment) != 32:
+        raise ProtocolError("contribution state_hash and data_commitment must be 32 bytes")
+    return CONTRIBUTION_MAGIC + body.state_hash + body.data_commitment + body.blob
+
+
+def decode_contribution_body(payload: bytes) -> ContributionBody:
+    """Split a contribution envelope's payload; ProtocolError if it is not one."""
+    head = len(CONTRIBUTION_MAGIC)
+    if (not isinstance(payload, bytes) or len(payload) < head + 64 + 1
+            or not payload.startswith(CONTRIBUTION_MAGIC)):
+        raise ProtocolError("contribution payload does not start with dlx-contribution/2, two hashes and a blob")
+    return ContributionBody(payload[head:head + 32], payload[head + 32:head + 64], payload[head + 64:])
+
+
+_TYPES = {HELLO: Hello, ANNOUNCE: Announce, CLOSE: Close, ATTESTATION: Attestation, RECORD: RecordSignature,
+          ACCUSATION: Accusation, VERDICT: VerdictSignature, EVIDENCE: Evidence}
 
 
 def encode_payload(message: Any) -> bytes:
@@ -108,6 +189,8 @@ def _check(value: Any, annotation: Any, where: str) -> Any:
     text = str(annotation)
     if annotation is bytes or text == "bytes":
         ok = isinstance(value, bytes)
+    elif annotation is bool or text == "bool":
+        ok = isinstance(value, bool)
     elif annotation is int or text == "int":
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif annotation is float or text == "float":
@@ -124,15 +207,20 @@ def _check(value: Any, annotation: Any, where: str) -> Any:
     return value
 
 
+#: Evidence carries the accused's contribution envelopes: a blob, bounded by the blob limit.
+MAX_EVIDENCE_PAYLOAD = 64 * 1024 * 1024
+
+
 def decode_payload(kind: str, data: bytes) -> Any:
-    """Strictly decode the payload of a gossip message of ``kind``."""
+    """Strictly decode the payload of a gossip message (or an evidence blob) of ``kind``."""
     cls = _TYPES.get(kind)
     if cls is None:
         raise ProtocolError(f"kind {kind!r} carries no gossip payload")
-    if len(data) > MAX_GOSSIP_PAYLOAD:
-        raise ProtocolError(f"{kind} payload of {len(data)} bytes exceeds {MAX_GOSSIP_PAYLOAD}")
+    limit = MAX_EVIDENCE_PAYLOAD if kind == EVIDENCE else MAX_GOSSIP_PAYLOAD
+    if len(data) > limit:
+        raise ProtocolError(f"{kind} payload of {len(data)} bytes exceeds {limit}")
     try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_GOSSIP_PAYLOAD)
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=limit)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise ProtocolError(f"{kind} payload is not msgpack: {exc}") from None
     names = [f.name for f in fields(cls)]
@@ -171,6 +259,24 @@ def _validate(message: Any) -> None:
                 raise ProtocolError(f"record.{name} must be in [0, 2^64)")
         if len(message.account) != 20 or len(message.signature) != 65:
             raise ProtocolError("record.account must be 20 bytes and record.signature 65 bytes")
+    elif isinstance(message, Accusation):
+        if len(message.accused) != 20 or len(message.evidence_hash) != 32:
+            raise ProtocolError("accusation.accused must be 20 bytes and evidence_hash 32 bytes")
+        if message.replica < 0 or message.outer_round < 0 or not 0 < message.evidence_size <= MAX_EVIDENCE_PAYLOAD + 4096:
+            raise ProtocolError("accusation.replica must be >= 0 and evidence_size in (0, limit]")
+    elif isinstance(message, VerdictSignature):
+        if len(message.accused) != 20 or len(message.evidence_hash) != 32 or len(message.account) != 20:
+            raise ProtocolError("verdict.accused/account must be 20 bytes and evidence_hash 32 bytes")
+        if len(message.signature) != 65:
+            raise ProtocolError("verdict.signature must be 65 bytes")
+    elif isinstance(message, Evidence):
+        if len(message.accused) != 20 or message.replica < 0 or not 1 <= len(message.contributions) <= 64:
+            raise ProtocolError("evidence.accused must be 20 bytes, replica >= 0, 1..64 contributions")
+        if not all(isinstance(c, bytes) for c in message.contributions):
+            raise ProtocolError("evidence.contributions must be envelope bytes")
+        if len(message.distances) != len(message.contributions) or not all(
+                isinstance(d, (int, float)) and not isinstance(d, bool) for d in message.distances):
+            raise ProtocolError("evidence.distances must be one number per contribution")
     elif isinstance(message, Attestation):
         for name in ("weights_hash", "contributions_root"):
             if len(getattr(message, name)) != 32:

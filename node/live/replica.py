@@ -23,6 +23,8 @@ from training.diloco import RoundResult, StageEngine
 from training.screening import decode_full, model_loss_fn, screen_contributions, screening_batch, screening_exclusions
 from training.hashing import stage_weights_hash, weights_root
 from training.model import init_state_dict
+from training.reexec import data_commitment, round_meta
+from training.replica_state import capture_stage_state
 from training.pipeline import (
     LocalReplicaTrainer,
     PipelineStageTrainer,
@@ -151,6 +153,25 @@ class ReplicaWorker:
                 on_step(step + 1, losses[-1])
         tokens = len(losses) * self.cfg.training.batch_size * self.cfg.model.block_size
         return TrainStats(sum(losses) / len(losses), tokens, time.perf_counter() - started)
+
+    # -- what a contribution binds (re-execution spot checks, docs/DILOCOX.md section 11) ------
+    def capture_start_states(self, outer_round: int) -> dict[int, bytes]:
+        """Stage -> canonical bytes of the start state of ``outer_round`` (call before its first inner step)."""
+        meta = round_meta(outer_round, self.replica, self.cfg.model, self.cfg.diloco, run_rounds=self.cfg.rounds,
+                          num_stages=self.cfg.pipeline.num_stages,
+                          micro_batches=self.cfg.pipeline.micro_batches if self.pipelined else 0)
+        if self.pipelined:
+            held = {self.stages[0]: (self.trainer.module, self.trainer.optimizer)}
+        else:
+            held = {spec.index: (module, optimizer) for spec, module, optimizer in
+                    zip(self.specs, self.trainer.stage_modules, self.trainer.optimizers)}
+        return {stage: capture_stage_state(meta, self.engines[stage], *held[stage]).to_bytes()
+                for stage in self.stages}
+
+    def data_commitment(self, outer_round: int) -> bytes:
+        """sha256 of the token ids this replica's H inner steps of ``outer_round`` consume."""
+        return data_commitment(self.corpus, self.cfg.training, self.cfg.model, self.cfg.diloco, self.replica,
+                               outer_round)
 
     def eval_loss(self) -> float:
         return self.trainer.eval_loss(self._eval)

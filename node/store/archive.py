@@ -119,6 +119,19 @@ class Archive:
         except (ValueError, KeyError, TypeError) as exc:
             raise StateError(f"archive manifest {path} is corrupt: {exc}") from None
 
+    def excluded(self, round_index: int) -> list[list]:
+        """The sealed round's exclusions, ``[stage, replica, peer id, envelope hash hex, reason, detail]``."""
+        path = self._round_dir(round_index) / "round.json"
+        try:
+            entries = json.loads(path.read_text()).get("excluded", [])
+        except FileNotFoundError:
+            return []
+        except (ValueError, AttributeError) as exc:
+            raise StateError(f"archive manifest {path} is corrupt: {exc}") from None
+        if not isinstance(entries, list) or not all(isinstance(e, list) and len(e) == 6 for e in entries):
+            raise StateError(f"archive manifest {path}: 'excluded' must be a list of 6-item lists")
+        return entries
+
     def rounds(self) -> list[int]:
         out = []
         for p in self.dir.glob("round-*"):

@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from node.errors import DLX_ERRORS, AuditFailed, AuditIncomplete
+from node.errors import DLX_ERRORS, AuditFailed, AuditIncomplete, ConfigError
 from node.tools.audit_replay import Replayer, check_checkpoint, check_replay, check_run_document
 from node.tools.audit_rounds import check_contributions
 from node.tools.evidence import ArchiveSource, PeerFetcher, PeerSource, reader_client
@@ -220,6 +220,7 @@ def audit_run(
     progress: Progress | None = None,
     check_code: bool = True,
     data_path: str | Path | None = None,
+    reexecute: int = 0,
 ) -> AuditReport:
     """Audit run ``run_id`` (module docstring): return an :class:`AuditReport`, never raise on a finding.
 
@@ -231,6 +232,8 @@ def audit_run(
         progress: Called as ``progress(done, total, what)`` while rounds are checked.
         data_path: The run's training text, for re-deriving contribution screening (None: only runs on the
             project's generated corpus can be screened here).
+        reexecute: Rerun this many sampled contributions (-1: all) and every ejection's evidence
+            (:mod:`node.tools.audit_reexec`); 0: none.
     """
     timings: dict[str, float] = {}
     started = time.perf_counter()
@@ -324,6 +327,12 @@ def audit_run(
         if progress is not None:
             progress(index + 1, total, f"round {commit.round}")
     timings["rounds_s"] = time.perf_counter() - mark
+    if reexecute:
+        from node.tools.audit_reexec import reexec_checks
+
+        mark = time.perf_counter()
+        reexec_checks(report, history, replayer, archives, reexecute)
+        timings["reexecute_s"] = time.perf_counter() - mark
     timings["total_s"] = time.perf_counter() - started
     replays = [r.replay_seconds for r in report.rounds if r.replay_seconds is not None]
     if replays:
@@ -359,6 +368,19 @@ class _ProgressBar:
             self.stream.flush()
 
 
+def _reexecute_count(value: str) -> int:
+    """``--reexecute`` as a count: N >= 0, or "all" (-1)."""
+    if str(value).lower() == "all":
+        return -1
+    try:
+        count = int(value)
+    except ValueError:
+        count = -2
+    if count < 0:
+        raise ConfigError(f"--reexecute {value!r}: give a number of contributions >= 0, or 'all'")
+    return count
+
+
 def run_audit(args: Any) -> int:
     """``dlx-node audit``: print per-round verdicts and the summary, write --json/--html.
 
@@ -378,6 +400,7 @@ def run_audit(args: Any) -> int:
             replay=not args.no_replay,
             progress=_ProgressBar(),
             data_path=getattr(args, "data", "") or None,
+            reexecute=_reexecute_count(getattr(args, "reexecute", "0")),
         )
     finally:
         if fetcher is not None:

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from node.errors import DLX_ERRORS
+from node.live import protocol as msg
 from node.tools.evidence import first_good_copy
 from node.tools.report import FAIL, OK, UNVERIFIABLE, Check, Contributor, RoundVerdict
 
@@ -168,8 +169,13 @@ def check_contributions(
             )
             continue
         contributor.account = account
+        try:
+            body = msg.decode_contribution_body(env.payload)
+        except msg.ProtocolError as exc:
+            verdict.checks.append(Check(label, FAIL, f"not a contribution: {exc}"))
+            continue
         verdict.checks.append(Check(label, OK))
-        payloads[contributor.stage].append(env.payload)
+        payloads[contributor.stage].append(body.blob)
     if any(c.status == FAIL for c in verdict.checks) or missing:
         return None
     return payloads

@@ -1,0 +1,389 @@
+"""Re-execution spot checks in a running node: start states, sampled reruns, accusations, verdicts, ejection.
+
+Every contribution binds the hash of its replica's start state and of the data
+it trained on (:class:`node.live.protocol.ContributionBody`); the node serves
+its start states as blobs. Once round ``t`` is on chain, each node draws, from
+the round's attested weights root and its own peer id, which other replicas it
+re-executes (:func:`training.reexec.sample_replicas`, ``spot_checks`` expected
+checks per contribution), fetches their start states and reruns them in a
+child process (:mod:`node.live.spotcheck`).
+
+A rerun that does not reproduce the contribution becomes signed evidence: an
+``evidence`` envelope (the accused's contribution envelopes, the verifier's
+result), kept under ``evidence/`` and served as a blob. The verifier opens an
+accusation on chain (``accuse``: the accused can no longer withdraw), gossips
+it, and signs a guilty verdict. Every other member that hears the accusation
+reruns the same contribution itself and signs its own verdict, guilty or not.
+Once ``quorum`` members other than the accused signed the same verdict, any of
+them submits ``resolveAccusation``: a guilty verdict slashes the accused and
+removes it from the run, and every node stops counting its messages. One
+verifier alone can never eject anyone (docs/PROTOCOL.md, "Spot checks").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import math
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ledger.errors import LedgerError
+from ledger.records import Verdict
+from node.errors import NodeError
+from node.fsutil import atomic_write_bytes
+from node.live import protocol as msg
+from node.live.spotcheck import RerunWorker, SpotCheckJob, SpotCheckResult
+from p2p.envelope import Envelope, decode_envelope
+from p2p.errors import EnvelopeRejected, P2PError
+from training.reexec import sample_replicas
+from training.robust import SCREENED
+
+logger = logging.getLogger(__name__)
+
+#: Rounds of start states a node keeps serving (a verifier checks round t once it is on chain).
+STATE_ROUNDS_KEPT = 8
+#: A rerun that takes longer than this is abandoned (no verdict, nobody accused).
+RERUN_TIMEOUT_S = 900.0
+#: How long a node waits for the claimant's start state before giving the check up.
+STATE_FETCH_TIMEOUT_S = 60.0
+#: A sampled check of a round this far behind the newest recorded one is skipped: the claimant
+#: may no longer serve its start state, and a verifier must not fall ever further behind.
+MAX_LAG_ROUNDS = 4
+#: Job priorities: an accusation waiting for confirmation goes before new samples.
+_URGENT, _ROUTINE = 0, 1
+
+
+@dataclass
+class VerifierContext:
+    cfg: object  # NodeConfig
+    run_id: int
+    peer_id: str
+    chain: object  # NodeChain
+    host: object  # P2PHost
+    archive: object  # Archive
+    membership: object  # Membership
+    gossip: Callable  # (round, kind, message, stage) -> envelope bytes
+    sign_envelope: Callable[[int, str, bytes], bytes]  # (round, kind, payload) -> signed envelope bytes
+    stage_hashes: Callable[[int], dict[int, bytes]]  # round -> stage -> weights hash this node computed
+    own_replica: Callable[[], int]
+    current_round: Callable[[], int]  # accusations and verdicts travel in envelopes of the sender's current round
+    work_dir: Path
+    evidence_dir: Path
+    stop: threading.Event
+    on_ejected: Callable[[str, bytes], None]  # (peer id, account) of a member found guilty
+
+
+class SpotChecker:
+    """Serves start states; checks sampled contributions; accuses, confirms and resolves (module docstring)."""
+
+    def __init__(self, ctx: VerifierContext) -> None:
+        self.ctx = ctx
+        self._states: dict[int, list[str]] = {}  # round -> blob hashes of this node's start states
+        self._jobs: queue.PriorityQueue = queue.PriorityQueue()
+        self._seq = itertools.count()
+        self._newest = -1
+        self._worker = RerunWorker(ctx.work_dir / "worker.log")
+        self._results: dict[tuple[int, int], SpotCheckResult | None] = {}  # (round, replica) -> result
+        self._accusations: dict[bytes, tuple[int, msg.Accusation]] = {}  # evidence hash -> (round, accusation)
+        self._verdicts: dict[tuple[bytes, bool], dict[str, bytes]] = {}  # (evidence, guilty) -> signer -> sig
+        self._resolved: set[bytes] = set()
+        self._lock = threading.Lock()
+        self.checks_run = 0
+        self.mismatches = 0
+        self.skipped = 0
+        self._thread = threading.Thread(target=self._loop, name="spotcheck", daemon=True)
+        self._thread.start()
+
+    # -- start states -------------------------------------------------------------------
+    def serve_start_states(self, outer_round: int, parts: dict[int, bytes]) -> dict[int, bytes]:
+        """Serve this node's start-state parts of ``outer_round``; stage -> state hash (what the envelope binds)."""
+        hashes = {}
+        for stage, data in parts.items():
+            digest = self.ctx.host.provide_blob(data, announce=False)
+            self._states.setdefault(outer_round, []).append(digest)
+            hashes[stage] = bytes.fromhex(digest)
+        for old in [r for r in self._states if r < outer_round - STATE_ROUNDS_KEPT]:
+            for digest in self._states.pop(old):
+                self.ctx.host.remove_blob(digest)
+        return hashes
+
+    # -- sampling -----------------------------------------------------------------------
+    def on_recorded(self, outer_round: int, weights_root: bytes) -> None:
+        """Round ``outer_round`` is on chain with ``weights_root``: draw this node's checks of it."""
+        if self.ctx.cfg.spot_checks <= 0:
+            return
+        self._newest = max(self._newest, outer_round)
+        self._put(_ROUTINE, "sample", outer_round, weights_root)
+
+    def _put(self, priority: int, kind: str, *args) -> None:
+        self._jobs.put((priority, next(self._seq), kind, args))
+
+    def _sample(self, outer_round: int, weights_root: bytes) -> None:
+        if outer_round < self._newest - MAX_LAG_ROUNDS:
+            self.skipped += 1
+            logger.info("spot checks of round %d skipped: %d rounds behind the chain", outer_round,
+                        self._newest - outer_round)
+            return
+        sealed = self.ctx.archive.sealed(outer_round)
+        if sealed is None:
+            return
+        replicas = sorted({c.replica for c in sealed})
+        members = max(2, len(replicas))
+        rate = min(1.0, self.ctx.cfg.spot_checks / (members - 1))
+        chosen = sample_replicas(weights_root, self.ctx.peer_id.encode(), outer_round, replicas, rate,
+                                 own_replica=self.ctx.own_replica())
+        signers = {c.replica: c.peer_id for c in sealed}
+        for replica in chosen:
+            if self.ctx.membership.ejected(signers[replica]):
+                continue  # already found guilty and removed: nothing left to decide
+            result = self._check(outer_round, replica)
+            if result is not None and not result.honest:
+                self._accuse(outer_round, replica, result)
+
+    # -- one check ----------------------------------------------------------------------
+    def _check(self, outer_round: int, replica: int) -> SpotCheckResult | None:
+        """Rerun (outer_round, replica) once; None if it could not be checked (inputs missing, rerun failed)."""
+        key = (outer_round, replica)
+        with self._lock:
+            if key in self._results:
+                return self._results[key]
+        try:
+            result = self._rerun(outer_round, replica)
+        except (NodeError, P2PError, OSError, EnvelopeRejected) as exc:
+            logger.warning("spot check of replica %d round %d not done: %s", replica, outer_round, exc)
+            result = None
+        with self._lock:
+            self._results[key] = result
+            for old in [k for k in self._results if k[0] < outer_round - 4 * STATE_ROUNDS_KEPT]:
+                del self._results[old]
+        if result is not None:
+            self.checks_run += 1
+            self.mismatches += 0 if result.honest else 1
+            log = logger.info if result.honest else logger.warning
+            log("spot check of replica %d round %d: %s (%s, rerun %.1fs)", replica, outer_round, result.verdict,
+                result.reason, result.seconds)
+        return result
+
+    def _envelopes_of(self, outer_round: int, replica: int) -> list[Envelope]:
+        sealed = self.ctx.archive.sealed(outer_round) or []
+        entries = sorted((c for c in sealed if c.replica == replica), key=lambda c: c.stage)
+        envs = [decode_envelope(self.ctx.archive.get(outer_round, c.envelope_hash), self.ctx.cfg.p2p.max_blob_bytes)
+                for c in entries]
+        if [e.stage for e in envs] != list(range(self.ctx.cfg.pipeline.num_stages)):
+            raise NodeError(f"round {outer_round}: replica {replica}'s contributions of every stage are not all "
+                            "in the sealed round")
+        return envs
+
+    def _rerun(self, outer_round: int, replica: int) -> SpotCheckResult:
+        cfg = self.ctx.cfg
+        envs = self._envelopes_of(outer_round, replica)
+        bodies = [msg.decode_contribution_body(e.payload) for e in envs]
+        job_dir = self.ctx.work_dir / f"round-{outer_round:08d}-replica{replica}"
+        shutil.rmtree(job_dir, ignore_errors=True)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            parts = []
+            for env, body in zip(envs, bodies):
+                dest = job_dir / f"fetch-{env.stage}.part"
+                self.ctx.host.fetch_blob(body.state_hash.hex(), dest, providers=[env.sender_peer_id],
+                                         timeout=STATE_FETCH_TIMEOUT_S)
+                parts.append(dest.read_bytes())
+            previous, previous_excluded = self._previous_round(outer_round - 1)
+            committed = {r: self.ctx.stage_hashes(r) for r in range(outer_round - 3, outer_round)}
+            job = SpotCheckJob(cfg.to_dict(), outer_round, replica,
+                               [(e.stage, b.state_hash, b.data_commitment, b.blob) for e, b in zip(envs, bodies)],
+                               parts, previous, previous_excluded, {r: h for r, h in committed.items() if h})
+            job.write(job_dir)
+            return self._worker.run(job_dir, RERUN_TIMEOUT_S)
+        finally:
+            shutil.rmtree(job_dir, ignore_errors=True)
+
+    def _previous_round(self, outer_round: int) -> tuple[dict[int, list[bytes]], dict[int, dict[int, str]]]:
+        """Round t-1's closed payloads per stage (canonical order) and its screening exclusions."""
+        if outer_round < 0:
+            return {}, {}
+        sealed = self.ctx.archive.sealed(outer_round)
+        if sealed is None:
+            raise NodeError(f"round {outer_round} is not sealed here; its contributions are needed for the rerun")
+        previous: dict[int, list[bytes]] = {}
+        index: dict[bytes, tuple[int, int]] = {}
+        for c in sealed:
+            payload = decode_envelope(self.ctx.archive.get(outer_round, c.envelope_hash),
+                                      self.ctx.cfg.p2p.max_blob_bytes).payload
+            stage_list = previous.setdefault(c.stage, [])
+            index[c.envelope_hash] = (c.stage, len(stage_list))
+            stage_list.append(msg.decode_contribution_body(payload).blob)
+        excluded: dict[int, dict[int, str]] = {}
+        for stage, _replica, _peer, digest_hex, reason, detail in self.ctx.archive.excluded(outer_round):
+            if reason == SCREENED and bytes.fromhex(digest_hex) in index:
+                s, i = index[bytes.fromhex(digest_hex)]
+                excluded.setdefault(s, {})[i] = str(detail)
+        return previous, excluded
+
+    # -- accusing -----------------------------------------------------------------------
+    def _accuse(self, outer_round: int, replica: int, result: SpotCheckResult) -> None:
+        envs = self._envelopes_of(outer_round, replica)
+        accused_peer = envs[0].sender_peer_id
+        account = self._account_of(accused_peer)
+        if account is None:
+            logger.warning("round %d: replica %d (%s) failed its spot check but its account is unknown here",
+                           outer_round, replica, accused_peer[-8:])
+            return
+        evidence = msg.Evidence(account, replica, [e.to_bytes() for e in envs], result.verdict, result.reason,
+                                [result.distances.get(e.stage, math.inf) for e in envs])
+        data = self.ctx.sign_envelope(outer_round, msg.EVIDENCE, msg.encode_payload(evidence))
+        evidence_hash = hashlib.sha256(data).digest()
+        try:
+            atomic_write_bytes(self.ctx.evidence_dir / f"spotcheck-round-{outer_round:08d}-replica{replica}-"
+                                                      f"{evidence_hash.hex()}.envelope", data)
+        except OSError as exc:
+            logger.warning("evidence not kept on disk: %s", exc)
+        self.ctx.host.provide_blob(data, announce=False)
+        try:
+            self.ctx.chain.accuse(self.ctx.run_id, "0x" + account.hex(), evidence_hash)
+        except LedgerError as exc:  # e.g. already slashed, or this node is no longer a member
+            logger.warning("round %d: accusation of %s not opened on chain: %s", outer_round, accused_peer[-8:], exc)
+            return
+        logger.warning("round %d: accused replica %d (%s, 0x%s) on chain: %s; evidence %s", outer_round, replica,
+                       accused_peer[-8:], account.hex(), result.reason, evidence_hash.hex()[:16])
+        accusation = msg.Accusation(outer_round, account, accused_peer, replica, evidence_hash, len(data))
+        with self._lock:
+            self._accusations[evidence_hash] = (outer_round, accusation)
+        self.ctx.gossip(self.ctx.current_round(), msg.ACCUSATION, accusation)
+        self._sign_verdict(outer_round, accusation, guilty=True)
+
+    def _account_of(self, peer_id: str) -> bytes | None:
+        info = self.ctx.membership.book.live_peers(float("inf")).get(peer_id)
+        return None if info is None else info.hello.account
+
+    # -- hearing accusations and verdicts (from the inbox thread) ------------------------
+    def on_accusation(self, env: Envelope, accusation: msg.Accusation) -> None:
+        """Another member accused someone: check the evidence and the contribution ourselves (on our thread)."""
+        with self._lock:
+            if accusation.evidence_hash in self._accusations or accusation.accused_peer == self.ctx.peer_id:
+                if accusation.accused_peer == self.ctx.peer_id:
+                    logger.warning("round %d: %s accuses this node (evidence %s)", accusation.outer_round,
+                                   env.sender_peer_id[-8:], accusation.evidence_hash.hex()[:16])
+                    self._accusations[accusation.evidence_hash] = (accusation.outer_round, accusation)
+                return
+            self._accusations[accusation.evidence_hash] = (accusation.outer_round, accusation)
+        self._put(_URGENT, "confirm", accusation.outer_round, (env.sender_peer_id, accusation))
+
+    def _confirm(self, outer_round: int, accuser: str, accusation: msg.Accusation) -> None:
+        """Fetch the evidence, check that it names a sealed contribution of the accused, rerun it, sign a verdict."""
+        dest = self.ctx.work_dir / f"evidence-{accusation.evidence_hash.hex()}.part"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.ctx.host.fetch_blob(accusation.evidence_hash.hex(), dest, providers=[accuser],
+                                     timeout=STATE_FETCH_TIMEOUT_S)
+            data = dest.read_bytes()
+        except (P2PError, OSError) as exc:
+            logger.warning("round %d: evidence %s of %s's accusation not fetched: %s", outer_round,
+                           accusation.evidence_hash.hex()[:16], accuser[-8:], exc)
+            return
+        finally:
+            dest.unlink(missing_ok=True)
+        try:
+            env = decode_envelope(data, msg.MAX_EVIDENCE_PAYLOAD + 4096)
+            evidence = msg.decode_payload(msg.EVIDENCE, env.payload)
+            ours = [e.to_bytes() for e in self._envelopes_of(outer_round, accusation.replica)]
+        except (EnvelopeRejected, msg.ProtocolError, NodeError) as exc:
+            logger.warning("round %d: %s's accusation has unusable evidence: %s", outer_round, accuser[-8:], exc)
+            return
+        if (env.kind, env.sender_peer_id, env.round) != (msg.EVIDENCE, accuser, outer_round) or (
+                evidence.accused, evidence.replica) != (accusation.accused, accusation.replica) or (
+                evidence.contributions != ours):
+            logger.warning("round %d: %s's evidence does not name the sealed contributions of replica %d",
+                           outer_round, accuser[-8:], accusation.replica)
+            return
+        self.ctx.host.provide_blob(data, announce=False)  # serve it onward: anyone may check it
+        result = self._check(outer_round, accusation.replica)
+        if result is None:
+            return  # could not rerun: sign nothing either way
+        self._sign_verdict(outer_round, accusation, guilty=not result.honest)
+
+    def _sign_verdict(self, outer_round: int, accusation: msg.Accusation, guilty: bool) -> None:
+        verdict = Verdict(self.ctx.run_id, "0x" + accusation.accused.hex(), accusation.evidence_hash, guilty)
+        signature = self.ctx.chain.sign_verdict(verdict)
+        own = self.ctx.chain.account_bytes
+        self.add_verdict(verdict, "0x" + own.hex(), signature)
+        self.ctx.gossip(self.ctx.current_round(), msg.VERDICT,
+                        msg.VerdictSignature(accusation.accused, accusation.evidence_hash, guilty, own, signature))
+        logger.info("round %d: signed verdict %s on %s", outer_round, "guilty" if guilty else "not guilty",
+                    accusation.accused_peer[-8:])
+
+    def on_verdict(self, env: Envelope, signed: msg.VerdictSignature) -> None:
+        """A member's verdict signature: recovered, checked against its seat, filed; resolve at quorum."""
+        verdict = Verdict(self.ctx.run_id, "0x" + signed.accused.hex(), signed.evidence_hash, signed.guilty)
+        try:
+            signer = self.ctx.chain.verdict_signer(verdict, signed.signature)
+        except LedgerError as exc:
+            raise msg.ProtocolError(f"verdict signature does not verify: {exc}") from None
+        if signer.lower() != "0x" + signed.account.hex() or signer.lower() == verdict.accused.lower():
+            raise msg.ProtocolError(f"verdict signed by {signer}, not by the account it names or by the accused")
+        if not self.ctx.chain.is_member(self.ctx.run_id, signer):
+            raise msg.ProtocolError(f"verdict signed by {signer}, not a member of run {self.ctx.run_id}")
+        self.add_verdict(verdict, signer, signed.signature)
+
+    def add_verdict(self, verdict: Verdict, signer: str, signature: bytes) -> None:
+        if signer.lower() == verdict.accused.lower():
+            return  # the contract does not count the accused's own signature
+        with self._lock:
+            signers = self._verdicts.setdefault((verdict.evidence_hash, verdict.guilty), {})
+            signers[signer.lower()] = signature
+            ready = len(signers) >= self.ctx.chain.run_info(self.ctx.run_id).quorum
+            if ready and verdict.evidence_hash not in self._resolved:
+                self._put(_URGENT, "resolve", verdict, dict(signers))
+
+    def _resolve(self, verdict: Verdict, signatures: dict[str, bytes]) -> None:
+        chain = self.ctx.chain
+        if verdict.evidence_hash in self._resolved:
+            return
+        status = chain.accusation_status(self.ctx.run_id, verdict.accused, verdict.evidence_hash)
+        if status == "open":
+            try:
+                chain.resolve_accusation(verdict, list(signatures.values()))
+                logger.warning("accusation %s against %s resolved on chain: %s", verdict.evidence_hash.hex()[:16],
+                               verdict.accused, "guilty" if verdict.guilty else "not guilty")
+            except LedgerError as exc:  # another member was first, or a signer left meanwhile
+                logger.info("resolveAccusation not sent: %s", exc)
+            status = chain.accusation_status(self.ctx.run_id, verdict.accused, verdict.evidence_hash)
+        if status in ("guilty", "cleared"):
+            self._resolved.add(verdict.evidence_hash)
+        if status == "guilty":
+            with self._lock:
+                entry = self._accusations.get(verdict.evidence_hash)
+            chain.forget_seats(self.ctx.run_id)
+            if entry is not None:
+                self.ctx.on_ejected(entry[1].accused_peer, entry[1].accused)
+
+    # -- the worker thread --------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self.ctx.stop.is_set():
+            try:
+                _priority, _seq, kind, args = self._jobs.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            try:
+                if kind == "sample":
+                    self._sample(*args)
+                elif kind == "confirm":
+                    outer_round, (accuser, accusation) = args
+                    self._confirm(outer_round, accuser, accusation)
+                elif kind == "resolve":
+                    self._resolve(*args)
+            except (NodeError, LedgerError, P2PError, OSError) as exc:
+                logger.warning("spot checks: %s job failed: %s", kind, exc)
+            except Exception:  # one bad job must not end the checks
+                logger.exception("spot checks: %s job failed", kind)
+
+    def close(self) -> None:
+        self._thread.join(timeout=5)
+        self._worker.close()

@@ -1,0 +1,234 @@
+"""``dlx-node audit --reexecute N``: rerun sampled contributions and every ejection's evidence.
+
+Contributions bind their replica's start state and data (docs/PROTOCOL.md, "Spot
+checks"); the nodes keep their start states as blobs (``<data_dir>/blobs``) and
+the evidence of their accusations under ``<data_dir>/evidence``. Given the
+archives (node data directories), the auditor:
+
+* reruns ``N`` contributions (or all), sampled from the run's chain head so that
+  no member can predict them, and reports each as reproduced (bit-exact or
+  within tolerance) or not, with the distance. A contribution that does not
+  reproduce fails the audit unless its member was found guilty on chain for it
+  (the run already caught the cheat);
+* for every accusation decided guilty on chain, reruns the evidence's
+  contribution: the ejection stands only if the rerun fails too.
+
+A contribution or piece of evidence whose inputs are not in the archives is
+unverifiable, never passed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+from node.errors import DLX_ERRORS
+from node.live import protocol as msg
+from node.tools.report import FAIL, OK, UNVERIFIABLE, Check
+from p2p.envelope import decode_envelope
+from p2p.errors import EnvelopeRejected
+
+logger = logging.getLogger(__name__)
+
+_MAX_BLOB = 1 << 32
+
+
+class _Archives:
+    """Sealed rounds, envelopes, blobs and evidence found under the given node data directories."""
+
+    def __init__(self, dirs, run_id: int) -> None:
+        self.dirs = [Path(d) for d in dirs]
+        self.run_id = run_id
+
+    def _round_dirs(self, round_index: int):
+        for d in self.dirs:
+            path = d / "archive" / f"run-{self.run_id}" / f"round-{round_index:08d}"
+            if (path / "round.json").exists():
+                yield path
+
+    def sealed(self) -> dict[int, list[list]]:
+        """round -> [[stage, replica, peer id, hash hex], ...] from the first archive that sealed it."""
+        import json
+
+        out: dict[int, list[list]] = {}
+        for d in self.dirs:
+            for path in sorted((d / "archive" / f"run-{self.run_id}").glob("round-*/round.json")):
+                try:
+                    doc = json.loads(path.read_text())
+                    out.setdefault(int(doc["round"]), doc["contributions"])
+                except (ValueError, KeyError, TypeError, OSError):
+                    continue
+        return out
+
+    def excluded(self, round_index: int) -> list[list]:
+        import json
+
+        for path in self._round_dirs(round_index):
+            try:
+                return list(json.loads((path / "round.json").read_text()).get("excluded", []))
+            except (ValueError, OSError, AttributeError):
+                continue
+        return []
+
+    def envelope(self, round_index: int, hash_hex: str) -> bytes | None:
+        for path in self._round_dirs(round_index):
+            candidate = path / f"{hash_hex}.env"
+            if candidate.exists() and hashlib.sha256(candidate.read_bytes()).hexdigest() == hash_hex:
+                return candidate.read_bytes()
+        return None
+
+    def blob(self, hash_hex: str) -> bytes | None:
+        """A blob by content hash from any archive's blob store or evidence directory (checked)."""
+        for d in self.dirs:
+            for candidate in (d / "blobs" / hash_hex, *(d / "evidence").glob(f"*{hash_hex}.envelope")):
+                if candidate.is_file():
+                    data = candidate.read_bytes()
+                    if hashlib.sha256(data).hexdigest() == hash_hex:
+                        return data
+        return None
+
+
+def sample_contributions(pairs: list[tuple[int, int]], head: bytes, count: int) -> list[tuple[int, int]]:
+    """``count`` (round, replica) pairs ordered by sha256(head || round || replica); all if count < 0."""
+    ranked = sorted(pairs, key=lambda p: hashlib.sha256(head + p[0].to_bytes(8, "big") + p[1].to_bytes(8, "big"))
+                    .digest())
+    return sorted(ranked if count < 0 else ranked[:count])
+
+
+class ReexecAuditor:
+    """Reruns contributions for the audit (module docstring)."""
+
+    def __init__(self, replayer, archives, run_id: int) -> None:
+        self.replayer = replayer  # node.tools.audit_replay.Replayer: the run's settings and corpus
+        self.cfg = replayer.cfg
+        self.archives = _Archives(archives, run_id)
+        self.sealed = self.archives.sealed()
+        self._stage_hashes: dict[int, dict[int, bytes]] = {}
+
+    def _envelopes(self, round_index: int, replica: int) -> list | None:
+        entries = sorted((e for e in self.sealed.get(round_index, []) if int(e[1]) == replica), key=lambda e: e[0])
+        envs = []
+        for _stage, _replica, _peer, hash_hex in entries:
+            data = self.archives.envelope(round_index, hash_hex)
+            if data is None:
+                return None
+            envs.append(decode_envelope(data, _MAX_BLOB))
+        return envs if [e.stage for e in envs] == list(range(self.cfg.pipeline.num_stages)) else None
+
+    def _previous(self, round_index: int):
+        if round_index < 0:
+            return {}, {}
+        entries = self.sealed.get(round_index)
+        if entries is None:
+            return None, None
+        previous: dict[int, list[bytes]] = {}
+        where: dict[str, tuple[int, int]] = {}
+        for stage, _replica, _peer, hash_hex in entries:
+            data = self.archives.envelope(round_index, hash_hex)
+            if data is None:
+                return None, None
+            payloads = previous.setdefault(int(stage), [])
+            where[hash_hex] = (int(stage), len(payloads))
+            payloads.append(msg.decode_contribution_body(decode_envelope(data, _MAX_BLOB).payload).blob)
+        excluded: dict[int, dict[int, str]] = {}
+        for stage, _replica, _peer, hash_hex, reason, detail in self.archives.excluded(round_index):
+            if reason == "screened" and hash_hex in where:
+                s, i = where[hash_hex]
+                excluded.setdefault(s, {})[i] = str(detail)
+        return previous, excluded
+
+    def check(self, round_index: int, replica: int, envs=None):
+        """(verdict or None if unverifiable, reason, distance) of rerunning (round, replica)."""
+        from training.reexec import ContributionClaim, verify_contribution
+
+        envs = envs or self._envelopes(round_index, replica)
+        if envs is None:
+            return None, "its contributions are not in the archives", None
+        bodies = [msg.decode_contribution_body(e.payload) for e in envs]
+        parts = [self.archives.blob(b.state_hash.hex()) for b in bodies]
+        if any(p is None for p in parts):
+            return None, "its start state is not in the archives' blob stores", None
+        previous, excluded = self._previous(round_index - 1)
+        if previous is None:
+            return None, f"round {round_index - 1}'s contributions are not in the archives", None
+        corpus = self.replayer._corpus()
+        if corpus is None:
+            return None, "the run's training text is not available here (pass --data)", None
+        claims = [ContributionClaim(e.stage, b.state_hash, b.data_commitment, b.blob) for e, b in zip(envs, bodies)]
+        result = verify_contribution(parts, claims, corpus, self.cfg.model, self.cfg.training, self.cfg.diloco,
+                                     self.cfg.compression, outer_round=round_index, replica=replica,
+                                     run_rounds=self.cfg.rounds, previous_contributions=previous or None,
+                                     previous_excluded=excluded)
+        distance = max(result.distances.values()) if result.distances else None
+        return result, result.reason, distance
+
+
+def reexec_checks(report, history, replayer, archives, count: int) -> None:
+    """Append the re-execution checks to ``report.general`` (module docstring)."""
+    if replayer is None:
+        report.general.append(Check("re-execution", UNVERIFIABLE, "the run document is not available"))
+        return
+    auditor = ReexecAuditor(replayer, archives, history.run.run_id)
+    guilty = [a for a in history.accusations if a.guilty]
+    guilty_accounts = {a.accused.lower() for a in guilty}
+    account_of = _peer_accounts(history)
+    pairs = sorted({(r, int(e[1])) for r, entries in auditor.sealed.items() for e in entries})
+    for round_index, replica in sample_contributions(pairs, history.head_hash, count):
+        name = f"re-execution of round {round_index} replica {replica}"
+        try:
+            result, reason, distance = auditor.check(round_index, replica)
+        except (*DLX_ERRORS, EnvelopeRejected, ValueError, OSError) as exc:
+            report.general.append(Check(name, FAIL, f"inputs do not parse: {exc}", round_index))
+            continue
+        if result is None:
+            report.general.append(Check(name, UNVERIFIABLE, reason, round_index))
+        elif result.honest:
+            report.general.append(Check(name, OK, f"reproduced ({result.verdict}, distance {distance:.3g})",
+                                        round_index))
+        else:
+            envs = auditor._envelopes(round_index, replica) or []
+            account = account_of.get(envs[0].sender_peer_id, "") if envs else ""
+            caught = account.lower() in guilty_accounts
+            report.general.append(Check(
+                name, OK if caught else FAIL,
+                f"does not reproduce ({result.verdict}: {reason})"
+                + ("; its member was found guilty on chain" if caught else "; the run did not catch it"),
+                round_index))
+    for accusation in guilty:
+        name = f"ejection of {accusation.accused} (evidence {accusation.evidence_hash.hex()[:16]})"
+        data = auditor.archives.blob(accusation.evidence_hash.hex())
+        if data is None:
+            report.general.append(Check(name, UNVERIFIABLE, "the evidence is not in the archives"))
+            continue
+        try:
+            env = decode_envelope(data, _MAX_BLOB)
+            evidence = msg.decode_payload(msg.EVIDENCE, env.payload)
+            envs = [decode_envelope(c, _MAX_BLOB) for c in evidence.contributions]
+            if "0x" + evidence.accused.hex() != accusation.accused.lower() or env.kind != msg.EVIDENCE or any(
+                    account_of.get(e.sender_peer_id, "").lower() != accusation.accused.lower() for e in envs):
+                raise ValueError("the evidence does not name contributions signed by the accused")
+            result, reason, _distance = auditor.check(env.round, evidence.replica, envs)
+        except (*DLX_ERRORS, EnvelopeRejected, ValueError, OSError) as exc:
+            report.general.append(Check(name, FAIL, f"evidence does not hold: {exc}"))
+            continue
+        if result is None:
+            report.general.append(Check(name, UNVERIFIABLE, reason, env.round))
+        else:
+            report.general.append(Check(name, FAIL if result.honest else OK,
+                                        f"the contribution of round {env.round} "
+                                        + ("reproduces: an honest member was ejected" if result.honest
+                                           else f"does not reproduce ({reason})"), env.round))
+
+
+def _peer_accounts(history) -> dict[str, str]:
+    """Peer id -> account of every seat the run ever had (a seat binds the member's node key)."""
+    from p2p.identity import peer_id_from_public_key
+
+    out = {}
+    for membership in history.memberships:
+        try:
+            out[peer_id_from_public_key(membership.node_key)] = membership.account
+        except (ValueError, AttributeError, TypeError):
+            continue
+    return out

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The long end-to-end scenarios kept out of the default suite (marked `slow`): the
+# other round schedules, a member frozen past the liveness TTL, a round without its
+# quorum, more adversary attacks, a demo stopped by SIGINT. About 10 minutes on 2 cores.
+#
+#   scripts/slow-tests.sh            # every slow test
+#   scripts/slow-tests.sh -k quorum  # extra arguments go to pytest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec "${PYTHON:-.venv/bin/python}" -m pytest -q -m slow "$@"

@@ -1,0 +1,75 @@
+"""Re-execution spot checks in real runs: a member that sends a contribution its start state does not
+produce is accused, confirmed by the run's quorum, slashed and removed, and the run goes on without it.
+
+Real node processes and a real anvil; the cheater is tests/adversary.py (``perturb``: the honest
+pseudo-gradient plus noise of 1% of its norm, which every aggregation check lets through).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from node_fixtures import TINY, node_state, run_logs
+
+from ledger.account import dev_account
+
+ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py")]
+
+
+@pytest.mark.timeout(900)
+def test_a_cheating_member_is_ejected_by_the_quorum_and_the_run_continues(make_run):
+    # spot_checks=8 with 3 members: every node re-executes every other replica's contribution of every round.
+    run = make_run(replicas=3, stages=2, split=False, attest_quorum=2,
+                   settings=[*TINY, "join_timeout=60", "rounds=12", "spot_checks=8"])
+    cheater = run.nodes[-1]
+    cheater.command = [*ADVERSARY, "perturb"]
+    run.start()
+    honest = run.nodes[:-1]
+    for slot in honest:
+        assert slot.process.wait(timeout=780) == 0, run_logs(run)
+    # The cheater learns it was removed and stops with "not registered" (exit 6).
+    assert cheater.process.wait(timeout=120) == 6, run_logs(run)
+
+    client = run.client()
+    history = client.history(run.run_id)
+    cheater_account = dev_account(cheater.account, client.chain_id).address.lower()
+    honest_accounts = {dev_account(s.account, client.chain_id).address.lower() for s in honest}
+    # Accusations name only the cheater; at least one was decided guilty by both honest members.
+    assert history.accusations, run_logs(run)
+    assert {a.accused.lower() for a in history.accusations} == {cheater_account}
+    guilty = [a for a in history.accusations if a.guilty]
+    assert guilty, run_logs(run)
+    assert {s.lower() for s in guilty[0].signers} == honest_accounts
+    assert [s.account.lower() for s in history.slashings] == [cheater_account]
+    # Every round committed once; once the cheater is out, every later round holds the two honest replicas
+    # (rounds closed before the ejection may be committed after it, with the cheater's contribution).
+    commits = history.commits
+    assert [c.commit.round for c in commits] == list(range(12)), run_logs(run)
+    contributors = [c.commit.num_contributors for c in commits]
+    assert 2 in contributors, contributors
+    first_without = contributors.index(2)
+    assert set(contributors[:first_without]) == {3} and set(contributors[first_without:]) == {2}, contributors
+    assert commits[first_without].block_number > min(a.resolved_block for a in guilty)
+    for slot in honest:
+        roots = node_state(slot)["weights_roots"]
+        assert [roots[str(c.commit.round)] for c in commits] == [c.commit.weights_root.hex() for c in commits]
+        log = "\n".join(p.read_text() for p in slot.data_dir.glob("node-*.log"))
+        assert "spot check of replica" in log, slot.name
+    # The signed evidence is kept by the members that accused the cheater.
+    assert any(list((s.data_dir / "evidence").glob("spotcheck-*.envelope")) for s in honest), run_logs(run)
+
+    # An auditor with the nodes' archives reruns sampled contributions and the ejection's evidence.
+    from node.tools.audit import audit_run
+    from node.tools.report import FAIL, OK
+
+    report = audit_run(client, run.run_id, archives=[s.data_dir for s in run.nodes], reexecute=6)
+    checks = [c for c in report.general if c.name.startswith(("re-execution", "ejection"))]
+    reruns = [c for c in checks if c.name.startswith("re-execution")]
+    ejections = [c for c in checks if c.name.startswith("ejection")]
+    assert len(reruns) == 6 and ejections, [c.line() for c in checks]
+    assert all(c.status == OK for c in ejections), [c.line() for c in ejections]
+    assert not [c for c in checks if c.status == FAIL], [c.line() for c in checks]
+    assert any("reproduced" in c.reason for c in reruns), [c.line() for c in reruns]
+    assert not report.failed, report.summary()

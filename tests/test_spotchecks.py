@@ -1,0 +1,95 @@
+"""Spot checks at the node's boundaries: the contribution body, the accusation/verdict payloads, and the
+re-execution worker process (a real child interpreter running real reruns of a tiny model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from node.config import load_config
+from node.live import protocol as msg
+from node.live.spotcheck import RerunWorker, SpotCheckFailed, SpotCheckJob
+from node.tools.audit_reexec import sample_contributions
+from training.data import corpus_from_config
+from training.reexec import data_commitment, reexecute, round_meta
+from training.replica_state import initial_replica_state
+
+
+def test_contribution_body_round_trips_and_refuses_what_is_not_one():
+    body = msg.ContributionBody(b"s" * 32, b"d" * 32, b"codec blob")
+    data = msg.encode_contribution_body(body)
+    assert data.startswith(msg.CONTRIBUTION_MAGIC) and msg.decode_contribution_body(data) == body
+    for bad in (b"", data[:-len(b"codec blob")], b"x" + data[1:], data[:40]):
+        with pytest.raises(msg.ProtocolError):
+            msg.decode_contribution_body(bad)
+    with pytest.raises(msg.ProtocolError):
+        msg.encode_contribution_body(msg.ContributionBody(b"short", b"d" * 32, b"blob"))
+
+
+def test_accusation_verdict_and_evidence_payloads_are_strict():
+    accusation = msg.Accusation(3, b"a" * 20, "12D3KooW", 1, b"e" * 32, 1000)
+    assert msg.decode_payload(msg.ACCUSATION, msg.encode_payload(accusation)) == accusation
+    verdict = msg.VerdictSignature(b"a" * 20, b"e" * 32, True, b"b" * 20, b"s" * 65)
+    assert msg.decode_payload(msg.VERDICT, msg.encode_payload(verdict)) == verdict
+    evidence = msg.Evidence(b"a" * 20, 1, [b"env0", b"env1"], "mismatch", "distance 0.2", [0.2, 0.1])
+    assert msg.decode_payload(msg.EVIDENCE, msg.encode_payload(evidence)) == evidence
+    for kind, bad in (
+        (msg.ACCUSATION, msg.Accusation(-1, b"a" * 20, "p", 1, b"e" * 32, 1000)),
+        (msg.ACCUSATION, msg.Accusation(3, b"a" * 19, "p", 1, b"e" * 32, 1000)),
+        (msg.ACCUSATION, msg.Accusation(3, b"a" * 20, "p", 1, b"e" * 32, 0)),
+        (msg.VERDICT, msg.VerdictSignature(b"a" * 20, b"e" * 32, 1, b"b" * 20, b"s" * 65)),  # 1 is not a bool
+        (msg.VERDICT, msg.VerdictSignature(b"a" * 20, b"e" * 32, True, b"b" * 20, b"s" * 64)),
+        (msg.EVIDENCE, msg.Evidence(b"a" * 20, 1, [b"env0"], "mismatch", "r", [0.2, 0.1])),
+        (msg.EVIDENCE, msg.Evidence(b"a" * 20, 1, [], "mismatch", "r", [])),
+    ):
+        with pytest.raises(msg.ProtocolError):
+            msg.decode_payload(kind, msg.encode_payload(bad))
+
+
+def _honest_job(tmp_path):
+    cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=2", "training.batch_size=2", "rounds=3",
+                             "pipeline.num_stages=2", f"data_dir={tmp_path}"])
+    corpus = corpus_from_config(cfg.training, cfg.model)
+    meta = round_meta(0, 0, cfg.model, cfg.diloco, run_rounds=cfg.rounds, num_stages=2, threads=1)
+    state = initial_replica_state(meta, cfg.model, cfg.training, cfg.diloco, cfg.compression)
+    rerun = reexecute(state, corpus, cfg.model, cfg.training, cfg.diloco, cfg.compression)
+    data = data_commitment(corpus, cfg.training, cfg.model, cfg.diloco, 0, 0)
+    claims = [(part.stage_index, part.state_hash(), data, rerun.payloads[part.stage_index]) for part in state.stages]
+    return cfg, state, claims
+
+
+def test_rerun_worker_reproduces_an_honest_round_catches_a_changed_one_and_survives_garbage(tmp_path):
+    cfg, state, claims = _honest_job(tmp_path)
+    worker = RerunWorker(tmp_path / "worker.log")
+    try:
+        honest = tmp_path / "honest"
+        SpotCheckJob(cfg.to_dict(), 0, 0, claims, [p.to_bytes() for p in state.stages]).write(honest)
+        result = worker.run(honest, timeout=300)
+        assert result.verdict == "exact" and result.honest and set(result.distances) == {0, 1}
+
+        garbage = tmp_path / "garbage"
+        garbage.mkdir()
+        (garbage / "job.json").write_bytes(b"{not json")
+        with pytest.raises(SpotCheckFailed, match="spot check failed"):
+            worker.run(garbage, timeout=300)
+
+        # A contribution that is not what its start state produces: another replica's data.
+        stage, state_hash, data, payload = claims[1]
+        other = tmp_path / "other"
+        cheat = [claims[0], (stage, state_hash, data, claims[0][3])]  # stage 0's payload sent as stage 1's
+        SpotCheckJob(cfg.to_dict(), 0, 0, cheat, [p.to_bytes() for p in state.stages]).write(other)
+        assert not worker.run(other, timeout=300).honest
+
+        # The same worker is still up and still right.
+        (honest / "result.json").unlink()
+        assert worker.run(honest, timeout=300).verdict == "exact"
+    finally:
+        worker.close()
+
+
+def test_audit_samples_contributions_from_the_chain_head():
+    pairs = [(r, i) for r in range(10) for i in range(4)]
+    first = sample_contributions(pairs, b"h" * 32, 5)
+    assert len(first) == 5 and set(first) <= set(pairs)
+    assert sample_contributions(pairs, b"h" * 32, 5) == first  # anyone can recompute it
+    assert sample_contributions(pairs, b"g" * 32, 5) != first
+    assert sample_contributions(pairs, b"h" * 32, -1) == sorted(pairs)
