@@ -42,13 +42,13 @@ def _logs(slot) -> str:
 @pytest.mark.timeout(300)
 def test_nodes_ride_out_a_chain_outage_and_commit_every_round_once(make_run):
     run = make_run(replicas=2, stages=2, split=False,
-                   settings=TINY + ["rounds=0", "join_timeout=60", "diloco.inner_steps=10",
-                                    # Give up on each request after 5 s: the outage outlasts the
+                   settings=TINY + ["rounds=0", "join_timeout=60",
+                                    # Give up on each request after 2 s: the outage outlasts the
                                     # ledger's own retries, so the committer must queue and retry.
-                                    "ledger.retry_seconds=5"])
+                                    "ledger.retry_seconds=2"])
     run.start()
     client = run.client()
-    _wait_for(lambda: (client.last_round(run.run_id) or -1) >= 1, 180, "round 1 committed", run)
+    _wait_for(lambda: client.last_round(run.run_id) is not None, 180, "round 0 committed", run)
 
     port = int(run.url.rsplit(":", 1)[1])
     run.anvil.stop()  # SIGTERM: anvil dumps the chain, blocks and logs included, to chain-state.json
