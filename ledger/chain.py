@@ -83,10 +83,51 @@ def is_connection_error(exc: BaseException) -> bool:
     )
 
 
+#: While the RPC endpoint stays unreachable, the process says so at most this often (every thread's
+#: retries share one outage: a node polling the chain from several threads logs one line, not one per try).
+OUTAGE_REPORT_EVERY_S = 30.0
+
+
+class _OutageLog:
+    """Process-wide, rate-limited report of an RPC outage: its start, every OUTAGE_REPORT_EVERY_S, its end."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.down_since: float | None = None
+        self._reported = 0.0
+        self._failures = 0
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._failures += 1
+            if self.down_since is None:
+                self.down_since, self._reported, self._failures = now, now, 1
+                logger.warning("%s: chain RPC unreachable (%s: %s); retrying with backoff", what,
+                               exc.__class__.__name__, exc)
+            elif now - self._reported >= OUTAGE_REPORT_EVERY_S:
+                self._reported = now
+                logger.warning("chain RPC still unreachable after %.0fs (%d failed requests); retrying",
+                               now - self.down_since, self._failures)
+
+    def answered(self) -> None:
+        if self.down_since is None:  # the common case: no lock taken on a healthy chain
+            return
+        with self._lock:
+            if self.down_since is not None:
+                logger.info("chain RPC reachable again after %.0fs", time.monotonic() - self.down_since)
+                self.down_since = None
+
+
+OUTAGE = _OutageLog()
+
+
 def call_with_retries(call: Callable[[], T], policy: RetryPolicy, what: str) -> T:
     """Run ``call``; retry with backoff while the endpoint is unreachable, then raise ChainUnavailable.
 
     Only connection failures are retried: a revert or a rejected transaction is raised at once.
+    An outage is logged once when it starts, then at most every ``OUTAGE_REPORT_EVERY_S``
+    for the whole process, and once when the endpoint answers again (:data:`OUTAGE`).
     """
     deadline = time.monotonic() + policy.total_seconds
     delay = policy.initial_delay
@@ -94,21 +135,24 @@ def call_with_retries(call: Callable[[], T], policy: RetryPolicy, what: str) -> 
     while True:
         attempt += 1
         try:
-            return call()
+            result = call()
         except Exception as exc:
             if not is_connection_error(exc):
+                OUTAGE.answered()  # a revert or a refusal is an answer: the endpoint is up
                 raise
+            OUTAGE.failed(what, exc)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ChainUnavailable(
                     f"{what}: chain RPC unreachable after {attempt} attempt(s) "
                     f"over {policy.total_seconds:.1f}s: {exc.__class__.__name__}: {exc}"
                 ) from exc
-            logger.warning(
-                "%s: chain RPC unreachable (%s), retrying in %.2fs", what, exc.__class__.__name__, delay
-            )
+            logger.debug("%s: chain RPC unreachable (%s), retrying in %.2fs", what, exc.__class__.__name__, delay)
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, policy.max_delay)
+        else:
+            OUTAGE.answered()
+            return result
 
 
 def connect_pyevm() -> Web3:

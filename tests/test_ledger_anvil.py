@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 import pytest
 from ledger_fixtures import FAST_RETRY, deploy
+from web3 import HTTPProvider, Web3
 
 from ledger.account import dev_account
-from ledger.chain import AnvilProcess, RetryPolicy, connect_rpc
+from ledger.chain import OUTAGE, AnvilProcess, RetryPolicy, call_with_retries, connect_rpc
 from ledger.client import LedgerClient
 from ledger.errors import ChainUnavailable
 
@@ -133,3 +135,35 @@ def test_unreachable_rpc_and_missing_binary(tmp_path, monkeypatch):
     monkeypatch.setenv("DLX_ANVIL", str(tmp_path / "no-anvil"))
     with pytest.raises(ChainUnavailable, match="DLX_ANVIL"):
         AnvilProcess().start()
+
+
+def test_an_outage_is_logged_at_a_bounded_rate(tmp_path, caplog):
+    """Many failed requests of one outage, from several threads, give one warning, then one line when it ends."""
+    policy = RetryPolicy(total_seconds=1.0, initial_delay=0.02, max_delay=0.02)
+    with AnvilProcess() as anvil:
+        url = anvil.url
+        w3 = Web3(HTTPProvider(url, request_kwargs={"timeout": 1}, exception_retry_configuration=None))
+        call_with_retries(lambda: w3.eth.chain_id, policy, "eth_chainId")  # an answer: no outage in progress
+    failures = []
+
+    def poll() -> None:
+        try:
+            call_with_retries(lambda: w3.eth.chain_id, policy, "eth_chainId")
+        except ChainUnavailable as exc:
+            failures.append(exc)
+
+    with caplog.at_level(logging.DEBUG, logger="ledger.chain"):
+        threads = [threading.Thread(target=poll) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert len(failures) == 3 and "attempt(s)" in str(failures[0])
+        attempts = sum(int(str(exc).split(" attempt(s)")[0].rsplit(" ", 1)[1]) for exc in failures)
+        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert attempts >= 20 and len(warnings) == 1, [r.getMessage() for r in warnings]
+        assert "unreachable" in warnings[0].getMessage() and OUTAGE.down_since is not None
+        with AnvilProcess(port=int(url.rsplit(":", 1)[1])):
+            assert call_with_retries(lambda: w3.eth.chain_id, policy, "eth_chainId") == 31337
+        assert OUTAGE.down_since is None
+        assert any("reachable again" in r.getMessage() for r in caplog.records)

@@ -36,7 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ledger.errors import CommitConflict, LedgerSignerNotMember
+from ledger.chain import OUTAGE
+from ledger.errors import ChainUnavailable, CommitConflict, LedgerSignerNotMember, TransactionTimeout
 from ledger.merkle import merkle_root
 from ledger.records import RoundRecord, to_micro
 from node.config import NodeConfig
@@ -59,6 +60,9 @@ COMMIT_FALLBACK_S = 8.0
 RESIGN_EVERY_S = 10.0
 #: A round waiting for the chain or for signatures says so in the log this often.
 WAIT_REPORT_S = 60.0
+#: A round whose chain step met an unreachable RPC is tried again after this, doubling up to the max.
+CHAIN_RETRY_MIN_S = 1.0
+CHAIN_RETRY_MAX_S = 15.0
 
 
 @dataclass
@@ -96,6 +100,7 @@ class Committer:
         self._idle = threading.Event()
         self._idle.set()
         self.handled_through = -1  # every round up to this one has been handled (committed or given up)
+        self._unreported: list = []  # equivocation evidence the chain could not take yet (an RPC outage)
         self._thread = threading.Thread(target=self._loop, name="committer", daemon=True)
         self._thread.start()
 
@@ -104,9 +109,18 @@ class Committer:
         self._queue.put(outer_round)
 
     def drain(self, timeout: float) -> bool:
-        """Wait until every submitted round is handled."""
+        """Wait until every submitted round is handled.
+
+        ``timeout`` counts only while the chain answers: rounds queued behind an RPC
+        outage are waited for until the chain is back (or the node is asked to stop),
+        so a run that ends during an outage still commits what it trained.
+        """
         deadline = time.monotonic() + timeout
-        while not self._idle.is_set() and time.monotonic() < deadline:
+        while not self._idle.is_set():
+            if OUTAGE.down_since is not None and not self.node.stop_event.is_set():
+                deadline = max(deadline, time.monotonic() + timeout)
+            elif time.monotonic() >= deadline:
+                break
             self._idle.wait(0.5)
         return self._idle.is_set()
 
@@ -221,6 +235,13 @@ class Committer:
         return None
 
     def handle(self, outer_round: int) -> None:
+        """Derive the round's record (no chain needed), then settle it on chain, through any RPC outage.
+
+        The record and checkpoint are derived once; only the chain part is tried again
+        while the RPC is unreachable, so an outage never changes what this node signs.
+        Every chain step is idempotent (a commit already on chain with this record is
+        success), so a retry after an answer lost in the outage never commits twice.
+        """
         node = self.node
         derived, atts = self.record(outer_round)
         if derived is None:
@@ -228,6 +249,20 @@ class Committer:
         checkpoint_hash = None
         if (outer_round + 1) % node.cfg.checkpoint_every == 0:
             checkpoint_hash = self._assemble_checkpoint(outer_round, atts)
+        delay = CHAIN_RETRY_MIN_S
+        while not node.stop_event.is_set():
+            try:
+                self._settle(outer_round, derived, checkpoint_hash)
+                return
+            except (ChainUnavailable, TransactionTimeout) as exc:
+                # ledger.chain logs the outage itself, at a bounded rate; the round stays queued.
+                logger.debug("round %d: chain unreachable (%s); trying again in %.0fs", outer_round, exc, delay)
+                node.stop_event.wait(delay)
+                delay = min(2 * delay, CHAIN_RETRY_MAX_S)
+
+    def _settle(self, outer_round: int, derived: RoundRecord, checkpoint_hash: bytes | None) -> None:
+        """Sign, commit (if it is this node's turn), read back and verify the round on chain."""
+        node = self.node
         # The chain takes round t only right after round t-1: wait for it (a round without its
         # quorum of signatures pauses the record, never the training).
         if not self._wait_reporting(lambda: node.chain.last_round(node.run_id) >= outer_round - 1,
@@ -354,13 +389,22 @@ class Committer:
             node.chain.dispute(mine, signature)
 
     def _report_equivocations(self) -> None:
-        """Slash members seen signing two different records of one round (the evidence is the two signatures)."""
+        """Slash members seen signing two different records of one round (the evidence is the two signatures).
+
+        Evidence that met an unreachable RPC is kept and reported with a later round.
+        """
         node = self.node
-        for outer_round, signer, (record_a, sig_a), (record_b, sig_b) in node.book.take_record_equivocations():
+        self._unreported += node.book.take_record_equivocations()
+        pending, self._unreported = self._unreported, []
+        for item in pending:
+            outer_round, signer, (record_a, sig_a), (record_b, sig_b) = item
             logger.error("round %d: member %s signed two different records; reporting it on chain", outer_round,
                          signer)
             try:
                 node.chain.report_equivocation(record_a, sig_a, record_b, sig_b)
+            except (ChainUnavailable, TransactionTimeout) as exc:
+                logger.warning("round %d: equivocation report for %s deferred: %s", outer_round, signer, exc)
+                self._unreported.append(item)
             except DLX_ERRORS as exc:
                 logger.warning("round %d: equivocation report for %s not accepted: %s", outer_round, signer, exc)
 

@@ -12,7 +12,7 @@ import threading
 import time
 
 from ledger.account import load_account
-from ledger.chain import AnvilProcess, connect_rpc
+from ledger.chain import OUTAGE, AnvilProcess, connect_rpc
 from ledger.client import LedgerClient, binding_message
 from ledger.errors import LedgerError
 from ledger.attest import recover_signer, recover_verdict_signer
@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 #: An account without a seat makes the node re-read the run's membership events at most this often.
 SEATS_REFRESH_S = 2.0
 SEATS_READS_PER_S = 4.0
+#: How long a membership refresh waits for the chain connection another thread holds.
+SEATS_LOCK_WAIT_S = 1.0
 
 
 class NodeChain:
@@ -160,12 +162,22 @@ class NodeChain:
         return self._seats.get(address.lower())
 
     def _refresh_seats(self, run_id: int) -> None:
+        # Called from the gossip thread, which must never stall on an RPC outage: not while the
+        # endpoint is known down, nor behind the committer's call while that one retries (up to
+        # ledger.retry_seconds). A skipped refresh is tried again on the account's next message.
+        if OUTAGE.down_since is not None:
+            logger.debug("membership read skipped: the chain RPC is unreachable")
+            return
+        if not self._lock.acquire(timeout=SEATS_LOCK_WAIT_S):
+            logger.debug("membership read skipped: the chain connection is busy (an RPC outage?)")
+            return
         try:
-            with self._lock:
-                periods = self.client.memberships(run_id)
+            periods = self.client.memberships(run_id)
         except LedgerError as exc:
             logger.debug("membership read failed: %s", exc)
             return
+        finally:
+            self._lock.release()
         self._seats = {m.account.lower(): m for m in periods if m.ended is None}
         self._placed = {m.account.lower(): m for m in periods}  # events in chain order: the latest period wins
         self._seats_read = time.monotonic()

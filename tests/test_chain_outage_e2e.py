@@ -1,0 +1,97 @@
+"""The chain's RPC goes away mid-run: real anvil, real node processes, the real round protocol.
+
+The test stops the run's anvil (SIGTERM: it dumps its state file, blocks included),
+lets the nodes train several rounds with no chain, restarts anvil from the file on
+the same port, and checks that the nodes never exited, logged the outage at a
+bounded rate, committed every round they trained exactly once and in order, and
+that ``dlx-node audit`` passes on the result.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from node_fixtures import TINY, assert_chain_roots, node_state, run_logs
+
+from ledger.chain import OUTAGE_REPORT_EVERY_S, AnvilProcess
+from node.commands.launcher import LocalRun
+
+
+def _wait_for(predicate, timeout: float, what: str, run: LocalRun) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        assert len(run.running()) == len(run.nodes), "a node exited:\n" + run_logs(run)
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not within {timeout}s\n" + run_logs(run))
+
+
+def _finished(run: LocalRun) -> list[int]:
+    return [node_state(slot).get("last_finished", -1) if (slot.data_dir / "state.json").exists() else -1
+            for slot in run.nodes]
+
+
+def _logs(slot) -> str:
+    return "\n".join(path.read_text(errors="replace") for path in sorted(slot.data_dir.glob("node-*.log")))
+
+
+@pytest.mark.timeout(300)
+def test_nodes_ride_out_a_chain_outage_and_commit_every_round_once(make_run):
+    run = make_run(replicas=2, stages=2, split=False,
+                   settings=TINY + ["rounds=0", "join_timeout=60",
+                                    # Give up on each request after 2 s: the outage outlasts the
+                                    # ledger's own retries, so the committer must queue and retry.
+                                    "ledger.retry_seconds=2"])
+    run.start()
+    client = run.client()
+    _wait_for(lambda: client.last_round(run.run_id) is not None, 180, "round 0 committed", run)
+
+    port = int(run.url.rsplit(":", 1)[1])
+    run.anvil.stop()  # SIGTERM: anvil dumps the chain, blocks and logs included, to chain-state.json
+    down_at = time.monotonic()
+    before = max(_finished(run))
+    # The nodes keep training and finishing rounds with no chain; their commits queue up.
+    _wait_for(lambda: min(_finished(run)) >= before + 3, 180, "three rounds finished during the outage", run)
+    outage = time.monotonic() - down_at
+    for slot in run.nodes:
+        assert "chain RPC unreachable" in _logs(slot), slot.name
+
+    run.anvil = AnvilProcess(state_file=run.workdir / "chain-state.json", port=port)
+    run.anvil.start()
+    trained = max(_finished(run))
+
+    def recorded_by_all() -> bool:
+        return all({str(r) for r in range(trained + 1)} <= set(node_state(slot)["weights_roots"])
+                   for slot in run.nodes)
+
+    _wait_for(lambda: client.last_round(run.run_id) >= trained and recorded_by_all(), 180,
+              f"every round trained during the outage (through {trained}) committed and recorded", run)
+    run.stop_nodes()
+    assert all(slot.process.returncode == 0 for slot in run.nodes), \
+        [slot.process.returncode for slot in run.nodes]
+
+    history = client.history(run.run_id)
+    rounds = [c.commit.round for c in history.commits]
+    assert rounds == list(range(len(rounds))), rounds  # in order, none twice, none missing
+    assert all(c.commit.num_contributors == 2 for c in history.commits), \
+        [c.commit.num_contributors for c in history.commits]
+    assert_chain_roots(run, history.commits[:trained + 1])  # every node holds the chain's roots
+    assert not history.disputes
+    for slot in run.nodes:
+        log = _logs(slot)
+        assert "chain step failed" not in log and "chain step crashed" not in log, slot.name
+        # One line when the outage starts, one per OUTAGE_REPORT_EVERY_S, not one per request.
+        reports = log.count("chain RPC unreachable") + log.count("chain RPC still unreachable")
+        assert 1 <= reports <= 2 + outage / OUTAGE_REPORT_EVERY_S, (slot.name, reports)
+        assert "chain RPC reachable again" in log, slot.name
+
+    audit = subprocess.run(
+        [sys.executable, "-m", "node.cli", "audit", "--rpc", run.url, "--run", str(run.run_id),
+         "--deployment", str(run.workdir / "deployment.json"),
+         *[arg for slot in run.nodes for arg in ("--archive", str(slot.data_dir))]],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert audit.returncode == 0 and "PASSED" in audit.stdout, audit.stdout[-3000:] + audit.stderr[-3000:]
