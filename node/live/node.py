@@ -154,7 +154,7 @@ class Node:
         cfg = self.cfg
         self._set_state("joining")
         self.chain = NodeChain.connect(cfg)
-        self.chain.check_run(self.run_id, self.config_hash)
+        self.chain.check_run(self.run_id, self.config_hash, rounds=cfg.rounds)
         self.chain.ensure_registered(self.identity)
         self.chain.ensure_member(self.run_id)
         own_seat = self.chain.seat(self.run_id, self.chain.account_bytes, self.identity.public_key_bytes)

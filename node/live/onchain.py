@@ -74,8 +74,20 @@ class NodeChain:
                 self._run_info[run_id] = self.client.run_info(run_id)
         return self._run_info[run_id]
 
-    def check_run(self, run_id: int, config_hash: bytes) -> None:
+    def check_run(self, run_id: int, config_hash: bytes, rounds: int | None = None) -> None:
+        """Refuse settings that would train differently from the run's other members.
+
+        ``rounds`` must be the run's ``maxRounds``: the inner learning rate follows a schedule over
+        the run's ``rounds x H`` steps, so a node with another horizon would send contributions
+        that re-execute differently (a spot check would find them wrong).
+        """
         info = self.run_info(run_id)
+        if rounds is not None and rounds != info.max_rounds:
+            raise ConfigError(
+                f"rounds={rounds}, but run {run_id} on chain has maxRounds={info.max_rounds}: the inner "
+                f"learning-rate schedule spans the run's rounds; set rounds = {info.max_rounds} (stop a node "
+                "early with SIGTERM instead)"
+            )
         if info.config_hash != config_hash:
             raise ConfigError(
                 f"run {run_id} on chain has configHash {info.config_hash.hex()}, but this node's settings hash "

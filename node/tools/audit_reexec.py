@@ -99,9 +99,12 @@ def sample_contributions(pairs: list[tuple[int, int]], head: bytes, count: int) 
 class ReexecAuditor:
     """Reruns contributions for the audit (module docstring)."""
 
-    def __init__(self, replayer, archives, run_id: int) -> None:
+    def __init__(self, replayer, archives, run_id: int, run_rounds: int) -> None:
         self.replayer = replayer  # node.tools.audit_replay.Replayer: the run's settings and corpus
         self.cfg = replayer.cfg
+        # The inner-lr horizon is rounds x H; the run's length is fixed on chain (maxRounds), not in
+        # the run document.
+        self.run_rounds = run_rounds
         self.archives = _Archives(archives, run_id)
         self.sealed = self.archives.sealed()
         self._stage_hashes: dict[int, dict[int, bytes]] = {}
@@ -158,7 +161,7 @@ class ReexecAuditor:
         claims = [ContributionClaim(e.stage, b.state_hash, b.data_commitment, b.blob) for e, b in zip(envs, bodies)]
         result = verify_contribution(parts, claims, corpus, self.cfg.model, self.cfg.training, self.cfg.diloco,
                                      self.cfg.compression, outer_round=round_index, replica=replica,
-                                     run_rounds=self.cfg.rounds, previous_contributions=previous or None,
+                                     run_rounds=self.run_rounds, previous_contributions=previous or None,
                                      previous_excluded=excluded)
         distance = max(result.distances.values()) if result.distances else None
         return result, result.reason, distance
@@ -169,7 +172,7 @@ def reexec_checks(report, history, replayer, archives, count: int) -> None:
     if replayer is None:
         report.general.append(Check("re-execution", UNVERIFIABLE, "the run document is not available"))
         return
-    auditor = ReexecAuditor(replayer, archives, history.run.run_id)
+    auditor = ReexecAuditor(replayer, archives, history.run.run_id, history.run.max_rounds)
     guilty = [a for a in history.accusations if a.guilty]
     guilty_accounts = {a.accused.lower() for a in guilty}
     account_of = _peer_accounts(history)
