@@ -93,3 +93,59 @@ def test_audit_samples_contributions_from_the_chain_head():
     assert sample_contributions(pairs, b"h" * 32, 5) == first  # anyone can recompute it
     assert sample_contributions(pairs, b"g" * 32, 5) != first
     assert sample_contributions(pairs, b"h" * 32, -1) == sorted(pairs)
+
+
+def test_hostile_verdicts_are_refused_and_k_guilty_verdicts_eject_on_chain(deployment, tmp_path):
+    """Verdict signatures from outsiders, from the accused, naming another account or not verifying are
+    refused one by one; two members' guilty verdicts resolve the accusation on chain and eject the accused."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from ledger_fixtures import digest
+
+    from ledger.records import Verdict
+    from node.live.onchain import NodeChain
+    from node.live.verifier import SpotChecker, VerifierContext
+
+    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=10**15)
+    accused = run.client(3)
+    evidence = digest("spot check evidence")
+    run.client(1).accuse(run.run_id, accused.address, evidence)
+    ejected: list[bytes] = []
+    stop = threading.Event()
+    ctx = VerifierContext(
+        cfg=SimpleNamespace(spot_checks=0.0), run_id=run.run_id, peer_id="verifier", chain=NodeChain(run.client(1)),
+        host=None, archive=None, membership=None, gossip=None, sign_envelope=None, stage_hashes=None,
+        own_replica=lambda: 0, current_round=lambda: 0, work_dir=tmp_path / "work", evidence_dir=tmp_path / "ev",
+        stop=stop, on_ejected=lambda peer, account: ejected.append(account))
+    checker = SpotChecker(ctx)
+    accused_bytes = bytes.fromhex(accused.address[2:])
+    checker._accusations[evidence] = (0, msg.Accusation(0, accused_bytes, "accused-peer", 2, evidence, 100))
+    guilty = Verdict(run.run_id, accused.address, evidence, True)
+
+    def signed(client, account=None, signature=None):
+        return msg.VerdictSignature(accused_bytes, evidence, True,
+                                    bytes.fromhex((account or client.address)[2:]),
+                                    signature or client.sign_verdict(guilty))
+
+    outsider = deployment.register(6)
+    try:
+        for bad in (signed(outsider), signed(accused), signed(run.client(1), account=run.client(2).address),
+                    signed(run.client(1), signature=b"\x01" * 65)):
+            with pytest.raises(msg.ProtocolError):
+                checker.on_verdict(None, bad)
+        assert not ejected
+        checker.on_verdict(None, signed(run.client(1)))
+        time.sleep(0.5)
+        assert accused.accusation_status(run.run_id, accused.address, evidence) == "open"  # one is not enough
+        checker.on_verdict(None, signed(run.client(2)))
+        deadline = time.monotonic() + 60
+        while not ejected and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ejected == [accused_bytes]
+        assert accused.accusation_status(run.run_id, accused.address, evidence) == "guilty"
+        assert accused.member(run.run_id, accused.address).status == "slashed"
+    finally:
+        stop.set()
+        checker.close()
