@@ -99,6 +99,15 @@ def payload_messages() -> list[tuple[str, str, Any]]:
             train_loss_micro=3_250_000, eval_loss_micro=3_500_000, tokens=131_072, num_contributors=2,
             checkpoint_hash=bytes(32), account=bytes.fromhex("22" * 20),
             signature=bytes(range(64)) + b"\x1b")),
+        ("accusation", msg.ACCUSATION, msg.Accusation(
+            outer_round=3, accused=bytes.fromhex("33" * 20), accused_peer=identity.peer_id, replica=1,
+            evidence_hash=_h(10), evidence_size=4096)),
+        ("verdict", msg.VERDICT, msg.VerdictSignature(
+            accused=bytes.fromhex("33" * 20), evidence_hash=_h(10), guilty=True, account=bytes.fromhex("22" * 20),
+            signature=bytes(range(64)) + b"\x1c")),
+        ("evidence", msg.EVIDENCE, msg.Evidence(
+            accused=bytes.fromhex("33" * 20), replica=1, contributions=[b"\x81" * 8, b"\x82" * 8],
+            verdict="mismatch", reason="largest relative distance 0.28 (tolerance 0.01)", distances=[0.28, 0.1])),
     ]
 
 
@@ -121,13 +130,15 @@ def envelope_cases() -> list[dict[str, Any]]:
     # Header values as the node sets them (docs/PROTOCOL.md, "Messages"): a hello always says
     # round 0, stage and replica -1; a record names no stage; the others name (round, stage)
     # and the sender's replica.
-    header = {msg.HELLO: (0, -1, -1), msg.RECORD: (3, -1, 0)}
+    header = {msg.HELLO: (0, -1, -1), msg.RECORD: (3, -1, 0), msg.ACCUSATION: (5, -1, 0), msg.VERDICT: (5, -1, 0),
+              msg.EVIDENCE: (3, -1, 0)}
     for name, kind, message in payload_messages():
         outer_round, stage, replica = header.get(kind, (3, 1, 0))
         cases.append(dict(name=name, run_id=RUN_ID, round=outer_round, kind=kind, stage=stage, replica=replica,
                           timestamp_ms=TIMESTAMP_MS, payload=msg.encode_payload(message)))
     cases.append(dict(name="contribution", run_id=RUN_ID, round=3, kind=msg.CONTRIBUTION, stage=0,
-                      replica=1, timestamp_ms=TIMESTAMP_MS, payload=bytes(range(256)) * 2))
+                      replica=1, timestamp_ms=TIMESTAMP_MS,
+                      payload=msg.encode_contribution_body(msg.ContributionBody(_h(11), _h(12), bytes(range(256)) * 2))))
     cases.append(dict(name="integer_widths", run_id=(1 << 32), round=300, kind="widths", stage=128,
                       replica=65_536, timestamp_ms=TIMESTAMP_MS + 1, payload=b""))
     cases.append(dict(name="large_indices", run_id=(1 << 64) - 1, round=255, kind="x_1", stage=127,
