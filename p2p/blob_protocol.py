@@ -5,7 +5,7 @@ builders below are the only place the frames are made). The client sends one
 frame ``{sha256: bin32, offset: int, length: int}`` of at most 4096 bytes
 (``length == 0`` asks for the header only). The server answers one reply frame
 (at most 4096 bytes), then, if ``status == "ok"``, exactly ``length`` raw bytes
-in 1 MiB writes, then closes its side. The reply's keys depend on its status::
+in writes of ~1 MiB, then closes its side. The reply's keys depend on its status::
 
     ok            {status, total, sha256, offset, length}
     not_found     {status}
@@ -40,8 +40,8 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
 from p2p.blobstore import BlobStore, check_sha256_hex
-from p2p.fastpath import YAMUX_FRAME_PAYLOAD_BYTES, grant_receive_window
 from p2p.errors import BlobError, BlobHashMismatch, BlobNotFound, BlobTooLarge, BlobUnavailable
+from p2p.fastpath import YAMUX_FRAME_PAYLOAD_BYTES, grant_receive_window
 from p2p.ratelimit import PeerRateLimiter
 from p2p.wire import ProtocolViolation, field, read_frame, write_frame
 
@@ -54,7 +54,7 @@ CHUNK_BYTES = 4 * YAMUX_FRAME_PAYLOAD_BYTES
 PIECE_BYTES = 8 << 20  # unit of work handed to one provider
 FILE_IO_BYTES = 4 * CHUNK_BYTES  # one disk read/write off the event loop (~4 MiB)
 HASH_MEMORY_BYTES = 32 << 20  # received chunks kept for in-order hashing, at most
-SYNC_BYTES = 32 << 20  # staging file flushed to disk every this many bytes hashed
+SYNC_BYTES = 8 << 20  # staging file flushed every this many bytes hashed: the last fsync stays short
 MAX_FRAME_BYTES = 4096  # request and reply frame bodies
 _BUSY_RETRIES = 20
 
