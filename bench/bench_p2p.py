@@ -155,6 +155,7 @@ def gossip_peer(bootstrap: str, expected: int, hosts: int) -> None:
             time.sleep(0.1)
         print(json.dumps({"ready": host.peer_id, "peers": len(host.peers())}), flush=True)
         latencies = []
+        cpu_start = time.process_time()  # CPU per message delivered: a figure the machine's load barely moves
         deadline = time.monotonic() + 120
         while len(latencies) < expected and time.monotonic() < deadline:
             try:
@@ -163,7 +164,7 @@ def gossip_peer(bootstrap: str, expected: int, hosts: int) -> None:
                 continue
             sent = json.loads(data)["sent"]
             latencies.append(time.time() - sent)
-        print(json.dumps({"latencies": latencies}), flush=True)
+        print(json.dumps({"latencies": latencies, "cpu_s": time.process_time() - cpu_start}), flush=True)
 
 
 def bench_gossip(messages: int, rate_per_s: float, hosts: int, repeats: int) -> dict:
@@ -217,8 +218,11 @@ def gossip_run(messages: int, rate_per_s: float, hosts: int = 5) -> dict:
             publisher.publish(GOSSIP_TOPIC, payload)
             time.sleep(1 / rate_per_s)
         latencies: list[float] = []
+        receiver_cpu_s = 0.0
         for child in children:
-            latencies += json.loads(child.stdout.readline())["latencies"]
+            report = json.loads(child.stdout.readline())
+            latencies += report["latencies"]
+            receiver_cpu_s += report["cpu_s"]
             child.wait(timeout=30)
     latencies.sort()
     expected = messages * (hosts - 1)
@@ -232,6 +236,8 @@ def gossip_run(messages: int, rate_per_s: float, hosts: int = 5) -> dict:
         "latency_ms_p50": quantile(0.50),
         "latency_ms_p99": quantile(0.99),
         "latency_ms_max": latencies[-1] * 1000,
+        # receiving processes' CPU (all their threads, while the messages came) per message delivered
+        "receiver_cpu_ms_per_message": receiver_cpu_s * 1000 / max(1, len(latencies)),
     }
     print(
         f"gossip {hosts} hosts: p50 {result['latency_ms_p50']:.1f} ms, "
