@@ -170,6 +170,7 @@ def _batched_window_updates() -> None:
         self._pending_recv_release = 0
         await self.send_window_update(increment)
 
+    credit._dlx_original = _yamux.YamuxStream._auto_tune_and_send_window_update  # type: ignore[attr-defined]
     _yamux.YamuxStream._auto_tune_and_send_window_update = credit  # type: ignore[method-assign]
     applied.append("batched_window_updates")
 

@@ -122,3 +122,32 @@ def test_rate_cap_holds_over_a_transfer_whatever_the_chunk_size():
     assert bucket.burst == pytest.approx(rate * 0.01)
     assert elapsed >= (sent - bucket.burst) / rate
     assert elapsed <= sent / rate + 1e-6
+
+
+def test_a_blob_fetch_sends_few_window_updates(tmp_path, monkeypatch):
+    """py-libp2p alone credits the yamux window after every read: ~400 updates for 24 MiB."""
+    import libp2p.stream_muxer.yamux.yamux as yamux
+
+    from p2p.config import P2PConfig
+    from p2p.host import P2PHost
+    from p2p.identity import Identity
+
+    updates = []
+    original = yamux.YamuxStream.send_window_update
+
+    async def counted(self, increment, skip_lock=False):
+        updates.append(increment)
+        await original(self, increment, skip_lock)
+
+    monkeypatch.setattr(yamux.YamuxStream, "send_window_update", counted)
+    blob = os.urandom(24 << 20)
+    with P2PHost.start(P2PConfig(), Identity.generate(), data_dir=tmp_path / "provider") as provider, \
+            P2PHost.start(P2PConfig(), Identity.generate(), data_dir=tmp_path / "fetcher") as fetcher:
+        sha = provider.provide_blob(blob, announce=False)
+        fetcher.connect(provider.listen_addrs[0])
+        before = len(updates)  # connection set-up (identify, pubsub, DHT) is not the blob's
+        out = fetcher.fetch_blob(sha, tmp_path / "out.bin", providers=[provider.peer_id], timeout=60)
+        blob_updates = len(updates) - before
+    assert out.read_bytes() == blob
+    # Per 8 MiB piece: the grant of its whole range, then a credit or two; gossip may add a few.
+    assert blob_updates <= 40, blob_updates
