@@ -7,9 +7,11 @@ Measures (issue 3):
 - gossip latency p50/p99 across 5 hosts, each in its own process;
 - resident memory of an idle host process.
 
-Usage: python bench/bench_p2p.py [--size-mb 100] [--repeats 3] [--messages 200]
-The machine is shared: every figure is the median of ``--repeats`` runs, and the
-load average at the start is recorded next to them.
+Usage: python bench/bench_p2p.py [--size-mb 100] [--repeats 3] [--messages 200] [--only blob,gossip,memory]
+The machine is shared: every figure is the median of ``--repeats`` runs, each
+run's own figure is kept beside it (the spread), and the load average at the
+start of each run is recorded. ``--only`` measures some sections and keeps the
+others already in ``--out``.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def stop(process: subprocess.Popen) -> None:
 
 def blob_run(blob: Path, work: Path, rate_limit_bps: float) -> dict:
     """One transfer of ``blob`` from a provider process to a host in this process."""
+    load = os.getloadavg()[0]
     provider, info = start_provider(blob, work / "provider", rate_limit_bps)
     try:
         config = P2PConfig(rate_limit_bps=rate_limit_bps, transfer_timeout=600)
@@ -102,6 +105,7 @@ def blob_run(blob: Path, work: Path, rate_limit_bps: float) -> dict:
             if leftover.is_file():
                 leftover.unlink()
     return {
+        "load_1min_at_start": load,
         "bytes": size,
         "seconds": elapsed,
         "mb_per_s": size / elapsed / 1e6,
@@ -120,6 +124,8 @@ def bench_blobs(size_mb: int, repeats: int, work: Path) -> dict:
         runs = [blob_run(blob, work, cap) for _ in range(repeats if cap != 12.5e6 else 1)]
         summary = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
         summary["runs_mb_per_s"] = [round(r["mb_per_s"], 1) for r in runs]
+        summary["runs_fetcher_cpu_s_per_100mb"] = [round(r["fetcher_cpu_s_per_100mb"], 3) for r in runs]
+        summary["runs_load_1min_at_start"] = [round(r["load_1min_at_start"], 2) for r in runs]
         if cap:
             summary["cap_mb_per_s"] = cap / 1e6
             summary["achieved_fraction_of_cap"] = summary["mb_per_s"] / (cap / 1e6)
@@ -149,6 +155,7 @@ def gossip_peer(bootstrap: str, expected: int, hosts: int) -> None:
             time.sleep(0.1)
         print(json.dumps({"ready": host.peer_id, "peers": len(host.peers())}), flush=True)
         latencies = []
+        cpu_start = time.process_time()  # CPU per message delivered: a figure the machine's load barely moves
         deadline = time.monotonic() + 120
         while len(latencies) < expected and time.monotonic() < deadline:
             try:
@@ -157,10 +164,25 @@ def gossip_peer(bootstrap: str, expected: int, hosts: int) -> None:
                 continue
             sent = json.loads(data)["sent"]
             latencies.append(time.time() - sent)
-        print(json.dumps({"latencies": latencies}), flush=True)
+        print(json.dumps({"latencies": latencies, "cpu_s": time.process_time() - cpu_start}), flush=True)
 
 
-def bench_gossip(messages: int, rate_per_s: float, hosts: int = 5) -> dict:
+def bench_gossip(messages: int, rate_per_s: float, hosts: int, repeats: int) -> dict:
+    """``repeats`` runs of :func:`gossip_run`; medians of the per-run quantiles, and each run's figures."""
+    runs = [gossip_run(messages, rate_per_s, hosts) for _ in range(repeats)]
+    summary = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    summary["runs"] = runs
+    print(
+        f"gossip median of {repeats}: p50 {summary['latency_ms_p50']:.1f} ms, "
+        f"p99 {summary['latency_ms_p99']:.1f} ms (runs {[round(r['latency_ms_p99'], 1) for r in runs]})",
+        flush=True,
+    )
+    return summary
+
+
+def gossip_run(messages: int, rate_per_s: float, hosts: int = 5) -> dict:
+    """One publisher (this process) and ``hosts - 1`` subscriber processes; latency = receive - send time."""
+    load = os.getloadavg()[0]
     with P2PHost.start(
         P2PConfig(gossip_resync_interval=0),
         Identity.generate(),
@@ -196,13 +218,17 @@ def bench_gossip(messages: int, rate_per_s: float, hosts: int = 5) -> dict:
             publisher.publish(GOSSIP_TOPIC, payload)
             time.sleep(1 / rate_per_s)
         latencies: list[float] = []
+        receiver_cpu_s = 0.0
         for child in children:
-            latencies += json.loads(child.stdout.readline())["latencies"]
+            report = json.loads(child.stdout.readline())
+            latencies += report["latencies"]
+            receiver_cpu_s += report["cpu_s"]
             child.wait(timeout=30)
     latencies.sort()
     expected = messages * (hosts - 1)
     quantile = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000
     result = {
+        "load_1min_at_start": load,
         "hosts": hosts,
         "messages": messages,
         "publish_rate_per_s": rate_per_s,
@@ -210,6 +236,8 @@ def bench_gossip(messages: int, rate_per_s: float, hosts: int = 5) -> dict:
         "latency_ms_p50": quantile(0.50),
         "latency_ms_p99": quantile(0.99),
         "latency_ms_max": latencies[-1] * 1000,
+        # receiving processes' CPU (all their threads, while the messages came) per message delivered
+        "receiver_cpu_ms_per_message": receiver_cpu_s * 1000 / max(1, len(latencies)),
     }
     print(
         f"gossip {hosts} hosts: p50 {result['latency_ms_p50']:.1f} ms, "
@@ -251,6 +279,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200)
     parser.add_argument("--gossip-rate", type=float, default=20.0)
     parser.add_argument("--hosts", type=int, default=5, help="hosts in the gossip test, one process each")
+    parser.add_argument("--only", default="blob,gossip,memory", help="comma-separated sections to measure")
     parser.add_argument("--gossip-peer", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "p2p.json"))
     args = parser.parse_args()
@@ -258,23 +287,48 @@ def main() -> None:
         gossip_peer(args.gossip_peer, args.messages, args.hosts)
         return
 
+    sections = set(args.only.split(","))
+    unknown = sections - {"blob", "gossip", "memory"}
+    if unknown:
+        parser.error(f"--only: unknown sections {sorted(unknown)}")
+    out = Path(args.out)
+    report = json.loads(out.read_text()) if out.exists() else {}
     load = os.getloadavg()
     print(f"load average at start: {load}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="bench-p2p-") as work:
-        blobs = bench_blobs(args.size_mb, args.repeats, Path(work))
-    report = {
-        "machine": {"cpus": os.cpu_count(), "load_average_at_start": load, "python": sys.version.split()[0]},
-        "libp2p_version": __import__("importlib.metadata").metadata.version("libp2p"),
-        "blob_size_mb": args.size_mb,
-        "blob": blobs,
-        "target_mb_per_s": 125,
-        "gossip": bench_gossip(args.messages, args.gossip_rate, args.hosts),
-        "memory": bench_idle_memory(),
-        "load_average_at_end": os.getloadavg(),
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    report.update(
+        {
+            "machine": {"cpus": os.cpu_count(), "load_average_at_start": load, "python": sys.version.split()[0]},
+            "libp2p_version": __import__("importlib.metadata").metadata.version("libp2p"),
+            "target_mb_per_s": 125,
+        }
+    )
+    report.pop("commit", None)  # each section names the commit it measured (--only mixes runs)
+    commit = _git_commit()
+    if "blob" in sections:
+        with tempfile.TemporaryDirectory(prefix="bench-p2p-") as work:
+            report["blob"] = bench_blobs(args.size_mb, args.repeats, Path(work))
+        report["blob"]["commit"] = commit
+        report["blob_size_mb"] = args.size_mb
+    if "gossip" in sections:
+        report["gossip"] = bench_gossip(args.messages, args.gossip_rate, args.hosts, args.repeats)
+        report["gossip"]["commit"] = commit
+    if "memory" in sections:
+        report["memory"] = bench_idle_memory()
+        report["memory"]["commit"] = commit
+    report["load_average_at_end"] = os.getloadavg()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+def _git_commit() -> str | None:
+    """The commit the measured code is at (None outside a git checkout)."""
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ builders below are the only place the frames are made). The client sends one
 frame ``{sha256: bin32, offset: int, length: int}`` of at most 4096 bytes
 (``length == 0`` asks for the header only). The server answers one reply frame
 (at most 4096 bytes), then, if ``status == "ok"``, exactly ``length`` raw bytes
-in 1 MiB writes, then closes its side. The reply's keys depend on its status::
+in writes of ~1 MiB, then closes its side. The reply's keys depend on its status::
 
     ok            {status, total, sha256, offset, length}
     not_found     {status}
@@ -16,8 +16,9 @@ in 1 MiB writes, then closes its side. The reply's keys depend on its status::
 The client downloads a blob as 8 MiB pieces spread over every provider at once
 (up to ``blob_concurrency`` streams); a piece interrupted by a dying provider is
 put back with its remaining range and finished by another provider. The bytes
-land in a staging file and are hashed in order as they arrive (off the event
-loop); only a file matching its sha256 is committed to the
+land in a staging file (one ``pwritev`` per ~4 MiB of received chunks, never
+joined in memory) and are hashed in order from those same chunks as they
+arrive (off the event loop); only a file matching its sha256 is committed to the
 :class:`~p2p.blobstore.BlobStore`: nothing unverified is ever handed over. The
 built-in libp2p request/response helper and Bitswap are not used: the first
 fails above ~6.5 MB, the second runs at ~20 MB/s and holds the file in memory
@@ -40,15 +41,20 @@ from libp2p.peer.id import ID
 
 from p2p.blobstore import BlobStore, check_sha256_hex
 from p2p.errors import BlobError, BlobHashMismatch, BlobNotFound, BlobTooLarge, BlobUnavailable
+from p2p.fastpath import YAMUX_FRAME_PAYLOAD_BYTES, grant_receive_window
 from p2p.ratelimit import PeerRateLimiter
 from p2p.wire import ProtocolViolation, field, read_frame, write_frame
 
 logger = logging.getLogger(__name__)
 
 BLOB_PROTOCOL = TProtocol("/dlx/blob/1.0.0")
-CHUNK_BYTES = 1 << 20  # one write on the stream
+# One write on the stream: four full yamux frames of four Noise messages each
+# (p2p.fastpath), so no write ends in a runt frame; ~1 MiB.
+CHUNK_BYTES = 4 * YAMUX_FRAME_PAYLOAD_BYTES
 PIECE_BYTES = 8 << 20  # unit of work handed to one provider
-FILE_IO_BYTES = 4 << 20  # one disk read/write off the event loop
+FILE_IO_BYTES = 4 * CHUNK_BYTES  # one disk read/write off the event loop (~4 MiB)
+HASH_MEMORY_BYTES = 32 << 20  # received chunks kept for in-order hashing, at most
+SYNC_BYTES = 8 << 20  # staging file flushed every this many bytes hashed: the last fsync stays short
 MAX_FRAME_BYTES = 4096  # request and reply frame bodies
 _BUSY_RETRIES = 20
 
@@ -102,59 +108,98 @@ class _ProviderFailed(Exception):
 
 
 class _InOrderHasher:
-    """Hashes the staging file front to back while pieces land out of order.
+    """Hashes the blob front to back while pieces land out of order.
 
-    Runs beside the download so the final verification costs no extra wall time;
-    reading and hashing happen on the host's thread pool (hashlib releases the GIL).
+    Runs beside the download so the final verification costs no extra wall time.
+    Ranges arrive with the chunks just written to disk; a range is hashed from
+    those chunks in memory (no read back) unless holding them would exceed
+    ``memory_budget`` bytes, in which case it is read back from the staging file
+    when its turn comes. Hashing runs on the host's thread pool (hashlib
+    releases the GIL), and every ``SYNC_BYTES`` hashed the file is flushed to disk
+    there too, so the final ``fsync`` has little left to write.
     """
 
-    def __init__(self, fd: int, total: int, run_blocking: RunBlocking) -> None:
+    def __init__(
+        self, fd: int, total: int, run_blocking: RunBlocking, memory_budget: int = HASH_MEMORY_BYTES
+    ) -> None:
         self._fd = fd
         self._total = total
         self._run_blocking = run_blocking
+        self._memory_budget = memory_budget
         self._digest = hashlib.sha256()
         self._hashed = 0
-        self._ranges: list[tuple[int, int]] = []  # written, not yet hashed
+        self._synced = 0
+        self._held = 0  # bytes of chunks kept in memory for hashing
+        self._ranges: dict[int, tuple[int, list[bytes] | None]] = {}  # start -> (end, chunks or None)
         self._changed = trio.Event()
+        self.read_back = 0  # bytes hashed from the staging file rather than from memory
 
-    def written(self, offset: int, length: int) -> None:
-        """Record that ``[offset, offset+length)`` is on disk (called on the event loop)."""
-        if length:
-            self._ranges.append((offset, offset + length))
-            self._changed.set()
+    def written(self, offset: int, chunks: list[bytes]) -> None:
+        """Record that ``chunks`` are on disk from ``offset`` on (called on the event loop)."""
+        length = sum(len(chunk) for chunk in chunks)
+        if not length:
+            return
+        kept: list[bytes] | None = chunks
+        if self._held + length > self._memory_budget:
+            kept = None  # read it back later rather than hold unbounded memory
+        else:
+            self._held += length
+        self._ranges[offset] = (offset + length, kept)
+        self._changed.set()
 
-    def _contiguous_end(self) -> int:
-        end = self._hashed
-        merged = True
-        while merged:
-            merged = False
-            for start, stop in list(self._ranges):
-                if start <= end:
-                    end = max(end, stop)
-                    self._ranges.remove((start, stop))
-                    merged = True
-        return end
+    def _contiguous(self) -> list[tuple[int, int, list[bytes] | None]]:
+        """Pop the written ranges that continue the hashed prefix, in order."""
+        batch = []
+        position = self._hashed
+        while position in self._ranges:
+            end, chunks = self._ranges.pop(position)
+            batch.append((position, end, chunks))
+            position = end
+        return batch
 
     async def run(self) -> None:
         while self._hashed < self._total:
-            end = self._contiguous_end()
-            if end > self._hashed:
-                await self._run_blocking(self._hash_range, self._hashed, end)
-                self._hashed = end
-            else:
-                self._changed = trio.Event()  # no await since _contiguous_end(): nothing is missed
+            batch = self._contiguous()
+            if not batch:
+                self._changed = trio.Event()  # no await since _contiguous(): nothing is missed
                 await self._changed.wait()
+                continue
+            await self._run_blocking(self._hash_batch, batch)
+            self._held -= sum(end - start for start, end, chunks in batch if chunks is not None)
+            self._hashed = batch[-1][1]
+            if self._hashed - self._synced >= SYNC_BYTES:
+                await self._run_blocking(os.fdatasync, self._fd)
+                self._synced = self._hashed
 
-    def _hash_range(self, start: int, end: int) -> None:
-        while start < end:
-            block = os.pread(self._fd, min(FILE_IO_BYTES, end - start), start)
-            if not block:
-                raise BlobError("staging file is shorter than the bytes written to it")
-            self._digest.update(block)
-            start += len(block)
+    def _hash_batch(self, batch: list[tuple[int, int, list[bytes] | None]]) -> None:
+        for start, end, chunks in batch:
+            if chunks is not None:
+                for chunk in chunks:
+                    self._digest.update(chunk)
+                continue
+            self.read_back += end - start
+            while start < end:
+                block = os.pread(self._fd, min(FILE_IO_BYTES, end - start), start)
+                if not block:
+                    raise BlobError("staging file is shorter than the bytes written to it")
+                self._digest.update(block)
+                start += len(block)
 
     def hexdigest(self) -> str:
         return self._digest.hexdigest()
+
+
+def _write_chunks(fd: int, chunks: list[bytes], offset: int) -> None:
+    """``pwritev`` the chunks at ``offset`` (no concatenation); loops over short writes."""
+    views = [memoryview(chunk) for chunk in chunks]
+    while views:
+        written = os.pwritev(fd, views, offset)
+        offset += written
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if views and written:
+            views[0] = views[0][written:]
 
 
 class BlobService:
@@ -239,12 +284,12 @@ class BlobService:
                     if not block:
                         raise BlobError(f"blob {sha256_hex} shrank while being served")
                     position += len(block)
-                    view = memoryview(block)
+                    view = memoryview(block)  # slices of it go to the stream without a copy
                     for start in range(0, len(block), CHUNK_BYTES):
                         chunk = view[start : start + CHUNK_BYTES]
                         await self._limiter.consume(peer, "out", len(chunk))
                         with trio.fail_after(self.stall_timeout):
-                            await stream.write(bytes(chunk))
+                            await stream.write(chunk)
                         self._stats.add(BLOB_PROTOCOL, sent=len(chunk))
                         self._stats.add_peer(peer, sent=len(chunk))
             finally:
@@ -304,32 +349,42 @@ class BlobService:
         """Write ``[offset, offset+length)`` of the blob into ``fd``; ``progress[0]`` counts bytes on disk."""
         peer_text = peer.to_base58()
         stream, _ = await self._request(peer, digest, offset, length)
-        buffer = bytearray()
+        chunks: list[bytes] = []  # received, not yet on disk; written with one pwritev, never joined
+        buffered = 0
         written = 0
+
+        async def flush() -> None:
+            nonlocal chunks, buffered, written
+            batch, chunks = chunks, []
+            await self._run_blocking(_write_chunks, fd, batch, offset + written)
+            hasher.written(offset + written, batch)
+            written += buffered
+            buffered = 0
+            progress[0] = written
+
         try:
-            while written + len(buffer) < length:
+            # The whole range is asked for: let the provider send it without
+            # waiting for the yamux window to grow from 256 KiB.
+            await grant_receive_window(stream, length)
+            while written + buffered < length:
                 with trio.fail_after(self.stall_timeout):
-                    chunk = await stream.read(min(CHUNK_BYTES, length - written - len(buffer)))
+                    chunk = await stream.read(length - written - buffered)
                 if not chunk:
-                    raise ProtocolViolation(f"stream ended {length - written - len(buffer)} bytes early")
+                    raise ProtocolViolation(f"stream ended {length - written - buffered} bytes early")
+                if len(chunk) > length - written - buffered:  # a read never returns more than asked
+                    raise ProtocolViolation("stream returned more bytes than requested")
                 self._stats.add(BLOB_PROTOCOL, received=len(chunk))
                 self._stats.add_peer(peer_text, received=len(chunk))
                 await self._limiter.consume(peer_text, "in", len(chunk))
-                buffer += chunk
-                if len(buffer) >= FILE_IO_BYTES:
-                    await self._run_blocking(os.pwrite, fd, buffer, offset + written)
-                    hasher.written(offset + written, len(buffer))
-                    written += len(buffer)
-                    progress[0] = written
-                    buffer = bytearray()
+                chunks.append(chunk)
+                buffered += len(chunk)
+                if buffered >= FILE_IO_BYTES:
+                    await flush()
         finally:
             # Bytes already received are valid for resumption (the final hash check covers them).
-            if buffer:
+            if chunks:
                 with trio.CancelScope(shield=True):
-                    await self._run_blocking(os.pwrite, fd, buffer, offset + written)
-                hasher.written(offset + written, len(buffer))
-                written += len(buffer)
-                progress[0] = written
+                    await flush()
         with trio.move_on_after(1):
             try:
                 await stream.close()

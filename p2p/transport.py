@@ -4,7 +4,8 @@
 security and mplex muxing, and may add QUIC; all of that is switched off here by
 passing explicit ``sec_opt``, ``muxer_opt`` and ``transports``. Measured on
 py-libp2p 0.8.1: yamux moves ~8x more than mplex, QUIC ~3 MB/s and once
-truncated a transfer silently.
+truncated a transfer silently. Importing this module applies :mod:`p2p.fastpath`
+(py-libp2p's TCP/Noise/yamux hot path, same bytes on the wire).
 """
 
 from __future__ import annotations
@@ -18,20 +19,19 @@ import threading
 import weakref
 from typing import Any
 
-import libp2p.stream_muxer.yamux.yamux as _yamux_module
 import trio
 from libp2p import new_host
 from libp2p.abc import IHost
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
 from libp2p.io.trio import TrioTCPStream
-from libp2p.security.noise.io import MAX_PLAINTEXT_LENGTH as _NOISE_MAX_PLAINTEXT
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.transport.tcp.tcp import TCP
 
+from p2p import fastpath  # noqa: F401  (patches py-libp2p's data path on import)
 from p2p.errors import P2PError
 from p2p.identity import Identity
 
@@ -41,22 +41,6 @@ logger = logging.getLogger(__name__)
 SECURITY_PROTOCOLS = (str(NOISE_PROTOCOL_ID),)
 #: The only stream muxer offered or accepted.
 MUXER_PROTOCOLS = (str(YAMUX_PROTOCOL_ID),)
-
-
-def _fit_yamux_frames_in_noise_frames() -> None:
-    """Make each outgoing yamux data frame (12-byte header + payload) fit one Noise message.
-
-    py-libp2p 0.8.1 sends 64 KiB + 12 byte yamux frames over Noise, whose
-    messages carry at most 65519 plaintext bytes, so every frame became a full
-    Noise message plus a 29-byte one: twice the per-message work (syscalls,
-    AEAD calls, Python frames) on both ends. Only the sender's slicing changes,
-    so peers running any yamux implementation are unaffected.
-    """
-    if _yamux_module.MAX_MESSAGE_SIZE > _NOISE_MAX_PLAINTEXT:
-        _yamux_module.MAX_MESSAGE_SIZE = _NOISE_MAX_PLAINTEXT
-
-
-_fit_yamux_frames_in_noise_frames()
 
 
 # TCP streams per trio thread (one host per thread), so a host can close what py-libp2p forgot.

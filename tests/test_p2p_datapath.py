@@ -1,0 +1,153 @@
+"""The blob data path's parts on their own: py-libp2p patches, in-order hashing, chunk writes, the rate cap."""
+
+import hashlib
+import os
+import random
+
+import pytest
+import trio
+import trio.testing
+from libp2p.io.trio import TrioTCPStream
+
+from p2p import fastpath
+from p2p.blob_protocol import _InOrderHasher, _write_chunks
+from p2p.ratelimit import TokenBucket
+
+
+async def run_inline(fn, *args, **kwargs):
+    """Stands in for the host's thread pool: the hasher's work is the same, only where it runs differs."""
+    return fn(*args, **kwargs)
+
+
+def test_data_path_patches_are_in_force():
+    # A py-libp2p upgrade that silently drops them would only show as a slow benchmark.
+    assert sorted(fastpath.applied) == ["batched_window_updates", "buffered_tcp_reads", "larger_yamux_frames"]
+    import libp2p.stream_muxer.yamux.yamux as yamux
+
+    assert yamux.MAX_MESSAGE_SIZE == fastpath.YAMUX_FRAME_NOISE_MESSAGES * fastpath.NOISE_PLAINTEXT_BYTES
+
+
+def test_buffered_tcp_reads_return_every_byte_in_order():
+    payload = os.urandom(3 << 20)
+    sizes = random.Random(7)
+
+    async def main():
+        left, right = trio.socket.socketpair()
+        writer = trio.SocketStream(left)
+        reader = TrioTCPStream(trio.SocketStream(right))
+        received = bytearray()
+
+        async def send():
+            await writer.send_all(payload)
+            await writer.aclose()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            while True:
+                # The sizes Noise and yamux ask for: 2-byte prefixes, 12-byte headers, bodies.
+                chunk = await reader.read(sizes.choice([2, 12, 4096, 65535, None]))
+                if not chunk:
+                    break
+                received += chunk
+        await reader.close()
+        return bytes(received)
+
+    assert trio.run(main) == payload
+
+
+def hash_out_of_order(tmp_path, pieces, memory_budget):
+    """Write ``pieces`` (offset, bytes) in the given order, as fetch streams do, and hash them."""
+    total = sum(len(data) for _, data in pieces)
+    path = tmp_path / "staging.part"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.ftruncate(fd, total)
+        hasher = _InOrderHasher(fd, total, run_inline, memory_budget=memory_budget)
+
+        async def main():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(hasher.run)
+                for offset, data in pieces:
+                    chunks = [data[i : i + 1000] for i in range(0, len(data), 1000)]
+                    _write_chunks(fd, chunks, offset)
+                    hasher.written(offset, chunks)
+                    await trio.sleep(0)  # let the hasher take what is contiguous
+
+        trio.run(main)
+    finally:
+        os.close(fd)
+    return hasher, path
+
+
+@pytest.mark.parametrize("memory_budget,reads_back", [(1 << 20, False), (5000, True)])
+def test_hash_of_pieces_landing_out_of_order(tmp_path, memory_budget, reads_back):
+    blob = os.urandom(40_000)
+    ranges = [(0, 7000), (7000, 13000), (13000, 30001), (30001, 40000)]
+    order = [2, 3, 0, 1]  # the front arrives last: everything else waits in memory or on disk
+    pieces = [(ranges[i][0], blob[ranges[i][0] : ranges[i][1]]) for i in order]
+    hasher, path = hash_out_of_order(tmp_path, pieces, memory_budget)
+    assert hasher.hexdigest() == hashlib.sha256(blob).hexdigest()
+    assert path.read_bytes() == blob
+    # Within the budget nothing is read back; over it, the excess comes from the staging file.
+    assert (hasher.read_back > 0) is reads_back
+    assert hasher.read_back <= len(blob)
+
+
+def test_write_chunks_places_every_chunk_at_its_offset(tmp_path):
+    path = tmp_path / "file"
+    path.write_bytes(b"\0" * 100)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        _write_chunks(fd, [b"abc", b"", b"defg", bytearray(b"hi")], 10)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"\0" * 10 + b"abcdefghi" + b"\0" * 81
+
+
+def test_rate_cap_holds_over_a_transfer_whatever_the_chunk_size():
+    rate = 125e6  # 1 Gbps
+
+    async def main():
+        bucket = TokenBucket(rate)
+        start = trio.current_time()
+        sent = 0
+        for size in [1 << 20] * 50 + [4 << 20] * 10 + [100] * 30:
+            await bucket.consume(size)
+            sent += size
+        return bucket, sent, trio.current_time() - start
+
+    bucket, sent, elapsed = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    # Virtual time: what the cap allows, less at most one burst (10 ms of the rate).
+    assert bucket.burst == pytest.approx(rate * 0.01)
+    assert elapsed >= (sent - bucket.burst) / rate
+    assert elapsed <= sent / rate + 1e-6
+
+
+def test_a_blob_fetch_sends_few_window_updates(tmp_path, monkeypatch):
+    """py-libp2p alone credits the yamux window after every read: ~400 updates for 24 MiB."""
+    import libp2p.stream_muxer.yamux.yamux as yamux
+
+    from p2p.config import P2PConfig
+    from p2p.host import P2PHost
+    from p2p.identity import Identity
+
+    updates = []
+    original = yamux.YamuxStream.send_window_update
+
+    async def counted(self, increment, skip_lock=False):
+        updates.append(increment)
+        await original(self, increment, skip_lock)
+
+    monkeypatch.setattr(yamux.YamuxStream, "send_window_update", counted)
+    blob = os.urandom(24 << 20)
+    with P2PHost.start(P2PConfig(), Identity.generate(), data_dir=tmp_path / "provider") as provider, \
+            P2PHost.start(P2PConfig(), Identity.generate(), data_dir=tmp_path / "fetcher") as fetcher:
+        sha = provider.provide_blob(blob, announce=False)
+        fetcher.connect(provider.listen_addrs[0])
+        before = len(updates)  # connection set-up (identify, pubsub, DHT) is not the blob's
+        out = fetcher.fetch_blob(sha, tmp_path / "out.bin", providers=[provider.peer_id], timeout=60)
+        blob_updates = len(updates) - before
+    assert out.read_bytes() == blob
+    # Per 8 MiB piece: the grant of its whole range, then a credit or two; gossip may add a few.
+    assert blob_updates <= 40, blob_updates
