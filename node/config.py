@@ -1,7 +1,8 @@
 """``NodeConfig``: every component's configuration, read from one TOML file.
 
 The TOML file has one table per component (``[model]``, ``[training]``,
-``[diloco]``, ``[compression]``, ``[pipeline]``, ``[p2p]``, ``[ledger]``) plus
+``[diloco]``, ``[compression]``, ``[pipeline]``, ``[p2p]``, ``[ledger]``,
+``[storage]``) plus
 node-level keys at the top. CLI flags override single values with dotted keys
 (``--set diloco.inner_steps=50``). Validation happens at load time; every error
 names the field and how to fix it.
@@ -26,6 +27,25 @@ from training.config import (
     TrainingConfig,
 )
 
+@dataclass
+class StorageConfig:
+    """How much of its past a node keeps on disk (``[storage]``); see node/store/retention.py.
+
+    Whatever the settings, a node never deletes what a restart or a peer still needs: sealed
+    rounds not yet committed on chain (a restart re-applies them from the archive) and the newest
+    checkpoint of a committed round (a joiner downloads the chain's latest checkpoint from peers).
+    """
+
+    keep_rounds: int = 0  # sealed archive rounds kept (their signed contributions); 0 = keep all (audits need them)
+    keep_checkpoints: int = 2  # checkpoint rounds kept (full file and stage shards); 0 = keep all
+
+    def __post_init__(self) -> None:
+        if self.keep_rounds < 0:
+            raise ConfigError(f"storage.keep_rounds={self.keep_rounds}: must be >= 0 (0 = keep all)")
+        if self.keep_checkpoints < 0:
+            raise ConfigError(f"storage.keep_checkpoints={self.keep_checkpoints}: must be >= 0 (0 = keep all)")
+
+
 _SECTIONS: dict[str, type] = {
     "model": ModelConfig,
     "training": TrainingConfig,
@@ -34,6 +54,7 @@ _SECTIONS: dict[str, type] = {
     "pipeline": PipelineConfig,
     "p2p": P2PConfig,
     "ledger": LedgerConfig,
+    "storage": StorageConfig,
 }
 
 
@@ -51,7 +72,7 @@ class NodeConfig:
     round_timeout: float = 120.0  # deadline for a round's contributions
     join_timeout: float = 60.0  # how long to wait for the run's other replicas before starting
     quorum: int = 1  # minimum replicas per stage to close a round at the deadline
-    retention_rounds: int = 0  # archived contributions kept; 0 = keep everything
+    retention_rounds: int = 0  # older name of storage.keep_rounds (still read: it applies when that is 0)
     metrics_port: int = 0  # 0 = no Prometheus endpoint
     torch_threads: int = 0  # intra-op threads for training; 0 = torch's default (all cores)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -61,6 +82,7 @@ class NodeConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     p2p: P2PConfig = field(default_factory=P2PConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
     def __post_init__(self) -> None:
         if not self.cluster or not self.cluster.replace("-", "").replace("_", "").isalnum():
@@ -92,6 +114,8 @@ class NodeConfig:
             )
         if self.retention_rounds < 0:
             raise ConfigError(f"retention_rounds={self.retention_rounds}: must be >= 0 (0 = keep all)")
+        if self.retention_rounds and not self.storage.keep_rounds:
+            self.storage = dataclasses.replace(self.storage, keep_rounds=self.retention_rounds)
         if self.torch_threads < 0:
             raise ConfigError(f"torch_threads={self.torch_threads}: must be >= 0 (0 = torch's default)")
         if not 0 <= self.metrics_port <= 65535:
