@@ -11,6 +11,7 @@ names the field and how to fix it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +131,14 @@ class NodeConfig:
         return dataclasses.asdict(self)
 
 
+def _show(value: Any) -> str:
+    """A short repr for error messages."""
+    try:
+        return repr(value)[:80]
+    except ValueError:  # an int of more than 4300 digits has no repr
+        return f"<a {type(value).__name__} too large to print>"
+
+
 def _coerce(value: Any, annotation: Any, where: str) -> Any:
     """Check a TOML/CLI value against a dataclass field's type."""
     text = str(annotation)
@@ -137,29 +146,32 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
             return value.lower() in ("true", "1")
         if not isinstance(value, bool):
-            raise ConfigError(f"{where}={value!r}: must be true or false")
+            raise ConfigError(f"{where}={_show(value)}: must be true or false")
         return value
     if text in ("int", "<class 'int'>"):
         if isinstance(value, str):
             try:
-                return int(value, 0)
+                value = int(value, 0)
             except ValueError:
-                raise ConfigError(f"{where}={value!r}: must be an integer") from None
+                raise ConfigError(f"{where}={_show(value)}: must be an integer") from None
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}={value!r}: must be an integer")
+            raise ConfigError(f"{where}={_show(value)}: must be an integer")
+        if not -(2**63) <= value < 2**63:  # TOML integers are 64-bit; tomllib reads any size
+            raise ConfigError(f"{where}={_show(value)}: out of the 64-bit integer range")
         return value
     if text in ("float", "<class 'float'>"):
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                raise ConfigError(f"{where}={value!r}: must be a number") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}={value!r}: must be a number")
-        return float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{where}={_show(value)}: must be a number")
+        try:
+            number = float(value)
+        except (ValueError, OverflowError):  # OverflowError: an integer beyond float range
+            raise ConfigError(f"{where}={_show(value)}: must be a finite number") from None
+        if not math.isfinite(number):  # nan passes every "> 0" check the components make
+            raise ConfigError(f"{where}={_show(value)}: must be a finite number")
+        return number
     if text in ("str", "<class 'str'>"):
         if not isinstance(value, str):
-            raise ConfigError(f"{where}={value!r}: must be a string")
+            raise ConfigError(f"{where}={_show(value)}: must be a string")
         return value
     if text.startswith("list"):
         if isinstance(value, str):
@@ -168,9 +180,14 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
                 try:
                     value = [int(v) for v in value]
                 except ValueError:
-                    raise ConfigError(f"{where}={value!r}: must be a list of integers") from None
+                    raise ConfigError(f"{where}={_show(value)}: must be a list of integers") from None
         if not isinstance(value, list):
-            raise ConfigError(f"{where}={value!r}: must be a list")
+            raise ConfigError(f"{where}={_show(value)}: must be a list")
+        item = "int" if "int" in text else "str" if "str" in text else None
+        if item == "int" and any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+            raise ConfigError(f"{where}={_show(value)}: must be a list of integers")
+        if item == "str" and any(not isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}={_show(value)}: must be a list of strings")
         return value
     return value
 
@@ -230,6 +247,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config file {p} not found: create one with 'dlx-node init'") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+        except RecursionError:  # tomllib recurses once per nesting level of arrays and tables
+            raise ConfigError(f"config file {p} nests arrays or tables too deeply") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {p} cannot be read: {exc.strerror}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"config file {p} is not UTF-8 text") from None
     table = _merge(table, parse_overrides(overrides or []))
@@ -241,7 +262,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def config_from_dict(table: dict[str, Any]) -> NodeConfig:
     """Build and validate a ``NodeConfig`` from a nested dict (e.g. ``to_dict()``)."""
-    return _build(NodeConfig, table, "")
+    try:
+        return _build(NodeConfig, table, "")
+    except TypeError as exc:  # a value of the wrong shape slipped through
+        raise ConfigError(f"invalid configuration: {exc}") from None
 
 
 def dump_toml(table: dict[str, Any]) -> str:

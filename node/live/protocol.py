@@ -136,7 +136,8 @@ def decode_payload(kind: str, data: bytes) -> Any:
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise ProtocolError(f"{kind} payload is not msgpack: {exc}") from None
     names = [f.name for f in fields(cls)]
-    if not isinstance(raw, dict) or sorted(raw) != sorted(names):
+    # A set, not sorted(): keys may mix str and bin (strict_map_key allows both), which do not order.
+    if not isinstance(raw, dict) or set(raw) != set(names):
         raise ProtocolError(f"{kind} payload must have exactly the keys {names}")
     hints = get_type_hints(cls)
     values = {name: _check(raw[name], hints[name], f"{kind}.{name}") for name in names}

@@ -57,11 +57,15 @@ class StateFile:
             return {}
         try:
             state = json.loads(self.path.read_text())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise StateError(f"state file {self.path} is corrupt ({exc}); move it away to start fresh, "
                              "the node will then rejoin from the chain's latest checkpoint") from None
         if not isinstance(state, dict) or state.get("run_id") != self.run_id:
             return {}
+        problem = _state_problem(state)
+        if problem:
+            raise StateError(f"state file {self.path} is corrupt ({problem}); move it away to start fresh, "
+                             "the node will then rejoin from the chain's latest checkpoint")
         return state
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -101,6 +105,40 @@ class StateFile:
     def _save(self) -> None:
         self._state["run_id"] = self.run_id
         atomic_write_json(self.path, self._state)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_hex(value: Any, size: int) -> bool:
+    if not isinstance(value, str) or len(value) != 2 * size:
+        return False
+    try:
+        bytes.fromhex(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _state_problem(state: dict) -> str:
+    """What is wrong with the keys the node reads back from state.json ("" if nothing)."""
+    for key in ("last_finished", "last_contributed"):
+        if key in state and not _is_int(state[key]):
+            return f"{key} is not an integer"
+    rounds_key = lambda k: isinstance(k, str) and k.lstrip("-").isdigit() and len(k) < 20  # noqa: E731
+    signed = state.get("signed_records", {})
+    if not isinstance(signed, dict) or not all(
+            rounds_key(k) and isinstance(v, list) and len(v) == 2 and _is_hex(v[0], 32) and _is_hex(v[1], 65)
+            for k, v in signed.items()):
+        return "signed_records is not a map of round -> [digest hex, signature hex]"
+    roots = state.get("weights_roots", {})
+    if not isinstance(roots, dict) or not all(rounds_key(k) and isinstance(v, str) for k, v in roots.items()):
+        return "weights_roots is not a map of round -> hex"
+    committed = state.get("committed", [])
+    if not isinstance(committed, list) or not all(_is_int(r) for r in committed):
+        return "committed is not a list of rounds"
+    return ""
 
 
 def write_status(path: Path, progress: Progress, peer_id: str, run_id: int, placement, listen_addrs: list[str]) -> None:
