@@ -124,8 +124,8 @@ class Archive:
             doc = json.loads(path.read_text())
             return [ArchivedContribution(int(s), int(r), str(p), bytes.fromhex(h)) for s, r, p, h in
                     doc["contributions"]]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise StateError(f"archive manifest {path} is corrupt: {exc}") from None
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: deeply nested JSON
+            raise StateError(f"archive manifest {path} is corrupt: {type(exc).__name__}: {exc}"[:300]) from None
 
     def rounds(self) -> list[int]:
         out = []
