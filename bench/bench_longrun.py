@@ -124,6 +124,7 @@ def main() -> int:
           f"checkpoint every {args.checkpoint_every}, {target} rounds, in {workdir}", flush=True)
     samples: list[dict] = []
     exit_code = 0
+    stopped_early = ""
     started = time.monotonic()
     try:
         run.setup()
@@ -152,6 +153,9 @@ def main() -> int:
                 samples.append(entry)
                 print_sample(entry)
             time.sleep(0.5)
+    except KeyboardInterrupt:  # Ctrl-C: stop the run, keep the samples taken so far
+        stopped_early = "interrupted (SIGINT) before the last sample"
+        exit_code = 130
     finally:
         ended = time.monotonic()
         run.stop()
@@ -177,6 +181,7 @@ def main() -> int:
         "cpu_count": os.cpu_count(),
         "samples": samples,
         "exit_code": exit_code,
+        "stopped_early": stopped_early or ("a node exited early" if exit_code == 1 else ""),
     }
     if len(samples) >= 2:
         first, last = samples[0], samples[-1]
