@@ -37,8 +37,10 @@ class StorageConfig:
     checkpoint of a committed round (a joiner downloads the chain's latest checkpoint from peers).
     """
 
-    keep_rounds: int = 0  # sealed archive rounds kept (their signed contributions); 0 = keep all (audits need them)
-    keep_checkpoints: int = 2  # checkpoint rounds kept (full file and stage shards); 0 = keep all
+    # Both default to 0 = keep everything: an audit of the whole run reads every round's archived
+    # contributions and every published checkpoint from the nodes. A long run sets them.
+    keep_rounds: int = 0  # sealed archive rounds kept (their signed contributions)
+    keep_checkpoints: int = 0  # checkpoint rounds kept (full checkpoint and stage shards)
 
     def __post_init__(self) -> None:
         if self.keep_rounds < 0:

@@ -233,6 +233,15 @@ def test_malformed_state_json_is_a_state_error_or_ignored(tmp_path, state):
     assert loaded.get("run_id") is None  # a file that is not a map of this run counts as empty
 
 
+@pytest.mark.parametrize("manifest", [
+    b'{"round": 3, "contributions": [[Infinity, 1, "p", "ab"]]}',  # was OverflowError
+    b'{"round": 3, "contributions": ' + b"[" * 5000 + b"]" * 5000 + b"}",  # was RecursionError
+])
+def test_a_malformed_archive_manifest_is_a_state_error(manifest):
+    with pytest.raises(StateError):
+        TARGETS["archive_manifest"].decode(manifest)
+
+
 def test_a_replica_state_tensor_name_that_is_not_utf8_is_a_replica_state_error():
     target = TARGETS["replica_state"]
     data = target.seeds[0]

@@ -70,7 +70,8 @@ def test_checkpoints_keep_the_newest_committed_and_every_uncommitted_one(tmp_pat
 def test_storage_settings_load_validate_and_keep_the_old_name(tmp_path):
     cfg = load_config(None, ["storage.keep_rounds=20", "storage.keep_checkpoints=3"])
     assert (cfg.storage.keep_rounds, cfg.storage.keep_checkpoints) == (20, 3)
-    assert load_config(None, []).storage.keep_checkpoints == 2  # bounded by default
+    default = load_config(None, []).storage
+    assert (default.keep_rounds, default.keep_checkpoints) == (0, 0)  # keep all: an audit needs every round
     assert load_config(None, ["retention_rounds=7"]).storage.keep_rounds == 7  # the older setting still applies
     with pytest.raises(ConfigError, match="storage.keep_checkpoints"):
         load_config(None, ["storage.keep_checkpoints=-1"])

@@ -124,7 +124,8 @@ class Archive:
             doc = json.loads(path.read_text())
             return [ArchivedContribution(int(s), int(r), str(p), bytes.fromhex(h)) for s, r, p, h in
                     doc["contributions"]]
-        except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: deeply nested JSON
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
+            # OverflowError: int() of an infinite JSON number; RecursionError: deeply nested JSON.
             raise StateError(f"archive manifest {path} is corrupt: {type(exc).__name__}: {exc}"[:300]) from None
 
     def rounds(self) -> list[int]:
