@@ -78,3 +78,16 @@ def test_storage_settings_load_validate_and_keep_the_old_name(tmp_path):
     path = tmp_path / "node.toml"
     path.write_text("[storage]\nkeep_rounds = 5\n")
     assert load_config(path).storage.keep_rounds == 5
+
+
+def test_state_json_stays_bounded_on_long_runs(tmp_path):
+    from node.live.status import StateFile
+
+    state = StateFile(tmp_path / "state.json", run_id=3)
+    for outer_round in range(30):
+        state.record_round(outer_round, bytes([outer_round]) * 32, committed_by_me=outer_round % 2 == 0, keep=8)
+        state.remember_signed(outer_round, bytes(32), bytes(65), keep=8)
+    reloaded = StateFile(tmp_path / "state.json", run_id=3)
+    assert sorted(map(int, reloaded.get("weights_roots"))) == list(range(22, 30))
+    assert reloaded.get("committed") == list(range(14, 30, 2))  # the last 8 it committed
+    assert reloaded.signed_record(29) is not None and reloaded.signed_record(21) is None
