@@ -314,3 +314,15 @@ def test_a_contribution_of_nested_arrays_is_refused_before_it_is_built():
             decode_contribution(bomb, shapes)
     assert _peak(decode) < 1 << 20
     assert decode_contribution(TARGETS["contribution"].seeds[0], SHAPES)  # the bound admits a real one
+
+
+def test_a_payload_of_nested_arrays_is_refused_before_it_is_built():
+    """Payloads are bounded to the maps and arrays their type holds (a close: up to 4096 entries)."""
+    bomb = b"\x81\xa1x\xdc\xff\xff" + b"\x90" * 0xFFFF
+
+    def decode():
+        with pytest.raises(msg.ProtocolError):
+            msg.decode_payload(msg.HELLO, bomb[:msg.MAX_GOSSIP_PAYLOAD])
+    assert _peak(decode) < 1 << 20
+    close = msg.Close([[i, IDENTITY.peer_id, bytes(32), 1] for i in range(600)])  # ~54 KiB
+    assert len(msg.decode_payload(msg.CLOSE, msg.encode_payload(close)).contributions) == 600

@@ -132,7 +132,8 @@ def decode_payload(kind: str, data: bytes) -> Any:
     if len(data) > MAX_GOSSIP_PAYLOAD:
         raise ProtocolError(f"{kind} payload of {len(data)} bytes exceeds {MAX_GOSSIP_PAYLOAD}")
     try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_GOSSIP_PAYLOAD)
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_GOSSIP_PAYLOAD,
+                              **_container_bound(cls))
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise ProtocolError(f"{kind} payload is not msgpack: {exc}") from None
     names = [f.name for f in fields(cls)]
@@ -179,3 +180,23 @@ def _validate(message: Any) -> None:
         for name in ("shard_hash", "checkpoint_hash"):
             if len(getattr(message, name)) not in (0, 32):
                 raise ProtocolError(f"attestation.{name} must be empty or 32 bytes")
+
+
+def _container_bound(cls: type) -> dict[str, Any]:
+    """msgpack hooks refusing more maps and arrays than a payload of ``cls`` can hold.
+
+    Checked while decoding: containers are built before any key is looked at, and a payload of
+    nested empty arrays costs ~60 bytes of Python list per byte (129 MiB for 2 MiB).
+    """
+    hints = get_type_hints(cls)
+    lists = sum(1 for f in fields(cls) if str(hints[f.name]).startswith("list"))
+    bound = 1 + lists + (4096 if cls is Close else 0)  # a close holds up to 4096 entry lists
+    built = [0]
+
+    def count(container: Any) -> Any:
+        built[0] += 1
+        if built[0] > bound:
+            raise ValueError(f"more than {bound} maps and arrays")
+        return container
+
+    return {"object_hook": count, "list_hook": count}
