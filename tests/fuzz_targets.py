@@ -210,7 +210,21 @@ def valid_payloads() -> dict[str, bytes]:
                                                             b"", bytes(32))),
         msg.RECORD: msg.encode_payload(msg.RecordSignature(bytes(32), bytes(32), bytes(32), 3_500_000, 3_400_000,
                                                            512, 2, bytes(32), bytes(20), bytes(65))),
+        **_spot_check_payloads(),
     }
+
+
+def _spot_check_payloads() -> dict[str, bytes]:
+    """The re-execution kinds (accusation, verdict, evidence), where this tree has them."""
+    out = {}
+    if hasattr(msg, "Accusation"):
+        out[msg.ACCUSATION] = msg.encode_payload(msg.Accusation(4, bytes(20), IDENTITY.peer_id, 1, bytes(32), 900))
+    if hasattr(msg, "VerdictSignature"):
+        out[msg.VERDICT] = msg.encode_payload(msg.VerdictSignature(bytes(20), bytes(32), True, bytes(20), bytes(65)))
+    if hasattr(msg, "Evidence"):
+        out[msg.EVIDENCE] = msg.encode_payload(msg.Evidence(bytes(20), 1, [b"envelope"], "guilty", "distance",
+                                                            [0.5]))
+    return out
 
 
 PAYLOADS = valid_payloads()
