@@ -22,6 +22,10 @@ class LedgerInputError(LedgerError, ValueError):
     """A value handed to the ledger client is malformed (wrong length, out of range)."""
 
 
+class LedgerDecodeError(LedgerError, ValueError):
+    """A log from the chain's RPC does not decode against the contract's ABI (wrong topics, bad ABI data)."""
+
+
 class ChainUnavailable(LedgerError):
     """The chain's RPC endpoint cannot be reached (after retries), or a managed anvil will not start."""
 

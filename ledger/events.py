@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from eth_abi import decode
+from eth_abi.exceptions import DecodingError
 from eth_utils import keccak, to_checksum_address
 from web3 import Web3
 
+from ledger.errors import LedgerDecodeError
 from ledger.records import (
     CommitRecord,
     DisputeRecord,
@@ -67,20 +69,28 @@ class EventDecoder:
         return "0x" + self.topics[name].hex()
 
     def decode(self, log: dict) -> DecodedEvent | None:
-        """Decode ``log``; None if its first topic is not an event of this ABI."""
+        """Decode ``log``; None if its first topic is not an event of this ABI.
+
+        Raises :class:`~ledger.errors.LedgerDecodeError` if its topics or data do not decode as that event.
+        """
         topics = [bytes(topic) for topic in log["topics"]]
         if not topics or topics[0] not in self._events:
             return None
         name, inputs = self._events[topics[0]]
         indexed = [item for item in inputs if item.get("indexed")]
         plain = [item for item in inputs if not item.get("indexed")]
-        values = dict(
-            zip(
-                [item["name"] for item in plain], decode([abi_type(item) for item in plain], bytes(log["data"]))
+        try:
+            values = dict(
+                zip(
+                    [item["name"] for item in plain], decode([abi_type(item) for item in plain], bytes(log["data"]))
+                )
             )
-        )
-        for item, topic in zip(indexed, topics[1:], strict=True):
-            values[item["name"]] = decode([item["type"]], topic)[0]
+            for item, topic in zip(indexed, topics[1:], strict=True):
+                values[item["name"]] = decode([item["type"]], topic)[0]
+        except (DecodingError, ValueError, OverflowError) as exc:
+            # ValueError: a topic count that is not the event's; OverflowError: an offset past any index.
+            # The RPC is not trusted to return well-formed logs: one that does not decode is refused by name.
+            raise LedgerDecodeError(f"{name} log does not decode: {type(exc).__name__}: {exc}"[:300]) from None
         for item in inputs:
             if item["type"] == "address":
                 values[item["name"]] = to_checksum_address(values[item["name"]])

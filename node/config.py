@@ -1,7 +1,8 @@
 """``NodeConfig``: every component's configuration, read from one TOML file.
 
 The TOML file has one table per component (``[model]``, ``[training]``,
-``[diloco]``, ``[compression]``, ``[pipeline]``, ``[p2p]``, ``[ledger]``) plus
+``[diloco]``, ``[compression]``, ``[pipeline]``, ``[p2p]``, ``[ledger]``,
+``[storage]``) plus
 node-level keys at the top. CLI flags override single values with dotted keys
 (``--set diloco.inner_steps=50``). Validation happens at load time; every error
 names the field and how to fix it.
@@ -10,6 +11,7 @@ names the field and how to fix it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +28,27 @@ from training.config import (
     TrainingConfig,
 )
 
+@dataclass
+class StorageConfig:
+    """How much of its past a node keeps on disk (``[storage]``); see node/store/retention.py.
+
+    Whatever the settings, a node never deletes what a restart or a peer still needs: sealed
+    rounds not yet committed on chain (a restart re-applies them from the archive) and the newest
+    checkpoint of a committed round (a joiner downloads the chain's latest checkpoint from peers).
+    """
+
+    # Both default to 0 = keep everything: an audit of the whole run reads every round's archived
+    # contributions and every published checkpoint from the nodes. A long run sets them.
+    keep_rounds: int = 0  # sealed archive rounds kept (their signed contributions)
+    keep_checkpoints: int = 0  # checkpoint rounds kept (full checkpoint and stage shards)
+
+    def __post_init__(self) -> None:
+        if self.keep_rounds < 0:
+            raise ConfigError(f"storage.keep_rounds={self.keep_rounds}: must be >= 0 (0 = keep all)")
+        if self.keep_checkpoints < 0:
+            raise ConfigError(f"storage.keep_checkpoints={self.keep_checkpoints}: must be >= 0 (0 = keep all)")
+
+
 _SECTIONS: dict[str, type] = {
     "model": ModelConfig,
     "training": TrainingConfig,
@@ -34,6 +57,7 @@ _SECTIONS: dict[str, type] = {
     "pipeline": PipelineConfig,
     "p2p": P2PConfig,
     "ledger": LedgerConfig,
+    "storage": StorageConfig,
 }
 
 
@@ -51,7 +75,7 @@ class NodeConfig:
     round_timeout: float = 120.0  # deadline for a round's contributions
     join_timeout: float = 60.0  # how long to wait for the run's other replicas before starting
     quorum: int = 1  # minimum replicas per stage to close a round at the deadline
-    retention_rounds: int = 0  # archived contributions kept; 0 = keep everything
+    retention_rounds: int = 0  # older name of storage.keep_rounds (still read: it applies when that is 0)
     metrics_port: int = 0  # 0 = no Prometheus endpoint
     torch_threads: int = 0  # intra-op threads for training; 0 = torch's default (all cores)
     # Re-execution spot checks (docs/DILOCOX.md section 11): expected number of other members that
@@ -65,6 +89,7 @@ class NodeConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     p2p: P2PConfig = field(default_factory=P2PConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
     def __post_init__(self) -> None:
         if not self.cluster or not self.cluster.replace("-", "").replace("_", "").isalnum():
@@ -96,6 +121,8 @@ class NodeConfig:
             )
         if self.retention_rounds < 0:
             raise ConfigError(f"retention_rounds={self.retention_rounds}: must be >= 0 (0 = keep all)")
+        if self.retention_rounds and not self.storage.keep_rounds:
+            self.storage = dataclasses.replace(self.storage, keep_rounds=self.retention_rounds)
         if self.torch_threads < 0:
             raise ConfigError(f"torch_threads={self.torch_threads}: must be >= 0 (0 = torch's default)")
         if not 0.0 <= self.spot_checks <= 1024.0:
@@ -112,6 +139,14 @@ class NodeConfig:
         return dataclasses.asdict(self)
 
 
+def _show(value: Any) -> str:
+    """A short repr for error messages."""
+    try:
+        return repr(value)[:80]
+    except ValueError:  # an int of more than 4300 digits has no repr
+        return f"<a {type(value).__name__} too large to print>"
+
+
 def _coerce(value: Any, annotation: Any, where: str) -> Any:
     """Check a TOML/CLI value against a dataclass field's type."""
     text = str(annotation)
@@ -119,29 +154,32 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
             return value.lower() in ("true", "1")
         if not isinstance(value, bool):
-            raise ConfigError(f"{where}={value!r}: must be true or false")
+            raise ConfigError(f"{where}={_show(value)}: must be true or false")
         return value
     if text in ("int", "<class 'int'>"):
         if isinstance(value, str):
             try:
-                return int(value, 0)
+                value = int(value, 0)
             except ValueError:
-                raise ConfigError(f"{where}={value!r}: must be an integer") from None
+                raise ConfigError(f"{where}={_show(value)}: must be an integer") from None
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}={value!r}: must be an integer")
+            raise ConfigError(f"{where}={_show(value)}: must be an integer")
+        if not -(2**63) <= value < 2**63:  # TOML integers are 64-bit; tomllib reads any size
+            raise ConfigError(f"{where}={_show(value)}: out of the 64-bit integer range")
         return value
     if text in ("float", "<class 'float'>"):
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                raise ConfigError(f"{where}={value!r}: must be a number") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}={value!r}: must be a number")
-        return float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{where}={_show(value)}: must be a number")
+        try:
+            number = float(value)
+        except (ValueError, OverflowError):  # OverflowError: an integer beyond float range
+            raise ConfigError(f"{where}={_show(value)}: must be a finite number") from None
+        if not math.isfinite(number):  # nan passes every "> 0" check the components make
+            raise ConfigError(f"{where}={_show(value)}: must be a finite number")
+        return number
     if text in ("str", "<class 'str'>"):
         if not isinstance(value, str):
-            raise ConfigError(f"{where}={value!r}: must be a string")
+            raise ConfigError(f"{where}={_show(value)}: must be a string")
         return value
     if text.startswith("list"):
         if isinstance(value, str):
@@ -150,9 +188,14 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
                 try:
                     value = [int(v) for v in value]
                 except ValueError:
-                    raise ConfigError(f"{where}={value!r}: must be a list of integers") from None
+                    raise ConfigError(f"{where}={_show(value)}: must be a list of integers") from None
         if not isinstance(value, list):
-            raise ConfigError(f"{where}={value!r}: must be a list")
+            raise ConfigError(f"{where}={_show(value)}: must be a list")
+        item = "int" if "int" in text else "str" if "str" in text else None
+        if item == "int" and any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+            raise ConfigError(f"{where}={_show(value)}: must be a list of integers")
+        if item == "str" and any(not isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}={_show(value)}: must be a list of strings")
         return value
     return value
 
@@ -212,6 +255,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config file {p} not found: create one with 'dlx-node init'") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+        except RecursionError:  # tomllib recurses once per nesting level of arrays and tables
+            raise ConfigError(f"config file {p} nests arrays or tables too deeply") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {p} cannot be read: {exc.strerror}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"config file {p} is not UTF-8 text") from None
     table = _merge(table, parse_overrides(overrides or []))
@@ -223,7 +270,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def config_from_dict(table: dict[str, Any]) -> NodeConfig:
     """Build and validate a ``NodeConfig`` from a nested dict (e.g. ``to_dict()``)."""
-    return _build(NodeConfig, table, "")
+    try:
+        return _build(NodeConfig, table, "")
+    except TypeError as exc:  # a value of the wrong shape slipped through
+        raise ConfigError(f"invalid configuration: {exc}") from None
 
 
 def dump_toml(table: dict[str, Any]) -> str:

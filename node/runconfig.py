@@ -71,8 +71,9 @@ def parse_run_document(data: bytes, expected_hash: bytes | None = None) -> dict[
         )
     try:
         document = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"run document is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        # ValueError: bad UTF-8 or JSON, or an integer of more than 4300 digits; RecursionError: nesting.
+        raise ConfigError(f"run document is not valid JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
     if not isinstance(document, dict) or document.get("format") != RUN_FORMAT:
         raise ConfigError(f"run document has no format {RUN_FORMAT!r}")
     return document
@@ -82,15 +83,18 @@ def node_config_from_run(document: dict[str, Any], **node_fields: Any) -> NodeCo
     """A NodeConfig whose training settings are exactly those of ``document``."""
     from node.config import config_from_dict
 
-    training = dict(document["training"])
-    training.pop("data_sha256", None)
-    table = {
-        "run_name": document["run_name"],
-        "model": document["model"],
-        "training": training,
-        "diloco": document["diloco"],
-        "compression": document["compression"],
-        "pipeline": {"num_stages": document["pipeline"]["num_stages"]},
-        **node_fields,
-    }
+    try:
+        training = dict(document["training"])
+        training.pop("data_sha256", None)
+        table = {
+            "run_name": document["run_name"],
+            "model": document["model"],
+            "training": training,
+            "diloco": document["diloco"],
+            "compression": document["compression"],
+            "pipeline": {"num_stages": document["pipeline"]["num_stages"]},
+            **node_fields,
+        }
+    except (KeyError, TypeError, ValueError) as exc:  # a section missing or not a table
+        raise ConfigError(f"run document lacks a setting or a section is not a table: {exc!r}"[:300]) from None
     return config_from_dict(table)

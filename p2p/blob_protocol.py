@@ -77,6 +77,23 @@ def parse_request(frame: dict[str, Any]) -> tuple[bytes, int, int]:
     return digest, offset, length
 
 
+def parse_reply(frame: dict[str, Any], digest: bytes, offset: int, length: int) -> tuple[str, int | None]:
+    """(status, total) of a reply to the request (digest, offset, length); raises ProtocolViolation.
+
+    An ``ok`` reply must echo the request and carry ``total >= 0``; any other status means "this
+    provider cannot serve this range now" (its ``total``, if any, is returned when it is an int).
+    """
+    status = field(frame, "status", str)
+    if status != "ok":
+        total = frame.get("total")
+        return status, total if type(total) is int else None
+    if field(frame, "sha256", bytes) != digest or field(frame, "offset", int) != offset:
+        raise ProtocolViolation("header does not match the request")
+    if field(frame, "length", int) != length:
+        raise ProtocolViolation("header length does not match the request")
+    return status, field(frame, "total", int, 0)
+
+
 def ok_reply(total: int, digest: bytes, offset: int, length: int) -> dict[str, Any]:
     """Header of a served range; ``length`` raw bytes follow it."""
     return {"status": "ok", "total": total, "sha256": digest, "offset": offset, "length": length}
@@ -310,11 +327,7 @@ class BlobService:
             status = field(header, "status", str)
             if status != "ok":
                 raise _ProviderFailed(status)
-            if field(header, "sha256", bytes) != digest or field(header, "offset", int) != offset:
-                raise ProtocolViolation("header does not match the request")
-            if field(header, "length", int) != length:
-                raise ProtocolViolation("header length does not match the request")
-            field(header, "total", int, 0)
+            parse_reply(header, digest, offset, length)
         except BaseException:
             with trio.move_on_after(1) as cleanup:
                 cleanup.shield = True

@@ -126,7 +126,7 @@ class Envelope:
             need_int(name, low)
         for name in ("stage", "replica"):
             need_int(name, NO_INDEX)
-        if type(self.kind) is not str or not _KIND_RE.match(self.kind):
+        if type(self.kind) is not str or not _KIND_RE.fullmatch(self.kind):  # match() lets "hello\n" through
             raise EnvelopeRejected("bad_kind", f"kind={self.kind!r}: must match [a-z0-9_]{{1,32}}")
         for name, size in (("domain", len(DOMAIN)), ("sender", 32), ("payload_sha256", 32)):
             value = getattr(self, name)
@@ -188,6 +188,16 @@ def decode_envelope(data: bytes, max_size: int) -> Envelope:
     if len(data) > max_size:
         raise EnvelopeRejected("oversized", f"{len(data)} bytes > limit {max_size}")
     data = bytes(data)
+    maps = [0]
+
+    def one_map(value: dict) -> dict:
+        # An envelope is one flat map. Nested maps would be built before any check (~20x their
+        # bytes in Python dicts: gigabytes for a contribution-sized blob), so the first one stops decoding.
+        maps[0] += 1
+        if maps[0] > 1:
+            raise ValueError("nested map")
+        return value
+
     try:
         decoded: Any = msgpack.unpackb(
             data,
@@ -199,6 +209,7 @@ def decode_envelope(data: bytes, max_size: int) -> Envelope:
             max_array_len=0,
             max_map_len=len(_FIELDS),
             max_ext_len=0,
+            object_hook=one_map,
         )
     except Exception as exc:  # msgpack raises several unrelated types on bad input
         raise EnvelopeRejected("malformed", f"not a msgpack envelope: {type(exc).__name__}: {exc}") from None

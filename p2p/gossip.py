@@ -172,11 +172,23 @@ async def pull_recent(
     stream = await host.new_stream(peer, [SYNC_PROTOCOL])
     try:
         await write_frame(stream, sync_request_frame(topic, epoch, after))
-        reply = await read_frame(stream, SYNC_MAX_RESPONSE_BYTES)
+        # One map and one array: nothing else may be built from the peer's 16 MiB (docs/P2P.md).
+        reply = await read_frame(stream, SYNC_MAX_RESPONSE_BYTES, max_containers=2)
     finally:
         await stream.close()
-    messages = [m for m in field(reply, "messages", list) if type(m) is bytes]
-    return messages, (field(reply, "epoch", bytes), field(reply, "next", int, 0))
+    return parse_sync_response(reply)
+
+
+def parse_sync_request(frame: dict[str, Any]) -> tuple[str, bytes, int]:
+    """(topic, epoch, after) of a ``/dlx/sync/1.0.0`` request; raises ProtocolViolation."""
+    return field(frame, "topic", str), field(frame, "epoch", bytes), field(frame, "after", int, 0)
+
+
+def parse_sync_response(frame: dict[str, Any]) -> tuple[list[bytes], tuple[bytes, int]]:
+    """(messages, (epoch, next)) of a ``/dlx/sync/1.0.0`` response (entries that are not bytes are
+    dropped); raises ProtocolViolation."""
+    messages = [m for m in field(frame, "messages", list) if type(m) is bytes]
+    return messages, (field(frame, "epoch", bytes), field(frame, "next", int, 0))
 
 
 async def serve_recent(stream: Any, recent: RecentMessages) -> int:
@@ -184,9 +196,7 @@ async def serve_recent(stream: Any, recent: RecentMessages) -> int:
     try:
         with trio.fail_after(10):
             request = await read_frame(stream, 4096)
-            topic = field(request, "topic", str)
-            epoch = field(request, "epoch", bytes)
-            after = field(request, "after", int, 0)
+            topic, epoch, after = parse_sync_request(request)
             last, messages = recent.since(topic, epoch, after, SYNC_MAX_RESPONSE_BYTES - 4096)
             await write_frame(stream, sync_response_frame(recent.epoch, last, messages))
             await stream.close()

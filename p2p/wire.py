@@ -26,18 +26,36 @@ async def read_exactly(stream: Any, length: int) -> bytes:
     return b"".join(parts)
 
 
-async def read_frame(stream: Any, max_len: int) -> dict[str, Any]:
-    """Read one length-prefixed msgpack map of at most ``max_len`` bytes."""
+async def read_frame(stream: Any, max_len: int, max_containers: int | None = None) -> dict[str, Any]:
+    """Read one length-prefixed msgpack map of at most ``max_len`` bytes (see :func:`decode_body`)."""
     length = int.from_bytes(await read_exactly(stream, 4), "big")
     if length > max_len:
         raise ProtocolViolation(f"frame of {length} bytes exceeds limit {max_len}")
-    return decode_body(await read_exactly(stream, length))
+    return decode_body(await read_exactly(stream, length), max_containers)
 
 
-def decode_body(body: bytes) -> dict[str, Any]:
-    """The msgpack map of one frame body (the bytes after the length prefix)."""
+def decode_body(body: bytes, max_containers: int | None = None) -> dict[str, Any]:
+    """The msgpack map of one frame body (the bytes after the length prefix).
+
+    ``max_containers`` bounds the maps and arrays the body may hold in all: a 16 MiB body of
+    nested empty arrays would otherwise become ~1 GiB of Python lists (one per byte) before
+    any field is looked at. Decoding stops at the first container over the bound.
+    """
+    hooks: dict[str, Any] = {}
+    if max_containers is not None:
+        built = [0]
+
+        def count(container: Any) -> Any:
+            built[0] += 1
+            if built[0] > max_containers:
+                raise ProtocolViolation(f"frame holds more than {max_containers} maps and arrays")
+            return container
+
+        hooks = {"object_hook": count, "list_hook": count}
     try:
-        frame = msgpack.unpackb(body, raw=False, strict_map_key=True, max_ext_len=0)
+        frame = msgpack.unpackb(body, raw=False, strict_map_key=True, max_ext_len=0, **hooks)
+    except ProtocolViolation:
+        raise
     except Exception as exc:  # msgpack raises several types on bad input
         raise ProtocolViolation(f"malformed frame: {type(exc).__name__}: {exc}") from None
     if not isinstance(frame, dict):
@@ -45,7 +63,7 @@ def decode_body(body: bytes) -> dict[str, Any]:
     return frame
 
 
-def decode_frame(data: bytes, max_len: int) -> dict[str, Any]:
+def decode_frame(data: bytes, max_len: int, max_containers: int | None = None) -> dict[str, Any]:
     """Decode one complete frame (length prefix + body) held in memory; the inverse of encode_frame."""
     if len(data) < 4:
         raise ProtocolViolation(f"frame of {len(data)} bytes has no length prefix")
@@ -54,7 +72,7 @@ def decode_frame(data: bytes, max_len: int) -> dict[str, Any]:
         raise ProtocolViolation(f"frame of {length} bytes exceeds limit {max_len}")
     if len(data) != 4 + length:
         raise ProtocolViolation(f"frame announces {length} body bytes, holds {len(data) - 4}")
-    return decode_body(bytes(data[4:]))
+    return decode_body(bytes(data[4:]), max_containers)
 
 
 def encode_frame(frame: dict[str, Any]) -> bytes:

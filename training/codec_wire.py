@@ -243,11 +243,21 @@ def decode_contribution(
     limit = max_contribution_bytes(expected_shapes)
     if len(data) > limit:
         raise ContributionDecodeError(f"contribution of {len(data)} bytes exceeds the stage's limit {limit}")
+    # A well-formed contribution holds 2 + 2 per tensor maps and arrays (header, list, entry, shape).
+    # More are refused as they are built: nested empty arrays cost ~60 bytes of Python list per byte.
+    containers = [0, 2 + 2 * len(expected_shapes)]
+
+    def bounded(value):
+        containers[0] += 1
+        if containers[0] > containers[1]:
+            raise ValueError(f"more than {containers[1]} maps and arrays")
+        return value
+
     try:
         message = msgpack.unpackb(
             bytes(data), raw=False, use_list=True, strict_map_key=True,
             max_bin_len=limit, max_str_len=4096, max_array_len=max(len(expected_shapes), 64) + 8,
-            max_map_len=16, max_ext_len=0,
+            max_map_len=16, max_ext_len=0, object_hook=bounded, list_hook=bounded,
         )
     except Exception as exc:  # msgpack raises several unrelated types on bad input
         raise ContributionDecodeError(f"contribution is not valid msgpack: {type(exc).__name__}: {exc}") from None

@@ -348,10 +348,10 @@ def parse_stage_state(data: bytes) -> StageStartState:
         if (not isinstance(stage_index, int) or not 0 <= stage_index < meta.num_stages or len(counters) != 3
                 or not all(isinstance(c, int) and -1 <= c < 2**63 for c in counters)):
             raise ReplicaStateError(f"replica state: bad stage {stage_index!r} or engine counters {counters!r}")
-    except (UnicodeDecodeError, ValueError, TypeError) as exc:
+    except (UnicodeDecodeError, ValueError, TypeError, RecursionError) as exc:  # RecursionError: deep JSON
         if isinstance(exc, ReplicaStateError):
             raise
-        raise ReplicaStateError(f"replica state meta is malformed: {exc}") from None
+        raise ReplicaStateError(f"replica state meta is malformed: {type(exc).__name__}: {exc}"[:300]) from None
     count = u32("tensor count")
     if count > _MAX_TENSORS:
         raise ReplicaStateError(f"replica state holds {count} tensors, more than {_MAX_TENSORS}")
@@ -362,7 +362,10 @@ def parse_stage_state(data: bytes) -> StageStartState:
         if tensors and name_bytes <= previous:
             raise ReplicaStateError("replica state tensors are not in ascending name order")
         previous = name_bytes
-        name = name_bytes.decode("utf-8", errors="strict")
+        try:
+            name = name_bytes.decode("utf-8", errors="strict")
+        except UnicodeDecodeError:
+            raise ReplicaStateError("replica state tensor name is not UTF-8") from None
         tag = take(struct.unpack("<B", take(1, "dtype length"))[0], "dtype")
         if tag != b"float32":
             raise ReplicaStateError(f"{name!r}: dtype {tag!r}, only float32 is stored")
@@ -370,6 +373,8 @@ def parse_stage_state(data: bytes) -> StageStartState:
         if ndim > 8:
             raise ReplicaStateError(f"{name!r}: {ndim} dimensions")
         shape = struct.unpack(f"<{ndim}Q", take(8 * ndim, "dims"))
+        if any(dim >= 2**31 for dim in shape):  # torch takes int64 sizes; no real tensor is that long
+            raise ReplicaStateError(f"{name!r}: dimension out of range in {shape}")
         size = struct.unpack("<Q", take(8, "data length"))[0]
         numel = 1
         for dim in shape:

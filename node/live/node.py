@@ -52,6 +52,7 @@ from node.live.topology import Placement
 from node.runconfig import canonical_json, config_hash, run_document
 from node.store.archive import Archive, ArchivedContribution
 from node.store.checkpoint import Checkpoint, parse_checkpoint, write_checkpoint
+from node.store.retention import prune_archive, prune_checkpoints
 from p2p.envelope import Envelope, EnvelopeValidator, decode_envelope
 from p2p.errors import P2PError
 from p2p.host import P2PHost
@@ -419,9 +420,10 @@ class Node:
                 self.archive.put(outer_round, envelope)
                 sealed.append(ArchivedContribution(stage, replica, peer_id, digest))
         self.archive.seal_round(outer_round, sealed, excluded=excluded)
-        for pruned in self.archive.prune(self.cfg.retention_rounds).values():
-            for digest in pruned:
-                self.host.remove_blob(digest.hex())
+        # Retention (node/store/retention.py): never a round or the checkpoint a restart or a peer needs.
+        prune_archive(self.archive, self.cfg.storage.keep_rounds, self.progress.last_commit, self.host.remove_blob)
+        prune_checkpoints(self.checkpoint_dir, self.cfg.storage.keep_checkpoints, self.progress.last_commit,
+                          self.host.remove_blob)
         checkpoint_round = (outer_round + 1) % self.cfg.checkpoint_every == 0
         for stage in self.worker.stages:
             shard_hash = self._write_shard(outer_round, stage, hashes[stage]) if checkpoint_round else b""

@@ -220,11 +220,12 @@ def decode_payload(kind: str, data: bytes) -> Any:
     if len(data) > limit:
         raise ProtocolError(f"{kind} payload of {len(data)} bytes exceeds {limit}")
     try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=limit)
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=limit, **_container_bound(cls))
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise ProtocolError(f"{kind} payload is not msgpack: {exc}") from None
     names = [f.name for f in fields(cls)]
-    if not isinstance(raw, dict) or sorted(raw) != sorted(names):
+    # A set, not sorted(): keys may mix str and bin (strict_map_key allows both), which do not order.
+    if not isinstance(raw, dict) or set(raw) != set(names):
         raise ProtocolError(f"{kind} payload must have exactly the keys {names}")
     hints = get_type_hints(cls)
     values = {name: _check(raw[name], hints[name], f"{kind}.{name}") for name in names}
@@ -284,3 +285,23 @@ def _validate(message: Any) -> None:
         for name in ("shard_hash", "checkpoint_hash"):
             if len(getattr(message, name)) not in (0, 32):
                 raise ProtocolError(f"attestation.{name} must be empty or 32 bytes")
+
+
+def _container_bound(cls: type) -> dict[str, Any]:
+    """msgpack hooks refusing more maps and arrays than a payload of ``cls`` can hold.
+
+    Checked while decoding: containers are built before any key is looked at, and a payload of
+    nested empty arrays costs ~60 bytes of Python list per byte (129 MiB for 2 MiB).
+    """
+    hints = get_type_hints(cls)
+    lists = sum(1 for f in fields(cls) if str(hints[f.name]).startswith("list"))
+    bound = 1 + lists + (4096 if cls is Close else 0)  # a close holds up to 4096 entry lists
+    built = [0]
+
+    def count(container: Any) -> Any:
+        built[0] += 1
+        if built[0] > bound:
+            raise ValueError(f"more than {bound} maps and arrays")
+        return container
+
+    return {"object_hook": count, "list_hook": count}

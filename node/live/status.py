@@ -57,11 +57,15 @@ class StateFile:
             return {}
         try:
             state = json.loads(self.path.read_text())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise StateError(f"state file {self.path} is corrupt ({exc}); move it away to start fresh, "
                              "the node will then rejoin from the chain's latest checkpoint") from None
         if not isinstance(state, dict) or state.get("run_id") != self.run_id:
             return {}
+        problem = _state_problem(state)
+        if problem:
+            raise StateError(f"state file {self.path} is corrupt ({problem}); move it away to start fresh, "
+                             "the node will then rejoin from the chain's latest checkpoint")
         return state
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -74,12 +78,21 @@ class StateFile:
             self._state.update(values)
             self._save()
 
-    def record_round(self, outer_round: int, weights_root: bytes, committed_by_me: bool) -> None:
-        """Remember the weights root this node computed for a round (for operators and tests)."""
+    def record_round(self, outer_round: int, weights_root: bytes, committed_by_me: bool, keep: int = 1024) -> None:
+        """Remember the weights root this node computed for a round (for operators and tests).
+
+        Only the last ``keep`` rounds are kept: the file is rewritten several times a round, and a
+        long run made it grow by ~200 bytes a round without end (98 kB at round 500).
+        """
         with self._lock:
-            self._state.setdefault("weights_roots", {})[str(outer_round)] = weights_root.hex()
+            roots = self._state.setdefault("weights_roots", {})
+            roots[str(outer_round)] = weights_root.hex()
+            for old in sorted(roots, key=int)[:-keep]:
+                del roots[old]
             if committed_by_me:
-                self._state.setdefault("committed", []).append(outer_round)
+                committed = self._state.setdefault("committed", [])
+                committed.append(outer_round)
+                del committed[:-keep]
             self._save()
 
     def signed_record(self, outer_round: int) -> tuple[bytes, bytes] | None:
@@ -101,6 +114,40 @@ class StateFile:
     def _save(self) -> None:
         self._state["run_id"] = self.run_id
         atomic_write_json(self.path, self._state)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_hex(value: Any, size: int) -> bool:
+    if not isinstance(value, str) or len(value) != 2 * size:
+        return False
+    try:
+        bytes.fromhex(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _state_problem(state: dict) -> str:
+    """What is wrong with the keys the node reads back from state.json ("" if nothing)."""
+    for key in ("last_finished", "last_contributed"):
+        if key in state and not _is_int(state[key]):
+            return f"{key} is not an integer"
+    rounds_key = lambda k: isinstance(k, str) and k.lstrip("-").isdigit() and len(k) < 20  # noqa: E731
+    signed = state.get("signed_records", {})
+    if not isinstance(signed, dict) or not all(
+            rounds_key(k) and isinstance(v, list) and len(v) == 2 and _is_hex(v[0], 32) and _is_hex(v[1], 65)
+            for k, v in signed.items()):
+        return "signed_records is not a map of round -> [digest hex, signature hex]"
+    roots = state.get("weights_roots", {})
+    if not isinstance(roots, dict) or not all(rounds_key(k) and isinstance(v, str) for k, v in roots.items()):
+        return "weights_roots is not a map of round -> hex"
+    committed = state.get("committed", [])
+    if not isinstance(committed, list) or not all(_is_int(r) for r in committed):
+        return "committed is not a list of rounds"
+    return ""
 
 
 def write_status(path: Path, progress: Progress, peer_id: str, run_id: int, placement, listen_addrs: list[str]) -> None:

@@ -11,7 +11,8 @@ Layout under ``<data_dir>/archive/run-<run_id>/``::
 The archive is what lets an auditor re-derive every round: the contributions
 root on chain is the Merkle root of the envelope hashes in canonical order,
 and replaying the aggregation over them must give the committed weights root.
-Pruning keeps the newest ``retention_rounds`` rounds (0 keeps everything).
+Pruning keeps the newest ``storage.keep_rounds`` sealed rounds (0 keeps everything) and
+never a round not yet committed on chain (node/store/retention.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import hashlib
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,8 @@ from node.errors import StateError
 from node.fsutil import atomic_write_bytes, atomic_write_json
 
 logger = logging.getLogger(__name__)
+
+TRASH_PREFIX = ".pruned-"  # a round directory being removed; not a round any more (rounds() skips it)
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,10 @@ class Archive:
 
     def _round_dir(self, round_index: int) -> Path:
         return self.dir / f"round-{round_index:08d}"
+
+    def sealed_path(self, round_index: int) -> Path:
+        """The manifest (``round.json``) of a round: it exists once the round is sealed."""
+        return self._round_dir(round_index) / "round.json"
 
     def write_run_document(self, data: bytes) -> None:
         atomic_write_bytes(self.dir / "run.json", data)
@@ -116,8 +124,9 @@ class Archive:
             doc = json.loads(path.read_text())
             return [ArchivedContribution(int(s), int(r), str(p), bytes.fromhex(h)) for s, r, p, h in
                     doc["contributions"]]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise StateError(f"archive manifest {path} is corrupt: {exc}") from None
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
+            # OverflowError: int() of an infinite JSON number; RecursionError: deeply nested JSON.
+            raise StateError(f"archive manifest {path} is corrupt: {type(exc).__name__}: {exc}"[:300]) from None
 
     def excluded(self, round_index: int) -> list[list]:
         """The sealed round's exclusions, ``[stage, replica, peer id, envelope hash hex, reason, detail]``."""
@@ -141,16 +150,31 @@ class Archive:
                 continue
         return sorted(out)
 
-    def prune(self, retention_rounds: int) -> dict[int, list[bytes]]:
+    def prune(self, retention_rounds: int, committed_through: int | None = None,
+              forget_blob: Callable[[str], object] | None = None) -> dict[int, list[bytes]]:
         """Delete all but the newest ``retention_rounds`` sealed rounds; 0 keeps everything.
 
-        Returns the envelope hashes deleted, by round, so the caller stops serving them too.
+        Rounds after ``committed_through`` (when given) are kept whatever their age: a restart
+        re-applies sealed rounds that are not on chain yet. Each deleted envelope's blob is
+        forgotten first (``forget_blob(sha256 hex)``), then the round directory leaves the archive
+        in one ``rename`` and is removed: a crash never leaves half a round that still looks sealed
+        (leftovers are swept on the next call). Returns the envelope hashes deleted, by round.
         """
+        for leftover in self.dir.glob(TRASH_PREFIX + "*"):
+            shutil.rmtree(leftover, ignore_errors=True)
         if retention_rounds <= 0:
             return {}
-        sealed = [r for r in self.rounds() if (self._round_dir(r) / "round.json").exists()]
+        sealed = [r for r in self.rounds() if self.sealed_path(r).exists()]
         doomed = {}
         for r in sealed[:-retention_rounds]:
-            doomed[r] = [bytes.fromhex(p.stem) for p in self._round_dir(r).glob("*.env")]
-            shutil.rmtree(self._round_dir(r), ignore_errors=True)
+            if committed_through is not None and r > committed_through:
+                continue
+            round_dir = self._round_dir(r)
+            doomed[r] = [bytes.fromhex(p.stem) for p in round_dir.glob("*.env")]
+            if forget_blob is not None:
+                for digest in doomed[r]:
+                    forget_blob(digest.hex())
+            trash = round_dir.with_name(TRASH_PREFIX + round_dir.name)
+            round_dir.rename(trash)
+            shutil.rmtree(trash, ignore_errors=True)
         return doomed

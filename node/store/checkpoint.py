@@ -84,11 +84,11 @@ def parse_checkpoint(data: bytes, expected_hash: bytes | None = None) -> Checkpo
         tensors = st_load(data)
         header_len = int.from_bytes(data[:8], "little")
         header = json.loads(data[8 : 8 + header_len])
-        meta = json.loads(header.get("__metadata__", {}).get("dlx", "{}"))
+        meta = json.loads((header.get("__metadata__") or {}).get("dlx", "{}"))  # safetensors allows a null map
         if not isinstance(meta, dict):
             raise ValueError("metadata is not an object")
-    except (SafetensorError, ValueError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise StateError(f"checkpoint is not a valid safetensors file: {exc}") from None
+    except (SafetensorError, ValueError, RecursionError) as exc:  # RecursionError: deeply nested JSON
+        raise StateError(f"checkpoint is not a valid safetensors file: {type(exc).__name__}: {exc}"[:300]) from None
     if meta.get("format") != CHECKPOINT_FORMAT:
         raise StateError(f"checkpoint format {meta.get('format')!r} is not {CHECKPOINT_FORMAT!r}")
     try:
@@ -103,8 +103,9 @@ def parse_checkpoint(data: bytes, expected_hash: bytes | None = None) -> Checkpo
             weights=weights,
             momentum=momentum,
         )
-    except (KeyError, ValueError, TypeError) as exc:
-        raise StateError(f"checkpoint metadata is malformed: {exc}") from None
+    except (KeyError, ValueError, TypeError, AttributeError, OverflowError) as exc:
+        # AttributeError: stage_hashes not a map; OverflowError: int() of an infinite JSON number.
+        raise StateError(f"checkpoint metadata is malformed: {type(exc).__name__}: {exc}"[:300]) from None
 
 
 def read_checkpoint(path: str | Path, expected_hash: bytes | None = None) -> Checkpoint:
