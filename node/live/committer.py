@@ -43,6 +43,7 @@ from ledger.records import RoundRecord, to_micro
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
 from node.live.coordination import RoundCoordinator
+from node.live.exchange import serve_blob
 from node.live.membership import Membership
 from node.live.onchain import NodeChain
 from node.live import protocol as msg
@@ -457,6 +458,6 @@ class Committer:
         full = merge_shards(shards)
         path = node.checkpoint_dir / f"round-{outer_round:08d}.safetensors"
         digest = write_checkpoint(path, full)
-        node.host.provide_blob(path.read_bytes())
+        serve_blob(node.host, path.read_bytes())
         logger.info("round %d: checkpoint %s (%d bytes)", outer_round, digest.hex()[:12], path.stat().st_size)
         return digest

@@ -12,6 +12,7 @@ round goes on without it.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -24,10 +25,26 @@ from node.fsutil import atomic_write_bytes
 from node.live import protocol as msg
 from node.live.roundbook import Announced, RoundBook
 from p2p.envelope import decode_envelope
-from p2p.errors import EnvelopeRejected, P2PError
+from p2p.errors import EnvelopeRejected, P2PError, P2PTimeout
 from p2p.host import P2PHost
 
 logger = logging.getLogger(__name__)
+
+
+def serve_blob(host: P2PHost, source) -> str:
+    """Store ``source`` (bytes or a path) in the host's blob store and announce it on the DHT.
+
+    The blob is served from the moment it is stored; a DHT announcement that times out (a loaded
+    machine, few DHT peers) only means peers must ask the live providers first, as they do, so it
+    is logged, never fatal. Returns the sha256 hex.
+    """
+    try:
+        return host.provide_blob(source)
+    except P2PTimeout as exc:
+        logger.info("blob stored and served; its DHT announcement timed out: %s", exc)
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            return hashlib.sha256(source).hexdigest()
+        return hashlib.sha256(Path(source).read_bytes()).hexdigest()
 
 
 class ContributionPool:
@@ -120,7 +137,7 @@ class ContributionPool:
                     self._reject(outer_round, stage, a, f"payload does not decode: {exc}", data)
                     return
             self.add(outer_round, stage, a.envelope_hash, data)
-            self.host.provide_blob(data)  # serve it onward (archive replicas)
+            serve_blob(self.host, data)  # serve it onward (archive replicas)
         except (P2PError, OSError) as exc:  # a header that does not match its announcement included
             logger.warning("round %d stage %d: contribution %s from %s not fetched: %s", outer_round, stage,
                            a.envelope_hash.hex()[:12], a.peer_id[-8:], exc)

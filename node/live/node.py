@@ -38,7 +38,7 @@ from node.fsutil import atomic_write_bytes
 from node.live import protocol as msg
 from node.live.committer import Committer, CommitterContext
 from node.live.coordination import RoundCoordinator, RoundStopped
-from node.live.exchange import ContributionPool
+from node.live.exchange import ContributionPool, serve_blob
 from node.live.inbox import GossipInbox
 from node.live.membership import Membership
 from node.live.onchain import NodeChain
@@ -190,7 +190,7 @@ class Node:
         queue = self.host.subscribe(run_topic(self.run_id), validator=inbox.relay_ok)
         self._spawn(lambda: inbox.run(queue, self.stop_event), "gossip")
         self._spawn(self._heartbeat_loop, "heartbeat")
-        self.host.provide_blob(canonical_json(self.document))  # the run document, by its hash
+        serve_blob(self.host, canonical_json(self.document))  # the run document, by its hash
         self.archive.write_run_document(canonical_json(self.document))
         for addr in cfg.p2p.bootstrap:
             try:
@@ -378,7 +378,7 @@ class Node:
             envelope = Envelope.create(self.identity, self.run_id, outer_round, msg.CONTRIBUTION, body,
                                        stage=stage, replica=self.placement.replica).to_bytes()
             digest = self.archive.put(outer_round, envelope)
-            self.host.provide_blob(envelope)
+            serve_blob(self.host, envelope)
             self.contributions.add(outer_round, stage, digest, envelope)
             self.book.add_announce(outer_round, stage,
                                    Announced(self.peer_id, self.placement.replica, digest, len(envelope)))
@@ -462,7 +462,7 @@ class Node:
                            {stage: weights_hash}, weights, momentum)
         path = self.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
         digest = write_checkpoint(path, shard)
-        self.host.provide_blob(path.read_bytes())
+        serve_blob(self.host, path.read_bytes())
         return digest
 
     # ------------------------------------------------------------------ committer callbacks

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from node.errors import StateError
 from node.live import protocol as msg
-from node.live.exchange import ContributionPool
+from node.live.exchange import ContributionPool, serve_blob
 from node.live.roundbook import Announced, RoundBook
 from node.store.archive import Archive
 from p2p.envelope import decode_envelope
@@ -58,7 +58,7 @@ class RestartRecovery:
                 if env.stage not in self.stages:
                     continue
                 digest = hashlib.sha256(envelope).digest()
-                self.host.provide_blob(envelope)
+                serve_blob(self.host, envelope)
                 self.contributions.add(outer_round, env.stage, digest, envelope)
                 self.book.add_announce(outer_round, env.stage, Announced(self.peer_id, env.replica, digest,
                                                                          len(envelope)))
@@ -82,7 +82,7 @@ class RestartRecovery:
                     continue
                 envelope = self.archive.get(outer_round, item.envelope_hash)
                 self.contributions.add(outer_round, item.stage, item.envelope_hash, envelope)
-                self.host.provide_blob(envelope)
+                serve_blob(self.host, envelope)
                 closes[item.stage].append([item.replica, item.peer_id, item.envelope_hash, len(envelope)])
         except StateError as exc:
             logger.warning("round %d: archive incomplete (%s); waiting for the peers' close", outer_round, exc)
