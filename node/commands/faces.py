@@ -175,6 +175,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+# ---------------------------------------------------------------------- join
+def cmd_join(args: argparse.Namespace) -> int:
+    from node.commands.join import run_join
+
+    return run_join(args)
+
+
 # ---------------------------------------------------------------------- audit / pull
 def cmd_audit(args: argparse.Namespace) -> int:
     from node.tools.audit import run_audit
@@ -192,6 +199,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 COMMANDS = {
     "init": cmd_init,
     "start": cmd_start,
+    "join": cmd_join,
     "status": cmd_status,
     "demo": cmd_demo,
     "audit": cmd_audit,
