@@ -74,8 +74,11 @@ def _progress_line(p) -> str:
 
     loss = "-" if math.isnan(p.loss) else f"{p.loss:.3f}"
     held = "-" if math.isnan(p.eval_loss) else f"{p.eval_loss:.3f}"
-    return (f"[{p.state:9s}] round {p.round} step {p.step}/{p.inner_steps} loss {loss} held-out {held} "
-            f"sent {mb(p.bytes_sent)} recv {mb(p.bytes_received)} peers {p.peers} committed {p.last_commit}")
+    def index(n: int) -> str:  # -1 while joining: nothing yet
+        return str(n) if n >= 0 else "-"
+
+    return (f"[{p.state:9s}] round {index(p.round)} step {p.step}/{p.inner_steps} loss {loss} held-out {held} "
+            f"sent {mb(p.bytes_sent)} recv {mb(p.bytes_received)} peers {p.peers} committed {index(p.last_commit)}")
 
 
 def cmd_start(args: argparse.Namespace) -> int:
