@@ -150,11 +150,15 @@ def cmd_status(args: argparse.Namespace) -> int:
           f"updated {age:.0f}s ago)")
     print(f"run      {status.get('run_id')}  state {status.get('state')}  cluster {placement.get('cluster')} "
           f"replica {placement.get('replica')} stages {placement.get('stages')}")
-    print(f"round    {status.get('round')} step {status.get('step')}/{status.get('inner_steps')}  "
+    def index(key: str) -> str:  # -1 while joining: nothing yet
+        value = status.get(key)
+        return str(value) if isinstance(value, int) and value >= 0 else "-"
+
+    print(f"round    {index('round')} step {status.get('step')}/{status.get('inner_steps')}  "
           f"loss {status.get('loss')}  held-out {status.get('eval_loss')}")
     print(f"network  peers {status.get('peers')}  sent {status.get('bytes_sent')} B  "
           f"received {status.get('bytes_received')} B")
-    print(f"chain    last finished round {status.get('last_finished')}  last commit {status.get('last_commit')}  "
+    print(f"chain    last finished round {index('last_finished')}  last commit {index('last_commit')}  "
           f"weights root {status.get('weights_root') or '-'}")
     return 0 if alive else 1
 
