@@ -21,7 +21,7 @@ PROVENANCE = {
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    cfg = ModelConfig(preset="mini")  # the demo's model: a 64-token context
+    cfg = ModelConfig(preset="tiny")  # a 32-token context (the demo's mini has 64: the same table overflow)
     out = tmp_path_factory.mktemp("pulled") / "model"
     _write_model_dir(init_state_dict(cfg, 0), cfg, out, PROVENANCE, "http://127.0.0.1:8545",
                      ["/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWJWoaqZhDaoEFshF7Rh1bpY9ohihFhzcW6d69Lr2NASuq"])
@@ -59,20 +59,17 @@ def test_generate_stays_within_the_context(model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     config = json.loads((model_dir / "generation_config.json").read_text())
-    assert config["max_length"] == 64
+    assert config["max_length"] == 32
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     tok = AutoTokenizer.from_pretrained(model_dir)
     # Without a length, generate stops at the context (no prompt: it starts from the bos byte).
-    assert model.generate().shape[1] <= 64
-    assert model.generate(**tok("To be", return_tensors="pt")).shape[1] <= 64
-    # Longer generations with the sliding window the card documents (only with trust_remote_code).
+    assert model.generate().shape[1] <= 32
+    # max_new_tokens beyond the context (IndexError in the position table with transformers' own generate)
+    # works with the sliding window the card documents (loaded only with trust_remote_code).
     windowed = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=True).eval()
-    out = windowed.generate(max_new_tokens=100)
-    assert out.shape == (1, 101)
-    prompt = tok("To be, or not to be", return_tensors="pt")
-    out = windowed.generate(**prompt, max_new_tokens=100)
-    assert out.shape[1] == prompt["input_ids"].shape[1] + 100
-    # Within the context, the window changes nothing: the same tokens as transformers' own greedy search.
+    assert windowed.generate(max_new_tokens=100).shape == (1, 101)
+    # Within the context the window changes nothing: the same tokens as transformers' own greedy search.
+    prompt = tok("To be, or not", return_tensors="pt")
     with torch.no_grad():
-        assert windowed.generate(**prompt, max_new_tokens=20).tolist() == \
-            model.generate(**prompt, max_new_tokens=20, do_sample=False).tolist()
+        assert windowed.generate(**prompt, max_new_tokens=8).tolist() == \
+            model.generate(**prompt, max_new_tokens=8, do_sample=False).tolist()
