@@ -92,7 +92,10 @@ def test_a_fresh_node_joins_a_running_run_with_one_command(make_run, tmp_path):
     account = dev_account(5, run.chain_id).address
     joiner = subprocess.Popen(
         [sys.executable, "-m", "node.cli", "--log-file", str(log), "join", run.link(), "--data-dir", str(joiner_dir),
-         "--dev-account", "5", "--yes", "--no-progress"],
+         "--dev-account", "5", "--yes", "--no-progress",
+         # The founder's thread count: one-stage screening evaluates losses with matmuls whose float sums
+         # depend on it, and a decision at the threshold can then differ between members (reported).
+         "--set", "torch_threads=1"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         def joiner_counted() -> bool:
