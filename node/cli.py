@@ -132,6 +132,37 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--no-progress", action="store_true", help="no live progress line (logs only)")
 
+    p = sub.add_parser("join", help="join a running run from its link: fetch and check its settings, write "
+                                    "node.toml, register and stake (after asking), start")
+    p.add_argument("link", nargs="?", default="",
+                   help="run link dlx://<chain_id>/<ledger>/<run_id>?rpc=<url>&peer=<multiaddr> (printed by "
+                        "'dlx-node demo'); or give --rpc, --ledger, --run and --bootstrap")
+    p.add_argument("--rpc", default="", help="chain JSON-RPC URL (overrides the link's)")
+    p.add_argument("--ledger", default="", help="TrainingLedger address (without a link)")
+    p.add_argument("--run", type=int, default=None, help="run id (without a link)")
+    p.add_argument("--bootstrap", action="append", default=[], help="peer multiaddr of the run (repeatable)")
+    p.add_argument("--data-dir", default="dlx-node", help="directory for keys, state and node.toml (created)")
+    acct = p.add_mutually_exclusive_group()
+    acct.add_argument("--password-file", default=None,
+                      help="password of the account's keystore (created in the data directory if --keystore "
+                           "is not given and none exists yet)")
+    acct.add_argument("--dev-account", type=int, default=None, metavar="N",
+                      help="use well-known local dev key N (local chains only)")
+    p.add_argument("--keystore", default="", help="an existing encrypted keystore (with --password-file)")
+    p.add_argument("--data", default="", metavar="FILE",
+                   help="the run's training text, when it is not the generated corpus (checked by sha256)")
+    p.add_argument("--cluster", default="", help="cluster name (default: a new one of this node alone)")
+    p.add_argument("--listen-host", default="",
+                   help="p2p listen address (default: 127.0.0.1 for a loopback run, else 0.0.0.0)")
+    p.add_argument("--listen-port", type=int, default=0, help="p2p listen port (0 = any free port)")
+    p.add_argument("--yes", "-y", action="store_true",
+                   help="agree beforehand to registering and staking (else asked on the terminal)")
+    p.add_argument("--force", action="store_true", help="rewrite an existing node.toml of another run")
+    p.add_argument("--no-start", action="store_true", help="stop after writing node.toml and joining on chain")
+    p.add_argument("--no-progress", action="store_true", help="no live progress line once started (logs only)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one node setting in the node.toml written, e.g. --set round_timeout=60")
+
     p = sub.add_parser("demo", help="local multi-node training run on a managed local chain")
     p.add_argument("--data", default="", help="text file to train on (default: a corpus the project generates)")
     p.add_argument("--replicas", type=int, default=2)
@@ -193,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     configure_logging(args.log_level, args.log_json, args.log_file)
-    if args.command in ("start", "audit", "pull"):
+    if args.command in ("start", "join", "audit", "pull"):
         tame_libp2p_logging(logging.getLogger().level)
     from node.commands.faces import COMMANDS  # deferred: pulls in torch / libp2p / web3 as needed
 

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from node.commands.launcher import LocalRun
+from node.commands.liveview import LiveView
 from node.config import load_config
 from node.errors import ConfigError, NodeError
 
@@ -67,22 +68,6 @@ class _Signals:
                 signal.signal(s, handler)
 
 
-def _table(run: LocalRun, started: float) -> str:
-    rows = [(f"  {'node':6s} {'state':10s} {'round':>5s} {'step':>7s} {'loss':>7s} {'held-out':>8s} "
-             f"{'sent':>9s} {'peers':>5s} {'commit':>6s}")]
-    for slot in run.nodes:
-        st = slot.status()
-        alive = slot.process is not None and slot.process.poll() is None
-        state = st.get("state", "starting") if alive else f"exit {slot.process.returncode if slot.process else '-'}"
-        loss = st.get("loss")
-        held = st.get("eval_loss")
-        rows.append(
-            f"  {slot.name:6s} {state:10s} {st.get('round', -1):>5} {st.get('step', 0):>3}/{st.get('inner_steps', 0):<3} "
-            f"{'-' if loss is None else f'{loss:.3f}':>7s} {'-' if held is None else f'{held:.3f}':>8s} "
-            f"{st.get('bytes_sent', 0) / 1e6:>7.2f}MB {st.get('peers', 0):>5} {st.get('last_commit', -1):>6}")
-    return f"t+{time.monotonic() - started:5.0f}s\n" + "\n".join(rows)
-
-
 def run_demo(args: argparse.Namespace) -> int:
     if args.replicas < 1 or args.stages < 1 or args.rounds < 1 or args.inner_steps < 1:
         raise ConfigError("--replicas, --stages, --rounds and --inner-steps must all be >= 1")
@@ -107,28 +92,14 @@ def run_demo(args: argparse.Namespace) -> int:
                    attest_quorum=args.attest_quorum, stake_wei=int(args.stake * 10**18))
     print(f"dlx-node demo: {args.replicas} replicas x {args.stages} stages, model '{args.preset}', "
           f"{args.rounds} outer rounds of H={args.inner_steps}, data: {data or 'generated corpus'}")
-    started = time.monotonic()
-    interactive = sys.stdout.isatty()
-    last_print = [0.0]
-
-    def tick(r: LocalRun) -> None:
-        now = time.monotonic()
-        if now - last_print[0] < (1.0 if interactive else 10.0):
-            return
-        last_print[0] = now
-        text = _table(r, started)
-        if interactive:
-            sys.stdout.write("\x1b[H\x1b[J" + text + "\n")
-        else:
-            sys.stdout.write(text + "\n")
-        sys.stdout.flush()
+    view = LiveView()
 
     signals = _Signals()
     ok = keeping = False
     stopped_by: int | None = None
     with signals.installed():
         try:
-            ok = _train_and_report(run, args, out, tick)
+            ok = _train_and_report(run, args, out, view)
             if args.keep:
                 keeping = True
                 print(f"\nthe chain stays up at {run.url} for audit/pull; Ctrl-C (or SIGTERM) stops it",
@@ -143,6 +114,7 @@ def run_demo(args: argparse.Namespace) -> int:
                       file=sys.stderr, flush=True)
         finally:
             signals.interruptible = False
+            view.close()
             run.stop()
     if stopped_by is not None and not keeping:
         print(f"dlx-node demo: stopped; node data, logs and chain-state.json in {out}", file=sys.stderr, flush=True)
@@ -153,13 +125,16 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_and_report(run: LocalRun, args: argparse.Namespace, out: Path, tick) -> bool:
+def _train_and_report(run: LocalRun, args: argparse.Namespace, out: Path, view: LiveView) -> bool:
     """Start the chain and the nodes, wait for them, print and write the summary; True if all exited 0."""
     run.setup()
     print(f"chain: anvil (pid {run.anvil.pid}) at {run.url}, registry {run.registry}, ledger {run.ledger}, "
           f"run {run.run_id}", flush=True)
+    print(f"run link (dlx-node join): {run.link(peers=2)}", flush=True)
     run.start()
-    ok = run.wait(args.timeout, on_tick=tick)
+    ok = run.wait(args.timeout, on_tick=view.tick)
+    view.tick(run, force=True)
+    view.close()
     summary = summarize(run)
     if getattr(args, "reference", True) and summary["rounds"]:
         print("training the centralized reference on the same tokens (skip with --no-reference) ...", flush=True)

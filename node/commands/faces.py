@@ -74,8 +74,11 @@ def _progress_line(p) -> str:
 
     loss = "-" if math.isnan(p.loss) else f"{p.loss:.3f}"
     held = "-" if math.isnan(p.eval_loss) else f"{p.eval_loss:.3f}"
-    return (f"[{p.state:9s}] round {p.round} step {p.step}/{p.inner_steps} loss {loss} held-out {held} "
-            f"sent {mb(p.bytes_sent)} recv {mb(p.bytes_received)} peers {p.peers} committed {p.last_commit}")
+    def index(n: int) -> str:  # -1 while joining: nothing yet
+        return str(n) if n >= 0 else "-"
+
+    return (f"[{p.state:9s}] round {index(p.round)} step {p.step}/{p.inner_steps} loss {loss} held-out {held} "
+            f"sent {mb(p.bytes_sent)} recv {mb(p.bytes_received)} peers {p.peers} committed {index(p.last_commit)}")
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -147,11 +150,15 @@ def cmd_status(args: argparse.Namespace) -> int:
           f"updated {age:.0f}s ago)")
     print(f"run      {status.get('run_id')}  state {status.get('state')}  cluster {placement.get('cluster')} "
           f"replica {placement.get('replica')} stages {placement.get('stages')}")
-    print(f"round    {status.get('round')} step {status.get('step')}/{status.get('inner_steps')}  "
+    def index(key: str) -> str:  # -1 while joining: nothing yet
+        value = status.get(key)
+        return str(value) if isinstance(value, int) and value >= 0 else "-"
+
+    print(f"round    {index('round')} step {status.get('step')}/{status.get('inner_steps')}  "
           f"loss {status.get('loss')}  held-out {status.get('eval_loss')}")
     print(f"network  peers {status.get('peers')}  sent {status.get('bytes_sent')} B  "
           f"received {status.get('bytes_received')} B")
-    print(f"chain    last finished round {status.get('last_finished')}  last commit {status.get('last_commit')}  "
+    print(f"chain    last finished round {index('last_finished')}  last commit {index('last_commit')}  "
           f"weights root {status.get('weights_root') or '-'}")
     return 0 if alive else 1
 
@@ -175,6 +182,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+# ---------------------------------------------------------------------- join
+def cmd_join(args: argparse.Namespace) -> int:
+    from node.commands.join import run_join
+
+    return run_join(args)
+
+
 # ---------------------------------------------------------------------- audit / pull
 def cmd_audit(args: argparse.Namespace) -> int:
     from node.tools.audit import run_audit
@@ -192,6 +206,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 COMMANDS = {
     "init": cmd_init,
     "start": cmd_start,
+    "join": cmd_join,
     "status": cmd_status,
     "demo": cmd_demo,
     "audit": cmd_audit,

@@ -85,6 +85,7 @@ class LocalRun:
     run_id: int = 0
     registry: str = ""
     ledger: str = ""
+    chain_id: int = 0
     nodes: list[NodeSlot] = field(default_factory=list)
 
     def setup(self) -> None:
@@ -96,6 +97,7 @@ class LocalRun:
         self.anvil = AnvilProcess(state_file=self.workdir / "chain-state.json")
         self.url = self.anvil.start()
         w3 = connect_rpc(self.url, wait=10)
+        self.chain_id = w3.eth.chain_id
         deployer = dev_account(DEPLOYER_ACCOUNT, w3.eth.chain_id)
         self.registry, self.ledger = LedgerClient.deploy(w3, deployer)
         base = self._base_settings()
@@ -138,6 +140,17 @@ class LocalRun:
             table["p2p"]["bootstrap"] = [o.multiaddr for o in self.nodes if o is not slot]
             slot.config_path.write_text("# written by dlx-node's local launcher\n" + dump_toml(table))
             load_config(slot.config_path)  # what we wrote must load
+        deployment = json.loads((self.workdir / "deployment.json").read_text())
+        deployment["run_link"] = self.link()
+        (self.workdir / "deployment.json").write_text(json.dumps(deployment, indent=1))
+
+    def link(self, peers: int = 1) -> str:
+        """The run link ``dlx-node join`` takes (chain, ledger, run, RPC, the first ``peers`` nodes)."""
+        from node.commands.join import run_link
+
+        checkpoint_every = load_config(None, self._base_settings()).checkpoint_every
+        return run_link(self.chain_id, self.ledger, self.run_id, self.url, [s.multiaddr for s in self.nodes[:peers]],
+                        checkpoint_every=checkpoint_every)
 
     def _base_settings(self) -> list[str]:
         # Several nodes share this machine's cores: one intra-op thread each avoids oversubscription.

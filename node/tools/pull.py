@@ -249,8 +249,14 @@ def pull_checkpoint(
     round_index: int | None = None,
     archives: Iterable[str | Path] = (),
     fetcher: PeerFetcher | None = None,
+    rpc_url: str = "",
+    peers: Iterable[str] = (),
 ) -> PullResult:
     """Fetch, verify and export the checkpoint of ``round_index`` (None: the latest trusted one) of ``run_id``.
+
+    The directory also gets a model card (``README.md``, with the provenance and the commands that audit the
+    run and pull it again from ``rpc_url`` and ``peers``) and a generation config
+    (:mod:`node.tools.model_card`).
 
     The round must pass :func:`round_standing` (by default, newer checkpoints whose round does not are passed
     over and listed in ``PullResult.skipped``, as are newer ones whose file contradicts their record). Local
@@ -264,9 +270,6 @@ def pull_checkpoint(
         NoCheckpoint: Nothing is published (for that round).
         NodeError: No source has the bytes, or ``out_dir`` is not empty.
     """
-    from node.fsutil import atomic_write_json
-    from training.export import export_hf
-
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise NodeError(f"{out} exists and is not empty: choose a new output directory")
@@ -288,22 +291,19 @@ def pull_checkpoint(
     expected = commit.checkpoint_hash.hex()
     for reason in skipped:
         logger.warning("newer checkpoint passed over: %s", reason)
-    export_hf(ckpt.weights, model_cfg, out, overwrite=out.exists())
-    atomic_write_json(
-        out / "dlx_provenance.json",
-        {
-            "run_id": run_id,
-            "round": commit.round,
-            "content_hash": expected,
-            "weights_root": commit.weights_root.hex(),
-            "attesters": list(record.attesters),
-            "commit_tx": record.tx_hash,
-            "chain_id": client.chain_id,
-            "ledger": client.ledger_address,
-            "registry": client.registry_address,
-            "config_hash": ckpt.config_hash.hex(),
-        },
-    )
+    provenance = {
+        "run_id": run_id,
+        "round": commit.round,
+        "content_hash": expected,
+        "weights_root": commit.weights_root.hex(),
+        "attesters": list(record.attesters),
+        "commit_tx": record.tx_hash,
+        "chain_id": client.chain_id,
+        "ledger": client.ledger_address,
+        "registry": client.registry_address,
+        "config_hash": ckpt.config_hash.hex(),
+    }
+    _write_model_dir(ckpt.weights, model_cfg, out, provenance, rpc_url, list(peers))
     logger.info(
         "checkpoint of round %d (%s, %d bytes, from %s) exported to %s",
         commit.round,
@@ -326,6 +326,32 @@ def pull_checkpoint(
     )
 
 
+def _write_model_dir(weights: Any, model_cfg: Any, out: Path, provenance: dict, rpc_url: str,
+                     peers: list[str]) -> None:
+    """Export, add the provenance, model card and generation config, then move the directory into place
+    (one rename: a crash leaves no half-written ``out``)."""
+    import os
+
+    from node.fsutil import atomic_write_json
+    from node.tools.model_card import write_model_extras
+    from training.export import export_hf
+    from training.model import count_params
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.pull-", dir=out.parent))
+    try:
+        model_dir = export_hf(weights, model_cfg, staging / "model")
+        atomic_write_json(model_dir / "dlx_provenance.json", provenance)
+        model = {"params": count_params(model_cfg), "n_layer": model_cfg.n_layer, "n_embd": model_cfg.n_embd,
+                 "n_head": model_cfg.n_head, "block_size": model_cfg.block_size}
+        write_model_extras(model_dir, provenance, model, rpc_url, peers)
+        if out.exists():
+            out.rmdir()  # empty (checked before anything was fetched)
+        os.replace(model_dir, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def run_pull(args: Any) -> int:
     """``dlx-node pull``: exit 0 with the model written, 9 if the round or the bytes were refused."""
     client = reader_client(args)
@@ -338,6 +364,8 @@ def run_pull(args: Any) -> int:
             None if args.round < 0 else args.round,
             archives=args.archive,
             fetcher=fetcher,
+            rpc_url=args.rpc,
+            peers=args.bootstrap,
         )
     finally:
         if fetcher is not None:
@@ -354,6 +382,7 @@ def run_pull(args: Any) -> int:
         f'from transformers import AutoModelForCausalLM, AutoTokenizer; tok = AutoTokenizer.from_pretrained("{out}"); '
         f'model = AutoModelForCausalLM.from_pretrained("{out}")'
     )
+    print(f"model card with the provenance and the audit command: {out}/README.md")
     new_tokens = max(1, min(40, result.block_size - 8))  # prompt + new tokens must fit the context
     print(
         f'print(tok.decode(model.generate(**tok("To be", return_tensors="pt"), max_new_tokens={new_tokens}, '

@@ -1,0 +1,391 @@
+"""``dlx-node join``: join a running training run with one command.
+
+From a run link (``dlx://<chain_id>/<ledger>/<run_id>?rpc=<url>&peer=<multiaddr>``, printed by
+``dlx-node demo`` and :func:`run_link`) or the same facts as flags, ``join``:
+
+1. connects to the chain, checks its chain id against the link's and reads the run as created
+   (its ``configHash``, stage count, inner steps, stake, rounds) and the ledger's registry;
+2. fetches the run document from the run's peers over libp2p: every node serves it as a blob
+   under its sha256, which is the on-chain ``configHash`` (docs/P2P.md, "Run documents"), so
+   any peer can serve it and none can forge it; it is checked against the hash and against the
+   run's on-chain stage count and inner steps;
+3. writes ``node.toml`` in the data directory: the run document's settings exactly, the chain
+   and the peers from the link, a cluster of its own (one node holding every stage);
+4. registers the node's key and stakes into the run if needed, after asking (``--yes`` agrees
+   beforehand; without a terminal to ask on it refuses rather than spend silently);
+5. starts the node, as ``dlx-node start --config <data-dir>/node.toml`` would (``--no-start``
+   stops after step 4). Running the same command again reuses what it wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import math
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import parse_qs, quote, urlsplit
+
+from node.errors import ConfigError, NodeError
+
+logger = logging.getLogger(__name__)
+
+LINK_SCHEME = "dlx"
+#: A run document is a few hundred bytes of JSON; a peer offering more is not offering one.
+MAX_RUN_DOCUMENT_BYTES = 64 * 1024
+FETCH_TIMEOUT_S = 60.0
+#: Node settings (not part of the run document) a run link may carry because every member must share them.
+LINK_SETTINGS = ("checkpoint_every",)
+
+
+# ---------------------------------------------------------------------- the run link
+@dataclass(frozen=True)
+class RunLink:
+    """Where a run lives: chain id, ledger address, run id, an RPC URL and peers to bootstrap from."""
+
+    chain_id: int
+    ledger: str
+    run_id: int
+    rpc_url: str
+    peers: tuple[str, ...] = ()
+    settings: dict[str, int] = field(default_factory=dict)  # LINK_SETTINGS the run's operator stated
+
+    def __str__(self) -> str:
+        return run_link(self.chain_id, self.ledger, self.run_id, self.rpc_url, self.peers, **self.settings)
+
+
+def run_link(chain_id: int, ledger: str, run_id: int, rpc_url: str, peers=(), **settings: int) -> str:
+    """The copy-pasteable link of a run: ``dlx://<chain_id>/<ledger>/<run_id>?rpc=...&peer=...``.
+
+    ``/`` and ``:`` stay readable in the query (RFC 3986 allows them there); anything else that is
+    not URL-safe is percent-encoded.
+    """
+    query = [f"rpc={quote(rpc_url, safe=':/')}"] + [f"peer={quote(p, safe=':/')}" for p in peers]
+    query += [f"{k}={int(v)}" for k, v in settings.items() if k in LINK_SETTINGS]
+    return f"{LINK_SCHEME}://{chain_id}/{ledger}/{run_id}?" + "&".join(query)
+
+
+def parse_run_link(text: str) -> RunLink:
+    """Parse a run link; every malformed part is refused with what it should look like."""
+    example = "dlx://31337/0xLEDGER/1?rpc=http://HOST:8545&peer=/ip4/HOST/tcp/PORT/p2p/12D3KooW..."
+    parts = urlsplit(text.strip())
+    if parts.scheme != LINK_SCHEME:
+        raise ConfigError(f"run link {text!r}: must start with {LINK_SCHEME}://, e.g. {example}")
+    if not parts.netloc.isdigit():
+        raise ConfigError(f"run link {text!r}: {parts.netloc!r} is not a chain id (an integer), e.g. {example}")
+    path = parts.path.strip("/").split("/")
+    if len(path) != 2:
+        raise ConfigError(f"run link {text!r}: expected dlx://<chain_id>/<ledger address>/<run id>?..., "
+                          f"e.g. {example}")
+    ledger, run = path
+    _check_address(ledger, f"run link {text!r}: ledger")
+    if not run.isdigit():
+        raise ConfigError(f"run link {text!r}: run id {run!r} is not an integer")
+    try:
+        query = parse_qs(parts.query, strict_parsing=bool(parts.query), keep_blank_values=False)
+    except ValueError as exc:
+        raise ConfigError(f"run link {text!r}: malformed query ({exc})") from None
+    unknown = sorted(set(query) - {"rpc", "peer", *LINK_SETTINGS})
+    if unknown:
+        raise ConfigError(f"run link {text!r}: unknown parameter(s) {unknown}; known: rpc, peer, "
+                          f"{', '.join(LINK_SETTINGS)}")
+    rpc = query.get("rpc", [])
+    if len(rpc) != 1:
+        raise ConfigError(f"run link {text!r}: needs exactly one rpc=<chain JSON-RPC URL>")
+    settings: dict[str, int] = {}
+    for key in LINK_SETTINGS:
+        values = query.get(key, [])
+        if len(values) > 1 or (values and not values[0].isdigit()) or (values and int(values[0]) < 1):
+            raise ConfigError(f"run link {text!r}: {key} must appear at most once, as an integer >= 1")
+        if values:
+            settings[key] = int(values[0])
+    peers = tuple(query.get("peer", []))
+    for peer in peers:
+        _check_multiaddr(peer)
+    return RunLink(int(parts.netloc), ledger, int(run), rpc[0], peers, settings)
+
+
+def _check_address(value: str, what: str) -> None:
+    if not (value.startswith("0x") and len(value) == 42):
+        raise ConfigError(f"{what} {value!r}: must be a 0x-prefixed 20-byte hex address")
+    try:
+        bytes.fromhex(value[2:])
+    except ValueError:
+        raise ConfigError(f"{what} {value!r}: not hexadecimal") from None
+
+
+def _check_multiaddr(addr: str) -> None:
+    if not addr.startswith("/") or "/p2p/" not in addr:
+        raise ConfigError(f"peer {addr!r}: must be a multiaddr ending in /p2p/<peer id>, e.g. "
+                          "/ip4/192.0.2.1/tcp/4001/p2p/12D3KooW... (a node's status.json, listen_addrs)")
+
+
+def link_from_args(args: argparse.Namespace) -> RunLink:
+    """The run link of ``join``'s arguments: LINK, or --rpc/--ledger/--run (flags complete or override it)."""
+    if args.link:
+        link = parse_run_link(args.link)
+    else:
+        missing = [flag for flag, value in (("--rpc", args.rpc), ("--ledger", args.ledger), ("--run", args.run))
+                   if value in ("", None)]
+        if missing:
+            raise ConfigError(f"give a run link (dlx://...) or all of --rpc, --ledger, --run: missing "
+                              f"{', '.join(missing)}")
+        _check_address(args.ledger, "--ledger")
+        if args.run < 0:
+            raise ConfigError(f"--run {args.run}: must be >= 0")
+        link = RunLink(-1, args.ledger, args.run, args.rpc)
+    for peer in args.bootstrap:
+        _check_multiaddr(peer)
+    peers = tuple(dict.fromkeys([*link.peers, *args.bootstrap]))
+    if not peers:
+        raise ConfigError("no peer to fetch the run document from: put peer=<multiaddr> in the link or pass "
+                          "--bootstrap <multiaddr> (a node's status.json, listen_addrs)")
+    return RunLink(link.chain_id, link.ledger, link.run_id, args.rpc or link.rpc_url, peers, link.settings)
+
+
+# ---------------------------------------------------------------------- the run document
+def fetch_run_document(peers: tuple[str, ...], config_hash: bytes, workdir: Path,
+                       timeout: float = FETCH_TIMEOUT_S) -> bytes:
+    """The run document whose sha256 is ``config_hash``, from ``peers`` over ``/dlx/blob/1.0.0``.
+
+    A short-lived host with a throwaway identity (the node's own starts later, with its own
+    connections) and a blob size limit that fits a run document, so a peer that offers gigabytes
+    under that hash is refused from the reply header, before any byte is written.
+    """
+    from p2p.config import P2PConfig
+    from p2p.errors import P2PError
+    from p2p.host import P2PHost
+    from p2p.identity import Identity
+
+    loopback = all(p.startswith(("/ip4/127.", "/dns4/localhost")) for p in peers)
+    config = P2PConfig(listen_host="127.0.0.1" if loopback else "0.0.0.0", listen_port=0,
+                       gossip_resync_interval=0, max_blob_bytes=MAX_RUN_DOCUMENT_BYTES)
+    staging = Path(tempfile.mkdtemp(prefix=".run-document-", dir=workdir))
+    host = P2PHost.start(config, Identity.generate(), data_dir=staging)
+    try:
+        reached, failures = [], []
+        for addr in peers:
+            try:
+                reached.append(host.connect(addr, timeout=10))
+            except P2PError as exc:
+                failures.append(f"{addr}: {exc}")
+        if not reached:
+            raise NodeError(f"no peer of the run is reachable ({'; '.join(failures)}): check the peer "
+                            "multiaddrs and that this machine can reach them")
+        try:
+            path = host.fetch_blob(config_hash.hex(), staging / "run.json", providers=reached, timeout=timeout)
+        except P2PError as exc:
+            raise NodeError(f"the run document {config_hash.hex()[:16]} (the run's configHash) could not be "
+                            f"fetched from {len(reached)} peer(s): {exc}") from None
+        data = path.read_bytes()
+    finally:
+        host.close()
+        shutil.rmtree(staging, ignore_errors=True)
+    if hashlib.sha256(data).digest() != config_hash:  # the blob protocol checked it; a second look costs nothing
+        raise NodeError("the run document fetched does not hash to the run's configHash")
+    return data
+
+
+def check_document_against_run(document: dict, info) -> None:
+    """The run document must describe the run the chain created (stage count and inner steps)."""
+    try:
+        stages = document["pipeline"]["num_stages"]
+        inner = document["diloco"]["inner_steps"]
+    except (KeyError, TypeError):
+        raise ConfigError("the run document lacks pipeline.num_stages or diloco.inner_steps") from None
+    if (stages, inner) != (info.num_stages, info.inner_steps):
+        raise ConfigError(f"the run document says {stages} stages and H={inner}, the run on chain "
+                          f"{info.num_stages} and H={info.inner_steps}")
+
+
+def infer_checkpoint_every(checkpoint_rounds: list[int]) -> int | None:
+    """``checkpoint_every`` from the rounds whose records carry a checkpoint: round t has one when
+    ``(t + 1) % K == 0``, so K divides every ``t + 1``; the largest such K (None if nothing is known)."""
+    if not checkpoint_rounds:
+        return None
+    return math.gcd(*(r + 1 for r in checkpoint_rounds))
+
+
+# ---------------------------------------------------------------------- the command
+@dataclass
+class _Chain:
+    w3: object
+    client: object  # LedgerClient with the node's account
+    info: object  # RunInfo
+    registry: str
+
+
+def _connect(link: RunLink, data_dir: Path, args: argparse.Namespace):
+    """Chain, account and run: everything join reads before it fetches or writes anything."""
+    import contracts
+    from ledger.account import create_keystore, load_account, read_password_file
+    from ledger.chain import connect_rpc
+    from ledger.client import LedgerClient
+    from ledger.config import LedgerConfig
+    from ledger.errors import LedgerError
+
+    w3 = connect_rpc(link.rpc_url, wait=10)
+    chain_id = w3.eth.chain_id
+    if link.chain_id >= 0 and chain_id != link.chain_id:
+        raise ConfigError(f"{link.rpc_url} serves chain {chain_id}, the run link names chain {link.chain_id}")
+    if not w3.eth.get_code(w3.to_checksum_address(link.ledger)):
+        raise ConfigError(f"no contract at ledger {link.ledger} on chain {chain_id}")
+    abi = contracts.artifact("TrainingLedger")["abi"]
+    registry = w3.eth.contract(address=w3.to_checksum_address(link.ledger), abi=abi).functions.registry().call()
+    ledger_cfg = {"backend": "rpc", "rpc_url": link.rpc_url, "registry_address": registry,
+                  "ledger_address": w3.to_checksum_address(link.ledger), "run_id": link.run_id}
+    if args.dev_account is not None:
+        ledger_cfg["dev_account"] = args.dev_account
+    else:
+        keystore = Path(args.keystore).expanduser() if args.keystore else data_dir / "keystore.json"
+        if not args.password_file:
+            raise ConfigError("pass --password-file FILE (a new encrypted account is created in the data "
+                              "directory, or --keystore is unlocked with it) or, on a local dev chain, "
+                              "--dev-account N")
+        if not keystore.exists():
+            if args.keystore:
+                raise ConfigError(f"--keystore {keystore}: no such file")
+            account = create_keystore(keystore, read_password_file(args.password_file))
+            print(f"created Ethereum account {account.address} in {keystore}")
+        ledger_cfg["keystore"] = str(keystore.resolve())
+        ledger_cfg["password_file"] = str(Path(args.password_file).expanduser().resolve())
+    account = load_account(LedgerConfig(**ledger_cfg), chain_id)
+    client = LedgerClient(w3, account, registry, ledger_cfg["ledger_address"])
+    try:
+        info = client.run_info(link.run_id)
+    except LedgerError as exc:
+        raise ConfigError(f"run {link.run_id}: {exc}") from None
+    return _Chain(w3, client, info, registry), ledger_cfg
+
+
+def _node_settings(link: RunLink, chain: _Chain, document: dict, data_dir: Path, identity,
+                   args: argparse.Namespace, ledger_cfg: dict) -> tuple[str, dict]:
+    """The training text's path and the node.toml fields besides the run document's: this machine's
+    (data directory, cluster, listen address, peers, account) and the run's node settings."""
+    from node.runconfig import file_sha256
+
+    data_path = ""
+    wanted = document.get("training", {}).get("data_sha256")
+    if wanted != "generated":
+        if not args.data:
+            raise ConfigError(f"the run trains on a text file with sha256 {wanted}: pass --data FILE with "
+                              "that file (the run's operator can give it to you)")
+        got = file_sha256(Path(args.data).expanduser())
+        if got != wanted:
+            raise ConfigError(f"--data {args.data}: sha256 {got}, the run's text has {wanted}")
+        data_path = str(Path(args.data).expanduser().resolve())
+    checkpoint_every = link.settings.get("checkpoint_every")
+    if checkpoint_every is None:
+        history = chain.client.history(link.run_id, with_registrations=False)
+        checkpoint_every = infer_checkpoint_every([c.round for c in history.checkpoints])
+    if checkpoint_every is None and not any(o.startswith("checkpoint_every=") for o in args.overrides):
+        raise ConfigError("the run has no checkpoint on chain yet, so its checkpoint_every is unknown: use the "
+                          "run link the run's operator printed (it carries checkpoint_every) or pass "
+                          "--set checkpoint_every=N")
+    loopback = all(p.startswith(("/ip4/127.", "/dns4/localhost")) for p in link.peers)
+    listen_host = args.listen_host or ("127.0.0.1" if loopback else "0.0.0.0")
+    cluster = args.cluster or f"join-{identity.peer_id[-8:]}"
+    return data_path, {
+        "data_dir": str(data_dir.resolve()), "cluster": cluster, "cluster_size": 1,
+        "rounds": chain.info.max_rounds, "checkpoint_every": checkpoint_every or 1,
+        "p2p": {"listen_host": listen_host, "listen_port": args.listen_port, "bootstrap": list(link.peers)},
+        "ledger": ledger_cfg,
+    }
+
+
+def _spend_plan(chain: _Chain, identity) -> list[str]:
+    """The transactions joining still needs (each costs gas; joining the run also the stake)."""
+    client, info = chain.client, chain.info
+    plan = []
+    key = client.key_of(client.address)
+    if key is not None and key != identity.public_key_bytes:
+        from node.errors import NotRegistered
+
+        raise NotRegistered(f"account {client.address} is registered with another node key: use that node's "
+                            "data directory (its identity.key) or another account")
+    if key is None:
+        plan.append(f"register node key {identity.peer_id} to account {client.address} (gas only)")
+    seat = client.member(info.run_id, client.address)
+    if seat is None or not seat.active:
+        plan.append(f"join run {info.run_id} with a stake of {info.min_stake / 1e18:g} ETH "
+                    f"({info.min_stake} wei; returned after leaving and {info.unbonding_blocks} blocks, "
+                    "unless slashed for signing two records of a round)")
+    return plan
+
+
+def _agree(plan: list[str], yes: bool) -> None:
+    if not plan or yes:
+        return
+    listing = "\n".join(f"  - {step}" for step in plan)
+    if not sys.stdin.isatty():
+        raise ConfigError("joining needs these transactions, and no terminal to ask on:\n" + listing
+                          + "\npass --yes to agree to them")
+    print("joining needs these transactions:\n" + listing)
+    answer = input("send them? [y/N] ").strip().lower()
+    if answer not in ("y", "yes"):
+        raise ConfigError("not joined: the transactions were declined (nothing was sent)")
+
+
+def run_join(args: argparse.Namespace) -> int:
+    """``dlx-node join`` (see module docstring)."""
+    from node.config import config_from_dict, dump_toml, load_config, parse_overrides, _merge
+    from node.fsutil import atomic_write_bytes
+    from node.live.onchain import NodeChain
+    from node.runconfig import canonical_json, config_hash, node_config_from_run, parse_run_document, run_document
+    from p2p.identity import Identity
+
+    link = link_from_args(args)
+    data_dir = Path(args.data_dir).expanduser()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    config_path = data_dir / "node.toml"
+    identity = Identity.load_or_create(data_dir / "identity.key")
+    chain, ledger_cfg = _connect(link, data_dir, args)
+    info = chain.info
+    print(f"run {info.run_id} on chain {chain.client.chain_id}: ledger {chain.client.ledger_address}, "
+          f"registry {chain.registry}, configHash {info.config_hash.hex()[:16]}, {info.num_stages} stage(s), "
+          f"H={info.inner_steps}, k={info.quorum}, stake {info.min_stake / 1e18:g} ETH, "
+          f"{'open-ended' if not info.max_rounds else f'{info.max_rounds} rounds'}")
+    data = fetch_run_document(link.peers, info.config_hash, data_dir)
+    document = parse_run_document(data, info.config_hash)
+    check_document_against_run(document, info)
+    print(f"run document {info.config_hash.hex()[:16]} fetched from the run's peers and checked against the "
+          f"chain: model {document['model'].get('n_layer')} layers x {document['model'].get('n_embd')}, "
+          f"{document['diloco'].get('num_replicas')} replicas")
+    data_path, settings = _node_settings(link, chain, document, data_dir, identity, args, ledger_cfg)
+    table = node_config_from_run(document, **settings).to_dict()
+    table["training"]["data_path"] = data_path
+    table = _merge(table, parse_overrides(args.overrides))
+    cfg = config_from_dict(table)
+    if config_hash(run_document(cfg)) != info.config_hash:
+        raise ConfigError("the settings written would not hash to the run's configHash (an override of a run "
+                          "setting?): drop --set for [model], [training], [diloco], [compression], pipeline")
+    text = "# written by 'dlx-node join'\n# " + str(link) + "\n" + dump_toml(cfg.to_dict())
+    if config_path.exists() and config_path.read_text() != text and not args.force:
+        existing = load_config(config_path)
+        if (existing.ledger.ledger_address.lower(), existing.ledger.run_id) != (link.ledger.lower(), link.run_id):
+            raise ConfigError(f"{config_path} belongs to another run: pick a new --data-dir, or pass --force")
+        print(f"keeping {config_path} (written before; --force rewrites it)")
+    else:
+        atomic_write_bytes(config_path, text.encode())
+        atomic_write_bytes(data_dir / "run.json", canonical_json(document))
+        print(f"wrote {config_path}")
+    cfg = load_config(config_path)
+    _agree(_spend_plan(chain, identity), args.yes)
+    node_chain = NodeChain.connect(cfg)
+    try:
+        node_chain.check_run(info.run_id, config_hash(run_document(cfg)))
+        node_chain.ensure_registered(identity)
+        node_chain.ensure_member(info.run_id)
+    finally:
+        node_chain.close()
+    print(f"account {chain.client.address} is a member of run {info.run_id} with node {identity.peer_id}")
+    if args.no_start:
+        print(f"start it with: dlx-node start --config {config_path}")
+        return 0
+    from node.commands.faces import cmd_start
+
+    return cmd_start(argparse.Namespace(config=str(config_path), overrides=[], no_progress=args.no_progress))

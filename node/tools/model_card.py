@@ -1,0 +1,175 @@
+"""What ``dlx-node pull`` adds to an exported model directory: a model card and a generation config.
+
+``README.md`` follows the Hugging Face model card convention (YAML front matter, then Markdown) and
+carries the provenance an agent developer needs to trust or re-check the weights: chain id, ledger,
+run, round, weights root, checkpoint content hash, the members whose signatures committed the round,
+and the commands that audit the run and pull the same checkpoint again.
+
+``generation_config.json`` pins the special token ids and ``max_length`` to the model's context
+(``n_positions``): GPT-2 has one learned position embedding per position, and a sequence longer than
+the context indexes past that table (``IndexError`` in ``wpe``). With this file ``generate()`` called
+without a length stops at the context. An explicit ``max_new_tokens`` still takes precedence in
+transformers (``GenerationMixin._prepare_generated_length``), so the card says to keep prompt + new
+tokens within the context, and ``custom_generate/generate.py`` (loaded only with
+``trust_remote_code=True``) offers nanoGPT's sliding window for longer generations.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+END_OF_TEXT_ID = 0  # training.export: byte 0 stands in for <|endoftext|>
+
+#: A sliding-window generate (nanoGPT's ``idx[:, -block_size:]``), as transformers' custom_generate hook
+#: wants it: ``generate(model, input_ids, ...)``. Written by dlx-node, not by a peer; runs only with
+#: ``trust_remote_code=True``.
+SLIDING_GENERATE = '''"""Greedy or sampled generation that never feeds the model more than its context (written by dlx-node pull).
+
+Load with AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True) and call model.generate as
+usual: every step feeds only the last n_positions tokens, so any max_new_tokens works.
+"""
+
+import torch
+
+
+def generate(model, input_ids=None, max_new_tokens=20, do_sample=False, temperature=1.0, top_k=None,
+             attention_mask=None, **kwargs):
+    context = model.config.n_positions
+    if input_ids is None:
+        input_ids = torch.full((1, 1), model.config.bos_token_id, dtype=torch.long, device=model.device)
+    ids = input_ids
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            window = ids[:, -context:]
+            logits = model(window, use_cache=False).logits[:, -1, :]
+            if do_sample:
+                logits = logits / max(temperature, 1e-6)
+                if top_k:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1, None]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                token = torch.multinomial(torch.softmax(logits, dim=-1), 1)
+            else:
+                token = logits.argmax(dim=-1, keepdim=True)
+            ids = torch.cat([ids, token], dim=1)
+    return ids
+'''
+
+
+def generation_config(block_size: int) -> dict[str, Any]:
+    """``generation_config.json``: the byte vocabulary's special id and the context as ``max_length``."""
+    return {
+        "bos_token_id": END_OF_TEXT_ID,
+        "eos_token_id": END_OF_TEXT_ID,
+        "pad_token_id": END_OF_TEXT_ID,
+        "max_length": block_size,
+        "do_sample": False,
+    }
+
+
+def model_card(provenance: dict[str, Any], model: dict[str, Any], rpc_url: str = "", peers: list[str] = ()) -> str:
+    """The README.md of a pulled model directory (Hugging Face model card: YAML front matter + Markdown)."""
+    p = provenance
+    rpc = rpc_url or "<chain RPC URL>"
+    peer_args = " ".join(f"--bootstrap {peer}" for peer in peers) or "--bootstrap <multiaddr of a node of the run>"
+    attesters = p.get("attesters") or []
+    block = model["block_size"]
+    front = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: text-generation",
+        "tags:",
+        "- gpt2",
+        "- dlx-node",
+        "- diloco",
+        "- decentralized-training",
+        "dlx:",
+        f"  chain_id: {p['chain_id']}",
+        f"  ledger: \"{p['ledger']}\"",
+        f"  registry: \"{p['registry']}\"",
+        f"  run_id: {p['run_id']}",
+        f"  round: {p['round']}",
+        f"  weights_root: \"{p['weights_root']}\"",
+        f"  content_hash: \"{p['content_hash']}\"",
+        f"  config_hash: \"{p['config_hash']}\"",
+        "  attesters:",
+        *[f"  - \"{a}\"" for a in attesters],
+        "---",
+    ]
+    if not attesters:
+        front[front.index("  attesters:")] = "  attesters: []"
+    table = [
+        ("chain id", p["chain_id"]), ("TrainingLedger", p["ledger"]), ("NodeRegistry", p["registry"]),
+        ("run", p["run_id"]), ("round", p["round"]), ("weights root (record's weightsRoot)", p["weights_root"]),
+        ("checkpoint content hash (sha256 of the checkpoint file, record's checkpointHash)", p["content_hash"]),
+        ("run document hash (configHash)", p["config_hash"]),
+        ("members whose signatures committed the round", ", ".join(attesters) or "-"),
+        ("commit transaction", p.get("commit_tx") or "-"),
+    ]
+    body = [
+        f"# dlx-node run {p['run_id']}, round {p['round']}",
+        "",
+        f"A GPT-2-shaped language model ({model['params']:,} parameters: {model['n_layer']} layers, "
+        f"{model['n_embd']} wide, {model['n_head']} heads; context {block} tokens; byte-level tokenizer, "
+        "token id = byte value) trained with DiLoCoX by the members of a dlx-node run. `dlx-node pull` "
+        "downloaded the checkpoint that the round's on-chain record publishes, and wrote this directory only "
+        "after checking that the file hashes to the record's checkpoint hash and its weights to the record's "
+        "weights root, and that the record was signed by the run's quorum of staked members and not disputed.",
+        "",
+        "## Provenance",
+        "",
+        "| | |",
+        "|---|---|",
+        *[f"| {name} | `{value}` |" for name, value in table],
+        "",
+        "## Check it yourself",
+        "",
+        "Audit the whole run (every round's signatures, contributions and a bit-exact replay of the "
+        "aggregation; docs/AUDIT.md), and pull the same checkpoint again:",
+        "",
+        "```bash",
+        f"dlx-node audit --rpc {rpc} --run {p['run_id']} --ledger {p['ledger']} --registry {p['registry']} "
+        f"{peer_args}",
+        f"dlx-node pull --rpc {rpc} --run {p['run_id']} --ledger {p['ledger']} --registry {p['registry']} "
+        f"--round {p['round']} {peer_args} ./model",
+        "```",
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        'model = AutoModelForCausalLM.from_pretrained("./model")',
+        'tok = AutoTokenizer.from_pretrained("./model")',
+        'ids = tok("To be", return_tensors="pt")',
+        f"out = model.generate(**ids, max_new_tokens={max(1, block - 8)})  # prompt + new tokens <= {block}",
+        "print(tok.decode(out[0]))",
+        "```",
+        "",
+        f"The model has one learned position embedding per position, {block} in all: a prompt plus new "
+        f"tokens longer than {block} does not fit. `generation_config.json` makes `generate()` without a "
+        f"length stop at {block} tokens; an explicit `max_new_tokens` takes precedence in transformers. For "
+        "longer text, load with `trust_remote_code=True`: `custom_generate/generate.py` (written by dlx-node, "
+        f"nanoGPT's sliding window) then feeds the model only the last {block} tokens at every step.",
+        "",
+        "## Limitations",
+        "",
+        "A small research model trained on a small corpus for few rounds: expect fluent-looking bytes, not "
+        "facts. The held-out loss of every round is in the run's on-chain records.",
+        "",
+    ]
+    return "\n".join(front + [""] + body)
+
+
+def write_model_extras(out: Path, provenance: dict[str, Any], model: dict[str, Any], rpc_url: str = "",
+                       peers: list[str] = ()) -> None:
+    """Write README.md, generation_config.json and custom_generate/ into the export directory ``out``
+    (before it is moved into place), and give every file mode 0644, directories 0755."""
+    (out / "README.md").write_text(model_card(provenance, model, rpc_url, peers), encoding="utf-8")
+    (out / "generation_config.json").write_text(json.dumps(generation_config(model["block_size"]), indent=2) + "\n")
+    (out / "custom_generate").mkdir(exist_ok=True)
+    (out / "custom_generate" / "generate.py").write_text(SLIDING_GENERATE)
+    for path in [out, *out.rglob("*")]:
+        # safetensors writes its file 0600; a model directory is meant to be read by others.
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
