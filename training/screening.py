@@ -51,6 +51,9 @@ _U64_MAX = 2**64 - 1
 LossFn = Callable[[Mapping[str, torch.Tensor]], float]
 
 
+#: Threads for the screening losses (fixed: the decision must be the same bits everywhere).
+SCREENING_THREADS = 1
+
 def screening_offsets(run_seed: int, outer_round: int, batch_size: int, n_start: int) -> list[int]:
     """``offset_b = u64be(sha256(DOMAIN || u64be(run_seed) || u64be(outer_round) || u64be(b))[:8]) % n_start``."""
     for name, value in (("run_seed", run_seed), ("outer_round", outer_round)):
@@ -149,13 +152,22 @@ def screen_contributions(
     decode) are reported, not screened.
     """
     lr = torch.tensor(diloco_cfg.outer_lr, dtype=torch.float32)
-    loss_before = _f32(loss_fn(global_weights))
-    after: dict[int, float] = {}
-    for index, contribution in enumerate(contributions):
-        if contribution is None:
-            continue
-        stepped = {name: torch.sub(value, torch.mul(contribution[name], lr)) for name, value in global_weights.items()}
-        after[index] = _f32(loss_fn(stepped))
+    # Every member and the audit must reach the same decision bit for bit, whatever thread count
+    # they train with: torch splits float reductions (matmuls) by thread count, so the losses are
+    # computed on SCREENING_THREADS threads. (Two members on 1 and 2 threads disputed a round.)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(SCREENING_THREADS)
+    try:
+        loss_before = _f32(loss_fn(global_weights))
+        after: dict[int, float] = {}
+        for index, contribution in enumerate(contributions):
+            if contribution is None:
+                continue
+            stepped = {name: torch.sub(value, torch.mul(contribution[name], lr))
+                       for name, value in global_weights.items()}
+            after[index] = _f32(loss_fn(stepped))
+    finally:
+        torch.set_num_threads(threads)
     return judge(loss_before, after, len(contributions), diloco_cfg)
 
 
