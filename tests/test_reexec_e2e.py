@@ -7,6 +7,7 @@ pseudo-gradient plus noise of 1% of its norm, which every aggregation check lets
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -57,6 +58,8 @@ def test_a_cheating_member_is_ejected_by_the_quorum_and_the_run_continues(make_r
         assert [roots[str(c.commit.round)] for c in commits] == [c.commit.weights_root.hex() for c in commits]
         log = "\n".join(p.read_text() for p in slot.data_dir.glob("node-*.log"))
         assert "spot check of replica" in log, slot.name
+        status = json.loads((slot.data_dir / "status.json").read_text())
+        assert status["spot_checks"] >= 2 and status["spot_check_mismatches"] >= 1, status
     # The signed evidence is kept by the members that accused the cheater.
     assert any(list((s.data_dir / "evidence").glob("spotcheck-*.envelope")) for s in honest), run_logs(run)
 

@@ -120,12 +120,15 @@ def _start_metrics(port: int):
         ("round", "outer round being trained"), ("inner_step", "inner step within the round"),
         ("loss", "last inner training loss"), ("eval_loss", "held-out loss after the last round"),
         ("peers", "connected libp2p peers"), ("bytes_sent", "application bytes sent"),
-        ("bytes_received", "application bytes received"), ("last_commit", "last round committed on chain"))}
+        ("bytes_received", "application bytes received"), ("last_commit", "last round committed on chain"),
+        ("spot_checks", "other replicas' contributions this node re-executed"),
+        ("spot_check_mismatches", "re-executed contributions that did not reproduce"))}
 
     def update(p) -> None:
         for name, value in (("round", p.round), ("inner_step", p.step), ("loss", p.loss),
                             ("eval_loss", p.eval_loss), ("peers", p.peers), ("bytes_sent", p.bytes_sent),
-                            ("bytes_received", p.bytes_received), ("last_commit", p.last_commit)):
+                            ("bytes_received", p.bytes_received), ("last_commit", p.last_commit),
+                            ("spot_checks", p.spot_checks), ("spot_check_mismatches", p.spot_check_mismatches)):
             gauges[name].set(value)
 
     return update

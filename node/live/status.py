@@ -40,6 +40,8 @@ class Progress:
     last_commit: int = -1
     last_finished: int = -1
     weights_root: str = ""
+    spot_checks: int = 0  # other replicas' contributions re-executed (node.live.verifier)
+    spot_check_mismatches: int = 0
     history: list[dict] = field(default_factory=list)
 
 
@@ -158,7 +160,8 @@ def write_status(path: Path, progress: Progress, peer_id: str, run_id: int, plac
         "round": p.round, "step": p.step, "inner_steps": p.inner_steps, "loss": _num(p.loss),
         "eval_loss": _num(p.eval_loss), "peers": p.peers, "bytes_sent": p.bytes_sent,
         "bytes_received": p.bytes_received, "last_finished": p.last_finished, "last_commit": p.last_commit,
-        "weights_root": p.weights_root, "updated_at": time.time(),
+        "weights_root": p.weights_root, "spot_checks": p.spot_checks,
+        "spot_check_mismatches": p.spot_check_mismatches, "updated_at": time.time(),
         "placement": None if placement is None else {
             "cluster": placement.cluster, "replica": placement.replica, "stages": list(placement.stages)},
         "listen_addrs": listen_addrs,
