@@ -220,3 +220,25 @@ def test_a_member_signing_two_records_of_a_round_is_kept_as_evidence_once():
     assert book.take_record_equivocations() == [(3, "0xm", ("rec-a", b"sig-a"), ("rec-b", b"sig-b"))]
     # Only the first record counts toward a quorum.
     assert {d: list(s) for d, (_r, s) in book.snapshot_signatures(3).items()} == {b"a" * 32: ["0xm"]}
+
+
+def test_a_round_message_that_arrives_before_its_senders_hello_is_kept_and_filed_once_placed():
+    """The host delivers each gossip message once: a close that overtakes its sender's hello (a loaded
+    machine, a joiner catching up) must not be lost, and a sender that never appears costs a bounded slot."""
+    from node.live.inbox import GossipInbox
+    from p2p.envelope import Envelope, EnvelopeValidator
+    from p2p.identity import Identity
+
+    book, membership, pool, _coordinator = rooms()
+    inbox = GossipInbox(7, EnvelopeValidator(7, max_size=1 << 16), book, membership, pool, held_stages=lambda: ())
+    late = Identity.generate()
+    close = Envelope.create(late, 7, 1, msg.CLOSE, msg.encode_payload(msg.Close([entry(3, late.peer_id)])),
+                            stage=0, replica=3).to_bytes()
+    with pytest.raises(msg.ProtocolError, match="not placed yet"):
+        inbox.handle(close)
+    assert not book.snapshot_closes(1, 0)
+    inbox._retry_deferred()  # still not placed: kept
+    assert not book.snapshot_closes(1, 0) and len(inbox._deferred) == 1
+    book.add_hello(late.peer_id, late.public_key_bytes, hello("c3"))
+    inbox._retry_deferred()
+    assert late.peer_id in book.snapshot_closes(1, 0) and not inbox._deferred

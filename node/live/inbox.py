@@ -30,6 +30,12 @@ logger = logging.getLogger(__name__)
 #: A hello older (or newer) than this by its signed timestamp is refused: a replayed old hello
 #: must not make a departed peer look present, nor carry a stale declaration.
 HELLO_MAX_AGE_S = 60.0
+#: A round message from a peer not placed yet (its hello or seat still on the way) is kept and tried
+#: again for this long: the host delivers each message once, so a dropped one would never return.
+DEFER_S = 120.0
+DEFER_MAX = 2048  # messages kept in all
+DEFER_MAX_PER_SENDER = 256
+RETRY_DEFERRED_S = 1.0
 
 
 class GossipInbox:
@@ -59,6 +65,7 @@ class GossipInbox:
             msg.VERDICT: self._on_verdict,
         }
         self.spot_checks = spot_checks  # node.live.verifier.SpotChecker, once the node trains
+        self._deferred: list[tuple[float, str, bytes]] = []  # (deadline, sender peer id, message)
 
     # -- the topic validator (runs on the host's thread, before relaying) -------------------
     def relay_ok(self, data: bytes, _from: str = "") -> bool:
@@ -71,18 +78,44 @@ class GossipInbox:
 
     # -- the consumer thread ------------------------------------------------------------
     def run(self, queue: Queue, stop: threading.Event) -> None:
+        last_retry = time.monotonic()
         while not stop.is_set():
+            if self._deferred and time.monotonic() - last_retry > RETRY_DEFERRED_S:
+                last_retry = time.monotonic()
+                self._retry_deferred()
             try:
                 data, _from = queue.get(timeout=0.5)
             except Empty:
                 continue
-            try:
-                self.handle(data)
-            except (EnvelopeRejected, msg.ProtocolError) as exc:
-                if getattr(exc, "reason", "") != "replayed":
-                    logger.debug("dropped message: %s", exc)
-            except Exception:  # a bad message must never kill the consumer
-                logger.exception("error while handling a gossip message; dropped")
+            self._handle_logged(data)
+
+    def _handle_logged(self, data: bytes) -> None:
+        try:
+            self.handle(data)
+        except (EnvelopeRejected, msg.ProtocolError) as exc:
+            if getattr(exc, "reason", "") != "replayed":
+                logger.debug("dropped message: %s", exc)
+        except Exception:  # a bad message must never kill the consumer
+            logger.exception("error while handling a gossip message; dropped")
+
+    def _defer(self, sender: str, data: bytes) -> None:
+        """Keep a round message of a sender not placed yet (bounded in count, per sender and in time)."""
+        if len(self._deferred) >= DEFER_MAX or \
+                sum(1 for _d, s, _m in self._deferred if s == sender) >= DEFER_MAX_PER_SENDER:
+            return
+        self._deferred.append((time.monotonic() + DEFER_S, sender, data))
+
+    def _retry_deferred(self) -> None:
+        pending, self._deferred = self._deferred, []
+        now = time.monotonic()
+        for deadline, sender, data in pending:
+            if now > deadline:
+                logger.debug("dropped a message of %s: its sender was never placed", sender[-8:])
+                continue
+            if sender not in self.membership.refresh():
+                self._deferred.append((deadline, sender, data))
+                continue
+            self._handle_logged(data)
 
     def handle(self, data: bytes) -> None:
         """Parse, check and file one message; raises EnvelopeRejected / ProtocolError for a bad one."""
@@ -102,9 +135,10 @@ class GossipInbox:
         if handler is None:
             raise msg.ProtocolError(f"{env.kind} messages are not sent on the run topic")
         # Placement first, before the validator files the envelope as seen: a message of a peer
-        # not placed yet (its seat or hello still on the way) is dropped now and accepted from
-        # the next copy a resync brings, instead of being refused later as a replay. (A record
-        # signature's authority is its EIP-712 signer's seat, checked by its handler.)
+        # not placed yet (its seat or hello still on the way) is kept and tried again once it is
+        # placed (the host delivers each message once; a resync does not bring it back), instead
+        # of being refused later as a replay. (A record signature's authority is its EIP-712
+        # signer's seat, checked by its handler.)
         if env.kind in (msg.ACCUSATION, msg.VERDICT):
             # Not round messages of a stage: an accuser must be a placed member (its authority on
             # chain is its seat); a verdict's authority is its EIP-712 signer's seat (its handler).
@@ -112,6 +146,12 @@ class GossipInbox:
                                                env.sender_peer_id not in self.membership.refresh()):
                 raise msg.ProtocolError(f"accusation from {env.sender_peer_id[-8:]}, not a placed member")
         elif env.kind != msg.RECORD:
+            if env.sender_peer_id not in self.membership.placements and \
+                    env.sender_peer_id not in self.membership.refresh():
+                # Not placed yet (its hello or its seat is still on the way): try again later,
+                # before the validator files it as seen.
+                self._defer(env.sender_peer_id, data)
+                raise msg.ProtocolError(f"{env.kind} from {env.sender_peer_id[-8:]}, not placed yet: deferred")
             self.membership.check_sender(env)
         try:
             env = self.validator.check(data)
