@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import platform
 import sys
@@ -40,6 +41,7 @@ from training.config import (  # noqa: E402
 from training.data import load_corpus  # noqa: E402
 from training.model import count_params  # noqa: E402
 from training.simulate import MODES, simulate  # noqa: E402
+from training.stages import split_stages, stage_param_shapes  # noqa: E402
 
 DEFAULT_DATA = "../shared/data/tinyshakespeare/input.txt"
 # nanoGPT's CPU "baby" configuration on tinyshakespeare (same model shape as `mini`, same
@@ -72,11 +74,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--min-compress-numel", type=int, default=4096)
     parser.add_argument("--no-delay", action="store_true", help="DiLoCoX without the one-step delay")
     parser.add_argument("--delay-correction", default="rebase", choices=list(DELAY_CORRECTIONS))
-    parser.add_argument("--bandwidth-budget", type=int, default=80_000,
-                        help="DiLoCoX: bytes per stage contribution per round (0: code to --error-budget)")
+    parser.add_argument("--bandwidth-budget", default="auto",
+                        help="DiLoCoX: bytes per stage contribution per round (0: code to --error-budget; "
+                             "auto: --target-reduction times fewer bytes than AllReduce, the node's default)")
+    parser.add_argument("--target-reduction", type=float, default=1000.0,
+                        help="DiLoCoX with --bandwidth-budget auto: fewer bytes than fp32 ring AllReduce")
     parser.add_argument("--no-error-feedback", action="store_true")
-    parser.add_argument("--overlap-steps", type=int, default=5,
-                        help="DiLoCoX: inner steps the exchange overlaps before it is applied (0: the whole round)")
+    parser.add_argument("--overlap-steps", default="auto",
+                        help="DiLoCoX: inner steps the exchange overlaps before it is applied (0: the whole round; "
+                             "auto: H // 10, the node's default)")
     parser.add_argument("--no-compression", action="store_true", help="DiLoCoX with the raw codec (delay only)")
     parser.add_argument("--eval-batches", type=int, default=16)
     parser.add_argument("--eval-every", type=int, default=5, help="rounds between held-out evaluations")
@@ -100,11 +106,16 @@ def main() -> int:
     diloco_cfg = DilocoConfig(
         inner_steps=args.inner_steps, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
         one_step_delay=not args.no_delay, num_replicas=args.replicas, delay_correction=args.delay_correction,
+        # The node screens contributions only where one node holds every stage (node/live/replica.py);
+        # the simulation holds the whole model and would screen split runs too, dropping honest
+        # contributions the node keeps. Measure what the node runs.
+        screening=args.stages == 1,
     )
     compression_cfg = CompressionConfig(
         error_budget=args.error_budget, bit_choices=[int(b) for b in args.bits.split(",")],
         max_rank=args.max_rank, min_compress_numel=args.min_compress_numel,
-        bandwidth_budget=args.bandwidth_budget, error_feedback=not args.no_error_feedback,
+        bandwidth_budget=args.bandwidth_budget, target_reduction=args.target_reduction,
+        error_feedback=not args.no_error_feedback,
         enabled=not args.no_compression,
     )
     x_diloco_cfg = dataclasses.replace(
@@ -114,6 +125,18 @@ def main() -> int:
         overlap_steps=args.overlap_steps,
     )
     pipeline_cfg = PipelineConfig(num_stages=args.stages)
+    # What "auto" resolves to, recorded beside the results (the node resolves it the same way).
+    resolved = {
+        "overlap_steps": x_diloco_cfg.overlap,
+        "bandwidth_budget_per_stage": [
+            compression_cfg.stage_bandwidth_budget(
+                sum(math.prod(shape) for shape in stage_param_shapes(model_cfg, spec).values()),
+                args.inner_steps, args.replicas)
+            for spec in split_stages(model_cfg.n_layer, args.stages)
+        ],
+    }
+    print(f"DiLoCoX: overlap {resolved['overlap_steps']} steps, bandwidth budget per stage "
+          f"{resolved['bandwidth_budget_per_stage']} bytes", flush=True)
     corpus = load_corpus(REPO / args.data, training_cfg.eval_fraction, model_cfg.block_size)
 
     results = {}
@@ -187,6 +210,7 @@ def main() -> int:
 
     out = {
         "args": vars(args),
+        "resolved": resolved,
         "platform": {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine(),
                      "cpus": os.cpu_count(), "threads": args.threads},
         "num_params": count_params(model_cfg),

@@ -30,7 +30,7 @@ from training.screening import (
 )
 
 RAW = CompressionConfig(enabled=False)
-COMPRESSED = CompressionConfig(error_budget=0.3, bit_choices=[4, 8], min_compress_numel=256)
+COMPRESSED = CompressionConfig(error_budget=0.3, bit_choices=[4, 8], min_compress_numel=256, bandwidth_budget=0)
 SHAPES = {"a.weight": (24, 32), "b.bias": (24,)}
 
 
@@ -177,7 +177,8 @@ def test_robust_aggregation_replays_bit_exactly_in_another_process(tmp_path):
 
 
 def test_a_dropped_contribution_goes_back_into_the_residual_and_is_sent_next_round():
-    for cfg in (COMPRESSED, RAW, CompressionConfig(error_feedback=False, bit_choices=[8], min_compress_numel=256)):
+    for cfg in (COMPRESSED, RAW, CompressionConfig(error_feedback=False, bit_choices=[8], min_compress_numel=256,
+                                                   bandwidth_budget=0)):
         param = torch.zeros(24, 32)
         engine = StageEngine(0, {"a.weight": param}, DilocoConfig(one_step_delay=False), cfg)
         g = torch.Generator().manual_seed(2)
