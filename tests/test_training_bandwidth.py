@@ -111,3 +111,23 @@ def test_auto_budget_sends_the_target_reduction_of_an_allreduce_and_the_engine_u
     assert len(blob) <= budget < stats.raw_bytes
     # Without the round's length (a bare compressor) "auto" codes to the error budget.
     assert ErrorFeedbackCompressor({n: tuple(t.shape) for n, t in tensors.items()}, cfg).bandwidth_budget == 0
+
+
+def test_every_ranks_estimate_from_one_quantization_matches_coding_each_rank():
+    from training.bandwidth import _lowrank_estimates
+    from training.compression import _Candidate, _code_lowrank, _factorize
+
+    g = torch.Generator().manual_seed(4)
+    for matrix in (torch.randn(128, 6, generator=g) @ torch.randn(6, 512, generator=g) + 0.1 * torch.randn(128, 512, generator=g),
+                   torch.randn(96, 40, generator=g)):
+        norm = float(torch.linalg.vector_norm(matrix))
+        ranks = [1, 2, 4, 8, 16, 32]
+        factors = _factorize(matrix, max(ranks))
+        for bits in (2, 4, 8):
+            fast = _lowrank_estimates(matrix, factors, ranks, bits, norm)
+            for rank in ranks:
+                coded = _code_lowrank(matrix, factors, _Candidate("lowrank", rank, bits, 0), norm)
+                assert fast[rank] == pytest.approx(coded.estimate, rel=1e-4, abs=1e-6), (bits, rank)
+                # and the estimate is the exact decode's error, to float32 accuracy
+                exact = float(torch.linalg.vector_norm(matrix - coded.decode())) / norm
+                assert fast[rank] == pytest.approx(exact, rel=1e-3, abs=1e-5)
