@@ -7,9 +7,12 @@ including each mode's loss-vs-bytes curve. Goals of issue 14: DDP <= 1.80
 held-out at 1,536,000 tokens; DiLoCoX within 2% of it with >= 1000x fewer bytes
 than fp32 ring AllReduce; synchronous DiLoCo within 1%.
 
-The defaults are the measured best settings (docs/DILOCOX.md section 9):
+The defaults are the measured best settings and the node's defaults (docs/DILOCOX.md
+section 9; the overlap and the byte budget in their "auto" form, resolved values in the JSON):
 
     .venv/bin/python bench/bench_diloco.py --tag final      # 1,536,000 tokens: H=50 x 30 rounds, M=2, S=2
+
+diloco_final.json was measured with --bandwidth-budget 80000 (auto gives 87,500 / 85,913 B).
 """
 
 from __future__ import annotations
