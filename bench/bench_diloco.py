@@ -43,7 +43,7 @@ from training.config import (  # noqa: E402
 )
 from training.data import load_corpus  # noqa: E402
 from training.model import count_params  # noqa: E402
-from training.simulate import MODES, simulate  # noqa: E402
+from training.simulate import MODES, set_clock, simulate  # noqa: E402
 from training.stages import split_stages, stage_param_shapes  # noqa: E402
 
 DEFAULT_DATA = "../shared/data/tinyshakespeare/input.txt"
@@ -91,6 +91,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=5, help="rounds between held-out evaluations")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--cpu-clock", action="store_true",
+                        help="time the phases in process CPU seconds (a shared machine's load then does not "
+                             "distort the codec's share; meaningful with --threads 1)")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--tag", default="", help="write bench/results/diloco_<tag>.json")
     return parser.parse_args()
@@ -100,6 +103,8 @@ def main() -> int:
     args = parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
+    if args.cpu_clock:
+        set_clock(time.process_time)
     model_cfg = ModelConfig(preset=args.preset)
     training_cfg = TrainingConfig(
         data_path=args.data, seed=args.seed, batch_size=args.batch_size, inner_lr=args.inner_lr,
