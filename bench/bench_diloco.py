@@ -7,9 +7,12 @@ including each mode's loss-vs-bytes curve. Goals of issue 14: DDP <= 1.80
 held-out at 1,536,000 tokens; DiLoCoX within 2% of it with >= 1000x fewer bytes
 than fp32 ring AllReduce; synchronous DiLoCo within 1%.
 
-The defaults are the measured best settings (docs/DILOCOX.md section 9):
+The defaults are the measured best settings and the node's defaults (docs/DILOCOX.md
+section 9; the overlap and the byte budget in their "auto" form, resolved values in the JSON):
 
     .venv/bin/python bench/bench_diloco.py --tag final      # 1,536,000 tokens: H=50 x 30 rounds, M=2, S=2
+
+diloco_final.json was measured with --bandwidth-budget 80000 (auto gives 87,500 / 85,913 B).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import platform
 import sys
@@ -39,7 +43,8 @@ from training.config import (  # noqa: E402
 )
 from training.data import load_corpus  # noqa: E402
 from training.model import count_params  # noqa: E402
-from training.simulate import MODES, simulate  # noqa: E402
+from training.simulate import MODES, set_clock, simulate  # noqa: E402
+from training.stages import split_stages, stage_param_shapes  # noqa: E402
 
 DEFAULT_DATA = "../shared/data/tinyshakespeare/input.txt"
 # nanoGPT's CPU "baby" configuration on tinyshakespeare (same model shape as `mini`, same
@@ -72,16 +77,23 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--min-compress-numel", type=int, default=4096)
     parser.add_argument("--no-delay", action="store_true", help="DiLoCoX without the one-step delay")
     parser.add_argument("--delay-correction", default="rebase", choices=list(DELAY_CORRECTIONS))
-    parser.add_argument("--bandwidth-budget", type=int, default=80_000,
-                        help="DiLoCoX: bytes per stage contribution per round (0: code to --error-budget)")
+    parser.add_argument("--bandwidth-budget", default="auto",
+                        help="DiLoCoX: bytes per stage contribution per round (0: code to --error-budget; "
+                             "auto: --target-reduction times fewer bytes than AllReduce, the node's default)")
+    parser.add_argument("--target-reduction", type=float, default=1000.0,
+                        help="DiLoCoX with --bandwidth-budget auto: fewer bytes than fp32 ring AllReduce")
     parser.add_argument("--no-error-feedback", action="store_true")
-    parser.add_argument("--overlap-steps", type=int, default=5,
-                        help="DiLoCoX: inner steps the exchange overlaps before it is applied (0: the whole round)")
+    parser.add_argument("--overlap-steps", default="auto",
+                        help="DiLoCoX: inner steps the exchange overlaps before it is applied (0: the whole round; "
+                             "auto: H // 10, the node's default)")
     parser.add_argument("--no-compression", action="store_true", help="DiLoCoX with the raw codec (delay only)")
     parser.add_argument("--eval-batches", type=int, default=16)
     parser.add_argument("--eval-every", type=int, default=5, help="rounds between held-out evaluations")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--cpu-clock", action="store_true",
+                        help="time the phases in process CPU seconds (a shared machine's load then does not "
+                             "distort the codec's share; meaningful with --threads 1)")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--tag", default="", help="write bench/results/diloco_<tag>.json")
     return parser.parse_args()
@@ -91,6 +103,8 @@ def main() -> int:
     args = parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
+    if args.cpu_clock:
+        set_clock(time.process_time)
     model_cfg = ModelConfig(preset=args.preset)
     training_cfg = TrainingConfig(
         data_path=args.data, seed=args.seed, batch_size=args.batch_size, inner_lr=args.inner_lr,
@@ -100,11 +114,16 @@ def main() -> int:
     diloco_cfg = DilocoConfig(
         inner_steps=args.inner_steps, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
         one_step_delay=not args.no_delay, num_replicas=args.replicas, delay_correction=args.delay_correction,
+        # The node screens contributions only where one node holds every stage (node/live/replica.py);
+        # the simulation holds the whole model and would screen split runs too, dropping honest
+        # contributions the node keeps. Measure what the node runs.
+        screening=args.stages == 1,
     )
     compression_cfg = CompressionConfig(
         error_budget=args.error_budget, bit_choices=[int(b) for b in args.bits.split(",")],
         max_rank=args.max_rank, min_compress_numel=args.min_compress_numel,
-        bandwidth_budget=args.bandwidth_budget, error_feedback=not args.no_error_feedback,
+        bandwidth_budget=args.bandwidth_budget, target_reduction=args.target_reduction,
+        error_feedback=not args.no_error_feedback,
         enabled=not args.no_compression,
     )
     x_diloco_cfg = dataclasses.replace(
@@ -114,6 +133,18 @@ def main() -> int:
         overlap_steps=args.overlap_steps,
     )
     pipeline_cfg = PipelineConfig(num_stages=args.stages)
+    # What "auto" resolves to, recorded beside the results (the node resolves it the same way).
+    resolved = {
+        "overlap_steps": x_diloco_cfg.overlap,
+        "bandwidth_budget_per_stage": [
+            compression_cfg.stage_bandwidth_budget(
+                sum(math.prod(shape) for shape in stage_param_shapes(model_cfg, spec).values()),
+                args.inner_steps, args.replicas)
+            for spec in split_stages(model_cfg.n_layer, args.stages)
+        ],
+    }
+    print(f"DiLoCoX: overlap {resolved['overlap_steps']} steps, bandwidth budget per stage "
+          f"{resolved['bandwidth_budget_per_stage']} bytes", flush=True)
     corpus = load_corpus(REPO / args.data, training_cfg.eval_fraction, model_cfg.block_size)
 
     results = {}
@@ -187,6 +218,7 @@ def main() -> int:
 
     out = {
         "args": vars(args),
+        "resolved": resolved,
         "platform": {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine(),
                      "cpus": os.cpu_count(), "threads": args.threads},
         "num_params": count_params(model_cfg),

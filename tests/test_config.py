@@ -34,6 +34,21 @@ def test_defaults_and_presets_fill_sizes():
     assert cfg.model.preset == "tiny" and cfg.model.n_embd > 0 and cfg.model.n_embd % cfg.model.n_head == 0
 
 
+def test_the_template_runs_the_benchmarks_setting_and_auto_values_round_trip(tmp_path):
+    cfg = load_config(ROOT / "node/templates/node.toml")
+    assert cfg.diloco.inner_steps == 50 and cfg.diloco.overlap_steps == "auto" and cfg.diloco.overlap == 5
+    assert cfg.compression.bandwidth_budget == "auto" and cfg.compression.target_reduction == 1000.0
+    set_ = load_config(None, ["diloco.overlap_steps=3", "compression.bandwidth_budget=12000"])
+    assert set_.diloco.overlap_steps == 3 and set_.compression.bandwidth_budget == 12_000
+    path = tmp_path / "node.toml"
+    path.write_text(dump_toml(cfg.to_dict()))  # what the local launcher writes
+    again = load_config(path)
+    assert again.diloco.overlap_steps == "auto" and again.compression.bandwidth_budget == "auto"
+    for bad in ("diloco.overlap_steps=lots", "diloco.overlap_steps=50", "compression.bandwidth_budget=-5"):
+        with pytest.raises(CONFIG_ERRORS, match=bad.split("=")[0]):
+            load_config(None, [bad])
+
+
 def test_overrides_are_typed(tmp_path):
     cfg = load_config(None, ["diloco.inner_steps=7", "compression.enabled=false", "rounds=3",
                              "compression.bit_choices=8,4", "p2p.rate_limit_bps=1.25e8"])

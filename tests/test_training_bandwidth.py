@@ -9,7 +9,8 @@ import torch
 
 from training.bandwidth import allocate, encode_within_bandwidth, lower_hull
 from training.compression import ErrorFeedbackCompressor, decode_contribution
-from training.config import CompressionConfig
+from training.config import AUTO_MAX_ROUND_RATIO, CompressionConfig, DilocoConfig
+from training.diloco import StageEngine
 
 
 def test_lower_hull_drops_dominated_and_concave_points():
@@ -78,3 +79,55 @@ def test_error_feedback_compressor_uses_the_bandwidth_budget():
     assert max(sizes) <= 6_000
     with pytest.raises(ValueError):
         CompressionConfig(bandwidth_budget=-1)
+
+
+def test_auto_budget_sends_the_target_reduction_of_an_allreduce_and_the_engine_uses_it():
+    cfg = CompressionConfig()  # bandwidth_budget = "auto", target_reduction = 1000
+    assert cfg.bandwidth_budget == "auto"
+    # mini's first stage at H = 50, M = 2: 4 bytes x 437,504 params x 50 steps x 2(M-1)/M / 1000.
+    assert cfg.stage_bandwidth_budget(437_504, 50, 2) == 87_500
+    assert cfg.stage_bandwidth_budget(437_504, 50, 4) == int(4 * 437_504 * 50 * 1.5 / 1000)
+    assert cfg.stage_bandwidth_budget(437_504, 50, 1) == 87_500  # M = 1 counts as the smallest group, 2
+    # Short rounds: never more than AUTO_MAX_ROUND_RATIO x smaller than float32.
+    assert cfg.stage_bandwidth_budget(10_000, 3, 2) == int(40_000 / AUTO_MAX_ROUND_RATIO)
+    assert CompressionConfig(bandwidth_budget="12000").stage_bandwidth_budget(10**6, 50, 2) == 12_000
+    assert CompressionConfig(bandwidth_budget=0).stage_bandwidth_budget(10**6, 50, 2) == 0
+    with pytest.raises(ValueError, match="bandwidth_budget"):
+        CompressionConfig(bandwidth_budget="lots")
+    with pytest.raises(ValueError, match="target_reduction"):
+        CompressionConfig(target_reduction=0.5)
+
+    tensors = _pseudo_gradient(1)
+    numel = sum(t.numel() for t in tensors.values())
+    params = {name: torch.zeros_like(t) for name, t in tensors.items()}
+    diloco = DilocoConfig(inner_steps=40, one_step_delay=False)
+    engine = StageEngine(0, params, diloco, cfg)
+    budget = cfg.stage_bandwidth_budget(numel, 40, 2)
+    assert engine.compressor.bandwidth_budget == budget == int(4 * numel * 40 / 1000)
+    with torch.no_grad():
+        for name, param in params.items():
+            param.sub_(tensors[name])
+    blob, stats = engine.encode_contribution(0)
+    assert len(blob) <= budget < stats.raw_bytes
+    # Without the round's length (a bare compressor) "auto" codes to the error budget.
+    assert ErrorFeedbackCompressor({n: tuple(t.shape) for n, t in tensors.items()}, cfg).bandwidth_budget == 0
+
+
+def test_every_ranks_estimate_from_one_quantization_matches_coding_each_rank():
+    from training.bandwidth import _lowrank_estimates
+    from training.compression import _Candidate, _code_lowrank, _factorize
+
+    g = torch.Generator().manual_seed(4)
+    for matrix in (torch.randn(128, 6, generator=g) @ torch.randn(6, 512, generator=g) + 0.1 * torch.randn(128, 512, generator=g),
+                   torch.randn(96, 40, generator=g)):
+        norm = float(torch.linalg.vector_norm(matrix))
+        ranks = [1, 2, 4, 8, 16, 32]
+        factors = _factorize(matrix, max(ranks))
+        for bits in (2, 4, 8):
+            fast = _lowrank_estimates(matrix, factors, ranks, bits, norm)
+            for rank in ranks:
+                coded = _code_lowrank(matrix, factors, _Candidate("lowrank", rank, bits, 0), norm)
+                assert fast[rank] == pytest.approx(coded.estimate, rel=1e-4, abs=1e-6), (bits, rank)
+                # and the estimate is the exact decode's error, to float32 accuracy
+                exact = float(torch.linalg.vector_norm(matrix - coded.decode())) / norm
+                assert fast[rank] == pytest.approx(exact, rel=1e-3, abs=1e-5)

@@ -30,7 +30,7 @@ from training.screening import (
 )
 
 RAW = CompressionConfig(enabled=False)
-COMPRESSED = CompressionConfig(error_budget=0.3, bit_choices=[4, 8], min_compress_numel=256)
+COMPRESSED = CompressionConfig(error_budget=0.3, bit_choices=[4, 8], min_compress_numel=256, bandwidth_budget=0)
 SHAPES = {"a.weight": (24, 32), "b.bias": (24,)}
 
 
@@ -130,6 +130,27 @@ def test_contribution_norm_is_the_correctly_rounded_exact_norm():
     assert lower_median([3.0, 1.0, 2.0, 4.0]) == 2.0 and lower_median([5.0]) == 5.0
 
 
+def test_contribution_norm_equals_fsum_of_exact_squares_over_every_float32_range():
+    # The vectorized exact sum must give the very double math.fsum gives (the audit's
+    # earlier definition): subnormals, zeros, huge values, mixed exponents, empty tensors.
+    def fsum_norm(tensors):
+        squares = [v * v for name in sorted(tensors) for v in tensors[name].to(torch.float64).reshape(-1).tolist()]
+        return math.sqrt(math.fsum(squares))
+
+    g = torch.Generator().manual_seed(5)
+    wide = torch.randn(20_000, generator=g) * torch.exp(torch.randn(20_000, generator=g) * 25).clamp(max=1e30)
+    cases = [
+        {"w": wide.to(torch.float32)},
+        {"a": torch.randn(64, 33, generator=g) * 1e-3, "b": torch.randn(9, generator=g) * 1e-40},
+        {"s": torch.tensor([1e-45, -1.4e-45, 3e-39, 0.0, -0.0, 1.0])},
+        {"z": torch.zeros(5), "e": torch.zeros(0)},
+        {"big": torch.full((500,), 3.0e38)},
+    ]
+    for tensors in cases:
+        assert contribution_norm(tensors) == fsum_norm(tensors)
+    assert contribution_norm({"z": torch.zeros(3)}) == 0.0
+
+
 def test_norm_clip_validation_says_how_to_fix():
     with pytest.raises(TrainingConfigError, match="norm_clip=0.5"):
         DilocoConfig(norm_clip=0.5)
@@ -177,7 +198,8 @@ def test_robust_aggregation_replays_bit_exactly_in_another_process(tmp_path):
 
 
 def test_a_dropped_contribution_goes_back_into_the_residual_and_is_sent_next_round():
-    for cfg in (COMPRESSED, RAW, CompressionConfig(error_feedback=False, bit_choices=[8], min_compress_numel=256)):
+    for cfg in (COMPRESSED, RAW, CompressionConfig(error_feedback=False, bit_choices=[8], min_compress_numel=256,
+                                                   bandwidth_budget=0)):
         param = torch.zeros(24, 32)
         engine = StageEngine(0, {"a.weight": param}, DilocoConfig(one_step_delay=False), cfg)
         g = torch.Generator().manual_seed(2)

@@ -29,11 +29,11 @@ def test_round_order_of_every_delay_variant():
     assert _kinds(sync, 3) == [(TRAIN, 3), (ENCODE, 3), (APPLY, 3)]
     assert _kinds(sync, 3, last=True) == [(TRAIN, 3), (ENCODE, 3), (APPLY, 3)]
     for correction in ("rebase", "reset"):
-        cfg = DilocoConfig(delay_correction=correction)
+        cfg = DilocoConfig(delay_correction=correction, overlap_steps=0)  # the whole-round delay
         assert _kinds(cfg, 0) == [(TRAIN, 0), (ENCODE, 0)]
         assert _kinds(cfg, 4) == [(TRAIN, 4), (ENCODE, 4), (APPLY, 3)]
         assert _kinds(cfg, 4, last=True) == [(TRAIN, 4), (ENCODE, 4), (APPLY, 3), (APPLY, 4)]
-    lookahead = DilocoConfig(delay_correction="lookahead")
+    lookahead = DilocoConfig(delay_correction="lookahead", overlap_steps=0)
     assert _kinds(lookahead, 0) == [(TRAIN, 0), (ENCODE, 0)]
     assert _kinds(lookahead, 4) == [(TRAIN, 4), (APPLY, 3), (ENCODE, 4)]
     assert _kinds(lookahead, 0, last=True) == [(TRAIN, 0), (ENCODE, 0), (APPLY, 0)]
@@ -43,7 +43,8 @@ def test_round_order_of_every_delay_variant():
 
 
 def test_every_round_is_applied_exactly_once_in_order():
-    for cfg in (DilocoConfig(one_step_delay=False), DilocoConfig(), DilocoConfig(delay_correction="lookahead")):
+    for cfg in (DilocoConfig(one_step_delay=False), DilocoConfig(), DilocoConfig(overlap_steps=0),
+                DilocoConfig(delay_correction="lookahead", overlap_steps=0)):
         applied = [a.outer_round for t in range(6) for a in round_actions(cfg, t, last=t == 5) if a.kind == APPLY]
         assert applied == list(range(6))
 
@@ -100,3 +101,17 @@ def test_partial_overlap_applies_the_previous_round_inside_the_next():
     for bad in (dict(overlap_steps=10), dict(overlap_steps=-1), dict(overlap_steps=2, delay_correction="reset")):
         with pytest.raises(ValueError):
             DilocoConfig(inner_steps=10, **bad)
+
+
+def test_auto_overlap_is_a_tenth_of_the_round_and_whole_round_when_that_is_under_one_step():
+    assert DilocoConfig().overlap_steps == "auto" and DilocoConfig().overlap == 5  # H = 50: the benchmark's best
+    assert [DilocoConfig(inner_steps=h).overlap for h in (1, 9, 10, 20, 25, 99)] == [0, 0, 1, 2, 2, 9]
+    assert DilocoConfig(delay_correction="reset").overlap == 0
+    assert DilocoConfig(one_step_delay=False).overlap == 0
+    assert DilocoConfig(overlap_steps="3").overlap == 3 == DilocoConfig(overlap_steps=" Auto ", inner_steps=30).overlap
+    # "auto" schedules exactly what the explicit number does.
+    for t in (0, 3):
+        assert round_actions(DilocoConfig(), t) == round_actions(DilocoConfig(overlap_steps=5), t)
+    for bad in ("five", 2.5, True):
+        with pytest.raises(ValueError, match="overlap_steps"):
+            DilocoConfig(overlap_steps=bad)

@@ -26,11 +26,12 @@ be to fit: the policy chooses the error budget per round and per tensor.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Mapping, Sequence
 
 import torch
 
-from training.codec_wire import matrix_view_shape, pack_contribution
+from training.codec_wire import MAX_WEIGHT, matrix_view_shape, pack_contribution
 from training.compression import (
     CompressionStats,
     TensorCodecStats,
@@ -39,6 +40,7 @@ from training.compression import (
     _code_quant,
     _Coded,
     _factorize,
+    _quantize_columns,
     _rel_error,
     encode_tensor,
 )
@@ -105,18 +107,81 @@ def allocate(options: Mapping[str, Sequence[tuple[int, float]]], budget: int) ->
     return {name: hulls[name][position[name]] for name in hulls}
 
 
-def _all_codings(matrix: torch.Tensor, shape: tuple[int, ...], cfg: CompressionConfig, norm: float) -> list[_Coded]:
+class _Option:
+    """A candidate coding with its estimated relative error; ``coded()`` quantizes it (only the winner's is needed)."""
+
+    def __init__(self, candidate, estimate: float, make) -> None:
+        self.candidate, self.estimate, self._make, self._coded = candidate, estimate, make, None
+
+    def coded(self) -> _Coded:
+        if self._coded is None:
+            self._coded = self._make()
+        return self._coded
+
+
+def _lowrank_estimates(
+    matrix: torch.Tensor, factors: tuple[torch.Tensor, torch.Tensor, torch.Tensor], ranks: Sequence[int],
+    bits: int, norm: float,
+) -> dict[int, float]:
+    """Relative error estimates of ``lowrank(r, bits)`` for every r in ``ranks``, from one quantization.
+
+    The per-column quantization of the factors makes the rank-r integers the
+    first r columns of the top rank's, so one quantization, one ``matrix @ Q``
+    and two small Gram matrices give every rank's estimate of
+    ``||X - A B^T||^2 = ||X||^2 - 2 <X B, A> + <A^T A, B^T B>`` (A = P w S, B = Q,
+    the same algebra as ``_code_lowrank``, summed per column). Only the choice
+    uses these numbers; the winner is then coded (and exactly decoded) as before.
+    """
+    u, sigma, v = factors
+    top = max(ranks)
+    root = torch.sqrt(sigma[:top])
+    p_int, p_scales = _quantize_columns(u[:, :top] * root, bits)
+    q_int, q_scales = _quantize_columns(v[:, :top] * root, bits)
+    products = (p_scales.to(torch.float64) * q_scales.to(torch.float64)).to(torch.float32)
+    p_float, q_float = p_int.to(torch.float32), q_int.to(torch.float32)
+    # Per column k: <X Q_k, P_k>, and the Gram products (P^T P)_kl (Q^T Q)_kl, in float64.
+    column_cross = torch.sum((matrix @ q_float).to(torch.float64) * p_float.to(torch.float64), dim=0)
+    gram = (p_float.t() @ p_float).to(torch.float64) * (q_float.t() @ q_float).to(torch.float64)
+    estimates = {}
+    for rank in ranks:
+        head = products[:rank]
+        scale = (head.max() / MAX_WEIGHT).to(torch.float32)
+        if scale > 0:
+            weights = torch.clamp(torch.round(head / scale), 0, MAX_WEIGHT)
+        else:
+            weights = torch.zeros(rank)
+        d = (weights * scale).to(torch.float64)  # A = P diag(d)
+        if norm == 0.0:
+            empty = not torch.any(d) or not torch.any(p_int[:, :rank]) or not torch.any(q_int[:, :rank])
+            estimates[rank] = 0.0 if empty else float("inf")
+            continue
+        cross = float(torch.dot(column_cross[:rank], d))
+        square = float(d @ gram[:rank, :rank] @ d)
+        estimates[rank] = math.sqrt(max(norm * norm - 2 * cross + square, 0.0)) / norm
+    return estimates
+
+
+def _all_codings(matrix: torch.Tensor, shape: tuple[int, ...], cfg: CompressionConfig, norm: float) -> list[_Option]:
+    """Every candidate of one tensor with its estimated error (quant ones coded, low-rank ones estimated)."""
     candidates = _candidates(shape, cfg)
-    factors = None
-    coded = []
+    lowrank = [c for c in candidates if c.codec == "lowrank"]
+    factors = _factorize(matrix, max(c.rank for c in lowrank)) if lowrank else None
+    estimates: dict[tuple[int, int], float] = {}
+    for bits in sorted({c.bits for c in lowrank}):
+        ranks = sorted({c.rank for c in lowrank if c.bits == bits})
+        for rank, estimate in _lowrank_estimates(matrix, factors, ranks, bits, norm).items():
+            estimates[(rank, bits)] = estimate
+    options = []
     for candidate in candidates:
         if candidate.codec == "quant":
-            coded.append(_code_quant(matrix, candidate.bits, candidate, norm))
+            coded = _code_quant(matrix, candidate.bits, candidate, norm)
+            options.append(_Option(candidate, coded.estimate, lambda coded=coded: coded))
         else:
-            if factors is None:
-                factors = _factorize(matrix, max(c.rank for c in candidates if c.codec == "lowrank"))
-            coded.append(_code_lowrank(matrix, factors, candidate, norm))
-    return coded
+            options.append(_Option(
+                candidate, estimates[(candidate.rank, candidate.bits)],
+                lambda candidate=candidate: _code_lowrank(matrix, factors, candidate, norm),
+            ))
+    return options
 
 
 def encode_within_bandwidth(
@@ -151,7 +216,7 @@ def encode_within_bandwidth(
         if name not in codings:  # empty tensor: the plain encoder's raw entry
             entry, value, tensor_stats = encode_tensor(name, tensors[name], cfg)
         else:
-            chosen = codings[name][choice[name]]
+            chosen = codings[name][choice[name]].coded()
             value = chosen.decode()
             error = _rel_error(matrices[name], value, norms[name])
             fields, payload = chosen.fields()

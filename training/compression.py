@@ -359,8 +359,16 @@ class ErrorFeedbackCompressor:
     ``cfg.error_feedback = False`` (or compression disabled) ``e`` stays zero.
     """
 
-    def __init__(self, shapes: Mapping[str, tuple[int, ...]], cfg: CompressionConfig) -> None:
+    def __init__(
+        self, shapes: Mapping[str, tuple[int, ...]], cfg: CompressionConfig, *, bandwidth_budget: int | None = None
+    ) -> None:
         self.cfg = cfg
+        # Bytes per contribution (0: code to cfg.error_budget). The stage engine resolves
+        # cfg.bandwidth_budget = "auto" from the round length and passes the number; without
+        # that context "auto" falls back to the error budget.
+        if bandwidth_budget is None:
+            bandwidth_budget = cfg.bandwidth_budget if isinstance(cfg.bandwidth_budget, int) else 0
+        self.bandwidth_budget = bandwidth_budget
         self.shapes = {name: tuple(shape) for name, shape in shapes.items()}
         self.residual = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()}
         self.last_decoded: dict[str, torch.Tensor] = {}
@@ -377,11 +385,11 @@ class ErrorFeedbackCompressor:
             name: torch.add(value.to(torch.float32), self.residual[name]) if carry else value
             for name, value in pseudo_gradient.items()
         }
-        if self.cfg.enabled and self.cfg.bandwidth_budget > 0:
+        if self.cfg.enabled and self.bandwidth_budget > 0:
             from training.bandwidth import encode_within_bandwidth  # imports this module
 
             blob, decoded, stats = encode_within_bandwidth(
-                target, self.cfg, self.cfg.bandwidth_budget, stage_index=stage_index, outer_round=outer_round
+                target, self.cfg, self.bandwidth_budget, stage_index=stage_index, outer_round=outer_round
             )
         else:
             blob, decoded, stats = encode_contribution(

@@ -16,6 +16,24 @@ def _require(ok: bool, message: str) -> None:
         raise TrainingConfigError(message)
 
 
+AUTO = "auto"
+
+
+def _int_or_auto(value: int | str, where: str) -> int | str:
+    """``value`` as an int, or ``"auto"``; TOML gives ints, ``--set`` gives strings."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == AUTO:
+            return AUTO
+        try:
+            return int(text, 0)
+        except ValueError:
+            raise TrainingConfigError(f"{where}={value!r}: must be an integer or \"auto\"") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TrainingConfigError(f"{where}={value!r}: must be an integer or \"auto\"")
+    return value
+
+
 MODEL_PRESETS: dict[str, dict[str, int]] = {
     # ~43k parameters: unit and integration tests.
     "tiny": dict(n_layer=2, n_head=2, n_embd=32, block_size=32),
@@ -100,12 +118,16 @@ class TrainingConfig:
 
 DELAY_CORRECTIONS = ("rebase", "lookahead", "eager", "reset")
 
+# "auto" bandwidth budgets never compress one round's contribution more than this (bytes
+# of float32 over bytes sent): at H = 50 the 1000x target asks for about 20.
+AUTO_MAX_ROUND_RATIO = 64.0
+
 
 @dataclass
 class DilocoConfig:
     """The outer loop (arXiv 2311.08105, 2506.21263)."""
 
-    inner_steps: int = 20  # H
+    inner_steps: int = 50  # H (the benchmark's best at 1.536 M tokens: docs/DILOCOX.md section 9)
     outer_lr: float = 1.0  # measured best at 30 rounds (docs/DILOCOX.md section 9); DiLoCo used 0.7
     outer_momentum: float = 0.5  # DiLoCo used 0.9, too slow for tens of rounds
     nesterov: bool = True
@@ -120,7 +142,10 @@ class DilocoConfig:
     delay_correction: str = "rebase"
     # Inner steps of round t+1 that round t's exchange overlaps before it is applied
     # (Streaming DiLoCo, arXiv 2501.18512); 0 = the whole round (DiLoCoX's one-step delay).
-    overlap_steps: int = 0
+    # "auto" = H // 10 (5 at H = 50, the benchmark's best; 0 below H = 10, where a tenth
+    # of a round is less than one step, and with "reset" or without the delay): see
+    # overlap (the resolved number every caller uses).
+    overlap_steps: int | str = AUTO
     # Byzantine tolerance (training/robust.py; docs/DILOCOX.md section 10). Norm rule, every
     # stage: a contribution whose L2 norm exceeds norm_clip x the lower median of the round's
     # norms is scaled down to that bound (0 = off).
@@ -136,21 +161,23 @@ class DilocoConfig:
 
     def __post_init__(self) -> None:
         _require(self.inner_steps >= 1, f"diloco.inner_steps={self.inner_steps}: must be >= 1")
+        self.overlap_steps = _int_or_auto(self.overlap_steps, "diloco.overlap_steps")
         _require(self.outer_lr > 0, f"diloco.outer_lr={self.outer_lr}: must be > 0")
         _require(
             0 <= self.outer_momentum < 1,
             f"diloco.outer_momentum={self.outer_momentum}: must be in [0, 1)",
         )
         _require(self.num_replicas >= 1, f"diloco.num_replicas={self.num_replicas}: must be >= 1")
-        _require(
-            0 <= self.overlap_steps < self.inner_steps,
-            f"diloco.overlap_steps={self.overlap_steps}: must be in [0, diloco.inner_steps={self.inner_steps}) "
-            "(0 = the whole round)",
-        )
-        _require(
-            not (self.overlap_steps and self.delay_correction == "reset"),
-            "diloco.overlap_steps > 0 needs a delay_correction that keeps local progress (not 'reset')",
-        )
+        if self.overlap_steps != AUTO:
+            _require(
+                0 <= self.overlap_steps < self.inner_steps,
+                f"diloco.overlap_steps={self.overlap_steps}: must be in [0, diloco.inner_steps={self.inner_steps}) "
+                "(0 = the whole round) or \"auto\"",
+            )
+            _require(
+                not (self.overlap_steps and self.delay_correction == "reset"),
+                "diloco.overlap_steps > 0 needs a delay_correction that keeps local progress (not 'reset')",
+            )
         _require(
             self.delay_correction in DELAY_CORRECTIONS,
             f"diloco.delay_correction={self.delay_correction!r}: must be one of {', '.join(DELAY_CORRECTIONS)}",
@@ -165,6 +192,23 @@ class DilocoConfig:
             _require(0 <= value < float("inf"), f"diloco.{name}={value}: must be a finite number >= 0")
         _require(self.screen_batch_size >= 1, f"diloco.screen_batch_size={self.screen_batch_size}: must be >= 1")
 
+    @property
+    def overlap(self) -> int:
+        """The inner steps round t's exchange overlaps (``overlap_steps`` with "auto" resolved).
+
+        "auto" is ``H // 10``: Streaming DiLoCo's tau of about a tenth of the round
+        (5 of 50 steps is the benchmark's best, docs/DILOCOX.md section 9), which keeps
+        the delay's cost small while leaving the exchange several steps of compute to
+        hide behind. Below H = 10 that is less than one step, so the exchange overlaps
+        the whole round (0); "reset" cannot overlap partially and without the delay
+        there is nothing to overlap.
+        """
+        if self.overlap_steps != AUTO:
+            return int(self.overlap_steps)
+        if not self.one_step_delay or self.delay_correction == "reset":
+            return 0
+        return self.inner_steps // 10
+
 
 @dataclass
 class CompressionConfig:
@@ -178,8 +222,11 @@ class CompressionConfig:
     min_compress_numel: int = 4096  # smaller tensors are only quantized
     # Bytes one replica may send for one stage per round (training/bandwidth.py). > 0: the
     # codec spends this budget where it removes the most error (error_budget is then unused);
-    # 0: every tensor is coded to error_budget.
-    bandwidth_budget: int = 0
+    # 0: every tensor is coded to error_budget; "auto": the budget that sends target_reduction
+    # times fewer bytes than a float32 ring AllReduce of the same inner steps would
+    # (stage_bandwidth_budget; about 87 kB per stage of mini at H = 50, M = 2).
+    bandwidth_budget: int | str = AUTO
+    target_reduction: float = 1000.0
 
     def __post_init__(self) -> None:
         _require(
@@ -192,14 +239,43 @@ class CompressionConfig:
             f"compression.bit_choices={self.bit_choices}: must be a non-empty subset of [2, 4, 8, 16]",
         )
         self.bit_choices = sorted(set(self.bit_choices))
+        self.bandwidth_budget = _int_or_auto(self.bandwidth_budget, "compression.bandwidth_budget")
         _require(
-            self.bandwidth_budget >= 0,
-            f"compression.bandwidth_budget={self.bandwidth_budget}: must be >= 0 bytes (0 = use error_budget)",
+            self.bandwidth_budget == AUTO or self.bandwidth_budget >= 0,
+            f"compression.bandwidth_budget={self.bandwidth_budget}: must be >= 0 bytes (0 = use error_budget) "
+            "or \"auto\"",
+        )
+        _require(
+            1 <= self.target_reduction < float("inf"),
+            f"compression.target_reduction={self.target_reduction}: must be a finite factor >= 1",
         )
         _require(
             self.min_compress_numel >= 1,
             f"compression.min_compress_numel={self.min_compress_numel}: must be >= 1",
         )
+
+    def stage_bandwidth_budget(self, stage_numel: int, inner_steps: int, num_replicas: int) -> int:
+        """Bytes per contribution of a stage of ``stage_numel`` parameters per round (0: code to error_budget).
+
+        A number is returned as configured. "auto" sends ``target_reduction``
+        times fewer bytes than data-parallel training would for the same H inner
+        steps, a float32 ring AllReduce of ``2 (M-1)/M * 4`` bytes per parameter
+        and step (M at least 2, the smallest data-parallel group)::
+
+            budget = floor(4 * stage_numel * H * 2 (M-1)/M / target_reduction)
+
+        and never less than the stage's float32 size / AUTO_MAX_ROUND_RATIO (short
+        rounds would otherwise ask for more than a useful coding can give; the
+        reduction is then below the target). A pure function of the run's
+        configuration and the model's shapes, so every replica, a re-executing
+        verifier and the benchmark get the same number.
+        """
+        if self.bandwidth_budget != AUTO:
+            return int(self.bandwidth_budget)
+        replicas = max(2, num_replicas)
+        raw = 4 * stage_numel
+        budget = int(raw * inner_steps * 2 * (replicas - 1) / replicas / self.target_reduction)
+        return max(budget, int(raw / AUTO_MAX_ROUND_RATIO), 1)
 
 
 @dataclass

@@ -83,6 +83,7 @@ each contribution.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -308,7 +309,9 @@ class StageEngine:
         self.shapes = {name: tuple(value.shape) for name, value in self.params.items()}
         self.global_weights: Weights = _clone(self.params)
         self.momentum: Weights = {name: torch.zeros(s, dtype=torch.float32) for name, s in self.shapes.items()}
-        self.compressor = ErrorFeedbackCompressor(self.shapes, compression_cfg)
+        numel = sum(math.prod(shape) for shape in self.shapes.values())  # "auto" budgets follow the stage's size
+        budget = compression_cfg.stage_bandwidth_budget(numel, diloco_cfg.inner_steps, diloco_cfg.num_replicas)
+        self.compressor = ErrorFeedbackCompressor(self.shapes, compression_cfg, bandwidth_budget=budget)
         self._round_start: Weights = _clone(self.params)  # local weights when the current round began
         self._round_end: dict[int, Weights] = {}  # E_t for rounds encoded but not applied yet
         # "eager": own decoded contributions of unapplied rounds, and (sum of the others'

@@ -25,7 +25,7 @@ round ``t`` of a run whose last round is ``T-1``::
     delay, "lookahead"/"eager": train(t); apply(t-1); encode(t)       [+ apply(t) if t = T-1]
 
 ``apply(t-1)`` is skipped in round 0; the last round flushes its own apply.
-With ``diloco.overlap_steps = tau`` (``0 < tau < H``; Streaming DiLoCo's overlap,
+With ``diloco.overlap_steps = tau`` (``0 < tau < H``, or "auto": ``H // 10``; Streaming DiLoCo's overlap,
 arXiv 2501.18512) the exchange of round t-1 overlaps only the first tau inner
 steps of round t, for every delay correction but "reset"::
 
@@ -68,7 +68,7 @@ def round_actions(diloco_cfg: DilocoConfig, outer_round: int, *, last: bool = Fa
         return [train, encode, RoundAction(APPLY, outer_round)]
     previous = [RoundAction(APPLY, outer_round - 1)] if outer_round > 0 else []
     flush = [RoundAction(APPLY, outer_round)] if last else []
-    overlap = diloco_cfg.overlap_steps
+    overlap = diloco_cfg.overlap  # overlap_steps with "auto" resolved
     if previous and 0 < overlap < steps:
         # Streaming DiLoCo's partial overlap: round t-1's exchange hides behind the first
         # `overlap` inner steps of round t only, then it is applied and round t goes on.

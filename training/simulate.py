@@ -64,6 +64,17 @@ from training.schedule import APPLY, ENCODE, TRAIN, inner_lr, round_actions, set
 
 logger = logging.getLogger(__name__)
 
+# What the per-round timings measure. Wall time by default; a benchmark on a shared machine
+# sets time.process_time (with one torch thread, the CPU seconds of each phase), so other
+# jobs' load does not distort the codec's share of a round (bench_diloco.py --cpu-clock).
+_clock: Callable[[], float] = time.perf_counter
+
+
+def set_clock(clock: Callable[[], float]) -> None:
+    """Use ``clock`` for the timings of later :func:`simulate` calls (module-level: one benchmark per process)."""
+    global _clock
+    _clock = clock
+
 MODES = ("ddp", "diloco", "diloco_x")
 
 # (outer_round, stage, contributions in replica order) -> what the replicas actually send.
@@ -222,7 +233,7 @@ def _simulate_ddp(initial, batches, held_out, model_cfg, training_cfg, pipeline_
     records: list[RoundRecord] = []
     for outer_round in range(outer_rounds):
         per_replica = [batches(replica, outer_round) for replica in range(replicas)]
-        started = time.perf_counter()
+        started = _clock()
         losses = []
         steps = len(per_replica[0])
         for step in range(steps):
@@ -230,7 +241,7 @@ def _simulate_ddp(initial, batches, held_out, model_cfg, training_cfg, pipeline_
             x = torch.cat([per_replica[r][step][0] for r in range(replicas)])
             y = torch.cat([per_replica[r][step][1] for r in range(replicas)])
             losses.append(trainer.train_step(x, y))
-        elapsed = time.perf_counter() - started
+        elapsed = _clock() - started
         evaluate = (outer_round + 1) % eval_every == 0 or outer_round == outer_rounds - 1
         records.append(
             RoundRecord(
@@ -292,12 +303,12 @@ def _simulate_diloco(
         excluded, screening = screen(outer_round, contributions)
         hashes, reports = set(), []
         for replica in range(replicas):
-            started = time.perf_counter()
+            started = _clock()
             results = [
                 engines[replica][stage].apply_round(outer_round, contributions[stage], excluded=excluded)
                 for stage in range(len(contributions))
             ]
-            outer_seconds[replica] += time.perf_counter() - started
+            outer_seconds[replica] += _clock() - started
             hashes.add(b"".join(r.weights_hash for r in results))
             reports = [[c.to_dict() for c in r.contributions] for r in results]
         if len(hashes) != 1:
@@ -330,15 +341,15 @@ def _simulate_diloco(
             if action.kind == TRAIN:
                 # H inner steps per replica (one after the other here, in parallel in reality).
                 for replica in range(replicas):
-                    started = time.perf_counter()
+                    started = _clock()
                     losses.extend(train(replica, outer_round, action.first_step, action.end_step))
-                    train_seconds[replica] += time.perf_counter() - started
+                    train_seconds[replica] += _clock() - started
             elif action.kind == ENCODE:
                 for replica in range(replicas):
                     for stage, engine in enumerate(engines[replica]):
-                        started = time.perf_counter()
+                        started = _clock()
                         blob, stats = engine.encode_contribution(outer_round)
-                        codec_seconds[replica] += time.perf_counter() - started
+                        codec_seconds[replica] += _clock() - started
                         contributions[stage].append(blob)
                         sent[replica] += len(blob)
                         raw[replica] += stats.raw_bytes
