@@ -53,6 +53,8 @@ LossFn = Callable[[Mapping[str, torch.Tensor]], float]
 
 #: Threads for the screening losses (fixed: the decision must be the same bits everywhere).
 SCREENING_THREADS = 1
+#: Contributions a round needs before screening excludes any (a majority to measure against).
+MIN_SCREENED = 3
 
 def screening_offsets(run_seed: int, outer_round: int, batch_size: int, n_start: int) -> list[int]:
     """``offset_b = u64be(sha256(DOMAIN || u64be(run_seed) || u64be(outer_round) || u64be(b))[:8]) % n_start``."""
@@ -181,6 +183,12 @@ def judge(
     # contribution, applied alone to weights that already moved, can do worse than L_b late in a
     # run; measuring against L_b then left honest ones out (a bench run lost 1 of 4 in a round).
     threshold = median + tolerance
+    # With fewer than three screened contributions there is no majority to measure against: the
+    # lower median of two is the better one, and the other, honest or not, would fall above it
+    # (a 2-replica benchmark run lost an honest contribution that way). Nothing is excluded then;
+    # the norm rule still bounds every contribution.
+    if len(loss_after) < MIN_SCREENED:
+        threshold = math.inf
     reports = []
     for index in range(count):
         if index not in loss_after:
