@@ -333,6 +333,7 @@ class Node:
         logger.warning("round %d: pipeline of cluster %r broke (%s); waiting for the partner to come back",
                        broken_round, self.cfg.cluster, reason)
         self._round_parts.pop(broken_round, None)
+        self._start_states.pop(broken_round, None)  # nothing of the abandoned round is sent
         next_round = min([*unfinished, self.progress.last_finished + 1])
         unfinished.clear()
         timeout = self.cfg.round_timeout * 2 + 60
