@@ -119,6 +119,9 @@ def main() -> int:
             entry["recovery_s"] = None if recovered is None else round(time.monotonic() - killed_at, 1)
             result["kills"].append(entry)
             print(json.dumps(entry), flush=True)
+            # Kept up to date after every kill: a run cut short still leaves its figures.
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps({**result, "partial": True}, indent=1) + "\n")
             kill += 1
         run.stop_nodes()
         result["exit_codes_at_stop"] = {s.name: s.process.returncode for s in run.nodes}
