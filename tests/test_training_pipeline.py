@@ -172,3 +172,81 @@ def test_a_dead_stage_gives_a_bounded_pipeline_error(tmp_path):
     line = [l for l in outputs[0].splitlines() if l.startswith(("PIPELINE_ERROR", "NO ERROR"))][0]
     # within the 5 s timeout (+ slack)
     assert line.startswith("PIPELINE_ERROR") and float(line.split()[1]) < 10
+
+
+REFORM_WORKER = textwrap.dedent(
+    """
+    import sys, time, torch
+    torch.set_num_threads(1)
+    from training.config import ModelConfig, TrainingConfig
+    from training.data import generated_corpus, round_batches
+    from training.errors import PipelineError
+    from training.pipeline import PipelineStageTrainer, init_pipeline_group
+    from training.stages import split_stages
+
+    rank, port, role = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    cfg, tcfg = ModelConfig(preset="tiny"), TrainingConfig(batch_size=4)
+    batches = round_batches(generated_corpus(0, 20_000), 0, 0, 0, 4, 4, cfg.block_size)
+    init_pipeline_group(rank, 2, "127.0.0.1", port, timeout_s=20)
+    trainer = PipelineStageTrainer(cfg, split_stages(2, 2)[rank], rank, 2, 2, tcfg)
+    print("STEP", trainer.train_step(*batches[2 if role == "restarted" else 0]), flush=True)
+    if role == "partner":
+        time.sleep(600)  # killed by the test (SIGKILL)
+    if role == "restarted":  # its first step is the survivor's first step after re-forming
+        trainer.close()
+        sys.exit(0)
+    weights = {n: p.detach().clone() for n, p in trainer.module.named_parameters()}
+    try:
+        while True:
+            trainer.train_step(*batches[1])
+    except PipelineError as exc:
+        print("BROKEN", flush=True)
+    trainer.leave_group()
+    before = {n: p.detach().clone() for n, p in trainer.module.named_parameters()}
+    for attempt in range(5):
+        try:
+            trainer.join_group("127.0.0.1", port, timeout_s=20)
+            break
+        except PipelineError as exc:
+            print("RETRY", exc, flush=True)
+    kept = all(torch.equal(before[n], p.detach()) for n, p in trainer.module.named_parameters())
+    print("REFORMED", trainer.train_step(*batches[2]), "KEPT" if kept else "LOST", flush=True)
+    trainer.close()
+    """
+)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("survivor", [0, 1], ids=["survivor-hosts-rendezvous", "partner-hosts-rendezvous"])
+def test_a_survivor_reforms_the_pipeline_with_a_restarted_partner(tmp_path, survivor):
+    """A stage whose partner is killed (SIGKILL) gets a PipelineError, leaves the group and re-forms it
+    with the restarted partner on the same rendezvous port, keeping its weights."""
+    script = tmp_path / "reform.py"
+    script.write_text(REFORM_WORKER)
+    port = _free_port()
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+
+    def spawn(rank: int, role: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(script), str(rank), str(port), role], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    partner_rank = 1 - survivor
+    procs = [spawn(survivor, "survivor"), spawn(partner_rank, "partner")]
+    try:
+        for proc in procs:  # both stages finished a step: the pipeline formed
+            assert proc.stdout.readline().startswith("STEP"), "the pipeline did not form"
+        procs[1].kill()  # SIGKILL mid-run: the survivor's next step fails
+        procs[1].wait(timeout=10)
+        procs.append(spawn(partner_rank, "restarted"))  # the same rank comes back on the same port
+        outputs = [procs[0].communicate(timeout=90)[0], procs[2].communicate(timeout=90)[0]]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert procs[0].returncode == 0, outputs[0][-3000:]
+    lines = outputs[0].splitlines()
+    assert "BROKEN" in lines, outputs[0][-3000:]
+    reformed = [l for l in lines if l.startswith("REFORMED")]
+    assert reformed and reformed[0].endswith("KEPT"), outputs[0][-3000:]
+    assert float(reformed[0].split()[1]) > 0
+    assert procs[2].returncode == 0 and "STEP" in outputs[1], outputs[1][-3000:]

@@ -28,8 +28,11 @@ equivalence holds for ``dropout = 0`` (the default).
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
+import os
+import time
 from datetime import timedelta
 
 import torch
@@ -157,6 +160,50 @@ class LocalReplicaTrainer:
             module.load_state_dict(part)
 
 
+#: Rank 0's rendezvous store server, one per (host, port), kept for the life of the process: a
+#: group whose peer died can keep the old server's port (gloo's pending point-to-point work holds
+#: it), so a re-formed group must reuse the server, each formation in a fresh key namespace.
+_SERVERS: dict[tuple[str, int], dist.TCPStore] = {}
+#: Joins of other ranks that rank 0 has answered so far, per server.
+_ANSWERED: dict[tuple[str, int], int] = {}
+_POLL_S = 0.05
+
+
+def _formation_store(rank: int, world_size: int, host: str, port: int, timeout: timedelta) -> dist.Store:
+    """A fresh key namespace of the cluster's rendezvous store for one formation of the group.
+
+    Every rank other than 0 takes a ticket (``joins``, an atomic counter) and waits for rank 0
+    to name, under ``ready/<ticket>``, the namespace of the formation it is admitted to. Rank 0
+    waits for ``world_size - 1`` tickets newer than those it answered before, and admits them
+    to a namespace unique to this formation. A restarted rank therefore never reads the
+    addresses a dead process left in the store, whichever side restarted.
+    """
+    if rank != 0:
+        store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+        ticket = store.add("joins", 1)
+        store.wait([f"ready/{ticket}"], timeout)
+        formation = store.get(f"ready/{ticket}").decode()
+        return dist.PrefixStore(f"formation/{formation}/", store)
+    key = (host, port)
+    server = _SERVERS.get(key)
+    if server is None:
+        server = dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+        _SERVERS[key], _ANSWERED[key] = server, 0
+    server.set_timeout(timeout)
+    deadline = time.monotonic() + timeout.total_seconds()
+    while server.add("joins", 0) < _ANSWERED[key] + world_size - 1:
+        if time.monotonic() > deadline:
+            raise PipelineError(f"rank 0/{world_size}: the other stages did not come within "
+                                f"{timeout.total_seconds():.0f}s")
+        time.sleep(_POLL_S)
+    joins = server.add("joins", 0)
+    formation = f"{os.getpid()}-{time.time_ns()}"
+    for ticket in range(_ANSWERED[key] + 1, joins + 1):
+        server.set(f"ready/{ticket}", formation)
+    _ANSWERED[key] = joins
+    return dist.PrefixStore(f"formation/{formation}/", server)
+
+
 def init_pipeline_group(
     rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float = 60.0
 ) -> dist.ProcessGroup:
@@ -164,7 +211,9 @@ def init_pipeline_group(
 
     Rendezvous over TCP at ``master_addr:master_port``; the rendezvous and every
     later collective or point-to-point operation fail after ``timeout_s``.
-    One pipeline group per process: it is torch's default process group.
+    One pipeline group per process: it is torch's default process group. After
+    :func:`close_pipeline_group` the group can be formed again (a stage's process
+    died and was restarted): each formation uses its own store namespace.
     """
     if dist.is_initialized():
         raise PipelineError(
@@ -172,14 +221,14 @@ def init_pipeline_group(
         )
     if not 0 <= rank < world_size:
         raise PipelineError(f"rank={rank} not in [0, world_size={world_size})")
+    timeout = timedelta(seconds=timeout_s)
     try:
-        dist.init_process_group(
-            backend="gloo",
-            init_method=f"tcp://{master_addr}:{int(master_port)}",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=timeout_s),
-        )
+        store = _formation_store(rank, world_size, master_addr, int(master_port), timeout)
+        dist.init_process_group(backend="gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
+    except PipelineError as exc:
+        raise PipelineError(
+            f"rank {rank}/{world_size}: pipeline rendezvous at {master_addr}:{master_port} failed: {exc}"
+        ) from exc
     except Exception as exc:  # torch raises RuntimeError / DistStoreError / DistNetworkError
         raise PipelineError(
             f"rank {rank}/{world_size}: pipeline rendezvous at {master_addr}:{master_port} failed: {exc}"
@@ -320,6 +369,35 @@ class PipelineStageTrainer:
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Replace this stage's weights (optimizer state is kept)."""
         self.module.load_state_dict(state_dict)
+
+    def leave_group(self) -> None:
+        """Drop a broken pipeline (a stage's process died): destroy the process group, keep the weights.
+
+        The module, its optimizer state and the caller's references to the parameters
+        stay as they are; :meth:`join_group` re-forms the pipeline with the same ranks
+        once the other stages are back (a restarted process re-joins with its rank).
+        """
+        self._check_open()
+        # Every reference to the old group goes: it holds the rendezvous store, whose server
+        # (on rank 0) must release the port before the group can be formed again there.
+        self._schedule = None  # the schedule's PipelineStage holds the old group
+        self._schedule_shape = None
+        self.group = None
+        try:
+            close_pipeline_group()
+        except Exception as exc:  # noqa: BLE001 - a group whose peer died may fail to shut down cleanly
+            logger.warning("stage %d: the broken process group did not shut down cleanly: %s", self.spec.index, exc)
+        gc.collect()
+
+    def join_group(self, master_addr: str, master_port: int, timeout_s: float) -> None:
+        """Re-form the pipeline after :meth:`leave_group` (rendezvous as :func:`init_pipeline_group`).
+
+        Raises PipelineError if the other stages do not come within ``timeout_s``; the
+        caller may simply try again.
+        """
+        self._check_open()
+        init_pipeline_group(self.rank, self.world_size, master_addr, master_port, timeout_s=timeout_s)
+        self.group = dist.group.WORLD
 
     def _check_open(self) -> None:
         if self._closed:

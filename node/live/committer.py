@@ -153,10 +153,20 @@ class Committer:
             atts = {s: node.book.snapshot_attestations(outer_round, s) for s in range(num_stages)}
             return atts if all(atts.values()) else None
 
-        atts = node.book.wait_for(all_stages, timeout=node.cfg.round_timeout, stop=node.stop_event)
-        if atts is None:
-            return None
-        return atts
+        # Never given up on: the chain takes rounds strictly in order, so a round this node
+        # stopped waiting for could only stall every later round's record. A stage's
+        # attestation can come late (its only contributor crashed and re-applies the round
+        # from its archive after a restart); the record pauses meanwhile, training does not.
+        started = time.monotonic()
+        while not node.stop_event.is_set():
+            atts = node.book.wait_for(all_stages, timeout=WAIT_REPORT_S, stop=node.stop_event)
+            if atts is not None:
+                return atts
+            missing = [s for s in range(num_stages) if not node.book.snapshot_attestations(outer_round, s)]
+            if missing and not node.stop_event.is_set():
+                logger.warning("round %d: waiting for attestations of stage(s) %s (%.0fs so far)", outer_round,
+                               missing, time.monotonic() - started)
+        return None
 
     def record(self, outer_round: int):
         """The round's record as this node derives it (``prev_head`` still zero), or None if attestations
@@ -164,7 +174,7 @@ class Committer:
         node = self.node
         atts = self._attestations(outer_round)
         if atts is None:
-            logger.warning("round %d: not every stage attested in time; this node will not commit it", outer_round)
+            logger.info("round %d: stopped before every stage was attested; this node will not commit it", outer_round)
             return None, None
         stage_hashes, stage_roots = [], []
         for stage in range(node.cfg.pipeline.num_stages):

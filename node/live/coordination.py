@@ -57,6 +57,10 @@ class RoundStopped(NodeError):
     """The node was asked to stop while a round waited for its close."""
 
 
+class CloseInterrupted(NodeError):
+    """The node's ``interrupt`` condition came true while a round waited for its close (nothing applied)."""
+
+
 class RoundCoordinator:
     """Closes of the rounds this node finishes (see module docstring).
 
@@ -88,6 +92,9 @@ class RoundCoordinator:
         self._invalid: dict[tuple[int, int, str], str] = {}  # (round, stage, coordinator) -> reason
         self._pending_since: dict[tuple[int, int, str], float] = {}
         self._lock = threading.Lock()
+        #: While set and true, a wait for a close gives up with CloseInterrupted (a split cluster's
+        #: pipeline came back while this node sat rounds out: it must re-enter with its partner).
+        self.interrupt: Callable[[], bool] | None = None
 
     # -- what was decided ---------------------------------------------------------------
     def adopt(self, outer_round: int, stage: int, close: msg.Close) -> None:
@@ -221,6 +228,8 @@ class RoundCoordinator:
                 self.resync()
             if self.stop is not None and self.stop.is_set():
                 raise RoundStopped(f"round {outer_round} stage {stage}: stopped while waiting for its close")
+            if self.interrupt is not None and self.interrupt():
+                raise CloseInterrupted(f"round {outer_round} stage {stage}: no longer waited for here")
             # A round that misses its quorum stays open (docs/PROTOCOL.md, "A round without a quorum"):
             # the run pauses and the round closes as soon as enough replicas are back.
             overdue = time.monotonic() - (deadline + (len(order) + 2) * CLOSE_FALLBACK_S + PENDING_LIMIT_S)

@@ -33,17 +33,17 @@ from pathlib import Path
 from ledger.errors import LedgerError
 from ledger.records import RoundRecord
 from node.config import NodeConfig
-from node.errors import NodeError, NotRegistered, StateError
+from node.errors import NotRegistered, StateError
 from node.fsutil import atomic_write_bytes
 from node.live import protocol as msg
 from node.live.committer import Committer, CommitterContext
-from node.live.coordination import RoundCoordinator, RoundStopped
+from node.live.coordination import CloseInterrupted, RoundCoordinator, RoundStopped
 from node.live.exchange import ContributionPool, serve_blob
 from node.live.inbox import GossipInbox
 from node.live.membership import Membership
 from node.live.onchain import NodeChain
 from node.live.protocol import run_topic
-from node.live.replica import ReplicaWorker
+from node.live.replica import PipelineRejoin, ReplicaWorker
 from node.live.resume import RestartRecovery
 from node.live.roundbook import Announced, RoundBook
 from node.live.status import Progress, StateFile, write_status
@@ -69,6 +69,20 @@ ROUNDS_KEPT = 3
 
 class RoundAbandoned(Exception):
     """Raised inside the inner loop when the node is asked to stop."""
+
+
+class PipelineBroken(Exception):
+    """A split cluster's pipeline failed while training ``outer_round`` (a partner died)."""
+
+    def __init__(self, outer_round: int, reason: str) -> None:
+        super().__init__(f"round {outer_round}: {reason}")
+        self.outer_round = outer_round
+        self.reason = reason
+
+
+#: ``first_round`` in the hellos of a node sitting rounds out while its cluster's pipeline is down:
+#: it contributes to no round until it re-enters, so no coordinator waits for it.
+NOT_CONTRIBUTING = 2**62
 
 
 class Node:
@@ -294,6 +308,69 @@ class Node:
 
     # ------------------------------------------------------------------ the loop
     def _train_loop(self, start_round: int, unfinished: list[int]) -> None:
+        """Run the rounds; a split cluster whose partner died waits for it and re-enters with it."""
+        while True:
+            try:
+                self._run_rounds(start_round, unfinished)
+                return
+            except PipelineBroken as broken:
+                resumed = self._await_partner(broken.outer_round, broken.reason, unfinished)
+            if resumed is None:
+                return  # asked to stop while waiting
+            start_round, unfinished = resumed
+
+    def _await_partner(self, broken_round: int, reason: str, unfinished: list[int]) -> tuple[int, list[int]] | None:
+        """Sit rounds out until the cluster's pipeline is formed again; return where to re-enter.
+
+        The round being trained is abandoned (nothing was sent for it). Meanwhile the node
+        finishes every round the other replicas close, as a non-contributor (its stage stays
+        current, it still coordinates, attests and signs records), and its hellos say it
+        trains and contributes to no round, so nobody waits for this replica. Once the
+        restarted partner is back, both agree on the entry round as at a start (the max of
+        their proposals: the round after the highest one another replica trains, and no
+        round this node finished or contributed to).
+        """
+        logger.warning("round %d: pipeline of cluster %r broke (%s); waiting for the partner to come back",
+                       broken_round, self.cfg.cluster, reason)
+        self._round_parts.pop(broken_round, None)
+        self._start_states.pop(broken_round, None)  # nothing of the abandoned round is sent
+        next_round = min([*unfinished, self.progress.last_finished + 1])
+        unfinished.clear()
+        timeout = self.cfg.round_timeout * 2 + 60
+        while not self.stop_event.is_set():
+            # Hellos now say: training no round, contributing to none. A restarted partner then
+            # enters at the first round nobody else trains (a round no replica contributed to
+            # could never close), and coordinators do not wait for this replica.
+            self.first_round, self.progress.round = NOT_CONTRIBUTING, -1
+            self._set_state("waiting for partner")
+            self.worker.leave_pipeline()
+            rejoin = PipelineRejoin(self.worker, timeout, self.stop_event)
+            self.coordinator.interrupt = rejoin.done.is_set
+            try:
+                while not rejoin.done.is_set():
+                    self._finish_round(next_round)
+                    next_round += 1
+            except CloseInterrupted:
+                pass
+            except RoundStopped:
+                return None
+            finally:
+                self.coordinator.interrupt = None
+            last_committed = self.progress.last_commit
+            proposal = max(self.membership.live_training_round(last_committed, self._round_window()) + 1,
+                           next_round, self.state.get("last_contributed", -1) + 1)
+            try:
+                start_round = self.worker.agree_on_round(proposal)
+            except PipelineError as exc:
+                logger.warning("pipeline of cluster %r broke again while re-forming (%s)", self.cfg.cluster, exc)
+                continue
+            self.first_round = start_round
+            logger.info("pipeline of cluster %r re-formed; entering at round %d (catching up %s)", self.cfg.cluster,
+                        start_round, list(range(next_round, start_round)) or "nothing")
+            return start_round, list(range(next_round, start_round))
+        return None
+
+    def _run_rounds(self, start_round: int, unfinished: list[int]) -> None:
         """Run the rounds in the order of :func:`training.schedule.round_actions`."""
         diloco = self.cfg.diloco
         # A joiner first replays the catch-up rounds that have closed already; with the
@@ -349,17 +426,17 @@ class Node:
             stats = self.worker.train_round(outer_round, on_step, first_step, end_step)
         except PipelineError as exc:
             # A split cluster trains in lockstep; without its partner the replica cannot train.
-            raise NodeError(
-                f"round {outer_round}: pipeline of cluster {self.cfg.cluster!r} broke ({exc}); restart every "
-                "node of the cluster: they rejoin from the chain's latest checkpoint"
-            ) from exc
+            raise PipelineBroken(outer_round, str(exc)) from exc
         self._round_parts.setdefault(outer_round, []).append(stats)
         if end_step < self.cfg.diloco.inner_steps:
             return  # the rest of the round comes after the previous round is applied
         parts = self._round_parts.pop(outer_round)
         tokens = sum(p.tokens for p in parts)
         mean_loss = sum(p.mean_loss * p.tokens for p in parts) / tokens
-        eval_loss = self.worker.eval_loss()
+        try:
+            eval_loss = self.worker.eval_loss()
+        except PipelineError as exc:
+            raise PipelineBroken(outer_round, str(exc)) from exc
         self.progress.eval_loss = eval_loss
         self._train_info[outer_round] = (mean_loss, eval_loss, tokens)
         logger.info("round %d: %d inner steps in %.1fs, loss %.4f, held-out %.4f", outer_round,

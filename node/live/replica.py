@@ -10,6 +10,7 @@ door into ``training/``.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from node.config import NodeConfig
 from training.codec_wire import decode_contribution
 from training.data import corpus_from_config, eval_batches, round_batches
 from training.diloco import RoundResult, StageEngine
+from training.errors import PipelineError
 from training.screening import decode_full, model_loss_fn, screen_contributions, screening_batch, screening_exclusions
 from training.hashing import stage_weights_hash, weights_root
 from training.model import init_state_dict
@@ -89,6 +91,16 @@ class ReplicaWorker:
         for stage in self.stages:
             params = dict(modules[stage].named_parameters())
             self.engines[stage] = StageEngine(stage, params, self.cfg.diloco, self.cfg.compression)
+
+    def leave_pipeline(self) -> None:
+        """Drop the cluster's broken pipeline (a partner died); weights, optimizer and engines are kept."""
+        if isinstance(self.trainer, PipelineStageTrainer):
+            self.trainer.leave_group()
+
+    def rejoin_pipeline(self, timeout: float) -> None:
+        """Re-form the cluster's pipeline with the same ranks; PipelineError if the partners are not back."""
+        host, _, port = self.cfg.cluster_master.rpartition(":")
+        self.trainer.join_group(host, int(port), timeout)
 
     def close(self) -> None:
         if isinstance(self.trainer, PipelineStageTrainer):
@@ -233,3 +245,33 @@ class ReplicaWorker:
     def initial_hashes(self) -> dict[int, bytes]:
         full = init_state_dict(self.cfg.model, self.cfg.training.seed)
         return {s: stage_weights_hash({n: full[n] for n in self.stage_names(s)}) for s in self.stages}
+
+
+class PipelineRejoin:
+    """Re-forms a split cluster's pipeline in the background until the partners are back (or stop).
+
+    The node keeps finishing (absorbing) the rounds the other replicas close meanwhile,
+    so its stage stays current and it keeps attesting and signing; ``done`` is set once
+    the group is formed again.
+    """
+
+    def __init__(self, worker: ReplicaWorker, timeout: float, stop: threading.Event) -> None:
+        self.worker = worker
+        self.timeout = timeout
+        self.stop = stop
+        self.done = threading.Event()
+        self.attempts = 0
+        self._thread = threading.Thread(target=self._run, name="pipeline-rejoin", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.attempts += 1
+            try:
+                self.worker.rejoin_pipeline(self.timeout)
+            except PipelineError as exc:
+                logger.info("pipeline not re-formed yet (attempt %d): %s", self.attempts, exc)
+                self.stop.wait(1.0)
+                continue
+            self.done.set()
+            return
