@@ -34,6 +34,23 @@ async def read_frame(stream: Any, max_len: int, max_containers: int | None = Non
     return decode_body(await read_exactly(stream, length), max_containers)
 
 
+def container_bound(limit: int, error) -> dict[str, Any]:
+    """msgpack ``unpackb`` hooks that raise ``error()`` once more than ``limit`` maps and arrays are built.
+
+    Checked while decoding, before any key is looked at: nested empty containers cost tens of
+    bytes of Python objects per input byte.
+    """
+    built = [0]
+
+    def count(container: Any) -> Any:
+        built[0] += 1
+        if built[0] > limit:
+            raise error()
+        return container
+
+    return {"object_hook": count, "list_hook": count}
+
+
 def decode_body(body: bytes, max_containers: int | None = None) -> dict[str, Any]:
     """The msgpack map of one frame body (the bytes after the length prefix).
 
@@ -41,17 +58,8 @@ def decode_body(body: bytes, max_containers: int | None = None) -> dict[str, Any
     nested empty arrays would otherwise become ~1 GiB of Python lists (one per byte) before
     any field is looked at. Decoding stops at the first container over the bound.
     """
-    hooks: dict[str, Any] = {}
-    if max_containers is not None:
-        built = [0]
-
-        def count(container: Any) -> Any:
-            built[0] += 1
-            if built[0] > max_containers:
-                raise ProtocolViolation(f"frame holds more than {max_containers} maps and arrays")
-            return container
-
-        hooks = {"object_hook": count, "list_hook": count}
+    hooks = {} if max_containers is None else container_bound(
+        max_containers, lambda: ProtocolViolation(f"frame holds more than {max_containers} maps and arrays"))
     try:
         frame = msgpack.unpackb(body, raw=False, strict_map_key=True, max_ext_len=0, **hooks)
     except ProtocolViolation:

@@ -14,6 +14,7 @@ from typing import Any, get_type_hints
 import msgpack
 
 from node.errors import NodeError
+from p2p.wire import container_bound
 
 HELLO = "hello"
 CONTRIBUTION = "contribution"  # a blob, not gossip: payload = encoded pseudo-gradient
@@ -296,12 +297,4 @@ def _container_bound(cls: type) -> dict[str, Any]:
     hints = get_type_hints(cls)
     lists = sum(1 for f in fields(cls) if str(hints[f.name]).startswith("list"))
     bound = 1 + lists + (4096 if cls is Close else 0)  # a close holds up to 4096 entry lists
-    built = [0]
-
-    def count(container: Any) -> Any:
-        built[0] += 1
-        if built[0] > bound:
-            raise ValueError(f"more than {bound} maps and arrays")
-        return container
-
-    return {"object_hook": count, "list_hook": count}
+    return container_bound(bound, lambda: ValueError(f"more than {bound} maps and arrays"))
