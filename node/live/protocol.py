@@ -17,7 +17,7 @@ from node.errors import NodeError
 from p2p.wire import container_bound
 
 HELLO = "hello"
-CONTRIBUTION = "contribution"  # a blob, not gossip: payload = encoded pseudo-gradient
+CONTRIBUTION = "contribution"  # a blob, not gossip: payload = ContributionBody (start state, data, codec blob)
 ANNOUNCE = "announce"
 CLOSE = "close"
 ATTESTATION = "attestation"
