@@ -364,7 +364,7 @@ def run_pull(args: Any) -> int:
             None if args.round < 0 else args.round,
             archives=args.archive,
             fetcher=fetcher,
-            rpc_url=args.rpc,
+            rpc_url=getattr(args, "rpc", ""),  # for the model card; a library caller may have none
             peers=args.bootstrap,
         )
     finally:
