@@ -62,6 +62,7 @@ def test_an_empty_close_is_ignored_and_the_next_coordinator_closes(make_run):
     assert all(c.commit.num_contributors == 2 for c in commits), run_logs(run)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_an_equivocating_coordinator_is_skipped_and_honest_nodes_stay_identical(make_run):
     run, honest, _commits = _attacked_run(make_run, "equivocating-close")

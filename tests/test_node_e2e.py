@@ -59,8 +59,8 @@ def test_two_replicas_by_two_stages_commit_every_round_once(make_run):
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("variant", [
-    pytest.param(["diloco.delay_correction=eager"], id="eager-delay"),
-    # The default suite keeps one variant; the others run with `pytest -m slow` (scripts/slow-tests.sh).
+    pytest.param(["diloco.delay_correction=eager"], id="eager-delay", marks=pytest.mark.slow),
+    # Every variant runs with `pytest -m slow` (scripts/slow-tests.sh); the default suite runs the default.
     pytest.param(["diloco.one_step_delay=false"], id="no-delay", marks=pytest.mark.slow),
     pytest.param(["diloco.overlap_steps=2"], id="partial-overlap", marks=pytest.mark.slow),
 ])
@@ -77,6 +77,7 @@ def test_node_runs_the_other_round_schedules(make_run, variant):
     assert not history.disputes
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_whole_run_stopped_and_restarted_resumes(make_run):
     """Every node stops (SIGTERM) with rounds finished but not committed; restarted, the run goes on.
@@ -195,6 +196,7 @@ def test_a_round_without_its_quorum_is_waited_for_not_an_exit(make_run):
     assert [c.commit.num_contributors for c in history.commits] == [2] * 10, run_logs(run)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_late_joiner_catches_up_and_contributes_despite_an_absurd_hello(make_run):
     # An open-ended run (rounds=0): the founders keep going until the test has seen the joiner

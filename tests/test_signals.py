@@ -112,6 +112,7 @@ def _check_node_files(out: Path) -> list[dict]:
     return states
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_demo_keep_stops_its_chain_on_sigterm(tmp_path):
     proc, out, log = _start_demo(tmp_path, "--rounds", "2", "--keep", "--timeout", "300")
