@@ -2,7 +2,7 @@
 # The long end-to-end scenarios kept out of the default suite (marked `slow`): the
 # delay schedules other than the default, a whole run stopped and resumed, a late
 # joiner, a member frozen past the liveness TTL, a round without its quorum, more
-# adversary attacks, the demo stopped by signals. About 15 minutes on 2 cores.
+# adversary attacks, the demo stopped by signals.
 #
 #   scripts/slow-tests.sh            # every slow test
 #   scripts/slow-tests.sh -k quorum  # extra arguments go to pytest
