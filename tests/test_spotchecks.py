@@ -3,6 +3,8 @@ re-execution worker process (a real child interpreter running real reruns of a t
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from node.config import load_config
@@ -148,4 +150,59 @@ def test_hostile_verdicts_are_refused_and_k_guilty_verdicts_eject_on_chain(deplo
         assert accused.member(run.run_id, accused.address).status == "slashed"
     finally:
         stop.set()
+        checker.close()
+
+
+def test_accusations_from_outsiders_and_evidence_that_does_not_hold_sign_nothing(tmp_path):
+    """An accusation from a peer that is not placed is refused at the inbox; evidence that is garbage, or
+    names contributions this node did not seal, makes the confirming node sign no verdict at all."""
+    import threading
+    from types import SimpleNamespace
+
+    from node.live.inbox import GossipInbox
+    from node.live.membership import Membership
+    from node.live.roundbook import RoundBook
+    from node.live.verifier import SpotChecker, VerifierContext
+    from p2p.envelope import Envelope, EnvelopeValidator
+    from p2p.identity import Identity
+
+    book = RoundBook()
+    membership = Membership("me", "c0", 1, 1, book, seat=lambda _a, _k: (0, 0))
+    outsider = Identity.generate()
+    accusation = msg.Accusation(0, b"a" * 20, "peer", 1, b"e" * 32, 100)
+    inbox = GossipInbox(7, EnvelopeValidator(7, max_size=1 << 16), book, membership, None, held_stages=lambda: ())
+    data = Envelope.create(outsider, 7, 0, msg.ACCUSATION, msg.encode_payload(accusation)).to_bytes()
+    with pytest.raises(msg.ProtocolError, match="not a placed member"):
+        inbox.handle(data)
+
+    served: dict[str, bytes] = {}
+
+    class Host:  # the blob boundary: serves what the test put there
+        def fetch_blob(self, digest, dest, providers=None, timeout=None):
+            dest.write_bytes(served[digest])
+
+        def provide_blob(self, *_a, **_k):
+            raise AssertionError("bad evidence must not be served onward")
+
+    signed = []
+    ctx = VerifierContext(
+        cfg=SimpleNamespace(spot_checks=0.0, p2p=SimpleNamespace(max_blob_bytes=1 << 20), pipeline=SimpleNamespace(
+            num_stages=1)), run_id=7, peer_id="me", chain=None, host=Host(),
+        archive=SimpleNamespace(sealed=lambda _r: [], get=lambda *_a: b""), membership=membership,
+        gossip=lambda *a: signed.append(a), sign_envelope=None, stage_hashes=None, own_replica=lambda: 0,
+        current_round=lambda: 0, work_dir=tmp_path, evidence_dir=tmp_path, stop=threading.Event(),
+        on_ejected=None)
+    checker = SpotChecker(ctx)
+    try:
+        accuser = Identity.generate()
+        evidence = msg.Evidence(b"a" * 20, 1, [b"not an envelope"], "mismatch", "r", [0.3])
+        for blob in (b"garbage",
+                     Envelope.create(accuser, 7, 0, msg.EVIDENCE, msg.encode_payload(evidence)).to_bytes()):
+            digest = hashlib.sha256(blob).hexdigest()
+            served[digest] = blob
+            checker._confirm(0, accuser.peer_id, msg.Accusation(0, b"a" * 20, "peer", 1, bytes.fromhex(digest),
+                                                                len(blob)))
+        assert signed == []  # no verdict either way
+    finally:
+        ctx.stop.set()
         checker.close()
