@@ -460,6 +460,10 @@ class StageEngine:
         self.compressor.restore_undelivered(sent)
         return True
 
+    def transmitted(self, outer_round: int) -> bool:
+        """True if this replica encoded ``outer_round`` and its transmitted update is still known."""
+        return outer_round in self._sent
+
     def _forget_sent_before(self, outer_round: int) -> None:
         for old in [r for r in self._sent if r < outer_round]:
             del self._sent[old]

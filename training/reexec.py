@@ -39,7 +39,7 @@ import logging
 import math
 import struct
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -188,6 +188,7 @@ def reexecute(
     *,
     previous_contributions: Mapping[int, Sequence[bytes]] | None = None,
     previous_excluded: Mapping[int, Mapping[int, str]] | None = None,
+    previous_dropped: Collection[int] = (),
     threads: int | None = None,
 ) -> Reexecution:
     """Rerun round ``state.meta.outer_round`` of ``state.meta.replica`` from ``state`` (module docstring).
@@ -199,7 +200,10 @@ def reexecute(
     start state; with the default "rebase" and no overlap it may be omitted and
     only the payloads come back. ``previous_excluded``: stage -> the canonical indices
     of round t-1 that screening left out (the sealed round's ``excluded``; the
-    engine re-derives every other exclusion itself). ``threads``: intra-op threads for the rerun,
+    engine re-derives every other exclusion itself). ``previous_dropped``: the stages
+    whose round t-1 close does not hold this replica's contribution (a straggler's:
+    the node put its transmitted update back into the residual when it applied
+    round t-1, and so does the rerun). ``threads``: intra-op threads for the rerun,
     default the claimant's (``state.meta.threads``), which makes it bit-exact.
     """
     meta = state.meta
@@ -237,9 +241,11 @@ def reexecute(
                             "pass previous_contributions"
                         )
                     continue
-                for engine in engines:
+                for engine in engines:  # as node.live.node applies a round, then hears its own was left out
                     engine.finish_round(action.outer_round, list(previous_contributions[engine.stage_index]),
                                         excluded=(previous_excluded or {}).get(engine.stage_index))
+                    if engine.stage_index in previous_dropped and engine.transmitted(action.outer_round):
+                        engine.contribution_dropped(action.outer_round)
                 applied_previous = True
                 encode_seconds += time.perf_counter() - started
             elif action.kind == ENCODE:
@@ -330,6 +336,7 @@ def verify_contribution(
     previous_contributions: Mapping[int, Sequence[bytes]] | None = None,
     committed_weights: Mapping[int, Mapping[int, bytes]] | None = None,
     previous_excluded: Mapping[int, Mapping[int, str]] | None = None,
+    previous_dropped: Collection[int] = (),
     tolerance: float = DEFAULT_TOLERANCE,
     threads: int | None = None,
 ) -> SpotCheck:
@@ -380,7 +387,7 @@ def verify_contribution(
     try:
         rerun = reexecute(state, corpus, model_cfg, training_cfg, diloco_cfg, compression_cfg,
                           previous_contributions=previous_contributions, previous_excluded=previous_excluded,
-                          threads=threads)
+                          previous_dropped=previous_dropped, threads=threads)
     except ReplicaStateError as exc:
         return failed(STATE_MISMATCH, f"state does not fit the run's model: {exc}")
     specs = split_stages(model_cfg.n_layer, num_stages)

@@ -9,7 +9,9 @@ and, when it encodes, states what its envelopes would bind
 
 Dishonest replicas are subclasses of :class:`SimReplica` that override one
 step (fault injection by subclass): :class:`OtherDataReplica`,
-:class:`HalfStepsReplica`, :class:`PerturbedReplica`, :class:`ForgedStateReplica`.
+:class:`HalfStepsReplica`, :class:`PerturbedReplica`, :class:`ForgedStateReplica`. An honest
+:class:`StragglerReplica` has its round-0 contribution left out of the close (it came too late),
+as a node's can be.
 Tests and ``bench/bench_reexec.py`` use them.
 """
 
@@ -61,6 +63,10 @@ class SimReplica:
         ]
 
     # -- what a cheater overrides ------------------------------------------------------
+    def left_out(self, outer_round: int) -> bool:
+        """True if the round's close does not hold this replica's contribution."""
+        return False
+
     def batches(self, outer_round: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         sim = self.sim
         return round_batches(sim.corpus, sim.training.seed, self.replica, outer_round, sim.diloco.inner_steps,
@@ -106,8 +112,17 @@ class SimReplica:
         return payloads
 
     def finish(self, outer_round: int, contributions: dict[int, list[bytes]]) -> None:
-        for engine in self.engines:
+        for engine in self.engines:  # as node.live.node: apply, then put a left-out update back
             engine.finish_round(outer_round, contributions[engine.stage_index])
+            if self.left_out(outer_round):
+                engine.contribution_dropped(outer_round)
+
+
+class StragglerReplica(SimReplica):
+    """Honest, but its round-0 contribution reached the close too late and was left out."""
+
+    def left_out(self, outer_round):
+        return outer_round == 0
 
 
 class OtherDataReplica(SimReplica):
@@ -198,7 +213,8 @@ def run_with_states(replicas: list[SimReplica], sim: SimConfig) -> list[SimRound
                         for stage, part in enumerate(state.stages)
                     ]
                     for stage, payload in payloads.items():
-                        record.contributions.setdefault(stage, []).append(payload)
+                        if not member.left_out(outer_round):
+                            record.contributions.setdefault(stage, []).append(payload)
                     record.capture_seconds += time.perf_counter() - started
                     started = time.perf_counter()
             elif action.kind == APPLY:

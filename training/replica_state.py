@@ -13,9 +13,11 @@ encode read, for every stage ``s`` of the replica:
   momentum of the last applied round (``global/``, ``momentum/``), the
   error-feedback residual (``residual/``), the local snapshot of the round
   start (``round_start/``), the snapshots of rounds encoded but not applied
-  yet (``round_end.<r>/``), and the "eager" correction's own decoded
-  contributions (``own_decoded.<r>/``) and the others' previous sum
-  (``others_previous/``);
+  yet (``round_end.<r>/``), the decoded updates it transmitted for rounds not
+  applied yet and the last applied one (``sent.<r>/``: a contribution the close
+  left out goes back into the residual, :meth:`~training.diloco.StageEngine.contribution_dropped`),
+  and the "eager" correction's own decoded contributions (``own_decoded.<r>/``)
+  and the others' previous sum (``others_previous/``);
 * the round's position: outer round, replica, stages, H, the inner-lr
   schedule's horizon, the torch intra-op thread count and, for a replica split
   over several processes, the pipeline's micro-batch count (metadata).
@@ -132,7 +134,7 @@ class StageStartState:
         return {name[len(head):]: value for name, value in self.tensors.items() if name.startswith(head)}
 
     def rounds_of(self, kind: str) -> list[int]:
-        """The rounds ``r`` of the ``<kind>.<r>/`` groups (``round_end``, ``own_decoded``)."""
+        """The rounds ``r`` of the ``<kind>.<r>/`` groups (``round_end``, ``own_decoded``, ``sent``)."""
         head = kind + "."
         return sorted({int(name[len(head):].split("/", 1)[0]) for name in self.tensors if name.startswith(head)})
 
@@ -206,7 +208,7 @@ def capture_stage_state(
     for group, key in (("global", "global_weights"), ("momentum", "momentum"), ("residual", "error_feedback"),
                        ("round_start", "round_start")):
         tensors.update({f"{group}/{n}": t for n, t in engine_state[key].items()})
-    for kind in ("round_end", "own_decoded"):
+    for kind in ("round_end", "own_decoded", "sent"):
         for outer_round, snapshot in engine_state[kind].items():
             tensors.update({f"{kind}.{int(outer_round)}/{n}": t for n, t in snapshot.items()})
     others = engine_state["others_previous"]
@@ -290,6 +292,7 @@ def restore_replica(
             "round_end": {r: part.group(f"round_end.{r}") for r in part.rounds_of("round_end")},
             "own_decoded": {r: part.group(f"own_decoded.{r}") for r in part.rounds_of("own_decoded")},
             "others_previous": None if others_count < 0 else (part.group("others_previous"), others_count),
+            "sent": {r: part.group(f"sent.{r}") for r in part.rounds_of("sent")},
         })
         engines.append(engine)
     return trainer, engines
