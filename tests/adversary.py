@@ -34,6 +34,10 @@ signing, gossip, the chain) is the real node's. Attacks:
   one (a valid close that leaves every honest contribution out).
 - ``absurd-hello``: every hello claims the member trains round 10**12 (a
   joiner that believed it would enter out of reach); otherwise honest.
+- ``forge-state``: from round 1 on, drops its error-feedback debt (zero
+  residual) before each round starts, then trains and encodes honestly from
+  that state: every contribution reruns exactly from the state it binds; only
+  the chain (round t's rerun must end where round t+1 starts) catches it.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 CONTRIBUTION_ATTACKS = ("huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero", "perturb")
 ATTACKS = ("malformed-payload", *CONTRIBUTION_ATTACKS, "copy", "late", "empty-close", "duplicate-close",
-           "equivocating-close", "censoring-close", "absurd-hello")
+           "equivocating-close", "censoring-close", "absurd-hello", "forge-state")
 
 
 def malformed_payload() -> None:
@@ -263,6 +267,23 @@ def absurd_hello() -> None:
     msg.encode_payload = encode_payload  # the node signs what this returns
 
 
+def forged_start_state() -> None:
+    import torch
+
+    from node.live.replica import ReplicaWorker
+
+    honest_capture = ReplicaWorker.capture_start_states
+
+    def capture(self, outer_round):
+        if outer_round >= 1:
+            for stage in self.stages:
+                compressor = self.engines[stage].compressor
+                compressor.residual = {n: torch.zeros_like(r) for n, r in compressor.residual.items()}
+        return honest_capture(self, outer_round)
+
+    ReplicaWorker.capture_start_states = capture
+
+
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in ATTACKS:
         print(f"usage: adversary.py {{{'|'.join(ATTACKS)}}} [dlx-node arguments]", file=sys.stderr)
@@ -273,7 +294,8 @@ def main() -> int:
     else:
         {"malformed-payload": malformed_payload, "copy": copying_free_rider, "late": late_delivery,
          "empty-close": empty_close, "duplicate-close": duplicate_close, "equivocating-close": equivocating_close,
-         "censoring-close": censoring_close, "absurd-hello": absurd_hello}[attack]()
+         "censoring-close": censoring_close, "absurd-hello": absurd_hello,
+         "forge-state": forged_start_state}[attack]()
     from node.cli import main as cli_main
 
     return cli_main()

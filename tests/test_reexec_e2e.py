@@ -1,8 +1,11 @@
 """Re-execution spot checks in real runs: a member that sends a contribution its start state does not
 produce is accused, confirmed by the run's quorum, slashed and removed, and the run goes on without it.
 
-Real node processes and a real anvil; the cheater is tests/adversary.py (``perturb``: the honest
-pseudo-gradient plus noise of 1% of its norm, which every aggregation check lets through).
+Real node processes and a real anvil; the cheater is tests/adversary.py: ``perturb`` (the honest
+pseudo-gradient plus noise of 1% of its norm, which every aggregation check lets through: the rerun
+does not reproduce it) or ``forge-state`` (drops its error-feedback residual between rounds and trains
+honestly from there: every rerun reproduces, only the chain from one round's rerun into the next
+round's start state catches it). The honest members chain-check each other all along.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py
 
 
 @pytest.mark.timeout(900)
-def test_a_cheating_member_is_ejected_by_the_quorum_and_the_run_continues(make_run):
+@pytest.mark.parametrize("attack", ["perturb", "forge-state"])
+def test_a_cheating_member_is_ejected_by_the_quorum_and_the_run_continues(make_run, attack):
     # spot_checks=8 with 3 members: every node re-executes every other replica's contribution of every round.
     run = make_run(replicas=3, stages=2, split=False, attest_quorum=2,
                    settings=[*TINY, "join_timeout=60", "rounds=12", "spot_checks=8"])
     cheater = run.nodes[-1]
-    cheater.command = [*ADVERSARY, "perturb"]
+    cheater.command = [*ADVERSARY, attack]
     run.start()
     honest = run.nodes[:-1]
     for slot in honest:
@@ -60,6 +64,7 @@ def test_a_cheating_member_is_ejected_by_the_quorum_and_the_run_continues(make_r
         assert "spot check of replica" in log, slot.name
         status = json.loads((slot.data_dir / "status.json").read_text())
         assert status["spot_checks"] >= 2 and status["spot_check_mismatches"] >= 1, status
+        assert status["chain_checks"] >= 2, status  # links into the next round, the honest partner's included
     # The signed evidence is kept by the members that accused the cheater.
     assert any(list((s.data_dir / "evidence").glob("spotcheck-*.envelope")) for s in honest), run_logs(run)
 

@@ -32,6 +32,7 @@ from training.reexec import (
     ContributionClaim,
     check_state_chain,
     reexecute,
+    restart_state_reason,
     sample_replicas,
     verify_contribution,
 )
@@ -190,6 +191,39 @@ def test_a_straggler_whose_update_was_left_out_reruns_exactly(run):
     # A verifier that did not model it would find the honest straggler's chain broken.
     blind = _check(sim, records, STRAGGLER, 1)
     assert check_state_chain(blind.next_state_hashes, claimed) == STATE_MISMATCH
+
+
+def test_a_restart_from_the_record_is_a_valid_start_but_a_forged_one_is_not(run):
+    sim, records = run
+    # A node that restarts enters from the chain-verified global weights of the last applied round:
+    # fresh optimizer, zero residual, nothing pending (training.diloco.StageEngine.rebase).
+    state = records[2].states[HONEST]
+    restarted = SimReplica(HONEST, sim)
+    for engine, part in zip(restarted.engines, state.stages):
+        engine.rebase(part.group("global"), part.group("momentum"), part.engine_counters[1] - 1)
+    fresh = restarted.start_state(2)
+    parts = [p.to_bytes() for p in fresh.stages]
+    hashes = fresh.stage_hashes()
+    applied = state.stages[0].engine_counters[1] - 1
+    committed = {applied: {p.stage_index: stage_weights_hash(p.group("global")) for p in state.stages}}
+    assert restart_state_reason(parts, hashes, committed) is None
+    # ... but not with another round's global weights, nor with the chained state of a live replica,
+    # nor with the forger's (zero residual, AdamW moments kept).
+    wrong = {applied: {s: b"\0" * 32 for s in committed[applied]}}
+    assert "on record" in restart_state_reason(parts, hashes, wrong)
+    assert "carries state" in restart_state_reason([p.to_bytes() for p in state.stages], state.stage_hashes())
+    forged = records[2].states[FORGED_STATE]
+    assert "carries state" in restart_state_reason([p.to_bytes() for p in forged.stages], forged.stage_hashes())
+    assert "not the committed one" in restart_state_reason(parts, list(reversed(hashes)))
+    # Live weights moved away from the round start (trained before committing "a restart") are refused.
+    moved = SimReplica(HONEST, sim)
+    for engine, part in zip(moved.engines, state.stages):
+        engine.rebase(part.group("global"), part.group("momentum"), part.engine_counters[1] - 1)
+    with torch.no_grad():
+        next(iter(moved.engines[0].params.values())).add_(1e-3)
+    bad = moved.start_state(2)
+    assert "differ from the round-start" in restart_state_reason([p.to_bytes() for p in bad.stages],
+                                                                 bad.stage_hashes())
 
 
 def test_served_state_and_data_commitment_must_match_the_envelope(run):

@@ -29,7 +29,8 @@ against a tolerance measured from honest reruns (docs/DILOCOX.md section 11).
 The rerun also yields the replica's start state of round ``t+1``; its hash
 must equal the one the replica's round ``t+1`` contribution binds (chaining:
 the private parts of the state, error-feedback residual and AdamW moments,
-are checked through the transition they must follow).
+are checked through the transition they must follow), unless that state is
+one a restart rebuilds from the record alone (:func:`restart_state_reason`).
 """
 
 from __future__ import annotations
@@ -412,6 +413,63 @@ def verify_contribution(
 def check_state_chain(expected_stage_hashes: Sequence[bytes], claimed_stage_hashes: Sequence[bytes]) -> str:
     """:data:`EXACT` if round t+1's envelopes bind the start state round t's rerun produced, else :data:`STATE_MISMATCH`."""
     return EXACT if list(expected_stage_hashes) == list(claimed_stage_hashes) else STATE_MISMATCH
+
+
+#: How far a restarted replica's round-start snapshot may sit from the global weights it was rebuilt
+#: from: catching up applies each round's global delta to both (``absorb_round``), and float32
+#: ``old + (new - old)`` is ``new`` only to within rounding.
+RESTART_RTOL, RESTART_ATOL = 1e-5, 1e-6
+
+
+def restart_state_reason(
+    state_parts: Sequence[bytes],
+    claimed_stage_hashes: Sequence[bytes],
+    committed_weights: Mapping[int, Mapping[int, bytes]] | None = None,
+) -> str | None:
+    """None if the parts are a start state rebuilt from the public record alone, else why not.
+
+    A replica that restarted (a crash, a stop) enters from a chain-verified
+    checkpoint (:meth:`~training.diloco.StageEngine.rebase`): live weights =
+    round start = the global weights, a fresh inner optimizer, a zero
+    error-feedback residual, nothing pending. Such a state does not follow
+    from the replica's previous one, but it follows from the record, which is
+    all the chain check asks. Every part must hash to its claim, hold no AdamW
+    state, no pending or transmitted snapshots, a zero residual, weights equal
+    to the round-start snapshot and that snapshot within rounding of the
+    global weights, which must be the record's (``committed_weights``, round ->
+    stage -> hash, where known).
+    """
+    if len(state_parts) != len(claimed_stage_hashes):
+        return f"{len(state_parts)} state parts for {len(claimed_stage_hashes)} claims"
+    for data, claimed in zip(state_parts, claimed_stage_hashes):
+        try:
+            part = parse_stage_state(data)
+        except ReplicaStateError as exc:
+            return f"served state is malformed: {exc}"
+        stage = part.stage_index
+        if part.state_hash() != claimed:
+            return f"stage {stage}: served state is not the committed one"
+        groups = {name.split("/", 1)[0] for name in part.tensors}
+        carried = sorted(g for g in groups if g.startswith(("adam.", "round_end.", "own_decoded.", "sent."))
+                         or g == "others_previous")
+        if carried:
+            return f"stage {stage}: carries state a restart does not have ({', '.join(carried[:4])})"
+        residual = part.group("residual")
+        if any(bool(t.any()) for t in residual.values()):
+            return f"stage {stage}: error-feedback residual is not zero"
+        params, start, global_weights = part.group("param"), part.group("round_start"), part.group("global")
+        if set(params) != set(start) or set(start) != set(global_weights) or not params:
+            return f"stage {stage}: weight groups do not name the same tensors"
+        if any(not torch.equal(params[n], start[n]) for n in params):
+            return f"stage {stage}: live weights differ from the round-start snapshot"
+        if any(not torch.allclose(start[n], global_weights[n], rtol=RESTART_RTOL, atol=RESTART_ATOL)
+               for n in start):
+            return f"stage {stage}: round-start weights are not the global weights"
+        applied = part.engine_counters[1] - 1
+        committed = (committed_weights or {}).get(applied, {}).get(stage)
+        if committed is not None and stage_weights_hash(global_weights) != committed:
+            return f"stage {stage}: global weights are not round {applied}'s on record"
+    return None
 
 
 # ----------------------------------------------------------------------------- who checks whom

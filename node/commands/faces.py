@@ -122,13 +122,15 @@ def _start_metrics(port: int):
         ("peers", "connected libp2p peers"), ("bytes_sent", "application bytes sent"),
         ("bytes_received", "application bytes received"), ("last_commit", "last round committed on chain"),
         ("spot_checks", "other replicas' contributions this node re-executed"),
-        ("spot_check_mismatches", "re-executed contributions that did not reproduce"))}
+        ("spot_check_mismatches", "re-executed contributions or start-state links that did not hold"),
+        ("chain_checks", "start states checked against the rerun of the replica's previous round"))}
 
     def update(p) -> None:
         for name, value in (("round", p.round), ("inner_step", p.step), ("loss", p.loss),
                             ("eval_loss", p.eval_loss), ("peers", p.peers), ("bytes_sent", p.bytes_sent),
                             ("bytes_received", p.bytes_received), ("last_commit", p.last_commit),
-                            ("spot_checks", p.spot_checks), ("spot_check_mismatches", p.spot_check_mismatches)):
+                            ("spot_checks", p.spot_checks), ("spot_check_mismatches", p.spot_check_mismatches),
+                            ("chain_checks", p.chain_checks)):
             gauges[name].set(value)
 
     return update

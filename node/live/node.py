@@ -623,6 +623,7 @@ class Node:
                 if self.spot_checks is not None:
                     self.progress.spot_checks = self.spot_checks.checks_run
                     self.progress.spot_check_mismatches = self.spot_checks.mismatches
+                    self.progress.chain_checks = self.spot_checks.chain_checks
                 self._report(throttle=True)
             except P2PError as exc:
                 logger.debug("heartbeat: %s", exc)

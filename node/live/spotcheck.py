@@ -56,6 +56,7 @@ class SpotCheckJob:
     previous: dict[int, list[bytes]] = field(default_factory=dict)  # stage -> round t-1 payloads, canonical order
     previous_excluded: dict[int, dict[int, str]] = field(default_factory=dict)  # stage -> screened indices
     committed_weights: dict[int, dict[int, bytes]] = field(default_factory=dict)  # round -> stage -> hash
+    previous_dropped: list[int] = field(default_factory=list)  # stages whose round t-1 close left this replica out
 
     def write(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -77,6 +78,7 @@ class SpotCheckJob:
                                   for s, ex in self.previous_excluded.items()},
             "committed": {str(r): {str(s): h.hex() for s, h in stages.items()}
                           for r, stages in self.committed_weights.items()},
+            "previous_dropped": sorted(self.previous_dropped),
         }
         atomic_write_bytes(directory / JOB_FILE, json.dumps(doc).encode())
 
@@ -87,6 +89,7 @@ class SpotCheckResult:
     reason: str
     distances: dict[int, float]
     seconds: float
+    next_state_hashes: list[bytes] | None = None  # per stage: the start state round t+1 must bind (exact reruns)
 
     @property
     def honest(self) -> bool:
@@ -117,9 +120,11 @@ def run_job(directory: Path) -> dict:
         previous_excluded={int(s): {int(i): r for i, r in ex.items()} for s, ex in doc["previous_excluded"].items()},
         committed_weights={int(r): {int(s): bytes.fromhex(h) for s, h in st.items()}
                            for r, st in doc["committed"].items()},
+        previous_dropped=[int(s) for s in doc.get("previous_dropped", [])],
     )
     return {"verdict": check.verdict, "reason": check.reason,
-            "distances": {str(s): d for s, d in check.distances.items()}, "seconds": check.reexec_seconds}
+            "distances": {str(s): d for s, d in check.distances.items()}, "seconds": check.reexec_seconds,
+            "next_state_hashes": None if check.next_state_hashes is None else [h.hex() for h in check.next_state_hashes]}
 
 
 def parse_result(data: bytes) -> SpotCheckResult:
@@ -128,11 +133,15 @@ def parse_result(data: bytes) -> SpotCheckResult:
         doc = json.loads(data)
         verdict, reason, seconds = doc["verdict"], str(doc["reason"])[:400], float(doc["seconds"])
         distances = {int(s): float(d) for s, d in doc["distances"].items()}
+        following = doc.get("next_state_hashes")
+        next_hashes = None if following is None else [bytes.fromhex(h) for h in following]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise SpotCheckFailed(f"spot check result is malformed: {exc}") from None
     if verdict not in VERDICTS or any(math.isnan(d) for d in distances.values()):
         raise SpotCheckFailed(f"spot check result has verdict {verdict!r}")
-    return SpotCheckResult(verdict, reason, distances, seconds)
+    if next_hashes is not None and any(len(h) != 32 for h in next_hashes):
+        raise SpotCheckFailed("spot check result has malformed next-state hashes")
+    return SpotCheckResult(verdict, reason, distances, seconds, next_hashes)
 
 
 def _child_env() -> dict[str, str]:

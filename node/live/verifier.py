@@ -42,7 +42,7 @@ from node.live import protocol as msg
 from node.live.spotcheck import RerunWorker, SpotCheckJob, SpotCheckResult
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
-from training.reexec import sample_replicas
+from training.reexec import restart_state_reason, sample_replicas
 from training.robust import SCREENED
 
 logger = logging.getLogger(__name__)
@@ -96,6 +96,7 @@ class SpotChecker:
         self._resolved: set[bytes] = set()
         self._lock = threading.Lock()
         self.checks_run = 0
+        self.chain_checks = 0  # round t -> t+1 start-state links checked (node.live.verifier._chain_holds)
         self.mismatches = 0
         self.skipped = 0
         self._thread = threading.Thread(target=self._loop, name="spotcheck", daemon=True)
@@ -146,6 +147,64 @@ class SpotChecker:
             result = self._check(outer_round, replica)
             if result is not None and not result.honest:
                 self._accuse(outer_round, replica, result)
+        # The chain: every replica this node reran exactly in round t-1 must start round t where
+        # that rerun ended (or from the record, after a restart).
+        with self._lock:
+            linked = [(replica, result) for (r, replica), result in self._results.items()
+                      if r == outer_round - 1 and result is not None and result.next_state_hashes is not None]
+        for replica, result in linked:
+            if replica not in signers or self.ctx.membership.ejected(signers[replica]):
+                continue
+            try:
+                next_envs = self._envelopes_of(outer_round, replica)
+            except NodeError:
+                continue  # not whole in round t's close: no link to check
+            holds, reason, parts = self._chain_holds(outer_round - 1, replica, result, next_envs)
+            self.chain_checks += holds is not None
+            if holds is False:
+                self.mismatches += 1
+                for data in parts:  # the state the chain does not lead to is part of the evidence
+                    try:
+                        atomic_write_bytes(self.ctx.evidence_dir / f"state-{hashlib.sha256(data).hexdigest()}.part",
+                                           data)
+                    except OSError as exc:
+                        logger.warning("start state not kept as evidence: %s", exc)
+                logger.warning("chain check of replica %d rounds %d-%d: %s", replica, outer_round - 1, outer_round,
+                               reason)
+                self._accuse(outer_round - 1, replica, SpotCheckResult("state_mismatch", reason, {}, 0.0),
+                             next_envs=next_envs)
+
+    def _chain_holds(self, outer_round: int, replica: int, result: SpotCheckResult,
+                     next_envs: list[Envelope]) -> tuple[bool | None, str, list[bytes]]:
+        """Whether round t+1's start state of ``replica`` is where the exact rerun of round t led, or a
+        restart's state rebuilt from the record (None: could not tell, e.g. the state was not served);
+        the reason; the state parts fetched (none if the hashes chained)."""
+        claimed = [msg.decode_contribution_body(e.payload).state_hash for e in next_envs]
+        if claimed == result.next_state_hashes:
+            return True, "chained", []
+        job_dir = self.ctx.work_dir / f"chain-{outer_round + 1:08d}-replica{replica}"
+        shutil.rmtree(job_dir, ignore_errors=True)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            parts = []
+            for env, state_hash in zip(next_envs, claimed):
+                dest = job_dir / f"fetch-{env.stage}.part"
+                self.ctx.host.fetch_blob(state_hash.hex(), dest, providers=[env.sender_peer_id],
+                                         timeout=STATE_FETCH_TIMEOUT_S)
+                parts.append(dest.read_bytes())
+        except (P2PError, OSError) as exc:
+            logger.warning("chain check of replica %d round %d not done: %s", replica, outer_round + 1, exc)
+            return None, str(exc), []
+        finally:
+            shutil.rmtree(job_dir, ignore_errors=True)
+        committed = {r: self.ctx.stage_hashes(r) for r in range(outer_round - 2, outer_round + 1)}
+        why = restart_state_reason(parts, claimed, {r: h for r, h in committed.items() if h})
+        if why is None:
+            logger.info("replica %d entered round %d from the record (a restart): its chain starts again",
+                        replica, outer_round + 1)
+            return True, "restarted from the record", parts
+        return False, (f"its round {outer_round + 1} start state follows neither from the rerun of round "
+                       f"{outer_round} nor from the record: {why}"), parts
 
     # -- one check ----------------------------------------------------------------------
     def _check(self, outer_round: int, replica: int) -> SpotCheckResult | None:
@@ -197,9 +256,12 @@ class SpotChecker:
                 parts.append(dest.read_bytes())
             previous, previous_excluded = self._previous_round(outer_round - 1)
             committed = {r: self.ctx.stage_hashes(r) for r in range(outer_round - 3, outer_round)}
+            held = {c.stage for c in (self.ctx.archive.sealed(outer_round - 1) or []) if c.replica == replica}
+            dropped = [s for s in range(cfg.pipeline.num_stages) if s not in held] if outer_round > 0 else []
             job = SpotCheckJob(cfg.to_dict(), outer_round, replica,
                                [(e.stage, b.state_hash, b.data_commitment, b.blob) for e, b in zip(envs, bodies)],
-                               parts, previous, previous_excluded, {r: h for r, h in committed.items() if h})
+                               parts, previous, previous_excluded, {r: h for r, h in committed.items() if h},
+                               previous_dropped=dropped)
             job.write(job_dir)
             return self._worker.run(job_dir, RERUN_TIMEOUT_S)
         finally:
@@ -228,7 +290,10 @@ class SpotChecker:
         return previous, excluded
 
     # -- accusing -----------------------------------------------------------------------
-    def _accuse(self, outer_round: int, replica: int, result: SpotCheckResult) -> None:
+    def _accuse(self, outer_round: int, replica: int, result: SpotCheckResult,
+                next_envs: list[Envelope] = ()) -> None:
+        """Evidence, ``accuse`` on chain, gossip, our guilty verdict. ``next_envs``: a broken chain's
+        round t+1 envelopes, which follow round t's in the evidence."""
         envs = self._envelopes_of(outer_round, replica)
         accused_peer = envs[0].sender_peer_id
         account = self._account_of(accused_peer)
@@ -236,8 +301,9 @@ class SpotChecker:
             logger.warning("round %d: replica %d (%s) failed its spot check but its account is unknown here",
                            outer_round, replica, accused_peer[-8:])
             return
-        evidence = msg.Evidence(account, replica, [e.to_bytes() for e in envs], result.verdict, result.reason,
-                                [result.distances.get(e.stage, math.inf) for e in envs])
+        evidence = msg.Evidence(account, replica, [e.to_bytes() for e in [*envs, *next_envs]], result.verdict,
+                                result.reason, [result.distances.get(e.stage, math.inf) for e in envs]
+                                + [math.inf] * len(next_envs))
         data = self.ctx.sign_envelope(outer_round, msg.EVIDENCE, msg.encode_payload(evidence))
         evidence_hash = hashlib.sha256(data).digest()
         try:
@@ -294,12 +360,15 @@ class SpotChecker:
             env = decode_envelope(data, msg.MAX_EVIDENCE_PAYLOAD + 4096)
             evidence = msg.decode_payload(msg.EVIDENCE, env.payload)
             ours = [e.to_bytes() for e in self._envelopes_of(outer_round, accusation.replica)]
+            # A broken chain's evidence goes on with the replica's envelopes of round t+1.
+            next_envs = (self._envelopes_of(outer_round + 1, accusation.replica)
+                         if len(evidence.contributions) > len(ours) else [])
         except (EnvelopeRejected, msg.ProtocolError, NodeError) as exc:
             logger.warning("round %d: %s's accusation has unusable evidence: %s", outer_round, accuser[-8:], exc)
             return
         if (env.kind, env.sender_peer_id, env.round) != (msg.EVIDENCE, accuser, outer_round) or (
                 evidence.accused, evidence.replica) != (accusation.accused, accusation.replica) or (
-                evidence.contributions != ours):
+                evidence.contributions != ours + [e.to_bytes() for e in next_envs]):
             logger.warning("round %d: %s's evidence does not name the sealed contributions of replica %d",
                            outer_round, accuser[-8:], accusation.replica)
             return
@@ -307,7 +376,15 @@ class SpotChecker:
         result = self._check(outer_round, accusation.replica)
         if result is None:
             return  # could not rerun: sign nothing either way
-        self._sign_verdict(outer_round, accusation, guilty=not result.honest)
+        guilty = not result.honest
+        if next_envs and result.honest:
+            if result.next_state_hashes is None:
+                return  # not a bit-exact rerun here: the chain cannot be judged, sign nothing
+            holds, _reason, _parts = self._chain_holds(outer_round, accusation.replica, result, next_envs)
+            if holds is None:
+                return
+            guilty = not holds
+        self._sign_verdict(outer_round, accusation, guilty=guilty)
 
     def _sign_verdict(self, outer_round: int, accusation: msg.Accusation, guilty: bool) -> None:
         verdict = Verdict(self.ctx.run_id, "0x" + accusation.accused.hex(), accusation.evidence_hash, guilty)

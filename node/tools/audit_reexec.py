@@ -81,7 +81,8 @@ class _Archives:
     def blob(self, hash_hex: str) -> bytes | None:
         """A blob by content hash from any archive's blob store or evidence directory (checked)."""
         for d in self.dirs:
-            for candidate in (d / "blobs" / hash_hex, *(d / "evidence").glob(f"*{hash_hex}.envelope")):
+            for candidate in (d / "blobs" / hash_hex, *(d / "evidence").glob(f"*{hash_hex}.envelope"),
+                              d / "evidence" / f"state-{hash_hex}.part"):
                 if candidate.is_file():
                     data = candidate.read_bytes()
                     if hashlib.sha256(data).hexdigest() == hash_hex:
@@ -155,6 +156,8 @@ class ReexecAuditor:
         previous, excluded = self._previous(round_index - 1)
         if previous is None:
             return None, f"round {round_index - 1}'s contributions are not in the archives", None
+        held = {int(e[0]) for e in self.sealed.get(round_index - 1, []) if int(e[1]) == replica}
+        dropped = [s for s in range(self.cfg.pipeline.num_stages) if s not in held] if round_index > 0 else []
         corpus = self.replayer._corpus()
         if corpus is None:
             return None, "the run's training text is not available here (pass --data)", None
@@ -162,9 +165,30 @@ class ReexecAuditor:
         result = verify_contribution(parts, claims, corpus, self.cfg.model, self.cfg.training, self.cfg.diloco,
                                      self.cfg.compression, outer_round=round_index, replica=replica,
                                      run_rounds=self.run_rounds, previous_contributions=previous or None,
-                                     previous_excluded=excluded)
+                                     previous_excluded=excluded, previous_dropped=dropped)
         distance = max(result.distances.values()) if result.distances else None
         return result, result.reason, distance
+
+    def chain_broken(self, round_index: int, result, next_envs) -> tuple[bool | None, str]:
+        """Whether round t+1's envelopes bind a start state that follows neither from the exact rerun
+        ``result`` of round t nor from the record (None: cannot tell from these archives)."""
+        from training.reexec import restart_state_reason
+
+        if result.next_state_hashes is None:
+            return None, f"the rerun of round {round_index} is not bit-exact here, so the chain cannot be judged"
+        claimed = [msg.decode_contribution_body(e.payload).state_hash for e in next_envs]
+        if claimed == result.next_state_hashes:
+            return False, f"round {round_index + 1} starts where the rerun of round {round_index} ends"
+        parts = [self.archives.blob(h.hex()) for h in claimed]
+        if any(p is None for p in parts):
+            return None, f"round {round_index + 1}'s start state is not in the archives' blob stores"
+        # Structure only: the auditor has no per-stage weights hashes at hand here (nodes check the
+        # global weights against their own hashes of the record).
+        why = restart_state_reason(parts, claimed)
+        if why is None:
+            return False, f"round {round_index + 1} starts from the record (a restart)"
+        return True, why
+
 
 
 def reexec_checks(report, history, replayer, archives, count: int) -> None:
@@ -211,12 +235,26 @@ def reexec_checks(report, history, replayer, archives, count: int) -> None:
             if "0x" + evidence.accused.hex() != accusation.accused.lower() or env.kind != msg.EVIDENCE or any(
                     account_of.get(e.sender_peer_id, "").lower() != accusation.accused.lower() for e in envs):
                 raise ValueError("the evidence does not name contributions signed by the accused")
+            # A broken chain's evidence: the round's envelopes, then the replica's of the next round.
+            stages = auditor.cfg.pipeline.num_stages
+            envs, next_envs = envs[:stages], envs[stages:]
+            if [e.round for e in envs] != [env.round] * len(envs) or (
+                    next_envs and [e.round for e in next_envs] != [env.round + 1] * stages):
+                raise ValueError("the evidence's envelopes are not one round's, optionally followed by the next's")
             result, reason, _distance = auditor.check(env.round, evidence.replica, envs)
+            broken = None
+            if result is not None and result.honest and next_envs:
+                broken, reason = auditor.chain_broken(env.round, result, next_envs)
         except (*DLX_ERRORS, EnvelopeRejected, ValueError, OSError) as exc:
             report.general.append(Check(name, FAIL, f"evidence does not hold: {exc}"))
             continue
-        if result is None:
+        if result is None or (next_envs and result.honest and broken is None):
             report.general.append(Check(name, UNVERIFIABLE, reason, env.round))
+        elif next_envs and result.honest:
+            report.general.append(Check(name, OK if broken else FAIL,
+                                        f"the start state of round {env.round + 1} "
+                                        + (f"does not follow ({reason})" if broken
+                                           else f"follows ({reason}): an honest member was ejected"), env.round))
         else:
             report.general.append(Check(name, FAIL if result.honest else OK,
                                         f"the contribution of round {env.round} "
