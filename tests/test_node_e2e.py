@@ -7,6 +7,7 @@ them train a tiny model for a few outer rounds, and checks the chain record.
 from __future__ import annotations
 
 import hashlib
+import json
 import signal
 import sys
 import time
@@ -109,8 +110,10 @@ def test_a_whole_run_stopped_and_restarted_resumes(make_run):
 @pytest.mark.timeout(600)
 def test_node_killed_mid_round_rejoins_from_checkpoint(make_run):
     # Rounds of a few seconds (H=40) so the run is still going when the victim is back (~15 s).
+    # spot_checks=8: each node re-executes the other's every contribution and checks every chain
+    # link, across the restart too: a restarted replica's fresh state is not a broken chain.
     run = make_run(replicas=2, stages=2, split=False,
-                   settings=TINY + ["rounds=12", "join_timeout=60", "diloco.inner_steps=40"])
+                   settings=TINY + ["rounds=12", "join_timeout=60", "diloco.inner_steps=40", "spot_checks=8"])
     run.start()
     _wait_for_round(run, 1, 240)
     victim = run.nodes[1]
@@ -127,6 +130,10 @@ def test_node_killed_mid_round_rejoins_from_checkpoint(make_run):
     # After the restart both replicas contribute again.
     assert history.commits[-1].commit.num_contributors == 2
     assert not history.disputes
+    assert not history.accusations, run_logs(run)
+    survivor = json.loads((run.nodes[0].data_dir / "status.json").read_text())
+    assert survivor["spot_checks"] >= 4 and survivor["chain_checks"] >= 2, survivor
+    assert survivor["spot_check_mismatches"] == 0, survivor
 
 
 def _wait_for(predicate, timeout: float, what: str, run: LocalRun) -> None:

@@ -33,6 +33,7 @@ from training.reexec import (
     check_state_chain,
     reexecute,
     restart_state_reason,
+    start_global_round,
     sample_replicas,
     verify_contribution,
 )
@@ -204,13 +205,13 @@ def test_a_restart_from_the_record_is_a_valid_start_but_a_forged_one_is_not(run)
     fresh = restarted.start_state(2)
     parts = [p.to_bytes() for p in fresh.stages]
     hashes = fresh.stage_hashes()
-    applied = state.stages[0].engine_counters[1] - 1
+    applied = start_global_round(sim.diloco, 2)
     committed = {applied: {p.stage_index: stage_weights_hash(p.group("global")) for p in state.stages}}
-    assert restart_state_reason(parts, hashes, committed) is None
+    assert restart_state_reason(parts, hashes, committed, applied) is None
     # ... but not with another round's global weights, nor with the chained state of a live replica,
     # nor with the forger's (zero residual, AdamW moments kept).
     wrong = {applied: {s: b"\0" * 32 for s in committed[applied]}}
-    assert "on record" in restart_state_reason(parts, hashes, wrong)
+    assert "on record" in restart_state_reason(parts, hashes, wrong, applied)
     assert "carries state" in restart_state_reason([p.to_bytes() for p in state.stages], state.stage_hashes())
     forged = records[2].states[FORGED_STATE]
     assert "carries state" in restart_state_reason([p.to_bytes() for p in forged.stages], forged.stage_hashes())

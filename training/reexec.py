@@ -59,7 +59,7 @@ from training.replica_state import (
     parse_stage_state,
     restore_replica,
 )
-from training.schedule import APPLY, ENCODE, TRAIN, inner_lr, round_actions, set_lr
+from training.schedule import APPLY, ENCODE, TRAIN, inner_lr, pending_after_round, round_actions, set_lr
 from training.stages import split_stages, stage_param_shapes
 
 logger = logging.getLogger(__name__)
@@ -376,8 +376,8 @@ def verify_contribution(
     if (meta.outer_round, meta.replica, meta.inner_steps, meta.lr_total_steps) != (
             outer_round, replica, diloco_cfg.inner_steps, expected_horizon):
         return failed(STATE_MISMATCH, f"state metadata {meta} is not round {outer_round} of replica {replica}")
+    applied = start_global_round(diloco_cfg, outer_round)
     for part in parts:
-        applied = part.engine_counters[1] - 1  # the round the state's global weights are from
         committed = (committed_weights or {}).get(applied, {}).get(part.stage_index)
         if committed is not None and stage_weights_hash(part.group("global")) != committed:
             return failed(STATE_MISMATCH,
@@ -410,6 +410,19 @@ def verify_contribution(
     return SpotCheck(outer_round, replica, outcome, reason, distances, next_hashes, rerun.seconds)
 
 
+def start_global_round(diloco_cfg: DilocoConfig, outer_round: int) -> int:
+    """The round whose global weights every replica holds when round ``outer_round`` starts (-1: the initial ones).
+
+    Rounds are applied in order, and when a round's actions are done all but
+    :func:`~training.schedule.pending_after_round` of them are: ``t - 2`` with the
+    one-step delay, ``t - 1`` without. This holds for a replica that caught up after
+    a restart too, whose engine counters lag (rounds it absorbed without having
+    encoded them do not move ``last_applied``), so the check uses the schedule,
+    not the counters.
+    """
+    return max(-1, outer_round - 1 - pending_after_round(diloco_cfg))
+
+
 def check_state_chain(expected_stage_hashes: Sequence[bytes], claimed_stage_hashes: Sequence[bytes]) -> str:
     """:data:`EXACT` if round t+1's envelopes bind the start state round t's rerun produced, else :data:`STATE_MISMATCH`."""
     return EXACT if list(expected_stage_hashes) == list(claimed_stage_hashes) else STATE_MISMATCH
@@ -425,6 +438,7 @@ def restart_state_reason(
     state_parts: Sequence[bytes],
     claimed_stage_hashes: Sequence[bytes],
     committed_weights: Mapping[int, Mapping[int, bytes]] | None = None,
+    global_round: int | None = None,
 ) -> str | None:
     """None if the parts are a start state rebuilt from the public record alone, else why not.
 
@@ -436,8 +450,9 @@ def restart_state_reason(
     all the chain check asks. Every part must hash to its claim, hold no AdamW
     state, no pending or transmitted snapshots, a zero residual, weights equal
     to the round-start snapshot and that snapshot within rounding of the
-    global weights, which must be the record's (``committed_weights``, round ->
-    stage -> hash, where known).
+    global weights, which must be the record's of ``global_round``
+    (:func:`start_global_round`; ``committed_weights``: round -> stage -> hash,
+    where known).
     """
     if len(state_parts) != len(claimed_stage_hashes):
         return f"{len(state_parts)} state parts for {len(claimed_stage_hashes)} claims"
@@ -465,10 +480,9 @@ def restart_state_reason(
         if any(not torch.allclose(start[n], global_weights[n], rtol=RESTART_RTOL, atol=RESTART_ATOL)
                for n in start):
             return f"stage {stage}: round-start weights are not the global weights"
-        applied = part.engine_counters[1] - 1
-        committed = (committed_weights or {}).get(applied, {}).get(stage)
+        committed = (committed_weights or {}).get(global_round, {}).get(stage)
         if committed is not None and stage_weights_hash(global_weights) != committed:
-            return f"stage {stage}: global weights are not round {applied}'s on record"
+            return f"stage {stage}: global weights are not round {global_round}'s on record"
     return None
 
 

@@ -42,7 +42,7 @@ from node.live import protocol as msg
 from node.live.spotcheck import RerunWorker, SpotCheckJob, SpotCheckResult
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
-from training.reexec import restart_state_reason, sample_replicas
+from training.reexec import restart_state_reason, sample_replicas, start_global_round
 from training.robust import SCREENED
 
 logger = logging.getLogger(__name__)
@@ -198,7 +198,8 @@ class SpotChecker:
         finally:
             shutil.rmtree(job_dir, ignore_errors=True)
         committed = {r: self.ctx.stage_hashes(r) for r in range(outer_round - 2, outer_round + 1)}
-        why = restart_state_reason(parts, claimed, {r: h for r, h in committed.items() if h})
+        why = restart_state_reason(parts, claimed, {r: h for r, h in committed.items() if h},
+                                   start_global_round(self.ctx.cfg.diloco, outer_round + 1))
         if why is None:
             logger.info("replica %d entered round %d from the record (a restart): its chain starts again",
                         replica, outer_round + 1)
