@@ -227,6 +227,21 @@ def test_a_restart_from_the_record_is_a_valid_start_but_a_forged_one_is_not(run)
                                                                  bad.stage_hashes())
 
 
+def test_without_the_delay_a_rerun_reproduces_but_names_no_next_state():
+    # Round t is applied after its own encode, from round t's close, which a rerun is not given:
+    # the contribution is checked, the chain is not (next_state_hashes None, never a false link).
+    sim = dataclasses.replace(_sim(), diloco=DilocoConfig(inner_steps=3, num_replicas=2, one_step_delay=False))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        records = run_with_states([SimReplica(0, sim), SimReplica(1, sim)], sim)
+    finally:
+        torch.set_num_threads(threads)
+    check = _check(sim, records, 0, 1)
+    assert check.verdict == EXACT, check.reason
+    assert check.next_state_hashes is None
+
+
 def test_served_state_and_data_commitment_must_match_the_envelope(run):
     sim, records = run
     state = records[1].states[HONEST]

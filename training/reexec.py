@@ -235,6 +235,11 @@ def reexecute(
                         trainer.train_step(x, y)
                 train_seconds += time.perf_counter() - started
             elif action.kind == APPLY:
+                if action.outer_round == outer_round:
+                    # No delay: round t itself is applied after its encode, from round t's close,
+                    # which the rerun is not given; the payloads are done, the next state unknown.
+                    applied_previous = False
+                    continue
                 if previous_contributions is None:
                     if not payloads:
                         raise ReexecError(
