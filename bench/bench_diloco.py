@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from training.config import (  # noqa: E402
     DELAY_CORRECTIONS,
+    OUTER_DECAYS,
     CompressionConfig,
     DilocoConfig,
     ModelConfig,
@@ -71,6 +72,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--outer-momentum", type=float, default=0.5, help="synchronous DiLoCo")
     parser.add_argument("--x-outer-lr", type=float, default=None, help="DiLoCoX (default: --outer-lr)")
     parser.add_argument("--x-outer-momentum", type=float, default=None, help="DiLoCoX (default: --outer-momentum)")
+    parser.add_argument("--outer-warmup-rounds", type=int, default=0,
+                        help="both DiLoCo modes: linear warmup of the outer lr over this many rounds")
+    parser.add_argument("--outer-decay", default="constant", choices=list(OUTER_DECAYS),
+                        help="both DiLoCo modes: decay of the outer lr (to --outer-min-lr-ratio) and momentum "
+                             "(to --outer-final-momentum) over the run's rounds")
+    parser.add_argument("--outer-min-lr-ratio", type=float, default=1.0)
+    parser.add_argument("--outer-final-momentum", default="auto", help="auto: no momentum decay")
+    parser.add_argument("--outer-decay-rounds", type=int, default=0, help="decay horizon (0: --rounds)")
     parser.add_argument("--error-budget", type=float, default=0.4)
     parser.add_argument("--bits", default="2,4,8")
     parser.add_argument("--max-rank", type=int, default=32)
@@ -113,6 +122,9 @@ def main() -> int:
     )
     diloco_cfg = DilocoConfig(
         inner_steps=args.inner_steps, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
+        outer_warmup_rounds=args.outer_warmup_rounds, outer_decay=args.outer_decay,
+        outer_decay_rounds=args.outer_decay_rounds or args.rounds, outer_min_lr_ratio=args.outer_min_lr_ratio,
+        outer_final_momentum=args.outer_final_momentum,
         one_step_delay=not args.no_delay, num_replicas=args.replicas, delay_correction=args.delay_correction,
         # The node screens contributions only where one node holds every stage (node/live/replica.py);
         # the simulation holds the whole model and would screen split runs too, dropping honest

@@ -21,7 +21,8 @@ RESULTS = REPO / "bench" / "results"
 # The arguments that differ between ablations (the rest are the bench defaults).
 KEYS = (
     "inner_steps", "rounds", "batch_size", "inner_lr", "lr_schedule", "warmup_steps", "beta2", "weight_decay",
-    "outer_lr", "outer_momentum", "x_outer_lr", "x_outer_momentum", "delay_correction", "no_delay",
+    "outer_lr", "outer_momentum", "x_outer_lr", "x_outer_momentum", "outer_warmup_rounds", "outer_decay",
+    "outer_min_lr_ratio", "outer_final_momentum", "delay_correction", "no_delay",
     "error_budget", "bandwidth_budget", "target_reduction", "overlap_steps", "max_rank", "bits", "no_error_feedback",
 )
 

@@ -6,6 +6,7 @@ messages that name the TOML field and say how to fix it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from training.errors import TrainingConfigError
@@ -32,6 +33,21 @@ def _int_or_auto(value: int | str, where: str) -> int | str:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TrainingConfigError(f"{where}={value!r}: must be an integer or \"auto\"")
     return value
+
+
+def _float_or_auto(value: float | str, where: str) -> float | str:
+    """``value`` as a finite float, or ``"auto"``; TOML gives numbers, ``--set`` gives strings."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == AUTO:
+            return AUTO
+        try:
+            value = float(text)
+        except ValueError:
+            raise TrainingConfigError(f"{where}={value!r}: must be a number or \"auto\"") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TrainingConfigError(f"{where}={value!r}: must be a finite number or \"auto\"")
+    return float(value)
 
 
 MODEL_PRESETS: dict[str, dict[str, int]] = {
@@ -117,6 +133,7 @@ class TrainingConfig:
 
 
 DELAY_CORRECTIONS = ("rebase", "lookahead", "eager", "reset")
+OUTER_DECAYS = ("constant", "linear", "cosine")
 
 # "auto" bandwidth budgets never compress one round's contribution more than this (bytes
 # of float32 over bytes sent): at H = 50 the 1000x target asks for about 20.
@@ -131,6 +148,16 @@ class DilocoConfig:
     outer_lr: float = 1.0  # measured best at 30 rounds (docs/DILOCOX.md section 9); DiLoCo used 0.7
     outer_momentum: float = 0.5  # DiLoCo used 0.9, too slow for tens of rounds
     nesterov: bool = True
+    # Outer schedule across rounds (training/schedule.py outer_lr / outer_momentum; a pure
+    # function of the round index and these fields, so the auditor replays it). Linear warmup of
+    # the outer lr over outer_warmup_rounds rounds, then (outer_decay "linear" or "cosine") a
+    # decay over the rounds up to outer_decay_rounds of the lr to outer_lr * outer_min_lr_ratio
+    # and of the momentum to outer_final_momentum. "constant" (the default): no decay.
+    outer_warmup_rounds: int = 0
+    outer_decay: str = "constant"
+    outer_decay_rounds: int = 0  # the horizon in rounds (the run's length); needed by a decay
+    outer_min_lr_ratio: float = 1.0
+    outer_final_momentum: float | str = AUTO  # "auto": outer_momentum throughout (no momentum decay)
     one_step_delay: bool = True
     num_replicas: int = 2  # M, replicas expected per stage
     # How local weights follow a delayed outer step (docs/DILOCOX.md): "rebase" keeps the
@@ -166,6 +193,26 @@ class DilocoConfig:
         _require(
             0 <= self.outer_momentum < 1,
             f"diloco.outer_momentum={self.outer_momentum}: must be in [0, 1)",
+        )
+        _require(self.outer_warmup_rounds >= 0, f"diloco.outer_warmup_rounds={self.outer_warmup_rounds}: must be >= 0")
+        _require(
+            self.outer_decay in OUTER_DECAYS,
+            f"diloco.outer_decay={self.outer_decay!r}: must be one of {', '.join(OUTER_DECAYS)}",
+        )
+        _require(self.outer_decay_rounds >= 0, f"diloco.outer_decay_rounds={self.outer_decay_rounds}: must be >= 0")
+        _require(
+            self.outer_decay == "constant" or self.outer_decay_rounds > self.outer_warmup_rounds,
+            f"diloco.outer_decay={self.outer_decay!r} needs diloco.outer_decay_rounds (the run's rounds, "
+            f"{self.outer_decay_rounds} now) > diloco.outer_warmup_rounds={self.outer_warmup_rounds}",
+        )
+        _require(
+            0 <= self.outer_min_lr_ratio <= 1,
+            f"diloco.outer_min_lr_ratio={self.outer_min_lr_ratio}: must be in [0, 1]",
+        )
+        self.outer_final_momentum = _float_or_auto(self.outer_final_momentum, "diloco.outer_final_momentum")
+        _require(
+            self.outer_final_momentum == AUTO or 0 <= self.outer_final_momentum < 1,
+            f"diloco.outer_final_momentum={self.outer_final_momentum}: must be in [0, 1) or \"auto\" (no decay)",
         )
         _require(self.num_replicas >= 1, f"diloco.num_replicas={self.num_replicas}: must be >= 1")
         if self.overlap_steps != AUTO:

@@ -11,8 +11,9 @@ global (outer) weights of the stage::
         theta_i  <- theta^t  (plus the delayed correction below)
 
 Outer step (SGD with Nesterov momentum, PyTorch's convention; DiLoCo defaults
-``lr = 0.7``, ``mu = 0.9``), every operation elementwise in float32, in this
-order, never fused::
+``lr = 0.7``, ``mu = 0.9``; here ``lr`` and ``mu`` may follow a schedule over the
+rounds, a pure function of ``t``: :func:`training.schedule.outer_lr`), every
+operation elementwise in float32, in this order, never fused::
 
     Delta   = (((c_0 + c_1) + c_2) + ... + c_{M-1}) / M      contributions in the given order
     m_t     = mu * m_{t-1} + Delta
@@ -95,6 +96,9 @@ from training.config import CompressionConfig, DilocoConfig
 from training.errors import AggregationError, EngineStateError, RoundOrderError
 from training.hashing import stage_weights_hash
 from training.robust import ContributionReport, robust_contributions
+from training.schedule import outer_lr as scheduled_outer_lr
+from training.schedule import outer_momentum as scheduled_outer_momentum
+from training.schedule import outer_schedule_is_constant
 
 logger = logging.getLogger(__name__)
 
@@ -127,14 +131,22 @@ def outer_step(
     momentum: Mapping[str, torch.Tensor],
     pseudo_gradient: Mapping[str, torch.Tensor],
     diloco_cfg: DilocoConfig,
+    outer_round: int | None = None,
 ) -> tuple[Weights, Weights]:
     """SGD with (Nesterov) momentum on the outer weights: ``(new_weights, new_momentum)``.
 
     ``m_t = mu*m + Delta``; ``u = Delta + mu*m_t`` (Nesterov) or ``m_t``;
-    ``theta_t = theta - lr*u``; each an unfused float32 elementwise op.
+    ``theta_t = theta - lr*u``; each an unfused float32 elementwise op. ``lr``
+    and ``mu`` are those of ``outer_round`` under the configured outer schedule
+    (:func:`training.schedule.outer_lr`, :func:`~training.schedule.outer_momentum`);
+    ``outer_round`` may be None only when that schedule is constant.
     """
-    mu = _f32(diloco_cfg.outer_momentum)
-    lr = _f32(diloco_cfg.outer_lr)
+    if outer_round is None:
+        if not outer_schedule_is_constant(diloco_cfg):
+            raise AggregationError("the outer schedule (diloco.outer_warmup_rounds / outer_decay) needs the outer round")
+        mu, lr = _f32(diloco_cfg.outer_momentum), _f32(diloco_cfg.outer_lr)
+    else:
+        mu, lr = _f32(scheduled_outer_momentum(diloco_cfg, outer_round)), _f32(scheduled_outer_lr(diloco_cfg, outer_round))
     new_weights, new_momentum = {}, {}
     for name in sorted(global_weights):
         delta = pseudo_gradient[name]
@@ -253,7 +265,7 @@ def _aggregate(global_weights, momentum, contributions, diloco_cfg, *, stage_ind
         new_global, new_momentum, average = _clone(global_weights), _clone(momentum), None
     else:
         average = average_contributions(accepted)
-        new_global, new_momentum = outer_step(global_weights, momentum, average, diloco_cfg)
+        new_global, new_momentum = outer_step(global_weights, momentum, average, diloco_cfg, outer_round)
     return Aggregation(new_global, new_momentum, stage_weights_hash(new_global), average, reports)
 
 
@@ -361,7 +373,8 @@ class StageEngine:
         if self.lookahead:
             # Start the next round from this replica's own estimate of theta^t: the outer
             # step applied to its own (decoded) contribution instead of the average.
-            estimate, _ = outer_step(self.global_weights, self.momentum, self._estimate_input(), self.diloco_cfg)
+            estimate, _ = outer_step(self.global_weights, self.momentum, self._estimate_input(), self.diloco_cfg,
+                                     outer_round)
             self._own_decoded[outer_round] = self.compressor.last_decoded
             with torch.no_grad():
                 for name, param in self.params.items():

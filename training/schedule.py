@@ -17,6 +17,24 @@ Sec. 3)::
 With ``lr_schedule = "constant"`` (or no known ``T``) the rate is ``inner_lr``
 after warmup.
 
+Outer schedule (``diloco.outer_warmup_rounds``, ``outer_decay``,
+``outer_decay_rounds`` = D, ``outer_min_lr_ratio``, ``outer_final_momentum``),
+per outer round ``t`` (the round whose average the outer step applies; W =
+``outer_warmup_rounds``)::
+
+    lr_t = outer_lr * (t + 1) / W                                 t < W
+         = outer_lr * (r + (1 - r) * f(p))                         p = (t - W) / (D - W), clamped to [0, 1]
+    mu_t = mu_end + (outer_momentum - mu_end) * f(p)               (mu_end = outer_final_momentum; "auto": mu_t = outer_momentum)
+    f(p) = 1 (constant) | 1 - p (linear) | (1 + cos(pi * p)) / 2 (cosine)
+
+Both are computed in float64 from the configuration and the round index only,
+then rounded to float32 by the outer step (training/diloco.py), so every
+replica, a joiner and the auditor use the same two scalars in round ``t``.
+"constant" (the default) gives ``outer_lr`` and ``outer_momentum`` in every
+round after the warmup. ("linear" is exact IEEE arithmetic; "cosine" goes
+through the platform's ``math.cos``, correctly rounded on glibc, whose last-bit
+differences would almost always vanish in the float32 rounding.)
+
 Round schedule (DiLoCoX's one-step delay, docs/DILOCOX.md section 4). Per outer
 round ``t`` of a run whose last round is ``T-1``::
 
@@ -37,7 +55,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from training.config import DilocoConfig, TrainingConfig
+from training.config import AUTO, DilocoConfig, TrainingConfig
 
 TRAIN = "train"
 ENCODE = "encode"
@@ -101,6 +119,48 @@ def inner_lr(training_cfg: TrainingConfig, step: int, total_steps: int | None) -
     floor = peak * training_cfg.min_lr_ratio
     progress = min(1.0, (step - warmup) / (horizon - warmup))
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _outer_decay_factor(diloco_cfg: DilocoConfig, outer_round: int) -> float:
+    """``f(p)`` of the module docstring: 1 before and without a decay, falling to 0 at ``p = 1``."""
+    if diloco_cfg.outer_decay == "constant":
+        return 1.0
+    warmup = diloco_cfg.outer_warmup_rounds
+    progress = min(1.0, max(0.0, (outer_round - warmup) / (diloco_cfg.outer_decay_rounds - warmup)))
+    if diloco_cfg.outer_decay == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def outer_lr(diloco_cfg: DilocoConfig, outer_round: int) -> float:
+    """Outer learning rate of ``outer_round`` (module docstring): warmup, then the decay, else ``diloco.outer_lr``."""
+    if outer_round < 0:
+        raise ValueError(f"outer_round={outer_round}: must be >= 0")
+    peak = diloco_cfg.outer_lr
+    if outer_round < diloco_cfg.outer_warmup_rounds:
+        return peak * (outer_round + 1) / diloco_cfg.outer_warmup_rounds
+    ratio = diloco_cfg.outer_min_lr_ratio
+    return peak * (ratio + (1.0 - ratio) * _outer_decay_factor(diloco_cfg, outer_round))
+
+
+def outer_momentum(diloco_cfg: DilocoConfig, outer_round: int) -> float:
+    """Outer (Nesterov) momentum of ``outer_round``: ``outer_momentum`` decayed towards ``outer_final_momentum``."""
+    if outer_round < 0:
+        raise ValueError(f"outer_round={outer_round}: must be >= 0")
+    start, end = diloco_cfg.outer_momentum, diloco_cfg.outer_final_momentum
+    if end == AUTO:
+        return start
+    return end + (start - end) * _outer_decay_factor(diloco_cfg, outer_round)
+
+
+def outer_schedule_is_constant(diloco_cfg: DilocoConfig) -> bool:
+    """True if every round uses ``outer_lr`` and ``outer_momentum`` (no warmup, no decay)."""
+    return diloco_cfg.outer_warmup_rounds == 0 and (
+        diloco_cfg.outer_decay == "constant" or (
+            diloco_cfg.outer_min_lr_ratio == 1.0
+            and diloco_cfg.outer_final_momentum in (AUTO, diloco_cfg.outer_momentum)
+        )
+    )
 
 
 def set_lr(optimizers, lr: float) -> None:
