@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ledger.errors import LedgerError
+from ledger.errors import ChainWaitStopped, LedgerError
 from ledger.records import RoundRecord
 from node.config import NodeConfig
 from node.errors import NotRegistered, StateError
@@ -132,7 +132,11 @@ class Node:
     def run(self) -> Progress:
         """Join, train until ``cfg.rounds`` (or stop), finish pending rounds, shut down."""
         try:
-            start_round, unfinished = self._join()
+            try:
+                start_round, unfinished = self._join()
+            except ChainWaitStopped as exc:  # a stop (SIGTERM, Ctrl-C) while waiting for the chain
+                logger.info("stopped before the chain answered: %s", exc)
+                return self.progress
             self._train_loop(start_round, unfinished)
         finally:
             self.close()
@@ -168,7 +172,7 @@ class Node:
     def _join(self) -> tuple[int, list[int]]:
         cfg = self.cfg
         self._set_state("joining")
-        self.chain = NodeChain.connect(cfg)
+        self.chain = NodeChain.connect(cfg, stop=self.stop_event)
         self.chain.check_run(self.run_id, self.config_hash, rounds=cfg.rounds)
         self.chain.ensure_registered(self.identity)
         self.chain.ensure_member(self.run_id)
