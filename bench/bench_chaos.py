@@ -84,7 +84,7 @@ def main() -> int:
                    attest_quorum=2, stake_wei=10**18)
     run.setup()
     nodes = len(run.nodes)
-    result: dict = {"replicas": args.replicas, "stages": 2, "nodes": nodes, "settings": settings, "k": 2,
+    result: dict = {"command": "python " + " ".join(sys.argv), "replicas": args.replicas, "stages": 2, "nodes": nodes, "settings": settings, "k": 2,
                     "kills": [], "unexpected_exits": [], "load_before": os.getloadavg()}
     try:
         run.start()
