@@ -45,6 +45,14 @@ def log_text(slot) -> str:
     return "\n".join(p.read_text(errors="replace") for p in sorted(slot.data_dir.glob("node-*.log")))
 
 
+def last_contributed(slot) -> int:
+    """The last round the node contributed to, from its state.json (-1 if none or unreadable)."""
+    try:
+        return int(json.loads((slot.data_dir / "state.json").read_text()).get("last_contributed", -1))
+    except (OSError, ValueError):
+        return -1
+
+
 def full_round_after(client, run_id: int, after: int, contributors: int) -> int | None:
     """The first committed round > ``after`` that every contributor is in, or None yet."""
     last = client.last_round(run_id)
@@ -76,7 +84,7 @@ def main() -> int:
                    attest_quorum=2, stake_wei=10**18)
     run.setup()
     nodes = len(run.nodes)
-    result: dict = {"replicas": args.replicas, "stages": 2, "nodes": nodes, "settings": settings, "k": 2,
+    result: dict = {"command": "python " + " ".join(sys.argv), "replicas": args.replicas, "stages": 2, "nodes": nodes, "settings": settings, "k": 2,
                     "kills": [], "unexpected_exits": [], "load_before": os.getloadavg()}
     try:
         run.start()
@@ -95,11 +103,13 @@ def main() -> int:
             killed_pids.add(victim.process.pid)
             run.kill(victim, signal.SIGKILL)
             killed_at = time.monotonic()
+            contributed_before = last_contributed(victim)  # what its killed life had sent
             delay = rng.uniform(1, 20)
             time.sleep(delay)
             last_at_restart = client.last_round(run.run_id)
             run.start_node(victim)
-            entry = {"kill": kill, "node": victim.name, "round_at_kill": last_before, "restart_delay_s": round(delay, 1)}
+            entry = {"kill": kill, "node": victim.name, "round_at_kill": last_before,
+                     "contributed_before_kill": contributed_before, "restart_delay_s": round(delay, 1)}
             recovered = None
             while time.monotonic() - killed_at < args.recovery_timeout:
                 # A node that exits unasked (not killed by us) is a failure of the run.
@@ -109,9 +119,11 @@ def main() -> int:
                                                            "kill": kill})
                         killed_pids.add(slot.process.pid)
                         run.start_node(slot)
-                # Recovered: a round trained after the restart holds every node's contribution.
-                # (It enters after the rounds committed by now: a full round past them is one it trained.)
-                recovered = full_round_after(client, run.run_id, last_at_restart + 1, nodes)
+                # Recovered: a round trained after the restart holds every node's contribution: a
+                # full round past the rounds committed by the restart and past every round the killed
+                # life contributed to (with the commit lag, those can be full rounds it never saw).
+                recovered = full_round_after(client, run.run_id, max(last_at_restart + 1, contributed_before),
+                                             nodes)
                 if recovered is not None:
                     break
                 time.sleep(1)

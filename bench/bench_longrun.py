@@ -95,6 +95,37 @@ def print_sample(entry: dict) -> None:
     print("  ".join(parts), flush=True)
 
 
+def write_result(args, settings: list[str], target: int, samples: list[dict], started: float, ended: float,
+                 per_round: float | None, exit_code: int, stopped_early: str) -> None:
+    """Write ``args.out``: the settings, every sample so far and the growth from the first to the last."""
+    result = {
+        "command": "python " + " ".join(sys.argv),
+        "replicas": args.replicas,
+        "stages": 1,
+        "preset": "tiny",
+        "inner_steps": args.inner_steps,
+        "checkpoint_every": args.checkpoint_every,
+        "settings": settings,
+        "target_rounds": target,
+        "reached_rounds": samples[-1]["round"] if samples else 0,
+        "wall_s": round(ended - started, 1),
+        "seconds_per_round": per_round,
+        "cpu_count": os.cpu_count(),
+        "samples": samples,
+        "exit_code": exit_code,
+        "stopped_early": stopped_early,
+    }
+    if len(samples) >= 2:
+        first, last = samples[0], samples[-1]
+        result["growth_first_to_last"] = {
+            name: {key: (last["nodes"][name].get(key), first["nodes"][name].get(key))
+                   for key in ("rss_kib", "fds", "threads")}
+            for name in first["nodes"]
+        }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=1000, help="committed rounds to reach")
@@ -152,6 +183,9 @@ def main() -> int:
                 entry = sample(run, committed, started)
                 samples.append(entry)
                 print_sample(entry)
+                if not args.measure_only:  # kept up to date: a run cut short still leaves its figures
+                    write_result(args, settings, target, samples, started, time.monotonic(), None, 0,
+                                 "in progress (not yet at the last sample)")
             time.sleep(0.5)
     except KeyboardInterrupt:  # Ctrl-C: stop the run, keep the samples taken so far
         stopped_early = "interrupted (SIGINT) before the last sample"
@@ -166,32 +200,8 @@ def main() -> int:
     print(f"seconds per round (after the first commit): {per_round}", flush=True)
     if args.measure_only:
         return exit_code
-    result = {
-        "command": "python " + " ".join(sys.argv),
-        "replicas": args.replicas,
-        "stages": 1,
-        "preset": "tiny",
-        "inner_steps": args.inner_steps,
-        "checkpoint_every": args.checkpoint_every,
-        "settings": settings,
-        "target_rounds": target,
-        "reached_rounds": samples[-1]["round"] if samples else 0,
-        "wall_s": round(ended - started, 1),
-        "seconds_per_round": per_round,
-        "cpu_count": os.cpu_count(),
-        "samples": samples,
-        "exit_code": exit_code,
-        "stopped_early": stopped_early or ("a node exited early" if exit_code == 1 else ""),
-    }
-    if len(samples) >= 2:
-        first, last = samples[0], samples[-1]
-        result["growth_first_to_last"] = {
-            name: {key: (last["nodes"][name].get(key), first["nodes"][name].get(key))
-                   for key in ("rss_kib", "fds", "threads")}
-            for name in first["nodes"]
-        }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args, settings, target, samples, started, ended, per_round, exit_code,
+                 stopped_early or ("a node exited early" if exit_code == 1 else ""))
     print(f"wrote {args.out}")
     return exit_code
 

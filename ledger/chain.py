@@ -34,7 +34,7 @@ from web3 import EthereumTesterProvider, HTTPProvider, Web3
 from web3.exceptions import ProviderConnectionError
 
 from contracts import CONTRACTS_DIR
-from ledger.errors import ChainUnavailable
+from ledger.errors import ChainUnavailable, ChainWaitStopped
 
 logger = logging.getLogger(__name__)
 
@@ -122,12 +122,14 @@ class _OutageLog:
 OUTAGE = _OutageLog()
 
 
-def call_with_retries(call: Callable[[], T], policy: RetryPolicy, what: str) -> T:
+def call_with_retries(call: Callable[[], T], policy: RetryPolicy, what: str,
+                      stop: threading.Event | None = None) -> T:
     """Run ``call``; retry with backoff while the endpoint is unreachable, then raise ChainUnavailable.
 
     Only connection failures are retried: a revert or a rejected transaction is raised at once.
     An outage is logged once when it starts, then at most every ``OUTAGE_REPORT_EVERY_S``
     for the whole process, and once when the endpoint answers again (:data:`OUTAGE`).
+    ``stop`` cuts the wait short: once it is set, :class:`ChainWaitStopped` is raised.
     """
     deadline = time.monotonic() + policy.total_seconds
     delay = policy.initial_delay
@@ -148,7 +150,10 @@ def call_with_retries(call: Callable[[], T], policy: RetryPolicy, what: str) -> 
                     f"over {policy.total_seconds:.1f}s: {exc.__class__.__name__}: {exc}"
                 ) from exc
             logger.debug("%s: chain RPC unreachable (%s), retrying in %.2fs", what, exc.__class__.__name__, delay)
-            time.sleep(min(delay, remaining))
+            if stop is None:
+                time.sleep(min(delay, remaining))
+            elif stop.wait(min(delay, remaining)):
+                raise ChainWaitStopped(f"{what}: stopped while waiting for the chain RPC") from exc
             delay = min(delay * 2, policy.max_delay)
         else:
             OUTAGE.answered()
@@ -160,22 +165,25 @@ def connect_pyevm() -> Web3:
     return Web3(EthereumTesterProvider())
 
 
-def connect_rpc(url: str, timeout: float = 10.0, wait: float = 0.0) -> Web3:
+def connect_rpc(url: str, timeout: float = 10.0, wait: float = 0.0, stop: threading.Event | None = None) -> Web3:
     """Connect to the HTTP(S) JSON-RPC endpoint ``url``.
 
     Args:
         url: ``http://`` or ``https://`` URL.
         timeout: Per-request timeout in seconds.
-        wait: Keep retrying for this many seconds if the endpoint is down (0: probe once).
+        wait: Keep retrying for this many seconds if the endpoint is down (0: probe once); the
+            wait is logged like any outage (:data:`OUTAGE`: when it starts, every 30 s, when it ends).
+        stop: Set by the caller to give up waiting (raises :class:`ChainWaitStopped`).
 
     Raises:
-        ChainUnavailable: The endpoint does not answer ``eth_chainId``.
+        ChainUnavailable: The endpoint does not answer ``eth_chainId`` within ``wait`` seconds.
     """
     if not url.startswith(("http://", "https://")):
         raise ChainUnavailable(f"rpc url {url!r}: only http:// and https:// endpoints are supported")
     provider = HTTPProvider(url, request_kwargs={"timeout": timeout}, exception_retry_configuration=None)
     w3 = Web3(provider)
-    chain_id = call_with_retries(lambda: w3.eth.chain_id, RetryPolicy(total_seconds=wait), f"connect {url}")
+    chain_id = call_with_retries(lambda: w3.eth.chain_id, RetryPolicy(total_seconds=wait),
+                                 f"connect {url} (waiting up to {wait:.0f}s)" if wait else f"connect {url}", stop)
     logger.info("connected to %s (chain id %d)", url, chain_id)
     return w3
 

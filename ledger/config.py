@@ -20,9 +20,11 @@ class LedgerConfig:
     registry_address: str = ""
     ledger_address: str = ""
     run_id: int = 0
+    chain_id: int = 0  # the run's chain; a node refuses an rpc_url serving another (0: not checked)
     confirmations: int = 0
     request_timeout: float = 10.0
     retry_seconds: float = 30.0  # keep retrying an unreachable RPC this long before ChainUnavailable
+    startup_wait: float = 600.0  # a starting node waits this long for an unreachable RPC (0: fail at once)
     receipt_timeout: float = 60.0  # seconds to wait for a sent transaction to be mined
     from_block: int = 0  # first block to scan for events (the deployment block; 0 = genesis)
     log_page_blocks: int = 10_000  # blocks per eth_getLogs request (public RPCs cap the range)
@@ -47,6 +49,10 @@ class LedgerConfig:
             raise LedgerConfigError(f"ledger.request_timeout={self.request_timeout}: must be > 0 seconds")
         if self.retry_seconds < 0:
             raise LedgerConfigError(f"ledger.retry_seconds={self.retry_seconds}: must be >= 0 (0: no retry)")
+        if self.chain_id < 0:
+            raise LedgerConfigError(f"ledger.chain_id={self.chain_id}: must be >= 0 (0: not checked)")
+        if self.startup_wait < 0:
+            raise LedgerConfigError(f"ledger.startup_wait={self.startup_wait}: must be >= 0 seconds (0: no wait)")
         if self.receipt_timeout <= 0:
             raise LedgerConfigError(f"ledger.receipt_timeout={self.receipt_timeout}: must be > 0 seconds")
         if self.from_block < 0:

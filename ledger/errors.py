@@ -30,6 +30,10 @@ class ChainUnavailable(LedgerError):
     """The chain's RPC endpoint cannot be reached (after retries), or a managed anvil will not start."""
 
 
+class ChainWaitStopped(ChainUnavailable):
+    """The caller asked to stop while waiting for an unreachable RPC (a node stopped during start-up)."""
+
+
 class AccountError(LedgerError):
     """The node's Ethereum account cannot be loaded or created (keystore, password, dev key refused)."""
 

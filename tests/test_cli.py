@@ -59,12 +59,14 @@ def _one_line_error(proc, code, *needles):
         assert needle in lines[-1], lines[-1]
 
 
-def test_unreachable_rpc_exits_5(deployed):
+def test_rpc_unreachable_past_the_startup_wait_exits_5(deployed):
+    # A starting node waits ledger.startup_wait for its chain (tests/test_chain_startup_e2e.py); past it, exit 5.
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
     proc = run_cli("start", "--config", str(deployed.nodes[0].config_path), "--set",
-                   f"ledger.rpc_url=http://127.0.0.1:{closed}", "--set", "ledger.request_timeout=1")
+                   f"ledger.rpc_url=http://127.0.0.1:{closed}", "--set", "ledger.request_timeout=1",
+                   "--set", "ledger.startup_wait=1")
     _one_line_error(proc, 5, f"127.0.0.1:{closed}")
 
 

@@ -110,6 +110,17 @@ def test_an_absurd_training_round_claim_is_ignored_for_the_entry_round():
     assert unbound.live_training_round(last_committed=10, window=8) == -1
 
 
+def test_claimed_rounds_span_each_live_replicas_first_through_current_round():
+    # What a re-forming cluster checks before skipping a round: who still contributes to it.
+    book, membership, _pool, _coordinator = rooms()
+    book.add_hello("peer-b", b"k" * 32, hello("c1", training_round=89, first_round=89))  # re-entered at 89
+    book.add_hello("peer-c", b"k" * 32, hello("c2", training_round=-1, first_round=2**62))  # waits for a partner
+    assert membership.claimed_rounds(last_committed=86, window=10) == [(89, 89)]
+    # A claim past the window is ignored, as for the entry round.
+    book.add_hello("peer-b", b"k" * 32, hello("c1", training_round=10**12, first_round=0))
+    assert membership.claimed_rounds(last_committed=86, window=10) == []
+
+
 def test_a_coordinator_that_signed_two_different_closes_is_refused():
     book, _membership, pool, coordinator = rooms()
     pool.held.update({(0, "peer-a", digest("peer-a")), (1, "peer-b", digest("peer-b"))})

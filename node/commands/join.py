@@ -237,7 +237,7 @@ def _connect(link: RunLink, data_dir: Path, args: argparse.Namespace):
     abi = contracts.artifact("TrainingLedger")["abi"]
     registry = w3.eth.contract(address=w3.to_checksum_address(link.ledger), abi=abi).functions.registry().call()
     ledger_cfg = {"backend": "rpc", "rpc_url": link.rpc_url, "registry_address": registry,
-                  "ledger_address": w3.to_checksum_address(link.ledger), "run_id": link.run_id}
+                  "ledger_address": w3.to_checksum_address(link.ledger), "run_id": link.run_id, "chain_id": chain_id}
     if args.dev_account is not None:
         ledger_cfg["dev_account"] = args.dev_account
     else:

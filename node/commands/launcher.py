@@ -130,7 +130,7 @@ class LocalRun:
                 f"cluster_master=127.0.0.1:{slot.master_port}", f"p2p.listen_port={slot.listen_port}",
                 "ledger.backend=rpc", f"ledger.rpc_url={self.url}", f"ledger.dev_account={slot.account}",
                 f"ledger.registry_address={self.registry}", f"ledger.ledger_address={self.ledger}",
-                f"ledger.run_id={self.run_id}",
+                f"ledger.run_id={self.run_id}", f"ledger.chain_id={self.chain_id}",
             ]
             if self.metrics:
                 slot.metrics_port = free_port()

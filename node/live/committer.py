@@ -61,6 +61,11 @@ COMMIT_FALLBACK_S = 8.0
 RESIGN_EVERY_S = 10.0
 #: A round waiting for the chain or for signatures says so in the log this often.
 WAIT_REPORT_S = 60.0
+#: While waiting for a round's attestations, the chain is asked this often whether the round is committed.
+ON_CHAIN_CHECK_S = 15.0
+#: What :meth:`Committer._attestations` returns for a round the chain holds while some stage's
+#: attestations never reached this node.
+ON_CHAIN = "on chain"
 #: A round whose chain step met an unreachable RPC is tried again after this, doubling up to the max.
 CHAIN_RETRY_MIN_S = 1.0
 CHAIN_RETRY_MAX_S = 15.0
@@ -153,17 +158,30 @@ class Committer:
             atts = {s: node.book.snapshot_attestations(outer_round, s) for s in range(num_stages)}
             return atts if all(atts.values()) else None
 
-        # Never given up on: the chain takes rounds strictly in order, so a round this node
-        # stopped waiting for could only stall every later round's record. A stage's
-        # attestation can come late (its only contributor crashed and re-applies the round
-        # from its archive after a restart); the record pauses meanwhile, training does not.
-        started = time.monotonic()
+        # Never given up on while the round is open: the chain takes rounds strictly in order,
+        # so a round this node stopped waiting for could only stall every later round's record.
+        # A stage's attestation can come late (its only contributor crashed and re-applies the
+        # round from its archive after a restart); the record pauses meanwhile, training does
+        # not. But once the round is on chain, its record no longer needs this node: a node
+        # restarted after the attestations were gossiped (and dropped from its peers' sync
+        # caches) would otherwise wait for them forever and never sign a later round.
+        started = last_report = time.monotonic()
         while not node.stop_event.is_set():
-            atts = node.book.wait_for(all_stages, timeout=WAIT_REPORT_S, stop=node.stop_event)
+            atts = node.book.wait_for(all_stages, timeout=ON_CHAIN_CHECK_S, stop=node.stop_event)
             if atts is not None:
                 return atts
             missing = [s for s in range(num_stages) if not node.book.snapshot_attestations(outer_round, s)]
-            if missing and not node.stop_event.is_set():
+            try:
+                committed = node.chain.commit_of(node.run_id, outer_round) is not None
+            except DLX_ERRORS as exc:
+                logger.debug("round %d: chain read failed (%s); still waiting for attestations", outer_round, exc)
+                committed = False
+            if committed:
+                logger.warning("round %d: committed on chain while attestations of stage(s) %s never reached this "
+                               "node; it takes the chain's record", outer_round, missing)
+                return ON_CHAIN
+            if missing and not node.stop_event.is_set() and time.monotonic() - last_report >= WAIT_REPORT_S:
+                last_report = time.monotonic()
                 logger.warning("round %d: waiting for attestations of stage(s) %s (%.0fs so far)", outer_round,
                                missing, time.monotonic() - started)
         return None
@@ -176,6 +194,8 @@ class Committer:
         if atts is None:
             logger.info("round %d: stopped before every stage was attested; this node will not commit it", outer_round)
             return None, None
+        if atts is ON_CHAIN:
+            return None, ON_CHAIN
         stage_hashes, stage_roots = [], []
         for stage in range(node.cfg.pipeline.num_stages):
             mine = atts[stage].get(node.peer_id)
@@ -255,6 +275,11 @@ class Committer:
         """
         node = self.node
         derived, atts = self.record(outer_round)
+        if atts is ON_CHAIN:  # committed by the others; nothing of this node's to sign or dispute
+            onchain = node.chain.commit_of(node.run_id, outer_round)
+            node.on_recorded(outer_round, onchain.weights_root, False)
+            node.on_confirmed(outer_round)
+            return
         if derived is None:
             return
         checkpoint_hash = None

@@ -154,6 +154,23 @@ class Membership:
             claims.append(info.hello.training_round)
         return max(claims, default=-1)
 
+    def claimed_rounds(self, last_committed: int, window: int) -> list[tuple[int, int]]:
+        """(first_round, training_round) of every live, placed peer (not this node) that trains a round.
+
+        A peer claims every round from the first it contributes to in this life through the one
+        it trains now; claims past ``last_committed + window`` are ignored, as in
+        :meth:`live_training_round`.
+        """
+        placements = self.refresh()
+        claims = []
+        for peer, info in self.book.live_peers(PEER_TTL_S).items():
+            if peer == self.peer_id or peer not in placements:
+                continue
+            hello = info.hello
+            if 0 <= hello.first_round <= hello.training_round <= last_committed + window:
+                claims.append((hello.first_round, hello.training_round))
+        return claims
+
     def live_providers(self) -> list[str]:
         """Live peers other than this node (checkpoint and blob providers)."""
         return [p for p in self.book.live_peers(PEER_TTL_S) if p != self.peer_id]

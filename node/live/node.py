@@ -30,10 +30,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ledger.errors import LedgerError
+from ledger.errors import ChainWaitStopped, LedgerError
 from ledger.records import RoundRecord
 from node.config import NodeConfig
-from node.errors import NotRegistered, StateError
+from node.errors import DLX_ERRORS, NotRegistered, StateError
 from node.fsutil import atomic_write_bytes
 from node.live import protocol as msg
 from node.live.committer import Committer, CommitterContext
@@ -132,7 +132,11 @@ class Node:
     def run(self) -> Progress:
         """Join, train until ``cfg.rounds`` (or stop), finish pending rounds, shut down."""
         try:
-            start_round, unfinished = self._join()
+            try:
+                start_round, unfinished = self._join()
+            except ChainWaitStopped as exc:  # a stop (SIGTERM, Ctrl-C) while waiting for the chain
+                logger.info("stopped before the chain answered: %s", exc)
+                return self.progress
             self._train_loop(start_round, unfinished)
         finally:
             self.close()
@@ -168,10 +172,18 @@ class Node:
     def _join(self) -> tuple[int, list[int]]:
         cfg = self.cfg
         self._set_state("joining")
-        self.chain = NodeChain.connect(cfg)
+        self.chain = NodeChain.connect(cfg, stop=self.stop_event)
         self.chain.check_run(self.run_id, self.config_hash, rounds=cfg.rounds)
         self.chain.ensure_registered(self.identity)
         self.chain.ensure_member(self.run_id)
+        # Before the first message arrives: the validator's window starts where this node can
+        # enter (after the chain's latest checkpoint). Left at round 0, every message of a round
+        # past max_rounds_ahead (68 at checkpoint_every = 1) would be refused as "future", the
+        # start-up resync's included, and the sync cursor moves past them: a node restarted late
+        # in a run never saw the closes and attestations of the rounds it catches up, and waited
+        # for them forever (bench_chaos.py, kills after round 68).
+        checkpoint = self.chain.latest_checkpoint(self.run_id)
+        self.validator.advance(checkpoint.round + 1 if checkpoint is not None else 0)
         own_seat = self.chain.seat(self.run_id, self.chain.account_bytes, self.identity.public_key_bytes)
         if own_seat is None:
             raise NotRegistered(f"account {self.chain.client.address} joined run {self.run_id} but its seat is not "
@@ -226,9 +238,13 @@ class Node:
             self._sign_envelope, self._stage_hashes_of, lambda: self.placement.replica, lambda: self.progress.round,
             self.data_dir / "spotchecks", self.data_dir / "evidence", self.stop_event, self._on_ejected))
         inbox.spot_checks = self.spot_checks
-        start_round, unfinished = self._entry_point()
-        start_round = self.worker.agree_on_round(start_round)
-        unfinished = [r for r in unfinished if r < start_round]
+        proposal, unfinished = self._entry_point()
+        start_round = self.worker.agree_on_round(proposal)
+        # Every round before the agreed entry that this node has not applied is caught up, also
+        # those between its own proposal and a partner's higher one: skipping them left this
+        # node's stage without the rounds its partner had finished, and the partner's record
+        # waiting forever for this stage's attestations (the split-cluster survivor race).
+        unfinished = list(range(unfinished[0] if unfinished else proposal, start_round))
         self.recovery = RestartRecovery(self.archive, self.contributions, self.host, self.book, self.peer_id,
                                         self.placement.replica, self.worker.stages, cfg.p2p.max_blob_bytes,
                                         self._gossip, self.coordinator.previous_life_finished)
@@ -258,8 +274,39 @@ class Node:
             base = ckpt.round
             logger.info("restored stages %s from the chain-verified checkpoint of round %d",
                         list(self.worker.stages), base)
-        start = max(live_round + 1, base + 1, self.state.get("last_contributed", -1) + 1)
+        floor = max(base + 1, self.state.get("last_contributed", -1) + 1)
+        start = self._no_orphan_round(floor, max(live_round + 1, floor), last_committed)
         return start, list(range(base + 1, start))
+
+    def _no_orphan_round(self, floor: int, proposal: int, last_committed: int) -> int:
+        """``proposal``, or the first round in [floor, proposal) that would otherwise stay open forever.
+
+        Entering after the highest round another replica trains is right while that replica
+        goes on; but if it breaks in that round (a split cluster losing a node) before anyone
+        announced a contribution, and re-enters after the round this replica now trains, the
+        round has no contributor at all and never closes: every replica waits for it (seen
+        in bench_chaos.py: two clusters re-formed around each other's stale claims and both
+        skipped round 88). Such a round, not closed, not committed, with no announced
+        contribution and in no live replica's claimed range, is the one to enter at.
+        """
+        claims = self.membership.claimed_rounds(last_committed, self._round_window())
+        for outer_round in range(max(floor, last_committed + 1), proposal):
+            if self._round_closed(outer_round) or any(first <= outer_round <= now for first, now in claims):
+                continue
+            if any(self.book.snapshot_announces(outer_round, stage) for stage in range(self.cfg.pipeline.num_stages)):
+                continue
+            logger.info("round %d: no replica trains or contributed to it and it is not closed; entering there "
+                        "rather than at round %d", outer_round, proposal)
+            return outer_round
+        return proposal
+
+    def _last_committed(self) -> int:
+        """The chain's last committed round (this node's committer may lag it), or the last it saw."""
+        try:
+            return self.chain.last_round(self.run_id)
+        except DLX_ERRORS as exc:
+            logger.debug("chain read failed (%s); using the last commit this node saw", exc)
+            return self.progress.last_commit
 
     def _check_against_record(self, ckpt: Checkpoint) -> None:
         """Refuse a checkpoint whose weights are not the ones the attested record of its round commits to."""
@@ -356,9 +403,11 @@ class Node:
                 return None
             finally:
                 self.coordinator.interrupt = None
-            last_committed = self.progress.last_commit
-            proposal = max(self.membership.live_training_round(last_committed, self._round_window()) + 1,
-                           next_round, self.state.get("last_contributed", -1) + 1)
+            last_committed = self._last_committed()
+            floor = max(next_round, self.state.get("last_contributed", -1) + 1)
+            proposal = self._no_orphan_round(
+                floor, max(self.membership.live_training_round(last_committed, self._round_window()) + 1, floor),
+                last_committed)
             try:
                 start_round = self.worker.agree_on_round(proposal)
             except PipelineError as exc:

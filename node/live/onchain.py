@@ -14,7 +14,7 @@ import time
 from ledger.account import load_account
 from ledger.chain import OUTAGE, AnvilProcess, connect_rpc
 from ledger.client import LedgerClient, binding_message
-from ledger.errors import LedgerError
+from ledger.errors import DeploymentMismatch, LedgerError
 from ledger.attest import recover_signer, recover_verdict_signer
 from ledger.records import CheckpointRecord, Membership, RoundRecord, RunInfo, Verdict
 from node.config import NodeConfig
@@ -41,22 +41,47 @@ class NodeChain:
         self._lock = threading.Lock()  # web3 HTTP sessions and nonces are not shared across threads safely
 
     @classmethod
-    def connect(cls, cfg: NodeConfig) -> NodeChain:
+    def connect(cls, cfg: NodeConfig, stop: threading.Event | None = None) -> NodeChain:
+        """Connect to the run's chain and check that it is the run's: chain id and contracts.
+
+        A chain that does not answer yet is waited for, up to ``ledger.startup_wait`` seconds
+        (logged when the wait starts, every 30 s and when the chain answers; ``stop`` ends it
+        early with :class:`ChainWaitStopped`): nodes and their chain may start in any order.
+        What waiting cannot fix fails at once with what to change: another chain id than
+        ``ledger.chain_id``, no contract at the configured addresses, a ledger bound to
+        another registry.
+        """
         lc = cfg.ledger
         if not (lc.registry_address and lc.ledger_address):
             raise ConfigError("ledger.registry_address and ledger.ledger_address must be set to the run's "
                               "deployment (see deployment.json written by 'dlx-node demo')")
         anvil = None
         if lc.backend == "rpc":
-            w3 = connect_rpc(lc.rpc_url, timeout=lc.request_timeout, wait=lc.request_timeout)
+            w3 = connect_rpc(lc.rpc_url, timeout=lc.request_timeout, wait=lc.startup_wait, stop=stop)
+            where = f"ledger.rpc_url {lc.rpc_url}"
         elif lc.backend == "anvil":
             anvil = AnvilProcess(state_file=cfg.path(lc.anvil_state_file) if lc.anvil_state_file else None)
             w3 = connect_rpc(anvil.start(), timeout=lc.request_timeout, wait=lc.request_timeout)
+            where = "the managed anvil"
         else:
             raise ConfigError("ledger.backend='pyevm' is in-process only: a node process needs "
                               "ledger.backend='rpc' (or 'anvil') to share the chain with its peers")
-        account = load_account(lc, w3.eth.chain_id)
-        client = LedgerClient.from_config(w3, account, lc)
+        try:
+            chain_id = w3.eth.chain_id
+            if lc.chain_id and chain_id != lc.chain_id:
+                raise ConfigError(f"{where} serves chain id {chain_id}, but ledger.chain_id = {lc.chain_id}: "
+                                  "point rpc_url at the run's chain (the run link names it)")
+            account = load_account(lc, chain_id)
+            client = LedgerClient.from_config(w3, account, lc)
+            try:
+                client.check_deployment()
+            except DeploymentMismatch as exc:
+                raise ConfigError(f"{exc}; set ledger.registry_address and ledger.ledger_address to the run's "
+                                  f"deployment on chain {chain_id} (deployment.json, or the run link)") from None
+        except BaseException:
+            if anvil is not None:
+                anvil.stop()
+            raise
         return cls(client, anvil)
 
     @property

@@ -1,0 +1,98 @@
+"""A node started before its chain waits for it; what waiting cannot fix fails at once.
+
+Real anvil, real ``dlx-node start`` processes. The chain is stopped (anvil dumps its
+state file) before the node starts, and restarted from the file on the same port only
+after the node has logged the wait twice (when it started and 30 s later), past the
+10 s a starting node used to give the RPC before exiting with code 5.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from node_fixtures import TINY, run_logs
+
+from ledger.chain import OUTAGE_REPORT_EVERY_S, AnvilProcess
+from node.commands.launcher import LocalRun
+
+
+def _logs(slot) -> str:
+    return "\n".join(path.read_text(errors="replace") for path in sorted(slot.data_dir.glob("node-*.log")))
+
+
+def _wait_for(predicate, timeout: float, what: str, run: LocalRun, exit_ok: bool = False) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if not exit_ok:
+            assert len(run.running()) == len(run.nodes), "a node exited:\n" + run_logs(run)
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not within {timeout}s\n" + run_logs(run))
+
+
+def _stop_chain(run: LocalRun) -> int:
+    port = int(run.url.rsplit(":", 1)[1])
+    run.anvil.stop()  # SIGTERM: anvil dumps the chain (deployment, run) to chain-state.json
+    run.anvil = None
+    return port
+
+
+@pytest.mark.timeout(400)
+def test_a_node_started_before_its_chain_waits_for_it_then_trains(make_run):
+    run = make_run(replicas=1, stages=1, split=False, settings=TINY + ["rounds=2"])
+    (slot,) = run.nodes
+    port = _stop_chain(run)
+    run.start()
+    down_at = time.monotonic()
+    _wait_for(lambda: "chain RPC still unreachable" in _logs(slot), 3 * OUTAGE_REPORT_EVERY_S + 60,
+              "the node's second report of the wait", run)
+
+    run.anvil = AnvilProcess(state_file=run.workdir / "chain-state.json", port=port)
+    run.anvil.start()
+    waited = time.monotonic() - down_at
+    # The node joins and trains the run's two rounds, then exits by itself.
+    _wait_for(lambda: slot.process.poll() is not None, 300, "the node finishing the run", run, exit_ok=True)
+    assert slot.process.returncode == 0, run_logs(run)
+    assert run.client().last_round(run.run_id) == 1
+
+    log = _logs(slot)
+    assert "chain RPC reachable again" in log
+    # One line when the wait starts, one per OUTAGE_REPORT_EVERY_S, not one per request.
+    reports = log.count("chain RPC unreachable") + log.count("chain RPC still unreachable")
+    assert 2 <= reports <= 2 + waited / OUTAGE_REPORT_EVERY_S, reports
+
+
+@pytest.mark.timeout(200)
+def test_a_node_waiting_for_its_chain_stops_cleanly_on_sigterm(make_run):
+    run = make_run(replicas=1, stages=1, split=False, settings=TINY + ["rounds=2"])
+    (slot,) = run.nodes
+    _stop_chain(run)
+    run.start()
+    _wait_for(lambda: "chain RPC unreachable" in _logs(slot), 120, "the node's report of the wait", run)
+    run.stop_nodes()  # SIGTERM
+    assert slot.process.returncode == 0, run_logs(run)
+    assert "stopped before the chain answered" in _logs(slot)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("override", "message"), [
+    ("ledger.chain_id=1", "serves chain id 31337, but ledger.chain_id = 1"),
+    ("ledger.ledger_address=0x00000000000000000000000000000000000000aa",
+     "no TrainingLedger at 0x00000000000000000000000000000000000000AA on chain 31337"),
+    ("ledger.registry_address=0x00000000000000000000000000000000000000bb",
+     "no NodeRegistry at 0x00000000000000000000000000000000000000bb on chain 31337"),
+    ("ledger.ledger_address=0x1234", "must be a 0x-prefixed 20-byte hex address"),
+])
+def test_what_waiting_cannot_fix_fails_at_once_with_what_to_change(make_run, override, message):
+    run = make_run(replicas=1, stages=1, split=False, settings=TINY + ["rounds=2"])
+    (slot,) = run.nodes
+    result = subprocess.run(
+        [sys.executable, "-m", "node.cli", "start", "--no-progress", "--config", str(slot.config_path),
+         "--set", override], capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
+    assert message in result.stderr, result.stderr[-3000:]
+    assert "chain RPC unreachable" not in result.stderr
