@@ -67,6 +67,9 @@ def test_a_cheating_member_is_ejected_by_the_quorum_and_the_run_continues(make_r
         assert status["chain_checks"] >= 2, status  # links into the next round, the honest partner's included
     # The signed evidence is kept by the members that accused the cheater.
     assert any(list((s.data_dir / "evidence").glob("spotcheck-*.envelope")) for s in honest), run_logs(run)
+    # ... with the start state the accusation rests on; other replicas' states fetched for checks that
+    # passed are not kept in the blob store.
+    assert any(list((s.data_dir / "evidence").glob("state-*.part")) for s in honest), run_logs(run)
 
     # An auditor with the nodes' archives reruns sampled contributions and the ejection's evidence.
     from node.tools.audit import audit_run

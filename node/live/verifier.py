@@ -163,12 +163,7 @@ class SpotChecker:
             self.chain_checks += holds is not None
             if holds is False:
                 self.mismatches += 1
-                for data in parts:  # the state the chain does not lead to is part of the evidence
-                    try:
-                        atomic_write_bytes(self.ctx.evidence_dir / f"state-{hashlib.sha256(data).hexdigest()}.part",
-                                           data)
-                    except OSError as exc:
-                        logger.warning("start state not kept as evidence: %s", exc)
+                self._keep_states(parts)  # the state the chain does not lead to is part of the evidence
                 logger.warning("chain check of replica %d rounds %d-%d: %s", replica, outer_round - 1, outer_round,
                                reason)
                 self._accuse(outer_round - 1, replica, SpotCheckResult("state_mismatch", reason, {}, 0.0),
@@ -197,6 +192,7 @@ class SpotChecker:
             return None, str(exc), []
         finally:
             shutil.rmtree(job_dir, ignore_errors=True)
+            self._drop_fetched(claimed)
         committed = {r: self.ctx.stage_hashes(r) for r in range(outer_round - 2, outer_round + 1)}
         why = restart_state_reason(parts, claimed, {r: h for r, h in committed.items() if h},
                                    start_global_round(self.ctx.cfg.diloco, outer_round + 1))
@@ -264,9 +260,32 @@ class SpotChecker:
                                parts, previous, previous_excluded, {r: h for r, h in committed.items() if h},
                                previous_dropped=dropped)
             job.write(job_dir)
-            return self._worker.run(job_dir, RERUN_TIMEOUT_S)
+            result = self._worker.run(job_dir, RERUN_TIMEOUT_S)
+            if not result.honest:
+                self._keep_states(parts)  # the start state the failed rerun used is part of the evidence
+            return result
         finally:
             shutil.rmtree(job_dir, ignore_errors=True)
+            self._drop_fetched([b.state_hash for b in bodies])
+
+    def _keep_states(self, parts: list[bytes]) -> None:
+        """Keep start-state parts under ``evidence/state-<sha256>.part`` (the audit reads them there)."""
+        for data in parts:
+            try:
+                atomic_write_bytes(self.ctx.evidence_dir / f"state-{hashlib.sha256(data).hexdigest()}.part", data)
+            except OSError as exc:
+                logger.warning("start state not kept as evidence: %s", exc)
+
+    def _drop_fetched(self, hashes: list[bytes]) -> None:
+        """Remove other replicas' start states from the blob store once checked (a fetch keeps a copy there;
+        1000 rounds of spot checks grew it by 75 MB). Never this node's own, which it serves."""
+        own = {digest for digests in list(self._states.values()) for digest in list(digests)}  # training thread adds
+        for state_hash in hashes:
+            if state_hash.hex() not in own:
+                try:
+                    self.ctx.host.remove_blob(state_hash.hex())
+                except (P2PError, OSError) as exc:
+                    logger.debug("fetched start state %s not removed: %s", state_hash.hex()[:16], exc)
 
     def _previous_round(self, outer_round: int) -> tuple[dict[int, list[bytes]], dict[int, dict[int, str]]]:
         """Round t-1's closed payloads per stage (canonical order) and its screening exclusions."""
