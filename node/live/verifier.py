@@ -181,12 +181,7 @@ class SpotChecker:
         shutil.rmtree(job_dir, ignore_errors=True)
         job_dir.mkdir(parents=True, exist_ok=True)
         try:
-            parts = []
-            for env, state_hash in zip(next_envs, claimed):
-                dest = job_dir / f"fetch-{env.stage}.part"
-                self.ctx.host.fetch_blob(state_hash.hex(), dest, providers=[env.sender_peer_id],
-                                         timeout=STATE_FETCH_TIMEOUT_S)
-                parts.append(dest.read_bytes())
+            parts = self._fetch_states(next_envs, claimed, job_dir)
         except (P2PError, OSError) as exc:
             logger.warning("chain check of replica %d round %d not done: %s", replica, outer_round + 1, exc)
             return None, str(exc), []
@@ -245,12 +240,7 @@ class SpotChecker:
         shutil.rmtree(job_dir, ignore_errors=True)
         job_dir.mkdir(parents=True, exist_ok=True)
         try:
-            parts = []
-            for env, body in zip(envs, bodies):
-                dest = job_dir / f"fetch-{env.stage}.part"
-                self.ctx.host.fetch_blob(body.state_hash.hex(), dest, providers=[env.sender_peer_id],
-                                         timeout=STATE_FETCH_TIMEOUT_S)
-                parts.append(dest.read_bytes())
+            parts = self._fetch_states(envs, [b.state_hash for b in bodies], job_dir)
             previous, previous_excluded = self._previous_round(outer_round - 1)
             committed = {r: self.ctx.stage_hashes(r) for r in range(outer_round - 3, outer_round)}
             held = {c.stage for c in (self.ctx.archive.sealed(outer_round - 1) or []) if c.replica == replica}
@@ -267,6 +257,16 @@ class SpotChecker:
         finally:
             shutil.rmtree(job_dir, ignore_errors=True)
             self._drop_fetched([b.state_hash for b in bodies])
+
+    def _fetch_states(self, envs: list[Envelope], state_hashes: list[bytes], job_dir: Path) -> list[bytes]:
+        """The start-state part each envelope binds, fetched from its signer (stage order)."""
+        parts = []
+        for env, state_hash in zip(envs, state_hashes):
+            dest = job_dir / f"fetch-{env.stage}.part"
+            self.ctx.host.fetch_blob(state_hash.hex(), dest, providers=[env.sender_peer_id],
+                                     timeout=STATE_FETCH_TIMEOUT_S)
+            parts.append(dest.read_bytes())
+        return parts
 
     def _keep_states(self, parts: list[bytes]) -> None:
         """Keep start-state parts under ``evidence/state-<sha256>.part`` (the audit reads them there)."""
