@@ -206,3 +206,94 @@ def test_accusations_from_outsiders_and_evidence_that_does_not_hold_sign_nothing
     finally:
         ctx.stop.set()
         checker.close()
+
+
+def test_chain_evidence_must_name_the_sealed_envelopes_of_both_rounds(tmp_path):
+    """A broken chain's evidence is round t's sealed envelopes followed by round t+1's. Evidence that
+    appends anything else (another envelope of t+1, round t's replayed as t+1's, or t+1 envelopes this
+    node did not seal) makes the confirming node sign nothing and serve nothing; the honest shape passes
+    that gate and reaches the rerun."""
+    import threading
+    from types import SimpleNamespace
+
+    from node.live.membership import Membership
+    from node.live.roundbook import RoundBook
+    from node.live.verifier import SpotChecker, VerifierContext
+    from node.store.archive import ArchivedContribution
+    from p2p.envelope import Envelope
+    from p2p.identity import Identity
+
+    accused, accuser = Identity.generate(), Identity.generate()
+
+    def contribution(outer_round: int, blob: bytes) -> bytes:
+        body = msg.ContributionBody(bytes([outer_round]) * 32, b"d" * 32, blob)
+        return Envelope.create(accused, 7, outer_round, msg.CONTRIBUTION, msg.encode_contribution_body(body),
+                               stage=0).to_bytes()
+
+    sealed_env = {0: contribution(0, b"r0"), 1: contribution(1, b"r1")}
+    unsealed = contribution(1, b"another round-1 contribution")
+    envelopes = {hashlib.sha256(e).digest(): e for e in [*sealed_env.values(), unsealed]}
+    sealed = {r: [ArchivedContribution(0, 1, accused.peer_id, hashlib.sha256(e).digest())]
+              for r, e in sealed_env.items()}
+    served: dict[str, bytes] = {}
+    provided = []
+
+    class Host:  # the blob boundary
+        def fetch_blob(self, digest, dest, providers=None, timeout=None):
+            dest.write_bytes(served[digest])
+
+        def provide_blob(self, data, announce=True):
+            provided.append(data)
+
+    rerun = []
+    signed = []
+    membership = Membership("me", "c0", 1, 1, RoundBook(), seat=lambda _a, _k: (0, 0))
+    ctx = VerifierContext(
+        cfg=SimpleNamespace(spot_checks=0.0, p2p=SimpleNamespace(max_blob_bytes=1 << 20), pipeline=SimpleNamespace(
+            num_stages=1)), run_id=7, peer_id="me", chain=None, host=Host(),
+        archive=SimpleNamespace(sealed=lambda r: sealed.get(r), get=lambda _r, h: envelopes[h]),
+        membership=membership, gossip=lambda *a: signed.append(a), sign_envelope=None, stage_hashes=None,
+        own_replica=lambda: 0, current_round=lambda: 0, work_dir=tmp_path, evidence_dir=tmp_path,
+        stop=threading.Event(), on_ejected=None)
+    checker = SpotChecker(ctx)
+    checker._check = lambda r, replica: rerun.append((r, replica))  # stop at the rerun: None = could not rerun
+
+    def confirm(contributions: list[bytes]) -> None:
+        evidence = msg.Evidence(b"a" * 20, 1, contributions, "state_mismatch", "r", [0.0] * len(contributions))
+        blob = Envelope.create(accuser, 7, 0, msg.EVIDENCE, msg.encode_payload(evidence)).to_bytes()
+        digest = hashlib.sha256(blob).hexdigest()
+        served[digest] = blob
+        checker._confirm(0, accuser.peer_id, msg.Accusation(0, b"a" * 20, accused.peer_id, 1,
+                                                            bytes.fromhex(digest), len(blob)))
+
+    try:
+        for hostile in ([sealed_env[0], unsealed], [sealed_env[0], sealed_env[0]],
+                        [sealed_env[0], sealed_env[1], sealed_env[1]]):
+            confirm(hostile)
+        assert (signed, provided, rerun) == ([], [], [])
+        sealed.pop(1)  # round 1 not sealed here: its envelopes cannot be checked, nothing is signed
+        confirm([sealed_env[0], sealed_env[1]])
+        assert (signed, provided, rerun) == ([], [], [])
+        sealed[1] = [ArchivedContribution(0, 1, accused.peer_id, hashlib.sha256(sealed_env[1]).digest())]
+        confirm([sealed_env[0], sealed_env[1]])  # the honest shape is served onward and rerun
+        assert len(provided) == 1 and rerun == [(0, 1)] and signed == []
+    finally:
+        ctx.stop.set()
+        checker.close()
+
+
+def test_a_result_with_malformed_next_state_hashes_is_refused():
+    from node.live.spotcheck import parse_result
+
+    good = {"verdict": "exact", "reason": "r", "distances": {"0": 0.0}, "seconds": 1.0}
+    assert parse_result(json_bytes(good)).next_state_hashes is None
+    assert parse_result(json_bytes({**good, "next_state_hashes": ["ab" * 32]})).next_state_hashes == [b"\xab" * 32]
+    for bad in (["ab"], ["zz" * 32], "ab" * 32, [1]):
+        with pytest.raises(SpotCheckFailed):
+            parse_result(json_bytes({**good, "next_state_hashes": bad}))
+
+
+def json_bytes(doc) -> bytes:
+    import json
+
+    return json.dumps(doc).encode()

@@ -357,3 +357,10 @@ def test_round_zero_state_is_public_and_global_weights_bind_to_the_record(run):
     forged = {-1: {0: b"\0" * 32, 1: on_record[-1][1]}}
     assert _check(sim, records, HONEST, 1, committed_weights=forged).verdict == STATE_MISMATCH
     assert state.stages[0].engine_counters[1] == 0  # last applied round -1, stored + 1
+
+
+def test_restart_check_refuses_garbage_with_a_reason_not_an_exception():
+    # The state parts come from the accused peer: anything it serves ends in a reason.
+    assert "malformed" in restart_state_reason([b"garbage"], [b"\0" * 32])
+    assert "malformed" in restart_state_reason([b""], [b"\0" * 32])
+    assert "state parts" in restart_state_reason([b"a", b"b"], [b"\0" * 32])
