@@ -42,7 +42,7 @@ from node.live import protocol as msg
 from node.live.spotcheck import RerunWorker, SpotCheckJob, SpotCheckResult
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
-from training.reexec import restart_state_reason, sample_replicas, start_global_round
+from training.reexec import EXACT, check_state_chain, restart_state_reason, sample_replicas, start_global_round
 from training.robust import SCREENED
 
 logger = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ class SpotChecker:
         restart's state rebuilt from the record (None: could not tell, e.g. the state was not served);
         the reason; the state parts fetched (none if the hashes chained)."""
         claimed = [msg.decode_contribution_body(e.payload).state_hash for e in next_envs]
-        if claimed == result.next_state_hashes:
+        if check_state_chain(result.next_state_hashes, claimed) == EXACT:
             return True, "chained", []
         job_dir = self.ctx.work_dir / f"chain-{outer_round + 1:08d}-replica{replica}"
         shutil.rmtree(job_dir, ignore_errors=True)

@@ -108,7 +108,6 @@ class ReexecAuditor:
         self.run_rounds = run_rounds
         self.archives = _Archives(archives, run_id)
         self.sealed = self.archives.sealed()
-        self._stage_hashes: dict[int, dict[int, bytes]] = {}
 
     def _envelopes(self, round_index: int, replica: int) -> list | None:
         entries = sorted((e for e in self.sealed.get(round_index, []) if int(e[1]) == replica), key=lambda e: e[0])
@@ -172,12 +171,12 @@ class ReexecAuditor:
     def chain_broken(self, round_index: int, result, next_envs) -> tuple[bool | None, str]:
         """Whether round t+1's envelopes bind a start state that follows neither from the exact rerun
         ``result`` of round t nor from the record (None: cannot tell from these archives)."""
-        from training.reexec import restart_state_reason
+        from training.reexec import EXACT, check_state_chain, restart_state_reason
 
         if result.next_state_hashes is None:
             return None, f"the rerun of round {round_index} is not bit-exact here, so the chain cannot be judged"
         claimed = [msg.decode_contribution_body(e.payload).state_hash for e in next_envs]
-        if claimed == result.next_state_hashes:
+        if check_state_chain(result.next_state_hashes, claimed) == EXACT:
             return False, f"round {round_index + 1} starts where the rerun of round {round_index} ends"
         parts = [self.archives.blob(h.hex()) for h in claimed]
         if any(p is None for p in parts):
