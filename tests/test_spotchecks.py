@@ -297,3 +297,73 @@ def json_bytes(doc) -> bytes:
     import json
 
     return json.dumps(doc).encode()
+
+
+def test_the_audit_judges_a_chain_link_from_the_archives_and_never_trusts_a_served_state(tmp_path):
+    """``dlx-node audit --reexecute``'s chain check (``ReexecAuditor.chain_broken``): a link is judged
+    only from an exact rerun; round t+1 starting where the rerun ends holds; otherwise the claimed start
+    state must be in the archives and look like a restart from the record. A state that carries training
+    history, a garbage state that hashes to its claim, or a state missing from the archives never passes
+    as a restart: the first two break the chain, the last is unverifiable."""
+    from types import SimpleNamespace
+
+    from node.tools.audit_reexec import ReexecAuditor, split_chain_evidence
+
+    cfg, state, _claims = _honest_job(tmp_path / "data")
+    corpus = corpus_from_config(cfg.training, cfg.model)
+    rerun = reexecute(state, corpus, cfg.model, cfg.training, cfg.diloco, cfg.compression)
+    assert rerun.next_state is not None
+    trained = rerun.next_state  # round 1's start state after round 0's training: AdamW state, a residual
+    archive = tmp_path / "archive-node"
+    (archive / "blobs").mkdir(parents=True)
+
+    def store(data: bytes) -> bytes:
+        digest = hashlib.sha256(data).digest()
+        (archive / "blobs" / digest.hex()).write_bytes(data)
+        return digest
+
+    auditor = ReexecAuditor(SimpleNamespace(cfg=cfg), [archive], run_id=1, run_rounds=cfg.rounds)
+
+    def envelopes_binding(hashes):
+        from p2p.envelope import Envelope, decode_envelope
+        from p2p.identity import Identity
+
+        who = Identity.generate()
+        return [decode_envelope(Envelope.create(
+            who, 1, 1, msg.CONTRIBUTION, msg.encode_contribution_body(msg.ContributionBody(h, b"d" * 32, b"blob")),
+            stage=s).to_bytes(), 1 << 20) for s, h in enumerate(hashes)]
+
+    exact = SimpleNamespace(next_state_hashes=trained.stage_hashes())
+    broken, reason = auditor.chain_broken(0, SimpleNamespace(next_state_hashes=None), [])
+    assert broken is None and "not bit-exact" in reason
+    broken, _ = auditor.chain_broken(0, exact, envelopes_binding(trained.stage_hashes()))
+    assert broken is False
+
+    forged = [b"f" * 32 for _ in trained.stage_hashes()]  # a state nobody can produce: not archived
+    broken, reason = auditor.chain_broken(0, exact, envelopes_binding(forged))
+    assert broken is None and "not in the archives" in reason
+
+    garbage = [store(b"garbage that hashes to its claim %d" % s) for s in range(len(forged))]
+    broken, reason = auditor.chain_broken(0, exact, envelopes_binding(garbage))
+    assert broken is True and "malformed" in reason
+
+    # Another replica's trained state (here: the same shape, rerun from another replica's start) is
+    # history, not a restart.
+    other_meta = round_meta(0, 1, cfg.model, cfg.diloco, run_rounds=cfg.rounds, num_stages=2, threads=1)
+    other = reexecute(initial_replica_state(other_meta, cfg.model, cfg.training, cfg.diloco, cfg.compression),
+                      corpus, cfg.model, cfg.training, cfg.diloco, cfg.compression).next_state
+    claimed = [store(part.to_bytes()) for part in other.stages]
+    assert claimed == other.stage_hashes()
+    broken, reason = auditor.chain_broken(0, exact, envelopes_binding(claimed))
+    assert broken is True and "carries state a restart does not have" in reason
+
+    # The evidence's shape: round t's envelopes (one per stage), optionally followed by round t+1's.
+    def at(rnd, stages):
+        return [SimpleNamespace(round=rnd, stage=s) for s in range(stages)]
+
+    assert split_chain_evidence(at(4, 2), 2, 4) == (at(4, 2), [])
+    assert split_chain_evidence(at(4, 2) + at(5, 2), 2, 4) == (at(4, 2), at(5, 2))
+    for hostile in (at(4, 1), at(4, 2) + at(4, 2), at(4, 2) + at(6, 2), at(4, 2) + at(5, 1), at(3, 2),
+                    at(4, 2) + at(5, 2) + at(5, 2), []):
+        with pytest.raises(ValueError):
+            split_chain_evidence(hostile, 2, 4)

@@ -234,12 +234,7 @@ def reexec_checks(report, history, replayer, archives, count: int) -> None:
             if "0x" + evidence.accused.hex() != accusation.accused.lower() or env.kind != msg.EVIDENCE or any(
                     account_of.get(e.sender_peer_id, "").lower() != accusation.accused.lower() for e in envs):
                 raise ValueError("the evidence does not name contributions signed by the accused")
-            # A broken chain's evidence: the round's envelopes, then the replica's of the next round.
-            stages = auditor.cfg.pipeline.num_stages
-            envs, next_envs = envs[:stages], envs[stages:]
-            if [e.round for e in envs] != [env.round] * len(envs) or (
-                    next_envs and [e.round for e in next_envs] != [env.round + 1] * stages):
-                raise ValueError("the evidence's envelopes are not one round's, optionally followed by the next's")
+            envs, next_envs = split_chain_evidence(envs, auditor.cfg.pipeline.num_stages, env.round)
             result, reason, _distance = auditor.check(env.round, evidence.replica, envs)
             broken = None
             if result is not None and result.honest and next_envs:
@@ -259,6 +254,19 @@ def reexec_checks(report, history, replayer, archives, count: int) -> None:
                                         f"the contribution of round {env.round} "
                                         + ("reproduces: an honest member was ejected" if result.honest
                                            else f"does not reproduce ({reason})"), env.round))
+
+
+def split_chain_evidence(envs: list, stages: int, round_index: int) -> tuple[list, list]:
+    """An accusation's envelopes as (round t's, round t+1's): one per stage of round t in stage order,
+    then either nothing (a contribution that does not reproduce) or one per stage of round t+1 (a broken
+    chain). Anything else raises ValueError."""
+    this, following = envs[:stages], envs[stages:]
+    if [(e.round, e.stage) for e in this] != [(round_index, s) for s in range(stages)]:
+        raise ValueError(f"the evidence does not hold round {round_index}'s envelope of every stage in order")
+    if following and [(e.round, e.stage) for e in following] != [(round_index + 1, s) for s in range(stages)]:
+        raise ValueError(f"the evidence's envelopes after round {round_index}'s are not round "
+                         f"{round_index + 1}'s of every stage in order")
+    return this, following
 
 
 def _peer_accounts(history) -> dict[str, str]:
