@@ -25,17 +25,20 @@ norms. The codec, the exact decoder and the strict validation are those of
 :mod:`training.compression` / :mod:`training.codec_wire`, applied to the slice's
 sub-tensors (a slice blob *is* a contribution of the slice's shapes).
 
-Payloads (byte layouts; the node signs them in :mod:`p2p.envelope` envelopes):
+Payloads (byte layouts; the node signs with its :mod:`p2p.identity` key):
 
-* slice manifest (one signed envelope per replica and stage, kind ``slices``):
-  ``b"dlx-slices/1" || u32 A || slices_root (32)``, the Merkle root of
-  :func:`slice_leaf` over the replica's slice blobs;
-* slice message (unsigned, bound by the manifest): ``b"dlx-slice/1" || u32 j ||
-  u32 A || u8 depth || depth x 32 proof || slice blob``;
-* partial (one signed envelope per aggregator and stage, kind ``partial``):
-  ``b"dlx-partial/1" || u32 j || u32 A || u32 R || inputs_root (32) || partial blob``,
-  ``inputs_root`` the Merkle root of :func:`input_leaf` over the R inputs in
-  canonical order (so the partial's signature binds exactly what went in).
+* slice message (replica i to aggregator j, over the authenticated stream):
+  ``b"dlx-slice/1" || u32 j || u32 A || signature (64) || slice blob``, the
+  signature over :func:`slice_signing_bytes` (run, round, stage, i, j, A,
+  sha256(blob)). Not a full :mod:`p2p.envelope` envelope: that costs ~190 bytes
+  more per input, R times per aggregator, and the envelope validator allows one
+  envelope per (sender, round, kind, stage), not A of them;
+* partial (one :mod:`p2p.envelope` envelope per aggregator and stage, kind
+  ``partial``, which fits that rule): ``b"dlx-partial/1" || u32 j || u32 A ||
+  u32 R || inputs_root (32) || partial blob``, ``inputs_root`` the Merkle root
+  of :func:`input_leaf` over the R inputs in canonical order, so the partial's
+  signature binds exactly what went in and the aggregator can show the signed
+  slices it used.
 """
 
 from __future__ import annotations
@@ -54,15 +57,18 @@ from training.compression import CompressionStats, ErrorFeedbackCompressor, enco
 from training.config import CompressionConfig
 from training.diloco import average_contributions
 from training.errors import ContributionDecodeError, ContributionEncodeError, TrainingError
-from training.robust import ContributionReport, robust_contributions
+from training.robust import ContributionReport, lower_median, robust_contributions
 
 logger = logging.getLogger(__name__)
 
 # Below this many elements a slice's codec framing and per-column scales outweigh its payload
 # (docs/DILOCOX.md section 12 measures the error per byte against the slice count).
-DEFAULT_MIN_SLICE_NUMEL = 4096
+DEFAULT_MIN_SLICE_NUMEL = 8192
 
-MANIFEST_PREFIX = b"dlx-slices/1"
+# A slice boundary moves to a tensor boundary if that shifts it by at most SNAP_EIGHTHS / 8 of a slice.
+SNAP_EIGHTHS = 2
+
+SLICE_SIGNATURE_DOMAIN = b"dlx-slice-sig/1"
 SLICE_PREFIX = b"dlx-slice/1"
 PARTIAL_PREFIX = b"dlx-partial/1"
 MAX_SLICES = 1 << 16
@@ -78,12 +84,13 @@ class SliceError(TrainingError, ValueError):
 
 @dataclass(frozen=True)
 class SlicePiece:
-    """Rows ``row_start:row_end`` (of the matrix view, i.e. of dim 0) of tensor ``name``."""
+    """Lines ``start:end`` of tensor ``name``'s matrix view: rows (``axis`` 0) or columns (``axis`` 1)."""
 
     name: str
-    row_start: int
-    row_end: int
-    shape: tuple[int, ...]  # the sub-tensor's shape
+    axis: int
+    start: int
+    end: int
+    shape: tuple[int, ...]  # the sub-tensor's shape (rows: (end-start, *shape[1:]); columns: (m, end-start))
 
 
 @dataclass(frozen=True)
@@ -109,70 +116,105 @@ class SlicePlan:
         return sum(math.prod(shape) for _, shape in self.shapes)
 
 
+def cut_axis(shape: tuple[int, ...]) -> int:
+    """0 (rows) or 1 (columns): the matrix view is cut across its longer side.
+
+    A block of a cut matrix repeats what the codec stores per line of the side
+    that is not cut: the per-column scales of ``quant`` (cutting columns repeats
+    none) and the low-rank factor of the uncut side (``r x`` that side's length
+    per block). Cutting the longer side repeats the shorter one.
+    """
+    m, n = matrix_view_shape(shape)
+    return 1 if len(shape) >= 2 and n > m else 0
+
+
 def plan_slices(
     shapes: Mapping[str, tuple[int, ...]], num_slices: int, *, min_slice_numel: int = DEFAULT_MIN_SLICE_NUMEL
 ) -> SlicePlan:
-    """Cut a stage into at most ``num_slices`` slices of whole rows, balanced by element count.
+    """Cut a stage into at most ``num_slices`` slices of whole lines, balanced by element count.
 
-    The tensors (names ascending) are laid end to end as one sequence of rows
-    of their matrix views (``matrix_view_shape``); slice ``j`` is the run of
-    rows from the first row where the element count so far reaches
-    ``j * numel / A`` (integer arithmetic, so the plan is exact and the same
-    everywhere). ``A = min(num_slices, numel // min_slice_numel, rows)``, at
-    least 1: a tiny stage is not cut into slices too small to code well.
-    Every element is in exactly one slice; empty tensors go whole into slice 0.
+    The tensors (names ascending) are laid end to end as one sequence of lines
+    of their matrix views (``matrix_view_shape``): rows, or columns for a matrix
+    wider than tall (:func:`cut_axis`). Slice ``j`` starts at the first line
+    where the element count so far reaches ``j * numel / A`` (integer arithmetic,
+    so the plan is exact and the same everywhere), moved to the nearest tensor
+    boundary if that is within half a slice (a cut matrix codes worse).
+    ``A = min(num_slices, numel // min_slice_numel, lines)``, at least 1: a small
+    stage is not cut into slices too small to code well. Every element is in
+    exactly one slice; empty tensors go whole into slice 0.
     """
     if num_slices < 1 or min_slice_numel < 1:
         raise SliceError(f"num_slices={num_slices}, min_slice_numel={min_slice_numel}: both must be >= 1")
-    names = sorted(shapes)
-    ordered = tuple((name, tuple(int(d) for d in shapes[name])) for name in names)
-    rows = []  # (name, rows, elements per row) of the non-empty tensors, in order
+    ordered = tuple((name, tuple(int(d) for d in shapes[name])) for name in sorted(shapes))
+    lines = []  # (name, axis, number of lines, elements per line) of the non-empty tensors, in order
     for name, shape in ordered:
         m, n = matrix_view_shape(shape)
         if m * n > 0:
-            rows.append((name, m, n))
-    total_rows = sum(m for _, m, _ in rows)
-    numel = sum(m * n for _, m, n in rows)
-    count = max(1, min(num_slices, numel // min_slice_numel, total_rows, MAX_SLICES))
-    # Global row boundaries: bound[j] = first row k whose preceding elements reach j * numel / count.
+            axis = cut_axis(shape)
+            lines.append((name, axis, n, m) if axis else (name, axis, m, n))
+    total_lines = sum(count for _, _, count, _ in lines)
+    numel = sum(count * size for _, _, count, size in lines)
+    slice_count = max(1, min(num_slices, numel // min_slice_numel, total_lines, MAX_SLICES))
+    # Line index and elements before each tensor's first line: a boundary there cuts no matrix.
+    starts, seen_lines, seen_elements = [], 0, 0
+    for _, _, count, size in lines:
+        starts.append((seen_lines, seen_elements))
+        seen_lines, seen_elements = seen_lines + count, seen_elements + count * size
     bounds = [0]
-    k, elements = 0, 0
-    row_sizes = [n for _, m, n in rows for _ in range(m)] if count > 1 else []
-    for j in range(1, count):
-        while k < total_rows and elements * count < j * numel:
-            elements += row_sizes[k]
-            k += 1
-        # Every slice keeps at least one row.
-        bounds.append(min(max(k, bounds[-1] + 1), total_rows - (count - j)))
-    bounds.append(total_rows)
-    slices: list[list[SlicePiece]] = [[] for _ in range(count)]
+    tensor, line, elements = 0, 0, 0
+    for j in range(1, slice_count):
+        # Advance whole lines until the elements before `line` reach j * numel / A (tensor by tensor).
+        while line < total_lines and elements * slice_count < j * numel:
+            name, axis, count, size = lines[tensor]
+            end = starts[tensor][0] + count
+            needed = -(-(j * numel - elements * slice_count) // (slice_count * size))  # ceil
+            step = min(needed, end - line)
+            line, elements = line + step, elements + step * size
+            if line == end:
+                tensor += 1
+        near = min(starts, key=lambda start: (abs(start[1] - elements), start[0]))
+        # |near - elements| <= SNAP_EIGHTHS/8 of a slice, in integers.
+        if near[0] > bounds[-1] and abs(near[1] - elements) * slice_count * 8 <= SNAP_EIGHTHS * numel:
+            chosen = near[0]
+        else:
+            chosen = line
+        # Every slice keeps at least one line.
+        bounds.append(min(max(chosen, bounds[-1] + 1), total_lines - (slice_count - j)))
+    bounds.append(total_lines)
+    shape_of = dict(ordered)
+    slices: list[list[SlicePiece]] = [[] for _ in range(slice_count)]
     for name, shape in ordered:
         if math.prod(shape) == 0:
-            slices[0].append(SlicePiece(name, 0, shape[0] if shape else 0, shape))
-    first = 0
-    for name, m, _ in rows:
-        shape = dict(ordered)[name]
-        for j in range(count):
-            start, end = max(bounds[j], first), min(bounds[j + 1], first + m)
+            slices[0].append(SlicePiece(name, 0, 0, shape[0] if shape else 0, shape))
+    for (name, axis, count, _), (first, _) in zip(lines, starts):
+        shape = shape_of[name]
+        m, n = matrix_view_shape(shape)
+        for j in range(slice_count):
+            start, end = max(bounds[j], first), min(bounds[j + 1], first + count)
             if start < end:
-                sub = (end - start, *shape[1:]) if shape else ()
-                slices[j].append(SlicePiece(name, start - first, end - first, sub))
-        first += m
+                if axis:
+                    sub = (m, end - start)
+                else:
+                    sub = (end - start, *shape[1:]) if shape else ()
+                slices[j].append(SlicePiece(name, axis, start - first, end - first, sub))
     return SlicePlan(ordered, tuple(tuple(sorted(s, key=lambda p: p.name)) for s in slices))
 
 
+def _piece_of(value: torch.Tensor, piece: SlicePiece) -> torch.Tensor:
+    if value.dim() == 0:
+        return value
+    if piece.axis:
+        return value.reshape(value.shape[0], -1)[:, piece.start:piece.end]
+    return value[piece.start:piece.end]
+
+
 def split_slices(tensors: Mapping[str, torch.Tensor], plan: SlicePlan) -> list[dict[str, torch.Tensor]]:
-    """``[{name: tensor[row_start:row_end]} for each slice]`` (views, no copy)."""
+    """``[{name: piece of tensor} for each slice]`` (contiguous copies of column pieces, views of row pieces)."""
     if set(tensors) != {name for name, _ in plan.shapes}:
         raise SliceError("tensor names differ from the slice plan's")
-    out = []
-    for pieces in plan.slices:
-        part = {}
-        for piece in pieces:
-            value = tensors[piece.name]
-            part[piece.name] = value if value.dim() == 0 else value[piece.row_start:piece.row_end]
-        out.append(part)
-    return out
+    return [
+        {piece.name: _piece_of(tensors[piece.name], piece).contiguous() for piece in pieces} for pieces in plan.slices
+    ]
 
 
 def assemble_slices(parts: Sequence[Mapping[str, torch.Tensor]], plan: SlicePlan) -> dict[str, torch.Tensor]:
@@ -185,10 +227,11 @@ def assemble_slices(parts: Sequence[Mapping[str, torch.Tensor]], plan: SlicePlan
             value = part[piece.name].to(torch.float32)
             if tuple(value.shape) != piece.shape:
                 raise SliceError(f"slice piece {piece.name!r}: shape {tuple(value.shape)} != {piece.shape}")
-            if out[piece.name].dim() == 0:
-                out[piece.name].copy_(value)
+            target = out[piece.name]
+            if target.dim() == 0:
+                target.copy_(value)
             else:
-                out[piece.name][piece.row_start:piece.row_end] = value
+                _piece_of(target, piece).copy_(value)  # a view into ``target`` (contiguous, so reshape is a view)
     return out
 
 
@@ -222,16 +265,53 @@ def _encode(tensors, cfg: CompressionConfig, budget: int, stage_index: int, oute
     return encode_contribution(tensors, cfg, stage_index=stage_index, outer_round=outer_round)
 
 
+def guided_slice_budgets(
+    tensors: Mapping[str, torch.Tensor], plan: SlicePlan, cfg: CompressionConfig, stage_budget: int
+) -> list[int]:
+    """Per-slice byte budgets that follow the whole stage's allocation (:mod:`training.bandwidth`).
+
+    The stage's greedy allocation spends bytes where they remove the most
+    error (big compressible matrices, not biases); a budget proportional to
+    element counts would undo that. Slice j gets, per piece, the bytes the
+    whole-stage allocation gave its tensor times the piece's share of the
+    tensor's lines, plus its framing. A replica's own choice (the aggregator
+    only needs the blobs), so it may depend on its data.
+    """
+    from training.bandwidth import encode_within_bandwidth, framing_bytes
+
+    if not cfg.enabled or stage_budget <= 0:
+        return [0] * plan.num_slices
+    _, _, stats = encode_within_bandwidth(tensors, cfg, stage_budget, stage_index=0, outer_round=0)
+    payload = {tensor.name: tensor.payload_bytes for tensor in stats.tensors}
+    shapes = dict(plan.shapes)
+    budgets = []
+    for pieces in plan.slices:
+        total = 32.0
+        for piece in pieces:
+            lines = matrix_view_shape(shapes[piece.name])[piece.axis]
+            share = (piece.end - piece.start) / lines if lines else 1.0
+            total += framing_bytes(piece.name, piece.shape) + payload.get(piece.name, 0) * share
+        budgets.append(max(1, int(total)))
+    return budgets
+
+
 def encode_slices(
     tensors: Mapping[str, torch.Tensor], plan: SlicePlan, cfg: CompressionConfig, stage_budget: int, *,
-    stage_index: int, outer_round: int,
+    stage_index: int, outer_round: int, guided: bool = True,
 ) -> tuple[list[bytes], dict[str, torch.Tensor], list[CompressionStats]]:
-    """Code each slice with the stage codec and budget ``slice_budget``: ``(blobs, assembled decode, stats)``."""
+    """Code each slice with the stage codec: ``(blobs, assembled decode, stats)``.
+
+    Budgets: :func:`guided_slice_budgets` (``guided``), else :func:`slice_budget`
+    (in proportion to the elements).
+    """
+    parts = split_slices(tensors, plan)
+    if guided:
+        budgets = guided_slice_budgets(tensors, plan, cfg, stage_budget)
+    else:
+        budgets = [slice_budget(stage_budget, plan, index) for index in range(plan.num_slices)]
     blobs, decoded, stats = [], [], []
-    for index, part in enumerate(split_slices(tensors, plan)):
-        blob, values, slice_stats = _encode(
-            part, cfg, slice_budget(stage_budget, plan, index), stage_index, outer_round
-        )
+    for part, budget in zip(parts, budgets):
+        blob, values, slice_stats = _encode(part, cfg, budget, stage_index, outer_round)
         blobs.append(blob)
         decoded.append(values)
         stats.append(slice_stats)
@@ -333,9 +413,21 @@ def aggregate_slice(
         return SliceAggregate(slice_index, b"", None, reports)
     average = average_contributions(accepted)
     partial, decoded, _ = _encode(
-        average, cfg, slice_budget(stage_budget, plan, slice_index), stage_index, outer_round
+        average, cfg, partial_budget(blobs, reports, stage_budget), stage_index, outer_round
     )
     return SliceAggregate(slice_index, partial, decoded, reports)
+
+
+def partial_budget(slice_blobs: Sequence[bytes], reports: Sequence[ContributionReport], stage_budget: int) -> int:
+    """The partial's byte budget: the lower median of the accepted inputs' sizes (0: code to the error budget).
+
+    A public function of the inputs (replayable), and it follows the replicas'
+    own allocation of bytes between slices, so the partials of a round sum to
+    about one contribution.
+    """
+    if stage_budget <= 0:
+        return 0
+    return lower_median([len(slice_blobs[report.index]) for report in reports if report.accepted])
 
 
 def replay_partial(
@@ -382,14 +474,44 @@ def _sha(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def slice_leaf(slice_index: int, blob: bytes) -> bytes:
-    """Leaf of a replica's slices root: ``sha256(b"slice" || u32 j || sha256(blob))``."""
-    return _sha(b"slice" + struct.pack(">I", slice_index) + _sha(blob))
+def slice_signing_bytes(
+    run_id: int, outer_round: int, stage_index: int, replica: int, slice_index: int, num_slices: int, blob: bytes
+) -> bytes:
+    """What replica i signs for its slice j: domain, run, round, stage, replica, j, A, sha256(blob).
+
+    The domain prefix keeps this signature from being valid over anything else
+    (an envelope's signing bytes start with ``b"dlx-envelope-v1"``).
+    """
+    return SLICE_SIGNATURE_DOMAIN + struct.pack(
+        ">QQIIII", run_id, outer_round, stage_index, replica, slice_index, num_slices
+    ) + _sha(blob)
 
 
-def input_leaf(replica: int, manifest_hash: bytes, blob: bytes | None) -> bytes:
-    """Leaf of a partial's inputs root: ``sha256(b"input" || u32 i || manifest hash || sha256(blob) or 0^32)``."""
-    return _sha(b"input" + struct.pack(">I", replica) + manifest_hash + (_EMPTY if blob is None else _sha(blob)))
+def slice_message(slice_index: int, num_slices: int, signature: bytes, blob: bytes) -> bytes:
+    """What a replica sends aggregator j: ``b"dlx-slice/1" || u32 j || u32 A || signature (64) || slice blob``."""
+    if len(signature) != 64:
+        raise SliceError("slice signature must be 64 bytes")
+    return SLICE_PREFIX + struct.pack(">II", slice_index, num_slices) + signature + blob
+
+
+def parse_slice_message(message: bytes, slice_index: int, num_slices: int) -> tuple[bytes, bytes]:
+    """``(signature, blob)`` of a slice message for slice ``slice_index`` of ``num_slices``; SliceError otherwise.
+
+    The caller checks the signature over :func:`slice_signing_bytes` with the
+    sender's key (``p2p.identity.verify_signature``), then decodes the blob.
+    """
+    head = len(SLICE_PREFIX) + 8
+    if len(message) < head + 64 or not message.startswith(SLICE_PREFIX):
+        raise SliceError("slice message: too short or wrong prefix")
+    index, count = struct.unpack_from(">II", message, len(SLICE_PREFIX))
+    if index != slice_index or count != num_slices:
+        raise SliceError(f"slice message for slice {index} of {count}, expected {slice_index} of {num_slices}")
+    return message[head:head + 64], message[head + 64:]
+
+
+def input_leaf(replica: int, blob: bytes | None) -> bytes:
+    """Leaf of a partial's inputs root: ``sha256(b"input" || u32 i || sha256(blob))``, 32 zero bytes for a missing one."""
+    return _sha(b"input" + struct.pack(">I", replica) + (_EMPTY if blob is None else _sha(blob)))
 
 
 def merkle_root(leaves: Sequence[bytes]) -> bytes:
@@ -402,75 +524,9 @@ def merkle_root(leaves: Sequence[bytes]) -> bytes:
     return level[0]
 
 
-def merkle_proof(leaves: Sequence[bytes], index: int) -> list[bytes]:
-    """The sibling hashes from leaf ``index`` to the root (carried odd nodes have none)."""
-    proof, level = [], list(leaves)
-    while len(level) > 1:
-        sibling = index ^ 1
-        if sibling < len(level):
-            proof.append(level[sibling])
-        level = [_sha(level[k] + level[k + 1]) if k + 1 < len(level) else level[k] for k in range(0, len(level), 2)]
-        index //= 2
-    return proof
-
-
-def verify_merkle(leaf: bytes, index: int, count: int, proof: Sequence[bytes], root: bytes) -> bool:
-    """True iff ``proof`` leads from ``leaf`` at ``index`` of ``count`` leaves to ``root``."""
-    if not 0 <= index < count:
-        return False
-    node, width, used = leaf, count, 0
-    while width > 1:
-        sibling = index ^ 1
-        if sibling < width:
-            if used >= len(proof):
-                return False
-            node = _sha(proof[used] + node) if index & 1 else _sha(node + proof[used])
-            used += 1
-        index //= 2
-        width = (width + 1) // 2
-    return used == len(proof) and node == root
-
-
-def manifest_payload(slice_blobs: Sequence[bytes]) -> bytes:
-    """Payload of a replica's ``slices`` envelope: prefix, A, the Merkle root of its slice leaves."""
-    leaves = [slice_leaf(j, blob) for j, blob in enumerate(slice_blobs)]
-    return MANIFEST_PREFIX + struct.pack(">I", len(leaves)) + merkle_root(leaves)
-
-
-def parse_manifest(payload: bytes, num_slices: int) -> bytes:
-    """The slices root of a manifest payload for a round with ``num_slices`` slices; SliceError otherwise."""
-    size = len(MANIFEST_PREFIX) + 4 + 32
-    if len(payload) != size or not payload.startswith(MANIFEST_PREFIX):
-        raise SliceError(f"slice manifest: {len(payload)} bytes, expected {size} with prefix {MANIFEST_PREFIX!r}")
-    (count,) = struct.unpack_from(">I", payload, len(MANIFEST_PREFIX))
-    if count != num_slices:
-        raise SliceError(f"slice manifest names {count} slices, the round has {num_slices}")
-    return payload[-32:]
-
-
-def slice_message(slice_blobs: Sequence[bytes], slice_index: int) -> bytes:
-    """What a replica sends aggregator j: slice index, count, Merkle proof to its manifest, the slice blob."""
-    leaves = [slice_leaf(j, blob) for j, blob in enumerate(slice_blobs)]
-    proof = merkle_proof(leaves, slice_index)
-    header = SLICE_PREFIX + struct.pack(">IIB", slice_index, len(leaves), len(proof))
-    return header + b"".join(proof) + slice_blobs[slice_index]
-
-
-def parse_slice_message(message: bytes, slices_root: bytes, slice_index: int, num_slices: int) -> bytes:
-    """The slice blob of ``message`` after checking index, count and the proof to ``slices_root``."""
-    head = len(SLICE_PREFIX) + 9
-    if len(message) < head or not message.startswith(SLICE_PREFIX):
-        raise SliceError("slice message: too short or wrong prefix")
-    index, count, depth = struct.unpack_from(">IIB", message, len(SLICE_PREFIX))
-    if index != slice_index or count != num_slices:
-        raise SliceError(f"slice message for slice {index} of {count}, expected {slice_index} of {num_slices}")
-    if len(message) < head + 32 * depth:
-        raise SliceError("slice message: truncated proof")
-    proof = [message[head + 32 * k: head + 32 * (k + 1)] for k in range(depth)]
-    blob = message[head + 32 * depth:]
-    if not verify_merkle(slice_leaf(index, blob), index, count, proof, slices_root):
-        raise SliceError(f"slice {index}: blob does not match the signed slices root")
-    return blob
+def inputs_root(slice_blobs: Sequence[bytes | None]) -> bytes:
+    """The Merkle root a partial binds: :func:`input_leaf` of every input in canonical order."""
+    return merkle_root([input_leaf(replica, blob) for replica, blob in enumerate(slice_blobs)])
 
 
 @dataclass(frozen=True)
@@ -503,7 +559,7 @@ def parse_partial(payload: bytes) -> Partial:
 
 
 def check_partial(
-    partial: Partial, slice_blobs: Sequence[bytes | None], manifest_hashes: Sequence[bytes], plan: SlicePlan,
+    partial: Partial, slice_blobs: Sequence[bytes | None], plan: SlicePlan,
     cfg: CompressionConfig, stage_budget: int, *, norm_clip: float, stage_index: int, outer_round: int,
 ) -> str:
     """Audit one partial by replay: ``""`` if it is exactly what these inputs give, else the reason.
@@ -515,8 +571,7 @@ def check_partial(
         return f"partial names {partial.num_slices} slices, the plan has {plan.num_slices}"
     if partial.num_inputs != len(slice_blobs):
         return f"partial binds {partial.num_inputs} inputs, the round has {len(slice_blobs)}"
-    leaves = [input_leaf(i, h, blob) for i, (h, blob) in enumerate(zip(manifest_hashes, slice_blobs))]
-    if merkle_root(leaves) != partial.inputs_root:
+    if inputs_root(slice_blobs) != partial.inputs_root:
         return "inputs root differs from the round's inputs"
     expected = replay_partial(
         slice_blobs, plan, partial.slice_index, cfg, stage_budget, norm_clip=norm_clip,
