@@ -329,6 +329,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--presets", default="tiny,mini", help="traffic presets ('' to skip)")
     parser.add_argument("--replicas", default="4,8,16,64,256,1024")
     parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--traffic-stages", default="", help="stage indices whose traffic is measured (default all)")
     parser.add_argument("--inner-steps", type=int, default=50, help="H of the budget and of the real pseudo-gradients")
     parser.add_argument("--base-replicas", type=int, default=2, help="K real pseudo-gradients")
     parser.add_argument("--materialize", type=int, default=6, help="contributions built per all-to-all node")
@@ -383,7 +384,10 @@ def main() -> None:
                                       args.inner_steps)
         specs = split_stages(model_cfg.n_layer, args.stages)
         rows = []
+        measured = {int(i) for i in args.traffic_stages.split(",") if i} or {spec.index for spec in specs}
         for spec in specs:
+            if spec.index not in measured:
+                continue
             shapes = stage_param_shapes(model_cfg, spec)
             numel = sum(math.prod(s) for s in shapes.values())
             stage_bases = [b[spec.index] for b in bases]
