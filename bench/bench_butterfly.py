@@ -288,7 +288,8 @@ def convergence(scheme: str, corpus, model_cfg, training_cfg, replicas: int, num
                 set_lr(optimizers, inner_lr(training_cfg, outer_round * steps + step, rounds * steps))
                 trainer.train_step(x, y)
         blobs = [[engine.encode_contribution(outer_round)[0] for engine in row] for row in engines]
-        partial_errors = []
+        partial_errors, partial_bytes = [], 0
+        contribution_bytes = sum(len(blob) for row in blobs for blob in row) / replicas
         for stage in range(num_stages):
             contributions = [blobs[replica][stage] for replica in range(replicas)]
             if scheme == "sliced":
@@ -304,6 +305,7 @@ def convergence(scheme: str, corpus, model_cfg, training_cfg, replicas: int, num
                 num = sum(float(torch.sum((delta[n] - exact[n]).double() ** 2)) for n in delta)
                 den = sum(float(torch.sum(exact[n].double() ** 2)) for n in delta)
                 partial_errors.append(math.sqrt(num / den) if den else 0.0)
+                partial_bytes += sum(len(r.partial) for r in results)
                 contributions = [encode_contribution(delta, raw_cfg, stage_index=stage, outer_round=outer_round)[0]]
             hashes = {engines[r][stage].apply_round(outer_round, contributions).weights_hash for r in range(replicas)}
             assert len(hashes) == 1, "replicas disagree"
@@ -315,6 +317,7 @@ def convergence(scheme: str, corpus, model_cfg, training_cfg, replicas: int, num
             evaluator.load_state_dict(merged)
             eval_loss = evaluator.eval_loss(held_out)
         records.append({"outer_round": outer_round, "eval_loss": eval_loss, "slices": [p.num_slices for p in plans],
+                        "contribution_bytes_per_replica": contribution_bytes, "partial_bytes": partial_bytes,
                         "partial_rel_error": partial_errors or None})
         print(f"  {scheme} round {outer_round}: eval {eval_loss}", flush=True)
     return records
@@ -340,6 +343,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--conv-preset", default="tiny")
     parser.add_argument("--conv-slices", default="4,16", help="slice counts of the sliced runs")
     parser.add_argument("--conv-min-slice-numel", type=int, default=1024)
+    parser.add_argument("--conv-only", type=int, default=-1, help="run only this convergence run (0: all-to-all)")
     parser.add_argument("--skip-convergence", action="store_true")
     parser.add_argument("--parts", default="", help="merge these JSON files (earlier runs' --out) into --out, no run")
     parser.add_argument("--out", default="bench/results/butterfly.json")
@@ -357,7 +361,13 @@ def main() -> None:
                     merged[key].update(value)
                 elif value or key not in merged:
                     merged[key] = value
-        merged["parts"] = args.parts.split(",")
+        merged["parts"] = {
+            part: {key: json.loads(Path(part).read_text()).get(key)
+                   for key in ("args", "load_average_start", "load_average_end", "seconds", "platform")}
+            for part in args.parts.split(",")
+        }
+        for key in ("args", "load_average_start", "load_average_end", "seconds"):
+            merged.pop(key, None)
         (REPO / args.out).write_text(json.dumps(merged, indent=1, default=float) + "\n")
         print(f"wrote {REPO / args.out}")
         return
@@ -368,7 +378,7 @@ def main() -> None:
     replica_counts = [int(r) for r in args.replicas.split(",")]
     started_all = time.perf_counter()
     out: dict = {"load_average_start": os.getloadavg(), "platform": platform.platform(), "args": vars(args),
-                 "traffic": {}, "slicing_error": {}, "audit": {}}
+                 "traffic": {}, "slicing_error": {}}
     path = REPO / args.out
     path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -430,6 +440,8 @@ def main() -> None:
         corpus = load_corpus(REPO / args.data, training_cfg.eval_fraction, model_cfg.block_size)
         conv = {}
         runs = [("all_to_all", 0)] + [(f"sliced_{count}", int(count)) for count in args.conv_slices.split(",")]
+        if args.conv_only >= 0:
+            runs = [run for run in runs if run[1] == args.conv_only] or [(f"sliced_{args.conv_only}", args.conv_only)]
         for label, count in runs:
             t0 = time.perf_counter()
             conv[label] = convergence("sliced" if count else "all_to_all", corpus, model_cfg, training_cfg,
