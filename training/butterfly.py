@@ -13,10 +13,11 @@ auditor replays any one slice for ``~C`` bytes of inputs and compares bytes.
 
 Per round t and stage s, replicas ``0 .. R-1`` in canonical order::
 
-    plan      = plan_slices(shapes, A)                          # row ranges, a pure function
-    replica i: target_i = g_i + e_i; slice_blobs_i = encode(split(target_i, plan)[j], budget_j) for each j
+    plan      = plan_slices(shapes, R)                          # line ranges, a pure function
+    replica i: target_i = g_i + e_i; slice_blobs_i = encode(split(target_i, plan)[j], budget_ij) for each j
                e_i = target_i - assemble(decode(slice_blobs_i))   # error feedback over the whole target
-    agg. j:   partial_j = encode(mean_clip([decode(slice_blobs_i[j]) for i]), budget_j)   # aggregate_slice
+    agg. j:   partial_j = encode(mean_clip([decode(slice_blobs_i[j]) for i]),
+                                 lower median of the accepted inputs' sizes)      # aggregate_slice
     everyone: Delta = assemble([decode(partial_j) for j]); outer_step(theta, m, Delta)
 
 The norm rule (docs/DILOCOX.md section 10) runs per slice: slice ``j`` of replica
@@ -540,11 +541,11 @@ class Partial:
     blob: bytes
 
 
-def partial_payload(slice_index: int, num_slices: int, inputs_root: bytes, num_inputs: int, blob: bytes) -> bytes:
-    """Payload of aggregator j's ``partial`` envelope (module docstring)."""
-    if len(inputs_root) != 32:
-        raise SliceError("inputs_root must be 32 bytes")
-    return PARTIAL_PREFIX + struct.pack(">III", slice_index, num_slices, num_inputs) + inputs_root + blob
+def partial_payload(slice_index: int, num_slices: int, root: bytes, num_inputs: int, blob: bytes) -> bytes:
+    """Payload of aggregator j's ``partial`` envelope (module docstring); ``root`` is :func:`inputs_root`."""
+    if len(root) != 32:
+        raise SliceError("the inputs root must be 32 bytes")
+    return PARTIAL_PREFIX + struct.pack(">III", slice_index, num_slices, num_inputs) + root + blob
 
 
 def parse_partial(payload: bytes) -> Partial:
