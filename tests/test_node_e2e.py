@@ -56,6 +56,27 @@ def test_two_replicas_by_two_stages_commit_every_round_once(make_run):
         for path in present:
             assert hashlib.sha256(path.read_bytes()).digest() == ckpt.content_hash, path
     assert not history.disputes
+    _assert_round_timing(run, rounds=3)
+
+
+def _assert_round_timing(run: LocalRun, rounds: int) -> None:
+    """Every node logged one period per round trained and one finish per round applied, consistently."""
+    for slot in run.nodes:
+        records = [json.loads(line) for line in (slot.data_dir / "timing.jsonl").read_text().splitlines()]
+        periods = [r for r in records if r["kind"] == "period"]
+        finishes = [r for r in records if r["kind"] == "finish"]
+        assert [r["round"] for r in periods] == list(range(rounds)), (slot.name, records)
+        assert sorted(r["round"] for r in finishes) == list(range(rounds)), (slot.name, records)
+        assert periods[0]["wall_s"] is None  # no previous round in this life
+        for r in periods[1:]:
+            assert 0 < r["inner_s"] <= r["wall_s"], (slot.name, r)
+            assert r["inner_s"] + sum(r[f"{p}_s"] for p in ("encode", "close_wait", "fetch_wait", "aggregate")) \
+                <= r["wall_s"] + 1e-3, (slot.name, r)
+            assert 0 < r["utilization"] <= 1
+        for r in finishes:
+            assert r["close_wait_s"] + r["fetch_wait_s"] + r["aggregate_s"] <= r["total_s"] + 1e-3, (slot.name, r)
+        timing = slot.status()["timing"]
+        assert timing["periods"] == rounds - 1 and 0 < timing["utilization"] <= 1, timing
 
 
 @pytest.mark.timeout(420)

@@ -65,6 +65,7 @@ class ContributionPool:
         self._have: dict[tuple[int, int], dict[bytes, bytes]] = {}
         self._rejected: dict[tuple[int, int], dict[bytes, tuple[str, str]]] = {}  # digest -> (sender, reason)
         self._senders: dict[bytes, tuple[int, str]] = {}  # digest -> (replica, peer id) of envelopes held
+        self._arrived: dict[bytes, float] = {}  # digest -> time.monotonic() it was added (utilization timing)
         self._in_flight: set[bytes] = set()
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=max(2, workers), thread_name_prefix="fetch")
@@ -75,6 +76,12 @@ class ContributionPool:
         with self._lock:
             self._have.setdefault((outer_round, stage), {})[digest] = envelope
             self._senders[digest] = (env.replica, env.sender_peer_id)
+            self._arrived.setdefault(digest, time.monotonic())
+
+    def arrived_at(self, digest: bytes) -> float | None:
+        """``time.monotonic()`` when the envelope ``digest`` was here and checked (None if it is not)."""
+        with self._lock:
+            return self._arrived.get(digest)
 
     def holds(self, outer_round: int, stage: int, replica: int, peer_id: str, digest: bytes) -> bool:
         """Whether the checked envelope ``digest`` of (round, stage) is here and was signed by that replica's peer."""
@@ -167,6 +174,7 @@ class ContributionPool:
                 for key in [k for k in book if k[0] < outer_round]:
                     for digest in book[key]:
                         self._senders.pop(digest, None)
+                        self._arrived.pop(digest, None)
                     del book[key]
 
     def close(self) -> None:

@@ -46,6 +46,7 @@ from node.live.protocol import run_topic
 from node.live.replica import PipelineRejoin, ReplicaWorker
 from node.live.resume import RestartRecovery
 from node.live.roundbook import Announced, RoundBook
+from node.live.roundclock import RoundClock
 from node.live.status import Progress, StateFile, write_status
 from node.live.verifier import SpotChecker, VerifierContext
 from node.live.topology import Placement
@@ -95,6 +96,7 @@ class Node:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.stop_event = threading.Event()
         self.progress = Progress(inner_steps=cfg.diloco.inner_steps)
+        self.clock = RoundClock(self.data_dir / "timing.jsonl")  # utilization per round (docs/DILOCOX.md section 4)
         self.book = RoundBook()
         self.run_id = cfg.ledger.run_id
         self.document = run_document(cfg)
@@ -438,7 +440,8 @@ class Node:
                     if action.kind == TRAIN:
                         self._train_inner_steps(action.outer_round, action.first_step, action.end_step)
                     elif action.kind == ENCODE:
-                        self._publish_contributions(action.outer_round)
+                        with self.clock.phase("encode"):
+                            self._publish_contributions(action.outer_round)
                         unfinished.append(action.outer_round)
                     elif action.kind == APPLY:
                         while unfinished and unfinished[0] <= action.outer_round:
@@ -469,8 +472,9 @@ class Node:
                 raise RoundAbandoned()
 
         if first_step == 0:  # what the round's contributions will bind (docs/DILOCOX.md section 11)
-            self._start_states[outer_round] = self.spot_checks.serve_start_states(
-                outer_round, self.worker.capture_start_states(outer_round))
+            with self.clock.phase("start_state"):
+                self._start_states[outer_round] = self.spot_checks.serve_start_states(
+                    outer_round, self.worker.capture_start_states(outer_round))
         try:
             stats = self.worker.train_round(outer_round, on_step, first_step, end_step)
         except PipelineError as exc:
@@ -483,13 +487,19 @@ class Node:
         tokens = sum(p.tokens for p in parts)
         mean_loss = sum(p.mean_loss * p.tokens for p in parts) / tokens
         try:
-            eval_loss = self.worker.eval_loss()
+            with self.clock.phase("eval"):
+                eval_loss = self.worker.eval_loss()
         except PipelineError as exc:
             raise PipelineBroken(outer_round, str(exc)) from exc
         self.progress.eval_loss = eval_loss
         self._train_info[outer_round] = (mean_loss, eval_loss, tokens)
-        logger.info("round %d: %d inner steps in %.1fs, loss %.4f, held-out %.4f", outer_round,
-                    self.cfg.diloco.inner_steps, sum(p.seconds for p in parts), mean_loss, eval_loss)
+        period = self.clock.trained(outer_round, sum(p.seconds for p in parts))
+        self.progress.timing = self.clock.summary()
+        logger.info("round %d: %d inner steps in %.1fs (%s), loss %.4f, held-out %.4f", outer_round,
+                    self.cfg.diloco.inner_steps, period["inner_s"],
+                    "first period" if period["wall_s"] is None else
+                    f"{period['wall_s']:.1f}s since the last round's, utilization {period['utilization']:.1%}",
+                    mean_loss, eval_loss)
 
     def _publish_contributions(self, outer_round: int) -> None:
         if outer_round <= self.state.get("last_contributed", -1):
@@ -512,11 +522,15 @@ class Node:
             logger.info("round %d stage %d: contribution %s, %d bytes (ratio %.0fx)", outer_round, stage,
                         digest.hex()[:12], len(envelope), getattr(cstats, "ratio", float("nan")))
         self.state.update(last_contributed=outer_round)
+        self.clock.published(outer_round)
 
     # ------------------------------------------------------------------ finishing a round
     def _finish_round(self, outer_round: int) -> None:
         """Close, fetch, aggregate and attest ``outer_round`` for every stage this node holds."""
         self._set_state("finishing")
+        started = time.monotonic()
+        waited = {"close_wait": 0.0, "fetch_wait": 0.0, "aggregate": 0.0}
+        last_arrival: float | None = None
         contributed = outer_round in self._train_info
         sealed: list[ArchivedContribution] = []
         excluded: list[list] = []  # [stage, replica, peer id, envelope hash, reason, detail]
@@ -525,12 +539,22 @@ class Node:
         for stage in self.worker.stages:
             if sealed_before is not None:
                 self.coordinator.adopt(outer_round, stage, sealed_before[stage])
+            mark = time.monotonic()
             close = self.coordinator.accepted(outer_round, stage) or self.coordinator.await_close(outer_round, stage)
+            waited["close_wait"] += time.monotonic() - mark
+            mark = time.monotonic()
             envelopes = self.contributions.collect(outer_round, stage, close)
+            waited["fetch_wait"] += time.monotonic() - mark
+            for entry in close.contributions:  # when each was here: the round's exchange time
+                arrived = self.contributions.arrived_at(entry[2])
+                if arrived is not None and (last_arrival is None or arrived > last_arrival):
+                    last_arrival = arrived
+            mark = time.monotonic()
             payloads = [msg.decode_contribution_body(decode_envelope(e, self.cfg.p2p.max_blob_bytes).payload).blob
                         for e in envelopes]
             screened, _reports = self.worker.screen(outer_round, payloads)
             result = self.worker.apply(stage, outer_round, payloads, excluded=screened)
+            waited["aggregate"] += time.monotonic() - mark
             hashes[stage] = result.weights_hash
             self._stage_hashes.setdefault(outer_round, {})[stage] = result.weights_hash
             for report in result.contributions:
@@ -567,6 +591,12 @@ class Node:
         self.progress.last_finished = outer_round
         self.state.update(last_finished=outer_round)
         self.committer.submit(outer_round)
+        total = time.monotonic() - started
+        waited["finish_other"] = max(0.0, total - sum(waited.values()))
+        for phase, seconds in waited.items():
+            self.clock.add(phase, seconds)
+        self.clock.finished(outer_round, last_arrival, total=total, **waited)
+        self.progress.timing = self.clock.summary()
         self._report()
 
     def _forget_before(self, outer_round: int) -> None:

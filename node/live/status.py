@@ -43,6 +43,7 @@ class Progress:
     spot_checks: int = 0  # other replicas' contributions re-executed (node.live.verifier)
     spot_check_mismatches: int = 0
     chain_checks: int = 0  # start-state links from an exact rerun into the next round checked
+    timing: dict = field(default_factory=dict)  # node.live.roundclock.RoundClock.summary()
     history: list[dict] = field(default_factory=list)
 
 
@@ -162,7 +163,7 @@ def write_status(path: Path, progress: Progress, peer_id: str, run_id: int, plac
         "eval_loss": _num(p.eval_loss), "peers": p.peers, "bytes_sent": p.bytes_sent,
         "bytes_received": p.bytes_received, "last_finished": p.last_finished, "last_commit": p.last_commit,
         "weights_root": p.weights_root, "spot_checks": p.spot_checks,
-        "spot_check_mismatches": p.spot_check_mismatches, "chain_checks": p.chain_checks,
+        "spot_check_mismatches": p.spot_check_mismatches, "chain_checks": p.chain_checks, "timing": p.timing,
         "updated_at": time.time(),
         "placement": None if placement is None else {
             "cluster": placement.cluster, "replica": placement.replica, "stages": list(placement.stages)},

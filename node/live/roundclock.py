@@ -1,0 +1,117 @@
+"""Where a node's wall time goes, round by round: the utilization figures (issue 16).
+
+A *period* runs from the end of one round's training to the end of the next
+one's, so it holds exactly one round of inner steps and whatever the schedule
+(:func:`training.schedule.round_actions`) put between them: without the delay
+``encode(t-1); apply(t-1)``, with it ``encode(t-1); apply(t-2)``, whose exchange
+travelled while round t-1 trained. Compute utilization of the period is
+``inner_s / wall_s``. The first period of a process has no previous end, so its
+wall time is unknown (``None``) and it counts in no utilization.
+
+The node times its phases with :meth:`RoundClock.phase`; every finished round
+adds one ``finish`` record (close wait, fetch wait, aggregation, and how long
+after this node's own contribution went out the last contribution it
+aggregates was here: the round's exchange time). Records go to a JSON-lines
+file (``timing.jsonl`` in the data directory) and the last ones to status.json.
+Timing only reads clocks: it changes nothing the node computes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+#: Phases of a period besides the inner steps, in the order they are reported.
+PHASES = ("start_state", "eval", "encode", "close_wait", "fetch_wait", "aggregate", "finish_other")
+
+
+class RoundClock:
+    """Per-period and per-finished-round timing of one node process (see module docstring)."""
+
+    def __init__(self, path: Path | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self.clock = clock
+        self._period_end: float | None = None  # end of the last round's training (None: none in this life)
+        self._phases: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self._published: dict[int, float] = {}  # round -> when this node's contribution of it went out
+        self.last_period: dict | None = None
+        self.last_finish: dict | None = None
+        self.inner_total = 0.0  # over periods with a known wall time
+        self.wall_total = 0.0
+        self.periods = 0
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Add the time spent in the block to ``name`` of the current period."""
+        started = self.clock()
+        try:
+            yield
+        finally:
+            self.add(name, self.clock() - started)
+
+    def add(self, name: str, seconds: float) -> None:
+        if name not in self._phases:
+            raise ValueError(f"unknown phase {name!r}: one of {', '.join(PHASES)}")
+        self._phases[name] += max(0.0, seconds)
+
+    def published(self, outer_round: int) -> None:
+        """This node's contribution of ``outer_round`` is out (announced): the exchange starts."""
+        self._published[outer_round] = self.clock()
+
+    def trained(self, outer_round: int, inner_seconds: float) -> dict:
+        """Close the period ending with ``outer_round``'s training; return (and log) its record."""
+        now = self.clock()
+        wall = None if self._period_end is None else now - self._period_end
+        phases = {name: round(seconds, 4) for name, seconds in self._phases.items()}
+        record = {"kind": "period", "round": outer_round, "inner_s": round(inner_seconds, 4),
+                  "wall_s": None if wall is None else round(wall, 4), "utilization": None, **{
+                      f"{name}_s": seconds for name, seconds in phases.items()}}
+        if wall is not None and wall > 0:
+            record["utilization"] = round(min(inner_seconds, wall) / wall, 5)
+            record["other_s"] = round(max(0.0, wall - inner_seconds - sum(self._phases.values())), 4)
+            self.inner_total += min(inner_seconds, wall)
+            self.wall_total += wall
+            self.periods += 1
+        self._period_end = now
+        self._phases = dict.fromkeys(PHASES, 0.0)
+        self.last_period = record
+        self._write(record)
+        return record
+
+    def finished(self, outer_round: int, last_arrival: float | None, **seconds: float) -> dict:
+        """Record one finished round: its phase ``seconds`` and its exchange time.
+
+        ``last_arrival``: clock time the last contribution it aggregates was here (``None`` if
+        all were here before this process published its own, or it published none).
+        """
+        sent = self._published.pop(outer_round, None)
+        exchange = None if sent is None or last_arrival is None else max(0.0, last_arrival - sent)
+        record = {"kind": "finish", "round": outer_round,
+                  "exchange_s": None if exchange is None else round(exchange, 4),
+                  **{f"{k}_s": round(v, 4) for k, v in seconds.items()}}
+        for old in [r for r in self._published if r < outer_round - 8]:
+            del self._published[old]
+        self.last_finish = record
+        self._write(record)
+        return record
+
+    def summary(self) -> dict:
+        """What status.json shows: the last period and finish, and the utilization over this life."""
+        return {"last_period": self.last_period, "last_finish": self.last_finish, "periods": self.periods,
+                "inner_s": round(self.inner_total, 3), "wall_s": round(self.wall_total, 3),
+                "utilization": round(self.inner_total / self.wall_total, 5) if self.wall_total > 0 else None}
+
+    def _write(self, record: dict) -> None:
+        if self.path is None:
+            return
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as exc:  # a full disk must not stop training
+            logger.debug("timing record not written: %s", exc)
