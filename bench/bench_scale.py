@@ -1,4 +1,4 @@
-"""Traffic, round time and CPU per node as the number of replicas grows: measured in real local runs, then modelled.
+"""Traffic, round time and CPU per node as the number of replicas grows: measured in local runs, then modelled.
 
     nice -n 19 python bench/bench_scale.py [--replicas 4,8,16] [--rounds 3] [--inner-steps 2]
 
@@ -69,14 +69,15 @@ class NodeWatch:
             return
         self.status = status
         if self.start is None and status.get("state") == "training" and status.get("round", -1) >= 0:
-            self.start = {"time": now, "cpu": self.cpu_last, **{k: status.get(k, 0) for k in _COUNTERS}}
+            self.start = {"time": now, "cpu": self.cpu_last, "traffic": status.get("traffic", {}),
+                          **{k: status.get(k, 0) for k in _COUNTERS}}
         finished = status.get("last_finished", -1)
         if finished >= 0 and finished not in self.finishes:
             self.finishes[finished] = now
 
     def summary(self, exit_code: int) -> dict:
         rounds = len(self.finishes)
-        start = self.start or {"time": 0.0, "cpu": 0.0, **{k: 0 for k in _COUNTERS}}
+        start = self.start or {"time": 0.0, "cpu": 0.0, "traffic": {}, **{k: 0 for k in _COUNTERS}}
         end = max(self.finishes.values()) if self.finishes else start["time"]
         per_round = lambda value: value / rounds if rounds else None  # noqa: E731
         times = [self.finishes[r] for r in sorted(self.finishes)]
@@ -90,15 +91,31 @@ class NodeWatch:
             "cpu_per_round": per_round(self.cpu_last - start["cpu"]),
             **{f"{k}_per_round": per_round(self.status.get(k, 0) - start[k]) for k in _COUNTERS},
             **{f"{k}_total": self.status.get(k, 0) for k in _COUNTERS},
+            "traffic_per_round": {
+                protocol: {key: per_round(value - start["traffic"].get(protocol, {}).get(key, 0))
+                           for key, value in counters.items()}
+                for protocol, counters in self.status.get("traffic", {}).items()},
             "cpu_total": self.cpu_last,
             "envelope_bytes": sum(p.stat().st_size for p in envelopes), "envelopes": len(envelopes),
         }
 
 
+def traffic_mean(nodes: list[dict]) -> dict:
+    """Per protocol, the mean over nodes of each per-round counter."""
+    table: dict[str, dict[str, list[float]]] = {}
+    for node in nodes:
+        for protocol, counters in node["traffic_per_round"].items():
+            for key, value in counters.items():
+                if value is not None:
+                    table.setdefault(protocol, {}).setdefault(key, []).append(value)
+    return {protocol: {key: statistics.mean(values) for key, values in counters.items()}
+            for protocol, counters in table.items()}
+
+
 def one_run(workdir: Path, replicas: int, args) -> dict:
     settings = ["model.preset=tiny", f"diloco.inner_steps={args.inner_steps}", "training.batch_size=4",
-                f"rounds={args.rounds}", f"round_timeout={args.round_timeout}", f"join_timeout={args.join_timeout}",
-                "checkpoint_every=1000", "spot_checks=0"]
+                f"rounds={args.rounds}", f"round_timeout={args.round_timeout}",
+                f"join_timeout={args.join_timeout}", "checkpoint_every=1000", "spot_checks=0"]
     if (workdir / "deployment.json").exists():  # a previous run's chain and identities: start afresh
         shutil.rmtree(workdir)
     run = LocalRun(workdir, replicas=replicas, stages=2, split=False, settings=settings)
@@ -130,8 +147,11 @@ def one_run(workdir: Path, replicas: int, args) -> dict:
         watch.status = watch.slot.status() or watch.status
     nodes = [w.summary(w.slot.process.returncode) for w in watches]
     rounds = len(commits)
-    mean = lambda key: statistics.mean(n[key] for n in nodes if n[key] is not None) if any(  # noqa: E731
-        n[key] is not None for n in nodes) else None
+
+    def mean(key: str) -> float | None:
+        values = [n[key] for n in nodes if n[key] is not None]
+        return statistics.mean(values) if values else None
+
     envelope_mean = (sum(n["envelope_bytes"] for n in nodes) / max(sum(n["envelopes"] for n in nodes), 1))
     return {
         "replicas": replicas, "nodes_count": len(nodes), "rounds_committed": rounds,
@@ -146,6 +166,7 @@ def one_run(workdir: Path, replicas: int, args) -> dict:
         "gossip_received_per_node_round": mean("gossip_messages_received_per_round"),
         "cpu_per_node_round": mean("cpu_per_round"),
         "startup_cpu_per_node": mean("startup_cpu_seconds"),
+        "traffic_per_node_round": traffic_mean(nodes),
         "contribution_envelope_bytes": envelope_mean,
         "replica_contribution_bytes": envelope_mean * 2,  # one envelope per stage, 2 stages
         "nodes": nodes,
@@ -188,9 +209,11 @@ def main() -> int:
         print(f"{replicas:>3} replicas: {point['rounds_committed']} rounds committed "
               f"(contributors {point['commit_contributors']}, exits {point['exits']}), "
               f"{_fmt(point['seconds_per_round'])} s/round; per node and round "
-              f"{_fmt(point['sent_per_node_round'], 1e3)} kB sent, {_fmt(point['received_per_node_round'], 1e3)} kB "
-              f"received, {_fmt(point['gossip_sent_per_node_round'])} gossip msgs sent, "
-              f"{_fmt(point['gossip_received_per_node_round'])} received, {_fmt(point['cpu_per_node_round'])} CPU s "
+              f"{_fmt(point['sent_per_node_round'], 1e3)} kB sent, "
+              f"{_fmt(point['received_per_node_round'], 1e3)} kB received, "
+              f"{_fmt(point['gossip_sent_per_node_round'])} gossip msgs sent, "
+              f"{_fmt(point['gossip_received_per_node_round'])} received, "
+              f"{_fmt(point['cpu_per_node_round'])} CPU s "
               f"(one replica's contribution {point['replica_contribution_bytes'] / 1e3:.1f} kB; "
               f"load {point['load_1min_samples'][-1:] or '?'})", flush=True)
         write(args, points, [])
