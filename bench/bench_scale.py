@@ -115,7 +115,7 @@ def traffic_mean(nodes: list[dict]) -> dict:
 def one_run(workdir: Path, replicas: int, args) -> dict:
     settings = ["model.preset=tiny", f"diloco.inner_steps={args.inner_steps}", "training.batch_size=4",
                 f"rounds={args.rounds}", f"round_timeout={args.round_timeout}",
-                f"join_timeout={args.join_timeout}", "checkpoint_every=1000", "spot_checks=0"]
+                f"join_timeout={args.join_timeout}", "checkpoint_every=1000", "spot_checks=0", *args.setting]
     if (workdir / "deployment.json").exists():  # a previous run's chain and identities: start afresh
         shutil.rmtree(workdir)
     run = LocalRun(workdir, replicas=replicas, stages=2, split=False, settings=settings)
@@ -199,6 +199,8 @@ def main() -> int:
     parser.add_argument("--round-timeout", type=float, default=300)
     parser.add_argument("--join-timeout", type=float, default=600)
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
+                        help="one more node setting for every run (repeatable), e.g. p2p.gossip_resync_interval=0")
     parser.add_argument("--workdir", default="/tmp/dlx-bench-scale")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale.json"))
     args = parser.parse_args()
