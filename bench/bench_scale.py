@@ -187,6 +187,12 @@ def model(points: list[dict], sizes: list[int]) -> list[dict]:
              "fitted_received_per_node_round": intercept + slope * (r - 1)} for r in sizes]
 
 
+def is_clean(point: dict) -> bool:
+    """A run the model may use: every node finished every round, exited 0 and ended on the same weights."""
+    return (not point["timed_out"] and point["weights_roots_agree"] and all(e == 0 for e in point["exits"])
+            and point["rounds_committed"] > 0 and point["received_per_node_round"] is not None)
+
+
 def _fmt(value: float | None, scale: float = 1.0) -> str:
     return "n/a" if value is None else f"{value / scale:.1f}"
 
@@ -219,8 +225,7 @@ def main() -> int:
               f"(one replica's contribution {point['replica_contribution_bytes'] / 1e3:.1f} kB; "
               f"load {point['load_1min_samples'][-1:] or '?'})", flush=True)
         write(args, points, [])
-    measured = [p for p in points if p["rounds_committed"] and p["received_per_node_round"] is not None]
-    modelled = model(measured, [16, 64, 256, 1024]) if measured else []
+    modelled = model(clean, [16, 64, 256, 1024]) if (clean := [p for p in points if is_clean(p)]) else []
     for m in modelled:
         print(f"{m['replicas']:>5} replicas (model): {m['fitted_received_per_node_round'] / 1e6:.2f} MB received "
               f"per node and round")
