@@ -32,8 +32,8 @@ DEPLOYER_ACCOUNT = 0
 #: Node i uses dev account i (1..9: the chain's funded accounts; from 10 on generated keys funded by the
 #: deployer). 64 node processes are already far more than one machine's cores run usefully.
 MAX_NODES = 64
-#: What each generated account is given on top of the run's stake: gas for a long local run (63 of
-#: them take 6,300 of the deployer's 10,000 dev ETH on anvil).
+#: What each generated account is given on top of the run's stake: gas for a long local run (a 64-node
+#: run funds 55 of them: 5,500 of the deployer's 10,000 dev ETH on anvil, plus their stakes).
 GAS_ALLOWANCE_WEI = 100 * 10**18
 
 
