@@ -1,26 +1,32 @@
-"""Traffic per node as the number of replicas grows: measured in real local runs, then modelled.
+"""Traffic, round time and CPU per node as the number of replicas grows: measured in local runs, then modelled.
 
-    python bench/bench_scale.py [--replicas 2,4,8] [--rounds 4] [--inner-steps 4]
+    nice -n 19 python bench/bench_scale.py [--replicas 4,8,16] [--rounds 3] [--inner-steps 2]
 
 Each point is a real local run (anvil, one-node clusters of the ``tiny`` model,
 2 stages chained in each node, spot checks off so that only the exchange is
-measured). For every node it reads what the node's libp2p host counted
-(``status.json``: application bytes sent and received over blobs, gossip and
-sync) and reports the mean per node and per round, the round time, and the
-mean contribution envelope size. The model extends the measurement: today every
-holder of a stage fetches every other replica's contribution of it, so a node
-receives about ``(R - 1) x C`` bytes per round (``C``: one replica's
-contribution envelopes, all stages) and serves as much; gossip adds messages
-per peer. Writes bench/results/scale.json.
+measured). While it runs, the script samples every node's ``status.json`` and
+``/proc/<pid>/stat`` twice a second; from the moment a node starts round 0 to
+its last finished round it reports, per node and per round: the round time,
+the application bytes its libp2p host sent and received (blobs, gossip, sync),
+the gossip messages it published and was delivered (run-topic messages,
+heartbeat hellos included; gossipsub's own forwarding is not counted) and the
+CPU seconds of its process. Also the mean contribution envelope size. The model
+extends the measurement: today every holder of a stage fetches every other
+replica's contribution of it, so a node receives about ``(R - 1) x C`` bytes
+per round (``C``: one replica's contribution envelopes, all stages) and serves
+as much; gossip adds messages per peer. Writes bench/results/scale.json.
 
-Local runs are limited to anvil's 9 funded dev accounts (``MAX_NODES``), so 16
-nodes are not measured here (issue 16).
+Past anvil's 9 funded dev accounts the launcher funds generated ones
+(``ledger.account.dev_account``), so a local run may have up to ``MAX_NODES``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,36 +36,137 @@ sys.path.insert(0, str(ROOT))
 
 from node.commands.launcher import LocalRun  # noqa: E402
 
+_TICK = os.sysconf("SC_CLK_TCK")
+_COUNTERS = ("bytes_sent", "bytes_received", "gossip_messages_sent", "gossip_messages_received")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU of a live process and its reaped children (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / _TICK  # utime stime cutime cstime
+
+
+class NodeWatch:
+    """What one node process did between the start of its round 0 and its last finished round."""
+
+    def __init__(self, slot) -> None:
+        self.slot = slot
+        self.cpu_last = 0.0
+        self.start: dict | None = None  # time, cpu and counters when round 0 began
+        self.finishes: dict[int, float] = {}  # round -> time it was first seen finished
+        self.status: dict = {}
+
+    def sample(self, now: float) -> None:
+        cpu = cpu_seconds(self.slot.process.pid) if self.slot.process.poll() is None else None
+        if cpu is not None:
+            self.cpu_last = cpu
+        status = self.slot.status()
+        if not status:
+            return
+        self.status = status
+        if self.start is None and status.get("state") == "training" and status.get("round", -1) >= 0:
+            self.start = {"time": now, "cpu": self.cpu_last, "traffic": status.get("traffic", {}),
+                          **{k: status.get(k, 0) for k in _COUNTERS}}
+        finished = status.get("last_finished", -1)
+        if finished >= 0 and finished not in self.finishes:
+            self.finishes[finished] = now
+
+    def summary(self, exit_code: int) -> dict:
+        rounds = len(self.finishes)
+        start = self.start or {"time": 0.0, "cpu": 0.0, "traffic": {}, **{k: 0 for k in _COUNTERS}}
+        end = max(self.finishes.values()) if self.finishes else start["time"]
+        per_round = lambda value: value / rounds if rounds else None  # noqa: E731
+        times = [self.finishes[r] for r in sorted(self.finishes)]
+        envelopes = list((self.slot.data_dir / "archive").rglob("*.env"))
+        return {
+            "name": self.slot.name, "exit": exit_code, "rounds_finished": rounds,
+            "weights_root": self.status.get("weights_root", ""),
+            "startup_cpu_seconds": start["cpu"],
+            "seconds_per_round": per_round(end - start["time"]),
+            "round_intervals": [b - a for a, b in zip(times, times[1:])],
+            "cpu_per_round": per_round(self.cpu_last - start["cpu"]),
+            **{f"{k}_per_round": per_round(self.status.get(k, 0) - start[k]) for k in _COUNTERS},
+            **{f"{k}_total": self.status.get(k, 0) for k in _COUNTERS},
+            "traffic_per_round": {
+                protocol: {key: per_round(value - start["traffic"].get(protocol, {}).get(key, 0))
+                           for key, value in counters.items()}
+                for protocol, counters in self.status.get("traffic", {}).items()},
+            "cpu_total": self.cpu_last,
+            "envelope_bytes": sum(p.stat().st_size for p in envelopes), "envelopes": len(envelopes),
+        }
+
+
+def traffic_mean(nodes: list[dict]) -> dict:
+    """Per protocol, the mean over nodes of each per-round counter."""
+    table: dict[str, dict[str, list[float]]] = {}
+    for node in nodes:
+        for protocol, counters in node["traffic_per_round"].items():
+            for key, value in counters.items():
+                if value is not None:
+                    table.setdefault(protocol, {}).setdefault(key, []).append(value)
+    return {protocol: {key: statistics.mean(values) for key, values in counters.items()}
+            for protocol, counters in table.items()}
+
 
 def one_run(workdir: Path, replicas: int, args) -> dict:
     settings = ["model.preset=tiny", f"diloco.inner_steps={args.inner_steps}", "training.batch_size=4",
-                f"rounds={args.rounds}", "round_timeout=120", "join_timeout=120", "checkpoint_every=1000",
-                "spot_checks=0"]
+                f"rounds={args.rounds}", f"round_timeout={args.round_timeout}",
+                f"join_timeout={args.join_timeout}", "checkpoint_every=1000", "spot_checks=0", *args.setting]
+    if (workdir / "deployment.json").exists():  # a previous run's chain and identities: start afresh
+        shutil.rmtree(workdir)
     run = LocalRun(workdir, replicas=replicas, stages=2, split=False, settings=settings)
     run.setup()
+    watches = [NodeWatch(slot) for slot in run.nodes]
+    loads = []  # 1-minute load average, every 10 s
     started = time.monotonic()
     try:
         run.start()
-        codes = [slot.process.wait(timeout=args.timeout) for slot in run.nodes]
+        deadline = started + args.timeout
+        ticks = 0
+        while run.running() and time.monotonic() < deadline:
+            now = time.monotonic()
+            for watch in watches:
+                watch.sample(now)
+            if ticks % 20 == 0:
+                with open("/proc/loadavg") as f:
+                    loads.append(float(f.read().split()[0]))
+            ticks += 1
+            time.sleep(0.5)
+        timed_out = bool(run.running())
         wall = time.monotonic() - started
+        for watch in watches:
+            watch.sample(time.monotonic())
         commits = run.client().history(run.run_id).commits
     finally:
         run.stop()
-    nodes = []
-    for slot in run.nodes:
-        status = json.loads((slot.data_dir / "status.json").read_text())
-        envelopes = list((slot.data_dir / "archive").rglob("*.env"))
-        nodes.append({"exit": codes[run.nodes.index(slot)], "bytes_sent": status.get("bytes_sent", 0),
-                      "bytes_received": status.get("bytes_received", 0),
-                      "envelope_bytes": sum(p.stat().st_size for p in envelopes), "envelopes": len(envelopes)})
+    for watch in watches:  # status.json's final write (on stop) carries the last counters
+        watch.status = watch.slot.status() or watch.status
+    nodes = [w.summary(w.slot.process.returncode) for w in watches]
     rounds = len(commits)
-    per_node_round = lambda key: sum(n[key] for n in nodes) / len(nodes) / max(rounds, 1)  # noqa: E731
+
+    def mean(key: str) -> float | None:
+        values = [n[key] for n in nodes if n[key] is not None]
+        return statistics.mean(values) if values else None
+
     envelope_mean = (sum(n["envelope_bytes"] for n in nodes) / max(sum(n["envelopes"] for n in nodes), 1))
     return {
-        "replicas": replicas, "rounds_committed": rounds, "exits": [n["exit"] for n in nodes],
-        "wall_seconds": wall, "seconds_per_round": wall / max(rounds, 1),
-        "sent_per_node_round": per_node_round("bytes_sent"),
-        "received_per_node_round": per_node_round("bytes_received"),
+        "replicas": replicas, "nodes_count": len(nodes), "rounds_committed": rounds,
+        "commit_contributors": [c.commit.num_contributors for c in commits],
+        "weights_roots_agree": len({n["weights_root"] for n in nodes}) == 1,
+        "exits": [n["exit"] for n in nodes], "timed_out": timed_out,
+        "wall_seconds": wall, "load_1min_samples": loads,
+        "seconds_per_round": mean("seconds_per_round"),
+        "sent_per_node_round": mean("bytes_sent_per_round"),
+        "received_per_node_round": mean("bytes_received_per_round"),
+        "gossip_sent_per_node_round": mean("gossip_messages_sent_per_round"),
+        "gossip_received_per_node_round": mean("gossip_messages_received_per_round"),
+        "cpu_per_node_round": mean("cpu_per_round"),
+        "startup_cpu_per_node": mean("startup_cpu_seconds"),
+        "traffic_per_node_round": traffic_mean(nodes),
         "contribution_envelope_bytes": envelope_mean,
         "replica_contribution_bytes": envelope_mean * 2,  # one envelope per stage, 2 stages
         "nodes": nodes,
@@ -80,12 +187,26 @@ def model(points: list[dict], sizes: list[int]) -> list[dict]:
              "fitted_received_per_node_round": intercept + slope * (r - 1)} for r in sizes]
 
 
+def is_clean(point: dict) -> bool:
+    """A run the model may use: every node finished every round, exited 0 and ended on the same weights."""
+    return (not point["timed_out"] and point["weights_roots_agree"] and all(e == 0 for e in point["exits"])
+            and point["rounds_committed"] > 0 and point["received_per_node_round"] is not None)
+
+
+def _fmt(value: float | None, scale: float = 1.0) -> str:
+    return "n/a" if value is None else f"{value / scale:.1f}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--replicas", default="2,4,8")
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--inner-steps", type=int, default=4)
+    parser.add_argument("--replicas", default="4,8,16")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--inner-steps", type=int, default=2)
+    parser.add_argument("--round-timeout", type=float, default=300)
+    parser.add_argument("--join-timeout", type=float, default=600)
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
+                        help="one more node setting for every run (repeatable), e.g. p2p.gossip_resync_interval=0")
     parser.add_argument("--workdir", default="/tmp/dlx-bench-scale")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale.json"))
     args = parser.parse_args()
@@ -93,21 +214,33 @@ def main() -> int:
     for replicas in [int(r) for r in args.replicas.split(",")]:
         point = one_run(Path(args.workdir) / f"r{replicas}", replicas, args)
         points.append(point)
-        print(f"{replicas:>3} replicas: {point['rounds_committed']} rounds, {point['seconds_per_round']:.1f} s/round, "
-              f"per node and round {point['sent_per_node_round'] / 1e3:.1f} kB sent, "
-              f"{point['received_per_node_round'] / 1e3:.1f} kB received "
-              f"(one replica's contribution {point['replica_contribution_bytes'] / 1e3:.1f} kB)", flush=True)
-    modelled = model(points, [16, 64, 256, 1024])
+        print(f"{replicas:>3} replicas: {point['rounds_committed']} rounds committed "
+              f"(contributors {point['commit_contributors']}, exits {point['exits']}), "
+              f"{_fmt(point['seconds_per_round'])} s/round; per node and round "
+              f"{_fmt(point['sent_per_node_round'], 1e3)} kB sent, "
+              f"{_fmt(point['received_per_node_round'], 1e3)} kB received, "
+              f"{_fmt(point['gossip_sent_per_node_round'])} gossip msgs sent, "
+              f"{_fmt(point['gossip_received_per_node_round'])} received, "
+              f"{_fmt(point['cpu_per_node_round'])} CPU s "
+              f"(one replica's contribution {point['replica_contribution_bytes'] / 1e3:.1f} kB; "
+              f"load {point['load_1min_samples'][-1:] or '?'})", flush=True)
+        write(args, points, [])
+    modelled = model(clean, [16, 64, 256, 1024]) if (clean := [p for p in points if is_clean(p)]) else []
     for m in modelled:
         print(f"{m['replicas']:>5} replicas (model): {m['fitted_received_per_node_round'] / 1e6:.2f} MB received "
               f"per node and round")
+    write(args, points, modelled)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def write(args, points: list[dict], modelled: list[dict]) -> None:
+    """Write the results so far (after every run: a later run that hangs keeps the earlier ones)."""
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
     result = {"args": vars(args), "load_at_end": load, "measured": points, "model": modelled}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 A private key never appears on the command line or in a config file: the config names a keystore file
 (Web3 Secret Storage JSON, as geth and eth-account write it) and a file holding its password, or the index of
 a dev key. Dev keys are public knowledge, so :func:`dev_account` refuses any chain id that is not a known
-local dev chain (anvil 31337, eth-tester/py-evm 131277322940537).
+local dev chain (anvil 31337, eth-tester/py-evm 131277322940537). Past the chain's ten funded dev keys,
+:func:`dev_account` gives generated keys (public too, derived from the index) that a local launcher funds
+with :func:`fund_accounts`, so one machine can run more than nine members.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from pathlib import Path
 
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
+from eth_utils import keccak
 
 from ledger.chain import ANVIL_CHAIN_ID, LOCAL_CHAIN_IDS, PYEVM_CHAIN_ID
 from ledger.errors import AccountError
+from ledger.tx import TransactionSender
 
 logger = logging.getLogger(__name__)
 
@@ -39,14 +43,20 @@ _ANVIL_DEV_KEYS = (
     "0xdbda1821b80551c9d65939329250298aa3472ba22feea921c0cf5d620ea67b97",
     "0x2a871d0798f97d79848a013d4936a73bf4cc922c825d33c1cf7073dff6d409c6",
 )
-#: Number of dev accounts available on each local chain.
+#: Number of dev accounts each local chain funds at genesis.
 DEV_ACCOUNT_COUNT = len(_ANVIL_DEV_KEYS)
+#: Dev account indexes go up to this (exclusive); those past DEV_ACCOUNT_COUNT start without funds.
+DEV_ACCOUNT_LIMIT = 1024
+# Generated dev keys: keccak256(label || index), public knowledge like the chains' own dev keys.
+_GENERATED_KEY_LABEL = b"dlx-node generated dev account"
 
 
 def dev_account(index: int, chain_id: int) -> LocalAccount:
-    """The funded dev account ``index`` (0-9) of a local dev chain.
+    """The dev account ``index`` (0-1023) of a local dev chain.
 
-    On anvil these are its default mnemonic accounts; on py-evm, eth-tester's accounts (private keys 1..10).
+    Indexes 0-9 are the chain's funded accounts: on anvil its default mnemonic accounts, on py-evm
+    eth-tester's (private keys 1..10). Indexes from 10 on are generated keys, the same on both chains,
+    that hold nothing until funded (:func:`fund_accounts`; the local launcher does it).
 
     Raises:
         AccountError: ``chain_id`` is not a local dev chain, or ``index`` is out of range.
@@ -56,12 +66,34 @@ def dev_account(index: int, chain_id: int) -> LocalAccount:
             f"dev account {index} refused on chain id {chain_id}: dev keys are public, only local dev chains "
             f"{sorted(LOCAL_CHAIN_IDS)} accept them; use ledger.keystore with ledger.password_file"
         )
-    if not 0 <= index < DEV_ACCOUNT_COUNT:
-        raise AccountError(f"ledger.dev_account={index}: must be in 0..{DEV_ACCOUNT_COUNT - 1}")
+    if not 0 <= index < DEV_ACCOUNT_LIMIT:
+        raise AccountError(f"ledger.dev_account={index}: must be in 0..{DEV_ACCOUNT_LIMIT - 1}")
+    if index >= DEV_ACCOUNT_COUNT:
+        return Account.from_key(keccak(_GENERATED_KEY_LABEL + index.to_bytes(4, "big")))
     if chain_id == ANVIL_CHAIN_ID:
         return Account.from_key(_ANVIL_DEV_KEYS[index])
     assert chain_id == PYEVM_CHAIN_ID
     return Account.from_key((index + 1).to_bytes(32, "big"))
+
+
+def fund_accounts(w3, funder: LocalAccount, addresses: list[str], wei: int) -> list[str]:
+    """Top up each of ``addresses`` to at least ``wei`` with a plain transfer from ``funder``.
+
+    An account already holding ``wei`` gets nothing (a relaunch on a kept chain sends no second
+    transfer). Returns the addresses that were sent funds.
+
+    Raises:
+        LedgerError: (a subclass) the transfer is refused (e.g. ``funder`` lacks the funds) or not mined.
+    """
+    sender = TransactionSender(w3, funder)
+    funded = []
+    for address in addresses:
+        balance = sender.rpc(lambda address=address: w3.eth.get_balance(address), "eth_getBalance")
+        if balance >= wei:
+            continue
+        sender.send({"to": address, "value": wei - balance}, f"fund {address}")
+        funded.append(address)
+    return funded
 
 
 def read_password_file(path: str | os.PathLike) -> str:

@@ -49,7 +49,8 @@ logger = logging.getLogger(__name__)
 
 
 class TransferStats:
-    """Bytes sent/received per protocol, and blob bytes per peer (thread-safe)."""
+    """Bytes (and messages, where a protocol counts them) sent/received per protocol, and blob bytes per
+    peer (thread-safe)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -66,15 +67,19 @@ class TransferStats:
         with self._lock:
             return {peer: {"sent": c[0], "received": c[1]} for peer, c in self._peers.items()}
 
-    def add(self, protocol: str, sent: int = 0, received: int = 0) -> None:
+    def add(self, protocol: str, sent: int = 0, received: int = 0, messages_sent: int = 0,
+            messages_received: int = 0) -> None:
         with self._lock:
-            counters = self._counters.setdefault(str(protocol), [0, 0])
+            counters = self._counters.setdefault(str(protocol), [0, 0, 0, 0])
             counters[0] += sent
             counters[1] += received
+            counters[2] += messages_sent
+            counters[3] += messages_received
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         with self._lock:
-            return {name: {"sent": c[0], "received": c[1]} for name, c in self._counters.items()}
+            return {name: {"sent": c[0], "received": c[1], "messages_sent": c[2], "messages_received": c[3]}
+                    for name, c in self._counters.items()}
 
 
 class P2PHost(HostGossip, HostBlobs, HostThread):
@@ -299,7 +304,9 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
 
     def transfer_stats(self) -> dict[str, dict[str, int]]:
         """Application bytes sent/received per protocol (``/dlx/blob/1.0.0``, ``/dlx/sync/1.0.0``,
-        ``/meshsub``)."""
+        ``/meshsub``), and for ``/meshsub`` the messages this node published and the distinct messages
+        delivered to it (by gossip or sync): ``messages_sent``, ``messages_received``. Gossipsub's own
+        forwarding and control frames are not counted."""
         return self.stats.snapshot()
 
     def blob_peer_stats(self) -> dict[str, dict[str, int]]:

@@ -110,7 +110,7 @@ class HostGossip:
             subscription.delivered.popitem(last=False)
         self._recent.add(topic, data)
         if sender != self.peer_id:
-            self.stats.add(GOSSIP_PROTOCOL, received=len(data))
+            self.stats.add(GOSSIP_PROTOCOL, received=len(data), messages_received=1)
         subscription.queue.put_nowait((data, sender))
         return True
 
@@ -148,7 +148,7 @@ class HostGossip:
             if self._pubsub.seen_messages.has(message_id):
                 return False
             await self._pubsub.publish(topic, data)
-            self.stats.add(GOSSIP_PROTOCOL, sent=len(data))
+            self.stats.add(GOSSIP_PROTOCOL, sent=len(data), messages_sent=1)
             return True
 
         return self._call(send, timeout=timeout, what=f"publish on {topic}")

@@ -7,7 +7,15 @@ import stat
 
 import pytest
 
-from ledger.account import DEV_ACCOUNT_COUNT, create_keystore, dev_account, load_account, load_keystore
+from ledger.account import (
+    DEV_ACCOUNT_COUNT,
+    DEV_ACCOUNT_LIMIT,
+    create_keystore,
+    dev_account,
+    fund_accounts,
+    load_account,
+    load_keystore,
+)
 from ledger.chain import ANVIL_CHAIN_ID, PYEVM_CHAIN_ID, connect_pyevm, connect_rpc
 from ledger.config import LedgerConfig
 from ledger.errors import AccountError
@@ -25,8 +33,31 @@ def test_dev_accounts_are_refused_on_other_chains():
     for chain_id in (1, 11155111, 8453):
         with pytest.raises(AccountError, match="refused"):
             dev_account(0, chain_id)
-    with pytest.raises(AccountError, match="dev_account=10"):
-        dev_account(10, ANVIL_CHAIN_ID)
+    with pytest.raises(AccountError, match="refused"):
+        dev_account(DEV_ACCOUNT_COUNT, 1)
+    with pytest.raises(AccountError, match=f"dev_account={DEV_ACCOUNT_LIMIT}"):
+        dev_account(DEV_ACCOUNT_LIMIT, ANVIL_CHAIN_ID)
+    with pytest.raises(AccountError, match="dev_account=-1"):
+        dev_account(-1, ANVIL_CHAIN_ID)
+
+
+def test_generated_dev_accounts_are_distinct_unfunded_and_funded_once():
+    w3 = connect_pyevm()
+    chain_id = w3.eth.chain_id
+    generated = [dev_account(i, chain_id).address for i in range(DEV_ACCOUNT_COUNT, DEV_ACCOUNT_COUNT + 6)]
+    funded_at_genesis = set(w3.eth.accounts)
+    assert len(set(generated)) == 6 and not funded_at_genesis & set(generated)
+    # The same keys on both local chains: a run's accounts do not depend on its backend.
+    assert generated[0] == dev_account(DEV_ACCOUNT_COUNT, ANVIL_CHAIN_ID).address
+    assert all(w3.eth.get_balance(a) == 0 for a in generated)
+    funder = dev_account(0, chain_id)
+    w3_balance = w3.eth.get_balance(funder.address)
+    assert fund_accounts(w3, funder, generated, 10**18) == generated
+    assert all(w3.eth.get_balance(a) == 10**18 for a in generated)
+    assert w3.eth.get_balance(funder.address) < w3_balance - 6 * 10**18
+    assert fund_accounts(w3, funder, generated, 10**18) == []  # already funded: nothing sent
+    assert fund_accounts(w3, funder, generated[:1], 3 * 10**18) == generated[:1]  # topped up to the amount
+    assert w3.eth.get_balance(generated[0]) == 3 * 10**18
 
 
 def test_keystore_round_trip(tmp_path):

@@ -96,11 +96,19 @@ def test_gossip_reaches_all_and_invalid_envelopes_are_not_relayed(cluster):
 def test_many_messages_are_not_dropped_by_spam_protection(cluster):
     topic = "dlx/run42/burst"
     queues = subscribe_all(cluster, topic, [EnvelopeValidator(RUN, max_size=1 << 20) for _ in cluster])
+    before = [host.transfer_stats().get("/meshsub", {}) for host in cluster]
     for index in range(60):  # py-libp2p's default would drop everything past 10/s
         envelope = Envelope.create(cluster[1].identity, RUN, 0, "attestation", b"%d" % index, stage=index)
         cluster[1].publish(topic, envelope.to_bytes())
     for index, q in enumerate(queues):
         assert len(drain(q, 60, timeout=15)) == 60, f"host {index}"
+    # Messages are counted where they are published and where they are delivered, each once.
+    after = [host.transfer_stats()["/meshsub"] for host in cluster]
+    counted = lambda i, key: after[i][key] - before[i].get(key, 0)  # noqa: E731
+    assert counted(1, "messages_sent") == 60 and counted(1, "messages_received") == 0
+    for index in (0, 2, 3):
+        assert counted(index, "messages_received") == 60, f"host {index}"
+        assert counted(index, "messages_sent") == 0, f"host {index}"
 
 
 def test_late_subscriber_gets_recent_messages(cluster):

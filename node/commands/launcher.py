@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ledger.account import dev_account
+from ledger.account import DEV_ACCOUNT_COUNT, dev_account, fund_accounts
 from ledger.chain import AnvilProcess, connect_rpc, terminate_with_parent
 from ledger.client import LedgerClient
 from node.config import dump_toml, load_config
@@ -29,7 +29,12 @@ from p2p.identity import Identity
 logger = logging.getLogger(__name__)
 
 DEPLOYER_ACCOUNT = 0
-MAX_NODES = 9  # anvil dev accounts 1..9
+#: Node i uses dev account i (1..9: the chain's funded accounts; from 10 on generated keys funded by the
+#: deployer). 64 node processes are already far more than one machine's cores run usefully.
+MAX_NODES = 64
+#: What each generated account is given on top of the run's stake: gas for a long local run (a 64-node
+#: run funds 55 of them: 5,500 of the deployer's 10,000 dev ETH on anvil, plus their stakes).
+GAS_ALLOWANCE_WEI = 100 * 10**18
 
 
 def free_port() -> int:
@@ -47,7 +52,7 @@ class NodeSlot:
     listen_port: int
     process: subprocess.Popen | None = None
     cluster: str = ""
-    account: int = 0  # anvil dev account index
+    account: int = 0  # dev account index (ledger.account.dev_account)
     master_port: int = 0  # torch.distributed rendezvous of the slot's cluster
     metrics_port: int = 0
     log_path: Path | None = None
@@ -124,6 +129,7 @@ class LocalRun:
                 slot = NodeSlot(name, data_dir, data_dir / "node.toml", identity.peer_id, free_port(),
                                 cluster=f"cluster-{replica}", account=index, master_port=master_port)
                 self.nodes.append(slot)
+        self._fund_generated_accounts(w3, deployer)
         for slot in self.nodes:
             overrides = base + [
                 f"data_dir={slot.data_dir}", f"cluster={slot.cluster}", f"cluster_size={per_replica}",
@@ -143,6 +149,15 @@ class LocalRun:
         deployment = json.loads((self.workdir / "deployment.json").read_text())
         deployment["run_link"] = self.link()
         (self.workdir / "deployment.json").write_text(json.dumps(deployment, indent=1))
+
+    def _fund_generated_accounts(self, w3, deployer) -> None:
+        """Give the nodes past the chain's own funded dev accounts their stake and gas, from the deployer."""
+        generated = [dev_account(s.account, self.chain_id).address for s in self.nodes
+                     if s.account >= DEV_ACCOUNT_COUNT]
+        if generated:
+            fund_accounts(w3, deployer, generated, self.stake_wei + GAS_ALLOWANCE_WEI)
+            logger.info("funded %d generated dev accounts with %d wei each", len(generated),
+                        self.stake_wei + GAS_ALLOWANCE_WEI)
 
     def link(self, peers: int = 1) -> str:
         """The run link ``dlx-node join`` takes (chain, ledger, run, RPC, the first ``peers`` nodes)."""

@@ -696,9 +696,12 @@ class Node:
                 connected = self.host.peers()
                 self.membership.set_connected(connected)
                 self.progress.peers = len(connected)
-                stats = self.host.transfer_stats().values()
+                self.progress.traffic = self.host.transfer_stats()
+                stats = self.progress.traffic.values()
                 self.progress.bytes_sent = sum(s.get("sent", 0) for s in stats)
                 self.progress.bytes_received = sum(s.get("received", 0) for s in stats)
+                self.progress.gossip_messages_sent = sum(s.get("messages_sent", 0) for s in stats)
+                self.progress.gossip_messages_received = sum(s.get("messages_received", 0) for s in stats)
                 if self.spot_checks is not None:
                     self.progress.spot_checks = self.spot_checks.checks_run
                     self.progress.spot_check_mismatches = self.spot_checks.mismatches

@@ -139,6 +139,8 @@ class NodeChain:
 
     def ensure_member(self, run_id: int) -> None:
         """Hold a signing seat in the run: join it with the run's minimum stake, once."""
+        # Read (and cache) before taking the lock: run_info takes it too when the run is not cached yet.
+        stake = self.run_info(run_id).min_stake
         with self._lock:
             seat = self.client.member(run_id, self.client.address)
             if seat is not None and seat.active:
@@ -147,7 +149,6 @@ class NodeChain:
                 raise NotRegistered(f"account {self.client.address} holds a {seat.status} seat in run {run_id}; "
                                     "a member that left must withdraw its stake after unbonding before joining "
                                     "again, and a slashed member cannot rejoin")
-            stake = self.run_info(run_id).min_stake
             try:
                 self.client.join_run(run_id, stake)
             except LedgerError as exc:
