@@ -36,6 +36,7 @@ class Subscription:
 
     queue: queue.Queue[tuple[bytes, str]]
     validator: GossipValidator | None
+    keep_for_sync: Callable[[bytes], bool] | None = None  # None: every delivered message is served by /dlx/sync
     delivered: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
     sync_cursor: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # peer -> (epoch, seq)
 
@@ -49,7 +50,11 @@ class HostGossip:
     """
 
     def subscribe(
-        self, topic: str, validator: GossipValidator | None = None, timeout: float = 10.0
+        self,
+        topic: str,
+        validator: GossipValidator | None = None,
+        timeout: float = 10.0,
+        keep_for_sync: Callable[[bytes], bool] | None = None,
     ) -> queue.Queue:
         """Subscribe to ``topic``; messages arrive on the returned queue as ``(data, from_peer_id)``.
 
@@ -58,16 +63,24 @@ class HostGossip:
         screens messages pulled through ``/dlx/sync``. Our own published messages
         are delivered too (``from_peer_id == self.peer_id``) without validation.
         Duplicates (same bytes via gossip and sync) are delivered once.
-        """
-        return self._call(self._subscribe, topic, validator, timeout=timeout, what=f"subscribe {topic}")
 
-    async def _subscribe(self, topic: str, validator: GossipValidator | None) -> queue.Queue:
+        ``keep_for_sync(data) -> bool`` (default: keep all) decides which delivered
+        messages this host keeps to serve over ``/dlx/sync``. Every peer re-serves every
+        message it keeps to every other peer that pulls, so a topic's sync traffic per
+        node grows with peers x messages: leave out messages that a newer one supersedes
+        (liveness beacons). False or an exception: delivered, not kept.
+        """
+        return self._call(self._subscribe, topic, validator, keep_for_sync, timeout=timeout,
+                          what=f"subscribe {topic}")
+
+    async def _subscribe(self, topic: str, validator: GossipValidator | None,
+                         keep_for_sync: Callable[[bytes], bool] | None = None) -> queue.Queue:
         existing = self._subscriptions.get(topic)
         if existing is not None:
             if validator is not None and validator != existing.validator:
                 raise P2PError(f"topic {topic!r} is already subscribed with another validator")
             return existing.queue
-        subscription = Subscription(queue.Queue(), validator)
+        subscription = Subscription(queue.Queue(), validator, keep_for_sync)
         self._subscriptions[topic] = subscription
         if validator is not None:
             self._pubsub.set_topic_validator(topic, self._pubsub_validator(validator), False)
@@ -108,11 +121,22 @@ class HostGossip:
         subscription.delivered[key] = None
         if len(subscription.delivered) > _DELIVERED_MEMORY:
             subscription.delivered.popitem(last=False)
-        self._recent.add(topic, data)
+        if self._keeps_for_sync(subscription, data):
+            self._recent.add(topic, data)
         if sender != self.peer_id:
             self.stats.add(GOSSIP_PROTOCOL, received=len(data), messages_received=1)
         subscription.queue.put_nowait((data, sender))
         return True
+
+    @staticmethod
+    def _keeps_for_sync(subscription: Subscription, data: bytes) -> bool:
+        if subscription.keep_for_sync is None:
+            return True
+        try:
+            return bool(subscription.keep_for_sync(data))
+        except Exception:  # a buggy predicate must not take the network thread down
+            logger.exception("keep_for_sync raised; message not kept for /dlx/sync")
+            return False
 
     def unsubscribe(self, topic: str, timeout: float = 10.0) -> None:
         """Leave ``topic`` (its queue receives nothing more)."""

@@ -197,3 +197,35 @@ def test_missing_and_removed_blobs(cluster, tmp_path):
     assert cluster[0].remove_blob(sha) and not cluster[0].has_blob(sha)
     with pytest.raises(BlobNotFound):
         cluster[1].fetch_blob(sha, tmp_path / "y", providers=[cluster[0].peer_id], timeout=20)
+
+
+def test_messages_a_subscriber_does_not_keep_are_delivered_but_not_served_by_sync(cluster):
+    """``keep_for_sync``: host 0 delivers every message but keeps only some to re-serve; a late
+    subscriber pulling from host 0 alone gets those. A raising predicate keeps nothing and costs
+    only that message."""
+    topic = "dlx/run42/kept"
+
+    def keep(data: bytes) -> bool:
+        if data == b"boom":
+            raise ValueError("a buggy predicate")
+        return not data.startswith(b"beacon")
+
+    queue0 = cluster[0].subscribe(topic, keep_for_sync=keep)
+    cluster[1].subscribe(topic)
+    wait_until(lambda: len(cluster[1].topic_peers(topic)) >= 1, 60, "host 0's subscription")
+    sent = [b"beacon 1", b"record 1", b"boom", b"beacon 2", b"record 2"]
+    for data in sent:
+        cluster[1].publish(topic, data)
+    assert sorted(d for d, _ in drain(queue0, len(sent), timeout=15)) == sorted(sent)  # all delivered
+    cluster[1].unsubscribe(topic)  # host 1 keeps what it published: pull from host 0 only
+
+    from libp2p.peer.id import ID
+
+    from p2p.gossip import pull_recent
+
+    async def pull():  # the /dlx/sync client, aimed at host 0 alone
+        messages, _cursor = await pull_recent(cluster[2]._libp2p, ID.from_base58(cluster[0].peer_id), topic, b"", 0)
+        return messages
+
+    served = cluster[2]._call(pull, timeout=15, what="pull from host 0")
+    assert sorted(served) == [b"record 1", b"record 2"]

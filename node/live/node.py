@@ -215,7 +215,8 @@ class Node:
         self.inbox = inbox = GossipInbox(self.run_id, self.validator, self.book, self.membership, self.contributions,
                             held_stages=lambda: self.worker.stages if self.worker is not None else (),
                             record_signer=self._record_signer)
-        queue = self.host.subscribe(run_topic(self.run_id), validator=inbox.relay_ok)
+        queue = self.host.subscribe(run_topic(self.run_id), validator=inbox.relay_ok,
+                                    keep_for_sync=lambda data: inbox.keep_for_sync(data, self.host.peer_id))
         self._spawn(lambda: inbox.run(queue, self.stop_event), "gossip")
         self._spawn(self._heartbeat_loop, "heartbeat")
         serve_blob(self.host, canonical_json(self.document))  # the run document, by its hash
