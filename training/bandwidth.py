@@ -176,15 +176,18 @@ def _lowrank_estimates(
     # Per column k: <X Q_k, P_k>, and the Gram products (P^T P)_kl (Q^T Q)_kl, in float64.
     column_cross = torch.sum((matrix @ q_float).to(torch.float64) * p_float.to(torch.float64), dim=0)
     gram = (p_float.t() @ p_float).to(torch.float64) * (q_float.t() @ q_float).to(torch.float64)
+    # Every rank's S and weights at once, elementwise as ``_code_lowrank`` computes them for one rank:
+    # S_r = float32(max(products[:r]) / MAX_WEIGHT), w_r = clamp(round(products / S_r), 0, MAX_WEIGHT).
+    prefix_max = torch.cummax(products, dim=0).values[torch.tensor(ranks) - 1]
+    scales = (prefix_max / MAX_WEIGHT).to(torch.float32)
+    positive = scales > 0
+    weights = torch.clamp(torch.round(products.reshape(1, -1) / torch.where(positive, scales, 1.0).reshape(-1, 1)),
+                          0, MAX_WEIGHT)
+    weights = torch.where(positive.reshape(-1, 1), weights, 0.0)
+    columns = (weights * scales.reshape(-1, 1)).to(torch.float64)  # row i: d of ranks[i], beyond it unused
     estimates = {}
-    for rank in ranks:
-        head = products[:rank]
-        scale = (head.max() / MAX_WEIGHT).to(torch.float32)
-        if scale > 0:
-            weights = torch.clamp(torch.round(head / scale), 0, MAX_WEIGHT)
-        else:
-            weights = torch.zeros(rank)
-        d = (weights * scale).to(torch.float64)  # A = P diag(d)
+    for index, rank in enumerate(ranks):
+        d = columns[index, :rank].clone()  # A = P diag(d); a fresh vector, as the per-rank code had
         if norm == 0.0:
             empty = not torch.any(d) or not torch.any(p_float[:, :rank]) or not torch.any(q_float[:, :rank])
             estimates[rank] = 0.0 if empty else float("inf")
