@@ -89,25 +89,48 @@ def pack_ints(values: torch.Tensor, bits: int) -> bytes:
 
 def unpack_ints(data: bytes, bits: int, count: int, where: str) -> torch.Tensor:
     """Inverse of :func:`pack_ints`; strict about length, padding and range."""
+    return torch.from_numpy(_unpack(data, bits, count, where, np.int64))
+
+
+def _signed_tables(bits: int) -> dict:
+    """Byte -> its ``8 // bits`` signed values (``u - qmax``), per dtype; built once per bit width."""
+    per_byte = 8 // bits
+    fields = (np.arange(256)[:, None] >> (bits * np.arange(per_byte))[None, :]) & ((1 << bits) - 1)
+    signed = fields - qmax(bits)  # integer arithmetic, then exact conversion (no -0.0)
+    return {dtype: signed.astype(dtype) for dtype in (np.int64, np.float32, np.float64)}
+
+
+_TABLES = {bits: _signed_tables(bits) for bits in (2, 4, 8)}
+
+
+def _unpack(data: bytes, bits: int, count: int, where: str, dtype) -> np.ndarray:
+    """:func:`unpack_ints` as a numpy array of ``dtype`` (int64, or the exact float32 / float64 values).
+
+    Sub-word widths go through a byte -> values table (one gather instead of a
+    shift and a mask per field). The checks and their order are unchanged:
+    length, then padding bits, then the range (``u = 2**bits - 1`` is the one
+    unsigned value outside the symmetric range).
+    """
     expected = (count * bits + 7) // 8
     if len(data) != expected:
         raise ContributionDecodeError(f"{where}: {len(data)} payload bytes, expected {expected}")
+    limit = qmax(bits)
     if bits == 16:
-        array = np.frombuffer(data, dtype="<u2").astype(np.int64)
-    elif bits == 8:
-        array = np.frombuffer(data, dtype=np.uint8).astype(np.int64)
-    else:
-        per_byte = 8 // bits
-        raw = np.frombuffer(data, dtype=np.uint8)
-        mask = (1 << bits) - 1
-        array = np.stack([(raw >> (bits * j)) & mask for j in range(per_byte)], axis=1).reshape(-1)
-        array = array.astype(np.int64)
-        if np.any(array[count:]):
-            raise ContributionDecodeError(f"{where}: non-zero padding bits")
-        array = array[:count]
-    if array.size and int(array.max()) > 2 * qmax(bits):
+        unsigned = np.frombuffer(data, dtype="<u2")
+        if unsigned.size and int(unsigned.max()) > 2 * limit:
+            raise ContributionDecodeError(f"{where}: value out of the {bits}-bit symmetric range")
+        array = unsigned.astype(dtype)
+        array -= limit
+        return array
+    raw = np.frombuffer(data, dtype=np.uint8)
+    per_byte = 8 // bits
+    used = count % per_byte  # fields of the last byte that hold values; the rest is padding
+    if used and raw[-1] >> (bits * used):
+        raise ContributionDecodeError(f"{where}: non-zero padding bits")
+    array = _TABLES[bits][dtype][raw].reshape(-1)[:count]
+    if array.size and array.max() > limit:
         raise ContributionDecodeError(f"{where}: value out of the {bits}-bit symmetric range")
-    return torch.from_numpy(array - qmax(bits))
+    return array
 
 
 def _f32_bytes(values: torch.Tensor) -> bytes:
@@ -137,8 +160,16 @@ def reconstruct_quant(q_int: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
     return torch.mul(q_int.to(torch.float32), scales.reshape(1, -1))
 
 
+def _product_bound(p_int: torch.Tensor, q_int: torch.Tensor, weights: torch.Tensor) -> int:
+    """``max|P| * max|w| * max|Q| * rank``: bounds every partial sum of ``(P * w) @ Q^T``."""
+    rank = int(weights.numel())
+    if not (rank and p_int.numel() and q_int.numel()):
+        return 0
+    return int(p_int.abs().max()) * int(weights.abs().max()) * int(q_int.abs().max()) * rank
+
+
 def reconstruct_lowrank(
-    p_int: torch.Tensor, q_int: torch.Tensor, weights: torch.Tensor, scale: torch.Tensor
+    p_int: torch.Tensor, q_int: torch.Tensor, weights: torch.Tensor, scale: torch.Tensor, *, bound: int | None = None
 ) -> torch.Tensor:
     """``float32(float64((P * w) @ Q^T) * float64(S))``: the integer product, computed exactly.
 
@@ -153,18 +184,18 @@ def reconstruct_lowrank(
     is the int64 product converted to float64, bit for bit (after ``+ 0.0``
     turns a ``-0.0`` into the integer 0's ``+0.0``). The wire decoder
     guarantees ``bound <= 64 * 32767 * 65535 * 32767 < 2**52`` (rank <= 64,
-    bits <= 16, u16 weights); other inputs take the int64 path.
+    bits <= 16, u16 weights); other inputs take the int64 path. ``bound`` may
+    be passed when the caller computed it. The integers may be given as int64
+    or as integer-valued floats.
     """
-    rank = int(weights.numel())
-    if rank and p_int.numel() and q_int.numel():
-        bound = int(p_int.abs().max()) * int(weights.abs().max()) * int(q_int.abs().max()) * rank
-    else:
-        bound = 0
+    if bound is None:
+        bound = _product_bound(p_int, q_int, weights)
     if bound <= _EXACT_FLOAT64_INTEGER:
         left = torch.mul(p_int.to(torch.float64), weights.to(torch.float64).reshape(1, -1))  # < 2**31: exact
         # + 0.0: an all-zero sum of products with a negative factor is -0.0 in float64 but 0 in int64.
         product = torch.mm(left, q_int.to(torch.float64).t()).add_(0.0)
     else:
+        p_int, q_int, weights = p_int.to(torch.int64), q_int.to(torch.int64), weights.to(torch.int64)
         product = torch.matmul(torch.mul(p_int, weights.reshape(1, -1)), q_int.t()).to(torch.float64)
     return torch.mul(product, scale.to(torch.float64)).to(torch.float32)
 
@@ -220,7 +251,7 @@ def _decode_entry(
         raise ContributionDecodeError(f"{where}: unsupported bit width {bits}")
     if codec == "quant":
         _check_keys(entry, {"n", "s", "c", "b", "q", "x"}, where)
-        q_int = unpack_ints(_field(entry, "q", bytes, where), bits, m * n, where).reshape(m, n)
+        q_int = torch.from_numpy(_unpack(_field(entry, "q", bytes, where), bits, m * n, where, np.float32)).reshape(m, n)
         scales = _f32_tensor(_field(entry, "x", bytes, where), n, where, nonnegative=True)
         # |float32(q) * s| <= qmax * max(s), rounded: finite if that is below 2**127.
         bound = qmax(bits) * float(scales.max()) if scales.numel() else 0.0
@@ -232,16 +263,18 @@ def _decode_entry(
         rank = _field(entry, "r", int, where)
         if not 1 <= rank <= min(m, n, MAX_RANK):
             raise ContributionDecodeError(f"{where}: rank {rank} outside [1, {min(m, n, MAX_RANK)}]")
-        p_int = unpack_ints(_field(entry, "p", bytes, where), bits, m * rank, where).reshape(m, rank)
-        q_int = unpack_ints(_field(entry, "q", bytes, where), bits, n * rank, where).reshape(n, rank)
+        p_int = torch.from_numpy(_unpack(_field(entry, "p", bytes, where), bits, m * rank, where, np.float64))
+        q_int = torch.from_numpy(_unpack(_field(entry, "q", bytes, where), bits, n * rank, where, np.float64))
+        p_int, q_int = p_int.reshape(m, rank), q_int.reshape(n, rank)
         weight_bytes = _field(entry, "w", bytes, where)
         if len(weight_bytes) != 2 * rank:
             raise ContributionDecodeError(f"{where}: {len(weight_bytes)} weight bytes, expected {2 * rank}")
         weights = torch.from_numpy(np.frombuffer(weight_bytes, dtype="<u2").astype(np.int64))
         scale = _f32_tensor(_field(entry, "x", bytes, where), 1, where, nonnegative=True).reshape(())
         # |float64(M) * S| <= max|P| * max|w| * max|Q| * rank * S, rounded twice: finite below 2**127.
-        bound = float(p_int.abs().max()) * float(weights.max()) * float(q_int.abs().max()) * rank * float(scale)
-        return reconstruct_lowrank(p_int, q_int, weights, scale).reshape(shape), not bound < _FINITE_BOUND
+        bound = _product_bound(p_int, q_int, weights)
+        value = reconstruct_lowrank(p_int, q_int, weights, scale, bound=bound).reshape(shape)
+        return value, not bound * float(scale) < _FINITE_BOUND
     raise ContributionDecodeError(f"{where}: unknown codec {codec!r}")
 
 
