@@ -30,6 +30,16 @@ from training.config import CompressionConfig
 from training.errors import ContributionDecodeError
 from training.robust import contribution_norm
 
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread: on a busy machine an oversubscribed OpenMP pool made these tests ~50x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # ----------------------------------------------------------------------------- references (the old code)
 
 
@@ -313,26 +323,21 @@ def test_norm_rounding_that_needs_more_than_one_level():
 # ----------------------------------------------------------------------------- encode
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_encoders_give_the_reference_bytes_and_decoded_values(kind, monkeypatch):
+def _check_encoders_against_references(kind, configs, budgets, monkeypatch):
+    from training import compression
+
     x = _pseudo_gradients(21, kind)
-    configs = (
-        CompressionConfig(error_budget=0.4, bit_choices=[2, 4, 8], max_rank=32, min_compress_numel=256),
-        CompressionConfig(error_budget=0.05, bit_choices=[4, 8, 16], max_rank=64, min_compress_numel=64),
-    )
     for cfg in configs:
-        for budget in (2_000, 12_000, 60_000):
+        for budget in budgets:
             fast_blob, fast_decoded, _ = encode_within_bandwidth(x, cfg, budget, stage_index=1, outer_round=3)
             with monkeypatch.context() as patched:
                 patched.setattr(bandwidth, "_all_codings", reference_all_codings)
                 slow_blob, slow_decoded, _ = encode_within_bandwidth(x, cfg, budget, stage_index=1, outer_round=3)
-            assert fast_blob == slow_blob, (cfg.error_budget, budget)
+            assert fast_blob == slow_blob, (kind, cfg.error_budget, budget)
             assert all(_bits_equal(fast_decoded[n], slow_decoded[n]) for n in x)
         # The error-budget encoder shares the quantizer across bit widths now; its reference is the
         # one-quantization-per-candidate code path.
         fast_blob, fast_decoded, _ = encode_contribution(x, cfg, stage_index=0, outer_round=0)
-        from training import compression
-
         with monkeypatch.context() as patched:
             patched.setattr(compression, "_code_quant",
                             lambda matrix, bits, candidate, norm, quantizer=None: reference_code_quant(
@@ -340,3 +345,18 @@ def test_encoders_give_the_reference_bytes_and_decoded_values(kind, monkeypatch)
             slow_blob, slow_decoded, _ = encode_contribution(x, cfg, stage_index=0, outer_round=0)
         assert fast_blob == slow_blob
         assert all(_bits_equal(fast_decoded[n], slow_decoded[n]) for n in x)
+
+
+_DEFAULT_CODEC = CompressionConfig(error_budget=0.4, bit_choices=[2, 4, 8], max_rank=32, min_compress_numel=256)
+_FINE_CODEC = CompressionConfig(error_budget=0.05, bit_choices=[4, 8, 16], max_rank=64, min_compress_numel=64)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_encoders_give_the_reference_bytes_and_decoded_values(kind, monkeypatch):
+    _check_encoders_against_references(kind, (_DEFAULT_CODEC,), (2_000, 60_000), monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_encoders_give_the_reference_bytes_on_more_budgets_and_codecs(kind, monkeypatch):
+    _check_encoders_against_references(kind, (_DEFAULT_CODEC, _FINE_CODEC), (2_000, 12_000, 60_000), monkeypatch)
