@@ -35,12 +35,12 @@ from training.codec_wire import MAX_WEIGHT, matrix_view_shape, pack_contribution
 from training.compression import (
     CompressionStats,
     TensorCodecStats,
+    _Candidate,
     _candidates,
-    _code_lowrank,
     _code_quant,
     _Coded,
+    _ColumnQuantizer,
     _factorize,
-    _quantize_columns,
     _rel_error,
     encode_tensor,
 )
@@ -119,8 +119,42 @@ class _Option:
         return self._coded
 
 
+class _Factors:
+    """The balanced factors ``P = U sqrt(sigma)``, ``Q = V sqrt(sigma)`` of the top rank, quantized per bit width.
+
+    Quantization is per column, so the rank-r integers and scales are the first
+    r columns of the top rank's: what :func:`_code_lowrank` computes for rank r,
+    value for value. The column maxima are shared by every bit width.
+    """
+
+    def __init__(self, factors: tuple[torch.Tensor, torch.Tensor, torch.Tensor], top: int) -> None:
+        u, sigma, v = factors
+        root = torch.sqrt(sigma[:top])
+        self.left = _ColumnQuantizer(u[:, :top] * root)
+        self.right = _ColumnQuantizer(v[:, :top] * root)
+        self._quantized: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def quantized(self, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(P ints, P scales, Q ints, Q scales)`` at ``bits`` (integer-valued float32)."""
+        if bits not in self._quantized:
+            self._quantized[bits] = (*self.left.quantize(bits), *self.right.quantize(bits))
+        return self._quantized[bits]
+
+    def coded(self, candidate: _Candidate, estimate: float) -> _Coded:
+        """The rank-r coding, as :func:`_code_lowrank` makes it (same integers, weights and scale)."""
+        rank = candidate.rank
+        p_float, p_scales, q_float, q_scales = self.quantized(candidate.bits)
+        products = (p_scales[:rank].to(torch.float64) * q_scales[:rank].to(torch.float64)).to(torch.float32)
+        scale = (products.max() / MAX_WEIGHT).to(torch.float32).reshape(())
+        if scale > 0:
+            weights = torch.clamp(torch.round(products / scale), 0, MAX_WEIGHT).to(torch.int64)
+        else:
+            weights = torch.zeros(rank, dtype=torch.int64)
+        return _Coded(candidate, (p_float[:, :rank], q_float[:, :rank], weights), scale, estimate)
+
+
 def _lowrank_estimates(
-    matrix: torch.Tensor, factors: tuple[torch.Tensor, torch.Tensor, torch.Tensor], ranks: Sequence[int],
+    matrix: torch.Tensor, factors: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | _Factors, ranks: Sequence[int],
     bits: int, norm: float,
 ) -> dict[int, float]:
     """Relative error estimates of ``lowrank(r, bits)`` for every r in ``ranks``, from one quantization.
@@ -131,28 +165,31 @@ def _lowrank_estimates(
     ``||X - A B^T||^2 = ||X||^2 - 2 <X B, A> + <A^T A, B^T B>`` (A = P w S, B = Q,
     the same algebra as ``_code_lowrank``, summed per column). Only the choice
     uses these numbers; the winner is then coded (and exactly decoded) as before.
+    ``factors`` may be a :class:`_Factors` already built for ``max(ranks)``.
     """
-    u, sigma, v = factors
+    if not isinstance(factors, _Factors):
+        factors = _Factors(factors, max(ranks))
+    p_float, p_scales, q_float, q_scales = factors.quantized(bits)
     top = max(ranks)
-    root = torch.sqrt(sigma[:top])
-    p_int, p_scales = _quantize_columns(u[:, :top] * root, bits)
-    q_int, q_scales = _quantize_columns(v[:, :top] * root, bits)
+    p_float, p_scales, q_float, q_scales = p_float[:, :top], p_scales[:top], q_float[:, :top], q_scales[:top]
     products = (p_scales.to(torch.float64) * q_scales.to(torch.float64)).to(torch.float32)
-    p_float, q_float = p_int.to(torch.float32), q_int.to(torch.float32)
     # Per column k: <X Q_k, P_k>, and the Gram products (P^T P)_kl (Q^T Q)_kl, in float64.
     column_cross = torch.sum((matrix @ q_float).to(torch.float64) * p_float.to(torch.float64), dim=0)
     gram = (p_float.t() @ p_float).to(torch.float64) * (q_float.t() @ q_float).to(torch.float64)
+    # Every rank's S and weights at once, elementwise as ``_code_lowrank`` computes them for one rank:
+    # S_r = float32(max(products[:r]) / MAX_WEIGHT), w_r = clamp(round(products / S_r), 0, MAX_WEIGHT).
+    prefix_max = torch.cummax(products, dim=0).values[torch.tensor(ranks) - 1]
+    scales = (prefix_max / MAX_WEIGHT).to(torch.float32)
+    positive = scales > 0
+    weights = torch.clamp(torch.round(products.reshape(1, -1) / torch.where(positive, scales, 1.0).reshape(-1, 1)),
+                          0, MAX_WEIGHT)
+    weights = torch.where(positive.reshape(-1, 1), weights, 0.0)
+    columns = (weights * scales.reshape(-1, 1)).to(torch.float64)  # row i: d of ranks[i], beyond it unused
     estimates = {}
-    for rank in ranks:
-        head = products[:rank]
-        scale = (head.max() / MAX_WEIGHT).to(torch.float32)
-        if scale > 0:
-            weights = torch.clamp(torch.round(head / scale), 0, MAX_WEIGHT)
-        else:
-            weights = torch.zeros(rank)
-        d = (weights * scale).to(torch.float64)  # A = P diag(d)
+    for index, rank in enumerate(ranks):
+        d = columns[index, :rank].clone()  # A = P diag(d); a fresh vector, as the per-rank code had
         if norm == 0.0:
-            empty = not torch.any(d) or not torch.any(p_int[:, :rank]) or not torch.any(q_int[:, :rank])
+            empty = not torch.any(d) or not torch.any(p_float[:, :rank]) or not torch.any(q_float[:, :rank])
             estimates[rank] = 0.0 if empty else float("inf")
             continue
         cross = float(torch.dot(column_cross[:rank], d))
@@ -165,21 +202,24 @@ def _all_codings(matrix: torch.Tensor, shape: tuple[int, ...], cfg: CompressionC
     """Every candidate of one tensor with its estimated error (quant ones coded, low-rank ones estimated)."""
     candidates = _candidates(shape, cfg)
     lowrank = [c for c in candidates if c.codec == "lowrank"]
-    factors = _factorize(matrix, max(c.rank for c in lowrank)) if lowrank else None
     estimates: dict[tuple[int, int], float] = {}
-    for bits in sorted({c.bits for c in lowrank}):
-        ranks = sorted({c.rank for c in lowrank if c.bits == bits})
-        for rank, estimate in _lowrank_estimates(matrix, factors, ranks, bits, norm).items():
-            estimates[(rank, bits)] = estimate
+    if lowrank:
+        top = max(c.rank for c in lowrank)
+        factors = _Factors(_factorize(matrix, top), top)
+        for bits in sorted({c.bits for c in lowrank}):
+            ranks = sorted({c.rank for c in lowrank if c.bits == bits})
+            for rank, estimate in _lowrank_estimates(matrix, factors, ranks, bits, norm).items():
+                estimates[(rank, bits)] = estimate
+    quantizer = _ColumnQuantizer(matrix)
     options = []
     for candidate in candidates:
         if candidate.codec == "quant":
-            coded = _code_quant(matrix, candidate.bits, candidate, norm)
+            coded = _code_quant(matrix, candidate.bits, candidate, norm, quantizer)
             options.append(_Option(candidate, coded.estimate, lambda coded=coded: coded))
         else:
+            estimate = estimates[(candidate.rank, candidate.bits)]
             options.append(_Option(
-                candidate, estimates[(candidate.rank, candidate.bits)],
-                lambda candidate=candidate: _code_lowrank(matrix, factors, candidate, norm),
+                candidate, estimate, lambda candidate=candidate, estimate=estimate: factors.coded(candidate, estimate),
             ))
     return options
 

@@ -126,15 +126,47 @@ class CompressionStats:
 
 def _quantize_columns(matrix: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-column quantization: (int64 values, float32 scales)."""
-    limit = qmax(bits)
-    scales = matrix.abs().amax(dim=0) / limit
-    # A zero column has scale 0; dividing it by any positive number keeps it 0.
-    safe = scales.clamp_min(torch.finfo(torch.float32).tiny)
-    q_int = torch.clamp(torch.round(matrix / safe), -limit, limit).to(torch.int64)
-    return q_int, scales.to(torch.float32)
+    q_float, scales = _ColumnQuantizer(matrix).quantize(bits)
+    return q_float.to(torch.int64), scales
+
+
+class _ColumnQuantizer:
+    """:func:`_quantize_columns` of one matrix at several bit widths, sharing the column maxima.
+
+    ``quantize(bits)`` returns the integers as float32 (integer-valued, the
+    same numbers the int64 form holds): the error estimates and the decode use
+    them as floats, and only the winner's are packed.
+    """
+
+    def __init__(self, matrix: torch.Tensor) -> None:
+        self.matrix = matrix
+        self.column_max = matrix.abs().amax(dim=0)
+
+    def quantize(self, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+        limit = qmax(bits)
+        scales = self.column_max / limit
+        # A zero column has scale 0; dividing it by any positive number keeps it 0.
+        safe = scales.clamp_min(torch.finfo(torch.float32).tiny)
+        # + 0.0 turns round()'s -0.0 (from small negatives) into the +0.0 an int64 0 converts to.
+        q_float = torch.clamp(torch.round(self.matrix / safe), -limit, limit).add_(0.0)
+        return q_float, scales.to(torch.float32)
 
 
 # ----------------------------------------------------------------------------- factorization
+
+
+_SKETCHES: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}  # the fixed sketches, drawn once per shape
+
+
+def _sketch(n: int, columns: int, dtype: torch.dtype) -> torch.Tensor:
+    """``torch.randn(n, columns)`` from a generator seeded with ``FACTOR_SEED`` (cached; never modified)."""
+    key = (n, columns, dtype)
+    if key not in _SKETCHES:
+        if len(_SKETCHES) >= 64:
+            _SKETCHES.clear()
+        generator = torch.Generator().manual_seed(FACTOR_SEED)
+        _SKETCHES[key] = torch.randn(n, columns, generator=generator, dtype=dtype)
+    return _SKETCHES[key]
 
 
 def _factorize(matrix: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -149,9 +181,7 @@ def _factorize(matrix: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Ten
     if min(m, n) <= max(EXACT_SVD_MAX_DIM, rank + _OVERSAMPLE):
         u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
         return u[:, :rank], s[:rank], vh[:rank].t()
-    generator = torch.Generator().manual_seed(FACTOR_SEED)
-    sketch = torch.randn(n, rank + _OVERSAMPLE, generator=generator, dtype=matrix.dtype)
-    basis, _ = torch.linalg.qr(matrix @ sketch)
+    basis, _ = torch.linalg.qr(matrix @ _sketch(n, rank + _OVERSAMPLE, matrix.dtype))
     for _ in range(_POWER_ITERATIONS):
         basis, _ = torch.linalg.qr(matrix.t() @ basis)
         basis, _ = torch.linalg.qr(matrix @ basis)
@@ -194,7 +224,7 @@ class _Coded:
     """A quantized candidate: the integers and scales that would go on the wire."""
 
     candidate: _Candidate
-    ints: tuple[torch.Tensor, ...]  # quant: (Xq,); lowrank: (P_int, Q_int, w)
+    ints: tuple[torch.Tensor, ...]  # quant: (Xq,); lowrank: (P_int, Q_int, w); int64, or integer-valued float32
     scale: torch.Tensor  # quant: per-column scales; lowrank: S (0-d)
     estimate: float  # relative error from float32 algebra (selection only)
 
@@ -221,9 +251,11 @@ class _Coded:
         return out, len(out["p"]) + len(out["q"]) + len(out["w"]) + 4
 
 
-def _code_quant(matrix: torch.Tensor, bits: int, candidate: _Candidate, norm: float) -> _Coded:
-    q_int, scales = _quantize_columns(matrix, bits)
-    return _Coded(candidate, (q_int,), scales, _rel_error(matrix, reconstruct_quant(q_int, scales), norm))
+def _code_quant(
+    matrix: torch.Tensor, bits: int, candidate: _Candidate, norm: float, quantizer: _ColumnQuantizer | None = None
+) -> _Coded:
+    q_float, scales = (quantizer or _ColumnQuantizer(matrix)).quantize(bits)
+    return _Coded(candidate, (q_float,), scales, _rel_error(matrix, reconstruct_quant(q_float, scales), norm))
 
 
 def _code_lowrank(
@@ -286,11 +318,12 @@ def encode_tensor(
     candidates = _candidates(shape, cfg)
     factors = None
     coded: list[_Coded] = []
+    quantizer = _ColumnQuantizer(matrix)
 
     def code(candidate: _Candidate) -> _Coded:
         nonlocal factors
         if candidate.codec == "quant":
-            return _code_quant(matrix, candidate.bits, candidate, norm)
+            return _code_quant(matrix, candidate.bits, candidate, norm, quantizer)
         if factors is None:
             factors = _factorize(matrix, max(c.rank for c in candidates))
         return _code_lowrank(matrix, factors, candidate, norm)

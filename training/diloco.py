@@ -67,8 +67,8 @@ Variants (``diloco.delay_correction``; the default is the rule above):
 
 Bit-exact aggregation: :func:`aggregate` is a pure function of the previous
 global weights, the momentum, the contribution bytes in canonical order and the
-config; the decoder uses integer arithmetic for its matrix product
-(:mod:`training.compression`) and the outer step only elementwise IEEE float32
+config; the decoder computes its integer matrix product exactly
+(:func:`training.codec_wire.reconstruct_lowrank`) and the outer step only elementwise IEEE float32
 operations, so another process (the auditor) gets the same
 :func:`~training.hashing.stage_weights_hash`.
 

@@ -34,6 +34,7 @@ import struct
 import sys
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 from training.errors import WeightsHashError
@@ -62,6 +63,11 @@ _DTYPE_TAGS: dict[torch.dtype, tuple[bytes, torch.dtype]] = {
 
 def tensor_le_bytes(tensor: torch.Tensor) -> bytes:
     """Row-major little-endian bytes of ``tensor``'s elements (any strides, any host)."""
+    return _le_array(tensor).tobytes()
+
+
+def _le_array(tensor: torch.Tensor) -> np.ndarray:
+    """:func:`tensor_le_bytes` as a C-contiguous array (hashed through the buffer protocol, without a copy)."""
     if tensor.dtype not in _DTYPE_TAGS:
         raise WeightsHashError(f"dtype {tensor.dtype} has no canonical hash layout")
     _, int_dtype = _DTYPE_TAGS[tensor.dtype]
@@ -73,7 +79,7 @@ def tensor_le_bytes(tensor: torch.Tensor) -> bytes:
     array = flat.numpy()
     if sys.byteorder != "little" and array.dtype.itemsize > 1:
         array = array.byteswap()
-    return array.tobytes()
+    return array
 
 
 def stage_weights_hash(named_tensors: Mapping[str, torch.Tensor]) -> bytes:
@@ -89,7 +95,7 @@ def stage_weights_hash(named_tensors: Mapping[str, torch.Tensor]) -> bytes:
             raise WeightsHashError(f"{name!r}: dtype {tensor.dtype} has no canonical hash layout")
         name_bytes = name.encode("utf-8")
         tag, _ = _DTYPE_TAGS[tensor.dtype]
-        data = tensor_le_bytes(tensor)
+        data = _le_array(tensor)
         digest.update(struct.pack("<I", len(name_bytes)))
         digest.update(name_bytes)
         digest.update(struct.pack("<B", len(tag)))
@@ -97,7 +103,7 @@ def stage_weights_hash(named_tensors: Mapping[str, torch.Tensor]) -> bytes:
         digest.update(struct.pack("<I", tensor.dim()))
         for dim in tensor.shape:
             digest.update(struct.pack("<Q", dim))
-        digest.update(struct.pack("<Q", len(data)))
+        digest.update(struct.pack("<Q", data.nbytes))
         digest.update(data)
     return digest.digest()
 

@@ -38,9 +38,12 @@ screening).
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 
+import numpy as np
 import torch
 
 from training.codec_wire import decode_contribution
@@ -90,47 +93,74 @@ class ContributionReport:
         return asdict(self)
 
 
+_scratch = threading.local()  # per thread: two float64 buffers reused across calls
+
+
+def _buffers(count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two float64 work arrays of ``count`` elements (reused: fresh large arrays cost page faults)."""
+    held = getattr(_scratch, "arrays", None)
+    if held is None or held[0].size < count:
+        held = _scratch.arrays = (np.empty(count, dtype=np.float64), np.empty(count, dtype=np.float64))
+    return held[0][:count], held[1][:count]
+
+
 def contribution_norm(decoded: Mapping[str, torch.Tensor]) -> float:
     """``sqrt(fsum of float64(x)^2)`` over every element: exact squares, one rounding of the sum.
 
-    Computed without a Python float per element (``tolist`` + ``math.fsum`` took
-    most of an aggregation's time): every float32 ``x`` is ``m * 2**(e - 24)``
-    with an integer ``|m| < 2**24`` (``torch.frexp``), so ``x**2 = m**2 * 2**(2e - 48)``
-    with ``m**2 < 2**48``. The exact sum is accumulated per exponent ``e`` in int64
-    (``m**2`` split into two 24-bit halves so no bucket can overflow), combined
-    exactly as a Python integer, and rounded once by Python's correctly rounded
-    integer division: the same correctly rounded double ``math.fsum`` returns for
-    the exact squares, bit for bit (tests/test_training_robust.py checks both).
+    The same correctly rounded double ``math.fsum`` returns for the exact
+    squares, bit for bit (tests/test_training_robust.py checks both), in a few
+    vectorized passes. Each float32 square is exact in float64 (48 significant
+    bits). Their exact sum is taken apart level by level (Rump, Ogita, Oishi
+    2008, "Accurate floating-point summation", ExtractVector): with ``mu`` the
+    largest remaining magnitude, ``mu < 2**e``, ``2**M > 2 n`` and
+    ``sigma = 2**(e + M)``, ``q_i = (sigma + r_i) - sigma`` is exact (Sterbenz),
+    ``r_i - q_i`` is the exact rounding error of that addition (so
+    ``|r_i - q_i| <= h = ulp(sigma) / 2``), and every ``q_i`` is a multiple of
+    ``h`` with ``sum |q_i| < sigma``: fewer than ``2**53`` units, so ``sum(q)``
+    is exact in float64 in any order (numpy's pairwise sum, any machine). The
+    levels' sums are added as exact fractions. After each level the plain
+    float64 sum ``s`` of the remainders is within ``(n-1) u / (1 - (n-1) u) *
+    sum |r_i| <= n 2**-52 * n h`` of their exact sum for any summation order
+    (Higham, "Accuracy and Stability of Numerical Algorithms", 4.2); when both
+    ends of that interval round to the same double, rounding being monotonic,
+    so does the exact total. Else the next level is extracted (until nothing
+    remains, which is then exact). One level suffices unless the total lies
+    within ~2**-40 of a rounding boundary.
     """
-    total = 0
-    buckets: dict[int, int] = {}
+    arrays = []
     for name in sorted(decoded):
         value = decoded[name].detach().to(torch.float32).reshape(-1)
-        if value.numel() == 0:
-            continue
-        mantissa, exponent = torch.frexp(value)
-        # |mantissa| in [0.5, 1) (0 for 0): times 2**24 it is the float32's integer significand.
-        integer = torch.mul(mantissa.to(torch.float64), 16777216.0).to(torch.int64)  # exact: a power of two
-        square = integer * integer  # < 2**48: exact in int64
-        high, low = square >> 24, square & ((1 << 24) - 1)
-        exponent = exponent.to(torch.int64)
-        base = int(exponent.min())
-        offsets = exponent - base
-        width = int(offsets.max()) + 1
-        # Each bucket sums < 2**24 values over < 2**39 elements: no int64 overflow.
-        high_sums = torch.zeros(width, dtype=torch.int64).index_add_(0, offsets, high).tolist()
-        low_sums = torch.zeros(width, dtype=torch.int64).index_add_(0, offsets, low).tolist()
-        for offset, (h, lo) in enumerate(zip(high_sums, low_sums)):
-            if h or lo:
-                buckets[base + offset] = buckets.get(base + offset, 0) + (h << 24) + lo
-    if not buckets:
+        if value.numel():
+            arrays.append(value.contiguous().numpy())
+    count = sum(array.size for array in arrays)
+    if count == 0:
         return 0.0
-    lowest = min(buckets)
-    for exponent, amount in buckets.items():
-        total += amount << (2 * (exponent - lowest))
-    shift = 2 * lowest - 48  # the sum is total * 2**shift, exactly
-    exact = total << shift if shift >= 0 else total / (1 << -shift)  # int / int: correctly rounded
-    return math.sqrt(float(exact))
+    remainder, scratch = _buffers(count)
+    offset = 0
+    for array in arrays:
+        np.multiply(array, array, out=remainder[offset : offset + array.size], dtype=np.float64)  # exact
+        offset += array.size
+    spread = count.bit_length() + 1  # 2**spread > 2 * count
+    total = Fraction(0)
+    largest = float(remainder.max())  # the squares are >= 0
+    if not math.isfinite(largest):
+        return math.sqrt(largest)  # not a decoded contribution (those are finite): inf or nan
+    while largest != 0.0:
+        exponent = math.frexp(largest)[1] + spread
+        sigma = math.ldexp(1.0, exponent)
+        np.add(remainder, sigma, out=scratch)
+        np.subtract(scratch, sigma, out=scratch)  # q: exact, a multiple of h
+        total += Fraction(float(scratch.sum()))  # exact in any order
+        np.subtract(remainder, scratch, out=remainder)  # exact; |r_i| <= h
+        half_ulp = math.ldexp(1.0, exponent - 53)  # h = ulp(sigma) / 2
+        estimate = Fraction(float(remainder.sum()))
+        error = Fraction(half_ulp) * count * count / (1 << 52)
+        low, high = float(total + estimate - error), float(total + estimate + error)  # correctly rounded
+        if low == high:
+            return math.sqrt(low)
+        np.abs(remainder, out=scratch)
+        largest = float(scratch.max())
+    return math.sqrt(float(total))
 
 
 def lower_median(values: Sequence[float]) -> float:

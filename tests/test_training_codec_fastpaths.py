@@ -1,0 +1,362 @@
+"""The faster codec and norm paths (issue 16 item 3) against the slow reference implementations they replaced.
+
+Every fast path must give the same bits as before: the same contribution
+bytes from the encoder, the same float32 values from the decoder (including
+the sign of zero: the weights hash sees it), the same norm. The references
+below are the previous implementations, kept here verbatim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from training import bandwidth, codec_wire
+from training.bandwidth import encode_within_bandwidth
+from training.codec_wire import (
+    MAX_WEIGHT,
+    decode_contribution,
+    pack_contribution,
+    pack_ints,
+    qmax,
+    reconstruct_lowrank,
+    unpack_ints,
+)
+from training.compression import _candidates, _Coded, _factorize, _rel_error, encode_contribution
+from training.config import CompressionConfig
+from training.errors import ContributionDecodeError
+from training.robust import contribution_norm
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread: on a busy machine an oversubscribed OpenMP pool made these tests ~50x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------- references (the old code)
+
+
+def reference_reconstruct_lowrank(p_int, q_int, weights, scale):
+    product = torch.matmul(torch.mul(p_int, weights.reshape(1, -1)), q_int.t())
+    return torch.mul(product.to(torch.float64), scale.to(torch.float64)).to(torch.float32)
+
+
+def reference_unpack_ints(data: bytes, bits: int, count: int, where: str) -> torch.Tensor:
+    expected = (count * bits + 7) // 8
+    if len(data) != expected:
+        raise ContributionDecodeError(f"{where}: {len(data)} payload bytes, expected {expected}")
+    if bits == 16:
+        array = np.frombuffer(data, dtype="<u2").astype(np.int64)
+    elif bits == 8:
+        array = np.frombuffer(data, dtype=np.uint8).astype(np.int64)
+    else:
+        per_byte = 8 // bits
+        raw = np.frombuffer(data, dtype=np.uint8)
+        mask = (1 << bits) - 1
+        array = np.stack([(raw >> (bits * j)) & mask for j in range(per_byte)], axis=1).reshape(-1)
+        array = array.astype(np.int64)
+        if np.any(array[count:]):
+            raise ContributionDecodeError(f"{where}: non-zero padding bits")
+        array = array[:count]
+    if array.size and int(array.max()) > 2 * qmax(bits):
+        raise ContributionDecodeError(f"{where}: value out of the {bits}-bit symmetric range")
+    return torch.from_numpy(array - qmax(bits))
+
+
+def reference_norm(tensors) -> float:
+    squares = [v * v for name in sorted(tensors) for v in tensors[name].to(torch.float64).reshape(-1).tolist()]
+    return math.sqrt(math.fsum(squares))
+
+
+def reference_quantize_columns(matrix, bits):
+    limit = qmax(bits)
+    scales = matrix.abs().amax(dim=0) / limit
+    safe = scales.clamp_min(torch.finfo(torch.float32).tiny)
+    q_int = torch.clamp(torch.round(matrix / safe), -limit, limit).to(torch.int64)
+    return q_int, scales.to(torch.float32)
+
+
+def reference_code_quant(matrix, bits, candidate, norm):
+    q_int, scales = reference_quantize_columns(matrix, bits)
+    decoded = torch.mul(q_int.to(torch.float32), scales.reshape(1, -1))
+    return _Coded(candidate, (q_int,), scales, _rel_error(matrix, decoded, norm))
+
+
+def reference_code_lowrank(matrix, factors, candidate, norm):
+    u, sigma, v = factors
+    rank, bits = candidate.rank, candidate.bits
+    root = torch.sqrt(sigma[:rank])
+    p_int, p_scales = reference_quantize_columns(u[:, :rank] * root, bits)
+    q_int, q_scales = reference_quantize_columns(v[:, :rank] * root, bits)
+    products = (p_scales.to(torch.float64) * q_scales.to(torch.float64)).to(torch.float32)
+    scale = (products.max() / MAX_WEIGHT).to(torch.float32).reshape(())
+    if scale > 0:
+        weights = torch.clamp(torch.round(products / scale), 0, MAX_WEIGHT).to(torch.int64)
+    else:
+        weights = torch.zeros(rank, dtype=torch.int64)
+    return _Coded(candidate, (p_int, q_int, weights), scale, 0.0)
+
+
+def reference_lowrank_estimates(matrix, factors, ranks, bits, norm):
+    u, sigma, v = factors
+    top = max(ranks)
+    root = torch.sqrt(sigma[:top])
+    p_int, p_scales = reference_quantize_columns(u[:, :top] * root, bits)
+    q_int, q_scales = reference_quantize_columns(v[:, :top] * root, bits)
+    products = (p_scales.to(torch.float64) * q_scales.to(torch.float64)).to(torch.float32)
+    p_float, q_float = p_int.to(torch.float32), q_int.to(torch.float32)
+    column_cross = torch.sum((matrix @ q_float).to(torch.float64) * p_float.to(torch.float64), dim=0)
+    gram = (p_float.t() @ p_float).to(torch.float64) * (q_float.t() @ q_float).to(torch.float64)
+    estimates = {}
+    for rank in ranks:
+        head = products[:rank]
+        scale = (head.max() / MAX_WEIGHT).to(torch.float32)
+        if scale > 0:
+            weights = torch.clamp(torch.round(head / scale), 0, MAX_WEIGHT)
+        else:
+            weights = torch.zeros(rank)
+        d = (weights * scale).to(torch.float64)
+        if norm == 0.0:
+            empty = not torch.any(d) or not torch.any(p_int[:, :rank]) or not torch.any(q_int[:, :rank])
+            estimates[rank] = 0.0 if empty else float("inf")
+            continue
+        cross = float(torch.dot(column_cross[:rank], d))
+        square = float(d @ gram[:rank, :rank] @ d)
+        estimates[rank] = math.sqrt(max(norm * norm - 2 * cross + square, 0.0)) / norm
+    return estimates
+
+
+def reference_all_codings(matrix, shape, cfg, norm):
+    candidates = _candidates(shape, cfg)
+    lowrank = [c for c in candidates if c.codec == "lowrank"]
+    factors = _factorize(matrix, max(c.rank for c in lowrank)) if lowrank else None
+    estimates = {}
+    for bits in sorted({c.bits for c in lowrank}):
+        ranks = sorted({c.rank for c in lowrank if c.bits == bits})
+        for rank, estimate in reference_lowrank_estimates(matrix, factors, ranks, bits, norm).items():
+            estimates[(rank, bits)] = estimate
+    options = []
+    for candidate in candidates:
+        if candidate.codec == "quant":
+            coded = reference_code_quant(matrix, candidate.bits, candidate, norm)
+            options.append(bandwidth._Option(candidate, coded.estimate, lambda coded=coded: coded))
+        else:
+            options.append(bandwidth._Option(
+                candidate, estimates[(candidate.rank, candidate.bits)],
+                lambda candidate=candidate: reference_code_lowrank(matrix, factors, candidate, norm),
+            ))
+    return options
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, dtype and bit pattern (so -0.0 != 0.0, unlike torch.equal)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    width = {torch.float32: torch.int32, torch.float64: torch.int64}.get(a.dtype)
+    if width is None:
+        return torch.equal(a, b)
+    return torch.equal(a.contiguous().view(width), b.contiguous().view(width))
+
+
+def _pseudo_gradients(seed: int, kind: str) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"attn.weight": (96, 160), "mlp.weight": (160, 48), "bias": (96,), "conv": (8, 6, 5),
+              "small": (12, 12), "empty": (0, 5), "wide": (40, 300)}
+    out = {}
+    for name, shape in shapes.items():
+        x = torch.randn(shape, generator=g)
+        if kind == "lowrank" and len(shape) == 2 and min(shape) > 0:
+            x = 1e-3 * x + 1e-2 * (torch.randn(shape[0], 3, generator=g) @ torch.randn(3, shape[1], generator=g))
+        elif kind == "wide":
+            x = x * torch.exp(4 * torch.randn(shape, generator=g))
+        elif kind == "sparse":
+            x = x * (torch.rand(shape, generator=g) < 0.05)  # mostly zeros: -0.0 and ties territory
+        elif kind == "tiny":
+            x = x * 1e-38
+        out[name] = x.to(torch.float32)
+    return out
+
+
+KINDS = ("gaussian", "lowrank", "wide", "sparse", "tiny")
+
+
+# ----------------------------------------------------------------------------- decode
+
+
+def test_float64_lowrank_product_is_the_int64_product_bit_for_bit():
+    g = torch.Generator().manual_seed(0)
+    for bits, rank, m, n in ((2, 1, 5, 7), (4, 32, 128, 512), (8, 17, 40, 3), (16, 64, 64, 96)):
+        limit = qmax(bits)
+        for trial in range(3):
+            p = torch.randint(-limit, limit + 1, (m, rank), generator=g)
+            q = torch.randint(-limit, limit + 1, (n, rank), generator=g)
+            w = torch.randint(0, MAX_WEIGHT + 1, (rank,), generator=g)
+            if trial == 1:  # the largest magnitudes the wire allows: partial sums near 2**52
+                p, q, w = torch.full_like(p, limit), torch.full_like(q, -limit), torch.full_like(w, MAX_WEIGHT)
+            if trial == 2:  # zero rows: products 0 * negative = -0.0 in float64, +0 in int64
+                p[::2] = 0
+                q[1::3] = 0
+            scale = torch.tensor(float(torch.rand((), generator=g)) * 1e-3, dtype=torch.float32)
+            fast = reconstruct_lowrank(p, q, w, scale)
+            assert _bits_equal(fast, reference_reconstruct_lowrank(p, q, w, scale)), (bits, rank, trial)
+            as_floats = reconstruct_lowrank(p.to(torch.float64), q.to(torch.float32), w, scale)
+            assert _bits_equal(as_floats, fast)
+    # The bound the exact path relies on: the wire's extremes stay below 2**53.
+    assert 64 * qmax(16) * MAX_WEIGHT * qmax(16) < 2**53
+
+
+def test_a_product_beyond_2_53_takes_the_int64_path():
+    p = torch.full((3, 2), 2**20, dtype=torch.int64)
+    q = torch.tensor([[2**20 + 1, -(2**20)], [1, 1], [0, 0]], dtype=torch.int64)
+    w = torch.tensor([2**14, 3], dtype=torch.int64)  # 2**20 * 2**14 * 2**20 = 2**54: float64 would round
+    scale = torch.tensor(1.0)
+    assert _bits_equal(reconstruct_lowrank(p, q, w, scale), reference_reconstruct_lowrank(p, q, w, scale))
+
+
+def test_table_unpacking_matches_the_shift_and_mask_reference_on_any_bytes():
+    rng = np.random.default_rng(1)
+    for bits in (2, 4, 8, 16):
+        for count in (0, 1, 2, 3, 5, 8, 33, 1000):
+            size = (count * bits + 7) // 8
+            for trial in range(6):
+                data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+                if trial == 0 and count:  # a valid payload
+                    values = torch.from_numpy(rng.integers(-qmax(bits), qmax(bits) + 1, count))
+                    data = pack_ints(values, bits)
+                for where in ("t",):
+                    try:
+                        expected = reference_unpack_ints(data, bits, count, where)
+                    except ContributionDecodeError as exc:
+                        with pytest.raises(ContributionDecodeError) as caught:
+                            unpack_ints(data, bits, count, where)
+                        assert str(caught.value) == str(exc)
+                        continue
+                    got = unpack_ints(data, bits, count, where)
+                    assert got.dtype == torch.int64 and torch.equal(got, expected)
+                    for dtype, torch_dtype in ((np.float32, torch.float32), (np.float64, torch.float64)):
+                        as_float = torch.from_numpy(codec_wire._unpack(data, bits, count, where, dtype))
+                        assert _bits_equal(as_float, expected.to(torch_dtype))
+        with pytest.raises(ContributionDecodeError, match="payload bytes"):
+            unpack_ints(b"\x00" * 3, bits, 100, "t")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_decoder_output_matches_the_reference_decoder(kind, monkeypatch):
+    x = _pseudo_gradients(11, kind)
+    shapes = {name: tuple(t.shape) for name, t in x.items()}
+    cfg = CompressionConfig(error_budget=0.2, bit_choices=[2, 4, 8, 16], max_rank=64, min_compress_numel=64)
+    for blob in (encode_contribution(x, cfg, stage_index=0, outer_round=0)[0],
+                 encode_within_bandwidth(x, cfg, 20_000, stage_index=0, outer_round=0)[0]):
+        fast = decode_contribution(blob, shapes)
+        with monkeypatch.context() as patched:
+            patched.setattr(codec_wire, "reconstruct_lowrank",
+                            lambda p, q, w, s, bound=None: reference_reconstruct_lowrank(
+                                p.to(torch.int64), q.to(torch.int64), w, s))
+            slow = decode_contribution(blob, shapes)
+        assert all(_bits_equal(fast[name], slow[name]) for name in shapes)
+
+
+def test_overflowing_scales_are_still_refused_and_large_finite_ones_accepted():
+    from training.errors import ContributionNonFiniteError
+
+    m, n, rank, bits = 4, 6, 2, 8
+    entry = {"n": "w", "s": [m, n], "c": "lowrank", "b": bits, "r": rank,
+             "p": pack_ints(torch.full((m, rank), 127), bits), "q": pack_ints(torch.full((n, rank), 127), bits),
+             "w": np.array([65535, 1], dtype="<u2").tobytes()}
+    for scale, finite in ((3.0e38, False), (1.0e28, True)):
+        blob = pack_contribution(0, 0, [{**entry, "x": np.array([scale], dtype="<f4").tobytes()}])
+        if finite:
+            assert bool(torch.isfinite(decode_contribution(blob, {"w": (m, n)})["w"]).all())
+        else:
+            with pytest.raises(ContributionNonFiniteError, match="decodes to non-finite"):
+                decode_contribution(blob, {"w": (m, n)})
+    quant = {"n": "b", "s": [3], "c": "quant", "b": 8, "q": pack_ints(torch.tensor([127, 0, -3]), 8)}
+    with pytest.raises(ContributionNonFiniteError, match="decodes to non-finite"):
+        decode_contribution(pack_contribution(0, 0, [{**quant, "x": np.array([3e37], "<f4").tobytes()}]), {"b": (3,)})
+    ok = decode_contribution(pack_contribution(0, 0, [{**quant, "x": np.array([2e36], "<f4").tobytes()}]), {"b": (3,)})
+    assert float(ok["b"][0]) == float(np.float32(127) * np.float32(2e36))
+
+
+# ----------------------------------------------------------------------------- norm
+
+
+def test_norm_matches_fsum_on_varied_inputs_and_thread_counts():
+    threads = torch.get_num_threads()
+    try:
+        for seed, kind in enumerate(KINDS):
+            x = _pseudo_gradients(seed, kind)
+            expected = reference_norm(x)
+            for count in (1, 3):
+                torch.set_num_threads(count)
+                assert contribution_norm(x) == expected, kind
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_norm_rounding_that_needs_more_than_one_level():
+    # 1 + 2**-54 + 2**-54 = 1 + 2**-53: exactly half-way between 1 and the next double, so the first
+    # level's remainder bound straddles the rounding boundary and the exact fallback must decide.
+    tensors = {"a": torch.tensor([1.0, 2.0**-27, 2.0**-27])}
+    assert contribution_norm(tensors) == reference_norm(tensors) == 1.0
+    # Just above the half-way point: rounds up.
+    tensors = {"a": torch.tensor([1.0, 2.0**-27, 2.0**-27, 2.0**-60])}
+    assert contribution_norm(tensors) == reference_norm(tensors) == math.sqrt(1 + 2.0**-52)
+    g = torch.Generator().manual_seed(9)
+    for trial in range(40):
+        # Many values around 2**-27 next to a 1: the total sits near the boundaries of 1's ulp.
+        count = int(torch.randint(1, 200, (1,), generator=g))
+        small = torch.ldexp(torch.ones(count), torch.randint(-40, -26, (count,), generator=g).to(torch.int32))
+        tensors = {"a": torch.cat([torch.ones(1 + trial % 3), small]).to(torch.float32)}
+        assert contribution_norm(tensors) == reference_norm(tensors), trial
+
+
+# ----------------------------------------------------------------------------- encode
+
+
+def _check_encoders_against_references(kind, configs, budgets, monkeypatch):
+    from training import compression
+
+    x = _pseudo_gradients(21, kind)
+    for cfg in configs:
+        for budget in budgets:
+            fast_blob, fast_decoded, _ = encode_within_bandwidth(x, cfg, budget, stage_index=1, outer_round=3)
+            with monkeypatch.context() as patched:
+                patched.setattr(bandwidth, "_all_codings", reference_all_codings)
+                slow_blob, slow_decoded, _ = encode_within_bandwidth(x, cfg, budget, stage_index=1, outer_round=3)
+            assert fast_blob == slow_blob, (kind, cfg.error_budget, budget)
+            assert all(_bits_equal(fast_decoded[n], slow_decoded[n]) for n in x)
+        # The error-budget encoder shares the quantizer across bit widths now; its reference is the
+        # one-quantization-per-candidate code path.
+        fast_blob, fast_decoded, _ = encode_contribution(x, cfg, stage_index=0, outer_round=0)
+        with monkeypatch.context() as patched:
+            patched.setattr(compression, "_code_quant",
+                            lambda matrix, bits, candidate, norm, quantizer=None: reference_code_quant(
+                                matrix, bits, candidate, norm))
+            slow_blob, slow_decoded, _ = encode_contribution(x, cfg, stage_index=0, outer_round=0)
+        assert fast_blob == slow_blob
+        assert all(_bits_equal(fast_decoded[n], slow_decoded[n]) for n in x)
+
+
+_DEFAULT_CODEC = CompressionConfig(error_budget=0.4, bit_choices=[2, 4, 8], max_rank=32, min_compress_numel=256)
+_FINE_CODEC = CompressionConfig(error_budget=0.05, bit_choices=[4, 8, 16], max_rank=64, min_compress_numel=64)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_encoders_give_the_reference_bytes_and_decoded_values(kind, monkeypatch):
+    _check_encoders_against_references(kind, (_DEFAULT_CODEC,), (2_000, 60_000), monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_encoders_give_the_reference_bytes_on_more_budgets_and_codecs(kind, monkeypatch):
+    _check_encoders_against_references(kind, (_DEFAULT_CODEC, _FINE_CODEC), (2_000, 12_000, 60_000), monkeypatch)
