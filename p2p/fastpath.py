@@ -32,6 +32,7 @@ from __future__ import annotations
 import errno
 import importlib.metadata
 import logging
+from collections import deque
 from typing import Any
 
 import libp2p.stream_muxer.yamux.yamux as _yamux
@@ -43,6 +44,7 @@ from libp2p.io.utils import DEFAULT_RETRY_READ_COUNT
 from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.security.noise import io as _noise_io
 from libp2p.security.secure_session import SecureSession
+from libp2p.stream_muxer.exceptions import MuxedStreamEOF, MuxedStreamReset
 from noise.backends.default.ciphers import ChaCha20Cipher
 from noise.constants import MAX_NONCE
 from noise.exceptions import NoiseInvalidMessage, NoiseMaxNonceError
@@ -53,7 +55,7 @@ PATCHED_LIBP2P_VERSION = "0.8.1"
 #: Largest plaintext one Noise transport message carries (65535 - 16 bytes of MAC).
 NOISE_PLAINTEXT_BYTES = _noise_io.MAX_PLAINTEXT_LENGTH
 #: Noise messages per outgoing yamux data frame: fewer frames for the peer to parse.
-YAMUX_FRAME_NOISE_MESSAGES = 4
+YAMUX_FRAME_NOISE_MESSAGES = 16
 #: Payload of a full outgoing yamux data frame (its 12-byte header shares the first message).
 YAMUX_FRAME_PAYLOAD_BYTES = YAMUX_FRAME_NOISE_MESSAGES * NOISE_PLAINTEXT_BYTES - _yamux.HEADER_SIZE
 #: Bytes asked of the kernel per TCP read.
@@ -442,6 +444,156 @@ def _batched_window_updates() -> None:
     applied.append("batched_window_updates")
 
 
+class _ChunkBuffer:
+    """A yamux stream's unread bytes, kept as the frame bodies they arrived in (no copy on arrival).
+
+    Stands in for the ``bytearray`` py-libp2p 0.8.1 keeps per stream, with the
+    operations its yamux code performs on one (``extend``, ``len``, truth,
+    ``buffer[:n]``, ``del buffer[:n]``, ``bytes(buffer)``, ``clear``): appending a
+    body no longer copies it, and a stream in raw-read mode (:func:`read_raw`)
+    gets whole bodies handed over as they are.
+    """
+
+    __slots__ = ("_parts", "_offset", "_size")
+
+    def __init__(self) -> None:
+        self._parts: deque[Any] = deque()  # bytes or bytearray nobody else holds
+        self._offset = 0  # bytes of _parts[0] already consumed
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def extend(self, data: Any) -> None:
+        if len(data):
+            self._parts.append(data)
+            self._size += len(data)
+
+    def clear(self) -> None:
+        self._parts.clear()
+        self._offset = self._size = 0
+
+    def take(self, n: int, whole_parts: bool = False) -> Any:
+        """Up to ``n`` bytes (``n < 0``: all), consumed. ``whole_parts``: the first body as it is, no copy."""
+        if n < 0 or n > self._size:
+            n = self._size
+        first = self._parts[0] if self._parts else b""
+        if whole_parts and self._offset == 0 and 0 < len(first) <= n:
+            self._parts.popleft()
+            self._size -= len(first)
+            return first
+        pieces = []
+        wanted = n
+        while wanted:
+            first = self._parts[0]
+            end = min(len(first), self._offset + wanted)
+            pieces.append(memoryview(first)[self._offset : end])
+            wanted -= end - self._offset
+            if end == len(first):
+                self._parts.popleft()
+                self._offset = 0
+            else:
+                self._offset = end
+        self._size -= n
+        return b"".join(pieces)
+
+    def __bytes__(self) -> bytes:
+        return b"".join(memoryview(part)[self._offset if index == 0 else 0 :] for index, part in enumerate(self._parts))
+
+    def __getitem__(self, key: slice) -> bytes:
+        if isinstance(key, slice) and key.start in (None, 0) and key.step is None and key.stop is not None:
+            parts, offset, size = list(self._parts), self._offset, self._size
+            data = self.take(key.stop)  # a peek: put everything back
+            self._parts, self._offset, self._size = deque(parts), offset, size
+            return data
+        return bytes(self)[key]
+
+    def __delitem__(self, key: slice) -> None:
+        if isinstance(key, slice) and key.start in (None, 0) and key.step is None and key.stop is not None:
+            self.take(key.stop)
+            return
+        rest = bytearray(bytes(self))
+        del rest[key]
+        self.clear()
+        self.extend(bytes(rest))
+
+
+class _StreamBuffers(dict):  # type: ignore[type-arg]
+    """Yamux's ``stream_buffers``: every new (empty ``bytearray``) buffer becomes a :class:`_ChunkBuffer`."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if type(value) is bytearray and not value:
+            value = _ChunkBuffer()
+        super().__setitem__(key, value)
+
+
+def _chunked_stream_buffers() -> None:
+    """Keep yamux frame bodies as they arrive; let a blob reader take them whole.
+
+    py-libp2p 0.8.1 appends each DATA body to the stream's ``bytearray`` (a copy)
+    and ``read`` copies it out again as ``bytes``. With :class:`_ChunkBuffer` the
+    append is free, and a stream put in raw-read mode by :func:`read_raw` gets
+    each body (a ``bytearray`` decrypted in place, see :func:`_noise_reads_in_place`)
+    without a copy. Other streams still get ``bytes`` (one copy, as before).
+    """
+    original_init = _yamux.Yamux.__init__
+    original_read_stream = _yamux.Yamux.read_stream
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        self.stream_buffers = _StreamBuffers(self.stream_buffers)
+
+    async def read_stream(self: Any, stream_id: int, n: int = -1) -> bytes:
+        stream = self.streams.get(stream_id)
+        if not getattr(stream, "_dlx_raw_reads", False):
+            return await original_read_stream(self, stream_id, n)
+        # The stock read_stream's checks, in its order; only the data is taken without a copy.
+        n = -1 if n is None else n
+        while True:
+            async with self.streams_lock:
+                if stream_id not in self.streams:
+                    raise MuxedStreamEOF("Stream closed")
+                if self.event_shutting_down.is_set():
+                    raise MuxedStreamEOF("Connection shut down")
+                stream = self.streams[stream_id]
+                buffer = self.stream_buffers.get(stream_id)
+                if buffer is None:
+                    if stream.reset_received:
+                        raise MuxedStreamReset("Stream was reset")
+                    raise MuxedStreamEOF("Stream buffer closed")
+                if buffer and (stream.recv_closed or not stream.reset_received):
+                    data = buffer.take(n, whole_parts=True)
+                    if stream.closed:  # releases the backlog slot; drops the stream once drained
+                        self._finalize_stream_locked(stream, fully_closed=True)
+                    return data
+                if stream.reset_received:
+                    raise MuxedStreamReset("Stream was reset")
+                if stream.recv_closed:
+                    raise MuxedStreamEOF("Stream is closed for receiving")
+                if stream.closed:
+                    raise MuxedStreamReset("Stream is reset or closed")
+            try:
+                await self.stream_events[stream_id].wait()
+                self.stream_events[stream_id] = trio.Event()
+            except KeyError:
+                raise MuxedStreamEOF("Stream was removed") from None
+
+    _yamux.Yamux.__init__ = __init__  # type: ignore[method-assign]
+    _yamux.Yamux.read_stream = read_stream  # type: ignore[method-assign]
+    applied.append("chunked_stream_buffers")
+
+
+def read_raw(stream: Any) -> None:
+    """Let reads on ``stream`` return received frame bodies as they are (``bytes`` or ``bytearray``).
+
+    For a reader that only writes and hashes what it reads (a blob range): it
+    saves copying every byte once more. No-op for non-yamux streams.
+    """
+    muxed = getattr(stream, "muxed_stream", None)
+    if isinstance(muxed, _yamux.YamuxStream) and "chunked_stream_buffers" in applied:
+        muxed._dlx_raw_reads = True  # type: ignore[attr-defined]
+
+
 async def grant_receive_window(stream: Any, expected_bytes: int) -> None:
     """Let the peer send ``expected_bytes`` on ``stream`` without waiting for window updates.
 
@@ -465,4 +617,5 @@ if _version_matches():
     _larger_yamux_frames()
     _buffered_tcp_reads()
     _noise_reads_in_place()
+    _chunked_stream_buffers()
     _batched_window_updates()

@@ -22,7 +22,8 @@ async def run_inline(fn, *args, **kwargs):
 def test_data_path_patches_are_in_force():
     # A py-libp2p upgrade that silently drops them would only show as a slow benchmark.
     assert sorted(fastpath.applied) == [
-        "batched_window_updates", "buffered_tcp_reads", "larger_yamux_frames", "noise_reads_in_place"
+        "batched_window_updates", "buffered_tcp_reads", "chunked_stream_buffers", "larger_yamux_frames",
+        "noise_reads_in_place",
     ]
     import libp2p.stream_muxer.yamux.yamux as yamux
 
