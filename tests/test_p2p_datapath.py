@@ -154,3 +154,43 @@ def test_a_blob_fetch_sends_few_window_updates(tmp_path, monkeypatch):
     assert out.read_bytes() == blob
     # Per 8 MiB piece: the grant of its whole range, then a credit or two; gossip may add a few.
     assert blob_updates <= 40, blob_updates
+
+
+def test_chunk_buffer_behaves_as_the_bytearray_yamux_expects():
+    """Every operation py-libp2p's yamux performs on a stream buffer, against a real bytearray."""
+    rng = random.Random(11)
+    chunked, reference = fastpath._ChunkBuffer(), bytearray()
+    for _ in range(3000):
+        op = rng.choice(["extend", "extend", "slice", "del", "bytes", "take", "take_whole", "clear"])
+        n = rng.choice([0, 1, 12, 100, 5000, 70000])
+        if op == "extend":
+            data = os.urandom(n)
+            chunked.extend(rng.choice([data, bytearray(data)]))
+            reference.extend(data)
+        elif op == "slice":
+            assert chunked[:n] == bytes(reference[:n])
+        elif op == "del":
+            del chunked[:n]
+            del reference[:n]
+        elif op == "bytes":
+            assert bytes(chunked) == bytes(reference)
+        elif op in ("take", "take_whole"):
+            got = chunked.take(rng.choice([-1, n]), whole_parts=op == "take_whole")
+            assert bytes(got) == bytes(reference[: len(got)])
+            if op == "take":  # a plain take returns everything it may, as bytes
+                assert isinstance(got, bytes)
+            del reference[: len(got)]
+        else:
+            chunked.clear()
+            reference.clear()
+        assert len(chunked) == len(reference)
+        assert bool(chunked) == bool(reference)
+    assert bytes(chunked) == bytes(reference)
+
+
+def test_yamux_stream_buffers_are_chunk_buffers():
+    buffers = fastpath._StreamBuffers()
+    buffers[1] = bytearray()
+    buffers[2] = bytearray(b"x")  # not a fresh buffer: left alone
+    assert isinstance(buffers[1], fastpath._ChunkBuffer)
+    assert isinstance(buffers[2], bytearray)
