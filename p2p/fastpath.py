@@ -63,6 +63,8 @@ TCP_READ_BYTES = 256 * 1024
 #: A connection's receive buffer: one kernel read plus a Noise message left over from the last.
 TCP_BUFFER_BYTES = TCP_READ_BYTES + 2 * (_noise_io.SIZE_NOISE_MESSAGE_LEN + _noise_io.MAX_NOISE_MESSAGE_LEN)
 _TAG_BYTES = 16  # Poly1305 tag closing every Noise transport message
+#: Bytes on the wire of one full outgoing yamux data frame (its Noise messages with their prefixes).
+_MAX_FRAME_WIRE_BYTES = YAMUX_FRAME_NOISE_MESSAGES * (_noise_io.SIZE_NOISE_MESSAGE_LEN + _noise_io.MAX_NOISE_MESSAGE_LEN)
 #: Largest receive window a stream grows to (go-yamux's maximum).
 MAX_RECEIVE_WINDOW = _yamux.MAX_WINDOW_SIZE
 
@@ -132,19 +134,31 @@ def _larger_yamux_frames() -> None:
             await self.read_writer.read_write_closer.write(b"".join(parts))
             return
         messages = -(-len(msg) // NOISE_PLAINTEXT_BYTES)
-        wire = bytearray(len(msg) + messages * (prefix_bytes + _TAG_BYTES))
-        out = memoryview(wire)
-        position = 0
-        for start in range(0, len(msg), NOISE_PLAINTEXT_BYTES):
-            plaintext = view[start : start + NOISE_PLAINTEXT_BYTES]
-            size = len(plaintext) + _TAG_BYTES
-            out[position : position + prefix_bytes] = size.to_bytes(prefix_bytes, "big")
-            position += prefix_bytes
-            state.cipher.cipher.encrypt_into(_nonce(state), plaintext, None, out[position : position + size])
-            state.n += 1
-            position += size
-        out.release()
-        await self.read_writer.read_write_closer.write(wire)
+        wire_bytes = len(msg) + messages * (prefix_bytes + _TAG_BYTES)
+        # One buffer per connection, reused write after write (writes are serialised by
+        # yamux's write lock; a concurrent writer, should there be one, gets its own).
+        wire = getattr(self, "_dlx_wire", None)
+        if wire is None or len(wire) < wire_bytes or getattr(self, "_dlx_wire_busy", False):
+            wire = bytearray(max(wire_bytes, _MAX_FRAME_WIRE_BYTES))
+            if not getattr(self, "_dlx_wire_busy", False):
+                self._dlx_wire = wire
+        busy = wire is getattr(self, "_dlx_wire", None)
+        with memoryview(wire) as out:
+            position = 0
+            for start in range(0, len(msg), NOISE_PLAINTEXT_BYTES):
+                plaintext = view[start : start + NOISE_PLAINTEXT_BYTES]
+                size = len(plaintext) + _TAG_BYTES
+                out[position : position + prefix_bytes] = size.to_bytes(prefix_bytes, "big")
+                position += prefix_bytes
+                state.cipher.cipher.encrypt_into(_nonce(state), plaintext, None, out[position : position + size])
+                state.n += 1
+                position += size
+            self._dlx_wire_busy = busy
+            try:
+                await self.read_writer.read_write_closer.write(out[:wire_bytes])
+            finally:
+                if busy:
+                    self._dlx_wire_busy = False
 
     _noise_io.BaseNoiseMsgReadWriter.write_msg = write_msg  # type: ignore[method-assign]
     applied.append("larger_yamux_frames")
