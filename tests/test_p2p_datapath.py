@@ -194,3 +194,114 @@ def test_yamux_stream_buffers_are_chunk_buffers():
     buffers[2] = bytearray(b"x")  # not a fresh buffer: left alone
     assert isinstance(buffers[1], fastpath._ChunkBuffer)
     assert isinstance(buffers[2], bytearray)
+
+
+def _noise_pair():
+    """Two keyed ChaChaPoly Noise states (NN handshake done in memory): (sender, receiver)."""
+    from noise.connection import NoiseConnection
+
+    initiator = NoiseConnection.from_name(b"Noise_NN_25519_ChaChaPoly_SHA256")
+    responder = NoiseConnection.from_name(b"Noise_NN_25519_ChaChaPoly_SHA256")
+    initiator.set_as_initiator()
+    responder.set_as_responder()
+    initiator.start_handshake()
+    responder.start_handshake()
+    responder.read_message(initiator.write_message())
+    initiator.read_message(responder.write_message())
+    return initiator, responder
+
+
+def _receiving_session(sock, noise_state):
+    """py-libp2p's own receiving stack (TCP stream, raw connection, Noise reader, secure session)."""
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.network.connection.raw_connection import RawConnection
+    from libp2p.peer.id import ID
+    from libp2p.security.noise.io import NoiseTransportReadWriter
+    from libp2p.security.secure_session import SecureSession
+
+    keys = create_new_key_pair()
+    raw = RawConnection(TrioTCPStream(trio.SocketStream(sock)), False)
+    return SecureSession(
+        local_peer=ID.from_pubkey(keys.public_key),
+        local_private_key=keys.private_key,
+        remote_peer=ID.from_pubkey(keys.public_key),
+        remote_permanent_pubkey=keys.public_key,
+        is_initiator=False,
+        conn=NoiseTransportReadWriter(raw, noise_state),
+    )
+
+
+def _wire(sender, plaintexts):
+    return b"".join(len(c).to_bytes(2, "big") + c for c in (sender.encrypt(p) for p in plaintexts))
+
+
+def test_noise_messages_read_in_place_give_the_exact_plaintext():
+    """Yamux-sized reads (12-byte headers, bodies straddling Noise messages) over a real socket."""
+    from types import SimpleNamespace
+
+    import libp2p.stream_muxer.yamux.yamux as yamux
+
+    sender, receiver = _noise_pair()
+    rng = random.Random(5)
+    plaintext = os.urandom(3 << 20)
+    messages, position = [], 0
+    while position < len(plaintext):
+        size = rng.choice([1, 12, 1000, 65519])
+        messages.append(plaintext[position : position + size])
+        position += size
+    reads = []
+    position = 0
+    while position < len(plaintext):
+        size = min(rng.choice([12, 100, 65519, 70000, 1 << 20]), len(plaintext) - position)
+        reads.append(size)
+        position += size
+
+    async def main():
+        left, right = trio.socket.socketpair()
+        session = _receiving_session(right, receiver)
+        conn = SimpleNamespace(secured_conn=session)
+        received = bytearray()
+
+        async def send():
+            await trio.SocketStream(left).send_all(_wire(sender, messages))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            for index, size in enumerate(reads):
+                if index % 2:
+                    chunk = await yamux.Yamux._read_data_body(conn, size)  # a DATA body, decrypted in place
+                else:
+                    chunk = await yamux.read_exactly(session, size)  # a header, or any exact read
+                assert len(chunk) == size
+                received += chunk
+        assert session._dlx_noise is not None  # the in-place path, not the stock fallback
+        return bytes(received)
+
+    assert trio.run(main) == plaintext
+
+
+@pytest.mark.parametrize("damage", ["tampered", "truncated"])
+def test_noise_reader_refuses_a_tampered_or_cut_message(damage):
+    from libp2p.io.exceptions import IncompleteReadError
+    from noise.exceptions import NoiseInvalidMessage
+
+    import libp2p.stream_muxer.yamux.yamux as yamux
+
+    sender, receiver = _noise_pair()
+    wire = bytearray(_wire(sender, [b"a" * 1000, b"b" * 1000]))
+    if damage == "tampered":
+        wire[-5] ^= 1  # inside the second message's tag
+    else:
+        del wire[-100:]
+
+    async def main():
+        left, right = trio.socket.socketpair()
+        session = _receiving_session(right, receiver)
+        async with trio.SocketStream(left) as writer:
+            await writer.send_all(bytes(wire))
+        assert await yamux.read_exactly(session, 1000) == b"a" * 1000
+        await yamux.read_exactly(session, 1000)
+
+    expected = NoiseInvalidMessage if damage == "tampered" else IncompleteReadError
+    with pytest.raises(expected):
+        trio.run(main)
