@@ -1,21 +1,26 @@
 """Corrections to py-libp2p 0.8.1's TCP + Noise + yamux data path, applied at import time.
 
-Profiling a 100 MB blob fetch (py-spy, cProfile) showed the receiving host
-thread spending most of its time in per-message and per-syscall Python work of
-py-libp2p, not in cryptography or copying. Per 100 MB the stock stack made
-~4200 ``recv`` calls (a 2-byte Noise length prefix, then the body, often in
-pieces), ~1700 yamux data frames (each a full pass through ``handle_incoming``,
-a wake-up of the reader and several lock round trips) and ~1700
-WINDOW_UPDATE frames (one per read, each encrypted and sent on its own). These
-patches change only how this host slices, buffers and acknowledges bytes; what
-goes on the wire stays standard Noise and yamux, so any libp2p peer is
-unaffected (docs/P2P.md, "Transport and security"):
+Profiling a 100 MB blob fetch (py-spy, cProfile, perf) showed the receiving
+host thread spending most of its time in per-message and per-syscall Python
+work of py-libp2p, and in copies. Per 100 MB the stock stack made ~4200
+``recv`` calls (a 2-byte Noise length prefix, then the body, often in pieces),
+~1700 yamux data frames (each a full pass through ``handle_incoming``, a
+wake-up of the reader and several lock round trips), ~1700 WINDOW_UPDATE
+frames (one per read, each encrypted and sent on its own), and copied every
+received byte about ten times. These patches change only how this host slices,
+buffers, copies and acknowledges bytes; what goes on the wire stays standard
+Noise and yamux, so any libp2p peer is unaffected (docs/P2P.md, "Transport and
+security"):
 
 - outgoing yamux data frames carry up to ``YAMUX_FRAME_NOISE_MESSAGES`` full
   Noise messages (never more than the peer's window allows, as the yamux spec
-  requires), and the Noise messages of one frame go out in one socket write;
-- TCP reads ask the kernel for 256 KiB at a time and serve the small reads
-  (Noise length prefixes, bodies) from that buffer;
+  requires), encrypted in place into one reused buffer and sent in one write;
+- TCP reads go into one reused buffer per connection, 256 KiB at a time, and
+  the small reads (handshake messages) are served from it;
+- Noise messages are decrypted straight out of that buffer, yamux DATA bodies
+  straight into one buffer of their size (:func:`_noise_reads_in_place`);
+- yamux stream buffers keep frame bodies as they arrive, and
+  :func:`read_raw` hands them to a blob reader uncopied;
 - yamux receive windows are credited back once half of them was consumed (as
   go-yamux does) instead of after every read, doubling up to 16 MiB;
 - :func:`grant_receive_window` lets a reader that knows how much it is about to
