@@ -41,16 +41,16 @@ from libp2p.peer.id import ID
 
 from p2p.blobstore import BlobStore, check_sha256_hex
 from p2p.errors import BlobError, BlobHashMismatch, BlobNotFound, BlobTooLarge, BlobUnavailable
-from p2p.fastpath import YAMUX_FRAME_PAYLOAD_BYTES, grant_receive_window
+from p2p.fastpath import YAMUX_FRAME_PAYLOAD_BYTES, grant_receive_window, read_raw
 from p2p.ratelimit import PeerRateLimiter
 from p2p.wire import ProtocolViolation, field, read_frame, write_frame
 
 logger = logging.getLogger(__name__)
 
 BLOB_PROTOCOL = TProtocol("/dlx/blob/1.0.0")
-# One write on the stream: four full yamux frames of four Noise messages each
-# (p2p.fastpath), so no write ends in a runt frame; ~1 MiB.
-CHUNK_BYTES = 4 * YAMUX_FRAME_PAYLOAD_BYTES
+# One write on the stream: whole yamux frames of full Noise messages (p2p.fastpath),
+# so no write ends in a runt frame; ~1 MiB.
+CHUNK_BYTES = max(1, (1 << 20) // YAMUX_FRAME_PAYLOAD_BYTES) * YAMUX_FRAME_PAYLOAD_BYTES
 PIECE_BYTES = 8 << 20  # unit of work handed to one provider
 FILE_IO_BYTES = 4 * CHUNK_BYTES  # one disk read/write off the event loop (~4 MiB)
 HASH_MEMORY_BYTES = 32 << 20  # received chunks kept for in-order hashing, at most
@@ -377,8 +377,10 @@ class BlobService:
 
         try:
             # The whole range is asked for: let the provider send it without
-            # waiting for the yamux window to grow from 256 KiB.
+            # waiting for the yamux window to grow from 256 KiB. Its frame bodies
+            # are only written and hashed: take them as they arrived, uncopied.
             await grant_receive_window(stream, length)
+            read_raw(stream)
             while written + buffered < length:
                 with trio.fail_after(self.stall_timeout):
                     chunk = await stream.read(length - written - buffered)

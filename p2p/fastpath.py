@@ -1,21 +1,26 @@
 """Corrections to py-libp2p 0.8.1's TCP + Noise + yamux data path, applied at import time.
 
-Profiling a 100 MB blob fetch (py-spy, cProfile) showed the receiving host
-thread spending most of its time in per-message and per-syscall Python work of
-py-libp2p, not in cryptography or copying. Per 100 MB the stock stack made
-~4200 ``recv`` calls (a 2-byte Noise length prefix, then the body, often in
-pieces), ~1700 yamux data frames (each a full pass through ``handle_incoming``,
-a wake-up of the reader and several lock round trips) and ~1700
-WINDOW_UPDATE frames (one per read, each encrypted and sent on its own). These
-patches change only how this host slices, buffers and acknowledges bytes; what
-goes on the wire stays standard Noise and yamux, so any libp2p peer is
-unaffected (docs/P2P.md, "Transport and security"):
+Profiling a 100 MB blob fetch (py-spy, cProfile, perf) showed the receiving
+host thread spending most of its time in per-message and per-syscall Python
+work of py-libp2p, and in copies. Per 100 MB the stock stack made ~4200
+``recv`` calls (a 2-byte Noise length prefix, then the body, often in pieces),
+~1700 yamux data frames (each a full pass through ``handle_incoming``, a
+wake-up of the reader and several lock round trips), ~1700 WINDOW_UPDATE
+frames (one per read, each encrypted and sent on its own), and copied every
+received byte about ten times. These patches change only how this host slices,
+buffers, copies and acknowledges bytes; what goes on the wire stays standard
+Noise and yamux, so any libp2p peer is unaffected (docs/P2P.md, "Transport and
+security"):
 
 - outgoing yamux data frames carry up to ``YAMUX_FRAME_NOISE_MESSAGES`` full
   Noise messages (never more than the peer's window allows, as the yamux spec
-  requires), and the Noise messages of one frame go out in one socket write;
-- TCP reads ask the kernel for 256 KiB at a time and serve the small reads
-  (Noise length prefixes, bodies) from that buffer;
+  requires), encrypted in place into one reused buffer and sent in one write;
+- TCP reads go into one reused buffer per connection, 256 KiB at a time, and
+  the small reads (handshake messages) are served from it;
+- Noise messages are decrypted straight out of that buffer, yamux DATA bodies
+  straight into one buffer of their size (:func:`_noise_reads_in_place`);
+- yamux stream buffers keep frame bodies as they arrive, and
+  :func:`read_raw` hands them to a blob reader uncopied;
 - yamux receive windows are credited back once half of them was consumed (as
   go-yamux does) instead of after every read, doubling up to 16 MiB;
 - :func:`grant_receive_window` lets a reader that knows how much it is about to
@@ -29,15 +34,25 @@ pyproject.toml) and leaves the library alone otherwise;
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
 import logging
+from collections import deque
 from typing import Any
 
 import libp2p.stream_muxer.yamux.yamux as _yamux
 import trio
-from libp2p.io.exceptions import ConnectionClosedError
+from cryptography.exceptions import InvalidTag
+from libp2p.io.exceptions import ConnectionClosedError, IncompleteReadError
 from libp2p.io.trio import TrioTCPStream
+from libp2p.io.utils import DEFAULT_RETRY_READ_COUNT
+from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.security.noise import io as _noise_io
+from libp2p.security.secure_session import SecureSession
+from libp2p.stream_muxer.exceptions import MuxedStreamEOF, MuxedStreamReset
+from noise.backends.default.ciphers import ChaCha20Cipher
+from noise.constants import MAX_NONCE
+from noise.exceptions import NoiseInvalidMessage, NoiseMaxNonceError
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +60,16 @@ PATCHED_LIBP2P_VERSION = "0.8.1"
 #: Largest plaintext one Noise transport message carries (65535 - 16 bytes of MAC).
 NOISE_PLAINTEXT_BYTES = _noise_io.MAX_PLAINTEXT_LENGTH
 #: Noise messages per outgoing yamux data frame: fewer frames for the peer to parse.
-YAMUX_FRAME_NOISE_MESSAGES = 4
+YAMUX_FRAME_NOISE_MESSAGES = 16
 #: Payload of a full outgoing yamux data frame (its 12-byte header shares the first message).
 YAMUX_FRAME_PAYLOAD_BYTES = YAMUX_FRAME_NOISE_MESSAGES * NOISE_PLAINTEXT_BYTES - _yamux.HEADER_SIZE
 #: Bytes asked of the kernel per TCP read.
 TCP_READ_BYTES = 256 * 1024
+#: A connection's receive buffer: one kernel read plus a Noise message left over from the last.
+TCP_BUFFER_BYTES = TCP_READ_BYTES + 2 * (_noise_io.SIZE_NOISE_MESSAGE_LEN + _noise_io.MAX_NOISE_MESSAGE_LEN)
+_TAG_BYTES = 16  # Poly1305 tag closing every Noise transport message
+#: Bytes on the wire of one full outgoing yamux data frame (its Noise messages with their prefixes).
+_MAX_FRAME_WIRE_BYTES = YAMUX_FRAME_NOISE_MESSAGES * (_noise_io.SIZE_NOISE_MESSAGE_LEN + _noise_io.MAX_NOISE_MESSAGE_LEN)
 #: Largest receive window a stream grows to (go-yamux's maximum).
 MAX_RECEIVE_WINDOW = _yamux.MAX_WINDOW_SIZE
 
@@ -68,15 +88,36 @@ def _version_matches() -> bool:
     return True
 
 
+def _chacha_state(read_writer: Any, direction: str) -> Any:
+    """The Noise cipher state of a transport read/writer if it is keyed ChaCha20-Poly1305, else None."""
+    if type(read_writer) is not _noise_io.NoiseTransportReadWriter:
+        return None
+    protocol = getattr(read_writer.noise_state, "noise_protocol", None)
+    state = getattr(protocol, f"cipher_state_{direction}", None)
+    if state is None or not isinstance(state.cipher, ChaCha20Cipher) or not state.has_key():
+        return None
+    return state
+
+
+def _nonce(state: Any) -> bytes:
+    """Noise's ChaChaPoly nonce for the state's counter (what ``ChaCha20Cipher.format_nonce`` makes)."""
+    if state.n == MAX_NONCE:
+        raise NoiseMaxNonceError("Nonce has depleted!")
+    return b"\x00\x00\x00\x00" + state.n.to_bytes(8, "little")
+
+
 def _larger_yamux_frames() -> None:
     """Send yamux data frames of several Noise messages, and each frame in one socket write.
 
     py-libp2p 0.8.1 sliced writes into 64 KiB + 12 byte frames, one byte more than
     a Noise message carries, so each frame became two Noise messages. Frames of
     ``YAMUX_FRAME_NOISE_MESSAGES`` full messages cut the receiver's per-frame work
-    by that factor; the yamux writer still never exceeds the peer's window.
+    by that factor; the yamux writer still never exceeds the peer's window. The
+    messages of a frame are encrypted in place into one buffer (length prefixes
+    included) rather than copied out, encrypted and joined.
     """
     _yamux.MAX_MESSAGE_SIZE = YAMUX_FRAME_PAYLOAD_BYTES + _yamux.HEADER_SIZE
+    prefix_bytes = _noise_io.SIZE_NOISE_MESSAGE_LEN
 
     async def write_msg(self: Any, msg: bytes, prefix_encoded: bool = False) -> None:
         if prefix_encoded or len(msg) <= NOISE_PLAINTEXT_BYTES:  # handshake and small writes
@@ -88,60 +129,307 @@ def _larger_yamux_frames() -> None:
         # The stock writer sent each Noise message of a large write separately:
         # one socket write (and trio checkpoint) per 64 KiB.
         view = memoryview(msg)
-        parts = []
-        for start in range(0, len(msg), NOISE_PLAINTEXT_BYTES):
-            ciphertext = self.encrypt(bytes(view[start : start + NOISE_PLAINTEXT_BYTES]))
-            parts.append(len(ciphertext).to_bytes(_noise_io.SIZE_NOISE_MESSAGE_LEN, "big"))
-            parts.append(ciphertext)
-        await self.read_writer.read_write_closer.write(b"".join(parts))
+        state = _chacha_state(self, "encrypt")
+        if state is None:  # not ChaChaPoly: the noise library's own encrypt, then one join
+            parts = []
+            for start in range(0, len(msg), NOISE_PLAINTEXT_BYTES):
+                ciphertext = self.encrypt(bytes(view[start : start + NOISE_PLAINTEXT_BYTES]))
+                parts.append(len(ciphertext).to_bytes(prefix_bytes, "big"))
+                parts.append(ciphertext)
+            await self.read_writer.read_write_closer.write(b"".join(parts))
+            return
+        messages = -(-len(msg) // NOISE_PLAINTEXT_BYTES)
+        wire_bytes = len(msg) + messages * (prefix_bytes + _TAG_BYTES)
+        # One buffer per connection, reused write after write (writes are serialised by
+        # yamux's write lock; a concurrent writer, should there be one, gets its own).
+        wire = getattr(self, "_dlx_wire", None)
+        if wire is None or len(wire) < wire_bytes or getattr(self, "_dlx_wire_busy", False):
+            wire = bytearray(max(wire_bytes, _MAX_FRAME_WIRE_BYTES))
+            if not getattr(self, "_dlx_wire_busy", False):
+                self._dlx_wire = wire
+        busy = wire is getattr(self, "_dlx_wire", None)
+        with memoryview(wire) as out:
+            position = 0
+            for start in range(0, len(msg), NOISE_PLAINTEXT_BYTES):
+                plaintext = view[start : start + NOISE_PLAINTEXT_BYTES]
+                size = len(plaintext) + _TAG_BYTES
+                out[position : position + prefix_bytes] = size.to_bytes(prefix_bytes, "big")
+                position += prefix_bytes
+                state.cipher.cipher.encrypt_into(_nonce(state), plaintext, None, out[position : position + size])
+                state.n += 1
+                position += size
+            self._dlx_wire_busy = busy
+            try:
+                await self.read_writer.read_write_closer.write(out[:wire_bytes])
+            finally:
+                if busy:
+                    self._dlx_wire_busy = False
 
     _noise_io.BaseNoiseMsgReadWriter.write_msg = write_msg  # type: ignore[method-assign]
     applied.append("larger_yamux_frames")
 
 
+class _ReceiveBuffer:
+    """Bytes read from one TCP connection and not consumed yet, in one reused bytearray.
+
+    Reusing the buffer spares a fresh 256 KiB allocation (and its page faults) per
+    ``recv``; Noise ciphertexts are decrypted straight out of it.
+    """
+
+    __slots__ = ("data", "start", "end")
+
+    def __init__(self) -> None:
+        self.data = bytearray(TCP_BUFFER_BYTES)
+        self.start = 0
+        self.end = 0
+
+    def take(self, n: int | None) -> bytes:
+        """Up to ``n`` (None: all) buffered bytes, as a copy."""
+        count = self.end - self.start if n is None else min(n, self.end - self.start)
+        with memoryview(self.data) as view:
+            data = view[self.start : self.start + count].tobytes()
+        self.start += count
+        return data
+
+
+async def _receive(tcp: TrioTCPStream, buffer: _ReceiveBuffer) -> bool:
+    """One ``recv`` into the buffer's free tail (moving what is left to the front first); False at EOF."""
+    if buffer.start == buffer.end:
+        buffer.start = buffer.end = 0
+    elif len(buffer.data) - buffer.end < TCP_READ_BYTES:
+        left = buffer.end - buffer.start  # under one Noise message: a short move
+        buffer.data[:left] = buffer.data[buffer.start : buffer.end]
+        buffer.start, buffer.end = 0, left
+    try:
+        with memoryview(buffer.data) as view, view[buffer.end :] as tail:
+            received = await tcp.stream.socket.recv_into(tail)
+    except trio.ClosedResourceError:
+        return False  # closed locally: EOF, as the stock read does
+    except OSError as error:
+        if error.errno in (errno.EBADF, errno.ENOTSOCK):
+            return False
+        raise ConnectionClosedError(f"TCP connection reset by remote peer: {error}", transport="tcp") from error
+    buffer.end += received
+    return received > 0
+
+
+def _buffer_of(tcp: TrioTCPStream) -> _ReceiveBuffer:
+    buffer = getattr(tcp, "_dlx_buffer", None)
+    if buffer is None:
+        buffer = tcp._dlx_buffer = _ReceiveBuffer()  # type: ignore[attr-defined]
+    return buffer
+
+
+async def _next_bytes(tcp: TrioTCPStream, n: int) -> memoryview:
+    """The next ``n`` bytes of the connection (``n`` <= one Noise message), consumed.
+
+    Shorter only if the connection ended first. The view is into the receive
+    buffer: use it before the next read on this connection.
+    """
+    buffer = _buffer_of(tcp)
+    if buffer.end - buffer.start < n:
+        async with tcp.read_lock:
+            while buffer.end - buffer.start < n and await _receive(tcp, buffer):
+                pass
+    count = min(n, buffer.end - buffer.start)
+    view = memoryview(buffer.data)[buffer.start : buffer.start + count]
+    buffer.start += count
+    return view
+
+
 def _buffered_tcp_reads() -> None:
-    """Serve small TCP reads from one 256 KiB ``recv``.
+    """Serve small TCP reads from one reused buffer filled 256 KiB at a time.
 
     Noise reads a 2-byte length prefix, then up to 65535 bytes, each a separate
     ``recv`` and trio checkpoint in py-libp2p 0.8.1. Bytes left over from a larger
-    read are kept on the stream object and handed out first, in order.
+    read are kept in the connection's :class:`_ReceiveBuffer` and handed out first,
+    in order (the Noise handshake reads through here; transport messages are then
+    read from the same buffer by :func:`_noise_reads_in_place`).
     """
     original_read = TrioTCPStream.read
 
     async def read(self: TrioTCPStream, n: int | None = None) -> bytes:
         if n is not None and n <= 0:
             return b""
-        pending = getattr(self, "_dlx_pending", None)
-        if pending is not None and not self.read_lock.locked():
-            return _take(self, pending, n)
-        async with self.read_lock:  # a concurrent reader: take the buffer only while holding the lock
-            pending = getattr(self, "_dlx_pending", None)
-            if pending is not None:
-                return _take(self, pending, n)
-            try:
-                data = await self.stream.receive_some(None if n is None else max(n, TCP_READ_BYTES))
-            except trio.BrokenResourceError as error:
-                raise ConnectionClosedError(
-                    f"TCP connection reset by remote peer: {error}", transport="tcp"
-                ) from error
-            except trio.ClosedResourceError:
-                return b""  # closed locally: EOF, as the stock read does
-            if n is not None and len(data) > n:
-                self._dlx_pending = (data, n)  # type: ignore[attr-defined]
-                return data[:n]
-            return data
-
-    def _take(self: TrioTCPStream, pending: tuple[bytes, int], n: int | None) -> bytes:
-        data, offset = pending
-        if n is None or offset + n >= len(data):
-            self._dlx_pending = None  # type: ignore[attr-defined]
-            return data[offset:]
-        self._dlx_pending = (data, offset + n)  # type: ignore[attr-defined]
-        return data[offset : offset + n]
+        buffer = _buffer_of(self)
+        if buffer.end == buffer.start:
+            async with self.read_lock:
+                if buffer.end == buffer.start and not await _receive(self, buffer):
+                    return b""
+        return buffer.take(n)
 
     read._dlx_original = original_read  # type: ignore[attr-defined]
     TrioTCPStream.read = read  # type: ignore[method-assign]
     applied.append("buffered_tcp_reads")
+
+
+def _fast_noise(session: SecureSession) -> Any:
+    """The session's Noise transport read/writer if its messages can be read in place, else None."""
+    noise = getattr(session, "_dlx_noise", False)
+    if noise is False:
+        noise = session.conn
+        raw = getattr(getattr(noise, "read_writer", None), "read_write_closer", None)
+        if (
+            _chacha_state(noise, "decrypt") is None
+            or not isinstance(raw, RawConnection)
+            or not isinstance(raw.stream, TrioTCPStream)
+        ):
+            noise = None
+        session._dlx_noise = noise  # type: ignore[attr-defined]
+        session._dlx_plain, session._dlx_plain_at = b"", 0  # type: ignore[attr-defined]  # decrypted, unread
+    return noise
+
+
+async def _next_ciphertext(noise: Any) -> memoryview:
+    """The next Noise message's ciphertext, as a view into the TCP receive buffer."""
+    tcp = noise.read_writer.read_write_closer.stream
+    prefix_bytes = _noise_io.SIZE_NOISE_MESSAGE_LEN
+    prefix = await _next_bytes(tcp, prefix_bytes)
+    if len(prefix) < prefix_bytes:
+        raise IncompleteReadError(
+            f"Connection closed during read operation: expected {prefix_bytes} bytes but received {len(prefix)} bytes",
+            expected_bytes=prefix_bytes,
+            received_bytes=len(prefix),
+        )
+    length = int.from_bytes(prefix, "big")
+    ciphertext = await _next_bytes(tcp, length)
+    if len(ciphertext) < length:
+        raise IncompleteReadError(
+            f"Connection closed during read operation: expected {length} bytes but received {len(ciphertext)} bytes",
+            expected_bytes=length,
+            received_bytes=len(ciphertext),
+        )
+    return ciphertext
+
+
+def _decrypt(noise: Any, ciphertext: memoryview, into: memoryview | None = None) -> bytes | None:
+    """Decrypt one message (into ``into``, exactly its plaintext size, if given), as the noise library does."""
+    state = noise.noise_state.noise_protocol.cipher_state_decrypt
+    try:
+        if into is None:
+            plaintext = state.cipher.cipher.decrypt(_nonce(state), ciphertext, None)
+        else:
+            state.cipher.cipher.decrypt_into(_nonce(state), ciphertext, None, into)
+            plaintext = None
+    except InvalidTag:
+        raise NoiseInvalidMessage("Failed authentication of message") from None
+    state.n += 1
+    return plaintext
+
+
+def _take_plain(session: SecureSession, n: int | None) -> bytes:
+    """Up to ``n`` (None: all) decrypted bytes left over from the last message."""
+    plain, offset = session._dlx_plain, session._dlx_plain_at  # type: ignore[attr-defined]
+    if n is None or offset + n >= len(plain):
+        session._dlx_plain, session._dlx_plain_at = b"", 0  # type: ignore[attr-defined]
+        return plain if offset == 0 else plain[offset:]
+    session._dlx_plain_at = offset + n  # type: ignore[attr-defined]
+    return plain[offset : offset + n]
+
+
+def _noise_reads_in_place() -> None:
+    """Decrypt Noise messages straight from the TCP buffer, and yamux frame bodies straight into place.
+
+    py-libp2p 0.8.1 copies every received byte about ten times on its way to a
+    yamux stream buffer: sliced out of the socket read, gathered by
+    ``read_exactly`` into a bytearray and copied to bytes (at the TCP, Noise and
+    yamux levels each), written into and read out of a ``BytesIO`` by
+    ``SecureSession``. Here a message's ciphertext is decrypted from a view of the
+    connection's receive buffer, and a yamux DATA body is decrypted into one
+    bytearray of its size, message by message (``decrypt_into``); only a message
+    that straddles two frames is decrypted to a temporary and split. Same
+    bytes, same errors (``IncompleteReadError`` at EOF, ``NoiseInvalidMessage``
+    for a bad tag, ``ConnectionClosedError`` for an empty message) as the stock
+    path, which is kept for anything but keyed ChaChaPoly over TCP.
+    """
+    original_read = SecureSession.read
+    original_read_exactly = _yamux.read_exactly
+
+    async def read(self: SecureSession, n: int | None = None) -> bytes:
+        noise = _fast_noise(self)
+        if noise is None:
+            return await original_read(self, n)
+        if n == 0:
+            return b""
+        if n is None or n < 0:
+            if self._dlx_plain:  # type: ignore[attr-defined]
+                return _take_plain(self, None)
+            message = _decrypt(noise, await _next_ciphertext(noise))
+            if not message:
+                raise ConnectionClosedError("Connection closed")
+            return message
+        parts = [_take_plain(self, n)] if self._dlx_plain else []  # type: ignore[attr-defined]
+        received = len(parts[0]) if parts else 0
+        while received < n:
+            message = _decrypt(noise, await _next_ciphertext(noise))
+            if not message:
+                if parts:
+                    break  # as the stock read: return what was assembled
+                raise ConnectionClosedError("Connection closed")
+            wanted = n - received
+            if len(message) > wanted:
+                self._dlx_plain, self._dlx_plain_at = message, wanted  # type: ignore[attr-defined]
+                message = message[:wanted]
+            parts.append(message)
+            received += len(message)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def read_body(session: SecureSession, n: int) -> bytes | bytearray:
+        """Exactly ``n`` bytes (a yamux DATA body), decrypted into one buffer."""
+        noise = _fast_noise(session)
+        if noise is None:
+            return await original_read_exactly(session, n)
+        plain = session._dlx_plain  # type: ignore[attr-defined]
+        if len(plain) - session._dlx_plain_at >= n:  # type: ignore[attr-defined]
+            return _take_plain(session, n)
+        body = bytearray(n)
+        with memoryview(body) as out:
+            received = 0
+            if plain:
+                left = _take_plain(session, None)
+                out[: len(left)] = left
+                received = len(left)
+            while received < n:
+                ciphertext = await _next_ciphertext(noise)
+                size = len(ciphertext) - _TAG_BYTES
+                if 0 < size <= n - received:
+                    _decrypt(noise, ciphertext, out[received : received + size])
+                    received += size
+                    continue
+                message = _decrypt(noise, ciphertext)
+                if not message:
+                    if not received:
+                        raise ConnectionClosedError("Connection closed")
+                    continue  # the stock read_exactly reads on past an empty message
+                wanted = n - received
+                out[received:n] = memoryview(message)[:wanted]
+                session._dlx_plain, session._dlx_plain_at = message, wanted  # type: ignore[attr-defined]
+                received = n
+        return body
+
+    async def read_exactly(reader: Any, n: int, retry_count: int = DEFAULT_RETRY_READ_COUNT) -> bytes:
+        if not isinstance(reader, SecureSession) or _fast_noise(reader) is None:
+            return await original_read_exactly(reader, n, retry_count)
+        data = await reader.read(n)
+        if len(data) != n:
+            raise IncompleteReadError(
+                f"Connection closed during read operation: expected {n} bytes but received {len(data)} bytes",
+                expected_bytes=n,
+                received_bytes=len(data),
+            )
+        return data
+
+    async def read_data_body(self: Any, length: int) -> bytes | bytearray:
+        with trio.fail_after(_yamux._yamux_data_read_timeout()):
+            if isinstance(self.secured_conn, SecureSession):
+                return await read_body(self.secured_conn, length)
+            return await original_read_exactly(self.secured_conn, length)
+
+    read._dlx_original = original_read  # type: ignore[attr-defined]
+    SecureSession.read = read  # type: ignore[method-assign]
+    _yamux.read_exactly = read_exactly
+    _yamux.Yamux._read_data_body = read_data_body  # type: ignore[method-assign]
+    applied.append("noise_reads_in_place")
 
 
 def _batched_window_updates() -> None:
@@ -175,6 +463,156 @@ def _batched_window_updates() -> None:
     applied.append("batched_window_updates")
 
 
+class _ChunkBuffer:
+    """A yamux stream's unread bytes, kept as the frame bodies they arrived in (no copy on arrival).
+
+    Stands in for the ``bytearray`` py-libp2p 0.8.1 keeps per stream, with the
+    operations its yamux code performs on one (``extend``, ``len``, truth,
+    ``buffer[:n]``, ``del buffer[:n]``, ``bytes(buffer)``, ``clear``): appending a
+    body no longer copies it, and a stream in raw-read mode (:func:`read_raw`)
+    gets whole bodies handed over as they are.
+    """
+
+    __slots__ = ("_parts", "_offset", "_size")
+
+    def __init__(self) -> None:
+        self._parts: deque[Any] = deque()  # bytes or bytearray nobody else holds
+        self._offset = 0  # bytes of _parts[0] already consumed
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def extend(self, data: Any) -> None:
+        if len(data):
+            self._parts.append(data)
+            self._size += len(data)
+
+    def clear(self) -> None:
+        self._parts.clear()
+        self._offset = self._size = 0
+
+    def take(self, n: int, whole_parts: bool = False) -> Any:
+        """Up to ``n`` bytes (``n < 0``: all), consumed. ``whole_parts``: the first body as it is, no copy."""
+        if n < 0 or n > self._size:
+            n = self._size
+        first = self._parts[0] if self._parts else b""
+        if whole_parts and self._offset == 0 and 0 < len(first) <= n:
+            self._parts.popleft()
+            self._size -= len(first)
+            return first
+        pieces = []
+        wanted = n
+        while wanted:
+            first = self._parts[0]
+            end = min(len(first), self._offset + wanted)
+            pieces.append(memoryview(first)[self._offset : end])
+            wanted -= end - self._offset
+            if end == len(first):
+                self._parts.popleft()
+                self._offset = 0
+            else:
+                self._offset = end
+        self._size -= n
+        return b"".join(pieces)
+
+    def __bytes__(self) -> bytes:
+        return b"".join(memoryview(part)[self._offset if index == 0 else 0 :] for index, part in enumerate(self._parts))
+
+    def __getitem__(self, key: slice) -> bytes:
+        if isinstance(key, slice) and key.start in (None, 0) and key.step is None and key.stop is not None:
+            parts, offset, size = list(self._parts), self._offset, self._size
+            data = self.take(key.stop)  # a peek: put everything back
+            self._parts, self._offset, self._size = deque(parts), offset, size
+            return data
+        return bytes(self)[key]
+
+    def __delitem__(self, key: slice) -> None:
+        if isinstance(key, slice) and key.start in (None, 0) and key.step is None and key.stop is not None:
+            self.take(key.stop)
+            return
+        rest = bytearray(bytes(self))
+        del rest[key]
+        self.clear()
+        self.extend(bytes(rest))
+
+
+class _StreamBuffers(dict):  # type: ignore[type-arg]
+    """Yamux's ``stream_buffers``: every new (empty ``bytearray``) buffer becomes a :class:`_ChunkBuffer`."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if type(value) is bytearray and not value:
+            value = _ChunkBuffer()
+        super().__setitem__(key, value)
+
+
+def _chunked_stream_buffers() -> None:
+    """Keep yamux frame bodies as they arrive; let a blob reader take them whole.
+
+    py-libp2p 0.8.1 appends each DATA body to the stream's ``bytearray`` (a copy)
+    and ``read`` copies it out again as ``bytes``. With :class:`_ChunkBuffer` the
+    append is free, and a stream put in raw-read mode by :func:`read_raw` gets
+    each body (a ``bytearray`` decrypted in place, see :func:`_noise_reads_in_place`)
+    without a copy. Other streams still get ``bytes`` (one copy, as before).
+    """
+    original_init = _yamux.Yamux.__init__
+    original_read_stream = _yamux.Yamux.read_stream
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        self.stream_buffers = _StreamBuffers(self.stream_buffers)
+
+    async def read_stream(self: Any, stream_id: int, n: int = -1) -> bytes:
+        stream = self.streams.get(stream_id)
+        if not getattr(stream, "_dlx_raw_reads", False):
+            return await original_read_stream(self, stream_id, n)
+        # The stock read_stream's checks, in its order; only the data is taken without a copy.
+        n = -1 if n is None else n
+        while True:
+            async with self.streams_lock:
+                if stream_id not in self.streams:
+                    raise MuxedStreamEOF("Stream closed")
+                if self.event_shutting_down.is_set():
+                    raise MuxedStreamEOF("Connection shut down")
+                stream = self.streams[stream_id]
+                buffer = self.stream_buffers.get(stream_id)
+                if buffer is None:
+                    if stream.reset_received:
+                        raise MuxedStreamReset("Stream was reset")
+                    raise MuxedStreamEOF("Stream buffer closed")
+                if buffer and (stream.recv_closed or not stream.reset_received):
+                    data = buffer.take(n, whole_parts=True)
+                    if stream.closed:  # releases the backlog slot; drops the stream once drained
+                        self._finalize_stream_locked(stream, fully_closed=True)
+                    return data
+                if stream.reset_received:
+                    raise MuxedStreamReset("Stream was reset")
+                if stream.recv_closed:
+                    raise MuxedStreamEOF("Stream is closed for receiving")
+                if stream.closed:
+                    raise MuxedStreamReset("Stream is reset or closed")
+            try:
+                await self.stream_events[stream_id].wait()
+                self.stream_events[stream_id] = trio.Event()
+            except KeyError:
+                raise MuxedStreamEOF("Stream was removed") from None
+
+    _yamux.Yamux.__init__ = __init__  # type: ignore[method-assign]
+    _yamux.Yamux.read_stream = read_stream  # type: ignore[method-assign]
+    applied.append("chunked_stream_buffers")
+
+
+def read_raw(stream: Any) -> None:
+    """Let reads on ``stream`` return received frame bodies as they are (``bytes`` or ``bytearray``).
+
+    For a reader that only writes and hashes what it reads (a blob range): it
+    saves copying every byte once more. No-op for non-yamux streams.
+    """
+    muxed = getattr(stream, "muxed_stream", None)
+    if isinstance(muxed, _yamux.YamuxStream) and "chunked_stream_buffers" in applied:
+        muxed._dlx_raw_reads = True  # type: ignore[attr-defined]
+
+
 async def grant_receive_window(stream: Any, expected_bytes: int) -> None:
     """Let the peer send ``expected_bytes`` on ``stream`` without waiting for window updates.
 
@@ -197,4 +635,6 @@ async def grant_receive_window(stream: Any, expected_bytes: int) -> None:
 if _version_matches():
     _larger_yamux_frames()
     _buffered_tcp_reads()
+    _noise_reads_in_place()
+    _chunked_stream_buffers()
     _batched_window_updates()

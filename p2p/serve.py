@@ -8,6 +8,7 @@ process is killed). Options map to :class:`~p2p.config.P2PConfig` fields.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import sys
@@ -39,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         for topic in args.subscribe:
             host.subscribe(topic)
         blobs = {path: host.provide_blob(path, announce=bool(args.bootstrap)) for path in args.files}
+        # A serving process: its start-up objects (libp2p's import graph) live as long as
+        # it does, so keep the garbage collector from rescanning them during transfers.
+        gc.collect()
+        gc.freeze()
         print(
             json.dumps({"peer_id": host.peer_id, "listen_addrs": host.listen_addrs, "blobs": blobs}),
             flush=True,

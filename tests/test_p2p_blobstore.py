@@ -9,7 +9,7 @@ import trio.testing
 
 from p2p.blobstore import BlobStore, check_sha256_hex
 from p2p.errors import BlobError, BlobHashMismatch, BlobNotFound, BlobTooLarge
-from p2p.ratelimit import PeerRateLimiter, TokenBucket
+from p2p.ratelimit import MIN_BURST_BYTES, PeerRateLimiter, TokenBucket
 
 
 def test_put_bytes_and_file_are_content_addressed(tmp_path):
@@ -82,7 +82,8 @@ def test_peer_limiter_is_per_peer_and_can_be_off():
         start = trio.current_time()
         async with trio.open_nursery() as nursery:
             for peer in ("a", "b"):
-                nursery.start_soon(limiter.consume, peer, "out", 2_000_000)
+                # a full bucket (the default burst) passes at once; 2 MB more take 2 s
+                nursery.start_soon(limiter.consume, peer, "out", MIN_BURST_BYTES + 2_000_000)
         both = trio.current_time() - start
         off = PeerRateLimiter(rate=0)
         start = trio.current_time()

@@ -21,7 +21,10 @@ async def run_inline(fn, *args, **kwargs):
 
 def test_data_path_patches_are_in_force():
     # A py-libp2p upgrade that silently drops them would only show as a slow benchmark.
-    assert sorted(fastpath.applied) == ["batched_window_updates", "buffered_tcp_reads", "larger_yamux_frames"]
+    assert sorted(fastpath.applied) == [
+        "batched_window_updates", "buffered_tcp_reads", "chunked_stream_buffers", "larger_yamux_frames",
+        "noise_reads_in_place",
+    ]
     import libp2p.stream_muxer.yamux.yamux as yamux
 
     assert yamux.MAX_MESSAGE_SIZE == fastpath.YAMUX_FRAME_NOISE_MESSAGES * fastpath.NOISE_PLAINTEXT_BYTES
@@ -118,8 +121,8 @@ def test_rate_cap_holds_over_a_transfer_whatever_the_chunk_size():
         return bucket, sent, trio.current_time() - start
 
     bucket, sent, elapsed = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    # Virtual time: what the cap allows, less at most one burst (10 ms of the rate).
-    assert bucket.burst == pytest.approx(rate * 0.01)
+    # Virtual time: what the cap allows, less at most one burst (10 ms of the rate, at least 2 MiB).
+    assert bucket.burst == pytest.approx(max(rate * 0.01, 2 << 20))
     assert elapsed >= (sent - bucket.burst) / rate
     assert elapsed <= sent / rate + 1e-6
 
@@ -151,3 +154,154 @@ def test_a_blob_fetch_sends_few_window_updates(tmp_path, monkeypatch):
     assert out.read_bytes() == blob
     # Per 8 MiB piece: the grant of its whole range, then a credit or two; gossip may add a few.
     assert blob_updates <= 40, blob_updates
+
+
+def test_chunk_buffer_behaves_as_the_bytearray_yamux_expects():
+    """Every operation py-libp2p's yamux performs on a stream buffer, against a real bytearray."""
+    rng = random.Random(11)
+    chunked, reference = fastpath._ChunkBuffer(), bytearray()
+    for _ in range(3000):
+        op = rng.choice(["extend", "extend", "slice", "del", "bytes", "take", "take_whole", "clear"])
+        n = rng.choice([0, 1, 12, 100, 5000, 70000])
+        if op == "extend":
+            data = os.urandom(n)
+            chunked.extend(rng.choice([data, bytearray(data)]))
+            reference.extend(data)
+        elif op == "slice":
+            assert chunked[:n] == bytes(reference[:n])
+        elif op == "del":
+            del chunked[:n]
+            del reference[:n]
+        elif op == "bytes":
+            assert bytes(chunked) == bytes(reference)
+        elif op in ("take", "take_whole"):
+            got = chunked.take(rng.choice([-1, n]), whole_parts=op == "take_whole")
+            assert bytes(got) == bytes(reference[: len(got)])
+            if op == "take":  # a plain take returns everything it may, as bytes
+                assert isinstance(got, bytes)
+            del reference[: len(got)]
+        else:
+            chunked.clear()
+            reference.clear()
+        assert len(chunked) == len(reference)
+        assert bool(chunked) == bool(reference)
+    assert bytes(chunked) == bytes(reference)
+
+
+def test_yamux_stream_buffers_are_chunk_buffers():
+    buffers = fastpath._StreamBuffers()
+    buffers[1] = bytearray()
+    buffers[2] = bytearray(b"x")  # not a fresh buffer: left alone
+    assert isinstance(buffers[1], fastpath._ChunkBuffer)
+    assert isinstance(buffers[2], bytearray)
+
+
+def _noise_pair():
+    """Two keyed ChaChaPoly Noise states (NN handshake done in memory): (sender, receiver)."""
+    from noise.connection import NoiseConnection
+
+    initiator = NoiseConnection.from_name(b"Noise_NN_25519_ChaChaPoly_SHA256")
+    responder = NoiseConnection.from_name(b"Noise_NN_25519_ChaChaPoly_SHA256")
+    initiator.set_as_initiator()
+    responder.set_as_responder()
+    initiator.start_handshake()
+    responder.start_handshake()
+    responder.read_message(initiator.write_message())
+    initiator.read_message(responder.write_message())
+    return initiator, responder
+
+
+def _receiving_session(sock, noise_state):
+    """py-libp2p's own receiving stack (TCP stream, raw connection, Noise reader, secure session)."""
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.network.connection.raw_connection import RawConnection
+    from libp2p.peer.id import ID
+    from libp2p.security.noise.io import NoiseTransportReadWriter
+    from libp2p.security.secure_session import SecureSession
+
+    keys = create_new_key_pair()
+    raw = RawConnection(TrioTCPStream(trio.SocketStream(sock)), False)
+    return SecureSession(
+        local_peer=ID.from_pubkey(keys.public_key),
+        local_private_key=keys.private_key,
+        remote_peer=ID.from_pubkey(keys.public_key),
+        remote_permanent_pubkey=keys.public_key,
+        is_initiator=False,
+        conn=NoiseTransportReadWriter(raw, noise_state),
+    )
+
+
+def _wire(sender, plaintexts):
+    return b"".join(len(c).to_bytes(2, "big") + c for c in (sender.encrypt(p) for p in plaintexts))
+
+
+def test_noise_messages_read_in_place_give_the_exact_plaintext():
+    """Yamux-sized reads (12-byte headers, bodies straddling Noise messages) over a real socket."""
+    from types import SimpleNamespace
+
+    import libp2p.stream_muxer.yamux.yamux as yamux
+
+    sender, receiver = _noise_pair()
+    rng = random.Random(5)
+    plaintext = os.urandom(3 << 20)
+    messages, position = [], 0
+    while position < len(plaintext):
+        size = rng.choice([1, 12, 1000, 65519])
+        messages.append(plaintext[position : position + size])
+        position += size
+    reads = []
+    position = 0
+    while position < len(plaintext):
+        size = min(rng.choice([12, 100, 65519, 70000, 1 << 20]), len(plaintext) - position)
+        reads.append(size)
+        position += size
+
+    async def main():
+        left, right = trio.socket.socketpair()
+        session = _receiving_session(right, receiver)
+        conn = SimpleNamespace(secured_conn=session)
+        received = bytearray()
+
+        async def send():
+            await trio.SocketStream(left).send_all(_wire(sender, messages))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            for index, size in enumerate(reads):
+                if index % 2:
+                    chunk = await yamux.Yamux._read_data_body(conn, size)  # a DATA body, decrypted in place
+                else:
+                    chunk = await yamux.read_exactly(session, size)  # a header, or any exact read
+                assert len(chunk) == size
+                received += chunk
+        assert session._dlx_noise is not None  # the in-place path, not the stock fallback
+        return bytes(received)
+
+    assert trio.run(main) == plaintext
+
+
+@pytest.mark.parametrize("damage", ["tampered", "truncated"])
+def test_noise_reader_refuses_a_tampered_or_cut_message(damage):
+    from libp2p.io.exceptions import IncompleteReadError
+    from noise.exceptions import NoiseInvalidMessage
+
+    import libp2p.stream_muxer.yamux.yamux as yamux
+
+    sender, receiver = _noise_pair()
+    wire = bytearray(_wire(sender, [b"a" * 1000, b"b" * 1000]))
+    if damage == "tampered":
+        wire[-5] ^= 1  # inside the second message's tag
+    else:
+        del wire[-100:]
+
+    async def main():
+        left, right = trio.socket.socketpair()
+        session = _receiving_session(right, receiver)
+        async with trio.SocketStream(left) as writer:
+            await writer.send_all(bytes(wire))
+        assert await yamux.read_exactly(session, 1000) == b"a" * 1000
+        await yamux.read_exactly(session, 1000)
+
+    expected = NoiseInvalidMessage if damage == "tampered" else IncompleteReadError
+    with pytest.raises(expected):
+        trio.run(main)
