@@ -253,3 +253,32 @@ def test_a_round_message_that_arrives_before_its_senders_hello_is_kept_and_filed
     book.add_hello(late.peer_id, late.public_key_bytes, hello("c3"))
     inbox._retry_deferred()
     assert late.peer_id in book.snapshot_closes(1, 0) and not inbox._deferred
+
+
+def test_sync_keeps_every_run_message_our_hellos_and_others_hellos_only_now_and_then(monkeypatch):
+    """What the host keeps to re-serve over /dlx/sync (``GossipInbox.keep_for_sync``): each peer
+    re-serves what it keeps to every puller, so another sender's hellos are kept once per
+    HELLO_SYNC_EVERY_S, ours and every other kind always, garbage never."""
+    import node.live.inbox as inbox_module
+    from node.live.inbox import HELLO_SYNC_EVERY_S, GossipInbox
+    from p2p.envelope import Envelope, EnvelopeValidator
+    from p2p.identity import Identity
+
+    book, membership, pool, _coordinator = rooms()
+    inbox = GossipInbox(7, EnvelopeValidator(7, max_size=1 << 16), book, membership, pool, held_stages=lambda: ())
+    me, other = Identity.generate(), Identity.generate()
+    clock = [1000.0]
+    monkeypatch.setattr(inbox_module.time, "monotonic", lambda: clock[0])
+
+    def hello_of(identity, n):
+        return Envelope.create(identity, 7, 0, msg.HELLO, msg.encode_payload(hello(f"c{n}"))).to_bytes()
+
+    keep = lambda data: inbox.keep_for_sync(data, me.peer_id)  # noqa: E731
+    announce = Envelope.create(other, 7, 0, msg.ANNOUNCE, b"x", stage=0).to_bytes()
+    assert keep(announce) and keep(hello_of(me, 1)) and keep(hello_of(me, 2))
+    assert keep(hello_of(other, 1))
+    clock[0] += 1
+    assert not keep(hello_of(other, 2)) and keep(hello_of(me, 3))
+    clock[0] += HELLO_SYNC_EVERY_S
+    assert keep(hello_of(other, 3)) and not keep(hello_of(other, 4))
+    assert not keep(b"not an envelope") and not keep(announce[:-1])

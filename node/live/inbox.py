@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 #: A hello older (or newer) than this by its signed timestamp is refused: a replayed old hello
 #: must not make a departed peer look present, nor carry a stale declaration.
 HELLO_MAX_AGE_S = 60.0
+#: Of another peer's hellos, at most one this often is kept to re-serve over /dlx/sync (well inside
+#: HELLO_MAX_AGE_S, so a peer whose gossip misses a sender's hellos still places it from any peer).
+HELLO_SYNC_EVERY_S = 30.0
 #: A round message from a peer not placed yet (its hello or seat still on the way) is kept and tried
 #: again for this long: the host delivers each message once, so a dropped one would never return.
 DEFER_S = 120.0
@@ -56,6 +59,7 @@ class GossipInbox:
         self.contributions = contributions
         self.held_stages = held_stages
         self.record_signer = record_signer
+        self._hello_kept: dict[bytes, float] = {}  # sender key -> when one of its hellos was last kept for sync
         self._handlers: dict[str, Callable[[Envelope, object, bytes], None]] = {
             msg.ANNOUNCE: self._on_announce,
             msg.CLOSE: self._on_close,
@@ -77,16 +81,25 @@ class GossipInbox:
         return env.run_id == self.run_id and env.kind in msg.KINDS
 
     def keep_for_sync(self, data: bytes, own_peer_id: str) -> bool:
-        """Whether the host keeps ``data`` to re-serve over /dlx/sync: every run message, but of the
-        once-a-second hellos only our own. Every peer re-serves what it keeps to every peer that
-        pulls, so kept hellos of all senders cost each node peers x senders hellos per pull
-        (measured at 8 nodes: sync was 87% of what a node received, most of it hellos;
-        docs/PROTOCOL.md). A peer that missed our hellos by gossip still pulls them from us."""
+        """Whether the host keeps ``data`` to re-serve over /dlx/sync: every run message, our own
+        hellos, and of another sender's once-a-second hellos one per HELLO_SYNC_EVERY_S. Every peer
+        re-serves what it keeps to every peer that pulls, so keeping all hellos cost each node peers x
+        senders hellos per pull (measured at 8 nodes: sync was 87% of what a node received, most of it
+        hellos; docs/PROTOCOL.md). Runs on the network thread."""
         try:
             env = decode_envelope(data, self.validator.max_size)
         except EnvelopeRejected:
             return False
-        return env.kind != msg.HELLO or env.sender_peer_id == own_peer_id
+        if env.kind != msg.HELLO or env.sender_peer_id == own_peer_id:
+            return True
+        now = time.monotonic()
+        if now - self._hello_kept.get(env.sender, -HELLO_SYNC_EVERY_S) < HELLO_SYNC_EVERY_S:
+            return False
+        if len(self._hello_kept) > 4096:  # senders are signers; forget the oldest of a flood
+            for key in sorted(self._hello_kept, key=self._hello_kept.get)[:2048]:
+                del self._hello_kept[key]
+        self._hello_kept[env.sender] = now
+        return True
 
     # -- the consumer thread ------------------------------------------------------------
     def run(self, queue: Queue, stop: threading.Event) -> None:
