@@ -283,23 +283,20 @@ def _fast_noise(session: SecureSession) -> Any:
 async def _next_ciphertext(noise: Any) -> memoryview:
     """The next Noise message's ciphertext, as a view into the TCP receive buffer."""
     tcp = noise.read_writer.read_write_closer.stream
-    prefix_bytes = _noise_io.SIZE_NOISE_MESSAGE_LEN
-    prefix = await _next_bytes(tcp, prefix_bytes)
-    if len(prefix) < prefix_bytes:
+    prefix = await _exact_bytes(tcp, _noise_io.SIZE_NOISE_MESSAGE_LEN)
+    return await _exact_bytes(tcp, int.from_bytes(prefix, "big"))
+
+
+async def _exact_bytes(tcp: TrioTCPStream, count: int) -> memoryview:
+    """``count`` bytes from the TCP receive buffer, or the stock error if the connection ends first."""
+    data = await _next_bytes(tcp, count)
+    if len(data) < count:
         raise IncompleteReadError(
-            f"Connection closed during read operation: expected {prefix_bytes} bytes but received {len(prefix)} bytes",
-            expected_bytes=prefix_bytes,
-            received_bytes=len(prefix),
+            f"Connection closed during read operation: expected {count} bytes but received {len(data)} bytes",
+            expected_bytes=count,
+            received_bytes=len(data),
         )
-    length = int.from_bytes(prefix, "big")
-    ciphertext = await _next_bytes(tcp, length)
-    if len(ciphertext) < length:
-        raise IncompleteReadError(
-            f"Connection closed during read operation: expected {length} bytes but received {len(ciphertext)} bytes",
-            expected_bytes=length,
-            received_bytes=len(ciphertext),
-        )
-    return ciphertext
+    return data
 
 
 def _decrypt(noise: Any, ciphertext: memoryview, into: memoryview | None = None) -> bytes | None:
