@@ -63,8 +63,12 @@ def test_a_cheating_member_is_ejected_by_the_quorum_and_the_run_continues(make_r
         log = "\n".join(p.read_text() for p in slot.data_dir.glob("node-*.log"))
         assert "spot check of replica" in log, slot.name
         status = json.loads((slot.data_dir / "status.json").read_text())
-        assert status["spot_checks"] >= 2 and status["spot_check_mismatches"] >= 1, status
+        assert status["spot_checks"] >= 2, status
         assert status["chain_checks"] >= 2, status  # links into the next round, the honest partner's included
+    # Which honest member samples the cheater is drawn from the chain head: at least one found the
+    # mismatch itself (the accuser); the other may only have confirmed the evidence (both signed guilty).
+    assert any(json.loads((s.data_dir / "status.json").read_text())["spot_check_mismatches"] >= 1
+               for s in honest), run_logs(run)
     # The signed evidence is kept by the members that accused the cheater.
     assert any(list((s.data_dir / "evidence").glob("spotcheck-*.envelope")) for s in honest), run_logs(run)
     # ... with the start state the accusation rests on; other replicas' states fetched for checks that
