@@ -32,6 +32,11 @@ signing, gossip, the chain) is the real node's. Attacks:
 - ``censoring-close``: the member acts as the coordinator of every (round,
   stage) and closes as soon as its own contribution is ready, with only that
   one (a valid close that leaves every honest contribution out).
+- ``phantom-close``: as coordinator, the member publishes, instead of its
+  close, one that names a contribution nobody holds (an honest entry with a
+  made-up envelope hash), and never closes honestly: honest nodes wait for it
+  while its fetches make progress, refuse it after the stall limit, and the
+  next coordinator closes.
 - ``absurd-hello``: every hello claims the member trains round 10**12 (a
   joiner that believed it would enter out of reach); otherwise honest.
 - ``forge-state``: from round 1 on, drops its error-feedback debt (zero
@@ -49,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 CONTRIBUTION_ATTACKS = ("huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero", "perturb")
 ATTACKS = ("malformed-payload", *CONTRIBUTION_ATTACKS, "copy", "late", "empty-close", "duplicate-close",
-           "equivocating-close", "censoring-close", "absurd-hello", "forge-state")
+           "equivocating-close", "censoring-close", "phantom-close", "absurd-hello", "forge-state")
 
 
 def malformed_payload() -> None:
@@ -252,6 +257,44 @@ def equivocating_close() -> None:
     RoundCoordinator._try_close = try_close
 
 
+def phantom_close() -> None:
+    import logging
+    import os
+
+    from node.live import protocol as msg
+    from node.live.coordination import RoundCoordinator
+
+    honest_try_close = RoundCoordinator._try_close
+    attacked: set[tuple[int, int]] = set()
+
+    def try_close(self, outer_round, stage, final, alive):
+        if (outer_round, stage) in attacked:
+            return None  # a second, honest close would be equivocation: it waits for the next coordinator
+        published = []
+        real_gossip, real_add = self.gossip, self.book.add_close
+        self.gossip = lambda *args: published.append(args) or b""  # the honest close, kept back
+        self.book.add_close = lambda *args: None
+        try:
+            close = honest_try_close(self, outer_round, stage, final, alive)
+        finally:
+            self.gossip, self.book.add_close = real_gossip, real_add
+        if close is None:
+            return None
+        entries = [list(e) for e in close.contributions]
+        victims = [e for e in entries if e[1] != self.peer_id]
+        if not victims:
+            return None
+        victims[0][2] = os.urandom(32)
+        entries.sort(key=lambda e: (e[0], e[1], e[2]))
+        self.gossip(outer_round, msg.CLOSE, msg.Close(entries), stage)
+        attacked.add((outer_round, stage))
+        logging.getLogger(__name__).warning("adversary: phantom close of round %d stage %d published",
+                                            outer_round, stage)
+        return None
+
+    RoundCoordinator._try_close = try_close
+
+
 def absurd_hello() -> None:
     import dataclasses
 
@@ -294,7 +337,7 @@ def main() -> int:
     else:
         {"malformed-payload": malformed_payload, "copy": copying_free_rider, "late": late_delivery,
          "empty-close": empty_close, "duplicate-close": duplicate_close, "equivocating-close": equivocating_close,
-         "censoring-close": censoring_close, "absurd-hello": absurd_hello,
+         "censoring-close": censoring_close, "phantom-close": phantom_close, "absurd-hello": absurd_hello,
          "forge-state": forged_start_state}[attack]()
     from node.cli import main as cli_main
 

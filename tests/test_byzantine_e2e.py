@@ -20,10 +20,11 @@ def _roots(slot) -> dict:
     return node_state(slot)["weights_roots"]
 
 
-def _attacked_run(make_run, attack: str, replicas: int = 3, quorum: int = 2):
+def _attacked_run(make_run, attack: str, replicas: int = 3, quorum: int = 2, extra: tuple[str, ...] = ()):
     """A 4-round run whose last member is the adversary; the honest nodes must exit 0, every round
     must be committed once, and every honest node must hold the chain's roots. Returns (run, honest, commits)."""
-    run = make_run(replicas=replicas, stages=2, split=False, settings=SETTINGS + ["rounds=4"], attest_quorum=quorum)
+    run = make_run(replicas=replicas, stages=2, split=False, settings=[*SETTINGS, "rounds=4", *extra],
+                   attest_quorum=quorum)
     run.nodes[-1].command = [*ADVERSARY, attack]
     run.start()
     honest = run.nodes[:-1]
@@ -68,6 +69,22 @@ def test_an_equivocating_coordinator_is_skipped_and_honest_nodes_stay_identical(
     run, honest, _commits = _attacked_run(make_run, "equivocating-close")
     # Both versions of the attacker's closes reached the honest nodes, which skipped them.
     assert "signed two different closes" in _logs(honest), run_logs(run)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_close_naming_a_contribution_nobody_holds_is_refused_after_a_stall(make_run):
+    # round_timeout 30: the stall limit (docs/PROTOCOL.md, "Closing a round") is then 30 s.
+    run, honest, commits = _attacked_run(make_run, "phantom-close", extra=("round_timeout=30",))
+    attacker_log = _logs(run.nodes[-1:])
+    published = attacker_log.count("adversary: phantom close")
+    print(f"phantom closes published: {published}")
+    # Which coordinator leads a (round, stage) is drawn from the holders; in 8 of them the attacker
+    # leads some with probability 1 - (2/3)^8 = 96%. Where it led, every honest node refused it.
+    if published:
+        for slot in honest:
+            assert "still missing after 30s without progress" in _logs([slot]), run_logs(run)
+    assert all(c.commit.num_contributors >= 2 for c in commits), run_logs(run)
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from node.live import protocol as msg
-from node.live.coordination import CLOSE_FALLBACK_S, CLOSE_SETTLE_S, PENDING, RoundCoordinator
+from node.live.coordination import CLOSE_FALLBACK_S, CLOSE_SETTLE_S, PENDING, PENDING_LIMIT_S, RoundCoordinator
 from node.live.membership import Membership
 from node.live.roundbook import RoundBook
 from node.live.topology import committer_order
@@ -35,6 +35,7 @@ class Pool:
         self.held: set[tuple[int, str, bytes]] = set()
         self.refused: dict[bytes, tuple[str, str]] = {}
         self.fetched: list[bytes] = []
+        self.sources: list[tuple[str, str | None]] = []
 
     def holds(self, _round, _stage, replica, peer_id, envelope_hash) -> bool:
         return (replica, peer_id, envelope_hash) in self.held
@@ -42,8 +43,9 @@ class Pool:
     def rejected(self, _round, _stage) -> dict[bytes, tuple[str, str]]:
         return dict(self.refused)
 
-    def fetch(self, _round, _stage, announced) -> None:
+    def fetch(self, _round, _stage, announced, also_from=None) -> None:
         self.fetched.append(announced.envelope_hash)
+        self.sources.append((announced.peer_id, also_from))
 
     def have(self, _round, _stage) -> dict:
         return {}
@@ -52,15 +54,16 @@ class Pool:
         pass
 
 
-def rooms(quorum: int = 1):
+def rooms(quorum: int = 1, clock=time.monotonic, round_timeout: float = 60.0):
     book = RoundBook()
     membership = Membership("peer-a", "c0", 1, 2, book, seat=lambda _account, _key: (0, 0))
     for index, peer in enumerate(PEERS[1:], start=1):
         book.add_hello(peer, b"k" * 32, hello(f"c{index}"))
     membership.refresh()
     pool = Pool()
-    coordinator = RoundCoordinator("peer-a", quorum, 60.0, book, membership, pool, contributed=lambda _r: True,
-                                   gossip=lambda *a: b"", resync=lambda: None, previous_life_finished=-1)
+    coordinator = RoundCoordinator("peer-a", quorum, round_timeout, book, membership, pool,
+                                   contributed=lambda _r: True, gossip=lambda *a: b"", resync=lambda: None,
+                                   previous_life_finished=-1, clock=clock)
     return book, membership, pool, coordinator
 
 
@@ -98,6 +101,51 @@ def test_a_close_naming_contributions_not_here_is_pending_and_fetches_them():
     # Held, but signed by another replica than the close claims: never counts as here.
     wrong = msg.Close([[2, "peer-b", digest("peer-b"), 100]])
     assert coordinator.judge(3, 1, "c2", wrong) == PENDING
+
+
+def test_a_pending_close_is_fetched_from_its_coordinator_too():
+    _book, _membership, pool, coordinator = rooms()
+    close = msg.Close([entry(1, "peer-b")])
+    assert coordinator.judge(0, 0, "peer-c", close) == PENDING
+    assert pool.sources == [("peer-b", "peer-c")]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_pending_close_is_refused_only_after_a_stall_without_progress():
+    # A starved machine fetches slowly: as long as entries keep arriving the close stays
+    # pending, however long it takes in all (refusing it would make nodes aggregate
+    # different sets); only a stall as long as the limit refuses it.
+    clock = Clock()
+    _book, _membership, pool, coordinator = rooms(clock=clock, round_timeout=50.0)
+    limit = coordinator.stall_limit()
+    assert limit == 50.0
+    close = msg.Close([entry(0, "peer-a"), entry(1, "peer-b"), entry(2, "peer-c")])
+    assert coordinator.judge(0, 0, "c", close) == PENDING
+    for replica, peer in enumerate(PEERS[:2]):
+        clock.now += limit - 1
+        pool.held.add((replica, peer, digest(peer)))
+        assert coordinator.judge(0, 0, "c", close) == PENDING  # progress: the clock restarts
+    clock.now += limit - 1
+    assert coordinator.judge(0, 0, "c", close) == PENDING  # 3 x (limit - 1) in all: still waited for
+    clock.now += 2
+    reason = coordinator.judge(0, 0, "c", close)
+    assert "1 of 3 still missing after 50s without progress" in reason
+    # The verdict is kept even if the last entry turns up afterwards.
+    pool.held.add((2, "peer-c", digest("peer-c")))
+    assert coordinator.judge(0, 0, "c", close) == reason
+    # The limit never drops below PENDING_LIMIT_S, and follows a shorter transfer timeout.
+    _b, _m, _p, short = rooms(round_timeout=1.0)
+    assert short.stall_limit() == PENDING_LIMIT_S
+    _b, _m, _p, fast = rooms(round_timeout=600.0)
+    fast.transfer_timeout = 45.0
+    assert fast.stall_limit() == 45.0
 
 
 def test_an_absurd_training_round_claim_is_ignored_for_the_entry_round():

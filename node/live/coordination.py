@@ -13,8 +13,11 @@ peers and envelopes, every entry placed on that stage and replica, and every
 named contribution fetched, signed by the named peer and decodable. An invalid
 close is ignored (its signed envelope stays in the round book as evidence) and
 its coordinator is skipped for the round, so the next one takes over at once.
-A close whose contributions are still on their way is waited for, at most
-``PENDING_LIMIT_S``.
+A close whose contributions are still on their way is waited for as long as
+its fetches make progress, and refused only after :meth:`RoundCoordinator.stall_limit`
+seconds without any (a slow or CPU-starved machine makes a round slower, not
+its set different); the named contributions are fetched from their senders
+and from the close's coordinator, which held every one of them when it closed.
 """
 
 from __future__ import annotations
@@ -40,9 +43,12 @@ CLOSE_FALLBACK_S = 6.0
 RESYNC_EVERY_S = 5.0
 #: Verdicts of :meth:`RoundCoordinator.judge` besides "valid" (None) and a reason string.
 PENDING = "pending"
-#: How long a close whose contributions are not all here yet is waited for before it is refused.
-#: Bounded well below the round's give-up time, so a close naming something unfetchable cannot
-#: stall the round; an honest close's contributions were fetched while the round trained.
+#: Lower bound of how long a close whose contributions are not all here yet may go without
+#: progress (one more entry placed and fetched) before it is refused; the limit itself scales
+#: with the round timeout (:meth:`RoundCoordinator.stall_limit`). Refusing an honest close
+#: because a starved machine fetched slowly would make nodes aggregate different sets, so the
+#: clock restarts with every entry that arrives; a close naming something nobody can fetch
+#: costs the round at most one such stall before the next coordinator takes over.
 PENDING_LIMIT_S = 20.0
 #: A round past its deadline and every fallback without a close is retried (waited for) and
 #: reported this often.
@@ -75,7 +81,7 @@ class RoundCoordinator:
                  membership: Membership, contributions: ContributionPool,
                  contributed: Callable[[int], bool], gossip: Callable[..., bytes], resync: Callable[[], None],
                  previous_life_finished: int, transfer_timeout: float = 60.0,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.peer_id = peer_id
         self.quorum = quorum
         self.round_timeout = round_timeout
@@ -88,9 +94,11 @@ class RoundCoordinator:
         self.previous_life_finished = previous_life_finished
         self.transfer_timeout = transfer_timeout
         self.stop = stop
+        self._clock = clock  # judge's stall clock (a test drives it)
         self._accepted: dict[tuple[int, int], msg.Close] = {}
         self._invalid: dict[tuple[int, int, str], str] = {}  # (round, stage, coordinator) -> reason
-        self._pending_since: dict[tuple[int, int, str], float] = {}
+        # (round, stage, coordinator) -> (entries here, when that count was first reached)
+        self._pending_since: dict[tuple[int, int, str], tuple[int, float]] = {}
         self._lock = threading.Lock()
         #: While set and true, a wait for a close gives up with CloseInterrupted (a split cluster's
         #: pipeline came back while this node sat rounds out: it must re-enter with its partner).
@@ -136,49 +144,63 @@ class RoundCoordinator:
         with self._lock:
             if key in self._invalid:
                 return self._invalid[key]
+        here = 0
         if coordinator in self.book.close_equivocators(outer_round, stage):
             reason = "its coordinator signed two different closes of the round (equivocation)"
         else:
-            reason = self._problem(outer_round, stage, close)
+            reason, here = self._problem(outer_round, stage, close, coordinator)
         if reason == PENDING:
-            limit = min(self.transfer_timeout, PENDING_LIMIT_S)
-            since = self._pending_since.setdefault(key, time.monotonic())
-            if time.monotonic() - since <= limit:
+            limit = self.stall_limit()
+            now = self._clock()
+            with self._lock:
+                count, since = self._pending_since.get(key, (-1, now))
+                if here > count:  # progress: the stall clock restarts
+                    count, since = here, now
+                self._pending_since[key] = (count, since)
+            if now - since <= limit:
                 return PENDING
-            reason = f"its entries could not be placed and fetched within {limit:.0f}s"
+            reason = (f"its entries could not be placed and fetched: {len(close.contributions) - count} of "
+                      f"{len(close.contributions)} still missing after {limit:.0f}s without progress")
         if reason is not None:
             with self._lock:
                 self._invalid[key] = reason
             logger.warning("round %d stage %d: close of %s ignored: %s", outer_round, stage, coordinator[-8:], reason)
         return reason
 
-    def _problem(self, outer_round: int, stage: int, close: msg.Close) -> str | None:
+    def stall_limit(self) -> float:
+        """Seconds a pending close may go without one more entry arriving before it is refused."""
+        return max(PENDING_LIMIT_S, min(self.round_timeout, self.transfer_timeout))
+
+    def _problem(self, outer_round: int, stage: int, close: msg.Close, coordinator: str) -> tuple[str | None, int]:
+        """(None, n) if valid, (PENDING, entries placed and here) while waiting, else (reason, 0)."""
         entries = [tuple(e) for e in close.contributions]
         replicas = {e[0] for e in entries}
         if len(replicas) < max(1, self.quorum):
-            return f"{len(replicas)} replica(s), fewer than the quorum of {max(1, self.quorum)}"
+            return f"{len(replicas)} replica(s), fewer than the quorum of {max(1, self.quorum)}", 0
         if entries != sorted(entries, key=lambda e: (e[0], e[1], e[2])):
-            return "entries not in canonical (replica, peer, hash) order"
+            return "entries not in canonical (replica, peer, hash) order", 0
         if not (len(replicas) == len({e[1] for e in entries}) == len({e[2] for e in entries}) == len(entries)):
-            return "duplicate replica, peer or contribution"
+            return "duplicate replica, peer or contribution", 0
         rejected = self.contributions.rejected(outer_round, stage)
         for _replica, peer_id, digest, _size in entries:
             if digest in rejected:
-                return f"names contribution {digest.hex()[:12]} of {peer_id[-8:]}, rejected: {rejected[digest][1]}"
-        pending = False
+                return f"names contribution {digest.hex()[:12]} of {peer_id[-8:]}, rejected: {rejected[digest][1]}", 0
+        here = 0
         for replica, peer_id, digest, size in entries:
             placed = self.membership.placements.get(peer_id)
             if placed is None or stage not in placed.stages or placed.replica != replica:
-                pending = True  # its hello may not be here yet; judged again until the timeout
-                continue
+                continue  # its hello may not be here yet; judged again until the stall limit
             if not self.contributions.holds(outer_round, stage, replica, peer_id, digest):
-                # Fetch what the close names (announces may have been missed); a wrong header
-                # is not counted as here, so the close stays pending and then fails.
-                self.contributions.fetch(outer_round, stage, Announced(peer_id, replica, digest, size))
-                pending = True
-        if pending:
-            return PENDING
-        return None
+                # Fetch what the close names (announces may have been missed), from its sender or
+                # from the coordinator, which held it to close; a wrong header is not counted as
+                # here, so the close stays pending and then fails.
+                self.contributions.fetch(outer_round, stage, Announced(peer_id, replica, digest, size),
+                                         also_from=coordinator)
+                continue
+            here += 1
+        if here < len(entries):
+            return PENDING, here
+        return None, here
 
 
     # -- waiting for the decision -------------------------------------------------------
@@ -232,7 +254,7 @@ class RoundCoordinator:
                 raise CloseInterrupted(f"round {outer_round} stage {stage}: no longer waited for here")
             # A round that misses its quorum stays open (docs/PROTOCOL.md, "A round without a quorum"):
             # the run pauses and the round closes as soon as enough replicas are back.
-            overdue = time.monotonic() - (deadline + (len(order) + 2) * CLOSE_FALLBACK_S + PENDING_LIMIT_S)
+            overdue = time.monotonic() - (deadline + (len(order) + 2) * CLOSE_FALLBACK_S + self.stall_limit())
             if overdue > 0 and time.monotonic() - last_warning > QUORUM_WARN_EVERY_S:
                 last_warning = time.monotonic()
                 have = {a.replica for a in self.book.snapshot_announces(outer_round, stage).values()}

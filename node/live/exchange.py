@@ -114,21 +114,26 @@ class ContributionPool:
         for a in self.book.snapshot_announces(outer_round, stage).values():
             self.fetch(outer_round, stage, a)
 
-    def fetch(self, outer_round: int, stage: int, a: Announced) -> None:
-        """Start fetching one contribution (announced, or named by a close) unless it is here or refused."""
+    def fetch(self, outer_round: int, stage: int, a: Announced, also_from: str | None = None) -> None:
+        """Start fetching one contribution (announced, or named by a close) unless it is here or refused.
+
+        ``also_from``: another peer that should hold it (the coordinator of a close naming it).
+        """
         with self._lock:
             if (a.envelope_hash in self._have.get((outer_round, stage), {}) or a.envelope_hash in self._in_flight
                     or a.envelope_hash in self._rejected.get((outer_round, stage), {})):
                 return
             self._in_flight.add(a.envelope_hash)
-        self._executor.submit(self._fetch_one, outer_round, stage, a)
+        self._executor.submit(self._fetch_one, outer_round, stage, a, also_from)
 
-    def _fetch_one(self, outer_round: int, stage: int, a: Announced) -> None:
+    def _fetch_one(self, outer_round: int, stage: int, a: Announced, also_from: str | None = None) -> None:
         try:
             dest = self.incoming / f"{a.envelope_hash.hex()}.part"
             dest.parent.mkdir(parents=True, exist_ok=True)
+            providers = list(dict.fromkeys(p for p in (a.peer_id, also_from) if p and p != self.host.peer_id))
             try:
-                self.host.fetch_blob(a.envelope_hash.hex(), dest, providers=[a.peer_id], timeout=self.transfer_timeout)
+                self.host.fetch_blob(a.envelope_hash.hex(), dest, providers=providers or None,
+                                     timeout=self.transfer_timeout)
             except P2PError:  # the announcer may be gone: any provider will do
                 self.host.fetch_blob(a.envelope_hash.hex(), dest, timeout=self.transfer_timeout)
             data = dest.read_bytes()
