@@ -15,6 +15,15 @@ topic it subscribes to and answers ``/dlx/sync/1.0.0`` requests for them::
 
 ``epoch`` is random per host run and ``after`` a sequence number in it, so a
 periodic pull returns only what the puller has not received from that peer yet.
+
+``/dlx/sync/1.1.0`` offers before it sends (docs/P2P.md): every peer holds
+most of what every other peer holds (gossip brought it), so re-sending whole
+messages to every puller made sync the largest traffic of an 8-node run::
+
+    request   {topic: str, epoch: bin, after: int}          (as 1.0.0)
+    offer     {epoch: bin, next: int, ids: [bin 16, ...]}    ids: sha256(message)[:16], oldest first
+    want      {want: [int, ...]}                             strictly increasing indices into ids
+    response  {messages: [bin, ...]}                         the wanted messages, in that order
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import logging
 import os
 from collections import deque
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import libp2p.pubsub.pubsub as _pubsub_module
@@ -35,12 +45,18 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 
-from p2p.wire import field, read_frame, write_frame
+from p2p.wire import ProtocolViolation, field, read_frame, write_frame
 
 logger = logging.getLogger(__name__)
 
 SYNC_PROTOCOL = TProtocol("/dlx/sync/1.0.0")
+SYNC_OFFER_PROTOCOL = TProtocol("/dlx/sync/1.1.0")
+#: Both, newest first: a puller negotiates 1.1.0 and falls back to 1.0.0 with a peer that lacks it.
+SYNC_PROTOCOLS = (SYNC_OFFER_PROTOCOL, SYNC_PROTOCOL)
 SYNC_MAX_RESPONSE_BYTES = 16 << 20
+SYNC_ID_BYTES = 16
+SYNC_MAX_OFFER_IDS = 1 << 16
+SYNC_MAX_OFFER_BYTES = 64 + SYNC_MAX_OFFER_IDS * (SYNC_ID_BYTES + 2)
 GOSSIP_RPC_LIMIT = 1 << 20  # py-libp2p's inbound RPC cap: larger RPCs are dropped
 GOSSIP_RPC_OVERHEAD = 16 << 10  # protobuf framing, from/seqno/signature/key, topic name
 
@@ -108,10 +124,16 @@ def gossip_message_id(data: bytes) -> bytes:
     return base64.b64encode(hashlib.sha256(data).digest())
 
 
+def sync_id(data: bytes) -> bytes:
+    """The ``/dlx/sync/1.1.0`` id of a message: the first 16 bytes of its sha256."""
+    return hashlib.sha256(data).digest()[:SYNC_ID_BYTES]
+
+
 @dataclass
 class _Cached:
     seq: int
     data: bytes
+    id: bytes = b""
 
 
 class RecentMessages:
@@ -128,24 +150,36 @@ class RecentMessages:
     def add(self, topic: str, data: bytes) -> None:
         self._seq += 1
         entries = self._topics.setdefault(topic, deque())
-        entries.append(_Cached(self._seq, data))
+        entries.append(_Cached(self._seq, data, sync_id(data)))
         self._bytes[topic] = self._bytes.get(topic, 0) + len(data)
         while entries and (len(entries) > self.max_messages or self._bytes[topic] > self.max_bytes):
             self._bytes[topic] -= len(entries.popleft().data)
 
-    def since(self, topic: str, epoch: bytes, after: int, budget: int) -> tuple[int, list[bytes]]:
+    def since(self, topic: str, epoch: bytes, after: int, budget: int,
+              max_count: int | None = None) -> tuple[int, list[bytes]]:
         """Messages newer than ``after`` (all of them if ``epoch`` is not ours), up to ``budget`` bytes."""
+        last, entries = self._entries_since(topic, epoch, after, budget, max_count)
+        return last, [entry.data for entry in entries]
+
+    def offer_since(self, topic: str, epoch: bytes, after: int, budget: int,
+                    max_count: int) -> tuple[int, list[bytes], list[bytes]]:
+        """As :meth:`since`, with each message's sync id: (next cursor, ids, messages)."""
+        last, entries = self._entries_since(topic, epoch, after, budget, max_count)
+        return last, [entry.id for entry in entries], [entry.data for entry in entries]
+
+    def _entries_since(self, topic: str, epoch: bytes, after: int, budget: int,
+                       max_count: int | None) -> tuple[int, list[_Cached]]:
         if epoch != self.epoch:
             after = 0
-        out: list[bytes] = []
+        out: list[_Cached] = []
         used = 0
         last = after
         for entry in self._topics.get(topic, ()):
             if entry.seq <= after:
                 continue
-            if used + len(entry.data) > budget:
+            if used + len(entry.data) > budget or (max_count is not None and len(out) >= max_count):
                 break
-            out.append(entry.data)
+            out.append(entry)
             used += len(entry.data)
             last = entry.seq
         return last, out
@@ -165,18 +199,72 @@ def sync_response_frame(epoch: bytes, next_seq: int, messages: list[bytes]) -> d
     return {"epoch": epoch, "next": next_seq, "messages": messages}
 
 
+def sync_offer_frame(epoch: bytes, next_seq: int, ids: list[bytes]) -> dict[str, Any]:
+    """A ``/dlx/sync/1.1.0`` offer: the server's epoch, the cursor after these messages, their ids."""
+    return {"epoch": epoch, "next": next_seq, "ids": ids}
+
+
+def sync_want_frame(want: list[int]) -> dict[str, Any]:
+    """A ``/dlx/sync/1.1.0`` want: indices into the offer's ids, strictly increasing."""
+    return {"want": want}
+
+
+def sync_messages_frame(messages: list[bytes]) -> dict[str, Any]:
+    """The ``/dlx/sync/1.1.0`` response to a want: the wanted messages, in order."""
+    return {"messages": messages}
+
+
+def parse_sync_offer(frame: dict[str, Any]) -> tuple[list[bytes], tuple[bytes, int]]:
+    """(ids, (epoch, next)) of a ``/dlx/sync/1.1.0`` offer; raises ProtocolViolation on a bad one."""
+    ids = field(frame, "ids", list)
+    if len(ids) > SYNC_MAX_OFFER_IDS or any(type(i) is not bytes or len(i) != SYNC_ID_BYTES for i in ids):
+        raise ProtocolViolation(f"sync offer: ids must be at most {SYNC_MAX_OFFER_IDS} bin {SYNC_ID_BYTES}")
+    return ids, (field(frame, "epoch", bytes), field(frame, "next", int, 0))
+
+
+def parse_sync_want(frame: dict[str, Any], offered: int) -> list[int]:
+    """The indices of a ``/dlx/sync/1.1.0`` want into an offer of ``offered`` ids; raises ProtocolViolation."""
+    want = field(frame, "want", list)
+    if any(type(i) is not int for i in want) or any(b <= a for a, b in zip(want, want[1:])) \
+            or (want and not 0 <= want[0] <= want[-1] < offered):
+        raise ProtocolViolation(f"sync want: indices must be strictly increasing ints in [0, {offered})")
+    return want
+
+
+def want_frame_limit(offered: int) -> int:
+    """Largest want body for an offer of ``offered`` ids (a map, an array, one uint32 per index)."""
+    return 64 + 5 * offered
+
+
 async def pull_recent(
-    host: IHost, peer: ID, topic: str, epoch: bytes, after: int
-) -> tuple[list[bytes], tuple[bytes, int]]:
-    """Ask ``peer`` for ``topic`` messages newer than (epoch, after); return them and the next cursor."""
-    stream = await host.new_stream(peer, [SYNC_PROTOCOL])
+    host: IHost, peer: ID, topic: str, epoch: bytes, after: int,
+    have: Callable[[bytes], bool] | None = None,
+) -> tuple[list[bytes], tuple[bytes, int], int]:
+    """Ask ``peer`` for ``topic`` messages newer than (epoch, after).
+
+    Returns (messages, next cursor, bytes of the exchange's own framing: the offer's ids).
+    ``have(sync_id)``: whether the puller already holds a message; with a peer that
+    speaks ``/dlx/sync/1.1.0`` only the others are sent.
+    """
+    stream = await host.new_stream(peer, list(SYNC_PROTOCOLS))
     try:
         await write_frame(stream, sync_request_frame(topic, epoch, after))
-        # One map and one array: nothing else may be built from the peer's 16 MiB (docs/P2P.md).
+        if stream.get_protocol() != SYNC_OFFER_PROTOCOL:
+            # One map and one array: nothing else may be built from the peer's 16 MiB (docs/P2P.md).
+            reply = await read_frame(stream, SYNC_MAX_RESPONSE_BYTES, max_containers=2)
+            messages, cursor = parse_sync_response(reply)
+            return messages, cursor, 0
+        ids, cursor = parse_sync_offer(await read_frame(stream, SYNC_MAX_OFFER_BYTES, max_containers=2))
+        want = [index for index, message_id in enumerate(ids) if have is None or not have(message_id)]
+        await write_frame(stream, sync_want_frame(want))
         reply = await read_frame(stream, SYNC_MAX_RESPONSE_BYTES, max_containers=2)
+        messages = [m for m in field(reply, "messages", list) if type(m) is bytes]
+        # Only messages that were offered and wanted count (a server cannot push others through sync).
+        wanted = {ids[index] for index in want}
+        messages = [m for m in messages if sync_id(m) in wanted]
+        return messages, cursor, len(ids) * SYNC_ID_BYTES
     finally:
         await stream.close()
-    return parse_sync_response(reply)
 
 
 def parse_sync_request(frame: dict[str, Any]) -> tuple[str, bytes, int]:
@@ -192,11 +280,20 @@ def parse_sync_response(frame: dict[str, Any]) -> tuple[list[bytes], tuple[bytes
 
 
 async def serve_recent(stream: Any, recent: RecentMessages) -> int:
-    """Answer one ``/dlx/sync/1.0.0`` request from ``recent``; return the payload bytes sent."""
+    """Answer one ``/dlx/sync/1.0.0`` or ``1.1.0`` request from ``recent``; return the payload bytes sent."""
     try:
         with trio.fail_after(10):
             request = await read_frame(stream, 4096)
             topic, epoch, after = parse_sync_request(request)
+            if stream.get_protocol() == SYNC_OFFER_PROTOCOL:
+                last, ids, messages = recent.offer_since(topic, epoch, after, SYNC_MAX_RESPONSE_BYTES - 4096,
+                                                         SYNC_MAX_OFFER_IDS)
+                await write_frame(stream, sync_offer_frame(recent.epoch, last, ids))
+                want = parse_sync_want(await read_frame(stream, want_frame_limit(len(ids))), len(ids))
+                messages = [messages[index] for index in want]
+                await write_frame(stream, sync_messages_frame(messages))
+                await stream.close()
+                return sum(len(m) for m in messages) + len(ids) * SYNC_ID_BYTES
             last, messages = recent.since(topic, epoch, after, SYNC_MAX_RESPONSE_BYTES - 4096)
             await write_frame(stream, sync_response_frame(recent.epoch, last, messages))
             await stream.close()

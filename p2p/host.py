@@ -36,7 +36,7 @@ from p2p.blobstore import BlobStore
 from p2p.config import P2PConfig
 from p2p.discovery import Discovery
 from p2p.errors import DialError, P2PError, P2PTimeout
-from p2p.gossip import GOSSIP_RPC_LIMIT, SYNC_PROTOCOL, RecentMessages, build_gossipsub
+from p2p.gossip import GOSSIP_RPC_LIMIT, SYNC_PROTOCOLS, RecentMessages, build_gossipsub
 from p2p.host_blobs import HostBlobs
 from p2p.host_gossip import HostGossip, Subscription
 from p2p.host_thread import HostThread
@@ -177,7 +177,8 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
             config.blob_stall_timeout,
         )
         self._libp2p.set_stream_handler(BLOB_PROTOCOL, self._blobs.handle_stream)
-        self._libp2p.set_stream_handler(SYNC_PROTOCOL, self._handle_sync)
+        for protocol in SYNC_PROTOCOLS:  # 1.1.0 offers ids first; 1.0.0 for older peers
+            self._libp2p.set_stream_handler(protocol, self._handle_sync)
         listen = multiaddr.Multiaddr(f"/ip4/{config.listen_host}/tcp/{config.listen_port}")
         mdns = None
         try:

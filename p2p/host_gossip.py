@@ -20,7 +20,7 @@ import trio
 from libp2p.peer.id import ID
 
 from p2p.errors import P2PError
-from p2p.gossip import SYNC_PROTOCOL, gossip_message_id, pull_recent, serve_recent
+from p2p.gossip import SYNC_ID_BYTES, SYNC_PROTOCOL, gossip_message_id, pull_recent, serve_recent
 
 logger = logging.getLogger(__name__)
 
@@ -199,17 +199,21 @@ class HostGossip:
             raise P2PError(f"resync of {topic!r}: not subscribed")
         new = 0
 
+        held = {digest[:SYNC_ID_BYTES] for digest in subscription.delivered}
+
         async def pull(peer: ID) -> None:
             nonlocal new
             peer_text = peer.to_base58()
             epoch, after = subscription.sync_cursor.get(peer_text, (b"", 0))
             try:
                 with trio.fail_after(5):
-                    messages, cursor = await pull_recent(self._libp2p, peer, topic, epoch, after)
+                    messages, cursor, offered = await pull_recent(self._libp2p, peer, topic, epoch, after,
+                                                                  have=held.__contains__)
             except Exception as exc:  # a peer without the protocol or gone: others still answer
                 logger.debug("sync of %s from %s failed: %s", topic, peer_text, exc)
                 return
             subscription.sync_cursor[peer_text] = cursor
+            self.stats.add(SYNC_PROTOCOL, received=offered)
             for data in messages:
                 self.stats.add(SYNC_PROTOCOL, received=len(data))
                 if hashlib.sha256(data).digest() in subscription.delivered:

@@ -46,7 +46,12 @@ from p2p.blob_protocol import (
 from p2p.envelope import Envelope, EnvelopeValidator, decode_envelope
 from p2p.errors import EnvelopeRejected, IdentityError
 from p2p.gossip import (
+    SYNC_MAX_OFFER_BYTES,
     SYNC_MAX_RESPONSE_BYTES,
+    parse_sync_offer,
+    parse_sync_want,
+    sync_offer_frame,
+    sync_want_frame,
     parse_sync_request,
     parse_sync_response,
     sync_request_frame,
@@ -347,6 +352,19 @@ def decode_sync_response(data: bytes) -> Any:
     return parse_sync_response(decode_frame(data, SYNC_MAX_RESPONSE_BYTES, max_containers=2))
 
 
+SYNC_OFFERS = frame_seeds([sync_offer_frame(b"\x01" * 8, 3, [bytes(range(16)), bytes(16)]),
+                           sync_offer_frame(b"\x02" * 8, 0, [])])
+SYNC_WANTS = frame_seeds([sync_want_frame([0, 3, 9]), sync_want_frame([])])
+
+
+def decode_sync_offer(data: bytes) -> Any:
+    return parse_sync_offer(decode_frame(data, SYNC_MAX_OFFER_BYTES, max_containers=2))
+
+
+def decode_sync_want(data: bytes) -> Any:
+    return parse_sync_want(decode_frame(data, 64 + 5 * 10), 10)
+
+
 # ----------------------------------------------------------------------------- files
 
 
@@ -524,6 +542,10 @@ def targets() -> list[Target]:
                lambda rng: structured_frame(rng, SYNC_REQUESTS)),
         Target("sync_response", decode_sync_response, (ProtocolViolation,), SYNC_RESPONSES,
                lambda rng: structured_frame(rng, SYNC_RESPONSES)),
+        Target("sync_offer", decode_sync_offer, (ProtocolViolation,), SYNC_OFFERS,
+               lambda rng: structured_frame(rng, SYNC_OFFERS)),
+        Target("sync_want", decode_sync_want, (ProtocolViolation,), SYNC_WANTS,
+               lambda rng: structured_frame(rng, SYNC_WANTS)),
         Target("checkpoint", decode_checkpoint, (StateError,), [CHECKPOINT], structured_checkpoint),
         Target("archive_manifest", _FileTarget("archive", _read_manifest), (StateError,), [archive_seed()],
                lambda rng: structured_json(rng, archive_seed())),

@@ -224,8 +224,67 @@ def test_messages_a_subscriber_does_not_keep_are_delivered_but_not_served_by_syn
     from p2p.gossip import pull_recent
 
     async def pull():  # the /dlx/sync client, aimed at host 0 alone
-        messages, _cursor = await pull_recent(cluster[2]._libp2p, ID.from_base58(cluster[0].peer_id), topic, b"", 0)
+        messages, _cursor, _offered = await pull_recent(cluster[2]._libp2p, ID.from_base58(cluster[0].peer_id),
+                                                        topic, b"", 0)
         return messages
 
     served = cluster[2]._call(pull, timeout=15, what="pull from host 0")
     assert sorted(served) == [b"record 1", b"record 2"]
+
+
+def test_sync_offers_ids_and_sends_only_the_messages_the_puller_lacks(cluster):
+    """``/dlx/sync/1.1.0``: host 0 offers the ids of what it holds; the puller, which already has
+    some of the messages, gets only the others. A puller that speaks only 1.0.0 still gets all."""
+    topic = "dlx/run42/offer"
+    queue0 = cluster[0].subscribe(topic)
+    cluster[1].subscribe(topic)
+    wait_until(lambda: len(cluster[1].topic_peers(topic)) >= 1, 60, "host 0's subscription")
+    sent = [b"offer %d " % i + bytes(200) for i in range(6)]
+    for data in sent:
+        cluster[1].publish(topic, data)
+    assert sorted(d for d, _ in drain(queue0, len(sent), timeout=15)) == sorted(sent)
+    cluster[1].unsubscribe(topic)
+
+    from libp2p.peer.id import ID
+
+    from p2p.gossip import SYNC_PROTOCOL, pull_recent, sync_id
+
+    held = {sync_id(m) for m in sent[:4]}
+    host0 = ID.from_base58(cluster[0].peer_id)
+
+    async def pull_lacking():
+        return await pull_recent(cluster[2]._libp2p, host0, topic, b"", 0, have=held.__contains__)
+
+    messages, (_epoch, cursor), offered = cluster[2]._call(pull_lacking, timeout=15, what="pull from host 0")
+    assert sorted(messages) == sorted(sent[4:])
+    assert offered == 16 * len(sent) and cursor >= len(sent)
+
+    async def pull_v1():  # an older peer: it negotiates 1.0.0 and gets every message
+        stream = await cluster[2]._libp2p.new_stream(host0, [SYNC_PROTOCOL])
+        from p2p.gossip import parse_sync_response, sync_request_frame
+        from p2p.wire import read_frame, write_frame
+        try:
+            await write_frame(stream, sync_request_frame(topic, b"", 0))
+            return parse_sync_response(await read_frame(stream, 1 << 20, max_containers=2))[0]
+        finally:
+            await stream.close()
+
+    assert sorted(cluster[2]._call(pull_v1, timeout=15, what="1.0.0 pull from host 0")) == sorted(sent)
+
+
+def test_a_hostile_sync_offer_or_want_is_refused():
+    from p2p.gossip import parse_sync_offer, parse_sync_want, sync_offer_frame
+    from p2p.wire import ProtocolViolation
+
+    good = sync_offer_frame(b"e" * 8, 3, [b"i" * 16, b"j" * 16])
+    assert parse_sync_offer(good) == ([b"i" * 16, b"j" * 16], (b"e" * 8, 3))
+    for bad in (sync_offer_frame(b"e" * 8, 3, [b"short"]), sync_offer_frame(b"e" * 8, 3, [7]),
+                {"epoch": b"e", "next": 1}, {"epoch": b"e", "next": 1, "ids": b"x"}):
+        with pytest.raises(ProtocolViolation):
+            parse_sync_offer(bad)
+    assert parse_sync_want({"want": [0, 2, 5]}, 6) == [0, 2, 5]
+    assert parse_sync_want({"want": []}, 0) == []
+    for bad in ({"want": [1, 1]}, {"want": [2, 1]}, {"want": [0, 6]}, {"want": [-1]}, {"want": ["0"]},
+                {"want": [True]}, {}):
+        with pytest.raises(ProtocolViolation):
+            parse_sync_want(bad, 6)

@@ -21,7 +21,8 @@ from node.live import protocol as msg
 from p2p.blob_protocol import MAX_FRAME_BYTES, parse_request
 from p2p.envelope import Envelope, decode_envelope, verify_header
 from p2p.errors import EnvelopeRejected
-from p2p.gossip import gossip_message_id, sync_request_frame, sync_response_frame
+from p2p.gossip import (gossip_message_id, sync_messages_frame, sync_offer_frame, sync_request_frame,
+                        sync_response_frame, sync_want_frame)
 from p2p.identity import Identity, peer_id_from_public_key, verify_signature
 from p2p.wire import decode_frame, encode_frame
 
@@ -162,8 +163,11 @@ def test_sync_frame(vector):
     data = bytes.fromhex(vector["frame_hex"])
     frame = decode_frame(data, 16 << 20)
     assert frame == untag(vector["fields"])
-    if vector["direction"] == "request":
-        rebuilt = sync_request_frame(frame["topic"], frame["epoch"], frame["after"])
-    else:
-        rebuilt = sync_response_frame(frame["epoch"], frame["next"], frame["messages"])
+    rebuilt = {
+        "request": lambda: sync_request_frame(frame["topic"], frame["epoch"], frame["after"]),
+        "response": lambda: sync_response_frame(frame["epoch"], frame["next"], frame["messages"]),
+        "offer": lambda: sync_offer_frame(frame["epoch"], frame["next"], frame["ids"]),
+        "want": lambda: sync_want_frame(frame["want"]),
+        "messages": lambda: sync_messages_frame(frame["messages"]),
+    }[vector["direction"]]()
     assert encode_frame(rebuilt) == data

@@ -34,7 +34,8 @@ from p2p.blob_protocol import (
     request_frame,
 )
 from p2p.envelope import DOMAIN, Envelope
-from p2p.gossip import SYNC_PROTOCOL, gossip_message_id, sync_request_frame, sync_response_frame
+from p2p.gossip import (SYNC_OFFER_PROTOCOL, SYNC_PROTOCOL, gossip_message_id, sync_id, sync_messages_frame,
+                        sync_offer_frame, sync_request_frame, sync_response_frame, sync_want_frame)
 from p2p.identity import Identity
 from p2p.wire import encode_frame
 
@@ -235,6 +236,10 @@ def sync_vectors() -> list[dict[str, Any]]:
         ("request_next", "request", sync_request_frame(topic, epoch, 41)),
         ("response", "response", sync_response_frame(epoch, 43, [b"\x81\xa1a\x01", b"second"])),
         ("response_empty", "response", sync_response_frame(epoch, 41, [])),
+        # /dlx/sync/1.1.0: the request as above, then offer, want, messages.
+        ("offer", "offer", sync_offer_frame(epoch, 43, [sync_id(b"\x81\xa1a\x01"), sync_id(b"second")])),
+        ("want", "want", sync_want_frame([1])),
+        ("messages", "messages", sync_messages_frame([b"second"])),
     ]
     return [{"name": name, "direction": direction, "fields": tag(frame), "frame_hex": encode_frame(frame).hex()}
             for name, direction, frame in frames]
@@ -259,7 +264,7 @@ def build() -> dict[str, Any]:
         "rejected_envelopes": rejected_vectors(),
         "payloads": payload_vectors(),
         "blob": {"protocol": str(BLOB_PROTOCOL), "frames": blob_vectors()},
-        "sync": {"protocol": str(SYNC_PROTOCOL), "frames": sync_vectors()},
+        "sync": {"protocol": str(SYNC_PROTOCOL), "offer_protocol": str(SYNC_OFFER_PROTOCOL), "frames": sync_vectors()},
     }
 
 
