@@ -49,6 +49,7 @@ import logging
 import math
 import struct
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -413,10 +414,25 @@ def aggregate_slice(
     if not accepted:
         return SliceAggregate(slice_index, b"", None, reports)
     average = average_contributions(accepted)
-    partial, decoded, _ = _encode(
-        average, cfg, partial_budget(blobs, reports, stage_budget), stage_index, outer_round
-    )
+    with single_thread():
+        partial, decoded, _ = _encode(
+            average, cfg, partial_budget(blobs, reports, stage_budget), stage_index, outer_round
+        )
     return SliceAggregate(slice_index, partial, decoded, reports)
+
+
+@contextmanager
+def single_thread():
+    """Run the partial's encoder on one intra-op thread: its SVD and QR (LAPACK) round differently with
+    another thread count, and the partial must be replayable bit for bit (measured: a node with 1
+    thread and an auditor with 2 coded 2 of 3 partials differently). Not shown across CPUs or torch
+    builds (docs/PROTOCOL.md, "Sliced exchange")."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def partial_budget(slice_blobs: Sequence[bytes], reports: Sequence[ContributionReport], stage_budget: int) -> int:

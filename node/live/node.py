@@ -524,7 +524,10 @@ class Node:
         for stage in self.worker.stages:
             blob, cstats = self.worker.encode(stage, outer_round)
             if self.sliced is not None:  # the envelope binds the slice blobs' hashes; the blobs are served
-                blob = self.sliced.publish(outer_round, stage, self.worker.last_slices(stage))
+                slices = self.worker.last_slices(stage)
+                for data in slices:  # an auditor replays any partial from the contributors' archives
+                    self.archive.put_blob(outer_round, data, "slice")
+                blob = self.sliced.publish(outer_round, stage, slices)
             body = msg.encode_contribution_body(msg.ContributionBody(states[stage], data_commitment, blob))
             envelope = Envelope.create(self.identity, self.run_id, outer_round, msg.CONTRIBUTION, body,
                                        stage=stage, replica=self.placement.replica).to_bytes()
@@ -629,7 +632,7 @@ class Node:
         """The sliced exchange's aggregation: one valid partial per slice, assembled, the outer step."""
         used = self.sliced.partials(outer_round, stage, close, manifests)
         for partial in used:  # the auditor's evidence of what this node applied
-            self.archive.put(outer_round, partial.envelope)
+            self.archive.put_blob(outer_round, partial.envelope, "partial")
         return self.worker.apply_partials(stage, outer_round, [partial.blob for partial in used], manifests)
 
     def _forget_before(self, outer_round: int) -> None:

@@ -124,6 +124,7 @@ class SlicedExchange:
         used: dict[int, UsedPartial] = {}
         tried: set[bytes] = set()  # partial envelope hashes already judged
         published: set[int] = set()
+        refused: dict[int, set[int]] = {}  # slice -> turns whose candidate signed a refused partial
         started = time.monotonic()
         while len(used) < plan.num_slices:
             if self.stop.is_set():
@@ -135,7 +136,10 @@ class SlicedExchange:
             for j in range(plan.num_slices):
                 if j in used:
                     continue
-                for m in range(min(turn, members - 1) + 1):
+                # A candidate whose signed partial was refused opens the next turn at once: every
+                # holder that saw that partial refuses it alike, so nobody needs to wait it out.
+                opened = max(turn, 1 + max(refused.get(j, {-1})))
+                for m in range(min(opened, members - 1) + 1):
                     replica, peer_id, _digest, _size = close.contributions[candidate(j, outer_round, members, m)]
                     if peer_id == self.peer_id and j not in published:
                         published.add(j)
@@ -145,7 +149,9 @@ class SlicedExchange:
                             break
                     got = self._from_candidate(outer_round, stage, j, m, peer_id, replica, members, roots[j],
                                                plan, tried)
-                    if got is not None:
+                    if got is True:
+                        refused.setdefault(j, set()).add(m)
+                    elif got is not None:
                         used[j] = got
                         break
             if len(used) < plan.num_slices:
@@ -154,7 +160,9 @@ class SlicedExchange:
         return [used[j] for j in range(plan.num_slices)]
 
     def _from_candidate(self, outer_round, stage, j, turn, peer_id, replica, members, root, plan,
-                        tried) -> UsedPartial | None:
+                        tried) -> UsedPartial | bool | None:
+        """The candidate's valid partial; True if it signed one that was refused; None if none is here yet."""
+        refused = False
         with self._cond:
             offers = [e for e in self._announced.get((outer_round, stage, j), []) if e[0] == peer_id]
         for sender, envelope_hash, size in offers:
@@ -164,7 +172,7 @@ class SlicedExchange:
                 tried.add(envelope_hash)
                 logger.warning("round %d stage %d slice %d: partial of %s announced at %d bytes: refused",
                                outer_round, stage, j, sender[-8:], size)
-                continue
+                continue  # an unsigned claim (the gossip announce): not a refusal of a signed partial
             data = self._fetch(envelope_hash, sender)
             if data is None:
                 continue  # not fetched (yet): try again on the next pass
@@ -173,9 +181,10 @@ class SlicedExchange:
                 blob = self._check_partial(data, outer_round, stage, j, peer_id, replica, members, root, plan)
             except (EnvelopeRejected, SliceError, ContributionDecodeError, ValueError) as exc:
                 self._refuse(outer_round, stage, j, sender, envelope_hash, f"{exc}", data)
+                refused = True
                 continue
             return UsedPartial(j, turn, data, blob)
-        return None
+        return True if refused else None
 
     def _check_partial(self, data, outer_round, stage, j, peer_id, replica, members, root, plan) -> bytes:
         """The partial's blob if the envelope is candidate ``peer_id``'s valid partial of slice j; raises otherwise."""
