@@ -121,3 +121,26 @@ def test_engine_applies_a_precomputed_aggregation():
     result = engine.finish_round(0, [b"ignored"], aggregation=aggregation)
     assert result.weights_hash == aggregation.weights_hash == engine.weights_hash()
     assert torch.equal(params["w"].detach(), aggregation.new_global["w"])
+
+
+def test_a_partial_is_coded_alike_whatever_the_callers_thread_count():
+    """The partial's SVD/QR runs on one thread: a 1-thread node and a 2-thread auditor code the same bytes."""
+    torch.manual_seed(2)
+    shapes = {"a": (256, 192), "b": (192,)}
+    plan = plan_slices(shapes, 2, min_slice_numel=1000)
+    cfg = CompressionConfig()
+    budget = 6000
+    low_rank = [{n: torch.randn(s[0], 8) @ torch.randn(8, s[1]) if len(s) == 2 else torch.randn(s)
+                 for n, s in shapes.items()} for _ in range(3)]
+    slices = [encode_slices(g, plan, cfg, budget, stage_index=0, outer_round=1)[0] for g in low_rank]
+    before = torch.get_num_threads()
+    try:
+        out = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out.append(aggregate_slice([s[0] for s in slices], plan, 0, cfg, budget, norm_clip=2.0, stage_index=0,
+                                       outer_round=1).partial)
+            assert torch.get_num_threads() == threads  # restored
+    finally:
+        torch.set_num_threads(before)
+    assert out[0] and out[0] == out[1]

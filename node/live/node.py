@@ -209,7 +209,7 @@ class Node:
         if cfg.diloco.exchange == "sliced":
             self.sliced = SlicedExchange(self.host, self.identity, self.run_id, lambda: self.worker,
                                          lambda: self.placement.replica, self._gossip, cfg.p2p.max_blob_bytes,
-                                         cfg.p2p.transfer_timeout, self.data_dir / "incoming",
+                                         cfg.p2p.transfer_timeout, self.archive, self.data_dir / "incoming",
                                          self.data_dir / "evidence", self.stop_event)
         # Rounds this node finished in an earlier life: it never signs a second, different
         # close or attestation for them (peers would hold both as equivocation evidence).
@@ -524,10 +524,7 @@ class Node:
         for stage in self.worker.stages:
             blob, cstats = self.worker.encode(stage, outer_round)
             if self.sliced is not None:  # the envelope binds the slice blobs' hashes; the blobs are served
-                slices = self.worker.last_slices(stage)
-                for data in slices:  # an auditor replays any partial from the contributors' archives
-                    self.archive.put_blob(outer_round, data, "slice")
-                blob = self.sliced.publish(outer_round, stage, slices)
+                blob = self.sliced.publish(outer_round, stage, self.worker.last_slices(stage))
             body = msg.encode_contribution_body(msg.ContributionBody(states[stage], data_commitment, blob))
             envelope = Envelope.create(self.identity, self.run_id, outer_round, msg.CONTRIBUTION, body,
                                        stage=stage, replica=self.placement.replica).to_bytes()
@@ -631,8 +628,6 @@ class Node:
     def _apply_sliced(self, outer_round: int, stage: int, close: msg.Close, manifests: list[bytes]):
         """The sliced exchange's aggregation: one valid partial per slice, assembled, the outer step."""
         used = self.sliced.partials(outer_round, stage, close, manifests)
-        for partial in used:  # the auditor's evidence of what this node applied
-            self.archive.put_blob(outer_round, partial.envelope, "partial")
         return self.worker.apply_partials(stage, outer_round, [partial.blob for partial in used], manifests)
 
     def _forget_before(self, outer_round: int) -> None:

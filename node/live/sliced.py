@@ -23,6 +23,7 @@ from pathlib import Path
 from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
 from node.live import protocol as msg
+from node.store.archive import Archive
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
 from p2p.host import P2PHost
@@ -62,7 +63,7 @@ class SlicedExchange:
 
     def __init__(self, host: P2PHost, identity: Identity, run_id: int, worker: Callable[[], object],
                  replica: Callable[[], int], gossip: Callable, max_blob_bytes: int, turn_timeout: float,
-                 incoming: Path, evidence_dir: Path, stop: threading.Event) -> None:
+                 archive: Archive, incoming: Path, evidence_dir: Path, stop: threading.Event) -> None:
         self.host = host
         self.identity = identity
         self.peer_id = identity.peer_id
@@ -72,6 +73,7 @@ class SlicedExchange:
         self.gossip = gossip
         self.max_blob_bytes = max_blob_bytes
         self.turn_timeout = turn_timeout
+        self.archive = archive
         self.incoming = incoming
         self.evidence_dir = evidence_dir
         self.stop = stop
@@ -84,9 +86,11 @@ class SlicedExchange:
         """Serve this replica's slice blobs; return the manifest its contribution envelope carries.
 
         Served without a DHT announcement: the aggregator knows the provider
-        (the close names the contribution's sender).
+        (the close names the contribution's sender). Archived too: an auditor
+        replays any partial from the contributors' archives.
         """
         for blob in blobs:
+            self.archive.put_blob(outer_round, blob, "slice")
             self.host.provide_blob(blob, announce=False)
         return slice_manifest(blobs)
 
@@ -157,6 +161,8 @@ class SlicedExchange:
             if len(used) < plan.num_slices:
                 with self._cond:
                     self._cond.wait(0.2)
+        for partial in used.values():  # the auditor's evidence of what this node applied
+            self.archive.put_blob(outer_round, partial.envelope, "partial")
         return [used[j] for j in range(plan.num_slices)]
 
     def _from_candidate(self, outer_round, stage, j, turn, peer_id, replica, members, root, plan,
