@@ -60,6 +60,7 @@ def test_sliced_run_of_three_replicas_agrees_every_round(make_run):
         assert len(replays) == 3 and all(c.status == OK for c in replays), verdict.checks
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_a_partial_that_does_not_bind_the_inputs_is_refused_and_the_fallback_publishes(make_run):
     run, honest, commits = _run(make_run, replicas=3, rounds=2, adversary="wrong-root")
