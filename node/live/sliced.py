@@ -127,7 +127,7 @@ class SlicedExchange:
         roots = [inputs_root_of_hashes([entries[i][j][0] for i in range(members)]) for j in range(plan.num_slices)]
         used: dict[int, UsedPartial] = {}
         tried: set[bytes] = set()  # partial envelope hashes already judged
-        published: set[int] = set()
+        inputs: dict[bytes, bytes] = {}  # slice blobs fetched so far (as an aggregator), by sha256
         refused: dict[int, set[int]] = {}  # slice -> turns whose candidate signed a refused partial
         started = time.monotonic()
         while len(used) < plan.num_slices:
@@ -145,9 +145,10 @@ class SlicedExchange:
                 opened = max(turn, 1 + max(refused.get(j, {-1})))
                 for m in range(min(opened, members - 1) + 1):
                     replica, peer_id, _digest, _size = close.contributions[candidate(j, outer_round, members, m)]
-                    if peer_id == self.peer_id and j not in published:
-                        published.add(j)
-                        own = self._aggregate(outer_round, stage, j, close, entries, roots[j], members, m)
+                    if peer_id == self.peer_id:
+                        # Tried again on every pass until every input is here (a fetch that failed
+                        # under load must not cost a whole turn); fetched inputs are kept meanwhile.
+                        own = self._aggregate(outer_round, stage, j, close, entries, roots[j], members, m, inputs)
                         if own is not None:
                             used[j] = own
                             break
@@ -230,21 +231,25 @@ class SlicedExchange:
         finally:
             dest.unlink(missing_ok=True)
 
-    def _aggregate(self, outer_round, stage, j, close, entries, root, members, turn) -> UsedPartial | None:
+    def _aggregate(self, outer_round, stage, j, close, entries, root, members, turn,
+                   fetched: dict[bytes, bytes]) -> UsedPartial | None:
         """Fetch slice j of every closed contribution, aggregate, sign, serve and announce the partial.
 
         Publishes only with every input here: a partial over fewer inputs would
-        not bind the root the holders compute (the next candidate takes over).
+        not bind the root the holders compute. None while an input is missing
+        (the caller tries again; the next candidate's turn opens meanwhile).
         """
-        inputs = []
         for (_replica, peer_id, _digest, _size), slices in zip(close.contributions, entries):
             digest = slices[j][0]
+            if digest in fetched:
+                continue
             blob = self._fetch(digest, peer_id)
             if blob is None or hashlib.sha256(blob).digest() != digest:
-                logger.warning("round %d stage %d slice %d: input of %s missing; not aggregating (turn %d)",
+                logger.warning("round %d stage %d slice %d: input of %s missing; trying again (turn %d)",
                                outer_round, stage, j, peer_id[-8:], turn)
                 return None
-            inputs.append(blob)
+            fetched[digest] = blob
+        inputs = [fetched[slices[j][0]] for slices in entries]
         result = self.worker().aggregate_slice(stage, outer_round, j, inputs)
         plan = self.worker().plans[stage]
         payload = self.make_payload(j, plan.num_slices, root, members, result.partial)
