@@ -1,6 +1,6 @@
 """Traffic, round time and CPU per node as the number of replicas grows: measured in local runs, then modelled.
 
-    nice -n 19 python bench/bench_scale.py [--replicas 4,8,16] [--rounds 3] [--inner-steps 2]
+    nice -n 19 python bench/bench_scale.py [--replicas 4,8,16] [--rounds 3] [--inner-steps 2] [--exchange sliced]
 
 Each point is a real local run (anvil, one-node clusters of the ``tiny`` model,
 2 stages chained in each node, spot checks off so that only the exchange is
@@ -15,6 +15,9 @@ extends the measurement: today every holder of a stage fetches every other
 replica's contribution of it, so a node receives about ``(R - 1) x C`` bytes
 per round (``C``: one replica's contribution envelopes, all stages) and serves
 as much; gossip adds messages per peer. Writes bench/results/scale.json.
+``--exchange sliced`` runs the opt-in sliced exchange (docs/PROTOCOL.md, "Sliced
+exchange"): contribution envelopes carry slice manifests, slices and partials
+travel as blobs, so ``/dlx/blob/1.0.0`` is the exchange's own traffic in both modes.
 
 Past anvil's 9 funded dev accounts the launcher funds generated ones
 (``ledger.account.dev_account``), so a local run may have up to ``MAX_NODES``.
@@ -82,6 +85,7 @@ class NodeWatch:
         per_round = lambda value: value / rounds if rounds else None  # noqa: E731
         times = [self.finishes[r] for r in sorted(self.finishes)]
         envelopes = list((self.slot.data_dir / "archive").rglob("*.env"))
+        slices = list((self.slot.data_dir / "archive").rglob("*.slice"))  # own slice blobs (sliced exchange)
         return {
             "name": self.slot.name, "exit": exit_code, "rounds_finished": rounds,
             "weights_root": self.status.get("weights_root", ""),
@@ -97,6 +101,7 @@ class NodeWatch:
                 for protocol, counters in self.status.get("traffic", {}).items()},
             "cpu_total": self.cpu_last,
             "envelope_bytes": sum(p.stat().st_size for p in envelopes), "envelopes": len(envelopes),
+            "own_slice_bytes_per_round": per_round(sum(p.stat().st_size for p in slices)),
         }
 
 
@@ -115,7 +120,8 @@ def traffic_mean(nodes: list[dict]) -> dict:
 def one_run(workdir: Path, replicas: int, args) -> dict:
     settings = ["model.preset=tiny", f"diloco.inner_steps={args.inner_steps}", "training.batch_size=4",
                 f"rounds={args.rounds}", f"round_timeout={args.round_timeout}",
-                f"join_timeout={args.join_timeout}", "checkpoint_every=1000", "spot_checks=0", *args.setting]
+                f"join_timeout={args.join_timeout}", "checkpoint_every=1000", "spot_checks=0",
+                f"diloco.exchange={args.exchange}", *args.setting]
     if (workdir / "deployment.json").exists():  # a previous run's chain and identities: start afresh
         shutil.rmtree(workdir)
     run = LocalRun(workdir, replicas=replicas, stages=2, split=False, settings=settings)
@@ -169,6 +175,11 @@ def one_run(workdir: Path, replicas: int, args) -> dict:
         "traffic_per_node_round": traffic_mean(nodes),
         "contribution_envelope_bytes": envelope_mean,
         "replica_contribution_bytes": envelope_mean * 2,  # one envelope per stage, 2 stages
+        # sliced: what a replica codes per round (its slice blobs, every stage); the envelopes are manifests
+        "replica_slice_bytes": mean("own_slice_bytes_per_round"),
+        "exchange": args.exchange,
+        "blob_received_per_node_round": traffic_mean(nodes).get("/dlx/blob/1.0.0", {}).get("received"),
+        "blob_sent_per_node_round": traffic_mean(nodes).get("/dlx/blob/1.0.0", {}).get("sent"),
         "nodes": nodes,
     }
 
@@ -207,6 +218,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
                         help="one more node setting for every run (repeatable), e.g. p2p.gossip_resync_interval=0")
+    parser.add_argument("--exchange", choices=("full", "sliced"), default="full",
+                        help="diloco.exchange of every run (docs/PROTOCOL.md, \"Sliced exchange\")")
     parser.add_argument("--workdir", default="/tmp/dlx-bench-scale")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale.json"))
     args = parser.parse_args()
@@ -221,11 +234,15 @@ def main() -> int:
               f"{_fmt(point['received_per_node_round'], 1e3)} kB received, "
               f"{_fmt(point['gossip_sent_per_node_round'])} gossip msgs sent, "
               f"{_fmt(point['gossip_received_per_node_round'])} received, "
-              f"{_fmt(point['cpu_per_node_round'])} CPU s "
+              f"{_fmt(point['cpu_per_node_round'])} CPU s, "
+              f"blobs {_fmt(point['blob_received_per_node_round'], 1e3)} kB in / "
+              f"{_fmt(point['blob_sent_per_node_round'], 1e3)} kB out ({args.exchange} exchange) "
               f"(one replica's contribution {point['replica_contribution_bytes'] / 1e3:.1f} kB; "
               f"load {point['load_1min_samples'][-1:] or '?'})", flush=True)
         write(args, points, [])
-    modelled = model(clean, [16, 64, 256, 1024]) if (clean := [p for p in points if is_clean(p)]) else []
+    clean = [p for p in points if is_clean(p)]
+    # The linear model describes the full exchange only.
+    modelled = model(clean, [16, 64, 256, 1024]) if clean and args.exchange == "full" else []
     for m in modelled:
         print(f"{m['replicas']:>5} replicas (model): {m['fitted_received_per_node_round'] / 1e6:.2f} MB received "
               f"per node and round")

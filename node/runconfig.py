@@ -47,10 +47,18 @@ def run_document(cfg: NodeConfig) -> dict[str, Any]:
         "run_name": cfg.run_name,
         "model": dataclasses.asdict(cfg.model),
         "training": training,
-        "diloco": dataclasses.asdict(cfg.diloco),
+        "diloco": _diloco_document(cfg),
         "compression": dataclasses.asdict(cfg.compression),
         "pipeline": {"num_stages": cfg.pipeline.num_stages},
     }
+
+
+def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
+    """The [diloco] table; ``exchange`` only when it is not the default "full" (older runs' hashes stay)."""
+    diloco = dataclasses.asdict(cfg.diloco)
+    if diloco.get("exchange") == "full":
+        del diloco["exchange"]
+    return diloco
 
 
 def canonical_json(document: dict[str, Any]) -> bytes:

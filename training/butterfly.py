@@ -49,6 +49,7 @@ import logging
 import math
 import struct
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -413,10 +414,25 @@ def aggregate_slice(
     if not accepted:
         return SliceAggregate(slice_index, b"", None, reports)
     average = average_contributions(accepted)
-    partial, decoded, _ = _encode(
-        average, cfg, partial_budget(blobs, reports, stage_budget), stage_index, outer_round
-    )
+    with single_thread():
+        partial, decoded, _ = _encode(
+            average, cfg, partial_budget(blobs, reports, stage_budget), stage_index, outer_round
+        )
     return SliceAggregate(slice_index, partial, decoded, reports)
+
+
+@contextmanager
+def single_thread():
+    """Run the partial's encoder on one intra-op thread: its SVD and QR (LAPACK) round differently with
+    another thread count, and the partial must be replayable bit for bit (measured: a node with 1
+    thread and an auditor with 2 coded 2 of 3 partials differently). Not shown across CPUs or torch
+    builds (docs/PROTOCOL.md, "Sliced exchange")."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def partial_budget(slice_blobs: Sequence[bytes], reports: Sequence[ContributionReport], stage_budget: int) -> int:
@@ -581,3 +597,71 @@ def check_partial(
     if expected != partial.blob:
         return f"partial bytes differ from the replay (sha256 {_sha(partial.blob).hex()[:16]} != {_sha(expected).hex()[:16]})"
     return ""
+
+
+# ----------------------------------------------------------------------------- the live node's pieces
+
+MANIFEST_PREFIX = b"dlx-slices/1"
+_MANIFEST_ENTRY = struct.Struct(">32sQ")
+
+
+def slice_manifest(blobs: Sequence[bytes]) -> bytes:
+    """What a contribution envelope carries in sliced mode: ``b"dlx-slices/1" || u32 A || A x (sha256 || u64 size)``.
+
+    The envelope's signature binds every slice blob's hash, so the blobs travel
+    unsigned as content-addressed blobs (docs/PROTOCOL.md, "Sliced exchange").
+    """
+    return MANIFEST_PREFIX + struct.pack(">I", len(blobs)) + b"".join(
+        _MANIFEST_ENTRY.pack(_sha(blob), len(blob)) for blob in blobs
+    )
+
+
+def parse_slice_manifest(data: bytes, num_slices: int, max_slice_bytes: int) -> list[tuple[bytes, int]]:
+    """``[(sha256, size)]`` of a manifest for ``num_slices`` slices; SliceError on anything else."""
+    head = len(MANIFEST_PREFIX) + 4
+    if len(data) < head or not data.startswith(MANIFEST_PREFIX):
+        raise SliceError("slice manifest: too short or wrong prefix")
+    (count,) = struct.unpack_from(">I", data, len(MANIFEST_PREFIX))
+    if count != num_slices or len(data) != head + count * _MANIFEST_ENTRY.size:
+        raise SliceError(f"slice manifest names {count} slices in {len(data)} bytes, the plan has {num_slices}")
+    entries = [_MANIFEST_ENTRY.unpack_from(data, head + k * _MANIFEST_ENTRY.size) for k in range(count)]
+    for index, (_, size) in enumerate(entries):
+        if not 1 <= size <= max_slice_bytes:
+            raise SliceError(f"slice manifest: slice {index} of {size} bytes (1..{max_slice_bytes})")
+    return entries
+
+
+def inputs_root_of_hashes(hashes: Sequence[bytes]) -> bytes:
+    """:func:`inputs_root` from the inputs' sha256 digests (what a holder knows from the manifests)."""
+    return merkle_root([_sha(b"input" + struct.pack(">I", replica) + digest) for replica, digest in enumerate(hashes)])
+
+
+def candidate(slice_index: int, outer_round: int, num_members: int, turn: int) -> int:
+    """Canonical index of slice ``slice_index``'s aggregator (``turn`` 0) or its ``turn``-th fallback."""
+    return aggregator_of(slice_index + turn, outer_round, num_members)
+
+
+def slice_stage(engine, num_replicas: int) -> SlicePlan:
+    """Make a :class:`~training.diloco.StageEngine` encode sliced contributions; returns its plan.
+
+    The plan is :func:`plan_slices` of the stage's shapes for ``num_replicas``
+    (a run setting, so every node derives the same plan); the error-feedback
+    residual and the byte budget carry over.
+    """
+    plan = plan_slices(engine.shapes, num_replicas)
+    old = engine.compressor
+    sliced = SlicedErrorFeedbackCompressor(engine.shapes, engine.compression_cfg, plan,
+                                           bandwidth_budget=old.bandwidth_budget)
+    sliced.residual = old.residual
+    engine.compressor = sliced
+    return plan
+
+
+def average_of_partials(
+    partials: Sequence[bytes], plan: SlicePlan, *, stage_index: int, outer_round: int, refuse_raw: bool = True,
+) -> dict[str, torch.Tensor] | None:
+    """The stage's averaged pseudo-gradient from the A partial blobs; None when every partial is empty
+    (nothing was accepted anywhere: the round is a no-op, as in the full exchange)."""
+    if all(partial == b"" for partial in partials):
+        return None
+    return assemble_partials(partials, plan, stage_index=stage_index, outer_round=outer_round, refuse_raw=refuse_raw)

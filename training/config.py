@@ -134,6 +134,7 @@ class TrainingConfig:
 
 DELAY_CORRECTIONS = ("rebase", "lookahead", "eager", "reset")
 OUTER_DECAYS = ("constant", "linear", "cosine")
+EXCHANGES = ("full", "sliced")
 
 # "auto" bandwidth budgets never compress one round's contribution more than this (bytes
 # of float32 over bytes sent): at H = 50 the 1000x target asks for about 20.
@@ -185,6 +186,12 @@ class DilocoConfig:
     screen_rel_tol: float = 0.02
     screen_abs_tol: float = 0.0
     screen_batch_size: int = 16
+    # How a round's pseudo-gradients travel (docs/PROTOCOL.md "Sliced exchange", docs/DILOCOX.md
+    # section 12): "full", every holder fetches every closed contribution ((R - 1) x C bytes in);
+    # "sliced", each stage is cut into slices, aggregator j averages slice j of every replica and
+    # publishes a signed partial, every holder fetches the partials (~2 C whatever R). Part of
+    # the run document only when "sliced", so the hash of every "full" run is unchanged.
+    exchange: str = "full"
 
     def __post_init__(self) -> None:
         _require(self.inner_steps >= 1, f"diloco.inner_steps={self.inner_steps}: must be >= 1")
@@ -238,6 +245,10 @@ class DilocoConfig:
             value = getattr(self, name)
             _require(0 <= value < float("inf"), f"diloco.{name}={value}: must be a finite number >= 0")
         _require(self.screen_batch_size >= 1, f"diloco.screen_batch_size={self.screen_batch_size}: must be >= 1")
+        _require(
+            self.exchange in EXCHANGES,
+            f"diloco.exchange={self.exchange!r}: must be one of {', '.join(EXCHANGES)}",
+        )
 
     @property
     def overlap(self) -> int:

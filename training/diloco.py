@@ -261,12 +261,18 @@ def _aggregate(global_weights, momentum, contributions, diloco_cfg, *, stage_ind
                 "stage %s round %s: contribution %d %s: %s", stage_index, outer_round, report.index,
                 f"scaled by {report.scale:.3g}" if report.accepted else f"excluded ({report.reason})", report.detail,
             )
-    if not accepted:
-        new_global, new_momentum, average = _clone(global_weights), _clone(momentum), None
+    average = average_contributions(accepted) if accepted else None
+    return step_with_average(global_weights, momentum, average, diloco_cfg, outer_round, reports)
+
+
+def step_with_average(global_weights, momentum, average, diloco_cfg, outer_round, reports=()) -> Aggregation:
+    """The :class:`Aggregation` of an average computed elsewhere (the sliced exchange assembles it
+    from partials, training/butterfly.py); None: nothing accepted, the round is a no-op."""
+    if average is None:
+        new_global, new_momentum = _clone(global_weights), _clone(momentum)
     else:
-        average = average_contributions(accepted)
         new_global, new_momentum = outer_step(global_weights, momentum, average, diloco_cfg, outer_round)
-    return Aggregation(new_global, new_momentum, stage_weights_hash(new_global), average, reports)
+    return Aggregation(new_global, new_momentum, stage_weights_hash(new_global), average, list(reports))
 
 
 @dataclass
@@ -388,11 +394,13 @@ class StageEngine:
         return blob, stats
 
     def apply_round(
-        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None
+        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None,
+        aggregation: Aggregation | None = None,
     ) -> RoundResult:
         """Aggregate round ``outer_round`` and update global and local weights (module docstring).
 
         ``excluded``: canonical indices screening left out (:func:`aggregate_with_report`).
+        ``aggregation``: the round's result computed elsewhere (the sliced exchange), used as is.
         """
         if outer_round != self.last_applied + 1 or outer_round > self.last_encoded:
             raise RoundOrderError(
@@ -407,7 +415,7 @@ class StageEngine:
                     f"encoded before round {outer_round} is applied"
                 )
         started = time.perf_counter()
-        result = _aggregate(
+        result = aggregation if aggregation is not None else _aggregate(
             self.global_weights, self.momentum, contributions, self.diloco_cfg,
             stage_index=self.stage_index, outer_round=outer_round, compression_cfg=self.compression_cfg,
             excluded=excluded,
@@ -519,7 +527,8 @@ class StageEngine:
         self.last_applied = max(self.last_applied, next_round - 1)
 
     def absorb_round(
-        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None
+        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None,
+        aggregation: Aggregation | None = None,
     ) -> RoundResult:
         """Apply a round this replica did not contribute to: the others' outer step, local progress kept.
 
@@ -530,7 +539,7 @@ class StageEngine:
         """
         started = time.perf_counter()
         old = self.global_weights
-        result = aggregate_with_report(
+        result = aggregation if aggregation is not None else aggregate_with_report(
             old, self.momentum, contributions, self.diloco_cfg,
             stage_index=self.stage_index, outer_round=outer_round, compression_cfg=self.compression_cfg,
             excluded=excluded,
@@ -562,12 +571,13 @@ class StageEngine:
         )
 
     def finish_round(
-        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None
+        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None,
+        aggregation: Aggregation | None = None,
     ) -> RoundResult:
         """:meth:`apply_round` if this replica encoded ``outer_round`` and it is next, else :meth:`absorb_round`."""
         if self.can_apply(outer_round):
-            return self.apply_round(outer_round, contributions, excluded=excluded)
-        return self.absorb_round(outer_round, contributions, excluded=excluded)
+            return self.apply_round(outer_round, contributions, excluded=excluded, aggregation=aggregation)
+        return self.absorb_round(outer_round, contributions, excluded=excluded, aggregation=aggregation)
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -71,6 +71,10 @@ class GossipInbox:
         self.spot_checks = spot_checks  # node.live.verifier.SpotChecker, once the node trains
         self._deferred: list[tuple[float, str, bytes]] = []  # (deadline, sender peer id, message)
 
+    def add_handler(self, kind: str, handler: Callable[[Envelope, object, bytes], None]) -> None:
+        """Dispatch messages of ``kind`` to ``handler`` too (a room wired in by configuration: the sliced exchange)."""
+        self._handlers[kind] = handler
+
     # -- the topic validator (runs on the host's thread, before relaying) -------------------
     def relay_ok(self, data: bytes, _from: str = "") -> bool:
         """Only well-formed, signed envelopes of this run are relayed."""

@@ -25,7 +25,10 @@ RECORD = "record"  # a member's EIP-712 signature over the round's on-chain reco
 EVIDENCE = "evidence"  # a blob, not gossip: a verifier's signed proof that a contribution does not re-execute
 ACCUSATION = "accusation"  # 'this member's contribution failed my spot check; the evidence is this blob'
 VERDICT = "verdict"  # a member's EIP-712 signature over the verdict on an accusation
-KINDS = (HELLO, CONTRIBUTION, ANNOUNCE, CLOSE, ATTESTATION, RECORD, ACCUSATION, VERDICT)
+# The sliced exchange (docs/PROTOCOL.md, "Sliced exchange"; diloco.exchange = "sliced"):
+PARTIAL = "partial"  # a blob, not gossip: aggregator j's signed partial (training.butterfly.partial_payload)
+PARTIAL_ANNOUNCE = "partial_announce"  # 'my partial of slice j of (round, stage) is the blob with this hash'
+KINDS = (HELLO, CONTRIBUTION, ANNOUNCE, CLOSE, ATTESTATION, RECORD, ACCUSATION, VERDICT, PARTIAL_ANNOUNCE)
 
 
 def run_topic(run_id: int) -> str:
@@ -56,6 +59,15 @@ class Announce:
     """'My contribution to (round, stage) is the blob with this envelope hash.'"""
 
     envelope_hash: bytes  # sha256 of the contribution envelope bytes
+    size: int
+
+
+@dataclass(frozen=True)
+class PartialAnnounce:
+    """'My partial of slice ``slice_index`` of (round, stage) is the PARTIAL envelope with this hash.'"""
+
+    slice_index: int
+    envelope_hash: bytes
     size: int
 
 
@@ -179,7 +191,7 @@ def decode_contribution_body(payload: bytes) -> ContributionBody:
 
 
 _TYPES = {HELLO: Hello, ANNOUNCE: Announce, CLOSE: Close, ATTESTATION: Attestation, RECORD: RecordSignature,
-          ACCUSATION: Accusation, VERDICT: VerdictSignature, EVIDENCE: Evidence}
+          ACCUSATION: Accusation, VERDICT: VerdictSignature, EVIDENCE: Evidence, PARTIAL_ANNOUNCE: PartialAnnounce}
 
 
 def encode_payload(message: Any) -> bytes:
@@ -246,6 +258,9 @@ def _validate(message: Any) -> None:
     elif isinstance(message, Announce):
         if len(message.envelope_hash) != 32 or message.size < 1:
             raise ProtocolError("announce.envelope_hash must be 32 bytes and size >= 1")
+    elif isinstance(message, PartialAnnounce):
+        if len(message.envelope_hash) != 32 or message.size < 1 or not 0 <= message.slice_index < 1 << 16:
+            raise ProtocolError("partial_announce.envelope_hash must be 32 bytes, size >= 1, slice_index < 2^16")
     elif isinstance(message, Close):
         for item in message.contributions:
             if (not isinstance(item, list) or len(item) != 4 or not isinstance(item[0], int)

@@ -20,7 +20,8 @@ import torch
 from node.config import NodeConfig
 from training.codec_wire import decode_contribution
 from training.data import corpus_from_config, eval_batches, round_batches
-from training.diloco import RoundResult, StageEngine
+from training.butterfly import SliceAggregate, SlicePlan, aggregate_slice, average_of_partials, slice_stage
+from training.diloco import RoundResult, StageEngine, step_with_average
 from training.errors import PipelineError
 from training.screening import decode_full, model_loss_fn, screen_contributions, screening_batch, screening_exclusions
 from training.hashing import stage_weights_hash, weights_root
@@ -67,6 +68,7 @@ class ReplicaWorker:
         self.pipelined = len(stages) < cfg.pipeline.num_stages
         self.trainer: LocalReplicaTrainer | PipelineStageTrainer | None = None
         self.engines: dict[int, StageEngine] = {}
+        self.plans: dict[int, SlicePlan] = {}  # stage -> slice plan (diloco.exchange = "sliced" only)
 
     # -- set-up ---------------------------------------------------------------------
     def start(self, rendezvous_timeout: float, op_timeout: float) -> None:
@@ -91,6 +93,8 @@ class ReplicaWorker:
         for stage in self.stages:
             params = dict(modules[stage].named_parameters())
             self.engines[stage] = StageEngine(stage, params, self.cfg.diloco, self.cfg.compression)
+            if self.cfg.diloco.exchange == "sliced":  # docs/PROTOCOL.md, "Sliced exchange"
+                self.plans[stage] = slice_stage(self.engines[stage], self.cfg.diloco.num_replicas)
 
     def leave_pipeline(self) -> None:
         """Drop the cluster's broken pipeline (a partner died); weights, optimizer and engines are kept."""
@@ -229,6 +233,27 @@ class ReplicaWorker:
         progress kept (:meth:`training.diloco.StageEngine.finish_round`).
         """
         return self.engines[stage].finish_round(outer_round, contributions, excluded=excluded)
+
+    # -- the sliced exchange (docs/PROTOCOL.md, "Sliced exchange") ------------------------
+    def last_slices(self, stage: int) -> list[bytes]:
+        """The slice blobs of the contribution :meth:`encode` just made (sliced exchange)."""
+        return list(self.engines[stage].compressor.last_slices)
+
+    def aggregate_slice(self, stage: int, outer_round: int, slice_index: int,
+                        blobs: list[bytes | None]) -> SliceAggregate:
+        """Aggregator's work on one slice: :func:`training.butterfly.aggregate_slice` (pure, replayable)."""
+        return aggregate_slice(blobs, self.plans[stage], slice_index, self.cfg.compression,
+                               self.engines[stage].compressor.bandwidth_budget, norm_clip=self.cfg.diloco.norm_clip,
+                               stage_index=stage, outer_round=outer_round)
+
+    def apply_partials(self, stage: int, outer_round: int, partials: list[bytes],
+                       contributions: list[bytes]) -> RoundResult:
+        """The outer step of ``outer_round`` on the average assembled from the A partial blobs."""
+        engine = self.engines[stage]
+        average = average_of_partials(partials, self.plans[stage], stage_index=stage, outer_round=outer_round,
+                                      refuse_raw=self.cfg.compression.enabled)
+        aggregation = step_with_average(engine.global_weights, engine.momentum, average, self.cfg.diloco, outer_round)
+        return engine.finish_round(outer_round, contributions, aggregation=aggregation)
 
     def contribution_dropped(self, stage: int, outer_round: int) -> None:
         """This node's contribution of ``outer_round`` was not aggregated: send its update again later."""

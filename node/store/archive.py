@@ -73,6 +73,15 @@ class Archive:
             atomic_write_bytes(path, envelope)
         return digest
 
+    def put_blob(self, round_index: int, data: bytes, suffix: str) -> bytes:
+        """Store a round's blob that is not a contribution envelope, as ``<sha256>.<suffix>`` (idempotent;
+        the sliced exchange's ``slice`` blobs and ``partial`` envelopes, docs/PROTOCOL.md). Sealing keeps them."""
+        digest = hashlib.sha256(data).digest()
+        path = self._round_dir(round_index) / f"{digest.hex()}.{suffix}"
+        if not path.exists():
+            atomic_write_bytes(path, data)
+        return digest
+
     def envelopes(self, round_index: int) -> list[bytes]:
         """Every envelope stored for a round (sealed or not), in file-name order."""
         return [path.read_bytes() for path in sorted(self._round_dir(round_index).glob("*.env"))]

@@ -288,6 +288,7 @@ def audit_run(
     if document is not None:
         try:
             replayer = Replayer(document, data_path)
+            replayer.sources, replayer.run_id = sources, run_id
         except DLX_ERRORS as exc:  # hashes to the configHash, yet its settings do not load
             report.general.append(Check("run document settings", FAIL, str(exc)))
     checkpoints = {c.round: c for c in history.checkpoints}

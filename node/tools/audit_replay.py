@@ -90,6 +90,8 @@ class Replayer:
         self._corpus_cache = None
         self.data_path = data_path
         self.data_sha256 = document.get("training", {}).get("data_sha256", "")
+        self.sources: list = []  # where a sliced round's partials and slice blobs are (audit_sliced.py)
+        self.run_id = 0
 
     def start_from_initial(self) -> None:
         import torch
@@ -169,6 +171,30 @@ class Replayer:
                                        self.cfg.diloco)
         return screening_exclusions(reports)
 
+    def apply_sliced(self, round_index: int, payloads_by_stage: list[list[bytes]], peers_by_stage: list[list[str]],
+                     notes: list[str], checks: list) -> bytes:
+        """:meth:`apply` of a sliced round: the average of each stage re-derived from its partials
+        (node/tools/audit_sliced.py); raises ScreeningUnavailable when the archives lack them."""
+        from node.tools.audit_sliced import SlicedEvidenceMissing, sliced_average
+        from training.diloco import step_with_average
+        from training.hashing import weights_root
+
+        hashes, new_weights, new_momentum = [], [], []
+        for stage, payloads in enumerate(payloads_by_stage):
+            shapes = {name: tuple(t.shape) for name, t in self.weights[stage].items()}
+            try:
+                average = sliced_average(self.cfg, self.run_id, round_index, stage, shapes, payloads,
+                                         peers_by_stage[stage], self.sources, notes, checks)
+            except SlicedEvidenceMissing as exc:
+                raise ScreeningUnavailable(str(exc)) from None
+            result = step_with_average(self.weights[stage], self.momentum[stage], average, self.cfg.diloco,
+                                       round_index)
+            new_weights.append(result.new_global)
+            new_momentum.append(result.new_momentum)
+            hashes.append(result.weights_hash)
+        self.weights, self.momentum, self.last_excluded = new_weights, new_momentum, []
+        return weights_root(hashes)
+
     def apply(self, round_index: int, payloads_by_stage: list[list[bytes]]) -> bytes:
         """Aggregate every stage of ``round_index``; return the new weights root.
 
@@ -235,7 +261,11 @@ def check_replay(
         return None
     started = time.perf_counter()
     try:
-        root = replayer.apply(commit.round, payloads)
+        if replayer.cfg.diloco.exchange == "sliced":
+            peers = [[c.peer_id for c in verdict.contributors if c.stage == stage] for stage in range(len(payloads))]
+            root = replayer.apply_sliced(commit.round, payloads, peers, verdict.notes, verdict.checks)
+        else:
+            root = replayer.apply(commit.round, payloads)
     except ScreeningUnavailable as exc:
         replayer.drop()
         verdict.checks.append(Check("weights root (replay)", UNVERIFIABLE, str(exc)))

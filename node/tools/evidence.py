@@ -234,6 +234,27 @@ class ArchiveSource:
         except OSError:
             return None
 
+    def round_blobs(self, round_index: int, suffix: str) -> list[bytes]:
+        """Every ``*.<suffix>`` blob archived for a round (the sliced exchange's ``partial`` envelopes)."""
+        if self.run_dir is None:
+            return []
+        out = []
+        for path in sorted((self.run_dir / f"round-{round_index:08d}").glob(f"*.{suffix}")):
+            try:
+                out.append(path.read_bytes())
+            except OSError:
+                continue
+        return out
+
+    def round_blob(self, round_index: int, hash_hex: str, suffix: str) -> bytes | None:
+        """The archived ``<hash_hex>.<suffix>`` of a round (a sliced contribution's ``slice`` blob), if any."""
+        if self.run_dir is None:
+            return None
+        try:
+            return (self.run_dir / f"round-{round_index:08d}" / f"{hash_hex}.{suffix}").read_bytes()
+        except OSError:
+            return None
+
     def checkpoint(self, round_index: int, content_hash_hex: str) -> bytes | None:
         """The candidate file with the expected content, else the first candidate (reported as corrupt)."""
         first = None
@@ -276,6 +297,9 @@ class PeerSource:
 
     def envelope(self, round_index: int, hash_hex: str) -> bytes | None:
         return self.fetcher.fetch(hash_hex)
+
+    def round_blob(self, round_index: int, hash_hex: str, suffix: str) -> bytes | None:
+        return self.fetcher.fetch(hash_hex)  # a sliced contribution's slice blob, served by its sender
 
     def checkpoint(self, round_index: int, content_hash_hex: str) -> bytes | None:
         return self.fetcher.fetch(content_hash_hex)

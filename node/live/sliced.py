@@ -1,0 +1,267 @@
+"""The sliced ("butterfly") exchange of a round, when the run says ``diloco.exchange = "sliced"``.
+
+Instead of fetching every closed contribution, a holder of stage ``s`` fetches
+one partial per slice: aggregator ``j`` (a deterministic function of the close
+and the round) fetches slice ``j`` of every closed contribution, aggregates it
+(:func:`training.butterfly.aggregate_slice`) and publishes a signed ``partial``
+envelope; everyone checks each partial's binding (its inputs root over the
+close's slice hashes), assembles the average and takes the outer step. The
+protocol, the fallback order and what an auditor replays are in
+docs/PROTOCOL.md, "Sliced exchange".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from node.errors import NodeError
+from node.fsutil import atomic_write_bytes
+from node.live import protocol as msg
+from node.store.archive import Archive
+from p2p.envelope import Envelope, decode_envelope
+from p2p.errors import EnvelopeRejected, P2PError
+from p2p.host import P2PHost
+from p2p.identity import Identity
+from training.butterfly import (
+    SliceError,
+    candidate,
+    inputs_root_of_hashes,
+    parse_partial,
+    parse_slice_manifest,
+    partial_payload,
+    slice_manifest,
+)
+from training.codec_wire import decode_contribution
+from training.errors import ContributionDecodeError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class UsedPartial:
+    """The partial a holder used for one slice: who signed it (its turn in the fallback order) and its bytes."""
+
+    slice_index: int
+    turn: int
+    envelope: bytes
+    blob: bytes
+
+
+class SlicedExchange:
+    """Slice blobs out, partials in, for the stages this node holds (see module docstring).
+
+    ``worker()`` returns the node's :class:`~node.live.replica.ReplicaWorker`
+    (its slice plans and :meth:`aggregate_slice`); ``gossip(round, kind,
+    message, stage)`` publishes on the run topic.
+    """
+
+    def __init__(self, host: P2PHost, identity: Identity, run_id: int, worker: Callable[[], object],
+                 replica: Callable[[], int], gossip: Callable, max_blob_bytes: int, turn_timeout: float,
+                 archive: Archive, incoming: Path, evidence_dir: Path, stop: threading.Event) -> None:
+        self.host = host
+        self.identity = identity
+        self.peer_id = identity.peer_id
+        self.run_id = run_id
+        self.worker = worker
+        self.replica = replica
+        self.gossip = gossip
+        self.max_blob_bytes = max_blob_bytes
+        self.turn_timeout = turn_timeout
+        self.archive = archive
+        self.incoming = incoming
+        self.evidence_dir = evidence_dir
+        self.stop = stop
+        self._cond = threading.Condition()
+        # (round, stage, slice) -> [(sender peer id, envelope hash, size)] in arrival order
+        self._announced: dict[tuple[int, int, int], list[tuple[str, bytes, int]]] = {}
+
+    # -- what a replica sends ----------------------------------------------------------
+    def publish(self, outer_round: int, stage: int, blobs: list[bytes]) -> bytes:
+        """Serve this replica's slice blobs; return the manifest its contribution envelope carries.
+
+        Served without a DHT announcement: the aggregator knows the provider
+        (the close names the contribution's sender). Archived too: an auditor
+        replays any partial from the contributors' archives.
+        """
+        for blob in blobs:
+            self.archive.put_blob(outer_round, blob, "slice")
+            self.host.provide_blob(blob, announce=False)
+        return slice_manifest(blobs)
+
+    def check_manifest(self, stage: int, outer_round: int, blob: bytes) -> None:
+        """Raise SliceError unless ``blob`` is a manifest of this stage's slice plan (the contribution check)."""
+        parse_slice_manifest(blob, self.worker().plans[stage].num_slices, self.max_blob_bytes)
+
+    # -- gossip ----------------------------------------------------------------------
+    def on_announce(self, env: Envelope, announce: msg.PartialAnnounce, _data: bytes) -> None:
+        with self._cond:
+            entries = self._announced.setdefault((env.round, env.stage, announce.slice_index), [])
+            if len(entries) < 64:  # a flood of announces costs only this bound
+                entries.append((env.sender_peer_id, announce.envelope_hash, announce.size))
+            self._cond.notify_all()
+
+    def forget_before(self, outer_round: int) -> None:
+        with self._cond:
+            for key in [k for k in self._announced if k[0] < outer_round]:
+                del self._announced[key]
+
+    # -- one round of one stage --------------------------------------------------------
+    def partials(self, outer_round: int, stage: int, close: msg.Close, manifests: list[bytes]) -> list[UsedPartial]:
+        """One valid partial per slice for the close (the closed contributions' ``manifests`` in its order).
+
+        Turn ``m`` of slice ``j`` opens ``m x turn_timeout`` seconds after this
+        call; from then on the partial of candidate ``m`` counts too, and a
+        candidate whose turn opened without a valid partial in hand aggregates
+        and publishes its own. Raises NodeError when every candidate's turn has
+        passed without a valid partial, or on stop.
+        """
+        plan = self.worker().plans[stage]
+        members = len(close.contributions)
+        entries = [parse_slice_manifest(m, plan.num_slices, self.max_blob_bytes) for m in manifests]
+        roots = [inputs_root_of_hashes([entries[i][j][0] for i in range(members)]) for j in range(plan.num_slices)]
+        used: dict[int, UsedPartial] = {}
+        tried: set[bytes] = set()  # partial envelope hashes already judged
+        inputs: dict[bytes, bytes] = {}  # slice blobs fetched so far (as an aggregator), by sha256
+        refused: dict[int, set[int]] = {}  # slice -> turns whose candidate signed a refused partial
+        started = time.monotonic()
+        while len(used) < plan.num_slices:
+            if self.stop.is_set():
+                raise NodeError(f"round {outer_round} stage {stage}: stopped while waiting for partials")
+            turn = int((time.monotonic() - started) // self.turn_timeout)
+            if turn >= members + 1:
+                raise NodeError(f"round {outer_round} stage {stage}: no valid partial for slices "
+                                f"{sorted(set(range(plan.num_slices)) - set(used))} after every candidate's turn")
+            for j in range(plan.num_slices):
+                if j in used:
+                    continue
+                # A candidate whose signed partial was refused opens the next turn at once: every
+                # holder that saw that partial refuses it alike, so nobody needs to wait it out.
+                opened = max(turn, 1 + max(refused.get(j, {-1})))
+                for m in range(min(opened, members - 1) + 1):
+                    replica, peer_id, _digest, _size = close.contributions[candidate(j, outer_round, members, m)]
+                    if peer_id == self.peer_id:
+                        # Tried again on every pass until every input is here (a fetch that failed
+                        # under load must not cost a whole turn); fetched inputs are kept meanwhile.
+                        own = self._aggregate(outer_round, stage, j, close, entries, roots[j], members, m, inputs)
+                        if own is not None:
+                            used[j] = own
+                            break
+                    got = self._from_candidate(outer_round, stage, j, m, peer_id, replica, members, roots[j],
+                                               plan, tried)
+                    if got is True:
+                        refused.setdefault(j, set()).add(m)
+                    elif got is not None:
+                        used[j] = got
+                        break
+            if len(used) < plan.num_slices:
+                with self._cond:
+                    self._cond.wait(0.2)
+        for partial in used.values():  # the auditor's evidence of what this node applied
+            self.archive.put_blob(outer_round, partial.envelope, "partial")
+        return [used[j] for j in range(plan.num_slices)]
+
+    def _from_candidate(self, outer_round, stage, j, turn, peer_id, replica, members, root, plan,
+                        tried) -> UsedPartial | bool | None:
+        """The candidate's valid partial; True if it signed one that was refused; None if none is here yet."""
+        refused = False
+        with self._cond:
+            offers = [e for e in self._announced.get((outer_round, stage, j), []) if e[0] == peer_id]
+        for sender, envelope_hash, size in offers:
+            if envelope_hash in tried:
+                continue
+            if size > self.max_blob_bytes:
+                tried.add(envelope_hash)
+                logger.warning("round %d stage %d slice %d: partial of %s announced at %d bytes: refused",
+                               outer_round, stage, j, sender[-8:], size)
+                continue  # an unsigned claim (the gossip announce): not a refusal of a signed partial
+            data = self._fetch(envelope_hash, sender)
+            if data is None:
+                continue  # not fetched (yet): try again on the next pass
+            tried.add(envelope_hash)
+            try:
+                blob = self._check_partial(data, outer_round, stage, j, peer_id, replica, members, root, plan)
+            except (EnvelopeRejected, SliceError, ContributionDecodeError, ValueError) as exc:
+                self._refuse(outer_round, stage, j, sender, envelope_hash, f"{exc}", data)
+                refused = True
+                continue
+            return UsedPartial(j, turn, data, blob)
+        return True if refused else None
+
+    def _check_partial(self, data, outer_round, stage, j, peer_id, replica, members, root, plan) -> bytes:
+        """The partial's blob if the envelope is candidate ``peer_id``'s valid partial of slice j; raises otherwise."""
+        env = decode_envelope(data, self.max_blob_bytes)
+        if (env.kind, env.run_id, env.round, env.stage, env.sender_peer_id, env.replica) != (
+                msg.PARTIAL, self.run_id, outer_round, stage, peer_id, replica):
+            raise SliceError("partial envelope header does not name this round, stage and candidate")
+        partial = parse_partial(env.payload)
+        if (partial.slice_index, partial.num_slices, partial.num_inputs) != (j, plan.num_slices, members):
+            raise SliceError(f"partial for slice {partial.slice_index} of {partial.num_slices} over "
+                             f"{partial.num_inputs} inputs, expected {j} of {plan.num_slices} over {members}")
+        if partial.inputs_root != root:
+            raise SliceError("partial's inputs root differs from the close's slice hashes")
+        if partial.blob:
+            decode_contribution(partial.blob, plan.slice_shapes(j), stage_index=stage, outer_round=outer_round,
+                                refuse_raw=self.worker().cfg.compression.enabled)
+        return partial.blob
+
+    def _refuse(self, outer_round, stage, j, sender, envelope_hash, reason, data) -> None:
+        logger.warning("round %d stage %d slice %d: partial %s of %s refused: %s", outer_round, stage, j,
+                       envelope_hash.hex()[:12], sender[-8:], reason)
+        try:  # the signed envelope is the proof; keep it
+            atomic_write_bytes(self.evidence_dir / f"round-{outer_round:08d}-stage{stage}-slice{j}-"
+                               f"{envelope_hash.hex()}.partial", data)
+        except OSError as exc:
+            logger.warning("evidence not kept: %s", exc)
+
+    def _fetch(self, digest: bytes, provider: str) -> bytes | None:
+        dest = self.incoming / f"{digest.hex()}.slice"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.host.fetch_blob(digest.hex(), dest, providers=[provider], timeout=self.turn_timeout)
+            return dest.read_bytes()
+        except (P2PError, OSError) as exc:
+            logger.info("blob %s from %s not fetched: %s", digest.hex()[:12], provider[-8:], exc)
+            return None
+        finally:
+            dest.unlink(missing_ok=True)
+
+    def _aggregate(self, outer_round, stage, j, close, entries, root, members, turn,
+                   fetched: dict[bytes, bytes]) -> UsedPartial | None:
+        """Fetch slice j of every closed contribution, aggregate, sign, serve and announce the partial.
+
+        Publishes only with every input here: a partial over fewer inputs would
+        not bind the root the holders compute. None while an input is missing
+        (the caller tries again; the next candidate's turn opens meanwhile).
+        """
+        for (_replica, peer_id, _digest, _size), slices in zip(close.contributions, entries):
+            digest = slices[j][0]
+            if digest in fetched:
+                continue
+            blob = self._fetch(digest, peer_id)
+            if blob is None or hashlib.sha256(blob).digest() != digest:
+                logger.warning("round %d stage %d slice %d: input of %s missing; trying again (turn %d)",
+                               outer_round, stage, j, peer_id[-8:], turn)
+                return None
+            fetched[digest] = blob
+        inputs = [fetched[slices[j][0]] for slices in entries]
+        result = self.worker().aggregate_slice(stage, outer_round, j, inputs)
+        plan = self.worker().plans[stage]
+        payload = self.make_payload(j, plan.num_slices, root, members, result.partial)
+        data = Envelope.create(self.identity, self.run_id, outer_round, msg.PARTIAL, payload, stage=stage,
+                               replica=self.replica()).to_bytes()
+        self.host.provide_blob(data, announce=False)
+        digest = hashlib.sha256(data).digest()
+        self.gossip(outer_round, msg.PARTIAL_ANNOUNCE, msg.PartialAnnounce(j, digest, len(data)), stage)
+        logger.info("round %d stage %d: partial of slice %d published (turn %d, %d of %d inputs accepted, %d bytes)",
+                    outer_round, stage, j, turn, len(result.accepted), members, len(result.partial))
+        return UsedPartial(j, turn, data, result.partial)
+
+    def make_payload(self, slice_index: int, num_slices: int, root: bytes, members: int, blob: bytes) -> bytes:
+        """The partial envelope's payload (a seam a fault-injection test overrides to publish a bad partial)."""
+        return partial_payload(slice_index, num_slices, root, members, blob)

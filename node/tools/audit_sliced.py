@@ -1,0 +1,118 @@
+"""The replay of a sliced round (``diloco.exchange = "sliced"``, docs/PROTOCOL.md "Sliced exchange").
+
+A sliced round's contribution envelopes carry manifests (the slice blobs'
+hashes); the holders applied the average assembled from one partial per slice.
+Per stage the auditor computes each slice's inputs root from the manifests,
+takes every archived partial envelope that binds it and is signed by one of the
+slice's candidates: that is the partial every holder had to apply, so the
+weights root is replayed from it. When the contributors' archives hold the
+slice blobs, each partial is also replayed (:func:`training.butterfly.replay_partial`,
+bit for bit): one that differs is a FAIL naming its signer (an aggregator that
+poisoned its slice). Without the slice blobs the partial is used unreplayed and
+the round's note says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any
+
+from node.tools.report import FAIL, OK, Check
+
+
+class SlicedEvidenceMissing(Exception):
+    """No archive holds a partial (or the inputs) of a slice: the round cannot be replayed here."""
+
+
+def _partials(sources: list, round_index: int) -> list[bytes]:
+    seen, out = set(), []
+    for source in sources:
+        for data in getattr(source, "round_blobs", lambda *_: [])(round_index, "partial"):
+            digest = hashlib.sha256(data).digest()
+            if digest not in seen:
+                seen.add(digest)
+                out.append(data)
+    return out
+
+
+def _slice_blob(sources: list, round_index: int, digest: bytes) -> bytes | None:
+    for source in sources:
+        getter = getattr(source, "round_blob", None)
+        data = getter(round_index, digest.hex(), "slice") if getter is not None else None
+        if data is not None and hashlib.sha256(data).digest() == digest:
+            return data
+    return None
+
+
+def sliced_average(cfg: Any, run_id: int, round_index: int, stage: int, shapes: dict, manifests: list[bytes],
+                   peers: list[str], sources: list, notes: list[str], checks: list) -> dict | None:
+    """The average the holders of ``stage`` had to apply in ``round_index``, re-derived (module docstring).
+
+    ``manifests`` and ``peers``: the closed contributions' manifests and signers in canonical order.
+    Appends a check per replayed partial to ``checks`` (FAIL: a partial that differs from its replay) and
+    what else it finds to ``notes``; raises SlicedEvidenceMissing when a slice has neither a bound
+    partial nor its inputs.
+    """
+    from p2p.envelope import decode_envelope
+    from p2p.errors import EnvelopeRejected
+    from training.butterfly import (
+        SliceError,
+        average_of_partials,
+        candidate,
+        inputs_root_of_hashes,
+        parse_partial,
+        parse_slice_manifest,
+        plan_slices,
+        replay_partial,
+    )
+
+    plan = plan_slices(shapes, cfg.diloco.num_replicas)
+    members = len(manifests)
+    entries = [parse_slice_manifest(m, plan.num_slices, cfg.p2p.max_blob_bytes) for m in manifests]
+    numel = sum(math.prod(s) for s in shapes.values())
+    budget = cfg.compression.stage_bandwidth_budget(numel, cfg.diloco.inner_steps, cfg.diloco.num_replicas)
+    bound: dict[int, dict[bytes, str]] = {}  # slice -> partial blob -> signer
+    for data in _partials(sources, round_index):
+        try:
+            env = decode_envelope(data, cfg.p2p.max_blob_bytes)
+            partial = parse_partial(env.payload)
+        except (EnvelopeRejected, SliceError):
+            continue
+        if (env.kind, env.run_id, env.round, env.stage) != ("partial", run_id, round_index, stage):
+            continue
+        j = partial.slice_index
+        if (partial.num_slices, partial.num_inputs) != (plan.num_slices, members) or j >= plan.num_slices:
+            continue
+        if partial.inputs_root != inputs_root_of_hashes([entries[i][j][0] for i in range(members)]):
+            continue
+        if env.sender_peer_id not in {peers[candidate(j, round_index, members, m)] for m in range(members)}:
+            continue
+        bound.setdefault(j, {})[partial.blob] = env.sender_peer_id
+    blobs = []
+    for j in range(plan.num_slices):
+        offers = bound.get(j, {})
+        inputs = [_slice_blob(sources, round_index, entries[i][j][0]) for i in range(members)]
+        expected = None
+        if all(blob is not None for blob in inputs):
+            expected = replay_partial(inputs, plan, j, cfg.compression, budget, norm_clip=cfg.diloco.norm_clip,
+                                      stage_index=stage, outer_round=round_index)
+            for blob, signer in offers.items():
+                label = f"partial s{stage} j{j} by {signer[-8:]} (replay)"
+                checks.append(Check(label, OK, f"bit for bit from {members} slice blobs") if blob == expected else
+                              Check(label, FAIL, f"the partial signed by {signer} differs from its replay from "
+                                    f"the {members} inputs it binds (a wrong partial over the right inputs)"))
+        elif offers:
+            notes.append(f"stage {stage} slice {j}: slice blobs not archived; the partial is not replayed")
+        if len(offers) == 1:
+            blobs.append(next(iter(offers)))  # what every holder had to apply
+        elif offers and expected in offers:
+            blobs.append(expected)  # honest fallbacks publish the replay's bytes
+        elif expected is not None:
+            notes.append(f"stage {stage} slice {j}: {len(offers)} bound partials; the replay is used")
+            blobs.append(expected)
+        else:
+            raise SlicedEvidenceMissing(f"stage {stage} slice {j}: {len(offers)} bound partials and no slice "
+                                        "blobs to replay them")
+    return average_of_partials(blobs, plan, stage_index=stage, outer_round=round_index,
+                               refuse_raw=cfg.compression.enabled)

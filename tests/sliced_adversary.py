@@ -1,0 +1,63 @@
+"""A member that publishes hostile partials in the sliced exchange, run as a real process by the tests.
+
+    python tests/sliced_adversary.py ATTACK [dlx-node arguments...]
+
+- ``wrong-root``: every partial it aggregates binds an inputs root of zeros
+  (validly signed; every holder must refuse it and take the fallback's).
+- ``wrong-blob``: every partial it aggregates binds the right inputs but
+  carries 5 x the honest average, re-encoded (decodes, binds: the holders
+  apply it alike; only the auditor's replay of the slice catches it).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ATTACKS = ("wrong-root", "wrong-blob")
+
+
+def wrong_root() -> None:
+    from node.live.sliced import SlicedExchange
+    from training.butterfly import partial_payload
+
+    def make_payload(self, slice_index, num_slices, root, members, blob):
+        return partial_payload(slice_index, num_slices, bytes(32), members, blob)
+
+    SlicedExchange.make_payload = make_payload
+
+
+def wrong_blob() -> None:
+    import torch
+
+    from node.live.replica import ReplicaWorker
+    from training.compression import encode_contribution
+
+    honest = ReplicaWorker.aggregate_slice
+
+    def aggregate_slice(self, stage, outer_round, slice_index, blobs):
+        result = honest(self, stage, outer_round, slice_index, blobs)
+        if result.decoded is not None:
+            scaled = {name: torch.mul(value, 5.0) for name, value in result.decoded.items()}
+            result.partial, result.decoded, _ = encode_contribution(
+                scaled, self.cfg.compression, stage_index=stage, outer_round=outer_round)
+        return result
+
+    ReplicaWorker.aggregate_slice = aggregate_slice
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in ATTACKS:
+        print(f"usage: sliced_adversary.py {{{'|'.join(ATTACKS)}}} [dlx-node arguments]", file=sys.stderr)
+        return 2
+    attack = sys.argv.pop(1)
+    {"wrong-root": wrong_root, "wrong-blob": wrong_blob}[attack]()
+    from node.cli import main as cli_main
+
+    return cli_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
