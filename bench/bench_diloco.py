@@ -91,6 +91,9 @@ def parse_args() -> argparse.Namespace:
                              "auto: --target-reduction times fewer bytes than AllReduce, the node's default)")
     parser.add_argument("--target-reduction", type=float, default=1000.0,
                         help="DiLoCoX with --bandwidth-budget auto: fewer bytes than fp32 ring AllReduce")
+    parser.add_argument("--encoder", default="v1", choices=["v1", "v2"],
+                        help="compression.encoder: which encoder picks the bytes (same wire format; "
+                             "docs/DILOCOX.md section 9)")
     parser.add_argument("--no-error-feedback", action="store_true")
     parser.add_argument("--overlap-steps", default="auto",
                         help="DiLoCoX: inner steps the exchange overlaps before it is applied (0: the whole round; "
@@ -136,7 +139,7 @@ def main() -> int:
         max_rank=args.max_rank, min_compress_numel=args.min_compress_numel,
         bandwidth_budget=args.bandwidth_budget, target_reduction=args.target_reduction,
         error_feedback=not args.no_error_feedback,
-        enabled=not args.no_compression,
+        enabled=not args.no_compression, encoder=args.encoder,
     )
     x_diloco_cfg = dataclasses.replace(
         diloco_cfg,
