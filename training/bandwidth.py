@@ -49,6 +49,9 @@ from training.config import CompressionConfig
 from training.errors import ContributionEncodeError
 
 
+QUANT_SAMPLE = 16384  # encoder "v2": values per bit width its quant(b) estimates look at (whole rows)
+
+
 def framing_bytes(name: str, shape: Sequence[int]) -> int:
     """Upper estimate of the msgpack bytes of one entry besides its payload (keys, name, shape, headers)."""
     return 48 + len(name.encode()) + 9 * len(shape)
@@ -242,6 +245,12 @@ def _rounding_residuals(values: torch.Tensor, column_max: torch.Tensor, bits_lis
     return per_column * steps * steps
 
 
+def _quant_coded(quantizer: _ColumnQuantizer, candidate: _Candidate, estimate: float) -> _Coded:
+    """``quant(b)`` coded as :func:`~training.compression._code_quant` codes it, without decoding it for an estimate."""
+    q_float, scales = quantizer.quantize(candidate.bits)
+    return _Coded(candidate, (q_float,), scales, estimate)
+
+
 def _all_codings_v2(matrix: torch.Tensor, shape: tuple[int, ...], cfg: CompressionConfig, norm: float) -> list[_Option]:
     """:func:`_all_codings` of encoder "v2": the same candidates, estimated without coding any (only the winner is).
 
@@ -263,7 +272,11 @@ def _all_codings_v2(matrix: torch.Tensor, shape: tuple[int, ...], cfg: Compressi
     quantizer = _ColumnQuantizer(matrix)
     relative = (lambda square: math.sqrt(max(square, 0.0)) / norm) if norm else (lambda square: 0.0)
     quant_bits = sorted({c.bits for c in candidates if c.codec == "quant"})
-    quant_squares = torch.sum(_rounding_residuals(matrix, quantizer.column_max, quant_bits), dim=1).tolist()
+    # Every ``stride``-th row: at most ~QUANT_SAMPLE values per bit width estimate the rest (scaled up).
+    stride = max(1, matrix.numel() // QUANT_SAMPLE)
+    sample = matrix[::stride]
+    residuals = _rounding_residuals(sample, quantizer.column_max, quant_bits) * (matrix.shape[0] / sample.shape[0])
+    quant_squares = torch.sum(residuals, dim=1).tolist()
     estimates = {("quant", 0, bits): relative(square) for bits, square in zip(quant_bits, quant_squares)}
     lowrank = [c for c in candidates if c.codec == "lowrank"]
     factors = None
@@ -288,7 +301,9 @@ def _all_codings_v2(matrix: torch.Tensor, shape: tuple[int, ...], cfg: Compressi
     for candidate in candidates:
         estimate = estimates[(candidate.codec, candidate.rank, candidate.bits)]
         if candidate.codec == "quant":
-            make = lambda candidate=candidate: _code_quant(matrix, candidate.bits, candidate, norm, quantizer)  # noqa: E731
+            make = lambda candidate=candidate, estimate=estimate: _quant_coded(  # noqa: E731
+                quantizer, candidate, estimate
+            )
         else:
             make = lambda candidate=candidate, estimate=estimate: factors.coded(candidate, estimate)  # noqa: E731
         options.append(_Option(candidate, estimate, make))
