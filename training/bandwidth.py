@@ -236,13 +236,26 @@ def _rounding_residuals(values: torch.Tensor, column_max: torch.Tensor, bits_lis
     so no clamping), in float64 at the end. Selection only: the winner is
     quantized and decoded exactly.
     """
-    limits = torch.tensor([float(qmax(bits)) for bits in bits_list], dtype=torch.float32)
-    safe = torch.where(column_max > 0, column_max, 1.0)
-    scaled = (values / safe).unsqueeze(0) * limits.reshape(-1, 1, 1)  # v / s, in [-qmax, qmax]
+    limits, limits64 = _limits(tuple(bits_list))
+    # A zero column divides to zeros (then rounds to no residual) whatever its positive divisor.
+    safe = column_max.clamp_min(torch.finfo(torch.float32).tiny)
+    scaled = (values / safe).unsqueeze(0) * limits  # v / s, in [-qmax, qmax]
     residual = scaled.sub_(torch.round(scaled))
     per_column = torch.sum(residual.mul_(residual), dim=1).to(torch.float64)  # (bits, columns), in units of s^2
-    steps = column_max.to(torch.float64).reshape(1, -1) / limits.to(torch.float64).reshape(-1, 1)
+    steps = column_max.to(torch.float64).reshape(1, -1) / limits64
     return per_column * steps * steps
+
+
+_LIMITS: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _limits(bits_list: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``qmax(b)`` per bit width, shaped (bits, 1, 1) in float32 and (bits, 1) in float64 (cached; never modified)."""
+    if bits_list not in _LIMITS:
+        values = [float(qmax(bits)) for bits in bits_list]
+        _LIMITS[bits_list] = (torch.tensor(values, dtype=torch.float32).reshape(-1, 1, 1),
+                              torch.tensor(values, dtype=torch.float64).reshape(-1, 1))
+    return _LIMITS[bits_list]
 
 
 def _quant_coded(quantizer: _ColumnQuantizer, candidate: _Candidate, estimate: float) -> _Coded:
