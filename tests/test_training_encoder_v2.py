@@ -145,7 +145,7 @@ def test_v2_estimates_track_the_exact_error():
 def test_robust_contributions_with_a_known_decoding_is_the_same():
     tensors = [_stage_like(seed) for seed in (6, 7)]
     blobs, decodings = [], []
-    for index, value in enumerate(tensors):
+    for value in tensors:
         blob, decoded, _ = encode_within_bandwidth(value, V2, 30_000, stage_index=0, outer_round=2)
         blobs.append(blob)
         decodings.append(decoded)

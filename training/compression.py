@@ -38,6 +38,14 @@ Error feedback (per tensor, ``e_0 = 0``): ``target_t = g_t + e_{t-1}``,
 ``sum_t sent_t = sum_t g_t - e_T``: the decoded contributions track the inputs up
 to one bounded residual.
 
+Encoder versions (``compression.encoder``): which bytes the encoder picks
+is part of the run configuration; the wire format and the decoder are the same
+for all. ``"v1"`` (a configuration that names none) factorizes with the
+randomized range finder on ``X`` below; ``"v2"`` with a subspace iteration on
+the small Gram matrix (:func:`_factorize_gram`) and, under a bandwidth budget,
+estimates every candidate's error from the factors' rounding residuals
+(:func:`training.bandwidth._all_codings_v2`).
+
 The wire format and the exact decoder live in :mod:`training.codec_wire`;
 the bandwidth-budget policy in :mod:`training.bandwidth`.
 """
