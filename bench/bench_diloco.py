@@ -12,7 +12,8 @@ section 9; the overlap and the byte budget in their "auto" form, resolved values
 
     .venv/bin/python bench/bench_diloco.py --tag final      # 1,536,000 tokens: H=50 x 30 rounds, M=2, S=2
 
-diloco_final.json was measured with --bandwidth-budget 80000 (auto gives 87,500 / 85,913 B).
+diloco_final.json was measured with --bandwidth-budget 80000 (auto gives 87,500 / 85,913 B), and
+every run before diloco_codec2_* with encoder v1 (--encoder v1 reproduces them).
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def parse_args() -> argparse.Namespace:
                              "auto: --target-reduction times fewer bytes than AllReduce, the node's default)")
     parser.add_argument("--target-reduction", type=float, default=1000.0,
                         help="DiLoCoX with --bandwidth-budget auto: fewer bytes than fp32 ring AllReduce")
+    parser.add_argument("--encoder", default="v2", choices=["v1", "v2"],
+                        help="compression.encoder: which encoder picks the bytes (same wire format; v2 = the "
+                             "default for new runs; docs/DILOCOX.md sections 3 and 9)")
     parser.add_argument("--no-error-feedback", action="store_true")
     parser.add_argument("--overlap-steps", default="auto",
                         help="DiLoCoX: inner steps the exchange overlaps before it is applied (0: the whole round; "
@@ -136,7 +140,7 @@ def main() -> int:
         max_rank=args.max_rank, min_compress_numel=args.min_compress_numel,
         bandwidth_budget=args.bandwidth_budget, target_reduction=args.target_reduction,
         error_feedback=not args.no_error_feedback,
-        enabled=not args.no_compression,
+        enabled=not args.no_compression, encoder=args.encoder,
     )
     x_diloco_cfg = dataclasses.replace(
         diloco_cfg,

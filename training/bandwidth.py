@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from training.codec_wire import MAX_WEIGHT, matrix_view_shape, pack_contribution
+from training.codec_wire import MAX_WEIGHT, matrix_view_shape, pack_contribution, qmax
 from training.compression import (
     CompressionStats,
     TensorCodecStats,
@@ -43,9 +43,13 @@ from training.compression import (
     _factorize,
     _rel_error,
     encode_tensor,
+    factorize,
 )
 from training.config import CompressionConfig
 from training.errors import ContributionEncodeError
+
+
+QUANT_SAMPLE = 16384  # encoder "v2": values per bit width its quant(b) estimates look at (whole rows)
 
 
 def framing_bytes(name: str, shape: Sequence[int]) -> int:
@@ -224,6 +228,101 @@ def _all_codings(matrix: torch.Tensor, shape: tuple[int, ...], cfg: CompressionC
     return options
 
 
+def _rounding_residuals(values: torch.Tensor, column_max: torch.Tensor, bits_list: Sequence[int]) -> torch.Tensor:
+    """``sum_i (v_ij - s_j round(v_ij / s_j))^2`` per column j, for ``s_j = column_max_j / qmax(b)``: (bit widths, columns).
+
+    The squared error of :class:`~training.compression._ColumnQuantizer` at each
+    bit width, from one pass over ``values`` for all of them (``|v / s| <= qmax``,
+    so no clamping), in float64 at the end. Selection only: the winner is
+    quantized and decoded exactly.
+    """
+    limits, limits64 = _limits(tuple(bits_list))
+    # A zero column divides to zeros (then rounds to no residual) whatever its positive divisor.
+    safe = column_max.clamp_min(torch.finfo(torch.float32).tiny)
+    scaled = (values / safe).unsqueeze(0) * limits  # v / s, in [-qmax, qmax]
+    residual = scaled.sub_(torch.round(scaled))
+    per_column = torch.sum(residual.mul_(residual), dim=1).to(torch.float64)  # (bits, columns), in units of s^2
+    steps = column_max.to(torch.float64).reshape(1, -1) / limits64
+    return per_column * steps * steps
+
+
+_LIMITS: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _limits(bits_list: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``qmax(b)`` per bit width, shaped (bits, 1, 1) in float32 and (bits, 1) in float64 (cached; never modified)."""
+    if bits_list not in _LIMITS:
+        values = [float(qmax(bits)) for bits in bits_list]
+        _LIMITS[bits_list] = (torch.tensor(values, dtype=torch.float32).reshape(-1, 1, 1),
+                              torch.tensor(values, dtype=torch.float64).reshape(-1, 1))
+    return _LIMITS[bits_list]
+
+
+def _quant_coded(quantizer: _ColumnQuantizer, candidate: _Candidate, estimate: float) -> _Coded:
+    """``quant(b)`` coded as :func:`~training.compression._code_quant` codes it, without decoding it for an estimate."""
+    q_float, scales = quantizer.quantize(candidate.bits)
+    return _Coded(candidate, (q_float,), scales, estimate)
+
+
+def _all_codings_v2(matrix: torch.Tensor, shape: tuple[int, ...], cfg: CompressionConfig, norm: float) -> list[_Option]:
+    """:func:`_all_codings` of encoder "v2": the same candidates, estimated without coding any (only the winner is).
+
+    ``quant(b)``: the exact rounding residual of every column (one pass for all
+    bit widths; :func:`_rounding_residuals`). ``lowrank(r, b)``, with ``P_k``,
+    ``Q_k`` the balanced factor columns of :func:`~training.compression.factorize`
+    (``"v2"``) and ``E_k``, ``F_k`` their rounding residuals at b bits::
+
+        ||X - sum_{k<r} (P_k - E_k)(Q_k - F_k)^T||^2
+          ~= (||X||^2 - sum_{k<r} sigma_k^2)
+             + sum_{k<r} (|E_k|^2 |Q_k|^2 + |P_k|^2 |F_k|^2 + |E_k|^2 |F_k|^2)
+
+    the truncation error plus each kept column's quantization error; the cross
+    terms between columns (zero-mean rounding noise against orthogonal
+    columns) and the 16-bit weights' rounding are left out. No product with
+    ``X``: a few vector operations give every rank and bit width.
+    """
+    candidates = _candidates(shape, cfg)
+    quantizer = _ColumnQuantizer(matrix)
+    relative = (lambda square: math.sqrt(max(square, 0.0)) / norm) if norm else (lambda square: 0.0)
+    quant_bits = sorted({c.bits for c in candidates if c.codec == "quant"})
+    # Every ``stride``-th row: at most ~QUANT_SAMPLE values per bit width estimate the rest (scaled up).
+    stride = max(1, matrix.numel() // QUANT_SAMPLE)
+    sample = matrix[::stride]
+    residuals = _rounding_residuals(sample, quantizer.column_max, quant_bits) * (matrix.shape[0] / sample.shape[0])
+    quant_squares = torch.sum(residuals, dim=1).tolist()
+    estimates = {("quant", 0, bits): relative(square) for bits, square in zip(quant_bits, quant_squares)}
+    lowrank = [c for c in candidates if c.codec == "lowrank"]
+    factors = None
+    if lowrank:
+        top = max(c.rank for c in lowrank)
+        u, sigma, v = factorize(matrix, top, "v2")
+        factors = _Factors((u, sigma, v), top)
+        left, right = factors.left.matrix, factors.right.matrix
+        bits_list = sorted({c.bits for c in lowrank})
+        left_error = _rounding_residuals(left, factors.left.column_max, bits_list)  # (bits, top)
+        right_error = _rounding_residuals(right, factors.right.column_max, bits_list)
+        left_norm = torch.sum(left * left, dim=0).to(torch.float64)
+        right_norm = torch.sum(right * right, dim=0).to(torch.float64)
+        quantization = torch.cumsum(left_error * right_norm + left_norm * right_error + left_error * right_error, 1)
+        truncation = (norm * norm - torch.cumsum(sigma.to(torch.float64) ** 2, 0)).clamp_min(0.0)
+        squares = (truncation + quantization).tolist()  # [bit index][rank - 1]
+        for candidate in lowrank:
+            estimates[("lowrank", candidate.rank, candidate.bits)] = relative(
+                squares[bits_list.index(candidate.bits)][candidate.rank - 1]
+            )
+    options = []
+    for candidate in candidates:
+        estimate = estimates[(candidate.codec, candidate.rank, candidate.bits)]
+        if candidate.codec == "quant":
+            make = lambda candidate=candidate, estimate=estimate: _quant_coded(  # noqa: E731
+                quantizer, candidate, estimate
+            )
+        else:
+            make = lambda candidate=candidate, estimate=estimate: factors.coded(candidate, estimate)  # noqa: E731
+        options.append(_Option(candidate, estimate, make))
+    return options
+
+
 def encode_within_bandwidth(
     tensors: Mapping[str, torch.Tensor], cfg: CompressionConfig, budget: int, *, stage_index: int, outer_round: int
 ) -> tuple[bytes, dict[str, torch.Tensor], CompressionStats]:
@@ -237,14 +336,18 @@ def encode_within_bandwidth(
     overhead = 32 + sum(framing_bytes(name, tuple(tensors[name].shape)) for name in names)
     for name in names:
         value = tensors[name].detach().to(torch.float32)
-        if not bool(torch.isfinite(value).all()):
-            raise ContributionEncodeError(f"{name!r}: pseudo-gradient has non-finite values")
         shape = tuple(value.shape)
         if value.numel() == 0:
             continue
         matrices[name] = value.reshape(matrix_view_shape(shape))
         norms[name] = float(torch.linalg.vector_norm(matrices[name]))
-        codings[name] = _all_codings(matrices[name], shape, cfg, norms[name])
+        # A nan or inf element makes the norm non-finite, so a finite norm proves every element
+        # finite; only a non-finite norm (possibly overflow of finite values) needs the full check.
+        if not math.isfinite(norms[name]) and not bool(torch.isfinite(value).all()):
+            raise ContributionEncodeError(f"{name!r}: pseudo-gradient has non-finite values")
+        codings[name] = (_all_codings_v2 if cfg.encoder == "v2" else _all_codings)(
+            matrices[name], shape, cfg, norms[name]
+        )
     options = {
         name: [(c.candidate.cost, (c.estimate * norms[name]) ** 2) for c in coded] for name, coded in codings.items()
     }

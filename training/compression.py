@@ -38,6 +38,14 @@ Error feedback (per tensor, ``e_0 = 0``): ``target_t = g_t + e_{t-1}``,
 ``sum_t sent_t = sum_t g_t - e_T``: the decoded contributions track the inputs up
 to one bounded residual.
 
+Encoder versions (``compression.encoder``): which bytes the encoder picks
+is part of the run configuration; the wire format and the decoder are the same
+for all. ``"v1"`` (a configuration that names none) factorizes with the
+randomized range finder on ``X`` below; ``"v2"`` with a subspace iteration on
+the small Gram matrix (:func:`_factorize_gram`) and, under a bandwidth budget,
+estimates every candidate's error from the factors' rounding residuals
+(:func:`training.bandwidth._all_codings_v2`).
+
 The wire format and the exact decoder live in :mod:`training.codec_wire`;
 the bandwidth-budget policy in :mod:`training.bandwidth`.
 """
@@ -189,6 +197,54 @@ def _factorize(matrix: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Ten
     return (basis @ u_small)[:, :rank], s[:rank], vh[:rank].t()
 
 
+def _factorize_gram(matrix: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Encoder "v2": top-``rank`` ``(U, sigma, V)`` of ``matrix`` through its small Gram matrix.
+
+    With ``X`` of shape ``m x n`` and ``k = min(m, n)``, ``G = X X^T`` (or
+    ``X^T X``) is only ``k x k`` (128 x 128 for every matrix of ``mini``), so
+    the subspace iteration of Halko et al. (2011, Algorithm 4.4) runs on ``G``
+    instead of ``X``: ``Y = G Omega`` (the fixed sketch, ``rank + 8`` columns),
+    ``_POWER_ITERATIONS`` x ``Y = G qr(Y)``, then Rayleigh-Ritz, ``eigh(Y^T G Y)``
+    with ``Y = qr(Y)``. Each step on ``G`` is two steps on ``X`` (``G`` already
+    squares the spectrum), and the products are ``k x k x (rank + 8)`` instead
+    of ``m x n x (rank + 8)``. ``sigma = sqrt(eigenvalue)``, and the other side
+    ``V = X^T U / sigma`` (zero where ``sigma`` is). Deterministic for given
+    input on one platform; squaring the spectrum costs float32 accuracy only
+    in singular values below ~1e-3 of the largest, far beyond what a rank <= 64
+    coding keeps. When ``rank + 8 >= k``, ``eigh(G)`` directly.
+    """
+    m, n = matrix.shape
+    wide = m <= n
+    side = matrix if wide else matrix.t()  # k x max(m, n)
+    gram = side @ side.t()
+    size = gram.shape[0]
+    columns = rank + _OVERSAMPLE
+    if columns >= size:
+        values, vectors = torch.linalg.eigh(gram)
+    else:
+        basis = gram @ _sketch(size, columns, gram.dtype)
+        for _ in range(_POWER_ITERATIONS):
+            basis, _ = torch.linalg.qr(basis)
+            basis = gram @ basis
+        basis, _ = torch.linalg.qr(basis)
+        values, small = torch.linalg.eigh(basis.t() @ gram @ basis)
+        vectors = basis @ small
+    # eigh sorts ascending: the top ``rank`` are the last, largest first after the flip.
+    values, vectors = values.flip(0)[:rank], vectors.flip(1)[:, :rank]
+    sigma = torch.sqrt(values.clamp_min(0.0))
+    positive = sigma > 0
+    other = (side.t() @ vectors) / torch.where(positive, sigma, 1.0)
+    other = torch.where(positive, other, 0.0)
+    return (vectors, sigma, other) if wide else (other, sigma, vectors)
+
+
+def factorize(matrix: torch.Tensor, rank: int, encoder: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-``rank`` ``(U, sigma, V)`` as encoder version ``encoder`` computes it (``compression.encoder``)."""
+    if encoder == "v2":
+        return _factorize_gram(matrix, rank)
+    return _factorize(matrix, rank)
+
+
 def _rank_candidates(m: int, n: int, max_rank: int) -> list[int]:
     top = min(max_rank, MAX_RANK, m, n)
     ranks = {r for r in (1, 2, 4, 8, 16, 32, 64) if r <= top}
@@ -199,7 +255,7 @@ def _rank_candidates(m: int, n: int, max_rank: int) -> list[int]:
 # ----------------------------------------------------------------------------- encoding
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Candidate:
     codec: str
     rank: int
@@ -208,6 +264,19 @@ class _Candidate:
 
 
 def _candidates(shape: tuple[int, ...], cfg: CompressionConfig) -> list[_Candidate]:
+    """Every coding of a tensor of ``shape`` under ``cfg``, cheapest first (a fresh list; the entries are shared)."""
+    key = (tuple(shape), tuple(cfg.bit_choices), cfg.max_rank, cfg.min_compress_numel)
+    if key not in _CANDIDATES:
+        if len(_CANDIDATES) >= 256:
+            _CANDIDATES.clear()
+        _CANDIDATES[key] = tuple(_list_candidates(shape, cfg))
+    return list(_CANDIDATES[key])
+
+
+_CANDIDATES: dict[tuple, tuple[_Candidate, ...]] = {}
+
+
+def _list_candidates(shape: tuple[int, ...], cfg: CompressionConfig) -> list[_Candidate]:
     m, n = matrix_view_shape(shape)
     out = [_Candidate("quant", 0, b, (m * n * b + 7) // 8 + 4 * n) for b in cfg.bit_choices]
     if len(shape) >= 2 and math.prod(shape) >= cfg.min_compress_numel:
@@ -325,7 +394,7 @@ def encode_tensor(
         if candidate.codec == "quant":
             return _code_quant(matrix, candidate.bits, candidate, norm, quantizer)
         if factors is None:
-            factors = _factorize(matrix, max(c.rank for c in candidates))
+            factors = factorize(matrix, max(c.rank for c in candidates), cfg.encoder)
         return _code_lowrank(matrix, factors, candidate, norm)
 
     chosen = decoded = None
@@ -333,7 +402,7 @@ def encode_tensor(
     for candidate in candidates:
         if candidate.codec == "lowrank" and norm > 0:
             if factors is None:
-                factors = _factorize(matrix, max(c.rank for c in candidates))
+                factors = factorize(matrix, max(c.rank for c in candidates), cfg.encoder)
             # The unquantized rank-r factorization already misses the budget: skip.
             kept = float(torch.sum(factors[1][: candidate.rank].to(torch.float64) ** 2))
             if math.sqrt(max(norm * norm - kept, 0.0)) / norm > budget:

@@ -249,11 +249,11 @@ def aggregate_with_report(
 
 
 def _aggregate(global_weights, momentum, contributions, diloco_cfg, *, stage_index, outer_round,
-               compression_cfg=None, excluded=None) -> Aggregation:
+               compression_cfg=None, excluded=None, known=()) -> Aggregation:
     shapes = {name: tuple(value.shape) for name, value in global_weights.items()}
     accepted, reports = robust_contributions(
         contributions, shapes, norm_clip=diloco_cfg.norm_clip, stage_index=stage_index, outer_round=outer_round,
-        refuse_raw=compression_cfg is not None and compression_cfg.enabled, excluded=excluded,
+        refuse_raw=compression_cfg is not None and compression_cfg.enabled, excluded=excluded, known=known,
     )
     for report in reports:
         if not report.accepted or report.scale != 1.0:
@@ -339,6 +339,8 @@ class StageEngine:
         # What this replica transmitted (decoded), for rounds not applied yet and the last applied
         # one: contribution_dropped() puts it back into the error-feedback residual.
         self._sent: dict[int, Weights] = {}
+        # (bytes, decoded) of own contributions not applied yet; not state: only saves a decode.
+        self._own_blob: dict[int, tuple[bytes, Weights]] = {}
         self.last_encoded = -1
         self.last_applied = -1
 
@@ -389,6 +391,8 @@ class StageEngine:
         self._round_end[outer_round] = local
         self._round_start = local
         self._sent[outer_round] = self.compressor.last_decoded
+        self._own_blob = {r: own for r, own in self._own_blob.items() if r > self.last_applied}
+        self._own_blob[outer_round] = (blob, self.compressor.last_decoded)
         self.last_encoded = outer_round
         stats.encode_seconds = time.perf_counter() - started
         return blob, stats
@@ -415,10 +419,13 @@ class StageEngine:
                     f"encoded before round {outer_round} is applied"
                 )
         started = time.perf_counter()
+        # This replica's own contribution, if among them, is not decoded again: the encoder
+        # returned exactly the decoder's output for those bytes (compression.encode_tensor).
+        own = self._own_blob.pop(outer_round, None)
         result = aggregation if aggregation is not None else _aggregate(
             self.global_weights, self.momentum, contributions, self.diloco_cfg,
             stage_index=self.stage_index, outer_round=outer_round, compression_cfg=self.compression_cfg,
-            excluded=excluded,
+            excluded=excluded, known=() if own is None else (own,),
         )
         new_global, new_momentum, average = result.new_global, result.new_momentum, result.average
         aggregated = time.perf_counter()
@@ -508,6 +515,7 @@ class StageEngine:
         self.global_weights, self.momentum = weights, momentum
         self._round_start = _clone(weights)
         self._round_end, self._own_decoded, self._others_previous, self._sent = {}, {}, None, {}
+        self._own_blob = {}
         self.last_encoded = self.last_applied = last_round
         with torch.no_grad():
             for name, param in self.params.items():
@@ -522,7 +530,7 @@ class StageEngine:
         """
         if self.last_encoded >= next_round - 1:
             return
-        self._round_end, self._own_decoded, self._sent = {}, {}, {}
+        self._round_end, self._own_decoded, self._sent, self._own_blob = {}, {}, {}, {}
         self.last_encoded = next_round - 1
         self.last_applied = max(self.last_applied, next_round - 1)
 
@@ -629,6 +637,7 @@ class StageEngine:
         self._round_end = round_end
         self._own_decoded, self._others_previous, self._sent = own_decoded, others_previous, sent
         self.last_encoded, self.last_applied = last_encoded, last_applied
+        self._own_blob = {}
 
     def _checked(self, what: str, weights: Mapping[str, torch.Tensor]) -> Weights:
         if set(weights) != set(self.shapes):

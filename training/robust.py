@@ -191,13 +191,18 @@ def robust_contributions(
     outer_round: int | None = None,
     refuse_raw: bool = False,
     excluded: Mapping[int, str] | None = None,
+    known: Sequence[tuple[bytes, Mapping[str, torch.Tensor]]] = (),
 ) -> tuple[list[dict[str, torch.Tensor]], list[ContributionReport]]:
     """Decode, exclude and clip one round's contributions (module docstring, steps 1-5).
 
     Returns the accepted contributions' tensors, in canonical order and already
     scaled, and one report per input contribution. ``excluded`` maps canonical
     indices to a detail string (screening's verdict); ``norm_clip = 0`` turns
-    the norm rule off (every accepted scale is 1.0).
+    the norm rule off (every accepted scale is 1.0). ``known`` lists
+    ``(bytes, decoded tensors)`` the caller already holds, exactly what
+    :func:`decode_contribution` returns for those bytes with these arguments
+    (a replica's own contribution: the encoder returns the decoder's output
+    bit for bit); a contribution equal to such bytes is not decoded again.
     """
     excluded = dict(excluded or {})
     unknown = sorted(i for i in excluded if not 0 <= i < len(contributions))
@@ -208,9 +213,11 @@ def robust_contributions(
     norms: dict[int, float] = {}
     for index, blob in enumerate(contributions):
         try:
-            tensors = decode_contribution(
-                blob, shapes, stage_index=stage_index, outer_round=outer_round, refuse_raw=refuse_raw
-            )
+            tensors = next((dict(tensors) for data, tensors in known if data == blob), None)
+            if tensors is None:
+                tensors = decode_contribution(
+                    blob, shapes, stage_index=stage_index, outer_round=outer_round, refuse_raw=refuse_raw
+                )
         except ContributionDecodeError as exc:
             reason = next(code for kind, code in _DECODE_REASONS if isinstance(exc, kind))
             reports[index] = ContributionReport(index, False, reason, str(exc), None, 0.0)
