@@ -23,7 +23,7 @@ def test_data_path_patches_are_in_force():
     # A py-libp2p upgrade that silently drops them would only show as a slow benchmark.
     assert sorted(fastpath.applied) == [
         "batched_window_updates", "buffered_tcp_reads", "chunked_stream_buffers", "larger_yamux_frames",
-        "noise_reads_in_place",
+        "noise_reads_in_place", "uncopied_yamux_writes",
     ]
     import libp2p.stream_muxer.yamux.yamux as yamux
 
@@ -56,6 +56,29 @@ def test_buffered_tcp_reads_return_every_byte_in_order():
         return bytes(received)
 
     assert trio.run(main) == payload
+
+
+def test_an_unjoined_yamux_frame_slices_as_its_bytes():
+    """What Yamux._write_frame and the Noise writer take of a frame equals the joined header + payload."""
+    header, payload = os.urandom(12), os.urandom(200_000)
+    frame = fastpath._YamuxFrame(header, memoryview(payload))
+    joined = header + payload
+    assert len(frame) == len(joined) and frame.tobytes() == joined
+    step = fastpath.NOISE_PLAINTEXT_BYTES
+    for start, stop in [(0, 12), (0, step), (step, 2 * step), (5, 20), (12, 13), (3 * step, len(joined) + 99)]:
+        assert bytes(frame[start:stop]) == joined[start:stop], (start, stop)
+    assert bytes(frame[::7]) == joined[::7]
+
+
+def test_receive_buffer_grows_keeping_unread_bytes():
+    buffer = fastpath._ReceiveBuffer()
+    buffer.data[:10] = b"0123456789"
+    buffer.start, buffer.end = 3, 10
+    while buffer.read_bytes < fastpath.MAX_TCP_READ_BYTES:
+        buffer.grow()
+    assert buffer.read_bytes == fastpath.MAX_TCP_READ_BYTES
+    assert bytes(buffer.data[buffer.start : buffer.end]) == b"3456789"
+    assert len(buffer.data) >= fastpath.MAX_TCP_READ_BYTES + 2 * 65537
 
 
 def hash_out_of_order(tmp_path, pieces, memory_budget):
