@@ -41,7 +41,7 @@ from libp2p.peer.id import ID
 
 from p2p.blobstore import BlobStore, check_sha256_hex
 from p2p.errors import BlobError, BlobHashMismatch, BlobNotFound, BlobTooLarge, BlobUnavailable
-from p2p.fastpath import YAMUX_FRAME_PAYLOAD_BYTES, grant_receive_window, read_raw
+from p2p.fastpath import YAMUX_FRAME_PAYLOAD_BYTES, grant_receive_window, read_raw, release_body
 from p2p.ratelimit import PeerRateLimiter
 from p2p.wire import ProtocolViolation, field, read_frame, write_frame
 
@@ -151,11 +151,16 @@ class _InOrderHasher:
         self._changed = trio.Event()
         self.read_back = 0  # bytes hashed from the staging file rather than from memory
 
-    def written(self, offset: int, chunks: list[bytes]) -> None:
-        """Record that ``chunks`` are on disk from ``offset`` on (called on the event loop)."""
+    def written(self, offset: int, chunks: list[bytes]) -> bool:
+        """Record that ``chunks`` are on disk from ``offset`` on (called on the event loop).
+
+        Returns whether the chunks are kept for hashing; if so, they are handed to
+        :func:`~p2p.fastpath.release_body` once hashed, and the caller must not
+        release them itself.
+        """
         length = sum(len(chunk) for chunk in chunks)
         if not length:
-            return
+            return False
         kept: list[bytes] | None = chunks
         if self._held + length > self._memory_budget:
             kept = None  # read it back later rather than hold unbounded memory
@@ -163,6 +168,7 @@ class _InOrderHasher:
             self._held += length
         self._ranges[offset] = (offset + length, kept)
         self._changed.set()
+        return kept is not None
 
     def _contiguous(self) -> list[tuple[int, int, list[bytes] | None]]:
         """Pop the written ranges that continue the hashed prefix, in order."""
@@ -183,6 +189,9 @@ class _InOrderHasher:
                 continue
             await self._run_blocking(self._hash_batch, batch)
             self._held -= sum(end - start for start, end, chunks in batch if chunks is not None)
+            for _, _, chunks in batch:
+                for chunk in chunks or ():
+                    release_body(chunk)  # hashed and on disk: its buffer can take the next frame
             self._hashed = batch[-1][1]
             if self._hashed - self._synced >= SYNC_BYTES:
                 await self._run_blocking(os.fdatasync, self._fd)
@@ -370,7 +379,9 @@ class BlobService:
             nonlocal chunks, buffered, written
             batch, chunks = chunks, []
             await self._run_blocking(_write_chunks, fd, batch, offset + written)
-            hasher.written(offset + written, batch)
+            if not hasher.written(offset + written, batch):
+                for chunk in batch:  # on disk, and the hasher will read it back from there
+                    release_body(chunk)
             written += buffered
             buffered = 0
             progress[0] = written

@@ -524,7 +524,7 @@ def _noise_reads_in_place() -> None:
         plain = session._dlx_plain  # type: ignore[attr-defined]
         if len(plain) - session._dlx_plain_at >= n:  # type: ignore[attr-defined]
             return _take_plain(session, n)
-        body = bytearray(n)
+        body = _new_body(n)
         with memoryview(body) as out:
             received = 0
             if plain:
@@ -746,6 +746,34 @@ def _chunked_stream_buffers() -> None:
     _yamux.Yamux.__init__ = __init__  # type: ignore[method-assign]
     _yamux.Yamux.read_stream = read_stream  # type: ignore[method-assign]
     applied.append("chunked_stream_buffers")
+
+
+#: Full-size frame bodies handed back by their readers (:func:`release_body`), reused by the next frames.
+_BODY_POOL: list[bytearray] = []
+#: At most this many are kept (~8 MiB): enough for the bodies one flush of a blob range holds.
+BODY_POOL_SIZE = 8
+
+
+def _new_body(size: int) -> bytearray:
+    """A buffer for a frame body of ``size`` bytes: a released one if it fits, else a new one."""
+    if size == YAMUX_FRAME_PAYLOAD_BYTES:
+        try:
+            return _BODY_POOL.pop()
+        except IndexError:  # empty (or emptied by another host's thread meanwhile)
+            pass
+    return bytearray(size)
+
+
+def release_body(chunk: Any) -> None:
+    """Give back a frame body that :func:`read_raw` handed out and nothing references any more.
+
+    A fresh 1 MiB ``bytearray`` per received frame costs a zero-fill and, when
+    the allocator maps it anew, 256 page faults; a body given back here is
+    decrypted into again instead. Only call it once every use of ``chunk``
+    (writes, hashing) has finished: its bytes will be overwritten.
+    """
+    if type(chunk) is bytearray and len(chunk) == YAMUX_FRAME_PAYLOAD_BYTES and len(_BODY_POOL) < BODY_POOL_SIZE:
+        _BODY_POOL.append(chunk)
 
 
 def read_raw(stream: Any) -> None:
