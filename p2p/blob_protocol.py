@@ -331,6 +331,10 @@ class BlobService:
             stream = await self._open_stream(peer, BLOB_PROTOCOL)
         try:
             with trio.fail_after(self.stall_timeout):
+                # Open the yamux window to the whole range before asking for it: granted
+                # after the request, the grant raced the provider's first 256 KiB, and a
+                # provider that lost the race idled for py-libp2p's 10 ms window poll.
+                await grant_receive_window(stream, length)
                 await write_frame(stream, request_frame(digest, offset, length))
                 header = await read_frame(stream, MAX_FRAME_BYTES)
             status = field(header, "status", str)
@@ -387,10 +391,8 @@ class BlobService:
             progress[0] = written
 
         try:
-            # The whole range is asked for: let the provider send it without
-            # waiting for the yamux window to grow from 256 KiB. Its frame bodies
-            # are only written and hashed: take them as they arrived, uncopied.
-            await grant_receive_window(stream, length)
+            # The frame bodies are only written and hashed: take them as they
+            # arrived, uncopied (the window was opened to the range by _request).
             read_raw(stream)
             while written + buffered < length:
                 with trio.fail_after(self.stall_timeout):
