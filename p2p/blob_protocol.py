@@ -149,7 +149,42 @@ class _InOrderHasher:
         self._held = 0  # bytes of chunks kept in memory for hashing
         self._ranges: dict[int, tuple[int, list[bytes] | None]] = {}  # start -> (end, chunks or None)
         self._changed = trio.Event()
+        self._busy = False  # the digest is being updated (by run() or by a writer's job)
         self.read_back = 0  # bytes hashed from the staging file rather than from memory
+        self.hashed_with_write = 0  # bytes hashed in the job that wrote them (claim())
+
+    def claim(self, offset: int) -> bool:
+        """Let the writer of the range at ``offset`` hash it in its own job, right after writing it.
+
+        True only if that range is the next to hash and nothing is being hashed:
+        then the caller runs :meth:`write_and_hash` and reports with
+        :meth:`hashed_inline` (or :meth:`unclaim` if its write failed). One
+        thread hop per range instead of two, and the bytes are hashed while the
+        copy into the page cache has just brought them into the CPU cache.
+        """
+        if self._busy or offset != self._hashed:
+            return False
+        self._busy = True
+        return True
+
+    def write_and_hash(self, fd: int, chunks: list[bytes], offset: int) -> None:
+        """``pwritev`` the chunks, then hash them (on the thread pool, after :meth:`claim`)."""
+        _write_chunks(fd, chunks, offset)
+        for chunk in chunks:
+            self._digest.update(chunk)
+
+    def hashed_inline(self, offset: int, chunks: list[bytes]) -> None:
+        """The claimed range is written and hashed (called on the event loop)."""
+        length = sum(len(chunk) for chunk in chunks)
+        self.hashed_with_write += length
+        self._hashed = offset + length
+        self._busy = False
+        self._changed.set()
+
+    def unclaim(self) -> None:
+        """The claimed range's write failed (its job has ended): nothing was hashed."""
+        self._busy = False
+        self._changed.set()
 
     def written(self, offset: int, chunks: list[bytes]) -> bool:
         """Record that ``chunks`` are on disk from ``offset`` on (called on the event loop).
@@ -182,20 +217,24 @@ class _InOrderHasher:
 
     async def run(self) -> None:
         while self._hashed < self._total:
-            batch = self._contiguous()
+            if self._hashed - self._synced >= SYNC_BYTES:
+                hashed = self._hashed
+                await self._run_blocking(os.fdatasync, self._fd)
+                self._synced = hashed
+                continue
+            batch = [] if self._busy else self._contiguous()
             if not batch:
                 self._changed = trio.Event()  # no await since _contiguous(): nothing is missed
                 await self._changed.wait()
                 continue
+            self._busy = True
             await self._run_blocking(self._hash_batch, batch)
+            self._busy = False  # (not on cancellation: the job may still run, and the download is over)
             self._held -= sum(end - start for start, end, chunks in batch if chunks is not None)
             for _, _, chunks in batch:
                 for chunk in chunks or ():
                     release_body(chunk)  # hashed and on disk: its buffer can take the next frame
             self._hashed = batch[-1][1]
-            if self._hashed - self._synced >= SYNC_BYTES:
-                await self._run_blocking(os.fdatasync, self._fd)
-                self._synced = self._hashed
 
     def _hash_batch(self, batch: list[tuple[int, int, list[bytes] | None]]) -> None:
         for start, end, chunks in batch:
@@ -382,10 +421,23 @@ class BlobService:
         async def flush() -> None:
             nonlocal chunks, buffered, written
             batch, chunks = chunks, []
-            await self._run_blocking(_write_chunks, fd, batch, offset + written)
-            if not hasher.written(offset + written, batch):
-                for chunk in batch:  # on disk, and the hasher will read it back from there
+            at = offset + written
+            if hasher.claim(at):  # the next range to hash: hash it in the writing job
+                try:
+                    await self._run_blocking(hasher.write_and_hash, fd, batch, at)
+                except trio.Cancelled:
+                    raise  # the job may still be running: the hasher stays claimed, the download is over
+                except BaseException:
+                    hasher.unclaim()
+                    raise
+                hasher.hashed_inline(at, batch)
+                for chunk in batch:
                     release_body(chunk)
+            else:
+                await self._run_blocking(_write_chunks, fd, batch, at)
+                if not hasher.written(at, batch):
+                    for chunk in batch:  # on disk, and the hasher will read it back from there
+                        release_body(chunk)
             written += buffered
             buffered = 0
             progress[0] = written

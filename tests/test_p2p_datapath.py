@@ -120,6 +120,38 @@ def test_hash_of_pieces_landing_out_of_order(tmp_path, memory_budget, reads_back
     assert hasher.read_back <= len(blob)
 
 
+def test_the_next_range_to_hash_is_hashed_by_the_job_that_writes_it(tmp_path):
+    """What a blob fetch's flush does: claim the range if it is next, else leave it to the hasher."""
+    blob = os.urandom(30_000)
+    path = tmp_path / "staging.part"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.ftruncate(fd, len(blob))
+        hasher = _InOrderHasher(fd, len(blob), run_inline)
+
+        async def main():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(hasher.run)
+                for start, end in [(0, 10_000), (20_000, 30_000), (10_000, 20_000)]:
+                    chunks = [blob[start : start + 4000], blob[start + 4000 : end]]
+                    if hasher.claim(start):
+                        hasher.write_and_hash(fd, chunks, start)
+                        hasher.hashed_inline(start, chunks)
+                    else:
+                        _write_chunks(fd, chunks, start)
+                        hasher.written(start, chunks)
+                    await trio.sleep(0)
+
+        trio.run(main)
+    finally:
+        os.close(fd)
+    assert hasher.hexdigest() == hashlib.sha256(blob).hexdigest()
+    assert path.read_bytes() == blob
+    # The first and the middle range were next when written; the last waited in memory.
+    assert hasher.hashed_with_write == 20_000 and hasher.read_back == 0
+
+
 def test_write_chunks_places_every_chunk_at_its_offset(tmp_path):
     path = tmp_path / "file"
     path.write_bytes(b"\0" * 100)
