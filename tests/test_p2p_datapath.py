@@ -10,7 +10,7 @@ import trio.testing
 from libp2p.io.trio import TrioTCPStream
 
 from p2p import fastpath
-from p2p.blob_protocol import _InOrderHasher, _write_chunks
+from p2p.blob_protocol import _InOrderHasher, _read_cached, _write_chunks
 from p2p.ratelimit import TokenBucket
 
 
@@ -150,6 +150,24 @@ def test_the_next_range_to_hash_is_hashed_by_the_job_that_writes_it(tmp_path):
     assert path.read_bytes() == blob
     # The first and the middle range were next when written; the last waited in memory.
     assert hasher.hashed_with_write == 20_000 and hasher.read_back == 0
+
+
+def test_a_served_block_is_read_from_the_page_cache_in_place(tmp_path):
+    data = os.urandom(300_000)
+    path = tmp_path / "blob"
+    path.write_bytes(data)  # just written: in the page cache
+    buffer = bytearray(1 << 18)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        block = _read_cached(fd, buffer, 100_000, 150_000)
+        past_end = _read_cached(fd, buffer, 100, len(data))
+    finally:
+        os.close(fd)
+    if not hasattr(os, "RWF_NOWAIT"):
+        assert block is None  # the server then reads on its thread pool
+        return
+    assert bytes(block) == data[150_000:250_000]
+    assert past_end is None  # nothing there: the thread-pool read reports the shrunk blob
 
 
 def test_write_chunks_places_every_chunk_at_its_offset(tmp_path):
