@@ -41,7 +41,7 @@ from libp2p.peer.id import ID
 
 from p2p.blobstore import BlobStore, check_sha256_hex
 from p2p.errors import BlobError, BlobHashMismatch, BlobNotFound, BlobTooLarge, BlobUnavailable
-from p2p.fastpath import YAMUX_FRAME_PAYLOAD_BYTES, grant_receive_window, read_raw
+from p2p.fastpath import YAMUX_FRAME_PAYLOAD_BYTES, grant_receive_window, read_raw, release_body
 from p2p.ratelimit import PeerRateLimiter
 from p2p.wire import ProtocolViolation, field, read_frame, write_frame
 
@@ -149,13 +149,53 @@ class _InOrderHasher:
         self._held = 0  # bytes of chunks kept in memory for hashing
         self._ranges: dict[int, tuple[int, list[bytes] | None]] = {}  # start -> (end, chunks or None)
         self._changed = trio.Event()
+        self._busy = False  # the digest is being updated (by run() or by a writer's job)
         self.read_back = 0  # bytes hashed from the staging file rather than from memory
+        self.hashed_with_write = 0  # bytes hashed in the job that wrote them (claim())
 
-    def written(self, offset: int, chunks: list[bytes]) -> None:
-        """Record that ``chunks`` are on disk from ``offset`` on (called on the event loop)."""
+    def claim(self, offset: int) -> bool:
+        """Let the writer of the range at ``offset`` hash it in its own job, right after writing it.
+
+        True only if that range is the next to hash and nothing is being hashed:
+        then the caller runs :meth:`write_and_hash` and reports with
+        :meth:`hashed_inline` (or :meth:`unclaim` if its write failed). One
+        thread hop per range instead of two, and the bytes are hashed while the
+        copy into the page cache has just brought them into the CPU cache.
+        """
+        if self._busy or offset != self._hashed:
+            return False
+        self._busy = True
+        return True
+
+    def write_and_hash(self, fd: int, chunks: list[bytes], offset: int) -> None:
+        """``pwritev`` the chunks, then hash them (on the thread pool, after :meth:`claim`)."""
+        _write_chunks(fd, chunks, offset)
+        for chunk in chunks:
+            self._digest.update(chunk)
+
+    def hashed_inline(self, offset: int, chunks: list[bytes]) -> None:
+        """The claimed range is written and hashed (called on the event loop)."""
+        length = sum(len(chunk) for chunk in chunks)
+        self.hashed_with_write += length
+        self._hashed = offset + length
+        self._busy = False
+        self._changed.set()
+
+    def unclaim(self) -> None:
+        """The claimed range's write failed (its job has ended): nothing was hashed."""
+        self._busy = False
+        self._changed.set()
+
+    def written(self, offset: int, chunks: list[bytes]) -> bool:
+        """Record that ``chunks`` are on disk from ``offset`` on (called on the event loop).
+
+        Returns whether the chunks are kept for hashing; if so, they are handed to
+        :func:`~p2p.fastpath.release_body` once hashed, and the caller must not
+        release them itself.
+        """
         length = sum(len(chunk) for chunk in chunks)
         if not length:
-            return
+            return False
         kept: list[bytes] | None = chunks
         if self._held + length > self._memory_budget:
             kept = None  # read it back later rather than hold unbounded memory
@@ -163,6 +203,7 @@ class _InOrderHasher:
             self._held += length
         self._ranges[offset] = (offset + length, kept)
         self._changed.set()
+        return kept is not None
 
     def _contiguous(self) -> list[tuple[int, int, list[bytes] | None]]:
         """Pop the written ranges that continue the hashed prefix, in order."""
@@ -176,17 +217,24 @@ class _InOrderHasher:
 
     async def run(self) -> None:
         while self._hashed < self._total:
-            batch = self._contiguous()
+            if self._hashed - self._synced >= SYNC_BYTES:
+                hashed = self._hashed
+                await self._run_blocking(os.fdatasync, self._fd)
+                self._synced = hashed
+                continue
+            batch = [] if self._busy else self._contiguous()
             if not batch:
                 self._changed = trio.Event()  # no await since _contiguous(): nothing is missed
                 await self._changed.wait()
                 continue
+            self._busy = True
             await self._run_blocking(self._hash_batch, batch)
+            self._busy = False  # (not on cancellation: the job may still run, and the download is over)
             self._held -= sum(end - start for start, end, chunks in batch if chunks is not None)
+            for _, _, chunks in batch:
+                for chunk in chunks or ():
+                    release_body(chunk)  # hashed and on disk: its buffer can take the next frame
             self._hashed = batch[-1][1]
-            if self._hashed - self._synced >= SYNC_BYTES:
-                await self._run_blocking(os.fdatasync, self._fd)
-                self._synced = self._hashed
 
     def _hash_batch(self, batch: list[tuple[int, int, list[bytes] | None]]) -> None:
         for start, end, chunks in batch:
@@ -204,6 +252,27 @@ class _InOrderHasher:
 
     def hexdigest(self) -> str:
         return self._digest.hexdigest()
+
+
+_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", None)
+_KEPT_READ_BUFFERS = 2  # read buffers kept between served ranges (~8 MiB)
+
+
+def _read_cached(fd: int, buffer: bytearray, size: int, offset: int) -> memoryview | None:
+    """Up to ``size`` bytes at ``offset`` into ``buffer`` if the page cache holds them, else None.
+
+    ``preadv`` with ``RWF_NOWAIT`` (Linux) never waits for the disk: it fails with
+    EAGAIN rather than block the event loop; a filesystem or platform that cannot
+    tell gives None too. May return fewer bytes than asked (the cached part).
+    """
+    if _RWF_NOWAIT is None:
+        return None
+    with memoryview(buffer) as view:
+        try:
+            count = os.preadv(fd, [view[:size]], offset, _RWF_NOWAIT)
+        except OSError:
+            return None
+    return memoryview(buffer)[:count] if count > 0 else None
 
 
 def _write_chunks(fd: int, chunks: list[bytes], offset: int) -> None:
@@ -241,6 +310,7 @@ class BlobService:
         self._fetch_slots = trio.CapacityLimiter(concurrency)
         self.concurrency = concurrency
         self.stall_timeout = stall_timeout
+        self._read_buffers: list[bytearray] = []  # FILE_IO_BYTES each, reused by served ranges
 
     # ----- server side -----
 
@@ -292,12 +362,17 @@ class BlobService:
         try:
             await write_frame(stream, header)
             handle = await self._run_blocking(open, path, "rb", buffering=0)
+            buffer = self._read_buffers.pop() if self._read_buffers else bytearray(FILE_IO_BYTES)
             try:
                 position, end = offset, offset + length
                 while position < end:
-                    block = await self._run_blocking(
-                        os.pread, handle.fileno(), min(FILE_IO_BYTES, end - position), position
-                    )
+                    size = min(FILE_IO_BYTES, end - position)
+                    # A blob being served is usually in the page cache: read it here, without a
+                    # thread hop per 4 MiB (each one a wake-up the sender waits for); a block
+                    # the kernel would have to fetch from disk is read on the thread pool.
+                    block = _read_cached(handle.fileno(), buffer, size, position)
+                    if block is None:
+                        block = await self._run_blocking(os.pread, handle.fileno(), size, position)
                     if not block:
                         raise BlobError(f"blob {sha256_hex} shrank while being served")
                     position += len(block)
@@ -311,6 +386,8 @@ class BlobService:
                         self._stats.add_peer(peer, sent=len(chunk))
             finally:
                 handle.close()
+                if len(self._read_buffers) < _KEPT_READ_BUFFERS:
+                    self._read_buffers.append(buffer)  # stream.write has consumed every slice of it
             await stream.close()
         finally:
             self._serve_slots.release()
@@ -322,6 +399,10 @@ class BlobService:
             stream = await self._open_stream(peer, BLOB_PROTOCOL)
         try:
             with trio.fail_after(self.stall_timeout):
+                # Open the yamux window to the whole range before asking for it: granted
+                # after the request, the grant raced the provider's first 256 KiB, and a
+                # provider that lost the race idled for py-libp2p's 10 ms window poll.
+                await grant_receive_window(stream, length)
                 await write_frame(stream, request_frame(digest, offset, length))
                 header = await read_frame(stream, MAX_FRAME_BYTES)
             status = field(header, "status", str)
@@ -369,17 +450,30 @@ class BlobService:
         async def flush() -> None:
             nonlocal chunks, buffered, written
             batch, chunks = chunks, []
-            await self._run_blocking(_write_chunks, fd, batch, offset + written)
-            hasher.written(offset + written, batch)
+            at = offset + written
+            if hasher.claim(at):  # the next range to hash: hash it in the writing job
+                try:
+                    await self._run_blocking(hasher.write_and_hash, fd, batch, at)
+                except trio.Cancelled:
+                    raise  # the job may still be running: the hasher stays claimed, the download is over
+                except BaseException:
+                    hasher.unclaim()
+                    raise
+                hasher.hashed_inline(at, batch)
+                for chunk in batch:
+                    release_body(chunk)
+            else:
+                await self._run_blocking(_write_chunks, fd, batch, at)
+                if not hasher.written(at, batch):
+                    for chunk in batch:  # on disk, and the hasher will read it back from there
+                        release_body(chunk)
             written += buffered
             buffered = 0
             progress[0] = written
 
         try:
-            # The whole range is asked for: let the provider send it without
-            # waiting for the yamux window to grow from 256 KiB. Its frame bodies
-            # are only written and hashed: take them as they arrived, uncopied.
-            await grant_receive_window(stream, length)
+            # The frame bodies are only written and hashed: take them as they
+            # arrived, uncopied (the window was opened to the range by _request).
             read_raw(stream)
             while written + buffered < length:
                 with trio.fail_after(self.stall_timeout):

@@ -37,6 +37,7 @@ from __future__ import annotations
 import errno
 import importlib.metadata
 import logging
+import struct
 from collections import deque
 from typing import Any
 
@@ -49,7 +50,7 @@ from libp2p.io.utils import DEFAULT_RETRY_READ_COUNT
 from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.security.noise import io as _noise_io
 from libp2p.security.secure_session import SecureSession
-from libp2p.stream_muxer.exceptions import MuxedStreamEOF, MuxedStreamReset
+from libp2p.stream_muxer.exceptions import MuxedStreamEOF, MuxedStreamError, MuxedStreamReset
 from noise.backends.default.ciphers import ChaCha20Cipher
 from noise.constants import MAX_NONCE
 from noise.exceptions import NoiseInvalidMessage, NoiseMaxNonceError
@@ -63,10 +64,14 @@ NOISE_PLAINTEXT_BYTES = _noise_io.MAX_PLAINTEXT_LENGTH
 YAMUX_FRAME_NOISE_MESSAGES = 16
 #: Payload of a full outgoing yamux data frame (its 12-byte header shares the first message).
 YAMUX_FRAME_PAYLOAD_BYTES = YAMUX_FRAME_NOISE_MESSAGES * NOISE_PLAINTEXT_BYTES - _yamux.HEADER_SIZE
-#: Bytes asked of the kernel per TCP read.
+#: Bytes asked of the kernel per TCP read at first.
 TCP_READ_BYTES = 256 * 1024
-#: A connection's receive buffer: one kernel read plus a Noise message left over from the last.
-TCP_BUFFER_BYTES = TCP_READ_BYTES + 2 * (_noise_io.SIZE_NOISE_MESSAGE_LEN + _noise_io.MAX_NOISE_MESSAGE_LEN)
+#: ... growing (doubling each time a read fills its request) up to this on a connection carrying bulk data.
+MAX_TCP_READ_BYTES = 1 << 20
+#: Room kept beside a read in a connection's receive buffer: a Noise message left over from the last one.
+_LEFTOVER_BYTES = 2 * (_noise_io.SIZE_NOISE_MESSAGE_LEN + _noise_io.MAX_NOISE_MESSAGE_LEN)
+#: A connection's receive buffer at first: one kernel read plus a leftover message.
+TCP_BUFFER_BYTES = TCP_READ_BYTES + _LEFTOVER_BYTES
 _TAG_BYTES = 16  # Poly1305 tag closing every Noise transport message
 #: Bytes on the wire of one full outgoing yamux data frame (its Noise messages with their prefixes).
 _MAX_FRAME_WIRE_BYTES = YAMUX_FRAME_NOISE_MESSAGES * (_noise_io.SIZE_NOISE_MESSAGE_LEN + _noise_io.MAX_NOISE_MESSAGE_LEN)
@@ -121,15 +126,17 @@ def _larger_yamux_frames() -> None:
 
     async def write_msg(self: Any, msg: bytes, prefix_encoded: bool = False) -> None:
         if prefix_encoded or len(msg) <= NOISE_PLAINTEXT_BYTES:  # handshake and small writes
-            data = self.encrypt(msg)
+            data = self.encrypt(msg.tobytes() if isinstance(msg, _YamuxFrame) else msg)
             if prefix_encoded:
                 data = self.prefix + data
             await self.read_writer.write_msg(data)
             return
         # The stock writer sent each Noise message of a large write separately:
         # one socket write (and trio checkpoint) per 64 KiB.
-        view = memoryview(msg)
         state = _chacha_state(self, "encrypt")
+        if isinstance(msg, _YamuxFrame) and state is None:
+            msg = msg.tobytes()
+        view = msg if isinstance(msg, _YamuxFrame) else memoryview(msg)
         if state is None:  # not ChaChaPoly: the noise library's own encrypt, then one join
             parts = []
             for start in range(0, len(msg), NOISE_PLAINTEXT_BYTES):
@@ -151,7 +158,7 @@ def _larger_yamux_frames() -> None:
         with memoryview(wire) as out:
             position = 0
             for start in range(0, len(msg), NOISE_PLAINTEXT_BYTES):
-                plaintext = view[start : start + NOISE_PLAINTEXT_BYTES]
+                plaintext = view[start : start + NOISE_PLAINTEXT_BYTES]  # a frame's first is a short copy
                 size = len(plaintext) + _TAG_BYTES
                 out[position : position + prefix_bytes] = size.to_bytes(prefix_bytes, "big")
                 position += prefix_bytes
@@ -169,19 +176,68 @@ def _larger_yamux_frames() -> None:
     applied.append("larger_yamux_frames")
 
 
+class _YamuxFrame:
+    """An outgoing yamux DATA frame kept as its header and a view of its payload (no concatenation).
+
+    py-libp2p 0.8.1 builds each frame as ``header + chunk``: a copy of every sent
+    byte (1 MiB per frame) just before the Noise writer encrypts it into the wire
+    buffer anyway. This stands in for those bytes between ``YamuxStream.write``
+    and ``write_msg`` (:func:`_uncopied_yamux_writes`), supporting what
+    ``Yamux._write_frame`` does with a frame (``len``, ``frame[:HEADER_SIZE]``)
+    and slices as the writer takes them: only a slice that spans the header is
+    copied (the first Noise message of a frame, 64 KiB).
+    """
+
+    __slots__ = ("header", "payload")
+
+    def __init__(self, header: bytes, payload: memoryview) -> None:
+        self.header = header
+        self.payload = payload
+
+    def __len__(self) -> int:
+        return len(self.header) + len(self.payload)
+
+    def __getitem__(self, key: slice) -> Any:
+        start, stop, step = key.indices(len(self))
+        if step != 1:
+            return self.tobytes()[key]
+        header_bytes = len(self.header)
+        if start >= header_bytes:
+            return self.payload[start - header_bytes : stop - header_bytes]
+        if stop <= header_bytes:
+            return self.header[start:stop]
+        return self.header[start:] + self.payload[: stop - header_bytes]
+
+    def tobytes(self) -> bytes:
+        return self.header + bytes(self.payload)
+
+
 class _ReceiveBuffer:
     """Bytes read from one TCP connection and not consumed yet, in one reused bytearray.
 
     Reusing the buffer spares a fresh 256 KiB allocation (and its page faults) per
-    ``recv``; Noise ciphertexts are decrypted straight out of it.
+    ``recv``; Noise ciphertexts are decrypted straight out of it. A read that
+    fills its whole request means more is waiting: the next reads ask for twice
+    as much, up to :data:`MAX_TCP_READ_BYTES` (a 100 MB blob in ~100 ``recv``
+    calls and event-loop passes instead of ~400), so only connections that carry
+    bulk data hold the larger buffer.
     """
 
-    __slots__ = ("data", "start", "end")
+    __slots__ = ("data", "start", "end", "read_bytes")
 
     def __init__(self) -> None:
         self.data = bytearray(TCP_BUFFER_BYTES)
         self.start = 0
         self.end = 0
+        self.read_bytes = TCP_READ_BYTES
+
+    def grow(self) -> None:
+        """Double the read size (up to the maximum), keeping the unconsumed bytes."""
+        self.read_bytes = min(2 * self.read_bytes, MAX_TCP_READ_BYTES)
+        data = bytearray(self.read_bytes + _LEFTOVER_BYTES)
+        left = self.end - self.start
+        data[:left] = self.data[self.start : self.end]
+        self.data, self.start, self.end = data, 0, left
 
     def take(self, n: int | None) -> bytes:
         """Up to ``n`` (None: all) buffered bytes, as a copy."""
@@ -196,10 +252,11 @@ async def _receive(tcp: TrioTCPStream, buffer: _ReceiveBuffer) -> bool:
     """One ``recv`` into the buffer's free tail (moving what is left to the front first); False at EOF."""
     if buffer.start == buffer.end:
         buffer.start = buffer.end = 0
-    elif len(buffer.data) - buffer.end < TCP_READ_BYTES:
+    elif len(buffer.data) - buffer.end < buffer.read_bytes:
         left = buffer.end - buffer.start  # under one Noise message: a short move
         buffer.data[:left] = buffer.data[buffer.start : buffer.end]
         buffer.start, buffer.end = 0, left
+    requested = len(buffer.data) - buffer.end
     try:
         with memoryview(buffer.data) as view, view[buffer.end :] as tail:
             received = await tcp.stream.socket.recv_into(tail)
@@ -210,6 +267,8 @@ async def _receive(tcp: TrioTCPStream, buffer: _ReceiveBuffer) -> bool:
             return False
         raise ConnectionClosedError(f"TCP connection reset by remote peer: {error}", transport="tcp") from error
     buffer.end += received
+    if received == requested and buffer.read_bytes < MAX_TCP_READ_BYTES:
+        buffer.grow()
     return received > 0
 
 
@@ -235,6 +294,60 @@ async def _next_bytes(tcp: TrioTCPStream, n: int) -> memoryview:
     view = memoryview(buffer.data)[buffer.start : buffer.start + count]
     buffer.start += count
     return view
+
+
+def _uncopied_yamux_writes() -> None:
+    """Hand each outgoing yamux DATA frame to the Noise writer as header + payload view, not joined.
+
+    The stock ``YamuxStream.write`` (py-libp2p 0.8.1), line for line, except that
+    over a keyed ChaChaPoly Noise session a frame is a :class:`_YamuxFrame`
+    instead of ``header + chunk``; the window accounting, locks, the 10 ms poll
+    of an empty send window and its 5 s timeout are unchanged.
+    """
+    original_write = _yamux.YamuxStream.write
+
+    async def write(self: Any, data: bytes) -> None:
+        secured = self.conn.secured_conn
+        if not isinstance(secured, SecureSession) or _chacha_state(secured.conn, "encrypt") is None:
+            return await original_write(self, data)
+        if self.send_closed:
+            raise MuxedStreamError("Stream is closed for sending")
+        view = memoryview(data)
+        total_len = len(view)
+        sent = 0
+        while sent < total_len:
+            frame: _YamuxFrame | None = None
+            while frame is None:
+                async with self.rw_lock.write_lock():
+                    if self.send_closed:
+                        raise MuxedStreamError("Stream is closed for sending")
+                    async with self.window_lock:
+                        if self.closed:
+                            raise MuxedStreamError("Stream is closed")
+                        if self.send_window > 0:
+                            to_send = min(self.send_window, _yamux.MAX_MESSAGE_SIZE - _yamux.HEADER_SIZE, total_len - sent)
+                            self.send_window -= to_send
+                            header = struct.pack(
+                                _yamux.YAMUX_HEADER_FORMAT, 0, _yamux.TYPE_DATA, 0, self.stream_id, to_send
+                            )
+                            frame = _YamuxFrame(header, view[sent : sent + to_send])
+                if frame is not None:
+                    break
+                self._zero_window_waits += 1
+                with trio.move_on_after(5.0) as cancel_scope:
+                    while True:
+                        async with self.window_lock:
+                            if self.send_window > 0 or self.closed:
+                                break
+                        await trio.sleep(0.01)
+                if cancel_scope.cancelled_caught:
+                    raise MuxedStreamError("Timed out waiting for window update after 5 seconds.")
+            await self.conn._write_frame(frame)
+            sent += len(frame.payload)
+
+    write._dlx_original = original_write  # type: ignore[attr-defined]
+    _yamux.YamuxStream.write = write  # type: ignore[method-assign]
+    applied.append("uncopied_yamux_writes")
 
 
 def _buffered_tcp_reads() -> None:
@@ -314,6 +427,38 @@ def _decrypt(noise: Any, ciphertext: memoryview, into: memoryview | None = None)
     return plaintext
 
 
+def _decrypt_buffered(noise: Any, out: memoryview, received: int) -> int:
+    """Decrypt the Noise messages already in the TCP receive buffer into ``out`` from ``received`` on.
+
+    Stops at the first message that is not wholly buffered, is empty or would end
+    past ``out`` (the caller takes those one at a time); returns the new fill of
+    ``out``. A synchronous loop: no coroutine, lock or checkpoint per message
+    (a 256 KiB read holds four of them).
+    """
+    buffer = _buffer_of(noise.read_writer.read_write_closer.stream)
+    state = noise.noise_state.noise_protocol.cipher_state_decrypt
+    decrypt_into = state.cipher.cipher.decrypt_into
+    data, start, end = buffer.data, buffer.start, buffer.end
+    prefix_bytes = _noise_io.SIZE_NOISE_MESSAGE_LEN
+    limit = len(out)
+    with memoryview(data) as view:
+        while end - start >= prefix_bytes:
+            size = (data[start] << 8) | data[start + 1]
+            plain_size = size - _TAG_BYTES
+            if end - start - prefix_bytes < size or not 0 < plain_size <= limit - received:
+                break
+            body = start + prefix_bytes
+            try:
+                decrypt_into(_nonce(state), view[body : body + size], None, out[received : received + plain_size])
+            except InvalidTag:
+                raise NoiseInvalidMessage("Failed authentication of message") from None
+            state.n += 1
+            received += plain_size
+            start = body + size
+            buffer.start = start
+    return received
+
+
 def _take_plain(session: SecureSession, n: int | None) -> bytes:
     """Up to ``n`` (None: all) decrypted bytes left over from the last message."""
     plain, offset = session._dlx_plain, session._dlx_plain_at  # type: ignore[attr-defined]
@@ -379,7 +524,7 @@ def _noise_reads_in_place() -> None:
         plain = session._dlx_plain  # type: ignore[attr-defined]
         if len(plain) - session._dlx_plain_at >= n:  # type: ignore[attr-defined]
             return _take_plain(session, n)
-        body = bytearray(n)
+        body = _new_body(n)
         with memoryview(body) as out:
             received = 0
             if plain:
@@ -387,6 +532,10 @@ def _noise_reads_in_place() -> None:
                 out[: len(left)] = left
                 received = len(left)
             while received < n:
+                received = _decrypt_buffered(noise, out, received)
+                if received == n:
+                    break
+                # The next message is not wholly buffered, straddles the body's end or is empty.
                 ciphertext = await _next_ciphertext(noise)
                 size = len(ciphertext) - _TAG_BYTES
                 if 0 < size <= n - received:
@@ -599,6 +748,34 @@ def _chunked_stream_buffers() -> None:
     applied.append("chunked_stream_buffers")
 
 
+#: Full-size frame bodies handed back by their readers (:func:`release_body`), reused by the next frames.
+_BODY_POOL: list[bytearray] = []
+#: At most this many are kept (~8 MiB): enough for the bodies one flush of a blob range holds.
+BODY_POOL_SIZE = 8
+
+
+def _new_body(size: int) -> bytearray:
+    """A buffer for a frame body of ``size`` bytes: a released one if it fits, else a new one."""
+    if size == YAMUX_FRAME_PAYLOAD_BYTES:
+        try:
+            return _BODY_POOL.pop()
+        except IndexError:  # empty (or emptied by another host's thread meanwhile)
+            pass
+    return bytearray(size)
+
+
+def release_body(chunk: Any) -> None:
+    """Give back a frame body that :func:`read_raw` handed out and nothing references any more.
+
+    A fresh 1 MiB ``bytearray`` per received frame costs a zero-fill and, when
+    the allocator maps it anew, 256 page faults; a body given back here is
+    decrypted into again instead. Only call it once every use of ``chunk``
+    (writes, hashing) has finished: its bytes will be overwritten.
+    """
+    if type(chunk) is bytearray and len(chunk) == YAMUX_FRAME_PAYLOAD_BYTES and len(_BODY_POOL) < BODY_POOL_SIZE:
+        _BODY_POOL.append(chunk)
+
+
 def read_raw(stream: Any) -> None:
     """Let reads on ``stream`` return received frame bodies as they are (``bytes`` or ``bytearray``).
 
@@ -631,6 +808,7 @@ async def grant_receive_window(stream: Any, expected_bytes: int) -> None:
 
 if _version_matches():
     _larger_yamux_frames()
+    _uncopied_yamux_writes()
     _buffered_tcp_reads()
     _noise_reads_in_place()
     _chunked_stream_buffers()

@@ -10,7 +10,7 @@ import trio.testing
 from libp2p.io.trio import TrioTCPStream
 
 from p2p import fastpath
-from p2p.blob_protocol import _InOrderHasher, _write_chunks
+from p2p.blob_protocol import _InOrderHasher, _read_cached, _write_chunks
 from p2p.ratelimit import TokenBucket
 
 
@@ -23,7 +23,7 @@ def test_data_path_patches_are_in_force():
     # A py-libp2p upgrade that silently drops them would only show as a slow benchmark.
     assert sorted(fastpath.applied) == [
         "batched_window_updates", "buffered_tcp_reads", "chunked_stream_buffers", "larger_yamux_frames",
-        "noise_reads_in_place",
+        "noise_reads_in_place", "uncopied_yamux_writes",
     ]
     import libp2p.stream_muxer.yamux.yamux as yamux
 
@@ -56,6 +56,29 @@ def test_buffered_tcp_reads_return_every_byte_in_order():
         return bytes(received)
 
     assert trio.run(main) == payload
+
+
+def test_an_unjoined_yamux_frame_slices_as_its_bytes():
+    """What Yamux._write_frame and the Noise writer take of a frame equals the joined header + payload."""
+    header, payload = os.urandom(12), os.urandom(200_000)
+    frame = fastpath._YamuxFrame(header, memoryview(payload))
+    joined = header + payload
+    assert len(frame) == len(joined) and frame.tobytes() == joined
+    step = fastpath.NOISE_PLAINTEXT_BYTES
+    for start, stop in [(0, 12), (0, step), (step, 2 * step), (5, 20), (12, 13), (3 * step, len(joined) + 99)]:
+        assert bytes(frame[start:stop]) == joined[start:stop], (start, stop)
+    assert bytes(frame[::7]) == joined[::7]
+
+
+def test_receive_buffer_grows_keeping_unread_bytes():
+    buffer = fastpath._ReceiveBuffer()
+    buffer.data[:10] = b"0123456789"
+    buffer.start, buffer.end = 3, 10
+    while buffer.read_bytes < fastpath.MAX_TCP_READ_BYTES:
+        buffer.grow()
+    assert buffer.read_bytes == fastpath.MAX_TCP_READ_BYTES
+    assert bytes(buffer.data[buffer.start : buffer.end]) == b"3456789"
+    assert len(buffer.data) >= fastpath.MAX_TCP_READ_BYTES + 2 * 65537
 
 
 def hash_out_of_order(tmp_path, pieces, memory_budget):
@@ -95,6 +118,56 @@ def test_hash_of_pieces_landing_out_of_order(tmp_path, memory_budget, reads_back
     # Within the budget nothing is read back; over it, the excess comes from the staging file.
     assert (hasher.read_back > 0) is reads_back
     assert hasher.read_back <= len(blob)
+
+
+def test_the_next_range_to_hash_is_hashed_by_the_job_that_writes_it(tmp_path):
+    """What a blob fetch's flush does: claim the range if it is next, else leave it to the hasher."""
+    blob = os.urandom(30_000)
+    path = tmp_path / "staging.part"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.ftruncate(fd, len(blob))
+        hasher = _InOrderHasher(fd, len(blob), run_inline)
+
+        async def main():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(hasher.run)
+                for start, end in [(0, 10_000), (20_000, 30_000), (10_000, 20_000)]:
+                    chunks = [blob[start : start + 4000], blob[start + 4000 : end]]
+                    if hasher.claim(start):
+                        hasher.write_and_hash(fd, chunks, start)
+                        hasher.hashed_inline(start, chunks)
+                    else:
+                        _write_chunks(fd, chunks, start)
+                        hasher.written(start, chunks)
+                    await trio.sleep(0)
+
+        trio.run(main)
+    finally:
+        os.close(fd)
+    assert hasher.hexdigest() == hashlib.sha256(blob).hexdigest()
+    assert path.read_bytes() == blob
+    # The first and the middle range were next when written; the last waited in memory.
+    assert hasher.hashed_with_write == 20_000 and hasher.read_back == 0
+
+
+def test_a_served_block_is_read_from_the_page_cache_in_place(tmp_path):
+    data = os.urandom(300_000)
+    path = tmp_path / "blob"
+    path.write_bytes(data)  # just written: in the page cache
+    buffer = bytearray(1 << 18)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        block = _read_cached(fd, buffer, 100_000, 150_000)
+        past_end = _read_cached(fd, buffer, 100, len(data))
+    finally:
+        os.close(fd)
+    if not hasattr(os, "RWF_NOWAIT"):
+        assert block is None  # the server then reads on its thread pool
+        return
+    assert bytes(block) == data[150_000:250_000]
+    assert past_end is None  # nothing there: the thread-pool read reports the shrunk blob
 
 
 def test_write_chunks_places_every_chunk_at_its_offset(tmp_path):
