@@ -335,6 +335,7 @@ class StageEngine:
         self._sent: dict[int, Weights] = {}
         self.last_encoded = -1
         self.last_applied = -1
+        self._prepared: tuple[int, Weights] | None = None  # (round, pseudo-gradient) of prepare_encode()
 
     @property
     def delayed(self) -> bool:
@@ -354,8 +355,7 @@ class StageEngine:
         divisor = _f32(float(count))
         return {name: torch.div(torch.add(own[name], others[name]), divisor) for name in own}
 
-    def encode_contribution(self, outer_round: int) -> tuple[bytes, CompressionStats]:
-        """Pseudo-gradient of ``outer_round`` (start-of-round minus current local weights), compressed."""
+    def _check_encode_order(self, outer_round: int) -> None:
         if outer_round != self.last_encoded + 1:
             raise RoundOrderError(f"stage {self.stage_index}: encode round {outer_round}, expected {self.last_encoded + 1}")
         pending = outer_round - 1 - self.last_applied  # rounds encoded but not applied
@@ -364,7 +364,59 @@ class StageEngine:
                 f"stage {self.stage_index}: round {self.last_applied + 1} must be applied before encoding "
                 f"round {outer_round} ({'one-step delay' if self.delayed else 'no delay'})"
             )
+
+    @property
+    def can_prepare(self) -> bool:
+        """Whether :meth:`prepare_encode` may split the encode (not for "lookahead"/"eager": their jump
+        to the estimate needs the compressed contribution before the next round trains)."""
+        return not self.lookahead
+
+    def prepare_encode(self, outer_round: int) -> None:
+        """The part of :meth:`encode_contribution` that reads the live params, done now.
+
+        It snapshots the local weights ``E_t``, forms the pseudo-gradient and moves the
+        round counters and snapshots exactly as the whole encode does; the following
+        ``encode_contribution(outer_round)`` only compresses (the costly part) and may run on
+        another thread while the next round trains, since the compressor's residual and the
+        transmitted updates are touched by nothing else until then (the caller orders
+        :meth:`contribution_dropped` and the next encode after it). The result is bit for bit
+        the one of a whole encode: the same operations on the same values, in the same order
+        for every tensor the encode writes.
+        """
+        if not self.can_prepare:
+            raise RoundOrderError(f"stage {self.stage_index}: delay_correction="
+                                  f"{self.diloco_cfg.delay_correction!r} cannot split its encode")
+        self._check_encode_order(outer_round)
+        if self._prepared is not None:
+            raise RoundOrderError(f"stage {self.stage_index}: round {self._prepared[0]} was prepared and not encoded")
+        local = _clone(self.params)
+        pseudo_gradient = {name: torch.sub(self._round_start[name], local[name]) for name in self.shapes}
+        self._round_end[outer_round] = local
+        self._round_start = local
+        self.last_encoded = outer_round
+        self._prepared = (outer_round, pseudo_gradient)
+
+    def encode_contribution(self, outer_round: int) -> tuple[bytes, CompressionStats]:
+        """Pseudo-gradient of ``outer_round`` (start-of-round minus current local weights), compressed.
+
+        After :meth:`prepare_encode` of the same round, only the compression is left to do.
+        """
+        if self._prepared is None:
+            self._check_encode_order(outer_round)
+        elif self._prepared[0] != outer_round:
+            raise RoundOrderError(f"stage {self.stage_index}: encode round {outer_round}, round "
+                                  f"{self._prepared[0]} was prepared")
         started = time.perf_counter()
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and prepared[0] == outer_round:
+            # prepare_encode() already took the snapshot and moved the round counters.
+            pseudo_gradient = prepared[1]
+            blob, stats = self.compressor.compress(
+                pseudo_gradient, stage_index=self.stage_index, outer_round=outer_round
+            )
+            self._sent[outer_round] = self.compressor.last_decoded
+            stats.encode_seconds = time.perf_counter() - started
+            return blob, stats
         local = _clone(self.params)
         pseudo_gradient = {name: torch.sub(self._round_start[name], local[name]) for name in self.shapes}
         blob, stats = self.compressor.compress(
@@ -478,7 +530,7 @@ class StageEngine:
         return outer_round in self._sent
 
     def _forget_sent_before(self, outer_round: int) -> None:
-        for old in [r for r in self._sent if r < outer_round]:
+        for old in [r for r in list(self._sent) if r < outer_round]:  # list(): another thread may add one
             del self._sent[old]
 
     # ------------------------------------------------------------------ joining, catching up
@@ -501,6 +553,7 @@ class StageEngine:
         self._round_start = _clone(weights)
         self._round_end, self._own_decoded, self._others_previous, self._sent = {}, {}, None, {}
         self.last_encoded = self.last_applied = last_round
+        self._prepared = None
         with torch.no_grad():
             for name, param in self.params.items():
                 param.copy_(weights[name])

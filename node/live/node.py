@@ -28,6 +28,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 from ledger.errors import ChainWaitStopped, LedgerError
@@ -40,6 +41,7 @@ from node.live.committer import Committer, CommitterContext
 from node.live.coordination import CloseInterrupted, RoundCoordinator, RoundStopped
 from node.live.exchange import ContributionPool, serve_blob
 from node.live.inbox import GossipInbox
+from node.live.lane import RoundLane
 from node.live.membership import Membership
 from node.live.onchain import NodeChain
 from node.live.protocol import run_topic
@@ -125,6 +127,12 @@ class Node:
         self._reannounced: set[int] = set()  # rounds whose archived contribution this life announced again
         self.spot_checks: SpotChecker | None = None
         self._start_states: dict[int, dict[int, bytes]] = {}  # round -> stage -> start-state hash served
+        # Per-round work off the training thread (node/live/lane.py): compressing and publishing a
+        # contribution, serialising and serving a start state, the held-out eval on a copy.
+        self.lane = RoundLane()
+        self._capture_done = None  # future of the last start-state capture queued on the lane
+        self._publish_done = None  # future of the last contribution encoded and published on the lane
+        self._evals: dict[int, object] = {}  # round -> future of its held-out loss
         self._stage_hashes: dict[int, dict[int, bytes]] = {}  # round -> stage -> weights hash after its outer step
         self.ejected = False  # this node was found guilty on chain and removed from the run
         self.first_round = -1  # first round this process contributes to (announced in hellos)
@@ -161,6 +169,7 @@ class Node:
             self.contributions.close()
         for t in self._threads:
             t.join(timeout=5)
+        self.lane.close()
         if self.worker is not None:
             self.worker.close()
         if self.host is not None:
@@ -383,6 +392,7 @@ class Node:
         logger.warning("round %d: pipeline of cluster %r broke (%s); waiting for the partner to come back",
                        broken_round, self.cfg.cluster, reason)
         self._round_parts.pop(broken_round, None)
+        self.lane.join()  # the abandoned round's start state may still be on its way
         self._start_states.pop(broken_round, None)  # nothing of the abandoned round is sent
         next_round = min([*unfinished, self.progress.last_finished + 1])
         unfinished.clear()
@@ -442,7 +452,7 @@ class Node:
                         self._train_inner_steps(action.outer_round, action.first_step, action.end_step)
                     elif action.kind == ENCODE:
                         with self.clock.phase("encode"):
-                            self._publish_contributions(action.outer_round)
+                            self._encode(action.outer_round)
                         unfinished.append(action.outer_round)
                     elif action.kind == APPLY:
                         while unfinished and unfinished[0] <= action.outer_round:
@@ -451,6 +461,7 @@ class Node:
                 logger.info("round %d abandoned on request", outer_round)
                 break
             outer_round += 1
+        self.lane.join()  # a contribution still being encoded goes out (or its failure is raised here)
         # Finish what was exchanged; a stopping node waits only briefly.
         try:
             for r in unfinished:
@@ -474,8 +485,17 @@ class Node:
 
         if first_step == 0:  # what the round's contributions will bind (docs/DILOCOX.md section 11)
             with self.clock.phase("start_state"):
-                self._start_states[outer_round] = self.spot_checks.serve_start_states(
-                    outer_round, self.worker.capture_start_states(outer_round))
+                # Copies of the weights and AdamW state now; the engines' part, the bytes, the hash and
+                # serving them on the lane, after the previous round's encode and before the next
+                # change to the engines (_encode and _finish_round join it first).
+                serialise = self.worker.start_state_capture(outer_round)
+
+                def serve() -> None:
+                    with self.clock.lane("start_state"):
+                        self._start_states[outer_round] = self.spot_checks.serve_start_states(
+                            outer_round, serialise())
+
+                self._capture_done = self.lane.submit(serve)
         try:
             stats = self.worker.train_round(outer_round, on_step, first_step, end_step)
         except PipelineError as exc:
@@ -487,20 +507,72 @@ class Node:
         parts = self._round_parts.pop(outer_round)
         tokens = sum(p.tokens for p in parts)
         mean_loss = sum(p.mean_loss * p.tokens for p in parts) / tokens
-        try:
-            with self.clock.phase("eval"):
-                eval_loss = self.worker.eval_loss()
-        except PipelineError as exc:
-            raise PipelineBroken(outer_round, str(exc)) from exc
-        self.progress.eval_loss = eval_loss
-        self._train_info[outer_round] = (mean_loss, eval_loss, tokens)
+        with self.clock.phase("eval"):
+            self._evals[outer_round] = self._start_eval(outer_round)
+        self._train_info[outer_round] = (mean_loss, math.nan, tokens)  # held-out loss: _eval_of()
         period = self.clock.trained(outer_round, sum(p.seconds for p in parts))
         self.progress.timing = self.clock.summary()
-        logger.info("round %d: %d inner steps in %.1fs (%s), loss %.4f, held-out %.4f", outer_round,
+        logger.info("round %d: %d inner steps in %.1fs (%s), loss %.4f", outer_round,
                     self.cfg.diloco.inner_steps, period["inner_s"],
                     "first period" if period["wall_s"] is None else
                     f"{period['wall_s']:.1f}s since the last round's, utilization {period['utilization']:.1%}",
-                    mean_loss, eval_loss)
+                    mean_loss)
+
+    def _start_eval(self, outer_round: int):
+        """The held-out loss of the weights after ``outer_round``'s training: a future.
+
+        A chained replica evaluates a copy on the lane; a split one runs its pipeline now.
+        """
+        snapshot = self.worker.eval_snapshot()
+        if snapshot is None:
+            try:
+                eval_loss = self.worker.eval_loss()
+            except PipelineError as exc:
+                raise PipelineBroken(outer_round, str(exc)) from exc
+            self._evaluated(outer_round, eval_loss)
+            done = Future()
+            done.set_result(eval_loss)
+            return done
+
+        def evaluate() -> float:
+            with self.clock.lane("eval"):
+                eval_loss = snapshot()
+            self._evaluated(outer_round, eval_loss)
+            return eval_loss
+
+        return self.lane.submit(evaluate)
+
+    def _evaluated(self, outer_round: int, eval_loss: float) -> None:
+        self.progress.eval_loss = eval_loss
+        logger.info("round %d: held-out loss %.4f", outer_round, eval_loss)
+
+    def _eval_of(self, outer_round: int) -> float:
+        """The held-out loss after ``outer_round``'s training (nan if this process did not train it)."""
+        future = self._evals.get(outer_round)
+        return math.nan if future is None else self.lane.join(future)
+
+    def _encode(self, outer_round: int) -> None:
+        """Encode and publish ``outer_round``: the part reading the live weights here, the rest on the lane."""
+        if outer_round <= self.state.get("last_contributed", -1):
+            raise StateError(f"round {outer_round} was already contributed before a restart; refusing to re-sign")
+        # The engines' last reader and writer on the lane (this round's start state, the previous
+        # encode) are done; not the eval just queued, which reads its own copy.
+        self._join_engine_work()
+        prepared = [self.worker.prepare_encode(stage, outer_round) for stage in self.worker.stages]
+        if all(prepared):
+            def publish() -> None:
+                with self.clock.lane("encode"):
+                    self._publish_contributions(outer_round)
+
+            self._publish_done = self.lane.submit(publish)
+        else:  # "lookahead"/"eager": the next round starts from the compressed contribution
+            self._publish_contributions(outer_round)
+
+    def _join_engine_work(self) -> None:
+        """Wait for the lane's tasks that read or write the engines (start states, encodes)."""
+        for future in (self._capture_done, self._publish_done):
+            if future is not None:
+                self.lane.join(future)
 
     def _publish_contributions(self, outer_round: int) -> None:
         if outer_round <= self.state.get("last_contributed", -1):
@@ -551,6 +623,8 @@ class Node:
                 if arrived is not None and (last_arrival is None or arrived > last_arrival):
                     last_arrival = arrived
             mark = time.monotonic()
+            if self._capture_done is not None:  # the start state read the engines as they were
+                self.lane.join(self._capture_done)
             payloads = [msg.decode_contribution_body(decode_envelope(e, self.cfg.p2p.max_blob_bytes).payload).blob
                         for e in envelopes]
             screened, _reports = self.worker.screen(outer_round, payloads)
@@ -566,6 +640,7 @@ class Node:
                                    report.detail)
                     excluded.append([stage, replica, peer_id, digest.hex(), report.reason, report.detail])
             if contributed and not any(entry[1] == self.peer_id for entry in close.contributions):
+                self._join_engine_work()  # the residual it goes back into: after the encode on the lane
                 self.worker.contribution_dropped(stage, outer_round)  # a straggler's update is sent again later
             for (replica, peer_id, digest, _size), envelope in zip(close.contributions, envelopes):
                 self.archive.put(outer_round, envelope)
@@ -578,7 +653,8 @@ class Node:
         checkpoint_round = (outer_round + 1) % self.cfg.checkpoint_every == 0
         for stage in self.worker.stages:
             shard_hash = self._write_shard(outer_round, stage, hashes[stage]) if checkpoint_round else b""
-            train_loss, eval_loss, tokens = self._train_info.get(outer_round, (math.nan, math.nan, 0))
+            train_loss, _, tokens = self._train_info.get(outer_round, (math.nan, math.nan, 0))
+            eval_loss = self._eval_of(outer_round)
             last = stage == self.cfg.pipeline.num_stages - 1
             att = msg.Attestation(hashes[stage], self.coordinator.stage_root(outer_round, stage),
                                   len(self.coordinator.accepted(outer_round, stage).contributions),
@@ -610,8 +686,10 @@ class Node:
             del self._train_info[old]
         for old in [r for r in self._stage_hashes if r < outer_round - 8]:
             del self._stage_hashes[old]
-        for old in [r for r in self._start_states if r < outer_round]:
-            del self._start_states[old]
+        for old in [r for r in list(self._start_states) if r < outer_round]:  # list(): the lane adds rounds
+            self._start_states.pop(old, None)
+        for old in [r for r in self._evals if r < outer_round]:
+            del self._evals[old]
 
     def _write_shard(self, outer_round: int, stage: int, weights_hash: bytes) -> bytes:
         weights, momentum = self.worker.global_state(stage)
