@@ -270,6 +270,16 @@ def _aggregate(global_weights, momentum, contributions, diloco_cfg, *, stage_ind
 
 
 @dataclass
+class PreparedAggregation:
+    """:meth:`StageEngine.prepare_aggregation`'s result: valid while the engine's global state is ``base``."""
+
+    outer_round: int
+    base: tuple[Weights, Weights]  # the global weights and momentum it was computed from (the objects)
+    aggregation: Aggregation
+    seconds: float
+
+
+@dataclass
 class RoundResult:
     """What ``apply_round`` did: the new global weights' hash, each contribution's fate, timings."""
 
@@ -439,12 +449,49 @@ class StageEngine:
         stats.encode_seconds = time.perf_counter() - started
         return blob, stats
 
-    def apply_round(
+    def prepare_aggregation(
         self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None
+    ) -> PreparedAggregation | None:
+        """The pure part of applying ``outer_round`` (decode, clip, average, outer step, hash), now.
+
+        It reads only the global weights and momentum, which change only when a round is
+        applied, so it may run on another thread while the next round trains; give the
+        result to :meth:`apply_round` / :meth:`absorb_round` (with the same contributions and
+        exclusions), which use it if the global state is still the one it was computed from.
+        None for an empty list (each of them treats that case itself).
+        """
+        if not contributions:
+            return None
+        started = time.perf_counter()
+        base = (self.global_weights, self.momentum)
+        aggregation = aggregate_with_report(
+            base[0], base[1], contributions, self.diloco_cfg, stage_index=self.stage_index,
+            outer_round=outer_round, compression_cfg=self.compression_cfg, excluded=excluded,
+        )
+        return PreparedAggregation(outer_round, base, aggregation, time.perf_counter() - started)
+
+    def prepared_valid(self, prepared: PreparedAggregation | None, outer_round: int) -> bool:
+        """Whether ``prepared`` is ``outer_round``'s aggregation of the current global state."""
+        return (prepared is not None and prepared.outer_round == outer_round
+                and prepared.base[0] is self.global_weights and prepared.base[1] is self.momentum)
+
+    def _aggregation(self, outer_round, contributions, excluded, prepared, checked: bool = True) -> Aggregation:
+        if self.prepared_valid(prepared, outer_round):
+            return prepared.aggregation  # the same pure function of the same inputs
+        return (aggregate_with_report if checked else _aggregate)(
+            self.global_weights, self.momentum, contributions, self.diloco_cfg,
+            stage_index=self.stage_index, outer_round=outer_round, compression_cfg=self.compression_cfg,
+            excluded=excluded,
+        )
+
+    def apply_round(
+        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None,
+        prepared: PreparedAggregation | None = None,
     ) -> RoundResult:
         """Aggregate round ``outer_round`` and update global and local weights (module docstring).
 
         ``excluded``: canonical indices screening left out (:func:`aggregate_with_report`).
+        ``prepared``: :meth:`prepare_aggregation` of the same inputs, used if still valid.
         """
         if outer_round != self.last_applied + 1 or outer_round > self.last_encoded:
             raise RoundOrderError(
@@ -459,11 +506,7 @@ class StageEngine:
                     f"encoded before round {outer_round} is applied"
                 )
         started = time.perf_counter()
-        result = _aggregate(
-            self.global_weights, self.momentum, contributions, self.diloco_cfg,
-            stage_index=self.stage_index, outer_round=outer_round, compression_cfg=self.compression_cfg,
-            excluded=excluded,
-        )
+        result = self._aggregation(outer_round, contributions, excluded, prepared, checked=False)
         new_global, new_momentum, average = result.new_global, result.new_momentum, result.average
         aggregated = time.perf_counter()
         round_end = self._round_end.pop(outer_round)
@@ -572,7 +615,8 @@ class StageEngine:
         self.last_applied = max(self.last_applied, next_round - 1)
 
     def absorb_round(
-        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None
+        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None,
+        prepared: PreparedAggregation | None = None,
     ) -> RoundResult:
         """Apply a round this replica did not contribute to: the others' outer step, local progress kept.
 
@@ -583,11 +627,7 @@ class StageEngine:
         """
         started = time.perf_counter()
         old = self.global_weights
-        result = aggregate_with_report(
-            old, self.momentum, contributions, self.diloco_cfg,
-            stage_index=self.stage_index, outer_round=outer_round, compression_cfg=self.compression_cfg,
-            excluded=excluded,
-        )
+        result = self._aggregation(outer_round, contributions, excluded, prepared)
         new_global, new_momentum = result.new_global, result.new_momentum
         aggregated = time.perf_counter()
         delta = {n: torch.sub(new_global[n], old[n]) for n in old}
@@ -615,12 +655,13 @@ class StageEngine:
         )
 
     def finish_round(
-        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None
+        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None,
+        prepared: PreparedAggregation | None = None,
     ) -> RoundResult:
         """:meth:`apply_round` if this replica encoded ``outer_round`` and it is next, else :meth:`absorb_round`."""
         if self.can_apply(outer_round):
-            return self.apply_round(outer_round, contributions, excluded=excluded)
-        return self.absorb_round(outer_round, contributions, excluded=excluded)
+            return self.apply_round(outer_round, contributions, excluded=excluded, prepared=prepared)
+        return self.absorb_round(outer_round, contributions, excluded=excluded, prepared=prepared)
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -28,7 +28,8 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from ledger.errors import ChainWaitStopped, LedgerError
@@ -49,7 +50,7 @@ from node.live.replica import PipelineRejoin, ReplicaWorker
 from node.live.resume import RestartRecovery
 from node.live.roundbook import Announced, RoundBook
 from node.live.roundclock import RoundClock
-from node.live.status import Progress, StateFile, write_status
+from node.live.status import Progress, StateFile, StatusWriter, write_status
 from node.live.verifier import SpotChecker, VerifierContext
 from node.live.topology import Placement
 from node.runconfig import canonical_json, config_hash, run_document
@@ -68,6 +69,17 @@ logger = logging.getLogger(__name__)
 HEARTBEAT_S = 1.0
 #: Rounds of state kept behind the last finished one (the committer and slow peers' attestations need them).
 ROUNDS_KEPT = 3
+
+
+@dataclass
+class _Gathered:
+    """A round's closes, contributions and prepared aggregations, stage by stage (:meth:`Node._gather_stage`)."""
+
+    sealed_before: object  # RestartRecovery.sealed_closes() of the round
+    stages: dict[int, tuple]
+    waited: dict[str, float]  # seconds the gathering spent waiting and aggregating
+    joined_s: float = 0.0  # seconds the training thread waited for it
+    last_arrival: float | None = None
 
 
 class RoundAbandoned(Exception):
@@ -133,10 +145,14 @@ class Node:
         self._capture_done = None  # future of the last start-state capture queued on the lane
         self._publish_done = None  # future of the last contribution encoded and published on the lane
         self._evals: dict[int, object] = {}  # round -> future of its held-out loss
+        # With the delay, round t-1's close, fetch and aggregation while round t trains (_prefetch).
+        self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="round-prefetch")
+        self._prefetched: dict[int, Future] = {}
         self._stage_hashes: dict[int, dict[int, bytes]] = {}  # round -> stage -> weights hash after its outer step
         self.ejected = False  # this node was found guilty on chain and removed from the run
         self.first_round = -1  # first round this process contributes to (announced in hellos)
         self._last_report = 0.0
+        self._status_writer = StatusWriter()  # status.json off the training thread
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> Progress:
@@ -170,6 +186,7 @@ class Node:
         for t in self._threads:
             t.join(timeout=5)
         self.lane.close()
+        self._prefetcher.shutdown(wait=False, cancel_futures=True)
         if self.worker is not None:
             self.worker.close()
         if self.host is not None:
@@ -178,6 +195,7 @@ class Node:
         if self.chain is not None:
             self.chain.close()
         self._set_state("stopped")
+        self._status_writer.close()
 
     # ------------------------------------------------------------------ joining
     def _join(self) -> tuple[int, list[int]]:
@@ -449,6 +467,8 @@ class Node:
             try:
                 for action in round_actions(diloco, outer_round, last=end is not None and outer_round == end - 1):
                     if action.kind == TRAIN:
+                        if diloco.one_step_delay and action.first_step == 0 and unfinished:
+                            self._prefetch(unfinished[0])  # applied after (part of) this round's steps
                         self._train_inner_steps(action.outer_round, action.first_step, action.end_step)
                     elif action.kind == ENCODE:
                         with self.clock.phase("encode"):
@@ -603,33 +623,30 @@ class Node:
         self._set_state("finishing")
         started = time.monotonic()
         waited = {"close_wait": 0.0, "fetch_wait": 0.0, "aggregate": 0.0}
-        last_arrival: float | None = None
         contributed = outer_round in self._train_info
         sealed: list[ArchivedContribution] = []
         excluded: list[list] = []  # [stage, replica, peer id, envelope hash, reason, detail]
         hashes: dict[int, bytes] = {}
-        sealed_before = self.recovery.sealed_closes(outer_round)
+        gathered, overlapped = self._take_gathered(outer_round)
+        waited["close_wait"] += gathered.joined_s  # the training thread waited for the prefetch
         for stage in self.worker.stages:
-            if sealed_before is not None:
-                self.coordinator.adopt(outer_round, stage, sealed_before[stage])
-            mark = time.monotonic()
-            close = self.coordinator.accepted(outer_round, stage) or self.coordinator.await_close(outer_round, stage)
-            waited["close_wait"] += time.monotonic() - mark
-            mark = time.monotonic()
-            envelopes = self.contributions.collect(outer_round, stage, close)
-            waited["fetch_wait"] += time.monotonic() - mark
-            for entry in close.contributions:  # when each was here: the round's exchange time
-                arrived = self.contributions.arrived_at(entry[2])
-                if arrived is not None and (last_arrival is None or arrived > last_arrival):
-                    last_arrival = arrived
+            if stage not in gathered.stages:
+                gathered.stages[stage] = self._gather_stage(outer_round, stage, gathered.sealed_before, waited)
+            close, envelopes, payloads, screened, prepared = gathered.stages[stage]
             mark = time.monotonic()
             if self._capture_done is not None:  # the start state read the engines as they were
                 self.lane.join(self._capture_done)
-            payloads = [msg.decode_contribution_body(decode_envelope(e, self.cfg.p2p.max_blob_bytes).payload).blob
-                        for e in envelopes]
-            screened, _reports = self.worker.screen(outer_round, payloads)
-            result = self.worker.apply(stage, outer_round, payloads, excluded=screened)
+            if prepared is not None and not self.worker.prepared_valid(stage, prepared, outer_round):
+                # (Never in the loop's order: nothing applies a round between the prefetch and here.)
+                logger.warning("round %d stage %d: prefetched aggregation is stale; aggregating again",
+                               outer_round, stage)
+                screened, _reports = self.worker.screen(outer_round, payloads)
+            result = self.worker.apply(stage, outer_round, payloads, excluded=screened, prepared=prepared)
             waited["aggregate"] += time.monotonic() - mark
+            for entry in close.contributions:  # when each was here: the round's exchange time
+                arrived = self.contributions.arrived_at(entry[2])
+                if arrived is not None and (gathered.last_arrival is None or arrived > gathered.last_arrival):
+                    gathered.last_arrival = arrived
             hashes[stage] = result.weights_hash
             self._stage_hashes.setdefault(outer_round, {})[stage] = result.weights_hash
             for report in result.contributions:
@@ -672,9 +689,69 @@ class Node:
         waited["finish_other"] = max(0.0, total - sum(waited.values()))
         for phase, seconds in waited.items():
             self.clock.add(phase, seconds)
-        self.clock.finished(outer_round, last_arrival, total=total, **waited)
+        self.clock.finished(outer_round, gathered.last_arrival, total=total, **waited, **overlapped)
         self.progress.timing = self.clock.summary()
         self._report()
+
+    def _gather_stage(self, outer_round: int, stage: int, sealed_before, waited: dict[str, float],
+                      prepare: bool = False) -> tuple:
+        """(close, envelopes, payloads, screened, prepared aggregation or None) of one stage of a round.
+
+        Waits for the close and the contributions it names; ``prepare``: also aggregates (the pure
+        part of the outer step, valid while no round is applied). Runs on the training thread, or
+        on the prefetch thread while the next round trains (:meth:`_prefetch`).
+        """
+        if sealed_before is not None:
+            self.coordinator.adopt(outer_round, stage, sealed_before[stage])
+        mark = time.monotonic()
+        close = self.coordinator.accepted(outer_round, stage) or self.coordinator.await_close(outer_round, stage)
+        waited["close_wait"] += time.monotonic() - mark
+        mark = time.monotonic()
+        envelopes = self.contributions.collect(outer_round, stage, close)
+        waited["fetch_wait"] += time.monotonic() - mark
+        mark = time.monotonic()
+        payloads = [msg.decode_contribution_body(decode_envelope(e, self.cfg.p2p.max_blob_bytes).payload).blob
+                    for e in envelopes]
+        screened, _reports = self.worker.screen(outer_round, payloads)
+        prepared = None
+        if prepare:
+            prepared = self.worker.prepare_aggregation(stage, outer_round, payloads, screened)
+            for envelope in envelopes:  # stored now (idempotent): the apply's own put then writes nothing
+                self.archive.put(outer_round, envelope)
+        waited["aggregate"] += time.monotonic() - mark
+        return close, envelopes, payloads, screened, prepared
+
+    def _prefetch(self, outer_round: int) -> None:
+        """Close, fetch and aggregate ``outer_round`` on the prefetch thread while the next round trains.
+
+        With the one-step delay round t-1 is applied after round t's inner steps; its close,
+        its contributions and the pure part of its outer step do not depend on them (the
+        global state changes only when a round is applied, and none is until then), so they
+        are done meanwhile. The apply on the training thread joins it and uses the result
+        (:meth:`_take_gathered`); an error there is raised as the inline gathering would.
+        """
+        if outer_round in self._prefetched:
+            return
+        sealed_before = self.recovery.sealed_closes(outer_round)
+
+        def gather() -> _Gathered:
+            waited = {"close_wait": 0.0, "fetch_wait": 0.0, "aggregate": 0.0}
+            stages = {stage: self._gather_stage(outer_round, stage, sealed_before, waited, prepare=True)
+                      for stage in self.worker.stages}
+            return _Gathered(sealed_before, stages, waited)
+
+        self._prefetched[outer_round] = self._prefetcher.submit(gather)
+
+    def _take_gathered(self, outer_round: int) -> tuple[_Gathered, dict[str, float]]:
+        """The prefetched gathering of ``outer_round`` (waiting for it), or an empty one to fill inline."""
+        future = self._prefetched.pop(outer_round, None)
+        if future is None:
+            return _Gathered(self.recovery.sealed_closes(outer_round), {}, {}), {}
+        mark = time.monotonic()
+        gathered = future.result()
+        gathered.joined_s = time.monotonic() - mark
+        overlapped = {f"prefetch_{k}": v for k, v in gathered.waited.items()}
+        return gathered, overlapped
 
     def _forget_before(self, outer_round: int) -> None:
         """Drop every room's state of rounds before ``outer_round`` (memory stays flat on long runs)."""
@@ -807,7 +884,7 @@ class Node:
             return
         self._last_report = now
         write_status(self.data_dir / "status.json", self.progress, self.peer_id, self.run_id, self.placement,
-                     self.host.listen_addrs if self.host is not None else [])
+                     self.host.listen_addrs if self.host is not None else [], writer=self._status_writer)
         if self.on_progress is not None:
             self.on_progress(self.progress)
 

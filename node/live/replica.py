@@ -246,8 +246,17 @@ class ReplicaWorker:
                                        self.cfg.diloco)
         return screening_exclusions(reports), reports
 
+    def prepare_aggregation(self, stage: int, outer_round: int, contributions: list[bytes],
+                            excluded: dict[int, str] | None = None):
+        """The pure part of :meth:`apply` (decode, average, outer step, hash), computable while the next
+        round trains (:meth:`training.diloco.StageEngine.prepare_aggregation`)."""
+        return self.engines[stage].prepare_aggregation(outer_round, contributions, excluded=excluded)
+
+    def prepared_valid(self, stage: int, prepared, outer_round: int) -> bool:
+        return self.engines[stage].prepared_valid(prepared, outer_round)
+
     def apply(self, stage: int, outer_round: int, contributions: list[bytes],
-              excluded: dict[int, str] | None = None) -> RoundResult:
+              excluded: dict[int, str] | None = None, prepared=None) -> RoundResult:
         """Aggregate ``outer_round`` of ``stage`` (canonical order) without the ``excluded`` indices.
 
         Contributions that fail to decode or break the run's codec are left out, the
@@ -256,7 +265,7 @@ class ReplicaWorker:
         it did not encode (it joined late or sat the round out) is absorbed, local
         progress kept (:meth:`training.diloco.StageEngine.finish_round`).
         """
-        return self.engines[stage].finish_round(outer_round, contributions, excluded=excluded)
+        return self.engines[stage].finish_round(outer_round, contributions, excluded=excluded, prepared=prepared)
 
     def contribution_dropped(self, stage: int, outer_round: int) -> None:
         """This node's contribution of ``outer_round`` was not aggregated: send its update again later."""
