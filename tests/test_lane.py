@@ -165,3 +165,48 @@ def test_lane_runs_in_order_and_a_failure_poisons_it():
     lane.close()
     with pytest.raises(RuntimeError):
         lane.submit(lambda: None)
+
+
+def _engine_pair():
+    from training.compression import encode_contribution
+
+    engines = []
+    for _ in range(2):
+        param = torch.nn.Parameter(torch.arange(12, dtype=torch.float32).reshape(4, 3) / 7)
+        engines.append((StageEngine(0, {"w": param}, DilocoConfig(one_step_delay=True, outer_lr=0.7,
+                                                                   outer_momentum=0.9),
+                                    CompressionConfig(enabled=False)), param))
+    blobs = [encode_contribution({"w": torch.full((4, 3), v)}, CompressionConfig(enabled=False), stage_index=0,
+                                 outer_round=0)[0] for v in (0.25, -0.125)]
+    return engines, blobs
+
+
+def test_prepared_aggregation_on_another_thread_equals_the_inline_outer_step():
+    ((inline, p_inline), (prepped, p_prepped)), blobs = _engine_pair()
+    for engine, param in ((inline, p_inline), (prepped, p_prepped)):
+        with torch.no_grad():
+            param.add_(0.5)
+        engine.encode_contribution(0)
+        with torch.no_grad():
+            param.add_(0.25)  # round 1 trained while round 0 is exchanged
+        engine.encode_contribution(1)
+    box = {}
+    thread = threading.Thread(target=lambda: box.setdefault("p", prepped.prepare_aggregation(0, blobs)))
+    thread.start()
+    thread.join()
+    assert prepped.prepared_valid(box["p"], 0) and not prepped.prepared_valid(box["p"], 1)
+    a = inline.apply_round(0, blobs)
+    b = prepped.apply_round(0, blobs, prepared=box["p"])
+    assert a.weights_hash == b.weights_hash and torch.equal(p_inline.detach(), p_prepped.detach())
+    assert all(torch.equal(inline.momentum[n], prepped.momentum[n]) for n in inline.momentum)
+    assert not prepped.prepared_valid(box["p"], 0)  # the global state moved on: a stale result is not used
+
+
+def test_a_stale_prepared_aggregation_is_recomputed_not_used():
+    engines, blobs = _engine_pair()
+    engine, _param = engines[0]
+    engine.encode_contribution(0)
+    stale = engine.prepare_aggregation(0, blobs)
+    engine.global_weights = {"w": engine.global_weights["w"].clone()}  # e.g. a checkpoint load in between
+    result = engine.apply_round(0, blobs, prepared=stale)
+    assert result.weights_hash != b"" and engine.global_weights["w"] is not stale.aggregation.new_global["w"]

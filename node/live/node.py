@@ -28,7 +28,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,7 +146,6 @@ class Node:
         self._publish_done = None  # future of the last contribution encoded and published on the lane
         self._evals: dict[int, object] = {}  # round -> future of its held-out loss
         # With the delay, round t-1's close, fetch and aggregation while round t trains (_prefetch).
-        self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="round-prefetch")
         self._prefetched: dict[int, Future] = {}
         self._stage_hashes: dict[int, dict[int, bytes]] = {}  # round -> stage -> weights hash after its outer step
         self.ejected = False  # this node was found guilty on chain and removed from the run
@@ -186,7 +185,6 @@ class Node:
         for t in self._threads:
             t.join(timeout=5)
         self.lane.close()
-        self._prefetcher.shutdown(wait=False, cancel_futures=True)
         if self.worker is not None:
             self.worker.close()
         if self.host is not None:
@@ -740,7 +738,17 @@ class Node:
                       for stage in self.worker.stages}
             return _Gathered(sealed_before, stages, waited)
 
-        self._prefetched[outer_round] = self._prefetcher.submit(gather)
+        future: Future = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(gather())
+            except BaseException as exc:  # noqa: BLE001 - raised on the training thread by _take_gathered
+                future.set_exception(exc)
+
+        # A daemon thread: one blocked on a close when the process exits must not hold the exit.
+        threading.Thread(target=run, name=f"round-prefetch-{outer_round}", daemon=True).start()
+        self._prefetched[outer_round] = future
 
     def _take_gathered(self, outer_round: int) -> tuple[_Gathered, dict[str, float]]:
         """The prefetched gathering of ``outer_round`` (waiting for it), or an empty one to fill inline."""
