@@ -628,6 +628,16 @@ class Node:
         gathered, overlapped = self._take_gathered(outer_round)
         waited["close_wait"] += gathered.joined_s  # the training thread waited for the prefetch
         for stage in self.worker.stages:
+            if stage in gathered.stages and gathered.sealed_before is None:
+                # The close decided again now, as the inline path decides it: membership may have changed
+                # since the prefetch decided (an ejected member's close no longer counts).
+                mark = time.monotonic()
+                current = self.coordinator.await_close(outer_round, stage)
+                waited["close_wait"] += time.monotonic() - mark
+                if current != gathered.stages[stage][0]:
+                    logger.warning("round %d stage %d: the close changed since it was prefetched; gathering again",
+                                   outer_round, stage)
+                    del gathered.stages[stage]
             if stage not in gathered.stages:
                 gathered.stages[stage] = self._gather_stage(outer_round, stage, gathered.sealed_before, waited)
             close, envelopes, payloads, screened, prepared = gathered.stages[stage]
