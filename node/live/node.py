@@ -67,6 +67,12 @@ from training.schedule import APPLY, ENCODE, TRAIN, pending_after_round, round_a
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_S = 1.0
+#: Off: deciding round t-1's close on a prefetch thread while round t trains (Node._prefetch) made two
+#: honest nodes aggregate different closes after a member's ejection in test_reexec_e2e (3 of 3 runs
+#: with it on; the close decision depends on when membership changes are seen). The pure part of the
+#: apply (StageEngine.prepare_aggregation) is bit-exact and tested; what is missing is a close decision
+#: that does not depend on the moment it is taken.
+PREFETCH_APPLY = False
 #: Rounds of state kept behind the last finished one (the committer and slow peers' attestations need them).
 ROUNDS_KEPT = 3
 
@@ -465,7 +471,7 @@ class Node:
             try:
                 for action in round_actions(diloco, outer_round, last=end is not None and outer_round == end - 1):
                     if action.kind == TRAIN:
-                        if diloco.one_step_delay and action.first_step == 0 and unfinished:
+                        if PREFETCH_APPLY and diloco.one_step_delay and action.first_step == 0 and unfinished:
                             self._prefetch(unfinished[0])  # applied after (part of) this round's steps
                         self._train_inner_steps(action.outer_round, action.first_step, action.end_step)
                     elif action.kind == ENCODE:
