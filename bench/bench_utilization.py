@@ -114,8 +114,13 @@ def summarize(nodes: list[dict]) -> dict:
     }
     if steady:
         for phase in ("start_state", "eval", "encode", "close_wait", "fetch_wait", "aggregate", "finish_other",
-                      "other"):
+                      "other", "lane_start_state", "lane_eval", "lane_encode"):
             summary[f"{phase}_s_mean"] = statistics.fmean(p.get(f"{phase}_s", 0.0) for p in steady)
+        own = ("start_state", "eval", "encode", "aggregate", "finish_other", "other")
+        wall = sum(p["wall_s"] for p in steady)
+        summary["own_work_share"] = sum(p.get(f"{k}_s", 0.0) for p in steady for k in own) / wall
+        summary["network_wait_share"] = sum(p.get("close_wait_s", 0.0) + p.get("fetch_wait_s", 0.0)
+                                            for p in steady) / wall
     return summary
 
 
@@ -186,6 +191,9 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--target", type=float, default=0.9, help="exchange time / compute time to calibrate to")
     parser.add_argument("--rate", type=float, default=0.0, help="skip the calibration: use this cap (bytes/s)")
+    parser.add_argument("--burst", type=float, default=16384.0,
+                        help="the cap's bucket (p2p.rate_limit_burst, bytes): the default 2 MiB bucket would let "
+                             "a whole round of mini's contributions (~0.35 MB) through at once")
     parser.add_argument("--paper-ratio", type=float, default=None,
                         help="exchange / compute of the paper's setting (default: computed, see PAPER)")
     parser.add_argument("--with-auto", action="store_true", help="also run the default partial overlap")
@@ -227,7 +235,8 @@ def main() -> int:
         print(f"cap: {rate:.0f} bytes/s ({bytes_per_round:.0f} bytes per round, uncapped exchange "
               f"{s['exchange_s_median']:.2f} s, compute {s['inner_s_mean']:.2f} s)", flush=True)
     result["rate_limit_bps"] = rate
-    capped = [f"p2p.rate_limit_bps={rate:.0f}", *patient]
+    burst = [f"p2p.rate_limit_burst={args.burst:.0f}"]
+    capped = [f"p2p.rate_limit_bps={rate:.0f}", *burst, *patient]
     todo: dict[str, list[str]] = {}
     if "nodelay" in points:
         todo["nodelay"] = no_delay + capped
@@ -251,7 +260,7 @@ def main() -> int:
             paper_rate = rate * args.target / ratio
             result["paper_point"] = {"ratio": ratio, "rate_limit_bps": paper_rate}
             print(f"paper point: exchange / compute {ratio:.3f}, cap {paper_rate:.0f} bytes/s", flush=True)
-            todo["paper"] = delay_full + [f"p2p.rate_limit_bps={paper_rate:.0f}", *patient]
+            todo["paper"] = delay_full + [f"p2p.rate_limit_bps={paper_rate:.0f}", *burst, *patient]
     if args.concurrent:
         with ThreadPoolExecutor(max_workers=len(todo) or 1) as pool:
             futures = {name: pool.submit(one_run, workdir, name, args, extra) for name, extra in todo.items()}

@@ -20,6 +20,7 @@ class P2PConfig:
     blob_concurrency: int = 4
     transfer_timeout: float = 300.0
     rate_limit_bps: float = 0.0  # 0: no cap; else bytes/s per peer for blob traffic
+    rate_limit_burst: float = 0.0  # bucket size in bytes; 0: max(10 ms of the rate, 2 MiB) (p2p.ratelimit)
     blob_dir: str = "blobs"  # relative paths resolve against the node's data_dir
     blob_stall_timeout: float = 15.0  # a blob stream idle this long is abandoned (resumed elsewhere)
     gossip_max_message_bytes: int = 1_000_000  # larger messages are refused: send them as blobs
@@ -68,3 +69,5 @@ class P2PConfig:
             raise P2PConfigError(f"p2p.max_peers={self.max_peers}: must be >= 1")
         if self.rate_limit_bps < 0:
             raise P2PConfigError(f"p2p.rate_limit_bps={self.rate_limit_bps}: must be >= 0 (0 = no cap)")
+        if self.rate_limit_burst < 0:
+            raise P2PConfigError(f"p2p.rate_limit_burst={self.rate_limit_burst}: must be >= 0 (0 = the default)")

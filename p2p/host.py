@@ -95,7 +95,7 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
         self.peer_id: str = identity.peer_id
         self.stats = TransferStats()
         self.store = BlobStore(blob_dir, config.max_blob_bytes)
-        self._limiter = PeerRateLimiter(config.rate_limit_bps)
+        self._limiter = PeerRateLimiter(config.rate_limit_bps, config.rate_limit_burst or None)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(2, config.blob_concurrency), thread_name_prefix=f"p2p-io-{self.peer_id[-6:]}"
         )

@@ -46,8 +46,9 @@ class TokenBucket:
 class PeerRateLimiter:
     """One :class:`TokenBucket` per (peer, direction); ``rate <= 0`` disables it."""
 
-    def __init__(self, rate: float) -> None:
+    def __init__(self, rate: float, burst: float | None = None) -> None:
         self.rate = rate
+        self.burst = burst  # None: TokenBucket's default
         self._buckets: dict[tuple[str, str], TokenBucket] = {}
 
     @property
@@ -60,5 +61,5 @@ class PeerRateLimiter:
         key = (peer_id, direction)
         bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = self._buckets[key] = TokenBucket(self.rate)
+            bucket = self._buckets[key] = TokenBucket(self.rate, self.burst)
         await bucket.consume(amount)

@@ -315,16 +315,23 @@ def forged_start_state() -> None:
 
     from node.live.replica import ReplicaWorker
 
-    honest_capture = ReplicaWorker.capture_start_states
+    honest_capture = ReplicaWorker.start_state_capture
 
     def capture(self, outer_round):
-        if outer_round >= 1:
-            for stage in self.stages:
-                compressor = self.engines[stage].compressor
-                compressor.residual = {n: torch.zeros_like(r) for n, r in compressor.residual.items()}
-        return honest_capture(self, outer_round)
+        serialise = honest_capture(self, outer_round)
 
-    ReplicaWorker.capture_start_states = capture
+        def forged():
+            # Where the node reads the engines for the start state (on its lane, after the previous
+            # round's encode and before this round's): the debt is dropped before it is bound.
+            if outer_round >= 1:
+                for stage in self.stages:
+                    compressor = self.engines[stage].compressor
+                    compressor.residual = {n: torch.zeros_like(r) for n, r in compressor.residual.items()}
+            return serialise()
+
+        return forged
+
+    ReplicaWorker.start_state_capture = capture
 
 
 def main() -> int:

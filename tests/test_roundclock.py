@@ -68,3 +68,19 @@ def test_exchange_time_runs_from_the_own_contribution_to_the_last_arrival():
 def test_an_unknown_phase_is_refused():
     with pytest.raises(ValueError, match="unknown phase"):
         RoundClock(None).add("lunch", 1.0)
+
+
+def test_lane_seconds_are_reported_apart_from_the_phases():
+    clock = FakeClock()
+    rc = RoundClock(None, clock=clock)
+    rc.trained(0, 1.0)
+    with rc.lane("encode"):
+        clock.now += 3.0  # on the lane, while the inner steps run: not a phase of the period
+    clock.now += 7.0
+    record = rc.trained(1, inner_seconds=10.0)
+    assert record["lane_encode_s"] == pytest.approx(3.0) and record["encode_s"] == 0.0
+    assert record["utilization"] == pytest.approx(1.0) and record["other_s"] == pytest.approx(0.0)
+    assert rc.trained(2, inner_seconds=1.0)["lane_encode_s"] == 0.0  # reset with the period
+    with pytest.raises(ValueError):
+        with rc.lane("aggregate"):
+            pass

@@ -276,6 +276,16 @@ def step_with_average(global_weights, momentum, average, diloco_cfg, outer_round
 
 
 @dataclass
+class PreparedAggregation:
+    """:meth:`StageEngine.prepare_aggregation`'s result: valid while the engine's global state is ``base``."""
+
+    outer_round: int
+    base: tuple[Weights, Weights]  # the global weights and momentum it was computed from (the objects)
+    aggregation: Aggregation
+    seconds: float
+
+
+@dataclass
 class RoundResult:
     """What ``apply_round`` did: the new global weights' hash, each contribution's fate, timings."""
 
@@ -343,6 +353,7 @@ class StageEngine:
         self._own_blob: dict[int, tuple[bytes, Weights]] = {}
         self.last_encoded = -1
         self.last_applied = -1
+        self._prepared: tuple[int, Weights] | None = None  # (round, pseudo-gradient) of prepare_encode()
 
     @property
     def delayed(self) -> bool:
@@ -362,8 +373,7 @@ class StageEngine:
         divisor = _f32(float(count))
         return {name: torch.div(torch.add(own[name], others[name]), divisor) for name in own}
 
-    def encode_contribution(self, outer_round: int) -> tuple[bytes, CompressionStats]:
-        """Pseudo-gradient of ``outer_round`` (start-of-round minus current local weights), compressed."""
+    def _check_encode_order(self, outer_round: int) -> None:
         if outer_round != self.last_encoded + 1:
             raise RoundOrderError(f"stage {self.stage_index}: encode round {outer_round}, expected {self.last_encoded + 1}")
         pending = outer_round - 1 - self.last_applied  # rounds encoded but not applied
@@ -372,7 +382,59 @@ class StageEngine:
                 f"stage {self.stage_index}: round {self.last_applied + 1} must be applied before encoding "
                 f"round {outer_round} ({'one-step delay' if self.delayed else 'no delay'})"
             )
+
+    @property
+    def can_prepare(self) -> bool:
+        """Whether :meth:`prepare_encode` may split the encode (not for "lookahead"/"eager": their jump
+        to the estimate needs the compressed contribution before the next round trains)."""
+        return not self.lookahead
+
+    def prepare_encode(self, outer_round: int) -> None:
+        """The part of :meth:`encode_contribution` that reads the live params, done now.
+
+        It snapshots the local weights ``E_t``, forms the pseudo-gradient and moves the
+        round counters and snapshots exactly as the whole encode does; the following
+        ``encode_contribution(outer_round)`` only compresses (the costly part) and may run on
+        another thread while the next round trains, since the compressor's residual and the
+        transmitted updates are touched by nothing else until then (the caller orders
+        :meth:`contribution_dropped` and the next encode after it). The result is bit for bit
+        the one of a whole encode: the same operations on the same values, in the same order
+        for every tensor the encode writes.
+        """
+        if not self.can_prepare:
+            raise RoundOrderError(f"stage {self.stage_index}: delay_correction="
+                                  f"{self.diloco_cfg.delay_correction!r} cannot split its encode")
+        self._check_encode_order(outer_round)
+        if self._prepared is not None:
+            raise RoundOrderError(f"stage {self.stage_index}: round {self._prepared[0]} was prepared and not encoded")
+        local = _clone(self.params)
+        pseudo_gradient = {name: torch.sub(self._round_start[name], local[name]) for name in self.shapes}
+        self._round_end[outer_round] = local
+        self._round_start = local
+        self.last_encoded = outer_round
+        self._prepared = (outer_round, pseudo_gradient)
+
+    def encode_contribution(self, outer_round: int) -> tuple[bytes, CompressionStats]:
+        """Pseudo-gradient of ``outer_round`` (start-of-round minus current local weights), compressed.
+
+        After :meth:`prepare_encode` of the same round, only the compression is left to do.
+        """
+        if self._prepared is None:
+            self._check_encode_order(outer_round)
+        elif self._prepared[0] != outer_round:
+            raise RoundOrderError(f"stage {self.stage_index}: encode round {outer_round}, round "
+                                  f"{self._prepared[0]} was prepared")
         started = time.perf_counter()
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and prepared[0] == outer_round:
+            # prepare_encode() already took the snapshot and moved the round counters.
+            pseudo_gradient = prepared[1]
+            blob, stats = self.compressor.compress(
+                pseudo_gradient, stage_index=self.stage_index, outer_round=outer_round
+            )
+            self._sent[outer_round] = self.compressor.last_decoded
+            stats.encode_seconds = time.perf_counter() - started
+            return blob, stats
         local = _clone(self.params)
         pseudo_gradient = {name: torch.sub(self._round_start[name], local[name]) for name in self.shapes}
         blob, stats = self.compressor.compress(
@@ -397,13 +459,58 @@ class StageEngine:
         stats.encode_seconds = time.perf_counter() - started
         return blob, stats
 
+    def prepare_aggregation(
+        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None
+    ) -> PreparedAggregation | None:
+        """The pure part of applying ``outer_round`` (decode, clip, average, outer step, hash), now.
+
+        It reads only the global weights and momentum, which change only when a round is
+        applied, so it may run on another thread while the next round trains; give the
+        result to :meth:`apply_round` / :meth:`absorb_round` (with the same contributions and
+        exclusions), which use it if the global state is still the one it was computed from.
+        None for an empty list (each of them treats that case itself).
+        """
+        if not contributions:
+            return None
+        started = time.perf_counter()
+        base = (self.global_weights, self.momentum)
+        aggregation = aggregate_with_report(
+            base[0], base[1], contributions, self.diloco_cfg, stage_index=self.stage_index,
+            outer_round=outer_round, compression_cfg=self.compression_cfg, excluded=excluded,
+        )
+        return PreparedAggregation(outer_round, base, aggregation, time.perf_counter() - started)
+
+    def prepared_valid(self, prepared: PreparedAggregation | None, outer_round: int) -> bool:
+        """Whether ``prepared`` is ``outer_round``'s aggregation of the current global state."""
+        return (prepared is not None and prepared.outer_round == outer_round
+                and prepared.base[0] is self.global_weights and prepared.base[1] is self.momentum)
+
+    def _aggregation(self, outer_round, contributions, excluded, prepared, aggregation=None,
+                     checked: bool = True, known=()) -> Aggregation:
+        if aggregation is not None:
+            return aggregation  # computed elsewhere (the sliced exchange), used as is
+        if self.prepared_valid(prepared, outer_round):
+            return prepared.aggregation  # the same pure function of the same inputs
+        if checked:
+            return aggregate_with_report(
+                self.global_weights, self.momentum, contributions, self.diloco_cfg,
+                stage_index=self.stage_index, outer_round=outer_round, compression_cfg=self.compression_cfg,
+                excluded=excluded,
+            )
+        return _aggregate(
+            self.global_weights, self.momentum, contributions, self.diloco_cfg,
+            stage_index=self.stage_index, outer_round=outer_round, compression_cfg=self.compression_cfg,
+            excluded=excluded, known=known,
+        )
+
     def apply_round(
         self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None,
-        aggregation: Aggregation | None = None,
+        prepared: PreparedAggregation | None = None, aggregation: Aggregation | None = None,
     ) -> RoundResult:
         """Aggregate round ``outer_round`` and update global and local weights (module docstring).
 
         ``excluded``: canonical indices screening left out (:func:`aggregate_with_report`).
+        ``prepared``: :meth:`prepare_aggregation` of the same inputs, used if still valid.
         ``aggregation``: the round's result computed elsewhere (the sliced exchange), used as is.
         """
         if outer_round != self.last_applied + 1 or outer_round > self.last_encoded:
@@ -422,11 +529,8 @@ class StageEngine:
         # This replica's own contribution, if among them, is not decoded again: the encoder
         # returned exactly the decoder's output for those bytes (compression.encode_tensor).
         own = self._own_blob.pop(outer_round, None)
-        result = aggregation if aggregation is not None else _aggregate(
-            self.global_weights, self.momentum, contributions, self.diloco_cfg,
-            stage_index=self.stage_index, outer_round=outer_round, compression_cfg=self.compression_cfg,
-            excluded=excluded, known=() if own is None else (own,),
-        )
+        result = self._aggregation(outer_round, contributions, excluded, prepared, aggregation, checked=False,
+                                   known=() if own is None else (own,))
         new_global, new_momentum, average = result.new_global, result.new_momentum, result.average
         aggregated = time.perf_counter()
         round_end = self._round_end.pop(outer_round)
@@ -493,7 +597,7 @@ class StageEngine:
         return outer_round in self._sent
 
     def _forget_sent_before(self, outer_round: int) -> None:
-        for old in [r for r in self._sent if r < outer_round]:
+        for old in [r for r in list(self._sent) if r < outer_round]:  # list(): another thread may add one
             del self._sent[old]
 
     # ------------------------------------------------------------------ joining, catching up
@@ -517,6 +621,7 @@ class StageEngine:
         self._round_end, self._own_decoded, self._others_previous, self._sent = {}, {}, None, {}
         self._own_blob = {}
         self.last_encoded = self.last_applied = last_round
+        self._prepared = None
         with torch.no_grad():
             for name, param in self.params.items():
                 param.copy_(weights[name])
@@ -536,7 +641,7 @@ class StageEngine:
 
     def absorb_round(
         self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None,
-        aggregation: Aggregation | None = None,
+        prepared: PreparedAggregation | None = None, aggregation: Aggregation | None = None,
     ) -> RoundResult:
         """Apply a round this replica did not contribute to: the others' outer step, local progress kept.
 
@@ -547,11 +652,7 @@ class StageEngine:
         """
         started = time.perf_counter()
         old = self.global_weights
-        result = aggregation if aggregation is not None else aggregate_with_report(
-            old, self.momentum, contributions, self.diloco_cfg,
-            stage_index=self.stage_index, outer_round=outer_round, compression_cfg=self.compression_cfg,
-            excluded=excluded,
-        )
+        result = self._aggregation(outer_round, contributions, excluded, prepared, aggregation)
         new_global, new_momentum = result.new_global, result.new_momentum
         aggregated = time.perf_counter()
         delta = {n: torch.sub(new_global[n], old[n]) for n in old}
@@ -580,12 +681,14 @@ class StageEngine:
 
     def finish_round(
         self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None,
-        aggregation: Aggregation | None = None,
+        prepared: PreparedAggregation | None = None, aggregation: Aggregation | None = None,
     ) -> RoundResult:
         """:meth:`apply_round` if this replica encoded ``outer_round`` and it is next, else :meth:`absorb_round`."""
         if self.can_apply(outer_round):
-            return self.apply_round(outer_round, contributions, excluded=excluded, aggregation=aggregation)
-        return self.absorb_round(outer_round, contributions, excluded=excluded, aggregation=aggregation)
+            return self.apply_round(outer_round, contributions, excluded=excluded, prepared=prepared,
+                                    aggregation=aggregation)
+        return self.absorb_round(outer_round, contributions, excluded=excluded, prepared=prepared,
+                                 aggregation=aggregation)
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -149,6 +149,12 @@ class LocalReplicaTrainer:
             module.train()
         return total / len(batches)
 
+    def eval_snapshot(self) -> "EvalSnapshot":
+        """A frozen copy of the current weights whose :meth:`EvalSnapshot.eval_loss` equals
+        :meth:`eval_loss` now, bit for bit, whatever training does meanwhile (it may run on
+        another thread; the copy is its own)."""
+        return EvalSnapshot(self.model_cfg, self.stage_modules)
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The full model's weights (merged stage state dicts, canonical order)."""
         return merge_state_dicts([m.state_dict() for m in self.stage_modules])
@@ -158,6 +164,29 @@ class LocalReplicaTrainer:
         parts = split_state_dict(full_state_dict, self.specs, self.model_cfg)
         for module, part in zip(self.stage_modules, parts):
             module.load_state_dict(part)
+
+
+class EvalSnapshot:
+    """Copies of a chained replica's stage modules for a held-out eval off the training thread."""
+
+    def __init__(self, model_cfg: ModelConfig, modules: list[nn.Module]) -> None:
+        self.stage_modules = []
+        for module in modules:
+            copy = StageModule(model_cfg, module.spec, seed=None)
+            copy.load_state_dict(module.state_dict())  # copies every tensor: training may go on
+            copy.eval()
+            self.stage_modules.append(copy)
+
+    @torch.no_grad()
+    def eval_loss(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+        """:meth:`LocalReplicaTrainer.eval_loss` of the weights at the snapshot (same operations)."""
+        total = 0.0
+        for x, y in batches:
+            hidden = x
+            for module in self.stage_modules:
+                hidden = module(hidden)
+            total += float(lm_loss(hidden, y))
+        return total / len(batches)
 
 
 #: Rank 0's rendezvous store server, one per (host, port), kept for the life of the process: a

@@ -196,6 +196,15 @@ def capture_stage_state(
     ``optimizers[s]``, or a ``PipelineStageTrainer``'s ``module`` and ``optimizer``).
     Everything is copied: training on afterwards does not change the capture.
     """
+    return capture_engine_part(meta, engine, capture_trainer_part(module, optimizer))
+
+
+def capture_trainer_part(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """The part of :func:`capture_stage_state` the inner steps change (weights, AdamW state), copied.
+
+    Take it before the round's first inner step; :func:`capture_engine_part` may follow later
+    (on another thread), as long as the engine has not changed in between.
+    """
     tensors: dict[str, torch.Tensor] = {}
     for name, param in module.named_parameters():
         tensors[f"param/{name}"] = param.detach().clone()
@@ -204,6 +213,12 @@ def capture_stage_state(
             raise ReplicaStateError(f"{name!r}: inner optimizer state has fields {sorted(state)}, expected AdamW's")
         for field_name, value in state.items():
             tensors[f"adam.{field_name}/{name}"] = torch.as_tensor(value, dtype=torch.float32).detach().clone()
+    return tensors
+
+
+def capture_engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, torch.Tensor]) -> StageStartState:
+    """:func:`capture_stage_state` from its trainer part and the engine's current state."""
+    tensors = dict(trainer_part)
     engine_state = engine.state_dict()
     for group, key in (("global", "global_weights"), ("momentum", "momentum"), ("residual", "error_feedback"),
                        ("round_start", "round_start")):

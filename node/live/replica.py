@@ -27,7 +27,7 @@ from training.screening import decode_full, model_loss_fn, screen_contributions,
 from training.hashing import stage_weights_hash, weights_root
 from training.model import init_state_dict
 from training.reexec import data_commitment, round_meta
-from training.replica_state import capture_stage_state
+from training.replica_state import capture_engine_part, capture_trainer_part
 from training.pipeline import (
     LocalReplicaTrainer,
     PipelineStageTrainer,
@@ -173,6 +173,12 @@ class ReplicaWorker:
     # -- what a contribution binds (re-execution spot checks, docs/DILOCOX.md section 11) ------
     def capture_start_states(self, outer_round: int) -> dict[int, bytes]:
         """Stage -> canonical bytes of the start state of ``outer_round`` (call before its first inner step)."""
+        return self.start_state_capture(outer_round)()
+
+    def start_state_capture(self, outer_round: int) -> Callable[[], dict[int, bytes]]:
+        """:meth:`capture_start_states` in two parts: copies of what the inner steps change now, and
+        a function that adds the engines' state and serialises, to call (on any thread) before the
+        engines change (the next encode or apply) and after the previous encode finished."""
         meta = round_meta(outer_round, self.replica, self.cfg.model, self.cfg.diloco, run_rounds=self.cfg.rounds,
                           num_stages=self.cfg.pipeline.num_stages,
                           micro_batches=self.cfg.pipeline.micro_batches if self.pipelined else 0)
@@ -181,8 +187,9 @@ class ReplicaWorker:
         else:
             held = {spec.index: (module, optimizer) for spec, module, optimizer in
                     zip(self.specs, self.trainer.stage_modules, self.trainer.optimizers)}
-        return {stage: capture_stage_state(meta, self.engines[stage], *held[stage]).to_bytes()
-                for stage in self.stages}
+        parts = {stage: capture_trainer_part(*held[stage]) for stage in self.stages}
+        return lambda: {stage: capture_engine_part(meta, self.engines[stage], parts[stage]).to_bytes()
+                        for stage in self.stages}
 
     def data_commitment(self, outer_round: int) -> bytes:
         """sha256 of the token ids this replica's H inner steps of ``outer_round`` consume."""
@@ -192,8 +199,29 @@ class ReplicaWorker:
     def eval_loss(self) -> float:
         return self.trainer.eval_loss(self._eval)
 
+    def eval_snapshot(self) -> Callable[[], float] | None:
+        """A function returning :meth:`eval_loss` of the weights now, bit for bit, callable on another
+        thread while training goes on; None for a split replica (its eval runs the pipeline)."""
+        if self.pipelined:
+            return None
+        snapshot = self.trainer.eval_snapshot()
+        return lambda: snapshot.eval_loss(self._eval)
+
+    def prepare_encode(self, stage: int, outer_round: int) -> bool:
+        """Take the part of :meth:`encode` that reads the live weights now; False if the delay
+        variant cannot split it (then :meth:`encode` does everything, on this thread)."""
+        engine = self.engines[stage]
+        if not engine.can_prepare:
+            return False
+        self.skip_to(stage, outer_round)
+        engine.prepare_encode(outer_round)
+        return True
+
     def encode(self, stage: int, outer_round: int):
-        """(contribution bytes, compression stats) of ``stage`` for ``outer_round``."""
+        """(contribution bytes, compression stats) of ``stage`` for ``outer_round``.
+
+        After :meth:`prepare_encode`, only the compression is left (it may run on another thread).
+        """
         self.skip_to(stage, outer_round)
         return self.engines[stage].encode_contribution(outer_round)
 
@@ -222,8 +250,17 @@ class ReplicaWorker:
                                        self.cfg.diloco)
         return screening_exclusions(reports), reports
 
+    def prepare_aggregation(self, stage: int, outer_round: int, contributions: list[bytes],
+                            excluded: dict[int, str] | None = None):
+        """The pure part of :meth:`apply` (decode, average, outer step, hash), computable while the next
+        round trains (:meth:`training.diloco.StageEngine.prepare_aggregation`)."""
+        return self.engines[stage].prepare_aggregation(outer_round, contributions, excluded=excluded)
+
+    def prepared_valid(self, stage: int, prepared, outer_round: int) -> bool:
+        return self.engines[stage].prepared_valid(prepared, outer_round)
+
     def apply(self, stage: int, outer_round: int, contributions: list[bytes],
-              excluded: dict[int, str] | None = None) -> RoundResult:
+              excluded: dict[int, str] | None = None, prepared=None) -> RoundResult:
         """Aggregate ``outer_round`` of ``stage`` (canonical order) without the ``excluded`` indices.
 
         Contributions that fail to decode or break the run's codec are left out, the
@@ -232,7 +269,7 @@ class ReplicaWorker:
         it did not encode (it joined late or sat the round out) is absorbed, local
         progress kept (:meth:`training.diloco.StageEngine.finish_round`).
         """
-        return self.engines[stage].finish_round(outer_round, contributions, excluded=excluded)
+        return self.engines[stage].finish_round(outer_round, contributions, excluded=excluded, prepared=prepared)
 
     # -- the sliced exchange (docs/PROTOCOL.md, "Sliced exchange") ------------------------
     def last_slices(self, stage: int) -> list[bytes]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,6 +30,9 @@ logger = logging.getLogger(__name__)
 
 #: Phases of a period besides the inner steps, in the order they are reported.
 PHASES = ("start_state", "eval", "encode", "close_wait", "fetch_wait", "aggregate", "finish_other")
+#: Work on the node's background lane (node/live/lane.py), overlapping the inner steps: reported as
+#: ``lane_<name>_s`` per period, not part of the period's phases (it is not on the training thread).
+LANE_WORK = ("start_state", "eval", "encode")
 
 
 class RoundClock:
@@ -39,6 +43,8 @@ class RoundClock:
         self.clock = clock
         self._period_end: float | None = None  # end of the last round's training (None: none in this life)
         self._phases: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self._lane: dict[str, float] = dict.fromkeys(LANE_WORK, 0.0)
+        self._lock = threading.Lock()  # the lane adds its seconds from its own thread
         self._published: dict[int, float] = {}  # round -> when this node's contribution of it went out
         self.last_period: dict | None = None
         self.last_finish: dict | None = None
@@ -60,6 +66,18 @@ class RoundClock:
             raise ValueError(f"unknown phase {name!r}: one of {', '.join(PHASES)}")
         self._phases[name] += max(0.0, seconds)
 
+    @contextmanager
+    def lane(self, name: str) -> Iterator[None]:
+        """Add the time spent in the block (on the background lane) to ``lane_<name>_s`` of the current period."""
+        if name not in self._lane:
+            raise ValueError(f"unknown lane work {name!r}: one of {', '.join(LANE_WORK)}")
+        started = self.clock()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._lane[name] += max(0.0, self.clock() - started)
+
     def published(self, outer_round: int) -> None:
         """This node's contribution of ``outer_round`` is out (announced): the exchange starts."""
         self._published[outer_round] = self.clock()
@@ -69,9 +87,12 @@ class RoundClock:
         now = self.clock()
         wall = None if self._period_end is None else now - self._period_end
         phases = {name: round(seconds, 4) for name, seconds in self._phases.items()}
+        with self._lock:
+            lane, self._lane = self._lane, dict.fromkeys(LANE_WORK, 0.0)
         record = {"kind": "period", "round": outer_round, "inner_s": round(inner_seconds, 4),
                   "wall_s": None if wall is None else round(wall, 4), "utilization": None, **{
-                      f"{name}_s": seconds for name, seconds in phases.items()}}
+                      f"{name}_s": seconds for name, seconds in phases.items()},
+                  **{f"lane_{name}_s": round(seconds, 4) for name, seconds in lane.items()}}
         if wall is not None and wall > 0:
             record["utilization"] = round(min(inner_seconds, wall) / wall, 5)
             record["other_s"] = round(max(0.0, wall - inner_seconds - sum(self._phases.values())), 4)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from node.errors import StateError
-from node.fsutil import atomic_write_json
+from node.fsutil import atomic_write_bytes, atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -157,8 +157,13 @@ def _state_problem(state: dict) -> str:
     return ""
 
 
-def write_status(path: Path, progress: Progress, peer_id: str, run_id: int, placement, listen_addrs: list[str]) -> None:
-    """Write status.json (best effort: a full disk must not stop training)."""
+def write_status(path: Path, progress: Progress, peer_id: str, run_id: int, placement, listen_addrs: list[str],
+                 writer: "StatusWriter | None" = None) -> None:
+    """Write status.json (best effort: a full disk must not stop training).
+
+    With a ``writer``, the document is taken now and written on the writer's thread (the
+    training thread does not wait for the disk).
+    """
     p = progress
     status = {
         "pid": os.getpid(), "peer_id": peer_id, "run_id": run_id, "state": p.state,
@@ -174,10 +179,55 @@ def write_status(path: Path, progress: Progress, peer_id: str, run_id: int, plac
             "cluster": placement.cluster, "replica": placement.replica, "stages": list(placement.stages)},
         "listen_addrs": listen_addrs,
     }
+    if writer is not None:
+        writer.submit(path, _status_bytes(status))
+        return
     try:
-        atomic_write_json(path, status)
+        atomic_write_bytes(path, _status_bytes(status))
     except OSError as exc:
         logger.debug("status not written: %s", exc)
+
+
+def _status_bytes(status: dict) -> bytes:
+    return json.dumps(status, indent=1, sort_keys=True).encode() + b"\n"  # as atomic_write_json
+
+
+class StatusWriter:
+    """Writes status.json on its own thread, atomically; of several pending documents the latest wins."""
+
+    def __init__(self) -> None:
+        self._pending: tuple[Path, bytes] | None = None
+        self._closed = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="status-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, path: Path, data: bytes) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._pending = (path, data)
+            self._cond.notify()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is pending, then stop."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closed:
+                    self._cond.wait()
+                item, self._pending = self._pending, None
+                if item is None:
+                    return
+            try:
+                atomic_write_bytes(*item)
+            except OSError as exc:
+                logger.debug("status not written: %s", exc)
 
 
 def _num(x: float) -> float | None:
