@@ -74,3 +74,14 @@ def test_status_metrics_and_graceful_sigterm(tmp_path):
         assert rounds == list(range(len(rounds))) and len(rounds) >= 2
     finally:
         run.stop()
+
+
+def test_status_prints_the_compute_utilization_of_the_node_clock(tmp_path):
+    status = {"peer_id": "12D3KooWtest", "pid": -1, "run_id": 1, "state": "training", "round": 3,
+              "timing": {"periods": 4, "inner_s": 99.0, "wall_s": 100.0, "utilization": 0.99}}
+    (tmp_path / "status.json").write_text(json.dumps(status))
+    shown = cli("status", "--data-dir", str(tmp_path))
+    assert shown.returncode == 1 and "not running" in shown.stdout  # pid -1: no such process
+    assert "utilization 99.0% over 4 period(s)" in shown.stdout, shown.stdout
+    (tmp_path / "status.json").write_text(json.dumps({**status, "timing": {}}))  # no period yet: no line
+    assert "utilization" not in cli("status", "--data-dir", str(tmp_path)).stdout

@@ -165,6 +165,11 @@ def cmd_status(args: argparse.Namespace) -> int:
           f"received {status.get('bytes_received')} B")
     print(f"chain    last finished round {index('last_finished')}  last commit {index('last_commit')}  "
           f"weights root {status.get('weights_root') or '-'}")
+    timing = status.get("timing")
+    if isinstance(timing, dict) and isinstance(timing.get("utilization"), (int, float)):
+        # From the node's own per-round clock (timing.jsonl): time in inner steps / wall time.
+        print(f"compute  utilization {100 * timing['utilization']:.1f}% over {timing.get('periods')} period(s) "
+              f"({timing.get('inner_s')} s in inner steps of {timing.get('wall_s')} s)")
     return 0 if alive else 1
 
 
