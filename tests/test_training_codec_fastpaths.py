@@ -31,13 +31,7 @@ from training.errors import ContributionDecodeError
 from training.robust import contribution_norm
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: on a busy machine an oversubscribed OpenMP pool made these tests ~50x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/torch_fixtures.py
 
 
 # ----------------------------------------------------------------------------- references (the old code)

@@ -30,12 +30,7 @@ V1 = CompressionConfig()
 V2 = CompressionConfig(encoder="v2")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/torch_fixtures.py
 
 
 def _stage_like(seed: int) -> dict[str, torch.Tensor]:
