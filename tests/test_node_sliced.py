@@ -144,3 +144,22 @@ def test_a_partial_is_coded_alike_whatever_the_callers_thread_count():
     finally:
         torch.set_num_threads(before)
     assert out[0] and out[0] == out[1]
+
+
+def test_a_flood_of_partial_announces_costs_only_its_sender():
+    """One member announcing many partials of a slot cannot crowd out the aggregator's announce."""
+    import threading
+    from types import SimpleNamespace
+
+    from node.live.sliced import ANNOUNCES_PER_SENDER, SlicedExchange
+
+    exchange = SlicedExchange.__new__(SlicedExchange)  # only the announce book is exercised here
+    exchange._cond, exchange._announced = threading.Condition(), {}
+    flooder = SimpleNamespace(round=3, stage=0, sender_peer_id="flooder")
+    for index in range(500):
+        exchange.on_announce(flooder, msg.PartialAnnounce(1, index.to_bytes(32, "big"), 100), b"")
+    aggregator = SimpleNamespace(round=3, stage=0, sender_peer_id="aggregator")
+    exchange.on_announce(aggregator, msg.PartialAnnounce(1, b"\x07" * 32, 100), b"")
+    entries = exchange._announced[(3, 0, 1)]
+    assert sum(1 for e in entries if e[0] == "flooder") == ANNOUNCES_PER_SENDER
+    assert ("aggregator", b"\x07" * 32, 100) in entries

@@ -42,6 +42,10 @@ from training.errors import ContributionDecodeError
 
 logger = logging.getLogger(__name__)
 
+#: Partial announces kept per sender and per (round, stage, slice), and in all per slot.
+ANNOUNCES_PER_SENDER = 4
+MAX_ANNOUNCES_PER_SLOT = 4096
+
 
 @dataclass(frozen=True)
 class UsedPartial:
@@ -102,7 +106,10 @@ class SlicedExchange:
     def on_announce(self, env: Envelope, announce: msg.PartialAnnounce, _data: bytes) -> None:
         with self._cond:
             entries = self._announced.setdefault((env.round, env.stage, announce.slice_index), [])
-            if len(entries) < 64:  # a flood of announces costs only this bound
+            # A flood costs only its sender: each sender keeps at most ANNOUNCES_PER_SENDER per slot
+            # (an honest candidate announces one partial), so nobody can crowd out the aggregator's.
+            mine = sum(1 for entry in entries if entry[0] == env.sender_peer_id)
+            if mine < ANNOUNCES_PER_SENDER and len(entries) < MAX_ANNOUNCES_PER_SLOT:
                 entries.append((env.sender_peer_id, announce.envelope_hash, announce.size))
             self._cond.notify_all()
 
