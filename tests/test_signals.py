@@ -244,3 +244,44 @@ def test_a_launcher_killed_outright_takes_its_children_with_it(tmp_path):
         assert _still_running(started) == []
     finally:
         _cleanup(proc, started)
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler installed for ``sig`` (its SigCgt mask in /proc)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(mask & (1 << (sig - 1)))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_start_stopped_while_it_loads_exits_0_without_joining(tmp_path, sig):
+    """A signal during start-up (torch, libp2p and web3 still loading) stops ``start`` cleanly, exit 0.
+
+    The signal is sent the moment the process catches SIGTERM, which is now the first line of the
+    command, seconds before the heavy imports are done; before, the handler came only with the
+    node, and a launcher stopping a node that had just been started saw it die of the signal (-15).
+    """
+    init = subprocess.run([sys.executable, "-m", "node.cli", "init", "--data-dir", str(tmp_path / "n"),
+                           "--dev-account", "1"], capture_output=True, text=True, timeout=240)
+    assert init.returncode == 0, init.stderr
+    log = tmp_path / "start.log"
+    node = _start_node(tmp_path / "n" / "node.toml", log)
+    try:
+        deadline = time.monotonic() + 240
+        while not _catches(node.pid, signal.SIGTERM):
+            assert node.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "start never installed its SIGTERM handler"
+            time.sleep(0.002)
+        node.send_signal(sig)
+        assert node.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+    text = log.read_text()
+    assert "stopped during start-up" in text and "Traceback" not in text, text[-3000:]
+    assert not (tmp_path / "n" / "state.json").exists()  # nothing of a run was started

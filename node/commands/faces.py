@@ -81,12 +81,42 @@ def _progress_line(p) -> str:
             f"sent {mb(p.bytes_sent)} recv {mb(p.bytes_received)} peers {p.peers} committed {index(p.last_commit)}")
 
 
-def cmd_start(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.overrides)
-    _refuse_busy_port(cfg.p2p.listen_host, cfg.p2p.listen_port, "p2p.listen_port")
-    _refuse_busy_port("127.0.0.1", cfg.metrics_port, "metrics_port")
-    from node.live.node import Node
+class _StoppedLoading(BaseException):
+    """A SIGINT/SIGTERM while ``start`` still loads its packages (a BaseException: no ``except Exception`` in
+    an imported package may swallow it)."""
 
+
+def cmd_start(args: argparse.Namespace) -> int:
+    # SIGINT/SIGTERM are caught from the first line: one that arrives while torch, libp2p and web3
+    # load (seconds, a minute on a busy machine) ends the loading at once, exit 0, instead of the
+    # process dying of the signal; one during the node's construction stops it before it joins;
+    # from then on it stops the node.
+    stopping: list[int] = []
+    loading = [True]
+    running: list = []
+
+    def handle(signum, _frame) -> None:
+        logger.info("signal %d: finishing up", signum)
+        stopping.append(signum)
+        if loading[0]:
+            raise _StoppedLoading(signum)
+        for node_ in running:
+            node_.stop()
+
+    signal.signal(signal.SIGINT, handle)
+    signal.signal(signal.SIGTERM, handle)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        _refuse_busy_port(cfg.p2p.listen_host, cfg.p2p.listen_port, "p2p.listen_port")
+        _refuse_busy_port("127.0.0.1", cfg.metrics_port, "metrics_port")
+        from node.live.node import Node
+
+        loading[0] = False
+    except _StoppedLoading:
+        loading[0] = False  # a second signal now only repeats the request
+    if stopping:
+        logger.info("stopped during start-up (signal %d), before joining the run", stopping[0])
+        return 0
     metrics = _start_metrics(cfg.metrics_port) if cfg.metrics_port else None
     show = not args.no_progress and sys.stderr.isatty()
 
@@ -98,13 +128,11 @@ def cmd_start(args: argparse.Namespace) -> int:
             sys.stderr.flush()
 
     node = Node(cfg, on_progress=on_progress)
-
-    def handle(signum, _frame) -> None:
-        logger.info("signal %d: finishing up", signum)
-        node.stop()
-
-    signal.signal(signal.SIGINT, handle)
-    signal.signal(signal.SIGTERM, handle)
+    running.append(node)
+    if stopping:  # a signal during the construction: nothing joined yet
+        node.close()
+        logger.info("stopped during start-up (signal %d), before joining the run", stopping[0])
+        return 0
     progress = node.run()
     if show:
         sys.stderr.write("\n")
