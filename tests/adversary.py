@@ -43,6 +43,10 @@ signing, gossip, the chain) is the real node's. Attacks:
   residual) before each round starts, then trains and encodes honestly from
   that state: every contribution reruns exactly from the state it binds; only
   the chain (round t's rerun must end where round t+1 starts) catches it.
+- ``diverge-once``: not an attack but what a fork does to a member: in round 2
+  it aggregates the close without its first entry, so its weights leave the
+  quorum's record; honest otherwise. It must dispute, re-enter from the
+  chain's record and contribute again.
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 CONTRIBUTION_ATTACKS = ("huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero", "perturb")
 ATTACKS = ("malformed-payload", *CONTRIBUTION_ATTACKS, "copy", "late", "empty-close", "duplicate-close",
-           "equivocating-close", "censoring-close", "phantom-close", "absurd-hello", "forge-state")
+           "equivocating-close", "censoring-close", "phantom-close", "absurd-hello", "forge-state",
+           "diverge-once")
 
 
 def malformed_payload() -> None:
@@ -334,6 +339,23 @@ def forged_start_state() -> None:
     ReplicaWorker.start_state_capture = capture
 
 
+def diverging_once() -> None:
+    import logging
+
+    from node.live.replica import ReplicaWorker
+
+    honest_apply = ReplicaWorker.apply
+
+    def apply(self, stage, outer_round, contributions, excluded=None, prepared=None):
+        if outer_round == 2 and len(contributions) > 1:
+            logging.getLogger(__name__).warning("adversary: round 2 stage %d aggregated without the close's first "
+                                                "entry", stage)
+            excluded, prepared = {**(excluded or {}), 0: "diverge-once"}, None
+        return honest_apply(self, stage, outer_round, contributions, excluded=excluded, prepared=prepared)
+
+    ReplicaWorker.apply = apply
+
+
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in ATTACKS:
         print(f"usage: adversary.py {{{'|'.join(ATTACKS)}}} [dlx-node arguments]", file=sys.stderr)
@@ -345,7 +367,7 @@ def main() -> int:
         {"malformed-payload": malformed_payload, "copy": copying_free_rider, "late": late_delivery,
          "empty-close": empty_close, "duplicate-close": duplicate_close, "equivocating-close": equivocating_close,
          "censoring-close": censoring_close, "phantom-close": phantom_close, "absurd-hello": absurd_hello,
-         "forge-state": forged_start_state}[attack]()
+         "forge-state": forged_start_state, "diverge-once": diverging_once}[attack]()
     from node.cli import main as cli_main
 
     return cli_main()

@@ -136,8 +136,22 @@ def cmd_start(args: argparse.Namespace) -> int:
     progress = node.run()
     if show:
         sys.stderr.write("\n")
+    if node.reenter_after is not None and not stopping:
+        _reenter(node.reenter_after)
     logger.info("stopped after round %d (last committed %d)", progress.last_finished, progress.last_commit)
     return 0
+
+
+def _reenter(outer_round: int) -> None:
+    """Start this command again in this process (same pid, arguments, environment), the node fully closed.
+
+    A fresh life enters after the chain's latest checkpoint, as any restart does; doing it
+    by ``exec`` leaves nothing of the diverged life behind (threads, the trio loop, torch state).
+    """
+    logger.warning("round %d's committed record differs from this node's: starting again from the chain's latest "
+                   "checkpoint", outer_round)
+    logging.shutdown()  # flush the log file: exec runs no exit handlers
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 
 def _start_metrics(port: int):

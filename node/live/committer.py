@@ -18,7 +18,10 @@ round t every node:
    submits it if it is first in the round's committer rotation, or if the
    previous committers left the round uncommitted for a grace period each;
 6. reads the round back from the chain and files a dispute, with its own
-   signed record, if the committed roots differ from what it computed itself.
+   signed record, if the committed roots differ from what it computed itself;
+   the node then re-enters the run from the chain's record (``on_diverged``):
+   the quorum's record is the run's history, and weights that left it would
+   only make every later round of this node's disagree too.
 
 A member seen signing two different records of one round is reported on chain
 (``reportEquivocation``), which slashes its stake.
@@ -78,6 +81,7 @@ class CommitterContext:
     ``on_recorded(round, weights_root, committed_by_me)`` is called once this node
     derived a round's record (and committed it, if it was its turn);
     ``on_confirmed(round)`` once the round is read back from the chain.
+    ``on_diverged(round)`` when the committed roots of a round differ from this node's.
     """
 
     cfg: NodeConfig
@@ -93,6 +97,7 @@ class CommitterContext:
     stop_event: threading.Event
     on_recorded: Callable[[int, bytes, bool], None]
     on_confirmed: Callable[[int], None]
+    on_diverged: Callable[[int], None]
     state: StateFile
     gossip: Callable[..., bytes]  # gossip(round, kind, message) signs and publishes a run message
 
@@ -420,9 +425,10 @@ class Committer:
             if signature is None:
                 logger.error("round %d: committed roots differ from ours; no signed record of ours to dispute "
                              "with", outer_round)
-                return
-            logger.error("round %d: committed roots differ from ours; filing a dispute", outer_round)
-            node.chain.dispute(mine, signature)
+            else:
+                logger.error("round %d: committed roots differ from ours; filing a dispute", outer_round)
+                node.chain.dispute(mine, signature)
+            node.on_diverged(outer_round)
 
     def _report_equivocations(self) -> None:
         """Slash members seen signing two different records of one round (the evidence is the two signatures).

@@ -159,6 +159,9 @@ class Node:
         self._prefetched: dict[int, Future] = {}
         self._stage_hashes: dict[int, dict[int, bytes]] = {}  # round -> stage -> weights hash after its outer step
         self.ejected = False  # this node was found guilty on chain and removed from the run
+        #: A round whose committed record differs from this node's: the node stops, and ``dlx-node start``
+        #: starts it again in the same process, entering from the chain's latest checkpoint (:meth:`_on_diverged`).
+        self.reenter_after: int | None = None
         self.first_round = -1  # first round this process contributes to (announced in hellos)
         self._last_report = 0.0
         self._status_writer = StatusWriter()  # status.json off the training thread
@@ -275,7 +278,8 @@ class Node:
         self.committer = Committer(CommitterContext(
             cfg, self.run_id, self.peer_id, self.book, self.chain, self.host, self.coordinator, self.membership,
             self.checkpoint_dir, self.data_dir / "incoming", self.stop_event,
-            on_recorded=self._on_recorded, on_confirmed=self._on_confirmed, state=self.state, gossip=self._gossip))
+            on_recorded=self._on_recorded, on_confirmed=self._on_confirmed, on_diverged=self._on_diverged,
+            state=self.state, gossip=self._gossip))
         # Re-execution spot checks compare a rerun with the decoded contribution and replay round t-1
         # from the whole contributions: not done for sliced contributions yet (docs/PROTOCOL.md).
         checker_cfg = cfg if self.sliced is None else dataclasses.replace(cfg, spot_checks=0.0)
@@ -867,6 +871,27 @@ class Node:
 
     def _on_confirmed(self, outer_round: int) -> None:
         self.progress.last_commit = max(self.progress.last_commit, outer_round)
+
+    def _on_diverged(self, outer_round: int) -> None:
+        """The chain's record of ``outer_round`` (a quorum's) is not what this node computed: re-enter from it.
+
+        This node aggregated another set than the quorum did (a fork: docs/PROTOCOL.md, "When a
+        node's weights leave the record"), so every later round of its would disagree as well. It
+        stops, and the command starts it again, which enters after the chain's latest checkpoint
+        as any restart does. Once per round in any life: if the same round diverges again (a
+        checkpoint older than it, whose catch-up forks the same way), the node keeps going with
+        the dispute on record.
+        """
+        done = self.state.get("reentered_for", [])
+        if outer_round in done:
+            logger.error("round %d: committed roots differ again after re-entering for it; not re-entering twice",
+                         outer_round)
+            return
+        self.state.update(reentered_for=[*done[-15:], outer_round])
+        logger.error("round %d: this node's weights left the run's committed record; stopping to re-enter from "
+                     "the chain's latest checkpoint", outer_round)
+        self.reenter_after = outer_round
+        self.stop()
 
     # ------------------------------------------------------------------ gossip
     def _record_signer(self, record: RoundRecord, account: bytes, signature: bytes) -> tuple[str, bytes]:

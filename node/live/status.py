@@ -151,6 +151,9 @@ def _state_problem(state: dict) -> str:
     roots = state.get("weights_roots", {})
     if not isinstance(roots, dict) or not all(rounds_key(k) and isinstance(v, str) for k, v in roots.items()):
         return "weights_roots is not a map of round -> hex"
+    reentered = state.get("reentered_for", [])
+    if not isinstance(reentered, list) or not all(_is_int(r) for r in reentered):
+        return "reentered_for is not a list of rounds"
     committed = state.get("committed", [])
     if not isinstance(committed, list) or not all(_is_int(r) for r in committed):
         return "committed is not a list of rounds"
