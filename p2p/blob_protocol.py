@@ -442,6 +442,7 @@ class BlobService:
     ) -> None:
         """Write ``[offset, offset+length)`` of the blob into ``fd``; ``progress[0]`` counts bytes on disk."""
         peer_text = peer.to_base58()
+        self._limiter.expect(peer_text)  # the range's bytes take at least length / rate to arrive
         stream, _ = await self._request(peer, digest, offset, length)
         chunks: list[bytes] = []  # received, not yet on disk; written with one pwritev, never joined
         buffered = 0
