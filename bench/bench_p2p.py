@@ -4,11 +4,14 @@ Measures (issue 3):
 - blob throughput between two processes (``python -m p2p.serve`` provider, fetcher here),
   uncapped and with the per-peer rate cap at 1 Gbps and 100 Mbps (achieved vs cap);
 - CPU seconds per 100 MB on each side (uncapped run);
+- a small blob (a DiLoCoX contribution's size) under a slow cap with a small bucket: seconds
+  against bytes / rate (both ends cap, as two nodes of a run do);
 - gossip latency p50/p99 across 5 hosts, each in its own process;
 - resident memory of an idle host process.
 
 Usage: python bench/bench_p2p.py [--size-mb 100] [--repeats 3] [--messages 200] [--only blob,gossip,memory]
-The machine is shared: every figure is the median of ``--repeats`` runs, each
+Each blob run connects, waits ``SETTLE_SECONDS`` for the connection's start-up traffic, then
+times ``fetch_blob`` alone. The machine is shared: every figure is the median of ``--repeats`` runs, each
 run's own figure is kept beside it (the spread), and the load average at the
 start of each run is recorded. ``--only`` measures some sections and keeps the
 others already in ``--out``.
@@ -51,7 +54,19 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def start_provider(path: Path, data_dir: Path, rate_limit_bps: float = 0.0) -> tuple[subprocess.Popen, dict]:
+#: Seconds between connecting and the timed transfer: the connection's own start-up traffic
+#: (identify, the DHT's routing-table queries, pubsub hellos) is done by then (measured: the
+#: fetcher's CPU stops rising ~2 s after connect); before, it overlapped the timed transfer.
+SETTLE_SECONDS = 2.0
+#: The small-blob run: a contribution of `mini` (docs/DILOCOX.md) under a 16 KiB bucket.
+SMALL_BLOB_BYTES = 344_000
+SMALL_CAP_BPS = 200_000.0
+SMALL_BURST_BYTES = 16 << 10
+
+
+def start_provider(
+    path: Path, data_dir: Path, rate_limit_bps: float = 0.0, burst: float = 0.0
+) -> tuple[subprocess.Popen, dict]:
     process = subprocess.Popen(
         [
             sys.executable,
@@ -62,6 +77,8 @@ def start_provider(path: Path, data_dir: Path, rate_limit_bps: float = 0.0) -> t
             str(data_dir),
             "--rate-limit-bps",
             str(rate_limit_bps),
+            "--rate-limit-burst",
+            str(burst),
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -81,14 +98,15 @@ def stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
-def blob_run(blob: Path, work: Path, rate_limit_bps: float) -> dict:
+def blob_run(blob: Path, work: Path, rate_limit_bps: float, burst: float = 0.0) -> dict:
     """One transfer of ``blob`` from a provider process to a host in this process."""
-    load = os.getloadavg()[0]
-    provider, info = start_provider(blob, work / "provider", rate_limit_bps)
+    provider, info = start_provider(blob, work / "provider", rate_limit_bps, burst)
     try:
-        config = P2PConfig(rate_limit_bps=rate_limit_bps, transfer_timeout=600)
+        config = P2PConfig(rate_limit_bps=rate_limit_bps, rate_limit_burst=burst, transfer_timeout=600)
         with P2PHost.start(config, Identity.generate(), data_dir=work / "fetcher") as fetcher:
             fetcher.connect(info["listen_addrs"][0])
+            time.sleep(SETTLE_SECONDS)
+            load = os.getloadavg()[0]
             sha = info["blobs"][str(blob)]
             # The first full collection of this process's start-up objects (libp2p's import
             # graph: ~0.1-0.2 CPU-s) would otherwise land in whichever run triggers it; it is
@@ -142,7 +160,33 @@ def bench_blobs(size_mb: int, repeats: int, work: Path) -> dict:
             flush=True,
         )
     blob.unlink()
+    results["small_capped"] = bench_small_blob(work, repeats)
     return results
+
+
+def bench_small_blob(work: Path, repeats: int) -> dict:
+    """A contribution-sized blob under a slow cap with a small bucket: seconds / (bytes / rate)."""
+    blob = work / "small.bin"
+    blob.write_bytes(os.urandom(SMALL_BLOB_BYTES))
+    runs = [blob_run(blob, work, SMALL_CAP_BPS, SMALL_BURST_BYTES) for _ in range(repeats)]
+    blob.unlink()
+    ideal = SMALL_BLOB_BYTES / SMALL_CAP_BPS
+    result = {
+        "bytes": SMALL_BLOB_BYTES,
+        "cap_bytes_per_s": SMALL_CAP_BPS,
+        "burst_bytes": SMALL_BURST_BYTES,
+        "bytes_over_rate_s": ideal,
+        "seconds": statistics.median(r["seconds"] for r in runs),
+        "runs_seconds": [round(r["seconds"], 3) for r in runs],
+        "runs_load_1min_at_start": [round(r["load_1min_at_start"], 2) for r in runs],
+    }
+    result["seconds_over_bytes_over_rate"] = result["seconds"] / ideal
+    print(
+        f"blob small_capped: {SMALL_BLOB_BYTES} B at {SMALL_CAP_BPS:.0f} B/s: {result['seconds']:.3f} s "
+        f"= {result['seconds_over_bytes_over_rate']:.2f} x bytes/rate (runs {result['runs_seconds']})",
+        flush=True,
+    )
+    return result
 
 
 def gossip_peer(bootstrap: str, expected: int, hosts: int) -> None:

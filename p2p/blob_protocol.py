@@ -39,7 +39,7 @@ import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
-from p2p.blobstore import BlobStore, check_sha256_hex
+from p2p.blobstore import BlobStore, check_sha256_hex, start_writeback
 from p2p.errors import BlobError, BlobHashMismatch, BlobNotFound, BlobTooLarge, BlobUnavailable
 from p2p.fastpath import YAMUX_FRAME_PAYLOAD_BYTES, grant_receive_window, read_raw, release_body
 from p2p.ratelimit import PeerRateLimiter
@@ -54,7 +54,6 @@ CHUNK_BYTES = max(1, (1 << 20) // YAMUX_FRAME_PAYLOAD_BYTES) * YAMUX_FRAME_PAYLO
 PIECE_BYTES = 8 << 20  # unit of work handed to one provider
 FILE_IO_BYTES = 4 * CHUNK_BYTES  # one disk read/write off the event loop (~4 MiB)
 HASH_MEMORY_BYTES = 32 << 20  # received chunks kept for in-order hashing, at most
-SYNC_BYTES = 8 << 20  # staging file flushed every this many bytes hashed: the last fsync stays short
 MAX_FRAME_BYTES = 4096  # request and reply frame bodies
 _BUSY_RETRIES = 20
 
@@ -132,8 +131,8 @@ class _InOrderHasher:
     those chunks in memory (no read back) unless holding them would exceed
     ``memory_budget`` bytes, in which case it is read back from the staging file
     when its turn comes. Hashing runs on the host's thread pool (hashlib
-    releases the GIL), and every ``SYNC_BYTES`` hashed the file is flushed to disk
-    there too, so the final ``fsync`` has little left to write.
+    releases the GIL). Each write starts its own writeback (:func:`_write_chunks`),
+    so the final ``fsync`` has little left to write.
     """
 
     def __init__(
@@ -145,7 +144,6 @@ class _InOrderHasher:
         self._memory_budget = memory_budget
         self._digest = hashlib.sha256()
         self._hashed = 0
-        self._synced = 0
         self._held = 0  # bytes of chunks kept in memory for hashing
         self._ranges: dict[int, tuple[int, list[bytes] | None]] = {}  # start -> (end, chunks or None)
         self._changed = trio.Event()
@@ -217,11 +215,6 @@ class _InOrderHasher:
 
     async def run(self) -> None:
         while self._hashed < self._total:
-            if self._hashed - self._synced >= SYNC_BYTES:
-                hashed = self._hashed
-                await self._run_blocking(os.fdatasync, self._fd)
-                self._synced = hashed
-                continue
             batch = [] if self._busy else self._contiguous()
             if not batch:
                 self._changed = trio.Event()  # no await since _contiguous(): nothing is missed
@@ -276,8 +269,9 @@ def _read_cached(fd: int, buffer: bytearray, size: int, offset: int) -> memoryvi
 
 
 def _write_chunks(fd: int, chunks: list[bytes], offset: int) -> None:
-    """``pwritev`` the chunks at ``offset`` (no concatenation); loops over short writes."""
+    """``pwritev`` the chunks at ``offset`` (no concatenation, loops over short writes), then start their writeback."""
     views = [memoryview(chunk) for chunk in chunks]
+    start = offset
     while views:
         written = os.pwritev(fd, views, offset)
         offset += written
@@ -286,6 +280,8 @@ def _write_chunks(fd: int, chunks: list[bytes], offset: int) -> None:
             views.pop(0)
         if views and written:
             views[0] = views[0][written:]
+    if offset > start:
+        start_writeback(fd, start, offset - start)
 
 
 class BlobService:
@@ -442,6 +438,7 @@ class BlobService:
     ) -> None:
         """Write ``[offset, offset+length)`` of the blob into ``fd``; ``progress[0]`` counts bytes on disk."""
         peer_text = peer.to_base58()
+        self._limiter.expect(peer_text)  # the range's bytes take at least length / rate to arrive
         stream, _ = await self._request(peer, digest, offset, length)
         chunks: list[bytes] = []  # received, not yet on disk; written with one pwritev, never joined
         buffered = 0

@@ -21,13 +21,26 @@ class TokenBucket:
     burst, 11.9-12.1 with 2 MiB). A transfer measured against the cap can beat it
     by at most one burst (the former 50 ms could let a 100 MB transfer at a
     1 Gbps cap finish ~6 % faster than the cap allows; 2 MiB is under 2.1 %).
+
+    ``receiving``: the bucket is charged for bytes as they are *read*, after they
+    arrived, so the time they took to arrive was idle time for it. A sending
+    bucket charges a chunk before it goes out (store and forward, like a link
+    serialising it); a receiving bucket charged the same way with a burst smaller
+    than the chunk made every chunk wait its whole transfer time a second time
+    (two caps in series: a 344 kB blob under a 16 KiB bucket took ~2x bytes /
+    rate). A receiving bucket therefore credits the idle time since its last
+    charge up to ``max(burst, amount)`` for a charge of ``amount``: bytes that
+    arrived no faster than the rate pass without a wait, a sender that ignores
+    the cap is still held to it, and the receiver can beat the cap by at most one
+    burst plus one chunk.
     """
 
-    def __init__(self, rate: float, burst: float | None = None) -> None:
+    def __init__(self, rate: float, burst: float | None = None, receiving: bool = False) -> None:
         if rate <= 0:
             raise ValueError(f"rate={rate}: must be > 0 bytes/s")
         self.rate = float(rate)
         self.burst = float(burst if burst is not None else max(rate * 0.01, MIN_BURST_BYTES))
+        self.receiving = receiving
         self._tokens = self.burst
         self._stamp = trio.current_time()
         self._lock = trio.Lock()
@@ -36,7 +49,8 @@ class TokenBucket:
         """Wait until ``amount`` bytes may pass (FIFO among concurrent callers)."""
         async with self._lock:
             now = trio.current_time()
-            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+            ceiling = max(self.burst, amount) if self.receiving else self.burst
+            self._tokens = min(ceiling, self._tokens + (now - self._stamp) * self.rate)
             self._stamp = now
             self._tokens -= amount
             if self._tokens < 0:
@@ -44,7 +58,12 @@ class TokenBucket:
 
 
 class PeerRateLimiter:
-    """One :class:`TokenBucket` per (peer, direction); ``rate <= 0`` disables it."""
+    """One :class:`TokenBucket` per (peer, direction); ``rate <= 0`` disables it.
+
+    Direction ``"in"`` buckets are receiving buckets (:class:`TokenBucket`);
+    :meth:`expect` starts one's clock when a request is sent, before the bytes
+    it asks for can arrive.
+    """
 
     def __init__(self, rate: float, burst: float | None = None) -> None:
         self.rate = rate
@@ -55,11 +74,19 @@ class PeerRateLimiter:
     def enabled(self) -> bool:
         return self.rate > 0
 
-    async def consume(self, peer_id: str, direction: str, amount: int) -> None:
-        if self.rate <= 0:
-            return
+    def _bucket(self, peer_id: str, direction: str) -> TokenBucket:
         key = (peer_id, direction)
         bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = self._buckets[key] = TokenBucket(self.rate, self.burst)
-        await bucket.consume(amount)
+            bucket = self._buckets[key] = TokenBucket(self.rate, self.burst, receiving=direction == "in")
+        return bucket
+
+    def expect(self, peer_id: str) -> None:
+        """Bytes from ``peer_id`` were just asked for: their arrival time counts from now."""
+        if self.rate > 0:
+            self._bucket(peer_id, "in")
+
+    async def consume(self, peer_id: str, direction: str, amount: int) -> None:
+        if self.rate <= 0:
+            return
+        await self._bucket(peer_id, direction).consume(amount)

@@ -27,13 +27,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", action="append", default=[], help="bootstrap multiaddr")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--rate-limit-bps", type=float, default=0.0)
+    parser.add_argument("--rate-limit-burst", type=float, default=0.0, help="bucket bytes (0: the default)")
     parser.add_argument("--subscribe", action="append", default=[], help="topic to join (echoes nothing)")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr)
 
     identity = Identity.load_or_create(args.key) if args.key else Identity.generate()
-    config = P2PConfig(listen_port=args.port, bootstrap=args.bootstrap, rate_limit_bps=args.rate_limit_bps)
+    config = P2PConfig(
+        listen_port=args.port,
+        bootstrap=args.bootstrap,
+        rate_limit_bps=args.rate_limit_bps,
+        rate_limit_burst=args.rate_limit_burst,
+    )
     data_dir = args.data_dir or tempfile.mkdtemp(prefix="dlx-p2p-serve-")
     host = P2PHost.start(config, identity, data_dir=data_dir)
     try:

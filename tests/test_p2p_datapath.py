@@ -200,6 +200,70 @@ def test_rate_cap_holds_over_a_transfer_whatever_the_chunk_size():
     assert elapsed <= sent / rate + 1e-6
 
 
+def _through_two_caps(sizes, rate, burst, receiving=True):
+    """Virtual seconds for chunks sent through a sending cap, then read under a receiving cap."""
+
+    async def main():
+        sender = TokenBucket(rate, burst)
+        receiver = TokenBucket(rate, burst, receiving=receiving)  # its clock starts at the request
+        start = trio.current_time()
+        for size in sizes:
+            await sender.consume(size)  # the provider's cap, then the chunk is on the wire
+            await receiver.consume(size)  # the fetcher's cap, once it has read the chunk
+        return trio.current_time() - start
+
+    return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_small_transfer_under_two_caps_in_series_takes_bytes_over_rate_once():
+    # node-level observation (docs/DILOCOX.md): a 344 kB contribution under a 16 KiB bucket
+    # took ~1.4x bytes / rate: the receiving cap charged the chunk a second time on arrival.
+    rate, burst, size = 10_000.0, 16 << 10, 344_000
+    elapsed = _through_two_caps([size], rate, burst)
+    assert elapsed == pytest.approx((size - burst) / rate, rel=1e-6)
+    charged_twice = _through_two_caps([size], rate, burst, receiving=False)
+    assert charged_twice == pytest.approx(2 * (size - burst) / rate, rel=1e-6)
+    # a paced stream of frames is not slowed by the receiving cap either
+    sizes = [1 << 20] * 20
+    assert _through_two_caps(sizes, 125e6, burst) == pytest.approx((sum(sizes) - burst) / 125e6, rel=1e-6)
+
+
+def test_a_receiving_cap_still_holds_a_sender_that_ignores_the_cap():
+    rate, burst, chunk = 1e6, 16 << 10, 1 << 20
+
+    async def main():
+        receiver = TokenBucket(rate, burst, receiving=True)
+        start = trio.current_time()
+        for _ in range(30):
+            await receiver.consume(chunk)  # every chunk already there: no pacing upstream
+        return trio.current_time() - start
+
+    elapsed = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    # beats the cap by at most one burst plus one chunk
+    assert elapsed >= (30 * chunk - burst - chunk) / rate
+    assert elapsed <= 30 * chunk / rate
+
+
+def test_peer_limiter_receiving_clock_starts_at_the_request():
+    from p2p.ratelimit import PeerRateLimiter
+
+    async def main():
+        limiter = PeerRateLimiter(rate=10_000, burst=1000)
+        limiter.expect("a")
+        await trio.sleep(10)  # 100 kB arrive at the rate
+        start = trio.current_time()
+        await limiter.consume("a", "in", 100_000)
+        free = trio.current_time() - start
+        start = trio.current_time()
+        await limiter.consume("b", "in", 100_000)  # never asked for: held to the cap
+        held = trio.current_time() - start
+        return free, held
+
+    free, held = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert free == 0
+    assert held == pytest.approx(99_000 / 10_000)
+
+
 def test_a_blob_fetch_sends_few_window_updates(tmp_path, monkeypatch):
     """py-libp2p alone credits the yamux window after every read: ~400 updates for 24 MiB."""
     import libp2p.stream_muxer.yamux.yamux as yamux
