@@ -222,6 +222,11 @@ def test_malformed_node_toml_is_a_config_error(tmp_path, line):
     {"run_id": RUN_ID, "signed_records": {"9": ["zz", "ef"]}},  # was ValueError from fromhex
     {"run_id": RUN_ID, "signed_records": [1]},  # was AttributeError
     {"run_id": RUN_ID, "last_contributed": "5"},  # the node adds 1 to it at start
+    {"run_id": RUN_ID, "attested": {"3": [1.5, None]}},  # unpacked into three figures
+    {"run_id": RUN_ID, "attested": {"3": [1.5, None, "100"]}},
+    {"run_id": RUN_ID, "attested": {"x": [1.5, None, 100]}},
+    {"run_id": RUN_ID, "attested": {"3": [True, None, 100]}},
+    {"run_id": RUN_ID, "reentered_for": ["2"]},
 ])
 def test_malformed_state_json_is_a_state_error_or_ignored(tmp_path, state):
     path = tmp_path / "state.json"

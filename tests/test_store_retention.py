@@ -91,3 +91,20 @@ def test_state_json_stays_bounded_on_long_runs(tmp_path):
     assert sorted(map(int, reloaded.get("weights_roots"))) == list(range(22, 30))
     assert reloaded.get("committed") == list(range(14, 30, 2))  # the last 8 it committed
     assert reloaded.signed_record(29) is not None and reloaded.signed_record(21) is None
+
+
+def test_attested_figures_survive_a_restart_as_they_were(tmp_path):
+    """A restarted node attests a round it contributed to in an earlier life with that life's figures."""
+    import math
+
+    from node.live.status import StateFile
+
+    state = StateFile(tmp_path / "state.json", run_id=3)
+    for outer_round in range(10):
+        state.remember_attested(outer_round, 2.5 + outer_round, math.nan if outer_round % 2 else 2.25, 4096, keep=4)
+    reloaded = StateFile(tmp_path / "state.json", run_id=3)
+    assert reloaded.attested(5) is None  # only the last 4 are kept
+    assert reloaded.attested(8) == (10.5, 2.25, 4096)
+    train, held_out, tokens = reloaded.attested(9)
+    assert (train, tokens) == (11.5, 4096) and math.isnan(held_out)
+    assert "NaN" not in (tmp_path / "state.json").read_text()  # strict JSON

@@ -703,15 +703,21 @@ class Node:
         prune_checkpoints(self.checkpoint_dir, self.cfg.storage.keep_checkpoints, self.progress.last_commit,
                           self.host.remove_blob)
         checkpoint_round = (outer_round + 1) % self.cfg.checkpoint_every == 0
+        # A round contributed to in an earlier life is attested with that life's figures (the same
+        # attestation again), not with none: the training figures left with the process.
+        figures = self.state.attested(outer_round) if not contributed else None
+        if contributed:
+            train_loss, _, tokens = self._train_info[outer_round]
+            figures = (train_loss, self._eval_of(outer_round), tokens)
+            self.state.remember_attested(outer_round, *figures)
+        train_loss, eval_loss, tokens = figures if figures is not None else (math.nan, math.nan, 0)
         for stage in self.worker.stages:
             shard_hash = self._write_shard(outer_round, stage, hashes[stage]) if checkpoint_round else b""
-            train_loss, _, tokens = self._train_info.get(outer_round, (math.nan, math.nan, 0))
-            eval_loss = self._eval_of(outer_round)
             last = stage == self.cfg.pipeline.num_stages - 1
             att = msg.Attestation(hashes[stage], self.coordinator.stage_root(outer_round, stage),
                                   len(self.coordinator.accepted(outer_round, stage).contributions),
-                                  train_loss if last and contributed else math.nan,
-                                  eval_loss if last and contributed else math.nan, tokens, shard_hash, b"")
+                                  train_loss if last else math.nan, eval_loss if last else math.nan, tokens,
+                                  shard_hash, b"")
             self.book.add_attestation(outer_round, stage, self.peer_id, att)
             # Also for a round finished in an earlier life: the same attestation again (peers
             # that kept the first one drop it as a re-signed replay), so the round can commit.

@@ -118,6 +118,28 @@ class StateFile:
                 del signed[old]
             self._save()
 
+    def attested(self, outer_round: int) -> tuple[float, float, int] | None:
+        """(train loss, held-out loss, tokens) this node attested for a round it contributed to, in any life."""
+        with self._lock:
+            entry = self._state.get("attested", {}).get(str(outer_round))
+        if entry is None:
+            return None
+        train, held_out, tokens = entry
+        return (math.nan if train is None else float(train), math.nan if held_out is None else float(held_out),
+                int(tokens))
+
+    def remember_attested(self, outer_round: int, train_loss: float, eval_loss: float, tokens: int,
+                          keep: int = 64) -> None:
+        """Keep a contributed round's attested figures: a restarted node that finishes the round again
+        attests the same (its training figures are gone with the process). The last ``keep`` rounds."""
+        as_json = lambda x: None if math.isnan(x) else x  # noqa: E731 - state.json stays strict JSON
+        with self._lock:
+            attested = self._state.setdefault("attested", {})
+            attested[str(outer_round)] = [as_json(train_loss), as_json(eval_loss), int(tokens)]
+            for old in sorted(attested, key=int)[:-keep]:
+                del attested[old]
+            self._save()
+
     def _save(self) -> None:
         self._state["run_id"] = self.run_id
         atomic_write_json(self.path, self._state)
@@ -151,6 +173,12 @@ def _state_problem(state: dict) -> str:
     roots = state.get("weights_roots", {})
     if not isinstance(roots, dict) or not all(rounds_key(k) and isinstance(v, str) for k, v in roots.items()):
         return "weights_roots is not a map of round -> hex"
+    attested = state.get("attested", {})
+    number = lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))  # noqa: E731
+    if not isinstance(attested, dict) or not all(
+            rounds_key(k) and isinstance(v, list) and len(v) == 3 and number(v[0]) and number(v[1]) and _is_int(v[2])
+            for k, v in attested.items()):
+        return "attested is not a map of round -> [train loss, held-out loss, tokens]"
     reentered = state.get("reentered_for", [])
     if not isinstance(reentered, list) or not all(_is_int(r) for r in reentered):
         return "reentered_for is not a list of rounds"
