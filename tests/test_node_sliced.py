@@ -219,3 +219,32 @@ def test_a_flood_of_partial_announces_costs_only_its_sender():
     entries = exchange._announced[(3, 0, 1)]
     assert sum(1 for e in entries if e[0] == "flooder") == ANNOUNCES_PER_SENDER
     assert ("aggregator", b"\x07" * 32, 100) in entries
+
+
+def test_an_aggregator_reads_one_slice_of_a_bundle_over_real_hosts(tmp_path):
+    """Record j and slice j by range from a real provider: only those bytes travel, and they prove."""
+    from p2p.config import P2PConfig
+    from p2p.errors import BlobError
+    from p2p.host import P2PHost
+    from p2p.identity import Identity
+
+    blobs = [bytes([j]) * (500 + j) for j in range(16)]
+    bundle, data = slice_bundle(blobs)
+    reference = parse_slice_reference(data, 16, len(bundle))
+    with P2PHost.start(P2PConfig(), Identity.generate(), data_dir=tmp_path / "provider") as provider, \
+            P2PHost.start(P2PConfig(), Identity.generate(), data_dir=tmp_path / "aggregator") as aggregator:
+        sha = provider.provide_blob(bundle, announce=False)
+        aggregator.connect(provider.listen_addrs[0])
+        before = aggregator.transfer_stats().get("/dlx/blob/1.0.0", {}).get("received", 0)
+        offset, length = record_range(16, 5)
+        record = aggregator.fetch_blob_range(sha, offset, length, provider.peer_id, timeout=30)
+        digest, start, size = parse_slice_record(record, reference, 5)
+        blob = aggregator.fetch_blob_range(sha, start, size, provider.peer_id, timeout=30)
+        received = aggregator.transfer_stats()["/dlx/blob/1.0.0"]["received"] - before
+        assert blob == blobs[5] and hashlib.sha256(blob).digest() == digest
+        assert received == length + size < len(bundle) / 8
+        assert not aggregator.has_blob(sha)  # a range is not stored (it is not verified by its sha256)
+        with pytest.raises(BlobError):
+            aggregator.fetch_blob_range(sha, len(bundle) - 4, 8, provider.peer_id, timeout=30)  # past the end
+        with pytest.raises(BlobError):
+            aggregator.fetch_blob_range("00" * 32, 0, 8, provider.peer_id, timeout=30)  # not served
