@@ -34,9 +34,9 @@ from p2p.identity import Identity
 from training.butterfly import (
     SliceError,
     SliceReference,
+    bundle_slices,
     candidate,
     contributions_root,
-    bundle_slices,
     parse_partial,
     parse_slice_record,
     parse_slice_reference,
