@@ -177,7 +177,8 @@ class HostBlobs:
         except BlobError:
             raise
         except Exception as exc:  # a refusal (_ProviderFailed), a protocol violation, a dropped stream
-            raise BlobError(f"blob {sha256_hex[:16]} range from {provider[-8:]}: {type(exc).__name__}: {exc}") from None
+            raise BlobError(f"blob {sha256_hex[:16]} range from {provider[-8:]}: "
+                            f"{type(exc).__name__}: {exc}") from None
 
     async def _fetch(self, sha256_hex: str, providers: list[ID] | None) -> Path:
         if providers is None:

@@ -709,7 +709,8 @@ def parse_slice_record(record: bytes, reference: SliceReference, slice_index: in
     if not 0 <= slice_index < count or len(record) != record_size(count):
         raise SliceError(f"slice record {slice_index}: {len(record)} bytes, expected {record_size(count)}")
     digest, offset, size = _RECORD_HEAD.unpack_from(record)
-    siblings = [record[_RECORD_HEAD.size + 32 * k:_RECORD_HEAD.size + 32 * (k + 1)] for k in range(tree_depth(count))]
+    head = _RECORD_HEAD.size
+    siblings = [record[head + 32 * k:head + 32 * (k + 1)] for k in range(tree_depth(count))]
     if _fold_path(slice_leaf(slice_index, digest, offset, size), slice_index, siblings) != reference.slices_root:
         raise SliceError(f"slice record {slice_index}: its Merkle path does not lead to the signed slices root")
     first = len(BUNDLE_PREFIX) + 4 + count * record_size(count)

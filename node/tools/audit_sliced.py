@@ -4,13 +4,13 @@ A sliced round's contribution envelopes carry references (a slice bundle's
 hash and the Merkle root of its slices); the holders applied the average
 assembled from one partial per slice. Per stage the auditor computes the
 inputs root from the references, takes every archived partial envelope that
-binds it and is signed by one of the
-slice's candidates: that is the partial every holder had to apply, so the
-weights root is replayed from it. When the contributors' archives hold the
-slice bundles (each checked against its reference), each partial is also replayed (:func:`training.butterfly.replay_partial`,
-bit for bit): one that differs is a FAIL naming its signer (an aggregator that
-poisoned its slice). Without the slice blobs the partial is used unreplayed and
-the round's note says so.
+binds it and is signed by one of the slice's candidates: that is the partial
+every holder had to apply, so the weights root is replayed from it. When the
+contributors' archives hold the slice bundles (each checked against its
+reference, each slice read as an aggregator reads it), each partial is also
+replayed (:func:`training.butterfly.replay_partial`, bit for bit): one that
+differs is a FAIL naming its signer (an aggregator that poisoned its slice).
+Without the bundles the partial is used unreplayed and the round's note says so.
 """
 
 from __future__ import annotations
