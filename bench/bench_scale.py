@@ -256,6 +256,9 @@ def curve(full_path: str, sliced_path: str, sizes: list[int]) -> dict:
     per_stage_bundle = largest["replica_slice_bytes"] / len(stage_shapes)
     slice_bytes = per_stage_bundle - len(BUNDLE_PREFIX) - 4 - count * record_size(count)
     framing = envelope_framing()
+    butterfly = ROOT / "bench" / "results" / "butterfly.json"
+    butterfly_rows = (json.loads(butterfly.read_text())["traffic"].get("tiny", {}).get("rows", [])
+                      if butterfly.exists() else [])
     rows = []
     for replicas in sorted({*(p["replicas"] for p in full + sliced), *sizes}):
         row = {"replicas": replicas}
@@ -272,8 +275,17 @@ def curve(full_path: str, sliced_path: str, sizes: list[int]) -> dict:
         row["full_model_blob_received"] = (replicas - 1) * (full[0]["replica_contribution_bytes"] if full else 0)
         row["sliced_model"] = sliced_model(replicas, stage_shapes, largest["contribution_envelope_bytes"],
                                            slice_bytes, framing)
+        # bench_butterfly's in-process model of the same model's two stages (its own budget and plan:
+        # H = 50, min_slice_numel 8,192, so A = 2 on tiny; signed slice messages, not bundles).
+        stages = [r for r in butterfly_rows if r["replicas"] == replicas]
+        if stages:
+            row["butterfly_model"] = {
+                "sliced_mean_received": sum(r["sliced_mean_in"] for r in stages),
+                "sliced_aggregator_received": sum(r["sliced_aggregator"]["bytes_in"] for r in stages),
+                "all_to_all_received": sum(r["all_to_all"]["bytes_in"] for r in stages),
+                "slices": [r["sliced_aggregator"]["slices"] for r in stages]}
         rows.append(row)
-    return {"full": full_path, "sliced": sliced_path, "model_constants": {
+    return {"full": full_path, "sliced": sliced_path, "butterfly": str(butterfly), "model_constants": {
         "envelope_bytes": largest["contribution_envelope_bytes"], "slice_bytes_per_stage": slice_bytes,
         "envelope_framing": framing, "from_replicas": count}, "rows": rows}
 
@@ -314,7 +326,9 @@ def main() -> int:
                   f"measured / {row['full_model_blob_received'] / 1e3:.1f} kB modelled; sliced "
                   f"{measured('sliced')} kB measured / "
                   f"{row['sliced_model']['blob_received_per_node_round'] / 1e3:.1f} kB modelled "
-                  f"(A = {row['sliced_model']['slices']})")
+                  f"(A = {row['sliced_model']['slices']}); bench_butterfly's model: sliced "
+                  f"{_fmt(row.get('butterfly_model', {}).get('sliced_mean_received'), 1e3)} kB, all-to-all "
+                  f"{_fmt(row.get('butterfly_model', {}).get('all_to_all_received'), 1e3)} kB")
         Path(args.out).write_text(json.dumps(table, indent=1))
         print(f"wrote {args.out}")
         return 0
