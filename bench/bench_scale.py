@@ -319,7 +319,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.curve:
         full_path, sliced_path = args.curve.split(",")
-        table = curve(full_path, sliced_path, [64, 256, 1024])
+        table = curve(full_path, sliced_path, [8, 16, 64, 256, 1024])
         for row in table["rows"]:
             measured = lambda name: _fmt(row.get(f"{name}_measured", {}).get("blob_received"), 1e3)  # noqa: E731
             print(f"{row['replicas']:>5} replicas: blob bytes in per node and round, full {measured('full')} kB "
