@@ -16,8 +16,14 @@ replica's contribution of it, so a node receives about ``(R - 1) x C`` bytes
 per round (``C``: one replica's contribution envelopes, all stages) and serves
 as much; gossip adds messages per peer. Writes bench/results/scale.json.
 ``--exchange sliced`` runs the opt-in sliced exchange (docs/PROTOCOL.md, "Sliced
-exchange"): contribution envelopes carry slice manifests, slices and partials
-travel as blobs, so ``/dlx/blob/1.0.0`` is the exchange's own traffic in both modes.
+exchange"): contribution envelopes carry constant-size slice references, slices
+(read by range from each replica's bundle) and partials travel as blobs, so
+``/dlx/blob/1.0.0`` is the exchange's own traffic in both modes.
+
+``--curve FULL.json,SLICED.json`` runs nothing: it puts the measured points of
+both exchanges side by side with the per-node model of each to 1024 replicas
+(:func:`sliced_model`: the live sliced exchange's terms, with the sizes the
+measurement gave) and writes ``--out``.
 
 Past anvil's 9 funded dev accounts the launcher funds generated ones
 (``ledger.account.dev_account``), so a local run may have up to ``MAX_NODES``.
@@ -175,7 +181,7 @@ def one_run(workdir: Path, replicas: int, args) -> dict:
         "traffic_per_node_round": traffic_mean(nodes),
         "contribution_envelope_bytes": envelope_mean,
         "replica_contribution_bytes": envelope_mean * 2,  # one envelope per stage, 2 stages
-        # sliced: what a replica codes per round (its slice blobs, every stage); the envelopes are manifests
+        # sliced: what a replica codes per round (its slice bundles, every stage); the envelopes carry references
         "replica_slice_bytes": mean("own_slice_bytes_per_round"),
         "exchange": args.exchange,
         "blob_received_per_node_round": traffic_mean(nodes).get("/dlx/blob/1.0.0", {}).get("received"),
@@ -196,6 +202,92 @@ def model(points: list[dict], sizes: list[int]) -> list[dict]:
     intercept = mean_y - slope * mean_x
     return [{"replicas": r, "contribution_bytes_in": (r - 1) * c,
              "fitted_received_per_node_round": intercept + slope * (r - 1)} for r in sizes]
+
+
+def envelope_framing() -> int:
+    """Bytes a signed envelope adds to its payload (a real one, built and measured)."""
+    from p2p.envelope import Envelope
+    from p2p.identity import Identity
+
+    identity = Identity.generate()
+    return len(Envelope.create(identity, 1, 1, "partial", b"", stage=1, replica=1).to_bytes())
+
+
+def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float, slice_bytes: float,
+                 framing: int) -> dict:
+    """Blob bytes one node receives per round in the live sliced exchange (every stage held), by term.
+
+    Per stage, A = the live plan's slice count (R while the stage has >= R x LIVE_MIN_SLICE_NUMEL
+    elements), a node aggregating A/R slices on average:
+    contribution envelopes (R - 1) x E (constant size: the reference, not a manifest);
+    as aggregator (A/R) x (R - 1) x (record(A) + B/A), B = one replica's slice bytes of the stage;
+    partials (A - A/R) x (envelope framing + partial header + B/A). ``envelope_bytes`` E and
+    ``slice_bytes`` B (per stage) come from a measured run.
+    """
+    from training.butterfly import PARTIAL_PREFIX, live_plan, record_size
+
+    terms = {"envelopes": 0.0, "slice_inputs": 0.0, "records": 0.0, "partials": 0.0}
+    slices = []
+    for shapes in stage_shapes:
+        count = live_plan(shapes, replicas).num_slices
+        slices.append(count)
+        share = count / replicas
+        terms["envelopes"] += (replicas - 1) * envelope_bytes
+        terms["slice_inputs"] += share * (replicas - 1) * slice_bytes / count
+        terms["records"] += share * (replicas - 1) * record_size(count)
+        terms["partials"] += (count - share) * (framing + len(PARTIAL_PREFIX) + 44 + slice_bytes / count)
+    return {"replicas": replicas, "slices": slices, "blob_received_per_node_round": sum(terms.values()),
+            "terms": terms}
+
+
+def curve(full_path: str, sliced_path: str, sizes: list[int]) -> dict:
+    """Measured points of both exchanges side by side, and both models to ``sizes`` (module docstring)."""
+    from training.butterfly import BUNDLE_PREFIX, record_size
+    from training.config import ModelConfig
+    from training.stages import split_stages, stage_param_shapes
+
+    full = [p for p in json.loads(Path(full_path).read_text())["measured"] if is_clean(p)]
+    sliced = [p for p in json.loads(Path(sliced_path).read_text())["measured"] if is_clean(p)]
+    model_cfg = ModelConfig(preset="tiny")
+    stage_shapes = [stage_param_shapes(model_cfg, spec) for spec in split_stages(model_cfg.n_layer, 2)]
+    largest = max(sliced, key=lambda p: p["replicas"])
+    count = largest["replicas"]
+    # B: one replica's slice bytes per stage, its bundle without the header and records.
+    per_stage_bundle = largest["replica_slice_bytes"] / len(stage_shapes)
+    slice_bytes = per_stage_bundle - len(BUNDLE_PREFIX) - 4 - count * record_size(count)
+    framing = envelope_framing()
+    butterfly = ROOT / "bench" / "results" / "butterfly.json"
+    butterfly_rows = (json.loads(butterfly.read_text())["traffic"].get("tiny", {}).get("rows", [])
+                      if butterfly.exists() else [])
+    rows = []
+    for replicas in sorted({*(p["replicas"] for p in full + sliced), *sizes}):
+        row = {"replicas": replicas}
+        for name, points in (("full", full), ("sliced", sliced)):
+            point = next((p for p in points if p["replicas"] == replicas), None)
+            if point is not None:
+                row[f"{name}_measured"] = {
+                    "blob_received": point["blob_received_per_node_round"],
+                    "blob_sent": point["blob_sent_per_node_round"],
+                    "all_received": point["received_per_node_round"],
+                    "all_sent": point["sent_per_node_round"],
+                    "seconds_per_round": point["seconds_per_round"],
+                    "load_last": (point["load_1min_samples"] or [None])[-1]}
+        row["full_model_blob_received"] = (replicas - 1) * (full[0]["replica_contribution_bytes"] if full else 0)
+        row["sliced_model"] = sliced_model(replicas, stage_shapes, largest["contribution_envelope_bytes"],
+                                           slice_bytes, framing)
+        # bench_butterfly's in-process model of the same model's two stages (its own budget and plan:
+        # H = 50, min_slice_numel 8,192, so A = 2 on tiny; signed slice messages, not bundles).
+        stages = [r for r in butterfly_rows if r["replicas"] == replicas]
+        if stages:
+            row["butterfly_model"] = {
+                "sliced_mean_received": sum(r["sliced_mean_in"] for r in stages),
+                "sliced_aggregator_received": sum(r["sliced_aggregator"]["bytes_in"] for r in stages),
+                "all_to_all_received": sum(r["all_to_all"]["bytes_in"] for r in stages),
+                "slices": [r["sliced_aggregator"]["slices"] for r in stages]}
+        rows.append(row)
+    return {"full": full_path, "sliced": sliced_path, "butterfly": str(butterfly), "model_constants": {
+        "envelope_bytes": largest["contribution_envelope_bytes"], "slice_bytes_per_stage": slice_bytes,
+        "envelope_framing": framing, "from_replicas": count}, "rows": rows}
 
 
 def is_clean(point: dict) -> bool:
@@ -222,7 +314,24 @@ def main() -> int:
                         help="diloco.exchange of every run (docs/PROTOCOL.md, \"Sliced exchange\")")
     parser.add_argument("--workdir", default="/tmp/dlx-bench-scale")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale.json"))
+    parser.add_argument("--curve", default="", metavar="FULL.json,SLICED.json",
+                        help="no run: the two exchanges' measured points and models side by side, to --out")
     args = parser.parse_args()
+    if args.curve:
+        full_path, sliced_path = args.curve.split(",")
+        table = curve(full_path, sliced_path, [8, 16, 64, 256, 1024])
+        for row in table["rows"]:
+            measured = lambda name: _fmt(row.get(f"{name}_measured", {}).get("blob_received"), 1e3)  # noqa: E731
+            print(f"{row['replicas']:>5} replicas: blob bytes in per node and round, full {measured('full')} kB "
+                  f"measured / {row['full_model_blob_received'] / 1e3:.1f} kB modelled; sliced "
+                  f"{measured('sliced')} kB measured / "
+                  f"{row['sliced_model']['blob_received_per_node_round'] / 1e3:.1f} kB modelled "
+                  f"(A = {row['sliced_model']['slices']}); bench_butterfly's model: sliced "
+                  f"{_fmt(row.get('butterfly_model', {}).get('sliced_mean_received'), 1e3)} kB, all-to-all "
+                  f"{_fmt(row.get('butterfly_model', {}).get('all_to_all_received'), 1e3)} kB")
+        Path(args.out).write_text(json.dumps(table, indent=1))
+        print(f"wrote {args.out}")
+        return 0
     points = []
     for replicas in [int(r) for r in args.replicas.split(",")]:
         point = one_run(Path(args.workdir) / f"r{replicas}", replicas, args)

@@ -497,6 +497,38 @@ class BlobService:
             except Exception:
                 pass
 
+    async def fetch_range(self, peer: ID, digest: bytes, offset: int, length: int) -> bytes:
+        """``[offset, offset+length)`` of a blob from one provider, in memory and unverified.
+
+        For small ranges whose bytes the caller checks itself (a Merkle path to a signed root):
+        one request, no size query first. Raises _ProviderFailed/ProtocolViolation/libp2p errors.
+        """
+        peer_text = peer.to_base58()
+        async with self._fetch_slots:
+            stream, _ = await self._request(peer, digest, offset, length)
+            chunks: list[bytes] = []
+            received = 0
+            try:
+                while received < length:
+                    with trio.fail_after(self.stall_timeout):
+                        chunk = await stream.read(length - received)
+                    if not chunk:
+                        raise ProtocolViolation(f"stream ended {length - received} bytes early")
+                    if len(chunk) > length - received:
+                        raise ProtocolViolation("stream returned more bytes than requested")
+                    self._stats.add(BLOB_PROTOCOL, received=len(chunk))
+                    self._stats.add_peer(peer_text, received=len(chunk))
+                    await self._limiter.consume(peer_text, "in", len(chunk))
+                    chunks.append(bytes(chunk))
+                    received += len(chunk)
+            finally:
+                with trio.move_on_after(1):
+                    try:
+                        await stream.close()
+                    except Exception:
+                        pass
+        return b"".join(chunks)
+
     async def download(self, sha256_hex: str, providers: list[ID], max_bytes: int) -> Path:
         """Fetch a blob from ``providers`` into the store and return its store path (hash verified)."""
         sha256_hex = check_sha256_hex(sha256_hex)

@@ -149,6 +149,37 @@ class HostBlobs:
             )
         return self.store.export(sha256_hex, dest_path)
 
+    def fetch_blob_range(
+        self, sha256_hex: str, offset: int, length: int, provider: str, timeout: float | None = None
+    ) -> bytes:
+        """Bytes ``[offset, offset+length)`` of a blob, from this host's store or from ``provider``.
+
+        Unverified: a range cannot be checked against the blob's sha256, so the caller checks it
+        (the sliced exchange checks a Merkle path to a signed root). Nothing is stored. Raises
+        BlobError (the provider refused or misbehaved) or P2PTimeout.
+        """
+        sha256_hex = check_sha256_hex(sha256_hex)
+        if offset < 0 or length < 1 or length > self.config.max_blob_bytes:
+            raise BlobError(f"blob {sha256_hex[:16]}: range {offset}+{length} refused")
+        if self.store.has(sha256_hex):
+            with open(self.store.path(sha256_hex), "rb") as handle:
+                data = os.pread(handle.fileno(), length, offset)
+            if len(data) != length:
+                raise BlobError(f"blob {sha256_hex[:16]}: range {offset}+{length} past its end")
+            return data
+        timeout = self.config.transfer_timeout if timeout is None else timeout
+        return self._call(self._fetch_range, sha256_hex, offset, length, provider, timeout=timeout,
+                          what=f"fetch range of blob {sha256_hex[:16]}")
+
+    async def _fetch_range(self, sha256_hex: str, offset: int, length: int, provider: str) -> bytes:
+        try:
+            return await self._blobs.fetch_range(ID.from_base58(provider), bytes.fromhex(sha256_hex), offset, length)
+        except BlobError:
+            raise
+        except Exception as exc:  # a refusal (_ProviderFailed), a protocol violation, a dropped stream
+            raise BlobError(f"blob {sha256_hex[:16]} range from {provider[-8:]}: "
+                            f"{type(exc).__name__}: {exc}") from None
+
     async def _fetch(self, sha256_hex: str, providers: list[ID] | None) -> Path:
         if providers is None:
             with trio.move_on_after(10):

@@ -7,6 +7,10 @@
 - ``wrong-blob``: every partial it aggregates binds the right inputs but
   carries 5 x the honest average, re-encoded (decodes, binds: the holders
   apply it alike; only the auditor's replay of the slice catches it).
+- ``bad-slice``: its slice bundle's last slice does not match its record
+  (the reference it signs names that bundle): the aggregator of that slice
+  reads the whole bundle, keeps it as evidence and aggregates without that
+  input; everyone, the auditor included, agrees.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ATTACKS = ("wrong-root", "wrong-blob")
+ATTACKS = ("wrong-root", "wrong-blob", "bad-slice")
 
 
 def wrong_root() -> None:
@@ -48,12 +52,31 @@ def wrong_blob() -> None:
     ReplicaWorker.aggregate_slice = aggregate_slice
 
 
+def bad_slice() -> None:
+    import hashlib
+
+    from node.live.sliced import SlicedExchange
+    from training import butterfly
+
+    def publish(self, outer_round, stage, blobs):
+        bundle, reference = butterfly.slice_bundle(blobs)
+        tampered = bundle[:-1] + bytes([bundle[-1] ^ 1])  # the last byte belongs to the last slice
+        root = reference[-32:]
+        reference = butterfly.REFERENCE_PREFIX + butterfly._REFERENCE.pack(
+            len(blobs), hashlib.sha256(tampered).digest(), len(tampered), root)
+        self.archive.put_blob(outer_round, tampered, "slice")
+        self.host.provide_blob(tampered, announce=False)
+        return reference
+
+    SlicedExchange.publish = publish
+
+
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in ATTACKS:
         print(f"usage: sliced_adversary.py {{{'|'.join(ATTACKS)}}} [dlx-node arguments]", file=sys.stderr)
         return 2
     attack = sys.argv.pop(1)
-    {"wrong-root": wrong_root, "wrong-blob": wrong_blob}[attack]()
+    {"wrong-root": wrong_root, "wrong-blob": wrong_blob, "bad-slice": bad_slice}[attack]()
     from node.cli import main as cli_main
 
     return cli_main()

@@ -1,4 +1,5 @@
-"""Units of the sliced exchange's wire pieces: the manifest, the inputs root from hashes, the fallback
+"""Units of the sliced exchange's wire pieces: the slice bundle and its reference, a record's Merkle path,
+the contributions root a partial binds, the fallback
 order, the partial announce, the run setting, and the engine's outer step on an assembled average."""
 
 from __future__ import annotations
@@ -18,40 +19,95 @@ from training.butterfly import (
     average_of_partials,
     candidate,
     encode_slices,
-    inputs_root,
-    inputs_root_of_hashes,
-    parse_slice_manifest,
+    bundle_slices,
+    contributions_root,
+    live_plan,
+    parse_slice_record,
+    parse_slice_reference,
     plan_slices,
-    slice_manifest,
+    record_range,
+    slice_bundle,
 )
 from training.config import CompressionConfig, DilocoConfig
 from training.diloco import StageEngine, aggregate_with_report, average_contributions, step_with_average
 from training.errors import TrainingConfigError
 
 
-def test_manifest_round_trips_and_refuses_what_does_not_fit_the_plan():
-    blobs = [b"a" * 10, b"b" * 20, b"c"]
-    data = slice_manifest(blobs)
-    assert parse_slice_manifest(data, 3, 100) == [(hashlib.sha256(b).digest(), len(b)) for b in blobs]
-    with pytest.raises(SliceError):
-        parse_slice_manifest(data, 2, 100)  # another plan
-    with pytest.raises(SliceError):
-        parse_slice_manifest(data[:-1], 3, 100)  # truncated
-    with pytest.raises(SliceError):
-        parse_slice_manifest(data + b"x", 3, 100)  # trailing bytes
-    with pytest.raises(SliceError):
-        parse_slice_manifest(data, 3, 15)  # a slice larger than the blob limit
-    with pytest.raises(SliceError):
-        parse_slice_manifest(b"dlx-contribution/2" + data, 3, 100)
-    with pytest.raises(SliceError):
-        parse_slice_manifest(slice_manifest([b""]), 1, 100)  # an empty slice blob
+def _record(bundle: bytes, count: int, j: int) -> bytes:
+    offset, length = record_range(count, j)
+    return bundle[offset:offset + length]
 
 
-def test_the_root_holders_compute_from_hashes_is_the_aggregators_root():
-    blobs = [bytes([i]) * (i + 3) for i in range(5)]
-    assert inputs_root_of_hashes([hashlib.sha256(b).digest() for b in blobs]) == inputs_root(blobs)
-    swapped = [blobs[1], blobs[0], *blobs[2:]]
-    assert inputs_root_of_hashes([hashlib.sha256(b).digest() for b in swapped]) != inputs_root(blobs)
+@pytest.mark.parametrize("count", [1, 2, 3, 5, 16])
+def test_every_slice_of_a_bundle_is_read_by_range_and_proven_to_the_reference(count):
+    blobs = [bytes([j]) * (j + 1) * 7 for j in range(count)]
+    bundle, data = slice_bundle(blobs)
+    reference = parse_slice_reference(data, count, len(bundle))
+    assert len(data) == 88  # constant whatever A: the envelope does not grow with the slice count
+    assert (reference.bundle_digest, reference.bundle_size) == (hashlib.sha256(bundle).digest(), len(bundle))
+    for j, blob in enumerate(blobs):
+        digest, offset, size = parse_slice_record(_record(bundle, count, j), reference, j)
+        assert (digest, bundle[offset:offset + size]) == (hashlib.sha256(blob).digest(), blob)
+    assert bundle_slices(bundle, reference) == blobs
+
+
+def test_a_reference_that_does_not_fit_the_plan_is_refused():
+    bundle, data = slice_bundle([b"a" * 10, b"b" * 20, b"c"])
+    for bad in (data[:-1], data + b"x", b"dlx-slices/1" + data[12:]):
+        with pytest.raises(SliceError):
+            parse_slice_reference(bad, 3, 1000)
+    with pytest.raises(SliceError):
+        parse_slice_reference(data, 2, 1000)  # another plan
+    with pytest.raises(SliceError):
+        parse_slice_reference(data, 3, len(bundle) - 1)  # a bundle over the blob limit
+    with pytest.raises(SliceError):
+        slice_bundle([b"a", b""])  # an empty slice blob
+
+
+def test_a_record_that_does_not_prove_its_slice_is_refused():
+    blobs = [bytes([j]) * 9 for j in range(5)]
+    bundle, data = slice_bundle(blobs)
+    reference = parse_slice_reference(data, 5, len(bundle))
+    record = _record(bundle, 5, 2)
+    with pytest.raises(SliceError):
+        parse_slice_record(record, reference, 3)  # record 2 presented as slice 3's
+    with pytest.raises(SliceError):
+        parse_slice_record(record[:-1], reference, 2)  # truncated
+    for position in (0, 33, 45, len(record) - 1):  # the hash, the offset, the size, a sibling
+        flipped = bytearray(record)
+        flipped[position] ^= 1
+        with pytest.raises(SliceError):
+            parse_slice_record(bytes(flipped), reference, 2)
+    other_bundle, other = slice_bundle([b"x" * 9] + blobs[1:])
+    with pytest.raises(SliceError):  # a record of another bundle of the same replica
+        parse_slice_record(_record(other_bundle, 5, 0), reference, 0)
+    tampered = bundle[:-1] + bytes([bundle[-1] ^ 1])  # the last byte: the last slice's
+    with pytest.raises(SliceError):  # not the bundle the reference names
+        bundle_slices(tampered, reference)
+    signed = type(reference)(5, hashlib.sha256(tampered).digest(), len(tampered), reference.slices_root)
+    # A signed reference to a bundle with one bad slice: that slice is absent, the others are read.
+    assert bundle_slices(tampered, signed) == [*blobs[:4], None]
+    lying = type(reference)(5, hashlib.sha256(other_bundle).digest(), len(other_bundle), reference.slices_root)
+    assert bundle_slices(other_bundle, lying) == [None] * 5  # no record proves to the signed root
+
+
+def test_the_contributions_root_binds_every_slice_and_the_order():
+    roots = [slice_bundle([bytes([i]) * 5, bytes([i]) * 6])[1][-32:] for i in range(4)]
+    assert contributions_root(roots) == contributions_root(list(roots))
+    assert contributions_root([roots[1], roots[0], *roots[2:]]) != contributions_root(roots)
+    changed = slice_bundle([bytes([0]) * 5, b"y" * 6])[1][-32:]  # replica 0 with another slice 1
+    assert contributions_root([changed, *roots[1:]]) != contributions_root(roots)
+
+
+def test_the_live_plan_gives_every_replica_a_slice_of_the_tiny_model_up_to_16():
+    from training.config import ModelConfig
+    from training.stages import split_stages, stage_param_shapes
+
+    config = ModelConfig(preset="tiny")
+    for spec in split_stages(config.n_layer, 2):
+        shapes = stage_param_shapes(config, spec)
+        for replicas in (4, 8, 16):
+            assert live_plan(shapes, replicas).num_slices == replicas
 
 
 def test_fallback_order_is_a_rotation_of_every_member():
@@ -163,3 +219,32 @@ def test_a_flood_of_partial_announces_costs_only_its_sender():
     entries = exchange._announced[(3, 0, 1)]
     assert sum(1 for e in entries if e[0] == "flooder") == ANNOUNCES_PER_SENDER
     assert ("aggregator", b"\x07" * 32, 100) in entries
+
+
+def test_an_aggregator_reads_one_slice_of_a_bundle_over_real_hosts(tmp_path):
+    """Record j and slice j by range from a real provider: only those bytes travel, and they prove."""
+    from p2p.config import P2PConfig
+    from p2p.errors import BlobError
+    from p2p.host import P2PHost
+    from p2p.identity import Identity
+
+    blobs = [bytes([j]) * (500 + j) for j in range(16)]
+    bundle, data = slice_bundle(blobs)
+    reference = parse_slice_reference(data, 16, len(bundle))
+    with P2PHost.start(P2PConfig(), Identity.generate(), data_dir=tmp_path / "provider") as provider, \
+            P2PHost.start(P2PConfig(), Identity.generate(), data_dir=tmp_path / "aggregator") as aggregator:
+        sha = provider.provide_blob(bundle, announce=False)
+        aggregator.connect(provider.listen_addrs[0])
+        before = aggregator.transfer_stats().get("/dlx/blob/1.0.0", {}).get("received", 0)
+        offset, length = record_range(16, 5)
+        record = aggregator.fetch_blob_range(sha, offset, length, provider.peer_id, timeout=30)
+        digest, start, size = parse_slice_record(record, reference, 5)
+        blob = aggregator.fetch_blob_range(sha, start, size, provider.peer_id, timeout=30)
+        received = aggregator.transfer_stats()["/dlx/blob/1.0.0"]["received"] - before
+        assert blob == blobs[5] and hashlib.sha256(blob).digest() == digest
+        assert received == length + size < len(bundle) / 8
+        assert not aggregator.has_blob(sha)  # a range is not stored (it is not verified by its sha256)
+        with pytest.raises(BlobError):
+            aggregator.fetch_blob_range(sha, len(bundle) - 4, 8, provider.peer_id, timeout=30)  # past the end
+        with pytest.raises(BlobError):
+            aggregator.fetch_blob_range("00" * 32, 0, 8, provider.peer_id, timeout=30)  # not served

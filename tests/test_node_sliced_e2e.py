@@ -86,3 +86,16 @@ def test_a_wrong_partial_over_the_right_inputs_is_applied_alike_and_the_audit_na
         # ...and the replay of the attacker's slice names it.
         wrong = [c for c in verdict.checks if c.status == FAIL]
         assert wrong and all(c.name.startswith("partial") and attacker in c.reason for c in wrong), verdict.checks
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_slice_that_does_not_match_its_signed_bundle_costs_only_its_signer(make_run):
+    """A replica whose bundle holds a slice its record does not prove: that input is absent for the
+    aggregator (which reads the whole bundle and keeps it) and for the auditor alike."""
+    run, honest, commits = _run(make_run, replicas=3, rounds=2, adversary="bad-slice")
+    logs = _logs(honest)
+    assert "does not check" in logs and "that input is absent" in logs
+    assert any(list((slot.data_dir / "evidence").glob("bundle-*.slices")) for slot in honest)
+    report = audit_run(run.client(), run.run_id, archives=[slot.data_dir for slot in run.nodes])
+    assert report.ok, [c.line() for c in report.all_checks() if c.status != OK]

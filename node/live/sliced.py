@@ -5,7 +5,10 @@ one partial per slice: aggregator ``j`` (a deterministic function of the close
 and the round) fetches slice ``j`` of every closed contribution, aggregates it
 (:func:`training.butterfly.aggregate_slice`) and publishes a signed ``partial``
 envelope; everyone checks each partial's binding (its inputs root over the
-close's slice hashes), assembles the average and takes the outer step. The
+close's slice references), assembles the average and takes the outer step.
+A contribution envelope carries a constant-size reference to its replica's
+slice bundle; the aggregator reads its record and its slice by range, so
+nobody's traffic holds the R x A slice hashes. The
 protocol, the fallback order and what an auditor replays are in
 docs/PROTOCOL.md, "Sliced exchange".
 """
@@ -30,12 +33,16 @@ from p2p.host import P2PHost
 from p2p.identity import Identity
 from training.butterfly import (
     SliceError,
+    SliceReference,
+    bundle_slices,
     candidate,
-    inputs_root_of_hashes,
+    contributions_root,
     parse_partial,
-    parse_slice_manifest,
+    parse_slice_record,
+    parse_slice_reference,
     partial_payload,
-    slice_manifest,
+    record_range,
+    slice_bundle,
 )
 from training.codec_wire import decode_contribution
 from training.errors import ContributionDecodeError
@@ -87,20 +94,21 @@ class SlicedExchange:
 
     # -- what a replica sends ----------------------------------------------------------
     def publish(self, outer_round: int, stage: int, blobs: list[bytes]) -> bytes:
-        """Serve this replica's slice blobs; return the manifest its contribution envelope carries.
+        """Serve this replica's slice blobs as one bundle; return the reference its contribution envelope carries.
 
-        Served without a DHT announcement: the aggregator knows the provider
-        (the close names the contribution's sender). Archived too: an auditor
-        replays any partial from the contributors' archives.
+        Served without a DHT announcement: an aggregator knows the provider (the
+        close names the contribution's sender) and reads only its record and its
+        slice of the bundle. Archived too: an auditor replays any partial from
+        the contributors' archives.
         """
-        for blob in blobs:
-            self.archive.put_blob(outer_round, blob, "slice")
-            self.host.provide_blob(blob, announce=False)
-        return slice_manifest(blobs)
+        bundle, reference = slice_bundle(blobs)
+        self.archive.put_blob(outer_round, bundle, "slice")
+        self.host.provide_blob(bundle, announce=False)
+        return reference
 
     def check_manifest(self, stage: int, outer_round: int, blob: bytes) -> None:
-        """Raise SliceError unless ``blob`` is a manifest of this stage's slice plan (the contribution check)."""
-        parse_slice_manifest(blob, self.worker().plans[stage].num_slices, self.max_blob_bytes)
+        """Raise SliceError unless ``blob`` is a slice reference for this stage's plan (the contribution check)."""
+        parse_slice_reference(blob, self.worker().plans[stage].num_slices, self.max_blob_bytes)
 
     # -- gossip ----------------------------------------------------------------------
     def on_announce(self, env: Envelope, announce: msg.PartialAnnounce, _data: bytes) -> None:
@@ -119,8 +127,8 @@ class SlicedExchange:
                 del self._announced[key]
 
     # -- one round of one stage --------------------------------------------------------
-    def partials(self, outer_round: int, stage: int, close: msg.Close, manifests: list[bytes]) -> list[UsedPartial]:
-        """One valid partial per slice for the close (the closed contributions' ``manifests`` in its order).
+    def partials(self, outer_round: int, stage: int, close: msg.Close, references: list[bytes]) -> list[UsedPartial]:
+        """One valid partial per slice for the close (the closed contributions' ``references`` in its order).
 
         Turn ``m`` of slice ``j`` opens ``m x turn_timeout`` seconds after this
         call; from then on the partial of candidate ``m`` counts too, and a
@@ -130,11 +138,11 @@ class SlicedExchange:
         """
         plan = self.worker().plans[stage]
         members = len(close.contributions)
-        entries = [parse_slice_manifest(m, plan.num_slices, self.max_blob_bytes) for m in manifests]
-        roots = [inputs_root_of_hashes([entries[i][j][0] for i in range(members)]) for j in range(plan.num_slices)]
+        references = [parse_slice_reference(m, plan.num_slices, self.max_blob_bytes) for m in references]
+        root = contributions_root([reference.slices_root for reference in references])  # every slice binds it
         used: dict[int, UsedPartial] = {}
         tried: set[bytes] = set()  # partial envelope hashes already judged
-        inputs: dict[bytes, bytes] = {}  # slice blobs fetched so far (as an aggregator), by sha256
+        inputs: dict[tuple[bytes, int], bytes] = {}  # slice blobs fetched so far (as an aggregator)
         refused: dict[int, set[int]] = {}  # slice -> turns whose candidate signed a refused partial
         started = time.monotonic()
         while len(used) < plan.num_slices:
@@ -155,11 +163,11 @@ class SlicedExchange:
                     if peer_id == self.peer_id:
                         # Tried again on every pass until every input is here (a fetch that failed
                         # under load must not cost a whole turn); fetched inputs are kept meanwhile.
-                        own = self._aggregate(outer_round, stage, j, close, entries, roots[j], members, m, inputs)
+                        own = self._aggregate(outer_round, stage, j, close, references, root, members, m, inputs)
                         if own is not None:
                             used[j] = own
                             break
-                    got = self._from_candidate(outer_round, stage, j, m, peer_id, replica, members, roots[j],
+                    got = self._from_candidate(outer_round, stage, j, m, peer_id, replica, members, root,
                                                plan, tried)
                     if got is True:
                         refused.setdefault(j, set()).add(m)
@@ -211,7 +219,7 @@ class SlicedExchange:
             raise SliceError(f"partial for slice {partial.slice_index} of {partial.num_slices} over "
                              f"{partial.num_inputs} inputs, expected {j} of {plan.num_slices} over {members}")
         if partial.inputs_root != root:
-            raise SliceError("partial's inputs root differs from the close's slice hashes")
+            raise SliceError("partial's inputs root differs from the close's slice references")
         if partial.blob:
             decode_contribution(partial.blob, plan.slice_shapes(j), stage_index=stage, outer_round=outer_round,
                                 refuse_raw=self.worker().cfg.compression.enabled)
@@ -238,25 +246,24 @@ class SlicedExchange:
         finally:
             dest.unlink(missing_ok=True)
 
-    def _aggregate(self, outer_round, stage, j, close, entries, root, members, turn,
-                   fetched: dict[bytes, bytes]) -> UsedPartial | None:
+    def _aggregate(self, outer_round, stage, j, close, references: list[SliceReference], root, members, turn,
+                   fetched: dict[tuple[bytes, int], bytes]) -> UsedPartial | None:
         """Fetch slice j of every closed contribution, aggregate, sign, serve and announce the partial.
 
         Publishes only with every input here: a partial over fewer inputs would
         not bind the root the holders compute. None while an input is missing
         (the caller tries again; the next candidate's turn opens meanwhile).
         """
-        for (_replica, peer_id, _digest, _size), slices in zip(close.contributions, entries):
-            digest = slices[j][0]
-            if digest in fetched:
+        for (_replica, peer_id, _digest, _size), reference in zip(close.contributions, references):
+            if (reference.bundle_digest, j) in fetched:
                 continue
-            blob = self._fetch(digest, peer_id)
-            if blob is None or hashlib.sha256(blob).digest() != digest:
+            blob = self._read_slice(reference, j, peer_id)
+            if blob is None:
                 logger.warning("round %d stage %d slice %d: input of %s missing; trying again (turn %d)",
                                outer_round, stage, j, peer_id[-8:], turn)
                 return None
-            fetched[digest] = blob
-        inputs = [fetched[slices[j][0]] for slices in entries]
+            fetched[(reference.bundle_digest, j)] = blob or None  # b"": a bundle proven bad, an absent input
+        inputs = [fetched[(reference.bundle_digest, j)] for reference in references]
         result = self.worker().aggregate_slice(stage, outer_round, j, inputs)
         plan = self.worker().plans[stage]
         payload = self.make_payload(j, plan.num_slices, root, members, result.partial)
@@ -268,6 +275,46 @@ class SlicedExchange:
         logger.info("round %d stage %d: partial of slice %d published (turn %d, %d of %d inputs accepted, %d bytes)",
                     outer_round, stage, j, turn, len(result.accepted), members, len(result.partial))
         return UsedPartial(j, turn, data, result.partial)
+
+    def _read_slice(self, reference: SliceReference, j: int, provider: str) -> bytes | None:
+        """Slice j of a contribution's bundle: its record and its bytes read by range and checked against the
+        signed reference. None if it could not be read (yet); b"" if slice j of the bundle is proven bad.
+
+        A range that does not check may be the provider's lie about a good bundle, so the whole
+        bundle (bound by its sha256) decides (:func:`training.butterfly.read_slice`): a bad slice
+        is an absent input for every aggregator and auditor alike (it costs only its signer).
+        """
+        bundle = reference.bundle_digest.hex()
+        try:
+            offset, length = record_range(reference.num_slices, j)
+            record = self.host.fetch_blob_range(bundle, offset, length, provider, timeout=self.turn_timeout)
+            digest, start, size = parse_slice_record(record, reference, j)
+            blob = self.host.fetch_blob_range(bundle, start, size, provider, timeout=self.turn_timeout)
+            if hashlib.sha256(blob).digest() != digest:
+                raise SliceError("slice bytes do not match their record")
+            return blob
+        except SliceError as exc:
+            logger.warning("slice %d of bundle %s from %s does not check (%s): reading the whole bundle", j,
+                           bundle[:12], provider[-8:], exc)
+        except (P2PError, OSError) as exc:
+            logger.info("slice %d of bundle %s from %s not read: %s", j, bundle[:12], provider[-8:], exc)
+            return None
+        data = self._fetch(reference.bundle_digest, provider)
+        if data is None:
+            return None
+        try:
+            blob = bundle_slices(data, reference)[j]
+        except SliceError as exc:  # (fetch_blob checked the sha256: not reached)
+            logger.warning("bundle %s of %s: %s", bundle[:12], provider[-8:], exc)
+            return None
+        if blob is None:
+            logger.warning("slice %d of bundle %s of %s is bad: that input is absent", j, bundle[:12], provider[-8:])
+            try:  # the bundle is bound by the signed reference: it is the proof; keep it
+                atomic_write_bytes(self.evidence_dir / f"bundle-{bundle}.slices", data)
+            except OSError as write_error:
+                logger.warning("evidence not kept: %s", write_error)
+            return b""
+        return blob
 
     def make_payload(self, slice_index: int, num_slices: int, root: bytes, members: int, blob: bytes) -> bytes:
         """The partial envelope's payload (a seam a fault-injection test overrides to publish a bad partial)."""

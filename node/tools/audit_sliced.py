@@ -1,15 +1,16 @@
 """The replay of a sliced round (``diloco.exchange = "sliced"``, docs/PROTOCOL.md "Sliced exchange").
 
-A sliced round's contribution envelopes carry manifests (the slice blobs'
-hashes); the holders applied the average assembled from one partial per slice.
-Per stage the auditor computes each slice's inputs root from the manifests,
-takes every archived partial envelope that binds it and is signed by one of the
-slice's candidates: that is the partial every holder had to apply, so the
-weights root is replayed from it. When the contributors' archives hold the
-slice blobs, each partial is also replayed (:func:`training.butterfly.replay_partial`,
-bit for bit): one that differs is a FAIL naming its signer (an aggregator that
-poisoned its slice). Without the slice blobs the partial is used unreplayed and
-the round's note says so.
+A sliced round's contribution envelopes carry references (a slice bundle's
+hash and the Merkle root of its slices); the holders applied the average
+assembled from one partial per slice. Per stage the auditor computes the
+inputs root from the references, takes every archived partial envelope that
+binds it and is signed by one of the slice's candidates: that is the partial
+every holder had to apply, so the weights root is replayed from it. When the
+contributors' archives hold the slice bundles (each checked against its
+reference, each slice read as an aggregator reads it), each partial is also
+replayed (:func:`training.butterfly.replay_partial`, bit for bit): one that
+differs is a FAIL naming its signer (an aggregator that poisoned its slice).
+Without the bundles the partial is used unreplayed and the round's note says so.
 """
 
 from __future__ import annotations
@@ -45,11 +46,11 @@ def _slice_blob(sources: list, round_index: int, digest: bytes) -> bytes | None:
     return None
 
 
-def sliced_average(cfg: Any, run_id: int, round_index: int, stage: int, shapes: dict, manifests: list[bytes],
+def sliced_average(cfg: Any, run_id: int, round_index: int, stage: int, shapes: dict, references: list[bytes],
                    peers: list[str], sources: list, notes: list[str], checks: list) -> dict | None:
     """The average the holders of ``stage`` had to apply in ``round_index``, re-derived (module docstring).
 
-    ``manifests`` and ``peers``: the closed contributions' manifests and signers in canonical order.
+    ``references`` and ``peers``: the closed contributions' references and signers in canonical order.
     Appends a check per replayed partial to ``checks`` (FAIL: a partial that differs from its replay) and
     what else it finds to ``notes``; raises SlicedEvidenceMissing when a slice has neither a bound
     partial nor its inputs.
@@ -59,17 +60,27 @@ def sliced_average(cfg: Any, run_id: int, round_index: int, stage: int, shapes: 
     from training.butterfly import (
         SliceError,
         average_of_partials,
+        bundle_slices,
         candidate,
-        inputs_root_of_hashes,
+        contributions_root,
+        live_plan,
         parse_partial,
-        parse_slice_manifest,
-        plan_slices,
+        parse_slice_reference,
         replay_partial,
     )
 
-    plan = plan_slices(shapes, cfg.diloco.num_replicas)
-    members = len(manifests)
-    entries = [parse_slice_manifest(m, plan.num_slices, cfg.p2p.max_blob_bytes) for m in manifests]
+    plan = live_plan(shapes, cfg.diloco.num_replicas)
+    members = len(references)
+    references = [parse_slice_reference(m, plan.num_slices, cfg.p2p.max_blob_bytes) for m in references]
+    root = contributions_root([reference.slices_root for reference in references])
+    bundles = []  # each contributor's slice blobs, or None when no archive holds a bundle that checks
+    for reference in references:
+        data = _slice_blob(sources, round_index, reference.bundle_digest)
+        try:
+            bundles.append(None if data is None else bundle_slices(data, reference))
+        except SliceError as exc:
+            notes.append(f"stage {stage}: bundle {reference.bundle_digest.hex()[:12]} does not check: {exc}")
+            bundles.append(None)
     numel = sum(math.prod(s) for s in shapes.values())
     budget = cfg.compression.stage_bandwidth_budget(numel, cfg.diloco.inner_steps, cfg.diloco.num_replicas)
     bound: dict[int, dict[bytes, str]] = {}  # slice -> partial blob -> signer
@@ -84,7 +95,7 @@ def sliced_average(cfg: Any, run_id: int, round_index: int, stage: int, shapes: 
         j = partial.slice_index
         if (partial.num_slices, partial.num_inputs) != (plan.num_slices, members) or j >= plan.num_slices:
             continue
-        if partial.inputs_root != inputs_root_of_hashes([entries[i][j][0] for i in range(members)]):
+        if partial.inputs_root != root:
             continue
         if env.sender_peer_id not in {peers[candidate(j, round_index, members, m)] for m in range(members)}:
             continue
@@ -92,9 +103,10 @@ def sliced_average(cfg: Any, run_id: int, round_index: int, stage: int, shapes: 
     blobs = []
     for j in range(plan.num_slices):
         offers = bound.get(j, {})
-        inputs = [_slice_blob(sources, round_index, entries[i][j][0]) for i in range(members)]
+        inputs = [None if bundle is None else bundle[j] for bundle in bundles]
+        complete = all(bundle is not None for bundle in bundles)  # a bad slice of an archived bundle: absent
         expected = None
-        if all(blob is not None for blob in inputs):
+        if complete:
             expected = replay_partial(inputs, plan, j, cfg.compression, budget, norm_clip=cfg.diloco.norm_clip,
                                       stage_index=stage, outer_round=round_index)
             for blob, signer in offers.items():
