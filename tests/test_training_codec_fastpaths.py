@@ -26,7 +26,8 @@ from training.codec_wire import (
     unpack_ints,
 )
 from training.compression import _candidates, _Coded, _factorize, _rel_error, encode_contribution
-from training.config import CompressionConfig
+from training.config import CompressionConfig, DilocoConfig
+from training.diloco import average_contributions, outer_step
 from training.errors import ContributionDecodeError
 from training.robust import contribution_norm
 
@@ -62,6 +63,34 @@ def reference_unpack_ints(data: bytes, bits: int, count: int, where: str) -> tor
     if array.size and int(array.max()) > 2 * qmax(bits):
         raise ContributionDecodeError(f"{where}: value out of the {bits}-bit symmetric range")
     return torch.from_numpy(array - qmax(bits))
+
+
+def reference_pack_ints(values: torch.Tensor, bits: int) -> bytes:
+    offset = values.reshape(-1).to(torch.int64) + qmax(bits)
+    array = offset.numpy()
+    if bits == 16:
+        return array.astype("<u2").tobytes()
+    if bits == 8:
+        return array.astype(np.uint8).tobytes()
+    per_byte = 8 // bits
+    pad = (-array.size) % per_byte
+    array = np.concatenate([array.astype(np.uint8), np.zeros(pad, dtype=np.uint8)]).reshape(-1, per_byte)
+    packed = np.zeros(array.shape[0], dtype=np.uint8)
+    for j in range(per_byte):
+        packed |= (array[:, j] << (bits * j)).astype(np.uint8)
+    return packed.tobytes()
+
+
+def reference_outer_step(global_weights, momentum, pseudo_gradient, mu, lr, nesterov):
+    mu, lr = torch.tensor(mu, dtype=torch.float32), torch.tensor(lr, dtype=torch.float32)
+    new_weights, new_momentum = {}, {}
+    for name in sorted(global_weights):
+        delta = pseudo_gradient[name]
+        buffer = torch.add(torch.mul(momentum[name], mu), delta)
+        update = torch.add(delta, torch.mul(buffer, mu)) if nesterov else buffer
+        new_weights[name] = torch.sub(global_weights[name], torch.mul(update, lr))
+        new_momentum[name] = buffer
+    return new_weights, new_momentum
 
 
 def reference_norm(tensors) -> float:
@@ -217,6 +246,21 @@ def test_a_product_beyond_2_53_takes_the_int64_path():
     assert _bits_equal(reconstruct_lowrank(p, q, w, scale), reference_reconstruct_lowrank(p, q, w, scale))
 
 
+def test_packing_matches_the_int64_reference_for_int_and_float_inputs():
+    rng = np.random.default_rng(7)
+    for bits in (2, 4, 8, 16):
+        for count in (0, 1, 2, 3, 5, 8, 33, 1000):
+            values = torch.from_numpy(rng.integers(-qmax(bits), qmax(bits) + 1, count))
+            if count:
+                values[0], values[-1] = -qmax(bits), qmax(bits)
+            expected = reference_pack_ints(values, bits)
+            assert pack_ints(values, bits) == expected
+            as_float = values.to(torch.float32)
+            as_float[as_float == 0] = -0.0  # round() of small negatives: packs as 0
+            assert pack_ints(as_float, bits) == expected
+            assert pack_ints(as_float.reshape(-1, 1), bits) == expected
+
+
 def test_table_unpacking_matches_the_shift_and_mask_reference_on_any_bytes():
     rng = np.random.default_rng(1)
     for bits in (2, 4, 8, 16):
@@ -354,3 +398,46 @@ def test_encoders_give_the_reference_bytes_and_decoded_values(kind, monkeypatch)
 @pytest.mark.parametrize("kind", KINDS)
 def test_encoders_give_the_reference_bytes_on_more_budgets_and_codecs(kind, monkeypatch):
     _check_encoders_against_references(kind, (_DEFAULT_CODEC, _FINE_CODEC), (2_000, 12_000, 60_000), monkeypatch)
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_outer_step_writing_into_its_temporaries_gives_the_reference_bits(nesterov):
+    generator = torch.Generator().manual_seed(3)
+    shapes = {"a": (64, 48), "b": (300,), "c": (7, 5, 3)}
+
+    def tensors(scale):
+        out = {name: scale * torch.randn(shape, generator=generator) for name, shape in shapes.items()}
+        out["b"][:10] = -0.0  # signed zeros reach the hash
+        out["c"][0] = 3.0e38  # overflow to inf in the products
+        return out
+
+    weights, momentum, delta = tensors(1.0), tensors(0.1), tensors(0.01)
+    momentum["b"][10:20] = 0.0
+    delta["b"][10:20] = -0.0
+    cfg = DilocoConfig(outer_lr=0.7, outer_momentum=0.9, nesterov=nesterov)
+    got_weights, got_momentum = outer_step(weights, momentum, delta, cfg)
+    want_weights, want_momentum = reference_outer_step(weights, momentum, delta, 0.9, 0.7, nesterov)
+    for name in shapes:
+        assert _bits_equal(got_weights[name], want_weights[name]), name
+        assert _bits_equal(got_momentum[name], want_momentum[name]), name
+    assert got_momentum["a"] is not momentum["a"] and not torch.equal(weights["a"], got_weights["a"])
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5])
+def test_average_writing_into_its_sum_gives_the_reference_bits(count):
+    generator = torch.Generator().manual_seed(count)
+    decoded = [{"a": torch.randn(40, 30, generator=generator), "b": torch.randn(17, generator=generator)}
+               for _ in range(count)]
+    decoded[0]["b"][:4] = -0.0
+    want = {}
+    for name in decoded[0]:
+        total = decoded[0][name]
+        for contribution in decoded[1:]:
+            total = torch.add(total, contribution[name])
+        want[name] = torch.div(total, torch.tensor(float(count), dtype=torch.float32))
+    before = [{name: value.clone() for name, value in contribution.items()} for contribution in decoded]
+    got = average_contributions(decoded)
+    for name in want:
+        assert _bits_equal(got[name], want[name]), name
+    for contribution, kept in zip(decoded, before):  # the inputs are not written
+        assert all(_bits_equal(contribution[name], kept[name]) for name in kept)

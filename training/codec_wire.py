@@ -71,19 +71,29 @@ def matrix_view_shape(shape: tuple[int, ...]) -> tuple[int, int]:
 
 
 def pack_ints(values: torch.Tensor, bits: int) -> bytes:
-    """Pack signed ints in ``[-qmax, qmax]`` as ``bits``-bit offsets, little-endian."""
-    offset = values.reshape(-1).to(torch.int64) + qmax(bits)
-    array = offset.numpy()
+    """Pack signed ints in ``[-qmax, qmax]`` as ``bits``-bit offsets, little-endian.
+
+    ``values`` are int64 or integer-valued floats. Below 16 bits the offsets
+    ``u = q + qmax`` (< 256) are formed in the input dtype (exact for these
+    integers) and converted once to bytes; sub-byte fields are then combined
+    ``per_byte`` at a time on uint8 columns (field j shifted by ``bits * j``):
+    the same bytes as one shift and OR per field on int64 (tests keep that
+    reference).
+    """
+    flat = values.reshape(-1)
     if bits == 16:
-        return array.astype("<u2").tobytes()
+        return (flat.to(torch.int64) + qmax(bits)).numpy().astype("<u2").tobytes()
+    offset = torch.add(flat, qmax(bits)).to(torch.uint8).numpy()
     if bits == 8:
-        return array.astype(np.uint8).tobytes()
+        return offset.tobytes()
     per_byte = 8 // bits
-    pad = (-array.size) % per_byte
-    array = np.concatenate([array.astype(np.uint8), np.zeros(pad, dtype=np.uint8)]).reshape(-1, per_byte)
-    packed = np.zeros(array.shape[0], dtype=np.uint8)
-    for j in range(per_byte):
-        packed |= (array[:, j] << (bits * j)).astype(np.uint8)
+    pad = (-offset.size) % per_byte
+    if pad:
+        offset = np.concatenate([offset, np.zeros(pad, dtype=np.uint8)])
+    fields = offset.reshape(-1, per_byte)
+    packed = fields[:, 0].copy()
+    for j in range(1, per_byte):
+        packed |= fields[:, j] << np.uint8(bits * j)
     return packed.tobytes()
 
 

@@ -301,7 +301,10 @@ class _Coded:
         """The exact decoder's output (bit-identical to decode_contribution)."""
         if self.candidate.codec == "quant":
             return reconstruct_quant(self.ints[0], self.scale)
-        return reconstruct_lowrank(*self.ints, self.scale)
+        # |P|, |Q| <= qmax and w <= MAX_WEIGHT by construction: a bound below 2**53 for every
+        # width and rank <= MAX_RANK, so the decoder's exact float64 path, without measuring it.
+        bound = qmax(self.candidate.bits) ** 2 * MAX_WEIGHT * self.candidate.rank
+        return reconstruct_lowrank(*self.ints, self.scale, bound=bound)
 
     def fields(self) -> tuple[dict, int]:
         bits = self.candidate.bits

@@ -119,10 +119,16 @@ def average_contributions(decoded: Sequence[Mapping[str, torch.Tensor]]) -> Weig
     count = _f32(float(len(decoded)))
     average = {}
     for name in sorted(decoded[0]):
-        total = decoded[0][name].to(torch.float32)
-        for contribution in decoded[1:]:
-            total = torch.add(total, contribution[name])
-        average[name] = torch.div(total, count)
+        first = decoded[0][name].to(torch.float32)
+        if len(decoded) == 1:
+            average[name] = torch.div(first, count)
+            continue
+        # The first sum is a fresh tensor: the later sums and the division are written into it (out=),
+        # the same ops in the same order.
+        total = torch.add(first, decoded[1][name])
+        for contribution in decoded[2:]:
+            torch.add(total, contribution[name], out=total)
+        average[name] = torch.div(total, count, out=total)
     return average
 
 
@@ -150,9 +156,17 @@ def outer_step(
     new_weights, new_momentum = {}, {}
     for name in sorted(global_weights):
         delta = pseudo_gradient[name]
-        buffer = torch.add(torch.mul(momentum[name], mu), delta)
-        update = torch.add(delta, torch.mul(buffer, mu)) if diloco_cfg.nesterov else buffer
-        new_weights[name] = torch.sub(global_weights[name], torch.mul(update, lr))
+        # The same unfused ops with the same operands in the same order; each result is written
+        # over a temporary this function just made (out=), which saves allocations, not roundings.
+        buffer = torch.mul(momentum[name], mu)
+        torch.add(buffer, delta, out=buffer)
+        if diloco_cfg.nesterov:
+            step = torch.mul(buffer, mu)
+            torch.add(delta, step, out=step)
+            torch.mul(step, lr, out=step)
+        else:
+            step = torch.mul(buffer, lr)
+        new_weights[name] = torch.sub(global_weights[name], step, out=step)
         new_momentum[name] = buffer
     return new_weights, new_momentum
 
