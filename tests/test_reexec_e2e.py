@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,20 +23,43 @@ from ledger.account import dev_account
 ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py")]
 
 
-@pytest.mark.timeout(900)
+#: An upper bound only: the test stops the run once the cheater is out and a round went on without it.
+#: Detection takes ~6 to 11 rounds of these here (rerun, accusation, both verdicts, the slash), and a
+#: fixed 12-round run raced its end against the ejection on a loaded machine.
+MAX_ROUNDS = 40
+
+
+def _wait_for(predicate, timeout: float, what: str, run) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout}s\n" + run_logs(run)
+        time.sleep(2.0)
+
+
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("attack", ["perturb", "forge-state"])
 def test_a_cheating_member_is_ejected_by_the_quorum_and_the_run_continues(make_run, attack):
     # spot_checks=8 with 3 members: every node re-executes every other replica's contribution of every round.
     run = make_run(replicas=3, stages=2, split=False, attest_quorum=2,
-                   settings=[*TINY, "join_timeout=60", "rounds=12", "spot_checks=8"])
+                   settings=[*TINY, "join_timeout=60", f"rounds={MAX_ROUNDS}", "spot_checks=8"])
     cheater = run.nodes[-1]
     cheater.command = [*ADVERSARY, attack]
     run.start()
     honest = run.nodes[:-1]
+    # The cheater learns it was removed and stops with "not registered" (exit 6) ...
+    assert cheater.process.wait(timeout=900) == 6, run_logs(run)
+    # ... and the others go on without it: once a round is committed with the two honest replicas
+    # only, they are stopped (SIGTERM: a clean stop, exit 0), however many rounds that took.
+    client = run.client()
+
+    def a_round_without_the_cheater() -> bool:
+        assert all(s.process.poll() is None for s in honest), "an honest node exited:\n" + run_logs(run)
+        return any(c.commit.num_contributors == 2 for c in client.history(run.run_id).commits)
+
+    _wait_for(a_round_without_the_cheater, 600, "a round committed without the cheater", run)
+    run.stop_nodes()
     for slot in honest:
-        assert slot.process.wait(timeout=780) == 0, run_logs(run)
-    # The cheater learns it was removed and stops with "not registered" (exit 6).
-    assert cheater.process.wait(timeout=120) == 6, run_logs(run)
+        assert slot.process.returncode == 0, run_logs(run)
 
     client = run.client()
     history = client.history(run.run_id)
@@ -51,7 +75,8 @@ def test_a_cheating_member_is_ejected_by_the_quorum_and_the_run_continues(make_r
     # Every round committed once; once the cheater is out, every later round holds the two honest replicas
     # (rounds closed before the ejection may be committed after it, with the cheater's contribution).
     commits = history.commits
-    assert [c.commit.round for c in commits] == list(range(12)), run_logs(run)
+    assert [c.commit.round for c in commits] == list(range(len(commits))), run_logs(run)
+    assert len(commits) < MAX_ROUNDS, "the run ended before it was stopped"
     contributors = [c.commit.num_contributors for c in commits]
     assert 2 in contributors, contributors
     first_without = contributors.index(2)
