@@ -210,14 +210,17 @@ class RoundCoordinator:
         started = time.monotonic()
         deadline = started + self.round_timeout
         alive = self.membership.alive()
+        present = self.membership.present()
 
         def decide() -> msg.Close | None:
             now = time.monotonic()
             closes = self.book.snapshot_closes(outer_round, stage)
             verdicts = {c: self.judge(outer_round, stage, c, closes[c][0]) for c in order if c in closes}
             refused = {c for c, verdict in verdicts.items() if verdict not in (None, PENDING)}
-            # Coordinators that are gone (Membership.alive) or closed invalidly are skipped at once.
-            ranked = [c for c in order if (c == self.peer_id or c in alive) and c not in refused]
+            # Coordinators that are gone (Membership.present) or closed invalidly are skipped at once.
+            # Not the ejected ones: when a node learns of an ejection is its own timing, and the
+            # set it aggregates must not depend on it (an ejected member's close is judged as any).
+            ranked = [c for c in order if (c == self.peer_id or c in present) and c not in refused]
             for rank, coordinator in enumerate(order):
                 if coordinator in refused or coordinator not in closes:
                     continue
@@ -239,7 +242,7 @@ class RoundCoordinator:
         last_resync = last_warning = started
         while True:
             self.contributions.prefetch(outer_round, stage)
-            alive = self.membership.alive()
+            alive, present = self.membership.alive(), self.membership.present()
             close = self.book.wait_for(decide, timeout=1.0, stop=None)
             if close is not None:
                 with self._lock:

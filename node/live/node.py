@@ -69,12 +69,12 @@ from training.schedule import APPLY, ENCODE, TRAIN, pending_after_round, round_a
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_S = 1.0
-#: Off: deciding round t-1's close on a prefetch thread while round t trains (Node._prefetch) made two
-#: honest nodes aggregate different closes after a member's ejection in test_reexec_e2e (3 of 3 runs
-#: with it on; the close decision depends on when membership changes are seen). The pure part of the
-#: apply (StageEngine.prepare_aggregation) is bit-exact and tested; what is missing is a close decision
-#: that does not depend on the moment it is taken.
-PREFETCH_APPLY = False
+#: With the one-step delay, round t-1's close, fetch and aggregation run on a prefetch thread while
+#: round t trains (Node._prefetch). Safe because the close decision does not depend on the moment it
+#: is taken: an ejection (learnt at different moments by different nodes) moves neither the rotation
+#: nor which closes count (RoundCoordinator.await_close, Membership.present; it made honest nodes
+#: aggregate different closes of a round in test_reexec_e2e before).
+PREFETCH_APPLY = True
 #: Rounds of state kept behind the last finished one (the committer and slow peers' attestations need them).
 ROUNDS_KEPT = 3
 
@@ -648,16 +648,8 @@ class Node:
         gathered, overlapped = self._take_gathered(outer_round)
         waited["close_wait"] += gathered.joined_s  # the training thread waited for the prefetch
         for stage in self.worker.stages:
-            if stage in gathered.stages and gathered.sealed_before is None:
-                # The close decided again now, as the inline path decides it: membership may have changed
-                # since the prefetch decided (an ejected member's close no longer counts).
-                mark = time.monotonic()
-                current = self.coordinator.await_close(outer_round, stage)
-                waited["close_wait"] += time.monotonic() - mark
-                if current != gathered.stages[stage][0]:
-                    logger.warning("round %d stage %d: the close changed since it was prefetched; gathering again",
-                                   outer_round, stage)
-                    del gathered.stages[stage]
+            # The prefetch's close is this node's decision of the round (RoundCoordinator.accepted): the
+            # decision does not depend on when it is taken (no membership change seen meanwhile moves it).
             if stage not in gathered.stages:
                 gathered.stages[stage] = self._gather_stage(outer_round, stage, gathered.sealed_before, waited)
             close, envelopes, payloads, screened, prepared = gathered.stages[stage]
