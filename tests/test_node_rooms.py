@@ -7,11 +7,13 @@ boundary here (a small stand-in that says which envelopes are held or refused).
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from types import SimpleNamespace
 
 import pytest
 
+from node.live import coordination
 from node.live import protocol as msg
 from node.live.coordination import CLOSE_FALLBACK_S, CLOSE_SETTLE_S, PENDING, PENDING_LIMIT_S, RoundCoordinator
 from node.live.membership import Membership
@@ -211,6 +213,25 @@ def test_a_lower_ranked_coordinators_close_waits_for_the_deadline_while_the_lead
     assert coordinator.await_close(outer_round, 0) == censoring
     # Used only after round deadline + 1 x fallback (the leader peer-c never closed).
     assert time.monotonic() - started >= 3.0 + CLOSE_FALLBACK_S
+
+
+def test_a_deadline_that_has_not_started_holds_back_the_fallback(monkeypatch):
+    # The apply prefetch waits for a close while the next round trains; its round deadline runs
+    # only from when the training thread reaches the apply (clock_from), as inline.
+    monkeypatch.setattr(coordination, "CLOSE_FALLBACK_S", 0.2)
+    book, membership, pool, coordinator = rooms(round_timeout=0.3)
+    pool.held.update({(0, "peer-a", digest("peer-a")), (1, "peer-b", digest("peer-b"))})
+    membership.set_connected(PEERS)
+    holders = membership.holders(0)
+    outer_round = next(r for r in range(100) if committer_order(r * 1000, holders)[:2] == ["peer-c", "peer-b"])
+    censoring = msg.Close([entry(1, "peer-b")])
+    book.add_close(outer_round, 0, "peer-b", censoring, b"envelope")
+    reached: list[float] = []
+    started = time.monotonic()
+    threading.Timer(3.0, lambda: reached.append(time.monotonic())).start()
+    assert coordinator.await_close(outer_round, 0, clock_from=lambda: reached[0] if reached else None) == censoring
+    # Not before the apply was reached + deadline + 1 x fallback (settled long before).
+    assert time.monotonic() - started >= 3.0 + 0.3 + 0.2
 
 
 def _file_close(book, membership, outer_round: int, coordinator: str, close: msg.Close) -> None:

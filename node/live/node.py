@@ -157,6 +157,7 @@ class Node:
         self._evals: dict[int, object] = {}  # round -> future of its held-out loss
         # With the delay, round t-1's close, fetch and aggregation while round t trains (_prefetch).
         self._prefetched: dict[int, Future] = {}
+        self._apply_reached: dict[int, float] = {}  # round -> when the training thread reached its apply
         self._stage_hashes: dict[int, dict[int, bytes]] = {}  # round -> stage -> weights hash after its outer step
         self.ejected = False  # this node was found guilty on chain and removed from the run
         self.first_round = -1  # first round this process contributes to (announced in hellos)
@@ -730,17 +731,19 @@ class Node:
         return self.worker.apply_partials(stage, outer_round, [partial.blob for partial in used], manifests)
 
     def _gather_stage(self, outer_round: int, stage: int, sealed_before, waited: dict[str, float],
-                      prepare: bool = False) -> tuple:
+                      prepare: bool = False, clock_from=None) -> tuple:
         """(close, envelopes, payloads, screened, prepared aggregation or None) of one stage of a round.
 
         Waits for the close and the contributions it names; ``prepare``: also aggregates (the pure
         part of the outer step, valid while no round is applied). Runs on the training thread, or
-        on the prefetch thread while the next round trains (:meth:`_prefetch`).
+        on the prefetch thread while the next round trains (:meth:`_prefetch`; ``clock_from``: when
+        the round deadline starts, see RoundCoordinator.await_close).
         """
         if sealed_before is not None:
             self.coordinator.adopt(outer_round, stage, sealed_before[stage])
         mark = time.monotonic()
-        close = self.coordinator.accepted(outer_round, stage) or self.coordinator.await_close(outer_round, stage)
+        close = self.coordinator.accepted(outer_round, stage) or self.coordinator.await_close(
+            outer_round, stage, clock_from=clock_from)
         waited["close_wait"] += time.monotonic() - mark
         mark = time.monotonic()
         envelopes = self.contributions.collect(outer_round, stage, close)
@@ -773,9 +776,15 @@ class Node:
             return
         sealed_before = self.recovery.sealed_closes(outer_round)
 
+        # The deadline runs from when the training thread reaches the apply, as inline (set by
+        # _take_gathered): only a decision that needs no deadline is taken sooner.
+        def clock_from() -> float | None:
+            return self._apply_reached.get(outer_round)
+
         def gather() -> _Gathered:
             waited = {"close_wait": 0.0, "fetch_wait": 0.0, "aggregate": 0.0}
-            stages = {stage: self._gather_stage(outer_round, stage, sealed_before, waited, prepare=True)
+            stages = {stage: self._gather_stage(outer_round, stage, sealed_before, waited, prepare=True,
+                                                clock_from=clock_from)
                       for stage in self.worker.stages}
             return _Gathered(sealed_before, stages, waited)
 
@@ -797,7 +806,12 @@ class Node:
         if future is None:
             return _Gathered(self.recovery.sealed_closes(outer_round), {}, {}), {}
         mark = time.monotonic()
-        gathered = future.result()
+        self._apply_reached[outer_round] = mark  # the prefetch's round deadline starts now
+        self.book.notify()
+        try:
+            gathered = future.result()
+        finally:
+            self._apply_reached.pop(outer_round, None)
         gathered.joined_s = time.monotonic() - mark
         overlapped = {f"prefetch_{k}": v for k, v in gathered.waited.items()}
         return gathered, overlapped
