@@ -7,10 +7,13 @@ boundary here (a small stand-in that says which envelopes are held or refused).
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
+from node.live import coordination
 from node.live import protocol as msg
 from node.live.coordination import CLOSE_FALLBACK_S, CLOSE_SETTLE_S, PENDING, PENDING_LIMIT_S, RoundCoordinator
 from node.live.membership import Membership
@@ -210,6 +213,59 @@ def test_a_lower_ranked_coordinators_close_waits_for_the_deadline_while_the_lead
     assert coordinator.await_close(outer_round, 0) == censoring
     # Used only after round deadline + 1 x fallback (the leader peer-c never closed).
     assert time.monotonic() - started >= 3.0 + CLOSE_FALLBACK_S
+
+
+def test_a_deadline_that_has_not_started_holds_back_the_fallback(monkeypatch):
+    # The apply prefetch waits for a close while the next round trains; its round deadline runs
+    # only from when the training thread reaches the apply (clock_from), as inline.
+    monkeypatch.setattr(coordination, "CLOSE_FALLBACK_S", 0.2)
+    book, membership, pool, coordinator = rooms(round_timeout=0.3)
+    pool.held.update({(0, "peer-a", digest("peer-a")), (1, "peer-b", digest("peer-b"))})
+    membership.set_connected(PEERS)
+    holders = membership.holders(0)
+    outer_round = next(r for r in range(100) if committer_order(r * 1000, holders)[:2] == ["peer-c", "peer-b"])
+    censoring = msg.Close([entry(1, "peer-b")])
+    book.add_close(outer_round, 0, "peer-b", censoring, b"envelope")
+    reached: list[float] = []
+    started = time.monotonic()
+    threading.Timer(3.0, lambda: reached.append(time.monotonic())).start()
+    assert coordinator.await_close(outer_round, 0, clock_from=lambda: reached[0] if reached else None) == censoring
+    # Not before the apply was reached + deadline + 1 x fallback (settled long before).
+    assert time.monotonic() - started >= 3.0 + 0.3 + 0.2
+
+
+def _file_close(book, membership, outer_round: int, coordinator: str, close: msg.Close) -> None:
+    """File a close of stage 0 as the inbox does: the sender's placement and standing are checked first."""
+    membership.check_sender(SimpleNamespace(kind=msg.CLOSE, sender_peer_id=coordinator, stage=0, replica=-1))
+    book.add_close(outer_round, 0, coordinator, close, b"envelope-" + coordinator.encode())
+
+
+@pytest.mark.parametrize("ejected_first", [True, False])
+def test_the_close_of_a_round_does_not_depend_on_when_an_ejection_is_learnt(ejected_first):
+    # peer-c leads the round, peer-b is next, and peer-c is found guilty on chain around the time
+    # the round closes. One node learns of it before peer-c's close arrives, another only after:
+    # both must aggregate the same close (docs/PROTOCOL.md, "Closing a round"). Before, the first
+    # refused peer-c's close at the inbox and skipped peer-c in the rotation, so it took peer-b's.
+    book, membership, pool, coordinator = rooms()
+    pool.held.update({(0, "peer-a", digest("peer-a")), (1, "peer-b", digest("peer-b")),
+                      (2, "peer-c", digest("peer-c"))})
+    membership.set_connected(PEERS)
+    holders = membership.holders(0)
+    outer_round = next(r for r in range(100) if committer_order(r * 1000, holders)[:2] == ["peer-c", "peer-b"])
+    leaders = msg.Close([entry(0, "peer-a"), entry(1, "peer-b"), entry(2, "peer-c")])
+    seconds = msg.Close([entry(0, "peer-a"), entry(1, "peer-b")])
+    if ejected_first:
+        membership.eject("peer-c")
+    _file_close(book, membership, outer_round, "peer-c", leaders)
+    _file_close(book, membership, outer_round, "peer-b", seconds)
+    if not ejected_first:
+        membership.eject("peer-c")
+    assert coordinator.await_close(outer_round, 0) == leaders
+    # The ejection still counts where it is the node's own choice: its announces are refused and
+    # a coordinator no longer waits for its contribution.
+    with pytest.raises(msg.ProtocolError):
+        membership.check_sender(SimpleNamespace(kind=msg.ANNOUNCE, sender_peer_id="peer-c", stage=0, replica=2))
+    assert "peer-c" not in membership.alive() and "peer-c" in membership.present()
 
 
 def test_a_hello_far_off_the_clock_or_of_another_run_is_refused():

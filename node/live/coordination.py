@@ -23,6 +23,7 @@ and from the close's coordinator, which held every one of them when it closed.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -204,20 +205,37 @@ class RoundCoordinator:
 
 
     # -- waiting for the decision -------------------------------------------------------
-    def await_close(self, outer_round: int, stage: int) -> msg.Close:
-        """Wait for the round's close decision; close it ourselves when we are the coordinator."""
+    def await_close(self, outer_round: int, stage: int,
+                    clock_from: Callable[[], float | None] | None = None) -> msg.Close:
+        """Wait for the round's close decision; close it ourselves when we are the coordinator.
+
+        The round deadline runs from now, or from ``clock_from()`` (monotonic seconds; None: not
+        yet): the apply prefetch waits for a close while the next round trains, and what depends
+        on the deadline (closing with a quorum, a lower-ranked coordinator's close) must not come
+        a round sooner than where the apply runs inline, so its deadline runs from when the
+        training thread reaches the apply. A close that needs no deadline is decided at once.
+        """
         order = committer_order(outer_round * 1000 + stage, self.membership.holders(stage))
         started = time.monotonic()
-        deadline = started + self.round_timeout
+        if clock_from is None:
+            clock_from = lambda: started  # noqa: E731
         alive = self.membership.alive()
+        present = self.membership.present()
+
+        def current_deadline() -> float:
+            since = clock_from()
+            return math.inf if since is None else since + self.round_timeout
 
         def decide() -> msg.Close | None:
             now = time.monotonic()
+            deadline = current_deadline()
             closes = self.book.snapshot_closes(outer_round, stage)
             verdicts = {c: self.judge(outer_round, stage, c, closes[c][0]) for c in order if c in closes}
             refused = {c for c, verdict in verdicts.items() if verdict not in (None, PENDING)}
-            # Coordinators that are gone (Membership.alive) or closed invalidly are skipped at once.
-            ranked = [c for c in order if (c == self.peer_id or c in alive) and c not in refused]
+            # Coordinators that are gone (Membership.present) or closed invalidly are skipped at once.
+            # Not the ejected ones: when a node learns of an ejection is its own timing, and the
+            # set it aggregates must not depend on it (an ejected member's close is judged as any).
+            ranked = [c for c in order if (c == self.peer_id or c in present) and c not in refused]
             for rank, coordinator in enumerate(order):
                 if coordinator in refused or coordinator not in closes:
                     continue
@@ -239,7 +257,7 @@ class RoundCoordinator:
         last_resync = last_warning = started
         while True:
             self.contributions.prefetch(outer_round, stage)
-            alive = self.membership.alive()
+            alive, present = self.membership.alive(), self.membership.present()
             close = self.book.wait_for(decide, timeout=1.0, stop=None)
             if close is not None:
                 with self._lock:
@@ -254,6 +272,7 @@ class RoundCoordinator:
                 raise CloseInterrupted(f"round {outer_round} stage {stage}: no longer waited for here")
             # A round that misses its quorum stays open (docs/PROTOCOL.md, "A round without a quorum"):
             # the run pauses and the round closes as soon as enough replicas are back.
+            deadline = current_deadline()
             overdue = time.monotonic() - (deadline + (len(order) + 2) * CLOSE_FALLBACK_S + self.stall_limit())
             if overdue > 0 and time.monotonic() - last_warning > QUORUM_WARN_EVERY_S:
                 last_warning = time.monotonic()

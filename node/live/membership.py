@@ -89,9 +89,12 @@ class Membership:
             return sorted(self.placements)
 
     def eject(self, peer_id: str) -> None:
-        """A member found guilty on chain: its messages no longer count and it is no longer expected.
+        """A member found guilty on chain: its contributions no longer count and it is no longer expected.
 
-        Its placement stays, so that no other replica's index shifts (it seeds their data).
+        Its placement stays, so that no other replica's index shifts (it seeds their data). Which
+        close a round aggregates does not change: when each node learns of an ejection differs
+        (by seconds to a round), so its closes are still judged like anyone's and it stays in the
+        rotation while it is present (:meth:`present`); the ejected node stops itself once it learns.
         """
         self._ejected.add(peer_id)
 
@@ -100,10 +103,11 @@ class Membership:
 
     def check_sender(self, env) -> None:
         """Refuse a round message whose sender is not placed where the envelope says it is."""
-        # An ejected member's announces and closes no longer count; its attestations of rounds it
-        # took part in still do (they are only loss reports, and every member must derive the same
-        # record whether it heard of the ejection before or after them).
-        if env.sender_peer_id in self._ejected and env.kind in (msg.ANNOUNCE, msg.CLOSE):
+        # An ejected member's announces no longer count. Its closes do, judged like anyone's: whether
+        # a node heard of the ejection before or after a close arrived must not change which close it
+        # aggregates (docs/PROTOCOL.md, "Closing a round"); so do its attestations of rounds it took
+        # part in (loss reports: every member must derive the same record either way).
+        if env.sender_peer_id in self._ejected and env.kind == msg.ANNOUNCE:
             raise msg.ProtocolError(f"{env.kind} from {env.sender_peer_id[-8:]}, a member ejected from the run")
         def fits(placed: Placement | None) -> bool:
             return placed is not None and env.stage in placed.stages and (
@@ -128,7 +132,16 @@ class Membership:
         it stays expected until the round deadline; a crashed one drops its connections
         and, once its last message is PEER_TTL_S old, is gone.
         """
-        return (set(self.book.live_peers(PEER_TTL_S)) | self._connected) - self._ejected
+        return self.present() - self._ejected
+
+    def present(self) -> set[str]:
+        """Peers heard from within PEER_TTL_S or still connected, ejected or not.
+
+        The close rotation skips a coordinator only when it is gone (:meth:`alive`'s evidence),
+        not when it was ejected: an ejection is learnt at different moments by different nodes,
+        and a rule that depended on it would let them aggregate different closes of a round.
+        """
+        return set(self.book.live_peers(PEER_TTL_S)) | self._connected
 
     def first_round_of(self, peer_id: str) -> int | None:
         """The first round a peer announced it contributes to (-1: still joining), or None if unknown."""

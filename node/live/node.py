@@ -69,12 +69,12 @@ from training.schedule import APPLY, ENCODE, TRAIN, pending_after_round, round_a
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_S = 1.0
-#: Off: deciding round t-1's close on a prefetch thread while round t trains (Node._prefetch) made two
-#: honest nodes aggregate different closes after a member's ejection in test_reexec_e2e (3 of 3 runs
-#: with it on; the close decision depends on when membership changes are seen). The pure part of the
-#: apply (StageEngine.prepare_aggregation) is bit-exact and tested; what is missing is a close decision
-#: that does not depend on the moment it is taken.
-PREFETCH_APPLY = False
+#: With the one-step delay, round t-1's close, fetch and aggregation run on a prefetch thread while
+#: round t trains (Node._prefetch). Safe because the close decision does not depend on the moment it
+#: is taken: an ejection (learnt at different moments by different nodes) moves neither the rotation
+#: nor which closes count (RoundCoordinator.await_close, Membership.present; it made honest nodes
+#: aggregate different closes of a round in test_reexec_e2e before).
+PREFETCH_APPLY = True
 #: Rounds of state kept behind the last finished one (the committer and slow peers' attestations need them).
 ROUNDS_KEPT = 3
 
@@ -157,6 +157,7 @@ class Node:
         self._evals: dict[int, object] = {}  # round -> future of its held-out loss
         # With the delay, round t-1's close, fetch and aggregation while round t trains (_prefetch).
         self._prefetched: dict[int, Future] = {}
+        self._apply_reached: dict[int, float] = {}  # round -> when the training thread reached its apply
         self._stage_hashes: dict[int, dict[int, bytes]] = {}  # round -> stage -> weights hash after its outer step
         self.ejected = False  # this node was found guilty on chain and removed from the run
         #: A round whose committed record differs from this node's: the node stops, and ``dlx-node start``
@@ -652,16 +653,8 @@ class Node:
         gathered, overlapped = self._take_gathered(outer_round)
         waited["close_wait"] += gathered.joined_s  # the training thread waited for the prefetch
         for stage in self.worker.stages:
-            if stage in gathered.stages and gathered.sealed_before is None:
-                # The close decided again now, as the inline path decides it: membership may have changed
-                # since the prefetch decided (an ejected member's close no longer counts).
-                mark = time.monotonic()
-                current = self.coordinator.await_close(outer_round, stage)
-                waited["close_wait"] += time.monotonic() - mark
-                if current != gathered.stages[stage][0]:
-                    logger.warning("round %d stage %d: the close changed since it was prefetched; gathering again",
-                                   outer_round, stage)
-                    del gathered.stages[stage]
+            # The prefetch's close is this node's decision of the round (RoundCoordinator.accepted): the
+            # decision does not depend on when it is taken (no membership change seen meanwhile moves it).
             if stage not in gathered.stages:
                 gathered.stages[stage] = self._gather_stage(outer_round, stage, gathered.sealed_before, waited)
             close, envelopes, payloads, screened, prepared = gathered.stages[stage]
@@ -748,17 +741,19 @@ class Node:
         return self.worker.apply_partials(stage, outer_round, [partial.blob for partial in used], manifests)
 
     def _gather_stage(self, outer_round: int, stage: int, sealed_before, waited: dict[str, float],
-                      prepare: bool = False) -> tuple:
+                      prepare: bool = False, clock_from=None) -> tuple:
         """(close, envelopes, payloads, screened, prepared aggregation or None) of one stage of a round.
 
         Waits for the close and the contributions it names; ``prepare``: also aggregates (the pure
         part of the outer step, valid while no round is applied). Runs on the training thread, or
-        on the prefetch thread while the next round trains (:meth:`_prefetch`).
+        on the prefetch thread while the next round trains (:meth:`_prefetch`; ``clock_from``: when
+        the round deadline starts, see RoundCoordinator.await_close).
         """
         if sealed_before is not None:
             self.coordinator.adopt(outer_round, stage, sealed_before[stage])
         mark = time.monotonic()
-        close = self.coordinator.accepted(outer_round, stage) or self.coordinator.await_close(outer_round, stage)
+        close = self.coordinator.accepted(outer_round, stage) or self.coordinator.await_close(
+            outer_round, stage, clock_from=clock_from)
         waited["close_wait"] += time.monotonic() - mark
         mark = time.monotonic()
         envelopes = self.contributions.collect(outer_round, stage, close)
@@ -791,9 +786,15 @@ class Node:
             return
         sealed_before = self.recovery.sealed_closes(outer_round)
 
+        # The deadline runs from when the training thread reaches the apply, as inline (set by
+        # _take_gathered): only a decision that needs no deadline is taken sooner.
+        def clock_from() -> float | None:
+            return self._apply_reached.get(outer_round)
+
         def gather() -> _Gathered:
             waited = {"close_wait": 0.0, "fetch_wait": 0.0, "aggregate": 0.0}
-            stages = {stage: self._gather_stage(outer_round, stage, sealed_before, waited, prepare=True)
+            stages = {stage: self._gather_stage(outer_round, stage, sealed_before, waited, prepare=True,
+                                                clock_from=clock_from)
                       for stage in self.worker.stages}
             return _Gathered(sealed_before, stages, waited)
 
@@ -815,7 +816,12 @@ class Node:
         if future is None:
             return _Gathered(self.recovery.sealed_closes(outer_round), {}, {}), {}
         mark = time.monotonic()
-        gathered = future.result()
+        self._apply_reached[outer_round] = mark  # the prefetch's round deadline starts now
+        self.book.notify()
+        try:
+            gathered = future.result()
+        finally:
+            self._apply_reached.pop(outer_round, None)
         gathered.joined_s = time.monotonic() - mark
         overlapped = {f"prefetch_{k}": v for k, v in gathered.waited.items()}
         return gathered, overlapped
