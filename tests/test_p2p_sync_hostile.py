@@ -6,9 +6,9 @@ of an offered one, must not get them delivered: only what was offered and wanted
 """
 
 import queue
-import time
 
 import pytest
+from test_p2p_hosts import wait_until as _wait_until
 
 from p2p.config import P2PConfig
 from p2p.host import P2PHost
@@ -16,15 +16,6 @@ from p2p.identity import Identity
 
 pytestmark = pytest.mark.timeout(120)
 TOPIC = "dlx/run42/hostile-sync"
-
-
-def _wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def _drain(q: queue.Queue) -> list[bytes]:
