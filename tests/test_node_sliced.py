@@ -9,6 +9,8 @@ import hashlib
 import msgpack
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from node.config import config_from_dict
 from node.live import protocol as msg
@@ -25,6 +27,7 @@ from training.butterfly import (
     parse_slice_record,
     parse_slice_reference,
     plan_slices,
+    read_slice,
     record_range,
     slice_bundle,
 )
@@ -49,6 +52,47 @@ def test_every_slice_of_a_bundle_is_read_by_range_and_proven_to_the_reference(co
         digest, offset, size = parse_slice_record(_record(bundle, count, j), reference, j)
         assert (digest, bundle[offset:offset + size]) == (hashlib.sha256(blob).digest(), blob)
     assert bundle_slices(bundle, reference) == blobs
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_hostile_references_records_and_bundles_cost_only_themselves(data):
+    """Random bytes and random mutations of a real reference, record or bundle: refused with a
+    SliceError (or an absent slice), never another exception, and never a slice other than the one
+    the signed reference fixes."""
+    blobs = [bytes([j + 1]) * (j + 3) * 5 for j in range(3)]
+    bundle, reference_bytes = slice_bundle(blobs)
+    reference = parse_slice_reference(reference_bytes, 3, 1 << 20)
+
+    def mutate(raw: bytes) -> bytes:
+        raw = bytearray(raw)
+        for _ in range(data.draw(st.integers(1, 4))):
+            if raw and data.draw(st.booleans()):
+                raw[data.draw(st.integers(0, len(raw) - 1))] ^= data.draw(st.integers(1, 255))
+            else:
+                cut = data.draw(st.integers(0, len(raw)))
+                raw = raw[:cut] + data.draw(st.binary(max_size=40)) + raw[cut:]
+        return bytes(raw)
+
+    hostile_reference = data.draw(st.one_of(st.binary(max_size=120), st.just(reference_bytes).map(mutate)))
+    try:
+        parse_slice_reference(hostile_reference, 3, 1 << 20)
+    except SliceError:
+        pass
+    j = data.draw(st.integers(0, 2))
+    hostile_record = mutate(_record(bundle, 3, j))
+    try:
+        digest, offset, size = parse_slice_record(hostile_record, reference, j)
+        assert digest == hashlib.sha256(blobs[j]).digest()  # a record that proves names the real slice
+    except SliceError:
+        pass
+    hostile_bundle = mutate(bundle)
+    got = read_slice(hostile_bundle, reference, j)
+    assert got is None or got == blobs[j]
+    try:
+        assert bundle_slices(hostile_bundle, reference) == blobs  # only if the mutation was a no-op
+    except SliceError:
+        pass
 
 
 def test_a_reference_that_does_not_fit_the_plan_is_refused():
