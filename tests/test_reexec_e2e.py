@@ -113,3 +113,9 @@ def test_a_cheating_member_is_ejected_by_the_quorum_and_the_run_continues(make_r
     assert not [c for c in checks if c.status == FAIL], [c.line() for c in checks]
     assert any("reproduced" in c.reason for c in reruns), [c.line() for c in reruns]
     assert not report.failed, report.summary()
+    # The ejection holds on its accusers' evidence alone: the accused serves its start states for a few
+    # rounds only (and may withhold or delete them at will), so the accusers keep both halves.
+    without_accused = audit_run(client, run.run_id, archives=[s.data_dir for s in honest], replay=False,
+                                reexecute=1)
+    ejections = [c for c in without_accused.general if c.name.startswith("ejection")]
+    assert ejections and all(c.status == OK for c in ejections), [c.line() for c in ejections]

@@ -241,6 +241,7 @@ class Node:
             self.host, self.book, self.run_id, self.data_dir / "incoming", cfg.p2p.max_blob_bytes,
             cfg.p2p.transfer_timeout, cfg.p2p.blob_concurrency,
             check_payload=self._check_contribution, evidence_dir=self.data_dir / "evidence")
+        self.contributions.fallback_providers = self.membership.live_providers
         if cfg.diloco.exchange == "sliced":
             self.sliced = SlicedExchange(self.host, self.identity, self.run_id, lambda: self.worker,
                                          lambda: self.placement.replica, self._gossip, cfg.p2p.max_blob_bytes,
@@ -630,7 +631,7 @@ class Node:
             envelope = Envelope.create(self.identity, self.run_id, outer_round, msg.CONTRIBUTION, body,
                                        stage=stage, replica=self.placement.replica).to_bytes()
             digest = self.archive.put(outer_round, envelope)
-            serve_blob(self.host, envelope)
+            self.contributions.serve_own(envelope)
             self.contributions.add(outer_round, stage, digest, envelope)
             self.book.add_announce(outer_round, stage,
                                    Announced(self.peer_id, self.placement.replica, digest, len(envelope)))
