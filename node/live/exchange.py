@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +41,9 @@ logger = logging.getLogger(__name__)
 #: Own contributions waiting for their DHT announcement beyond this are not announced (logged):
 #: the announcements lag the run only when the DHT is slower than the rounds.
 MAX_PENDING_ANNOUNCES = 64
+#: Live peers asked at random once the sender and the coordinator failed (each costs a stream open:
+#: asking every peer multiplied the load exactly when streams were failing).
+FALLBACK_PROVIDERS = 3
 
 
 def serve_blob(host: P2PHost, source) -> str:
@@ -179,8 +183,9 @@ class ContributionPool:
             try:
                 self.host.fetch_blob(a.envelope_hash.hex(), dest, providers=providers or None,
                                      timeout=self.transfer_timeout)
-            except P2PError:  # the sender may be gone: any live peer that fetched it will do, else the DHT
+            except P2PError:  # the sender may be gone: a few live peers that fetched it, else the DHT
                 others = [p for p in self.fallback_providers() if p not in providers and p != self.host.peer_id]
+                others = random.sample(others, min(FALLBACK_PROVIDERS, len(others)))
                 self.host.fetch_blob(a.envelope_hash.hex(), dest, providers=others or None,
                                      timeout=self.transfer_timeout)
             data = dest.read_bytes()
