@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -307,6 +308,12 @@ class BlobService:
         self.concurrency = concurrency
         self.stall_timeout = stall_timeout
         self._read_buffers: list[bytearray] = []  # FILE_IO_BYTES each, reused by served ranges
+        #: When a list (a benchmark's ``--profile``), downloads append ``(time.monotonic(), event)`` to it.
+        self.timeline: list[tuple[float, str]] | None = None
+
+    def _mark(self, event: str) -> None:
+        if self.timeline is not None:
+            self.timeline.append((time.monotonic(), event))
 
     # ----- server side -----
 
@@ -391,8 +398,10 @@ class BlobService:
     # ----- client side -----
 
     async def _request(self, peer: ID, digest: bytes, offset: int, length: int) -> tuple[Any, dict[str, Any]]:
+        self._mark(f"request {offset}+{length}")
         with trio.fail_after(self.stall_timeout):  # dialling included: a dead provider costs one stall
             stream = await self._open_stream(peer, BLOB_PROTOCOL)
+        self._mark(f"stream open {offset}+{length}")
         try:
             with trio.fail_after(self.stall_timeout):
                 # Open the yamux window to the whole range before asking for it: granted
@@ -401,6 +410,7 @@ class BlobService:
                 await grant_receive_window(stream, length)
                 await write_frame(stream, request_frame(digest, offset, length))
                 header = await read_frame(stream, MAX_FRAME_BYTES)
+            self._mark(f"reply {offset}+{length}")
             status = field(header, "status", str)
             if status != "ok":
                 raise _ProviderFailed(status)
@@ -479,6 +489,8 @@ class BlobService:
                     raise ProtocolViolation(f"stream ended {length - written - buffered} bytes early")
                 if len(chunk) > length - written - buffered:  # a read never returns more than asked
                     raise ProtocolViolation("stream returned more bytes than requested")
+                if not written and not buffered:
+                    self._mark(f"first bytes {offset}+{length}")
                 self._stats.add(BLOB_PROTOCOL, received=len(chunk))
                 self._stats.add_peer(peer_text, received=len(chunk))
                 await self._limiter.consume(peer_text, "in", len(chunk))
@@ -486,11 +498,13 @@ class BlobService:
                 buffered += len(chunk)
                 if buffered >= FILE_IO_BYTES:
                     await flush()
+            self._mark(f"received {offset}+{length}")
         finally:
             # Bytes already received are valid for resumption (the final hash check covers them).
             if chunks:
                 with trio.CancelScope(shield=True):
                     await flush()
+        self._mark(f"written {offset}+{length}")
         with trio.move_on_after(1):
             try:
                 await stream.close()
@@ -537,6 +551,7 @@ class BlobService:
             return self.store.path(sha256_hex)
         if not providers:
             raise BlobNotFound(f"blob {sha256_hex[:16]}: no providers")
+        self._mark("download")
         sizes: dict[ID, int] = {}
         errors: dict[str, str] = {}
 
@@ -557,6 +572,7 @@ class BlobService:
             raise BlobNotFound(f"blob {sha256_hex[:16]}: no provider could serve it ({errors})")
         if total > max_bytes:
             raise BlobTooLarge(f"blob {sha256_hex[:16]} has {total} bytes > max_blob_bytes={max_bytes}")
+        self._mark("size known")
 
         staged = self.store.new_staging_file()
         fd = os.open(staged, os.O_RDWR)
@@ -571,16 +587,20 @@ class BlobService:
                 if len(group.exceptions) == 1:
                     raise group.exceptions[0] from None
                 raise
+            self._mark("hashed")
             if hasher.hexdigest() != sha256_hex:
                 logger.warning("blob %s from %s failed its hash check; discarded", sha256_hex[:16], usable)
                 raise BlobHashMismatch(f"bytes hash to {hasher.hexdigest()}, expected {sha256_hex}")
             await self._run_blocking(os.fsync, fd)
+            self._mark("fsynced")
         except BaseException:
             os.close(fd)
             staged.unlink(missing_ok=True)
             raise
         os.close(fd)
-        return await self._run_blocking(self.store.commit, staged, sha256_hex, True)
+        path = await self._run_blocking(self.store.commit, staged, sha256_hex, True)
+        self._mark("committed")
+        return path
 
     async def _download_pieces(
         self,
