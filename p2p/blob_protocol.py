@@ -429,11 +429,7 @@ class BlobService:
         """Total size of the blob at ``peer``; raises _ProviderFailed/ProtocolViolation/libp2p errors."""
         digest = bytes.fromhex(check_sha256_hex(sha256_hex))
         stream, header = await self._request(peer, digest, 0, 0)
-        with trio.move_on_after(1):
-            try:
-                await stream.close()
-            except Exception:
-                pass
+        await self._close(stream)
         return int(header["total"])
 
     async def _fetch_piece(
@@ -478,33 +474,54 @@ class BlobService:
             buffered = 0
             progress[0] = written
 
+        async def take(chunk: Any) -> None:
+            nonlocal buffered
+            chunks.append(chunk)
+            buffered += len(chunk)
+            if buffered >= FILE_IO_BYTES:
+                await flush()
+
         try:
             # The frame bodies are only written and hashed: take them as they
             # arrived, uncopied (the window was opened to the range by _request).
             read_raw(stream)
-            while written + buffered < length:
-                with trio.fail_after(self.stall_timeout):
-                    chunk = await stream.read(length - written - buffered)
-                if not chunk:
-                    raise ProtocolViolation(f"stream ended {length - written - buffered} bytes early")
-                if len(chunk) > length - written - buffered:  # a read never returns more than asked
-                    raise ProtocolViolation("stream returned more bytes than requested")
-                if not written and not buffered:
-                    self._mark(f"first bytes {offset}+{length}")
-                self._stats.add(BLOB_PROTOCOL, received=len(chunk))
-                self._stats.add_peer(peer_text, received=len(chunk))
-                await self._limiter.consume(peer_text, "in", len(chunk))
-                chunks.append(chunk)
-                buffered += len(chunk)
-                if buffered >= FILE_IO_BYTES:
-                    await flush()
-            self._mark(f"received {offset}+{length}")
+            await self._read_range(stream, peer_text, offset, length, take)
         finally:
             # Bytes already received are valid for resumption (the final hash check covers them).
             if chunks:
                 with trio.CancelScope(shield=True):
                     await flush()
         self._mark(f"written {offset}+{length}")
+        await self._close(stream)
+
+    async def _read_range(
+        self, stream: Any, peer_text: str, offset: int, length: int, take: Callable[[Any], Awaitable[None]]
+    ) -> None:
+        """Read the ``length`` raw bytes of an ``ok`` reply, handing each chunk to ``take`` in order.
+
+        The one reader of range bytes: it refuses a stream that ends early or returns more
+        than asked, bounds each read by the stall timeout, counts and caps what arrives.
+        """
+        received = 0
+        while received < length:
+            with trio.fail_after(self.stall_timeout):
+                chunk = await stream.read(length - received)
+            if not chunk:
+                raise ProtocolViolation(f"stream ended {length - received} bytes early")
+            if len(chunk) > length - received:  # a read never returns more than asked
+                raise ProtocolViolation("stream returned more bytes than requested")
+            if not received:
+                self._mark(f"first bytes {offset}+{length}")
+            self._stats.add(BLOB_PROTOCOL, received=len(chunk))
+            self._stats.add_peer(peer_text, received=len(chunk))
+            await self._limiter.consume(peer_text, "in", len(chunk))
+            received += len(chunk)
+            await take(chunk)
+        self._mark(f"received {offset}+{length}")
+
+    @staticmethod
+    async def _close(stream: Any) -> None:
+        """Close our side of a stream, giving up after 1 s (the peer may be gone)."""
         with trio.move_on_after(1):
             try:
                 await stream.close()
@@ -518,29 +535,17 @@ class BlobService:
         one request, no size query first. Raises _ProviderFailed/ProtocolViolation/libp2p errors.
         """
         peer_text = peer.to_base58()
+        chunks: list[bytes] = []
+
+        async def take(chunk: bytes) -> None:
+            chunks.append(chunk)
+
         async with self._fetch_slots:
             stream, _ = await self._request(peer, digest, offset, length)
-            chunks: list[bytes] = []
-            received = 0
             try:
-                while received < length:
-                    with trio.fail_after(self.stall_timeout):
-                        chunk = await stream.read(length - received)
-                    if not chunk:
-                        raise ProtocolViolation(f"stream ended {length - received} bytes early")
-                    if len(chunk) > length - received:
-                        raise ProtocolViolation("stream returned more bytes than requested")
-                    self._stats.add(BLOB_PROTOCOL, received=len(chunk))
-                    self._stats.add_peer(peer_text, received=len(chunk))
-                    await self._limiter.consume(peer_text, "in", len(chunk))
-                    chunks.append(bytes(chunk))
-                    received += len(chunk)
+                await self._read_range(stream, peer_text, offset, length, take)
             finally:
-                with trio.move_on_after(1):
-                    try:
-                        await stream.close()
-                    except Exception:
-                        pass
+                await self._close(stream)
         return b"".join(chunks)
 
     async def download(self, sha256_hex: str, providers: list[ID], max_bytes: int) -> Path:
