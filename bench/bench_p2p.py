@@ -29,6 +29,7 @@ import gc
 import threading
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -149,25 +150,52 @@ def thread_cpu_seconds() -> dict[str, float]:
     return seconds
 
 
-class ReceiveCounter:
-    """Counts ``recv`` calls on the fetcher's connections (wraps p2p.fastpath._receive while installed)."""
+class DataPathCounter:
+    """Counts ``recv`` calls and fresh (not pooled) frame-body buffers on the fetcher's connections.
+
+    Wraps p2p.fastpath's ``_receive`` and ``_new_body`` while installed (a ``with`` block).
+    """
 
     def __init__(self) -> None:
-        self.calls = 0
-        self._original = fastpath._receive
+        self.recv_calls = 0
+        self.fresh_bodies = 0
+        self._originals = (fastpath._receive, fastpath._new_body)
 
-    def __enter__(self) -> ReceiveCounter:
-        original = self._original
+    def __enter__(self) -> DataPathCounter:
+        receive, new_body = self._originals
 
-        async def counted(tcp: object, buffer: object) -> bool:
-            self.calls += 1
-            return await original(tcp, buffer)
+        async def counted_receive(tcp: object, buffer: object) -> bool:
+            self.recv_calls += 1
+            return await receive(tcp, buffer)
 
-        fastpath._receive = counted
+        def counted_new_body(size: int) -> bytearray:
+            if size == fastpath.YAMUX_FRAME_PAYLOAD_BYTES and not fastpath._BODY_POOL:
+                self.fresh_bodies += 1
+            return new_body(size)
+
+        fastpath._receive, fastpath._new_body = counted_receive, counted_new_body
         return self
 
     def __exit__(self, *exc: object) -> None:
-        fastpath._receive = self._original
+        fastpath._receive, fastpath._new_body = self._originals
+
+
+#: With ``BENCH_P2P_PERF=<dir>``, each blob run records both processes with ``perf record`` (call graphs,
+#: CPU clock) for exactly the timed fetch, into ``<dir>/{fetcher,provider}-*.data``: ``perf report -i``.
+PERF_DIR = os.environ.get("BENCH_P2P_PERF")
+
+
+def perf_record(pid: int, name: str) -> subprocess.Popen:
+    """Start ``perf record`` on ``pid``; returns once it is sampling (it prints nothing until then)."""
+    Path(PERF_DIR).mkdir(parents=True, exist_ok=True)
+    recorder = subprocess.Popen(
+        ["perf", "record", "-q", "-e", "cpu-clock", "-F", "2999", "-g", "-p", str(pid),
+         "-o", str(Path(PERF_DIR) / f"{name}.data")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(0.5)  # perf attaches to every thread of the process before sampling
+    return recorder
 
 
 def timeline_breakdown(timeline: list[tuple[float, str]], start: float, end: float) -> dict:
@@ -221,8 +249,10 @@ def blob_run(
             # graph: ~0.1-0.2 CPU-s) would otherwise land in whichever run triggers it; it is
             # paid once per process, not per 100 MB.
             gc.collect()
-            receives = ReceiveCounter()
-            with receives if profile else contextlib.nullcontext():
+            datapath = DataPathCounter()
+            recorders = [perf_record(pid, f"{side}-{os.getpid()}-{time.monotonic_ns()}")
+                         for side, pid in (("fetcher", os.getpid()), ("provider", provider.pid))] if PERF_DIR else []
+            with datapath if profile else contextlib.nullcontext():
                 threads0 = thread_cpu_seconds()
                 server_cpu0 = process_cpu_seconds(provider.pid)
                 client_cpu0 = time.process_time()
@@ -232,6 +262,9 @@ def blob_run(
                 client_cpu = time.process_time() - client_cpu0
                 server_cpu = process_cpu_seconds(provider.pid) - server_cpu0
                 threads1 = thread_cpu_seconds()
+            for recorder in recorders:
+                recorder.send_signal(signal.SIGINT)
+                recorder.wait(timeout=60)
             elapsed = end - start
             size = out.stat().st_size
             if profile:
@@ -252,7 +285,8 @@ def blob_run(
                     "fetcher_loop_passes": counter.passes,
                     "fetcher_task_steps": counter.task_steps,
                     "fetcher_loop_io_wait_s": round(counter.io_wait_s, 4),
-                    "fetcher_recv_calls": receives.calls,
+                    "fetcher_recv_calls": datapath.recv_calls,
+                    "fetcher_fresh_frame_bodies": datapath.fresh_bodies,
                 }
                 fetcher._blobs.timeline = None
             fetcher.remove_blob(sha)
