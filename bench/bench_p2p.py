@@ -206,8 +206,8 @@ def timeline_breakdown(timeline: list[tuple[float, str]], start: float, end: flo
     points = {
         "download": first("download"),
         "size_known": first("size known"),
-        "first_reply": first("reply") if first("size known") is None else next(
-            (t for t, e in at if e.startswith("reply") and t >= first("size known")), None),
+        # the first piece's reply (a size query asks for "0+0"); it may come before the size is known
+        "first_reply": next((t for t, e in at if e.startswith("reply") and not e.endswith("+0")), None),
         "first_bytes": first("first bytes"),
         "last_received": last("received"),
         "last_written": last("written"),
