@@ -14,7 +14,8 @@ in writes of ~1 MiB, then closes its side. The reply's keys depend on its status
     bad_request   {status, detail}
 
 The client downloads a blob as 8 MiB pieces spread over every provider at once
-(up to ``blob_concurrency`` streams); a piece interrupted by a dying provider is
+(up to ``blob_concurrency`` streams); the first piece is asked for beside the size
+queries rather than after them (:class:`_EarlyPiece`); a piece interrupted by a dying provider is
 put back with its remaining range and finished by another provider. The bytes
 land in a staging file (one ``pwritev`` per ~4 MiB of received chunks, never
 joined in memory) and are hashed in order from those same chunks as they
