@@ -89,3 +89,27 @@ def test_an_ok_reply_must_hold_its_range(total):
     else:
         with pytest.raises(ProtocolViolation):
             parse_reply(reply, digest, 10, 100)
+
+
+def test_a_download_from_a_peer_not_yet_connected_dials_it_once(tmp_path):
+    """The size query and the early first piece open their streams at once: one connection serves both."""
+    import multiaddr
+
+    blob = os.urandom(PIECE_BYTES + 1)
+    with P2PHost.start(P2PConfig(), Identity.generate(), data_dir=tmp_path / "p") as provider, \
+            P2PHost.start(P2PConfig(), Identity.generate(), data_dir=tmp_path / "f") as fetcher:
+        sha = provider.provide_blob(blob, announce=False)
+        peer = ID.from_base58(provider.peer_id)
+        address = multiaddr.Multiaddr(provider.listen_addrs[0].split("/p2p/")[0])
+
+        async def learn_address():  # known (as from the DHT), not dialled
+            fetcher._libp2p.get_peerstore().add_addrs(peer, [address], 3600)
+
+        fetcher._call(learn_address, timeout=10, what="learn address")
+        out = fetcher.fetch_blob(sha, tmp_path / "out.bin", providers=[provider.peer_id], timeout=60)
+        assert out.read_bytes() == blob
+
+        async def connections():
+            return len(fetcher._libp2p.get_network().get_connections(peer))
+
+        assert fetcher._call(connections, timeout=10, what="connections") == 1
