@@ -200,7 +200,7 @@ def perf_record(pid: int, name: str) -> subprocess.Popen:
 
 def timeline_breakdown(timeline: list[tuple[float, str]], start: float, end: float) -> dict:
     """Seconds from the fetch_blob call to each download event, and the phases between them."""
-    at = [(round(t - start, 4), event) for t, event in timeline]
+    at = [(round(t - start, 4), event) for t, event in timeline]  # (seconds from the call, event)
     first = lambda prefix: next((t for t, e in at if e.startswith(prefix)), None)
     last = lambda prefix: next((t for t, e in reversed(at) if e.startswith(prefix)), None)
     points = {
@@ -221,7 +221,7 @@ def timeline_breakdown(timeline: list[tuple[float, str]], start: float, end: flo
     for before, after in zip(names, names[1:]):
         if points[before] is not None and points[after] is not None:
             phases[f"{before}->{after}"] = round(points[after] - points[before], 4)
-    return {"seconds_from_call": points, "phases_s": phases, "events": at}
+    return {"seconds_from_call": points, "phases_s": phases}
 
 
 def blob_run(
