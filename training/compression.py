@@ -197,7 +197,9 @@ def _factorize(matrix: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Ten
     return (basis @ u_small)[:, :rank], s[:rank], vh[:rank].t()
 
 
-def _factorize_gram(matrix: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _factorize_gram(
+    matrix: torch.Tensor, rank: int, *, keep_basis: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """Encoder "v2": top-``rank`` ``(U, sigma, V)`` of ``matrix`` through its small Gram matrix.
 
     With ``X`` of shape ``m x n`` and ``k = min(m, n)``, ``G = X X^T`` (or
@@ -212,6 +214,10 @@ def _factorize_gram(matrix: torch.Tensor, rank: int) -> tuple[torch.Tensor, torc
     input on one platform; squaring the spectrum costs float32 accuracy only
     in singular values below ~1e-3 of the largest, far beyond what a rank <= 64
     coding keeps. When ``rank + 8 >= k``, ``eigh(G)`` directly.
+
+    ``keep_basis`` (encoder "v3"): also return every Ritz vector of ``G``, largest
+    first (``k x (rank + 8)``, or ``k x k``), the basis a later round warm-starts
+    from (:func:`_factorize_warm`); the factors are the same numbers either way.
     """
     m, n = matrix.shape
     wide = m <= n
@@ -230,17 +236,53 @@ def _factorize_gram(matrix: torch.Tensor, rank: int) -> tuple[torch.Tensor, torc
         values, small = torch.linalg.eigh(basis.t() @ gram @ basis)
         vectors = basis @ small
     # eigh sorts ascending: the top ``rank`` are the last, largest first after the flip.
-    values, vectors = values.flip(0)[:rank], vectors.flip(1)[:, :rank]
+    basis = vectors.flip(1)
+    values, vectors = values.flip(0)[:rank], basis[:, :rank]
     sigma = torch.sqrt(values.clamp_min(0.0))
     positive = sigma > 0
     other = (side.t() @ vectors) / torch.where(positive, sigma, 1.0)
     other = torch.where(positive, other, 0.0)
-    return (vectors, sigma, other) if wide else (other, sigma, vectors)
+    factors = (vectors, sigma, other) if wide else (other, sigma, vectors)
+    return (factors, basis) if keep_basis else factors
+
+
+def _factorize_warm(
+    matrix: torch.Tensor, rank: int, basis: torch.Tensor
+) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Encoder "v3" between selections: ``((U, sigma, V), next basis)`` from one warm subspace iteration.
+
+    ``basis`` (``k x c``, ``k = min(m, n)``, ``rank <= c <= k``) is the previous
+    round's Ritz basis of the Gram side (PowerSGD's warm start, Vogels et al.
+    2019: last round's factor seeds this round's power iteration). With ``S``
+    the ``k x N`` side of ``X`` (``X`` or ``X^T``) and ``G = S S^T`` never formed::
+
+        Y = qr(S (S^T B)),  Z = S^T Y,  Z^T Z = W diag(lambda) W^T (eigh, largest first)
+        U = Y W[:, :rank],  sigma = sqrt(lambda[:rank]),  V = Z W[:, :rank] / sigma
+
+    (``Z W = S^T Y W``: the other side without a product with ``X``), and the next
+    basis ``Y W`` (all c Ritz vectors). Three products of ``k x N x c`` and one QR
+    and one ``eigh`` of size c, against v2's Gram matrix and three QRs.
+    Deterministic for given input on one platform and thread count.
+    """
+    m, n = matrix.shape
+    wide = m <= n
+    side = matrix if wide else matrix.t()  # k x max(m, n)
+    start, _ = torch.linalg.qr(side @ (side.t() @ basis))
+    other_side = side.t() @ start  # N x c
+    values, small = torch.linalg.eigh(other_side.t() @ other_side)
+    values, small = values.flip(0), small.flip(1)
+    next_basis = start @ small
+    vectors = next_basis[:, :rank]
+    sigma = torch.sqrt(values[:rank].clamp_min(0.0))
+    positive = sigma > 0
+    other = (other_side @ small[:, :rank]) / torch.where(positive, sigma, 1.0)
+    other = torch.where(positive, other, 0.0)
+    return ((vectors, sigma, other) if wide else (other, sigma, vectors)), next_basis
 
 
 def factorize(matrix: torch.Tensor, rank: int, encoder: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-``rank`` ``(U, sigma, V)`` as encoder version ``encoder`` computes it (``compression.encoder``)."""
-    if encoder == "v2":
+    if encoder in ("v2", "v3"):
         return _factorize_gram(matrix, rank)
     return _factorize(matrix, rank)
 
@@ -478,6 +520,8 @@ class ErrorFeedbackCompressor:
         self.residual = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()}
         self.last_decoded: dict[str, torch.Tensor] = {}
         self._carry = False  # the residual holds an undelivered update (matters when feedback is off)
+        # Encoder "v3" under a byte budget: last round's codings and bases (training.bandwidth.EncoderMemo).
+        self.encoder_memo = None
 
     def compress(
         self, pseudo_gradient: Mapping[str, torch.Tensor], *, stage_index: int, outer_round: int
@@ -490,7 +534,14 @@ class ErrorFeedbackCompressor:
             name: torch.add(value.to(torch.float32), self.residual[name]) if carry else value
             for name, value in pseudo_gradient.items()
         }
-        if self.cfg.enabled and self.bandwidth_budget > 0:
+        if self.cfg.enabled and self.bandwidth_budget > 0 and self.cfg.encoder == "v3":
+            from training.bandwidth import encode_v3  # imports this module
+
+            blob, decoded, stats, self.encoder_memo = encode_v3(
+                target, self.cfg, self.bandwidth_budget, self.encoder_memo, stage_index=stage_index,
+                outer_round=outer_round,
+            )
+        elif self.cfg.enabled and self.bandwidth_budget > 0:
             from training.bandwidth import encode_within_bandwidth  # imports this module
 
             blob, decoded, stats = encode_within_bandwidth(
@@ -528,6 +579,22 @@ class ErrorFeedbackCompressor:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {name: value.clone() for name, value in self.residual.items()}
+
+    def encoder_state(self) -> dict[str, dict[str, torch.Tensor]] | None:
+        """Encoder "v3"'s memo as tensors (:meth:`training.bandwidth.EncoderMemo.to_tensors`), None without one."""
+        return None if self.encoder_memo is None else self.encoder_memo.to_tensors()
+
+    def load_encoder_state(self, state: Mapping[str, Mapping[str, torch.Tensor]] | None) -> None:
+        """Restore :meth:`encoder_state` (None: no memo, the next "v3" round selects)."""
+        if state is None:
+            self.encoder_memo = None
+            return
+        from training.bandwidth import EncoderMemo  # imports this module
+
+        try:
+            self.encoder_memo = EncoderMemo.from_tensors(state, self.shapes, self.cfg)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise EngineStateError(f"encoder memo: {exc}") from None
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         if set(state) != set(self.shapes):
