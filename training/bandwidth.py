@@ -42,7 +42,6 @@ from training.compression import (
     _Coded,
     _ColumnQuantizer,
     _factorize,
-    _factorize_gram,
     _factorize_warm,
     _rel_error,
     encode_tensor,
@@ -287,7 +286,7 @@ def _all_codings_v2(
     columns) and the 16-bit weights' rounding are left out. No product with
     ``X``: a few vector operations give every rank and bit width.
 
-    ``bases`` (encoder "v3"): a list the factorization's full Ritz basis is
+    ``bases`` (encoder "v3"): a list the factorization ``(U, sigma, V)`` is
     appended to (None when the tensor has no low-rank candidate); the options
     are the same.
     """
@@ -305,11 +304,9 @@ def _all_codings_v2(
     factors = None
     if lowrank:
         top = max(c.rank for c in lowrank)
-        if bases is None:
-            u, sigma, v = factorize(matrix, top, "v2")
-        else:
-            (u, sigma, v), basis = _factorize_gram(matrix, top, keep_basis=True)
-            bases.append(basis)
+        u, sigma, v = factorize(matrix, top, "v2")
+        if bases is not None:
+            bases.append((u, sigma, v))
         factors = _Factors((u, sigma, v), top)
         left, right = factors.left.matrix, factors.right.matrix
         bits_list = sorted({c.bits for c in lowrank})
@@ -372,7 +369,7 @@ def _matrices(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tens
 def _select(tensors, matrices, norms, cfg: CompressionConfig, budget: int, bases: dict | None = None) -> dict:
     """``{name: chosen _Option}`` under ``budget`` (v1 / v2 estimates, :func:`allocate`).
 
-    ``bases`` (encoder "v3"): filled with each tensor's Ritz basis (None without a low-rank candidate).
+    ``bases`` (encoder "v3"): filled with each tensor's factorization (None without a low-rank candidate).
     """
     overhead = 32 + sum(framing_bytes(name, tuple(tensors[name].shape)) for name in sorted(tensors))
     codings = {}
@@ -432,18 +429,18 @@ _CODEC_IDS = {"quant": 0, "lowrank": 1}
 
 @dataclass
 class EncoderMemo:
-    """Encoder "v3"'s state of one stage: each tensor's coding and the low-rank ones' Ritz bases.
+    """Encoder "v3"'s state of one stage: each tensor's coding and the low-rank ones' warm-start bases.
 
     ``choices[name] = (codec, rank, bits)`` of the last round; ``bases[name]`` the
-    ``k x c`` basis (``k = min(m, n)``) the next round's factorization of a
-    low-rank tensor starts from.
+    ``max(m, n) x rank`` factor the next round's power iteration on a low-rank
+    tensor starts from (:func:`~training.compression._factorize_warm`).
     """
 
     choices: dict[str, tuple[str, int, int]]
     bases: dict[str, torch.Tensor]
 
     def to_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
-        """``{"choice": {name: float32 [codec id, rank, bits]}, "basis": {name: float32 k x c}}`` (copies)."""
+        """``{"choice": {name: float32 [codec id, rank, bits]}, "basis": {name: float32 N x rank}}`` (copies)."""
         return {
             "choice": {
                 name: torch.tensor([float(_CODEC_IDS[codec]), float(rank), float(bits)], dtype=torch.float32)
@@ -474,9 +471,9 @@ class EncoderMemo:
         if set(state["basis"]) != lowrank:
             raise ValueError("encoder memo bases do not match its low-rank choices")
         for name, basis in state["basis"].items():
-            size = min(matrix_view_shape(tuple(shapes[name])))
-            if (basis.dim() != 2 or basis.shape[0] != size or not choices[name][1] <= basis.shape[1] <= size
-                    or basis.dtype != torch.float32 or not bool(torch.isfinite(basis).all())):
+            size = max(matrix_view_shape(tuple(shapes[name])))
+            if (tuple(basis.shape) != (size, choices[name][1]) or basis.dtype != torch.float32
+                    or not bool(torch.isfinite(basis).all())):
                 raise ValueError(f"encoder memo basis {name!r}: shape {tuple(basis.shape)} or values unusable")
             bases[name] = basis.detach().clone()
         return cls(choices, bases)
@@ -486,12 +483,16 @@ def _lookup(shape: tuple[int, ...], cfg: CompressionConfig, key: tuple[str, int,
     return next((c for c in _candidates(shape, cfg) if (c.codec, c.rank, c.bits) == key), None)
 
 
-def _warm_basis(basis: torch.Tensor, rank: int) -> torch.Tensor:
-    """The first ``rank + 8`` columns of a selection round's Ritz basis (all there are if fewer)."""
-    return basis[:, : min(basis.shape[1], rank + _WARM_OVERSAMPLE)].clone()
+def _warm_basis(factors: tuple[torch.Tensor, torch.Tensor, torch.Tensor], shape: tuple[int, int],
+                rank: int) -> torch.Tensor:
+    """The basis a selection round leaves for warm starts: ``S^T U_r = V_r diag(sigma_r)`` (``N x rank``).
 
-
-_WARM_OVERSAMPLE = 8
+    ``S`` is the ``k x N`` side of the matrix (:func:`~training.compression._factorize_warm`),
+    ``U_r`` its top ``rank`` left singular vectors as the selection computed them.
+    """
+    u, sigma, v = factors
+    other = v if shape[0] <= shape[1] else u
+    return (other[:, :rank] * sigma[:rank]).contiguous()
 
 
 def encode_v3(
@@ -523,7 +524,7 @@ def encode_v3(
             candidate = winner.candidate
             choices[name] = (candidate.codec, candidate.rank, candidate.bits)
             if candidate.codec == "lowrank":
-                next_bases[name] = _warm_basis(bases[name], candidate.rank)
+                next_bases[name] = _warm_basis(bases[name], tuple(matrices[name].shape), candidate.rank)
         return blob, decoded, stats, EncoderMemo(choices, next_bases)
     chosen, next_bases = {}, {}
     for name, matrix in matrices.items():

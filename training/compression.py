@@ -197,9 +197,7 @@ def _factorize(matrix: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Ten
     return (basis @ u_small)[:, :rank], s[:rank], vh[:rank].t()
 
 
-def _factorize_gram(
-    matrix: torch.Tensor, rank: int, *, keep_basis: bool = False
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+def _factorize_gram(matrix: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Encoder "v2": top-``rank`` ``(U, sigma, V)`` of ``matrix`` through its small Gram matrix.
 
     With ``X`` of shape ``m x n`` and ``k = min(m, n)``, ``G = X X^T`` (or
@@ -214,10 +212,6 @@ def _factorize_gram(
     input on one platform; squaring the spectrum costs float32 accuracy only
     in singular values below ~1e-3 of the largest, far beyond what a rank <= 64
     coding keeps. When ``rank + 8 >= k``, ``eigh(G)`` directly.
-
-    ``keep_basis`` (encoder "v3"): also return every Ritz vector of ``G``, largest
-    first (``k x (rank + 8)``, or ``k x k``), the basis a later round warm-starts
-    from (:func:`_factorize_warm`); the factors are the same numbers either way.
     """
     m, n = matrix.shape
     wide = m <= n
@@ -236,48 +230,42 @@ def _factorize_gram(
         values, small = torch.linalg.eigh(basis.t() @ gram @ basis)
         vectors = basis @ small
     # eigh sorts ascending: the top ``rank`` are the last, largest first after the flip.
-    basis = vectors.flip(1)
-    values, vectors = values.flip(0)[:rank], basis[:, :rank]
+    values, vectors = values.flip(0)[:rank], vectors.flip(1)[:, :rank]
     sigma = torch.sqrt(values.clamp_min(0.0))
     positive = sigma > 0
     other = (side.t() @ vectors) / torch.where(positive, sigma, 1.0)
     other = torch.where(positive, other, 0.0)
-    factors = (vectors, sigma, other) if wide else (other, sigma, vectors)
-    return (factors, basis) if keep_basis else factors
+    return (vectors, sigma, other) if wide else (other, sigma, vectors)
 
 
 def _factorize_warm(
     matrix: torch.Tensor, rank: int, basis: torch.Tensor
 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Encoder "v3" between selections: ``((U, sigma, V), next basis)`` from one warm subspace iteration.
+    """Encoder "v3" between selections: ``((U, sigma, V), next basis)`` from one warm power iteration.
 
-    ``basis`` (``k x c``, ``k = min(m, n)``, ``rank <= c <= k``) is the previous
-    round's Ritz basis of the Gram side (PowerSGD's warm start, Vogels et al.
-    2019: last round's factor seeds this round's power iteration). With ``S``
-    the ``k x N`` side of ``X`` (``X`` or ``X^T``) and ``G = S S^T`` never formed::
+    PowerSGD's step (Vogels et al. 2019): last round's factor seeds this
+    round's single power iteration. With ``S`` the ``k x N`` side of ``X``
+    (``X`` if ``m <= n``, else ``X^T``) and ``B`` (``N x rank``) the previous basis::
 
-        Y = qr(S (S^T B)),  Z = S^T Y,  Z^T Z = W diag(lambda) W^T (eigh, largest first)
-        U = Y W[:, :rank],  sigma = sqrt(lambda[:rank]),  V = Z W[:, :rank] / sigma
+        P = qr(S B),  Q = S^T P          (S ~= P Q^T, the best approximation within span(P))
+        sigma_j = |Q_j|,  V_j = Q_j / sigma_j (0 where sigma_j = 0)
 
-    (``Z W = S^T Y W``: the other side without a product with ``X``), and the next
-    basis ``Y W`` (all c Ritz vectors). Three products of ``k x N x c`` and one QR
-    and one ``eigh`` of size c, against v2's Gram matrix and three QRs.
-    Deterministic for given input on one platform and thread count.
+    and ``Q`` is the next basis. Two products of ``k x N x rank`` and one QR of
+    ``k x rank``, against v2's Gram matrix, three QRs and an ``eigh``. The
+    columns are not singular vectors (``V`` is not orthogonal); the coding
+    needs none: its rank is fixed and ``P Q^T`` is the same product whatever
+    the rotation within ``span(P)``. Deterministic for given input on one
+    platform and thread count.
     """
     m, n = matrix.shape
     wide = m <= n
     side = matrix if wide else matrix.t()  # k x max(m, n)
-    start, _ = torch.linalg.qr(side @ (side.t() @ basis))
-    other_side = side.t() @ start  # N x c
-    values, small = torch.linalg.eigh(other_side.t() @ other_side)
-    values, small = values.flip(0), small.flip(1)
-    next_basis = start @ small
-    vectors = next_basis[:, :rank]
-    sigma = torch.sqrt(values[:rank].clamp_min(0.0))
+    left, _ = torch.linalg.qr(side @ basis)  # k x rank, orthonormal
+    right = side.t() @ left  # N x rank
+    sigma = torch.linalg.vector_norm(right, dim=0)
     positive = sigma > 0
-    other = (other_side @ small[:, :rank]) / torch.where(positive, sigma, 1.0)
-    other = torch.where(positive, other, 0.0)
-    return ((vectors, sigma, other) if wide else (other, sigma, vectors)), next_basis
+    unit = torch.where(positive, right / torch.where(positive, sigma, 1.0), 0.0)
+    return ((left, sigma, unit) if wide else (unit, sigma, left)), right
 
 
 def factorize(matrix: torch.Tensor, rank: int, encoder: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
