@@ -44,7 +44,11 @@ for all. ``"v1"`` (a configuration that names none) factorizes with the
 randomized range finder on ``X`` below; ``"v2"`` with a subspace iteration on
 the small Gram matrix (:func:`_factorize_gram`) and, under a bandwidth budget,
 estimates every candidate's error from the factors' rounding residuals
-(:func:`training.bandwidth._all_codings_v2`).
+(:func:`training.bandwidth._all_codings_v2`). ``"v3"`` selects as v2 every
+4th round (and whenever it has no memo) and in between keeps each tensor's
+coding, factorizing by one warm-started power iteration
+(:func:`_factorize_warm`, :func:`training.bandwidth.encode_v3`); its memo is
+part of the compressor's (and the replica's) state.
 
 The wire format and the exact decoder live in :mod:`training.codec_wire`;
 the bandwidth-budget policy in :mod:`training.bandwidth`.
