@@ -90,13 +90,25 @@ def profile(args) -> None:
     data = torch.load(args.capture, weights_only=False)
     chosen = [t for t in data["targets"] if t["round"] == args.round]
     diloco_cfg = DilocoConfig(inner_steps=data["inner_steps"], outer_lr=1.0, outer_momentum=0.5, num_replicas=2)
+    from training.bandwidth import encode_v3
+
+    previous = [t for t in data["targets"] if t["round"] == args.round - 1]
     for encoder in args.encoders.split(","):
         cfg = CompressionConfig(encoder=encoder)
         total = 0.0
-        for item in chosen[:2]:  # replica 0's two stages
-            seconds = _best(lambda: encode_within_bandwidth(item["target"], cfg, item["budget"],
-                                                            stage_index=item["stage"], outer_round=args.round),
-                            args.repeat)
+        for index, item in enumerate(chosen[:2]):  # replica 0's two stages
+            if encoder == "v3":  # a warm round: the memo of a selection on the previous round's target
+                memo = encode_v3(previous[index]["target"], cfg, item["budget"], None, stage_index=item["stage"],
+                                 outer_round=0)[3]
+
+                def run():
+                    return encode_v3(item["target"], cfg, item["budget"], memo, stage_index=item["stage"],
+                                     outer_round=1)
+            else:
+                def run():
+                    return encode_within_bandwidth(item["target"], cfg, item["budget"], stage_index=item["stage"],
+                                                   outer_round=args.round)
+            seconds = _best(run, args.repeat)
             total += seconds
             print(f"encode {encoder} stage {item['stage']}: {1000 * seconds:.1f} ms")
         print(f"encode {encoder} both stages: {1000 * total:.1f} ms")
@@ -148,7 +160,7 @@ def main() -> int:
     prof.add_argument("--capture", required=True)
     prof.add_argument("--round", type=int, default=2)
     prof.add_argument("--repeat", type=int, default=7)
-    prof.add_argument("--encoders", default="v2")
+    prof.add_argument("--encoders", default="v2,v3")
     args = parser.parse_args()
     {"capture": capture, "profile": profile}[args.command](args)
     return 0
