@@ -96,6 +96,11 @@ class ContributionPool:
         with self._lock:
             return digest in self._have.get((outer_round, stage), {}) and self._senders.get(digest) == (replica, peer_id)
 
+    def in_flight(self, digest: bytes) -> bool:
+        """Whether a fetch of the envelope ``digest`` is under way."""
+        with self._lock:
+            return digest in self._in_flight
+
     def have(self, outer_round: int, stage: int) -> dict[bytes, bytes]:
         with self._lock:
             return dict(self._have.get((outer_round, stage), {}))

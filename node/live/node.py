@@ -760,6 +760,7 @@ class Node:
             outer_round, stage, clock_from=clock_from)
         waited["close_wait"] += time.monotonic() - mark
         if self.sliced is not None:  # the partials are fetched and applied at the apply (no screening)
+            self.sliced.prefetch_inputs(outer_round, stage, close)  # an aggregator's envelopes, meanwhile
             return close, None, None, {}, None
         mark = time.monotonic()
         envelopes = self.contributions.collect(outer_round, stage, close)

@@ -31,6 +31,7 @@ from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
 from node.live import protocol as msg
 from node.live.exchange import ContributionPool
+from node.live.roundbook import Announced
 from node.store.archive import Archive
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
@@ -142,6 +143,17 @@ class SlicedExchange:
         """
         return usable_reference(envelope, entry, self.run_id, outer_round, stage,
                                 self.worker().plans[stage].num_slices, self.max_blob_bytes)
+
+    def prefetch_inputs(self, outer_round: int, stage: int, close: msg.Close) -> None:
+        """If this node aggregates a slice of the close, start fetching the closed envelopes in the
+        background (in parallel, while the next round trains); a holder that aggregates nothing
+        fetches none of them."""
+        members = len(close.contributions)
+        mine = any(close.contributions[candidate(j, outer_round, members, 0)][1] == self.peer_id
+                   for j in range(self.worker().plans[stage].num_slices))
+        if mine and self.contributions is not None:
+            for replica, peer_id, digest, size in close.contributions:
+                self.contributions.fetch(outer_round, stage, Announced(peer_id, replica, digest, size))
 
     def held_envelopes(self, outer_round: int, stage: int, close: msg.Close) -> list[bytes | None]:
         """The closed envelopes this node holds (its own, those it fetched as coordinator or aggregator)."""
@@ -297,7 +309,12 @@ class SlicedExchange:
         digest = entry[2]
         if digest in references:
             return True, references[digest]
-        envelope = self.contributions.have(outer_round, stage).get(digest) if self.contributions is not None else None
+        envelope = None
+        if self.contributions is not None:
+            waited = time.monotonic() + self.turn_timeout
+            while self.contributions.in_flight(digest) and time.monotonic() < waited and not self.stop.is_set():
+                time.sleep(0.05)  # prefetch_inputs' fetch: fetching it again would double its bytes
+            envelope = self.contributions.have(outer_round, stage).get(digest)
         if envelope is None:
             envelope = self._fetch(digest, entry[1])
             if envelope is None:
