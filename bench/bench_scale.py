@@ -231,17 +231,21 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
 
     terms = {"envelopes": 0.0, "slice_inputs": 0.0, "records": 0.0, "partials": 0.0}
     slices = []
+    peak = 0.0  # a node that aggregates a slice of every stage it holds in the round (the role rotates)
     for shapes in stage_shapes:
         count = live_plan(shapes, replicas, min_slice_numel).num_slices
         slices.append(count)
         share = count / replicas
         fetching = 1 - (1 - share) * (1 - 1 / replicas)
+        partial = framing + len(PARTIAL_PREFIX) + 44 + slice_bytes / count
         terms["envelopes"] += fetching * (replicas - 1) * envelope_bytes
         terms["slice_inputs"] += share * (replicas - 1) * slice_bytes / count
         terms["records"] += share * (replicas - 1) * record_size(count)
-        terms["partials"] += (count - share) * (framing + len(PARTIAL_PREFIX) + 44 + slice_bytes / count)
+        terms["partials"] += (count - share) * partial
+        peak += (replicas - 1) * (envelope_bytes + record_size(count) + slice_bytes / count) + (count - 1) * partial
     return {"replicas": replicas, "min_slice_numel": min_slice_numel, "slices": slices,
-            "blob_received_per_node_round": sum(terms.values()), "terms": terms}
+            "blob_received_per_node_round": sum(terms.values()), "terms": terms,
+            "aggregator_round_received": peak}
 
 
 def point_min_slice(point: dict) -> int:
