@@ -269,13 +269,21 @@ def curve(full_path: str, sliced_paths: list[str], sizes: list[int], min_slices:
     sliced = [p for path in sliced_paths for p in json.loads(Path(path).read_text())["measured"] if is_clean(p)]
     model_cfg = ModelConfig(preset="tiny")
     stage_shapes = [stage_param_shapes(model_cfg, spec) for spec in split_stages(model_cfg.n_layer, 2)]
-    largest = max(sliced, key=lambda p: p["replicas"])
+    largest = max(sliced, key=lambda p: (p["replicas"], point_min_slice(p) == 1024))
     measured_min = point_min_slice(largest)
-    counts = [live_plan(shapes, largest["replicas"], measured_min).num_slices for shapes in stage_shapes]
-    # B: one replica's slice bytes per stage, its bundle without the header and records.
-    per_stage_bundle = largest["replica_slice_bytes"] / len(stage_shapes)
-    slice_bytes = per_stage_bundle - len(BUNDLE_PREFIX) - 4 - statistics.mean(
-        count * record_size(count) for count in counts)
+
+    def constants(point: dict) -> tuple[float, list[int]]:
+        """B, one replica's slice bytes per stage (its bundle without the header and records), and A."""
+        counts = [live_plan(shapes, point["replicas"], point_min_slice(point)).num_slices for shapes in stage_shapes]
+        per_stage_bundle = point["replica_slice_bytes"] / len(stage_shapes)
+        return per_stage_bundle - len(BUNDLE_PREFIX) - 4 - statistics.mean(
+            count * record_size(count) for count in counts), counts
+
+    slice_bytes, counts = constants(largest)
+    # Each minimum slice's model takes B from the largest point measured with it (on tiny, B grows with A).
+    by_min = {m: max([p for p in sliced if point_min_slice(p) == m] or [largest], key=lambda p: p["replicas"])
+              for m in min_slices}
+    model_bytes = {m: constants(point)[0] for m, point in by_min.items()}
     framing = envelope_framing()
     butterfly = ROOT / "bench" / "results" / "butterfly.json"
     butterfly_rows = (json.loads(butterfly.read_text())["traffic"].get("tiny", {}).get("rows", [])
@@ -303,8 +311,12 @@ def curve(full_path: str, sliced_paths: list[str], sizes: list[int], min_slices:
         row["full_model_blob_received"] = (replicas - 1) * (full[0]["replica_contribution_bytes"] if full else 0)
         row["sliced_model"] = sliced_model(replicas, stage_shapes, largest["contribution_envelope_bytes"],
                                            slice_bytes, framing, measured_min)
-        row["sliced_models"] = {str(m): sliced_model(replicas, stage_shapes, largest["contribution_envelope_bytes"],
-                                                     slice_bytes, framing, m) for m in min_slices}
+        row["sliced_models"] = {}
+        for m in min_slices:  # B measured at this size and minimum if there is such a point (B grows with A)
+            same = next((p for p in sliced if p["replicas"] == replicas and point_min_slice(p) == m), None)
+            row["sliced_models"][str(m)] = sliced_model(
+                replicas, stage_shapes, by_min[m]["contribution_envelope_bytes"],
+                model_bytes[m] if same is None else constants(same)[0], framing, m)
         # bench_butterfly's in-process model of the same model's two stages (its own budget and plan:
         # H = 50, min_slice_numel 8,192, so A = 2 on tiny; signed slice messages, not bundles).
         stages = [r for r in butterfly_rows if r["replicas"] == replicas]
@@ -318,7 +330,9 @@ def curve(full_path: str, sliced_paths: list[str], sizes: list[int], min_slices:
     return {"full": full_path, "sliced": sliced_paths, "butterfly": str(butterfly), "model_constants": {
         "envelope_bytes": largest["contribution_envelope_bytes"], "slice_bytes_per_stage": slice_bytes,
         "envelope_framing": framing, "from_replicas": largest["replicas"], "from_min_slice_numel": measured_min,
-        "from_slices": counts}, "rows": rows}
+        "from_slices": counts, "slice_bytes_per_stage_by_min_slice": {
+            str(m): {"slice_bytes_per_stage": model_bytes[m], "from_replicas": by_min[m]["replicas"],
+                     "from_min_slice_numel": point_min_slice(by_min[m])} for m in min_slices}}, "rows": rows}
 
 
 def is_clean(point: dict) -> bool:
