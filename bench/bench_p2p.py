@@ -10,19 +10,26 @@ Measures (issue 3):
 - resident memory of an idle host process.
 
 Usage: python bench/bench_p2p.py [--size-mb 100] [--repeats 3] [--messages 200] [--only blob,gossip,memory]
+                                 [--profile]
 Each blob run connects, waits ``SETTLE_SECONDS`` for the connection's start-up traffic, then
 times ``fetch_blob`` alone. The machine is shared: every figure is the median of ``--repeats`` runs, each
 run's own figure is kept beside it (the spread), and the load average at the
 start of each run is recorded. ``--only`` measures some sections and keeps the
-others already in ``--out``.
+others already in ``--out``. ``--profile`` adds to each blob run where its time
+went (the fetcher's time stamps along the download, as seconds from the call:
+size request, first reply, last byte, hash, fsync, commit) and where the
+fetcher's CPU went (per thread; event-loop passes, task steps and ``recv`` calls).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import threading
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -33,9 +40,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import trio
+
+from p2p import fastpath
 from p2p.config import P2PConfig
 from p2p.host import P2PHost
 from p2p.identity import Identity
+from p2p.ratelimit import MIN_BURST_BYTES
 
 GOSSIP_TOPIC = "bench/gossip"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -98,9 +109,127 @@ def stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
-def blob_run(blob: Path, work: Path, rate_limit_bps: float, burst: float = 0.0) -> dict:
+class LoopCounter(trio.abc.Instrument):
+    """Counts a trio loop's passes (waits for I/O), task steps, and the seconds it spent waiting."""
+
+    def __init__(self) -> None:
+        self.passes = 0
+        self.task_steps = 0
+        self.io_wait_s = 0.0
+        self._since = 0.0
+
+    def before_task_step(self, task: object) -> None:
+        self.task_steps += 1
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.passes += 1
+        self._since = time.perf_counter()
+
+    def after_io_wait(self, timeout: float) -> None:
+        self.io_wait_s += time.perf_counter() - self._since
+
+
+def thread_cpu_seconds() -> dict[str, float]:
+    """User and system CPU seconds of this process's live threads, by Python thread name.
+
+    Keys ``<name> user`` and ``<name> system``; the host's event loop is ``p2p-host-*``, its
+    disk/hash pool ``p2p-io-*`` (its threads summed), the calling thread ``MainThread``.
+    """
+    names = {thread.native_id: thread.name for thread in threading.enumerate()}
+    seconds: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = names.get(int(task.name), "other")
+        name = name.rsplit("_", 1)[0] if name.startswith("p2p-io-") else name  # the pool, as one
+        for kind, index in (("user", 11), ("system", 12)):
+            key = f"{name} {kind}"
+            seconds[key] = seconds.get(key, 0.0) + int(fields[index]) / CLOCK_TICKS
+    return seconds
+
+
+class DataPathCounter:
+    """Counts ``recv`` calls and fresh (not pooled) frame-body buffers on the fetcher's connections.
+
+    Wraps p2p.fastpath's ``_receive`` and ``_new_body`` while installed (a ``with`` block).
+    """
+
+    def __init__(self) -> None:
+        self.recv_calls = 0
+        self.fresh_bodies = 0
+        self._originals = (fastpath._receive, fastpath._new_body)
+
+    def __enter__(self) -> DataPathCounter:
+        receive, new_body = self._originals
+
+        async def counted_receive(tcp: object, buffer: object) -> bool:
+            self.recv_calls += 1
+            return await receive(tcp, buffer)
+
+        def counted_new_body(size: int) -> bytearray:
+            if size == fastpath.YAMUX_FRAME_PAYLOAD_BYTES and not fastpath._BODY_POOL:
+                self.fresh_bodies += 1
+            return new_body(size)
+
+        fastpath._receive, fastpath._new_body = counted_receive, counted_new_body
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        fastpath._receive, fastpath._new_body = self._originals
+
+
+#: With ``BENCH_P2P_PERF=<dir>``, each blob run records both processes with ``perf record`` (call graphs,
+#: CPU clock) for exactly the timed fetch, into ``<dir>/{fetcher,provider}-*.data``: ``perf report -i``.
+PERF_DIR = os.environ.get("BENCH_P2P_PERF")
+
+
+def perf_record(pid: int, name: str) -> subprocess.Popen:
+    """Start ``perf record`` on ``pid``; returns once it is sampling (it prints nothing until then)."""
+    Path(PERF_DIR).mkdir(parents=True, exist_ok=True)
+    recorder = subprocess.Popen(
+        ["perf", "record", "-q", "-e", "cpu-clock", "-F", "2999", "-g", "-p", str(pid),
+         "-o", str(Path(PERF_DIR) / f"{name}.data")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(0.5)  # perf attaches to every thread of the process before sampling
+    return recorder
+
+
+def timeline_breakdown(timeline: list[tuple[float, str]], start: float, end: float) -> dict:
+    """Seconds from the fetch_blob call to each download event, and the phases between them."""
+    at = [(round(t - start, 4), event) for t, event in timeline]  # (seconds from the call, event)
+    first = lambda prefix: next((t for t, e in at if e.startswith(prefix)), None)
+    last = lambda prefix: next((t for t, e in reversed(at) if e.startswith(prefix)), None)
+    points = {
+        "download": first("download"),
+        "size_known": first("size known"),
+        # the first piece's reply (a size query asks for "0+0"); it may come before the size is known
+        "first_reply": next((t for t, e in at if e.startswith("reply") and not e.endswith("+0")), None),
+        "first_bytes": first("first bytes"),
+        "last_received": last("received"),
+        "last_written": last("written"),
+        "hashed": first("hashed"),
+        "fsynced": first("fsynced"),
+        "committed": first("committed"),
+        "returned": round(end - start, 4),
+    }
+    names = list(points)
+    phases = {}
+    for before, after in zip(names, names[1:]):
+        if points[before] is not None and points[after] is not None:
+            phases[f"{before}->{after}"] = round(points[after] - points[before], 4)
+    return {"seconds_from_call": points, "phases_s": phases}
+
+
+def blob_run(
+    blob: Path, work: Path, rate_limit_bps: float, burst: float = 0.0, profile: bool = False
+) -> dict:
     """One transfer of ``blob`` from a provider process to a host in this process."""
     provider, info = start_provider(blob, work / "provider", rate_limit_bps, burst)
+    extra: dict = {}
     try:
         config = P2PConfig(rate_limit_bps=rate_limit_bps, rate_limit_burst=burst, transfer_timeout=600)
         with P2PHost.start(config, Identity.generate(), data_dir=work / "fetcher") as fetcher:
@@ -108,18 +237,58 @@ def blob_run(blob: Path, work: Path, rate_limit_bps: float, burst: float = 0.0) 
             time.sleep(SETTLE_SECONDS)
             load = os.getloadavg()[0]
             sha = info["blobs"][str(blob)]
+            counter = LoopCounter()
+            if profile:
+                fetcher._blobs.timeline = []
+
+                async def add_counter() -> None:
+                    trio.lowlevel.add_instrument(counter)
+
+                fetcher._call(add_counter, timeout=10, what="add loop counter")
             # The first full collection of this process's start-up objects (libp2p's import
             # graph: ~0.1-0.2 CPU-s) would otherwise land in whichever run triggers it; it is
             # paid once per process, not per 100 MB.
             gc.collect()
-            server_cpu0 = process_cpu_seconds(provider.pid)
-            client_cpu0 = time.process_time()
-            start = time.monotonic()
-            out = fetcher.fetch_blob(sha, work / "out.bin", providers=[info["peer_id"]])
-            elapsed = time.monotonic() - start
-            client_cpu = time.process_time() - client_cpu0
-            server_cpu = process_cpu_seconds(provider.pid) - server_cpu0
+            datapath = DataPathCounter()
+            recorders = [perf_record(pid, f"{side}-{os.getpid()}-{time.monotonic_ns()}")
+                         for side, pid in (("fetcher", os.getpid()), ("provider", provider.pid))] if PERF_DIR else []
+            with datapath if profile else contextlib.nullcontext():
+                threads0 = thread_cpu_seconds()
+                server_cpu0 = process_cpu_seconds(provider.pid)
+                client_cpu0 = time.process_time()
+                start = time.monotonic()
+                out = fetcher.fetch_blob(sha, work / "out.bin", providers=[info["peer_id"]])
+                end = time.monotonic()
+                client_cpu = time.process_time() - client_cpu0
+                server_cpu = process_cpu_seconds(provider.pid) - server_cpu0
+                threads1 = thread_cpu_seconds()
+            for recorder in recorders:
+                recorder.send_signal(signal.SIGINT)
+                recorder.wait(timeout=60)
+            elapsed = end - start
             size = out.stat().st_size
+            if profile:
+                async def remove_counter() -> None:
+                    trio.lowlevel.remove_instrument(counter)
+
+                fetcher._call(remove_counter, timeout=10, what="remove loop counter")
+                cap_burst = burst or max(rate_limit_bps * 0.01, MIN_BURST_BYTES)
+                extra["profile"] = {
+                    **timeline_breakdown(fetcher._blobs.timeline, start, end),
+                    # the sender's bucket starts full: the least a capped transfer can take
+                    "bytes_minus_burst_over_rate_s": max(0.0, size - cap_burst) / rate_limit_bps
+                    if rate_limit_bps else None,
+                    "fetcher_thread_cpu_s": {
+                        name: round(threads1.get(name, 0.0) - threads0.get(name, 0.0), 3)
+                        for name in sorted(set(threads0) | set(threads1))
+                    },
+                    "fetcher_loop_passes": counter.passes,
+                    "fetcher_task_steps": counter.task_steps,
+                    "fetcher_loop_io_wait_s": round(counter.io_wait_s, 4),
+                    "fetcher_recv_calls": datapath.recv_calls,
+                    "fetcher_fresh_frame_bodies": datapath.fresh_bodies,
+                }
+                fetcher._blobs.timeline = None
             fetcher.remove_blob(sha)
             out.unlink()
     finally:
@@ -134,18 +303,23 @@ def blob_run(blob: Path, work: Path, rate_limit_bps: float, burst: float = 0.0) 
         "mb_per_s": size / elapsed / 1e6,
         "fetcher_cpu_s_per_100mb": client_cpu * 100e6 / size,
         "provider_cpu_s_per_100mb": server_cpu * 100e6 / size,
+        **extra,
     }
 
 
-def bench_blobs(size_mb: int, repeats: int, work: Path) -> dict:
+def bench_blobs(size_mb: int, repeats: int, work: Path, profile: bool = False, caps: list[str] | None = None) -> dict:
     blob = work / "blob.bin"
     with open(blob, "wb") as handle:
         for _ in range(size_mb):
             handle.write(os.urandom(1 << 20))
     results = {}
     for label, cap in (("uncapped", 0.0), ("cap_1gbps", 125e6), ("cap_100mbps", 12.5e6)):
-        runs = [blob_run(blob, work, cap) for _ in range(repeats if cap != 12.5e6 else 1)]
-        summary = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+        if caps is not None and label not in caps:
+            continue
+        runs = [blob_run(blob, work, cap, profile=profile) for _ in range(repeats if cap != 12.5e6 else 1)]
+        summary = {key: statistics.median(r[key] for r in runs) for key in runs[0] if key != "profile"}
+        if profile:
+            summary["runs_profile"] = [r["profile"] for r in runs]
         summary["runs_mb_per_s"] = [round(r["mb_per_s"], 1) for r in runs]
         summary["runs_fetcher_cpu_s_per_100mb"] = [round(r["fetcher_cpu_s_per_100mb"], 3) for r in runs]
         summary["runs_load_1min_at_start"] = [round(r["load_1min_at_start"], 2) for r in runs]
@@ -160,7 +334,8 @@ def bench_blobs(size_mb: int, repeats: int, work: Path) -> dict:
             flush=True,
         )
     blob.unlink()
-    results["small_capped"] = bench_small_blob(work, repeats)
+    if caps is None or "small_capped" in caps:
+        results["small_capped"] = bench_small_blob(work, repeats)
     return results
 
 
@@ -329,6 +504,12 @@ def main() -> None:
     parser.add_argument("--gossip-rate", type=float, default=20.0)
     parser.add_argument("--hosts", type=int, default=5, help="hosts in the gossip test, one process each")
     parser.add_argument("--only", default="blob,gossip,memory", help="comma-separated sections to measure")
+    parser.add_argument("--profile", action="store_true", help="blob runs: time stamps and CPU breakdown")
+    parser.add_argument(
+        "--blob-runs",
+        default=None,
+        help="comma-separated blob runs to make (uncapped, cap_1gbps, cap_100mbps, small_capped; default all)",
+    )
     parser.add_argument("--gossip-peer", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "p2p.json"))
     args = parser.parse_args()
@@ -355,7 +536,8 @@ def main() -> None:
     commit = _git_commit()
     if "blob" in sections:
         with tempfile.TemporaryDirectory(prefix="bench-p2p-") as work:
-            report["blob"] = bench_blobs(args.size_mb, args.repeats, Path(work))
+            caps = args.blob_runs.split(",") if args.blob_runs else None
+            report["blob"] = bench_blobs(args.size_mb, args.repeats, Path(work), args.profile, caps)
         report["blob"]["commit"] = commit
         report["blob_size_mb"] = args.size_mb
     if "gossip" in sections:

@@ -14,7 +14,8 @@ in writes of ~1 MiB, then closes its side. The reply's keys depend on its status
     bad_request   {status, detail}
 
 The client downloads a blob as 8 MiB pieces spread over every provider at once
-(up to ``blob_concurrency`` streams); a piece interrupted by a dying provider is
+(up to ``blob_concurrency`` streams); the first piece is asked for beside the size
+queries rather than after them (:class:`_EarlyPiece`); a piece interrupted by a dying provider is
 put back with its remaining range and finished by another provider. The bytes
 land in a staging file (one ``pwritev`` per ~4 MiB of received chunks, never
 joined in memory) and are hashed in order from those same chunks as they
@@ -30,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -79,8 +81,9 @@ def parse_request(frame: dict[str, Any]) -> tuple[bytes, int, int]:
 def parse_reply(frame: dict[str, Any], digest: bytes, offset: int, length: int) -> tuple[str, int | None]:
     """(status, total) of a reply to the request (digest, offset, length); raises ProtocolViolation.
 
-    An ``ok`` reply must echo the request and carry ``total >= 0``; any other status means "this
-    provider cannot serve this range now" (its ``total``, if any, is returned when it is an int).
+    An ``ok`` reply must echo the request and carry a ``total`` the range fits in; any other status
+    means "this provider cannot serve this range now" (its ``total``, if any, is returned when it
+    is an int).
     """
     status = field(frame, "status", str)
     if status != "ok":
@@ -90,7 +93,10 @@ def parse_reply(frame: dict[str, Any], digest: bytes, offset: int, length: int) 
         raise ProtocolViolation("header does not match the request")
     if field(frame, "length", int) != length:
         raise ProtocolViolation("header length does not match the request")
-    return status, field(frame, "total", int, 0)
+    total = field(frame, "total", int, 0)
+    if offset + length > total:
+        raise ProtocolViolation(f"range {offset}+{length} served from a blob of {total} bytes")
+    return status, total
 
 
 def ok_reply(total: int, digest: bytes, offset: int, length: int) -> dict[str, Any]:
@@ -118,9 +124,10 @@ def bad_request_reply(detail: str) -> dict[str, Any]:
 
 
 class _ProviderFailed(Exception):
-    def __init__(self, status: str) -> None:
+    def __init__(self, status: str, total: int | None = None) -> None:
         super().__init__(status)
         self.status = status
+        self.total = total  # the blob's size, if the reply gave one (out_of_range)
 
 
 class _InOrderHasher:
@@ -284,6 +291,68 @@ def _write_chunks(fd: int, chunks: list[bytes], offset: int) -> None:
         start_writeback(fd, start, offset - start)
 
 
+class _EarlyPiece:
+    """The first piece of a download, asked for beside the size queries instead of after them.
+
+    Its bytes start to flow one request (a stream negotiation and a round trip) sooner.
+    The request goes to one provider with the size queries; its ``ok`` reply carries the
+    size too. The piece is only taken if that provider is among those whose size won the
+    vote, and the blob holds a whole piece; otherwise (a small blob gets ``out_of_range``, a
+    busy or failing provider, a size the others outvoted) the stream is dropped and the piece
+    is asked for as any other. It holds a fetch slot from its request until it is dropped
+    or its piece is done.
+    """
+
+    def __init__(self, service: BlobService, peer: ID, digest: bytes) -> None:
+        self._service = service
+        self.peer = peer
+        self._digest = digest
+        self.replied = trio.Event()  # the request has its answer (or failed)
+        self.stream: Any = None  # the stream carrying the piece, once its ok reply was read
+        self.total: int | None = None  # the size that reply gave
+        self._holds_slot = False
+        self._dropped = False
+
+    async def request(self) -> None:
+        """Ask ``peer`` for the first piece (run in a nursery; never raises but on cancellation)."""
+        service = self._service
+        try:
+            await service._fetch_slots.acquire_on_behalf_of(self)
+            self._holds_slot = True
+            if self._dropped:
+                return
+            service._limiter.expect(self.peer.to_base58())
+            self.stream, header = await service._request(self.peer, self._digest, 0, PIECE_BYTES)
+            self.total = header["total"]
+            if self._dropped:  # not wanted any more: stop the provider's bytes at once
+                await self.drop()
+        except Exception as exc:  # out of range, busy, gone: the piece is asked for again later
+            logger.debug("early first piece from %s: %s: %s", self.peer, type(exc).__name__, exc)
+        finally:
+            if self.stream is None:
+                self.release()
+            self.replied.set()
+
+    def release(self) -> None:
+        """Give back the fetch slot (the piece is done, or the early request is not used)."""
+        if self._holds_slot:
+            self._holds_slot = False
+            self._service._fetch_slots.release_on_behalf_of(self)
+
+    async def drop(self) -> None:
+        """Not used (now or when its answer comes): reset the stream, if any, and give back the slot."""
+        self._dropped = True
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            with trio.move_on_after(1) as cleanup:
+                cleanup.shield = True
+                try:
+                    await stream.reset()
+                except Exception:
+                    pass
+        self.release()
+
+
 class BlobService:
     """Serves blobs from a store and downloads them from providers (runs on the host's trio loop)."""
 
@@ -307,6 +376,12 @@ class BlobService:
         self.concurrency = concurrency
         self.stall_timeout = stall_timeout
         self._read_buffers: list[bytearray] = []  # FILE_IO_BYTES each, reused by served ranges
+        #: When a list (a benchmark's ``--profile``), downloads append ``(time.monotonic(), event)`` to it.
+        self.timeline: list[tuple[float, str]] | None = None
+
+    def _mark(self, event: str) -> None:
+        if self.timeline is not None:
+            self.timeline.append((time.monotonic(), event))
 
     # ----- server side -----
 
@@ -391,8 +466,10 @@ class BlobService:
     # ----- client side -----
 
     async def _request(self, peer: ID, digest: bytes, offset: int, length: int) -> tuple[Any, dict[str, Any]]:
+        self._mark(f"request {offset}+{length}")
         with trio.fail_after(self.stall_timeout):  # dialling included: a dead provider costs one stall
             stream = await self._open_stream(peer, BLOB_PROTOCOL)
+        self._mark(f"stream open {offset}+{length}")
         try:
             with trio.fail_after(self.stall_timeout):
                 # Open the yamux window to the whole range before asking for it: granted
@@ -401,10 +478,10 @@ class BlobService:
                 await grant_receive_window(stream, length)
                 await write_frame(stream, request_frame(digest, offset, length))
                 header = await read_frame(stream, MAX_FRAME_BYTES)
-            status = field(header, "status", str)
+            self._mark(f"reply {offset}+{length}")
+            status, total = parse_reply(header, digest, offset, length)
             if status != "ok":
-                raise _ProviderFailed(status)
-            parse_reply(header, digest, offset, length)
+                raise _ProviderFailed(status, total)
         except BaseException:
             with trio.move_on_after(1) as cleanup:
                 cleanup.shield = True
@@ -419,11 +496,7 @@ class BlobService:
         """Total size of the blob at ``peer``; raises _ProviderFailed/ProtocolViolation/libp2p errors."""
         digest = bytes.fromhex(check_sha256_hex(sha256_hex))
         stream, header = await self._request(peer, digest, 0, 0)
-        with trio.move_on_after(1):
-            try:
-                await stream.close()
-            except Exception:
-                pass
+        await self._close(stream)
         return int(header["total"])
 
     async def _fetch_piece(
@@ -435,11 +508,17 @@ class BlobService:
         fd: int,
         progress: list[int],
         hasher: _InOrderHasher,
+        stream: Any = None,
     ) -> None:
-        """Write ``[offset, offset+length)`` of the blob into ``fd``; ``progress[0]`` counts bytes on disk."""
+        """Write ``[offset, offset+length)`` of the blob into ``fd``; ``progress[0]`` counts bytes on disk.
+
+        ``stream``: the range was already asked for on it (an :class:`_EarlyPiece`), and its
+        ``ok`` reply read; else it is asked for here.
+        """
         peer_text = peer.to_base58()
-        self._limiter.expect(peer_text)  # the range's bytes take at least length / rate to arrive
-        stream, _ = await self._request(peer, digest, offset, length)
+        if stream is None:
+            self._limiter.expect(peer_text)  # the range's bytes take at least length / rate to arrive
+            stream, _ = await self._request(peer, digest, offset, length)
         chunks: list[bytes] = []  # received, not yet on disk; written with one pwritev, never joined
         buffered = 0
         written = 0
@@ -468,29 +547,54 @@ class BlobService:
             buffered = 0
             progress[0] = written
 
+        async def take(chunk: Any) -> None:
+            nonlocal buffered
+            chunks.append(chunk)
+            buffered += len(chunk)
+            if buffered >= FILE_IO_BYTES:
+                await flush()
+
         try:
             # The frame bodies are only written and hashed: take them as they
             # arrived, uncopied (the window was opened to the range by _request).
             read_raw(stream)
-            while written + buffered < length:
-                with trio.fail_after(self.stall_timeout):
-                    chunk = await stream.read(length - written - buffered)
-                if not chunk:
-                    raise ProtocolViolation(f"stream ended {length - written - buffered} bytes early")
-                if len(chunk) > length - written - buffered:  # a read never returns more than asked
-                    raise ProtocolViolation("stream returned more bytes than requested")
-                self._stats.add(BLOB_PROTOCOL, received=len(chunk))
-                self._stats.add_peer(peer_text, received=len(chunk))
-                await self._limiter.consume(peer_text, "in", len(chunk))
-                chunks.append(chunk)
-                buffered += len(chunk)
-                if buffered >= FILE_IO_BYTES:
-                    await flush()
+            await self._read_range(stream, peer_text, offset, length, take)
         finally:
             # Bytes already received are valid for resumption (the final hash check covers them).
             if chunks:
                 with trio.CancelScope(shield=True):
                     await flush()
+        self._mark(f"written {offset}+{length}")
+        await self._close(stream)
+
+    async def _read_range(
+        self, stream: Any, peer_text: str, offset: int, length: int, take: Callable[[Any], Awaitable[None]]
+    ) -> None:
+        """Read the ``length`` raw bytes of an ``ok`` reply, handing each chunk to ``take`` in order.
+
+        The one reader of range bytes: it refuses a stream that ends early or returns more
+        than asked, bounds each read by the stall timeout, counts and caps what arrives.
+        """
+        received = 0
+        while received < length:
+            with trio.fail_after(self.stall_timeout):
+                chunk = await stream.read(length - received)
+            if not chunk:
+                raise ProtocolViolation(f"stream ended {length - received} bytes early")
+            if len(chunk) > length - received:  # a read never returns more than asked
+                raise ProtocolViolation("stream returned more bytes than requested")
+            if not received:
+                self._mark(f"first bytes {offset}+{length}")
+            self._stats.add(BLOB_PROTOCOL, received=len(chunk))
+            self._stats.add_peer(peer_text, received=len(chunk))
+            await self._limiter.consume(peer_text, "in", len(chunk))
+            received += len(chunk)
+            await take(chunk)
+        self._mark(f"received {offset}+{length}")
+
+    @staticmethod
+    async def _close(stream: Any) -> None:
+        """Close our side of a stream, giving up after 1 s (the peer may be gone)."""
         with trio.move_on_after(1):
             try:
                 await stream.close()
@@ -504,29 +608,17 @@ class BlobService:
         one request, no size query first. Raises _ProviderFailed/ProtocolViolation/libp2p errors.
         """
         peer_text = peer.to_base58()
+        chunks: list[bytes] = []
+
+        async def take(chunk: bytes) -> None:
+            chunks.append(chunk)
+
         async with self._fetch_slots:
             stream, _ = await self._request(peer, digest, offset, length)
-            chunks: list[bytes] = []
-            received = 0
             try:
-                while received < length:
-                    with trio.fail_after(self.stall_timeout):
-                        chunk = await stream.read(length - received)
-                    if not chunk:
-                        raise ProtocolViolation(f"stream ended {length - received} bytes early")
-                    if len(chunk) > length - received:
-                        raise ProtocolViolation("stream returned more bytes than requested")
-                    self._stats.add(BLOB_PROTOCOL, received=len(chunk))
-                    self._stats.add_peer(peer_text, received=len(chunk))
-                    await self._limiter.consume(peer_text, "in", len(chunk))
-                    chunks.append(bytes(chunk))
-                    received += len(chunk)
+                await self._read_range(stream, peer_text, offset, length, take)
             finally:
-                with trio.move_on_after(1):
-                    try:
-                        await stream.close()
-                    except Exception:
-                        pass
+                await self._close(stream)
         return b"".join(chunks)
 
     async def download(self, sha256_hex: str, providers: list[ID], max_bytes: int) -> Path:
@@ -537,6 +629,26 @@ class BlobService:
             return self.store.path(sha256_hex)
         if not providers:
             raise BlobNotFound(f"blob {sha256_hex[:16]}: no providers")
+        self._mark("download")
+        early = _EarlyPiece(self, providers[0], digest)
+        try:
+            async with trio.open_nursery() as nursery:
+                # The early piece's answer is not waited for here: a busy provider may take
+                # blob_stall_timeout to give it; the pieces' workers wait for it instead.
+                nursery.start_soon(early.request)
+                path = await self._download(sha256_hex, digest, providers, max_bytes, early)
+                nursery.cancel_scope.cancel()  # an early request nobody took may still await its answer
+            return path
+        except BaseExceptionGroup as group:  # trio wraps even a lone failure: surface it as is
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
+        finally:
+            await early.drop()  # (a no-op if its piece was taken and done)
+
+    async def _download(
+        self, sha256_hex: str, digest: bytes, providers: list[ID], max_bytes: int, early: _EarlyPiece
+    ) -> Path:
         sizes: dict[ID, int] = {}
         errors: dict[str, str] = {}
 
@@ -557,6 +669,10 @@ class BlobService:
             raise BlobNotFound(f"blob {sha256_hex[:16]}: no provider could serve it ({errors})")
         if total > max_bytes:
             raise BlobTooLarge(f"blob {sha256_hex[:16]} has {total} bytes > max_blob_bytes={max_bytes}")
+        self._mark("size known")
+        if total < PIECE_BYTES or early.peer not in usable:
+            await early.drop()  # (its request may still be pending: nothing will take it)
+            early = None
 
         staged = self.store.new_staging_file()
         fd = os.open(staged, os.O_RDWR)
@@ -566,21 +682,25 @@ class BlobService:
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(hasher.run)  # cancelled if the download fails
-                    await self._download_pieces(digest, total, usable, fd, errors, hasher)
+                    await self._download_pieces(digest, total, usable, fd, errors, hasher, early)
             except BaseExceptionGroup as group:  # trio wraps even a lone failure: surface it as is
                 if len(group.exceptions) == 1:
                     raise group.exceptions[0] from None
                 raise
+            self._mark("hashed")
             if hasher.hexdigest() != sha256_hex:
                 logger.warning("blob %s from %s failed its hash check; discarded", sha256_hex[:16], usable)
                 raise BlobHashMismatch(f"bytes hash to {hasher.hexdigest()}, expected {sha256_hex}")
             await self._run_blocking(os.fsync, fd)
+            self._mark("fsynced")
         except BaseException:
             os.close(fd)
             staged.unlink(missing_ok=True)
             raise
         os.close(fd)
-        return await self._run_blocking(self.store.commit, staged, sha256_hex, True)
+        path = await self._run_blocking(self.store.commit, staged, sha256_hex, True)
+        self._mark("committed")
+        return path
 
     async def _download_pieces(
         self,
@@ -590,33 +710,56 @@ class BlobService:
         fd: int,
         errors: dict[str, str],
         hasher: _InOrderHasher,
+        early: _EarlyPiece | None = None,
     ) -> None:
         pieces: deque[tuple[int, int]] = deque(
             (offset, min(PIECE_BYTES, total - offset)) for offset in range(0, total, PIECE_BYTES)
         )
         in_flight = 0
         changed = trio.Event()
+        if early is not None:  # (0, PIECE_BYTES) is early's: in flight until its answer says otherwise
+            pieces.popleft()
+            in_flight += 1
 
         def notify() -> None:
             nonlocal changed
             changed.set()
             changed = trio.Event()
 
-        async def worker(peer: ID) -> None:
+        async def worker(peer: ID, early: _EarlyPiece | None = None) -> None:
             nonlocal in_flight
             busy_retries = 0
             while True:
-                if not pieces:
+                stream = None
+                if early is not None:  # this worker's first piece was asked for early
+                    await early.replied.wait()
+                    offset, length, stream, taken = 0, PIECE_BYTES, early.stream, early
+                    early = None
+                    if stream is None or taken.total != total:  # refused, failed, or another size
+                        await taken.drop()
+                        pieces.appendleft((offset, length))
+                        in_flight -= 1
+                        notify()
+                        continue
+                    taken.stream = None  # this worker's now
+                elif not pieces:
                     if in_flight == 0:
                         return
                     await changed.wait()
                     continue
-                offset, length = pieces.popleft()
-                in_flight += 1
+                else:
+                    offset, length = pieces.popleft()
+                    in_flight += 1
                 progress = [0]
                 try:
-                    async with self._fetch_slots:
-                        await self._fetch_piece(peer, digest, offset, length, fd, progress, hasher)
+                    if stream is None:
+                        async with self._fetch_slots:
+                            await self._fetch_piece(peer, digest, offset, length, fd, progress, hasher)
+                    else:
+                        try:
+                            await self._fetch_piece(peer, digest, offset, length, fd, progress, hasher, stream)
+                        finally:
+                            taken.release()
                 except Exception as exc:  # this provider failed: give the rest of the piece back
                     done = progress[0]
                     if done < length:
@@ -643,8 +786,9 @@ class BlobService:
         streams_per_provider = max(1, min(2, self.concurrency // max(1, len(providers))))
         async with trio.open_nursery() as nursery:
             for peer in providers:
-                for _ in range(streams_per_provider):
-                    nursery.start_soon(worker, peer)
+                for index in range(streams_per_provider):
+                    takes_early = early is not None and early.peer == peer and index == 0
+                    nursery.start_soon(worker, peer, early if takes_early else None)
         if pieces:
             raise BlobUnavailable(
                 f"blob {digest.hex()[:16]}: every provider failed with "

@@ -25,6 +25,7 @@ from libp2p.abc import IHost
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
 from libp2p.io.trio import TrioTCPStream
+from libp2p.network.config import ConnectionConfig
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
@@ -32,6 +33,7 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.transport.tcp.tcp import TCP
 
 from p2p import fastpath  # noqa: F401  (patches py-libp2p's data path on import)
+from p2p import pubsub_fastpath  # noqa: F401  (per-RPC signed peer records, checked once per bytes)
 from p2p.errors import P2PError
 from p2p.identity import Identity
 
@@ -90,6 +92,13 @@ async def close_leftover_tcp_streams() -> int:
     return closed
 
 
+#: Seconds a stream's protocol negotiation (multistream-select, both directions) may take.
+#: py-libp2p's default is 10 s; a process starved of CPU (16 nodes on 2 cores: ~12% of a core
+#: each) answered later than that, the stream failed, and the retry cost more than the wait.
+#: Every protocol on top bounds its own transfer, so a slow peer only makes a round slower.
+STREAM_NEGOTIATION_TIMEOUT_S = 30.0
+
+
 def build_libp2p_host(identity: Identity) -> IHost:
     """A py-libp2p ``BasicHost`` keyed by ``identity``, speaking TCP + Noise + yamux only."""
     key_pair = create_new_key_pair(identity.seed)
@@ -100,6 +109,10 @@ def build_libp2p_host(identity: Identity) -> IHost:
         muxer_opt={YAMUX_PROTOCOL_ID: Yamux},
         transports=[TCP()],
         enable_mDNS=False,  # started by the host itself, bound to one interface (start_mdns)
+        connection_config=ConnectionConfig(
+            outbound_stream_protocol_negotiation_timeout=STREAM_NEGOTIATION_TIMEOUT_S,
+            inbound_stream_protocol_negotiation_timeout=STREAM_NEGOTIATION_TIMEOUT_S,
+        ),
     )
 
 

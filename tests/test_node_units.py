@@ -172,3 +172,13 @@ def test_run_document_pins_the_math_not_the_node(tmp_path):
     assert d["training"]["data_sha256"] == hashlib.sha256(text.read_bytes()).hexdigest()
     with pytest.raises(ConfigError, match="cannot read"):
         run_document(load_config(None, [f"training.data_path={tmp_path / 'missing.txt'}"]))
+
+
+def test_hellos_slow_down_as_peers_grow_but_stay_inside_the_liveness_window():
+    from node.live.node import HEARTBEAT_S, hello_every
+    from node.live.roundbook import PEER_TTL_S
+
+    assert hello_every(0) == hello_every(3) == HEARTBEAT_S  # small runs: once a second, as before
+    assert hello_every(7) == 2.0 and hello_every(15) == 4.0  # the run's hellos stay ~4 a second
+    assert all(hello_every(n) <= hello_every(n + 1) for n in range(200))
+    assert hello_every(10_000) * 4 <= PEER_TTL_S  # a live peer is heard several times per TTL

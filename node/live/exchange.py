@@ -14,12 +14,20 @@ announced contributions only for the rounds and stages this node may close
 (:meth:`ContributionPool.want`): there a holder needs none of the closed
 envelopes, only the partials, so fetching every member's envelope would be the
 one per-member cost left in its traffic.
+
+Only a contribution's sender announces it on the DHT, and in the background: a fetcher asks
+the sender, then the close's coordinator, then every live peer (all of them fetched it), so
+the DHT is for auditors and for peers that arrive later. Every holder re-announcing every
+copy it fetched cost each node (R - 1) DHT announcements a round, each a lookup with a
+stream to up to 20 peers, each held on a fetch thread for up to 30 s: at 16 nodes on 2 cores
+that starved the blob fetches themselves.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +43,13 @@ from p2p.errors import EnvelopeRejected, P2PError, P2PTimeout
 from p2p.host import P2PHost
 
 logger = logging.getLogger(__name__)
+
+#: Own contributions waiting for their DHT announcement beyond this are not announced (logged):
+#: the announcements lag the run only when the DHT is slower than the rounds.
+MAX_PENDING_ANNOUNCES = 64
+#: Live peers asked at random once the sender and the coordinator failed (each costs a stream open:
+#: asking every peer multiplied the load exactly when streams were failing).
+FALLBACK_PROVIDERS = 3
 
 
 def serve_blob(host: P2PHost, source) -> str:
@@ -77,6 +92,40 @@ class ContributionPool:
         self._in_flight: set[bytes] = set()
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=max(2, workers), thread_name_prefix="fetch")
+        self._announcer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="announce")
+        self._announcing = 0
+        #: Peers a fetch falls back to once the sender and the coordinator failed (set by the node).
+        self.fallback_providers: Callable[[], list[str]] = lambda: []
+
+    def serve_own(self, envelope: bytes) -> bytes:
+        """Serve this node's own contribution at once and announce it on the DHT in the background.
+
+        Fetchers ask the sender directly, so the announcement never holds the caller (the training
+        lane) up. Returns the envelope's sha256.
+        """
+        digest = self.host.provide_blob(envelope, announce=False)
+        with self._lock:
+            queued = self._announcing < MAX_PENDING_ANNOUNCES
+            self._announcing += queued
+        if not queued:
+            logger.info("contribution %s served; not announced on the DHT (%d announcements pending)",
+                        digest[:12], MAX_PENDING_ANNOUNCES)
+        else:
+            try:
+                self._announcer.submit(self._announce, envelope)
+            except RuntimeError:  # closed: the node is stopping
+                with self._lock:
+                    self._announcing -= 1
+        return bytes.fromhex(digest)
+
+    def _announce(self, envelope: bytes) -> None:
+        try:
+            serve_blob(self.host, envelope)
+        except (P2PError, OSError) as exc:
+            logger.info("contribution not announced on the DHT: %s", exc)
+        finally:
+            with self._lock:
+                self._announcing -= 1
 
     def add(self, outer_round: int, stage: int, digest: bytes, envelope: bytes) -> None:
         """Register an envelope this node holds (its own contribution, or one fetched and checked)."""
@@ -158,8 +207,11 @@ class ContributionPool:
             try:
                 self.host.fetch_blob(a.envelope_hash.hex(), dest, providers=providers or None,
                                      timeout=self.transfer_timeout)
-            except P2PError:  # the announcer may be gone: any provider will do
-                self.host.fetch_blob(a.envelope_hash.hex(), dest, timeout=self.transfer_timeout)
+            except P2PError:  # the sender may be gone: a few live peers that fetched it, else the DHT
+                others = [p for p in self.fallback_providers() if p not in providers and p != self.host.peer_id]
+                others = random.sample(others, min(FALLBACK_PROVIDERS, len(others)))
+                self.host.fetch_blob(a.envelope_hash.hex(), dest, providers=others or None,
+                                     timeout=self.transfer_timeout)
             data = dest.read_bytes()
             dest.unlink(missing_ok=True)
             env = decode_envelope(data, self.max_bytes)
@@ -173,7 +225,7 @@ class ContributionPool:
                     self._reject(outer_round, stage, a, f"payload does not decode: {exc}", data)
                     return
             self.add(outer_round, stage, a.envelope_hash, data)
-            serve_blob(self.host, data)  # serve it onward (archive replicas)
+            self.host.provide_blob(data, announce=False)  # served onward (not announced: module docstring)
         except (P2PError, OSError) as exc:  # a header that does not match its announcement included
             logger.warning("round %d stage %d: contribution %s from %s not fetched: %s", outer_round, stage,
                            a.envelope_hash.hex()[:12], a.peer_id[-8:], exc)
@@ -209,3 +261,4 @@ class ContributionPool:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._announcer.shutdown(wait=False, cancel_futures=True)

@@ -69,6 +69,19 @@ from training.schedule import APPLY, ENCODE, TRAIN, pending_after_round, round_a
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_S = 1.0
+#: Hellos published per second by the whole run, about: a node says hello every
+#: ``max(HEARTBEAT_S, (peers + 1) / HELLOS_PER_S)`` seconds, at most every ``MAX_HELLO_EVERY_S``.
+#: Every hello reaches every node (gossip, each copy with a signature to check), so at one a
+#: second per node a node's share of the run's hellos grew with the peers: at 16 nodes on 2
+#: cores they were the largest part of an idle node's CPU.
+HELLOS_PER_S = 4.0
+#: Well inside the liveness window (roundbook.PEER_TTL_S = 20 s), so a live peer never lapses.
+MAX_HELLO_EVERY_S = 5.0
+
+
+def hello_every(peers: int) -> float:
+    """Seconds between a node's hellos when it is connected to ``peers`` others."""
+    return min(MAX_HELLO_EVERY_S, max(HEARTBEAT_S, (peers + 1) / HELLOS_PER_S))
 #: With the one-step delay, round t-1's close, fetch and aggregation run on a prefetch thread while
 #: round t trains (Node._prefetch). Safe because the close decision does not depend on the moment it
 #: is taken: an ejection (learnt at different moments by different nodes) moves neither the rotation
@@ -242,6 +255,7 @@ class Node:
             cfg.p2p.transfer_timeout, cfg.p2p.blob_concurrency,
             check_payload=self._check_contribution, evidence_dir=self.data_dir / "evidence",
             lazy=cfg.diloco.exchange == "sliced")  # sliced: only a coordinator or an aggregator fetches envelopes
+        self.contributions.fallback_providers = self.membership.live_providers
         if cfg.diloco.exchange == "sliced":
             self.sliced = SlicedExchange(self.host, self.identity, self.run_id, lambda: self.worker,
                                          lambda: self.placement.replica, self._gossip, cfg.p2p.max_blob_bytes,
@@ -631,7 +645,7 @@ class Node:
             envelope = Envelope.create(self.identity, self.run_id, outer_round, msg.CONTRIBUTION, body,
                                        stage=stage, replica=self.placement.replica).to_bytes()
             digest = self.archive.put(outer_round, envelope)
-            serve_blob(self.host, envelope)
+            self.contributions.serve_own(envelope)
             self.contributions.add(outer_round, stage, digest, envelope)
             self.book.add_announce(outer_round, stage,
                                    Announced(self.peer_id, self.placement.replica, digest, len(envelope)))
@@ -943,13 +957,17 @@ class Node:
             logger.debug("resync failed: %s", exc)
 
     def _heartbeat_loop(self) -> None:
+        last_hello, every = -math.inf, HEARTBEAT_S
         while not self.stop_event.wait(HEARTBEAT_S):
             try:
-                hello = msg.Hello(self.cfg.cluster, self.cfg.cluster_size, self.chain.account_bytes,
-                                  self.host.listen_addrs, self.progress.round, self.first_round)
-                env = Envelope.create(self.identity, self.run_id, 0, msg.HELLO, msg.encode_payload(hello))
-                self.host.publish(run_topic(self.run_id), env.to_bytes())
+                if time.monotonic() - last_hello >= every - 0.05:
+                    last_hello = time.monotonic()
+                    hello = msg.Hello(self.cfg.cluster, self.cfg.cluster_size, self.chain.account_bytes,
+                                      self.host.listen_addrs, self.progress.round, self.first_round)
+                    env = Envelope.create(self.identity, self.run_id, 0, msg.HELLO, msg.encode_payload(hello))
+                    self.host.publish(run_topic(self.run_id), env.to_bytes())
                 connected = self.host.peers()
+                every = hello_every(len(connected))
                 self.membership.set_connected(connected)
                 self.progress.peers = len(connected)
                 self.progress.traffic = self.host.transfer_stats()

@@ -13,13 +13,12 @@ archive kept exactly what it signed and what it aggregated, so:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable
 
 from node.errors import StateError
 from node.live import protocol as msg
-from node.live.exchange import ContributionPool, serve_blob
+from node.live.exchange import ContributionPool
 from node.live.roundbook import Announced, RoundBook
 from node.store.archive import Archive
 from p2p.envelope import decode_envelope
@@ -57,8 +56,7 @@ class RestartRecovery:
                     continue
                 if env.stage not in self.stages:
                     continue
-                digest = hashlib.sha256(envelope).digest()
-                serve_blob(self.host, envelope)
+                digest = self.contributions.serve_own(envelope)
                 self.contributions.add(outer_round, env.stage, digest, envelope)
                 self.book.add_announce(outer_round, env.stage, Announced(self.peer_id, env.replica, digest,
                                                                          len(envelope)))
@@ -82,7 +80,7 @@ class RestartRecovery:
                     continue
                 envelope = self.archive.get(outer_round, item.envelope_hash)
                 self.contributions.add(outer_round, item.stage, item.envelope_hash, envelope)
-                serve_blob(self.host, envelope)
+                self.host.provide_blob(envelope, announce=False)  # its sender announced it
                 closes[item.stage].append([item.replica, item.peer_id, item.envelope_hash, len(envelope)])
         except StateError as exc:
             logger.warning("round %d: archive incomplete (%s); waiting for the peers' close", outer_round, exc)

@@ -305,22 +305,25 @@ class SlicedExchange:
     def _reference(self, outer_round: int, stage: int, entry,
                    references: dict[bytes, SliceReference | None]) -> tuple[bool, SliceReference | None]:
         """``(here, reference)`` of a closed entry for an aggregator: its envelope from this node's pool or
-        fetched (from its signer, then any provider), judged by :meth:`input_reference`."""
+        fetched by the pool (from its signer, then live peers), judged by :meth:`input_reference`."""
         digest = entry[2]
         if digest in references:
             return True, references[digest]
         envelope = None
         if self.contributions is not None:
+            # The pool fetches it (from its signer, the close's coordinator, then live peers; a no-op
+            # while prefetch_inputs' fetch is under way); fetching it beside the pool would double its bytes.
+            self.contributions.fetch(outer_round, stage, Announced(entry[1], entry[0], digest, entry[3]))
             waited = time.monotonic() + self.turn_timeout
             while self.contributions.in_flight(digest) and time.monotonic() < waited and not self.stop.is_set():
-                time.sleep(0.05)  # prefetch_inputs' fetch: fetching it again would double its bytes
+                time.sleep(0.05)
             envelope = self.contributions.have(outer_round, stage).get(digest)
-        if envelope is None:
+        if envelope is None and self.host.has_blob(digest.hex()):
+            envelope = self._fetch(digest, entry[1])  # fetched, but refused by the pool: judged here alike
+        if envelope is None and self.contributions is None:
             envelope = self._fetch(digest, entry[1])
-            if envelope is None:
-                envelope = self._fetch(digest, None)  # the coordinator held it to close, and serves it
-            if envelope is None:
-                return False, None
+        if envelope is None:
+            return False, None
         reference = self.input_reference(outer_round, stage, entry, envelope)
         if reference is None:
             logger.warning("round %d stage %d: closed envelope %s of %s is no usable contribution: an absent "

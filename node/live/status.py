@@ -256,7 +256,7 @@ class StatusWriter:
                 if item is None:
                     return
             try:
-                atomic_write_bytes(*item)
+                atomic_write_bytes(*item, durable=False)  # read while the node runs: no fsync
             except OSError as exc:
                 logger.debug("status not written: %s", exc)
 

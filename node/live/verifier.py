@@ -163,11 +163,15 @@ class SpotChecker:
             self.chain_checks += holds is not None
             if holds is False:
                 self.mismatches += 1
-                self._keep_states(parts)  # the state the chain does not lead to is part of the evidence
+                # The evidence: the state the chain does not lead to, and the start state of the rerun
+                # that shows where it should have led (an auditor reruns round t from it; the accused
+                # stops serving its own copy after STATE_ROUNDS_KEPT rounds, or at will).
+                self._keep_states(self._linkable_parts(outer_round - 1, replica) + parts)
                 logger.warning("chain check of replica %d rounds %d-%d: %s", replica, outer_round - 1, outer_round,
                                reason)
                 self._accuse(outer_round - 1, replica, SpotCheckResult("state_mismatch", reason, {}, 0.0),
                              next_envs=next_envs)
+        self._forget_linkable(before=outer_round)
 
     def _chain_holds(self, outer_round: int, replica: int, result: SpotCheckResult,
                      next_envs: list[Envelope]) -> tuple[bool | None, str, list[bytes]]:
@@ -253,6 +257,8 @@ class SpotChecker:
             result = self._worker.run(job_dir, RERUN_TIMEOUT_S)
             if not result.honest:
                 self._keep_states(parts)  # the start state the failed rerun used is part of the evidence
+            elif result.next_state_hashes is not None:
+                self._keep_linkable(outer_round, replica, parts)
             return result
         finally:
             shutil.rmtree(job_dir, ignore_errors=True)
@@ -275,6 +281,41 @@ class SpotChecker:
                 atomic_write_bytes(self.ctx.evidence_dir / f"state-{hashlib.sha256(data).hexdigest()}.part", data)
             except OSError as exc:
                 logger.warning("start state not kept as evidence: %s", exc)
+
+    def _linkable_dir(self) -> Path:
+        return self.ctx.work_dir / "linkable"
+
+    def _keep_linkable(self, outer_round: int, replica: int, parts: list[bytes]) -> None:
+        """Hold the start state of an exact rerun of round t until round t+1's chain check: if the
+        replica's round t+1 state does not follow, this is the other half of the evidence."""
+        try:
+            for stage, data in enumerate(parts):
+                atomic_write_bytes(self._linkable_dir() / f"round-{outer_round:08d}-replica{replica}-{stage}.part",
+                                   data)
+        except OSError as exc:
+            logger.warning("start state of replica %d round %d not held for its chain check: %s", replica,
+                           outer_round, exc)
+
+    def _linkable_parts(self, outer_round: int, replica: int) -> list[bytes]:
+        parts = []
+        for stage in range(self.ctx.cfg.pipeline.num_stages):
+            try:
+                parts.append((self._linkable_dir() / f"round-{outer_round:08d}-replica{replica}-{stage}.part")
+                             .read_bytes())
+            except OSError:
+                logger.warning("start state of replica %d round %d was not held: the evidence lacks it", replica,
+                               outer_round)
+                return []
+        return parts
+
+    def _forget_linkable(self, before: int) -> None:
+        """Drop held start states of rounds before ``before`` (their chain checks are done or skipped)."""
+        for path in self._linkable_dir().glob("round-*.part"):
+            try:
+                if int(path.name[len("round-"):len("round-") + 8]) < before:
+                    path.unlink()
+            except (ValueError, OSError):
+                continue
 
     def _drop_fetched(self, hashes: list[bytes]) -> None:
         """Remove other replicas' start states from the blob store once checked (a fetch keeps a copy there;
