@@ -92,9 +92,10 @@ def parse_args() -> argparse.Namespace:
                              "auto: --target-reduction times fewer bytes than AllReduce, the node's default)")
     parser.add_argument("--target-reduction", type=float, default=1000.0,
                         help="DiLoCoX with --bandwidth-budget auto: fewer bytes than fp32 ring AllReduce")
-    parser.add_argument("--encoder", default="v2", choices=["v1", "v2"],
+    parser.add_argument("--encoder", default="v2", choices=["v1", "v2", "v3"],
                         help="compression.encoder: which encoder picks the bytes (same wire format; v2 = the "
-                             "default for new runs; docs/DILOCOX.md sections 3 and 9)")
+                             "default for new runs, v3 = v2's selection every 4th round and warm-started "
+                             "power iterations between; docs/DILOCOX.md sections 3 and 9)")
     parser.add_argument("--no-error-feedback", action="store_true")
     parser.add_argument("--overlap-steps", default="auto",
                         help="DiLoCoX: inner steps the exchange overlaps before it is applied (0: the whole round; "
@@ -163,6 +164,7 @@ def main() -> int:
           f"{resolved['bandwidth_budget_per_stage']} bytes", flush=True)
     corpus = load_corpus(REPO / args.data, training_cfg.eval_fraction, model_cfg.block_size)
 
+    load = {"start": list(os.getloadavg())}  # the machine's load average (1, 5, 15 min) at start and end
     results = {}
     for mode in args.modes.split(","):
         started = time.perf_counter()
@@ -238,6 +240,7 @@ def main() -> int:
         "platform": {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine(),
                      "cpus": os.cpu_count(), "threads": args.threads},
         "num_params": count_params(model_cfg),
+        "load": {**load, "end": list(os.getloadavg())},
         "summary": summary,
         "nanogpt_baby_val": NANOGPT_BABY_VAL,
         "targets": targets,

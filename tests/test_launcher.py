@@ -52,3 +52,11 @@ def test_a_local_run_refuses_more_nodes_than_it_supports(tmp_path):
     with pytest.raises(NodeError, match=f"{MAX_NODES + 1} nodes requested"):
         run.setup()
     assert run.anvil is None  # refused before any chain was started
+
+
+def test_listen_ports_are_picked_outside_the_ephemeral_range():
+    from node.commands.launcher import _ephemeral_ports, free_port
+
+    ephemeral = _ephemeral_ports()
+    ports = [free_port() for _ in range(50)]
+    assert not [p for p in ports if p in ephemeral], ports  # no outgoing connection can take them meanwhile

@@ -358,6 +358,29 @@ def test_norm_rounding_that_needs_more_than_one_level():
         assert contribution_norm(tensors) == reference_norm(tensors), trial
 
 
+def test_blocked_norm_matches_the_level_norm_across_blocks_and_tensors(monkeypatch):
+    """The one-pass norm (cache-sized blocks filled across tensor boundaries) gives the level routine's double."""
+    from training import robust
+
+    g = torch.Generator().manual_seed(17)
+    for trial in range(6):
+        sizes = [int(s) for s in torch.randint(1, 3000, (int(torch.randint(1, 40, (1,), generator=g)),), generator=g)]
+        scales = torch.logspace(-30, 10, 9)[torch.randint(0, 9, (len(sizes),), generator=g)]
+        tensors = {f"t{i:02d}": torch.randn(size, generator=g) * float(scale)
+                   for i, (size, scale) in enumerate(zip(sizes, scales))}
+        tensors["zero"] = torch.zeros(5)
+        arrays = [tensors[n].reshape(-1).numpy() for n in sorted(tensors)]
+        count = sum(a.size for a in arrays)
+        expected = robust._levels_norm(arrays, count)
+        assert expected == reference_norm(tensors)
+        for block in (7, 1000, 1 << 15):  # blocks far smaller than, around and larger than the tensors
+            monkeypatch.setattr(robust, "_CHUNK", block)
+            assert contribution_norm(tensors) == expected, (trial, block)
+    assert math.isnan(contribution_norm({"a": torch.tensor([1.0, float("nan")]), "b": torch.ones(3)}))
+    assert contribution_norm({"a": torch.tensor([1.0, float("-inf")])}) == math.inf
+    assert contribution_norm({"a": torch.tensor([-0.0, 0.0])}) == 0.0
+
+
 # ----------------------------------------------------------------------------- encode
 
 

@@ -44,7 +44,11 @@ for all. ``"v1"`` (a configuration that names none) factorizes with the
 randomized range finder on ``X`` below; ``"v2"`` with a subspace iteration on
 the small Gram matrix (:func:`_factorize_gram`) and, under a bandwidth budget,
 estimates every candidate's error from the factors' rounding residuals
-(:func:`training.bandwidth._all_codings_v2`).
+(:func:`training.bandwidth._all_codings_v2`). ``"v3"`` selects as v2 every
+4th round (and whenever it has no memo) and in between keeps each tensor's
+coding, factorizing by one warm-started power iteration
+(:func:`_factorize_warm`, :func:`training.bandwidth.encode_v3`); its memo is
+part of the compressor's (and the replica's) state.
 
 The wire format and the exact decoder live in :mod:`training.codec_wire`;
 the bandwidth-budget policy in :mod:`training.bandwidth`.
@@ -238,9 +242,39 @@ def _factorize_gram(matrix: torch.Tensor, rank: int) -> tuple[torch.Tensor, torc
     return (vectors, sigma, other) if wide else (other, sigma, vectors)
 
 
+def _factorize_warm(
+    matrix: torch.Tensor, rank: int, basis: torch.Tensor
+) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Encoder "v3" between selections: ``((U, sigma, V), next basis)`` from one warm power iteration.
+
+    PowerSGD's step (Vogels et al. 2019): last round's factor seeds this
+    round's single power iteration. With ``S`` the ``k x N`` side of ``X``
+    (``X`` if ``m <= n``, else ``X^T``) and ``B`` (``N x rank``) the previous basis::
+
+        P = qr(S B),  Q = S^T P          (S ~= P Q^T, the best approximation within span(P))
+        sigma_j = |Q_j|,  V_j = Q_j / sigma_j (0 where sigma_j = 0)
+
+    and ``Q`` is the next basis. Two products of ``k x N x rank`` and one QR of
+    ``k x rank``, against v2's Gram matrix, three QRs and an ``eigh``. The
+    columns are not singular vectors (``V`` is not orthogonal); the coding
+    needs none: its rank is fixed and ``P Q^T`` is the same product whatever
+    the rotation within ``span(P)``. Deterministic for given input on one
+    platform and thread count.
+    """
+    m, n = matrix.shape
+    wide = m <= n
+    side = matrix if wide else matrix.t()  # k x max(m, n)
+    left, _ = torch.linalg.qr(side @ basis)  # k x rank, orthonormal
+    right = side.t() @ left  # N x rank
+    sigma = torch.linalg.vector_norm(right, dim=0)
+    positive = sigma > 0
+    unit = torch.where(positive, right / torch.where(positive, sigma, 1.0), 0.0)
+    return ((left, sigma, unit) if wide else (unit, sigma, left)), right
+
+
 def factorize(matrix: torch.Tensor, rank: int, encoder: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-``rank`` ``(U, sigma, V)`` as encoder version ``encoder`` computes it (``compression.encoder``)."""
-    if encoder == "v2":
+    if encoder in ("v2", "v3"):
         return _factorize_gram(matrix, rank)
     return _factorize(matrix, rank)
 
@@ -478,6 +512,8 @@ class ErrorFeedbackCompressor:
         self.residual = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()}
         self.last_decoded: dict[str, torch.Tensor] = {}
         self._carry = False  # the residual holds an undelivered update (matters when feedback is off)
+        # Encoder "v3" under a byte budget: last round's codings and bases (training.bandwidth.EncoderMemo).
+        self.encoder_memo = None
 
     def compress(
         self, pseudo_gradient: Mapping[str, torch.Tensor], *, stage_index: int, outer_round: int
@@ -490,7 +526,14 @@ class ErrorFeedbackCompressor:
             name: torch.add(value.to(torch.float32), self.residual[name]) if carry else value
             for name, value in pseudo_gradient.items()
         }
-        if self.cfg.enabled and self.bandwidth_budget > 0:
+        if self.cfg.enabled and self.bandwidth_budget > 0 and self.cfg.encoder == "v3":
+            from training.bandwidth import encode_v3  # imports this module
+
+            blob, decoded, stats, self.encoder_memo = encode_v3(
+                target, self.cfg, self.bandwidth_budget, self.encoder_memo, stage_index=stage_index,
+                outer_round=outer_round,
+            )
+        elif self.cfg.enabled and self.bandwidth_budget > 0:
             from training.bandwidth import encode_within_bandwidth  # imports this module
 
             blob, decoded, stats = encode_within_bandwidth(
@@ -528,6 +571,22 @@ class ErrorFeedbackCompressor:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {name: value.clone() for name, value in self.residual.items()}
+
+    def encoder_state(self) -> dict[str, dict[str, torch.Tensor]] | None:
+        """Encoder "v3"'s memo as tensors (:meth:`training.bandwidth.EncoderMemo.to_tensors`), None without one."""
+        return None if self.encoder_memo is None else self.encoder_memo.to_tensors()
+
+    def load_encoder_state(self, state: Mapping[str, Mapping[str, torch.Tensor]] | None) -> None:
+        """Restore :meth:`encoder_state` (None: no memo, the next "v3" round selects)."""
+        if state is None:
+            self.encoder_memo = None
+            return
+        from training.bandwidth import EncoderMemo  # imports this module
+
+        try:
+            self.encoder_memo = EncoderMemo.from_tensors(state, self.shapes, self.cfg)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise EngineStateError(f"encoder memo: {exc}") from None
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         if set(state) != set(self.shapes):

@@ -634,6 +634,7 @@ class StageEngine:
         self._round_start = _clone(weights)
         self._round_end, self._own_decoded, self._others_previous, self._sent = {}, {}, None, {}
         self._own_blob = {}
+        self.compressor.encoder_memo = None  # a restart's state carries none (training.reexec.restart_state_reason)
         self.last_encoded = self.last_applied = last_round
         self._prepared = None
         with torch.no_grad():
@@ -650,6 +651,7 @@ class StageEngine:
         if self.last_encoded >= next_round - 1:
             return
         self._round_end, self._own_decoded, self._sent, self._own_blob = {}, {}, {}, {}
+        self.compressor.encoder_memo = None  # encoder "v3" selects afresh after rounds sat out
         self.last_encoded = next_round - 1
         self.last_applied = max(self.last_applied, next_round - 1)
 
@@ -724,6 +726,8 @@ class StageEngine:
                 _clone(self._others_previous[0]), self._others_previous[1]
             ),
             "sent": {int(r): _clone(snap) for r, snap in self._sent.items()},
+            # Encoder "v3" only (None otherwise): last round's codings and bases.
+            "encoder_memo": self.compressor.encoder_state(),
         }
 
     def load_state_dict(self, state: Mapping) -> None:
@@ -748,6 +752,7 @@ class StageEngine:
             others_previous = None if others is None else (self._checked("others_previous", others[0]), int(others[1]))
             sent = {int(r): self._checked(f"sent[{r}]", s) for r, s in state.get("sent", {}).items()}
             self.compressor.load_state_dict(state["error_feedback"])
+            self.compressor.load_encoder_state(state.get("encoder_memo"))
         except (KeyError, TypeError, AttributeError) as exc:
             raise EngineStateError(f"engine state is malformed: {type(exc).__name__}: {exc}") from None
         self.global_weights, self.momentum, self._round_start = global_weights, momentum, round_start

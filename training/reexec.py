@@ -470,7 +470,7 @@ def restart_state_reason(
         if part.state_hash() != claimed:
             return f"stage {stage}: served state is not the committed one"
         groups = {name.split("/", 1)[0] for name in part.tensors}
-        carried = sorted(g for g in groups if g.startswith(("adam.", "round_end.", "own_decoded.", "sent."))
+        carried = sorted(g for g in groups if g.startswith(("adam.", "round_end.", "own_decoded.", "sent.", "encoder."))
                          or g == "others_previous")
         if carried:
             return f"stage {stage}: carries state a restart does not have ({', '.join(carried[:4])})"

@@ -17,7 +17,10 @@ encode read, for every stage ``s`` of the replica:
   applied yet and the last applied one (``sent.<r>/``: a contribution the close
   left out goes back into the residual, :meth:`~training.diloco.StageEngine.contribution_dropped`),
   and the "eager" correction's own decoded contributions (``own_decoded.<r>/``)
-  and the others' previous sum (``others_previous/``);
+  and the others' previous sum (``others_previous/``), and with encoder "v3"
+  its memo: each tensor's coding (``encoder.choice/<name>``, float32
+  ``[codec id, rank, bits]``) and the low-rank ones' Ritz bases
+  (``encoder.basis/<name>``, ``k x c``);
 * the round's position: outer round, replica, stages, H, the inner-lr
   schedule's horizon, the torch intra-op thread count and, for a replica split
   over several processes, the pipeline's micro-batch count (metadata).
@@ -54,7 +57,7 @@ from torch import nn
 
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
 from training.diloco import ENGINE_STATE_VERSION, StageEngine
-from training.errors import ReplicaStateError
+from training.errors import EngineStateError, ReplicaStateError
 from training.hashing import tensor_le_bytes
 from training.pipeline import LocalReplicaTrainer
 from training.stages import merge_state_dicts, split_stages, stage_param_shapes
@@ -229,6 +232,10 @@ def capture_engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: dict
     others = engine_state["others_previous"]
     if others is not None:
         tensors.update({f"others_previous/{n}": t for n, t in others[0].items()})
+    memo = engine_state.get("encoder_memo")
+    if memo is not None:  # encoder "v3": each tensor's coding and the low-rank ones' bases
+        for kind in ("choice", "basis"):
+            tensors.update({f"encoder.{kind}/{n}": t for n, t in memo[kind].items()})
     counters = (int(engine_state["last_encoded"]) + 1, int(engine_state["last_applied"]) + 1,
                 -1 if others is None else int(others[1]))
     # Stored +1 so that "nothing yet" (-1) is 0 and every counter is a non-negative integer.
@@ -294,6 +301,16 @@ def restore_replica(
                 raise ReplicaStateError(f"stage {part.stage_index} {name!r}: AdamW state is incomplete")
         engine = StageEngine(part.stage_index, dict(module.named_parameters()), diloco_cfg, compression_cfg)
         last_encoded, last_applied, others_count = part.engine_counters
+        _load_engine(engine, part, diloco_cfg, last_encoded, last_applied, others_count)
+        engines.append(engine)
+    return trainer, engines
+
+
+def _load_engine(engine: StageEngine, part: StageStartState, diloco_cfg: DilocoConfig, last_encoded: int,
+                 last_applied: int, others_count: int) -> None:
+    """``engine.load_state_dict`` of ``part``; a state the engine refuses (e.g. a bad encoder memo) is a
+    :class:`ReplicaStateError` like any other malformed state."""
+    try:
         engine.load_state_dict({
             "version": ENGINE_STATE_VERSION,
             "stage_index": part.stage_index,
@@ -308,9 +325,11 @@ def restore_replica(
             "own_decoded": {r: part.group(f"own_decoded.{r}") for r in part.rounds_of("own_decoded")},
             "others_previous": None if others_count < 0 else (part.group("others_previous"), others_count),
             "sent": {r: part.group(f"sent.{r}") for r in part.rounds_of("sent")},
+            "encoder_memo": ({"choice": part.group("encoder.choice"), "basis": part.group("encoder.basis")}
+                             if part.group("encoder.choice") or part.group("encoder.basis") else None),
         })
-        engines.append(engine)
-    return trainer, engines
+    except EngineStateError as exc:
+        raise ReplicaStateError(f"stage {part.stage_index} state: {exc}") from None
 
 
 def _check_stage(part: StageStartState, shapes: Mapping[str, tuple[int, ...]]) -> None:
@@ -318,6 +337,12 @@ def _check_stage(part: StageStartState, shapes: Mapping[str, tuple[int, ...]]) -
     groups: dict[str, set[str]] = {}
     for name, value in part.tensors.items():
         group, _, tensor_name = name.partition("/")
+        if group.startswith("encoder.") and tensor_name in shapes:
+            # Encoder "v3"'s memo: its own shapes, checked when the engine loads it (EncoderMemo.from_tensors).
+            if group not in ("encoder.choice", "encoder.basis"):
+                raise ReplicaStateError(f"stage {part.stage_index} state: unexpected tensor {name!r}")
+            groups.setdefault(group, set()).add(tensor_name)
+            continue
         expected = () if group == "adam.step" else shapes.get(tensor_name)
         if expected is None or tuple(value.shape) != tuple(expected):
             raise ReplicaStateError(

@@ -104,8 +104,79 @@ def _buffers(count: int) -> tuple[np.ndarray, np.ndarray]:
     return held[0][:count], held[1][:count]
 
 
+_CHUNK = 1 << 15  # float64 values per block of the one-pass norm: two blocks stay in the L2 cache
+
+
 def contribution_norm(decoded: Mapping[str, torch.Tensor]) -> float:
     """``sqrt(fsum of float64(x)^2)`` over every element: exact squares, one rounding of the sum.
+
+    The first level of :func:`_levels_norm` in one pass over cache-sized blocks:
+    ``mu`` is taken from the float32 values (``max |x|``, squared exactly) instead
+    of a pass over the squares, and each block of squares is split into its
+    high parts ``q`` (summed exactly: every partial sum is a multiple of ``h``
+    below ``sigma``, whichever blocks and order) and its remainders (summed in
+    float64 in some order, which the bound covers) while it is in the cache.
+    When the bound decides the rounding the result is the correctly rounded
+    total, the same double :func:`_levels_norm` returns; otherwise that
+    function decides. Same result, about a third of the memory traffic.
+    """
+    arrays = []
+    for name in sorted(decoded):
+        value = decoded[name].detach().to(torch.float32).reshape(-1)
+        if value.numel():
+            arrays.append(value.contiguous().numpy())
+    count = sum(array.size for array in arrays)
+    if count == 0:
+        return 0.0
+    peaks = [max(float(array.max()), -float(array.min())) for array in arrays]  # nan if the array has one
+    if any(math.isnan(x) for x in peaks):
+        return math.nan  # not a decoded contribution (those are finite)
+    peak = max(peaks)
+    largest = peak * peak  # exact: a float32 squared fits in a double
+    if not math.isfinite(largest):
+        return math.inf
+    if largest == 0.0:
+        return 0.0
+    spread = count.bit_length() + 1  # 2**spread > 2 * count
+    exponent = math.frexp(largest)[1] + spread
+    sigma = math.ldexp(1.0, exponent)
+    squares, scratch = _buffers(min(count, _CHUNK))
+    high = rest = 0.0
+    filled = 0
+
+    def flush(size: int) -> None:
+        nonlocal high, rest
+        block, grid = squares[:size], scratch[:size]
+        np.add(block, sigma, out=grid)
+        np.subtract(grid, sigma, out=grid)  # q: exact, a multiple of h
+        high += float(grid.sum())  # exact (see above)
+        np.subtract(block, grid, out=block)  # exact; |r_i| <= h
+        rest += float(block.sum())
+
+    for array in arrays:
+        start = 0
+        while start < array.size:
+            take = min(array.size - start, _CHUNK - filled)
+            part = array[start : start + take]
+            np.multiply(part, part, out=squares[filled : filled + take], dtype=np.float64)  # exact
+            filled += take
+            start += take
+            if filled == _CHUNK:
+                flush(filled)
+                filled = 0
+    if filled:
+        flush(filled)
+    half_ulp = math.ldexp(1.0, exponent - 53)  # h = ulp(sigma) / 2
+    error = Fraction(half_ulp) * count * count / (1 << 52)
+    total = Fraction(high) + Fraction(rest)
+    low, high_end = float(total - error), float(total + error)  # correctly rounded
+    if low == high_end:
+        return math.sqrt(low)
+    return _levels_norm(arrays, count)
+
+
+def _levels_norm(arrays: Sequence[np.ndarray], count: int) -> float:
+    """``sqrt(fsum of float64(x)^2)`` over the float32 ``arrays`` (``count`` values), level by level.
 
     The same correctly rounded double ``math.fsum`` returns for the exact
     squares, bit for bit (tests/test_training_robust.py checks both), in a few
@@ -127,14 +198,6 @@ def contribution_norm(decoded: Mapping[str, torch.Tensor]) -> float:
     remains, which is then exact). One level suffices unless the total lies
     within ~2**-40 of a rounding boundary.
     """
-    arrays = []
-    for name in sorted(decoded):
-        value = decoded[name].detach().to(torch.float32).reshape(-1)
-        if value.numel():
-            arrays.append(value.contiguous().numpy())
-    count = sum(array.size for array in arrays)
-    if count == 0:
-        return 0.0
     remainder, scratch = _buffers(count)
     offset = 0
     for array in arrays:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -37,8 +38,34 @@ MAX_NODES = 64
 GAS_ALLOWANCE_WEI = 100 * 10**18
 
 
+#: Ports a local run's nodes listen on are drawn from here, below the kernel's ephemeral range
+#: (``ip_local_port_range``, 32768-60999 by default): a port picked when the run is laid out is
+#: bound only when its node starts, and a port from the ephemeral range could meanwhile be taken
+#: by any outgoing connection on the machine (seen: a node of an 8-node run exited with "address
+#: already in use" while other jobs ran).
+LISTEN_PORTS = range(20000, 32768)
+
+
+def _ephemeral_ports() -> range:
+    try:
+        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return range(low, high + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port on 127.0.0.1 that is free now, outside the ephemeral range when possible."""
+    ephemeral = _ephemeral_ports()
+    candidates = [p for p in LISTEN_PORTS if p not in ephemeral]
+    for port in random.sample(candidates, min(64, len(candidates))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # every candidate taken: any free port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

@@ -1,0 +1,170 @@
+"""Profile of the DiLoCoX codec and apply path on captured stage contributions of `mini` (issue 16 item 3).
+
+    capture: run a short DiLoCoX simulation (bench_diloco's defaults, encoder v2) and keep every
+             stage pseudo-gradient the compressor coded (its error-feedback target), its byte budget
+             and every round's contribution bytes
+    profile: CPU seconds (one torch thread, min over repeats) of each part of the encode and of the
+             apply path on those captures
+
+    .venv/bin/python bench/codec_profile.py capture --rounds 3 --out /tmp/capture.pt
+    .venv/bin/python bench/codec_profile.py profile --capture /tmp/capture.pt
+
+Timings are CPU seconds of this process (time.process_time), so other jobs' load inflates them
+only through shared caches and memory bandwidth; the figures compare parts, the benchmark of record
+is bench_diloco.py --cpu-clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from training import compression  # noqa: E402
+from training.config import CompressionConfig, DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig  # noqa: E402
+
+
+def capture(args) -> None:
+    from training.data import load_corpus
+    from training.simulate import simulate
+
+    torch.set_num_threads(1)
+    model_cfg = ModelConfig(preset="mini")
+    training_cfg = TrainingConfig(data_path="../shared/data/tinyshakespeare/input.txt", seed=0, batch_size=8,
+                                  inner_lr=3e-3, eval_batches=2, warmup_steps=100, beta2=0.99, weight_decay=0.1)
+    diloco_cfg = DilocoConfig(inner_steps=args.inner_steps, outer_lr=1.0, outer_momentum=0.5, num_replicas=2,
+                              screening=False)
+    compression_cfg = CompressionConfig(encoder=args.encoder)
+    corpus = load_corpus(REPO / training_cfg.data_path, training_cfg.eval_fraction, model_cfg.block_size)
+    targets: list[dict] = []
+    original = compression.ErrorFeedbackCompressor.compress
+
+    def recording(self, pseudo_gradient, *, stage_index, outer_round):
+        carry = self.cfg.enabled and self.cfg.error_feedback
+        target = {n: (torch.add(v.to(torch.float32), self.residual[n]) if carry else v.clone())
+                  for n, v in pseudo_gradient.items()}
+        targets.append({"round": outer_round, "stage": stage_index, "budget": self.bandwidth_budget,
+                        "target": target})
+        return original(self, pseudo_gradient, stage_index=stage_index, outer_round=outer_round)
+
+    blobs: dict[tuple[int, int], list[bytes]] = {}
+
+    def tamper(outer_round, stage, contributions):
+        blobs[(outer_round, stage)] = list(contributions)
+        return contributions
+
+    compression.ErrorFeedbackCompressor.compress = recording
+    try:
+        simulate("diloco_x", corpus, model_cfg, training_cfg, diloco_cfg, compression_cfg, PipelineConfig(),
+                 args.rounds, eval_every=args.rounds, num_eval_batches=2, tamper=tamper)
+    finally:
+        compression.ErrorFeedbackCompressor.compress = original
+    torch.save({"targets": targets, "blobs": blobs, "inner_steps": args.inner_steps}, args.out)
+    print(f"captured {len(targets)} stage targets, {len(blobs)} rounds x stages of blobs -> {args.out}")
+
+
+def _best(fn, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.process_time()
+        fn()
+        best = min(best, time.process_time() - started)
+    return best
+
+
+def profile(args) -> None:
+    from training.bandwidth import encode_within_bandwidth
+    from training.codec_wire import decode_contribution
+    from training.diloco import average_contributions, outer_step
+    from training.hashing import stage_weights_hash
+    from training.robust import contribution_norm
+
+    torch.set_num_threads(1)
+    data = torch.load(args.capture, weights_only=False)
+    chosen = [t for t in data["targets"] if t["round"] == args.round]
+    diloco_cfg = DilocoConfig(inner_steps=data["inner_steps"], outer_lr=1.0, outer_momentum=0.5, num_replicas=2)
+    from training.bandwidth import encode_v3
+
+    previous = [t for t in data["targets"] if t["round"] == args.round - 1]
+    for encoder in args.encoders.split(","):
+        cfg = CompressionConfig(encoder=encoder)
+        total = 0.0
+        for index, item in enumerate(chosen[:2]):  # replica 0's two stages
+            if encoder == "v3":  # a warm round: the memo of a selection on the previous round's target
+                memo = encode_v3(previous[index]["target"], cfg, item["budget"], None, stage_index=item["stage"],
+                                 outer_round=0)[3]
+
+                def run():
+                    return encode_v3(item["target"], cfg, item["budget"], memo, stage_index=item["stage"],
+                                     outer_round=1)
+            else:
+                def run():
+                    return encode_within_bandwidth(item["target"], cfg, item["budget"], stage_index=item["stage"],
+                                                   outer_round=args.round)
+            seconds = _best(run, args.repeat)
+            total += seconds
+            print(f"encode {encoder} stage {item['stage']}: {1000 * seconds:.1f} ms")
+        print(f"encode {encoder} both stages: {1000 * total:.1f} ms")
+    apply_total = 0.0
+    for stage in (0, 1):
+        blobs = data["blobs"][(args.round, stage)]
+        shapes = {n: tuple(v.shape) for n, v in chosen[stage]["target"].items()}
+        decoded = [decode_contribution(b, shapes, stage_index=stage, outer_round=args.round, refuse_raw=True)
+                   for b in blobs]
+        weights = {n: torch.randn(s, generator=torch.Generator().manual_seed(1)) * 0.02 for n, s in shapes.items()}
+        momentum = {n: torch.zeros(s) for n, s in shapes.items()}
+        average = average_contributions(decoded)
+        new, _ = outer_step(weights, momentum, average, diloco_cfg, args.round)
+        parts = {
+            "decode one": lambda: decode_contribution(blobs[1], shapes, stage_index=stage, outer_round=args.round,
+                                                      refuse_raw=True),
+            "norm one": lambda: contribution_norm(decoded[1]),
+            "average": lambda: average_contributions(decoded),
+            "outer step": lambda: outer_step(weights, momentum, average, diloco_cfg, args.round),
+            "hash": lambda: stage_weights_hash(new),
+            "rebase (3 snapshots x 2 ops)": lambda: [
+                {n: torch.add(new[n], torch.sub(weights[n], momentum[n])) for n in new} for _ in range(3)],
+        }
+        stage_total = 0.0
+        for label, fn in parts.items():
+            seconds = _best(fn, args.repeat)
+            stage_total += seconds * (2 if label == "norm one" else 1)
+            print(f"apply stage {stage}: {label}: {1000 * seconds:.2f} ms")
+        apply_total += stage_total
+        codecs = {}
+        from training.codec_wire import decode_contribution as _d  # noqa: F401
+        import msgpack
+        for entry in msgpack.unpackb(blobs[1], raw=False)["t"]:
+            key = (entry["c"], entry.get("r", 0), entry.get("b", 32))
+            codecs[key] = codecs.get(key, 0) + 1
+        print(f"stage {stage} codings of replica 1: {sorted(codecs.items())}")
+    print(f"apply, both stages (2 norms each): {1000 * apply_total:.1f} ms")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    cap = sub.add_parser("capture")
+    cap.add_argument("--rounds", type=int, default=3)
+    cap.add_argument("--inner-steps", type=int, default=50)
+    cap.add_argument("--encoder", default="v2")
+    cap.add_argument("--out", required=True)
+    prof = sub.add_parser("profile")
+    prof.add_argument("--capture", required=True)
+    prof.add_argument("--round", type=int, default=2)
+    prof.add_argument("--repeat", type=int, default=7)
+    prof.add_argument("--encoders", default="v2,v3")
+    args = parser.parse_args()
+    {"capture": capture, "profile": profile}[args.command](args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
