@@ -183,7 +183,7 @@ def one_run(workdir: Path, replicas: int, args) -> dict:
         "replica_contribution_bytes": envelope_mean * 2,  # one envelope per stage, 2 stages
         # sliced: what a replica codes per round (its slice bundles, every stage); the envelopes carry references
         "replica_slice_bytes": mean("own_slice_bytes_per_round"),
-        "exchange": args.exchange,
+        "exchange": args.exchange, "settings": settings,
         "blob_received_per_node_round": traffic_mean(nodes).get("/dlx/blob/1.0.0", {}).get("received"),
         "blob_sent_per_node_round": traffic_mean(nodes).get("/dlx/blob/1.0.0", {}).get("sent"),
         "nodes": nodes,
@@ -214,47 +214,76 @@ def envelope_framing() -> int:
 
 
 def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float, slice_bytes: float,
-                 framing: int) -> dict:
+                 framing: int, min_slice_numel: int = 1024) -> dict:
     """Blob bytes one node receives per round in the live sliced exchange (every stage held), by term.
 
-    Per stage, A = the live plan's slice count (R while the stage has >= R x LIVE_MIN_SLICE_NUMEL
-    elements), a node aggregating A/R slices on average:
-    contribution envelopes (R - 1) x E (constant size: the reference, not a manifest);
+    Per stage, A = the live plan's slice count (``min(R, elements // min_slice_numel)``), a node
+    aggregating A/R slices on average. Only a slice's aggregators and the round's coordinator fetch
+    the closed contribution envelopes (a holder judges a close by the signed announces):
+    envelopes ``f x (R - 1) x E`` with ``f = 1 - (1 - A/R)(1 - 1/R)``, the share of nodes that
+    aggregate or coordinate the stage (constant size E: the reference, not a manifest);
     as aggregator (A/R) x (R - 1) x (record(A) + B/A), B = one replica's slice bytes of the stage;
-    partials (A - A/R) x (envelope framing + partial header + B/A). ``envelope_bytes`` E and
-    ``slice_bytes`` B (per stage) come from a measured run.
+    partials (A - A/R) x (envelope framing + partial header + B/A). With A capped by the minimum
+    slice every term is flat in R; at A = R the envelopes and records are linear. ``envelope_bytes``
+    E and ``slice_bytes`` B (per stage) come from a measured run.
     """
     from training.butterfly import PARTIAL_PREFIX, live_plan, record_size
 
     terms = {"envelopes": 0.0, "slice_inputs": 0.0, "records": 0.0, "partials": 0.0}
     slices = []
+    peak = 0.0  # a node that aggregates a slice of every stage it holds in the round (the role rotates)
     for shapes in stage_shapes:
-        count = live_plan(shapes, replicas).num_slices
+        count = live_plan(shapes, replicas, min_slice_numel).num_slices
         slices.append(count)
         share = count / replicas
-        terms["envelopes"] += (replicas - 1) * envelope_bytes
+        fetching = 1 - (1 - share) * (1 - 1 / replicas)
+        partial = framing + len(PARTIAL_PREFIX) + 44 + slice_bytes / count
+        terms["envelopes"] += fetching * (replicas - 1) * envelope_bytes
         terms["slice_inputs"] += share * (replicas - 1) * slice_bytes / count
         terms["records"] += share * (replicas - 1) * record_size(count)
-        terms["partials"] += (count - share) * (framing + len(PARTIAL_PREFIX) + 44 + slice_bytes / count)
-    return {"replicas": replicas, "slices": slices, "blob_received_per_node_round": sum(terms.values()),
-            "terms": terms}
+        terms["partials"] += (count - share) * partial
+        peak += (replicas - 1) * (envelope_bytes + record_size(count) + slice_bytes / count) + (count - 1) * partial
+    return {"replicas": replicas, "min_slice_numel": min_slice_numel, "slices": slices,
+            "blob_received_per_node_round": sum(terms.values()), "terms": terms,
+            "aggregator_round_received": peak}
 
 
-def curve(full_path: str, sliced_path: str, sizes: list[int]) -> dict:
-    """Measured points of both exchanges side by side, and both models to ``sizes`` (module docstring)."""
-    from training.butterfly import BUNDLE_PREFIX, record_size
+def point_min_slice(point: dict) -> int:
+    """The diloco.min_slice_numel a measured point ran with (1024 when it was not set)."""
+    for item in point.get("settings", []):
+        key, _, value = item.partition("=")
+        if key.strip() == "diloco.min_slice_numel":
+            return int(value)
+    return 1024
+
+
+def curve(full_path: str, sliced_paths: list[str], sizes: list[int], min_slices: list[int]) -> dict:
+    """Measured points of both exchanges side by side, and both models to ``sizes`` (module docstring);
+    the sliced model for each minimum slice in ``min_slices`` (``sliced_models``) and for the one the
+    largest measured sliced point ran with (``sliced_model``)."""
+    from training.butterfly import BUNDLE_PREFIX, live_plan, record_size
     from training.config import ModelConfig
     from training.stages import split_stages, stage_param_shapes
 
     full = [p for p in json.loads(Path(full_path).read_text())["measured"] if is_clean(p)]
-    sliced = [p for p in json.loads(Path(sliced_path).read_text())["measured"] if is_clean(p)]
+    sliced = [p for path in sliced_paths for p in json.loads(Path(path).read_text())["measured"] if is_clean(p)]
     model_cfg = ModelConfig(preset="tiny")
     stage_shapes = [stage_param_shapes(model_cfg, spec) for spec in split_stages(model_cfg.n_layer, 2)]
-    largest = max(sliced, key=lambda p: p["replicas"])
-    count = largest["replicas"]
-    # B: one replica's slice bytes per stage, its bundle without the header and records.
-    per_stage_bundle = largest["replica_slice_bytes"] / len(stage_shapes)
-    slice_bytes = per_stage_bundle - len(BUNDLE_PREFIX) - 4 - count * record_size(count)
+    largest = max(sliced, key=lambda p: (p["replicas"], point_min_slice(p) == 1024))
+    measured_min = point_min_slice(largest)
+
+    def constants(point: dict) -> tuple[float, list[int]]:
+        """B, one replica's slice bytes per stage (its bundle without the header and records), and A."""
+        counts = [live_plan(shapes, point["replicas"], point_min_slice(point)).num_slices for shapes in stage_shapes]
+        per_stage_bundle = point["replica_slice_bytes"] / len(stage_shapes)
+        return per_stage_bundle - len(BUNDLE_PREFIX) - 4 - statistics.mean(
+            count * record_size(count) for count in counts), counts
+
+    slice_bytes, counts = constants(largest)
+    # Each minimum slice's model takes B from the largest point measured with it (on tiny, B grows with A).
+    by_min = {m: max([p for p in sliced if point_min_slice(p) == m] or [largest], key=lambda p: p["replicas"])
+              for m in min_slices}
+    model_bytes = {m: constants(point)[0] for m, point in by_min.items()}
     framing = envelope_framing()
     butterfly = ROOT / "bench" / "results" / "butterfly.json"
     butterfly_rows = (json.loads(butterfly.read_text())["traffic"].get("tiny", {}).get("rows", [])
@@ -263,7 +292,14 @@ def curve(full_path: str, sliced_path: str, sizes: list[int]) -> dict:
     for replicas in sorted({*(p["replicas"] for p in full + sliced), *sizes}):
         row = {"replicas": replicas}
         for name, points in (("full", full), ("sliced", sliced)):
-            point = next((p for p in points if p["replicas"] == replicas), None)
+            matching = [p for p in points if p["replicas"] == replicas]
+            if name == "sliced" and len(matching) > 1:  # several minimum slices measured at this size
+                row["sliced_measured_by_min_slice"] = {
+                    str(point_min_slice(p)): {"blob_received": p["blob_received_per_node_round"],
+                                              "blob_sent": p["blob_sent_per_node_round"],
+                                              "seconds_per_round": p["seconds_per_round"]} for p in matching}
+                matching = [p for p in matching if point_min_slice(p) == measured_min] or matching
+            point = matching[0] if matching else None
             if point is not None:
                 row[f"{name}_measured"] = {
                     "blob_received": point["blob_received_per_node_round"],
@@ -274,7 +310,13 @@ def curve(full_path: str, sliced_path: str, sizes: list[int]) -> dict:
                     "load_last": (point["load_1min_samples"] or [None])[-1]}
         row["full_model_blob_received"] = (replicas - 1) * (full[0]["replica_contribution_bytes"] if full else 0)
         row["sliced_model"] = sliced_model(replicas, stage_shapes, largest["contribution_envelope_bytes"],
-                                           slice_bytes, framing)
+                                           slice_bytes, framing, measured_min)
+        row["sliced_models"] = {}
+        for m in min_slices:  # B measured at this size and minimum if there is such a point (B grows with A)
+            same = next((p for p in sliced if p["replicas"] == replicas and point_min_slice(p) == m), None)
+            row["sliced_models"][str(m)] = sliced_model(
+                replicas, stage_shapes, by_min[m]["contribution_envelope_bytes"],
+                model_bytes[m] if same is None else constants(same)[0], framing, m)
         # bench_butterfly's in-process model of the same model's two stages (its own budget and plan:
         # H = 50, min_slice_numel 8,192, so A = 2 on tiny; signed slice messages, not bundles).
         stages = [r for r in butterfly_rows if r["replicas"] == replicas]
@@ -285,9 +327,12 @@ def curve(full_path: str, sliced_path: str, sizes: list[int]) -> dict:
                 "all_to_all_received": sum(r["all_to_all"]["bytes_in"] for r in stages),
                 "slices": [r["sliced_aggregator"]["slices"] for r in stages]}
         rows.append(row)
-    return {"full": full_path, "sliced": sliced_path, "butterfly": str(butterfly), "model_constants": {
+    return {"full": full_path, "sliced": sliced_paths, "butterfly": str(butterfly), "model_constants": {
         "envelope_bytes": largest["contribution_envelope_bytes"], "slice_bytes_per_stage": slice_bytes,
-        "envelope_framing": framing, "from_replicas": count}, "rows": rows}
+        "envelope_framing": framing, "from_replicas": largest["replicas"], "from_min_slice_numel": measured_min,
+        "from_slices": counts, "slice_bytes_per_stage_by_min_slice": {
+            str(m): {"slice_bytes_per_stage": model_bytes[m], "from_replicas": by_min[m]["replicas"],
+                     "from_min_slice_numel": point_min_slice(by_min[m])} for m in min_slices}}, "rows": rows}
 
 
 def is_clean(point: dict) -> bool:
@@ -314,19 +359,25 @@ def main() -> int:
                         help="diloco.exchange of every run (docs/PROTOCOL.md, \"Sliced exchange\")")
     parser.add_argument("--workdir", default="/tmp/dlx-bench-scale")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale.json"))
-    parser.add_argument("--curve", default="", metavar="FULL.json,SLICED.json",
+    parser.add_argument("--curve", default="", metavar="FULL.json,SLICED.json[,SLICED2.json...]",
                         help="no run: the two exchanges' measured points and models side by side, to --out")
+    parser.add_argument("--model-min-slices", default="1024,4096",
+                        help="--curve: the diloco.min_slice_numel values to model the sliced exchange with")
     args = parser.parse_args()
     if args.curve:
-        full_path, sliced_path = args.curve.split(",")
-        table = curve(full_path, sliced_path, [8, 16, 64, 256, 1024])
+        full_path, *sliced_paths = args.curve.split(",")
+        table = curve(full_path, sliced_paths, [8, 16, 64, 256, 1024],
+                      [int(m) for m in args.model_min_slices.split(",")])
         for row in table["rows"]:
             measured = lambda name: _fmt(row.get(f"{name}_measured", {}).get("blob_received"), 1e3)  # noqa: E731
             print(f"{row['replicas']:>5} replicas: blob bytes in per node and round, full {measured('full')} kB "
                   f"measured / {row['full_model_blob_received'] / 1e3:.1f} kB modelled; sliced "
                   f"{measured('sliced')} kB measured / "
                   f"{row['sliced_model']['blob_received_per_node_round'] / 1e3:.1f} kB modelled "
-                  f"(A = {row['sliced_model']['slices']}); bench_butterfly's model: sliced "
+                  f"(A = {row['sliced_model']['slices']}; "
+                  + ", ".join(f"min slice {m}: {model['blob_received_per_node_round'] / 1e3:.1f} kB, A = "
+                              f"{model['slices']}" for m, model in row["sliced_models"].items())
+                  + "); bench_butterfly's model: sliced "
                   f"{_fmt(row.get('butterfly_model', {}).get('sliced_mean_received'), 1e3)} kB, all-to-all "
                   f"{_fmt(row.get('butterfly_model', {}).get('all_to_all_received'), 1e3)} kB")
         Path(args.out).write_text(json.dumps(table, indent=1))

@@ -54,10 +54,12 @@ def run_document(cfg: NodeConfig) -> dict[str, Any]:
 
 
 def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
-    """The [diloco] table; ``exchange`` only when it is not the default "full" (older runs' hashes stay)."""
+    """The [diloco] table; ``exchange`` and ``min_slice_numel`` only in a sliced run (the hash of every
+    "full" run stays what it was)."""
     diloco = dataclasses.asdict(cfg.diloco)
     if diloco.get("exchange") == "full":
         del diloco["exchange"]
+        del diloco["min_slice_numel"]
     return diloco
 
 

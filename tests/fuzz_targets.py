@@ -520,7 +520,7 @@ SYNC_RESPONSES = sync_response_seeds()
 
 def targets() -> list[Target]:
     """Every fuzz target (see module docstring)."""
-    from fuzz_targets_extra import chain_log_targets, replica_state_target
+    from fuzz_targets_extra import chain_log_targets, replica_state_target, sliced_targets
 
     return [
         Target("envelope", lambda d: decode_envelope(d, GOSSIP_LIMIT), (EnvelopeRejected,), ENVELOPES,
@@ -558,6 +558,7 @@ def targets() -> list[Target]:
                [IDENTITY.seed, identity_file()]),
         replica_state_target(),
         *chain_log_targets(),
+        *sliced_targets(),
     ]
 
 

@@ -191,3 +191,59 @@ def replica_state_target():
 
     return Target("replica_state", parse_stage_state, (ReplicaStateError,), [REPLICA_STATE],
                   structured_replica_state)
+
+
+# ----------------------------------------------------------------------------- the sliced exchange
+
+
+SLICED_ENTRY_ROUND, SLICED_STAGE, SLICED_COUNT = 3, 0, 3
+
+
+def _sliced_reference() -> bytes:
+    from training.butterfly import slice_bundle
+
+    return slice_bundle([b"a" * 10, b"b" * 20, b"c" * 5])[1]
+
+
+def _sliced_envelope(reference: bytes) -> bytes:
+    from fuzz_targets import sign
+    from node.live import protocol as msg
+
+    body = msg.encode_contribution_body(msg.ContributionBody(b"s" * 32, b"d" * 32, reference))
+    return sign(msg.CONTRIBUTION, body, round_index=SLICED_ENTRY_ROUND, stage=SLICED_STAGE)
+
+
+def closed_envelope_input(data: bytes):
+    """What a slice aggregator (and the auditor) does with a closed envelope's bytes: its usable
+    reference or None (an absent input), never an exception (node.live.sliced.usable_reference)."""
+    from fuzz_targets import GOSSIP_LIMIT, IDENTITY, RUN_ID
+    from node.live.sliced import usable_reference
+
+    entry = [1, IDENTITY.peer_id, bytes(32), len(data)]
+    return usable_reference(data, entry, RUN_ID, SLICED_ENTRY_ROUND, SLICED_STAGE, SLICED_COUNT, GOSSIP_LIMIT)
+
+
+def structured_closed_envelope(rng: random.Random) -> bytes:
+    """A correctly signed contribution envelope around a mutated reference (or body)."""
+    reference = bytearray(_sliced_reference())
+    for _ in range(rng.randrange(1, 4)):
+        if rng.random() < 0.7 and reference:
+            reference[rng.randrange(len(reference))] ^= rng.randrange(1, 256)
+        else:
+            cut = rng.randrange(len(reference) + 1)
+            reference[cut:cut] = rng.randbytes(rng.randrange(1, 9))
+    return _sliced_envelope(bytes(reference))
+
+
+def sliced_targets() -> list:
+    from fuzz_targets import GOSSIP_LIMIT, Target
+    from training.butterfly import SliceError, parse_partial, parse_slice_reference, partial_payload
+
+    reference = _sliced_reference()
+    return [
+        Target("sliced_closed_envelope", closed_envelope_input, (), [_sliced_envelope(reference)],
+               structured_closed_envelope),
+        Target("slice_reference", lambda d: parse_slice_reference(d, SLICED_COUNT, GOSSIP_LIMIT), (SliceError,),
+               [reference]),
+        Target("partial_payload", parse_partial, (SliceError,), [partial_payload(1, 3, bytes(32), 4, b"blob")]),
+    ]

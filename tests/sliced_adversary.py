@@ -11,6 +11,11 @@
   (the reference it signs names that bundle): the aggregator of that slice
   reads the whole bundle, keeps it as evidence and aggregates without that
   input; everyone, the auditor included, agrees.
+- ``bad-reference``: the reference its contribution envelopes sign names one
+  slice too many (no usable contribution). An honest coordinator refuses it
+  when it fetches it and closes without it; when this member coordinates, its
+  close names it (placed, announced: the holders, who fetch no envelope, accept
+  the close) and every aggregator and the auditor take it as an absent input.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ATTACKS = ("wrong-root", "wrong-blob", "bad-slice")
+ATTACKS = ("wrong-root", "wrong-blob", "bad-slice", "bad-reference")
 
 
 def wrong_root() -> None:
@@ -71,12 +76,27 @@ def bad_slice() -> None:
     SlicedExchange.publish = publish
 
 
+def bad_reference() -> None:
+    from node.live.sliced import SlicedExchange
+    from training import butterfly
+
+    def publish(self, outer_round, stage, blobs):
+        bundle, reference = butterfly.slice_bundle(blobs)
+        self.archive.put_blob(outer_round, bundle, "slice")
+        self.host.provide_blob(bundle, announce=False)
+        count, digest, size, root = butterfly._REFERENCE.unpack_from(reference, len(butterfly.REFERENCE_PREFIX))
+        return butterfly.REFERENCE_PREFIX + butterfly._REFERENCE.pack(count + 1, digest, size, root)
+
+    SlicedExchange.publish = publish
+
+
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in ATTACKS:
         print(f"usage: sliced_adversary.py {{{'|'.join(ATTACKS)}}} [dlx-node arguments]", file=sys.stderr)
         return 2
     attack = sys.argv.pop(1)
-    {"wrong-root": wrong_root, "wrong-blob": wrong_blob, "bad-slice": bad_slice}[attack]()
+    {"wrong-root": wrong_root, "wrong-blob": wrong_blob, "bad-slice": bad_slice,
+     "bad-reference": bad_reference}[attack]()
     from node.cli import main as cli_main
 
     return cli_main()

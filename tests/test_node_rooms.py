@@ -34,6 +34,8 @@ def hello(cluster: str, training_round: int = 0, first_round: int = 0) -> msg.He
 class Pool:
     """Stand-in for ContributionPool: held (replica, peer, digest) triples and refused digests."""
 
+    lazy = False  # the sliced exchange's pool is lazy (tests/test_node_sliced.py)
+
     def __init__(self) -> None:
         self.held: set[tuple[int, str, bytes]] = set()
         self.refused: dict[bytes, tuple[str, str]] = {}
@@ -55,6 +57,9 @@ class Pool:
 
     def prefetch(self, _round, _stage) -> None:
         pass
+
+    def want(self, outer_round, stage) -> None:
+        self.wanted = (outer_round, stage)
 
 
 def rooms(quorum: int = 1, clock=time.monotonic, round_timeout: float = 60.0):

@@ -1,10 +1,12 @@
 """Units of the sliced exchange's wire pieces: the slice bundle and its reference, a record's Merkle path,
-the contributions root a partial binds, the fallback
-order, the partial announce, the run setting, and the engine's outer step on an assembled average."""
+which closed envelope is a usable input, how a sliced close is judged without fetching, the lazy
+contribution pool, the fallback order, the partial announce, the run settings, and the engine's outer
+step on an assembled average."""
 
 from __future__ import annotations
 
 import hashlib
+import math
 
 import msgpack
 import pytest
@@ -14,7 +16,9 @@ from hypothesis import strategies as st
 
 from node.config import config_from_dict
 from node.live import protocol as msg
+from node.live.coordination import PENDING
 from node.runconfig import run_document
+from p2p.identity import Identity
 from training.butterfly import (
     SliceError,
     aggregate_slice,
@@ -22,7 +26,6 @@ from training.butterfly import (
     candidate,
     encode_slices,
     bundle_slices,
-    contributions_root,
     live_plan,
     parse_slice_record,
     parse_slice_reference,
@@ -34,6 +37,8 @@ from training.butterfly import (
 from training.config import CompressionConfig, DilocoConfig
 from training.diloco import StageEngine, aggregate_with_report, average_contributions, step_with_average
 from training.errors import TrainingConfigError
+
+_IDENTITY = Identity.generate()  # one key for the hypothesis examples (generating one per example is slow)
 
 
 def _record(bundle: bytes, count: int, j: int) -> bytes:
@@ -135,12 +140,189 @@ def test_a_record_that_does_not_prove_its_slice_is_refused():
     assert bundle_slices(other_bundle, lying) == [None] * 5  # no record proves to the signed root
 
 
-def test_the_contributions_root_binds_every_slice_and_the_order():
-    roots = [slice_bundle([bytes([i]) * 5, bytes([i]) * 6])[1][-32:] for i in range(4)]
-    assert contributions_root(roots) == contributions_root(list(roots))
-    assert contributions_root([roots[1], roots[0], *roots[2:]]) != contributions_root(roots)
-    changed = slice_bundle([bytes([0]) * 5, b"y" * 6])[1][-32:]  # replica 0 with another slice 1
-    assert contributions_root([changed, *roots[1:]]) != contributions_root(roots)
+def _contribution(identity, reference: bytes, *, run_id=7, outer_round=3, stage=1, replica=2,
+                  kind=msg.CONTRIBUTION) -> bytes:
+    from p2p.envelope import Envelope
+
+    body = msg.encode_contribution_body(msg.ContributionBody(b"s" * 32, b"d" * 32, reference))
+    return Envelope.create(identity, run_id, outer_round, kind, body, stage=stage, replica=replica).to_bytes()
+
+
+def test_a_closed_envelope_is_an_input_only_if_it_is_the_named_signers_contribution_with_a_fitting_reference():
+    """The aggregators' and the auditor's rule: a pure function of the bytes the close fixes by hash."""
+    from node.live.sliced import usable_reference
+    from p2p.identity import Identity
+
+    identity, other = Identity.generate(), Identity.generate()
+    bundle, reference = slice_bundle([b"a" * 10, b"b" * 20, b"c" * 5])
+    envelope = _contribution(identity, reference)
+    entry = [2, identity.peer_id, hashlib.sha256(envelope).digest(), len(envelope)]
+    got = usable_reference(envelope, entry, 7, 3, 1, 3, 1 << 20)
+    assert got is not None and got.bundle_digest == hashlib.sha256(bundle).digest()
+    assert usable_reference(envelope, entry, 7, 3, 1, 4, 1 << 20) is None  # another plan
+    assert usable_reference(envelope, entry, 8, 3, 1, 3, 1 << 20) is None  # another run
+    assert usable_reference(envelope, entry, 7, 4, 1, 3, 1 << 20) is None  # another round
+    assert usable_reference(envelope, entry, 7, 3, 0, 3, 1 << 20) is None  # another stage
+    assert usable_reference(envelope, [1, *entry[1:]], 7, 3, 1, 3, 1 << 20) is None  # another replica
+    assert usable_reference(envelope, [2, other.peer_id, *entry[2:]], 7, 3, 1, 3, 1 << 20) is None  # signer
+    assert usable_reference(_contribution(identity, reference, kind=msg.ANNOUNCE), entry, 7, 3, 1, 3,
+                            1 << 20) is None  # not a contribution
+    assert usable_reference(_contribution(identity, b"x" * 88), entry, 7, 3, 1, 3, 1 << 20) is None
+    assert usable_reference(envelope, entry, 7, 3, 1, 3, len(bundle) - 1) is None  # a bundle over the limit
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_hostile_closed_envelopes_are_absent_inputs_never_errors_nor_other_references(data):
+    """Random bytes and mutations of a real contribution envelope: None (an absent input) or exactly the
+    reference its signer signed; never an exception."""
+    from node.live.sliced import usable_reference
+    from p2p.identity import Identity
+
+    identity = _IDENTITY
+    _bundle, reference = slice_bundle([b"a" * 10, b"b" * 20, b"c" * 5])
+    envelope = _contribution(identity, reference)
+    entry = [2, identity.peer_id, hashlib.sha256(envelope).digest(), len(envelope)]
+    raw = bytearray(data.draw(st.one_of(st.binary(max_size=600), st.just(envelope))))
+    for _ in range(data.draw(st.integers(0, 4))):
+        if raw and data.draw(st.booleans()):
+            raw[data.draw(st.integers(0, len(raw) - 1))] ^= data.draw(st.integers(1, 255))
+        else:
+            cut = data.draw(st.integers(0, len(raw)))
+            raw[cut:cut] = data.draw(st.binary(max_size=40))
+    got = usable_reference(bytes(raw), entry, 7, 3, 1, 3, 1 << 20)
+    assert got is None or got == parse_slice_reference(reference, 3, 1 << 20)
+
+
+def _lazy_rooms(quorum: int = 1):
+    from test_node_rooms import rooms
+
+    book, membership, pool, coordinator = rooms(quorum=quorum)
+    pool.lazy = True
+    return book, membership, pool, coordinator
+
+
+def _announce(book, outer_round, stage, replica, peer, envelope_hash, first=True):
+    from node.live.roundbook import Announced
+
+    book.add_announce(outer_round, stage, Announced(peer, replica, envelope_hash, 451), first=first)
+
+
+def test_a_sliced_close_is_judged_without_fetching_any_envelope():
+    """Placed and announced by its signer is enough; what the envelope holds is the aggregators' question,
+    and a node that happened to refuse one (as coordinator) does not refuse the close over it."""
+    from test_node_rooms import digest, entry
+
+    book, _membership, pool, coordinator = _lazy_rooms(quorum=2)
+    close = msg.Close([entry(0, "peer-a"), entry(1, "peer-b")])
+    assert coordinator.judge(4, 0, "c", close) == PENDING  # not announced yet: waited for
+    _announce(book, 4, 0, 0, "peer-a", digest("peer-a"))
+    _announce(book, 4, 1, 1, "peer-b", digest("peer-b"))  # another stage's announce does not count
+    assert coordinator.judge(4, 0, "c", close) == PENDING
+    _announce(book, 4, 0, 1, "peer-b", digest("peer-b"))
+    pool.refused[digest("peer-b")] = ("peer-b", "payload does not decode")
+    assert coordinator.judge(4, 0, "c", close) is None
+    assert pool.fetched == []  # nothing was fetched to judge it
+    # A second, equivocating announce may be the one a close names (which one came first is timing).
+    _announce(book, 5, 0, 0, "peer-a", digest("first"))
+    _announce(book, 5, 0, 0, "peer-a", digest("second"), first=False)
+    _announce(book, 5, 0, 1, "peer-b", digest("peer-b"))
+    assert book.snapshot_announces(5, 0)["peer-a"].envelope_hash == digest("first")
+    named = msg.Close([[0, "peer-a", digest("second"), 451], entry(1, "peer-b")])
+    assert coordinator.judge(5, 0, "c", named) is None
+    # What a member did not announce (a coordinator's forgery) is never here: refused after the stall limit.
+    forged = msg.Close([[0, "peer-a", digest("forged"), 451], entry(1, "peer-b")])
+    assert coordinator.judge(5, 0, "c-forged", forged) == PENDING
+    # Placement still counts: an announced hash under another replica is not here.
+    misplaced = msg.Close([entry(1, "peer-b"), [2, "peer-a", digest("first"), 451]])
+    assert coordinator.judge(5, 0, "c-misplaced", misplaced) == PENDING
+
+
+def test_a_forged_sliced_close_is_refused_once_the_stall_limit_passes():
+    from test_node_rooms import Clock, digest, entry, rooms
+
+    clock = Clock()
+    book, _membership, pool, coordinator = rooms(quorum=1, clock=clock, round_timeout=30.0)
+    pool.lazy = True
+    _announce(book, 0, 0, 1, "peer-b", digest("peer-b"))
+    forged = msg.Close([[0, "peer-a", digest("forged"), 451], entry(1, "peer-b")])
+    assert coordinator.judge(0, 0, "c", forged) == PENDING
+    clock.now += coordinator.stall_limit() + 1
+    assert "1 of 2 still missing" in coordinator.judge(0, 0, "c", forged)
+
+
+def test_a_lazy_pool_fetches_announced_contributions_only_where_it_may_close(tmp_path):
+    import threading
+
+    from node.live.exchange import ContributionPool
+    from node.live.roundbook import RoundBook
+    from p2p.errors import BlobUnavailable
+
+    class Host:
+        peer_id = "me"
+
+        def __init__(self):
+            self.asked, self.done = [], threading.Event()
+
+        def fetch_blob(self, sha256_hex, dest, providers=None, timeout=None):
+            self.asked.append(sha256_hex)
+            self.done.set()
+            raise BlobUnavailable("stand-in host serves nothing")
+
+    host, book = Host(), RoundBook()
+    pool = ContributionPool(host, book, 1, tmp_path, 1 << 20, 5.0, 2, lazy=True)
+    try:
+        _announce(book, 2, 0, 1, "peer-b", b"" * 32)
+        pool.prefetch(2, 0)  # what an announce's arrival does: nothing in a lazy pool
+        assert host.asked == []
+        pool.want(2, 0)  # this node may close (2, 0): it fetches what was announced
+        assert host.done.wait(10)
+        assert host.asked[0] == (b"" * 32).hex()
+        pool.forget_before(3)
+        assert pool._wanted == set()
+    finally:
+        pool.close()
+
+
+def test_a_lazy_coordinator_asks_for_the_contributions_only_when_first_in_line_or_past_the_deadline():
+    from node.live.topology import committer_order
+    from test_node_rooms import PEERS
+
+    _book, membership, _pool, coordinator = _lazy_rooms()
+    holders = membership.holders(0)
+    for outer_round in range(12):
+        order = committer_order(outer_round * 1000, holders)
+        first = order[0] == "peer-a"
+        assert coordinator._may_close(outer_round, 0, order, set(PEERS), deadline=float("inf")) == first
+        assert coordinator._may_close(outer_round, 0, order, set(PEERS), deadline=0.0)  # past the deadline
+        # The first coordinator gone: the next in line is first.
+        assert coordinator._may_close(outer_round, 0, order, set(PEERS) - {order[0]}, float("inf")) == (
+            first or order[1] == "peer-a")
+
+
+def test_min_slice_numel_is_a_validated_run_setting_of_sliced_runs_only():
+    from node.config import ConfigError
+    from training.config import ModelConfig
+    from training.stages import split_stages, stage_param_shapes
+
+    full = run_document(config_from_dict({}))["diloco"]
+    assert "min_slice_numel" not in full and "exchange" not in full  # a full run's hash is unchanged
+    sliced = run_document(config_from_dict({"diloco": {"exchange": "sliced", "min_slice_numel": 4096}}))
+    assert sliced["diloco"]["min_slice_numel"] == 4096
+    assert run_document(config_from_dict({"diloco": {"exchange": "sliced"}}))["diloco"]["min_slice_numel"] == 1024
+    for bad in (0, -1, 1 << 31, True, 2.5, "4096"):
+        with pytest.raises((TrainingConfigError, ConfigError), match="min_slice_numel"):
+            DilocoConfig(exchange="sliced", min_slice_numel=bad)
+    with pytest.raises(TrainingConfigError, match="only the sliced exchange"):
+        DilocoConfig(min_slice_numel=4096)
+    # The plan follows it: tiny's stages (~21k elements) in A = R slices down to 1,024 elements, in
+    # at most 5 of 4,096 or more, and whole at 32,768.
+    config = ModelConfig(preset="tiny")
+    for spec in split_stages(config.n_layer, 2):
+        shapes = stage_param_shapes(config, spec)
+        numel = sum(math.prod(shape) for shape in shapes.values())
+        assert live_plan(shapes, 16, 4096).num_slices == min(16, numel // 4096)
+        assert live_plan(shapes, 16, 1 << 15).num_slices == 1
 
 
 def test_the_live_plan_gives_every_replica_a_slice_of_the_tiny_model_up_to_16():

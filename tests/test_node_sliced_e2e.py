@@ -2,9 +2,9 @@
 
 One-node replicas of a one-stage tiny model (the stage is cut into one slice
 per replica); every node must compute the chain's weights root every round, a
-node's traffic must stay below the full exchange's, and a member publishing
-partials that do not bind the close's inputs must be refused (the fallback
-aggregator publishes the slice instead).
+member publishing partials that do not bind the close's inputs must be refused
+(the fallback aggregator publishes the slice instead), and a member whose
+envelope or bundle is unusable costs only its own input.
 """
 
 from __future__ import annotations
@@ -97,5 +97,18 @@ def test_a_slice_that_does_not_match_its_signed_bundle_costs_only_its_signer(mak
     logs = _logs(honest)
     assert "does not check" in logs and "that input is absent" in logs
     assert any(list((slot.data_dir / "evidence").glob("bundle-*.slices")) for slot in honest)
+    report = audit_run(run.client(), run.run_id, archives=[slot.data_dir for slot in run.nodes])
+    assert report.ok, [c.line() for c in report.all_checks() if c.status != OK]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_an_envelope_whose_reference_does_not_fit_costs_only_its_signer(make_run):
+    """Holders fetch no envelope to judge a close: a member whose envelopes carry an unusable reference is
+    refused by an honest coordinator's fetch, and when it closes a round itself, its own entry is an absent
+    input for every aggregator and for the auditor alike; the honest nodes agree and the audit passes."""
+    run, honest, commits = _run(make_run, replicas=3, rounds=2, adversary="bad-reference")
+    logs = _logs(honest)
+    assert "no usable contribution" in logs or "rejected" in logs
     report = audit_run(run.client(), run.run_id, archives=[slot.data_dir for slot in run.nodes])
     assert report.ok, [c.line() for c in report.all_checks() if c.status != OK]

@@ -35,11 +35,13 @@ Payloads (byte layouts; the node signs with its :mod:`p2p.identity` key):
   more per input, R times per aggregator, and the envelope validator allows one
   envelope per (sender, round, kind, stage), not A of them;
 * partial (one :mod:`p2p.envelope` envelope per aggregator and stage, kind
-  ``partial``, which fits that rule): ``b"dlx-partial/1" || u32 j || u32 A ||
+  ``partial``, which fits that rule): ``b"dlx-partial/2" || u32 j || u32 A ||
   u32 R || inputs_root (32) || partial blob``, ``inputs_root`` the Merkle root
   of :func:`input_leaf` over the R inputs in canonical order, so the partial's
   signature binds exactly what went in and the aggregator can show the signed
-  slices it used.
+  slices it used. (The live node binds the close's contributions root instead,
+  the Merkle root of the closed envelope hashes: each signed envelope fixes its
+  reference, which fixes every slice of its bundle; docs/PROTOCOL.md.)
 """
 
 from __future__ import annotations
@@ -66,8 +68,9 @@ logger = logging.getLogger(__name__)
 # Below this many elements a slice's codec framing and per-column scales outweigh its payload
 # (docs/DILOCOX.md section 12 measures the error per byte against the slice count).
 DEFAULT_MIN_SLICE_NUMEL = 8192
-# The live node's plan (slice_stage, the auditor): A = R down to slices of this many elements,
-# so an aggregator's inputs stay ~C whatever R (docs/DILOCOX.md section 12, "Minimum slice").
+# The live node's plan (slice_stage, the auditor) by default: A = R down to slices of this many
+# elements, so an aggregator's inputs stay ~C whatever R (docs/DILOCOX.md section 12, "Minimum
+# slice"). A run sets its own with diloco.min_slice_numel (training.config).
 LIVE_MIN_SLICE_NUMEL = 1024
 
 # A slice boundary moves to a tensor boundary if that shifts it by at most SNAP_EIGHTHS / 8 of a slice.
@@ -75,7 +78,7 @@ SNAP_EIGHTHS = 2
 
 SLICE_SIGNATURE_DOMAIN = b"dlx-slice-sig/1"
 SLICE_PREFIX = b"dlx-slice/1"
-PARTIAL_PREFIX = b"dlx-partial/1"
+PARTIAL_PREFIX = b"dlx-partial/2"
 MAX_SLICES = 1 << 16
 _EMPTY = bytes(32)
 
@@ -561,7 +564,8 @@ class Partial:
 
 
 def partial_payload(slice_index: int, num_slices: int, root: bytes, num_inputs: int, blob: bytes) -> bytes:
-    """Payload of aggregator j's ``partial`` envelope (module docstring); ``root`` is :func:`inputs_root`."""
+    """Payload of aggregator j's ``partial`` envelope (module docstring); ``root`` is the 32-byte inputs
+    root (:func:`inputs_root` in process; the close's contributions root in the live node)."""
     if len(root) != 32:
         raise SliceError("the inputs root must be 32 bytes")
     return PARTIAL_PREFIX + struct.pack(">III", slice_index, num_slices, num_inputs) + root + blob
@@ -739,33 +743,26 @@ def bundle_slices(bundle: bytes, reference: SliceReference) -> list[bytes | None
     return [read_slice(bundle, reference, j) for j in range(reference.num_slices)]
 
 
-def contributions_root(slices_roots: Sequence[bytes]) -> bytes:
-    """What a live partial binds as its inputs root: the Merkle root of ``sha256(b"input/2" || u32 i ||
-    slices root of contribution i)`` over the closed contributions in canonical order. Each slices
-    root fixes every slice hash of its bundle, so this fixes slice j of every input (for every j)
-    and a holder computes it from the constant-size references alone."""
-    return merkle_root([_sha(b"input/2" + struct.pack(">I", replica) + root)
-                        for replica, root in enumerate(slices_roots)])
-
-
 def candidate(slice_index: int, outer_round: int, num_members: int, turn: int) -> int:
     """Canonical index of slice ``slice_index``'s aggregator (``turn`` 0) or its ``turn``-th fallback."""
     return aggregator_of(slice_index + turn, outer_round, num_members)
 
 
-def live_plan(shapes: Mapping[str, tuple[int, ...]], num_replicas: int) -> SlicePlan:
-    """The live node's (and its auditor's) slice plan: :func:`plan_slices` with ``LIVE_MIN_SLICE_NUMEL``."""
-    return plan_slices(shapes, num_replicas, min_slice_numel=LIVE_MIN_SLICE_NUMEL)
+def live_plan(shapes: Mapping[str, tuple[int, ...]], num_replicas: int,
+              min_slice_numel: int = LIVE_MIN_SLICE_NUMEL) -> SlicePlan:
+    """The live node's (and its auditor's) slice plan: :func:`plan_slices` with the run's
+    ``diloco.min_slice_numel`` (``LIVE_MIN_SLICE_NUMEL`` by default)."""
+    return plan_slices(shapes, num_replicas, min_slice_numel=min_slice_numel)
 
 
-def slice_stage(engine, num_replicas: int) -> SlicePlan:
+def slice_stage(engine, num_replicas: int, min_slice_numel: int = LIVE_MIN_SLICE_NUMEL) -> SlicePlan:
     """Make a :class:`~training.diloco.StageEngine` encode sliced contributions; returns its plan.
 
-    The plan is :func:`plan_slices` of the stage's shapes for ``num_replicas``
-    (a run setting, so every node derives the same plan); the error-feedback
-    residual and the byte budget carry over.
+    The plan is :func:`live_plan` of the stage's shapes for ``num_replicas`` and
+    ``min_slice_numel`` (run settings, so every node derives the same plan); the
+    error-feedback residual and the byte budget carry over.
     """
-    plan = live_plan(engine.shapes, num_replicas)
+    plan = live_plan(engine.shapes, num_replicas, min_slice_numel)
     old = engine.compressor
     sliced = SlicedErrorFeedbackCompressor(engine.shapes, engine.compression_cfg, plan,
                                            bandwidth_budget=old.bandwidth_budget)

@@ -137,6 +137,9 @@ class TrainingConfig:
 DELAY_CORRECTIONS = ("rebase", "lookahead", "eager", "reset")
 OUTER_DECAYS = ("constant", "linear", "cosine")
 EXCHANGES = ("full", "sliced")
+#: diloco.min_slice_numel: its default (the live plan of session 7) and its bound.
+DEFAULT_MIN_SLICE_NUMEL = 1024
+MAX_MIN_SLICE_NUMEL = 1 << 30
 
 # "auto" bandwidth budgets never compress one round's contribution more than this (bytes
 # of float32 over bytes sent): at H = 50 the 1000x target asks for about 20.
@@ -194,6 +197,12 @@ class DilocoConfig:
     # publishes a signed partial, every holder fetches the partials (~2 C whatever R). Part of
     # the run document only when "sliced", so the hash of every "full" run is unchanged.
     exchange: str = "full"
+    # The sliced exchange's smallest slice, in elements: a stage is cut into
+    # A = min(num_replicas, elements // min_slice_numel) slices (training.butterfly.live_plan). A
+    # run setting (every node and the auditor derive the same plan), in the run document only
+    # when "sliced". Small slices code worse (docs/DILOCOX.md section 12, "Minimum slice"); a
+    # larger minimum also caps A, so only A of the R holders aggregate a slice each round.
+    min_slice_numel: int = 1024
 
     def __post_init__(self) -> None:
         _require(self.inner_steps >= 1, f"diloco.inner_steps={self.inner_steps}: must be >= 1")
@@ -250,6 +259,16 @@ class DilocoConfig:
         _require(
             self.exchange in EXCHANGES,
             f"diloco.exchange={self.exchange!r}: must be one of {', '.join(EXCHANGES)}",
+        )
+        _require(
+            type(self.min_slice_numel) is int and 1 <= self.min_slice_numel <= MAX_MIN_SLICE_NUMEL,
+            f"diloco.min_slice_numel={self.min_slice_numel!r}: must be a whole number of elements in "
+            f"[1, {MAX_MIN_SLICE_NUMEL}] (1024 is the default)",
+        )
+        _require(
+            self.exchange == "sliced" or self.min_slice_numel == DEFAULT_MIN_SLICE_NUMEL,
+            f"diloco.min_slice_numel={self.min_slice_numel}: only the sliced exchange cuts slices; "
+            f"set diloco.exchange = \"sliced\" or leave it at {DEFAULT_MIN_SLICE_NUMEL}",
         )
 
     @property

@@ -182,6 +182,8 @@ class RoundCoordinator:
             return "entries not in canonical (replica, peer, hash) order", 0
         if not (len(replicas) == len({e[1] for e in entries}) == len({e[2] for e in entries}) == len(entries)):
             return "duplicate replica, peer or contribution", 0
+        if self.contributions.lazy:
+            return self._lazy_problem(outer_round, stage, entries)
         rejected = self.contributions.rejected(outer_round, stage)
         for _replica, peer_id, digest, _size in entries:
             if digest in rejected:
@@ -202,6 +204,33 @@ class RoundCoordinator:
         if here < len(entries):
             return PENDING, here
         return None, here
+
+    def _lazy_problem(self, outer_round: int, stage: int, entries: list[tuple]) -> tuple[str | None, int]:
+        """:meth:`_problem`'s entry checks in the sliced exchange, which fetches no envelope to judge a close.
+
+        An entry counts once its peer is placed on that stage and replica and signed an announce of
+        that envelope for (round, stage) (docs/PROTOCOL.md, "Sliced exchange"): a coordinator cannot
+        name what a member did not announce. Whether the envelope is a usable contribution is decided
+        by the slice aggregators alike (an unusable one is an absent input), not here: only some nodes
+        fetch it, so a refusal on what they found would split the holders.
+        """
+        here = 0
+        for replica, peer_id, digest, _size in entries:
+            placed = self.membership.placements.get(peer_id)
+            if placed is None or stage not in placed.stages or placed.replica != replica:
+                continue
+            if self.book.was_announced(outer_round, stage, peer_id, digest):
+                here += 1
+        return (PENDING if here < len(entries) else None), here
+
+    def _may_close(self, outer_round: int, stage: int, order: list[str], present: set[str],
+                   deadline: float) -> bool:
+        """Whether this node may have to close (round, stage) soon: the first live, unrefused
+        coordinator in the rotation, or anyone once the deadline passed (a fallback's turn may come).
+        A lazy pool (the sliced exchange) fetches the announced contributions only then."""
+        refused = set(self.invalid_closes(outer_round, stage))
+        first = next((c for c in order if (c == self.peer_id or c in present) and c not in refused), None)
+        return first == self.peer_id or time.monotonic() >= deadline
 
 
     # -- waiting for the decision -------------------------------------------------------
@@ -256,6 +285,8 @@ class RoundCoordinator:
 
         last_resync = last_warning = started
         while True:
+            if self.contributions.lazy and self._may_close(outer_round, stage, order, present, current_deadline()):
+                self.contributions.want(outer_round, stage)
             self.contributions.prefetch(outer_round, stage)
             alive, present = self.membership.alive(), self.membership.present()
             close = self.book.wait_for(decide, timeout=1.0, stop=None)

@@ -9,6 +9,12 @@ served onward to peers. A contribution that fails is *rejected*: the reason is
 logged once, the signed envelope kept under ``evidence/`` as proof, and the
 round goes on without it.
 
+A *lazy* pool (the sliced exchange, docs/PROTOCOL.md "Sliced exchange") fetches
+announced contributions only for the rounds and stages this node may close
+(:meth:`ContributionPool.want`): there a holder needs none of the closed
+envelopes, only the partials, so fetching every member's envelope would be the
+one per-member cost left in its traffic.
+
 Only a contribution's sender announces it on the DHT, and in the background: a fetcher asks
 the sender, then the close's coordinator, then every live peer (all of them fetched it), so
 the DHT is for auditors and for peers that arrive later. Every holder re-announcing every
@@ -68,7 +74,7 @@ class ContributionPool:
     def __init__(self, host: P2PHost, book: RoundBook, run_id: int, incoming: Path, max_bytes: int,
                  transfer_timeout: float, workers: int,
                  check_payload: Callable[[int, int, bytes], None] | None = None,
-                 evidence_dir: Path | None = None) -> None:
+                 evidence_dir: Path | None = None, lazy: bool = False) -> None:
         self.host = host
         self.book = book
         self.run_id = run_id
@@ -77,6 +83,8 @@ class ContributionPool:
         self.transfer_timeout = transfer_timeout
         self.check_payload = check_payload
         self.evidence_dir = evidence_dir
+        self.lazy = lazy
+        self._wanted: set[tuple[int, int]] = set()  # (round, stage) a lazy pool fetches everything of
         self._have: dict[tuple[int, int], dict[bytes, bytes]] = {}
         self._rejected: dict[tuple[int, int], dict[bytes, tuple[str, str]]] = {}  # digest -> (sender, reason)
         self._senders: dict[bytes, tuple[int, str]] = {}  # digest -> (replica, peer id) of envelopes held
@@ -137,6 +145,11 @@ class ContributionPool:
         with self._lock:
             return digest in self._have.get((outer_round, stage), {}) and self._senders.get(digest) == (replica, peer_id)
 
+    def in_flight(self, digest: bytes) -> bool:
+        """Whether a fetch of the envelope ``digest`` is under way."""
+        with self._lock:
+            return digest in self._in_flight
+
     def have(self, outer_round: int, stage: int) -> dict[bytes, bytes]:
         with self._lock:
             return dict(self._have.get((outer_round, stage), {}))
@@ -158,8 +171,19 @@ class ContributionPool:
             except OSError as exc:
                 logger.warning("evidence not kept: %s", exc)
 
+    def want(self, outer_round: int, stage: int) -> None:
+        """Fetch every announced contribution of (round, stage) from now on, also in a lazy pool."""
+        with self._lock:
+            self._wanted.add((outer_round, stage))
+        self.prefetch(outer_round, stage)
+
     def prefetch(self, outer_round: int, stage: int) -> None:
-        """Start fetching every announced contribution of (round, stage) not yet here."""
+        """Start fetching every announced contribution of (round, stage) not yet here (a lazy pool:
+        only once :meth:`want` asked for that round and stage)."""
+        if self.lazy:
+            with self._lock:
+                if (outer_round, stage) not in self._wanted:
+                    return
         for a in self.book.snapshot_announces(outer_round, stage).values():
             self.fetch(outer_round, stage, a)
 
@@ -227,6 +251,7 @@ class ContributionPool:
 
     def forget_before(self, outer_round: int) -> None:
         with self._lock:
+            self._wanted = {key for key in self._wanted if key[0] >= outer_round}
             for book in (self._have, self._rejected):
                 for key in [k for k in book if k[0] < outer_round]:
                     for digest in book[key]:

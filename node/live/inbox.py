@@ -196,11 +196,16 @@ class GossipInbox:
         """A coordinator that signed two different closes of one (round, stage) is skipped for it.
 
         The validator keeps both envelopes as evidence; which one a node saw first depends on
-        timing, so neither may decide the round (docs/PROTOCOL.md, "Closing a round").
+        timing, so neither may decide the round (docs/PROTOCOL.md, "Closing a round"). A second,
+        different announce is filed as one a close may name, for the same reason.
         """
         env = decode_envelope(data, self.validator.max_size)
         if env.kind == msg.RECORD:
             self._on_record(env, msg.decode_payload(msg.RECORD, env.payload), data)  # files it as evidence
+        if env.kind == msg.ANNOUNCE:  # a close of the sliced exchange may name either (RoundCoordinator.judge)
+            announce = msg.decode_payload(msg.ANNOUNCE, env.payload)
+            self.book.add_announce(env.round, env.stage, Announced(env.sender_peer_id, env.replica,
+                                                                   announce.envelope_hash, announce.size), first=False)
         if env.kind == msg.CLOSE:
             logger.warning("round %d stage %d: %s signed two different closes; both are ignored", env.round,
                            env.stage, env.sender_peer_id[-8:])

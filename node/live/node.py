@@ -253,13 +253,14 @@ class Node:
         self.contributions = ContributionPool(
             self.host, self.book, self.run_id, self.data_dir / "incoming", cfg.p2p.max_blob_bytes,
             cfg.p2p.transfer_timeout, cfg.p2p.blob_concurrency,
-            check_payload=self._check_contribution, evidence_dir=self.data_dir / "evidence")
+            check_payload=self._check_contribution, evidence_dir=self.data_dir / "evidence",
+            lazy=cfg.diloco.exchange == "sliced")  # sliced: only a coordinator or an aggregator fetches envelopes
         self.contributions.fallback_providers = self.membership.live_providers
         if cfg.diloco.exchange == "sliced":
             self.sliced = SlicedExchange(self.host, self.identity, self.run_id, lambda: self.worker,
                                          lambda: self.placement.replica, self._gossip, cfg.p2p.max_blob_bytes,
                                          cfg.p2p.transfer_timeout, self.archive, self.data_dir / "incoming",
-                                         self.data_dir / "evidence", self.stop_event)
+                                         self.data_dir / "evidence", self.stop_event, self.contributions)
         # Rounds this node finished in an earlier life: it never signs a second, different
         # close or attestation for them (peers would hold both as equivocation evidence).
         self.coordinator = RoundCoordinator(
@@ -683,7 +684,8 @@ class Node:
             if self.sliced is None:
                 result = self.worker.apply(stage, outer_round, payloads, excluded=screened, prepared=prepared)
             else:
-                result = self._apply_sliced(outer_round, stage, close, payloads)
+                result = self._apply_sliced(outer_round, stage, close)
+                envelopes = self.sliced.held_envelopes(outer_round, stage, close)  # not every member's
             waited["aggregate"] += time.monotonic() - mark
             for entry in close.contributions:  # when each was here: the round's exchange time
                 arrived = self.contributions.arrived_at(entry[2])
@@ -702,9 +704,11 @@ class Node:
                 self._join_engine_work()  # the residual it goes back into: after the encode on the lane
                 self.worker.contribution_dropped(stage, outer_round)  # a straggler's update is sent again later
             for (replica, peer_id, digest, _size), envelope in zip(close.contributions, envelopes):
-                self.archive.put(outer_round, envelope)
+                if envelope is not None:
+                    self.archive.put(outer_round, envelope)
                 sealed.append(ArchivedContribution(stage, replica, peer_id, digest))
-        self.archive.seal_round(outer_round, sealed, excluded=excluded)
+        # A sliced holder archives the closed envelopes it holds; each contributor archives its own.
+        self.archive.seal_round(outer_round, sealed, excluded=excluded, all_held=self.sliced is None)
         # Retention (node/store/retention.py): never a round or the checkpoint a restart or a peer needs.
         prune_archive(self.archive, self.cfg.storage.keep_rounds, self.progress.last_commit, self.host.remove_blob)
         prune_checkpoints(self.checkpoint_dir, self.cfg.storage.keep_checkpoints, self.progress.last_commit,
@@ -749,10 +753,10 @@ class Node:
         else:
             self.worker.check_contribution(stage, outer_round, blob)
 
-    def _apply_sliced(self, outer_round: int, stage: int, close: msg.Close, manifests: list[bytes]):
+    def _apply_sliced(self, outer_round: int, stage: int, close: msg.Close):
         """The sliced exchange's aggregation: one valid partial per slice, assembled, the outer step."""
-        used = self.sliced.partials(outer_round, stage, close, manifests)
-        return self.worker.apply_partials(stage, outer_round, [partial.blob for partial in used], manifests)
+        used = self.sliced.partials(outer_round, stage, close)
+        return self.worker.apply_partials(stage, outer_round, [partial.blob for partial in used])
 
     def _gather_stage(self, outer_round: int, stage: int, sealed_before, waited: dict[str, float],
                       prepare: bool = False, clock_from=None) -> tuple:
@@ -769,15 +773,15 @@ class Node:
         close = self.coordinator.accepted(outer_round, stage) or self.coordinator.await_close(
             outer_round, stage, clock_from=clock_from)
         waited["close_wait"] += time.monotonic() - mark
+        if self.sliced is not None:  # the partials are fetched and applied at the apply (no screening)
+            self.sliced.prefetch_inputs(outer_round, stage, close)  # an aggregator's envelopes, meanwhile
+            return close, None, None, {}, None
         mark = time.monotonic()
         envelopes = self.contributions.collect(outer_round, stage, close)
         waited["fetch_wait"] += time.monotonic() - mark
         mark = time.monotonic()
         payloads = [msg.decode_contribution_body(decode_envelope(e, self.cfg.p2p.max_blob_bytes).payload).blob
                     for e in envelopes]
-        if self.sliced is not None:  # manifests: the partials are aggregated at the apply (no screening)
-            waited["aggregate"] += time.monotonic() - mark
-            return close, envelopes, payloads, {}, None
         screened, _reports = self.worker.screen(outer_round, payloads)
         prepared = None
         if prepare:

@@ -94,7 +94,8 @@ class ReplicaWorker:
             params = dict(modules[stage].named_parameters())
             self.engines[stage] = StageEngine(stage, params, self.cfg.diloco, self.cfg.compression)
             if self.cfg.diloco.exchange == "sliced":  # docs/PROTOCOL.md, "Sliced exchange"
-                self.plans[stage] = slice_stage(self.engines[stage], self.cfg.diloco.num_replicas)
+                self.plans[stage] = slice_stage(self.engines[stage], self.cfg.diloco.num_replicas,
+                                                self.cfg.diloco.min_slice_numel)
 
     def leave_pipeline(self) -> None:
         """Drop the cluster's broken pipeline (a partner died); weights, optimizer and engines are kept."""
@@ -283,14 +284,13 @@ class ReplicaWorker:
                                self.engines[stage].compressor.bandwidth_budget, norm_clip=self.cfg.diloco.norm_clip,
                                stage_index=stage, outer_round=outer_round)
 
-    def apply_partials(self, stage: int, outer_round: int, partials: list[bytes],
-                       contributions: list[bytes]) -> RoundResult:
+    def apply_partials(self, stage: int, outer_round: int, partials: list[bytes]) -> RoundResult:
         """The outer step of ``outer_round`` on the average assembled from the A partial blobs."""
         engine = self.engines[stage]
         average = average_of_partials(partials, self.plans[stage], stage_index=stage, outer_round=outer_round,
                                       refuse_raw=self.cfg.compression.enabled)
         aggregation = step_with_average(engine.global_weights, engine.momentum, average, self.cfg.diloco, outer_round)
-        return engine.finish_round(outer_round, contributions, aggregation=aggregation)
+        return engine.finish_round(outer_round, [], aggregation=aggregation)
 
     def contribution_dropped(self, stage: int, outer_round: int) -> None:
         """This node's contribution of ``outer_round`` was not aggregated: send its update again later."""

@@ -22,6 +22,9 @@ T = TypeVar("T")
 #: is not expected in a round. Generous: a node busy training on a loaded machine can leave
 #: its heartbeat thread waiting for the GIL for several seconds.
 PEER_TTL_S = 20.0
+#: (peer, envelope hash) pairs kept per (round, stage): one per member, a second per equivocator
+#: (the validator refuses a third envelope of a slot as a replay or equivocation alike).
+MAX_ANNOUNCED_PER_SLOT = 8192
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,9 @@ class RoundBook:
         self._cond = threading.Condition()
         self.peers: dict[str, PeerInfo] = {}
         self.announces: dict[tuple[int, int], dict[str, Announced]] = defaultdict(dict)
+        # Every (peer, envelope hash) a sender announced for (round, stage), a second, equivocating
+        # announce included (which one a node saw first is timing): what a sliced close may name.
+        self.announced: dict[tuple[int, int], set[tuple[str, bytes]]] = defaultdict(set)
         self.closes: dict[tuple[int, int], dict[str, tuple[Close, bytes]]] = defaultdict(dict)
         self.close_times: dict[tuple[int, int], dict[str, float]] = defaultdict(dict)  # first arrival, monotonic
         self.equivocators: dict[tuple[int, int], set[str]] = defaultdict(set)  # signed two different closes
@@ -73,10 +79,21 @@ class RoundBook:
         with self._cond:
             self._cond.notify_all()
 
-    def add_announce(self, round_index: int, stage: int, item: Announced) -> None:
+    def add_announce(self, round_index: int, stage: int, item: Announced, first: bool = True) -> None:
+        """File a signed announce; ``first=False``: a sender's second, different announce of the slot
+        (equivocation), kept only as something a close may name, never as the sender's announce."""
         with self._cond:
-            self.announces[(round_index, stage)].setdefault(item.peer_id, item)
+            if first:
+                self.announces[(round_index, stage)].setdefault(item.peer_id, item)
+            hashes = self.announced[(round_index, stage)]
+            if len(hashes) < MAX_ANNOUNCED_PER_SLOT:
+                hashes.add((item.peer_id, item.envelope_hash))
             self._cond.notify_all()
+
+    def was_announced(self, round_index: int, stage: int, peer_id: str, envelope_hash: bytes) -> bool:
+        """Whether ``peer_id`` signed an announce of ``envelope_hash`` for (round, stage)."""
+        with self._cond:
+            return (peer_id, envelope_hash) in self.announced.get((round_index, stage), ())
 
     def add_close(self, round_index: int, stage: int, coordinator: str, close: Close, envelope: bytes) -> None:
         with self._cond:
@@ -168,7 +185,8 @@ class RoundBook:
     def forget_before(self, round_index: int) -> None:
         """Drop state of rounds older than ``round_index`` (bounds memory on long runs)."""
         with self._cond:
-            for book in (self.announces, self.closes, self.close_times, self.equivocators, self.attestations):
+            for book in (self.announces, self.announced, self.closes, self.close_times, self.equivocators,
+                         self.attestations):
                 for key in [k for k in book if k[0] < round_index]:
                     del book[key]
             for key in [k for k in self.signatures if k < round_index]:

@@ -4,13 +4,16 @@ Instead of fetching every closed contribution, a holder of stage ``s`` fetches
 one partial per slice: aggregator ``j`` (a deterministic function of the close
 and the round) fetches slice ``j`` of every closed contribution, aggregates it
 (:func:`training.butterfly.aggregate_slice`) and publishes a signed ``partial``
-envelope; everyone checks each partial's binding (its inputs root over the
-close's slice references), assembles the average and takes the outer step.
-A contribution envelope carries a constant-size reference to its replica's
-slice bundle; the aggregator reads its record and its slice by range, so
-nobody's traffic holds the R x A slice hashes. The
-protocol, the fallback order and what an auditor replays are in
-docs/PROTOCOL.md, "Sliced exchange".
+envelope; everyone checks each partial's binding (its inputs root is the
+close's contributions root, the Merkle root of the closed envelope hashes),
+assembles the average and takes the outer step. A contribution envelope
+carries a constant-size reference to its replica's slice bundle; only an
+aggregator fetches the closed envelopes, and it reads each bundle's record and
+slice by range, so a holder that aggregates nothing fetches nothing per member.
+An envelope that is not a usable contribution (header, body or reference) is an
+absent input, decided from its bytes alone (fixed by the hash the close names),
+so every aggregator and the auditor agree. The protocol, the fallback order and
+what an auditor replays are in docs/PROTOCOL.md, "Sliced exchange".
 """
 
 from __future__ import annotations
@@ -23,9 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ledger.merkle import merkle_root
 from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
 from node.live import protocol as msg
+from node.live.exchange import ContributionPool
+from node.live.roundbook import Announced
 from node.store.archive import Archive
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
@@ -36,7 +42,6 @@ from training.butterfly import (
     SliceReference,
     bundle_slices,
     candidate,
-    contributions_root,
     parse_partial,
     parse_slice_record,
     parse_slice_reference,
@@ -52,6 +57,24 @@ logger = logging.getLogger(__name__)
 #: Partial announces kept per sender and per (round, stage, slice), and in all per slot.
 ANNOUNCES_PER_SENDER = 4
 MAX_ANNOUNCES_PER_SLOT = 4096
+
+
+def usable_reference(envelope: bytes, entry, run_id: int, outer_round: int, stage: int, num_slices: int,
+                     max_blob_bytes: int) -> SliceReference | None:
+    """The slice reference a closed envelope carries, or None when it is no usable contribution of
+    ``entry`` = ``[replica, peer id, envelope hash, size]`` in (round, stage): an envelope that does not
+    verify, whose signed header names another kind, run, round, stage, replica or signer, whose body is
+    not a contribution body, or whose reference does not fit the plan. Pure (the aggregators' and the
+    auditor's rule): never raises on hostile bytes."""
+    replica, peer_id = entry[0], entry[1]
+    try:
+        env = decode_envelope(envelope, max_blob_bytes)
+        if (env.kind, env.run_id, env.round, env.stage, env.replica, env.sender_peer_id) != (
+                msg.CONTRIBUTION, run_id, outer_round, stage, replica, peer_id):
+            return None
+        return parse_slice_reference(msg.decode_contribution_body(env.payload).blob, num_slices, max_blob_bytes)
+    except (EnvelopeRejected, msg.ProtocolError, SliceError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -74,8 +97,10 @@ class SlicedExchange:
 
     def __init__(self, host: P2PHost, identity: Identity, run_id: int, worker: Callable[[], object],
                  replica: Callable[[], int], gossip: Callable, max_blob_bytes: int, turn_timeout: float,
-                 archive: Archive, incoming: Path, evidence_dir: Path, stop: threading.Event) -> None:
+                 archive: Archive, incoming: Path, evidence_dir: Path, stop: threading.Event,
+                 contributions: ContributionPool | None = None) -> None:
         self.host = host
+        self.contributions = contributions  # the envelopes this node holds (its own; a coordinator's)
         self.identity = identity
         self.peer_id = identity.peer_id
         self.run_id = run_id
@@ -110,6 +135,31 @@ class SlicedExchange:
         """Raise SliceError unless ``blob`` is a slice reference for this stage's plan (the contribution check)."""
         parse_slice_reference(blob, self.worker().plans[stage].num_slices, self.max_blob_bytes)
 
+    def input_reference(self, outer_round: int, stage: int, entry, envelope: bytes) -> SliceReference | None:
+        """The reference of a closed entry's envelope, or None if it is no usable contribution (an absent input).
+
+        A pure function of the bytes (which the close fixes by their sha256) and the entry, so
+        every aggregator and the auditor (node/tools/audit_sliced.py) decide alike.
+        """
+        return usable_reference(envelope, entry, self.run_id, outer_round, stage,
+                                self.worker().plans[stage].num_slices, self.max_blob_bytes)
+
+    def prefetch_inputs(self, outer_round: int, stage: int, close: msg.Close) -> None:
+        """If this node aggregates a slice of the close, start fetching the closed envelopes in the
+        background (in parallel, while the next round trains); a holder that aggregates nothing
+        fetches none of them."""
+        members = len(close.contributions)
+        mine = any(close.contributions[candidate(j, outer_round, members, 0)][1] == self.peer_id
+                   for j in range(self.worker().plans[stage].num_slices))
+        if mine and self.contributions is not None:
+            for replica, peer_id, digest, size in close.contributions:
+                self.contributions.fetch(outer_round, stage, Announced(peer_id, replica, digest, size))
+
+    def held_envelopes(self, outer_round: int, stage: int, close: msg.Close) -> list[bytes | None]:
+        """The closed envelopes this node holds (its own, those it fetched as coordinator or aggregator)."""
+        have = self.contributions.have(outer_round, stage) if self.contributions is not None else {}
+        return [have.get(entry[2]) for entry in close.contributions]
+
     # -- gossip ----------------------------------------------------------------------
     def on_announce(self, env: Envelope, announce: msg.PartialAnnounce, _data: bytes) -> None:
         with self._cond:
@@ -127,8 +177,8 @@ class SlicedExchange:
                 del self._announced[key]
 
     # -- one round of one stage --------------------------------------------------------
-    def partials(self, outer_round: int, stage: int, close: msg.Close, references: list[bytes]) -> list[UsedPartial]:
-        """One valid partial per slice for the close (the closed contributions' ``references`` in its order).
+    def partials(self, outer_round: int, stage: int, close: msg.Close) -> list[UsedPartial]:
+        """One valid partial per slice for the close.
 
         Turn ``m`` of slice ``j`` opens ``m x turn_timeout`` seconds after this
         call; from then on the partial of candidate ``m`` counts too, and a
@@ -138,11 +188,13 @@ class SlicedExchange:
         """
         plan = self.worker().plans[stage]
         members = len(close.contributions)
-        references = [parse_slice_reference(m, plan.num_slices, self.max_blob_bytes) for m in references]
-        root = contributions_root([reference.slices_root for reference in references])  # every slice binds it
+        # Every partial binds the close's contributions root (what the attestation and the record
+        # commit to): each envelope hash fixes its signed reference, which fixes every slice.
+        root = merkle_root([entry[2] for entry in close.contributions])
         used: dict[int, UsedPartial] = {}
         tried: set[bytes] = set()  # partial envelope hashes already judged
         inputs: dict[tuple[bytes, int], bytes] = {}  # slice blobs fetched so far (as an aggregator)
+        references: dict[bytes, SliceReference | None] = {}  # envelope hash -> reference (None: absent)
         refused: dict[int, set[int]] = {}  # slice -> turns whose candidate signed a refused partial
         started = time.monotonic()
         while len(used) < plan.num_slices:
@@ -163,7 +215,8 @@ class SlicedExchange:
                     if peer_id == self.peer_id:
                         # Tried again on every pass until every input is here (a fetch that failed
                         # under load must not cost a whole turn); fetched inputs are kept meanwhile.
-                        own = self._aggregate(outer_round, stage, j, close, references, root, members, m, inputs)
+                        own = self._aggregate(outer_round, stage, j, close, references, root, members, m,
+                                              inputs)
                         if own is not None:
                             used[j] = own
                             break
@@ -219,7 +272,7 @@ class SlicedExchange:
             raise SliceError(f"partial for slice {partial.slice_index} of {partial.num_slices} over "
                              f"{partial.num_inputs} inputs, expected {j} of {plan.num_slices} over {members}")
         if partial.inputs_root != root:
-            raise SliceError("partial's inputs root differs from the close's slice references")
+            raise SliceError("partial's inputs root differs from the close's contributions root")
         if partial.blob:
             decode_contribution(partial.blob, plan.slice_shapes(j), stage_index=stage, outer_round=outer_round,
                                 refuse_raw=self.worker().cfg.compression.enabled)
@@ -234,36 +287,81 @@ class SlicedExchange:
         except OSError as exc:
             logger.warning("evidence not kept: %s", exc)
 
-    def _fetch(self, digest: bytes, provider: str) -> bytes | None:
+    def _fetch(self, digest: bytes, provider: str | None) -> bytes | None:
+        """The blob ``digest`` (its sha256 checked) from ``provider``, or from any provider when None."""
         dest = self.incoming / f"{digest.hex()}.slice"
         dest.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.host.fetch_blob(digest.hex(), dest, providers=[provider], timeout=self.turn_timeout)
+            self.host.fetch_blob(digest.hex(), dest, providers=None if provider is None else [provider],
+                                 timeout=self.turn_timeout)
             return dest.read_bytes()
         except (P2PError, OSError) as exc:
-            logger.info("blob %s from %s not fetched: %s", digest.hex()[:12], provider[-8:], exc)
+            logger.info("blob %s from %s not fetched: %s", digest.hex()[:12],
+                        "any provider" if provider is None else provider[-8:], exc)
             return None
         finally:
             dest.unlink(missing_ok=True)
 
-    def _aggregate(self, outer_round, stage, j, close, references: list[SliceReference], root, members, turn,
-                   fetched: dict[tuple[bytes, int], bytes]) -> UsedPartial | None:
+    def _reference(self, outer_round: int, stage: int, entry,
+                   references: dict[bytes, SliceReference | None]) -> tuple[bool, SliceReference | None]:
+        """``(here, reference)`` of a closed entry for an aggregator: its envelope from this node's pool or
+        fetched by the pool (from its signer, then live peers), judged by :meth:`input_reference`."""
+        digest = entry[2]
+        if digest in references:
+            return True, references[digest]
+        envelope = None
+        if self.contributions is not None:
+            # The pool fetches it (from its signer, the close's coordinator, then live peers; a no-op
+            # while prefetch_inputs' fetch is under way); fetching it beside the pool would double its bytes.
+            self.contributions.fetch(outer_round, stage, Announced(entry[1], entry[0], digest, entry[3]))
+            waited = time.monotonic() + self.turn_timeout
+            while self.contributions.in_flight(digest) and time.monotonic() < waited and not self.stop.is_set():
+                time.sleep(0.05)
+            envelope = self.contributions.have(outer_round, stage).get(digest)
+        if envelope is None and self.host.has_blob(digest.hex()):
+            envelope = self._fetch(digest, entry[1])  # fetched, but refused by the pool: judged here alike
+        if envelope is None and self.contributions is None:
+            envelope = self._fetch(digest, entry[1])
+        if envelope is None:
+            return False, None
+        reference = self.input_reference(outer_round, stage, entry, envelope)
+        if reference is None:
+            logger.warning("round %d stage %d: closed envelope %s of %s is no usable contribution: an absent "
+                           "input", outer_round, stage, digest.hex()[:12], entry[1][-8:])
+            try:  # bound by the close and (through its announce) by its signer: keep it
+                atomic_write_bytes(self.evidence_dir / f"round-{outer_round:08d}-stage{stage}-"
+                                   f"{digest.hex()}.envelope", envelope)
+            except OSError as exc:
+                logger.warning("evidence not kept: %s", exc)
+        elif self.contributions is not None:
+            self.contributions.add(outer_round, stage, digest, envelope)  # archived with the round, served
+        references[digest] = reference
+        return True, reference
+
+    def _aggregate(self, outer_round, stage, j, close, references: dict[bytes, SliceReference | None], root,
+                   members, turn, fetched: dict[tuple[bytes, int], bytes]) -> UsedPartial | None:
         """Fetch slice j of every closed contribution, aggregate, sign, serve and announce the partial.
 
         Publishes only with every input here: a partial over fewer inputs would
         not bind the root the holders compute. None while an input is missing
         (the caller tries again; the next candidate's turn opens meanwhile).
         """
-        for (_replica, peer_id, _digest, _size), reference in zip(close.contributions, references):
-            if (reference.bundle_digest, j) in fetched:
+        for entry in close.contributions:
+            here, reference = self._reference(outer_round, stage, entry, references)
+            if not here:
+                logger.warning("round %d stage %d slice %d: envelope of %s missing; trying again (turn %d)",
+                               outer_round, stage, j, entry[1][-8:], turn)
+                return None
+            if reference is None or (reference.bundle_digest, j) in fetched:
                 continue
-            blob = self._read_slice(reference, j, peer_id)
+            blob = self._read_slice(reference, j, entry[1])
             if blob is None:
                 logger.warning("round %d stage %d slice %d: input of %s missing; trying again (turn %d)",
-                               outer_round, stage, j, peer_id[-8:], turn)
+                               outer_round, stage, j, entry[1][-8:], turn)
                 return None
             fetched[(reference.bundle_digest, j)] = blob or None  # b"": a bundle proven bad, an absent input
-        inputs = [fetched[(reference.bundle_digest, j)] for reference in references]
+        inputs = [None if references[entry[2]] is None else fetched[(references[entry[2]].bundle_digest, j)]
+                  for entry in close.contributions]
         result = self.worker().aggregate_slice(stage, outer_round, j, inputs)
         plan = self.worker().plans[stage]
         payload = self.make_payload(j, plan.num_slices, root, members, result.partial)

@@ -99,15 +99,17 @@ class Archive:
         return hits[0] if hits else None
 
     def seal_round(self, round_index: int, contributions: list[ArchivedContribution],
-                   excluded: list[list] | None = None) -> None:
+                   excluded: list[list] | None = None, all_held: bool = True) -> None:
         """Record which envelopes were aggregated in round ``round_index``, in canonical order.
 
         ``excluded`` lists the closed contributions the aggregation left out (training.robust:
         undecodable, wrong shape, non-finite, forbidden codec, screened) as ``[stage, replica,
         peer id, envelope hash hex, reason, detail]``; an auditor re-derives them.
+        ``all_held=False``: some envelopes are not archived here (a sliced exchange's holder
+        fetches only those it aggregates; each contributor archives its own).
         """
         ordered = sorted(contributions, key=ArchivedContribution.key)
-        for c in ordered:
+        for c in ordered if all_held else ():
             if not (self._round_dir(round_index) / f"{c.envelope_hash.hex()}.env").exists():
                 raise StateError(f"cannot seal round {round_index}: envelope {c.envelope_hash.hex()} missing")
         atomic_write_json(

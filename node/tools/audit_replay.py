@@ -172,7 +172,7 @@ class Replayer:
         return screening_exclusions(reports)
 
     def apply_sliced(self, round_index: int, payloads_by_stage: list[list[bytes]], peers_by_stage: list[list[str]],
-                     notes: list[str], checks: list) -> bytes:
+                     notes: list[str], checks: list, hashes_by_stage: list[list[bytes]]) -> bytes:
         """:meth:`apply` of a sliced round: the average of each stage re-derived from its partials
         (node/tools/audit_sliced.py); raises ScreeningUnavailable when the archives lack them."""
         from node.tools.audit_sliced import SlicedEvidenceMissing, sliced_average
@@ -184,7 +184,8 @@ class Replayer:
             shapes = {name: tuple(t.shape) for name, t in self.weights[stage].items()}
             try:
                 average = sliced_average(self.cfg, self.run_id, round_index, stage, shapes, payloads,
-                                         peers_by_stage[stage], self.sources, notes, checks)
+                                         peers_by_stage[stage], self.sources, notes, checks,
+                                         hashes_by_stage[stage])
             except SlicedEvidenceMissing as exc:
                 raise ScreeningUnavailable(str(exc)) from None
             result = step_with_average(self.weights[stage], self.momentum[stage], average, self.cfg.diloco,
@@ -263,7 +264,9 @@ def check_replay(
     try:
         if replayer.cfg.diloco.exchange == "sliced":
             peers = [[c.peer_id for c in verdict.contributors if c.stage == stage] for stage in range(len(payloads))]
-            root = replayer.apply_sliced(commit.round, payloads, peers, verdict.notes, verdict.checks)
+            hashes = [[bytes.fromhex(c.envelope) for c in verdict.contributors if c.stage == stage]
+                      for stage in range(len(payloads))]
+            root = replayer.apply_sliced(commit.round, payloads, peers, verdict.notes, verdict.checks, hashes)
         else:
             root = replayer.apply(commit.round, payloads)
     except ScreeningUnavailable as exc:

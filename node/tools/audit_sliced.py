@@ -3,7 +3,8 @@
 A sliced round's contribution envelopes carry references (a slice bundle's
 hash and the Merkle root of its slices); the holders applied the average
 assembled from one partial per slice. Per stage the auditor computes the
-inputs root from the references, takes every archived partial envelope that
+inputs root (the Merkle root of the closed envelope hashes, as the holders
+did), takes every archived partial envelope that
 binds it and is signed by one of the slice's candidates: that is the partial
 every holder had to apply, so the weights root is replayed from it. When the
 contributors' archives hold the slice bundles (each checked against its
@@ -11,6 +12,9 @@ reference, each slice read as an aggregator reads it), each partial is also
 replayed (:func:`training.butterfly.replay_partial`, bit for bit): one that
 differs is a FAIL naming its signer (an aggregator that poisoned its slice).
 Without the bundles the partial is used unreplayed and the round's note says so.
+A closed envelope that is no usable contribution (``node.live.sliced.usable_reference``:
+its reference does not fit the plan, or it is not a contribution at all) is an absent
+input here as for the aggregators, and so is a slice its bundle does not prove.
 """
 
 from __future__ import annotations
@@ -47,14 +51,17 @@ def _slice_blob(sources: list, round_index: int, digest: bytes) -> bytes | None:
 
 
 def sliced_average(cfg: Any, run_id: int, round_index: int, stage: int, shapes: dict, references: list[bytes],
-                   peers: list[str], sources: list, notes: list[str], checks: list) -> dict | None:
+                   peers: list[str], sources: list, notes: list[str], checks: list,
+                   hashes: list[bytes]) -> dict | None:
     """The average the holders of ``stage`` had to apply in ``round_index``, re-derived (module docstring).
 
-    ``references`` and ``peers``: the closed contributions' references and signers in canonical order.
+    ``references``, ``peers`` and ``hashes``: the closed contributions' references (b"" for an envelope
+    that is no contribution), signers and envelope hashes in canonical order.
     Appends a check per replayed partial to ``checks`` (FAIL: a partial that differs from its replay) and
     what else it finds to ``notes``; raises SlicedEvidenceMissing when a slice has neither a bound
     partial nor its inputs.
     """
+    from ledger.merkle import merkle_root
     from p2p.envelope import decode_envelope
     from p2p.errors import EnvelopeRejected
     from training.butterfly import (
@@ -62,19 +69,29 @@ def sliced_average(cfg: Any, run_id: int, round_index: int, stage: int, shapes: 
         average_of_partials,
         bundle_slices,
         candidate,
-        contributions_root,
         live_plan,
         parse_partial,
         parse_slice_reference,
         replay_partial,
     )
 
-    plan = live_plan(shapes, cfg.diloco.num_replicas)
+    plan = live_plan(shapes, cfg.diloco.num_replicas, cfg.diloco.min_slice_numel)
     members = len(references)
-    references = [parse_slice_reference(m, plan.num_slices, cfg.p2p.max_blob_bytes) for m in references]
-    root = contributions_root([reference.slices_root for reference in references])
+    parsed = []
+    for index, data in enumerate(references):
+        try:
+            parsed.append(parse_slice_reference(data, plan.num_slices, cfg.p2p.max_blob_bytes))
+        except SliceError as exc:  # the aggregators' rule (node.live.sliced.usable_reference): absent
+            notes.append(f"stage {stage}: contribution {index} of {peers[index][-8:]} is no usable slice "
+                         f"reference ({exc}): an absent input")
+            parsed.append(None)
+    root = merkle_root(hashes)  # the close's contributions root, which every partial binds
+    absent = [None] * plan.num_slices
     bundles = []  # each contributor's slice blobs, or None when no archive holds a bundle that checks
-    for reference in references:
+    for reference in parsed:
+        if reference is None:
+            bundles.append(absent)
+            continue
         data = _slice_blob(sources, round_index, reference.bundle_digest)
         try:
             bundles.append(None if data is None else bundle_slices(data, reference))
