@@ -123,6 +123,16 @@ def bad_request_reply(detail: str) -> dict[str, Any]:
     return {"status": "bad_request", "detail": detail}
 
 
+async def _reset_quietly(stream: Any) -> None:
+    """Reset a stream we give up on, shielded and bounded (it may already be broken)."""
+    with trio.move_on_after(1) as cleanup:
+        cleanup.shield = True
+        try:
+            await stream.reset()
+        except Exception:
+            pass
+
+
 class _ProviderFailed(Exception):
     def __init__(self, status: str, total: int | None = None) -> None:
         super().__init__(status)
@@ -344,12 +354,7 @@ class _EarlyPiece:
         self._dropped = True
         stream, self.stream = self.stream, None
         if stream is not None:
-            with trio.move_on_after(1) as cleanup:
-                cleanup.shield = True
-                try:
-                    await stream.reset()
-                except Exception:
-                    pass
+            await _reset_quietly(stream)
         self.release()
 
 
@@ -483,12 +488,7 @@ class BlobService:
             if status != "ok":
                 raise _ProviderFailed(status, total)
         except BaseException:
-            with trio.move_on_after(1) as cleanup:
-                cleanup.shield = True
-                try:
-                    await stream.reset()
-                except Exception:
-                    pass
+            await _reset_quietly(stream)
             raise
         return stream, header
 
