@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import hashlib
 import threading
 import json
 import os
@@ -69,6 +70,8 @@ def rss_mib(pid: int) -> float:
 #: (identify, the DHT's routing-table queries, pubsub hellos) is done by then (measured: the
 #: fetcher's CPU stops rising ~2 s after connect); before, it overlapped the timed transfer.
 SETTLE_SECONDS = 2.0
+#: ``--direct-staging``: the fetcher writes its staging file without the page cache (``p2p.blob_direct_io``).
+DIRECT_STAGING = False
 #: The small-blob run: a contribution of `mini` (docs/DILOCOX.md) under a 16 KiB bucket.
 SMALL_BLOB_BYTES = 344_000
 SMALL_CAP_BPS = 200_000.0
@@ -231,7 +234,9 @@ def blob_run(
     provider, info = start_provider(blob, work / "provider", rate_limit_bps, burst)
     extra: dict = {}
     try:
-        config = P2PConfig(rate_limit_bps=rate_limit_bps, rate_limit_burst=burst, transfer_timeout=600)
+        config = P2PConfig(
+            rate_limit_bps=rate_limit_bps, rate_limit_burst=burst, transfer_timeout=600, blob_direct_io=DIRECT_STAGING
+        )
         with P2PHost.start(config, Identity.generate(), data_dir=work / "fetcher") as fetcher:
             fetcher.connect(info["listen_addrs"][0])
             time.sleep(SETTLE_SECONDS)
@@ -262,6 +267,7 @@ def blob_run(
                 client_cpu = time.process_time() - client_cpu0
                 server_cpu = process_cpu_seconds(provider.pid) - server_cpu0
                 threads1 = thread_cpu_seconds()
+            read_s, read_cpu_s = consumer_read(out)
             for recorder in recorders:
                 recorder.send_signal(signal.SIGINT)
                 recorder.wait(timeout=60)
@@ -303,8 +309,34 @@ def blob_run(
         "mb_per_s": size / elapsed / 1e6,
         "fetcher_cpu_s_per_100mb": client_cpu * 100e6 / size,
         "provider_cpu_s_per_100mb": server_cpu * 100e6 / size,
+        # every caller of fetch_blob in node/ reads the blob right after: its cost depends on
+        # whether the download left it in the page cache
+        "consumer_read_s": read_s,
+        "consumer_read_cpu_s_per_100mb": read_cpu_s * 100e6 / size,
         **extra,
     }
+
+
+def consumer_read(path: Path) -> tuple[float, float]:
+    """Seconds and CPU seconds (this process) to read ``path`` once and sha256 it, as a caller would."""
+    buffer = bytearray(4 << 20)  # reused: a fresh allocation per read would add its page faults
+    digest = hashlib.sha256()
+    cpu0, start = time.process_time(), time.monotonic()
+    with open(path, "rb", buffering=0) as handle, memoryview(buffer) as view:
+        while count := handle.readinto(view):
+            digest.update(view[:count])
+    return time.monotonic() - start, time.process_time() - cpu0
+
+
+def machine() -> dict:
+    """What the figures were measured on: they moved ~2x between VMs of the same size."""
+    model = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+         if line.startswith("model name")),
+        None,
+    ) if Path("/proc/cpuinfo").exists() else None
+    return {"cpu_model": model, "kernel": os.uname().release, "uptime_s": float(Path("/proc/uptime").read_text().split()[0])
+            if Path("/proc/uptime").exists() else None}
 
 
 def bench_blobs(size_mb: int, repeats: int, work: Path, profile: bool = False, caps: list[str] | None = None) -> dict:
@@ -322,6 +354,7 @@ def bench_blobs(size_mb: int, repeats: int, work: Path, profile: bool = False, c
             summary["runs_profile"] = [r["profile"] for r in runs]
         summary["runs_mb_per_s"] = [round(r["mb_per_s"], 1) for r in runs]
         summary["runs_fetcher_cpu_s_per_100mb"] = [round(r["fetcher_cpu_s_per_100mb"], 3) for r in runs]
+        summary["runs_consumer_read_cpu_s_per_100mb"] = [round(r["consumer_read_cpu_s_per_100mb"], 3) for r in runs]
         summary["runs_load_1min_at_start"] = [round(r["load_1min_at_start"], 2) for r in runs]
         if cap:
             summary["cap_mb_per_s"] = cap / 1e6
@@ -329,8 +362,10 @@ def bench_blobs(size_mb: int, repeats: int, work: Path, profile: bool = False, c
         results[label] = summary
         print(
             f"blob {label}: {summary['mb_per_s']:.1f} MB/s (runs {summary['runs_mb_per_s']}), "
-            f"cpu/100MB fetcher {summary['fetcher_cpu_s_per_100mb']:.2f} s, "
-            f"provider {summary['provider_cpu_s_per_100mb']:.2f} s",
+            f"cpu/100MB fetcher {summary['fetcher_cpu_s_per_100mb']:.2f} s "
+            f"(runs {summary['runs_fetcher_cpu_s_per_100mb']}), "
+            f"provider {summary['provider_cpu_s_per_100mb']:.2f} s, "
+            f"then a read of it {summary['consumer_read_cpu_s_per_100mb']:.2f} CPU-s, load {summary['runs_load_1min_at_start']}",
             flush=True,
         )
     blob.unlink()
@@ -510,6 +545,8 @@ def main() -> None:
         default=None,
         help="comma-separated blob runs to make (uncapped, cap_1gbps, cap_100mbps, small_capped; default all)",
     )
+    parser.add_argument("--direct-staging", action="store_true",
+                        help="blob runs: the fetcher writes its staging file with O_DIRECT (p2p.blob_direct_io)")
     parser.add_argument("--gossip-peer", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "p2p.json"))
     args = parser.parse_args()
@@ -517,6 +554,8 @@ def main() -> None:
         gossip_peer(args.gossip_peer, args.messages, args.hosts)
         return
 
+    global DIRECT_STAGING
+    DIRECT_STAGING = args.direct_staging
     sections = set(args.only.split(","))
     unknown = sections - {"blob", "gossip", "memory"}
     if unknown:
@@ -527,7 +566,8 @@ def main() -> None:
     print(f"load average at start: {load}", flush=True)
     report.update(
         {
-            "machine": {"cpus": os.cpu_count(), "load_average_at_start": load, "python": sys.version.split()[0]},
+            "machine": {"cpus": os.cpu_count(), "load_average_at_start": load, "python": sys.version.split()[0],
+                        **machine()},
             "libp2p_version": __import__("importlib.metadata").metadata.version("libp2p"),
             "target_mb_per_s": 125,
         }
@@ -539,6 +579,7 @@ def main() -> None:
             caps = args.blob_runs.split(",") if args.blob_runs else None
             report["blob"] = bench_blobs(args.size_mb, args.repeats, Path(work), args.profile, caps)
         report["blob"]["commit"] = commit
+        report["blob"]["staging"] = "direct (O_DIRECT where possible)" if args.direct_staging else "buffered"
         report["blob_size_mb"] = args.size_mb
     if "gossip" in sections:
         report["gossip"] = bench_gossip(args.messages, args.gossip_rate, args.hosts, args.repeats)

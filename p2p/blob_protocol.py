@@ -355,6 +355,7 @@ class BlobService:
         stats: Any,
         concurrency: int,
         stall_timeout: float,
+        direct_io: bool = False,
     ) -> None:
         self.store = store
         self._open_stream = open_stream
@@ -367,7 +368,7 @@ class BlobService:
         self.stall_timeout = stall_timeout
         self._read_buffers: list[bytearray] = []  # FILE_IO_BYTES each, reused by served ranges
         #: Staging writes without the page cache where the filesystem allows (p2p.staging).
-        self.direct_io = True
+        self.direct_io = direct_io
         # One write holds up to FILE_IO_BYTES plus the chunk that crossed it.
         self._write_buffers = buffer_pool(FILE_IO_BYTES + CHUNK_BYTES)
         #: When a list (a benchmark's ``--profile``), downloads append ``(time.monotonic(), event)`` to it.
