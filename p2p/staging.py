@@ -50,8 +50,9 @@ logger = logging.getLogger(__name__)
 #: devices with 512-byte and with 4 KiB logical blocks; page-sized, so an mmap'd buffer is aligned).
 DIRECT_IO_ALIGN = 4096
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
-#: Aligned buffers kept for reuse per process (their pages stay touched); more are made as needed.
-KEPT_BUFFERS = 16
+#: Aligned buffers kept for reuse per process (their pages stay touched: ~5 MiB each); more are
+#: made as needed (the hasher may hold up to 32 MiB of written blocks) and dropped when given back.
+KEPT_BUFFERS = 4
 
 
 def _align_down(value: int) -> int:
