@@ -10,7 +10,9 @@ Measures (issue 3):
 - resident memory of an idle host process.
 
 Usage: python bench/bench_p2p.py [--size-mb 100] [--repeats 3] [--messages 200] [--only blob,gossip,memory]
-                                 [--profile]
+                                 [--profile] [--direct-staging]
+``--only staging`` alternates ``p2p.blob_direct_io`` on and off (``--repeats`` rounds of each),
+each download followed by one read of the blob, as every caller in node/ does.
 Each blob run connects, waits ``SETTLE_SECONDS`` for the connection's start-up traffic, then
 times ``fetch_blob`` alone. The machine is shared: every figure is the median of ``--repeats`` runs, each
 run's own figure is kept beside it (the spread), and the load average at the
@@ -374,6 +376,56 @@ def bench_blobs(size_mb: int, repeats: int, work: Path, profile: bool = False, c
     return results
 
 
+def bench_staging(size_mb: int, rounds: int, work: Path, caps: list[str] | None = None) -> dict:
+    """``p2p.blob_direct_io`` on and off, alternated run by run: the download, then one read of the blob.
+
+    O_DIRECT takes the page-cache copy off the download but leaves the blob out of the page
+    cache, so the read that every caller makes next pays instead; only the two together say
+    whether it saves anything.
+    """
+    global DIRECT_STAGING
+    blob = work / "blob.bin"
+    with open(blob, "wb") as handle:
+        for _ in range(size_mb):
+            handle.write(os.urandom(1 << 20))
+    results: dict = {}
+    try:
+        for label, cap in (("uncapped", 0.0), ("cap_1gbps", 125e6)):
+            if caps is not None and label not in caps:
+                continue
+            runs: dict[str, list[dict]] = {"direct": [], "buffered": []}
+            for _ in range(rounds):
+                for mode in runs:
+                    DIRECT_STAGING = mode == "direct"
+                    runs[mode].append(blob_run(blob, work, cap))
+            results[label] = {}
+            for mode, mode_runs in runs.items():
+                total = [r["fetcher_cpu_s_per_100mb"] + r["consumer_read_cpu_s_per_100mb"] for r in mode_runs]
+                results[label][mode] = {
+                    "fetcher_cpu_s_per_100mb": statistics.median(r["fetcher_cpu_s_per_100mb"] for r in mode_runs),
+                    "consumer_read_cpu_s_per_100mb": statistics.median(
+                        r["consumer_read_cpu_s_per_100mb"] for r in mode_runs
+                    ),
+                    "fetch_and_read_cpu_s_per_100mb": statistics.median(total),
+                    "mb_per_s": statistics.median(r["mb_per_s"] for r in mode_runs),
+                    "consumer_read_s": statistics.median(r["consumer_read_s"] for r in mode_runs),
+                    "fetch_and_read_s": statistics.median(r["seconds"] + r["consumer_read_s"] for r in mode_runs),
+                    "runs": [{key: round(value, 4) for key, value in r.items()} for r in mode_runs],
+                }
+                summary = results[label][mode]
+                print(
+                    f"staging {label} {mode}: fetch {summary['fetcher_cpu_s_per_100mb']:.3f} + read "
+                    f"{summary['consumer_read_cpu_s_per_100mb']:.3f} = {summary['fetch_and_read_cpu_s_per_100mb']:.3f} "
+                    f"CPU-s per 100 MB; fetch + read {summary['fetch_and_read_s']:.3f} s, "
+                    f"{summary['mb_per_s']:.1f} MB/s (loads {[round(r['load_1min_at_start'], 2) for r in mode_runs]})",
+                    flush=True,
+                )
+    finally:
+        DIRECT_STAGING = False
+        blob.unlink()
+    return results
+
+
 def bench_small_blob(work: Path, repeats: int) -> dict:
     """A contribution-sized blob under a slow cap with a small bucket: seconds / (bytes / rate)."""
     blob = work / "small.bin"
@@ -538,7 +590,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200)
     parser.add_argument("--gossip-rate", type=float, default=20.0)
     parser.add_argument("--hosts", type=int, default=5, help="hosts in the gossip test, one process each")
-    parser.add_argument("--only", default="blob,gossip,memory", help="comma-separated sections to measure")
+    parser.add_argument("--only", default="blob,gossip,memory",
+                        help="comma-separated sections to measure (blob, gossip, memory, staging)")
     parser.add_argument("--profile", action="store_true", help="blob runs: time stamps and CPU breakdown")
     parser.add_argument(
         "--blob-runs",
@@ -557,7 +610,7 @@ def main() -> None:
     global DIRECT_STAGING
     DIRECT_STAGING = args.direct_staging
     sections = set(args.only.split(","))
-    unknown = sections - {"blob", "gossip", "memory"}
+    unknown = sections - {"blob", "gossip", "memory", "staging"}
     if unknown:
         parser.error(f"--only: unknown sections {sorted(unknown)}")
     out = Path(args.out)
@@ -581,6 +634,11 @@ def main() -> None:
         report["blob"]["commit"] = commit
         report["blob"]["staging"] = "direct (O_DIRECT where possible)" if args.direct_staging else "buffered"
         report["blob_size_mb"] = args.size_mb
+    if "staging" in sections:
+        with tempfile.TemporaryDirectory(prefix="bench-p2p-") as work:
+            caps = args.blob_runs.split(",") if args.blob_runs else None
+            report["staging"] = bench_staging(args.size_mb, args.repeats, Path(work), caps)
+        report["staging"]["commit"] = commit
     if "gossip" in sections:
         report["gossip"] = bench_gossip(args.messages, args.gossip_rate, args.hosts, args.repeats)
         report["gossip"]["commit"] = commit
