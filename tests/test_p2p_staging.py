@@ -1,9 +1,13 @@
 """Downloads written with and without O_DIRECT (p2p.staging), from honest, odd and lying providers."""
 
 import hashlib
+import json
 import os
 import queue
+import subprocess
+import sys
 import threading
+import time
 
 import msgpack
 import multiaddr
@@ -21,7 +25,7 @@ from libp2p.transport.tcp.tcp import TCP
 
 from p2p.blob_protocol import PIECE_BYTES
 from p2p.config import P2PConfig
-from p2p.errors import BlobHashMismatch
+from p2p.errors import BlobHashMismatch, BlobNotFound
 from p2p.host import P2PHost
 from p2p.identity import Identity
 
@@ -161,3 +165,60 @@ def test_a_lying_provider_costs_only_its_transfer(tmp_path):
             fetcher.connect(honest.addr)
             out = fetcher.fetch_blob(sha, tmp_path / "out.bin", providers=[honest.peer_id], timeout=60)
             assert out.read_bytes() == data
+
+
+FETCHER_SCRIPT = """
+import sys
+from pathlib import Path
+from p2p.config import P2PConfig
+from p2p.host import P2PHost
+from p2p.identity import Identity
+
+addr, peer, sha, data_dir = sys.argv[1:5]
+with P2PHost.start(P2PConfig(blob_direct_io=True), Identity.generate(), data_dir=Path(data_dir)) as host:
+    host.connect(addr)
+    host.fetch_blob(sha, Path(data_dir) / "out.bin", providers=[peer], timeout=120)
+"""
+
+
+def test_a_fetcher_killed_mid_download_leaves_no_blob_and_serves_none(tmp_path):
+    """SIGKILL during a direct-written download: on restart the staging file is gone, the blob absent."""
+    source = tmp_path / "blob.bin"
+    data = os.urandom(3 * PIECE_BYTES)
+    source.write_bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+    provider = subprocess.Popen(
+        [sys.executable, "-m", "p2p.serve", str(source), "--data-dir", str(tmp_path / "provider"),
+         "--rate-limit-bps", "4e6"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    fetcher = None
+    try:
+        info = json.loads(provider.stdout.readline())
+        fetcher_dir = tmp_path / "fetcher"
+        fetcher = subprocess.Popen(
+            [sys.executable, "-c", FETCHER_SCRIPT, info["listen_addrs"][0], info["peer_id"], sha, str(fetcher_dir)]
+        )
+        staging = fetcher_dir / "blobs" / ".staging"
+        deadline = time.monotonic() + 60
+        # Killed once part of the blob is on disk (blocks written, not just the file's size set).
+        while not any(part.stat().st_blocks > 0 for part in (staging.glob("*") if staging.exists() else [])):
+            assert fetcher.poll() is None, "the fetcher ended before it was killed"
+            assert time.monotonic() < deadline, "no staged bytes within 60 s"
+            time.sleep(0.05)
+        fetcher.kill()
+        fetcher.wait()
+        assert list(staging.iterdir()) and not (fetcher_dir / "blobs" / sha).exists()
+        with P2PHost.start(P2PConfig(), Identity.generate(), data_dir=fetcher_dir) as restarted:
+            assert list(staging.iterdir()) == []  # the interrupted write is dropped at start
+            assert not restarted.has_blob(sha)
+            with P2PHost.start(P2PConfig(), Identity.generate(), data_dir=tmp_path / "asker") as asker:
+                asker.connect(restarted.listen_addrs[0])
+                with pytest.raises(BlobNotFound):
+                    asker.fetch_blob(sha, tmp_path / "x.bin", providers=[restarted.peer_id], timeout=30)
+    finally:
+        if fetcher is not None and fetcher.poll() is None:
+            fetcher.kill()
+            fetcher.wait()
+        provider.stdin.close()
+        provider.wait(timeout=30)
