@@ -17,8 +17,8 @@ The client downloads a blob as 8 MiB pieces spread over every provider at once
 (up to ``blob_concurrency`` streams); the first piece is asked for beside the size
 queries rather than after them (:class:`_EarlyPiece`); a piece interrupted by a dying provider is
 put back with its remaining range and finished by another provider. The bytes
-land in a staging file (one ``pwritev`` per ~4 MiB of received chunks, never
-joined in memory) and are hashed in order from those same chunks as they
+land in a staging file (:mod:`p2p.staging`: copied per ~4 MiB into a reused aligned
+buffer and written from it) and are hashed in order from that buffer as they
 arrive (off the event loop); only a file matching its sha256 is committed to the
 :class:`~p2p.blobstore.BlobStore`: nothing unverified is ever handed over. The
 built-in libp2p request/response helper and Bitswap are not used: the first
@@ -149,8 +149,8 @@ class _InOrderHasher:
     those chunks in memory (no read back) unless holding them would exceed
     ``memory_budget`` bytes, in which case it is read back from the staging file
     when its turn comes. Hashing runs on the host's thread pool (hashlib
-    releases the GIL). Each write starts its own writeback (:func:`_write_chunks`),
-    so the final ``fsync`` has little left to write.
+    releases the GIL). Buffered writes start their own writeback
+    (:meth:`p2p.staging.StagingFile.write_buffered`), so the final ``fsync`` has little left to write.
     """
 
     def __init__(
@@ -177,7 +177,7 @@ class _InOrderHasher:
         then the caller runs :meth:`write_and_hash` and reports with
         :meth:`hashed_inline` (or :meth:`unclaim` if its write failed). One
         thread hop per range instead of two, and the bytes are hashed while the
-        copy into the page cache has just brought them into the CPU cache.
+        copy into the write buffer has just brought them into the CPU cache.
         """
         if self._busy or offset != self._hashed:
             return False
