@@ -1,16 +1,17 @@
-"""A download's staging file, written without the page cache where the filesystem allows it.
+"""A download's staging file: aligned writes from a reused buffer, optionally past the page cache.
 
 Profiled on the fetcher (perf, 100 MiB downloads, docs/P2P.md "Measured"): the kernel's copy of
-every received byte into new page-cache pages was the largest single cost, a third of the
-fetcher's CPU on this VM (a fresh page costs more than its copy: it is zeroed and, under a
-hypervisor that reclaims free memory, faulted in again). With ``O_DIRECT`` the block device
-reads the bytes straight from our buffer; what we pay instead is one ``memmove`` of each frame
-body into a reused, page-aligned buffer (those pages are touched once and kept), since
-``O_DIRECT`` wants the buffer address, the file offset and the length aligned.
+every received byte into new page-cache pages was the largest single cost, about a third of the
+fetcher's samples on the VM measured (a fresh page costs more than its copy: it is zeroed and,
+under a hypervisor that reclaims free memory, faulted in again). With ``O_DIRECT``
+(``p2p.blob_direct_io``) the block device reads the bytes straight from our buffer; what we pay
+instead is one ``memmove`` of each frame body into a reused, page-aligned buffer (those pages
+are touched once and kept), since ``O_DIRECT`` wants the buffer address, the file offset and
+the length aligned. The same path writes through the page cache when ``O_DIRECT`` is off.
 
 :class:`RangeWriter` writes one range of the blob in order: each write takes the received
-chunks, copies them into an aligned buffer, writes every whole aligned block with
-``O_DIRECT`` and carries the unaligned rest (< 4 KiB) into the next write. Bytes that cannot
+chunks, copies them into an aligned buffer, writes every whole aligned block (with ``O_DIRECT``
+if on) and carries the unaligned rest (< 4 KiB) into the next write. Bytes that cannot
 make a whole aligned block (the blob's last partial block, the unaligned start of a resumed
 range, the end of a range whose provider failed) go through the ordinary file descriptor:
 a few KiB per range, never the bulk. Direct and buffered writes of one file are coherent on
@@ -21,11 +22,13 @@ Durability is unchanged: nothing here is durable until the caller's ``fsync`` (a
 write may still sit in the device's volatile cache), and the store commits a file only
 after its hash matched and that ``fsync`` returned (:meth:`p2p.blobstore.BlobStore.commit`).
 Where ``O_DIRECT`` is not available (not Linux, tmpfs, a filesystem that refuses it at
-open or at the first write) every write is buffered, as before, with its writeback started
-at once (:func:`p2p.blobstore.start_writeback`).
+open or at the first write) every write is buffered, with its writeback started at once
+(:func:`p2p.blobstore.start_writeback`).
 
-The price: the blob is not in the page cache after the download, so whoever reads it next
-reads it from the device (``bench/bench_p2p.py`` measures that read beside the download).
+The price of ``O_DIRECT``: the blob is not in the page cache after the download, so whoever
+reads it next reads it from the device and fills the page cache then; measured, download and
+first read together cost the same CPU either way (``bench/bench_p2p.py --only staging``),
+which is why it is off by default.
 """
 
 from __future__ import annotations
