@@ -237,7 +237,10 @@ def blob_run(
     extra: dict = {}
     try:
         config = P2PConfig(
-            rate_limit_bps=rate_limit_bps, rate_limit_burst=burst, transfer_timeout=600, blob_direct_io=DIRECT_STAGING
+            rate_limit_bps=rate_limit_bps,
+            rate_limit_burst=burst,
+            transfer_timeout=600,
+            blob_direct_io=DIRECT_STAGING,
         )
         with P2PHost.start(config, Identity.generate(), data_dir=work / "fetcher") as fetcher:
             fetcher.connect(info["listen_addrs"][0])
@@ -331,14 +334,18 @@ def consumer_read(path: Path) -> tuple[float, float]:
 
 
 def machine() -> dict:
-    """What the figures were measured on: they moved ~2x between VMs of the same size."""
+    """What the figures were measured on: the same code measured ~2x apart on the 2-core VMs of sessions 6 and 9."""
     model = next(
         (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
          if line.startswith("model name")),
         None,
     ) if Path("/proc/cpuinfo").exists() else None
-    return {"cpu_model": model, "kernel": os.uname().release, "uptime_s": float(Path("/proc/uptime").read_text().split()[0])
-            if Path("/proc/uptime").exists() else None}
+    uptime = Path("/proc/uptime")
+    return {
+        "cpu_model": model,
+        "kernel": os.uname().release,
+        "uptime_s": float(uptime.read_text().split()[0]) if uptime.exists() else None,
+    }
 
 
 def bench_blobs(size_mb: int, repeats: int, work: Path, profile: bool = False, caps: list[str] | None = None) -> dict:
@@ -356,7 +363,9 @@ def bench_blobs(size_mb: int, repeats: int, work: Path, profile: bool = False, c
             summary["runs_profile"] = [r["profile"] for r in runs]
         summary["runs_mb_per_s"] = [round(r["mb_per_s"], 1) for r in runs]
         summary["runs_fetcher_cpu_s_per_100mb"] = [round(r["fetcher_cpu_s_per_100mb"], 3) for r in runs]
-        summary["runs_consumer_read_cpu_s_per_100mb"] = [round(r["consumer_read_cpu_s_per_100mb"], 3) for r in runs]
+        summary["runs_consumer_read_cpu_s_per_100mb"] = [
+            round(r["consumer_read_cpu_s_per_100mb"], 3) for r in runs
+        ]
         summary["runs_load_1min_at_start"] = [round(r["load_1min_at_start"], 2) for r in runs]
         if cap:
             summary["cap_mb_per_s"] = cap / 1e6
@@ -367,7 +376,8 @@ def bench_blobs(size_mb: int, repeats: int, work: Path, profile: bool = False, c
             f"cpu/100MB fetcher {summary['fetcher_cpu_s_per_100mb']:.2f} s "
             f"(runs {summary['runs_fetcher_cpu_s_per_100mb']}), "
             f"provider {summary['provider_cpu_s_per_100mb']:.2f} s, "
-            f"then a read of it {summary['consumer_read_cpu_s_per_100mb']:.2f} CPU-s, load {summary['runs_load_1min_at_start']}",
+            f"then a read of it {summary['consumer_read_cpu_s_per_100mb']:.2f} CPU-s, "
+            f"load {summary['runs_load_1min_at_start']}",
             flush=True,
         )
     blob.unlink()
@@ -401,23 +411,25 @@ def bench_staging(size_mb: int, rounds: int, work: Path, caps: list[str] | None 
             results[label] = {}
             for mode, mode_runs in runs.items():
                 total = [r["fetcher_cpu_s_per_100mb"] + r["consumer_read_cpu_s_per_100mb"] for r in mode_runs]
+                median = lambda key: statistics.median(r[key] for r in mode_runs)  # noqa: E731
                 results[label][mode] = {
-                    "fetcher_cpu_s_per_100mb": statistics.median(r["fetcher_cpu_s_per_100mb"] for r in mode_runs),
-                    "consumer_read_cpu_s_per_100mb": statistics.median(
-                        r["consumer_read_cpu_s_per_100mb"] for r in mode_runs
-                    ),
+                    "fetcher_cpu_s_per_100mb": median("fetcher_cpu_s_per_100mb"),
+                    "consumer_read_cpu_s_per_100mb": median("consumer_read_cpu_s_per_100mb"),
                     "fetch_and_read_cpu_s_per_100mb": statistics.median(total),
-                    "mb_per_s": statistics.median(r["mb_per_s"] for r in mode_runs),
-                    "consumer_read_s": statistics.median(r["consumer_read_s"] for r in mode_runs),
-                    "fetch_and_read_s": statistics.median(r["seconds"] + r["consumer_read_s"] for r in mode_runs),
+                    "mb_per_s": median("mb_per_s"),
+                    "consumer_read_s": median("consumer_read_s"),
+                    "fetch_and_read_s": statistics.median(
+                        r["seconds"] + r["consumer_read_s"] for r in mode_runs
+                    ),
                     "runs": [{key: round(value, 4) for key, value in r.items()} for r in mode_runs],
                 }
                 summary = results[label][mode]
                 print(
                     f"staging {label} {mode}: fetch {summary['fetcher_cpu_s_per_100mb']:.3f} + read "
-                    f"{summary['consumer_read_cpu_s_per_100mb']:.3f} = {summary['fetch_and_read_cpu_s_per_100mb']:.3f} "
-                    f"CPU-s per 100 MB; fetch + read {summary['fetch_and_read_s']:.3f} s, "
-                    f"{summary['mb_per_s']:.1f} MB/s (loads {[round(r['load_1min_at_start'], 2) for r in mode_runs]})",
+                    f"{summary['consumer_read_cpu_s_per_100mb']:.3f} = "
+                    f"{summary['fetch_and_read_cpu_s_per_100mb']:.3f} CPU-s per 100 MB; "
+                    f"fetch + read {summary['fetch_and_read_s']:.3f} s, {summary['mb_per_s']:.1f} MB/s "
+                    f"(loads {[round(r['load_1min_at_start'], 2) for r in mode_runs]})",
                     flush=True,
                 )
     finally:
@@ -598,8 +610,11 @@ def main() -> None:
         default=None,
         help="comma-separated blob runs to make (uncapped, cap_1gbps, cap_100mbps, small_capped; default all)",
     )
-    parser.add_argument("--direct-staging", action="store_true",
-                        help="blob runs: the fetcher writes its staging file with O_DIRECT (p2p.blob_direct_io)")
+    parser.add_argument(
+        "--direct-staging",
+        action="store_true",
+        help="blob runs: the fetcher writes its staging file with O_DIRECT (p2p.blob_direct_io)",
+    )
     parser.add_argument("--gossip-peer", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "p2p.json"))
     args = parser.parse_args()
@@ -619,8 +634,12 @@ def main() -> None:
     print(f"load average at start: {load}", flush=True)
     report.update(
         {
-            "machine": {"cpus": os.cpu_count(), "load_average_at_start": load, "python": sys.version.split()[0],
-                        **machine()},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "load_average_at_start": load,
+                "python": sys.version.split()[0],
+                **machine(),
+            },
             "libp2p_version": __import__("importlib.metadata").metadata.version("libp2p"),
             "target_mb_per_s": 125,
         }

@@ -42,10 +42,10 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
 from p2p.blobstore import BlobStore, check_sha256_hex
-from p2p.staging import RangeWriter, StagingFile, WrittenBlock, buffer_pool
 from p2p.errors import BlobError, BlobHashMismatch, BlobNotFound, BlobTooLarge, BlobUnavailable
 from p2p.fastpath import YAMUX_FRAME_PAYLOAD_BYTES, grant_receive_window, read_raw, release_body
 from p2p.ratelimit import PeerRateLimiter
+from p2p.staging import RangeWriter, StagingFile, WrittenBlock, buffer_pool
 from p2p.wire import ProtocolViolation, field, read_frame, write_frame
 
 logger = logging.getLogger(__name__)
@@ -185,7 +185,7 @@ class _InOrderHasher:
         return True
 
     def write_and_hash(self, writer: RangeWriter, chunks: list[Any], final: bool) -> WrittenBlock:
-        """Write the chunks with ``writer``, then hash what it wrote (on the thread pool, after :meth:`claim`)."""
+        """Write the chunks with ``writer``, then hash what it wrote (thread pool, after :meth:`claim`)."""
         block = writer.write(chunks, final)
         self._digest.update(block.view)
         return block
@@ -500,7 +500,7 @@ class BlobService:
         hasher: _InOrderHasher,
         stream: Any = None,
     ) -> None:
-        """Write ``[offset, offset+length)`` of the blob into ``staging``; ``progress[0]`` counts bytes on disk.
+        """Write ``[offset, offset+length)`` of the blob into ``staging``; ``progress[0]``: bytes on disk.
 
         ``stream``: the range was already asked for on it (an :class:`_EarlyPiece`), and its
         ``ok`` reply read; else it is asked for here.
@@ -757,7 +757,9 @@ class BlobService:
                             await self._fetch_piece(peer, digest, offset, length, staging, progress, hasher)
                     else:
                         try:
-                            await self._fetch_piece(peer, digest, offset, length, staging, progress, hasher, stream)
+                            await self._fetch_piece(
+                                peer, digest, offset, length, staging, progress, hasher, stream
+                            )
                         finally:
                             taken.release()
                 except Exception as exc:  # this provider failed: give the rest of the piece back

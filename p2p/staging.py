@@ -188,7 +188,9 @@ class StagingFile:
         with self._lock:
             direct_fd, self.direct_fd = self.direct_fd, None
         if direct_fd is not None:
-            logger.info("staging %s: direct write refused (%s); buffered writes from now on", self.path.name, exc)
+            logger.info(
+                "staging %s: direct write refused (%s); buffered writes from now on", self.path.name, exc
+            )
             os.close(direct_fd)
 
     def close(self) -> None:

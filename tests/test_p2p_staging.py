@@ -155,7 +155,8 @@ def test_a_lying_provider_costs_only_its_transfer(tmp_path):
             payload = payload[:at] + bytes([payload[at] ^ 0x80]) + payload[at + 1 :]
         return payload
 
-    with P2PHost.start(P2PConfig(blob_direct_io=True), Identity.generate(), data_dir=tmp_path / "b") as fetcher:
+    config = P2PConfig(blob_direct_io=True)
+    with P2PHost.start(config, Identity.generate(), data_dir=tmp_path / "b") as fetcher:
         with RawProvider(data, tamper=flip_second_piece) as liar:
             fetcher.connect(liar.addr)
             with pytest.raises(BlobHashMismatch):
@@ -197,7 +198,8 @@ def test_a_fetcher_killed_mid_download_leaves_no_blob_and_serves_none(tmp_path):
         info = json.loads(provider.stdout.readline())
         fetcher_dir = tmp_path / "fetcher"
         fetcher = subprocess.Popen(
-            [sys.executable, "-c", FETCHER_SCRIPT, info["listen_addrs"][0], info["peer_id"], sha, str(fetcher_dir)]
+            [sys.executable, "-c", FETCHER_SCRIPT, info["listen_addrs"][0], info["peer_id"], sha,
+             str(fetcher_dir)]
         )
         staging = fetcher_dir / "blobs" / ".staging"
         deadline = time.monotonic() + 60
