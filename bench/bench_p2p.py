@@ -334,7 +334,7 @@ def consumer_read(path: Path) -> tuple[float, float]:
 
 
 def machine() -> dict:
-    """What the figures were measured on: the same code measured ~2x apart on the 2-core VMs of sessions 6 and 9."""
+    """What the figures were measured on (the same code measured ~2x apart on the VMs of sessions 6 and 9)."""
     model = next(
         (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
          if line.startswith("model name")),
