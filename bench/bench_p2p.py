@@ -465,10 +465,10 @@ def bench_small_blob(work: Path, repeats: int) -> dict:
 
 def gossip_peer(bootstrap: str, expected: int, hosts: int) -> None:
     """Child process: one host that records (receive time - send time) of each bench message."""
-    with P2PHost.start(
+    with tempfile.TemporaryDirectory(prefix="bench-gossip-") as data_dir, P2PHost.start(
         P2PConfig(bootstrap=[bootstrap], gossip_resync_interval=0),
         Identity.generate(),
-        data_dir=tempfile.mkdtemp(prefix="bench-gossip-"),
+        data_dir=data_dir,
     ) as host:
         messages = host.subscribe(GOSSIP_TOPIC)
         deadline = time.monotonic() + 60  # ready = connected to every host and seeing their subscriptions
@@ -506,10 +506,10 @@ def bench_gossip(messages: int, rate_per_s: float, hosts: int, repeats: int) -> 
 def gossip_run(messages: int, rate_per_s: float, hosts: int = 5) -> dict:
     """One publisher (this process) and ``hosts - 1`` subscriber processes; latency = receive - send time."""
     load = os.getloadavg()[0]
-    with P2PHost.start(
+    with tempfile.TemporaryDirectory(prefix="bench-gossip-") as data_dir, P2PHost.start(
         P2PConfig(gossip_resync_interval=0),
         Identity.generate(),
-        data_dir=tempfile.mkdtemp(prefix="bench-gossip-"),
+        data_dir=data_dir,
     ) as publisher:
         publisher.subscribe(GOSSIP_TOPIC)
         children = [
