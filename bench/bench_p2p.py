@@ -10,7 +10,9 @@ Measures (issue 3):
 - resident memory of an idle host process.
 
 Usage: python bench/bench_p2p.py [--size-mb 100] [--repeats 3] [--messages 200] [--only blob,gossip,memory]
-                                 [--profile]
+                                 [--profile] [--direct-staging]
+``--only staging`` alternates ``p2p.blob_direct_io`` on and off (``--repeats`` rounds of each),
+each download followed by one read of the blob, as every caller in node/ does.
 Each blob run connects, waits ``SETTLE_SECONDS`` for the connection's start-up traffic, then
 times ``fetch_blob`` alone. The machine is shared: every figure is the median of ``--repeats`` runs, each
 run's own figure is kept beside it (the spread), and the load average at the
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import hashlib
 import threading
 import json
 import os
@@ -69,6 +72,8 @@ def rss_mib(pid: int) -> float:
 #: (identify, the DHT's routing-table queries, pubsub hellos) is done by then (measured: the
 #: fetcher's CPU stops rising ~2 s after connect); before, it overlapped the timed transfer.
 SETTLE_SECONDS = 2.0
+#: ``--direct-staging``: the fetcher writes its staging file without the page cache (``p2p.blob_direct_io``).
+DIRECT_STAGING = False
 #: The small-blob run: a contribution of `mini` (docs/DILOCOX.md) under a 16 KiB bucket.
 SMALL_BLOB_BYTES = 344_000
 SMALL_CAP_BPS = 200_000.0
@@ -231,7 +236,12 @@ def blob_run(
     provider, info = start_provider(blob, work / "provider", rate_limit_bps, burst)
     extra: dict = {}
     try:
-        config = P2PConfig(rate_limit_bps=rate_limit_bps, rate_limit_burst=burst, transfer_timeout=600)
+        config = P2PConfig(
+            rate_limit_bps=rate_limit_bps,
+            rate_limit_burst=burst,
+            transfer_timeout=600,
+            blob_direct_io=DIRECT_STAGING,
+        )
         with P2PHost.start(config, Identity.generate(), data_dir=work / "fetcher") as fetcher:
             fetcher.connect(info["listen_addrs"][0])
             time.sleep(SETTLE_SECONDS)
@@ -262,6 +272,7 @@ def blob_run(
                 client_cpu = time.process_time() - client_cpu0
                 server_cpu = process_cpu_seconds(provider.pid) - server_cpu0
                 threads1 = thread_cpu_seconds()
+            read_s, read_cpu_s = consumer_read(out)
             for recorder in recorders:
                 recorder.send_signal(signal.SIGINT)
                 recorder.wait(timeout=60)
@@ -303,7 +314,37 @@ def blob_run(
         "mb_per_s": size / elapsed / 1e6,
         "fetcher_cpu_s_per_100mb": client_cpu * 100e6 / size,
         "provider_cpu_s_per_100mb": server_cpu * 100e6 / size,
+        # every caller of fetch_blob in node/ reads the blob right after: its cost depends on
+        # whether the download left it in the page cache
+        "consumer_read_s": read_s,
+        "consumer_read_cpu_s_per_100mb": read_cpu_s * 100e6 / size,
         **extra,
+    }
+
+
+def consumer_read(path: Path) -> tuple[float, float]:
+    """Seconds and CPU seconds (this process) to read ``path`` once and sha256 it, as a caller would."""
+    buffer = bytearray(4 << 20)  # reused: a fresh allocation per read would add its page faults
+    digest = hashlib.sha256()
+    cpu0, start = time.process_time(), time.monotonic()
+    with open(path, "rb", buffering=0) as handle, memoryview(buffer) as view:
+        while count := handle.readinto(view):
+            digest.update(view[:count])
+    return time.monotonic() - start, time.process_time() - cpu0
+
+
+def machine() -> dict:
+    """What the figures were measured on (the same code measured ~2x apart on the VMs of sessions 6 and 9)."""
+    model = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+         if line.startswith("model name")),
+        None,
+    ) if Path("/proc/cpuinfo").exists() else None
+    uptime = Path("/proc/uptime")
+    return {
+        "cpu_model": model,
+        "kernel": os.uname().release,
+        "uptime_s": float(uptime.read_text().split()[0]) if uptime.exists() else None,
     }
 
 
@@ -322,6 +363,9 @@ def bench_blobs(size_mb: int, repeats: int, work: Path, profile: bool = False, c
             summary["runs_profile"] = [r["profile"] for r in runs]
         summary["runs_mb_per_s"] = [round(r["mb_per_s"], 1) for r in runs]
         summary["runs_fetcher_cpu_s_per_100mb"] = [round(r["fetcher_cpu_s_per_100mb"], 3) for r in runs]
+        summary["runs_consumer_read_cpu_s_per_100mb"] = [
+            round(r["consumer_read_cpu_s_per_100mb"], 3) for r in runs
+        ]
         summary["runs_load_1min_at_start"] = [round(r["load_1min_at_start"], 2) for r in runs]
         if cap:
             summary["cap_mb_per_s"] = cap / 1e6
@@ -329,13 +373,68 @@ def bench_blobs(size_mb: int, repeats: int, work: Path, profile: bool = False, c
         results[label] = summary
         print(
             f"blob {label}: {summary['mb_per_s']:.1f} MB/s (runs {summary['runs_mb_per_s']}), "
-            f"cpu/100MB fetcher {summary['fetcher_cpu_s_per_100mb']:.2f} s, "
-            f"provider {summary['provider_cpu_s_per_100mb']:.2f} s",
+            f"cpu/100MB fetcher {summary['fetcher_cpu_s_per_100mb']:.2f} s "
+            f"(runs {summary['runs_fetcher_cpu_s_per_100mb']}), "
+            f"provider {summary['provider_cpu_s_per_100mb']:.2f} s, "
+            f"then a read of it {summary['consumer_read_cpu_s_per_100mb']:.2f} CPU-s, "
+            f"load {summary['runs_load_1min_at_start']}",
             flush=True,
         )
     blob.unlink()
     if caps is None or "small_capped" in caps:
         results["small_capped"] = bench_small_blob(work, repeats)
+    return results
+
+
+def bench_staging(size_mb: int, rounds: int, work: Path, caps: list[str] | None = None) -> dict:
+    """``p2p.blob_direct_io`` on and off, alternated run by run: the download, then one read of the blob.
+
+    O_DIRECT takes the page-cache copy off the download but leaves the blob out of the page
+    cache, so the read that every caller makes next pays instead; only the two together say
+    whether it saves anything.
+    """
+    global DIRECT_STAGING
+    blob = work / "blob.bin"
+    with open(blob, "wb") as handle:
+        for _ in range(size_mb):
+            handle.write(os.urandom(1 << 20))
+    results: dict = {}
+    try:
+        for label, cap in (("uncapped", 0.0), ("cap_1gbps", 125e6)):
+            if caps is not None and label not in caps:
+                continue
+            runs: dict[str, list[dict]] = {"direct": [], "buffered": []}
+            for _ in range(rounds):
+                for mode in runs:
+                    DIRECT_STAGING = mode == "direct"
+                    runs[mode].append(blob_run(blob, work, cap))
+            results[label] = {}
+            for mode, mode_runs in runs.items():
+                total = [r["fetcher_cpu_s_per_100mb"] + r["consumer_read_cpu_s_per_100mb"] for r in mode_runs]
+                median = lambda key: statistics.median(r[key] for r in mode_runs)  # noqa: E731
+                results[label][mode] = {
+                    "fetcher_cpu_s_per_100mb": median("fetcher_cpu_s_per_100mb"),
+                    "consumer_read_cpu_s_per_100mb": median("consumer_read_cpu_s_per_100mb"),
+                    "fetch_and_read_cpu_s_per_100mb": statistics.median(total),
+                    "mb_per_s": median("mb_per_s"),
+                    "consumer_read_s": median("consumer_read_s"),
+                    "fetch_and_read_s": statistics.median(
+                        r["seconds"] + r["consumer_read_s"] for r in mode_runs
+                    ),
+                    "runs": [{key: round(value, 4) for key, value in r.items()} for r in mode_runs],
+                }
+                summary = results[label][mode]
+                print(
+                    f"staging {label} {mode}: fetch {summary['fetcher_cpu_s_per_100mb']:.3f} + read "
+                    f"{summary['consumer_read_cpu_s_per_100mb']:.3f} = "
+                    f"{summary['fetch_and_read_cpu_s_per_100mb']:.3f} CPU-s per 100 MB; "
+                    f"fetch + read {summary['fetch_and_read_s']:.3f} s, {summary['mb_per_s']:.1f} MB/s "
+                    f"(loads {[round(r['load_1min_at_start'], 2) for r in mode_runs]})",
+                    flush=True,
+                )
+    finally:
+        DIRECT_STAGING = False
+        blob.unlink()
     return results
 
 
@@ -366,10 +465,10 @@ def bench_small_blob(work: Path, repeats: int) -> dict:
 
 def gossip_peer(bootstrap: str, expected: int, hosts: int) -> None:
     """Child process: one host that records (receive time - send time) of each bench message."""
-    with P2PHost.start(
+    with tempfile.TemporaryDirectory(prefix="bench-gossip-") as data_dir, P2PHost.start(
         P2PConfig(bootstrap=[bootstrap], gossip_resync_interval=0),
         Identity.generate(),
-        data_dir=tempfile.mkdtemp(prefix="bench-gossip-"),
+        data_dir=data_dir,
     ) as host:
         messages = host.subscribe(GOSSIP_TOPIC)
         deadline = time.monotonic() + 60  # ready = connected to every host and seeing their subscriptions
@@ -407,10 +506,10 @@ def bench_gossip(messages: int, rate_per_s: float, hosts: int, repeats: int) -> 
 def gossip_run(messages: int, rate_per_s: float, hosts: int = 5) -> dict:
     """One publisher (this process) and ``hosts - 1`` subscriber processes; latency = receive - send time."""
     load = os.getloadavg()[0]
-    with P2PHost.start(
+    with tempfile.TemporaryDirectory(prefix="bench-gossip-") as data_dir, P2PHost.start(
         P2PConfig(gossip_resync_interval=0),
         Identity.generate(),
-        data_dir=tempfile.mkdtemp(prefix="bench-gossip-"),
+        data_dir=data_dir,
     ) as publisher:
         publisher.subscribe(GOSSIP_TOPIC)
         children = [
@@ -503,12 +602,18 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200)
     parser.add_argument("--gossip-rate", type=float, default=20.0)
     parser.add_argument("--hosts", type=int, default=5, help="hosts in the gossip test, one process each")
-    parser.add_argument("--only", default="blob,gossip,memory", help="comma-separated sections to measure")
+    parser.add_argument("--only", default="blob,gossip,memory",
+                        help="comma-separated sections to measure (blob, gossip, memory, staging)")
     parser.add_argument("--profile", action="store_true", help="blob runs: time stamps and CPU breakdown")
     parser.add_argument(
         "--blob-runs",
         default=None,
         help="comma-separated blob runs to make (uncapped, cap_1gbps, cap_100mbps, small_capped; default all)",
+    )
+    parser.add_argument(
+        "--direct-staging",
+        action="store_true",
+        help="blob runs: the fetcher writes its staging file with O_DIRECT (p2p.blob_direct_io)",
     )
     parser.add_argument("--gossip-peer", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "p2p.json"))
@@ -517,8 +622,10 @@ def main() -> None:
         gossip_peer(args.gossip_peer, args.messages, args.hosts)
         return
 
+    global DIRECT_STAGING
+    DIRECT_STAGING = args.direct_staging
     sections = set(args.only.split(","))
-    unknown = sections - {"blob", "gossip", "memory"}
+    unknown = sections - {"blob", "gossip", "memory", "staging"}
     if unknown:
         parser.error(f"--only: unknown sections {sorted(unknown)}")
     out = Path(args.out)
@@ -527,7 +634,12 @@ def main() -> None:
     print(f"load average at start: {load}", flush=True)
     report.update(
         {
-            "machine": {"cpus": os.cpu_count(), "load_average_at_start": load, "python": sys.version.split()[0]},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "load_average_at_start": load,
+                "python": sys.version.split()[0],
+                **machine(),
+            },
             "libp2p_version": __import__("importlib.metadata").metadata.version("libp2p"),
             "target_mb_per_s": 125,
         }
@@ -539,7 +651,13 @@ def main() -> None:
             caps = args.blob_runs.split(",") if args.blob_runs else None
             report["blob"] = bench_blobs(args.size_mb, args.repeats, Path(work), args.profile, caps)
         report["blob"]["commit"] = commit
+        report["blob"]["staging"] = "direct (O_DIRECT where possible)" if args.direct_staging else "buffered"
         report["blob_size_mb"] = args.size_mb
+    if "staging" in sections:
+        with tempfile.TemporaryDirectory(prefix="bench-p2p-") as work:
+            caps = args.blob_runs.split(",") if args.blob_runs else None
+            report["staging"] = bench_staging(args.size_mb, args.repeats, Path(work), caps)
+        report["staging"]["commit"] = commit
     if "gossip" in sections:
         report["gossip"] = bench_gossip(args.messages, args.gossip_rate, args.hosts, args.repeats)
         report["gossip"]["commit"] = commit

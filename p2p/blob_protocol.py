@@ -17,8 +17,8 @@ The client downloads a blob as 8 MiB pieces spread over every provider at once
 (up to ``blob_concurrency`` streams); the first piece is asked for beside the size
 queries rather than after them (:class:`_EarlyPiece`); a piece interrupted by a dying provider is
 put back with its remaining range and finished by another provider. The bytes
-land in a staging file (one ``pwritev`` per ~4 MiB of received chunks, never
-joined in memory) and are hashed in order from those same chunks as they
+land in a staging file (:mod:`p2p.staging`: copied per ~4 MiB into a reused aligned
+buffer and written from it) and are hashed in order from that buffer as they
 arrive (off the event loop); only a file matching its sha256 is committed to the
 :class:`~p2p.blobstore.BlobStore`: nothing unverified is ever handed over. The
 built-in libp2p request/response helper and Bitswap are not used: the first
@@ -41,10 +41,11 @@ import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
-from p2p.blobstore import BlobStore, check_sha256_hex, start_writeback
+from p2p.blobstore import BlobStore, check_sha256_hex
 from p2p.errors import BlobError, BlobHashMismatch, BlobNotFound, BlobTooLarge, BlobUnavailable
 from p2p.fastpath import YAMUX_FRAME_PAYLOAD_BYTES, grant_receive_window, read_raw, release_body
 from p2p.ratelimit import PeerRateLimiter
+from p2p.staging import RangeWriter, StagingFile, WrittenBlock, buffer_pool
 from p2p.wire import ProtocolViolation, field, read_frame, write_frame
 
 logger = logging.getLogger(__name__)
@@ -148,8 +149,8 @@ class _InOrderHasher:
     those chunks in memory (no read back) unless holding them would exceed
     ``memory_budget`` bytes, in which case it is read back from the staging file
     when its turn comes. Hashing runs on the host's thread pool (hashlib
-    releases the GIL). Each write starts its own writeback (:func:`_write_chunks`),
-    so the final ``fsync`` has little left to write.
+    releases the GIL). Buffered writes start their own writeback
+    (:meth:`p2p.staging.StagingFile.write_buffered`), so the final ``fsync`` has little left to write.
     """
 
     def __init__(
@@ -162,7 +163,8 @@ class _InOrderHasher:
         self._digest = hashlib.sha256()
         self._hashed = 0
         self._held = 0  # bytes of chunks kept in memory for hashing
-        self._ranges: dict[int, tuple[int, list[bytes] | None]] = {}  # start -> (end, chunks or None)
+        # start -> (end, chunks or None, how to give the chunks back once hashed)
+        self._ranges: dict[int, tuple[int, list[Any] | None, Callable[[Any], None]]] = {}
         self._changed = trio.Event()
         self._busy = False  # the digest is being updated (by run() or by a writer's job)
         self.read_back = 0  # bytes hashed from the staging file rather than from memory
@@ -175,18 +177,18 @@ class _InOrderHasher:
         then the caller runs :meth:`write_and_hash` and reports with
         :meth:`hashed_inline` (or :meth:`unclaim` if its write failed). One
         thread hop per range instead of two, and the bytes are hashed while the
-        copy into the page cache has just brought them into the CPU cache.
+        copy into the write buffer has just brought them into the CPU cache.
         """
         if self._busy or offset != self._hashed:
             return False
         self._busy = True
         return True
 
-    def write_and_hash(self, fd: int, chunks: list[bytes], offset: int) -> None:
-        """``pwritev`` the chunks, then hash them (on the thread pool, after :meth:`claim`)."""
-        _write_chunks(fd, chunks, offset)
-        for chunk in chunks:
-            self._digest.update(chunk)
+    def write_and_hash(self, writer: RangeWriter, chunks: list[Any], final: bool) -> WrittenBlock:
+        """Write the chunks with ``writer``, then hash what it wrote (thread pool, after :meth:`claim`)."""
+        block = writer.write(chunks, final)
+        self._digest.update(block.view)
+        return block
 
     def hashed_inline(self, offset: int, chunks: list[bytes]) -> None:
         """The claimed range is written and hashed (called on the event loop)."""
@@ -201,32 +203,31 @@ class _InOrderHasher:
         self._busy = False
         self._changed.set()
 
-    def written(self, offset: int, chunks: list[bytes]) -> bool:
+    def written(self, offset: int, chunks: list[Any], release: Callable[[Any], None] = release_body) -> bool:
         """Record that ``chunks`` are on disk from ``offset`` on (called on the event loop).
 
-        Returns whether the chunks are kept for hashing; if so, they are handed to
-        :func:`~p2p.fastpath.release_body` once hashed, and the caller must not
-        release them itself.
+        Returns whether the chunks are kept for hashing; if so, each is handed to
+        ``release`` once hashed, and the caller must not release them itself.
         """
         length = sum(len(chunk) for chunk in chunks)
         if not length:
             return False
-        kept: list[bytes] | None = chunks
+        kept: list[Any] | None = chunks
         if self._held + length > self._memory_budget:
             kept = None  # read it back later rather than hold unbounded memory
         else:
             self._held += length
-        self._ranges[offset] = (offset + length, kept)
+        self._ranges[offset] = (offset + length, kept, release)
         self._changed.set()
         return kept is not None
 
-    def _contiguous(self) -> list[tuple[int, int, list[bytes] | None]]:
+    def _contiguous(self) -> list[tuple[int, int, list[Any] | None, Callable[[Any], None]]]:
         """Pop the written ranges that continue the hashed prefix, in order."""
         batch = []
         position = self._hashed
         while position in self._ranges:
-            end, chunks = self._ranges.pop(position)
-            batch.append((position, end, chunks))
+            end, chunks, release = self._ranges.pop(position)
+            batch.append((position, end, chunks, release))
             position = end
         return batch
 
@@ -240,14 +241,14 @@ class _InOrderHasher:
             self._busy = True
             await self._run_blocking(self._hash_batch, batch)
             self._busy = False  # (not on cancellation: the job may still run, and the download is over)
-            self._held -= sum(end - start for start, end, chunks in batch if chunks is not None)
-            for _, _, chunks in batch:
+            self._held -= sum(end - start for start, end, chunks, _ in batch if chunks is not None)
+            for _, _, chunks, release in batch:
                 for chunk in chunks or ():
-                    release_body(chunk)  # hashed and on disk: its buffer can take the next frame
+                    release(chunk)  # hashed and on disk: its buffer can take the next bytes
             self._hashed = batch[-1][1]
 
-    def _hash_batch(self, batch: list[tuple[int, int, list[bytes] | None]]) -> None:
-        for start, end, chunks in batch:
+    def _hash_batch(self, batch: list[tuple[int, int, list[Any] | None, Callable[[Any], None]]]) -> None:
+        for start, end, chunks, _ in batch:
             if chunks is not None:
                 for chunk in chunks:
                     self._digest.update(chunk)
@@ -283,22 +284,6 @@ def _read_cached(fd: int, buffer: bytearray, size: int, offset: int) -> memoryvi
         except OSError:
             return None
     return memoryview(buffer)[:count] if count > 0 else None
-
-
-def _write_chunks(fd: int, chunks: list[bytes], offset: int) -> None:
-    """``pwritev`` the chunks at ``offset`` (no concatenation, loops over short writes), then start their writeback."""
-    views = [memoryview(chunk) for chunk in chunks]
-    start = offset
-    while views:
-        written = os.pwritev(fd, views, offset)
-        offset += written
-        while views and written >= len(views[0]):
-            written -= len(views[0])
-            views.pop(0)
-        if views and written:
-            views[0] = views[0][written:]
-    if offset > start:
-        start_writeback(fd, start, offset - start)
 
 
 class _EarlyPiece:
@@ -370,6 +355,7 @@ class BlobService:
         stats: Any,
         concurrency: int,
         stall_timeout: float,
+        direct_io: bool = False,
     ) -> None:
         self.store = store
         self._open_stream = open_stream
@@ -381,6 +367,10 @@ class BlobService:
         self.concurrency = concurrency
         self.stall_timeout = stall_timeout
         self._read_buffers: list[bytearray] = []  # FILE_IO_BYTES each, reused by served ranges
+        #: Staging writes without the page cache where the filesystem allows (p2p.staging).
+        self.direct_io = direct_io
+        # One write holds up to FILE_IO_BYTES plus the chunk that crossed it.
+        self._write_buffers = buffer_pool(FILE_IO_BYTES + CHUNK_BYTES)
         #: When a list (a benchmark's ``--profile``), downloads append ``(time.monotonic(), event)`` to it.
         self.timeline: list[tuple[float, str]] | None = None
 
@@ -505,12 +495,12 @@ class BlobService:
         digest: bytes,
         offset: int,
         length: int,
-        fd: int,
+        staging: StagingFile,
         progress: list[int],
         hasher: _InOrderHasher,
         stream: Any = None,
     ) -> None:
-        """Write ``[offset, offset+length)`` of the blob into ``fd``; ``progress[0]`` counts bytes on disk.
+        """Write ``[offset, offset+length)`` of the blob into ``staging``; ``progress[0]``: bytes on disk.
 
         ``stream``: the range was already asked for on it (an :class:`_EarlyPiece`), and its
         ``ok`` reply read; else it is asked for here.
@@ -519,40 +509,49 @@ class BlobService:
         if stream is None:
             self._limiter.expect(peer_text)  # the range's bytes take at least length / rate to arrive
             stream, _ = await self._request(peer, digest, offset, length)
-        chunks: list[bytes] = []  # received, not yet on disk; written with one pwritev, never joined
+        # Received, not yet on disk: copied into one aligned buffer and written per ~4 MiB
+        # (p2p.staging: whole blocks without the page cache, an unaligned tail carried over).
+        chunks: list[Any] = []
         buffered = 0
-        written = 0
+        writer = RangeWriter(staging, offset, self._write_buffers)
 
-        async def flush() -> None:
-            nonlocal chunks, buffered, written
+        async def flush(final: bool) -> None:
+            nonlocal chunks, buffered
             batch, chunks = chunks, []
-            at = offset + written
-            if hasher.claim(at):  # the next range to hash: hash it in the writing job
-                try:
-                    await self._run_blocking(hasher.write_and_hash, fd, batch, at)
-                except trio.Cancelled:
-                    raise  # the job may still be running: the hasher stays claimed, the download is over
-                except BaseException:
-                    hasher.unclaim()
-                    raise
-                hasher.hashed_inline(at, batch)
-                for chunk in batch:
-                    release_body(chunk)
-            else:
-                await self._run_blocking(_write_chunks, fd, batch, at)
-                if not hasher.written(at, batch):
-                    for chunk in batch:  # on disk, and the hasher will read it back from there
-                        release_body(chunk)
-            written += buffered
             buffered = 0
-            progress[0] = written
+            at = writer.position
+            claimed = hasher.claim(at)  # the next range to hash: hash it in the writing job
+            try:
+                if claimed:
+                    block = await self._run_blocking(hasher.write_and_hash, writer, batch, final)
+                else:
+                    block = await self._run_blocking(writer.write, batch, final)
+            except trio.Cancelled:
+                raise  # the job may still be running: the hasher stays claimed, the download is over
+            except BaseException:
+                if claimed:
+                    hasher.unclaim()
+                raise
+            for chunk in batch:  # copied into the block: the frame bodies can take the next frames
+                release_body(chunk)
+            if claimed:
+                hasher.hashed_inline(at, [block.view])
+                writer.release(block)
+            elif not hasher.written(at, [block.view], lambda _view, block=block: writer.release(block)):
+                writer.release(block)  # on disk, and the hasher will read it back from there
+            progress[0] = writer.position - offset
 
         async def take(chunk: Any) -> None:
             nonlocal buffered
+            if len(chunk) > CHUNK_BYTES:  # not one frame body (a peer's own framing): in frame-sized parts
+                view = memoryview(chunk)
+                for start in range(0, len(view), CHUNK_BYTES):
+                    await take(view[start : start + CHUNK_BYTES])
+                return
             chunks.append(chunk)
             buffered += len(chunk)
             if buffered >= FILE_IO_BYTES:
-                await flush()
+                await flush(final=False)
 
         try:
             # The frame bodies are only written and hashed: take them as they
@@ -560,10 +559,11 @@ class BlobService:
             read_raw(stream)
             await self._read_range(stream, peer_text, offset, length, take)
         finally:
-            # Bytes already received are valid for resumption (the final hash check covers them).
-            if chunks:
+            # Bytes already received are valid for resumption (the final hash check covers them),
+            # and so are those a write carried over to complete its last block.
+            if chunks or writer.carried:
                 with trio.CancelScope(shield=True):
-                    await flush()
+                    await flush(final=True)
         self._mark(f"written {offset}+{length}")
         await self._close(stream)
 
@@ -675,14 +675,13 @@ class BlobService:
             early = None
 
         staged = self.store.new_staging_file()
-        fd = os.open(staged, os.O_RDWR)
+        staging = StagingFile(staged, total, direct=self.direct_io)
         try:
-            os.ftruncate(fd, total)
-            hasher = _InOrderHasher(fd, total, self._run_blocking)
+            hasher = _InOrderHasher(staging.fd, total, self._run_blocking)
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(hasher.run)  # cancelled if the download fails
-                    await self._download_pieces(digest, total, usable, fd, errors, hasher, early)
+                    await self._download_pieces(digest, total, usable, staging, errors, hasher, early)
             except BaseExceptionGroup as group:  # trio wraps even a lone failure: surface it as is
                 if len(group.exceptions) == 1:
                     raise group.exceptions[0] from None
@@ -691,13 +690,14 @@ class BlobService:
             if hasher.hexdigest() != sha256_hex:
                 logger.warning("blob %s from %s failed its hash check; discarded", sha256_hex[:16], usable)
                 raise BlobHashMismatch(f"bytes hash to {hasher.hexdigest()}, expected {sha256_hex}")
-            await self._run_blocking(os.fsync, fd)
+            # Direct writes too are durable only after this (the device may cache them).
+            await self._run_blocking(os.fsync, staging.fd)
             self._mark("fsynced")
         except BaseException:
-            os.close(fd)
+            staging.close()
             staged.unlink(missing_ok=True)
             raise
-        os.close(fd)
+        staging.close()
         path = await self._run_blocking(self.store.commit, staged, sha256_hex, True)
         self._mark("committed")
         return path
@@ -707,7 +707,7 @@ class BlobService:
         digest: bytes,
         total: int,
         providers: list[ID],
-        fd: int,
+        staging: StagingFile,
         errors: dict[str, str],
         hasher: _InOrderHasher,
         early: _EarlyPiece | None = None,
@@ -754,10 +754,12 @@ class BlobService:
                 try:
                     if stream is None:
                         async with self._fetch_slots:
-                            await self._fetch_piece(peer, digest, offset, length, fd, progress, hasher)
+                            await self._fetch_piece(peer, digest, offset, length, staging, progress, hasher)
                     else:
                         try:
-                            await self._fetch_piece(peer, digest, offset, length, fd, progress, hasher, stream)
+                            await self._fetch_piece(
+                                peer, digest, offset, length, staging, progress, hasher, stream
+                            )
                         finally:
                             taken.release()
                 except Exception as exc:  # this provider failed: give the rest of the piece back

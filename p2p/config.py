@@ -23,6 +23,9 @@ class P2PConfig:
     rate_limit_burst: float = 0.0  # bucket size in bytes; 0: max(10 ms of the rate, 2 MiB) (p2p.ratelimit)
     blob_dir: str = "blobs"  # relative paths resolve against the node's data_dir
     blob_stall_timeout: float = 15.0  # a blob stream idle this long is abandoned (resumed elsewhere)
+    # Write downloads without the page cache (O_DIRECT, p2p.staging): less CPU in the download,
+    # but the blob's first read then comes from the disk; measured no cheaper in all (docs/P2P.md).
+    blob_direct_io: bool = False
     gossip_max_message_bytes: int = 1_000_000  # larger messages are refused: send them as blobs
     gossip_max_msgs_per_sec: float = 200.0  # per peer and topic; gossipsub drops the excess
     gossip_resync_interval: float = 5.0  # pull recent messages from peers (/dlx/sync); 0 = only on request

@@ -1,5 +1,6 @@
 """The blob data path's parts on their own: py-libp2p patches, in-order hashing, chunk writes, the rate cap."""
 
+import errno
 import hashlib
 import os
 import random
@@ -10,7 +11,10 @@ import trio.testing
 from libp2p.io.trio import TrioTCPStream
 
 from p2p import fastpath
-from p2p.blob_protocol import _InOrderHasher, _read_cached, _write_chunks
+from p2p.errors import BlobError
+from p2p import staging as staging_module
+from p2p.blob_protocol import _InOrderHasher, _read_cached
+from p2p.staging import DIRECT_IO_ALIGN, RangeWriter, StagingFile, buffer_pool
 from p2p.ratelimit import TokenBucket
 
 
@@ -96,7 +100,7 @@ def hash_out_of_order(tmp_path, pieces, memory_budget):
                 nursery.start_soon(hasher.run)
                 for offset, data in pieces:
                     chunks = [data[i : i + 1000] for i in range(0, len(data), 1000)]
-                    _write_chunks(fd, chunks, offset)
+                    os.pwritev(fd, chunks, offset)
                     hasher.written(offset, chunks)
                     await trio.sleep(0)  # let the hasher take what is contiguous
 
@@ -125,31 +129,142 @@ def test_the_next_range_to_hash_is_hashed_by_the_job_that_writes_it(tmp_path):
     blob = os.urandom(30_000)
     path = tmp_path / "staging.part"
     path.write_bytes(b"")
-    fd = os.open(path, os.O_RDWR)
+    staging = StagingFile(path, len(blob))
+    pool = buffer_pool(1 << 16)
+    released = []
     try:
-        os.ftruncate(fd, len(blob))
-        hasher = _InOrderHasher(fd, len(blob), run_inline)
+        hasher = _InOrderHasher(staging.fd, len(blob), run_inline)
 
         async def main():
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(hasher.run)
                 for start, end in [(0, 10_000), (20_000, 30_000), (10_000, 20_000)]:
-                    chunks = [blob[start : start + 4000], blob[start + 4000 : end]]
+                    writer = RangeWriter(staging, start, pool)
+                    chunks = [blob[start : start + 4000], bytearray(blob[start + 4000 : end])]
                     if hasher.claim(start):
-                        hasher.write_and_hash(fd, chunks, start)
-                        hasher.hashed_inline(start, chunks)
+                        block = hasher.write_and_hash(writer, chunks, final=True)
+                        hasher.hashed_inline(start, [block.view])
+                        writer.release(block)
                     else:
-                        _write_chunks(fd, chunks, start)
-                        hasher.written(start, chunks)
+                        block = writer.write(chunks, final=True)
+                        assert hasher.written(start, [block.view], released.append)
+                    assert writer.position == end
                     await trio.sleep(0)
 
         trio.run(main)
     finally:
-        os.close(fd)
+        staging.close()
     assert hasher.hexdigest() == hashlib.sha256(blob).hexdigest()
     assert path.read_bytes() == blob
-    # The first and the middle range were next when written; the last waited in memory.
+    # The first and the middle range were next when written; the last waited in memory and was
+    # handed back once hashed.
     assert hasher.hashed_with_write == 20_000 and hasher.read_back == 0
+    assert [len(view) for view in released] == [10_000]
+
+
+def write_ranges(path, blob, ranges, direct, fail_at=None, seed=3):
+    """Write ``blob`` into a staging file at ``path`` range by range, in chunks of random sizes.
+
+    ``ranges``: (start, end) in write order, as a download's pieces and resumed pieces land.
+    ``fail_at``: {range index: bytes received before its provider "fails"}; the range then
+    stops there with a final write, as ``_fetch_piece`` does, and the writer's position says
+    what is on disk. Returns each range's final position.
+    """
+    sizes = random.Random(seed)
+    staging = StagingFile(path, len(blob), direct=direct)
+    pool = buffer_pool(1 << 18)
+    positions = []
+    try:
+        for index, (start, end) in enumerate(ranges):
+            writer = RangeWriter(staging, start, pool)
+            stop = end if fail_at is None or index not in fail_at else start + fail_at[index]
+            at, batch, buffered = start, [], 0
+            while at < stop:
+                size = min(stop - at, sizes.choice([1, 511, 4096, 5000, 65536, 100_000]))
+                chunk = blob[at : at + size]
+                batch.append(chunk if sizes.random() < 0.5 else bytearray(chunk))
+                buffered += size
+                at += size
+                if buffered >= 150_000:
+                    block = writer.write(batch, final=False)
+                    assert bytes(block.view) == blob[block.offset : block.offset + len(block)]
+                    assert writer.position % DIRECT_IO_ALIGN == 0  # what is carried completes a block
+                    writer.release(block)
+                    batch, buffered = [], 0
+            block = writer.write(batch, final=True)
+            assert bytes(block.view) == blob[block.offset : block.offset + len(block)]
+            writer.release(block)
+            assert writer.position == stop and writer.carried == 0
+            positions.append(writer.position)
+        direct_used = staging.direct
+    finally:
+        staging.close()
+    return positions, direct_used
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_range_writes_put_every_byte_at_its_offset(tmp_path, direct):
+    # An unaligned total (a last partial block), pieces out of order, and a piece whose provider
+    # failed mid-block and was resumed by another from an unaligned offset.
+    blob = os.urandom(3 * 400_000 + 1234)
+    path = tmp_path / "staging.part"
+    path.write_bytes(b"")
+    piece = 400_000
+    # (the second piece's provider fails after 123457 bytes; the last range resumes it)
+    ranges = [(piece, 2 * piece), (0, piece), (2 * piece, len(blob)), (piece + 123_457, 2 * piece)]
+    positions, direct_used = write_ranges(path, blob, ranges, direct, fail_at={0: 123_457})
+    assert positions == [piece + 123_457, piece, len(blob), 2 * piece]
+    assert path.stat().st_size == len(blob)
+    assert path.read_bytes() == blob
+    if not direct:
+        assert not direct_used
+
+
+def test_direct_writes_refused_at_write_time_fall_back_to_buffered(tmp_path, monkeypatch):
+    """A filesystem that opens with O_DIRECT but refuses the writes (EINVAL): the same bytes land buffered."""
+    blob = os.urandom(1_000_000 + 17)
+    path = tmp_path / "staging.part"
+    path.write_bytes(b"")
+    real_write_all = staging_module._write_all
+    refused = []
+
+    def refusing_write_all(fd, view, offset):
+        if fd != staging_under_test[0].fd:
+            refused.append(offset)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real_write_all(fd, view, offset)
+
+    staging_under_test = []
+    real_init = StagingFile.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        if self.direct_fd is None:  # O_DIRECT unavailable here: pretend it opened
+            self.direct_fd = os.open(self.path, os.O_RDWR)
+        staging_under_test.append(self)
+
+    monkeypatch.setattr(StagingFile, "__init__", init)
+    monkeypatch.setattr(staging_module, "_write_all", refusing_write_all)
+    positions, direct_used = write_ranges(path, blob, [(0, len(blob))], direct=True)
+    assert refused and not direct_used  # refused once, then every write went buffered
+    assert len(refused) == 1
+    assert path.read_bytes() == blob
+
+
+def test_a_closed_staging_file_waits_for_its_running_write(tmp_path):
+    """A cancelled download closes its staging file; a write still running keeps the descriptors open."""
+    path = tmp_path / "staging.part"
+    path.write_bytes(b"")
+    staging = StagingFile(path, 1 << 20)
+    with staging.writing():
+        staging.close()
+        assert staging.fd >= 0  # still open for the running write
+        staging.write_buffered(memoryview(b"late"), 0)
+    assert staging.fd == -1 and staging.direct_fd is None
+    with pytest.raises(BlobError):
+        with staging.writing():
+            pass
+    assert path.read_bytes()[:4] == b"late"
 
 
 def test_a_served_block_is_read_from_the_page_cache_in_place(tmp_path):
@@ -168,17 +283,6 @@ def test_a_served_block_is_read_from_the_page_cache_in_place(tmp_path):
         return
     assert bytes(block) == data[150_000:250_000]
     assert past_end is None  # nothing there: the thread-pool read reports the shrunk blob
-
-
-def test_write_chunks_places_every_chunk_at_its_offset(tmp_path):
-    path = tmp_path / "file"
-    path.write_bytes(b"\0" * 100)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        _write_chunks(fd, [b"abc", b"", b"defg", bytearray(b"hi")], 10)
-    finally:
-        os.close(fd)
-    assert path.read_bytes() == b"\0" * 10 + b"abcdefghi" + b"\0" * 81
 
 
 def test_rate_cap_holds_over_a_transfer_whatever_the_chunk_size():
