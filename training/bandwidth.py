@@ -429,11 +429,11 @@ _CODEC_IDS = {"quant": 0, "lowrank": 1}
 
 @dataclass
 class EncoderMemo:
-    """Encoder "v3"'s state of one stage: each tensor's coding and the low-rank ones' warm-start bases.
+    """Encoder "v3"'s / "v4"'s state of one stage: each tensor's coding (and, "v3", warm-start bases).
 
-    ``choices[name] = (codec, rank, bits)`` of the last round; ``bases[name]`` the
-    ``max(m, n) x rank`` factor the next round's power iteration on a low-rank
-    tensor starts from (:func:`~training.compression._factorize_warm`).
+    ``choices[name] = (codec, rank, bits)`` of the last round; ``bases[name]`` ("v3"
+    only; empty for "v4") the ``max(m, n) x rank`` factor the next round's power
+    iteration on a low-rank tensor starts from (:func:`~training.compression._factorize_warm`).
     """
 
     choices: dict[str, tuple[str, int, int]]
@@ -467,7 +467,8 @@ class EncoderMemo:
             if _lookup(tuple(shapes[name]), cfg, (codec, rank, bits)) is None:
                 raise ValueError(f"encoder memo choice {name!r}: {(codec, rank, bits)} is not a candidate")
             choices[name] = (codec, rank, bits)
-        lowrank = {name for name, (codec, _, _) in choices.items() if codec == "lowrank"}
+        # "v3" keeps a basis per low-rank tensor, "v4" none.
+        lowrank = {name for name, (codec, _, _) in choices.items() if codec == "lowrank" and cfg.encoder == "v3"}
         if set(state["basis"]) != lowrank:
             raise ValueError("encoder memo bases do not match its low-rank choices")
         for name, basis in state["basis"].items():
@@ -495,27 +496,39 @@ def _warm_basis(factors: tuple[torch.Tensor, torch.Tensor, torch.Tensor], shape:
     return (other[:, :rank] * sigma[:rank]).contiguous()
 
 
-def encode_v3(
+#: Encoder versions that keep a memo of each tensor's coding between selections (:func:`encode_with_memo`).
+MEMO_ENCODERS = ("v3", "v4")
+
+
+def encode_with_memo(
     tensors: Mapping[str, torch.Tensor], cfg: CompressionConfig, budget: int, memo: EncoderMemo | None, *,
     stage_index: int, outer_round: int,
 ) -> tuple[bytes, dict[str, torch.Tensor], CompressionStats, EncoderMemo]:
-    """Encoder "v3" under a byte budget: ``(bytes, decoded, stats, next memo)``.
+    """Encoders "v3" and "v4" under a byte budget: ``(bytes, decoded, stats, next memo)``.
 
     Selection rounds (``outer_round % V3_RESELECT_ROUNDS == 0``, or no usable
     ``memo``) code exactly as "v2" (:func:`encode_within_bandwidth`, the same
-    bytes) and remember each tensor's coding and Ritz basis. The rounds in
-    between keep every tensor's coding (so the same byte count, which the
-    selection fitted to the budget) and skip the candidates' estimates:
-    ``quant(b)`` is quantized at its b bits, ``lowrank(r, b)`` factorized by one
-    warm subspace iteration from last round's basis
-    (:func:`~training.compression._factorize_warm`), then coded and decoded
-    exactly as the selection's winner would be. Deterministic given the
-    input and the memo (the memo is part of the replica's state).
+    bytes) and remember each tensor's coding. The rounds in between keep every
+    tensor's coding (so the same byte count, which the selection fitted to the
+    budget) and skip the candidates' estimates: ``quant(b)`` is quantized at its
+    b bits; ``lowrank(r, b)`` is factorized
+
+    * "v3": by one warm power iteration from last round's basis
+      (:func:`~training.compression._factorize_warm`; the memo keeps the bases),
+    * "v4": as "v2" factorizes, at rank r (:func:`~training.compression._factorize_gram`,
+      the fixed sketch; the memo keeps no basis),
+
+    then coded and decoded exactly as the selection's winner would be.
+    Deterministic given the input and the memo (the memo is part of the
+    replica's state).
     """
+    if cfg.encoder not in MEMO_ENCODERS:
+        raise ContributionEncodeError(f"encoder {cfg.encoder!r} keeps no memo")
+    keep_bases = cfg.encoder == "v3"
     matrices, norms = _matrices(tensors)
     warm = (memo is not None and outer_round % V3_RESELECT_ROUNDS != 0 and set(memo.choices) == set(matrices))
     if not warm:
-        bases: dict[str, torch.Tensor | None] = {}
+        bases: dict[str, torch.Tensor | None] | None = {} if keep_bases else None
         chosen = _select(tensors, matrices, norms, cfg, budget, bases)
         blob, decoded, stats, coded = _finish(tensors, matrices, norms, chosen, cfg, stage_index=stage_index,
                                               outer_round=outer_round)
@@ -523,7 +536,7 @@ def encode_v3(
         for name, winner in coded.items():
             candidate = winner.candidate
             choices[name] = (candidate.codec, candidate.rank, candidate.bits)
-            if candidate.codec == "lowrank":
+            if candidate.codec == "lowrank" and keep_bases:
                 next_bases[name] = _warm_basis(bases[name], tuple(matrices[name].shape), candidate.rank)
         return blob, decoded, stats, EncoderMemo(choices, next_bases)
     chosen, next_bases = {}, {}
@@ -536,10 +549,16 @@ def encode_v3(
             quantizer = _ColumnQuantizer(matrix)
             chosen[name] = _Option(candidate, math.nan,
                                    lambda q=quantizer, c=candidate: _quant_coded(q, c, math.nan))
-        else:
+            continue
+        if keep_bases:
             factors, next_bases[name] = _factorize_warm(matrix, rank, memo.bases[name])
-            chosen[name] = _Option(candidate, math.nan,
-                                   lambda f=_Factors(factors, rank), c=candidate: f.coded(c, math.nan))
+        else:
+            factors = factorize(matrix, rank, "v2")
+        chosen[name] = _Option(candidate, math.nan,
+                               lambda f=_Factors(factors, rank), c=candidate: f.coded(c, math.nan))
     blob, decoded, stats, _ = _finish(tensors, matrices, norms, chosen, cfg, stage_index=stage_index,
                                       outer_round=outer_round)
     return blob, decoded, stats, EncoderMemo(dict(memo.choices), next_bases)
+
+
+encode_v3 = encode_with_memo  # the name the fifth pass shipped (tests, bench/codec_profile.py)

@@ -17,9 +17,9 @@ encode read, for every stage ``s`` of the replica:
   applied yet and the last applied one (``sent.<r>/``: a contribution the close
   left out goes back into the residual, :meth:`~training.diloco.StageEngine.contribution_dropped`),
   and the "eager" correction's own decoded contributions (``own_decoded.<r>/``)
-  and the others' previous sum (``others_previous/``), and with encoder "v3"
+  and the others' previous sum (``others_previous/``), and with encoder "v3" or "v4"
   its memo: each tensor's coding (``encoder.choice/<name>``, float32
-  ``[codec id, rank, bits]``) and the low-rank ones' Ritz bases
+  ``[codec id, rank, bits]``) and, "v3" only, the low-rank ones' Ritz bases
   (``encoder.basis/<name>``, ``k x c``);
 * the round's position: outer round, replica, stages, H, the inner-lr
   schedule's horizon, the torch intra-op thread count and, for a replica split
@@ -233,7 +233,7 @@ def capture_engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: dict
     if others is not None:
         tensors.update({f"others_previous/{n}": t for n, t in others[0].items()})
     memo = engine_state.get("encoder_memo")
-    if memo is not None:  # encoder "v3": each tensor's coding and the low-rank ones' bases
+    if memo is not None:  # encoders "v3", "v4": each tensor's coding (v3: and the low-rank ones' bases)
         for kind in ("choice", "basis"):
             tensors.update({f"encoder.{kind}/{n}": t for n, t in memo[kind].items()})
     counters = (int(engine_state["last_encoded"]) + 1, int(engine_state["last_applied"]) + 1,
@@ -338,7 +338,7 @@ def _check_stage(part: StageStartState, shapes: Mapping[str, tuple[int, ...]]) -
     for name, value in part.tensors.items():
         group, _, tensor_name = name.partition("/")
         if group.startswith("encoder.") and tensor_name in shapes:
-            # Encoder "v3"'s memo: its own shapes, checked when the engine loads it (EncoderMemo.from_tensors).
+            # Encoder "v3"'s / "v4"'s memo: its own shapes, checked when the engine loads it (EncoderMemo.from_tensors).
             if group not in ("encoder.choice", "encoder.basis"):
                 raise ReplicaStateError(f"stage {part.stage_index} state: unexpected tensor {name!r}")
             groups.setdefault(group, set()).add(tensor_name)
