@@ -366,27 +366,32 @@ def _matrices(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tens
     return matrices, norms
 
 
-def _select(tensors, matrices, norms, cfg: CompressionConfig, budget: int, bases: dict | None = None) -> dict:
+def _select(tensors, matrices, norms, cfg: CompressionConfig, budget: int, bases: dict | None = None,
+            codings: dict | None = None) -> dict:
     """``{name: chosen _Option}`` under ``budget`` (v1 / v2 estimates, :func:`allocate`).
 
     ``bases`` (encoder "v3"): filled with each tensor's factorization (None without a low-rank candidate).
+    ``codings`` (encoder "v4"): filled with each tensor's options (every candidate and its estimate).
     """
     overhead = 32 + sum(framing_bytes(name, tuple(tensors[name].shape)) for name in sorted(tensors))
-    codings = {}
+    found_codings = {}
     for name, matrix in matrices.items():
         shape = tuple(tensors[name].shape)
         if cfg.encoder == "v1":
-            codings[name] = _all_codings(matrix, shape, cfg, norms[name])
+            found_codings[name] = _all_codings(matrix, shape, cfg, norms[name])
         else:
             found = None if bases is None else []
-            codings[name] = _all_codings_v2(matrix, shape, cfg, norms[name], found)
+            found_codings[name] = _all_codings_v2(matrix, shape, cfg, norms[name], found)
             if bases is not None:
                 bases[name] = found[0]
+    if codings is not None:
+        codings.update(found_codings)
     options = {
-        name: [(c.candidate.cost, (c.estimate * norms[name]) ** 2) for c in coded] for name, coded in codings.items()
+        name: [(c.candidate.cost, (c.estimate * norms[name]) ** 2) for c in coded]
+        for name, coded in found_codings.items()
     }
     choice = allocate(options, budget - overhead)
-    return {name: codings[name][choice[name]] for name in codings}
+    return {name: found_codings[name][choice[name]] for name in found_codings}
 
 
 def _finish(tensors, matrices, norms, chosen: Mapping, cfg: CompressionConfig, *, stage_index: int,
@@ -429,32 +434,42 @@ _CODEC_IDS = {"quant": 0, "lowrank": 1}
 
 @dataclass
 class EncoderMemo:
-    """Encoder "v3"'s / "v4"'s state of one stage: each tensor's coding (and, "v3", warm-start bases).
+    """Encoder "v3"'s / "v4"'s state of one stage: each tensor's coding, and what its warm rounds start from.
 
-    ``choices[name] = (codec, rank, bits)`` of the last round; ``bases[name]`` ("v3"
-    only; empty for "v4") the ``max(m, n) x rank`` factor the next round's power
-    iteration on a low-rank tensor starts from (:func:`~training.compression._factorize_warm`).
+    ``choices[name] = (codec, rank, bits)`` of the last round. "v3": ``bases[name]``,
+    the ``max(m, n) x rank`` factor the next round's power iteration on a
+    low-rank tensor starts from (:func:`~training.compression._factorize_warm`).
+    "v4": no bases; ``estimates[name]``, the last selection's estimated relative
+    error of every candidate of the tensor (float32, in :func:`~training.compression._candidates`
+    order), from which each warm round re-allocates the bytes (:func:`encode_with_memo`).
     """
 
     choices: dict[str, tuple[str, int, int]]
     bases: dict[str, torch.Tensor]
+    estimates: dict[str, torch.Tensor] | None = None
 
     def to_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
-        """``{"choice": {name: float32 [codec id, rank, bits]}, "basis": {name: float32 N x rank}}`` (copies)."""
-        return {
+        """``{"choice": {name: float32 [codec id, rank, bits]}, "basis": {name: float32 N x rank}}`` (copies),
+        and ``"estimate": {name: float32 [one per candidate]}`` when the memo has estimates ("v4")."""
+        out = {
             "choice": {
                 name: torch.tensor([float(_CODEC_IDS[codec]), float(rank), float(bits)], dtype=torch.float32)
                 for name, (codec, rank, bits) in self.choices.items()
             },
             "basis": {name: basis.detach().to(torch.float32).clone() for name, basis in self.bases.items()},
         }
+        if self.estimates is not None:
+            out["estimate"] = {name: value.detach().to(torch.float32).clone() for name, value in self.estimates.items()}
+        return out
 
     @classmethod
     def from_tensors(cls, state: Mapping[str, Mapping[str, torch.Tensor]], shapes: Mapping[str, tuple[int, ...]],
                      cfg: CompressionConfig) -> "EncoderMemo":
         """Inverse of :meth:`to_tensors`, checked against the stage's shapes and candidates (ValueError)."""
-        if set(state) != {"choice", "basis"}:
-            raise ValueError(f"encoder memo groups {sorted(state)}, expected ['basis', 'choice']")
+        with_estimates = cfg.encoder == "v4"
+        groups = {"choice", "basis", "estimate"} if with_estimates else {"choice", "basis"}
+        if set(state) != groups:
+            raise ValueError(f"encoder memo groups {sorted(state)}, expected {sorted(groups)}")
         codecs = {value: key for key, value in _CODEC_IDS.items()}
         choices, bases = {}, {}
         for name, value in state["choice"].items():
@@ -477,7 +492,18 @@ class EncoderMemo:
                     or not bool(torch.isfinite(basis).all())):
                 raise ValueError(f"encoder memo basis {name!r}: shape {tuple(basis.shape)} or values unusable")
             bases[name] = basis.detach().clone()
-        return cls(choices, bases)
+        if not with_estimates:
+            return cls(choices, bases)
+        if set(state["estimate"]) != set(choices):
+            raise ValueError("encoder memo estimates do not match its choices")
+        estimates = {}
+        for name, value in state["estimate"].items():
+            count = len(_candidates(tuple(shapes[name]), cfg))
+            if (tuple(value.shape) != (count,) or value.dtype != torch.float32 or not bool(torch.isfinite(value).all())
+                    or bool(torch.any(value < 0))):
+                raise ValueError(f"encoder memo estimate {name!r}: shape {tuple(value.shape)} or values unusable")
+            estimates[name] = value.detach().clone()
+        return cls(choices, bases, estimates)
 
 
 def _lookup(shape: tuple[int, ...], cfg: CompressionConfig, key: tuple[str, int, int]) -> _Candidate | None:
@@ -508,40 +534,53 @@ def encode_with_memo(
 
     Selection rounds (``outer_round % V3_RESELECT_ROUNDS == 0``, or no usable
     ``memo``) code exactly as "v2" (:func:`encode_within_bandwidth`, the same
-    bytes) and remember each tensor's coding. The rounds in between keep every
-    tensor's coding (so the same byte count, which the selection fitted to the
-    budget) and skip the candidates' estimates: ``quant(b)`` is quantized at its
-    b bits; ``lowrank(r, b)`` is factorized
+    bytes) and remember each tensor's coding ("v4": and every candidate's
+    estimated relative error). The rounds in between skip the candidates'
+    estimates:
 
-    * "v3": by one warm power iteration from last round's basis
-      (:func:`~training.compression._factorize_warm`; the memo keeps the bases),
-    * "v4": as "v2" factorizes, at rank r (:func:`~training.compression._factorize_gram`,
-      the fixed sketch; the memo keeps no basis),
+    * "v3" keeps every tensor's coding (so the selection's byte count) and
+      factorizes a ``lowrank(r, b)`` tensor by one warm power iteration from last
+      round's basis (:func:`~training.compression._factorize_warm`);
+    * "v4" re-allocates the budget (:func:`allocate`) with each candidate's
+      squared error estimated as the selection's relative estimate times this
+      round's ``||X||^2`` (error feedback moves the error between tensors from
+      round to round; the norms follow it, the estimates are not recomputed), and
+      factorizes a ``lowrank(r, b)`` winner as "v2" does, at rank r
+      (:func:`~training.compression._factorize_gram`, the fixed sketch).
 
-    then coded and decoded exactly as the selection's winner would be.
-    Deterministic given the input and the memo (the memo is part of the
-    replica's state).
+    ``quant(b)`` is quantized at its b bits; each winner is coded and decoded
+    exactly as the selection's winner would be. Deterministic given the input
+    and the memo (the memo is part of the replica's state).
     """
     if cfg.encoder not in MEMO_ENCODERS:
         raise ContributionEncodeError(f"encoder {cfg.encoder!r} keeps no memo")
-    keep_bases = cfg.encoder == "v3"
+    v3 = cfg.encoder == "v3"
     matrices, norms = _matrices(tensors)
     warm = (memo is not None and outer_round % V3_RESELECT_ROUNDS != 0 and set(memo.choices) == set(matrices))
     if not warm:
-        bases: dict[str, torch.Tensor | None] | None = {} if keep_bases else None
-        chosen = _select(tensors, matrices, norms, cfg, budget, bases)
+        bases: dict[str, torch.Tensor | None] | None = {} if v3 else None
+        codings: dict[str, list[_Option]] | None = None if v3 else {}
+        chosen = _select(tensors, matrices, norms, cfg, budget, bases, codings)
         blob, decoded, stats, coded = _finish(tensors, matrices, norms, chosen, cfg, stage_index=stage_index,
                                               outer_round=outer_round)
         choices, next_bases = {}, {}
         for name, winner in coded.items():
             candidate = winner.candidate
             choices[name] = (candidate.codec, candidate.rank, candidate.bits)
-            if candidate.codec == "lowrank" and keep_bases:
+            if candidate.codec == "lowrank" and v3:
                 next_bases[name] = _warm_basis(bases[name], tuple(matrices[name].shape), candidate.rank)
-        return blob, decoded, stats, EncoderMemo(choices, next_bases)
+        estimates = None if v3 else {
+            name: torch.tensor([option.estimate for option in options], dtype=torch.float32)
+            for name, options in codings.items()
+        }
+        return blob, decoded, stats, EncoderMemo(choices, next_bases, estimates)
+    if v3:
+        keep = {name: memo.choices[name] for name in matrices}
+    else:
+        keep = _reallocate(tensors, norms, cfg, budget, memo.estimates)
     chosen, next_bases = {}, {}
     for name, matrix in matrices.items():
-        codec, rank, bits = memo.choices[name]
+        codec, rank, bits = keep[name]
         candidate = _lookup(tuple(tensors[name].shape), cfg, (codec, rank, bits))
         if candidate is None:
             raise ContributionEncodeError(f"{name!r}: encoder memo coding {(codec, rank, bits)} is not a candidate")
@@ -550,7 +589,7 @@ def encode_with_memo(
             chosen[name] = _Option(candidate, math.nan,
                                    lambda q=quantizer, c=candidate: _quant_coded(q, c, math.nan))
             continue
-        if keep_bases:
+        if v3:
             factors, next_bases[name] = _factorize_warm(matrix, rank, memo.bases[name])
         else:
             factors = factorize(matrix, rank, "v2")
@@ -558,7 +597,25 @@ def encode_with_memo(
                                lambda f=_Factors(factors, rank), c=candidate: f.coded(c, math.nan))
     blob, decoded, stats, _ = _finish(tensors, matrices, norms, chosen, cfg, stage_index=stage_index,
                                       outer_round=outer_round)
-    return blob, decoded, stats, EncoderMemo(dict(memo.choices), next_bases)
+    return blob, decoded, stats, EncoderMemo(keep, next_bases, memo.estimates)
+
+
+def _reallocate(tensors, norms: Mapping[str, float], cfg: CompressionConfig, budget: int,
+                estimates: Mapping[str, torch.Tensor]) -> dict[str, tuple[str, int, int]]:
+    """Encoder "v4"'s warm allocation: :func:`allocate` on ``(cost, (estimate * ||X||)^2)`` per candidate.
+
+    ``estimates[name]`` are the last selection's relative errors (float32, in
+    candidate order); the float64 squares make the choice a pure function of
+    the memo and this round's norms.
+    """
+    overhead = 32 + sum(framing_bytes(name, tuple(tensors[name].shape)) for name in sorted(tensors))
+    candidates, options = {}, {}
+    for name, norm in norms.items():
+        candidates[name] = _candidates(tuple(tensors[name].shape), cfg)
+        options[name] = [(c.cost, (estimate * norm) ** 2)
+                         for c, estimate in zip(candidates[name], estimates[name].tolist())]
+    choice = allocate(options, budget - overhead)
+    return {name: (lambda c: (c.codec, c.rank, c.bits))(candidates[name][choice[name]]) for name in norms}
 
 
 encode_v3 = encode_with_memo  # the name the fifth pass shipped (tests, bench/codec_profile.py)
