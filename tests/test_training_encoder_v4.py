@@ -1,13 +1,14 @@
-"""Encoder "v4" (compression.encoder; issue 16 item 3): v3's selection memo, v2's factorization in between.
+"""Encoder "v4" (compression.encoder; issue 16 item 3): v2's selection every few rounds, cheap re-allocations between.
 
 v4 changes which bytes the encoder picks, never the wire format or the
-decoder. Like v3 it keeps each tensor's coding between selections (every
-``V3_RESELECT_ROUNDS``-th round), so it must: code exactly as v2 where it
-has no state, keep the byte count of its selection between selections,
-factorize a warm round's low-rank tensor exactly as v2 does at the kept rank,
-be a pure function of its input and its memo, carry the memo (codings only,
-no bases) through the engine checkpoint and the replica start state, and
-refuse a memo that is not its own. Refactoring v3 into the shared
+decoder. It selects as v2 every ``V3_RESELECT_ROUNDS``-th round and keeps
+every candidate's estimated relative error; a warm round re-allocates the
+budget from those estimates and this round's norms and factorizes each
+low-rank winner exactly as v2 does at its rank. So it must: code exactly as
+v2 where it has no state, stay within the budget, be a pure function of its
+input and its memo, carry the memo (codings and estimates, no bases) through
+the engine checkpoint and the replica start state, and refuse a memo that is
+not its own. Refactoring v3 into the shared
 :func:`training.bandwidth.encode_with_memo` must leave v3's bytes as they were
 (a verbatim copy of the previous ``encode_v3`` below is the reference).
 """
@@ -37,13 +38,14 @@ from training.bandwidth import (
     encode_within_bandwidth,
 )
 from training.codec_wire import decode_contribution
-from training.compression import _factorize_gram, _factorize_warm
+from training.compression import _candidates, _factorize_gram, _factorize_warm
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
 from training.data import generated_corpus
 from training.diloco import StageEngine
 from training.errors import ContributionEncodeError, EngineStateError
-from training.reexec import EXACT, restart_state_reason, verify_contribution
+from training.reexec import EXACT, STATE_MISMATCH, restart_state_reason, verify_contribution
 from training.reexec_sim import SimConfig, SimReplica, run_with_states
+from training.replica_state import StageStartState
 
 V2 = CompressionConfig(encoder="v2")
 V3 = CompressionConfig(encoder="v3")
@@ -154,26 +156,29 @@ def test_v4_without_state_codes_as_v2(budget):
 
 
 def _warm_reference(tensors, memo, cfg, budget, outer_round):
-    """A warm v4 round built by hand: each tensor's kept coding, low-rank ones from v2's factorization at r."""
+    """A warm v4 round built by hand: allocate() on (cost, (estimate * norm)^2), then v2's factorization at r."""
     matrices, norms = _matrices(tensors)
+    overhead = 32 + sum(bandwidth.framing_bytes(name, tuple(tensors[name].shape)) for name in sorted(tensors))
+    candidates = {name: _candidates(tuple(tensors[name].shape), cfg) for name in matrices}
+    options = {name: [(c.cost, (float(e) * norms[name]) ** 2) for c, e in zip(candidates[name], memo.estimates[name])]
+               for name in matrices}
+    choice = bandwidth.allocate(options, budget - overhead)
     chosen = {}
     for name, matrix in matrices.items():
-        codec, rank, bits = memo.choices[name]
-        candidate = _lookup(tuple(tensors[name].shape), cfg, (codec, rank, bits))
-        if codec == "quant":
+        candidate = candidates[name][choice[name]]
+        if candidate.codec == "quant":
             chosen[name] = _Option(candidate, 0.0, lambda q=_ColumnQuantizer(matrix), c=candidate: _quant_coded(
                 q, c, 0.0))
         else:
-            factors = _Factors(_factorize_gram(matrix, rank), rank)
+            factors = _Factors(_factorize_gram(matrix, candidate.rank), candidate.rank)
             chosen[name] = _Option(candidate, 0.0, lambda f=factors, c=candidate: f.coded(c, 0.0))
     return _finish(tensors, matrices, norms, chosen, cfg, stage_index=0, outer_round=outer_round)[0]
 
 
 @pytest.mark.parametrize("budget", [6_000, 40_000])
-def test_v4_rounds_decode_bit_exactly_keep_the_bytes_and_reselect(budget):
+def test_v4_rounds_decode_bit_exactly_fit_the_budget_and_reselect(budget):
     base = _stage_like(1)
     memo = None
-    sizes = []
     for outer_round in range(V3_RESELECT_ROUNDS + 2):
         tensors = _drift(base, outer_round)
         blob, decoded, stats, next_memo = encode_with_memo(tensors, V4, budget, memo, stage_index=0,
@@ -184,15 +189,27 @@ def test_v4_rounds_decode_bit_exactly_keep_the_bytes_and_reselect(budget):
                                        refuse_raw=True)
         assert all(_same_bits(received[name], decoded[name]) for name in tensors)
         v2 = encode_within_bandwidth(tensors, V2, budget, stage_index=0, outer_round=outer_round)[0]
+        assert len(blob) <= budget
         if outer_round % V3_RESELECT_ROUNDS == 0:
             assert blob == v2  # a selection round is v2's
         else:
-            assert next_memo.choices == memo.choices  # codings kept between selections
-            assert len(blob) == sizes[-1]  # hence the same bytes (the selection fitted the budget)
-            assert blob == _warm_reference(tensors, memo, V4, budget, outer_round)  # v2's factorization at r
+            assert blob == _warm_reference(tensors, memo, V4, budget, outer_round)
+            assert next_memo.estimates is memo.estimates  # kept until the next selection
+            assert next_memo.choices == {t.name: (t.codec, t.rank, t.bits) for t in stats.tensors if t.name in
+                                         next_memo.choices}
         assert next_memo.bases == {}
-        sizes.append(len(blob))
         memo = next_memo
+
+
+def test_v4_warm_round_on_the_selections_input_keeps_its_choices():
+    """With the same tensors (same norms) the re-allocation makes the selection's choices again."""
+    tensors = _stage_like(3)
+    blob, _, _, memo = encode_with_memo(tensors, V4, 40_000, None, stage_index=0, outer_round=0)
+    _, _, _, warm = encode_with_memo(tensors, V4, 40_000, memo, stage_index=0, outer_round=1)
+    assert warm.choices == memo.choices
+    scaled = {name: 3.0 * value for name, value in tensors.items()}  # every norm x3: the same choices
+    _, _, _, warm = encode_with_memo(scaled, V4, 40_000, memo, stage_index=0, outer_round=1)
+    assert warm.choices == memo.choices
 
 
 def test_v4_warm_rounds_code_closer_than_v3s_single_power_iteration():
@@ -223,6 +240,7 @@ def test_v4_engine_checkpoint_carries_the_memo_and_refuses_a_v3_memo():
     engine.apply_round(0, [blob])
     state = engine.state_dict()
     assert state["encoder_memo"] is not None and state["encoder_memo"]["basis"] == {}
+    assert set(state["encoder_memo"]["estimate"]) == set(state["encoder_memo"]["choice"])
     twin = StageEngine(0, {n: p.detach().clone() for n, p in engine.params.items()}, diloco_cfg, cfg)
     twin.load_state_dict(state)
     blank = StageEngine(0, {n: p.detach().clone() for n, p in engine.params.items()}, diloco_cfg, cfg)
@@ -235,7 +253,8 @@ def test_v4_engine_checkpoint_carries_the_memo_and_refuses_a_v3_memo():
     assert twin.encode_contribution(1)[0] == warm
     assert blank.encode_contribution(1)[0] != warm  # without the memo round 1 selects afresh
     lowrank = next(n for n, (codec, _, _) in engine.compressor.encoder_memo.choices.items() if codec == "lowrank")
-    v3_like = {"choice": state["encoder_memo"]["choice"], "basis": {lowrank: torch.zeros(512, 4)}}
+    v3_like = {"choice": state["encoder_memo"]["choice"], "basis": {lowrank: torch.zeros(512, 4)},
+               "estimate": state["encoder_memo"]["estimate"]}
     with pytest.raises(EngineStateError, match="encoder memo"):
         blank.load_state_dict({**state, "encoder_memo": v3_like})
 
@@ -247,12 +266,19 @@ def test_v4_memo_tensors_round_trip_and_refuse_nonsense():
     state = memo.to_tensors()
     again = EncoderMemo.from_tensors(state, shapes, V4)
     assert again.choices == memo.choices and again.bases == {}
+    assert all(_same_bits(again.estimates[n], memo.estimates[n]) for n in memo.estimates)
     name = next(n for n, (codec, _, _) in memo.choices.items() if codec == "lowrank")
     rank = memo.choices[name][1]
+    estimate = state["estimate"][name]
     for broken in (
         {**state, "choice": {**state["choice"], name: torch.tensor([1.0, 5.0, 4.0])}},  # rank 5 is no candidate
         {**state, "basis": {name: torch.zeros(max(shapes[name]), rank)}},  # a basis: v3's memo, not v4's
-        {"choice": state["choice"]},
+        {"choice": state["choice"], "basis": {}},  # no estimates
+        {**state, "estimate": {n: v for n, v in state["estimate"].items() if n != name}},
+        {**state, "estimate": {**state["estimate"], name: estimate[:-1]}},
+        {**state, "estimate": {**state["estimate"], name: torch.full_like(estimate, float("nan"))}},
+        {**state, "estimate": {**state["estimate"], name: -estimate - 1.0}},
+        {**state, "estimate": {**state["estimate"], name: estimate.double()}},
     ):
         with pytest.raises(ValueError):
             EncoderMemo.from_tensors(broken, shapes, V4)
@@ -280,6 +306,7 @@ def test_v4_contributions_reexecute_bit_exactly_and_chain_their_memo():
     records = run_with_states([SimReplica(0, sim), SimReplica(1, sim)], sim)
     names = records[1].states[0].stages[0].tensors
     assert any(name.startswith("encoder.choice/") for name in names)
+    assert any(name.startswith("encoder.estimate/") for name in names)
     assert not any(name.startswith("encoder.basis/") for name in names)
     for outer_round in range(3):
         record = records[outer_round]
@@ -297,3 +324,23 @@ def test_v4_contributions_reexecute_bit_exactly_and_chain_their_memo():
 
 def test_memo_encoders_are_the_ones_with_state():
     assert bandwidth.MEMO_ENCODERS == ("v3", "v4")
+
+
+def test_a_malformed_v4_memo_in_a_served_state_is_a_state_mismatch():
+    sim = _v4_sim(2)
+    records = run_with_states([SimReplica(0, sim), SimReplica(1, sim)], sim)
+    record = records[1]
+    parts = list(record.states[0].stages)
+    name = next(n for n in sorted(parts[0].tensors) if n.startswith("encoder.estimate/"))
+    value = parts[0].tensors[name]
+    for broken in ({name: value[:-1]}, {name: torch.full_like(value, float("inf"))},
+                   {name.replace("estimate", "basis"): torch.zeros(3, 2)}):
+        tensors = {**parts[0].tensors, **broken}
+        forged = StageStartState(parts[0].meta, parts[0].stage_index, parts[0].engine_counters, tensors)
+        claims = [dataclasses.replace(record.claims[0][0], state_hash=forged.state_hash()), record.claims[0][1]]
+        check = verify_contribution(
+            [forged.to_bytes(), parts[1].to_bytes()], claims, sim.corpus, sim.model, sim.training, sim.diloco,
+            sim.compression, outer_round=1, replica=0, run_rounds=sim.rounds,
+            previous_contributions=records[0].contributions,
+        )
+        assert check.verdict == STATE_MISMATCH, check.reason
