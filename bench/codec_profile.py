@@ -94,20 +94,20 @@ def profile(args) -> None:
     data = torch.load(args.capture, weights_only=False)
     chosen = [t for t in data["targets"] if t["round"] == args.round]
     diloco_cfg = DilocoConfig(inner_steps=data["inner_steps"], outer_lr=1.0, outer_momentum=0.5, num_replicas=2)
-    from training.bandwidth import encode_v3
+    from training.bandwidth import MEMO_ENCODERS, encode_with_memo
 
     previous = [t for t in data["targets"] if t["round"] == args.round - 1]
     for encoder in args.encoders.split(","):
         cfg = CompressionConfig(encoder=encoder)
         total = 0.0
         for index, item in enumerate(chosen[:2]):  # replica 0's two stages
-            if encoder == "v3":  # a warm round: the memo of a selection on the previous round's target
-                memo = encode_v3(previous[index]["target"], cfg, item["budget"], None, stage_index=item["stage"],
-                                 outer_round=0)[3]
+            if encoder in MEMO_ENCODERS:  # a warm round: the memo of a selection on the previous round's target
+                memo = encode_with_memo(previous[index]["target"], cfg, item["budget"], None,
+                                        stage_index=item["stage"], outer_round=0)[3]
 
                 def run():
-                    return encode_v3(item["target"], cfg, item["budget"], memo, stage_index=item["stage"],
-                                     outer_round=1)
+                    return encode_with_memo(item["target"], cfg, item["budget"], memo, stage_index=item["stage"],
+                                            outer_round=1)
             else:
                 def run():
                     return encode_within_bandwidth(item["target"], cfg, item["budget"], stage_index=item["stage"],
@@ -203,7 +203,7 @@ def main() -> int:
     prof.add_argument("--capture", required=True)
     prof.add_argument("--round", type=int, default=2)
     prof.add_argument("--repeat", type=int, default=7)
-    prof.add_argument("--encoders", default="v2,v3")
+    prof.add_argument("--encoders", default="v2,v3,v4")
     comp = sub.add_parser("compare")
     comp.add_argument("--capture", required=True)
     comp.add_argument("--encoders", default="v2,v3,v4")
