@@ -201,6 +201,14 @@ def test_v4_rounds_decode_bit_exactly_fit_the_budget_and_reselect(budget):
         memo = next_memo
 
 
+def test_v4_with_a_memo_without_estimates_selects():
+    tensors = _stage_like(8)
+    _, _, _, memo = encode_with_memo(tensors, V4, 40_000, None, stage_index=0, outer_round=0)
+    bare = EncoderMemo(dict(memo.choices), {})
+    blob = encode_with_memo(tensors, V4, 40_000, bare, stage_index=0, outer_round=1)[0]
+    assert blob == encode_within_bandwidth(tensors, V2, 40_000, stage_index=0, outer_round=1)[0]
+
+
 def test_v4_warm_round_on_the_selections_input_keeps_its_choices():
     """With the same tensors (same norms) the re-allocation makes the selection's choices again."""
     tensors = _stage_like(3)

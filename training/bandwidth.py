@@ -556,7 +556,8 @@ def encode_with_memo(
         raise ContributionEncodeError(f"encoder {cfg.encoder!r} keeps no memo")
     v3 = cfg.encoder == "v3"
     matrices, norms = _matrices(tensors)
-    warm = (memo is not None and outer_round % V3_RESELECT_ROUNDS != 0 and set(memo.choices) == set(matrices))
+    warm = (memo is not None and outer_round % V3_RESELECT_ROUNDS != 0 and set(memo.choices) == set(matrices)
+            and (v3 or memo.estimates is not None))  # a memo without estimates gives "v4" nothing to re-allocate
     if not warm:
         bases: dict[str, torch.Tensor | None] | None = {} if v3 else None
         codings: dict[str, list[_Option]] | None = None if v3 else {}
