@@ -48,9 +48,10 @@ estimates every candidate's error from the factors' rounding residuals
 4th round (and whenever it has no memo) and in between keeps each tensor's
 coding, factorizing by one warm-started power iteration
 (:func:`_factorize_warm`, :func:`training.bandwidth.encode_with_memo`); its memo is
-part of the compressor's (and the replica's) state. ``"v4"`` keeps v3's memo
-of codings but factorizes every warm round as v2 does (at the kept rank), so
-its warm rounds keep v2's factorization accuracy; its memo holds no basis.
+part of the compressor's (and the replica's) state. ``"v4"`` selects as v2 every
+4th round too, keeps every candidate's estimated error, re-allocates the
+bytes in between from those estimates and the round's norms, and factorizes
+each warm low-rank winner as v2 does (at its rank); its memo holds no basis.
 
 The wire format and the exact decoder live in :mod:`training.codec_wire`;
 the bandwidth-budget policy in :mod:`training.bandwidth`.

@@ -312,8 +312,9 @@ class CompressionConfig:
     # not name one. "v2": factorization through the Gram matrix and error estimates from the
     # factors' quantization residuals, about 3x cheaper (docs/DILOCOX.md section 9). "v3": v2's
     # selection every 4th round; in between each tensor keeps its coding and the factorization
-    # warm-starts from last round's (state: the stage engine's encoder memo). "v4": v3's memo of
-    # codings, but every warm round factorizes as v2 does (v2's accuracy; the memo holds no basis).
+    # warm-starts from last round's (state: the stage engine's encoder memo). "v4": v2's selection
+    # every 4th round; in between the bytes are re-allocated from the selection's error estimates
+    # and the round's norms, and low-rank winners factorized as v2 does (state: the memo).
     encoder: str = "v1"
 
     def __post_init__(self) -> None:
