@@ -94,7 +94,7 @@ def profile(args) -> None:
     data = torch.load(args.capture, weights_only=False)
     chosen = [t for t in data["targets"] if t["round"] == args.round]
     diloco_cfg = DilocoConfig(inner_steps=data["inner_steps"], outer_lr=1.0, outer_momentum=0.5, num_replicas=2)
-    from training.bandwidth import MEMO_ENCODERS, encode_with_memo
+    from training.encoder_memo import MEMO_ENCODERS, encode_with_memo
 
     previous = [t for t in data["targets"] if t["round"] == args.round - 1]
     for encoder in args.encoders.split(","):
@@ -154,7 +154,8 @@ def profile(args) -> None:
 
 def compare(args) -> None:
     """Coding error of each encoder on the same inputs (the captured error-feedback targets)."""
-    from training.bandwidth import MEMO_ENCODERS, V3_RESELECT_ROUNDS, encode_with_memo, encode_within_bandwidth
+    from training.bandwidth import encode_within_bandwidth
+    from training.encoder_memo import MEMO_ENCODERS, V3_RESELECT_ROUNDS, encode_with_memo
 
     torch.set_num_threads(1)
     data = torch.load(args.capture, weights_only=False)

@@ -9,7 +9,7 @@ v2 where it has no state, stay within the budget, be a pure function of its
 input and its memo, carry the memo (codings and estimates, no bases) through
 the engine checkpoint and the replica start state, and refuse a memo that is
 not its own. Refactoring v3 into the shared
-:func:`training.bandwidth.encode_with_memo` must leave v3's bytes as they were
+:func:`training.encoder_memo.encode_with_memo` must leave v3's bytes as they were
 (a verbatim copy of the previous ``encode_v3`` below is the reference).
 """
 
@@ -21,30 +21,31 @@ import math
 import pytest
 import torch
 
-from training import bandwidth
+from training import bandwidth, encoder_memo
 from training.bandwidth import (
-    V3_RESELECT_ROUNDS,
-    EncoderMemo,
-    _ColumnQuantizer,
     _Factors,
     _finish,
-    _lookup,
     _matrices,
     _Option,
     _quant_coded,
     _select,
-    _warm_basis,
-    encode_with_memo,
     encode_within_bandwidth,
 )
 from training.codec_wire import decode_contribution
-from training.compression import _candidates, _factorize_gram, _factorize_warm
+from training.compression import _candidates, _ColumnQuantizer, _factorize_gram, _factorize_warm
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
 from training.data import generated_corpus
 from training.diloco import StageEngine
 from training.errors import ContributionEncodeError, EngineStateError
 from training.reexec import EXACT, STATE_MISMATCH, restart_state_reason, verify_contribution
 from training.reexec_sim import SimConfig, SimReplica, run_with_states
+from training.encoder_memo import (
+    V3_RESELECT_ROUNDS,
+    EncoderMemo,
+    _lookup,
+    _warm_basis,
+    encode_with_memo,
+)
 from training.replica_state import StageStartState
 
 V2 = CompressionConfig(encoder="v2")
@@ -331,7 +332,7 @@ def test_v4_contributions_reexecute_bit_exactly_and_chain_their_memo():
 
 
 def test_memo_encoders_are_the_ones_with_state():
-    assert bandwidth.MEMO_ENCODERS == ("v3", "v4")
+    assert encoder_memo.MEMO_ENCODERS == ("v3", "v4")
 
 
 def test_a_malformed_v4_memo_in_a_served_state_is_a_state_mismatch():

@@ -47,7 +47,7 @@ estimates every candidate's error from the factors' rounding residuals
 (:func:`training.bandwidth._all_codings_v2`). ``"v3"`` selects as v2 every
 4th round (and whenever it has no memo) and in between keeps each tensor's
 coding, factorizing by one warm-started power iteration
-(:func:`_factorize_warm`, :func:`training.bandwidth.encode_with_memo`); its memo is
+(:func:`_factorize_warm`, :func:`training.encoder_memo.encode_with_memo`); its memo is
 part of the compressor's (and the replica's) state. ``"v4"`` selects as v2 every
 4th round too, keeps every candidate's estimated error, re-allocates the
 bytes in between from those estimates and the round's norms, and factorizes
@@ -515,7 +515,7 @@ class ErrorFeedbackCompressor:
         self.residual = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()}
         self.last_decoded: dict[str, torch.Tensor] = {}
         self._carry = False  # the residual holds an undelivered update (matters when feedback is off)
-        # Encoders "v3", "v4" under a byte budget: last round's codings (and bases; training.bandwidth.EncoderMemo).
+        # Encoders "v3", "v4" under a byte budget: last round's codings (and bases; training.encoder_memo.EncoderMemo).
         self.encoder_memo = None
 
     def compress(
@@ -530,7 +530,7 @@ class ErrorFeedbackCompressor:
             for name, value in pseudo_gradient.items()
         }
         if self.cfg.enabled and self.bandwidth_budget > 0 and self.cfg.encoder in ("v3", "v4"):
-            from training.bandwidth import encode_with_memo  # imports this module
+            from training.encoder_memo import encode_with_memo  # imports this module
 
             blob, decoded, stats, self.encoder_memo = encode_with_memo(
                 target, self.cfg, self.bandwidth_budget, self.encoder_memo, stage_index=stage_index,
@@ -576,7 +576,7 @@ class ErrorFeedbackCompressor:
         return {name: value.clone() for name, value in self.residual.items()}
 
     def encoder_state(self) -> dict[str, dict[str, torch.Tensor]] | None:
-        """Encoder "v3"'s / "v4"'s memo as tensors (:meth:`training.bandwidth.EncoderMemo.to_tensors`), None without one."""
+        """Encoder "v3"'s / "v4"'s memo as tensors (:meth:`training.encoder_memo.EncoderMemo.to_tensors`), None without one."""
         return None if self.encoder_memo is None else self.encoder_memo.to_tensors()
 
     def load_encoder_state(self, state: Mapping[str, Mapping[str, torch.Tensor]] | None) -> None:
@@ -584,7 +584,7 @@ class ErrorFeedbackCompressor:
         if state is None:
             self.encoder_memo = None
             return
-        from training.bandwidth import EncoderMemo  # imports this module
+        from training.encoder_memo import EncoderMemo  # imports this module
 
         try:
             self.encoder_memo = EncoderMemo.from_tensors(state, self.shapes, self.cfg)
