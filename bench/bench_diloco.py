@@ -92,10 +92,12 @@ def parse_args() -> argparse.Namespace:
                              "auto: --target-reduction times fewer bytes than AllReduce, the node's default)")
     parser.add_argument("--target-reduction", type=float, default=1000.0,
                         help="DiLoCoX with --bandwidth-budget auto: fewer bytes than fp32 ring AllReduce")
-    parser.add_argument("--encoder", default="v2", choices=["v1", "v2", "v3"],
+    parser.add_argument("--encoder", default="v2", choices=["v1", "v2", "v3", "v4"],
                         help="compression.encoder: which encoder picks the bytes (same wire format; v2 = the "
                              "default for new runs, v3 = v2's selection every 4th round and warm-started "
-                             "power iterations between; docs/DILOCOX.md sections 3 and 9)")
+                             "power iterations between, v4 = v2's selection every 4th round and re-allocations "
+                             "from its estimates with v2's factorization between; "
+                             "docs/DILOCOX.md sections 3 and 9)")
     parser.add_argument("--no-error-feedback", action="store_true")
     parser.add_argument("--overlap-steps", default="auto",
                         help="DiLoCoX: inner steps the exchange overlaps before it is applied (0: the whole round; "

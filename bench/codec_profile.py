@@ -5,9 +5,13 @@
              and every round's contribution bytes
     profile: CPU seconds (one torch thread, min over repeats) of each part of the encode and of the
              apply path on those captures
+    compare: the encoders' coding error on the same captured inputs, round by round: per round, over
+             both replicas and stages, sqrt(sum ||X - decode(encode(X))||^2 / sum ||X||^2) (the
+             stateful encoders carry their memo from round to round as in a run)
 
     .venv/bin/python bench/codec_profile.py capture --rounds 3 --out /tmp/capture.pt
     .venv/bin/python bench/codec_profile.py profile --capture /tmp/capture.pt
+    .venv/bin/python bench/codec_profile.py compare --capture /tmp/capture.pt --encoders v2,v3,v4
 
 Timings are CPU seconds of this process (time.process_time), so other jobs' load inflates them
 only through shared caches and memory bandwidth; the figures compare parts, the benchmark of record
@@ -90,20 +94,20 @@ def profile(args) -> None:
     data = torch.load(args.capture, weights_only=False)
     chosen = [t for t in data["targets"] if t["round"] == args.round]
     diloco_cfg = DilocoConfig(inner_steps=data["inner_steps"], outer_lr=1.0, outer_momentum=0.5, num_replicas=2)
-    from training.bandwidth import encode_v3
+    from training.encoder_memo import MEMO_ENCODERS, encode_with_memo
 
     previous = [t for t in data["targets"] if t["round"] == args.round - 1]
     for encoder in args.encoders.split(","):
         cfg = CompressionConfig(encoder=encoder)
         total = 0.0
         for index, item in enumerate(chosen[:2]):  # replica 0's two stages
-            if encoder == "v3":  # a warm round: the memo of a selection on the previous round's target
-                memo = encode_v3(previous[index]["target"], cfg, item["budget"], None, stage_index=item["stage"],
-                                 outer_round=0)[3]
+            if encoder in MEMO_ENCODERS:  # a warm round: the memo of a selection on the previous round's target
+                memo = encode_with_memo(previous[index]["target"], cfg, item["budget"], None,
+                                        stage_index=item["stage"], outer_round=0)[3]
 
                 def run():
-                    return encode_v3(item["target"], cfg, item["budget"], memo, stage_index=item["stage"],
-                                     outer_round=1)
+                    return encode_with_memo(item["target"], cfg, item["budget"], memo, stage_index=item["stage"],
+                                            outer_round=1)
             else:
                 def run():
                     return encode_within_bandwidth(item["target"], cfg, item["budget"], stage_index=item["stage"],
@@ -148,6 +152,46 @@ def profile(args) -> None:
     print(f"apply, both stages (2 norms each): {1000 * apply_total:.1f} ms")
 
 
+def compare(args) -> None:
+    """Coding error of each encoder on the same inputs (the captured error-feedback targets)."""
+    from training.bandwidth import encode_within_bandwidth
+    from training.encoder_memo import MEMO_ENCODERS, V3_RESELECT_ROUNDS, encode_with_memo
+
+    torch.set_num_threads(1)
+    data = torch.load(args.capture, weights_only=False)
+    by_round: dict[int, list[dict]] = {}
+    for item in data["targets"]:
+        by_round.setdefault(item["round"], []).append(item)
+    encoders = args.encoders.split(",")
+    memos: dict[str, dict[int, object]] = {encoder: {} for encoder in encoders}
+    errors: dict[str, list[float]] = {encoder: [] for encoder in encoders}
+    for outer_round in sorted(by_round):
+        row = []
+        for encoder in encoders:
+            cfg = CompressionConfig(encoder=encoder)
+            squared = total = 0.0
+            for index, item in enumerate(by_round[outer_round]):
+                target = item["target"]
+                if encoder in MEMO_ENCODERS:
+                    _, decoded, _, memos[encoder][index] = encode_with_memo(
+                        target, cfg, item["budget"], memos[encoder].get(index), stage_index=item["stage"],
+                        outer_round=outer_round)
+                else:
+                    _, decoded, _ = encode_within_bandwidth(target, cfg, item["budget"], stage_index=item["stage"],
+                                                            outer_round=outer_round)
+                for name, value in target.items():
+                    squared += float(torch.sum((value.double() - decoded[name].double()) ** 2))
+                    total += float(torch.sum(value.double() ** 2))
+            errors[encoder].append((squared / total) ** 0.5 if total else 0.0)
+            row.append(f"{encoder} {errors[encoder][-1]:.4f}")
+        print(f"round {outer_round:3d}: " + "  ".join(row))
+    rounds = sorted(by_round)
+    for encoder in encoders:
+        warm = [e for r, e in zip(rounds, errors[encoder]) if r % V3_RESELECT_ROUNDS]
+        print(f"{encoder}: mean {sum(errors[encoder]) / len(rounds):.4f}, rounds t % {V3_RESELECT_ROUNDS} != 0 "
+              f"{sum(warm) / max(len(warm), 1):.4f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -160,9 +204,12 @@ def main() -> int:
     prof.add_argument("--capture", required=True)
     prof.add_argument("--round", type=int, default=2)
     prof.add_argument("--repeat", type=int, default=7)
-    prof.add_argument("--encoders", default="v2,v3")
+    prof.add_argument("--encoders", default="v2,v3,v4")
+    comp = sub.add_parser("compare")
+    comp.add_argument("--capture", required=True)
+    comp.add_argument("--encoders", default="v2,v3,v4")
     args = parser.parse_args()
-    {"capture": capture, "profile": profile}[args.command](args)
+    {"capture": capture, "profile": profile, "compare": compare}[args.command](args)
     return 0
 
 

@@ -17,7 +17,8 @@ import dataclasses
 import pytest
 import torch
 
-from training.bandwidth import V3_RESELECT_ROUNDS, EncoderMemo, _warm_basis, encode_v3, encode_within_bandwidth
+from training.bandwidth import encode_within_bandwidth
+from training.encoder_memo import V3_RESELECT_ROUNDS, EncoderMemo, _warm_basis, encode_v3
 from training.codec_wire import decode_contribution
 from training.compression import _factorize_gram, _factorize_warm
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -42,7 +41,6 @@ from training.compression import (
     _Coded,
     _ColumnQuantizer,
     _factorize,
-    _factorize_warm,
     _rel_error,
     encode_tensor,
     factorize,
@@ -343,7 +341,8 @@ def encode_within_bandwidth(
 
     Same wire format and exact decode as :func:`training.compression.encode_contribution`;
     only the choice of coding per tensor differs (module docstring). Stateless:
-    encoder "v3" codes here exactly as "v2" (its state lives in :func:`encode_v3`).
+    encoders "v3" and "v4" code here exactly as "v2" (their state lives in
+    :func:`training.encoder_memo.encode_with_memo`).
     """
     matrices, norms = _matrices(tensors)
     chosen = _select(tensors, matrices, norms, cfg, budget)
@@ -366,27 +365,32 @@ def _matrices(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tens
     return matrices, norms
 
 
-def _select(tensors, matrices, norms, cfg: CompressionConfig, budget: int, bases: dict | None = None) -> dict:
+def _select(tensors, matrices, norms, cfg: CompressionConfig, budget: int, bases: dict | None = None,
+            codings: dict | None = None) -> dict:
     """``{name: chosen _Option}`` under ``budget`` (v1 / v2 estimates, :func:`allocate`).
 
     ``bases`` (encoder "v3"): filled with each tensor's factorization (None without a low-rank candidate).
+    ``codings`` (encoder "v4"): filled with each tensor's options (every candidate and its estimate).
     """
     overhead = 32 + sum(framing_bytes(name, tuple(tensors[name].shape)) for name in sorted(tensors))
-    codings = {}
+    found_codings = {}
     for name, matrix in matrices.items():
         shape = tuple(tensors[name].shape)
         if cfg.encoder == "v1":
-            codings[name] = _all_codings(matrix, shape, cfg, norms[name])
+            found_codings[name] = _all_codings(matrix, shape, cfg, norms[name])
         else:
             found = None if bases is None else []
-            codings[name] = _all_codings_v2(matrix, shape, cfg, norms[name], found)
+            found_codings[name] = _all_codings_v2(matrix, shape, cfg, norms[name], found)
             if bases is not None:
                 bases[name] = found[0]
+    if codings is not None:
+        codings.update(found_codings)
     options = {
-        name: [(c.candidate.cost, (c.estimate * norms[name]) ** 2) for c in coded] for name, coded in codings.items()
+        name: [(c.candidate.cost, (c.estimate * norms[name]) ** 2) for c in coded]
+        for name, coded in found_codings.items()
     }
     choice = allocate(options, budget - overhead)
-    return {name: codings[name][choice[name]] for name in codings}
+    return {name: found_codings[name][choice[name]] for name in found_codings}
 
 
 def _finish(tensors, matrices, norms, chosen: Mapping, cfg: CompressionConfig, *, stage_index: int,
@@ -417,129 +421,3 @@ def _finish(tensors, matrices, norms, chosen: Mapping, cfg: CompressionConfig, *
     blob = pack_contribution(stage_index, outer_round, entries)
     stats.encoded_bytes = len(blob)
     return blob, decoded, stats, coded
-
-
-# ----------------------------------------------------------------------------- encoder "v3"
-
-#: Encoder "v3" selects (as "v2") in the rounds ``t % V3_RESELECT_ROUNDS == 0`` and whenever it has no
-#: memo of the previous round; in between it keeps each tensor's coding and warm-starts the factorization.
-V3_RESELECT_ROUNDS = 4
-_CODEC_IDS = {"quant": 0, "lowrank": 1}
-
-
-@dataclass
-class EncoderMemo:
-    """Encoder "v3"'s state of one stage: each tensor's coding and the low-rank ones' warm-start bases.
-
-    ``choices[name] = (codec, rank, bits)`` of the last round; ``bases[name]`` the
-    ``max(m, n) x rank`` factor the next round's power iteration on a low-rank
-    tensor starts from (:func:`~training.compression._factorize_warm`).
-    """
-
-    choices: dict[str, tuple[str, int, int]]
-    bases: dict[str, torch.Tensor]
-
-    def to_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
-        """``{"choice": {name: float32 [codec id, rank, bits]}, "basis": {name: float32 N x rank}}`` (copies)."""
-        return {
-            "choice": {
-                name: torch.tensor([float(_CODEC_IDS[codec]), float(rank), float(bits)], dtype=torch.float32)
-                for name, (codec, rank, bits) in self.choices.items()
-            },
-            "basis": {name: basis.detach().to(torch.float32).clone() for name, basis in self.bases.items()},
-        }
-
-    @classmethod
-    def from_tensors(cls, state: Mapping[str, Mapping[str, torch.Tensor]], shapes: Mapping[str, tuple[int, ...]],
-                     cfg: CompressionConfig) -> "EncoderMemo":
-        """Inverse of :meth:`to_tensors`, checked against the stage's shapes and candidates (ValueError)."""
-        if set(state) != {"choice", "basis"}:
-            raise ValueError(f"encoder memo groups {sorted(state)}, expected ['basis', 'choice']")
-        codecs = {value: key for key, value in _CODEC_IDS.items()}
-        choices, bases = {}, {}
-        for name, value in state["choice"].items():
-            if name not in shapes or tuple(value.shape) != (3,):
-                raise ValueError(f"encoder memo choice {name!r}: unknown tensor or shape {tuple(value.shape)}")
-            numbers = [float(x) for x in value.tolist()]
-            if not all(math.isfinite(x) and x == int(x) for x in numbers) or int(numbers[0]) not in codecs:
-                raise ValueError(f"encoder memo choice {name!r}: {numbers} is not a coding")
-            codec, rank, bits = codecs[int(numbers[0])], int(numbers[1]), int(numbers[2])
-            if _lookup(tuple(shapes[name]), cfg, (codec, rank, bits)) is None:
-                raise ValueError(f"encoder memo choice {name!r}: {(codec, rank, bits)} is not a candidate")
-            choices[name] = (codec, rank, bits)
-        lowrank = {name for name, (codec, _, _) in choices.items() if codec == "lowrank"}
-        if set(state["basis"]) != lowrank:
-            raise ValueError("encoder memo bases do not match its low-rank choices")
-        for name, basis in state["basis"].items():
-            size = max(matrix_view_shape(tuple(shapes[name])))
-            if (tuple(basis.shape) != (size, choices[name][1]) or basis.dtype != torch.float32
-                    or not bool(torch.isfinite(basis).all())):
-                raise ValueError(f"encoder memo basis {name!r}: shape {tuple(basis.shape)} or values unusable")
-            bases[name] = basis.detach().clone()
-        return cls(choices, bases)
-
-
-def _lookup(shape: tuple[int, ...], cfg: CompressionConfig, key: tuple[str, int, int]) -> _Candidate | None:
-    return next((c for c in _candidates(shape, cfg) if (c.codec, c.rank, c.bits) == key), None)
-
-
-def _warm_basis(factors: tuple[torch.Tensor, torch.Tensor, torch.Tensor], shape: tuple[int, int],
-                rank: int) -> torch.Tensor:
-    """The basis a selection round leaves for warm starts: ``S^T U_r = V_r diag(sigma_r)`` (``N x rank``).
-
-    ``S`` is the ``k x N`` side of the matrix (:func:`~training.compression._factorize_warm`),
-    ``U_r`` its top ``rank`` left singular vectors as the selection computed them.
-    """
-    u, sigma, v = factors
-    other = v if shape[0] <= shape[1] else u
-    return (other[:, :rank] * sigma[:rank]).contiguous()
-
-
-def encode_v3(
-    tensors: Mapping[str, torch.Tensor], cfg: CompressionConfig, budget: int, memo: EncoderMemo | None, *,
-    stage_index: int, outer_round: int,
-) -> tuple[bytes, dict[str, torch.Tensor], CompressionStats, EncoderMemo]:
-    """Encoder "v3" under a byte budget: ``(bytes, decoded, stats, next memo)``.
-
-    Selection rounds (``outer_round % V3_RESELECT_ROUNDS == 0``, or no usable
-    ``memo``) code exactly as "v2" (:func:`encode_within_bandwidth`, the same
-    bytes) and remember each tensor's coding and Ritz basis. The rounds in
-    between keep every tensor's coding (so the same byte count, which the
-    selection fitted to the budget) and skip the candidates' estimates:
-    ``quant(b)`` is quantized at its b bits, ``lowrank(r, b)`` factorized by one
-    warm subspace iteration from last round's basis
-    (:func:`~training.compression._factorize_warm`), then coded and decoded
-    exactly as the selection's winner would be. Deterministic given the
-    input and the memo (the memo is part of the replica's state).
-    """
-    matrices, norms = _matrices(tensors)
-    warm = (memo is not None and outer_round % V3_RESELECT_ROUNDS != 0 and set(memo.choices) == set(matrices))
-    if not warm:
-        bases: dict[str, torch.Tensor | None] = {}
-        chosen = _select(tensors, matrices, norms, cfg, budget, bases)
-        blob, decoded, stats, coded = _finish(tensors, matrices, norms, chosen, cfg, stage_index=stage_index,
-                                              outer_round=outer_round)
-        choices, next_bases = {}, {}
-        for name, winner in coded.items():
-            candidate = winner.candidate
-            choices[name] = (candidate.codec, candidate.rank, candidate.bits)
-            if candidate.codec == "lowrank":
-                next_bases[name] = _warm_basis(bases[name], tuple(matrices[name].shape), candidate.rank)
-        return blob, decoded, stats, EncoderMemo(choices, next_bases)
-    chosen, next_bases = {}, {}
-    for name, matrix in matrices.items():
-        codec, rank, bits = memo.choices[name]
-        candidate = _lookup(tuple(tensors[name].shape), cfg, (codec, rank, bits))
-        if candidate is None:
-            raise ContributionEncodeError(f"{name!r}: encoder memo coding {(codec, rank, bits)} is not a candidate")
-        if codec == "quant":
-            quantizer = _ColumnQuantizer(matrix)
-            chosen[name] = _Option(candidate, math.nan,
-                                   lambda q=quantizer, c=candidate: _quant_coded(q, c, math.nan))
-        else:
-            factors, next_bases[name] = _factorize_warm(matrix, rank, memo.bases[name])
-            chosen[name] = _Option(candidate, math.nan,
-                                   lambda f=_Factors(factors, rank), c=candidate: f.coded(c, math.nan))
-    blob, decoded, stats, _ = _finish(tensors, matrices, norms, chosen, cfg, stage_index=stage_index,
-                                      outer_round=outer_round)
-    return blob, decoded, stats, EncoderMemo(dict(memo.choices), next_bases)

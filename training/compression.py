@@ -47,8 +47,11 @@ estimates every candidate's error from the factors' rounding residuals
 (:func:`training.bandwidth._all_codings_v2`). ``"v3"`` selects as v2 every
 4th round (and whenever it has no memo) and in between keeps each tensor's
 coding, factorizing by one warm-started power iteration
-(:func:`_factorize_warm`, :func:`training.bandwidth.encode_v3`); its memo is
-part of the compressor's (and the replica's) state.
+(:func:`_factorize_warm`, :func:`training.encoder_memo.encode_with_memo`); its memo is
+part of the compressor's (and the replica's) state. ``"v4"`` selects as v2 every
+4th round too, keeps every candidate's estimated error, re-allocates the
+bytes in between from those estimates and the round's norms, and factorizes
+each warm low-rank winner as v2 does (at its rank); its memo holds no basis.
 
 The wire format and the exact decoder live in :mod:`training.codec_wire`;
 the bandwidth-budget policy in :mod:`training.bandwidth`.
@@ -274,7 +277,7 @@ def _factorize_warm(
 
 def factorize(matrix: torch.Tensor, rank: int, encoder: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-``rank`` ``(U, sigma, V)`` as encoder version ``encoder`` computes it (``compression.encoder``)."""
-    if encoder in ("v2", "v3"):
+    if encoder in ("v2", "v3", "v4"):
         return _factorize_gram(matrix, rank)
     return _factorize(matrix, rank)
 
@@ -512,7 +515,7 @@ class ErrorFeedbackCompressor:
         self.residual = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()}
         self.last_decoded: dict[str, torch.Tensor] = {}
         self._carry = False  # the residual holds an undelivered update (matters when feedback is off)
-        # Encoder "v3" under a byte budget: last round's codings and bases (training.bandwidth.EncoderMemo).
+        # Encoders "v3", "v4" under a byte budget: last round's codings (and bases; training.encoder_memo.EncoderMemo).
         self.encoder_memo = None
 
     def compress(
@@ -526,10 +529,10 @@ class ErrorFeedbackCompressor:
             name: torch.add(value.to(torch.float32), self.residual[name]) if carry else value
             for name, value in pseudo_gradient.items()
         }
-        if self.cfg.enabled and self.bandwidth_budget > 0 and self.cfg.encoder == "v3":
-            from training.bandwidth import encode_v3  # imports this module
+        if self.cfg.enabled and self.bandwidth_budget > 0 and self.cfg.encoder in ("v3", "v4"):
+            from training.encoder_memo import encode_with_memo  # imports this module
 
-            blob, decoded, stats, self.encoder_memo = encode_v3(
+            blob, decoded, stats, self.encoder_memo = encode_with_memo(
                 target, self.cfg, self.bandwidth_budget, self.encoder_memo, stage_index=stage_index,
                 outer_round=outer_round,
             )
@@ -573,15 +576,15 @@ class ErrorFeedbackCompressor:
         return {name: value.clone() for name, value in self.residual.items()}
 
     def encoder_state(self) -> dict[str, dict[str, torch.Tensor]] | None:
-        """Encoder "v3"'s memo as tensors (:meth:`training.bandwidth.EncoderMemo.to_tensors`), None without one."""
+        """Encoder "v3"'s / "v4"'s memo as tensors (:meth:`training.encoder_memo.EncoderMemo.to_tensors`), None without one."""
         return None if self.encoder_memo is None else self.encoder_memo.to_tensors()
 
     def load_encoder_state(self, state: Mapping[str, Mapping[str, torch.Tensor]] | None) -> None:
-        """Restore :meth:`encoder_state` (None: no memo, the next "v3" round selects)."""
+        """Restore :meth:`encoder_state` (None: no memo, the next "v3" / "v4" round selects)."""
         if state is None:
             self.encoder_memo = None
             return
-        from training.bandwidth import EncoderMemo  # imports this module
+        from training.encoder_memo import EncoderMemo  # imports this module
 
         try:
             self.encoder_memo = EncoderMemo.from_tensors(state, self.shapes, self.cfg)

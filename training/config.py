@@ -19,7 +19,7 @@ def _require(ok: bool, message: str) -> None:
 
 AUTO = "auto"
 # compression.encoder versions (training/compression.py); a configuration without one means "v1".
-ENCODERS = ("v1", "v2", "v3")
+ENCODERS = ("v1", "v2", "v3", "v4")
 
 
 def _int_or_auto(value: int | str, where: str) -> int | str:
@@ -312,7 +312,9 @@ class CompressionConfig:
     # not name one. "v2": factorization through the Gram matrix and error estimates from the
     # factors' quantization residuals, about 3x cheaper (docs/DILOCOX.md section 9). "v3": v2's
     # selection every 4th round; in between each tensor keeps its coding and the factorization
-    # warm-starts from last round's (state: the stage engine's encoder memo).
+    # warm-starts from last round's (state: the stage engine's encoder memo). "v4": v2's selection
+    # every 4th round; in between the bytes are re-allocated from the selection's error estimates
+    # and the round's norms, and low-rank winners factorized as v2 does (state: the memo).
     encoder: str = "v1"
 
     def __post_init__(self) -> None:

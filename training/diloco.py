@@ -651,7 +651,7 @@ class StageEngine:
         if self.last_encoded >= next_round - 1:
             return
         self._round_end, self._own_decoded, self._sent, self._own_blob = {}, {}, {}, {}
-        self.compressor.encoder_memo = None  # encoder "v3" selects afresh after rounds sat out
+        self.compressor.encoder_memo = None  # encoders "v3", "v4" select afresh after rounds sat out
         self.last_encoded = next_round - 1
         self.last_applied = max(self.last_applied, next_round - 1)
 
@@ -726,7 +726,7 @@ class StageEngine:
                 _clone(self._others_previous[0]), self._others_previous[1]
             ),
             "sent": {int(r): _clone(snap) for r, snap in self._sent.items()},
-            # Encoder "v3" only (None otherwise): last round's codings and bases.
+            # Encoders "v3", "v4" only (None otherwise): last round's codings (v3: and bases).
             "encoder_memo": self.compressor.encoder_state(),
         }
 

@@ -17,10 +17,11 @@ encode read, for every stage ``s`` of the replica:
   applied yet and the last applied one (``sent.<r>/``: a contribution the close
   left out goes back into the residual, :meth:`~training.diloco.StageEngine.contribution_dropped`),
   and the "eager" correction's own decoded contributions (``own_decoded.<r>/``)
-  and the others' previous sum (``others_previous/``), and with encoder "v3"
+  and the others' previous sum (``others_previous/``), and with encoder "v3" or "v4"
   its memo: each tensor's coding (``encoder.choice/<name>``, float32
-  ``[codec id, rank, bits]``) and the low-rank ones' Ritz bases
-  (``encoder.basis/<name>``, ``k x c``);
+  ``[codec id, rank, bits]``) and, "v3", the low-rank ones' Ritz bases
+  (``encoder.basis/<name>``, ``k x c``) or, "v4", every candidate's estimated
+  relative error from the last selection (``encoder.estimate/<name>``, float32);
 * the round's position: outer round, replica, stages, H, the inner-lr
   schedule's horizon, the torch intra-op thread count and, for a replica split
   over several processes, the pipeline's micro-batch count (metadata).
@@ -233,9 +234,9 @@ def capture_engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: dict
     if others is not None:
         tensors.update({f"others_previous/{n}": t for n, t in others[0].items()})
     memo = engine_state.get("encoder_memo")
-    if memo is not None:  # encoder "v3": each tensor's coding and the low-rank ones' bases
-        for kind in ("choice", "basis"):
-            tensors.update({f"encoder.{kind}/{n}": t for n, t in memo[kind].items()})
+    if memo is not None:  # encoders "v3", "v4": each tensor's coding (v3: and the low-rank ones' bases)
+        for kind in ("choice", "basis", "estimate"):
+            tensors.update({f"encoder.{kind}/{n}": t for n, t in memo.get(kind, {}).items()})
     counters = (int(engine_state["last_encoded"]) + 1, int(engine_state["last_applied"]) + 1,
                 -1 if others is None else int(others[1]))
     # Stored +1 so that "nothing yet" (-1) is 0 and every counter is a non-negative integer.
@@ -325,11 +326,21 @@ def _load_engine(engine: StageEngine, part: StageStartState, diloco_cfg: DilocoC
             "own_decoded": {r: part.group(f"own_decoded.{r}") for r in part.rounds_of("own_decoded")},
             "others_previous": None if others_count < 0 else (part.group("others_previous"), others_count),
             "sent": {r: part.group(f"sent.{r}") for r in part.rounds_of("sent")},
-            "encoder_memo": ({"choice": part.group("encoder.choice"), "basis": part.group("encoder.basis")}
-                             if part.group("encoder.choice") or part.group("encoder.basis") else None),
+            "encoder_memo": _encoder_memo(part),
         })
     except EngineStateError as exc:
         raise ReplicaStateError(f"stage {part.stage_index} state: {exc}") from None
+
+
+def _encoder_memo(part: StageStartState) -> dict | None:
+    """The engine's ``encoder_memo`` from the ``encoder.*`` groups (None without any): "choice" and "basis"
+    always (v3's bases may be none), "estimate" when the state has it (v4)."""
+    groups = {kind: part.group(f"encoder.{kind}") for kind in ("choice", "basis", "estimate")}
+    if not any(groups.values()):
+        return None
+    if not groups["estimate"]:
+        del groups["estimate"]
+    return groups
 
 
 def _check_stage(part: StageStartState, shapes: Mapping[str, tuple[int, ...]]) -> None:
@@ -338,8 +349,8 @@ def _check_stage(part: StageStartState, shapes: Mapping[str, tuple[int, ...]]) -
     for name, value in part.tensors.items():
         group, _, tensor_name = name.partition("/")
         if group.startswith("encoder.") and tensor_name in shapes:
-            # Encoder "v3"'s memo: its own shapes, checked when the engine loads it (EncoderMemo.from_tensors).
-            if group not in ("encoder.choice", "encoder.basis"):
+            # Encoder "v3"'s / "v4"'s memo: its own shapes, checked when the engine loads it (EncoderMemo.from_tensors).
+            if group not in ("encoder.choice", "encoder.basis", "encoder.estimate"):
                 raise ReplicaStateError(f"stage {part.stage_index} state: unexpected tensor {name!r}")
             groups.setdefault(group, set()).add(tensor_name)
             continue

@@ -1,0 +1,355 @@
+"""Encoder "v4" (compression.encoder; issue 16 item 3): v2's selection every few rounds, cheap re-allocations between.
+
+v4 changes which bytes the encoder picks, never the wire format or the
+decoder. It selects as v2 every ``V3_RESELECT_ROUNDS``-th round and keeps
+every candidate's estimated relative error; a warm round re-allocates the
+budget from those estimates and this round's norms and factorizes each
+low-rank winner exactly as v2 does at its rank. So it must: code exactly as
+v2 where it has no state, stay within the budget, be a pure function of its
+input and its memo, carry the memo (codings and estimates, no bases) through
+the engine checkpoint and the replica start state, and refuse a memo that is
+not its own. Refactoring v3 into the shared
+:func:`training.encoder_memo.encode_with_memo` must leave v3's bytes as they were
+(a verbatim copy of the previous ``encode_v3`` below is the reference).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from training import bandwidth, encoder_memo
+from training.bandwidth import (
+    _Factors,
+    _finish,
+    _matrices,
+    _Option,
+    _quant_coded,
+    _select,
+    encode_within_bandwidth,
+)
+from training.codec_wire import decode_contribution
+from training.compression import _candidates, _ColumnQuantizer, _factorize_gram, _factorize_warm
+from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
+from training.data import generated_corpus
+from training.diloco import StageEngine
+from training.errors import ContributionEncodeError, EngineStateError
+from training.reexec import EXACT, STATE_MISMATCH, restart_state_reason, verify_contribution
+from training.reexec_sim import SimConfig, SimReplica, run_with_states
+from training.encoder_memo import (
+    V3_RESELECT_ROUNDS,
+    EncoderMemo,
+    _lookup,
+    _warm_basis,
+    encode_with_memo,
+)
+from training.replica_state import StageStartState
+
+V2 = CompressionConfig(encoder="v2")
+V3 = CompressionConfig(encoder="v3")
+V4 = CompressionConfig(encoder="v4")
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/torch_fixtures.py
+
+
+def _stage_like(seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+
+    def lowrank(m: int, n: int) -> torch.Tensor:
+        spectrum = torch.logspace(0, -2, min(m, n))
+        u, _ = torch.linalg.qr(torch.randn(m, min(m, n), generator=generator))
+        v, _ = torch.linalg.qr(torch.randn(n, min(m, n), generator=generator))
+        return (u * spectrum) @ v.t() * 0.05 + 1e-4 * torch.randn(m, n, generator=generator)
+
+    tensors = {
+        "a.weight": lowrank(128, 384),
+        "b.weight": lowrank(512, 128),
+        "c.weight": lowrank(128, 128),
+        "e.bias": 0.01 * torch.randn(384, generator=generator),
+        "f.bias": torch.zeros(128),
+        "g.empty": torch.zeros(0),
+    }
+    tensors["c.weight"][:, 3] = 0.0
+    return {name: value * scale for name, value in tensors.items()}
+
+
+def _drift(base: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
+    noise = _stage_like(100 + step)
+    return {name: value * (1 + 0.2 * step) + 0.3 * noise[name] for name, value in base.items()}
+
+
+def _shapes(tensors):
+    return {name: tuple(value.shape) for name, value in tensors.items()}
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.contiguous().view(torch.int32).equal(
+        b.contiguous().view(torch.int32))
+
+
+# ----------------------------------------------------------------------------- the previous encode_v3, verbatim
+
+
+def reference_encode_v3(tensors, cfg, budget, memo, *, stage_index, outer_round):
+    matrices, norms = _matrices(tensors)
+    warm = (memo is not None and outer_round % V3_RESELECT_ROUNDS != 0 and set(memo.choices) == set(matrices))
+    if not warm:
+        bases = {}
+        chosen = _select(tensors, matrices, norms, cfg, budget, bases)
+        blob, decoded, stats, coded = _finish(tensors, matrices, norms, chosen, cfg, stage_index=stage_index,
+                                              outer_round=outer_round)
+        choices, next_bases = {}, {}
+        for name, winner in coded.items():
+            candidate = winner.candidate
+            choices[name] = (candidate.codec, candidate.rank, candidate.bits)
+            if candidate.codec == "lowrank":
+                next_bases[name] = _warm_basis(bases[name], tuple(matrices[name].shape), candidate.rank)
+        return blob, decoded, stats, EncoderMemo(choices, next_bases)
+    chosen, next_bases = {}, {}
+    for name, matrix in matrices.items():
+        codec, rank, bits = memo.choices[name]
+        candidate = _lookup(tuple(tensors[name].shape), cfg, (codec, rank, bits))
+        if candidate is None:
+            raise ContributionEncodeError(f"{name!r}: encoder memo coding {(codec, rank, bits)} is not a candidate")
+        if codec == "quant":
+            quantizer = _ColumnQuantizer(matrix)
+            chosen[name] = _Option(candidate, math.nan,
+                                   lambda q=quantizer, c=candidate: _quant_coded(q, c, math.nan))
+        else:
+            factors, next_bases[name] = _factorize_warm(matrix, rank, memo.bases[name])
+            chosen[name] = _Option(candidate, math.nan,
+                                   lambda f=_Factors(factors, rank), c=candidate: f.coded(c, math.nan))
+    blob, decoded, stats, _ = _finish(tensors, matrices, norms, chosen, cfg, stage_index=stage_index,
+                                      outer_round=outer_round)
+    return blob, decoded, stats, EncoderMemo(dict(memo.choices), next_bases)
+
+
+@pytest.mark.parametrize("budget", [6_000, 40_000])
+def test_v3_keeps_its_bytes_after_the_refactoring(budget):
+    base = _stage_like(11)
+    memo = reference = None
+    for outer_round in range(V3_RESELECT_ROUNDS + 2):
+        tensors = _drift(base, outer_round)
+        blob, decoded, _, memo = encode_with_memo(tensors, V3, budget, memo, stage_index=0, outer_round=outer_round)
+        want, want_decoded, _, reference = reference_encode_v3(tensors, V3, budget, reference, stage_index=0,
+                                                               outer_round=outer_round)
+        assert blob == want
+        assert all(_same_bits(decoded[name], want_decoded[name]) for name in tensors)
+        assert memo.choices == reference.choices and set(memo.bases) == set(reference.bases)
+        assert all(_same_bits(memo.bases[n], reference.bases[n]) for n in memo.bases)
+
+
+# ----------------------------------------------------------------------------- v4
+
+
+@pytest.mark.parametrize("budget", [6_000, 40_000, 200_000])
+def test_v4_without_state_codes_as_v2(budget):
+    tensors = _stage_like(0)
+    v2 = encode_within_bandwidth(tensors, V2, budget, stage_index=1, outer_round=5)[0]
+    assert encode_within_bandwidth(tensors, V4, budget, stage_index=1, outer_round=5)[0] == v2  # stateless path
+    blob, _, _, memo = encode_with_memo(tensors, V4, budget, None, stage_index=1, outer_round=5)
+    assert blob == v2
+    assert memo.bases == {} and "g.empty" not in memo.choices
+    assert budget > 100_000 or any(codec == "lowrank" for codec, _, _ in memo.choices.values())
+
+
+def _warm_reference(tensors, memo, cfg, budget, outer_round):
+    """A warm v4 round built by hand: allocate() on (cost, (estimate * norm)^2), then v2's factorization at r."""
+    matrices, norms = _matrices(tensors)
+    overhead = 32 + sum(bandwidth.framing_bytes(name, tuple(tensors[name].shape)) for name in sorted(tensors))
+    candidates = {name: _candidates(tuple(tensors[name].shape), cfg) for name in matrices}
+    options = {name: [(c.cost, (float(e) * norms[name]) ** 2) for c, e in zip(candidates[name], memo.estimates[name])]
+               for name in matrices}
+    choice = bandwidth.allocate(options, budget - overhead)
+    chosen = {}
+    for name, matrix in matrices.items():
+        candidate = candidates[name][choice[name]]
+        if candidate.codec == "quant":
+            chosen[name] = _Option(candidate, 0.0, lambda q=_ColumnQuantizer(matrix), c=candidate: _quant_coded(
+                q, c, 0.0))
+        else:
+            factors = _Factors(_factorize_gram(matrix, candidate.rank), candidate.rank)
+            chosen[name] = _Option(candidate, 0.0, lambda f=factors, c=candidate: f.coded(c, 0.0))
+    return _finish(tensors, matrices, norms, chosen, cfg, stage_index=0, outer_round=outer_round)[0]
+
+
+@pytest.mark.parametrize("budget", [6_000, 40_000])
+def test_v4_rounds_decode_bit_exactly_fit_the_budget_and_reselect(budget):
+    base = _stage_like(1)
+    memo = None
+    for outer_round in range(V3_RESELECT_ROUNDS + 2):
+        tensors = _drift(base, outer_round)
+        blob, decoded, stats, next_memo = encode_with_memo(tensors, V4, budget, memo, stage_index=0,
+                                                           outer_round=outer_round)
+        again = encode_with_memo(tensors, V4, budget, memo, stage_index=0, outer_round=outer_round)
+        assert again[0] == blob  # a pure function of the input and the memo
+        received = decode_contribution(blob, _shapes(tensors), stage_index=0, outer_round=outer_round,
+                                       refuse_raw=True)
+        assert all(_same_bits(received[name], decoded[name]) for name in tensors)
+        v2 = encode_within_bandwidth(tensors, V2, budget, stage_index=0, outer_round=outer_round)[0]
+        assert len(blob) <= budget
+        if outer_round % V3_RESELECT_ROUNDS == 0:
+            assert blob == v2  # a selection round is v2's
+        else:
+            assert blob == _warm_reference(tensors, memo, V4, budget, outer_round)
+            assert next_memo.estimates is memo.estimates  # kept until the next selection
+            assert next_memo.choices == {t.name: (t.codec, t.rank, t.bits) for t in stats.tensors if t.name in
+                                         next_memo.choices}
+        assert next_memo.bases == {}
+        memo = next_memo
+
+
+def test_v4_with_a_memo_without_estimates_selects():
+    tensors = _stage_like(8)
+    _, _, _, memo = encode_with_memo(tensors, V4, 40_000, None, stage_index=0, outer_round=0)
+    bare = EncoderMemo(dict(memo.choices), {})
+    blob = encode_with_memo(tensors, V4, 40_000, bare, stage_index=0, outer_round=1)[0]
+    assert blob == encode_within_bandwidth(tensors, V2, 40_000, stage_index=0, outer_round=1)[0]
+
+
+def test_v4_warm_round_on_the_selections_input_keeps_its_choices():
+    """With the same tensors (same norms) the re-allocation makes the selection's choices again."""
+    tensors = _stage_like(3)
+    blob, _, _, memo = encode_with_memo(tensors, V4, 40_000, None, stage_index=0, outer_round=0)
+    _, _, _, warm = encode_with_memo(tensors, V4, 40_000, memo, stage_index=0, outer_round=1)
+    assert warm.choices == memo.choices
+    scaled = {name: 3.0 * value for name, value in tensors.items()}  # every norm x3: the same choices
+    _, _, _, warm = encode_with_memo(scaled, V4, 40_000, memo, stage_index=0, outer_round=1)
+    assert warm.choices == memo.choices
+
+
+def test_v4_warm_rounds_code_closer_than_v3s_single_power_iteration():
+    """The point of v4: its warm low-rank codings are at least as accurate as v3's (v2's factorization)."""
+    base = _stage_like(2)
+    memos = {"v3": None, "v4": None}
+    errors = {"v3": [], "v4": []}
+    for outer_round in range(V3_RESELECT_ROUNDS):
+        tensors = _drift(base, outer_round)
+        for version, cfg in (("v3", V3), ("v4", V4)):
+            _, _, stats, memos[version] = encode_with_memo(tensors, cfg, 40_000, memos[version], stage_index=0,
+                                                           outer_round=outer_round)
+            if outer_round:
+                errors[version] += [t.rel_error for t in stats.tensors if t.codec == "lowrank"]
+    assert errors["v4"] and len(errors["v4"]) == len(errors["v3"])
+    assert sum(errors["v4"]) <= sum(errors["v3"]) * (1 + 1e-6)
+
+
+def test_v4_engine_checkpoint_carries_the_memo_and_refuses_a_v3_memo():
+    diloco_cfg = DilocoConfig(inner_steps=2, num_replicas=1, one_step_delay=False)
+    cfg = dataclasses.replace(V4, bandwidth_budget=20_000)
+    start = {name: value for name, value in _stage_like(4).items() if value.numel()}
+    engine = StageEngine(0, {n: v.clone() for n, v in start.items()}, diloco_cfg, cfg)
+    with torch.no_grad():
+        for name, param in engine.params.items():
+            param.sub_(_stage_like(5)[name])
+    blob = engine.encode_contribution(0)[0]
+    engine.apply_round(0, [blob])
+    state = engine.state_dict()
+    assert state["encoder_memo"] is not None and state["encoder_memo"]["basis"] == {}
+    assert set(state["encoder_memo"]["estimate"]) == set(state["encoder_memo"]["choice"])
+    twin = StageEngine(0, {n: p.detach().clone() for n, p in engine.params.items()}, diloco_cfg, cfg)
+    twin.load_state_dict(state)
+    blank = StageEngine(0, {n: p.detach().clone() for n, p in engine.params.items()}, diloco_cfg, cfg)
+    blank.load_state_dict({**state, "encoder_memo": None})
+    for one in (engine, twin, blank):
+        with torch.no_grad():
+            for name, param in one.params.items():
+                param.sub_(_stage_like(6)[name])
+    warm = engine.encode_contribution(1)[0]
+    assert twin.encode_contribution(1)[0] == warm
+    assert blank.encode_contribution(1)[0] != warm  # without the memo round 1 selects afresh
+    lowrank = next(n for n, (codec, _, _) in engine.compressor.encoder_memo.choices.items() if codec == "lowrank")
+    v3_like = {"choice": state["encoder_memo"]["choice"], "basis": {lowrank: torch.zeros(512, 4)},
+               "estimate": state["encoder_memo"]["estimate"]}
+    with pytest.raises(EngineStateError, match="encoder memo"):
+        blank.load_state_dict({**state, "encoder_memo": v3_like})
+
+
+def test_v4_memo_tensors_round_trip_and_refuse_nonsense():
+    tensors = _stage_like(7)
+    _, _, _, memo = encode_with_memo(tensors, V4, 40_000, None, stage_index=0, outer_round=0)
+    shapes = _shapes(tensors)
+    state = memo.to_tensors()
+    again = EncoderMemo.from_tensors(state, shapes, V4)
+    assert again.choices == memo.choices and again.bases == {}
+    assert all(_same_bits(again.estimates[n], memo.estimates[n]) for n in memo.estimates)
+    name = next(n for n, (codec, _, _) in memo.choices.items() if codec == "lowrank")
+    rank = memo.choices[name][1]
+    estimate = state["estimate"][name]
+    for broken in (
+        {**state, "choice": {**state["choice"], name: torch.tensor([1.0, 5.0, 4.0])}},  # rank 5 is no candidate
+        {**state, "basis": {name: torch.zeros(max(shapes[name]), rank)}},  # a basis: v3's memo, not v4's
+        {"choice": state["choice"], "basis": {}},  # no estimates
+        {**state, "estimate": {n: v for n, v in state["estimate"].items() if n != name}},
+        {**state, "estimate": {**state["estimate"], name: estimate[:-1]}},
+        {**state, "estimate": {**state["estimate"], name: torch.full_like(estimate, float("nan"))}},
+        {**state, "estimate": {**state["estimate"], name: -estimate - 1.0}},
+        {**state, "estimate": {**state["estimate"], name: estimate.double()}},
+    ):
+        with pytest.raises(ValueError):
+            EncoderMemo.from_tensors(broken, shapes, V4)
+    with pytest.raises(ValueError):  # and v3 refuses v4's memo (no bases)
+        EncoderMemo.from_tensors(state, shapes, V3)
+    with pytest.raises(ContributionEncodeError):
+        encode_with_memo(tensors, V2, 40_000, None, stage_index=0, outer_round=0)
+
+
+def _v4_sim(rounds: int) -> SimConfig:
+    return SimConfig(
+        corpus=generated_corpus(seed=0, n_bytes=30_000),
+        model=ModelConfig(preset="tiny"),
+        training=TrainingConfig(seed=3, batch_size=4, warmup_steps=2),
+        diloco=DilocoConfig(inner_steps=3, num_replicas=2),
+        compression=CompressionConfig(min_compress_numel=512, encoder="v4"),
+        num_stages=2,
+        rounds=rounds,
+    )
+
+
+def test_v4_contributions_reexecute_bit_exactly_and_chain_their_memo():
+    """Warm rounds depend on the memo in the start state: a rerun from it gives the same bytes and next state."""
+    sim = _v4_sim(3)
+    records = run_with_states([SimReplica(0, sim), SimReplica(1, sim)], sim)
+    names = records[1].states[0].stages[0].tensors
+    assert any(name.startswith("encoder.choice/") for name in names)
+    assert any(name.startswith("encoder.estimate/") for name in names)
+    assert not any(name.startswith("encoder.basis/") for name in names)
+    for outer_round in range(3):
+        record = records[outer_round]
+        check = verify_contribution(
+            [part.to_bytes() for part in record.states[0].stages], record.claims[0], sim.corpus, sim.model,
+            sim.training, sim.diloco, sim.compression, outer_round=outer_round, replica=0, run_rounds=sim.rounds,
+            previous_contributions=records[outer_round - 1].contributions if outer_round else None,
+        )
+        assert check.verdict == EXACT, check.reason
+        if outer_round + 1 < 3 and check.next_state_hashes is not None:
+            assert check.next_state_hashes == [claim.state_hash for claim in records[outer_round + 1].claims[0]]
+    parts = [part.to_bytes() for part in records[1].states[0].stages]
+    assert restart_state_reason(parts, [claim.state_hash for claim in records[1].claims[0]]) is not None
+
+
+def test_memo_encoders_are_the_ones_with_state():
+    assert encoder_memo.MEMO_ENCODERS == ("v3", "v4")
+
+
+def test_a_malformed_v4_memo_in_a_served_state_is_a_state_mismatch():
+    sim = _v4_sim(2)
+    records = run_with_states([SimReplica(0, sim), SimReplica(1, sim)], sim)
+    record = records[1]
+    parts = list(record.states[0].stages)
+    name = next(n for n in sorted(parts[0].tensors) if n.startswith("encoder.estimate/"))
+    value = parts[0].tensors[name]
+    for broken in ({name: value[:-1]}, {name: torch.full_like(value, float("inf"))},
+                   {name.replace("estimate", "basis"): torch.zeros(3, 2)}):
+        tensors = {**parts[0].tensors, **broken}
+        forged = StageStartState(parts[0].meta, parts[0].stage_index, parts[0].engine_counters, tensors)
+        claims = [dataclasses.replace(record.claims[0][0], state_hash=forged.state_hash()), record.claims[0][1]]
+        check = verify_contribution(
+            [forged.to_bytes(), parts[1].to_bytes()], claims, sim.corpus, sim.model, sim.training, sim.diloco,
+            sim.compression, outer_round=1, replica=0, run_rounds=sim.rounds,
+            previous_contributions=records[0].contributions,
+        )
+        assert check.verdict == STATE_MISMATCH, check.reason
