@@ -14,6 +14,7 @@ import dataclasses
 
 import pytest
 import torch
+from codec_fixtures import same_bits, shape_map
 
 from training import bandwidth
 from training.bandwidth import encode_within_bandwidth
@@ -57,15 +58,6 @@ def _stage_like(seed: int) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _shapes(tensors):
-    return {name: tuple(value.shape) for name, value in tensors.items()}
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and a.contiguous().view(torch.int32).equal(
-        b.contiguous().view(torch.int32))
-
-
 @pytest.mark.parametrize("budget", [6_000, 40_000, 200_000])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_v2_decodes_bit_exactly_fits_and_is_deterministic(budget, seed):
@@ -73,10 +65,10 @@ def test_v2_decodes_bit_exactly_fits_and_is_deterministic(budget, seed):
     blob, decoded, stats = encode_within_bandwidth(tensors, V2, budget, stage_index=1, outer_round=4)
     again, _, _ = encode_within_bandwidth(tensors, V2, budget, stage_index=1, outer_round=4)
     assert blob == again
-    received = decode_contribution(blob, _shapes(tensors), stage_index=1, outer_round=4, refuse_raw=True)
+    received = decode_contribution(blob, shape_map(tensors), stage_index=1, outer_round=4, refuse_raw=True)
     assert set(received) == set(decoded)
     for name in tensors:
-        assert _same_bits(received[name], decoded[name]), name
+        assert same_bits(received[name], decoded[name]), name
     if budget >= 40_000:  # the cheapest codings fit; then the whole contribution must
         assert len(blob) <= budget
     assert stats.encoded_bytes == len(blob)
@@ -86,9 +78,9 @@ def test_v2_error_budget_path_decodes_bit_exactly():
     tensors = _stage_like(2)
     cfg = dataclasses.replace(V2, bandwidth_budget=0, error_budget=0.3)
     blob, decoded, stats = encode_contribution(tensors, cfg, stage_index=0, outer_round=0)
-    received = decode_contribution(blob, _shapes(tensors), stage_index=0, outer_round=0)
+    received = decode_contribution(blob, shape_map(tensors), stage_index=0, outer_round=0)
     for name in tensors:
-        assert _same_bits(received[name], decoded[name]), name
+        assert same_bits(received[name], decoded[name]), name
     assert all(t.met_budget for t in stats.tensors)
 
 
@@ -144,13 +136,13 @@ def test_robust_contributions_with_a_known_decoding_is_the_same():
         blob, decoded, _ = encode_within_bandwidth(value, V2, 30_000, stage_index=0, outer_round=2)
         blobs.append(blob)
         decodings.append(decoded)
-    shapes = _shapes(tensors[0])
+    shapes = shape_map(tensors[0])
     plain = robust_contributions(blobs, shapes, norm_clip=2.0, stage_index=0, outer_round=2, refuse_raw=True)
     known = robust_contributions(blobs, shapes, norm_clip=2.0, stage_index=0, outer_round=2, refuse_raw=True,
                                  known=[(blobs[1], decodings[1])])
     assert plain[1] == known[1]
     for a, b in zip(plain[0], known[0]):
-        assert all(_same_bits(a[name], b[name]) for name in shapes)
+        assert all(same_bits(a[name], b[name]) for name in shapes)
     assert known[1][1].norm == contribution_norm(decodings[1])
     # Bytes that differ from the known ones are decoded (and a bad one is still refused).
     broken = robust_contributions([blobs[0], b"junk"], shapes, norm_clip=2.0, stage_index=0, outer_round=2,

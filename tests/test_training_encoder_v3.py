@@ -16,6 +16,7 @@ import dataclasses
 
 import pytest
 import torch
+from codec_fixtures import drift, same_bits, shape_map, stage_like
 
 from training.bandwidth import encode_within_bandwidth
 from training.encoder_memo import V3_RESELECT_ROUNDS, EncoderMemo, _warm_basis, encode_v3
@@ -35,45 +36,9 @@ V3 = CompressionConfig(encoder="v3")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/torch_fixtures.py
 
 
-def _stage_like(seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-
-    def lowrank(m: int, n: int) -> torch.Tensor:
-        spectrum = torch.logspace(0, -2, min(m, n))
-        u, _ = torch.linalg.qr(torch.randn(m, min(m, n), generator=generator))
-        v, _ = torch.linalg.qr(torch.randn(n, min(m, n), generator=generator))
-        return (u * spectrum) @ v.t() * 0.05 + 1e-4 * torch.randn(m, n, generator=generator)
-
-    tensors = {
-        "a.weight": lowrank(128, 384),
-        "b.weight": lowrank(512, 128),
-        "c.weight": lowrank(128, 128),
-        "e.bias": 0.01 * torch.randn(384, generator=generator),
-        "f.bias": torch.zeros(128),
-        "g.empty": torch.zeros(0),
-    }
-    tensors["c.weight"][:, 3] = 0.0
-    return {name: value * scale for name, value in tensors.items()}
-
-
-def _drift(base: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
-    """Round ``step``'s pseudo-gradient: the base directions, rescaled, plus fresh noise (as training drifts)."""
-    noise = _stage_like(100 + step)
-    return {name: value * (1 + 0.2 * step) + 0.3 * noise[name] for name, value in base.items()}
-
-
-def _shapes(tensors):
-    return {name: tuple(value.shape) for name, value in tensors.items()}
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and a.contiguous().view(torch.int32).equal(
-        b.contiguous().view(torch.int32))
-
-
 @pytest.mark.parametrize("budget", [6_000, 40_000, 200_000])
 def test_v3_without_state_codes_as_v2(budget):
-    tensors = _stage_like(0)
+    tensors = stage_like(0)
     v2 = encode_within_bandwidth(tensors, V2, budget, stage_index=1, outer_round=5)[0]
     assert encode_within_bandwidth(tensors, V3, budget, stage_index=1, outer_round=5)[0] == v2  # stateless path
     blob, _, _, memo = encode_v3(tensors, V3, budget, None, stage_index=1, outer_round=5)  # no memo: selects
@@ -84,18 +49,18 @@ def test_v3_without_state_codes_as_v2(budget):
 
 @pytest.mark.parametrize("budget", [6_000, 40_000])
 def test_v3_rounds_decode_bit_exactly_keep_the_bytes_and_reselect(budget):
-    base = _stage_like(1)
+    base = stage_like(1)
     memo = None
     sizes = []
     for outer_round in range(V3_RESELECT_ROUNDS + 2):
-        tensors = _drift(base, outer_round)
+        tensors = drift(base, outer_round)
         blob, decoded, stats, next_memo = encode_v3(tensors, V3, budget, memo, stage_index=0,
                                                     outer_round=outer_round)
         again = encode_v3(tensors, V3, budget, memo, stage_index=0, outer_round=outer_round)
         assert again[0] == blob  # a pure function of the input and the memo
-        received = decode_contribution(blob, _shapes(tensors), stage_index=0, outer_round=outer_round,
+        received = decode_contribution(blob, shape_map(tensors), stage_index=0, outer_round=outer_round,
                                        refuse_raw=True)
-        assert all(_same_bits(received[name], decoded[name]) for name in tensors)
+        assert all(same_bits(received[name], decoded[name]) for name in tensors)
         v2 = encode_within_bandwidth(tensors, V2, budget, stage_index=0, outer_round=outer_round)[0]
         if outer_round % V3_RESELECT_ROUNDS == 0:
             assert blob == v2  # a selection round is v2's
@@ -139,11 +104,11 @@ def test_engine_checkpoint_carries_the_memo():
     """An engine restored from state_dict() codes the next (warm) round with the same bytes."""
     diloco_cfg = DilocoConfig(inner_steps=2, num_replicas=1, one_step_delay=False)
     cfg = dataclasses.replace(V3, bandwidth_budget=20_000)
-    start = {name: value for name, value in _stage_like(4).items() if value.numel()}
+    start = {name: value for name, value in stage_like(4).items() if value.numel()}
     engine = StageEngine(0, {n: v.clone() for n, v in start.items()}, diloco_cfg, cfg)
     with torch.no_grad():
         for name, param in engine.params.items():
-            param.sub_(_stage_like(5)[name])
+            param.sub_(stage_like(5)[name])
     blob = engine.encode_contribution(0)[0]
     engine.apply_round(0, [blob])
     state = engine.state_dict()
@@ -157,7 +122,7 @@ def test_engine_checkpoint_carries_the_memo():
     for one in (engine, twin, blank):
         with torch.no_grad():
             for name, param in one.params.items():
-                param.sub_(_stage_like(6)[name])
+                param.sub_(stage_like(6)[name])
     warm = engine.encode_contribution(1)[0]
     assert twin.encode_contribution(1)[0] == warm
     assert blank.encode_contribution(1)[0] != warm
@@ -227,9 +192,9 @@ def test_a_malformed_memo_in_a_served_state_is_a_state_mismatch():
 
 
 def test_memo_tensors_round_trip_and_refuse_nonsense():
-    tensors = _stage_like(7)
+    tensors = stage_like(7)
     _, _, _, memo = encode_v3(tensors, V3, 40_000, None, stage_index=0, outer_round=0)
-    shapes = _shapes(tensors)
+    shapes = shape_map(tensors)
     again = EncoderMemo.from_tensors(memo.to_tensors(), shapes, V3)
     assert again.choices == memo.choices
     assert all(torch.equal(again.bases[n], memo.bases[n]) for n in memo.bases)

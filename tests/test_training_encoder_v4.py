@@ -20,6 +20,7 @@ import math
 
 import pytest
 import torch
+from codec_fixtures import drift, same_bits, shape_map, stage_like
 
 from training import bandwidth, encoder_memo
 from training.bandwidth import (
@@ -53,41 +54,6 @@ V3 = CompressionConfig(encoder="v3")
 V4 = CompressionConfig(encoder="v4")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/torch_fixtures.py
-
-
-def _stage_like(seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-
-    def lowrank(m: int, n: int) -> torch.Tensor:
-        spectrum = torch.logspace(0, -2, min(m, n))
-        u, _ = torch.linalg.qr(torch.randn(m, min(m, n), generator=generator))
-        v, _ = torch.linalg.qr(torch.randn(n, min(m, n), generator=generator))
-        return (u * spectrum) @ v.t() * 0.05 + 1e-4 * torch.randn(m, n, generator=generator)
-
-    tensors = {
-        "a.weight": lowrank(128, 384),
-        "b.weight": lowrank(512, 128),
-        "c.weight": lowrank(128, 128),
-        "e.bias": 0.01 * torch.randn(384, generator=generator),
-        "f.bias": torch.zeros(128),
-        "g.empty": torch.zeros(0),
-    }
-    tensors["c.weight"][:, 3] = 0.0
-    return {name: value * scale for name, value in tensors.items()}
-
-
-def _drift(base: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
-    noise = _stage_like(100 + step)
-    return {name: value * (1 + 0.2 * step) + 0.3 * noise[name] for name, value in base.items()}
-
-
-def _shapes(tensors):
-    return {name: tuple(value.shape) for name, value in tensors.items()}
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and a.contiguous().view(torch.int32).equal(
-        b.contiguous().view(torch.int32))
 
 
 # ----------------------------------------------------------------------------- the previous encode_v3, verbatim
@@ -129,17 +95,17 @@ def reference_encode_v3(tensors, cfg, budget, memo, *, stage_index, outer_round)
 
 @pytest.mark.parametrize("budget", [6_000, 40_000])
 def test_v3_keeps_its_bytes_after_the_refactoring(budget):
-    base = _stage_like(11)
+    base = stage_like(11)
     memo = reference = None
     for outer_round in range(V3_RESELECT_ROUNDS + 2):
-        tensors = _drift(base, outer_round)
+        tensors = drift(base, outer_round)
         blob, decoded, _, memo = encode_with_memo(tensors, V3, budget, memo, stage_index=0, outer_round=outer_round)
         want, want_decoded, _, reference = reference_encode_v3(tensors, V3, budget, reference, stage_index=0,
                                                                outer_round=outer_round)
         assert blob == want
-        assert all(_same_bits(decoded[name], want_decoded[name]) for name in tensors)
+        assert all(same_bits(decoded[name], want_decoded[name]) for name in tensors)
         assert memo.choices == reference.choices and set(memo.bases) == set(reference.bases)
-        assert all(_same_bits(memo.bases[n], reference.bases[n]) for n in memo.bases)
+        assert all(same_bits(memo.bases[n], reference.bases[n]) for n in memo.bases)
 
 
 # ----------------------------------------------------------------------------- v4
@@ -147,7 +113,7 @@ def test_v3_keeps_its_bytes_after_the_refactoring(budget):
 
 @pytest.mark.parametrize("budget", [6_000, 40_000, 200_000])
 def test_v4_without_state_codes_as_v2(budget):
-    tensors = _stage_like(0)
+    tensors = stage_like(0)
     v2 = encode_within_bandwidth(tensors, V2, budget, stage_index=1, outer_round=5)[0]
     assert encode_within_bandwidth(tensors, V4, budget, stage_index=1, outer_round=5)[0] == v2  # stateless path
     blob, _, _, memo = encode_with_memo(tensors, V4, budget, None, stage_index=1, outer_round=5)
@@ -178,17 +144,17 @@ def _warm_reference(tensors, memo, cfg, budget, outer_round):
 
 @pytest.mark.parametrize("budget", [6_000, 40_000])
 def test_v4_rounds_decode_bit_exactly_fit_the_budget_and_reselect(budget):
-    base = _stage_like(1)
+    base = stage_like(1)
     memo = None
     for outer_round in range(V3_RESELECT_ROUNDS + 2):
-        tensors = _drift(base, outer_round)
+        tensors = drift(base, outer_round)
         blob, decoded, stats, next_memo = encode_with_memo(tensors, V4, budget, memo, stage_index=0,
                                                            outer_round=outer_round)
         again = encode_with_memo(tensors, V4, budget, memo, stage_index=0, outer_round=outer_round)
         assert again[0] == blob  # a pure function of the input and the memo
-        received = decode_contribution(blob, _shapes(tensors), stage_index=0, outer_round=outer_round,
+        received = decode_contribution(blob, shape_map(tensors), stage_index=0, outer_round=outer_round,
                                        refuse_raw=True)
-        assert all(_same_bits(received[name], decoded[name]) for name in tensors)
+        assert all(same_bits(received[name], decoded[name]) for name in tensors)
         v2 = encode_within_bandwidth(tensors, V2, budget, stage_index=0, outer_round=outer_round)[0]
         assert len(blob) <= budget
         if outer_round % V3_RESELECT_ROUNDS == 0:
@@ -203,7 +169,7 @@ def test_v4_rounds_decode_bit_exactly_fit_the_budget_and_reselect(budget):
 
 
 def test_v4_with_a_memo_without_estimates_selects():
-    tensors = _stage_like(8)
+    tensors = stage_like(8)
     _, _, _, memo = encode_with_memo(tensors, V4, 40_000, None, stage_index=0, outer_round=0)
     bare = EncoderMemo(dict(memo.choices), {})
     blob = encode_with_memo(tensors, V4, 40_000, bare, stage_index=0, outer_round=1)[0]
@@ -212,7 +178,7 @@ def test_v4_with_a_memo_without_estimates_selects():
 
 def test_v4_warm_round_on_the_selections_input_keeps_its_choices():
     """With the same tensors (same norms) the re-allocation makes the selection's choices again."""
-    tensors = _stage_like(3)
+    tensors = stage_like(3)
     blob, _, _, memo = encode_with_memo(tensors, V4, 40_000, None, stage_index=0, outer_round=0)
     _, _, _, warm = encode_with_memo(tensors, V4, 40_000, memo, stage_index=0, outer_round=1)
     assert warm.choices == memo.choices
@@ -223,11 +189,11 @@ def test_v4_warm_round_on_the_selections_input_keeps_its_choices():
 
 def test_v4_warm_rounds_code_closer_than_v3s_single_power_iteration():
     """The point of v4: its warm low-rank codings are at least as accurate as v3's (v2's factorization)."""
-    base = _stage_like(2)
+    base = stage_like(2)
     memos = {"v3": None, "v4": None}
     errors = {"v3": [], "v4": []}
     for outer_round in range(V3_RESELECT_ROUNDS):
-        tensors = _drift(base, outer_round)
+        tensors = drift(base, outer_round)
         for version, cfg in (("v3", V3), ("v4", V4)):
             _, _, stats, memos[version] = encode_with_memo(tensors, cfg, 40_000, memos[version], stage_index=0,
                                                            outer_round=outer_round)
@@ -240,11 +206,11 @@ def test_v4_warm_rounds_code_closer_than_v3s_single_power_iteration():
 def test_v4_engine_checkpoint_carries_the_memo_and_refuses_a_v3_memo():
     diloco_cfg = DilocoConfig(inner_steps=2, num_replicas=1, one_step_delay=False)
     cfg = dataclasses.replace(V4, bandwidth_budget=20_000)
-    start = {name: value for name, value in _stage_like(4).items() if value.numel()}
+    start = {name: value for name, value in stage_like(4).items() if value.numel()}
     engine = StageEngine(0, {n: v.clone() for n, v in start.items()}, diloco_cfg, cfg)
     with torch.no_grad():
         for name, param in engine.params.items():
-            param.sub_(_stage_like(5)[name])
+            param.sub_(stage_like(5)[name])
     blob = engine.encode_contribution(0)[0]
     engine.apply_round(0, [blob])
     state = engine.state_dict()
@@ -257,7 +223,7 @@ def test_v4_engine_checkpoint_carries_the_memo_and_refuses_a_v3_memo():
     for one in (engine, twin, blank):
         with torch.no_grad():
             for name, param in one.params.items():
-                param.sub_(_stage_like(6)[name])
+                param.sub_(stage_like(6)[name])
     warm = engine.encode_contribution(1)[0]
     assert twin.encode_contribution(1)[0] == warm
     assert blank.encode_contribution(1)[0] != warm  # without the memo round 1 selects afresh
@@ -269,13 +235,13 @@ def test_v4_engine_checkpoint_carries_the_memo_and_refuses_a_v3_memo():
 
 
 def test_v4_memo_tensors_round_trip_and_refuse_nonsense():
-    tensors = _stage_like(7)
+    tensors = stage_like(7)
     _, _, _, memo = encode_with_memo(tensors, V4, 40_000, None, stage_index=0, outer_round=0)
-    shapes = _shapes(tensors)
+    shapes = shape_map(tensors)
     state = memo.to_tensors()
     again = EncoderMemo.from_tensors(state, shapes, V4)
     assert again.choices == memo.choices and again.bases == {}
-    assert all(_same_bits(again.estimates[n], memo.estimates[n]) for n in memo.estimates)
+    assert all(same_bits(again.estimates[n], memo.estimates[n]) for n in memo.estimates)
     name = next(n for n, (codec, _, _) in memo.choices.items() if codec == "lowrank")
     rank = memo.choices[name][1]
     estimate = state["estimate"][name]
