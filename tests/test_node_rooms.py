@@ -391,3 +391,25 @@ def test_sync_keeps_every_run_message_our_hellos_and_others_hellos_only_now_and_
     clock[0] += HELLO_SYNC_EVERY_S
     assert keep(hello_of(other, 3)) and not keep(hello_of(other, 4))
     assert not keep(b"not an envelope") and not keep(announce[:-1])
+
+
+def test_a_fresh_joiner_takes_the_others_close_even_where_it_would_lead_until_a_close_names_it():
+    # A holder that has not heard the joiner's hello yet ranks the coordinators without it and closes
+    # without it; were the joiner to close too, as the first of its own ranking, the two would fork.
+    book, membership, pool, coordinator = rooms(round_timeout=60.0)
+    pool.held.update({(0, "peer-a", digest("peer-a")), (1, "peer-b", digest("peer-b"))})
+    membership.set_connected(PEERS)
+    coordinator.unconfirmed_joiner = True
+    holders = membership.holders(0)
+    # Rounds the joiner leads and peer-b comes next (peer-b's own ranking, without the joiner, puts it first).
+    led = [r for r in range(400) if committer_order(r * 1000, holders)[:2] == ["peer-a", "peer-b"]]
+    without_joiner = msg.Close([entry(1, "peer-b")])
+    book.add_close(led[0], 0, "peer-b", without_joiner, b"envelope")
+    started = time.monotonic()
+    assert coordinator.await_close(led[0], 0) == without_joiner
+    assert time.monotonic() - started < 30  # taken once settled, not after the 60 s deadline + fallback
+    assert coordinator.unconfirmed_joiner  # that close did not name it: it still defers
+    with_joiner = msg.Close([entry(0, "peer-a"), entry(1, "peer-b")])
+    book.add_close(led[1], 0, "peer-b", with_joiner, b"envelope")
+    assert coordinator.await_close(led[1], 0) == with_joiner
+    assert not coordinator.unconfirmed_joiner  # a peer closed a round with it: it leads rounds again

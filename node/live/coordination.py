@@ -104,6 +104,14 @@ class RoundCoordinator:
         #: While set and true, a wait for a close gives up with CloseInterrupted (a split cluster's
         #: pipeline came back while this node sat rounds out: it must re-enter with its partner).
         self.interrupt: Callable[[], bool] | None = None
+        #: Set by the node when it enters a running run afresh (no earlier life, entry round > 0).
+        #: Until another coordinator's close names this node's contribution, the holders may not
+        #: know it yet (its hello still on its way), and one that does not know it ranks the
+        #: coordinators without it: were this node first in its own ranking, both would close the
+        #: round, each as the first coordinator, with different sets (a fork, seen in test_join). So
+        #: meanwhile it ranks itself last: it takes the others' close, and closes only as the last
+        #: fallback or when no other holder is present.
+        self.unconfirmed_joiner = False
 
     # -- what was decided ---------------------------------------------------------------
     def adopt(self, outer_round: int, stage: int, close: msg.Close) -> None:
@@ -264,7 +272,10 @@ class RoundCoordinator:
             # Coordinators that are gone (Membership.present) or closed invalidly are skipped at once.
             # Not the ejected ones: when a node learns of an ejection is its own timing, and the
             # set it aggregates must not depend on it (an ejected member's close is judged as any).
-            ranked = [c for c in order if (c == self.peer_id or c in present) and c not in refused]
+            others_present = any(c != self.peer_id and c in present for c in order)
+            unconfirmed = self.unconfirmed_joiner and others_present
+            ranked = [c for c in order if (not unconfirmed if c == self.peer_id else c in present)
+                      and c not in refused]
             for rank, coordinator in enumerate(order):
                 if coordinator in refused or coordinator not in closes:
                     continue
@@ -276,11 +287,15 @@ class RoundCoordinator:
                     if coordinator != self.peer_id and \
                             self.book.close_age(outer_round, stage, coordinator) < CLOSE_SETTLE_S:
                         return None  # not settled: a second, different version may still arrive
+                    decided_by[0] = coordinator
                     return closes[coordinator][0]
-            if self.peer_id in ranked and outer_round > self.previous_life_finished:
-                rank = ranked.index(self.peer_id)
-                if rank == 0 or now >= deadline + rank * CLOSE_FALLBACK_S:
-                    return self._try_close(outer_round, stage, final=now >= deadline, alive=alive)
+            if outer_round > self.previous_life_finished:
+                if self.peer_id in ranked:
+                    rank = ranked.index(self.peer_id)
+                    if rank == 0 or now >= deadline + rank * CLOSE_FALLBACK_S:
+                        return self._try_close(outer_round, stage, final=now >= deadline, alive=alive)
+                elif unconfirmed and self.peer_id not in refused and now >= deadline + len(order) * CLOSE_FALLBACK_S:
+                    return self._try_close(outer_round, stage, final=True, alive=alive)  # the last fallback
             return None
 
         last_resync = last_warning = started
@@ -289,10 +304,14 @@ class RoundCoordinator:
                 self.contributions.want(outer_round, stage)
             self.contributions.prefetch(outer_round, stage)
             alive, present = self.membership.alive(), self.membership.present()
+            decided_by = [None]  # the coordinator whose close decide() took (None: this node's own)
             close = self.book.wait_for(decide, timeout=1.0, stop=None)
             if close is not None:
                 with self._lock:
                     self._accepted[(outer_round, stage)] = close
+                if decided_by[0] not in (None, self.peer_id) and \
+                        any(entry[1] == self.peer_id for entry in close.contributions):
+                    self.unconfirmed_joiner = False  # a peer closed a round with this node in it
                 return close
             if time.monotonic() - last_resync > RESYNC_EVERY_S:
                 last_resync = time.monotonic()

@@ -306,6 +306,9 @@ class Node:
         inbox.spot_checks = self.spot_checks
         proposal, unfinished = self._entry_point()
         start_round = self.worker.agree_on_round(proposal)
+        # A fresh node entering a running run ranks itself last as coordinator until a peer's close
+        # names it (RoundCoordinator.unconfirmed_joiner).
+        self.coordinator.unconfirmed_joiner = self.coordinator.previous_life_finished < 0 and start_round > 0
         # Every round before the agreed entry that this node has not applied is caught up, also
         # those between its own proposal and a partner's higher one: skipping them left this
         # node's stage without the rounds its partner had finished, and the partner's record
