@@ -217,7 +217,7 @@ REFORM_WORKER = textwrap.dedent(
 
 
 # Slow (out of the default suite) because not yet reliable: on session 9's machine (2-vCPU AMD EPYC,
-# torch 2.13.0 CPU) the survivor process aborted in 4 of 16 runs with "terminate called without an
+# torch 2.13.0 CPU) the survivor process aborted in 5 of 30 runs with "terminate called without an
 # active exception" (exit -6), once right after the partner's SIGKILL (before its PipelineError) and
 # once at exit after re-forming and keeping its weights: gloo's C++ side terminating, not Python code.
 # Where the SIGKILL lands in a send/recv decides it. Not seen on the earlier machine.
