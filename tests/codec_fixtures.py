@@ -41,3 +41,32 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same dtype, shape and bits (so -0.0 differs from 0.0, as the weights hash sees it)."""
     return a.dtype == b.dtype and a.shape == b.shape and a.contiguous().view(torch.int32).equal(
         b.contiguous().view(torch.int32))
+
+
+def encoder_sim(encoder: str, rounds: int):
+    """A two-replica, two-stage run of ``tiny`` with start states (training.reexec_sim) coded by ``encoder``."""
+    from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
+    from training.data import generated_corpus
+    from training.reexec_sim import SimConfig
+
+    return SimConfig(
+        corpus=generated_corpus(seed=0, n_bytes=30_000),
+        model=ModelConfig(preset="tiny"),
+        training=TrainingConfig(seed=3, batch_size=4, warmup_steps=2),
+        diloco=DilocoConfig(inner_steps=3, num_replicas=2),
+        compression=CompressionConfig(min_compress_numel=512, encoder=encoder),
+        num_stages=2,
+        rounds=rounds,
+    )
+
+
+def rerun_replica0(sim, records, outer_round: int):
+    """The spot check of replica 0's contribution of ``outer_round`` from the start state it bound."""
+    from training.reexec import verify_contribution
+
+    record = records[outer_round]
+    return verify_contribution(
+        [part.to_bytes() for part in record.states[0].stages], record.claims[0], sim.corpus, sim.model,
+        sim.training, sim.diloco, sim.compression, outer_round=outer_round, replica=0, run_rounds=sim.rounds,
+        previous_contributions=records[outer_round - 1].contributions if outer_round else None,
+    )

@@ -14,17 +14,16 @@ import dataclasses
 
 import pytest
 import torch
-from codec_fixtures import same_bits, shape_map
+from codec_fixtures import encoder_sim, rerun_replica0, same_bits, shape_map
 
 from training import bandwidth
 from training.bandwidth import encode_within_bandwidth
 from training.codec_wire import decode_contribution
 from training.compression import _factorize_gram, encode_contribution
-from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
-from training.data import generated_corpus
+from training.config import CompressionConfig, DilocoConfig
 from training.diloco import StageEngine, aggregate
-from training.reexec import EXACT, verify_contribution
-from training.reexec_sim import SimConfig, SimReplica, run_with_states
+from training.reexec import EXACT
+from training.reexec_sim import SimReplica, run_with_states
 from training.robust import contribution_norm, robust_contributions
 
 V1 = CompressionConfig()
@@ -170,21 +169,8 @@ def test_engine_reusing_its_own_decode_matches_the_pure_aggregate(cfg):
 
 def test_v2_contributions_reexecute_bit_exactly():
     """A spot check reruns a v2 round from its start state and gets the same bytes (v2 carries no state)."""
-    sim = SimConfig(
-        corpus=generated_corpus(seed=0, n_bytes=30_000),
-        model=ModelConfig(preset="tiny"),
-        training=TrainingConfig(seed=3, batch_size=4, warmup_steps=2),
-        diloco=DilocoConfig(inner_steps=3, num_replicas=2),
-        compression=CompressionConfig(min_compress_numel=512, encoder="v2"),
-        num_stages=2,
-        rounds=2,
-    )
+    sim = encoder_sim("v2", rounds=2)
     records = run_with_states([SimReplica(0, sim), SimReplica(1, sim)], sim)
     for outer_round in range(2):
-        record = records[outer_round]
-        check = verify_contribution(
-            [part.to_bytes() for part in record.states[0].stages], record.claims[0], sim.corpus, sim.model,
-            sim.training, sim.diloco, sim.compression, outer_round=outer_round, replica=0, run_rounds=sim.rounds,
-            previous_contributions=records[outer_round - 1].contributions if outer_round else None,
-        )
+        check = rerun_replica0(sim, records, outer_round)
         assert check.verdict == EXACT, check.reason

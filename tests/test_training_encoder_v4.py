@@ -20,7 +20,7 @@ import math
 
 import pytest
 import torch
-from codec_fixtures import drift, same_bits, shape_map, stage_like
+from codec_fixtures import drift, encoder_sim, rerun_replica0, same_bits, shape_map, stage_like
 
 from training import bandwidth, encoder_memo
 from training.bandwidth import (
@@ -34,12 +34,11 @@ from training.bandwidth import (
 )
 from training.codec_wire import decode_contribution
 from training.compression import _candidates, _ColumnQuantizer, _factorize_gram, _factorize_warm
-from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
-from training.data import generated_corpus
+from training.config import CompressionConfig, DilocoConfig
 from training.diloco import StageEngine
 from training.errors import ContributionEncodeError, EngineStateError
 from training.reexec import EXACT, STATE_MISMATCH, restart_state_reason, verify_contribution
-from training.reexec_sim import SimConfig, SimReplica, run_with_states
+from training.reexec_sim import SimReplica, run_with_states
 from training.encoder_memo import (
     V3_RESELECT_ROUNDS,
     EncoderMemo,
@@ -263,33 +262,16 @@ def test_v4_memo_tensors_round_trip_and_refuse_nonsense():
         encode_with_memo(tensors, V2, 40_000, None, stage_index=0, outer_round=0)
 
 
-def _v4_sim(rounds: int) -> SimConfig:
-    return SimConfig(
-        corpus=generated_corpus(seed=0, n_bytes=30_000),
-        model=ModelConfig(preset="tiny"),
-        training=TrainingConfig(seed=3, batch_size=4, warmup_steps=2),
-        diloco=DilocoConfig(inner_steps=3, num_replicas=2),
-        compression=CompressionConfig(min_compress_numel=512, encoder="v4"),
-        num_stages=2,
-        rounds=rounds,
-    )
-
-
 def test_v4_contributions_reexecute_bit_exactly_and_chain_their_memo():
     """Warm rounds depend on the memo in the start state: a rerun from it gives the same bytes and next state."""
-    sim = _v4_sim(3)
+    sim = encoder_sim("v4", 3)
     records = run_with_states([SimReplica(0, sim), SimReplica(1, sim)], sim)
     names = records[1].states[0].stages[0].tensors
     assert any(name.startswith("encoder.choice/") for name in names)
     assert any(name.startswith("encoder.estimate/") for name in names)
     assert not any(name.startswith("encoder.basis/") for name in names)
     for outer_round in range(3):
-        record = records[outer_round]
-        check = verify_contribution(
-            [part.to_bytes() for part in record.states[0].stages], record.claims[0], sim.corpus, sim.model,
-            sim.training, sim.diloco, sim.compression, outer_round=outer_round, replica=0, run_rounds=sim.rounds,
-            previous_contributions=records[outer_round - 1].contributions if outer_round else None,
-        )
+        check = rerun_replica0(sim, records, outer_round)
         assert check.verdict == EXACT, check.reason
         if outer_round + 1 < 3 and check.next_state_hashes is not None:
             assert check.next_state_hashes == [claim.state_hash for claim in records[outer_round + 1].claims[0]]
@@ -302,7 +284,7 @@ def test_memo_encoders_are_the_ones_with_state():
 
 
 def test_a_malformed_v4_memo_in_a_served_state_is_a_state_mismatch():
-    sim = _v4_sim(2)
+    sim = encoder_sim("v4", 2)
     records = run_with_states([SimReplica(0, sim), SimReplica(1, sim)], sim)
     record = records[1]
     parts = list(record.states[0].stages)
