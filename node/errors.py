@@ -88,6 +88,13 @@ class RoundNotLinked(RoundNotTrusted):
     check = "hash chain link"
 
 
+class RunDocumentMissing(PullRefused):
+    """No copy of the run document (by the chain's ``configHash``) was found: nothing can be checked against
+    the run, so nothing is installed."""
+
+    check = "run document"
+
+
 class CheckpointInconsistent(PullRefused):
     """The file has the content hash the record names, but its metadata or weights root contradict the record."""
 

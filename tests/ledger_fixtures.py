@@ -117,13 +117,14 @@ class Deployment:
         unbonding_blocks: int = 0,
         max_rounds: int = 0,
         label: str = "config",
+        config_hash: bytes | None = None,
     ) -> MemberRun:
         """A new run (created by the first member) that dev accounts ``members`` registered for and joined."""
         for index in members:
             if not self.client(index).is_registered():
                 self.register(index)
         run_id = self.client(members[0]).create_run(
-            digest(label),
+            config_hash or digest(label),
             2,
             50,
             "file:///run.toml",

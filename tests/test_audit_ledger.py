@@ -10,6 +10,8 @@ checks are shown on a crafted RunHistory (a client whose ``history`` is edited: 
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from dataclasses import asdict, replace
 from types import SimpleNamespace
 
@@ -28,11 +30,23 @@ from node.errors import (
     RoundBeyondMax,
     RoundDisputed,
     RoundUnattested,
+    RunDocumentMissing,
 )
+from node.store.checkpoint import parse_checkpoint
 from node.tools import audit as audit_tool
 from node.tools import pull as pull_tool
-from node.tools.audit import ATTESTED, FAIL, FAILED, INCOMPLETE, OK, UNVERIFIABLE, WITHIN_MAX_ROUNDS, audit_run
+from node.tools.audit import (
+    ATTESTED,
+    FAIL,
+    FAILED,
+    INCOMPLETE,
+    OK,
+    UNVERIFIABLE,
+    WITHIN_MAX_ROUNDS,
+    audit_run,
+)
 from node.tools.pull import pull_checkpoint, round_standing
+from training.config import ModelConfig
 
 
 # ---------------------------------------------------------------------- helpers
@@ -53,14 +67,29 @@ def tiny_checkpoint(run_id: int, round_index: int, config_hash: bytes) -> tuple[
     return ckpt.to_bytes(), weights_root([hashes[0], hashes[1]])
 
 
-class AttestedRun:
-    """A member run whose rounds publish checkpoints into ``archive/checkpoints``."""
+def tiny_run_document() -> bytes:
+    """The run document of a 2-stage tiny run with H = 50 (the shape of ``member_run``'s runs)."""
+    from node.config import config_from_dict
+    from node.runconfig import canonical_json, run_document
 
-    def __init__(self, deployment, tmp_path, members=(1, 2, 3, 4), quorum=3, max_rounds=0):
-        self.run = deployment.member_run(members, quorum, max_rounds=max_rounds)
+    cfg = config_from_dict({"model": {"preset": "tiny"}, "pipeline": {"num_stages": 2},
+                            "diloco": {"inner_steps": 50}})
+    return canonical_json(run_document(cfg))
+
+
+class AttestedRun:
+    """A member run of a real run document whose rounds publish checkpoints into ``archive/checkpoints``;
+    the run document is in the archive unless ``with_document`` is False."""
+
+    def __init__(self, deployment, tmp_path, members=(1, 2, 3, 4), quorum=3, max_rounds=0, with_document=True):
+        document = tiny_run_document()
+        self.run = deployment.member_run(members, quorum, max_rounds=max_rounds,
+                                         config_hash=hashlib.sha256(document).digest())
         self.run_id = self.run.run_id
         self.archive = tmp_path / "archive"
         (self.archive / "checkpoints").mkdir(parents=True)
+        if with_document:
+            (self.archive / "run.json").write_bytes(document)
         self.config_hash = self.run.reader.run_info(self.run_id).config_hash
         self.reader = LedgerClient(deployment.w3, None, deployment.registry, deployment.ledger, retry=FAST_RETRY)
         self.records = []
@@ -132,7 +161,9 @@ def test_an_honest_attested_run_without_evidence_is_incomplete_never_passed(
                            out_dir=str(tmp_path / "model"))
     assert pull_tool.run_pull(args) == 0
     printed = capsys.readouterr().out
-    assert "round 2 attested by 3: " + ", ".join(attested.addresses((1, 2, 3))) in printed
+    assert "round 2 (block " in printed and ") attested by 3:" in printed
+    for attester in attested.addresses((1, 2, 3)):  # each with how long it had been a member
+        assert re.search(rf"  {attester} \(member since block \d+, \d+ blocks before the commit\)", printed)
     assert (tmp_path / "model" / "model.safetensors").exists()
 
 
@@ -193,6 +224,49 @@ def test_a_disputed_round_is_shown_with_both_records_and_not_pulled(deployment, 
     assert refused.value.check == "undisputed" and not (tmp_path / "out").exists()
     result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model", archives=[attested.archive])
     assert result.round == 0 and result.skipped[0].startswith("round 1: undisputed")
+    # Issue 28, attack 4: a round built on the disputed one is not pulled either, by default or by --round.
+    attested.commit(signers=(1, 3, 4))
+    with pytest.raises(RoundDisputed, match="round 2 of run .* descends from disputed round 1"):
+        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", 2, archives=[attested.archive])
+    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model2", archives=[attested.archive])
+    assert result.round == 0 and result.skipped[0].startswith("round 2: undisputed") and result.cleared == {}
+    assert "descends from disputed round 1" in result.skipped[0]
+
+
+def test_without_the_run_document_a_checkpoint_is_never_verified(deployment, tmp_path):
+    """Issue 28, attack 7: the file's own metadata proves nothing; without the run document the audit's
+    checkpoint item is unverifiable (never ok) and pull installs nothing."""
+    attested = AttestedRun(deployment, tmp_path, with_document=False)
+    attested.commit()
+    report = audit_run(attested.reader, attested.run_id, archives=[attested.archive])
+    assert [c.status for c in report.checkpoints] == [UNVERIFIABLE]
+    assert "no verified run document" in report.checkpoints[0].reason
+    with pytest.raises(RunDocumentMissing, match="run document .* is not available") as refused:
+        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", archives=[attested.archive])
+    assert refused.value.check == "run document" and not (tmp_path / "out").exists()
+
+
+def test_a_checkpoint_whose_config_is_not_the_run_documents_is_refused(deployment, tmp_path):
+    """Issue 28, attack 1: a file with the attested weights but another model config (n_head 8 where the run
+    has 2) is refused by pull and fails the audit; the exported config is the run document's."""
+    attested = AttestedRun(deployment, tmp_path)
+    attested.commit()
+    record = attested.run.next_record()
+    data, root = tiny_checkpoint(attested.run_id, record.round, attested.config_hash)
+    ckpt = parse_checkpoint(data)
+    ckpt.model_config = {**ckpt.model_config, "n_head": 8}
+    doctored = ckpt.to_bytes()
+    (attested.archive / "checkpoints" / f"round-{record.round:08d}.safetensors").write_bytes(doctored)
+    record = replace(record, weights_root=root, checkpoint_hash=hashlib.sha256(doctored).digest())
+    attested.run.client(attested.run.members[0]).commit_round(record, attested.run.sign(record))
+    report = audit_run(attested.reader, attested.run_id, archives=[attested.archive])
+    assert report.failed and "model config" in report.checkpoints[1].reason
+    with pytest.raises(CheckpointInconsistent, match="its model config is"):
+        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", 1, archives=[attested.archive])
+    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model", archives=[attested.archive])
+    assert result.round == 0 and "model config" in result.skipped[0]
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert config["n_head"] == ModelConfig(preset="tiny").n_head
 
 
 # ---------------------------------------------------------------------- what the chain refuses to record

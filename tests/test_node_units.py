@@ -10,14 +10,23 @@ import msgpack
 import pytest
 import torch
 
-from node.live import protocol as msg
-from node.store.archive import Archive, ArchivedContribution
-from node.store.checkpoint import Checkpoint, merge_shards, parse_checkpoint, read_checkpoint, write_checkpoint
 from node.config import load_config
 from node.errors import ConfigError, NodeError, StateError
+from node.live import protocol as msg
 from node.live.roundbook import Announced, RoundBook
-from node.runconfig import canonical_json, config_hash, parse_run_document, run_document
 from node.live.topology import Declaration, assign_stages, canonical_order, committer_order
+from node.runconfig import canonical_json, config_hash, parse_run_document, run_document
+from node.store.archive import Archive, ArchivedContribution
+from node.store.checkpoint import (
+    Checkpoint,
+    RunLayout,
+    build_checkpoint,
+    checkpoint_problems,
+    parse_checkpoint,
+    read_checkpoint,
+    stage_problems,
+    write_checkpoint,
+)
 
 
 # ---------------------------------------------------------------- topology
@@ -116,31 +125,67 @@ def test_archive_seals_rounds_canonically_drops_late_envelopes_and_prunes(tmp_pa
 
 
 # ---------------------------------------------------------------- checkpoints
-def _ckpt(round_index: int, stage: int, value: float) -> Checkpoint:
-    names = {0: ["transformer.wte.weight"], 1: ["lm_head.weight"]}[stage]
-    weights = {n: torch.full((3, 2), value) for n in names}
-    return Checkpoint(1, round_index, {"preset": "tiny"}, b"\x07" * 32, {stage: bytes([stage]) * 32}, weights,
-                      {n: torch.zeros(3, 2) for n in names})
+def _layout() -> RunLayout:
+    from training.config import ModelConfig
+
+    return RunLayout.of_run(1, b"\x07" * 32, ModelConfig(preset="tiny"), 2)
+
+
+def _stage_state(layout: RunLayout, stage: int, value: float):
+    shapes = layout.stage_shapes[stage]
+    return ({n: torch.full(shape, value) for n, shape in shapes.items()},
+            {n: torch.full(shape, value / 10) for n, shape in shapes.items()})
 
 
 def test_checkpoint_bytes_are_deterministic_and_verified(tmp_path):
-    full = merge_shards([_ckpt(4, 0, 1.0), _ckpt(4, 1, 2.0)])
-    assert full.to_bytes() == merge_shards([_ckpt(4, 1, 2.0), _ckpt(4, 0, 1.0)]).to_bytes()
+    from training.hashing import stage_weights_hash, weights_root
+
+    layout = _layout()
+    states = {0: _stage_state(layout, 0, 1.0), 1: _stage_state(layout, 1, 2.0)}
+    full = build_checkpoint(layout, 4, states)
+    assert full.to_bytes() == build_checkpoint(layout, 4, dict(reversed(states.items()))).to_bytes()
+    root = weights_root([stage_weights_hash(states[s][0]) for s in (0, 1)])
+    assert checkpoint_problems(full, layout, 4, root) == []
     path = tmp_path / "c.safetensors"
     digest = write_checkpoint(path, full)
     again = read_checkpoint(path, digest)
     assert again.round == 4 and set(again.stage_hashes) == {0, 1}
-    assert torch.equal(again.weights["lm_head.weight"], torch.full((3, 2), 2.0))
+    assert torch.equal(again.weights["lm_head.weight"], states[1][0]["lm_head.weight"])
     data = bytearray(path.read_bytes())
     data[-1] ^= 1
     with pytest.raises(StateError, match="content hash mismatch"):
         parse_checkpoint(bytes(data), digest)
     with pytest.raises(StateError, match="not a valid safetensors"):
         parse_checkpoint(b"garbage")
-    with pytest.raises(StateError, match="disagree"):
-        merge_shards([_ckpt(4, 0, 1.0), _ckpt(5, 1, 2.0)])
     with pytest.raises(StateError, match="lacks"):
-        again.stage_state(["transformer.h.0.ln_1.weight"])
+        again.stage_state(["transformer.h.99.ln_1.weight"])
+
+
+def test_checkpoint_against_the_run_refuses_doctored_metadata_and_tensors():
+    """Issue 28: a checkpoint is the run's only if its metadata is the run document's and its tensors hash to
+    the attested root; a stage shard only if its tensors are the stage's and hash to the agreed hash."""
+    from training.hashing import stage_weights_hash, weights_root
+
+    layout = _layout()
+    states = {0: _stage_state(layout, 0, 1.0), 1: _stage_state(layout, 1, 2.0)}
+    root = weights_root([stage_weights_hash(states[s][0]) for s in (0, 1)])
+    honest = build_checkpoint(layout, 4, states)
+    doctored_config = dict(honest.model_config, n_head=8)
+    forged = Checkpoint(1, 4, doctored_config, honest.config_hash, honest.stage_hashes, honest.weights, honest.momentum)
+    assert any("model config" in p for p in checkpoint_problems(forged, layout, 4, root))
+    assert any("round is 4" in p for p in checkpoint_problems(honest, layout, 5, root))
+    other = dict(states)
+    other[0] = ({n: t + 1 for n, t in states[0][0].items()}, states[0][1])
+    assert any("weights root" in p for p in checkpoint_problems(build_checkpoint(layout, 4, other), layout, 4, root))
+    extra = Checkpoint(1, 4, honest.model_config, honest.config_hash, honest.stage_hashes,
+                       {**honest.weights, "backdoor": torch.zeros(1)}, honest.momentum)
+    assert any("the run has not" in p for p in checkpoint_problems(extra, layout, 4, root))
+    agreed = stage_weights_hash(states[0][0])
+    assert stage_problems(layout, 0, *states[0], agreed) == []
+    assert "agreed" in stage_problems(layout, 0, *other[0], agreed)[0]
+    wrong_shape = {n: t[..., :1] for n, t in states[0][1].items()}
+    assert "float32" in stage_problems(layout, 0, states[0][0], wrong_shape, agreed)[0]
+    assert "lack" in stage_problems(layout, 1, states[0][0], states[0][1], None)[0]
 
 
 # ---------------------------------------------------------------- round book

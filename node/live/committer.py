@@ -53,9 +53,10 @@ from node.live import protocol as msg
 from node.live.roundbook import RoundBook
 from node.live.status import StateFile
 from node.live.topology import committer_order
-from node.store.checkpoint import merge_shards, parse_checkpoint, write_checkpoint
+from node.store.checkpoint import (RunLayout, build_checkpoint, checkpoint_problems, parse_checkpoint,
+                                   stage_problems, write_checkpoint)
 from p2p.host import P2PHost
-from training.hashing import weights_root
+from training.hashing import stage_weights_hash, weights_root
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ class CommitterContext:
     on_diverged: Callable[[int], None]
     state: StateFile
     gossip: Callable[..., bytes]  # gossip(round, kind, message) signs and publishes a run message
+    layout: RunLayout  # the run document's checkpoint metadata and stage tensors
 
 
 class Committer:
@@ -192,19 +194,22 @@ class Committer:
         return None
 
     def record(self, outer_round: int):
-        """The round's record as this node derives it (``prev_head`` still zero), or None if attestations
-        are missing."""
+        """(record, attestations, agreed stage hashes) of the round as this node derives it (``prev_head``
+        still zero); the record is None if attestations are missing."""
         node = self.node
         atts = self._attestations(outer_round)
         if atts is None:
             logger.info("round %d: stopped before every stage was attested; this node will not commit it", outer_round)
-            return None, None
+            return None, None, []
         if atts is ON_CHAIN:
-            return None, ON_CHAIN
+            return None, ON_CHAIN, []
         stage_hashes, stage_roots = [], []
         for stage in range(node.cfg.pipeline.num_stages):
             mine = atts[stage].get(node.peer_id)
-            chosen = mine or Counter((a.weights_hash, a.contributions_root) for a in atts[stage].values()).most_common(1)[0][0]
+            votes = Counter((a.weights_hash, a.contributions_root) for a in atts[stage].values())
+            # Most votes, a tie to the smallest: every node that heard the same attestations takes the
+            # same result, whichever of them arrived first.
+            chosen = min(votes, key=lambda result: (-votes[result], result))
             if mine is not None:
                 chosen = (mine.weights_hash, mine.contributions_root)
                 others = {(a.weights_hash, a.contributions_root) for p, a in atts[stage].items() if p != node.peer_id}
@@ -218,7 +223,7 @@ class Committer:
                                                                                            stage_roots[stage])
             if close is None:
                 logger.warning("round %d stage %d: no close matching the attested root", outer_round, stage)
-                return None, None
+                return None, None, []
             closes.append((stage, close))
         leaves = [digest for _stage, close in closes for (_r, _p, digest, _s) in close.contributions]
         contributors = {peer for _stage, close in closes for (_r, peer, _d, _s) in close.contributions}
@@ -239,7 +244,7 @@ class Committer:
             tokens=tokens_per_replica * len(last_replicas),
             num_contributors=len(contributors),
         )
-        return commit, atts
+        return commit, atts, stage_hashes
 
     def _loss_reporters(self, outer_round: int, last: int, replicas: set[int], weights_hash: bytes):
         """The last-stage attestations the record's loss figures are the mean of, in peer-id order.
@@ -279,7 +284,7 @@ class Committer:
         success), so a retry after an answer lost in the outage never commits twice.
         """
         node = self.node
-        derived, atts = self.record(outer_round)
+        derived, atts, stage_hashes = self.record(outer_round)
         if atts is ON_CHAIN:  # committed by the others; nothing of this node's to sign or dispute
             onchain = node.chain.commit_of(node.run_id, outer_round)
             node.on_recorded(outer_round, onchain.weights_root, False)
@@ -289,7 +294,7 @@ class Committer:
             return
         checkpoint_hash = None
         if (outer_round + 1) % node.cfg.checkpoint_every == 0:
-            checkpoint_hash = self._assemble_checkpoint(outer_round, atts)
+            checkpoint_hash = self._assemble_checkpoint(outer_round, atts, stage_hashes)
         delay = CHAIN_RETRY_MIN_S
         while not node.stop_event.is_set():
             try:
@@ -421,14 +426,35 @@ class Committer:
             return
         onchain = node.chain.commit_of(node.run_id, outer_round)
         node.on_confirmed(outer_round)
-        if (onchain.weights_root, onchain.contributions_root) != (mine.weights_root, mine.contributions_root):
+        roots_differ = (onchain.weights_root, onchain.contributions_root) != (mine.weights_root,
+                                                                              mine.contributions_root)
+        wrong_checkpoint = None if roots_differ else self._wrong_checkpoint(outer_round, onchain, mine)
+        if roots_differ or wrong_checkpoint:
+            what = "committed roots differ from ours" if roots_differ else wrong_checkpoint
             if signature is None:
-                logger.error("round %d: committed roots differ from ours; no signed record of ours to dispute "
-                             "with", outer_round)
+                logger.error("round %d: %s; no signed record of ours to dispute with", outer_round, what)
             else:
-                logger.error("round %d: committed roots differ from ours; filing a dispute", outer_round)
+                logger.error("round %d: %s; filing a dispute", outer_round, what)
                 node.chain.dispute(mine, signature)
-            node.on_diverged(outer_round)
+            if roots_differ:
+                node.on_diverged(outer_round)
+
+    def _wrong_checkpoint(self, outer_round: int, onchain: RoundRecord, mine: RoundRecord) -> str | None:
+        """Why the committed record's checkpoint is not the run's (None: it is, or it has none).
+
+        A committed checkpoint other than the one this node built is disputed like a weights-root
+        difference; one this node built none of is fetched and verified (a missing checkpoint is
+        no wrong state: a round whose checkpoint some nodes could not verify may commit without).
+        """
+        if not onchain.has_checkpoint or onchain.checkpoint_hash == mine.checkpoint_hash:
+            return None
+        if mine.has_checkpoint:
+            return (f"the committed checkpoint {onchain.checkpoint_hash.hex()[:12]} is not the one this node "
+                    f"built from the agreed state ({mine.checkpoint_hash.hex()[:12]})")
+        problems = self.committed_checkpoint_problems(outer_round, onchain.checkpoint_hash, onchain.weights_root)
+        if problems:
+            return f"the committed checkpoint {onchain.checkpoint_hash.hex()[:12]} does not verify: " + "; ".join(problems)
+        return None
 
     def _report_equivocations(self) -> None:
         """Slash members seen signing two different records of one round (the evidence is the two signatures).
@@ -472,33 +498,108 @@ class Committer:
                 return False
             time.sleep(0.5)
 
-    def _assemble_checkpoint(self, outer_round: int, atts) -> bytes | None:
-        """Build the full checkpoint from every stage's shard; serve it; return its content hash."""
+    def _assemble_checkpoint(self, outer_round: int, atts, stage_hashes: list[bytes]) -> bytes | None:
+        """Build the full checkpoint from stage states verified against the round's agreed stage hashes;
+        serve it; return its content hash (None: no checkpoint this round).
+
+        A stage this node holds comes from its own shard. Another stage's comes from the shards its
+        holders attested with the agreed weights hash: each is fetched and its tensors re-hashed,
+        and one whose weights are not the agreed ones (or not the run's stage) is dropped. The
+        momentum is in no record, so it is taken only when every verified shard agrees on it; a
+        holder serving other momentum costs the round its checkpoint, never an honest signature
+        over a doctored one. The metadata is written from the run document, never copied from a
+        peer's shard, so every node that verified the same tensors builds the same bytes.
+        """
         node = self.node
-        shards = []
-        for stage in range(node.cfg.pipeline.num_stages):
+        layout = node.layout
+        states = {}
+        for stage in range(layout.num_stages):
             local = node.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
             if local.exists():
-                shards.append(parse_checkpoint(local.read_bytes()))
+                shard = parse_checkpoint(local.read_bytes())
+                problems = stage_problems(layout, stage, shard.weights, shard.momentum, stage_hashes[stage])
+                if problems:  # our own state is not the agreed one: the record will say so, not a checkpoint
+                    logger.warning("round %d: our own shard of stage %d is not the agreed state (%s); no checkpoint",
+                                   outer_round, stage, "; ".join(problems))
+                    return None
+                states[stage] = (shard.weights, shard.momentum)
                 continue
-            votes = Counter(a.shard_hash for a in atts[stage].values() if a.shard_hash)
-            if not votes:
-                logger.warning("round %d: no shard of stage %d attested; no checkpoint", outer_round, stage)
+            state = self._verified_stage(outer_round, stage, atts, stage_hashes[stage])
+            if state is None:
                 return None
-            shard_hash = votes.most_common(1)[0][0]
-            dest = node.incoming_dir / f"{shard_hash.hex()}.part"
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                node.host.fetch_blob(shard_hash.hex(), dest, timeout=node.cfg.p2p.transfer_timeout)
-                shards.append(parse_checkpoint(dest.read_bytes(), shard_hash))
-            except DLX_ERRORS as exc:
-                logger.warning("round %d: shard of stage %d not fetched: %s", outer_round, stage, exc)
-                return None
-            finally:
-                dest.unlink(missing_ok=True)
-        full = merge_shards(shards)
+            states[stage] = state
+        full = build_checkpoint(layout, outer_round, states)
         path = node.checkpoint_dir / f"round-{outer_round:08d}.safetensors"
         digest = write_checkpoint(path, full)
         serve_blob(node.host, path.read_bytes())
         logger.info("round %d: checkpoint %s (%d bytes)", outer_round, digest.hex()[:12], path.stat().st_size)
         return digest
+
+    def _verified_stage(self, outer_round: int, stage: int, atts, weights_hash: bytes):
+        """(weights, momentum) of ``stage`` from its holders' shards, verified (see _assemble_checkpoint)."""
+        node = self.node
+        # Attestations that arrived since the record was derived count too: the more holders heard,
+        # the likelier a disagreement on the momentum is seen.
+        heard = {**atts[stage], **node.book.snapshot_attestations(outer_round, stage)}
+        offered: dict[bytes, list[str]] = {}
+        for peer, att in sorted(heard.items()):
+            if att.shard_hash and att.weights_hash == weights_hash:
+                offered.setdefault(att.shard_hash, []).append(peer)
+        if not offered:
+            logger.warning("round %d: no shard of stage %d attested with the agreed weights; no checkpoint",
+                           outer_round, stage)
+            return None
+        verified = {}
+        for shard_hash in sorted(offered, key=lambda h: (-len(offered[h]), h)):
+            holders = ", ".join(p[-8:] for p in offered[shard_hash])
+            dest = node.incoming_dir / f"{shard_hash.hex()}.part"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                node.host.fetch_blob(shard_hash.hex(), dest, timeout=node.cfg.p2p.transfer_timeout)
+                shard = parse_checkpoint(dest.read_bytes(), shard_hash)
+            except DLX_ERRORS as exc:
+                logger.warning("round %d: shard %s of stage %d (attested by %s) not fetched: %s", outer_round,
+                               shard_hash.hex()[:12], stage, holders, exc)
+                continue
+            finally:
+                dest.unlink(missing_ok=True)
+            problems = stage_problems(node.layout, stage, shard.weights, shard.momentum, weights_hash)
+            if problems:
+                logger.error("round %d: shard %s of stage %d, attested by %s, is not the agreed state: %s",
+                             outer_round, shard_hash.hex()[:12], stage, holders, "; ".join(problems))
+                continue
+            verified[stage_weights_hash(shard.momentum)] = (shard.weights, shard.momentum)
+        if len(verified) != 1:
+            logger.warning("round %d: %s; no checkpoint this round", outer_round,
+                           f"no shard of stage {stage} verified" if not verified else
+                           f"the verified shards of stage {stage} hold {len(verified)} different momenta")
+            return None
+        return next(iter(verified.values()))
+
+    def committed_checkpoint_problems(self, outer_round: int, content_hash: bytes, weights_root: bytes) -> list[str]:
+        """Why the committed checkpoint of a round is not the run's (empty: it verifies).
+
+        For a round this node built no checkpoint of (a momentum disagreement, a shard not
+        fetched): fetch the committed one and check it against the run document and the record,
+        and this node's own stages against its own state (momentum included).
+        """
+        node = self.node
+        dest = node.incoming_dir / f"{content_hash.hex()}.part"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            node.host.fetch_blob(content_hash.hex(), dest, timeout=node.cfg.p2p.transfer_timeout)
+            ckpt = parse_checkpoint(dest.read_bytes(), content_hash)
+        except DLX_ERRORS as exc:
+            return [f"not fetched: {exc}"]
+        finally:
+            dest.unlink(missing_ok=True)
+        problems = checkpoint_problems(ckpt, node.layout, outer_round, weights_root)
+        for stage in range(node.layout.num_stages):
+            local = node.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
+            if problems or not local.exists():
+                continue
+            own = parse_checkpoint(local.read_bytes())
+            names = node.layout.stage_names(stage)
+            if stage_weights_hash({n: ckpt.momentum[n] for n in names}) != stage_weights_hash(own.momentum):
+                problems.append(f"its stage {stage} momentum is not this node's")
+        return problems

@@ -57,7 +57,7 @@ from node.live.verifier import SpotChecker, VerifierContext
 from node.live.topology import Placement
 from node.runconfig import canonical_json, config_hash, run_document
 from node.store.archive import Archive, ArchivedContribution
-from node.store.checkpoint import Checkpoint, parse_checkpoint, write_checkpoint
+from node.store.checkpoint import Checkpoint, RunLayout, checkpoint_problems, parse_checkpoint, write_checkpoint
 from node.store.retention import prune_archive, prune_checkpoints
 from p2p.envelope import Envelope, EnvelopeValidator, decode_envelope
 from p2p.errors import P2PError
@@ -136,6 +136,8 @@ class Node:
         self.run_id = cfg.ledger.run_id
         self.document = run_document(cfg)
         self.config_hash = config_hash(self.document)
+        # What every checkpoint of the run must be: metadata from the run document, the stages' tensors.
+        self.layout = RunLayout.of_run(self.run_id, self.config_hash, cfg.model, cfg.pipeline.num_stages)
         self.identity = Identity.load_or_create(cfg.path(cfg.p2p.key_file))
         self.peer_id = self.identity.peer_id
         self.archive = Archive(self.data_dir / "archive", self.run_id)
@@ -295,7 +297,7 @@ class Node:
             cfg, self.run_id, self.peer_id, self.book, self.chain, self.host, self.coordinator, self.membership,
             self.checkpoint_dir, self.data_dir / "incoming", self.stop_event,
             on_recorded=self._on_recorded, on_confirmed=self._on_confirmed, on_diverged=self._on_diverged,
-            state=self.state, gossip=self._gossip))
+            state=self.state, gossip=self._gossip, layout=self.layout))
         # Re-execution spot checks compare a rerun with the decoded contribution and replay round t-1
         # from the whole contributions: not done for sliced contributions yet (docs/PROTOCOL.md).
         checker_cfg = cfg if self.sliced is None else dataclasses.replace(cfg, spot_checks=0.0)
@@ -332,11 +334,9 @@ class Node:
             # later than the others (a slow or loaded machine) still enters at round 0, and
             # the others wait for it up to the round deadline, as for any expected replica.
             return 0, []
-        checkpoint = self.chain.latest_checkpoint(self.run_id)
+        ckpt = self._entry_checkpoint()
         base = -1
-        if checkpoint is not None:
-            ckpt = self._download_checkpoint(checkpoint.round, checkpoint.content_hash)
-            self._check_against_record(ckpt)
+        if ckpt is not None:
             for stage in self.worker.stages:
                 weights, momentum = ckpt.stage_state(self.worker.stage_names(stage))
                 self.worker.load_global(stage, weights, momentum, ckpt.round)
@@ -377,12 +377,43 @@ class Node:
             logger.debug("chain read failed (%s); using the last commit this node saw", exc)
             return self.progress.last_commit
 
-    def _check_against_record(self, ckpt: Checkpoint) -> None:
-        """Refuse a checkpoint whose weights are not the ones the attested record of its round commits to."""
-        record = self.chain.commit_of(self.run_id, ckpt.round)
-        if record is None or self.worker.weights_root_of(ckpt.weights) != record.weights_root:
-            raise StateError(f"the checkpoint of round {ckpt.round} does not hold the weights its attested record "
-                             "commits to; refusing to train from it")
+    def _entry_checkpoint(self) -> Checkpoint | None:
+        """The newest published checkpoint that verifies against the run and its record, preferring those
+        upstream of every dispute; None if the run has published none.
+
+        A checkpoint that cannot be fetched, or whose metadata or tensors disagree with the run
+        document or the attested record, is passed over for the next older one (a member serving
+        doctored bytes cannot keep nodes from entering). One at or after a round another member
+        disputed is taken only when no undisputed one verifies: entering before the disputed
+        round makes this node re-apply that round itself.
+        """
+        published = self.chain.checkpoints(self.run_id)
+        if not published:
+            return None
+        disputed = self.chain.disputed_rounds(self.run_id, exclude=self.chain.client.address)
+        first_disputed = min(disputed, default=None)
+        newest_first = sorted(published, key=lambda c: -c.round)
+        undisputed = [c for c in newest_first if first_disputed is None or c.round < first_disputed]
+        downstream = [c for c in newest_first if first_disputed is not None and c.round >= first_disputed]
+        refused = []
+        for candidate in undisputed + downstream:
+            try:
+                ckpt = self._download_checkpoint(candidate.round, candidate.content_hash)
+                record = self.chain.commit_of(self.run_id, candidate.round)
+                problems = (["its round is not committed"] if record is None else
+                            checkpoint_problems(ckpt, self.layout, candidate.round, record.weights_root))
+            except DLX_ERRORS as exc:
+                problems = [str(exc)]
+            if problems:
+                refused.append(f"round {candidate.round}: {'; '.join(problems)}")
+                logger.error("the checkpoint of round %d does not verify against the run (%s); trying an older one",
+                             candidate.round, "; ".join(problems))
+                continue
+            if candidate in downstream:
+                logger.warning("entering from the checkpoint of round %d, at or after disputed round(s) %s: no "
+                               "checkpoint before them verified", candidate.round, sorted(disputed))
+            return ckpt
+        raise StateError("no published checkpoint verifies against the run: " + " | ".join(refused)[:2000])
 
     def _round_window(self) -> int:
         """How many rounds past the last committed one a peer can honestly be (delay, commit lag, catch-up)."""
@@ -866,7 +897,7 @@ class Node:
 
     def _write_shard(self, outer_round: int, stage: int, weights_hash: bytes) -> bytes:
         weights, momentum = self.worker.global_state(stage)
-        shard = Checkpoint(self.run_id, outer_round, _model_dict(self.cfg), self.config_hash,
+        shard = Checkpoint(self.run_id, outer_round, dict(self.layout.model_config), self.config_hash,
                            {stage: weights_hash}, weights, momentum)
         path = self.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
         digest = write_checkpoint(path, shard)
@@ -1009,8 +1040,3 @@ class Node:
         if self.on_progress is not None:
             self.on_progress(self.progress)
 
-
-def _model_dict(cfg: NodeConfig) -> dict:
-    import dataclasses
-
-    return dataclasses.asdict(cfg.model)

@@ -244,6 +244,18 @@ class NodeChain:
         with self._lock:
             return self.client.latest_checkpoint(run_id)
 
+    def checkpoints(self, run_id: int) -> list[CheckpointRecord]:
+        """Every checkpoint the run's committed records publish, oldest first."""
+        with self._lock:
+            history = self.client.history(run_id, with_registrations=False)
+        return list(history.checkpoints)
+
+    def disputed_rounds(self, run_id: int, exclude: str = "") -> set[int]:
+        """The committed rounds of ``run_id`` that a member (other than ``exclude``) disputed on chain."""
+        with self._lock:
+            history = self.client.history(run_id, with_registrations=False)
+        return {d.round for d in history.disputes if d.disputer.lower() != exclude.lower()}
+
     def commit_round(self, record: RoundRecord, signatures: list[bytes]) -> str:
         with self._lock:
             return self.client.commit_round(record, signatures)

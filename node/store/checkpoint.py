@@ -123,22 +123,140 @@ def write_checkpoint(path: str | Path, checkpoint: Checkpoint) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def merge_shards(shards: list[Checkpoint]) -> Checkpoint:
-    """Assemble a full checkpoint from per-stage shards of the same run and round."""
-    if not shards:
-        raise StateError("no shards to merge")
-    first = shards[0]
-    for s in shards[1:]:
-        if (s.run_id, s.round, s.config_hash) != (first.run_id, first.round, first.config_hash):
-            raise StateError(
-                f"shards disagree: run/round {s.run_id}/{s.round} vs {first.run_id}/{first.round}"
-            )
+# ---------------------------------------------------------------------- checked against the run
+@dataclass(frozen=True)
+class RunLayout:
+    """What a run document fixes about its checkpoints: the metadata and every stage's tensors.
+
+    A checkpoint is trusted only as far as it agrees with this: its metadata is written from
+    the run document (never copied from a peer's shard), and its tensors are exactly the
+    stages' parameters, with the run's shapes, whose hashes give the attested weights root.
+    """
+
+    run_id: int
+    config_hash: bytes
+    model_config: dict[str, Any]
+    stage_shapes: tuple[dict[str, tuple[int, ...]], ...]  # per stage: parameter name -> shape
+
+    @classmethod
+    def of_run(cls, run_id: int, config_hash: bytes, model_cfg: Any, num_stages: int) -> RunLayout:
+        """The layout of a run whose model is ``model_cfg`` (a training.config.ModelConfig)."""
+        import dataclasses
+
+        from training.stages import split_stages, stage_param_shapes
+
+        shapes = tuple(stage_param_shapes(model_cfg, spec) for spec in split_stages(model_cfg.n_layer, num_stages))
+        return cls(run_id, config_hash, dataclasses.asdict(model_cfg), shapes)
+
+    @classmethod
+    def of_document(cls, run_id: int, config_hash: bytes, document: dict[str, Any]) -> RunLayout:
+        """The layout of the run document ``document`` (already checked against ``config_hash``)."""
+        from node.runconfig import node_config_from_run
+        from training.errors import TrainingError
+
+        cfg = node_config_from_run(document)
+        try:
+            return cls.of_run(run_id, config_hash, cfg.model, cfg.pipeline.num_stages)
+        except TrainingError as exc:
+            raise StateError(f"the run document's model does not split into its stages: {exc}") from None
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_shapes)
+
+    def stage_names(self, stage: int) -> list[str]:
+        return list(self.stage_shapes[stage])
+
+
+def stage_problems(layout: RunLayout, stage: int, weights: dict[str, torch.Tensor],
+                   momentum: dict[str, torch.Tensor], weights_hash: bytes | None) -> list[str]:
+    """Why one stage's (weights, momentum) is not a state of the run's stage ``stage`` (empty: it is).
+
+    Weights and momentum must name exactly the stage's parameters, as float32 tensors of the run's
+    shapes; the weights must hash to ``weights_hash`` (the round's agreed stage hash), if given.
+    """
+    from training.hashing import stage_weights_hash
+
+    shapes = layout.stage_shapes[stage]
+    problems = []
+    for what, tensors in (("weights", weights), ("momentum", momentum)):
+        missing, extra = sorted(set(shapes) - set(tensors)), sorted(set(tensors) - set(shapes))
+        if missing:
+            problems.append(f"stage {stage} {what} lack {len(missing)} parameter(s), e.g. {missing[0]!r}")
+        if extra:
+            problems.append(f"stage {stage} {what} hold {len(extra)} tensor(s) the run has not, e.g. {extra[0][:80]!r}")
+        for name in sorted(set(shapes) & set(tensors)):
+            tensor = tensors[name]
+            if tensor.dtype != torch.float32 or tuple(tensor.shape) != tuple(shapes[name]):
+                problems.append(f"stage {stage} {what} {name!r} is {tensor.dtype} {tuple(tensor.shape)}, the run's "
+                                f"is float32 {tuple(shapes[name])}")
+                break
+    if not problems and weights_hash is not None and stage_weights_hash(weights) != weights_hash:
+        problems.append(f"stage {stage} weights hash to {stage_weights_hash(weights).hex()[:16]}, not the round's "
+                        f"agreed {weights_hash.hex()[:16]}")
+    return problems
+
+
+def checkpoint_problems(ckpt: Checkpoint, layout: RunLayout, round_index: int,
+                        weights_root: bytes | None) -> list[str]:
+    """Why ``ckpt`` is not the run's checkpoint of ``round_index`` (empty: it is).
+
+    Every metadata field must be what the run document gives (run id, round, config hash, model
+    config, tokenizer, and stage hashes equal to the ones recomputed from the tensors), the tensors
+    exactly the run's stages (:func:`stage_problems`), and, with ``weights_root`` (the attested
+    record's), the recomputed stage hashes must give that root. The momentum is checked for shape
+    only: no record commits it, so whoever loads it trusts the checkpoint's signers for it.
+    """
+    from training.hashing import stage_weights_hash
+    from training.hashing import weights_root as root_of
+
+    problems = []
+    meta = {"run id": (ckpt.run_id, layout.run_id), "round": (ckpt.round, round_index),
+            "config hash": (ckpt.config_hash.hex(), layout.config_hash.hex()),
+            "model config": (ckpt.model_config, layout.model_config)}
+    for field_name, (got, want) in meta.items():
+        if got != want:
+            problems.append(f"its {field_name} is {str(got)[:200]}, the run's is {str(want)[:200]}")
+    known = {n for shapes in layout.stage_shapes for n in shapes}
+    for what, tensors in (("weights", ckpt.weights), ("momentum", ckpt.momentum)):
+        extra = sorted(set(tensors) - known)
+        if extra:
+            problems.append(f"it holds {len(extra)} {what} tensor(s) the run has not, e.g. {extra[0][:80]!r}")
+    hashes = []
+    for stage in range(layout.num_stages):
+        names = layout.stage_names(stage)
+        weights = {n: ckpt.weights[n] for n in names if n in ckpt.weights}
+        momentum = {n: ckpt.momentum[n] for n in names if n in ckpt.momentum}
+        found = stage_problems(layout, stage, weights, momentum, None)
+        problems += found
+        if not found:
+            hashes.append(stage_weights_hash(weights))
+    if len(hashes) == layout.num_stages:
+        if dict(enumerate(hashes)) != ckpt.stage_hashes:
+            problems.append("the stage hashes in its metadata are not those of its tensors")
+        if weights_root is not None and root_of(hashes) != weights_root:
+            problems.append(f"its tensors' weights root {root_of(hashes).hex()[:16]} is not the attested record's weightsRoot "
+                            f"{weights_root.hex()[:16]}")
+    return problems
+
+
+def build_checkpoint(layout: RunLayout, round_index: int,
+                     states: dict[int, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]) -> Checkpoint:
+    """The run's checkpoint of ``round_index`` from every stage's verified (weights, momentum).
+
+    The metadata comes from the run (``layout``) and the stage hashes are recomputed here, so
+    the bytes depend only on the tensors: every node that verified the same tensors builds the
+    same file, whoever served it the shards.
+    """
+    from training.hashing import stage_weights_hash
+
     weights: dict[str, torch.Tensor] = {}
     momentum: dict[str, torch.Tensor] = {}
-    stage_hashes: dict[int, bytes] = {}
-    for s in shards:
-        weights.update(s.weights)
-        momentum.update(s.momentum)
-        stage_hashes.update(s.stage_hashes)
-    return Checkpoint(first.run_id, first.round, first.model_config, first.config_hash, stage_hashes,
+    hashes = {}
+    for stage in range(layout.num_stages):
+        stage_weights, stage_momentum = states[stage]
+        weights.update(stage_weights)
+        momentum.update(stage_momentum)
+        hashes[stage] = stage_weights_hash(stage_weights)
+    return Checkpoint(layout.run_id, round_index, dict(layout.model_config), layout.config_hash, hashes,
                       weights, momentum)

@@ -284,17 +284,20 @@ def audit_run(
     report.sources = [s.name for s in sources]
     mark = time.perf_counter()
     document = check_run_document(report, history, sources)
-    replayer = None
+    replayer = layout = None
     if document is not None:
         try:
             replayer = Replayer(document, data_path)
             replayer.sources, replayer.run_id = sources, run_id
+            from node.store.checkpoint import RunLayout
+
+            layout = RunLayout.of_document(run_id, run.config_hash, document)
         except DLX_ERRORS as exc:  # hashes to the configHash, yet its settings do not load
             report.general.append(Check("run document settings", FAIL, str(exc)))
     checkpoints = {c.round: c for c in history.checkpoints}
     commits = {r.commit.round: r.commit for r in history.commits}
     for ckpt_round in sorted(set(checkpoints) - set(commits)):
-        check_checkpoint(report, checkpoints[ckpt_round], None, sources, replayer, run.config_hash)
+        check_checkpoint(report, checkpoints[ckpt_round], None, sources, replayer, layout)
 
     previous_block = run.block_number
     previous_round = -1
@@ -320,7 +323,7 @@ def audit_run(
                 commit,
                 sources,
                 replayer if replay else None,
-                run.config_hash,
+                layout,
             )
             if ckpt is not None and replayer is not None and replay and replayer.weights is None:
                 replayer.start_from_checkpoint(ckpt)  # the base for the rounds after a gap

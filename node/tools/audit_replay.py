@@ -302,13 +302,18 @@ def check_checkpoint(
     commit: Any,
     sources: list,
     replayer: Replayer | None,
-    config_hash: bytes,
+    layout: Any,
 ) -> Any:
-    """Check one published checkpoint; return it parsed if its content and weights root are right."""
+    """Check one published checkpoint; return it parsed if it is the run's (metadata and tensors as the run
+    document gives them, weights root the committed one).
+
+    ``layout`` is the run document's :class:`node.store.checkpoint.RunLayout`, None when no verified run
+    document was found: then the content hash is all that can be checked, and the item is unverifiable
+    (a file's own metadata proves nothing about the run).
+    """
     import torch
 
-    from node.store.checkpoint import parse_checkpoint
-    from training.hashing import stage_weights_hash, weights_root
+    from node.store.checkpoint import checkpoint_problems, parse_checkpoint
 
     name = f"checkpoint of round {record.round} {record.content_hash.hex()[:16]}"
 
@@ -328,35 +333,14 @@ def check_checkpoint(
     except StateError as exc:
         add(FAIL, f"content hash right but not a valid checkpoint: {exc}")
         return None
-    problems = []
-    if (ckpt.run_id, ckpt.round, ckpt.config_hash) != (report.run_id, record.round, config_hash):
-        problems.append(
-            f"metadata says run {ckpt.run_id} round {ckpt.round} config {ckpt.config_hash.hex()[:16]}"
-        )
-    stage_names = replayer.names if replayer is not None else None
-    hashes = []
-    if stage_names is not None:
-        for stage, names in enumerate(stage_names):
-            try:
-                hashes.append(stage_weights_hash({n: ckpt.weights[n] for n in names}))
-            except KeyError as exc:
-                problems.append(f"stage {stage} lacks {exc}")
-                break
+    problems = [] if commit is not None else ["its round was never committed"]
+    if layout is None:
+        if problems:
+            add(FAIL, "; ".join(problems))
         else:
-            if {s: h for s, h in enumerate(hashes)} != ckpt.stage_hashes:
-                problems.append("stage hashes in its metadata do not match its tensors")
-    else:
-        hashes = [ckpt.stage_hashes.get(s, b"") for s in range(report.num_stages)]
-    if commit is None:
-        problems.append("its round was never committed")
-    elif (
-        len(hashes) == report.num_stages
-        and all(len(h) == 32 for h in hashes)
-        and weights_root(hashes) != commit.weights_root
-    ):
-        problems.append(
-            f"its weights root {weights_root(hashes).hex()} != committed {commit.weights_root.hex()}"
-        )
+            add(UNVERIFIABLE, "content hash right; no verified run document to check its config and tensors against")
+        return None
+    problems += checkpoint_problems(ckpt, layout, record.round, commit.weights_root if commit is not None else None)
     if replayer is not None and replayer.weights is not None and not problems:
         for stage, names in enumerate(replayer.names):
             for n in names:
@@ -371,7 +355,7 @@ def check_checkpoint(
     if problems:
         add(FAIL, "; ".join(problems))
         return None
-    basis = "content hash, weights root" + (
+    basis = "content hash, the run document's config and stages, weights root" + (
         ", replayed state" if replayer is not None and replayer.weights is not None else ""
     )
     add(OK, basis)

@@ -3,16 +3,20 @@
 A checkpoint is published only inside an attested round record (its ``checkpointHash``, the sha256 of the
 file). ``pull`` first judges the round on the chain alone (:func:`round_standing`): its commit links into the
 run's hash chain, its record was attested by ``quorum`` distinct members in force at the commit, it lies
-within the run's ``maxRounds``, and no member disputed it. By default it takes the latest checkpoint whose
+within the run's ``maxRounds``, and no member disputed it or any round before it (a checkpoint descends from
+every earlier round), unless a replay of the disputed round from ``--archive`` reproduces its committed
+record (:func:`cleared_disputes`; the output says which). By default it takes the latest checkpoint whose
 round passes; ``--round`` asks for one round, refused with the failed check's error
 (:class:`node.errors.RoundNotTrusted` and its subclasses) if it does not pass.
 
 Then it takes the bytes from a local directory (``--archive``) or downloads them over libp2p from every
 provider it finds (the ``--bootstrap`` peers and the DHT; :meth:`p2p.host.P2PHost.fetch_blob` fetches ranges
 from several providers at once), and accepts them only if they hash to the record's ``checkpointHash``,
-belong to the run and round asked for, and their weights hash to the record's ``weightsRoot``
-(:class:`node.errors.CheckpointInconsistent` otherwise; by default the next older trusted checkpoint is then
-tried). Anything else is refused: a download is deleted, nothing is written to ``OUT_DIR``, and the message
+agree with the run document, fetched by the chain's ``configHash`` from the archives or the peers (every
+metadata field, the model config included, and the tensors are exactly the run's stages), and their weights
+hash to the record's ``weightsRoot`` (:class:`node.errors.CheckpointInconsistent` otherwise; by default the
+next older trusted checkpoint is then tried). Without the run document nothing is installed
+(:class:`node.errors.RunDocumentMissing`). The exported config is the run document's, never the file's. Anything else is refused: a download is deleted, nothing is written to ``OUT_DIR``, and the message
 names the check that failed. The accepted weights are exported with :func:`training.export.export_hf` as a
 Hugging Face GPT-2 directory with its byte-level tokenizer.
 
@@ -40,6 +44,7 @@ from node.errors import (
     RoundNotLinked,
     RoundNotTrusted,
     RoundUnattested,
+    RunDocumentMissing,
 )
 from node.tools.evidence import PeerFetcher, find_checkpoint_files, reader_client
 
@@ -51,13 +56,17 @@ class NoCheckpoint(NodeError):
 
 
 # ---------------------------------------------------------------------- the round on chain
-def round_standing(history: Any, chain_id: int, ledger_address: str) -> dict[int, RoundNotTrusted | None]:
+def round_standing(history: Any, chain_id: int, ledger_address: str,
+                   cleared: dict[int, str] | None = None) -> dict[int, RoundNotTrusted | None]:
     """For every committed round of ``history``: None if the chain gives no reason to distrust it, else the
     error (not raised) of the first check it fails, in this order: within ``maxRounds``, hash chain link,
-    attested by ``quorum`` members in force, undisputed.
+    attested by ``quorum`` members in force, neither it nor an earlier round disputed (its weights descend
+    from every earlier round). A disputed round in ``cleared`` (round -> how a replay cleared it) counts as
+    undisputed.
 
     Pure: it judges a :class:`ledger.records.RunHistory` (as :mod:`ledger.checks` does) and reads nothing.
     """
+    cleared = cleared or {}
     from ledger.checks import check_attesters, check_hash_chain
 
     run = history.run
@@ -81,11 +90,17 @@ def round_standing(history: Any, chain_id: int, ledger_address: str) -> dict[int
             problem = RoundUnattested(
                 f"{where} is not attested by {run.quorum} members in force: {attesters.reason}"
             )
-        elif round_index in disputes:
+        elif round_index in disputes and round_index not in cleared:
             who = ", ".join(f"{d.disputer} (block {d.block_number})" for d in disputes[round_index])
             problem = RoundDisputed(
                 f"{where} is disputed: {who} put a differing signed record on chain; "
-                "run 'dlx-node audit' to see which record replays"
+                "run 'dlx-node audit' to see which record replays, or pull with --archive to replay it"
+            )
+        elif any(d < round_index and d not in cleared for d in disputes):
+            upstream = min(d for d in disputes if d < round_index and d not in cleared)
+            problem = RoundDisputed(
+                f"{where} descends from disputed round {upstream}; pull with --archive to replay round "
+                f"{upstream}, or pull --round {upstream - 1} or earlier"
             )
         standing[round_index] = problem
     return standing
@@ -106,6 +121,9 @@ class PullResult:
     attesters: tuple[str, ...] = ()  # the members whose signatures committed the round's record
     submitter: str = ""
     skipped: list[str] = field(default_factory=list)  # newer checkpoints passed over by default, and why
+    members_since: dict[str, int] = field(default_factory=dict)  # attester -> block its membership began
+    cleared: dict[int, str] = field(default_factory=dict)  # disputed rounds a replay cleared, and how
+    commit_block: int = 0
 
 
 def _candidates(
@@ -148,20 +166,19 @@ def _candidates(
     return trusted, skipped
 
 
-def _verified_checkpoint(data: bytes, run: Any, commit: Any, source: str) -> Any:
-    """Parse ``data`` and check it is the checkpoint ``commit`` (a RoundRecord of ``run``) publishes.
+def _verified_checkpoint(data: bytes, layout: Any, commit: Any, source: str) -> Any:
+    """Parse ``data`` and check it is the checkpoint ``commit`` (a RoundRecord) publishes for the run whose
+    document gave ``layout`` (a :class:`node.store.checkpoint.RunLayout`).
 
     Raises:
         PullRefused: The bytes do not hash to the record's ``checkpointHash``.
-        CheckpointInconsistent: They do, but the file is unusable, names another run/round/config, or its
-            weights root is not the record's ``weightsRoot``.
+        CheckpointInconsistent: They do, but the file is unusable, or its metadata or tensors disagree with
+            the run document, or its weights root is not the record's ``weightsRoot``.
     """
-    from node.store.checkpoint import parse_checkpoint
+    from node.store.checkpoint import checkpoint_problems, parse_checkpoint
     from training.config import ModelConfig
-    from training.hashing import stage_weights_hash, weights_root
-    from training.stages import split_stages, stage_param_names
 
-    run_id, round_index, content_hash = run.run_id, commit.round, commit.checkpoint_hash
+    round_index, content_hash = commit.round, commit.checkpoint_hash
     got = hashlib.sha256(data).hexdigest()
     if got != content_hash.hex():
         raise PullRefused(
@@ -170,31 +187,86 @@ def _verified_checkpoint(data: bytes, run: Any, commit: Any, source: str) -> Any
         )
     try:
         ckpt = parse_checkpoint(data, content_hash)
-        model_cfg = ModelConfig(**ckpt.model_config)
-        specs = split_stages(model_cfg.n_layer, run.num_stages)
-        hashes = [
-            stage_weights_hash({n: ckpt.weights[n] for n in stage_param_names(model_cfg, spec)})
-            for spec in specs
-        ]
+        problems = checkpoint_problems(ckpt, layout, round_index, commit.weights_root)
     except (*DLX_ERRORS, KeyError, TypeError) as exc:
         raise CheckpointInconsistent(
             f"checkpoint {got[:16]} from {source} has the record's content hash but is unusable: {exc}"
         ) from None
-    if (ckpt.run_id, ckpt.round, ckpt.config_hash) != (run_id, round_index, run.config_hash):
+    if problems:
         raise CheckpointInconsistent(
-            f"checkpoint {got[:16]} says run {ckpt.run_id} round {ckpt.round}, expected run {run_id} "
-            f"round {round_index} with configHash {run.config_hash.hex()[:16]}"
+            f"checkpoint {got[:16]} of round {round_index} from {source} contradicts the run document or its "
+            f"record: {'; '.join(problems)}"
         )
-    if weights_root(hashes) != commit.weights_root:
-        raise CheckpointInconsistent(
-            f"checkpoint {got[:16]} of round {round_index}: its weights root {weights_root(hashes).hex()} "
-            f"is not the attested record's weightsRoot {commit.weights_root.hex()}"
-        )
-    return ckpt, model_cfg
+    return ckpt, ModelConfig(**layout.model_config)  # the run document's config, never the file's
+
+
+def run_layout(history: Any, archives: Iterable[str | Path], fetcher: PeerFetcher | None) -> Any:
+    """The :class:`node.store.checkpoint.RunLayout` of the run document whose sha256 is the chain's
+    ``configHash``, from the first archive or peer that has it.
+
+    Raises:
+        RunDocumentMissing: No archive or peer has a copy that hashes to the ``configHash`` and loads.
+    """
+    from node.runconfig import parse_run_document
+    from node.store.checkpoint import RunLayout
+    from node.tools.evidence import ArchiveSource
+
+    run = history.run
+    expected = run.config_hash
+    copies = [d for a in archives for d in ArchiveSource(a, run.run_id).run_documents()]
+    if fetcher is not None:
+        fetched = fetcher.fetch(expected.hex())
+        if fetched is not None:
+            copies.append(fetched)
+    problems = []
+    for data in copies:
+        if hashlib.sha256(data).digest() != expected:
+            problems.append(f"a copy hashes to {hashlib.sha256(data).hexdigest()[:16]}")
+            continue
+        try:
+            layout = RunLayout.of_document(run.run_id, expected, parse_run_document(data, expected))
+        except DLX_ERRORS as exc:
+            problems.append(f"it does not load: {exc}")
+            continue
+        if layout.num_stages != run.num_stages:
+            problems.append(f"it says {layout.num_stages} stages, the run on chain {run.num_stages}")
+            continue
+        return layout
+    raise RunDocumentMissing(
+        f"the run document {expected.hex()[:16]} (the run's configHash) is not available"
+        f"{': ' + '; '.join(problems) if problems else ''}: without it a checkpoint's config and tensors cannot "
+        "be checked; pass --archive with a node's data directory or --bootstrap with a node's multiaddr"
+    )
+
+
+def cleared_disputes(client: Any, history: Any, archives: Iterable[str | Path]) -> dict[int, str]:
+    """The disputed rounds that a replay from ``archives`` clears: round -> how.
+
+    A round is cleared when the audit (:func:`node.tools.audit.audit_run`) finds every item of it ok: its
+    contributions are the committed ones, and aggregating them from the replayed state of the round
+    before gives the committed weights root (and its checkpoint, if any, verifies).
+    """
+    archives = list(archives)
+    disputed = {d.round for d in history.disputes}
+    if not disputed or not archives:
+        return {}
+    from node.tools.audit import audit_run
+    from node.tools.report import OK
+
+    report = audit_run(client, history.run.run_id, archives=archives, replay=True, check_code=False)
+    checkpoint_ok = {}
+    for check in report.checkpoints:
+        checkpoint_ok[check.round] = checkpoint_ok.get(check.round, True) and check.status == OK
+    cleared = {}
+    for verdict in report.rounds:
+        if verdict.round in disputed and verdict.status == OK and checkpoint_ok.get(verdict.round, True):
+            cleared[verdict.round] = (f"replayed from the archives: the committed record of round {verdict.round} "
+                                      "reproduces, the dispute does not")
+    return cleared
 
 
 def _fetch_verified(
-    run: Any, commit: Any, out: Path, archives: Iterable[str | Path], fetcher: PeerFetcher | None
+    run: Any, layout: Any, commit: Any, out: Path, archives: Iterable[str | Path], fetcher: PeerFetcher | None
 ) -> tuple[Any, Any, str, int]:
     """The checkpoint ``commit`` publishes, from the first archive file or peer download that verifies.
 
@@ -209,7 +281,7 @@ def _fetch_verified(
     refusals: list[PullRefused] = []
     for path in find_checkpoint_files(archives, commit.round, expected):
         try:
-            return (*_verified_checkpoint(path.read_bytes(), run, commit, str(path)), str(path), path.stat().st_size)
+            return (*_verified_checkpoint(path.read_bytes(), layout, commit, str(path)), str(path), path.stat().st_size)
         except PullRefused as exc:
             logger.warning("%s", exc)
             refusals.append(exc)
@@ -220,7 +292,7 @@ def _fetch_verified(
         try:
             dest = fetcher.fetch_to(expected, staging / f"{expected}.safetensors")
             data = dest.read_bytes()
-            return (*_verified_checkpoint(data, run, commit, "peers"), "peers", len(data))
+            return (*_verified_checkpoint(data, layout, commit, "peers"), "peers", len(data))
         except BlobHashMismatch as exc:
             refusals.append(
                 PullRefused(f"checkpoint of round {commit.round} downloaded from peers refused and deleted: {exc}")
@@ -273,13 +345,16 @@ def pull_checkpoint(
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise NodeError(f"{out} exists and is not empty: choose a new output directory")
+    archives = list(archives)
     history = client.history(run_id, with_registrations=False)
-    standing = round_standing(history, client.chain_id, client.ledger_address)
+    cleared = cleared_disputes(client, history, archives)
+    standing = round_standing(history, client.chain_id, client.ledger_address, cleared)
     candidates, skipped = _candidates(history, standing, round_index)
+    layout = run_layout(history, archives, fetcher)
     accepted = record = None
     for record in candidates:
         try:
-            accepted = _fetch_verified(history.run, record.commit, out, archives, fetcher)
+            accepted = _fetch_verified(history.run, layout, record.commit, out, archives, fetcher)
             break
         except CheckpointInconsistent as exc:
             if round_index is not None or record is candidates[-1]:
@@ -323,7 +398,18 @@ def pull_checkpoint(
         attesters=tuple(record.attesters),
         submitter=record.submitter,
         skipped=skipped,
+        members_since=_members_since(history, record),
+        cleared=cleared,
+        commit_block=record.block_number,
     )
+
+
+def _members_since(history: Any, record: Any) -> dict[str, int]:
+    """For each attester of ``record``: the block its membership in force at the commit began."""
+    since = {}
+    for membership in history.members_at(record.position):
+        since[membership.account.lower()] = membership.joined[0]
+    return {a: since.get(a.lower(), -1) for a in record.attesters}
 
 
 def _write_model_dir(weights: Any, model_cfg: Any, out: Path, provenance: dict, rpc_url: str,
@@ -377,7 +463,14 @@ def run_pull(args: Any) -> int:
         f"verified checkpoint of run {result.run_id} round {result.round} (sha256 {result.content_hash}, "
         f"{result.size} bytes, from {result.source}) -> {out}"
     )
-    print(f"round {result.round} attested by {len(result.attesters)}: {', '.join(result.attesters)}")
+    for round_index, how in sorted(result.cleared.items()):
+        print(f"disputed round {round_index} cleared: {how}")
+    print(f"round {result.round} (block {result.commit_block}) attested by {len(result.attesters)}:")
+    for attester in result.attesters:
+        joined = result.members_since.get(attester, -1)
+        tenure = (f"member since block {joined}, {result.commit_block - joined} blocks before the commit"
+                  if joined >= 0 else "membership not found")
+        print(f"  {attester} ({tenure})")
     print(
         f'from transformers import AutoModelForCausalLM, AutoTokenizer; tok = AutoTokenizer.from_pretrained("{out}"); '
         f'model = AutoModelForCausalLM.from_pretrained("{out}")'
