@@ -47,6 +47,10 @@ signing, gossip, the chain) is the real node's. Attacks:
   it aggregates the close without its first entry, so its weights leave the
   quorum's record; honest otherwise. It must dispute, re-enter from the
   chain's record and contribute again.
+- ``doctored-shard``: on every checkpoint round, the stage shards it serves carry another model
+  config (``n_head`` 8) and weights shifted by 0.01, while it attests the honest weights hash:
+  holders of other stages must not build (or sign) a checkpoint from it, and pull must never
+  install its config.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 CONTRIBUTION_ATTACKS = ("huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero", "perturb")
 ATTACKS = ("malformed-payload", *CONTRIBUTION_ATTACKS, "copy", "late", "empty-close", "duplicate-close",
            "equivocating-close", "censoring-close", "phantom-close", "absurd-hello", "forge-state",
-           "diverge-once")
+           "diverge-once", "doctored-shard")
 
 
 def malformed_payload() -> None:
@@ -356,6 +360,29 @@ def diverging_once() -> None:
     ReplicaWorker.apply = apply
 
 
+def doctored_shard() -> None:
+    import logging
+
+    from node.live.exchange import serve_blob
+    from node.live.node import Node
+    from node.store.checkpoint import Checkpoint, write_checkpoint
+
+    def write_shard(self, outer_round, stage, weights_hash):
+        weights, momentum = self.worker.global_state(stage)
+        doctored = {name: tensor + 0.01 for name, tensor in weights.items()}
+        model_config = {**self.layout.model_config, "n_head": 8}
+        shard = Checkpoint(self.run_id, outer_round, model_config, self.config_hash, {stage: weights_hash},
+                           doctored, momentum)
+        path = self.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
+        digest = write_checkpoint(path, shard)
+        serve_blob(self.host, path.read_bytes())
+        logging.getLogger(__name__).warning("adversary: doctored shard %s of round %d stage %d", digest.hex()[:12],
+                                            outer_round, stage)
+        return digest
+
+    Node._write_shard = write_shard
+
+
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in ATTACKS:
         print(f"usage: adversary.py {{{'|'.join(ATTACKS)}}} [dlx-node arguments]", file=sys.stderr)
@@ -367,7 +394,8 @@ def main() -> int:
         {"malformed-payload": malformed_payload, "copy": copying_free_rider, "late": late_delivery,
          "empty-close": empty_close, "duplicate-close": duplicate_close, "equivocating-close": equivocating_close,
          "censoring-close": censoring_close, "phantom-close": phantom_close, "absurd-hello": absurd_hello,
-         "forge-state": forged_start_state, "diverge-once": diverging_once}[attack]()
+         "forge-state": forged_start_state, "diverge-once": diverging_once,
+         "doctored-shard": doctored_shard}[attack]()
     from node.cli import main as cli_main
 
     return cli_main()

@@ -32,7 +32,7 @@ from ledger.errors import LedgerNotMember
 from ledger.records import RoundRecord
 from node.cli import exit_code_for
 from node.commands.launcher import LocalRun
-from node.errors import NodeError
+from node.errors import NodeError, RunDocumentMissing
 from node.tools.audit import (
     ATTESTED,
     FAIL,
@@ -438,11 +438,13 @@ def test_pull_from_peers_gives_a_transformers_model_with_our_logits(run, client,
 
     latest = client.latest_checkpoint(run.run_id)
     files = [s.data_dir / "checkpoints" / f"round-{latest.round:08d}.safetensors" for s in run.nodes]
-    # Two providers of the checkpoint and one bootstrap peer without it: the download still succeeds.
+    # Two providers of the checkpoint and one bootstrap peer without it: the download still succeeds. The
+    # run document (by the chain's configHash) comes from the third.
+    document = run.nodes[0].data_dir / "archive" / f"run-{run.run_id}" / "run.json"
     servers = [
         _serve(tmp_path, "p0", files[:1]),
         _serve(tmp_path, "p1", files[1:]),
-        _serve(tmp_path, "p2", []),
+        _serve(tmp_path, "p2", [document]),
     ]
     fetcher = None
     try:
@@ -497,6 +499,8 @@ def test_pull_refuses_a_tampered_checkpoint(run, client, tmp_path, capsys):
     data = bytearray(good.read_bytes())
     data[-100] ^= 0x01  # a weight's low bit: still a valid safetensors file
     (tampered_dir / good.name).write_bytes(bytes(data))
+    document = run.nodes[0].data_dir / "archive" / f"run-{run.run_id}" / "run.json"
+    (tampered_dir / "run.json").write_bytes(document.read_bytes())  # the run document is there: only bytes differ
     actual = hashlib.sha256(data).hexdigest()
 
     out = tmp_path / "out"
@@ -507,7 +511,7 @@ def test_pull_refuses_a_tampered_checkpoint(run, client, tmp_path, capsys):
     assert not out.exists()
 
     # A peer serving other bytes under the checkpoint's hash: the download is refused and deleted.
-    proc, info = _serve(tmp_path, "liar", [good])
+    proc, info = _serve(tmp_path, "liar", [good, document])
     fetcher = None
     try:
         blob = tmp_path / "liar" / "blobs" / latest.content_hash.hex()
@@ -537,7 +541,8 @@ def test_pull_refuses_a_tampered_checkpoint(run, client, tmp_path, capsys):
     assert run_pull(args) == 0
     printed = capsys.readouterr().out.splitlines()
     assert any("AutoModelForCausalLM.from_pretrained" in line for line in printed)
-    assert any(line.startswith(f"round {latest.round} attested by ") for line in printed)
+    assert any(line.startswith(f"round {latest.round} (block ") and "attested by" in line for line in printed)
+    assert any("member since block" in line for line in printed)
     assert any("model.generate" in line for line in printed)
     assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
 
@@ -548,6 +553,10 @@ def test_pull_names_what_is_missing_and_never_overwrites(run, client, tmp_path):
         NoCheckpoint, match=r"no checkpoint published for round 99; published rounds: \[0, 1, 2\]"
     ):
         pull_checkpoint(client, run.run_id, tmp_path / "out", round_index=99, archives=_archives(run))
+    with pytest.raises(RunDocumentMissing, match="run document .* is not available"):
+        pull_checkpoint(client, run.run_id, tmp_path / "out", archives=[tmp_path])
+    document = run.nodes[0].data_dir / "archive" / f"run-{run.run_id}" / "run.json"
+    (tmp_path / "run.json").write_bytes(document.read_bytes())
     with pytest.raises(NodeError, match="no --archive directory holds it"):
         pull_checkpoint(client, run.run_id, tmp_path / "out", archives=[tmp_path])
     busy = tmp_path / "busy"

@@ -96,3 +96,40 @@ def test_huge_contributions_are_clipped_and_the_run_stays_finite(make_run):
     # Without the rule the weights reach ~1e38 after one round and NaN after two.
     assert all(0 < loss < 10 for loss in losses), losses
     assert losses[-1] < losses[0], losses
+
+
+@pytest.mark.timeout(600)
+def test_a_doctored_stage_shard_is_never_signed_nor_pulled(make_run, tmp_path):
+    """Issue 28, attack 1, in real processes: a stage-0 holder of a 2 x 2 split run (k = 2 of 4) attests the
+    honest weights but serves shards with other weights and n_head 8. The stage-1 holders fetch every offered
+    shard, drop its one, and build each checkpoint from the honest holder's tensors with the run document's
+    metadata; no honest node is stuck, nothing is disputed, and pull installs the run's config."""
+    import hashlib
+    import json
+
+    from node.tools.pull import pull_checkpoint
+    from training.config import ModelConfig
+
+    run = make_run(replicas=2, stages=2, split=True, settings=[*SETTINGS, "rounds=4"], attest_quorum=2)
+    attacker = run.nodes[2]
+    assert attacker.name == "r1n0"  # a stage-0 holder
+    attacker.command = [*ADVERSARY, "doctored-shard"]
+    run.start()
+    honest = [slot for slot in run.nodes if slot is not attacker]
+    for slot in honest:
+        assert slot.process.wait(timeout=480) == 0, run_logs(run)
+    assert "adversary: doctored shard" in _logs([attacker])
+    history = run.client().history(run.run_id)
+    assert [c.commit.round for c in history.commits] == [0, 1, 2, 3]
+    assert history.disputes == []
+    stage1 = [slot for slot in honest if slot.name.endswith("n1")]
+    assert "is not the agreed state" in _logs(stage1), run_logs(run)
+    published = [c.commit for c in history.commits if c.commit.has_checkpoint]
+    assert published, run_logs(run)
+    for commit in published:  # the honest stage-0 holder's own checkpoint, byte for byte
+        own = run.nodes[0].data_dir / "checkpoints" / f"round-{commit.round:08d}.safetensors"
+        assert hashlib.sha256(own.read_bytes()).digest() == commit.checkpoint_hash
+    result = pull_checkpoint(run.client(), run.run_id, tmp_path / "model", archives=[s.data_dir for s in honest])
+    assert result.round == published[-1].round
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert config["n_head"] == ModelConfig(preset="tiny").n_head

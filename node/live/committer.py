@@ -538,8 +538,12 @@ class Committer:
     def _verified_stage(self, outer_round: int, stage: int, atts, weights_hash: bytes):
         """(weights, momentum) of ``stage`` from its holders' shards, verified (see _assemble_checkpoint)."""
         node = self.node
-        # Attestations that arrived since the record was derived count too: the more holders heard,
-        # the likelier a disagreement on the momentum is seen.
+        # Every live holder of the stage is waited for a moment (attestations still in flight), so a
+        # shard is judged against all of them: the more holders heard, the likelier an honest shard
+        # is among the offers and a disagreement on the momentum is seen.
+        expected = set(node.membership.holders(stage)) & (node.membership.alive() | {node.peer_id})
+        node.book.wait_for(lambda: expected <= set(node.book.snapshot_attestations(outer_round, stage)) or None,
+                           timeout=min(10.0, node.cfg.round_timeout), stop=node.stop_event)
         heard = {**atts[stage], **node.book.snapshot_attestations(outer_round, stage)}
         offered: dict[bytes, list[str]] = {}
         for peer, att in sorted(heard.items()):
