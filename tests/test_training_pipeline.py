@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -256,3 +257,46 @@ def test_a_survivor_reforms_the_pipeline_with_a_restarted_partner(tmp_path, surv
     assert reformed and reformed[0].endswith("KEPT"), outputs[0][-3000:]
     assert float(reformed[0].split()[1]) > 0
     assert procs[2].returncode == 0 and "STEP" in outputs[1], outputs[1][-3000:]
+
+
+ENTRY_WORKER = textwrap.dedent(
+    """
+    import os, sys, time, types
+    from training.errors import PipelineError
+    from training.pipeline import init_pipeline_group
+    from node.live.replica import ReplicaWorker
+
+    rank, port = int(sys.argv[1]), int(sys.argv[2])
+    init_pipeline_group(rank, 2, "127.0.0.1", port, timeout_s=5)
+    if rank == 1:
+        os._exit(0)  # the partner dies while the cluster agrees on its entry round
+    time.sleep(1.0)
+    try:
+        print("AGREED", ReplicaWorker.agree_on_round(types.SimpleNamespace(pipelined=True), 5), flush=True)
+    except PipelineError as exc:
+        print("PIPELINE_ERROR", str(exc)[:200], flush=True)
+    except Exception as exc:
+        print("OTHER", type(exc).__name__, exc, flush=True)
+    """
+)
+
+
+@pytest.mark.timeout(60)
+def test_a_partner_dying_at_entry_gives_a_pipeline_error_not_a_traceback(tmp_path):
+    """Issue 30: the entry round's all_reduce raised gloo's RuntimeError, uncaught, when the partner died during
+    entry; it is a PipelineError, which the node answers by waiting for the pipeline to re-form."""
+    script = tmp_path / "entry.py"
+    script.write_text(ENTRY_WORKER)
+    port = _free_port()
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(port)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
+    try:
+        outputs = [p.communicate(timeout=45)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    lines = [l for l in outputs[0].splitlines() if l.startswith(("AGREED", "PIPELINE_ERROR", "OTHER"))]
+    assert lines and lines[0].startswith("PIPELINE_ERROR"), outputs[0][-3000:]

@@ -191,6 +191,9 @@ class Node:
             except ChainWaitStopped as exc:  # a stop (SIGTERM, Ctrl-C) while waiting for the chain
                 logger.info("stopped before the chain answered: %s", exc)
                 return self.progress
+            except RoundStopped as exc:  # a stop while the cluster's pipeline re-formed at entry
+                logger.info("%s", exc)
+                return self.progress
             self._train_loop(start_round, unfinished)
         finally:
             self.close()
@@ -307,7 +310,9 @@ class Node:
             self.data_dir / "spotchecks", self.data_dir / "evidence", self.stop_event, self._on_ejected))
         inbox.spot_checks = self.spot_checks
         proposal, unfinished = self._entry_point()
-        start_round = self.worker.agree_on_round(proposal)
+        start_round = self._agree_on_entry(proposal)
+        if start_round is None:
+            raise RoundStopped("stopped while the cluster's pipeline re-formed at entry")
         # A fresh node entering a running run ranks itself last as coordinator until a peer's close
         # names it (RoundCoordinator.unconfirmed_joiner).
         self.coordinator.unconfirmed_joiner = self.coordinator.previous_life_finished < 0 and start_round > 0
@@ -324,6 +329,24 @@ class Node:
         self.validator.advance(min([start_round, *unfinished]))
         logger.info("entering at round %d (catching up %s)", start_round, unfinished or "nothing")
         return start_round, unfinished
+
+    def _agree_on_entry(self, proposal: int) -> int | None:
+        """The entry round the cluster agrees on; if a partner dies meanwhile, wait until the pipeline
+        re-forms (the partner restarted, or another member took the seat) and agree again. None if
+        the node is asked to stop first."""
+        while True:
+            try:
+                return self.worker.agree_on_round(proposal)
+            except PipelineError as exc:
+                logger.warning("pipeline of cluster %r broke while entering the run (%s); waiting for the "
+                               "partner to come back", self.cfg.cluster, exc)
+            self._set_state("waiting for partner")
+            self.worker.leave_pipeline()
+            rejoin = PipelineRejoin(self.worker, self.cfg.round_timeout * 2 + 60, self.stop_event)
+            while not rejoin.done.wait(1.0):
+                if self.stop_event.is_set():
+                    return None
+            self._set_state("joining")
 
     def _entry_point(self) -> tuple[int, list[int]]:
         """Where this node enters: round 0 of a fresh run, or after the latest checkpoint."""

@@ -120,7 +120,10 @@ class ReplicaWorker:
         import torch.distributed as dist
 
         value = torch.tensor([proposal], dtype=torch.int64)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        try:
+            dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        except (RuntimeError, ValueError) as exc:  # gloo: "Connection closed by peer", a torn-down group
+            raise PipelineError(f"agreeing on the entry round failed: {exc}") from exc
         return int(value.item())
 
     # -- state ----------------------------------------------------------------------

@@ -48,28 +48,39 @@ class _Archives:
                 yield path
 
     def sealed(self) -> dict[int, list[list]]:
-        """round -> [[stage, replica, peer id, hash hex], ...] from the first archive that sealed it."""
+        """round -> [[stage, replica, peer id, hash hex], ...]: every archive's sealed entries, merged.
+
+        A node of a split cluster seals only the stages it holds, so a replica's contributions of a
+        round are spread over its stage holders' archives: each round's list is the union of every
+        archive's, whatever the order of ``--archive`` (the audit's contributions item checks the
+        lists against the committed root).
+        """
         import json
 
-        out: dict[int, list[list]] = {}
+        out: dict[int, set[tuple]] = {}
         for d in self.dirs:
             for path in sorted((d / "archive" / f"run-{self.run_id}").glob("round-*/round.json")):
                 try:
                     doc = json.loads(path.read_text())
-                    out.setdefault(int(doc["round"]), doc["contributions"])
+                    entries = {(int(s), int(r), str(p), str(h).lower()) for s, r, p, h in doc["contributions"]}
+                    out.setdefault(int(doc["round"]), set()).update(entries)
                 except (ValueError, KeyError, TypeError, OSError):
                     continue
-        return out
+        return {r: [list(e) for e in sorted(entries)] for r, entries in out.items()}
 
     def excluded(self, round_index: int) -> list[list]:
+        """The round's excluded entries from every archive that sealed it, merged."""
         import json
 
+        merged: list[list] = []
         for path in self._round_dirs(round_index):
             try:
-                return list(json.loads((path / "round.json").read_text()).get("excluded", []))
-            except (ValueError, OSError, AttributeError):
+                for entry in json.loads((path / "round.json").read_text()).get("excluded", []):
+                    if list(entry) not in merged:
+                        merged.append(list(entry))
+            except (ValueError, OSError, AttributeError, TypeError):
                 continue
-        return []
+        return merged
 
     def envelope(self, round_index: int, hash_hex: str) -> bytes | None:
         for path in self._round_dirs(round_index):
