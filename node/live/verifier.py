@@ -110,9 +110,13 @@ class SpotChecker:
             digest = self.ctx.host.provide_blob(data, announce=False)
             self._states.setdefault(outer_round, []).append(digest)
             hashes[stage] = bytes.fromhex(digest)
-        for old in [r for r in self._states if r < outer_round - STATE_ROUNDS_KEPT]:
-            for digest in self._states.pop(old):
-                self.ctx.host.remove_blob(digest)
+        # Kept as long as the archive keeps the round's contributions: an audit's --reexecute needs
+        # both (storage.keep_rounds = 0 keeps everything, so nothing is dropped then).
+        keep = self.ctx.cfg.storage.keep_rounds
+        if keep > 0:
+            for old in [r for r in self._states if r < outer_round - max(keep, STATE_ROUNDS_KEPT)]:
+                for digest in self._states.pop(old):
+                    self.ctx.host.remove_blob(digest)
         return hashes
 
     # -- sampling -----------------------------------------------------------------------
