@@ -2,9 +2,11 @@
 
     python tests/adversary.py ATTACK [dlx-node arguments...]
 
-patches one behaviour of :class:`node.live.node.Node`'s rooms for ATTACK, then
-runs the normal ``dlx-node`` command line, so everything else (joining,
-signing, gossip, the chain) is the real node's. Attacks:
+builds the node from subclasses of its honest parts for ATTACK (a
+:class:`node.live.assembly.Kinds`: the worker, the coordinator, the
+contributor, the finisher, the heartbeat), then runs the normal ``dlx-node``
+command line with them, so everything else (joining, signing, gossip, the
+chain) is the real node's. Attacks:
 
 - ``malformed-payload``: every contribution's payload is replaced by bytes of
   the same length that do not decode (still validly signed by the member).
@@ -55,6 +57,9 @@ signing, gossip, the chain) is the real node's. Attacks:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import logging
 import sys
 from pathlib import Path
 
@@ -65,42 +70,28 @@ ATTACKS = ("malformed-payload", *CONTRIBUTION_ATTACKS, "copy", "late", "empty-cl
            "equivocating-close", "censoring-close", "phantom-close", "absurd-hello", "forge-state",
            "diverge-once", "doctored-shard")
 
+logger = logging.getLogger(__name__)
 
-def malformed_payload() -> None:
+
+# ---------------------------------------------------------------------- the worker (training side)
+def malformed_payload():
     from node.live.replica import ReplicaWorker
 
-    honest_encode = ReplicaWorker.encode
+    class MalformedWorker(ReplicaWorker):
+        def encode(self, stage, outer_round):
+            blob, stats = super().encode(stage, outer_round)  # keeps the engine's round counters right
+            return bytes((b ^ 0x5A) for b in blob), stats
 
-    def encode(self, stage, outer_round):
-        blob, stats = honest_encode(self, stage, outer_round)  # keeps the engine's round counters right
-        return bytes((b ^ 0x5A) for b in blob), stats
-
-    ReplicaWorker.encode = encode
+    return {"worker": MalformedWorker}
 
 
-def forged_contribution(attack: str) -> None:
+def forged_contribution(attack: str):
     """Re-encode the member's own honest pseudo-gradient after ``attack`` changed it."""
     import torch
 
     from node.live.replica import ReplicaWorker
     from training.codec_wire import decode_contribution
     from training.compression import encode_contribution
-
-    honest_encode = ReplicaWorker.encode
-    previous: dict[int, dict] = {}
-
-    def encode(self, stage, outer_round):
-        blob, stats = honest_encode(self, stage, outer_round)  # keeps the engine's round counters right
-        shapes = {name: tuple(t.shape) for name, t in self.engines[stage].global_weights.items()}
-        honest = decode_contribution(blob, shapes, stage_index=stage, outer_round=outer_round)
-        generator = torch.Generator().manual_seed(1000 * outer_round + stage)
-        if attack == "stale":
-            forged, previous[stage] = previous.get(stage, honest), honest
-        else:
-            forged = {name: forge(attack, value, generator) for name, value in honest.items()}
-        blob, _decoded, _stats = encode_contribution(forged, self.cfg.compression, stage_index=stage,
-                                                     outer_round=outer_round)
-        return blob, stats
 
     def forge(kind, value, generator):
         if kind.startswith("huge-"):
@@ -115,290 +106,278 @@ def forged_contribution(attack: str) -> None:
             return noise * (value.norm() / noise.norm().clamp_min(1e-12))
         return torch.zeros_like(value)  # "zero"
 
-    ReplicaWorker.encode = encode
+    class ForgingWorker(ReplicaWorker):
+        def __init__(self, **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.previous: dict[int, dict] = {}  # stage -> the last round's honest pseudo-gradient
+
+        def encode(self, stage, outer_round):
+            blob, stats = super().encode(stage, outer_round)  # keeps the engine's round counters right
+            shapes = {name: tuple(t.shape) for name, t in self.engines[stage].global_weights.items()}
+            honest = decode_contribution(blob, shapes, stage_index=stage, outer_round=outer_round)
+            generator = torch.Generator().manual_seed(1000 * outer_round + stage)
+            if attack == "stale":
+                forged, self.previous[stage] = self.previous.get(stage, honest), honest
+            else:
+                forged = {name: forge(attack, value, generator) for name, value in honest.items()}
+            blob, _decoded, _stats = encode_contribution(forged, self.cfg.compression, stage_index=stage,
+                                                         outer_round=outer_round)
+            return blob, stats
+
+    return {"worker": ForgingWorker}
 
 
-def copying_free_rider() -> None:
+def forged_start_state():
+    import torch
+
+    from node.live.replica import ReplicaWorker
+
+    class StateForgingWorker(ReplicaWorker):
+        def start_state_capture(self, outer_round):
+            serialise = super().start_state_capture(outer_round)
+
+            def forged():
+                # Where the node reads the engines for the start state (on its lane, after the previous
+                # round's encode and before this round's): the debt is dropped before it is bound.
+                if outer_round >= 1:
+                    for stage in self.stages:
+                        compressor = self.engines[stage].compressor
+                        compressor.residual = {n: torch.zeros_like(r) for n, r in compressor.residual.items()}
+                return serialise()
+
+            return forged
+
+    return {"worker": StateForgingWorker}
+
+
+def diverging_once():
+    from node.live.replica import ReplicaWorker
+
+    class DivergingWorker(ReplicaWorker):
+        def apply(self, stage, outer_round, contributions, excluded=None, prepared=None):
+            if outer_round == 2 and len(contributions) > 1:
+                logger.warning("adversary: round 2 stage %d aggregated without the close's first entry", stage)
+                excluded, prepared = {**(excluded or {}), 0: "diverge-once"}, None
+            return super().apply(stage, outer_round, contributions, excluded=excluded, prepared=prepared)
+
+    return {"worker": DivergingWorker}
+
+
+# ---------------------------------------------------------------------- the contributor
+def copying_free_rider():
     """Announce, as its own, another replica's contribution of the same round."""
     import time
 
-    from node.live.node import Node
+    from node.live.contributor import Contributor
     from node.live.protocol import decode_contribution_body
     from p2p.envelope import decode_envelope
     from training.codec_wire import decode_contribution
     from training.compression import encode_contribution
 
-    honest_encode_of = Node._publish_contributions
-
-    def publish(self, outer_round):
-        worker = self.worker
-        honest_encode = worker.encode
-
-        def encode(stage, r):
-            blob, stats = honest_encode(stage, r)
+    class CopyingContributor(Contributor):
+        def encode_stage(self, stage, outer_round):
+            blob, stats = super().encode_stage(stage, outer_round)
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:  # wait for someone else's contribution of the round
-                theirs = list(self.contributions.have(r, stage).values())
+                theirs = list(self.pool.have(outer_round, stage).values())
                 if theirs:
                     envelope = decode_envelope(theirs[0], self.cfg.p2p.max_blob_bytes)
                     payload = decode_contribution_body(envelope.payload).blob
-                    shapes = {n: tuple(t.shape) for n, t in worker.engines[stage].global_weights.items()}
-                    copied = decode_contribution(payload, shapes, stage_index=stage, outer_round=r)
+                    shapes = {n: tuple(t.shape) for n, t in self.worker.engines[stage].global_weights.items()}
+                    copied = decode_contribution(payload, shapes, stage_index=stage, outer_round=outer_round)
                     blob, _decoded, _stats = encode_contribution(copied, self.cfg.compression, stage_index=stage,
-                                                                 outer_round=r)
+                                                                 outer_round=outer_round)
                     break
                 time.sleep(0.2)
             return blob, stats
 
-        worker.encode = encode
-        try:
-            return honest_encode_of(self, outer_round)
-        finally:
-            del worker.encode
-
-    Node._publish_contributions = publish
+    return {"contributor": CopyingContributor}
 
 
-def late_delivery() -> None:
+def late_delivery():
     """Announce an honest contribution only after the others' round deadline."""
     import time
 
-    from node.live.node import Node
+    from node.live.contributor import Contributor
 
-    honest_publish = Node._publish_contributions
+    class LateContributor(Contributor):
+        def publish(self, outer_round):
+            time.sleep(self.cfg.round_timeout + 10)
+            return super().publish(outer_round)
 
-    def publish(self, outer_round):
-        time.sleep(self.cfg.round_timeout + 10)
-        return honest_publish(self, outer_round)
-
-    Node._publish_contributions = publish
+    return {"contributor": LateContributor}
 
 
-def empty_close() -> None:
+# ---------------------------------------------------------------------- the coordinator
+def empty_close():
     from node.live import protocol as msg
     from node.live.coordination import RoundCoordinator
 
-    honest_try_close = RoundCoordinator._try_close
-    sent: set[tuple[int, int]] = set()
+    class EmptyCloser(RoundCoordinator):
+        def __init__(self, **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.sent: set[tuple[int, int]] = set()
 
-    def try_close(self, outer_round, stage, final, alive):
-        if (outer_round, stage) not in sent:
-            sent.add((outer_round, stage))
-            self.gossip(outer_round, msg.CLOSE, msg.Close([]), stage)
-        return honest_try_close(self, outer_round, stage, final, alive)
+        def try_close(self, outer_round, stage, final, alive):
+            if (outer_round, stage) not in self.sent:
+                self.sent.add((outer_round, stage))
+                self.gossip(outer_round, msg.CLOSE, msg.Close([]), stage)
+            return super().try_close(outer_round, stage, final, alive)
 
-    RoundCoordinator._try_close = try_close
+    return {"coordinator": EmptyCloser}
 
 
-def duplicate_close() -> None:
+def duplicate_close():
     from node.live import protocol as msg
     from node.live.coordination import RoundCoordinator
 
-    honest_try_close = RoundCoordinator._try_close
-    sent: set[tuple[int, int]] = set()
+    class DuplicateCloser(RoundCoordinator):
+        def __init__(self, **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.sent: set[tuple[int, int]] = set()
 
-    def try_close(self, outer_round, stage, final, alive):
-        close = honest_try_close(self, outer_round, stage, final, alive)
-        if close is not None and (outer_round, stage) not in sent:
-            sent.add((outer_round, stage))
-            entries = list(close.contributions)
-            self.gossip(outer_round, msg.CLOSE, msg.Close([entries[0], *entries]), stage)
-        return close
+        def try_close(self, outer_round, stage, final, alive):
+            close = super().try_close(outer_round, stage, final, alive)
+            if close is not None and (outer_round, stage) not in self.sent:
+                self.sent.add((outer_round, stage))
+                entries = list(close.contributions)
+                self.gossip(outer_round, msg.CLOSE, msg.Close([entries[0], *entries]), stage)
+            return close
 
-    RoundCoordinator._try_close = try_close
+    return {"coordinator": DuplicateCloser}
 
 
-def censoring_close() -> None:
-    from node.live import coordination
-    from node.live import protocol as msg
+def leading_coordinator():
+    """A coordinator that believes it leads every (round, stage) it holds: it closes in each."""
     from node.live.coordination import RoundCoordinator
 
-    honest_init, honest_order = RoundCoordinator.__init__, coordination.committer_order
-    me: dict[str, str] = {}
+    class Leader(RoundCoordinator):
+        def rotation(self, outer_round, stage):
+            ranked = super().rotation(outer_round, stage)
+            return [self.peer_id, *(p for p in ranked if p != self.peer_id)] if self.peer_id in ranked else ranked
 
-    def init(self, *args, **kwargs):
-        honest_init(self, *args, **kwargs)
-        me["peer_id"] = self.peer_id
-
-    def order(round_index, peer_ids):  # it believes it leads every round
-        ranked = honest_order(round_index, peer_ids)
-        mine = me.get("peer_id")
-        return [mine, *(p for p in ranked if p != mine)] if mine in ranked else ranked
-
-    def try_close(self, outer_round, stage, final, alive):
-        own = [a for a in self.book.snapshot_announces(outer_round, stage).values() if a.peer_id == self.peer_id]
-        if not own:
-            return None
-        close = msg.Close([[own[0].replica, own[0].peer_id, own[0].envelope_hash, own[0].size]])
-        data = self.gossip(outer_round, msg.CLOSE, close, stage)
-        self.book.add_close(outer_round, stage, self.peer_id, close, data)
-        return close
-
-    RoundCoordinator.__init__, coordination.committer_order = init, order
-    RoundCoordinator._try_close = try_close
+    return Leader
 
 
-def equivocating_close() -> None:
-    from node.live import coordination
+def censoring_close():
     from node.live import protocol as msg
-    from node.live.coordination import RoundCoordinator
 
-    honest_init, honest_order = RoundCoordinator.__init__, coordination.committer_order
-    honest_try_close = RoundCoordinator._try_close
-    me: dict[str, str] = {}
+    class Censor(leading_coordinator()):
+        def try_close(self, outer_round, stage, final, alive):
+            own = [a for a in self.book.snapshot_announces(outer_round, stage).values() if a.peer_id == self.peer_id]
+            if not own:
+                return None
+            close = msg.Close([[own[0].replica, own[0].peer_id, own[0].envelope_hash, own[0].size]])
+            data = self.gossip(outer_round, msg.CLOSE, close, stage)
+            self.book.add_close(outer_round, stage, self.peer_id, close, data)
+            return close
 
-    def init(self, *args, **kwargs):
-        honest_init(self, *args, **kwargs)
-        me["peer_id"] = self.peer_id
-
-    def order(round_index, peer_ids):  # the attacker believes it leads every round: it closes in each
-        ranked = honest_order(round_index, peer_ids)
-        mine = me.get("peer_id")
-        return [mine, *(p for p in ranked if p != mine)] if mine in ranked else ranked
-
-    def try_close(self, outer_round, stage, final, alive):
-        close = honest_try_close(self, outer_round, stage, final, alive)
-        if close is not None and len(close.contributions) > 1:
-            self.gossip(outer_round, msg.CLOSE, msg.Close(close.contributions[:-1]), stage)
-        return close
-
-    RoundCoordinator.__init__, coordination.committer_order = init, order
-    RoundCoordinator._try_close = try_close
+    return {"coordinator": Censor}
 
 
-def phantom_close() -> None:
-    import logging
+def equivocating_close():
+    from node.live import protocol as msg
+
+    class Equivocator(leading_coordinator()):
+        def try_close(self, outer_round, stage, final, alive):
+            close = super().try_close(outer_round, stage, final, alive)
+            if close is not None and len(close.contributions) > 1:
+                self.gossip(outer_round, msg.CLOSE, msg.Close(close.contributions[:-1]), stage)
+            return close
+
+    return {"coordinator": Equivocator}
+
+
+def phantom_close():
     import os
 
     from node.live import protocol as msg
     from node.live.coordination import RoundCoordinator
 
-    honest_try_close = RoundCoordinator._try_close
-    attacked: set[tuple[int, int]] = set()
+    class PhantomCloser(RoundCoordinator):
+        def __init__(self, **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.attacked: set[tuple[int, int]] = set()
 
-    def try_close(self, outer_round, stage, final, alive):
-        if (outer_round, stage) in attacked:
-            return None  # a second, honest close would be equivocation: it waits for the next coordinator
-        published = []
-        real_gossip, real_add = self.gossip, self.book.add_close
-        self.gossip = lambda *args: published.append(args) or b""  # the honest close, kept back
-        self.book.add_close = lambda *args: None
-        try:
-            close = honest_try_close(self, outer_round, stage, final, alive)
-        finally:
-            self.gossip, self.book.add_close = real_gossip, real_add
-        if close is None:
+        def try_close(self, outer_round, stage, final, alive):
+            if (outer_round, stage) in self.attacked:
+                return None  # a second, honest close would be equivocation: it waits for the next coordinator
+            close = self.ready_close(outer_round, stage, final, alive)  # the honest close, kept back
+            if close is None:
+                return None
+            entries = [list(e) for e in close.contributions]
+            victims = [e for e in entries if e[1] != self.peer_id]
+            if not victims:
+                return None
+            victims[0][2] = os.urandom(32)
+            entries.sort(key=lambda e: (e[0], e[1], e[2]))
+            self.gossip(outer_round, msg.CLOSE, msg.Close(entries), stage)
+            self.attacked.add((outer_round, stage))
+            logger.warning("adversary: phantom close of round %d stage %d published", outer_round, stage)
             return None
-        entries = [list(e) for e in close.contributions]
-        victims = [e for e in entries if e[1] != self.peer_id]
-        if not victims:
-            return None
-        victims[0][2] = os.urandom(32)
-        entries.sort(key=lambda e: (e[0], e[1], e[2]))
-        self.gossip(outer_round, msg.CLOSE, msg.Close(entries), stage)
-        attacked.add((outer_round, stage))
-        logging.getLogger(__name__).warning("adversary: phantom close of round %d stage %d published",
-                                            outer_round, stage)
-        return None
 
-    RoundCoordinator._try_close = try_close
+    return {"coordinator": PhantomCloser}
 
 
-def absurd_hello() -> None:
-    import dataclasses
+# ---------------------------------------------------------------------- the heartbeat and the finisher
+def absurd_hello():
+    from node.live.heartbeat import Heartbeat
 
-    from node.live import protocol as msg
+    class AbsurdHeartbeat(Heartbeat):
+        def hello(self):
+            return dataclasses.replace(super().hello(), training_round=10**12)
 
-    honest_encode = msg.encode_payload
-
-    def encode_payload(message):
-        if isinstance(message, msg.Hello):
-            message = dataclasses.replace(message, training_round=10**12)
-        return honest_encode(message)
-
-    msg.encode_payload = encode_payload  # the node signs what this returns
+    return {"heartbeat": AbsurdHeartbeat}
 
 
-def forged_start_state() -> None:
-    import torch
-
-    from node.live.replica import ReplicaWorker
-
-    honest_capture = ReplicaWorker.start_state_capture
-
-    def capture(self, outer_round):
-        serialise = honest_capture(self, outer_round)
-
-        def forged():
-            # Where the node reads the engines for the start state (on its lane, after the previous
-            # round's encode and before this round's): the debt is dropped before it is bound.
-            if outer_round >= 1:
-                for stage in self.stages:
-                    compressor = self.engines[stage].compressor
-                    compressor.residual = {n: torch.zeros_like(r) for n, r in compressor.residual.items()}
-            return serialise()
-
-        return forged
-
-    ReplicaWorker.start_state_capture = capture
-
-
-def diverging_once() -> None:
-    import logging
-
-    from node.live.replica import ReplicaWorker
-
-    honest_apply = ReplicaWorker.apply
-
-    def apply(self, stage, outer_round, contributions, excluded=None, prepared=None):
-        if outer_round == 2 and len(contributions) > 1:
-            logging.getLogger(__name__).warning("adversary: round 2 stage %d aggregated without the close's first "
-                                                "entry", stage)
-            excluded, prepared = {**(excluded or {}), 0: "diverge-once"}, None
-        return honest_apply(self, stage, outer_round, contributions, excluded=excluded, prepared=prepared)
-
-    ReplicaWorker.apply = apply
-
-
-def doctored_shard() -> None:
-    import logging
-
+def doctored_shard():
     from node.live.exchange import serve_blob
-    from node.live.node import Node
+    from node.live.finisher import RoundFinisher
     from node.store.checkpoint import Checkpoint, write_checkpoint
 
-    def write_shard(self, outer_round, stage, weights_hash):
-        weights, momentum = self.worker.global_state(stage)
-        doctored = {name: tensor + 0.01 for name, tensor in weights.items()}
-        model_config = {**self.layout.model_config, "n_head": 8}
-        shard = Checkpoint(self.run_id, outer_round, model_config, self.config_hash, {stage: weights_hash},
-                           doctored, momentum)
-        path = self.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
-        digest = write_checkpoint(path, shard)
-        serve_blob(self.host, path.read_bytes())
-        logging.getLogger(__name__).warning("adversary: doctored shard %s of round %d stage %d", digest.hex()[:12],
-                                            outer_round, stage)
-        return digest
+    class DoctoringFinisher(RoundFinisher):
+        def write_shard(self, outer_round, stage, weights_hash):
+            weights, momentum = self.worker.global_state(stage)
+            doctored = {name: tensor + 0.01 for name, tensor in weights.items()}
+            model_config = {**self.layout.model_config, "n_head": 8}
+            shard = Checkpoint(self.run_id, outer_round, model_config, self.config_hash, {stage: weights_hash},
+                               doctored, momentum)
+            path = self.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
+            digest = write_checkpoint(path, shard)
+            serve_blob(self.host, path.read_bytes())
+            logger.warning("adversary: doctored shard %s of round %d stage %d", digest.hex()[:12], outer_round,
+                           stage)
+            return digest
 
-    Node._write_shard = write_shard
+    return {"finisher": DoctoringFinisher}
+
+
+def attack_parts(attack: str) -> dict:
+    """The part classes of ``attack`` (keyword arguments of node.live.assembly.Kinds)."""
+    if attack in CONTRIBUTION_ATTACKS:
+        return forged_contribution(attack)
+    return {"malformed-payload": malformed_payload, "copy": copying_free_rider, "late": late_delivery,
+            "empty-close": empty_close, "duplicate-close": duplicate_close, "equivocating-close": equivocating_close,
+            "censoring-close": censoring_close, "phantom-close": phantom_close, "absurd-hello": absurd_hello,
+            "forge-state": forged_start_state, "diverge-once": diverging_once,
+            "doctored-shard": doctored_shard}[attack]()
+
+
+def run_with(parts: dict) -> int:
+    """The ``dlx-node`` command line, its ``start`` building the node from ``parts``."""
+    from node.cli import main as cli_main
+    from node.commands import faces
+    from node.live.assembly import Kinds
+
+    faces.COMMANDS["start"] = functools.partial(faces.cmd_start, kinds=Kinds(**parts))
+    return cli_main()
 
 
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in ATTACKS:
         print(f"usage: adversary.py {{{'|'.join(ATTACKS)}}} [dlx-node arguments]", file=sys.stderr)
         return 2
-    attack = sys.argv.pop(1)
-    if attack in CONTRIBUTION_ATTACKS:
-        forged_contribution(attack)
-    else:
-        {"malformed-payload": malformed_payload, "copy": copying_free_rider, "late": late_delivery,
-         "empty-close": empty_close, "duplicate-close": duplicate_close, "equivocating-close": equivocating_close,
-         "censoring-close": censoring_close, "phantom-close": phantom_close, "absurd-hello": absurd_hello,
-         "forge-state": forged_start_state, "diverge-once": diverging_once,
-         "doctored-shard": doctored_shard}[attack]()
-    from node.cli import main as cli_main
-
-    return cli_main()
+    return run_with(attack_parts(sys.argv.pop(1)))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
     python tests/sliced_adversary.py ATTACK [dlx-node arguments...]
 
+The node is built from a subclass of the sliced exchange (or of the worker) for
+ATTACK, as tests/adversary.py builds its attackers.
+
 - ``wrong-root``: every partial it aggregates binds an inputs root of zeros
   (validly signed; every holder must refuse it and take the fallback's).
 - ``wrong-blob``: every partial it aggregates binds the right inputs but
@@ -25,69 +28,79 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from adversary import run_with  # tests/ is on the path: this file's directory
+
 ATTACKS = ("wrong-root", "wrong-blob", "bad-slice", "bad-reference")
 
 
-def wrong_root() -> None:
+def sliced(exchange) -> dict:
+    from node.live.assembly import EXCHANGES
+
+    return {"exchanges": {**EXCHANGES, "sliced": exchange}}
+
+
+def wrong_root() -> dict:
     from node.live.sliced import SlicedExchange
     from training.butterfly import partial_payload
 
-    def make_payload(self, slice_index, num_slices, root, members, blob):
-        return partial_payload(slice_index, num_slices, bytes(32), members, blob)
+    class WrongRoot(SlicedExchange):
+        def make_payload(self, slice_index, num_slices, root, members, blob):
+            return partial_payload(slice_index, num_slices, bytes(32), members, blob)
 
-    SlicedExchange.make_payload = make_payload
+    return sliced(WrongRoot)
 
 
-def wrong_blob() -> None:
+def wrong_blob() -> dict:
     import torch
 
     from node.live.replica import ReplicaWorker
     from training.compression import encode_contribution
 
-    honest = ReplicaWorker.aggregate_slice
+    class WrongBlobWorker(ReplicaWorker):
+        def aggregate_slice(self, stage, outer_round, slice_index, blobs):
+            result = super().aggregate_slice(stage, outer_round, slice_index, blobs)
+            if result.decoded is not None:
+                scaled = {name: torch.mul(value, 5.0) for name, value in result.decoded.items()}
+                result.partial, result.decoded, _ = encode_contribution(
+                    scaled, self.cfg.compression, stage_index=stage, outer_round=outer_round)
+            return result
 
-    def aggregate_slice(self, stage, outer_round, slice_index, blobs):
-        result = honest(self, stage, outer_round, slice_index, blobs)
-        if result.decoded is not None:
-            scaled = {name: torch.mul(value, 5.0) for name, value in result.decoded.items()}
-            result.partial, result.decoded, _ = encode_contribution(
-                scaled, self.cfg.compression, stage_index=stage, outer_round=outer_round)
-        return result
-
-    ReplicaWorker.aggregate_slice = aggregate_slice
+    return {"worker": WrongBlobWorker}
 
 
-def bad_slice() -> None:
+def bad_slice() -> dict:
     import hashlib
 
     from node.live.sliced import SlicedExchange
     from training import butterfly
 
-    def publish(self, outer_round, stage, blobs):
-        bundle, reference = butterfly.slice_bundle(blobs)
-        tampered = bundle[:-1] + bytes([bundle[-1] ^ 1])  # the last byte belongs to the last slice
-        root = reference[-32:]
-        reference = butterfly.REFERENCE_PREFIX + butterfly._REFERENCE.pack(
-            len(blobs), hashlib.sha256(tampered).digest(), len(tampered), root)
-        self.archive.put_blob(outer_round, tampered, "slice")
-        self.host.provide_blob(tampered, announce=False)
-        return reference
+    class BadSlice(SlicedExchange):
+        def publish(self, outer_round, stage, blobs):
+            bundle, reference = butterfly.slice_bundle(blobs)
+            tampered = bundle[:-1] + bytes([bundle[-1] ^ 1])  # the last byte belongs to the last slice
+            root = reference[-32:]
+            reference = butterfly.REFERENCE_PREFIX + butterfly._REFERENCE.pack(
+                len(blobs), hashlib.sha256(tampered).digest(), len(tampered), root)
+            self.archive.put_blob(outer_round, tampered, "slice")
+            self.host.provide_blob(tampered, announce=False)
+            return reference
 
-    SlicedExchange.publish = publish
+    return sliced(BadSlice)
 
 
-def bad_reference() -> None:
+def bad_reference() -> dict:
     from node.live.sliced import SlicedExchange
     from training import butterfly
 
-    def publish(self, outer_round, stage, blobs):
-        bundle, reference = butterfly.slice_bundle(blobs)
-        self.archive.put_blob(outer_round, bundle, "slice")
-        self.host.provide_blob(bundle, announce=False)
-        count, digest, size, root = butterfly._REFERENCE.unpack_from(reference, len(butterfly.REFERENCE_PREFIX))
-        return butterfly.REFERENCE_PREFIX + butterfly._REFERENCE.pack(count + 1, digest, size, root)
+    class BadReference(SlicedExchange):
+        def publish(self, outer_round, stage, blobs):
+            bundle, reference = butterfly.slice_bundle(blobs)
+            self.archive.put_blob(outer_round, bundle, "slice")
+            self.host.provide_blob(bundle, announce=False)
+            count, digest, size, root = butterfly._REFERENCE.unpack_from(reference, len(butterfly.REFERENCE_PREFIX))
+            return butterfly.REFERENCE_PREFIX + butterfly._REFERENCE.pack(count + 1, digest, size, root)
 
-    SlicedExchange.publish = publish
+    return sliced(BadReference)
 
 
 def main() -> int:
@@ -95,11 +108,8 @@ def main() -> int:
         print(f"usage: sliced_adversary.py {{{'|'.join(ATTACKS)}}} [dlx-node arguments]", file=sys.stderr)
         return 2
     attack = sys.argv.pop(1)
-    {"wrong-root": wrong_root, "wrong-blob": wrong_blob, "bad-slice": bad_slice,
-     "bad-reference": bad_reference}[attack]()
-    from node.cli import main as cli_main
-
-    return cli_main()
+    return run_with({"wrong-root": wrong_root, "wrong-blob": wrong_blob, "bad-slice": bad_slice,
+                     "bad-reference": bad_reference}[attack]())
 
 
 if __name__ == "__main__":

@@ -38,3 +38,80 @@ def test_the_checker_sees_imports(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("import os\ndef f():\n    from node.errors import NodeError\n    import p2p.host\n")
     assert imported_packages(probe) == {"node", "p2p"}
+
+
+# ---------------------------------------------------------------------- inside node/
+def module_names(package: str) -> dict[str, Path]:
+    """Dotted module name -> file, for every module under ``package`` (a path like "node/live")."""
+    found = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def project_imports(path: Path) -> list[tuple[str, str]]:
+    """(module, name) of every ``from <project module> import name`` and ``import <project module>`` in a file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
+                node.module.split(".")[0] in PROJECT:
+            found.extend((node.module, alias.name) for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.extend((alias.name, "") for alias in node.names if alias.name.split(".")[0] in PROJECT)
+    return found
+
+
+@pytest.mark.parametrize("package", ["node/live"])
+def test_no_module_imports_another_modules_private_name(package):
+    """Private means private: a ``_name`` shared by two modules is public where both can import it."""
+    offenders = [f"{name}: from {module} import {imported}"
+                 for name, path in module_names(package).items()
+                 for module, imported in project_imports(path) if imported.startswith("_")]
+    assert not offenders
+
+
+@pytest.mark.parametrize("package", ["node/live"])
+def test_the_modules_of_a_package_import_each_other_without_a_cycle(package):
+    modules = module_names(package)
+    graph = {name: set() for name in modules}
+    for name, path in modules.items():
+        for module, imported in project_imports(path):
+            for target in (module, f"{module}.{imported}"):
+                if target in modules and target != name:
+                    graph[name].add(target)
+    cycles, state, stack = [], {}, []
+
+    def visit(name: str) -> None:
+        state[name] = "open"
+        stack.append(name)
+        for target in sorted(graph[name]):
+            if state.get(target) == "open":
+                cycles.append(stack[stack.index(target):] + [target])
+            elif target not in state:
+                visit(target)
+        stack.pop()
+        state[name] = "done"
+
+    for name in sorted(modules):
+        if name not in state:
+            visit(name)
+    assert not cycles
+
+
+#: A function longer than this says why, in a comment starting "# long:" on the line above its ``def``.
+MAX_FUNCTION_LINES = 80
+
+
+@pytest.mark.parametrize("package", ["node/live"])
+def test_functions_are_short_or_say_why(package):
+    offenders = []
+    for name, path in module_names(package).items():
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                if length > MAX_FUNCTION_LINES and not lines[first - 2].strip().startswith("# long:"):
+                    offenders.append(f"{name}.{node.name}: {length} lines")
+    assert not offenders

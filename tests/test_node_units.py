@@ -220,7 +220,7 @@ def test_run_document_pins_the_math_not_the_node(tmp_path):
 
 
 def test_hellos_slow_down_as_peers_grow_but_stay_inside_the_liveness_window():
-    from node.live.node import HEARTBEAT_S, hello_every
+    from node.live.heartbeat import HEARTBEAT_S, hello_every
     from node.live.roundbook import PEER_TTL_S
 
     assert hello_every(0) == hello_every(3) == HEARTBEAT_S  # small runs: once a second, as before

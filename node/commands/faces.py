@@ -86,7 +86,8 @@ class _StoppedLoading(BaseException):
     an imported package may swallow it)."""
 
 
-def cmd_start(args: argparse.Namespace) -> int:
+def cmd_start(args: argparse.Namespace, kinds=None) -> int:
+    """``dlx-node start``; ``kinds``: the node's part classes (node.live.assembly.Kinds; tests inject faults)."""
     # SIGINT/SIGTERM are caught from the first line: one that arrives while torch, libp2p and web3
     # load (seconds, a minute on a busy machine) ends the loading at once, exit 0, instead of the
     # process dying of the signal; one during the node's construction stops it before it joins;
@@ -127,7 +128,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             sys.stderr.write("\r" + _progress_line(p)[:160].ljust(160))
             sys.stderr.flush()
 
-    node = Node(cfg, on_progress=on_progress)
+    node = Node(cfg, on_progress=on_progress, kinds=kinds)
     running.append(node)
     if stopping:  # a signal during the construction: nothing joined yet
         node.close()

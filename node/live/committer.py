@@ -40,18 +40,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ledger.chain import OUTAGE
-from ledger.errors import ChainUnavailable, CommitConflict, LedgerSignerNotMember, TransactionTimeout
+from ledger.errors import ChainUnavailable, CommitConflict, LedgerError, LedgerSignerNotMember, TransactionTimeout
 from ledger.merkle import merkle_root
 from ledger.records import RoundRecord, to_micro
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
 from node.live.coordination import RoundCoordinator
 from node.live.exchange import serve_blob
+from node.live.lifecycle import Lifecycle
 from node.live.membership import Membership
 from node.live.onchain import NodeChain
 from node.live import protocol as msg
 from node.live.roundbook import RoundBook
-from node.live.status import StateFile
+from node.live.status import Progress, StateFile
+from node.live.verifier import SpotChecker
 from node.live.topology import committer_order
 from node.store.checkpoint import (RunLayout, build_checkpoint, checkpoint_problems, parse_checkpoint,
                                    stage_problems, write_checkpoint)
@@ -79,10 +81,10 @@ CHAIN_RETRY_MAX_S = 15.0
 class CommitterContext:
     """What the committer reads and whom it tells (it never sees the whole node).
 
-    ``on_recorded(round, weights_root, committed_by_me)`` is called once this node
-    derived a round's record (and committed it, if it was its turn);
-    ``on_confirmed(round)`` once the round is read back from the chain.
-    ``on_diverged(round)`` when the committed roots of a round differ from this node's.
+    Once this node derived a round's record (and committed it, if it was its turn) it shows in
+    ``progress`` and ``state`` and the ``spot_checks`` draw their checks of it; once the round is
+    read back from the chain, ``progress.last_commit``; when the committed roots of a round differ
+    from this node's, ``lifecycle.diverged``.
     """
 
     cfg: NodeConfig
@@ -96,12 +98,45 @@ class CommitterContext:
     checkpoint_dir: Path
     incoming_dir: Path
     stop_event: threading.Event
-    on_recorded: Callable[[int, bytes, bool], None]
-    on_confirmed: Callable[[int], None]
-    on_diverged: Callable[[int], None]
     state: StateFile
     gossip: Callable[..., bytes]  # gossip(round, kind, message) signs and publishes a run message
     layout: RunLayout  # the run document's checkpoint metadata and stage tensors
+    progress: Progress
+    spot_checks: SpotChecker
+    lifecycle: Lifecycle
+
+    def on_recorded(self, outer_round: int, weights_root: bytes, committed_by_me: bool) -> None:
+        self.progress.weights_root = weights_root.hex()
+        self.state.record_round(outer_round, weights_root, committed_by_me)
+        self.spot_checks.on_recorded(outer_round, weights_root)
+
+    def on_confirmed(self, outer_round: int) -> None:
+        self.progress.last_commit = max(self.progress.last_commit, outer_round)
+
+    def on_diverged(self, outer_round: int) -> None:
+        self.lifecycle.diverged(outer_round)
+
+
+class RecordSigners:
+    """Who signed a gossiped record signature: a member of the run, by its EIP-712 signature (the inbox's check)."""
+
+    def __init__(self, *, chain: NodeChain, run_id: int) -> None:
+        self.chain = chain
+        self.run_id = run_id
+
+    def signer(self, record: RoundRecord, account: bytes, signature: bytes) -> tuple[str, bytes]:
+        """(signer, EIP-712 digest) of a gossiped record signature by a member of the run, else ProtocolError."""
+        try:
+            signer = self.chain.signer_of(record, signature)
+        except LedgerError as exc:
+            raise msg.ProtocolError(f"record signature of round {record.round} does not verify: {exc}") from None
+        if signer.lower() != "0x" + account.hex():
+            raise msg.ProtocolError(f"record of round {record.round} is signed by {signer}, not by the account "
+                                    f"0x{account.hex()} it names")
+        if not self.chain.is_member(self.run_id, signer):
+            raise msg.ProtocolError(f"record of round {record.round} is signed by {signer}, not a member of run "
+                                    f"{self.run_id}")
+        return signer, self.chain.client.record_digest(record)
 
 
 class Committer:

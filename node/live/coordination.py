@@ -26,7 +26,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from ledger.merkle import merkle_root
 from node.errors import NodeError
@@ -104,7 +105,7 @@ class RoundCoordinator:
         #: While set and true, a wait for a close gives up with CloseInterrupted (a split cluster's
         #: pipeline came back while this node sat rounds out: it must re-enter with its partner).
         self.interrupt: Callable[[], bool] | None = None
-        #: Set by the node when it enters a running run afresh (no earlier life, entry round > 0).
+        #: A node entering a running run afresh (no earlier life, entry round > 0: :meth:`enter_at`).
         #: Until another coordinator's close names this node's contribution, the holders may not
         #: know it yet (its hello still on its way), and one that does not know it ranks the
         #: coordinators without it: were this node first in its own ranking, both would close the
@@ -112,6 +113,25 @@ class RoundCoordinator:
         #: meanwhile it ranks itself last: it takes the others' close, and closes only as the last
         #: fallback or when no other holder is present.
         self.unconfirmed_joiner = False
+
+    # -- what the node tells it -------------------------------------------------------------
+    def enter_at(self, start_round: int) -> None:
+        """This node enters the run at ``start_round``: a fresh node entering a running run ranks itself
+        last as coordinator until a peer's close names it (:attr:`unconfirmed_joiner`)."""
+        self.unconfirmed_joiner = self.previous_life_finished < 0 and start_round > 0
+
+    @contextmanager
+    def interruptible(self, interrupt: Callable[[], bool]) -> Iterator[None]:
+        """Inside, a wait for a close gives up with CloseInterrupted once ``interrupt()`` is true."""
+        self.interrupt = interrupt
+        try:
+            yield
+        finally:
+            self.interrupt = None
+
+    def rotation(self, outer_round: int, stage: int) -> list[str]:
+        """The coordinators of (round, stage), first to last: a deterministic rotation over its holders."""
+        return committer_order(outer_round * 1000 + stage, self.membership.holders(stage))
 
     # -- what was decided ---------------------------------------------------------------
     def adopt(self, outer_round: int, stage: int, close: msg.Close) -> None:
@@ -252,7 +272,7 @@ class RoundCoordinator:
         a round sooner than where the apply runs inline, so its deadline runs from when the
         training thread reaches the apply. A close that needs no deadline is decided at once.
         """
-        order = committer_order(outer_round * 1000 + stage, self.membership.holders(stage))
+        order = self.rotation(outer_round, stage)
         started = time.monotonic()
         if clock_from is None:
             clock_from = lambda: started  # noqa: E731
@@ -293,9 +313,9 @@ class RoundCoordinator:
                 if self.peer_id in ranked:
                     rank = ranked.index(self.peer_id)
                     if rank == 0 or now >= deadline + rank * CLOSE_FALLBACK_S:
-                        return self._try_close(outer_round, stage, final=now >= deadline, alive=alive)
+                        return self.try_close(outer_round, stage, final=now >= deadline, alive=alive)
                 elif unconfirmed and self.peer_id not in refused and now >= deadline + len(order) * CLOSE_FALLBACK_S:
-                    return self._try_close(outer_round, stage, final=True, alive=alive)  # the last fallback
+                    return self.try_close(outer_round, stage, final=True, alive=alive)  # the last fallback
             return None
 
         last_resync = last_warning = started
@@ -307,32 +327,53 @@ class RoundCoordinator:
             decided_by = [None]  # the coordinator whose close decide() took (None: this node's own)
             close = self.book.wait_for(decide, timeout=1.0, stop=None)
             if close is not None:
-                with self._lock:
-                    self._accepted[(outer_round, stage)] = close
-                if decided_by[0] not in (None, self.peer_id) and \
-                        any(entry[1] == self.peer_id for entry in close.contributions):
-                    self.unconfirmed_joiner = False  # a peer closed a round with this node in it
+                self._accept(outer_round, stage, close, decided_by[0])
                 return close
             if time.monotonic() - last_resync > RESYNC_EVERY_S:
                 last_resync = time.monotonic()
                 self.resync()
-            if self.stop is not None and self.stop.is_set():
-                raise RoundStopped(f"round {outer_round} stage {stage}: stopped while waiting for its close")
-            if self.interrupt is not None and self.interrupt():
-                raise CloseInterrupted(f"round {outer_round} stage {stage}: no longer waited for here")
+            self._raise_if_no_longer_waited(outer_round, stage)
             # A round that misses its quorum stays open (docs/PROTOCOL.md, "A round without a quorum"):
             # the run pauses and the round closes as soon as enough replicas are back.
-            deadline = current_deadline()
-            overdue = time.monotonic() - (deadline + (len(order) + 2) * CLOSE_FALLBACK_S + self.stall_limit())
-            if overdue > 0 and time.monotonic() - last_warning > QUORUM_WARN_EVERY_S:
+            if time.monotonic() - last_warning > QUORUM_WARN_EVERY_S and \
+                    self._warn_overdue(outer_round, stage, current_deadline(), len(order)):
                 last_warning = time.monotonic()
-                have = {a.replica for a in self.book.snapshot_announces(outer_round, stage).values()}
-                logger.warning("round %d stage %d: no close %.0fs past the deadline; %d replica(s) announced, "
-                               "quorum %d: waiting for replicas to come back", outer_round, stage,
-                               time.monotonic() - deadline, len(have), self.quorum)
 
-    def _try_close(self, outer_round: int, stage: int, final: bool, alive: set[str]) -> msg.Close | None:
-        """As coordinator: close when every expected replica's contribution is here, or at the deadline.
+    def _accept(self, outer_round: int, stage: int, close: msg.Close, decided_by: str | None) -> None:
+        """``close`` is this node's decision of (round, stage) (``decided_by``: whose close; None: its own)."""
+        with self._lock:
+            self._accepted[(outer_round, stage)] = close
+        if decided_by not in (None, self.peer_id) and any(entry[1] == self.peer_id for entry in close.contributions):
+            self.unconfirmed_joiner = False  # a peer closed a round with this node in it
+
+    def _raise_if_no_longer_waited(self, outer_round: int, stage: int) -> None:
+        if self.stop is not None and self.stop.is_set():
+            raise RoundStopped(f"round {outer_round} stage {stage}: stopped while waiting for its close")
+        if self.interrupt is not None and self.interrupt():
+            raise CloseInterrupted(f"round {outer_round} stage {stage}: no longer waited for here")
+
+    def _warn_overdue(self, outer_round: int, stage: int, deadline: float, coordinators: int) -> bool:
+        """Say so if (round, stage) is past its deadline and every fallback without a close; whether it is."""
+        overdue = time.monotonic() - (deadline + (coordinators + 2) * CLOSE_FALLBACK_S + self.stall_limit())
+        if overdue <= 0:
+            return False
+        have = {a.replica for a in self.book.snapshot_announces(outer_round, stage).values()}
+        logger.warning("round %d stage %d: no close %.0fs past the deadline; %d replica(s) announced, "
+                       "quorum %d: waiting for replicas to come back", outer_round, stage,
+                       time.monotonic() - deadline, len(have), self.quorum)
+        return True
+
+    def try_close(self, outer_round: int, stage: int, final: bool, alive: set[str]) -> msg.Close | None:
+        """As coordinator: close (round, stage) if :meth:`ready_close` says so, and publish the close."""
+        close = self.ready_close(outer_round, stage, final, alive)
+        if close is not None:
+            data = self.gossip(outer_round, msg.CLOSE, close, stage)
+            self.book.add_close(outer_round, stage, self.peer_id, close, data)
+        return close
+
+    def ready_close(self, outer_round: int, stage: int, final: bool, alive: set[str]) -> msg.Close | None:
+        """The close this node would sign as coordinator: when every expected replica's contribution
+        is here, or at the deadline with a quorum; None otherwise.
 
         Expected: every present holder of the stage that entered the run at or before this
         round, or has not yet decided where it enters (first round -1: it is still joining;
@@ -362,8 +403,6 @@ class RoundCoordinator:
         entries = sorted([[a.replica, a.peer_id, a.envelope_hash, a.size] for a in ready.values()],
                          key=lambda e: (e[0], e[1], e[2]))
         close = msg.Close(entries)
-        data = self.gossip(outer_round, msg.CLOSE, close, stage)
-        self.book.add_close(outer_round, stage, self.peer_id, close, data)
         late = {placements[p].replica for p in expected - set(ready)}
         logger.info("round %d stage %d closed with replicas %s%s", outer_round, stage, sorted(replicas),
                     f" (missing {sorted(late)})" if late else "")

@@ -1,4 +1,13 @@
-"""Fetching the contributions a node aggregates: background, verified, deduplicated.
+"""How a round's contributions travel: the exchange protocol, and the pool of fetched contributions.
+
+:class:`Exchange` is one protocol with one module per kind, named by
+``diloco.exchange`` (the registry: :data:`node.live.assembly.EXCHANGES`): the
+full exchange (:mod:`node.live.fullexchange`: every holder fetches every closed
+contribution and aggregates it) and the sliced exchange (:mod:`node.live.sliced`:
+aggregators of one slice each, partials in). The node never asks which kind it holds.
+
+Each exchange owns a :class:`ContributionPool`: fetching the contributions a
+node aggregates, background, verified, deduplicated.
 
 A fetch starts as soon as an announce for a held stage arrives, so round t's
 contributions travel while round t+1 trains (the one-step-delay overlap of
@@ -38,6 +47,10 @@ from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
 from node.live import protocol as msg
 from node.live.roundbook import Announced, RoundBook
+from node.live.roundstate import StageInputs
+from node.live.station import Station
+from node.store.archive import Archive
+from p2p.config import P2PConfig
 from p2p.envelope import decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError, P2PTimeout
 from p2p.host import P2PHost
@@ -74,7 +87,8 @@ class ContributionPool:
     def __init__(self, host: P2PHost, book: RoundBook, run_id: int, incoming: Path, max_bytes: int,
                  transfer_timeout: float, workers: int,
                  check_payload: Callable[[int, int, bytes], None] | None = None,
-                 evidence_dir: Path | None = None, lazy: bool = False) -> None:
+                 evidence_dir: Path | None = None, lazy: bool = False,
+                 fallback_providers: Callable[[], list[str]] | None = None) -> None:
         self.host = host
         self.book = book
         self.run_id = run_id
@@ -94,8 +108,8 @@ class ContributionPool:
         self._executor = ThreadPoolExecutor(max_workers=max(2, workers), thread_name_prefix="fetch")
         self._announcer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="announce")
         self._announcing = 0
-        #: Peers a fetch falls back to once the sender and the coordinator failed (set by the node).
-        self.fallback_providers: Callable[[], list[str]] = lambda: []
+        #: Peers a fetch falls back to once the sender and the coordinator failed (the live peers).
+        self.fallback_providers: Callable[[], list[str]] = fallback_providers or list
 
     def serve_own(self, envelope: bytes) -> bytes:
         """Serve this node's own contribution at once and announce it on the DHT in the background.
@@ -262,3 +276,70 @@ class ContributionPool:
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._announcer.shutdown(wait=False, cancel_futures=True)
+
+
+class Exchange:
+    """One kind of exchange of a round's contributions (see module docstring).
+
+    Built before this node is placed (the gossip inbox and the coordinator need its pool);
+    the worker it decodes and aggregates with is the station's once placed. A kind says,
+    by its class attributes, what the rest of the node must know of it.
+    """
+
+    #: The pool fetches announced contributions only for the rounds and stages this node may close.
+    lazy_pool = False
+    #: A holder holds every closed envelope of the stages it aggregates (what the archive seals).
+    holds_all_envelopes = True
+    #: Its contributions can be re-executed by the spot checks (docs/PROTOCOL.md, "Spot checks").
+    reexecutable = True
+
+    def __init__(self, *, station: Station, messenger, host: P2PHost, book: RoundBook, archive: Archive,
+                 run_id: int, p2p: P2PConfig, incoming: Path, evidence_dir: Path,
+                 fallback_providers: Callable[[], list[str]], stop: threading.Event) -> None:
+        self.station = station
+        self.messenger = messenger  # node.live.messenger.Messenger
+        self.host = host
+        self.archive = archive
+        self.run_id = run_id
+        self.max_blob_bytes = p2p.max_blob_bytes
+        self.turn_timeout = p2p.transfer_timeout
+        self.incoming = incoming
+        self.evidence_dir = evidence_dir
+        self.stop = stop
+        self.pool = ContributionPool(host, book, run_id, incoming, p2p.max_blob_bytes, p2p.transfer_timeout,
+                                     p2p.blob_concurrency, check_payload=self.check_payload,
+                                     evidence_dir=evidence_dir, lazy=self.lazy_pool,
+                                     fallback_providers=fallback_providers)
+
+    def check_payload(self, stage: int, outer_round: int, payload: bytes) -> None:
+        """Raise (a ValueError or ProtocolError) unless a fetched contribution's payload fits the stage."""
+        self.check_blob(stage, outer_round, msg.decode_contribution_body(payload).blob)
+
+    def gossip_handlers(self) -> dict[str, Callable]:
+        """Run-topic message kinds this exchange handles (kind -> handler(envelope, message, bytes))."""
+        return {}
+
+    # -- what a kind implements ------------------------------------------------------
+    def check_blob(self, stage: int, outer_round: int, blob: bytes) -> None:
+        """Raise unless ``blob`` (a contribution body's) fits the stage's plan or codec."""
+        raise NotImplementedError
+
+    def contribution_blob(self, outer_round: int, stage: int, blob: bytes) -> bytes:
+        """What this node's contribution envelope of (round, stage) carries, given the encoded ``blob``."""
+        raise NotImplementedError
+
+    def gather(self, outer_round: int, stage: int, close: msg.Close, waited: dict[str, float],
+               prepare: bool) -> StageInputs:
+        """What the apply of the close needs, fetched (and with ``prepare``, aggregated) now; adds to ``waited``."""
+        raise NotImplementedError
+
+    def apply(self, outer_round: int, stage: int, inputs: StageInputs):
+        """(the stage's RoundResult after the outer step, the closed envelopes this node holds or None each)."""
+        raise NotImplementedError
+
+    # -- lifecycle -------------------------------------------------------------------
+    def forget_before(self, outer_round: int) -> None:
+        self.pool.forget_before(outer_round)
+
+    def close(self) -> None:
+        self.pool.close()

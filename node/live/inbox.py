@@ -46,12 +46,15 @@ class GossipInbox:
 
     ``held_stages()`` returns the stages this node holds (empty while joining), so
     that an announce for one of them starts the contribution's fetch at once.
+    ``spot_checks`` (a :class:`~node.live.verifier.SpotChecker`) hears accusations and
+    verdicts; ``handlers``: kind -> handler of the rooms wired in by configuration (the
+    sliced exchange's partial announces).
     """
 
     def __init__(self, run_id: int, validator: EnvelopeValidator, book: RoundBook, membership: Membership,
                  contributions: ContributionPool, held_stages: Callable[[], tuple[int, ...]],
                  record_signer: Callable[[RoundRecord, bytes, bytes], str] | None = None,
-                 spot_checks=None) -> None:
+                 spot_checks=None, handlers: dict[str, Callable[[Envelope, object, bytes], None]] | None = None) -> None:
         self.run_id = run_id
         self.validator = validator
         self.book = book
@@ -67,13 +70,10 @@ class GossipInbox:
             msg.RECORD: self._on_record,
             msg.ACCUSATION: self._on_accusation,
             msg.VERDICT: self._on_verdict,
+            **(handlers or {}),
         }
-        self.spot_checks = spot_checks  # node.live.verifier.SpotChecker, once the node trains
+        self.spot_checks = spot_checks
         self._deferred: list[tuple[float, str, bytes]] = []  # (deadline, sender peer id, message)
-
-    def add_handler(self, kind: str, handler: Callable[[Envelope, object, bytes], None]) -> None:
-        """Dispatch messages of ``kind`` to ``handler`` too (a room wired in by configuration: the sliced exchange)."""
-        self._handlers[kind] = handler
 
     # -- the topic validator (runs on the host's thread, before relaying) -------------------
     def relay_ok(self, data: bytes, _from: str = "") -> bool:

@@ -22,21 +22,17 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from ledger.merkle import merkle_root
 from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
 from node.live import protocol as msg
-from node.live.exchange import ContributionPool
+from node.live.exchange import Exchange
 from node.live.roundbook import Announced
-from node.store.archive import Archive
+from node.live.roundstate import StageInputs
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
-from p2p.host import P2PHost
-from p2p.identity import Identity
 from training.butterfly import (
     SliceError,
     SliceReference,
@@ -87,35 +83,51 @@ class UsedPartial:
     blob: bytes
 
 
-class SlicedExchange:
+class SlicedExchange(Exchange):
     """Slice blobs out, partials in, for the stages this node holds (see module docstring).
 
-    ``worker()`` returns the node's :class:`~node.live.replica.ReplicaWorker`
-    (its slice plans and :meth:`aggregate_slice`); ``gossip(round, kind,
-    message, stage)`` publishes on the run topic.
+    Its pool is lazy: a holder fetches the closed envelopes only where it may close the
+    round or aggregates a slice of it (:meth:`prefetch_inputs`).
     """
 
-    def __init__(self, host: P2PHost, identity: Identity, run_id: int, worker: Callable[[], object],
-                 replica: Callable[[], int], gossip: Callable, max_blob_bytes: int, turn_timeout: float,
-                 archive: Archive, incoming: Path, evidence_dir: Path, stop: threading.Event,
-                 contributions: ContributionPool | None = None) -> None:
-        self.host = host
-        self.contributions = contributions  # the envelopes this node holds (its own; a coordinator's)
-        self.identity = identity
-        self.peer_id = identity.peer_id
-        self.run_id = run_id
-        self.worker = worker
-        self.replica = replica
-        self.gossip = gossip
-        self.max_blob_bytes = max_blob_bytes
-        self.turn_timeout = turn_timeout
-        self.archive = archive
-        self.incoming = incoming
-        self.evidence_dir = evidence_dir
-        self.stop = stop
+    lazy_pool = True  # only a coordinator or an aggregator fetches envelopes
+    holds_all_envelopes = False  # a holder archives the closed envelopes it holds; each contributor its own
+    # Re-execution spot checks compare a rerun with the decoded contribution and replay round t-1
+    # from the whole contributions: not done for sliced contributions yet (docs/PROTOCOL.md).
+    reexecutable = False
+
+    def __init__(self, **parts) -> None:
+        super().__init__(**parts)
+        self.peer_id = self.messenger.identity.peer_id
         self._cond = threading.Condition()
         # (round, stage, slice) -> [(sender peer id, envelope hash, size)] in arrival order
         self._announced: dict[tuple[int, int, int], list[tuple[str, bytes, int]]] = {}
+
+    def worker(self):
+        return self.station.worker()
+
+    # -- the exchange protocol ---------------------------------------------------------
+    def check_blob(self, stage: int, outer_round: int, blob: bytes) -> None:
+        self.check_manifest(stage, outer_round, blob)
+
+    def gossip_handlers(self) -> dict:
+        return {msg.PARTIAL_ANNOUNCE: self.on_announce}
+
+    def contribution_blob(self, outer_round: int, stage: int, blob: bytes) -> bytes:
+        # The envelope binds the slice blobs' hashes; the blobs are served.
+        return self.publish(outer_round, stage, self.worker().last_slices(stage))
+
+    def gather(self, outer_round: int, stage: int, close: msg.Close, waited: dict[str, float],
+               prepare: bool) -> StageInputs:
+        # The partials are fetched and applied at the apply (no screening); an aggregator's envelopes, meanwhile.
+        self.prefetch_inputs(outer_round, stage, close)
+        return StageInputs(close)
+
+    def apply(self, outer_round: int, stage: int, inputs: StageInputs):
+        """The sliced exchange's aggregation: one valid partial per slice, assembled, the outer step."""
+        used = self.partials(outer_round, stage, inputs.close)
+        result = self.worker().apply_partials(stage, outer_round, [partial.blob for partial in used])
+        return result, self.held_envelopes(outer_round, stage, inputs.close)  # not every member's
 
     # -- what a replica sends ----------------------------------------------------------
     def publish(self, outer_round: int, stage: int, blobs: list[bytes]) -> bytes:
@@ -151,13 +163,13 @@ class SlicedExchange:
         members = len(close.contributions)
         mine = any(close.contributions[candidate(j, outer_round, members, 0)][1] == self.peer_id
                    for j in range(self.worker().plans[stage].num_slices))
-        if mine and self.contributions is not None:
+        if mine:
             for replica, peer_id, digest, size in close.contributions:
-                self.contributions.fetch(outer_round, stage, Announced(peer_id, replica, digest, size))
+                self.pool.fetch(outer_round, stage, Announced(peer_id, replica, digest, size))
 
     def held_envelopes(self, outer_round: int, stage: int, close: msg.Close) -> list[bytes | None]:
         """The closed envelopes this node holds (its own, those it fetched as coordinator or aggregator)."""
-        have = self.contributions.have(outer_round, stage) if self.contributions is not None else {}
+        have = self.pool.have(outer_round, stage)
         return [have.get(entry[2]) for entry in close.contributions]
 
     # -- gossip ----------------------------------------------------------------------
@@ -172,6 +184,7 @@ class SlicedExchange:
             self._cond.notify_all()
 
     def forget_before(self, outer_round: int) -> None:
+        super().forget_before(outer_round)
         with self._cond:
             for key in [k for k in self._announced if k[0] < outer_round]:
                 del self._announced[key]
@@ -309,19 +322,15 @@ class SlicedExchange:
         digest = entry[2]
         if digest in references:
             return True, references[digest]
-        envelope = None
-        if self.contributions is not None:
-            # The pool fetches it (from its signer, the close's coordinator, then live peers; a no-op
-            # while prefetch_inputs' fetch is under way); fetching it beside the pool would double its bytes.
-            self.contributions.fetch(outer_round, stage, Announced(entry[1], entry[0], digest, entry[3]))
-            waited = time.monotonic() + self.turn_timeout
-            while self.contributions.in_flight(digest) and time.monotonic() < waited and not self.stop.is_set():
-                time.sleep(0.05)
-            envelope = self.contributions.have(outer_round, stage).get(digest)
+        # The pool fetches it (from its signer, the close's coordinator, then live peers; a no-op
+        # while prefetch_inputs' fetch is under way); fetching it beside the pool would double its bytes.
+        self.pool.fetch(outer_round, stage, Announced(entry[1], entry[0], digest, entry[3]))
+        waited = time.monotonic() + self.turn_timeout
+        while self.pool.in_flight(digest) and time.monotonic() < waited and not self.stop.is_set():
+            time.sleep(0.05)
+        envelope = self.pool.have(outer_round, stage).get(digest)
         if envelope is None and self.host.has_blob(digest.hex()):
             envelope = self._fetch(digest, entry[1])  # fetched, but refused by the pool: judged here alike
-        if envelope is None and self.contributions is None:
-            envelope = self._fetch(digest, entry[1])
         if envelope is None:
             return False, None
         reference = self.input_reference(outer_round, stage, entry, envelope)
@@ -333,8 +342,8 @@ class SlicedExchange:
                                    f"{digest.hex()}.envelope", envelope)
             except OSError as exc:
                 logger.warning("evidence not kept: %s", exc)
-        elif self.contributions is not None:
-            self.contributions.add(outer_round, stage, digest, envelope)  # archived with the round, served
+        else:
+            self.pool.add(outer_round, stage, digest, envelope)  # archived with the round, served
         references[digest] = reference
         return True, reference
 
@@ -365,11 +374,10 @@ class SlicedExchange:
         result = self.worker().aggregate_slice(stage, outer_round, j, inputs)
         plan = self.worker().plans[stage]
         payload = self.make_payload(j, plan.num_slices, root, members, result.partial)
-        data = Envelope.create(self.identity, self.run_id, outer_round, msg.PARTIAL, payload, stage=stage,
-                               replica=self.replica()).to_bytes()
+        data = self.messenger.sign(outer_round, msg.PARTIAL, payload, stage)
         self.host.provide_blob(data, announce=False)
         digest = hashlib.sha256(data).digest()
-        self.gossip(outer_round, msg.PARTIAL_ANNOUNCE, msg.PartialAnnounce(j, digest, len(data)), stage)
+        self.messenger.gossip(outer_round, msg.PARTIAL_ANNOUNCE, msg.PartialAnnounce(j, digest, len(data)), stage)
         logger.info("round %d stage %d: partial of slice %d published (turn %d, %d of %d inputs accepted, %d bytes)",
                     outer_round, stage, j, turn, len(result.accepted), members, len(result.partial))
         return UsedPartial(j, turn, data, result.partial)

@@ -49,6 +49,10 @@ class Progress:
     timing: dict = field(default_factory=dict)  # node.live.roundclock.RoundClock.summary()
     history: list[dict] = field(default_factory=list)
 
+    def current_round(self) -> int:
+        """The round being trained (-1: none); accusations and verdicts travel in envelopes of it."""
+        return self.round
+
 
 class StateFile:
     """The node's state.json for one run (a file of another run counts as empty)."""
@@ -221,6 +225,44 @@ def write_status(path: Path, progress: Progress, peer_id: str, run_id: int, plac
 
 def _status_bytes(status: dict) -> bytes:
     return json.dumps(status, indent=1, sort_keys=True).encode() + b"\n"  # as atomic_write_json
+
+
+class Reporter:
+    """The node's live figures out: status.json (written off the training thread) and the command's hook."""
+
+    def __init__(self, *, path: Path, progress: Progress, peer_id: str, run_id: int, station,
+                 on_progress=None) -> None:
+        self.path = path
+        self.progress = progress
+        self.peer_id = peer_id
+        self.run_id = run_id
+        self.station = station  # node.live.station.Station: the placement status.json shows
+        self.on_progress = on_progress
+        self._listen_addrs: list[str] = []
+        self._last_report = 0.0
+        self._writer = StatusWriter()
+
+    def listening(self, listen_addrs: list[str]) -> None:
+        """The host's addresses from now on (empty: no host)."""
+        self._listen_addrs = list(listen_addrs)
+
+    def set_state(self, state: str) -> None:
+        self.progress.state = state
+        self.report()
+
+    def report(self, throttle: bool = False) -> None:
+        now = time.monotonic()
+        if throttle and now - self._last_report < 0.5:
+            return
+        self._last_report = now
+        write_status(self.path, self.progress, self.peer_id, self.run_id, self.station.placement(),
+                     self._listen_addrs, writer=self._writer)
+        if self.on_progress is not None:
+            self.on_progress(self.progress)
+
+    def close(self) -> None:
+        """Write what is pending, then stop the writer."""
+        self._writer.close()
 
 
 class StatusWriter:

@@ -1,0 +1,316 @@
+"""Assembling a node: every part built once, here, in dependency order, with its collaborators passed in.
+
+Three steps, because a node learns where it sits only from its peers' hellos:
+
+1. :meth:`NodeParts.connect`: the chain (run, registration, membership checked)
+   and the libp2p host;
+2. :meth:`NodeParts.open_rooms`: what runs from before the node is placed: the
+   messenger, membership, the exchange and its contribution pool, the round
+   coordinator, the spot checks, the committer, the gossip inbox and the
+   heartbeat; then the bootstrap peers;
+3. :meth:`NodeParts.take_seat`: the placement, the worker of the placed stages,
+   and the round machinery that trains and finishes rounds with it.
+
+The rooms built in step 2 read the :class:`~node.live.station.Station` for what
+step 3 decides. Which class builds each variable part is a :class:`Kinds`: the
+exchange by ``diloco.exchange`` (:data:`EXCHANGES`), and subclasses a test or an
+adversary injects (tests/adversary.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+from node.config import NodeConfig
+from node.errors import NotRegistered
+from node.live import protocol as msg
+from node.live.committer import Committer, CommitterContext, RecordSigners
+from node.live.contributor import Contributor
+from node.live.coordination import RoundCoordinator
+from node.live.entry import RunEntry
+from node.live.exchange import Exchange, serve_blob
+from node.live.finisher import RoundFinisher
+from node.live.fullexchange import FullExchange
+from node.live.heartbeat import Heartbeat
+from node.live.inbox import GossipInbox
+from node.live.lane import RoundLane
+from node.live.lifecycle import Lifecycle
+from node.live.membership import Membership
+from node.live.messenger import Messenger
+from node.live.onchain import NodeChain
+from node.live.protocol import run_topic
+from node.live.replica import ReplicaWorker
+from node.live.resume import RestartRecovery
+from node.live.roundbook import RoundBook
+from node.live.roundclock import RoundClock
+from node.live.roundstate import RoundState
+from node.live.sliced import SlicedExchange
+from node.live.station import Station
+from node.live.status import Progress, Reporter, StateFile
+from node.live.verifier import SpotChecker, VerifierContext
+from node.runconfig import canonical_json, config_hash, run_document
+from node.store.archive import Archive
+from node.store.checkpoint import RunLayout
+from p2p.envelope import EnvelopeValidator
+from p2p.errors import P2PError
+from p2p.host import P2PHost
+from p2p.identity import Identity
+
+logger = logging.getLogger(__name__)
+
+#: The exchange kinds by ``diloco.exchange`` (docs/PROTOCOL.md, "Sliced exchange").
+EXCHANGES: Mapping[str, type[Exchange]] = MappingProxyType({"full": FullExchange, "sliced": SlicedExchange})
+
+
+@dataclass(frozen=True)
+class Kinds:
+    """The classes a node's variable parts are built from (subclasses: fault injection in tests)."""
+
+    worker: type[ReplicaWorker] = ReplicaWorker
+    coordinator: type[RoundCoordinator] = RoundCoordinator
+    exchanges: Mapping[str, type[Exchange]] = field(default_factory=lambda: EXCHANGES)
+    contributor: type[Contributor] = Contributor
+    finisher: type[RoundFinisher] = RoundFinisher
+    heartbeat: type[Heartbeat] = Heartbeat
+    committer: type[Committer] = Committer
+
+
+#: The parts of an honest node.
+HONEST = Kinds()
+
+
+class NodeParts:
+    """Every part of one node (see module docstring); the node reads them, only this class builds them.
+
+    The constructor builds what needs nobody else (the node's files, identity and books); a part
+    of a later step is None until its step ran, so :meth:`close` closes what was built.
+    """
+
+    def __init__(self, cfg: NodeConfig, *, stop: threading.Event, kinds: Kinds = HONEST,
+                 on_progress: Callable[[Progress], None] | None = None) -> None:
+        self.cfg = cfg
+        self.kinds = kinds
+        self.stop = stop
+        self.data_dir = Path(cfg.data_dir).expanduser()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.progress = Progress(inner_steps=cfg.diloco.inner_steps)
+        self.clock = RoundClock(self.data_dir / "timing.jsonl")  # utilization per round (docs/DILOCOX.md section 4)
+        self.book = RoundBook()
+        self.run_id = cfg.ledger.run_id
+        self.document = run_document(cfg)
+        self.config_hash = config_hash(self.document)
+        # What every checkpoint of the run must be: metadata from the run document, the stages' tensors.
+        self.layout = RunLayout.of_run(self.run_id, self.config_hash, cfg.model, cfg.pipeline.num_stages)
+        self.identity = Identity.load_or_create(cfg.path(cfg.p2p.key_file))
+        self.peer_id = self.identity.peer_id
+        self.archive = Archive(self.data_dir / "archive", self.run_id)
+        self.checkpoint_dir = self.data_dir / "checkpoints"
+        self.incoming_dir = self.data_dir / "incoming"
+        self.evidence_dir = self.data_dir / "evidence"
+        self.state = StateFile(self.data_dir / "state.json", self.run_id)
+        # The validator's window moves with the run (RoundFinisher.forget_before): memory stays flat and
+        # messages far outside the rounds this node works on are refused.
+        self.validator = EnvelopeValidator(self.run_id, max_size=msg.MAX_GOSSIP_PAYLOAD + 4096,
+                                           max_rounds_ahead=64 + 4 * cfg.checkpoint_every,
+                                           equivocation_exempt_kinds=(msg.HELLO, msg.ACCUSATION, msg.VERDICT,
+                                                                      msg.PARTIAL_ANNOUNCE))
+        self.station = Station()
+        self.rounds = RoundState(self.station)
+        # Per-round work off the training thread (node/live/lane.py): compressing and publishing a
+        # contribution, serialising and serving a start state, the held-out eval on a copy.
+        self.lane = RoundLane()
+        self.reporter = Reporter(path=self.data_dir / "status.json", progress=self.progress, peer_id=self.peer_id,
+                                 run_id=self.run_id, station=self.station, on_progress=on_progress)
+        self._threads: list[threading.Thread] = []
+        # Step 1
+        self.chain: NodeChain | None = None
+        self.host: P2PHost | None = None
+        # Step 2
+        self.messenger: Messenger | None = None
+        self.membership: Membership | None = None
+        self.exchange: Exchange | None = None
+        self.coordinator: RoundCoordinator | None = None
+        self.lifecycle: Lifecycle | None = None
+        self.spot_checks: SpotChecker | None = None
+        self.committer: Committer | None = None
+        self.inbox: GossipInbox | None = None
+        self.heartbeat: Heartbeat | None = None
+        # Step 3
+        self.worker: ReplicaWorker | None = None
+        self.recovery: RestartRecovery | None = None
+        self.contributor: Contributor | None = None
+        self.finisher: RoundFinisher | None = None
+        self.entry: RunEntry | None = None
+
+    def assemble(self) -> None:
+        """The three steps (see module docstring)."""
+        joined = self.connect()
+        self.open_rooms(joined)
+        self.take_seat()
+
+    # ------------------------------------------------------------------ step 1
+    def connect(self) -> tuple[int, int]:
+        """The chain and the host; return where on chain this node's account joined the run."""
+        cfg = self.cfg
+        self.reporter.set_state("joining")
+        self.chain = chain = NodeChain.connect(cfg, stop=self.stop)
+        chain.check_run(self.run_id, self.config_hash, rounds=cfg.rounds)
+        chain.ensure_registered(self.identity)
+        chain.ensure_member(self.run_id)
+        # Before the first message arrives: the validator's window starts where this node can
+        # enter (after the chain's latest checkpoint). Left at round 0, every message of a round
+        # past max_rounds_ahead (68 at checkpoint_every = 1) would be refused as "future", the
+        # start-up resync's included, and the sync cursor moves past them: a node restarted late
+        # in a run never saw the closes and attestations of the rounds it catches up, and waited
+        # for them forever (bench_chaos.py, kills after round 68).
+        checkpoint = chain.latest_checkpoint(self.run_id)
+        self.validator.advance(checkpoint.round + 1 if checkpoint is not None else 0)
+        own_seat = chain.seat(self.run_id, chain.account_bytes, self.identity.public_key_bytes)
+        if own_seat is None:
+            raise NotRegistered(f"account {chain.client.address} joined run {self.run_id} but its seat is not "
+                                "bound to this node's key (registered with another key?)")
+        self.host = P2PHost.start(cfg.p2p, self.identity, data_dir=self.data_dir)
+        self.reporter.listening(self.host.listen_addrs)
+        return own_seat.joined
+
+    def _joined_on_chain(self, account: bytes, public_key: bytes) -> tuple[int, int] | None:
+        """Where on chain a hello's account joined the run, if its seat is bound to the key (Membership)."""
+        seat = self.chain.seat(self.run_id, account, public_key, current=False)
+        return None if seat is None else seat.joined
+
+    # ------------------------------------------------------------------ step 2
+    def open_rooms(self, joined: tuple[int, int]) -> None:
+        """Everything that runs before this node is placed, then the bootstrap peers."""
+        cfg, host, chain = self.cfg, self.host, self.chain
+        self.messenger = messenger = Messenger(identity=self.identity, run_id=self.run_id, host=host,
+                                               station=self.station)
+        self.membership = membership = Membership(
+            peer_id=self.peer_id, cluster=cfg.cluster, cluster_size=cfg.cluster_size,
+            num_stages=cfg.pipeline.num_stages, book=self.book, seat=self._joined_on_chain, joined=joined)
+        exchange_kind = self.kinds.exchanges[cfg.diloco.exchange]
+        self.exchange = exchange = exchange_kind(
+            station=self.station, messenger=messenger, host=host, book=self.book, archive=self.archive,
+            run_id=self.run_id, p2p=cfg.p2p, incoming=self.incoming_dir, evidence_dir=self.evidence_dir,
+            fallback_providers=membership.live_providers, stop=self.stop)
+        # Rounds this node finished in an earlier life: it never signs a second, different
+        # close or attestation for them (peers would hold both as equivocation evidence).
+        self.coordinator = coordinator = self.kinds.coordinator(
+            peer_id=self.peer_id, quorum=cfg.quorum, round_timeout=cfg.round_timeout, book=self.book,
+            membership=membership, contributions=exchange.pool, contributed=self.rounds.contributed,
+            gossip=messenger.gossip, resync=messenger.resync,
+            previous_life_finished=self.state.get("last_finished", -1), transfer_timeout=cfg.p2p.transfer_timeout,
+            stop=self.stop)
+        self.lifecycle = lifecycle = Lifecycle(run_id=self.run_id, peer_id=self.peer_id, state=self.state,
+                                               membership=membership, stop=self.stop)
+        self.spot_checks = spot_checks = SpotChecker(VerifierContext(
+            cfg=cfg if exchange_kind.reexecutable else dataclasses.replace(cfg, spot_checks=0.0),
+            run_id=self.run_id, peer_id=self.peer_id, chain=chain, host=host, archive=self.archive,
+            membership=membership, gossip=messenger.gossip, sign_envelope=messenger.sign,
+            stage_hashes=self.rounds.stage_hashes_of, own_replica=self.station.replica,
+            current_round=self.progress.current_round, work_dir=self.data_dir / "spotchecks",
+            evidence_dir=self.evidence_dir, stop=self.stop, on_ejected=lifecycle.member_ejected))
+        self.committer = self.kinds.committer(CommitterContext(
+            cfg=cfg, run_id=self.run_id, peer_id=self.peer_id, book=self.book, chain=chain, host=host,
+            coordinator=coordinator, membership=membership, checkpoint_dir=self.checkpoint_dir,
+            incoming_dir=self.incoming_dir, stop_event=self.stop, state=self.state, gossip=messenger.gossip,
+            layout=self.layout, progress=self.progress, spot_checks=spot_checks, lifecycle=lifecycle))
+        self.inbox = inbox = GossipInbox(
+            run_id=self.run_id, validator=self.validator, book=self.book, membership=membership,
+            contributions=exchange.pool, held_stages=self.station.held_stages,
+            record_signer=RecordSigners(chain=chain, run_id=self.run_id).signer, spot_checks=spot_checks,
+            handlers=exchange.gossip_handlers())
+        self.heartbeat = self.kinds.heartbeat(
+            cfg=cfg, account=chain.account_bytes, host=host, messenger=messenger, membership=membership,
+            station=self.station, progress=self.progress, spot_checks=spot_checks, reporter=self.reporter,
+            stop=self.stop)
+        queue = host.subscribe(run_topic(self.run_id), validator=inbox.relay_ok,
+                               keep_for_sync=functools.partial(inbox.keep_for_sync, own_peer_id=host.peer_id))
+        self._spawn(functools.partial(inbox.run, queue, self.stop), "gossip")
+        self._spawn(self.heartbeat.run, "heartbeat")
+        self._meet_peers()
+
+    def _meet_peers(self) -> None:
+        """Serve the run document, dial the bootstrap peers, pull what they said recently."""
+        serve_blob(self.host, canonical_json(self.document))  # the run document, by its hash
+        self.archive.write_run_document(canonical_json(self.document))
+        for addr in self.cfg.p2p.bootstrap:
+            try:
+                self.host.connect(addr, timeout=10)
+            except P2PError as exc:
+                logger.warning("bootstrap %s unreachable: %s", addr, exc)
+        self.messenger.resync()
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    # ------------------------------------------------------------------ step 3
+    def take_seat(self) -> None:
+        """Wait for this node's placement; build and start its worker and the round machinery."""
+        cfg = self.cfg
+        placement = self.membership.await_placement(cfg.diloco.num_replicas, cfg.join_timeout, self.stop)
+        self.station.place(placement)
+        logger.info("placed: cluster %s replica %d stages %s", placement.cluster, placement.replica,
+                    list(placement.stages))
+        self.worker = worker = self.kinds.worker(cfg=cfg, replica=placement.replica, stages=placement.stages,
+                                                 rank=placement.rank)
+        self.station.hold(worker)
+        worker.start(rendezvous_timeout=cfg.join_timeout * 2, op_timeout=cfg.round_timeout * 2 + 60)
+        self.build_round_machinery(worker)
+
+    def build_round_machinery(self, worker: ReplicaWorker) -> None:
+        """Recovery, contributor, finisher and entry for ``worker`` (a unit test calls this with fakes outside)."""
+        cfg = self.cfg
+        pool = self.exchange.pool
+        self.recovery = RestartRecovery(
+            archive=self.archive, contributions=pool, host=self.host, book=self.book, peer_id=self.peer_id,
+            replica=worker.replica, stages=worker.stages, max_bytes=cfg.p2p.max_blob_bytes,
+            gossip=self.messenger.gossip, previous_life_finished=self.coordinator.previous_life_finished)
+        self.contributor = contributor = self.kinds.contributor(
+            cfg=cfg, worker=worker, rounds=self.rounds, lane=self.lane, clock=self.clock, progress=self.progress,
+            reporter=self.reporter, spot_checks=self.spot_checks, exchange=self.exchange, archive=self.archive,
+            book=self.book, messenger=self.messenger, state=self.state, peer_id=self.peer_id, stop=self.stop)
+        self.finisher = finisher = self.kinds.finisher(
+            cfg=cfg, worker=worker, rounds=self.rounds, exchange=self.exchange, coordinator=self.coordinator,
+            recovery=self.recovery, contributor=contributor, committer=self.committer, archive=self.archive,
+            host=self.host, book=self.book, messenger=self.messenger, validator=self.validator, state=self.state,
+            clock=self.clock, progress=self.progress, reporter=self.reporter, layout=self.layout,
+            config_hash=self.config_hash, checkpoint_dir=self.checkpoint_dir, peer_id=self.peer_id)
+        self.entry = RunEntry(
+            cfg=cfg, chain=self.chain, host=self.host, membership=self.membership, book=self.book,
+            coordinator=self.coordinator, worker=worker, contributor=contributor, finisher=finisher,
+            station=self.station, state=self.state, layout=self.layout, progress=self.progress,
+            reporter=self.reporter, checkpoint_dir=self.checkpoint_dir, incoming_dir=self.incoming_dir,
+            stop=self.stop)
+
+    # ------------------------------------------------------------------ closing
+    def close(self) -> None:
+        """Stop and close every part built so far, the threads that use the others first."""
+        self.stop.set()
+        if self.committer is not None:
+            self.committer.close()
+        if self.spot_checks is not None:
+            self.spot_checks.close()
+        if self.exchange is not None:
+            self.exchange.close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self.lane.close()
+        if self.worker is not None:
+            self.worker.close()
+        if self.host is not None:
+            self.host.close()
+            self.host = None
+            self.reporter.listening([])
+        if self.chain is not None:
+            self.chain.close()
+        self.reporter.set_state("stopped")
+        self.reporter.close()

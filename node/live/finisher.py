@@ -1,0 +1,268 @@
+"""Finishing a round: close, fetch, aggregate, seal, attest; then the committer takes it to the chain.
+
+For every stage this node holds, :meth:`RoundFinisher.finish` waits for the
+round's close (docs/PROTOCOL.md, "Closing a round"), has the exchange fetch
+and aggregate what it names and take the outer step, seals the round in the
+archive, writes and serves the stage shard on checkpoint rounds, and gossips
+the stage's attestation. With the one-step delay, round t-1's close, fetch and
+the pure part of its aggregation run on a prefetch thread while round t trains
+(:meth:`RoundFinisher.prefetch`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+from node.config import NodeConfig
+from node.live import protocol as msg
+from node.live.committer import Committer
+from node.live.contributor import Contributor
+from node.live.coordination import RoundCoordinator
+from node.live.exchange import Exchange, serve_blob
+from node.live.messenger import Messenger
+from node.live.replica import ReplicaWorker
+from node.live.resume import RestartRecovery
+from node.live.roundbook import RoundBook
+from node.live.roundclock import RoundClock
+from node.live.roundstate import Gathered, RoundState, StageInputs
+from node.live.status import Progress, Reporter, StateFile
+from node.store.archive import Archive, ArchivedContribution
+from node.store.checkpoint import Checkpoint, RunLayout, write_checkpoint
+from node.store.retention import prune_archive, prune_checkpoints
+from p2p.envelope import EnvelopeValidator
+from p2p.host import P2PHost
+
+logger = logging.getLogger(__name__)
+
+#: Rounds of state kept behind the last finished one (the committer and slow peers' attestations need them).
+ROUNDS_KEPT = 3
+
+
+@dataclass
+class StageApplied:
+    """One stage of a round after its outer step: what the round's seal and attestation need of it."""
+
+    stage: int
+    weights_hash: bytes
+    sealed: list[ArchivedContribution]
+    excluded: list[list]  # [stage, replica, peer id, envelope hash, reason, detail]
+
+
+class RoundFinisher:
+    """Finishes rounds for the stages this node holds (see module docstring)."""
+
+    def __init__(self, *, cfg: NodeConfig, worker: ReplicaWorker, rounds: RoundState, exchange: Exchange,
+                 coordinator: RoundCoordinator, recovery: RestartRecovery, contributor: Contributor,
+                 committer: Committer, archive: Archive, host: P2PHost, book: RoundBook, messenger: Messenger,
+                 validator: EnvelopeValidator, state: StateFile, clock: RoundClock, progress: Progress,
+                 reporter: Reporter, layout: RunLayout, config_hash: bytes, checkpoint_dir: Path,
+                 peer_id: str) -> None:
+        self.cfg = cfg
+        self.worker = worker
+        self.rounds = rounds
+        self.exchange = exchange
+        self.pool = exchange.pool
+        self.coordinator = coordinator
+        self.recovery = recovery
+        self.contributor = contributor
+        self.committer = committer
+        self.archive = archive
+        self.host = host
+        self.book = book
+        self.messenger = messenger
+        self.validator = validator
+        self.state = state
+        self.clock = clock
+        self.progress = progress
+        self.reporter = reporter
+        self.layout = layout
+        self.config_hash = config_hash
+        self.checkpoint_dir = checkpoint_dir
+        self.peer_id = peer_id
+        self.run_id = cfg.ledger.run_id
+
+    # -- one round ------------------------------------------------------------------------
+    def finish(self, outer_round: int) -> None:
+        """Close, fetch, aggregate and attest ``outer_round`` for every stage this node holds."""
+        self.reporter.set_state("finishing")
+        started = time.monotonic()
+        waited = {"close_wait": 0.0, "fetch_wait": 0.0, "aggregate": 0.0}
+        contributed = outer_round in self.rounds.trained
+        gathered, overlapped = self._take_gathered(outer_round)
+        waited["close_wait"] += gathered.joined_s  # the training thread waited for the prefetch
+        applied = [self._apply_stage(outer_round, stage, gathered, waited, contributed)
+                   for stage in self.worker.stages]
+        # A sliced holder archives the closed envelopes it holds; each contributor archives its own.
+        self.archive.seal_round(outer_round, [c for a in applied for c in a.sealed],
+                                excluded=[e for a in applied for e in a.excluded],
+                                all_held=self.exchange.holds_all_envelopes)
+        # Retention (node/store/retention.py): never a round or the checkpoint a restart or a peer needs.
+        prune_archive(self.archive, self.cfg.storage.keep_rounds, self.progress.last_commit, self.host.remove_blob)
+        prune_checkpoints(self.checkpoint_dir, self.cfg.storage.keep_checkpoints, self.progress.last_commit,
+                          self.host.remove_blob)
+        self._attest(outer_round, {a.stage: a.weights_hash for a in applied}, contributed)
+        self.forget_before(min(outer_round - ROUNDS_KEPT, self.committer.handled_through))
+        self.progress.last_finished = outer_round
+        self.state.update(last_finished=outer_round)
+        self.committer.submit(outer_round)
+        total = time.monotonic() - started
+        waited["finish_other"] = max(0.0, total - sum(waited.values()))
+        for phase, seconds in waited.items():
+            self.clock.add(phase, seconds)
+        self.clock.finished(outer_round, gathered.last_arrival, total=total, **waited, **overlapped)
+        self.progress.timing = self.clock.summary()
+        self.reporter.report()
+
+    def _apply_stage(self, outer_round: int, stage: int, gathered: Gathered, waited: dict[str, float],
+                     contributed: bool) -> StageApplied:
+        """The outer step of one stage of the round, on the close's set (gathered now unless prefetched)."""
+        # The prefetch's close is this node's decision of the round (RoundCoordinator.accepted): the
+        # decision does not depend on when it is taken (no membership change seen meanwhile moves it).
+        if stage not in gathered.stages:
+            gathered.stages[stage] = self.gather_stage(outer_round, stage, gathered.sealed_before, waited)
+        inputs = gathered.stages[stage]
+        close = inputs.close
+        mark = time.monotonic()
+        self.contributor.join_start_state()  # the start state read the engines as they were
+        result, envelopes = self.exchange.apply(outer_round, stage, inputs)
+        waited["aggregate"] += time.monotonic() - mark
+        for entry in close.contributions:  # when each was here: the round's exchange time
+            arrived = self.pool.arrived_at(entry[2])
+            if arrived is not None and (gathered.last_arrival is None or arrived > gathered.last_arrival):
+                gathered.last_arrival = arrived
+        self.rounds.stage_hashes.setdefault(outer_round, {})[stage] = result.weights_hash
+        excluded = []
+        for report in result.contributions:
+            if not report.accepted:
+                replica, peer_id, digest, _size = close.contributions[report.index]
+                logger.warning("round %d stage %d: contribution %s of replica %d (%s) excluded: %s %s",
+                               outer_round, stage, digest.hex()[:12], replica, peer_id[-8:], report.reason,
+                               report.detail)
+                excluded.append([stage, replica, peer_id, digest.hex(), report.reason, report.detail])
+        if contributed and not any(entry[1] == self.peer_id for entry in close.contributions):
+            self.contributor.join_engine_work()  # the residual it goes back into: after the encode on the lane
+            self.worker.contribution_dropped(stage, outer_round)  # a straggler's update is sent again later
+        sealed = []
+        for (replica, peer_id, digest, _size), envelope in zip(close.contributions, envelopes):
+            if envelope is not None:
+                self.archive.put(outer_round, envelope)
+            sealed.append(ArchivedContribution(stage, replica, peer_id, digest))
+        return StageApplied(stage, result.weights_hash, sealed, excluded)
+
+    def _attest(self, outer_round: int, hashes: dict[int, bytes], contributed: bool) -> None:
+        """Gossip this node's attestation of every held stage (with the stage shard on checkpoint rounds)."""
+        checkpoint_round = (outer_round + 1) % self.cfg.checkpoint_every == 0
+        # A round contributed to in an earlier life is attested with that life's figures (the same
+        # attestation again), not with none: the training figures left with the process.
+        figures = self.state.attested(outer_round) if not contributed else None
+        if contributed:
+            trained = self.rounds.trained[outer_round]
+            figures = (trained.train_loss, self.contributor.eval_of(outer_round), trained.tokens)
+            self.state.remember_attested(outer_round, *figures)
+        train_loss, eval_loss, tokens = figures if figures is not None else (math.nan, math.nan, 0)
+        for stage in self.worker.stages:
+            shard_hash = self.write_shard(outer_round, stage, hashes[stage]) if checkpoint_round else b""
+            last = stage == self.cfg.pipeline.num_stages - 1
+            att = msg.Attestation(hashes[stage], self.coordinator.stage_root(outer_round, stage),
+                                  len(self.coordinator.accepted(outer_round, stage).contributions),
+                                  train_loss if last else math.nan, eval_loss if last else math.nan, tokens,
+                                  shard_hash, b"")
+            self.book.add_attestation(outer_round, stage, self.peer_id, att)
+            # Also for a round finished in an earlier life: the same attestation again (peers
+            # that kept the first one drop it as a re-signed replay), so the round can commit.
+            self.messenger.gossip(outer_round, msg.ATTESTATION, att, stage)
+
+    def write_shard(self, outer_round: int, stage: int, weights_hash: bytes) -> bytes:
+        """Write and serve this stage's checkpoint shard of ``outer_round``; its content hash."""
+        weights, momentum = self.worker.global_state(stage)
+        shard = Checkpoint(self.run_id, outer_round, dict(self.layout.model_config), self.config_hash,
+                           {stage: weights_hash}, weights, momentum)
+        path = self.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
+        digest = write_checkpoint(path, shard)
+        serve_blob(self.host, path.read_bytes())
+        return digest
+
+    def forget_before(self, outer_round: int) -> None:
+        """Drop every room's state of rounds before ``outer_round`` (memory stays flat on long runs)."""
+        self.exchange.forget_before(outer_round)
+        self.coordinator.forget_before(outer_round)
+        self.book.forget_before(outer_round)
+        self.validator.advance(outer_round)
+        self.rounds.forget_before(outer_round)
+
+    # -- gathering ------------------------------------------------------------------------
+    def gather_stage(self, outer_round: int, stage: int, sealed_before, waited: dict[str, float],
+                     prepare: bool = False, clock_from=None) -> StageInputs:
+        """The close of one stage of a round and what the exchange gathered for it.
+
+        Waits for the close and the contributions it names; ``prepare``: also aggregates (the pure
+        part of the outer step, valid while no round is applied). Runs on the training thread, or
+        on the prefetch thread while the next round trains (:meth:`prefetch`; ``clock_from``: when
+        the round deadline starts, see RoundCoordinator.await_close).
+        """
+        if sealed_before is not None:
+            self.coordinator.adopt(outer_round, stage, sealed_before[stage])
+        mark = time.monotonic()
+        close = self.coordinator.accepted(outer_round, stage) or self.coordinator.await_close(
+            outer_round, stage, clock_from=clock_from)
+        waited["close_wait"] += time.monotonic() - mark
+        return self.exchange.gather(outer_round, stage, close, waited, prepare)
+
+    def prefetch(self, outer_round: int) -> None:
+        """Close, fetch and aggregate ``outer_round`` on the prefetch thread while the next round trains.
+
+        With the one-step delay round t-1 is applied after round t's inner steps; its close,
+        its contributions and the pure part of its outer step do not depend on them (the
+        global state changes only when a round is applied, and none is until then), so they
+        are done meanwhile. The apply on the training thread joins it and uses the result
+        (:meth:`_take_gathered`); an error there is raised as the inline gathering would.
+        """
+        if outer_round in self.rounds.prefetched:
+            return
+        sealed_before = self.recovery.sealed_closes(outer_round)
+
+        # The deadline runs from when the training thread reaches the apply, as inline (set by
+        # _take_gathered): only a decision that needs no deadline is taken sooner.
+        def clock_from() -> float | None:
+            return self.rounds.apply_reached.get(outer_round)
+
+        def gather() -> Gathered:
+            waited = {"close_wait": 0.0, "fetch_wait": 0.0, "aggregate": 0.0}
+            stages = {stage: self.gather_stage(outer_round, stage, sealed_before, waited, prepare=True,
+                                               clock_from=clock_from)
+                      for stage in self.worker.stages}
+            return Gathered(sealed_before, stages, waited)
+
+        future: Future = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(gather())
+            except BaseException as exc:  # noqa: BLE001 - raised on the training thread by _take_gathered
+                future.set_exception(exc)
+
+        # A daemon thread: one blocked on a close when the process exits must not hold the exit.
+        threading.Thread(target=run, name=f"round-prefetch-{outer_round}", daemon=True).start()
+        self.rounds.prefetched[outer_round] = future
+
+    def _take_gathered(self, outer_round: int) -> tuple[Gathered, dict[str, float]]:
+        """The prefetched gathering of ``outer_round`` (waiting for it), or an empty one to fill inline."""
+        future = self.rounds.prefetched.pop(outer_round, None)
+        if future is None:
+            return Gathered(self.recovery.sealed_closes(outer_round), {}, {}), {}
+        mark = time.monotonic()
+        self.rounds.apply_reached[outer_round] = mark  # the prefetch's round deadline starts now
+        self.book.notify()
+        try:
+            gathered = future.result()
+        finally:
+            self.rounds.apply_reached.pop(outer_round, None)
+        gathered.joined_s = time.monotonic() - mark
+        overlapped = {f"prefetch_{k}": v for k, v in gathered.waited.items()}
+        return gathered, overlapped
