@@ -527,7 +527,14 @@ class LedgerClient(EventReads):
         return None if content_hash == bytes(32) else content_hash
 
     # Disputes, equivocation, accusations ---------------------------------------------------------------
-    def dispute(self, record: RoundRecord, signature: bytes, *, committed: RoundRecord | None = None) -> str:
+    def dispute(
+        self,
+        record: RoundRecord,
+        signature: bytes,
+        *,
+        committed: RoundRecord | None = None,
+        bond: int | None = None,
+    ) -> str:
         """Put on chain a member's own signed ``record`` for a committed round it differs from; return the tx.
 
         The disputer is the signer of ``signature`` (usually this account: ``client.sign_record(record)``): a
@@ -538,6 +545,7 @@ class LedgerClient(EventReads):
 
         Args:
             committed: The committed record of the round; None reads it from its RoundCommitted event.
+            bond: Wei sent; None sends the run's bond (the contract takes exactly that).
 
         Raises:
             LedgerRoundNotCommitted, LedgerDisputeMatchesCommit, LedgerDisputeOnlyMetrics,
@@ -551,7 +559,8 @@ class LedgerClient(EventReads):
             if committed is None:  # let the contract name it: LedgerRoundNotCommitted
                 committed = record
         args = (committed.fields(), record.fields(), pack_signatures([signature]))
-        bond = self._run_struct(record.run_id)["bond"]
+        if bond is None:
+            bond = self._run_struct(record.run_id)["bond"]
         return self._tx("dispute", args, f"dispute(run {record.run_id}, round {record.round})", bond)
 
     def dispute_count(self, run_id: int, round: int) -> int:
@@ -593,18 +602,20 @@ class LedgerClient(EventReads):
         )
         return self._tx("reportEquivocation", args, f"reportEquivocation(run {record_a.run_id})")
 
-    def accuse(self, run_id: int, accused: str, evidence_hash: bytes) -> str:
+    def accuse(self, run_id: int, accused: str, evidence_hash: bytes, *, bond: int | None = None) -> str:
         """Open an accusation against staked member ``accused``, paying the run's bond; return the tx hash.
 
         The accused cannot withdraw until it is resolved or lapses (``accusation_blocks`` later). The bond
-        comes back on a guilty verdict and is forfeited on a not-guilty one or when it lapses.
+        comes back on a guilty verdict and is forfeited on a not-guilty one or when it lapses. ``bond``: wei
+        sent; None sends the run's bond (the contract takes exactly that).
 
         Raises:
             LedgerNotMember (only an active member accuses), LedgerNotBonded, LedgerAccusationExists,
             LedgerZeroHash, LedgerBondMismatch.
         """
         args = (run_id, to_checksum_address(accused), check_bytes32("evidence_hash", evidence_hash))
-        bond = self._run_struct(run_id)["bond"]
+        if bond is None:
+            bond = self._run_struct(run_id)["bond"]
         return self._tx("accuse", args, f"accuse(run {run_id}, {accused})", bond)
 
     def resolve_accusation(self, verdict: Verdict, signatures: Iterable[bytes]) -> str:
