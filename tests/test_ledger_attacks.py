@@ -315,3 +315,22 @@ def test_attack_a_bogus_registration_elsewhere_does_not_fail_the_run(deployment)
     checks = check_chain_record(client, client.history(run.run_id), check_code=False)
     assert not checks.ok and not checks.notes
     assert any(squatter.address in problem and "forged registration" in problem for problem in checks.problems)
+
+
+# ---------------------------------------------------------------------- the node side
+def test_a_node_refuses_to_join_a_run_below_the_unbonding_floor(deployment):
+    """The contract refuses such runs; a node checks again before staking (a run of another ledger build)."""
+    from node.errors import NotRegistered
+    from node.live.onchain import NodeChain
+
+    class ZeroUnbonding(NodeChain):  # a run as an older ledger would have recorded it
+        def run_info(self, run_id):
+            return replace(super().run_info(run_id), unbonding_blocks=0)
+
+    run = deployment.member_run((1,), quorum=1)
+    joiner = deployment.register(5)
+    with pytest.raises(NotRegistered, match="unbonds stakes in 0 blocks"):
+        ZeroUnbonding(joiner).ensure_member(run.run_id)
+    assert joiner.member(run.run_id, joiner.address) is None  # nothing staked
+    NodeChain(joiner).ensure_member(run.run_id)
+    assert joiner.member(run.run_id, joiner.address).active

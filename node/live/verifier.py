@@ -629,25 +629,30 @@ class SpotChecker:
     def _loop(self) -> None:
         while not self.ctx.stop.is_set():
             if time.monotonic() - self._watched_at >= ACCUSATION_POLL_S:
-                self._watch_chain()
+                self._run_job("watch", ())
             try:
                 _priority, _seq, kind, args = self._jobs.get(timeout=0.5)
             except queue.Empty:
                 continue
-            try:
-                if kind == "sample":
-                    self._sample(*args)
-                elif kind == "confirm":
-                    outer_round, (accuser, accusation) = args
-                    self._confirm(outer_round, accuser, accusation)
-                elif kind == "chain":
-                    self._judge_chain_accusation(*args)
-                elif kind == "resolve":
-                    self._resolve(*args)
-            except (NodeError, LedgerError, P2PError, OSError) as exc:
-                logger.warning("spot checks: %s job failed: %s", kind, exc)
-            except Exception:  # one bad job must not end the checks
-                logger.exception("spot checks: %s job failed", kind)
+            self._run_job(kind, args)
+
+    def _run_job(self, kind: str, args: tuple) -> None:
+        try:
+            if kind == "watch":
+                self._watch_chain()
+            elif kind == "sample":
+                self._sample(*args)
+            elif kind == "confirm":
+                outer_round, (accuser, accusation) = args
+                self._confirm(outer_round, accuser, accusation)
+            elif kind == "chain":
+                self._judge_chain_accusation(*args)
+            elif kind == "resolve":
+                self._resolve(*args)
+        except (NodeError, LedgerError, P2PError, OSError) as exc:
+            logger.warning("spot checks: %s job failed: %s", kind, exc)
+        except Exception:  # one bad job must not end the checks
+            logger.exception("spot checks: %s job failed", kind)
 
     def close(self) -> None:
         self._thread.join(timeout=5)
