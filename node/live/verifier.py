@@ -491,19 +491,22 @@ class SpotChecker:
             return
         own = "0x" + self.ctx.chain.account_bytes.hex()
         now = time.monotonic()
+        waiting = []  # opening blocks of accusations still in their grace: read again from the oldest
         for record in opened:
-            self._watched_block = max(self._watched_block or 0, record.opened_block)
             if not record.open or own in (record.accused.lower(), record.accuser.lower()):
                 continue
             with self._lock:
                 if record.evidence_hash in self._accusations:
-                    continue  # gossip brought it: the gossip path judges it
+                    continue  # gossip brought it (or it was judged): the gossip path judges it
                 first_seen = self._on_chain.setdefault(record.evidence_hash, now)
                 if now - first_seen < CHAIN_ACCUSATION_GRACE_S:
+                    waiting.append(record.opened_block)
                     continue
                 # Judged once: mark it known, as a gossiped one would be.
                 self._accusations[record.evidence_hash] = (-1, None)
             self._put(_URGENT, "chain", record)
+        newest = max([record.opened_block for record in opened] + [self._watched_block or 0])
+        self._watched_block = min(waiting) if waiting else newest
 
     def _judge_chain_accusation(self, record: AccusationRecord) -> None:
         """An accusation known only from the chain: fetch its evidence by hash (from the accuser's node if known,
