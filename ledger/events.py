@@ -19,10 +19,10 @@ from web3 import Web3
 
 from ledger.errors import LedgerDecodeError
 from ledger.records import (
+    AccusationRecord,
     CommitRecord,
     DisputeRecord,
     EquivocationRecord,
-    AccusationRecord,
     RoundRecord,
     RunInfo,
     RunParams,

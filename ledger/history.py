@@ -271,7 +271,6 @@ class EventReads:
         commits, disputes, equivocations, slashings = [], [], [], []
         accusations: dict[tuple[str, bytes], AccusationRecord] = {}
         for event in events:
-            args = event.args
             if event.name == "RunCreated":
                 run = run_info_from(event)
             elif event.name == "RoundCommitted":
@@ -283,7 +282,7 @@ class EventReads:
             elif event.name == "MemberSlashed":
                 slashings.append(slash_from(event))
             elif event.name in _ACCUSATION_EVENTS:
-                accusations_from([event], accusations)
+                accusations_from([event], accusations)  # updates ``accusations`` in place
         if run is None:
             raise LedgerError(f"run {run_id} does not exist on ledger {self.ledger_address}")
         registrations = self.registrations() if with_registrations else []
