@@ -68,6 +68,9 @@ class _Signals:
                 signal.signal(s, handler)
 
 
+#: The demo's quorum fraction of the members in force, in basis points (its floor is --attest-quorum).
+DEMO_QUORUM_BPS = 5000
+
 def run_demo(args: argparse.Namespace) -> int:
     if args.replicas < 1 or args.stages < 1 or args.rounds < 1 or args.inner_steps < 1:
         raise ConfigError("--replicas, --stages, --rounds and --inner-steps must all be >= 1")
@@ -90,8 +93,11 @@ def run_demo(args: argparse.Namespace) -> int:
         raise ConfigError(f"--stake={args.stake}: must be >= 0")
     # The run's unbonding is LocalRun's default: the contract's floor (accusation deadline + dispute window),
     # never 0, so a member cannot leave and withdraw before a report lands.
+    # The quorum grows with the run: max(--attest-quorum, half the members in force), so a few seats bought
+    # into a larger run are never a quorum (docs/LEDGER.md).
     run = LocalRun(out, replicas=args.replicas, stages=args.stages, split=args.stages > 1, settings=settings,
-                   attest_quorum=args.attest_quorum, stake_wei=int(args.stake * 10**18))
+                   attest_quorum=args.attest_quorum, attest_quorum_bps=DEMO_QUORUM_BPS,
+                   stake_wei=int(args.stake * 10**18))
     print(f"dlx-node demo: {args.replicas} replicas x {args.stages} stages, model '{args.preset}', "
           f"{args.rounds} outer rounds of H={args.inner_steps}, data: {data or 'generated corpus'}")
     view = LiveView()

@@ -108,6 +108,11 @@ class NodeChain:
                 self._run_info[run_id] = self.client.run_info(run_id)
         return self._run_info[run_id]
 
+    def quorum_of(self, run_id: int) -> int:
+        """The signatures the run's next commit needs now (it grows with the members in force)."""
+        with self._lock:
+            return self.client.quorum_of(run_id)
+
     def check_run(self, run_id: int, config_hash: bytes, rounds: int | None = None) -> None:
         """Refuse settings that would train differently from the run's other members.
 
