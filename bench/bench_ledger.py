@@ -6,10 +6,12 @@ Runs against a real anvil started from contracts/node_modules (``npm ci --prefix
 
 Measures:
 * gas used by each call (deployments, register with and without stake, createRun, joinRun, leaveRun,
-  withdrawStake, commitRound, dispute, reportEquivocation, accuse, resolveAccusation, unregister);
-* round-commit gas by quorum k = 1, 3, 5, 8 signatures (target <= 150k at k = 3), first commit of a run and a
-  later one, with and without a checkpoint;
-* round-commit gas with 4, 64 and 4096 contributors (must not grow: contributor data is behind one root);
+  ejectInactive, withdrawStake, commitRound, dispute, reportEquivocation, accuse, resolveAccusation (not
+  guilty, guilty), expireAccusation, unregister);
+* round-commit gas by quorum k = 1, 3, 5, 8 signatures of 8 members (target <= 150k at k = 3), first commit of
+  a run and a later one, with and without a checkpoint;
+* round-commit gas at 3 of 4 and 10 of 16 members (the quorum from the fraction: k = 2 and quorumBps 7500 /
+  6250), with 4, 64 and 4096 contributors (must not grow: contributor data is behind one root);
 * time to read a run of ``--rounds`` committed rounds back from anvil (paginated event scan) and verify it
   (hash-chain replay, binding signatures, attesters and members, bytecode), target <= 5 s for 1000 rounds.
 """
@@ -31,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ledger.account import dev_account
+from ledger.account import dev_account, fund_accounts
 from ledger.chain import AnvilProcess, connect_rpc
 from ledger.checks import check_chain_record, check_hash_chain
 from ledger.client import LedgerClient
@@ -39,7 +41,10 @@ from ledger.records import ZERO_HASH, RoundRecord, Verdict
 
 QUORUMS = (1, 3, 5, 8)
 MEMBERS = range(1, 9)  # dev accounts 1-8 join every measured run
+#: (signers, members, quorumBps with k = 2): the quorum comes from the fraction of the members.
+FRACTIONS = ((3, 4, 7500), (10, 16, 6250))
 STAKE = 10**16
+BOND = 10**15
 
 
 def digest(label: str) -> bytes:
@@ -63,7 +68,7 @@ def next_record(client: LedgerClient, run_id: int, contributors: int, checkpoint
 
 
 def commit(clients: dict, run_id: int, k: int, contributors: int = 8, checkpoint: bytes = ZERO_HASH) -> str:
-    """Commit the run's next round signed by members 1..k, submitted by member 1."""
+    """Commit the run's next round signed by members 1..k (dev accounts), submitted by member 1."""
     record = next_record(clients[1], run_id, contributors, checkpoint)
     return clients[1].commit_round(record, [clients[i].sign_record(record) for i in range(1, k + 1)])
 
@@ -78,6 +83,18 @@ def register(client: LedgerClient, seed: int, stake: int | None = None) -> str:
     return client.register(public, key.sign(client.my_binding_message()), stake=stake)
 
 
+def create_run(client: LedgerClient, label: str, **params) -> int:
+    params.setdefault("min_stake", STAKE)
+    params.setdefault("bond", BOND)
+    params.setdefault("accusation_blocks", 8)
+    params.setdefault("dispute_blocks", 8)
+    return client.create_run(digest(label), 4, 500, "file:///run.toml", **params)
+
+
+def mine(w3, blocks: int) -> None:
+    w3.provider.make_request("anvil_mine", [hex(blocks)])
+
+
 def measure_gas(w3) -> dict:
     chain_id = w3.eth.chain_id
     deployer = dev_account(0, chain_id)
@@ -87,17 +104,16 @@ def measure_gas(w3) -> dict:
         w3.eth.get_block(number, full_transactions=True)["gasUsed"]
         for number in range(block + 1, w3.eth.block_number + 1)
     ]
-    clients = {i: LedgerClient(w3, dev_account(i, chain_id), registry, ledger) for i in range(10)}
+    clients = {i: LedgerClient(w3, dev_account(i, chain_id), registry, ledger) for i in range(17)}
+    fund_accounts(w3, deployer, [clients[i].address for i in range(10, 17)], 10 * STAKE + 10**20)
     gas = {"deploy_NodeRegistry": deploy_gas[0], "deploy_TrainingLedger": deploy_gas[1]}
     gas["register"] = gas_of(clients[1], register(clients[1], 1))
-    for i in MEMBERS[1:]:
+    for i in range(2, 17):
         register(clients[i], i)
     by_quorum = {}
     runs = {}
     for k in QUORUMS:
-        run_id = clients[1].create_run(
-            digest(f"config k={k}"), 4, 500, "file:///run.toml", min_stake=STAKE, quorum=k, unbonding_blocks=2
-        )
+        run_id = create_run(clients[1], f"config k={k}", quorum=k)
         gas.setdefault("createRun", w3.eth.get_block("latest")["gasUsed"])  # anvil mines one tx per block
         for i in MEMBERS:
             tx = clients[i].join_run(run_id)
@@ -114,19 +130,47 @@ def measure_gas(w3) -> dict:
     for contributors in (4, 64, 4096):
         by_contributors[str(contributors)] = gas_of(clients[1], commit(clients, run_id, 3, contributors))
     gas["commitRound_k3_by_contributors"] = by_contributors
+    committed = clients[1].commit_of(run_id, clients[1].commit_count(run_id) - 1)
+    mine_record = RoundRecord(*committed.fields()[:3], digest("mine"), *committed.fields()[4:])
+    gas["dispute"] = gas_of(clients[8], clients[8].dispute(mine_record, clients[8].sign_record(mine_record)))
 
-    committed = clients[1].commit_of(run_id, 0)
-    mine = RoundRecord(*committed.fields()[:3], digest("mine"), *committed.fields()[4:])
-    gas["dispute"] = gas_of(clients[8], clients[8].dispute(mine, clients[8].sign_record(mine)))
+    by_fraction = {}
+    for signers, members, bps in FRACTIONS:
+        fraction_run = create_run(clients[1], f"config {signers} of {members}", quorum=2, quorum_bps=bps)
+        for i in range(1, members + 1):
+            clients[i].join_run(fraction_run)
+        assert clients[1].quorum_of(fraction_run) == signers
+        entry = {"quorum": signers, "members": members, "quorum_bps": bps,
+                 "first": gas_of(clients[1], commit(clients, fraction_run, signers))}
+        for contributors in (4, 64, 4096):
+            entry[f"contributors_{contributors}"] = gas_of(
+                clients[1], commit(clients, fraction_run, signers, contributors)
+            )
+        entry["with_checkpoint"] = gas_of(clients[1], commit(clients, fraction_run, signers, checkpoint=digest("c")))
+        by_fraction[f"{signers}_of_{members}"] = entry
+    gas["commitRound_by_fraction"] = by_fraction
+
     evidence = digest("evidence")
     gas["accuse"] = gas_of(clients[1], clients[1].accuse(run_id, clients[7].address, evidence))
     verdict = Verdict(run_id, clients[7].address, evidence, False)
     gas["resolveAccusation_k3_not_guilty"] = gas_of(
         clients[1], clients[1].resolve_accusation(verdict, [clients[i].sign_verdict(verdict) for i in (1, 2, 3)])
     )
+    lapsing = digest("lapsing evidence")
+    clients[1].accuse(run_id, clients[7].address, lapsing)
+    mine(w3, 8)
+    gas["expireAccusation"] = gas_of(clients[1], clients[1].expire_accusation(run_id, clients[7].address, lapsing))
+    guilty_evidence = digest("guilty evidence")
+    clients[1].accuse(run_id, clients[5].address, guilty_evidence)
+    verdict = Verdict(run_id, clients[5].address, guilty_evidence, True)
+    gas["resolveAccusation_k3_guilty"] = gas_of(
+        clients[1], clients[1].resolve_accusation(verdict, [clients[i].sign_verdict(verdict) for i in (1, 2, 3)])
+    )
     gas["leaveRun"] = gas_of(clients[7], clients[7].leave_run(run_id))
-    for _ in range(2):  # the unbonding period: two blocks
-        clients[0].create_run(digest("filler"), 1, 1)
+    while clients[1].commit_count(run_id) < 16:  # members 4, 6 and 8 never signed: ejectable at round 16
+        commit(clients, run_id, 3)
+    gas["ejectInactive"] = gas_of(clients[9], clients[9].eject_inactive(run_id, clients[4].address))
+    mine(w3, clients[1].run_info(run_id).unbonding_blocks)
     gas["withdrawStake"] = gas_of(clients[7], clients[7].withdraw_stake(run_id))
     forked = RoundRecord(*committed.fields()[:3], digest("forked"), *committed.fields()[4:])
     gas["reportEquivocation"] = gas_of(
@@ -135,7 +179,7 @@ def measure_gas(w3) -> dict:
             committed, clients[6].sign_record(committed), forked, clients[6].sign_record(forked)
         ),
     )
-    gas["unregister"] = gas_of(clients[8], clients[8].unregister())
+    gas["unregister"] = gas_of(clients[16], clients[16].unregister())
 
     staked_registry, staked_ledger = LedgerClient.deploy(w3, deployer, min_stake=10**18)
     staked = LedgerClient(w3, dev_account(3, chain_id), staked_registry, staked_ledger)
@@ -197,6 +241,7 @@ def main() -> None:
 
     contributors_gas = gas["commitRound_k3_by_contributors"]
     k3 = gas["commitRound_by_quorum"]["3"]
+    fractions = gas["commitRound_by_fraction"]
     result = {
         "benchmark": "ledger",
         "chain": "anvil 1.7.1 (hardfork prague)",
@@ -209,7 +254,13 @@ def main() -> None:
         "gas": gas,
         "commit_gas_k3_max": max(*contributors_gas.values(), *k3.values()),
         "commit_gas_k3_target": 150_000,
-        "commit_gas_grows_with_contributors": contributors_gas["4096"] - contributors_gas["4"] > 100,
+        "commit_gas_grows_with_contributors": any(
+            abs(entry["contributors_4096"] - entry["contributors_4"]) > 100
+            for entry in [*fractions.values(), {"contributors_4": contributors_gas["4"],
+                                               "contributors_4096": contributors_gas["4096"]}]
+        ),
+        "commit_gas_3_of_4": fractions["3_of_4"]["contributors_64"],
+        "commit_gas_10_of_16": fractions["10_of_16"]["contributors_64"],
         "history": history,
     }
     out = Path(args.out)

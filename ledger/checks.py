@@ -8,13 +8,16 @@ caller's: :mod:`node.tools.audit` composes them with the evidence and replay che
   ``max_rounds``, ``prev_head``), the contract's head.
 * :func:`verify_binding` / :func:`check_registrations` -- a registration's ed25519 signature over
   :func:`ledger.client.binding_message` (the contract cannot check it: the EVM has no ed25519 precompile).
-* :func:`check_attesters` -- each commit's attesters are ``quorum`` distinct members in force at its block,
-  rebuilt from the membership events alone (:meth:`ledger.records.Membership.in_force`).
+* :func:`check_attesters` -- each commit's attesters are at least the run's quorum at that commit,
+  ``max(k, ceil(quorum_bps x members in force))``, distinct members in force at it, rebuilt from the
+  membership events alone (:meth:`ledger.records.Membership.in_force`).
 * :func:`check_members` / :func:`bound_account` -- a member's node key, or a contribution's signing key, was
   bound by a registration with a valid binding in force (:meth:`ledger.records.Registration.in_force`).
 * :func:`check_contracts` -- the code deployed at both addresses is the committed build artifact,
   immutables masked (:func:`bytecode_problem`), and the ledger trusts the registry.
-* :func:`check_chain_record` runs them all on one run.
+* :func:`check_chain_record` runs them all on one run. Only the registrations the run uses (those in force
+  when one of its members joined, whose key the seat copied) are items; a bogus registration of anyone else
+  on the shared registry is a note, never a failure of this run.
 
 Only :func:`check_contracts` and :func:`verify_bytecode` read the chain; the others are pure.
 """
@@ -33,7 +36,14 @@ import contracts
 from ledger.client import binding_message
 from ledger.errors import AuditError, LedgerError
 from ledger.hashchain import genesis_head, next_head
-from ledger.records import DisputeRecord, EquivocationRecord, Registration, RunHistory, SlashRecord
+from ledger.records import (
+    DisputeRecord,
+    EquivocationRecord,
+    Membership,
+    Registration,
+    RunHistory,
+    SlashRecord,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -166,19 +176,25 @@ def check_hash_chain(history: RunHistory, chain_id: int, ledger_address: str) ->
 
 # ---------------------------------------------------------------------- members and attesters
 def check_attesters(history: RunHistory) -> list[ItemResult]:
-    """One result per commit: ``quorum`` distinct attesters, ascending, each a member in force at the commit.
+    """One result per commit: at least the run's quorum of distinct attesters, ascending, each a member in force
+    at the commit. The quorum at a commit is ``max(k, ceil(quorum_bps x members in force))``, as the contract
+    computed it from its count of active members.
 
     The chain verified the signatures; this re-checks, from the membership events alone, that the signers it
     accepted were members when the commit was mined (and that the submitter was one).
     """
     results = []
-    quorum = history.run.quorum
     for record in history.commits:
         in_force = {m.account for m in history.members_at(record.position)}
+        quorum = history.run.quorum_for(len(in_force))
         attesters = list(record.attesters)
         problems = []
         if len(set(attesters)) < quorum:
-            problems.append(f"{len(set(attesters))} distinct attesters, the run's quorum is {quorum}")
+            problems.append(
+                f"{len(set(attesters))} distinct attesters, the run's quorum is {quorum}"
+                + (f" (k {history.run.quorum}, {history.run.quorum_bps} bps of {len(in_force)} members)"
+                   if quorum != history.run.quorum else "")
+            )
         if [int(a, 16) for a in attesters] != sorted({int(a, 16) for a in attesters}):
             problems.append("attesters are not strictly ascending")
         outsiders = [a for a in attesters if a not in in_force]
@@ -251,6 +267,14 @@ def check_registrations(
     return results, valid
 
 
+def registration_used(registration: Registration, memberships: list[Membership]) -> bool:
+    """Whether a run uses ``registration``: it was in force when a membership of its account joined (the seat
+    copied the registry's key of the account at that block)."""
+    return any(
+        m.account == registration.account and registration.in_force(m.joined[0]) for m in memberships
+    )
+
+
 def bound_account(
     valid: dict[str, list[Registration]], pubkey: bytes, first_block: int, last_block: int
 ) -> str | None:
@@ -270,13 +294,14 @@ class ChainChecks:
     run_id: int
     contracts: list[ItemResult] | None  # None: not checked (on request)
     hash_chain: HashChainResult
-    registrations: list[ItemResult]
+    registrations: list[ItemResult]  # the registrations the run uses (registration_used)
     members: list[ItemResult]
     attesters: list[ItemResult]
     valid: dict[str, list[Registration]] = field(default_factory=dict)  # valid registrations by account
     disputes: dict[int, list[DisputeRecord]] = field(default_factory=dict)  # by round
     equivocations: dict[int, list[EquivocationRecord]] = field(default_factory=dict)  # by round
     slashings: list[SlashRecord] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # findings that do not concern this run's record
 
     @property
     def disputed_rounds(self) -> list[int]:
@@ -300,16 +325,23 @@ class ChainChecks:
 
     @property
     def ok(self) -> bool:
-        """Nothing contradicts the record (a forged registration does, even of an account that never
-        signed: it claims a node key for an account that never proved control of it). Disputes, equivocations
-        and slashings are findings to report, not contradictions of the record."""
+        """Nothing contradicts the record (a forged registration the run uses does: a member's seat holds a
+        key its account never proved control of). A forged registration of an account the run never seated is
+        a note: anyone can write one to the shared registry, and it says nothing about this run. Disputes,
+        equivocations and slashings are findings to report, not contradictions of the record."""
         return not self.problems
 
 
 def check_chain_record(client: Any, history: RunHistory, check_code: bool = True) -> ChainChecks:
     """Every chain check of ``history`` (read with ``client``, a reader of the run's deployment)."""
     chain_id = client.chain_id
-    registrations, valid = check_registrations(history.registrations, chain_id, client.registry_address)
+    results, valid = check_registrations(history.registrations, chain_id, client.registry_address)
+    registrations, notes = [], []
+    for registration, result in zip(history.registrations, results, strict=True):
+        if registration_used(registration, history.memberships):
+            registrations.append(result)
+        elif not result.ok:
+            notes.append(f"{result.name}, not used by run {history.run.run_id}: {result.reason}")
     disputes: dict[int, list[DisputeRecord]] = {}
     for dispute in history.disputes:
         disputes.setdefault(dispute.round, []).append(dispute)
@@ -327,6 +359,7 @@ def check_chain_record(client: Any, history: RunHistory, check_code: bool = True
         disputes=disputes,
         equivocations=equivocations,
         slashings=list(history.slashings),
+        notes=notes,
     )
     if checks.problems:
         logger.info("chain checks of run %d: %d problem(s)", history.run.run_id, len(checks.problems))

@@ -43,11 +43,15 @@ from ledger.events import EventDecoder, topic_address, topic_uint
 from ledger.history import EventReads
 from ledger.records import (
     ACCUSATION_STATUSES,
+    DEFAULT_ACCUSATION_BLOCKS,
+    DEFAULT_DISPUTE_BLOCKS,
+    DEFAULT_INACTIVITY_ROUNDS,
     MEMBER_STATUSES,
-    UINT32_MAX,
     UINT64_MAX,
+    AccusationState,
     Member,
     RoundRecord,
+    RunParams,
     Verdict,
     check_bytes32,
     check_uint,
@@ -269,10 +273,15 @@ class LedgerClient(EventReads):
         *,
         min_stake: int = 0,
         quorum: int = 1,
-        unbonding_blocks: int = 0,
+        quorum_bps: int = 0,
+        bond: int | None = None,
+        unbonding_blocks: int | None = None,
+        accusation_blocks: int = DEFAULT_ACCUSATION_BLOCKS,
+        dispute_blocks: int = DEFAULT_DISPUTE_BLOCKS,
+        inactivity_rounds: int = DEFAULT_INACTIVITY_ROUNDS,
         max_rounds: int = 0,
     ) -> int:
-        """Create a run; return its id. Its parameters never change.
+        """Create a run; return its id. Its parameters never change (:class:`ledger.records.RunParams`).
 
         Args:
             config_hash: 32-byte hash of the run's full configuration (model, data, hyperparameters, stages, H).
@@ -280,19 +289,42 @@ class LedgerClient(EventReads):
             inner_steps: Inner steps H per outer round (>= 1).
             config_uri: Where the configuration can be fetched (emitted only).
             min_stake: Wei each member stakes to join.
-            quorum: Distinct member signatures a commit (or a verdict) needs, >= 1.
-            unbonding_blocks: Blocks between ``leave_run`` and the earliest ``withdraw_stake``.
+            quorum: k, the fewest distinct member signatures a commit (or a verdict) needs, in [1, 65535].
+            quorum_bps: The quorum is also at least this fraction (basis points, <= 10000) of the members
+                counted: ``max(k, ceil(quorum_bps / 10000 x members))``; 0 leaves k alone.
+            bond: Wei an accuser or disputer deposits; None: a tenth of ``min_stake``.
+            unbonding_blocks: Blocks between ``leave_run`` and the earliest ``withdraw_stake``; at least
+                ``accusation_blocks + dispute_blocks`` (None: exactly that), at most 2^32.
+            accusation_blocks: Blocks an accusation stays open before it lapses (>= 8).
+            dispute_blocks: Blocks after a commit during which members in force at it may dispute it (>= 8).
+            inactivity_rounds: Committed rounds a member may leave unattested before anyone may eject it (>= 1).
             max_rounds: Rounds 0 .. max_rounds-1 may be committed; 0 leaves the run open-ended.
+
+        Raises:
+            LedgerZeroHash, LedgerBadRunShape, LedgerBadQuorum, LedgerBadWindow, LedgerUnbondingTooShort,
+            LedgerUnbondingTooLong, LedgerBadInactivityRounds: the contract's rules.
         """
-        config_hash = check_bytes32("config_hash", config_hash)
-        check_uint("num_stages", num_stages, UINT32_MAX)
-        check_uint("inner_steps", inner_steps, UINT32_MAX)
-        check_uint("min_stake", min_stake, 2**256 - 1)
-        check_uint("quorum", quorum, UINT32_MAX)
-        check_uint("unbonding_blocks", unbonding_blocks, UINT64_MAX)
-        check_uint("max_rounds", max_rounds, UINT64_MAX)
-        args = (config_hash, num_stages, inner_steps, min_stake, quorum, unbonding_blocks, max_rounds, config_uri)
-        receipt = self._sender.transact(self._ledger, "createRun", args, "createRun")
+        params = RunParams(
+            config_hash,
+            num_stages,
+            inner_steps,
+            min_stake=min_stake,
+            quorum=quorum,
+            quorum_bps=quorum_bps,
+            bond=bond,
+            unbonding_blocks=unbonding_blocks,
+            accusation_blocks=accusation_blocks,
+            dispute_blocks=dispute_blocks,
+            inactivity_rounds=inactivity_rounds,
+            max_rounds=max_rounds,
+        )
+        return self.create_run_with(params, config_uri)
+
+    def create_run_with(self, params: RunParams, config_uri: str = "") -> int:
+        """Create a run with ``params``; return its id (see :meth:`create_run`)."""
+        if not isinstance(params, RunParams):
+            raise LedgerInputError(f"create_run_with needs RunParams, got {type(params).__name__}")
+        receipt = self._sender.transact(self._ledger, "createRun", (params.fields(), config_uri), "createRun")
         for log in receipt["logs"]:
             event = self._ledger_events.decode(log)
             if event is not None and event.name == "RunCreated":
@@ -341,20 +373,44 @@ class LedgerClient(EventReads):
         """Take the stake back once unbonding is over and no accusation is open; return the tx hash.
 
         Raises:
-            LedgerStillUnbonding, LedgerAccusationPending, LedgerNotUnbonding.
+            LedgerStillUnbonding, LedgerAccusationPending (an accusation past its deadline must be
+            :meth:`expire_accusation`-ed first), LedgerNotUnbonding.
         """
         return self._tx("withdrawStake", (run_id,), f"withdrawStake(run {run_id})")
+
+    def eject_inactive(self, run_id: int, account: str) -> str:
+        """Eject active member ``account``, which attested none of the run's last ``inactivity_rounds``
+        committed rounds: it stops counting toward the quorum and unbonds as if it had left. Anyone may.
+
+        Raises:
+            LedgerMemberNotInactive (``.values["missedRounds"]``), LedgerNotMember.
+        """
+        account = to_checksum_address(account)
+        return self._tx("ejectInactive", (run_id, account), f"ejectInactive(run {run_id}, {account})")
+
+    def quorum_of(self, run_id: int) -> int:
+        """The signatures the run's next commit needs now: ``max(k, ceil(quorum_bps x active members))``."""
+        return self._sender.call(self._ledger, "quorumOf", (run_id,))
 
     def member(self, run_id: int, address: str) -> Member | None:
         """The seat of ``address`` in ``run_id`` as the contract holds it now, or None (never joined/withdrew)."""
         address = to_checksum_address(address)
-        node_key, stake, unbonding_end, open_accusations, status = self._sender.call(
-            self._ledger, "memberOf", (run_id, address)
-        )
+        (node_key, stake, active_round, open_accusations, status, join_round, left_round, join_block,
+         unbonding_end) = self._sender.call(self._ledger, "memberOf", (run_id, address))
         if status == 0:
             return None
         return Member(
-            run_id, address, bytes(node_key), stake, unbonding_end, open_accusations, MEMBER_STATUSES[status]
+            run_id,
+            address,
+            bytes(node_key),
+            stake,
+            unbonding_end,
+            open_accusations,
+            MEMBER_STATUSES[status],
+            active_round=active_round,
+            join_round=join_round,
+            left_round=left_round,
+            join_block=join_block,
         )
 
     def member_count(self, run_id: int) -> int:
@@ -471,23 +527,61 @@ class LedgerClient(EventReads):
         return None if content_hash == bytes(32) else content_hash
 
     # Disputes, equivocation, accusations ---------------------------------------------------------------
-    def dispute(self, record: RoundRecord, signature: bytes) -> str:
-        """Record on chain a member's own signed ``record`` for a committed round it differs from; return the tx.
+    def dispute(
+        self,
+        record: RoundRecord,
+        signature: bytes,
+        *,
+        committed: RoundRecord | None = None,
+        bond: int | None = None,
+    ) -> str:
+        """Put on chain a member's own signed ``record`` for a committed round it differs from; return the tx.
 
-        The disputer is the signer of ``signature`` (usually this account: ``client.sign_record(record)``),
-        which must hold a stake in the run. A dispute cannot be withdrawn.
+        The disputer is the signer of ``signature`` (usually this account: ``client.sign_record(record)``): a
+        member in force at the round (joined before it was committed, not left before), still staked, within
+        the run's ``dispute_blocks`` of the commit. The record must differ from the committed one in its
+        weights root, contributions root or checkpoint hash. This account pays the run's bond, which joins
+        the disputer's stake (returned with it, slashed with it). A dispute cannot be withdrawn.
+
+        Args:
+            committed: The committed record of the round; None reads it from its RoundCommitted event.
+            bond: Wei sent; None sends the run's bond (the contract takes exactly that).
 
         Raises:
-            LedgerRoundNotCommitted, LedgerDisputeMatchesCommit, LedgerAlreadyDisputed, LedgerNotBonded.
+            LedgerRoundNotCommitted, LedgerDisputeMatchesCommit, LedgerDisputeOnlyMetrics,
+            LedgerDisputeWindowClosed, LedgerNotInForce, LedgerAlreadyDisputed, LedgerNotBonded,
+            LedgerNotCommittedRecord, LedgerBondMismatch.
         """
         if not isinstance(record, RoundRecord):
             raise LedgerInputError(f"dispute needs a RoundRecord, got {type(record).__name__}")
-        args = (record.fields(), pack_signatures([signature]))
-        return self._tx("dispute", args, f"dispute(run {record.run_id}, round {record.round})")
+        if committed is None:
+            committed = self.commit_of(record.run_id, record.round)
+            if committed is None:  # let the contract name it: LedgerRoundNotCommitted
+                committed = record
+        args = (committed.fields(), record.fields(), pack_signatures([signature]))
+        if bond is None:
+            bond = self._run_struct(record.run_id)["bond"]
+        return self._tx("dispute", args, f"dispute(run {record.run_id}, round {record.round})", bond)
 
     def dispute_count(self, run_id: int, round: int) -> int:
         """How many members disputed ``round`` of ``run_id``."""
         return self._sender.call(self._ledger, "disputeCount", (run_id, round))
+
+    def disputers_of(self, run_id: int, round: int) -> list[str]:
+        """The members that disputed ``round`` of ``run_id``, in order (their records: :meth:`disputes`)."""
+        check_uint("round", round, UINT64_MAX)
+        return list(self._sender.call(self._ledger, "disputersOf", (run_id, round)))
+
+    def commit_block_of(self, run_id: int, round: int) -> int | None:
+        """The block that committed ``round`` of ``run_id``, or None if it is not committed."""
+        check_uint("round", round, UINT64_MAX)
+        block = self._sender.call(self._ledger, "commitBlockOf", (run_id, round))
+        return block or None
+
+    def dispute_window_end(self, run_id: int, round: int) -> int | None:
+        """The first block at which ``round`` of ``run_id`` can no longer be disputed, or None if uncommitted."""
+        block = self.commit_block_of(run_id, round)
+        return None if block is None else block + self._run_struct(run_id)["disputeBlocks"]
 
     def report_equivocation(
         self, record_a: RoundRecord, signature_a: bytes, record_b: RoundRecord, signature_b: bytes
@@ -508,18 +602,32 @@ class LedgerClient(EventReads):
         )
         return self._tx("reportEquivocation", args, f"reportEquivocation(run {record_a.run_id})")
 
-    def accuse(self, run_id: int, accused: str, evidence_hash: bytes) -> str:
-        """Open an accusation against staked member ``accused`` (blocks its withdrawal); return the tx hash."""
+    def accuse(self, run_id: int, accused: str, evidence_hash: bytes, *, bond: int | None = None) -> str:
+        """Open an accusation against staked member ``accused``, paying the run's bond; return the tx hash.
+
+        The accused cannot withdraw until it is resolved or lapses (``accusation_blocks`` later). The bond
+        comes back on a guilty verdict and is forfeited on a not-guilty one or when it lapses. ``bond``: wei
+        sent; None sends the run's bond (the contract takes exactly that).
+
+        Raises:
+            LedgerNotMember (only an active member accuses), LedgerNotBonded, LedgerAccusationExists,
+            LedgerZeroHash, LedgerBondMismatch.
+        """
         args = (run_id, to_checksum_address(accused), check_bytes32("evidence_hash", evidence_hash))
-        return self._tx("accuse", args, f"accuse(run {run_id}, {accused})")
+        if bond is None:
+            bond = self._run_struct(run_id)["bond"]
+        return self._tx("accuse", args, f"accuse(run {run_id}, {accused})", bond)
 
     def resolve_accusation(self, verdict: Verdict, signatures: Iterable[bytes]) -> str:
         """Decide an open accusation with members' signatures over ``verdict`` (any order); return the tx hash.
 
-        Guilty slashes the accused and removes it from the run. The accused's own signature is not counted.
+        The signers must have been members in force when it was opened (unbonding ones included), at least
+        its quorum (:meth:`accusation`), before its deadline. Guilty slashes the accused, removes it from the
+        run and returns the accuser's bond; not guilty forfeits the bond. The accused's signature is not counted.
 
         Raises:
-            LedgerAccusationNotOpen, LedgerQuorumNotMet, LedgerSignerNotMember, LedgerSignersNotAscending.
+            LedgerAccusationNotOpen, LedgerAccusationExpired, LedgerQuorumNotMet, LedgerSignerNotMember,
+            LedgerSignerNotInForce, LedgerSignersNotAscending.
         """
         if not isinstance(verdict, Verdict):
             raise LedgerInputError(f"resolve_accusation needs a Verdict, got {type(verdict).__name__}")
@@ -528,14 +636,41 @@ class LedgerClient(EventReads):
         what = f"resolveAccusation(run {verdict.run_id}, {verdict.accused})"
         return self._tx("resolveAccusation", (verdict.fields(), packed), what)
 
-    def accusation_status(self, run_id: int, accused: str, evidence_hash: bytes) -> str:
-        """The accusation's state: one of ``ACCUSATION_STATUSES`` ("none", "open", "guilty", "cleared")."""
+    def expire_accusation(self, run_id: int, accused: str, evidence_hash: bytes) -> str:
+        """Close an accusation whose deadline passed undecided: it lapses, the accused's stake is free of it and
+        the accuser's bond is forfeited. Anyone may. Return the tx hash.
+
+        Raises:
+            LedgerAccusationNotExpired, LedgerAccusationNotOpen.
+        """
         args = (run_id, to_checksum_address(accused), check_bytes32("evidence_hash", evidence_hash))
-        return ACCUSATION_STATUSES[self._sender.call(self._ledger, "accusationOf", args)]
+        return self._tx("expireAccusation", args, f"expireAccusation(run {run_id}, {accused})")
+
+    def accusation(self, run_id: int, accused: str, evidence_hash: bytes) -> AccusationState | None:
+        """The accusation as the contract holds it now, or None if it was never opened."""
+        accused = to_checksum_address(accused)
+        evidence_hash = check_bytes32("evidence_hash", evidence_hash)
+        status, accuser, opened_block, deadline, quorum, bond = self._sender.call(
+            self._ledger, "accusationOf", (run_id, accused, evidence_hash)
+        )
+        if status == 0:
+            return None
+        return AccusationState(
+            run_id, accused, evidence_hash, ACCUSATION_STATUSES[status], accuser, opened_block, deadline, quorum, bond
+        )
+
+    def accusation_status(self, run_id: int, accused: str, evidence_hash: bytes) -> str:
+        """The accusation's state: one of ``ACCUSATION_STATUSES`` ("none", "open", "guilty", "cleared", "expired")."""
+        state = self.accusation(run_id, accused, evidence_hash)
+        return "none" if state is None else state.status
 
     def slashed_total(self) -> int:
         """Wei slashed so far over all runs (kept by the ledger for good)."""
         return self._sender.call(self._ledger, "slashedTotal")
+
+    def forfeited_total(self) -> int:
+        """Wei of accusation bonds forfeited so far over all runs (kept by the ledger for good)."""
+        return self._sender.call(self._ledger, "forfeitedTotal")
 
     # Internals -----------------------------------------------------------------------------------------
     def _tx(self, name: str, args: tuple, what: str, value: int = 0) -> str:
@@ -547,15 +682,19 @@ class LedgerClient(EventReads):
             "commitCount",
             "maxRounds",
             "quorum",
-            "checkpointCount",
-            "latestCheckpointRound",
+            "quorumBps",
+            "memberCount",
+            "checkpointEnd",
+            "headHash",
             "creator",
             "numStages",
             "innerSteps",
-            "memberCount",
+            "inactivityRounds",
             "unbondingBlocks",
+            "accusationBlocks",
+            "disputeBlocks",
             "minStake",
+            "bond",
             "configHash",
-            "headHash",
         )
         return dict(zip(names, self._sender.call(self._ledger, "runOf", (run_id,)), strict=True))

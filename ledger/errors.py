@@ -132,7 +132,23 @@ class LedgerBadRunShape(LedgerRevert):
 
 
 class LedgerBadQuorum(LedgerRevert):
-    """A run's quorum is zero."""
+    """A run's quorum k is zero, or its quorum fraction is above 10000 basis points."""
+
+
+class LedgerBadWindow(LedgerRevert):
+    """A run's accusation deadline or dispute window is shorter than the contract's minimum or above its maximum."""
+
+
+class LedgerUnbondingTooShort(LedgerRevert):
+    """A run's unbonding period is shorter than its accusation deadline plus its dispute window."""
+
+
+class LedgerUnbondingTooLong(LedgerRevert):
+    """A run's unbonding period is above the contract's maximum (2^32 blocks)."""
+
+
+class LedgerBadInactivityRounds(LedgerRevert):
+    """A run's inactivity limit (rounds a member may leave unattested) is zero."""
 
 
 class LedgerZeroHash(LedgerRevert):
@@ -141,6 +157,10 @@ class LedgerZeroHash(LedgerRevert):
 
 class LedgerStakeTooLow(LedgerRevert):
     """``joinRun`` was sent with less than the run's minimum stake."""
+
+
+class LedgerBondMismatch(LedgerRevert):
+    """An accusation or dispute was sent with another value than the run's bond."""
 
 
 class LedgerAlreadyMember(LedgerRevert):
@@ -171,6 +191,10 @@ class LedgerRefundFailed(LedgerRevert):
     """Returning the stake to the member failed."""
 
 
+class LedgerMemberNotInactive(LedgerRevert):
+    """``ejectInactive`` of a member that attested one of the run's last ``inactivityRounds`` rounds."""
+
+
 class LedgerRoundNotNext(LedgerRevert):
     """The round is not the run's next one (last committed + 1, or 0 first)."""
 
@@ -193,6 +217,10 @@ class LedgerInvalidSignature(LedgerRevert):
 
 class LedgerSignerNotMember(LedgerRevert):
     """A signature recovers to an account that is not a current member of the run."""
+
+
+class LedgerSignerNotInForce(LedgerRevert):
+    """A verdict signer joined at or after the accusation's block, or had left before it."""
 
 
 class LedgerSignersNotAscending(LedgerRevert):
@@ -219,8 +247,25 @@ class LedgerRoundNotCommitted(LedgerRevert):
     """A dispute names a round that was never committed."""
 
 
+class LedgerNotCommittedRecord(LedgerRevert):
+    """The record a dispute names as committed is not the one committed for its round."""
+
+
 class LedgerDisputeMatchesCommit(LedgerRevert):
     """A dispute's record is the committed record."""
+
+
+class LedgerDisputeOnlyMetrics(LedgerRevert):
+    """A dispute's record differs from the committed one only in losses, tokens or contributor count,
+    which the replay does not decide (weights root, contributions root and checkpoint hash are equal)."""
+
+
+class LedgerDisputeWindowClosed(LedgerRevert):
+    """The round was committed more than the run's ``disputeBlocks`` ago."""
+
+
+class LedgerNotInForce(LedgerRevert):
+    """The disputer was not a member in force at the round (joined after it was committed, or left before)."""
 
 
 class LedgerAlreadyDisputed(LedgerRevert):
@@ -232,7 +277,15 @@ class LedgerAccusationExists(LedgerRevert):
 
 
 class LedgerAccusationNotOpen(LedgerRevert):
-    """No open accusation (run, accused, evidence) to resolve."""
+    """No open accusation (run, accused, evidence) to resolve or expire."""
+
+
+class LedgerAccusationExpired(LedgerRevert):
+    """The accusation reached its deadline: it takes no verdict, only ``expireAccusation``."""
+
+
+class LedgerAccusationNotExpired(LedgerRevert):
+    """``expireAccusation`` before the accusation's deadline."""
 
 
 #: Every Python class that mirrors a Solidity custom error, by the error's name.
@@ -250,8 +303,13 @@ REVERT_CLASSES: dict[str, type[ContractRevert]] = {
         LedgerUnknownRun,
         LedgerBadRunShape,
         LedgerBadQuorum,
+        LedgerBadWindow,
+        LedgerUnbondingTooShort,
+        LedgerUnbondingTooLong,
+        LedgerBadInactivityRounds,
         LedgerZeroHash,
         LedgerStakeTooLow,
+        LedgerBondMismatch,
         LedgerAlreadyMember,
         LedgerMemberSlashed,
         LedgerNotMember,
@@ -259,21 +317,29 @@ REVERT_CLASSES: dict[str, type[ContractRevert]] = {
         LedgerStillUnbonding,
         LedgerAccusationPending,
         LedgerRefundFailed,
+        LedgerMemberNotInactive,
         LedgerRoundNotNext,
         LedgerRoundBeyondMax,
         LedgerStaleHead,
         LedgerBadSignaturesLength,
         LedgerInvalidSignature,
         LedgerSignerNotMember,
+        LedgerSignerNotInForce,
         LedgerSignersNotAscending,
         LedgerQuorumNotMet,
         LedgerNotEquivocation,
         LedgerDifferentSigners,
         LedgerNotBonded,
         LedgerRoundNotCommitted,
+        LedgerNotCommittedRecord,
         LedgerDisputeMatchesCommit,
+        LedgerDisputeOnlyMetrics,
+        LedgerDisputeWindowClosed,
+        LedgerNotInForce,
         LedgerAlreadyDisputed,
         LedgerAccusationExists,
         LedgerAccusationNotOpen,
+        LedgerAccusationExpired,
+        LedgerAccusationNotExpired,
     )
 }

@@ -19,11 +19,13 @@ from web3 import Web3
 
 from ledger.errors import LedgerDecodeError
 from ledger.records import (
+    AccusationRecord,
     CommitRecord,
     DisputeRecord,
     EquivocationRecord,
     RoundRecord,
     RunInfo,
+    RunParams,
     SlashRecord,
 )
 
@@ -144,20 +146,26 @@ def scan_logs(
 def run_info_from(event: DecodedEvent) -> RunInfo:
     """The RunInfo of a decoded RunCreated event."""
     args = event.args
+    params = RunParams(*args["params"])
     return RunInfo(
         run_id=args["runId"],
-        config_hash=bytes(args["configHash"]),
+        config_hash=params.config_hash,
         creator=args["creator"],
-        num_stages=args["numStages"],
-        inner_steps=args["innerSteps"],
-        min_stake=args["minStake"],
-        quorum=args["quorum"],
-        unbonding_blocks=args["unbondingBlocks"],
-        max_rounds=args["maxRounds"],
+        num_stages=params.num_stages,
+        inner_steps=params.inner_steps,
+        min_stake=params.min_stake,
+        quorum=params.quorum,
+        unbonding_blocks=params.unbonding_blocks,
+        max_rounds=params.max_rounds,
         genesis_head=bytes(args["genesisHead"]),
         config_uri=args["configUri"],
         block_number=event.block_number,
         tx_hash=event.tx_hash,
+        quorum_bps=params.quorum_bps,
+        bond=params.bond,
+        accusation_blocks=params.accusation_blocks,
+        dispute_blocks=params.dispute_blocks,
+        inactivity_rounds=params.inactivity_rounds,
     )
 
 
@@ -201,6 +209,22 @@ def equivocation_from(event: DecodedEvent) -> EquivocationRecord:
         reporter=args["reporter"],
         block_number=event.block_number,
         tx_hash=event.tx_hash,
+    )
+
+
+def accusation_from(event: DecodedEvent) -> AccusationRecord:
+    """The AccusationRecord of a decoded AccusationOpened event (still open: no resolution read yet)."""
+    args = event.args
+    return AccusationRecord(
+        run_id=args["runId"],
+        accused=args["accused"],
+        accuser=args["accuser"],
+        evidence_hash=bytes(args["evidenceHash"]),
+        opened_block=event.block_number,
+        opened_tx=event.tx_hash,
+        bond=args["bond"],
+        deadline=args["deadline"],
+        quorum=args["quorum"],
     )
 
 

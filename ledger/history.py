@@ -13,6 +13,7 @@ from ledger.errors import LedgerError
 from ledger.events import (
     DecodedEvent,
     EventDecoder,
+    accusation_from,
     commit_record_from,
     dispute_from,
     equivocation_from,
@@ -25,6 +26,7 @@ from ledger.records import (
     AccusationRecord,
     CheckpointRecord,
     CommitRecord,
+    DisputeRecord,
     Membership,
     Registration,
     RunHistory,
@@ -46,7 +48,13 @@ _RUN_EVENTS = (
     "EquivocationReported",
     "AccusationOpened",
     "AccusationResolved",
+    "AccusationExpired",
+    "MemberEjected",
+    "BondForfeited",
+    "BondReturned",
 )
+#: The events that tell a run's accusations.
+_ACCUSATION_EVENTS = ("AccusationOpened", "AccusationResolved", "AccusationExpired")
 
 
 def checkpoint_of_commit(record: CommitRecord) -> CheckpointRecord:
@@ -66,8 +74,8 @@ def checkpoint_of_commit(record: CommitRecord) -> CheckpointRecord:
 def memberships_from(events: list[DecodedEvent]) -> list[Membership]:
     """The membership periods told by a run's decoded events in chain order (other events are skipped).
 
-    MemberJoined opens a period; MemberLeft and MemberSlashed end it as a signer; StakeWithdrawn closes it
-    (the account may join again: a new period).
+    MemberJoined opens a period; MemberLeft and MemberSlashed end it as a signer (MemberEjected, which a
+    MemberLeft follows, marks it ejected); StakeWithdrawn closes it (the account may join again: a new period).
     """
     periods: list[Membership] = []
     current: dict[str, int] = {}  # account -> index of its period still holding a stake
@@ -86,9 +94,13 @@ def memberships_from(events: list[DecodedEvent]) -> list[Membership]:
                     joined_tx=event.tx_hash,
                 )
             )
-        elif event.name in ("MemberLeft", "MemberSlashed", "StakeWithdrawn") and args["account"] in current:
+        elif event.name in ("MemberLeft", "MemberEjected", "MemberSlashed", "StakeWithdrawn") and (
+            args["account"] in current
+        ):
             index = current[args["account"]]
-            if event.name == "MemberLeft":
+            if event.name == "MemberEjected":
+                periods[index] = replace(periods[index], ejected=position)
+            elif event.name == "MemberLeft":
                 periods[index] = replace(periods[index], left=position, unbonding_end=args["unbondingEnd"])
             elif event.name == "MemberSlashed":
                 periods[index] = replace(periods[index], slashed=position)
@@ -97,6 +109,35 @@ def memberships_from(events: list[DecodedEvent]) -> list[Membership]:
                 periods[index] = replace(periods[index], withdrawn_block=event.block_number)
                 del current[args["account"]]
     return periods
+
+
+def accusations_from(
+    events: list[DecodedEvent], into: dict[tuple[str, bytes], AccusationRecord] | None = None
+) -> dict[tuple[str, bytes], AccusationRecord]:
+    """The accusations told by decoded events in chain order, by (accused, evidence hash); other events skipped.
+
+    AccusationOpened opens one; AccusationResolved or AccusationExpired ends it.
+    """
+    accusations = {} if into is None else into
+    for event in events:
+        args = event.args
+        if event.name == "AccusationOpened":
+            record = accusation_from(event)
+            accusations[(record.accused, record.evidence_hash)] = record
+            continue
+        key = (args.get("accused"), bytes(args.get("evidenceHash", b"")))
+        if key not in accusations:
+            continue
+        if event.name == "AccusationResolved":
+            accusations[key] = replace(
+                accusations[key],
+                resolved_block=event.block_number,
+                guilty=args["guilty"],
+                signers=tuple(args["signers"]),
+            )
+        elif event.name == "AccusationExpired":
+            accusations[key] = replace(accusations[key], expired_block=event.block_number)
+    return accusations
 
 
 class EventReads:
@@ -161,10 +202,10 @@ class EventReads:
 
     def latest_checkpoint(self, run_id: int) -> CheckpointRecord | None:
         """The checkpoint of the highest round that published one for ``run_id`` (with its URI), or None."""
-        run = self._run_struct(run_id)
-        if run["checkpointCount"] == 0:
+        end = self._run_struct(run_id)["checkpointEnd"]  # 1 + the latest checkpoint round; 0: none
+        if end == 0:
             return None
-        record = self.commit_record(run_id, run["latestCheckpointRound"])
+        record = self.commit_record(run_id, end - 1)
         return checkpoint_of_commit(record) if record is not None else None
 
     def commit_record(self, run_id: int, round: int) -> CommitRecord | None:
@@ -178,7 +219,7 @@ class EventReads:
 
     def memberships(self, run_id: int, to_block: int | None = None) -> list[Membership]:
         """Every membership period of ``run_id`` up to ``to_block`` (default: latest), in join order."""
-        names = ("MemberJoined", "MemberLeft", "StakeWithdrawn", "MemberSlashed")
+        names = ("MemberJoined", "MemberLeft", "MemberEjected", "StakeWithdrawn", "MemberSlashed")
         logs = self._scan(
             self._ledger, [[self._ledger_events.topic(name) for name in names], topic_uint(run_id)], to_block
         )
@@ -188,6 +229,29 @@ class EventReads:
         """The members of ``run_id`` able to sign at the end of ``block`` (default: latest), from events alone."""
         block = self._block_number() if block is None else block
         return [m for m in self.memberships(run_id, block) if m.in_force(end_of_block(block))]
+
+    def accusations(self, run_id: int, from_block: int | None = None) -> list[AccusationRecord]:
+        """The accusations of ``run_id`` opened from ``from_block`` on (default: the client's ``from_block``),
+        in the order they were opened, each with its resolution or expiry if any (what a node watches)."""
+        logs = scan_logs(
+            self.w3,
+            self._ledger.address,
+            [[self._ledger_events.topic(name) for name in _ACCUSATION_EVENTS], topic_uint(run_id)],
+            self.from_block if from_block is None else from_block,
+            self._block_number(),
+            self.log_page_blocks,
+            self._sender.rpc,
+        )
+        events = [event for event in (self._ledger_events.decode(log) for log in logs) if event is not None]
+        return list(accusations_from(events).values())
+
+    def disputes(self, run_id: int, round: int | None = None) -> list[DisputeRecord]:
+        """The RoundDisputed events of ``run_id`` (of ``round`` only if given), in chain order: each disputer's
+        signed record. ``disputers_of`` is the same list of disputers read from the contract's state."""
+        topics = [self._ledger_events.topic("RoundDisputed"), topic_uint(run_id)]
+        if round is not None:
+            topics.append(topic_uint(round))
+        return [dispute_from(self._ledger_events.decode(log)) for log in self._scan(self._ledger, topics)]
 
     def history(self, run_id: int, with_registrations: bool = True) -> RunHistory:
         """Everything the chain records about ``run_id``, read from events (paginated by block range).
@@ -207,7 +271,6 @@ class EventReads:
         commits, disputes, equivocations, slashings = [], [], [], []
         accusations: dict[tuple[str, bytes], AccusationRecord] = {}
         for event in events:
-            args = event.args
             if event.name == "RunCreated":
                 run = run_info_from(event)
             elif event.name == "RoundCommitted":
@@ -218,25 +281,8 @@ class EventReads:
                 equivocations.append(equivocation_from(event))
             elif event.name == "MemberSlashed":
                 slashings.append(slash_from(event))
-            elif event.name == "AccusationOpened":
-                key = (args["accused"], bytes(args["evidenceHash"]))
-                accusations[key] = AccusationRecord(
-                    run_id=run_id,
-                    accused=args["accused"],
-                    accuser=args["accuser"],
-                    evidence_hash=key[1],
-                    opened_block=event.block_number,
-                    opened_tx=event.tx_hash,
-                )
-            elif event.name == "AccusationResolved":
-                key = (args["accused"], bytes(args["evidenceHash"]))
-                if key in accusations:
-                    accusations[key] = replace(
-                        accusations[key],
-                        resolved_block=event.block_number,
-                        guilty=args["guilty"],
-                        signers=tuple(args["signers"]),
-                    )
+            elif event.name in _ACCUSATION_EVENTS:
+                accusations_from([event], accusations)  # updates ``accusations`` in place
         if run is None:
             raise LedgerError(f"run {run_id} does not exist on ledger {self.ledger_address}")
         registrations = self.registrations() if with_registrations else []

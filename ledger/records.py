@@ -13,9 +13,23 @@ from eth_utils import is_address, to_checksum_address
 
 from ledger.errors import LedgerInputError
 
+UINT16_MAX = 2**16 - 1
 UINT32_MAX = 2**32 - 1
 UINT64_MAX = 2**64 - 1
+UINT128_MAX = 2**128 - 1
 MICRO = 1_000_000
+BPS = 10_000
+
+#: The contract's shortest accusation deadline and dispute window (TrainingLedger.minWindowBlocks()).
+MIN_WINDOW_BLOCKS = 8
+#: The contract's longest unbonding period and window (TrainingLedger.maxUnbondingBlocks()).
+MAX_UNBONDING_BLOCKS = 2**32
+#: Defaults of :class:`RunParams` (docs/LEDGER.md, "Run parameters").
+DEFAULT_ACCUSATION_BLOCKS = 64
+DEFAULT_DISPUTE_BLOCKS = 64
+DEFAULT_INACTIVITY_ROUNDS = 16
+#: Without an explicit bond, an accuser or disputer deposits this fraction of the run's stake.
+DEFAULT_BOND_DIVISOR = 10
 
 
 def to_micro(value: float) -> int:
@@ -125,6 +139,73 @@ class RoundRecord:
         )
 
 
+def required_quorum(k: int, quorum_bps: int, counted: int) -> int:
+    """The contract's quorum rule: ``max(k, ceil(quorum_bps / 10000 x counted))`` member signatures.
+
+    ``counted`` is the number of members able to sign: the active members for a commit, the active
+    members other than the accused when an accusation is opened (its verdict's quorum).
+    """
+    return max(k, -(-quorum_bps * counted // BPS))
+
+
+@dataclass(frozen=True)
+class RunParams:
+    """What ``TrainingLedger.createRun`` takes (Solidity struct ``RunParams``); a run's parameters never change.
+
+    ``bond=None`` is a tenth of ``min_stake``; ``unbonding_blocks=None`` is the contract's floor,
+    ``accusation_blocks + dispute_blocks``. Only ranges are checked here; the contract's rules (floors,
+    ceilings, ``quorum_bps <= 10000``) are left to it, so a refusal is its named custom error.
+    """
+
+    config_hash: bytes
+    num_stages: int
+    inner_steps: int
+    min_stake: int = 0
+    quorum: int = 1  # k: the fewest signatures a commit or a verdict needs
+    quorum_bps: int = 0  # the quorum is also at least this fraction (basis points) of the members counted
+    bond: int | None = None  # wei an accuser or disputer deposits
+    unbonding_blocks: int | None = None
+    accusation_blocks: int = DEFAULT_ACCUSATION_BLOCKS
+    dispute_blocks: int = DEFAULT_DISPUTE_BLOCKS
+    inactivity_rounds: int = DEFAULT_INACTIVITY_ROUNDS
+    max_rounds: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "config_hash", check_bytes32("config_hash", self.config_hash))
+        check_uint("num_stages", self.num_stages, UINT32_MAX)
+        check_uint("inner_steps", self.inner_steps, UINT32_MAX)
+        check_uint("min_stake", self.min_stake, 2**256 - 1)
+        check_uint("quorum", self.quorum, UINT16_MAX)
+        check_uint("quorum_bps", self.quorum_bps, UINT16_MAX)
+        check_uint("accusation_blocks", self.accusation_blocks, UINT64_MAX)
+        check_uint("dispute_blocks", self.dispute_blocks, UINT64_MAX)
+        check_uint("inactivity_rounds", self.inactivity_rounds, UINT32_MAX)
+        check_uint("max_rounds", self.max_rounds, UINT64_MAX)
+        if self.bond is None:
+            object.__setattr__(self, "bond", min(self.min_stake // DEFAULT_BOND_DIVISOR, UINT128_MAX))
+        check_uint("bond", self.bond, UINT128_MAX)
+        if self.unbonding_blocks is None:
+            object.__setattr__(self, "unbonding_blocks", self.accusation_blocks + self.dispute_blocks)
+        check_uint("unbonding_blocks", self.unbonding_blocks, UINT64_MAX)
+
+    def fields(self) -> tuple:
+        """The values in the order of the Solidity struct ``RunParams``."""
+        return (
+            self.config_hash,
+            self.num_stages,
+            self.inner_steps,
+            self.min_stake,
+            self.quorum,
+            self.quorum_bps,
+            self.bond,
+            self.unbonding_blocks,
+            self.accusation_blocks,
+            self.dispute_blocks,
+            self.inactivity_rounds,
+            self.max_rounds,
+        )
+
+
 @dataclass(frozen=True)
 class Verdict:
     """The outcome of an accusation, as members sign it (EIP-712 type ``Verdict``)."""
@@ -165,13 +246,27 @@ class RunInfo:
     num_stages: int
     inner_steps: int
     min_stake: int  # wei each member stakes
-    quorum: int  # member signatures a commit or a verdict needs
+    quorum: int  # k: the fewest member signatures a commit or a verdict needs
     unbonding_blocks: int  # blocks between leaving and withdrawing the stake
     max_rounds: int  # rounds 0 .. max_rounds-1 may be committed; 0: open-ended
     genesis_head: bytes
     config_uri: str
     block_number: int
     tx_hash: str
+    quorum_bps: int = 0  # the quorum is also at least this fraction (basis points) of the members counted
+    bond: int = 0  # wei an accuser or a disputer deposits
+    accusation_blocks: int = 0  # blocks an accusation stays open before it lapses
+    dispute_blocks: int = 0  # blocks after a commit during which it can be disputed
+    inactivity_rounds: int = 0  # committed rounds without a member's signature before it can be ejected
+
+    @property
+    def min_unbonding_blocks(self) -> int:
+        """The contract's floor on ``unbonding_blocks``: the accusation deadline plus the dispute window."""
+        return self.accusation_blocks + self.dispute_blocks
+
+    def quorum_for(self, counted: int) -> int:
+        """The signatures a commit (or verdict) needs with ``counted`` members able to sign."""
+        return required_quorum(self.quorum, self.quorum_bps, counted)
 
 
 @dataclass(frozen=True)
@@ -194,7 +289,7 @@ class CommitRecord:
 #: Member seat states, as ``TrainingLedger.MemberStatus`` numbers them.
 MEMBER_STATUSES = ("none", "active", "unbonding", "slashed")
 #: Accusation states, as ``TrainingLedger.AccusationStatus`` numbers them.
-ACCUSATION_STATUSES = ("none", "open", "guilty", "cleared")
+ACCUSATION_STATUSES = ("none", "open", "guilty", "cleared", "expired")
 
 
 @dataclass(frozen=True)
@@ -204,14 +299,37 @@ class Member:
     run_id: int
     account: str
     node_key: bytes
-    stake: int
+    stake: int  # dispute bonds included
     unbonding_end: int  # first block at which the stake can be withdrawn (after leaving)
     open_accusations: int
     status: str  # one of MEMBER_STATUSES except "none"
+    active_round: int = 0  # the first round it has not attested (ejectable once inactivity_rounds behind)
+    join_round: int = 0  # the commit count when it joined: in force for this round and later ones
+    left_round: int = 0  # the commit count when it left, was ejected or slashed (when not active)
+    join_block: int = 0
 
     @property
     def active(self) -> bool:
         return self.status == "active"
+
+
+@dataclass(frozen=True)
+class AccusationState:
+    """An accusation as the contract holds it now (``accusationOf``)."""
+
+    run_id: int
+    accused: str
+    evidence_hash: bytes
+    status: str  # one of ACCUSATION_STATUSES
+    accuser: str
+    opened_block: int
+    deadline: int  # the first block at which it lapses and takes no verdict
+    quorum: int  # verdict signatures it needs
+    bond: int
+
+    @property
+    def open(self) -> bool:
+        return self.status == "open"
 
 
 @dataclass(frozen=True)
@@ -232,6 +350,7 @@ class Membership:
     unbonding_end: int | None = None
     slashed: Position | None = None  # MemberSlashed
     withdrawn_block: int | None = None
+    ejected: Position | None = None  # MemberEjected (a MemberLeft follows it): ejected for inactivity
 
     @property
     def ended(self) -> Position | None:
@@ -335,10 +454,14 @@ class AccusationRecord:
     resolved_block: int | None = None
     guilty: bool | None = None
     signers: tuple[str, ...] = ()
+    bond: int = 0
+    deadline: int = 0  # the first block at which it lapses
+    quorum: int = 0  # verdict signatures it needs
+    expired_block: int | None = None  # AccusationExpired: it lapsed undecided (the bond was forfeited)
 
     @property
     def open(self) -> bool:
-        return self.resolved_block is None
+        return self.resolved_block is None and self.expired_block is None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from web3 import Web3
+from web3 import HTTPProvider, Web3
 
 from ledger.account import dev_account
 from ledger.chain import AnvilProcess, RetryPolicy, connect_pyevm, connect_rpc
@@ -48,6 +48,16 @@ def make_record(
         num_contributors=contributors,
         checkpoint_hash=checkpoint_hash,
     )
+
+
+def mine(w3: Web3, blocks: int) -> None:
+    """Advance the chain ``blocks`` empty blocks (``anvil_mine`` on anvil, ``evm_mine`` on py-evm)."""
+    before = w3.eth.block_number
+    if isinstance(w3.provider, HTTPProvider):
+        w3.provider.make_request("anvil_mine", [hex(blocks)])
+    else:
+        w3.testing.mine(blocks)
+    assert w3.eth.block_number == before + blocks
 
 
 @pytest.fixture(scope="session")
@@ -114,12 +124,17 @@ class Deployment:
         quorum: int = 3,
         *,
         min_stake: int = 0,
-        unbonding_blocks: int = 0,
+        unbonding_blocks: int | None = None,
         max_rounds: int = 0,
         label: str = "config",
         config_hash: bytes | None = None,
+        **params,
     ) -> MemberRun:
-        """A new run (created by the first member) that dev accounts ``members`` registered for and joined."""
+        """A new run (created by the first member) that dev accounts ``members`` registered for and joined.
+
+        ``params``: further ``create_run`` keywords (quorum_bps, bond, accusation_blocks, dispute_blocks,
+        inactivity_rounds); ``unbonding_blocks=None`` is the contract's floor.
+        """
         for index in members:
             if not self.client(index).is_registered():
                 self.register(index)
@@ -132,6 +147,7 @@ class Deployment:
             quorum=quorum,
             unbonding_blocks=unbonding_blocks,
             max_rounds=max_rounds,
+            **params,
         )
         for index in members:
             self.client(index).join_run(run_id)

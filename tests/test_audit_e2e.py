@@ -26,6 +26,7 @@ from types import SimpleNamespace
 import pytest
 
 from ledger.account import dev_account
+from ledger.checks import check_chain_record
 from ledger.client import LedgerClient
 from ledger.merkle import merkle_root
 from ledger.errors import LedgerNotMember
@@ -575,17 +576,21 @@ def test_pull_names_what_is_missing_and_never_overwrites(run, client, tmp_path):
 def test_a_forged_registration_is_caught(run, client):
     forger = LedgerClient(client.w3, dev_account(8, client.chain_id), run.registry, run.ledger)
     forger.register(os.urandom(32), os.urandom(64))  # the contract cannot check ed25519: the auditor does
+    # Anyone can write a bogus registration to the shared registry: it is a note, not this run's failure.
     report = audit_run(client, run.run_id, archives=_archives(run))
-    assert report.failed
-    forged = [c for c in report.general if c.status == FAIL]
-    assert len(forged) == 1 and forged[0].name.startswith(f"registration {forger.address}")
-    assert report.first_bad_round is None  # the run's own rounds are fine...
+    assert not report.failed and report.first_bad_round is None
+    assert not [c for c in report.general if c.status == FAIL]
+    chain = check_chain_record(client, client.history(run.run_id), check_code=False)
+    assert [note for note in chain.notes if note.startswith(f"registration {forger.address}")]
     # ...a registration alone gives no right to commit...
     record = RoundRecord(run.run_id, ROUNDS, client.head_of(run.run_id), b"\x01" * 32, b"\x02" * 32, 1, 1, 1, 1)
     with pytest.raises(LedgerNotMember):
         forger.commit_round(record, [forger.sign_record(record)])
-    # ...and a seat taken with the squatted key is named as a member without a valid binding.
+    # ...and once a seat is taken with the squatted key, the run uses it: the registration and the member fail.
     forger.join_run(run.run_id)
     report = audit_run(client, run.run_id, archives=_archives(run))
+    assert report.failed
+    forged = [c for c in report.general if c.status == FAIL and c.name.startswith(f"registration {forger.address}")]
+    assert len(forged) == 1
     member = [c for c in report.general if c.status == FAIL and c.name.startswith(f"member {forger.address}")]
     assert len(member) == 1 and "no registration with a valid binding" in member[0].reason

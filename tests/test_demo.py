@@ -22,6 +22,7 @@ def test_demo_runs_and_summarizes_from_the_chain(tmp_path):
     assert [r["round"] for r in summary["rounds"]] == [0, 1]
     # A staked run whose every record carries the signatures of k = 2 distinct members.
     assert summary["attest_quorum"] == 2 and summary["stake_wei"] > 0
+    assert summary["unbonding_blocks"] >= 128  # the floor: accusation deadline + dispute window, never 0
     assert all(len(set(r["attesters"])) >= 2 for r in summary["rounds"]), summary["rounds"]
     # Both stages of at least one replica each round; the 2x2 protocol test asserts all four.
     assert all(r["contributors"] >= 2 for r in summary["rounds"])

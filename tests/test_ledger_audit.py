@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from dataclasses import replace
 
-from ledger_fixtures import deploy, digest, node_key, raw_public_key
+from ledger_fixtures import deploy, digest, mine, node_key, raw_public_key
 
 import contracts
 from ledger.account import dev_account
@@ -53,6 +53,7 @@ def test_audit_accepts_commits_made_before_leaving_and_unregistering(deployment)
     client = run.client(1)
     run.commit()
     client.leave_run(run.run_id)
+    mine(deployment.w3, client.run_info(run.run_id).unbonding_blocks)
     client.withdraw_stake(run.run_id)
     client.unregister()
     checks = check_chain_record(client, client.history(run.run_id), check_code=False)

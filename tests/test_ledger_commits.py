@@ -30,7 +30,8 @@ def test_create_run_records_its_shape(deployment):
     client = deployment.client(3)  # creating a run needs no registration
     first = client.create_run(digest("a"), 1, 10)
     second = client.create_run(
-        digest("b"), 4, 500, "ipfs://config", min_stake=7, quorum=5, unbonding_blocks=9, max_rounds=100
+        digest("b"), 4, 500, "ipfs://config", min_stake=70, quorum=5, quorum_bps=6000, bond=3,
+        unbonding_blocks=300, accusation_blocks=100, dispute_blocks=200, inactivity_rounds=4, max_rounds=100,
     )
     assert (first, second) == (1, 2)
     assert client.run_count() == 2
@@ -42,13 +43,23 @@ def test_create_run_records_its_shape(deployment):
         "ipfs://config",
         client.address,
     )
-    assert (info.min_stake, info.quorum, info.unbonding_blocks, info.max_rounds) == (7, 5, 9, 100)
+    assert (info.min_stake, info.quorum, info.unbonding_blocks, info.max_rounds) == (70, 5, 300, 100)
+    assert (info.quorum_bps, info.bond, info.accusation_blocks, info.dispute_blocks, info.inactivity_rounds) == (
+        6000, 3, 100, 200, 4)
+    # The defaults: the fraction off, a tenth of the stake as bond, unbonding at its floor.
+    first_info = client.run_info(first)
+    assert (first_info.quorum, first_info.quorum_bps, first_info.bond) == (1, 0, 0)
+    assert first_info.unbonding_blocks == first_info.min_unbonding_blocks == 128
     assert [run.run_id for run in client.find_runs(digest("a"))] == [first]
     assert client.last_round(first) is None and client.commit_count(first) == 0
     with pytest.raises(errors.LedgerBadRunShape):
         client.create_run(digest("c"), 0, 10)
     with pytest.raises(errors.LedgerBadQuorum):
         client.create_run(digest("c"), 1, 10, quorum=0)
+    with pytest.raises(errors.LedgerBadQuorum):
+        client.create_run(digest("c"), 1, 10, quorum_bps=10_001)
+    with pytest.raises(errors.LedgerBadInactivityRounds):
+        client.create_run(digest("c"), 1, 10, inactivity_rounds=0)
     with pytest.raises(errors.LedgerZeroHash):
         client.create_run(bytes(32), 1, 10)
     with pytest.raises(errors.LedgerError):

@@ -12,6 +12,7 @@ import contracts
 from ledger import errors
 from ledger.account import dev_account
 from ledger.client import LedgerClient
+from ledger.records import RunParams
 from ledger.tx import ERROR_SELECTORS, TransactionSender, decode_revert, revert_from_data
 
 
@@ -119,7 +120,8 @@ def test_resent_and_raced_nonces_end_in_one_transaction(deployment, sender_class
     client.create_run(digest("first"), 1, 1)  # the account has used a nonce
     sender = sender_class(w3, client.account, retry=FAST_RETRY)
     nonce_before = w3.eth.get_transaction_count(client.address)
-    receipt = sender.transact(client._ledger, "createRun", (digest("second"), 1, 1, 0, 1, 0, 0, ""))
+    params = RunParams(digest("second"), 1, 1)
+    receipt = sender.transact(client._ledger, "createRun", (params.fields(), ""))
     assert receipt["status"] == 1
     assert w3.eth.get_transaction_count(client.address) == nonce_before + 1
     assert client.run_count() == 2

@@ -5,25 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from ledger_fixtures import digest
+from ledger_fixtures import digest, mine
 
 from ledger import errors
 from ledger.attest import Verdict, record_struct_hash
 from ledger.checks import check_attesters, check_chain_record
 
 STAKE = 10**15
-
-
-def mine(w3, blocks: int) -> None:
-    """Advance the chain ``blocks`` blocks (a zero-value transfer per block: works on both backends)."""
-    from ledger.account import dev_account
-
-    sender = dev_account(9, w3.eth.chain_id)
-    for _ in range(blocks):
-        tx = {"to": sender.address, "value": 0, "gas": 21_000, "maxFeePerGas": 10**10,
-              "maxPriorityFeePerGas": 1, "nonce": w3.eth.get_transaction_count(sender.address),
-              "chainId": w3.eth.chain_id}
-        w3.eth.wait_for_transaction_receipt(w3.eth.send_raw_transaction(sender.sign_transaction(tx).raw_transaction))
 
 
 def test_joining_needs_registration_and_stake_and_copies_the_node_key(deployment):
@@ -49,7 +37,9 @@ def test_joining_needs_registration_and_stake_and_copies_the_node_key(deployment
 
 def test_leave_unbond_withdraw(deployment):
     w3 = deployment.w3
-    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE, unbonding_blocks=3)
+    run = deployment.member_run(
+        (1, 2, 3), quorum=2, min_stake=STAKE, unbonding_blocks=16, accusation_blocks=8, dispute_blocks=8
+    )
     leaver = run.client(3)
     run.commit(signers=(2, 3))
     leaver.leave_run(run.run_id)
@@ -64,10 +54,13 @@ def test_leave_unbond_withdraw(deployment):
         leaver.commit_round(record, run.sign(record, (1, 2)))
     with pytest.raises(errors.LedgerStillUnbonding) as raised:
         leaver.withdraw_stake(run.run_id)
-    assert raised.value.values["unbondingEnd"] == left_block + 3
+    assert raised.value.values["unbondingEnd"] == left_block + 16
     with pytest.raises(errors.LedgerAlreadyMember):
         leaver.join_run(run.run_id)  # withdraw first
-    mine(w3, 3)
+    mine(w3, 14)
+    with pytest.raises(errors.LedgerStillUnbonding):
+        leaver.withdraw_stake(run.run_id)  # one block short
+    mine(w3, 2)
     balance = w3.eth.get_balance(leaver.address)
     tx = leaver.withdraw_stake(run.run_id)
     receipt = w3.eth.get_transaction_receipt(tx)
@@ -95,7 +88,7 @@ def test_leave_unbond_withdraw(deployment):
 
 
 def test_equivocation_slashes_and_removes_the_member(deployment):
-    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE, unbonding_blocks=100)
+    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE, unbonding_blocks=200)
     cheat = run.client(2)
     honest = run.next_record()
     forked = replace(honest, weights_root=digest("forked weights"))
@@ -136,7 +129,7 @@ def test_equivocation_slashes_and_removes_the_member(deployment):
 
 
 def test_an_unbonding_member_is_still_slashable(deployment):
-    run = deployment.member_run((1, 2), quorum=1, min_stake=STAKE, unbonding_blocks=50)
+    run = deployment.member_run((1, 2), quorum=1, min_stake=STAKE)
     cheat = run.client(2)
     record = run.next_record()
     cheat.leave_run(run.run_id)
@@ -179,18 +172,20 @@ def test_disputes_carry_the_disputers_signed_record(deployment):
 
 
 def test_accusation_blocks_withdrawal_and_a_guilty_verdict_slashes(deployment):
-    run = deployment.member_run((1, 2, 3, 4), quorum=2, min_stake=STAKE, unbonding_blocks=0)
+    run = deployment.member_run((1, 2, 3, 4), quorum=2, min_stake=STAKE)
     accused = run.client(4)
     evidence = digest("re-execution of round 0 differs")
     with pytest.raises(errors.LedgerNotMember):
         deployment.client(6).accuse(run.run_id, accused.address, evidence)
-    run.client(1).accuse(run.run_id, accused.address, evidence)
+    accused.leave_run(run.run_id)  # an unbonding member is still accusable (and slashable)
+    mine(deployment.w3, accused.run_info(run.run_id).unbonding_blocks - 10)
+    run.client(1).accuse(run.run_id, accused.address, evidence)  # late in its unbonding
     with pytest.raises(errors.LedgerAccusationExists):
         run.client(2).accuse(run.run_id, accused.address, evidence)
     assert accused.accusation_status(run.run_id, accused.address, evidence) == "open"
-    accused.leave_run(run.run_id)
+    mine(deployment.w3, 10)
     with pytest.raises(errors.LedgerAccusationPending) as raised:
-        accused.withdraw_stake(run.run_id)  # unbonding is over (0 blocks), the accusation is not
+        accused.withdraw_stake(run.run_id)  # unbonding is over, the accusation is not
     assert raised.value.values["openAccusations"] == 1
 
     guilty = Verdict(run.run_id, accused.address, evidence, True)
@@ -227,6 +222,7 @@ def test_a_not_guilty_verdict_clears_and_frees_the_stake(deployment):
     seat = accused.member(run.run_id, accused.address)
     assert (seat.status, seat.open_accusations, seat.stake) == ("active", 0, STAKE)
     accused.leave_run(run.run_id)
+    mine(deployment.w3, accused.run_info(run.run_id).unbonding_blocks)
     accused.withdraw_stake(run.run_id)
     assert accused.member(run.run_id, accused.address) is None
     [accusation] = accused.history(run.run_id).accusations

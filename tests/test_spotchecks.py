@@ -153,17 +153,81 @@ def test_hostile_verdicts_are_refused_and_k_guilty_verdicts_eject_on_chain(deplo
         checker.close()
 
 
-def test_accusations_from_outsiders_and_evidence_that_does_not_hold_sign_nothing(tmp_path):
-    """An accusation from a peer that is not placed is refused at the inbox; evidence that is garbage, or
-    names contributions this node did not seal, makes the confirming node sign no verdict at all."""
+def test_an_accusation_seen_only_on_chain_whose_evidence_is_never_served_is_cleared(deployment, tmp_path,
+                                                                                    monkeypatch):
+    """Issue 28: a member accuses on chain and gossips nothing, serving no evidence. An honest node watching
+    AccusationOpened fetches the evidence by its hash, finds nothing and signs not guilty; with a second
+    member's verdict it resolves the accusation on chain: cleared, the accuser's bond forfeited."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from ledger_fixtures import digest
+
+    from ledger.records import Verdict
+    from node.live import verifier
+    from node.live.onchain import NodeChain
+    from node.live.verifier import SpotChecker, VerifierContext
+    from p2p.errors import BlobUnavailable
+
+    monkeypatch.setattr(verifier, "ACCUSATION_POLL_S", 0.2)
+    monkeypatch.setattr(verifier, "CHAIN_ACCUSATION_GRACE_S", 0.0)
+    run = deployment.member_run((1, 2, 3, 4), quorum=2, min_stake=10**15)
+    accused = run.client(4)
+    evidence = digest("evidence nobody serves")
+    run.client(1).accuse(run.run_id, accused.address, evidence)
+    bond = run.client(1).accusation(run.run_id, accused.address, evidence).bond
+    assert bond == 10**14
+
+    class Host:  # nobody serves the evidence
+        def fetch_blob(self, digest, dest, providers=None, timeout=None):
+            raise BlobUnavailable(f"blob {digest[:16]}: no provider")
+
+    gossiped = []
+    stop = threading.Event()
+    chain = NodeChain(run.client(2))
+    ctx = VerifierContext(
+        cfg=SimpleNamespace(spot_checks=0.0, p2p=SimpleNamespace(max_blob_bytes=1 << 20)), run_id=run.run_id,
+        peer_id="member-2", chain=chain, host=Host(), archive=None,
+        membership=SimpleNamespace(book=SimpleNamespace(live_peers=lambda _age: {})),
+        gossip=lambda *a: gossiped.append(a), sign_envelope=None, stage_hashes=None, own_replica=lambda: 0,
+        current_round=lambda: 0, work_dir=tmp_path / "work", evidence_dir=tmp_path / "ev", stop=stop,
+        on_ejected=lambda *_a: None)
+    checker = SpotChecker(ctx)
+    try:
+        deadline = time.monotonic() + 60
+        while not gossiped and time.monotonic() < deadline:
+            time.sleep(0.1)
+        [(_round, kind, signed)] = gossiped
+        assert kind == msg.VERDICT and (signed.evidence_hash, signed.guilty) == (evidence, False)
+        assert chain.accusation_status(run.run_id, accused.address, evidence) == "open"  # one is not a quorum
+        cleared = Verdict(run.run_id, accused.address, evidence, False)
+        member3 = run.client(3)
+        checker.on_verdict(None, msg.VerdictSignature(bytes.fromhex(accused.address[2:]), evidence, False,
+                                                      bytes.fromhex(member3.address[2:]), member3.sign_verdict(cleared)))
+        while chain.accusation_status(run.run_id, accused.address, evidence) != "cleared":
+            assert time.monotonic() < deadline, "the accusation was not cleared on chain"
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        checker.close()
+    assert run.client(1).forfeited_total() == bond
+
+
+def test_accusations_from_outsiders_are_refused_and_unserved_or_malformed_evidence_is_not_guilty(tmp_path):
+    """An accusation from a peer that is not placed is refused at the inbox. Evidence that is not served, or
+    is garbage, gets a not-guilty verdict (the accuser must show its case; issue 28); evidence naming
+    contributions this node did not seal, which it cannot check, gets no verdict from it."""
     import threading
     from types import SimpleNamespace
 
+    from ledger.records import Verdict
     from node.live.inbox import GossipInbox
     from node.live.membership import Membership
     from node.live.roundbook import RoundBook
     from node.live.verifier import SpotChecker, VerifierContext
     from p2p.envelope import Envelope, EnvelopeValidator
+    from p2p.errors import BlobUnavailable
     from p2p.identity import Identity
 
     book = RoundBook()
@@ -179,15 +243,29 @@ def test_accusations_from_outsiders_and_evidence_that_does_not_hold_sign_nothing
 
     class Host:  # the blob boundary: serves what the test put there
         def fetch_blob(self, digest, dest, providers=None, timeout=None):
+            if digest not in served:
+                raise BlobUnavailable(f"blob {digest[:16]}: no provider served it")
             dest.write_bytes(served[digest])
 
         def provide_blob(self, *_a, **_k):
             raise AssertionError("bad evidence must not be served onward")
 
+    class Chain:  # the signing boundary: a verdict signature is the verdict's fields
+        account_bytes = b"m" * 20
+
+        def sign_verdict(self, verdict: Verdict) -> bytes:
+            return verdict.evidence_hash + bytes([verdict.guilty])
+
+        def accusation(self, *_a):
+            return None  # not on chain here: the run's k is the quorum
+
+        def run_info(self, _run_id):
+            return SimpleNamespace(quorum=2)
+
     signed = []
     ctx = VerifierContext(
         cfg=SimpleNamespace(spot_checks=0.0, p2p=SimpleNamespace(max_blob_bytes=1 << 20), pipeline=SimpleNamespace(
-            num_stages=1)), run_id=7, peer_id="me", chain=None, host=Host(),
+            num_stages=1)), run_id=7, peer_id="me", chain=Chain(), host=Host(),
         archive=SimpleNamespace(sealed=lambda _r: [], get=lambda *_a: b""), membership=membership,
         gossip=lambda *a: signed.append(a), sign_envelope=None, stage_hashes=None, own_replica=lambda: 0,
         current_round=lambda: 0, work_dir=tmp_path, evidence_dir=tmp_path, stop=threading.Event(),
@@ -196,13 +274,18 @@ def test_accusations_from_outsiders_and_evidence_that_does_not_hold_sign_nothing
     try:
         accuser = Identity.generate()
         evidence = msg.Evidence(b"a" * 20, 1, [b"not an envelope"], "mismatch", "r", [0.3])
-        for blob in (b"garbage",
-                     Envelope.create(accuser, 7, 0, msg.EVIDENCE, msg.encode_payload(evidence)).to_bytes()):
+        unsealed = Envelope.create(accuser, 7, 0, msg.EVIDENCE, msg.encode_payload(evidence)).to_bytes()
+        for blob, served_here in ((b"never served", False), (b"garbage", True), (unsealed, True)):
             digest = hashlib.sha256(blob).hexdigest()
-            served[digest] = blob
+            if served_here:
+                served[digest] = blob
             checker._confirm(0, accuser.peer_id, msg.Accusation(0, b"a" * 20, "peer", 1, bytes.fromhex(digest),
                                                                 len(blob)))
-        assert signed == []  # no verdict either way
+        verdicts = [message for _round, kind, message in signed if kind == msg.VERDICT]
+        assert [(v.evidence_hash, v.guilty) for v in verdicts] == [
+            (hashlib.sha256(b"never served").digest(), False),
+            (hashlib.sha256(b"garbage").digest(), False),
+        ]  # and nothing for the evidence this node cannot check
     finally:
         ctx.stop.set()
         checker.close()

@@ -5,9 +5,13 @@ import {NodeRegistry} from "./NodeRegistry.sol";
 
 /// @title TrainingLedger
 /// @notice The on-chain record of dlx-node training runs. Each run has staked members; an outer round is
-/// committed only with the EIP-712 signatures of at least `quorum` distinct members over the round's record,
-/// and a running hash chain links a run's records. A member that signs two different records for one round
-/// (equivocation), or that `quorum` members find guilty on an accusation, loses its stake and its seat.
+/// committed only with the EIP-712 signatures of a quorum of distinct members over the round's record, and a
+/// running hash chain links a run's records. The quorum is max(k, ceil(quorumBps / 10000 x active members)),
+/// so a few fresh stakes are not a quorum of a large run; a member that attested none of the last
+/// `inactivityRounds` committed rounds can be ejected by anyone, so silent members stop counting. A member
+/// that signs two different records for one round (equivocation), or that a quorum of the members in force
+/// finds guilty on an accusation, loses its stake and its seat. Accusations and disputes each cost a bond
+/// and have a deadline; stakes unbond for at least the accusation deadline plus the dispute window.
 /// @dev Trust model, typed data and hash chain: docs/LEDGER.md. Per-round contributor data lives off-chain
 /// behind `contributionsRoot`, so a commit's gas depends only on the number of signatures.
 ///
@@ -15,26 +19,46 @@ import {NodeRegistry} from "./NodeRegistry.sol";
 /// Hash chain: head_0 = keccak256(abi.encode(chainid, ledger, runId, configHash)) and
 /// head_n = keccak256(abi.encode(head_{n-1}, hashStruct(record_n))), where record_n.prevHead == head_{n-1}.
 ///
-/// Slashed stake stays in this contract for good: no function moves it (it is burned in effect), so a slash
-/// pays nobody and no one profits from accusing.
+/// Slashed stakes and forfeited bonds stay in this contract for good: no function moves them (they are burned
+/// in effect), so a slash pays nobody and no one profits from accusing.
 contract TrainingLedger {
+    /// @notice The parameters a run is created with; they never change.
+    struct RunParams {
+        bytes32 configHash; // hash of the run's full configuration (model, data, hyperparameters, stages, H)
+        uint32 numStages;
+        uint32 innerSteps;
+        uint256 minStake; // wei each member stakes to join
+        uint16 quorum; // k: the fewest member signatures a commit or a verdict needs (>= 1)
+        uint16 quorumBps; // the quorum is also at least this fraction (basis points) of the members counted
+        uint128 bond; // wei an accuser or a disputer deposits (see accuse, dispute)
+        uint64 unbondingBlocks; // blocks between leaving and the earliest withdrawal
+        uint64 accusationBlocks; // blocks an accusation stays open before it lapses
+        uint64 disputeBlocks; // blocks after a commit during which it can be disputed
+        uint32 inactivityRounds; // committed rounds without a member's signature after which it can be ejected
+        uint64 maxRounds; // rounds 0 .. maxRounds-1 may be committed; 0: open-ended
+    }
+
     /// @notice A run's fixed parameters and its progress.
     /// @dev The first slot holds everything a commit reads and updates; it is nonzero from creation on
     /// (quorum >= 1), so the run's first commit costs no more than later ones.
     struct Run {
         uint64 commitCount; // rounds committed; the next round to commit has this number
-        uint64 maxRounds; // rounds 0 .. maxRounds-1 may be committed; 0: open-ended
-        uint32 quorum; // member signatures a commit or a verdict needs (>= 1)
-        uint32 checkpointCount;
-        uint64 latestCheckpointRound; // meaningful only when checkpointCount > 0
+        uint64 maxRounds;
+        uint16 quorum;
+        uint16 quorumBps;
+        uint32 memberCount; // members currently able to sign (Active)
+        uint64 checkpointEnd; // 1 + the latest round that published a checkpoint; 0: none yet
+        bytes32 headHash; // head of the run's hash chain; nonzero once the run exists
         address creator;
         uint32 numStages;
         uint32 innerSteps;
-        uint32 memberCount; // members currently able to sign
-        uint64 unbondingBlocks; // blocks between leaveRun and the earliest withdrawStake
-        uint256 minStake; // wei each member stakes to join
-        bytes32 configHash; // hash of the run's full configuration (model, data, hyperparameters, stages, H)
-        bytes32 headHash; // head of the run's hash chain; nonzero once the run exists
+        uint32 inactivityRounds;
+        uint64 unbondingBlocks;
+        uint64 accusationBlocks;
+        uint64 disputeBlocks;
+        uint256 minStake;
+        uint256 bond;
+        bytes32 configHash;
     }
 
     /// @notice What a round's signers attest (EIP-712 type `Record`).
@@ -62,24 +86,39 @@ contract TrainingLedger {
     enum MemberStatus {
         None, // never joined, or left and withdrew its stake (may join again)
         Active, // signs the run's records
-        Unbonding, // left: cannot sign, stake still held (slashable) until withdrawn
+        Unbonding, // left or was ejected: cannot sign records, stake still held (slashable) until withdrawn
         Slashed // stake taken; may never join the run again
     }
 
     /// @notice A run member's seat.
     struct Member {
         bytes32 nodeKey; // the registry's key of the account when it joined
-        uint128 stake; // wei held for the member (2^128 wei exceeds all ether)
-        uint64 unbondingEnd; // first block at which withdrawStake succeeds (set by leaveRun)
+        uint128 stake; // wei held for the member, dispute bonds included (2^128 wei exceeds all ether)
+        uint64 activeRound; // the first round it has not attested: commitCount at joining, round + 1 after each
         uint32 openAccusations;
         MemberStatus status;
+        uint64 joinRound; // commitCount when it joined: in force for this round and later ones
+        uint64 leftRound; // commitCount when it left or was ejected (not Active): in force for earlier rounds
+        uint64 joinBlock;
+        uint64 unbondingEnd; // first block at which withdrawStake succeeds (set on leaving); left at end - unbonding
     }
 
     enum AccusationStatus {
         None,
         Open,
         Guilty,
-        Cleared
+        Cleared,
+        Expired
+    }
+
+    /// @notice An accusation's state.
+    struct Accusation {
+        AccusationStatus status;
+        address accuser;
+        uint64 openedBlock; // members that joined before this block and had not left before it may decide
+        uint64 deadline; // first block at which it lapses (expireAccusation) and no verdict is taken
+        uint32 quorum; // verdict signatures needed: max(k, ceil(quorumBps x members counted at opening))
+        uint128 bond; // wei the accuser deposited: returned if guilty, forfeited otherwise
     }
 
     bytes32 private constant _DOMAIN_TYPEHASH =
@@ -95,6 +134,14 @@ contract TrainingLedger {
     /// @dev secp256k1n / 2: a larger `s` is the malleable twin of a valid signature (as OpenZeppelin ECDSA).
     uint256 private constant _MAX_S = 0x7FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF5D576E7357A4501DDFE92F46681B20A0;
     uint256 private constant _SIGNATURE_LENGTH = 65;
+    uint256 private constant _BPS = 10_000;
+    /// @dev The shortest accusation deadline and dispute window a run may have.
+    uint64 private constant _MIN_WINDOW_BLOCKS = 8;
+    /// @dev The longest unbonding (and so window) a run may have: 2^32 blocks (1,600 years at 12 s), which
+    /// keeps every block number plus a period far below 2^64.
+    uint64 private constant _MAX_UNBONDING_BLOCKS = 2 ** 32;
+    /// @dev Gas forwarded when returning a guilty accusation's bond (an account that refuses it forfeits it).
+    uint256 private constant _BOND_RETURN_GAS = 30_000;
 
     NodeRegistry private immutable _registry;
     bytes32 private immutable _cachedDomainSeparator;
@@ -103,33 +150,29 @@ contract TrainingLedger {
 
     uint256 private _runCount;
     uint256 private _slashedTotal;
+    uint256 private _forfeitedTotal;
     mapping(uint256 runId => Run) private _runs;
     mapping(uint256 runId => mapping(uint64 round => bytes32 structHash)) private _recordHashes;
+    mapping(uint256 runId => mapping(uint64 round => uint256 blockNumber)) private _commitBlocks;
     mapping(uint256 runId => mapping(uint64 round => bytes32 contentHash)) private _checkpoints;
     mapping(uint256 runId => mapping(address account => Member)) private _members;
-    mapping(uint256 runId => mapping(uint64 round => uint256)) private _disputeCounts;
+    mapping(uint256 runId => mapping(uint64 round => address[])) private _disputers;
     mapping(uint256 runId => mapping(uint64 round => mapping(address account => bool))) private _disputed;
-    mapping(uint256 runId => mapping(address accused => mapping(bytes32 evidenceHash => AccusationStatus)))
+    mapping(uint256 runId => mapping(address accused => mapping(bytes32 evidenceHash => Accusation)))
         private _accusations;
 
-    /// @notice Run `runId` was created by `creator` with the given configuration and membership rules.
+    /// @notice Run `runId` was created by `creator` with `params`; `genesisHead` starts its hash chain.
     event RunCreated(
-        uint256 indexed runId,
-        address indexed creator,
-        bytes32 configHash,
-        uint32 numStages,
-        uint32 innerSteps,
-        uint256 minStake,
-        uint32 quorum,
-        uint64 unbondingBlocks,
-        uint64 maxRounds,
-        bytes32 genesisHead,
-        string configUri
+        uint256 indexed runId, address indexed creator, RunParams params, bytes32 genesisHead, string configUri
     );
     /// @notice `account` joined run `runId` with node key `nodeKey`, staking `stake` wei.
     event MemberJoined(uint256 indexed runId, address indexed account, bytes32 nodeKey, uint256 stake);
-    /// @notice `account` left run `runId`; its stake can be withdrawn from block `unbondingEnd` on.
+    /// @notice `account` left run `runId` (or was ejected); its stake can be withdrawn from block
+    /// `unbondingEnd` on.
     event MemberLeft(uint256 indexed runId, address indexed account, uint64 unbondingEnd);
+    /// @notice `ejector` ejected `account` from run `runId` for attesting none of its last `missedRounds`
+    /// committed rounds (MemberLeft follows).
+    event MemberEjected(uint256 indexed runId, address indexed account, address ejector, uint64 missedRounds);
     /// @notice `account` took back its `stake` wei from run `runId`.
     event StakeWithdrawn(uint256 indexed runId, address indexed account, uint256 stake);
     /// @notice `account` lost its `stake` wei and its seat in run `runId` (see EquivocationReported or
@@ -146,7 +189,7 @@ contract TrainingLedger {
         bytes32 headHash
     );
     /// @notice Member `disputer` signed `record` for round `round` of run `runId`, which differs from the
-    /// committed one.
+    /// committed one in its weights root, contributions root or checkpoint hash.
     event RoundDisputed(
         uint256 indexed runId, uint64 indexed round, address indexed disputer, Record record, bytes signature
     );
@@ -160,21 +203,39 @@ contract TrainingLedger {
         bytes32 recordHashB,
         address reporter
     );
-    /// @notice Member `accuser` accused `accused` in run `runId`, pointing at off-chain `evidenceHash`.
+    /// @notice Member `accuser` accused `accused` in run `runId`, pointing at off-chain `evidenceHash`, with a
+    /// bond of `bond` wei; a verdict needs `quorum` signatures before block `deadline`.
     event AccusationOpened(
-        uint256 indexed runId, address indexed accused, address indexed accuser, bytes32 evidenceHash
+        uint256 indexed runId,
+        address indexed accused,
+        address indexed accuser,
+        bytes32 evidenceHash,
+        uint256 bond,
+        uint64 deadline,
+        uint32 quorum
     );
     /// @notice The accusation (`runId`, `accused`, `evidenceHash`) was decided by `signers` (ascending).
     event AccusationResolved(
         uint256 indexed runId, address indexed accused, bytes32 evidenceHash, bool guilty, address[] signers
     );
+    /// @notice The accusation (`runId`, `accused`, `evidenceHash`) reached its deadline undecided and lapsed.
+    event AccusationExpired(uint256 indexed runId, address indexed accused, bytes32 evidenceHash);
+    /// @notice `account`'s bond of `amount` wei in run `runId` was forfeited (kept by this contract for good).
+    event BondForfeited(uint256 indexed runId, address indexed account, uint256 amount);
+    /// @notice `account`'s bond of `amount` wei in run `runId` was returned to it.
+    event BondReturned(uint256 indexed runId, address indexed account, uint256 amount);
 
     error LedgerNotRegistered(address account);
     error LedgerUnknownRun(uint256 runId);
     error LedgerBadRunShape(uint32 numStages, uint32 innerSteps);
-    error LedgerBadQuorum(uint32 quorum);
+    error LedgerBadQuorum(uint16 quorum, uint16 quorumBps);
+    error LedgerBadWindow(uint64 accusationBlocks, uint64 disputeBlocks, uint64 minimum, uint64 maximum);
+    error LedgerUnbondingTooShort(uint64 unbondingBlocks, uint64 minimum);
+    error LedgerUnbondingTooLong(uint64 unbondingBlocks, uint64 maximum);
+    error LedgerBadInactivityRounds(uint32 inactivityRounds);
     error LedgerZeroHash();
     error LedgerStakeTooLow(uint256 required, uint256 sent);
+    error LedgerBondMismatch(uint256 required, uint256 sent);
     error LedgerAlreadyMember(uint256 runId, address account);
     error LedgerMemberSlashed(uint256 runId, address account);
     error LedgerNotMember(uint256 runId, address account);
@@ -182,22 +243,30 @@ contract TrainingLedger {
     error LedgerStillUnbonding(uint256 runId, address account, uint64 unbondingEnd);
     error LedgerAccusationPending(uint256 runId, address account, uint32 openAccusations);
     error LedgerRefundFailed(address account, uint256 amount);
+    error LedgerMemberNotInactive(uint256 runId, address account, uint64 missedRounds, uint32 inactivityRounds);
     error LedgerRoundNotNext(uint64 expected, uint64 got);
     error LedgerRoundBeyondMax(uint64 maxRounds, uint64 got);
     error LedgerStaleHead(bytes32 head, bytes32 prevHead);
     error LedgerBadSignaturesLength(uint256 length);
     error LedgerInvalidSignature(uint256 index);
     error LedgerSignerNotMember(uint256 runId, address signer);
+    error LedgerSignerNotInForce(uint256 runId, address signer, uint64 openedBlock);
     error LedgerSignersNotAscending(address previous, address signer);
     error LedgerQuorumNotMet(uint32 quorum, uint256 signers);
     error LedgerNotEquivocation(bytes32 recordHashA, bytes32 recordHashB);
     error LedgerDifferentSigners(address signerA, address signerB);
     error LedgerNotBonded(uint256 runId, address account);
     error LedgerRoundNotCommitted(uint256 runId, uint64 round);
+    error LedgerNotCommittedRecord(uint256 runId, uint64 round);
     error LedgerDisputeMatchesCommit(uint256 runId, uint64 round);
+    error LedgerDisputeOnlyMetrics(uint256 runId, uint64 round);
+    error LedgerDisputeWindowClosed(uint256 runId, uint64 round, uint64 closedAt);
+    error LedgerNotInForce(uint256 runId, uint64 round, address account);
     error LedgerAlreadyDisputed(uint256 runId, uint64 round, address account);
     error LedgerAccusationExists(uint256 runId, address accused, bytes32 evidenceHash);
     error LedgerAccusationNotOpen(uint256 runId, address accused, bytes32 evidenceHash);
+    error LedgerAccusationExpired(uint256 runId, address accused, bytes32 evidenceHash, uint64 deadline);
+    error LedgerAccusationNotExpired(uint256 runId, address accused, bytes32 evidenceHash, uint64 deadline);
 
     /// @param registry_ The NodeRegistry whose nodes may join runs.
     constructor(NodeRegistry registry_) {
@@ -210,53 +279,32 @@ contract TrainingLedger {
     // ------------------------------------------------------------------------------------------- runs
 
     /// @notice Create a training run; its parameters never change.
-    /// @param configHash Hash of the run's full configuration; must be nonzero.
-    /// @param numStages Number of pipeline stages (>= 1).
-    /// @param innerSteps Inner steps H per outer round (>= 1).
-    /// @param minStake Wei each member must stake to join.
-    /// @param quorum Distinct member signatures a commit or a verdict needs (>= 1).
-    /// @param unbondingBlocks Blocks between `leaveRun` and the earliest `withdrawStake`.
-    /// @param maxRounds Rounds 0 .. maxRounds-1 may be committed; 0 leaves the run open-ended.
+    /// @param params The run's parameters (see RunParams). Rules: `configHash` nonzero; `numStages`,
+    /// `innerSteps`, `quorum`, `inactivityRounds` >= 1; `quorumBps` <= 10000; `accusationBlocks` and
+    /// `disputeBlocks` in [minWindowBlocks(), maxUnbondingBlocks()]; `unbondingBlocks` in
+    /// [accusationBlocks + disputeBlocks, maxUnbondingBlocks()].
     /// @param configUri Where to fetch the configuration whose hash is `configHash` (emitted, not stored).
     /// @return runId The new run's id (ids start at 1).
-    function createRun(
-        bytes32 configHash,
-        uint32 numStages,
-        uint32 innerSteps,
-        uint256 minStake,
-        uint32 quorum,
-        uint64 unbondingBlocks,
-        uint64 maxRounds,
-        string calldata configUri
-    ) external returns (uint256 runId) {
-        if (configHash == bytes32(0)) revert LedgerZeroHash();
-        if (numStages == 0 || innerSteps == 0) revert LedgerBadRunShape(numStages, innerSteps);
-        if (quorum == 0) revert LedgerBadQuorum(quorum);
+    function createRun(RunParams calldata params, string calldata configUri) external returns (uint256 runId) {
+        _checkParams(params);
         runId = ++_runCount;
-        bytes32 genesis = keccak256(abi.encode(block.chainid, address(this), runId, configHash));
+        bytes32 genesis = keccak256(abi.encode(block.chainid, address(this), runId, params.configHash));
         Run storage run = _runs[runId];
-        run.maxRounds = maxRounds;
-        run.quorum = quorum;
-        run.creator = msg.sender;
-        run.numStages = numStages;
-        run.innerSteps = innerSteps;
-        run.unbondingBlocks = unbondingBlocks;
-        run.minStake = minStake;
-        run.configHash = configHash;
+        run.maxRounds = params.maxRounds;
+        run.quorum = params.quorum;
+        run.quorumBps = params.quorumBps;
         run.headHash = genesis;
-        emit RunCreated(
-            runId,
-            msg.sender,
-            configHash,
-            numStages,
-            innerSteps,
-            minStake,
-            quorum,
-            unbondingBlocks,
-            maxRounds,
-            genesis,
-            configUri
-        );
+        run.creator = msg.sender;
+        run.numStages = params.numStages;
+        run.innerSteps = params.innerSteps;
+        run.inactivityRounds = params.inactivityRounds;
+        run.unbondingBlocks = params.unbondingBlocks;
+        run.accusationBlocks = params.accusationBlocks;
+        run.disputeBlocks = params.disputeBlocks;
+        run.minStake = params.minStake;
+        run.bond = params.bond;
+        run.configHash = params.configHash;
+        emit RunCreated(runId, msg.sender, params, genesis, configUri);
     }
 
     // ------------------------------------------------------------------------------------------- membership
@@ -274,10 +322,13 @@ contract TrainingLedger {
         if (member.status == MemberStatus.Slashed) revert LedgerMemberSlashed(runId, msg.sender);
         if (member.status != MemberStatus.None) revert LedgerAlreadyMember(runId, msg.sender);
 
+        uint64 round = run.commitCount;
         member.nodeKey = nodeKey;
         member.stake = uint128(msg.value);
-        member.unbondingEnd = 0;
+        member.activeRound = round;
         member.status = MemberStatus.Active;
+        member.joinRound = round;
+        member.joinBlock = uint64(block.number);
         run.memberCount += 1;
         emit MemberJoined(runId, msg.sender, nodeKey, msg.value);
     }
@@ -288,11 +339,24 @@ contract TrainingLedger {
         Run storage run = _existingRun(runId);
         Member storage member = _members[runId][msg.sender];
         if (member.status != MemberStatus.Active) revert LedgerNotMember(runId, msg.sender);
-        uint64 unbondingEnd = uint64(block.number) + run.unbondingBlocks;
-        member.status = MemberStatus.Unbonding;
-        member.unbondingEnd = unbondingEnd;
-        run.memberCount -= 1;
-        emit MemberLeft(runId, msg.sender, unbondingEnd);
+        _leave(runId, run, member, msg.sender);
+    }
+
+    /// @notice Eject an active member of run `runId` that attested none of the last `inactivityRounds`
+    /// committed rounds (counted from when it joined): it stops counting toward the quorum and its stake
+    /// unbonds as if it had left. Anyone may call.
+    /// @param runId The run.
+    /// @param account The silent member.
+    function ejectInactive(uint256 runId, address account) external {
+        Run storage run = _existingRun(runId);
+        Member storage member = _members[runId][account];
+        if (member.status != MemberStatus.Active) revert LedgerNotMember(runId, account);
+        uint64 missed = run.commitCount - member.activeRound;
+        if (missed < run.inactivityRounds) {
+            revert LedgerMemberNotInactive(runId, account, missed, run.inactivityRounds);
+        }
+        emit MemberEjected(runId, account, msg.sender, missed);
+        _leave(runId, run, member, account);
     }
 
     /// @notice Take back the caller's stake in run `runId` once unbonding is over and no accusation is open.
@@ -319,10 +383,11 @@ contract TrainingLedger {
 
     // ------------------------------------------------------------------------------------------- rounds
 
-    /// @notice Commit the round `record` describes, attested by at least `quorum` members.
+    /// @notice Commit the round `record` describes, attested by at least `quorumOf(runId)` members.
     /// @param record The round's record; `round` must be the run's next round and `prevHead` its current head.
     /// @param signatures Concatenated 65-byte signatures (r, s, v) over the record's EIP-712 digest, by
-    /// distinct current members in strictly ascending signer address order.
+    /// distinct current members in strictly ascending signer address order. Every signer is credited with the
+    /// round (see ejectInactive), so a submitter should include every signature it holds.
     /// @dev Any current member may submit. The checkpoint, if `checkpointHash` is nonzero, is published with
     /// the round (fetchable as dlx://blob/<hash>).
     function commitRound(Record calldata record, bytes calldata signatures) external {
@@ -337,40 +402,54 @@ contract TrainingLedger {
         if (record.weightsRoot == bytes32(0) || record.contributionsRoot == bytes32(0)) revert LedgerZeroHash();
 
         bytes32 structHash = _hashRecord(record);
-        address[] memory attesters = _quorumSigners(runId, _hashTypedData(structHash), signatures, run.quorum, address(0));
+        address[] memory attesters = _commitSigners(
+            runId, round, _hashTypedData(structHash), signatures, _quorum(run.quorum, run.quorumBps, run.memberCount)
+        );
         head = keccak256(abi.encode(head, structHash));
         _recordHashes[runId][round] = structHash;
+        _commitBlocks[runId][round] = block.number;
         run.headHash = head;
         run.commitCount = round + 1;
         if (record.checkpointHash != bytes32(0)) {
             _checkpoints[runId][round] = record.checkpointHash;
-            run.latestCheckpointRound = round;
-            run.checkpointCount += 1;
+            run.checkpointEnd = round + 1;
         }
         emit RoundCommitted(runId, round, msg.sender, record, attesters, head);
     }
 
-    /// @notice Record on chain that a member computed a different record for a committed round.
-    /// @param record The record the disputer computed; it must differ from the committed one.
-    /// @param signature The disputer's 65-byte signature over `record` (the disputer is its signer).
-    /// @dev Anyone may submit; the signer must hold a stake in the run. Each member disputes a round once, and
-    /// a dispute cannot be withdrawn. A member that also attested the committed record has now signed two
-    /// records for the round: its dispute is equivocation evidence against itself.
-    function dispute(Record calldata record, bytes calldata signature) external {
-        uint256 runId = record.runId;
-        uint64 round = record.round;
-        _existingRun(runId);
-        bytes32 committed = _recordHashes[runId][round];
-        if (committed == bytes32(0)) revert LedgerRoundNotCommitted(runId, round);
-        bytes32 structHash = _hashRecord(record);
-        if (structHash == committed) revert LedgerDisputeMatchesCommit(runId, round);
+    /// @notice Record on chain that a member computed a different record for a committed round, depositing the
+    /// run's bond, which joins the disputer's stake: returned with it on withdrawal, slashed with it.
+    /// @param committed The record committed for the round (from RoundCommitted), to compare fields with.
+    /// @param disputed The record the disputer computed; its weights root, contributions root or checkpoint
+    /// hash must differ from the committed one (losses, tokens and contributor counts alone are refused).
+    /// @param signature The disputer's 65-byte signature over `disputed` (the disputer is its signer).
+    /// @dev Anyone may submit (and pays the bond). The disputer must have been a member in force at the round
+    /// (joined before it was committed and not left before that) and still hold its stake; the dispute must
+    /// come within `disputeBlocks` of the commit; once per member and round; never withdrawn. A member that
+    /// also attested the committed record has now signed two records: equivocation evidence against itself.
+    function dispute(Record calldata committed, Record calldata disputed, bytes calldata signature)
+        external
+        payable
+    {
+        uint256 runId = disputed.runId;
+        uint64 round = disputed.round;
+        Run storage run = _existingRun(runId);
+        bytes32 structHash = _checkDisputedRecord(committed, disputed);
+        uint64 closedAt = uint64(_commitBlocks[runId][round]) + run.disputeBlocks;
+        if (block.number >= closedAt) revert LedgerDisputeWindowClosed(runId, round, closedAt);
+        if (msg.value != run.bond) revert LedgerBondMismatch(run.bond, msg.value);
         address disputer = _recover(_hashTypedData(structHash), signature, 0);
         _requireBonded(runId, disputer);
+        Member storage member = _members[runId][disputer];
+        if (member.joinRound > round || (member.status != MemberStatus.Active && member.leftRound <= round)) {
+            revert LedgerNotInForce(runId, round, disputer);
+        }
         if (_disputed[runId][round][disputer]) revert LedgerAlreadyDisputed(runId, round, disputer);
 
         _disputed[runId][round][disputer] = true;
-        _disputeCounts[runId][round] += 1;
-        emit RoundDisputed(runId, round, disputer, record, signature);
+        _disputers[runId][round].push(disputer);
+        member.stake += uint128(msg.value);
+        emit RoundDisputed(runId, round, disputer, disputed, signature);
     }
 
     /// @notice Slash a member that signed two different records for the same round of a run.
@@ -404,47 +483,86 @@ contract TrainingLedger {
 
     // ------------------------------------------------------------------------------------------- accusations
 
-    /// @notice Accuse a staked member of run `runId`; until resolved, the accused cannot withdraw its stake.
+    /// @notice Accuse a staked member of run `runId`, depositing the run's bond; until the accusation is
+    /// resolved or lapses, the accused cannot withdraw its stake.
     /// @param runId The run.
     /// @param accused A member holding a stake in the run (active or unbonding).
     /// @param evidenceHash Hash of the off-chain evidence; nonzero, once per (accused, evidence).
-    /// @dev Only a current member may accuse.
-    function accuse(uint256 runId, address accused, bytes32 evidenceHash) external {
-        _existingRun(runId);
+    /// @dev Only a current member may accuse, with `msg.value` equal to the run's bond: returned if the
+    /// verdict is guilty, forfeited if it is not guilty or no verdict comes within `accusationBlocks`. The
+    /// verdict's quorum is fixed now: max(k, ceil(quorumBps x active members other than the accused)).
+    function accuse(uint256 runId, address accused, bytes32 evidenceHash) external payable {
+        Run storage run = _existingRun(runId);
         if (_members[runId][msg.sender].status != MemberStatus.Active) revert LedgerNotMember(runId, msg.sender);
         if (evidenceHash == bytes32(0)) revert LedgerZeroHash();
+        if (msg.value != run.bond) revert LedgerBondMismatch(run.bond, msg.value);
         _requireBonded(runId, accused);
-        if (_accusations[runId][accused][evidenceHash] != AccusationStatus.None) {
-            revert LedgerAccusationExists(runId, accused, evidenceHash);
-        }
-        _accusations[runId][accused][evidenceHash] = AccusationStatus.Open;
-        _members[runId][accused].openAccusations += 1;
-        emit AccusationOpened(runId, accused, msg.sender, evidenceHash);
+        Accusation storage accusation = _accusations[runId][accused][evidenceHash];
+        if (accusation.status != AccusationStatus.None) revert LedgerAccusationExists(runId, accused, evidenceHash);
+
+        Member storage member = _members[runId][accused];
+        uint32 counted = run.memberCount - (member.status == MemberStatus.Active ? 1 : 0);
+        uint32 quorum = _quorum(run.quorum, run.quorumBps, counted);
+        uint64 deadline = uint64(block.number) + run.accusationBlocks;
+        accusation.status = AccusationStatus.Open;
+        accusation.accuser = msg.sender;
+        accusation.openedBlock = uint64(block.number);
+        accusation.deadline = deadline;
+        accusation.quorum = quorum;
+        accusation.bond = uint128(msg.value);
+        member.openAccusations += 1;
+        emit AccusationOpened(runId, accused, msg.sender, evidenceHash, msg.value, deadline, quorum);
     }
 
-    /// @notice Decide an open accusation with `quorum` member signatures over `verdict`.
-    /// @param verdict The decision; guilty slashes the accused and removes it from the run.
-    /// @param signatures Concatenated 65-byte signatures over the verdict's EIP-712 digest by distinct current
-    /// members, ascending by signer address; the accused's own signature is not counted.
+    /// @notice Decide an open accusation, before its deadline, with the signatures over `verdict` of its
+    /// quorum of members in force when it was opened.
+    /// @param verdict The decision; guilty slashes the accused, removes it from the run and returns the
+    /// accuser's bond; not guilty closes the accusation and forfeits the bond.
+    /// @param signatures Concatenated 65-byte signatures over the verdict's EIP-712 digest, ascending by signer
+    /// address, by distinct members that joined before the accusation's block and had not left before it
+    /// (unbonding ones included); the accused's own signature is not counted.
     /// @dev Anyone may submit.
     function resolveAccusation(Verdict calldata verdict, bytes calldata signatures) external {
         uint256 runId = verdict.runId;
-        Run storage run = _existingRun(runId);
+        _existingRun(runId);
         address accused = verdict.accused;
-        if (_accusations[runId][accused][verdict.evidenceHash] != AccusationStatus.Open) {
-            revert LedgerAccusationNotOpen(runId, accused, verdict.evidenceHash);
+        Accusation storage accusation = _openAccusation(runId, accused, verdict.evidenceHash);
+        if (block.number >= accusation.deadline) {
+            revert LedgerAccusationExpired(runId, accused, verdict.evidenceHash, accusation.deadline);
         }
         bytes32 structHash = keccak256(
             abi.encode(_VERDICT_TYPEHASH, runId, accused, verdict.evidenceHash, verdict.guilty)
         );
-        address[] memory signers = _quorumSigners(runId, _hashTypedData(structHash), signatures, run.quorum, accused);
+        address[] memory signers =
+            _verdictSigners(runId, accusation, accused, _hashTypedData(structHash), signatures);
 
-        _accusations[runId][accused][verdict.evidenceHash] =
-            verdict.guilty ? AccusationStatus.Guilty : AccusationStatus.Cleared;
+        accusation.status = verdict.guilty ? AccusationStatus.Guilty : AccusationStatus.Cleared;
         Member storage member = _members[runId][accused];
         member.openAccusations -= 1;
         emit AccusationResolved(runId, accused, verdict.evidenceHash, verdict.guilty, signers);
         if (verdict.guilty && member.status != MemberStatus.Slashed) _slash(runId, accused);
+        if (verdict.guilty) {
+            _returnBond(runId, accusation.accuser, accusation.bond);
+        } else {
+            _forfeitBond(runId, accusation.accuser, accusation.bond);
+        }
+    }
+
+    /// @notice Close an accusation whose deadline passed without a verdict: it lapses, the accused's stake is
+    /// free of it, and the accuser's bond is forfeited. Anyone may call.
+    /// @param runId The run.
+    /// @param accused The accused account.
+    /// @param evidenceHash The accusation's evidence hash.
+    function expireAccusation(uint256 runId, address accused, bytes32 evidenceHash) external {
+        _existingRun(runId);
+        Accusation storage accusation = _openAccusation(runId, accused, evidenceHash);
+        if (block.number < accusation.deadline) {
+            revert LedgerAccusationNotExpired(runId, accused, evidenceHash, accusation.deadline);
+        }
+        accusation.status = AccusationStatus.Expired;
+        _members[runId][accused].openAccusations -= 1;
+        emit AccusationExpired(runId, accused, evidenceHash);
+        _forfeitBond(runId, accusation.accuser, accusation.bond);
     }
 
     // ------------------------------------------------------------------------------------------- views
@@ -486,6 +604,18 @@ contract TrainingLedger {
         return _hashTypedData(_hashRecord(record));
     }
 
+    /// @notice The shortest accusation deadline and dispute window a run may have, in blocks.
+    /// @return The minimum.
+    function minWindowBlocks() external pure returns (uint64) {
+        return _MIN_WINDOW_BLOCKS;
+    }
+
+    /// @notice The longest unbonding period (and window) a run may have, in blocks.
+    /// @return The maximum.
+    function maxUnbondingBlocks() external pure returns (uint64) {
+        return _MAX_UNBONDING_BLOCKS;
+    }
+
     /// @notice The number of runs created so far (the latest run id).
     /// @return The count.
     function runCount() external view returns (uint256) {
@@ -497,6 +627,15 @@ contract TrainingLedger {
     /// @return The run (all zero for an unknown run).
     function runOf(uint256 runId) external view returns (Run memory) {
         return _runs[runId];
+    }
+
+    /// @notice The number of member signatures the next commit of run `runId` needs:
+    /// max(k, ceil(quorumBps x active members / 10000)).
+    /// @param runId The run.
+    /// @return The quorum (0 for an unknown run).
+    function quorumOf(uint256 runId) external view returns (uint32) {
+        Run storage run = _runs[runId];
+        return _quorum(run.quorum, run.quorumBps, run.memberCount);
     }
 
     /// @notice The last committed round of run `runId`.
@@ -529,6 +668,14 @@ contract TrainingLedger {
         return _recordHashes[runId][round];
     }
 
+    /// @notice The block in which round `round` of run `runId` was committed (its dispute window starts there).
+    /// @param runId The run.
+    /// @param round The outer round.
+    /// @return The block number, or zero if the round is not committed.
+    function commitBlockOf(uint256 runId, uint64 round) external view returns (uint256) {
+        return _commitBlocks[runId][round];
+    }
+
     /// @notice The content hash of the checkpoint committed with round `round` of run `runId`.
     /// @param runId The run.
     /// @param round The outer round.
@@ -545,15 +692,15 @@ contract TrainingLedger {
         return _members[runId][account];
     }
 
-    /// @notice The state of the accusation (`runId`, `accused`, `evidenceHash`).
+    /// @notice The accusation (`runId`, `accused`, `evidenceHash`).
     /// @param runId The run.
     /// @param accused The accused account.
     /// @param evidenceHash The evidence's hash.
-    /// @return The status (None if never opened).
+    /// @return The accusation (status None and zeros if never opened).
     function accusationOf(uint256 runId, address accused, bytes32 evidenceHash)
         external
         view
-        returns (AccusationStatus)
+        returns (Accusation memory)
     {
         return _accusations[runId][accused][evidenceHash];
     }
@@ -563,7 +710,16 @@ contract TrainingLedger {
     /// @param round The outer round.
     /// @return The count.
     function disputeCount(uint256 runId, uint64 round) external view returns (uint256) {
-        return _disputeCounts[runId][round];
+        return _disputers[runId][round].length;
+    }
+
+    /// @notice The members that disputed round `round` of run `runId`, in the order they did (their records
+    /// are in RoundDisputed).
+    /// @param runId The run.
+    /// @param round The outer round.
+    /// @return The disputers.
+    function disputersOf(uint256 runId, uint64 round) external view returns (address[] memory) {
+        return _disputers[runId][round];
     }
 
     /// @notice Wei slashed so far over all runs (held by this contract for good).
@@ -572,7 +728,34 @@ contract TrainingLedger {
         return _slashedTotal;
     }
 
+    /// @notice Wei of accusation bonds forfeited so far over all runs (held by this contract for good).
+    /// @return The total.
+    function forfeitedTotal() external view returns (uint256) {
+        return _forfeitedTotal;
+    }
+
     // ------------------------------------------------------------------------------------------- internals
+
+    function _checkParams(RunParams calldata params) private pure {
+        if (params.configHash == bytes32(0)) revert LedgerZeroHash();
+        if (params.numStages == 0 || params.innerSteps == 0) {
+            revert LedgerBadRunShape(params.numStages, params.innerSteps);
+        }
+        if (params.quorum == 0 || params.quorumBps > _BPS) revert LedgerBadQuorum(params.quorum, params.quorumBps);
+        if (params.inactivityRounds == 0) revert LedgerBadInactivityRounds(params.inactivityRounds);
+        uint64 accusationBlocks = params.accusationBlocks;
+        uint64 disputeBlocks = params.disputeBlocks;
+        if (
+            accusationBlocks < _MIN_WINDOW_BLOCKS || disputeBlocks < _MIN_WINDOW_BLOCKS
+                || accusationBlocks > _MAX_UNBONDING_BLOCKS || disputeBlocks > _MAX_UNBONDING_BLOCKS
+        ) revert LedgerBadWindow(accusationBlocks, disputeBlocks, _MIN_WINDOW_BLOCKS, _MAX_UNBONDING_BLOCKS);
+        // Both windows are at most 2^32: the sum cannot overflow.
+        uint64 floor = accusationBlocks + disputeBlocks;
+        if (params.unbondingBlocks < floor) revert LedgerUnbondingTooShort(params.unbondingBlocks, floor);
+        if (params.unbondingBlocks > _MAX_UNBONDING_BLOCKS) {
+            revert LedgerUnbondingTooLong(params.unbondingBlocks, _MAX_UNBONDING_BLOCKS);
+        }
+    }
 
     function _existingRun(uint256 runId) private view returns (Run storage run) {
         run = _runs[runId];
@@ -584,9 +767,38 @@ contract TrainingLedger {
         if (status != MemberStatus.Active && status != MemberStatus.Unbonding) revert LedgerNotBonded(runId, account);
     }
 
+    function _openAccusation(uint256 runId, address accused, bytes32 evidenceHash)
+        private
+        view
+        returns (Accusation storage accusation)
+    {
+        accusation = _accusations[runId][accused][evidenceHash];
+        if (accusation.status != AccusationStatus.Open) revert LedgerAccusationNotOpen(runId, accused, evidenceHash);
+    }
+
+    /// @dev max(k, ceil(bps x counted / 10000)); counted < 2^32 and bps <= 10^4, so nothing overflows.
+    function _quorum(uint16 k, uint16 bps, uint32 counted) private pure returns (uint32) {
+        uint256 fraction = (uint256(bps) * counted + _BPS - 1) / _BPS;
+        return fraction > k ? uint32(fraction) : k;
+    }
+
+    /// @dev The active member stops signing now; its stake unbonds for the run's unbondingBlocks (at most 2^32,
+    /// so the end block cannot overflow).
+    function _leave(uint256 runId, Run storage run, Member storage member, address account) private {
+        uint64 unbondingEnd = uint64(block.number) + run.unbondingBlocks;
+        member.status = MemberStatus.Unbonding;
+        member.unbondingEnd = unbondingEnd;
+        member.leftRound = run.commitCount;
+        run.memberCount -= 1;
+        emit MemberLeft(runId, account, unbondingEnd);
+    }
+
     function _slash(uint256 runId, address account) private {
         Member storage member = _members[runId][account];
-        if (member.status == MemberStatus.Active) _runs[runId].memberCount -= 1;
+        if (member.status == MemberStatus.Active) {
+            _runs[runId].memberCount -= 1;
+            member.leftRound = _runs[runId].commitCount;
+        }
         uint256 stake = member.stake;
         member.status = MemberStatus.Slashed;
         member.stake = 0;
@@ -594,33 +806,119 @@ contract TrainingLedger {
         emit MemberSlashed(runId, account, stake);
     }
 
-    /// @dev The signers of `signatures` over `digest`, strictly ascending; each but `excluded` a current member
-    /// of `runId`, and at least `quorum` of them. Returns the counted signers (`excluded` left out).
-    function _quorumSigners(
+    function _forfeitBond(uint256 runId, address account, uint256 bond) private {
+        if (bond == 0) return;
+        _forfeitedTotal += bond;
+        emit BondForfeited(runId, account, bond);
+    }
+
+    /// @dev Last in its transaction (every effect is done); an account that refuses the bond forfeits it.
+    function _returnBond(uint256 runId, address account, uint256 bond) private {
+        if (bond == 0) return;
+        (bool ok,) = payable(account).call{value: bond, gas: _BOND_RETURN_GAS}("");
+        if (ok) {
+            emit BondReturned(runId, account, bond);
+        } else {
+            _forfeitBond(runId, account, bond);
+        }
+    }
+
+    /// @dev The struct hash of `disputed` once it is shown to differ from the committed record of its round
+    /// in a field the replay decides.
+    function _checkDisputedRecord(Record calldata committed, Record calldata disputed)
+        private
+        view
+        returns (bytes32 structHash)
+    {
+        uint256 runId = disputed.runId;
+        uint64 round = disputed.round;
+        bytes32 stored = _recordHashes[runId][round];
+        if (stored == bytes32(0)) revert LedgerRoundNotCommitted(runId, round);
+        if (committed.runId != runId || committed.round != round || _hashRecord(committed) != stored) {
+            revert LedgerNotCommittedRecord(runId, round);
+        }
+        structHash = _hashRecord(disputed);
+        if (structHash == stored) revert LedgerDisputeMatchesCommit(runId, round);
+        if (
+            disputed.weightsRoot == committed.weightsRoot && disputed.contributionsRoot == committed.contributionsRoot
+                && disputed.checkpointHash == committed.checkpointHash
+        ) revert LedgerDisputeOnlyMetrics(runId, round);
+    }
+
+    /// @dev The signers of `signatures` over `digest`, strictly ascending, each a current member of `runId`,
+    /// at least `quorum` of them. Each is credited with `round` (its activeRound moves past it).
+    function _commitSigners(
         uint256 runId,
+        uint64 round,
         bytes32 digest,
         bytes calldata signatures,
-        uint32 quorum,
-        address excluded
-    ) private view returns (address[] memory signers) {
-        if (signatures.length % _SIGNATURE_LENGTH != 0) revert LedgerBadSignaturesLength(signatures.length);
-        uint256 count = signatures.length / _SIGNATURE_LENGTH;
+        uint32 quorum
+    ) private returns (address[] memory signers) {
+        uint256 count = _signatureCount(signatures);
         signers = new address[](count);
-        uint256 counted = 0;
         address previous = address(0);
         mapping(address account => Member) storage members = _members[runId];
         for (uint256 i = 0; i < count; ++i) {
             address signer = _recover(digest, signatures[i * _SIGNATURE_LENGTH:(i + 1) * _SIGNATURE_LENGTH], i);
             if (signer <= previous) revert LedgerSignersNotAscending(previous, signer);
             previous = signer;
-            if (signer == excluded) continue; // present but not counted, whatever its seat
-            if (members[signer].status != MemberStatus.Active) revert LedgerSignerNotMember(runId, signer);
+            Member storage member = members[signer];
+            if (member.status != MemberStatus.Active) revert LedgerSignerNotMember(runId, signer);
+            member.activeRound = round + 1;
+            signers[i] = signer;
+        }
+        if (count < quorum) revert LedgerQuorumNotMet(quorum, count);
+    }
+
+    /// @dev The signers of `signatures` over `digest`, strictly ascending; each but `accused` a member that
+    /// joined before the accusation's block and, if it left since, left at or after that block (slashed and
+    /// withdrawn accounts are not members); at least the accusation's quorum of them. Returns the counted
+    /// signers (`accused` left out).
+    function _verdictSigners(
+        uint256 runId,
+        Accusation storage accusation,
+        address accused,
+        bytes32 digest,
+        bytes calldata signatures
+    ) private view returns (address[] memory signers) {
+        uint256 count = _signatureCount(signatures);
+        signers = new address[](count);
+        uint256 counted = 0;
+        address previous = address(0);
+        for (uint256 i = 0; i < count; ++i) {
+            address signer = _recover(digest, signatures[i * _SIGNATURE_LENGTH:(i + 1) * _SIGNATURE_LENGTH], i);
+            if (signer <= previous) revert LedgerSignersNotAscending(previous, signer);
+            previous = signer;
+            if (signer == accused) continue; // present but not counted, whatever its seat
+            _requireInForceAt(runId, signer, accusation.openedBlock);
             signers[counted++] = signer;
         }
-        if (counted < quorum) revert LedgerQuorumNotMet(quorum, counted);
+        if (counted < accusation.quorum) revert LedgerQuorumNotMet(accusation.quorum, counted);
         assembly ("memory-safe") {
             mstore(signers, counted)
         }
+    }
+
+    /// @dev `signer` holds a stake in `runId` (active or unbonding), joined before `openedBlock` and, if it
+    /// left, left at or after it (it left at unbondingEnd - unbondingBlocks).
+    function _requireInForceAt(uint256 runId, address signer, uint64 openedBlock) private view {
+        Member storage member = _members[runId][signer];
+        MemberStatus status = member.status;
+        if (status != MemberStatus.Active && status != MemberStatus.Unbonding) {
+            revert LedgerSignerNotMember(runId, signer);
+        }
+        if (
+            member.joinBlock >= openedBlock
+                || (
+                    status == MemberStatus.Unbonding
+                        && member.unbondingEnd - _runs[runId].unbondingBlocks < openedBlock
+                )
+        ) revert LedgerSignerNotInForce(runId, signer, openedBlock);
+    }
+
+    function _signatureCount(bytes calldata signatures) private pure returns (uint256) {
+        if (signatures.length % _SIGNATURE_LENGTH != 0) revert LedgerBadSignaturesLength(signatures.length);
+        return signatures.length / _SIGNATURE_LENGTH;
     }
 
     /// @dev The signer of the 65-byte (r, s, v) `signature` over `digest`; rejects a wrong length, a high `s`

@@ -68,6 +68,9 @@ class _Signals:
                 signal.signal(s, handler)
 
 
+#: The demo's quorum fraction of the members in force, in basis points (its floor is --attest-quorum).
+DEMO_QUORUM_BPS = 5000
+
 def run_demo(args: argparse.Namespace) -> int:
     if args.replicas < 1 or args.stages < 1 or args.rounds < 1 or args.inner_steps < 1:
         raise ConfigError("--replicas, --stages, --rounds and --inner-steps must all be >= 1")
@@ -88,8 +91,13 @@ def run_demo(args: argparse.Namespace) -> int:
         raise ConfigError(f"--attest-quorum={args.attest_quorum}: must be in [1, {nodes}] (the number of nodes)")
     if args.stake < 0:
         raise ConfigError(f"--stake={args.stake}: must be >= 0")
+    # The run's unbonding is LocalRun's default: the contract's floor (accusation deadline + dispute window),
+    # never 0, so a member cannot leave and withdraw before a report lands.
+    # The quorum grows with the run: max(--attest-quorum, half the members in force), so a few seats bought
+    # into a larger run are never a quorum (docs/LEDGER.md).
     run = LocalRun(out, replicas=args.replicas, stages=args.stages, split=args.stages > 1, settings=settings,
-                   attest_quorum=args.attest_quorum, stake_wei=int(args.stake * 10**18))
+                   attest_quorum=args.attest_quorum, attest_quorum_bps=DEMO_QUORUM_BPS,
+                   stake_wei=int(args.stake * 10**18))
     print(f"dlx-node demo: {args.replicas} replicas x {args.stages} stages, model '{args.preset}', "
           f"{args.rounds} outer rounds of H={args.inner_steps}, data: {data or 'generated corpus'}")
     view = LiveView()
@@ -206,6 +214,7 @@ def summarize(run: LocalRun) -> dict:
                 break
     return {
         "run_id": run.run_id, "attest_quorum": history.run.quorum, "stake_wei": history.run.min_stake,
+        "unbonding_blocks": history.run.unbonding_blocks,
         "members": len({m.account for m in history.memberships}),
         "rpc_url": run.url, "registry": run.registry, "ledger": run.ledger,
         "model_params": params, "rounds": rounds, "bytes_sent_all_nodes": sent,
@@ -219,7 +228,7 @@ def summarize(run: LocalRun) -> dict:
 def format_summary(s: dict) -> str:
     lines = ["", f"run {s['run_id']}: {len(s['rounds'])} rounds committed on chain ({s['model_params']:,} parameters), "
                  f"each signed by at least {s['attest_quorum']} of the run's {s['members']} staked members "
-                 f"({s['stake_wei'] / 1e18:g} ETH each)",
+                 f"({s['stake_wei'] / 1e18:g} ETH each, unbonding {s['unbonding_blocks']} blocks)",
              "  round  held-out  train   contributors  attesters  weights root"]
     for r in s["rounds"]:
         lines.append(f"  {r['round']:>5}  {r['eval_loss']:8.4f}  {r['train_loss']:6.4f}  {r['contributors']:>12}  "

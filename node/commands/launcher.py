@@ -22,6 +22,7 @@ from pathlib import Path
 from ledger.account import DEV_ACCOUNT_COUNT, dev_account, fund_accounts
 from ledger.chain import AnvilProcess, connect_rpc, terminate_with_parent
 from ledger.client import LedgerClient
+from ledger.records import DEFAULT_ACCUSATION_BLOCKS, DEFAULT_DISPUTE_BLOCKS
 from node.config import dump_toml, load_config
 from node.errors import NodeError
 from node.runconfig import canonical_json, config_hash, run_document
@@ -110,8 +111,16 @@ class LocalRun:
     settings: list[str] = field(default_factory=list)  # extra KEY=VALUE overrides for every node
     metrics: bool = False  # give every node a Prometheus endpoint on a free port
     attest_quorum: int = 1  # member signatures each round's record needs on chain (the run's k)
+    # The quorum is also at least this fraction (basis points) of the members. 0 keeps k alone, because the
+    # committer gathers k signatures (the run's k, not LedgerClient.quorum_of): raise it once it gathers more.
+    attest_quorum_bps: int = 0
     stake_wei: int = 0  # what each member stakes to join the run
-    unbonding_blocks: int = 0
+    bond_wei: int | None = None  # what an accuser or disputer deposits; None: a tenth of the stake
+    # Blocks: an accusation's deadline, a commit's dispute window and the unbonding period (None: their sum,
+    # the contract's floor, so a member cannot leave and withdraw before a report or verdict lands).
+    accusation_blocks: int = DEFAULT_ACCUSATION_BLOCKS
+    dispute_blocks: int = DEFAULT_DISPUTE_BLOCKS
+    unbonding_blocks: int | None = None
     anvil: AnvilProcess | None = None
     url: str = ""
     run_id: int = 0
@@ -138,8 +147,10 @@ class LocalRun:
         client = LedgerClient(w3, deployer, self.registry, self.ledger)
         self.run_id = client.create_run(config_hash(document), self.stages, cfg.diloco.inner_steps,
                                         f"dlx://blob/{config_hash(document).hex()}", min_stake=self.stake_wei,
-                                        quorum=self.attest_quorum, unbonding_blocks=self.unbonding_blocks,
-                                        max_rounds=cfg.rounds)
+                                        quorum=self.attest_quorum, quorum_bps=self.attest_quorum_bps,
+                                        bond=self.bond_wei, unbonding_blocks=self.unbonding_blocks,
+                                        accusation_blocks=self.accusation_blocks,
+                                        dispute_blocks=self.dispute_blocks, max_rounds=cfg.rounds)
         (self.workdir / "run.json").write_bytes(canonical_json(document))
         (self.workdir / "deployment.json").write_text(json.dumps({
             "rpc_url": self.url, "registry": self.registry, "ledger": self.ledger, "run_id": self.run_id,

@@ -40,7 +40,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ledger.chain import OUTAGE
-from ledger.errors import ChainUnavailable, CommitConflict, LedgerError, LedgerSignerNotMember, TransactionTimeout
+from ledger.errors import (ChainUnavailable, CommitConflict, LedgerError, LedgerQuorumNotMet, LedgerSignerNotMember,
+                           TransactionTimeout)
 from ledger.merkle import merkle_root
 from ledger.records import RoundRecord, to_micro
 from node.config import NodeConfig
@@ -403,15 +404,19 @@ class Committer:
     def _commit_with_quorum(self, outer_round: int, mine: RoundRecord, signature: bytes | None) -> bool:
         """Wait for a quorum of signatures over one record; submit it when this node's turn comes."""
         node = self.node
-        quorum = node.chain.run_info(node.run_id).quorum
-        last_publish = time.monotonic()
+        quorum = node.chain.quorum_of(node.run_id)
+        last_publish = last_quorum_read = time.monotonic()
         found = None
 
         def quorum_or_committed():
-            nonlocal found, last_publish
+            nonlocal found, last_publish, quorum, last_quorum_read
             if signature is not None and time.monotonic() - last_publish > RESIGN_EVERY_S:
                 last_publish = time.monotonic()
                 self._publish(mine, signature)  # gossip is best effort: say it again until the quorum forms
+            if time.monotonic() - last_quorum_read > RESIGN_EVERY_S:
+                # The quorum grows and shrinks with the members in force (joins, leaves, ejections).
+                last_quorum_read = time.monotonic()
+                quorum = node.chain.quorum_of(node.run_id)
             found = self._quorum_record(outer_round, mine, quorum)
             return found is not None or node.chain.commit_of(node.run_id, outer_round) is not None
 
@@ -427,6 +432,10 @@ class Committer:
                 logger.warning("round %d: a signer left the run before the commit (%s); waiting for current "
                                "members' signatures", outer_round, exc)
                 node.chain.forget_seats(node.run_id)
+            except LedgerQuorumNotMet as exc:
+                logger.warning("round %d: the run's quorum grew before the commit (%s); waiting for more "
+                               "signatures", outer_round, exc)
+                quorum = node.chain.quorum_of(node.run_id)
 
     def _submit(self, outer_round: int, mine: RoundRecord, found, quorum: int) -> bool:
         """Submit a quorum-signed record when this node's turn comes; False if someone else committed first."""
@@ -444,12 +453,14 @@ class Committer:
         if node.stop_event.is_set():
             return False
         try:
-            node.chain.commit_round(record, signatures[:max(quorum, 1)])
+            # Every signature held, not only the quorum's: the chain credits each signer with the round,
+            # and a member whose signatures are never submitted looks silent (ejectInactive).
+            node.chain.commit_round(record, signatures)
         except CommitConflict as exc:
             logger.warning("round %d: another record was committed first: %s", outer_round, exc)
             return False
         logger.info("round %d committed with %d member signatures (weights root %s, %d contributors%s)",
-                    outer_round, min(len(signatures), quorum), record.weights_root.hex()[:12],
+                    outer_round, len(signatures), record.weights_root.hex()[:12],
                     record.num_contributors,
                     f", checkpoint {record.checkpoint_hash.hex()[:12]}" if record.has_checkpoint else "")
         return True

@@ -16,7 +16,16 @@ from ledger.chain import OUTAGE, AnvilProcess, connect_rpc
 from ledger.client import LedgerClient, binding_message
 from ledger.errors import DeploymentMismatch, LedgerError
 from ledger.attest import recover_signer, recover_verdict_signer
-from ledger.records import CheckpointRecord, Membership, RoundRecord, RunInfo, Verdict
+from ledger.records import (
+    MIN_WINDOW_BLOCKS,
+    AccusationRecord,
+    AccusationState,
+    CheckpointRecord,
+    Membership,
+    RoundRecord,
+    RunInfo,
+    Verdict,
+)
 from node.config import NodeConfig
 from node.errors import ConfigError, NotRegistered
 
@@ -99,6 +108,11 @@ class NodeChain:
                 self._run_info[run_id] = self.client.run_info(run_id)
         return self._run_info[run_id]
 
+    def quorum_of(self, run_id: int) -> int:
+        """The signatures the run's next commit needs now (it grows with the members in force)."""
+        with self._lock:
+            return self.client.quorum_of(run_id)
+
     def check_run(self, run_id: int, config_hash: bytes, rounds: int | None = None) -> None:
         """Refuse settings that would train differently from the run's other members.
 
@@ -138,13 +152,24 @@ class NodeChain:
         logger.info("registered account %s with peer id %s", self.client.address, identity.peer_id)
 
     def ensure_member(self, run_id: int) -> None:
-        """Hold a signing seat in the run: join it with the run's minimum stake, once."""
+        """Hold a signing seat in the run: join it with the run's minimum stake, once.
+
+        A run whose stake unbonds faster than its accusation deadline plus its dispute window is refused:
+        there a member could sign a bad record and take its stake out before anyone could act on it.
+        """
         # Read (and cache) before taking the lock: run_info takes it too when the run is not cached yet.
-        stake = self.run_info(run_id).min_stake
+        info = self.run_info(run_id)
+        stake = info.min_stake
         with self._lock:
             seat = self.client.member(run_id, self.client.address)
             if seat is not None and seat.active:
                 return
+            if info.unbonding_blocks < max(info.min_unbonding_blocks, 2 * MIN_WINDOW_BLOCKS):
+                raise NotRegistered(
+                    f"run {run_id} unbonds stakes in {info.unbonding_blocks} blocks, less than its accusation "
+                    f"deadline plus dispute window ({info.min_unbonding_blocks} blocks, at least "
+                    f"{2 * MIN_WINDOW_BLOCKS}): a member could withdraw before a report or verdict lands; "
+                    "not joining it")
             if seat is not None:
                 raise NotRegistered(f"account {self.client.address} holds a {seat.status} seat in run {run_id}; "
                                     "a member that left must withdraw its stake after unbonding before joining "
@@ -175,6 +200,13 @@ class NodeChain:
         if seat is None or seat.node_key != public_key:
             return None
         return seat
+
+    def held_seat(self, run_id: int, address: str) -> bool:
+        """Whether ``address`` holds or held a seat of the run (a member that left may still decide an
+        accusation opened before it left; membership events, cached like :meth:`seat`)."""
+        if self._placed.get(address.lower()) is None and self._may_refresh(address):
+            self._refresh_seats(run_id)
+        return self._placed.get(address.lower()) is not None
 
     def is_member(self, run_id: int, address: str) -> bool:
         """Whether ``address`` holds a signing seat of the run (membership events; cached like :meth:`seat`)."""
@@ -288,6 +320,15 @@ class NodeChain:
     def accusation_status(self, run_id: int, accused: str, evidence_hash: bytes) -> str:
         with self._lock:
             return self.client.accusation_status(run_id, accused, evidence_hash)
+
+    def accusation(self, run_id: int, accused: str, evidence_hash: bytes) -> AccusationState | None:
+        with self._lock:
+            return self.client.accusation(run_id, accused, evidence_hash)
+
+    def accusations(self, run_id: int, from_block: int | None = None) -> list[AccusationRecord]:
+        """The run's accusations opened from ``from_block`` on (AccusationOpened events), with their outcome."""
+        with self._lock:
+            return self.client.accusations(run_id, from_block)
 
     def forget_seats(self, run_id: int) -> None:
         """Re-read the run's seats now (a member was slashed: it must stop counting at once)."""

@@ -14,10 +14,17 @@ result), kept under ``evidence/`` and served as a blob. The verifier opens an
 accusation on chain (``accuse``: the accused can no longer withdraw), gossips
 it, and signs a guilty verdict. Every other member that hears the accusation
 reruns the same contribution itself and signs its own verdict, guilty or not.
-Once ``quorum`` members other than the accused signed the same verdict, any of
-them submits ``resolveAccusation``: a guilty verdict slashes the accused and
-removes it from the run, and every node stops counting its messages. One
-verifier alone can never eject anyone (docs/PROTOCOL.md, "Spot checks").
+Once the accusation's quorum of members other than the accused signed the same
+verdict, any of them submits ``resolveAccusation``: a guilty verdict slashes the
+accused and removes it from the run, and every node stops counting its messages.
+One verifier alone can never eject anyone (docs/PROTOCOL.md, "Spot checks").
+
+Nodes also watch the run's ``AccusationOpened`` events on chain, so an accusation
+that was never gossiped is judged too: if its evidence blob is not served within
+:data:`STATE_FETCH_TIMEOUT_S`, or is not an evidence envelope naming the accused,
+the node signs a not-guilty verdict (an accuser must serve its evidence; its bond
+is forfeited); otherwise it confirms it as a gossiped one. An accusation that no
+verdict decides lapses on chain at its deadline (docs/LEDGER.md, "Accusations").
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ledger.errors import LedgerError
-from ledger.records import Verdict
+from ledger.records import AccusationRecord, Verdict
 from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
 from node.live import protocol as msg
@@ -56,6 +63,10 @@ STATE_FETCH_TIMEOUT_S = 60.0
 #: A sampled check of a round this far behind the newest recorded one is skipped: the claimant
 #: may no longer serve its start state, and a verifier must not fall ever further behind.
 MAX_LAG_ROUNDS = 4
+#: How often the node reads the run's accusations from the chain.
+ACCUSATION_POLL_S = 10.0
+#: An accusation seen on chain is judged from the chain after this long without its gossip.
+CHAIN_ACCUSATION_GRACE_S = 20.0
 #: Job priorities: an accusation waiting for confirmation goes before new samples.
 _URGENT, _ROUTINE = 0, 1
 
@@ -94,6 +105,10 @@ class SpotChecker:
         self._accusations: dict[bytes, tuple[int, msg.Accusation]] = {}  # evidence hash -> (round, accusation)
         self._verdicts: dict[tuple[bytes, bool], dict[str, bytes]] = {}  # (evidence, guilty) -> signer -> sig
         self._resolved: set[bytes] = set()
+        self._verdict_quorums: dict[bytes, int] = {}  # evidence hash -> the accusation's quorum on chain
+        self._on_chain: dict[bytes, float] = {}  # evidence hash -> when the chain watch first saw it open
+        self._watched_block: int | None = None  # the chain watch reads accusations from this block on
+        self._watched_at = time.monotonic()
         self._lock = threading.Lock()
         self.checks_run = 0
         self.chain_checks = 0  # round t -> t+1 start-state links checked (node.live.verifier._chain_holds)
@@ -388,7 +403,7 @@ class SpotChecker:
         with self._lock:
             self._accusations[evidence_hash] = (outer_round, accusation)
         self.ctx.gossip(self.ctx.current_round(), msg.ACCUSATION, accusation)
-        self._sign_verdict(outer_round, accusation, guilty=True)
+        self._sign_verdict(outer_round, accusation.accused, evidence_hash, True, accused_peer)
 
     def _account_of(self, peer_id: str) -> bytes | None:
         info = self.ctx.membership.book.live_peers(float("inf")).get(peer_id)
@@ -408,32 +423,49 @@ class SpotChecker:
         self._put(_URGENT, "confirm", accusation.outer_round, (env.sender_peer_id, accusation))
 
     def _confirm(self, outer_round: int, accuser: str, accusation: msg.Accusation) -> None:
-        """Fetch the evidence, check that it names a sealed contribution of the accused, rerun it, sign a verdict."""
+        """Fetch the evidence, check that it names a sealed contribution of the accused, rerun it, sign a verdict.
+
+        Evidence not served in time, or malformed (not the accuser's evidence envelope of the round naming the
+        accused), gets a not-guilty verdict: the accuser must show its case. Evidence this node cannot check
+        (it did not seal the contributions named, or cannot rerun them) gets no verdict from it.
+        """
         dest = self.ctx.work_dir / f"evidence-{accusation.evidence_hash.hex()}.part"
         dest.parent.mkdir(parents=True, exist_ok=True)
+        who = accusation.accused_peer
         try:
             self.ctx.host.fetch_blob(accusation.evidence_hash.hex(), dest, providers=[accuser],
                                      timeout=STATE_FETCH_TIMEOUT_S)
             data = dest.read_bytes()
         except (P2PError, OSError) as exc:
-            logger.warning("round %d: evidence %s of %s's accusation not fetched: %s", outer_round,
+            logger.warning("round %d: evidence %s of %s's accusation not served: %s; not guilty", outer_round,
                            accusation.evidence_hash.hex()[:16], accuser[-8:], exc)
+            self._sign_verdict(outer_round, accusation.accused, accusation.evidence_hash, False, who)
             return
         finally:
             dest.unlink(missing_ok=True)
         try:
             env = decode_envelope(data, msg.MAX_EVIDENCE_PAYLOAD + 4096)
             evidence = msg.decode_payload(msg.EVIDENCE, env.payload)
+        except (EnvelopeRejected, msg.ProtocolError) as exc:
+            logger.warning("round %d: %s's accusation has malformed evidence: %s; not guilty", outer_round,
+                           accuser[-8:], exc)
+            self._sign_verdict(outer_round, accusation.accused, accusation.evidence_hash, False, who)
+            return
+        if (env.kind, env.sender_peer_id, env.round) != (msg.EVIDENCE, accuser, outer_round) or (
+                evidence.accused, evidence.replica) != (accusation.accused, accusation.replica):
+            logger.warning("round %d: %s's evidence is not its evidence of this accusation; not guilty",
+                           outer_round, accuser[-8:])
+            self._sign_verdict(outer_round, accusation.accused, accusation.evidence_hash, False, who)
+            return
+        try:
             ours = [e.to_bytes() for e in self._envelopes_of(outer_round, accusation.replica)]
             # A broken chain's evidence goes on with the replica's envelopes of round t+1.
             next_envs = (self._envelopes_of(outer_round + 1, accusation.replica)
                          if len(evidence.contributions) > len(ours) else [])
-        except (EnvelopeRejected, msg.ProtocolError, NodeError) as exc:
-            logger.warning("round %d: %s's accusation has unusable evidence: %s", outer_round, accuser[-8:], exc)
+        except NodeError as exc:
+            logger.warning("round %d: %s's accusation cannot be checked here: %s", outer_round, accuser[-8:], exc)
             return
-        if (env.kind, env.sender_peer_id, env.round) != (msg.EVIDENCE, accuser, outer_round) or (
-                evidence.accused, evidence.replica) != (accusation.accused, accusation.replica) or (
-                evidence.contributions != ours + [e.to_bytes() for e in next_envs]):
+        if evidence.contributions != ours + [e.to_bytes() for e in next_envs]:
             logger.warning("round %d: %s's evidence does not name the sealed contributions of replica %d",
                            outer_round, accuser[-8:], accusation.replica)
             return
@@ -449,17 +481,93 @@ class SpotChecker:
             if holds is None:
                 return
             guilty = not holds
-        self._sign_verdict(outer_round, accusation, guilty=guilty)
+        self._sign_verdict(outer_round, accusation.accused, accusation.evidence_hash, guilty, who)
 
-    def _sign_verdict(self, outer_round: int, accusation: msg.Accusation, guilty: bool) -> None:
-        verdict = Verdict(self.ctx.run_id, "0x" + accusation.accused.hex(), accusation.evidence_hash, guilty)
+    # -- accusations seen on chain ------------------------------------------------------
+    def _watch_chain(self) -> None:
+        """Read the run's accusations from the chain; queue the open ones no gossip brought once their grace
+        is over (this node's own, and those against it, excepted)."""
+        self._watched_at = time.monotonic()
+        try:
+            opened = self.ctx.chain.accusations(self.ctx.run_id, self._watched_block)
+        except LedgerError as exc:
+            logger.debug("accusations not read from the chain: %s", exc)
+            return
+        own = "0x" + self.ctx.chain.account_bytes.hex()
+        now = time.monotonic()
+        waiting = []  # opening blocks of accusations still in their grace: read again from the oldest
+        for record in opened:
+            if not record.open or own in (record.accused.lower(), record.accuser.lower()):
+                continue
+            with self._lock:
+                if record.evidence_hash in self._accusations:
+                    continue  # gossip brought it (or it was judged): the gossip path judges it
+                first_seen = self._on_chain.setdefault(record.evidence_hash, now)
+                if now - first_seen < CHAIN_ACCUSATION_GRACE_S:
+                    waiting.append(record.opened_block)
+                    continue
+                # Judged once: mark it known, as a gossiped one would be.
+                self._accusations[record.evidence_hash] = (-1, None)
+            self._put(_URGENT, "chain", record)
+        newest = max([record.opened_block for record in opened] + [self._watched_block or 0])
+        self._watched_block = min(waiting) if waiting else newest
+
+    def _judge_chain_accusation(self, record: AccusationRecord) -> None:
+        """An accusation known only from the chain: fetch its evidence by hash (from the accuser's node if known,
+        else any provider); not served in time or malformed: not guilty; else confirm it like a gossiped one."""
+        accused = bytes.fromhex(record.accused[2:])
+        accuser_peer = self._peer_of(bytes.fromhex(record.accuser[2:]))
+        dest = self.ctx.work_dir / f"evidence-{record.evidence_hash.hex()}.part"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.ctx.host.fetch_blob(record.evidence_hash.hex(), dest,
+                                     providers=[accuser_peer] if accuser_peer else None,
+                                     timeout=STATE_FETCH_TIMEOUT_S)
+            data = dest.read_bytes()
+        except (P2PError, OSError) as exc:
+            logger.warning("accusation of %s by %s on chain: evidence %s not served: %s; not guilty", record.accused,
+                           record.accuser, record.evidence_hash.hex()[:16], exc)
+            self._sign_verdict(None, accused, record.evidence_hash, False, record.accused)
+            return
+        finally:
+            dest.unlink(missing_ok=True)
+        try:
+            env = decode_envelope(data, msg.MAX_EVIDENCE_PAYLOAD + 4096)
+            evidence = msg.decode_payload(msg.EVIDENCE, env.payload)
+            accused_peer = decode_envelope(evidence.contributions[0], self.ctx.cfg.p2p.max_blob_bytes).sender_peer_id
+        except (EnvelopeRejected, msg.ProtocolError, IndexError) as exc:
+            logger.warning("accusation of %s on chain: malformed evidence: %s; not guilty", record.accused, exc)
+            self._sign_verdict(None, accused, record.evidence_hash, False, record.accused)
+            return
+        if env.kind != msg.EVIDENCE or evidence.accused != accused or (
+                accuser_peer is not None and env.sender_peer_id != accuser_peer):
+            logger.warning("accusation of %s on chain: its evidence is not the accuser's evidence against it; "
+                           "not guilty", record.accused)
+            self._sign_verdict(None, accused, record.evidence_hash, False, record.accused)
+            return
+        accusation = msg.Accusation(env.round, accused, accused_peer, evidence.replica, record.evidence_hash,
+                                    len(data))
+        with self._lock:
+            self._accusations[record.evidence_hash] = (env.round, accusation)
+        self._confirm(env.round, env.sender_peer_id, accusation)
+
+    def _peer_of(self, account: bytes) -> str | None:
+        """The peer id of the live member whose hello names ``account``, if any."""
+        for peer_id, info in self.ctx.membership.book.live_peers(float("inf")).items():
+            if info.hello.account == account:
+                return peer_id
+        return None
+
+    def _sign_verdict(self, outer_round: int | None, accused: bytes, evidence_hash: bytes, guilty: bool,
+                      who: str) -> None:
+        verdict = Verdict(self.ctx.run_id, "0x" + accused.hex(), evidence_hash, guilty)
         signature = self.ctx.chain.sign_verdict(verdict)
         own = self.ctx.chain.account_bytes
         self.add_verdict(verdict, "0x" + own.hex(), signature)
         self.ctx.gossip(self.ctx.current_round(), msg.VERDICT,
-                        msg.VerdictSignature(accusation.accused, accusation.evidence_hash, guilty, own, signature))
-        logger.info("round %d: signed verdict %s on %s", outer_round, "guilty" if guilty else "not guilty",
-                    accusation.accused_peer[-8:])
+                        msg.VerdictSignature(accused, evidence_hash, guilty, own, signature))
+        logger.info("%s: signed verdict %s on %s", "chain" if outer_round is None else f"round {outer_round}",
+                    "guilty" if guilty else "not guilty", who[-8:])
 
     def on_verdict(self, env: Envelope, signed: msg.VerdictSignature) -> None:
         """A member's verdict signature: recovered, checked against its seat, filed; resolve at quorum."""
@@ -470,19 +578,37 @@ class SpotChecker:
             raise msg.ProtocolError(f"verdict signature does not verify: {exc}") from None
         if signer.lower() != "0x" + signed.account.hex() or signer.lower() == verdict.accused.lower():
             raise msg.ProtocolError(f"verdict signed by {signer}, not by the account it names or by the accused")
-        if not self.ctx.chain.is_member(self.ctx.run_id, signer):
+        # A member that left since the accusation opened may still decide it (the contract checks who was
+        # in force then): any seat of the run, current or ended, is heard.
+        if not self.ctx.chain.held_seat(self.ctx.run_id, signer):
             raise msg.ProtocolError(f"verdict signed by {signer}, not a member of run {self.ctx.run_id}")
         self.add_verdict(verdict, signer, signed.signature)
 
     def add_verdict(self, verdict: Verdict, signer: str, signature: bytes) -> None:
         if signer.lower() == verdict.accused.lower():
             return  # the contract does not count the accused's own signature
+        quorum = self._verdict_quorum(verdict)
         with self._lock:
             signers = self._verdicts.setdefault((verdict.evidence_hash, verdict.guilty), {})
             signers[signer.lower()] = signature
-            ready = len(signers) >= self.ctx.chain.run_info(self.ctx.run_id).quorum
+            ready = len(signers) >= quorum
             if ready and verdict.evidence_hash not in self._resolved:
                 self._put(_URGENT, "resolve", verdict, dict(signers))
+
+    def _verdict_quorum(self, verdict: Verdict) -> int:
+        """The signatures the accusation's verdict needs, fixed on chain when it was opened (the run's k until
+        the chain answers)."""
+        quorum = self._verdict_quorums.get(verdict.evidence_hash)
+        if quorum is None:
+            try:
+                state = self.ctx.chain.accusation(self.ctx.run_id, verdict.accused, verdict.evidence_hash)
+            except LedgerError as exc:
+                logger.debug("accusation's quorum not read: %s", exc)
+                state = None
+            if state is None:
+                return self.ctx.chain.run_info(self.ctx.run_id).quorum
+            quorum = self._verdict_quorums[verdict.evidence_hash] = state.quorum
+        return quorum
 
     def _resolve(self, verdict: Verdict, signatures: dict[str, bytes]) -> None:
         chain = self.ctx.chain
@@ -497,34 +623,43 @@ class SpotChecker:
             except LedgerError as exc:  # another member was first, or a signer left meanwhile
                 logger.info("resolveAccusation not sent: %s", exc)
             status = chain.accusation_status(self.ctx.run_id, verdict.accused, verdict.evidence_hash)
-        if status in ("guilty", "cleared"):
+        if status in ("guilty", "cleared", "expired"):
             self._resolved.add(verdict.evidence_hash)
         if status == "guilty":
             with self._lock:
                 entry = self._accusations.get(verdict.evidence_hash)
             chain.forget_seats(self.ctx.run_id)
-            if entry is not None:
+            if entry is not None and entry[1] is not None:
                 self.ctx.on_ejected(entry[1].accused_peer, entry[1].accused)
 
     # -- the worker thread --------------------------------------------------------------
     def _loop(self) -> None:
         while not self.ctx.stop.is_set():
+            if time.monotonic() - self._watched_at >= ACCUSATION_POLL_S:
+                self._run_job("watch", ())
             try:
                 _priority, _seq, kind, args = self._jobs.get(timeout=0.5)
             except queue.Empty:
                 continue
-            try:
-                if kind == "sample":
-                    self._sample(*args)
-                elif kind == "confirm":
-                    outer_round, (accuser, accusation) = args
-                    self._confirm(outer_round, accuser, accusation)
-                elif kind == "resolve":
-                    self._resolve(*args)
-            except (NodeError, LedgerError, P2PError, OSError) as exc:
-                logger.warning("spot checks: %s job failed: %s", kind, exc)
-            except Exception:  # one bad job must not end the checks
-                logger.exception("spot checks: %s job failed", kind)
+            self._run_job(kind, args)
+
+    def _run_job(self, kind: str, args: tuple) -> None:
+        try:
+            if kind == "watch":
+                self._watch_chain()
+            elif kind == "sample":
+                self._sample(*args)
+            elif kind == "confirm":
+                outer_round, (accuser, accusation) = args
+                self._confirm(outer_round, accuser, accusation)
+            elif kind == "chain":
+                self._judge_chain_accusation(*args)
+            elif kind == "resolve":
+                self._resolve(*args)
+        except (NodeError, LedgerError, P2PError, OSError) as exc:
+            logger.warning("spot checks: %s job failed: %s", kind, exc)
+        except Exception:  # one bad job must not end the checks
+            logger.exception("spot checks: %s job failed", kind)
 
     def close(self) -> None:
         self._thread.join(timeout=5)
