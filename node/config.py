@@ -234,11 +234,12 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     return tree
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def merge_tables(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra``'s keys set over it, table by table (a new dict; neither is changed)."""
     out = dict(base)
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge_tables(out[key], value)
         else:
             out[key] = value
     return out
@@ -261,7 +262,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config file {p} cannot be read: {exc.strerror}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"config file {p} is not UTF-8 text") from None
-    table = _merge(table, parse_overrides(overrides or []))
+    table = merge_tables(table, parse_overrides(overrides or []))
     try:
         return _build(NodeConfig, table, "")
     except TypeError as exc:  # a value of the wrong shape slipped through

@@ -169,7 +169,7 @@ def copying_free_rider():
     import time
 
     from node.live.contributor import Contributor
-    from node.live.protocol import decode_contribution_body
+    from node.protocol import decode_contribution_body
     from p2p.envelope import decode_envelope
     from training.codec_wire import decode_contribution
     from training.compression import encode_contribution
@@ -210,7 +210,7 @@ def late_delivery():
 
 # ---------------------------------------------------------------------- the coordinator
 def empty_close():
-    from node.live import protocol as msg
+    from node import protocol as msg
     from node.live.coordination import RoundCoordinator
 
     class EmptyCloser(RoundCoordinator):
@@ -228,7 +228,7 @@ def empty_close():
 
 
 def duplicate_close():
-    from node.live import protocol as msg
+    from node import protocol as msg
     from node.live.coordination import RoundCoordinator
 
     class DuplicateCloser(RoundCoordinator):
@@ -260,7 +260,7 @@ def leading_coordinator():
 
 
 def censoring_close():
-    from node.live import protocol as msg
+    from node import protocol as msg
 
     class Censor(leading_coordinator()):
         def try_close(self, outer_round, stage, final, alive):
@@ -276,7 +276,7 @@ def censoring_close():
 
 
 def equivocating_close():
-    from node.live import protocol as msg
+    from node import protocol as msg
 
     class Equivocator(leading_coordinator()):
         def try_close(self, outer_round, stage, final, alive):
@@ -291,7 +291,7 @@ def equivocating_close():
 def phantom_close():
     import os
 
-    from node.live import protocol as msg
+    from node import protocol as msg
     from node.live.coordination import RoundCoordinator
 
     class PhantomCloser(RoundCoordinator):

@@ -207,7 +207,7 @@ def _sliced_reference() -> bytes:
 
 def _sliced_envelope(reference: bytes) -> bytes:
     from fuzz_targets import sign
-    from node.live import protocol as msg
+    from node import protocol as msg
 
     body = msg.encode_contribution_body(msg.ContributionBody(b"s" * 32, b"d" * 32, reference))
     return sign(msg.CONTRIBUTION, body, round_index=SLICED_ENTRY_ROUND, stage=SLICED_STAGE)

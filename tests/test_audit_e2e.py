@@ -239,8 +239,8 @@ def test_archives_of_nodes_holding_different_stages_are_merged(run, client, tmp_
 @pytest.mark.timeout(180)
 def test_audit_over_libp2p_with_no_local_archive(run, client, tmp_path):
     """Everything off-chain comes from a peer: run document, close lists (gossip), envelopes, checkpoints."""
-    from node.live import protocol as msg
-    from node.live.protocol import run_topic
+    from node import protocol as msg
+    from node.protocol import run_topic
     from p2p.config import P2PConfig
     from p2p.host import P2PHost
 

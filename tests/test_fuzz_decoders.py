@@ -35,9 +35,9 @@ from fuzz_targets import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from node import protocol as msg
 from node.config import load_config
 from node.errors import ConfigError, StateError
-from node.live import protocol as msg
 from node.live.status import StateFile
 from node.runconfig import node_config_from_run, parse_run_document
 from node.store.checkpoint import parse_checkpoint

@@ -12,16 +12,16 @@ DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana" / "dlx-node
 PROMQL_WORDS = {"rate", "irate", "deriv", "increase", "sum", "min", "max", "avg", "by", "without", "on",
                 "ignoring", "label_values", "instance", "and", "or", "unless"}
 
-#: Scrape what the node's exporter (node.commands.faces._start_metrics, the code `dlx-node start` runs for
+#: Scrape what the node's exporter (node.commands.start.start_metrics, the code `dlx-node start` runs for
 #: metrics_port) serves after one progress update, in a process of its own (prometheus_client's registry
 #: is global).
 SCRAPE = """
 import socket, sys, urllib.request
-from node.commands.faces import _start_metrics
+from node.commands.start import start_metrics
 from node.live.status import Progress
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-update = _start_metrics(port)
+update = start_metrics(port)
 update(Progress(inner_steps=4))
 sys.stdout.write(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode())
 """

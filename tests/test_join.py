@@ -11,7 +11,8 @@ import pytest
 from node_fixtures import TINY, run_logs
 
 from ledger.account import dev_account
-from node.commands.join import RunLink, infer_checkpoint_every, parse_run_link, run_link
+from node.commands.join import infer_checkpoint_every
+from node.commands.link import RunLink, parse_run_link, run_link
 from node.config import load_config
 from node.errors import ConfigError
 from node.runconfig import config_hash, run_document

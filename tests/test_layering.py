@@ -62,7 +62,7 @@ def project_imports(path: Path) -> list[tuple[str, str]]:
     return found
 
 
-@pytest.mark.parametrize("package", ["node/live"])
+@pytest.mark.parametrize("package", ["node"])
 def test_no_module_imports_another_modules_private_name(package):
     """Private means private: a ``_name`` shared by two modules is public where both can import it."""
     offenders = [f"{name}: from {module} import {imported}"
@@ -71,7 +71,7 @@ def test_no_module_imports_another_modules_private_name(package):
     assert not offenders
 
 
-@pytest.mark.parametrize("package", ["node/live"])
+@pytest.mark.parametrize("package", ["node", "node/live", "node/commands"])
 def test_the_modules_of_a_package_import_each_other_without_a_cycle(package):
     modules = module_names(package)
     graph = {name: set() for name in modules}
@@ -103,7 +103,7 @@ def test_the_modules_of_a_package_import_each_other_without_a_cycle(package):
 MAX_FUNCTION_LINES = 80
 
 
-@pytest.mark.parametrize("package", ["node/live"])
+@pytest.mark.parametrize("package", ["node/live", "node/commands"])
 def test_functions_are_short_or_say_why(package):
     offenders = []
     for name, path in module_names(package).items():
@@ -114,4 +114,12 @@ def test_functions_are_short_or_say_why(package):
                 first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
                 if length > MAX_FUNCTION_LINES and not lines[first - 2].strip().startswith("# long:"):
                     offenders.append(f"{name}.{node.name}: {length} lines")
+    assert not offenders
+
+
+def test_the_offline_tools_import_neither_the_live_node_nor_the_commands():
+    """The tools read the wire format from node.protocol, which belongs to neither (issue 29)."""
+    offenders = [f"{name}: {module}" for name, path in module_names("node/tools").items()
+                 for module, _imported in project_imports(path)
+                 if module.startswith(("node.live", "node.commands"))]
     assert not offenders

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from node import protocol as msg
 from node.config import load_config
-from node.live import protocol as msg
 from node.live.assembly import HONEST, NodeParts
 from node.live.node import Node
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node.config import config_from_dict
-from node.live import protocol as msg
+from node import protocol as msg
 from node.live.coordination import PENDING
 from node.runconfig import run_document
 from p2p.identity import Identity

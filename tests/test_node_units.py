@@ -10,9 +10,9 @@ import msgpack
 import pytest
 import torch
 
+from node import protocol as msg
 from node.config import load_config
 from node.errors import ConfigError, NodeError, StateError
-from node.live import protocol as msg
 from node.live.roundbook import Announced, RoundBook
 from node.live.topology import Declaration, assign_stages, canonical_order, committer_order
 from node.runconfig import canonical_json, config_hash, parse_run_document, run_document

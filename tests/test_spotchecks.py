@@ -7,8 +7,8 @@ import hashlib
 
 import pytest
 
+from node import protocol as msg
 from node.config import load_config
-from node.live import protocol as msg
 from node.live.spotcheck import RerunWorker, SpotCheckFailed, SpotCheckJob
 from node.tools.audit_reexec import sample_contributions
 from training.data import corpus_from_config

@@ -17,7 +17,7 @@ import pytest
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import ContentAddressedMessageIDGenerator
 
-from node.live import protocol as msg
+from node import protocol as msg
 from p2p.blob_protocol import MAX_FRAME_BYTES, parse_request
 from p2p.envelope import Envelope, decode_envelope, verify_header
 from p2p.errors import EnvelopeRejected

@@ -1,7 +1,7 @@
 """``dlx-node join``: join a running training run with one command.
 
 From a run link (``dlx://<chain_id>/<ledger>/<run_id>?rpc=<url>&peer=<multiaddr>``, printed by
-``dlx-node demo`` and :func:`run_link`) or the same facts as flags, ``join``:
+``dlx-node demo`` and :func:`node.commands.link.run_link`) or the same facts as flags, ``join``:
 
 1. connects to the chain, checks its chain id against the link's and reads the run as created
    (its ``configHash``, stage count, inner steps, stake, rounds) and the ledger's registry;
@@ -26,104 +26,20 @@ import math
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import parse_qs, quote, urlsplit
 
+from node.commands.link import RunLink, check_address, check_multiaddr, parse_run_link
 from node.errors import ConfigError, NodeError
 
 logger = logging.getLogger(__name__)
 
-LINK_SCHEME = "dlx"
 #: A run document is a few hundred bytes of JSON; a peer offering more is not offering one.
 MAX_RUN_DOCUMENT_BYTES = 64 * 1024
 FETCH_TIMEOUT_S = 60.0
-#: Node settings (not part of the run document) a run link may carry because every member must share them.
-LINK_SETTINGS = ("checkpoint_every",)
 
 
-# ---------------------------------------------------------------------- the run link
-@dataclass(frozen=True)
-class RunLink:
-    """Where a run lives: chain id, ledger address, run id, an RPC URL and peers to bootstrap from."""
-
-    chain_id: int
-    ledger: str
-    run_id: int
-    rpc_url: str
-    peers: tuple[str, ...] = ()
-    settings: dict[str, int] = field(default_factory=dict)  # LINK_SETTINGS the run's operator stated
-
-    def __str__(self) -> str:
-        return run_link(self.chain_id, self.ledger, self.run_id, self.rpc_url, self.peers, **self.settings)
-
-
-def run_link(chain_id: int, ledger: str, run_id: int, rpc_url: str, peers=(), **settings: int) -> str:
-    """The copy-pasteable link of a run: ``dlx://<chain_id>/<ledger>/<run_id>?rpc=...&peer=...``.
-
-    ``/`` and ``:`` stay readable in the query (RFC 3986 allows them there); anything else that is
-    not URL-safe is percent-encoded.
-    """
-    query = [f"rpc={quote(rpc_url, safe=':/')}"] + [f"peer={quote(p, safe=':/')}" for p in peers]
-    query += [f"{k}={int(v)}" for k, v in settings.items() if k in LINK_SETTINGS]
-    return f"{LINK_SCHEME}://{chain_id}/{ledger}/{run_id}?" + "&".join(query)
-
-
-def parse_run_link(text: str) -> RunLink:
-    """Parse a run link; every malformed part is refused with what it should look like."""
-    example = "dlx://31337/0xLEDGER/1?rpc=http://HOST:8545&peer=/ip4/HOST/tcp/PORT/p2p/12D3KooW..."
-    parts = urlsplit(text.strip())
-    if parts.scheme != LINK_SCHEME:
-        raise ConfigError(f"run link {text!r}: must start with {LINK_SCHEME}://, e.g. {example}")
-    if not parts.netloc.isdigit():
-        raise ConfigError(f"run link {text!r}: {parts.netloc!r} is not a chain id (an integer), e.g. {example}")
-    path = parts.path.strip("/").split("/")
-    if len(path) != 2:
-        raise ConfigError(f"run link {text!r}: expected dlx://<chain_id>/<ledger address>/<run id>?..., "
-                          f"e.g. {example}")
-    ledger, run = path
-    _check_address(ledger, f"run link {text!r}: ledger")
-    if not run.isdigit():
-        raise ConfigError(f"run link {text!r}: run id {run!r} is not an integer")
-    try:
-        query = parse_qs(parts.query, strict_parsing=bool(parts.query), keep_blank_values=False)
-    except ValueError as exc:
-        raise ConfigError(f"run link {text!r}: malformed query ({exc})") from None
-    unknown = sorted(set(query) - {"rpc", "peer", *LINK_SETTINGS})
-    if unknown:
-        raise ConfigError(f"run link {text!r}: unknown parameter(s) {unknown}; known: rpc, peer, "
-                          f"{', '.join(LINK_SETTINGS)}")
-    rpc = query.get("rpc", [])
-    if len(rpc) != 1:
-        raise ConfigError(f"run link {text!r}: needs exactly one rpc=<chain JSON-RPC URL>")
-    settings: dict[str, int] = {}
-    for key in LINK_SETTINGS:
-        values = query.get(key, [])
-        if len(values) > 1 or (values and not values[0].isdigit()) or (values and int(values[0]) < 1):
-            raise ConfigError(f"run link {text!r}: {key} must appear at most once, as an integer >= 1")
-        if values:
-            settings[key] = int(values[0])
-    peers = tuple(query.get("peer", []))
-    for peer in peers:
-        _check_multiaddr(peer)
-    return RunLink(int(parts.netloc), ledger, int(run), rpc[0], peers, settings)
-
-
-def _check_address(value: str, what: str) -> None:
-    if not (value.startswith("0x") and len(value) == 42):
-        raise ConfigError(f"{what} {value!r}: must be a 0x-prefixed 20-byte hex address")
-    try:
-        bytes.fromhex(value[2:])
-    except ValueError:
-        raise ConfigError(f"{what} {value!r}: not hexadecimal") from None
-
-
-def _check_multiaddr(addr: str) -> None:
-    if not addr.startswith("/") or "/p2p/" not in addr:
-        raise ConfigError(f"peer {addr!r}: must be a multiaddr ending in /p2p/<peer id>, e.g. "
-                          "/ip4/192.0.2.1/tcp/4001/p2p/12D3KooW... (a node's status.json, listen_addrs)")
-
-
+# ---------------------------------------------------------------------- the run link of the arguments
 def link_from_args(args: argparse.Namespace) -> RunLink:
     """The run link of ``join``'s arguments: LINK, or --rpc/--ledger/--run (flags complete or override it)."""
     if args.link:
@@ -134,12 +50,12 @@ def link_from_args(args: argparse.Namespace) -> RunLink:
         if missing:
             raise ConfigError(f"give a run link (dlx://...) or all of --rpc, --ledger, --run: missing "
                               f"{', '.join(missing)}")
-        _check_address(args.ledger, "--ledger")
+        check_address(args.ledger, "--ledger")
         if args.run < 0:
             raise ConfigError(f"--run {args.run}: must be >= 0")
         link = RunLink(-1, args.ledger, args.run, args.rpc)
     for peer in args.bootstrap:
-        _check_multiaddr(peer)
+        check_multiaddr(peer)
     peers = tuple(dict.fromkeys([*link.peers, *args.bootstrap]))
     if not peers:
         raise ConfigError("no peer to fetch the run document from: put peer=<multiaddr> in the link or pass "
@@ -332,10 +248,16 @@ def _agree(plan: list[str], yes: bool) -> None:
 
 def run_join(args: argparse.Namespace) -> int:
     """``dlx-node join`` (see module docstring)."""
-    from node.config import config_from_dict, dump_toml, load_config, parse_overrides, _merge
+    from node.config import config_from_dict, dump_toml, load_config, merge_tables, parse_overrides
     from node.fsutil import atomic_write_bytes
     from node.live.onchain import NodeChain
-    from node.runconfig import canonical_json, config_hash, node_config_from_run, parse_run_document, run_document
+    from node.runconfig import (
+        canonical_json,
+        config_hash,
+        node_config_from_run,
+        parse_run_document,
+        run_document,
+    )
     from p2p.identity import Identity
 
     link = link_from_args(args)
@@ -358,7 +280,7 @@ def run_join(args: argparse.Namespace) -> int:
     data_path, settings = _node_settings(link, chain, document, data_dir, identity, args, ledger_cfg)
     table = node_config_from_run(document, **settings).to_dict()
     table["training"]["data_path"] = data_path
-    table = _merge(table, parse_overrides(args.overrides))
+    table = merge_tables(table, parse_overrides(args.overrides))
     cfg = config_from_dict(table)
     if config_hash(run_document(cfg)) != info.config_hash:
         raise ConfigError("the settings written would not hash to the run's configHash (an override of a run "
@@ -386,6 +308,6 @@ def run_join(args: argparse.Namespace) -> int:
     if args.no_start:
         print(f"start it with: dlx-node start --config {config_path}")
         return 0
-    from node.commands.faces import cmd_start
+    from node.commands.start import start
 
-    return cmd_start(argparse.Namespace(config=str(config_path), overrides=[], no_progress=args.no_progress))
+    return start(config_path, show_progress=not args.no_progress)

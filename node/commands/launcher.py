@@ -23,6 +23,7 @@ from ledger.account import DEV_ACCOUNT_COUNT, dev_account, fund_accounts
 from ledger.chain import AnvilProcess, connect_rpc, terminate_with_parent
 from ledger.client import LedgerClient
 from ledger.records import DEFAULT_ACCUSATION_BLOCKS, DEFAULT_DISPUTE_BLOCKS
+from node.commands.link import run_link
 from node.config import dump_toml, load_config
 from node.errors import NodeError
 from node.runconfig import canonical_json, config_hash, run_document
@@ -199,8 +200,6 @@ class LocalRun:
 
     def link(self, peers: int = 1) -> str:
         """The run link ``dlx-node join`` takes (chain, ledger, run, RPC, the first ``peers`` nodes)."""
-        from node.commands.join import run_link
-
         checkpoint_every = load_config(None, self._base_settings()).checkpoint_every
         return run_link(self.chain_id, self.ledger, self.run_id, self.url, [s.multiaddr for s in self.nodes[:peers]],
                         checkpoint_every=checkpoint_every)

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from node import protocol as msg
 from node.config import NodeConfig
 from node.errors import NotRegistered
-from node.live import protocol as msg
 from node.live.committer import Committer, CommitterContext, RecordSigners
 from node.live.contributor import Contributor
 from node.live.coordination import RoundCoordinator
@@ -45,7 +45,6 @@ from node.live.lifecycle import Lifecycle
 from node.live.membership import Membership
 from node.live.messenger import Messenger
 from node.live.onchain import NodeChain
-from node.live.protocol import run_topic
 from node.live.replica import ReplicaWorker
 from node.live.resume import RestartRecovery
 from node.live.roundbook import RoundBook
@@ -55,6 +54,7 @@ from node.live.sliced import SlicedExchange
 from node.live.station import Station
 from node.live.status import Progress, Reporter, StateFile
 from node.live.verifier import SpotChecker, VerifierContext
+from node.protocol import run_topic
 from node.runconfig import canonical_json, config_hash, run_document
 from node.store.archive import Archive
 from node.store.checkpoint import RunLayout

@@ -51,7 +51,7 @@ from node.live.exchange import serve_blob
 from node.live.lifecycle import Lifecycle
 from node.live.membership import Membership
 from node.live.onchain import NodeChain
-from node.live import protocol as msg
+from node import protocol as msg
 from node.live.roundbook import RoundBook
 from node.live.status import Progress, StateFile
 from node.live.verifier import SpotChecker

@@ -19,9 +19,9 @@ import math
 import threading
 from concurrent.futures import Future
 
+from node import protocol as msg
 from node.config import NodeConfig
 from node.errors import StateError
-from node.live import protocol as msg
 from node.live.exchange import Exchange
 from node.live.lane import RoundLane
 from node.live.messenger import Messenger

@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ledger.merkle import merkle_root
+from node import protocol as msg
 from node.errors import NodeError
-from node.live import protocol as msg
 from node.live.exchange import ContributionPool
 from node.live.membership import Membership
 from node.live.roundbook import Announced, RoundBook

@@ -43,9 +43,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from node import protocol as msg
 from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
-from node.live import protocol as msg
 from node.live.roundbook import Announced, RoundBook
 from node.live.roundstate import StageInputs
 from node.live.station import Station

@@ -19,8 +19,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
+from node import protocol as msg
 from node.config import NodeConfig
-from node.live import protocol as msg
 from node.live.committer import Committer
 from node.live.contributor import Contributor
 from node.live.coordination import RoundCoordinator

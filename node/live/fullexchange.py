@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from node.live import protocol as msg
+from node import protocol as msg
 from node.live.exchange import Exchange
 from node.live.roundstate import StageInputs
 from p2p.envelope import decode_envelope

@@ -11,8 +11,8 @@ import math
 import threading
 import time
 
+from node import protocol as msg
 from node.config import NodeConfig
-from node.live import protocol as msg
 from node.live.membership import Membership
 from node.live.messenger import Messenger
 from node.live.station import Station

@@ -18,7 +18,7 @@ from queue import Empty, Queue
 
 from ledger.errors import LedgerError
 from ledger.records import RoundRecord
-from node.live import protocol as msg
+from node import protocol as msg
 from node.live.exchange import ContributionPool
 from node.live.membership import Membership
 from node.live.roundbook import Announced, RoundBook

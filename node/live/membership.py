@@ -14,8 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from node import protocol as msg
 from node.errors import NodeError
-from node.live import protocol as msg
 from node.live.roundbook import PEER_TTL_S, RoundBook
 from node.live.topology import Declaration, Placement, assign_stages
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 
-from node.live import protocol as msg
-from node.live.protocol import run_topic
+from node import protocol as msg
 from node.live.station import Station
+from node.protocol import run_topic
 from p2p.envelope import Envelope
 from p2p.errors import P2PError
 from p2p.host import P2PHost

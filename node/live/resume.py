@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from node import protocol as msg
 from node.errors import StateError
-from node.live import protocol as msg
 from node.live.exchange import ContributionPool
 from node.live.roundbook import Announced, RoundBook
 from node.store.archive import Archive

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from node.live.protocol import Attestation, Close, Hello
+from node.protocol import Attestation, Close, Hello
 
 T = TypeVar("T")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from node.live import protocol as msg
+from node import protocol as msg
 from node.live.station import Station
 
 #: Rounds of stage weights hashes kept behind the forgotten ones (the spot checks replay round t-1 from

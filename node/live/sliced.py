@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass
 
 from ledger.merkle import merkle_root
+from node import protocol as msg
 from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
-from node.live import protocol as msg
 from node.live.exchange import Exchange
 from node.live.roundbook import Announced
 from node.live.roundstate import StageInputs

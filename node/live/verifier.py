@@ -45,7 +45,7 @@ from ledger.errors import LedgerError
 from ledger.records import AccusationRecord, Verdict
 from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
-from node.live import protocol as msg
+from node import protocol as msg
 from node.live.spotcheck import RerunWorker, SpotCheckJob, SpotCheckResult
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError

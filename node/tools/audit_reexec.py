@@ -23,8 +23,8 @@ import hashlib
 import logging
 from pathlib import Path
 
+from node import protocol as msg
 from node.errors import DLX_ERRORS
-from node.live import protocol as msg
 from node.tools.report import FAIL, OK, UNVERIFIABLE, Check
 from p2p.envelope import decode_envelope
 from p2p.errors import EnvelopeRejected

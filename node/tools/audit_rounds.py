@@ -11,15 +11,15 @@ import itertools
 import logging
 from typing import Any
 
+from node import protocol as msg
 from node.errors import DLX_ERRORS
-from node.live import protocol as msg
 from node.tools.evidence import first_good_copy
 from node.tools.report import FAIL, OK, UNVERIFIABLE, Check, Contributor, RoundVerdict
 
 logger = logging.getLogger(__name__)
 
 MAX_COMBINATIONS = 64  # distinct per-stage contribution lists tried against one contributions root
-CONTRIBUTION_KIND = "contribution"  # node.live.protocol.CONTRIBUTION (not imported: keeps this module light)
+CONTRIBUTION_KIND = "contribution"  # node.protocol.CONTRIBUTION (not imported: keeps this module light)
 MAX_ENVELOPE_BYTES = 2 << 30
 
 

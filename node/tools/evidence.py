@@ -149,8 +149,8 @@ class PeerFetcher:
         """
         import queue
 
-        from node.live import protocol as msg
-        from node.live.protocol import run_topic
+        from node import protocol as msg
+        from node.protocol import run_topic
         from p2p.envelope import decode_envelope
         from p2p.errors import EnvelopeRejected, P2PError
 

@@ -23,7 +23,7 @@ from typing import Any
 if __name__ == "__main__":  # run as a script: the repository root holds the packages
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from node.live import protocol as msg
+from node import protocol as msg
 from p2p.blob_protocol import (
     BLOB_PROTOCOL,
     bad_request_reply,
