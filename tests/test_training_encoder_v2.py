@@ -16,10 +16,10 @@ import pytest
 import torch
 from codec_fixtures import encoder_sim, rerun_replica0, same_bits, shape_map
 
-from training import bandwidth
-from training.bandwidth import encode_within_bandwidth
+from training.codec.factorize import factorize_gram
+from training.codec.registry import encoder_for
 from training.codec_wire import decode_contribution
-from training.compression import _factorize_gram, encode_contribution
+from training.compression import encode_contribution, encode_within_bandwidth
 from training.config import CompressionConfig, DilocoConfig
 from training.diloco import StageEngine, aggregate
 from training.reexec import EXACT
@@ -101,7 +101,7 @@ def test_gram_factorization_finds_the_top_singular_triplets():
         spectrum = torch.logspace(0, -3, min(m, n), dtype=torch.float64)
         matrix = ((u * spectrum) @ v.t()).to(torch.float32)
         rank = min(32, m, n)
-        left, sigma, right = _factorize_gram(matrix, rank)
+        left, sigma, right = factorize_gram(matrix, rank)
         # A randomized subspace of the squared spectrum: the leading triplets to float32 accuracy, the
         # others above 1% of the largest within 1% (below, float32 squares lose digits: they matter
         # little), and the truncation error within 2% of the optimal (exact SVD's) one.
@@ -111,7 +111,7 @@ def test_gram_factorization_finds_the_top_singular_triplets():
         optimal = float(torch.sum(spectrum[rank:] ** 2))
         approx = ((left * sigma) @ right.t()).double()
         assert float(torch.sum((matrix.double() - approx) ** 2)) <= 1.02 * optimal + 1e-9
-    left, sigma, right = _factorize_gram(torch.zeros(64, 96), 16)  # no division by a zero sigma
+    left, sigma, right = factorize_gram(torch.zeros(64, 96), 16)  # no division by a zero sigma
     assert not torch.any(sigma) and not torch.any(left @ right.t()) and torch.isfinite(right).all()
 
 
@@ -121,7 +121,7 @@ def test_v2_estimates_track_the_exact_error():
     for name in ("a.weight", "b.weight", "c.weight"):
         matrix = tensors[name]
         norm = float(torch.linalg.vector_norm(matrix))
-        for option in bandwidth._all_codings_v2(matrix, tuple(matrix.shape), V2, norm):
+        for option in encoder_for(V2).tensor_options(matrix, tuple(matrix.shape), norm).options:
             if option.candidate.bits == 2:
                 continue  # ternary factors: rounding is far from the uniform noise the cross terms assume
             exact = float(torch.linalg.vector_norm(matrix - option.coded().decode().reshape(matrix.shape))) / norm
