@@ -2,7 +2,7 @@
 
 v2 changes which bytes the encoder picks, never the wire format or the
 decoder: its contributions must decode, bit for bit, to what the encoder
-returned, stay deterministic, fit the byte budget, and a configuration that
+returned, stay deterministic, fit the byte budget, and a run document that
 names no encoder must keep v1's bytes. Reusing the own contribution's
 decoding in ``StageEngine.apply_round`` must give the same weights hash as the
 pure aggregation of the bytes.
@@ -26,7 +26,7 @@ from training.reexec import EXACT
 from training.reexec_sim import SimReplica, run_with_states
 from training.robust import contribution_norm, robust_contributions
 
-V1 = CompressionConfig()
+V1 = CompressionConfig(encoder="v1")
 V2 = CompressionConfig(encoder="v2")
 
 
@@ -83,9 +83,14 @@ def test_v2_error_budget_path_decodes_bit_exactly():
     assert all(t.met_budget for t in stats.tensors)
 
 
-def test_a_configuration_without_encoder_keeps_v1_and_v2_is_validated():
-    assert V1.encoder == "v1"
-    named = CompressionConfig(encoder="v1")
+def test_a_run_document_without_encoder_keeps_v1_and_v2_is_validated():
+    from node.config import load_config
+    from node.runconfig import node_config_from_run, run_document
+
+    document = run_document(load_config(None))
+    del document["compression"]["encoder"]  # a run made before compression.encoder existed
+    named = node_config_from_run(document).compression
+    assert V1.encoder == named.encoder == "v1"
     tensors = _stage_like(3)
     old, _, _ = encode_within_bandwidth(tensors, V1, 40_000, stage_index=0, outer_round=1)
     assert encode_within_bandwidth(tensors, named, 40_000, stage_index=0, outer_round=1)[0] == old

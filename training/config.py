@@ -326,16 +326,13 @@ class CompressionConfig:
     # (stage_bandwidth_budget; about 87 kB per stage of mini at H = 50, M = 2).
     bandwidth_budget: int | str = AUTO
     target_reduction: float = 1000.0
-    # Which encoder picks the bytes (EncoderVersion; training/codec/, one module each; every version writes the same wire
-    # format and every decoder reads them all). Part of the run configuration, so a re-executing
-    # verifier codes with the run's encoder. "v1": the encoder of runs whose configuration does
-    # not name one. "v2": factorization through the Gram matrix and error estimates from the
-    # factors' quantization residuals, about 3x cheaper (docs/DILOCOX.md section 9). "v3": v2's
-    # selection every 4th round; in between each tensor keeps its coding and the factorization
-    # warm-starts from last round's (state: the stage engine's encoder memo). "v4": v2's selection
-    # every 4th round; in between the bytes are re-allocated from the selection's error estimates
-    # and the round's norms, and low-rank winners factorized as v2 does (state: the memo).
-    encoder: str = "v1"
+    # Which encoder picks the bytes (EncoderVersion; training/codec/, one module each). Every version
+    # writes the same wire format and every decoder reads them all. Part of the run configuration
+    # (the run document names it), so a re-executing verifier codes with the run's encoder. A
+    # configuration that names none gets DEFAULT_ENCODER ("v4": v2's selection every 4th round, the
+    # bytes re-allocated from its error estimates in between; state: the stage engine's encoder
+    # memo); a run document that names none, LEGACY_ENCODER ("v1"; node.runconfig.node_config_from_run).
+    encoder: str = DEFAULT_ENCODER.value
 
     def __post_init__(self) -> None:
         _require(
