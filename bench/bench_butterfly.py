@@ -134,7 +134,7 @@ def todays_traffic(pseudo_gradients, replicas: int, cfg, budget: int, stage_inde
 
 
 def _encode_whole(target, cfg, budget, stage_index, outer_round):
-    from training.bandwidth import encode_within_bandwidth
+    from training.compression import encode_within_bandwidth
 
     return encode_within_bandwidth(target, cfg, budget, stage_index=stage_index, outer_round=outer_round)
 

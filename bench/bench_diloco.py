@@ -12,8 +12,10 @@ section 9; the overlap and the byte budget in their "auto" form, resolved values
 
     .venv/bin/python bench/bench_diloco.py --tag final      # 1,536,000 tokens: H=50 x 30 rounds, M=2, S=2
 
-diloco_final.json was measured with --bandwidth-budget 80000 (auto gives 87,500 / 85,913 B), and
-every run before diloco_codec2_* with encoder v1 (--encoder v1 reproduces them).
+diloco_final.json was measured with --bandwidth-budget 80000 (auto gives 87,500 / 85,913 B),
+every run before diloco_codec2_* with encoder v1 (--encoder v1 reproduces them), and the runs from
+diloco_codec2_* to the end of session 9 with v2 unless their tag names another (--encoder v2). The
+default encoder is the node's (training.config.DEFAULT_ENCODER, v4 since issue 29).
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from training.config import (  # noqa: E402
+    DEFAULT_ENCODER,
     DELAY_CORRECTIONS,
     OUTER_DECAYS,
     CompressionConfig,
     DilocoConfig,
+    EncoderVersion,
     ModelConfig,
     PipelineConfig,
     TrainingConfig,
@@ -92,12 +96,11 @@ def parse_args() -> argparse.Namespace:
                              "auto: --target-reduction times fewer bytes than AllReduce, the node's default)")
     parser.add_argument("--target-reduction", type=float, default=1000.0,
                         help="DiLoCoX with --bandwidth-budget auto: fewer bytes than fp32 ring AllReduce")
-    parser.add_argument("--encoder", default="v2", choices=["v1", "v2", "v3", "v4"],
-                        help="compression.encoder: which encoder picks the bytes (same wire format; v2 = the "
-                             "default for new runs, v3 = v2's selection every 4th round and warm-started "
-                             "power iterations between, v4 = v2's selection every 4th round and re-allocations "
-                             "from its estimates with v2's factorization between; "
-                             "docs/DILOCOX.md sections 3 and 9)")
+    parser.add_argument("--encoder", default=DEFAULT_ENCODER.value, choices=[v.value for v in EncoderVersion],
+                        help="compression.encoder: which encoder picks the bytes (same wire format; default: "
+                             "the node's, v4 = v2's selection every 4th round and re-allocations from its "
+                             "estimates with v2's factorization between; v3 = v2's selection every 4th round "
+                             "and warm-started power iterations between; docs/DILOCOX.md sections 3 and 9)")
     parser.add_argument("--no-error-feedback", action="store_true")
     parser.add_argument("--overlap-steps", default="auto",
                         help="DiLoCoX: inner steps the exchange overlaps before it is applied (0: the whole round; "

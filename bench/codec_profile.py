@@ -1,6 +1,6 @@
 """Profile of the DiLoCoX codec and apply path on captured stage contributions of `mini` (issue 16 item 3).
 
-    capture: run a short DiLoCoX simulation (bench_diloco's defaults, encoder v2) and keep every
+    capture: run a short DiLoCoX simulation (bench_diloco's defaults and encoder) and keep every
              stage pseudo-gradient the compressor coded (its error-feedback target), its byte budget
              and every round's contribution bytes
     profile: CPU seconds (one torch thread, min over repeats) of each part of the encode and of the
@@ -32,7 +32,17 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from training import compression  # noqa: E402
-from training.config import CompressionConfig, DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig  # noqa: E402
+from training.codec.registry import encoder_for  # noqa: E402
+from training.codec.reselect import RESELECT_ROUNDS  # noqa: E402
+from training.compression import encode_with_memo, encode_within_bandwidth  # noqa: E402
+from training.config import (  # noqa: E402
+    DEFAULT_ENCODER,
+    CompressionConfig,
+    DilocoConfig,
+    ModelConfig,
+    PipelineConfig,
+    TrainingConfig,
+)
 
 
 def capture(args) -> None:
@@ -84,7 +94,6 @@ def _best(fn, repeat: int) -> float:
 
 
 def profile(args) -> None:
-    from training.bandwidth import encode_within_bandwidth
     from training.codec_wire import decode_contribution
     from training.diloco import average_contributions, outer_step
     from training.hashing import stage_weights_hash
@@ -94,14 +103,12 @@ def profile(args) -> None:
     data = torch.load(args.capture, weights_only=False)
     chosen = [t for t in data["targets"] if t["round"] == args.round]
     diloco_cfg = DilocoConfig(inner_steps=data["inner_steps"], outer_lr=1.0, outer_momentum=0.5, num_replicas=2)
-    from training.encoder_memo import MEMO_ENCODERS, encode_with_memo
-
     previous = [t for t in data["targets"] if t["round"] == args.round - 1]
     for encoder in args.encoders.split(","):
         cfg = CompressionConfig(encoder=encoder)
         total = 0.0
         for index, item in enumerate(chosen[:2]):  # replica 0's two stages
-            if encoder in MEMO_ENCODERS:  # a warm round: the memo of a selection on the previous round's target
+            if encoder_for(cfg).keeps_memo:  # a warm round: the memo of a selection on the previous round's target
                 memo = encode_with_memo(previous[index]["target"], cfg, item["budget"], None,
                                         stage_index=item["stage"], outer_round=0)[3]
 
@@ -154,9 +161,6 @@ def profile(args) -> None:
 
 def compare(args) -> None:
     """Coding error of each encoder on the same inputs (the captured error-feedback targets)."""
-    from training.bandwidth import encode_within_bandwidth
-    from training.encoder_memo import MEMO_ENCODERS, V3_RESELECT_ROUNDS, encode_with_memo
-
     torch.set_num_threads(1)
     data = torch.load(args.capture, weights_only=False)
     by_round: dict[int, list[dict]] = {}
@@ -172,7 +176,7 @@ def compare(args) -> None:
             squared = total = 0.0
             for index, item in enumerate(by_round[outer_round]):
                 target = item["target"]
-                if encoder in MEMO_ENCODERS:
+                if encoder_for(cfg).keeps_memo:
                     _, decoded, _, memos[encoder][index] = encode_with_memo(
                         target, cfg, item["budget"], memos[encoder].get(index), stage_index=item["stage"],
                         outer_round=outer_round)
@@ -187,8 +191,8 @@ def compare(args) -> None:
         print(f"round {outer_round:3d}: " + "  ".join(row))
     rounds = sorted(by_round)
     for encoder in encoders:
-        warm = [e for r, e in zip(rounds, errors[encoder]) if r % V3_RESELECT_ROUNDS]
-        print(f"{encoder}: mean {sum(errors[encoder]) / len(rounds):.4f}, rounds t % {V3_RESELECT_ROUNDS} != 0 "
+        warm = [e for r, e in zip(rounds, errors[encoder]) if r % RESELECT_ROUNDS]
+        print(f"{encoder}: mean {sum(errors[encoder]) / len(rounds):.4f}, rounds t % {RESELECT_ROUNDS} != 0 "
               f"{sum(warm) / max(len(warm), 1):.4f}")
 
 
@@ -198,7 +202,7 @@ def main() -> int:
     cap = sub.add_parser("capture")
     cap.add_argument("--rounds", type=int, default=3)
     cap.add_argument("--inner-steps", type=int, default=50)
-    cap.add_argument("--encoder", default="v2")
+    cap.add_argument("--encoder", default=DEFAULT_ENCODER.value)
     cap.add_argument("--out", required=True)
     prof = sub.add_parser("profile")
     prof.add_argument("--capture", required=True)

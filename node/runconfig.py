@@ -19,6 +19,7 @@ from typing import Any
 
 from node.config import NodeConfig
 from node.errors import ConfigError
+from training.config import LEGACY_ENCODER
 
 RUN_FORMAT = "dlx-run-v1"
 
@@ -101,7 +102,8 @@ def node_config_from_run(document: dict[str, Any], **node_fields: Any) -> NodeCo
             "model": document["model"],
             "training": training,
             "diloco": document["diloco"],
-            "compression": document["compression"],
+            # A run made before compression.encoder existed names none: it was coded by v1.
+            "compression": {"encoder": LEGACY_ENCODER.value, **document["compression"]},
             "pipeline": {"num_stages": document["pipeline"]["num_stages"]},
             **node_fields,
         }

@@ -19,6 +19,8 @@ def test_demo_runs_and_summarizes_from_the_chain(tmp_path):
     assert "2 rounds committed on chain" in proc.stdout
     assert "AllReduce of fp32 gradients every step would have sent" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
+    # The demo runs the default encoder (training.config.DEFAULT_ENCODER), named in its run document.
+    assert json.loads((out / "run.json").read_text())["compression"]["encoder"] == "v4"
     assert [r["round"] for r in summary["rounds"]] == [0, 1]
     # A staked run whose every record carries the signatures of k = 2 distinct members.
     assert summary["attest_quorum"] == 2 and summary["stake_wei"] > 0

@@ -7,8 +7,9 @@ import itertools
 import pytest
 import torch
 
-from training.bandwidth import allocate, encode_within_bandwidth, lower_hull
-from training.compression import ErrorFeedbackCompressor, decode_contribution
+from training.codec.allocation import allocate, lower_hull
+from training.codec_wire import decode_contribution
+from training.compression import ErrorFeedbackCompressor, encode_within_bandwidth
 from training.config import AUTO_MAX_ROUND_RATIO, CompressionConfig, DilocoConfig
 from training.diloco import StageEngine
 
@@ -114,19 +115,20 @@ def test_auto_budget_sends_the_target_reduction_of_an_allreduce_and_the_engine_u
 
 
 def test_every_ranks_estimate_from_one_quantization_matches_coding_each_rank():
-    from training.bandwidth import _lowrank_estimates
-    from training.compression import _Candidate, _code_lowrank, _factorize
+    from training.codec.coding import Candidate, code_lowrank
+    from training.codec.factorize import factorize_range
+    from training.codec.v1 import lowrank_estimates
 
     g = torch.Generator().manual_seed(4)
     for matrix in (torch.randn(128, 6, generator=g) @ torch.randn(6, 512, generator=g) + 0.1 * torch.randn(128, 512, generator=g),
                    torch.randn(96, 40, generator=g)):
         norm = float(torch.linalg.vector_norm(matrix))
         ranks = [1, 2, 4, 8, 16, 32]
-        factors = _factorize(matrix, max(ranks))
+        factors = factorize_range(matrix, max(ranks))
         for bits in (2, 4, 8):
-            fast = _lowrank_estimates(matrix, factors, ranks, bits, norm)
+            fast = lowrank_estimates(matrix, factors, ranks, bits, norm)
             for rank in ranks:
-                coded = _code_lowrank(matrix, factors, _Candidate("lowrank", rank, bits, 0), norm)
+                coded = code_lowrank(matrix, factors, Candidate("lowrank", rank, bits, 0), norm)
                 assert fast[rank] == pytest.approx(coded.estimate, rel=1e-4, abs=1e-6), (bits, rank)
                 # and the estimate is the exact decode's error, to float32 accuracy
                 exact = float(torch.linalg.vector_norm(matrix - coded.decode())) / norm

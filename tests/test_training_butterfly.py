@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from training.bandwidth import encode_within_bandwidth
+from p2p.identity import Identity, verify_signature
 from training.butterfly import (
     SlicedErrorFeedbackCompressor,
     SliceError,
@@ -28,10 +28,9 @@ from training.butterfly import (
     split_slices,
 )
 from training.codec_wire import decode_contribution
-from training.compression import encode_contribution
+from training.compression import encode_contribution, encode_within_bandwidth
 from training.config import CompressionConfig
 from training.diloco import average_contributions
-from p2p.identity import Identity, verify_signature
 from training.errors import ContributionDecodeError
 
 SHAPES = {"a.weight": (48, 40), "b.bias": (40,), "c.weight": (64, 4, 8), "d.empty": (0, 3), "e.scale": (1,)}

@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from training import bandwidth, codec_wire
-from training.bandwidth import encode_within_bandwidth
+from training import codec_wire
+from training.codec import base
+from training.codec.coding import Coded, Option, TensorOptions, candidates, rel_error
+from training.codec.factorize import factorize_range
+from training.codec.v1 import V1Encoder
 from training.codec_wire import (
     MAX_WEIGHT,
     decode_contribution,
@@ -25,12 +28,11 @@ from training.codec_wire import (
     reconstruct_lowrank,
     unpack_ints,
 )
-from training.compression import _candidates, _Coded, _factorize, _rel_error, encode_contribution
+from training.compression import encode_contribution, encode_within_bandwidth
 from training.config import CompressionConfig, DilocoConfig
 from training.diloco import average_contributions, outer_step
 from training.errors import ContributionDecodeError
 from training.robust import contribution_norm
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/torch_fixtures.py
 
@@ -109,7 +111,7 @@ def reference_quantize_columns(matrix, bits):
 def reference_code_quant(matrix, bits, candidate, norm):
     q_int, scales = reference_quantize_columns(matrix, bits)
     decoded = torch.mul(q_int.to(torch.float32), scales.reshape(1, -1))
-    return _Coded(candidate, (q_int,), scales, _rel_error(matrix, decoded, norm))
+    return Coded(candidate, (q_int,), scales, rel_error(matrix, decoded, norm))
 
 
 def reference_code_lowrank(matrix, factors, candidate, norm):
@@ -124,7 +126,7 @@ def reference_code_lowrank(matrix, factors, candidate, norm):
         weights = torch.clamp(torch.round(products / scale), 0, MAX_WEIGHT).to(torch.int64)
     else:
         weights = torch.zeros(rank, dtype=torch.int64)
-    return _Coded(candidate, (p_int, q_int, weights), scale, 0.0)
+    return Coded(candidate, (p_int, q_int, weights), scale, 0.0)
 
 
 def reference_lowrank_estimates(matrix, factors, ranks, bits, norm):
@@ -157,25 +159,32 @@ def reference_lowrank_estimates(matrix, factors, ranks, bits, norm):
 
 
 def reference_all_codings(matrix, shape, cfg, norm):
-    candidates = _candidates(shape, cfg)
-    lowrank = [c for c in candidates if c.codec == "lowrank"]
-    factors = _factorize(matrix, max(c.rank for c in lowrank)) if lowrank else None
+    tensor_candidates = candidates(shape, cfg)
+    lowrank = [c for c in tensor_candidates if c.codec == "lowrank"]
+    factors = factorize_range(matrix, max(c.rank for c in lowrank)) if lowrank else None
     estimates = {}
     for bits in sorted({c.bits for c in lowrank}):
         ranks = sorted({c.rank for c in lowrank if c.bits == bits})
         for rank, estimate in reference_lowrank_estimates(matrix, factors, ranks, bits, norm).items():
             estimates[(rank, bits)] = estimate
     options = []
-    for candidate in candidates:
+    for candidate in tensor_candidates:
         if candidate.codec == "quant":
             coded = reference_code_quant(matrix, candidate.bits, candidate, norm)
-            options.append(bandwidth._Option(candidate, coded.estimate, lambda coded=coded: coded))
+            options.append(Option(candidate, coded.estimate, lambda coded=coded: coded))
         else:
-            options.append(bandwidth._Option(
+            options.append(Option(
                 candidate, estimates[(candidate.rank, candidate.bits)],
                 lambda candidate=candidate: reference_code_lowrank(matrix, factors, candidate, norm),
             ))
     return options
+
+
+class ReferenceV1Encoder(V1Encoder):
+    """Encoder "v1" choosing from the previous implementation's estimates (:func:`reference_all_codings`)."""
+
+    def tensor_options(self, matrix, shape, norm):
+        return TensorOptions(reference_all_codings(matrix, shape, self.cfg, norm), None)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -385,22 +394,19 @@ def test_blocked_norm_matches_the_level_norm_across_blocks_and_tensors(monkeypat
 
 
 def _check_encoders_against_references(kind, configs, budgets, monkeypatch):
-    from training import compression
-
     x = _pseudo_gradients(21, kind)
     for cfg in configs:
         for budget in budgets:
             fast_blob, fast_decoded, _ = encode_within_bandwidth(x, cfg, budget, stage_index=1, outer_round=3)
-            with monkeypatch.context() as patched:
-                patched.setattr(bandwidth, "_all_codings", reference_all_codings)
-                slow_blob, slow_decoded, _ = encode_within_bandwidth(x, cfg, budget, stage_index=1, outer_round=3)
+            slow_blob, slow_decoded, _ = ReferenceV1Encoder(cfg).encode_within(x, budget, stage_index=1,
+                                                                              outer_round=3)
             assert fast_blob == slow_blob, (kind, cfg.error_budget, budget)
             assert all(_bits_equal(fast_decoded[n], slow_decoded[n]) for n in x)
         # The error-budget encoder shares the quantizer across bit widths now; its reference is the
         # one-quantization-per-candidate code path.
         fast_blob, fast_decoded, _ = encode_contribution(x, cfg, stage_index=0, outer_round=0)
         with monkeypatch.context() as patched:
-            patched.setattr(compression, "_code_quant",
+            patched.setattr(base, "code_quant",
                             lambda matrix, bits, candidate, norm, quantizer=None: reference_code_quant(
                                 matrix, bits, candidate, norm))
             slow_blob, slow_decoded, _ = encode_contribution(x, cfg, stage_index=0, outer_round=0)
@@ -408,8 +414,11 @@ def _check_encoders_against_references(kind, configs, budgets, monkeypatch):
         assert all(_bits_equal(fast_decoded[n], slow_decoded[n]) for n in x)
 
 
-_DEFAULT_CODEC = CompressionConfig(error_budget=0.4, bit_choices=[2, 4, 8], max_rank=32, min_compress_numel=256)
-_FINE_CODEC = CompressionConfig(error_budget=0.05, bit_choices=[4, 8, 16], max_rank=64, min_compress_numel=64)
+# Encoder "v1": the references above are v1's previous estimates and error-budget coding.
+_DEFAULT_CODEC = CompressionConfig(error_budget=0.4, bit_choices=[2, 4, 8], max_rank=32, min_compress_numel=256,
+                                   encoder="v1")
+_FINE_CODEC = CompressionConfig(error_budget=0.05, bit_choices=[4, 8, 16], max_rank=64, min_compress_numel=64,
+                                encoder="v1")
 
 
 @pytest.mark.parametrize("kind", KINDS)

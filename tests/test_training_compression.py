@@ -8,14 +8,8 @@ import msgpack
 import pytest
 import torch
 
-from training.compression import (
-    ErrorFeedbackCompressor,
-    decode_contribution,
-    encode_contribution,
-    pack_ints,
-    qmax,
-    unpack_ints,
-)
+from training.codec_wire import decode_contribution, pack_ints, qmax, unpack_ints
+from training.compression import ErrorFeedbackCompressor, encode_contribution
 from training.config import CompressionConfig
 from training.errors import ContributionDecodeError, ContributionEncodeError
 

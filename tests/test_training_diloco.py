@@ -7,7 +7,8 @@ import copy
 import pytest
 import torch
 
-from training.compression import decode_contribution, encode_contribution
+from training.codec_wire import decode_contribution
+from training.compression import encode_contribution
 from training.config import CompressionConfig, DilocoConfig
 from training.diloco import StageEngine, aggregate, average_contributions, outer_step
 from training.errors import AggregationError, EngineStateError, RoundOrderError

@@ -2,7 +2,7 @@
 
 v2 changes which bytes the encoder picks, never the wire format or the
 decoder: its contributions must decode, bit for bit, to what the encoder
-returned, stay deterministic, fit the byte budget, and a configuration that
+returned, stay deterministic, fit the byte budget, and a run document that
 names no encoder must keep v1's bytes. Reusing the own contribution's
 decoding in ``StageEngine.apply_round`` must give the same weights hash as the
 pure aggregation of the bytes.
@@ -16,17 +16,17 @@ import pytest
 import torch
 from codec_fixtures import encoder_sim, rerun_replica0, same_bits, shape_map
 
-from training import bandwidth
-from training.bandwidth import encode_within_bandwidth
+from training.codec.factorize import factorize_gram
+from training.codec.registry import encoder_for
 from training.codec_wire import decode_contribution
-from training.compression import _factorize_gram, encode_contribution
+from training.compression import encode_contribution, encode_within_bandwidth
 from training.config import CompressionConfig, DilocoConfig
 from training.diloco import StageEngine, aggregate
 from training.reexec import EXACT
 from training.reexec_sim import SimReplica, run_with_states
 from training.robust import contribution_norm, robust_contributions
 
-V1 = CompressionConfig()
+V1 = CompressionConfig(encoder="v1")
 V2 = CompressionConfig(encoder="v2")
 
 
@@ -83,9 +83,14 @@ def test_v2_error_budget_path_decodes_bit_exactly():
     assert all(t.met_budget for t in stats.tensors)
 
 
-def test_a_configuration_without_encoder_keeps_v1_and_v2_is_validated():
-    assert V1.encoder == "v1"
-    named = CompressionConfig(encoder="v1")
+def test_a_run_document_without_encoder_keeps_v1_and_v2_is_validated():
+    from node.config import load_config
+    from node.runconfig import node_config_from_run, run_document
+
+    document = run_document(load_config(None))
+    del document["compression"]["encoder"]  # a run made before compression.encoder existed
+    named = node_config_from_run(document).compression
+    assert V1.encoder == named.encoder == "v1"
     tensors = _stage_like(3)
     old, _, _ = encode_within_bandwidth(tensors, V1, 40_000, stage_index=0, outer_round=1)
     assert encode_within_bandwidth(tensors, named, 40_000, stage_index=0, outer_round=1)[0] == old
@@ -101,7 +106,7 @@ def test_gram_factorization_finds_the_top_singular_triplets():
         spectrum = torch.logspace(0, -3, min(m, n), dtype=torch.float64)
         matrix = ((u * spectrum) @ v.t()).to(torch.float32)
         rank = min(32, m, n)
-        left, sigma, right = _factorize_gram(matrix, rank)
+        left, sigma, right = factorize_gram(matrix, rank)
         # A randomized subspace of the squared spectrum: the leading triplets to float32 accuracy, the
         # others above 1% of the largest within 1% (below, float32 squares lose digits: they matter
         # little), and the truncation error within 2% of the optimal (exact SVD's) one.
@@ -111,7 +116,7 @@ def test_gram_factorization_finds_the_top_singular_triplets():
         optimal = float(torch.sum(spectrum[rank:] ** 2))
         approx = ((left * sigma) @ right.t()).double()
         assert float(torch.sum((matrix.double() - approx) ** 2)) <= 1.02 * optimal + 1e-9
-    left, sigma, right = _factorize_gram(torch.zeros(64, 96), 16)  # no division by a zero sigma
+    left, sigma, right = factorize_gram(torch.zeros(64, 96), 16)  # no division by a zero sigma
     assert not torch.any(sigma) and not torch.any(left @ right.t()) and torch.isfinite(right).all()
 
 
@@ -121,7 +126,7 @@ def test_v2_estimates_track_the_exact_error():
     for name in ("a.weight", "b.weight", "c.weight"):
         matrix = tensors[name]
         norm = float(torch.linalg.vector_norm(matrix))
-        for option in bandwidth._all_codings_v2(matrix, tuple(matrix.shape), V2, norm):
+        for option in encoder_for(V2).tensor_options(matrix, tuple(matrix.shape), norm).options:
             if option.candidate.bits == 2:
                 continue  # ternary factors: rounding is far from the uniform noise the cross terms assume
             exact = float(torch.linalg.vector_norm(matrix - option.coded().decode().reshape(matrix.shape))) / norm

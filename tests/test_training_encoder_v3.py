@@ -18,10 +18,11 @@ import pytest
 import torch
 from codec_fixtures import drift, encoder_sim, rerun_replica0, same_bits, shape_map, stage_like
 
-from training.bandwidth import encode_within_bandwidth
-from training.encoder_memo import V3_RESELECT_ROUNDS, EncoderMemo, _warm_basis, encode_v3
+from training.codec.factorize import factorize_gram, factorize_warm, warm_basis
+from training.codec.registry import encoder_for
+from training.codec.reselect import RESELECT_ROUNDS
 from training.codec_wire import decode_contribution
-from training.compression import _factorize_gram, _factorize_warm
+from training.compression import encode_with_memo, encode_within_bandwidth
 from training.config import CompressionConfig, DilocoConfig
 from training.diloco import StageEngine
 from training.errors import EngineStateError
@@ -40,7 +41,7 @@ def test_v3_without_state_codes_as_v2(budget):
     tensors = stage_like(0)
     v2 = encode_within_bandwidth(tensors, V2, budget, stage_index=1, outer_round=5)[0]
     assert encode_within_bandwidth(tensors, V3, budget, stage_index=1, outer_round=5)[0] == v2  # stateless path
-    blob, _, _, memo = encode_v3(tensors, V3, budget, None, stage_index=1, outer_round=5)  # no memo: selects
+    blob, _, _, memo = encode_with_memo(tensors, V3, budget, None, stage_index=1, outer_round=5)  # no memo: selects
     assert blob == v2
     lowrank = {name for name, (codec, _, _) in memo.choices.items() if codec == "lowrank"}
     assert set(memo.bases) == lowrank and "g.empty" not in memo.choices
@@ -51,17 +52,17 @@ def test_v3_rounds_decode_bit_exactly_keep_the_bytes_and_reselect(budget):
     base = stage_like(1)
     memo = None
     sizes = []
-    for outer_round in range(V3_RESELECT_ROUNDS + 2):
+    for outer_round in range(RESELECT_ROUNDS + 2):
         tensors = drift(base, outer_round)
-        blob, decoded, stats, next_memo = encode_v3(tensors, V3, budget, memo, stage_index=0,
-                                                    outer_round=outer_round)
-        again = encode_v3(tensors, V3, budget, memo, stage_index=0, outer_round=outer_round)
+        blob, decoded, stats, next_memo = encode_with_memo(tensors, V3, budget, memo, stage_index=0,
+                                                           outer_round=outer_round)
+        again = encode_with_memo(tensors, V3, budget, memo, stage_index=0, outer_round=outer_round)
         assert again[0] == blob  # a pure function of the input and the memo
         received = decode_contribution(blob, shape_map(tensors), stage_index=0, outer_round=outer_round,
                                        refuse_raw=True)
         assert all(same_bits(received[name], decoded[name]) for name in tensors)
         v2 = encode_within_bandwidth(tensors, V2, budget, stage_index=0, outer_round=outer_round)[0]
-        if outer_round % V3_RESELECT_ROUNDS == 0:
+        if outer_round % RESELECT_ROUNDS == 0:
             assert blob == v2  # a selection round is v2's
         else:
             assert next_memo.choices == memo.choices  # codings kept between selections
@@ -82,20 +83,20 @@ def test_warm_power_iteration_tracks_the_top_subspace():
         matrix = ((u * spectrum) @ v.t()).to(torch.float32)
         rank = 16
         moved = matrix + 1e-3 * torch.randn(m, n, generator=generator)
-        previous = _factorize_gram(moved, rank)
-        basis = _warm_basis(previous, (m, n), rank)
+        previous = factorize_gram(moved, rank)
+        basis = warm_basis(previous, (m, n), rank)
         assert basis.shape == (max(m, n), rank)
-        (left, sigma, right), next_basis = _factorize_warm(matrix, rank, basis)
+        (left, sigma, right), next_basis = factorize_warm(matrix, rank, basis)
         assert next_basis.shape == (max(m, n), rank)
         approx = ((left * sigma) @ right.t()).double()
         optimal = float(torch.sum(spectrum[rank:] ** 2))
         assert float(torch.sum((matrix.double() - approx) ** 2)) <= 1.05 * optimal + 1e-9
         # Repeated on the same matrix it converges to the top subspace.
         for _ in range(3):
-            (left, sigma, right), next_basis = _factorize_warm(matrix, rank, next_basis)
+            (left, sigma, right), next_basis = factorize_warm(matrix, rank, next_basis)
         approx = ((left * sigma) @ right.t()).double()
         assert float(torch.sum((matrix.double() - approx) ** 2)) <= 1.01 * optimal + 1e-9
-    (left, sigma, right), _ = _factorize_warm(torch.zeros(64, 96), 4, torch.ones(96, 4))
+    (left, sigma, right), _ = factorize_warm(torch.zeros(64, 96), 4, torch.ones(96, 4))
     assert not torch.any(sigma) and not torch.any(left @ right.t()) and torch.isfinite(right).all()
 
 
@@ -175,9 +176,9 @@ def test_a_malformed_memo_in_a_served_state_is_a_state_mismatch():
 
 def test_memo_tensors_round_trip_and_refuse_nonsense():
     tensors = stage_like(7)
-    _, _, _, memo = encode_v3(tensors, V3, 40_000, None, stage_index=0, outer_round=0)
+    _, _, _, memo = encode_with_memo(tensors, V3, 40_000, None, stage_index=0, outer_round=0)
     shapes = shape_map(tensors)
-    again = EncoderMemo.from_tensors(memo.to_tensors(), shapes, V3)
+    again = encoder_for(V3).load_memo(memo.to_tensors(), shapes)
     assert again.choices == memo.choices
     assert all(torch.equal(again.bases[n], memo.bases[n]) for n in memo.bases)
     state = memo.to_tensors()
@@ -190,4 +191,4 @@ def test_memo_tensors_round_trip_and_refuse_nonsense():
         {"choice": state["choice"]},
     ):
         with pytest.raises(ValueError):
-            EncoderMemo.from_tensors(broken, shapes, V3)
+            encoder_for(V3).load_memo(broken, shapes)

@@ -1,7 +1,7 @@
 """Encoder "v4" (compression.encoder; issue 16 item 3): v2's selection every few rounds, cheap re-allocations between.
 
 v4 changes which bytes the encoder picks, never the wire format or the
-decoder. It selects as v2 every ``V3_RESELECT_ROUNDS``-th round and keeps
+decoder. It selects as v2 every ``RESELECT_ROUNDS``-th round and keeps
 every candidate's estimated relative error; a warm round re-allocates the
 budget from those estimates and this round's norms and factorizes each
 low-rank winner exactly as v2 does at its rank. So it must: code exactly as
@@ -9,8 +9,8 @@ v2 where it has no state, stay within the budget, be a pure function of its
 input and its memo, carry the memo (codings and estimates, no bases) through
 the engine checkpoint and the replica start state, and refuse a memo that is
 not its own. Refactoring v3 into the shared
-:func:`training.encoder_memo.encode_with_memo` must leave v3's bytes as they were
-(a verbatim copy of the previous ``encode_v3`` below is the reference).
+:class:`training.codec.reselect.ReselectingEncoder` must leave v3's bytes as they were
+(the previous ``encode_v3``, step for step, below is the reference).
 """
 
 from __future__ import annotations
@@ -22,30 +22,20 @@ import pytest
 import torch
 from codec_fixtures import drift, encoder_sim, rerun_replica0, same_bits, shape_map, stage_like
 
-from training import bandwidth, encoder_memo
-from training.bandwidth import (
-    _Factors,
-    _finish,
-    _matrices,
-    _Option,
-    _quant_coded,
-    _select,
-    encode_within_bandwidth,
-)
+from training.codec.allocation import allocate, framing_bytes
+from training.codec.base import tensor_matrices
+from training.codec.coding import BalancedFactors, ColumnQuantizer, Option, candidates, lookup, quant_coded
+from training.codec.factorize import factorize_gram, factorize_warm, warm_basis
+from training.codec.memo import EncoderMemo
+from training.codec.registry import ENCODERS, encoder_for
+from training.codec.reselect import RESELECT_ROUNDS
 from training.codec_wire import decode_contribution
-from training.compression import _candidates, _ColumnQuantizer, _factorize_gram, _factorize_warm
+from training.compression import encode_with_memo, encode_within_bandwidth
 from training.config import CompressionConfig, DilocoConfig
 from training.diloco import StageEngine
 from training.errors import ContributionEncodeError, EngineStateError
 from training.reexec import EXACT, STATE_MISMATCH, restart_state_reason, verify_contribution
 from training.reexec_sim import SimReplica, run_with_states
-from training.encoder_memo import (
-    V3_RESELECT_ROUNDS,
-    EncoderMemo,
-    _lookup,
-    _warm_basis,
-    encode_with_memo,
-)
 from training.replica_state import StageStartState
 
 V2 = CompressionConfig(encoder="v2")
@@ -59,36 +49,36 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/torch_fixtures
 
 
 def reference_encode_v3(tensors, cfg, budget, memo, *, stage_index, outer_round):
-    matrices, norms = _matrices(tensors)
-    warm = (memo is not None and outer_round % V3_RESELECT_ROUNDS != 0 and set(memo.choices) == set(matrices))
+    shared = encoder_for(cfg)  # its select() and finish(), the shared steps the previous code called
+    matrices, norms = tensor_matrices(tensors)
+    warm = (memo is not None and outer_round % RESELECT_ROUNDS != 0 and set(memo.choices) == set(matrices))
     if not warm:
-        bases = {}
-        chosen = _select(tensors, matrices, norms, cfg, budget, bases)
-        blob, decoded, stats, coded = _finish(tensors, matrices, norms, chosen, cfg, stage_index=stage_index,
-                                              outer_round=outer_round)
+        chosen, found = shared.select(tensors, matrices, norms, budget)
+        blob, decoded, stats, coded = shared.finish(tensors, matrices, norms, chosen, stage_index=stage_index,
+                                                    outer_round=outer_round)
         choices, next_bases = {}, {}
         for name, winner in coded.items():
             candidate = winner.candidate
             choices[name] = (candidate.codec, candidate.rank, candidate.bits)
             if candidate.codec == "lowrank":
-                next_bases[name] = _warm_basis(bases[name], tuple(matrices[name].shape), candidate.rank)
+                next_bases[name] = warm_basis(found[name].factors, tuple(matrices[name].shape), candidate.rank)
         return blob, decoded, stats, EncoderMemo(choices, next_bases)
     chosen, next_bases = {}, {}
     for name, matrix in matrices.items():
         codec, rank, bits = memo.choices[name]
-        candidate = _lookup(tuple(tensors[name].shape), cfg, (codec, rank, bits))
+        candidate = lookup(tuple(tensors[name].shape), cfg, (codec, rank, bits))
         if candidate is None:
             raise ContributionEncodeError(f"{name!r}: encoder memo coding {(codec, rank, bits)} is not a candidate")
         if codec == "quant":
-            quantizer = _ColumnQuantizer(matrix)
-            chosen[name] = _Option(candidate, math.nan,
-                                   lambda q=quantizer, c=candidate: _quant_coded(q, c, math.nan))
+            quantizer = ColumnQuantizer(matrix)
+            chosen[name] = Option(candidate, math.nan,
+                                  lambda q=quantizer, c=candidate: quant_coded(q, c, math.nan))
         else:
-            factors, next_bases[name] = _factorize_warm(matrix, rank, memo.bases[name])
-            chosen[name] = _Option(candidate, math.nan,
-                                   lambda f=_Factors(factors, rank), c=candidate: f.coded(c, math.nan))
-    blob, decoded, stats, _ = _finish(tensors, matrices, norms, chosen, cfg, stage_index=stage_index,
-                                      outer_round=outer_round)
+            factors, next_bases[name] = factorize_warm(matrix, rank, memo.bases[name])
+            balanced = BalancedFactors(factors, rank)
+            chosen[name] = Option(candidate, math.nan, lambda f=balanced, c=candidate: f.coded(c, math.nan))
+    blob, decoded, stats, _ = shared.finish(tensors, matrices, norms, chosen, stage_index=stage_index,
+                                            outer_round=outer_round)
     return blob, decoded, stats, EncoderMemo(dict(memo.choices), next_bases)
 
 
@@ -96,7 +86,7 @@ def reference_encode_v3(tensors, cfg, budget, memo, *, stage_index, outer_round)
 def test_v3_keeps_its_bytes_after_the_refactoring(budget):
     base = stage_like(11)
     memo = reference = None
-    for outer_round in range(V3_RESELECT_ROUNDS + 2):
+    for outer_round in range(RESELECT_ROUNDS + 2):
         tensors = drift(base, outer_round)
         blob, decoded, _, memo = encode_with_memo(tensors, V3, budget, memo, stage_index=0, outer_round=outer_round)
         want, want_decoded, _, reference = reference_encode_v3(tensors, V3, budget, reference, stage_index=0,
@@ -123,29 +113,29 @@ def test_v4_without_state_codes_as_v2(budget):
 
 def _warm_reference(tensors, memo, cfg, budget, outer_round):
     """A warm v4 round built by hand: allocate() on (cost, (estimate * norm)^2), then v2's factorization at r."""
-    matrices, norms = _matrices(tensors)
-    overhead = 32 + sum(bandwidth.framing_bytes(name, tuple(tensors[name].shape)) for name in sorted(tensors))
-    candidates = {name: _candidates(tuple(tensors[name].shape), cfg) for name in matrices}
-    options = {name: [(c.cost, (float(e) * norms[name]) ** 2) for c, e in zip(candidates[name], memo.estimates[name])]
+    matrices, norms = tensor_matrices(tensors)
+    overhead = 32 + sum(framing_bytes(name, tuple(tensors[name].shape)) for name in sorted(tensors))
+    codings = {name: candidates(tuple(tensors[name].shape), cfg) for name in matrices}
+    options = {name: [(c.cost, (float(e) * norms[name]) ** 2) for c, e in zip(codings[name], memo.estimates[name])]
                for name in matrices}
-    choice = bandwidth.allocate(options, budget - overhead)
+    choice = allocate(options, budget - overhead)
     chosen = {}
     for name, matrix in matrices.items():
-        candidate = candidates[name][choice[name]]
+        candidate = codings[name][choice[name]]
         if candidate.codec == "quant":
-            chosen[name] = _Option(candidate, 0.0, lambda q=_ColumnQuantizer(matrix), c=candidate: _quant_coded(
-                q, c, 0.0))
+            quantizer = ColumnQuantizer(matrix)
+            chosen[name] = Option(candidate, 0.0, lambda q=quantizer, c=candidate: quant_coded(q, c, 0.0))
         else:
-            factors = _Factors(_factorize_gram(matrix, candidate.rank), candidate.rank)
-            chosen[name] = _Option(candidate, 0.0, lambda f=factors, c=candidate: f.coded(c, 0.0))
-    return _finish(tensors, matrices, norms, chosen, cfg, stage_index=0, outer_round=outer_round)[0]
+            factors = BalancedFactors(factorize_gram(matrix, candidate.rank), candidate.rank)
+            chosen[name] = Option(candidate, 0.0, lambda f=factors, c=candidate: f.coded(c, 0.0))
+    return encoder_for(cfg).finish(tensors, matrices, norms, chosen, stage_index=0, outer_round=outer_round)[0]
 
 
 @pytest.mark.parametrize("budget", [6_000, 40_000])
 def test_v4_rounds_decode_bit_exactly_fit_the_budget_and_reselect(budget):
     base = stage_like(1)
     memo = None
-    for outer_round in range(V3_RESELECT_ROUNDS + 2):
+    for outer_round in range(RESELECT_ROUNDS + 2):
         tensors = drift(base, outer_round)
         blob, decoded, stats, next_memo = encode_with_memo(tensors, V4, budget, memo, stage_index=0,
                                                            outer_round=outer_round)
@@ -156,7 +146,7 @@ def test_v4_rounds_decode_bit_exactly_fit_the_budget_and_reselect(budget):
         assert all(same_bits(received[name], decoded[name]) for name in tensors)
         v2 = encode_within_bandwidth(tensors, V2, budget, stage_index=0, outer_round=outer_round)[0]
         assert len(blob) <= budget
-        if outer_round % V3_RESELECT_ROUNDS == 0:
+        if outer_round % RESELECT_ROUNDS == 0:
             assert blob == v2  # a selection round is v2's
         else:
             assert blob == _warm_reference(tensors, memo, V4, budget, outer_round)
@@ -191,7 +181,7 @@ def test_v4_warm_rounds_code_closer_than_v3s_single_power_iteration():
     base = stage_like(2)
     memos = {"v3": None, "v4": None}
     errors = {"v3": [], "v4": []}
-    for outer_round in range(V3_RESELECT_ROUNDS):
+    for outer_round in range(RESELECT_ROUNDS):
         tensors = drift(base, outer_round)
         for version, cfg in (("v3", V3), ("v4", V4)):
             _, _, stats, memos[version] = encode_with_memo(tensors, cfg, 40_000, memos[version], stage_index=0,
@@ -238,7 +228,7 @@ def test_v4_memo_tensors_round_trip_and_refuse_nonsense():
     _, _, _, memo = encode_with_memo(tensors, V4, 40_000, None, stage_index=0, outer_round=0)
     shapes = shape_map(tensors)
     state = memo.to_tensors()
-    again = EncoderMemo.from_tensors(state, shapes, V4)
+    again = encoder_for(V4).load_memo(state, shapes)
     assert again.choices == memo.choices and again.bases == {}
     assert all(same_bits(again.estimates[n], memo.estimates[n]) for n in memo.estimates)
     name = next(n for n, (codec, _, _) in memo.choices.items() if codec == "lowrank")
@@ -255,9 +245,9 @@ def test_v4_memo_tensors_round_trip_and_refuse_nonsense():
         {**state, "estimate": {**state["estimate"], name: estimate.double()}},
     ):
         with pytest.raises(ValueError):
-            EncoderMemo.from_tensors(broken, shapes, V4)
+            encoder_for(V4).load_memo(broken, shapes)
     with pytest.raises(ValueError):  # and v3 refuses v4's memo (no bases)
-        EncoderMemo.from_tensors(state, shapes, V3)
+        encoder_for(V3).load_memo(state, shapes)
     with pytest.raises(ContributionEncodeError):
         encode_with_memo(tensors, V2, 40_000, None, stage_index=0, outer_round=0)
 
@@ -280,7 +270,7 @@ def test_v4_contributions_reexecute_bit_exactly_and_chain_their_memo():
 
 
 def test_memo_encoders_are_the_ones_with_state():
-    assert encoder_memo.MEMO_ENCODERS == ("v3", "v4")
+    assert tuple(version for version, kind in ENCODERS.items() if kind.keeps_memo) == ("v3", "v4")
 
 
 def test_a_malformed_v4_memo_in_a_served_state_is_a_state_mismatch():

@@ -56,8 +56,14 @@ from dataclasses import dataclass
 
 import torch
 
+from training.codec.allocation import framing_bytes
 from training.codec_wire import decode_contribution, matrix_view_shape
-from training.compression import CompressionStats, ErrorFeedbackCompressor, encode_contribution
+from training.compression import (
+    CompressionStats,
+    ErrorFeedbackCompressor,
+    encode_contribution,
+    encode_within_bandwidth,
+)
 from training.config import CompressionConfig
 from training.diloco import average_contributions
 from training.errors import ContributionDecodeError, ContributionEncodeError, TrainingError
@@ -267,8 +273,6 @@ def aggregator_of(slice_index: int, outer_round: int, num_members: int) -> int:
 
 def _encode(tensors, cfg: CompressionConfig, budget: int, stage_index: int, outer_round: int):
     if cfg.enabled and budget > 0:
-        from training.bandwidth import encode_within_bandwidth
-
         return encode_within_bandwidth(tensors, cfg, budget, stage_index=stage_index, outer_round=outer_round)
     return encode_contribution(tensors, cfg, stage_index=stage_index, outer_round=outer_round)
 
@@ -276,7 +280,7 @@ def _encode(tensors, cfg: CompressionConfig, budget: int, stage_index: int, oute
 def guided_slice_budgets(
     tensors: Mapping[str, torch.Tensor], plan: SlicePlan, cfg: CompressionConfig, stage_budget: int
 ) -> list[int]:
-    """Per-slice byte budgets that follow the whole stage's allocation (:mod:`training.bandwidth`).
+    """Per-slice byte budgets that follow the whole stage's allocation (:mod:`training.codec.allocation`).
 
     The stage's greedy allocation spends bytes where they remove the most
     error (big compressible matrices, not biases); a budget proportional to
@@ -285,8 +289,6 @@ def guided_slice_budgets(
     tensor's lines, plus its framing. A replica's own choice (the aggregator
     only needs the blobs), so it may depend on its data.
     """
-    from training.bandwidth import encode_within_bandwidth, framing_bytes
-
     if not cfg.enabled or stage_budget <= 0:
         return [0] * plan.num_slices
     _, _, stats = encode_within_bandwidth(tensors, cfg, stage_budget, stage_index=0, outer_round=0)

@@ -143,7 +143,8 @@ def _unpack(data: bytes, bits: int, count: int, where: str, dtype) -> np.ndarray
     return array
 
 
-def _f32_bytes(values: torch.Tensor) -> bytes:
+def f32_bytes(values: torch.Tensor) -> bytes:
+    """``values`` as little-endian float32 bytes (row-major)."""
     array = values.detach().to(torch.float32).reshape(-1).contiguous().numpy()
     return array.astype("<f4").tobytes()
 

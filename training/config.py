@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from training.errors import TrainingConfigError
 
@@ -18,8 +19,27 @@ def _require(ok: bool, message: str) -> None:
 
 
 AUTO = "auto"
-# compression.encoder versions (training/compression.py); a configuration without one means "v1".
-ENCODERS = ("v1", "v2", "v3", "v4")
+
+
+class EncoderVersion(StrEnum):
+    """``compression.encoder``: which encoder picks a contribution's bytes (``training/codec/``, one module each).
+
+    Every version writes the same wire format and every decoder reads them all;
+    the version is part of the run configuration so that a re-executing
+    verifier codes with the run's encoder (docs/DILOCOX.md section 3).
+    """
+
+    V1 = "v1"  # range-finder factorization, estimates from coding every candidate
+    V2 = "v2"  # Gram-matrix factorization, estimates from the factors' rounding residuals
+    V3 = "v3"  # v2's selection every 4th round; codings kept and warm power iterations between
+    V4 = "v4"  # v2's selection every 4th round; bytes re-allocated from its estimates between
+
+
+#: The encoder of a run a configuration names none for: what ``dlx-node init``, ``dlx-node demo``,
+#: the local launcher (so the end-to-end tests) and bench/bench_diloco.py all run.
+DEFAULT_ENCODER = EncoderVersion.V4
+#: The encoder of a run document that names none: runs made before ``compression.encoder`` existed.
+LEGACY_ENCODER = EncoderVersion.V1
 
 
 def _int_or_auto(value: int | str, where: str) -> int | str:
@@ -299,23 +319,20 @@ class CompressionConfig:
     bit_choices: list[int] = field(default_factory=lambda: [2, 4, 8])
     error_feedback: bool = True
     min_compress_numel: int = 4096  # smaller tensors are only quantized
-    # Bytes one replica may send for one stage per round (training/bandwidth.py). > 0: the
+    # Bytes one replica may send for one stage per round (training/codec/allocation.py). > 0: the
     # codec spends this budget where it removes the most error (error_budget is then unused);
     # 0: every tensor is coded to error_budget; "auto": the budget that sends target_reduction
     # times fewer bytes than a float32 ring AllReduce of the same inner steps would
     # (stage_bandwidth_budget; about 87 kB per stage of mini at H = 50, M = 2).
     bandwidth_budget: int | str = AUTO
     target_reduction: float = 1000.0
-    # Which encoder picks the bytes (training/compression.py; every version writes the same wire
-    # format and every decoder reads them all). Part of the run configuration, so a re-executing
-    # verifier codes with the run's encoder. "v1": the encoder of runs whose configuration does
-    # not name one. "v2": factorization through the Gram matrix and error estimates from the
-    # factors' quantization residuals, about 3x cheaper (docs/DILOCOX.md section 9). "v3": v2's
-    # selection every 4th round; in between each tensor keeps its coding and the factorization
-    # warm-starts from last round's (state: the stage engine's encoder memo). "v4": v2's selection
-    # every 4th round; in between the bytes are re-allocated from the selection's error estimates
-    # and the round's norms, and low-rank winners factorized as v2 does (state: the memo).
-    encoder: str = "v1"
+    # Which encoder picks the bytes (EncoderVersion; training/codec/, one module each). Every version
+    # writes the same wire format and every decoder reads them all. Part of the run configuration
+    # (the run document names it), so a re-executing verifier codes with the run's encoder. A
+    # configuration that names none gets DEFAULT_ENCODER ("v4": v2's selection every 4th round, the
+    # bytes re-allocated from its error estimates in between; state: the stage engine's encoder
+    # memo); a run document that names none, LEGACY_ENCODER ("v1"; node.runconfig.node_config_from_run).
+    encoder: str = DEFAULT_ENCODER.value
 
     def __post_init__(self) -> None:
         _require(
@@ -342,10 +359,9 @@ class CompressionConfig:
             self.min_compress_numel >= 1,
             f"compression.min_compress_numel={self.min_compress_numel}: must be >= 1",
         )
-        _require(
-            self.encoder in ENCODERS,
-            f"compression.encoder={self.encoder!r}: must be one of {list(ENCODERS)}",
-        )
+        versions = [version.value for version in EncoderVersion]
+        _require(self.encoder in versions, f"compression.encoder={self.encoder!r}: must be one of {versions}")
+        self.encoder = EncoderVersion(self.encoder).value  # a plain str, as TOML and the run document hold it
 
     def stage_bandwidth_budget(self, stage_numel: int, inner_steps: int, num_replicas: int) -> int:
         """Bytes per contribution of a stage of ``stage_numel`` parameters per round (0: code to error_budget).
