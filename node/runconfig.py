@@ -2,8 +2,9 @@
 
 The run document is canonical JSON (sorted keys, no whitespace, UTF-8) of every
 setting that changes the training math: model, training, DiLoCoX, compression,
-pipeline stage count, and the sha256 of the training text (not its path, which
-differs between machines). ``config_hash = sha256(document)``. The initial
+pipeline stage count, and the sha256 of the training text and of the tokenizer
+(not their paths, which differ between machines). A byte-level GPT-2 run's document
+has no family or tokenizer fields (:meth:`training.config.ModelConfig.document`). ``config_hash = sha256(document)``. The initial
 weights follow from ``model`` and ``training.seed`` (``training.model.
 init_state_dict``), so the hash pins them too. Node-local settings (ports,
 keys, timeouts, data_dir) are not part of it.
@@ -45,12 +46,38 @@ def run_document(cfg: NodeConfig) -> dict[str, Any]:
     return {
         "format": RUN_FORMAT,
         "run_name": cfg.run_name,
-        "model": dataclasses.asdict(cfg.model),
+        "model": _model_document(cfg),
         "training": training,
         "diloco": _diloco_document(cfg),
         "compression": dataclasses.asdict(cfg.compression),
         "pipeline": {"num_stages": cfg.pipeline.num_stages},
     }
+
+
+def tokenizer_reference(cfg: NodeConfig) -> str:
+    """``model.tokenizer`` as the run document names it: ``"bytes"``, or ``"sha256:<hex>"`` of the file
+    (a path differs between machines; the content does not)."""
+    from training.tokenizer import SHA256_PREFIX, TokenizerError, parse_reference
+
+    spec = cfg.model.tokenizer
+    try:
+        if parse_reference(spec) is not None or spec == "bytes":
+            return spec
+    except TokenizerError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        return SHA256_PREFIX + file_sha256(cfg.path(spec))
+    except OSError as exc:
+        raise ConfigError(f"model.tokenizer={spec!r}: cannot read it ({exc.strerror})") from None
+
+
+def _model_document(cfg: NodeConfig) -> dict[str, Any]:
+    """The [model] table: only the settings of the model's family (a byte-level GPT-2 run's table is what it
+    was before families existed, so its hash is unchanged), the tokenizer by content hash."""
+    model = cfg.model.document()
+    if "tokenizer" in model:
+        model["tokenizer"] = tokenizer_reference(cfg)
+    return model
 
 
 def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
