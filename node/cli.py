@@ -182,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-reference", dest="reference", action="store_false",
                    help="skip training the centralized (DDP) reference the summary compares against")
 
+    from node.commands.data import add_parser as add_data_parser
+
+    add_data_parser(sub)
     p = sub.add_parser("status", help="what a running node is doing")
     p.add_argument("--data-dir", default=".", help="the node's data directory")
     p.add_argument("--json", action="store_true", help="print the raw status record")
