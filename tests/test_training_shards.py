@@ -240,3 +240,26 @@ def test_prepare_parquet(tmp_path):
     pq.write_table(pa.table({"content": texts}), tmp_path / "docs.parquet")
     manifest = prepare_dataset([tmp_path / "docs.parquet"], tmp_path / "ds", text_field="content")
     assert manifest.num_tokens == sum(len(t) for t in texts) + 2 * 19  # "\n\n" between documents
+
+
+def _rss_file_mib() -> float:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("RssFile:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no RssFile in /proc/self/status")
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status"), reason="needs Linux /proc")
+def test_reading_windows_does_not_keep_the_dataset_resident(tmp_path):
+    rng = np.random.default_rng(0)
+    writer = ShardWriter(tmp_path, vocab_size=8192, shard_tokens=1 << 23)
+    for _ in range(4):
+        writer.append(rng.integers(0, 8192, 1 << 23, dtype=np.uint16))
+    writer.finish("bytes", eval_start=(1 << 25) - 4096)
+    dataset = open_dataset(tmp_path)  # 64 MiB of ids in 4 shards
+    before = _rss_file_mib()
+    for outer_round in range(4):  # 3200 windows spread over the whole dataset
+        round_batches(dataset, 0, 0, outer_round, 50, 16, 256)
+    grown = _rss_file_mib() - before
+    assert grown < 8, f"mapped pages kept resident: {grown:.1f} MiB"

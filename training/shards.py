@@ -33,8 +33,8 @@ single shard that is checked against its manifest entry.
 The token stream is the concatenation of the shards. :class:`ShardedCorpus`
 serves windows of it exactly as :class:`training.data.Corpus` serves windows of
 an in-memory text (same offsets from (run seed, replica, round, step, row)), by
-memory map: resident memory holds the windows read, not the dataset, and the
-pages a read touched are released after it. Opening a dataset checks every
+memory map: resident memory holds the windows read, not the dataset: the pages
+a read maps are released shard by shard as it goes (``ShardedTokens._release``). Opening a dataset checks every
 shard against the manifest (size, header, sha256, ids below the vocabulary)
 with ordinary reads, and refuses a bad one with a :class:`ShardError` naming
 the file.
@@ -339,38 +339,36 @@ class ShardedTokens:
         out = np.empty((starts.size, length), dtype=np.int64)
         shard_of = np.searchsorted(self._bounds, starts, side="right") - 1
         offsets = np.arange(length)
-        touched = set()
         for index in np.unique(shard_of):
             rows = np.nonzero(shard_of == index)[0]
             local = starts[rows] - self._bounds[index]
             ids = self._shard(int(index))
-            touched.add(int(index))
             inside = local + length <= ids.size
             if inside.any():
                 out[rows[inside]] = ids[local[inside, None] + offsets]
+            self._release(int(index))
             for row in rows[~inside]:  # the few windows that run into the next shard(s)
-                out[row] = self._read_across(int(starts[row]), length, touched)
-        self._release(touched)
+                out[row] = self._read_across(int(starts[row]), length)
         return out
 
-    def _read_across(self, start: int, length: int, touched: set[int]) -> np.ndarray:
+    def _read_across(self, start: int, length: int) -> np.ndarray:
         pieces, position = [], start
         while position < start + length:
             index = int(np.searchsorted(self._bounds, position, side="right") - 1)
             ids = self._shard(index)
-            touched.add(index)
             local = position - int(self._bounds[index])
             take = min(ids.size - local, start + length - position)
             pieces.append(ids[local:local + take].astype(np.int64))
+            self._release(index)
             position += take
         return np.concatenate(pieces)
 
-    def _release(self, touched: set[int]) -> None:
-        # The windows are copied out: drop the mapped pages from this process (they stay in the page
-        # cache), so resident memory does not grow with the part of the dataset read so far.
+    def _release(self, index: int) -> None:
+        # The windows are copied out: drop the shard's mapped pages from this process (they stay in the
+        # page cache). A fault can map a whole large folio (up to 2 MiB), so pages are released shard
+        # by shard: resident memory holds at most one shard's worth, whatever the dataset's size.
         if hasattr(mmap, "MADV_DONTNEED"):
-            for index in touched:
-                self._maps[index][0].madvise(mmap.MADV_DONTNEED)
+            self._maps[index][0].madvise(mmap.MADV_DONTNEED)
 
     def close(self) -> None:
         self._maps.clear()  # the arrays hold the maps; both go with the last reference
