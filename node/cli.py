@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override one node setting in the node.toml written, e.g. --set round_timeout=60")
 
     p = sub.add_parser("demo", help="local multi-node training run on a managed local chain")
-    p.add_argument("--data", default="", help="text file to train on (default: a corpus the project generates)")
+    p.add_argument("--data", default="", help="text file or prepared dataset directory ('dlx-node data prepare') "
+                                               "to train on (default: a corpus the project generates)")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--stages", type=int, default=2)
     p.add_argument("--rounds", type=int, default=8)
@@ -173,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stake", type=float, default=1.0, metavar="ETH",
                    help="stake each member puts into the run (slashed for equivocation)")
     p.add_argument("--inner-steps", type=int, default=20)
-    p.add_argument("--preset", default="mini", choices=["tiny", "mini", "small"])
+    p.add_argument("--preset", default="mini",
+                   choices=["tiny", "mini", "small", "llama-tiny", "llama-20m", "llama-124m", "llama-350m", "llama-1b"])
     p.add_argument("--checkpoint-every", type=int, default=2)
     p.add_argument("--out", default="dlx-demo", help="working directory for node data, logs and checkpoints")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up after this many seconds")

@@ -59,3 +59,20 @@ def test_prepare_errors_are_one_line_with_an_exit_code(tmp_path, capsys):
     assert main(["data", "prepare", str(bad), "--out", str(tmp_path / "b")]) == 12
     assert "x.jsonl:1: no string field 'text'" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+
+
+def test_the_demo_takes_a_prepared_dataset_with_its_tokenizer(tmp_path):
+    from node.commands.demo import _dataset_model_settings
+    from training.prepare import prepare_dataset, train_tokenizer
+
+    text = tmp_path / "t.txt"
+    text.write_text(generated_text(seed=4, n_bytes=20_000))
+    prepare_dataset([text], tmp_path / "bytes")
+    assert _dataset_model_settings(tmp_path / "bytes") == ["model.vocab_size=256"]
+    tokenizer = train_tokenizer([text], 300)
+    prepare_dataset([text], tmp_path / "bpe", tokenizer)
+    settings = _dataset_model_settings(tmp_path / "bpe")
+    assert settings == [f"model.vocab_size={tokenizer.vocab_size}", f"model.tokenizer={tmp_path / 'bpe' / 'tokenizer.json'}"]
+    cfg = load_config(None, ["model.preset=llama-tiny", f"training.data_path={tmp_path / 'bpe'}", *settings])
+    assert corpus_from_config(cfg.training, cfg.model).sha256 == json.loads(
+        (tmp_path / "bpe" / "manifest.json").read_text())["root"]
