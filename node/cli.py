@@ -149,8 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     acct.add_argument("--dev-account", type=int, default=None, metavar="N",
                       help="use well-known local dev key N (local chains only)")
     p.add_argument("--keystore", default="", help="an existing encrypted keystore (with --password-file)")
-    p.add_argument("--data", default="", metavar="FILE",
-                   help="the run's training text, when it is not the generated corpus (checked by sha256)")
+    p.add_argument("--data", default="", metavar="PATH",
+                   help="the run's training text or prepared dataset directory, when it is not the generated "
+                        "corpus (checked against the run document: sha256, or the manifest root and every shard)")
+    p.add_argument("--tokenizer", default="", metavar="FILE",
+                   help="the run's tokenizer.json when it is not byte-level (checked by sha256; default: the "
+                        "dataset's, else fetched from the run's peers)")
     p.add_argument("--cluster", default="", help="cluster name (default: a new one of this node alone)")
     p.add_argument("--listen-host", default="",
                    help="p2p listen address (default: 127.0.0.1 for a loopback run, else 0.0.0.0)")
