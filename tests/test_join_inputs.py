@@ -4,6 +4,7 @@ tokenizer fetched from a peer by its hash; the node.toml then hashes to the run'
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 
@@ -40,7 +41,7 @@ def test_a_joiner_with_the_dataset_gets_the_runs_config_hash(run, tmp_path):
     assert document["training"]["data_sha256"].startswith("manifest:")
     data_path, tokenizer_path = run_inputs(document, str(root / "ds"), "", tmp_path)
     assert tokenizer_path == str((tmp_path / "tokenizers" / f"{tokenizer.sha256}.json").resolve())
-    assert hashlib.sha256(open(tokenizer_path, "rb").read()).hexdigest() == tokenizer.sha256
+    assert hashlib.sha256(Path(tokenizer_path).read_bytes()).hexdigest() == tokenizer.sha256
     cfg = _joined_config(document, data_path, tokenizer_path, tmp_path)
     assert config_hash(run_document(cfg)) == config_hash(document)
 
@@ -75,4 +76,4 @@ def test_the_tokenizer_comes_from_a_peer_that_serves_it(run, tmp_path):
         peer.provide_blob(tokenizer.data, announce=False)
         data_path, tokenizer_path = run_inputs(generated, "", "", tmp_path / "joiner",
                                                tuple(peer.listen_addrs[:1]))
-    assert data_path == "" and open(tokenizer_path, "rb").read() == tokenizer.data
+    assert data_path == "" and Path(tokenizer_path).read_bytes() == tokenizer.data

@@ -174,7 +174,7 @@ class HFTokenizer:
             raise TokenizerError("model.tokenizer is a file: install the 'tokenizers' package") from None
         try:
             self._tokenizer = Tokenizer.from_str(data.decode("utf-8"))
-        except Exception as exc:  # tokenizers raises its own Exception subclass for any parse error
+        except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for any parse error
             raise TokenizerError(f"{source}: not a tokenizers JSON file ({type(exc).__name__}: "
                                  f"{str(exc)[:200]})") from None
         self.data = data
@@ -266,7 +266,7 @@ def check_vocab(tokenizer: Tokenizer, vocab_size: int) -> None:
         )
 
 
-def encode_bytes(tokenizer: "Tokenizer", data: bytes) -> np.ndarray:
+def encode_bytes(tokenizer: Tokenizer, data: bytes) -> np.ndarray:
     """Ids of a whole text given as bytes, encoded in :func:`safe_chunks` pieces (int64)."""
     import io
 
@@ -274,7 +274,7 @@ def encode_bytes(tokenizer: "Tokenizer", data: bytes) -> np.ndarray:
     return np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, dtype=np.int64)
 
 
-def tokenizer_reference(tokenizer: "Tokenizer") -> str:
+def tokenizer_reference(tokenizer: Tokenizer) -> str:
     """How a run document and a dataset manifest name ``tokenizer``: "bytes" or "sha256:<hex>"."""
     return BYTES if tokenizer.sha256 == BYTES else SHA256_PREFIX + tokenizer.sha256
 
