@@ -70,3 +70,12 @@ def test_tokenizer_is_named_by_content_not_path(tmp_path):
         run_document(load_config(None, ["model.tokenizer=/nonexistent.json"]))
     with pytest.raises(TrainingConfigError, match="64 lowercase hex digits"):
         load_config(None, ["model.tokenizer=sha256:abc"])
+
+
+def test_a_relative_tokenizer_path_is_read_from_the_data_dir(tmp_path):
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    (node_dir / "tok.json").write_bytes(b"{}")
+    cfg = load_config(None, [f"data_dir={node_dir}", "model.preset=llama-tiny", "model.tokenizer=tok.json"])
+    assert cfg.model.tokenizer == str(node_dir / "tok.json")
+    assert run_document(cfg)["model"]["tokenizer"] == "sha256:" + hashlib.sha256(b"{}").hexdigest()
