@@ -149,8 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     acct.add_argument("--dev-account", type=int, default=None, metavar="N",
                       help="use well-known local dev key N (local chains only)")
     p.add_argument("--keystore", default="", help="an existing encrypted keystore (with --password-file)")
-    p.add_argument("--data", default="", metavar="FILE",
-                   help="the run's training text, when it is not the generated corpus (checked by sha256)")
+    p.add_argument("--data", default="", metavar="PATH",
+                   help="the run's training text or prepared dataset directory, when it is not the generated "
+                        "corpus (checked against the run document: sha256, or the manifest root and every shard)")
+    p.add_argument("--tokenizer", default="", metavar="FILE",
+                   help="the run's tokenizer.json when it is not byte-level (checked by sha256; default: the "
+                        "dataset's, else fetched from the run's peers)")
     p.add_argument("--cluster", default="", help="cluster name (default: a new one of this node alone)")
     p.add_argument("--listen-host", default="",
                    help="p2p listen address (default: 127.0.0.1 for a loopback run, else 0.0.0.0)")
@@ -164,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override one node setting in the node.toml written, e.g. --set round_timeout=60")
 
     p = sub.add_parser("demo", help="local multi-node training run on a managed local chain")
-    p.add_argument("--data", default="", help="text file to train on (default: a corpus the project generates)")
+    p.add_argument("--data", default="", help="text file or prepared dataset directory ('dlx-node data prepare') "
+                                               "to train on (default: a corpus the project generates)")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--stages", type=int, default=2)
     p.add_argument("--rounds", type=int, default=8)
@@ -173,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stake", type=float, default=1.0, metavar="ETH",
                    help="stake each member puts into the run (slashed for equivocation)")
     p.add_argument("--inner-steps", type=int, default=20)
-    p.add_argument("--preset", default="mini", choices=["tiny", "mini", "small"])
+    p.add_argument("--preset", default="mini",
+                   choices=["tiny", "mini", "small", "llama-tiny", "llama-20m", "llama-124m", "llama-350m", "llama-1b"])
     p.add_argument("--checkpoint-every", type=int, default=2)
     p.add_argument("--out", default="dlx-demo", help="working directory for node data, logs and checkpoints")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up after this many seconds")
@@ -182,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-reference", dest="reference", action="store_false",
                    help="skip training the centralized (DDP) reference the summary compares against")
 
+    from node.commands.data import add_parser as add_data_parser
+
+    add_data_parser(sub)
     p = sub.add_parser("status", help="what a running node is doing")
     p.add_argument("--data-dir", default=".", help="the node's data directory")
     p.add_argument("--json", action="store_true", help="print the raw status record")

@@ -123,6 +123,11 @@ class NodeConfig:
             raise ConfigError(f"retention_rounds={self.retention_rounds}: must be >= 0 (0 = keep all)")
         if self.retention_rounds and not self.storage.keep_rounds:
             self.storage = dataclasses.replace(self.storage, keep_rounds=self.retention_rounds)
+        tokenizer = self.model.tokenizer
+        is_file = tokenizer != "bytes" and not tokenizer.startswith("sha256:")
+        if is_file and not Path(tokenizer).expanduser().is_absolute():
+            # a tokenizer file is found where training.data_path is: relative to data_dir
+            self.model = dataclasses.replace(self.model, tokenizer=str(self.path(tokenizer)))
         if self.torch_threads < 0:
             raise ConfigError(f"torch_threads={self.torch_threads}: must be >= 0 (0 = torch's default)")
         if not 0.0 <= self.spot_checks <= 1024.0:

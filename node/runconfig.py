@@ -2,8 +2,9 @@
 
 The run document is canonical JSON (sorted keys, no whitespace, UTF-8) of every
 setting that changes the training math: model, training, DiLoCoX, compression,
-pipeline stage count, and the sha256 of the training text (not its path, which
-differs between machines). ``config_hash = sha256(document)``. The initial
+pipeline stage count, and the sha256 of the training text (or the root of a prepared
+dataset's manifest) and of the tokenizer (not their paths, which differ between machines). A byte-level GPT-2 run's document
+has no family or tokenizer fields (:meth:`training.config.ModelConfig.document`). ``config_hash = sha256(document)``. The initial
 weights follow from ``model`` and ``training.seed`` (``training.model.
 init_state_dict``), so the hash pins them too. Node-local settings (ports,
 keys, timeouts, data_dir) are not part of it.
@@ -36,22 +37,63 @@ def run_document(cfg: NodeConfig) -> dict[str, Any]:
     """The settings every replica of a run must share, as plain data."""
     training = dataclasses.asdict(cfg.training)
     data_path = training.pop("data_path")
-    if data_path:
-        try:
-            training["data_sha256"] = file_sha256(cfg.path(data_path))
-        except OSError as exc:
-            raise ConfigError(f"training.data_path={data_path!r}: cannot read it ({exc.strerror})") from None
-    else:
-        training["data_sha256"] = "generated"
+    training["data_sha256"] = data_reference(cfg, data_path)
     return {
         "format": RUN_FORMAT,
         "run_name": cfg.run_name,
-        "model": dataclasses.asdict(cfg.model),
+        "model": _model_document(cfg),
         "training": training,
         "diloco": _diloco_document(cfg),
         "compression": dataclasses.asdict(cfg.compression),
         "pipeline": {"num_stages": cfg.pipeline.num_stages},
     }
+
+
+def data_reference(cfg: NodeConfig, data_path: str) -> str:
+    """``training.data_sha256`` of the run document: "generated", the sha256 of a text file, or
+    ``manifest:<root>`` of a prepared dataset (its manifest's Merkle root over every shard, the split and
+    the tokenizer; training/shards.py)."""
+    if not data_path:
+        return "generated"
+    from training.errors import ShardError
+    from training.shards import ROOT_PREFIX, is_dataset, read_manifest
+
+    path = cfg.path(data_path)
+    if is_dataset(path):
+        try:
+            return ROOT_PREFIX + read_manifest(path)[1].root
+        except ShardError as exc:
+            raise ConfigError(f"training.data_path={data_path!r}: {exc}") from None
+    try:
+        return file_sha256(path)
+    except OSError as exc:
+        raise ConfigError(f"training.data_path={data_path!r}: cannot read it ({exc.strerror})") from None
+
+
+def tokenizer_reference(cfg: NodeConfig) -> str:
+    """``model.tokenizer`` as the run document names it: ``"bytes"``, or ``"sha256:<hex>"`` of the file
+    (a path differs between machines; the content does not)."""
+    from training.tokenizer import SHA256_PREFIX, TokenizerError, parse_reference
+
+    spec = cfg.model.tokenizer
+    try:
+        if parse_reference(spec) is not None or spec == "bytes":
+            return spec
+    except TokenizerError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        return SHA256_PREFIX + file_sha256(cfg.path(spec))
+    except OSError as exc:
+        raise ConfigError(f"model.tokenizer={spec!r}: cannot read it ({exc.strerror})") from None
+
+
+def _model_document(cfg: NodeConfig) -> dict[str, Any]:
+    """The [model] table: only the settings of the model's family (a byte-level GPT-2 run's table is what it
+    was before families existed, so its hash is unchanged), the tokenizer by content hash."""
+    model = cfg.model.document()
+    if "tokenizer" in model:
+        model["tokenizer"] = tokenizer_reference(cfg)
+    return model
 
 
 def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:

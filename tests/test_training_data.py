@@ -118,7 +118,7 @@ def test_bad_files_get_specific_errors(tmp_path):
         load_corpus(empty)
     short = tmp_path / "short.txt"
     short.write_bytes(b"x" * 100)
-    with pytest.raises(DataError, match=r"eval split has 10 bytes, fewer than block_size \+ 1 = 33"):
+    with pytest.raises(DataError, match=r"eval split has 10 tokens, fewer than block_size \+ 1 = 33"):
         load_corpus(short, eval_fraction=0.1, block_size=32)
     binary = tmp_path / "latin1.txt"
     binary.write_bytes("café ".encode("latin-1") * 100)  # not UTF-8: read as bytes, fine

@@ -1,12 +1,17 @@
 """Text corpora and the deterministic batches every replica trains on.
 
 Corpus
-    A file is read as raw bytes (the tokenizer is byte-level, so any file works,
-    UTF-8 or not). The last ``ceil(len * eval_fraction)`` bytes are held out for
-    evaluation, the rest is the training split; the two are disjoint byte
-    ranges. ``Corpus.sha256`` is the digest of the whole file so an auditor can
-    check that it holds the same data. Without a file, :func:`generated_corpus`
-    makes a small synthetic English-like text from a seed.
+    With the byte tokenizer a file is read as raw bytes (token id = byte, so any
+    file works, UTF-8 or not); with a BPE tokenizer (``model.tokenizer``) it is
+    encoded in memory. The last ``ceil(len * eval_fraction)`` ids are held out
+    for evaluation, the rest is the training split; the two are disjoint ranges.
+    ``Corpus.sha256`` is the digest of the whole file so an auditor can check
+    that it holds the same data. Without a file, :func:`generated_corpus` makes a
+    small synthetic English-like text from a seed. A prepared dataset
+    (``training.data_path`` = its directory, :mod:`training.shards`) is read by
+    memory map instead, its held-out split chosen by its manifest, and its
+    ``sha256`` is the manifest's root; the windows below are drawn from it by the
+    same formulas (``train`` is its ids before ``eval_start``).
 
 Round batches (what an auditor re-executes)
     The batches replica ``r`` trains on in outer round ``t`` depend only on
@@ -18,7 +23,7 @@ Round batches (what an auditor re-executes)
         digest  = sha256(b"dlx-node/round-batches/v1"
                          || u64be(run_seed) || u64be(r) || u64be(t)
                          || u64be(k) || u64be(b))
-        n_start = len(train) - block_size           # valid window starts
+        n_start = len(train) - block_size           # valid window starts (train in ids)
         offset  = int.from_bytes(digest[:8], "big") % n_start
         x[k][b] = train[offset     : offset + block_size]
         y[k][b] = train[offset + 1 : offset + block_size + 1]
@@ -42,12 +47,16 @@ import math
 import os
 import random
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from training.config import ModelConfig, TrainingConfig
 from training.errors import DataError
+from training.shards import MANIFEST_NAME, ShardedCorpus, is_dataset, open_dataset
+from training.tokenizer import Tokenizer, check_vocab, encode_bytes, load_tokenizer, tokenizer_reference
 
 logger = logging.getLogger(__name__)
 
@@ -57,16 +66,52 @@ _U64_MAX = 2**64 - 1
 
 @dataclass(frozen=True)
 class Corpus:
-    """A byte corpus split into a training part and a held-out tail."""
+    """A corpus in memory split into a training part and a held-out tail.
 
-    train: torch.Tensor  # uint8, 1-D
-    eval: torch.Tensor  # uint8, 1-D, the bytes after ``train``
+    Every corpus kind (this one, :class:`training.shards.ShardedCorpus`) answers
+    ``split_tokens(name)`` and ``windows(name, starts, block_size)`` for the
+    splits "train" and "eval", and has ``source`` and ``sha256``; the batch
+    functions below use nothing else.
+    """
+
+    train: torch.Tensor  # token ids, 1-D (uint8 for the byte tokenizer)
+    eval: torch.Tensor  # token ids, 1-D, the ones after ``train``
     source: str  # file path or a description of the generated text
-    sha256: str  # hex digest of the whole corpus (train + eval)
+    sha256: str  # hex digest of the whole text (train + eval)
 
     @property
     def num_bytes(self) -> int:
         return int(self.train.numel() + self.eval.numel())
+
+    def split_tokens(self, name: str) -> int:
+        return int(self._split(name).numel())
+
+    def windows(self, name: str, starts: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and next-token targets (LongTensors ``starts.shape + (block_size,)``) of split ``name``."""
+        return _windows(self._split(name), starts, block_size)
+
+    def _split(self, name: str) -> torch.Tensor:
+        return {"train": self.train, "eval": self.eval}[name]
+
+
+#: Either corpus kind: in memory, or a prepared dataset read by memory map.
+AnyCorpus = Corpus | ShardedCorpus
+
+
+def corpus_from_ids(
+    ids: np.ndarray | torch.Tensor, sha256: str, eval_fraction: float = 0.1, source: str = "<ids>"
+) -> Corpus:
+    """Split token ids into train and a held-out tail of ``ceil(len * eval_fraction)`` ids."""
+    if not 0.0 < eval_fraction < 1.0:
+        raise DataError(f"eval_fraction={eval_fraction}: must be in (0, 1)")
+    tokens = torch.as_tensor(ids)
+    if tokens.numel() == 0:
+        raise DataError(f"{source}: corpus is empty")
+    n_eval = math.ceil(tokens.numel() * eval_fraction)
+    if n_eval >= tokens.numel():
+        raise DataError(f"{source}: {tokens.numel()} tokens is too short to hold out an eval split")
+    split = tokens.numel() - n_eval
+    return Corpus(train=tokens[:split], eval=tokens[split:], source=source, sha256=sha256)
 
 
 def corpus_from_bytes(data: bytes, eval_fraction: float = 0.1, source: str = "<bytes>") -> Corpus:
@@ -88,18 +133,23 @@ def corpus_from_bytes(data: bytes, eval_fraction: float = 0.1, source: str = "<b
     )
 
 
-def load_corpus(path: str | os.PathLike, eval_fraction: float = 0.1, block_size: int | None = None) -> Corpus:
-    """Read a text file as bytes and split it; with ``block_size``, check both splits are long enough."""
+def _read_file(path: str | os.PathLike) -> bytes:
     path = os.fspath(path)
     if not os.path.exists(path):
         raise DataError(f"data file not found: {path}")
     if os.path.isdir(path):
-        raise DataError(f"data path is a directory, not a file: {path}")
+        raise DataError(f"data path is a directory without a {MANIFEST_NAME} (not a prepared dataset): {path}")
     try:
         with open(path, "rb") as handle:
-            data = handle.read()
+            return handle.read()
     except OSError as exc:
         raise DataError(f"cannot read data file {path}: {exc}") from exc
+
+
+def load_corpus(path: str | os.PathLike, eval_fraction: float = 0.1, block_size: int | None = None) -> Corpus:
+    """Read a text file as bytes and split it; with ``block_size``, check both splits are long enough."""
+    path = os.fspath(path)
+    data = _read_file(path)
     corpus = corpus_from_bytes(data, eval_fraction, source=path)
     if block_size is not None:
         check_corpus(corpus, block_size)
@@ -107,12 +157,13 @@ def load_corpus(path: str | os.PathLike, eval_fraction: float = 0.1, block_size:
     return corpus
 
 
-def check_corpus(corpus: Corpus, block_size: int) -> None:
-    """Both splits must hold at least one window of ``block_size + 1`` bytes."""
-    for name, split in (("train", corpus.train), ("eval", corpus.eval)):
-        if split.numel() < block_size + 1:
+def check_corpus(corpus: AnyCorpus, block_size: int) -> None:
+    """Both splits must hold at least one window of ``block_size + 1`` tokens."""
+    for name in ("train", "eval"):
+        size = corpus.split_tokens(name)
+        if size < block_size + 1:
             raise DataError(
-                f"{corpus.source}: {name} split has {split.numel()} bytes, fewer than "
+                f"{corpus.source}: {name} split has {size} tokens, fewer than "
                 f"block_size + 1 = {block_size + 1}; use a longer file or a smaller block_size"
             )
 
@@ -165,13 +216,49 @@ def generated_corpus(seed: int = 0, n_bytes: int = 200_000, eval_fraction: float
     return corpus_from_bytes(text.encode("ascii"), eval_fraction, source=source)
 
 
-def corpus_from_config(training_cfg: TrainingConfig, model_cfg: ModelConfig) -> Corpus:
-    """The corpus of ``training.data_path``, or the generated one (seeded by ``training.seed``) if empty."""
-    if training_cfg.data_path:
-        return load_corpus(training_cfg.data_path, training_cfg.eval_fraction, model_cfg.block_size)
-    corpus = generated_corpus(training_cfg.seed, eval_fraction=training_cfg.eval_fraction)
+def corpus_from_config(
+    training_cfg: TrainingConfig, model_cfg: ModelConfig, tokenizer_dirs: Iterable[str | os.PathLike] = ()
+) -> AnyCorpus:
+    """The corpus of ``training.data_path`` in the ids of ``model.tokenizer``.
+
+    ``data_path`` is a prepared dataset (a directory with a ``manifest.json``,
+    :mod:`training.shards`; its tokenizer must be the model's), a text file
+    (tokenized in memory; with the byte tokenizer, its bytes), or empty: the
+    generated text seeded by ``training.seed``. ``tokenizer_dirs``: where a
+    ``sha256:`` tokenizer reference is looked up.
+    """
+    tokenizer = load_tokenizer(model_cfg.tokenizer, tokenizer_dirs)
+    check_vocab(tokenizer, model_cfg.vocab_size)
+    path = training_cfg.data_path
+    if path and is_dataset(path):
+        corpus: AnyCorpus = open_dataset(path)
+        _check_dataset_fits(corpus, tokenizer, model_cfg)
+    elif path and model_cfg.byte_level:
+        corpus = load_corpus(path, training_cfg.eval_fraction)
+    elif path:
+        data = _read_file(path)
+        corpus = corpus_from_ids(encode_bytes(tokenizer, data), hashlib.sha256(data).hexdigest(),
+                                 training_cfg.eval_fraction, source=path)
+    elif model_cfg.byte_level:
+        corpus = generated_corpus(training_cfg.seed, eval_fraction=training_cfg.eval_fraction)
+    else:
+        data = generated_text(training_cfg.seed).encode("ascii")
+        corpus = corpus_from_ids(encode_bytes(tokenizer, data), hashlib.sha256(data).hexdigest(),
+                                 training_cfg.eval_fraction, source=f"<generated seed={training_cfg.seed}>")
     check_corpus(corpus, model_cfg.block_size)
     return corpus
+
+
+def _check_dataset_fits(corpus: ShardedCorpus, tokenizer: Tokenizer, model_cfg: ModelConfig) -> None:
+    manifest = corpus.manifest
+    if manifest.tokenizer != tokenizer_reference(tokenizer):
+        raise DataError(
+            f"{corpus.source}: prepared with tokenizer {manifest.tokenizer}, but model.tokenizer is "
+            f"{tokenizer_reference(tokenizer)}: set model.tokenizer to the dataset's tokenizer.json"
+        )
+    if manifest.vocab_size > model_cfg.vocab_size:
+        raise DataError(f"{corpus.source}: ids up to {manifest.vocab_size - 1}, model.vocab_size={model_cfg.vocab_size}:"
+                        f" set model.vocab_size = {manifest.vocab_size}")
 
 
 def window_offsets(
@@ -203,7 +290,7 @@ def _windows(split: torch.Tensor, starts: torch.Tensor, block_size: int) -> tupl
 
 
 def round_batches(
-    corpus: Corpus,
+    corpus: AnyCorpus,
     run_seed: int,
     replica: int,
     round: int,
@@ -213,21 +300,21 @@ def round_batches(
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The ``inner_steps`` training batches ``(x, y)`` (LongTensors (B, T)) of ``replica`` in ``round``."""
     check_corpus(corpus, block_size)
-    n_start = int(corpus.train.numel()) - block_size
+    n_start = corpus.split_tokens("train") - block_size
     offsets = torch.tensor(window_offsets(run_seed, replica, round, inner_steps, batch_size, n_start))
-    xs, ys = _windows(corpus.train, offsets, block_size)
+    xs, ys = corpus.windows("train", offsets, block_size)
     return [(xs[step], ys[step]) for step in range(inner_steps)]
 
 
 def eval_batches(
-    corpus: Corpus, n: int, batch_size: int, block_size: int
+    corpus: AnyCorpus, n: int, batch_size: int, block_size: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``n`` fixed held-out batches ``(x, y)``: evenly spaced windows of the eval split."""
     check_corpus(corpus, block_size)
     if n < 1 or batch_size < 1:
         raise DataError(f"n={n}, batch_size={batch_size}: both must be >= 1")
-    n_start = int(corpus.eval.numel()) - block_size
+    n_start = corpus.split_tokens("eval") - block_size
     total = n * batch_size
     starts = torch.tensor([(j * n_start) // total for j in range(total)]).view(n, batch_size)
-    xs, ys = _windows(corpus.eval, starts, block_size)
+    xs, ys = corpus.windows("eval", starts, block_size)
     return [(xs[i], ys[i]) for i in range(n)]

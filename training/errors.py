@@ -89,3 +89,14 @@ class ContributionNonFiniteError(ContributionDecodeError):
 
 class ContributionCodecRefused(ContributionDecodeError):
     """A contribution uses a codec the run forbids (``raw`` on a non-empty tensor in a compressed run)."""
+
+
+# --- Tokenizers and prepared datasets (training/tokenizer.py, training/shards.py) ---
+
+
+class TokenizerError(TrainingError, ValueError):
+    """A tokenizer file is missing, malformed, not the one the run names, or does not fit the model."""
+
+
+class ShardError(DataError):
+    """A prepared dataset's manifest or shard is malformed, truncated, or not the one the manifest names."""

@@ -80,14 +80,13 @@ def screening_batch(
     every node and for the auditor).
     """
     check_corpus(corpus, block_size)
-    n_start = int(corpus.eval.numel()) - block_size
+    n_start = corpus.split_tokens("eval") - block_size
     starts = torch.tensor(screening_offsets(run_seed, outer_round, batch_size, n_start))
-    windows = corpus.eval[starts.unsqueeze(-1) + torch.arange(block_size + 1)].long()
-    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+    return corpus.windows("eval", starts, block_size)
 
 
 def model_loss_fn(model_cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor) -> LossFn:
-    """``weights -> mean cross-entropy of the full GPT on (x, y)``, evaluated in float64 (no grad, eval mode)."""
+    """``weights -> mean cross-entropy of the full model on (x, y)``, evaluated in float64 (no grad, eval mode)."""
     model = GPT(model_cfg, seed=None).to(torch.float64).eval()
 
     def loss(weights: Mapping[str, torch.Tensor]) -> float:

@@ -1,8 +1,8 @@
-"""Splitting a GPT into pipeline stages, as plain data.
+"""Splitting a model (of any family) into pipeline stages, as plain data.
 
 :func:`split_stages` is a pure function: it decides which contiguous blocks each
 of ``num_stages`` stages holds, with the embeddings in the first stage and the
-final LayerNorm plus LM head in the last. Blocks are balanced: every stage gets
+final norm plus LM head in the last. Blocks are balanced: every stage gets
 ``n_layer // num_stages`` blocks and the first ``n_layer % num_stages`` stages
 one more.
 
@@ -21,6 +21,7 @@ import torch
 from training.config import ModelConfig
 from training.errors import StageSplitError, StateDictError
 from training.model import (
+    FAMILIES,
     TransformerSlice,
     block_param_shapes,
     embedding_param_shapes,
@@ -38,8 +39,8 @@ class StageSpec:
     num_stages: int
     layer_start: int
     layer_end: int
-    has_embeddings: bool  # first stage: wte, wpe
-    has_head: bool  # last stage: ln_f, lm_head
+    has_embeddings: bool  # first stage: wte, wpe (GPT-2); embed_tokens (Llama)
+    has_head: bool  # last stage: final norm, lm_head
 
     @property
     def num_layers(self) -> int:
@@ -116,7 +117,7 @@ def _check_spec(cfg: ModelConfig, spec: StageSpec) -> None:
 
 
 class StageModule(TransformerSlice):
-    """One pipeline stage of a GPT.
+    """One pipeline stage of a model.
 
     Forward: the first stage maps token ids (B, T) to hidden states (B, T, C),
     a middle stage hidden -> hidden, the last hidden -> logits (B, T, vocab),
@@ -170,13 +171,15 @@ def split_state_dict(
 
 
 def _name_in_stage(name: str, spec: StageSpec) -> bool:
-    if name.startswith(("transformer.wte.", "transformer.wpe.")):
-        return spec.has_embeddings
-    if name.startswith(("transformer.ln_f.", "lm_head.")):
-        return spec.has_head
-    if name.startswith("transformer.h."):
-        layer = int(name.split(".")[2])
-        return spec.layer_start <= layer < spec.layer_end
+    # Families name their trunks apart ("transformer." / "model."), so the name alone says where it goes.
+    for family in FAMILIES.values():
+        location = family.param_location(name)
+        if location == "embeddings":
+            return spec.has_embeddings
+        if location == "head":
+            return spec.has_head
+        if isinstance(location, int):
+            return spec.layer_start <= location < spec.layer_end
     return False
 
 

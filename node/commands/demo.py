@@ -71,17 +71,36 @@ class _Signals:
 #: The demo's quorum fraction of the members in force, in basis points (its floor is --attest-quorum).
 DEMO_QUORUM_BPS = 5000
 
+
+def _dataset_model_settings(directory: Path) -> list[str]:
+    """The model settings a prepared dataset (``dlx-node data prepare``) needs: its vocabulary and tokenizer."""
+    from training.errors import ShardError
+    from training.shards import TOKENIZER_NAME, read_manifest
+
+    try:
+        _, manifest = read_manifest(directory)
+    except ShardError as exc:
+        raise ConfigError(f"--data {directory}: {exc}") from None
+    settings = [f"model.vocab_size={manifest.vocab_size}"]
+    if manifest.tokenizer != "bytes":
+        settings.append(f"model.tokenizer={directory / TOKENIZER_NAME}")
+    return settings
+
+
 def run_demo(args: argparse.Namespace) -> int:
     if args.replicas < 1 or args.stages < 1 or args.rounds < 1 or args.inner_steps < 1:
         raise ConfigError("--replicas, --stages, --rounds and --inner-steps must all be >= 1")
-    data = ""
+    data, model_settings = "", []
     if args.data:
         path = Path(args.data).expanduser().resolve()
-        if not path.is_file():
-            raise ConfigError(f"--data {args.data}: no such file")
+        if path.is_dir():
+            model_settings = _dataset_model_settings(path)
+        elif not path.is_file():
+            raise ConfigError(f"--data {args.data}: no such file or prepared dataset directory")
         data = str(path)
     settings = [f"model.preset={args.preset}", f"rounds={args.rounds}", f"diloco.inner_steps={args.inner_steps}",
-                f"checkpoint_every={args.checkpoint_every}", f"training.data_path={data}", "round_timeout=120"]
+                f"checkpoint_every={args.checkpoint_every}", f"training.data_path={data}", "round_timeout=120",
+                *model_settings]
     load_config(None, settings + [f"pipeline.num_stages={args.stages}", f"diloco.num_replicas={args.replicas}"])
     out = Path(args.out).resolve()
     if out.exists() and any(out.iterdir()):

@@ -134,8 +134,15 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return run_pull(args)
 
 
+def cmd_data(args: argparse.Namespace) -> int:
+    from node.commands.data import run_prepare
+
+    return run_prepare(args)
+
+
 #: The subcommands by name (node.cli parses the arguments and calls one of these).
 COMMANDS = {
+    "data": cmd_data,
     "init": cmd_init,
     "start": cmd_start,
     "join": cmd_join,

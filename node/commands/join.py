@@ -10,7 +10,10 @@ From a run link (``dlx://<chain_id>/<ledger>/<run_id>?rpc=<url>&peer=<multiaddr>
    any peer can serve it and none can forge it; it is checked against the hash and against the
    run's on-chain stage count and inner steps;
 3. writes ``node.toml`` in the data directory: the run document's settings exactly, the chain
-   and the peers from the link, a cluster of its own (one node holding every stage);
+   and the peers from the link, a cluster of its own (one node holding every stage), and the
+   run's data and tokenizer as local files checked against the document (:func:`run_inputs`:
+   ``--data`` a text file or prepared dataset, ``--tokenizer`` or the dataset's or a peer's
+   tokenizer.json);
 4. registers the node's key and stakes into the run if needed, after asking (``--yes`` agrees
    beforehand; without a terminal to ask on it refuses rather than spend silently);
 5. starts the node, as ``dlx-node start --config <data-dir>/node.toml`` would (``--no-start``
@@ -36,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 #: A run document is a few hundred bytes of JSON; a peer offering more is not offering one.
 MAX_RUN_DOCUMENT_BYTES = 64 * 1024
+MAX_TOKENIZER_BYTES = 64 * 1024 * 1024  # a tokenizer.json of a 256k vocabulary is ~20 MB
+TOKENIZER_DIR = "tokenizers"  # <data_dir>/tokenizers/<sha256>.json, as node/tools/hf_export.py looks for it
 FETCH_TIMEOUT_S = 60.0
 
 
@@ -64,13 +69,13 @@ def link_from_args(args: argparse.Namespace) -> RunLink:
 
 
 # ---------------------------------------------------------------------- the run document
-def fetch_run_document(peers: tuple[str, ...], config_hash: bytes, workdir: Path,
-                       timeout: float = FETCH_TIMEOUT_S) -> bytes:
-    """The run document whose sha256 is ``config_hash``, from ``peers`` over ``/dlx/blob/1.0.0``.
+def fetch_blob(peers: tuple[str, ...], hash_hex: str, workdir: Path, max_bytes: int, what: str,
+               timeout: float = FETCH_TIMEOUT_S) -> bytes:
+    """The blob whose sha256 is ``hash_hex`` (``what``, for messages), from ``peers`` over ``/dlx/blob/1.0.0``.
 
     A short-lived host with a throwaway identity (the node's own starts later, with its own
-    connections) and a blob size limit that fits a run document, so a peer that offers gigabytes
-    under that hash is refused from the reply header, before any byte is written.
+    connections) and a blob size limit of ``max_bytes``, so a peer that offers gigabytes under that
+    hash is refused from the reply header, before any byte is written.
     """
     from p2p.config import P2PConfig
     from p2p.errors import P2PError
@@ -79,8 +84,8 @@ def fetch_run_document(peers: tuple[str, ...], config_hash: bytes, workdir: Path
 
     loopback = all(p.startswith(("/ip4/127.", "/dns4/localhost")) for p in peers)
     config = P2PConfig(listen_host="127.0.0.1" if loopback else "0.0.0.0", listen_port=0,
-                       gossip_resync_interval=0, max_blob_bytes=MAX_RUN_DOCUMENT_BYTES)
-    staging = Path(tempfile.mkdtemp(prefix=".run-document-", dir=workdir))
+                       gossip_resync_interval=0, max_blob_bytes=max_bytes)
+    staging = Path(tempfile.mkdtemp(prefix=".join-fetch-", dir=workdir))
     host = P2PHost.start(config, Identity.generate(), data_dir=staging)
     try:
         reached, failures = [], []
@@ -93,17 +98,87 @@ def fetch_run_document(peers: tuple[str, ...], config_hash: bytes, workdir: Path
             raise NodeError(f"no peer of the run is reachable ({'; '.join(failures)}): check the peer "
                             "multiaddrs and that this machine can reach them")
         try:
-            path = host.fetch_blob(config_hash.hex(), staging / "run.json", providers=reached, timeout=timeout)
+            path = host.fetch_blob(hash_hex, staging / "blob", providers=reached, timeout=timeout)
         except P2PError as exc:
-            raise NodeError(f"the run document {config_hash.hex()[:16]} (the run's configHash) could not be "
-                            f"fetched from {len(reached)} peer(s): {exc}") from None
+            raise NodeError(f"{what} {hash_hex[:16]} could not be fetched from {len(reached)} peer(s): {exc}") from None
         data = path.read_bytes()
     finally:
         host.close()
         shutil.rmtree(staging, ignore_errors=True)
-    if hashlib.sha256(data).digest() != config_hash:  # the blob protocol checked it; a second look costs nothing
-        raise NodeError("the run document fetched does not hash to the run's configHash")
+    if hashlib.sha256(data).hexdigest() != hash_hex:  # the blob protocol checked it; a second look costs nothing
+        raise NodeError(f"the {what} fetched does not hash to {hash_hex[:16]}")
     return data
+
+
+def fetch_run_document(peers: tuple[str, ...], config_hash: bytes, workdir: Path,
+                       timeout: float = FETCH_TIMEOUT_S) -> bytes:
+    """The run document whose sha256 is ``config_hash`` (the chain's), from ``peers``: every node serves it."""
+    return fetch_blob(peers, config_hash.hex(), workdir, MAX_RUN_DOCUMENT_BYTES,
+                      "the run document (the run's configHash)", timeout)
+
+
+def run_inputs(document: dict, data: str, tokenizer: str, data_dir: Path,
+               peers: tuple[str, ...] = ()) -> tuple[str, str]:
+    """The training data path and tokenizer a joiner's node.toml names, each checked against the run document.
+
+    ``training.data_sha256`` of the document: "generated" (no file), a text file's sha256 (``data`` must
+    hash to it), or ``manifest:<root>`` (``data`` must be a prepared dataset with that root; every shard is
+    checked). ``model.tokenizer``: "bytes", or ``sha256:<hex>``, whose file is taken from ``tokenizer``,
+    else the dataset's ``tokenizer.json``, else fetched from ``peers`` (a node that serves its tokenizer
+    as a blob), refused unless it hashes to ``<hex>``, and kept as ``<data_dir>/tokenizers/<hex>.json``.
+    Returns (data path or "", tokenizer: "bytes" or the kept file's path).
+    """
+    from node.runconfig import file_sha256
+    from training.errors import ShardError, TokenizerError
+    from training.shards import ROOT_PREFIX, TOKENIZER_NAME, is_dataset, open_dataset
+    from training.tokenizer import parse_reference
+
+    data_path = ""
+    wanted = document.get("training", {}).get("data_sha256")
+    if wanted != "generated":
+        kind = "prepared dataset (a directory)" if str(wanted).startswith(ROOT_PREFIX) else "text file"
+        if not data:
+            raise ConfigError(f"the run trains on a {kind} with {wanted}: pass --data with it (the run's "
+                              "operator can give it to you)")
+        path = Path(data).expanduser()
+        if str(wanted).startswith(ROOT_PREFIX):
+            if not is_dataset(path):
+                raise ConfigError(f"--data {data}: the run trains on a prepared dataset ({wanted}); this is not one")
+            try:
+                open_dataset(path, expected_root=str(wanted)[len(ROOT_PREFIX):])
+            except ShardError as exc:
+                raise ConfigError(f"--data {data}: {exc}") from None
+        else:
+            got = file_sha256(path)
+            if got != wanted:
+                raise ConfigError(f"--data {data}: sha256 {got}, the run's text has {wanted}")
+        data_path = str(path.resolve())
+    reference = document.get("model", {}).get("tokenizer", "bytes")
+    try:
+        digest = parse_reference(reference)
+    except TokenizerError as exc:
+        raise ConfigError(f"the run document's model.tokenizer: {exc}") from None
+    if digest is None:
+        return data_path, "bytes"
+    candidates = [Path(tokenizer).expanduser()] if tokenizer else []
+    if data_path and Path(data_path).is_dir():
+        candidates.append(Path(data_path) / TOKENIZER_NAME)
+    content = None
+    for candidate in candidates:
+        if candidate.is_file() and file_sha256(candidate) == digest:
+            content = candidate.read_bytes()
+            break
+        if tokenizer and candidate == candidates[0]:
+            raise ConfigError(f"--tokenizer {tokenizer}: not the run's tokenizer (sha256:{digest})")
+    if content is None:
+        if not peers:
+            raise ConfigError(f"the run's tokenizer is sha256:{digest}: pass --tokenizer FILE with it")
+        data_dir.mkdir(parents=True, exist_ok=True)
+        content = fetch_blob(peers, digest, data_dir, MAX_TOKENIZER_BYTES, "the run's tokenizer")
+    kept = data_dir / TOKENIZER_DIR / f"{digest}.json"
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    kept.write_bytes(content)
+    return data_path, str(kept.resolve())
 
 
 def check_document_against_run(document: dict, info) -> None:
@@ -179,21 +254,11 @@ def _connect(link: RunLink, data_dir: Path, args: argparse.Namespace):
 
 
 def _node_settings(link: RunLink, chain: _Chain, document: dict, data_dir: Path, identity,
-                   args: argparse.Namespace, ledger_cfg: dict) -> tuple[str, dict]:
-    """The training text's path and the node.toml fields besides the run document's: this machine's
-    (data directory, cluster, listen address, peers, account) and the run's node settings."""
-    from node.runconfig import file_sha256
-
-    data_path = ""
-    wanted = document.get("training", {}).get("data_sha256")
-    if wanted != "generated":
-        if not args.data:
-            raise ConfigError(f"the run trains on a text file with sha256 {wanted}: pass --data FILE with "
-                              "that file (the run's operator can give it to you)")
-        got = file_sha256(Path(args.data).expanduser())
-        if got != wanted:
-            raise ConfigError(f"--data {args.data}: sha256 {got}, the run's text has {wanted}")
-        data_path = str(Path(args.data).expanduser().resolve())
+                   args: argparse.Namespace, ledger_cfg: dict) -> tuple[str, str, dict]:
+    """The training data's path, the tokenizer's (:func:`run_inputs`) and the node.toml fields besides the
+    run document's: this machine's (data directory, cluster, listen address, peers, account) and the run's
+    node settings."""
+    data_path, tokenizer = run_inputs(document, args.data, getattr(args, "tokenizer", ""), data_dir, link.peers)
     checkpoint_every = link.settings.get("checkpoint_every")
     if checkpoint_every is None:
         history = chain.client.history(link.run_id, with_registrations=False)
@@ -205,7 +270,7 @@ def _node_settings(link: RunLink, chain: _Chain, document: dict, data_dir: Path,
     loopback = all(p.startswith(("/ip4/127.", "/dns4/localhost")) for p in link.peers)
     listen_host = args.listen_host or ("127.0.0.1" if loopback else "0.0.0.0")
     cluster = args.cluster or f"join-{identity.peer_id[-8:]}"
-    return data_path, {
+    return data_path, tokenizer, {
         "data_dir": str(data_dir.resolve()), "cluster": cluster, "cluster_size": 1,
         "rounds": chain.info.max_rounds, "checkpoint_every": checkpoint_every or 1,
         "p2p": {"listen_host": listen_host, "listen_port": args.listen_port, "bootstrap": list(link.peers)},
@@ -277,9 +342,10 @@ def run_join(args: argparse.Namespace) -> int:
     print(f"run document {info.config_hash.hex()[:16]} fetched from the run's peers and checked against the "
           f"chain: model {document['model'].get('n_layer')} layers x {document['model'].get('n_embd')}, "
           f"{document['diloco'].get('num_replicas')} replicas")
-    data_path, settings = _node_settings(link, chain, document, data_dir, identity, args, ledger_cfg)
+    data_path, tokenizer, settings = _node_settings(link, chain, document, data_dir, identity, args, ledger_cfg)
     table = node_config_from_run(document, **settings).to_dict()
     table["training"]["data_path"] = data_path
+    table["model"]["tokenizer"] = tokenizer  # a local file hashes to the document's sha256:<hex>
     table = merge_tables(table, parse_overrides(args.overrides))
     cfg = config_from_dict(table)
     if config_hash(run_document(cfg)) != info.config_hash:

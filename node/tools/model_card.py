@@ -5,9 +5,10 @@ carries the provenance an agent developer needs to trust or re-check the weights
 run, round, weights root, checkpoint content hash, the members whose signatures committed the round,
 and the commands that audit the run and pull the same checkpoint again.
 
-``generation_config.json`` pins the special token ids and ``max_length`` to the model's context
-(``n_positions``): GPT-2 has one learned position embedding per position, and a sequence longer than
-the context indexes past that table (``IndexError`` in ``wpe``). With this file ``generate()`` called
+``generation_config.json`` pins the special token ids (the tokenizer's end of text; byte 0 for the byte
+tokenizer) and ``max_length`` to the model's context (``n_positions``): GPT-2 has one learned position
+embedding per position, and a sequence longer than the context indexes past that table (``IndexError``
+in ``wpe``); Llama's rotary positions have no table, but it never trained beyond its context. With this file ``generate()`` called
 without a length stops at the context. An explicit ``max_new_tokens`` still takes precedence in
 transformers (``GenerationMixin._prepare_generated_length``), so the card says to keep prompt + new
 tokens within the context, and ``custom_generate/generate.py`` (loaded only with
@@ -21,7 +22,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-END_OF_TEXT_ID = 0  # training.export: byte 0 stands in for <|endoftext|>
+END_OF_TEXT_ID = 0  # training.export: byte 0 stands in for <|endoftext|> with the byte tokenizer
+BYTE_TOKENIZER = "byte-level tokenizer, token id = byte value"
 
 #: A sliding-window generate (nanoGPT's ``idx[:, -block_size:]``), as transformers' custom_generate hook
 #: wants it: ``generate(model, input_ids, ...)``. Written by dlx-node, not by a peer; runs only with
@@ -29,7 +31,7 @@ END_OF_TEXT_ID = 0  # training.export: byte 0 stands in for <|endoftext|>
 SLIDING_GENERATE = '''"""Greedy or sampled generation that never feeds the model more than its context (written by dlx-node pull).
 
 Load with AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True) and call model.generate as
-usual: every step feeds only the last n_positions tokens, so any max_new_tokens works.
+usual: every step feeds only the last n_positions (max_position_embeddings) tokens, so any max_new_tokens works.
 """
 
 import torch
@@ -37,7 +39,7 @@ import torch
 
 def generate(model, input_ids=None, max_new_tokens=20, do_sample=False, temperature=1.0, top_k=None,
              attention_mask=None, **kwargs):
-    context = model.config.n_positions
+    context = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
     if input_ids is None:
         input_ids = torch.full((1, 1), model.config.bos_token_id, dtype=torch.long, device=model.device)
     ids = input_ids
@@ -58,15 +60,32 @@ def generate(model, input_ids=None, max_new_tokens=20, do_sample=False, temperat
 '''
 
 
-def generation_config(block_size: int) -> dict[str, Any]:
-    """``generation_config.json``: the byte vocabulary's special id and the context as ``max_length``."""
+def generation_config(block_size: int, special_token_id: int = END_OF_TEXT_ID) -> dict[str, Any]:
+    """``generation_config.json``: the tokenizer's end-of-text id and the context as ``max_length``."""
     return {
-        "bos_token_id": END_OF_TEXT_ID,
-        "eos_token_id": END_OF_TEXT_ID,
-        "pad_token_id": END_OF_TEXT_ID,
+        "bos_token_id": special_token_id,
+        "eos_token_id": special_token_id,
+        "pad_token_id": special_token_id,
         "max_length": block_size,
         "do_sample": False,
     }
+
+
+_FAMILY_NAMES = {"gpt2": "GPT-2-shaped", "llama": "Llama-architecture (RMSNorm, rotary positions, SwiGLU, "
+                 "grouped-query attention)"}
+
+
+def _context_note(family: str, block: int) -> str:
+    if family == "gpt2":
+        limit = (f"The model has one learned position embedding per position, {block} in all: a prompt plus new "
+                 f"tokens longer than {block} does not fit.")
+    else:
+        limit = (f"The model was trained on windows of {block} tokens; its rotary positions go further, but "
+                 "what it writes beyond them is untrained.")
+    return (f"{limit} `generation_config.json` makes `generate()` without a length stop at {block} tokens; an "
+            "explicit `max_new_tokens` takes precedence in transformers. For longer text, load with "
+            "`trust_remote_code=True`: `custom_generate/generate.py` (written by dlx-node, nanoGPT's sliding "
+            f"window) then feeds the model only the last {block} tokens at every step.")
 
 
 def model_card(provenance: dict[str, Any], model: dict[str, Any], rpc_url: str = "", peers: list[str] = ()) -> str:
@@ -76,12 +95,13 @@ def model_card(provenance: dict[str, Any], model: dict[str, Any], rpc_url: str =
     peer_args = " ".join(f"--bootstrap {peer}" for peer in peers) or "--bootstrap <multiaddr of a node of the run>"
     attesters = p.get("attesters") or []
     block = model["block_size"]
+    family = model.get("family", "gpt2")
     front = [
         "---",
         "library_name: transformers",
         "pipeline_tag: text-generation",
         "tags:",
-        "- gpt2",
+        f"- {family}",
         "- dlx-node",
         "- diloco",
         "- decentralized-training",
@@ -111,9 +131,11 @@ def model_card(provenance: dict[str, Any], model: dict[str, Any], rpc_url: str =
     body = [
         f"# dlx-node run {p['run_id']}, round {p['round']}",
         "",
-        f"A GPT-2-shaped language model ({model['params']:,} parameters: {model['n_layer']} layers, "
-        f"{model['n_embd']} wide, {model['n_head']} heads; context {block} tokens; byte-level tokenizer, "
-        "token id = byte value) trained with DiLoCoX by the members of a dlx-node run. `dlx-node pull` "
+        f"A {_FAMILY_NAMES.get(family, family)} language model ({model['params']:,} parameters: "
+        f"{model['n_layer']} layers, {model['n_embd']} wide, {model['n_head']} heads"
+        + (f" / {model['n_kv_head']} key-value heads" if "n_kv_head" in model else "")
+        + f"; context {block} tokens; {model.get('tokenizer', BYTE_TOKENIZER)}) trained with DiLoCoX by the "
+        "members of a dlx-node run. `dlx-node pull` "
         "downloaded the checkpoint that the round's on-chain record publishes, and wrote this directory only "
         "after checking that the file hashes to the record's checkpoint hash and its weights to the record's "
         "weights root, and that the record was signed by the run's quorum of staked members and not disputed.",
@@ -147,11 +169,7 @@ def model_card(provenance: dict[str, Any], model: dict[str, Any], rpc_url: str =
         "print(tok.decode(out[0]))",
         "```",
         "",
-        f"The model has one learned position embedding per position, {block} in all: a prompt plus new "
-        f"tokens longer than {block} does not fit. `generation_config.json` makes `generate()` without a "
-        f"length stop at {block} tokens; an explicit `max_new_tokens` takes precedence in transformers. For "
-        "longer text, load with `trust_remote_code=True`: `custom_generate/generate.py` (written by dlx-node, "
-        f"nanoGPT's sliding window) then feeds the model only the last {block} tokens at every step.",
+        _context_note(family, block),
         "",
         "## Limitations",
         "",
@@ -167,7 +185,9 @@ def write_model_extras(out: Path, provenance: dict[str, Any], model: dict[str, A
     """Write README.md, generation_config.json and custom_generate/ into the export directory ``out``
     (before it is moved into place), and give every file mode 0644, directories 0755."""
     (out / "README.md").write_text(model_card(provenance, model, rpc_url, peers), encoding="utf-8")
-    (out / "generation_config.json").write_text(json.dumps(generation_config(model["block_size"]), indent=2) + "\n")
+    special = model.get("special_token_id", END_OF_TEXT_ID)
+    (out / "generation_config.json").write_text(
+        json.dumps(generation_config(model["block_size"], special), indent=2) + "\n")
     (out / "custom_generate").mkdir(exist_ok=True)
     (out / "custom_generate" / "generate.py").write_text(SLIDING_GENERATE)
     for path in [out, *out.rglob("*")]:

@@ -18,7 +18,7 @@ hash to the record's ``weightsRoot`` (:class:`node.errors.CheckpointInconsistent
 next older trusted checkpoint is then tried). Without the run document nothing is installed
 (:class:`node.errors.RunDocumentMissing`). The exported config is the run document's, never the file's. Anything else is refused: a download is deleted, nothing is written to ``OUT_DIR``, and the message
 names the check that failed. The accepted weights are exported with :func:`training.export.export_hf` as a
-Hugging Face GPT-2 directory with its byte-level tokenizer.
+Hugging Face directory of the model's family with the run's tokenizer (:mod:`node.tools.hf_export`).
 
 The bytes come through the evidence layer shared with ``dlx-node audit`` (:mod:`node.tools.evidence`).
 """
@@ -378,7 +378,10 @@ def pull_checkpoint(
         "registry": client.registry_address,
         "config_hash": ckpt.config_hash.hex(),
     }
-    _write_model_dir(ckpt.weights, model_cfg, out, provenance, rpc_url, list(peers))
+    from node.tools.hf_export import find_tokenizer
+
+    tokenizer = find_tokenizer(model_cfg.tokenizer, archives, fetcher)  # the run's, checked by its hash
+    _write_model_dir(ckpt.weights, model_cfg, out, provenance, rpc_url, list(peers), tokenizer)
     logger.info(
         "checkpoint of round %d (%s, %d bytes, from %s) exported to %s",
         commit.round,
@@ -413,29 +416,10 @@ def _members_since(history: Any, record: Any) -> dict[str, int]:
 
 
 def _write_model_dir(weights: Any, model_cfg: Any, out: Path, provenance: dict, rpc_url: str,
-                     peers: list[str]) -> None:
-    """Export, add the provenance, model card and generation config, then move the directory into place
-    (one rename: a crash leaves no half-written ``out``)."""
-    import os
+                     peers: list[str], tokenizer: Any = None) -> None:
+    from node.tools.hf_export import write_model_dir  # the export, tokenizer and card (node/tools/hf_export.py)
 
-    from node.fsutil import atomic_write_json
-    from node.tools.model_card import write_model_extras
-    from training.export import export_hf
-    from training.model import count_params
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.pull-", dir=out.parent))
-    try:
-        model_dir = export_hf(weights, model_cfg, staging / "model")
-        atomic_write_json(model_dir / "dlx_provenance.json", provenance)
-        model = {"params": count_params(model_cfg), "n_layer": model_cfg.n_layer, "n_embd": model_cfg.n_embd,
-                 "n_head": model_cfg.n_head, "block_size": model_cfg.block_size}
-        write_model_extras(model_dir, provenance, model, rpc_url, peers)
-        if out.exists():
-            out.rmdir()  # empty (checked before anything was fetched)
-        os.replace(model_dir, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    write_model_dir(weights, model_cfg, out, provenance, rpc_url, peers, tokenizer)
 
 
 def run_pull(args: Any) -> int:

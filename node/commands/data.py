@@ -1,0 +1,114 @@
+"""``dlx-node data prepare``: tokenizer training, sharding and the manifest (training/prepare.py) with a progress bar.
+
+On a terminal a ``rich`` progress bar shows bytes read, rate and time left; elsewhere (logs, pipes) the
+command prints only its summary. The summary ends with the ``node.toml`` lines that train on the dataset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from node.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+class _Progress:
+    """A rich progress bar over input bytes when stderr is a terminal; nothing otherwise."""
+
+    def __init__(self, description: str, enabled: bool) -> None:
+        self._bar = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+
+            self._bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                                 TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
+                                 transient=True)
+            self._task = self._bar.add_task(description, total=None)
+            self._bar.start()
+
+    def __call__(self, done: int, total: int) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done, total=total)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    """Train a tokenizer if asked, write the shards and manifest, print the settings that use them."""
+    from training.prepare import prepare_dataset, train_tokenizer
+    from training.shards import DEFAULT_SHARD_TOKENS
+    from training.tokenizer import load_tokenizer
+
+    out = Path(args.out).expanduser()
+    interactive = sys.stderr.isatty() and not args.no_progress
+    started = time.monotonic()
+    if args.train_tokenizer:
+        if args.tokenizer != "bytes":
+            raise ConfigError("--train-tokenizer and --tokenizer exclude each other: give one")
+        if not args.vocab_size:
+            raise ConfigError("--train-tokenizer needs --vocab-size N (e.g. 8192)")
+        if interactive:
+            print(f"training a byte-level BPE of {args.vocab_size} tokens on {len(args.inputs)} input(s)...",
+                  file=sys.stderr)
+        tokenizer = train_tokenizer(args.inputs, args.vocab_size, args.text_field)
+    else:
+        tokenizer = load_tokenizer(args.tokenizer)
+    progress = _Progress(f"preparing {out.name}", interactive)
+    try:
+        manifest = prepare_dataset(
+            args.inputs, out, tokenizer, eval_inputs=args.eval_input, eval_fraction=args.eval_fraction,
+            text_field=args.text_field, shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS, progress=progress,
+        )
+    finally:
+        progress.close()
+    held_out = manifest.num_tokens - manifest.eval_start
+    print(f"prepared {out} in {time.monotonic() - started:.1f}s: {len(manifest.shards)} shard(s) of "
+          f"{manifest.dtype} ids, {manifest.num_tokens:,} tokens ({held_out:,} held out), vocabulary "
+          f"{manifest.vocab_size:,}")
+    print(f"dataset root {manifest.root} (the run document names it as manifest:<root>)")
+    print("train on it with these node.toml settings:")
+    print("[model]")
+    if manifest.tokenizer != "bytes":
+        print(f'tokenizer = "{(out / "tokenizer.json").resolve()}"')
+    print(f"vocab_size = {manifest.vocab_size}")
+    print("[training]")
+    print(f'data_path = "{out.resolve()}"')
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """``dlx-node data prepare ...`` (registered by node.cli)."""
+    data = sub.add_parser("data", help="prepare a dataset: tokenizer, shards of token ids, manifest")
+    actions = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    p = actions.add_parser("prepare", help="tokenize text / JSON lines / Parquet files into shards and a manifest")
+    p.add_argument("inputs", nargs="+", metavar="INPUT",
+                   help="text files (one document each), .jsonl files (a field per line), .parquet files "
+                        "(a column; needs pyarrow)")
+    p.add_argument("--out", required=True, help="the dataset directory to create (new or empty)")
+    p.add_argument("--tokenizer", default="bytes",
+                   help="'bytes' (token id = byte value) or a Hugging Face tokenizer.json (default: bytes)")
+    p.add_argument("--train-tokenizer", action="store_true",
+                   help="train a byte-level BPE on the inputs first (with --vocab-size)")
+    p.add_argument("--vocab-size", type=int, default=0, help="vocabulary of the trained tokenizer, e.g. 8192")
+    p.add_argument("--text-field", default="text", help="field of a JSON line / Parquet column holding the text")
+    p.add_argument("--eval-input", action="append", default=[], metavar="FILE",
+                   help="hold out this file's documents (repeatable); default: the tail of the inputs")
+    p.add_argument("--eval-fraction", type=float, default=0.1,
+                   help="share of the tokens held out at the end when no --eval-input is given (default 0.1)")
+    p.add_argument("--shard-tokens", type=int, default=0,
+                   help="token ids per shard (default 16,777,216: 32 MiB of uint16 ids)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")

@@ -1,0 +1,81 @@
+"""The run document with model families and tokenizers: GPT-2 runs keep their hashes, Llama runs pin theirs."""
+
+import hashlib
+
+import pytest
+
+from node.config import load_config
+from node.errors import ConfigError
+from node.runconfig import config_hash, node_config_from_run, run_document
+from training.errors import TrainingConfigError
+
+#: configHash of byte-level GPT-2 run documents, computed before model families existed (commit 57e253c).
+GPT2_HASHES = [
+    ([], "4793715b0970f4f70ae421d7de4571ac5b90a35c9f0fa45f00d3692ee4c3bcee"),
+    (["model.preset=mini", "diloco.inner_steps=20", "compression.encoder=v4"],
+     "5865b681797d905a0c3d5100379b89dd73000c85c07398ef35e374d1f6342815"),
+    (["model.preset=small", "diloco.exchange=sliced", "training.seed=7"],
+     "d32749f2106714507fccf3aaef8bd62b0bf9844853f95c41b9f18581b45564d8"),
+]
+FIXED_TEXT = b"To be, or not to be, that is the question.\n" * 50
+FIXED_TEXT_HASH = "adb3d38a104f7451a8449df88257cd636f3645d2282c7143abe1f7b80dd60723"  # preset mini on FIXED_TEXT
+
+
+@pytest.mark.parametrize("overrides, expected", GPT2_HASHES)
+def test_gpt2_run_hashes_are_unchanged(overrides, expected):
+    document = run_document(load_config(None, overrides))
+    assert "family" not in document["model"] and "tokenizer" not in document["model"]
+    assert config_hash(document).hex() == expected
+
+
+def test_gpt2_run_on_a_text_file_keeps_its_hash(tmp_path):
+    text = tmp_path / "fixed.txt"
+    text.write_bytes(FIXED_TEXT)
+    cfg = load_config(None, [f"training.data_path={text}", "model.preset=mini"])
+    assert config_hash(run_document(cfg)).hex() == FIXED_TEXT_HASH
+    # naming the defaults explicitly changes nothing
+    explicit = load_config(None, [f"training.data_path={text}", "model.preset=mini", "model.family=gpt2",
+                                  "model.tokenizer=bytes"])
+    assert config_hash(run_document(explicit)).hex() == FIXED_TEXT_HASH
+
+
+def test_llama_document_pins_the_family_and_round_trips():
+    cfg = load_config(None, ["model.preset=llama-tiny", "model.rope_theta=50000"])
+    document = run_document(cfg)
+    model = document["model"]
+    assert model["family"] == "llama" and model["n_kv_head"] == 2 and model["rope_theta"] == 50000.0
+    assert model["intermediate_size"] == 64 and model["tokenizer"] == "bytes"
+    again = node_config_from_run(document)
+    assert again.model == cfg.model
+    assert config_hash(run_document(again)) == config_hash(document)
+    other = run_document(load_config(None, ["model.preset=llama-tiny", "model.n_kv_head=4"]))
+    assert config_hash(other) != config_hash(document)
+
+
+def test_tokenizer_is_named_by_content_not_path(tmp_path):
+    data = b'{"not": "checked here"}'
+    for name in ("a.json", "b.json"):
+        (tmp_path / name).write_bytes(data)
+    digest = hashlib.sha256(data).hexdigest()
+    docs = [run_document(load_config(None, ["model.preset=llama-tiny", f"model.tokenizer={tmp_path / name}"]))
+            for name in ("a.json", "b.json")]
+    assert docs[0]["model"]["tokenizer"] == f"sha256:{digest}"
+    assert config_hash(docs[0]) == config_hash(docs[1])
+    by_reference = run_document(load_config(None, ["model.preset=llama-tiny", f"model.tokenizer=sha256:{digest}"]))
+    assert config_hash(by_reference) == config_hash(docs[0])
+    # a GPT-2 run with a BPE tokenizer names it too
+    gpt2 = run_document(load_config(None, [f"model.tokenizer={tmp_path / 'a.json'}"]))
+    assert gpt2["model"]["tokenizer"] == f"sha256:{digest}" and "family" not in gpt2["model"]
+    with pytest.raises(ConfigError, match="model.tokenizer='/nonexistent.json': cannot read it"):
+        run_document(load_config(None, ["model.tokenizer=/nonexistent.json"]))
+    with pytest.raises(TrainingConfigError, match="64 lowercase hex digits"):
+        load_config(None, ["model.tokenizer=sha256:abc"])
+
+
+def test_a_relative_tokenizer_path_is_read_from_the_data_dir(tmp_path):
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    (node_dir / "tok.json").write_bytes(b"{}")
+    cfg = load_config(None, [f"data_dir={node_dir}", "model.preset=llama-tiny", "model.tokenizer=tok.json"])
+    assert cfg.model.tokenizer == str(node_dir / "tok.json")
+    assert run_document(cfg)["model"]["tokenizer"] == "sha256:" + hashlib.sha256(b"{}").hexdigest()
