@@ -53,8 +53,8 @@ def find_tokenizer(reference: str, archives: Iterable[str | Path] = (), fetcher:
         try:
             return load_tokenizer(reference)
         except TokenizerError as exc:
-            raise NodeError(f"the checkpoint names its tokenizer by a path on the training machine: {exc}; "
-                            "pass --archive with a directory holding that tokenizer.json") from None
+            raise NodeError(f"the checkpoint names its tokenizer by a path on the training machine, not by its "
+                            f"hash ({exc}): put the run's tokenizer.json at that path") from None
     for directory in archives:
         for path in _local_candidates(Path(directory).expanduser(), digest):
             data = path.read_bytes()
