@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, replace
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -63,7 +63,7 @@ def tiny_checkpoint(run_id: int, round_index: int, config_hash: bytes) -> tuple[
     stages = [stage_param_names(cfg, spec) for spec in split_stages(cfg.n_layer, 2)]
     hashes = {s: stage_weights_hash({n: weights[n] for n in names}) for s, names in enumerate(stages)}
     momentum = {n: torch.zeros_like(t) for n, t in weights.items()}
-    ckpt = Checkpoint(run_id, round_index, asdict(cfg), config_hash, hashes, weights, momentum)
+    ckpt = Checkpoint(run_id, round_index, cfg.document(), config_hash, hashes, weights, momentum)
     return ckpt.to_bytes(), weights_root([hashes[0], hashes[1]])
 
 

@@ -126,9 +126,11 @@ def test_archive_seals_rounds_canonically_drops_late_envelopes_and_prunes(tmp_pa
 
 # ---------------------------------------------------------------- checkpoints
 def _layout() -> RunLayout:
-    from training.config import ModelConfig
+    from node.config import load_config
+    from node.runconfig import run_document
 
-    return RunLayout.of_run(1, b"\x07" * 32, ModelConfig(preset="tiny"), 2)
+    document = run_document(load_config(None, ["model.preset=tiny", "pipeline.num_stages=2"]))
+    return RunLayout.of_document(1, b"\x07" * 32, document)
 
 
 def _stage_state(layout: RunLayout, stage: int, value: float):

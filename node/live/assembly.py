@@ -107,7 +107,7 @@ class NodeParts:
         self.document = run_document(cfg)
         self.config_hash = config_hash(self.document)
         # What every checkpoint of the run must be: metadata from the run document, the stages' tensors.
-        self.layout = RunLayout.of_run(self.run_id, self.config_hash, cfg.model, cfg.pipeline.num_stages)
+        self.layout = RunLayout.of_document(self.run_id, self.config_hash, self.document)
         self.identity = Identity.load_or_create(cfg.path(cfg.p2p.key_file))
         self.peer_id = self.identity.peer_id
         self.archive = Archive(self.data_dir / "archive", self.run_id)

@@ -139,26 +139,24 @@ class RunLayout:
     stage_shapes: tuple[dict[str, tuple[int, ...]], ...]  # per stage: parameter name -> shape
 
     @classmethod
-    def of_run(cls, run_id: int, config_hash: bytes, model_cfg: Any, num_stages: int) -> RunLayout:
-        """The layout of a run whose model is ``model_cfg`` (a training.config.ModelConfig)."""
-        import dataclasses
-
-        from training.stages import split_stages, stage_param_shapes
-
-        shapes = tuple(stage_param_shapes(model_cfg, spec) for spec in split_stages(model_cfg.n_layer, num_stages))
-        return cls(run_id, config_hash, dataclasses.asdict(model_cfg), shapes)
-
-    @classmethod
     def of_document(cls, run_id: int, config_hash: bytes, document: dict[str, Any]) -> RunLayout:
-        """The layout of the run document ``document`` (already checked against ``config_hash``)."""
+        """The layout of the run document ``document`` (already checked against ``config_hash``).
+
+        The checkpoint's model config is the document's ``model`` section as it stands (a tokenizer
+        named by its hash, no field the family does not use), so a checkpoint carries nothing of
+        the machine that wrote it.
+        """
         from node.runconfig import node_config_from_run
         from training.errors import TrainingError
+        from training.stages import split_stages, stage_param_shapes
 
         cfg = node_config_from_run(document)
         try:
-            return cls.of_run(run_id, config_hash, cfg.model, cfg.pipeline.num_stages)
+            specs = split_stages(cfg.model.n_layer, cfg.pipeline.num_stages)
+            shapes = tuple(stage_param_shapes(cfg.model, spec) for spec in specs)
         except TrainingError as exc:
             raise StateError(f"the run document's model does not split into its stages: {exc}") from None
+        return cls(run_id, config_hash, dict(document["model"]), shapes)
 
     @property
     def num_stages(self) -> int:
