@@ -57,6 +57,7 @@ from node.live.verifier import SpotChecker, VerifierContext
 from node.protocol import run_topic
 from node.runconfig import canonical_json, config_hash, run_document
 from node.store.archive import Archive
+from node.fsutil import atomic_write_bytes
 from node.store.checkpoint import RunLayout
 from p2p.envelope import EnvelopeValidator
 from p2p.errors import P2PError
@@ -240,12 +241,27 @@ class NodeParts:
         """Serve the run document, dial the bootstrap peers, pull what they said recently."""
         serve_blob(self.host, canonical_json(self.document))  # the run document, by its hash
         self.archive.write_run_document(canonical_json(self.document))
+        self._serve_tokenizer()
         for addr in self.cfg.p2p.bootstrap:
             try:
                 self.host.connect(addr, timeout=10)
             except P2PError as exc:
                 logger.warning("bootstrap %s unreachable: %s", addr, exc)
         self.messenger.resync()
+
+    def _serve_tokenizer(self) -> None:
+        """Serve the run's tokenizer file by its sha256 (joiners fetch it like the run document) and keep a
+        copy as ``tokenizers/<sha256>.json``, where ``pull --archive`` and the export look for it."""
+        from training.tokenizer import BYTES, load_tokenizer
+
+        if self.cfg.model.tokenizer == BYTES:
+            return
+        tokenizer = load_tokenizer(self.cfg.model.tokenizer, [self.data_dir / "tokenizers"])
+        serve_blob(self.host, tokenizer.data)
+        kept = self.data_dir / "tokenizers" / f"{tokenizer.sha256}.json"
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        if not kept.exists():
+            atomic_write_bytes(kept, tokenizer.data)
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
