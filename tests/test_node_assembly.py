@@ -159,7 +159,7 @@ def test_a_node_runs_its_rounds_with_the_host_and_chain_faked(tmp_path, exchange
         assert set(attestations) == {node.peer_id}
         assert attestations[node.peer_id].weights_hash == parts.rounds.stage_hashes[4][stage]
     published = [decode_envelope(data, 1 << 24) for data in parts.messenger.host.published]
-    for kind in (msg.ANNOUNCE, msg.CLOSE, msg.ATTESTATION, msg.HELLO):
+    for kind in (msg.ANNOUNCE, msg.CLOSE, msg.ATTESTATION):  # (hellos: once a second, the run may be quicker)
         assert any(env.kind == kind for env in published), kind
     if exchange == "sliced":  # this node aggregated every slice itself
         assert any(env.kind == msg.PARTIAL_ANNOUNCE for env in published)
