@@ -602,17 +602,12 @@ class Committer:
         verified = {}
         for shard_hash in sorted(offered, key=lambda h: (-len(offered[h]), h)):
             holders = ", ".join(p[-8:] for p in offered[shard_hash])
-            dest = node.incoming_dir / f"{shard_hash.hex()}.part"
-            dest.parent.mkdir(parents=True, exist_ok=True)
             try:
-                node.host.fetch_blob(shard_hash.hex(), dest, timeout=node.cfg.p2p.transfer_timeout)
-                shard = parse_checkpoint(dest.read_bytes(), shard_hash)
+                shard = self._fetch_checkpoint_file(shard_hash)
             except DLX_ERRORS as exc:
                 logger.warning("round %d: shard %s of stage %d (attested by %s) not fetched: %s", outer_round,
                                shard_hash.hex()[:12], stage, holders, exc)
                 continue
-            finally:
-                dest.unlink(missing_ok=True)
             problems = stage_problems(node.layout, stage, shard.weights, shard.momentum, weights_hash)
             if problems:
                 logger.error("round %d: shard %s of stage %d, attested by %s, is not the agreed state: %s",
@@ -626,6 +621,17 @@ class Committer:
             return None
         return next(iter(verified.values()))
 
+    def _fetch_checkpoint_file(self, content_hash: bytes):
+        """A checkpoint or stage shard from the peers, by its content hash (nothing of it kept on disk)."""
+        node = self.node
+        dest = node.incoming_dir / f"{content_hash.hex()}.part"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            node.host.fetch_blob(content_hash.hex(), dest, timeout=node.cfg.p2p.transfer_timeout)
+            return parse_checkpoint(dest.read_bytes(), content_hash)
+        finally:
+            dest.unlink(missing_ok=True)
+
     def committed_checkpoint_problems(self, outer_round: int, content_hash: bytes, weights_root: bytes) -> list[str]:
         """Why the committed checkpoint of a round is not the run's (empty: it verifies).
 
@@ -634,15 +640,10 @@ class Committer:
         and this node's own stages against its own state (momentum included).
         """
         node = self.node
-        dest = node.incoming_dir / f"{content_hash.hex()}.part"
-        dest.parent.mkdir(parents=True, exist_ok=True)
         try:
-            node.host.fetch_blob(content_hash.hex(), dest, timeout=node.cfg.p2p.transfer_timeout)
-            ckpt = parse_checkpoint(dest.read_bytes(), content_hash)
+            ckpt = self._fetch_checkpoint_file(content_hash)
         except DLX_ERRORS as exc:
             return [f"not fetched: {exc}"]
-        finally:
-            dest.unlink(missing_ok=True)
         problems = checkpoint_problems(ckpt, node.layout, outer_round, weights_root)
         for stage in range(node.layout.num_stages):
             local = node.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
