@@ -1,7 +1,7 @@
 """Re-execution spot checks in a running node: start states, sampled reruns, accusations, verdicts, ejection.
 
 Every contribution binds the hash of its replica's start state and of the data
-it trained on (:class:`node.live.protocol.ContributionBody`); the node serves
+it trained on (:class:`node.protocol.ContributionBody`); the node serves
 its start states as blobs. Once round ``t`` is on chain, each node draws, from
 the round's attested weights root and its own peer id, which other replicas it
 re-executes (:func:`training.reexec.sample_replicas`, ``spot_checks`` expected
