@@ -244,6 +244,14 @@ def test_without_the_run_document_a_checkpoint_is_never_verified(deployment, tmp
     with pytest.raises(RunDocumentMissing, match="run document .* is not available") as refused:
         pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", archives=[attested.archive])
     assert refused.value.check == "run document" and not (tmp_path / "out").exists()
+    # A forged run document (another model config) in the archive is no substitute: it does not hash to the
+    # chain's configHash, and an oversized or non-JSON file named run.json is refused the same way.
+    forged = tiny_run_document().replace(b'"n_head":2', b'"n_head":8')
+    for bogus in (forged, b"\x00" * 100_000, b"{not json"):
+        (attested.archive / "run.json").write_bytes(bogus)
+        with pytest.raises(RunDocumentMissing, match="a copy hashes to"):
+            pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", archives=[attested.archive])
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_checkpoint_whose_config_is_not_the_run_documents_is_refused(deployment, tmp_path):

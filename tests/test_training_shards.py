@@ -248,7 +248,6 @@ def _rss_file_mib() -> float:
     raise AssertionError("no RssFile in /proc/self/status")
 
 
-@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status"), reason="needs Linux /proc")
 def test_reading_windows_does_not_keep_the_dataset_resident(tmp_path):
     rng = np.random.default_rng(0)
     writer = ShardWriter(tmp_path, vocab_size=8192, shard_tokens=1 << 23)

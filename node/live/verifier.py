@@ -422,6 +422,17 @@ class SpotChecker:
             self._accusations[accusation.evidence_hash] = (accusation.outer_round, accusation)
         self._put(_URGENT, "confirm", accusation.outer_round, (env.sender_peer_id, accusation))
 
+    def _fetch_evidence(self, evidence_hash: bytes, providers: list[str] | None) -> bytes:
+        """An accusation's evidence blob by its hash (hash-checked by the blob protocol; nothing kept on disk);
+        raises P2PError or OSError if it is not served in time."""
+        dest = self.ctx.work_dir / f"evidence-{evidence_hash.hex()}.part"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.ctx.host.fetch_blob(evidence_hash.hex(), dest, providers=providers, timeout=STATE_FETCH_TIMEOUT_S)
+            return dest.read_bytes()
+        finally:
+            dest.unlink(missing_ok=True)
+
     def _confirm(self, outer_round: int, accuser: str, accusation: msg.Accusation) -> None:
         """Fetch the evidence, check that it names a sealed contribution of the accused, rerun it, sign a verdict.
 
@@ -429,20 +440,14 @@ class SpotChecker:
         accused), gets a not-guilty verdict: the accuser must show its case. Evidence this node cannot check
         (it did not seal the contributions named, or cannot rerun them) gets no verdict from it.
         """
-        dest = self.ctx.work_dir / f"evidence-{accusation.evidence_hash.hex()}.part"
-        dest.parent.mkdir(parents=True, exist_ok=True)
         who = accusation.accused_peer
         try:
-            self.ctx.host.fetch_blob(accusation.evidence_hash.hex(), dest, providers=[accuser],
-                                     timeout=STATE_FETCH_TIMEOUT_S)
-            data = dest.read_bytes()
+            data = self._fetch_evidence(accusation.evidence_hash, [accuser])
         except (P2PError, OSError) as exc:
             logger.warning("round %d: evidence %s of %s's accusation not served: %s; not guilty", outer_round,
                            accusation.evidence_hash.hex()[:16], accuser[-8:], exc)
             self._sign_verdict(outer_round, accusation.accused, accusation.evidence_hash, False, who)
             return
-        finally:
-            dest.unlink(missing_ok=True)
         try:
             env = decode_envelope(data, msg.MAX_EVIDENCE_PAYLOAD + 4096)
             evidence = msg.decode_payload(msg.EVIDENCE, env.payload)
@@ -517,20 +522,13 @@ class SpotChecker:
         else any provider); not served in time or malformed: not guilty; else confirm it like a gossiped one."""
         accused = bytes.fromhex(record.accused[2:])
         accuser_peer = self._peer_of(bytes.fromhex(record.accuser[2:]))
-        dest = self.ctx.work_dir / f"evidence-{record.evidence_hash.hex()}.part"
-        dest.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.ctx.host.fetch_blob(record.evidence_hash.hex(), dest,
-                                     providers=[accuser_peer] if accuser_peer else None,
-                                     timeout=STATE_FETCH_TIMEOUT_S)
-            data = dest.read_bytes()
+            data = self._fetch_evidence(record.evidence_hash, [accuser_peer] if accuser_peer else None)
         except (P2PError, OSError) as exc:
             logger.warning("accusation of %s by %s on chain: evidence %s not served: %s; not guilty", record.accused,
                            record.accuser, record.evidence_hash.hex()[:16], exc)
             self._sign_verdict(None, accused, record.evidence_hash, False, record.accused)
             return
-        finally:
-            dest.unlink(missing_ok=True)
         try:
             env = decode_envelope(data, msg.MAX_EVIDENCE_PAYLOAD + 4096)
             evidence = msg.decode_payload(msg.EVIDENCE, env.payload)
