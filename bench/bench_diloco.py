@@ -47,8 +47,9 @@ from training.config import (  # noqa: E402
     PipelineConfig,
     TrainingConfig,
 )
-from training.data import load_corpus  # noqa: E402
+from training.data import corpus_from_config, load_corpus  # noqa: E402
 from training.model import count_params  # noqa: E402
+from training.shards import is_dataset  # noqa: E402
 from training.simulate import MODES, set_clock, simulate  # noqa: E402
 from training.stages import split_stages, stage_param_shapes  # noqa: E402
 
@@ -61,7 +62,13 @@ NANOGPT_BABY_VAL = 1.886
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=DEFAULT_DATA, help="corpus, relative to the repository root")
-    parser.add_argument("--preset", default="mini")
+    parser.add_argument("--preset", default="mini", help="a model preset, e.g. mini or llama-20m")
+    parser.add_argument("--family", default=None, choices=["gpt2", "llama"],
+                        help="check the preset's family (llama presets are llama-*)")
+    parser.add_argument("--tokenizer", default="bytes",
+                        help="model.tokenizer: bytes, or a tokenizers JSON file (a prepared dataset's "
+                             "tokenizer.json: dlx-node data prepare --train-tokenizer)")
+    parser.add_argument("--vocab-size", type=int, default=None, help="model.vocab_size (default: the preset's)")
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--inner-steps", type=int, default=50, help="H")
@@ -124,9 +131,14 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     if args.cpu_clock:
         set_clock(time.process_time)
-    model_cfg = ModelConfig(preset=args.preset)
+    model_fields = {"tokenizer": args.tokenizer}
+    if args.vocab_size is not None:
+        model_fields["vocab_size"] = args.vocab_size
+    model_cfg = ModelConfig(preset=args.preset, **model_fields)
+    if args.family is not None and model_cfg.family != args.family:
+        raise SystemExit(f"--family {args.family}: preset {args.preset} is of the {model_cfg.family} family")
     training_cfg = TrainingConfig(
-        data_path=args.data, seed=args.seed, batch_size=args.batch_size, inner_lr=args.inner_lr,
+        data_path=str(REPO / args.data), seed=args.seed, batch_size=args.batch_size, inner_lr=args.inner_lr,
         eval_batches=args.eval_batches, lr_schedule=args.lr_schedule, warmup_steps=args.warmup_steps,
         min_lr_ratio=args.min_lr_ratio, beta2=args.beta2, weight_decay=args.weight_decay,
     )
@@ -167,7 +179,10 @@ def main() -> int:
     }
     print(f"DiLoCoX: overlap {resolved['overlap_steps']} steps, bandwidth budget per stage "
           f"{resolved['bandwidth_budget_per_stage']} bytes", flush=True)
-    corpus = load_corpus(REPO / args.data, training_cfg.eval_fraction, model_cfg.block_size)
+    if model_cfg.byte_level and not is_dataset(REPO / args.data):
+        corpus = load_corpus(REPO / args.data, training_cfg.eval_fraction, model_cfg.block_size)
+    else:  # a prepared dataset or a text file in a BPE vocabulary: read as a node reads it
+        corpus = corpus_from_config(training_cfg, model_cfg)
 
     load = {"start": list(os.getloadavg())}  # the machine's load average (1, 5, 15 min) at start and end
     results = {}
@@ -223,7 +238,7 @@ def main() -> int:
             "curve": curve,
         }
     targets = {}
-    if baseline:
+    if baseline and args.preset == "mini" and model_cfg.byte_level:  # issue 14's goal: bytes of tinyshakespeare
         targets["ddp_le_1.80"] = baseline.final_eval_loss <= 1.80
     if baseline and "diloco" in results:
         targets["diloco_within_1pct"] = summary["diloco"]["loss_vs_ddp"] <= 0.01
