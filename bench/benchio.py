@@ -58,7 +58,7 @@ def recorded(load_at_start: list[float] | None = None) -> dict:
     """What docs/RESULTS.md prints under a result: command line, UTC date, commit, machine, load."""
     return {
         "command": " ".join(["python", *[a if " " not in a else repr(a) for a in sys.argv]]),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": _commit(),
         "machine": machine(),
         "load_average": {"start": load_at_start, "end": list(os.getloadavg())},
