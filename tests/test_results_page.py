@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-import results_page  # noqa: E402
+import results_page
 
 
 def test_the_committed_page_is_up_to_date():
@@ -19,13 +19,22 @@ def test_the_committed_page_is_up_to_date():
     assert done.returncode == 0, done.stderr + "\nrun: python scripts/results_page.py"
 
 
-def test_a_stale_page_fails_the_check(tmp_path):
-    page = tmp_path / "RESULTS.md"
+def test_a_stale_page_or_headline_table_fails_the_check(tmp_path):
+    page, readme = tmp_path / "RESULTS.md", tmp_path / "README.md"
+    shutil.copy(ROOT / "README.md", readme)
+    files = ["--page", str(page), "--readme", str(readme)]
     page.write_text(results_page.render().replace("1.7674", "1.7000", 1))
-    assert results_page.main(["--check", "--page", str(page)]) == 1
-    assert results_page.main(["--check", "--page", str(tmp_path / "absent.md")]) == 1
-    assert results_page.main(["--page", str(page)]) == 0
-    assert results_page.main(["--check", "--page", str(page)]) == 0
+    assert results_page.main(["--check", *files]) == 1
+    assert results_page.main(["--page", str(tmp_path / "absent.md"), "--readme", str(readme), "--check"]) == 1
+    assert results_page.main(files) == 0
+    assert results_page.main(["--check", *files]) == 0
+    # A hand edit of README's generated table is stale too; the rest of README is left alone.
+    original = readme.read_text()
+    readme.write_text(original.replace("| Ledger |", "| Ledger (edited) |"))
+    assert results_page.main(["--check", *files]) == 1
+    assert results_page.main(files) == 0 and readme.read_text() == original
+    readme.write_text(original.replace(results_page.END, ""))
+    assert results_page.main(files) == 2
 
 
 def test_the_figures_come_from_the_json(tmp_path):
@@ -38,17 +47,21 @@ def test_the_figures_come_from_the_json(tmp_path):
     text = results_page.render(results)
     row = next(line for line in text.splitlines() if line.startswith("| DiLoCoX"))
     assert "1.2346" in row and "-25.0%" in row
+    assert "held-out loss -25.0% against centralized AdamW" in results_page.headline(results)
 
 
 def test_every_result_file_has_a_section_and_a_bad_one_is_named(tmp_path, capsys):
     results = tmp_path / "results"
     shutil.copytree(ROOT / "bench" / "results", results)
     (results / "diloco_one_off.json").write_text("{}")
-    assert results_page.main(["--results", str(results), "--page", str(tmp_path / "p.md")]) == 2
+    readme = tmp_path / "README.md"
+    shutil.copy(ROOT / "README.md", readme)
+    files = ["--results", str(results), "--page", str(tmp_path / "p.md"), "--readme", str(readme)]
+    assert results_page.main(files) == 2
     assert "diloco_one_off.json" in capsys.readouterr().err
     (results / "diloco_one_off.json").unlink()
     (results / "p2p.json").write_text(json.dumps({"machine": {}}))  # no "blob": not what bench_p2p writes
-    assert results_page.main(["--results", str(results), "--page", str(tmp_path / "p.md")]) == 2
+    assert results_page.main(files) == 2
     assert "p2p.json" in capsys.readouterr().err
     assert not (tmp_path / "p.md").exists()
 
