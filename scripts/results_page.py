@@ -458,20 +458,28 @@ class Section:
     title: str
     script: str
     render: Callable[[dict], list[str]]
+    notes: str = ""  # what was learned, in words (numbers come only from the JSON)
 
 
 SECTIONS = (
-    Section("diloco.json", "Training method: DDP, DiLoCo, DiLoCoX", "bench/bench_diloco.py", diloco),
+    Section("diloco.json", "Training method: DDP, DiLoCo, DiLoCoX", "bench/bench_diloco.py", diloco,
+            "The gap to DDP shrinks with training length (the ablations' longest run, below); one seed, and the five-seed encoder rows below show how far single runs spread. Why each default is what it is: docs/DILOCOX.md section 9."),
     Section("diloco_ablations.json", "Training method: ablations and codec passes", "bench/diloco_ablations.py",
             diloco_ablations),
-    Section("robust_sim.json", "Robust aggregation in simulation", "bench/bench_robust_sim.py", robust_sim),
-    Section("reexec.json", "Re-execution spot checks", "bench/bench_reexec.py", reexec),
+    Section("robust_sim.json", "Robust aggregation in simulation", "bench/bench_robust_sim.py", robust_sim,
+            "A huge contribution clipped to twice the median still points where the attacker chose, so without screening (split clusters) it is bounded, not free; screening against the median can leave out an honest replica when a copy pulls the median."),
+    Section("reexec.json", "Re-execution spot checks", "bench/bench_reexec.py", reexec,
+            "At 0.1 expected checks per contribution the overhead is above the 10% goal, hence the node's default `spot_checks = 0.06`; a forged start state is caught only by the chain of start states, which needs bit-exact reruns."),
     Section("byzantine.json", "Byzantine members in real runs", "bench/bench_byzantine.py", byzantine),
     Section("chaos.json", "Faults: nodes killed and restarted", "bench/bench_chaos.py", chaos),
-    Section("longrun.json", "Long runs", "bench/bench_longrun.py", longrun),
-    Section("utilization.json", "Compute utilization under a slow link", "bench/bench_utilization.py", utilization),
-    Section("p2p.json", "Networking", "bench/bench_p2p.py", p2p),
-    Section("scale.json", "Local runs of many nodes: full exchange", "bench/bench_scale.py", scale),
+    Section("longrun.json", "Long runs", "bench/bench_longrun.py", longrun,
+            "Open files and threads are flat and memory nearly so. The blob store grew in this run because the start states a verifier fetched stayed in it; a verifier now removes them once the check is done (not re-measured since)."),
+    Section("utilization.json", "Compute utilization under a slow link", "bench/bench_utilization.py", utilization,
+            "With the one-step delay and the per-round work off the training thread (docs/DILOCOX.md section 4), an exchange shorter than the round's compute is hidden; past about 1.0 nothing hides it. Where a run's compute lands on a shared machine decides its ratio; earlier points and before/after pairs are in git history."),
+    Section("p2p.json", "Networking", "bench/bench_p2p.py", p2p,
+            "Figures move with the machine: unchanged code used about half as much CPU per 100 MB on session 9's machine as on the one before, so compare only results recorded on the same machine (git history). `p2p.blob_direct_io` is off by default: it lowers the download's CPU but the first read then pays it."),
+    Section("scale.json", "Local runs of many nodes: full exchange", "bench/bench_scale.py", scale,
+            "At 16 nodes on 2 cores what made the run clean was less CPU per idle node: only a contribution's sender announces it, fewer hellos as the run grows, patient stream negotiation, status.json without fsync (docs/PROTOCOL.md). Runs at higher load forked; they are in git history."),
     Section("scale_sliced.json", "Local runs of many nodes: sliced exchange", "bench/bench_scale.py", scale),
     Section("scale_curve.json", "Traffic per node to 1024 replicas: measured and modelled", "bench/bench_scale.py",
             scale_curve),
@@ -480,7 +488,8 @@ SECTIONS = (
     Section("ledger.json", "Ledger gas and history", "bench/bench_ledger.py", ledger),
     Section("audit.json", "Audit", "bench/bench_audit.py", audit),
     Section("fuzz.json", "Bad input", "bench/fuzz_campaign.py", fuzz),
-    Section("data_loader.json", "Data loader", "bench/bench_data_loader.py", data_loader),
+    Section("data_loader.json", "Data loader", "bench/bench_data_loader.py", data_loader,
+            "Resident memory does not grow with the dataset because the loader releases the pages each read maps (`ShardedTokens._release`)."),
 )
 
 
@@ -598,6 +607,7 @@ def render(results: Path = RESULTS) -> str:
         try:
             result = json.loads(path.read_text())
             out += section.render(result)
+            out += [section.notes, ""] if section.notes else []
             out += provenance(result)
         except (ValueError, KeyError, TypeError, IndexError, ZeroDivisionError) as exc:
             raise PageError(f"bench/results/{section.file}: {type(exc).__name__}: {exc} (not what "
