@@ -128,6 +128,7 @@ def diloco(r: dict) -> list[str]:
 
 
 ABLATION_DEFAULTS = {
+    "preset": "mini", "stages": 2,
     "replicas": 2, "inner_steps": 50, "rounds": 30, "batch_size": 8, "inner_lr": 0.003, "lr_schedule": "cosine",
     "warmup_steps": 100, "beta2": 0.99, "weight_decay": 0.1, "outer_lr": 1.0, "outer_momentum": 0.5,
     "x_outer_lr": None, "x_outer_momentum": None, "outer_warmup_rounds": 0, "outer_decay": "constant",
