@@ -2,27 +2,26 @@
 
 Same model, same seeds, same tokens, same inner-lr schedule for the three modes
 (see training/simulate.py). Prints a table (with nanoGPT's reference for the
-same token budget) and writes bench/results/diloco.json (or diloco_<tag>.json),
-including each mode's loss-vs-bytes curve. Goals of issue 14: DDP <= 1.80
+same token budget) and writes bench/results/diloco.json (``--out`` elsewhere; the
+one current result, history in git), including each mode's loss-vs-bytes curve. Goals of issue 14: DDP <= 1.80
 held-out at 1,536,000 tokens; DiLoCoX within 2% of it with >= 1000x fewer bytes
 than fp32 ring AllReduce; synchronous DiLoCo within 1%.
 
 The defaults are the measured best settings and the node's defaults (docs/DILOCOX.md
 section 9; the overlap and the byte budget in their "auto" form, resolved values in the JSON):
 
-    .venv/bin/python bench/bench_diloco.py --tag final      # 1,536,000 tokens: H=50 x 30 rounds, M=2, S=2
+    .venv/bin/python bench/bench_diloco.py --cpu-clock    # 1,536,000 tokens: H=50 x 30 rounds, M=2, S=2
 
-diloco_final.json was measured with --bandwidth-budget 80000 (auto gives 87,500 / 85,913 B),
-every run before diloco_codec2_* with encoder v1 (--encoder v1 reproduces them), and the runs from
-diloco_codec2_* to the end of session 9 with v2 unless their tag names another (--encoder v2). The
-default encoder is the node's (training.config.DEFAULT_ENCODER, v4 since issue 29).
+Ablations and other settings go elsewhere with ``--out /tmp/x.json``; bench/diloco_ablations.py
+collects such runs into its table. The default encoder is the node's
+(training.config.DEFAULT_ENCODER, v4 since issue 29); runs before issue 29 in git history used
+v1 or v2 (``--encoder`` reproduces them).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -36,6 +35,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.benchio import RESULTS, write_result  # noqa: E402
 from training.config import (  # noqa: E402
     DEFAULT_ENCODER,
     DELAY_CORRECTIONS,
@@ -121,7 +121,8 @@ def parse_args() -> argparse.Namespace:
                         help="time the phases in process CPU seconds (a shared machine's load then does not "
                              "distort the codec's share; meaningful with --threads 1)")
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--tag", default="", help="write bench/results/diloco_<tag>.json")
+    parser.add_argument("--out", default=str(RESULTS / "diloco.json"),
+                        help="where to write the result (default: the one current result, overwritten)")
     return parser.parse_args()
 
 
@@ -260,19 +261,13 @@ def main() -> int:
         "platform": {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine(),
                      "cpus": os.cpu_count(), "threads": args.threads},
         "num_params": count_params(model_cfg),
-        "load": {**load, "end": list(os.getloadavg())},
         "summary": summary,
         "nanogpt_baby_val": NANOGPT_BABY_VAL,
         "targets": targets,
         "runs": {mode: result.to_dict() for mode, (result, _) in results.items()},
     }
-    name = f"diloco_{args.tag}.json" if args.tag else "diloco.json"
-    path = REPO / "bench" / "results" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(out, indent=1, default=str))
-    os.replace(tmp, path)
-    print(f"wrote {path.relative_to(REPO)}")
+    path = write_result(args.out, out, load["start"])
+    print(f"wrote {path}")
     return 0
 
 

@@ -82,7 +82,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--checks-per-contribution", type=float, default=0.1,
                         help="expected verifiers per contribution per round: rate = this / (members - 1)")
     parser.add_argument("--confirmations", type=int, default=2, help="k: verifiers that must agree to eject")
-    parser.add_argument("--out", default="bench/results/reexec.json")
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "reexec.json"))
     return parser.parse_args()
 
 

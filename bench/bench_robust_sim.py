@@ -17,7 +17,7 @@ rule + screening, the defaults; "norm": the norm rule alone, as in a split
 cluster) against the honest run with the defences on,
 and the honest run with the defences on against off. Goals of issue 12: every
 attack within 5% of the honest run; the defences cost the honest run at most 1%.
-Writes bench/results/robust_sim.json (or robust_sim_<tag>.json).
+Writes bench/results/robust_sim.json (``--out`` elsewhere), overwriting it.
 
     .venv/bin/python bench/bench_robust_sim.py                 # mini, M=4, S=2, H=10 x 6 rounds (~15 min on 2 shared cores)
 """
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import platform
@@ -39,6 +38,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.benchio import RESULTS, write_result  # noqa: E402
 from training.codec_wire import decode_contribution  # noqa: E402
 from training.compression import encode_contribution  # noqa: E402
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig  # noqa: E402
@@ -65,12 +65,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--attacks", default=",".join(ATTACKS))
     parser.add_argument("--undefended-attacks", default="huge_1e6,sign_flip",
                         help="also run these with the defences off (to show what they do)")
-    parser.add_argument("--norm-only-attacks", default="",
+    parser.add_argument("--norm-only-attacks", default="huge_1e3,huge_1e6",
                         help="also run these with the norm rule alone (a split cluster: no screening)")
     parser.add_argument("--eval-batches", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--tag", default="")
+    parser.add_argument("--out", default=str(RESULTS / "robust_sim.json"))
     return parser.parse_args()
 
 
@@ -120,6 +120,7 @@ def stage_shapes(model_cfg: ModelConfig, pipeline_cfg: PipelineConfig) -> list[d
 
 def main() -> int:
     args = parse_args()
+    load_at_start = list(os.getloadavg())
     logging.basicConfig(level=logging.ERROR, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
     model_cfg = ModelConfig(preset=args.preset)
@@ -193,12 +194,8 @@ def main() -> int:
         "targets": targets,
         "runs": results,
     }
-    path = REPO / "bench" / "results" / (f"robust_sim_{args.tag}.json" if args.tag else "robust_sim.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(out, indent=1, default=str))
-    os.replace(tmp, path)
-    print(f"wrote {path.relative_to(REPO)}")
+    path = write_result(args.out, out, load_at_start)
+    print(f"wrote {path}")
     return 0
 
 

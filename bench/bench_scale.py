@@ -14,13 +14,14 @@ CPU seconds of its process. Also the mean contribution envelope size. The model
 extends the measurement: today every holder of a stage fetches every other
 replica's contribution of it, so a node receives about ``(R - 1) x C`` bytes
 per round (``C``: one replica's contribution envelopes, all stages) and serves
-as much; gossip adds messages per peer. Writes bench/results/scale.json.
+as much; gossip adds messages per peer. Writes bench/results/scale.json
+(``--exchange sliced``: scale_sliced.json; ``--curve``: scale_curve.json), overwriting it.
 ``--exchange sliced`` runs the opt-in sliced exchange (docs/PROTOCOL.md, "Sliced
 exchange"): contribution envelopes carry constant-size slice references, slices
 (read by range from each replica's bundle) and partials travel as blobs, so
 ``/dlx/blob/1.0.0`` is the exchange's own traffic in both modes.
 
-``--curve FULL.json,SLICED.json`` runs nothing: it puts the measured points of
+``--curve [FULL.json,SLICED.json]`` runs nothing: it puts the measured points of
 both exchanges side by side with the per-node model of each to 1024 replicas
 (:func:`sliced_model`: the live sliced exchange's terms, with the sizes the
 measurement gave) and writes ``--out``.
@@ -43,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.benchio import RESULTS  # noqa: E402
 from node.commands.launcher import LocalRun  # noqa: E402
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -285,7 +287,7 @@ def curve(full_path: str, sliced_paths: list[str], sizes: list[int], min_slices:
               for m in min_slices}
     model_bytes = {m: constants(point)[0] for m, point in by_min.items()}
     framing = envelope_framing()
-    butterfly = ROOT / "bench" / "results" / "butterfly.json"
+    butterfly = RESULTS / "butterfly.json"
     butterfly_rows = (json.loads(butterfly.read_text())["traffic"].get("tiny", {}).get("rows", [])
                       if butterfly.exists() else [])
     rows = []
@@ -358,12 +360,19 @@ def main() -> int:
     parser.add_argument("--exchange", choices=("full", "sliced"), default="full",
                         help="diloco.exchange of every run (docs/PROTOCOL.md, \"Sliced exchange\")")
     parser.add_argument("--workdir", default="/tmp/dlx-bench-scale")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale.json"))
-    parser.add_argument("--curve", default="", metavar="FULL.json,SLICED.json[,SLICED2.json...]",
-                        help="no run: the two exchanges' measured points and models side by side, to --out")
+    parser.add_argument("--out", default="",
+                        help="default: the one current result of the mode, bench/results/scale.json (full "
+                             "exchange), scale_sliced.json (--exchange sliced) or scale_curve.json (--curve)")
+    parser.add_argument("--curve", default="", nargs="?", const=f"{RESULTS / 'scale.json'},{RESULTS / 'scale_sliced.json'}",
+                        metavar="FULL.json,SLICED.json[,SLICED2.json...]",
+                        help="no run: the two exchanges' measured points and models side by side, to --out "
+                             "(without a value: the current scale.json and scale_sliced.json)")
     parser.add_argument("--model-min-slices", default="1024,4096",
                         help="--curve: the diloco.min_slice_numel values to model the sliced exchange with")
     args = parser.parse_args()
+    if not args.out:
+        name = "scale_curve.json" if args.curve else ("scale_sliced.json" if args.exchange == "sliced" else "scale.json")
+        args.out = str(RESULTS / name)
     if args.curve:
         full_path, *sliced_paths = args.curve.split(",")
         table = curve(full_path, sliced_paths, [8, 16, 64, 256, 1024],

@@ -1,81 +1,109 @@
-"""Collect the DiLoCo/DiLoCoX ablation runs (bench/results/diloco_abl_*.json) into one table and JSON.
+"""The table of DiLoCo/DiLoCoX ablations: bench/results/diloco_ablations.json, one row per (run, mode).
 
-Each ablation is one ``bench/bench_diloco.py --tag abl_<name>`` run. Losses are
-compared with the DDP run of the same token budget and the same inner settings
-(``ddp_same_settings``, ``vs_ddp``) and with the best DDP run of the same token
-budget whatever its settings (``ddp_best``, ``vs_ddp_best``: the strong baseline,
-the fair reference for a run whose inner settings were tuned for DiLoCo).
+An ablation is one ``bench/bench_diloco.py --out /tmp/<name>.json ...`` run with other settings.
+This script adds its rows to the table under a name (replacing that name's rows if it was there),
+or removes a name's rows, and compares every row's held-out loss with the DDP row of the same
+token budget and inner settings (``ddp_same_settings``, ``vs_ddp``) and with the best DDP row of
+the same token budget whatever its settings (``ddp_best``, ``vs_ddp_best``: the strong baseline,
+the fair reference for a run whose inner settings were tuned for DiLoCo). The per-round curves
+stay in the run's own file; the table keeps what docs/RESULTS.md shows. History is in git.
 
-    .venv/bin/python bench/diloco_ablations.py
+    .venv/bin/python bench/bench_diloco.py --modes diloco_x --encoder v2 --out /tmp/v2.json
+    .venv/bin/python bench/diloco_ablations.py --add codec_v2=/tmp/v2.json
+    .venv/bin/python bench/diloco_ablations.py                  # recompute and print the table
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
+sys.path.insert(0, str(REPO))
+
+from bench.benchio import RESULTS, write_result  # noqa: E402
+
+TABLE = RESULTS / "diloco_ablations.json"
 
 # The arguments that differ between ablations (the rest are the bench defaults).
 KEYS = (
-    "inner_steps", "rounds", "batch_size", "inner_lr", "lr_schedule", "warmup_steps", "beta2", "weight_decay",
-    "outer_lr", "outer_momentum", "x_outer_lr", "x_outer_momentum", "outer_warmup_rounds", "outer_decay",
-    "outer_min_lr_ratio", "outer_final_momentum", "delay_correction", "no_delay",
-    "error_budget", "bandwidth_budget", "target_reduction", "overlap_steps", "max_rank", "bits", "no_error_feedback",
+    "replicas", "inner_steps", "rounds", "batch_size", "inner_lr", "lr_schedule", "warmup_steps", "beta2",
+    "weight_decay", "outer_lr", "outer_momentum", "x_outer_lr", "x_outer_momentum", "outer_warmup_rounds",
+    "outer_decay", "outer_min_lr_ratio", "outer_final_momentum", "delay_correction", "no_delay",
+    "error_budget", "bandwidth_budget", "target_reduction", "overlap_steps", "max_rank", "bits",
+    "no_error_feedback", "encoder", "seed", "cpu_clock",
 )
 
 
-def _tokens(a: dict) -> int:
-    return a["rounds"] * a["inner_steps"] * a["batch_size"] * a.get("replicas", 2)
+def _budget_key(settings: dict) -> tuple:
+    """Runs whose DDP baselines are comparable: same steps, inner lr, schedule, warmup, beta2, decay."""
+    return (settings["rounds"] * settings["inner_steps"], settings["inner_lr"], settings.get("lr_schedule") or "constant",
+            settings.get("warmup_steps") or 0, settings.get("beta2") or 0.95, settings.get("weight_decay") or 0.0)
 
 
-def load(tag: str) -> dict:
-    return json.loads((RESULTS / f"diloco_{tag}.json").read_text())
+def _tokens(settings: dict) -> int:
+    return settings["rounds"] * settings["inner_steps"] * settings["batch_size"] * (settings.get("replicas") or 2)
+
+
+def rows_of(name: str, run: dict) -> list[dict]:
+    """The table's rows of one bench_diloco.py result (one per mode)."""
+    if "summary" not in run or "args" not in run:
+        raise SystemExit(f"{name}: not a bench_diloco.py result (no 'summary' or 'args')")
+    settings = {k: run["args"].get(k) for k in KEYS}
+    recorded = run.get("recorded", {})
+    return [{
+        "tag": name, "mode": mode, "settings": settings,
+        "held_out_loss": summary["held_out_loss"],
+        "fewer_bytes_than_ddp": summary.get("fewer_bytes_than_ddp"),
+        "resolved": run.get("resolved"),
+        "bytes_per_replica": summary["bytes_per_replica"],
+        "codec_outer_share": summary["codec_outer_share"],
+        "load": run.get("load") or recorded.get("load_average"),
+        "date": recorded.get("date"),
+    } for mode, summary in run["summary"].items()]
+
+
+def compare(rows: list[dict]) -> None:
+    """Fill every row's DDP references from the table's own DDP rows."""
+    same: dict[tuple, float] = {}
+    best: dict[int, float] = {}
+    for row in rows:
+        if row["mode"] == "ddp":
+            same[_budget_key(row["settings"])] = row["held_out_loss"]
+            tokens = _tokens(row["settings"])
+            best[tokens] = min(best.get(tokens, float("inf")), row["held_out_loss"])
+    for row in rows:
+        reference = same.get(_budget_key(row["settings"]))
+        strong = best.get(_tokens(row["settings"]))
+        row["ddp_same_settings"] = reference
+        row["vs_ddp"] = None if reference is None else row["held_out_loss"] / reference - 1
+        row["ddp_best"] = strong
+        row["vs_ddp_best"] = None if strong is None else row["held_out_loss"] / strong - 1
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="diloco_ablations.json")
+    parser.add_argument("--add", action="append", default=[], metavar="NAME=PATH",
+                        help="add (or replace) the rows of a bench_diloco.py result under NAME")
+    parser.add_argument("--remove", action="append", default=[], metavar="NAME")
+    parser.add_argument("--table", default=str(TABLE))
     args = parser.parse_args()
-    rows = []
-    ddp_by_budget: dict[tuple, float] = {}
-    ddp_best: dict[int, float] = {}  # tokens (per block) -> best DDP held-out loss
-    runs = {path.stem.removeprefix("diloco_"): json.loads(path.read_text())
-            for path in sorted(RESULTS.glob("diloco_*.json")) if path.name != Path(args.out).name}
-    runs = {tag: run for tag, run in runs.items() if "summary" in run and "args" in run}
-    for tag, run in runs.items():
-        ddp = run["summary"].get("ddp")
-        if ddp:
-            a = run["args"]
-            key = (a["rounds"] * a["inner_steps"], a["inner_lr"], a.get("lr_schedule", "constant"),
-                   a.get("warmup_steps", 0), a.get("beta2", 0.95), a.get("weight_decay", 0.0))
-            ddp_by_budget[key] = ddp["held_out_loss"]
-            ddp_best[_tokens(a)] = min(ddp_best.get(_tokens(a), float("inf")), ddp["held_out_loss"])
-    for tag, run in runs.items():
-        if not tag.startswith(("abl_", "final", "bw_", "x4")):
-            continue
-        a = run["args"]
-        key = (a["rounds"] * a["inner_steps"], a["inner_lr"], a.get("lr_schedule", "constant"),
-               a.get("warmup_steps", 0), a.get("beta2", 0.95), a.get("weight_decay", 0.0))
-        reference = ddp_by_budget.get(key)
-        best = ddp_best.get(_tokens(a))
-        for mode, summary in run["summary"].items():
-            loss = summary["held_out_loss"]
-            rows.append({
-                "tag": tag, "mode": mode, "settings": {k: a.get(k) for k in KEYS},
-                "held_out_loss": loss,
-                "ddp_same_settings": reference,
-                "vs_ddp": None if reference is None else loss / reference - 1,
-                "ddp_best": best,
-                "vs_ddp_best": None if best is None else loss / best - 1,
-                "fewer_bytes_than_ddp": summary.get("fewer_bytes_than_ddp"),
-                "resolved": run.get("resolved"),
-                "bytes_per_replica": summary["bytes_per_replica"],
-                "codec_outer_share": summary["codec_outer_share"],
-            })
-    (RESULTS / args.out).write_text(json.dumps({"rows": rows}, indent=1))
+    table = Path(args.table)
+    rows = json.loads(table.read_text())["rows"] if table.exists() else []
+    for name in args.remove:
+        rows = [row for row in rows if row["tag"] != name]
+    for item in args.add:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise SystemExit(f"--add {item!r}: expected NAME=PATH")
+        run = json.loads(Path(path).read_text())
+        rows = [row for row in rows if row["tag"] != name] + rows_of(name, run)
+    compare(rows)
+    if args.add or args.remove or not table.exists():
+        write_result(table, {"rows": rows})
+        print(f"wrote {table}")
     print(f"{'tag':<34} {'mode':<9} {'held-out':>9} {'ddp':>7} {'vs ddp':>8} {'best ddp':>8} {'vs best':>8}")
     for row in rows:
         gap = "-" if row["vs_ddp"] is None else f"{100 * row['vs_ddp']:+.2f}%"
@@ -83,7 +111,6 @@ def main() -> int:
         best_gap = "-" if row["vs_ddp_best"] is None else f"{100 * row['vs_ddp_best']:+.2f}%"
         best = "-" if row["ddp_best"] is None else f"{row['ddp_best']:.4f}"
         print(f"{row['tag']:<34} {row['mode']:<9} {row['held_out_loss']:>9.4f} {ref:>7} {gap:>8} {best:>8} {best_gap:>8}")
-    print(f"wrote {(RESULTS / args.out).relative_to(REPO)}")
     return 0
 
 

@@ -133,7 +133,8 @@ def main() -> int:
     parser.add_argument("--max-seconds", type=float, default=2.0, help="per-input time bound")
     parser.add_argument("--max-alloc-mib", type=float, default=64.0, help="per-input traced allocation bound")
     parser.add_argument("--memory-every", type=int, default=100, help="trace allocations of one input in N")
-    parser.add_argument("--crash-dir", default=str(RESULTS / "fuzz-crashes"))
+    parser.add_argument("--crash-dir", default="/tmp/dlx-fuzz-crashes",
+                        help="where inputs that raised an unexpected exception are saved")
     parser.add_argument("--out", default=str(RESULTS / "fuzz.json"))
     args = parser.parse_args()
 

@@ -35,6 +35,10 @@ def test_demo_runs_and_summarizes_from_the_chain(tmp_path):
     reference = summary["centralized_reference_eval_loss"]
     assert 0 < reference < summary["rounds"][0]["eval_loss"] + 1.0
     assert "centralized data-parallel AdamW on the same tokens" in proc.stdout
+    # ... and what that gap means: this run's size, beside the training benchmark's figure read from its JSON.
+    assert "this demo is 2 short rounds of H=4" in proc.stdout
+    assert summary["benchmark"]["path"].endswith("bench/results/diloco.json") and "missing" not in summary["benchmark"]
+    assert f"DiLoCoX is {100 * summary['benchmark']['loss_vs_ddp']:+.1f}% against centralized AdamW" in proc.stdout
     # The demo refuses to reuse a non-empty directory (it always starts a fresh chain).
     again = subprocess.run([sys.executable, "-m", "node.cli", "demo", "--out", str(out)],
                            capture_output=True, text=True, timeout=120, check=False)

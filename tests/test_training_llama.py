@@ -16,7 +16,7 @@ from training.stages import StageModule, split_stages, split_state_dict, stage_p
 
 TINY = ModelConfig(preset="llama-tiny")
 
-#: Parameters of every Llama preset at the vocabulary it is named for (README "Llama family").
+#: Parameters of every Llama preset at the vocabulary it is named for (docs/MODELS.md, the preset table).
 PRESET_PARAMS = {
     ("llama-tiny", 256): 34_976,
     ("llama-20m", 8192): 18_880_896,

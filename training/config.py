@@ -242,7 +242,7 @@ class TrainingConfig:
     seed: int = 0
     batch_size: int = 8
     inner_lr: float = 3e-3
-    weight_decay: float = 0.1  # on matrices only (nanoGPT; bench/results/diloco_abl_ddp_*)
+    weight_decay: float = 0.1  # on matrices only (nanoGPT; bench/results/diloco_ablations.json)
     beta1: float = 0.9
     beta2: float = 0.99  # 0.95 -> 0.99: held-out 2.023 -> 1.767 at 1.536 M tokens (docs/DILOCOX.md section 9)
     grad_clip: float = 1.0

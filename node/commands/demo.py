@@ -71,6 +71,10 @@ class _Signals:
 #: The demo's quorum fraction of the members in force, in basis points (its floor is --attest-quorum).
 DEMO_QUORUM_BPS = 5000
 
+#: The training benchmark's one current result (bench/bench_diloco.py): DiLoCoX against centralized
+#: AdamW at a real token budget, printed beside the demo's own short-run figure.
+BENCHMARK_RESULT = Path(__file__).resolve().parents[2] / "bench" / "results" / "diloco.json"
+
 
 def _dataset_model_settings(directory: Path) -> list[str]:
     """The model settings a prepared dataset (``dlx-node data prepare``) needs: its vocabulary and tokenizer."""
@@ -166,6 +170,7 @@ def _train_and_report(run: LocalRun, args: argparse.Namespace, out: Path, view: 
     if getattr(args, "reference", True) and summary["rounds"]:
         print("training the centralized reference on the same tokens (skip with --no-reference) ...", flush=True)
         summary["centralized_reference_eval_loss"] = centralized_reference_loss(run, len(summary["rounds"]))
+        summary["benchmark"] = benchmark_figure(BENCHMARK_RESULT)
     print(format_summary(summary), flush=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return ok
@@ -196,6 +201,29 @@ def centralized_reference_loss(run: LocalRun, rounds: int) -> float:
         quiet.setLevel(level)
 
 
+def benchmark_figure(path: Path) -> dict:
+    """DiLoCoX against DDP in the training benchmark's current result at ``path``, read at run time.
+
+    Returns ``{"path", "loss_vs_ddp", "fewer_bytes", "tokens", "rounds", "inner_steps", "data"}``, or
+    ``{"path", "missing": reason}`` when the file is absent (an installed package has no bench/) or
+    is not a bench_diloco.py result with both modes; the demo then says so instead of a figure.
+    """
+    try:
+        result = json.loads(path.read_text())
+        x = result["summary"]["diloco_x"]
+        settings = result["args"]
+        figure = {"path": str(path), "loss_vs_ddp": float(x["loss_vs_ddp"]),
+                  "fewer_bytes": float(x["fewer_bytes_than_ddp"]),
+                  "tokens": int(max(point["tokens"] for point in x["curve"])),
+                  "rounds": int(settings["rounds"]), "inner_steps": int(settings["inner_steps"]),
+                  "data": Path(str(settings["data"])).parent.name or str(settings["data"])}
+    except FileNotFoundError:
+        return {"path": str(path), "missing": "not found (run bench/bench_diloco.py from a clone)"}
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # not a bench_diloco.py result with DDP and DiLoCoX
+        return {"path": str(path), "missing": f"unreadable ({type(exc).__name__}: {exc})"}
+    return figure
+
+
 def summarize(run: LocalRun) -> dict:
     """Read the run back from the chain and the nodes' status files."""
     from ledger.records import from_micro
@@ -220,6 +248,7 @@ def summarize(run: LocalRun) -> dict:
     # Ring AllReduce of fp32 gradients every inner step: 2 (M-1)/M x model bytes per replica per step.
     m = run.replicas
     steps = len(rounds) * cfg.diloco.inner_steps
+    tokens = steps * m * cfg.training.batch_size * cfg.model.block_size
     allreduce = int(2 * (m - 1) / m * params * 4 * steps * m) if m > 1 else 0
     checkpoints = [{"round": c.round, "content_hash": c.content_hash.hex(), "uri": c.uri}
                    for c in history.checkpoints]
@@ -237,17 +266,33 @@ def summarize(run: LocalRun) -> dict:
         "members": len({m.account for m in history.memberships}),
         "rpc_url": run.url, "registry": run.registry, "ledger": run.ledger,
         "model_params": params, "rounds": rounds, "bytes_sent_all_nodes": sent,
-        "pseudo_gradient_bytes": exchange, "inner_steps": cfg.diloco.inner_steps,
+        "pseudo_gradient_bytes": exchange, "inner_steps": cfg.diloco.inner_steps, "tokens": tokens,
+        "data": "a generated corpus" if not cfg.training.data_path else Path(cfg.training.data_path).name,
         "allreduce_bytes_equivalent": allreduce, "checkpoints": checkpoints, "latest_checkpoint_file": ckpt_path,
         "disputes": len(history.disputes), "workdir": str(run.workdir),
         "node_dirs": [str(slot.data_dir) for slot in run.nodes],
     }
 
 
+def _benchmark_lines(s: dict) -> list[str]:
+    """What the demo's gap means: a few short rounds, beside the benchmark's figure at a real budget."""
+    demo = (f"  this demo is {len(s['rounds'])} short rounds of H={s['inner_steps']} ({s.get('tokens', 0):,} tokens) "
+            f"on {s.get('data', 'its data')}: a check that the system works, not a measure of the method;")
+    bench = s.get("benchmark")
+    if not bench:
+        return [demo]
+    if "missing" in bench:
+        return [demo, f"  the training benchmark's result {bench['path']}: {bench['missing']}"]
+    measured = (f"  at a real budget ({bench['tokens']:,} tokens of {bench['data']}, {bench['rounds']} rounds of "
+                f"H={bench['inner_steps']}) DiLoCoX is {100 * bench['loss_vs_ddp']:+.1f}% against centralized AdamW "
+                f"with {bench['fewer_bytes']:.0f}x fewer bytes ({bench['path']}, from bench/bench_diloco.py)")
+    return [demo, measured]
+
+
 def format_summary(s: dict) -> str:
-    lines = ["", f"run {s['run_id']}: {len(s['rounds'])} rounds committed on chain ({s['model_params']:,} parameters), "
-                 f"each signed by at least {s['attest_quorum']} of the run's {s['members']} staked members "
-                 f"({s['stake_wei'] / 1e18:g} ETH each, unbonding {s['unbonding_blocks']} blocks)",
+    lines = ["", (f"run {s['run_id']}: {len(s['rounds'])} rounds committed on chain ({s['model_params']:,} parameters), "
+                  f"each signed by at least {s['attest_quorum']} of the run's {s['members']} staked members "
+                  f"({s['stake_wei'] / 1e18:g} ETH each, unbonding {s['unbonding_blocks']} blocks)"),
              "  round  held-out  train   contributors  attesters  weights root"]
     for r in s["rounds"]:
         lines.append(f"  {r['round']:>5}  {r['eval_loss']:8.4f}  {r['train_loss']:6.4f}  {r['contributors']:>12}  "
@@ -259,6 +304,7 @@ def format_summary(s: dict) -> str:
         final = s["rounds"][-1]["eval_loss"]
         lines.append(f"held-out loss {final:.4f}; centralized data-parallel AdamW on the same tokens: {reference:.4f} "
                      f"({100 * (final / reference - 1):+.1f}%)")
+        lines.extend(_benchmark_lines(s))
     lines.append(f"pseudo-gradients exchanged: {exchange / 1e6:.2f} MB; data-parallel AllReduce of fp32 gradients "
                  f"every step would have sent {allreduce / 1e6:.2f} MB "
                  f"({allreduce / exchange if exchange else float('nan'):.0f}x more, H={s['inner_steps']})")

@@ -239,6 +239,38 @@ def audit_run(
     started = time.perf_counter()
     history = client.history(run_id)
     timings["read_history_s"] = time.perf_counter() - started
+    report = _new_report(client, run_id, history, replay)
+    mark = time.perf_counter()
+    chain = _chain_checks(client, history, report, check_code)
+    _findings(history, chain, report)
+    timings["chain_checks_s"] = time.perf_counter() - mark
+    timings["chain_total_s"] = time.perf_counter() - started
+
+    sources: list = [ArchiveSource(d, run_id) for d in archives]
+    if fetcher is not None:
+        sources.append(PeerSource(fetcher, run_id))
+    report.sources = [s.name for s in sources]
+    mark = time.perf_counter()
+    document, replayer, layout = _replay_setup(report, history, sources, data_path, run_id)
+    _check_rounds(report, history, chain, sources, (document, replayer, layout), replay, progress)
+    timings["rounds_s"] = time.perf_counter() - mark
+    if reexecute:
+        from node.tools.audit_reexec import reexec_checks
+
+        mark = time.perf_counter()
+        reexec_checks(report, history, replayer, archives, reexecute)
+        timings["reexecute_s"] = time.perf_counter() - mark
+    timings["total_s"] = time.perf_counter() - started
+    replays = [r.replay_seconds for r in report.rounds if r.replay_seconds is not None]
+    if replays:
+        timings["replay_mean_s_per_round"] = sum(replays) / len(replays)
+        timings["replay_max_s_per_round"] = max(replays)
+    report.timings = {k: round(v, 4) for k, v in timings.items()}
+    return report
+
+
+def _new_report(client: Any, run_id: int, history: Any, replay: bool) -> AuditReport:
+    """The report of a run's history before any check: the run's fields and one verdict per commit."""
     run = history.run
     report = AuditReport(
         run_id=run_id,
@@ -271,18 +303,11 @@ def audit_run(
                 checkpoint_hash=c.checkpoint_hash.hex() if c.has_checkpoint else "",
             )
         )
-    mark = time.perf_counter()
-    chain = _chain_checks(client, history, report, check_code)
-    _findings(history, chain, report)
-    valid = chain.valid
-    timings["chain_checks_s"] = time.perf_counter() - mark
-    timings["chain_total_s"] = time.perf_counter() - started
+    return report
 
-    sources: list = [ArchiveSource(d, run_id) for d in archives]
-    if fetcher is not None:
-        sources.append(PeerSource(fetcher, run_id))
-    report.sources = [s.name for s in sources]
-    mark = time.perf_counter()
+
+def _replay_setup(report: AuditReport, history: Any, sources: list, data_path, run_id: int) -> tuple:
+    """The run document (checked against the configHash), a replayer and the checkpoint layout, or Nones."""
     document = check_run_document(report, history, sources)
     replayer = layout = None
     if document is not None:
@@ -291,18 +316,27 @@ def audit_run(
             replayer.sources, replayer.run_id = sources, run_id
             from node.store.checkpoint import RunLayout
 
-            layout = RunLayout.of_document(run_id, run.config_hash, document)
+            layout = RunLayout.of_document(run_id, history.run.config_hash, document)
         except DLX_ERRORS as exc:  # hashes to the configHash, yet its settings do not load
             report.general.append(Check("run document settings", FAIL, str(exc)))
+    return document, replayer, layout
+
+
+def _check_rounds(
+    report: AuditReport, history: Any, chain: Any, sources: list, setup: tuple, replay: bool,
+    progress: Progress | None,
+) -> None:
+    """Every committed round in order: contributions, replay, disputes, checkpoints (and orphan checkpoints)."""
+    document, replayer, layout = setup
+    run = history.run
     checkpoints = {c.round: c for c in history.checkpoints}
     commits = {r.commit.round: r.commit for r in history.commits}
     for ckpt_round in sorted(set(checkpoints) - set(commits)):
         check_checkpoint(report, checkpoints[ckpt_round], None, sources, replayer, layout)
-
     previous_block = run.block_number
     previous_round = -1
     total = len(history.commits)
-    for index, (record, verdict) in enumerate(zip(history.commits, report.rounds)):
+    for index, (record, verdict) in enumerate(zip(history.commits, report.rounds, strict=True)):
         commit = record.commit
         if replayer is not None and replay:
             if commit.round == 0:
@@ -310,40 +344,19 @@ def audit_run(
             elif commit.round != previous_round + 1:
                 replayer.drop()  # a round that was never committed: the state after it is unknown
                 verdict.notes.append(f"rounds {previous_round + 1}..{commit.round - 1} were never committed")
-        payloads = check_contributions(
-            verdict, record, sources, run.num_stages, valid, previous_block, run, document
-        )
+        payloads = check_contributions(verdict, record, sources, run.num_stages, chain.valid, previous_block, run,
+                                       document)
         replayed = check_replay(verdict, commit, replayer, payloads, replay)
         if commit.round in chain.disputes:
             _judge_disputes(verdict, chain.disputes[commit.round], commit, replayed)
         if commit.round in checkpoints:
-            ckpt = check_checkpoint(
-                report,
-                checkpoints[commit.round],
-                commit,
-                sources,
-                replayer if replay else None,
-                layout,
-            )
+            ckpt = check_checkpoint(report, checkpoints[commit.round], commit, sources,
+                                    replayer if replay else None, layout)
             if ckpt is not None and replayer is not None and replay and replayer.weights is None:
                 replayer.start_from_checkpoint(ckpt)  # the base for the rounds after a gap
         previous_block, previous_round = record.block_number, commit.round
         if progress is not None:
             progress(index + 1, total, f"round {commit.round}")
-    timings["rounds_s"] = time.perf_counter() - mark
-    if reexecute:
-        from node.tools.audit_reexec import reexec_checks
-
-        mark = time.perf_counter()
-        reexec_checks(report, history, replayer, archives, reexecute)
-        timings["reexecute_s"] = time.perf_counter() - mark
-    timings["total_s"] = time.perf_counter() - started
-    replays = [r.replay_seconds for r in report.rounds if r.replay_seconds is not None]
-    if replays:
-        timings["replay_mean_s_per_round"] = sum(replays) / len(replays)
-        timings["replay_max_s_per_round"] = max(replays)
-    report.timings = {k: round(v, 4) for k, v in timings.items()}
-    return report
 
 
 # ---------------------------------------------------------------------- the command

@@ -53,47 +53,26 @@ def _contribution_root(entries: list[tuple[int, int, str, str]]) -> bytes:
     return merkle_root([bytes.fromhex(h) for _s, _r, _p, h in entries])
 
 
-def check_contributions(
-    verdict: RoundVerdict,
-    record: Any,
-    sources: list,
-    num_stages: int,
-    valid: dict[str, list],
-    previous_block: int,
-    run: Any,
-    document: dict | None,
-) -> list[list[bytes]] | None:
-    """Contributions root and envelopes of one round; return the payloads per stage if all verified."""
-    from ledger.checks import bound_account
-    from p2p.envelope import decode_envelope
-    from p2p.errors import EnvelopeRejected
-
-    commit = record.commit
+def _committed_entries(verdict: RoundVerdict, commit: Any, sources: list, num_stages: int) -> list | None:
+    """The listed contributions whose Merkle root is the commit's (a check appended either way), or None."""
     candidates, unlisted = _candidate_sets(sources, commit.round, num_stages)
     if unlisted:
-        what = (
-            "this round's contributions"
-            if len(unlisted) == num_stages
-            else f"stage(s) {unlisted} of this round"
-        )
+        what = "this round's contributions" if len(unlisted) == num_stages else f"stage(s) {unlisted} of this round"
         verdict.checks.append(Check("contributions root", UNVERIFIABLE, f"no archive or peer lists {what}"))
         return None
     entries = next((c for c in candidates if _contribution_root(c) == commit.contributions_root), None)
     if entries is None:
         got = _contribution_root(candidates[0]).hex()
-        verdict.checks.append(
-            Check(
-                "contributions root",
-                FAIL,
-                f"Merkle root of the archived contributions is "
-                f"{got}, chain says {commit.contributions_root.hex()}",
-            )
-        )
+        verdict.checks.append(Check(
+            "contributions root", FAIL,
+            f"Merkle root of the archived contributions is {got}, chain says {commit.contributions_root.hex()}"))
         return None
     verdict.checks.append(Check("contributions root", OK))
-    verdict.contributors = [Contributor(s, r, p, h) for s, r, p, h in entries]
+    return entries
 
-    # Structure: every stage aggregated something, one contribution per replica per stage.
+
+def _shape_problems(entries: list, commit: Any, num_stages: int, document: dict | None) -> list[str]:
+    """Every stage aggregated something, one contribution per replica per stage, the commit's counts."""
     problems = []
     for stage in range(num_stages):
         replicas = [r for s, r, _p, _h in entries if s == stage]
@@ -107,27 +86,68 @@ def check_contributions(
     if document is not None:
         last_replicas = {r for s, r, _p, _h in entries if s == num_stages - 1}
         per_replica = (
-            document["diloco"]["inner_steps"]
-            * document["training"]["batch_size"]
-            * document["model"]["block_size"]
+            document["diloco"]["inner_steps"] * document["training"]["batch_size"] * document["model"]["block_size"]
         )
         if commit.tokens != per_replica * len(last_replicas):
             problems.append(f"tokens {commit.tokens} != {per_replica} x {len(last_replicas)} replicas")
-    verdict.checks.append(
-        Check("round shape", FAIL, "; ".join(problems)) if problems else Check("round shape", OK)
-    )
+    return problems
+
+
+def _verified_payload(
+    data: bytes, contributor: Contributor, record: Any, run: Any, valid: dict[str, list], previous_block: int
+) -> tuple[bytes | None, str, bool]:
+    """``(blob, "", _)`` for a committed envelope that verifies (its signer's account set on ``contributor``),
+    else ``(None, reason, absent_ok)``; ``absent_ok``: in the sliced exchange the envelope is an absent input
+    rather than a failure (a holder does not fetch the closed envelopes: node.live.sliced.usable_reference)."""
+    from ledger.checks import bound_account
+    from p2p.envelope import decode_envelope
+    from p2p.errors import EnvelopeRejected
+
+    try:
+        env = decode_envelope(data, MAX_ENVELOPE_BYTES)
+    except EnvelopeRejected as exc:
+        return None, f"envelope rejected: {exc}", True
+    got = (env.kind, env.run_id, env.round, env.stage, env.replica, env.sender_peer_id)
+    want = (CONTRIBUTION_KIND, run.run_id, record.commit.round, contributor.stage, contributor.replica,
+            contributor.peer_id)
+    if got != want:
+        fields = ("kind", "run", "round", "stage", "replica", "signer")
+        diff = ", ".join(f"{f} {g!r} != {w!r}" for f, g, w in zip(fields, got, want, strict=True) if g != w)
+        return None, f"signed header does not match: {diff}", True
+    account = bound_account(valid, env.sender, previous_block, record.block_number)
+    if account is None:
+        return None, (f"signer {env.sender_peer_id} is not bound to any registered account (valid binding "
+                      "signature) during the round"), False
+    contributor.account = account
+    try:
+        body = msg.decode_contribution_body(env.payload)
+    except msg.ProtocolError as exc:
+        return None, f"not a contribution: {exc}", True
+    return body.blob, "", False
+
+
+def check_contributions(
+    verdict: RoundVerdict,
+    record: Any,
+    sources: list,
+    num_stages: int,
+    valid: dict[str, list],
+    previous_block: int,
+    run: Any,
+    document: dict | None,
+) -> list[list[bytes]] | None:
+    """Contributions root and envelopes of one round; return the payloads per stage if all verified."""
+    commit = record.commit
+    entries = _committed_entries(verdict, commit, sources, num_stages)
+    if entries is None:
+        return None
+    verdict.contributors = [Contributor(s, r, p, h) for s, r, p, h in entries]
+    problems = _shape_problems(entries, commit, num_stages, document)
+    verdict.checks.append(Check("round shape", FAIL, "; ".join(problems)) if problems else Check("round shape", OK))
 
     payloads: list[list[bytes]] = [[] for _ in range(num_stages)]
     missing = 0
-    # In the sliced exchange a holder does not fetch the closed envelopes: one that is no contribution is
-    # an absent input for its aggregators (node.live.sliced.usable_reference), and so for the replay.
     sliced = document is not None and document.get("diloco", {}).get("exchange") == "sliced"
-
-    def absent(label: str, contributor, reason: str) -> None:
-        verdict.notes.append(f"{label}: {reason}; an absent input of the sliced exchange")
-        verdict.checks.append(Check(label, OK, f"absent input ({reason})"))
-        payloads[contributor.stage].append(b"")
-
     for contributor in verdict.contributors:
         label = f"contribution s{contributor.stage} r{contributor.replica} {contributor.envelope[:12]}"
         copy = first_good_copy(
@@ -136,64 +156,22 @@ def check_contributions(
         if copy.data is None:
             if copy.bad:
                 verdict.checks.append(
-                    Check(
-                        label, FAIL, "archived bytes are not the committed envelope: " + "; ".join(copy.bad)
-                    )
-                )
+                    Check(label, FAIL, "archived bytes are not the committed envelope: " + "; ".join(copy.bad)))
             else:
-                verdict.checks.append(
-                    Check(label, UNVERIFIABLE, "envelope bytes not held by any archive or peer")
-                )
+                verdict.checks.append(Check(label, UNVERIFIABLE, "envelope bytes not held by any archive or peer"))
                 missing += 1
             continue
         verdict.notes += [f"{label}: corrupt copy ignored ({b})" for b in copy.bad]
-        try:
-            env = decode_envelope(copy.data, MAX_ENVELOPE_BYTES)
-        except EnvelopeRejected as exc:
-            if sliced:
-                absent(label, contributor, f"envelope rejected: {exc}")
-            else:
-                verdict.checks.append(Check(label, FAIL, f"envelope rejected: {exc}"))
-            continue
-        got = (env.kind, env.run_id, env.round, env.stage, env.replica, env.sender_peer_id)
-        want = (
-            CONTRIBUTION_KIND,
-            run.run_id,
-            commit.round,
-            contributor.stage,
-            contributor.replica,
-            contributor.peer_id,
-        )
-        if got != want:
-            fields = ("kind", "run", "round", "stage", "replica", "signer")
-            diff = ", ".join(f"{f} {g!r} != {w!r}" for f, g, w in zip(fields, got, want) if g != w)
-            if sliced:
-                absent(label, contributor, f"signed header does not match: {diff}")
-            else:
-                verdict.checks.append(Check(label, FAIL, f"signed header does not match: {diff}"))
-            continue
-        account = bound_account(valid, env.sender, previous_block, record.block_number)
-        if account is None:
-            verdict.checks.append(
-                Check(
-                    label,
-                    FAIL,
-                    f"signer {env.sender_peer_id} is not bound to any registered "
-                    "account (valid binding signature) during the round",
-                )
-            )
-            continue
-        contributor.account = account
-        try:
-            body = msg.decode_contribution_body(env.payload)
-        except msg.ProtocolError as exc:
-            if sliced:
-                absent(label, contributor, f"not a contribution: {exc}")
-            else:
-                verdict.checks.append(Check(label, FAIL, f"not a contribution: {exc}"))
-            continue
-        verdict.checks.append(Check(label, OK))
-        payloads[contributor.stage].append(body.blob)
+        blob, reason, absent_ok = _verified_payload(copy.data, contributor, record, run, valid, previous_block)
+        if blob is not None:
+            verdict.checks.append(Check(label, OK))
+            payloads[contributor.stage].append(blob)
+        elif sliced and absent_ok:
+            verdict.notes.append(f"{label}: {reason}; an absent input of the sliced exchange")
+            verdict.checks.append(Check(label, OK, f"absent input ({reason})"))
+            payloads[contributor.stage].append(b"")
+        else:
+            verdict.checks.append(Check(label, FAIL, reason))
     if any(c.status == FAIL for c in verdict.checks) or missing:
         return None
     return payloads

@@ -62,45 +62,56 @@ def sliced_average(cfg: Any, run_id: int, round_index: int, stage: int, shapes: 
     partial nor its inputs.
     """
     from ledger.merkle import merkle_root
-    from p2p.envelope import decode_envelope
-    from p2p.errors import EnvelopeRejected
-    from training.butterfly import (
-        SliceError,
-        average_of_partials,
-        bundle_slices,
-        candidate,
-        live_plan,
-        parse_partial,
-        parse_slice_reference,
-        replay_partial,
-    )
+    from training.butterfly import average_of_partials, live_plan
 
     plan = live_plan(shapes, cfg.diloco.num_replicas, cfg.diloco.min_slice_numel)
-    members = len(references)
-    parsed = []
+    bundles = _contributor_bundles(cfg, plan, references, peers, sources, round_index, stage, notes)
+    # the close's contributions root, which every partial binds
+    bound = _bound_partials(cfg, run_id, round_index, stage, plan, peers, sources, merkle_root(hashes))
+    numel = sum(math.prod(s) for s in shapes.values())
+    budget = cfg.compression.stage_bandwidth_budget(numel, cfg.diloco.inner_steps, cfg.diloco.num_replicas)
+    where = (stage, round_index)
+    blobs = [_applied_partial(cfg, plan, j, bound.get(j, {}), bundles, budget, where, checks, notes)
+             for j in range(plan.num_slices)]
+    return average_of_partials(blobs, plan, stage_index=stage, outer_round=round_index,
+                               refuse_raw=cfg.compression.enabled)
+
+
+def _contributor_bundles(cfg: Any, plan: Any, references: list[bytes], peers: list[str], sources: list,
+                         round_index: int, stage: int, notes: list[str]) -> list:
+    """Each contributor's slice blobs in canonical order: a list per contributor, a list of Nones for an
+    absent input, None when no archive holds a bundle that checks."""
+    from training.butterfly import SliceError, bundle_slices, parse_slice_reference
+
+    absent = [None] * plan.num_slices
+    bundles = []
     for index, data in enumerate(references):
         try:
-            parsed.append(parse_slice_reference(data, plan.num_slices, cfg.p2p.max_blob_bytes))
+            reference = parse_slice_reference(data, plan.num_slices, cfg.p2p.max_blob_bytes)
         except SliceError as exc:  # the aggregators' rule (node.live.sliced.usable_reference): absent
             notes.append(f"stage {stage}: contribution {index} of {peers[index][-8:]} is no usable slice "
                          f"reference ({exc}): an absent input")
-            parsed.append(None)
-    root = merkle_root(hashes)  # the close's contributions root, which every partial binds
-    absent = [None] * plan.num_slices
-    bundles = []  # each contributor's slice blobs, or None when no archive holds a bundle that checks
-    for reference in parsed:
-        if reference is None:
             bundles.append(absent)
             continue
-        data = _slice_blob(sources, round_index, reference.bundle_digest)
+        blob = _slice_blob(sources, round_index, reference.bundle_digest)
         try:
-            bundles.append(None if data is None else bundle_slices(data, reference))
+            bundles.append(None if blob is None else bundle_slices(blob, reference))
         except SliceError as exc:
             notes.append(f"stage {stage}: bundle {reference.bundle_digest.hex()[:12]} does not check: {exc}")
             bundles.append(None)
-    numel = sum(math.prod(s) for s in shapes.values())
-    budget = cfg.compression.stage_bandwidth_budget(numel, cfg.diloco.inner_steps, cfg.diloco.num_replicas)
-    bound: dict[int, dict[bytes, str]] = {}  # slice -> partial blob -> signer
+    return bundles
+
+
+def _bound_partials(cfg: Any, run_id: int, round_index: int, stage: int, plan: Any, peers: list[str],
+                    sources: list, root: bytes) -> dict[int, dict[bytes, str]]:
+    """slice -> partial blob -> signer, for every archived partial of the stage and round that binds the
+    close's inputs and comes from one of the slice's candidate aggregators."""
+    from p2p.envelope import decode_envelope
+    from p2p.errors import EnvelopeRejected
+    from training.butterfly import SliceError, candidate, parse_partial
+
+    members = len(peers)
+    bound: dict[int, dict[bytes, str]] = {}
     for data in _partials(sources, round_index):
         try:
             env = decode_envelope(data, cfg.p2p.max_blob_bytes)
@@ -117,31 +128,34 @@ def sliced_average(cfg: Any, run_id: int, round_index: int, stage: int, shapes: 
         if env.sender_peer_id not in {peers[candidate(j, round_index, members, m)] for m in range(members)}:
             continue
         bound.setdefault(j, {})[partial.blob] = env.sender_peer_id
-    blobs = []
-    for j in range(plan.num_slices):
-        offers = bound.get(j, {})
-        inputs = [None if bundle is None else bundle[j] for bundle in bundles]
-        complete = all(bundle is not None for bundle in bundles)  # a bad slice of an archived bundle: absent
-        expected = None
-        if complete:
-            expected = replay_partial(inputs, plan, j, cfg.compression, budget, norm_clip=cfg.diloco.norm_clip,
-                                      stage_index=stage, outer_round=round_index)
-            for blob, signer in offers.items():
-                label = f"partial s{stage} j{j} by {signer[-8:]} (replay)"
-                checks.append(Check(label, OK, f"bit for bit from {members} slice blobs") if blob == expected else
-                              Check(label, FAIL, f"the partial signed by {signer} differs from its replay from "
-                                    f"the {members} inputs it binds (a wrong partial over the right inputs)"))
-        elif offers:
-            notes.append(f"stage {stage} slice {j}: slice blobs not archived; the partial is not replayed")
-        if len(offers) == 1:
-            blobs.append(next(iter(offers)))  # what every holder had to apply
-        elif offers and expected in offers:
-            blobs.append(expected)  # honest fallbacks publish the replay's bytes
-        elif expected is not None:
-            notes.append(f"stage {stage} slice {j}: {len(offers)} bound partials; the replay is used")
-            blobs.append(expected)
-        else:
-            raise SlicedEvidenceMissing(f"stage {stage} slice {j}: {len(offers)} bound partials and no slice "
-                                        "blobs to replay them")
-    return average_of_partials(blobs, plan, stage_index=stage, outer_round=round_index,
-                               refuse_raw=cfg.compression.enabled)
+    return bound
+
+
+def _applied_partial(cfg: Any, plan: Any, j: int, offers: dict[bytes, str], bundles: list, budget: int,
+                     where: tuple[int, int], checks: list, notes: list[str]) -> bytes:
+    """The partial every holder had to apply for slice ``j``; each bound partial checked against its replay."""
+    from training.butterfly import replay_partial
+
+    stage, round_index = where
+    members = len(bundles)
+    expected = None
+    if all(bundle is not None for bundle in bundles):  # a bad slice of an archived bundle: absent
+        inputs = [bundle[j] for bundle in bundles]
+        expected = replay_partial(inputs, plan, j, cfg.compression, budget, norm_clip=cfg.diloco.norm_clip,
+                                  stage_index=stage, outer_round=round_index)
+        for blob, signer in offers.items():
+            label = f"partial s{stage} j{j} by {signer[-8:]} (replay)"
+            checks.append(Check(label, OK, f"bit for bit from {members} slice blobs") if blob == expected else
+                          Check(label, FAIL, f"the partial signed by {signer} differs from its replay from "
+                                f"the {members} inputs it binds (a wrong partial over the right inputs)"))
+    elif offers:
+        notes.append(f"stage {stage} slice {j}: slice blobs not archived; the partial is not replayed")
+    if len(offers) == 1:
+        return next(iter(offers))  # what every holder had to apply
+    if offers and expected in offers:
+        return expected  # honest fallbacks publish the replay's bytes
+    if expected is not None:
+        notes.append(f"stage {stage} slice {j}: {len(offers)} bound partials; the replay is used")
+        return expected
+    raise SlicedEvidenceMissing(f"stage {stage} slice {j}: {len(offers)} bound partials and no slice "
+                                "blobs to replay them")

@@ -90,11 +90,12 @@ def _context_note(family: str, block: int) -> str:
 
 def model_card(provenance: dict[str, Any], model: dict[str, Any], rpc_url: str = "", peers: list[str] = ()) -> str:
     """The README.md of a pulled model directory (Hugging Face model card: YAML front matter + Markdown)."""
-    p = provenance
-    rpc = rpc_url or "<chain RPC URL>"
-    peer_args = " ".join(f"--bootstrap {peer}" for peer in peers) or "--bootstrap <multiaddr of a node of the run>"
+    return "\n".join(_front_matter(provenance, model) + [""] + _card_body(provenance, model, rpc_url, peers))
+
+
+def _front_matter(p: dict[str, Any], model: dict[str, Any]) -> list[str]:
+    """The card's YAML front matter: Hugging Face's fields and the provenance under ``dlx``."""
     attesters = p.get("attesters") or []
-    block = model["block_size"]
     family = model.get("family", "gpt2")
     front = [
         "---",
@@ -120,6 +121,16 @@ def model_card(provenance: dict[str, Any], model: dict[str, Any], rpc_url: str =
     ]
     if not attesters:
         front[front.index("  attesters:")] = "  attesters: []"
+    return front
+
+
+def _card_body(p: dict[str, Any], model: dict[str, Any], rpc_url: str, peers: list[str]) -> list[str]:
+    """The card's Markdown: what the model is, its provenance table, how to re-check it and use it."""
+    rpc = rpc_url or "<chain RPC URL>"
+    peer_args = " ".join(f"--bootstrap {peer}" for peer in peers) or "--bootstrap <multiaddr of a node of the run>"
+    attesters = p.get("attesters") or []
+    block = model["block_size"]
+    family = model.get("family", "gpt2")
     table = [
         ("chain id", p["chain_id"]), ("TrainingLedger", p["ledger"]), ("NodeRegistry", p["registry"]),
         ("run", p["run_id"]), ("round", p["round"]), ("weights root (record's weightsRoot)", p["weights_root"]),
@@ -177,7 +188,7 @@ def model_card(provenance: dict[str, Any], model: dict[str, Any], rpc_url: str =
         "facts. The held-out loss of every round is in the run's on-chain records.",
         "",
     ]
-    return "\n".join(front + [""] + body)
+    return body
 
 
 def write_model_extras(out: Path, provenance: dict[str, Any], model: dict[str, Any], rpc_url: str = "",

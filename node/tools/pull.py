@@ -351,17 +351,8 @@ def pull_checkpoint(
     standing = round_standing(history, client.chain_id, client.ledger_address, cleared)
     candidates, skipped = _candidates(history, standing, round_index)
     layout = run_layout(history, archives, fetcher)
-    accepted = record = None
-    for record in candidates:
-        try:
-            accepted = _fetch_verified(history.run, layout, record.commit, out, archives, fetcher)
-            break
-        except CheckpointInconsistent as exc:
-            if round_index is not None or record is candidates[-1]:
-                raise
-            logger.warning("passing over round %d: %s", record.commit.round, exc)
-            skipped.append(f"round {record.commit.round}: {exc.check}: {exc}")
-    ckpt, model_cfg, source, size = accepted
+    record, (ckpt, model_cfg, source, size) = _first_verified(
+        candidates, history.run, layout, out, archives, fetcher, skipped, insist=round_index is not None)
     commit = record.commit
     expected = commit.checkpoint_hash.hex()
     for reason in skipped:
@@ -382,29 +373,31 @@ def pull_checkpoint(
 
     tokenizer = find_tokenizer(model_cfg.tokenizer, archives, fetcher)  # the run's, checked by its hash
     _write_model_dir(ckpt.weights, model_cfg, out, provenance, rpc_url, list(peers), tokenizer)
-    logger.info(
-        "checkpoint of round %d (%s, %d bytes, from %s) exported to %s",
-        commit.round,
-        expected[:16],
-        size,
-        source,
-        out,
-    )
+    logger.info("checkpoint of round %d (%s, %d bytes, from %s) exported to %s", commit.round, expected[:16], size,
+                source, out)
     return PullResult(
-        out,
-        run_id,
-        commit.round,
-        expected,
-        source,
-        size,
-        model_cfg.block_size,
-        attesters=tuple(record.attesters),
-        submitter=record.submitter,
-        skipped=skipped,
-        members_since=_members_since(history, record),
-        cleared=cleared,
-        commit_block=record.block_number,
+        out, run_id, commit.round, expected, source, size, model_cfg.block_size,
+        attesters=tuple(record.attesters), submitter=record.submitter, skipped=skipped,
+        members_since=_members_since(history, record), cleared=cleared, commit_block=record.block_number,
     )
+
+
+def _first_verified(candidates: list, run: Any, layout: Any, out: Path, archives: list, fetcher: Any,
+                    skipped: list[str], insist: bool) -> tuple[Any, tuple]:
+    """The newest candidate record whose checkpoint verifies, with what :func:`_fetch_verified` returned.
+
+    A candidate whose file contradicts its record is passed over (added to ``skipped``) unless it is the
+    last, or the round was asked for (``insist``): then CheckpointInconsistent is raised.
+    """
+    for record in candidates:
+        try:
+            return record, _fetch_verified(run, layout, record.commit, out, archives, fetcher)
+        except CheckpointInconsistent as exc:
+            if insist or record is candidates[-1]:
+                raise
+            logger.warning("passing over round %d: %s", record.commit.round, exc)
+            skipped.append(f"round {record.commit.round}: {exc.check}: {exc}")
+    raise NoCheckpoint("no checkpoint to pull")  # _candidates returns at least one or raises
 
 
 def _members_since(history: Any, record: Any) -> dict[str, int]:

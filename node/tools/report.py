@@ -310,7 +310,15 @@ def loss_curve_svg(
         )
         legend_y += 14
     first = next(iter(series.values()), [])
-    for r, v, status in zip(rounds, first, statuses or []):
+    parts += _status_markers(rounds, first, statuses or [], x, y)
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _status_markers(rounds: list[int], values: list[float], statuses: list[str], x, y) -> list[str]:
+    """A marker on the curve for every round that is not ok: a red cross (failed), else a hollow circle."""
+    parts = []
+    for r, v, status in zip(rounds, values, statuses):
         if status == OK or not (math.isfinite(v) and v > 0):
             continue
         px, py = x(r), y(v)
@@ -325,8 +333,7 @@ def loss_curve_svg(
                 f'<circle class="unverified" data-round="{r}" cx="{px:.1f}" cy="{py:.1f}" r="4" fill="#fff" '
                 f'stroke="{_COLORS[UNVERIFIABLE]}" stroke-width="2"><title>round {r}: unverifiable</title></circle>'
             )
-    parts.append("</svg>")
-    return "".join(parts)
+    return parts
 
 
 def _status(status: str) -> str:
@@ -359,6 +366,37 @@ def _dispute_cell(r: Any) -> str:
     return "".join(rows) or "-"
 
 
+def _round_row(r: Any) -> str:
+    """One row of the rounds table."""
+    esc = html.escape
+    problem = r.first_problem()
+    contributors = (
+        "<br>".join(
+            esc(
+                f"s{c.stage} r{c.replica} {c.peer_id[-10:]}"
+                + (f" ({c.account[:10]})" if c.account else "")
+            )
+            for c in r.contributors
+        )
+        or "-"
+    )
+    attesters = "<br>".join(_short(a) for a in r.attesters) or "-"
+    notes = "".join(f'<div class="note">{esc(n)}</div>' for n in r.notes)
+    replay = f"{r.replay_seconds:.3f}" if r.replay_seconds is not None else "-"
+    return (
+        f'<tr class="round" data-round="{r.round}" data-status="{esc(r.status)}"><td>{r.round}</td>'
+        f"<td>{_status(r.status)}</td>"
+        f"<td>{esc(problem.name + ': ' + problem.reason) if problem else ''}{notes}</td>"
+        f"<td>{r.eval_loss:.4f}</td><td>{r.train_loss:.4f}</td>"
+        f'<td class="roots">weights {_short(r.weights_root)}<br>contributions {_short(r.contributions_root)}'
+        f"<br>checkpoint {_short(r.checkpoint_hash)}</td>"
+        f'<td class="attesters" data-count="{len(r.attesters)}">{attesters}<br>submitted by '
+        f"{_short(r.submitter)}</td>"
+        f'<td class="disputes" data-count="{len(r.disputes)}">{_dispute_cell(r)}</td>'
+        f'<td>{r.num_contributors}</td><td class="contributors">{contributors}</td><td>{replay}</td></tr>'
+    )
+
+
 def render_html(report: Any) -> str:
     """The report as one self-contained HTML document."""
     esc = html.escape
@@ -373,34 +411,7 @@ def render_html(report: Any) -> str:
         },
         statuses=[r.status for r in report.rounds],
     )
-    round_rows = []
-    for r in report.rounds:
-        problem = r.first_problem()
-        contributors = (
-            "<br>".join(
-                esc(
-                    f"s{c.stage} r{c.replica} {c.peer_id[-10:]}"
-                    + (f" ({c.account[:10]})" if c.account else "")
-                )
-                for c in r.contributors
-            )
-            or "-"
-        )
-        attesters = "<br>".join(_short(a) for a in r.attesters) or "-"
-        notes = "".join(f'<div class="note">{esc(n)}</div>' for n in r.notes)
-        replay = f"{r.replay_seconds:.3f}" if r.replay_seconds is not None else "-"
-        round_rows.append(
-            f'<tr class="round" data-round="{r.round}" data-status="{esc(r.status)}"><td>{r.round}</td>'
-            f"<td>{_status(r.status)}</td>"
-            f"<td>{esc(problem.name + ': ' + problem.reason) if problem else ''}{notes}</td>"
-            f"<td>{r.eval_loss:.4f}</td><td>{r.train_loss:.4f}</td>"
-            f'<td class="roots">weights {_short(r.weights_root)}<br>contributions {_short(r.contributions_root)}'
-            f"<br>checkpoint {_short(r.checkpoint_hash)}</td>"
-            f'<td class="attesters" data-count="{len(r.attesters)}">{attesters}<br>submitted by '
-            f"{_short(r.submitter)}</td>"
-            f'<td class="disputes" data-count="{len(r.disputes)}">{_dispute_cell(r)}</td>'
-            f'<td>{r.num_contributors}</td><td class="contributors">{contributors}</td><td>{replay}</td></tr>'
-        )
+    round_rows = [_round_row(r) for r in report.rounds]
     headline = f"{len(report.rounds)} rounds, {counts['ok']} items ok, {counts['FAIL']} failed, " + (
         f"{counts['unverifiable']} unverifiable"
     )
