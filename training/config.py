@@ -89,6 +89,9 @@ MODEL_PRESETS: dict[str, dict[str, int | str]] = {
     # intermediate_size, the SwiGLU width follows Llama's rule (ModelConfig._resolve_llama).
     "llama-tiny": dict(family="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=64,
                        block_size=32),
+    # mini's blocks in Llama's form: the convergence benchmark on 2 CPU cores (~2.6M parameters at
+    # an 8192-token BPE, most of them in the untied embedding and head).
+    "llama-mini": dict(family="llama", n_layer=4, n_head=4, n_kv_head=2, n_embd=128, block_size=128),
     "llama-20m": dict(family="llama", n_layer=8, n_head=6, n_kv_head=2, n_embd=384,
                       block_size=256),
     # GPT-2 small's width and depth, Llama's blocks.
