@@ -215,6 +215,21 @@ class LedgerClient(EventReads):
                 f"TrainingLedger {self.ledger_address} trusts registry {trusted}, not {self.registry_address}"
             )
 
+    def estimate(self, contract: str, name: str, args: tuple = (), value: int = 0) -> tuple[int, dict]:
+        """(gas limit, EIP-1559 fees) of sending ``name(*args)`` to ``contract`` ("registry" or "ledger") now.
+
+        The preflight of :meth:`ledger.tx.TransactionSender.send`: a revert is raised here, decoded. What the
+        transaction would cost at most is ``gas x fees["maxFeePerGas"] + value``.
+        """
+        target = {"registry": self._registry, "ledger": self._ledger}[contract]
+        data = target.encode_abi(name, args=list(args))
+        return self._sender.estimate({"to": target.address, "value": value, "data": data}, name)
+
+    def balance(self, address: str | None = None) -> int:
+        """The wei ``address`` (default: this account) holds."""
+        address = to_checksum_address(address or self.address)
+        return self._sender.rpc(lambda: self.w3.eth.get_balance(address), "eth_getBalance")
+
     # Registry ------------------------------------------------------------------------------------------
     def register(self, pubkey: bytes, signature: bytes, stake: int | None = None) -> str:
         """Register this account with node key ``pubkey`` and its binding ``signature``; return the tx hash.
