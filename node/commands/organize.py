@@ -262,8 +262,6 @@ def run_create_run(args: argparse.Namespace) -> int:
     verify_deployment(w3, deployment["registry"], deployment["ledger"])
     data_dir = Path(args.data_dir).expanduser().resolve()
     config_path = data_dir / "node.toml"
-    if config_path.exists():
-        raise ConfigError(f"{config_path} exists: pick a new --data-dir (one run per node directory)")
     ledger_table = {**ledger_settings(args, rpc, chain_id), "registry_address": deployment["registry"],
                     "ledger_address": deployment["ledger"], "from_block": deployment["from_block"]}
     ledger_cfg = LedgerConfig(**ledger_table)
@@ -271,6 +269,7 @@ def run_create_run(args: argparse.Namespace) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     identity = Identity.load_or_create(data_dir / "identity.key")
     existing = [r for r in client.find_runs(params.config_hash) if r.creator.lower() == client.address.lower()]
+    _refuse_other_runs_directory(config_path, deployment["ledger"], existing)
     spends = _create_plan(client, params, identity, existing, _max_fee(w3, fee_policy(ledger_cfg)))
     check_funds(client.balance(), client.address, spends)
     agree(spends, args.yes, "creating the run")
@@ -302,6 +301,19 @@ def run_create_run(args: argparse.Namespace) -> int:
           f"  dlx-node start --config {config_path}")
     print(f"run link (dlx-node join, run-info, audit, pull):\n{link}")
     return 0
+
+
+def _refuse_other_runs_directory(config_path: Path, ledger: str, existing: list) -> None:
+    """A node directory holds one run: its node.toml may only be that of the run being finished."""
+    from node.config import load_config
+
+    if not config_path.exists():
+        return
+    cfg = load_config(config_path)
+    finishing = existing and cfg.ledger.ledger_address.lower() == ledger.lower() \
+        and cfg.ledger.run_id == existing[-1].run_id
+    if not finishing:
+        raise ConfigError(f"{config_path} exists for another run: pick a new --data-dir (one run per node directory)")
 
 
 def _create_plan(client, params, identity, existing, fee: int) -> list[Spend]:
