@@ -180,3 +180,23 @@ def test_reorg_dropping_a_commit_resubmits_it_once(timed_anvil, caplog):
     receipt = w3.eth.get_transaction_receipt(tx_hash)
     assert w3.eth.block_number - receipt["blockNumber"] + 1 >= 6
     assert any("reorg" in r.getMessage() for r in caplog.records)
+
+
+def test_a_node_counts_a_commit_final_only_confirmations_deep(anvil_session):
+    from ledger_fixtures import mine
+
+    from node.live.onchain import NodeChain
+
+    w3 = connect_rpc(anvil_session.url)  # automine: a block per transaction, none otherwise
+    deployment = deploy(w3)
+    run = deployment.member_run((1,), quorum=1)
+    chain = NodeChain(run.client(1), confirmations=3)
+    assert chain.final_commit_of(run.run_id, 0) is None
+    record, _ = run.commit()
+    assert chain.commit_of(run.run_id, 0) == record  # on chain, one block deep
+    assert chain.final_commit_of(run.run_id, 0) is None
+    mine(w3, 1)
+    assert chain.final_commit_of(run.run_id, 0) is None
+    mine(w3, 1)
+    assert chain.final_commit_of(run.run_id, 0) == record  # three deep
+    assert NodeChain(run.client(1)).final_commit_of(run.run_id, 0) == record  # confirmations 0: once mined
