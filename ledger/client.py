@@ -19,8 +19,6 @@ from eth_utils import to_checksum_address
 from web3 import Web3
 
 import contracts
-from ledger.chain import DEFAULT_RETRY, RetryPolicy
-from ledger.config import fee_policy
 from ledger.attest import (
     order_signatures,
     pack_signatures,
@@ -30,6 +28,8 @@ from ledger.attest import (
     sign_verdict,
     verdict_digest,
 )
+from ledger.chain import DEFAULT_RETRY, RetryPolicy
+from ledger.config import fee_policy
 from ledger.errors import (
     AccountError,
     CommitConflict,

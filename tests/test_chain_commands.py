@@ -140,7 +140,7 @@ def test_deploy_without_an_account_or_without_consent_sends_nothing(w3, tmp_path
 
 # ---------------------------------------------------------------------- create-run
 def test_create_run_refuses_an_address_without_the_contract(w3, tmp_path, deployed, capsys):
-    path, registry, _ = deployed
+    path, _, _ = deployed
     deployment = json.loads(path.read_text())
     deployment["ledger"] = dev_account(9, w3.eth.chain_id).address  # an account, no code
     path.write_text(json.dumps(deployment))

@@ -47,7 +47,7 @@ dispute_blocks = 8
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    done = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    done = subprocess.run([*CLI, *args], check=False, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, f"dlx-node {args[0]} exited {done.returncode}:\n{done.stdout}\n{done.stderr[-3000:]}"
     return done
 
@@ -68,6 +68,14 @@ def stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
+def wait_for_listening(log, process: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not (log.exists() and "listening on" in log.read_text()):
+        assert process.poll() is None, f"the organizer's node exited {process.returncode}"
+        assert time.monotonic() < deadline, "the organizer's node never listened"
+        time.sleep(1)
+
+
 @pytest.mark.slow
 def test_a_run_created_and_joined_with_the_commands_alone(tmp_path):
     anvil = AnvilProcess(extra_args=("--block-time", "1"))
@@ -82,6 +90,7 @@ def test_a_run_created_and_joined_with_the_commands_alone(tmp_path):
         assert "create run (1 stage(s), H=4, k=2, stake 2 ETH, unbonding 16 blocks, 2 rounds)" in created.stdout
         link = (tmp_path / "org" / "run-link.txt").read_text().strip()
         nodes.append(start(tmp_path / "org" / "node.toml", tmp_path / "org.log"))
+        wait_for_listening(tmp_path / "org.log", nodes[0])  # it serves the run document from then on
         joined = cli("join", link, "--dev-account", "2", "--data-dir", str(tmp_path / "j1"), "--yes", "--no-start",
                      "--listen-port", str(free_port()), "--set", "ledger.confirmations=2", timeout=600)
         assert "fetched from the run's peers and checked against the chain" in joined.stdout

@@ -82,9 +82,9 @@ def add_parsers(sub) -> None:
 # ---------------------------------------------------------------------- deploy
 def run_deploy(args: argparse.Namespace) -> int:
     """``dlx-node deploy`` (see module docstring)."""
-    import contracts
     from eth_abi import encode
 
+    import contracts
     from ledger.account import load_account
     from ledger.client import LedgerClient
     from ledger.config import LedgerConfig, fee_policy
@@ -219,10 +219,10 @@ def run_params(run: RunFile):
     from node.runconfig import config_hash, run_document
 
     chain = run.chain
-    stake = int(round(chain["stake_eth"] * 10**18))
+    stake = round(chain["stake_eth"] * 10**18)
     return RunParams(config_hash(run_document(run.cfg)), run.cfg.pipeline.num_stages, run.cfg.diloco.inner_steps,
                      min_stake=stake, quorum=chain["quorum"], quorum_bps=chain["quorum_bps"],
-                     bond=None if chain["bond_eth"] is None else int(round(chain["bond_eth"] * 10**18)),
+                     bond=None if chain["bond_eth"] is None else round(chain["bond_eth"] * 10**18),
                      unbonding_blocks=chain["unbonding_blocks"] or None,
                      accusation_blocks=chain["accusation_blocks"], dispute_blocks=chain["dispute_blocks"],
                      inactivity_rounds=chain["inactivity_rounds"], max_rounds=run.cfg.rounds)
