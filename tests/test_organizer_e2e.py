@@ -77,6 +77,7 @@ def wait_for_listening(log, process: subprocess.Popen, timeout: float = 300) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_a_run_created_and_joined_with_the_commands_alone(tmp_path):
     anvil = AnvilProcess(extra_args=("--block-time", "1"))
     url = anvil.start()
