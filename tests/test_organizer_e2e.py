@@ -27,6 +27,7 @@ rounds = 2
 checkpoint_every = 1
 round_timeout = 180
 torch_threads = 1
+join_timeout = 900          # the organizer waits for the joiner (slow to load on a shared machine)
 
 [model]
 preset = "tiny"
