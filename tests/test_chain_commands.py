@@ -245,3 +245,17 @@ def test_run_info_and_audit_refuse_bad_links(w3, tmp_path, deployed, capsys):
     assert "pass the run link" in capsys.readouterr().err
     assert main(["pull", f"dlx://31337/{ledger}/1?rpc={url}", str(tmp_path / "out"), "--run", "2"]) == 2
     assert "differ" in capsys.readouterr().err
+
+
+def test_a_run_link_gives_audit_and_pull_their_chain_run_and_peers(w3, deployed):
+    import argparse
+
+    from node.commands.member import apply_link
+
+    _, registry, ledger = deployed
+    peer = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWLYbcG2UdN5Hj6A1rxfpfLXjxeNDK9iPoFb2NMH5bEyYW"
+    args = argparse.Namespace(link=f"dlx://31337/{ledger}/3?rpc={w3.provider.endpoint_uri}&peer={peer}", rpc="",
+                              run=None, ledger="", registry="", bootstrap=[])
+    apply_link(args)
+    assert (args.rpc, args.run, args.ledger, args.registry) == (w3.provider.endpoint_uri, 3, ledger, registry)
+    assert args.bootstrap == [peer]
