@@ -36,9 +36,9 @@ def add_fee_args(p: argparse.ArgumentParser) -> None:
                    help="cap on maxFeePerGas in gwei (default: no cap; the fee offered is 2 x base fee + tip)")
     p.add_argument("--priority-fee-gwei", type=float, default=-1.0,
                    help="tip in gwei (default: what the RPC node suggests)")
-    p.add_argument("--confirmations", type=int, default=DEFAULT_CONFIRMATIONS,
-                   help="blocks, its own included, before a transaction counts as final "
-                        f"(default {DEFAULT_CONFIRMATIONS}; a reorg before that makes it be sent again)")
+    p.add_argument("--confirmations", type=int, default=None,
+                   help="blocks, its own included, before a transaction counts as final (default: the node.toml's "
+                        f"for leave/withdraw, else {DEFAULT_CONFIRMATIONS}; a reorg before that makes it be sent again)")
     p.add_argument("--yes", "-y", action="store_true",
                    help="agree beforehand to the transactions listed (else asked on the terminal)")
 
@@ -47,6 +47,8 @@ def ledger_settings(args: argparse.Namespace, rpc_url: str, chain_id: int) -> di
     """The [ledger] table of the sending account and the fee settings (node.toml's, LedgerConfig's fields)."""
     from ledger.config import LedgerConfig
 
+    if args.confirmations is None:
+        args.confirmations = DEFAULT_CONFIRMATIONS
     table: dict = {"backend": "rpc", "rpc_url": rpc_url, "chain_id": chain_id,
                    "confirmations": args.confirmations, "max_fee_gwei": args.max_fee_gwei,
                    "priority_fee_gwei": args.priority_fee_gwei}

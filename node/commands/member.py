@@ -38,8 +38,9 @@ def _member(args: argparse.Namespace):
     from node.config import load_config
     from node.live.onchain import NodeChain
 
-    overrides = [f"ledger.confirmations={args.confirmations}", f"ledger.max_fee_gwei={args.max_fee_gwei}",
-                 f"ledger.priority_fee_gwei={args.priority_fee_gwei}"]
+    overrides = [f"ledger.max_fee_gwei={args.max_fee_gwei}", f"ledger.priority_fee_gwei={args.priority_fee_gwei}"]
+    if args.confirmations is not None:  # else the node's own setting
+        overrides.append(f"ledger.confirmations={args.confirmations}")
     cfg = load_config(args.config, overrides)
     chain = NodeChain.connect(cfg)
     run_id = cfg.ledger.run_id
