@@ -19,7 +19,6 @@ from eth_utils import to_checksum_address
 from web3 import Web3
 
 import contracts
-from ledger.chain import DEFAULT_RETRY, RetryPolicy
 from ledger.attest import (
     order_signatures,
     pack_signatures,
@@ -29,6 +28,8 @@ from ledger.attest import (
     sign_verdict,
     verdict_digest,
 )
+from ledger.chain import DEFAULT_RETRY, RetryPolicy
+from ledger.config import fee_policy
 from ledger.errors import (
     AccountError,
     CommitConflict,
@@ -56,7 +57,7 @@ from ledger.records import (
     check_bytes32,
     check_uint,
 )
-from ledger.tx import TransactionSender
+from ledger.tx import DEFAULT_FEES, FeePolicy, TransactionSender
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ class LedgerClient(EventReads):
         receipt_timeout: Seconds to wait for each transaction to be mined.
         from_block: First block to scan for events (the deployment block; 0 scans from genesis).
         log_page_blocks: Blocks per ``eth_getLogs`` request.
+        fees: EIP-1559 fee cap, tip, replacement of stuck transactions, confirmations (:class:`FeePolicy`).
     """
 
     def __init__(
@@ -112,6 +114,7 @@ class LedgerClient(EventReads):
         receipt_timeout: float = 60.0,
         from_block: int = 0,
         log_page_blocks: int = 10_000,
+        fees: FeePolicy = DEFAULT_FEES,
     ):
         if log_page_blocks < 1:
             raise LedgerInputError(f"log_page_blocks={log_page_blocks}: must be >= 1")
@@ -119,7 +122,7 @@ class LedgerClient(EventReads):
         self.account = account
         self.from_block = from_block
         self.log_page_blocks = log_page_blocks
-        self._sender = TransactionSender(w3, account, retry=retry, receipt_timeout=receipt_timeout)
+        self._sender = TransactionSender(w3, account, retry=retry, receipt_timeout=receipt_timeout, fees=fees)
         registry_abi = contracts.artifact("NodeRegistry")["abi"]
         ledger_abi = contracts.artifact("TrainingLedger")["abi"]
         self._registry = w3.eth.contract(address=to_checksum_address(registry_address), abi=registry_abi)
@@ -142,12 +145,19 @@ class LedgerClient(EventReads):
             receipt_timeout=config.receipt_timeout,
             from_block=config.from_block,
             log_page_blocks=config.log_page_blocks,
+            fees=fee_policy(config),
         )
 
     # Deployment ----------------------------------------------------------------------------------------
     @staticmethod
     def deploy(
-        w3: Web3, account: Any, min_stake: int = 0, *, retry: RetryPolicy = DEFAULT_RETRY
+        w3: Web3,
+        account: Any,
+        min_stake: int = 0,
+        *,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        fees: FeePolicy = DEFAULT_FEES,
+        receipt_timeout: float = 60.0,
     ) -> tuple[str, str]:
         """Deploy a NodeRegistry (with ``min_stake`` wei) and a TrainingLedger bound to it.
 
@@ -155,7 +165,7 @@ class LedgerClient(EventReads):
             (registry_address, ledger_address), checksummed.
         """
         check_uint("min_stake", min_stake, 2**256 - 1)
-        sender = TransactionSender(w3, account, retry=retry)
+        sender = TransactionSender(w3, account, retry=retry, fees=fees, receipt_timeout=receipt_timeout)
         registry = sender.deploy(contracts.artifact("NodeRegistry"), (min_stake,))
         ledger = sender.deploy(contracts.artifact("TrainingLedger"), (registry,))
         logger.info("deployed NodeRegistry at %s and TrainingLedger at %s", registry, ledger)
@@ -204,6 +214,21 @@ class LedgerClient(EventReads):
             raise DeploymentMismatch(
                 f"TrainingLedger {self.ledger_address} trusts registry {trusted}, not {self.registry_address}"
             )
+
+    def estimate(self, contract: str, name: str, args: tuple = (), value: int = 0) -> tuple[int, dict]:
+        """(gas limit, EIP-1559 fees) of sending ``name(*args)`` to ``contract`` ("registry" or "ledger") now.
+
+        The preflight of :meth:`ledger.tx.TransactionSender.send`: a revert is raised here, decoded. What the
+        transaction would cost at most is ``gas x fees["maxFeePerGas"] + value``.
+        """
+        target = {"registry": self._registry, "ledger": self._ledger}[contract]
+        data = target.encode_abi(name, args=list(args))
+        return self._sender.estimate({"to": target.address, "value": value, "data": data}, name)
+
+    def balance(self, address: str | None = None) -> int:
+        """The wei ``address`` (default: this account) holds."""
+        address = to_checksum_address(address or self.address)
+        return self._sender.rpc(lambda: self.w3.eth.get_balance(address), "eth_getBalance")
 
     # Registry ------------------------------------------------------------------------------------------
     def register(self, pubkey: bytes, signature: bytes, stake: int | None = None) -> str:

@@ -21,7 +21,10 @@ class LedgerConfig:
     ledger_address: str = ""
     run_id: int = 0
     chain_id: int = 0  # the run's chain; a node refuses an rpc_url serving another (0: not checked)
-    confirmations: int = 0
+    confirmations: int = 0  # blocks (its own included) before a sent transaction counts as final; 0/1: mined
+    max_fee_gwei: float = 0.0  # cap on maxFeePerGas in gwei (0: no cap)
+    priority_fee_gwei: float = -1.0  # the tip in gwei (-1: ask the node, eth_maxPriorityFeePerGas)
+    replace_after: float = 20.0  # seconds an unmined transaction waits before it is replaced with higher fees
     request_timeout: float = 10.0
     retry_seconds: float = 30.0  # keep retrying an unreachable RPC this long before ChainUnavailable
     startup_wait: float = 600.0  # a starting node waits this long for an unreachable RPC (0: fail at once)
@@ -59,5 +62,26 @@ class LedgerConfig:
             raise LedgerConfigError(f"ledger.from_block={self.from_block}: must be >= 0 (the deployment block)")
         if self.log_page_blocks < 1:
             raise LedgerConfigError(f"ledger.log_page_blocks={self.log_page_blocks}: must be >= 1")
+        if self.confirmations < 0:
+            raise LedgerConfigError(f"ledger.confirmations={self.confirmations}: must be >= 0 blocks")
+        if self.max_fee_gwei < 0:
+            raise LedgerConfigError(f"ledger.max_fee_gwei={self.max_fee_gwei}: must be >= 0 (0: no cap)")
+        if self.priority_fee_gwei < 0 and self.priority_fee_gwei != -1:
+            raise LedgerConfigError(f"ledger.priority_fee_gwei={self.priority_fee_gwei}: must be >= 0, or -1 (ask "
+                                    "the node)")
+        if self.replace_after <= 0:
+            raise LedgerConfigError(f"ledger.replace_after={self.replace_after}: must be > 0 seconds")
         if self.anvil_state_interval < 1:
             raise LedgerConfigError(f"ledger.anvil_state_interval={self.anvil_state_interval}: must be >= 1 second")
+
+
+def fee_policy(config: LedgerConfig):
+    """The :class:`ledger.tx.FeePolicy` of a configuration (web3 is imported only here)."""
+    from ledger.tx import FeePolicy
+
+    return FeePolicy(
+        max_fee_cap=int(config.max_fee_gwei * 10**9),
+        priority_fee=None if config.priority_fee_gwei < 0 else int(config.priority_fee_gwei * 10**9),
+        replace_after=config.replace_after,
+        confirmations=config.confirmations,
+    )

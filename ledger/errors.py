@@ -50,6 +50,16 @@ class TransactionTimeout(LedgerError):
     """A sent transaction was not mined in time; it may still be mined later."""
 
 
+class FeeCapTooLow(TransactionTimeout):
+    """The chain's base fee is above the configured fee cap (``ledger.max_fee_gwei``): nothing is mined
+    until the market falls below it or the cap is raised. A TransactionTimeout: a node retries later."""
+
+
+class TransactionDropped(TransactionTimeout):
+    """A mined transaction left the chain in a reorg and its nonce was then taken by another transaction,
+    so it cannot be broadcast again: the caller re-checks the chain and sends anew."""
+
+
 class CommitConflict(LedgerError):
     """The round is already committed on chain with a different record than the node tried to commit."""
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import ast
 import logging
+import math
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from eth_abi import decode, encode
@@ -32,8 +34,11 @@ from ledger.errors import (
     AccountError,
     ContractRevert,
     DeploymentMismatch,
+    FeeCapTooLow,
     LedgerError,
+    LedgerInputError,
     RpcRejected,
+    TransactionDropped,
     TransactionTimeout,
     UnknownRevert,
 )
@@ -160,6 +165,55 @@ def _already_sent(exc: BaseException) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class FeePolicy:
+    """EIP-1559 fees and what to do while a transaction waits (docs/LEDGER.md, "Chains that are not anvil").
+
+    Args:
+        max_fee_cap: Highest ``maxFeePerGas`` ever offered, in wei per gas (0: no cap). While the base fee
+            is above it nothing is sent and :class:`FeeCapTooLow` is raised once ``receipt_timeout`` passes.
+        priority_fee: The tip in wei per gas; None asks the node (``eth_maxPriorityFeePerGas``).
+        replace_after: Seconds a sent transaction may stay unmined before it is replaced by the same
+            transaction (same nonce) with fees raised to the market and by at least ``bump``.
+        bump: Factor by which a replacement raises both fees (nodes want at least 1.10).
+        confirmations: Blocks, the transaction's own included, before a mined transaction counts as final
+            (0 and 1: once mined). While it waits, a reorg that drops it makes it be broadcast again.
+    """
+
+    max_fee_cap: int = 0
+    priority_fee: int | None = None
+    replace_after: float = 20.0
+    bump: float = 1.125
+    confirmations: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_fee_cap < 0 or (self.priority_fee is not None and self.priority_fee < 0):
+            raise LedgerInputError("fee cap and priority fee must be >= 0 wei")
+        if self.replace_after <= 0 or self.bump < 1.1 or self.confirmations < 0:
+            raise LedgerInputError("replace_after must be > 0 s, bump >= 1.1, confirmations >= 0")
+
+
+DEFAULT_FEES = FeePolicy()
+
+
+@dataclass
+class _Pending:
+    """One nonce's transaction as sent so far: every signed version (replacements), newest last."""
+
+    request: dict
+    gas: int
+    nonce: int
+    fees: dict
+    signed: list = field(default_factory=list)
+
+    def hashes(self) -> list[bytes]:
+        return [s.hash for s in self.signed]
+
+
+class _NonceTaken(Exception):
+    """The node refused a transaction because its nonce is already used by another one."""
+
+
 class TransactionSender:
     """Signs and sends an account's transactions; one instance per account and process.
 
@@ -167,8 +221,10 @@ class TransactionSender:
         w3: Connected Web3.
         account: A local signer (``eth_account`` LocalAccount), or None for a read-only sender.
         retry: Backoff policy while the RPC endpoint is down.
-        receipt_timeout: Seconds to wait for a transaction to be mined.
+        receipt_timeout: Seconds to wait for a transaction to be mined (and as long again for its
+            confirmations).
         gas_margin: Gas limit = estimate x margin + 10k, bounding the limit yet tolerating small state drift.
+        fees: Fee cap, tip, replacement and confirmations (:class:`FeePolicy`).
     """
 
     def __init__(
@@ -179,12 +235,14 @@ class TransactionSender:
         retry: RetryPolicy = DEFAULT_RETRY,
         receipt_timeout: float = 60.0,
         gas_margin: float = 1.25,
+        fees: FeePolicy = DEFAULT_FEES,
     ):
         self.w3 = w3
         self.account = account
         self.retry = retry
         self.receipt_timeout = receipt_timeout
         self.gas_margin = gas_margin
+        self.fees = fees
         self._lock = threading.Lock()
         self._chain_id: int | None = None
 
@@ -221,12 +279,13 @@ class TransactionSender:
         return self.rpc(lambda: function.call(self._call_options(), block_identifier=block), what or name)
 
     def transact(self, contract, name: str, args: tuple = (), what: str = "", value: int = 0) -> dict:
-        """Send ``name(*args)`` of the web3 ``contract`` as a transaction; return its receipt once mined.
+        """Send ``name(*args)`` of the web3 ``contract`` as a transaction; return its receipt once final.
 
         Raises:
             ContractRevert: (a subclass) the call reverts, in the preflight or once mined.
             ChainUnavailable: the RPC stayed unreachable for the retry policy's duration.
-            TransactionTimeout: sent but not mined within ``receipt_timeout``.
+            TransactionTimeout: sent but not mined within ``receipt_timeout`` (FeeCapTooLow: the base
+                fee stayed above the cap; TransactionDropped: a reorg dropped it and its nonce was reused).
         """
         data = contract.encode_abi(name, args=list(args))
         return self.send({"to": contract.address, "value": value, "data": data}, what or name)
@@ -239,13 +298,26 @@ class TransactionSender:
         receipt = self.send({"value": 0, "data": data}, what or f"deploy {artifact['contractName']}")
         return receipt["contractAddress"]
 
+    def estimate(self, request: dict, what: str) -> tuple[int, dict]:
+        """(gas limit, EIP-1559 fees) a transaction ``request`` (to/value/data) would be sent with now;
+        the preflight: a revert is raised here, decoded. What ``send`` would spend at most is
+        ``gas x maxFeePerGas + value``."""
+        request = {"from": self.address, **request}
+        return self._gas_limit(request, what), self._market_fees(what)
+
     def send(self, request: dict, what: str) -> dict:
-        """Preflight, sign and send the transaction ``request`` (to/value/data); return the mined receipt.
+        """Preflight, sign and send the transaction ``request`` (to/value/data); return the receipt once final.
+
+        The nonce is the account's pending nonce on the chain (never a local counter, so a restart or a
+        chain that lost blocks leaves no gap). An unmined transaction is replaced every
+        ``fees.replace_after`` seconds with higher fees; one that an earlier life (or another process) of
+        the account left stuck below the market ahead of ours is cancelled the same way. A mined one is
+        final after ``fees.confirmations`` blocks; a reorg that drops it before makes it be sent again.
 
         Raises:
             ContractRevert: (a subclass) the call reverts, in the preflight or once mined.
             ChainUnavailable: the RPC stayed unreachable for the retry policy's duration.
-            TransactionTimeout: sent but not mined within ``receipt_timeout``.
+            TransactionTimeout: not mined within ``receipt_timeout`` (see :meth:`transact`).
         """
         if self.account is None:
             raise AccountError(
@@ -255,48 +327,129 @@ class TransactionSender:
             address = self.account.address
             request = {"from": address, **request}
             gas = self._gas_limit(request, what)
-            base_fee = self.rpc(
-                lambda: self.w3.eth.get_block("latest")["baseFeePerGas"], "eth_getBlockByNumber"
-            )
-            priority = self.rpc(lambda: self.w3.eth.max_priority_fee, "eth_maxPriorityFeePerGas")
-            fees = {"maxPriorityFeePerGas": priority, "maxFeePerGas": 2 * base_fee + priority, "type": 2}
-            tx_hash = self._sign_and_send(request, gas, fees, what)
-            receipt = self._wait_for_receipt(tx_hash, what)
+            fees = self._market_fees(what)
+            pending = self._sign_and_send(request, gas, fees, what)
+            receipt = self._wait_for_receipt(pending, what)
+            receipt = self._wait_for_confirmations(pending, receipt, what)
         if receipt["status"] != 1:
             raise self._explain_failure(request, receipt, what)
         logger.debug("%s: mined in block %d, gas %d", what, receipt["blockNumber"], receipt["gasUsed"])
         return receipt
 
-    def _sign_and_send(self, request: dict, gas: int, fees: dict, what: str, attempts: int = 3) -> bytes:
-        """Sign with the pending nonce and send; return the hash of the transaction the node holds.
+    def _market_fees(self, what: str, floor: dict | None = None) -> dict:
+        """Fees for a transaction sent now: tip + twice the base fee (room for six full blocks' rise), at
+        least ``bump`` x ``floor`` (a replacement's), at most the cap. FeeCapTooLow if the cap is below the
+        base fee: nothing offered under it could be mined."""
+        base_fee = self.rpc(lambda: self.w3.eth.get_block("latest")["baseFeePerGas"], "eth_getBlockByNumber")
+        priority = self.fees.priority_fee
+        if priority is None:
+            priority = self.rpc(lambda: self.w3.eth.max_priority_fee, "eth_maxPriorityFeePerGas")
+        max_fee = 2 * base_fee + priority
+        if floor is not None:
+            priority = max(priority, math.ceil(floor["maxPriorityFeePerGas"] * self.fees.bump) + 1)
+            max_fee = max(max_fee, math.ceil(floor["maxFeePerGas"] * self.fees.bump) + 1, priority)
+        cap = self.fees.max_fee_cap
+        if cap:
+            if base_fee >= cap:
+                raise FeeCapTooLow(f"{what}: the chain's base fee is {base_fee / 1e9:g} gwei, at or above the fee "
+                                   f"cap of {cap / 1e9:g} gwei (ledger.max_fee_gwei): raise the cap or wait")
+            max_fee = min(max_fee, cap)
+            priority = min(priority, max_fee - base_fee)
+        return {"maxPriorityFeePerGas": priority, "maxFeePerGas": max_fee, "type": 2}
+
+    def _sign_and_send(self, request: dict, gas: int, fees: dict, what: str, attempts: int = 3) -> _Pending:
+        """Sign with the pending nonce and send; return what the node now holds for that nonce.
 
         A "nonce too low"/"already known" answer means either the node already has this very transaction
         (a send retried after a dropped connection) or another sender using the same account took the nonce;
         in the second case the transaction is signed again with a fresh nonce.
         """
         address = request["from"]
-        unsigned = {key: value for key, value in request.items() if key != "from"}
         for _ in range(attempts):
-            nonce = self._pending_nonce(address)
-            transaction = {**unsigned, **fees, "gas": gas, "nonce": nonce, "chainId": self.chain_id}
-            signed = self.account.sign_transaction(transaction)
+            pending = _Pending(request, gas, self._pending_nonce(address), fees)
             try:
-                call_with_retries(
-                    lambda signed=signed: self._send_raw(signed.raw_transaction), self.retry, f"{what}: send"
-                )
-                return signed.hash
-            except Exception as exc:
-                if not _already_sent(exc):
-                    raise _ledger_error(exc, f"{what}: send") from exc
-                if self._node_has(signed.hash):
-                    logger.info("%s: node already had transaction %s", what, signed.hash.to_0x_hex())
-                    return signed.hash
+                self._broadcast(pending, fees, what)
+                return pending
+            except _NonceTaken:
                 logger.warning(
-                    "%s: nonce %d was taken by another sender of %s: re-signing", what, nonce, address
+                    "%s: nonce %d was taken by another sender of %s: re-signing", what, pending.nonce, address
                 )
         raise RpcRejected(
             f"{what}: nonce kept being taken by another sender of {address} ({attempts} attempts)"
         )
+
+    def _broadcast(self, pending: _Pending, fees: dict, what: str) -> None:
+        """Sign ``pending``'s transaction with ``fees`` and send it; raise _NonceTaken if its nonce is used."""
+        unsigned = {key: value for key, value in pending.request.items() if key != "from"}
+        transaction = {**unsigned, **fees, "gas": pending.gas, "nonce": pending.nonce, "chainId": self.chain_id}
+        signed = self.account.sign_transaction(transaction)
+        self._send_signed(signed, what)
+        pending.signed.append(signed)
+        pending.fees = fees
+
+    def _send_signed(self, signed, what: str) -> None:
+        try:
+            call_with_retries(lambda: self._send_raw(signed.raw_transaction), self.retry, f"{what}: send")
+        except Exception as exc:
+            if not _already_sent(exc):
+                raise _ledger_error(exc, f"{what}: send") from exc
+            if not self._node_has(signed.hash):
+                raise _NonceTaken() from exc
+            logger.info("%s: node already had transaction %s", what, signed.hash.to_0x_hex())
+
+    def _receipt_of(self, pending: _Pending, what: str) -> dict | None:
+        """The receipt of whichever version of ``pending`` is mined (None: none is, as far as the node knows)."""
+        for tx_hash in reversed(pending.hashes()):
+            try:
+                return call_with_retries(
+                    lambda tx_hash=tx_hash: self.w3.eth.get_transaction_receipt(tx_hash), self.retry,
+                    f"{what}: receipt")
+            except TransactionNotFound:
+                continue
+        return None
+
+    def _replace(self, pending: _Pending, what: str) -> None:
+        """Raise an unmined transaction's fees (same nonce); first cancel a stuck one of the account ahead of it."""
+        address = pending.request["from"]
+        mined = self.rpc(lambda: self.w3.eth.get_transaction_count(address, "latest"), "eth_getTransactionCount")
+        if mined < pending.nonce:
+            self._cancel_stuck(address, mined, what)
+            return
+        if mined > pending.nonce:
+            return  # some version was mined meanwhile: the receipt shows on the next poll
+        fees = self._market_fees(what, floor=pending.fees)
+        if fees["maxFeePerGas"] <= pending.fees["maxFeePerGas"]:
+            logger.warning("%s: not mined and the fee cap is reached (%g gwei): waiting", what,
+                           pending.fees["maxFeePerGas"] / 1e9)
+            return
+        logger.warning("%s: not mined after %.0fs: replacing it (nonce %d) with maxFeePerGas %g gwei", what,
+                       self.fees.replace_after, pending.nonce, fees["maxFeePerGas"] / 1e9)
+        try:
+            self._broadcast(pending, fees, what)
+        except _NonceTaken:
+            pass  # mined meanwhile (an older version, or dropped and replaced): the polls tell
+        except RpcRejected as exc:
+            logger.warning("%s: replacement refused (%s): waiting", what, exc)
+
+    def _cancel_stuck(self, address: str, nonce: int, what: str) -> None:
+        """Replace the account's unmined transaction at ``nonce`` (left by an earlier life: its fees are
+        unknown here) by a transfer of nothing to itself at twice the market's fees, doubled while refused."""
+        fees = self._market_fees(what)
+        for _ in range(4):
+            cancel = _Pending({"from": address, "to": address, "value": 0}, 21_000, nonce, fees)
+            logger.warning("%s: nonce %d of %s is held by an unmined transaction ahead of ours: cancelling "
+                           "it with maxFeePerGas %g gwei", what, nonce, address, fees["maxFeePerGas"] / 1e9)
+            try:
+                self._broadcast(cancel, {**fees, "maxFeePerGas": 2 * fees["maxFeePerGas"],
+                                         "maxPriorityFeePerGas": 2 * fees["maxPriorityFeePerGas"]}, what)
+                return
+            except _NonceTaken:
+                return  # it was mined meanwhile
+            except RpcRejected as exc:
+                if "underpriced" not in str(exc).lower():
+                    logger.warning("%s: cancelling nonce %d refused: %s", what, nonce, exc)
+                    return
+                fees = self._market_fees(what, floor={k: 2 * v for k, v in cancel.fees.items() if k != "type"})
 
     def _pending_nonce(self, address: str) -> int:
         return self.rpc(
@@ -318,22 +471,62 @@ class TransactionSender:
         estimate = self.rpc(lambda: self.w3.eth.estimate_gas(request), what)
         return int(estimate * self.gas_margin) + 10_000
 
-    def _wait_for_receipt(self, tx_hash: bytes, what: str) -> dict:
+    def _wait_for_receipt(self, pending: _Pending, what: str) -> dict:
+        """Poll until a version of ``pending`` is mined, replacing it every ``fees.replace_after`` seconds."""
         deadline = time.monotonic() + self.receipt_timeout
+        next_replace = time.monotonic() + self.fees.replace_after
         delay = 0.05
         while True:
-            try:
-                return call_with_retries(
-                    lambda: self.w3.eth.get_transaction_receipt(tx_hash), self.retry, f"{what}: receipt"
-                )
-            except TransactionNotFound:
-                pass
-            if time.monotonic() >= deadline:
+            receipt = self._receipt_of(pending, what)
+            if receipt is not None:
+                return receipt
+            now = time.monotonic()
+            if now >= deadline:
+                base_fee = self.rpc(lambda: self.w3.eth.get_block("latest")["baseFeePerGas"], "eth_getBlockByNumber")
+                if self.fees.max_fee_cap and base_fee >= self.fees.max_fee_cap:
+                    raise FeeCapTooLow(f"{what}: not mined within {self.receipt_timeout:.0f}s: the base fee "
+                                       f"({base_fee / 1e9:g} gwei) rose above the fee cap "
+                                       f"({self.fees.max_fee_cap / 1e9:g} gwei, ledger.max_fee_gwei)")
                 raise TransactionTimeout(
-                    f"{what}: transaction {tx_hash.hex()} not mined within {self.receipt_timeout:.0f}s"
+                    f"{what}: transaction {pending.hashes()[-1].hex()} not mined within {self.receipt_timeout:.0f}s"
                 )
+            if now >= next_replace:
+                next_replace = now + self.fees.replace_after
+                self._replace(pending, what)
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+    def _wait_for_confirmations(self, pending: _Pending, receipt: dict, what: str) -> dict:
+        """Wait until ``receipt``'s block has ``fees.confirmations - 1`` blocks on top of it on the canonical
+        chain; a reorg that drops the transaction meanwhile makes it be broadcast again (the same signed
+        bytes: one nonce, so it can never be mined twice) and waited for from the start."""
+        needed = self.fees.confirmations
+        if needed <= 1:
+            return receipt
+        deadline = time.monotonic() + self.receipt_timeout * 2
+        while True:
+            head = self.rpc(lambda: self.w3.eth.block_number, "eth_blockNumber")
+            current = self._receipt_of(pending, what)
+            if current is None:
+                logger.warning("%s: block %d holding it left the chain (reorg): sending it again", what,
+                               receipt["blockNumber"])
+                try:
+                    self._send_signed(pending.signed[-1], what)
+                except _NonceTaken:
+                    raise TransactionDropped(f"{what}: dropped by a reorg and its nonce {pending.nonce} was "
+                                             "taken by another transaction: check the chain and send it anew") from None
+                receipt = self._wait_for_receipt(pending, what)
+                continue
+            if current["blockHash"] != receipt["blockHash"]:
+                logger.warning("%s: moved from block %d to block %d by a reorg", what, receipt["blockNumber"],
+                               current["blockNumber"])
+            receipt = current
+            if head - receipt["blockNumber"] + 1 >= needed:
+                return receipt
+            if time.monotonic() >= deadline:
+                raise TransactionTimeout(f"{what}: mined in block {receipt['blockNumber']} but not {needed} "
+                                         f"blocks deep within {2 * self.receipt_timeout:.0f}s (the chain stalled?)")
+            time.sleep(0.5)
 
     def _explain_failure(self, request: dict, receipt: dict, what: str) -> ContractRevert:
         block = receipt["blockNumber"]

@@ -189,8 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip training the centralized (DDP) reference the summary compares against")
 
     from node.commands.data import add_parser as add_data_parser
+    from node.commands.member import add_parsers as add_member_parsers
+    from node.commands.organize import add_parsers as add_organizer_parsers
 
     add_data_parser(sub)
+    add_organizer_parsers(sub)
+    add_member_parsers(sub)
     p = sub.add_parser("status", help="what a running node is doing")
     p.add_argument("--data-dir", default=".", help="the node's data directory")
     p.add_argument("--json", action="store_true", help="print the raw status record")
@@ -200,8 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
         ("pull", "download a published checkpoint, verify it against the chain, write a transformers dir"),
     ):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("--rpc", required=True, help="JSON-RPC URL of the chain, e.g. http://127.0.0.1:8545")
-        p.add_argument("--run", type=int, required=True, help="run id")
+        p.add_argument("link", nargs="?", default="",
+                       help="run link dlx://<chain_id>/<ledger>/<run_id>?rpc=...&peer=... (as for join); or give "
+                            "--rpc, --run and --deployment (or --registry and --ledger)")
+        p.add_argument("--rpc", default="", help="JSON-RPC URL of the chain, e.g. http://127.0.0.1:8545")
+        p.add_argument("--run", type=int, default=None, help="run id")
         p.add_argument("--ledger", default="", help="TrainingLedger address (default: from --deployment)")
         p.add_argument("--registry", default="", help="NodeRegistry address (default: from --deployment)")
         p.add_argument("--deployment", default="", help="deployment.json written by 'dlx-node demo'")

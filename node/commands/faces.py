@@ -123,13 +123,19 @@ def cmd_join(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------- audit / pull
 def cmd_audit(args: argparse.Namespace) -> int:
+    from node.commands.member import apply_link
     from node.tools.audit import run_audit
+
+    apply_link(args)
 
     return run_audit(args)
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    from node.commands.member import apply_link
     from node.tools.pull import run_pull
+
+    apply_link(args)
 
     return run_pull(args)
 
@@ -138,6 +144,37 @@ def cmd_data(args: argparse.Namespace) -> int:
     from node.commands.data import run_prepare
 
     return run_prepare(args)
+
+
+# ---------------------------------------------------------------------- organizer and member chain commands
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from node.commands.organize import run_deploy
+
+    return run_deploy(args)
+
+
+def cmd_create_run(args: argparse.Namespace) -> int:
+    from node.commands.organize import run_create_run
+
+    return run_create_run(args)
+
+
+def cmd_leave(args: argparse.Namespace) -> int:
+    from node.commands.member import run_leave
+
+    return run_leave(args)
+
+
+def cmd_withdraw(args: argparse.Namespace) -> int:
+    from node.commands.member import run_withdraw
+
+    return run_withdraw(args)
+
+
+def cmd_run_info(args: argparse.Namespace) -> int:
+    from node.commands.member import run_run_info
+
+    return run_run_info(args)
 
 
 #: The subcommands by name (node.cli parses the arguments and calls one of these).
@@ -150,4 +187,9 @@ COMMANDS = {
     "demo": cmd_demo,
     "audit": cmd_audit,
     "pull": cmd_pull,
+    "deploy": cmd_deploy,
+    "create-run": cmd_create_run,
+    "leave": cmd_leave,
+    "withdraw": cmd_withdraw,
+    "run-info": cmd_run_info,
 }

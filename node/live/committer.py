@@ -467,10 +467,12 @@ class Committer:
 
     def _verify(self, outer_round: int, mine: RoundRecord, signature: bytes | None) -> None:
         node = self.node
-        if not self._wait(lambda: node.chain.commit_of(node.run_id, outer_round) is not None, node.cfg.round_timeout):
-            logger.warning("round %d: no commit on chain after %.0fs", outer_round, node.cfg.round_timeout)
+        # Final only ledger.confirmations blocks deep: a commit a reorg drops is never confirmed here.
+        if not self._wait(lambda: node.chain.final_commit_of(node.run_id, outer_round) is not None,
+                          node.cfg.round_timeout):
+            logger.warning("round %d: no final commit on chain after %.0fs", outer_round, node.cfg.round_timeout)
             return
-        onchain = node.chain.commit_of(node.run_id, outer_round)
+        onchain = node.chain.final_commit_of(node.run_id, outer_round)
         node.on_confirmed(outer_round)
         roots_differ = (onchain.weights_root, onchain.contributions_root) != (mine.weights_root,
                                                                               mine.contributions_root)

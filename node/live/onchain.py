@@ -39,9 +39,11 @@ SEATS_LOCK_WAIT_S = 1.0
 
 
 class NodeChain:
-    def __init__(self, client: LedgerClient, anvil: AnvilProcess | None = None) -> None:
+    def __init__(self, client: LedgerClient, anvil: AnvilProcess | None = None, *, confirmations: int = 0) -> None:
         self.client = client
         self._anvil = anvil
+        #: Blocks (its own included) before a commit counts as final (ledger.confirmations; 0/1: once mined).
+        self.confirmations = confirmations
         self._seats: dict[str, Membership] = {}  # account -> its current membership period
         self._placed: dict[str, Membership] = {}  # account -> its latest period, current or ended
         self._seats_read = 0.0
@@ -91,7 +93,7 @@ class NodeChain:
             if anvil is not None:
                 anvil.stop()
             raise
-        return cls(client, anvil)
+        return cls(client, anvil, confirmations=lc.confirmations)
 
     @property
     def account_bytes(self) -> bytes:
@@ -271,6 +273,16 @@ class NodeChain:
     def commit_of(self, run_id: int, round_index: int) -> RoundRecord | None:
         with self._lock:
             return self.client.commit_of(run_id, round_index)
+
+    def final_commit_of(self, run_id: int, round_index: int) -> RoundRecord | None:
+        """The round's committed record once its block is ``confirmations`` deep on the canonical chain; None
+        before (or once a reorg dropped it): a node confirms a round, whoever committed it, only then."""
+        with self._lock:
+            committed = self.client.commit_record(run_id, round_index)
+            if committed is None or self.confirmations <= 1:
+                return committed.commit if committed is not None else None
+            head = self.client.w3.eth.block_number
+        return committed.commit if head - committed.block_number + 1 >= self.confirmations else None
 
     def latest_checkpoint(self, run_id: int) -> CheckpointRecord | None:
         with self._lock:

@@ -1,0 +1,187 @@
+"""What the organizer's and the members' chain commands share: the chain and account, fees, the spend plan.
+
+Every command that sends transactions lists them first with what each may cost (gas at the fee
+cap, plus any stake), refuses if the account cannot pay for all of them, and asks before it
+sends (``--yes`` agrees beforehand; without a terminal it refuses rather than spend silently),
+as ``dlx-node join`` does (docs/DEPLOY.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from node.errors import ConfigError
+
+#: Blocks a command waits on top of its transactions' own before it counts them final (--confirmations).
+DEFAULT_CONFIRMATIONS = 2
+
+
+def add_account_args(p: argparse.ArgumentParser, *, keystore_default: str = "") -> None:
+    """--keystore/--password-file or --dev-account: the account that sends."""
+    acct = p.add_mutually_exclusive_group()
+    acct.add_argument("--password-file", default=None, help="password of the encrypted keystore (--keystore)")
+    acct.add_argument("--dev-account", type=int, default=None, metavar="N",
+                      help="use well-known local dev key N (local chains only)")
+    p.add_argument("--keystore", default=keystore_default,
+                   help="encrypted keystore JSON of the sending account (with --password-file)")
+
+
+def add_fee_args(p: argparse.ArgumentParser) -> None:
+    """Fee cap, tip, confirmations and --yes."""
+    p.add_argument("--max-fee-gwei", type=float, default=0.0,
+                   help="cap on maxFeePerGas in gwei (default: no cap; the fee offered is 2 x base fee + tip)")
+    p.add_argument("--priority-fee-gwei", type=float, default=-1.0,
+                   help="tip in gwei (default: what the RPC node suggests)")
+    p.add_argument("--confirmations", type=int, default=None,
+                   help="blocks, its own included, before a transaction counts as final (default: the node.toml's "
+                        f"for leave/withdraw, else {DEFAULT_CONFIRMATIONS}; a reorg before that makes it be sent again)")
+    p.add_argument("--yes", "-y", action="store_true",
+                   help="agree beforehand to the transactions listed (else asked on the terminal)")
+
+
+def ledger_settings(args: argparse.Namespace, rpc_url: str, chain_id: int) -> dict:
+    """The [ledger] table of the sending account and the fee settings (node.toml's, LedgerConfig's fields)."""
+    from ledger.config import LedgerConfig
+
+    if args.confirmations is None:
+        args.confirmations = DEFAULT_CONFIRMATIONS
+    table: dict = {"backend": "rpc", "rpc_url": rpc_url, "chain_id": chain_id,
+                   "confirmations": args.confirmations, "max_fee_gwei": args.max_fee_gwei,
+                   "priority_fee_gwei": args.priority_fee_gwei}
+    if args.dev_account is not None:
+        table["dev_account"] = args.dev_account
+    elif args.keystore:
+        if not args.password_file:
+            raise ConfigError(f"--keystore {args.keystore} needs --password-file")
+        keystore = Path(args.keystore).expanduser()
+        if not keystore.is_file():
+            raise ConfigError(f"--keystore {args.keystore}: no such file")
+        table["keystore"] = str(keystore.resolve())
+        table["password_file"] = str(Path(args.password_file).expanduser().resolve())
+    else:
+        raise ConfigError("no account: pass --keystore FILE --password-file FILE (an encrypted keystore), or on a "
+                          "local dev chain --dev-account N")
+    if args.confirmations < 0:
+        raise ConfigError(f"--confirmations={args.confirmations}: must be >= 0")
+    LedgerConfig(**table)  # the fee settings' own checks, as a one-line error
+    return table
+
+
+def connect_checked(rpc_url: str, chain_id: int = 0):
+    """Web3 on ``rpc_url``; ConfigError if it serves another chain than ``chain_id`` (0: any)."""
+    from ledger.chain import connect_rpc
+
+    w3 = connect_rpc(rpc_url, wait=10)
+    actual = w3.eth.chain_id
+    if chain_id and actual != chain_id:
+        raise ConfigError(f"{rpc_url} serves chain id {actual}, not {chain_id}: point --rpc at the right chain")
+    return w3
+
+
+def verify_deployment(w3, registry: str, ledger: str) -> None:
+    """Both addresses hold the committed build of the contracts (immutables masked), the ledger bound to the
+    registry; ConfigError with what is wrong otherwise."""
+    import contracts
+    from ledger.checks import verify_bytecode
+    from ledger.errors import AuditError
+
+    for name, address in (("NodeRegistry", registry), ("TrainingLedger", ledger)):
+        try:
+            verify_bytecode(w3, w3.to_checksum_address(address), contracts.artifact(name))
+        except AuditError as exc:
+            raise ConfigError(f"{name} at {address} on chain {w3.eth.chain_id}: {exc}") from None
+    abi = contracts.artifact("TrainingLedger")["abi"]
+    trusted = w3.eth.contract(address=w3.to_checksum_address(ledger), abi=abi).functions.registry().call()
+    if trusted.lower() != registry.lower():
+        raise ConfigError(f"TrainingLedger {ledger} is bound to registry {trusted}, not {registry}")
+
+
+def read_deployment(path: str) -> dict:
+    """deployment.json as ``dlx-node deploy`` writes it, its fields checked."""
+    from node.commands.link import check_address
+
+    try:
+        deployment = json.loads(Path(path).expanduser().read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--deployment {path}: cannot read it ({exc})") from None
+    if not isinstance(deployment, dict):
+        raise ConfigError(f"--deployment {path}: not a JSON object")
+    for key in ("registry", "ledger"):
+        check_address(str(deployment.get(key, "")), f"--deployment {path}: {key}")
+    for key in ("chain_id", "from_block"):
+        value = deployment.get(key, 0)
+        if not isinstance(value, int) or value < 0:
+            raise ConfigError(f"--deployment {path}: {key} must be an integer >= 0")
+    if not str(deployment.get("rpc_url", "")).startswith(("http://", "https://")):
+        raise ConfigError(f"--deployment {path}: rpc_url must be an http(s):// URL")
+    return deployment
+
+
+@dataclass(frozen=True)
+class Spend:
+    """One transaction a command will send: what it does, its gas limit, the fee cap offered, any value."""
+
+    what: str
+    gas: int
+    max_fee: int
+    value: int = 0
+
+    @property
+    def most(self) -> int:
+        """The most it can cost, in wei: gas x maxFeePerGas + value."""
+        return self.gas * self.max_fee + self.value
+
+    def line(self) -> str:
+        value = f" + {self.value / 1e18:g} ETH" if self.value else ""
+        return (f"{self.what}: gas {self.gas:,} at most {self.max_fee / 1e9:.3g} gwei = "
+                f"{self.gas * self.max_fee / 1e18:.6f} ETH{value}")
+
+
+def check_funds(balance: int, address: str, plan: list[Spend]) -> None:
+    """ConfigError unless ``balance`` covers every transaction of ``plan`` at its most."""
+    need = sum(step.most for step in plan)
+    if balance < need:
+        raise ConfigError(f"account {address} holds {balance / 1e18:.6f} ETH; the transactions need up to "
+                          f"{need / 1e18:.6f} ETH (stake plus gas at the fee offered): fund it first (nothing "
+                          "was sent)")
+
+
+def agree(plan: list[Spend], yes: bool, verb: str) -> None:
+    """List ``plan`` and ask; ConfigError (nothing sent) when declined or when there is no terminal to ask on."""
+    if not plan:
+        return
+    listing = "\n".join(f"  - {step.line()}" for step in plan)
+    total = sum(step.most for step in plan)
+    print(f"{verb} needs these transactions (at most {total / 1e18:.6f} ETH in all):\n{listing}", flush=True)
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise ConfigError(f"{verb} needs the transactions listed above and there is no terminal to ask on: pass "
+                          "--yes to agree to them (nothing was sent)")
+    answer = input("send them? [y/N] ").strip().lower()
+    if answer not in ("y", "yes"):
+        raise ConfigError(f"{verb}: the transactions were declined (nothing was sent)")
+
+
+def seconds_per_block(w3, sample: int = 20) -> float:
+    """The chain's recent block time (for "about N minutes"); 12 s if it cannot tell."""
+    head = w3.eth.block_number
+    if head < 2:
+        return 12.0
+    first = max(0, head - sample)
+    span = w3.eth.get_block(head)["timestamp"] - w3.eth.get_block(first)["timestamp"]
+    return span / (head - first) if span > 0 else 12.0
+
+
+def eta(blocks: int, per_block: float) -> str:
+    """``blocks`` as a rough duration."""
+    seconds = max(0, blocks) * per_block
+    if seconds < 120:
+        return f"about {seconds:.0f} s"
+    if seconds < 7200:
+        return f"about {seconds / 60:.0f} min"
+    return f"about {seconds / 3600:.1f} h"
