@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from p2p.errors import P2PConfigError
+from p2p.addrs import check_direct_addr
+from p2p.errors import P2PConfigError, RelayAddressError
 
 
 @dataclass
@@ -83,11 +84,11 @@ class P2PConfig:
         if self.max_peers < 1:
             raise P2PConfigError(f"p2p.max_peers={self.max_peers}: must be >= 1")
         for addr in self.relay_use:
-            if not addr.startswith("/") or "/p2p/" not in addr or "/p2p-circuit" in addr:
-                raise P2PConfigError(
-                    f"p2p.relay_use entry {addr!r}: must be a relay's direct multiaddr ending in "
-                    "/p2p/<peer id>, e.g. /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW..."
-                )
+            try:
+                check_direct_addr(addr, "p2p.relay_use entry")
+            except RelayAddressError as exc:
+                raise P2PConfigError(f"{exc}: a relay's own address, e.g. /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...") \
+                    from None
         for name in ("relay_max_reservations", "relay_reservations_per_ip", "relay_reservation_ttl",
                      "relay_max_circuits_per_peer", "relay_max_circuit_bytes"):
             if getattr(self, name) < 1:

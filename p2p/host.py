@@ -42,7 +42,8 @@ from p2p.host_blobs import HostBlobs
 from p2p.host_gossip import HostGossip, Subscription
 from p2p.host_thread import HostThread
 from p2p.identity import Identity
-from p2p.nat import NatTraversal, parse_relayed_addr, split_addrs
+from p2p.addrs import parse_relayed_addr
+from p2p.nat import NatTraversal, split_addrs
 from p2p.ratelimit import PeerRateLimiter
 from p2p.refusals import RefusedProtocols, guard_new_stream
 from p2p.transport import build_libp2p_host, close_leftover_tcp_streams, start_mdns

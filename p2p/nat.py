@@ -38,15 +38,13 @@ from libp2p.relay.circuit_v2.resources import RelayLimits
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.tools.anyio_service import background_trio_service
 
+from p2p.addrs import CIRCUIT, is_relayed_addr, parse_relayed_addr, relayed_addr
 from p2p.config import P2PConfig
 from p2p.errors import DialError, RelayAddressError
 from p2p.ratelimit import Allowance
 
 logger = logging.getLogger(__name__)
 
-CIRCUIT = "/p2p-circuit"
-#: A multiaddr longer than this is refused outright (a relayed address is ~120 characters).
-MAX_ADDR_CHARS = 512
 #: Seconds between checks that every ``relay_use`` relay still holds our reservation.
 RESERVATION_CHECK_S = 10.0
 #: Seconds a relay (its dial and RESERVE) may take at start before the host reports ready anyway.
@@ -58,56 +56,7 @@ DIRECT = "direct"
 RELAYED = "relayed"
 
 
-# ---------------------------------------------------------------------------- addresses (pure)
-
-
-def is_relayed_addr(addr: str) -> bool:
-    """True if ``addr`` goes through a relay (``.../p2p-circuit/...``)."""
-    return CIRCUIT in addr
-
-
-def relayed_addr(relay_addr: str, peer_id: str) -> str:
-    """The address of ``peer_id`` through the relay at ``relay_addr`` (which ends in ``/p2p/<relay>``)."""
-    return f"{relay_addr}{CIRCUIT}/p2p/{peer_id}"
-
-
-def parse_relayed_addr(addr: str) -> tuple[str, str, str]:
-    """Check a relayed address ``<relay transport>/p2p/<relay>/p2p-circuit/p2p/<peer>``.
-
-    Returns ``(relay multiaddr, relay peer id, peer id)``. Raises :class:`RelayAddressError` naming
-    what is wrong: too long, not exactly one ``/p2p-circuit``, a relay part without a transport or
-    a peer id, a relay that is itself relayed, the same peer on both sides, or a malformed peer id.
-    Used on every relayed address a peer or a run link hands us, before anything dials it.
-    """
-    if not isinstance(addr, str) or len(addr) > MAX_ADDR_CHARS:
-        raise RelayAddressError(f"relayed address refused: not a string of at most {MAX_ADDR_CHARS} characters")
-    if addr.count(CIRCUIT) != 1:
-        raise RelayAddressError(f"relayed address {addr!r}: must contain /p2p-circuit exactly once")
-    relay_part, _, tail = addr.partition(CIRCUIT)
-    if not tail.startswith("/p2p/") or tail.count("/") != 2:
-        raise RelayAddressError(f"relayed address {addr!r}: must end in /p2p-circuit/p2p/<peer id>")
-    try:
-        relay = info_from_p2p_addr(multiaddr.Multiaddr(relay_part))
-        peer = ID.from_base58(tail[len("/p2p/"):])
-    except Exception as exc:  # multiaddr and base58 raise several types on bad text
-        raise RelayAddressError(f"relayed address {addr!r}: {type(exc).__name__}: {exc}") from None
-    if not relay.addrs or not any(p.name in ("ip4", "ip6", "dns", "dns4", "dns6")
-                                  for p in relay.addrs[0].protocols()):
-        raise RelayAddressError(f"relayed address {addr!r}: the relay part needs an IP or DNS transport")
-    if not is_peer_id(relay.peer_id) or not is_peer_id(peer):
-        raise RelayAddressError(f"relayed address {addr!r}: a peer id is not a multihash of a key")
-    if relay.peer_id == peer:
-        raise RelayAddressError(f"relayed address {addr!r}: relay and peer are the same")
-    return relay_part, relay.peer_id.to_base58(), peer.to_base58()
-
-
-def is_peer_id(peer: ID) -> bool:
-    """True if ``peer`` is a well-formed libp2p peer id: an identity multihash of a key (ed25519) or a
-    sha2-256 one. Any base58 text decodes to *some* bytes, so this is checked explicitly."""
-    raw = peer.to_bytes()
-    if len(raw) >= 2 and raw[0] == 0x00:
-        return raw[1] == len(raw) - 2 and 0 < raw[1] <= 64
-    return len(raw) == 34 and raw[:2] == b"\x12\x20"
+# ---------------------------------------------------------------------------- addresses
 
 
 def split_addrs(addrs: list[multiaddr.Multiaddr]) -> tuple[list[multiaddr.Multiaddr], list[multiaddr.Multiaddr]]:

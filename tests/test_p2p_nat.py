@@ -21,7 +21,7 @@ from p2p.config import P2PConfig
 from p2p.errors import DialError, P2PConfigError, RelayAddressError
 from p2p.host import P2PHost
 from p2p.identity import Identity
-from p2p.nat import parse_relayed_addr, relayed_addr
+from p2p.addrs import parse_relayed_addr, relayed_addr
 
 sys.path.insert(0, str(Path(__file__).parent))
 from netns_lab import PUBLIC_IP, ROUTER_WAN_IPS, SITE_IPS, LabUnavailable, NatLab  # noqa: E402
@@ -42,12 +42,15 @@ def test_relayed_address_round_trip():
 
 
 @pytest.mark.parametrize("bogus, why", [
-    (f"/p2p/{RELAY_ID}/p2p-circuit/p2p/{PEER_ID}", "IP or DNS transport"),
+    (f"/p2p/{RELAY_ID}/p2p-circuit/p2p/{PEER_ID}", "expected /ip4"),
+    (f"/ip4/1.2.3.999/tcp/1/p2p/{RELAY_ID}/p2p-circuit/p2p/{PEER_ID}", "bad host"),
+    (f"/ip4/1.2.3.4/tcp/0/p2p/{RELAY_ID}/p2p-circuit/p2p/{PEER_ID}", "bad TCP port"),
     (f"/ip4/1.2.3.4/tcp/1/p2p/{RELAY_ID}/p2p-circuit/p2p/{RELAY_ID}", "same"),
     (f"/ip4/1.2.3.4/tcp/1/p2p/{RELAY_ID}/p2p-circuit/p2p/{PEER_ID}/p2p-circuit/p2p/{RELAY_ID}", "exactly once"),
     (f"/ip4/1.2.3.4/tcp/1/p2p/{RELAY_ID}/p2p-circuit", "must end in"),
-    (f"/ip4/1.2.3.4/tcp/1/p2p/{RELAY_ID}/p2p-circuit/p2p/notapeerid", "relayed address"),
-    (f"/ip4/1.2.3.4/tcp/1/p2p-circuit/p2p/{PEER_ID}", "relayed address"),
+    (f"/ip4/1.2.3.4/tcp/1/p2p/{RELAY_ID}/p2p-circuit/p2p/notapeerid", "not a peer id"),
+    (f"/ip4/1.2.3.4/tcp/1/p2p/{RELAY_ID}/p2p-circuit/p2p/{PEER_ID}0", "not a peer id"),
+    (f"/ip4/1.2.3.4/tcp/1/p2p-circuit/p2p/{PEER_ID}", "expected /ip4"),
     ("/ip4/1.2.3.4/tcp/1/p2p/" + "x" * 600 + "/p2p-circuit/p2p/" + PEER_ID, "at most"),
 ])
 def test_bogus_relayed_addresses_are_refused(bogus, why):

@@ -81,6 +81,7 @@ class Heartbeat:
         progress = self.progress
         progress.peers = peers
         progress.traffic = self.host.transfer_stats()
+        progress.paths = self.host.connection_paths()
         stats = progress.traffic.values()
         progress.bytes_sent = sum(s.get("sent", 0) for s in stats)
         progress.bytes_received = sum(s.get("received", 0) for s in stats)
