@@ -26,3 +26,13 @@ def test_a_relayed_peer_round_trips_and_names_its_relay():
 def test_a_bogus_relayed_peer_in_a_link_is_refused(peer, says):
     with pytest.raises(ConfigError, match=says):
         parse_run_link(run_link(31337, LEDGER, 1, "http://203.0.113.7:8545", [peer]))
+
+
+def test_a_hello_with_a_bogus_relayed_address_is_refused_and_a_good_one_kept():
+    from node import protocol as msg
+
+    good = msg.Hello("c0", 1, b"\x01" * 20, [f"{RELAY}/p2p-circuit/p2p/{PEER}"], 3, 2)
+    assert msg.decode_payload(msg.HELLO, msg.encode_payload(good)) == good
+    bogus = msg.Hello("c0", 1, b"\x01" * 20, [f"{RELAY}/p2p-circuit/p2p/{PEER}/p2p-circuit/p2p/{PEER}"], 3, 2)
+    with pytest.raises(msg.ProtocolError, match="hello.addrs: .*exactly once"):
+        msg.decode_payload(msg.HELLO, msg.encode_payload(bogus))

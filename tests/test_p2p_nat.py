@@ -206,3 +206,51 @@ def test_two_sites_behind_nat_reach_each_other(lab, capsys):
     finally:
         for agent in agents:
             agent.stop()
+
+
+def test_relay_caps_reservations_per_ip_and_refuses_reserving_for_another_peer(tmp_path):
+    """A flood of reservations from one address stops at the per-IP cap (the others keep working); a
+    RESERVE naming another peer's id (squatting its slot) is refused with PERMISSION_DENIED."""
+    import multiaddr
+    import trio
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+    from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage
+    from libp2p.relay.circuit_v2.pb.circuit_pb2 import PeerId as CircuitPeerId
+    from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID
+    from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
+    from libp2p.relay.circuit_v2.utils import read_delimited_msg, write_delimited_msg
+
+    from p2p.transport import build_libp2p_host
+
+    relay = P2PHost.start(P2PConfig(relay_serve=True, relay_reservations_per_ip=2), Identity.generate(),
+                          data_dir=tmp_path / "r")
+    hosts = []
+    try:
+        relay_addr = relay.listen_addrs[0]
+        for index in range(3):
+            config = P2PConfig(relay_use=[relay_addr], hole_punch=False, autonat=False)
+            hosts.append(P2PHost.start(config, Identity.generate(), data_dir=tmp_path / f"h{index}"))
+        reserved = [any("/p2p-circuit" in a for a in h.listen_addrs) for h in hosts]
+        assert reserved == [True, True, False]
+        assert relay.relay_refusals().get("reserve_per_ip", 0) >= 1
+
+        async def squat() -> int:
+            squatter = build_libp2p_host(Identity.generate())
+            async with squatter.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+                info = info_from_p2p_addr(multiaddr.Multiaddr(relay_addr))
+                await squatter.connect(info)
+                stream = await squatter.new_stream(info.peer_id, [PROTOCOL_ID])
+                victim = info_from_p2p_addr(multiaddr.Multiaddr(hosts[2].listen_addrs[0])).peer_id
+                await write_delimited_msg(stream, HopMessage(type=HopMessage.RESERVE,
+                                                             peer=CircuitPeerId(id=victim.to_bytes())))
+                with trio.fail_after(20):
+                    reply = await read_delimited_msg(stream, HopMessage)
+                return reply.status
+
+        status = trio.run(squat)
+        assert status == StatusCode.PERMISSION_DENIED
+        assert relay.relay_refusals().get("reserve_for_other", 0) == 1
+        assert relay.peers()  # still serving
+    finally:
+        for host in hosts + [relay]:
+            host.close()
