@@ -32,6 +32,7 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.pubsub.pubsub import ContentAddressedMessageIDGenerator, Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 
+from p2p.addrs import parse_relayed_addr
 from p2p.blob_protocol import BLOB_PROTOCOL, BlobService
 from p2p.blobstore import BlobStore
 from p2p.config import P2PConfig
@@ -42,7 +43,6 @@ from p2p.host_blobs import HostBlobs
 from p2p.host_gossip import HostGossip, Subscription
 from p2p.host_thread import HostThread
 from p2p.identity import Identity
-from p2p.addrs import parse_relayed_addr
 from p2p.nat import NatTraversal, split_addrs
 from p2p.ratelimit import PeerRateLimiter
 from p2p.refusals import RefusedProtocols, guard_new_stream

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import multiaddr
@@ -166,10 +165,6 @@ class GuardedRelay(CircuitV2Protocol):
         if self.resource_manager.get_reservation(peer) is not None and ip is not None:
             self._reserved_ip[peer] = ip
 
-    def reservations(self) -> int:
-        """Reservations this relay holds now."""
-        return sum(1 for p in list(self._reserved_ip) if self.resource_manager.get_reservation(p) is not None)
-
 
 def _remote_ip(stream: INetStream) -> str | None:
     try:
@@ -180,9 +175,6 @@ def _remote_ip(stream: INetStream) -> str | None:
 
 
 # ---------------------------------------------------------------------------- the node's side
-
-
-Connect = Callable[[PeerInfo], Awaitable[None]]
 
 
 class NatTraversal:

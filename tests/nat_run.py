@@ -22,10 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from node_fixtures import TINY  # noqa: E402
+from node_fixtures import TINY
 
-from node.commands.launcher import LocalRun  # noqa: E402
-from node.config import dump_toml, load_config  # noqa: E402
+from node.commands.launcher import LocalRun
+from node.config import dump_toml, load_config
 
 
 def forward_tcp(listen_ip: str, port: int, target_ip: str, target_port: int) -> socket.socket:

@@ -23,10 +23,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from p2p.config import P2PConfig  # noqa: E402
-from p2p.errors import P2PError  # noqa: E402
-from p2p.host import P2PHost  # noqa: E402
-from p2p.identity import Identity  # noqa: E402
+from p2p.config import P2PConfig
+from p2p.errors import P2PError
+from p2p.host import P2PHost
+from p2p.identity import Identity
 
 
 def answer(host: P2PHost, request: dict, data_dir: str) -> dict:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from netns_lab import PUBLIC_IP, SITE_IPS, LabUnavailable, NatLab  # noqa: E402
+from netns_lab import PUBLIC_IP, SITE_IPS, LabUnavailable, NatLab
 
 ROUNDS = 3
 
@@ -60,7 +60,7 @@ def test_a_run_across_two_nats_commits_every_round(tmp_path, capsys):
             for right in names[i + 1:]:
                 a = result["paths"][left].get(right)
                 b = result["paths"][right].get(left)
-                fmt = lambda r: "-" if r is None else f"{r['last']}{' (was direct)' if r['ever_direct'] and r['last'] != 'direct' else ''}"  # noqa: E731
+                fmt = lambda r: "-" if r is None else f"{r['last']}{' (was direct)' if r['ever_direct'] and r['last'] != 'direct' else ''}"
                 label = f"{left}[{result['placement'][left]}] - {right}[{result['placement'][right]}]"
                 print(f"  {label:40} {fmt(a):10} | {fmt(b)}")
     # Every pair met, one way or the other.

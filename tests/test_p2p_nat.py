@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
+from p2p.addrs import parse_relayed_addr, relayed_addr
 from p2p.config import P2PConfig
 from p2p.errors import DialError, P2PConfigError, RelayAddressError
 from p2p.host import P2PHost
 from p2p.identity import Identity
-from p2p.addrs import parse_relayed_addr, relayed_addr
 
 sys.path.insert(0, str(Path(__file__).parent))
-from netns_lab import PUBLIC_IP, ROUTER_WAN_IPS, SITE_IPS, LabUnavailable, NatLab  # noqa: E402
+from netns_lab import PUBLIC_IP, ROUTER_WAN_IPS, SITE_IPS, LabUnavailable, NatLab
 
 pytestmark = pytest.mark.timeout(120)
 AGENT = str(Path(__file__).parent / "p2p_agent.py")
@@ -169,6 +169,7 @@ def lab():
         made.close()
 
 
+@pytest.mark.timeout(300)  # ~40 s on a quiet machine; generous for a loaded one
 def test_two_sites_behind_nat_reach_each_other(lab, capsys):
     """Site hosts cannot be dialled from outside; through the relay they connect, then DCUtR tries to punch
     a direct hole. Whichever path they end on, a blob crosses it; the table says which."""
@@ -243,7 +244,7 @@ def test_relay_caps_reservations_per_ip_and_refuses_reserving_for_another_peer(t
         for index in range(3):
             config = P2PConfig(relay_use=[relay_addr], hole_punch=False, autonat=False)
             hosts.append(P2PHost.start(config, Identity.generate(), data_dir=tmp_path / f"h{index}"))
-        reserved = lambda: [any("/p2p-circuit" in a for a in h.listen_addrs) for h in hosts]  # noqa: E731
+        reserved = lambda: [any("/p2p-circuit" in a for a in h.listen_addrs) for h in hosts]
         wait_until(lambda: sum(reserved()) == 2, 60, "two reservations")
         time.sleep(1)
         assert sorted(reserved()) == [False, True, True]  # which two: whoever the relay answered first
