@@ -340,7 +340,8 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
     # ------------------------------------------------------------------ NAT traversal
 
     def connection_paths(self, timeout: float = 5.0) -> dict[str, str]:
-        """Each connected peer: ``"direct"`` (hole punched, or reachable) or ``"relayed"``."""
+        """Each connected peer: ``"direct"``, ``"relayed"`` (through a relay) or ``"hole_punched"``
+        (direct after a relayed connection: DCUtR upgraded it)."""
 
         async def paths() -> dict[str, str]:
             return self._nat.connection_paths()

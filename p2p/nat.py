@@ -51,8 +51,11 @@ STARTUP_RESERVATION_S = 8.0
 #: Seconds between AutoNAT dial-back requests to connected peers.
 AUTONAT_EVERY_S = 60.0
 
+#: Paths of a connection (``P2PHost.connection_paths``): direct from the start, through a relay, or
+#: direct after a relayed connection to the same peer (hole punched by DCUtR).
 DIRECT = "direct"
 RELAYED = "relayed"
+HOLE_PUNCHED = "hole_punched"
 
 
 # ---------------------------------------------------------------------------- addresses
@@ -96,6 +99,7 @@ class GuardedRelay(CircuitV2Protocol):
         self._hop_buckets_seen: dict[ID, float] = {}
         self._reserved_ip: dict[ID, str] = {}
         self.refused: dict[str, int] = {}  # reason -> count, for tests and status
+        self.relayed_peers: set[ID] = set()  # peers that reached this node through a relay
 
     def _refuse(self, reason: str, peer: ID, detail: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
@@ -145,6 +149,12 @@ class GuardedRelay(CircuitV2Protocol):
             await stream.reset()
         except Exception:
             pass
+
+    async def handle_incoming_connection(self, stream: INetStream, remote_peer_id: bytes) -> None:
+        """A relayed connection to this node (STOP side): noted, then upgraded by py-libp2p."""
+        await super().handle_incoming_connection(stream, remote_peer_id)
+        if len(self.relayed_peers) < 65536:
+            self.relayed_peers.add(ID(remote_peer_id))
 
     async def _handle_reserve(self, stream: INetStream, msg: HopMessage) -> None:
         peer = stream.muxed_conn.peer_id
@@ -199,6 +209,8 @@ class NatTraversal:
         self._reserved: dict[ID, float] = {}  # relay -> when we last reserved there
         self._relayed_addrs: list[str] = []
         self._nursery: trio.Nursery | None = None
+        # Peers ever connected through a relay (either way): a later direct connection was punched.
+        self._was_relayed = self.relay.relayed_peers
 
     async def run(self, ready: trio.Event) -> None:
         """Run the relay and DCUtR services and keep reservations fresh; sets ``ready`` once the first
@@ -291,6 +303,7 @@ class NatTraversal:
                     raise RelayAddressError(f"relayed address {addr!r} is not {target}'s")
                 with trio.fail_after(15):
                     await self._transport.dial(multiaddr.Multiaddr(addr))
+                self._was_relayed.add(peer)
                 return
             except trio.TooSlowError:
                 errors.append(f"{addr}: timed out")
@@ -306,12 +319,18 @@ class NatTraversal:
     # ------------------------------------------------------------------ introspection
 
     def connection_paths(self) -> dict[str, str]:
-        """Each connected peer: ``"direct"`` if any of its connections is direct, else ``"relayed"``."""
+        """Each connected peer: :data:`RELAYED` if all its connections go through a relay, else
+        :data:`HOLE_PUNCHED` if it was reached through a relay before, else :data:`DIRECT`."""
         paths = {}
         for peer, conns in list(self._host.get_network().connections.items()):
             conns = conns if isinstance(conns, list) else [conns]
-            if conns:
-                paths[peer.to_base58()] = RELAYED if all(connection_is_relayed(c) for c in conns) else DIRECT
+            if not conns:
+                continue
+            if all(connection_is_relayed(c) for c in conns):
+                self._was_relayed.add(peer)
+                paths[peer.to_base58()] = RELAYED
+            else:
+                paths[peer.to_base58()] = HOLE_PUNCHED if peer in self._was_relayed else DIRECT
         return paths
 
     def reachability(self) -> str:
@@ -328,7 +347,7 @@ class NatTraversal:
         while True:
             await trio.sleep(2.0)
             network = self._host.get_network()
-            servers = [ID.from_base58(p) for p, path in self.connection_paths().items() if path == DIRECT]
+            servers = [ID.from_base58(p) for p, path in self.connection_paths().items() if path != RELAYED]
             servers = [s for s in servers if s in network.connections][:4]
             if servers:
                 with trio.move_on_after(30):

@@ -5,8 +5,8 @@
 namespace's loopback, reachable from the sites through a TCP forwarder on the public address),
 places replica 0 on the public network as the run's relay, replicas 1 and 2 each behind its own NAT
 (started with ``ip netns exec <site>``), trains, and prints one JSON line: the rounds the chain
-committed, the contributors of each, and per node which peers it reached directly or only through
-the relay (the last path seen, and whether it was ever direct).
+committed, the contributors of each, and per node how it was connected to each peer (``direct``,
+``relayed``, ``hole_punched``: the last path seen, and every path seen, sampled once a second).
 
 The lab JSON: ``{"public_ip": ip, "sites": [[namespace, ip], [namespace, ip]]}``.
 """
@@ -99,9 +99,10 @@ def main() -> int:
                 if status.get("listen_addrs"):
                     listen_addrs[slot.name] = status["listen_addrs"]
                 for peer, path in (status.get("paths") or {}).items():
-                    record = seen[slot.name].setdefault(peer, {"last": path, "ever_direct": False})
+                    record = seen[slot.name].setdefault(peer, {"last": path, "seen": []})
                     record["last"] = path
-                    record["ever_direct"] |= path == "direct"
+                    if path not in record["seen"]:
+                        record["seen"].append(path)
 
         run.start()
         ok = run.wait(timeout, on_tick=sample)

@@ -52,18 +52,26 @@ def test_a_run_across_two_nats_commits_every_round(tmp_path, capsys):
             assert any("/p2p-circuit/p2p/" in a for a in result["listen_addrs"].get(name, [])), result
 
     names = sorted(result["placement"])
+    pairs = [(left, right) for i, left in enumerate(names) for right in names[i + 1:]]
     with capsys.disabled():
         print(f"\nNAT run: {len(names)} nodes, rounds committed {result['committed']} "
               f"(contributors {result['contributors']})")
-        print(f"  {'pair':24} path seen by each side (last; ever direct)")
-        for i, left in enumerate(names):
-            for right in names[i + 1:]:
-                a = result["paths"][left].get(right)
-                b = result["paths"][right].get(left)
-                fmt = lambda r: "-" if r is None else f"{r['last']}{' (was direct)' if r['ever_direct'] and r['last'] != 'direct' else ''}"
-                label = f"{left}[{result['placement'][left]}] - {right}[{result['placement'][right]}]"
-                print(f"  {label:40} {fmt(a):10} | {fmt(b)}")
-    # Every pair met, one way or the other.
-    for i, left in enumerate(names):
-        for right in names[i + 1:]:
-            assert result["paths"][left].get(right) or result["paths"][right].get(left), (left, right, result)
+        print(f"  {'pair':40} {'path (left side)':18} | path (right side)")
+        for left, right in pairs:
+            label = f"{left}[{result['placement'][left]}] - {right}[{result['placement'][right]}]"
+            print(f"  {label:40} {_path(result['paths'][left].get(right)):18} | "
+                  f"{_path(result['paths'][right].get(left))}")
+    # Every pair met, one way or the other; the two NATed nodes only through the relay (or a hole
+    # punched from a relayed connection): nothing dials into a site directly.
+    for left, right in pairs:
+        records = [r for r in (result["paths"][left].get(right), result["paths"][right].get(left)) if r]
+        assert records, (left, right, result)
+        if "public" not in (result["placement"][left], result["placement"][right]):
+            assert all("direct" not in r["seen"] for r in records), (left, right, records)
+
+
+def _path(record: dict | None) -> str:
+    """The last path seen, and the others seen before it."""
+    if record is None:
+        return "-"
+    return record["last"] + (f" (seen: {', '.join(record['seen'])})" if len(record["seen"]) > 1 else "")

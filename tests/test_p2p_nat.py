@@ -172,7 +172,8 @@ def lab():
 @pytest.mark.timeout(300)  # ~40 s on a quiet machine; generous for a loaded one
 def test_two_sites_behind_nat_reach_each_other(lab, capsys):
     """Site hosts cannot be dialled from outside; through the relay they connect, then DCUtR tries to punch
-    a direct hole. Whichever path they end on, a blob crosses it; the table says which."""
+    a direct hole. Whichever path they end on, a blob crosses it; the table says which (on this lab's
+    port-preserving NATs DCUtR punches through: "hole_punched")."""
     root = tempfile.mkdtemp(prefix="dlx-nat-")
     agents: list[Agent] = []
     try:
@@ -201,8 +202,8 @@ def test_two_sites_behind_nat_reach_each_other(lab, capsys):
 
         connected = one.ask(cmd="connect", addr=relayed_two[0], timeout=60)
         assert connected["ok"], connected
-        path = one.ask(cmd="wait_path", peer=two.peer_id, path="direct", timeout=40)["path"]
-        assert path in ("direct", "relayed")
+        path = one.ask(cmd="wait_path", peer=two.peer_id, path="hole_punched", timeout=40)["path"]
+        assert path in ("hole_punched", "relayed")  # never "direct": site 2 cannot be dialled from outside
         sha = two.ask(cmd="provide", size=4 << 20)["sha256"]
         fetched = one.ask(cmd="fetch", sha256=sha, provider=two.peer_id, timeout=90)
         assert fetched["ok"], fetched
