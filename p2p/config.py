@@ -43,7 +43,7 @@ class P2PConfig:
     relay_max_circuits_per_peer: int = 16  # relay_serve: relayed connections to one reserved peer at once
     relay_max_circuit_bytes: int = 4 << 30  # relay_serve: bytes one relayed connection may carry (both ways)
     relay_max_circuit_seconds: int = 0  # relay_serve: a relayed connection's lifetime; 0 = unlimited
-    relay_hop_per_minute: float = 60.0  # relay_serve: HOP streams (RESERVE/CONNECT) a peer may open a minute
+    relay_hop_per_minute: float = 60.0  # relay_serve: HOP streams + requests a peer may make a minute
     hole_punch: bool = True  # DCUtR: upgrade a relayed connection to a direct one (TCP simultaneous open)
     autonat: bool = True  # answer AutoNAT dial-back requests and ask peers whether we are reachable
 

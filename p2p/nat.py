@@ -120,10 +120,8 @@ class GuardedRelay(CircuitV2Protocol):
         else:
             await super().run(task_status=task_status)
 
-    async def handle_hop_stream(self, stream: INetStream) -> None:
-        """A HOP stream: refused without reading if its peer opens them faster than
-        ``relay_hop_per_minute`` (a burst of as many), otherwise handled by py-libp2p."""
-        peer = stream.muxed_conn.peer_id
+    def _allow(self, peer: ID) -> bool:
+        """One more HOP stream or request from ``peer`` within ``relay_hop_per_minute`` (a burst of as many)?"""
         bucket = self._hop_buckets.get(peer)
         if bucket is None:
             if len(self._hop_buckets) > 4096:  # forget the longest idle half of a flood of peer ids
@@ -133,11 +131,25 @@ class GuardedRelay(CircuitV2Protocol):
             per_minute = self.config.relay_hop_per_minute
             bucket = self._hop_buckets[peer] = Allowance(per_minute / 60.0, burst=per_minute)
         self._hop_buckets_seen[peer] = time.monotonic()
-        if not bucket.take():
-            self._refuse("hop_rate", peer, f"more than {self.config.relay_hop_per_minute:g} HOP streams a minute")
+        if bucket.take():
+            return True
+        self._refuse("hop_rate", peer, f"more than {self.config.relay_hop_per_minute:g} HOP streams and "
+                                       "requests a minute")
+        return False
+
+    async def handle_hop_stream(self, stream: INetStream) -> None:
+        """A HOP stream: refused unread beyond the peer's allowance, otherwise handled by py-libp2p
+        (which reads requests on it until it closes: each request is counted again, below)."""
+        if not self._allow(stream.muxed_conn.peer_id):
             await self._deny(stream, StatusCode.RESOURCE_LIMIT_EXCEEDED)
             return
         await self._handle_hop_stream(stream)
+
+    async def _handle_connect(self, stream: INetStream, msg: HopMessage) -> None:
+        if not self._allow(stream.muxed_conn.peer_id):
+            await self._deny(stream, StatusCode.RESOURCE_LIMIT_EXCEEDED)
+            return
+        await super()._handle_connect(stream, msg)
 
     async def _deny(self, stream: INetStream, code: StatusCode) -> None:
         with trio.move_on_after(2):
@@ -158,6 +170,9 @@ class GuardedRelay(CircuitV2Protocol):
 
     async def _handle_reserve(self, stream: INetStream, msg: HopMessage) -> None:
         peer = stream.muxed_conn.peer_id
+        if not self._allow(peer):
+            await self._deny(stream, StatusCode.RESOURCE_LIMIT_EXCEEDED)
+            return
         if msg.HasField("peer") and msg.peer.id and msg.peer.id != peer.to_bytes():
             self._refuse("reserve_for_other", peer, "a RESERVE naming another peer id")
             await self._send_status(stream, StatusCode.PERMISSION_DENIED, "reserve only for yourself")

@@ -262,11 +262,20 @@ def test_relay_caps_reservations_per_ip_and_refuses_reserving_for_another_peer(t
                                                              peer=CircuitPeerId(id=victim.to_bytes())))
                 with trio.fail_after(20):
                     reply = await read_delimited_msg(stream, HopMessage)
+                # Then a flood of requests on that one stream: py-libp2p would serve them all.
+                with trio.move_on_after(20):
+                    try:
+                        for _ in range(100):
+                            await write_delimited_msg(stream, HopMessage(type=HopMessage.RESERVE))
+                            await read_delimited_msg(stream, HopMessage)
+                    except Exception:  # the relay reset the stream: what the flood should come to
+                        pass
                 return reply.status
 
         status = trio.run(squat)
         assert status == StatusCode.PERMISSION_DENIED
         assert relay.relay_refusals().get("reserve_for_other", 0) == 1
+        assert relay.relay_refusals().get("hop_rate", 0) >= 1  # 60 a minute, then the stream is reset
         assert relay.peers()  # still serving
     finally:
         for host in hosts + [relay]:
