@@ -42,9 +42,10 @@ def is_peer_id(text: str) -> bool:
 
 
 def check_direct_addr(addr: str, what: str = "address") -> str:
-    """Check ``/ip4|ip6|dns*/<host>/tcp/<port>/p2p/<peer id>``; return the peer id or raise RelayAddressError."""
+    """Check ``/ip4|ip6|dns*/<host>/tcp/<port>/p2p/<peer id>``: its peer id, or RelayAddressError."""
     parts = addr.split("/")
-    if len(parts) != 7 or parts[0] != "" or parts[1] not in _HOST_PROTOCOLS or parts[3] != "tcp" or parts[5] != "p2p":
+    if (len(parts) != 7 or parts[0] != "" or parts[1] not in _HOST_PROTOCOLS or parts[3] != "tcp"
+            or parts[5] != "p2p"):
         raise RelayAddressError(f"{what} {addr!r}: expected /ip4/<ip>/tcp/<port>/p2p/<peer id>")
     host, port, peer = parts[2], parts[4], parts[6]
     try:
@@ -72,7 +73,7 @@ def parse_relayed_addr(addr: str) -> tuple[str, str, str]:
     relayed address a peer or a run link hands us, before anything dials it.
     """
     if not isinstance(addr, str) or len(addr) > MAX_ADDR_CHARS:
-        raise RelayAddressError(f"relayed address refused: not a string of at most {MAX_ADDR_CHARS} characters")
+        raise RelayAddressError(f"relayed address refused: not a string of at most {MAX_ADDR_CHARS} chars")
     if addr.count(CIRCUIT) != 1:
         raise RelayAddressError(f"relayed address {addr!r}: must contain /p2p-circuit exactly once")
     relay_part, _, tail = addr.partition(CIRCUIT)

@@ -87,15 +87,17 @@ class P2PConfig:
             try:
                 check_direct_addr(addr, "p2p.relay_use entry")
             except RelayAddressError as exc:
-                raise P2PConfigError(f"{exc}: a relay's own address, e.g. /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...") \
-                    from None
+                raise P2PConfigError(
+                    f"{exc}: a relay's own address, e.g. /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW..."
+                ) from None
         for name in ("relay_max_reservations", "relay_reservations_per_ip", "relay_reservation_ttl",
                      "relay_max_circuits_per_peer", "relay_max_circuit_bytes"):
             if getattr(self, name) < 1:
                 raise P2PConfigError(f"p2p.{name}={getattr(self, name)}: must be >= 1")
         if self.relay_max_circuit_seconds < 0:
-            raise P2PConfigError(f"p2p.relay_max_circuit_seconds={self.relay_max_circuit_seconds}: must be >= 0 "
-                                 "(0 = unlimited)")
+            raise P2PConfigError(
+                f"p2p.relay_max_circuit_seconds={self.relay_max_circuit_seconds}: must be >= 0 (0 = unlimited)"
+            )
         if self.relay_hop_per_minute < 1:
             raise P2PConfigError(f"p2p.relay_hop_per_minute={self.relay_hop_per_minute}: must be >= 1")
         if self.rate_limit_bps < 0:

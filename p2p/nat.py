@@ -61,7 +61,10 @@ HOLE_PUNCHED = "hole_punched"
 # ---------------------------------------------------------------------------- addresses
 
 
-def split_addrs(addrs: list[multiaddr.Multiaddr]) -> tuple[list[multiaddr.Multiaddr], list[multiaddr.Multiaddr]]:
+Addrs = list[multiaddr.Multiaddr]
+
+
+def split_addrs(addrs: Addrs) -> tuple[Addrs, Addrs]:
     """(direct, relayed) addresses of a peer."""
     direct = [a for a in addrs if not is_relayed_addr(str(a))]
     return direct, [a for a in addrs if is_relayed_addr(str(a))]
@@ -121,7 +124,7 @@ class GuardedRelay(CircuitV2Protocol):
             await super().run(task_status=task_status)
 
     def _allow(self, peer: ID) -> bool:
-        """One more HOP stream or request from ``peer`` within ``relay_hop_per_minute`` (a burst of as many)?"""
+        """May ``peer`` open one more HOP stream or make one more request (``relay_hop_per_minute``)?"""
         bucket = self._hop_buckets.get(peer)
         if bucket is None:
             if len(self._hop_buckets) > 4096:  # forget the longest idle half of a flood of peer ids
@@ -218,7 +221,8 @@ class NatTraversal:
         # CLIENT role does; reservations are made explicitly, on the relay_use relays only.
         self._transport = CircuitV2Transport(host, self.relay, RelayConfig(roles=RelayRole.STOP))
         self._dcutr = DCUtRProtocol(host) if config.hole_punch else None
-        self._autonat = AutoNATService(host, serve=config.autonat, confirmations=1) if config.autonat else None
+        self._autonat = (AutoNATService(host, serve=config.autonat, confirmations=1)
+                         if config.autonat else None)
         self._relays = [info_from_p2p_addr(multiaddr.Multiaddr(a)) for a in config.relay_use]
         self._relay_addrs = {info.peer_id: addr for info, addr in zip(self._relays, config.relay_use)}
         self._reserved: dict[ID, float] = {}  # relay -> when we last reserved there

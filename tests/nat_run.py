@@ -1,12 +1,13 @@
 """One training run across NATs, orchestrated from inside the lab's public namespace (tests/netns_lab.py).
 
-``ip netns exec <public ns> python tests/nat_run.py '<lab JSON>' WORKDIR ROUNDS TIMEOUT`` sets up a
+``ip netns exec <public ns> python tests/nat_run.py '<lab JSON>' WORKDIR ROUNDS TIMEOUT [relay-only]`` sets up a
 :class:`node.commands.launcher.LocalRun` of three one-node replicas (its anvil on the public
 namespace's loopback, reachable from the sites through a TCP forwarder on the public address),
 places replica 0 on the public network as the run's relay, replicas 1 and 2 each behind its own NAT
 (started with ``ip netns exec <site>``), trains, and prints one JSON line: the rounds the chain
 committed, the contributors of each, and per node how it was connected to each peer (``direct``,
 ``relayed``, ``hole_punched``: the last path seen, and every path seen, sampled once a second).
+``relay-only`` turns hole punching off on every node: the NATed pair then talks through the relay.
 
 The lab JSON: ``{"public_ip": ip, "sites": [[namespace, ip], [namespace, ip]]}``.
 """
@@ -62,6 +63,7 @@ def forward_tcp(listen_ip: str, port: int, target_ip: str, target_port: int) -> 
 def main() -> int:
     lab = json.loads(sys.argv[1])
     workdir, rounds, timeout = Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    relay_only = sys.argv[5:] == ["relay-only"]
     run = LocalRun(workdir, replicas=3, stages=1, split=False,
                    settings=TINY + [f"rounds={rounds}", "join_timeout=180", "round_timeout=180"])
     try:
@@ -77,6 +79,7 @@ def main() -> int:
             table = load_config(slot.config_path).to_dict()
             table["p2p"]["listen_host"] = ip
             table["ledger"]["rpc_url"] = rpc_url
+            table["p2p"]["hole_punch"] = not relay_only
             if namespace is None:
                 table["p2p"]["bootstrap"] = []
                 table["p2p"]["relay_serve"] = True

@@ -26,7 +26,10 @@ ROUNDS = 3
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_run_across_two_nats_commits_every_round(tmp_path, capsys):
+@pytest.mark.parametrize("mode", ["hole-punch", "relay-only"])
+def test_a_run_across_two_nats_commits_every_round(tmp_path, capsys, mode):
+    """``hole-punch``: the defaults. ``relay-only``: DCUtR off, so the NATed pair trains through the relay
+    the whole run (what a pair behind symmetric NATs gets)."""
     try:
         lab = NatLab()
     except LabUnavailable as exc:
@@ -35,7 +38,7 @@ def test_a_run_across_two_nats_commits_every_round(tmp_path, capsys):
         spec = {"public_ip": PUBLIC_IP, "sites": [[ns, ip] for ns, ip in zip(lab.sites, SITE_IPS)]}
         proc = subprocess.run(
             lab.cmd(lab.public, sys.executable, str(Path(__file__).parent / "nat_run.py"), json.dumps(spec),
-                    str(tmp_path / "run"), str(ROUNDS), "720"),
+                    str(tmp_path / "run"), str(ROUNDS), "720", *(["relay-only"] if mode == "relay-only" else [])),
             capture_output=True, text=True, timeout=840, env=dict(os.environ),
         )
     finally:
@@ -54,7 +57,7 @@ def test_a_run_across_two_nats_commits_every_round(tmp_path, capsys):
     names = sorted(result["placement"])
     pairs = [(left, right) for i, left in enumerate(names) for right in names[i + 1:]]
     with capsys.disabled():
-        print(f"\nNAT run: {len(names)} nodes, rounds committed {result['committed']} "
+        print(f"\nNAT run ({mode}): {len(names)} nodes, rounds committed {result['committed']} "
               f"(contributors {result['contributors']})")
         print(f"  {'pair':40} {'path (left side)':18} | path (right side)")
         for left, right in pairs:
@@ -68,6 +71,8 @@ def test_a_run_across_two_nats_commits_every_round(tmp_path, capsys):
         assert records, (left, right, result)
         if "public" not in (result["placement"][left], result["placement"][right]):
             assert all("direct" not in r["seen"] for r in records), (left, right, records)
+            if mode == "relay-only":
+                assert all(r["seen"] == ["relayed"] for r in records), (left, right, records)
 
 
 def _path(record: dict | None) -> str:
