@@ -14,6 +14,8 @@ from typing import Any, get_type_hints
 import msgpack
 
 from node.errors import NodeError
+from p2p.addrs import is_relayed_addr, parse_relayed_addr
+from p2p.errors import RelayAddressError
 from p2p.wire import container_bound
 
 HELLO = "hello"
@@ -255,6 +257,12 @@ def _validate(message: Any) -> None:
             raise ProtocolError("hello.cluster_size/training_round out of range")
         if not all(isinstance(a, str) for a in message.addrs):
             raise ProtocolError("hello.addrs must be strings")
+        for addr in message.addrs:
+            if is_relayed_addr(addr):
+                try:
+                    parse_relayed_addr(addr)
+                except RelayAddressError as exc:
+                    raise ProtocolError(f"hello.addrs: {exc}") from None
     elif isinstance(message, Announce):
         if len(message.envelope_hash) != 32 or message.size < 1:
             raise ProtocolError("announce.envelope_hash must be 32 bytes and size >= 1")

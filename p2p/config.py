@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from p2p.errors import P2PConfigError
+from p2p.addrs import check_direct_addr
+from p2p.errors import P2PConfigError, RelayAddressError
 
 
 @dataclass
@@ -33,6 +34,18 @@ class P2PConfig:
     sync_cache_bytes: int = 8 << 20  # and at most this many bytes per topic
     discovery_interval: float = 30.0  # max seconds between DHT lookups for new peers
     max_peers: int = 64  # stop dialling discovered peers beyond this many connections
+    # NAT traversal (p2p.nat, docs/P2P.md "NAT traversal").
+    relay_serve: bool = False  # relay for others (circuit relay v2 hop): a node with a public address
+    relay_use: list[str] = field(default_factory=list)  # relays to reserve a slot on: /ip4/.../p2p/<relay>
+    relay_max_reservations: int = 64  # relay_serve: peers that may hold a slot at once
+    relay_reservations_per_ip: int = 8  # relay_serve: slots held from one source IP
+    relay_reservation_ttl: int = 3600  # relay_serve: seconds a slot lasts unless renewed
+    relay_max_circuits_per_peer: int = 16  # relay_serve: relayed connections to one reserved peer at once
+    relay_max_circuit_bytes: int = 4 << 30  # relay_serve: bytes one relayed connection may carry (both ways)
+    relay_max_circuit_seconds: int = 0  # relay_serve: a relayed connection's lifetime; 0 = unlimited
+    relay_hop_per_minute: float = 60.0  # relay_serve: HOP streams + requests a peer may make a minute
+    hole_punch: bool = True  # DCUtR: upgrade a relayed connection to a direct one (TCP simultaneous open)
+    autonat: bool = True  # answer AutoNAT dial-back requests and ask peers whether we are reachable
 
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port <= 65535:
@@ -70,6 +83,23 @@ class P2PConfig:
             raise P2PConfigError(f"p2p.discovery_interval={self.discovery_interval}: must be > 0 seconds")
         if self.max_peers < 1:
             raise P2PConfigError(f"p2p.max_peers={self.max_peers}: must be >= 1")
+        for addr in self.relay_use:
+            try:
+                check_direct_addr(addr, "p2p.relay_use entry")
+            except RelayAddressError as exc:
+                raise P2PConfigError(
+                    f"{exc}: a relay's own address, e.g. /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW..."
+                ) from None
+        for name in ("relay_max_reservations", "relay_reservations_per_ip", "relay_reservation_ttl",
+                     "relay_max_circuits_per_peer", "relay_max_circuit_bytes"):
+            if getattr(self, name) < 1:
+                raise P2PConfigError(f"p2p.{name}={getattr(self, name)}: must be >= 1")
+        if self.relay_max_circuit_seconds < 0:
+            raise P2PConfigError(
+                f"p2p.relay_max_circuit_seconds={self.relay_max_circuit_seconds}: must be >= 0 (0 = unlimited)"
+            )
+        if self.relay_hop_per_minute < 1:
+            raise P2PConfigError(f"p2p.relay_hop_per_minute={self.relay_hop_per_minute}: must be >= 1")
         if self.rate_limit_bps < 0:
             raise P2PConfigError(f"p2p.rate_limit_bps={self.rate_limit_bps}: must be >= 0 (0 = no cap)")
         if self.rate_limit_burst < 0:

@@ -27,6 +27,10 @@ class DialError(P2PError):
     """A peer could not be reached or refused the connection."""
 
 
+class RelayAddressError(DialError, ValueError):
+    """A relayed address (``<relay>/p2p-circuit/p2p/<peer>``) from a peer, a run link or a setting is malformed."""
+
+
 class EnvelopeRejected(P2PError):
     """An envelope failed validation; ``reason`` is a short machine-readable code.
 

@@ -14,6 +14,7 @@ Kademlia DHT in server mode for peer routing and provider records, and the
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
 import socket
@@ -31,6 +32,7 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.pubsub.pubsub import ContentAddressedMessageIDGenerator, Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 
+from p2p.addrs import parse_relayed_addr
 from p2p.blob_protocol import BLOB_PROTOCOL, BlobService
 from p2p.blobstore import BlobStore
 from p2p.config import P2PConfig
@@ -41,11 +43,15 @@ from p2p.host_blobs import HostBlobs
 from p2p.host_gossip import HostGossip, Subscription
 from p2p.host_thread import HostThread
 from p2p.identity import Identity
+from p2p.nat import NatTraversal, split_addrs
 from p2p.ratelimit import PeerRateLimiter
 from p2p.refusals import RefusedProtocols, guard_new_stream
 from p2p.transport import build_libp2p_host, close_leftover_tcp_streams, start_mdns
 
 logger = logging.getLogger(__name__)
+
+#: Seconds a direct dial may take when a relay could be tried next.
+DIRECT_BEFORE_RELAY_S = 4.0
 
 
 class TransferStats:
@@ -167,6 +173,7 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
         # messages and penalises it. Seed with nanoseconds, as go-libp2p does.
         self._pubsub.counter = time.time_ns()
         self._dht = KadDHT(self._libp2p, DHTMode.SERVER, enable_random_walk=False)
+        self._nat = NatTraversal(self._libp2p, config)
         self._blobs = BlobService(
             self.store,
             self._open_stream,
@@ -199,6 +206,9 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
                                         start_mdns, self._libp2p, config.mdns_interface
                                     )
                                     nursery.start_soon(discovery.run_mdns, mdns)
+                                nat_ready = trio.Event()
+                                nursery.start_soon(self._nat.run, nat_ready)
+                                await nat_ready.wait()  # relays tried: listen_addrs has the relayed ones
                                 nursery.start_soon(discovery.run)
                                 nursery.start_soon(self._pubsub_repair_loop)
                                 if config.gossip_resync_interval > 0:
@@ -249,23 +259,46 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
                 info = await self._dht.find_peer(peer)
                 if info is not None:
                     addrs = list(info.addrs)
-        if not addrs:
+        if not addrs and not self._nat.can_relay():
             raise DialError(f"no known address for peer {peer}")
-        await self._libp2p.connect(PeerInfo(peer, addrs))
+        await self._dial(PeerInfo(peer, addrs))
+
+    async def _dial(self, info: PeerInfo) -> None:
+        """Connect directly where the peer has a direct address that answers, else through a relay
+        (py-libp2p's swarm never dials /p2p-circuit addresses itself)."""
+        direct, relayed = split_addrs(list(info.addrs))
+        fallback = bool(relayed) or self._nat.can_relay()
+        if direct:
+            try:
+                # A private address of a peer behind another NAT may blackhole the SYN: leave time
+                # for the relay within the caller's own timeout.
+                with trio.fail_after(DIRECT_BEFORE_RELAY_S) if fallback else contextlib.nullcontext():
+                    await self._libp2p.connect(PeerInfo(info.peer_id, direct))
+                return
+            except trio.TooSlowError:
+                if not fallback:
+                    raise
+                logger.debug("direct dial of %s timed out; trying relays", info.peer_id)
+            except Exception as exc:  # behind a NAT: try the relays before giving up
+                if not fallback:
+                    raise
+                logger.debug("direct dial of %s failed (%s); trying relays", info.peer_id, exc)
+        await self._nat.dial_relayed(info.peer_id, relayed)
 
     # ------------------------------------------------------------------ peers
 
     @property
     def listen_addrs(self) -> list[str]:
-        """Full multiaddrs of this host, each ending in ``/p2p/<peer id>``."""
-        return list(self._listen_addrs)
+        """Full multiaddrs of this host, each ending in ``/p2p/<peer id>``: where it listens, then its
+        relayed addresses (``<relay>/p2p-circuit/p2p/<peer id>``) on relays holding a reservation for it."""
+        nat = getattr(self, "_nat", None)
+        return list(self._listen_addrs) + (nat.relayed_addrs if nat is not None else [])
 
     def connect(self, addr: str, timeout: float = 10.0) -> str:
-        """Dial a ``/ip4/.../tcp/.../p2p/<id>`` multiaddr; return the peer id. Raises DialError/P2PTimeout."""
-        try:
-            info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
-        except Exception as exc:  # multiaddr raises several types on bad text
-            raise DialError(f"bad multiaddr {addr!r}: {exc}") from None
+        """Dial a ``/ip4/.../tcp/.../p2p/<id>`` multiaddr, or a relayed one
+        (``<relay multiaddr>/p2p-circuit/p2p/<id>``); return the peer id. Raises DialError (RelayAddressError
+        for a malformed relayed address) or P2PTimeout."""
+        info = peer_info(addr)
         self._call(self._connect_info, info, timeout=timeout, what=f"connect {addr}")
         return info.peer_id.to_base58()
 
@@ -273,8 +306,10 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
         if info.peer_id == self._libp2p.get_id():
             return
         try:
-            await self._libp2p.connect(info)
+            await self._dial(info)
         except trio.TooSlowError:
+            raise
+        except DialError:
             raise
         except Exception as exc:  # libp2p dial errors have no common base
             raise DialError(f"cannot connect to {info.peer_id}: {type(exc).__name__}: {exc}") from None
@@ -302,6 +337,26 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
 
         return self._call(find, timeout=timeout, what=f"find_peer {peer_id}")
 
+    # ------------------------------------------------------------------ NAT traversal
+
+    def connection_paths(self, timeout: float = 5.0) -> dict[str, str]:
+        """Each connected peer: ``"direct"``, ``"relayed"`` (through a relay) or ``"hole_punched"``
+        (direct after a relayed connection: DCUtR upgraded it)."""
+
+        async def paths() -> dict[str, str]:
+            return self._nat.connection_paths()
+
+        return self._call(paths, timeout=timeout, what="connection_paths")
+
+    def reachability(self) -> str:
+        """``"public"``, ``"private"`` or ``"unknown"``, as AutoNAT dial-backs from peers found it."""
+        return self._nat.reachability()
+
+    def relay_refusals(self) -> dict[str, int]:
+        """With ``relay_serve``: requests this relay refused, by reason (``hop_rate``,
+        ``reserve_for_other``, ``reserve_per_ip``)."""
+        return dict(self._nat.relay.refused)
+
     # ------------------------------------------------------------------ introspection
 
     def transfer_stats(self) -> dict[str, dict[str, int]]:
@@ -317,6 +372,18 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
 
     def __repr__(self) -> str:
         return f"P2PHost({self.peer_id}, {'closed' if self._closed else 'open'})"
+
+
+def peer_info(addr: str) -> PeerInfo:
+    """The peer and address of a multiaddr ending in ``/p2p/<peer id>``, direct or relayed; raises
+    DialError (RelayAddressError for a malformed relayed address)."""
+    if "/p2p-circuit" in addr:
+        _relay, _relay_id, peer = parse_relayed_addr(addr)
+        return PeerInfo(ID.from_base58(peer), [multiaddr.Multiaddr(addr)])
+    try:
+        return info_from_p2p_addr(multiaddr.Multiaddr(addr))
+    except Exception as exc:  # multiaddr raises several types on bad text
+        raise DialError(f"bad multiaddr {addr!r}: {exc}") from None
 
 
 def _check_port_free(listen_host: str, port: int) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import trio
 
 #: Smallest default burst: two ~1 MiB yamux frames (p2p.fastpath).
@@ -90,3 +92,25 @@ class PeerRateLimiter:
         if self.rate <= 0:
             return
         await self._bucket(peer_id, direction).consume(amount)
+
+
+class Allowance:
+    """A non-blocking token bucket for counting events (streams, requests), not bytes: ``rate`` per
+    second, at most ``burst`` saved up. :meth:`take` says whether one more event may pass now."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError(f"rate={rate}, burst={burst}: must be > 0 and >= 1")
+        self.rate = float(rate)
+        self.burst = float(burst)
+        self._tokens = self.burst
+        self._stamp = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True

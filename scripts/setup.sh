@@ -19,4 +19,9 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
         || echo "setup: chromium could not be installed; the HTML-report rendering test will fail" >&2
 fi
+# nftables: the NAT traversal tests build NATs in network namespaces (root only; they skip without it).
+if ! command -v nft >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null) \
+        || echo "setup: nftables could not be installed; the NAT tests will skip" >&2
+fi
 echo "setup: done. Run 'source .venv/bin/activate' or call .venv/bin/dlx-node directly."

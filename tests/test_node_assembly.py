@@ -79,6 +79,9 @@ class FakeHost:
     def transfer_stats(self) -> dict:
         return {}
 
+    def connection_paths(self, timeout: float = 5.0) -> dict:
+        return {}
+
     def close(self, timeout: float = 10.0) -> None:
         pass
 

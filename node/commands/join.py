@@ -32,7 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.commands.link import RunLink, check_address, check_multiaddr, parse_run_link
+from node.commands.link import RunLink, check_address, check_multiaddr, parse_run_link, relays_of
 from node.errors import ConfigError, NodeError
 
 logger = logging.getLogger(__name__)
@@ -273,7 +273,9 @@ def _node_settings(link: RunLink, chain: _Chain, document: dict, data_dir: Path,
     return data_path, tokenizer, {
         "data_dir": str(data_dir.resolve()), "cluster": cluster, "cluster_size": 1,
         "rounds": chain.info.max_rounds, "checkpoint_every": checkpoint_every or 1,
-        "p2p": {"listen_host": listen_host, "listen_port": args.listen_port, "bootstrap": list(link.peers)},
+        # Peers behind a NAT sit behind the run's relays: reserve there too, to be reachable the same way.
+        "p2p": {"listen_host": listen_host, "listen_port": args.listen_port, "bootstrap": list(link.peers),
+                "relay_use": relays_of(link.peers)},
         "ledger": ledger_cfg,
     }
 

@@ -1,7 +1,8 @@
 """The run link: where a run lives, as one copy-pasteable line.
 
 ``dlx://<chain_id>/<ledger>/<run_id>?rpc=<url>&peer=<multiaddr>``: printed by
-``dlx-node demo`` and the local launcher, read by ``dlx-node join``.
+``dlx-node demo`` and the local launcher, read by ``dlx-node join``. A peer behind a NAT appears by
+its relayed address, ``<relay multiaddr>/p2p-circuit/p2p/<peer id>`` (docs/P2P.md, "NAT traversal").
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qs, quote, urlsplit
 
 from node.errors import ConfigError
+from p2p.addrs import is_relayed_addr, parse_relayed_addr
+from p2p.errors import RelayAddressError
 
 LINK_SCHEME = "dlx"
 #: Node settings (not part of the run document) a run link may carry because every member must share them.
@@ -93,7 +96,20 @@ def check_address(value: str, what: str) -> None:
 
 
 def check_multiaddr(addr: str) -> None:
-    """Refuse anything but a multiaddr ending in /p2p/<peer id>."""
+    """Refuse anything but a multiaddr ending in /p2p/<peer id>: a direct one, or a relayed one
+    (``<relay multiaddr>/p2p-circuit/p2p/<peer id>``, a node behind a NAT; checked in full)."""
     if not addr.startswith("/") or "/p2p/" not in addr:
         raise ConfigError(f"peer {addr!r}: must be a multiaddr ending in /p2p/<peer id>, e.g. "
                           "/ip4/192.0.2.1/tcp/4001/p2p/12D3KooW... (a node's status.json, listen_addrs)")
+    if is_relayed_addr(addr):
+        try:
+            parse_relayed_addr(addr)
+        except RelayAddressError as exc:
+            raise ConfigError(f"peer {exc}; a relayed peer looks like "
+                              "/ip4/203.0.113.7/tcp/4001/p2p/12D3KooW<relay>/p2p-circuit/p2p/12D3KooW<peer>") from None
+
+
+def relays_of(peers: tuple[str, ...] | list[str]) -> list[str]:
+    """The relays the link's relayed peers sit behind (their direct addresses): what a joiner behind
+    a NAT puts in ``p2p.relay_use`` to be reachable the same way."""
+    return list(dict.fromkeys(parse_relayed_addr(p)[0] for p in peers if is_relayed_addr(p)))

@@ -81,6 +81,8 @@ class Heartbeat:
         progress = self.progress
         progress.peers = peers
         progress.traffic = self.host.transfer_stats()
+        progress.paths = self.host.connection_paths()
+        self.reporter.listening(self.host.listen_addrs)  # a relay reservation may come (or go) later
         stats = progress.traffic.values()
         progress.bytes_sent = sum(s.get("sent", 0) for s in stats)
         progress.bytes_received = sum(s.get("received", 0) for s in stats)

@@ -40,6 +40,7 @@ class Progress:
     gossip_messages_sent: int = 0  # run-topic messages this node published
     gossip_messages_received: int = 0  # distinct run-topic messages delivered to it
     traffic: dict = field(default_factory=dict)  # per protocol: P2PHost.transfer_stats()
+    paths: dict = field(default_factory=dict)  # per connected peer: "direct" or "relayed" (P2PHost.connection_paths)
     last_commit: int = -1
     last_finished: int = -1
     weights_root: str = ""
@@ -206,6 +207,7 @@ def write_status(path: Path, progress: Progress, peer_id: str, run_id: int, plac
         "eval_loss": _num(p.eval_loss), "peers": p.peers, "bytes_sent": p.bytes_sent,
         "bytes_received": p.bytes_received, "gossip_messages_sent": p.gossip_messages_sent,
         "gossip_messages_received": p.gossip_messages_received, "traffic": p.traffic,
+        "paths": p.paths,
         "last_finished": p.last_finished, "last_commit": p.last_commit,
         "weights_root": p.weights_root, "spot_checks": p.spot_checks,
         "spot_check_mismatches": p.spot_check_mismatches, "chain_checks": p.chain_checks, "timing": p.timing,
