@@ -470,6 +470,15 @@ def data_loader(r: dict) -> list[str]:
         rows) + extra
 
 
+def nat(r: dict) -> list[str]:
+    rows = [[name.replace("_", " "), d["path_after"], f"{d['mb_per_s_median']:.1f} MB/s",
+             f"{min(run['load'] for run in d['runs']):.0f}-{max(run['load'] for run in d['runs']):.0f}"]
+            for name, d in r.items() if isinstance(d, dict) and "runs" in d]
+    return [(f"A {r['size_mb']} MB blob between two nodes behind separate NATs (network namespaces, nftables "
+             f"masquerade), median of {r['repeats']} transfers on {r['cpus']} cores:"), ""] + table(
+        ["path", "path after the transfer", "rate", "load average"], rows)
+
+
 # ------------------------------------------------------------------------------------------------ the page
 
 @dataclass(frozen=True)
@@ -508,6 +517,8 @@ SECTIONS = (
     Section("ledger.json", "Ledger gas and history", "bench/bench_ledger.py", ledger),
     Section("audit.json", "Audit", "bench/bench_audit.py", audit),
     Section("fuzz.json", "Bad input", "bench/fuzz_campaign.py", fuzz),
+    Section("nat.json", "Through NATs: relayed and hole punched", "bench/bench_nat.py", nat,
+            "Relayed traffic crosses the relay's process twice; hole punching (DCUtR) moves the same blob directly once both NATs keep the listen port (docs/P2P.md, NAT traversal)."),
     Section("data_loader.json", "Data loader", "bench/bench_data_loader.py", data_loader,
             "Resident memory does not grow with the dataset because the loader releases the pages each read maps (`ShardedTokens._release`)."),
 )
