@@ -37,6 +37,7 @@ from node.live.coordination import RoundCoordinator
 from node.live.entry import RunEntry
 from node.live.exchange import Exchange, serve_blob
 from node.live.finisher import RoundFinisher
+from node.live.forkrepair import ForkRepair
 from node.live.fullexchange import FullExchange
 from node.live.heartbeat import Heartbeat
 from node.live.inbox import GossipInbox
@@ -139,6 +140,7 @@ class NodeParts:
         self.exchange: Exchange | None = None
         self.coordinator: RoundCoordinator | None = None
         self.lifecycle: Lifecycle | None = None
+        self.forks: ForkRepair | None = None
         self.spot_checks: SpotChecker | None = None
         self.committer: Committer | None = None
         self.inbox: GossipInbox | None = None
@@ -217,11 +219,15 @@ class NodeParts:
             stage_hashes=self.rounds.stage_hashes_of, own_replica=self.station.replica,
             current_round=self.progress.current_round, work_dir=self.data_dir / "spotchecks",
             evidence_dir=self.evidence_dir, stop=self.stop, on_ejected=lifecycle.member_ejected))
+        self.forks = forks = ForkRepair(
+            cfg=cfg, station=self.station, book=self.book, coordinator=coordinator, exchange=exchange,
+            archive=self.archive, rounds=self.rounds, chain=chain, lifecycle=lifecycle, state=self.state,
+            progress=self.progress, stop=self.stop)
         self.committer = self.kinds.committer(CommitterContext(
             cfg=cfg, run_id=self.run_id, peer_id=self.peer_id, book=self.book, chain=chain, host=host,
             coordinator=coordinator, membership=membership, checkpoint_dir=self.checkpoint_dir,
             incoming_dir=self.incoming_dir, stop_event=self.stop, state=self.state, gossip=messenger.gossip,
-            layout=self.layout, progress=self.progress, spot_checks=spot_checks, lifecycle=lifecycle))
+            layout=self.layout, progress=self.progress, spot_checks=spot_checks, forks=forks))
         self.inbox = inbox = GossipInbox(
             run_id=self.run_id, validator=self.validator, book=self.book, membership=membership,
             contributions=exchange.pool, held_stages=self.station.held_stages,
@@ -296,7 +302,8 @@ class NodeParts:
             book=self.book, messenger=self.messenger, state=self.state, peer_id=self.peer_id, stop=self.stop)
         self.finisher = finisher = self.kinds.finisher(
             cfg=cfg, worker=worker, rounds=self.rounds, exchange=self.exchange, coordinator=self.coordinator,
-            recovery=self.recovery, contributor=contributor, committer=self.committer, archive=self.archive,
+            recovery=self.recovery, contributor=contributor, committer=self.committer, forks=self.forks,
+            archive=self.archive,
             host=self.host, book=self.book, messenger=self.messenger, validator=self.validator, state=self.state,
             clock=self.clock, progress=self.progress, reporter=self.reporter, layout=self.layout,
             config_hash=self.config_hash, checkpoint_dir=self.checkpoint_dir, peer_id=self.peer_id)
