@@ -115,7 +115,6 @@ class Node:
         start_round = parts.entry.agree(proposal)
         if start_round is None:
             raise RoundStopped("stopped while the cluster's pipeline re-formed at entry")
-        parts.coordinator.enter_at(start_round)
         # Every round before the agreed entry that this node has not applied is caught up, also
         # those between its own proposal and a partner's higher one: skipping them left this
         # node's stage without the rounds its partner had finished, and the partner's record
