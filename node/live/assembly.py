@@ -51,6 +51,7 @@ from node.live.resume import RestartRecovery
 from node.live.roundbook import RoundBook
 from node.live.roundclock import RoundClock
 from node.live.roundstate import RoundState
+from node.live.saidlog import SaidLog
 from node.live.sliced import SlicedExchange
 from node.live.station import Station
 from node.live.status import Progress, Reporter, StateFile
@@ -66,6 +67,10 @@ from p2p.host import P2PHost
 from p2p.identity import Identity
 
 logger = logging.getLogger(__name__)
+
+#: Run message kinds a member may sign again with another payload (periodic or per-accusation): the
+#: validator does not hold them as equivocation, and node/live/saidlog.py does not keep them.
+EQUIVOCATION_EXEMPT = (msg.HELLO, msg.ACCUSATION, msg.VERDICT, msg.PARTIAL_ANNOUNCE)
 
 #: The exchange kinds by ``diloco.exchange`` (docs/PROTOCOL.md, "Sliced exchange").
 EXCHANGES: Mapping[str, type[Exchange]] = MappingProxyType({"full": FullExchange, "sliced": SlicedExchange})
@@ -121,8 +126,9 @@ class NodeParts:
         # messages far outside the rounds this node works on are refused.
         self.validator = EnvelopeValidator(self.run_id, max_size=msg.MAX_GOSSIP_PAYLOAD + 4096,
                                            max_rounds_ahead=64 + 4 * cfg.checkpoint_every,
-                                           equivocation_exempt_kinds=(msg.HELLO, msg.ACCUSATION, msg.VERDICT,
-                                                                      msg.PARTIAL_ANNOUNCE))
+                                           equivocation_exempt_kinds=EQUIVOCATION_EXEMPT)
+        self.said = SaidLog(root=self.data_dir / "said", exempt_kinds=EQUIVOCATION_EXEMPT,
+                            max_bytes=msg.MAX_GOSSIP_PAYLOAD + 4096)
         self.station = Station()
         self.rounds = RoundState(self.station)
         # Per-round work off the training thread (node/live/lane.py): compressing and publishing a
@@ -193,7 +199,7 @@ class NodeParts:
         """Everything that runs before this node is placed, then the bootstrap peers."""
         cfg, host, chain = self.cfg, self.host, self.chain
         self.messenger = messenger = Messenger(identity=self.identity, run_id=self.run_id, host=host,
-                                               station=self.station)
+                                               station=self.station, said=self.said)
         self.membership = membership = Membership(
             peer_id=self.peer_id, cluster=cfg.cluster, cluster_size=cfg.cluster_size,
             num_stages=cfg.pipeline.num_stages, book=self.book, seat=self._joined_on_chain, joined=joined)
