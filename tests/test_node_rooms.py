@@ -13,9 +13,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from node.live import coordination
 from node import protocol as msg
-from node.live.coordination import CLOSE_FALLBACK_S, CLOSE_SETTLE_S, PENDING, PENDING_LIMIT_S, RoundCoordinator
+from node.live import coordination
+from node.live.coordination import (
+    CLOSE_FALLBACK_S,
+    CLOSE_SETTLE_S,
+    PENDING,
+    PENDING_LIMIT_S,
+    RoundCoordinator,
+)
 from node.live.membership import Membership
 from node.live.roundbook import RoundBook
 

@@ -31,6 +31,7 @@ from types import MappingProxyType
 from node import protocol as msg
 from node.config import NodeConfig
 from node.errors import NotRegistered
+from node.fsutil import atomic_write_bytes
 from node.live.committer import Committer, CommitterContext, RecordSigners
 from node.live.contributor import Contributor
 from node.live.coordination import RoundCoordinator
@@ -59,7 +60,6 @@ from node.live.verifier import SpotChecker, VerifierContext
 from node.protocol import run_topic
 from node.runconfig import canonical_json, config_hash, run_document
 from node.store.archive import Archive
-from node.fsutil import atomic_write_bytes
 from node.store.checkpoint import RunLayout
 from p2p.envelope import EnvelopeValidator
 from p2p.errors import P2PError

@@ -297,11 +297,10 @@ class RoundCoordinator:
                             self.book.close_age(outer_round, stage, coordinator) < CLOSE_SETTLE_S:
                         return None  # not settled: a second, different version may still arrive
                     return closes[coordinator][0]
-            if outer_round > self.previous_life_finished:
-                if self.peer_id in ranked:
-                    rank = ranked.index(self.peer_id)
-                    if rank == 0 or now >= deadline + rank * CLOSE_FALLBACK_S:
-                        return self.try_close(outer_round, stage, final=now >= deadline, alive=alive)
+            if outer_round > self.previous_life_finished and self.peer_id in ranked:
+                rank = ranked.index(self.peer_id)
+                if rank == 0 or now >= deadline + rank * CLOSE_FALLBACK_S:
+                    return self.try_close(outer_round, stage, final=now >= deadline, alive=alive)
             return None
 
         last_resync = last_warning = started

@@ -180,6 +180,8 @@ class RoundFinisher:
             figures = (trained.train_loss, self.contributor.eval_of(outer_round), trained.tokens)
             self.state.remember_attested(outer_round, *figures)
         train_loss, eval_loss, tokens = figures if figures is not None else (math.nan, math.nan, 0)
+        if checkpoint_round:
+            self.reporter.set_state("checkpointing")  # the stage shards (bench/bench_chaos.py kills by phase)
         for stage in self.worker.stages:
             shard_hash = self.write_shard(outer_round, stage, hashes[stage]) if checkpoint_round else b""
             last = stage == self.cfg.pipeline.num_stages - 1
@@ -191,6 +193,8 @@ class RoundFinisher:
             # Also for a round finished in an earlier life: the same attestation again (peers
             # that kept the first one drop it as a re-signed replay), so the round can commit.
             self.messenger.gossip(outer_round, msg.ATTESTATION, att, stage)
+        if checkpoint_round:
+            self.reporter.set_state("finishing")
 
     def write_shard(self, outer_round: int, stage: int, weights_hash: bytes) -> bytes:
         """Write and serve this stage's checkpoint shard of ``outer_round``; its content hash."""

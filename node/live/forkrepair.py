@@ -47,10 +47,10 @@ from ledger.records import RoundRecord
 from node import protocol as msg
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS, NodeError
+from node.live.coordination import RoundCoordinator
 from node.live.exchange import Exchange
 from node.live.lifecycle import Lifecycle
 from node.live.onchain import NodeChain
-from node.live.coordination import RoundCoordinator
 from node.live.roundbook import RoundBook
 from node.live.roundstate import RoundState
 from node.live.station import Station
