@@ -36,6 +36,7 @@ from node.live.committer import Committer, CommitterContext, RecordSigners
 from node.live.contributor import Contributor
 from node.live.coordination import RoundCoordinator
 from node.live.entry import RunEntry
+from node.live.ending import RunEnd
 from node.live.exchange import Exchange, serve_blob
 from node.live.finisher import RoundFinisher
 from node.live.forkrepair import ForkRepair
@@ -147,6 +148,7 @@ class NodeParts:
         self.coordinator: RoundCoordinator | None = None
         self.lifecycle: Lifecycle | None = None
         self.forks: ForkRepair | None = None
+        self.ending: RunEnd | None = None
         self.spot_checks: SpotChecker | None = None
         self.committer: Committer | None = None
         self.inbox: GossipInbox | None = None
@@ -225,6 +227,8 @@ class NodeParts:
             stage_hashes=self.rounds.stage_hashes_of, own_replica=self.station.replica,
             current_round=self.progress.current_round, work_dir=self.data_dir / "spotchecks",
             evidence_dir=self.evidence_dir, stop=self.stop, on_ejected=lifecycle.member_ejected))
+        self.ending = RunEnd(cfg=cfg, chain=chain, membership=membership, reporter=self.reporter,
+                             peer_id=self.peer_id, stop=self.stop)
         self.forks = forks = ForkRepair(
             cfg=cfg, station=self.station, book=self.book, coordinator=coordinator, exchange=exchange,
             archive=self.archive, rounds=self.rounds, chain=chain, lifecycle=lifecycle, state=self.state,
