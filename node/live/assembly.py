@@ -34,9 +34,9 @@ from node.errors import NotRegistered
 from node.fsutil import atomic_write_bytes
 from node.live.committer import Committer, CommitterContext, RecordSigners
 from node.live.contributor import Contributor
-from node.live.coordination import RoundCoordinator
-from node.live.entry import RunEntry
+from node.live.coordination import RoundCoordinator, RoundStopped
 from node.live.ending import RunEnd
+from node.live.entry import RunEntry
 from node.live.exchange import Exchange, serve_blob
 from node.live.finisher import RoundFinisher
 from node.live.forkrepair import ForkRepair
@@ -66,6 +66,7 @@ from p2p.envelope import EnvelopeValidator
 from p2p.errors import P2PError
 from p2p.host import P2PHost
 from p2p.identity import Identity
+from training.errors import PipelineError
 
 logger = logging.getLogger(__name__)
 
@@ -295,8 +296,29 @@ class NodeParts:
         self.worker = worker = self.kinds.worker(cfg=cfg, replica=placement.replica, stages=placement.stages,
                                                  rank=placement.rank)
         self.station.hold(worker)
-        worker.start(rendezvous_timeout=cfg.join_timeout * 2, op_timeout=cfg.round_timeout * 2 + 60)
+        self._start_worker(worker)
         self.build_round_machinery(worker)
+
+    def _start_worker(self, worker: ReplicaWorker) -> None:
+        """Start the worker; a split cluster's rendezvous is tried again until the partner is there.
+
+        A restarted node whose surviving partner has not noticed the death yet (it is finishing a
+        round, not using the pipeline) or whose partner is itself restarting finds no partner at
+        the first rendezvous; it waits (as the survivor does, PipelineRejoin) instead of exiting."""
+        cfg = self.cfg
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                worker.start(rendezvous_timeout=cfg.join_timeout * 2, op_timeout=cfg.round_timeout * 2 + 60)
+                return
+            except PipelineError as exc:
+                if self.stop.is_set():
+                    raise RoundStopped("stopped while waiting for the cluster's pipeline to form") from None
+                logger.warning("cluster %r: pipeline not formed yet (attempt %d: %s); waiting for the partner",
+                               cfg.cluster, attempts, exc)
+                self.reporter.set_state("waiting for partner")
+                self.stop.wait(1.0)
 
     def build_round_machinery(self, worker: ReplicaWorker) -> None:
         """Recovery, contributor, finisher and entry for ``worker`` (a unit test calls this with fakes outside)."""
