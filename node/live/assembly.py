@@ -296,10 +296,10 @@ class NodeParts:
         self.worker = worker = self.kinds.worker(cfg=cfg, replica=placement.replica, stages=placement.stages,
                                                  rank=placement.rank)
         self.station.hold(worker)
-        self._start_worker(worker)
+        self.start_worker(worker)
         self.build_round_machinery(worker)
 
-    def _start_worker(self, worker: ReplicaWorker) -> None:
+    def start_worker(self, worker: ReplicaWorker) -> None:
         """Start the worker; a split cluster's rendezvous is tried again until the partner is there.
 
         A restarted node whose surviving partner has not noticed the death yet (it is finishing a
