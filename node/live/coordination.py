@@ -1,7 +1,8 @@
 """Closing a round: which contributions of (round, stage) every holder aggregates.
 
-docs/PROTOCOL.md, "Closing a round". A deterministic rotation over the
-holders of a stage names the round's coordinator. It closes as soon as every
+docs/PROTOCOL.md, "Closing a round". The holders of a stage, ranked by their
+chain seats (join order, read alike by every member), name the round's
+coordinator: the first present one, the others as fallbacks. It closes as soon as every
 expected replica's contribution is here, or at the round deadline with at
 least ``quorum`` replicas; everyone aggregates exactly the set of the first
 valid close of the highest-ranked live coordinator, so all holders keep
