@@ -24,7 +24,7 @@ restart the replica was back; rounds after entry: the same from the round its ne
 life entered at, without the process start-up), and overall: rounds committed (each exactly once,
 in order), rounds with fewer contributors than every node, every node exit that
 was not a kill, tracebacks in any log, the audit verdict, and a table by phase.
-Writes bench/results/chaos.json (with ``--split``: chaos_split.json).
+Writes bench/results/chaos.json.
 """
 
 from __future__ import annotations
@@ -257,7 +257,7 @@ def main() -> int:
     parser.add_argument("--workdir", default="/tmp/dlx-chaos")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    out = Path(args.out or RESULTS / ("chaos_split.json" if args.split else "chaos.json"))
+    out = Path(args.out or RESULTS / "chaos.json")  # the JSON says which (split, replicas, settings)
     rng = random.Random(args.seed)
     started = time.monotonic()
     settings = ["model.preset=tiny", f"diloco.inner_steps={args.inner_steps}", "training.batch_size=4",
