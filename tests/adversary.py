@@ -45,10 +45,15 @@ chain) is the real node's. Attacks:
   residual) before each round starts, then trains and encodes honestly from
   that state: every contribution reruns exactly from the state it binds; only
   the chain (round t's rerun must end where round t+1 starts) catches it.
-- ``diverge-once``: not an attack but what a fork does to a member: in round 2
-  it aggregates the close without its first entry, so its weights leave the
-  quorum's record; honest otherwise. It must dispute, re-enter from the
-  chain's record and contribute again.
+- ``diverge-once``: not an attack but a local fault: in round 2 it aggregates
+  the close without its first entry, so its weights leave the quorum's record;
+  honest otherwise. Its own close gives the record's result: it must not
+  dispute, and it must re-base on the record and contribute again.
+- ``fork-close``: not an attack but what a fork does to a member: in round 2
+  it takes a close without the first entry of the one it accepted (as if
+  another coordinator's close had reached it first), aggregates and attests
+  that; honest otherwise. Its own computation stands: it must dispute with its
+  signed record, re-base on the quorum's record and contribute again.
 - ``doctored-shard``: on every checkpoint round, the stage shards it serves carry another model
   config (``n_head`` 8) and weights shifted by 0.01, while it attests the honest weights hash:
   holders of other stages must not build (or sign) a checkpoint from it, and pull must never
@@ -68,7 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 CONTRIBUTION_ATTACKS = ("huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero", "perturb")
 ATTACKS = ("malformed-payload", *CONTRIBUTION_ATTACKS, "copy", "late", "empty-close", "duplicate-close",
            "equivocating-close", "censoring-close", "phantom-close", "absurd-hello", "forge-state",
-           "diverge-once", "doctored-shard")
+           "diverge-once", "fork-close", "doctored-shard")
 
 logger = logging.getLogger(__name__)
 
@@ -319,6 +324,32 @@ def phantom_close():
     return {"coordinator": PhantomCloser}
 
 
+def forking_close():
+    from ledger.merkle import merkle_root
+    from node import protocol as msg
+    from node.live.coordination import RoundCoordinator
+
+    class ForkingCoordinator(RoundCoordinator):
+        def __init__(self, **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.forked: dict[tuple[int, int], msg.Close] = {}
+
+        def await_close(self, outer_round, stage, clock_from=None):
+            close = super().await_close(outer_round, stage, clock_from=clock_from)
+            if outer_round == 2 and len(close.contributions) > 1 and (outer_round, stage) not in self.forked:
+                self.forked[(outer_round, stage)] = msg.Close(list(close.contributions[1:]))
+                logger.warning("adversary: round 2 stage %d took a close without its first entry", stage)
+            return self.forked.get((outer_round, stage), close)
+
+        def accepted(self, outer_round, stage):
+            return self.forked.get((outer_round, stage)) or super().accepted(outer_round, stage)
+
+        def stage_root(self, outer_round, stage):
+            return merkle_root([entry[2] for entry in self.accepted(outer_round, stage).contributions])
+
+    return {"coordinator": ForkingCoordinator}
+
+
 # ---------------------------------------------------------------------- the heartbeat and the finisher
 def absurd_hello():
     from node.live.heartbeat import Heartbeat
@@ -360,7 +391,7 @@ def attack_parts(attack: str) -> dict:
             "empty-close": empty_close, "duplicate-close": duplicate_close, "equivocating-close": equivocating_close,
             "censoring-close": censoring_close, "phantom-close": phantom_close, "absurd-hello": absurd_hello,
             "forge-state": forged_start_state, "diverge-once": diverging_once,
-            "doctored-shard": doctored_shard}[attack]()
+            "fork-close": forking_close, "doctored-shard": doctored_shard}[attack]()
 
 
 def run_with(parts: dict) -> int:

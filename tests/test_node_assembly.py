@@ -87,12 +87,19 @@ class FakeHost:
 
 
 class FakeChain:
-    """The chain's face as a fresh run shows it to a joining node: nothing committed yet."""
+    """The chain's face as a fresh run shows it to a joining node: nothing committed yet; then every round
+    the fake committer takes counts as committed (a run with a round limit ends on its last commit)."""
 
     account_bytes = b"\x11" * 20
 
+    def __init__(self) -> None:
+        self.committed = -1
+
     def last_round(self, run_id: int) -> int:
-        return -1
+        return self.committed
+
+    def quorum_of(self, run_id: int) -> int:
+        return 1
 
     def close(self) -> None:
         pass
@@ -109,6 +116,7 @@ class FakeCommitter:
     def submit(self, outer_round: int) -> None:
         self.submitted.append(outer_round)
         self.handled_through = outer_round
+        self.ctx.chain.committed = max(self.ctx.chain.committed, outer_round)
 
     def drain(self, timeout: float) -> bool:
         return True

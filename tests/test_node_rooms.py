@@ -13,12 +13,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from node.live import coordination
 from node import protocol as msg
-from node.live.coordination import CLOSE_FALLBACK_S, CLOSE_SETTLE_S, PENDING, PENDING_LIMIT_S, RoundCoordinator
+from node.live import coordination
+from node.live.coordination import (
+    CLOSE_FALLBACK_S,
+    CLOSE_SETTLE_S,
+    PENDING,
+    PENDING_LIMIT_S,
+    RoundCoordinator,
+)
 from node.live.membership import Membership
 from node.live.roundbook import RoundBook
-from node.live.topology import committer_order
 
 PEERS = ["peer-a", "peer-b", "peer-c"]
 
@@ -62,11 +67,19 @@ class Pool:
         self.wanted = (outer_round, stage)
 
 
-def rooms(quorum: int = 1, clock=time.monotonic, round_timeout: float = 60.0):
+def key_of(peer: str) -> bytes:
+    return peer.encode().ljust(32, b"k")
+
+
+def rooms(quorum: int = 1, clock=time.monotonic, round_timeout: float = 60.0, seats: list[str] | None = None):
+    """The rooms of peer-a with peer-b and peer-c placed; ``seats``: the order the three joined the run on
+    chain (default: all at once, ranked by peer id)."""
     book = RoundBook()
-    membership = Membership("peer-a", "c0", 1, 2, book, seat=lambda _account, _key: (0, 0))
+    joined = {key_of(peer): (index, 0) for index, peer in enumerate(seats or [])}
+    membership = Membership("peer-a", "c0", 1, 2, book, seat=lambda _account, key: joined.get(key, (0, 0)),
+                            joined=joined.get(key_of("peer-a"), (0, 0)))
     for index, peer in enumerate(PEERS[1:], start=1):
-        book.add_hello(peer, b"k" * 32, hello(f"c{index}"))
+        book.add_hello(peer, key_of(peer), hello(f"c{index}"))
     membership.refresh()
     pool = Pool()
     coordinator = RoundCoordinator("peer-a", quorum, round_timeout, book, membership, pool,
@@ -189,16 +202,14 @@ def test_a_coordinator_that_signed_two_different_closes_is_refused():
     assert "peer-b" in coordinator.invalid_closes(1, 0)
 
 
-def _round_led_by(leader: str, holders: list[str]) -> int:
-    return next(r for r in range(100) if committer_order(r * 1000, holders)[0] == leader)
-
-
 def test_another_coordinators_close_is_used_only_once_it_has_settled():
-    book, membership, pool, coordinator = rooms()
-    pool.held.update({(0, "peer-a", digest("peer-a")), (1, "peer-b", digest("peer-b"))})
+    # peer-b joined the run first (replica 0) and leads; peer-a is replica 1.
+    book, membership, pool, coordinator = rooms(seats=["peer-b", "peer-a", "peer-c"])
+    pool.held.update({(1, "peer-a", digest("peer-a")), (0, "peer-b", digest("peer-b"))})
     membership.set_connected(PEERS)
-    outer_round = _round_led_by("peer-b", membership.holders(0))
-    close = msg.Close([entry(0, "peer-a"), entry(1, "peer-b")])
+    outer_round = 3
+    assert coordinator.rotation(outer_round, 0)[0] == "peer-b"
+    close = msg.Close([entry(0, "peer-b"), entry(1, "peer-a")])
     book.add_close(outer_round, 0, "peer-b", close, b"envelope")
     assert coordinator.await_close(outer_round, 0) == close
     # Never sooner than the settle time after its arrival: a second version would have voided it.
@@ -206,11 +217,11 @@ def test_another_coordinators_close_is_used_only_once_it_has_settled():
 
 
 def test_a_lower_ranked_coordinators_close_waits_for_the_deadline_while_the_leader_is_present():
-    book, membership, pool, coordinator = rooms()
-    pool.held.update({(0, "peer-a", digest("peer-a")), (1, "peer-b", digest("peer-b"))})
+    # Seated (and replicas) in the order peer-c, peer-b, peer-a: peer-c leads, peer-b is next.
+    book, membership, pool, coordinator = rooms(seats=["peer-c", "peer-b", "peer-a"])
+    pool.held.update({(2, "peer-a", digest("peer-a")), (1, "peer-b", digest("peer-b"))})
     membership.set_connected(PEERS)
-    holders = membership.holders(0)
-    outer_round = next(r for r in range(100) if committer_order(r * 1000, holders)[:2] == ["peer-c", "peer-b"])
+    outer_round = 3
     coordinator.round_timeout = 3.0
     censoring = msg.Close([entry(1, "peer-b")])  # leaves out peer-a's contribution
     book.add_close(outer_round, 0, "peer-b", censoring, b"envelope")
@@ -224,11 +235,10 @@ def test_a_deadline_that_has_not_started_holds_back_the_fallback(monkeypatch):
     # The apply prefetch waits for a close while the next round trains; its round deadline runs
     # only from when the training thread reaches the apply (clock_from), as inline.
     monkeypatch.setattr(coordination, "CLOSE_FALLBACK_S", 0.2)
-    book, membership, pool, coordinator = rooms(round_timeout=0.3)
-    pool.held.update({(0, "peer-a", digest("peer-a")), (1, "peer-b", digest("peer-b"))})
+    book, membership, pool, coordinator = rooms(round_timeout=0.3, seats=["peer-c", "peer-b", "peer-a"])
+    pool.held.update({(2, "peer-a", digest("peer-a")), (1, "peer-b", digest("peer-b"))})
     membership.set_connected(PEERS)
-    holders = membership.holders(0)
-    outer_round = next(r for r in range(100) if committer_order(r * 1000, holders)[:2] == ["peer-c", "peer-b"])
+    outer_round = 3
     censoring = msg.Close([entry(1, "peer-b")])
     book.add_close(outer_round, 0, "peer-b", censoring, b"envelope")
     reached: list[float] = []
@@ -251,14 +261,13 @@ def test_the_close_of_a_round_does_not_depend_on_when_an_ejection_is_learnt(ejec
     # the round closes. One node learns of it before peer-c's close arrives, another only after:
     # both must aggregate the same close (docs/PROTOCOL.md, "Closing a round"). Before, the first
     # refused peer-c's close at the inbox and skipped peer-c in the rotation, so it took peer-b's.
-    book, membership, pool, coordinator = rooms()
-    pool.held.update({(0, "peer-a", digest("peer-a")), (1, "peer-b", digest("peer-b")),
-                      (2, "peer-c", digest("peer-c"))})
+    book, membership, pool, coordinator = rooms(seats=["peer-c", "peer-b", "peer-a"])
+    pool.held.update({(2, "peer-a", digest("peer-a")), (1, "peer-b", digest("peer-b")),
+                      (0, "peer-c", digest("peer-c"))})
     membership.set_connected(PEERS)
-    holders = membership.holders(0)
-    outer_round = next(r for r in range(100) if committer_order(r * 1000, holders)[:2] == ["peer-c", "peer-b"])
-    leaders = msg.Close([entry(0, "peer-a"), entry(1, "peer-b"), entry(2, "peer-c")])
-    seconds = msg.Close([entry(0, "peer-a"), entry(1, "peer-b")])
+    outer_round = 3
+    leaders = msg.Close([entry(0, "peer-c"), entry(1, "peer-b"), entry(2, "peer-a")])
+    seconds = msg.Close([entry(1, "peer-b"), entry(2, "peer-a")])
     if ejected_first:
         membership.eject("peer-c")
     _file_close(book, membership, outer_round, "peer-c", leaders)
@@ -269,7 +278,7 @@ def test_the_close_of_a_round_does_not_depend_on_when_an_ejection_is_learnt(ejec
     # The ejection still counts where it is the node's own choice: its announces are refused and
     # a coordinator no longer waits for its contribution.
     with pytest.raises(msg.ProtocolError):
-        membership.check_sender(SimpleNamespace(kind=msg.ANNOUNCE, sender_peer_id="peer-c", stage=0, replica=2))
+        membership.check_sender(SimpleNamespace(kind=msg.ANNOUNCE, sender_peer_id="peer-c", stage=0, replica=0))
     assert "peer-c" not in membership.alive() and "peer-c" in membership.present()
 
 
@@ -393,23 +402,33 @@ def test_sync_keeps_every_run_message_our_hellos_and_others_hellos_only_now_and_
     assert not keep(b"not an envelope") and not keep(announce[:-1])
 
 
-def test_a_fresh_joiner_takes_the_others_close_even_where_it_would_lead_until_a_close_names_it():
-    # A holder that has not heard the joiner's hello yet ranks the coordinators without it and closes
-    # without it; were the joiner to close too, as the first of its own ranking, the two would fork.
-    book, membership, pool, coordinator = rooms(round_timeout=60.0)
-    pool.held.update({(0, "peer-a", digest("peer-a")), (1, "peer-b", digest("peer-b"))})
+def test_coordinators_rank_by_chain_seat_so_a_joiner_heard_by_some_holders_only_comes_last_in_every_view():
+    # peer-a's view knows peer-b and peer-c; peer-c joined the run last on chain. A holder that has
+    # not heard peer-c's hello yet (a view without it) must name the same coordinators ahead of it.
+    seats = ["peer-b", "peer-a", "peer-c"]
+    _book, _membership, _pool, knows_joiner = rooms(seats=seats)
+    book = RoundBook()
+    joined = {key_of(peer): (index, 0) for index, peer in enumerate(seats)}
+    membership = Membership("peer-a", "c0", 1, 2, book, seat=lambda _account, key: joined.get(key),
+                            joined=joined[key_of("peer-a")])
+    book.add_hello("peer-b", key_of("peer-b"), hello("c1"))
+    without_joiner = RoundCoordinator("peer-a", 1, 60.0, book, membership, Pool(), contributed=lambda _r: True,
+                                      gossip=lambda *a: b"", resync=lambda: None, previous_life_finished=-1)
+    for outer_round in range(50):
+        for stage in (0, 1):
+            full = knows_joiner.rotation(outer_round, stage)
+            assert full == ["peer-b", "peer-a", "peer-c"]  # join order, whatever the round
+            assert without_joiner.rotation(outer_round, stage) == full[:2]
+
+
+def test_a_close_of_the_first_seated_coordinator_is_taken_by_a_view_that_has_not_heard_of_a_joiner():
+    # The fork test_join once showed: the holder that knows the joiner and the one that does not must
+    # take the same close. Here peer-b (seated first) closes; peer-a knows the joiner peer-c, seated last.
+    book, membership, pool, coordinator = rooms(seats=["peer-b", "peer-a", "peer-c"])
+    pool.held.update({(1, "peer-a", digest("peer-a")), (0, "peer-b", digest("peer-b"))})
     membership.set_connected(PEERS)
-    coordinator.unconfirmed_joiner = True
-    holders = membership.holders(0)
-    # Rounds the joiner leads and peer-b comes next (peer-b's own ranking, without the joiner, puts it first).
-    led = [r for r in range(400) if committer_order(r * 1000, holders)[:2] == ["peer-a", "peer-b"]]
-    without_joiner = msg.Close([entry(1, "peer-b")])
-    book.add_close(led[0], 0, "peer-b", without_joiner, b"envelope")
+    close = msg.Close([entry(0, "peer-b"), entry(1, "peer-a")])
+    book.add_close(7, 0, "peer-b", close, b"envelope")
     started = time.monotonic()
-    assert coordinator.await_close(led[0], 0) == without_joiner
-    assert time.monotonic() - started < 30  # taken once settled, not after the 60 s deadline + fallback
-    assert coordinator.unconfirmed_joiner  # that close did not name it: it still defers
-    with_joiner = msg.Close([entry(0, "peer-a"), entry(1, "peer-b")])
-    book.add_close(led[1], 0, "peer-b", with_joiner, b"envelope")
-    assert coordinator.await_close(led[1], 0) == with_joiner
-    assert not coordinator.unconfirmed_joiner  # a peer closed a round with it: it leads rounds again
+    assert coordinator.await_close(7, 0) == close
+    assert time.monotonic() - started < 30  # taken once settled, not after the 60 s deadline

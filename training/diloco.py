@@ -641,6 +641,30 @@ class StageEngine:
             for name, param in self.params.items():
                 param.copy_(weights[name])
 
+    def move_global(self, global_weights: Mapping[str, torch.Tensor], momentum: Mapping[str, torch.Tensor]) -> None:
+        """Replace the global state of the last applied round with another one of the same round (a re-base).
+
+        A replica whose outer step left the run's record (it aggregated another set than the
+        quorum did) takes the record's state instead: the global weights and momentum become
+        the given ones, and the live params and every stored snapshot move by the same delta
+        (as :meth:`absorb_round` does), so local progress since the round start stays this
+        replica's own. The round counters do not change.
+        """
+        weights = self._checked("global_weights", global_weights)
+        momentum = self._checked("momentum", momentum)
+        delta = {n: torch.sub(weights[n], self.global_weights[n]) for n in weights}
+
+        def shift(snapshot: Weights) -> Weights:
+            return {n: torch.add(t, delta[n]) for n, t in snapshot.items()}
+
+        self._round_start = shift(self._round_start)
+        self._round_end = {r: shift(snapshot) for r, snapshot in self._round_end.items()}
+        self._others_previous = None  # "eager" falls back to "lookahead" for the next round
+        self.global_weights, self.momentum = weights, momentum
+        with torch.no_grad():
+            for name, param in self.params.items():
+                param.add_(delta[name])
+
     def skip_to(self, next_round: int) -> None:
         """Make ``next_round`` the next round to encode, keeping every weight (a replica that sat rounds out).
 

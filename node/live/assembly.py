@@ -31,12 +31,15 @@ from types import MappingProxyType
 from node import protocol as msg
 from node.config import NodeConfig
 from node.errors import NotRegistered
+from node.fsutil import atomic_write_bytes
 from node.live.committer import Committer, CommitterContext, RecordSigners
 from node.live.contributor import Contributor
-from node.live.coordination import RoundCoordinator
+from node.live.coordination import RoundCoordinator, RoundStopped
+from node.live.ending import RunEnd
 from node.live.entry import RunEntry
 from node.live.exchange import Exchange, serve_blob
 from node.live.finisher import RoundFinisher
+from node.live.forkrepair import ForkRepair
 from node.live.fullexchange import FullExchange
 from node.live.heartbeat import Heartbeat
 from node.live.inbox import GossipInbox
@@ -50,6 +53,7 @@ from node.live.resume import RestartRecovery
 from node.live.roundbook import RoundBook
 from node.live.roundclock import RoundClock
 from node.live.roundstate import RoundState
+from node.live.saidlog import SaidLog
 from node.live.sliced import SlicedExchange
 from node.live.station import Station
 from node.live.status import Progress, Reporter, StateFile
@@ -57,14 +61,18 @@ from node.live.verifier import SpotChecker, VerifierContext
 from node.protocol import run_topic
 from node.runconfig import canonical_json, config_hash, run_document
 from node.store.archive import Archive
-from node.fsutil import atomic_write_bytes
 from node.store.checkpoint import RunLayout
 from p2p.envelope import EnvelopeValidator
 from p2p.errors import P2PError
 from p2p.host import P2PHost
 from p2p.identity import Identity
+from training.errors import PipelineError
 
 logger = logging.getLogger(__name__)
+
+#: Run message kinds a member may sign again with another payload (periodic or per-accusation): the
+#: validator does not hold them as equivocation, and node/live/saidlog.py does not keep them.
+EQUIVOCATION_EXEMPT = (msg.HELLO, msg.ACCUSATION, msg.VERDICT, msg.PARTIAL_ANNOUNCE)
 
 #: The exchange kinds by ``diloco.exchange`` (docs/PROTOCOL.md, "Sliced exchange").
 EXCHANGES: Mapping[str, type[Exchange]] = MappingProxyType({"full": FullExchange, "sliced": SlicedExchange})
@@ -120,8 +128,9 @@ class NodeParts:
         # messages far outside the rounds this node works on are refused.
         self.validator = EnvelopeValidator(self.run_id, max_size=msg.MAX_GOSSIP_PAYLOAD + 4096,
                                            max_rounds_ahead=64 + 4 * cfg.checkpoint_every,
-                                           equivocation_exempt_kinds=(msg.HELLO, msg.ACCUSATION, msg.VERDICT,
-                                                                      msg.PARTIAL_ANNOUNCE))
+                                           equivocation_exempt_kinds=EQUIVOCATION_EXEMPT)
+        self.said = SaidLog(root=self.data_dir / "said", exempt_kinds=EQUIVOCATION_EXEMPT,
+                            max_bytes=msg.MAX_GOSSIP_PAYLOAD + 4096)
         self.station = Station()
         self.rounds = RoundState(self.station)
         # Per-round work off the training thread (node/live/lane.py): compressing and publishing a
@@ -139,6 +148,8 @@ class NodeParts:
         self.exchange: Exchange | None = None
         self.coordinator: RoundCoordinator | None = None
         self.lifecycle: Lifecycle | None = None
+        self.forks: ForkRepair | None = None
+        self.ending: RunEnd | None = None
         self.spot_checks: SpotChecker | None = None
         self.committer: Committer | None = None
         self.inbox: GossipInbox | None = None
@@ -191,7 +202,7 @@ class NodeParts:
         """Everything that runs before this node is placed, then the bootstrap peers."""
         cfg, host, chain = self.cfg, self.host, self.chain
         self.messenger = messenger = Messenger(identity=self.identity, run_id=self.run_id, host=host,
-                                               station=self.station)
+                                               station=self.station, said=self.said)
         self.membership = membership = Membership(
             peer_id=self.peer_id, cluster=cfg.cluster, cluster_size=cfg.cluster_size,
             num_stages=cfg.pipeline.num_stages, book=self.book, seat=self._joined_on_chain, joined=joined)
@@ -217,11 +228,17 @@ class NodeParts:
             stage_hashes=self.rounds.stage_hashes_of, own_replica=self.station.replica,
             current_round=self.progress.current_round, work_dir=self.data_dir / "spotchecks",
             evidence_dir=self.evidence_dir, stop=self.stop, on_ejected=lifecycle.member_ejected))
+        self.ending = RunEnd(cfg=cfg, chain=chain, membership=membership, reporter=self.reporter,
+                             peer_id=self.peer_id, stop=self.stop)
+        self.forks = forks = ForkRepair(
+            cfg=cfg, station=self.station, book=self.book, coordinator=coordinator, exchange=exchange,
+            archive=self.archive, rounds=self.rounds, chain=chain, lifecycle=lifecycle, state=self.state,
+            progress=self.progress, stop=self.stop)
         self.committer = self.kinds.committer(CommitterContext(
             cfg=cfg, run_id=self.run_id, peer_id=self.peer_id, book=self.book, chain=chain, host=host,
             coordinator=coordinator, membership=membership, checkpoint_dir=self.checkpoint_dir,
             incoming_dir=self.incoming_dir, stop_event=self.stop, state=self.state, gossip=messenger.gossip,
-            layout=self.layout, progress=self.progress, spot_checks=spot_checks, lifecycle=lifecycle))
+            layout=self.layout, progress=self.progress, spot_checks=spot_checks, forks=forks))
         self.inbox = inbox = GossipInbox(
             run_id=self.run_id, validator=self.validator, book=self.book, membership=membership,
             contributions=exchange.pool, held_stages=self.station.held_stages,
@@ -279,8 +296,29 @@ class NodeParts:
         self.worker = worker = self.kinds.worker(cfg=cfg, replica=placement.replica, stages=placement.stages,
                                                  rank=placement.rank)
         self.station.hold(worker)
-        worker.start(rendezvous_timeout=cfg.join_timeout * 2, op_timeout=cfg.round_timeout * 2 + 60)
+        self.start_worker(worker)
         self.build_round_machinery(worker)
+
+    def start_worker(self, worker: ReplicaWorker) -> None:
+        """Start the worker; a split cluster's rendezvous is tried again until the partner is there.
+
+        A restarted node whose surviving partner has not noticed the death yet (it is finishing a
+        round, not using the pipeline) or whose partner is itself restarting finds no partner at
+        the first rendezvous; it waits (as the survivor does, PipelineRejoin) instead of exiting."""
+        cfg = self.cfg
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                worker.start(rendezvous_timeout=cfg.join_timeout * 2, op_timeout=cfg.round_timeout * 2 + 60)
+                return
+            except PipelineError as exc:
+                if self.stop.is_set():
+                    raise RoundStopped("stopped while waiting for the cluster's pipeline to form") from None
+                logger.warning("cluster %r: pipeline not formed yet (attempt %d: %s); waiting for the partner",
+                               cfg.cluster, attempts, exc)
+                self.reporter.set_state("waiting for partner")
+                self.stop.wait(1.0)
 
     def build_round_machinery(self, worker: ReplicaWorker) -> None:
         """Recovery, contributor, finisher and entry for ``worker`` (a unit test calls this with fakes outside)."""
@@ -296,7 +334,8 @@ class NodeParts:
             book=self.book, messenger=self.messenger, state=self.state, peer_id=self.peer_id, stop=self.stop)
         self.finisher = finisher = self.kinds.finisher(
             cfg=cfg, worker=worker, rounds=self.rounds, exchange=self.exchange, coordinator=self.coordinator,
-            recovery=self.recovery, contributor=contributor, committer=self.committer, archive=self.archive,
+            recovery=self.recovery, contributor=contributor, committer=self.committer, forks=self.forks,
+            archive=self.archive,
             host=self.host, book=self.book, messenger=self.messenger, validator=self.validator, state=self.state,
             clock=self.clock, progress=self.progress, reporter=self.reporter, layout=self.layout,
             config_hash=self.config_hash, checkpoint_dir=self.checkpoint_dir, peer_id=self.peer_id)

@@ -17,11 +17,11 @@ round t every node:
 5. waits for the run's quorum ``k`` of member signatures over one record, then
    submits it if it is first in the round's committer rotation, or if the
    previous committers left the round uncommitted for a grace period each;
-6. reads the round back from the chain and files a dispute, with its own
-   signed record, if the committed roots differ from what it computed itself;
-   the node then re-enters the run from the chain's record (``on_diverged``):
-   the quorum's record is the run's history, and weights that left it would
-   only make every later round of this node's disagree too.
+6. reads the round back from the chain; if the committed roots differ from
+   what it computed itself, node/live/forkrepair.py files a dispute with its
+   own signed record when its own result stood, and the node re-bases on the
+   chain's record: the quorum's record is the run's history, and weights that
+   left it would only make every later round of this node's disagree too.
 
 A member seen signing two different records of one round is reported on chain
 (``reportEquivocation``), which slashes its stake.
@@ -48,7 +48,7 @@ from node.config import NodeConfig
 from node.errors import DLX_ERRORS
 from node.live.coordination import RoundCoordinator
 from node.live.exchange import serve_blob
-from node.live.lifecycle import Lifecycle
+from node.live.forkrepair import ForkRepair
 from node.live.membership import Membership
 from node.live.onchain import NodeChain
 from node import protocol as msg
@@ -85,7 +85,7 @@ class CommitterContext:
     Once this node derived a round's record (and committed it, if it was its turn) it shows in
     ``progress`` and ``state`` and the ``spot_checks`` draw their checks of it; once the round is
     read back from the chain, ``progress.last_commit``; when the committed roots of a round differ
-    from this node's, ``lifecycle.diverged``.
+    from this node's, ``forks.diverged`` (else ``forks.agreed``).
     """
 
     cfg: NodeConfig
@@ -104,7 +104,7 @@ class CommitterContext:
     layout: RunLayout  # the run document's checkpoint metadata and stage tensors
     progress: Progress
     spot_checks: SpotChecker
-    lifecycle: Lifecycle
+    forks: ForkRepair  # a committed record that differs from this node's: dispute, re-base
 
     def on_recorded(self, outer_round: int, weights_root: bytes, committed_by_me: bool) -> None:
         self.progress.weights_root = weights_root.hex()
@@ -114,8 +114,6 @@ class CommitterContext:
     def on_confirmed(self, outer_round: int) -> None:
         self.progress.last_commit = max(self.progress.last_commit, outer_round)
 
-    def on_diverged(self, outer_round: int) -> None:
-        self.lifecycle.diverged(outer_round)
 
 
 class RecordSigners:
@@ -325,6 +323,7 @@ class Committer:
             onchain = node.chain.commit_of(node.run_id, outer_round)
             node.on_recorded(outer_round, onchain.weights_root, False)
             node.on_confirmed(outer_round)
+            node.forks.agreed(outer_round)
             return
         if derived is None:
             return
@@ -474,18 +473,18 @@ class Committer:
             return
         onchain = node.chain.final_commit_of(node.run_id, outer_round)
         node.on_confirmed(outer_round)
-        roots_differ = (onchain.weights_root, onchain.contributions_root) != (mine.weights_root,
-                                                                              mine.contributions_root)
-        wrong_checkpoint = None if roots_differ else self._wrong_checkpoint(outer_round, onchain, mine)
-        if roots_differ or wrong_checkpoint:
-            what = "committed roots differ from ours" if roots_differ else wrong_checkpoint
+        if (onchain.weights_root, onchain.contributions_root) != (mine.weights_root, mine.contributions_root):
+            # A fork: node/live/forkrepair.py disputes if our own result stood, and re-bases on the record.
+            node.forks.diverged(outer_round, onchain, mine, signature)
+            return
+        node.forks.agreed(outer_round)
+        wrong_checkpoint = self._wrong_checkpoint(outer_round, onchain, mine)
+        if wrong_checkpoint:
             if signature is None:
-                logger.error("round %d: %s; no signed record of ours to dispute with", outer_round, what)
+                logger.error("round %d: %s; no signed record of ours to dispute with", outer_round, wrong_checkpoint)
             else:
-                logger.error("round %d: %s; filing a dispute", outer_round, what)
+                logger.error("round %d: %s; filing a dispute", outer_round, wrong_checkpoint)
                 node.chain.dispute(mine, signature)
-            if roots_differ:
-                node.on_diverged(outer_round)
 
     def _wrong_checkpoint(self, outer_round: int, onchain: RoundRecord, mine: RoundRecord) -> str | None:
         """Why the committed record's checkpoint is not the run's (None: it is, or it has none).

@@ -1,7 +1,8 @@
 """Closing a round: which contributions of (round, stage) every holder aggregates.
 
-docs/PROTOCOL.md, "Closing a round". A deterministic rotation over the
-holders of a stage names the round's coordinator. It closes as soon as every
+docs/PROTOCOL.md, "Closing a round". The holders of a stage, ranked by their
+chain seats (join order, read alike by every member), name the round's
+coordinator: the first present one, the others as fallbacks. It closes as soon as every
 expected replica's contribution is here, or at the round deadline with at
 least ``quorum`` replicas; everyone aggregates exactly the set of the first
 valid close of the highest-ranked live coordinator, so all holders keep
@@ -35,7 +36,6 @@ from node.errors import NodeError
 from node.live.exchange import ContributionPool
 from node.live.membership import Membership
 from node.live.roundbook import Announced, RoundBook
-from node.live.topology import committer_order
 
 logger = logging.getLogger(__name__)
 
@@ -105,21 +105,8 @@ class RoundCoordinator:
         #: While set and true, a wait for a close gives up with CloseInterrupted (a split cluster's
         #: pipeline came back while this node sat rounds out: it must re-enter with its partner).
         self.interrupt: Callable[[], bool] | None = None
-        #: A node entering a running run afresh (no earlier life, entry round > 0: :meth:`enter_at`).
-        #: Until another coordinator's close names this node's contribution, the holders may not
-        #: know it yet (its hello still on its way), and one that does not know it ranks the
-        #: coordinators without it: were this node first in its own ranking, both would close the
-        #: round, each as the first coordinator, with different sets (a fork, seen in test_join). So
-        #: meanwhile it ranks itself last: it takes the others' close, and closes only as the last
-        #: fallback or when no other holder is present.
-        self.unconfirmed_joiner = False
 
     # -- what the node tells it -------------------------------------------------------------
-    def enter_at(self, start_round: int) -> None:
-        """This node enters the run at ``start_round``: a fresh node entering a running run ranks itself
-        last as coordinator until a peer's close names it (:attr:`unconfirmed_joiner`)."""
-        self.unconfirmed_joiner = self.previous_life_finished < 0 and start_round > 0
-
     @contextmanager
     def interruptible(self, interrupt: Callable[[], bool]) -> Iterator[None]:
         """Inside, a wait for a close gives up with CloseInterrupted once ``interrupt()`` is true."""
@@ -130,8 +117,14 @@ class RoundCoordinator:
             self.interrupt = None
 
     def rotation(self, outer_round: int, stage: int) -> list[str]:
-        """The coordinators of (round, stage), first to last: a deterministic rotation over its holders."""
-        return committer_order(outer_round * 1000 + stage, self.membership.holders(stage))
+        """The coordinators of (round, stage), first to last: its holders in the order of their chain seats.
+
+        Join order, which every member reads alike from the chain (Membership.seat_order), not an
+        order of the holders each node has heard of: a fresh joiner that some holders know and
+        others do not yet comes last in both views, so both take the same coordinator's close.
+        Coordinating costs one small signed close per (round, stage); the commits (transactions)
+        rotate among the members (topology.committer_order)."""
+        return self.membership.seat_order(stage)
 
     # -- what was decided ---------------------------------------------------------------
     def adopt(self, outer_round: int, stage: int, close: msg.Close) -> None:
@@ -292,10 +285,7 @@ class RoundCoordinator:
             # Coordinators that are gone (Membership.present) or closed invalidly are skipped at once.
             # Not the ejected ones: when a node learns of an ejection is its own timing, and the
             # set it aggregates must not depend on it (an ejected member's close is judged as any).
-            others_present = any(c != self.peer_id and c in present for c in order)
-            unconfirmed = self.unconfirmed_joiner and others_present
-            ranked = [c for c in order if (not unconfirmed if c == self.peer_id else c in present)
-                      and c not in refused]
+            ranked = [c for c in order if (c == self.peer_id or c in present) and c not in refused]
             for rank, coordinator in enumerate(order):
                 if coordinator in refused or coordinator not in closes:
                     continue
@@ -307,15 +297,11 @@ class RoundCoordinator:
                     if coordinator != self.peer_id and \
                             self.book.close_age(outer_round, stage, coordinator) < CLOSE_SETTLE_S:
                         return None  # not settled: a second, different version may still arrive
-                    decided_by[0] = coordinator
                     return closes[coordinator][0]
-            if outer_round > self.previous_life_finished:
-                if self.peer_id in ranked:
-                    rank = ranked.index(self.peer_id)
-                    if rank == 0 or now >= deadline + rank * CLOSE_FALLBACK_S:
-                        return self.try_close(outer_round, stage, final=now >= deadline, alive=alive)
-                elif unconfirmed and self.peer_id not in refused and now >= deadline + len(order) * CLOSE_FALLBACK_S:
-                    return self.try_close(outer_round, stage, final=True, alive=alive)  # the last fallback
+            if outer_round > self.previous_life_finished and self.peer_id in ranked:
+                rank = ranked.index(self.peer_id)
+                if rank == 0 or now >= deadline + rank * CLOSE_FALLBACK_S:
+                    return self.try_close(outer_round, stage, final=now >= deadline, alive=alive)
             return None
 
         last_resync = last_warning = started
@@ -324,10 +310,9 @@ class RoundCoordinator:
                 self.contributions.want(outer_round, stage)
             self.contributions.prefetch(outer_round, stage)
             alive, present = self.membership.alive(), self.membership.present()
-            decided_by = [None]  # the coordinator whose close decide() took (None: this node's own)
             close = self.book.wait_for(decide, timeout=1.0, stop=None)
             if close is not None:
-                self._accept(outer_round, stage, close, decided_by[0])
+                self._accept(outer_round, stage, close)
                 return close
             if time.monotonic() - last_resync > RESYNC_EVERY_S:
                 last_resync = time.monotonic()
@@ -339,12 +324,10 @@ class RoundCoordinator:
                     self._warn_overdue(outer_round, stage, current_deadline(), len(order)):
                 last_warning = time.monotonic()
 
-    def _accept(self, outer_round: int, stage: int, close: msg.Close, decided_by: str | None) -> None:
-        """``close`` is this node's decision of (round, stage) (``decided_by``: whose close; None: its own)."""
+    def _accept(self, outer_round: int, stage: int, close: msg.Close) -> None:
+        """``close`` is this node's decision of (round, stage)."""
         with self._lock:
             self._accepted[(outer_round, stage)] = close
-        if decided_by not in (None, self.peer_id) and any(entry[1] == self.peer_id for entry in close.contributions):
-            self.unconfirmed_joiner = False  # a peer closed a round with this node in it
 
     def _raise_if_no_longer_waited(self, outer_round: int, stage: int) -> None:
         if self.stop is not None and self.stop.is_set():

@@ -93,6 +93,8 @@ class RunEntry:
         """The entry round the cluster agrees on; if a partner dies meanwhile, wait until the pipeline
         re-forms (the partner restarted, or another member took the seat) and agree again. None if
         the node is asked to stop first."""
+        if 0 < self.cfg.rounds <= proposal:
+            return proposal  # every round of the run is trained: nothing to agree on with the partner
         while True:
             try:
                 return self.worker.agree_on_round(proposal)
@@ -208,7 +210,8 @@ class RunEntry:
 
     # -- after the pipeline broke ----------------------------------------------------------
     def await_partner(self, broken: PipelineBroken, unfinished: list[int]) -> tuple[int, list[int]] | None:
-        """Sit rounds out until the cluster's pipeline is formed again; return where to re-enter.
+        """Sit rounds out until the cluster's pipeline is formed again; return where to re-enter (None: asked
+        to stop, or the run's last round finished meanwhile).
 
         The round being trained is abandoned (nothing was sent for it). Meanwhile the node
         finishes every round the other replicas close, as a non-contributor (its stage stays
@@ -236,6 +239,10 @@ class RunEntry:
             with self.coordinator.interruptible(rejoin.done.is_set):
                 try:
                     while not rejoin.done.is_set():
+                        if 0 < self.cfg.rounds <= next_round:
+                            logger.info("the run's last round is finished here; not waiting for the partner "
+                                        "to train more")
+                            return None
                         self.finisher.finish(next_round)
                         next_round += 1
                 except CloseInterrupted:

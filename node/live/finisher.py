@@ -25,6 +25,7 @@ from node.live.committer import Committer
 from node.live.contributor import Contributor
 from node.live.coordination import RoundCoordinator
 from node.live.exchange import Exchange, serve_blob
+from node.live.forkrepair import ForkRepair
 from node.live.messenger import Messenger
 from node.live.replica import ReplicaWorker
 from node.live.resume import RestartRecovery
@@ -59,7 +60,7 @@ class RoundFinisher:
 
     def __init__(self, *, cfg: NodeConfig, worker: ReplicaWorker, rounds: RoundState, exchange: Exchange,
                  coordinator: RoundCoordinator, recovery: RestartRecovery, contributor: Contributor,
-                 committer: Committer, archive: Archive, host: P2PHost, book: RoundBook, messenger: Messenger,
+                 committer: Committer, forks: ForkRepair, archive: Archive, host: P2PHost, book: RoundBook, messenger: Messenger,
                  validator: EnvelopeValidator, state: StateFile, clock: RoundClock, progress: Progress,
                  reporter: Reporter, layout: RunLayout, config_hash: bytes, checkpoint_dir: Path,
                  peer_id: str) -> None:
@@ -72,6 +73,7 @@ class RoundFinisher:
         self.recovery = recovery
         self.contributor = contributor
         self.committer = committer
+        self.forks = forks
         self.archive = archive
         self.host = host
         self.book = book
@@ -92,6 +94,7 @@ class RoundFinisher:
         """Close, fetch, aggregate and attest ``outer_round`` for every stage this node holds."""
         self.reporter.set_state("finishing")
         started = time.monotonic()
+        self._rebase_before(outer_round)
         waited = {"close_wait": 0.0, "fetch_wait": 0.0, "aggregate": 0.0}
         contributed = outer_round in self.rounds.trained
         gathered, overlapped = self._take_gathered(outer_round)
@@ -119,6 +122,16 @@ class RoundFinisher:
         self.progress.timing = self.clock.summary()
         self.reporter.report()
 
+    def _rebase_before(self, outer_round: int) -> None:
+        """Take the chain's record of an earlier round this node forked from, before applying ``outer_round``
+        (node/live/forkrepair.py; waits for the chain's verdict of the round before if peers attested otherwise)."""
+        rebases = self.forks.due(outer_round)
+        if rebases:
+            self.contributor.join_start_state()  # the start state read the engines as they were
+            self.contributor.join_engine_work()
+            for rebase in rebases:
+                self.forks.apply(rebase)
+
     def _apply_stage(self, outer_round: int, stage: int, gathered: Gathered, waited: dict[str, float],
                      contributed: bool) -> StageApplied:
         """The outer step of one stage of the round, on the close's set (gathered now unless prefetched)."""
@@ -130,6 +143,7 @@ class RoundFinisher:
         close = inputs.close
         mark = time.monotonic()
         self.contributor.join_start_state()  # the start state read the engines as they were
+        self.forks.remember_base(outer_round, stage, self.worker.global_state(stage))
         result, envelopes = self.exchange.apply(outer_round, stage, inputs)
         waited["aggregate"] += time.monotonic() - mark
         for entry in close.contributions:  # when each was here: the round's exchange time
@@ -166,6 +180,8 @@ class RoundFinisher:
             figures = (trained.train_loss, self.contributor.eval_of(outer_round), trained.tokens)
             self.state.remember_attested(outer_round, *figures)
         train_loss, eval_loss, tokens = figures if figures is not None else (math.nan, math.nan, 0)
+        if checkpoint_round:
+            self.reporter.set_state("checkpointing")  # the stage shards (bench/bench_chaos.py kills by phase)
         for stage in self.worker.stages:
             shard_hash = self.write_shard(outer_round, stage, hashes[stage]) if checkpoint_round else b""
             last = stage == self.cfg.pipeline.num_stages - 1
@@ -177,6 +193,8 @@ class RoundFinisher:
             # Also for a round finished in an earlier life: the same attestation again (peers
             # that kept the first one drop it as a re-signed replay), so the round can commit.
             self.messenger.gossip(outer_round, msg.ATTESTATION, att, stage)
+        if checkpoint_round:
+            self.reporter.set_state("finishing")
 
     def write_shard(self, outer_round: int, stage: int, weights_hash: bytes) -> bytes:
         """Write and serve this stage's checkpoint shard of ``outer_round``; its content hash."""

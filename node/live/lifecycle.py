@@ -1,8 +1,8 @@
 """How a life of the node ends: asked to stop, found guilty by the run's quorum, or off the run's record.
 
-The rooms that learn why a node must stop (the committer finding a committed
-record that differs from this node's, the spot checks seeing an ejection
-resolved on chain) tell the :class:`Lifecycle`; the node reads it when it
+The rooms that learn why a node must stop (the fork repair finding a committed
+record that differs from this node's and that it cannot re-base on, the spot
+checks seeing an ejection resolved on chain) tell the :class:`Lifecycle`; the node reads it when it
 stops, and ``dlx-node start`` starts it again when it must re-enter.
 """
 
@@ -48,8 +48,10 @@ class Lifecycle:
         """The chain's record of ``outer_round`` (a quorum's) is not what this node computed: re-enter from it.
 
         This node aggregated another set than the quorum did (a fork: docs/PROTOCOL.md, "When a
-        node's weights leave the record"), so every later round of its would disagree as well. It
-        stops, and the command starts it again, which enters after the chain's latest checkpoint
+        node's weights leave the record"), so every later round of its would disagree as well, and
+        node/live/forkrepair.py could not re-base it in place (it applied later rounds before the
+        chain's record came, the record is not what its contributions give, or the sliced exchange
+        holds only its slices). It stops, and the command starts it again, which enters after the chain's latest checkpoint
         as any restart does. Once per round in any life: if the same round diverges again (a
         checkpoint older than it, whose catch-up forks the same way), the node keeps going with
         the dispute on record.

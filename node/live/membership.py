@@ -40,6 +40,7 @@ class Membership:
         self.seat = seat
         self.joined = joined
         self.placements: dict[str, Placement] = {}
+        self._seats: dict[str, tuple[int, int]] = {}  # peer id -> where its account joined the run on chain
         self._connected: set[str] = set()
         self._ejected: set[str] = set()
         self._lock = threading.Lock()
@@ -59,6 +60,7 @@ class Membership:
         placements = assign_stages(decls, self.num_stages)
         with self._lock:
             self.placements = placements
+            self._seats = {d.peer_id: d.joined for d in decls}
         return placements
 
     def await_placement(self, want_replicas: int, join_timeout: float, stop: threading.Event) -> Placement:
@@ -83,6 +85,17 @@ class Membership:
     def holders(self, stage: int) -> list[str]:
         """Peer ids placed on ``stage``, sorted."""
         return sorted(p for p, pl in self.refresh().items() if stage in pl.stages)
+
+    def seat_order(self, stage: int) -> list[str]:
+        """Holders of ``stage`` in the order their accounts joined the run on chain (peer id breaks a tie).
+
+        The chain's seats are the same for every member: a holder this node has not heard of yet
+        (a fresh joiner whose hello is on its way) joined after every holder it has heard of, so
+        it can only come last, and every view names the same first coordinator."""
+        placements = self.refresh()
+        with self._lock:
+            seats = dict(self._seats)
+        return sorted((p for p, pl in placements.items() if stage in pl.stages), key=lambda p: (seats[p], p))
 
     def placed_peers(self) -> list[str]:
         with self._lock:

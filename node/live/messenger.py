@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from node import protocol as msg
+from node.live.saidlog import SaidLog
 from node.live.station import Station
 from node.protocol import run_topic
 from p2p.envelope import Envelope
@@ -24,11 +25,12 @@ logger = logging.getLogger(__name__)
 class Messenger:
     """Signs and publishes this node's run messages (see module docstring)."""
 
-    def __init__(self, *, identity: Identity, run_id: int, host: P2PHost, station: Station) -> None:
+    def __init__(self, *, identity: Identity, run_id: int, host: P2PHost, station: Station, said: SaidLog) -> None:
         self.identity = identity
         self.run_id = run_id
         self.host = host
         self.station = station
+        self.said = said  # what earlier lives signed: said again identically, or not at all
 
     def sign(self, outer_round: int, kind: str, payload: bytes, stage: int = -1) -> bytes:
         """The signed envelope bytes of ``payload`` (not published)."""
@@ -36,8 +38,22 @@ class Messenger:
                                replica=self.station.replica()).to_bytes()
 
     def gossip(self, outer_round: int, kind: str, message, stage: int = -1) -> bytes:
-        """Sign ``message`` and publish it on the run topic; return the envelope bytes (published or not)."""
-        data = self.sign(outer_round, kind, msg.encode_payload(message), stage)
+        """Sign ``message`` and publish it on the run topic; return the envelope bytes (published or not).
+
+        A slot (round, kind, stage) an earlier life signed with another payload is not signed again
+        (node/live/saidlog.py): the earlier envelope is returned, and nothing is published."""
+        payload = msg.encode_payload(message)
+        if self.said.conflicts(outer_round, kind, stage, payload):
+            earlier = self.said.earlier(outer_round, kind, stage)
+            logger.warning("round %d: this node signed another %s of stage %d in an earlier life; it does not sign "
+                           "a second one", outer_round, kind, stage)
+            if earlier is not None:
+                return earlier
+            return self.sign(outer_round, kind, payload, stage)  # kept here only, never published
+        envelope = Envelope.create(self.identity, self.run_id, outer_round, kind, payload, stage=stage,
+                                   replica=self.station.replica())
+        data = envelope.to_bytes()
+        self.said.write(envelope, data)
         try:
             self.host.publish(run_topic(self.run_id), data)
         except P2PError as exc:

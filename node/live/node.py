@@ -115,7 +115,6 @@ class Node:
         start_round = parts.entry.agree(proposal)
         if start_round is None:
             raise RoundStopped("stopped while the cluster's pipeline re-formed at entry")
-        parts.coordinator.enter_at(start_round)
         # Every round before the agreed entry that this node has not applied is caught up, also
         # those between its own proposal and a partner's higher one: skipping them left this
         # node's stage without the rounds its partner had finished, and the partner's record
@@ -130,16 +129,21 @@ class Node:
 
     # ------------------------------------------------------------------ the loop
     def _train_loop(self, start_round: int, unfinished: list[int]) -> None:
-        """Run the rounds; a split cluster whose partner died waits for it and re-enters with it."""
+        """Run the rounds; a split cluster whose partner died waits for it and re-enters with it. A run
+        with a round limit then ends here only once its last round is committed or provably cannot be
+        (node/live/ending.py); until then this node keeps serving what its peers need."""
         while True:
             try:
                 self._run_rounds(start_round, unfinished)
-                return
+                break
             except PipelineBroken as broken:
                 resumed = self.parts.entry.await_partner(broken, unfinished)
             if resumed is None:
-                return  # asked to stop while waiting
+                break  # asked to stop while waiting, or the run's last round was finished meanwhile
             start_round, unfinished = resumed
+        self.parts.committer.drain(timeout=self.cfg.round_timeout)
+        if self.cfg.rounds > 0 and not self.stop_event.is_set():
+            self.parts.ending.await_last_commit()
 
     def _run_rounds(self, start_round: int, unfinished: list[int]) -> None:
         """Run the rounds in the order of :func:`training.schedule.round_actions`.
@@ -174,7 +178,6 @@ class Node:
                 finisher.finish(r)
         except RoundStopped as exc:
             logger.info("%s", exc)
-        self.parts.committer.drain(timeout=self.cfg.round_timeout)
 
     # ------------------------------------------------------------------ a round's actions
     def _act(self, action: RoundAction, unfinished: list[int]) -> None:

@@ -21,7 +21,7 @@ from node.config import NodeConfig
 from training.codec_wire import decode_contribution
 from training.data import corpus_from_config, eval_batches, round_batches
 from training.butterfly import SliceAggregate, SlicePlan, aggregate_slice, average_of_partials, slice_stage
-from training.diloco import RoundResult, StageEngine, step_with_average
+from training.diloco import RoundResult, StageEngine, aggregate_with_report, step_with_average
 from training.errors import PipelineError
 from training.screening import decode_full, model_loss_fn, screen_contributions, screening_batch, screening_exclusions
 from training.hashing import stage_weights_hash, weights_root
@@ -241,8 +241,11 @@ class ReplicaWorker:
         holder evaluates whole-model losses; otherwise only the norm rule applies, the same at every node."""
         return self.cfg.diloco.screening and self.cfg.pipeline.num_stages == 1
 
-    def screen(self, outer_round: int, contributions: list[bytes]) -> tuple[dict[int, str], list]:
-        """(excluded index -> reason, reports) of screening ``outer_round``'s contributions; ({}, []) if off."""
+    def screen(self, outer_round: int, contributions: list[bytes],
+               global_weights: dict[str, torch.Tensor] | None = None) -> tuple[dict[int, str], list]:
+        """(excluded index -> reason, reports) of screening ``outer_round``'s contributions; ({}, []) if off.
+
+        ``global_weights``: the state screened against (default: the engine's current one)."""
         if not self.screens:
             return {}, []
         engine = self.engines[0]
@@ -250,7 +253,8 @@ class ReplicaWorker:
                                refuse_raw=self.cfg.compression.enabled) for blob in contributions]
         x, y = screening_batch(self.corpus, self.cfg.training.seed, outer_round, self.cfg.diloco.screen_batch_size,
                                self.cfg.model.block_size)
-        reports = screen_contributions(model_loss_fn(self.cfg.model, x, y), engine.global_weights, decoded,
+        base = engine.global_weights if global_weights is None else global_weights
+        reports = screen_contributions(model_loss_fn(self.cfg.model, x, y), base, decoded,
                                        self.cfg.diloco)
         return screening_exclusions(reports), reports
 
@@ -274,6 +278,20 @@ class ReplicaWorker:
         progress kept (:meth:`training.diloco.StageEngine.finish_round`).
         """
         return self.engines[stage].finish_round(outer_round, contributions, excluded=excluded, prepared=prepared)
+
+    # -- a re-base on the run's record (node/live/forkrepair.py) ---------------------------
+    def derive(self, stage: int, outer_round: int, base: tuple[dict, dict], contributions: list[bytes]):
+        """The :class:`training.diloco.Aggregation` of ``contributions`` (the round's canonical order) on
+        ``base`` (the global weights and momentum before the round): what every holder that aggregated
+        that set computed, screening included. Pure: neither ``base`` nor the engine changes."""
+        excluded, _reports = self.screen(outer_round, contributions, global_weights=base[0])
+        return aggregate_with_report(base[0], base[1], contributions, self.cfg.diloco, stage_index=stage,
+                                     outer_round=outer_round, compression_cfg=self.cfg.compression,
+                                     excluded=excluded)
+
+    def move_global(self, stage: int, weights: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor]) -> None:
+        """Take another global state of the last applied round, local progress kept (StageEngine.move_global)."""
+        self.engines[stage].move_global(weights, momentum)
 
     # -- the sliced exchange (docs/PROTOCOL.md, "Sliced exchange") ------------------------
     def last_slices(self, stage: int) -> list[bytes]:
