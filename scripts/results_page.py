@@ -401,7 +401,21 @@ def chaos(r: dict) -> list[str]:
           r.get("checkpoint_entries", "-"), len(r["unexpected_exits"]), r["rounds_with_fewer_contributors"],
           f"{rec['min']}-{rec['max']} s, mean {rec['mean']} s, unrecovered {rec['unrecovered']}",
           f"{r['audit']['verdict']}"]]) + [(f"Wall time {r['wall_s'] / 60:.0f} min; load {load_text(r.get('load_before'))} "
-                                           f"before, {load_text(r.get('load_after'))} after."), ""]
+                                           f"before, {load_text(r.get('load_after'))} after."), ""] + chaos_phases(r)
+
+
+def chaos_phases(r: dict) -> list[str]:
+    """The kills by the phase the killed node reported (bench_chaos --split)."""
+    phases = r.get("by_phase") or {}
+    if not phases:
+        return []
+    rows = [[phase, d["kills"], d["recovered"], f"{d['recovery_rounds_mean']} / {d['recovery_rounds_max']}",
+             d["rounds_after_entry_max"], f"{d['recovery_s_mean']} / {d['recovery_s_max']} s"]
+            for phase, d in sorted(phases.items())]
+    return ["By the phase of the kill (the restarted node's replica is back when it contributes again):", ""] + table(
+        ["phase", "kills", "recovered", "chain rounds after the restart (mean / max)",
+         "rounds after its entry round (max)", "seconds (mean / max)"], rows) + [
+        f"Logs with a traceback: {sum(1 for v in (r.get('tracebacks') or {}).values() if v)}; forks re-based in place: {r.get('rebased', '-')}.", ""]
 
 
 def longrun(r: dict) -> list[str]:
