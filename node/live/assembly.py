@@ -216,7 +216,8 @@ class NodeParts:
             membership=membership, gossip=messenger.gossip, sign_envelope=messenger.sign,
             stage_hashes=self.rounds.stage_hashes_of, own_replica=self.station.replica,
             current_round=self.progress.current_round, work_dir=self.data_dir / "spotchecks",
-            evidence_dir=self.evidence_dir, stop=self.stop, on_ejected=lifecycle.member_ejected))
+            evidence_dir=self.evidence_dir, stop=self.stop, on_ejected=lifecycle.member_ejected,
+            closes=self.book.snapshot_closes, attestations=self.book.snapshot_attestations))
         self.committer = self.kinds.committer(CommitterContext(
             cfg=cfg, run_id=self.run_id, peer_id=self.peer_id, book=self.book, chain=chain, host=host,
             coordinator=coordinator, membership=membership, checkpoint_dir=self.checkpoint_dir,
