@@ -1,0 +1,127 @@
+"""Re-execution spot checks on a split cluster (2 replicas x 2 stages, one stage per node, as ``dlx-node demo``).
+
+A node of a split cluster seals only the stage it holds. To check another replica it binds the round's
+contributions of every stage to the chain's record (from the closes it heard), fetches the envelopes of the
+stage it does not hold from their signers, the start state of every stage from its signer, and reruns the
+replica's whole pipeline (node/live/spotinputs.py). Real node processes, a real anvil, real gloo pipelines.
+
+- honest: every node re-executes the other replica and reproduces it exactly; the audit's
+  ``--reexecute all`` over the four archives reruns every contribution and finds nothing wrong;
+- a cheater (tests/adversary.py ``perturb``) holding stage 1 of replica 1: an honest node of the other
+  replica catches it and accuses it, the quorum finds it guilty and it is slashed; its honest pipeline
+  partner, whose stage reproduces, is accused by nobody.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from node_fixtures import TINY, run_logs
+
+from ledger.account import dev_account
+
+ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py")]
+SPOT_LINE = re.compile(r"spot check of replica (\d+) round (\d+): (\w+)")
+
+
+def _spot_checks(slot) -> list[tuple[int, int, str]]:
+    text = "\n".join(p.read_text(errors="replace") for p in sorted(slot.data_dir.glob("node-*.log")))
+    return [(int(r), int(t), v) for r, t, v in SPOT_LINE.findall(text)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_every_node_of_a_split_cluster_reexecutes_the_other_replica_exactly(make_run):
+    # spot_checks=8 with 2 replicas: every node checks the other replica in every round.
+    run = make_run(replicas=2, stages=2, split=True, settings=[*TINY, "rounds=6", "join_timeout=60",
+                                                               "spot_checks=8"])
+    run.start()
+    assert run.wait(840), run_logs(run)
+    client = run.client()
+    history = client.history(run.run_id)
+    assert [c.commit.round for c in history.commits] == list(range(6))
+    assert all(c.commit.num_contributors == 4 for c in history.commits)
+    assert not history.accusations and not history.disputes
+
+    for slot in run.nodes:
+        replica = int(slot.name[1])
+        checks = _spot_checks(slot)
+        assert checks, f"{slot.name} logged no spot check\n" + run_logs(run)
+        # Only the other replica, and every rerun reproduced bit-exactly (same platform, same threads).
+        assert {r for r, _t, _v in checks} == {1 - replica}, (slot.name, checks)
+        assert {v for _r, _t, v in checks} == {"exact"}, (slot.name, checks)
+        status = json.loads((slot.data_dir / "status.json").read_text())
+        assert status["spot_checks"] >= 1 and status["spot_check_mismatches"] == 0, (slot.name, status)
+        log = "\n".join(p.read_text(errors="replace") for p in slot.data_dir.glob("node-*.log"))
+        assert "contributions of every stage are not" not in log, slot.name  # the issue-30 symptom
+        # The rounds it checked are bound to the record, and the other stage's envelopes it fetched are archived.
+        archive = slot.data_dir / "archive" / f"run-{run.run_id}"
+        checked = {t for _r, t, _v in checks}
+        for outer_round in checked:
+            round_dir = archive / f"round-{outer_round:08d}"
+            recorded = json.loads((round_dir / "recorded.json").read_text())
+            assert {s for s, _r, _p, _h in recorded["contributions"]} == {0, 1}
+            sealed = json.loads((round_dir / "round.json").read_text())
+            assert len({s for s, _r, _p, _h in sealed["contributions"]}) == 1  # it holds one stage
+            for stage, rep, _peer, digest in recorded["contributions"]:
+                if rep == 1 - replica:
+                    assert (round_dir / f"{digest}.env").exists(), (slot.name, outer_round, stage)
+
+    # The audit reruns every contribution of the run from the four archives (start states from their blobs).
+    from node.tools.audit import audit_run
+    from node.tools.report import FAIL, OK
+
+    report = audit_run(client, run.run_id, archives=[s.data_dir for s in run.nodes], reexecute=-1)
+    reruns = [c for c in report.general if c.name.startswith("re-execution")]
+    assert len(reruns) == 6 * 2, [c.line() for c in reruns]
+    assert not [c for c in reruns if c.status == FAIL], [c.line() for c in reruns]
+    assert sum(c.status == OK for c in reruns) >= 2 * 5, [c.line() for c in reruns]
+    assert not report.failed, report.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_cheating_stage_holder_of_a_split_cluster_is_caught_and_only_it_is_accused(make_run):
+    run = make_run(replicas=2, stages=2, split=True, attest_quorum=2,
+                   settings=[*TINY, "join_timeout=60", "rounds=60", "spot_checks=8"])
+    cheater = run.nodes[-1]  # r1n1: stage 1 of replica 1
+    partner = run.nodes[-2]  # r1n0: its honest pipeline partner
+    cheater.command = [*ADVERSARY, "perturb"]
+    run.start()
+    honest = run.nodes[:-1]
+    # The cheater learns it was removed and stops with "not registered" (exit 6).
+    assert cheater.process.wait(timeout=1200) == 6, run_logs(run)
+    assert all(s.process.poll() is None for s in honest[:2]), "an honest node exited:\n" + run_logs(run)
+    run.stop_nodes()
+
+    client = run.client()
+    history = client.history(run.run_id)
+    account = {s.name: dev_account(s.account, client.chain_id).address.lower() for s in run.nodes}
+    assert history.accusations, run_logs(run)
+    # Accusations name only the cheater, never its partner, whose stage-0 contributions reproduce.
+    assert {a.accused.lower() for a in history.accusations} == {account[cheater.name]}, run_logs(run)
+    guilty = [a for a in history.accusations if a.guilty]
+    assert guilty, run_logs(run)
+    assert account[cheater.name] not in {s.lower() for s in guilty[0].signers}
+    assert [s.account.lower() for s in history.slashings] == [account[cheater.name]]
+    # A node of the other replica found the mismatch itself, in the stage the cheater holds.
+    verifiers = run.nodes[:2]
+    mismatches = [(s.name, c) for s in verifiers for c in _spot_checks(s) if c[2] == "mismatch"]
+    assert mismatches and {c[0] for _n, c in mismatches} == {1}, run_logs(run)
+    assert any(list((s.data_dir / "evidence").glob("spotcheck-*.envelope")) for s in verifiers), run_logs(run)
+    partner_log = "\n".join(p.read_text(errors="replace") for p in partner.data_dir.glob("node-*.log"))
+    assert "accuses this node" not in partner_log
+
+    # The audit stands behind the ejection: the evidence's rerun fails in the cheater's stage.
+    from node.tools.audit import audit_run
+    from node.tools.report import FAIL, OK
+
+    report = audit_run(client, run.run_id, archives=[s.data_dir for s in run.nodes], replay=False, reexecute=2)
+    ejections = [c for c in report.general if c.name.startswith("ejection")]
+    assert ejections and all(c.status == OK for c in ejections), [c.line() for c in ejections]
+    assert not [c for c in report.general if c.name.startswith(("re-execution", "ejection")) and c.status == FAIL], \
+        [c.line() for c in report.general]
