@@ -120,6 +120,7 @@ class SpotChecker:
                                     max_blob_bytes=ctx.cfg.p2p.max_blob_bytes, work_dir=ctx.work_dir / "fetch")
         self.checks_run = 0
         self.check_seconds = 0.0  # wall time of the checks done (fetching the inputs and the rerun)
+        self.not_done = 0  # sampled checks whose inputs could not be had: nobody is accused for those
         self.chain_checks = 0  # round t -> t+1 start-state links checked (node.live.verifier._chain_holds)
         self.mismatches = 0
         self.skipped = 0
@@ -267,6 +268,7 @@ class SpotChecker:
             result = self._rerun(outer_round, replica)
         except (NodeError, P2PError, OSError, EnvelopeRejected) as exc:
             logger.warning("spot check of replica %d round %d not done: %s", replica, outer_round, exc)
+            self.not_done += 1
             result = None
         seconds = time.monotonic() - started
         with self._lock:
