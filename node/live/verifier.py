@@ -601,12 +601,9 @@ class SpotChecker:
         try:
             env = decode_envelope(data, msg.MAX_EVIDENCE_PAYLOAD + 4096)
             evidence = msg.decode_payload(msg.EVIDENCE, env.payload)
-            senders = [decode_envelope(c, self.ctx.cfg.p2p.max_blob_bytes) for c in evidence.contributions]
-            # A split replica's envelopes have several signers: the accused is the one whose seat binds its key.
-            accused_peer = next((e.sender_peer_id for e in senders
-                                 if self.ctx.chain.seat(self.ctx.run_id, accused, e.sender, current=False)),
-                                senders[0].sender_peer_id)
-        except (EnvelopeRejected, msg.ProtocolError, IndexError, LedgerError) as exc:
+            envs = [decode_envelope(c, self.ctx.cfg.p2p.max_blob_bytes) for c in evidence.contributions]
+            accused_peer = self._signer_among(envs, accused)
+        except (EnvelopeRejected, msg.ProtocolError, IndexError) as exc:
             logger.warning("accusation of %s on chain: malformed evidence: %s; not guilty", record.accused, exc)
             self._sign_verdict(None, accused, record.evidence_hash, False, record.accused)
             return
@@ -621,6 +618,18 @@ class SpotChecker:
         with self._lock:
             self._accusations[record.evidence_hash] = (env.round, accusation)
         self._confirm(env.round, env.sender_peer_id, accusation)
+
+    def _signer_among(self, envs: list[Envelope], account: bytes) -> str:
+        """The peer id of the envelope signer whose seat is ``account``'s (a split replica's envelopes have
+        several signers); the first envelope's signer if none is known to be (or the chain does not answer)."""
+        for env in envs:
+            try:
+                if self.ctx.chain.seat(self.ctx.run_id, account, env.sender, current=False) is not None:
+                    return env.sender_peer_id
+            except LedgerError as exc:
+                logger.debug("seat of 0x%s not read from the chain: %s", account.hex(), exc)
+                break
+        return envs[0].sender_peer_id
 
     def _peer_of(self, account: bytes) -> str | None:
         """The peer id of the live member whose hello names ``account``, if any."""
