@@ -16,8 +16,15 @@ import pytest
 from ledger.merkle import merkle_root
 from node import protocol as msg
 from node.errors import StateError
-from node.live.spotinputs import (HeardRound, InputRefused, InputsUnavailable, ReplicaInputs, bind_to_record,
-                                  heard_round, parse_fetched_contribution)
+from node.live.spotinputs import (
+    HeardRound,
+    InputRefused,
+    InputsUnavailable,
+    ReplicaInputs,
+    bind_to_record,
+    heard_round,
+    parse_fetched_contribution,
+)
 from node.store.archive import Archive, ArchivedContribution
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import BlobUnavailable
@@ -171,7 +178,7 @@ def test_a_confirming_member_judges_only_the_accused_members_own_stages(tmp_path
 
     split = _Split()
     archive = Archive(tmp_path / "archive", RUN)
-    for key, envelope in split.envelopes.items():
+    for envelope in split.envelopes.values():
         archive.put(3, envelope)
     archive.seal_round(3, split.entries)
     accounts = {key: bytes([16 * key[0] + key[1] + 1]) * 20 for key in split.who}
