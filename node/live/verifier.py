@@ -267,6 +267,10 @@ class SpotChecker:
         try:
             result = self._rerun(outer_round, replica)
         except (NodeError, P2PError, OSError, EnvelopeRejected) as exc:
+            if self.ctx.stop.is_set():  # the node is stopping: the worker was closed under the check
+                logger.info("spot check of replica %d round %d abandoned: the node is stopping", replica,
+                            outer_round)
+                return None
             logger.warning("spot check of replica %d round %d not done: %s", replica, outer_round, exc)
             self.not_done += 1
             result = None
