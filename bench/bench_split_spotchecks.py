@@ -6,7 +6,8 @@ reruns the whole pipeline (node/live/spotinputs.py). This script reads what the 
 wrote, and optionally the ``dlx-node audit --reexecute all --json`` report of the same run, and writes one
 JSON (default bench/results/split_spotchecks.json):
 
-- per node: every spot check (round, replica, verdict, rerun seconds in the child, check seconds including
+- per node: the checks its draw named (from each recorded round's weights root), every spot check done
+  (round, replica, verdict, rerun seconds in the child, check seconds including
   the fetches), the checks not done (with their reasons), the round-bound skips, the checks per round;
 - the overhead: a node's spot-check seconds per round against its round's wall seconds (timing.jsonl
   "period" records). The rerun runs in a child process beside training, so this is the share of a round a
@@ -33,7 +34,23 @@ NOT_DONE = re.compile(r"^(\S+) \w+\s+node\.live\.verifier: spot check of replica
 SKIPPED = re.compile(r"spot checks of round (\d+) skipped: (\d+) rounds behind the chain")
 
 
-def node_figures(node_dir: Path) -> dict:
+def sampled(node_dir: Path, replicas: int) -> list[dict]:
+    """The checks the node's draw named (training.reexec.sample_replicas from each recorded round's weights
+    root, as node.live.verifier draws them), to set against the checks done."""
+    from node.config import load_config
+    from training.reexec import sample_replicas
+
+    cfg = load_config(node_dir / "node.toml")
+    status = json.loads((node_dir / "status.json").read_text())
+    roots = json.loads((node_dir / "state.json").read_text()).get("weights_roots", {})
+    own = status["placement"]["replica"]
+    rate = min(1.0, cfg.spot_checks / (max(2, replicas) - 1))
+    return [{"round": int(r), "replica": replica} for r, root in sorted(roots.items(), key=lambda kv: int(kv[0]))
+            for replica in sample_replicas(bytes.fromhex(root), status["peer_id"].encode(), int(r),
+                                           list(range(replicas)), rate, own_replica=own)]
+
+
+def node_figures(node_dir: Path, replicas: int) -> dict:
     checks, not_done, skipped = [], [], []
     for log in sorted(node_dir.glob("node-*.log")):
         for line in log.read_text(errors="replace").splitlines():
@@ -60,7 +77,13 @@ def node_figures(node_dir: Path) -> dict:
         status = json.loads((node_dir / "status.json").read_text())
     except (OSError, ValueError):
         pass
+    drawn = sampled(node_dir, replicas)
+    done = {(c["round"], c["replica"]) for c in checks}
     return {
+        "sampled": len(drawn), "sampled_done": sum((d["round"], d["replica"]) in done for d in drawn),
+        "sampled_not_reached": [d for d in drawn if (d["round"], d["replica"]) not in done
+                                and not any((n["round"], n["replica"]) == (d["round"], d["replica"])
+                                            for n in not_done)],
         "checks": checks, "not_done": not_done, "skipped": skipped,
         "checks_per_round": {str(r): n for r, n in sorted(per_round.items())},
         "verdicts": sorted({c["verdict"] for c in checks}),
@@ -104,7 +127,9 @@ def main() -> int:
     parser.add_argument("--out", default="bench/results/split_spotchecks.json")
     args = parser.parse_args()
     demo = Path(args.demo)
-    nodes = {d.name: node_figures(d) for d in sorted(demo.glob("r*n*")) if d.is_dir()}
+    dirs = [d for d in sorted(demo.glob("r*n*")) if d.is_dir()]
+    replicas = len({d.name.split("n")[0] for d in dirs})
+    nodes = {d.name: node_figures(d, replicas) for d in dirs}
     if not nodes:
         print(f"no node directories (r*n*) under {demo}", file=sys.stderr)
         return 2
@@ -129,7 +154,8 @@ def main() -> int:
     tmp.write_text(json.dumps(out, indent=1) + "\n")
     tmp.replace(path)
     for name, n in nodes.items():
-        print(f"{name}: {len(n['checks'])} checks {n['verdicts']}, {len(n['not_done'])} not done, per round "
+        print(f"{name}: sampled {n['sampled']}, done {len(n['checks'])} {n['verdicts']}, "
+              f"{len(n['not_done'])} not done, {len(n['sampled_not_reached'])} not reached, per round "
               f"{n['checks_per_round']}, {n['check_s_per_round']} s/round vs round wall {n['round_wall_s_mean']}")
     if out["audit"]:
         print(f"audit: {out['audit']['verdict']} {out['audit']['by_status']}")
