@@ -12,9 +12,10 @@ replica's whole pipeline (node/live/spotinputs.py). Real node processes, a real 
   replica catches it and accuses it, the quorum finds it guilty and it is slashed; its honest pipeline
   partner, whose stage reproduces, is accused by nobody.
 
-(``perturb``, 1% noise, is not used here: on the ``tiny`` preset its re-encoded payload lands at a relative
-distance of 0.5 to 0.9% from the rerun's, under ``training.reexec.DEFAULT_TOLERANCE`` = 1%, so a
-within-tolerance verdict lets it pass; seen in a split run of this file, every round 0..7.)
+(``perturb``, 1% noise, is not used here: on the ``tiny`` preset its re-encoded payload lands around
+``training.reexec.DEFAULT_TOLERANCE`` = 1% from the rerun's: 0.5 to 0.9% for one perturbed stage in a split
+run of this file (rounds 0..7, all "within_tolerance", so it passed), 1.17% in tests/test_reexec_e2e.py's
+whole-replica run, which it only just fails.)
 """
 
 from __future__ import annotations
