@@ -178,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stake", type=float, default=1.0, metavar="ETH",
                    help="stake each member puts into the run (slashed for equivocation)")
     p.add_argument("--inner-steps", type=int, default=20)
+    p.add_argument("--spot-checks", type=float, default=None, metavar="X",
+                   help="expected re-executions of each contribution by other members (the nodes' spot_checks; "
+                        "default the node's, 0.06)")
     p.add_argument("--preset", default="mini",
                    choices=["tiny", "mini", "small", "llama-tiny", "llama-20m", "llama-124m", "llama-350m", "llama-1b"])
     p.add_argument("--checkpoint-every", type=int, default=2)

@@ -493,6 +493,21 @@ def nat(r: dict) -> list[str]:
         ["path", "path after the transfer", "rate", "load average"], rows)
 
 
+def split_spotchecks(r: dict) -> list[str]:
+    rows = [[name, d["sampled"], len(d["checks"]), len(d["not_done"]), ", ".join(sorted(set(d["verdicts"]))) or "-",
+             f"{d['check_s_per_round']:.0f} s", f"{d['round_wall_s_mean']:.0f} s"]
+            for name, d in sorted(r["nodes"].items())]
+    a = r["audit"]
+    return [(f"Re-execution spot checks on a split cluster (one stage per node): a `dlx-node demo` of "
+             f"{r['rounds_committed']} committed rounds; each check fetches the other stages' envelopes and reruns "
+             "the whole pipeline. Checks run in a worker process beside training, so seconds per round are the "
+             "time spent checking, not a slowdown."), ""] + table(
+        ["node", "drawn", "done", "not done", "verdicts", "checking per round", "round wall time"], rows) + [
+        (f"`dlx-node audit --reexecute all` over the four archives: **{a['verdict']}**, "
+         f"{a['by_status'].get('ok', 0)} of {a['reexecution_items']} reruns reproduced; accusations in the run: "
+         f"{r['accusations']}."), ""]
+
+
 # ------------------------------------------------------------------------------------------------ the page
 
 @dataclass(frozen=True)
@@ -513,6 +528,8 @@ SECTIONS = (
             "A huge contribution clipped to twice the median still points where the attacker chose, so without screening (split clusters) it is bounded, not free; screening against the median can leave out an honest replica when a copy pulls the median."),
     Section("reexec.json", "Re-execution spot checks", "bench/bench_reexec.py", reexec,
             "At 0.1 expected checks per contribution the overhead is above the 10% goal, hence the node's default `spot_checks = 0.06`; a forged start state is caught only by the chain of start states, which needs bit-exact reruns."),
+    Section("split_spotchecks.json", "Re-execution spot checks on split clusters", "bench/bench_split_spotchecks.py",
+            split_spotchecks, "A stage cannot be checked alone (each inner step needs its partner's activations and gradients and the norm over every stage), so a verifier reruns the replica's whole pipeline from the start states each stage's envelope binds; a failure is attributed stage by stage."),
     Section("byzantine.json", "Byzantine members in real runs", "bench/bench_byzantine.py", byzantine),
     Section("chaos.json", "Faults: nodes killed and restarted", "bench/bench_chaos.py", chaos),
     Section("longrun.json", "Long runs", "bench/bench_longrun.py", longrun,

@@ -117,7 +117,8 @@ def test_hostile_verdicts_are_refused_and_k_guilty_verdicts_eject_on_chain(deplo
     ejected: list[bytes] = []
     stop = threading.Event()
     ctx = VerifierContext(
-        cfg=SimpleNamespace(spot_checks=0.0), run_id=run.run_id, peer_id="verifier", chain=NodeChain(run.client(1)),
+        cfg=SimpleNamespace(spot_checks=0.0, pipeline=SimpleNamespace(num_stages=1),
+                            p2p=SimpleNamespace(max_blob_bytes=1 << 20)), run_id=run.run_id, peer_id="verifier", chain=NodeChain(run.client(1)),
         host=None, archive=None, membership=None, gossip=None, sign_envelope=None, stage_hashes=None,
         own_replica=lambda: 0, current_round=lambda: 0, work_dir=tmp_path / "work", evidence_dir=tmp_path / "ev",
         stop=stop, on_ejected=lambda peer, account: ejected.append(account))
@@ -187,7 +188,8 @@ def test_an_accusation_seen_only_on_chain_whose_evidence_is_never_served_is_clea
     stop = threading.Event()
     chain = NodeChain(run.client(2))
     ctx = VerifierContext(
-        cfg=SimpleNamespace(spot_checks=0.0, p2p=SimpleNamespace(max_blob_bytes=1 << 20)), run_id=run.run_id,
+        cfg=SimpleNamespace(spot_checks=0.0, p2p=SimpleNamespace(max_blob_bytes=1 << 20),
+                            pipeline=SimpleNamespace(num_stages=1)), run_id=run.run_id,
         peer_id="member-2", chain=chain, host=Host(), archive=None,
         membership=SimpleNamespace(book=SimpleNamespace(live_peers=lambda _age: {})),
         gossip=lambda *a: gossiped.append(a), sign_envelope=None, stage_hashes=None, own_replica=lambda: 0,
@@ -266,7 +268,8 @@ def test_accusations_from_outsiders_are_refused_and_unserved_or_malformed_eviden
     ctx = VerifierContext(
         cfg=SimpleNamespace(spot_checks=0.0, p2p=SimpleNamespace(max_blob_bytes=1 << 20), pipeline=SimpleNamespace(
             num_stages=1)), run_id=7, peer_id="me", chain=Chain(), host=Host(),
-        archive=SimpleNamespace(sealed=lambda _r: [], get=lambda *_a: b""), membership=membership,
+        archive=SimpleNamespace(sealed=lambda _r: [], recorded=lambda _r: None, get=lambda *_a: b""),
+        membership=membership,
         gossip=lambda *a: signed.append(a), sign_envelope=None, stage_hashes=None, own_replica=lambda: 0,
         current_round=lambda: 0, work_dir=tmp_path, evidence_dir=tmp_path, stop=threading.Event(),
         on_ejected=None)
@@ -334,7 +337,8 @@ def test_chain_evidence_must_name_the_sealed_envelopes_of_both_rounds(tmp_path):
     ctx = VerifierContext(
         cfg=SimpleNamespace(spot_checks=0.0, p2p=SimpleNamespace(max_blob_bytes=1 << 20), pipeline=SimpleNamespace(
             num_stages=1)), run_id=7, peer_id="me", chain=None, host=Host(),
-        archive=SimpleNamespace(sealed=lambda r: sealed.get(r), get=lambda _r, h: envelopes[h]),
+        archive=SimpleNamespace(sealed=lambda r: sealed.get(r), recorded=lambda _r: None,
+                                get=lambda _r, h: envelopes[h]),
         membership=membership, gossip=lambda *a: signed.append(a), sign_envelope=None, stage_hashes=None,
         own_replica=lambda: 0, current_round=lambda: 0, work_dir=tmp_path, evidence_dir=tmp_path,
         stop=threading.Event(), on_ejected=None)
@@ -417,18 +421,23 @@ def test_the_audit_judges_a_chain_link_from_the_archives_and_never_trusts_a_serv
             stage=s).to_bytes(), 1 << 20) for s, h in enumerate(hashes)]
 
     exact = SimpleNamespace(next_state_hashes=trained.stage_hashes())
-    broken, reason = auditor.chain_broken(0, SimpleNamespace(next_state_hashes=None), [])
+    broken, reason, stages = auditor.chain_broken(0, SimpleNamespace(next_state_hashes=None), [])
     assert broken is None and "not bit-exact" in reason
-    broken, _ = auditor.chain_broken(0, exact, envelopes_binding(trained.stage_hashes()))
+    broken, _, stages = auditor.chain_broken(0, exact, envelopes_binding(trained.stage_hashes()))
     assert broken is False
 
     forged = [b"f" * 32 for _ in trained.stage_hashes()]  # a state nobody can produce: not archived
-    broken, reason = auditor.chain_broken(0, exact, envelopes_binding(forged))
+    broken, reason, stages = auditor.chain_broken(0, exact, envelopes_binding(forged))
     assert broken is None and "not in the archives" in reason
 
     garbage = [store(b"garbage that hashes to its claim %d" % s) for s in range(len(forged))]
-    broken, reason = auditor.chain_broken(0, exact, envelopes_binding(garbage))
-    assert broken is True and "malformed" in reason
+    broken, reason, stages = auditor.chain_broken(0, exact, envelopes_binding(garbage))
+    assert broken is True and "malformed" in reason and stages == (0, 1)
+    # Judged stage by stage (a split replica's stages have different signers): only the stage whose state
+    # does not follow is named.
+    broken, reason, stages = auditor.chain_broken(0, exact, envelopes_binding([trained.stage_hashes()[0],
+                                                                               garbage[1]]))
+    assert broken is True and stages == (1,) and "malformed" in reason
 
     # Another replica's trained state (here: the same shape, rerun from another replica's start) is
     # history, not a restart.
@@ -437,7 +446,7 @@ def test_the_audit_judges_a_chain_link_from_the_archives_and_never_trusts_a_serv
                       corpus, cfg.model, cfg.training, cfg.diloco, cfg.compression).next_state
     claimed = [store(part.to_bytes()) for part in other.stages]
     assert claimed == other.stage_hashes()
-    broken, reason = auditor.chain_broken(0, exact, envelopes_binding(claimed))
+    broken, reason, stages = auditor.chain_broken(0, exact, envelopes_binding(claimed))
     assert broken is True and "carries state a restart does not have" in reason
 
     # The evidence's shape: round t's envelopes (one per stage), optionally followed by round t+1's.

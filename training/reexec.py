@@ -321,6 +321,9 @@ class SpotCheck:
     distances: dict[int, float] = field(default_factory=dict)  # stage -> contribution_distance
     next_state_hashes: list[bytes] | None = None  # per stage: what round t+1's envelopes must bind (EXACT only)
     reexec_seconds: float = 0.0
+    # The stages whose own claim fails (a split replica's stages have different signers; empty: honest,
+    # or a failure no single stage's claim shows, e.g. states of different rounds).
+    failed_stages: tuple[int, ...] = ()
 
     @property
     def honest(self) -> bool:
@@ -357,9 +360,9 @@ def verify_contribution(
     round's data, then the rerun's payloads are compared stage by stage (the
     worst stage decides).
     """
-    def failed(kind: str, reason: str) -> SpotCheck:
+    def failed(kind: str, reason: str, stages=()) -> SpotCheck:
         logger.info("spot check of replica %d round %d: %s (%s)", replica, outer_round, kind, reason)
-        return SpotCheck(outer_round, replica, kind, reason)
+        return SpotCheck(outer_round, replica, kind, reason, failed_stages=tuple(sorted(stages)))
 
     num_stages = len(claims)
     if (not claims or sorted(c.stage_index for c in claims) != list(range(num_stages))
@@ -368,28 +371,38 @@ def verify_contribution(
             f"need one claim and one state part per stage, got {len(claims)} and {len(state_parts)}"
         )
     claims = sorted(claims, key=lambda c: c.stage_index)
+    parts = []
+    for data, claim in zip(state_parts, claims):
+        try:
+            parts.append(parse_stage_state(data))
+        except ReplicaStateError as exc:
+            return failed(STATE_MISMATCH, f"stage {claim.stage_index}: served state is malformed: {exc}",
+                          [claim.stage_index])
+        if parts[-1].stage_index != claim.stage_index or parts[-1].state_hash() != claim.state_hash:
+            return failed(STATE_MISMATCH, f"stage {claim.stage_index}: served state is not the committed one",
+                          [claim.stage_index])
+    expected_horizon = run_rounds * diloco_cfg.inner_steps if run_rounds > 0 else 0
+    wrong_meta = [claim.stage_index for part, claim in zip(parts, claims)
+                  if (part.meta.outer_round, part.meta.replica, part.meta.inner_steps, part.meta.lr_total_steps)
+                  != (outer_round, replica, diloco_cfg.inner_steps, expected_horizon)]
+    if wrong_meta:
+        return failed(STATE_MISMATCH, f"stage(s) {wrong_meta}: state metadata is not round {outer_round} of "
+                      f"replica {replica}", wrong_meta)
     try:
-        parts = tuple(parse_stage_state(data) for data in state_parts)
-        for part, claim in zip(parts, claims):
-            if part.stage_index != claim.stage_index or part.state_hash() != claim.state_hash:
-                return failed(STATE_MISMATCH, f"stage {claim.stage_index}: served state is not the committed one")
-        state = ReplicaStartState(parts)
+        state = ReplicaStartState(tuple(parts))
     except ReplicaStateError as exc:
         return failed(STATE_MISMATCH, f"served state is malformed: {exc}")
-    meta = state.meta
-    expected_horizon = run_rounds * diloco_cfg.inner_steps if run_rounds > 0 else 0
-    if (meta.outer_round, meta.replica, meta.inner_steps, meta.lr_total_steps) != (
-            outer_round, replica, diloco_cfg.inner_steps, expected_horizon):
-        return failed(STATE_MISMATCH, f"state metadata {meta} is not round {outer_round} of replica {replica}")
     applied = start_global_round(diloco_cfg, outer_round)
     for part in parts:
         committed = (committed_weights or {}).get(applied, {}).get(part.stage_index)
         if committed is not None and stage_weights_hash(part.group("global")) != committed:
             return failed(STATE_MISMATCH,
-                          f"stage {part.stage_index}: global weights are not round {applied}'s on record")
+                          f"stage {part.stage_index}: global weights are not round {applied}'s on record",
+                          [part.stage_index])
     expected_data = data_commitment(corpus, training_cfg, model_cfg, diloco_cfg, replica, outer_round)
-    if any(claim.data_commitment != expected_data for claim in claims):
-        return failed(DATA_MISMATCH, "the data commitment is not this round's batches")
+    wrong_data = [claim.stage_index for claim in claims if claim.data_commitment != expected_data]
+    if wrong_data:
+        return failed(DATA_MISMATCH, "the data commitment is not this round's batches", wrong_data)
     try:
         rerun = reexecute(state, corpus, model_cfg, training_cfg, diloco_cfg, compression_cfg,
                           previous_contributions=previous_contributions, previous_excluded=previous_excluded,
@@ -412,7 +425,8 @@ def verify_contribution(
     reason = f"largest relative distance {worst:.3g} (tolerance {tolerance:.3g})"
     if outcome == MISMATCH:
         logger.info("spot check of replica %d round %d: mismatch, %s", replica, outer_round, reason)
-    return SpotCheck(outer_round, replica, outcome, reason, distances, next_hashes, rerun.seconds)
+    failing = tuple(s for s, d in sorted(distances.items()) if d > tolerance)
+    return SpotCheck(outer_round, replica, outcome, reason, distances, next_hashes, rerun.seconds, failing)
 
 
 def start_global_round(diloco_cfg: DilocoConfig, outer_round: int) -> int:

@@ -105,6 +105,8 @@ def run_demo(args: argparse.Namespace) -> int:
     settings = [f"model.preset={args.preset}", f"rounds={args.rounds}", f"diloco.inner_steps={args.inner_steps}",
                 f"checkpoint_every={args.checkpoint_every}", f"training.data_path={data}", "round_timeout=120",
                 *model_settings]
+    if getattr(args, "spot_checks", None) is not None:
+        settings.append(f"spot_checks={args.spot_checks}")
     load_config(None, settings + [f"pipeline.num_stages={args.stages}", f"diloco.num_replicas={args.replicas}"])
     out = Path(args.out).resolve()
     if out.exists() and any(out.iterdir()):
@@ -260,7 +262,14 @@ def summarize(run: LocalRun) -> dict:
             if p.exists():
                 ckpt_path = str(p)
                 break
+    # Re-execution spot checks of other replicas' rounds, per node (node/live/verifier.py; status.json).
+    spot_checks = {}
+    for slot in run.nodes:
+        status = slot.status()
+        spot_checks[slot.name] = {key: status.get(key, 0) for key in (
+            "spot_checks", "spot_check_mismatches", "spot_checks_not_done", "spot_check_seconds", "chain_checks")}
     return {
+        "spot_checks": spot_checks, "accusations": len(history.accusations),
         "run_id": run.run_id, "attest_quorum": history.run.quorum, "stake_wei": history.run.min_stake,
         "unbonding_blocks": history.run.unbonding_blocks,
         "members": len({m.account for m in history.memberships}),
@@ -313,6 +322,12 @@ def format_summary(s: dict) -> str:
     lines.append(f"checkpoints on chain: {len(s['checkpoints'])}; latest: "
                  f"{s['checkpoints'][-1] if s['checkpoints'] else 'none'}")
     lines.append(f"checkpoint file: {s['latest_checkpoint_file']}")
+    if s.get("spot_checks"):
+        checks = ", ".join(f"{name} {c['spot_checks']} ({c['spot_check_mismatches']} mismatches, "
+                           f"{c['spot_checks_not_done']} not done, {c['spot_check_seconds']:.0f} s)"
+                           for name, c in s["spot_checks"].items())
+        lines.append(f"spot checks (another replica's round re-executed): {checks}; accusations: "
+                     f"{s.get('accusations', 0)}")
     lines.append(f"disputes: {s['disputes']}; node data, logs and deployment.json in {s['workdir']}")
     archives = " ".join(f"--archive {p}" for p in s.get("node_dirs", []))
     lines.append(f"audit it (with --keep, while the chain runs):\n  dlx-node audit --rpc {s['rpc_url']} "

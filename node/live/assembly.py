@@ -227,7 +227,8 @@ class NodeParts:
             membership=membership, gossip=messenger.gossip, sign_envelope=messenger.sign,
             stage_hashes=self.rounds.stage_hashes_of, own_replica=self.station.replica,
             current_round=self.progress.current_round, work_dir=self.data_dir / "spotchecks",
-            evidence_dir=self.evidence_dir, stop=self.stop, on_ejected=lifecycle.member_ejected))
+            evidence_dir=self.evidence_dir, stop=self.stop, on_ejected=lifecycle.member_ejected,
+            closes=self.book.snapshot_closes, attestations=self.book.snapshot_attestations))
         self.ending = RunEnd(cfg=cfg, chain=chain, membership=membership, reporter=self.reporter,
                              peer_id=self.peer_id, stop=self.stop)
         self.forks = forks = ForkRepair(

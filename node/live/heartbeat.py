@@ -91,3 +91,5 @@ class Heartbeat:
         progress.spot_checks = self.spot_checks.checks_run
         progress.spot_check_mismatches = self.spot_checks.mismatches
         progress.chain_checks = self.spot_checks.chain_checks
+        progress.spot_check_seconds = self.spot_checks.check_seconds
+        progress.spot_checks_not_done = self.spot_checks.not_done

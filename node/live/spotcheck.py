@@ -90,6 +90,7 @@ class SpotCheckResult:
     distances: dict[int, float]
     seconds: float
     next_state_hashes: list[bytes] | None = None  # per stage: the start state round t+1 must bind (exact reruns)
+    failed_stages: tuple[int, ...] = ()  # the stages whose own claim fails (whose signers a mismatch accuses)
 
     @property
     def honest(self) -> bool:
@@ -124,7 +125,8 @@ def run_job(directory: Path) -> dict:
     )
     return {"verdict": check.verdict, "reason": check.reason,
             "distances": {str(s): d for s, d in check.distances.items()}, "seconds": check.reexec_seconds,
-            "next_state_hashes": None if check.next_state_hashes is None else [h.hex() for h in check.next_state_hashes]}
+            "next_state_hashes": None if check.next_state_hashes is None else [h.hex() for h in check.next_state_hashes],
+            "failed_stages": list(check.failed_stages)}
 
 
 def parse_result(data: bytes) -> SpotCheckResult:
@@ -135,13 +137,16 @@ def parse_result(data: bytes) -> SpotCheckResult:
         distances = {int(s): float(d) for s, d in doc["distances"].items()}
         following = doc.get("next_state_hashes")
         next_hashes = None if following is None else [bytes.fromhex(h) for h in following]
+        failed_stages = tuple(sorted({int(s) for s in doc.get("failed_stages", [])}))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise SpotCheckFailed(f"spot check result is malformed: {exc}") from None
     if verdict not in VERDICTS or any(math.isnan(d) for d in distances.values()):
         raise SpotCheckFailed(f"spot check result has verdict {verdict!r}")
     if next_hashes is not None and any(len(h) != 32 for h in next_hashes):
         raise SpotCheckFailed("spot check result has malformed next-state hashes")
-    return SpotCheckResult(verdict, reason, distances, seconds, next_hashes)
+    if any(s < 0 for s in failed_stages):
+        raise SpotCheckFailed("spot check result names a negative stage")
+    return SpotCheckResult(verdict, reason, distances, seconds, next_hashes, failed_stages)
 
 
 def _child_env() -> dict[str, str]:

@@ -47,6 +47,8 @@ class Progress:
     spot_checks: int = 0  # other replicas' contributions re-executed (node.live.verifier)
     spot_check_mismatches: int = 0
     chain_checks: int = 0  # start-state links from an exact rerun into the next round checked
+    spot_check_seconds: float = 0.0  # wall time of those checks (fetching their inputs and the rerun)
+    spot_checks_not_done: int = 0  # sampled checks whose inputs were not served or not bound to the record
     timing: dict = field(default_factory=dict)  # node.live.roundclock.RoundClock.summary()
     history: list[dict] = field(default_factory=list)
 
@@ -210,7 +212,9 @@ def write_status(path: Path, progress: Progress, peer_id: str, run_id: int, plac
         "paths": p.paths,
         "last_finished": p.last_finished, "last_commit": p.last_commit,
         "weights_root": p.weights_root, "spot_checks": p.spot_checks,
-        "spot_check_mismatches": p.spot_check_mismatches, "chain_checks": p.chain_checks, "timing": p.timing,
+        "spot_check_mismatches": p.spot_check_mismatches, "chain_checks": p.chain_checks,
+        "spot_check_seconds": round(p.spot_check_seconds, 3), "spot_checks_not_done": p.spot_checks_not_done,
+        "timing": p.timing,
         "updated_at": time.time(),
         "placement": None if placement is None else {
             "cluster": placement.cluster, "replica": placement.replica, "stages": list(placement.stages)},

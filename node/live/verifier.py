@@ -47,6 +47,7 @@ from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
 from node import protocol as msg
 from node.live.spotcheck import RerunWorker, SpotCheckJob, SpotCheckResult
+from node.live.spotinputs import HeardRound, InputsUnavailable, ReplicaInputs, heard_round
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
 from training.reexec import EXACT, check_state_chain, restart_state_reason, sample_replicas, start_global_round
@@ -89,6 +90,10 @@ class VerifierContext:
     evidence_dir: Path
     stop: threading.Event
     on_ejected: Callable[[str, bytes], None]  # (peer id, account) of a member found guilty
+    # The round book's snapshot_closes / snapshot_attestations: a split node binds every stage's contributions
+    # of a recorded round to the record from them (node.live.spotinputs). None: only sealed rounds are checked.
+    closes: Callable | None = None
+    attestations: Callable | None = None
 
 
 class SpotChecker:
@@ -110,7 +115,12 @@ class SpotChecker:
         self._watched_block: int | None = None  # the chain watch reads accusations from this block on
         self._watched_at = time.monotonic()
         self._lock = threading.Lock()
+        self.inputs = ReplicaInputs(archive=ctx.archive, host=ctx.host, membership=ctx.membership, run_id=ctx.run_id,
+                                    peer_id=ctx.peer_id, num_stages=ctx.cfg.pipeline.num_stages,
+                                    max_blob_bytes=ctx.cfg.p2p.max_blob_bytes, work_dir=ctx.work_dir / "fetch")
         self.checks_run = 0
+        self.check_seconds = 0.0  # wall time of the checks done (fetching the inputs and the rerun)
+        self.not_done = 0  # sampled checks whose inputs could not be had: nobody is accused for those
         self.chain_checks = 0  # round t -> t+1 start-state links checked (node.live.verifier._chain_holds)
         self.mismatches = 0
         self.skipped = 0
@@ -140,18 +150,36 @@ class SpotChecker:
         if self.ctx.cfg.spot_checks <= 0:
             return
         self._newest = max(self._newest, outer_round)
-        self._put(_ROUTINE, "sample", outer_round, weights_root)
+        heard = None
+        if self.ctx.closes is not None and self.ctx.attestations is not None:
+            # Now, on the committer's thread: the book forgets the round's closes a few rounds on.
+            heard = heard_round(outer_round, self.ctx.cfg.pipeline.num_stages, self.ctx.closes,
+                                self.ctx.attestations, self.ctx.stage_hashes(outer_round) or {})
+        self._put(_ROUTINE, "sample", outer_round, weights_root, heard)
 
     def _put(self, priority: int, kind: str, *args) -> None:
         self._jobs.put((priority, next(self._seq), kind, args))
 
-    def _sample(self, outer_round: int, weights_root: bytes) -> None:
+    def _record(self, outer_round: int, weights_root: bytes, heard: HeardRound) -> None:
+        """Keep the round's contributions of every stage as its record on chain binds them (spotinputs)."""
+        try:
+            record = self.ctx.chain.commit_of(self.ctx.run_id, outer_round)
+            if record is None or record.weights_root != weights_root:
+                raise InputsUnavailable("the chain's record is not the one this round was recorded with")
+            self.inputs.record(outer_round, heard, record.contributions_root, record.weights_root)
+        except (LedgerError, InputsUnavailable) as exc:
+            logger.warning("round %d: its contributions of every stage are not bound to the record here: %s",
+                           outer_round, exc)
+
+    def _sample(self, outer_round: int, weights_root: bytes, heard: HeardRound | None = None) -> None:
+        if heard is not None:
+            self._record(outer_round, weights_root, heard)
         if outer_round < self._newest - MAX_LAG_ROUNDS:
             self.skipped += 1
             logger.info("spot checks of round %d skipped: %d rounds behind the chain", outer_round,
                         self._newest - outer_round)
             return
-        sealed = self.ctx.archive.sealed(outer_round)
+        sealed = self.inputs.contributions(outer_round)
         if sealed is None:
             return
         replicas = sorted({c.replica for c in sealed})
@@ -159,9 +187,11 @@ class SpotChecker:
         rate = min(1.0, self.ctx.cfg.spot_checks / (members - 1))
         chosen = sample_replicas(weights_root, self.ctx.peer_id.encode(), outer_round, replicas, rate,
                                  own_replica=self.ctx.own_replica())
-        signers = {c.replica: c.peer_id for c in sealed}
+        signers: dict[int, set[str]] = {}  # replica -> its stages' signers (several on a split cluster)
+        for c in sealed:
+            signers.setdefault(c.replica, set()).add(c.peer_id)
         for replica in chosen:
-            if self.ctx.membership.ejected(signers[replica]):
+            if any(self.ctx.membership.ejected(peer) for peer in signers[replica]):
                 continue  # already found guilty and removed: nothing left to decide
             result = self._check(outer_round, replica)
             if result is not None and not result.honest:
@@ -172,13 +202,13 @@ class SpotChecker:
             linked = [(replica, result) for (r, replica), result in self._results.items()
                       if r == outer_round - 1 and result is not None and result.next_state_hashes is not None]
         for replica, result in linked:
-            if replica not in signers or self.ctx.membership.ejected(signers[replica]):
+            if replica not in signers or any(self.ctx.membership.ejected(peer) for peer in signers[replica]):
                 continue
             try:
                 next_envs = self._envelopes_of(outer_round, replica)
             except NodeError:
                 continue  # not whole in round t's close: no link to check
-            holds, reason, parts = self._chain_holds(outer_round - 1, replica, result, next_envs)
+            holds, reason, parts, broken = self._chain_holds(outer_round - 1, replica, result, next_envs)
             self.chain_checks += holds is not None
             if holds is False:
                 self.mismatches += 1
@@ -188,18 +218,19 @@ class SpotChecker:
                 self._keep_states(self._linkable_parts(outer_round - 1, replica) + parts)
                 logger.warning("chain check of replica %d rounds %d-%d: %s", replica, outer_round - 1, outer_round,
                                reason)
-                self._accuse(outer_round - 1, replica, SpotCheckResult("state_mismatch", reason, {}, 0.0),
-                             next_envs=next_envs)
+                self._accuse(outer_round - 1, replica, SpotCheckResult("state_mismatch", reason, {}, 0.0,
+                                                                       failed_stages=broken), next_envs=next_envs)
         self._forget_linkable(before=outer_round)
 
     def _chain_holds(self, outer_round: int, replica: int, result: SpotCheckResult,
-                     next_envs: list[Envelope]) -> tuple[bool | None, str, list[bytes]]:
+                     next_envs: list[Envelope]) -> tuple[bool | None, str, list[bytes], tuple[int, ...]]:
         """Whether round t+1's start state of ``replica`` is where the exact rerun of round t led, or a
         restart's state rebuilt from the record (None: could not tell, e.g. the state was not served);
-        the reason; the state parts fetched (none if the hashes chained)."""
+        the reason; the state parts fetched (none if the hashes chained); the stages whose state follows
+        from neither (their signers are the ones a broken chain accuses)."""
         claimed = [msg.decode_contribution_body(e.payload).state_hash for e in next_envs]
         if check_state_chain(result.next_state_hashes, claimed) == EXACT:
-            return True, "chained", []
+            return True, "chained", [], ()
         job_dir = self.ctx.work_dir / f"chain-{outer_round + 1:08d}-replica{replica}"
         shutil.rmtree(job_dir, ignore_errors=True)
         job_dir.mkdir(parents=True, exist_ok=True)
@@ -207,19 +238,23 @@ class SpotChecker:
             parts = self._fetch_states(next_envs, claimed, job_dir)
         except (P2PError, OSError) as exc:
             logger.warning("chain check of replica %d round %d not done: %s", replica, outer_round + 1, exc)
-            return None, str(exc), []
+            return None, str(exc), [], ()
         finally:
             shutil.rmtree(job_dir, ignore_errors=True)
             self._drop_fetched(claimed)
-        committed = {r: self.ctx.stage_hashes(r) for r in range(outer_round - 2, outer_round + 1)}
-        why = restart_state_reason(parts, claimed, {r: h for r, h in committed.items() if h},
-                                   start_global_round(self.ctx.cfg.diloco, outer_round + 1))
-        if why is None:
+        committed = self._committed(range(outer_round - 2, outer_round + 1))
+        global_round = start_global_round(self.ctx.cfg.diloco, outer_round + 1)
+        # Stage by stage: a split replica's stages are signed by different members, each for its own part.
+        reasons = {stage: restart_state_reason([part], [claimed[stage]], committed, global_round)
+                   for stage, part in enumerate(parts) if claimed[stage] != result.next_state_hashes[stage]}
+        broken = tuple(stage for stage, why in reasons.items() if why is not None)
+        if not broken:
             logger.info("replica %d entered round %d from the record (a restart): its chain starts again",
                         replica, outer_round + 1)
-            return True, "restarted from the record", parts
+            return True, "restarted from the record", parts, ()
+        why = "; ".join(reasons[stage] for stage in broken)
         return False, (f"its round {outer_round + 1} start state follows neither from the rerun of round "
-                       f"{outer_round} nor from the record: {why}"), parts
+                       f"{outer_round} nor from the record: {why}"), parts, broken
 
     # -- one check ----------------------------------------------------------------------
     def _check(self, outer_round: int, replica: int) -> SpotCheckResult | None:
@@ -228,32 +263,44 @@ class SpotChecker:
         with self._lock:
             if key in self._results:
                 return self._results[key]
+        started = time.monotonic()
         try:
             result = self._rerun(outer_round, replica)
         except (NodeError, P2PError, OSError, EnvelopeRejected) as exc:
+            if self.ctx.stop.is_set():  # the node is stopping: the worker was closed under the check
+                logger.info("spot check of replica %d round %d abandoned: the node is stopping", replica,
+                            outer_round)
+                return None
             logger.warning("spot check of replica %d round %d not done: %s", replica, outer_round, exc)
+            self.not_done += 1
             result = None
+        seconds = time.monotonic() - started
         with self._lock:
             self._results[key] = result
             for old in [k for k in self._results if k[0] < outer_round - 4 * STATE_ROUNDS_KEPT]:
                 del self._results[old]
         if result is not None:
             self.checks_run += 1
+            self.check_seconds += seconds
             self.mismatches += 0 if result.honest else 1
             log = logger.info if result.honest else logger.warning
-            log("spot check of replica %d round %d: %s (%s, rerun %.1fs)", replica, outer_round, result.verdict,
-                result.reason, result.seconds)
+            log("spot check of replica %d round %d: %s (%s, rerun %.1fs, check %.1fs)", replica, outer_round,
+                result.verdict, result.reason, result.seconds, seconds)
         return result
 
     def _envelopes_of(self, outer_round: int, replica: int) -> list[Envelope]:
-        sealed = self.ctx.archive.sealed(outer_round) or []
-        entries = sorted((c for c in sealed if c.replica == replica), key=lambda c: c.stage)
-        envs = [decode_envelope(self.ctx.archive.get(outer_round, c.envelope_hash), self.ctx.cfg.p2p.max_blob_bytes)
-                for c in entries]
-        if [e.stage for e in envs] != list(range(self.ctx.cfg.pipeline.num_stages)):
-            raise NodeError(f"round {outer_round}: replica {replica}'s contributions of every stage are not all "
-                            "in the sealed round")
-        return envs
+        """The replica's envelopes of every stage as recorded (fetched from their holders if not held here)."""
+        return self.inputs.envelopes(outer_round, replica)
+
+    def _committed(self, rounds) -> dict[int, dict[int, bytes]]:
+        """round -> stage -> weights hash on record: the record's (kept when it was recorded) over this
+        node's own (which holds only its stages on a split cluster)."""
+        out = {}
+        for r in rounds:
+            hashes = {**(self.ctx.stage_hashes(r) or {}), **self.inputs.committed(r)}
+            if hashes:
+                out[r] = hashes
+        return out
 
     def _rerun(self, outer_round: int, replica: int) -> SpotCheckResult:
         cfg = self.ctx.cfg
@@ -265,13 +312,12 @@ class SpotChecker:
         try:
             parts = self._fetch_states(envs, [b.state_hash for b in bodies], job_dir)
             previous, previous_excluded = self._previous_round(outer_round - 1)
-            committed = {r: self.ctx.stage_hashes(r) for r in range(outer_round - 3, outer_round)}
-            held = {c.stage for c in (self.ctx.archive.sealed(outer_round - 1) or []) if c.replica == replica}
+            committed = self._committed(range(outer_round - 3, outer_round))
+            held = {c.stage for c in (self.inputs.contributions(outer_round - 1) or []) if c.replica == replica}
             dropped = [s for s in range(cfg.pipeline.num_stages) if s not in held] if outer_round > 0 else []
             job = SpotCheckJob(cfg.to_dict(), outer_round, replica,
                                [(e.stage, b.state_hash, b.data_commitment, b.blob) for e, b in zip(envs, bodies)],
-                               parts, previous, previous_excluded, {r: h for r, h in committed.items() if h},
-                               previous_dropped=dropped)
+                               parts, previous, previous_excluded, committed, previous_dropped=dropped)
             job.write(job_dir)
             result = self._worker.run(job_dir, RERUN_TIMEOUT_S)
             if not result.honest:
@@ -351,14 +397,13 @@ class SpotChecker:
         """Round t-1's closed payloads per stage (canonical order) and its screening exclusions."""
         if outer_round < 0:
             return {}, {}
-        sealed = self.ctx.archive.sealed(outer_round)
+        sealed = self.inputs.contributions(outer_round)
         if sealed is None:
             raise NodeError(f"round {outer_round} is not sealed here; its contributions are needed for the rerun")
         previous: dict[int, list[bytes]] = {}
         index: dict[bytes, tuple[int, int]] = {}
-        for c in sealed:
-            payload = decode_envelope(self.ctx.archive.get(outer_round, c.envelope_hash),
-                                      self.ctx.cfg.p2p.max_blob_bytes).payload
+        for c in sealed:  # every stage's (a split node fetches those of the stages it does not hold)
+            payload = self.inputs.envelope(outer_round, c).payload
             stage_list = previous.setdefault(c.stage, [])
             index[c.envelope_hash] = (c.stage, len(stage_list))
             stage_list.append(msg.decode_contribution_body(payload).blob)
@@ -372,10 +417,22 @@ class SpotChecker:
     # -- accusing -----------------------------------------------------------------------
     def _accuse(self, outer_round: int, replica: int, result: SpotCheckResult,
                 next_envs: list[Envelope] = ()) -> None:
-        """Evidence, ``accuse`` on chain, gossip, our guilty verdict. ``next_envs``: a broken chain's
-        round t+1 envelopes, which follow round t's in the evidence."""
+        """Evidence, ``accuse`` on chain, gossip, our guilty verdict, against each signer of a stage whose
+        claim fails (one member on a whole replica; on a split cluster the stage holders answer each for its
+        own stage). ``next_envs``: a broken chain's round t+1 envelopes, which follow round t's in the
+        evidence; their signers are the ones a broken chain accuses."""
         envs = self._envelopes_of(outer_round, replica)
-        accused_peer = envs[0].sender_peer_id
+        blamed = list(next_envs) or envs
+        if len({e.sender_peer_id for e in blamed}) > 1 and not result.failed_stages:
+            logger.warning("round %d: replica %d failed its spot check (%s) in no single stage's claim: on a split "
+                           "cluster that names no member, nobody is accused", outer_round, replica, result.reason)
+            return
+        stages = result.failed_stages or range(len(blamed))
+        for accused_peer in sorted({blamed[stage].sender_peer_id for stage in stages}):
+            self._accuse_member(outer_round, replica, result, envs, list(next_envs), accused_peer)
+
+    def _accuse_member(self, outer_round: int, replica: int, result: SpotCheckResult, envs: list[Envelope],
+                       next_envs: list[Envelope], accused_peer: str) -> None:
         account = self._account_of(accused_peer)
         if account is None:
             logger.warning("round %d: replica %d (%s) failed its spot check but its account is unknown here",
@@ -478,15 +535,31 @@ class SpotChecker:
         result = self._check(outer_round, accusation.replica)
         if result is None:
             return  # could not rerun: sign nothing either way
-        guilty = not result.honest
+        envs = [decode_envelope(e, self.ctx.cfg.p2p.max_blob_bytes) for e in ours]
+        guilty = False if result.honest else self._blames(envs, result.failed_stages, accusation.accused)
         if next_envs and result.honest:
             if result.next_state_hashes is None:
                 return  # not a bit-exact rerun here: the chain cannot be judged, sign nothing
-            holds, _reason, _parts = self._chain_holds(outer_round, accusation.replica, result, next_envs)
+            holds, _reason, _parts, broken = self._chain_holds(outer_round, accusation.replica, result, next_envs)
             if holds is None:
                 return
-            guilty = not holds
+            guilty = False if holds else self._blames(next_envs, broken, accusation.accused)
+        if guilty is None:
+            return  # the failure names no single stage's signer here, or the chain did not answer: sign nothing
         self._sign_verdict(outer_round, accusation.accused, accusation.evidence_hash, guilty, who)
+
+    def _blames(self, envs: list[Envelope], failed_stages: tuple[int, ...], account: bytes) -> bool | None:
+        """Whether ``account`` signed one of the failing stages' envelopes (its seat binds the envelope's key);
+        None if that cannot be told (a split replica's failure in no single stage, or the chain unread).
+        An accusation names one member: a failure in a partner's stage is not this member's."""
+        if len({e.sender_peer_id for e in envs}) > 1 and not failed_stages:
+            return None
+        try:
+            return any(self.ctx.chain.seat(self.ctx.run_id, account, envs[stage].sender, current=False) is not None
+                       for stage in failed_stages or range(len(envs)))
+        except LedgerError as exc:
+            logger.warning("seat of 0x%s not read from the chain: %s", account.hex(), exc)
+            return None
 
     # -- accusations seen on chain ------------------------------------------------------
     def _watch_chain(self) -> None:
@@ -532,7 +605,8 @@ class SpotChecker:
         try:
             env = decode_envelope(data, msg.MAX_EVIDENCE_PAYLOAD + 4096)
             evidence = msg.decode_payload(msg.EVIDENCE, env.payload)
-            accused_peer = decode_envelope(evidence.contributions[0], self.ctx.cfg.p2p.max_blob_bytes).sender_peer_id
+            envs = [decode_envelope(c, self.ctx.cfg.p2p.max_blob_bytes) for c in evidence.contributions]
+            accused_peer = self._signer_among(envs, accused)
         except (EnvelopeRejected, msg.ProtocolError, IndexError) as exc:
             logger.warning("accusation of %s on chain: malformed evidence: %s; not guilty", record.accused, exc)
             self._sign_verdict(None, accused, record.evidence_hash, False, record.accused)
@@ -548,6 +622,18 @@ class SpotChecker:
         with self._lock:
             self._accusations[record.evidence_hash] = (env.round, accusation)
         self._confirm(env.round, env.sender_peer_id, accusation)
+
+    def _signer_among(self, envs: list[Envelope], account: bytes) -> str:
+        """The peer id of the envelope signer whose seat is ``account``'s (a split replica's envelopes have
+        several signers); the first envelope's signer if none is known to be (or the chain does not answer)."""
+        for env in envs:
+            try:
+                if self.ctx.chain.seat(self.ctx.run_id, account, env.sender, current=False) is not None:
+                    return env.sender_peer_id
+            except LedgerError as exc:
+                logger.debug("seat of 0x%s not read from the chain: %s", account.hex(), exc)
+                break
+        return envs[0].sender_peer_id
 
     def _peer_of(self, account: bytes) -> str | None:
         """The peer id of the live member whose hello names ``account``, if any."""

@@ -7,6 +7,9 @@ Layout under ``<data_dir>/archive/run-<run_id>/``::
         <envelope sha256 hex>.env   one signed contribution envelope, byte for byte
         round.json                  {"round": 3, "contributions": [[stage, replica, peer_id, hash], ...]}
                                     in canonical aggregation order (stage, replica, peer id, hash)
+        recorded.json               the round's contributions of every stage and its stage weights hashes,
+                                    as the chain's record binds them (spot checks; a split node seals only
+                                    the stages it holds and fetches the other stages' envelopes by hash)
 
 The archive is what lets an auditor re-derive every round: the contributions
 root on chain is the Merkle root of the envelope hashes in canonical order,
@@ -30,6 +33,7 @@ from node.fsutil import atomic_write_bytes, atomic_write_json
 
 logger = logging.getLogger(__name__)
 
+RECORDED_FILE = "recorded.json"
 TRASH_PREFIX = ".pruned-"  # a round directory being removed; not a round any more (rounds() skips it)
 
 
@@ -138,6 +142,35 @@ class Archive:
         except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
             # OverflowError: int() of an infinite JSON number; RecursionError: deeply nested JSON.
             raise StateError(f"archive manifest {path} is corrupt: {type(exc).__name__}: {exc}"[:300]) from None
+
+    def record_round(self, round_index: int, contributions: list[ArchivedContribution],
+                     stage_hashes: list[bytes]) -> None:
+        """Keep the contributions of every stage of a sealed round and its stage weights hashes, as the
+        chain's record binds them (node.live.spotinputs checks both against the record's roots first)."""
+        if not self.sealed_path(round_index).exists():
+            raise StateError(f"round {round_index} is not sealed here: its record is not kept")
+        atomic_write_json(self._round_dir(round_index) / RECORDED_FILE, {
+            "round": round_index,
+            "contributions": [[c.stage, c.replica, c.peer_id, c.envelope_hash.hex()] for c in contributions],
+            "stage_hashes": [h.hex() for h in stage_hashes],
+        })
+
+    def recorded(self, round_index: int) -> tuple[list[ArchivedContribution], list[bytes]] | None:
+        """(contributions of every stage, stage weights hashes) kept by :meth:`record_round`, or None."""
+        path = self._round_dir(round_index) / RECORDED_FILE
+        if not path.exists():
+            return None
+        try:
+            doc = json.loads(path.read_text())
+            entries = [ArchivedContribution(int(s), int(r), str(p), bytes.fromhex(h))
+                       for s, r, p, h in doc["contributions"]]
+            hashes = [bytes.fromhex(h) for h in doc["stage_hashes"]]
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
+            raise StateError(f"archive record {path} is corrupt: {type(exc).__name__}: {exc}"[:300]) from None
+        if int(doc.get("round", -1)) != round_index or any(len(h) != 32 for h in
+                                                            [*hashes, *(c.envelope_hash for c in entries)]):
+            raise StateError(f"archive record {path} is not round {round_index}'s or holds malformed hashes")
+        return entries, hashes
 
     def excluded(self, round_index: int) -> list[list]:
         """The sealed round's exclusions, ``[stage, replica, peer id, envelope hash hex, reason, detail]``."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from node import protocol as msg
@@ -179,25 +180,29 @@ class ReexecAuditor:
         distance = max(result.distances.values()) if result.distances else None
         return result, result.reason, distance
 
-    def chain_broken(self, round_index: int, result, next_envs) -> tuple[bool | None, str]:
+    def chain_broken(self, round_index: int, result, next_envs) -> tuple[bool | None, str, tuple[int, ...]]:
         """Whether round t+1's envelopes bind a start state that follows neither from the exact rerun
-        ``result`` of round t nor from the record (None: cannot tell from these archives)."""
+        ``result`` of round t nor from the record (None: cannot tell from these archives), why, and the
+        stages whose state does not follow (judged stage by stage, as a split replica's stages are signed
+        by different members)."""
         from training.reexec import EXACT, check_state_chain, restart_state_reason
 
         if result.next_state_hashes is None:
-            return None, f"the rerun of round {round_index} is not bit-exact here, so the chain cannot be judged"
+            return None, f"the rerun of round {round_index} is not bit-exact here, so the chain cannot be judged", ()
         claimed = [msg.decode_contribution_body(e.payload).state_hash for e in next_envs]
         if check_state_chain(result.next_state_hashes, claimed) == EXACT:
-            return False, f"round {round_index + 1} starts where the rerun of round {round_index} ends"
-        parts = [self.archives.blob(h.hex()) for h in claimed]
-        if any(p is None for p in parts):
-            return None, f"round {round_index + 1}'s start state is not in the archives' blob stores"
+            return False, f"round {round_index + 1} starts where the rerun of round {round_index} ends", ()
+        differing = [stage for stage, h in enumerate(claimed) if h != result.next_state_hashes[stage]]
+        parts = {stage: self.archives.blob(claimed[stage].hex()) for stage in differing}
+        if any(p is None for p in parts.values()):
+            return None, f"round {round_index + 1}'s start state is not in the archives' blob stores", ()
         # Structure only: the auditor has no per-stage weights hashes at hand here (nodes check the
         # global weights against their own hashes of the record).
-        why = restart_state_reason(parts, claimed)
-        if why is None:
-            return False, f"round {round_index + 1} starts from the record (a restart)"
-        return True, why
+        reasons = {stage: restart_state_reason([part], [claimed[stage]]) for stage, part in parts.items()}
+        broken = tuple(stage for stage, why in reasons.items() if why is not None)
+        if not broken:
+            return False, f"round {round_index + 1} starts from the record (a restart)", ()
+        return True, "; ".join(reasons[stage] for stage in broken), broken
 
 
 
@@ -242,14 +247,21 @@ def reexec_checks(report, history, replayer, archives, count: int) -> None:
             env = decode_envelope(data, _MAX_BLOB)
             evidence = msg.decode_payload(msg.EVIDENCE, env.payload)
             envs = [decode_envelope(c, _MAX_BLOB) for c in evidence.contributions]
-            if "0x" + evidence.accused.hex() != accusation.accused.lower() or env.kind != msg.EVIDENCE or any(
-                    account_of.get(e.sender_peer_id, "").lower() != accusation.accused.lower() for e in envs):
-                raise ValueError("the evidence does not name contributions signed by the accused")
+            # A split replica's stages are signed by different members: the accused must have signed one.
+            signed = [account_of.get(e.sender_peer_id, "").lower() == accusation.accused.lower() for e in envs]
+            if "0x" + evidence.accused.hex() != accusation.accused.lower() or env.kind != msg.EVIDENCE or not any(
+                    signed) or len({e.replica for e in envs}) != 1 or envs[0].replica != evidence.replica:
+                raise ValueError("the evidence does not name contributions of one replica signed by the accused")
             envs, next_envs = split_chain_evidence(envs, auditor.cfg.pipeline.num_stages, env.round)
             result, reason, _distance = auditor.check(env.round, evidence.replica, envs)
             broken = None
             if result is not None and result.honest and next_envs:
-                broken, reason = auditor.chain_broken(env.round, result, next_envs)
+                broken, reason, stages = auditor.chain_broken(env.round, result, next_envs)
+                broken = broken and _blames(next_envs, stages, accusation.accused, account_of)
+            elif result is not None and not result.honest and not _blames(envs, result.failed_stages,
+                                                                          accusation.accused, account_of):
+                # The replica's rerun fails in a stage the accused did not sign: its own stages reproduce.
+                result = replace(result, verdict="exact", reason=f"the accused's stages reproduce; {result.reason}")
         except (*DLX_ERRORS, EnvelopeRejected, ValueError, OSError) as exc:
             report.general.append(Check(name, FAIL, f"evidence does not hold: {exc}"))
             continue
@@ -265,6 +277,12 @@ def reexec_checks(report, history, replayer, archives, count: int) -> None:
                                         f"the contribution of round {env.round} "
                                         + ("reproduces: an honest member was ejected" if result.honest
                                            else f"does not reproduce ({reason})"), env.round))
+
+
+def _blames(envs: list, failed_stages, accused: str, account_of: dict[str, str]) -> bool:
+    """Whether the accused signed one of the failing stages (every stage if the failure names none)."""
+    return any(account_of.get(envs[stage].sender_peer_id, "").lower() == accused.lower()
+               for stage in (failed_stages or range(len(envs))))
 
 
 def split_chain_evidence(envs: list, stages: int, round_index: int) -> tuple[list, list]:
