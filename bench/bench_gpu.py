@@ -169,6 +169,12 @@ def calibrate(args: argparse.Namespace) -> dict:
                                          "seconds": seconds})
                             print(f"  round {record.outer_round} {role:<6} rerun {kind:<9} on {device} "
                                   f"{threads}t {swapped or precision}: {distance:.3g}", flush=True)
+    return {"args": vars(args), "model_params": sum(math.prod(s) for s in _shapes(model)),
+            "summary": summarize_calibration(rows), "rows": rows}
+
+
+def summarize_calibration(rows: list[dict]) -> dict:
+    """Per precision: the largest honest distance of each kind of rerun, the cheats', and the tolerance rule."""
     summary = {}
     for precision in PRECISIONS:
         mine = [r for r in rows if r["precision"] == precision]
@@ -178,16 +184,24 @@ def calibrate(args: argparse.Namespace) -> dict:
             return max(values) if values else None
 
         cheats = [r["distance"] for r in mine if r["role"] == "cheat"]
+        honest_cross = [v for v in (worst("honest", ("threads",)), worst("honest", ("device",))) if v is not None]
+        # The rule docs/GPU.md states: 3x the largest honest cross-platform distance seen, which must stay
+        # below the smallest cheat distance for the tolerance to separate them.
+        suggested = 3 * max(honest_cross) if honest_cross else None
         summary[precision] = {
             "same_platform_max": worst("honest", ("same",)),
             "other_threads_max": worst("honest", ("threads",)),
             "other_device_max": worst("honest", ("device",)),
             "other_precision_max": worst("honest", ("precision",)),
             "cheat_min": min(cheats) if cheats else None,
+            "cheats_below_tolerance": sum(1 for d in cheats if d <= CROSS_PLATFORM_TOLERANCE[precision]),
+            "cheats": len(cheats),
             "tolerance_in_force": CROSS_PLATFORM_TOLERANCE[precision],
+            "suggested_tolerance": suggested,
+            "suggested_separates": None if suggested is None or not cheats else suggested < min(cheats),
+            "measured_devices": sorted({r["rerun_device"] for r in mine} | {r["claimant_device"] for r in mine}),
         }
-    return {"args": vars(args), "model_params": sum(math.prod(s) for s in _shapes(model)), "summary": summary,
-            "rows": rows}
+    return summary
 
 
 def _shapes(model: ModelConfig):
