@@ -335,7 +335,8 @@ class StageEngine:
 
     ``params`` are the live parameters of the stage module (updated in place by
     the inner optimizer); the engine reads them to form pseudo-gradients and
-    writes them when a round is applied. It keeps the global weights, the outer
+    writes them when a round is applied. They may live on a GPU; everything the
+    engine keeps and computes is float32 on the CPU (:func:`host_float32`, docs/GPU.md). It keeps the global weights, the outer
     momentum, the error-feedback residuals and the local snapshots the delay
     correction needs. Call order per round t (module docstring)::
 

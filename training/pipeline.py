@@ -17,10 +17,15 @@ arXiv 2311.08105 Algorithm 1, here per stage as in DiLoCoX arXiv 2506.21263):
 
 :class:`LocalReplicaTrainer` chains the :class:`~training.stages.StageModule`
 objects in one process. :class:`PipelineStageTrainer` runs one stage per
-process on a real ``torch.distributed.pipelining`` pipeline (gloo on CPU,
+process on a real ``torch.distributed.pipelining`` pipeline (gloo on CPU, NCCL
+for the activations of stages on CUDA GPUs: :func:`pipeline_backend`,
 ``ScheduleGPipe`` with ``micro_batches`` micro-batches; gradients are the mean
 over micro-batches, which equals the full-batch mean because micro-batches have
 equal size). Results agree up to float summation order (observed: ~1e-6 after a few steps).
+
+Both run on ``training.device`` in ``training.precision`` (:mod:`training.platform`,
+docs/GPU.md): float32 master weights and AdamW state on the device, the forward pass
+in bfloat16 autocast with "bf16". Gradient norms and losses come back to the host.
 
 Dropout draws random numbers in a different order in the two runners: the
 equivalence holds for ``dropout = 0`` (the default).
