@@ -111,16 +111,19 @@ def set_deterministic(device: torch.device) -> None:
     """Deterministic kernels where torch offers them, on a CUDA device (process-wide settings).
 
     cuBLAS workspace config (only effective before cuBLAS starts: :func:`prepare_platform`
-    runs before the first model is built), ``torch.use_deterministic_algorithms(True,
-    warn_only=True)`` (an op without a deterministic kernel warns instead of failing),
+    runs before the first model is built), ``torch.use_deterministic_algorithms(True)``,
     cuDNN deterministic and not benchmarking, and no TF32: "fp32" means float32 products.
+    Not ``warn_only``: with it, torch keeps the non-deterministic kernel of an op that has
+    both (memory-efficient attention, which float32 attention uses on CUDA) and only warns,
+    and a same-platform rerun, which must be bit-exact, would then accuse an honest member.
+    An op with no deterministic CUDA kernel at all raises instead, naming the op.
     On the CPU nothing changes: torch's CPU kernels used here are deterministic for a fixed
     thread count, which the start state records, and float32 CPU runs keep their bits.
     """
     if device.type != "cuda":
         return
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.backends.cuda.matmul.allow_tf32 = False
