@@ -233,3 +233,31 @@ def test_tolerances_sit_below_the_smallest_cheat_measured():
     """The 1%-perturbation cheat (bench/results/reexec.json) lies at 4.9e-2 and more: both tolerances are below."""
     assert set(CROSS_PLATFORM_TOLERANCE) == {"fp32", "bf16"}
     assert all(0 < tolerance < 4.9e-2 for tolerance in CROSS_PLATFORM_TOLERANCE.values())
+
+
+# ----------------------------------------------------------------------------- the node's path
+
+
+def test_preparing_the_cpu_changes_no_process_flag():
+    """float32 CPU runs keep their bits: on the CPU the platform set-up touches no torch setting."""
+    from training.platform import prepare_platform
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              torch.backends.cuda.matmul.allow_tf32, torch.get_num_threads())
+    platform = prepare_platform("cpu", "fp32")
+    assert platform.device == torch.device("cpu") and platform.precision == "fp32"
+    assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+            torch.backends.cuda.matmul.allow_tf32, torch.get_num_threads()) == before
+
+
+def test_round_meta_records_the_platform_the_trainer_was_built_for():
+    """What a live node records (node.live.replica calls round_meta without a platform)."""
+    from training.config import DilocoConfig, ModelConfig
+    from training.pipeline import LocalReplicaTrainer
+    from training.reexec import round_meta
+
+    model = ModelConfig(preset="llama-tiny")
+    for precision in ("bf16", "fp32"):
+        LocalReplicaTrainer(model, TrainingConfig(device="cpu", precision=precision), 1)
+        meta = round_meta(0, 0, model, DilocoConfig(inner_steps=2), run_rounds=1, num_stages=1)
+        assert meta.platform == fingerprint(torch.device("cpu"), precision)
