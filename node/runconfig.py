@@ -35,7 +35,7 @@ def file_sha256(path: str | Path) -> str:
 
 def run_document(cfg: NodeConfig) -> dict[str, Any]:
     """The settings every replica of a run must share, as plain data."""
-    training = dataclasses.asdict(cfg.training)
+    training = cfg.training.document()  # without the node's device and precision
     data_path = training.pop("data_path")
     training["data_sha256"] = data_reference(cfg, data_path)
     return {

@@ -73,6 +73,32 @@ def _float_or_auto(value: float | str, where: str) -> float | str:
     return float(value)
 
 
+PRECISIONS = ("fp32", "bf16")
+
+
+def check_device_spec(spec: str, where: str = "training.device") -> str:
+    """``spec`` normalised (``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"``), else a config error.
+
+    Only the syntax: whether this machine has the device is ``training.platform.resolve_device``'s question.
+    """
+    if not isinstance(spec, str):
+        raise TrainingConfigError(f"{where}={spec!r}: must be a string")
+    text = spec.strip().lower()
+    if text in (AUTO, "cpu", "cuda"):
+        return text
+    kind, _, index = text.partition(":")
+    if kind == "cuda" and index.isdigit() and len(index) <= 3:
+        return f"cuda:{int(index)}"
+    raise TrainingConfigError(f"{where}={spec!r}: must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\" (N a GPU index)")
+
+
+def check_precision(precision: str, where: str = "training.precision") -> str:
+    """``precision`` if it is one of :data:`PRECISIONS`, else a config error."""
+    _require(precision in PRECISIONS, f"{where}={precision!r}: must be one of {list(PRECISIONS)} "
+                                      "(bf16: bfloat16 autocast, float32 master weights and optimizer state)")
+    return precision
+
+
 FAMILIES = ("gpt2", "llama")
 BYTES_TOKENIZER = "bytes"
 
@@ -258,6 +284,12 @@ class TrainingConfig:
     lr_decay_steps: int = 0
     eval_fraction: float = 0.1  # tail of the corpus held out for evaluation
     eval_batches: int = 4
+    # Where and in which precision this node's inner steps run (training/platform.py, docs/GPU.md):
+    # node settings, not run settings (NODE_ONLY_TRAINING: not in the run document, so members of
+    # one run may train on different hardware). "auto": the first CUDA GPU if there is one, else
+    # the CPU. "bf16": bfloat16 autocast, float32 master weights and AdamW state.
+    device: str = "auto"
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         _require(self.batch_size >= 1, f"training.batch_size={self.batch_size}: must be >= 1")
@@ -277,6 +309,20 @@ class TrainingConfig:
             f"training.eval_fraction={self.eval_fraction}: must be in (0, 0.5)",
         )
         _require(self.eval_batches >= 1, f"training.eval_batches={self.eval_batches}: must be >= 1")
+        self.device = check_device_spec(self.device)
+        check_precision(self.precision)
+
+    def document(self) -> dict:
+        """The settings every replica of a run shares (the run document's [training] table): all but
+        :data:`NODE_ONLY_TRAINING`."""
+        out = dataclasses.asdict(self)
+        for name in NODE_ONLY_TRAINING:
+            del out[name]
+        return out
+
+
+#: [training] settings each node chooses for itself; the run document (and its hash) leaves them out.
+NODE_ONLY_TRAINING = ("device", "precision")
 
 
 DELAY_CORRECTIONS = ("rebase", "lookahead", "eager", "reset")

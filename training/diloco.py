@@ -316,8 +316,18 @@ class RoundResult:
         return sum(report.accepted for report in self.contributions)
 
 
+def host_float32(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as float32 on the CPU (itself if it already is; a copy from a GPU).
+
+    The device boundary of issue 32 (docs/GPU.md): live weights may sit on a GPU, but
+    every pseudo-gradient, snapshot and outer step of the engine is float32 CPU arithmetic.
+    """
+    return tensor.detach().to(device="cpu", dtype=torch.float32)
+
+
 def _clone(weights: Mapping[str, torch.Tensor]) -> Weights:
-    return {name: value.detach().to(torch.float32).clone() for name, value in weights.items()}
+    """float32 CPU copies of ``weights`` (the live params may be on a GPU; see :func:`host_float32`)."""
+    return {name: value.detach().to(device="cpu", dtype=torch.float32, copy=True) for name, value in weights.items()}
 
 
 class StageEngine:
@@ -325,7 +335,8 @@ class StageEngine:
 
     ``params`` are the live parameters of the stage module (updated in place by
     the inner optimizer); the engine reads them to form pseudo-gradients and
-    writes them when a round is applied. It keeps the global weights, the outer
+    writes them when a round is applied. They may live on a GPU; everything the
+    engine keeps and computes is float32 on the CPU (:func:`host_float32`, docs/GPU.md). It keeps the global weights, the outer
     momentum, the error-feedback residuals and the local snapshots the delay
     correction needs. Call order per round t (module docstring)::
 
@@ -534,7 +545,7 @@ class StageEngine:
             )
         if self.delayed and self.diloco_cfg.delay_correction == "reset" and self.last_encoded == outer_round:
             # Resetting now would throw away the progress of round t+1 before it is encoded.
-            if any(not torch.equal(p.detach(), self._round_end[outer_round][n]) for n, p in self.params.items()):
+            if any(not torch.equal(host_float32(p), self._round_end[outer_round][n]) for n, p in self.params.items()):
                 raise RoundOrderError(
                     f"stage {self.stage_index}: delay_correction='reset' needs round {outer_round + 1} "
                     f"encoded before round {outer_round} is applied"
@@ -564,7 +575,7 @@ class StageEngine:
                 self._round_start = _clone(new_global)
             else:
                 for name, param in self.params.items():
-                    progress = torch.sub(param.detach().to(torch.float32), round_end[name])
+                    progress = torch.sub(host_float32(param), round_end[name])
                     param.copy_(torch.add(new_global[name], progress))
 
                 def rebase(snapshot: Weights) -> Weights:
@@ -709,7 +720,7 @@ class StageEngine:
         self._others_previous = None  # "eager" falls back to "lookahead" for the next round
         with torch.no_grad():
             for name, param in self.params.items():
-                param.add_(delta[name])
+                param.add_(delta[name].to(param.device))
         return RoundResult(
             outer_round=outer_round,
             weights_hash=result.weights_hash,

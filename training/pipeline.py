@@ -17,10 +17,15 @@ arXiv 2311.08105 Algorithm 1, here per stage as in DiLoCoX arXiv 2506.21263):
 
 :class:`LocalReplicaTrainer` chains the :class:`~training.stages.StageModule`
 objects in one process. :class:`PipelineStageTrainer` runs one stage per
-process on a real ``torch.distributed.pipelining`` pipeline (gloo on CPU,
+process on a real ``torch.distributed.pipelining`` pipeline (gloo on CPU, NCCL
+for the activations of stages on CUDA GPUs: :func:`pipeline_backend`,
 ``ScheduleGPipe`` with ``micro_batches`` micro-batches; gradients are the mean
 over micro-batches, which equals the full-batch mean because micro-batches have
 equal size). Results agree up to float summation order (observed: ~1e-6 after a few steps).
+
+Both run on ``training.device`` in ``training.precision`` (:mod:`training.platform`,
+docs/GPU.md): float32 master weights and AdamW state on the device, the forward pass
+in bfloat16 autocast with "bf16". Gradient norms and losses come back to the host.
 
 Dropout draws random numbers in a different order in the two runners: the
 equivalence holds for ``dropout = 0`` (the default).
@@ -42,6 +47,7 @@ from torch import nn
 from training.config import ModelConfig, TrainingConfig
 from training.errors import PipelineError
 from training.model import init_state_dict, lm_loss
+from training.platform import Platform, prepare_platform
 from training.stages import StageModule, StageSpec, merge_state_dicts, split_stages, split_state_dict
 
 logger = logging.getLogger(__name__)
@@ -63,12 +69,17 @@ def make_inner_optimizer(module: nn.Module, training_cfg: TrainingConfig) -> tor
 
 
 def grad_sq_norm(module: nn.Module) -> torch.Tensor:
-    """Sum of squared gradient entries of ``module`` (float64 scalar; missing grads count 0)."""
-    total = torch.zeros((), dtype=torch.float64)
+    """Sum of squared gradient entries of ``module`` (a float64 scalar on the CPU; missing grads count 0).
+
+    Summed on the parameters' device in parameter order, then brought to the host: on the CPU
+    exactly the arithmetic it always was.
+    """
+    first = next(module.parameters(), None)
+    total = torch.zeros((), dtype=torch.float64, device=first.device if first is not None else "cpu")
     for param in module.parameters():
         if param.grad is not None:
             total += param.grad.detach().double().pow(2).sum()
-    return total
+    return total.cpu()
 
 
 def clip_coefficient(total_sq_norm: torch.Tensor, grad_clip: float) -> float:
@@ -92,7 +103,9 @@ class LocalReplicaTrainer:
     """All stages of one replica chained in this process, one AdamW per stage.
 
     Weights start as ``state_dict`` (a full-model state dict) or
-    ``init_state_dict(model_cfg, training_cfg.seed)``.
+    ``init_state_dict(model_cfg, training_cfg.seed)``. The stages live on
+    ``training_cfg.device`` as float32 master weights; the forward pass runs in
+    ``training_cfg.precision`` (bf16: autocast). Batches may come on any device.
     """
 
     def __init__(
@@ -104,28 +117,35 @@ class LocalReplicaTrainer:
     ) -> None:
         self.model_cfg = model_cfg
         self.training_cfg = training_cfg
+        self.platform: Platform = prepare_platform(training_cfg.device, training_cfg.precision)
+        self.device = self.platform.device
         self.specs: list[StageSpec] = split_stages(model_cfg.n_layer, num_stages)
         full = state_dict if state_dict is not None else init_state_dict(model_cfg, training_cfg.seed)
         self.stage_modules: list[StageModule] = []
         for spec, part in zip(self.specs, split_state_dict(full, self.specs, model_cfg)):
             module = StageModule(model_cfg, spec, seed=None)
             module.load_state_dict(part)
-            self.stage_modules.append(module)
+            self.stage_modules.append(module.to(self.device))
         self.optimizers = [make_inner_optimizer(m, training_cfg) for m in self.stage_modules]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits of token ids ``x`` through every stage."""
-        hidden = x
+        """Logits of token ids ``x`` through every stage (call inside :meth:`Platform.autocast`)."""
+        hidden = x.to(self.device)
         for module in self.stage_modules:
             hidden = module(hidden)
         return hidden
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of batch ``(x, y)``, the forward pass in the node's precision."""
+        with self.platform.autocast():
+            return lm_loss(self.forward(x), y.to(self.device))
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """One inner step on batch ``(x, y)``; returns the batch loss before the update."""
         for module, optimizer in zip(self.stage_modules, self.optimizers):
             module.train()
             optimizer.zero_grad(set_to_none=True)
-        loss = lm_loss(self.forward(x), y)
+        loss = self.loss(x, y)
         loss.backward()
         # Summed stage by stage, exactly as the all-reduce of the pipeline runner does.
         total = torch.zeros((), dtype=torch.float64)
@@ -144,7 +164,7 @@ class LocalReplicaTrainer:
             module.eval()
         total = 0.0
         for x, y in batches:
-            total += float(lm_loss(self.forward(x), y))
+            total += float(self.loss(x, y))
         for module in self.stage_modules:
             module.train()
         return total / len(batches)
@@ -153,11 +173,11 @@ class LocalReplicaTrainer:
         """A frozen copy of the current weights whose :meth:`EvalSnapshot.eval_loss` equals
         :meth:`eval_loss` now, bit for bit, whatever training does meanwhile (it may run on
         another thread; the copy is its own)."""
-        return EvalSnapshot(self.model_cfg, self.stage_modules)
+        return EvalSnapshot(self.model_cfg, self.stage_modules, self.platform)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The full model's weights (merged stage state dicts, canonical order)."""
-        return merge_state_dicts([m.state_dict() for m in self.stage_modules])
+        """The full model's weights (merged stage state dicts, canonical order), on the CPU."""
+        return merge_state_dicts([{n: t.cpu() for n, t in m.state_dict().items()} for m in self.stage_modules])
 
     def load_state_dict(self, full_state_dict: dict[str, torch.Tensor]) -> None:
         """Replace the weights of every stage (optimizer state is kept)."""
@@ -169,10 +189,11 @@ class LocalReplicaTrainer:
 class EvalSnapshot:
     """Copies of a chained replica's stage modules for a held-out eval off the training thread."""
 
-    def __init__(self, model_cfg: ModelConfig, modules: list[nn.Module]) -> None:
+    def __init__(self, model_cfg: ModelConfig, modules: list[nn.Module], platform: Platform) -> None:
+        self.platform = platform
         self.stage_modules = []
         for module in modules:
-            copy = StageModule(model_cfg, module.spec, seed=None)
+            copy = StageModule(model_cfg, module.spec, seed=None).to(platform.device)
             copy.load_state_dict(module.state_dict())  # copies every tensor: training may go on
             copy.eval()
             self.stage_modules.append(copy)
@@ -181,11 +202,13 @@ class EvalSnapshot:
     def eval_loss(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
         """:meth:`LocalReplicaTrainer.eval_loss` of the weights at the snapshot (same operations)."""
         total = 0.0
+        device = self.platform.device
         for x, y in batches:
-            hidden = x
-            for module in self.stage_modules:
-                hidden = module(hidden)
-            total += float(lm_loss(hidden, y))
+            with self.platform.autocast():
+                hidden = x.to(device)
+                for module in self.stage_modules:
+                    hidden = module(hidden)
+                total += float(lm_loss(hidden, y.to(device)))
         return total / len(batches)
 
 
@@ -233,10 +256,18 @@ def _formation_store(rank: int, world_size: int, host: str, port: int, timeout: 
     return dist.PrefixStore(f"formation/{formation}/", server)
 
 
+def pipeline_backend() -> str:
+    """The torch.distributed backend of a cluster's pipeline: gloo for CPU tensors, and NCCL for
+    CUDA tensors where torch has CUDA (``"cpu:gloo,cuda:nccl"``: activations of stages on GPUs go
+    over NCCL, the loss and gradient-norm scalars, kept on the host, over gloo)."""
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+
+
 def init_pipeline_group(
-    rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float = 60.0
+    rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float = 60.0,
+    backend: str | None = None,
 ) -> dist.ProcessGroup:
-    """Join (rank 0: host) the gloo process group of one replica's pipeline.
+    """Join (rank 0: host) the process group of one replica's pipeline (``backend``: :func:`pipeline_backend`).
 
     Rendezvous over TCP at ``master_addr:master_port``; the rendezvous and every
     later collective or point-to-point operation fail after ``timeout_s``.
@@ -253,7 +284,8 @@ def init_pipeline_group(
     timeout = timedelta(seconds=timeout_s)
     try:
         store = _formation_store(rank, world_size, master_addr, int(master_port), timeout)
-        dist.init_process_group(backend="gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
+        dist.init_process_group(backend=backend or pipeline_backend(), store=store, rank=rank,
+                                world_size=world_size, timeout=timeout)
     except PipelineError as exc:
         raise PipelineError(
             f"rank {rank}/{world_size}: pipeline rendezvous at {master_addr}:{master_port} failed: {exc}"
@@ -308,11 +340,14 @@ class PipelineStageTrainer:
         self.micro_batches = micro_batches
         self.training_cfg = training_cfg
         self.group = group if group is not None else dist.group.WORLD
+        self.platform: Platform = prepare_platform(training_cfg.device, training_cfg.precision)
+        self.device = self.platform.device
         self.module = StageModule(cfg, spec, seed=None)
         if state_dict is None:
             full = init_state_dict(cfg, training_cfg.seed)
             state_dict = {name: full[name] for name in self.module.state_dict()}
         self.module.load_state_dict(state_dict)
+        self.module.to(self.device)
         self.optimizer = make_inner_optimizer(self.module, training_cfg)
         self._schedule = None
         self._schedule_shape: tuple[int, ...] | None = None
@@ -325,7 +360,7 @@ class PipelineStageTrainer:
             from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
             stage = PipelineStage(
-                self.module, self.spec.index, self.spec.num_stages, torch.device("cpu"), group=self.group
+                self.module, self.spec.index, self.spec.num_stages, self.device, group=self.group
             )
             self._schedule = ScheduleGPipe(stage, n_microbatches=self.micro_batches, loss_fn=lm_loss)
             self._schedule_shape = shape
@@ -342,19 +377,22 @@ class PipelineStageTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         schedule = self._schedule_for(tuple(x.shape))
         losses: list[torch.Tensor] = []
+        x, y = x.to(self.device), y.to(self.device)
         try:
-            if self.spec.is_first and self.spec.is_last:
-                schedule.step(x, target=y, losses=losses)
-            elif self.spec.is_first:
-                schedule.step(x)
-            elif self.spec.is_last:
-                schedule.step(target=y, losses=losses)
-            else:
-                schedule.step()
+            with self.platform.autocast():
+                if self.spec.is_first and self.spec.is_last:
+                    schedule.step(x, target=y, losses=losses)
+                elif self.spec.is_first:
+                    schedule.step(x)
+                elif self.spec.is_last:
+                    schedule.step(target=y, losses=losses)
+                else:
+                    schedule.step()
             loss = torch.zeros((), dtype=torch.float64)
             if self.spec.is_last:
-                # Equal-size micro-batches: the mean of their means is the batch mean.
-                loss = torch.stack([l.detach().double() for l in losses]).mean()
+                # Equal-size micro-batches: the mean of their means is the batch mean. On the
+                # host: scalars travel over gloo whatever the device.
+                loss = torch.stack([l.detach().double() for l in losses]).mean().cpu()
             dist.broadcast(loss, group_src=self.world_size - 1, group=self.group)
             total = grad_sq_norm(self.module)
             dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.group)
@@ -374,15 +412,17 @@ class PipelineStageTrainer:
         total = torch.zeros((), dtype=torch.float64)
         try:
             for x, y in batches:
-                if self.spec.is_first:
-                    hidden = self.module(x)
-                else:
-                    hidden = torch.empty(x.size(0), x.size(1), self.cfg.n_embd)
-                    dist.recv(hidden, group_src=self.rank - 1, group=self.group)
-                    hidden = self.module(hidden)
-                if self.spec.is_last:
-                    total += float(lm_loss(hidden, y))
-                else:
+                with self.platform.autocast():
+                    if self.spec.is_first:
+                        hidden = self.module(x.to(self.device))
+                    else:
+                        # float32 activations between stages: a block's output is its float32 residual stream.
+                        hidden = torch.empty(x.size(0), x.size(1), self.cfg.n_embd, device=self.device)
+                        dist.recv(hidden, group_src=self.rank - 1, group=self.group)
+                        hidden = self.module(hidden)
+                    if self.spec.is_last:
+                        total += float(lm_loss(hidden, y.to(self.device)))
+                if not self.spec.is_last:
                     dist.send(hidden.contiguous(), group_dst=self.rank + 1, group=self.group)
             dist.broadcast(total, group_src=self.world_size - 1, group=self.group)
         except Exception as exc:
@@ -392,8 +432,8 @@ class PipelineStageTrainer:
         return float(total) / len(batches)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """This stage's weights under their full-model names."""
-        return self.module.state_dict()
+        """This stage's weights under their full-model names, on the CPU."""
+        return {name: tensor.cpu() for name, tensor in self.module.state_dict().items()}
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Replace this stage's weights (optimizer state is kept)."""

@@ -21,10 +21,13 @@ norms), so the chained rerun is bit-exact with the split one
 (``tests/test_training_reexec.py``).
 
 Bit-exact on the same platform with the same intra-op thread count (the start
-state records it; the rerun uses it). With another thread count the float
-reductions run in another order: the payloads then differ slightly and the
-check falls back to the relative L2 distance of the decoded pseudo-gradients
-against a tolerance measured from honest reruns (docs/DILOCOX.md section 11).
+state records both; the rerun uses the claimant's thread count and precision on
+the verifier's own device), and then demanded: any difference is a mismatch. On
+another platform (another device, GPU model, library version, precision flags) or
+thread count the float reductions run in another order: the payloads then differ
+slightly and the check falls back to the relative L2 distance of the decoded
+pseudo-gradients against a tolerance measured from honest reruns, per precision
+(:func:`training.platform.compare_rerun`; docs/DILOCOX.md section 11, docs/GPU.md).
 
 The rerun also yields the replica's start state of round ``t+1``; its hash
 must equal the one the replica's round ``t+1`` contribution binds (chaining:
@@ -50,8 +53,17 @@ from training.config import CompressionConfig, DilocoConfig, ModelConfig, Traini
 from training.data import Corpus, round_batches
 from training.errors import ContributionDecodeError, ReexecError, ReplicaStateError
 from training.hashing import stage_weights_hash, tensor_le_bytes
-from training.model import lm_loss
 from training.pipeline import LocalReplicaTrainer, clip_coefficient, grad_sq_norm, scale_grads
+from training.platform import (
+    CROSS_PLATFORM_TOLERANCE,
+    EXACT,
+    MISMATCH,
+    RULE_CROSS_PLATFORM,
+    WITHIN_TOLERANCE,
+    PlatformFingerprint,
+    compare_rerun,
+    process_platform,
+)
 from training.replica_state import (
     ReplicaStartState,
     RoundMeta,
@@ -67,18 +79,16 @@ logger = logging.getLogger(__name__)
 DATA_MAGIC = b"dlx-round-data-v1"
 SAMPLE_MAGIC = b"dlx-reexec-sample-v1"
 
-EXACT = "exact"  # payload bytes identical
-WITHIN_TOLERANCE = "within_tolerance"  # decoded pseudo-gradients within the tolerance
-MISMATCH = "mismatch"  # the rerun does not reproduce the contribution
+# EXACT, WITHIN_TOLERANCE, MISMATCH: training.platform's (the rerun's comparison).
 STATE_MISMATCH = "state_mismatch"  # the served state is not the committed one, or not where the chain leads
 DATA_MISMATCH = "data_mismatch"  # the data commitment is not the round's data
 
-# Relative L2 distance accepted between decoded pseudo-gradients when the rerun is not
-# bit-exact (another thread count or platform). Measured on the mini model (H = 20,
-# bench/results/reexec.json): honest reruns on 2 threads of contributions trained on 1
-# reach 3.0e-3 (quantization steps flip); the cheats of the issue start at 4.9e-2
-# (a 1% perturbation of the update norm; docs/DILOCOX.md section 11).
-DEFAULT_TOLERANCE = 1e-2
+# Relative L2 distance accepted between decoded pseudo-gradients of float32 contributions when
+# the rerun is not bit-exact (another thread count or platform). Measured on the mini model
+# (H = 20, bench/results/reexec.json): honest reruns on 2 threads of contributions trained on 1
+# reach 3.0e-3 (quantization steps flip); the cheats of the issue start at 4.9e-2 (a 1%
+# perturbation of the update norm; docs/DILOCOX.md section 11). bf16: CROSS_PLATFORM_TOLERANCE.
+DEFAULT_TOLERANCE = CROSS_PLATFORM_TOLERANCE["fp32"]
 
 
 # ----------------------------------------------------------------------------- what the round reads
@@ -106,19 +116,23 @@ def data_commitment(
 def round_meta(
     outer_round: int, replica: int, model_cfg: ModelConfig, diloco_cfg: DilocoConfig, *, run_rounds: int,
     num_stages: int, micro_batches: int = 0, threads: int | None = None,
+    platform: PlatformFingerprint | None = None,
 ) -> RoundMeta:
     """The :class:`RoundMeta` a node records for ``(replica, outer_round)``.
 
     ``run_rounds``: the run's rounds (0 = open-ended, no lr decay horizon), as
     :meth:`node.live.replica.ReplicaWorker.train_round` uses it; ``micro_batches``:
     the pipeline's count if this replica is split over processes, else 0;
-    ``threads``: default ``torch.get_num_threads()``.
+    ``threads``: default ``torch.get_num_threads()``; ``platform``: default the
+    fingerprint of this process's training platform now (the one its trainer was built
+    for, :func:`training.platform.process_platform`).
     """
     del model_cfg  # the shapes come from the state itself; kept for a stable signature
     return RoundMeta(
         outer_round=outer_round, replica=replica, num_stages=num_stages, inner_steps=diloco_cfg.inner_steps,
         lr_total_steps=run_rounds * diloco_cfg.inner_steps if run_rounds > 0 else 0,
         threads=threads or torch.get_num_threads(), micro_batches=micro_batches,
+        platform=platform if platform is not None else process_platform().fingerprint(),
     )
 
 
@@ -144,7 +158,7 @@ def pipeline_train_step(
         optimizer.zero_grad(set_to_none=True)
     losses = []
     for x_slice, y_slice in zip(x.tensor_split(micro_batches), y.tensor_split(micro_batches)):
-        loss = lm_loss(trainer.forward(x_slice), y_slice)
+        loss = trainer.loss(x_slice, y_slice)
         loss.backward()
         losses.append(float(loss.detach()))
     if micro_batches != 1:
@@ -173,6 +187,7 @@ class Reexecution:
     train_seconds: float
     encode_seconds: float
     threads: int
+    platform: PlatformFingerprint | None = None  # where the rerun's inner steps ran
 
     @property
     def seconds(self) -> float:
@@ -206,6 +221,8 @@ def reexecute(
     the node put its transmitted update back into the residual when it applied
     round t-1, and so does the rerun). ``threads``: intra-op threads for the rerun,
     default the claimant's (``state.meta.threads``), which makes it bit-exact.
+    The inner steps run on ``training_cfg.device`` (the verifier's) in the claimant's
+    precision (``state.meta.platform``; float32 for a state that records none).
     """
     meta = state.meta
     if meta.inner_steps != diloco_cfg.inner_steps:
@@ -215,8 +232,10 @@ def reexecute(
     outer_round, steps = meta.outer_round, meta.inner_steps
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads or meta.threads)
+    precision = meta.platform.precision if meta.platform is not None else "fp32"
     try:
-        trainer, engines = restore_replica(state, model_cfg, training_cfg, diloco_cfg, compression_cfg)
+        trainer, engines = restore_replica(state, model_cfg, replace(training_cfg, precision=precision), diloco_cfg,
+                                           compression_cfg)
         batches = round_batches(corpus, training_cfg.seed, meta.replica, outer_round, steps,
                                 training_cfg.batch_size, model_cfg.block_size)
         horizon = meta.lr_total_steps or None
@@ -263,7 +282,7 @@ def reexecute(
         if applied_previous:
             next_state = capture_replica_state(replace(meta, outer_round=outer_round + 1), trainer, engines)
         return Reexecution(outer_round, meta.replica, payloads, next_state, train_seconds, encode_seconds,
-                           torch.get_num_threads())
+                           torch.get_num_threads(), trainer.platform.fingerprint())
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -294,7 +313,8 @@ def contribution_distance(
 
 
 def verdict(distance: float, tolerance: float) -> str:
-    """:data:`EXACT` (bit-exact), :data:`WITHIN_TOLERANCE` or :data:`MISMATCH`."""
+    """:data:`EXACT` (bit-exact), :data:`WITHIN_TOLERANCE` or :data:`MISMATCH` under a plain tolerance
+    (:func:`training.platform.compare_rerun` is the rule a spot check applies)."""
     if distance == 0.0:
         return EXACT
     return WITHIN_TOLERANCE if distance <= tolerance else MISMATCH
@@ -324,6 +344,7 @@ class SpotCheck:
     # The stages whose own claim fails (a split replica's stages have different signers; empty: honest,
     # or a failure no single stage's claim shows, e.g. states of different rounds).
     failed_stages: tuple[int, ...] = ()
+    rule: str = ""  # training.platform.RULE_*: how the rerun was judged ("" if it never ran)
 
     @property
     def honest(self) -> bool:
@@ -346,7 +367,7 @@ def verify_contribution(
     committed_weights: Mapping[int, Mapping[int, bytes]] | None = None,
     previous_excluded: Mapping[int, Mapping[int, str]] | None = None,
     previous_dropped: Collection[int] = (),
-    tolerance: float = DEFAULT_TOLERANCE,
+    tolerance: float | None = None,
     threads: int | None = None,
 ) -> SpotCheck:
     """Check the contributions of ``(replica, outer_round)`` against a rerun (module docstring).
@@ -358,7 +379,9 @@ def verify_contribution(
     round -> stage -> ``stage_weights_hash`` on the record, round -1 the initial
     weights; a round not in it is not checked), the data commitment is the
     round's data, then the rerun's payloads are compared stage by stage (the
-    worst stage decides).
+    worst stage decides) under :func:`training.platform.compare_rerun`: bit-exact on
+    the claimant's platform, else within ``tolerance`` (default: the calibrated one of
+    the claimant's precision). The verdict's ``rule`` and ``reason`` say which applied.
     """
     def failed(kind: str, reason: str, stages=()) -> SpotCheck:
         logger.info("spot check of replica %d round %d: %s (%s)", replica, outer_round, kind, reason)
@@ -392,6 +415,7 @@ def verify_contribution(
         state = ReplicaStartState(tuple(parts))
     except ReplicaStateError as exc:
         return failed(STATE_MISMATCH, f"served state is malformed: {exc}")
+    meta = state.meta  # the claimant's platform and threads (every stage's part records the same: ReplicaStartState)
     applied = start_global_round(diloco_cfg, outer_round)
     for part in parts:
         committed = (committed_weights or {}).get(applied, {}).get(part.stage_index)
@@ -419,14 +443,21 @@ def verify_contribution(
         for claim in claims
     }
     worst = max(distances.values())
-    outcome = verdict(worst, tolerance)
-    # The next state only chains bit-exactly from a bit-exact rerun (same platform, same threads).
-    next_hashes = None if rerun.next_state is None or outcome != EXACT else rerun.next_state.stage_hashes()
-    reason = f"largest relative distance {worst:.3g} (tolerance {tolerance:.3g})"
+    judged = compare_rerun(meta.platform, rerun.platform, worst, claimed_threads=meta.threads,
+                           rerun_threads=rerun.threads, tolerance=tolerance)
+    outcome = judged.verdict
+    # The next state only chains bit-exactly from a bit-exact rerun on the claimant's platform: payloads
+    # may agree to the bit across platforms while the weights behind them do not.
+    chains = outcome == EXACT and judged.rule != RULE_CROSS_PLATFORM
+    next_hashes = rerun.next_state.stage_hashes() if chains and rerun.next_state is not None else None
     if outcome == MISMATCH:
-        logger.info("spot check of replica %d round %d: mismatch, %s", replica, outer_round, reason)
-    failing = tuple(s for s, d in sorted(distances.items()) if d > tolerance)
-    return SpotCheck(outer_round, replica, outcome, reason, distances, next_hashes, rerun.seconds, failing)
+        logger.info("spot check of replica %d round %d: mismatch, %s", replica, outer_round, judged.reason)
+    # Each stage judged under the same rule as the whole (its own distance): the stages that fail alone.
+    failing = tuple(stage for stage, distance in sorted(distances.items())
+                    if compare_rerun(meta.platform, rerun.platform, distance, claimed_threads=meta.threads,
+                                     rerun_threads=rerun.threads, tolerance=tolerance).verdict == MISMATCH)
+    return SpotCheck(outer_round, replica, outcome, f"{judged.rule}: {judged.reason}", distances, next_hashes,
+                     rerun.seconds, failing, judged.rule)
 
 
 def start_global_round(diloco_cfg: DilocoConfig, outer_round: int) -> int:

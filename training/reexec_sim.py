@@ -25,7 +25,7 @@ import torch
 
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
 from training.data import Corpus, round_batches
-from training.diloco import StageEngine
+from training.diloco import StageEngine, host_float32
 from training.model import init_state_dict
 from training.pipeline import LocalReplicaTrainer
 from training.reexec import ContributionClaim, data_commitment, pipeline_train_step, round_meta
@@ -86,7 +86,8 @@ class SimReplica:
         self.before_capture(outer_round)
         sim = self.sim
         meta = round_meta(outer_round, self.replica, sim.model, sim.diloco, run_rounds=sim.rounds,
-                          num_stages=sim.num_stages, micro_batches=sim.micro_batches)
+                          num_stages=sim.num_stages, micro_batches=sim.micro_batches,
+                          platform=self.trainer.platform.fingerprint())
         return capture_replica_state(meta, self.trainer, self.engines)
 
     def train(self, outer_round: int, first_step: int, end_step: int) -> None:
@@ -150,12 +151,12 @@ class PerturbedReplica(SimReplica):
         generator = torch.Generator().manual_seed(1000 + outer_round)
         for engine in self.engines:
             start = engine.state_dict()["round_start"]
-            update = {n: start[n] - p.detach() for n, p in engine.params.items()}
+            update = {n: start[n] - host_float32(p) for n, p in engine.params.items()}
             noise = {n: torch.randn(u.shape, generator=generator) for n, u in update.items()}
             scale = self.fraction * _norm(update) / _norm(noise)
             with torch.no_grad():
                 for name, param in engine.params.items():
-                    param.sub_(scale * noise[name])
+                    param.sub_((scale * noise[name]).to(param.device))
 
 
 class ForgedStateReplica(SimReplica):

@@ -24,12 +24,19 @@ encode read, for every stage ``s`` of the replica:
   relative error from the last selection (``encoder.estimate/<name>``, float32);
 * the round's position: outer round, replica, stages, H, the inner-lr
   schedule's horizon, the torch intra-op thread count and, for a replica split
-  over several processes, the pipeline's micro-batch count (metadata).
+  over several processes, the pipeline's micro-batch count (metadata);
+* the platform the replica trains on (``platform``, a
+  :class:`training.platform.PlatformFingerprint`: device, precision, library
+  versions, deterministic flags), which decides whether a rerun must be
+  bit-exact (docs/GPU.md).
 
 Byte layout of one stage's part (all integers little-endian)::
 
     b"dlx-replica-state-v1"                20 bytes, domain separation
-    u32 len(meta) || meta                  canonical JSON: sorted keys, no spaces, ASCII
+    u32 len(meta) || meta                  canonical JSON: sorted keys, no spaces, ASCII:
+                                           {"engine", "meta", "stage", "v": 1} without a platform (the
+                                           bytes of every state made before issue 32), or
+                                           {"engine", "meta", "platform", "stage", "v": 2} with one
     u32 number of tensors
     for each tensor, names in ascending order of their UTF-8 bytes:
         the record of training.hashing.stage_weights_hash (name, dtype tag, dims, data)
@@ -60,6 +67,7 @@ from training.config import CompressionConfig, DilocoConfig, ModelConfig, Traini
 from training.diloco import ENGINE_STATE_VERSION, StageEngine
 from training.errors import EngineStateError, ReplicaStateError
 from training.hashing import tensor_le_bytes
+from training.platform import PlatformError, PlatformFingerprint, parse_fingerprint
 from training.pipeline import LocalReplicaTrainer
 from training.stages import merge_state_dicts, split_stages, stage_param_shapes
 
@@ -67,7 +75,8 @@ logger = logging.getLogger(__name__)
 
 STATE_MAGIC = b"dlx-replica-state-v1"
 STATE_ROOT_MAGIC = b"dlx-replica-state-root-v1"
-STATE_VERSION = 1
+STATE_VERSION = 1  # header without a platform fingerprint
+STATE_VERSION_PLATFORM = 2  # header with one (issue 32)
 _ADAM_FIELDS = ("exp_avg", "exp_avg_sq", "step")
 _MAX_META_BYTES = 1 << 16
 _MAX_TENSORS = 1 << 16
@@ -81,6 +90,8 @@ class RoundMeta:
     open-ended run). ``threads``: ``torch.get_num_threads()`` while training (the
     verifier uses the same count to be bit-exact). ``micro_batches``: 0 if every stage
     ran chained in one process, else the GPipe micro-batch count of the split pipeline.
+    ``platform``: where the inner steps ran (None: not recorded, a state made before
+    fingerprints existed; such a state's bytes are exactly what they were).
     """
 
     outer_round: int
@@ -90,9 +101,12 @@ class RoundMeta:
     lr_total_steps: int
     threads: int
     micro_batches: int
+    platform: PlatformFingerprint | None = None
 
     def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
+        if self.platform is not None and not isinstance(self.platform, PlatformFingerprint):
+            raise ReplicaStateError(f"round meta platform={self.platform!r}: must be a PlatformFingerprint or None")
+        for name, value in self.counters().items():
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
                 raise ReplicaStateError(f"round meta {name}={value!r}: must be an integer in [0, 2**63)")
         if self.num_stages < 1 or self.inner_steps < 1 or self.threads < 1:
@@ -100,6 +114,12 @@ class RoundMeta:
                 f"round meta: num_stages={self.num_stages}, inner_steps={self.inner_steps}, "
                 f"threads={self.threads} must all be >= 1"
             )
+
+    def counters(self) -> dict[str, int]:
+        """The integer fields (the header's ``meta`` object)."""
+        out = asdict(self)
+        del out["platform"]
+        return out
 
 
 @dataclass(frozen=True)
@@ -113,12 +133,15 @@ class StageStartState:
 
     def to_bytes(self) -> bytes:
         """The canonical bytes of the module docstring."""
-        meta = _canonical_json({
+        header = {
             "v": STATE_VERSION,
             "stage": self.stage_index,
-            "meta": asdict(self.meta),
+            "meta": self.meta.counters(),
             "engine": list(self.engine_counters),
-        })
+        }
+        if self.meta.platform is not None:
+            header.update(v=STATE_VERSION_PLATFORM, platform=self.meta.platform.document())
+        meta = _canonical_json(header)
         out = [STATE_MAGIC, struct.pack("<I", len(meta)), meta, struct.pack("<I", len(self.tensors))]
         for name in sorted(self.tensors, key=lambda n: n.encode("utf-8")):
             out.append(_tensor_record(name, self.tensors[name]))
@@ -211,12 +234,14 @@ def capture_trainer_part(module: nn.Module, optimizer: torch.optim.Optimizer) ->
     """
     tensors: dict[str, torch.Tensor] = {}
     for name, param in module.named_parameters():
-        tensors[f"param/{name}"] = param.detach().clone()
+        # float32 CPU copies whatever the device: the state's bytes are the host's (docs/GPU.md).
+        tensors[f"param/{name}"] = param.detach().to(device="cpu", dtype=torch.float32, copy=True)
         state = optimizer.state.get(param, {})
         if state and set(state) != set(_ADAM_FIELDS):
             raise ReplicaStateError(f"{name!r}: inner optimizer state has fields {sorted(state)}, expected AdamW's")
         for field_name, value in state.items():
-            tensors[f"adam.{field_name}/{name}"] = torch.as_tensor(value, dtype=torch.float32).detach().clone()
+            tensors[f"adam.{field_name}/{name}"] = torch.as_tensor(value).detach().to(
+                device="cpu", dtype=torch.float32, copy=True)
     return tensors
 
 
@@ -297,7 +322,10 @@ def restore_replica(
         for name, param in module.named_parameters():
             fields = {f: part.tensors.get(f"adam.{f}/{name}") for f in _ADAM_FIELDS}
             if all(value is not None for value in fields.values()):
-                optimizer.state[param] = {f: value.clone() for f, value in fields.items()}
+                # The moments live with the parameter; the step count stays a CPU scalar (AdamW's own
+                # choice unless capturable or fused).
+                optimizer.state[param] = {f: value.clone() if f == "step" else value.to(param.device, copy=True)
+                                          for f, value in fields.items()}
             elif any(value is not None for value in fields.values()):
                 raise ReplicaStateError(f"stage {part.stage_index} {name!r}: AdamW state is incomplete")
         engine = StageEngine(part.stage_index, dict(module.named_parameters()), diloco_cfg, compression_cfg)
@@ -394,9 +422,14 @@ def parse_stage_state(data: bytes) -> StageStartState:
         header = json.loads(raw_meta.decode("ascii"))
         if _canonical_json(header) != raw_meta:
             raise ReplicaStateError("replica state meta is not canonical JSON")
-        if set(header) != {"v", "stage", "meta", "engine"} or header["v"] != STATE_VERSION:
+        keys = {"v", "stage", "meta", "engine"}
+        if not ((set(header) == keys and header["v"] == STATE_VERSION)
+                or (set(header) == keys | {"platform"} and header["v"] == STATE_VERSION_PLATFORM)):
             raise ReplicaStateError(f"replica state meta keys {sorted(header)} or version unsupported")
-        meta = RoundMeta(**header["meta"])
+        if not isinstance(header["meta"], dict) or "platform" in header["meta"]:
+            raise ReplicaStateError("replica state meta is not an object of counters")
+        platform = parse_fingerprint(header["platform"]) if "platform" in header else None
+        meta = RoundMeta(**header["meta"], platform=platform)
         stage_index = header["stage"]
         counters = tuple(header["engine"])
         if (not isinstance(stage_index, int) or not 0 <= stage_index < meta.num_stages or len(counters) != 3
@@ -405,6 +438,8 @@ def parse_stage_state(data: bytes) -> StageStartState:
     except (UnicodeDecodeError, ValueError, TypeError, RecursionError) as exc:  # RecursionError: deep JSON
         if isinstance(exc, ReplicaStateError):
             raise
+        if isinstance(exc, PlatformError):
+            raise ReplicaStateError(f"replica state {exc}"[:300]) from None
         raise ReplicaStateError(f"replica state meta is malformed: {type(exc).__name__}: {exc}"[:300]) from None
     count = u32("tensor count")
     if count > _MAX_TENSORS:

@@ -1,0 +1,464 @@
+"""Benchmark: GPU contributors (issue 32). One command per mode, one current JSON each.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_gpu.py               # on a CUDA GPU: bench/results/gpu.json
+    PYTHONPATH=. .venv/bin/python bench/bench_gpu.py --smoke       # any device, tiny sizes: checks the plumbing
+    PYTHONPATH=. .venv/bin/python bench/bench_gpu.py --calibrate   # bench/results/gpu_calibration.json
+
+The GPU run (refused without CUDA; ``--smoke`` runs the same code with tiny sizes
+on whatever device there is and writes ``--out``, by default bench/results/gpu_smoke.json):
+
+(a) throughput: tokens/s and MFU of one replica of ``llama-124m`` (all stages in one
+    process) training in bf16 (and fp32, and bf16 with ``torch.compile``) on synthetic
+    token ids; MFU = model FLOPs per token (6 N + 12 L T C: PaLM appendix B) x tokens/s
+    over the GPU's dense bf16 peak;
+(b) the node's share of a round: one real round of H inner steps, then what the node
+    adds to it on the host: capturing and hashing the start state, the data commitment,
+    the codec (prepare + encode), the exchange's bytes through the wire decoder of every
+    contribution, and the outer step (aggregate + apply + weights hash);
+(c) a 2-replica run on the one GPU (``dlx-node demo``'s local chain and node processes,
+    ``training.device = "cuda"``, ``training.precision = "bf16"``) that must commit every
+    round on chain.
+
+The calibration (``--calibrate``; any machine, more with a GPU) measures what
+:data:`training.platform.CROSS_PLATFORM_TOLERANCE` rests on: honest distances between
+a contribution and its rerun (training.reexec.contribution_distance, the spot check's
+metric) in float32 and bf16, several seeds: the rerun on the claimant's platform (must be
+0), on another thread count, on every other device present (CPU <-> GPU), and in the
+other precision; and the distance of the smallest cheat re-execution must catch (the
+1% perturbation, training.reexec_sim.PerturbedReplica) rerun across platforms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform as host_platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from training.config import (  # noqa: E402
+    PRECISIONS,
+    CompressionConfig,
+    DilocoConfig,
+    ModelConfig,
+    TrainingConfig,
+)
+from training.codec_wire import decode_contribution  # noqa: E402
+from training.data import corpus_from_config, generated_corpus, round_batches  # noqa: E402
+from training.diloco import StageEngine  # noqa: E402
+from training.model import count_params  # noqa: E402
+from training.pipeline import LocalReplicaTrainer  # noqa: E402
+from training.platform import CROSS_PLATFORM_TOLERANCE, fingerprint, resolve_device  # noqa: E402
+from training.reexec import contribution_distance, data_commitment, reexecute, round_meta  # noqa: E402
+from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica, run_with_states  # noqa: E402
+from training.replica_state import ReplicaStartState, capture_engine_part, capture_trainer_part  # noqa: E402
+from training.stages import split_stages, stage_param_shapes  # noqa: E402
+
+#: Dense bf16 peak (TFLOP/s, no sparsity) by a substring of torch.cuda.get_device_name(); --peak-tflops overrides.
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0,
+                    "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0, "RTX 4090": 165.0}
+
+
+def environment(command: list[str]) -> dict:
+    """What the JSON records about where it ran."""
+    cuda = torch.cuda.is_available()
+    return {
+        "command": " ".join(shlex.quote(part) for part in command),
+        "python": host_platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({fingerprint(torch.device('cpu'), 'fp32').device_name})",
+        "gpus": torch.cuda.device_count() if cuda else 0,
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "git_commit": _git_commit(),
+    }
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def write_json(path: Path, document: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=1) + "\n")
+    print(f"wrote {path}", flush=True)
+
+
+# ----------------------------------------------------------------------------- calibration
+
+
+def _with_precision(state: ReplicaStartState, precision: str) -> ReplicaStartState:
+    """The same start state, as if the claimant had trained in ``precision`` (the rerun follows the state)."""
+    return ReplicaStartState(tuple(
+        dataclasses.replace(part, meta=dataclasses.replace(
+            part.meta, platform=dataclasses.replace(part.meta.platform, precision=precision)))
+        for part in state.stages))
+
+
+def _rerun_distance(record, replica, previous, sim: SimConfig, *, device: str, threads: int,
+                    precision: str | None = None) -> tuple[float, float]:
+    """(largest stage distance, seconds) of rerunning ``replica``'s round of ``record``."""
+    state = record.states[replica]
+    if precision is not None:
+        state = _with_precision(state, precision)
+    training = dataclasses.replace(sim.training, device=device)
+    started = time.perf_counter()
+    rerun = reexecute(state, sim.corpus, sim.model, training, sim.diloco, sim.compression,
+                      previous_contributions=previous, threads=threads)
+    specs = split_stages(sim.model.n_layer, sim.num_stages)
+    distance = max(
+        contribution_distance(claim.payload, rerun.payloads[claim.stage_index],
+                              stage_param_shapes(sim.model, specs[claim.stage_index]),
+                              stage_index=claim.stage_index, outer_round=record.outer_round)
+        for claim in record.claims[replica])
+    return distance, time.perf_counter() - started
+
+
+def calibrate(args: argparse.Namespace) -> dict:
+    """Honest and cheating rerun distances per precision (module docstring)."""
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    model = ModelConfig(preset=args.preset)
+    rows = []
+    for claimant_device in devices:
+        for precision in PRECISIONS:
+            for seed in range(args.seeds):
+                training = TrainingConfig(seed=seed, batch_size=args.batch_size, warmup_steps=args.warmup_steps,
+                                          device=claimant_device, precision=precision)
+                corpus = corpus_from_config(training, model)
+                sim = SimConfig(corpus, model, training, DilocoConfig(inner_steps=args.inner_steps, num_replicas=2),
+                                CompressionConfig(min_compress_numel=args.min_compress_numel), args.stages,
+                                args.rounds)
+                torch.set_num_threads(1)  # claimants train on 1 thread; reruns on 1 (same) and 2 (other)
+                started = time.perf_counter()
+                records = run_with_states([SimReplica(0, sim), PerturbedReplica(1, sim)], sim)
+                print(f"claimant {claimant_device} {precision} seed {seed}: {args.rounds} rounds in "
+                      f"{time.perf_counter() - started:.0f}s", flush=True)
+                for record in records:
+                    previous = records[record.outer_round - 1].contributions if record.outer_round else None
+                    reruns = [("same", claimant_device, 1, None), ("threads", claimant_device, 2, None)]
+                    reruns += [("device", other, 1, None) for other in devices if other != claimant_device]
+                    reruns.append(("precision", claimant_device, 1, "fp32" if precision == "bf16" else "bf16"))
+                    for kind, device, threads, swapped in reruns:
+                        for replica, role in ((0, "honest"), (1, "cheat")):
+                            if role == "cheat" and kind in ("same", "precision"):
+                                continue  # the cheat is judged across platforms (its worst case); "same" is exact
+                            distance, seconds = _rerun_distance(record, replica, previous, sim, device=device,
+                                                                threads=threads, precision=swapped)
+                            rows.append({"claimant_device": claimant_device, "precision": precision, "seed": seed,
+                                         "round": record.outer_round, "role": role, "rerun": kind,
+                                         "rerun_device": device, "rerun_threads": threads,
+                                         "rerun_precision": swapped or precision, "distance": distance,
+                                         "seconds": seconds})
+                            print(f"  round {record.outer_round} {role:<6} rerun {kind:<9} on {device} "
+                                  f"{threads}t {swapped or precision}: {distance:.3g}", flush=True)
+    return {"args": vars(args), "model_params": sum(math.prod(s) for s in _shapes(model)),
+            "summary": summarize_calibration(rows), "rows": rows}
+
+
+def summarize_calibration(rows: list[dict]) -> dict:
+    """Per precision: the largest honest distance of each kind of rerun, the cheats', and the tolerance rule."""
+    summary = {}
+    for precision in PRECISIONS:
+        mine = [r for r in rows if r["precision"] == precision]
+
+        def worst(role, kinds):
+            values = [r["distance"] for r in mine if r["role"] == role and r["rerun"] in kinds]
+            return max(values) if values else None
+
+        cheats = [r["distance"] for r in mine if r["role"] == "cheat"]
+        honest_cross = [v for v in (worst("honest", ("threads",)), worst("honest", ("device",))) if v is not None]
+        # The rule docs/GPU.md states: 3x the largest honest cross-platform distance seen, which must stay
+        # below the smallest cheat distance for the tolerance to separate them.
+        suggested = 3 * max(honest_cross) if honest_cross else None
+        summary[precision] = {
+            "same_platform_max": worst("honest", ("same",)),
+            "other_threads_max": worst("honest", ("threads",)),
+            "other_device_max": worst("honest", ("device",)),
+            "other_precision_max": worst("honest", ("precision",)),
+            "cheat_min": min(cheats) if cheats else None,
+            "cheats_below_tolerance": sum(1 for d in cheats if d <= CROSS_PLATFORM_TOLERANCE[precision]),
+            "cheats": len(cheats),
+            "tolerance_in_force": CROSS_PLATFORM_TOLERANCE[precision],
+            "suggested_tolerance": suggested,
+            "suggested_separates": None if suggested is None or not cheats else suggested < min(cheats),
+            "measured_devices": sorted({r["rerun_device"] for r in mine} | {r["claimant_device"] for r in mine}),
+        }
+    return summary
+
+
+def _shapes(model: ModelConfig):
+    for spec in split_stages(model.n_layer, 1):
+        yield from stage_param_shapes(model, spec).values()
+
+
+
+# ----------------------------------------------------------------------------- (a) throughput
+
+
+def flops_per_token(model: ModelConfig) -> float:
+    """Training FLOPs per token: 6 N + 12 L T C (PaLM appendix B; nanoGPT's estimate_mfu), N every parameter."""
+    return 6.0 * count_params(model) + 12.0 * model.n_layer * model.block_size * model.n_embd
+
+
+def peak_tflops(args: argparse.Namespace, device: torch.device) -> float | None:
+    if args.peak_tflops > 0:
+        return args.peak_tflops
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def throughput(model: ModelConfig, device: str, precision: str, args: argparse.Namespace, *,
+               compile_model: bool = False) -> dict:
+    """tokens/s (and MFU against the bf16 peak) of one replica, every stage in this process, on random ids."""
+    training = TrainingConfig(batch_size=args.batch, device=device, precision=precision, warmup_steps=0)
+    trainer = LocalReplicaTrainer(model, training, num_stages=1)
+    if compile_model:
+        for module in trainer.stage_modules:
+            module.compile()
+    generator = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, model.vocab_size, (args.batch, model.block_size), generator=generator),
+                torch.randint(0, model.vocab_size, (args.batch, model.block_size), generator=generator))
+               for _ in range(2)]
+    started = time.perf_counter()
+    for step in range(args.warmup):
+        trainer.train_step(*batches[step % 2])
+    _sync(trainer.device)
+    warmup_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    losses = [trainer.train_step(*batches[step % 2]) for step in range(args.steps)]
+    _sync(trainer.device)
+    seconds = time.perf_counter() - started
+    tokens = args.steps * args.batch * model.block_size
+    tokens_per_second = tokens / seconds
+    peak = peak_tflops(args, trainer.device)
+    achieved = flops_per_token(model) * tokens_per_second / 1e12
+    result = {"precision": precision, "compiled": compile_model, "batch": args.batch, "seq_len": model.block_size,
+              "steps": args.steps, "warmup_steps": args.warmup, "warmup_seconds": warmup_seconds,
+              "seconds": seconds, "tokens_per_second": tokens_per_second, "achieved_tflops": achieved,
+              "peak_tflops": peak, "mfu": achieved / peak if peak else None, "last_loss": losses[-1],
+              "max_memory_gib": (torch.cuda.max_memory_allocated(trainer.device) / 2**30
+                                 if trainer.device.type == "cuda" else None)}
+    mfu = "n/a (no peak known)" if result["mfu"] is None else f"{result['mfu']:.1%}"
+    print(f"(a) {precision}{' compiled' if compile_model else ''}: {tokens_per_second:,.0f} tokens/s, "
+          f"{achieved:.3g} TFLOP/s, MFU {mfu}", flush=True)
+    del trainer
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    return result
+
+
+# ----------------------------------------------------------------------------- (b) the node's share of a round
+
+
+def round_share(model: ModelConfig, device: str, args: argparse.Namespace) -> dict:
+    """One round of H inner steps in bf16, then each host-side part the node adds, timed (module docstring)."""
+    training = TrainingConfig(batch_size=args.batch, device=device, precision="bf16", warmup_steps=0)
+    diloco = DilocoConfig(inner_steps=args.inner_steps, num_replicas=2)
+    compression = CompressionConfig()
+    corpus = generated_corpus(seed=0, n_bytes=max(200_000, 4 * args.batch * model.block_size))
+    trainer = LocalReplicaTrainer(model, training, num_stages=1)
+    engines = [StageEngine(spec.index, dict(module.named_parameters()), diloco, compression)
+               for spec, module in zip(trainer.specs, trainer.stage_modules)]
+    batches = round_batches(corpus, training.seed, 0, 0, args.inner_steps, args.batch, model.block_size)
+    trainer.train_step(*batches[0])  # warm the kernels; the round below starts from here
+    _sync(trainer.device)
+    parts = {}
+
+    started = time.perf_counter()
+    meta = round_meta(0, 0, model, diloco, run_rounds=0, num_stages=1)
+    trainer_parts = [capture_trainer_part(m, o) for m, o in zip(trainer.stage_modules, trainer.optimizers)]
+    state_hashes = [capture_engine_part(meta, engine, part).state_hash()
+                    for engine, part in zip(engines, trainer_parts)]
+    parts["capture_and_hash"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    data_commitment(corpus, training, model, diloco, 0, 0)
+    parts["data_commitment"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    for x, y in batches:
+        trainer.train_step(x, y)
+    _sync(trainer.device)
+    train_seconds = time.perf_counter() - started
+
+    started = time.perf_counter()
+    blocking = time.perf_counter()
+    for engine in engines:
+        engine.prepare_encode(0)  # the part on the training thread: the weights to the host
+    blocking = time.perf_counter() - blocking
+    payloads = [engine.encode_contribution(0)[0] for engine in engines]
+    parts["encode"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    for engine, payload in zip(engines, payloads):  # what a holder does with each other replica's bytes
+        decode_contribution(payload, engine.shapes, stage_index=engine.stage_index, outer_round=0)
+    parts["exchange_decode"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    for engine, payload in zip(engines, payloads):  # M = 2: this contribution and (the same bytes as) another's
+        engine.finish_round(0, [payload, payload])
+        engine.weights_hash()
+    parts["outer_step"] = time.perf_counter() - started
+
+    added = sum(parts.values())
+    tokens = args.inner_steps * args.batch * model.block_size
+    result = {"inner_steps": args.inner_steps, "batch": args.batch, "tokens": tokens, "train_seconds": train_seconds,
+              "tokens_per_second": tokens / train_seconds, "parts": parts, "node_seconds": added,
+              "node_share": added / (train_seconds + added),
+              "blocking_seconds": parts["capture_and_hash"] + parts["data_commitment"] + blocking,
+              "payload_bytes": sum(len(p) for p in payloads), "state_stages": len(state_hashes),
+              "note": "parts timed one after another; in a live node the encode and the outer step overlap the "
+                      "next round's training (blocking_seconds: what stops the training thread)"}
+    result["blocking_share"] = result["blocking_seconds"] / (train_seconds + result["blocking_seconds"])
+    print(f"(b) round of H={args.inner_steps}: train {train_seconds:.2f}s, node {added:.2f}s "
+          f"({result['node_share']:.1%} serial, {result['blocking_share']:.1%} blocking): "
+          + ", ".join(f"{k} {v:.2f}s" for k, v in parts.items()), flush=True)
+    return result
+
+
+# ----------------------------------------------------------------------------- (c) a run that commits on chain
+
+
+def chain_run(args: argparse.Namespace, device: str) -> dict:
+    """2 replicas (one node process each, every stage in it) on this machine's device, a local chain."""
+    import tempfile
+
+    from node.commands.demo import summarize
+    from node.commands.launcher import LocalRun
+
+    settings = [f"model.preset={args.chain_preset}", f"rounds={args.chain_rounds}",
+                f"diloco.inner_steps={args.chain_inner_steps}", f"training.device={device}",
+                "training.precision=bf16", "round_timeout=600", f"training.batch_size={args.chain_batch}"]
+    workdir = Path(tempfile.mkdtemp(prefix="dlx-gpu-run-"))
+    run = LocalRun(workdir, replicas=2, stages=1, split=False, settings=settings)
+    started = time.perf_counter()
+    try:
+        run.setup()
+        run.start()
+        ok = run.wait(args.chain_timeout)
+        seconds = time.perf_counter() - started
+        summary = summarize(run)
+    finally:
+        run.stop()
+    rounds = summary["rounds"]
+    result = {"settings": settings, "ok": ok, "seconds": seconds, "rounds_committed": len(rounds),
+              "rounds_expected": args.chain_rounds, "weights_roots": [r["weights_root"] for r in rounds],
+              "eval_loss": [r["eval_loss"] for r in rounds], "disputes": summary["disputes"], "workdir": str(workdir)}
+    print(f"(c) 2 replicas on {device}: {len(rounds)}/{args.chain_rounds} rounds committed in {seconds:.0f}s, "
+          f"exit ok={ok}", flush=True)
+    return result
+
+
+def perf(args: argparse.Namespace) -> dict:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.smoke:
+        model = ModelConfig(preset="llama-tiny", vocab_size=256)
+    else:
+        model = ModelConfig(preset=args.preset_gpu, vocab_size=args.vocab_size)
+    out = {"smoke": args.smoke, "model": {"preset": model.preset, "vocab_size": model.vocab_size,
+                                          "params": count_params(model), "flops_per_token": flops_per_token(model)},
+           "training_device": device, "platform": fingerprint(resolve_device(device), "bf16").document()}
+    out["throughput"] = {"bf16": throughput(model, device, "bf16", args), "fp32": throughput(model, device, "fp32", args)}
+    if args.compile:
+        out["throughput"]["bf16_compiled"] = throughput(model, device, "bf16", args, compile_model=True)
+    out["round_share"] = round_share(model, device, args)
+    if not args.skip_chain:
+        out["chain_run"] = chain_run(args, device)
+    out["goals"] = {"mfu_bf16": out["throughput"]["bf16"]["mfu"], "mfu_goal": 0.40,
+                    "node_share": out["round_share"]["node_share"], "node_share_goal": 0.03}
+    return out
+
+# ----------------------------------------------------------------------------- command line
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--smoke", action="store_true", help="tiny sizes on any device (CPU included)")
+    mode.add_argument("--calibrate", action="store_true", help="rerun distances behind the cross-platform tolerance")
+    parser.add_argument("--out", default="", help="the JSON to write (default: per mode, under bench/results/)")
+    # the GPU run (--smoke: tiny sizes)
+    parser.add_argument("--preset-gpu", default="llama-124m", help="model of the GPU run")
+    parser.add_argument("--vocab-size", type=int, default=32000, help="the GPU run's vocabulary (random ids)")
+    parser.add_argument("--batch", type=int, default=16, help="sequences per inner step")
+    parser.add_argument("--steps", type=int, default=30, help="timed inner steps of (a)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed inner steps before them")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure bf16 with torch.compile")
+    parser.add_argument("--peak-tflops", type=float, default=0.0, help="dense bf16 peak for MFU (0: by GPU name)")
+    parser.add_argument("--skip-chain", action="store_true", help="leave out (c), the run on a local chain")
+    parser.add_argument("--chain-preset", default="llama-20m")
+    parser.add_argument("--chain-rounds", type=int, default=3)
+    parser.add_argument("--chain-inner-steps", type=int, default=50)
+    parser.add_argument("--chain-batch", type=int, default=16)
+    parser.add_argument("--chain-timeout", type=float, default=1800.0)
+    # calibration
+    parser.add_argument("--preset", default="mini", help="calibration model (bench_reexec.py's)")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--inner-steps", type=int, default=None,
+                        help="H: of the calibration runs (default 20) or of (b)'s round (default 100; smoke 4)")
+    parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--warmup-steps", type=int, default=20)
+    parser.add_argument("--min-compress-numel", type=int, default=CompressionConfig().min_compress_numel,
+                        help="smaller tensors are only quantized (512 gives the tiny model low-rank codings too)")
+    args = parser.parse_args(argv)
+    if args.inner_steps is None:
+        args.inner_steps = 20 if args.calibrate else 4 if args.smoke else 100
+    if args.smoke:  # tiny everything: the plumbing, on any device
+        args.batch, args.steps, args.warmup, args.compile = 4, 3, 1, False
+        args.chain_preset, args.chain_rounds, args.chain_inner_steps, args.chain_batch = "tiny", 2, 3, 4
+    for name in ("seeds", "rounds", "inner_steps", "stages", "batch_size", "batch", "steps", "chain_rounds"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = [sys.executable, *sys.argv] if argv is None else ["bench/bench_gpu.py", *argv]
+    if args.calibrate:
+        document = {"environment": environment(command), **calibrate(args)}
+        write_json(Path(args.out or REPO / "bench/results/gpu_calibration.json"), document)
+        print(json.dumps(document["summary"], indent=1))
+        return 0
+    if not args.smoke and not torch.cuda.is_available():
+        print("bench/bench_gpu.py needs a CUDA GPU (torch.cuda.is_available() is false here; torch "
+              f"{torch.__version__}). Run it on a GPU machine, or pass --smoke for tiny sizes on this device, "
+              "or --calibrate for the rerun distances.", file=sys.stderr)
+        return 2
+    document = {"environment": environment(command), **perf(args)}
+    default = "bench/results/gpu_smoke.json" if args.smoke else "bench/results/gpu.json"
+    write_json(Path(args.out or REPO / default), document)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

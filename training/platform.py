@@ -1,0 +1,300 @@
+"""Where a replica trains, in which precision, and how a rerun on another machine is judged (issue 32).
+
+Device and precision are node settings (``training.device``, ``training.precision``),
+decided once at the edge by :func:`prepare_platform`; the model code below never
+asks which device it runs on. What may differ per node and what may not
+(docs/GPU.md):
+
+* **may differ**: the inner steps. They run on the node's device (CPU or a CUDA
+  GPU), in float32 or in bfloat16 autocast. Master weights and the inner AdamW
+  state stay float32 on that device.
+* **must not**: everything the record and the audit depend on. The pseudo-gradient
+  leaves the device as float32 (``training.diloco.StageEngine`` copies the live
+  weights to the host before it subtracts them from the round start); the codec,
+  the robust aggregation, the outer Nesterov step and every hash run on the CPU in
+  float32, in exactly the code and order they always did. Every node therefore derives
+  the same weights root from the same contributions, whatever hardware its replica
+  trained on, and ``dlx-node audit`` replays the outer steps bit-exactly anywhere.
+
+Re-execution (training/reexec.py) reruns another member's inner steps, which do
+depend on the hardware. A start state records the claimant's
+:class:`PlatformFingerprint`; :func:`compare_rerun` picks the rule:
+
+* same fingerprint and the same intra-op thread count: the rerun must reproduce
+  the payloads bit for bit (any difference is a mismatch);
+* otherwise: the relative L2 distance of the decoded pseudo-gradients must be within
+  the tolerance of the claimant's precision (:data:`CROSS_PLATFORM_TOLERANCE`,
+  calibrated from honest reruns by ``bench/bench_gpu.py --calibrate``).
+
+A fingerprint is what the claimant says about itself: a cheater can claim a
+platform the verifier does not have and so always gets the tolerance rule. The
+tolerance is therefore set below the distance of the cheats re-execution must
+catch (docs/GPU.md, "Calibration").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import platform as host_platform
+from dataclasses import asdict, dataclass, fields
+
+import torch
+
+from training.config import PRECISIONS, check_device_spec, check_precision
+from training.errors import TrainingError
+
+logger = logging.getLogger(__name__)
+
+AUTO = "auto"
+
+# Verdicts of a re-execution (training.reexec re-exports them).
+EXACT = "exact"  # payload bytes identical
+WITHIN_TOLERANCE = "within_tolerance"  # decoded pseudo-gradients within the tolerance
+MISMATCH = "mismatch"  # the rerun does not reproduce the contribution
+
+# Rules of compare_rerun.
+RULE_SAME_PLATFORM = "same-platform-bit-exact"
+RULE_CROSS_PLATFORM = "cross-platform-tolerance"
+RULE_UNRECORDED = "unrecorded-platform-tolerance"  # a start state from before fingerprints (float32 CPU runs)
+
+#: Relative L2 distance between decoded pseudo-gradients accepted across platforms, by the
+#: claimant's precision. float32: the value re-execution has used since issue 13 (honest reruns
+#: on another thread count reach 3.0e-3, the 1%-perturbation cheat starts at 4.9e-2;
+#: bench/results/reexec.json). bfloat16: calibrated by bench/bench_gpu.py --calibrate
+#: (bench/results/gpu_calibration.json, docs/GPU.md "Calibration").
+CROSS_PLATFORM_TOLERANCE = {"fp32": 1e-2, "bf16": 2e-2}
+
+#: cuBLAS needs this before its first call for deterministic matrix products
+#: (https://docs.nvidia.com/cuda/cublas/index.html#results-reproducibility).
+CUBLAS_WORKSPACE = ":4096:8"
+_MAX_FIELD = 200
+
+
+class PlatformError(TrainingError, ValueError):
+    """A device or precision cannot be used here, or a recorded fingerprint is malformed."""
+
+
+# ----------------------------------------------------------------------------- device and precision
+
+
+def resolve_device(spec: str) -> torch.device:
+    """The torch device ``spec`` names on this machine: ``"auto"`` is the first GPU if CUDA works, else the CPU.
+
+    A CUDA device this machine does not have is a :class:`PlatformError` that says what it has.
+    """
+    spec = check_device_spec(spec)
+    if spec == AUTO:
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    if spec == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        built = "this torch is a CPU build" if torch.version.cuda is None else "no CUDA device is visible"
+        raise PlatformError(f"training.device={spec!r}: {built} (torch {torch.__version__}); "
+                            "use \"cpu\" or \"auto\"")
+    index = 0 if spec == "cuda" else int(spec.split(":")[1])
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise PlatformError(f"training.device={spec!r}: this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
+    return torch.device("cuda", index)
+
+
+def autocast(device: torch.device, precision: str):
+    """The context the forward pass (and loss) runs in: bfloat16 autocast, or nothing for float32."""
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def set_deterministic(device: torch.device) -> None:
+    """Deterministic kernels where torch offers them, on a CUDA device (process-wide settings).
+
+    cuBLAS workspace config (only effective before cuBLAS starts: :func:`prepare_platform`
+    runs before the first model is built), ``torch.use_deterministic_algorithms(True)``,
+    cuDNN deterministic and not benchmarking, and no TF32: "fp32" means float32 products.
+    Not ``warn_only``: with it, torch keeps the non-deterministic kernel of an op that has
+    both (memory-efficient attention, which float32 attention uses on CUDA) and only warns,
+    and a same-platform rerun, which must be bit-exact, would then accuse an honest member.
+    An op with no deterministic CUDA kernel at all raises instead, naming the op.
+    On the CPU nothing changes: torch's CPU kernels used here are deterministic for a fixed
+    thread count, which the start state records, and float32 CPU runs keep their bits.
+    """
+    if device.type != "cuda":
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+@dataclass(frozen=True)
+class Platform:
+    """A node's training device and precision, resolved."""
+
+    device: torch.device
+    precision: str
+
+    def autocast(self):
+        return autocast(self.device, self.precision)
+
+    def fingerprint(self) -> "PlatformFingerprint":
+        return fingerprint(self.device, self.precision)
+
+
+_PROCESS_PLATFORM: Platform | None = None
+
+
+def prepare_platform(device: str, precision: str) -> Platform:
+    """Resolve ``training.device``/``training.precision`` and set the process up for it (call at the edge).
+
+    Sets deterministic algorithms for CUDA (:func:`set_deterministic`) and records the
+    platform as this process's training platform (:func:`process_platform`): torch's
+    determinism flags are process-wide, and a node trains one replica on one device.
+    """
+    global _PROCESS_PLATFORM
+    resolved = Platform(resolve_device(device), check_precision(precision))
+    set_deterministic(resolved.device)
+    _PROCESS_PLATFORM = resolved
+    return resolved
+
+
+def process_platform() -> Platform:
+    """The platform the last :func:`prepare_platform` of this process set (the CPU in float32 before any)."""
+    return _PROCESS_PLATFORM or Platform(torch.device("cpu"), "fp32")
+
+
+# ----------------------------------------------------------------------------- fingerprint
+
+
+@dataclass(frozen=True)
+class PlatformFingerprint:
+    """What decides the bits of a replica's inner steps besides its inputs and thread count.
+
+    ``device_type`` "cpu" or "cuda"; ``device_name`` the GPU's name or the CPU's model;
+    ``capability`` the CUDA compute capability (``sm_90``) or torch's CPU instruction set
+    (``AVX2``, ``AVX512``); library versions; the deterministic-algorithm flags.
+    """
+
+    device_type: str
+    device_name: str
+    capability: str
+    precision: str
+    torch: str
+    cuda: str  # "" on a CPU
+    cudnn: str  # "" on a CPU
+    deterministic: bool  # torch.are_deterministic_algorithms_enabled()
+    cudnn_deterministic: bool
+    tf32: bool  # TF32 matrix products allowed (CUDA)
+
+    def document(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        libs = f"torch {self.torch}" + (f", CUDA {self.cuda}, cuDNN {self.cudnn}" if self.device_type == "cuda" else "")
+        return f"{self.device_type} {self.device_name} ({self.capability}) {self.precision}, {libs}"
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return host_platform.processor() or host_platform.machine() or "unknown"
+
+
+def fingerprint(device: torch.device, precision: str) -> PlatformFingerprint:
+    """The :class:`PlatformFingerprint` of training on ``device`` in ``precision`` in this process, now."""
+    check_precision(precision)
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        name, capability = torch.cuda.get_device_name(device), f"sm_{major}{minor}"
+        cuda, cudnn = str(torch.version.cuda or ""), str(torch.backends.cudnn.version() or "")
+        tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+    elif device.type == "cpu":
+        name, capability = _cpu_name(), str(torch.backends.cpu.get_cpu_capability())
+        cuda = cudnn = ""
+        tf32 = False
+    else:
+        raise PlatformError(f"device {device}: only cpu and cuda are supported")
+    return PlatformFingerprint(
+        device_type=device.type, device_name=name[:_MAX_FIELD], capability=capability[:_MAX_FIELD],
+        precision=precision, torch=torch.__version__[:_MAX_FIELD], cuda=cuda, cudnn=cudnn,
+        deterministic=torch.are_deterministic_algorithms_enabled(),
+        cudnn_deterministic=bool(torch.backends.cudnn.deterministic) if device.type == "cuda" else False,
+        tf32=tf32,
+    )
+
+
+def parse_fingerprint(document) -> PlatformFingerprint:
+    """A fingerprint from a start state's header, checked strictly (exact keys and types, bounded strings)."""
+    names = {f.name: f.type for f in fields(PlatformFingerprint)}
+    if not isinstance(document, dict) or set(document) != set(names):
+        keys = sorted(document) if isinstance(document, dict) else type(document).__name__
+        raise PlatformError(f"platform fingerprint has keys {keys}, expected {sorted(names)}")
+    for name, kind in names.items():
+        value = document[name]
+        if kind == "bool":
+            if not isinstance(value, bool):
+                raise PlatformError(f"platform fingerprint {name}={value!r}: must be true or false")
+        elif not isinstance(value, str) or len(value) > _MAX_FIELD:
+            raise PlatformError(f"platform fingerprint {name}: must be a string of at most {_MAX_FIELD} characters")
+    if document["device_type"] not in ("cpu", "cuda"):
+        raise PlatformError(f"platform fingerprint device_type={document['device_type']!r}: must be cpu or cuda")
+    if document["precision"] not in PRECISIONS:
+        raise PlatformError(f"platform fingerprint precision={document['precision']!r}: must be one of {list(PRECISIONS)}")
+    return PlatformFingerprint(**document)
+
+
+# ----------------------------------------------------------------------------- judging a rerun
+
+
+@dataclass(frozen=True)
+class RerunVerdict:
+    """How a rerun compared with a claim: the verdict, the rule that produced it and why."""
+
+    verdict: str  # EXACT | WITHIN_TOLERANCE | MISMATCH
+    rule: str  # RULE_SAME_PLATFORM | RULE_CROSS_PLATFORM | RULE_UNRECORDED
+    distance: float
+    tolerance: float  # 0.0 under the same-platform rule
+    reason: str
+
+
+def compare_rerun(
+    claimed: PlatformFingerprint | None,
+    rerun: PlatformFingerprint,
+    distance: float,
+    *,
+    claimed_threads: int,
+    rerun_threads: int,
+    tolerance: float | None = None,
+) -> RerunVerdict:
+    """Judge a rerun whose payloads lie ``distance`` from the claim (0.0: identical bytes).
+
+    Same fingerprint and thread count: bit-exact demanded (any distance is a mismatch).
+    Otherwise the tolerance of the claimant's precision (``tolerance`` overrides it):
+    :data:`EXACT` at 0, :data:`WITHIN_TOLERANCE` up to it, :data:`MISMATCH` beyond.
+    A start state without a fingerprint (made before they existed: float32 runs) gets the
+    float32 tolerance.
+    """
+    if claimed is not None and claimed == rerun and claimed_threads == rerun_threads:
+        verdict = EXACT if distance == 0.0 else MISMATCH
+        return RerunVerdict(verdict, RULE_SAME_PLATFORM, distance, 0.0,
+                            f"same platform ({rerun.describe()}, {rerun_threads} threads): bit-exact rerun "
+                            f"demanded, largest relative distance {distance:.3g}")
+    precision = claimed.precision if claimed is not None else "fp32"
+    limit = CROSS_PLATFORM_TOLERANCE[precision] if tolerance is None else tolerance
+    verdict = EXACT if distance == 0.0 else WITHIN_TOLERANCE if distance <= limit else MISMATCH
+    if claimed is None:
+        rule, where = RULE_UNRECORDED, f"claimant's platform not recorded, rerun on {rerun.describe()}"
+    else:
+        rule = RULE_CROSS_PLATFORM
+        what = "other threads" if claimed == rerun else f"claimant on {claimed.describe()}"
+        where = f"{what} ({claimed_threads} threads), rerun on {rerun.describe()} ({rerun_threads} threads)"
+    return RerunVerdict(verdict, rule, distance, limit,
+                        f"{where}: largest relative distance {distance:.3g} (tolerance {limit:.3g})")
