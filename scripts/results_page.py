@@ -516,6 +516,23 @@ def diloco_llama(r: dict) -> list[str]:
     return diloco(r, check_defaults=False)
 
 
+def gpu_calibration(r: dict) -> list[str]:
+    e, a = r["environment"], r["args"]
+
+    def g(x):  # distances span 0 to 1e-7 to 0.1: three significant digits
+        return "-" if x is None else f"{x:.3g}"
+    rows = []
+    for precision, d in r["summary"].items():
+        rows.append([precision, g(d["same_platform_max"]), g(d["other_threads_max"]), g(d["other_device_max"]),
+                     g(d["other_precision_max"]), g(d["cheat_min"]), f"{d['cheats_below_tolerance']} of {d['cheats']}",
+                     g(d["tolerance_in_force"]), g(d["suggested_tolerance"])])
+    return [(f"Largest relative distance between a contribution and its honest rerun, by what differs, and the "
+             f"smallest a 1% cheat reached: `{a['preset']}` ({r['model_params']:,} parameters), {a['seeds']} seeds x "
+             f"{a['rounds']} rounds of H = {a['inner_steps']}, devices measured: {e['device']} (GPUs: {e['gpus']})."), ""] + table(
+        ["precision", "same platform", "other threads", "other device", "other precision", "smallest cheat",
+         "cheats within the tolerance in force", "tolerance in force", "suggested (3x honest)"], rows)
+
+
 # ------------------------------------------------------------------------------------------------ the page
 
 @dataclass(frozen=True)
@@ -541,6 +558,8 @@ SECTIONS = (
             "At 0.1 expected checks per contribution the overhead is above the 10% goal, hence the node's default `spot_checks = 0.06`; a forged start state is caught only by the chain of start states, which needs bit-exact reruns."),
     Section("split_spotchecks.json", "Re-execution spot checks on split clusters", "bench/bench_split_spotchecks.py",
             split_spotchecks, "A stage cannot be checked alone (each inner step needs its partner's activations and gradients and the norm over every stage), so a verifier reruns the replica's whole pipeline from the start states each stage's envelope binds; a failure is attributed stage by stage."),
+    Section("gpu_calibration.json", "Re-execution across platforms: honest distances", "bench/bench_gpu.py",
+            gpu_calibration, "Measured on CPU only so far: no GPU was at hand. Reruns on the claimant's platform are bit-exact, so the node demands that there; the cross-platform tolerance stays the float32 one until CPU-vs-GPU distances are measured (`python bench/bench_gpu.py --calibrate` on a GPU; docs/GPU.md)."),
     Section("byzantine.json", "Byzantine members in real runs", "bench/bench_byzantine.py", byzantine),
     Section("chaos.json", "Faults: nodes killed and restarted", "bench/bench_chaos.py", chaos),
     Section("longrun.json", "Long runs", "bench/bench_longrun.py", longrun,
