@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from queue import Queue
 
 from node import protocol as msg
 from node.errors import NodeError
@@ -316,8 +317,12 @@ class Exchange:
 
     def __init__(self, *, station: Station, messenger, host: P2PHost, book: RoundBook, archive: Archive,
                  run_id: int, p2p: P2PConfig, incoming: Path, evidence_dir: Path,
-                 fallback_providers: Callable[[], list[str]], stop: threading.Event) -> None:
+                 fallback_providers: Callable[[], list[str]], stop: threading.Event,
+                 charges: Queue | None = None) -> None:
         self.station = station
+        #: Accusations this exchange raises, (round, accused peer, replica, build(account) -> Evidence),
+        #: opened on chain by the spot checker (node.live.verifier.SpotChecker.charge).
+        self.charges = charges
         self.messenger = messenger  # node.live.messenger.Messenger
         self.host = host
         self.archive = archive
@@ -361,6 +366,11 @@ class Exchange:
         Raises :class:`InputsWithheld` when what the close names never came (the caller refuses the close
         and takes the next coordinator's)."""
         raise NotImplementedError
+
+    def evidence_judges(self) -> dict[str, Callable]:
+        """Evidence kinds (``Evidence.verdict``) this exchange judges: verdict -> judge(evidence, accused peer)
+        -> (guilty, or None where it cannot judge; why)."""
+        return {}
 
     def close_inputs_held(self, outer_round: int, stage: int, digest: bytes, envelope: bytes) -> bool:
         """Whether this node, as coordinator, holds every input of the checked envelope ``digest`` besides
