@@ -67,7 +67,9 @@ def wrong_blob_worker():
     from training.compression import encode_contribution
 
     class WrongBlobWorker(ReplicaWorker):
-        honest: dict = {}  # (stage, round, slice) -> the honest partial blob
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.honest = {}  # (stage, round, slice) -> the honest partial blob
 
         def aggregate_slice(self, stage, outer_round, slice_index, blobs):
             result = super().aggregate_slice(stage, outer_round, slice_index, blobs)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from node_fixtures import TINY, node_state, run_logs
 
+from ledger.account import dev_account
 from node.live.topology import committer_order
 from node.tools.audit import FAIL, OK, audit_run
 
@@ -156,8 +157,10 @@ def test_two_bound_partials_that_differ_are_settled_by_replaying_the_slice(make_
     """An aggregator that signs two partials of its slice over the right inputs, a wrong one and the honest
     one: each holder holds both, replays the slice from its inputs, applies the one equal to its replay
     and keeps the other as evidence. The honest nodes end on the chain's roots, which the auditor replays
-    from the right partials; its replay names the attacker's wrong partial (the attacker applied it)."""
-    run, honest, commits = _run(make_run, replicas=3, rounds=2, adversary="two-partials")
+    from the right partials; its replay names the attacker's wrong partial (the attacker applied it). The
+    holders accuse it on chain with the signed partial, the inputs it binds and the close as evidence
+    (node.live.slicedproof); each judges the other's evidence by replaying it, and the verdict is guilty."""
+    run, honest, commits = _run(make_run, replicas=3, rounds=3, adversary="two-partials")
     attacker = run.nodes[-1].peer_id
     for slot in honest:
         log = _logs([slot])
@@ -170,3 +173,11 @@ def test_two_bound_partials_that_differ_are_settled_by_replaying_the_slice(make_
         assert next(c for c in verdict.checks if c.name == "weights root (replay)").status == OK, verdict.checks
         wrong = [c for c in verdict.checks if c.status == FAIL]
         assert all(c.name.startswith("partial") and attacker in c.reason for c in wrong), verdict.checks
+    client = run.client()
+    history = client.history(run.run_id)
+    attacker_account = dev_account(run.nodes[-1].account, client.chain_id).address.lower()
+    assert history.accusations and {a.accused.lower() for a in history.accusations} == {attacker_account}, \
+        run_logs(run)
+    assert any(a.guilty for a in history.accusations), (history.accusations, run_logs(run))
+    assert [s.account.lower() for s in history.slashings] == [attacker_account]
+    assert "on chain: slice" in _logs(honest)  # SpotChecker.charge: the reason is the slice's

@@ -18,6 +18,7 @@ what an auditor replays are in docs/PROTOCOL.md, "Sliced exchange".
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import random
@@ -33,6 +34,7 @@ from node.fsutil import atomic_write_bytes
 from node.live.exchange import FALLBACK_PROVIDERS, Exchange, InputsWithheld
 from node.live.roundbook import Announced
 from node.live.roundstate import StageInputs
+from node.live.slicedproof import WRONG_PARTIAL, judge_wrong_partial, usable_reference, wrong_partial_evidence
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
 from training.butterfly import (
@@ -64,24 +66,6 @@ def close_signers(book, outer_round: int, stage: int, close: msg.Close) -> list[
     every closed envelope and whole bundle before closing and serves them (docs/PROTOCOL.md)."""
     return [coordinator for coordinator, (other, _data) in book.snapshot_closes(outer_round, stage).items()
             if other.contributions == close.contributions]
-
-
-def usable_reference(envelope: bytes, entry, run_id: int, outer_round: int, stage: int, num_slices: int,
-                     max_blob_bytes: int) -> SliceReference | None:
-    """The slice reference a closed envelope carries, or None when it is no usable contribution of
-    ``entry`` = ``[replica, peer id, envelope hash, size]`` in (round, stage): an envelope that does not
-    verify, whose signed header names another kind, run, round, stage, replica or signer, whose body is
-    not a contribution body, or whose reference does not fit the plan. Pure (the aggregators' and the
-    auditor's rule): never raises on hostile bytes."""
-    replica, peer_id = entry[0], entry[1]
-    try:
-        env = decode_envelope(envelope, max_blob_bytes)
-        if (env.kind, env.run_id, env.round, env.stage, env.replica, env.sender_peer_id) != (
-                msg.CONTRIBUTION, run_id, outer_round, stage, replica, peer_id):
-            return None
-        return parse_slice_reference(msg.decode_contribution_body(env.payload).blob, num_slices, max_blob_bytes)
-    except (EnvelopeRejected, msg.ProtocolError, SliceError, ValueError):
-        return None
 
 
 @dataclass(frozen=True)
@@ -117,6 +101,7 @@ class SlicedExchange(Exchange):
         self._announced: dict[tuple[int, int, int], list[tuple[str, bytes, int]]] = {}
         self._bundle_tried: dict[bytes, float] = {}  # bundle digest -> when its fetch last began
         self._bundle_missed: set[bytes] = set()  # bundles whose fetch failed (logged once)
+        self._charged: set[bytes] = set()  # wrong partials (envelope hashes) this node accused
         self._bundles = ThreadPoolExecutor(max_workers=2, thread_name_prefix="bundle")
 
     def worker(self):
@@ -357,6 +342,8 @@ class SlicedExchange(Exchange):
                 logger.warning("round %d stage %d slice %d: the partial of %s (turn %d) differs from the replay "
                                "of its inputs: a wrong partial", outer_round, stage, j, sender[-8:], rival.turn)
                 self.keep_wrong_partial(outer_round, stage, j, rival.envelope)
+                self.charge(outer_round, stage, close, rival.envelope,
+                            f"slice {j}: its partial differs from the replay of the inputs it binds")
         right = [rival for rival in rivals if rival.blob == replayed]
         if right:
             return right[0]
@@ -365,6 +352,66 @@ class SlicedExchange(Exchange):
         data = self.messenger.sign(outer_round, msg.PARTIAL,
                                    self.make_payload(j, plan.num_slices, root, members, replayed), stage)
         return UsedPartial(j, -1, data, replayed)
+
+    # -- accusing a wrong partial (node.live.slicedproof) --------------------------------------
+    def evidence_judges(self) -> dict:
+        return {WRONG_PARTIAL: self.judge_evidence}
+
+    def judge_evidence(self, evidence: msg.Evidence, accused_peer: str) -> tuple[bool | None, str]:
+        """The verdict on wrong-partial evidence: replayed with this node's plans and aggregation rule."""
+        worker = self.worker()
+        if worker is None:
+            return None, "this node is not placed yet"
+        return judge_wrong_partial(
+            evidence, accused_peer, run_id=self.run_id, max_blob_bytes=self.max_blob_bytes,
+            num_slices=lambda stage: worker.plans[stage].num_slices if stage in worker.plans else None,
+            replay=lambda stage, outer_round, j, inputs: worker.aggregate_slice(stage, outer_round, j, inputs).partial)
+
+    def charge(self, outer_round: int, stage: int, close: msg.Close, partial: bytes, reason: str) -> None:
+        """Gather the evidence against a wrong partial (in the background) and hand it to the spot checker,
+        which accuses its signer on chain (``charges``); once per partial."""
+        digest = hashlib.sha256(partial).digest()
+        with self._cond:
+            if self.charges is None or digest in self._charged:
+                return
+            self._charged.add(digest)
+        try:
+            self._bundles.submit(self._gather_charge, outer_round, stage, close, partial, reason)
+        except RuntimeError:  # closed: the node is stopping
+            pass
+
+    def _gather_charge(self, outer_round: int, stage: int, close: msg.Close, partial: bytes, reason: str) -> None:
+        signers = close_signers(self.pool.book, outer_round, stage, close)
+        if not signers:
+            logger.warning("round %d stage %d: wrong partial not accused: its close is gone", outer_round, stage)
+            return
+        close_envelope = self.pool.book.snapshot_closes(outer_round, stage)[signers[0]][1]
+        have = self.pool.have(outer_round, stage)
+        num_slices = self.worker().plans[stage].num_slices
+        envelopes, bundles = [], []
+        for entry in close.contributions:
+            providers = [entry[1], *signers]
+            envelope = have.get(entry[2]) or self._fetch_first(entry[2], providers)
+            reference = None if envelope is None else usable_reference(
+                envelope, entry, self.run_id, outer_round, stage, num_slices, self.max_blob_bytes)
+            bundle = b"" if reference is None else self._fetch_first(reference.bundle_digest, providers)
+            if envelope is None or bundle is None:
+                logger.warning("round %d stage %d: wrong partial not accused: the input of %s is not here",
+                               outer_round, stage, entry[1][-8:])
+                return
+            envelopes.append(envelope)
+            bundles.append(bundle)
+        header = decode_envelope(partial, self.max_blob_bytes)
+        build = functools.partial(wrong_partial_evidence, replica=header.replica, partial=partial,
+                                  envelopes=envelopes, bundles=bundles, close=close_envelope, reason=reason)
+        self.charges.put((outer_round, header.sender_peer_id, header.replica, build))
+
+    def _fetch_first(self, digest: bytes, providers: list[str]) -> bytes | None:
+        for provider in dict.fromkeys(providers):
+            data = self._fetch(digest, provider)
+            if data is not None:
+                return data
+        return None
 
     def keep_wrong_partial(self, outer_round: int, stage: int, j: int, envelope: bytes) -> None:
         """Keep a bound partial that differs from its replay: the signed evidence of a wrong partial."""

@@ -20,7 +20,7 @@ peer differs from its envelope's header is an absent input); without it an accus
 present such an input as usable and frame an honest aggregator.
 
 ``b""`` stands for an input the aggregators take as absent from the envelope's bytes alone
-(no usable reference: :func:`node.live.sliced.usable_reference`); a bundle whose slice ``j``
+(no usable reference: :func:`usable_reference`); a bundle whose slice ``j``
 does not prove is absent too (:func:`training.butterfly.bundle_slices`), as for the aggregators.
 Evidence that does not make its case (does not bind, a missing bundle, a partial equal to
 its replay) is a not-guilty verdict: the accuser must show its case.
@@ -34,15 +34,32 @@ from collections.abc import Callable
 
 from ledger.merkle import merkle_root
 from node import protocol as msg
-from node.live.sliced import usable_reference
 from p2p.envelope import decode_envelope
 from p2p.errors import EnvelopeRejected
-from training.butterfly import SliceError, bundle_slices, parse_partial
+from training.butterfly import SliceError, SliceReference, bundle_slices, parse_partial, parse_slice_reference
 
 #: ``Evidence.verdict`` of a wrong partial's evidence (the verifier dispatches on it).
 WRONG_PARTIAL = "wrong-partial"
 
 _COUNT = struct.Struct(">I")
+
+
+def usable_reference(envelope: bytes, entry, run_id: int, outer_round: int, stage: int, num_slices: int,
+                     max_blob_bytes: int) -> SliceReference | None:
+    """The slice reference a closed envelope carries, or None when it is no usable contribution of
+    ``entry`` = ``[replica, peer id, envelope hash, size]`` in (round, stage): an envelope that does not
+    verify, whose signed header names another kind, run, round, stage, replica or signer, whose body is
+    not a contribution body, or whose reference does not fit the plan. Pure (the aggregators' and the
+    auditor's rule): never raises on hostile bytes."""
+    replica, peer_id = entry[0], entry[1]
+    try:
+        env = decode_envelope(envelope, max_blob_bytes)
+        if (env.kind, env.run_id, env.round, env.stage, env.replica, env.sender_peer_id) != (
+                msg.CONTRIBUTION, run_id, outer_round, stage, replica, peer_id):
+            return None
+        return parse_slice_reference(msg.decode_contribution_body(env.payload).blob, num_slices, max_blob_bytes)
+    except (EnvelopeRejected, msg.ProtocolError, SliceError, ValueError):
+        return None
 
 
 def pack_items(items: list[bytes]) -> bytes:
