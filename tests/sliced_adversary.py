@@ -29,6 +29,10 @@ ATTACK, as tests/adversary.py builds its attackers.
   right inputs, a wrong one (5 x the average) and the honest one, announces both and
   serves them a moment later: every holder holds two bound partials that differ,
   replays the slice, applies the honest one and keeps the wrong one as evidence.
+- ``slices-huge-1e3`` / ``slices-sign-flip`` / ``slices-noise`` / ``slices-zero``: the
+  full exchange's forged contributions (tests/adversary.py) for a sliced run: each slice of
+  its bundle is the honest slice forged (times 1e3, negated, noise of its norm, zeros) and
+  re-encoded, so every aggregator's per-slice exclusion and norm rule meets it.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adversary import run_with  # tests/ is on the path: this file's directory
 
-ATTACKS = ("wrong-root", "wrong-blob", "bad-slice", "bad-reference", "withhold", "two-partials")
+FORGED = ("slices-huge-1e3", "slices-sign-flip", "slices-noise", "slices-zero")
+ATTACKS = ("wrong-root", "wrong-blob", "bad-slice", "bad-reference", "withhold", "two-partials", *FORGED)
 
 
 def sliced(exchange) -> dict:
@@ -168,6 +173,48 @@ def two_partials() -> dict:
     return {"worker": wrong_blob_worker(), **sliced(TwoPartials)}
 
 
+def forged_slices(attack: str) -> dict:
+    import torch
+
+    from node.live.replica import ReplicaWorker
+    from training.codec_wire import decode_contribution
+    from training.compression import encode_contribution
+
+    kind = attack.removeprefix("slices-")
+
+    def forge(value, generator):
+        if kind.startswith("huge-"):
+            return value * float(kind.removeprefix("huge-"))
+        if kind == "sign-flip":
+            return -value
+        if kind == "noise":
+            noise = torch.randn(value.shape, generator=generator)
+            return noise * (value.norm() / noise.norm().clamp_min(1e-12))
+        return torch.zeros_like(value)  # "zero"
+
+    class ForgingSlicesWorker(ReplicaWorker):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.rounds = {}  # stage -> the round last encoded
+
+        def encode(self, stage, outer_round):
+            self.rounds[stage] = outer_round
+            return super().encode(stage, outer_round)
+
+        def last_slices(self, stage):
+            outer_round, plan = self.rounds[stage], self.plans[stage]
+            generator = torch.Generator().manual_seed(1000 * outer_round + stage)
+            forged = []
+            for j, blob in enumerate(super().last_slices(stage)):
+                honest = decode_contribution(blob, plan.slice_shapes(j), stage_index=stage, outer_round=outer_round)
+                values = {name: forge(value, generator) for name, value in honest.items()}
+                forged.append(encode_contribution(values, self.cfg.compression, stage_index=stage,
+                                                  outer_round=outer_round)[0])
+            return forged
+
+    return {"worker": ForgingSlicesWorker}
+
+
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in ATTACKS:
         print(f"usage: sliced_adversary.py {{{'|'.join(ATTACKS)}}} [dlx-node arguments]", file=sys.stderr)
@@ -175,7 +222,8 @@ def main() -> int:
     attack = sys.argv.pop(1)
     return run_with({"wrong-root": wrong_root, "wrong-blob": wrong_blob, "bad-slice": bad_slice,
                      "bad-reference": bad_reference, "withhold": withhold,
-                     "two-partials": two_partials}[attack]())
+                     "two-partials": two_partials,
+                     **{name: (lambda name=name: forged_slices(name)) for name in FORGED}}[attack]())
 
 
 if __name__ == "__main__":

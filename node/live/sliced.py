@@ -127,6 +127,7 @@ class SlicedExchange(Exchange):
     def apply(self, outer_round: int, stage: int, inputs: StageInputs):
         """The sliced exchange's aggregation: one valid partial per slice, assembled, the outer step."""
         used = self.partials(outer_round, stage, inputs.close)
+        self.spot_check_partials(outer_round, stage, inputs.close, used)
         result = self.worker().apply_partials(stage, outer_round, [partial.blob for partial in used])
         return result, self.held_envelopes(outer_round, stage, inputs.close)  # not every member's
 
@@ -244,16 +245,20 @@ class SlicedExchange(Exchange):
         Turn ``m`` of slice ``j`` opens ``m x turn_timeout`` seconds after this
         call; from then on the partial of candidate ``m`` counts too, and a
         candidate whose turn opened without a valid partial in hand aggregates
-        and publishes its own. Raises InputsWithheld when every candidate's turn
-        has passed without a valid partial (the caller refuses the close and takes
-        the next coordinator's), NodeError on stop.
+        and publishes its own. Partials this node archived for the close in an
+        earlier life count at once (a restart re-applies what it applied). Once
+        every candidate's turn has opened (turn ``n``), a holder that still lacks a
+        slice aggregates it itself (not published: it is no candidate; the result
+        is the same pure function). Raises InputsWithheld when a further turn has
+        passed without a valid partial or its inputs (the caller refuses the close
+        and takes the next coordinator's), NodeError on stop.
         """
         plan = self.worker().plans[stage]
         members = len(close.contributions)
         # Every partial binds the close's contributions root (what the attestation and the record
         # commit to): each envelope hash fixes its signed reference, which fixes every slice.
         root = merkle_root([entry[2] for entry in close.contributions])
-        used: dict[int, UsedPartial] = {}
+        used: dict[int, UsedPartial] = self._archived_partials(outer_round, stage, close, root, plan)
         tried: set[bytes] = set()  # partial envelope hashes already judged
         inputs: dict[tuple[bytes, int], bytes] = {}  # slice blobs fetched so far (as an aggregator)
         references: dict[bytes, SliceReference | None] = {}  # envelope hash -> reference (None: absent)
@@ -270,6 +275,12 @@ class SlicedExchange(Exchange):
             for j in range(plan.num_slices):
                 if j in used:
                     continue
+                if turn >= members:  # every candidate had its turn: replay the slice here (a late partial
+                    # or a restart that heard no announce; the inputs may still be withheld)
+                    own = self._replayed(outer_round, stage, j, close, references, root, inputs, signers)
+                    if own is not None:
+                        used[j] = own
+                        continue
                 # A candidate whose signed partial was refused opens the next turn at once: every
                 # holder that saw that partial refuses it alike, so nobody needs to wait it out.
                 opened = max(turn, 1 + max(refused.get(j, {-1})))
@@ -298,6 +309,38 @@ class SlicedExchange(Exchange):
             self.archive.put_blob(outer_round, partial.envelope, "partial")
             self.host.provide_blob(partial.envelope, announce=False)
         return [used[j] for j in range(plan.num_slices)]
+
+    def _archived_partials(self, outer_round: int, stage: int, close: msg.Close, root: bytes,
+                           plan) -> dict[int, UsedPartial]:
+        """The valid candidates' partials of the close this node archived (as applied) in an earlier life."""
+        members = len(close.contributions)
+        found: dict[int, UsedPartial] = {}
+        for data in self.archive.blobs(outer_round, "partial"):
+            for j in range(plan.num_slices):
+                for m in range(members):
+                    replica, peer_id, _digest, _size = close.contributions[candidate(j, outer_round, members, m)]
+                    try:
+                        blob = self._check_partial(data, outer_round, stage, j, peer_id, replica, members, root, plan)
+                    except (EnvelopeRejected, SliceError, ContributionDecodeError, ValueError):
+                        continue
+                    found.setdefault(j, UsedPartial(j, m, data, blob))
+        if found:
+            logger.info("round %d stage %d: %d partial(s) of an earlier life reused", outer_round, stage, len(found))
+        return found
+
+    def _replayed(self, outer_round, stage, j, close, references, root, fetched, signers) -> UsedPartial | None:
+        """Slice j aggregated here by a holder that is no candidate (signed for the archive, not published);
+        None while an input is missing."""
+        inputs = self._slice_inputs(outer_round, stage, j, close, references, -1, fetched, signers)
+        if inputs is None:
+            return None
+        blob = self.worker().aggregate_slice(stage, outer_round, j, inputs).partial
+        plan = self.worker().plans[stage]
+        logger.warning("round %d stage %d slice %d: no candidate's partial came in its turn: replayed here",
+                       outer_round, stage, j)
+        data = self.messenger.sign(outer_round, msg.PARTIAL, self.make_payload(
+            j, plan.num_slices, root, len(close.contributions), blob), stage)
+        return UsedPartial(j, -1, data, blob)
 
     def _settle(self, got: UsedPartial, outer_round, stage, close, opened, root, plan, tried,
                 reading) -> UsedPartial:
@@ -352,6 +395,39 @@ class SlicedExchange(Exchange):
         data = self.messenger.sign(outer_round, msg.PARTIAL,
                                    self.make_payload(j, plan.num_slices, root, members, replayed), stage)
         return UsedPartial(j, -1, data, replayed)
+
+    def spot_check_partials(self, outer_round: int, stage: int, close: msg.Close, used: list[UsedPartial]) -> None:
+        """Replay some of the partials this holder takes, each with probability ``spot_checks / (n - 1)``
+        (drawn from this node's own randomness: an aggregator cannot know who checks it); one that differs
+        from its replay is kept and accused (:meth:`charge`). It does not change what is applied (every
+        holder applies the same partials); it makes a wrong partial that was the only one here cost its
+        signer its stake. On the training thread: the replay's encoder must not share it with training."""
+        members = len(close.contributions)
+        rate = min(1.0, self.worker().cfg.spot_checks / max(1, members - 1))
+        draw = random.SystemRandom()
+        for partial in used:
+            sender = decode_envelope(partial.envelope, self.max_blob_bytes).sender_peer_id
+            if sender == self.peer_id or partial.turn < 0 or rate <= 0 or draw.random() >= rate:
+                continue
+            inputs, references, fetched = None, {}, {}
+            signers = close_signers(self.pool.book, outer_round, stage, close)
+            waited = time.monotonic() + self.turn_timeout
+            while inputs is None and time.monotonic() < waited and not self.stop.is_set():
+                inputs = self._slice_inputs(outer_round, stage, partial.slice_index, close, references, partial.turn,
+                                            fetched, signers)
+            if inputs is None:
+                logger.info("round %d stage %d slice %d: spot check skipped: inputs not read", outer_round, stage,
+                            partial.slice_index)
+                continue
+            if self.worker().aggregate_slice(stage, outer_round, partial.slice_index, inputs).partial == partial.blob:
+                logger.info("round %d stage %d slice %d: spot check of %s's partial: it equals its replay",
+                            outer_round, stage, partial.slice_index, sender[-8:])
+                continue
+            logger.warning("round %d stage %d slice %d: spot check: the partial of %s differs from the replay of "
+                           "its inputs: a wrong partial", outer_round, stage, partial.slice_index, sender[-8:])
+            self.keep_wrong_partial(outer_round, stage, partial.slice_index, partial.envelope)
+            self.charge(outer_round, stage, close, partial.envelope,
+                        f"slice {partial.slice_index}: its partial differs from the replay of the inputs it binds")
 
     # -- accusing a wrong partial (node.live.slicedproof) --------------------------------------
     def evidence_judges(self) -> dict:
