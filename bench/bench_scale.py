@@ -226,12 +226,23 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
     partials (A - A/R) x (envelope framing + partial header + B/A). With A capped by the minimum
     slice every term is flat in R; at A = R the envelopes and records are linear. ``envelope_bytes``
     E and ``slice_bytes`` B (per stage) come from a measured run.
-    """
-    from training.butterfly import PARTIAL_PREFIX, live_plan, record_size
 
-    terms = {"envelopes": 0.0, "slice_inputs": 0.0, "records": 0.0, "partials": 0.0}
+    Issue 33 (docs/PROTOCOL.md, "Withholding costs only the withholder"): the round's coordinator
+    fetches every closed contribution's whole bundle before closing, ``(1/R) x (R - 1) x bundle`` per
+    node on average (``coordinator_bundles``; its own round: ``coordinator_round_received``). With
+    one withholding member (``with_withholder``), the rounds it coordinates (1/R of them) are spoiled:
+    every holder reads the inputs it can of every slice at the last turn, ``(R - 2) x B``, then the
+    round runs again under the next coordinator (every term once more); the rounds others coordinate
+    cost nothing more (it is left out). Its mean per node and round, and a spoiled round's, are
+    ``with_withholder`` and ``spoiled_round_received``.
+    """
+    from training.butterfly import BUNDLE_PREFIX, PARTIAL_PREFIX, live_plan, record_size
+
+    terms = {"envelopes": 0.0, "slice_inputs": 0.0, "records": 0.0, "partials": 0.0, "coordinator_bundles": 0.0}
     slices = []
     peak = 0.0  # a node that aggregates a slice of every stage it holds in the round (the role rotates)
+    coordinating = 0.0  # a node that coordinates every stage it holds in the round
+    replay = 0.0  # a holder's last-turn reads of every slice's inputs in a spoiled round
     for shapes in stage_shapes:
         count = live_plan(shapes, replicas, min_slice_numel).num_slices
         slices.append(count)
@@ -242,10 +253,17 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
         terms["slice_inputs"] += share * (replicas - 1) * slice_bytes / count
         terms["records"] += share * (replicas - 1) * record_size(count)
         terms["partials"] += (count - share) * partial
+        bundle = len(BUNDLE_PREFIX) + 4 + count * record_size(count) + slice_bytes
+        terms["coordinator_bundles"] += (replicas - 1) * bundle / replicas
         peak += (replicas - 1) * (envelope_bytes + record_size(count) + slice_bytes / count) + (count - 1) * partial
+        coordinating += (replicas - 1) * (envelope_bytes + bundle)
+        replay += max(0, replicas - 2) * (slice_bytes + count * record_size(count))
+    honest = sum(terms.values())
     return {"replicas": replicas, "min_slice_numel": min_slice_numel, "slices": slices,
-            "blob_received_per_node_round": sum(terms.values()), "terms": terms,
-            "aggregator_round_received": peak}
+            "blob_received_per_node_round": honest, "terms": terms,
+            "aggregator_round_received": peak, "coordinator_round_received": coordinating,
+            "with_withholder": honest + (replay + honest) / replicas,
+            "spoiled_round_received": replay + honest}
 
 
 def point_min_slice(point: dict) -> int:
