@@ -93,7 +93,7 @@ def test_a_partial_that_differs_from_its_replay_convicts_its_signer_and_an_hones
 
 
 def test_evidence_that_does_not_bind_or_lacks_an_input_convicts_nobody():
-    identities, envelopes, bundles, entries, close = _round()
+    identities, envelopes, bundles, _entries, close = _round()
     accused = identities[2]
     wrong = _partial(accused, 2, envelopes, b"wrong")
     _ids, other_envelopes, _bundles, _e, other_close = _round()
@@ -141,7 +141,7 @@ def test_packed_items_round_trip_and_refuse_what_they_did_not_pack():
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.binary(max_size=300), min_size=0, max_size=6))
 def test_hostile_evidence_never_raises(items):
-    identities, envelopes, bundles, _entries, close = _round(2)
+    identities, *_rest = _round(2)
     evidence = msg.Evidence(ACCOUNT, 0, items or [b""], WRONG_PARTIAL, "hostile", [0.0] * max(1, len(items)))
     guilty, why = _judge(evidence, identities[0].peer_id)
     assert guilty in (False, None) and why
