@@ -45,6 +45,10 @@ sys.path.insert(0, str(ROOT))
 
 from node.commands.launcher import LocalRun  # noqa: E402
 
+#: Attacks of tests/sliced_adversary.py (the others are tests/adversary.py's).
+SLICED_ATTACKS = ("withhold", "wrong-root", "wrong-blob", "two-partials", "bad-slice", "bad-reference",
+                  "slices-huge-1e3", "slices-sign-flip", "slices-noise", "slices-zero")
+
 _TICK = os.sysconf("SC_CLK_TCK")
 _COUNTERS = ("bytes_sent", "bytes_received", "gossip_messages_sent", "gossip_messages_received")
 
@@ -132,6 +136,9 @@ def one_run(workdir: Path, replicas: int, args) -> dict:
         shutil.rmtree(workdir)
     run = LocalRun(workdir, replicas=replicas, stages=2, split=False, settings=settings)
     run.setup()
+    if args.attacker:  # the last node misbehaves (issue 33: the exchange's traffic with one attacker)
+        script = "sliced_adversary.py" if args.attacker in SLICED_ATTACKS else "adversary.py"
+        run.nodes[-1].command = [sys.executable, str(ROOT / "tests" / script), args.attacker]
     watches = [NodeWatch(slot) for slot in run.nodes]
     loads = []  # 1-minute load average, every 10 s
     started = time.monotonic()
@@ -168,7 +175,8 @@ def one_run(workdir: Path, replicas: int, args) -> dict:
     return {
         "replicas": replicas, "nodes_count": len(nodes), "rounds_committed": rounds,
         "commit_contributors": [c.commit.num_contributors for c in commits],
-        "weights_roots_agree": len({n["weights_root"] for n in nodes}) == 1,
+        "weights_roots_agree": len({n["weights_root"] for n in (nodes[:-1] if args.attacker else nodes)}) == 1,
+        "attacker": args.attacker or None,
         "exits": [n["exit"] for n in nodes], "timed_out": timed_out,
         "wall_seconds": wall, "load_1min_samples": loads,
         "seconds_per_round": mean("seconds_per_round"),
@@ -375,6 +383,8 @@ def main() -> int:
                         help="one more node setting for every run (repeatable), e.g. p2p.gossip_resync_interval=0")
     parser.add_argument("--exchange", choices=("full", "sliced"), default="full",
                         help="diloco.exchange of every run (docs/PROTOCOL.md, \"Sliced exchange\")")
+    parser.add_argument("--attacker", default="", help="the last node runs this attack (tests/sliced_adversary.py "
+                        "or tests/adversary.py), e.g. withhold; roots are compared over the honest nodes")
     parser.add_argument("--workdir", default="/tmp/dlx-bench-scale")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale.json"))
     parser.add_argument("--curve", default="", metavar="FULL.json,SLICED.json[,SLICED2.json...]",
