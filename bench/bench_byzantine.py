@@ -1,6 +1,7 @@
 """Byzantine members in real runs: one attacker among the replicas, one run per attack.
 
     python bench/bench_byzantine.py [--replicas 4] [--rounds 8] [--inner-steps 20] [--attacks a,b,...]
+                                    [--exchange sliced]
 
 Each run is a real local run (anvil, ``--replicas`` one-node clusters of the
 ``mini`` model on tinyshakespeare) in which the last replica is the tests'
@@ -15,6 +16,14 @@ batches) against the honest run's. Writes bench/results/byzantine.json.
 Goals (issue 12): no honest node exits in any run; every malicious
 contribution is excluded or its harm bounded; final held-out loss within 5% of
 the honest run for every attack; the audit passes on every run.
+
+``--exchange sliced`` (issue 33) runs the same with ``diloco.exchange = "sliced"``:
+the sliced exchange's own attacks (``tests/sliced_adversary.py``: withholding,
+wrong partials, bad slices and references, and the forged contributions cut
+into slices) plus the full exchange's attacks on closes and hellos, which do not
+depend on the exchange; it writes bench/results/byzantine_sliced.json. There
+the audit passes or names the attacker (a wrong partial is applied alike and
+caught after the fact, or accused by the holders' spot checks of partials).
 """
 
 from __future__ import annotations
@@ -33,6 +42,11 @@ from node.commands.launcher import LocalRun  # noqa: E402
 from node.config import load_config  # noqa: E402
 
 ADVERSARY = [sys.executable, str(ROOT / "tests" / "adversary.py")]
+SLICED_ADVERSARY = [sys.executable, str(ROOT / "tests" / "sliced_adversary.py")]
+SLICED_ATTACKS = ("withhold", "wrong-root", "wrong-blob", "two-partials", "bad-slice", "bad-reference",
+                  "slices-huge-1e3", "slices-sign-flip", "slices-noise", "slices-zero")
+DEFAULT_SLICED_ATTACKS = (*SLICED_ATTACKS, "late", "empty-close", "duplicate-close", "equivocating-close",
+                          "censoring-close", "absurd-hello", "first-cluster")
 DEFAULT_ATTACKS = ("malformed-payload", "huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero", "copy",
                    "late", "empty-close", "duplicate-close", "equivocating-close", "censoring-close", "absurd-hello",
                    "first-cluster")
@@ -83,6 +97,9 @@ def one_run(workdir: Path, attack: str | None, args) -> dict:
         f"checkpoint_every={args.rounds}", "join_timeout=120", f"round_timeout={args.round_timeout}",
         f"training.data_path={DATA}",
     ]
+    if args.exchange == "sliced":
+        settings += ["diloco.exchange=sliced", f"p2p.transfer_timeout={args.transfer_timeout}",
+                     f"spot_checks={args.spot_checks}"]
     run = LocalRun(workdir, replicas=args.replicas, stages=1, split=False, settings=settings,
                    attest_quorum=args.attest_quorum)
     run.setup()
@@ -92,13 +109,17 @@ def one_run(workdir: Path, attack: str | None, args) -> dict:
         text = attacker.config_path.read_text()
         lines = [f'{key} = "{value}"' if line.startswith(f"{key} = ") else line for line in text.splitlines()]
         attacker.config_path.write_text("\n".join(lines) + "\n")
+    elif attack in SLICED_ATTACKS:
+        attacker.command = [*SLICED_ADVERSARY, attack]
     elif attack is not None:
         attacker.command = [*ADVERSARY, attack]
     started = time.monotonic()
     run.start()
     honest = run.nodes[:-1] if attack is not None else run.nodes
+    charged = None
     try:
         run.wait(args.timeout)
+        charged = accusations(run, attacker) if attack is not None else None
     finally:
         run.stop()
     seconds = time.monotonic() - started
@@ -113,7 +134,26 @@ def one_run(workdir: Path, attack: str | None, args) -> dict:
     if attack is not None:
         result["archive"] = excluded_from_archive(honest[0], attacker.peer_id)
     result["audit"] = audit(run, honest[0])
+    if attack is not None:
+        result["audit"]["names_attacker"] = any(attacker.peer_id in line for line in result["audit"]["tail"])
+        result["accusations"] = charged
     return result
+
+
+def accusations(run: LocalRun, attacker) -> dict:
+    """Accusations on the run's chain against the attacker, and how they ended (the chain still running)."""
+    from ledger.account import dev_account
+
+    try:
+        client = run.client()
+        history = client.history(run.run_id)
+        account = dev_account(attacker.account, client.chain_id).address.lower()
+        against = [a for a in history.accusations if a.accused.lower() == account]
+        return {"opened": len(against), "guilty": sum(a.guilty for a in against),
+                "others_accused": len(history.accusations) - len(against),
+                "slashed": any(s.account.lower() == account for s in history.slashings)}
+    except Exception as exc:  # noqa: BLE001 - a bench records what it could not read
+        return {"error": str(exc)}
 
 
 def audit(run: LocalRun, slot) -> dict:
@@ -147,12 +187,21 @@ def main() -> int:
                         help="member signatures a round's record needs (k); with k = 1 the attacker alone can "
                              "commit a record")
     parser.add_argument("--timeout", type=float, default=1200.0, help="bound on one run (seconds)")
-    parser.add_argument("--attacks", default=",".join(DEFAULT_ATTACKS))
+    parser.add_argument("--attacks", default=None, help="comma-separated (default: every attack of the exchange)")
+    parser.add_argument("--exchange", choices=("full", "sliced"), default="full")
+    parser.add_argument("--transfer-timeout", type=float, default=20.0, help="p2p.transfer_timeout (sliced)")
+    parser.add_argument("--spot-checks", type=float, default=0.06, help="spot_checks (sliced: of partials)")
     parser.add_argument("--workdir", default="/tmp/dlx-bench-byzantine")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "byzantine.json"))
+    parser.add_argument("--out", default=None, help="default bench/results/byzantine.json, "
+                        "byzantine_sliced.json with --exchange sliced")
     parser.add_argument("--append", action="store_true", help="add to --out's runs instead of starting over "
                         "(the honest run is then not repeated)")
     args = parser.parse_args()
+    if args.attacks is None:
+        args.attacks = ",".join(DEFAULT_SLICED_ATTACKS if args.exchange == "sliced" else DEFAULT_ATTACKS)
+    if args.out is None:
+        args.out = str(ROOT / "bench" / "results" / ("byzantine_sliced.json" if args.exchange == "sliced"
+                                                      else "byzantine.json"))
     attacks = [a for a in args.attacks.split(",") if a]
     results = json.loads(Path(args.out).read_text())["runs"] if args.append else []
     for attack in ([] if args.append else [None]) + attacks:
@@ -168,7 +217,7 @@ def main() -> int:
         Path(args.out).write_text(json.dumps({"settings": vars(args), "runs": results}, indent=1))
     honest = results[0]["held_out"]
     print(f"\n{'attack':<26} {'exits':>6} {'attacker closed in (excluded)':>30} {'held-out':>9} "
-          f"{'vs honest':>9} audit")
+          f"{'vs honest':>9} audit (names attacker) accused/guilty")
     for r in results:
         loss = r["held_out"]
         delta = f"{100 * (loss / honest - 1):+.1f}%" if loss and honest else "n/a"
@@ -177,7 +226,9 @@ def main() -> int:
                 f"(excl. {archive.get('rounds_attacker_excluded', '-')})")
         name = f"{r['attack']} (k={r.get('attest_quorum', 1)})"
         print(f"{name:<26} {len(r['honest_exits_nonzero']):>6} {seen:>30} "
-              f"{loss if loss is None else round(loss, 4)!s:>9} {delta:>9} {r['audit']['exit_code']}")
+              f"{loss if loss is None else round(loss, 4)!s:>9} {delta:>9} {r['audit']['exit_code']} "
+              f"({r['audit'].get('names_attacker', '-')}) "
+              f"{(r.get('accusations') or {}).get('opened', '-')}/{(r.get('accusations') or {}).get('guilty', '-')}")
     return 0
 
 

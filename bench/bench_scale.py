@@ -47,6 +47,10 @@ sys.path.insert(0, str(ROOT))
 from bench.benchio import RESULTS  # noqa: E402
 from node.commands.launcher import LocalRun  # noqa: E402
 
+#: Attacks of tests/sliced_adversary.py (the others are tests/adversary.py's).
+SLICED_ATTACKS = ("withhold", "wrong-root", "wrong-blob", "two-partials", "bad-slice", "bad-reference",
+                  "slices-huge-1e3", "slices-sign-flip", "slices-noise", "slices-zero")
+
 _TICK = os.sysconf("SC_CLK_TCK")
 _COUNTERS = ("bytes_sent", "bytes_received", "gossip_messages_sent", "gossip_messages_received")
 
@@ -134,6 +138,9 @@ def one_run(workdir: Path, replicas: int, args) -> dict:
         shutil.rmtree(workdir)
     run = LocalRun(workdir, replicas=replicas, stages=2, split=False, settings=settings)
     run.setup()
+    if args.attacker:  # the last node misbehaves (issue 33: the exchange's traffic with one attacker)
+        script = "sliced_adversary.py" if args.attacker in SLICED_ATTACKS else "adversary.py"
+        run.nodes[-1].command = [sys.executable, str(ROOT / "tests" / script), args.attacker]
     watches = [NodeWatch(slot) for slot in run.nodes]
     loads = []  # 1-minute load average, every 10 s
     started = time.monotonic()
@@ -170,7 +177,8 @@ def one_run(workdir: Path, replicas: int, args) -> dict:
     return {
         "replicas": replicas, "nodes_count": len(nodes), "rounds_committed": rounds,
         "commit_contributors": [c.commit.num_contributors for c in commits],
-        "weights_roots_agree": len({n["weights_root"] for n in nodes}) == 1,
+        "weights_roots_agree": len({n["weights_root"] for n in (nodes[:-1] if args.attacker else nodes)}) == 1,
+        "attacker": args.attacker or None,
         "exits": [n["exit"] for n in nodes], "timed_out": timed_out,
         "wall_seconds": wall, "load_1min_samples": loads,
         "seconds_per_round": mean("seconds_per_round"),
@@ -228,12 +236,23 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
     partials (A - A/R) x (envelope framing + partial header + B/A). With A capped by the minimum
     slice every term is flat in R; at A = R the envelopes and records are linear. ``envelope_bytes``
     E and ``slice_bytes`` B (per stage) come from a measured run.
-    """
-    from training.butterfly import PARTIAL_PREFIX, live_plan, record_size
 
-    terms = {"envelopes": 0.0, "slice_inputs": 0.0, "records": 0.0, "partials": 0.0}
+    Issue 33 (docs/PROTOCOL.md, "Withholding costs only the withholder"): the round's coordinator
+    fetches every closed contribution's whole bundle before closing, ``(1/R) x (R - 1) x bundle`` per
+    node on average (``coordinator_bundles``; its own round: ``coordinator_round_received``). With
+    one withholding member (``with_withholder``), the rounds it coordinates (1/R of them) are spoiled:
+    every holder reads the inputs it can of every slice at the last turn, ``(R - 2) x B``, then the
+    round runs again under the next coordinator (every term once more); the rounds others coordinate
+    cost nothing more (it is left out). Its mean per node and round, and a spoiled round's, are
+    ``with_withholder`` and ``spoiled_round_received``.
+    """
+    from training.butterfly import BUNDLE_PREFIX, PARTIAL_PREFIX, live_plan, record_size
+
+    terms = {"envelopes": 0.0, "slice_inputs": 0.0, "records": 0.0, "partials": 0.0, "coordinator_bundles": 0.0}
     slices = []
     peak = 0.0  # a node that aggregates a slice of every stage it holds in the round (the role rotates)
+    coordinating = 0.0  # a node that coordinates every stage it holds in the round
+    replay = 0.0  # a holder's last-turn reads of every slice's inputs in a spoiled round
     for shapes in stage_shapes:
         count = live_plan(shapes, replicas, min_slice_numel).num_slices
         slices.append(count)
@@ -244,10 +263,17 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
         terms["slice_inputs"] += share * (replicas - 1) * slice_bytes / count
         terms["records"] += share * (replicas - 1) * record_size(count)
         terms["partials"] += (count - share) * partial
+        bundle = len(BUNDLE_PREFIX) + 4 + count * record_size(count) + slice_bytes
+        terms["coordinator_bundles"] += (replicas - 1) * bundle / replicas
         peak += (replicas - 1) * (envelope_bytes + record_size(count) + slice_bytes / count) + (count - 1) * partial
+        coordinating += (replicas - 1) * (envelope_bytes + bundle)
+        replay += max(0, replicas - 2) * (slice_bytes + count * record_size(count))
+    honest = sum(terms.values())
     return {"replicas": replicas, "min_slice_numel": min_slice_numel, "slices": slices,
-            "blob_received_per_node_round": sum(terms.values()), "terms": terms,
-            "aggregator_round_received": peak}
+            "blob_received_per_node_round": honest, "terms": terms,
+            "aggregator_round_received": peak, "coordinator_round_received": coordinating,
+            "with_withholder": honest + (replay + honest) / replicas,
+            "spoiled_round_received": replay + honest}
 
 
 def point_min_slice(point: dict) -> int:
@@ -359,6 +385,8 @@ def main() -> int:
                         help="one more node setting for every run (repeatable), e.g. p2p.gossip_resync_interval=0")
     parser.add_argument("--exchange", choices=("full", "sliced"), default="full",
                         help="diloco.exchange of every run (docs/PROTOCOL.md, \"Sliced exchange\")")
+    parser.add_argument("--attacker", default="", help="the last node runs this attack (tests/sliced_adversary.py "
+                        "or tests/adversary.py), e.g. withhold; roots are compared over the honest nodes")
     parser.add_argument("--workdir", default="/tmp/dlx-bench-scale")
     parser.add_argument("--out", default="",
                         help="default: the one current result of the mode, bench/results/scale.json (full "

@@ -385,12 +385,13 @@ def byzantine(r: dict) -> list[str]:
                      num(x.get("held_out")), pct(x["held_out"] / honest - 1) if honest and x.get("held_out") else "",
                      verdict])
     s = r["settings"]
+    adversary = "sliced_adversary" if s.get("exchange") == "sliced" else "adversary"
     return [(f"A real local run per attack (anvil, {s['replicas']} one-node replicas of `{s['preset']}`, H = "
-            f"{s['inner_steps']} x {s['rounds']} rounds), the last replica `tests/adversary.py` with that attack; "
+            f"{s['inner_steps']} x {s['rounds']} rounds), the last replica `tests/{adversary}.py` with that attack; "
             "held-out loss of the final checkpoint, then `dlx-node audit`. Rows without k ran at the script's "
             "default of the time, k = 1 (one member alone can commit; the censoring coordinator then commits its "
             "own record and the audit fails it); with k = 2, the default now, that attack is refused."), ""] + table(
-        ["attack (1 of 4 replicas)", "k", "honest nodes exiting non-zero", "attacker in the close (excluded)",
+        [f"attack (1 of {s['replicas']} replicas)", "k", "honest nodes exiting non-zero", "attacker in the close (excluded)",
          "held-out", "vs honest", "audit"], rows)
 
 
@@ -552,6 +553,8 @@ SECTIONS = (
             "Data: tinyshakespeare and WikiText-2 (valid + test) from ../shared/data, prepared with `dlx-node data prepare ../shared/data/tinyshakespeare/input.txt ../shared/data/wikitext-2/valid.txt ../shared/data/wikitext-2/test.txt --train-tokenizer --vocab-size 8192 --out /tmp/llama-bench-data`, then `python bench/bench_diloco.py --cpu-clock --preset llama-mini --family llama --tokenizer /tmp/llama-bench-data/tokenizer.json --vocab-size 8192 --data /tmp/llama-bench-data --rounds 16 --inner-steps 30 --warmup-steps 50 --eval-every 4 --out bench/results/diloco_llama.json`. A short budget (about one epoch of the data, one seed) that fits a 2-core machine; the byte-level benchmark's ablations show the gap to DDP shrinking as runs get longer, which this budget does not test for the Llama family."),
     Section("diloco_ablations.json", "Training method: ablations and codec passes", "bench/diloco_ablations.py",
             diloco_ablations),
+    Section("byzantine_sliced.json", "Byzantine members in real runs: sliced exchange", "bench/bench_byzantine.py",
+            byzantine),
     Section("robust_sim.json", "Robust aggregation in simulation", "bench/bench_robust_sim.py", robust_sim,
             "A huge contribution clipped to twice the median still points where the attacker chose, so without screening (split clusters) it is bounded, not free; screening against the median can leave out an honest replica when a copy pulls the median."),
     Section("reexec.json", "Re-execution spot checks", "bench/bench_reexec.py", reexec,
@@ -571,6 +574,9 @@ SECTIONS = (
     Section("scale.json", "Local runs of many nodes: full exchange", "bench/bench_scale.py", scale,
             "At 16 nodes on 2 cores what made the run clean was less CPU per idle node: only a contribution's sender announces it, fewer hellos as the run grows, patient stream negotiation, status.json without fsync (docs/PROTOCOL.md). Runs at higher load forked; they are in git history."),
     Section("scale_sliced.json", "Local runs of many nodes: sliced exchange", "bench/bench_scale.py", scale),
+    Section("scale_sliced_withhold.json", "Local runs of many nodes: sliced exchange with a withholding member",
+            "bench/bench_scale.py", scale,
+            "The withholder's rounds commit with the honest replicas; each waits for the round deadline, which is the latency a withholder costs (docs/PROTOCOL.md, sliced exchange)."),
     Section("scale_curve.json", "Traffic per node to 1024 replicas: measured and modelled", "bench/bench_scale.py",
             scale_curve),
     Section("butterfly.json", "Traffic per node to 1024 replicas: the sliced exchange in simulation",

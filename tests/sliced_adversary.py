@@ -19,6 +19,20 @@ ATTACK, as tests/adversary.py builds its attackers.
   when it fetches it and closes without it; when this member coordinates, its
   close names it (placed, announced: the holders, who fetch no envelope, accept
   the close) and every aggregator and the auditor take it as an absent input.
+- ``withhold``: it announces its contribution envelopes and serves them, but never serves
+  the bundle they reference (it keeps it in its archive). An honest coordinator, which
+  fetches every bundle before closing, closes without it at the deadline; when it
+  coordinates, it closes with its own entry (it holds its bundle), no aggregator can read
+  its slices, every candidate's turn passes, the holders refuse its close and take the
+  next coordinator's, which names the honest members only.
+- ``two-partials``: as the aggregator of a slice it signs two partials that bind the
+  right inputs, a wrong one (5 x the average) and the honest one, announces both and
+  serves them a moment later: every holder holds two bound partials that differ,
+  replays the slice, applies the honest one and keeps the wrong one as evidence.
+- ``slices-huge-1e3`` / ``slices-sign-flip`` / ``slices-noise`` / ``slices-zero``: the
+  full exchange's forged contributions (tests/adversary.py) for a sliced run: each slice of
+  its bundle is the honest slice forged (times 1e3, negated, noise of its norm, zeros) and
+  re-encoded, so every aggregator's per-slice exclusion and norm rule meets it.
 """
 
 from __future__ import annotations
@@ -30,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adversary import run_with  # tests/ is on the path: this file's directory
 
-ATTACKS = ("wrong-root", "wrong-blob", "bad-slice", "bad-reference")
+FORGED = ("slices-huge-1e3", "slices-sign-flip", "slices-noise", "slices-zero")
+ATTACKS = ("wrong-root", "wrong-blob", "bad-slice", "bad-reference", "withhold", "two-partials", *FORGED)
 
 
 def sliced(exchange) -> dict:
@@ -50,22 +65,31 @@ def wrong_root() -> dict:
     return sliced(WrongRoot)
 
 
-def wrong_blob() -> dict:
+def wrong_blob_worker():
     import torch
 
     from node.live.replica import ReplicaWorker
     from training.compression import encode_contribution
 
     class WrongBlobWorker(ReplicaWorker):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.honest = {}  # (stage, round, slice) -> the honest partial blob
+
         def aggregate_slice(self, stage, outer_round, slice_index, blobs):
             result = super().aggregate_slice(stage, outer_round, slice_index, blobs)
+            self.honest[(stage, outer_round, slice_index)] = result.partial
             if result.decoded is not None:
                 scaled = {name: torch.mul(value, 5.0) for name, value in result.decoded.items()}
                 result.partial, result.decoded, _ = encode_contribution(
                     scaled, self.cfg.compression, stage_index=stage, outer_round=outer_round)
             return result
 
-    return {"worker": WrongBlobWorker}
+    return WrongBlobWorker
+
+
+def wrong_blob() -> dict:
+    return {"worker": wrong_blob_worker()}
 
 
 def bad_slice() -> dict:
@@ -103,13 +127,103 @@ def bad_reference() -> dict:
     return sliced(BadReference)
 
 
+def withhold() -> dict:
+    from node.live.sliced import SlicedExchange
+    from p2p.envelope import decode_envelope
+    from training import butterfly
+
+    class Withhold(SlicedExchange):
+        def publish(self, outer_round, stage, blobs):
+            bundle, reference = butterfly.slice_bundle(blobs)
+            self.archive.put_blob(outer_round, bundle, "slice")  # kept (the auditor reads it), never served
+            return reference
+
+        def close_inputs_held(self, outer_round, stage, digest, envelope):
+            if decode_envelope(envelope, self.max_blob_bytes).sender_peer_id == self.peer_id:
+                return True  # its own bundle: it holds it (and serves it to nobody)
+            return super().close_inputs_held(outer_round, stage, digest, envelope)
+
+    return sliced(Withhold)
+
+
+def two_partials() -> dict:
+    import hashlib
+    import time
+
+    from node import protocol as msg
+    from node.live.sliced import SlicedExchange
+    from training.butterfly import parse_partial, partial_payload
+
+    class TwoPartials(SlicedExchange):
+        def publish_partial(self, outer_round, stage, payload):
+            wrong = parse_partial(payload)
+            honest = self.worker().honest[(stage, outer_round, wrong.slice_index)]
+            envelopes = []
+            for blob in (wrong.blob, honest):
+                data = self.messenger.sign(outer_round, msg.PARTIAL, partial_payload(
+                    wrong.slice_index, wrong.num_slices, wrong.inputs_root, wrong.num_inputs, blob), stage)
+                envelopes.append(data)
+                self.messenger.gossip(outer_round, msg.PARTIAL_ANNOUNCE, msg.PartialAnnounce(
+                    wrong.slice_index, hashlib.sha256(data).digest(), len(data)), stage)
+            time.sleep(3.0)  # both announces reach every holder before either partial can be fetched
+            for data in envelopes:
+                self.host.provide_blob(data, announce=False)
+            return envelopes[0]
+
+    return {"worker": wrong_blob_worker(), **sliced(TwoPartials)}
+
+
+def forged_slices(attack: str) -> dict:
+    import torch
+
+    from node.live.replica import ReplicaWorker
+    from training.codec_wire import decode_contribution
+    from training.compression import encode_contribution
+
+    kind = attack.removeprefix("slices-")
+
+    def forge(value, generator):
+        if kind.startswith("huge-"):
+            return value * float(kind.removeprefix("huge-"))
+        if kind == "sign-flip":
+            return -value
+        if kind == "noise":
+            noise = torch.randn(value.shape, generator=generator)
+            return noise * (value.norm() / noise.norm().clamp_min(1e-12))
+        return torch.zeros_like(value)  # "zero"
+
+    class ForgingSlicesWorker(ReplicaWorker):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.rounds = {}  # stage -> the round last encoded
+
+        def encode(self, stage, outer_round):
+            self.rounds[stage] = outer_round
+            return super().encode(stage, outer_round)
+
+        def last_slices(self, stage):
+            outer_round, plan = self.rounds[stage], self.plans[stage]
+            generator = torch.Generator().manual_seed(1000 * outer_round + stage)
+            forged = []
+            for j, blob in enumerate(super().last_slices(stage)):
+                honest = decode_contribution(blob, plan.slice_shapes(j), stage_index=stage, outer_round=outer_round)
+                values = {name: forge(value, generator) for name, value in honest.items()}
+                forged.append(encode_contribution(values, self.cfg.compression, stage_index=stage,
+                                                  outer_round=outer_round)[0])
+            return forged
+
+    return {"worker": ForgingSlicesWorker}
+
+
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in ATTACKS:
         print(f"usage: sliced_adversary.py {{{'|'.join(ATTACKS)}}} [dlx-node arguments]", file=sys.stderr)
         return 2
     attack = sys.argv.pop(1)
     return run_with({"wrong-root": wrong_root, "wrong-blob": wrong_blob, "bad-slice": bad_slice,
-                     "bad-reference": bad_reference}[attack]())
+                     "bad-reference": bad_reference, "withhold": withhold,
+                     "two-partials": two_partials,
+                     **{name: (lambda name=name: forged_slices(name)) for name in FORGED}}[attack]())
 
 
 if __name__ == "__main__":

@@ -474,3 +474,34 @@ def test_an_aggregator_reads_one_slice_of_a_bundle_over_real_hosts(tmp_path):
             aggregator.fetch_blob_range(sha, len(bundle) - 4, 8, provider.peer_id, timeout=30)  # past the end
         with pytest.raises(BlobError):
             aggregator.fetch_blob_range("00" * 32, 0, 8, provider.peer_id, timeout=30)  # not served
+
+
+def test_a_coordinator_closes_only_with_contributions_whose_inputs_it_holds(tmp_path):
+    """ContributionPool.closable (what RoundCoordinator.ready_close reads): the envelopes here whose inputs
+    the exchange says it holds (the sliced exchange: the whole bundle, fetched, archived, served), so a
+    member that serves its envelope but withholds its bundle is never closed by an honest coordinator."""
+    from node.live.exchange import ContributionPool
+
+    identities = [Identity.generate() for _ in range(3)]
+    envelopes = [_contribution(identity, slice_bundle([bytes([i])] * 3)[1], replica=i)
+                 for i, identity in enumerate(identities)]
+    digests = [hashlib.sha256(e).digest() for e in envelopes]
+    asked = []
+
+    def held(outer_round, stage, digest, envelope):
+        asked.append((outer_round, stage, digest))
+        return digest != digests[1]  # replica 1 withholds its bundle
+
+    pool = ContributionPool(None, None, 7, tmp_path, 1 << 20, 1.0, 1, inputs_held=held)
+    plain = ContributionPool(None, None, 7, tmp_path, 1 << 20, 1.0, 1)
+    try:
+        for digest, envelope in zip(digests, envelopes):
+            pool.add(3, 1, digest, envelope)
+            plain.add(3, 1, digest, envelope)
+        assert set(pool.closable(3, 1)) == {digests[0], digests[2]}
+        assert set(pool.have(3, 1)) == set(digests)  # still here (an aggregator reads its envelope)
+        assert sorted(asked) == sorted((3, 1, d) for d in digests)
+        assert set(plain.closable(3, 1)) == set(digests)  # the full exchange: the envelope is everything
+    finally:
+        pool.close()
+        plain.close()

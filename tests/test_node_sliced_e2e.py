@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from node_fixtures import TINY, node_state, run_logs
 
+from ledger.account import dev_account
+from node.live.topology import committer_order
 from node.tools.audit import FAIL, OK, audit_run
 
 ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "sliced_adversary.py")]
@@ -25,8 +27,19 @@ def _logs(slots) -> str:
     return "\n".join(p.read_text() for slot in slots for p in slot.data_dir.glob("node-*.log"))
 
 
-def _run(make_run, replicas: int, rounds: int, adversary: str | None = None):
-    run = make_run(replicas=replicas, stages=1, split=False, settings=SETTINGS + [f"rounds={rounds}"],
+def _assert_guilty(run, attacker) -> None:
+    """The chain found ``attacker`` guilty and slashed it, and nobody else: an accusation of an honest
+    member (the attacker's own spot checks replay with its wrong rule) is judged by the others' replay."""
+    client = run.client()
+    history = client.history(run.run_id)
+    account = dev_account(attacker.account, client.chain_id).address.lower()
+    guilty = {a.accused.lower() for a in history.accusations if a.guilty}
+    assert guilty == {account}, (history.accusations, run_logs(run))
+    assert [s.account.lower() for s in history.slashings] == [account]
+
+
+def _run(make_run, replicas: int, rounds: int, adversary: str | None = None, extra: tuple = ()):
+    run = make_run(replicas=replicas, stages=1, split=False, settings=[*SETTINGS, f"rounds={rounds}", *extra],
                    attest_quorum=2)
     if adversary is not None:
         run.nodes[-1].command = [*ADVERSARY, adversary]
@@ -73,10 +86,13 @@ def test_a_partial_that_does_not_bind_the_inputs_is_refused_and_the_fallback_pub
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
-def test_a_wrong_partial_over_the_right_inputs_is_applied_alike_and_the_audit_names_it(make_run):
-    """The limit of checking bindings only: holders agree on the poisoned slice; the replay catches it."""
-    run, honest, commits = _run(make_run, replicas=3, rounds=2, adversary="wrong-blob")
+@pytest.mark.timeout(600)
+def test_a_wrong_partial_over_the_right_inputs_is_applied_alike_the_audit_names_it_and_spot_checks_accuse_it(
+        make_run):
+    """The limit of checking bindings only: holders agree on the poisoned slice; the replay catches it. With
+    spot checks on (every holder replays every other partial here), the holders accuse the aggregator on
+    chain with the signed partial as evidence and it is found guilty."""
+    run, honest, commits = _run(make_run, replicas=3, rounds=3, adversary="wrong-blob", extra=["spot_checks=2"])
     report = audit_run(run.client(), run.run_id, archives=[slot.data_dir for slot in run.nodes])
     assert not report.ok
     attacker = run.nodes[-1].peer_id
@@ -85,7 +101,11 @@ def test_a_wrong_partial_over_the_right_inputs_is_applied_alike_and_the_audit_na
         assert next(c for c in verdict.checks if c.name == "weights root (replay)").status == OK, verdict.checks
         # ...and the replay of the attacker's slice names it.
         wrong = [c for c in verdict.checks if c.status == FAIL]
-        assert wrong and all(c.name.startswith("partial") and attacker in c.reason for c in wrong), verdict.checks
+        assert all(c.name.startswith("partial") and attacker in c.reason for c in wrong), verdict.checks
+    # Round 0 at least holds its wrong partial (once it is ejected, later rounds may not).
+    assert any(c.status == FAIL for c in report.rounds[0].checks), report.rounds[0].checks
+    assert "spot check: the partial of" in _logs(honest)
+    _assert_guilty(run, run.nodes[-1])
 
 
 @pytest.mark.slow
@@ -112,3 +132,64 @@ def test_an_envelope_whose_reference_does_not_fit_costs_only_its_signer(make_run
     assert "no usable contribution" in logs or "rejected" in logs
     report = audit_run(run.client(), run.run_id, archives=[slot.data_dir for slot in run.nodes])
     assert report.ok, [c.line() for c in report.all_checks() if c.status != OK]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_member_that_withholds_its_bundle_costs_only_itself_also_when_it_coordinates(make_run):
+    """Withholding costs only the withholder (docs/PROTOCOL.md, "Sliced exchange"): a member that signs
+    references to bundles it never serves is left out by every honest coordinator (which fetches each
+    bundle before closing); in the round it coordinates, its close names its own entry, no partial can
+    come, every honest holder refuses that close and takes the next coordinator's. Every honest node
+    keeps going and ends every round on the chain's roots."""
+    rounds = 2
+    run = make_run(replicas=3, stages=1, split=False, settings=SETTINGS + [f"rounds={rounds}"], attest_quorum=2)
+    # The attacker is the slot that coordinates round 1 (stage 0's rotation over every holder).
+    first = committer_order(1 * 1000 + 0, [slot.peer_id for slot in run.nodes])[0]
+    attacker = next(slot for slot in run.nodes if slot.peer_id == first)
+    attacker.command = [*ADVERSARY, "withhold"]
+    run.start()
+    honest = [slot for slot in run.nodes if slot is not attacker]
+    for slot in honest:
+        assert slot.process.wait(timeout=840) == 0, run_logs(run)
+    commits = run.client().history(run.run_id).commits
+    assert [c.commit.round for c in commits] == list(range(rounds)), run_logs(run)
+    for slot in honest:
+        roots = node_state(slot)["weights_roots"]
+        assert [roots[str(c.commit.round)] for c in commits] == [c.commit.weights_root.hex() for c in commits], \
+            slot.name + "\n" + run_logs(run)
+    # The withholder is in no committed round: only the two honest replicas contributed.
+    assert all(c.commit.num_contributors == 2 for c in commits), [c.commit for c in commits]
+    for slot in honest:
+        log = _logs([slot])
+        # Round 1: its close was refused for the partials that never came; the next coordinator's applied.
+        assert f"close of {first[-8:]} refused: no valid partial" in log, slot.name
+    assert "not closed with its contribution" in _logs(honest)  # an honest coordinator left it out
+    report = audit_run(run.client(), run.run_id, archives=[slot.data_dir for slot in run.nodes])
+    assert report.ok, [c.line() for c in report.all_checks() if c.status != OK]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_bound_partials_that_differ_are_settled_by_replaying_the_slice(make_run):
+    """An aggregator that signs two partials of its slice over the right inputs, a wrong one and the honest
+    one: each holder holds both, replays the slice from its inputs, applies the one equal to its replay
+    and keeps the other as evidence. The honest nodes end on the chain's roots, which the auditor replays
+    from the right partials; its replay names the attacker's wrong partial (the attacker applied it). The
+    holders accuse it on chain with the signed partial, the inputs it binds and the close as evidence
+    (node.live.slicedproof); each judges the other's evidence by replaying it, and the verdict is guilty."""
+    run, honest, commits = _run(make_run, replicas=3, rounds=3, adversary="two-partials")
+    attacker = run.nodes[-1].peer_id
+    for slot in honest:
+        log = _logs([slot])
+        assert "bound partials differ: replaying the slice" in log, slot.name
+        assert f"the partial of {attacker[-8:]}" in log and "differs from the replay" in log, slot.name
+        assert list((slot.data_dir / "evidence").glob("*.wrong.partial")), slot.name
+    report = audit_run(run.client(), run.run_id, archives=[slot.data_dir for slot in run.nodes])
+    for verdict in report.rounds:
+        # The committed weights are the replay's: no honest holder applied the wrong partial.
+        assert next(c for c in verdict.checks if c.name == "weights root (replay)").status == OK, verdict.checks
+        wrong = [c for c in verdict.checks if c.status == FAIL]
+        assert all(c.name.startswith("partial") and attacker in c.reason for c in wrong), verdict.checks
+    _assert_guilty(run, run.nodes[-1])
+    assert "on chain: slice" in _logs(honest)  # SpotChecker.charge: the reason is the slice's

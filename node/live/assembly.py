@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from queue import Queue
 from types import MappingProxyType
 
 from node import protocol as msg
@@ -207,10 +208,11 @@ class NodeParts:
             peer_id=self.peer_id, cluster=cfg.cluster, cluster_size=cfg.cluster_size,
             num_stages=cfg.pipeline.num_stages, book=self.book, seat=self._joined_on_chain, joined=joined)
         exchange_kind = self.kinds.exchanges[cfg.diloco.exchange]
+        charges: Queue = Queue()  # accusations an exchange raises, opened by the spot checker
         self.exchange = exchange = exchange_kind(
             station=self.station, messenger=messenger, host=host, book=self.book, archive=self.archive,
             run_id=self.run_id, p2p=cfg.p2p, incoming=self.incoming_dir, evidence_dir=self.evidence_dir,
-            fallback_providers=membership.live_providers, stop=self.stop)
+            fallback_providers=membership.live_providers, charges=charges, stop=self.stop)
         # Rounds this node finished in an earlier life: it never signs a second, different
         # close or attestation for them (peers would hold both as equivocation evidence).
         self.coordinator = coordinator = self.kinds.coordinator(
@@ -228,7 +230,8 @@ class NodeParts:
             stage_hashes=self.rounds.stage_hashes_of, own_replica=self.station.replica,
             current_round=self.progress.current_round, work_dir=self.data_dir / "spotchecks",
             evidence_dir=self.evidence_dir, stop=self.stop, on_ejected=lifecycle.member_ejected,
-            closes=self.book.snapshot_closes, attestations=self.book.snapshot_attestations))
+            closes=self.book.snapshot_closes, attestations=self.book.snapshot_attestations,
+            evidence_judges=exchange.evidence_judges(), charges=charges))
         self.ending = RunEnd(cfg=cfg, chain=chain, membership=membership, reporter=self.reporter,
                              peer_id=self.peer_id, stop=self.stop)
         self.forks = forks = ForkRepair(

@@ -154,6 +154,21 @@ class RoundCoordinator:
                 for key in [k for k in book if k[0] < outer_round]:
                     del book[key]
 
+    def withdraw(self, outer_round: int, stage: int, close: msg.Close, reason: str) -> list[str]:
+        """Refuse every close of (round, stage) in the book that names ``close``'s set, whose apply found
+        inputs that never came (:class:`node.live.exchange.InputsWithheld`), and forget it as this node's
+        decision: the next coordinator's close counts (docs/PROTOCOL.md, "Sliced exchange", withholding).
+        Returns the coordinators refused."""
+        signers = [coordinator for coordinator, (other, _data) in self.book.snapshot_closes(outer_round, stage).items()
+                   if other.contributions == close.contributions]
+        with self._lock:
+            self._accepted.pop((outer_round, stage), None)
+            for coordinator in signers:
+                self._invalid[(outer_round, stage, coordinator)] = reason
+        logger.warning("round %d stage %d: close of %s refused: %s", outer_round, stage,
+                       ", ".join(c[-8:] for c in signers), reason)
+        return signers
+
     def invalid_closes(self, outer_round: int, stage: int) -> dict[str, str]:
         """Coordinators whose close of (round, stage) was refused, with the reason."""
         with self._lock:
@@ -364,7 +379,7 @@ class RoundCoordinator:
         round > this round) will not contribute to it.
         """
         announced = self.book.snapshot_announces(outer_round, stage)
-        have = self.contributions.have(outer_round, stage)
+        have = self.contributions.closable(outer_round, stage)  # the sliced exchange: bundles held too
         ready = {a.peer_id: a for a in announced.values() if a.envelope_hash in have}
         placements = self.membership.placements
         # A replica whose contribution was proven bad this round is not waited for.

@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from queue import Queue
 
 from node import protocol as msg
 from node.errors import NodeError
@@ -81,6 +82,11 @@ def serve_blob(host: P2PHost, source) -> str:
         return hashlib.sha256(Path(source).read_bytes()).hexdigest()
 
 
+class InputsWithheld(NodeError):
+    """What a close names never came within every candidate's turn (the sliced exchange's partials):
+    the holders refuse that close and take the next coordinator's (docs/PROTOCOL.md, "Sliced exchange")."""
+
+
 class ContributionPool:
     """Verified contribution envelopes by (round, stage) and envelope hash."""
 
@@ -88,7 +94,8 @@ class ContributionPool:
                  transfer_timeout: float, workers: int,
                  check_payload: Callable[[int, int, bytes], None] | None = None,
                  evidence_dir: Path | None = None, lazy: bool = False,
-                 fallback_providers: Callable[[], list[str]] | None = None) -> None:
+                 fallback_providers: Callable[[], list[str]] | None = None,
+                 inputs_held: Callable[[int, int, bytes, bytes], bool] | None = None) -> None:
         self.host = host
         self.book = book
         self.run_id = run_id
@@ -110,6 +117,9 @@ class ContributionPool:
         self._announcing = 0
         #: Peers a fetch falls back to once the sender and the coordinator failed (the live peers).
         self.fallback_providers: Callable[[], list[str]] = fallback_providers or list
+        #: Whether a coordinator holds what a contribution here needs besides its envelope (round, stage,
+        #: envelope hash, envelope): the sliced exchange's whole bundle. None: the envelope is all.
+        self.inputs_held = inputs_held
 
     def serve_own(self, envelope: bytes) -> bytes:
         """Serve this node's own contribution at once and announce it on the DHT in the background.
@@ -167,6 +177,15 @@ class ContributionPool:
     def have(self, outer_round: int, stage: int) -> dict[bytes, bytes]:
         with self._lock:
             return dict(self._have.get((outer_round, stage), {}))
+
+    def closable(self, outer_round: int, stage: int) -> dict[bytes, bytes]:
+        """The envelopes of (round, stage) a coordinator may close with: those here whose inputs it holds
+        too (``inputs_held``, which may start fetching them; see docs/PROTOCOL.md, "Sliced exchange")."""
+        have = self.have(outer_round, stage)
+        if self.inputs_held is None:
+            return have
+        return {digest: envelope for digest, envelope in have.items()
+                if self.inputs_held(outer_round, stage, digest, envelope)}
 
     def rejected(self, outer_round: int, stage: int) -> dict[bytes, tuple[str, str]]:
         """Envelope hashes of (round, stage) proven bad: digest -> (sender peer id, reason)."""
@@ -292,11 +311,18 @@ class Exchange:
     holds_all_envelopes = True
     #: Its contributions can be re-executed by the spot checks (docs/PROTOCOL.md, "Spot checks").
     reexecutable = True
+    #: A coordinator closes only with contributions whose inputs it holds besides the envelope
+    #: (:meth:`close_inputs_held`): the sliced exchange's bundles, served on to the aggregators.
+    holds_inputs_to_close = False
 
     def __init__(self, *, station: Station, messenger, host: P2PHost, book: RoundBook, archive: Archive,
                  run_id: int, p2p: P2PConfig, incoming: Path, evidence_dir: Path,
-                 fallback_providers: Callable[[], list[str]], stop: threading.Event) -> None:
+                 fallback_providers: Callable[[], list[str]], stop: threading.Event,
+                 charges: Queue | None = None) -> None:
         self.station = station
+        #: Accusations this exchange raises, (round, accused peer, replica, build(account) -> Evidence),
+        #: opened on chain by the spot checker (node.live.verifier.SpotChecker.charge).
+        self.charges = charges
         self.messenger = messenger  # node.live.messenger.Messenger
         self.host = host
         self.archive = archive
@@ -309,7 +335,8 @@ class Exchange:
         self.pool = ContributionPool(host, book, run_id, incoming, p2p.max_blob_bytes, p2p.transfer_timeout,
                                      p2p.blob_concurrency, check_payload=self.check_payload,
                                      evidence_dir=evidence_dir, lazy=self.lazy_pool,
-                                     fallback_providers=fallback_providers)
+                                     fallback_providers=fallback_providers,
+                                     inputs_held=self.close_inputs_held if self.holds_inputs_to_close else None)
 
     def check_payload(self, stage: int, outer_round: int, payload: bytes) -> None:
         """Raise (a ValueError or ProtocolError) unless a fetched contribution's payload fits the stage."""
@@ -334,8 +361,21 @@ class Exchange:
         raise NotImplementedError
 
     def apply(self, outer_round: int, stage: int, inputs: StageInputs):
-        """(the stage's RoundResult after the outer step, the closed envelopes this node holds or None each)."""
+        """(the stage's RoundResult after the outer step, the closed envelopes this node holds or None each).
+
+        Raises :class:`InputsWithheld` when what the close names never came (the caller refuses the close
+        and takes the next coordinator's)."""
         raise NotImplementedError
+
+    def evidence_judges(self) -> dict[str, Callable]:
+        """Evidence kinds (``Evidence.verdict``) this exchange judges: verdict -> judge(evidence, accused peer)
+        -> (guilty, or None where it cannot judge; why)."""
+        return {}
+
+    def close_inputs_held(self, outer_round: int, stage: int, digest: bytes, envelope: bytes) -> bool:
+        """Whether this node, as coordinator, holds every input of the checked envelope ``digest`` besides
+        the envelope (used only where :attr:`holds_inputs_to_close`)."""
+        return True
 
     # -- lifecycle -------------------------------------------------------------------
     def forget_before(self, outer_round: int) -> None:

@@ -24,7 +24,7 @@ from node.config import NodeConfig
 from node.live.committer import Committer
 from node.live.contributor import Contributor
 from node.live.coordination import RoundCoordinator
-from node.live.exchange import Exchange, serve_blob
+from node.live.exchange import Exchange, InputsWithheld, serve_blob
 from node.live.forkrepair import ForkRepair
 from node.live.messenger import Messenger
 from node.live.replica import ReplicaWorker
@@ -140,12 +140,12 @@ class RoundFinisher:
         if stage not in gathered.stages:
             gathered.stages[stage] = self.gather_stage(outer_round, stage, gathered.sealed_before, waited)
         inputs = gathered.stages[stage]
-        close = inputs.close
         mark = time.monotonic()
         self.contributor.join_start_state()  # the start state read the engines as they were
         self.forks.remember_base(outer_round, stage, self.worker.global_state(stage))
-        result, envelopes = self.exchange.apply(outer_round, stage, inputs)
+        inputs, (result, envelopes) = self._apply_or_reclose(outer_round, stage, inputs, waited)
         waited["aggregate"] += time.monotonic() - mark
+        close = inputs.close
         for entry in close.contributions:  # when each was here: the round's exchange time
             arrived = self.pool.arrived_at(entry[2])
             if arrived is not None and (gathered.last_arrival is None or arrived > gathered.last_arrival):
@@ -168,6 +168,17 @@ class RoundFinisher:
                 self.archive.put(outer_round, envelope)
             sealed.append(ArchivedContribution(stage, replica, peer_id, digest))
         return StageApplied(stage, result.weights_hash, sealed, excluded)
+
+    def _apply_or_reclose(self, outer_round: int, stage: int, inputs: StageInputs, waited: dict[str, float]):
+        """``(inputs, exchange.apply(..))``; a close whose inputs never came (InputsWithheld: a member that
+        signed a reference and serves nothing) is refused and the next coordinator's applied instead
+        (docs/PROTOCOL.md, "Sliced exchange", withholding). Every refusal refuses at least one coordinator."""
+        while True:
+            try:
+                return inputs, self.exchange.apply(outer_round, stage, inputs)
+            except InputsWithheld as exc:
+                self.coordinator.withdraw(outer_round, stage, inputs.close, str(exc))
+                inputs = self.gather_stage(outer_round, stage, None, waited)
 
     def _attest(self, outer_round: int, hashes: dict[int, bytes], contributed: bool) -> None:
         """Gossip this node's attestation of every held stage (with the stage shard on checkpoint rounds)."""

@@ -18,19 +18,23 @@ what an auditor replays are in docs/PROTOCOL.md, "Sliced exchange".
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
+import random
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ledger.merkle import merkle_root
 from node import protocol as msg
 from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
-from node.live.exchange import Exchange
+from node.live.exchange import FALLBACK_PROVIDERS, Exchange, InputsWithheld
 from node.live.roundbook import Announced
 from node.live.roundstate import StageInputs
+from node.live.slicedproof import WRONG_PARTIAL, judge_wrong_partial, usable_reference, wrong_partial_evidence
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
 from training.butterfly import (
@@ -53,24 +57,15 @@ logger = logging.getLogger(__name__)
 #: Partial announces kept per sender and per (round, stage, slice), and in all per slot.
 ANNOUNCES_PER_SENDER = 4
 MAX_ANNOUNCES_PER_SLOT = 4096
+#: A coordinator asks again for a bundle it could not fetch after this many seconds.
+BUNDLE_RETRY_S = 2.0
 
 
-def usable_reference(envelope: bytes, entry, run_id: int, outer_round: int, stage: int, num_slices: int,
-                     max_blob_bytes: int) -> SliceReference | None:
-    """The slice reference a closed envelope carries, or None when it is no usable contribution of
-    ``entry`` = ``[replica, peer id, envelope hash, size]`` in (round, stage): an envelope that does not
-    verify, whose signed header names another kind, run, round, stage, replica or signer, whose body is
-    not a contribution body, or whose reference does not fit the plan. Pure (the aggregators' and the
-    auditor's rule): never raises on hostile bytes."""
-    replica, peer_id = entry[0], entry[1]
-    try:
-        env = decode_envelope(envelope, max_blob_bytes)
-        if (env.kind, env.run_id, env.round, env.stage, env.replica, env.sender_peer_id) != (
-                msg.CONTRIBUTION, run_id, outer_round, stage, replica, peer_id):
-            return None
-        return parse_slice_reference(msg.decode_contribution_body(env.payload).blob, num_slices, max_blob_bytes)
-    except (EnvelopeRejected, msg.ProtocolError, SliceError, ValueError):
-        return None
+def close_signers(book, outer_round: int, stage: int, close: msg.Close) -> list[str]:
+    """The coordinators whose close of (round, stage) in ``book`` names ``close``'s set: each fetched
+    every closed envelope and whole bundle before closing and serves them (docs/PROTOCOL.md)."""
+    return [coordinator for coordinator, (other, _data) in book.snapshot_closes(outer_round, stage).items()
+            if other.contributions == close.contributions]
 
 
 @dataclass(frozen=True)
@@ -95,6 +90,8 @@ class SlicedExchange(Exchange):
     # Re-execution spot checks compare a rerun with the decoded contribution and replay round t-1
     # from the whole contributions: not done for sliced contributions yet (docs/PROTOCOL.md).
     reexecutable = False
+    # Withholding costs only the withholder: a coordinator closes only with the bundles it holds and serves.
+    holds_inputs_to_close = True
 
     def __init__(self, **parts) -> None:
         super().__init__(**parts)
@@ -102,6 +99,10 @@ class SlicedExchange(Exchange):
         self._cond = threading.Condition()
         # (round, stage, slice) -> [(sender peer id, envelope hash, size)] in arrival order
         self._announced: dict[tuple[int, int, int], list[tuple[str, bytes, int]]] = {}
+        self._bundle_tried: dict[bytes, float] = {}  # bundle digest -> when its fetch last began
+        self._bundle_missed: set[bytes] = set()  # bundles whose fetch failed (logged once)
+        self._charged: set[bytes] = set()  # wrong partials (envelope hashes) this node accused
+        self._bundles = ThreadPoolExecutor(max_workers=2, thread_name_prefix="bundle")
 
     def worker(self):
         return self.station.worker()
@@ -126,6 +127,7 @@ class SlicedExchange(Exchange):
     def apply(self, outer_round: int, stage: int, inputs: StageInputs):
         """The sliced exchange's aggregation: one valid partial per slice, assembled, the outer step."""
         used = self.partials(outer_round, stage, inputs.close)
+        self.spot_check_partials(outer_round, stage, inputs.close, used)
         result = self.worker().apply_partials(stage, outer_round, [partial.blob for partial in used])
         return result, self.held_envelopes(outer_round, stage, inputs.close)  # not every member's
 
@@ -142,6 +144,44 @@ class SlicedExchange(Exchange):
         self.archive.put_blob(outer_round, bundle, "slice")
         self.host.provide_blob(bundle, announce=False)
         return reference
+
+    def close_inputs_held(self, outer_round: int, stage: int, digest: bytes, envelope: bytes) -> bool:
+        """Whether this node, about to close (round, stage), holds the whole bundle the checked envelope
+        ``digest`` references; if not, fetch it (in the background, from its signer) and say no meanwhile.
+
+        The rule that makes withholding cost only the withholder (docs/PROTOCOL.md, "Sliced exchange"):
+        a coordinator closes only with bundles it holds (sha256-checked, archived, served), so an
+        aggregator that cannot read a slice from its member reads it from the close's coordinator.
+        """
+        env = decode_envelope(envelope, self.max_blob_bytes)
+        reference = parse_slice_reference(msg.decode_contribution_body(env.payload).blob,
+                                          self.worker().plans[stage].num_slices, self.max_blob_bytes)
+        bundle = reference.bundle_digest
+        if self.host.has_blob(bundle.hex()):
+            return True
+        with self._cond:
+            if time.monotonic() - self._bundle_tried.get(bundle, -BUNDLE_RETRY_S) < BUNDLE_RETRY_S:
+                return False
+            self._bundle_tried[bundle] = time.monotonic()
+        try:
+            self._bundles.submit(self._fetch_bundle, outer_round, bundle, env.sender_peer_id)
+        except RuntimeError:  # closed: the node is stopping
+            pass
+        return False
+
+    def _fetch_bundle(self, outer_round: int, bundle: bytes, sender: str) -> None:
+        data = self._fetch(bundle, sender)
+        if data is None:
+            with self._cond:
+                first = bundle not in self._bundle_missed
+                self._bundle_missed.add(bundle)
+            logger.log(logging.WARNING if first else logging.DEBUG, "round %d: bundle %s of %s not fetched: not "
+                       "closed with its contribution (yet)", outer_round, bundle.hex()[:12], sender[-8:])
+        else:
+            self.archive.put_blob(outer_round, data, "slice")  # fetch_blob keeps it served; the audit reads it
+        with self._cond:
+            self._bundle_tried[bundle] = time.monotonic()
+        self.pool.book.notify()  # the coordinator's wait looks again
 
     def check_manifest(self, stage: int, outer_round: int, blob: bytes) -> None:
         """Raise SliceError unless ``blob`` is a slice reference for this stage's plan (the contribution check)."""
@@ -164,8 +204,10 @@ class SlicedExchange(Exchange):
         mine = any(close.contributions[candidate(j, outer_round, members, 0)][1] == self.peer_id
                    for j in range(self.worker().plans[stage].num_slices))
         if mine:
+            signers = close_signers(self.pool.book, outer_round, stage, close)
             for replica, peer_id, digest, size in close.contributions:
-                self.pool.fetch(outer_round, stage, Announced(peer_id, replica, digest, size))
+                self.pool.fetch(outer_round, stage, Announced(peer_id, replica, digest, size),
+                                also_from=signers[0] if signers else None)
 
     def held_envelopes(self, outer_round: int, stage: int, close: msg.Close) -> list[bytes | None]:
         """The closed envelopes this node holds (its own, those it fetched as coordinator or aggregator)."""
@@ -188,6 +230,13 @@ class SlicedExchange(Exchange):
         with self._cond:
             for key in [k for k in self._announced if k[0] < outer_round]:
                 del self._announced[key]
+            stale = time.monotonic() - 600.0
+            self._bundle_tried = {k: v for k, v in self._bundle_tried.items() if v > stale}
+            self._bundle_missed &= set(self._bundle_tried)
+
+    def close(self) -> None:
+        self._bundles.shutdown(wait=False, cancel_futures=True)
+        super().close()
 
     # -- one round of one stage --------------------------------------------------------
     def partials(self, outer_round: int, stage: int, close: msg.Close) -> list[UsedPartial]:
@@ -196,30 +245,42 @@ class SlicedExchange(Exchange):
         Turn ``m`` of slice ``j`` opens ``m x turn_timeout`` seconds after this
         call; from then on the partial of candidate ``m`` counts too, and a
         candidate whose turn opened without a valid partial in hand aggregates
-        and publishes its own. Raises NodeError when every candidate's turn has
-        passed without a valid partial, or on stop.
+        and publishes its own. Partials this node archived for the close in an
+        earlier life count at once (a restart re-applies what it applied). Once
+        every candidate's turn has opened (turn ``n``), a holder that still lacks a
+        slice aggregates it itself (not published: it is no candidate; the result
+        is the same pure function). Raises InputsWithheld when a further turn has
+        passed without a valid partial or its inputs (the caller refuses the close
+        and takes the next coordinator's), NodeError on stop.
         """
         plan = self.worker().plans[stage]
         members = len(close.contributions)
         # Every partial binds the close's contributions root (what the attestation and the record
         # commit to): each envelope hash fixes its signed reference, which fixes every slice.
         root = merkle_root([entry[2] for entry in close.contributions])
-        used: dict[int, UsedPartial] = {}
+        used: dict[int, UsedPartial] = self._archived_partials(outer_round, stage, close, root, plan)
         tried: set[bytes] = set()  # partial envelope hashes already judged
         inputs: dict[tuple[bytes, int], bytes] = {}  # slice blobs fetched so far (as an aggregator)
         references: dict[bytes, SliceReference | None] = {}  # envelope hash -> reference (None: absent)
         refused: dict[int, set[int]] = {}  # slice -> turns whose candidate signed a refused partial
         started = time.monotonic()
+        signers = close_signers(self.pool.book, outer_round, stage, close)  # they hold every bundle
         while len(used) < plan.num_slices:
             if self.stop.is_set():
                 raise NodeError(f"round {outer_round} stage {stage}: stopped while waiting for partials")
             turn = int((time.monotonic() - started) // self.turn_timeout)
             if turn >= members + 1:
-                raise NodeError(f"round {outer_round} stage {stage}: no valid partial for slices "
-                                f"{sorted(set(range(plan.num_slices)) - set(used))} after every candidate's turn")
+                raise InputsWithheld(f"no valid partial for slices {sorted(set(range(plan.num_slices)) - set(used))}"
+                                     f" after every candidate's turn ({members + 1} x {self.turn_timeout:.0f}s)")
             for j in range(plan.num_slices):
                 if j in used:
                     continue
+                if turn >= members:  # every candidate had its turn: replay the slice here (a late partial
+                    # or a restart that heard no announce; the inputs may still be withheld)
+                    own = self._replayed(outer_round, stage, j, close, references, root, inputs, signers)
+                    if own is not None:
+                        used[j] = own
+                        continue
                 # A candidate whose signed partial was refused opens the next turn at once: every
                 # holder that saw that partial refuses it alike, so nobody needs to wait it out.
                 opened = max(turn, 1 + max(refused.get(j, {-1})))
@@ -229,7 +290,7 @@ class SlicedExchange(Exchange):
                         # Tried again on every pass until every input is here (a fetch that failed
                         # under load must not cost a whole turn); fetched inputs are kept meanwhile.
                         own = self._aggregate(outer_round, stage, j, close, references, root, members, m,
-                                              inputs)
+                                              inputs, signers)
                         if own is not None:
                             used[j] = own
                             break
@@ -238,14 +299,204 @@ class SlicedExchange(Exchange):
                     if got is True:
                         refused.setdefault(j, set()).add(m)
                     elif got is not None:
-                        used[j] = got
+                        used[j] = self._settle(got, outer_round, stage, close, opened, root, plan, tried,
+                                               (references, inputs, signers))
                         break
             if len(used) < plan.num_slices:
                 with self._cond:
                     self._cond.wait(0.2)
-        for partial in used.values():  # the auditor's evidence of what this node applied
+        for partial in used.values():  # the auditor's evidence of what this node applied; served on too
             self.archive.put_blob(outer_round, partial.envelope, "partial")
+            self.host.provide_blob(partial.envelope, announce=False)
         return [used[j] for j in range(plan.num_slices)]
+
+    def _archived_partials(self, outer_round: int, stage: int, close: msg.Close, root: bytes,
+                           plan) -> dict[int, UsedPartial]:
+        """The valid candidates' partials of the close this node archived (as applied) in an earlier life."""
+        members = len(close.contributions)
+        found: dict[int, UsedPartial] = {}
+        for data in self.archive.blobs(outer_round, "partial"):
+            for j in range(plan.num_slices):
+                for m in range(members):
+                    replica, peer_id, _digest, _size = close.contributions[candidate(j, outer_round, members, m)]
+                    try:
+                        blob = self._check_partial(data, outer_round, stage, j, peer_id, replica, members, root, plan)
+                    except (EnvelopeRejected, SliceError, ContributionDecodeError, ValueError):
+                        continue
+                    found.setdefault(j, UsedPartial(j, m, data, blob))
+        if found:
+            logger.info("round %d stage %d: %d partial(s) of an earlier life reused", outer_round, stage, len(found))
+        return found
+
+    def _replayed(self, outer_round, stage, j, close, references, root, fetched, signers) -> UsedPartial | None:
+        """Slice j aggregated here by a holder that is no candidate (signed for the archive, not published);
+        None while an input is missing."""
+        inputs = self._slice_inputs(outer_round, stage, j, close, references, -1, fetched, signers)
+        if inputs is None:
+            return None
+        blob = self.worker().aggregate_slice(stage, outer_round, j, inputs).partial
+        plan = self.worker().plans[stage]
+        logger.warning("round %d stage %d slice %d: no candidate's partial came in its turn: replayed here",
+                       outer_round, stage, j)
+        data = self.messenger.sign(outer_round, msg.PARTIAL, self.make_payload(
+            j, plan.num_slices, root, len(close.contributions), blob), stage)
+        return UsedPartial(j, -1, data, blob)
+
+    def _settle(self, got: UsedPartial, outer_round, stage, close, opened, root, plan, tried,
+                reading) -> UsedPartial:
+        """``got``, unless another valid partial of the slice by an open candidate (``got``'s signer
+        included: a candidate may sign two) is here and differs from it.
+
+        Two partials that bind the same inputs and differ prove that one candidate lied (an honest one
+        publishes the pure function of the inputs); this holder then replays the slice itself, as an
+        aggregator would, and takes the partial equal to its replay. The others are kept under
+        ``evidence/`` (``.wrong.partial``: the signed proof for an accusation, node.live.slicedproof).
+        ``reading``: (references, fetched slices, the close's coordinators) as in :meth:`_aggregate`.
+        """
+        j = got.slice_index
+        members = len(close.contributions)
+        rivals = [got]
+        for m in range(min(opened, members - 1) + 1):
+            replica, peer_id, _digest, _size = close.contributions[candidate(j, outer_round, members, m)]
+            if peer_id == self.peer_id:
+                continue
+            other = self._from_candidate(outer_round, stage, j, m, peer_id, replica, members, root, plan, tried)
+            if isinstance(other, UsedPartial):
+                rivals.append(other)
+        if len({rival.blob for rival in rivals}) == 1:
+            return got
+        references, fetched, signers = reading
+        logger.warning("round %d stage %d slice %d: %d bound partials differ: replaying the slice", outer_round,
+                       stage, j, len({rival.blob for rival in rivals}))
+        waited = time.monotonic() + 2 * self.turn_timeout
+        inputs = None
+        while inputs is None and time.monotonic() < waited and not self.stop.is_set():
+            inputs = self._slice_inputs(outer_round, stage, j, close, references, got.turn, fetched, signers)
+            if inputs is None:
+                time.sleep(0.2)
+        if inputs is None:
+            logger.warning("round %d stage %d slice %d: inputs not read: the earliest turn's partial is used",
+                           outer_round, stage, j)
+            return min(rivals, key=lambda rival: rival.turn)
+        replayed = self.worker().aggregate_slice(stage, outer_round, j, inputs).partial
+        for rival in rivals:
+            if rival.blob != replayed:
+                sender = decode_envelope(rival.envelope, self.max_blob_bytes).sender_peer_id
+                logger.warning("round %d stage %d slice %d: the partial of %s (turn %d) differs from the replay "
+                               "of its inputs: a wrong partial", outer_round, stage, j, sender[-8:], rival.turn)
+                self.keep_wrong_partial(outer_round, stage, j, rival.envelope)
+                self.charge(outer_round, stage, close, rival.envelope,
+                            f"slice {j}: its partial differs from the replay of the inputs it binds")
+        right = [rival for rival in rivals if rival.blob == replayed]
+        if right:
+            return right[0]
+        # No candidate's partial is the replay's: this holder applies its replay (signed, not published:
+        # what it applied, for the archive; the auditor replays the slice too).
+        data = self.messenger.sign(outer_round, msg.PARTIAL,
+                                   self.make_payload(j, plan.num_slices, root, members, replayed), stage)
+        return UsedPartial(j, -1, data, replayed)
+
+    def spot_check_partials(self, outer_round: int, stage: int, close: msg.Close, used: list[UsedPartial]) -> None:
+        """Replay some of the partials this holder takes, each with probability ``spot_checks / (n - 1)``
+        (drawn from this node's own randomness: an aggregator cannot know who checks it); one that differs
+        from its replay is kept and accused (:meth:`charge`). It does not change what is applied (every
+        holder applies the same partials); it makes a wrong partial that was the only one here cost its
+        signer its stake. On the training thread: the replay's encoder must not share it with training."""
+        members = len(close.contributions)
+        rate = min(1.0, self.worker().cfg.spot_checks / max(1, members - 1))
+        draw = random.SystemRandom()
+        for partial in used:
+            sender = decode_envelope(partial.envelope, self.max_blob_bytes).sender_peer_id
+            if sender == self.peer_id or partial.turn < 0 or rate <= 0 or draw.random() >= rate:
+                continue
+            inputs, references, fetched = None, {}, {}
+            signers = close_signers(self.pool.book, outer_round, stage, close)
+            waited = time.monotonic() + self.turn_timeout
+            while inputs is None and time.monotonic() < waited and not self.stop.is_set():
+                inputs = self._slice_inputs(outer_round, stage, partial.slice_index, close, references, partial.turn,
+                                            fetched, signers)
+            if inputs is None:
+                logger.info("round %d stage %d slice %d: spot check skipped: inputs not read", outer_round, stage,
+                            partial.slice_index)
+                continue
+            if self.worker().aggregate_slice(stage, outer_round, partial.slice_index, inputs).partial == partial.blob:
+                logger.info("round %d stage %d slice %d: spot check of %s's partial: it equals its replay",
+                            outer_round, stage, partial.slice_index, sender[-8:])
+                continue
+            logger.warning("round %d stage %d slice %d: spot check: the partial of %s differs from the replay of "
+                           "its inputs: a wrong partial", outer_round, stage, partial.slice_index, sender[-8:])
+            self.keep_wrong_partial(outer_round, stage, partial.slice_index, partial.envelope)
+            self.charge(outer_round, stage, close, partial.envelope,
+                        f"slice {partial.slice_index}: its partial differs from the replay of the inputs it binds")
+
+    # -- accusing a wrong partial (node.live.slicedproof) --------------------------------------
+    def evidence_judges(self) -> dict:
+        return {WRONG_PARTIAL: self.judge_evidence}
+
+    def judge_evidence(self, evidence: msg.Evidence, accused_peer: str) -> tuple[bool | None, str]:
+        """The verdict on wrong-partial evidence: replayed with this node's plans and aggregation rule."""
+        worker = self.worker()
+        if worker is None:
+            return None, "this node is not placed yet"
+        return judge_wrong_partial(
+            evidence, accused_peer, run_id=self.run_id, max_blob_bytes=self.max_blob_bytes,
+            num_slices=lambda stage: worker.plans[stage].num_slices if stage in worker.plans else None,
+            replay=lambda stage, outer_round, j, inputs: worker.aggregate_slice(stage, outer_round, j, inputs).partial)
+
+    def charge(self, outer_round: int, stage: int, close: msg.Close, partial: bytes, reason: str) -> None:
+        """Gather the evidence against a wrong partial (in the background) and hand it to the spot checker,
+        which accuses its signer on chain (``charges``); once per partial."""
+        digest = hashlib.sha256(partial).digest()
+        with self._cond:
+            if self.charges is None or digest in self._charged:
+                return
+            self._charged.add(digest)
+        try:
+            self._bundles.submit(self._gather_charge, outer_round, stage, close, partial, reason)
+        except RuntimeError:  # closed: the node is stopping
+            pass
+
+    def _gather_charge(self, outer_round: int, stage: int, close: msg.Close, partial: bytes, reason: str) -> None:
+        signers = close_signers(self.pool.book, outer_round, stage, close)
+        if not signers:
+            logger.warning("round %d stage %d: wrong partial not accused: its close is gone", outer_round, stage)
+            return
+        close_envelope = self.pool.book.snapshot_closes(outer_round, stage)[signers[0]][1]
+        have = self.pool.have(outer_round, stage)
+        num_slices = self.worker().plans[stage].num_slices
+        envelopes, bundles = [], []
+        for entry in close.contributions:
+            providers = [entry[1], *signers]
+            envelope = have.get(entry[2]) or self._fetch_first(entry[2], providers)
+            reference = None if envelope is None else usable_reference(
+                envelope, entry, self.run_id, outer_round, stage, num_slices, self.max_blob_bytes)
+            bundle = b"" if reference is None else self._fetch_first(reference.bundle_digest, providers)
+            if envelope is None or bundle is None:
+                logger.warning("round %d stage %d: wrong partial not accused: the input of %s is not here",
+                               outer_round, stage, entry[1][-8:])
+                return
+            envelopes.append(envelope)
+            bundles.append(bundle)
+        header = decode_envelope(partial, self.max_blob_bytes)
+        build = functools.partial(wrong_partial_evidence, replica=header.replica, partial=partial,
+                                  envelopes=envelopes, bundles=bundles, close=close_envelope, reason=reason)
+        self.charges.put((outer_round, header.sender_peer_id, header.replica, build))
+
+    def _fetch_first(self, digest: bytes, providers: list[str]) -> bytes | None:
+        for provider in dict.fromkeys(providers):
+            data = self._fetch(digest, provider)
+            if data is not None:
+                return data
+        return None
+
+    def keep_wrong_partial(self, outer_round: int, stage: int, j: int, envelope: bytes) -> None:
+        """Keep a bound partial that differs from its replay: the signed evidence of a wrong partial."""
+        digest = hashlib.sha256(envelope).hexdigest()
+        try:
+            atomic_write_bytes(self.evidence_dir / f"round-{outer_round:08d}-stage{stage}-slice{j}-{digest}"
+                               ".wrong.partial", envelope)
+        except OSError as exc:
+            logger.warning("evidence not kept: %s", exc)
 
     def _from_candidate(self, outer_round, stage, j, turn, peer_id, replica, members, root, plan,
                         tried) -> UsedPartial | bool | None:
@@ -261,7 +512,7 @@ class SlicedExchange(Exchange):
                 logger.warning("round %d stage %d slice %d: partial of %s announced at %d bytes: refused",
                                outer_round, stage, j, sender[-8:], size)
                 continue  # an unsigned claim (the gossip announce): not a refusal of a signed partial
-            data = self._fetch(envelope_hash, sender)
+            data = self._fetch(envelope_hash, sender) or self._fetch_from_others(envelope_hash, sender)
             if data is None:
                 continue  # not fetched (yet): try again on the next pass
             tried.add(envelope_hash)
@@ -315,8 +566,18 @@ class SlicedExchange(Exchange):
         finally:
             dest.unlink(missing_ok=True)
 
-    def _reference(self, outer_round: int, stage: int, entry,
-                   references: dict[bytes, SliceReference | None]) -> tuple[bool, SliceReference | None]:
+    def _fetch_from_others(self, digest: bytes, sender: str) -> bytes | None:
+        """A partial its signer did not serve, from a few live peers (the holders that applied it serve it):
+        a signer that serves some holders and not others must not split them."""
+        others = [p for p in self.pool.fallback_providers() if p not in (sender, self.peer_id)]
+        for provider in random.sample(others, min(FALLBACK_PROVIDERS, len(others))):
+            data = self._fetch(digest, provider)
+            if data is not None:
+                return data
+        return None
+
+    def _reference(self, outer_round: int, stage: int, entry, references: dict[bytes, SliceReference | None],
+                   signers: list[str]) -> tuple[bool, SliceReference | None]:
         """``(here, reference)`` of a closed entry for an aggregator: its envelope from this node's pool or
         fetched by the pool (from its signer, then live peers), judged by :meth:`input_reference`."""
         digest = entry[2]
@@ -324,7 +585,8 @@ class SlicedExchange(Exchange):
             return True, references[digest]
         # The pool fetches it (from its signer, the close's coordinator, then live peers; a no-op
         # while prefetch_inputs' fetch is under way); fetching it beside the pool would double its bytes.
-        self.pool.fetch(outer_round, stage, Announced(entry[1], entry[0], digest, entry[3]))
+        self.pool.fetch(outer_round, stage, Announced(entry[1], entry[0], digest, entry[3]),
+                        also_from=signers[0] if signers else None)
         waited = time.monotonic() + self.turn_timeout
         while self.pool.in_flight(digest) and time.monotonic() < waited and not self.stop.is_set():
             time.sleep(0.05)
@@ -348,15 +610,39 @@ class SlicedExchange(Exchange):
         return True, reference
 
     def _aggregate(self, outer_round, stage, j, close, references: dict[bytes, SliceReference | None], root,
-                   members, turn, fetched: dict[tuple[bytes, int], bytes]) -> UsedPartial | None:
+                   members, turn, fetched: dict[tuple[bytes, int], bytes], signers: list[str]) -> UsedPartial | None:
         """Fetch slice j of every closed contribution, aggregate, sign, serve and announce the partial.
 
         Publishes only with every input here: a partial over fewer inputs would
         not bind the root the holders compute. None while an input is missing
         (the caller tries again; the next candidate's turn opens meanwhile).
         """
+        inputs = self._slice_inputs(outer_round, stage, j, close, references, turn, fetched, signers)
+        if inputs is None:
+            return None
+        result = self.worker().aggregate_slice(stage, outer_round, j, inputs)
+        plan = self.worker().plans[stage]
+        data = self.publish_partial(outer_round, stage, self.make_payload(j, plan.num_slices, root, members,
+                                                                          result.partial))
+        logger.info("round %d stage %d: partial of slice %d published (turn %d, %d of %d inputs accepted, %d bytes)",
+                    outer_round, stage, j, turn, len(result.accepted), members, len(result.partial))
+        return UsedPartial(j, turn, data, result.partial)
+
+    def publish_partial(self, outer_round: int, stage: int, payload: bytes) -> bytes:
+        """Sign, serve and announce a partial envelope; its bytes (a seam a fault-injection test overrides)."""
+        data = self.messenger.sign(outer_round, msg.PARTIAL, payload, stage)
+        self.host.provide_blob(data, announce=False)
+        digest = hashlib.sha256(data).digest()
+        j = parse_partial(payload).slice_index
+        self.messenger.gossip(outer_round, msg.PARTIAL_ANNOUNCE, msg.PartialAnnounce(j, digest, len(data)), stage)
+        return data
+
+    def _slice_inputs(self, outer_round, stage, j, close, references, turn, fetched,
+                      signers: list[str]) -> list[bytes | None] | None:
+        """Slice j of every closed contribution in canonical order (None each for an absent input), read as
+        an aggregator reads them (the signer, then the close's coordinators); None while one is missing."""
         for entry in close.contributions:
-            here, reference = self._reference(outer_round, stage, entry, references)
+            here, reference = self._reference(outer_round, stage, entry, references, signers)
             if not here:
                 logger.warning("round %d stage %d slice %d: envelope of %s missing; trying again (turn %d)",
                                outer_round, stage, j, entry[1][-8:], turn)
@@ -364,23 +650,17 @@ class SlicedExchange(Exchange):
             if reference is None or (reference.bundle_digest, j) in fetched:
                 continue
             blob = self._read_slice(reference, j, entry[1])
+            for coordinator in signers:  # a member that withholds its bundle: its coordinator serves it
+                if blob is not None or coordinator in (entry[1], self.peer_id):
+                    break
+                blob = self._read_slice(reference, j, coordinator)
             if blob is None:
                 logger.warning("round %d stage %d slice %d: input of %s missing; trying again (turn %d)",
                                outer_round, stage, j, entry[1][-8:], turn)
                 return None
             fetched[(reference.bundle_digest, j)] = blob or None  # b"": a bundle proven bad, an absent input
-        inputs = [None if references[entry[2]] is None else fetched[(references[entry[2]].bundle_digest, j)]
-                  for entry in close.contributions]
-        result = self.worker().aggregate_slice(stage, outer_round, j, inputs)
-        plan = self.worker().plans[stage]
-        payload = self.make_payload(j, plan.num_slices, root, members, result.partial)
-        data = self.messenger.sign(outer_round, msg.PARTIAL, payload, stage)
-        self.host.provide_blob(data, announce=False)
-        digest = hashlib.sha256(data).digest()
-        self.messenger.gossip(outer_round, msg.PARTIAL_ANNOUNCE, msg.PartialAnnounce(j, digest, len(data)), stage)
-        logger.info("round %d stage %d: partial of slice %d published (turn %d, %d of %d inputs accepted, %d bytes)",
-                    outer_round, stage, j, turn, len(result.accepted), members, len(result.partial))
-        return UsedPartial(j, turn, data, result.partial)
+        return [None if references[entry[2]] is None else fetched[(references[entry[2]].bundle_digest, j)]
+                for entry in close.contributions]
 
     def _read_slice(self, reference: SliceReference, j: int, provider: str) -> bytes | None:
         """Slice j of a contribution's bundle: its record and its bytes read by range and checked against the

@@ -38,7 +38,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ledger.errors import LedgerError
@@ -94,6 +94,11 @@ class VerifierContext:
     # of a recorded round to the record from them (node.live.spotinputs). None: only sealed rounds are checked.
     closes: Callable | None = None
     attestations: Callable | None = None
+    # Evidence another module builds and judges whole (the sliced exchange's wrong partial,
+    # node.live.slicedproof): Evidence.verdict -> judge(evidence, accused peer) -> (guilty or None, why);
+    # and the queue of its charges: (round, accused peer, replica, build(account) -> Evidence).
+    evidence_judges: dict[str, Callable] = field(default_factory=dict)
+    charges: queue.Queue | None = None
 
 
 class SpotChecker:
@@ -462,6 +467,35 @@ class SpotChecker:
         self.ctx.gossip(self.ctx.current_round(), msg.ACCUSATION, accusation)
         self._sign_verdict(outer_round, accusation.accused, evidence_hash, True, accused_peer)
 
+    def charge(self, outer_round: int, accused_peer: str, replica: int, build: Callable[[bytes], msg.Evidence]) -> None:
+        """Accuse on chain with evidence built elsewhere (``ctx.charges``): sign it, keep and serve it, ``accuse``,
+        gossip the accusation, sign our guilty verdict."""
+        account = self._account_of(accused_peer)
+        if account is None:
+            logger.warning("round %d: %s not accused: its account is unknown here", outer_round, accused_peer[-8:])
+            return
+        evidence = build(account)
+        data = self.ctx.sign_envelope(outer_round, msg.EVIDENCE, msg.encode_payload(evidence))
+        evidence_hash = hashlib.sha256(data).digest()
+        try:
+            atomic_write_bytes(self.ctx.evidence_dir / f"{evidence.verdict}-round-{outer_round:08d}-"
+                                                      f"{evidence_hash.hex()}.envelope", data)
+        except OSError as exc:
+            logger.warning("evidence not kept on disk: %s", exc)
+        self.ctx.host.provide_blob(data, announce=False)
+        try:
+            self.ctx.chain.accuse(self.ctx.run_id, "0x" + account.hex(), evidence_hash)
+        except LedgerError as exc:
+            logger.warning("round %d: accusation of %s not opened on chain: %s", outer_round, accused_peer[-8:], exc)
+            return
+        logger.warning("round %d: accused %s (0x%s) on chain: %s; evidence %s", outer_round, accused_peer[-8:],
+                       account.hex(), evidence.reason, evidence_hash.hex()[:16])
+        accusation = msg.Accusation(outer_round, account, accused_peer, replica, evidence_hash, len(data))
+        with self._lock:
+            self._accusations[evidence_hash] = (outer_round, accusation)
+        self.ctx.gossip(self.ctx.current_round(), msg.ACCUSATION, accusation)
+        self._sign_verdict(outer_round, account, evidence_hash, True, accused_peer)
+
     def _account_of(self, peer_id: str) -> bytes | None:
         info = self.ctx.membership.book.live_peers(float("inf")).get(peer_id)
         return None if info is None else info.hello.account
@@ -518,6 +552,14 @@ class SpotChecker:
             logger.warning("round %d: %s's evidence is not its evidence of this accusation; not guilty",
                            outer_round, accuser[-8:])
             self._sign_verdict(outer_round, accusation.accused, accusation.evidence_hash, False, who)
+            return
+        judge = self.ctx.evidence_judges.get(evidence.verdict)
+        if judge is not None:  # self-contained evidence another module judges (a wrong sliced partial)
+            guilty, why = judge(evidence, who)
+            logger.warning("round %d: %s's accusation of %s: %s", outer_round, accuser[-8:], who[-8:], why)
+            if guilty is not None:
+                self.ctx.host.provide_blob(data, announce=False)
+                self._sign_verdict(outer_round, accusation.accused, accusation.evidence_hash, guilty, who)
             return
         try:
             ours = [e.to_bytes() for e in self._envelopes_of(outer_round, accusation.replica)]
@@ -605,7 +647,12 @@ class SpotChecker:
         try:
             env = decode_envelope(data, msg.MAX_EVIDENCE_PAYLOAD + 4096)
             evidence = msg.decode_payload(msg.EVIDENCE, env.payload)
-            envs = [decode_envelope(c, self.ctx.cfg.p2p.max_blob_bytes) for c in evidence.contributions]
+            if evidence.verdict in self.ctx.evidence_judges:
+                # Self-contained evidence judged elsewhere (a wrong sliced partial): its first item is the
+                # accused's signed envelope, the others are packs of inputs, not envelopes.
+                envs = [decode_envelope(evidence.contributions[0], self.ctx.cfg.p2p.max_blob_bytes)]
+            else:
+                envs = [decode_envelope(c, self.ctx.cfg.p2p.max_blob_bytes) for c in evidence.contributions]
             accused_peer = self._signer_among(envs, accused)
         except (EnvelopeRejected, msg.ProtocolError, IndexError) as exc:
             logger.warning("accusation of %s on chain: malformed evidence: %s; not guilty", record.accused, exc)
@@ -721,6 +768,8 @@ class SpotChecker:
         while not self.ctx.stop.is_set():
             if time.monotonic() - self._watched_at >= ACCUSATION_POLL_S:
                 self._run_job("watch", ())
+            while self.ctx.charges is not None and not self.ctx.charges.empty():
+                self._run_job("charge", self.ctx.charges.get_nowait())
             try:
                 _priority, _seq, kind, args = self._jobs.get(timeout=0.5)
             except queue.Empty:
@@ -740,6 +789,8 @@ class SpotChecker:
                 self._judge_chain_accusation(*args)
             elif kind == "resolve":
                 self._resolve(*args)
+            elif kind == "charge":
+                self.charge(*args)
         except (NodeError, LedgerError, P2PError, OSError) as exc:
             logger.warning("spot checks: %s job failed: %s", kind, exc)
         except Exception:  # one bad job must not end the checks

@@ -86,6 +86,10 @@ class Archive:
             atomic_write_bytes(path, data)
         return digest
 
+    def blobs(self, round_index: int, suffix: str) -> list[bytes]:
+        """Every blob :meth:`put_blob` stored for a round with ``suffix``, in file-name order."""
+        return [path.read_bytes() for path in sorted(self._round_dir(round_index).glob(f"*.{suffix}"))]
+
     def envelopes(self, round_index: int) -> list[bytes]:
         """Every envelope stored for a round (sealed or not), in file-name order."""
         return [path.read_bytes() for path in sorted(self._round_dir(round_index).glob("*.env"))]

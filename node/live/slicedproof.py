@@ -1,0 +1,156 @@
+"""The evidence of a wrong partial in the sliced exchange, and its judgement (docs/PROTOCOL.md, "Sliced exchange").
+
+A partial is a pure function of the inputs its signed ``inputs_root`` binds, so a
+holder that replays a slice and finds a candidate's signed partial different
+has a self-contained proof: the signed partial envelope, the closed contribution
+envelopes (whose sha256 Merkle root is that ``inputs_root``; each signed by its
+member and carrying the reference of its bundle) and those bundles (each checked
+against the sha256 the signed reference names). Anyone can check it without the
+round's state: bind, read slice ``j`` of every input as an aggregator reads it,
+replay (:func:`training.butterfly.aggregate_slice`), compare. The accusation on
+chain names the sha256 of an :data:`node.protocol.EVIDENCE` envelope whose
+:class:`node.protocol.Evidence` carries, with ``verdict`` = :data:`WRONG_PARTIAL`:
+
+    contributions = [partial envelope, pack(closed envelopes), pack(one bundle or b"" per input),
+                     close envelope]
+
+The close (signed by its coordinator, naming the same envelope hashes in the same order)
+gives each input's entry, with which the aggregators judged it (an entry whose replica or
+peer differs from its envelope's header is an absent input); without it an accuser could
+present such an input as usable and frame an honest aggregator.
+
+``b""`` stands for an input the aggregators take as absent from the envelope's bytes alone
+(no usable reference: :func:`usable_reference`); a bundle whose slice ``j``
+does not prove is absent too (:func:`training.butterfly.bundle_slices`), as for the aggregators.
+Evidence that does not make its case (does not bind, a missing bundle, a partial equal to
+its replay) is a not-guilty verdict: the accuser must show its case.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Callable
+
+from ledger.merkle import merkle_root
+from node import protocol as msg
+from p2p.envelope import decode_envelope
+from p2p.errors import EnvelopeRejected
+from training.butterfly import SliceError, SliceReference, bundle_slices, parse_partial, parse_slice_reference
+
+#: ``Evidence.verdict`` of a wrong partial's evidence (the verifier dispatches on it).
+WRONG_PARTIAL = "wrong-partial"
+
+_COUNT = struct.Struct(">I")
+
+
+def usable_reference(envelope: bytes, entry, run_id: int, outer_round: int, stage: int, num_slices: int,
+                     max_blob_bytes: int) -> SliceReference | None:
+    """The slice reference a closed envelope carries, or None when it is no usable contribution of
+    ``entry`` = ``[replica, peer id, envelope hash, size]`` in (round, stage): an envelope that does not
+    verify, whose signed header names another kind, run, round, stage, replica or signer, whose body is
+    not a contribution body, or whose reference does not fit the plan. Pure (the aggregators' and the
+    auditor's rule): never raises on hostile bytes."""
+    replica, peer_id = entry[0], entry[1]
+    try:
+        env = decode_envelope(envelope, max_blob_bytes)
+        if (env.kind, env.run_id, env.round, env.stage, env.replica, env.sender_peer_id) != (
+                msg.CONTRIBUTION, run_id, outer_round, stage, replica, peer_id):
+            return None
+        return parse_slice_reference(msg.decode_contribution_body(env.payload).blob, num_slices, max_blob_bytes)
+    except (EnvelopeRejected, msg.ProtocolError, SliceError, ValueError):
+        return None
+
+
+def pack_items(items: list[bytes]) -> bytes:
+    """``u32 count || (u32 length || bytes)*``: several blobs in one evidence item."""
+    return _COUNT.pack(len(items)) + b"".join(_COUNT.pack(len(item)) + item for item in items)
+
+
+def unpack_items(data: bytes, max_items: int) -> list[bytes]:
+    """The blobs :func:`pack_items` packed; raises ValueError on anything else (hostile bytes included)."""
+    if len(data) < 4:
+        raise ValueError("packed items: shorter than their count")
+    (count,), offset, items = _COUNT.unpack_from(data), 4, []
+    if count > max_items:
+        raise ValueError(f"packed items: {count} of at most {max_items}")
+    for _ in range(count):
+        if offset + 4 > len(data):
+            raise ValueError("packed items: truncated")
+        (size,) = _COUNT.unpack_from(data, offset)
+        offset += 4
+        if offset + size > len(data):
+            raise ValueError("packed items: truncated")
+        items.append(data[offset:offset + size])
+        offset += size
+    if offset != len(data):
+        raise ValueError("packed items: trailing bytes")
+    return items
+
+
+def wrong_partial_evidence(accused: bytes, replica: int, partial: bytes, envelopes: list[bytes],
+                           bundles: list[bytes], close: bytes, reason: str) -> msg.Evidence:
+    """The :class:`node.protocol.Evidence` against the signer of ``partial`` (module docstring)."""
+    items = [partial, pack_items(envelopes), pack_items(bundles), close]
+    return msg.Evidence(accused, replica, items, WRONG_PARTIAL, reason, [0.0] * len(items))
+
+
+def judge_wrong_partial(evidence: msg.Evidence, accused_peer: str, *, run_id: int, max_blob_bytes: int,
+                        num_slices: Callable[[int], int | None],
+                        replay: Callable[[int, int, int, list[bytes | None]], bytes]) -> tuple[bool | None, str]:
+    """``(guilty, why)`` for wrong-partial evidence against ``accused_peer``; ``(None, why)`` when this node
+    cannot judge it (it holds no plan of that stage). Pure given ``num_slices(stage)`` (the stage's plan, None
+    if not held) and ``replay(stage, round, slice, inputs)`` (the aggregators' function); never raises on
+    hostile bytes."""
+    try:
+        partial_env, packed_envelopes, packed_bundles, close_env = evidence.contributions
+        env = decode_envelope(partial_env, max_blob_bytes)
+        partial = parse_partial(env.payload)
+        closing = decode_envelope(close_env, max_blob_bytes)
+        close = msg.decode_payload(msg.CLOSE, closing.payload)
+    except (ValueError, EnvelopeRejected, SliceError, msg.ProtocolError) as exc:
+        return False, f"no signed partial and close in the evidence: {exc}"
+    if (env.kind, env.run_id, env.sender_peer_id, env.replica) != (msg.PARTIAL, run_id, accused_peer,
+                                                                    evidence.replica):
+        return False, "the partial is not the accused's partial of this run"
+    slices = num_slices(env.stage)
+    if slices is None:
+        return None, f"stage {env.stage} is not held here"
+    try:
+        envelopes = unpack_items(packed_envelopes, partial.num_inputs)
+        bundles = unpack_items(packed_bundles, partial.num_inputs)
+    except ValueError as exc:
+        return False, f"malformed evidence: {exc}"
+    if (partial.num_slices, len(envelopes), len(bundles)) != (slices, partial.num_inputs, partial.num_inputs):
+        return False, "the evidence does not hold one envelope and one bundle per input of the partial"
+    hashes = [hashlib.sha256(e).digest() for e in envelopes]
+    if merkle_root(hashes) != partial.inputs_root:
+        return False, "the envelopes do not bind the partial's inputs root"
+    if (closing.kind, closing.run_id, closing.round, closing.stage) != (msg.CLOSE, run_id, env.round, env.stage) \
+            or [entry[2] for entry in close.contributions] != hashes:
+        return False, "the close is not a close of the partial's round and stage naming its inputs"
+    inputs = []
+    for entry, envelope, bundle in zip(close.contributions, envelopes, bundles):
+        blob, why = _input_of(entry, envelope, bundle, run_id, env.round, env.stage, partial.slice_index, slices,
+                              max_blob_bytes)
+        if why is not None:
+            return False, why
+        inputs.append(blob)
+    if replay(env.stage, env.round, partial.slice_index, inputs) == partial.blob:
+        return False, f"the partial of slice {partial.slice_index} equals its replay"
+    return True, (f"round {env.round} stage {env.stage}: the partial of slice {partial.slice_index} differs from "
+                  f"its replay from the {len(inputs)} inputs it binds")
+
+
+def _input_of(entry, envelope: bytes, bundle: bytes, run_id: int, outer_round: int, stage: int, j: int,
+              slices: int, max_blob_bytes: int) -> tuple[bytes | None, str | None]:
+    """(slice j of one closed input or None if it is absent, None) or (None, why the evidence fails)."""
+    reference = usable_reference(envelope, entry, run_id, outer_round, stage, slices, max_blob_bytes)
+    if reference is None:
+        return None, None  # no usable contribution: an absent input for every aggregator
+    if hashlib.sha256(bundle).digest() != reference.bundle_digest:
+        return None, f"the evidence lacks the bundle of {entry[1][-8:]}'s input"
+    try:
+        return bundle_slices(bundle, reference)[j], None  # None: a slice its record does not prove
+    except SliceError as exc:
+        return None, f"bundle of {entry[1][-8:]}: {exc}"
