@@ -118,7 +118,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-json", action="store_true", help="structured (JSON lines) logs on stderr")
     parser.add_argument("--log-file", default=None, help="write logs to this file instead of stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_init_and_start(sub)
+    _add_join(sub)
+    _add_demo(sub)
 
+    from node.commands.data import add_parser as add_data_parser
+    from node.commands.member import add_parsers as add_member_parsers
+    from node.commands.organize import add_parsers as add_organizer_parsers
+
+    add_data_parser(sub)
+    add_organizer_parsers(sub)
+    add_member_parsers(sub)
+    p = sub.add_parser("status", help="what a running node is doing")
+    p.add_argument("--data-dir", default=".", help="the node's data directory")
+    p.add_argument("--json", action="store_true", help="print the raw status record")
+    _add_audit_and_pull(sub)
+    return parser
+
+
+def _add_init_and_start(sub) -> None:
     p = sub.add_parser("init", help="create the identity key, Ethereum account and a commented node.toml")
     p.add_argument("--data-dir", default=".", help="directory for keys, state and node.toml")
     acct = p.add_mutually_exclusive_group()
@@ -132,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--no-progress", action="store_true", help="no live progress line (logs only)")
 
+
+def _add_join(sub) -> None:
     p = sub.add_parser("join", help="join a running run from its link: fetch and check its settings, write "
                                     "node.toml, register and stake (after asking), start")
     p.add_argument("link", nargs="?", default="",
@@ -167,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one node setting in the node.toml written, e.g. --set round_timeout=60")
 
+
+def _add_demo(sub) -> None:
     p = sub.add_parser("demo", help="local multi-node training run on a managed local chain")
     p.add_argument("--data", default="", help="text file or prepared dataset directory ('dlx-node data prepare') "
                                                "to train on (default: a corpus the project generates)")
@@ -182,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="expected re-executions of each contribution by other members (the nodes' spot_checks; "
                         "default the node's, 0.06)")
     p.add_argument("--preset", default="mini",
-                   choices=["tiny", "mini", "small", "llama-tiny", "llama-20m", "llama-124m", "llama-350m", "llama-1b"])
+                   choices=["tiny", "mini", "small", "llama-tiny", "llama-mini", "llama-20m", "llama-124m", "llama-350m", "llama-1b"])
     p.add_argument("--checkpoint-every", type=int, default=2)
     p.add_argument("--out", default="dlx-demo", help="working directory for node data, logs and checkpoints")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up after this many seconds")
@@ -191,17 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-reference", dest="reference", action="store_false",
                    help="skip training the centralized (DDP) reference the summary compares against")
 
-    from node.commands.data import add_parser as add_data_parser
-    from node.commands.member import add_parsers as add_member_parsers
-    from node.commands.organize import add_parsers as add_organizer_parsers
 
-    add_data_parser(sub)
-    add_organizer_parsers(sub)
-    add_member_parsers(sub)
-    p = sub.add_parser("status", help="what a running node is doing")
-    p.add_argument("--data-dir", default=".", help="the node's data directory")
-    p.add_argument("--json", action="store_true", help="print the raw status record")
-
+def _add_audit_and_pull(sub) -> None:
     for name, helptext in (
         ("audit", "re-derive a run's training history from the chain and archived contributions"),
         ("pull", "download a published checkpoint, verify it against the chain, write a transformers dir"),
@@ -233,7 +246,6 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--archive", action="append", default=[],
                            help="local directory holding checkpoint files to read instead of peers")
             p.add_argument("out_dir", help="output directory for the transformers model")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -179,7 +179,9 @@ def test_reorg_dropping_a_commit_resubmits_it_once(timed_anvil, caplog):
     assert history.commits[0].tx_hash == tx_hash and history.commits[0].commit == record
     receipt = w3.eth.get_transaction_receipt(tx_hash)
     assert w3.eth.block_number - receipt["blockNumber"] + 1 >= 6
-    assert any("reorg" in r.getMessage() for r in caplog.records)
+    # Whether the committer itself saw the reorg (and logged it) depends on where its thread was when the blocks
+    # went: still waiting for the first receipt on a loaded machine, it only ever sees the re-mined one. What
+    # must hold either way is asserted above: one commit, by the same transaction, final 6 blocks deep.
 
 
 def test_a_node_counts_a_commit_final_only_confirmations_deep(anvil_session):

@@ -43,14 +43,20 @@ from pathlib import Path
 
 from ledger.errors import LedgerError
 from ledger.records import AccusationRecord, Verdict
+from node import protocol as msg
 from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
-from node import protocol as msg
 from node.live.spotcheck import RerunWorker, SpotCheckJob, SpotCheckResult
 from node.live.spotinputs import HeardRound, InputsUnavailable, ReplicaInputs, heard_round
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
-from training.reexec import EXACT, check_state_chain, restart_state_reason, sample_replicas, start_global_round
+from training.reexec import (
+    EXACT,
+    check_state_chain,
+    restart_state_reason,
+    sample_replicas,
+    start_global_round,
+)
 from training.robust import SCREENED
 
 logger = logging.getLogger(__name__)
@@ -446,26 +452,8 @@ class SpotChecker:
         evidence = msg.Evidence(account, replica, [e.to_bytes() for e in [*envs, *next_envs]], result.verdict,
                                 result.reason, [result.distances.get(e.stage, math.inf) for e in envs]
                                 + [math.inf] * len(next_envs))
-        data = self.ctx.sign_envelope(outer_round, msg.EVIDENCE, msg.encode_payload(evidence))
-        evidence_hash = hashlib.sha256(data).digest()
-        try:
-            atomic_write_bytes(self.ctx.evidence_dir / f"spotcheck-round-{outer_round:08d}-replica{replica}-"
-                                                      f"{evidence_hash.hex()}.envelope", data)
-        except OSError as exc:
-            logger.warning("evidence not kept on disk: %s", exc)
-        self.ctx.host.provide_blob(data, announce=False)
-        try:
-            self.ctx.chain.accuse(self.ctx.run_id, "0x" + account.hex(), evidence_hash)
-        except LedgerError as exc:  # e.g. already slashed, or this node is no longer a member
-            logger.warning("round %d: accusation of %s not opened on chain: %s", outer_round, accused_peer[-8:], exc)
-            return
-        logger.warning("round %d: accused replica %d (%s, 0x%s) on chain: %s; evidence %s", outer_round, replica,
-                       accused_peer[-8:], account.hex(), result.reason, evidence_hash.hex()[:16])
-        accusation = msg.Accusation(outer_round, account, accused_peer, replica, evidence_hash, len(data))
-        with self._lock:
-            self._accusations[evidence_hash] = (outer_round, accusation)
-        self.ctx.gossip(self.ctx.current_round(), msg.ACCUSATION, accusation)
-        self._sign_verdict(outer_round, accusation.accused, evidence_hash, True, accused_peer)
+        self._open_accusation(outer_round, account, accused_peer, replica, evidence,
+                              f"spotcheck-round-{outer_round:08d}-replica{replica}")
 
     def charge(self, outer_round: int, accused_peer: str, replica: int, build: Callable[[bytes], msg.Evidence]) -> None:
         """Accuse on chain with evidence built elsewhere (``ctx.charges``): sign it, keep and serve it, ``accuse``,
@@ -475,21 +463,27 @@ class SpotChecker:
             logger.warning("round %d: %s not accused: its account is unknown here", outer_round, accused_peer[-8:])
             return
         evidence = build(account)
+        self._open_accusation(outer_round, account, accused_peer, replica, evidence,
+                              f"{evidence.verdict}-round-{outer_round:08d}")
+
+    def _open_accusation(self, outer_round: int, account: bytes, accused_peer: str, replica: int,
+                         evidence: msg.Evidence, file_stem: str) -> None:
+        """Sign ``evidence``, keep it under ``evidence/<file_stem>-<sha256>.envelope`` and serve it, open the
+        accusation on chain, gossip it and sign our own guilty verdict."""
         data = self.ctx.sign_envelope(outer_round, msg.EVIDENCE, msg.encode_payload(evidence))
         evidence_hash = hashlib.sha256(data).digest()
         try:
-            atomic_write_bytes(self.ctx.evidence_dir / f"{evidence.verdict}-round-{outer_round:08d}-"
-                                                      f"{evidence_hash.hex()}.envelope", data)
+            atomic_write_bytes(self.ctx.evidence_dir / f"{file_stem}-{evidence_hash.hex()}.envelope", data)
         except OSError as exc:
             logger.warning("evidence not kept on disk: %s", exc)
         self.ctx.host.provide_blob(data, announce=False)
         try:
             self.ctx.chain.accuse(self.ctx.run_id, "0x" + account.hex(), evidence_hash)
-        except LedgerError as exc:
+        except LedgerError as exc:  # e.g. already slashed, or this node is no longer a member
             logger.warning("round %d: accusation of %s not opened on chain: %s", outer_round, accused_peer[-8:], exc)
             return
-        logger.warning("round %d: accused %s (0x%s) on chain: %s; evidence %s", outer_round, accused_peer[-8:],
-                       account.hex(), evidence.reason, evidence_hash.hex()[:16])
+        logger.warning("round %d: accused replica %d (%s, 0x%s) on chain: %s; evidence %s", outer_round, replica,
+                       accused_peer[-8:], account.hex(), evidence.reason, evidence_hash.hex()[:16])
         accusation = msg.Accusation(outer_round, account, accused_peer, replica, evidence_hash, len(data))
         with self._lock:
             self._accusations[evidence_hash] = (outer_round, accusation)
