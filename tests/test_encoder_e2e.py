@@ -36,13 +36,21 @@ def test_warm_rounds_of_the_v4_encoder_rerun_exactly_in_nodes_and_in_the_audit(m
     assert not history.accusations, run_logs(run)
     assert_chain_roots(run, commits)
 
-    # Each node reran the other replica: every verdict exact, warm rounds among them.
+    # Each node reran the other replica: every verdict it reached is exact. How many of its sampled checks a
+    # node reaches before it stops depends on the machine's load (a queued check is abandoned at the stop),
+    # so the warm rounds are required of the audit below, which reruns every contribution.
+    checked = set()
     for slot in run.nodes:
         log = "\n".join(p.read_text() for p in slot.data_dir.glob("node-*.log"))
         verdicts = {int(r): v for r, v in re.findall(r"spot check of replica \d+ round (\d+): (\w+)", log)}
-        assert verdicts and set(verdicts.values()) == {"exact"}, (slot.name, verdicts)
-        assert verdicts.keys() & {1, 2, 3, 5}, (slot.name, sorted(verdicts))
+        assert set(verdicts.values()) <= {"exact"}, (slot.name, verdicts)
+        checked |= verdicts.keys()
         assert "chain check of replica" not in log, slot.name  # no broken start-state link
+    assert checked, "no node re-executed any round"
 
-    report = audit_run(client, run.run_id, archives=[s.data_dir for s in run.nodes], reexecute=4)
+    report = audit_run(client, run.run_id, archives=[s.data_dir for s in run.nodes], reexecute=-1)
     assert report.ok, [c.line() for c in report.all_checks() if c.status != OK]
+    reruns = {c.name for c in report.all_checks()
+              if c.name.startswith("re-execution of round") and c.status == OK and "exact" in c.reason}
+    warm = {f"re-execution of round {r} replica {replica}" for r in (1, 2, 3, 5) for replica in (0, 1)}
+    assert warm <= reruns, sorted(warm - reruns)  # every warm round reran bit for bit from its start state
