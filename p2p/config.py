@@ -34,6 +34,13 @@ class P2PConfig:
     sync_cache_bytes: int = 8 << 20  # and at most this many bytes per topic
     discovery_interval: float = 30.0  # max seconds between DHT lookups for new peers
     max_peers: int = 64  # stop dialling discovered peers beyond this many connections
+    # A peer whose host is gone is forgotten (p2p.dialbook): after this many failed dials in a row,
+    # or after this many seconds without a connection while its addresses stay known.
+    forget_after_failures: int = 3
+    forget_after_s: float = 180.0
+    # False: a client-only host (``dlx-node join``'s fetch, pull): it listens nowhere, so no peer
+    # learns an address of it to dial back once it is gone.
+    listen: bool = True
     # NAT traversal (p2p.nat, docs/P2P.md "NAT traversal").
     relay_serve: bool = False  # relay for others (circuit relay v2 hop): a node with a public address
     relay_use: list[str] = field(default_factory=list)  # relays to reserve a slot on: /ip4/.../p2p/<relay>
@@ -83,6 +90,10 @@ class P2PConfig:
             raise P2PConfigError(f"p2p.discovery_interval={self.discovery_interval}: must be > 0 seconds")
         if self.max_peers < 1:
             raise P2PConfigError(f"p2p.max_peers={self.max_peers}: must be >= 1")
+        if self.forget_after_failures < 1:
+            raise P2PConfigError(f"p2p.forget_after_failures={self.forget_after_failures}: must be >= 1")
+        if self.forget_after_s <= 0:
+            raise P2PConfigError(f"p2p.forget_after_s={self.forget_after_s}: must be > 0 seconds")
         for addr in self.relay_use:
             try:
                 check_direct_addr(addr, "p2p.relay_use entry")

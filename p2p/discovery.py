@@ -23,25 +23,32 @@ Connect = Callable[[PeerInfo], Awaitable[None]]
 class Discovery:
     """Keeps the host connected: bootstrap peers first, then whatever the DHT or mDNS reveals."""
 
-    def __init__(self, host: IHost, dht: KadDHT, config: P2PConfig, connect: Connect) -> None:
+    def __init__(self, host: IHost, dht: KadDHT, config: P2PConfig, connect: Connect,
+                 forgotten: Callable[[Any], bool] = lambda _peer: False) -> None:
         self._host = host
         self._dht = dht
         self._config = config
         self._connect = connect
+        self._forgotten = forgotten  # p2p.dialbook: peers whose host is gone are not dialled
 
     async def run(self) -> None:
         """Dial bootstrap peers (retrying: they may start later), then look for peers with backoff
-        up to ``discovery_interval``."""
+        up to ``discovery_interval``. A bootstrap peer forgotten after failed dials is dropped once
+        other peers are connected (while none is, it is retried: the run may be restarting)."""
         pending = list(self._config.bootstrap)
         delay = 0.5
         while True:
             for addr in list(pending):
+                info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
                 try:
                     with trio.fail_after(10):
-                        await self._connect(info_from_p2p_addr(multiaddr.Multiaddr(addr)))
+                        await self._connect(info)
                     pending.remove(addr)
                 except Exception as exc:  # keep retrying on the next round
                     logger.debug("bootstrap %s not reachable yet: %s", addr, exc)
+                    if self._forgotten(info.peer_id) and self._host.get_network().connections:
+                        logger.info("bootstrap %s is gone: no longer dialled", addr)
+                        pending.remove(addr)
             if self._host.get_network().connections:
                 await self.discover_once()
             await trio.sleep(delay * (0.8 + 0.4 * random.random()))
@@ -67,7 +74,7 @@ class Discovery:
         for peer in peers:
             if len(network.connections) >= self._config.max_peers:
                 return
-            if peer in network.connections or peer == self._host.get_id():
+            if peer in network.connections or peer == self._host.get_id() or self._forgotten(peer):
                 continue
             addrs = self._host.get_peerstore().addrs(peer)
             if not addrs:

@@ -36,6 +36,7 @@ from p2p.addrs import parse_relayed_addr
 from p2p.blob_protocol import BLOB_PROTOCOL, BlobService
 from p2p.blobstore import BlobStore
 from p2p.config import P2PConfig
+from p2p.dialbook import DialBook
 from p2p.discovery import Discovery
 from p2p.errors import DialError, P2PError, P2PTimeout
 from p2p.gossip import GOSSIP_RPC_LIMIT, SYNC_PROTOCOLS, RecentMessages, build_gossipsub
@@ -52,6 +53,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a direct dial may take when a relay could be tried next.
 DIRECT_BEFORE_RELAY_S = 4.0
+#: How often the host applies its :class:`~p2p.dialbook.DialBook` (forgets peers whose host is gone).
+FORGET_SWEEP_S = 5.0
 
 
 class TransferStats:
@@ -113,6 +116,8 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
         self._closing: trio.Event | None = None
         self._closed = False
         self._listen_addrs: list[str] = []
+        #: Peers forgotten after failed dials or a long disconnection (p2p.dialbook); host thread only.
+        self.dialbook = DialBook(config.forget_after_failures, config.forget_after_s)
         self._thread = threading.Thread(
             target=self._thread_main, name=f"p2p-host-{self.peer_id[-6:]}", daemon=True
         )
@@ -187,10 +192,10 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
         self._libp2p.set_stream_handler(BLOB_PROTOCOL, self._blobs.handle_stream)
         for protocol in SYNC_PROTOCOLS:  # 1.1.0 offers ids first; 1.0.0 for older peers
             self._libp2p.set_stream_handler(protocol, self._handle_sync)
-        listen = multiaddr.Multiaddr(f"/ip4/{config.listen_host}/tcp/{config.listen_port}")
+        listen = [multiaddr.Multiaddr(f"/ip4/{config.listen_host}/tcp/{config.listen_port}")] if config.listen else []
         mdns = None
         try:
-            async with self._libp2p.run([listen]):
+            async with self._libp2p.run(listen):
                 async with background_trio_service(self._pubsub):
                     async with background_trio_service(self._gossipsub):
                         await self._pubsub.wait_until_ready()
@@ -200,7 +205,8 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
                                 self._listen_addrs = [
                                     str(a) for a in self._libp2p.get_addrs() if "/p2p/" in str(a)
                                 ] or [f"{a}/p2p/{self.peer_id}" for a in self._libp2p.get_transport_addrs()]
-                                discovery = Discovery(self._libp2p, self._dht, config, self._connect_info)
+                                discovery = Discovery(self._libp2p, self._dht, config, self._connect_info,
+                                                      forgotten=self._forgotten)
                                 if config.mdns:
                                     mdns = await self._run_blocking(
                                         start_mdns, self._libp2p, config.mdns_interface
@@ -211,6 +217,7 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
                                 await nat_ready.wait()  # relays tried: listen_addrs has the relayed ones
                                 nursery.start_soon(discovery.run)
                                 nursery.start_soon(self._pubsub_repair_loop)
+                                nursery.start_soon(self._forget_loop)
                                 if config.gossip_resync_interval > 0:
                                     nursery.start_soon(self._resync_loop)
                                 self._ready.set()
@@ -307,14 +314,63 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
             return
         try:
             await self._dial(info)
-        except trio.TooSlowError:
-            raise
-        except DialError:
-            raise
-        except Exception as exc:  # libp2p dial errors have no common base
+        except BaseException as exc:  # a timeout arrives here as trio.Cancelled: a failed dial too
+            self._dial_failed(info.peer_id)
+            if isinstance(exc, (trio.TooSlowError, DialError)) or not isinstance(exc, Exception):
+                raise
             raise DialError(f"cannot connect to {info.peer_id}: {type(exc).__name__}: {exc}") from None
+        self.dialbook.dial_succeeded(info.peer_id.to_base58())
         with trio.move_on_after(5):
             await self._dht.add_peer(info.peer_id, skip_server_mode_check=True)
+
+    # ------------------------------------------------------------------ forgetting peers that are gone
+
+    def _forgotten(self, peer: ID) -> bool:
+        return self.dialbook.forgotten(peer.to_base58())
+
+    def _dial_failed(self, peer: ID) -> None:
+        if self._closing is not None and self._closing.is_set():
+            return  # cancelled by the host's own close
+        if self.dialbook.dial_failed(peer.to_base58()):
+            logger.info("forgetting peer %s: %d dials in a row failed", peer, self.config.forget_after_failures)
+            self._drop_addresses(peer)
+
+    def _drop_addresses(self, peer: ID) -> None:
+        """Nobody on this host dials ``peer`` again by itself: its addresses leave the peerstore (the
+        auto-connector dials only peers with addresses) and it leaves the DHT's routing table."""
+        self._libp2p.get_peerstore().clear_addrs(peer)
+        self._dht.routing_table.remove_peer(peer)
+
+    async def _forget_loop(self) -> None:
+        """Apply the dial book every FORGET_SWEEP_S: forget peers long without a connection, and clear
+        again the addresses of forgotten peers that came back through identify or DHT answers."""
+        peerstore = self._libp2p.get_peerstore()
+        me = self._libp2p.get_id()
+        while True:
+            await trio.sleep(min(FORGET_SWEEP_S, self.config.forget_after_s / 4))
+            connections = self._libp2p.get_network().connections
+            known = [p for p in peerstore.peer_ids() if p != me and _addrs_of(peerstore, p)]
+            for peer in self.dialbook.sweep([p.to_base58() for p in known], [p.to_base58() for p in connections]):
+                logger.info("forgetting peer %s: no connection for %.0f s", peer, self.config.forget_after_s)
+            for peer in known + list(self._dht.routing_table.get_peer_ids()):
+                if peer not in connections and self.dialbook.forgotten(peer.to_base58()):
+                    self._drop_addresses(peer)
+
+    def known_addrs(self, peer_id: str, timeout: float = 5.0) -> list[str]:
+        """The addresses this host's peerstore holds for ``peer_id`` (what it would dial)."""
+
+        async def addrs() -> list[str]:
+            return [str(a) for a in _addrs_of(self._libp2p.get_peerstore(), ID.from_base58(peer_id))]
+
+        return self._call(addrs, timeout=timeout, what=f"known_addrs {peer_id}")
+
+    def forgotten_peers(self) -> list[str]:
+        """Peer ids this host no longer dials by itself (p2p.dialbook), oldest first."""
+        return self.dialbook.forgotten_peers()
+
+    def failed_dials(self) -> int:
+        """Dials of this host that failed, since start."""
+        return self.dialbook.failed_dials
 
     def peers(self, timeout: float = 5.0) -> list[str]:
         """Peer ids with an open connection."""
@@ -372,6 +428,14 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
 
     def __repr__(self) -> str:
         return f"P2PHost({self.peer_id}, {'closed' if self._closed else 'open'})"
+
+
+def _addrs_of(peerstore: Any, peer: ID) -> list:
+    """The peerstore's addresses of ``peer``; none for a peer it does not hold (py-libp2p raises)."""
+    try:
+        return list(peerstore.addrs(peer))
+    except Exception:  # PeerStoreError: not found or expired
+        return []
 
 
 def peer_info(addr: str) -> PeerInfo:

@@ -55,6 +55,9 @@ PENDING_LIMIT_S = 20.0
 #: A round past its deadline and every fallback without a close is retried (waited for) and
 #: reported this often.
 QUORUM_WARN_EVERY_S = 30.0
+#: A peer that entered more than this many rounds ago is waited for as an established member
+#: (:meth:`RoundCoordinator.expects`: its announces of older rounds may be forgotten).
+ANNOUNCE_LOOKBACK = 8
 #: Another coordinator's close is used only once it has been here this long without a second,
 #: different close of the same coordinator arriving (gossip floods both versions of an
 #: equivocating close to every node well within it; see docs/PROTOCOL.md).
@@ -369,15 +372,34 @@ class RoundCoordinator:
             self.book.add_close(outer_round, stage, self.peer_id, close, data)
         return close
 
+    def expects(self, peer: str, outer_round: int, stage: int) -> bool:
+        """Whether a close of (round, stage) waits for ``peer``'s contribution (docs/PROTOCOL.md, "Who a
+        close waits for"), from its hellos and announces.
+
+        A peer is waited for in a round from the first round it said it contributes to in this
+        life (``first_round``), and only once it is ready: it trains that round now or later
+        (``training_round``), or it announced a contribution in this life (it is in, and a slow
+        round of it is waited for as before). A peer that has not decided where it enters
+        (``first_round`` -1) is waited for only in round 0, where a fresh run's founders all
+        start. So a joiner or a restarted node that still restores a checkpoint or catches up
+        rounds costs the others nothing; it is waited for from the round it trains. Which set a
+        round aggregates is still the coordinator's close, judged alike by every node.
+        """
+        info = self.book.live_peers(math.inf).get(peer)
+        if info is None:
+            return False
+        first, training = info.hello.first_round, info.hello.training_round
+        if first < 0 or outer_round == 0:
+            return outer_round == 0 and first <= 0
+        if first > outer_round:
+            return False
+        if training >= outer_round or outer_round - first > ANNOUNCE_LOOKBACK:
+            return True
+        return any(peer in self.book.snapshot_announces(r, stage) for r in range(outer_round, first - 1, -1))
+
     def ready_close(self, outer_round: int, stage: int, final: bool, alive: set[str]) -> msg.Close | None:
         """The close this node would sign as coordinator: when every expected replica's contribution
-        is here, or at the deadline with a quorum; None otherwise.
-
-        Expected: every present holder of the stage that entered the run at or before this
-        round, or has not yet decided where it enters (first round -1: it is still joining;
-        at a fresh start that is everyone for a moment). A node that is catching up (first
-        round > this round) will not contribute to it.
-        """
+        is here (:meth:`expects`), or at the deadline with a quorum; None otherwise."""
         announced = self.book.snapshot_announces(outer_round, stage)
         have = self.contributions.closable(outer_round, stage)  # the sliced exchange: bundles held too
         ready = {a.peer_id: a for a in announced.values() if a.envelope_hash in have}
@@ -392,8 +414,7 @@ class RoundCoordinator:
                 if self.contributed(outer_round):
                     expected.add(peer)
                 continue
-            first_round = self.membership.first_round_of(peer)
-            if peer in alive and peer not in bad_senders and first_round is not None and first_round <= outer_round:
+            if peer in alive and peer not in bad_senders and self.expects(peer, outer_round, stage):
                 expected.add(peer)
         replicas = {a.replica for a in ready.values()}
         if not ready or not (expected <= set(ready) or (final and len(replicas) >= self.quorum)):

@@ -1,0 +1,85 @@
+"""Who a close waits for: a joiner or a restarted node costs the others nothing until it trains.
+
+Real RoundBook, Membership and RoundCoordinator (tests/test_node_rooms.py's rooms); the rule is
+:meth:`node.live.coordination.RoundCoordinator.expects` (docs/PROTOCOL.md, "Who a close waits for").
+peer-a coordinates, peer-b is an established member, peer-c joins.
+"""
+
+from __future__ import annotations
+
+from test_node_rooms import Pool, digest, hello, key_of, rooms
+
+from node.live.roundbook import Announced
+
+ALL = {"peer-a", "peer-b", "peer-c"}
+
+
+class HeldPool(Pool):
+    def closable(self, _round, _stage) -> set[bytes]:
+        return {envelope for _replica, _peer, envelope in self.held}
+
+
+def setup(joiner_training: int, joiner_first: int, outer_round: int = 5):
+    book, membership, _pool, coordinator = rooms(quorum=2)
+    pool = HeldPool()
+    coordinator.contributions = pool
+    book.add_hello("peer-b", key_of("peer-b"), hello("c1", training_round=outer_round, first_round=0))
+    book.add_hello("peer-c", key_of("peer-c"), hello("c2", training_round=joiner_training, first_round=joiner_first))
+    for replica, peer in ((0, "peer-a"), (1, "peer-b")):
+        contribute(book, pool, outer_round, replica, peer)
+    return book, pool, coordinator
+
+
+def contribute(book, pool, outer_round, replica, peer):
+    book.add_announce(outer_round, 0, Announced(peer, replica, digest(peer), 100))
+    pool.held.add((replica, peer, digest(peer)))
+
+
+def closed_replicas(coordinator, outer_round: int) -> list[int] | None:
+    close = coordinator.ready_close(outer_round, 0, final=False, alive=ALL)
+    return None if close is None else sorted(e[0] for e in close.contributions)
+
+
+def test_a_joiner_that_has_not_decided_where_it_enters_is_not_waited_for():
+    _book, _pool, coordinator = setup(joiner_training=-1, joiner_first=-1)
+    assert not coordinator.expects("peer-c", 5, 0)
+    assert closed_replicas(coordinator, 5) == [0, 1]  # at once, not at the deadline
+
+
+def test_a_joiner_still_catching_up_is_waited_for_only_from_the_round_it_trains():
+    book, pool, coordinator = setup(joiner_training=-1, joiner_first=6, outer_round=6)
+    assert closed_replicas(coordinator, 6) == [0, 1]  # restoring and catching up: not waited for
+    book.add_hello("peer-c", key_of("peer-c"), hello("c2", training_round=6, first_round=6))
+    assert coordinator.expects("peer-c", 6, 0)
+    assert closed_replicas(coordinator, 6) is None  # it trains round 6 now: its contribution is waited for
+    contribute(book, pool, 6, 2, "peer-c")
+    assert closed_replicas(coordinator, 6) == [0, 1, 2]
+    assert not coordinator.expects("peer-c", 5, 0)  # before its first round, never
+
+
+def test_a_joiner_that_contributed_is_waited_for_like_any_member_even_when_its_hello_lags():
+    book, _pool, coordinator = setup(joiner_training=6, joiner_first=6, outer_round=7)
+    contribute(book, Pool(), 6, 2, "peer-c")  # it contributed to round 6, its hello still says 6
+    assert coordinator.expects("peer-c", 7, 0)
+    assert closed_replicas(coordinator, 7) is None
+
+
+def test_an_established_member_whose_hello_lags_is_still_waited_for():
+    book, _pool, coordinator = setup(joiner_training=-1, joiner_first=-1, outer_round=20)
+    book.add_hello("peer-b", key_of("peer-b"), hello("c1", training_round=19, first_round=0))
+    assert coordinator.expects("peer-b", 20, 0)  # in the run for more than ANNOUNCE_LOOKBACK rounds
+
+
+def test_at_a_fresh_start_every_founder_is_waited_for_in_round_0():
+    book, pool, coordinator = setup(joiner_training=-1, joiner_first=-1, outer_round=0)
+    assert coordinator.expects("peer-c", 0, 0)
+    assert closed_replicas(coordinator, 0) is None
+    book.add_hello("peer-c", key_of("peer-c"), hello("c2", training_round=-1, first_round=0))
+    assert closed_replicas(coordinator, 0) is None  # decided round 0, not training yet: still waited for
+    contribute(book, pool, 0, 2, "peer-c")
+    assert closed_replicas(coordinator, 0) == [0, 1, 2]
+
+
+def test_a_node_sitting_rounds_out_is_never_waited_for():
+    _book, _pool, coordinator = setup(joiner_training=-1, joiner_first=2**62, outer_round=0)
+    assert not coordinator.expects("peer-c", 0, 0) and not coordinator.expects("peer-c", 5, 0)
