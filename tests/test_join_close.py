@@ -64,10 +64,19 @@ def test_a_joiner_that_contributed_is_waited_for_like_any_member_even_when_its_h
     assert closed_replicas(coordinator, 7) is None
 
 
-def test_an_established_member_whose_hello_lags_is_still_waited_for():
+def test_a_member_keeping_pace_is_waited_for_even_when_its_hello_lags_and_one_a_round_behind_is_not():
     book, _pool, coordinator = setup(joiner_training=-1, joiner_first=-1, outer_round=20)
     book.add_hello("peer-b", key_of("peer-b"), hello("c1", training_round=19, first_round=0))
-    assert coordinator.expects("peer-b", 20, 0)  # in the run for more than ANNOUNCE_LOOKBACK rounds
+    contribute(book, Pool(), 19, 1, "peer-b")
+    assert coordinator.expects("peer-b", 20, 0)  # it contributed to round 19: it keeps pace
+    assert not coordinator.expects("peer-b", 22, 0)  # nothing for 21 or 22 and it trains 19: behind
+
+
+def test_a_joiner_that_caught_up_late_is_not_waited_for_until_it_trains_the_round():
+    book, _pool, coordinator = setup(joiner_training=6, joiner_first=6, outer_round=10)
+    contribute(book, Pool(), 6, 2, "peer-c")  # its first contribution came after round 6 closed
+    assert not coordinator.expects("peer-c", 10, 0)
+    assert closed_replicas(coordinator, 10) == [0, 1]
 
 
 def test_at_a_fresh_start_every_founder_is_waited_for_in_round_0():

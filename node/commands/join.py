@@ -73,18 +73,18 @@ def fetch_blob(peers: tuple[str, ...], hash_hex: str, workdir: Path, max_bytes: 
                timeout: float = FETCH_TIMEOUT_S) -> bytes:
     """The blob whose sha256 is ``hash_hex`` (``what``, for messages), from ``peers`` over ``/dlx/blob/1.0.0``.
 
-    A short-lived host with a throwaway identity (the node's own starts later, with its own
-    connections) and a blob size limit of ``max_bytes``, so a peer that offers gigabytes under that
-    hash is refused from the reply header, before any byte is written.
+    A short-lived, client-only host with a throwaway identity (the node's own starts later, with its
+    own connections): it listens nowhere, so the peers learn no address of it to dial once it is
+    gone (docs/P2P.md, "Forgetting peers that are gone"). Its blob size limit is ``max_bytes``, so a
+    peer that offers gigabytes under that hash is refused from the reply header, before any byte is
+    written.
     """
     from p2p.config import P2PConfig
     from p2p.errors import P2PError
     from p2p.host import P2PHost
     from p2p.identity import Identity
 
-    loopback = all(p.startswith(("/ip4/127.", "/dns4/localhost")) for p in peers)
-    config = P2PConfig(listen_host="127.0.0.1" if loopback else "0.0.0.0", listen_port=0,
-                       gossip_resync_interval=0, max_blob_bytes=max_bytes)
+    config = P2PConfig(listen=False, gossip_resync_interval=0, max_blob_bytes=max_bytes)
     staging = Path(tempfile.mkdtemp(prefix=".join-fetch-", dir=workdir))
     host = P2PHost.start(config, Identity.generate(), data_dir=staging)
     try:
