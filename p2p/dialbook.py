@@ -8,6 +8,8 @@ minute for as long as the node runs. :class:`DialBook` is the rule that ends
 it (docs/P2P.md, "Forgetting peers that are gone"): a peer is forgotten after
 ``forget_after_failures`` failed dials in a row, or once it has had no
 connection for ``forget_after_s`` while its addresses stayed known. A
+configured bootstrap peer is exempt until a connection to it opened once (it
+may start later than this node; discovery retries it with backoff). A
 forgotten peer is not dialled by discovery and its addresses are cleared
 again whenever they come back, until it connects (or an explicit connect to
 it succeeds). Pure bookkeeping: the host applies it on its own thread.
@@ -39,14 +41,19 @@ class DialBook:
         self._failures: dict[str, int] = {}
         self._unconnected_since: dict[str, float] = {}
         self._forgotten: dict[str, float] = {}  # peer -> when (insertion order: oldest first)
+        self._protected: set[str] = set()  # bootstrap peers not reached yet
         #: Dials that failed, in all (what a test counts).
         self.failed_dials = 0
 
     # -- what the host reports ------------------------------------------------------------
+    def protect(self, peers: Iterable[str]) -> None:
+        """``peers`` (the configured bootstrap peers) are not forgotten before a connection to them opened."""
+        self._protected |= set(peers)
+
     def dial_failed(self, peer: str) -> bool:
         """A dial of ``peer`` failed; True if that made it forgotten."""
         self.failed_dials += 1
-        if peer in self._forgotten:
+        if peer in self._forgotten or peer in self._protected:
             return False
         count = self._failures.get(peer, 0) + 1
         if count >= self.forget_after_failures:
@@ -62,6 +69,7 @@ class DialBook:
         self._failures.pop(peer, None)
         self._unconnected_since.pop(peer, None)
         self._forgotten.pop(peer, None)
+        self._protected.discard(peer)
 
     def sweep(self, known: Iterable[str], connected: Iterable[str]) -> list[str]:
         """Look at the peers with known addresses and those connected now; return the peers newly
@@ -72,7 +80,7 @@ class DialBook:
             self.dial_succeeded(peer)
         newly = []
         for peer in known:
-            if peer in connected or peer in self._forgotten:
+            if peer in connected or peer in self._forgotten or peer in self._protected:
                 continue
             since = self._unconnected_since.get(peer)
             if since is None:

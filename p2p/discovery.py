@@ -33,8 +33,7 @@ class Discovery:
 
     async def run(self) -> None:
         """Dial bootstrap peers (retrying: they may start later), then look for peers with backoff
-        up to ``discovery_interval``. A bootstrap peer forgotten after failed dials is dropped once
-        other peers are connected (while none is, it is retried: the run may be restarting)."""
+        up to ``discovery_interval``."""
         pending = list(self._config.bootstrap)
         delay = 0.5
         while True:
@@ -46,9 +45,6 @@ class Discovery:
                     pending.remove(addr)
                 except Exception as exc:  # keep retrying on the next round
                     logger.debug("bootstrap %s not reachable yet: %s", addr, exc)
-                    if self._forgotten(info.peer_id) and self._host.get_network().connections:
-                        logger.info("bootstrap %s is gone: no longer dialled", addr)
-                        pending.remove(addr)
             if self._host.get_network().connections:
                 await self.discover_once()
             await trio.sleep(delay * (0.8 + 0.4 * random.random()))

@@ -118,6 +118,7 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
         self._listen_addrs: list[str] = []
         #: Peers forgotten after failed dials or a long disconnection (p2p.dialbook); host thread only.
         self.dialbook = DialBook(config.forget_after_failures, config.forget_after_s)
+        self.dialbook.protect(addr.rsplit("/p2p/", 1)[1] for addr in config.bootstrap)
         self._thread = threading.Thread(
             target=self._thread_main, name=f"p2p-host-{self.peer_id[-6:]}", daemon=True
         )

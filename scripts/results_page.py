@@ -498,6 +498,36 @@ def nat(r: dict) -> list[str]:
         ["path", "path after the transfer", "rate", "load average"], rows)
 
 
+def join(r: dict) -> list[str]:
+    """bench/bench_join.py: round durations around a node joining a running run."""
+    a = r["args"]
+    names = {"baseline": "before (node code of the baseline checkout)", "this": "this commit"}
+    rows, durations = [], []
+    for name, run in r["runs"].items():
+        s, j = run["summary"], run["joiner"]
+        median = s["median_round_s_without_join"]
+        rows.append([names.get(name, name) + (f" `{run['commit']}`" if run.get("commit") else ""),
+                     f"{median:.0f} s" if median is not None else "-",
+                     f"{j['placed_round']} / {j['entered_at']} / {j['first_committed_round_with_it']}",
+                     f"{s['longest_round_in_window_s']} s" if s["longest_round_in_window_s"] is not None else "-",
+                     f"{s['window_s_beyond_median']:+.0f} s" if s["window_s_beyond_median"] is not None else "-",
+                     ", ".join(map(str, s["rounds_closed_at_deadline_missing_a_replica"])) or "none",
+                     f"{run['rounds_committed']}{'' if run['rounds_in_order_once'] else ' (not in order!)'}"])
+        window = s["join_window_rounds"]
+        shown = [row for row in run["rounds"] if window and window[0] - 2 <= row["round"] <= window[-1] + 2]
+        durations.append(f"{names.get(name, name)}: " + ", ".join(
+            f"r{row['round']} {row['duration_s']} s" + ("*" if row["round"] in window else "") for row in shown))
+    return [(f"A local run shaped like `dlx-node demo` ({a['replicas']} replicas x {a['stages']} stages, `{a['preset']}`, "
+             f"H = {a['inner_steps']}, {a['rounds']} rounds, deadline {a['round_timeout_s']} s) on {r['cpus']} cores; "
+             "`dlx-node join` from an empty directory once the first checkpoint is on chain"
+             + (f", the joiner's catch-up held back {a['catch_up_delay_s']:.0f} s" if a["catch_up_delay_s"] else "")
+             + ". A round's time is when its first close was signed; the join window runs from the round open when "
+             "the joiner was placed to the first committed round holding its contribution."), ""] + table(
+        ["node code", "median round (no join)", "placed / entered / first counted round", "longest round in window",
+         "window beyond the median", "rounds closed at the deadline", "rounds committed"], rows) + [
+        "Round durations around the join (* the join window):", ""] + [f"- {line}" for line in durations] + [""]
+
+
 def split_spotchecks(r: dict) -> list[str]:
     rows = [[name, d["sampled"], len(d["checks"]), len(d["not_done"]), ", ".join(sorted(set(d["verdicts"]))) or "-",
              f"{d['check_s_per_round']:.0f} s", f"{d['round_wall_s_mean']:.0f} s"]
@@ -581,6 +611,8 @@ SECTIONS = (
     Section("ledger.json", "Ledger gas and history", "bench/bench_ledger.py", ledger),
     Section("audit.json", "Audit", "bench/bench_audit.py", audit),
     Section("fuzz.json", "Bad input", "bench/fuzz_campaign.py", fuzz),
+    Section("join.json", "A node joining a running run", "bench/bench_join.py", join,
+            "Nobody waits for a joiner until it trains a round (docs/PROTOCOL.md, \"Who a close waits for\"): before, a joiner still restoring or catching up was expected, and each round it was expected in waited up to the deadline."),
     Section("nat.json", "Through NATs: relayed and hole punched", "bench/bench_nat.py", nat,
             "Relayed traffic crosses the relay's process twice; hole punching (DCUtR) moves the same blob directly once both NATs keep the listen port (docs/P2P.md, NAT traversal)."),
     Section("data_loader.json", "Data loader", "bench/bench_data_loader.py", data_loader,

@@ -161,3 +161,13 @@ def test_a_client_only_host_leaves_no_address_to_dial_back(two_hosts, tmp_path):
         assert a.known_addrs(client.peer_id) == []  # nothing a peer could dial once the client is gone
     finally:
         client.close()
+
+
+def test_a_bootstrap_peer_not_reached_yet_is_never_forgotten_and_once_reached_it_can_be():
+    book = DialBook(forget_after_failures=2, forget_after_s=10.0, clock=lambda: 100.0)
+    book.protect(["boot"])
+    for _ in range(5):
+        assert not book.dial_failed("boot")  # it may start later than this node
+    assert book.sweep(known=["boot"], connected=[]) == [] and not book.forgotten("boot")
+    book.dial_succeeded("boot")
+    assert [book.dial_failed("boot") for _ in range(2)] == [False, True]
