@@ -179,11 +179,11 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="bench-join-"))
     runs = {}
     try:
+        runs["this"] = one_run(args, REPO, root / "this")
+        print("this:", runs["this"]["summary"], flush=True)
         if args.baseline:
             runs["baseline"] = one_run(args, Path(args.baseline).resolve(), root / "baseline")
             print("baseline:", runs["baseline"]["summary"], flush=True)
-        runs["this"] = one_run(args, REPO, root / "this")
-        print("this:", runs["this"]["summary"], flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result = {"args": {"rounds": args.rounds, "preset": args.preset, "inner_steps": args.inner_steps,

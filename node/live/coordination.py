@@ -55,9 +55,6 @@ PENDING_LIMIT_S = 20.0
 #: A round past its deadline and every fallback without a close is retried (waited for) and
 #: reported this often.
 QUORUM_WARN_EVERY_S = 30.0
-#: A peer that entered more than this many rounds ago is waited for as an established member
-#: (:meth:`RoundCoordinator.expects`: its announces of older rounds may be forgotten).
-ANNOUNCE_LOOKBACK = 8
 #: Another coordinator's close is used only once it has been here this long without a second,
 #: different close of the same coordinator arriving (gossip floods both versions of an
 #: equivocating close to every node well within it; see docs/PROTOCOL.md).
@@ -376,26 +373,28 @@ class RoundCoordinator:
         """Whether a close of (round, stage) waits for ``peer``'s contribution (docs/PROTOCOL.md, "Who a
         close waits for"), from its hellos and announces.
 
-        A peer is waited for in a round from the first round it said it contributes to in this
-        life (``first_round``), and only once it is ready: it trains that round now or later
-        (``training_round``), or it announced a contribution in this life (it is in, and a slow
-        round of it is waited for as before). A peer that has not decided where it enters
-        (``first_round`` -1) is waited for only in round 0, where a fresh run's founders all
-        start. So a joiner or a restarted node that still restores a checkpoint or catches up
-        rounds costs the others nothing; it is waited for from the round it trains. Which set a
-        round aggregates is still the coordinator's close, judged alike by every node.
+        A peer is waited for from the first round it said it contributes to in this life
+        (``first_round``), and only while it keeps pace: it trains this round or a later one
+        (``training_round``), or it announced a contribution to this round or the one before. A
+        peer that has not decided where it enters (``first_round`` -1) is waited for only in
+        round 0, where a fresh run's founders all start. So a joiner (or a restarted node) that
+        still restores a checkpoint or catches up costs the others nothing, and a member that
+        fell a whole round behind is waited for once (that round's deadline), not again every
+        round until it is back. Which set a round aggregates is still the coordinator's close,
+        judged alike by every node.
         """
         info = self.book.live_peers(math.inf).get(peer)
         if info is None:
             return False
         first, training = info.hello.first_round, info.hello.training_round
-        if first < 0 or outer_round == 0:
-            return outer_round == 0 and first <= 0
-        if first > outer_round:
+        if outer_round == 0:
+            return first <= 0
+        if not 0 <= first <= outer_round:
             return False
-        if training >= outer_round or outer_round - first > ANNOUNCE_LOOKBACK:
+        if training >= outer_round:
             return True
-        return any(peer in self.book.snapshot_announces(r, stage) for r in range(outer_round, first - 1, -1))
+        return any(peer in self.book.snapshot_announces(r, stage) for r in (outer_round, outer_round - 1)
+                   if r >= first)
 
     def ready_close(self, outer_round: int, stage: int, final: bool, alive: set[str]) -> msg.Close | None:
         """The close this node would sign as coordinator: when every expected replica's contribution
