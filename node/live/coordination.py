@@ -375,7 +375,9 @@ class RoundCoordinator:
 
         A peer is waited for from the first round it said it contributes to in this life
         (``first_round``), and only while it keeps pace: it trains this round or a later one
-        (``training_round``), or it announced a contribution to this round or the one before. A
+        (``training_round``), it announced a contribution to this round, or its contribution is in
+        the close this node took for the round before (a late announce of the round before does
+        not count: a joiner still catching up announces every round it passes, late). A
         peer that has not decided where it enters (``first_round`` -1) is waited for only in
         round 0, where a fresh run's founders all start. So a joiner (or a restarted node) that
         still restores a checkpoint or catches up costs the others nothing, and a member that
@@ -391,10 +393,10 @@ class RoundCoordinator:
             return first <= 0
         if not 0 <= first <= outer_round:
             return False
-        if training >= outer_round:
+        if training >= outer_round or peer in self.book.snapshot_announces(outer_round, stage):
             return True
-        return any(peer in self.book.snapshot_announces(r, stage) for r in (outer_round, outer_round - 1)
-                   if r >= first)
+        previous = self.accepted(outer_round - 1, stage) if outer_round - 1 >= first else None
+        return previous is not None and any(entry[1] == peer for entry in previous.contributions)
 
     def ready_close(self, outer_round: int, stage: int, final: bool, alive: set[str]) -> msg.Close | None:
         """The close this node would sign as coordinator: when every expected replica's contribution
