@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import re
 import shutil
@@ -172,6 +173,8 @@ def main() -> int:
     parser.add_argument("--inner-steps", type=int, default=20)
     parser.add_argument("--catch-up-delay", type=float, default=0.0, metavar="S")
     parser.add_argument("--baseline", default="", metavar="DIR", help="also run the node code of this checkout")
+    parser.add_argument("--keep-baseline", action="store_true",
+                        help="keep the baseline run of the result file --out already holds (its code did not change)")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args()
@@ -184,6 +187,8 @@ def main() -> int:
         if args.baseline:
             runs["baseline"] = one_run(args, Path(args.baseline).resolve(), root / "baseline")
             print("baseline:", runs["baseline"]["summary"], flush=True)
+        elif args.keep_baseline:
+            runs["baseline"] = json.loads(Path(args.out).read_text())["runs"]["baseline"]
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result = {"args": {"rounds": args.rounds, "preset": args.preset, "inner_steps": args.inner_steps,
