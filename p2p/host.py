@@ -365,9 +365,13 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
 
         return self._call(addrs, timeout=timeout, what=f"known_addrs {peer_id}")
 
-    def forgotten_peers(self) -> list[str]:
+    def forgotten_peers(self, timeout: float = 5.0) -> list[str]:
         """Peer ids this host no longer dials by itself (p2p.dialbook), oldest first."""
-        return self.dialbook.forgotten_peers()
+
+        async def forgotten() -> list[str]:  # the book is the host thread's
+            return self.dialbook.forgotten_peers()
+
+        return self._call(forgotten, timeout=timeout, what="forgotten_peers")
 
     def failed_dials(self) -> int:
         """Dials of this host that failed, since start."""
