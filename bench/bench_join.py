@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -123,7 +124,8 @@ def one_run(args, code: Path, workdir: Path) -> dict:
     joiner_log = log.read_text(errors="replace") if log.exists() else ""
     placed_at, _ = first_logged(joiner_log, r"node\.live\.assembly: placed:")
     _, entered = first_logged(joiner_log, r"entering at round (\d+)")
-    with_joiner = [c.commit.round for c in history.commits if c.commit.num_contributors == 3]
+    founders = len(run.nodes)  # a record counts one contribution per (replica, stage): 4 before the join
+    with_joiner = [c.commit.round for c in history.commits if c.commit.num_contributors > founders]
     ordered = sorted(rounds)
     table = []
     for r in ordered:
@@ -178,6 +180,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the runs' finally clauses stop their nodes
     load = list(os.getloadavg())
     root = Path(tempfile.mkdtemp(prefix="bench-join-"))
     runs = {}
