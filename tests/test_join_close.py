@@ -7,6 +7,8 @@ peer-a coordinates, peer-b is an established member, peer-c joins.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from test_node_rooms import Pool, digest, hello, key_of, rooms
 
 from node import protocol as msg
@@ -70,13 +72,28 @@ def test_a_joiner_in_the_last_close_is_waited_for_like_any_member_even_when_its_
     assert closed_replicas(coordinator, 7) is None
 
 
-def test_a_member_keeping_pace_is_waited_for_even_when_its_hello_lags_and_one_a_round_behind_is_not():
+def test_a_restarted_member_keeping_pace_is_waited_for_even_when_its_hello_lags_and_one_behind_is_not():
     book, _pool, coordinator = setup(joiner_training=-1, joiner_first=-1, outer_round=20)
-    book.add_hello("peer-b", key_of("peer-b"), hello("c1", training_round=19, first_round=0))
+    book.add_hello("peer-b", key_of("peer-b"), hello("c1", training_round=19, first_round=15))  # restarted alone
     took(coordinator, 20, ["peer-a", "peer-b"])
     assert coordinator.expects("peer-b", 21, 0)  # in the close of round 20: it keeps pace
     took(coordinator, 21, ["peer-a"])
     assert not coordinator.expects("peer-b", 22, 0)  # left out of 21, trains 19, nothing for 22: behind
+
+
+def test_a_member_that_entered_no_later_than_this_node_is_waited_for_as_before():
+    book, _pool, coordinator = setup(joiner_training=-1, joiner_first=-1, outer_round=20)
+    book.add_hello("peer-b", key_of("peer-b"), hello("c1", training_round=3, first_round=0))
+    assert coordinator.expects("peer-b", 20, 0)  # a founder, like this node: a slow round of it is waited for
+
+
+def test_after_a_whole_run_restart_the_peers_entering_with_this_node_are_waited_for():
+    book, _pool, coordinator = setup(joiner_training=-1, joiner_first=9, outer_round=9)
+    coordinator.station = SimpleNamespace(first_round=9)  # this node (re)entered at round 9 too
+    assert coordinator.expects("peer-c", 9, 0)  # entered with it, still restoring: waited for
+    book.add_hello("peer-c", key_of("peer-c"), hello("c2", training_round=-1, first_round=-1))
+    assert coordinator.expects("peer-c", 9, 0)  # not decided yet, in the round this node entered at
+    assert not coordinator.expects("peer-c", 10, 0)
 
 
 def test_a_joiner_announcing_the_rounds_it_passes_late_is_not_waited_for_until_it_trains_the_round():

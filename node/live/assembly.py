@@ -220,7 +220,7 @@ class NodeParts:
             membership=membership, contributions=exchange.pool, contributed=self.rounds.contributed,
             gossip=messenger.gossip, resync=messenger.resync,
             previous_life_finished=self.state.get("last_finished", -1), transfer_timeout=cfg.p2p.transfer_timeout,
-            stop=self.stop)
+            stop=self.stop, station=self.station)
         self.lifecycle = lifecycle = Lifecycle(run_id=self.run_id, peer_id=self.peer_id, state=self.state,
                                                membership=membership, stop=self.stop)
         self.spot_checks = spot_checks = SpotChecker(VerifierContext(

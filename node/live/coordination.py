@@ -76,14 +76,16 @@ class RoundCoordinator:
     ``gossip(t, kind, message, stage)`` signs and publishes a message and returns
     its envelope bytes; ``resync()`` pulls recent messages from the peers.
     ``previous_life_finished``: the last round this node finished before a restart
-    (it never signs a second, different close for those).
+    (it never signs a second, different close for those). ``station``: this node's
+    :class:`~node.live.station.Station` (the round it entered at, :meth:`expects`).
     """
 
     def __init__(self, peer_id: str, quorum: int, round_timeout: float, book: RoundBook,
                  membership: Membership, contributions: ContributionPool,
                  contributed: Callable[[int], bool], gossip: Callable[..., bytes], resync: Callable[[], None],
                  previous_life_finished: int, transfer_timeout: float = 60.0,
-                 stop: threading.Event | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 stop: threading.Event | None = None, clock: Callable[[], float] = time.monotonic,
+                 station=None) -> None:
         self.peer_id = peer_id
         self.quorum = quorum
         self.round_timeout = round_timeout
@@ -96,6 +98,7 @@ class RoundCoordinator:
         self.previous_life_finished = previous_life_finished
         self.transfer_timeout = transfer_timeout
         self.stop = stop
+        self.station = station  # node.live.station.Station: where this node entered (None: round 0)
         self._clock = clock  # judge's stall clock (a test drives it)
         self._accepted: dict[tuple[int, int], msg.Close] = {}
         self._invalid: dict[tuple[int, int, str], str] = {}  # (round, stage, coordinator) -> reason
@@ -373,27 +376,28 @@ class RoundCoordinator:
         """Whether a close of (round, stage) waits for ``peer``'s contribution (docs/PROTOCOL.md, "Who a
         close waits for"), from its hellos and announces.
 
-        A peer is waited for from the first round it said it contributes to in this life
-        (``first_round``), and only while it keeps pace: it trains this round or a later one
-        (``training_round``), it announced a contribution to this round, or its contribution is in
-        the close this node took for the round before (a late announce of the round before does
-        not count: a joiner still catching up announces every round it passes, late). A
-        peer that has not decided where it enters (``first_round`` -1) is waited for only in
-        round 0, where a fresh run's founders all start. So a joiner (or a restarted node) that
-        still restores a checkpoint or catches up costs the others nothing, and a member that
-        fell a whole round behind is waited for once (that round's deadline), not again every
-        round until it is back. Which set a round aggregates is still the coordinator's close,
-        judged alike by every node.
+        A peer that entered no later than this node (its ``first_round`` at most this node's, as
+        at a fresh start or after the whole run restarted) is waited for from its first round,
+        and while it has not decided where it enters (-1) only in round 0 or in the round this
+        node entered at. A peer that entered after this node (a joiner, or a node restarted
+        alone) is waited for from its first round only while it keeps pace: it trains this round
+        or a later one (``training_round``), it announced a contribution to this round, or its
+        contribution is in the close this node took for the round before (a late announce of
+        the round before does not count: a joiner still catching up announces each round it
+        passes late); while it has not decided where it enters, never (after round 0). So a
+        joiner that still restores a checkpoint or catches up costs the others nothing. Which
+        set a round aggregates is still the coordinator's close, judged alike by every node.
         """
         info = self.book.live_peers(math.inf).get(peer)
         if info is None:
             return False
         first, training = info.hello.first_round, info.hello.training_round
-        if outer_round == 0:
-            return first <= 0
-        if not 0 <= first <= outer_round:
+        mine = self.station.first_round if self.station is not None else 0
+        if first < 0:
+            return outer_round == 0 or outer_round == mine
+        if first > outer_round:
             return False
-        if training >= outer_round or peer in self.book.snapshot_announces(outer_round, stage):
+        if first <= mine or training >= outer_round or peer in self.book.snapshot_announces(outer_round, stage):
             return True
         previous = self.accepted(outer_round - 1, stage) if outer_round - 1 >= first else None
         return previous is not None and any(entry[1] == peer for entry in previous.contributions)
