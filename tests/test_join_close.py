@@ -65,20 +65,29 @@ def took(coordinator, outer_round, peers):
     coordinator.adopt(outer_round, 0, msg.Close([[i, p, digest(p), 100] for i, p in enumerate(peers)]))
 
 
-def test_a_joiner_in_the_last_close_is_waited_for_like_any_member_even_when_its_hello_lags():
+def test_a_joiner_seen_in_a_close_is_waited_for_like_any_member_even_when_its_hello_lags():
     _book, _pool, coordinator = setup(joiner_training=6, joiner_first=6, outer_round=7)
     took(coordinator, 6, ["peer-a", "peer-b", "peer-c"])  # it contributed to round 6; its hello still says 6
     assert coordinator.expects("peer-c", 7, 0)
     assert closed_replicas(coordinator, 7) is None
 
 
-def test_a_restarted_member_keeping_pace_is_waited_for_even_when_its_hello_lags_and_one_behind_is_not():
+def test_a_joiner_announcing_the_rounds_it_passes_late_is_not_waited_for_until_it_trains_the_round():
+    book, _pool, coordinator = setup(joiner_training=9, joiner_first=6, outer_round=10)
+    took(coordinator, 9, ["peer-a", "peer-b"])
+    contribute(book, Pool(), 9, 2, "peer-c")  # its contribution to round 9 came after round 9 closed
+    assert not coordinator.expects("peer-c", 10, 0)
+    assert closed_replicas(coordinator, 10) == [0, 1]
+    book.add_announce(10, 0, Announced("peer-c", 2, digest("peer-c"), 100))  # announced 10: on its way
+    assert coordinator.expects("peer-c", 10, 0) and closed_replicas(coordinator, 10) is None
+
+
+def test_a_member_seen_contributing_and_restarted_is_waited_for_as_before():
     book, _pool, coordinator = setup(joiner_training=-1, joiner_first=-1, outer_round=20)
-    book.add_hello("peer-b", key_of("peer-b"), hello("c1", training_round=19, first_round=15))  # restarted alone
-    took(coordinator, 20, ["peer-a", "peer-b"])
-    assert coordinator.expects("peer-b", 21, 0)  # in the close of round 20: it keeps pace
-    took(coordinator, 21, ["peer-a"])
-    assert not coordinator.expects("peer-b", 22, 0)  # left out of 21, trains 19, nothing for 22: behind
+    took(coordinator, 3, ["peer-a", "peer-b", "peer-c"])
+    assert coordinator.expects("peer-c", 20, 0)  # restarting, not decided yet: waited for as before
+    book.add_hello("peer-c", key_of("peer-c"), hello("c2", training_round=-1, first_round=21))
+    assert not coordinator.expects("peer-c", 20, 0) and coordinator.expects("peer-c", 21, 0)
 
 
 def test_a_member_that_entered_no_later_than_this_node_is_waited_for_as_before():
@@ -94,16 +103,6 @@ def test_after_a_whole_run_restart_the_peers_entering_with_this_node_are_waited_
     book.add_hello("peer-c", key_of("peer-c"), hello("c2", training_round=-1, first_round=-1))
     assert coordinator.expects("peer-c", 9, 0)  # not decided yet, in the round this node entered at
     assert not coordinator.expects("peer-c", 10, 0)
-
-
-def test_a_joiner_announcing_the_rounds_it_passes_late_is_not_waited_for_until_it_trains_the_round():
-    book, _pool, coordinator = setup(joiner_training=9, joiner_first=6, outer_round=10)
-    took(coordinator, 9, ["peer-a", "peer-b"])
-    contribute(book, Pool(), 9, 2, "peer-c")  # its contribution to round 9 came after round 9 closed
-    assert not coordinator.expects("peer-c", 10, 0)
-    assert closed_replicas(coordinator, 10) == [0, 1]
-    book.add_announce(10, 0, Announced("peer-c", 2, digest("peer-c"), 100))  # announced 10: on its way
-    assert coordinator.expects("peer-c", 10, 0) and closed_replicas(coordinator, 10) is None
 
 
 def test_at_a_fresh_start_every_founder_is_waited_for_in_round_0():

@@ -101,6 +101,8 @@ class RoundCoordinator:
         self.station = station  # node.live.station.Station: where this node entered (None: round 0)
         self._clock = clock  # judge's stall clock (a test drives it)
         self._accepted: dict[tuple[int, int], msg.Close] = {}
+        #: Peers named in a close this node took in this life: members it has seen contribute (:meth:`expects`).
+        self._seen_in_closes: set[str] = set()
         self._invalid: dict[tuple[int, int, str], str] = {}  # (round, stage, coordinator) -> reason
         # (round, stage, coordinator) -> (entries here, when that count was first reached)
         self._pending_since: dict[tuple[int, int, str], tuple[int, float]] = {}
@@ -139,6 +141,7 @@ class RoundCoordinator:
         """
         with self._lock:
             self._accepted[(outer_round, stage)] = close
+            self._seen_in_closes.update(entry[1] for entry in close.contributions)
         data = self.gossip(outer_round, msg.CLOSE, close, stage)
         self.book.add_close(outer_round, stage, self.peer_id, close, data)
 
@@ -346,6 +349,7 @@ class RoundCoordinator:
         """``close`` is this node's decision of (round, stage)."""
         with self._lock:
             self._accepted[(outer_round, stage)] = close
+            self._seen_in_closes.update(entry[1] for entry in close.contributions)
 
     def _raise_if_no_longer_waited(self, outer_round: int, stage: int) -> None:
         if self.stop is not None and self.stop.is_set():
@@ -376,31 +380,32 @@ class RoundCoordinator:
         """Whether a close of (round, stage) waits for ``peer``'s contribution (docs/PROTOCOL.md, "Who a
         close waits for"), from its hellos and announces.
 
-        A peer that entered no later than this node (its ``first_round`` at most this node's, as
-        at a fresh start or after the whole run restarted) is waited for from its first round,
-        and while it has not decided where it enters (-1) only in round 0 or in the round this
-        node entered at. A peer that entered after this node (a joiner, or a node restarted
-        alone) is waited for from its first round only while it keeps pace: it trains this round
-        or a later one (``training_round``), it announced a contribution to this round, or its
-        contribution is in the close this node took for the round before (a late announce of
-        the round before does not count: a joiner still catching up announces each round it
-        passes late); while it has not decided where it enters, never (after round 0). So a
-        joiner that still restores a checkpoint or catches up costs the others nothing. Which
-        set a round aggregates is still the coordinator's close, judged alike by every node.
+        A member this node has seen contribute (named in a close it took in this life) or that
+        entered no later than this node (``first_round`` at most this node's: a fresh run's
+        founders, every node after the whole run restarted) is waited for as it always was: from
+        its ``first_round`` on, and while it has not decided where it enters (-1), too. A
+        newcomer (a joiner, in every view; a member seen by no close of this life) is waited
+        for only once it is ready: from its ``first_round`` on, while it trains this round or a
+        later one (``training_round``) or announced a contribution to it; while undecided, only
+        in round 0 or the round this node entered at. So a joiner that still restores a
+        checkpoint or catches up costs the others nothing, and once in a close it is a member
+        like any other. Which set a round aggregates is still the coordinator's close, judged
+        alike by every node.
         """
         info = self.book.live_peers(math.inf).get(peer)
         if info is None:
             return False
         first, training = info.hello.first_round, info.hello.training_round
         mine = self.station.first_round if self.station is not None else 0
+        with self._lock:
+            member = peer in self._seen_in_closes
+        if member or 0 <= first <= mine:
+            return first <= outer_round  # -1 (deciding where it enters) included, as before
         if first < 0:
-            return outer_round == 0 or outer_round == mine
+            return outer_round in (0, mine)
         if first > outer_round:
             return False
-        if first <= mine or training >= outer_round or peer in self.book.snapshot_announces(outer_round, stage):
-            return True
-        previous = self.accepted(outer_round - 1, stage) if outer_round - 1 >= first else None
-        return previous is not None and any(entry[1] == peer for entry in previous.contributions)
+        return training >= outer_round or peer in self.book.snapshot_announces(outer_round, stage)
 
     def ready_close(self, outer_round: int, stage: int, final: bool, alive: set[str]) -> msg.Close | None:
         """The close this node would sign as coordinator: when every expected replica's contribution
