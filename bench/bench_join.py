@@ -13,7 +13,7 @@ placed (its hello and seat known), the round it entered at, and the first commit
 its contribution. ``--baseline DIR`` runs the same again with the node code of another checkout
 (``PYTHONPATH=DIR``; e.g. the commit before a change) and records both runs in the one result.
 ``--catch-up-delay S`` makes the joiner sleep S seconds before its first catch-up round
-(tests/slow_joiner.py), standing in for a joiner on a starved machine.
+(tests/slow_joiner.py), standing in for a joiner on a starved machine. Writes bench/results/join.json.
 """
 
 from __future__ import annotations
