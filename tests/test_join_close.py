@@ -72,12 +72,12 @@ def test_a_joiner_seen_in_a_close_is_waited_for_like_any_member_even_when_its_he
     assert closed_replicas(coordinator, 7) is None
 
 
-def test_a_joiner_announcing_the_rounds_it_passes_late_is_not_waited_for_until_it_trains_the_round():
+def test_a_joiner_that_has_started_training_is_waited_for_even_where_it_is_behind():
     book, _pool, coordinator = setup(joiner_training=9, joiner_first=6, outer_round=10)
-    took(coordinator, 9, ["peer-a", "peer-b"])
-    contribute(book, Pool(), 9, 2, "peer-c")  # its contribution to round 9 came after round 9 closed
+    assert coordinator.expects("peer-c", 10, 0)  # caught up, training round 9: it comes
+    assert closed_replicas(coordinator, 10) is None
+    book.add_hello("peer-c", key_of("peer-c"), hello("c2", training_round=5, first_round=6))  # still catching up
     assert not coordinator.expects("peer-c", 10, 0)
-    assert closed_replicas(coordinator, 10) == [0, 1]
     book.add_announce(10, 0, Announced("peer-c", 2, digest("peer-c"), 100))  # announced 10: on its way
     assert coordinator.expects("peer-c", 10, 0) and closed_replicas(coordinator, 10) is None
 

@@ -39,6 +39,20 @@ def closes(log_text: str) -> dict[int, tuple[list[int], list[int]]]:
     return found
 
 
+def closes_at(log_text: str) -> list[tuple[str, int, list[int]]]:
+    """(HH:MM:SS, round, replicas missing) of each close a node signed as coordinator."""
+    found = []
+    for line in log_text.splitlines():
+        match = CLOSED.search(line)
+        if match:
+            found.append((line[:8], int(match.group(1)), [int(x) for x in (match.group(5) or "").split(",") if x.strip()]))
+    return found
+
+
+def first_stamp(log_text: str, pattern: str) -> str:
+    return next(line[:8] for line in log_text.splitlines() if re.search(pattern, line))
+
+
 def _wait_for(predicate, timeout: float, what: str, run, joiner=None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -91,14 +105,15 @@ def test_a_joiner_slower_than_the_deadline_to_catch_up_costs_the_run_no_round(ma
     assert rounds == list(range(len(rounds))) and not history.disputes
     first_with_joiner = min(c.commit.round for c in history.commits if c.commit.num_contributors == 3)
     assert first_with_joiner >= entered
-    # From the joiner's entry until its first counted contribution, rounds closed without waiting for
-    # it: at most one (the first it trains, if that training is late) closed by the deadline naming it
-    # missing, though its catch-up is longer than two deadlines.
+    # While the joiner restored and caught up (before it began to train), no round waited for it: none
+    # closed then by the deadline naming it missing, though its catch-up is longer than two deadlines.
+    started = first_stamp(joiner_log, r"round \d+: \d+ inner steps")
     founders = {}
     for slot in run.nodes:
-        for round_index, close in closes("\n".join(p.read_text() for p in slot.data_dir.glob("node-*.log"))).items():
-            founders.setdefault(round_index, []).append(close)
-    between = [r for r in sorted(founders) if entered <= r < first_with_joiner]
-    assert between, f"no round closed between the entry ({entered}) and the joiner's first ({first_with_joiner})"
-    waited_for_joiner = [r for r in between if any(JOINER in missing for _replicas, missing in founders[r])]
-    assert len(waited_for_joiner) <= 1, f"rounds closed by the deadline waiting for the joiner: {waited_for_joiner}"
+        text = "\n".join(p.read_text() for p in slot.data_dir.glob("node-*.log"))
+        for stamp, round_index, missing in closes_at(text):
+            founders.setdefault(round_index, []).append((stamp, missing))
+    during = [r for r in sorted(founders) if r >= entered and all(stamp < started for stamp, _ in founders[r])]
+    assert during, f"no round closed while the joiner caught up (entered at {entered})"
+    waited = [r for r in during if any(JOINER in missing for _stamp, missing in founders[r])]
+    assert not waited, f"rounds closed by the deadline waiting for a joiner still catching up: {waited}"

@@ -385,11 +385,11 @@ class RoundCoordinator:
         founders, every node after the whole run restarted) is waited for as it always was: from
         its ``first_round`` on, and while it has not decided where it enters (-1), too. A
         newcomer (a joiner, in every view; a member seen by no close of this life) is waited
-        for only once it is ready: from its ``first_round`` on, while it trains this round or a
-        later one (``training_round``) or announced a contribution to it; while undecided, only
-        in round 0 or the round this node entered at. So a joiner that still restores a
-        checkpoint or catches up costs the others nothing, and once in a close it is a member
-        like any other. Which set a round aggregates is still the coordinator's close, judged
+        for only once it is ready: from its ``first_round`` on, once it trains (``training_round``
+        at least ``first_round``: its restore and catch-up are done) or announced a contribution
+        to the round; while undecided, only in round 0 or the round this node entered at. So a
+        joiner that still restores a checkpoint or catches up costs the others nothing, and once
+        in a close it is a member like any other. Which set a round aggregates is still the coordinator's close, judged
         alike by every node.
         """
         info = self.book.live_peers(math.inf).get(peer)
@@ -405,7 +405,7 @@ class RoundCoordinator:
             return outer_round in (0, mine)
         if first > outer_round:
             return False
-        return training >= outer_round or peer in self.book.snapshot_announces(outer_round, stage)
+        return training >= first or peer in self.book.snapshot_announces(outer_round, stage)
 
     def ready_close(self, outer_round: int, stage: int, final: bool, alive: set[str]) -> msg.Close | None:
         """The close this node would sign as coordinator: when every expected replica's contribution
