@@ -29,16 +29,6 @@ JOINER = 2  # its replica index: the founders are 0 and 1
 CLOSED = re.compile(r"round (\d+) stage (\d+) closed with replicas \[([\d, ]*)\]( \(missing \[([\d, ]*)\]\))?")
 
 
-def closes(log_text: str) -> dict[int, tuple[list[int], list[int]]]:
-    """round -> (replicas closed with, replicas missing) of the closes a node signed as coordinator."""
-    found = {}
-    for match in CLOSED.finditer(log_text):
-        replicas = [int(x) for x in match.group(3).split(",") if x.strip()]
-        missing = [int(x) for x in (match.group(5) or "").split(",") if x.strip()]
-        found[int(match.group(1))] = (replicas, missing)
-    return found
-
-
 def closes_at(log_text: str) -> list[tuple[str, int, list[int]]]:
     """(HH:MM:SS, round, replicas missing) of each close a node signed as coordinator."""
     found = []
