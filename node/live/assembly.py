@@ -231,7 +231,7 @@ class NodeParts:
             current_round=self.progress.current_round, work_dir=self.data_dir / "spotchecks",
             evidence_dir=self.evidence_dir, stop=self.stop, on_ejected=lifecycle.member_ejected,
             closes=self.book.snapshot_closes, attestations=self.book.snapshot_attestations,
-            evidence_judges=exchange.evidence_judges(), charges=charges))
+            evidence_judges=exchange.evidence_judges(), charges=charges, rerun_inputs=exchange.rerun_inputs()))
         self.ending = RunEnd(cfg=cfg, chain=chain, membership=membership, reporter=self.reporter,
                              peer_id=self.peer_id, stop=self.stop)
         self.forks = forks = ForkRepair(

@@ -29,12 +29,21 @@ from dataclasses import dataclass
 
 from ledger.merkle import merkle_root
 from node import protocol as msg
-from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
+from node.live.coordination import RoundStopped
 from node.live.exchange import FALLBACK_PROVIDERS, Exchange, InputsWithheld
 from node.live.roundbook import Announced
 from node.live.roundstate import StageInputs
-from node.live.slicedproof import WRONG_PARTIAL, judge_wrong_partial, usable_reference, wrong_partial_evidence
+from node.live.slicedproof import (
+    BAD_BUNDLE,
+    WRONG_PARTIAL,
+    bad_bundle_evidence,
+    judge_bad_bundle,
+    judge_wrong_partial,
+    usable_reference,
+    wrong_partial_evidence,
+)
+from node.live.slicedrerun import SlicedRerunInputs
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
 from training.butterfly import (
@@ -87,9 +96,9 @@ class SlicedExchange(Exchange):
 
     lazy_pool = True  # only a coordinator or an aggregator fetches envelopes
     holds_all_envelopes = False  # a holder archives the closed envelopes it holds; each contributor its own
-    # Re-execution spot checks compare a rerun with the decoded contribution and replay round t-1
-    # from the whole contributions: not done for sliced contributions yet (docs/PROTOCOL.md).
-    reexecutable = False
+    # Re-execution spot checks rerun a member against the slices its signed reference binds, and
+    # round t-1 from the partials applied (node.live.slicedrerun).
+    reexecutable = True
     # Withholding costs only the withholder: a coordinator closes only with the bundles it holds and serves.
     holds_inputs_to_close = True
 
@@ -251,7 +260,7 @@ class SlicedExchange(Exchange):
         slice aggregates it itself (not published: it is no candidate; the result
         is the same pure function). Raises InputsWithheld when a further turn has
         passed without a valid partial or its inputs (the caller refuses the close
-        and takes the next coordinator's), NodeError on stop.
+        and takes the next coordinator's), RoundStopped on stop.
         """
         plan = self.worker().plans[stage]
         members = len(close.contributions)
@@ -267,7 +276,7 @@ class SlicedExchange(Exchange):
         signers = close_signers(self.pool.book, outer_round, stage, close)  # they hold every bundle
         while len(used) < plan.num_slices:
             if self.stop.is_set():
-                raise NodeError(f"round {outer_round} stage {stage}: stopped while waiting for partials")
+                raise RoundStopped(f"round {outer_round} stage {stage}: stopped while waiting for partials")
             turn = int((time.monotonic() - started) // self.turn_timeout)
             if turn >= members + 1:
                 raise InputsWithheld(f"no valid partial for slices {sorted(set(range(plan.num_slices)) - set(used))}"
@@ -431,7 +440,54 @@ class SlicedExchange(Exchange):
 
     # -- accusing a wrong partial (node.live.slicedproof) --------------------------------------
     def evidence_judges(self) -> dict:
-        return {WRONG_PARTIAL: self.judge_evidence}
+        return {WRONG_PARTIAL: self.judge_evidence, BAD_BUNDLE: self.judge_bad_bundle}
+
+    def rerun_inputs(self) -> SlicedRerunInputs:
+        return SlicedRerunInputs(self)
+
+    def decodes(self, stage: int, outer_round: int, j: int, blob: bytes) -> bool:
+        """Whether slice blob ``j`` of (stage, round) decodes strictly for its shapes (an aggregator's first test)."""
+        worker = self.worker()
+        try:
+            decode_contribution(blob, worker.plans[stage].slice_shapes(j), stage_index=stage, outer_round=outer_round,
+                                refuse_raw=worker.cfg.compression.enabled)
+            return True
+        except (ContributionDecodeError, SliceError, ValueError):
+            return False
+
+    def judge_bad_bundle(self, evidence: msg.Evidence, accused_peer: str) -> tuple[bool | None, str]:
+        """The verdict on bad-bundle evidence (node.live.slicedproof), with this node's plans."""
+        worker = self.worker()
+        if worker is None:
+            return None, "this node is not placed yet"
+        return judge_bad_bundle(
+            evidence, accused_peer, run_id=self.run_id, max_blob_bytes=self.max_blob_bytes,
+            num_slices=lambda stage: worker.plans[stage].num_slices if stage in worker.plans else None,
+            decodes=self.decodes)
+
+    def charge_bad_bundle(self, outer_round: int, envelope: bytes, bundle: bytes | None, reason: str) -> None:
+        """Accuse the signer of a contribution ``envelope`` whose reference or ``bundle`` is bad, once per
+        envelope, if this node's own judgement of the evidence finds it guilty (``charges``)."""
+        digest = hashlib.sha256(envelope).digest()
+        try:
+            header = decode_envelope(envelope, self.max_blob_bytes)
+        except (EnvelopeRejected, ValueError):
+            return
+        evidence = bad_bundle_evidence(b"", header.replica, envelope, bundle, reason)
+        with self._cond:
+            if self.charges is None or digest in self._charged:
+                return
+            self._charged.add(digest)
+        guilty, why = self.judge_bad_bundle(evidence, header.sender_peer_id)
+        if not guilty:
+            logger.info("round %d: bad contribution of %s not accused: %s", outer_round, header.sender_peer_id[-8:],
+                        why)
+            return
+        logger.warning("round %d: the contribution of %s is bad (%s): accusing it", outer_round,
+                       header.sender_peer_id[-8:], why)
+        build = functools.partial(bad_bundle_evidence, replica=header.replica, envelope=envelope, bundle=bundle,
+                                  reason=why)
+        self.charges.put((outer_round, header.sender_peer_id, header.replica, build))
 
     def judge_evidence(self, evidence: msg.Evidence, accused_peer: str) -> tuple[bool | None, str]:
         """The verdict on wrong-partial evidence: replayed with this node's plans and aggregation rule."""
@@ -467,10 +523,10 @@ class SlicedExchange(Exchange):
         envelopes, bundles = [], []
         for entry in close.contributions:
             providers = [entry[1], *signers]
-            envelope = have.get(entry[2]) or self._fetch_first(entry[2], providers)
+            envelope = have.get(entry[2]) or self.fetch_first(entry[2], providers)
             reference = None if envelope is None else usable_reference(
                 envelope, entry, self.run_id, outer_round, stage, num_slices, self.max_blob_bytes)
-            bundle = b"" if reference is None else self._fetch_first(reference.bundle_digest, providers)
+            bundle = b"" if reference is None else self.fetch_first(reference.bundle_digest, providers)
             if envelope is None or bundle is None:
                 logger.warning("round %d stage %d: wrong partial not accused: the input of %s is not here",
                                outer_round, stage, entry[1][-8:])
@@ -482,7 +538,8 @@ class SlicedExchange(Exchange):
                                   envelopes=envelopes, bundles=bundles, close=close_envelope, reason=reason)
         self.charges.put((outer_round, header.sender_peer_id, header.replica, build))
 
-    def _fetch_first(self, digest: bytes, providers: list[str]) -> bytes | None:
+    def fetch_first(self, digest: bytes, providers: list[str]) -> bytes | None:
+        """The blob ``digest`` from the first of ``providers`` that serves it (sha256-checked), or None."""
         for provider in dict.fromkeys(providers):
             data = self._fetch(digest, provider)
             if data is not None:
@@ -599,6 +656,8 @@ class SlicedExchange(Exchange):
         if reference is None:
             logger.warning("round %d stage %d: closed envelope %s of %s is no usable contribution: an absent "
                            "input", outer_round, stage, digest.hex()[:12], entry[1][-8:])
+            # Its signer is accused when the envelope alone shows it (not when only the close misplaced it).
+            self.charge_bad_bundle(outer_round, envelope, None, "no usable contribution")
             try:  # bound by the close and (through its announce) by its signer: keep it
                 atomic_write_bytes(self.evidence_dir / f"round-{outer_round:08d}-stage{stage}-"
                                    f"{digest.hex()}.envelope", envelope)
@@ -658,6 +717,9 @@ class SlicedExchange(Exchange):
                 logger.warning("round %d stage %d slice %d: input of %s missing; trying again (turn %d)",
                                outer_round, stage, j, entry[1][-8:], turn)
                 return None
+            if blob == b"":  # a bundle proven bad: an absent input, and its signer is accused
+                self.charge_bad_bundle(outer_round, self.pool.have(outer_round, stage).get(entry[2], b""),
+                                       self._fetch(reference.bundle_digest, entry[1]), f"slice {j} of its bundle")
             fetched[(reference.bundle_digest, j)] = blob or None  # b"": a bundle proven bad, an absent input
         return [None if references[entry[2]] is None else fetched[(references[entry[2]].bundle_digest, j)]
                 for entry in close.contributions]
