@@ -144,3 +144,14 @@ def test_the_sliced_distance_is_zero_for_the_same_slices_finite_for_others_infin
                     msgpack.packb(msgpack.unpackb(ours)[:-1])):
         assert sliced_contribution_distance(garbage, ours, shapes, sim.diloco, stage_index=0,
                                             outer_round=0) == math.inf
+
+
+def test_stable_eigh_is_eigh_where_eigh_converges():
+    from training.codec.factorize import stable_eigh
+
+    generator = torch.Generator().manual_seed(1)
+    side = torch.randn(24, 40, generator=generator)
+    for gram in (side @ side.t(), torch.eye(8) * 3.0, torch.zeros(5, 5)):
+        values, vectors = stable_eigh(gram)
+        expected_values, expected_vectors = torch.linalg.eigh(gram)
+        assert torch.equal(values, expected_values) and torch.equal(vectors, expected_vectors)
