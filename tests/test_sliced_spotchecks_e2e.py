@@ -34,6 +34,7 @@ def _wait_for(predicate, timeout: float, what: str, run) -> None:
         time.sleep(2.0)
 
 
+@pytest.mark.slow  # about 2 min on a quiet machine; the reruns themselves: tests/test_sliced_reexec.py
 @pytest.mark.timeout(1800)
 def test_a_member_whose_slices_its_state_does_not_produce_is_rerun_accused_and_ejected(make_run):
     # spot_checks=8 with 3 members: every node reruns every other replica's contribution of every round.
