@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -155,3 +156,25 @@ def test_stable_eigh_is_eigh_where_eigh_converges():
         values, vectors = stable_eigh(gram)
         expected_values, expected_vectors = torch.linalg.eigh(gram)
         assert torch.equal(values, expected_values) and torch.equal(vectors, expected_vectors)
+
+
+def test_stable_eigh_is_finite_where_float32_eigh_returns_nan():
+    """The Gram matrix (32 x 32, float32) of one tensor of a live sliced run's average of two decoded
+    low-rank slices (round 5, slice 1 of tests/test_node_sliced_e2e.py's restart run): LAPACK's float32
+    solver returned NaN eigenvectors without raising, the partial's scale was coded as NaN and both honest
+    aggregators of that slice published a partial no holder could apply."""
+    import numpy as np
+
+    from training.codec.factorize import stable_eigh
+
+    data = (Path(__file__).resolve().parent / "data" / "eigh_nan_gram.f32").read_bytes()
+    gram = torch.from_numpy(np.frombuffer(data, dtype="<f4").reshape(32, 32).copy())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the partial's encoder runs (training.butterfly.single_thread)
+    try:
+        values, vectors = stable_eigh(gram)
+    finally:
+        torch.set_num_threads(threads)
+    assert bool(torch.isfinite(values).all()) and bool(torch.isfinite(vectors).all())
+    rebuilt = (vectors.double() * values.double()) @ vectors.double().t()
+    assert float((rebuilt - gram.double()).abs().max()) <= 1e-6 * float(gram.abs().max())

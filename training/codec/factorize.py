@@ -53,12 +53,15 @@ def factorize_range(matrix: torch.Tensor, rank: int) -> Factorization:
 
 
 def stable_eigh(symmetric: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.linalg.eigh``; where LAPACK's float32 solver does not converge (seen on the Gram matrix of a
-    decoded low-rank average with repeated eigenvalues: a live aggregator died of it), the same in float64,
+    """``torch.linalg.eigh``; where LAPACK's float32 solver does not converge or returns NaN without saying so
+    (both seen on the Gram matrix of a sliced exchange's average of a few decoded low-rank slices, whose
+    eigenvalues repeat at zero: one live aggregator died of it, another coded a NaN scale), the same in float64,
     then with a diagonal shift of 1e-7 of the trace's mean. A pure function of the input on one platform,
     so a partial coded through it still replays bit for bit; inputs that converged are unchanged."""
     try:
-        return torch.linalg.eigh(symmetric)
+        values, vectors = torch.linalg.eigh(symmetric)
+        if bool(torch.isfinite(values).all()) and bool(torch.isfinite(vectors).all()):
+            return values, vectors
     except torch.linalg.LinAlgError:
         pass
     wide = symmetric.double()
@@ -108,7 +111,13 @@ def factorize_gram(matrix: torch.Tensor, rank: int) -> Factorization:
     sigma = torch.sqrt(values.clamp_min(0.0))
     positive = sigma > 0
     other = (side.t() @ vectors) / torch.where(positive, sigma, 1.0)
-    other = torch.where(positive, other, 0.0)
+    # A singular value so small that X^T u / sigma overflows float32 (an exactly low-rank matrix, such
+    # as the sliced exchange's average of a few decoded low-rank slices: its noise eigenvalues reach
+    # 1e-40) carries nothing: that component is dropped, not coded as inf (which quantized to NaN).
+    # Every factorization whose columns were finite is unchanged, bit for bit.
+    kept = positive & torch.isfinite(other).all(dim=0)
+    other = torch.where(kept, other, 0.0)
+    sigma = torch.where(kept, sigma, 0.0)
     return (vectors, sigma, other) if wide else (other, sigma, vectors)
 
 
