@@ -112,11 +112,15 @@ def test_a_wrong_partial_over_the_right_inputs_is_applied_alike_the_audit_names_
 @pytest.mark.timeout(420)
 def test_a_slice_that_does_not_match_its_signed_bundle_costs_only_its_signer(make_run):
     """A replica whose bundle holds a slice its record does not prove: that input is absent for the
-    aggregator (which reads the whole bundle and keeps it) and for the auditor alike."""
+    aggregator (which reads the whole bundle and keeps it) and for the auditor alike, and its signer is
+    accused on chain with the bundle as evidence."""
     run, honest, commits = _run(make_run, replicas=3, rounds=2, adversary="bad-slice")
     logs = _logs(honest)
     assert "does not check" in logs and "that input is absent" in logs
     assert any(list((slot.data_dir / "evidence").glob("bundle-*.slices")) for slot in honest)
+    # The bundle proves its signer wrong: the aggregator that read it accuses it (bad-bundle evidence, judged
+    # by its own rule first; whether the verdict lands before the 2 rounds end is load's business).
+    assert "slice 2 of its bundle is not the one its signed record proves): accusing it" in logs, logs[-4000:]
     report = audit_run(run.client(), run.run_id, archives=[slot.data_dir for slot in run.nodes])
     assert report.ok, [c.line() for c in report.all_checks() if c.status != OK]
 
