@@ -269,10 +269,15 @@ def tail_eval_start(num_tokens: int, eval_fraction: float) -> int:
 
 
 # ---------------------------------------------------------------------- reading
+def shard_size(entry: ShardEntry, manifest: Manifest) -> int:
+    """Bytes of a shard file: the header and ``tokens`` ids."""
+    return SHARD_HEADER.size + entry.tokens * _DTYPES[manifest.dtype]
+
+
 def verify_shard(path: Path, entry: ShardEntry, manifest: Manifest) -> None:
     """Check one shard file against its manifest entry; a :class:`ShardError` names the file and the fault."""
     itemsize = _DTYPES[manifest.dtype]
-    expected_size = SHARD_HEADER.size + entry.tokens * itemsize
+    expected_size = shard_size(entry, manifest)
     try:
         size = path.stat().st_size
         handle = open(path, "rb")  # noqa: SIM115 - closed by the with below; opening may fail on its own
