@@ -13,10 +13,12 @@ or from a p2p host's blob counters (:func:`watch_host`), polled on a thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import IO, Any
 
 logger = logging.getLogger(__name__)
@@ -141,3 +143,18 @@ class HostWatch:
 def watch_host(progress: TransferProgress, host: Any, interval: float = 0.25) -> HostWatch:
     """Start polling ``host``'s blob bytes into ``progress``; call ``.stop()`` on the result when done."""
     return HostWatch(progress, host, interval)
+
+
+@contextlib.contextmanager
+def host_progress(host: Any, what: str, total: int | None = None, tty: bool | None = None,
+                  stream: IO[str] | None = None) -> Iterator[TransferProgress]:
+    """Show the blob bytes ``host`` receives while the block runs as the progress of ``what``."""
+    progress = TransferProgress(what, total, stream=stream, tty=tty)
+    watch = watch_host(progress, host)
+    ok = False
+    try:
+        yield progress
+        ok = True
+    finally:
+        watch.stop()
+        progress.close(ok=ok)
