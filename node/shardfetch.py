@@ -106,6 +106,29 @@ def _manifest_from_peers(host: Any, peers: list[str], root: str, fill: DatasetFi
     raise DatasetUnavailable(f"dataset {root}: no peer served its manifest ({'; '.join(fill.refusals) or 'no peer'})")
 
 
+def _manifest_for(root: str, directory: Path, host: Any, peers: list[str], sources: list, fill: DatasetFill):
+    """The manifest of dataset ``root``: ``directory``'s (refused if another dataset's), else a local source's
+    or a peer's, written into ``directory``."""
+    from training.errors import ShardError
+    from training.shards import MANIFEST_NAME, read_manifest
+
+    if (directory / MANIFEST_NAME).is_file():
+        manifest = read_manifest(directory)[1]  # a broken manifest there raises ShardError, naming the file
+        if manifest.root != root:
+            raise ShardError(f"{directory / MANIFEST_NAME}: dataset root {manifest.root}, the run's is {root}")
+        return manifest
+    for source in map(Path, sources):
+        manifest = _local_manifest(source, root)
+        if manifest is not None:
+            atomic_write_bytes(directory / MANIFEST_NAME, (source / MANIFEST_NAME).read_bytes())
+            return manifest
+    if host is None or not peers:
+        raise DatasetUnavailable(f"dataset {root}: no manifest in {directory} and no peer to ask")
+    manifest, data = _manifest_from_peers(host, list(peers), root, fill)
+    atomic_write_bytes(directory / MANIFEST_NAME, data)
+    return manifest
+
+
 def _checked(path: Path, entry: Any, manifest: Any) -> str | None:
     """None when the shard file at ``path`` passes its check, else the reason."""
     from training.errors import ShardError
@@ -166,67 +189,48 @@ def complete_dataset(root: str, directory: str | os.PathLike, host: Any = None, 
     when a local copy is missing something. Raises :class:`DatasetUnavailable` (or ``ShardError`` for a
     manifest in ``directory`` of another dataset).
     """
-    from training.errors import ShardError
-    from training.shards import MANIFEST_NAME, read_manifest, shard_size
+    from training.shards import shard_size
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     fill = DatasetFill(directory)
-    if (directory / MANIFEST_NAME).is_file():
-        manifest = read_manifest(directory)[1]  # a broken manifest there raises ShardError, naming the file
-        if manifest.root != root:
-            raise ShardError(f"{directory / MANIFEST_NAME}: dataset root {manifest.root}, the run's is {root}")
-    else:
-        manifest, data = None, None
-        for source in map(Path, sources):
-            manifest = _local_manifest(source, root)
-            if manifest is not None:
-                data = (source / MANIFEST_NAME).read_bytes()
-                break
-        if manifest is None:
-            if host is None or not peers:
-                raise DatasetUnavailable(f"dataset {root}: no manifest in {directory} and no peer to ask")
-            manifest, data = _manifest_from_peers(host, list(peers), root, fill)
-        atomic_write_bytes(directory / MANIFEST_NAME, data)
-    missing = []
-    for entry in manifest.shards:
+    manifest = _manifest_for(root, directory, host, peers, sources, fill)
+    missing: list[tuple[int, Any, Path | None]] = []  # (shard index, entry, a local copy that passes)
+    for index, entry in enumerate(manifest.shards):
         reason = _checked(directory / entry.file, entry, manifest)
         if reason is None:
             fill.kept += 1
-        else:
-            missing.append(entry)
-            if (directory / entry.file).exists():
-                logger.warning("%s: replacing it", reason)
+            continue
+        if (directory / entry.file).exists():
+            logger.warning("%s: replacing it", reason)
+        local = next((Path(s) / entry.file for s in sources
+                      if _checked(Path(s) / entry.file, entry, manifest) is None), None)
+        if local is None and (host is None or not peers):
+            raise DatasetUnavailable(f"{directory / entry.file}: {reason}; no local copy passes its check and no "
+                                     "peer to fetch it from: pass --data DIR with the dataset, or a peer")
+        missing.append((index, entry, local))
     if not missing:
         return fill
-    total = sum(shard_size(entry, manifest) for entry in missing)
+    total = sum(shard_size(entry, manifest) for _, entry, _ in missing)
     show = progress or TransferProgress(f"{len(missing)} shard(s) of dataset {root[:16]}", total, tty=tty)
     watch = watch_host(show, host) if host is not None else None
+    ok = False
     try:
-        for index, entry in enumerate(missing):
-            target = directory / entry.file
-            local = next((Path(s) / entry.file for s in sources
-                          if _checked(Path(s) / entry.file, entry, manifest) is None), None)
-            if local is not None:
-                _copy_in(local, target)
-                fill.copied += 1
-                if watch is not None:
-                    watch.extra += shard_size(entry, manifest)
-                else:
-                    show.advance(shard_size(entry, manifest))
+        for index, entry, local in missing:
+            if local is None:  # shard i is asked of peer i mod n first: the peers share the load
+                _fetch_shard(host, list(peers), index, entry, manifest, directory / entry.file, fill)
                 continue
-            if host is None or not peers:
-                raise DatasetUnavailable(f"{target}: missing or bad ({_checked(target, entry, manifest)}), and no "
-                                         "peer to fetch it from: pass --data DIR with the dataset or a peer")
-            _fetch_shard(host, list(peers), index, entry, manifest, target, fill)
-    except BaseException:
+            _copy_in(local, directory / entry.file)
+            fill.copied += 1
+            if watch is not None:
+                watch.extra += shard_size(entry, manifest)
+            else:
+                show.advance(shard_size(entry, manifest))
+        ok = True
+    finally:
         if watch is not None:
             watch.stop()
-        show.close(ok=False)
-        raise
-    if watch is not None:
-        watch.stop()
-    show.close(note=f"{fill.copied} copied, {fill.fetched} fetched from peers")
+        show.close(ok=ok, note=f"{fill.copied} copied, {fill.fetched} fetched from peers" if ok else "")
     return fill
 
 
