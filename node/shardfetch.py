@@ -2,8 +2,9 @@
 
 A run on a prepared dataset (:mod:`training.shards`) names it by ``manifest:<root>`` in its run
 document. Every node serves its dataset over ``/dlx/blob/1.0.0`` (docs/P2P.md, "Prepared
-datasets"): each shard file under its sha256 (the manifest's ``sha256``; a hard link into the
-blob store, not a copy) and ``manifest.json`` under its sha256 and, as an alias, under the root.
+datasets"): each shard file under its sha256 (the manifest's ``sha256``), from the dataset's
+directory (not copied into the blob store), and ``manifest.json`` under its sha256 and, as an
+alias, under the root.
 
 A node that lacks shards (a joiner, or a starting node whose ``training.data_path`` holds the
 manifest but not every shard) completes its directory with :func:`complete_dataset`:
@@ -168,6 +169,7 @@ def _fetch_shard(host: Any, peers: list[str], start: int, entry: Any, manifest: 
             reason = f"{type(exc).__name__}: {exc}"
         if reason is None:
             os.replace(part, target)
+            host.remove_blob(entry.sha256)  # the file is in the dataset now; it is served from there
             fill.fetched += 1
             fill.fetched_bytes += target.stat().st_size
             return

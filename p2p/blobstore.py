@@ -98,6 +98,8 @@ class BlobStore:
         self.max_blob_bytes = max_blob_bytes
         #: key -> sha256 of a stored blob served under that key too (:meth:`alias`)
         self._aliases: dict[str, str] = {}
+        #: sha256 -> a file outside the store served under it (:meth:`serve_file`)
+        self._files: dict[str, Path] = {}
         for leftover in self.staging.iterdir():  # interrupted writes of a previous run
             leftover.unlink(missing_ok=True)
 
@@ -161,37 +163,18 @@ class BlobStore:
         self.commit(staged, sha256_hex, verified=True)
         return sha256_hex
 
-    def put_link(self, source: str | os.PathLike[str], sha256_hex: str) -> str:
-        """Store the file at ``source``, which the caller has verified to hash to ``sha256_hex``.
-
-        A hard link where the filesystem allows (a large file is not copied; its mode is left as it
-        is), else a copy hashed while copying (:meth:`put_file`), which must give ``sha256_hex``.
-        The linked file is the caller's: edited in place, it would be served with a wrong hash
-        (fetchers refuse it); a dataset's shards are never edited.
+    def serve_file(self, sha256_hex: str, path: str | os.PathLike[str]) -> None:
+        """Serve the file at ``path``, which the caller has verified to hash to ``sha256_hex``, from where it
+        is: nothing is copied or linked, so a large file (a dataset's shard) costs no disk here. It is not a
+        stored blob (:meth:`has` stays False): it is served until this process ends. Edited in place, it
+        would be served with a wrong hash, which fetchers refuse.
         """
-        sha256_hex = check_sha256_hex(sha256_hex)
-        source = Path(source)
-        if self.has(sha256_hex):
-            return sha256_hex
-        try:
-            size = source.stat().st_size
-        except OSError as exc:
-            raise BlobError(f"cannot read blob source {source}: {exc}") from None
-        if size > self.max_blob_bytes:
-            raise BlobTooLarge(f"{source}: {size} bytes exceeds max_blob_bytes={self.max_blob_bytes}")
-        staged = self.new_staging_file(".link")
-        staged.unlink()
-        try:
-            os.link(source, staged)
-        except OSError:
-            copied = self.put_file(source)
-            if copied != sha256_hex:
-                self.remove(copied)
-                raise BlobHashMismatch(f"{source} hashes to {copied}, expected {sha256_hex}") from None
-            return copied
-        os.replace(staged, self.path(sha256_hex))
-        _fsync_dir(self.root)
-        return sha256_hex
+        path = Path(path)
+        if not path.is_file():
+            raise BlobNotFound(f"{path}: no such file to serve")
+        if path.stat().st_size > self.max_blob_bytes:
+            raise BlobTooLarge(f"{path}: {path.stat().st_size} bytes exceeds max_blob_bytes={self.max_blob_bytes}")
+        self._files[check_sha256_hex(sha256_hex)] = path
 
     def alias(self, key_hex: str, sha256_hex: str) -> None:
         """Serve the stored blob ``sha256_hex`` also under ``key_hex`` (another 32-byte hash that names it,
@@ -200,12 +183,13 @@ class BlobStore:
         self._aliases[check_sha256_hex(key_hex)] = check_sha256_hex(sha256_hex)
 
     def served_path(self, key_hex: str) -> Path:
-        """The file served under ``key_hex``: the blob of that sha256, else the blob it aliases."""
+        """The file served under ``key_hex``: the stored blob of that sha256, else a file served from where it
+        is (:meth:`serve_file`), else what the key aliases (the path need not exist: the caller stats it)."""
         path = self.path(key_hex)
-        target = self._aliases.get(key_hex)
-        if target is not None and not path.is_file():
-            return self.path(target)
-        return path
+        if path.is_file():
+            return path
+        target = self._aliases.get(key_hex, key_hex)
+        return self._files.get(target) or self.path(target)
 
     def commit(self, staged: Path, sha256_hex: str, verified: bool = False) -> Path:
         """Move a complete staging file into place, hashing it first unless ``verified``."""

@@ -51,14 +51,11 @@ class HostBlobs:
             self._call(self._announce, sha256_hex, timeout=timeout, what=f"announce blob {sha256_hex[:16]}")
         return sha256_hex
 
-    def provide_file(self, path: str | os.PathLike[str], sha256_hex: str, announce: bool = False,
-                     timeout: float = 30.0) -> str:
-        """Serve the file at ``path``, verified by the caller to hash to ``sha256_hex``, without copying it
-        where the filesystem allows (:meth:`p2p.blobstore.BlobStore.put_link`); announce it if asked."""
+    def provide_file(self, path: str | os.PathLike[str], sha256_hex: str) -> str:
+        """Serve the file at ``path``, verified by the caller to hash to ``sha256_hex``, from where it is (no
+        copy: :meth:`p2p.blobstore.BlobStore.serve_file`); not announced on the DHT. Returns the sha256."""
         self._check_open()
-        sha256_hex = self.store.put_link(path, sha256_hex)
-        if announce:
-            self._call(self._announce, sha256_hex, timeout=timeout, what=f"announce blob {sha256_hex[:16]}")
+        self.store.serve_file(sha256_hex, path)
         return sha256_hex
 
     def provide_alias(self, key_hex: str, sha256_hex: str) -> None:

@@ -72,8 +72,9 @@ def test_a_joiner_fetches_a_whole_dataset_from_a_peer(dataset, tmp_path):
     assert (fill.kept, fill.copied, fill.fetched) == (0, 0, len(manifest.shards)) and not fill.refusals
     assert open_dataset(tmp_path / "got", expected_root=manifest.root).num_tokens == manifest.num_tokens
     assert _same_files(dataset, tmp_path / "got", manifest)
-    # served without a copy where the filesystem allows: the peer's blob is the dataset's file
-    assert (dataset / manifest.shards[0].file).stat().st_nlink >= 2
+    # served from the dataset's directory: no copy in the peer's blob store (nor in the joiner's)
+    assert not any((tmp_path / name / "blobs" / s.sha256).exists() for name in ("peer", "joiner")
+                   for s in manifest.shards)
 
 
 def test_only_missing_and_bad_shards_are_fetched_and_a_local_directory_is_used_first(dataset, tmp_path):
@@ -208,5 +209,6 @@ def test_join_and_a_starting_node_get_the_runs_dataset_from_peers(dataset, tmp_p
         with _host(tmp_path / "node") as node:
             node.connect(peer.listen_addrs[0], timeout=10)
             provide_run_dataset(node, str(node_dir), document, [peer.peer_id])
-            assert all(node.has_blob(entry.sha256) for entry in manifest.shards)  # and now serves it
+            for entry in manifest.shards:  # and now serves it, from its data_path
+                assert node.store.served_path(entry.sha256).samefile(node_dir / entry.file)
     assert _same_files(dataset, node_dir, manifest)
