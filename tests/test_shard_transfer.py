@@ -21,6 +21,7 @@ from node.shardfetch import (
     serve_dataset,
 )
 from p2p.config import P2PConfig
+from p2p.errors import BlobNotFound, BlobTooLarge
 from p2p.host import P2PHost
 from p2p.identity import Identity
 from training.data import generated_text
@@ -118,6 +119,11 @@ def test_hostile_peers_are_refused_by_file_and_peer_and_another_peer_serves(data
         liar.provide_alias(manifest.root, liar.provide_blob(json.dumps(forged).encode(), announce=False))
         for p in (liar, honest):
             joiner.connect(p.listen_addrs[0], timeout=10)
+        # an alias is read only within a size limit, checked from the reply header; an unknown key is not found
+        with pytest.raises(BlobTooLarge, match="over 100"):
+            joiner.fetch_alias(manifest.root, honest.peer_id, max_bytes=100)
+        with pytest.raises(BlobNotFound):
+            joiner.fetch_alias("ab" * 32, honest.peer_id, max_bytes=1 << 20)
         caplog.set_level(logging.WARNING, logger="node.shardfetch")
         # shard i is asked of peer i % 2 first: shards 0, 2, 4 of the liar, which has only 0 and 1 (bad)
         fill = complete_dataset(manifest.root, tmp_path / "got", joiner, [liar.peer_id, honest.peer_id])
