@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ logger = logging.getLogger(__name__)
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024  # ~100k shards; a peer offering more is not offering a manifest
 DATASETS_DIR = "datasets"  # <data_dir>/datasets/<root>/: where a joiner keeps a dataset it fetched
 SHARD_FETCH_TIMEOUT_S = 600.0
+START_ATTEMPTS, START_RETRY_S = 6, 10.0  # a starting node asks its peers for missing shards for about a minute
 
 
 class DatasetUnavailable(NodeError):
@@ -319,7 +321,15 @@ def provide_run_dataset(host: Any, data_path: str, document: dict, peers: list[s
     if not wanted.startswith(ROOT_PREFIX) or not data_path:
         return
     root = wanted[len(ROOT_PREFIX):]
-    fill = complete_dataset(root, data_path, host, peers)
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            fill = complete_dataset(root, data_path, host, peers)
+            break
+        except DatasetUnavailable as exc:  # peers started beside this node may not serve it yet
+            if attempt == START_ATTEMPTS or not peers:
+                raise
+            logger.warning("%s; asking again in %.0f s (%d/%d)", exc, START_RETRY_S, attempt, START_ATTEMPTS)
+            time.sleep(START_RETRY_S)
     if fill.copied or fill.fetched:
         logger.info("dataset %s completed: %d shard(s) fetched from peers (%d bytes), %d kept", root[:16],
                     fill.fetched, fill.fetched_bytes, fill.kept)
