@@ -315,12 +315,18 @@ def provide_run_dataset(host: Any, data_path: str, document: dict, peers: list[s
 
     Raises DatasetUnavailable or ShardError when the dataset cannot be completed (the node cannot train).
     """
+    from training.errors import ShardError
     from training.shards import ROOT_PREFIX
 
     wanted = str(document.get("training", {}).get("data_sha256", ""))
     if not wanted.startswith(ROOT_PREFIX) or not data_path:
         return
     root = wanted[len(ROOT_PREFIX):]
+    try:
+        serve_dataset(host, data_path)  # the usual case: complete (each shard is read once per process)
+        return
+    except ShardError as exc:
+        logger.warning("%s: completing the dataset from the peers", exc)
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
             fill = complete_dataset(root, data_path, host, peers)
