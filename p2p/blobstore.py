@@ -4,6 +4,9 @@ Layout: ``<root>/<sha256 hex>`` for complete, verified blobs and
 ``<root>/.staging/`` for writes in progress. Every blob enters the store through
 a staging file that is hashed, fsynced and then ``os.replace``d into place, so
 a crash never leaves a file under a name that does not match its content.
+Besides the stored blobs, a store answers for files served from where they are
+(:meth:`BlobStore.serve_file`, a dataset's shards) and for aliases (another hash
+that names a stored blob, :meth:`BlobStore.alias`), both held in memory only.
 """
 
 from __future__ import annotations
