@@ -92,7 +92,8 @@ class TransferProgress:
             self._closed = True
             elapsed = time.monotonic() - self._started
             outcome = "done" if ok else "stopped"
-            tail = f"{outcome}: {human_bytes(self.done)} in {elapsed:.1f} s ({human_bytes(self.done / max(elapsed, 1e-9))}/s)"
+            rate = human_bytes(self.done / max(elapsed, 1e-9))
+            tail = f"{outcome}: {human_bytes(self.done)} in {elapsed:.1f} s ({rate}/s)"
             if note:
                 tail += f", {note}"
             if self.tty:

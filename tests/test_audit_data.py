@@ -36,7 +36,8 @@ def test_the_auditor_reads_the_batches_the_nodes_read(run):
     node = corpus_from_config(cfg.training, cfg.model, [root / "ds"])  # what a node opens
     assert audited.sha256 == node.sha256 == read_manifest(root / "ds")[1].root
     seed, block = cfg.training.seed, cfg.model.block_size
-    for ours, theirs in zip(round_batches(audited, seed, 1, 3, 4, 2, block), round_batches(node, seed, 1, 3, 4, 2, block)):
+    batches = zip(round_batches(audited, seed, 1, 3, 4, 2, block), round_batches(node, seed, 1, 3, 4, 2, block))
+    for ours, theirs in batches:
         assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
     assert torch.equal(screening_batch(audited, seed, 3, 8, block)[0], screening_batch(node, seed, 3, 8, block)[0])
 

@@ -123,9 +123,9 @@ def run_inputs(document: dict, data: str, tokenizer: str, data_dir: Path,
 
     ``training.data_sha256`` of the document: "generated" (no file), a text file's sha256 (``data`` must
     hash to it), or ``manifest:<root>`` (``data``, a prepared dataset with that root, or the peers: shards
-    missing locally are fetched from ``peers`` by hash, each checked; :func:`node.shardfetch.dataset_for_join`). ``model.tokenizer``: "bytes", or ``sha256:<hex>``, whose file is taken from ``tokenizer``,
-    else the dataset's ``tokenizer.json``, else fetched from ``peers`` (a node that serves its tokenizer
-    as a blob), refused unless it hashes to ``<hex>``, and kept as ``<data_dir>/tokenizers/<hex>.json``.
+    missing locally are fetched from ``peers`` by hash, each checked; :func:`node.shardfetch.dataset_for_join`).
+    ``model.tokenizer``: "bytes", or ``sha256:<hex>``, whose file is taken from ``tokenizer``, else the
+    dataset's ``tokenizer.json``, else fetched from ``peers`` (a node that serves its tokenizer as a blob), refused unless it hashes to ``<hex>``, and kept as ``<data_dir>/tokenizers/<hex>.json``.
     Returns (data path or "", tokenizer: "bytes" or the kept file's path).
     """
     from node.runconfig import file_sha256

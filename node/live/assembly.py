@@ -59,9 +59,9 @@ from node.live.sliced import SlicedExchange
 from node.live.station import Station
 from node.live.status import Progress, Reporter, StateFile
 from node.live.verifier import SpotChecker, VerifierContext
-from node.shardfetch import provide_run_dataset
 from node.protocol import run_topic
 from node.runconfig import canonical_json, config_hash, run_document
+from node.shardfetch import provide_run_dataset
 from node.store.archive import Archive
 from node.store.checkpoint import RunLayout
 from p2p.envelope import EnvelopeValidator
