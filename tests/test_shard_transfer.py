@@ -64,12 +64,15 @@ def _same_files(a: Path, b: Path, manifest: Manifest) -> bool:
     return all((a / s.file).read_bytes() == (b / s.file).read_bytes() for s in manifest.shards)
 
 
-def test_a_joiner_fetches_a_whole_dataset_from_a_peer(dataset, tmp_path):
+def test_a_joiner_fetches_a_whole_dataset_from_a_peer(dataset, tmp_path, capsys):
     _, manifest = read_manifest(dataset)
     with _host(tmp_path / "peer") as peer, _host(tmp_path / "joiner") as joiner:
         assert serve_dataset(peer, dataset) == manifest.root
         joiner.connect(peer.listen_addrs[0], timeout=10)
-        fill = complete_dataset(manifest.root, tmp_path / "got", joiner, [peer.peer_id])
+        fill = complete_dataset(manifest.root, tmp_path / "got", joiner, [peer.peer_id], tty=True)
+    shown = capsys.readouterr().err  # on a terminal: one line with size, share and rate
+    assert f"{len(manifest.shards)} shard(s) of dataset {manifest.root[:16]}: " in shown
+    assert "(100%)" in shown and shown.endswith(" - done\n")
     assert (fill.kept, fill.copied, fill.fetched) == (0, 0, len(manifest.shards)) and not fill.refusals
     assert open_dataset(tmp_path / "got", expected_root=manifest.root).num_tokens == manifest.num_tokens
     assert _same_files(dataset, tmp_path / "got", manifest)
