@@ -26,7 +26,7 @@ from training.model import GPT
 from training.prepare import prepare_dataset, train_tokenizer
 from training.shards import read_manifest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a run of real nodes on a loaded machine
 ROUNDS = 2
 
 
