@@ -334,10 +334,9 @@ class SpotChecker:
             committed = self._committed(range(outer_round - 3, outer_round))
             held = {c.stage for c in (self.inputs.contributions(outer_round - 1) or []) if c.replica == replica}
             dropped = [s for s in range(cfg.pipeline.num_stages) if s not in held] if outer_round > 0 else []
-            job = SpotCheckJob(cfg.to_dict(), outer_round, replica,
-                               [(e.stage, b.state_hash, b.data_commitment, p) for e, b, p in zip(envs, bodies, payloads)],
-                               parts, previous, previous_excluded, committed, previous_dropped=dropped,
-                               previous_partials=partials)
+            claims = [(e.stage, b.state_hash, b.data_commitment, p) for e, b, p in zip(envs, bodies, payloads)]
+            job = SpotCheckJob(cfg.to_dict(), outer_round, replica, claims, parts, previous, previous_excluded,
+                               committed, previous_dropped=dropped, previous_partials=partials)
             job.write(job_dir)
             result = self._worker.run(job_dir, RERUN_TIMEOUT_S)
             if not result.honest:
