@@ -49,6 +49,11 @@ chain) is the real node's. Attacks:
   the close without its first entry, so its weights leave the quorum's record;
   honest otherwise. Its own close gives the record's result: it must not
   dispute, and it must re-base on the record and contribute again.
+- ``diverge-late``: the ``diverge-once`` fault, and the member applies round 3
+  without waiting for the chain's record of round 2 (as if that record came
+  only after round 3 was applied): the fork can no longer be re-based in place,
+  so the member must stop, re-enter from the chain's latest checkpoint
+  (node/live/lifecycle.py) and contribute again.
 - ``fork-close``: not an attack but what a fork does to a member: in round 2
   it takes a close without the first entry of the one it accepted (as if
   another coordinator's close had reached it first), aggregates and attests
@@ -73,7 +78,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 CONTRIBUTION_ATTACKS = ("huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero", "perturb")
 ATTACKS = ("malformed-payload", *CONTRIBUTION_ATTACKS, "copy", "late", "empty-close", "duplicate-close",
            "equivocating-close", "censoring-close", "phantom-close", "absurd-hello", "forge-state",
-           "diverge-once", "fork-close", "doctored-shard")
+           "diverge-once", "diverge-late", "fork-close", "doctored-shard")
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +171,19 @@ def diverging_once():
             return super().apply(stage, outer_round, contributions, excluded=excluded, prepared=prepared)
 
     return {"worker": DivergingWorker}
+
+
+def diverging_late():
+    from node.live.forkrepair import ForkRepair
+
+    class LateVerdictForks(ForkRepair):
+        def due(self, next_round):
+            if next_round == 3:  # neither waits for round 2's verdict nor takes its re-base before round 3
+                logger.warning("adversary: applying round 3 without waiting for the chain's record of round 2")
+                return []
+            return super().due(next_round)
+
+    return {**diverging_once(), "forks": LateVerdictForks}
 
 
 # ---------------------------------------------------------------------- the contributor
@@ -390,7 +408,7 @@ def attack_parts(attack: str) -> dict:
     return {"malformed-payload": malformed_payload, "copy": copying_free_rider, "late": late_delivery,
             "empty-close": empty_close, "duplicate-close": duplicate_close, "equivocating-close": equivocating_close,
             "censoring-close": censoring_close, "phantom-close": phantom_close, "absurd-hello": absurd_hello,
-            "forge-state": forged_start_state, "diverge-once": diverging_once,
+            "forge-state": forged_start_state, "diverge-once": diverging_once, "diverge-late": diverging_late,
             "fork-close": forking_close, "doctored-shard": doctored_shard}[attack]()
 
 

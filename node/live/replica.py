@@ -71,15 +71,19 @@ class ReplicaWorker:
         self.plans: dict[int, SlicePlan] = {}  # stage -> slice plan (diloco.exchange = "sliced" only)
 
     # -- set-up ---------------------------------------------------------------------
-    def start(self, rendezvous_timeout: float, op_timeout: float) -> None:
-        """Build the trainer (joining the cluster's pipeline group if the replica is split)."""
+    def start(self, rendezvous_timeout: float, op_timeout: float, mark: Callable[[str], object] | None = None) -> None:
+        """Build the trainer (joining the cluster's pipeline group if the replica is split); ``mark(phase)``
+        is told when the model is initialised and the group joined (node/live/startup.py)."""
+        mark = mark or (lambda _phase: None)
         if self.cfg.torch_threads > 0:
             torch.set_num_threads(self.cfg.torch_threads)
         full = init_state_dict(self.cfg.model, self.cfg.training.seed)
+        mark("model initialised")
         if self.pipelined:
             host, _, port = self.cfg.cluster_master.rpartition(":")
             init_pipeline_group(self.rank, self.cfg.pipeline.num_stages, host, int(port),
                                 timeout_s=max(rendezvous_timeout, op_timeout))
+            mark("pipeline group joined")
             spec = self.specs[self.stages[0]]
             self.trainer = PipelineStageTrainer(
                 self.cfg.model, spec, self.rank, self.cfg.pipeline.num_stages, self.cfg.pipeline.micro_batches,
