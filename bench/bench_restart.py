@@ -39,7 +39,8 @@ from node.live.startup import parse_marks, process_start_time  # noqa: E402
 
 #: The start-up phases in the order a node passes them (node/live/startup.py marks).
 PHASES = ("interpreter and command line", "imports", "chain checked", "host started", "peers met", "placed",
-          "model initialised", "pipeline group joined", "pipeline formed", "entry point", "entry round agreed with the partner", "caught up", "first contribution")
+          "trainer imports warmed up", "model initialised", "pipeline group joined", "pipeline formed", "entry point",
+          "entry round agreed with the partner", "caught up", "first contribution")
 READY = "pipeline formed"
 
 
@@ -147,6 +148,23 @@ def summary(entries: list[dict]) -> dict:
             "tracebacks": sum(e["tracebacks"] for e in entries)}
 
 
+def keystore_decryption(workdir: Path) -> dict:
+    """Seconds (wall, CPU) to decrypt a keystore made as ``dlx-node init --password-file`` makes one (scrypt,
+    eth-account's default work factor): what a node with a keystore pays once at start (ledger/account.py)."""
+    import resource
+
+    from ledger.account import create_keystore, load_keystore
+
+    path = workdir / "bench-keystore.json"
+    path.unlink(missing_ok=True)
+    create_keystore(path, "bench restart")
+    before, started = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    load_keystore(path, "bench restart")
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return {"wall_s": round(time.monotonic() - started, 2),
+            "cpu_s": round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 2)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--restarts", type=int, default=4)
@@ -183,6 +201,7 @@ def main() -> int:
     finally:
         run.stop()
     result = {"settings": settings, "nodes": 4, "split": True, "k": 2, "restarts": entries,
+              "keystore_decryption": keystore_decryption(Path(args.workdir)),
               "summary": summary(entries), "rounds_committed": rounds,
               "seconds_per_round": round((first_round_s[-1] - first_round_s[0]) / max(1, rounds), 1)}
     write_result(args.out, result, load)

@@ -49,7 +49,7 @@ from node.live.lifecycle import Lifecycle
 from node.live.membership import Membership
 from node.live.messenger import Messenger
 from node.live.onchain import NodeChain
-from node.live.replica import ReplicaWorker
+from node.live.replica import ReplicaWorker, warm_up_imports
 from node.live.resume import RestartRecovery
 from node.live.roundbook import RoundBook
 from node.live.roundclock import RoundClock
@@ -166,10 +166,12 @@ class NodeParts:
         self.entry: RunEntry | None = None
 
     def assemble(self) -> None:
-        """The three steps (see module docstring)."""
+        """The three steps (see module docstring); the trainer's imports warm up meanwhile (warm_up_imports)."""
+        warm_up = threading.Thread(target=warm_up_imports, name="warm-up-imports", daemon=True)
+        warm_up.start()
         joined = self.connect()
         self.open_rooms(joined)
-        self.take_seat()
+        self.take_seat(warm_up)
 
     # ------------------------------------------------------------------ step 1
     def connect(self) -> tuple[int, int]:
@@ -296,12 +298,16 @@ class NodeParts:
         self._threads.append(thread)
 
     # ------------------------------------------------------------------ step 3
-    def take_seat(self) -> None:
-        """Wait for this node's placement; build and start its worker and the round machinery."""
+    def take_seat(self, warm_up: threading.Thread | None = None) -> None:
+        """Wait for this node's placement; build and start its worker and the round machinery (once the
+        ``warm_up`` imports are done: the worker's own imports never race them)."""
         cfg = self.cfg
         placement = self.membership.await_placement(cfg.diloco.num_replicas, cfg.join_timeout, self.stop)
         self.station.place(placement)
         self.startup.mark("placed")
+        if warm_up is not None:
+            warm_up.join()
+            self.startup.mark("trainer imports warmed up")
         logger.info("placed: cluster %s replica %d stages %s", placement.cluster, placement.replica,
                     list(placement.stages))
         self.worker = worker = self.kinds.worker(cfg=cfg, replica=placement.replica, stages=placement.stages,

@@ -334,6 +334,16 @@ class ReplicaWorker:
         return {s: stage_weights_hash({n: full[n] for n in self.stage_names(s)}) for s in self.stages}
 
 
+def warm_up_imports() -> None:
+    """Import what building a stage's trainer imports on first use: torch.optim's first optimizer imports
+    torch._dynamo, seconds of CPU (a minute on a loaded machine). Run on a thread while the node starts its
+    network side (chain, host, peers, placement: mostly waiting), so the import overlaps those waits."""
+    try:
+        import torch._dynamo  # noqa: F401
+    except (ImportError, RuntimeError) as exc:  # only a warm-up: the trainer imports it again, and reports
+        logger.debug("warming up torch._dynamo failed: %s", exc)
+
+
 class PipelineRejoin:
     """Re-forms a split cluster's pipeline in the background until the partners are back (or stop).
 
