@@ -13,11 +13,14 @@ contribution), in seconds since the process started. The chain is polled
 meanwhile, so each phase also has the last round committed when it ended.
 
 How the rounds are counted: the replica is back at the first committed round with
-every node's contribution past the restart; *rounds after ready* is that round
-minus the last round committed when the process was ready (its pipeline formed:
-imports, chain, host, placement and partner done), *rounds after restart* the same
-from the round committed when the process was started. Writes
-bench/results/restart.json (bench/benchio.py).
+every node's contribution from the round its new life entered at; *rounds missed
+after ready* are the rounds committed without it after the process was ready (its
+pipeline formed: imports, chain, host, placement and partner done), before the
+round it is back in (back in round L + 3 when round L was the last committed at
+ready: 2 missed); *rounds after restart* is the round it is back in minus the round
+committed when the process was started. Also measured: decrypting a keystore as
+``dlx-node init --password-file`` makes it. Writes bench/results/restart.json
+(bench/benchio.py).
 """
 
 from __future__ import annotations
