@@ -108,5 +108,12 @@ def test_a_survivor_enters_no_round_it_cannot_train_from_the_weights_it_applied(
     assert run_entry.agree_again(6) == 7
 
 
+def test_a_round_nobody_else_would_ever_close_is_still_entered(tmp_path, delay):
+    # A single replica whose survivor sat round 5 out (abandoned, nothing announced): nobody else trains,
+    # so round 5 is entered though the survivor applied round 4 (it would otherwise stay open forever).
+    run_entry = entry(tmp_path, last_committed=3, training=-1)
+    assert run_entry.agree_again(5) == 5
+
+
 def test_the_open_round_of_a_run_nobody_trains_yet_is_round_0(tmp_path):
     assert entry(tmp_path, last_committed=-1, training=-1).open_round(-1) == 0

@@ -86,10 +86,12 @@ class RunEntry:
             base = ckpt.round
             logger.info("restored stages %s from the chain-verified checkpoint of round %d",
                         list(self.worker.stages), base)
+        floor = max(base + 1, self.state.get("last_contributed", -1) + 1)
         # Round t trains from the global weights of round t - 1 - pending (the one-step delay): from the
-        # checkpoint of round `base` on, that is reachable from round base + 1 + pending.
-        floor = max(base + 1 + pending_after_round(self.cfg.diloco), self.state.get("last_contributed", -1) + 1)
-        start = self.no_orphan_round(floor, max(self.open_round(live_round), floor), last_committed)
+        # checkpoint of round `base` on, that is reachable from round base + 1 + pending on. (A round no
+        # replica would ever close, from `floor` on, is still entered: no_orphan_round.)
+        trainable = max(base + 1 + pending_after_round(self.cfg.diloco), floor)
+        start = self.no_orphan_round(floor, max(self.open_round(live_round), trainable), last_committed)
         return start, list(range(base + 1, start))
 
     def open_round(self, live_round: int) -> int:
@@ -281,11 +283,13 @@ class RunEntry:
     def agree_again(self, next_round: int) -> int | None:
         """The round the re-formed pipeline agrees to enter at; None if it broke again meanwhile."""
         last_committed = self._last_committed()
-        # This node applied every round before next_round: the earliest round it can train from those
-        # weights is next_round + pending (round t trains from the weights of round t - 1 - pending).
-        floor = max(next_round + pending_after_round(self.cfg.diloco), self.state.get("last_contributed", -1) + 1)
+        floor = max(next_round, self.state.get("last_contributed", -1) + 1)
+        # This node applied every round before next_round: the earliest round it trains from those weights
+        # as the schedule does is next_round + pending (round t trains from the weights of round t - 1 -
+        # pending); an orphan round from `floor` on is still entered (no_orphan_round).
+        trainable = max(next_round + pending_after_round(self.cfg.diloco), floor)
         live_round = self.membership.live_training_round(last_committed, self.round_window())
-        proposal = self.no_orphan_round(floor, max(self.open_round(live_round), floor), last_committed)
+        proposal = self.no_orphan_round(floor, max(self.open_round(live_round), trainable), last_committed)
         try:
             return self.worker.agree_on_round(proposal)
         except PipelineError as exc:
