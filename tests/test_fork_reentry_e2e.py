@@ -8,9 +8,9 @@ test_fork_recovery_e2e.py shows a forked member re-basing in place. Two things i
   again with every root equal to the chain's (``diverge-late`` in tests/adversary.py);
 - re-execution of a forked member's contributions: those trained before its re-base start from its
   forked weights, honestly. Every member reruns every other replica's contribution (``spot_checks``
-  high) and the audit reruns them all from the archives: none is judged a cheat, no member is
-  accused, and the start-state chain across the fork and the re-base holds or is judged "restarted
-  from the record" (``diverge-once``).
+  high) and the audit reruns them all from the archives: none should be judged a cheat, no member
+  accused, and the start-state chain across the fork and the re-base should hold or be judged
+  "restarted from the record" (``diverge-once``). It does not yet: see the xfail below.
 """
 
 from __future__ import annotations
@@ -72,6 +72,13 @@ def test_a_fork_found_too_late_re_enters_from_the_chain_and_contributes_again(ma
     assert not history.disputes, run_logs(run)
 
 
+# Known failing (issue 30, found by this test): with the overlap (the default schedule at H=40), the forked
+# member applies its forked round 2 in the middle of round 3's training, and its round 3 contribution is
+# announced before the chain's verdict of round 2: rerun from its start state with the record's round 2, it
+# does not reproduce (relative distance 0.35), so `audit --reexecute all` FAILS it and a spot check drawing
+# it would accuse an honest member. What would fix it: withhold a contribution whose training used a round
+# the peers attested differently until that round's verdict, and drop it if the round forked.
+@pytest.mark.xfail(strict=True, reason="a forked member's round trained on its forked apply does not rerun")
 @pytest.mark.slow  # 3 replicas that each rerun the others' every round: several minutes (run with -m slow)
 @pytest.mark.timeout(1500)
 def test_a_forked_members_contributions_before_its_re_base_rerun_exactly(make_run):
