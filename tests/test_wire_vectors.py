@@ -62,7 +62,7 @@ def test_envelope(vector):
     assert verify_signature(public_key, signing_bytes, signature)
 
     envelope = decode_envelope(data, max_size=1 << 20)
-    inputs = vector["inputs"]
+    inputs = untag(vector["inputs"])
     payload = bytes.fromhex(inputs["payload_hex"])
     for name in ("run_id", "round", "kind", "stage", "replica", "timestamp_ms"):
         assert getattr(envelope, name) == inputs[name], name
@@ -91,6 +91,37 @@ def test_envelope(vector):
     assert gossip_message_id(data) == message_id
     assert base64.b64decode(message_id) == hashlib.sha256(data).digest()
     assert ContentAddressedMessageIDGenerator().generate_id(rpc_pb2.Message(data=data)) == message_id
+
+
+def test_big_integers_are_strings_for_javascript():
+    # JSON numbers beyond 2^53 - 1 lose precision in JavaScript: the file writes them as {"int": "..."}.
+    def walk(value):
+        if isinstance(value, bool):
+            return
+        if isinstance(value, int):
+            assert abs(value) <= (1 << 53) - 1, value
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+
+    walk(VECTORS)
+    large = by_name(VECTORS["envelopes"])["large_indices"]
+    assert large["inputs"]["run_id"] == {"int": str((1 << 64) - 1)}
+
+
+def test_partial_envelope_payload_is_the_sliced_layout():
+    from training.butterfly import PARTIAL_PREFIX, parse_partial
+
+    vector = by_name(VECTORS["envelopes"])["partial"]
+    payload = bytes.fromhex(vector["inputs"]["payload_hex"])
+    assert payload.startswith(PARTIAL_PREFIX) and PARTIAL_PREFIX == b"dlx-partial/2"
+    partial = parse_partial(payload)
+    assert (partial.slice_index, partial.num_slices, partial.num_inputs) == (1, 2, 3)
+    assert partial.inputs_root == hashlib.sha256(bytes([13])).digest()
+    assert partial.blob == bytes(range(64))
 
 
 def test_envelope_payloads_are_the_payload_vectors():
@@ -129,6 +160,67 @@ def test_payload(vector):
         if isinstance(value, float):
             packed = msgpack.packb(value)
             assert packed[0] == 0xCB and packed in data
+
+
+def test_payload_vectors_cover_every_gossip_kind():
+    assert {v["kind"] for v in VECTORS["payloads"]} == set(msg._TYPES)
+
+
+@pytest.mark.parametrize("vector", VECTORS["rejected_payloads"], ids=lambda v: v["name"])
+def test_rejected_payload(vector):
+    with pytest.raises(msg.ProtocolError):
+        msg.decode_payload(vector["kind"], bytes.fromhex(vector["payload_hex"]))
+
+
+def test_merkle_roots_and_proofs():
+    from ledger.merkle import EMPTY_ROOT, merkle_proof, merkle_root, verify_proof
+
+    merkle = VECTORS["merkle"]
+    assert bytes.fromhex(merkle["roots"][0]["root_hex"]) == EMPTY_ROOT == hashlib.sha256(b"").digest()
+    for case in merkle["roots"]:
+        leaves = [bytes.fromhex(h) for h in case["leaves_hex"]]
+        assert merkle_root(leaves).hex() == case["root_hex"]
+        if leaves:  # independently of ledger.merkle: the rules as docs/PROTOCOL.md states them
+            level = [hashlib.sha256(b"\x00" + leaf).digest() for leaf in leaves]
+            while len(level) > 1:
+                paired = [hashlib.sha256(b"\x01" + level[i] + level[i + 1]).digest()
+                          for i in range(0, len(level) - 1, 2)]
+                level = paired + ([level[-1]] if len(level) % 2 else [])
+            assert level[0].hex() == case["root_hex"]
+    five = [bytes.fromhex(h) for h in merkle["roots"][5]["leaves_hex"]]
+    for case in merkle["proofs"]:
+        proof = [(bytes.fromhex(p["sibling_hex"]), p["sibling_is_left"]) for p in case["proof"]]
+        assert merkle_proof(five, case["index"]) == proof
+        assert verify_proof(bytes.fromhex(case["leaf_hex"]), proof, bytes.fromhex(case["root_hex"]))
+    # Promoting (not duplicating) the odd node: a list and the list with its last leaf repeated differ.
+    three = [bytes.fromhex(h) for h in merkle["roots"][3]["leaves_hex"]]
+    assert merkle_root(three) != merkle_root(three + three[-1:])
+
+
+@pytest.mark.parametrize("vector", VECTORS["eip712"]["messages"], ids=lambda v: v["name"])
+def test_eip712_known_answer(vector):
+    from eth_account import Account
+    from eth_account.messages import encode_typed_data
+    from eth_utils import keccak
+
+    eip712 = VECTORS["eip712"]
+    typed = vector["typed_data"]
+    assert typed["domain"] == eip712["domain"]
+    assert keccak(text=vector["type"]).hex() == vector["type_hash_hex"]
+    assert keccak(text=eip712["domain_type"]).hex() == eip712["domain_type_hash_hex"]
+    # An independent EIP-712 implementation (eth_account's eth_signTypedData_v4 encoder) gives the digest.
+    signable = encode_typed_data(full_message=typed)
+    assert signable.header.hex() == eip712["domain_separator_hex"]
+    assert signable.body.hex() == vector["struct_hash_hex"]
+    assert keccak(b"\x19\x01" + signable.header + signable.body).hex() == vector["digest_hex"]
+    signature = bytes.fromhex(vector["signature_hex"])
+    assert Account.recover_message(signable, signature=signature) == eip712["key"]["address"]
+    assert Account.from_key(bytes.fromhex(eip712["key"]["private_key_hex"])).address == eip712["key"]["address"]
+    assert int.from_bytes(signature[32:64], "big") <= 0x7FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF5D576E7357A4501DDFE92F46681B20A0
+    # The gossip payload of the same kind carries exactly this signature and signer.
+    payload = untag(by_name(VECTORS["payloads"])[vector["name"]]["fields"])
+    assert payload["signature"] == signature
+    assert "0x" + payload["account"].hex() == eip712["key"]["address"].lower()
 
 
 @pytest.mark.parametrize("vector", VECTORS["blob"]["frames"], ids=lambda v: v["name"])

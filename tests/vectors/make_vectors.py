@@ -7,12 +7,15 @@ deterministic, RFC 8032). Run from the repository root::
     python tests/vectors/make_vectors.py --check  # exit 1 if the file differs from what this writes
 
 JSON conventions (so any language can read the file): ``*_hex`` strings are lowercase hex bytes.
-Inside ``fields`` objects, a msgpack ``bin`` value is written ``{"bin": "<hex>"}``, a float64
-``{"f64": <number or "nan">}``, and plain JSON strings and integers are msgpack ``str`` and ``int``.
+Inside ``fields`` and ``inputs`` objects, a msgpack ``bin`` value is written ``{"bin": "<hex>"}``, a float64
+``{"f64": <number or "nan">}``, a msgpack bool a JSON ``true``/``false``, an integer outside JavaScript's
+exact range (|n| > 2^53 - 1) ``{"int": "<decimal>"}``, and plain JSON strings and integers are msgpack
+``str`` and ``int``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -23,6 +26,13 @@ from typing import Any
 if __name__ == "__main__":  # run as a script: the repository root holds the packages
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from eth_account import Account
+
+from ledger.attest import (DOMAIN_NAME, DOMAIN_TYPE, DOMAIN_VERSION, RECORD_TYPE, VERDICT_TYPE, domain_separator,
+                           record_digest, record_struct_hash, sign_record, sign_verdict, typed_data, verdict_digest,
+                           verdict_struct_hash)
+from ledger.merkle import merkle_proof, merkle_root
+from ledger.records import RoundRecord, Verdict
 from node import protocol as msg
 from p2p.blob_protocol import (
     BLOB_PROTOCOL,
@@ -38,11 +48,17 @@ from p2p.gossip import (SYNC_OFFER_PROTOCOL, SYNC_PROTOCOL, gossip_message_id, s
                         sync_offer_frame, sync_request_frame, sync_response_frame, sync_want_frame)
 from p2p.identity import Identity
 from p2p.wire import encode_frame
+from training.butterfly import partial_payload
 
 OUT = Path(__file__).with_name("wire.json")
 SEED = bytes(range(32))  # the test key: never use it for anything else
 TIMESTAMP_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 RUN_ID = 7
+# EIP-712 known answers: a fixed secp256k1 test key (never use it for anything else), anvil's chain id
+# and the address the first contract deployed by anvil's first dev account gets.
+EIP712_KEY = hashlib.sha256(b"dlx-node test vectors: secp256k1 key").digest()
+CHAIN_ID = 31337
+LEDGER_ADDRESS = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
 
 
 def _h(n: int) -> bytes:
@@ -50,8 +66,13 @@ def _h(n: int) -> bytes:
     return hashlib.sha256(bytes([n])).digest()
 
 
+MAX_SAFE_INTEGER = (1 << 53) - 1  # JavaScript's Number.MAX_SAFE_INTEGER
+
+
 def tag(value: Any) -> Any:
     """A msgpack value as tagged JSON (see the module docstring)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SAFE_INTEGER:
+        return {"int": str(value)}
     if isinstance(value, bytes):
         return {"bin": value.hex()}
     if isinstance(value, float):
@@ -69,6 +90,8 @@ def untag(value: Any) -> Any:
         return bytes.fromhex(value["bin"])
     if isinstance(value, dict) and set(value) == {"f64"}:
         return float(value["f64"])
+    if isinstance(value, dict) and set(value) == {"int"}:
+        return int(value["int"])
     if isinstance(value, list):
         return [untag(v) for v in value]
     if isinstance(value, dict):
@@ -76,9 +99,22 @@ def untag(value: Any) -> Any:
     return value
 
 
+def eip712_record() -> RoundRecord:
+    """The record the ``record`` payload vector signs (run 7, round 3: the envelope's run and round)."""
+    return RoundRecord(run_id=RUN_ID, round=3, prev_head=_h(7), weights_root=_h(8), contributions_root=_h(9),
+                       train_loss_micro=3_250_000, eval_loss_micro=3_500_000, tokens=131_072, num_contributors=2)
+
+
+def eip712_verdict() -> Verdict:
+    """The verdict the ``verdict`` payload vector signs."""
+    return Verdict(run_id=RUN_ID, accused="0x" + "33" * 20, evidence_hash=_h(10), guilty=True)
+
+
 def payload_messages() -> list[tuple[str, str, Any]]:
     """(name, kind, message) of every gossiped payload kind, with representative values."""
     identity = Identity.from_seed(SEED)
+    signer = Account.from_key(EIP712_KEY)
+    record = eip712_record()
     return [
         ("hello", msg.HELLO, msg.Hello(
             cluster="c0", cluster_size=2, account=bytes.fromhex("11" * 20),
@@ -98,17 +134,20 @@ def payload_messages() -> list[tuple[str, str, Any]]:
         ("record", msg.RECORD, msg.RecordSignature(
             prev_head=_h(7), weights_root=_h(8), contributions_root=_h(9),
             train_loss_micro=3_250_000, eval_loss_micro=3_500_000, tokens=131_072, num_contributors=2,
-            checkpoint_hash=bytes(32), account=bytes.fromhex("22" * 20),
-            signature=bytes(range(64)) + b"\x1b")),
+            checkpoint_hash=record.checkpoint_hash, account=bytes.fromhex(signer.address[2:]),
+            signature=sign_record(signer, record, CHAIN_ID, LEDGER_ADDRESS))),
         ("accusation", msg.ACCUSATION, msg.Accusation(
             outer_round=3, accused=bytes.fromhex("33" * 20), accused_peer=identity.peer_id, replica=1,
             evidence_hash=_h(10), evidence_size=4096)),
         ("verdict", msg.VERDICT, msg.VerdictSignature(
-            accused=bytes.fromhex("33" * 20), evidence_hash=_h(10), guilty=True, account=bytes.fromhex("22" * 20),
-            signature=bytes(range(64)) + b"\x1c")),
+            accused=bytes.fromhex("33" * 20), evidence_hash=_h(10), guilty=True,
+            account=bytes.fromhex(signer.address[2:]),
+            signature=sign_verdict(signer, eip712_verdict(), CHAIN_ID, LEDGER_ADDRESS))),
         ("evidence", msg.EVIDENCE, msg.Evidence(
             accused=bytes.fromhex("33" * 20), replica=1, contributions=[b"\x81" * 8, b"\x82" * 8],
             verdict="mismatch", reason="largest relative distance 0.28 (tolerance 0.01)", distances=[0.28, 0.1])),
+        ("partial_announce", msg.PARTIAL_ANNOUNCE, msg.PartialAnnounce(
+            slice_index=1, envelope_hash=_h(14), size=8_364)),
     ]
 
 
@@ -140,6 +179,11 @@ def envelope_cases() -> list[dict[str, Any]]:
     cases.append(dict(name="contribution", run_id=RUN_ID, round=3, kind=msg.CONTRIBUTION, stage=0,
                       replica=1, timestamp_ms=TIMESTAMP_MS,
                       payload=msg.encode_contribution_body(msg.ContributionBody(_h(11), _h(12), bytes(range(256)) * 2))))
+    # The sliced exchange's partial: a blob (never gossiped), fixed layout like a contribution
+    # (docs/PROTOCOL.md, "Sliced exchange"): b"dlx-partial/2" || u32 j || u32 A || u32 n || inputs_root (32) || blob.
+    cases.append(dict(name="partial", run_id=RUN_ID, round=3, kind=msg.PARTIAL, stage=1, replica=0,
+                      timestamp_ms=TIMESTAMP_MS,
+                      payload=partial_payload(1, 2, _h(13), 3, bytes(range(64)))))
     cases.append(dict(name="integer_widths", run_id=(1 << 32), round=300, kind="widths", stage=128,
                       replica=65_536, timestamp_ms=TIMESTAMP_MS + 1, payload=b""))
     cases.append(dict(name="large_indices", run_id=(1 << 64) - 1, round=255, kind="x_1", stage=127,
@@ -158,11 +202,11 @@ def envelope_vectors() -> list[dict[str, Any]]:
         data = envelope.to_bytes()
         out.append({
             "name": case["name"],
-            "inputs": {
+            "inputs": tag({
                 "run_id": case["run_id"], "round": case["round"], "kind": case["kind"],
                 "stage": case["stage"], "replica": case["replica"],
                 "timestamp_ms": case["timestamp_ms"], "payload_hex": case["payload"].hex(),
-            },
+            }),
             "payload_sha256_hex": envelope.payload_sha256.hex(),
             "signing_bytes_hex": envelope.signing_bytes().hex(),
             "signature_hex": envelope.signature.hex(),
@@ -209,7 +253,116 @@ def rejected_vectors() -> list[dict[str, Any]]:
     add("bad_domain", msgpack.packb(bad_domain, use_bin_type=True), "bad_domain", "unknown domain")
     boolean = dict(fields, stage=True)
     add("bool_for_int", msgpack.packb(boolean, use_bin_type=True), "malformed", "stage encoded as true")
+    add("domain_short", msgpack.packb(dict(fields, domain=b"dlx"), use_bin_type=True), "bad_domain",
+        "a domain of another length: the domain is compared before any field's type or length")
+    add("domain_as_str", msgpack.packb(dict(fields, domain="dlx-envelope-v1"), use_bin_type=True), "bad_domain",
+        "the domain as str, not bin")
+    add("bad_version", msgpack.packb(dict(fields, version=2), use_bin_type=True), "bad_version", "version 2")
+    add("bad_kind", msgpack.packb(dict(fields, kind="Announce"), use_bin_type=True), "bad_kind",
+        "kind outside [a-z0-9_]{1,32}")
+    add("signature_63_bytes", msgpack.packb(dict(fields, signature=good.signature[:63]), use_bin_type=True),
+        "malformed", "signature of 63 bytes")
+    add("payload_as_map", msgpack.packb(dict(fields, payload={"a": 1}), use_bin_type=True), "malformed",
+        "a nested map: refused while decoding, before anything is built")
+    # Order of the checks (docs/P2P.md): the first failing check names the reason.
+    missing = {k: v for k, v in fields.items() if k != "timestamp_ms"}
+    add("order_missing_field_before_domain", msgpack.packb(dict(missing, domain=b"x"), use_bin_type=True),
+        "malformed", "a missing field and a bad domain: the key set is checked first")
+    add("order_domain_before_version", msgpack.packb(dict(fields, domain=b"x", version=2), use_bin_type=True),
+        "bad_domain", "a bad domain and a bad version: the domain is checked first")
+    add("order_version_before_types", msgpack.packb(dict(fields, version=2, stage=True), use_bin_type=True),
+        "bad_version", "a bad version and a bool for an int: the version is checked before field types")
+    add("order_non_canonical_before_signature",
+        msgpack.packb(dict(reversed(list(dict(fields, round=4).items()))), use_bin_type=True), "non_canonical",
+        "keys out of order and a tampered round: canonical form is checked before the signature")
+    add("order_payload_hash_before_signature",
+        msgpack.packb(dict(fields, payload=b"q", round=4), use_bin_type=True), "payload_hash_mismatch",
+        "another payload and a tampered round: the payload hash is checked before the signature")
     return cases
+
+
+def rejected_payload_vectors() -> list[dict[str, Any]]:
+    """Payloads a conforming receiver must refuse (the envelope around them is valid)."""
+    import msgpack
+
+    def encoded(message: Any, **changes: Any) -> dict[str, Any]:
+        fields = dict(dataclasses.asdict(message), **changes)
+        return {k: v for k, v in fields.items() if v is not _DROP}
+
+    signer = Account.from_key(EIP712_KEY)
+    messages = {name: message for name, _kind, message in payload_messages()}
+    cases = [
+        ("verdict_guilty_as_int", msg.VERDICT, encoded(messages["verdict"], guilty=1),
+         "guilty is a bool (0xc3/0xc2); the int 1 is refused"),
+        ("hello_cluster_size_as_bool", msg.HELLO, encoded(messages["hello"], cluster_size=True),
+         "a bool is not an int"),
+        ("announce_extra_key", msg.ANNOUNCE, dict(encoded(messages["announce"]), extra=1), "an unknown key"),
+        ("announce_missing_key", msg.ANNOUNCE, encoded(messages["announce"], size=_DROP), "a missing key"),
+        ("announce_hash_31_bytes", msg.ANNOUNCE, encoded(messages["announce"], envelope_hash=_h(1)[:31]),
+         "a hash of 31 bytes"),
+        ("record_signature_64_bytes", msg.RECORD, encoded(messages["record"], signature=bytes(64)),
+         "an EIP-712 signature is 65 bytes (r || s || v)"),
+        ("record_tokens_negative", msg.RECORD, encoded(messages["record"], tokens=-1), "tokens < 0"),
+        ("partial_announce_slice_2_16", msg.PARTIAL_ANNOUNCE,
+         encoded(messages["partial_announce"], slice_index=1 << 16), "slice_index >= 2^16"),
+        ("verdict_account_as_str", msg.VERDICT, encoded(messages["verdict"], account=signer.address),
+         "an account is 20 bytes of bin, not a hex str"),
+    ]
+    return [{"name": name, "kind": kind, "payload_hex": msgpack.packb(fields, use_bin_type=True).hex(), "why": why}
+            for name, kind, fields, why in cases]
+
+
+_DROP = object()  # a key left out of a rejected payload
+
+
+def merkle_vectors() -> dict[str, Any]:
+    """Roots and proofs of ledger.merkle (docs/PROTOCOL.md, "The contributions root")."""
+    roots = []
+    for count in range(8):
+        leaves = [_h(100 + i) for i in range(count)]
+        roots.append({"leaves_hex": [leaf.hex() for leaf in leaves], "root_hex": merkle_root(leaves).hex()})
+    leaves = [_h(100 + i) for i in range(5)]
+    proofs = [{"index": i, "leaf_hex": leaves[i].hex(), "root_hex": merkle_root(leaves).hex(),
+               "proof": [{"sibling_hex": sibling.hex(), "sibling_is_left": left}
+                         for sibling, left in merkle_proof(leaves, i)]}
+              for i in range(len(leaves))]
+    return {"leaf": "sha256(0x00 || leaf)", "inner": "sha256(0x01 || left || right)",
+            "odd": "the last node of a level with an odd count is promoted unchanged",
+            "empty": "sha256(b'')", "roots": roots, "proofs": proofs}
+
+
+def eip712_vectors() -> dict[str, Any]:
+    """EIP-712 known answers for the two types members sign (docs/LEDGER.md): the ``record`` and ``verdict``
+    payload vectors carry these signatures."""
+    from eth_utils import keccak
+
+    signer = Account.from_key(EIP712_KEY)
+    record, verdict = eip712_record(), eip712_verdict()
+    out = {
+        "key": {"private_key_hex": EIP712_KEY.hex(), "address": signer.address},
+        "domain": {"name": DOMAIN_NAME, "version": DOMAIN_VERSION, "chainId": CHAIN_ID,
+                   "verifyingContract": LEDGER_ADDRESS},
+        "domain_type": DOMAIN_TYPE,
+        "domain_type_hash_hex": keccak(text=DOMAIN_TYPE).hex(),
+        "domain_separator_hex": domain_separator(CHAIN_ID, LEDGER_ADDRESS).hex(),
+        "messages": [],
+    }
+    for name, message, type_string, struct_hash, digest, sign in (
+        ("record", record, RECORD_TYPE, record_struct_hash(record), record_digest(record, CHAIN_ID, LEDGER_ADDRESS),
+         sign_record),
+        ("verdict", verdict, VERDICT_TYPE, verdict_struct_hash(verdict),
+         verdict_digest(verdict, CHAIN_ID, LEDGER_ADDRESS), sign_verdict),
+    ):
+        out["messages"].append({
+            "name": name,
+            "type": type_string,
+            "type_hash_hex": keccak(text=type_string).hex(),
+            "typed_data": typed_data(message, CHAIN_ID, LEDGER_ADDRESS),
+            "struct_hash_hex": struct_hash.hex(),
+            "digest_hex": digest.hex(),
+            "signature_hex": sign(signer, message, CHAIN_ID, LEDGER_ADDRESS).hex(),
+        })
+    return out
 
 
 def blob_vectors() -> list[dict[str, Any]]:
@@ -252,6 +405,8 @@ def build() -> dict[str, Any]:
                        "Generated by tests/vectors/make_vectors.py; checked by tests/test_wire_vectors.py.",
         "conventions": "*_hex: lowercase hex bytes. In 'fields': {\"bin\": hex} is msgpack bin, "
                        "{\"f64\": x} is msgpack float64 (\"nan\" = the quiet NaN 0x7ff8000000000000), "
+                       "JSON true/false msgpack bool (only where a field's type is bool), "
+                       "{\"int\": \"<decimal>\"} an integer beyond JavaScript's exact range (|n| > 2^53 - 1), "
                        "JSON strings are msgpack str, JSON integers msgpack int in the smallest encoding.",
         "key": {
             "ed25519_seed_hex": SEED.hex(),
@@ -263,6 +418,9 @@ def build() -> dict[str, Any]:
         "envelopes": envelope_vectors(),
         "rejected_envelopes": rejected_vectors(),
         "payloads": payload_vectors(),
+        "rejected_payloads": rejected_payload_vectors(),
+        "merkle": merkle_vectors(),
+        "eip712": eip712_vectors(),
         "blob": {"protocol": str(BLOB_PROTOCOL), "frames": blob_vectors()},
         "sync": {"protocol": str(SYNC_PROTOCOL), "offer_protocol": str(SYNC_OFFER_PROTOCOL), "frames": sync_vectors()},
     }
