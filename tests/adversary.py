@@ -49,7 +49,8 @@ chain) is the real node's. Attacks:
   the close without its first entry, so its weights leave the quorum's record;
   honest otherwise. Its own close gives the record's result: it must not
   dispute, and it must re-base on the record and contribute again.
-- ``diverge-late``: the ``diverge-once`` fault, and the member applies round 3
+- ``diverge-late``: the ``diverge-once`` fault (leaving out the close's first two
+  entries: screening may leave out the first anyway), and the member applies round 3
   without waiting for the chain's record of round 2 (as if that record came
   only after round 3 was applied): the fork can no longer be re-based in place,
   so the member must stop, re-enter from the chain's latest checkpoint
@@ -160,14 +161,16 @@ def forged_start_state():
     return {"worker": StateForgingWorker}
 
 
-def diverging_once():
+def diverging_once(left_out: int = 1):
     from node.live.replica import ReplicaWorker
 
     class DivergingWorker(ReplicaWorker):
         def apply(self, stage, outer_round, contributions, excluded=None, prepared=None):
-            if outer_round == 2 and len(contributions) > 1:
-                logger.warning("adversary: round 2 stage %d aggregated without the close's first entry", stage)
-                excluded, prepared = {**(excluded or {}), 0: "diverge-once"}, None
+            if outer_round == 2 and len(contributions) > left_out:
+                what = "first entry" if left_out == 1 else f"first {left_out} entries"
+                logger.warning("adversary: round 2 stage %d aggregated without the close's %s", stage, what)
+                excluded = {**(excluded or {}), **{i: "diverge-once" for i in range(left_out)}}
+                prepared = None
             return super().apply(stage, outer_round, contributions, excluded=excluded, prepared=prepared)
 
     return {"worker": DivergingWorker}
@@ -183,7 +186,8 @@ def diverging_late():
                 return []
             return super().due(next_round)
 
-    return {**diverging_once(), "forks": LateVerdictForks}
+    # Two entries left out: screening may leave out the first one anyway (then one alone forks nothing).
+    return {**diverging_once(left_out=2), "forks": LateVerdictForks}
 
 
 # ---------------------------------------------------------------------- the contributor

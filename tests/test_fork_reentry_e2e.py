@@ -50,7 +50,7 @@ def test_a_fork_found_too_late_re_enters_from_the_chain_and_contributes_again(ma
     commits = history.commits
     assert [c.commit.round for c in commits] == list(range(rounds)), run_logs(run)
     log = _log(forked)
-    assert "adversary: round 2 stage 0 aggregated without the close's first entry" in log
+    assert "adversary: round 2 stage 0 aggregated without the close's first 2 entries" in log
     assert "adversary: applying round 3 without waiting for the chain's record of round 2" in log
     # It could not re-base in place: it stopped and started again (same process) from the chain.
     assert "starting again from the chain's latest checkpoint" in log, log[-6000:]
