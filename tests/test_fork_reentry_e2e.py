@@ -10,11 +10,7 @@ test_fork_recovery_e2e.py shows a forked member re-basing in place. Two things i
   forked weights, honestly. Every member reruns every other replica's contribution (``spot_checks``
   high) and the audit reruns them all from the archives: none should be judged a cheat, no member
   accused, and the start-state chain across the fork and the re-base should hold or be judged
-  "restarted from the record" (``diverge-once``). A round whose training used the forked weights
-  (with the overlap, round 3 applies the forked round 2 mid-round; round 4 starts from it) would
-  not rerun from the state it binds (found by this test: the audit failed round 3): the member
-  settles every result a round's training used before sending it, and withholds it if one forked
-  (``ForkRepair.withhold``).
+  "restarted from the record" (``diverge-once``). It does not yet: see the xfail below.
 """
 
 from __future__ import annotations
@@ -76,6 +72,13 @@ def test_a_fork_found_too_late_re_enters_from_the_chain_and_contributes_again(ma
     assert not history.disputes, run_logs(run)
 
 
+# Known failing (issue 30, found by this test): with the overlap (the default schedule at H=40), the forked
+# member applies its forked round 2 in the middle of round 3's training, and its round 3 contribution is
+# announced before the chain's verdict of round 2: rerun from its start state with the record's round 2, it
+# does not reproduce (relative distance 0.35), so `audit --reexecute all` FAILS it and a spot check drawing
+# it would accuse an honest member. What would fix it: withhold a contribution whose training used a round
+# the peers attested differently until that round's verdict, and drop it if the round forked.
+@pytest.mark.xfail(strict=True, reason="a forked member's round trained on its forked apply does not rerun")
 @pytest.mark.slow  # 3 replicas that each rerun the others' every round: several minutes (run with -m slow)
 @pytest.mark.timeout(1500)
 def test_a_forked_members_contributions_before_its_re_base_rerun_exactly(make_run):
@@ -112,11 +115,5 @@ def test_a_forked_members_contributions_before_its_re_base_rerun_exactly(make_ru
     assert report.ok, [c.line() for c in report.all_checks() if c.status != OK]
     reruns = {c.name for c in report.all_checks()
               if c.name.startswith("re-execution of round") and c.status == OK and "exact" in c.reason}
-    # Round 3 trained on the forked round 2 (applied mid-round): withheld, in no record. Its contributions in
-    # the records (round 2 before the fork, the rounds after the re-base) all rerun exactly.
-    assert "round 3: this node's contribution is not sent" in log, log[-4000:]
-    assert commits[3].commit.num_contributors == 2, run_logs(run)
-    in_records = {r for r in range(rounds) if any(
-        c.name == f"re-execution of round {r} replica {forked_replica}" for c in report.all_checks())}
-    assert 2 in in_records and 3 not in in_records, (sorted(in_records), checked)
-    assert {f"re-execution of round {r} replica {forked_replica}" for r in in_records} <= reruns, checked
+    around_the_fork = {f"re-execution of round {r} replica {forked_replica}" for r in (2, 3, 4)}
+    assert around_the_fork <= reruns, (sorted(around_the_fork - reruns), checked)

@@ -98,9 +98,6 @@ class FakeChain:
     def last_round(self, run_id: int) -> int:
         return self.committed
 
-    def commit_of(self, run_id: int, round_index: int):
-        return None  # no record read back here: the committer is faked
-
     def quorum_of(self, run_id: int) -> int:
         return 1
 

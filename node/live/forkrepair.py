@@ -58,7 +58,6 @@ from node.live.status import Progress, StateFile
 from node.store.archive import Archive, ArchivedContribution
 from p2p.envelope import decode_envelope
 from training.hashing import weights_root
-from training.reexec import start_global_round
 
 logger = logging.getLogger(__name__)
 
@@ -116,8 +115,6 @@ class ForkRepair:
         self._bases: dict[tuple[int, int], tuple[dict, dict]] = {}  # (round, stage) -> (weights, momentum)
         self._settled: set[int] = set()  # rounds whose chain verdict this node has
         self._pending: dict[int, Rebase] = {}
-        self._rebased_while_training: set[int] = set()  # rounds being trained when a re-base was taken
-        self._record_quorum: int | None = None  # member signatures a record needs (read once from the chain)
 
     # -- the finisher, before each outer step --------------------------------------------
     def remember_base(self, outer_round: int, stage: int, base: tuple[dict, dict]) -> None:
@@ -263,65 +260,6 @@ class ForkRepair:
             ready = [self._pending.pop(r) for r in sorted(self._pending) if r < next_round]
         return ready
 
-    def withhold(self, outer_round: int) -> bool:
-        """Whether this node's contribution of ``outer_round`` must not be sent: its training used the result
-        of a round that left the committed record here (in its start state, or applied during the round).
-
-        Rerun from the start state it binds with the record's results, such a contribution does not
-        reproduce: an auditor fails it and a spot check would accuse an honest member (found by
-        tests/test_fork_reentry_e2e.py). So every round whose result the training used is settled
-        first: its record on chain says, or a quorum of members attested this node's result; while
-        neither (or while peers attest another result), it waits, at most a round timeout.
-        """
-        deadline = time.monotonic() + self.cfg.round_timeout
-        for used in range(start_global_round(self.cfg.diloco, outer_round), self.progress.last_finished + 1):
-            waited = False
-            while (ours := self._ours_on_chain(used)) is None and not self.stop.is_set() and \
-                    time.monotonic() < deadline and (self._suspect_stages(used) or self._unconfirmed(used)):
-                if not waited:
-                    logger.info("round %d: waiting for the record of round %d (its training used that result) "
-                                "before sending its contribution", outer_round, used)
-                    waited = True
-                with self._cond:
-                    self._cond.wait(1.0)
-            if ours is False:
-                return True
-        with self._cond:
-            rebased_meanwhile = outer_round in self._rebased_while_training
-        return rebased_meanwhile or self.lifecycle.reenter_after is not None
-
-    def _ours_on_chain(self, outer_round: int) -> bool | None:
-        """Whether the chain's record of ``outer_round`` is this node's result (None: no record yet)."""
-        try:
-            record = self.chain.commit_of(self.cfg.ledger.run_id, outer_round)
-        except DLX_ERRORS as exc:
-            logger.debug("round %d: record not read (%s)", outer_round, exc)
-            return None
-        if record is None:
-            return None
-        return self.state.get("weights_roots", {}).get(str(outer_round)) == record.weights_root.hex()
-
-    def _unconfirmed(self, outer_round: int) -> bool:
-        """Whether a held stage's result of ``outer_round`` here is attested by fewer members (this node
-        included) than a record needs: the record may still be another one."""
-        if self._record_quorum is None:
-            try:
-                self._record_quorum = self.chain.quorum_of(self.cfg.ledger.run_id)
-            except DLX_ERRORS as exc:
-                logger.debug("record quorum not read (%s)", exc)
-                return True
-        for stage in self.station.held_stages():
-            own_hash = self.rounds.stage_hashes.get(outer_round, {}).get(stage)
-            close = self.coordinator.accepted(outer_round, stage)
-            if own_hash is None or close is None:
-                continue
-            mine = (own_hash, self._root(close))
-            attested = self.book.snapshot_attestations(outer_round, stage)
-            agreeing = {peer for peer, a in attested.items() if (a.weights_hash, a.contributions_root) == mine}
-            if len(agreeing | {self.coordinator.peer_id}) < self._record_quorum:
-                return True
-        return False
-
     def _suspect_stages(self, outer_round: int) -> list[int]:
         """Held stages of ``outer_round`` whose attestations by peers name another result as often as ours."""
         with self._cond:
@@ -357,9 +295,6 @@ class ForkRepair:
             for envelope in stage.envelopes:
                 self.archive.put(outer_round, envelope)
         self._reseal(rebase)
-        with self._cond:
-            self._rebased_while_training = {r for r in self._rebased_while_training if r > outer_round - BASES_KEPT}
-            self._rebased_while_training.add(self.progress.round)  # its start state held the forked weights
         self.state.record_round(outer_round, rebase.weights_root, False)
         self.state.update(rebased=[*self.state.get("rebased", [])[-15:], outer_round])
         self.progress.weights_root = rebase.weights_root.hex()

@@ -206,28 +206,12 @@ class Node:
         self.parts.contributor.train(action.outer_round, action.first_step, action.end_step)
 
     def _encode(self, action: RoundAction, unfinished: list[int]) -> None:
-        if self.parts.forks.withhold(action.outer_round):
-            self._withhold(action.outer_round)
-            unfinished.append(action.outer_round)  # finished (applied, attested) as a non-contributor
-            return
         with self.parts.clock.phase("encode"):
             self.parts.contributor.encode(action.outer_round)
         if "first contribution" not in self.parts.startup.marks:
             logger.info("first contribution of this process: round %d", action.outer_round)
             self.parts.startup.mark("first contribution")
         unfinished.append(action.outer_round)
-
-    def _withhold(self, outer_round: int) -> None:
-        """Send nothing for ``outer_round`` (ForkRepair.withhold): the replica sits the round out, and its
-        hello tells the coordinators at once not to wait for it."""
-        logger.warning("round %d: this node's contribution is not sent: its training used weights that left the "
-                       "committed record (a fork re-based here); the replica sits this round out", outer_round)
-        parts = self.parts
-        parts.contributor.abandon(outer_round)
-        parts.rounds.trained.pop(outer_round, None)  # finished as a non-contributor
-        parts.rounds.evals.pop(outer_round, None)
-        parts.station.contribute_from(outer_round + 1)
-        self._say_hello()
 
     def _apply(self, action: RoundAction, unfinished: list[int]) -> None:
         while unfinished and unfinished[0] <= action.outer_round:
