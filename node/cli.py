@@ -238,9 +238,10 @@ def _add_audit_and_pull(sub) -> None:
             p.add_argument("--reexecute", default="0", metavar="N",
                            help="rerun N sampled contributions (or 'all') and every ejection's evidence from the "
                                 "archives' start states (docs/PROTOCOL.md, 'Spot checks')")
-            p.add_argument("--data", default="", metavar="FILE",
-                           help="the run's training text (its sha256 is in the run document): screened rounds "
-                                "are re-derived on its held-out batches; without it they are unverifiable")
+            p.add_argument("--data", default="", metavar="FILE|DIR",
+                           help="the run's training text or prepared dataset directory (the run document names "
+                                "its sha256 or manifest root): screened rounds and reruns read their batches from "
+                                "it as nodes do; without it they are unverifiable")
         else:
             p.add_argument("--round", type=int, default=-1, help="checkpoint round (default: latest)")
             p.add_argument("--archive", action="append", default=[],

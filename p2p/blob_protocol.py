@@ -403,7 +403,7 @@ class BlobService:
             await stream.close()
             return
         sha256_hex = digest.hex()
-        path = self.store.path(sha256_hex)
+        path = self.store.served_path(sha256_hex)
         try:
             total = path.stat().st_size
         except FileNotFoundError:

@@ -4,6 +4,9 @@ Layout: ``<root>/<sha256 hex>`` for complete, verified blobs and
 ``<root>/.staging/`` for writes in progress. Every blob enters the store through
 a staging file that is hashed, fsynced and then ``os.replace``d into place, so
 a crash never leaves a file under a name that does not match its content.
+Besides the stored blobs, a store answers for files served from where they are
+(:meth:`BlobStore.serve_file`, a dataset's shards) and for aliases (another hash
+that names a stored blob, :meth:`BlobStore.alias`), both held in memory only.
 """
 
 from __future__ import annotations
@@ -96,6 +99,10 @@ class BlobStore:
         self.staging = self.root / ".staging"
         self.staging.mkdir(parents=True, exist_ok=True)
         self.max_blob_bytes = max_blob_bytes
+        #: key -> sha256 of a stored blob served under that key too (:meth:`alias`)
+        self._aliases: dict[str, str] = {}
+        #: sha256 -> a file outside the store served under it (:meth:`serve_file`)
+        self._files: dict[str, Path] = {}
         for leftover in self.staging.iterdir():  # interrupted writes of a previous run
             leftover.unlink(missing_ok=True)
 
@@ -158,6 +165,34 @@ class BlobStore:
             return sha256_hex
         self.commit(staged, sha256_hex, verified=True)
         return sha256_hex
+
+    def serve_file(self, sha256_hex: str, path: str | os.PathLike[str]) -> None:
+        """Serve the file at ``path``, which the caller has verified to hash to ``sha256_hex``, from where it
+        is: nothing is copied or linked, so a large file (a dataset's shard) costs no disk here. It is not a
+        stored blob (:meth:`has` stays False): it is served until this process ends. Edited in place, it
+        would be served with a wrong hash, which fetchers refuse.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise BlobNotFound(f"{path}: no such file to serve")
+        if path.stat().st_size > self.max_blob_bytes:
+            raise BlobTooLarge(f"{path}: {path.stat().st_size} bytes exceeds max_blob_bytes={self.max_blob_bytes}")
+        self._files[check_sha256_hex(sha256_hex)] = path
+
+    def alias(self, key_hex: str, sha256_hex: str) -> None:
+        """Serve the stored blob ``sha256_hex`` also under ``key_hex`` (another 32-byte hash that names it,
+        e.g. a Merkle root). A fetcher cannot check such a blob by its sha256: it reads it by range
+        (``fetch_alias``) and checks it against the key itself."""
+        self._aliases[check_sha256_hex(key_hex)] = check_sha256_hex(sha256_hex)
+
+    def served_path(self, key_hex: str) -> Path:
+        """The file served under ``key_hex``: the stored blob of that sha256, else a file served from where it
+        is (:meth:`serve_file`), else what the key aliases (the path need not exist: the caller stats it)."""
+        path = self.path(key_hex)
+        if path.is_file():
+            return path
+        target = self._aliases.get(key_hex, key_hex)
+        return self._files.get(target) or self.path(target)
 
     def commit(self, staged: Path, sha256_hex: str, verified: bool = False) -> Path:
         """Move a complete staging file into place, hashing it first unless ``verified``."""

@@ -17,7 +17,7 @@ import trio
 from libp2p.peer.id import ID
 
 from p2p.blobstore import check_sha256_hex
-from p2p.errors import BlobError, BlobNotFound, P2PError
+from p2p.errors import BlobError, BlobNotFound, BlobTooLarge, P2PError
 from p2p.wire import ProtocolViolation
 
 logger = logging.getLogger(__name__)
@@ -50,6 +50,42 @@ class HostBlobs:
         if announce:
             self._call(self._announce, sha256_hex, timeout=timeout, what=f"announce blob {sha256_hex[:16]}")
         return sha256_hex
+
+    def provide_file(self, path: str | os.PathLike[str], sha256_hex: str) -> str:
+        """Serve the file at ``path``, verified by the caller to hash to ``sha256_hex``, from where it is (no
+        copy: :meth:`p2p.blobstore.BlobStore.serve_file`); not announced on the DHT. Returns the sha256."""
+        self._check_open()
+        self.store.serve_file(sha256_hex, path)
+        return sha256_hex
+
+    def provide_alias(self, key_hex: str, sha256_hex: str) -> None:
+        """Serve the stored blob ``sha256_hex`` also under ``key_hex``, a hash that names it by other means
+        (a dataset's Merkle root names its manifest); fetchers read it with :meth:`fetch_alias`."""
+        self._check_open()
+        if not self.store.has(sha256_hex):
+            raise BlobNotFound(f"blob {sha256_hex} is not stored locally")
+        self.store.alias(key_hex, sha256_hex)
+
+    def fetch_alias(self, key_hex: str, provider: str, max_bytes: int, timeout: float | None = None) -> bytes:
+        """The whole blob ``provider`` serves under ``key_hex``, unverified: the caller checks it against the
+        key (its sha256 is not the key). Refused from the reply header when it is over ``max_bytes``.
+        Raises BlobNotFound (the provider does not serve the key), BlobTooLarge, BlobError or P2PTimeout."""
+        key_hex = check_sha256_hex(key_hex)
+        timeout = self.config.transfer_timeout if timeout is None else timeout
+        total = self._call(self._stat, key_hex, provider, timeout=timeout, what=f"size of blob {key_hex[:16]}")
+        if total > max_bytes:
+            raise BlobTooLarge(f"blob {key_hex[:16]} from {provider[-8:]}: {total} bytes, over {max_bytes}")
+        if total == 0:
+            raise BlobError(f"blob {key_hex[:16]} from {provider[-8:]} is empty")
+        return self.fetch_blob_range(key_hex, 0, total, provider, timeout=timeout)
+
+    async def _stat(self, key_hex: str, provider: str) -> int:
+        try:
+            return await self._blobs.stat(ID.from_base58(provider), key_hex)
+        except Exception as exc:  # a refusal (not_found), a protocol violation, a dropped stream
+            if getattr(exc, "status", None) == "not_found":
+                raise BlobNotFound(f"blob {key_hex[:16]}: {provider[-8:]} does not serve it") from None
+            raise BlobError(f"blob {key_hex[:16]} from {provider[-8:]}: {type(exc).__name__}: {exc}") from None
 
     async def _announce(self, sha256_hex: str) -> None:
         key = _dht_key(sha256_hex)

@@ -298,7 +298,7 @@ def scale_curve(r: dict) -> list[str]:
         model = row.get("sliced_model", {})
         rows.append([row["replicas"], kb(full), kb(sliced), kb(row.get("full_model_blob_received")),
                      f"{kb(model.get('blob_received_per_node_round'))} (A = {model.get('slices')})"])
-    return [("Contribution blob bytes received per node and round, the full exchange against the opt-in sliced "
+    return [("Contribution blob bytes received per node and round, the full exchange against the sliced "
             "one (`diloco.exchange = \"sliced\"`): measured points of local runs and each exchange's model "
             "(`bench_scale.py --curve`)."), ""] + table(
         ["nodes", "full, measured", "sliced, measured", "full, model", "sliced, model"], rows)

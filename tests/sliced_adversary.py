@@ -208,8 +208,16 @@ def forged_slices(attack: str) -> dict:
             for j, blob in enumerate(super().last_slices(stage)):
                 honest = decode_contribution(blob, plan.slice_shapes(j), stage_index=stage, outer_round=outer_round)
                 values = {name: forge(value, generator) for name, value in honest.items()}
-                forged.append(encode_contribution(values, self.cfg.compression, stage_index=stage,
-                                                  outer_round=outer_round)[0])
+                try:
+                    blob = encode_contribution(values, self.cfg.compression, stage_index=stage,
+                                               outer_round=outer_round)[0]
+                except torch.linalg.LinAlgError:  # a decoded low-rank slice, negated: its Gram matrix may not
+                    # factorize (training/codec); the forgery with a 1e-6 jitter does
+                    values = {name: value + 1e-6 * value.abs().max() * torch.randn(value.shape, generator=generator)
+                              for name, value in values.items()}
+                    blob = encode_contribution(values, self.cfg.compression, stage_index=stage,
+                                               outer_round=outer_round)[0]
+                forged.append(blob)
             return forged
 
     return {"worker": ForgingSlicesWorker}

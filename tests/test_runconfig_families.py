@@ -80,3 +80,20 @@ def test_a_relative_tokenizer_path_is_read_from_the_data_dir(tmp_path):
     cfg = load_config(None, [f"data_dir={node_dir}", "model.preset=llama-tiny", "model.tokenizer=tok.json"])
     assert cfg.model.tokenizer == str(node_dir / "tok.json")
     assert run_document(cfg)["model"]["tokenizer"] == "sha256:" + hashlib.sha256(b"{}").hexdigest()
+
+
+def test_auto_exchange_resolves_by_replica_count_and_hashes_as_the_exchange_it_names():
+    """diloco.exchange = "auto" (the node template's) is "full" below 8 replicas and "sliced" from 8; the run
+    document names what it resolved to, so its hash is that of the explicit choice, and documents that name
+    their exchange (or, for "full", name none) hash as before."""
+    for replicas, chosen in ((2, "full"), (7, "full"), (8, "sliced"), (64, "sliced")):
+        auto = load_config(None, ["diloco.exchange=auto", f"diloco.num_replicas={replicas}"])
+        explicit = load_config(None, [f"diloco.exchange={chosen}", f"diloco.num_replicas={replicas}"])
+        assert auto.diloco.exchange == chosen
+        assert config_hash(run_document(auto)) == config_hash(run_document(explicit))
+        assert run_document(auto)["diloco"].get("exchange") == (None if chosen == "full" else "sliced")
+        assert node_config_from_run(run_document(auto)).diloco.exchange == chosen
+    # A full run's document never names "auto" or "full": joiners of a run without the field run "full".
+    assert load_config(None, ["diloco.num_replicas=16"]).diloco.exchange == "full"
+    with pytest.raises((ConfigError, TrainingConfigError), match="auto"):
+        load_config(None, ["diloco.exchange=butterfly"])

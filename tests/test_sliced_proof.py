@@ -17,7 +17,10 @@ from hypothesis import strategies as st
 from ledger.merkle import merkle_root
 from node import protocol as msg
 from node.live.slicedproof import (
+    BAD_BUNDLE,
     WRONG_PARTIAL,
+    bad_bundle_evidence,
+    judge_bad_bundle,
     judge_wrong_partial,
     pack_items,
     unpack_items,
@@ -25,6 +28,7 @@ from node.live.slicedproof import (
 )
 from p2p.envelope import Envelope
 from p2p.identity import Identity
+from training import butterfly
 from training.butterfly import partial_payload, slice_bundle
 
 RUN, ROUND, STAGE, SLICES = 7, 3, 0, 2
@@ -145,3 +149,73 @@ def test_hostile_evidence_never_raises(items):
     evidence = msg.Evidence(ACCOUNT, 0, items or [b""], WRONG_PARTIAL, "hostile", [0.0] * max(1, len(items)))
     guilty, why = _judge(evidence, identities[0].peer_id)
     assert guilty in (False, None) and why
+
+
+# -- a bad bundle (node.live.slicedproof.judge_bad_bundle) ---------------------------------------
+
+
+def _decodes(stage, outer_round, j, blob):
+    return not blob.startswith(b"garbage")  # the test's strict decoder: anything but "garbage..." decodes
+
+
+def _judge_bundle(evidence, accused, slices=SLICES):
+    return judge_bad_bundle(evidence, accused, run_id=RUN, max_blob_bytes=1 << 20,
+                            num_slices=lambda stage: slices if stage == STAGE else None, decodes=_decodes)
+
+
+def _tampered(bundle: bytes) -> bytes:
+    return bundle[:-1] + bytes([bundle[-1] ^ 1])  # the last byte is the last slice's
+
+
+def test_a_bundle_with_a_slice_its_record_does_not_prove_convicts_its_signer_and_a_sound_one_does_not():
+    identity = Identity.generate()
+    bundle, reference = slice_bundle([b"slice zero", b"slice one"])
+    honest = _contribution(identity, 1, reference)
+    guilty, why = _judge_bundle(bad_bundle_evidence(ACCOUNT, 1, honest, bundle, "claimed bad"), identity.peer_id)
+    assert guilty is False and "sound" in why
+    # The member signs a reference to a bundle whose last slice does not match its record.
+    tampered = _tampered(bundle)
+    forged = butterfly.REFERENCE_PREFIX + butterfly._REFERENCE.pack(
+        SLICES, hashlib.sha256(tampered).digest(), len(tampered), reference[-32:])
+    bad = _contribution(identity, 1, forged)
+    evidence = bad_bundle_evidence(ACCOUNT, 1, bad, tampered, "slice 1")
+    assert evidence.verdict == BAD_BUNDLE
+    guilty, why = _judge_bundle(evidence, identity.peer_id)
+    assert guilty is True and "slice 1" in why, why
+    # Not the accused's envelope, or another run's, or a replica the evidence does not name: not guilty.
+    assert _judge_bundle(evidence, Identity.generate().peer_id)[0] is False
+    assert _judge_bundle(bad_bundle_evidence(ACCOUNT, 2, bad, tampered, ""), identity.peer_id)[0] is False
+    # The accuser must show the referenced bundle: another one (or none) convicts nobody.
+    assert _judge_bundle(bad_bundle_evidence(ACCOUNT, 1, bad, bundle, ""), identity.peer_id)[0] is False
+    assert _judge_bundle(bad_bundle_evidence(ACCOUNT, 1, bad, None, ""), identity.peer_id)[0] is False
+    # A stage this node holds no plan of: no verdict.
+    assert _judge_bundle(evidence, identity.peer_id, slices=None)[0] is None
+
+
+def test_a_slice_that_does_not_decode_or_a_reference_that_does_not_fit_convicts_its_signer():
+    identity = Identity.generate()
+    bundle, reference = slice_bundle([b"slice zero", b"garbage slice"])
+    guilty, why = _judge_bundle(bad_bundle_evidence(ACCOUNT, 0, _contribution(identity, 0, reference), bundle, ""),
+                                identity.peer_id)
+    assert guilty is True and "does not decode" in why
+    # A reference naming one slice too many, or bytes that are no reference: the envelope alone convicts.
+    _bundle, three = slice_bundle([b"a", b"b", b"c"])
+    for blob in (three, b"not a reference"):
+        guilty, why = _judge_bundle(bad_bundle_evidence(ACCOUNT, 0, _contribution(identity, 0, blob), None, ""),
+                                    identity.peer_id)
+        assert guilty is True and "reference does not fit" in why, why
+    # A body that is no contribution body at all.
+    envelope = Envelope.create(identity, RUN, ROUND, msg.CONTRIBUTION, b"no body", stage=STAGE, replica=0).to_bytes()
+    guilty, why = _judge_bundle(bad_bundle_evidence(ACCOUNT, 0, envelope, None, ""), identity.peer_id)
+    assert guilty is True and "malformed" in why
+    # A close or a partial is no contribution: nobody is convicted for another kind of envelope.
+    _ids, envelopes, _bundles, _entries, close = _round()
+    assert _judge_bundle(bad_bundle_evidence(ACCOUNT, 0, close, None, ""), _ids[0].peer_id)[0] is False
+
+
+@settings(max_examples=60, deadline=None)
+@given(items=st.lists(st.binary(max_size=200), max_size=4), replica=st.integers(0, 5))
+def test_hostile_bad_bundle_evidence_never_raises_and_never_convicts(items, replica):
+    evidence = msg.Evidence(ACCOUNT, replica, items, BAD_BUNDLE, "", [0.0] * len(items))
+    guilty, why = _judge_bundle(evidence, Identity.generate().peer_id)
+    assert guilty is False and why

@@ -328,6 +328,9 @@ NODE_ONLY_TRAINING = ("device", "precision")
 DELAY_CORRECTIONS = ("rebase", "lookahead", "eager", "reset")
 OUTER_DECAYS = ("constant", "linear", "cosine")
 EXCHANGES = ("full", "sliced")
+#: diloco.exchange = "auto" (the node template's): the sliced exchange from this many replicas, the full one
+#: below. Where the sliced exchange wins: docs/PROTOCOL.md, "Sliced exchange", "Which exchange by default".
+SLICED_FROM_REPLICAS = 8
 #: diloco.min_slice_numel: its default (the live plan of session 7) and its bound.
 DEFAULT_MIN_SLICE_NUMEL = 1024
 MAX_MIN_SLICE_NUMEL = 1 << 30
@@ -386,7 +389,9 @@ class DilocoConfig:
     # section 12): "full", every holder fetches every closed contribution ((R - 1) x C bytes in);
     # "sliced", each stage is cut into slices, aggregator j averages slice j of every replica and
     # publishes a signed partial, every holder fetches the partials (~2 C whatever R). Part of
-    # the run document only when "sliced", so the hash of every "full" run is unchanged.
+    # the run document only when "sliced", so the hash of every "full" run is unchanged. "auto"
+    # (the node template's) is resolved here, from num_replicas: "sliced" from SLICED_FROM_REPLICAS,
+    # else "full"; the run document names what it resolved to, never "auto".
     exchange: str = "full"
     # The sliced exchange's smallest slice, in elements: a stage is cut into
     # A = min(num_replicas, elements // min_slice_numel) slices (training.butterfly.live_plan). A
@@ -447,9 +452,12 @@ class DilocoConfig:
             value = getattr(self, name)
             _require(0 <= value < float("inf"), f"diloco.{name}={value}: must be a finite number >= 0")
         _require(self.screen_batch_size >= 1, f"diloco.screen_batch_size={self.screen_batch_size}: must be >= 1")
+        if self.exchange == AUTO:
+            self.exchange = "sliced" if self.num_replicas >= SLICED_FROM_REPLICAS else "full"
         _require(
             self.exchange in EXCHANGES,
-            f"diloco.exchange={self.exchange!r}: must be one of {', '.join(EXCHANGES)}",
+            f"diloco.exchange={self.exchange!r}: must be one of {', '.join(EXCHANGES)} or \"auto\" (sliced from "
+            f"{SLICED_FROM_REPLICAS} replicas)",
         )
         _require(
             type(self.min_slice_numel) is int and 1 <= self.min_slice_numel <= MAX_MIN_SLICE_NUMEL,

@@ -38,6 +38,7 @@ one a restart rebuilds from the record alone (:func:`restart_state_reason`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -46,11 +47,14 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+import msgpack
 import torch
 
+from training.butterfly import assemble_slices, average_of_partials, live_plan
 from training.codec_wire import decode_contribution
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
 from training.data import Corpus, round_batches
+from training.diloco import step_with_average
 from training.errors import ContributionDecodeError, ReexecError, ReplicaStateError
 from training.hashing import stage_weights_hash, tensor_le_bytes
 from training.pipeline import LocalReplicaTrainer, clip_coefficient, grad_sq_norm, scale_grads
@@ -206,6 +210,7 @@ def reexecute(
     previous_excluded: Mapping[int, Mapping[int, str]] | None = None,
     previous_dropped: Collection[int] = (),
     threads: int | None = None,
+    previous_partials: Mapping[int, Sequence[bytes]] | None = None,
 ) -> Reexecution:
     """Rerun round ``state.meta.outer_round`` of ``state.meta.replica`` from ``state`` (module docstring).
 
@@ -221,6 +226,9 @@ def reexecute(
     the node put its transmitted update back into the residual when it applied
     round t-1, and so does the rerun). ``threads``: intra-op threads for the rerun,
     default the claimant's (``state.meta.threads``), which makes it bit-exact.
+    ``previous_partials``: in a sliced run (``diloco.exchange = "sliced"``), stage -> the A partial
+    blobs of round t-1 in slice order (what every holder applied, docs/PROTOCOL.md "Sliced
+    exchange"), in place of ``previous_contributions``.
     The inner steps run on ``training_cfg.device`` (the verifier's) in the claimant's
     precision (``state.meta.platform``; float32 for a state that records none).
     """
@@ -259,7 +267,7 @@ def reexecute(
                     # which the rerun is not given; the payloads are done, the next state unknown.
                     applied_previous = False
                     continue
-                if previous_contributions is None:
+                if previous_contributions is None and previous_partials is None:
                     if not payloads:
                         raise ReexecError(
                             f"round {outer_round}: the schedule applies round {outer_round - 1} before encoding; "
@@ -267,8 +275,12 @@ def reexecute(
                         )
                     continue
                 for engine in engines:  # as node.live.node applies a round, then hears its own was left out
-                    engine.finish_round(action.outer_round, list(previous_contributions[engine.stage_index]),
-                                        excluded=(previous_excluded or {}).get(engine.stage_index))
+                    if previous_partials is not None:  # as node.live.replica.ReplicaWorker.apply_partials
+                        _apply_partials(engine, action.outer_round, previous_partials[engine.stage_index],
+                                        diloco_cfg, compression_cfg)
+                    else:
+                        engine.finish_round(action.outer_round, list(previous_contributions[engine.stage_index]),
+                                            excluded=(previous_excluded or {}).get(engine.stage_index))
                     if engine.stage_index in previous_dropped and engine.transmitted(action.outer_round):
                         engine.contribution_dropped(action.outer_round)
                 applied_previous = True
@@ -285,6 +297,15 @@ def reexecute(
                            torch.get_num_threads(), trainer.platform.fingerprint())
     finally:
         torch.set_num_threads(previous_threads)
+
+
+def _apply_partials(engine, outer_round: int, partials: Sequence[bytes], diloco_cfg: DilocoConfig,
+                    compression_cfg: CompressionConfig) -> None:
+    """The sliced exchange's apply of ``outer_round``: the average assembled from its partials, the outer step."""
+    average = average_of_partials(list(partials), engine.compressor.plan, stage_index=engine.stage_index,
+                                  outer_round=outer_round, refuse_raw=compression_cfg.enabled)
+    aggregation = step_with_average(engine.global_weights, engine.momentum, average, diloco_cfg, outer_round)
+    engine.finish_round(outer_round, [], aggregation=aggregation)
 
 
 # ----------------------------------------------------------------------------- comparing
@@ -305,6 +326,38 @@ def contribution_distance(
     except ContributionDecodeError:
         return math.inf
     ours = decode_contribution(recomputed, shapes, stage_index=stage_index, outer_round=outer_round)
+    difference = sum(float((theirs[n].double() - ours[n].double()).pow(2).sum()) for n in ours)
+    reference = sum(float(ours[n].double().pow(2).sum()) for n in ours)
+    if reference == 0.0:
+        return 0.0 if difference == 0.0 else math.inf
+    return math.sqrt(difference / reference)
+
+
+def sliced_contribution_distance(
+    claimed: bytes, recomputed: bytes, shapes: Mapping[str, tuple[int, ...]], diloco_cfg: DilocoConfig, *,
+    stage_index: int, outer_round: int
+) -> float:
+    """:func:`contribution_distance` of a sliced contribution (``diloco.exchange = "sliced"``): both are the
+    msgpack array of the A slice blobs (what the sliced encoder returns; the verifier packs the claimant's
+    from the bundle its signed reference names); each slice is decoded for its sub-shapes and the slices are
+    assembled before the distance is taken. A claim that does not unpack or decode is infinitely far."""
+    if claimed == recomputed:
+        return 0.0
+    plan = live_plan(shapes, diloco_cfg.num_replicas, diloco_cfg.min_slice_numel)
+
+    def whole(packed: bytes) -> dict[str, torch.Tensor]:
+        blobs = msgpack.unpackb(packed, raw=False)
+        if not isinstance(blobs, list) or len(blobs) != plan.num_slices or not all(isinstance(b, bytes) for b in blobs):
+            raise ContributionDecodeError(f"not {plan.num_slices} slice blobs")
+        return assemble_slices([decode_contribution(blob, plan.slice_shapes(j), stage_index=stage_index,
+                                                    outer_round=outer_round) for j, blob in enumerate(blobs)], plan)
+
+    try:
+        theirs = whole(claimed)
+    except (ContributionDecodeError, ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
+            msgpack.StackError):
+        return math.inf
+    ours = whole(recomputed)
     difference = sum(float((theirs[n].double() - ours[n].double()).pow(2).sum()) for n in ours)
     reference = sum(float(ours[n].double().pow(2).sum()) for n in ours)
     if reference == 0.0:
@@ -369,6 +422,7 @@ def verify_contribution(
     previous_dropped: Collection[int] = (),
     tolerance: float | None = None,
     threads: int | None = None,
+    previous_partials: Mapping[int, Sequence[bytes]] | None = None,
 ) -> SpotCheck:
     """Check the contributions of ``(replica, outer_round)`` against a rerun (module docstring).
 
@@ -382,6 +436,8 @@ def verify_contribution(
     worst stage decides) under :func:`training.platform.compare_rerun`: bit-exact on
     the claimant's platform, else within ``tolerance`` (default: the calibrated one of
     the claimant's precision). The verdict's ``rule`` and ``reason`` say which applied.
+    In a sliced run each claim's payload is the msgpack array of the claimant's slice blobs
+    (:func:`sliced_contribution_distance`) and ``previous_partials`` replaces ``previous_contributions``.
     """
     def failed(kind: str, reason: str, stages=()) -> SpotCheck:
         logger.info("spot check of replica %d round %d: %s (%s)", replica, outer_round, kind, reason)
@@ -430,12 +486,14 @@ def verify_contribution(
     try:
         rerun = reexecute(state, corpus, model_cfg, training_cfg, diloco_cfg, compression_cfg,
                           previous_contributions=previous_contributions, previous_excluded=previous_excluded,
-                          previous_dropped=previous_dropped, threads=threads)
+                          previous_dropped=previous_dropped, threads=threads, previous_partials=previous_partials)
     except ReplicaStateError as exc:
         return failed(STATE_MISMATCH, f"state does not fit the run's model: {exc}")
     specs = split_stages(model_cfg.n_layer, num_stages)
+    distance = (functools.partial(sliced_contribution_distance, diloco_cfg=diloco_cfg)
+                if diloco_cfg.exchange == "sliced" else contribution_distance)
     distances = {
-        claim.stage_index: contribution_distance(
+        claim.stage_index: distance(
             claim.payload, rerun.payloads[claim.stage_index],
             stage_param_shapes(model_cfg, specs[claim.stage_index]),
             stage_index=claim.stage_index, outer_round=outer_round,

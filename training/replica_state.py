@@ -63,6 +63,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from training.butterfly import slice_stage
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
 from training.diloco import ENGINE_STATE_VERSION, StageEngine
 from training.errors import EngineStateError, ReplicaStateError
@@ -297,6 +298,9 @@ def initial_replica_state(
     trainer = LocalReplicaTrainer(model_cfg, training_cfg, meta.num_stages)
     engines = [StageEngine(spec.index, dict(module.named_parameters()), diloco_cfg, compression_cfg)
                for spec, module in zip(trainer.specs, trainer.stage_modules)]
+    if diloco_cfg.exchange == "sliced":
+        for engine in engines:
+            slice_stage(engine, diloco_cfg.num_replicas, diloco_cfg.min_slice_numel)
     return capture_replica_state(meta, trainer, engines)
 
 
@@ -329,6 +333,8 @@ def restore_replica(
             elif any(value is not None for value in fields.values()):
                 raise ReplicaStateError(f"stage {part.stage_index} {name!r}: AdamW state is incomplete")
         engine = StageEngine(part.stage_index, dict(module.named_parameters()), diloco_cfg, compression_cfg)
+        if diloco_cfg.exchange == "sliced":  # as the node's engines encode (node.live.replica), before the load
+            slice_stage(engine, diloco_cfg.num_replicas, diloco_cfg.min_slice_numel)
         last_encoded, last_applied, others_count = part.engine_counters
         _load_engine(engine, part, diloco_cfg, last_encoded, last_applied, others_count)
         engines.append(engine)

@@ -269,10 +269,15 @@ def tail_eval_start(num_tokens: int, eval_fraction: float) -> int:
 
 
 # ---------------------------------------------------------------------- reading
+def shard_size(entry: ShardEntry, manifest: Manifest) -> int:
+    """Bytes of a shard file: the header and ``tokens`` ids."""
+    return SHARD_HEADER.size + entry.tokens * _DTYPES[manifest.dtype]
+
+
 def verify_shard(path: Path, entry: ShardEntry, manifest: Manifest) -> None:
     """Check one shard file against its manifest entry; a :class:`ShardError` names the file and the fault."""
     itemsize = _DTYPES[manifest.dtype]
-    expected_size = SHARD_HEADER.size + entry.tokens * itemsize
+    expected_size = shard_size(entry, manifest)
     try:
         size = path.stat().st_size
         handle = open(path, "rb")  # noqa: SIM115 - closed by the with below; opening may fail on its own
@@ -479,3 +484,26 @@ def is_dataset(path: str | os.PathLike) -> bool:
     """True when ``path`` is a prepared dataset directory or its manifest.json."""
     path = Path(path).expanduser()
     return (path / MANIFEST_NAME).is_file() if path.is_dir() else path.name == MANIFEST_NAME
+
+
+def open_run_dataset(path: str | os.PathLike, reference: str, tokenizer: str, vocab_size: int) -> ShardedCorpus:
+    """The prepared dataset a run document names: ``reference`` is its ``training.data_sha256``
+    (``manifest:<root>``), ``tokenizer`` its ``model.tokenizer`` ("bytes" or "sha256:<hex>"), ``vocab_size``
+    the model's. Every shard is checked (once per process), as a node does before it trains.
+
+    Raises:
+        ShardError: ``path`` is not a prepared dataset, or another one (its root, its tokenizer or its
+            vocabulary differ from the run's: the message names which), or a shard fails its check.
+    """
+    if not reference.startswith(ROOT_PREFIX):
+        raise ShardError(f"the run did not train on a prepared dataset (training.data_sha256={reference[:80]!r})")
+    if not is_dataset(path):
+        raise ShardError(f"{path}: not a prepared dataset (no {MANIFEST_NAME}); the run trained on {reference}")
+    corpus = open_dataset(path, expected_root=reference[len(ROOT_PREFIX):])
+    if corpus.manifest.tokenizer != tokenizer:
+        raise ShardError(f"{corpus.source}: prepared with tokenizer {corpus.manifest.tokenizer}, the run's "
+                         f"model.tokenizer is {tokenizer}")
+    if corpus.manifest.vocab_size > vocab_size:
+        raise ShardError(f"{corpus.source}: ids up to {corpus.manifest.vocab_size - 1}, the run's model.vocab_size "
+                         f"is {vocab_size}")
+    return corpus

@@ -122,33 +122,29 @@ def run_inputs(document: dict, data: str, tokenizer: str, data_dir: Path,
     """The training data path and tokenizer a joiner's node.toml names, each checked against the run document.
 
     ``training.data_sha256`` of the document: "generated" (no file), a text file's sha256 (``data`` must
-    hash to it), or ``manifest:<root>`` (``data`` must be a prepared dataset with that root; every shard is
-    checked). ``model.tokenizer``: "bytes", or ``sha256:<hex>``, whose file is taken from ``tokenizer``,
-    else the dataset's ``tokenizer.json``, else fetched from ``peers`` (a node that serves its tokenizer
-    as a blob), refused unless it hashes to ``<hex>``, and kept as ``<data_dir>/tokenizers/<hex>.json``.
+    hash to it), or ``manifest:<root>`` (``data``, a prepared dataset with that root, or the peers: shards
+    missing locally are fetched from ``peers`` by hash, each checked; :func:`node.shardfetch.dataset_for_join`).
+    ``model.tokenizer``: "bytes", or ``sha256:<hex>``, whose file is taken from ``tokenizer``, else the
+    dataset's ``tokenizer.json``, else fetched from ``peers`` (a node that serves its tokenizer as a blob), refused unless it hashes to ``<hex>``, and kept as ``<data_dir>/tokenizers/<hex>.json``.
     Returns (data path or "", tokenizer: "bytes" or the kept file's path).
     """
     from node.runconfig import file_sha256
-    from training.errors import ShardError, TokenizerError
-    from training.shards import ROOT_PREFIX, TOKENIZER_NAME, is_dataset, open_dataset
+    from training.errors import TokenizerError
+    from training.shards import ROOT_PREFIX, TOKENIZER_NAME
     from training.tokenizer import parse_reference
 
     data_path = ""
     wanted = document.get("training", {}).get("data_sha256")
     if wanted != "generated":
-        kind = "prepared dataset (a directory)" if str(wanted).startswith(ROOT_PREFIX) else "text file"
-        if not data:
-            raise ConfigError(f"the run trains on a {kind} with {wanted}: pass --data with it (the run's "
+        if str(wanted).startswith(ROOT_PREFIX):  # missing shards come from the peers, each checked
+            from node.shardfetch import dataset_for_join
+
+            path = dataset_for_join(str(wanted)[len(ROOT_PREFIX):], data, data_dir, peers)
+        elif not data:
+            raise ConfigError(f"the run trains on a text file with {wanted}: pass --data with it (the run's "
                               "operator can give it to you)")
-        path = Path(data).expanduser()
-        if str(wanted).startswith(ROOT_PREFIX):
-            if not is_dataset(path):
-                raise ConfigError(f"--data {data}: the run trains on a prepared dataset ({wanted}); this is not one")
-            try:
-                open_dataset(path, expected_root=str(wanted)[len(ROOT_PREFIX):])
-            except ShardError as exc:
-                raise ConfigError(f"--data {data}: {exc}") from None
         else:
+            path = Path(data).expanduser()
             got = file_sha256(path)
             if got != wanted:
                 raise ConfigError(f"--data {data}: sha256 {got}, the run's text has {wanted}")

@@ -62,6 +62,7 @@ from node.live.status import Progress, Reporter, StateFile
 from node.live.verifier import SpotChecker, VerifierContext
 from node.protocol import run_topic
 from node.runconfig import canonical_json, config_hash, run_document
+from node.shardfetch import provide_run_dataset
 from node.store.archive import Archive
 from node.store.checkpoint import RunLayout
 from p2p.envelope import EnvelopeValidator
@@ -238,7 +239,7 @@ class NodeParts:
             current_round=self.progress.current_round, work_dir=self.data_dir / "spotchecks",
             evidence_dir=self.evidence_dir, stop=self.stop, on_ejected=lifecycle.member_ejected,
             closes=self.book.snapshot_closes, attestations=self.book.snapshot_attestations,
-            evidence_judges=exchange.evidence_judges(), charges=charges))
+            evidence_judges=exchange.evidence_judges(), charges=charges, rerun_inputs=exchange.rerun_inputs()))
         self.ending = RunEnd(cfg=cfg, chain=chain, membership=membership, reporter=self.reporter,
                              peer_id=self.peer_id, stop=self.stop)
         self.forks = forks = self.kinds.forks(
@@ -271,11 +272,14 @@ class NodeParts:
         serve_blob(self.host, canonical_json(self.document))  # the run document, by its hash
         self.archive.write_run_document(canonical_json(self.document))
         self._serve_tokenizer()
+        peers = []
         for addr in self.cfg.p2p.bootstrap:
             try:
-                self.host.connect(addr, timeout=10)
+                peers.append(self.host.connect(addr, timeout=10))
             except P2PError as exc:
                 logger.warning("bootstrap %s unreachable: %s", addr, exc)
+        # A prepared dataset: shards missing here come from the peers (each checked), then all are served.
+        provide_run_dataset(self.host, self.cfg.training.data_path, self.document, peers)
         self.messenger.resync()
 
     def _serve_tokenizer(self) -> None:

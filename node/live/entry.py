@@ -27,6 +27,7 @@ from node.live.replica import PipelineRejoin, ReplicaWorker
 from node.live.roundbook import RoundBook
 from node.live.station import Station
 from node.live.status import Progress, Reporter, StateFile
+from node.progress import host_progress
 from node.store.checkpoint import Checkpoint, RunLayout, checkpoint_problems, parse_checkpoint
 from p2p.errors import P2PError
 from p2p.host import P2PHost
@@ -218,12 +219,13 @@ class RunEntry:
         # Every node assembles and serves the checkpoint: ask the live peers first (parallel
         # ranges from all of them), the DHT only if none of them has it.
         providers = self.membership.live_providers()
-        try:
-            self.host.fetch_blob(content_hash.hex(), staged, providers=providers or None,
-                                 timeout=self.cfg.p2p.transfer_timeout)
-        except P2PError as exc:
-            logger.info("checkpoint not fetched from live peers (%s); asking the DHT", exc)
-            self.host.fetch_blob(content_hash.hex(), staged, timeout=self.cfg.p2p.transfer_timeout)
+        with host_progress(self.host, f"checkpoint of round {round_index}"):  # a line on a terminal, 2 in logs
+            try:
+                self.host.fetch_blob(content_hash.hex(), staged, providers=providers or None,
+                                     timeout=self.cfg.p2p.transfer_timeout)
+            except P2PError as exc:
+                logger.info("checkpoint not fetched from live peers (%s); asking the DHT", exc)
+                self.host.fetch_blob(content_hash.hex(), staged, timeout=self.cfg.p2p.transfer_timeout)
         data = Path(staged).read_bytes()
         staged.unlink(missing_ok=True)
         ckpt = parse_checkpoint(data, content_hash)  # refuses anything but the chain's bytes

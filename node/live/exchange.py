@@ -372,6 +372,12 @@ class Exchange:
         -> (guilty, or None where it cannot judge; why)."""
         return {}
 
+    def rerun_inputs(self):
+        """What a re-execution spot check reads besides the full exchange's (:class:`node.live.verifier.SpotChecker`):
+        an object with ``claims(round, envelopes)`` and ``previous(round)``; None: the contributions' own payloads
+        and round t-1's closed contributions (the full exchange)."""
+        return None
+
     def close_inputs_held(self, outer_round: int, stage: int, digest: bytes, envelope: bytes) -> bool:
         """Whether this node, as coordinator, holds every input of the checked envelope ``digest`` besides
         the envelope (used only where :attr:`holds_inputs_to_close`)."""

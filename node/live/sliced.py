@@ -18,7 +18,6 @@ what an auditor replays are in docs/PROTOCOL.md, "Sliced exchange".
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import random
@@ -29,12 +28,13 @@ from dataclasses import dataclass
 
 from ledger.merkle import merkle_root
 from node import protocol as msg
-from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
+from node.live.coordination import RoundStopped
 from node.live.exchange import FALLBACK_PROVIDERS, Exchange, InputsWithheld
 from node.live.roundbook import Announced
 from node.live.roundstate import StageInputs
-from node.live.slicedproof import WRONG_PARTIAL, judge_wrong_partial, usable_reference, wrong_partial_evidence
+from node.live.slicedchecks import SlicedChecks, close_signers
+from node.live.slicedproof import usable_reference
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
 from training.butterfly import (
@@ -61,13 +61,6 @@ MAX_ANNOUNCES_PER_SLOT = 4096
 BUNDLE_RETRY_S = 2.0
 
 
-def close_signers(book, outer_round: int, stage: int, close: msg.Close) -> list[str]:
-    """The coordinators whose close of (round, stage) in ``book`` names ``close``'s set: each fetched
-    every closed envelope and whole bundle before closing and serves them (docs/PROTOCOL.md)."""
-    return [coordinator for coordinator, (other, _data) in book.snapshot_closes(outer_round, stage).items()
-            if other.contributions == close.contributions]
-
-
 @dataclass(frozen=True)
 class UsedPartial:
     """The partial a holder used for one slice: who signed it (its turn in the fallback order) and its bytes."""
@@ -78,7 +71,7 @@ class UsedPartial:
     blob: bytes
 
 
-class SlicedExchange(Exchange):
+class SlicedExchange(SlicedChecks, Exchange):
     """Slice blobs out, partials in, for the stages this node holds (see module docstring).
 
     Its pool is lazy: a holder fetches the closed envelopes only where it may close the
@@ -87,9 +80,9 @@ class SlicedExchange(Exchange):
 
     lazy_pool = True  # only a coordinator or an aggregator fetches envelopes
     holds_all_envelopes = False  # a holder archives the closed envelopes it holds; each contributor its own
-    # Re-execution spot checks compare a rerun with the decoded contribution and replay round t-1
-    # from the whole contributions: not done for sliced contributions yet (docs/PROTOCOL.md).
-    reexecutable = False
+    # Re-execution spot checks rerun a member against the slices its signed reference binds, and
+    # round t-1 from the partials applied (node.live.slicedrerun).
+    reexecutable = True
     # Withholding costs only the withholder: a coordinator closes only with the bundles it holds and serves.
     holds_inputs_to_close = True
 
@@ -251,7 +244,7 @@ class SlicedExchange(Exchange):
         slice aggregates it itself (not published: it is no candidate; the result
         is the same pure function). Raises InputsWithheld when a further turn has
         passed without a valid partial or its inputs (the caller refuses the close
-        and takes the next coordinator's), NodeError on stop.
+        and takes the next coordinator's), RoundStopped on stop.
         """
         plan = self.worker().plans[stage]
         members = len(close.contributions)
@@ -267,7 +260,7 @@ class SlicedExchange(Exchange):
         signers = close_signers(self.pool.book, outer_round, stage, close)  # they hold every bundle
         while len(used) < plan.num_slices:
             if self.stop.is_set():
-                raise NodeError(f"round {outer_round} stage {stage}: stopped while waiting for partials")
+                raise RoundStopped(f"round {outer_round} stage {stage}: stopped while waiting for partials")
             turn = int((time.monotonic() - started) // self.turn_timeout)
             if turn >= members + 1:
                 raise InputsWithheld(f"no valid partial for slices {sorted(set(range(plan.num_slices)) - set(used))}"
@@ -396,108 +389,6 @@ class SlicedExchange(Exchange):
                                    self.make_payload(j, plan.num_slices, root, members, replayed), stage)
         return UsedPartial(j, -1, data, replayed)
 
-    def spot_check_partials(self, outer_round: int, stage: int, close: msg.Close, used: list[UsedPartial]) -> None:
-        """Replay some of the partials this holder takes, each with probability ``spot_checks / (n - 1)``
-        (drawn from this node's own randomness: an aggregator cannot know who checks it); one that differs
-        from its replay is kept and accused (:meth:`charge`). It does not change what is applied (every
-        holder applies the same partials); it makes a wrong partial that was the only one here cost its
-        signer its stake. On the training thread: the replay's encoder must not share it with training."""
-        members = len(close.contributions)
-        rate = min(1.0, self.worker().cfg.spot_checks / max(1, members - 1))
-        draw = random.SystemRandom()
-        for partial in used:
-            sender = decode_envelope(partial.envelope, self.max_blob_bytes).sender_peer_id
-            if sender == self.peer_id or partial.turn < 0 or rate <= 0 or draw.random() >= rate:
-                continue
-            inputs, references, fetched = None, {}, {}
-            signers = close_signers(self.pool.book, outer_round, stage, close)
-            waited = time.monotonic() + self.turn_timeout
-            while inputs is None and time.monotonic() < waited and not self.stop.is_set():
-                inputs = self._slice_inputs(outer_round, stage, partial.slice_index, close, references, partial.turn,
-                                            fetched, signers)
-            if inputs is None:
-                logger.info("round %d stage %d slice %d: spot check skipped: inputs not read", outer_round, stage,
-                            partial.slice_index)
-                continue
-            if self.worker().aggregate_slice(stage, outer_round, partial.slice_index, inputs).partial == partial.blob:
-                logger.info("round %d stage %d slice %d: spot check of %s's partial: it equals its replay",
-                            outer_round, stage, partial.slice_index, sender[-8:])
-                continue
-            logger.warning("round %d stage %d slice %d: spot check: the partial of %s differs from the replay of "
-                           "its inputs: a wrong partial", outer_round, stage, partial.slice_index, sender[-8:])
-            self.keep_wrong_partial(outer_round, stage, partial.slice_index, partial.envelope)
-            self.charge(outer_round, stage, close, partial.envelope,
-                        f"slice {partial.slice_index}: its partial differs from the replay of the inputs it binds")
-
-    # -- accusing a wrong partial (node.live.slicedproof) --------------------------------------
-    def evidence_judges(self) -> dict:
-        return {WRONG_PARTIAL: self.judge_evidence}
-
-    def judge_evidence(self, evidence: msg.Evidence, accused_peer: str) -> tuple[bool | None, str]:
-        """The verdict on wrong-partial evidence: replayed with this node's plans and aggregation rule."""
-        worker = self.worker()
-        if worker is None:
-            return None, "this node is not placed yet"
-        return judge_wrong_partial(
-            evidence, accused_peer, run_id=self.run_id, max_blob_bytes=self.max_blob_bytes,
-            num_slices=lambda stage: worker.plans[stage].num_slices if stage in worker.plans else None,
-            replay=lambda stage, outer_round, j, inputs: worker.aggregate_slice(stage, outer_round, j, inputs).partial)
-
-    def charge(self, outer_round: int, stage: int, close: msg.Close, partial: bytes, reason: str) -> None:
-        """Gather the evidence against a wrong partial (in the background) and hand it to the spot checker,
-        which accuses its signer on chain (``charges``); once per partial."""
-        digest = hashlib.sha256(partial).digest()
-        with self._cond:
-            if self.charges is None or digest in self._charged:
-                return
-            self._charged.add(digest)
-        try:
-            self._bundles.submit(self._gather_charge, outer_round, stage, close, partial, reason)
-        except RuntimeError:  # closed: the node is stopping
-            pass
-
-    def _gather_charge(self, outer_round: int, stage: int, close: msg.Close, partial: bytes, reason: str) -> None:
-        signers = close_signers(self.pool.book, outer_round, stage, close)
-        if not signers:
-            logger.warning("round %d stage %d: wrong partial not accused: its close is gone", outer_round, stage)
-            return
-        close_envelope = self.pool.book.snapshot_closes(outer_round, stage)[signers[0]][1]
-        have = self.pool.have(outer_round, stage)
-        num_slices = self.worker().plans[stage].num_slices
-        envelopes, bundles = [], []
-        for entry in close.contributions:
-            providers = [entry[1], *signers]
-            envelope = have.get(entry[2]) or self._fetch_first(entry[2], providers)
-            reference = None if envelope is None else usable_reference(
-                envelope, entry, self.run_id, outer_round, stage, num_slices, self.max_blob_bytes)
-            bundle = b"" if reference is None else self._fetch_first(reference.bundle_digest, providers)
-            if envelope is None or bundle is None:
-                logger.warning("round %d stage %d: wrong partial not accused: the input of %s is not here",
-                               outer_round, stage, entry[1][-8:])
-                return
-            envelopes.append(envelope)
-            bundles.append(bundle)
-        header = decode_envelope(partial, self.max_blob_bytes)
-        build = functools.partial(wrong_partial_evidence, replica=header.replica, partial=partial,
-                                  envelopes=envelopes, bundles=bundles, close=close_envelope, reason=reason)
-        self.charges.put((outer_round, header.sender_peer_id, header.replica, build))
-
-    def _fetch_first(self, digest: bytes, providers: list[str]) -> bytes | None:
-        for provider in dict.fromkeys(providers):
-            data = self._fetch(digest, provider)
-            if data is not None:
-                return data
-        return None
-
-    def keep_wrong_partial(self, outer_round: int, stage: int, j: int, envelope: bytes) -> None:
-        """Keep a bound partial that differs from its replay: the signed evidence of a wrong partial."""
-        digest = hashlib.sha256(envelope).hexdigest()
-        try:
-            atomic_write_bytes(self.evidence_dir / f"round-{outer_round:08d}-stage{stage}-slice{j}-{digest}"
-                               ".wrong.partial", envelope)
-        except OSError as exc:
-            logger.warning("evidence not kept: %s", exc)
-
     def _from_candidate(self, outer_round, stage, j, turn, peer_id, replica, members, root, plan,
                         tried) -> UsedPartial | bool | None:
         """The candidate's valid partial; True if it signed one that was refused; None if none is here yet."""
@@ -599,6 +490,8 @@ class SlicedExchange(Exchange):
         if reference is None:
             logger.warning("round %d stage %d: closed envelope %s of %s is no usable contribution: an absent "
                            "input", outer_round, stage, digest.hex()[:12], entry[1][-8:])
+            # Its signer is accused when the envelope alone shows it (not when only the close misplaced it).
+            self.charge_bad_bundle(outer_round, envelope, None, "no usable contribution")
             try:  # bound by the close and (through its announce) by its signer: keep it
                 atomic_write_bytes(self.evidence_dir / f"round-{outer_round:08d}-stage{stage}-"
                                    f"{digest.hex()}.envelope", envelope)
@@ -658,6 +551,9 @@ class SlicedExchange(Exchange):
                 logger.warning("round %d stage %d slice %d: input of %s missing; trying again (turn %d)",
                                outer_round, stage, j, entry[1][-8:], turn)
                 return None
+            if blob == b"":  # a bundle proven bad: an absent input, and its signer is accused
+                self.charge_bad_bundle(outer_round, self.pool.have(outer_round, stage).get(entry[2], b""),
+                                       self._fetch(reference.bundle_digest, entry[1]), f"slice {j} of its bundle")
             fetched[(reference.bundle_digest, j)] = blob or None  # b"": a bundle proven bad, an absent input
         return [None if references[entry[2]] is None else fetched[(references[entry[2]].bundle_digest, j)]
                 for entry in close.contributions]

@@ -24,6 +24,16 @@ present such an input as usable and frame an honest aggregator.
 does not prove is absent too (:func:`training.butterfly.bundle_slices`), as for the aggregators.
 Evidence that does not make its case (does not bind, a missing bundle, a partial equal to
 its replay) is a not-guilty verdict: the accuser must show its case.
+
+A *bad bundle* is proven by what its member signed alone: ``verdict`` = :data:`BAD_BUNDLE`,
+
+    contributions = [contribution envelope] or [contribution envelope, bundle]
+
+The envelope is the accused's signed contribution of the run; guilty when its body is no contribution
+body or its reference does not fit its stage's plan (:func:`bundle_fault`), or when the bundle, which
+must be the one the reference names (sha256 and size), holds a slice that its record does not prove
+or that does not decode strictly for the slice's shapes. Aggregators take such an input as absent
+(it costs only its signer); the accusation makes it cost its signer's stake too.
 """
 
 from __future__ import annotations
@@ -40,6 +50,10 @@ from training.butterfly import SliceError, SliceReference, bundle_slices, parse_
 
 #: ``Evidence.verdict`` of a wrong partial's evidence (the verifier dispatches on it).
 WRONG_PARTIAL = "wrong-partial"
+#: ``Evidence.verdict`` of a bad bundle's or a malformed contribution envelope's evidence.
+BAD_BUNDLE = "bad-bundle"
+#: A reference is judged for its form only: a size above a node's own blob limit is no proof of anything.
+_ANY_SIZE = 1 << 62
 
 _COUNT = struct.Struct(">I")
 
@@ -154,3 +168,66 @@ def _input_of(entry, envelope: bytes, bundle: bytes, run_id: int, outer_round: i
         return bundle_slices(bundle, reference)[j], None  # None: a slice its record does not prove
     except SliceError as exc:
         return None, f"bundle of {entry[1][-8:]}: {exc}"
+
+
+def bad_bundle_evidence(accused: bytes, replica: int, envelope: bytes, bundle: bytes | None,
+                        reason: str) -> msg.Evidence:
+    """The :class:`node.protocol.Evidence` against the signer of a contribution ``envelope`` whose reference
+    (no ``bundle``) or whose ``bundle`` is bad (module docstring)."""
+    items = [envelope] if bundle is None else [envelope, bundle]
+    return msg.Evidence(accused, replica, items, BAD_BUNDLE, reason, [0.0] * len(items))
+
+
+def bundle_fault(envelope_header, body_payload: bytes, bundle: bytes | None, num_slices: int,
+                 decodes: Callable[[int, int, int, bytes], bool]) -> str | None:
+    """Why the signed contribution (its header and payload) or its ``bundle`` is bad, None if nothing
+    shows it: its body or reference is malformed (no bundle needed); the bundle, which must be the
+    referenced one, holds a slice its record does not prove or that does not decode
+    (``decodes(stage, round, slice, blob)``). Raises ValueError when ``bundle`` is not the referenced one."""
+    try:
+        body = msg.decode_contribution_body(body_payload)
+    except msg.ProtocolError as exc:
+        return f"its contribution body is malformed: {exc}"
+    try:
+        reference = parse_slice_reference(body.blob, num_slices, _ANY_SIZE)
+    except SliceError as exc:
+        return f"its reference does not fit the plan: {exc}"
+    if bundle is None:
+        return None
+    try:
+        slices = bundle_slices(bundle, reference)
+    except SliceError as exc:
+        raise ValueError(str(exc)) from None
+    for j, blob in enumerate(slices):
+        if blob is None:
+            return f"slice {j} of its bundle is not the one its signed record proves"
+        if not decodes(envelope_header.stage, envelope_header.round, j, blob):
+            return f"slice {j} of its bundle does not decode for the slice's shapes"
+    return None
+
+
+def judge_bad_bundle(evidence: msg.Evidence, accused_peer: str, *, run_id: int, max_blob_bytes: int,
+                     num_slices: Callable[[int], int | None],
+                     decodes: Callable[[int, int, int, bytes], bool]) -> tuple[bool | None, str]:
+    """``(guilty, why)`` for bad-bundle evidence against ``accused_peer``; ``(None, why)`` when this node holds
+    no plan of the envelope's stage. Pure given the callables; never raises on hostile bytes."""
+    if len(evidence.contributions) not in (1, 2):
+        return False, "bad-bundle evidence holds an envelope and at most its bundle"
+    try:
+        env = decode_envelope(evidence.contributions[0], max_blob_bytes)
+    except (EnvelopeRejected, ValueError) as exc:
+        return False, f"no signed envelope in the evidence: {exc}"
+    if (env.kind, env.run_id, env.sender_peer_id, env.replica) != (msg.CONTRIBUTION, run_id, accused_peer,
+                                                                    evidence.replica):
+        return False, "the envelope is not the accused's contribution of this run"
+    slices = num_slices(env.stage)
+    if slices is None:
+        return None, f"stage {env.stage} is not held here"
+    bundle = evidence.contributions[1] if len(evidence.contributions) == 2 else None
+    try:
+        fault = bundle_fault(env, env.payload, bundle, slices, decodes)
+    except ValueError as exc:
+        return False, f"the evidence's bundle is not the one the reference names: {exc}"
+    if fault is None:
+        return False, "the contribution and its bundle are sound"
+    return True, f"round {env.round} stage {env.stage}: {fault}"

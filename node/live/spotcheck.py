@@ -57,6 +57,9 @@ class SpotCheckJob:
     previous_excluded: dict[int, dict[int, str]] = field(default_factory=dict)  # stage -> screened indices
     committed_weights: dict[int, dict[int, bytes]] = field(default_factory=dict)  # round -> stage -> hash
     previous_dropped: list[int] = field(default_factory=list)  # stages whose round t-1 close left this replica out
+    # A sliced run's round t-1: stage -> the A partial blobs every holder applied, slice order (``previous``
+    # stays empty; the claims' payloads are the claimant's slice blobs, packed: training.reexec).
+    previous_partials: dict[int, list[bytes]] = field(default_factory=dict)
 
     def write(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -79,6 +82,8 @@ class SpotCheckJob:
             "committed": {str(r): {str(s): h.hex() for s, h in stages.items()}
                           for r, stages in self.committed_weights.items()},
             "previous_dropped": sorted(self.previous_dropped),
+            "previous_partials": {str(stage): [put(f"partial-{stage}-{j}.bin", p) for j, p in enumerate(partials)]
+                                  for stage, partials in self.previous_partials.items()},
         }
         atomic_write_bytes(directory / JOB_FILE, json.dumps(doc).encode())
 
@@ -122,6 +127,8 @@ def run_job(directory: Path) -> dict:
         committed_weights={int(r): {int(s): bytes.fromhex(h) for s, h in st.items()}
                            for r, st in doc["committed"].items()},
         previous_dropped=[int(s) for s in doc.get("previous_dropped", [])],
+        previous_partials={int(s): [read(n) for n in names]
+                           for s, names in doc.get("previous_partials", {}).items()} or None,
     )
     return {"verdict": check.verdict, "reason": check.reason,
             "distances": {str(s): d for s, d in check.distances.items()}, "seconds": check.reexec_seconds,

@@ -105,6 +105,9 @@ class VerifierContext:
     # and the queue of its charges: (round, accused peer, replica, build(account) -> Evidence).
     evidence_judges: dict[str, Callable] = field(default_factory=dict)
     charges: queue.Queue | None = None
+    # The exchange's own rerun inputs (node.live.exchange.Exchange.rerun_inputs: the sliced exchange's claims
+    # are the slices its references bind, its round t-1 the partials applied); None: the full exchange's.
+    rerun_inputs: object | None = None
 
 
 class SpotChecker:
@@ -321,14 +324,19 @@ class SpotChecker:
         shutil.rmtree(job_dir, ignore_errors=True)
         job_dir.mkdir(parents=True, exist_ok=True)
         try:
+            sliced = self.ctx.rerun_inputs
+            payloads = [b.blob for b in bodies] if sliced is None else sliced.claims(outer_round, envs)
             parts = self._fetch_states(envs, [b.state_hash for b in bodies], job_dir)
-            previous, previous_excluded = self._previous_round(outer_round - 1)
+            if sliced is None:
+                (previous, previous_excluded), partials = self._previous_round(outer_round - 1), {}
+            else:
+                previous, previous_excluded, partials = {}, {}, sliced.previous(outer_round - 1)
             committed = self._committed(range(outer_round - 3, outer_round))
             held = {c.stage for c in (self.inputs.contributions(outer_round - 1) or []) if c.replica == replica}
             dropped = [s for s in range(cfg.pipeline.num_stages) if s not in held] if outer_round > 0 else []
-            job = SpotCheckJob(cfg.to_dict(), outer_round, replica,
-                               [(e.stage, b.state_hash, b.data_commitment, b.blob) for e, b in zip(envs, bodies)],
-                               parts, previous, previous_excluded, committed, previous_dropped=dropped)
+            claims = [(e.stage, b.state_hash, b.data_commitment, p) for e, b, p in zip(envs, bodies, payloads)]
+            job = SpotCheckJob(cfg.to_dict(), outer_round, replica, claims, parts, previous, previous_excluded,
+                               committed, previous_dropped=dropped, previous_partials=partials)
             job.write(job_dir)
             result = self._worker.run(job_dir, RERUN_TIMEOUT_S)
             if not result.honest:

@@ -171,7 +171,7 @@ class ReexecAuditor:
         dropped = [s for s in range(self.cfg.pipeline.num_stages) if s not in held] if round_index > 0 else []
         corpus = self.replayer._corpus()
         if corpus is None:
-            return None, "the run's training text is not available here (pass --data)", None
+            return None, f"the run's training data is not available here ({self.replayer.corpus_problem})", None
         claims = [ContributionClaim(e.stage, b.state_hash, b.data_commitment, b.blob) for e, b in zip(envs, bodies)]
         result = verify_contribution(parts, claims, corpus, self.cfg.model, self.cfg.training, self.cfg.diloco,
                                      self.cfg.compression, outer_round=round_index, replica=replica,

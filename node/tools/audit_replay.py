@@ -120,15 +120,27 @@ class Replayer:
         """The run's training text (for screening batches), or None if this machine does not have it.
 
         The run document pins the text by sha256 (or "generated": the project's own corpus); a
-        ``--data`` file is used only if it hashes to that.
+        ``--data`` file is used only if it hashes to that. A prepared dataset (``manifest:<root>``) is read
+        from a ``--data`` directory exactly as nodes read it, only if it is the run's (root, tokenizer,
+        vocabulary, every shard checked); :attr:`corpus_problem` says why not.
         """
         if self._corpus_cache is None:
             from dataclasses import replace
 
             from node.runconfig import file_sha256
-            from training.data import corpus_from_config
+            from training.data import check_corpus, corpus_from_config
+            from training.shards import ROOT_PREFIX, open_run_dataset
 
             try:
+                if self.data_sha256.startswith(ROOT_PREFIX):
+                    if not self.data_path:
+                        raise FileNotFoundError(f"the run trained on the prepared dataset {self.data_sha256[:25]}...; "
+                                                "pass its directory with --data DIR")
+                    corpus = open_run_dataset(self.data_path, self.data_sha256, self.cfg.model.tokenizer,
+                                              self.cfg.model.vocab_size)
+                    check_corpus(corpus, self.cfg.model.block_size)
+                    self._corpus_cache = corpus
+                    return corpus
                 if self.data_sha256 == "generated":
                     training = replace(self.cfg.training, data_path="")
                 elif not self.data_path:
@@ -143,6 +155,11 @@ class Replayer:
             except (*DLX_ERRORS, OSError, ValueError) as exc:
                 self._corpus_cache = exc
         return None if isinstance(self._corpus_cache, Exception) else self._corpus_cache
+
+    @property
+    def corpus_problem(self) -> str:
+        """Why the run's training data is not available here ("" when it is, or was not looked for yet)."""
+        return str(self._corpus_cache) if isinstance(self._corpus_cache, Exception) else ""
 
     def screened(self, round_index: int, payloads_by_stage: list[list[bytes]]) -> dict[int, str]:
         """The screening exclusions of a round, re-derived (docs/DILOCOX.md section 10); {} if the run does not

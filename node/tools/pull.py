@@ -46,6 +46,7 @@ from node.errors import (
     RoundUnattested,
     RunDocumentMissing,
 )
+from node.progress import host_progress
 from node.tools.evidence import PeerFetcher, find_checkpoint_files, reader_client
 
 logger = logging.getLogger(__name__)
@@ -290,7 +291,8 @@ def _fetch_verified(
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.download-", dir=out.parent))
         try:
-            dest = fetcher.fetch_to(expected, staging / f"{expected}.safetensors")
+            with host_progress(fetcher.host, f"checkpoint of round {commit.round}"):  # size and rate on a terminal
+                dest = fetcher.fetch_to(expected, staging / f"{expected}.safetensors")
             data = dest.read_bytes()
             return (*_verified_checkpoint(data, layout, commit, "peers"), "peers", len(data))
         except BlobHashMismatch as exc:

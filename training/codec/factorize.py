@@ -52,6 +52,28 @@ def factorize_range(matrix: torch.Tensor, rank: int) -> Factorization:
     return (basis @ u_small)[:, :rank], s[:rank], vh[:rank].t()
 
 
+def stable_eigh(symmetric: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.linalg.eigh``; where LAPACK's float32 solver does not converge or returns NaN without saying so
+    (both seen on the Gram matrix of a sliced exchange's average of a few decoded low-rank slices, whose
+    eigenvalues repeat at zero: one live aggregator died of it, another coded a NaN scale), the same in float64,
+    then with a diagonal shift of 1e-7 of the trace's mean. A pure function of the input on one platform,
+    so a partial coded through it still replays bit for bit; inputs that converged are unchanged."""
+    try:
+        values, vectors = torch.linalg.eigh(symmetric)
+        if bool(torch.isfinite(values).all()) and bool(torch.isfinite(vectors).all()):
+            return values, vectors
+    except torch.linalg.LinAlgError:
+        pass
+    wide = symmetric.double()
+    try:
+        values, vectors = torch.linalg.eigh(wide)
+    except torch.linalg.LinAlgError:
+        shift = 1e-7 * float(torch.diagonal(wide).abs().mean()) + 1e-30
+        values, vectors = torch.linalg.eigh(wide + shift * torch.eye(wide.shape[0], dtype=wide.dtype))
+        values = values - shift
+    return values.to(symmetric.dtype), vectors.to(symmetric.dtype)
+
+
 def factorize_gram(matrix: torch.Tensor, rank: int) -> Factorization:
     """Encoder "v2": top-``rank`` ``(U, sigma, V)`` of ``matrix`` through its small Gram matrix.
 
@@ -75,21 +97,27 @@ def factorize_gram(matrix: torch.Tensor, rank: int) -> Factorization:
     size = gram.shape[0]
     columns = rank + OVERSAMPLE
     if columns >= size:
-        values, vectors = torch.linalg.eigh(gram)
+        values, vectors = stable_eigh(gram)
     else:
         basis = gram @ sketch(size, columns, gram.dtype)
         for _ in range(POWER_ITERATIONS):
             basis, _ = torch.linalg.qr(basis)
             basis = gram @ basis
         basis, _ = torch.linalg.qr(basis)
-        values, small = torch.linalg.eigh(basis.t() @ gram @ basis)
+        values, small = stable_eigh(basis.t() @ gram @ basis)
         vectors = basis @ small
     # eigh sorts ascending: the top ``rank`` are the last, largest first after the flip.
     values, vectors = values.flip(0)[:rank], vectors.flip(1)[:, :rank]
     sigma = torch.sqrt(values.clamp_min(0.0))
     positive = sigma > 0
     other = (side.t() @ vectors) / torch.where(positive, sigma, 1.0)
-    other = torch.where(positive, other, 0.0)
+    # A singular value so small that X^T u / sigma overflows float32 (an exactly low-rank matrix, such
+    # as the sliced exchange's average of a few decoded low-rank slices: its noise eigenvalues reach
+    # 1e-40) carries nothing: that component is dropped, not coded as inf (which quantized to NaN).
+    # Every factorization whose columns were finite is unchanged, bit for bit.
+    kept = positive & torch.isfinite(other).all(dim=0)
+    other = torch.where(kept, other, 0.0)
+    sigma = torch.where(kept, sigma, 0.0)
     return (vectors, sigma, other) if wide else (other, sigma, vectors)
 
 
