@@ -21,7 +21,10 @@ aggregate, attest), checkpoint (writing its stage shard), waiting (for a
 partner). It records, per kill, the round committed at the restart and the first
 later round with every contributor (recovery rounds: how many rounds after its
 restart the replica was back; rounds after entry: the same from the round its new
-life entered at, without the process start-up), and overall: rounds committed (each exactly once,
+life entered at, without the process start-up; rounds missed after ready: the rounds committed
+without the replica after its restarted process was ready (node/live/startup.py, "pipeline
+formed": imports, chain, host, placement and partner done), before the round it is back in), and
+overall: rounds committed (each exactly once,
 in order), rounds with fewer contributors than every node, every node exit that
 was not a kill, tracebacks in any log, the audit verdict, and a table by phase.
 Writes bench/results/chaos.json.
@@ -42,9 +45,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.benchio import default_out, write_result  # noqa: E402
 from node.commands.launcher import LocalRun  # noqa: E402
+from node.live.startup import parse_marks, process_start_time  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
+#: The start-up phase after which a restarted process is ready (bench/bench_restart.py: imports, chain,
+#: host, placement and the pipeline with its partner done); rounds are counted from there too.
+READY = "pipeline formed"
 
 
 def log_text(slot) -> str:
@@ -97,10 +104,18 @@ class Chaos:
         self.killed_pids: set[int] = set()
         self.kills: list[dict] = []
         self.unexpected_exits: list[dict] = []
+        self.samples: list[tuple[float, int]] = []  # (wall time, last committed round), polled
 
     def last_round(self) -> int:
         last = self.client.last_round(self.run.run_id)
-        return -1 if last is None else last
+        last = -1 if last is None else last
+        self.samples.append((time.time(), last))
+        return last
+
+    def round_at(self, when: float) -> int:
+        """The last round committed at wall time ``when`` (the last sample taken before it)."""
+        before = [last for t, last in self.samples if t <= when]
+        return before[-1] if before else -1
 
     def kill(self, victim, phase: str | None = None) -> dict:
         """SIGKILL ``victim`` now; returns its entry (phase, round, what its life had contributed)."""
@@ -119,6 +134,7 @@ class Chaos:
         entry["restart_delay_s"] = round(delay, 1)
         entry["round_at_restart"] = self.last_round()
         self.run.start_node(victim)
+        entry["process_started"] = process_start_time(victim.process.pid)
 
     def await_joining(self, slot, timeout: float = 120) -> bool:
         """Wait until a restarted node reports that it is entering the run (its new life's status)."""
@@ -155,6 +171,7 @@ class Chaos:
         while True:
             self.check_exits()
             pending = [e for e in entries if e.get("recovered_round") is None]
+            self.last_round()  # a sample: which round was committed when each start-up phase ended
             for entry in pending:
                 if entry.get("entered_round") is None:
                     entry["entered_round"] = self.entered_round(entry["node"])
@@ -168,6 +185,7 @@ class Chaos:
                     if entry.get("entered_round") is not None:  # the protocol's part, without process start-up
                         entry["rounds_after_entry"] = recovered - entry["entered_round"]
                     entry["recovery_s"] = round(time.monotonic() - entry["killed_at"], 1)
+                    self.ready_figures(entry, recovered)
             if not [e for e in entries if e.get("recovered_round") is None]:
                 return
             if any(time.monotonic() - e["killed_at"] > self.args.recovery_timeout for e in entries):
@@ -177,6 +195,18 @@ class Chaos:
                     entry.setdefault("recovery_s", None)
                 return
             time.sleep(1)
+
+    def ready_figures(self, entry: dict, recovered: int) -> None:
+        """When the restarted process was ready (seconds after its start) and the rounds committed without
+        its replica from then on, before the round it is back in."""
+        slot = next(s for s in self.run.nodes if s.name == entry["node"])
+        marks = parse_marks(slot.log_path.read_text(errors="replace")) if slot.log_path is not None else {}
+        if READY not in marks or "process_started" not in entry:
+            return
+        entry["ready_s"] = marks[READY]
+        entry["first_contribution_s"] = marks.get("first contribution")
+        entry["round_at_ready"] = self.round_at(entry["process_started"] + marks[READY])
+        entry["rounds_missed_after_ready"] = max(0, recovered - entry["round_at_ready"] - 1)
 
     def fault(self, index: int) -> list[dict]:
         """One fault: a kill at a random moment, or (every --entry-every-th) a kill during entry too."""
@@ -197,6 +227,11 @@ class Chaos:
         return entries
 
 
+def public_kills(kills: list[dict]) -> list[dict]:
+    """The kills as the JSON keeps them (without this process's clock readings)."""
+    return [{k: v for k, v in e.items() if k not in ("killed_at", "process_started")} for e in kills]
+
+
 def phase_table(kills: list[dict]) -> dict:
     """Per phase of the kill: kills, recovered, recovery rounds and seconds (mean, max)."""
     table = {}
@@ -205,12 +240,16 @@ def phase_table(kills: list[dict]) -> dict:
         rounds = [k["recovery_rounds"] for k in rows if k.get("recovery_rounds") is not None]
         after_entry = [k["rounds_after_entry"] for k in rows if k.get("rounds_after_entry") is not None]
         seconds = [k["recovery_s"] for k in rows if k.get("recovery_s") is not None]
+        missed = [k["rounds_missed_after_ready"] for k in rows if k.get("rounds_missed_after_ready") is not None]
+        ready = [k["ready_s"] for k in rows if k.get("ready_s") is not None]
         table[phase] = {"kills": len(rows), "recovered": len(rounds),
                         "recovery_rounds_mean": round(sum(rounds) / len(rounds), 2) if rounds else None,
                         "recovery_rounds_max": max(rounds, default=None),
                         "rounds_after_entry_max": max(after_entry, default=None),
                         "recovery_s_mean": round(sum(seconds) / len(seconds), 1) if seconds else None,
-                        "recovery_s_max": max(seconds, default=None)}
+                        "recovery_s_max": max(seconds, default=None),
+                        "rounds_missed_after_ready_max": max(missed, default=None),
+                        "ready_s_mean": round(sum(ready) / len(ready), 1) if ready else None}
     return table
 
 
@@ -239,6 +278,12 @@ def summarize(chaos: Chaos, run: LocalRun, result: dict) -> None:
     late = [k["kill"] for k in chaos.kills if k.get("rounds_after_entry") is None or k["rounds_after_entry"] > 2]
     result["back_within_two_rounds_of_entry"] = not late
     result["kills_not_back_within_two_rounds_of_entry"] = late
+    # Counted from the moment the restarted process was ready (READY): rounds committed without its
+    # replica after that, before the round it is back in.
+    missed = [k.get("rounds_missed_after_ready") for k in chaos.kills]
+    result["back_within_two_rounds_of_ready"] = all(m is not None and m <= 2 for m in missed)
+    result["kills_not_back_within_two_rounds_of_ready"] = [k["kill"] for k, m in zip(chaos.kills, missed)
+                                                           if m is None or m > 2]
     result["by_phase"] = phase_table(chaos.kills)
 
 
@@ -257,7 +302,8 @@ def main() -> int:
     parser.add_argument("--workdir", default="/tmp/dlx-chaos")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    out = Path(args.out or RESULTS / "chaos.json")  # the JSON says which (split, replicas, settings)
+    out = Path(args.out or default_out(__file__))  # the JSON says which (split, replicas, settings)
+    load = list(os.getloadavg())
     rng = random.Random(args.seed)
     started = time.monotonic()
     settings = ["model.preset=tiny", f"diloco.inner_steps={args.inner_steps}", "training.batch_size=4",
@@ -279,17 +325,17 @@ def main() -> int:
         fault = 0
         while len(chaos.kills) < args.kills or chaos.last_round() + 1 < args.min_rounds:
             for entry in chaos.fault(fault):
-                print(json.dumps({k: v for k, v in entry.items() if k != "killed_at"}), flush=True)
+                print(json.dumps({k: v for k, v in entry.items() if k not in ("killed_at", "process_started")}),
+                      flush=True)
             fault += 1
             # Kept up to date after every fault: a run cut short still leaves its figures.
-            result.update(kills=[{k: v for k, v in e.items() if k != "killed_at"} for e in chaos.kills],
+            result.update(kills=public_kills(chaos.kills),
                           unexpected_exits=chaos.unexpected_exits, by_phase=phase_table(chaos.kills), partial=True)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(result, indent=1) + "\n")
+            write_result(out, result, load)
         run.stop_nodes()
         result.pop("partial", None)
         result["exit_codes_at_stop"] = {s.name: s.process.returncode for s in run.nodes}
-        result.update(kills=[{k: v for k, v in e.items() if k != "killed_at"} for e in chaos.kills],
+        result.update(kills=public_kills(chaos.kills),
                       unexpected_exits=chaos.unexpected_exits)
         summarize(chaos, run, result)
         audit = subprocess.run(
@@ -304,11 +350,11 @@ def main() -> int:
         run.stop()
     result["wall_s"] = round(time.monotonic() - started, 1)
     result["load_after"] = os.getloadavg()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(out, result, load)
     print(f"rounds {result['rounds']} (in order, each once: {result['rounds_in_order_once']}), kills "
           f"{len(result['kills'])}, rounds with fewer contributors {result['rounds_with_fewer_contributors']}, "
-          f"recovery {result['recovery_s']}, back within two rounds of entry {result['back_within_two_rounds_of_entry']}, unexpected "
+          f"recovery {result['recovery_s']}, back within two rounds of ready "
+          f"{result['back_within_two_rounds_of_ready']}, unexpected "
           f"exits {len(result['unexpected_exits'])}, tracebacks {result['tracebacks']}, audit "
           f"{result['audit']['verdict']}")
     for phase, row in result["by_phase"].items():

@@ -415,12 +415,38 @@ def chaos_phases(r: dict) -> list[str]:
     if not phases:
         return []
     rows = [[phase, d["kills"], d["recovered"], f"{d['recovery_rounds_mean']} / {d['recovery_rounds_max']}",
-             d["rounds_after_entry_max"], f"{d['recovery_s_mean']} / {d['recovery_s_max']} s"]
+             d.get("rounds_missed_after_ready_max", "-"), d["rounds_after_entry_max"],
+             f"{d['recovery_s_mean']} / {d['recovery_s_max']} s", f"{d.get('ready_s_mean', '-')} s"]
             for phase, d in sorted(phases.items())]
-    return ["By the phase of the kill (the restarted node's replica is back when it contributes again):", ""] + table(
+    return ["By the phase of the kill (the restarted node's replica is back when it contributes again; rounds "
+            "missed after ready: rounds committed without it once its restarted process was ready, i.e. its "
+            "pipeline formed with its partner, before the round it is back in):", ""] + table(
         ["phase", "kills", "recovered", "chain rounds after the restart (mean / max)",
-         "rounds after its entry round (max)", "seconds (mean / max)"], rows) + [
+         "rounds missed after ready (max)", "rounds after its entry round (max)", "seconds (mean / max)",
+         "process ready after (mean)"], rows) + [
         f"Logs with a traceback: {sum(1 for v in (r.get('tracebacks') or {}).values() if v)}; forks re-based in place: {r.get('rebased', '-')}.", ""]
+
+
+def restart(r: dict) -> list[str]:
+    """Where a restarted node's time goes (bench_restart.py)."""
+    s = r["summary"]
+    rows = [[phase, f"{d['mean_s']} s", f"{d['max_s']} s"] for phase, d in s["phases"].items()]
+    per_restart = [[e["node"], e.get("round_at_restart"), e.get("round_at_mark", {}).get("pipeline formed", "-"),
+                    e.get("entered_round"), e.get("recovered_round"), e.get("rounds_missed_after_ready", "-")]
+                   for e in r["restarts"]]
+    return [(f"{r['nodes']} nodes (2 split clusters x 2 stages), k = {r['k']}, settings {r['settings']}: one node "
+             f"after the other killed with SIGKILL and started again 2 s later, {len(r['restarts'])} times. Each "
+             "start-up phase ends with a line in the node's log (node/live/startup.py), in seconds since the "
+             "process started; a phase's time runs from the end of the one before it."), ""] + table(
+        ["phase (ends when)", "mean", "max"], rows) + table(
+        ["node", "round committed at the restart", "at ready (pipeline formed)", "entered at", "back in",
+         "rounds missed after ready"], per_restart) + [
+        (f"Ready after {s['ready_s']['mean'] if s['ready_s'] else '-'} s (mean), first contribution after "
+         f"{s['first_contribution_s']['mean'] if s['first_contribution_s'] else '-'} s (mean); "
+         f"{r['seconds_per_round']} s per round over the run; tracebacks {s['tracebacks']}. The run's nodes use "
+         "dev accounts; a node with an encrypted keystore (scrypt, eth-account's default work factor) decrypts it "
+         f"once at start: {r['keystore_decryption']['cpu_s']} s of CPU ({r['keystore_decryption']['wall_s']} s "
+         "wall) here."), ""]
 
 
 def longrun(r: dict) -> list[str]:
@@ -595,6 +621,9 @@ SECTIONS = (
             gpu_calibration, "Measured on CPU only so far: no GPU was at hand. Reruns on the claimant's platform are bit-exact, so the node demands that there; the cross-platform tolerance stays the float32 one until CPU-vs-GPU distances are measured (`python bench/bench_gpu.py --calibrate` on a GPU; docs/GPU.md)."),
     Section("byzantine.json", "Byzantine members in real runs", "bench/bench_byzantine.py", byzantine),
     Section("chaos.json", "Faults: nodes killed and restarted", "bench/bench_chaos.py", chaos),
+    Section("restart.json", "Restarting a node: where the time goes", "bench/bench_restart.py", restart,
+            "On a loaded 2-core machine a restarted process's start is mostly CPU its imports need (torch, web3, "
+            "libp2p; torch.optim's first optimizer imports torch._dynamo), at the load's share of a core."),
     Section("longrun.json", "Long runs", "bench/bench_longrun.py", longrun,
             "Open files and threads are flat and memory nearly so. The blob store grew in this run because the start states a verifier fetched stayed in it; a verifier now removes them once the check is done (not re-measured since)."),
     Section("utilization.json", "Compute utilization under a slow link", "bench/bench_utilization.py", utilization,

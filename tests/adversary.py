@@ -49,6 +49,12 @@ chain) is the real node's. Attacks:
   the close without its first entry, so its weights leave the quorum's record;
   honest otherwise. Its own close gives the record's result: it must not
   dispute, and it must re-base on the record and contribute again.
+- ``diverge-late``: the ``diverge-once`` fault (leaving out the close's first two
+  entries: screening may leave out the first anyway), and the member applies round 3
+  without waiting for the chain's record of round 2 (as if that record came
+  only after round 3 was applied): the fork can no longer be re-based in place,
+  so the member must stop, re-enter from the chain's latest checkpoint
+  (node/live/lifecycle.py) and contribute again.
 - ``fork-close``: not an attack but what a fork does to a member: in round 2
   it takes a close without the first entry of the one it accepted (as if
   another coordinator's close had reached it first), aggregates and attests
@@ -73,7 +79,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 CONTRIBUTION_ATTACKS = ("huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero", "perturb")
 ATTACKS = ("malformed-payload", *CONTRIBUTION_ATTACKS, "copy", "late", "empty-close", "duplicate-close",
            "equivocating-close", "censoring-close", "phantom-close", "absurd-hello", "forge-state",
-           "diverge-once", "fork-close", "doctored-shard")
+           "diverge-once", "diverge-late", "fork-close", "doctored-shard")
 
 logger = logging.getLogger(__name__)
 
@@ -155,17 +161,33 @@ def forged_start_state():
     return {"worker": StateForgingWorker}
 
 
-def diverging_once():
+def diverging_once(left_out: int = 1):
     from node.live.replica import ReplicaWorker
 
     class DivergingWorker(ReplicaWorker):
         def apply(self, stage, outer_round, contributions, excluded=None, prepared=None):
-            if outer_round == 2 and len(contributions) > 1:
-                logger.warning("adversary: round 2 stage %d aggregated without the close's first entry", stage)
-                excluded, prepared = {**(excluded or {}), 0: "diverge-once"}, None
+            if outer_round == 2 and len(contributions) > left_out:
+                what = "first entry" if left_out == 1 else f"first {left_out} entries"
+                logger.warning("adversary: round 2 stage %d aggregated without the close's %s", stage, what)
+                excluded = {**(excluded or {}), **{i: "diverge-once" for i in range(left_out)}}
+                prepared = None
             return super().apply(stage, outer_round, contributions, excluded=excluded, prepared=prepared)
 
     return {"worker": DivergingWorker}
+
+
+def diverging_late():
+    from node.live.forkrepair import ForkRepair
+
+    class LateVerdictForks(ForkRepair):
+        def due(self, next_round):
+            if next_round == 3:  # neither waits for round 2's verdict nor takes its re-base before round 3
+                logger.warning("adversary: applying round 3 without waiting for the chain's record of round 2")
+                return []
+            return super().due(next_round)
+
+    # Two entries left out: screening may leave out the first one anyway (then one alone forks nothing).
+    return {**diverging_once(left_out=2), "forks": LateVerdictForks}
 
 
 # ---------------------------------------------------------------------- the contributor
@@ -390,7 +412,7 @@ def attack_parts(attack: str) -> dict:
     return {"malformed-payload": malformed_payload, "copy": copying_free_rider, "late": late_delivery,
             "empty-close": empty_close, "duplicate-close": duplicate_close, "equivocating-close": equivocating_close,
             "censoring-close": censoring_close, "phantom-close": phantom_close, "absurd-hello": absurd_hello,
-            "forge-state": forged_start_state, "diverge-once": diverging_once,
+            "forge-state": forged_start_state, "diverge-once": diverging_once, "diverge-late": diverging_late,
             "fork-close": forking_close, "doctored-shard": doctored_shard}[attack]()
 
 

@@ -28,7 +28,7 @@ class Worker:
         self.attempts = 0
         self.stop = stop
 
-    def start(self, rendezvous_timeout: float, op_timeout: float) -> None:
+    def start(self, rendezvous_timeout: float, op_timeout: float, mark=None) -> None:
         self.attempts += 1
         if self.attempts > self.failures:
             return

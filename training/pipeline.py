@@ -219,6 +219,27 @@ _SERVERS: dict[tuple[str, int], dist.TCPStore] = {}
 #: Joins of other ranks that rank 0 has answered so far, per server.
 _ANSWERED: dict[tuple[str, int], int] = {}
 _POLL_S = 0.05
+#: Seconds one attempt of a rank other than 0 tries to reach the cluster's rendezvous store.
+CONNECT_ATTEMPT_S = 5.0
+
+
+def _connect_store(host: str, port: int, world_size: int, timeout: timedelta) -> dist.TCPStore:
+    """A client of the cluster's rendezvous store, connected in short attempts until ``timeout``.
+
+    The store client's back-off between connection attempts grows the longer the server is down
+    (rank 0 restarting takes a minute on a loaded machine), so one long attempt reached the server
+    seconds after it was back; each short attempt starts with a fresh back-off."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        attempt = max(0.1, min(CONNECT_ATTEMPT_S, deadline - time.monotonic()))
+        try:
+            store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timedelta(seconds=attempt))
+        except (RuntimeError, TimeoutError, OSError):
+            if time.monotonic() >= deadline:
+                raise
+            continue
+        store.set_timeout(timeout)
+        return store
 
 
 def _formation_store(rank: int, world_size: int, host: str, port: int, timeout: timedelta) -> dist.Store:
@@ -231,7 +252,7 @@ def _formation_store(rank: int, world_size: int, host: str, port: int, timeout: 
     addresses a dead process left in the store, whichever side restarted.
     """
     if rank != 0:
-        store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+        store = _connect_store(host, port, world_size, timeout)
         ticket = store.add("joins", 1)
         store.wait([f"ready/{ticket}"], timeout)
         formation = store.get(f"ready/{ticket}").decode()

@@ -79,12 +79,17 @@ def start(config: str | Path, overrides: list[str] = (), *, show_progress: bool 
 
     signal.signal(signal.SIGINT, handle)
     signal.signal(signal.SIGTERM, handle)
+    from node.live.startup import StartupClock
+
+    startup = StartupClock()
+    startup.mark("interpreter and command line")
     try:
         cfg = load_config(config, list(overrides))
         refuse_busy_port(cfg.p2p.listen_host, cfg.p2p.listen_port, "p2p.listen_port")
         refuse_busy_port("127.0.0.1", cfg.metrics_port, "metrics_port")
         from node.live.node import Node
 
+        startup.mark("imports")
         loading[0] = False
     except _StoppedLoading:
         loading[0] = False  # a second signal now only repeats the request
@@ -101,7 +106,7 @@ def start(config: str | Path, overrides: list[str] = (), *, show_progress: bool 
             sys.stderr.write("\r" + progress_line(p)[:160].ljust(160))
             sys.stderr.flush()
 
-    node = Node(cfg, on_progress=on_progress, kinds=kinds)
+    node = Node(cfg, on_progress=on_progress, kinds=kinds, startup=startup)
     running.append(node)
     if stopping:  # a signal during the construction: nothing joined yet
         node.close()

@@ -49,13 +49,14 @@ from node.live.lifecycle import Lifecycle
 from node.live.membership import Membership
 from node.live.messenger import Messenger
 from node.live.onchain import NodeChain
-from node.live.replica import ReplicaWorker
+from node.live.replica import ReplicaWorker, warm_up_imports
 from node.live.resume import RestartRecovery
 from node.live.roundbook import RoundBook
 from node.live.roundclock import RoundClock
 from node.live.roundstate import RoundState
 from node.live.saidlog import SaidLog
 from node.live.sliced import SlicedExchange
+from node.live.startup import StartupClock
 from node.live.station import Station
 from node.live.status import Progress, Reporter, StateFile
 from node.live.verifier import SpotChecker, VerifierContext
@@ -91,6 +92,7 @@ class Kinds:
     finisher: type[RoundFinisher] = RoundFinisher
     heartbeat: type[Heartbeat] = Heartbeat
     committer: type[Committer] = Committer
+    forks: type[ForkRepair] = ForkRepair
 
 
 #: The parts of an honest node.
@@ -105,8 +107,9 @@ class NodeParts:
     """
 
     def __init__(self, cfg: NodeConfig, *, stop: threading.Event, kinds: Kinds = HONEST,
-                 on_progress: Callable[[Progress], None] | None = None) -> None:
+                 on_progress: Callable[[Progress], None] | None = None, startup: StartupClock | None = None) -> None:
         self.cfg = cfg
+        self.startup = startup or StartupClock()  # where this process's start-up time goes (its log)
         self.kinds = kinds
         self.stop = stop
         self.data_dir = Path(cfg.data_dir).expanduser()
@@ -164,10 +167,12 @@ class NodeParts:
         self.entry: RunEntry | None = None
 
     def assemble(self) -> None:
-        """The three steps (see module docstring)."""
+        """The three steps (see module docstring); the trainer's imports warm up meanwhile (warm_up_imports)."""
+        warm_up = threading.Thread(target=warm_up_imports, name="warm-up-imports", daemon=True)
+        warm_up.start()
         joined = self.connect()
         self.open_rooms(joined)
-        self.take_seat()
+        self.take_seat(warm_up)
 
     # ------------------------------------------------------------------ step 1
     def connect(self) -> tuple[int, int]:
@@ -190,7 +195,9 @@ class NodeParts:
         if own_seat is None:
             raise NotRegistered(f"account {chain.client.address} joined run {self.run_id} but its seat is not "
                                 "bound to this node's key (registered with another key?)")
+        self.startup.mark("chain checked")
         self.host = P2PHost.start(cfg.p2p, self.identity, data_dir=self.data_dir)
+        self.startup.mark("host started")
         self.reporter.listening(self.host.listen_addrs)
         return own_seat.joined
 
@@ -235,7 +242,7 @@ class NodeParts:
             evidence_judges=exchange.evidence_judges(), charges=charges, rerun_inputs=exchange.rerun_inputs()))
         self.ending = RunEnd(cfg=cfg, chain=chain, membership=membership, reporter=self.reporter,
                              peer_id=self.peer_id, stop=self.stop)
-        self.forks = forks = ForkRepair(
+        self.forks = forks = self.kinds.forks(
             cfg=cfg, station=self.station, book=self.book, coordinator=coordinator, exchange=exchange,
             archive=self.archive, rounds=self.rounds, chain=chain, lifecycle=lifecycle, state=self.state,
             progress=self.progress, stop=self.stop)
@@ -258,6 +265,7 @@ class NodeParts:
         self._spawn(functools.partial(inbox.run, queue, self.stop), "gossip")
         self._spawn(self.heartbeat.run, "heartbeat")
         self._meet_peers()
+        self.startup.mark("peers met")
 
     def _meet_peers(self) -> None:
         """Serve the run document, dial the bootstrap peers, pull what they said recently."""
@@ -294,17 +302,23 @@ class NodeParts:
         self._threads.append(thread)
 
     # ------------------------------------------------------------------ step 3
-    def take_seat(self) -> None:
-        """Wait for this node's placement; build and start its worker and the round machinery."""
+    def take_seat(self, warm_up: threading.Thread | None = None) -> None:
+        """Wait for this node's placement; build and start its worker and the round machinery (once the
+        ``warm_up`` imports are done: the worker's own imports never race them)."""
         cfg = self.cfg
         placement = self.membership.await_placement(cfg.diloco.num_replicas, cfg.join_timeout, self.stop)
         self.station.place(placement)
+        self.startup.mark("placed")
+        if warm_up is not None:
+            warm_up.join()
+            self.startup.mark("trainer imports warmed up")
         logger.info("placed: cluster %s replica %d stages %s", placement.cluster, placement.replica,
                     list(placement.stages))
         self.worker = worker = self.kinds.worker(cfg=cfg, replica=placement.replica, stages=placement.stages,
                                                  rank=placement.rank)
         self.station.hold(worker)
         self.start_worker(worker)
+        self.startup.mark("pipeline formed")
         self.build_round_machinery(worker)
 
     def start_worker(self, worker: ReplicaWorker) -> None:
@@ -318,7 +332,8 @@ class NodeParts:
         while True:
             attempts += 1
             try:
-                worker.start(rendezvous_timeout=cfg.join_timeout * 2, op_timeout=cfg.round_timeout * 2 + 60)
+                worker.start(rendezvous_timeout=cfg.join_timeout * 2, op_timeout=cfg.round_timeout * 2 + 60,
+                             mark=self.startup.mark)
                 return
             except PipelineError as exc:
                 if self.stop.is_set():

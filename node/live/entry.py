@@ -32,6 +32,7 @@ from node.store.checkpoint import Checkpoint, RunLayout, checkpoint_problems, pa
 from p2p.errors import P2PError
 from p2p.host import P2PHost
 from training.errors import PipelineError
+from training.schedule import pending_after_round
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +88,29 @@ class RunEntry:
             logger.info("restored stages %s from the chain-verified checkpoint of round %d",
                         list(self.worker.stages), base)
         floor = max(base + 1, self.state.get("last_contributed", -1) + 1)
-        start = self.no_orphan_round(floor, max(live_round + 1, floor), last_committed)
+        # Round t trains from the global weights of round t - 1 - pending (the one-step delay): from the
+        # checkpoint of round `base` on, that is reachable from round base + 1 + pending on. (A round no
+        # replica would ever close, from `floor` on, is still entered: no_orphan_round.)
+        trainable = max(base + 1 + pending_after_round(self.cfg.diloco), floor)
+        start = self.no_orphan_round(floor, max(self.open_round(live_round), trainable), last_committed)
         return start, list(range(base + 1, start))
+
+    def open_round(self, live_round: int) -> int:
+        """The first round this node can still be waited for in: the round the other replicas train now
+        (``live_round``) while none of its contributions is announced and it is not closed, else the next.
+
+        Its coordinators then wait for this replica (its hello names that round as its first, up to
+        the round deadline) instead of it sitting out a round it could have made: a restarted node
+        is back in the round being trained when it is ready (issue 30, "back within two rounds").
+        Once a replica announced its contribution the others are done training it, and waiting for
+        this node's whole round would stall them.
+        """
+        if live_round < 0:
+            return 0
+        stages = range(self.cfg.pipeline.num_stages)
+        if self._round_closed(live_round) or any(self.book.snapshot_announces(live_round, s) for s in stages):
+            return live_round + 1
+        return live_round
 
     def agree(self, proposal: int) -> int | None:
         """The entry round the cluster agrees on; if a partner dies meanwhile, wait until the pipeline
@@ -251,7 +273,7 @@ class RunEntry:
                     pass
                 except RoundStopped:
                     return None
-            start_round = self._agree_again(next_round)
+            start_round = self.agree_again(next_round)
             if start_round is None:
                 continue
             self.station.contribute_from(start_round)
@@ -260,13 +282,16 @@ class RunEntry:
             return start_round, list(range(next_round, start_round))
         return None
 
-    def _agree_again(self, next_round: int) -> int | None:
+    def agree_again(self, next_round: int) -> int | None:
         """The round the re-formed pipeline agrees to enter at; None if it broke again meanwhile."""
         last_committed = self._last_committed()
         floor = max(next_round, self.state.get("last_contributed", -1) + 1)
-        proposal = self.no_orphan_round(
-            floor, max(self.membership.live_training_round(last_committed, self.round_window()) + 1, floor),
-            last_committed)
+        # This node applied every round before next_round: the earliest round it trains from those weights
+        # as the schedule does is next_round + pending (round t trains from the weights of round t - 1 -
+        # pending); an orphan round from `floor` on is still entered (no_orphan_round).
+        trainable = max(next_round + pending_after_round(self.cfg.diloco), floor)
+        live_round = self.membership.live_training_round(last_committed, self.round_window())
+        proposal = self.no_orphan_round(floor, max(self.open_round(live_round), trainable), last_committed)
         try:
             return self.worker.agree_on_round(proposal)
         except PipelineError as exc:

@@ -142,7 +142,13 @@ class ForkRepair:
         except (ForkError, *DLX_ERRORS) as exc:
             logger.error("round %d: the committed record cannot be re-derived here (%s)", outer_round, exc)
             rebase, own_right = None, True
-        if own_right and signature is not None:
+        if own_right and self.left_record_before(outer_round):
+            # Its round was computed on weights the record never had: whether its own aggregate "stands"
+            # says nothing about the record (the earlier fork is the difference), so no dispute.
+            logger.warning("round %d: committed roots differ from ours, but our round %d had already left the "
+                           "committed record; no dispute (this difference follows from that one)", outer_round,
+                           outer_round - 1)
+        elif own_right and signature is not None:
             logger.error("round %d: committed roots differ from ours, and our own aggregate of our close stands; "
                          "filing a dispute", outer_round)
             try:
@@ -162,6 +168,19 @@ class ForkRepair:
             self._cond.notify_all()
         if rebase is None:
             self.lifecycle.diverged(outer_round)
+
+    def left_record_before(self, outer_round: int) -> bool:
+        """Whether this node's weights root of the round before ``outer_round`` differs from the chain's record
+        of it (it was not re-based on it: the fork of that round carried over)."""
+        own = self.state.get("weights_roots", {}).get(str(outer_round - 1))
+        if own is None:
+            return False
+        try:
+            record = self.chain.commit_of(self.cfg.ledger.run_id, outer_round - 1)
+        except DLX_ERRORS as exc:
+            logger.debug("round %d: record not read (%s)", outer_round - 1, exc)
+            return False
+        return record is not None and record.weights_root.hex() != own
 
     def _plan(self, outer_round: int, onchain: RoundRecord) -> tuple[Rebase | None, bool]:
         """(the re-base of the held stages, whether this node's own result stood)."""

@@ -37,7 +37,9 @@ from node.errors import NotRegistered
 from node.live.assembly import HONEST, Kinds, NodeParts
 from node.live.contributor import PipelineBroken, RoundAbandoned
 from node.live.coordination import RoundStopped
+from node.live.startup import StartupClock
 from node.live.status import Progress
+from p2p.errors import P2PError
 from training.schedule import APPLY, ENCODE, TRAIN, RoundAction, pending_after_round, round_actions
 
 logger = logging.getLogger(__name__)
@@ -59,10 +61,12 @@ class Node:
     """
 
     def __init__(self, cfg: NodeConfig, on_progress: Callable[[Progress], None] | None = None,
-                 kinds: Kinds | None = None, parts: NodeParts | None = None) -> None:
+                 kinds: Kinds | None = None, parts: NodeParts | None = None,
+                 startup: StartupClock | None = None) -> None:
         self.cfg = cfg
         if parts is None:
-            parts = NodeParts(cfg, stop=threading.Event(), kinds=kinds or HONEST, on_progress=on_progress)
+            parts = NodeParts(cfg, stop=threading.Event(), kinds=kinds or HONEST, on_progress=on_progress,
+                              startup=startup)
         self.parts = parts
         self.stop_event = parts.stop
         self.progress = self.parts.progress
@@ -112,7 +116,9 @@ class Node:
         """Agree with the cluster where to enter; announce again what an earlier life contributed."""
         parts = self.parts
         proposal, unfinished = parts.entry.entry_point()
+        parts.startup.mark("entry point")
         start_round = parts.entry.agree(proposal)
+        parts.startup.mark("entry round agreed with the partner")
         if start_round is None:
             raise RoundStopped("stopped while the cluster's pipeline re-formed at entry")
         # Every round before the agreed entry that this node has not applied is caught up, also
@@ -124,8 +130,17 @@ class Node:
         parts.rounds.mark_reannounced(reannounced)
         parts.station.contribute_from(min([start_round, *reannounced]))
         parts.validator.advance(min([start_round, *unfinished]))
+        self._say_hello()
         logger.info("entering at round %d (catching up %s)", start_round, unfinished or "nothing")
         return start_round, unfinished
+
+    def _say_hello(self) -> None:
+        """Tell the peers now (not at the next heartbeat) the first round this node contributes to: their
+        coordinators wait for it in that round only once they know (RunEntry.open_round)."""
+        try:
+            self.parts.messenger.hello(self.parts.heartbeat.hello())
+        except P2PError as exc:
+            logger.debug("hello not sent at entry (the heartbeat sends it): %s", exc)
 
     # ------------------------------------------------------------------ the loop
     def _train_loop(self, start_round: int, unfinished: list[int]) -> None:
@@ -141,6 +156,7 @@ class Node:
             if resumed is None:
                 break  # asked to stop while waiting, or the run's last round was finished meanwhile
             start_round, unfinished = resumed
+            self._say_hello()
         self.parts.committer.drain(timeout=self.cfg.round_timeout)
         if self.cfg.rounds > 0 and not self.stop_event.is_set():
             self.parts.ending.await_last_commit()
@@ -159,6 +175,7 @@ class Node:
         except RoundStopped as exc:
             logger.info("%s", exc)
             return
+        self.parts.startup.mark("caught up")
         outer_round = start_round
         end = self.cfg.rounds if self.cfg.rounds > 0 else None
         while not self.stop_event.is_set() and (end is None or outer_round < end):
@@ -191,6 +208,9 @@ class Node:
     def _encode(self, action: RoundAction, unfinished: list[int]) -> None:
         with self.parts.clock.phase("encode"):
             self.parts.contributor.encode(action.outer_round)
+        if "first contribution" not in self.parts.startup.marks:
+            logger.info("first contribution of this process: round %d", action.outer_round)
+            self.parts.startup.mark("first contribution")
         unfinished.append(action.outer_round)
 
     def _apply(self, action: RoundAction, unfinished: list[int]) -> None:

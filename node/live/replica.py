@@ -71,15 +71,19 @@ class ReplicaWorker:
         self.plans: dict[int, SlicePlan] = {}  # stage -> slice plan (diloco.exchange = "sliced" only)
 
     # -- set-up ---------------------------------------------------------------------
-    def start(self, rendezvous_timeout: float, op_timeout: float) -> None:
-        """Build the trainer (joining the cluster's pipeline group if the replica is split)."""
+    def start(self, rendezvous_timeout: float, op_timeout: float, mark: Callable[[str], object] | None = None) -> None:
+        """Build the trainer (joining the cluster's pipeline group if the replica is split); ``mark(phase)``
+        is told when the model is initialised and the group joined (node/live/startup.py)."""
+        mark = mark or (lambda _phase: None)
         if self.cfg.torch_threads > 0:
             torch.set_num_threads(self.cfg.torch_threads)
         full = init_state_dict(self.cfg.model, self.cfg.training.seed)
+        mark("model initialised")
         if self.pipelined:
             host, _, port = self.cfg.cluster_master.rpartition(":")
             init_pipeline_group(self.rank, self.cfg.pipeline.num_stages, host, int(port),
                                 timeout_s=max(rendezvous_timeout, op_timeout))
+            mark("pipeline group joined")
             spec = self.specs[self.stages[0]]
             self.trainer = PipelineStageTrainer(
                 self.cfg.model, spec, self.rank, self.cfg.pipeline.num_stages, self.cfg.pipeline.micro_batches,
@@ -328,6 +332,16 @@ class ReplicaWorker:
     def initial_hashes(self) -> dict[int, bytes]:
         full = init_state_dict(self.cfg.model, self.cfg.training.seed)
         return {s: stage_weights_hash({n: full[n] for n in self.stage_names(s)}) for s in self.stages}
+
+
+def warm_up_imports() -> None:
+    """Import what building a stage's trainer imports on first use: torch.optim's first optimizer imports
+    torch._dynamo, seconds of CPU (a minute on a loaded machine). Run on a thread while the node starts its
+    network side (chain, host, peers, placement: mostly waiting), so the import overlaps those waits."""
+    try:
+        import torch._dynamo  # noqa: F401
+    except (ImportError, RuntimeError) as exc:  # only a warm-up: the trainer imports it again, and reports
+        logger.debug("warming up torch._dynamo failed: %s", exc)
 
 
 class PipelineRejoin:

@@ -1,0 +1,119 @@
+"""Which round a (re)starting node enters at: the round being trained when it still can, never one it cannot
+train from the weights it holds (node/live/entry.py).
+
+With the one-step delay round t trains from the global weights of round t - 2. A restarted node used
+to enter one round after the highest round the others train, sitting out a round it could have made
+(issue 30: "each replica back within two rounds"). The real runs are bench/bench_restart.py and
+bench/bench_chaos.py --split; here the chain, the membership and the pipeline are stand-ins at their
+boundary and the book is the real one.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from node_fixtures import TINY
+
+from node.config import load_config
+from node.live.entry import RunEntry
+from node.live.roundbook import Announced, RoundBook
+from node.live.status import StateFile
+from training.schedule import pending_after_round
+
+
+class Chain:
+    def __init__(self, last_round: int) -> None:
+        self.last = last_round
+
+    def last_round(self, run_id: int) -> int:
+        return self.last
+
+    def checkpoints(self, run_id: int) -> list:
+        return []  # none published: the node enters from its own (initial) weights
+
+
+class Members:
+    """The others train ``training`` (every round from ``first`` on)."""
+
+    def __init__(self, training: int, first: int = 0) -> None:
+        self.training, self.first = training, first
+
+    def live_training_round(self, last_committed: int, window: int) -> int:
+        return self.training
+
+    def claimed_rounds(self, last_committed: int, window: int) -> list[tuple[int, int]]:
+        return [(self.first, self.training)] if self.training >= 0 else []
+
+
+class Worker:
+    stages = (0,)
+
+    def agree_on_round(self, proposal: int) -> int:
+        return proposal
+
+
+class Coordinator:
+    def judge(self, outer_round, stage, coordinator, close):
+        return None  # every close heard is valid
+
+
+def entry(tmp_path, *, last_committed: int, training: int, book: RoundBook | None = None) -> RunEntry:
+    cfg = load_config(None, [*TINY, f"data_dir={tmp_path}", "pipeline.num_stages=2"])
+    return RunEntry(cfg=cfg, chain=Chain(last_committed), host=None, membership=Members(training),
+                    book=book or RoundBook(), coordinator=Coordinator(), worker=Worker(), contributor=None,
+                    finisher=None, station=None, state=StateFile(tmp_path / "state.json", cfg.ledger.run_id),
+                    layout=None, progress=None, reporter=None, checkpoint_dir=tmp_path / "checkpoints",
+                    incoming_dir=tmp_path / "incoming", stop=threading.Event())
+
+
+def announce(book: RoundBook, outer_round: int, stage: int) -> None:
+    book.add_announce(outer_round, stage, Announced("12D3KooWpeer", 0, b"\x01" * 32, 100))
+
+
+@pytest.fixture
+def delay(tmp_path) -> int:
+    pending = pending_after_round(load_config(None, TINY).diloco)
+    assert pending == 1, "these cases are written for the default one-step delay"
+    return pending
+
+
+def test_a_restarted_node_enters_the_round_being_trained_while_nobody_has_finished_it(tmp_path, delay):
+    run_entry = entry(tmp_path, last_committed=5, training=7)
+    start, catch_up = run_entry.entry_point()
+    assert start == 7  # not 8: the others' coordinators wait for it in round 7
+    assert catch_up == list(range(0, 7))  # from its initial weights (no checkpoint here)
+
+
+def test_once_a_contribution_to_the_round_is_announced_it_enters_the_next(tmp_path, delay):
+    book = RoundBook()
+    announce(book, 7, 1)  # a replica finished training round 7 (any stage counts)
+    start, _ = entry(tmp_path, last_committed=5, training=7, book=book).entry_point()
+    assert start == 8
+
+
+def test_never_a_round_it_contributed_to_in_an_earlier_life(tmp_path, delay):
+    run_entry = entry(tmp_path, last_committed=5, training=7)
+    run_entry.state.update(last_contributed=7)
+    start, _ = run_entry.entry_point()
+    assert start == 8
+
+
+def test_a_survivor_enters_no_round_it_cannot_train_from_the_weights_it_applied(tmp_path, delay):
+    # A survivor that sat rounds out applied every round before next_round. Round t trains from the
+    # weights of round t - 2: after applying round 6 (next_round 7) the earliest is round 8, even while
+    # nobody has announced round 7; after applying round 5 it is round 7.
+    run_entry = entry(tmp_path, last_committed=5, training=7)
+    assert run_entry.agree_again(7) == 8
+    assert run_entry.agree_again(6) == 7
+
+
+def test_a_round_nobody_else_would_ever_close_is_still_entered(tmp_path, delay):
+    # A single replica whose survivor sat round 5 out (abandoned, nothing announced): nobody else trains,
+    # so round 5 is entered though the survivor applied round 4 (it would otherwise stay open forever).
+    run_entry = entry(tmp_path, last_committed=3, training=-1)
+    assert run_entry.agree_again(5) == 5
+
+
+def test_the_open_round_of_a_run_nobody_trains_yet_is_round_0(tmp_path):
+    assert entry(tmp_path, last_committed=-1, training=-1).open_round(-1) == 0
