@@ -24,7 +24,6 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from ledger.merkle import merkle_root
 from node import protocol as msg
@@ -33,7 +32,7 @@ from node.live.coordination import RoundStopped
 from node.live.exchange import FALLBACK_PROVIDERS, Exchange, InputsWithheld
 from node.live.roundbook import Announced
 from node.live.roundstate import StageInputs
-from node.live.slicedchecks import SlicedChecks, close_signers
+from node.live.slicedchecks import SlicedChecks, UsedPartial, close_signers
 from node.live.slicedproof import usable_reference
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
@@ -59,16 +58,6 @@ ANNOUNCES_PER_SENDER = 4
 MAX_ANNOUNCES_PER_SLOT = 4096
 #: A coordinator asks again for a bundle it could not fetch after this many seconds.
 BUNDLE_RETRY_S = 2.0
-
-
-@dataclass(frozen=True)
-class UsedPartial:
-    """The partial a holder used for one slice: who signed it (its turn in the fallback order) and its bytes."""
-
-    slice_index: int
-    turn: int
-    envelope: bytes
-    blob: bytes
 
 
 class SlicedExchange(SlicedChecks, Exchange):

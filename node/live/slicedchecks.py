@@ -14,6 +14,7 @@ import hashlib
 import logging
 import random
 import time
+from dataclasses import dataclass
 
 from node import protocol as msg
 from node.fsutil import atomic_write_bytes
@@ -34,6 +35,16 @@ from training.codec_wire import decode_contribution
 from training.errors import ContributionDecodeError
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class UsedPartial:
+    """The partial a holder used for one slice: who signed it (its turn in the fallback order) and its bytes."""
+
+    slice_index: int
+    turn: int
+    envelope: bytes
+    blob: bytes
 
 
 def close_signers(book, outer_round: int, stage: int, close: msg.Close) -> list[str]:
