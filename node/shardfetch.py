@@ -24,12 +24,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from node.clienthost import client_host
 from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
 from node.progress import TransferProgress, watch_host
@@ -240,37 +240,20 @@ def complete_dataset(root: str, directory: str | os.PathLike, host: Any = None, 
 
 def fetch_dataset(peers: tuple[str, ...], root: str, directory: Path, workdir: Path,
                   sources: list[str | os.PathLike] = (), tty: bool | None = None) -> DatasetFill:
-    """:func:`complete_dataset` for a command (``dlx-node join``): a short-lived host with a throwaway
-    identity dials ``peers`` (multiaddrs) only if something is missing locally."""
-    from p2p.config import P2PConfig
-    from p2p.errors import P2PError
-    from p2p.host import P2PHost
-    from p2p.identity import Identity
-
+    """:func:`complete_dataset` for a command (``dlx-node join``): a short-lived, client-only host with a
+    throwaway identity (:func:`node.clienthost.client_host`) dials ``peers`` (multiaddrs) only if something
+    is missing locally."""
     try:
         return complete_dataset(root, directory, sources=sources, tty=tty)
     except DatasetUnavailable:
         if not peers:
             raise
-    loopback = all(p.startswith(("/ip4/127.", "/dns4/localhost")) for p in peers)
-    config = P2PConfig(listen_host="127.0.0.1" if loopback else "0.0.0.0", listen_port=0,
-                       gossip_resync_interval=0)
-    workdir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".join-dataset-", dir=workdir))
-    host = P2PHost.start(config, Identity.generate(), data_dir=staging)
-    try:
-        reached, failures = [], []
-        for addr in peers:
-            try:
-                reached.append(host.connect(addr, timeout=10))
-            except P2PError as exc:
-                failures.append(f"{addr}: {exc}")
-        if not reached:
-            raise DatasetUnavailable(f"dataset {root[:16]}: no peer of the run is reachable ({'; '.join(failures)})")
+
+    def unreachable(failures: str) -> DatasetUnavailable:
+        return DatasetUnavailable(f"dataset {root[:16]}: no peer of the run is reachable ({failures})")
+
+    with client_host(peers, workdir, prefix=".join-dataset-", unreachable=unreachable) as (host, reached, _staging):
         return complete_dataset(root, directory, host, reached, sources, tty=tty)
-    finally:
-        host.close()
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def dataset_for_join(root: str, data: str, data_dir: Path, peers: tuple[str, ...] = (),

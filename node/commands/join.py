@@ -26,12 +26,11 @@ import argparse
 import hashlib
 import logging
 import math
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from node.clienthost import client_host
 from node.commands.link import RunLink, check_address, check_multiaddr, parse_run_link, relays_of
 from node.errors import ConfigError, NodeError
 
@@ -79,32 +78,19 @@ def fetch_blob(peers: tuple[str, ...], hash_hex: str, workdir: Path, max_bytes: 
     peer that offers gigabytes under that hash is refused from the reply header, before any byte is
     written.
     """
-    from p2p.config import P2PConfig
     from p2p.errors import P2PError
-    from p2p.host import P2PHost
-    from p2p.identity import Identity
 
-    config = P2PConfig(listen=False, gossip_resync_interval=0, max_blob_bytes=max_bytes)
-    staging = Path(tempfile.mkdtemp(prefix=".join-fetch-", dir=workdir))
-    host = P2PHost.start(config, Identity.generate(), data_dir=staging)
-    try:
-        reached, failures = [], []
-        for addr in peers:
-            try:
-                reached.append(host.connect(addr, timeout=10))
-            except P2PError as exc:
-                failures.append(f"{addr}: {exc}")
-        if not reached:
-            raise NodeError(f"no peer of the run is reachable ({'; '.join(failures)}): check the peer "
-                            "multiaddrs and that this machine can reach them")
+    def unreachable(failures: str) -> NodeError:
+        return NodeError(f"no peer of the run is reachable ({failures}): check the peer multiaddrs and that "
+                         "this machine can reach them")
+
+    with client_host(peers, workdir, prefix=".join-fetch-", max_blob_bytes=max_bytes,
+                     unreachable=unreachable) as (host, reached, staging):
         try:
             path = host.fetch_blob(hash_hex, staging / "blob", providers=reached, timeout=timeout)
         except P2PError as exc:
             raise NodeError(f"{what} {hash_hex[:16]} could not be fetched from {len(reached)} peer(s): {exc}") from None
         data = path.read_bytes()
-    finally:
-        host.close()
-        shutil.rmtree(staging, ignore_errors=True)
     if hashlib.sha256(data).hexdigest() != hash_hex:  # the blob protocol checked it; a second look costs nothing
         raise NodeError(f"the {what} fetched does not hash to {hash_hex[:16]}")
     return data
