@@ -56,20 +56,17 @@ class PeerFetcher:
 
     @classmethod
     def start(cls, bootstrap: list[str], connect_timeout: float = 10.0) -> PeerFetcher:
-        """Start a host on an ephemeral loopback/any port and dial ``bootstrap`` (unreachable ones are logged)."""
+        """Start a client-only host and dial ``bootstrap`` (unreachable ones are logged)."""
         from p2p.config import P2PConfig
         from p2p.errors import P2PError
         from p2p.host import P2PHost
         from p2p.identity import Identity
 
         workdir = Path(tempfile.mkdtemp(prefix="dlx-fetch-"))
-        host_ip = (
-            "127.0.0.1"
-            if all(a.startswith(("/ip4/127.", "/dns4/localhost")) for a in bootstrap)
-            else "0.0.0.0"
-        )
+        # Client-only: it listens nowhere, so the run's peers learn no address of it to dial once it is
+        # gone (docs/P2P.md, "Forgetting peers that are gone"); it reaches them over its own connections.
         host = P2PHost.start(
-            P2PConfig(listen_host=host_ip, listen_port=0, gossip_resync_interval=0),
+            P2PConfig(listen=False, gossip_resync_interval=0),
             Identity.generate(),
             data_dir=workdir,
         )
