@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 from node.config import load_config
@@ -82,11 +83,13 @@ def start(config: str | Path, overrides: list[str] = (), *, show_progress: bool 
     from node.live.startup import StartupClock
 
     startup = StartupClock()
-    startup.mark("interpreter and command line")
+    command_line_read = time.time()
     try:
         cfg = load_config(config, list(overrides))
         refuse_busy_port(cfg.p2p.listen_host, cfg.p2p.listen_port, "p2p.listen_port")
         refuse_busy_port("127.0.0.1", cfg.metrics_port, "metrics_port")
+        # Logged once the settings are good: a refused start prints its one error line and nothing else.
+        startup.mark("interpreter and command line", at=command_line_read)
         from node.live.node import Node
 
         startup.mark("imports")

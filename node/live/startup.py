@@ -43,9 +43,10 @@ class StartupClock:
         self.started = process_start_time() if started is None else started
         self.marks: dict[str, float] = {}
 
-    def mark(self, phase: str) -> float:
-        """Log that ``phase`` ended now (only the first time); return the seconds since the process started."""
-        elapsed = round(time.time() - self.started, 2)
+    def mark(self, phase: str, at: float | None = None) -> float:
+        """Log that ``phase`` ended now, or at wall-clock time ``at`` (only the first time); return the seconds
+        since the process started."""
+        elapsed = round((time.time() if at is None else at) - self.started, 2)
         if phase not in self.marks:
             self.marks[phase] = elapsed
             logger.info("%s%s at %.2f s", MARK_PREFIX, phase, elapsed)
