@@ -80,11 +80,11 @@ def start(config: str | Path, overrides: list[str] = (), *, show_progress: bool 
 
     signal.signal(signal.SIGINT, handle)
     signal.signal(signal.SIGTERM, handle)
-    from node.live.startup import StartupClock
-
-    startup = StartupClock()
     command_line_read = time.time()
     try:
+        from node.live.startup import StartupClock  # in the try: a signal may come while it imports
+
+        startup = StartupClock()
         cfg = load_config(config, list(overrides))
         refuse_busy_port(cfg.p2p.listen_host, cfg.p2p.listen_port, "p2p.listen_port")
         refuse_busy_port("127.0.0.1", cfg.metrics_port, "metrics_port")
