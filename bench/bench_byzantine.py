@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -38,13 +39,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.benchio import write_result  # noqa: E402
 from node.commands.launcher import LocalRun  # noqa: E402
 from node.config import load_config  # noqa: E402
 
 ADVERSARY = [sys.executable, str(ROOT / "tests" / "adversary.py")]
 SLICED_ADVERSARY = [sys.executable, str(ROOT / "tests" / "sliced_adversary.py")]
 SLICED_ATTACKS = ("withhold", "wrong-root", "wrong-blob", "two-partials", "bad-slice", "bad-reference",
-                  "slices-huge-1e3", "slices-sign-flip", "slices-noise", "slices-zero")
+                  "slices-malformed", "slices-huge-1e3", "slices-huge-1e6", "slices-sign-flip", "slices-noise",
+                  "slices-stale", "slices-zero", "slices-copy")
 DEFAULT_SLICED_ATTACKS = (*SLICED_ATTACKS, "late", "empty-close", "duplicate-close", "equivocating-close",
                           "censoring-close", "absurd-hello", "first-cluster")
 DEFAULT_ATTACKS = ("malformed-payload", "huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero", "copy",
@@ -52,7 +55,10 @@ DEFAULT_ATTACKS = ("malformed-payload", "huge-1e3", "huge-1e6", "sign-flip", "no
                    "first-cluster")
 #: Attacks that are a configuration, not patched behaviour: the real node with that setting.
 CONFIG_ATTACKS = {"first-cluster": ("cluster", "0-sorts-first")}
-DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+#: The corpus: the checkout's ``shared/`` beside it (main) or, for a worktree under ``wt/``, two levels up.
+DATA = next((base / "shared" / "data" / "tinyshakespeare" / "input.txt" for base in (ROOT.parent, ROOT.parent.parent)
+             if (base / "shared" / "data" / "tinyshakespeare" / "input.txt").exists()),
+            ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt")
 
 
 def held_out_loss(node_cfg_path: Path, checkpoint: Path) -> float:
@@ -203,7 +209,11 @@ def main() -> int:
         args.out = str(ROOT / "bench" / "results" / ("byzantine_sliced.json" if args.exchange == "sliced"
                                                       else "byzantine.json"))
     attacks = [a for a in args.attacks.split(",") if a]
-    results = json.loads(Path(args.out).read_text())["runs"] if args.append else []
+    earlier = json.loads(Path(args.out).read_text()) if args.append else {}
+    results = earlier.get("runs", [])
+    # An appended result keeps what each earlier part recorded (its command, date, commit, load).
+    parts = [*earlier.get("earlier_parts", []), *([earlier["recorded"]] if "recorded" in earlier else [])]
+    load_at_start = list(os.getloadavg())
     for attack in ([] if args.append else [None]) + attacks:
         workdir = Path(args.workdir) / (attack or "honest")
         if workdir.exists():
@@ -213,8 +223,8 @@ def main() -> int:
         result = one_run(workdir, attack, args)
         results.append(result)
         print(json.dumps({k: v for k, v in result.items() if k != "audit"}), flush=True)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"settings": vars(args), "runs": results}, indent=1))
+        write_result(args.out, {"settings": vars(args), "runs": results, **({"earlier_parts": parts} if parts else {})},
+                     load_at_start)
     honest = results[0]["held_out"]
     print(f"\n{'attack':<26} {'exits':>6} {'attacker closed in (excluded)':>30} {'held-out':>9} "
           f"{'vs honest':>9} audit (names attacker) accused/guilty")
