@@ -22,7 +22,8 @@ the sliced exchange's own attacks (``tests/sliced_adversary.py``: withholding,
 wrong partials, bad slices and references, and the forged contributions cut
 into slices) plus the full exchange's attacks on closes and hellos, which do not
 depend on the exchange; it writes bench/results/byzantine_sliced.json. There
-the audit passes or names the attacker (a wrong partial is applied alike and
+the audit (of every node's archive: a holder archives only the bundles it
+read) passes or names the attacker (a wrong partial is applied alike and
 caught after the fact, or accused by the holders' spot checks of partials).
 """
 
@@ -139,11 +140,22 @@ def one_run(workdir: Path, attack: str | None, args) -> dict:
     result["held_out"] = held_out_loss(honest[0].config_path, checkpoint) if checkpoint.exists() else None
     if attack is not None:
         result["archive"] = excluded_from_archive(honest[0], attacker.peer_id)
-    result["audit"] = audit(run, honest[0])
+    # A sliced run's holders archive only their own bundles and the inputs they fetched, so the auditor
+    # reads every member's archive, the attacker's too: docs/PROTOCOL.md, "What an auditor replays" (an
+    # archive only supplies bytes that the signed record binds). The full exchange: one holder's.
+    audit_lines = audit(run, run.nodes if args.exchange == "sliced" else honest[:1], result)
     if attack is not None:
-        result["audit"]["names_attacker"] = any(attacker.peer_id in line for line in result["audit"]["tail"])
+        result["audit"]["names_attacker"] = names_attacker(audit_lines, attacker.peer_id, (charged or {}).get("account"))
         result["accusations"] = charged
     return result
+
+
+def names_attacker(tail: list[str], peer_id: str, account: str | None) -> bool:
+    """Whether the audit's lines name the attacker: a FAIL that names its peer id, or an accusation of its
+    account (or its slashing) that the audit lists (not one it opened against another member)."""
+    marks = [peer_id.lower()] + ([f"accusation of {account}".lower(), f"member {account} slashed".lower()]
+                                 if account else [])
+    return any(mark in line.lower() for line in tail for mark in marks)
 
 
 def accusations(run: LocalRun, attacker) -> dict:
@@ -155,15 +167,16 @@ def accusations(run: LocalRun, attacker) -> dict:
         history = client.history(run.run_id)
         account = dev_account(attacker.account, client.chain_id).address.lower()
         against = [a for a in history.accusations if a.accused.lower() == account]
-        return {"opened": len(against), "guilty": sum(a.guilty for a in against),
+        return {"opened": len(against), "guilty": sum(bool(a.guilty) for a in against),
                 "others_accused": len(history.accusations) - len(against),
-                "slashed": any(s.account.lower() == account for s in history.slashings)}
+                "slashed": any(s.account.lower() == account for s in history.slashings), "account": account}
     except Exception as exc:  # noqa: BLE001 - a bench records what it could not read
         return {"error": str(exc)}
 
 
-def audit(run: LocalRun, slot) -> dict:
-    """``dlx-node audit`` of the run against a chain restarted from its state file."""
+def audit(run: LocalRun, slots, result: dict) -> list[str]:
+    """``dlx-node audit`` of the run against a chain restarted from its state file: its exit code and last
+    lines go to ``result["audit"]``; returns every line it printed."""
     from ledger.chain import AnvilProcess
 
     anvil = AnvilProcess(state_file=run.workdir / "chain-state.json")
@@ -172,14 +185,15 @@ def audit(run: LocalRun, slot) -> dict:
         deployment = json.loads((run.workdir / "deployment.json").read_text())
         out = subprocess.run(
             [sys.executable, "-m", "node.cli", "audit", "--rpc", url, "--ledger", deployment["ledger"],
-             "--registry", deployment["registry"], "--run", str(run.run_id), "--archive", str(slot.data_dir),
-             "--data", str(DATA),
+             "--registry", deployment["registry"], "--run", str(run.run_id),
+             *[arg for slot in slots for arg in ("--archive", str(slot.data_dir))], "--data", str(DATA),
              "--json", str(run.workdir / "audit.json")],
             capture_output=True, text=True, timeout=1800, cwd=ROOT)
     finally:
         anvil.stop()
-    tail = (out.stdout + out.stderr).strip().splitlines()[-12:]
-    return {"exit_code": out.returncode, "tail": tail}
+    lines = (out.stdout + out.stderr).strip().splitlines()
+    result["audit"] = {"exit_code": out.returncode, "tail": lines[-12:]}
+    return lines
 
 
 def main() -> int:
