@@ -248,6 +248,7 @@ def forged_slices(attack: str) -> dict:
 
 
 def copy_slices() -> dict:
+    import logging
     import time
 
     from node.live.sliced import SlicedExchange
@@ -256,6 +257,8 @@ def copy_slices() -> dict:
     from training.butterfly import bundle_slices, parse_slice_reference
     from training.codec_wire import decode_contribution
     from training.compression import encode_contribution
+
+    logger = logging.getLogger("sliced_adversary")
 
     class CopySlices(SlicedExchange):
         def publish(self, outer_round, stage, blobs):
@@ -282,6 +285,8 @@ def copy_slices() -> dict:
                     theirs = bundle_slices(bundle, reference)
                     if any(blob is None for blob in theirs):
                         continue
+                    logger.warning("adversary: round %d stage %d: publishing %s's slices as its own", outer_round,
+                                   stage, announced.peer_id[-8:])
                     return [encode_contribution(
                         decode_contribution(blob, plan.slice_shapes(j), stage_index=stage, outer_round=outer_round),
                         self.worker().cfg.compression, stage_index=stage, outer_round=outer_round)[0]
