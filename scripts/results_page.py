@@ -395,8 +395,11 @@ def byzantine(r: dict) -> list[str]:
     if sliced:
         note = (f" `diloco.exchange = \"sliced\"`, `spot_checks = {s.get('spot_checks')}` (of partials and of "
                 f"contributions), `p2p.transfer_timeout = {s.get('transfer_timeout')}`; the close and hello attacks "
-                "are `tests/adversary.py`'s. A wrong partial is applied alike by every holder and caught after the "
-                "fact: the audit FAILs naming its signer, and the holders' spot checks accuse it on chain.")
+                "are `tests/adversary.py`'s; the audit reads every node's archive. A wrong partial is applied alike by "
+                "every holder and caught after the fact: the audit FAILs naming its signer, and the holders' spot "
+                "checks of partials accuse it on chain. A sliced run leaves a bad slice out per slice (the "
+                "aggregator's report), so `excluded` stays 0. Accusations opened near the end of these 3-round runs "
+                "mostly stay open: the nodes stop with the run before enough verdicts are signed.")
     else:
         note = (" Rows without k ran at the script's default of the time, k = 1 (one member alone can commit; the "
                 "censoring coordinator then commits its own record and the audit fails it); with k = 2, the default "
