@@ -129,7 +129,7 @@ def traffic_mean(nodes: list[dict]) -> dict:
             for protocol, counters in table.items()}
 
 
-def one_run(workdir: Path, replicas: int, args) -> dict:
+def one_run(workdir: Path, replicas: int, args, attacker: str = "") -> dict:
     settings = ["model.preset=tiny", f"diloco.inner_steps={args.inner_steps}", "training.batch_size=4",
                 f"rounds={args.rounds}", f"round_timeout={args.round_timeout}",
                 f"join_timeout={args.join_timeout}", "checkpoint_every=1000", "spot_checks=0",
@@ -138,9 +138,9 @@ def one_run(workdir: Path, replicas: int, args) -> dict:
         shutil.rmtree(workdir)
     run = LocalRun(workdir, replicas=replicas, stages=2, split=False, settings=settings)
     run.setup()
-    if args.attacker:  # the last node misbehaves (issue 33: the exchange's traffic with one attacker)
-        script = "sliced_adversary.py" if args.attacker in SLICED_ATTACKS else "adversary.py"
-        run.nodes[-1].command = [sys.executable, str(ROOT / "tests" / script), args.attacker]
+    if attacker:  # the last node misbehaves (issue 33: the exchange's traffic with one attacker)
+        script = "sliced_adversary.py" if attacker in SLICED_ATTACKS else "adversary.py"
+        run.nodes[-1].command = [sys.executable, str(ROOT / "tests" / script), attacker]
     watches = [NodeWatch(slot) for slot in run.nodes]
     loads = []  # 1-minute load average, every 10 s
     started = time.monotonic()
@@ -174,11 +174,15 @@ def one_run(workdir: Path, replicas: int, args) -> dict:
         return statistics.mean(values) if values else None
 
     envelope_mean = (sum(n["envelope_bytes"] for n in nodes) / max(sum(n["envelopes"] for n in nodes), 1))
+    honest = nodes[:-1] if attacker else nodes
     return {
         "replicas": replicas, "nodes_count": len(nodes), "rounds_committed": rounds,
         "commit_contributors": [c.commit.num_contributors for c in commits],
-        "weights_roots_agree": len({n["weights_root"] for n in (nodes[:-1] if args.attacker else nodes)}) == 1,
-        "attacker": args.attacker or None,
+        "weights_roots_agree": len({n["weights_root"] for n in honest}) == 1,
+        "attacker": attacker or None,
+        "honest_exits_zero": all(n["exit"] == 0 for n in honest),
+        "honest_blob_received_per_node_round": traffic_mean(honest).get("/dlx/blob/1.0.0", {}).get("received"),
+        "honest_blob_sent_per_node_round": traffic_mean(honest).get("/dlx/blob/1.0.0", {}).get("sent"),
         "exits": [n["exit"] for n in nodes], "timed_out": timed_out,
         "wall_seconds": wall, "load_1min_samples": loads,
         "seconds_per_round": mean("seconds_per_round"),
@@ -365,7 +369,7 @@ def curve(full_path: str, sliced_paths: list[str], sizes: list[int], min_slices:
 
 def is_clean(point: dict) -> bool:
     """A run the model may use: every node finished every round, exited 0 and ended on the same weights."""
-    return (not point["timed_out"] and point["weights_roots_agree"] and all(e == 0 for e in point["exits"])
+    return (not point.get("attacker") and not point["timed_out"] and point["weights_roots_agree"] and all(e == 0 for e in point["exits"])
             and point["rounds_committed"] > 0 and point["received_per_node_round"] is not None)
 
 
@@ -386,7 +390,8 @@ def main() -> int:
     parser.add_argument("--exchange", choices=("full", "sliced"), default="full",
                         help="diloco.exchange of every run (docs/PROTOCOL.md, \"Sliced exchange\")")
     parser.add_argument("--attacker", default="", help="the last node runs this attack (tests/sliced_adversary.py "
-                        "or tests/adversary.py), e.g. withhold; roots are compared over the honest nodes")
+                        "or tests/adversary.py), e.g. withhold; roots are compared over the honest nodes. A comma "
+                        "list runs each replica count once per entry, \"none\" for no attacker (none,withhold)")
     parser.add_argument("--workdir", default="/tmp/dlx-bench-scale")
     parser.add_argument("--out", default="",
                         help="default: the one current result of the mode, bench/results/scale.json (full "
@@ -421,10 +426,13 @@ def main() -> int:
         print(f"wrote {args.out}")
         return 0
     points = []
-    for replicas in [int(r) for r in args.replicas.split(",")]:
-        point = one_run(Path(args.workdir) / f"r{replicas}", replicas, args)
+    attackers = ["" if a.strip() in ("", "none") else a.strip() for a in args.attacker.split(",")]
+    for replicas, attacker in [(int(r), a) for r in args.replicas.split(",") for a in attackers]:
+        point = one_run(Path(args.workdir) / f"r{replicas}{'-' + attacker if attacker else ''}", replicas, args,
+                        attacker)
         points.append(point)
-        print(f"{replicas:>3} replicas: {point['rounds_committed']} rounds committed "
+        print(f"{replicas:>3} replicas{', attacker ' + attacker if attacker else ''}: "
+              f"{point['rounds_committed']} rounds committed "
               f"(contributors {point['commit_contributors']}, exits {point['exits']}), "
               f"{_fmt(point['seconds_per_round'])} s/round; per node and round "
               f"{_fmt(point['sent_per_node_round'], 1e3)} kB sent, "

@@ -30,6 +30,7 @@ from node import protocol as msg
 from node.fsutil import atomic_write_bytes
 from node.live.coordination import RoundStopped
 from node.live.exchange import FALLBACK_PROVIDERS, Exchange, InputsWithheld
+from node.live.partialfetch import PartialFetcher
 from node.live.roundbook import Announced
 from node.live.roundstate import StageInputs
 from node.live.slicedchecks import SlicedChecks, UsedPartial, close_signers
@@ -85,6 +86,8 @@ class SlicedExchange(SlicedChecks, Exchange):
         self._bundle_missed: set[bytes] = set()  # bundles whose fetch failed (logged once)
         self._charged: set[bytes] = set()  # wrong partials (envelope hashes) this node accused
         self._bundles = ThreadPoolExecutor(max_workers=2, thread_name_prefix="bundle")
+        # Announced partials come in the background: a provider that does not answer holds up no slice.
+        self._partials = PartialFetcher(self._fetch_partial, self._wake)
 
     def worker(self):
         return self.station.worker()
@@ -215,9 +218,11 @@ class SlicedExchange(SlicedChecks, Exchange):
             stale = time.monotonic() - 600.0
             self._bundle_tried = {k: v for k, v in self._bundle_tried.items() if v > stale}
             self._bundle_missed &= set(self._bundle_tried)
+        self._partials.forget_before(outer_round)
 
     def close(self) -> None:
         self._bundles.shutdown(wait=False, cancel_futures=True)
+        self._partials.close()
         super().close()
 
     # -- one round of one stage --------------------------------------------------------
@@ -342,7 +347,8 @@ class SlicedExchange(SlicedChecks, Exchange):
             replica, peer_id, _digest, _size = close.contributions[candidate(j, outer_round, members, m)]
             if peer_id == self.peer_id:
                 continue
-            other = self._from_candidate(outer_round, stage, j, m, peer_id, replica, members, root, plan, tried)
+            other = self._from_candidate(outer_round, stage, j, m, peer_id, replica, members, root, plan, tried,
+                                         wait=self.turn_timeout)
             if isinstance(other, UsedPartial):
                 rivals.append(other)
         if len({rival.blob for rival in rivals}) == 1:
@@ -379,8 +385,9 @@ class SlicedExchange(SlicedChecks, Exchange):
         return UsedPartial(j, -1, data, replayed)
 
     def _from_candidate(self, outer_round, stage, j, turn, peer_id, replica, members, root, plan,
-                        tried) -> UsedPartial | bool | None:
-        """The candidate's valid partial; True if it signed one that was refused; None if none is here yet."""
+                        tried, wait: float = 0.0) -> UsedPartial | bool | None:
+        """The candidate's valid partial; True if it signed one that was refused; None if none is here yet
+        (its announced partials come in the background; this waits up to ``wait`` seconds for each)."""
         refused = False
         with self._cond:
             offers = [e for e in self._announced.get((outer_round, stage, j), []) if e[0] == peer_id]
@@ -392,7 +399,7 @@ class SlicedExchange(SlicedChecks, Exchange):
                 logger.warning("round %d stage %d slice %d: partial of %s announced at %d bytes: refused",
                                outer_round, stage, j, sender[-8:], size)
                 continue  # an unsigned claim (the gossip announce): not a refusal of a signed partial
-            data = self._fetch(envelope_hash, sender) or self._fetch_from_others(envelope_hash, sender)
+            data = self._partials.get(outer_round, envelope_hash, sender, wait)
             if data is None:
                 continue  # not fetched (yet): try again on the next pass
             tried.add(envelope_hash)
@@ -446,15 +453,20 @@ class SlicedExchange(SlicedChecks, Exchange):
         finally:
             dest.unlink(missing_ok=True)
 
-    def _fetch_from_others(self, digest: bytes, sender: str) -> bytes | None:
-        """A partial its signer did not serve, from a few live peers (the holders that applied it serve it):
-        a signer that serves some holders and not others must not split them."""
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _fetch_partial(self, digest: bytes, sender: str) -> bytes | None:
+        """A partial envelope from its signer, else from a few live peers (the holders that applied it serve
+        it): a signer that serves some holders and not others must not split them."""
+        data = self._fetch(digest, sender)
         others = [p for p in self.pool.fallback_providers() if p not in (sender, self.peer_id)]
         for provider in random.sample(others, min(FALLBACK_PROVIDERS, len(others))):
-            data = self._fetch(digest, provider)
             if data is not None:
-                return data
-        return None
+                break
+            data = self._fetch(digest, provider)
+        return data
 
     def _reference(self, outer_round: int, stage: int, entry, references: dict[bytes, SliceReference | None],
                    signers: list[str]) -> tuple[bool, SliceReference | None]:
