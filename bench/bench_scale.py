@@ -97,7 +97,7 @@ class NodeWatch:
         per_round = lambda value: value / rounds if rounds else None  # noqa: E731
         times = [self.finishes[r] for r in sorted(self.finishes)]
         envelopes = list((self.slot.data_dir / "archive").rglob("*.env"))
-        slices = list((self.slot.data_dir / "archive").rglob("*.slice"))  # own slice blobs (sliced exchange)
+        slices = own_bundles(self.slot.data_dir / "archive", self.status.get("peer_id", ""))
         return {
             "name": self.slot.name, "exit": exit_code, "rounds_finished": rounds,
             "weights_root": self.status.get("weights_root", ""),
@@ -115,6 +115,28 @@ class NodeWatch:
             "envelope_bytes": sum(p.stat().st_size for p in envelopes), "envelopes": len(envelopes),
             "own_slice_bytes_per_round": per_round(sum(p.stat().st_size for p in slices)),
         }
+
+
+def own_bundles(archive: Path, peer_id: str) -> list[Path]:
+    """The slice bundles (sliced exchange) this node's own contribution envelopes reference: a coordinator
+    also archives every bundle it fetched to close (``*.slice`` too), which are not its own bytes."""
+    from node.protocol import ProtocolError, decode_contribution_body
+    from p2p.envelope import decode_envelope
+    from p2p.errors import P2PError
+    from training.butterfly import REFERENCE_PREFIX
+
+    own = set()
+    for path in archive.rglob("*.env"):
+        try:
+            env = decode_envelope(path.read_bytes(), 1 << 26)
+            if env.sender_peer_id == peer_id and env.kind == "contribution":
+                reference = decode_contribution_body(env.payload).blob
+                if reference.startswith(REFERENCE_PREFIX):
+                    start = len(REFERENCE_PREFIX) + 4
+                    own.add(reference[start:start + 32].hex())
+        except (ValueError, P2PError, ProtocolError):  # not an envelope of this run's kinds: not counted
+            continue
+    return [path for path in archive.rglob("*.slice") if path.stem in own]
 
 
 def traffic_mean(nodes: list[dict]) -> dict:
@@ -249,6 +271,15 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
     round runs again under the next coordinator (every term once more); the rounds others coordinate
     cost nothing more (it is left out). Its mean per node and round, and a spoiled round's, are
     ``with_withholder`` and ``spoiled_round_received``.
+
+    One attacker as an aggregator (it is candidate 0 of A/R of a stage's slices per round on average):
+    when it withholds its partial, the next candidate in the fallback order reads what an aggregator
+    reads, ``(R - 1) x (E + record(A) + B/A)`` (``slice_read``), once per slice (the mean over nodes,
+    ``with_withholding_aggregator``); when it signs a wrong partial and the fallback the right one,
+    every holder replays that slice (docs/PROTOCOL.md, "Receiving partials"), ``slice_read`` each
+    (``with_wrong_partial_replayed``; a holder's round with one such slice per stage:
+    ``replay_round_received``). A member that withholds only its bundle after an honest coordinator
+    closed costs nothing: its slices are read from the coordinator instead (same bytes).
     """
     from training.butterfly import BUNDLE_PREFIX, PARTIAL_PREFIX, live_plan, record_size
 
@@ -257,6 +288,9 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
     peak = 0.0  # a node that aggregates a slice of every stage it holds in the round (the role rotates)
     coordinating = 0.0  # a node that coordinates every stage it holds in the round
     replay = 0.0  # a holder's last-turn reads of every slice's inputs in a spoiled round
+    slice_read = 0.0  # what reading one slice's inputs costs (an aggregator's, a fallback's or a replay's)
+    attacker_slices = 0.0  # slices per round (all stages) whose candidate 0 is the one attacker, on average
+    fallback = replays = 0.0
     for shapes in stage_shapes:
         count = live_plan(shapes, replicas, min_slice_numel).num_slices
         slices.append(count)
@@ -272,12 +306,21 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
         peak += (replicas - 1) * (envelope_bytes + record_size(count) + slice_bytes / count) + (count - 1) * partial
         coordinating += (replicas - 1) * (envelope_bytes + bundle)
         replay += max(0, replicas - 2) * (slice_bytes + count * record_size(count))
+        read = (replicas - 1) * (envelope_bytes + record_size(count) + slice_bytes / count)
+        slice_read += read
+        attacker_slices += share
+        fallback += share * read / replicas  # one fallback candidate reads the inputs of each withheld slice
+        replays += share * read  # every holder replays each slice with a wrong and a right partial
     honest = sum(terms.values())
     return {"replicas": replicas, "min_slice_numel": min_slice_numel, "slices": slices,
             "blob_received_per_node_round": honest, "terms": terms,
             "aggregator_round_received": peak, "coordinator_round_received": coordinating,
             "with_withholder": honest + (replay + honest) / replicas,
-            "spoiled_round_received": replay + honest}
+            "spoiled_round_received": replay + honest,
+            "slice_read": slice_read, "attacker_slices_per_round": attacker_slices,
+            "with_withholding_aggregator": honest + fallback,
+            "with_wrong_partial_replayed": honest + replays,
+            "replay_round_received": honest + slice_read}
 
 
 def point_min_slice(point: dict) -> int:
