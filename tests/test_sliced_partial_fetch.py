@@ -101,3 +101,41 @@ def test_a_partial_nobody_serves_is_not_fetched_in_a_loop(tmp_path):
         assert len(calls) == 1 and not woken
     finally:
         fetcher.close()
+
+
+def test_a_provider_whose_slice_read_failed_is_not_asked_again_on_every_pass(tmp_path, monkeypatch):
+    """An aggregator waiting for a withheld input asked its provider again on every 0.2 s pass (a retry storm:
+    ~10 requests a second per slice for whole turns); now a failed read waits BUNDLE_RETRY_S."""
+    import node.live.slicedreads as reads
+    from training.butterfly import parse_slice_reference, slice_bundle
+
+    blobs = [bytes([j]) * (400 + j) for j in range(4)]
+    bundle, data = slice_bundle(blobs)
+    reference = parse_slice_reference(data, 4, len(bundle))
+    with P2PHost.start(P2PConfig(), Identity.generate(), data_dir=tmp_path / "holder") as holder, \
+            P2PHost.start(P2PConfig(), Identity.generate(), data_dir=tmp_path / "member") as member:
+        holder.connect(member.listen_addrs[0])
+        asked = []
+
+        class CountingHost:  # the real host; it counts the range requests it sends
+            def __getattr__(self, name):
+                return getattr(holder, name)
+
+            def fetch_blob_range(self, *args, **kwargs):
+                asked.append(args[0])
+                return holder.fetch_blob_range(*args, **kwargs)
+
+        exchange = _holder(CountingHost(), tmp_path, [])
+        exchange._read_failed, exchange.evidence_dir = {}, tmp_path / "evidence"
+        monkeypatch.setattr(reads, "BUNDLE_RETRY_S", 3600.0)
+        try:
+            assert exchange._read_slice(reference, 2, member.peer_id) is None  # withheld: not_found
+            assert len(asked) == 1
+            for _ in range(5):  # the waiting loop's next passes
+                assert exchange._read_slice(reference, 2, member.peer_id) is None
+            assert len(asked) == 1  # not asked again
+            member.provide_blob(bundle, announce=False)
+            monkeypatch.setattr(reads, "BUNDLE_RETRY_S", 0.0)
+            assert exchange._read_slice(reference, 2, member.peer_id) == blobs[2]
+        finally:
+            exchange._partials.close()
