@@ -250,7 +250,7 @@ def envelope_framing() -> int:
 
 
 def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float, slice_bytes: float,
-                 framing: int, min_slice_numel: int = 1024) -> dict:
+                 framing: int, min_slice_numel: int = 1024, transfer_timeout: float | None = None) -> dict:
     """Blob bytes one node receives per round in the live sliced exchange (every stage held), by term.
 
     Per stage, A = the live plan's slice count (``min(R, elements // min_slice_numel)``), a node
@@ -280,7 +280,16 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
     (``with_wrong_partial_replayed``; a holder's round with one such slice per stage:
     ``replay_round_received``). A member that withholds only its bundle after an honest coordinator
     closed costs nothing: its slices are read from the coordinator instead (same bytes).
+
+    Latency, not bytes: a holder refuses a close whose partials never came only once every candidate's
+    turn has passed, ``(R + 1) x transfer_timeout`` per stage (rule 3), and the stages are applied one
+    after the other, so a withholding coordinator of every stage delays its round by
+    ``spoiled_round_delay_s`` = ``stages x (R + 1) x transfer_timeout`` (the node's default
+    ``p2p.transfer_timeout`` unless given) before the next coordinator's close.
     """
+    from p2p.config import P2PConfig
+
+    transfer_timeout = P2PConfig().transfer_timeout if transfer_timeout is None else transfer_timeout
     from training.butterfly import BUNDLE_PREFIX, PARTIAL_PREFIX, live_plan, record_size
 
     terms = {"envelopes": 0.0, "slice_inputs": 0.0, "records": 0.0, "partials": 0.0, "coordinator_bundles": 0.0}
@@ -320,7 +329,9 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
             "slice_read": slice_read, "attacker_slices_per_round": attacker_slices,
             "with_withholding_aggregator": honest + fallback,
             "with_wrong_partial_replayed": honest + replays,
-            "replay_round_received": honest + slice_read}
+            "replay_round_received": honest + slice_read,
+            "transfer_timeout": transfer_timeout,
+            "spoiled_round_delay_s": len(stage_shapes) * (replicas + 1) * transfer_timeout}
 
 
 def point_min_slice(point: dict) -> int:

@@ -306,7 +306,8 @@ def scale_curve(r: dict) -> list[str]:
                      f"{kb(model.get('blob_received_per_node_round'))} (A = {model.get('slices')})",
                      kb(model.get("with_withholder")), kb(model.get("with_withholding_aggregator")),
                      kb(model.get("with_wrong_partial_replayed")),
-                     f"{kb(model.get('coordinator_round_received'))} / {kb(model.get('spoiled_round_received'))}"])
+                     f"{kb(model.get('coordinator_round_received'))} / {kb(model.get('spoiled_round_received'))}",
+                     _duration(model.get("spoiled_round_delay_s"))])
     return [("Contribution blob bytes received per node and round, the full exchange against the sliced "
             "one (`diloco.exchange = \"sliced\"`): measured points of local runs and each exchange's model "
             "(`bench_scale.py --curve`, `sliced_model`). With one attacker, modelled mean per node and round: a "
@@ -314,10 +315,18 @@ def scale_curve(r: dict) -> list[str]:
             "last turn, then the round again under the next coordinator), an aggregator that withholds its "
             "partial (the next candidate reads the slice's inputs), an aggregator that signs a wrong partial "
             "beside a fallback's right one (every holder replays the slice); and a round's worst node: the "
-            "coordinator (it fetches every bundle to close) / a holder in a spoiled round."), ""] + table(
+            "coordinator (it fetches every bundle to close) / a holder in a spoiled round; and how long a spoiled "
+            "round waits before its close is refused (every candidate's turn of every stage, `(R + 1) x "
+            "p2p.transfer_timeout` per stage, at the default transfer timeout)."), ""] + table(
         ["nodes", "full, measured", "sliced, measured", "full, model", "sliced, model",
          "withholding coordinator", "withholding aggregator", "wrong partial, replayed",
-         "coordinator's / spoiled round"], rows)
+         "coordinator's / spoiled round", "spoiled round's wait"], rows)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds / 60:.0f} min" if seconds < 3 * 3600 else f"{seconds / 3600:.0f} h"
 
 
 def butterfly(r: dict) -> list[str]:
