@@ -53,6 +53,10 @@ logger = logging.getLogger(__name__)
 
 #: Partial announces kept per sender and per (round, stage, slice), and in all per slot.
 ANNOUNCES_PER_SENDER = 4
+#: Candidates of a slice that get a turn (the aggregator and its first fallbacks). After their turns every
+#: holder replays a slice still missing; waiting for all n candidates made a withheld close cost
+#: (n + 1) x p2p.transfer_timeout per stage, linear in the replicas.
+CANDIDATE_TURNS = 3
 MAX_ANNOUNCES_PER_SLOT = 4096
 
 
@@ -235,7 +239,7 @@ class SlicedExchange(SliceReads, SlicedChecks, Exchange):
         candidate whose turn opened without a valid partial in hand aggregates
         and publishes its own. Partials this node archived for the close in an
         earlier life count at once (a restart re-applies what it applied). Once
-        every candidate's turn has opened (turn ``n``), a holder that still lacks a
+        every candidate's turn has opened (turn ``min(n, CANDIDATE_TURNS)``), a holder that still lacks a
         slice aggregates it itself (not published: it is no candidate; the result
         is the same pure function). Raises InputsWithheld when a further turn has
         passed without a valid partial or its inputs (the caller refuses the close
@@ -243,6 +247,7 @@ class SlicedExchange(SliceReads, SlicedChecks, Exchange):
         """
         plan = self.worker().plans[stage]
         members = len(close.contributions)
+        turns = min(members, CANDIDATE_TURNS)  # candidates 0 .. turns - 1 have a turn
         # Every partial binds the close's contributions root (what the attestation and the record
         # commit to): each envelope hash fixes its signed reference, which fixes every slice.
         root = merkle_root([entry[2] for entry in close.contributions])
@@ -257,13 +262,13 @@ class SlicedExchange(SliceReads, SlicedChecks, Exchange):
             if self.stop.is_set():
                 raise RoundStopped(f"round {outer_round} stage {stage}: stopped while waiting for partials")
             turn = int((time.monotonic() - started) // self.turn_timeout)
-            if turn >= members + 1:
+            if turn >= turns + 1:
                 raise InputsWithheld(f"no valid partial for slices {sorted(set(range(plan.num_slices)) - set(used))}"
-                                     f" after every candidate's turn ({members + 1} x {self.turn_timeout:.0f}s)")
+                                     f" after every candidate's turn ({turns + 1} x {self.turn_timeout:.0f}s)")
             for j in range(plan.num_slices):
                 if j in used:
                     continue
-                if turn >= members:  # every candidate had its turn: replay the slice here (a late partial
+                if turn >= turns:  # every candidate had its turn: replay the slice here (a late partial
                     # or a restart that heard no announce; the inputs may still be withheld)
                     own = self._replayed(outer_round, stage, j, close, references, root, inputs, signers)
                     if own is not None:
@@ -272,7 +277,7 @@ class SlicedExchange(SliceReads, SlicedChecks, Exchange):
                 # A candidate whose signed partial was refused opens the next turn at once: every
                 # holder that saw that partial refuses it alike, so nobody needs to wait it out.
                 opened = max(turn, 1 + max(refused.get(j, {-1})))
-                for m in range(min(opened, members - 1) + 1):
+                for m in range(min(opened, turns - 1) + 1):
                     replica, peer_id, _digest, _size = close.contributions[candidate(j, outer_round, members, m)]
                     if peer_id == self.peer_id:
                         # Tried again on every pass until every input is here (a fetch that failed
