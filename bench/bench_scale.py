@@ -281,12 +281,15 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
     ``replay_round_received``). A member that withholds only its bundle after an honest coordinator
     closed costs nothing: its slices are read from the coordinator instead (same bytes).
 
-    Latency, not bytes: a holder refuses a close whose partials never came only once every candidate's
-    turn has passed, ``(R + 1) x transfer_timeout`` per stage (rule 3), and the stages are applied one
-    after the other, so a withholding coordinator of every stage delays its round by
-    ``spoiled_round_delay_s`` = ``stages x (R + 1) x transfer_timeout`` (the node's default
-    ``p2p.transfer_timeout`` unless given) before the next coordinator's close.
+    Latency, not bytes: a holder refuses a close whose partials never came once the first
+    ``CANDIDATE_TURNS`` candidates' turns and its own replay's turn have passed,
+    ``(min(R, CANDIDATE_TURNS) + 1) x transfer_timeout`` per stage (rule 3; it was ``(R + 1) x``), and
+    the stages are applied one after the other, so a withholding coordinator of every stage delays its
+    round by ``spoiled_round_delay_s`` = stages x that (the node's default ``p2p.transfer_timeout``
+    unless given) before the next coordinator's close; ``spoiled_round_delay_s_every_turn`` is the
+    ``(R + 1) x`` rule's.
     """
+    from node.live.sliced import CANDIDATE_TURNS
     from p2p.config import P2PConfig
 
     transfer_timeout = P2PConfig().transfer_timeout if transfer_timeout is None else transfer_timeout
@@ -331,7 +334,8 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
             "with_wrong_partial_replayed": honest + replays,
             "replay_round_received": honest + slice_read,
             "transfer_timeout": transfer_timeout,
-            "spoiled_round_delay_s": len(stage_shapes) * (replicas + 1) * transfer_timeout}
+            "spoiled_round_delay_s": len(stage_shapes) * (min(replicas, CANDIDATE_TURNS) + 1) * transfer_timeout,
+            "spoiled_round_delay_s_every_turn": len(stage_shapes) * (replicas + 1) * transfer_timeout}
 
 
 def point_min_slice(point: dict) -> int:

@@ -307,7 +307,8 @@ def scale_curve(r: dict) -> list[str]:
                      kb(model.get("with_withholder")), kb(model.get("with_withholding_aggregator")),
                      kb(model.get("with_wrong_partial_replayed")),
                      f"{kb(model.get('coordinator_round_received'))} / {kb(model.get('spoiled_round_received'))}",
-                     _duration(model.get("spoiled_round_delay_s"))])
+                     f"{_duration(model.get('spoiled_round_delay_s'))} (every turn: "
+                     f"{_duration(model.get('spoiled_round_delay_s_every_turn'))})"])
     return [("Contribution blob bytes received per node and round, the full exchange against the sliced "
             "one (`diloco.exchange = \"sliced\"`): measured points of local runs and each exchange's model "
             "(`bench_scale.py --curve`, `sliced_model`). With one attacker, modelled mean per node and round: a "
@@ -316,8 +317,9 @@ def scale_curve(r: dict) -> list[str]:
             "partial (the next candidate reads the slice's inputs), an aggregator that signs a wrong partial "
             "beside a fallback's right one (every holder replays the slice); and a round's worst node: the "
             "coordinator (it fetches every bundle to close) / a holder in a spoiled round; and how long a spoiled "
-            "round waits before its close is refused (every candidate's turn of every stage, `(R + 1) x "
-            "p2p.transfer_timeout` per stage, at the default transfer timeout)."), ""] + table(
+            "round waits before its close is refused, at the default `p2p.transfer_timeout`: the first "
+            "`CANDIDATE_TURNS` candidates' turns and the replay's, per stage (when every candidate had a turn: "
+            "`(R + 1) x` per stage)."), ""] + table(
         ["nodes", "full, measured", "sliced, measured", "full, model", "sliced, model",
          "withholding coordinator", "withholding aggregator", "wrong partial, replayed",
          "coordinator's / spoiled round", "spoiled round's wait"], rows)
