@@ -1,6 +1,7 @@
 """Traffic, round time and CPU per node as the number of replicas grows: measured in local runs, then modelled.
 
     nice -n 19 python bench/bench_scale.py [--replicas 4,8,16] [--rounds 3] [--inner-steps 2] [--exchange sliced]
+        [--attacker none,withhold]
 
 Each point is a real local run (anvil, one-node clusters of the ``tiny`` model,
 2 stages chained in each node, spot checks off so that only the exchange is
@@ -20,6 +21,9 @@ as much; gossip adds messages per peer. Writes bench/results/scale.json
 exchange"): contribution envelopes carry constant-size slice references, slices
 (read by range from each replica's bundle) and partials travel as blobs, so
 ``/dlx/blob/1.0.0`` is the exchange's own traffic in both modes.
+
+``--attacker`` runs each replica count once per entry of its list, the last node running that attack
+(``none``: no attacker), all into the one result of the mode.
 
 ``--curve [FULL.json,SLICED.json]`` runs nothing: it puts the measured points of
 both exchanges side by side with the per-node model of each to 1024 replicas
