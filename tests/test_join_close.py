@@ -12,10 +12,8 @@ from types import SimpleNamespace
 from test_node_rooms import Pool, digest, hello, key_of, rooms
 
 from node import protocol as msg
-from node.live.coordination import RoundCoordinator
-from node.live.membership import NOT_CONTRIBUTING, Membership
 from node.live.resume import first_contributed_round
-from node.live.roundbook import Announced, RoundBook
+from node.live.roundbook import Announced
 
 ALL = {"peer-a", "peer-b", "peer-c"}
 
@@ -145,39 +143,3 @@ def test_a_round_before_its_first_that_a_member_re_announced_waits_for_that_cont
     assert closed_replicas(coordinator, 48) is None
     pool.held.add((2, "peer-c", digest("peer-c")))
     assert closed_replicas(coordinator, 48) == [0, 1, 2]
-
-
-def split_rooms():
-    """peer-a and peer-b form replica c0, peer-c and peer-d replica c1 (2 stages, one node per stage)."""
-    book = RoundBook()
-    membership = Membership("peer-a", "c0", 2, 2, book, seat=lambda _account, key: (0, 0))
-    for peer, cluster in (("peer-b", "c0"), ("peer-c", "c1"), ("peer-d", "c1")):
-        book.add_hello(peer, key_of(peer), msg.Hello(cluster, 2, b"\x01" * 20, [], 5, 0))
-    membership.refresh()
-    coordinator = RoundCoordinator("peer-a", 1, 60.0, book, membership, HeldPool(), contributed=lambda _r: True,
-                                   gossip=lambda *a: b"", resync=lambda: None, previous_life_finished=-1)
-    stage = membership.placements["peer-a"].stages[0]
-    partner = next(p for p in ("peer-c", "peer-d") if stage in membership.placements[p].stages)
-    survivor = "peer-d" if partner == "peer-c" else "peer-c"
-    return book, membership, coordinator, stage, partner, survivor
-
-
-def test_a_node_whose_pipeline_partner_sits_rounds_out_is_not_waited_for():
-    """bench_chaos.py --split (issue 30): a killed node's last hello stays live for PEER_TTL_S and a restarted
-    one says -1 until it agrees with its partner; the other replicas waited 19 s and 11 s for it in rounds
-    its replica could not make, its partner sitting out."""
-    book, membership, coordinator, stage, killed, survivor = split_rooms()
-    coordinator.adopt(3, stage, msg.Close([[0, "peer-a", digest("peer-a"), 100], [1, killed, digest(killed), 100]]))
-    assert coordinator.expects(killed, 7, stage)  # a member, seen contributing
-    book.add_hello(survivor, key_of(survivor), msg.Hello("c1", 2, b"\x01" * 20, [], -1, NOT_CONTRIBUTING))
-    assert membership.replica_sits_out(killed) and not membership.replica_sits_out("peer-b")
-    assert not coordinator.expects(killed, 7, stage)  # its stale hello (first round 0) no longer counts
-    book.add_hello(killed, key_of(killed), msg.Hello("c1", 2, b"\x01" * 20, [], -1, -1))  # restarted, deciding
-    assert not coordinator.expects(killed, 7, stage)
-    book.add_announce(7, stage, Announced(killed, 1, digest(killed), 100))  # announced before the kill
-    assert coordinator.expects(killed, 7, stage)  # on its way: the close holds it
-    # Re-formed: both declare the round they enter at (9), and are waited for from there on.
-    book.add_hello(survivor, key_of(survivor), msg.Hello("c1", 2, b"\x01" * 20, [], -1, 9))
-    book.add_hello(killed, key_of(killed), msg.Hello("c1", 2, b"\x01" * 20, [], -1, 9))
-    assert not membership.replica_sits_out(killed)
-    assert not coordinator.expects(killed, 8, stage) and coordinator.expects(killed, 9, stage)

@@ -390,9 +390,7 @@ class RoundCoordinator:
         to the round; while undecided, only in round 0 or the round this node entered at. So a
         joiner that still restores a checkpoint or catches up costs the others nothing, and once
         in a close it is a member like any other. Which set a round aggregates is still the coordinator's close, judged
-        alike by every node. A node whose pipeline partner sits rounds out (``first_round``
-        NOT_CONTRIBUTING) is waited for only where it announced a contribution. A member is waited
-        for in a round before its first one only where it
+        alike by every node. A member is waited for in a round before its first one only where it
         announced a contribution to it (a restarted node's re-announced contribution).
         """
         info = self.book.live_peers(math.inf).get(peer)
@@ -400,11 +398,6 @@ class RoundCoordinator:
             return False
         first, training = info.hello.first_round, info.hello.training_round
         mine = self.station.first_round if self.station is not None else 0
-        if self.membership.replica_sits_out(peer):
-            # Its pipeline partner sits rounds out: this replica contributes nothing until it re-forms
-            # (a killed node's stale hello, a restarted one still deciding); only a contribution it
-            # announced is on its way. Their new hellos, sent at once on re-forming, end this.
-            return peer in self.book.snapshot_announces(outer_round, stage)
         with self._lock:
             member = peer in self._seen_in_closes
         if member or 0 <= first <= mine:

@@ -21,7 +21,7 @@ from node.fsutil import atomic_write_bytes
 from node.live.contributor import Contributor, PipelineBroken
 from node.live.coordination import CloseInterrupted, RoundCoordinator, RoundStopped
 from node.live.finisher import RoundFinisher
-from node.live.membership import NOT_CONTRIBUTING, Membership
+from node.live.membership import Membership
 from node.live.onchain import NodeChain
 from node.live.replica import PipelineRejoin, ReplicaWorker
 from node.live.roundbook import RoundBook
@@ -36,6 +36,9 @@ from training.schedule import pending_after_round
 
 logger = logging.getLogger(__name__)
 
+#: ``first_round`` in the hellos of a node sitting rounds out while its cluster's pipeline is down:
+#: it contributes to no round until it re-enters, so no coordinator waits for it.
+NOT_CONTRIBUTING = 2**62
 
 
 class RunEntry:

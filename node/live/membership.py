@@ -21,10 +21,6 @@ from node.live.topology import Declaration, Placement, assign_stages
 
 logger = logging.getLogger(__name__)
 
-#: ``first_round`` in the hellos of a node sitting rounds out while its cluster's pipeline is down:
-#: it contributes to no round until it re-enters, so no coordinator waits for it (node/live/entry.py).
-NOT_CONTRIBUTING = 2**62
-
 
 class Membership:
     """Placement and liveness of the run's peers, as this node sees them (see module docstring).
@@ -164,27 +160,6 @@ class Membership:
         """The first round a peer announced it contributes to (-1: still joining), or None if unknown."""
         info = self.book.live_peers(float("inf")).get(peer_id)
         return None if info is None else info.hello.first_round
-
-    def replica_sits_out(self, peer_id: str) -> bool:
-        """Whether a pipeline partner of ``peer_id`` (another placed node of its replica) says it sits rounds out.
-
-        Its replica's pipeline is down: ``peer_id`` contributes to no round until the pipeline
-        re-forms and both declare the round they enter at, whatever its own hello still says (a
-        killed node's last hello stays live for PEER_TTL_S; a restarted one says -1 until it
-        agrees with the partner).
-        """
-        placements = self.placements
-        placed = placements.get(peer_id)
-        if placed is None:
-            return False
-        peers = self.book.live_peers(float("inf"))
-        for other, placement in placements.items():
-            if other in (peer_id, self.peer_id) or placement.cluster != placed.cluster:
-                continue
-            info = peers.get(other)
-            if info is not None and info.hello.first_round >= NOT_CONTRIBUTING:
-                return True
-        return False
 
     def live_training_round(self, last_committed: int, window: int) -> int:
         """The highest round a live, placed peer (not this node) says it trains; -1 if none.
