@@ -37,6 +37,7 @@ from node.errors import NotRegistered
 from node.live.assembly import HONEST, Kinds, NodeParts
 from node.live.contributor import PipelineBroken, RoundAbandoned
 from node.live.coordination import RoundStopped
+from node.live.resume import first_contributed_round
 from node.live.startup import StartupClock
 from node.live.status import Progress
 from p2p.errors import P2PError
@@ -128,7 +129,7 @@ class Node:
         unfinished = list(range(unfinished[0] if unfinished else proposal, start_round))
         reannounced = parts.recovery.reannounce(unfinished)
         parts.rounds.mark_reannounced(reannounced)
-        parts.station.contribute_from(min([start_round, *reannounced]))
+        parts.station.contribute_from(first_contributed_round(start_round, reannounced))
         parts.validator.advance(min([start_round, *unfinished]))
         self._say_hello()
         logger.info("entering at round %d (catching up %s)", start_round, unfinished or "nothing")
