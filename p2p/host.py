@@ -189,6 +189,7 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
             config.blob_concurrency,
             config.blob_stall_timeout,
             direct_io=config.blob_direct_io,
+            min_rate=config.range_min_rate(),
         )
         self._libp2p.set_stream_handler(BLOB_PROTOCOL, self._blobs.handle_stream)
         for protocol in SYNC_PROTOCOLS:  # 1.1.0 offers ids first; 1.0.0 for older peers
