@@ -300,3 +300,12 @@ def test_with_only_a_slow_peer_the_fetch_ends_naming_it(dataset, tmp_path, inter
     message = str(caught.value)
     assert manifest.shards[3].file in message and f"from peer {slow.peer_id}" in message and cause in message
     assert not (partial / manifest.shards[3].file).exists()
+
+
+def test_the_range_rate_floor_is_checked_and_never_above_the_hosts_own_cap():
+    from p2p.errors import P2PConfigError
+
+    with pytest.raises(P2PConfigError, match="p2p.blob_min_rate"):
+        P2PConfig(blob_min_rate=-1.0)
+    assert P2PConfig().range_min_rate() == 65536.0 and P2PConfig(blob_min_rate=0.0).range_min_rate() == 0.0
+    assert P2PConfig(rate_limit_bps=100_000.0, blob_concurrency=4).range_min_rate() == 25_000.0
