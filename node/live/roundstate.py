@@ -74,6 +74,9 @@ class RoundState:
         self.prefetched: dict[int, Future] = {}
         self.apply_reached: dict[int, float] = {}  # round -> when the training thread reached its apply
         self.stage_hashes: dict[int, dict[int, bytes]] = {}  # round -> stage -> weights hash after its outer step
+        # Rounds trained (in part) on a global state this node re-based away from: never announced
+        # (docs/PROTOCOL.md, "When a node's weights leave the record"; RoundFinisher).
+        self.withheld: set[int] = set()
 
     def contributed(self, outer_round: int) -> bool:
         """Whether this node trained and encoded ``outer_round`` (in this life, or announced it again)."""
@@ -93,6 +96,7 @@ class RoundState:
         """Drop the state of rounds before ``outer_round`` (stage hashes: STAGE_HASH_ROUNDS_KEPT more)."""
         for old in [r for r in self.trained if r < outer_round]:
             del self.trained[old]
+        self.withheld = {r for r in self.withheld if r >= outer_round}
         for old in [r for r in self.stage_hashes if r < outer_round - STAGE_HASH_ROUNDS_KEPT]:
             del self.stage_hashes[old]
         for old in [r for r in list(self.start_states) if r < outer_round]:  # list(): the lane adds rounds
