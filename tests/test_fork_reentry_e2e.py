@@ -7,10 +7,9 @@ test_fork_recovery_e2e.py shows a forked member re-basing in place. This shows t
   same process (``dlx-node start``'s re-entry) from the chain's latest checkpoint, and contribute
   again with every root equal to the chain's (``diverge-late`` in tests/adversary.py).
 
-Not tested here, because it does not hold yet (docs/PROTOCOL.md, forks): with the overlap, a forked member
-that applies its forked round t in the middle of round t+1's training sends a round t+1 contribution that
-does not rerun from the record's round t (relative distance 0.35 in the run that found it), so an audit
-with --reexecute fails it and a spot check that draws it would accuse an honest member.
+A forked member's rounds around an in-place re-base under re-execution (its round trained on its forked
+apply is left out by every holder, the audit with --reexecute all passes) are tested in
+test_fork_recovery_e2e.py.
 """
 
 from __future__ import annotations

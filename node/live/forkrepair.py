@@ -22,7 +22,9 @@ committer reads the committed record back and its roots differ
 4. the re-base is queued; the training thread takes it before it applies round
    t+1 (:meth:`due`, :meth:`apply`): the engines take the record's state (local
    progress kept), the archive re-seals round t with the committed set, and the
-   node trains the next round with its peers.
+   node trains the next round with its peers. A round whose start state was taken before the re-base
+   (with the overlap, the one in progress) is not announced (RoundFinisher), and the round it trained
+   on its forked apply was left out by every holder (node/binding.py).
 
 So that round t+1 is never applied (and attested) on the forked state, a node
 that sees peers attest another result of round t than its own, at least as
