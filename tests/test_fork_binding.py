@@ -17,6 +17,7 @@ import pytest
 from node import protocol as msg
 from node.binding import other_result_exclusions
 from node.config import load_config
+from node.store.archive import Archive, ArchivedContribution
 from training.data import corpus_from_config
 from training.diloco import aggregate_with_report
 from training.reexec import (
@@ -117,3 +118,18 @@ def test_a_forked_members_round_is_left_out_by_honest_holders_and_never_judged_a
     screened = aggregate_with_report(weights, momentum, contributions, cfg.diloco, stage_index=0, outer_round=1,
                                      compression_cfg=cfg.compression, excluded={1: "screening"})
     assert screened.excluded == {1: SCREENED} and screened.weights_hash == result.weights_hash
+
+
+def test_a_re_entering_life_sets_aside_what_it_sealed_off_the_record(tmp_path):
+    archive = Archive(tmp_path / "archive", 7)
+    assert archive.set_aside_from(0) == []  # nothing sealed: nothing to do
+    for r in range(4):
+        digest = archive.put(r, f"envelope of round {r}".encode())
+        archive.seal_round(r, [ArchivedContribution(0, 1, "peer", digest)],
+                           excluded=[[0, 1, "peer", digest.hex(), OTHER_RESULT, "forked"]] if r == 3 else [])
+    assert archive.set_aside_from(2) == [2, 3]
+    assert [archive.sealed(r) is not None for r in range(4)] == [True, True, False, False]
+    assert archive.excluded(3) == []  # no restart, spot check or audit reads the forked seal any more
+    assert (archive.sealed_path(3).with_name("round.forked.json")).exists()  # kept beside, as what it did
+    assert all(list(archive.sealed_path(r).parent.glob("*.env")) for r in range(4))  # the envelopes stay
+    assert archive.set_aside_from(2) == []

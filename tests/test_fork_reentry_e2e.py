@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from node_fixtures import TINY, node_state, run_logs
 
+from node.tools.audit import OK, audit_run
+
 
 ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py")]
 
@@ -68,3 +70,12 @@ def test_a_fork_found_too_late_re_enters_from_the_chain_and_contributes_again(ma
     # Round 2 was its own local fault (its close gives the record), and round 3 was computed on round 2's
     # forked weights: neither is a difference of the record's to dispute.
     assert not history.disputes, run_logs(run)
+    # Its rounds trained on the forked round 2 (its round 3 after the mid-round apply, and any later one
+    # sent before it stopped) were left out by every holder; what it sealed off the record was set aside
+    # when it re-entered, so the audit rerunning every contribution from every archive passes.
+    assert re.search(r"rounds \[\d+(, \d+)*\] of the archive set aside", log), log[-4000:]
+    report = audit_run(run.client(), run.run_id, archives=[s.data_dir for s in run.nodes], reexecute=-1)
+    assert report.ok, [c.line() for c in report.all_checks() if c.status != OK]
+    replica = forked.status()["placement"]["replica"]
+    reruns = {c.name: c.reason for c in report.all_checks() if c.name.startswith("re-execution of round")}
+    assert "not a rerun of the record" in reruns[f"re-execution of round 3 replica {replica}"], reruns
