@@ -506,7 +506,7 @@ def verify_contribution(
     elsewhere = [c.stage_index for c in claims if c.applied_hash != rerun.applied_hashes.get(c.stage_index, NO_APPLY)]
     if elsewhere:
         # Not a cheat: the round was trained on another result of round t-1 (the claimant's fork),
-        # which the holders leave out of the aggregate (node.live.exchange.other_result_exclusions).
+        # which the holders leave out of the aggregate (node.binding.other_result_exclusions).
         return failed(OTHER_RESULT, f"stage(s) {elsewhere}: built on another result of round {outer_round - 1} "
                       "than the record's (its bound applied hash is not what the rerun's apply gives)", elsewhere)
     specs = split_stages(model_cfg.n_layer, num_stages)

@@ -136,9 +136,9 @@ class RoundFinisher:
 
     def _withhold_after(self, rebased: int) -> None:
         """A round whose start state was captured before the re-base of ``rebased`` and is not announced yet
-        holds that round's forked result (its start state's global weights): it
-        would not rerun from what it binds with the record, so it is never announced; the node contributes
-        again from the next round it starts (docs/PROTOCOL.md, "When a node's weights leave the record")."""
+        holds the forked result in its start state's global weights: it would not rerun from what it binds
+        with the record, so it is never announced; the node contributes again from the next round it starts
+        (docs/PROTOCOL.md, "When a node's weights leave the record")."""
         for outer_round in sorted(set(self.rounds.start_states) | set(self.rounds.parts)):
             if start_global_round(self.cfg.diloco, outer_round) >= rebased:
                 self.rounds.withheld.add(outer_round)

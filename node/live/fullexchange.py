@@ -3,7 +3,7 @@
 Each holder of a stage fetches the closed set's envelopes (announced ones in the
 background as soon as they are announced), decodes them, screens them
 (docs/DILOCOX.md section 10), leaves out those built on another result of the
-round before (:func:`node.live.exchange.other_result_exclusions`, compared at the
+round before (:func:`node.binding.other_result_exclusions`, compared at the
 apply, after any re-base) and takes the outer step on their average; with
 the one-step delay the pure part of it is prepared while the next round trains.
 """

@@ -289,7 +289,7 @@ class ReplicaWorker:
         """The :class:`training.diloco.Aggregation` of ``contributions`` (the round's canonical order) on
         ``base`` (the global weights and momentum before the round): what every holder that aggregated
         that set computed, screening included, and without ``others`` (built on another result of the
-        round before: node.live.exchange.other_result_exclusions). Pure: neither ``base`` nor the engine changes."""
+        round before: node.binding.other_result_exclusions). Pure: neither ``base`` nor the engine changes."""
         excluded, _reports = self.screen(outer_round, contributions, global_weights=base[0])
         excluded.update(others or {})
         return aggregate_with_report(base[0], base[1], contributions, self.cfg.diloco, stage_index=stage,

@@ -248,7 +248,7 @@ class SpotChecker:
 
     def _left_out_elsewhere(self, outer_round: int) -> set[int]:
         """Replicas whose contribution of the round this node's archive sealed as left out, built on another
-        result of the round before (node.live.exchange.other_result_exclusions)."""
+        result of the round before (node.binding.other_result_exclusions)."""
         try:
             return {int(replica) for _stage, replica, _peer, _digest, reason, _detail in
                     self.ctx.archive.excluded(outer_round) if reason == OTHER_RESULT}
