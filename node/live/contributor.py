@@ -90,6 +90,9 @@ class Contributor:
                 raise RoundAbandoned()
 
         if first_step == 0:  # what the round's contributions will bind (docs/DILOCOX.md section 11)
+            if self.rounds.starting(outer_round, self.cfg.diloco):
+                logger.warning("round %d: begins on our result of a round being re-based on the record; our "
+                               "contribution of it will not be announced", outer_round)
             with self.clock.phase("start_state"):
                 self._capture_start_state(outer_round)
         try:

@@ -167,6 +167,10 @@ class ForkRepair:
         with self._cond:
             if rebase is not None:
                 self._pending[outer_round] = rebase
+                self.rounds.rebasing.add(outer_round)  # rounds begun from now on hold the forked result
+                for begun in self.rounds.withhold_on(outer_round, self.cfg.diloco):
+                    logger.warning("round %d: trained on our result of round %d, which leaves for the record's; our "
+                                   "contribution of it is not announced", begun, outer_round)
             self._settled.add(outer_round)
             self._cond.notify_all()
         if rebase is None:
@@ -301,6 +305,7 @@ class ForkRepair:
                          "re-entering from the chain instead of re-basing", outer_round)
             self.lifecycle.diverged(outer_round)
             return False
+        self.rounds.rebasing.discard(outer_round)
         for stage in rebase.stages:
             worker.move_global(stage.stage, stage.weights, stage.momentum)
             self.rounds.stage_hashes.setdefault(outer_round, {})[stage.stage] = stage.weights_hash
