@@ -17,6 +17,7 @@ import pytest
 from node import protocol as msg
 from node.binding import other_result_exclusions
 from node.config import load_config
+from node.live.roundstate import RoundState
 from node.store.archive import Archive, ArchivedContribution
 from training.data import corpus_from_config
 from training.diloco import aggregate_with_report
@@ -133,3 +134,23 @@ def test_a_re_entering_life_sets_aside_what_it_sealed_off_the_record(tmp_path):
     assert (archive.sealed_path(3).with_name("round.forked.json")).exists()  # kept beside, as what it did
     assert all(list(archive.sealed_path(r).parent.glob("*.env")) for r in range(4))  # the envelopes stay
     assert archive.set_aside_from(2) == []
+
+
+def test_a_forked_member_withholds_every_round_whose_start_state_holds_its_forked_result(tmp_path):
+    diloco = load_config(None, ["diloco.inner_steps=4", "diloco.overlap_steps=2", f"data_dir={tmp_path}"]).diloco
+    rounds = RoundState(station=None)
+    # Round 2 forked here. When the chain's verdict of round 2 comes, round 3 is being trained (its start
+    # state holds round 1, the record's) and round 4 has not begun.
+    rounds.start_states[3] = {0: b"s" * 32}
+    rounds.parts[3] = []
+    rounds.rebasing.add(2)
+    assert rounds.withhold_on(2, diloco) == []  # round 3 binds what it applied: the holders leave it out
+    assert rounds.starting(4, diloco) and 4 in rounds.withheld  # begins on the forked round 2
+    rounds.rebasing.discard(2)  # the re-base is taken (at the apply of round 3, inside round 4)
+    assert not rounds.starting(5, diloco)  # round 5 starts from the record's round 3
+    # Without the verdict first, the re-base itself withholds what began on the forked state.
+    late = RoundState(station=None)
+    late.start_states[4] = {0: b"s" * 32}
+    assert late.withhold_on(2, diloco) == [4] and late.withhold_on(2, diloco) == []
+    late.forget_before(5)
+    assert late.withheld == set()
