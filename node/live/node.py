@@ -100,6 +100,9 @@ class Node:
             self._train_loop(start_round, unfinished)
         finally:
             self.close()
+        if self.reenter_after is not None:  # what this life sealed from the forked round on is not the record
+            aside = self.parts.archive.set_aside_from(self.reenter_after)
+            logger.warning("rounds %s of the archive set aside (sealed off the record); re-entering", aside)
         if self.ejected:
             raise NotRegistered(f"this node was found guilty on a spot check by run {self.run_id}'s quorum: its "
                                 "stake was slashed and its seat removed (evidence under evidence/ of its peers)")
