@@ -286,7 +286,10 @@ def test_a_peer_that_trickles_for_ever_is_given_up_and_the_next_peer_serves(data
     assert all(honest.peer_id not in r for r in fill.refusals)
 
 
-@pytest.mark.parametrize("interval, cause", [(0.5, "ProviderTooSlow"), (None, "no byte for 3 s")])
+@pytest.mark.parametrize("interval, cause", [
+    pytest.param(0.5, "ProviderTooSlow", marks=pytest.mark.slow),  # (~13 s; the test above gives up on it too)
+    (None, "no byte for 3 s"),
+])
 def test_with_only_a_slow_peer_the_fetch_ends_naming_it(dataset, tmp_path, interval, cause):
     _, manifest = read_manifest(dataset)
     partial = tmp_path / "partial"
