@@ -57,7 +57,7 @@ from training.reexec import (
     sample_replicas,
     start_global_round,
 )
-from training.robust import SCREENED
+from training.robust import CALLER_REASONS, OTHER_RESULT
 
 logger = logging.getLogger(__name__)
 
@@ -204,11 +204,21 @@ class SpotChecker:
         signers: dict[int, set[str]] = {}  # replica -> its stages' signers (several on a split cluster)
         for c in sealed:
             signers.setdefault(c.replica, set()).add(c.peer_id)
+        # Contributions the holders left out as built on another result of round t-1 (a forked member's
+        # round, docs/PROTOCOL.md "When a node's weights leave the record"): not reruns of the record.
+        elsewhere = self._left_out_elsewhere(outer_round)
         for replica in chosen:
             if any(self.ctx.membership.ejected(peer) for peer in signers[replica]):
                 continue  # already found guilty and removed: nothing left to decide
+            if replica in elsewhere:
+                logger.info("spot check of replica %d round %d not run: left out of the round as built on another "
+                            "result of round %d", replica, outer_round, outer_round - 1)
+                continue
             result = self._check(outer_round, replica)
-            if result is not None and not result.honest:
+            if result is not None and result.elsewhere:
+                logger.warning("spot check of replica %d round %d: %s (not accused: a forked member's round)",
+                               replica, outer_round, result.reason)
+            elif result is not None and not result.honest:
                 self._accuse(outer_round, replica, result)
         # The chain: every replica this node reran exactly in round t-1 must start round t where
         # that rerun ended (or from the record, after a restart).
@@ -235,6 +245,16 @@ class SpotChecker:
                 self._accuse(outer_round - 1, replica, SpotCheckResult("state_mismatch", reason, {}, 0.0,
                                                                        failed_stages=broken), next_envs=next_envs)
         self._forget_linkable(before=outer_round)
+
+    def _left_out_elsewhere(self, outer_round: int) -> set[int]:
+        """Replicas whose contribution of the round this node's archive sealed as left out, built on another
+        result of the round before (node.binding.other_result_exclusions)."""
+        try:
+            return {int(replica) for _stage, replica, _peer, _digest, reason, _detail in
+                    self.ctx.archive.excluded(outer_round) if reason == OTHER_RESULT}
+        except NodeError as exc:
+            logger.warning("round %d: its exclusions are not readable here: %s", outer_round, exc)
+            return set()
 
     def _chain_holds(self, outer_round: int, replica: int, result: SpotCheckResult,
                      next_envs: list[Envelope]) -> tuple[bool | None, str, list[bytes], tuple[int, ...]]:
@@ -296,7 +316,7 @@ class SpotChecker:
         if result is not None:
             self.checks_run += 1
             self.check_seconds += seconds
-            self.mismatches += 0 if result.honest else 1
+            self.mismatches += 0 if result.honest or result.elsewhere else 1
             log = logger.info if result.honest else logger.warning
             log("spot check of replica %d round %d: %s (%s, rerun %.1fs, check %.1fs)", replica, outer_round,
                 result.verdict, result.reason, result.seconds, seconds)
@@ -334,7 +354,8 @@ class SpotChecker:
             committed = self._committed(range(outer_round - 3, outer_round))
             held = {c.stage for c in (self.inputs.contributions(outer_round - 1) or []) if c.replica == replica}
             dropped = [s for s in range(cfg.pipeline.num_stages) if s not in held] if outer_round > 0 else []
-            claims = [(e.stage, b.state_hash, b.data_commitment, p) for e, b, p in zip(envs, bodies, payloads)]
+            claims = [(e.stage, b.state_hash, b.data_commitment, p, b.applied_hash)
+                      for e, b, p in zip(envs, bodies, payloads)]
             job = SpotCheckJob(cfg.to_dict(), outer_round, replica, claims, parts, previous, previous_excluded,
                                committed, previous_dropped=dropped, previous_partials=partials)
             job.write(job_dir)
@@ -428,7 +449,7 @@ class SpotChecker:
             stage_list.append(msg.decode_contribution_body(payload).blob)
         excluded: dict[int, dict[int, str]] = {}
         for stage, _replica, _peer, digest_hex, reason, detail in self.ctx.archive.excluded(outer_round):
-            if reason == SCREENED and bytes.fromhex(digest_hex) in index:
+            if reason in CALLER_REASONS and bytes.fromhex(digest_hex) in index:  # what the engine cannot re-derive
                 s, i = index[bytes.fromhex(digest_hex)]
                 excluded.setdefault(s, {})[i] = str(detail)
         return previous, excluded
@@ -580,7 +601,9 @@ class SpotChecker:
         if result is None:
             return  # could not rerun: sign nothing either way
         envs = [decode_envelope(e, self.ctx.cfg.p2p.max_blob_bytes) for e in ours]
-        guilty = False if result.honest else self._blames(envs, result.failed_stages, accusation.accused)
+        # A forked member's round (built on another result of round t-1) is not a cheat either.
+        guilty = False if result.honest or result.elsewhere else \
+            self._blames(envs, result.failed_stages, accusation.accused)
         if next_envs and result.honest:
             if result.next_state_hashes is None:
                 return  # not a bit-exact rerun here: the chain cannot be judged, sign nothing
