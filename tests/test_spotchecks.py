@@ -167,13 +167,13 @@ def test_an_accusation_seen_only_on_chain_whose_evidence_is_never_served_is_clea
     from ledger_fixtures import digest
 
     from ledger.records import Verdict
-    from node.live import verifier
+    from node.live import tribunal, verifier
     from node.live.onchain import NodeChain
     from node.live.verifier import SpotChecker, VerifierContext
     from p2p.errors import BlobUnavailable
 
     monkeypatch.setattr(verifier, "ACCUSATION_POLL_S", 0.2)
-    monkeypatch.setattr(verifier, "CHAIN_ACCUSATION_GRACE_S", 0.0)
+    monkeypatch.setattr(tribunal, "CHAIN_ACCUSATION_GRACE_S", 0.0)
     run = deployment.member_run((1, 2, 3, 4), quorum=2, min_stake=10**15)
     accused = run.client(4)
     evidence = digest("evidence nobody serves")
