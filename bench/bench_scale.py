@@ -1,6 +1,7 @@
 """Traffic, round time and CPU per node as the number of replicas grows: measured in local runs, then modelled.
 
     nice -n 19 python bench/bench_scale.py [--replicas 4,8,16] [--rounds 3] [--inner-steps 2] [--exchange sliced]
+        [--attacker none,withhold]
 
 Each point is a real local run (anvil, one-node clusters of the ``tiny`` model,
 2 stages chained in each node, spot checks off so that only the exchange is
@@ -20,6 +21,9 @@ as much; gossip adds messages per peer. Writes bench/results/scale.json
 exchange"): contribution envelopes carry constant-size slice references, slices
 (read by range from each replica's bundle) and partials travel as blobs, so
 ``/dlx/blob/1.0.0`` is the exchange's own traffic in both modes.
+
+``--attacker`` runs each replica count once per entry of its list, the last node running that attack
+(``none``: no attacker), all into the one result of the mode.
 
 ``--curve [FULL.json,SLICED.json]`` runs nothing: it puts the measured points of
 both exchanges side by side with the per-node model of each to 1024 replicas
@@ -97,7 +101,7 @@ class NodeWatch:
         per_round = lambda value: value / rounds if rounds else None  # noqa: E731
         times = [self.finishes[r] for r in sorted(self.finishes)]
         envelopes = list((self.slot.data_dir / "archive").rglob("*.env"))
-        slices = list((self.slot.data_dir / "archive").rglob("*.slice"))  # own slice blobs (sliced exchange)
+        slices = own_bundles(self.slot.data_dir / "archive", self.status.get("peer_id", ""))
         return {
             "name": self.slot.name, "exit": exit_code, "rounds_finished": rounds,
             "weights_root": self.status.get("weights_root", ""),
@@ -117,6 +121,28 @@ class NodeWatch:
         }
 
 
+def own_bundles(archive: Path, peer_id: str) -> list[Path]:
+    """The slice bundles (sliced exchange) this node's own contribution envelopes reference: a coordinator
+    also archives every bundle it fetched to close (``*.slice`` too), which are not its own bytes."""
+    from node.protocol import ProtocolError, decode_contribution_body
+    from p2p.envelope import decode_envelope
+    from p2p.errors import P2PError
+    from training.butterfly import REFERENCE_PREFIX
+
+    own = set()
+    for path in archive.rglob("*.env"):
+        try:
+            env = decode_envelope(path.read_bytes(), 1 << 26)
+            if env.sender_peer_id == peer_id and env.kind == "contribution":
+                reference = decode_contribution_body(env.payload).blob
+                if reference.startswith(REFERENCE_PREFIX):
+                    start = len(REFERENCE_PREFIX) + 4
+                    own.add(reference[start:start + 32].hex())
+        except (ValueError, P2PError, ProtocolError):  # not an envelope of this run's kinds: not counted
+            continue
+    return [path for path in archive.rglob("*.slice") if path.stem in own]
+
+
 def traffic_mean(nodes: list[dict]) -> dict:
     """Per protocol, the mean over nodes of each per-round counter."""
     table: dict[str, dict[str, list[float]]] = {}
@@ -129,7 +155,7 @@ def traffic_mean(nodes: list[dict]) -> dict:
             for protocol, counters in table.items()}
 
 
-def one_run(workdir: Path, replicas: int, args) -> dict:
+def one_run(workdir: Path, replicas: int, args, attacker: str = "") -> dict:
     settings = ["model.preset=tiny", f"diloco.inner_steps={args.inner_steps}", "training.batch_size=4",
                 f"rounds={args.rounds}", f"round_timeout={args.round_timeout}",
                 f"join_timeout={args.join_timeout}", "checkpoint_every=1000", "spot_checks=0",
@@ -138,9 +164,9 @@ def one_run(workdir: Path, replicas: int, args) -> dict:
         shutil.rmtree(workdir)
     run = LocalRun(workdir, replicas=replicas, stages=2, split=False, settings=settings)
     run.setup()
-    if args.attacker:  # the last node misbehaves (issue 33: the exchange's traffic with one attacker)
-        script = "sliced_adversary.py" if args.attacker in SLICED_ATTACKS else "adversary.py"
-        run.nodes[-1].command = [sys.executable, str(ROOT / "tests" / script), args.attacker]
+    if attacker:  # the last node misbehaves (issue 33: the exchange's traffic with one attacker)
+        script = "sliced_adversary.py" if attacker in SLICED_ATTACKS else "adversary.py"
+        run.nodes[-1].command = [sys.executable, str(ROOT / "tests" / script), attacker]
     watches = [NodeWatch(slot) for slot in run.nodes]
     loads = []  # 1-minute load average, every 10 s
     started = time.monotonic()
@@ -174,11 +200,15 @@ def one_run(workdir: Path, replicas: int, args) -> dict:
         return statistics.mean(values) if values else None
 
     envelope_mean = (sum(n["envelope_bytes"] for n in nodes) / max(sum(n["envelopes"] for n in nodes), 1))
+    honest = nodes[:-1] if attacker else nodes
     return {
         "replicas": replicas, "nodes_count": len(nodes), "rounds_committed": rounds,
         "commit_contributors": [c.commit.num_contributors for c in commits],
-        "weights_roots_agree": len({n["weights_root"] for n in (nodes[:-1] if args.attacker else nodes)}) == 1,
-        "attacker": args.attacker or None,
+        "weights_roots_agree": len({n["weights_root"] for n in honest}) == 1,
+        "attacker": attacker or None,
+        "honest_exits_zero": all(n["exit"] == 0 for n in honest),
+        "honest_blob_received_per_node_round": traffic_mean(honest).get("/dlx/blob/1.0.0", {}).get("received"),
+        "honest_blob_sent_per_node_round": traffic_mean(honest).get("/dlx/blob/1.0.0", {}).get("sent"),
         "exits": [n["exit"] for n in nodes], "timed_out": timed_out,
         "wall_seconds": wall, "load_1min_samples": loads,
         "seconds_per_round": mean("seconds_per_round"),
@@ -224,7 +254,7 @@ def envelope_framing() -> int:
 
 
 def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float, slice_bytes: float,
-                 framing: int, min_slice_numel: int = 1024) -> dict:
+                 framing: int, min_slice_numel: int = 1024, transfer_timeout: float | None = None) -> dict:
     """Blob bytes one node receives per round in the live sliced exchange (every stage held), by term.
 
     Per stage, A = the live plan's slice count (``min(R, elements // min_slice_numel)``), a node
@@ -245,7 +275,28 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
     round runs again under the next coordinator (every term once more); the rounds others coordinate
     cost nothing more (it is left out). Its mean per node and round, and a spoiled round's, are
     ``with_withholder`` and ``spoiled_round_received``.
+
+    One attacker as an aggregator (it is candidate 0 of A/R of a stage's slices per round on average):
+    when it withholds its partial, the next candidate in the fallback order reads what an aggregator
+    reads, ``(R - 1) x (E + record(A) + B/A)`` (``slice_read``), once per slice (the mean over nodes,
+    ``with_withholding_aggregator``); when it signs a wrong partial and the fallback the right one,
+    every holder replays that slice (docs/PROTOCOL.md, "Receiving partials"), ``slice_read`` each
+    (``with_wrong_partial_replayed``; a holder's round with one such slice per stage:
+    ``replay_round_received``). A member that withholds only its bundle after an honest coordinator
+    closed costs nothing: its slices are read from the coordinator instead (same bytes).
+
+    Latency, not bytes: a holder refuses a close whose partials never came once the first
+    ``CANDIDATE_TURNS`` candidates' turns and its own replay's turn have passed,
+    ``(min(R, CANDIDATE_TURNS) + 1) x transfer_timeout`` per stage (rule 3; it was ``(R + 1) x``), and
+    the stages are applied one after the other, so a withholding coordinator of every stage delays its
+    round by ``spoiled_round_delay_s`` = stages x that (the node's default ``p2p.transfer_timeout``
+    unless given) before the next coordinator's close; ``spoiled_round_delay_s_every_turn`` is the
+    ``(R + 1) x`` rule's.
     """
+    from node.live.sliced import CANDIDATE_TURNS
+    from p2p.config import P2PConfig
+
+    transfer_timeout = P2PConfig().transfer_timeout if transfer_timeout is None else transfer_timeout
     from training.butterfly import BUNDLE_PREFIX, PARTIAL_PREFIX, live_plan, record_size
 
     terms = {"envelopes": 0.0, "slice_inputs": 0.0, "records": 0.0, "partials": 0.0, "coordinator_bundles": 0.0}
@@ -253,6 +304,9 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
     peak = 0.0  # a node that aggregates a slice of every stage it holds in the round (the role rotates)
     coordinating = 0.0  # a node that coordinates every stage it holds in the round
     replay = 0.0  # a holder's last-turn reads of every slice's inputs in a spoiled round
+    slice_read = 0.0  # what reading one slice's inputs costs (an aggregator's, a fallback's or a replay's)
+    attacker_slices = 0.0  # slices per round (all stages) whose candidate 0 is the one attacker, on average
+    fallback = replays = 0.0
     for shapes in stage_shapes:
         count = live_plan(shapes, replicas, min_slice_numel).num_slices
         slices.append(count)
@@ -268,12 +322,24 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
         peak += (replicas - 1) * (envelope_bytes + record_size(count) + slice_bytes / count) + (count - 1) * partial
         coordinating += (replicas - 1) * (envelope_bytes + bundle)
         replay += max(0, replicas - 2) * (slice_bytes + count * record_size(count))
+        read = (replicas - 1) * (envelope_bytes + record_size(count) + slice_bytes / count)
+        slice_read += read
+        attacker_slices += share
+        fallback += share * read / replicas  # one fallback candidate reads the inputs of each withheld slice
+        replays += share * read  # every holder replays each slice with a wrong and a right partial
     honest = sum(terms.values())
     return {"replicas": replicas, "min_slice_numel": min_slice_numel, "slices": slices,
             "blob_received_per_node_round": honest, "terms": terms,
             "aggregator_round_received": peak, "coordinator_round_received": coordinating,
             "with_withholder": honest + (replay + honest) / replicas,
-            "spoiled_round_received": replay + honest}
+            "spoiled_round_received": replay + honest,
+            "slice_read": slice_read, "attacker_slices_per_round": attacker_slices,
+            "with_withholding_aggregator": honest + fallback,
+            "with_wrong_partial_replayed": honest + replays,
+            "replay_round_received": honest + slice_read,
+            "transfer_timeout": transfer_timeout,
+            "spoiled_round_delay_s": len(stage_shapes) * (min(replicas, CANDIDATE_TURNS) + 1) * transfer_timeout,
+            "spoiled_round_delay_s_every_turn": len(stage_shapes) * (replicas + 1) * transfer_timeout}
 
 
 def point_min_slice(point: dict) -> int:
@@ -365,7 +431,7 @@ def curve(full_path: str, sliced_paths: list[str], sizes: list[int], min_slices:
 
 def is_clean(point: dict) -> bool:
     """A run the model may use: every node finished every round, exited 0 and ended on the same weights."""
-    return (not point["timed_out"] and point["weights_roots_agree"] and all(e == 0 for e in point["exits"])
+    return (not point.get("attacker") and not point["timed_out"] and point["weights_roots_agree"] and all(e == 0 for e in point["exits"])
             and point["rounds_committed"] > 0 and point["received_per_node_round"] is not None)
 
 
@@ -386,7 +452,8 @@ def main() -> int:
     parser.add_argument("--exchange", choices=("full", "sliced"), default="full",
                         help="diloco.exchange of every run (docs/PROTOCOL.md, \"Sliced exchange\")")
     parser.add_argument("--attacker", default="", help="the last node runs this attack (tests/sliced_adversary.py "
-                        "or tests/adversary.py), e.g. withhold; roots are compared over the honest nodes")
+                        "or tests/adversary.py), e.g. withhold; roots are compared over the honest nodes. A comma "
+                        "list runs each replica count once per entry, \"none\" for no attacker (none,withhold)")
     parser.add_argument("--workdir", default="/tmp/dlx-bench-scale")
     parser.add_argument("--out", default="",
                         help="default: the one current result of the mode, bench/results/scale.json (full "
@@ -421,10 +488,13 @@ def main() -> int:
         print(f"wrote {args.out}")
         return 0
     points = []
-    for replicas in [int(r) for r in args.replicas.split(",")]:
-        point = one_run(Path(args.workdir) / f"r{replicas}", replicas, args)
+    attackers = ["" if a.strip() in ("", "none") else a.strip() for a in args.attacker.split(",")]
+    for replicas, attacker in [(int(r), a) for r in args.replicas.split(",") for a in attackers]:
+        point = one_run(Path(args.workdir) / f"r{replicas}{'-' + attacker if attacker else ''}", replicas, args,
+                        attacker)
         points.append(point)
-        print(f"{replicas:>3} replicas: {point['rounds_committed']} rounds committed "
+        print(f"{replicas:>3} replicas{', attacker ' + attacker if attacker else ''}: "
+              f"{point['rounds_committed']} rounds committed "
               f"(contributors {point['commit_contributors']}, exits {point['exits']}), "
               f"{_fmt(point['seconds_per_round'])} s/round; per node and round "
               f"{_fmt(point['sent_per_node_round'], 1e3)} kB sent, "

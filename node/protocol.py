@@ -19,7 +19,7 @@ from p2p.errors import RelayAddressError
 from p2p.wire import container_bound
 
 HELLO = "hello"
-CONTRIBUTION = "contribution"  # a blob, not gossip: payload = ContributionBody (start state, data, codec blob)
+CONTRIBUTION = "contribution"  # a blob, not gossip: payload = ContributionBody (start state, data, applied, codec blob)
 ANNOUNCE = "announce"
 CLOSE = "close"
 ATTESTATION = "attestation"
@@ -163,33 +163,40 @@ class VerdictSignature:
 class ContributionBody:
     """The payload of a contribution envelope: what re-executes it, then the encoded pseudo-gradient.
 
-    Layout: ``b"dlx-contribution/2" || state_hash (32) || data_commitment (32) || codec blob``.
+    Layout: ``b"dlx-contribution/3" || state_hash (32) || data_commitment (32) || applied_hash (32) || codec blob``.
     ``state_hash`` is the stage's start state of the round (docs/DILOCOX.md section 11),
-    ``data_commitment`` the sha256 of the round's token ids; the signature over the envelope
-    binds both to the pseudo-gradient, and the record's contributions root binds the envelope.
+    ``data_commitment`` the sha256 of the round's token ids, ``applied_hash`` the stage's global
+    weights hash of round t-1 that round t's training applied before its encode (the overlap,
+    lookahead, eager: :func:`training.schedule.applies_before_encode`), else :data:`NO_APPLY`
+    (docs/PROTOCOL.md, "When a node's weights leave the record"); the signature over the envelope
+    binds all three to the pseudo-gradient, and the record's contributions root binds the envelope.
     """
 
     state_hash: bytes
     data_commitment: bytes
     blob: bytes
+    applied_hash: bytes = bytes(32)
 
 
-CONTRIBUTION_MAGIC = b"dlx-contribution/2"
+CONTRIBUTION_MAGIC = b"dlx-contribution/3"
+#: ``applied_hash`` of a round whose training applied no earlier round before its encode.
+NO_APPLY = bytes(32)
 
 
 def encode_contribution_body(body: ContributionBody) -> bytes:
-    if len(body.state_hash) != 32 or len(body.data_commitment) != 32:
-        raise ProtocolError("contribution state_hash and data_commitment must be 32 bytes")
-    return CONTRIBUTION_MAGIC + body.state_hash + body.data_commitment + body.blob
+    if len(body.state_hash) != 32 or len(body.data_commitment) != 32 or len(body.applied_hash) != 32:
+        raise ProtocolError("contribution state_hash, data_commitment and applied_hash must be 32 bytes")
+    return CONTRIBUTION_MAGIC + body.state_hash + body.data_commitment + body.applied_hash + body.blob
 
 
 def decode_contribution_body(payload: bytes) -> ContributionBody:
     """Split a contribution envelope's payload; ProtocolError if it is not one."""
     head = len(CONTRIBUTION_MAGIC)
-    if (not isinstance(payload, bytes) or len(payload) < head + 64 + 1
+    if (not isinstance(payload, bytes) or len(payload) < head + 96 + 1
             or not payload.startswith(CONTRIBUTION_MAGIC)):
-        raise ProtocolError("contribution payload does not start with dlx-contribution/2, two hashes and a blob")
-    return ContributionBody(payload[head:head + 32], payload[head + 32:head + 64], payload[head + 64:])
+        raise ProtocolError("contribution payload does not start with dlx-contribution/3, three hashes and a blob")
+    return ContributionBody(payload[head:head + 32], payload[head + 32:head + 64], payload[head + 96:],
+                            payload[head + 64:head + 96])
 
 
 _TYPES = {HELLO: Hello, ANNOUNCE: Announce, CLOSE: Close, ATTESTATION: Attestation, RECORD: RecordSignature,

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from node.clienthost import client_host
 from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
 from node.progress import TransferProgress, watch_host
+from p2p.blobstore import link_or_copy
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ class DatasetFill:
     fetched: int = 0
     fetched_bytes: int = 0
     refusals: list[str] = field(default_factory=list)  # "shard-00001.bin from peer ...: <reason>"
+    slow: set[str] = field(default_factory=set)  # peers that made a fetch wait out a deadline: asked last
 
 
 def serve_dataset(host: Any, directory: str | os.PathLike) -> str:
@@ -144,31 +145,33 @@ def _checked(path: Path, entry: Any, manifest: Any) -> str | None:
     return None
 
 
-def _copy_in(source: Path, target: Path) -> None:
-    part = target.with_name(f".{target.name}.part")
-    part.unlink(missing_ok=True)
-    try:
-        os.link(source, part)
-    except OSError:
-        shutil.copyfile(source, part)
-    os.replace(part, target)
+def _made_us_wait(exc: Exception) -> bool:
+    """Whether a failed fetch failed by a deadline (the whole fetch's, a range's minimum rate, a stream's
+    stall): the peer then cost time, so it is asked last for the remaining shards."""
+    from p2p.errors import P2PTimeout
+
+    return isinstance(exc, P2PTimeout) or any(word in str(exc) for word in ("ProviderTooSlow", "TooSlowError"))
 
 
 def _fetch_shard(host: Any, peers: list[str], start: int, entry: Any, manifest: Any, target: Path,
                  fill: DatasetFill) -> None:
-    """Fetch one shard from the peers in turn (starting at ``start``) until one passes its check."""
+    """Fetch one shard from the peers in turn (starting at ``start``, peers in ``fill.slow`` last) until one
+    passes its check."""
     from p2p.errors import P2PError
 
     part = target.with_name(f".{target.name}.part")
     reasons = []
-    for turn in range(len(peers)):
-        peer = peers[(start + turn) % len(peers)]
+    turns = [peers[(start + turn) % len(peers)] for turn in range(len(peers))]
+    order = sorted(turns, key=lambda p: p in fill.slow)  # (stable: the others keep their turns)
+    for turn, peer in enumerate(order):
         part.unlink(missing_ok=True)
         try:
             host.fetch_blob(entry.sha256, part, providers=[peer], timeout=SHARD_FETCH_TIMEOUT_S)
             reason = _checked(part, entry, manifest)
         except P2PError as exc:
             reason = f"{type(exc).__name__}: {exc}"
+            if _made_us_wait(exc):
+                fill.slow.add(peer)
         if reason is None:
             os.replace(part, target)
             host.remove_blob(entry.sha256)  # the file is in the dataset now; it is served from there
@@ -224,7 +227,7 @@ def complete_dataset(root: str, directory: str | os.PathLike, host: Any = None, 
             if local is None:  # shard i is asked of peer i mod n first: the peers share the load
                 _fetch_shard(host, list(peers), index, entry, manifest, directory / entry.file, fill)
                 continue
-            _copy_in(local, directory / entry.file)
+            link_or_copy(local, directory / entry.file)
             fill.copied += 1
             if watch is not None:
                 watch.extra += shard_size(entry, manifest)

@@ -42,7 +42,14 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
 from p2p.blobstore import BlobStore, check_sha256_hex
-from p2p.errors import BlobError, BlobHashMismatch, BlobNotFound, BlobTooLarge, BlobUnavailable
+from p2p.errors import (
+    BlobError,
+    BlobHashMismatch,
+    BlobNotFound,
+    BlobTooLarge,
+    BlobUnavailable,
+    ProviderTooSlow,
+)
 from p2p.fastpath import YAMUX_FRAME_PAYLOAD_BYTES, grant_receive_window, read_raw, release_body
 from p2p.ratelimit import PeerRateLimiter
 from p2p.staging import RangeWriter, StagingFile, WrittenBlock, buffer_pool
@@ -356,6 +363,7 @@ class BlobService:
         concurrency: int,
         stall_timeout: float,
         direct_io: bool = False,
+        min_rate: float = 0.0,
     ) -> None:
         self.store = store
         self._open_stream = open_stream
@@ -366,6 +374,8 @@ class BlobService:
         self._fetch_slots = trio.CapacityLimiter(concurrency)
         self.concurrency = concurrency
         self.stall_timeout = stall_timeout
+        #: A range of n bytes must arrive within stall_timeout + n / min_rate (0: only the stall timeout).
+        self.min_rate = min_rate
         self._read_buffers: list[bytearray] = []  # FILE_IO_BYTES each, reused by served ranges
         #: Staging writes without the page cache where the filesystem allows (p2p.staging).
         self.direct_io = direct_io
@@ -573,12 +583,25 @@ class BlobService:
         """Read the ``length`` raw bytes of an ``ok`` reply, handing each chunk to ``take`` in order.
 
         The one reader of range bytes: it refuses a stream that ends early or returns more
-        than asked, bounds each read by the stall timeout, counts and caps what arrives.
+        than asked, bounds each read by the stall timeout and the whole range by
+        ``stall_timeout + length / min_rate`` (:class:`ProviderTooSlow`), counts and caps what arrives.
         """
         received = 0
+        # A provider trickling bytes forever: the range must arrive by this time. Only reads are cut
+        # short by it (never a write of received bytes, whose job could outlive its cancellation).
+        allowed = self.stall_timeout + length / self.min_rate if self.min_rate > 0 else float("inf")
+        give_up_at = trio.current_time() + allowed
         while received < length:
-            with trio.fail_after(self.stall_timeout):
+            left = give_up_at - trio.current_time()
+            with trio.move_on_after(max(0.0, min(self.stall_timeout, left))) as waited:
                 chunk = await stream.read(length - received)
+            if waited.cancelled_caught:
+                if left < self.stall_timeout:
+                    raise ProviderTooSlow(
+                        f"range {offset}+{length}: {received} bytes in {allowed:.0f} s, under "
+                        f"p2p.blob_min_rate={self.min_rate:.0f} B/s"
+                    )
+                raise trio.TooSlowError(f"no byte for {self.stall_timeout:.0f} s (p2p.blob_stall_timeout)")
             if not chunk:
                 raise ProtocolViolation(f"stream ended {length - received} bytes early")
             if len(chunk) > length - received:  # a read never returns more than asked

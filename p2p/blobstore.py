@@ -83,6 +83,23 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
         os.fdatasync(fd)  # e.g. a filesystem that refuses it: the old way
 
 
+def link_or_copy(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> None:
+    """Put the file ``source`` at ``dest`` atomically: a hard link when the filesystem allows, else a copy.
+
+    Goes through a temporary name beside ``dest`` and ``os.replace``, so ``dest`` is never seen half
+    written; an existing ``dest`` is replaced. A hard link shares its inode with ``source``: do not edit
+    either in place.
+    """
+    dest = Path(dest)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, dest)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -222,13 +239,7 @@ class BlobStore:
         dest.parent.mkdir(parents=True, exist_ok=True)
         if dest.exists() and os.path.samefile(dest, source):
             return dest
-        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-        tmp.unlink(missing_ok=True)
-        try:
-            os.link(source, tmp)
-        except OSError:
-            shutil.copyfile(source, tmp)
-        os.replace(tmp, dest)
+        link_or_copy(source, dest)
         return dest
 
     def remove(self, sha256_hex: str) -> bool:

@@ -24,6 +24,9 @@ class P2PConfig:
     rate_limit_burst: float = 0.0  # bucket size in bytes; 0: max(10 ms of the rate, 2 MiB) (p2p.ratelimit)
     blob_dir: str = "blobs"  # relative paths resolve against the node's data_dir
     blob_stall_timeout: float = 15.0  # a blob stream idle this long is abandoned (resumed elsewhere)
+    # A range of n bytes must arrive within blob_stall_timeout + n / this (bytes/s), else it is given to
+    # another provider: a peer that trickles bytes forever cannot hold a download. 0 = no such floor.
+    blob_min_rate: float = 65536.0
     # Write downloads without the page cache (O_DIRECT, p2p.staging): less CPU in the download,
     # but the blob's first read then comes from the disk; measured no cheaper in all (docs/P2P.md).
     blob_direct_io: bool = False
@@ -53,6 +56,13 @@ class P2PConfig:
     relay_hop_per_minute: float = 60.0  # relay_serve: HOP streams + requests a peer may make a minute
     hole_punch: bool = True  # DCUtR: upgrade a relayed connection to a direct one (TCP simultaneous open)
     autonat: bool = True  # answer AutoNAT dial-back requests and ask peers whether we are reachable
+
+    def range_min_rate(self) -> float:
+        """The floor a provider's range is held to (bytes/s; 0 = none): ``blob_min_rate``, but never above
+        this host's own cap shared by its fetch streams (``rate_limit_bps / blob_concurrency``)."""
+        if self.rate_limit_bps > 0 and self.blob_min_rate > 0:
+            return min(self.blob_min_rate, self.rate_limit_bps / self.blob_concurrency)
+        return self.blob_min_rate
 
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port <= 65535:
@@ -113,5 +123,7 @@ class P2PConfig:
             raise P2PConfigError(f"p2p.relay_hop_per_minute={self.relay_hop_per_minute}: must be >= 1")
         if self.rate_limit_bps < 0:
             raise P2PConfigError(f"p2p.rate_limit_bps={self.rate_limit_bps}: must be >= 0 (0 = no cap)")
+        if self.blob_min_rate < 0:
+            raise P2PConfigError(f"p2p.blob_min_rate={self.blob_min_rate}: must be >= 0 bytes/s (0 = no floor)")
         if self.rate_limit_burst < 0:
             raise P2PConfigError(f"p2p.rate_limit_burst={self.rate_limit_burst}: must be >= 0 (0 = the default)")

@@ -98,6 +98,12 @@ class DialBook:
     def forgotten_peers(self) -> list[str]:
         return list(self._forgotten)
 
+    def sizes(self) -> dict[str, int]:
+        """How many peers the book holds, by kind (each bounded: MAX_FORGOTTEN, MAX_TRACKED, MAX_TRACKED,
+        and the configured bootstrap peers)."""
+        return {"forgotten": len(self._forgotten), "failing": len(self._failures),
+                "unconnected": len(self._unconnected_since), "protected": len(self._protected)}
+
     def _forget(self, peer: str) -> None:
         self._failures.pop(peer, None)
         self._unconnected_since.pop(peer, None)

@@ -72,7 +72,10 @@ class Discovery:
                 return
             if peer in network.connections or peer == self._host.get_id() or self._forgotten(peer):
                 continue
-            addrs = self._host.get_peerstore().addrs(peer)
+            try:
+                addrs = self._host.get_peerstore().addrs(peer)
+            except Exception:  # PeerStoreError: evicted meanwhile (a bounded peerstore) or expired
+                continue
             if not addrs:
                 continue
             try:

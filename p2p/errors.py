@@ -63,3 +63,7 @@ class BlobHashMismatch(BlobError):
 
 class BlobUnavailable(BlobError):
     """Every provider failed before the blob was complete; what was received is kept for a retry."""
+
+
+class ProviderTooSlow(BlobError):
+    """A provider sent a range slower than ``P2PConfig.blob_min_rate`` allows: it is given to another."""

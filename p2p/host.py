@@ -47,7 +47,7 @@ from p2p.identity import Identity
 from p2p.nat import NatTraversal, split_addrs
 from p2p.ratelimit import PeerRateLimiter
 from p2p.refusals import RefusedProtocols, guard_new_stream
-from p2p.transport import build_libp2p_host, close_leftover_tcp_streams, start_mdns
+from p2p.transport import build_libp2p_host, close_leftover_tcp_streams, spare_on_eviction, start_mdns
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +179,9 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
         # messages and penalises it. Seed with nanoseconds, as go-libp2p does.
         self._pubsub.counter = time.time_ns()
         self._dht = KadDHT(self._libp2p, DHTMode.SERVER, enable_random_walk=False)
+        bootstrap = {ID.from_base58(addr.rsplit("/p2p/", 1)[1]) for addr in config.bootstrap}
+        spare_on_eviction(self._libp2p.get_peerstore(),
+                          lambda: bootstrap.union(self._libp2p.get_network().connections))
         self._nat = NatTraversal(self._libp2p, config)
         self._blobs = BlobService(
             self.store,
@@ -189,6 +192,7 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
             config.blob_concurrency,
             config.blob_stall_timeout,
             direct_io=config.blob_direct_io,
+            min_rate=config.range_min_rate(),
         )
         self._libp2p.set_stream_handler(BLOB_PROTOCOL, self._blobs.handle_stream)
         for protocol in SYNC_PROTOCOLS:  # 1.1.0 offers ids first; 1.0.0 for older peers
@@ -261,7 +265,7 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
     async def _ensure_connected(self, peer: ID) -> None:
         if peer in self._libp2p.get_network().connections:
             return
-        addrs = self._libp2p.get_peerstore().addrs(peer)
+        addrs = _addrs_of(self._libp2p.get_peerstore(), peer)
         if not addrs:
             with trio.move_on_after(10):
                 info = await self._dht.find_peer(peer)

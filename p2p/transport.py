@@ -17,6 +17,7 @@ import socket
 import struct
 import threading
 import weakref
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import trio
@@ -114,6 +115,34 @@ def build_libp2p_host(identity: Identity) -> IHost:
             inbound_stream_protocol_negotiation_timeout=STREAM_NEGOTIATION_TIMEOUT_S,
         ),
     )
+
+
+def spare_on_eviction(peerstore: Any, spared: Callable[[], Iterable[Any]]) -> None:
+    """Never let ``peerstore`` evict the peers ``spared()`` names (connected and bootstrap peers).
+
+    py-libp2p's peerstore holds ``max_peers`` (1000) peers; past that, each new one evicts the
+    oldest peer that has addresses. A peer advertising a flood of made-up peers (a DHT answer
+    carries 20, each lookup brings more) thus evicted a node's bootstrap peer and connected
+    members, keys and addresses with them; discovery then looked one of them up and the host
+    stopped (``tests/test_p2p_forget.py``). Here the same rule picks among the other peers only:
+    those without addresses (forgotten ones, p2p.dialbook) first, then expired, then the oldest.
+    """
+
+    def enforce() -> None:
+        excess = len(peerstore.peer_data_map) - peerstore.max_peers
+        if excess <= 0:
+            return
+        keep = set(spared())
+
+        def priority(item: tuple[Any, Any]) -> tuple[bool, bool]:
+            return (not item[1].get_addrs(), item[1].is_expired())
+
+        others = [item for item in peerstore.peer_data_map.items() if item[0] not in keep]
+        for peer, _ in sorted(others, key=priority, reverse=True)[:excess]:  # (stable: oldest first)
+            peerstore.peer_record_map.pop(peer, None)
+            del peerstore.peer_data_map[peer]
+
+    peerstore._enforce_peer_limit = enforce
 
 
 def interface_ipv4(interface: str) -> str:

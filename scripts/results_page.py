@@ -264,14 +264,20 @@ def _scale_rows(points: list[dict]) -> list[list]:
     rows = []
     for p in points:
         loads = p.get("load_1min_samples") or []
-        rows.append([p["replicas"], num(p.get("seconds_per_round"), 1),
+        attacker = p.get("attacker")
+        honest_blobs = (f" (honest nodes {kb(p.get('honest_blob_received_per_node_round'))} / "
+                        f"{kb(p.get('honest_blob_sent_per_node_round'))})" if attacker else "")
+        rows.append([f"{p['replicas']}" + (f", attacker `{attacker}`" if attacker else ""),
+                     num(p.get("seconds_per_round"), 1),
                      f"{kb(p.get('sent_per_node_round'))} / {kb(p.get('received_per_node_round'))}",
-                     f"{kb(p.get('blob_received_per_node_round'))} / {kb(p.get('blob_sent_per_node_round'))}",
+                     f"{kb(p.get('blob_received_per_node_round'))} / {kb(p.get('blob_sent_per_node_round'))}"
+                     + honest_blobs,
                      f"{num(p.get('gossip_sent_per_node_round'), 0)} / {num(p.get('gossip_received_per_node_round'), 0)}",
                      num(p.get("cpu_per_node_round"), 1),
                      f"{p['rounds_committed']} rounds, contributors {p.get('commit_contributors')}, roots "
                      f"{'agree' if p.get('weights_roots_agree') else 'differ'}, "
-                     f"{'every exit 0' if all(e == 0 for e in p.get('exits', [1])) else 'exits ' + str(p.get('exits'))}"
+                     + ("honest " if attacker else "")
+                     + f"{'every exit 0' if all(e == 0 for e in p.get('exits', [1])[:-1 if attacker else None]) else 'exits ' + str(p.get('exits'))}"
                      + (", timed out" if p.get("timed_out") else ""),
                      f"{min(loads):.0f}-{max(loads):.0f}" if loads else "?"])
     return rows
@@ -297,11 +303,32 @@ def scale_curve(r: dict) -> list[str]:
         sliced = row.get("sliced_measured", {}).get("blob_received")
         model = row.get("sliced_model", {})
         rows.append([row["replicas"], kb(full), kb(sliced), kb(row.get("full_model_blob_received")),
-                     f"{kb(model.get('blob_received_per_node_round'))} (A = {model.get('slices')})"])
+                     f"{kb(model.get('blob_received_per_node_round'))} (A = {model.get('slices')})",
+                     kb(model.get("with_withholder")), kb(model.get("with_withholding_aggregator")),
+                     kb(model.get("with_wrong_partial_replayed")),
+                     f"{kb(model.get('coordinator_round_received'))} / {kb(model.get('spoiled_round_received'))}",
+                     f"{_duration(model.get('spoiled_round_delay_s'))} (every turn: "
+                     f"{_duration(model.get('spoiled_round_delay_s_every_turn'))})"])
     return [("Contribution blob bytes received per node and round, the full exchange against the sliced "
             "one (`diloco.exchange = \"sliced\"`): measured points of local runs and each exchange's model "
-            "(`bench_scale.py --curve`)."), ""] + table(
-        ["nodes", "full, measured", "sliced, measured", "full, model", "sliced, model"], rows)
+            "(`bench_scale.py --curve`, `sliced_model`). With one attacker, modelled mean per node and round: a "
+            "member that withholds its bundle in the rounds it coordinates (every holder reads the inputs at the "
+            "last turn, then the round again under the next coordinator), an aggregator that withholds its "
+            "partial (the next candidate reads the slice's inputs), an aggregator that signs a wrong partial "
+            "beside a fallback's right one (every holder replays the slice); and a round's worst node: the "
+            "coordinator (it fetches every bundle to close) / a holder in a spoiled round; and how long a spoiled "
+            "round waits before its close is refused, at the default `p2p.transfer_timeout`: the first "
+            "`CANDIDATE_TURNS` candidates' turns and the replay's, per stage (when every candidate had a turn: "
+            "`(R + 1) x` per stage)."), ""] + table(
+        ["nodes", "full, measured", "sliced, measured", "full, model", "sliced, model",
+         "withholding coordinator", "withholding aggregator", "wrong partial, replayed",
+         "coordinator's / spoiled round", "spoiled round's wait"], rows)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds / 60:.0f} min" if seconds < 3 * 3600 else f"{seconds / 3600:.0f} h"
 
 
 def butterfly(r: dict) -> list[str]:

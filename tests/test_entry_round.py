@@ -17,6 +17,7 @@ from node_fixtures import TINY
 
 from node.config import load_config
 from node.live.entry import RunEntry
+from node.live.resume import first_contributed_round
 from node.live.roundbook import Announced, RoundBook
 from node.live.status import StateFile
 from training.schedule import pending_after_round
@@ -117,3 +118,13 @@ def test_a_round_nobody_else_would_ever_close_is_still_entered(tmp_path, delay):
 
 def test_the_open_round_of_a_run_nobody_trains_yet_is_round_0(tmp_path):
     assert entry(tmp_path, last_committed=-1, training=-1).open_round(-1) == 0
+
+
+def test_a_restarted_node_declares_its_entry_round_not_an_earlier_round_it_re_announced():
+    """Killed in round 4's exchange, re-entering at 7: its hellos name 7, so nobody waits for it in 5 and 6
+    (bench_chaos.py --split: each of them waited out the round deadline)."""
+    assert first_contributed_round(7, {4}) == 7
+    assert first_contributed_round(7, set()) == 7
+    # After a whole-run restart its re-announced rounds lead up to the entry round: declared from the first.
+    assert first_contributed_round(6, {4, 5}) == 4
+    assert first_contributed_round(6, {2, 4, 5}) == 4

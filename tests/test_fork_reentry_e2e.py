@@ -7,10 +7,9 @@ test_fork_recovery_e2e.py shows a forked member re-basing in place. This shows t
   same process (``dlx-node start``'s re-entry) from the chain's latest checkpoint, and contribute
   again with every root equal to the chain's (``diverge-late`` in tests/adversary.py).
 
-Not tested here, because it does not hold yet (docs/PROTOCOL.md, forks): with the overlap, a forked member
-that applies its forked round t in the middle of round t+1's training sends a round t+1 contribution that
-does not rerun from the record's round t (relative distance 0.35 in the run that found it), so an audit
-with --reexecute fails it and a spot check that draws it would accuse an honest member.
+A forked member's rounds around an in-place re-base under re-execution (its round trained on its forked
+apply is left out by every holder, the audit with --reexecute all passes) are tested in
+test_fork_recovery_e2e.py.
 """
 
 from __future__ import annotations
@@ -21,6 +20,8 @@ from pathlib import Path
 
 import pytest
 from node_fixtures import TINY, node_state, run_logs
+
+from node.tools.audit import OK, audit_run
 
 
 ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py")]
@@ -69,3 +70,12 @@ def test_a_fork_found_too_late_re_enters_from_the_chain_and_contributes_again(ma
     # Round 2 was its own local fault (its close gives the record), and round 3 was computed on round 2's
     # forked weights: neither is a difference of the record's to dispute.
     assert not history.disputes, run_logs(run)
+    # Its rounds trained on the forked round 2 (its round 3 after the mid-round apply, and any later one
+    # sent before it stopped) were left out by every holder; what it sealed off the record was set aside
+    # when it re-entered, so the audit rerunning every contribution from every archive passes.
+    assert re.search(r"rounds \[\d+(, \d+)*\] of the archive set aside", log), log[-4000:]
+    report = audit_run(run.client(), run.run_id, archives=[s.data_dir for s in run.nodes], reexecute=-1)
+    assert report.ok, [c.line() for c in report.all_checks() if c.status != OK]
+    replica = forked.status()["placement"]["replica"]
+    reruns = {c.name: c.reason for c in report.all_checks() if c.name.startswith("re-execution of round")}
+    assert "not a rerun of the record" in reruns[f"re-execution of round 3 replica {replica}"], reruns

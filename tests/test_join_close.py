@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from test_node_rooms import Pool, digest, hello, key_of, rooms
 
 from node import protocol as msg
+from node.live.resume import first_contributed_round
 from node.live.roundbook import Announced
 
 ALL = {"peer-a", "peer-b", "peer-c"}
@@ -118,3 +119,27 @@ def test_at_a_fresh_start_every_founder_is_waited_for_in_round_0():
 def test_a_node_sitting_rounds_out_is_never_waited_for():
     _book, _pool, coordinator = setup(joiner_training=-1, joiner_first=2**62, outer_round=0)
     assert not coordinator.expects("peer-c", 0, 0) and not coordinator.expects("peer-c", 5, 0)
+
+
+def test_a_restarted_member_is_not_waited_for_in_the_rounds_it_sits_out_before_its_entry():
+    """bench_chaos.py --split (issue 30): killed in round 48's exchange, its replica entered at 51; its
+    hello named 48 (the round it re-announced) and rounds 49 and 50 each waited out the deadline."""
+    book, pool, coordinator = setup(joiner_training=-1, joiner_first=-1, outer_round=49)
+    took(coordinator, 47, ["peer-a", "peer-b", "peer-c"])
+    contribute(book, pool, 50, 0, "peer-a")
+    contribute(book, pool, 50, 1, "peer-b")
+    first = first_contributed_round(51, reannounced={48})  # what its hellos declare (node.py)
+    book.add_hello("peer-c", key_of("peer-c"), hello("c2", training_round=-1, first_round=first))
+    assert closed_replicas(coordinator, 49) == [0, 1] and closed_replicas(coordinator, 50) == [0, 1]
+    assert coordinator.expects("peer-c", 51, 0)
+
+
+def test_a_round_before_its_first_that_a_member_re_announced_waits_for_that_contribution():
+    """Its earlier life's contribution of round 48, announced again: the close holds it whatever the timing."""
+    book, pool, coordinator = setup(joiner_training=-1, joiner_first=51, outer_round=48)
+    took(coordinator, 47, ["peer-a", "peer-b", "peer-c"])
+    book.add_announce(48, 0, Announced("peer-c", 2, digest("peer-c"), 100))  # on its way, not fetched yet
+    assert coordinator.expects("peer-c", 48, 0)
+    assert closed_replicas(coordinator, 48) is None
+    pool.held.add((2, "peer-c", digest("peer-c")))
+    assert closed_replicas(coordinator, 48) == [0, 1, 2]

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from p2p.config import P2PConfig
-from p2p.dialbook import MAX_FORGOTTEN, DialBook
+from p2p.dialbook import MAX_FORGOTTEN, MAX_TRACKED, DialBook
 from p2p.errors import P2PConfigError
 from p2p.host import P2PHost
 from p2p.identity import Identity
@@ -171,3 +171,91 @@ def test_a_bootstrap_peer_not_reached_yet_is_never_forgotten_and_once_reached_it
     assert book.sweep(known=["boot"], connected=[]) == [] and not book.forgotten("boot")
     book.dial_succeeded("boot")
     assert [book.dial_failed("boot") for _ in range(2)] == [False, True]
+
+
+# ---------------------------------------------------------------------- a flood of made-up peers
+def test_a_flood_of_made_up_peers_stays_within_the_caps_and_spares_bootstrap_and_connected_peers():
+    """Both ways made-up ids reach the book, failed dials and known addresses (DHT answers, identify),
+    three times over each cap: the book stays bounded, and neither a bootstrap peer not reached yet nor
+    a connected member is ever forgotten; a real peer that goes is still forgotten once the flood is."""
+    now = [0.0]
+    book = DialBook(forget_after_failures=3, forget_after_s=10.0, clock=lambda: now[0])
+    book.protect(["boot"])
+    flood = [f"fake{index}" for index in range(3 * MAX_TRACKED)]
+    for start in range(0, len(flood), 512):
+        batch = flood[start:start + 512]
+        for peer in batch:
+            book.dial_failed(peer)
+        book.sweep(known=[*batch, "boot", "member"], connected=["member"])
+        now[0] += 1.0
+        sizes = book.sizes()
+        assert sizes["forgotten"] <= MAX_FORGOTTEN and sizes["protected"] == 1, sizes
+        assert sizes["failing"] <= MAX_TRACKED and sizes["unconnected"] <= MAX_TRACKED, sizes
+        assert not book.forgotten("boot") and not book.forgotten("member")
+    assert book.sizes()["failing"] == book.sizes()["unconnected"] == MAX_TRACKED  # the flood filled them
+    for peer in flood:  # the made-up peers fail their dials and are forgotten, freeing their places
+        for _ in range(3):
+            book.dial_failed(peer)
+        book.sweep(known=[peer, "boot", "member"], connected=["member"])
+    sizes = book.sizes()
+    assert sizes["failing"] == 0 and sizes["forgotten"] == MAX_FORGOTTEN, sizes  # the oldest went first
+    assert book.forgotten(flood[-1]) and not book.forgotten(flood[0])
+    for _ in range(5):
+        assert not book.dial_failed("boot")
+    assert not book.forgotten("member")
+    book.dial_succeeded("member")
+    assert [book.dial_failed("member") for _ in range(3)] == [False, False, True]
+
+
+def test_a_host_flooded_with_made_up_peers_keeps_its_book_bounded_and_its_real_peers(tmp_path):
+    """A real host whose peerstore is filled, as DHT answers fill it, with more made-up peers (each with an
+    address nobody listens on) than py-libp2p's peerstore holds (1000): its bootstrap peer and a member stay
+    in the peerstore and connected (before p2p.transport.spare_on_eviction the flood evicted them, and the
+    next discovery pass stopped the host), the made-up peers are forgotten within the book's caps, and the
+    host dials its bootstrap peer again after that connection drops."""
+    from libp2p.peer.id import ID
+    from multiaddr import Multiaddr
+
+    config = dict(gossip_resync_interval=0, discovery_interval=1.0, forget_after_failures=1, forget_after_s=2.0)
+    boot = P2PHost.start(P2PConfig(**config), Identity.generate(), data_dir=tmp_path / "boot")
+    host = P2PHost.start(P2PConfig(bootstrap=boot.listen_addrs, **config), Identity.generate(),
+                         data_dir=tmp_path / "host")
+    member = P2PHost.start(P2PConfig(**config), Identity.generate(), data_dir=tmp_path / "member")
+    flood = [Identity.generate().peer_id for _ in range(1500)]
+    try:
+        wait_until(lambda: boot.peer_id in host.peers(), 60, "the host reaching its bootstrap peer")
+        member.connect(host.listen_addrs[0])
+        wait_until(lambda: host.known_addrs(member.peer_id), 30, "the member's address known to the host")
+        closed = socket.socket()  # a port nobody listens on: every dial of a made-up peer fails at once
+        closed.bind(("127.0.0.1", 0))
+        dead = closed.getsockname()[1]
+        closed.close()
+
+        async def advertise() -> None:
+            peerstore = host._libp2p.get_peerstore()
+            for peer in flood:
+                peerstore.add_addrs(ID.from_base58(peer), [Multiaddr(f"/ip4/127.0.0.1/tcp/{dead}")], 3600)
+
+        host._call(advertise, timeout=60, what="advertise made-up peers")
+        assert host.known_addrs(boot.peer_id) and host.known_addrs(member.peer_id)
+
+        def book() -> dict:
+            async def sizes() -> dict:
+                return host.dialbook.sizes()
+            return host._call(sizes, timeout=10, what="dial book sizes")
+
+        wait_until(lambda: flood[-1] in host.forgotten_peers(), 60, "the made-up peers forgotten")
+        sizes = book()
+        assert sizes["forgotten"] <= MAX_FORGOTTEN and sizes["protected"] == 0, sizes
+        assert sizes["failing"] <= MAX_TRACKED and sizes["unconnected"] <= MAX_TRACKED, sizes
+        forgotten = set(host.forgotten_peers())
+        assert forgotten <= set(flood) and boot.peer_id not in forgotten and member.peer_id not in forgotten
+        assert host.known_addrs(flood[-1]) == []  # a forgotten made-up peer's address is dropped
+        assert {boot.peer_id, member.peer_id} <= set(host.peers())
+        assert host.known_addrs(boot.peer_id) and host.known_addrs(member.peer_id)
+        host.disconnect(boot.peer_id)
+        wait_until(lambda: boot.peer_id in host.peers(), 60, "the bootstrap peer connected again")
+        assert boot.peer_id not in host.forgotten_peers() and member.peer_id in host.peers()
+    finally:
+        for h in (member, host, boot):
+            h.close()

@@ -221,3 +221,94 @@ def test_join_and_a_starting_node_get_the_runs_dataset_from_peers(dataset, tmp_p
             for entry in manifest.shards:  # and now serves it, from its data_path
                 assert node.store.served_path(entry.sha256).samefile(node_dir / entry.file)
     assert _same_files(dataset, node_dir, manifest)
+
+
+# ---------------------------------------------------------------------- a peer slow forever
+def _trickler(path: Path, sizes: dict[bytes, int], interval: float | None) -> P2PHost:
+    """A hostile peer: it answers every blob request ``ok`` with the blob's true size (``sizes``), then
+    sends one byte every ``interval`` s of the range for ever (None: not one byte)."""
+    import trio
+
+    from p2p.blob_protocol import BLOB_PROTOCOL, MAX_FRAME_BYTES, ok_reply, parse_request
+    from p2p.wire import read_frame, write_frame
+
+    host = _host(path)
+
+    async def trickle(stream) -> None:
+        digest, offset, length = parse_request(await read_frame(stream, MAX_FRAME_BYTES))
+        try:
+            await write_frame(stream, ok_reply(sizes[digest], digest, offset, length))
+            if length == 0:
+                await stream.close()
+                return
+            while True:  # until the fetcher resets the stream
+                await trio.sleep(3600 if interval is None else interval)
+                await stream.write(b"\0")
+        except Exception:  # the fetcher gave up: the stream is gone
+            return
+
+    async def install() -> None:
+        host._libp2p.set_stream_handler(BLOB_PROTOCOL, trickle)
+
+    host._call(install, timeout=10, what="install the trickling blob handler")
+    return host
+
+
+def _impatient(path: Path) -> P2PHost:
+    """A fetcher with short bounds: no byte for 3 s, or a range below 4 KiB/s (a ~14 KB shard in ~6.5 s)."""
+    return P2PHost.start(P2PConfig(listen_host="127.0.0.1", listen_port=0, gossip_resync_interval=0,
+                                   blob_stall_timeout=3.0, blob_min_rate=4096.0),
+                         Identity.generate(), data_dir=path)
+
+
+def _sizes(dataset: Path, manifest: Manifest) -> dict[bytes, int]:
+    sizes = {bytes.fromhex(s.sha256): (dataset / s.file).stat().st_size for s in manifest.shards}
+    sizes[bytes.fromhex(manifest.root)] = (dataset / MANIFEST_NAME).stat().st_size
+    return sizes
+
+
+def test_a_peer_that_trickles_for_ever_is_given_up_and_the_next_peer_serves(dataset, tmp_path):
+    _, manifest = read_manifest(dataset)
+    with _trickler(tmp_path / "slow", _sizes(dataset, manifest), 0.5) as slow, _host(tmp_path / "honest") as honest, \
+            _impatient(tmp_path / "joiner") as joiner:
+        serve_dataset(honest, dataset)
+        for p in (slow, honest):
+            joiner.connect(p.listen_addrs[0], timeout=10)
+        # the manifest and shard 0 are asked of the trickler first; it is asked last after that
+        fill = complete_dataset(manifest.root, tmp_path / "got", joiner, [slow.peer_id, honest.peer_id])
+    assert fill.fetched == len(manifest.shards) and _same_files(dataset, tmp_path / "got", manifest)
+    refused = "\n".join(fill.refusals)
+    assert f"manifest of dataset {manifest.root[:16]} from peer {slow.peer_id}" in refused
+    assert f"{manifest.shards[0].file} from peer {slow.peer_id}: BlobUnavailable" in refused
+    assert "ProviderTooSlow" in refused and "p2p.blob_min_rate=4096" in refused
+    assert fill.slow == {slow.peer_id}
+    assert sum(f"from peer {slow.peer_id}" in r for r in fill.refusals) == 2  # not asked first again
+    assert all(honest.peer_id not in r for r in fill.refusals)
+
+
+@pytest.mark.parametrize("interval, cause", [
+    pytest.param(0.5, "ProviderTooSlow", marks=pytest.mark.slow),  # (~13 s; the test above gives up on it too)
+    (None, "no byte for 3 s"),
+])
+def test_with_only_a_slow_peer_the_fetch_ends_naming_it(dataset, tmp_path, interval, cause):
+    _, manifest = read_manifest(dataset)
+    partial = tmp_path / "partial"
+    shutil.copytree(dataset, partial)
+    (partial / manifest.shards[3].file).unlink()
+    with _trickler(tmp_path / "slow", _sizes(dataset, manifest), interval) as slow, \
+            _impatient(tmp_path / "joiner") as joiner:
+        joiner.connect(slow.listen_addrs[0], timeout=10)
+        with pytest.raises(DatasetUnavailable) as caught:
+            complete_dataset(manifest.root, partial, joiner, [slow.peer_id])
+    message = str(caught.value)
+    assert manifest.shards[3].file in message and f"from peer {slow.peer_id}" in message and cause in message
+    assert not (partial / manifest.shards[3].file).exists()
+
+
+def test_the_range_rate_floor_is_checked_and_never_above_the_hosts_own_cap():
+    from p2p.errors import P2PConfigError
+
+    with pytest.raises(P2PConfigError, match="p2p.blob_min_rate"):
+        P2PConfig(blob_min_rate=-1.0)
+    assert P2PConfig().range_min_rate() == 65536.0 and P2PConfig(blob_min_rate=0.0).range_min_rate() == 0.0
+    assert P2PConfig(rate_limit_bps=100_000.0, blob_concurrency=4).range_min_rate() == 25_000.0

@@ -55,7 +55,8 @@ def _honest_job(tmp_path):
     state = initial_replica_state(meta, cfg.model, cfg.training, cfg.diloco, cfg.compression)
     rerun = reexecute(state, corpus, cfg.model, cfg.training, cfg.diloco, cfg.compression)
     data = data_commitment(corpus, cfg.training, cfg.model, cfg.diloco, 0, 0)
-    claims = [(part.stage_index, part.state_hash(), data, rerun.payloads[part.stage_index]) for part in state.stages]
+    claims = [(part.stage_index, part.state_hash(), data, rerun.payloads[part.stage_index], bytes(32))
+              for part in state.stages]
     return cfg, state, claims
 
 
@@ -75,9 +76,9 @@ def test_rerun_worker_reproduces_an_honest_round_catches_a_changed_one_and_survi
             worker.run(garbage, timeout=300)
 
         # A contribution that is not what its start state produces: another replica's data.
-        stage, state_hash, data, payload = claims[1]
+        stage, state_hash, data, payload, applied = claims[1]
         other = tmp_path / "other"
-        cheat = [claims[0], (stage, state_hash, data, claims[0][3])]  # stage 0's payload sent as stage 1's
+        cheat = [claims[0], (stage, state_hash, data, claims[0][3], applied)]  # stage 0's payload sent as stage 1's
         SpotCheckJob(cfg.to_dict(), 0, 0, cheat, [p.to_bytes() for p in state.stages]).write(other)
         assert not worker.run(other, timeout=300).honest
 
@@ -166,13 +167,13 @@ def test_an_accusation_seen_only_on_chain_whose_evidence_is_never_served_is_clea
     from ledger_fixtures import digest
 
     from ledger.records import Verdict
-    from node.live import verifier
+    from node.live import tribunal, verifier
     from node.live.onchain import NodeChain
     from node.live.verifier import SpotChecker, VerifierContext
     from p2p.errors import BlobUnavailable
 
     monkeypatch.setattr(verifier, "ACCUSATION_POLL_S", 0.2)
-    monkeypatch.setattr(verifier, "CHAIN_ACCUSATION_GRACE_S", 0.0)
+    monkeypatch.setattr(tribunal, "CHAIN_ACCUSATION_GRACE_S", 0.0)
     run = deployment.member_run((1, 2, 3, 4), quorum=2, min_stake=10**15)
     accused = run.client(4)
     evidence = digest("evidence nobody serves")

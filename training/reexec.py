@@ -86,6 +86,11 @@ SAMPLE_MAGIC = b"dlx-reexec-sample-v1"
 # EXACT, WITHIN_TOLERANCE, MISMATCH: training.platform's (the rerun's comparison).
 STATE_MISMATCH = "state_mismatch"  # the served state is not the committed one, or not where the chain leads
 DATA_MISMATCH = "data_mismatch"  # the data commitment is not the round's data
+# Built on another result of round t-1 than the record's (its bound applied hash is not what the rerun's
+# apply gives): a forked member's round, left out of the aggregate by the holders, never a cheat to accuse.
+OTHER_RESULT = "other_result"
+#: ``applied_hash`` of a round whose training applied nothing before its encode (node.protocol.NO_APPLY).
+NO_APPLY = bytes(32)
 
 # Relative L2 distance accepted between decoded pseudo-gradients of float32 contributions when
 # the rerun is not bit-exact (another thread count or platform). Measured on the mini model
@@ -192,6 +197,9 @@ class Reexecution:
     encode_seconds: float
     threads: int
     platform: PlatformFingerprint | None = None  # where the rerun's inner steps ran
+    # stage -> the stage hash of round t-1 the rerun applied before encoding (what an honest contribution
+    # binds as ``applied_hash``); empty when the schedule applies nothing before the encode
+    applied_hashes: dict[int, bytes] = field(default_factory=dict)
 
     @property
     def seconds(self) -> float:
@@ -248,6 +256,7 @@ def reexecute(
                                 training_cfg.batch_size, model_cfg.block_size)
         horizon = meta.lr_total_steps or None
         payloads: dict[int, bytes] = {}
+        applied_hashes: dict[int, bytes] = {}
         train_seconds = encode_seconds = 0.0
         applied_previous = outer_round == 0
         for action in round_actions(diloco_cfg, outer_round):
@@ -283,6 +292,8 @@ def reexecute(
                                             excluded=(previous_excluded or {}).get(engine.stage_index))
                     if engine.stage_index in previous_dropped and engine.transmitted(action.outer_round):
                         engine.contribution_dropped(action.outer_round)
+                    if not payloads:  # applied before the encode: the contribution binds this result
+                        applied_hashes[engine.stage_index] = engine.weights_hash()
                 applied_previous = True
                 encode_seconds += time.perf_counter() - started
             elif action.kind == ENCODE:
@@ -294,7 +305,7 @@ def reexecute(
         if applied_previous:
             next_state = capture_replica_state(replace(meta, outer_round=outer_round + 1), trainer, engines)
         return Reexecution(outer_round, meta.replica, payloads, next_state, train_seconds, encode_seconds,
-                           torch.get_num_threads(), trainer.platform.fingerprint())
+                           torch.get_num_threads(), trainer.platform.fingerprint(), applied_hashes)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -381,6 +392,7 @@ class ContributionClaim:
     state_hash: bytes  # stage_state_hash of the start state the replica committed to
     data_commitment: bytes
     payload: bytes
+    applied_hash: bytes = NO_APPLY  # the result of round t-1 its training applied before the encode
 
 
 @dataclass
@@ -389,7 +401,7 @@ class SpotCheck:
 
     outer_round: int
     replica: int
-    verdict: str  # EXACT | WITHIN_TOLERANCE | MISMATCH | STATE_MISMATCH | DATA_MISMATCH
+    verdict: str  # EXACT | WITHIN_TOLERANCE | MISMATCH | STATE_MISMATCH | DATA_MISMATCH | OTHER_RESULT
     reason: str
     distances: dict[int, float] = field(default_factory=dict)  # stage -> contribution_distance
     next_state_hashes: list[bytes] | None = None  # per stage: what round t+1's envelopes must bind (EXACT only)
@@ -432,7 +444,9 @@ def verify_contribution(
     this round's, its global weights are the committed ones (``committed_weights``:
     round -> stage -> ``stage_weights_hash`` on the record, round -1 the initial
     weights; a round not in it is not checked), the data commitment is the
-    round's data, then the rerun's payloads are compared stage by stage (the
+    round's data, then the rerun runs and each claim's ``applied_hash`` must be the result of
+    round t-1 its apply gave (else :data:`OTHER_RESULT`: built on another result, not a cheat), then the
+    rerun's payloads are compared stage by stage (the
     worst stage decides) under :func:`training.platform.compare_rerun`: bit-exact on
     the claimant's platform, else within ``tolerance`` (default: the calibrated one of
     the claimant's precision). The verdict's ``rule`` and ``reason`` say which applied.
@@ -489,6 +503,12 @@ def verify_contribution(
                           previous_dropped=previous_dropped, threads=threads, previous_partials=previous_partials)
     except ReplicaStateError as exc:
         return failed(STATE_MISMATCH, f"state does not fit the run's model: {exc}")
+    elsewhere = [c.stage_index for c in claims if c.applied_hash != rerun.applied_hashes.get(c.stage_index, NO_APPLY)]
+    if elsewhere:
+        # Not a cheat: the round was trained on another result of round t-1 (the claimant's fork),
+        # which the holders leave out of the aggregate (node.binding.other_result_exclusions).
+        return failed(OTHER_RESULT, f"stage(s) {elsewhere}: built on another result of round {outer_round - 1} "
+                      "than the record's (its bound applied hash is not what the rerun's apply gives)", elsewhere)
     specs = split_stages(model_cfg.n_layer, num_stages)
     distance = (functools.partial(sliced_contribution_distance, diloco_cfg=diloco_cfg)
                 if diloco_cfg.exchange == "sliced" else contribution_distance)

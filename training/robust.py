@@ -12,7 +12,7 @@ Order of operations, per stage and round, ``c_0 .. c_{K-1}`` in canonical order:
 1. Decode ``c_j`` strictly (``refuse_raw`` in a compressed run). Failure: excluded,
    reason ``undecodable`` / ``wrong_shape`` / ``non_finite`` / ``raw_in_compressed``.
 2. Indices the caller excludes (screening, :mod:`training.screening`): excluded,
-   reason ``screened``.
+   reason ``screened`` (or the caller's own, e.g. ``other_result``).
 3. ``n_j = sqrt(fsum_k float64(d_jk)^2)`` over every element of every tensor of
    the stage: each square is exact in float64 (a float32 has 24 significant bits)
    and ``math.fsum`` rounds the exact sum once, so the norm is one well-defined
@@ -59,7 +59,12 @@ WRONG_SHAPE = "wrong_shape"
 NON_FINITE = "non_finite"
 RAW_IN_COMPRESSED = "raw_in_compressed"
 SCREENED = "screened"
-EXCLUSION_REASONS = (UNDECODABLE, WRONG_SHAPE, NON_FINITE, RAW_IN_COMPRESSED, SCREENED)
+#: Built on another result of the round before than the holder's (a forked member's round; the caller
+#: compares the contribution's bound ``applied_hash``: docs/PROTOCOL.md "When a node's weights leave the record").
+OTHER_RESULT = "other_result"
+EXCLUSION_REASONS = (UNDECODABLE, WRONG_SHAPE, NON_FINITE, RAW_IN_COMPRESSED, SCREENED, OTHER_RESULT)
+#: The reasons a caller excludes by (step 2 of the module docstring), not re-derivable from the bytes alone.
+CALLER_REASONS = (SCREENED, OTHER_RESULT)
 
 # Most specific first: the subclasses of ContributionDecodeError say which way it failed.
 _DECODE_REASONS = (
@@ -253,14 +258,15 @@ def robust_contributions(
     stage_index: int | None = None,
     outer_round: int | None = None,
     refuse_raw: bool = False,
-    excluded: Mapping[int, str] | None = None,
+    excluded: Mapping[int, str | tuple[str, str]] | None = None,
     known: Sequence[tuple[bytes, Mapping[str, torch.Tensor]]] = (),
 ) -> tuple[list[dict[str, torch.Tensor]], list[ContributionReport]]:
     """Decode, exclude and clip one round's contributions (module docstring, steps 1-5).
 
     Returns the accepted contributions' tensors, in canonical order and already
     scaled, and one report per input contribution. ``excluded`` maps canonical
-    indices to a detail string (screening's verdict); ``norm_clip = 0`` turns
+    indices to a detail string (screening's verdict; reason ``screened``) or to a ``(reason, detail)``
+    pair (another of :data:`CALLER_REASONS`); ``norm_clip = 0`` turns
     the norm rule off (every accepted scale is 1.0). ``known`` lists
     ``(bytes, decoded tensors)`` the caller already holds, exactly what
     :func:`decode_contribution` returns for those bytes with these arguments
@@ -287,7 +293,9 @@ def robust_contributions(
             continue
         norm = contribution_norm(tensors)
         if index in excluded:
-            reports[index] = ContributionReport(index, False, SCREENED, str(excluded[index]), norm, 0.0)
+            why = excluded[index]
+            reason, detail = why if isinstance(why, tuple) else (SCREENED, why)
+            reports[index] = ContributionReport(index, False, reason, str(detail), norm, 0.0)
             continue
         decoded[index], norms[index] = tensors, norm
     median = lower_median(list(norms.values())) if norms else 0.0

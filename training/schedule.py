@@ -97,6 +97,22 @@ def round_actions(diloco_cfg: DilocoConfig, outer_round: int, *, last: bool = Fa
     return [train, encode, *previous, *flush]
 
 
+def applies_before_encode(diloco_cfg: DilocoConfig, outer_round: int) -> bool:
+    """Whether round ``outer_round``'s actions apply round ``outer_round - 1`` before its encode.
+
+    Then the round's contribution depends on round t-1's result (the overlap trains on it,
+    "lookahead"/"eager" encode against it), and it binds that result's stage hash
+    (``applied_hash``, docs/PROTOCOL.md "When a node's weights leave the record"); otherwise
+    (round 0, no delay, "rebase"/"reset" without the overlap) it depends on no apply inside the round.
+    """
+    for action in round_actions(diloco_cfg, outer_round):
+        if action.kind == ENCODE:
+            return False
+        if action.kind == APPLY and action.outer_round == outer_round - 1:
+            return True
+    return False
+
+
 def pending_after_round(diloco_cfg: DilocoConfig) -> int:
     """Rounds encoded but not applied when a round's actions are done (not the last): 1 with delay, else 0."""
     return 1 if diloco_cfg.one_step_delay else 0

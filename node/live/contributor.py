@@ -32,6 +32,7 @@ from node.live.roundstate import RoundState, TrainFigures
 from node.live.status import Progress, Reporter, StateFile
 from node.store.archive import Archive
 from training.errors import PipelineError
+from training.schedule import applies_before_encode
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class Contributor:
         self.stop = stop
         self._capture_done: Future | None = None  # the last start-state capture queued on the lane
         self._publish_done: Future | None = None  # the last contribution encoded and published on the lane
+        self._applied: dict[int, dict[int, bytes]] = {}  # round -> stage -> applied_hash its contributions bind
 
     # -- training ---------------------------------------------------------------------
     def train(self, outer_round: int, first_step: int, end_step: int) -> None:
@@ -88,6 +90,9 @@ class Contributor:
                 raise RoundAbandoned()
 
         if first_step == 0:  # what the round's contributions will bind (docs/DILOCOX.md section 11)
+            if self.rounds.starting(outer_round, self.cfg.diloco):
+                logger.warning("round %d: begins on our result of a round being re-based on the record; our "
+                               "contribution of it will not be announced", outer_round)
             with self.clock.phase("start_state"):
                 self._capture_start_state(outer_round)
         try:
@@ -172,6 +177,11 @@ class Contributor:
         # The engines' last reader and writer on the lane (this round's start state, the previous
         # encode) are done; not the eval just queued, which reads its own copy.
         self.join_engine_work()
+        # What the round's training applied of round t-1 (the overlap, lookahead, eager), bound by its
+        # contributions: the engines' global state now, read before the lane encodes.
+        self._applied[outer_round] = {
+            stage: self.worker.global_hash(stage) if applies_before_encode(self.cfg.diloco, outer_round)
+            else msg.NO_APPLY for stage in self.worker.stages}
         prepared = [self.worker.prepare_encode(stage, outer_round) for stage in self.worker.stages]
         if all(prepared):
             def publish() -> None:
@@ -200,11 +210,22 @@ class Contributor:
         states = self.rounds.start_states.pop(outer_round, None)
         if states is None:
             raise StateError(f"round {outer_round}: no start state was captured; refusing to contribute unbound")
+        applied = self._applied.pop(outer_round, None)
+        if applied is None:
+            raise StateError(f"round {outer_round}: what its training applied was not read; refusing to contribute")
+        if outer_round in self.rounds.withheld:
+            for stage in self.worker.stages:  # encoded as always (the engines transmit it), never announced
+                self.encode_stage(stage, outer_round)
+            logger.warning("round %d: not contributed: trained on a result this node re-based away from",
+                           outer_round)
+            self.clock.published(outer_round)
+            return
         data_commitment = self.worker.data_commitment(outer_round)
         for stage in self.worker.stages:
             blob, cstats = self.encode_stage(stage, outer_round)
             blob = self.exchange.contribution_blob(outer_round, stage, blob)
-            body = msg.encode_contribution_body(msg.ContributionBody(states[stage], data_commitment, blob))
+            body = msg.encode_contribution_body(msg.ContributionBody(states[stage], data_commitment, blob,
+                                                                     applied[stage]))
             envelope = self.messenger.sign(outer_round, msg.CONTRIBUTION, body, stage)
             digest = self.archive.put(outer_round, envelope)
             self.pool.serve_own(envelope)

@@ -390,7 +390,8 @@ class RoundCoordinator:
         to the round; while undecided, only in round 0 or the round this node entered at. So a
         joiner that still restores a checkpoint or catches up costs the others nothing, and once
         in a close it is a member like any other. Which set a round aggregates is still the coordinator's close, judged
-        alike by every node.
+        alike by every node. A member is waited for in a round before its first one only where it
+        announced a contribution to it (a restarted node's re-announced contribution).
         """
         info = self.book.live_peers(math.inf).get(peer)
         if info is None:
@@ -400,7 +401,10 @@ class RoundCoordinator:
         with self._lock:
             member = peer in self._seen_in_closes
         if member or 0 <= first <= mine:
-            return first <= outer_round  # -1 (deciding where it enters) included, as before
+            # -1 (deciding where it enters) included, as before; and a round before its first that it
+            # announced a contribution to (a restarted node re-announces what its earlier life sent,
+            # resume.py): that contribution is on its way, so the close holds it whatever the timing.
+            return first <= outer_round or peer in self.book.snapshot_announces(outer_round, stage)
         if first < 0:
             return outer_round in (0, mine)
         if first > outer_round:

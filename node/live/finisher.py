@@ -130,7 +130,17 @@ class RoundFinisher:
             self.contributor.join_start_state()  # the start state read the engines as they were
             self.contributor.join_engine_work()
             for rebase in rebases:
-                self.forks.apply(rebase)
+                if self.forks.apply(rebase):
+                    self._withhold_on(rebase.outer_round)
+
+    def _withhold_on(self, rebased: int) -> None:
+        """A round whose start state was captured before the re-base of ``rebased`` and is not announced yet
+        holds the forked result in its start state's global weights: it would not rerun from what it binds
+        with the record, so it is never announced; the node contributes again from the next round it starts
+        (docs/PROTOCOL.md, "When a node's weights leave the record")."""
+        for outer_round in self.rounds.withhold_on(rebased, self.cfg.diloco):
+            logger.warning("round %d: trained on our result of round %d before the re-base; our contribution "
+                           "of it is not announced (we contribute again from the next round)", outer_round, rebased)
 
     def _apply_stage(self, outer_round: int, stage: int, gathered: Gathered, waited: dict[str, float],
                      contributed: bool) -> StageApplied:

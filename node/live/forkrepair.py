@@ -22,7 +22,9 @@ committer reads the committed record back and its roots differ
 4. the re-base is queued; the training thread takes it before it applies round
    t+1 (:meth:`due`, :meth:`apply`): the engines take the record's state (local
    progress kept), the archive re-seals round t with the committed set, and the
-   node trains the next round with its peers.
+   node trains the next round with its peers. A round whose start state was taken before the re-base
+   (with the overlap, the one in progress) is not announced (RoundFinisher), and the round it trained
+   on its forked apply was left out by every holder (node/binding.py).
 
 So that round t+1 is never applied (and attested) on the forked state, a node
 that sees peers attest another result of round t than its own, at least as
@@ -45,6 +47,7 @@ from dataclasses import dataclass, field
 from ledger.merkle import merkle_root
 from ledger.records import RoundRecord
 from node import protocol as msg
+from node.binding import other_result_exclusions
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS, NodeError
 from node.live.coordination import RoundCoordinator
@@ -57,7 +60,7 @@ from node.live.station import Station
 from node.live.status import Progress, StateFile
 from node.store.archive import Archive, ArchivedContribution
 from p2p.envelope import decode_envelope
-from training.hashing import weights_root
+from training.hashing import stage_weights_hash, weights_root
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +167,10 @@ class ForkRepair:
         with self._cond:
             if rebase is not None:
                 self._pending[outer_round] = rebase
+                self.rounds.rebasing.add(outer_round)  # rounds begun from now on hold the forked result
+                for begun in self.rounds.withhold_on(outer_round, self.cfg.diloco):
+                    logger.warning("round %d: trained on our result of round %d, which leaves for the record's; our "
+                                   "contribution of it is not announced", begun, outer_round)
             self._settled.add(outer_round)
             self._cond.notify_all()
         if rebase is None:
@@ -199,7 +206,9 @@ class ForkRepair:
             if base is None:
                 raise ForkError(f"the global state before round {outer_round} stage {stage} is no longer held")
             envelopes = self.exchange.pool.collect(outer_round, stage, close)
-            derived = worker.derive(stage, outer_round, base, self._payloads(envelopes))
+            base_hash = stage_weights_hash(base[0])
+            derived = worker.derive(stage, outer_round, base, self._payloads(envelopes),
+                                    self._others(outer_round, envelopes, base_hash))
             if derived.weights_hash != weights_hash:
                 raise ForkError(f"stage {stage}: the committed close gives weights {derived.weights_hash.hex()[:12]}, "
                                 f"not the record's {weights_hash.hex()[:12]}")
@@ -207,7 +216,8 @@ class ForkRepair:
             if own_close is not None and own_hash is not None and \
                     self._root(own_close) != self._root(close):
                 own = self.exchange.pool.collect(outer_round, stage, own_close)
-                own_right |= worker.derive(stage, outer_round, base, self._payloads(own)).weights_hash == own_hash
+                own_right |= worker.derive(stage, outer_round, base, self._payloads(own),
+                                           self._others(outer_round, own, base_hash)).weights_hash == own_hash
             excluded = [[stage, close.contributions[r.index][0], close.contributions[r.index][1],
                          close.contributions[r.index][2].hex(), r.reason, r.detail]
                         for r in derived.contributions if not r.accepted]
@@ -238,6 +248,12 @@ class ForkRepair:
     def _payloads(self, envelopes: list[bytes]) -> list[bytes]:
         max_bytes = self.cfg.p2p.max_blob_bytes
         return [msg.decode_contribution_body(decode_envelope(e, max_bytes).payload).blob for e in envelopes]
+
+    def _others(self, outer_round: int, envelopes: list[bytes], base_hash: bytes) -> dict[int, tuple[str, str]]:
+        """The envelopes built on another result of the round before than ``base_hash`` (left out, as at the apply)."""
+        max_bytes = self.cfg.p2p.max_blob_bytes
+        applied = [msg.decode_contribution_body(decode_envelope(e, max_bytes).payload).applied_hash for e in envelopes]
+        return other_result_exclusions(self.cfg.diloco, outer_round, applied, base_hash)
 
     @staticmethod
     def _root(close: msg.Close) -> bytes:
@@ -289,6 +305,7 @@ class ForkRepair:
                          "re-entering from the chain instead of re-basing", outer_round)
             self.lifecycle.diverged(outer_round)
             return False
+        self.rounds.rebasing.discard(outer_round)
         for stage in rebase.stages:
             worker.move_global(stage.stage, stage.weights, stage.momentum)
             self.rounds.stage_hashes.setdefault(outer_round, {})[stage.stage] = stage.weights_hash

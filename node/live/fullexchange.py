@@ -2,7 +2,9 @@
 
 Each holder of a stage fetches the closed set's envelopes (announced ones in the
 background as soon as they are announced), decodes them, screens them
-(docs/DILOCOX.md section 10) and takes the outer step on their average; with
+(docs/DILOCOX.md section 10), leaves out those built on another result of the
+round before (:func:`node.binding.other_result_exclusions`, compared at the
+apply, after any re-base) and takes the outer step on their average; with
 the one-step delay the pure part of it is prepared while the next round trains.
 """
 
@@ -12,6 +14,7 @@ import logging
 import time
 
 from node import protocol as msg
+from node.binding import other_result_exclusions
 from node.live.exchange import Exchange
 from node.live.roundstate import StageInputs
 from p2p.envelope import decode_envelope
@@ -38,6 +41,7 @@ class FullExchange(Exchange):
         payloads = [msg.decode_contribution_body(decode_envelope(e, self.max_blob_bytes).payload).blob
                     for e in envelopes]
         screened, _reports = worker.screen(outer_round, payloads)
+        screened.update(self._other_results(outer_round, stage, envelopes))
         prepared = None
         if prepare:
             prepared = worker.prepare_aggregation(stage, outer_round, payloads, screened)
@@ -50,9 +54,19 @@ class FullExchange(Exchange):
         worker = self.station.worker()
         screened = inputs.screened
         if inputs.prepared is not None and not worker.prepared_valid(stage, inputs.prepared, outer_round):
-            # (Never in the loop's order: nothing applies a round between the prefetch and here.)
+            # A re-base of round t-1 (node/live/forkrepair.py) since the prefetch: its global state moved.
             logger.warning("round %d stage %d: prefetched aggregation is stale; aggregating again",
                            outer_round, stage)
             screened, _reports = worker.screen(outer_round, inputs.payloads)
+        # Against round t-1 as it is here now (after any re-base): the record's at every honest holder.
+        screened = {i: why for i, why in screened.items() if not isinstance(why, tuple)}
+        screened.update(self._other_results(outer_round, stage, inputs.envelopes))
         result = worker.apply(stage, outer_round, inputs.payloads, excluded=screened, prepared=inputs.prepared)
         return result, inputs.envelopes
+
+    def _other_results(self, outer_round: int, stage: int, envelopes: list[bytes]) -> dict[int, tuple[str, str]]:
+        """The closed contributions built on another result of round t-1 than this holder's (left out)."""
+        worker = self.station.worker()
+        applied = [msg.decode_contribution_body(decode_envelope(e, self.max_blob_bytes).payload).applied_hash
+                   for e in envelopes]
+        return other_result_exclusions(worker.cfg.diloco, outer_round, applied, worker.global_hash(stage))

@@ -37,6 +37,7 @@ from node.errors import NotRegistered
 from node.live.assembly import HONEST, Kinds, NodeParts
 from node.live.contributor import PipelineBroken, RoundAbandoned
 from node.live.coordination import RoundStopped
+from node.live.resume import first_contributed_round
 from node.live.startup import StartupClock
 from node.live.status import Progress
 from p2p.errors import P2PError
@@ -99,6 +100,9 @@ class Node:
             self._train_loop(start_round, unfinished)
         finally:
             self.close()
+        if self.reenter_after is not None:  # what this life sealed from the forked round on is not the record
+            aside = self.parts.archive.set_aside_from(self.reenter_after)
+            logger.warning("rounds %s of the archive set aside (sealed off the record); re-entering", aside)
         if self.ejected:
             raise NotRegistered(f"this node was found guilty on a spot check by run {self.run_id}'s quorum: its "
                                 "stake was slashed and its seat removed (evidence under evidence/ of its peers)")
@@ -128,7 +132,7 @@ class Node:
         unfinished = list(range(unfinished[0] if unfinished else proposal, start_round))
         reannounced = parts.recovery.reannounce(unfinished)
         parts.rounds.mark_reannounced(reannounced)
-        parts.station.contribute_from(min([start_round, *reannounced]))
+        parts.station.contribute_from(first_contributed_round(start_round, reannounced))
         parts.validator.advance(min([start_round, *unfinished]))
         self._say_hello()
         logger.info("entering at round %d (catching up %s)", start_round, unfinished or "nothing")

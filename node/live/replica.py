@@ -284,11 +284,14 @@ class ReplicaWorker:
         return self.engines[stage].finish_round(outer_round, contributions, excluded=excluded, prepared=prepared)
 
     # -- a re-base on the run's record (node/live/forkrepair.py) ---------------------------
-    def derive(self, stage: int, outer_round: int, base: tuple[dict, dict], contributions: list[bytes]):
+    def derive(self, stage: int, outer_round: int, base: tuple[dict, dict], contributions: list[bytes],
+               others: dict[int, tuple[str, str]] | None = None):
         """The :class:`training.diloco.Aggregation` of ``contributions`` (the round's canonical order) on
         ``base`` (the global weights and momentum before the round): what every holder that aggregated
-        that set computed, screening included. Pure: neither ``base`` nor the engine changes."""
+        that set computed, screening included, and without ``others`` (built on another result of the
+        round before: node.binding.other_result_exclusions). Pure: neither ``base`` nor the engine changes."""
         excluded, _reports = self.screen(outer_round, contributions, global_weights=base[0])
+        excluded.update(others or {})
         return aggregate_with_report(base[0], base[1], contributions, self.cfg.diloco, stage_index=stage,
                                      outer_round=outer_round, compression_cfg=self.cfg.compression,
                                      excluded=excluded)

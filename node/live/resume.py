@@ -7,8 +7,10 @@ archive kept exactly what it signed and what it aggregated, so:
 - rounds it had sealed are re-applied from the archive (the same signed set);
 - its own contributions of the rounds it catches up are served and announced
   again (peers that kept the first announce drop the re-signed one as a
-  replay), and it declares itself a contributor from the first of them, so a
-  peer that had not sealed one of those rounds closes it with the same replicas.
+  replay), and it declares itself a contributor from the first of those that run
+  without a gap up to its entry round (:func:`first_contributed_round`), so a
+  peer that had not sealed one of those rounds closes it with the same replicas;
+  an earlier one is still waited for by its announce (RoundCoordinator.expects).
 """
 
 from __future__ import annotations
@@ -25,6 +27,24 @@ from p2p.envelope import decode_envelope
 from p2p.host import P2PHost
 
 logger = logging.getLogger(__name__)
+
+
+def first_contributed_round(start_round: int, reannounced: set[int]) -> int:
+    """The first round a restarted node declares in its hellos: ``start_round``, or the first of the
+    re-announced rounds that lead up to it without a gap.
+
+    A hello names one first round and coordinators wait for the node in every round from there on
+    (RoundCoordinator.expects). A node killed during a round's exchange re-announces that round's
+    contribution and enters some rounds later (its partner applied the rounds between while it
+    sat them out); declaring that round as its first made the other replicas' coordinators wait
+    a whole round deadline in each round between, which it contributes to in no life (bench_chaos.py
+    --split, issue 30: up to 3 rounds missed after it was ready). After a whole-run restart the
+    re-announced rounds run up to the entry round, and it is declared from the first of them as before.
+    """
+    first = start_round
+    while first - 1 in reannounced:
+        first -= 1
+    return first
 
 
 class RestartRecovery:

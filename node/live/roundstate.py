@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from node import protocol as msg
 from node.live.station import Station
+from training.reexec import start_global_round
 
 #: Rounds of stage weights hashes kept behind the forgotten ones (the spot checks replay round t-1 from
 #: the hashes of rounds t-3..t-1).
@@ -74,6 +75,10 @@ class RoundState:
         self.prefetched: dict[int, Future] = {}
         self.apply_reached: dict[int, float] = {}  # round -> when the training thread reached its apply
         self.stage_hashes: dict[int, dict[int, bytes]] = {}  # round -> stage -> weights hash after its outer step
+        # Rounds trained (in part) on a global state this node re-based away from: never announced
+        # (docs/PROTOCOL.md, "When a node's weights leave the record"): withhold_on, starting.
+        self.withheld: set[int] = set()
+        self.rebasing: set[int] = set()  # rounds whose re-base on the record is queued, not taken yet (ForkRepair)
 
     def contributed(self, outer_round: int) -> bool:
         """Whether this node trained and encoded ``outer_round`` (in this life, or announced it again)."""
@@ -82,6 +87,21 @@ class RoundState:
     def mark_reannounced(self, rounds: set[int]) -> None:
         """This life announced its archived contributions of ``rounds`` again (RestartRecovery.reannounce)."""
         self.reannounced = set(rounds)
+
+    def withhold_on(self, rebased: int, diloco_cfg) -> list[int]:
+        """Rounds begun (start state taken) and not announced whose start state holds this node's result of
+        ``rebased``, which leaves for the record's: withheld from now on. Returns the rounds newly withheld."""
+        begun = set(self.start_states) | set(self.parts)  # copies in one C call: the lane adds start states
+        marked = sorted(r for r in begun if start_global_round(diloco_cfg, r) >= rebased and r not in self.withheld)
+        self.withheld.update(marked)
+        return marked
+
+    def starting(self, outer_round: int, diloco_cfg) -> bool:
+        """``outer_round``'s start state is being taken: withhold the round if it holds a result whose re-base is
+        queued (it came before the round began, and is taken only at the next apply). Whether it is withheld."""
+        if any(start_global_round(diloco_cfg, outer_round) >= r for r in set(self.rebasing)):
+            self.withheld.add(outer_round)
+        return outer_round in self.withheld
 
     def stage_hashes_of(self, outer_round: int) -> dict[int, bytes]:
         """Stage -> weights hash of ``outer_round`` as this node computed it (round -1: the initial weights)."""
@@ -93,6 +113,7 @@ class RoundState:
         """Drop the state of rounds before ``outer_round`` (stage hashes: STAGE_HASH_ROUNDS_KEPT more)."""
         for old in [r for r in self.trained if r < outer_round]:
             del self.trained[old]
+        self.withheld = {r for r in self.withheld if r >= outer_round}
         for old in [r for r in self.stage_hashes if r < outer_round - STAGE_HASH_ROUNDS_KEPT]:
             del self.stage_hashes[old]
         for old in [r for r in list(self.start_states) if r < outer_round]:  # list(): the lane adds rounds

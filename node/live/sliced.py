@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,23 +28,22 @@ from ledger.merkle import merkle_root
 from node import protocol as msg
 from node.fsutil import atomic_write_bytes
 from node.live.coordination import RoundStopped
-from node.live.exchange import FALLBACK_PROVIDERS, Exchange, InputsWithheld
+from node.live.exchange import Exchange, InputsWithheld
+from node.live.partialfetch import PartialFetcher
 from node.live.roundbook import Announced
 from node.live.roundstate import StageInputs
 from node.live.slicedchecks import SlicedChecks, UsedPartial, close_signers
 from node.live.slicedproof import usable_reference
+from node.live.slicedreads import BUNDLE_RETRY_S, SliceReads
 from p2p.envelope import Envelope, decode_envelope
-from p2p.errors import EnvelopeRejected, P2PError
+from p2p.errors import EnvelopeRejected
 from training.butterfly import (
     SliceError,
     SliceReference,
-    bundle_slices,
     candidate,
     parse_partial,
-    parse_slice_record,
     parse_slice_reference,
     partial_payload,
-    record_range,
     slice_bundle,
 )
 from training.codec_wire import decode_contribution
@@ -55,12 +53,14 @@ logger = logging.getLogger(__name__)
 
 #: Partial announces kept per sender and per (round, stage, slice), and in all per slot.
 ANNOUNCES_PER_SENDER = 4
+#: Candidates of a slice that get a turn (the aggregator and its first fallbacks). After their turns every
+#: holder replays a slice still missing; waiting for all n candidates made a withheld close cost
+#: (n + 1) x p2p.transfer_timeout per stage, linear in the replicas.
+CANDIDATE_TURNS = 3
 MAX_ANNOUNCES_PER_SLOT = 4096
-#: A coordinator asks again for a bundle it could not fetch after this many seconds.
-BUNDLE_RETRY_S = 2.0
 
 
-class SlicedExchange(SlicedChecks, Exchange):
+class SlicedExchange(SliceReads, SlicedChecks, Exchange):
     """Slice blobs out, partials in, for the stages this node holds (see module docstring).
 
     Its pool is lazy: a holder fetches the closed envelopes only where it may close the
@@ -83,8 +83,14 @@ class SlicedExchange(SlicedChecks, Exchange):
         self._announced: dict[tuple[int, int, int], list[tuple[str, bytes, int]]] = {}
         self._bundle_tried: dict[bytes, float] = {}  # bundle digest -> when its fetch last began
         self._bundle_missed: set[bytes] = set()  # bundles whose fetch failed (logged once)
+        # (bundle digest, provider) -> when a read of it last failed: not asked again for BUNDLE_RETRY_S (each
+        # pass of the wait asked a withholder again, ~10 requests a second per slice, for every turn)
+        self._read_failed: dict[tuple[bytes, str], float] = {}
+        self._missing_said: set[tuple] = set()  # (round, stage, slice, member, turn) whose missing input was logged
         self._charged: set[bytes] = set()  # wrong partials (envelope hashes) this node accused
         self._bundles = ThreadPoolExecutor(max_workers=2, thread_name_prefix="bundle")
+        # Announced partials come in the background: a provider that does not answer holds up no slice.
+        self._partials = PartialFetcher(self._fetch_partial, self._wake)
 
     def worker(self):
         return self.station.worker()
@@ -215,9 +221,13 @@ class SlicedExchange(SlicedChecks, Exchange):
             stale = time.monotonic() - 600.0
             self._bundle_tried = {k: v for k, v in self._bundle_tried.items() if v > stale}
             self._bundle_missed &= set(self._bundle_tried)
+            self._read_failed = {k: v for k, v in self._read_failed.items() if v > stale}
+            self._missing_said = {k for k in self._missing_said if k[0] >= outer_round}
+        self._partials.forget_before(outer_round)
 
     def close(self) -> None:
         self._bundles.shutdown(wait=False, cancel_futures=True)
+        self._partials.close()
         super().close()
 
     # -- one round of one stage --------------------------------------------------------
@@ -229,7 +239,7 @@ class SlicedExchange(SlicedChecks, Exchange):
         candidate whose turn opened without a valid partial in hand aggregates
         and publishes its own. Partials this node archived for the close in an
         earlier life count at once (a restart re-applies what it applied). Once
-        every candidate's turn has opened (turn ``n``), a holder that still lacks a
+        every candidate's turn has opened (turn ``min(n, CANDIDATE_TURNS)``), a holder that still lacks a
         slice aggregates it itself (not published: it is no candidate; the result
         is the same pure function). Raises InputsWithheld when a further turn has
         passed without a valid partial or its inputs (the caller refuses the close
@@ -237,6 +247,7 @@ class SlicedExchange(SlicedChecks, Exchange):
         """
         plan = self.worker().plans[stage]
         members = len(close.contributions)
+        turns = min(members, CANDIDATE_TURNS)  # candidates 0 .. turns - 1 have a turn
         # Every partial binds the close's contributions root (what the attestation and the record
         # commit to): each envelope hash fixes its signed reference, which fixes every slice.
         root = merkle_root([entry[2] for entry in close.contributions])
@@ -251,13 +262,13 @@ class SlicedExchange(SlicedChecks, Exchange):
             if self.stop.is_set():
                 raise RoundStopped(f"round {outer_round} stage {stage}: stopped while waiting for partials")
             turn = int((time.monotonic() - started) // self.turn_timeout)
-            if turn >= members + 1:
+            if turn >= turns + 1:
                 raise InputsWithheld(f"no valid partial for slices {sorted(set(range(plan.num_slices)) - set(used))}"
-                                     f" after every candidate's turn ({members + 1} x {self.turn_timeout:.0f}s)")
+                                     f" after every candidate's turn ({turns + 1} x {self.turn_timeout:.0f}s)")
             for j in range(plan.num_slices):
                 if j in used:
                     continue
-                if turn >= members:  # every candidate had its turn: replay the slice here (a late partial
+                if turn >= turns:  # every candidate had its turn: replay the slice here (a late partial
                     # or a restart that heard no announce; the inputs may still be withheld)
                     own = self._replayed(outer_round, stage, j, close, references, root, inputs, signers)
                     if own is not None:
@@ -266,7 +277,7 @@ class SlicedExchange(SlicedChecks, Exchange):
                 # A candidate whose signed partial was refused opens the next turn at once: every
                 # holder that saw that partial refuses it alike, so nobody needs to wait it out.
                 opened = max(turn, 1 + max(refused.get(j, {-1})))
-                for m in range(min(opened, members - 1) + 1):
+                for m in range(min(opened, turns - 1) + 1):
                     replica, peer_id, _digest, _size = close.contributions[candidate(j, outer_round, members, m)]
                     if peer_id == self.peer_id:
                         # Tried again on every pass until every input is here (a fetch that failed
@@ -342,7 +353,8 @@ class SlicedExchange(SlicedChecks, Exchange):
             replica, peer_id, _digest, _size = close.contributions[candidate(j, outer_round, members, m)]
             if peer_id == self.peer_id:
                 continue
-            other = self._from_candidate(outer_round, stage, j, m, peer_id, replica, members, root, plan, tried)
+            other = self._from_candidate(outer_round, stage, j, m, peer_id, replica, members, root, plan, tried,
+                                         wait=self.turn_timeout)
             if isinstance(other, UsedPartial):
                 rivals.append(other)
         if len({rival.blob for rival in rivals}) == 1:
@@ -379,8 +391,9 @@ class SlicedExchange(SlicedChecks, Exchange):
         return UsedPartial(j, -1, data, replayed)
 
     def _from_candidate(self, outer_round, stage, j, turn, peer_id, replica, members, root, plan,
-                        tried) -> UsedPartial | bool | None:
-        """The candidate's valid partial; True if it signed one that was refused; None if none is here yet."""
+                        tried, wait: float = 0.0) -> UsedPartial | bool | None:
+        """The candidate's valid partial; True if it signed one that was refused; None if none is here yet
+        (its announced partials come in the background; this waits up to ``wait`` seconds for each)."""
         refused = False
         with self._cond:
             offers = [e for e in self._announced.get((outer_round, stage, j), []) if e[0] == peer_id]
@@ -392,7 +405,7 @@ class SlicedExchange(SlicedChecks, Exchange):
                 logger.warning("round %d stage %d slice %d: partial of %s announced at %d bytes: refused",
                                outer_round, stage, j, sender[-8:], size)
                 continue  # an unsigned claim (the gossip announce): not a refusal of a signed partial
-            data = self._fetch(envelope_hash, sender) or self._fetch_from_others(envelope_hash, sender)
+            data = self._partials.get(outer_round, envelope_hash, sender, wait)
             if data is None:
                 continue  # not fetched (yet): try again on the next pass
             tried.add(envelope_hash)
@@ -431,30 +444,9 @@ class SlicedExchange(SlicedChecks, Exchange):
         except OSError as exc:
             logger.warning("evidence not kept: %s", exc)
 
-    def _fetch(self, digest: bytes, provider: str | None) -> bytes | None:
-        """The blob ``digest`` (its sha256 checked) from ``provider``, or from any provider when None."""
-        dest = self.incoming / f"{digest.hex()}.slice"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.host.fetch_blob(digest.hex(), dest, providers=None if provider is None else [provider],
-                                 timeout=self.turn_timeout)
-            return dest.read_bytes()
-        except (P2PError, OSError) as exc:
-            logger.info("blob %s from %s not fetched: %s", digest.hex()[:12],
-                        "any provider" if provider is None else provider[-8:], exc)
-            return None
-        finally:
-            dest.unlink(missing_ok=True)
-
-    def _fetch_from_others(self, digest: bytes, sender: str) -> bytes | None:
-        """A partial its signer did not serve, from a few live peers (the holders that applied it serve it):
-        a signer that serves some holders and not others must not split them."""
-        others = [p for p in self.pool.fallback_providers() if p not in (sender, self.peer_id)]
-        for provider in random.sample(others, min(FALLBACK_PROVIDERS, len(others))):
-            data = self._fetch(digest, provider)
-            if data is not None:
-                return data
-        return None
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def _reference(self, outer_round: int, stage: int, entry, references: dict[bytes, SliceReference | None],
                    signers: list[str]) -> tuple[bool, SliceReference | None]:
@@ -526,8 +518,7 @@ class SlicedExchange(SlicedChecks, Exchange):
         for entry in close.contributions:
             here, reference = self._reference(outer_round, stage, entry, references, signers)
             if not here:
-                logger.warning("round %d stage %d slice %d: envelope of %s missing; trying again (turn %d)",
-                               outer_round, stage, j, entry[1][-8:], turn)
+                self._say_missing("envelope", outer_round, stage, j, entry[1], turn)
                 return None
             if reference is None or (reference.bundle_digest, j) in fetched:
                 continue
@@ -537,8 +528,7 @@ class SlicedExchange(SlicedChecks, Exchange):
                     break
                 blob = self._read_slice(reference, j, coordinator)
             if blob is None:
-                logger.warning("round %d stage %d slice %d: input of %s missing; trying again (turn %d)",
-                               outer_round, stage, j, entry[1][-8:], turn)
+                self._say_missing("input", outer_round, stage, j, entry[1], turn)
                 return None
             if blob == b"":  # a bundle proven bad: an absent input, and its signer is accused
                 self.charge_bad_bundle(outer_round, self.pool.have(outer_round, stage).get(entry[2], b""),
@@ -546,46 +536,6 @@ class SlicedExchange(SlicedChecks, Exchange):
             fetched[(reference.bundle_digest, j)] = blob or None  # b"": a bundle proven bad, an absent input
         return [None if references[entry[2]] is None else fetched[(references[entry[2]].bundle_digest, j)]
                 for entry in close.contributions]
-
-    def _read_slice(self, reference: SliceReference, j: int, provider: str) -> bytes | None:
-        """Slice j of a contribution's bundle: its record and its bytes read by range and checked against the
-        signed reference. None if it could not be read (yet); b"" if slice j of the bundle is proven bad.
-
-        A range that does not check may be the provider's lie about a good bundle, so the whole
-        bundle (bound by its sha256) decides (:func:`training.butterfly.read_slice`): a bad slice
-        is an absent input for every aggregator and auditor alike (it costs only its signer).
-        """
-        bundle = reference.bundle_digest.hex()
-        try:
-            offset, length = record_range(reference.num_slices, j)
-            record = self.host.fetch_blob_range(bundle, offset, length, provider, timeout=self.turn_timeout)
-            digest, start, size = parse_slice_record(record, reference, j)
-            blob = self.host.fetch_blob_range(bundle, start, size, provider, timeout=self.turn_timeout)
-            if hashlib.sha256(blob).digest() != digest:
-                raise SliceError("slice bytes do not match their record")
-            return blob
-        except SliceError as exc:
-            logger.warning("slice %d of bundle %s from %s does not check (%s): reading the whole bundle", j,
-                           bundle[:12], provider[-8:], exc)
-        except (P2PError, OSError) as exc:
-            logger.info("slice %d of bundle %s from %s not read: %s", j, bundle[:12], provider[-8:], exc)
-            return None
-        data = self._fetch(reference.bundle_digest, provider)
-        if data is None:
-            return None
-        try:
-            blob = bundle_slices(data, reference)[j]
-        except SliceError as exc:  # (fetch_blob checked the sha256: not reached)
-            logger.warning("bundle %s of %s: %s", bundle[:12], provider[-8:], exc)
-            return None
-        if blob is None:
-            logger.warning("slice %d of bundle %s of %s is bad: that input is absent", j, bundle[:12], provider[-8:])
-            try:  # the bundle is bound by the signed reference: it is the proof; keep it
-                atomic_write_bytes(self.evidence_dir / f"bundle-{bundle}.slices", data)
-            except OSError as write_error:
-                logger.warning("evidence not kept: %s", write_error)
-            return b""
-        return blob
 
     def make_payload(self, slice_index: int, num_slices: int, root: bytes, members: int, blob: bytes) -> bytes:
         """The partial envelope's payload (a seam a fault-injection test overrides to publish a bad partial)."""

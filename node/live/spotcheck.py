@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 JOB_FILE = "job.json"
 RESULT_FILE = "result.json"
-VERDICTS = ("exact", "within_tolerance", "mismatch", "state_mismatch", "data_mismatch")
+VERDICTS = ("exact", "within_tolerance", "mismatch", "state_mismatch", "data_mismatch", "other_result")
 
 
 class SpotCheckFailed(NodeError):
@@ -51,7 +51,8 @@ class SpotCheckJob:
     config: dict
     outer_round: int
     replica: int
-    claims: list[tuple[int, bytes, bytes, bytes]]  # (stage, state_hash, data_commitment, codec payload)
+    # (stage, state_hash, data_commitment, codec payload, applied_hash)
+    claims: list[tuple[int, bytes, bytes, bytes, bytes]]
     state_parts: list[bytes]  # per stage, stage order
     previous: dict[int, list[bytes]] = field(default_factory=dict)  # stage -> round t-1 payloads, canonical order
     previous_excluded: dict[int, dict[int, str]] = field(default_factory=dict)  # stage -> screened indices
@@ -72,8 +73,8 @@ class SpotCheckJob:
             "config": self.config,
             "round": self.outer_round,
             "replica": self.replica,
-            "claims": [[stage, state.hex(), data.hex(), put(f"payload-{stage}.bin", payload)]
-                       for stage, state, data, payload in self.claims],
+            "claims": [[stage, state.hex(), data.hex(), put(f"payload-{stage}.bin", payload), applied.hex()]
+                       for stage, state, data, payload, applied in self.claims],
             "states": [put(f"state-{i}.bin", part) for i, part in enumerate(self.state_parts)],
             "previous": {str(stage): [put(f"previous-{stage}-{i}.bin", p) for i, p in enumerate(payloads)]
                          for stage, payloads in self.previous.items()},
@@ -101,6 +102,11 @@ class SpotCheckResult:
     def honest(self) -> bool:
         return self.verdict in ("exact", "within_tolerance")
 
+    @property
+    def elsewhere(self) -> bool:
+        """Built on another result of round t-1 than the record's (a forked member's round): not a cheat."""
+        return self.verdict == "other_result"
+
 
 def run_job(directory: Path) -> dict:
     """Child side: rerun the job in ``directory`` and return the result document."""
@@ -117,8 +123,9 @@ def run_job(directory: Path) -> dict:
         training_cfg = replace(training_cfg, data_path=str(cfg.path(training_cfg.data_path)))
     corpus = corpus_from_config(training_cfg, cfg.model)
     read = lambda name: (directory / name).read_bytes()  # noqa: E731
-    claims = [ContributionClaim(int(stage), bytes.fromhex(state), bytes.fromhex(data), read(payload))
-              for stage, state, data, payload in doc["claims"]]
+    claims = [ContributionClaim(int(stage), bytes.fromhex(state), bytes.fromhex(data), read(payload),
+                                bytes.fromhex(applied))
+              for stage, state, data, payload, applied in doc["claims"]]
     check = verify_contribution(
         [read(name) for name in doc["states"]], claims, corpus, cfg.model, cfg.training, cfg.diloco,
         cfg.compression, outer_round=int(doc["round"]), replica=int(doc["replica"]), run_rounds=cfg.rounds,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -188,6 +189,23 @@ class Archive:
         if not isinstance(entries, list) or not all(isinstance(e, list) and len(e) == 6 for e in entries):
             raise StateError(f"archive manifest {path}: 'excluded' must be a list of 6-item lists")
         return entries
+
+    def set_aside_from(self, round_index: int) -> list[int]:
+        """Unseal the rounds from ``round_index`` on: each ``round.json`` becomes ``round.forked.json``.
+
+        A life whose weights left the run's record and that could not re-base re-enters from the
+        chain's checkpoint (node/live/lifecycle.py): what it sealed of those rounds (another close or
+        exclusions computed on its forked weights) is not the record, so no restart adopts it, no
+        spot check reruns from it and no audit merges it. The envelopes stay (they are the signed
+        contributions, served on). Returns the rounds set aside.
+        """
+        moved = []
+        for r in self.rounds():
+            path = self.sealed_path(r)
+            if r >= round_index and path.exists():
+                os.replace(path, path.with_name("round.forked.json"))
+                moved.append(r)
+        return moved
 
     def rounds(self) -> list[int]:
         out = []

@@ -148,7 +148,7 @@ class ReexecAuditor:
             payloads.append(msg.decode_contribution_body(decode_envelope(data, _MAX_BLOB).payload).blob)
         excluded: dict[int, dict[int, str]] = {}
         for stage, _replica, _peer, hash_hex, reason, detail in self.archives.excluded(round_index):
-            if reason == "screened" and hash_hex in where:
+            if reason in ("screened", "other_result") and hash_hex in where:  # what the engine cannot re-derive
                 s, i = where[hash_hex]
                 excluded.setdefault(s, {})[i] = str(detail)
         return previous, excluded
@@ -172,7 +172,8 @@ class ReexecAuditor:
         corpus = self.replayer._corpus()
         if corpus is None:
             return None, f"the run's training data is not available here ({self.replayer.corpus_problem})", None
-        claims = [ContributionClaim(e.stage, b.state_hash, b.data_commitment, b.blob) for e, b in zip(envs, bodies)]
+        claims = [ContributionClaim(e.stage, b.state_hash, b.data_commitment, b.blob, b.applied_hash)
+                  for e, b in zip(envs, bodies)]
         result = verify_contribution(parts, claims, corpus, self.cfg.model, self.cfg.training, self.cfg.diloco,
                                      self.cfg.compression, outer_round=round_index, replica=replica,
                                      run_rounds=self.run_rounds, previous_contributions=previous or None,
@@ -206,6 +207,19 @@ class ReexecAuditor:
 
 
 
+def _built_elsewhere(name: str, auditor: ReexecAuditor, round_index: int, replica: int, reason: str) -> Check:
+    """A contribution built on another result of round t-1 than the record's (a forked member's round, bound by
+    its ``applied_hash``): fine if the holders left it out of the round (the archives say so), else a finding."""
+    left_out = {(int(stage), str(hash_hex)) for stage, _replica, _peer, hash_hex, why, _detail
+                in auditor.archives.excluded(round_index) if why == "other_result"}
+    mine = {(int(e[0]), str(e[3])) for e in auditor.sealed.get(round_index, []) if int(e[1]) == replica}
+    if mine and mine <= left_out:
+        return Check(name, OK, f"not a rerun of the record: {reason}; every holder left it out of the round",
+                     round_index)
+    return Check(name, FAIL, f"{reason}, and the archives do not show it left out of the round's aggregate",
+                 round_index)
+
+
 def reexec_checks(report, history, replayer, archives, count: int) -> None:
     """Append the re-execution checks to ``report.general`` (module docstring)."""
     if replayer is None:
@@ -225,6 +239,8 @@ def reexec_checks(report, history, replayer, archives, count: int) -> None:
             continue
         if result is None:
             report.general.append(Check(name, UNVERIFIABLE, reason, round_index))
+        elif result.verdict == "other_result":
+            report.general.append(_built_elsewhere(name, auditor, round_index, replica, reason))
         elif result.honest:
             report.general.append(Check(name, OK, f"reproduced ({result.verdict}, distance {distance:.3g})",
                                         round_index))

@@ -213,19 +213,27 @@ class Replayer:
         self.weights, self.momentum, self.last_excluded = new_weights, new_momentum, []
         return weights_root(hashes)
 
-    def apply(self, round_index: int, payloads_by_stage: list[list[bytes]]) -> bytes:
+    def apply(self, round_index: int, payloads_by_stage: list[list[bytes]],
+              applied_by_stage: list[list[bytes]] | None = None) -> bytes:
         """Aggregate every stage of ``round_index``; return the new weights root.
 
         The contributions the nodes had to leave out (training.robust: undecodable, wrong shape,
-        non-finite, forbidden codec, screened) are re-derived and left out here too; they are
-        listed in ``self.last_excluded`` as (stage, index, reason, detail).
+        non-finite, forbidden codec, screened, and built on another result of the round before than
+        the replayed one: ``applied_by_stage``, the bodies' applied hashes in the same order) are
+        re-derived and left out here too; they are listed in ``self.last_excluded`` as (stage, index,
+        reason, detail).
         """
+        from node.binding import other_result_exclusions
         from training.diloco import aggregate_with_report
-        from training.hashing import weights_root
+        from training.hashing import stage_weights_hash, weights_root
 
         screened = self.screened(round_index, payloads_by_stage)
         hashes, new_weights, new_momentum, self.last_excluded = [], [], [], []
         for stage, payloads in enumerate(payloads_by_stage):
+            excluded = dict(screened) if stage == 0 else {}
+            if applied_by_stage is not None:
+                excluded.update(other_result_exclusions(self.cfg.diloco, round_index, applied_by_stage[stage],
+                                                        stage_weights_hash(self.weights[stage])))
             result = aggregate_with_report(
                 self.weights[stage],
                 self.momentum[stage],
@@ -234,7 +242,7 @@ class Replayer:
                 stage_index=stage,
                 outer_round=round_index,
                 compression_cfg=self.cfg.compression,
-                excluded=screened if stage == 0 else None,
+                excluded=excluded or None,
             )
             new_weights.append(result.new_global)
             new_momentum.append(result.new_momentum)
@@ -285,7 +293,9 @@ def check_replay(
                       for stage in range(len(payloads))]
             root = replayer.apply_sliced(commit.round, payloads, peers, verdict.notes, verdict.checks, hashes)
         else:
-            root = replayer.apply(commit.round, payloads)
+            applied = [[bytes.fromhex(c.applied) for c in verdict.contributors if c.stage == stage]
+                       for stage in range(len(payloads))]
+            root = replayer.apply(commit.round, payloads, applied)
     except ScreeningUnavailable as exc:
         replayer.drop()
         verdict.checks.append(Check("weights root (replay)", UNVERIFIABLE, str(exc)))

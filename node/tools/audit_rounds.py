@@ -123,6 +123,7 @@ def _verified_payload(
         body = msg.decode_contribution_body(env.payload)
     except msg.ProtocolError as exc:
         return None, f"not a contribution: {exc}", True
+    contributor.applied = body.applied_hash.hex()
     return body.blob, "", False
 
 

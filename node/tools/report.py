@@ -62,6 +62,7 @@ class Contributor:
     peer_id: str
     envelope: str  # sha256 hex of the envelope bytes
     account: str = ""  # registered account of the signing key, if found
+    applied: str = ""  # hex of the applied_hash its body binds (node.protocol.ContributionBody), if read
 
 
 @dataclass

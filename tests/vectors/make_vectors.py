@@ -178,7 +178,8 @@ def envelope_cases() -> list[dict[str, Any]]:
                           timestamp_ms=TIMESTAMP_MS, payload=msg.encode_payload(message)))
     cases.append(dict(name="contribution", run_id=RUN_ID, round=3, kind=msg.CONTRIBUTION, stage=0,
                       replica=1, timestamp_ms=TIMESTAMP_MS,
-                      payload=msg.encode_contribution_body(msg.ContributionBody(_h(11), _h(12), bytes(range(256)) * 2))))
+                      payload=msg.encode_contribution_body(msg.ContributionBody(_h(11), _h(12), bytes(range(256)) * 2,
+                                                                               _h(14)))))
     # The sliced exchange's partial: a blob (never gossiped), fixed layout like a contribution
     # (docs/PROTOCOL.md, "Sliced exchange"): b"dlx-partial/2" || u32 j || u32 A || u32 n || inputs_root (32) || blob.
     cases.append(dict(name="partial", run_id=RUN_ID, round=3, kind=msg.PARTIAL, stage=1, replica=0,
