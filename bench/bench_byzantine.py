@@ -22,7 +22,8 @@ the sliced exchange's own attacks (``tests/sliced_adversary.py``: withholding,
 wrong partials, bad slices and references, and the forged contributions cut
 into slices) plus the full exchange's attacks on closes and hellos, which do not
 depend on the exchange; it writes bench/results/byzantine_sliced.json. There
-the audit passes or names the attacker (a wrong partial is applied alike and
+the audit (of every node's archive: a holder archives only the bundles it
+read) passes or names the attacker (a wrong partial is applied alike and
 caught after the fact, or accused by the holders' spot checks of partials).
 """
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -38,13 +40,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.benchio import write_result  # noqa: E402
 from node.commands.launcher import LocalRun  # noqa: E402
 from node.config import load_config  # noqa: E402
 
 ADVERSARY = [sys.executable, str(ROOT / "tests" / "adversary.py")]
 SLICED_ADVERSARY = [sys.executable, str(ROOT / "tests" / "sliced_adversary.py")]
 SLICED_ATTACKS = ("withhold", "wrong-root", "wrong-blob", "two-partials", "bad-slice", "bad-reference",
-                  "slices-huge-1e3", "slices-sign-flip", "slices-noise", "slices-zero")
+                  "slices-malformed", "slices-huge-1e3", "slices-huge-1e6", "slices-sign-flip", "slices-noise",
+                  "slices-stale", "slices-zero", "slices-copy")
 DEFAULT_SLICED_ATTACKS = (*SLICED_ATTACKS, "late", "empty-close", "duplicate-close", "equivocating-close",
                           "censoring-close", "absurd-hello", "first-cluster")
 DEFAULT_ATTACKS = ("malformed-payload", "huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero", "copy",
@@ -52,7 +56,10 @@ DEFAULT_ATTACKS = ("malformed-payload", "huge-1e3", "huge-1e6", "sign-flip", "no
                    "first-cluster")
 #: Attacks that are a configuration, not patched behaviour: the real node with that setting.
 CONFIG_ATTACKS = {"first-cluster": ("cluster", "0-sorts-first")}
-DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+#: The corpus: the checkout's ``shared/`` beside it (main) or, for a worktree under ``wt/``, two levels up.
+DATA = next((base / "shared" / "data" / "tinyshakespeare" / "input.txt" for base in (ROOT.parent, ROOT.parent.parent)
+             if (base / "shared" / "data" / "tinyshakespeare" / "input.txt").exists()),
+            ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt")
 
 
 def held_out_loss(node_cfg_path: Path, checkpoint: Path) -> float:
@@ -133,11 +140,22 @@ def one_run(workdir: Path, attack: str | None, args) -> dict:
     result["held_out"] = held_out_loss(honest[0].config_path, checkpoint) if checkpoint.exists() else None
     if attack is not None:
         result["archive"] = excluded_from_archive(honest[0], attacker.peer_id)
-    result["audit"] = audit(run, honest[0])
+    # A sliced run's holders archive only their own bundles and the inputs they fetched, so the auditor
+    # reads every member's archive, the attacker's too: docs/PROTOCOL.md, "What an auditor replays" (an
+    # archive only supplies bytes that the signed record binds). The full exchange: one holder's.
+    audit_lines = audit(run, run.nodes if args.exchange == "sliced" else honest[:1], result)
     if attack is not None:
-        result["audit"]["names_attacker"] = any(attacker.peer_id in line for line in result["audit"]["tail"])
+        result["audit"]["names_attacker"] = names_attacker(audit_lines, attacker.peer_id, (charged or {}).get("account"))
         result["accusations"] = charged
     return result
+
+
+def names_attacker(tail: list[str], peer_id: str, account: str | None) -> bool:
+    """Whether the audit's lines name the attacker: a FAIL that names its peer id, or an accusation of its
+    account (or its slashing) that the audit lists (not one it opened against another member)."""
+    marks = [peer_id.lower()] + ([f"accusation of {account}".lower(), f"member {account} slashed".lower()]
+                                 if account else [])
+    return any(mark in line.lower() for line in tail for mark in marks)
 
 
 def accusations(run: LocalRun, attacker) -> dict:
@@ -149,15 +167,16 @@ def accusations(run: LocalRun, attacker) -> dict:
         history = client.history(run.run_id)
         account = dev_account(attacker.account, client.chain_id).address.lower()
         against = [a for a in history.accusations if a.accused.lower() == account]
-        return {"opened": len(against), "guilty": sum(a.guilty for a in against),
+        return {"opened": len(against), "guilty": sum(bool(a.guilty) for a in against),
                 "others_accused": len(history.accusations) - len(against),
-                "slashed": any(s.account.lower() == account for s in history.slashings)}
+                "slashed": any(s.account.lower() == account for s in history.slashings), "account": account}
     except Exception as exc:  # noqa: BLE001 - a bench records what it could not read
         return {"error": str(exc)}
 
 
-def audit(run: LocalRun, slot) -> dict:
-    """``dlx-node audit`` of the run against a chain restarted from its state file."""
+def audit(run: LocalRun, slots, result: dict) -> list[str]:
+    """``dlx-node audit`` of the run against a chain restarted from its state file: its exit code and last
+    lines go to ``result["audit"]``; returns every line it printed."""
     from ledger.chain import AnvilProcess
 
     anvil = AnvilProcess(state_file=run.workdir / "chain-state.json")
@@ -166,14 +185,15 @@ def audit(run: LocalRun, slot) -> dict:
         deployment = json.loads((run.workdir / "deployment.json").read_text())
         out = subprocess.run(
             [sys.executable, "-m", "node.cli", "audit", "--rpc", url, "--ledger", deployment["ledger"],
-             "--registry", deployment["registry"], "--run", str(run.run_id), "--archive", str(slot.data_dir),
-             "--data", str(DATA),
+             "--registry", deployment["registry"], "--run", str(run.run_id),
+             *[arg for slot in slots for arg in ("--archive", str(slot.data_dir))], "--data", str(DATA),
              "--json", str(run.workdir / "audit.json")],
             capture_output=True, text=True, timeout=1800, cwd=ROOT)
     finally:
         anvil.stop()
-    tail = (out.stdout + out.stderr).strip().splitlines()[-12:]
-    return {"exit_code": out.returncode, "tail": tail}
+    lines = (out.stdout + out.stderr).strip().splitlines()
+    result["audit"] = {"exit_code": out.returncode, "tail": lines[-12:]}
+    return lines
 
 
 def main() -> int:
@@ -203,7 +223,11 @@ def main() -> int:
         args.out = str(ROOT / "bench" / "results" / ("byzantine_sliced.json" if args.exchange == "sliced"
                                                       else "byzantine.json"))
     attacks = [a for a in args.attacks.split(",") if a]
-    results = json.loads(Path(args.out).read_text())["runs"] if args.append else []
+    earlier = json.loads(Path(args.out).read_text()) if args.append else {}
+    results = earlier.get("runs", [])
+    # An appended result keeps what each earlier part recorded (its command, date, commit, load).
+    parts = [*earlier.get("earlier_parts", []), *([earlier["recorded"]] if "recorded" in earlier else [])]
+    load_at_start = list(os.getloadavg())
     for attack in ([] if args.append else [None]) + attacks:
         workdir = Path(args.workdir) / (attack or "honest")
         if workdir.exists():
@@ -213,8 +237,8 @@ def main() -> int:
         result = one_run(workdir, attack, args)
         results.append(result)
         print(json.dumps({k: v for k, v in result.items() if k != "audit"}), flush=True)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"settings": vars(args), "runs": results}, indent=1))
+        write_result(args.out, {"settings": vars(args), "runs": results, **({"earlier_parts": parts} if parts else {})},
+                     load_at_start)
     honest = results[0]["held_out"]
     print(f"\n{'attack':<26} {'exits':>6} {'attacker closed in (excluded)':>30} {'held-out':>9} "
           f"{'vs honest':>9} audit (names attacker) accused/guilty")

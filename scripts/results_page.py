@@ -401,25 +401,42 @@ def reexec(r: dict) -> list[str]:
 def byzantine(r: dict) -> list[str]:
     runs = r["runs"]
     honest = next((x["held_out"] for x in runs if x["attack"] == "honest"), None)
+    s = r["settings"]
+    sliced = s.get("exchange") == "sliced"
     rows = []
     for x in runs:
         text = str(x.get("audit", ""))
         verdict = next((w for w in ("PASSED", "INCOMPLETE", "FAILED") if w in text), "see JSON")
         arch = x.get("archive") or {}
-        rows.append([x["attack"], x.get("attest_quorum", "1"), len(x.get("honest_exits_nonzero", [])),
-                     f"{arch.get('rounds_with_attacker', '-')}/{arch.get('rounds_sealed', '-')}"
-                     f" ({arch.get('rounds_attacker_excluded', '-')} excluded)" if arch else "-",
-                     num(x.get("held_out")), pct(x["held_out"] / honest - 1) if honest and x.get("held_out") else "",
-                     verdict])
-    s = r["settings"]
-    adversary = "sliced_adversary" if s.get("exchange") == "sliced" else "adversary"
+        row = [x["attack"], x.get("attest_quorum", "1"), len(x.get("honest_exits_nonzero", [])),
+               f"{arch.get('rounds_with_attacker', '-')}/{arch.get('rounds_sealed', '-')}"
+               f" ({arch.get('rounds_attacker_excluded', '-')} excluded)" if arch else "-",
+               num(x.get("held_out")), pct(x["held_out"] / honest - 1) if honest and x.get("held_out") else "",
+               verdict]
+        if sliced:  # the audit may name the attacker (a wrong partial), and the spot checks accuse it
+            charged = x.get("accusations") or {}
+            row += [{True: "yes", False: "no"}.get((x.get("audit") or {}).get("names_attacker"), "-"),
+                    f"{charged['opened']}/{charged['guilty']}" if "opened" in charged else "-"]
+        rows.append(row)
+    adversary = "sliced_adversary" if sliced else "adversary"
+    if sliced:
+        note = (f" `diloco.exchange = \"sliced\"`, `spot_checks = {s.get('spot_checks')}` (of partials and of "
+                f"contributions), `p2p.transfer_timeout = {s.get('transfer_timeout')}`; the close and hello attacks "
+                "are `tests/adversary.py`'s; the audit reads every node's archive. A wrong partial is applied alike by "
+                "every holder and caught after the fact: the audit FAILs naming its signer, and the holders' spot "
+                "checks of partials accuse it on chain. A sliced run leaves a bad slice out per slice (the "
+                "aggregator's report), so `excluded` stays 0. Accusations opened near the end of these 3-round runs "
+                "mostly stay open: the nodes stop with the run before enough verdicts are signed.")
+    else:
+        note = (" Rows without k ran at the script's default of the time, k = 1 (one member alone can commit; the "
+                "censoring coordinator then commits its own record and the audit fails it); with k = 2, the default "
+                "now, that attack is refused.")
     return [(f"A real local run per attack (anvil, {s['replicas']} one-node replicas of `{s['preset']}`, H = "
             f"{s['inner_steps']} x {s['rounds']} rounds), the last replica `tests/{adversary}.py` with that attack; "
-            "held-out loss of the final checkpoint, then `dlx-node audit`. Rows without k ran at the script's "
-            "default of the time, k = 1 (one member alone can commit; the censoring coordinator then commits its "
-            "own record and the audit fails it); with k = 2, the default now, that attack is refused."), ""] + table(
+            "held-out loss of the final checkpoint, then `dlx-node audit`." + note), ""] + table(
         [f"attack (1 of {s['replicas']} replicas)", "k", "honest nodes exiting non-zero", "attacker in the close (excluded)",
-         "held-out", "vs honest", "audit"], rows)
+         "held-out", "vs honest", "audit",
+         *(["audit names the attacker", "accusations of it (guilty)"] if sliced else [])], rows)
 
 
 def chaos(r: dict) -> list[str]:

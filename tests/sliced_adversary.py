@@ -29,10 +29,18 @@ ATTACK, as tests/adversary.py builds its attackers.
   right inputs, a wrong one (5 x the average) and the honest one, announces both and
   serves them a moment later: every holder holds two bound partials that differ,
   replays the slice, applies the honest one and keeps the wrong one as evidence.
-- ``slices-huge-1e3`` / ``slices-sign-flip`` / ``slices-noise`` / ``slices-zero``: the
-  full exchange's forged contributions (tests/adversary.py) for a sliced run: each slice of
-  its bundle is the honest slice forged (times 1e3, negated, noise of its norm, zeros) and
-  re-encoded, so every aggregator's per-slice exclusion and norm rule meets it.
+- ``slices-huge-1e3`` / ``slices-huge-1e6`` / ``slices-sign-flip`` / ``slices-noise`` /
+  ``slices-zero`` / ``slices-stale``: the full exchange's forged contributions
+  (tests/adversary.py, whose forgeries change the whole blob a sliced run never sends) for a
+  sliced run: each slice of its bundle is the honest slice forged (times 1e3 or 1e6, negated,
+  noise of its norm, zeros, the previous round's honest slice) and re-encoded, so every
+  aggregator's per-slice exclusion and norm rule meets it.
+- ``slices-malformed``: the full exchange's ``malformed-payload``: every slice blob of its
+  bundle is bytes of the same length that do not decode, in a well-formed bundle whose records
+  and root match them (validly signed), so every aggregator reads the slice and excludes it.
+- ``slices-copy``: the full exchange's ``copy``: a free rider that waits for another
+  member's contribution of the round, fetches its envelope and bundle (both served), and
+  publishes that member's slices, decoded and re-encoded, as its own bundle.
 """
 
 from __future__ import annotations
@@ -44,8 +52,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adversary import run_with  # tests/ is on the path: this file's directory
 
-FORGED = ("slices-huge-1e3", "slices-sign-flip", "slices-noise", "slices-zero")
-ATTACKS = ("wrong-root", "wrong-blob", "bad-slice", "bad-reference", "withhold", "two-partials", *FORGED)
+FORGED = ("slices-huge-1e3", "slices-huge-1e6", "slices-sign-flip", "slices-noise", "slices-zero", "slices-stale",
+          "slices-malformed")
+ATTACKS = ("wrong-root", "wrong-blob", "bad-slice", "bad-reference", "withhold", "two-partials", *FORGED,
+           "slices-copy")
 
 
 def sliced(exchange) -> dict:
@@ -114,6 +124,7 @@ def bad_slice() -> dict:
 
 def bad_reference() -> dict:
     from node.live.sliced import SlicedExchange
+    from p2p.envelope import decode_envelope
     from training import butterfly
 
     class BadReference(SlicedExchange):
@@ -123,6 +134,11 @@ def bad_reference() -> dict:
             self.host.provide_blob(bundle, announce=False)
             count, digest, size, root = butterfly._REFERENCE.unpack_from(reference, len(butterfly.REFERENCE_PREFIX))
             return butterfly.REFERENCE_PREFIX + butterfly._REFERENCE.pack(count + 1, digest, size, root)
+
+        def close_inputs_held(self, outer_round, stage, digest, envelope):
+            if decode_envelope(envelope, self.max_blob_bytes).sender_peer_id == self.peer_id:
+                return True  # its own (unusable) envelope: it closes with it (the honest check would raise)
+            return super().close_inputs_held(outer_round, stage, digest, envelope)
 
     return sliced(BadReference)
 
@@ -196,6 +212,7 @@ def forged_slices(attack: str) -> dict:
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.rounds = {}  # stage -> the round last encoded
+            self.previous = {}  # stage -> the last round's honest decoded slices (slices-stale)
 
         def encode(self, stage, outer_round):
             self.rounds[stage] = outer_round
@@ -204,10 +221,16 @@ def forged_slices(attack: str) -> dict:
         def last_slices(self, stage):
             outer_round, plan = self.rounds[stage], self.plans[stage]
             generator = torch.Generator().manual_seed(1000 * outer_round + stage)
-            forged = []
+            if kind == "malformed":  # same lengths, no longer decodable: the bundle is built over these
+                return [bytes(b ^ 0x5A for b in blob) for blob in super().last_slices(stage)]
+            forged, honest_slices = [], []
             for j, blob in enumerate(super().last_slices(stage)):
                 honest = decode_contribution(blob, plan.slice_shapes(j), stage_index=stage, outer_round=outer_round)
-                values = {name: forge(value, generator) for name, value in honest.items()}
+                honest_slices.append(honest)
+                if kind == "stale":  # the previous round's honest slice (the first round's own: nothing older)
+                    values = self.previous.get(stage, honest_slices)[j]
+                else:
+                    values = {name: forge(value, generator) for name, value in honest.items()}
                 try:
                     blob = encode_contribution(values, self.cfg.compression, stage_index=stage,
                                                outer_round=outer_round)[0]
@@ -218,9 +241,60 @@ def forged_slices(attack: str) -> dict:
                     blob = encode_contribution(values, self.cfg.compression, stage_index=stage,
                                                outer_round=outer_round)[0]
                 forged.append(blob)
+            self.previous[stage] = honest_slices
             return forged
 
     return {"worker": ForgingSlicesWorker}
+
+
+def copy_slices() -> dict:
+    import logging
+    import time
+
+    from node.live.sliced import SlicedExchange
+    from node.protocol import decode_contribution_body
+    from p2p.envelope import decode_envelope
+    from training.butterfly import bundle_slices, parse_slice_reference
+    from training.codec_wire import decode_contribution
+    from training.compression import encode_contribution
+
+    logger = logging.getLogger("sliced_adversary")
+
+    class CopySlices(SlicedExchange):
+        def publish(self, outer_round, stage, blobs):
+            copied = self.copied(outer_round, stage)
+            return super().publish(outer_round, stage, blobs if copied is None else copied)
+
+        def copied(self, outer_round, stage):
+            """Another member's slices of (round, stage), decoded and re-encoded, or None within 30 s."""
+            plan = self.worker().plans[stage]
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                for announced in self.pool.book.snapshot_announces(outer_round, stage).values():
+                    if announced.peer_id == self.peer_id:
+                        continue
+                    envelope = self._fetch(announced.envelope_hash, announced.peer_id)
+                    if envelope is None:
+                        continue
+                    env = decode_envelope(envelope, self.max_blob_bytes)
+                    reference = parse_slice_reference(decode_contribution_body(env.payload).blob, plan.num_slices,
+                                                      self.max_blob_bytes)
+                    bundle = self._fetch(reference.bundle_digest, announced.peer_id)
+                    if bundle is None:
+                        continue
+                    theirs = bundle_slices(bundle, reference)
+                    if any(blob is None for blob in theirs):
+                        continue
+                    logger.warning("adversary: round %d stage %d: publishing %s's slices as its own", outer_round,
+                                   stage, announced.peer_id[-8:])
+                    return [encode_contribution(
+                        decode_contribution(blob, plan.slice_shapes(j), stage_index=stage, outer_round=outer_round),
+                        self.worker().cfg.compression, stage_index=stage, outer_round=outer_round)[0]
+                        for j, blob in enumerate(theirs)]
+                time.sleep(0.2)
+            return None
+
+    return sliced(CopySlices)
 
 
 def main() -> int:
@@ -230,7 +304,7 @@ def main() -> int:
     attack = sys.argv.pop(1)
     return run_with({"wrong-root": wrong_root, "wrong-blob": wrong_blob, "bad-slice": bad_slice,
                      "bad-reference": bad_reference, "withhold": withhold,
-                     "two-partials": two_partials,
+                     "two-partials": two_partials, "slices-copy": copy_slices,
                      **{name: (lambda name=name: forged_slices(name)) for name in FORGED}}[attack]())
 
 
