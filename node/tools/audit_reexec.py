@@ -160,6 +160,9 @@ class ReexecAuditor:
         envs = envs or self._envelopes(round_index, replica)
         if envs is None:
             return None, "its contributions are not in the archives", None
+        if self.cfg.diloco.exchange == "sliced":  # its envelopes carry slice references, not codec blobs
+            return None, ("sliced contribution: the audit does not rerun a sliced run's contributions yet "
+                          "(the nodes' spot checks do)"), None
         bodies = [msg.decode_contribution_body(e.payload) for e in envs]
         parts = [self.archives.blob(b.state_hash.hex()) for b in bodies]
         if any(p is None for p in parts):
