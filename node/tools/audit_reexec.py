@@ -26,6 +26,7 @@ from pathlib import Path
 
 from node import protocol as msg
 from node.errors import DLX_ERRORS
+from node.tools.audit_sliced import SlicedInputsMissing, SlicedRerunArchive
 from node.tools.report import FAIL, OK, UNVERIFIABLE, Check
 from p2p.envelope import decode_envelope
 from p2p.errors import EnvelopeRejected
@@ -90,6 +91,21 @@ class _Archives:
                 return candidate.read_bytes()
         return None
 
+    def round_blobs(self, round_index: int, suffix: str) -> list[bytes]:
+        """Every archive's ``*.<suffix>`` blobs of a round (the sliced exchange's partials), unchecked."""
+        return [path.read_bytes() for d in self._round_dirs(round_index) for path in sorted(d.glob(f"*.{suffix}"))
+                if path.is_file()]
+
+    def round_blob(self, round_index: int, hash_hex: str, suffix: str) -> bytes | None:
+        """A round's ``<hash_hex>.<suffix>`` (a slice bundle) from any archive that holds it, checked."""
+        for d in self._round_dirs(round_index):
+            candidate = d / f"{hash_hex}.{suffix}"
+            if candidate.is_file():
+                data = candidate.read_bytes()
+                if hashlib.sha256(data).hexdigest() == hash_hex:
+                    return data
+        return None
+
     def blob(self, hash_hex: str) -> bytes | None:
         """A blob by content hash from any archive's blob store or evidence directory (checked)."""
         for d in self.dirs:
@@ -120,6 +136,7 @@ class ReexecAuditor:
         self.run_rounds = run_rounds
         self.archives = _Archives(archives, run_id)
         self.sealed = self.archives.sealed()
+        self.sliced = SlicedRerunArchive(self.cfg, self.archives, self.sealed)
 
     def _envelopes(self, round_index: int, replica: int) -> list | None:
         entries = sorted((e for e in self.sealed.get(round_index, []) if int(e[1]) == replica), key=lambda e: e[0])
@@ -160,27 +177,33 @@ class ReexecAuditor:
         envs = envs or self._envelopes(round_index, replica)
         if envs is None:
             return None, "its contributions are not in the archives", None
-        if self.cfg.diloco.exchange == "sliced":  # its envelopes carry slice references, not codec blobs
-            return None, ("sliced contribution: the audit does not rerun a sliced run's contributions yet "
-                          "(the nodes' spot checks do)"), None
         bodies = [msg.decode_contribution_body(e.payload) for e in envs]
         parts = [self.archives.blob(b.state_hash.hex()) for b in bodies]
         if any(p is None for p in parts):
             return None, "its start state is not in the archives' blob stores", None
-        previous, excluded = self._previous(round_index - 1)
-        if previous is None:
-            return None, f"round {round_index - 1}'s contributions are not in the archives", None
+        payloads, partials = [b.blob for b in bodies], None
+        if self.cfg.diloco.exchange == "sliced":  # its envelopes carry slice references, not codec blobs
+            try:
+                payloads, partials = self.sliced.claims(round_index, envs), self.sliced.previous(round_index - 1)
+            except SlicedInputsMissing as exc:
+                return None, f"sliced contribution: {exc}", None
+            previous, excluded = {}, {}
+        else:
+            previous, excluded = self._previous(round_index - 1)
+            if previous is None:
+                return None, f"round {round_index - 1}'s contributions are not in the archives", None
         held = {int(e[0]) for e in self.sealed.get(round_index - 1, []) if int(e[1]) == replica}
         dropped = [s for s in range(self.cfg.pipeline.num_stages) if s not in held] if round_index > 0 else []
         corpus = self.replayer._corpus()
         if corpus is None:
             return None, f"the run's training data is not available here ({self.replayer.corpus_problem})", None
-        claims = [ContributionClaim(e.stage, b.state_hash, b.data_commitment, b.blob, b.applied_hash)
-                  for e, b in zip(envs, bodies)]
+        claims = [ContributionClaim(e.stage, b.state_hash, b.data_commitment, p, b.applied_hash)
+                  for e, b, p in zip(envs, bodies, payloads)]
         result = verify_contribution(parts, claims, corpus, self.cfg.model, self.cfg.training, self.cfg.diloco,
                                      self.cfg.compression, outer_round=round_index, replica=replica,
                                      run_rounds=self.run_rounds, previous_contributions=previous or None,
-                                     previous_excluded=excluded, previous_dropped=dropped)
+                                     previous_excluded=excluded, previous_dropped=dropped,
+                                     previous_partials=partials or None)
         distance = max(result.distances.values()) if result.distances else None
         return result, result.reason, distance
 
