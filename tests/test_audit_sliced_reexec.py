@@ -73,9 +73,9 @@ def _archive(root, cfg, corpus, slices_by_replica, bundles=True):
     return root
 
 
-def _audit(cfg, archive):
-    history = SimpleNamespace(run=SimpleNamespace(run_id=RUN_ID, max_rounds=cfg.rounds), accusations=[],
-                              head_hash=b"h" * 32, memberships=[])
+def _audit(cfg, archive, accusations=()):
+    history = SimpleNamespace(run=SimpleNamespace(run_id=RUN_ID, max_rounds=cfg.rounds),
+                              accusations=list(accusations), head_hash=b"h" * 32, memberships=[])
     report = SimpleNamespace(general=[])  # what reexec_checks appends to (an AuditReport's list)
     reexec_checks(report, history, Replayer(run_document(cfg), None), [archive], -1)
     return {c.name: c for c in report.general}
@@ -108,3 +108,22 @@ def test_a_sliced_contribution_without_its_inputs_is_unverifiable_never_failed(s
         path.write_bytes(path.read_bytes()[:-1] + b"x")
     checks = _audit(cfg, tmp_path / "other")
     assert checks["re-execution of round 0 replica 0"].status == UNVERIFIABLE
+
+
+def test_a_sliced_proof_on_chain_is_not_taken_for_a_rerun_evidence(sliced_round, tmp_path):
+    """A guilty accusation whose evidence is a sliced proof (a bad bundle, a wrong partial: a signed proof, no
+    rerun) is not rerun as a contribution (whose envelopes it does not hold): unverifiable here, not failed."""
+    cfg, corpus, slices = sliced_round
+    archive = _archive(tmp_path / "node", cfg, corpus, {0: slices})
+    (archive / "evidence").mkdir()
+    accused = b"a" * 20
+    checks = {}
+    for verdict in ("bad-bundle", "wrong-partial"):
+        evidence = msg.Evidence(accused, 0, [b"an envelope", b"a bundle"], verdict, "r", [0.0, 0.0])
+        blob = Envelope.create(Identity.generate(), RUN_ID, 0, msg.EVIDENCE, msg.encode_payload(evidence)).to_bytes()
+        digest = hashlib.sha256(blob).digest()
+        (archive / "evidence" / f"{verdict}-{digest.hex()}.envelope").write_bytes(blob)
+        accusation = SimpleNamespace(guilty=True, accused="0x" + accused.hex(), evidence_hash=digest)
+        checks.update(_audit(cfg, archive, [accusation]))
+        check = next(c for name, c in checks.items() if name.startswith("ejection of") and digest.hex()[:16] in name)
+        assert check.status == UNVERIFIABLE and f"{verdict} evidence of a sliced run" in check.reason, check

@@ -14,7 +14,10 @@ archives (node data directories), the auditor:
   contribution: the ejection stands only if the rerun fails too.
 
 A contribution or piece of evidence whose inputs are not in the archives is
-unverifiable, never passed.
+unverifiable, never passed. A sliced run's contribution (``diloco.exchange =
+"sliced"``) is rerun against the slices its reference binds, from the member's
+archived bundle, as the nodes' spot checks do (node/tools/audit_sliced.py,
+``SlicedRerunArchive``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ from p2p.errors import EnvelopeRejected
 logger = logging.getLogger(__name__)
 
 _MAX_BLOB = 1 << 32
+#: The verdicts of the sliced exchange's self-contained proofs (node.live.slicedproof: a wrong partial, a bad
+#: bundle); the evidence carries no rerun. Named here as the tools do not import the live node.
+SLICED_PROOFS = ("wrong-partial", "bad-bundle")
 
 
 class _Archives:
@@ -288,6 +294,11 @@ def reexec_checks(report, history, replayer, archives, count: int) -> None:
         try:
             env = decode_envelope(data, _MAX_BLOB)
             evidence = msg.decode_payload(msg.EVIDENCE, env.payload)
+            if evidence.verdict in SLICED_PROOFS:
+                report.general.append(Check(name, UNVERIFIABLE, f"{evidence.verdict} evidence of a sliced run: "
+                                            "a signed proof, not a contribution's rerun; not judged here "
+                                            "(the replay names wrong partials)", env.round))
+                continue
             envs = [decode_envelope(c, _MAX_BLOB) for c in evidence.contributions]
             # A split replica's stages are signed by different members: the accused must have signed one.
             signed = [account_of.get(e.sender_peer_id, "").lower() == accusation.accused.lower() for e in envs]
