@@ -65,12 +65,17 @@ def test_sliced_run_of_three_replicas_agrees_every_round(make_run):
     for slot in honest:
         assert "partial of slice" in _logs([slot]), slot.name
     assert "refused" not in logs
-    # The auditor replays every round from the archives: each partial from its slice blobs, bit for bit.
-    report = audit_run(run.client(), run.run_id, archives=[slot.data_dir for slot in run.nodes])
+    # The auditor replays every round from the archives: each partial from its slice blobs, bit for bit;
+    # with --reexecute all it reruns every contribution against the slices its reference binds (the
+    # member's archived bundle), round 1 applying round 0 from its partials: each reproduces bit for bit.
+    report = audit_run(run.client(), run.run_id, archives=[slot.data_dir for slot in run.nodes], reexecute=-1)
     assert report.ok, [c.line() for c in report.all_checks() if c.status != OK]
     for verdict in report.rounds:
         replays = [c for c in verdict.checks if c.name.endswith("(replay)") and c.name.startswith("partial")]
         assert len(replays) == 3 and all(c.status == OK for c in replays), verdict.checks
+    reruns = [c for c in report.general if c.name.startswith("re-execution of round")]
+    assert len(reruns) == 3 * len(commits), report.general
+    assert all(c.status == OK and c.reason.startswith("reproduced (exact") for c in reruns), reruns
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ import pytest
 from node_fixtures import TINY, run_logs
 
 from ledger.account import dev_account
+from node.tools.audit import FAIL, OK, audit_run
 
 ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "sliced_adversary.py")]
 #: An upper bound only: the run is stopped once the cheater is out and a round went on without it.
@@ -71,3 +72,14 @@ def test_a_member_whose_slices_its_state_does_not_produce_is_rerun_accused_and_e
         lines = [line for line in _logs([slot]).splitlines() if "spot check of replica" in line]
         assert any(": exact (" in line for line in lines), slot.name + "\n" + "\n".join(lines)
         assert any(": mismatch (" in line for line in lines), slot.name + "\n" + "\n".join(lines)
+    # The audit reruns every sliced contribution from the archives (the members' bundles): the honest ones
+    # reproduce bit for bit; the cheater's do not, and since the chain found it guilty the run caught it;
+    # its ejection stands (the evidence's rerun fails too).
+    report = audit_run(client, run.run_id, archives=[s.data_dir for s in run.nodes], reexecute=-1)
+    assert not [c.line() for c in report.general if c.status == FAIL], report.general
+    reruns = [c for c in report.general if c.name.startswith("re-execution of round")]
+    caught = [c for c in reruns if "does not reproduce" in c.reason]
+    assert caught and all(c.status == OK and "found guilty on chain" in c.reason for c in caught), reruns
+    assert any(c.reason.startswith("reproduced (exact") for c in reruns), reruns
+    ejection = [c for c in report.general if c.name.startswith(f"ejection of {guilty[0].accused}")]
+    assert ejection and all(c.status == OK and "does not reproduce" in c.reason for c in ejection), report.general

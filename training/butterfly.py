@@ -745,6 +745,20 @@ def bundle_slices(bundle: bytes, reference: SliceReference) -> list[bytes | None
     return [read_slice(bundle, reference, j) for j in range(reference.num_slices)]
 
 
+def rerun_claim(bundle: bytes, reference: SliceReference) -> bytes:
+    """What a rerun compares a sliced contribution with: the msgpack array of the slice blobs its bundle
+    proves, which is what the sliced encoder returns (:class:`SlicedErrorFeedbackCompressor`), so a
+    bit-exact rerun gives the same bytes. SliceError if it is not the referenced bundle or a slice does
+    not check (the node's spot checker and the audit's ``--reexecute`` both read claims so)."""
+    import msgpack
+
+    slices = bundle_slices(bundle, reference)
+    bad = [j for j, blob in enumerate(slices) if blob is None]
+    if bad:
+        raise SliceError(f"bundle does not prove slices {bad}")
+    return msgpack.packb(slices, use_bin_type=True)
+
+
 def candidate(slice_index: int, outer_round: int, num_members: int, turn: int) -> int:
     """Canonical index of slice ``slice_index``'s aggregator (``turn`` 0) or its ``turn``-th fallback."""
     return aggregator_of(slice_index + turn, outer_round, num_members)

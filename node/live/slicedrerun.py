@@ -25,14 +25,12 @@ from __future__ import annotations
 import hashlib
 import logging
 
-import msgpack
-
 from node import protocol as msg
 from node.live.slicedproof import bundle_fault
 from node.live.spotinputs import InputsUnavailable
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
-from training.butterfly import SliceError, bundle_slices, parse_partial, parse_slice_reference
+from training.butterfly import SliceError, parse_partial, parse_slice_reference, rerun_claim
 
 logger = logging.getLogger(__name__)
 
@@ -75,18 +73,17 @@ class SlicedRerunInputs:
             raise InputsUnavailable(f"round {outer_round} stage {env.stage}: bundle {digest[:12]} of "
                                     f"{env.sender_peer_id[-8:]} not served")
         try:
-            slices = bundle_slices(bundle, reference)
             fault = bundle_fault(env, env.payload, bundle, plan.num_slices, exchange.decodes)
+            if fault is None:
+                return rerun_claim(bundle, reference)
         except (SliceError, ValueError) as exc:  # (the fetch checked the sha256: not reached)
             raise InputsUnavailable(f"round {outer_round} stage {env.stage}: bundle {digest[:12]}: {exc}") from None
         finally:
             if not held:  # another replica's bundle: not kept in the blob store once read
                 self._forget(digest)
-        if fault is not None:
-            exchange.charge_bad_bundle(outer_round, data, bundle, fault)
-            raise InputsUnavailable(f"round {outer_round} stage {env.stage}: {env.sender_peer_id[-8:]}'s bundle "
-                                    f"is bad: {fault}")
-        return msgpack.packb(slices, use_bin_type=True)
+        exchange.charge_bad_bundle(outer_round, data, bundle, fault)
+        raise InputsUnavailable(f"round {outer_round} stage {env.stage}: {env.sender_peer_id[-8:]}'s bundle "
+                                f"is bad: {fault}")
 
     def _closers(self, outer_round: int, stage: int, envelope: bytes) -> list[str]:
         """The coordinators whose close of (round, stage) names ``envelope`` (each held its whole bundle)."""

@@ -14,7 +14,10 @@ archives (node data directories), the auditor:
   contribution: the ejection stands only if the rerun fails too.
 
 A contribution or piece of evidence whose inputs are not in the archives is
-unverifiable, never passed.
+unverifiable, never passed. A sliced run's contribution (``diloco.exchange =
+"sliced"``) is rerun against the slices its reference binds, from the member's
+archived bundle, as the nodes' spot checks do (node/tools/audit_sliced.py,
+``SlicedRerunArchive``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 
 from node import protocol as msg
 from node.errors import DLX_ERRORS
+from node.tools.audit_sliced import SlicedInputsMissing, SlicedRerunArchive
 from node.tools.report import FAIL, OK, UNVERIFIABLE, Check
 from p2p.envelope import decode_envelope
 from p2p.errors import EnvelopeRejected
@@ -33,6 +37,9 @@ from p2p.errors import EnvelopeRejected
 logger = logging.getLogger(__name__)
 
 _MAX_BLOB = 1 << 32
+#: The verdicts of the sliced exchange's self-contained proofs (node.live.slicedproof: a wrong partial, a bad
+#: bundle); the evidence carries no rerun. Named here as the tools do not import the live node.
+SLICED_PROOFS = ("wrong-partial", "bad-bundle")
 
 
 class _Archives:
@@ -90,6 +97,21 @@ class _Archives:
                 return candidate.read_bytes()
         return None
 
+    def round_blobs(self, round_index: int, suffix: str) -> list[bytes]:
+        """Every archive's ``*.<suffix>`` blobs of a round (the sliced exchange's partials), unchecked."""
+        return [path.read_bytes() for d in self._round_dirs(round_index) for path in sorted(d.glob(f"*.{suffix}"))
+                if path.is_file()]
+
+    def round_blob(self, round_index: int, hash_hex: str, suffix: str) -> bytes | None:
+        """A round's ``<hash_hex>.<suffix>`` (a slice bundle) from any archive that holds it, checked."""
+        for d in self._round_dirs(round_index):
+            candidate = d / f"{hash_hex}.{suffix}"
+            if candidate.is_file():
+                data = candidate.read_bytes()
+                if hashlib.sha256(data).hexdigest() == hash_hex:
+                    return data
+        return None
+
     def blob(self, hash_hex: str) -> bytes | None:
         """A blob by content hash from any archive's blob store or evidence directory (checked)."""
         for d in self.dirs:
@@ -120,6 +142,7 @@ class ReexecAuditor:
         self.run_rounds = run_rounds
         self.archives = _Archives(archives, run_id)
         self.sealed = self.archives.sealed()
+        self.sliced = SlicedRerunArchive(self.cfg, self.archives, self.sealed)
 
     def _envelopes(self, round_index: int, replica: int) -> list | None:
         entries = sorted((e for e in self.sealed.get(round_index, []) if int(e[1]) == replica), key=lambda e: e[0])
@@ -164,20 +187,29 @@ class ReexecAuditor:
         parts = [self.archives.blob(b.state_hash.hex()) for b in bodies]
         if any(p is None for p in parts):
             return None, "its start state is not in the archives' blob stores", None
-        previous, excluded = self._previous(round_index - 1)
-        if previous is None:
-            return None, f"round {round_index - 1}'s contributions are not in the archives", None
+        payloads, partials = [b.blob for b in bodies], None
+        if self.cfg.diloco.exchange == "sliced":  # its envelopes carry slice references, not codec blobs
+            try:
+                payloads, partials = self.sliced.claims(round_index, envs), self.sliced.previous(round_index - 1)
+            except SlicedInputsMissing as exc:
+                return None, f"sliced contribution: {exc}", None
+            previous, excluded = {}, {}
+        else:
+            previous, excluded = self._previous(round_index - 1)
+            if previous is None:
+                return None, f"round {round_index - 1}'s contributions are not in the archives", None
         held = {int(e[0]) for e in self.sealed.get(round_index - 1, []) if int(e[1]) == replica}
         dropped = [s for s in range(self.cfg.pipeline.num_stages) if s not in held] if round_index > 0 else []
         corpus = self.replayer._corpus()
         if corpus is None:
             return None, f"the run's training data is not available here ({self.replayer.corpus_problem})", None
-        claims = [ContributionClaim(e.stage, b.state_hash, b.data_commitment, b.blob, b.applied_hash)
-                  for e, b in zip(envs, bodies)]
+        claims = [ContributionClaim(e.stage, b.state_hash, b.data_commitment, p, b.applied_hash)
+                  for e, b, p in zip(envs, bodies, payloads)]
         result = verify_contribution(parts, claims, corpus, self.cfg.model, self.cfg.training, self.cfg.diloco,
                                      self.cfg.compression, outer_round=round_index, replica=replica,
                                      run_rounds=self.run_rounds, previous_contributions=previous or None,
-                                     previous_excluded=excluded, previous_dropped=dropped)
+                                     previous_excluded=excluded, previous_dropped=dropped,
+                                     previous_partials=partials or None)
         distance = max(result.distances.values()) if result.distances else None
         return result, result.reason, distance
 
@@ -262,6 +294,11 @@ def reexec_checks(report, history, replayer, archives, count: int) -> None:
         try:
             env = decode_envelope(data, _MAX_BLOB)
             evidence = msg.decode_payload(msg.EVIDENCE, env.payload)
+            if evidence.verdict in SLICED_PROOFS:
+                report.general.append(Check(name, UNVERIFIABLE, f"{evidence.verdict} evidence of a sliced run: "
+                                            "a signed proof, not a contribution's rerun; not judged here "
+                                            "(the replay names wrong partials)", env.round))
+                continue
             envs = [decode_envelope(c, _MAX_BLOB) for c in evidence.contributions]
             # A split replica's stages are signed by different members: the accused must have signed one.
             signed = [account_of.get(e.sender_peer_id, "").lower() == accusation.accused.lower() for e in envs]

@@ -53,7 +53,21 @@ def _slice_blob(sources: list, round_index: int, digest: bytes) -> bytes | None:
 def sliced_average(cfg: Any, run_id: int, round_index: int, stage: int, shapes: dict, references: list[bytes],
                    peers: list[str], sources: list, notes: list[str], checks: list,
                    hashes: list[bytes]) -> dict | None:
-    """The average the holders of ``stage`` had to apply in ``round_index``, re-derived (module docstring).
+    """The average the holders of ``stage`` had to apply in ``round_index``, re-derived (module docstring):
+    :func:`average_of_partials` of :func:`applied_partials` (same arguments)."""
+    from training.butterfly import average_of_partials, live_plan
+
+    plan = live_plan(shapes, cfg.diloco.num_replicas, cfg.diloco.min_slice_numel)
+    blobs = applied_partials(cfg, run_id, round_index, stage, shapes, references, peers, sources, notes, checks,
+                             hashes)
+    return average_of_partials(blobs, plan, stage_index=stage, outer_round=round_index,
+                               refuse_raw=cfg.compression.enabled)
+
+
+def applied_partials(cfg: Any, run_id: int, round_index: int, stage: int, shapes: dict, references: list[bytes],
+                     peers: list[str], sources: list, notes: list[str], checks: list,
+                     hashes: list[bytes]) -> list[bytes]:
+    """The partial blob (slice order) every holder of ``stage`` had to apply in ``round_index``.
 
     ``references``, ``peers`` and ``hashes``: the closed contributions' references (b"" for an envelope
     that is no contribution), signers and envelope hashes in canonical order.
@@ -62,7 +76,7 @@ def sliced_average(cfg: Any, run_id: int, round_index: int, stage: int, shapes: 
     partial nor its inputs.
     """
     from ledger.merkle import merkle_root
-    from training.butterfly import average_of_partials, live_plan
+    from training.butterfly import live_plan
 
     plan = live_plan(shapes, cfg.diloco.num_replicas, cfg.diloco.min_slice_numel)
     bundles = _contributor_bundles(cfg, plan, references, peers, sources, round_index, stage, notes)
@@ -71,10 +85,8 @@ def sliced_average(cfg: Any, run_id: int, round_index: int, stage: int, shapes: 
     numel = sum(math.prod(s) for s in shapes.values())
     budget = cfg.compression.stage_bandwidth_budget(numel, cfg.diloco.inner_steps, cfg.diloco.num_replicas)
     where = (stage, round_index)
-    blobs = [_applied_partial(cfg, plan, j, bound.get(j, {}), bundles, budget, where, checks, notes)
-             for j in range(plan.num_slices)]
-    return average_of_partials(blobs, plan, stage_index=stage, outer_round=round_index,
-                               refuse_raw=cfg.compression.enabled)
+    return [_applied_partial(cfg, plan, j, bound.get(j, {}), bundles, budget, where, checks, notes)
+            for j in range(plan.num_slices)]
 
 
 def _contributor_bundles(cfg: Any, plan: Any, references: list[bytes], peers: list[str], sources: list,
@@ -159,3 +171,91 @@ def _applied_partial(cfg: Any, plan: Any, j: int, offers: dict[bytes, str], bund
         return expected
     raise SlicedEvidenceMissing(f"stage {stage} slice {j}: {len(offers)} bound partials and no slice "
                                 "blobs to replay them")
+
+
+class SlicedInputsMissing(Exception):
+    """A sliced contribution's rerun inputs are not in the archives (or do not check): not rerun."""
+
+
+class SlicedRerunArchive:
+    """What ``dlx-node audit --reexecute`` reruns a sliced contribution with, read from the archives, as the
+    node's spot checker reads it from its peers (node/live/slicedrerun.py): the claims are the slices each
+    envelope's reference binds, packed (:func:`training.butterfly.rerun_claim`), from the member's archived
+    bundle (``<sha256>.slice``); round t-1's apply is the partial every holder had to apply per slice
+    (:func:`applied_partials`, the replay's own choice). A reference or bundle that does not check, or one
+    not archived, makes the contribution unverifiable here: the replay judges bad bundles.
+
+    ``archives``: node.tools.audit_reexec's archives (``round_blob``/``round_blobs``/``envelope``);
+    ``sealed``: round -> its sealed [stage, replica, peer id, hash hex] entries in canonical order.
+    """
+
+    def __init__(self, cfg: Any, archives: Any, sealed: dict[int, list[list]]) -> None:
+        self.cfg, self.archives, self.sealed = cfg, archives, sealed
+        self._previous: dict[int, dict[int, list[bytes]]] = {}
+
+    def shapes(self, stage: int) -> dict:
+        from training.stages import split_stages, stage_param_shapes
+
+        specs = split_stages(self.cfg.model.n_layer, self.cfg.pipeline.num_stages)
+        if not 0 <= stage < len(specs):
+            raise SlicedInputsMissing(f"stage {stage} is not one of the run's {len(specs)}")
+        return stage_param_shapes(self.cfg.model, specs[stage])
+
+    def claims(self, round_index: int, envs: list) -> list[bytes]:
+        """Per envelope (stage order), the packed slice blobs its reference binds; raises SlicedInputsMissing."""
+        from node import protocol as msg
+        from training.butterfly import SliceError, live_plan, parse_slice_reference, rerun_claim
+
+        out = []
+        for env in envs:
+            plan = live_plan(self.shapes(env.stage), self.cfg.diloco.num_replicas, self.cfg.diloco.min_slice_numel)
+            try:
+                reference = parse_slice_reference(msg.decode_contribution_body(env.payload).blob, plan.num_slices,
+                                                  self.cfg.p2p.max_blob_bytes)
+            except (SliceError, ValueError) as exc:
+                raise SlicedInputsMissing(f"stage {env.stage}: no usable slice reference ({exc})") from None
+            digest = reference.bundle_digest.hex()
+            bundle = self.archives.round_blob(round_index, digest, "slice")
+            if bundle is None:
+                raise SlicedInputsMissing(f"stage {env.stage}: its slice bundle {digest[:12]} is not in the archives")
+            try:
+                out.append(rerun_claim(bundle, reference))
+            except SliceError as exc:
+                raise SlicedInputsMissing(f"stage {env.stage}: bundle {digest[:12]}: {exc}") from None
+        return out
+
+    def previous(self, round_index: int) -> dict[int, list[bytes]]:
+        """Stage -> the partial blobs (slice order) every holder had to apply in ``round_index`` ({} before
+        round 0); raises SlicedInputsMissing when the archives cannot say."""
+        if round_index < 0:
+            return {}
+        if round_index not in self._previous:
+            self._previous[round_index] = {stage: self._applied(round_index, stage)
+                                           for stage in range(self.cfg.pipeline.num_stages)}
+        return self._previous[round_index]
+
+    def _applied(self, round_index: int, stage: int) -> list[bytes]:
+        from node import protocol as msg
+        from p2p.envelope import decode_envelope
+        from p2p.errors import EnvelopeRejected
+
+        entries = [e for e in self.sealed.get(round_index, []) if int(e[0]) == stage]
+        if not entries:
+            raise SlicedInputsMissing(f"round {round_index} stage {stage}: not sealed in the archives")
+        references, peers, hashes = [], [], []
+        for _stage, _replica, peer, hash_hex in entries:
+            data = self.archives.envelope(round_index, hash_hex)
+            if data is None:
+                raise SlicedInputsMissing(f"round {round_index}: envelope {hash_hex[:12]} is not in the archives")
+            try:
+                references.append(msg.decode_contribution_body(
+                    decode_envelope(data, self.cfg.p2p.max_blob_bytes).payload).blob)
+            except (EnvelopeRejected, ValueError, msg.ProtocolError):
+                references.append(b"")  # no contribution: an absent input, as for the aggregators
+            peers.append(str(peer))
+            hashes.append(bytes.fromhex(hash_hex))
+        try:
+            return applied_partials(self.cfg, self.archives.run_id, round_index, stage, self.shapes(stage),
+                                    references, peers, [self.archives], [], [], hashes)
+        except SlicedEvidenceMissing as exc:
+            raise SlicedInputsMissing(f"round {round_index}'s apply: {exc}") from None
