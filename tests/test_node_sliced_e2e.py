@@ -186,7 +186,7 @@ def test_two_bound_partials_that_differ_are_settled_by_replaying_the_slice(make_
     and keeps the other as evidence. The honest nodes end on the chain's roots, which the auditor replays
     from the right partials; its replay names the attacker's wrong partial (the attacker applied it). The
     holders accuse it on chain with the signed partial, the inputs it binds and the close as evidence
-    (node.live.slicedproof); each judges the other's evidence by replaying it, and the verdict is guilty."""
+    (node.slicedproof); each judges the other's evidence by replaying it, and the verdict is guilty."""
     run, honest, commits = _run(make_run, replicas=3, rounds=3, adversary="two-partials")
     attacker = run.nodes[-1].peer_id
     for slot in honest:
