@@ -13,7 +13,8 @@ from libp2p.io.trio import TrioTCPStream
 from p2p import fastpath
 from p2p.errors import BlobError
 from p2p import staging as staging_module
-from p2p.blob_protocol import _InOrderHasher, _read_cached
+from p2p.blob_hashing import InOrderHasher
+from p2p.blob_server import read_cached
 from p2p.staging import DIRECT_IO_ALIGN, RangeWriter, StagingFile, buffer_pool
 from p2p.ratelimit import TokenBucket
 
@@ -93,7 +94,7 @@ def hash_out_of_order(tmp_path, pieces, memory_budget):
     fd = os.open(path, os.O_RDWR)
     try:
         os.ftruncate(fd, total)
-        hasher = _InOrderHasher(fd, total, run_inline, memory_budget=memory_budget)
+        hasher = InOrderHasher(fd, total, run_inline, memory_budget=memory_budget)
 
         async def main():
             async with trio.open_nursery() as nursery:
@@ -133,7 +134,7 @@ def test_the_next_range_to_hash_is_hashed_by_the_job_that_writes_it(tmp_path):
     pool = buffer_pool(1 << 16)
     released = []
     try:
-        hasher = _InOrderHasher(staging.fd, len(blob), run_inline)
+        hasher = InOrderHasher(staging.fd, len(blob), run_inline)
 
         async def main():
             async with trio.open_nursery() as nursery:
@@ -274,8 +275,8 @@ def test_a_served_block_is_read_from_the_page_cache_in_place(tmp_path):
     buffer = bytearray(1 << 18)
     fd = os.open(path, os.O_RDONLY)
     try:
-        block = _read_cached(fd, buffer, 100_000, 150_000)
-        past_end = _read_cached(fd, buffer, 100, len(data))
+        block = read_cached(fd, buffer, 100_000, 150_000)
+        past_end = read_cached(fd, buffer, 100, len(data))
     finally:
         os.close(fd)
     if not hasattr(os, "RWF_NOWAIT"):
