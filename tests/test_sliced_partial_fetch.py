@@ -107,7 +107,7 @@ def test_a_provider_whose_slice_read_failed_is_not_asked_again_on_every_pass(tmp
     """An aggregator waiting for a withheld input asked its provider again on every 0.2 s pass (a retry storm:
     ~10 requests a second per slice for whole turns); now a failed read waits BUNDLE_RETRY_S."""
     import node.live.slicedreads as reads
-    from training.butterfly import parse_slice_reference, slice_bundle
+    from training.slicebundle import parse_slice_reference, slice_bundle
 
     blobs = [bytes([j]) * (400 + j) for j in range(4)]
     bundle, data = slice_bundle(blobs)

@@ -37,17 +37,10 @@ from node.live.slicedproof import usable_reference
 from node.live.slicedreads import BUNDLE_RETRY_S, SliceReads
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected
-from training.butterfly import (
-    SliceError,
-    SliceReference,
-    candidate,
-    parse_partial,
-    parse_slice_reference,
-    partial_payload,
-    slice_bundle,
-)
+from training.butterfly import SliceError, candidate, parse_partial, partial_payload
 from training.codec_wire import decode_contribution
 from training.errors import ContributionDecodeError
+from training.slicebundle import SliceReference, parse_slice_reference, slice_bundle
 
 logger = logging.getLogger(__name__)
 

@@ -46,7 +46,8 @@ from ledger.merkle import merkle_root
 from node import protocol as msg
 from p2p.envelope import decode_envelope
 from p2p.errors import EnvelopeRejected
-from training.butterfly import SliceError, SliceReference, bundle_slices, parse_partial, parse_slice_reference
+from training.butterfly import SliceError, parse_partial
+from training.slicebundle import SliceReference, bundle_slices, parse_slice_reference
 
 #: ``Evidence.verdict`` of a wrong partial's evidence (the verifier dispatches on it).
 WRONG_PARTIAL = "wrong-partial"

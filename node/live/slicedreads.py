@@ -16,7 +16,8 @@ import time
 from node.fsutil import atomic_write_bytes
 from node.live.exchange import FALLBACK_PROVIDERS
 from p2p.errors import P2PError
-from training.butterfly import SliceError, SliceReference, bundle_slices, parse_slice_record, record_range
+from training.butterfly import SliceError
+from training.slicebundle import SliceReference, bundle_slices, parse_slice_record, record_range
 
 logger = logging.getLogger("node.live.sliced")  # one logger for the exchange's lines
 
@@ -65,7 +66,7 @@ class SliceReads:
         signed reference. None if it could not be read (yet); b"" if slice j of the bundle is proven bad.
 
         A range that does not check may be the provider's lie about a good bundle, so the whole
-        bundle (bound by its sha256) decides (:func:`training.butterfly.read_slice`): a bad slice
+        bundle (bound by its sha256) decides (:func:`training.slicebundle.read_slice`): a bad slice
         is an absent input for every aggregator and auditor alike (it costs only its signer).
         """
         bundle = reference.bundle_digest.hex()

@@ -93,7 +93,8 @@ def _contributor_bundles(cfg: Any, plan: Any, references: list[bytes], peers: li
                          round_index: int, stage: int, notes: list[str]) -> list:
     """Each contributor's slice blobs in canonical order: a list per contributor, a list of Nones for an
     absent input, None when no archive holds a bundle that checks."""
-    from training.butterfly import SliceError, bundle_slices, parse_slice_reference
+    from training.butterfly import SliceError
+    from training.slicebundle import bundle_slices, parse_slice_reference
 
     absent = [None] * plan.num_slices
     bundles = []
@@ -204,7 +205,8 @@ class SlicedRerunArchive:
     def claims(self, round_index: int, envs: list) -> list[bytes]:
         """Per envelope (stage order), the packed slice blobs its reference binds; raises SlicedInputsMissing."""
         from node import protocol as msg
-        from training.butterfly import SliceError, live_plan, parse_slice_reference, rerun_claim
+        from training.butterfly import SliceError, live_plan
+        from training.slicebundle import parse_slice_reference, rerun_claim
 
         out = []
         for env in envs:
