@@ -52,6 +52,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from node.protocol import NO_APPLY, ContributionBody, encode_contribution_body  # noqa: E402
 from p2p.envelope import Envelope  # noqa: E402
 from p2p.identity import Identity, verify_signature  # noqa: E402
 from training.butterfly import (  # noqa: E402
@@ -83,7 +84,6 @@ from training.schedule import inner_lr, set_lr, trainer_optimizers  # noqa: E402
 from training.stages import split_stages, stage_param_shapes  # noqa: E402
 
 DEFAULT_DATA = "../shared/data/tinyshakespeare/input.txt"
-CONTRIBUTION_PREFIX = b"dlx-contribution/2"  # docs/PROTOCOL.md ContributionBody: prefix, state hash, data commitment
 RUN_ID = 7
 
 
@@ -124,7 +124,8 @@ def todays_traffic(pseudo_gradients, replicas: int, cfg, budget: int, stage_inde
     for replica in range(min(replicas, materialize)):
         target = perturbed(pseudo_gradients[replica % len(pseudo_gradients)], replica)
         blob, _, _ = _encode_whole(target, cfg, budget, stage_index, outer_round)
-        body = CONTRIBUTION_PREFIX + bytes(64) + blob
+        # The node's own body (docs/PROTOCOL.md ContributionBody: prefix, state hash, data commitment, applied hash).
+        body = encode_contribution_body(ContributionBody(bytes(32), bytes(32), blob, NO_APPLY))
         envelope = Envelope.create(identity(replica), RUN_ID, outer_round, "contribution", body, stage_index, replica)
         sizes.append(len(envelope.to_bytes()))
     mean = sum(sizes[1:]) / max(len(sizes) - 1, 1) if len(sizes) > 1 else sizes[0]
