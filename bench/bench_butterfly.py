@@ -77,10 +77,11 @@ from training.butterfly import (  # noqa: E402
 from training.compression import encode_contribution  # noqa: E402
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig  # noqa: E402
 from training.data import eval_batches, load_corpus, round_batches  # noqa: E402
-from training.diloco import StageEngine, average_contributions  # noqa: E402
+from training.diloco import average_contributions  # noqa: E402
 from training.model import count_params, init_state_dict  # noqa: E402
 from training.pipeline import LocalReplicaTrainer  # noqa: E402
 from training.schedule import inner_lr, set_lr, trainer_optimizers  # noqa: E402
+from training.stage_engine import StageEngine  # noqa: E402
 from training.stages import split_stages, stage_param_shapes  # noqa: E402
 
 DEFAULT_DATA = "../shared/data/tinyshakespeare/input.txt"

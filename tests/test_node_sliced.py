@@ -29,7 +29,7 @@ from training.butterfly import (
     plan_slices,
 )
 from training.config import CompressionConfig, DilocoConfig
-from training.diloco import StageEngine, aggregate_with_report, average_contributions, step_with_average
+from training.diloco import aggregate_with_report, average_contributions, step_with_average
 from training.errors import TrainingConfigError
 from training.slicebundle import (
     bundle_slices,
@@ -39,6 +39,7 @@ from training.slicebundle import (
     record_range,
     slice_bundle,
 )
+from training.stage_engine import StageEngine
 
 _IDENTITY = Identity.generate()  # one key for the hypothesis examples (generating one per example is slow)
 

@@ -333,7 +333,7 @@ class SlicedErrorFeedbackCompressor(ErrorFeedbackCompressor):
 
     Error feedback stays on the whole target: ``e = target - assemble(decoded
     slices)``. :meth:`compress_slices` returns the slice blobs; :meth:`compress`
-    (the interface :class:`~training.diloco.StageEngine` calls) returns them
+    (the interface :class:`~training.stage_engine.StageEngine` calls) returns them
     packed as one msgpack array, with :attr:`last_slices` holding the list.
     """
 
@@ -624,7 +624,7 @@ def live_plan(shapes: Mapping[str, tuple[int, ...]], num_replicas: int,
 
 
 def slice_stage(engine, num_replicas: int, min_slice_numel: int = LIVE_MIN_SLICE_NUMEL) -> SlicePlan:
-    """Make a :class:`~training.diloco.StageEngine` encode sliced contributions; returns its plan.
+    """Make a :class:`~training.stage_engine.StageEngine` encode sliced contributions; returns its plan.
 
     The plan is :func:`live_plan` of the stage's shapes for ``num_replicas`` and
     ``min_slice_numel`` (run settings, so every node derives the same plan); the
