@@ -35,11 +35,11 @@ from typing import Any
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
-from p2p.fastpath import YAMUX_FRAME_PAYLOAD_BYTES
+from p2p.fastpath_send import YAMUX_FRAME_PAYLOAD_BYTES
 from p2p.wire import ProtocolViolation, field
 
 BLOB_PROTOCOL = TProtocol("/dlx/blob/1.0.0")
-# One write on the stream: whole yamux frames of full Noise messages (p2p.fastpath),
+# One write on the stream: whole yamux frames of full Noise messages (p2p.fastpath_send),
 # so no write ends in a runt frame; ~1 MiB.
 CHUNK_BYTES = max(1, (1 << 20) // YAMUX_FRAME_PAYLOAD_BYTES) * YAMUX_FRAME_PAYLOAD_BYTES
 PIECE_BYTES = 8 << 20  # unit of work handed to one provider
