@@ -62,16 +62,9 @@ from training.butterfly import (  # noqa: E402
     aggregate_slice,
     aggregator_of,
     assemble_partials,
-    check_partial,
     encode_slices,
     guided_slice_budgets,
-    inputs_root,
-    parse_partial,
-    parse_slice_message,
-    partial_payload,
     plan_slices,
-    slice_message,
-    slice_signing_bytes,
     split_slices,
 )
 from training.compression import encode_contribution  # noqa: E402
@@ -81,6 +74,15 @@ from training.diloco import average_contributions  # noqa: E402
 from training.model import count_params, init_state_dict  # noqa: E402
 from training.pipeline import LocalReplicaTrainer  # noqa: E402
 from training.schedule import inner_lr, set_lr, trainer_optimizers  # noqa: E402
+from training.slicemessages import (  # noqa: E402
+    check_partial,
+    inputs_root,
+    parse_partial,
+    parse_slice_message,
+    partial_payload,
+    slice_message,
+    slice_signing_bytes,
+)
 from training.stage_engine import StageEngine  # noqa: E402
 from training.stages import split_stages, stage_param_shapes  # noqa: E402
 

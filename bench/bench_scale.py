@@ -297,8 +297,9 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
     from p2p.config import P2PConfig
 
     transfer_timeout = P2PConfig().transfer_timeout if transfer_timeout is None else transfer_timeout
-    from training.butterfly import PARTIAL_PREFIX, live_plan
+    from training.butterfly import live_plan
     from training.slicebundle import BUNDLE_PREFIX, record_size
+    from training.slicemessages import PARTIAL_PREFIX
 
     terms = {"envelopes": 0.0, "slice_inputs": 0.0, "records": 0.0, "partials": 0.0, "coordinator_bundles": 0.0}
     slices = []

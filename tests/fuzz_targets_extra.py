@@ -237,8 +237,9 @@ def structured_closed_envelope(rng: random.Random) -> bytes:
 
 def sliced_targets() -> list:
     from fuzz_targets import GOSSIP_LIMIT, Target
-    from training.butterfly import SliceError, parse_partial, partial_payload
+    from training.butterfly import SliceError
     from training.slicebundle import parse_slice_reference
+    from training.slicemessages import parse_partial, partial_payload
 
     reference = _sliced_reference()
     return [

@@ -66,7 +66,7 @@ def sliced(exchange) -> dict:
 
 def wrong_root() -> dict:
     from node.live.sliced import SlicedExchange
-    from training.butterfly import partial_payload
+    from training.slicemessages import partial_payload
 
     class WrongRoot(SlicedExchange):
         def make_payload(self, slice_index, num_slices, root, members, blob):
@@ -168,7 +168,7 @@ def two_partials() -> dict:
 
     from node import protocol as msg
     from node.live.sliced import SlicedExchange
-    from training.butterfly import parse_partial, partial_payload
+    from training.slicemessages import parse_partial, partial_payload
 
     class TwoPartials(SlicedExchange):
         def publish_partial(self, outer_round, stage, payload):

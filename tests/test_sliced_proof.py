@@ -29,8 +29,8 @@ from node.live.slicedproof import (
 from p2p.envelope import Envelope
 from p2p.identity import Identity
 from training import slicebundle
-from training.butterfly import partial_payload
 from training.slicebundle import slice_bundle
+from training.slicemessages import partial_payload
 
 RUN, ROUND, STAGE, SLICES = 7, 3, 0, 2
 ACCOUNT = b"\x11" * 20

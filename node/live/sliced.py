@@ -38,10 +38,11 @@ from node.live.slicedreads import BUNDLE_RETRY_S, SliceReads
 from p2p.backoff import RetryBook
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected
-from training.butterfly import SliceError, candidate, parse_partial, partial_payload
+from training.butterfly import SliceError, candidate
 from training.codec_wire import decode_contribution
 from training.errors import ContributionDecodeError
 from training.slicebundle import SliceReference, parse_slice_reference, slice_bundle
+from training.slicemessages import parse_partial, partial_payload
 
 logger = logging.getLogger(__name__)
 

@@ -121,7 +121,8 @@ def _bound_partials(cfg: Any, run_id: int, round_index: int, stage: int, plan: A
     close's inputs and comes from one of the slice's candidate aggregators."""
     from p2p.envelope import decode_envelope
     from p2p.errors import EnvelopeRejected
-    from training.butterfly import SliceError, candidate, parse_partial
+    from training.butterfly import SliceError, candidate
+    from training.slicemessages import parse_partial
 
     members = len(peers)
     bound: dict[int, dict[bytes, str]] = {}
