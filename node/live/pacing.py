@@ -84,6 +84,8 @@ class CommitPace:
                 if self.stop.wait(POLL_S):
                     raise RoundStopped(f"stopped while round {outer_round} waited for commits")
                 last = self.last_committed(read_chain=True)
+                if self.progress.state != WAITING:  # the prefetch thread said "finishing" meanwhile
+                    self.reporter.set_state(WAITING)
                 if time.monotonic() - reported >= REPORT_EVERY_S:
                     reported = time.monotonic()
                     logger.info("round %d: still waiting for commits (last committed %d, %.0fs so far)",
