@@ -1,8 +1,8 @@
 """How far a node's training may run ahead of the run's commits (``max_rounds_ahead``).
 
 A round's record goes on chain only once a quorum of members signed it, and the chain
-takes round t only after round t-1; a node's training does not wait for either
-(node/live/committer.py). Without a bound a replica trained round 38 while round 25 was
+takes round t only after round t-1; the committer waits for both on its own thread
+(node/live/committer.py), not on the training one. Without a bound a replica trained round 38 while round 25 was
 the last committed: everything it did past that is at risk if a record goes another
 way, and peers judge a member's round claims only within
 ``8 + 2 * checkpoint_every`` rounds of the last commit (RunEntry.round_window). So a node

@@ -27,7 +27,11 @@ is forfeited); otherwise it confirms it as a gossiped one. An accusation that no
 verdict decides lapses on chain at its deadline (docs/LEDGER.md, "Accusations").
 
 This module samples and reruns; accusing, confirming, judging and resolving are
-:class:`node.live.tribunal.Tribunal`'s, which :class:`SpotChecker` extends.
+:class:`node.live.tribunal.Tribunal`'s, which :class:`SpotChecker` extends. The two halves
+run on two threads (:class:`node.live.jobqueue.JobQueue`): the reruns one at a time, and the
+tribunal's work, which never waits behind a rerun. At a run's normal end the queued checks get
+``spot_check_drain_s`` more (:meth:`SpotChecker.drain`); what a stop leaves is counted
+(:attr:`SpotChecker.left_undone`, ``spot_checks_left_undone`` in status.json).
 """
 
 from __future__ import annotations
@@ -504,8 +508,8 @@ class SpotChecker(Tribunal):
         node still serves its peers meanwhile); return the sampled checks still queued."""
         deadline = time.monotonic() + timeout
         if not self.idle():
-            logger.info("the run is over: finishing %d queued spot check(s) (at most %.0fs)", self.pending_checks,
-                        timeout)
+            logger.info("the run is over: finishing the spot checks and charges still queued or running (%d "
+                        "check(s) not started; at most %.0fs)", self.pending_checks, timeout)
         while not self.idle() and not self.ctx.stop.is_set() and time.monotonic() < deadline:
             self.ctx.stop.wait(0.2)
         return self.pending_checks
