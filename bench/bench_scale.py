@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.benchio import RESULTS  # noqa: E402
+from bench.benchio import RESULTS, write_result  # noqa: E402
 from node.commands.launcher import LocalRun  # noqa: E402
 
 #: Attacks of tests/sliced_adversary.py (the others are tests/adversary.py's).
@@ -127,7 +127,7 @@ def own_bundles(archive: Path, peer_id: str) -> list[Path]:
     from node.protocol import ProtocolError, decode_contribution_body
     from p2p.envelope import decode_envelope
     from p2p.errors import P2PError
-    from training.butterfly import REFERENCE_PREFIX
+    from training.slicebundle import REFERENCE_PREFIX
 
     own = set()
     for path in archive.rglob("*.env"):
@@ -297,7 +297,9 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
     from p2p.config import P2PConfig
 
     transfer_timeout = P2PConfig().transfer_timeout if transfer_timeout is None else transfer_timeout
-    from training.butterfly import BUNDLE_PREFIX, PARTIAL_PREFIX, live_plan, record_size
+    from training.butterfly import live_plan
+    from training.slicebundle import BUNDLE_PREFIX, record_size
+    from training.slicemessages import PARTIAL_PREFIX
 
     terms = {"envelopes": 0.0, "slice_inputs": 0.0, "records": 0.0, "partials": 0.0, "coordinator_bundles": 0.0}
     slices = []
@@ -355,7 +357,8 @@ def curve(full_path: str, sliced_paths: list[str], sizes: list[int], min_slices:
     """Measured points of both exchanges side by side, and both models to ``sizes`` (module docstring);
     the sliced model for each minimum slice in ``min_slices`` (``sliced_models``) and for the one the
     largest measured sliced point ran with (``sliced_model``)."""
-    from training.butterfly import BUNDLE_PREFIX, live_plan, record_size
+    from training.butterfly import live_plan
+    from training.slicebundle import BUNDLE_PREFIX, record_size
     from training.config import ModelConfig
     from training.stages import split_stages, stage_param_shapes
 
@@ -484,7 +487,7 @@ def main() -> int:
                   + "); bench_butterfly's model: sliced "
                   f"{_fmt(row.get('butterfly_model', {}).get('sliced_mean_received'), 1e3)} kB, all-to-all "
                   f"{_fmt(row.get('butterfly_model', {}).get('all_to_all_received'), 1e3)} kB")
-        Path(args.out).write_text(json.dumps(table, indent=1))
+        write_result(args.out, table)
         print(f"wrote {args.out}")
         return 0
     points = []
@@ -522,9 +525,7 @@ def write(args, points: list[dict], modelled: list[dict]) -> None:
     """Write the results so far (after every run: a later run that hangs keeps the earlier ones)."""
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
-    result = {"args": vars(args), "load_at_end": load, "measured": points, "model": modelled}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    write_result(args.out, {"args": vars(args), "load_at_end": load, "measured": points, "model": modelled})
 
 
 if __name__ == "__main__":

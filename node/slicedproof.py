@@ -52,18 +52,11 @@ from ledger.merkle import merkle_root
 from node import protocol as msg
 from p2p.envelope import decode_envelope
 from p2p.errors import EnvelopeRejected
-from training.butterfly import (
-    SliceError,
-    SlicePlan,
-    SliceReference,
-    bundle_slices,
-    live_plan,
-    parse_partial,
-    parse_slice_reference,
-    replay_partial,
-)
+from training.butterfly import SliceError, SlicePlan, live_plan, replay_partial
 from training.codec_wire import decode_contribution
 from training.errors import ContributionDecodeError
+from training.slicebundle import SliceReference, bundle_slices, parse_slice_reference
+from training.slicemessages import parse_partial
 
 #: ``Evidence.verdict`` of a wrong partial's evidence (the verifier dispatches on it).
 WRONG_PARTIAL = "wrong-partial"

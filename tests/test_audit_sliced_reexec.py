@@ -27,8 +27,9 @@ from node.tools.audit_slicedproof import SlicedProofAuditor
 from node.tools.report import FAIL, OK, UNVERIFIABLE
 from p2p.envelope import Envelope
 from p2p.identity import Identity
-from training import butterfly
-from training.butterfly import bundle_slices, parse_slice_reference, partial_payload, slice_bundle
+from training import slicebundle
+from training.slicebundle import bundle_slices, parse_slice_reference, slice_bundle
+from training.slicemessages import partial_payload
 from training.data import corpus_from_config
 from training.reexec import data_commitment, reexecute, round_meta
 from training.replica_state import initial_replica_state
@@ -280,7 +281,7 @@ def test_an_ejection_on_a_bad_bundle_proof_is_judged_by_the_members_rule(sliced_
     who = proof.identities[1]
     bundle, reference = slice_bundle(slices[0])
     tampered = bundle[:-1] + bytes([bundle[-1] ^ 1])  # the last slice's last byte
-    forged = butterfly.REFERENCE_PREFIX + butterfly._REFERENCE.pack(
+    forged = slicebundle.REFERENCE_PREFIX + slicebundle._REFERENCE.pack(
         len(slices[0]), hashlib.sha256(tampered).digest(), len(tampered), reference[-32:])
     body = msg.encode_contribution_body(msg.ContributionBody(b"s" * 32, b"d" * 32, forged))
     bad = Envelope.create(who, RUN_ID, 0, msg.CONTRIBUTION, body, stage=0, replica=1).to_bytes()

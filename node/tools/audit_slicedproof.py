@@ -41,8 +41,10 @@ from node.slicedproof import (
 from node.tools.report import FAIL, OK, UNVERIFIABLE, Check
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected
-from training.butterfly import SliceError, parse_partial, parse_slice_reference
+from training.butterfly import SliceError
 from training.errors import TrainingError
+from training.slicebundle import parse_slice_reference
+from training.slicemessages import parse_partial
 
 #: The verdicts of the sliced exchange's self-contained proofs.
 SLICED_PROOFS = (WRONG_PARTIAL, BAD_BUNDLE)
