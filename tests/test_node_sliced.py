@@ -242,6 +242,33 @@ def test_a_sliced_close_is_judged_without_fetching_any_envelope():
     assert coordinator.judge(5, 0, "c-misplaced", misplaced) == PENDING
 
 
+def test_a_proofs_close_stands_only_where_the_coordinators_rules_say_it_went_by():
+    """RoundCoordinator.close_standing, what the live judge of a wrong partial asks of the proof's close: the
+    set this node aggregated; where it took no close of the round, a holder's close valid by the entry rules;
+    never a non-holder's, a refused one, or another set than the one aggregated."""
+    from test_node_rooms import PEERS, digest, entry
+
+    book, _membership, _pool, coordinator = _lazy_rooms(quorum=2)
+    real = msg.Close([entry(0, "peer-a"), entry(1, "peer-b"), entry(2, "peer-c")])
+    coordinator.adopt(4, 0, real)  # this node aggregated it
+    assert coordinator.close_standing(4, 0, "peer-b", real)[0] is True
+    framed = msg.Close([entry(0, "peer-a"), entry(1, "peer-b"), [5, "peer-c", digest("peer-c"), 100]])
+    stands, why = coordinator.close_standing(4, 0, "peer-b", framed)  # a member's made-up close
+    assert stands is False and "another set" in why
+    assert coordinator.close_standing(4, 0, "peer-x", real)[0] is False  # no holder of the stage
+    # A round this node took no close of: a holder's close whose entries were announced as named stands.
+    for replica, peer in enumerate(PEERS):
+        _announce(book, 5, 0, replica, peer, digest(peer))
+    assert coordinator.close_standing(5, 0, "peer-c", real)[0] is True
+    stands, _why = coordinator.close_standing(5, 0, "peer-c", framed)
+    assert stands is None  # its misnamed entry was never announced so: nothing is told here
+    assert coordinator.close_standing(5, 0, "peer-c", msg.Close([entry(0, "peer-a")]))[0] is False  # no quorum
+    book.add_close(5, 0, "peer-b", real, b"")
+    coordinator.withdraw(5, 0, real, "its inputs never came")  # refused here (an apply found them withheld)
+    stands, why = coordinator.close_standing(5, 0, "peer-b", real)
+    assert stands is False and "never came" in why
+
+
 def test_a_forged_sliced_close_is_refused_once_the_stall_limit_passes():
     from test_node_rooms import Clock, digest, entry, rooms
 
