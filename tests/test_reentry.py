@@ -102,7 +102,7 @@ def test_a_survivor_re_enters_the_open_round_as_its_restarted_partner_does(tmp_p
     entry = RunEntry(cfg=survivor.cfg, chain=Chain(), host=None, membership=Membership(), book=Book(),
                      coordinator=None, worker=survivor, contributor=Lane(), finisher=finisher, station=None,
                      state=StateFile(tmp_path / "state.json", survivor.cfg.ledger.run_id), layout=None,
-                     progress=None, reporter=None, checkpoint_dir=tmp_path, incoming_dir=tmp_path,
+                     progress=SimpleNamespace(last_finished=2), reporter=None, checkpoint_dir=tmp_path, incoming_dir=tmp_path,
                      stop=threading.Event())
     held = finisher.held_states()
     start = entry.agree_again(3, held)

@@ -5,7 +5,12 @@ checkpoint that verifies (restoring its stages from it), never at a round it
 already contributed to and never past a round nobody else would close; a
 split cluster's members agree on the round (the max of their proposals). When
 a partner dies, the node sits rounds out as a non-contributor until the
-pipeline re-forms (:meth:`RunEntry.await_partner`), then enters again the same way.
+pipeline re-forms (:meth:`RunEntry.await_partner`), then enters the round the
+others train as its restarted partner does, from the record: both hold the
+global state of the round that round trains from (the survivor its own held
+one, :meth:`RunEntry.reenter`; the partner that round's checkpoint, preferred
+over a newer one), and train it from start states a restart would have
+(docs/PROTOCOL.md, "A split cluster that loses a node").
 """
 
 from __future__ import annotations
@@ -344,7 +349,10 @@ class RunEntry:
                 raise RoundStopped("stopped while catching up to re-enter")
             self.finisher.finish(outer_round)
         held = {**held, **self.finisher.held_states()}
-        replayed = range(base + 1, min(next_round, start_round))
+        # Finished here already (a replay registered before and not consumed yet, the pipeline breaking
+        # again before that round's apply, counts: progress.last_finished does not move back).
+        finished = max(next_round - 1, self.progress.last_finished)
+        replayed = range(base + 1, min(finished + 1, start_round))
         if base < 0 or any(r not in held for r in (base, *replayed)):
             logger.warning("round %d: no global state of round %d held here; re-entering with the weights held "
                            "(rounds from %d applied)", start_round, base, next_round - 1)

@@ -113,6 +113,8 @@ class RoundFinisher:
         self._held.setdefault(outer_round, {})[stage] = self.worker.global_state(stage)
         for old in [r for r in self._held if r < outer_round - HELD_ROUNDS]:
             del self._held[old]
+        for old in [r for r in self._replays if r < outer_round - HELD_ROUNDS]:
+            del self._replays[old]  # never asked for again (its round is long applied)
 
     def _replay(self, outer_round: int, states: dict[int, tuple[dict, dict]]) -> None:
         self.contributor.join_start_state()  # the start state read the engines as they were
