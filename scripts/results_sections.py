@@ -262,6 +262,10 @@ def byzantine(r: dict) -> list[str]:
             charged = x.get("accusations") or {}
             row += [{True: "yes", False: "no"}.get((x.get("audit") or {}).get("names_attacker"), "-"),
                     f"{charged['opened']}/{charged['guilty']}" if "opened" in charged else "-"]
+        if s.get("reexecute"):  # --reexecute: reruns by status, and each guilty ejection's judgement
+            found = (x.get("audit") or {}).get("reexecution") or {}
+            row += [", ".join(f"{n} {status}" for status, n in sorted(found.get("reruns", {}).items())) or "-",
+                    ", ".join(e["status"] for e in found.get("ejections", [])) or "-"]
         rows.append(row)
     adversary = "sliced_adversary" if sliced else "adversary"
     if sliced:
@@ -272,6 +276,11 @@ def byzantine(r: dict) -> list[str]:
                 "checks of partials accuse it on chain. A sliced run leaves a bad slice out per slice (the "
                 "aggregator's report), so `excluded` stays 0. Accusations opened near the end of these 3-round runs "
                 "mostly stay open: the nodes stop with the run before enough verdicts are signed.")
+        if s.get("reexecute"):
+            note += (f" The audit ran with `--reexecute {s['reexecute']}`: it reruns contributions from the archives "
+                     "(a rerun that does not reproduce FAILs unless its member was found guilty on chain) and "
+                     "judges every guilty accusation's evidence, a sliced proof (wrong partial, bad bundle) by the "
+                     "members' rule (node/tools/audit_slicedproof.py): ok = the ejection is justified.")
     else:
         note = (" Rows without k ran at the script's default of the time, k = 1 (one member alone can commit; the "
                 "censoring coordinator then commits its own record and the audit fails it); with k = 2, the default "
@@ -281,7 +290,8 @@ def byzantine(r: dict) -> list[str]:
             "held-out loss of the final checkpoint, then `dlx-node audit`." + note), ""] + table(
         [f"attack (1 of {s['replicas']} replicas)", "k", "honest nodes exiting non-zero", "attacker in the close (excluded)",
          "held-out", "vs honest", "audit",
-         *(["audit names the attacker", "accusations of it (guilty)"] if sliced else [])], rows)
+         *(["audit names the attacker", "accusations of it (guilty)"] if sliced else []),
+         *([f"reruns (--reexecute {s['reexecute']})", "ejections judged"] if s.get("reexecute") else [])], rows)
 
 
 def chaos(r: dict) -> list[str]:
