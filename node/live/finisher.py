@@ -45,8 +45,11 @@ logger = logging.getLogger(__name__)
 ROUNDS_KEPT = 3
 
 #: Global states (per stage, references: the engine never changes one in place) kept behind the last
-#: applied round, for a survivor's re-entry (:meth:`RoundFinisher.held_states`, node/live/entry.py).
-HELD_ROUNDS = 3
+#: applied round, for a survivor's re-entry (:meth:`RoundFinisher.held_states`, node/live/entry.py). The
+#: round it re-enters, t, is still open, so it finished t - 1 at most and needs the state of t - 1 - pending
+#: (pending <= 1): the last applied state (the engine's own, no copy) and the one before it (one copy of a
+#: stage's weights and momentum held in memory). More would cost a copy of the stage per round kept.
+HELD_ROUNDS = 1
 
 
 @dataclass
