@@ -314,14 +314,17 @@ def chaos_phases(r: dict) -> list[str]:
     if not phases:
         return []
     rows = [[phase, d["kills"], d["recovered"], f"{d['recovery_rounds_mean']} / {d['recovery_rounds_max']}",
-             d.get("rounds_missed_after_ready_max", "-"), d["rounds_after_entry_max"],
+             d.get("rounds_missed_after_ready_max", "-"), d.get("rounds_missed_open_at_ready_max", "-"),
+             d["rounds_after_entry_max"],
              f"{d['recovery_s_mean']} / {d['recovery_s_max']} s", f"{d.get('ready_s_mean', '-')} s"]
             for phase, d in sorted(phases.items())]
     return ["By the phase of the kill (the restarted node's replica is back when it contributes again; rounds "
             "missed after ready: rounds committed without it once its restarted process was ready, i.e. its "
-            "pipeline formed with its partner, before the round it is back in):", ""] + table(
+            "pipeline formed with its partner, before the round it is back in; of those still open at ready: "
+            "the round the other replicas trained then or later, the others closed before and committed "
+            "after):", ""] + table(
         ["phase", "kills", "recovered", "chain rounds after the restart (mean / max)",
-         "rounds missed after ready (max)", "rounds after its entry round (max)", "seconds (mean / max)",
+         "rounds missed after ready (max)", "of them open at ready (max)", "rounds after its entry round (max)", "seconds (mean / max)",
          "process ready after (mean)"], rows) + [
         f"Logs with a traceback: {sum(1 for v in (r.get('tracebacks') or {}).values() if v)}; forks re-based in place: {r.get('rebased', '-')}.", ""]
 
