@@ -179,6 +179,7 @@ class ForkRepair:
     # -- the committer thread -------------------------------------------------------------
     def agreed(self, outer_round: int) -> None:
         """The chain's record of ``outer_round`` is known and nothing of it is re-based."""
+        self._read_quorum()
         with self._cond:
             self._settled.add(outer_round)
             self._cond.notify_all()
@@ -388,14 +389,26 @@ class ForkRepair:
         return max(1, min(self._chain_quorum(len(expected)), len(expected)))
 
     def _chain_quorum(self, fallback: int) -> int:
-        """The chain's quorum, read at most every QUORUM_READ_EVERY_S (``fallback`` if never read: the RPC is down)."""
+        """The chain's quorum as last read (``fallback`` if never: the RPC was down since the start). Read on the
+        committer thread only (:meth:`_read_quorum`): the training thread never waits on the chain's RPC."""
+        with self._cond:
+            quorum = self._quorum
+        return quorum[0] if quorum is not None else fallback
+
+    def _read_quorum(self) -> None:
+        """Read the chain's quorum again if the last read is QUORUM_READ_EVERY_S old (on the committer thread:
+        it just read the chain; the quorum grows and shrinks with the members in force)."""
         now = time.monotonic()
-        if self._quorum is None or now - self._quorum[1] > QUORUM_READ_EVERY_S:
-            try:
-                self._quorum = (self.chain.quorum_of(self.cfg.ledger.run_id), now)
-            except DLX_ERRORS as exc:
-                logger.debug("quorum not read (%s); using the last known", exc)
-        return self._quorum[0] if self._quorum is not None else fallback
+        with self._cond:
+            if self._quorum is not None and now - self._quorum[1] < QUORUM_READ_EVERY_S:
+                return
+        try:
+            quorum = self.chain.quorum_of(self.cfg.ledger.run_id)
+        except DLX_ERRORS as exc:
+            logger.debug("quorum not read (%s); using the last known", exc)
+            return
+        with self._cond:
+            self._quorum = (quorum, now)
 
     def apply(self, rebase: Rebase) -> bool:
         """Take the record's state of ``rebase.outer_round`` (call between rounds: nothing else touches the
