@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.benchio import RESULTS  # noqa: E402
+from bench.benchio import RESULTS, write_result  # noqa: E402
 from node.commands.launcher import LocalRun  # noqa: E402
 
 #: Attacks of tests/sliced_adversary.py (the others are tests/adversary.py's).
@@ -484,7 +484,7 @@ def main() -> int:
                   + "); bench_butterfly's model: sliced "
                   f"{_fmt(row.get('butterfly_model', {}).get('sliced_mean_received'), 1e3)} kB, all-to-all "
                   f"{_fmt(row.get('butterfly_model', {}).get('all_to_all_received'), 1e3)} kB")
-        Path(args.out).write_text(json.dumps(table, indent=1))
+        write_result(args.out, table)
         print(f"wrote {args.out}")
         return 0
     points = []
@@ -522,9 +522,7 @@ def write(args, points: list[dict], modelled: list[dict]) -> None:
     """Write the results so far (after every run: a later run that hangs keeps the earlier ones)."""
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
-    result = {"args": vars(args), "load_at_end": load, "measured": points, "model": modelled}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    write_result(args.out, {"args": vars(args), "load_at_end": load, "measured": points, "model": modelled})
 
 
 if __name__ == "__main__":
