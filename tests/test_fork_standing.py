@@ -59,6 +59,8 @@ class Chain:
 
 
 class Station:
+    first_round = 0  # this process contributed from round 0 on (no catch-up)
+
     def held_stages(self):
         return (0,)
 
@@ -181,3 +183,10 @@ def test_the_round_judged_is_the_one_the_start_state_holds(tmp_path, settings, b
     assert not forks.announceable(begun_on_round_2)  # begun on the contested round 2
     assert forks.announceable(1) and forks.announceable(0)  # begun on the initial weights
     assert forks.standing(5, "test") == NOT_OURS  # a round this life did not compute: nothing to hold
+
+
+def test_a_round_caught_up_after_a_restart_is_not_waited_on(tmp_path):
+    # Its peers attested round 2 long before this life, and may not send it again: nothing confirms it here.
+    forks, _book = forks_at(tmp_path, attested={ME: "ours"})
+    forks.station.first_round = 3  # the restarted node entered at round 3, catching up round 2
+    assert forks.standing(2, "test") == NOT_OURS and forks.announceable(4)

@@ -363,6 +363,10 @@ class ForkRepair:
         with self._cond:
             if outer_round in self._settled:
                 return FORKED if outer_round in self._forked else AGREED
+        if outer_round < self.station.first_round:
+            # Caught up after a restart or a join, not computed with the peers: their attestations of it went
+            # out long ago, and the committer's check of it re-enters from the chain on a fork, as ever.
+            return NOT_OURS
         standings = []
         for stage in self.station.held_stages():
             own_hash = self.rounds.stage_hashes.get(outer_round, {}).get(stage)
