@@ -52,6 +52,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from node.protocol import NO_APPLY, ContributionBody, encode_contribution_body  # noqa: E402
 from p2p.envelope import Envelope  # noqa: E402
 from p2p.identity import Identity, verify_signature  # noqa: E402
 from training.butterfly import (  # noqa: E402
@@ -61,29 +62,31 @@ from training.butterfly import (  # noqa: E402
     aggregate_slice,
     aggregator_of,
     assemble_partials,
-    check_partial,
     encode_slices,
     guided_slice_budgets,
-    inputs_root,
-    parse_partial,
-    parse_slice_message,
-    partial_payload,
     plan_slices,
-    slice_message,
-    slice_signing_bytes,
     split_slices,
 )
 from training.compression import encode_contribution  # noqa: E402
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig  # noqa: E402
 from training.data import eval_batches, load_corpus, round_batches  # noqa: E402
-from training.diloco import StageEngine, average_contributions  # noqa: E402
+from training.diloco import average_contributions  # noqa: E402
 from training.model import count_params, init_state_dict  # noqa: E402
 from training.pipeline import LocalReplicaTrainer  # noqa: E402
 from training.schedule import inner_lr, set_lr, trainer_optimizers  # noqa: E402
+from training.slicemessages import (  # noqa: E402
+    check_partial,
+    inputs_root,
+    parse_partial,
+    parse_slice_message,
+    partial_payload,
+    slice_message,
+    slice_signing_bytes,
+)
+from training.stage_engine import StageEngine  # noqa: E402
 from training.stages import split_stages, stage_param_shapes  # noqa: E402
 
 DEFAULT_DATA = "../shared/data/tinyshakespeare/input.txt"
-CONTRIBUTION_PREFIX = b"dlx-contribution/2"  # docs/PROTOCOL.md ContributionBody: prefix, state hash, data commitment
 RUN_ID = 7
 
 
@@ -124,7 +127,8 @@ def todays_traffic(pseudo_gradients, replicas: int, cfg, budget: int, stage_inde
     for replica in range(min(replicas, materialize)):
         target = perturbed(pseudo_gradients[replica % len(pseudo_gradients)], replica)
         blob, _, _ = _encode_whole(target, cfg, budget, stage_index, outer_round)
-        body = CONTRIBUTION_PREFIX + bytes(64) + blob
+        # The node's own body (docs/PROTOCOL.md ContributionBody: prefix, state hash, data commitment, applied hash).
+        body = encode_contribution_body(ContributionBody(bytes(32), bytes(32), blob, NO_APPLY))
         envelope = Envelope.create(identity(replica), RUN_ID, outer_round, "contribution", body, stage_index, replica)
         sizes.append(len(envelope.to_bytes()))
     mean = sum(sizes[1:]) / max(len(sizes) - 1, 1) if len(sizes) > 1 else sizes[0]

@@ -57,13 +57,13 @@ from training.config import (  # noqa: E402
 )
 from training.codec_wire import decode_contribution  # noqa: E402
 from training.data import corpus_from_config, generated_corpus, round_batches  # noqa: E402
-from training.diloco import StageEngine  # noqa: E402
 from training.model import count_params  # noqa: E402
 from training.pipeline import LocalReplicaTrainer  # noqa: E402
 from training.platform import CROSS_PLATFORM_TOLERANCE, fingerprint, resolve_device  # noqa: E402
 from training.reexec import contribution_distance, data_commitment, reexecute, round_meta  # noqa: E402
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica, run_with_states  # noqa: E402
 from training.replica_state import ReplicaStartState, capture_engine_part, capture_trainer_part  # noqa: E402
+from training.stage_engine import StageEngine  # noqa: E402
 from training.stages import split_stages, stage_param_shapes  # noqa: E402
 
 #: Dense bf16 peak (TFLOP/s, no sparsity) by a substring of torch.cuda.get_device_name(); --peak-tflops overrides.

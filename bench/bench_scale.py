@@ -127,7 +127,7 @@ def own_bundles(archive: Path, peer_id: str) -> list[Path]:
     from node.protocol import ProtocolError, decode_contribution_body
     from p2p.envelope import decode_envelope
     from p2p.errors import P2PError
-    from training.butterfly import REFERENCE_PREFIX
+    from training.slicebundle import REFERENCE_PREFIX
 
     own = set()
     for path in archive.rglob("*.env"):
@@ -297,7 +297,9 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
     from p2p.config import P2PConfig
 
     transfer_timeout = P2PConfig().transfer_timeout if transfer_timeout is None else transfer_timeout
-    from training.butterfly import BUNDLE_PREFIX, PARTIAL_PREFIX, live_plan, record_size
+    from training.butterfly import live_plan
+    from training.slicebundle import BUNDLE_PREFIX, record_size
+    from training.slicemessages import PARTIAL_PREFIX
 
     terms = {"envelopes": 0.0, "slice_inputs": 0.0, "records": 0.0, "partials": 0.0, "coordinator_bundles": 0.0}
     slices = []
@@ -355,7 +357,8 @@ def curve(full_path: str, sliced_paths: list[str], sizes: list[int], min_slices:
     """Measured points of both exchanges side by side, and both models to ``sizes`` (module docstring);
     the sliced model for each minimum slice in ``min_slices`` (``sliced_models``) and for the one the
     largest measured sliced point ran with (``sliced_model``)."""
-    from training.butterfly import BUNDLE_PREFIX, live_plan, record_size
+    from training.butterfly import live_plan
+    from training.slicebundle import BUNDLE_PREFIX, record_size
     from training.config import ModelConfig
     from training.stages import split_stages, stage_param_shapes
 

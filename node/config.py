@@ -28,6 +28,16 @@ from training.config import (
     TrainingConfig,
 )
 
+#: The least ``max_rounds_ahead``: with the one-step delay a node begins round t having finished only round t-2.
+MIN_ROUNDS_AHEAD = 2
+
+
+def claim_window(checkpoint_every: int) -> int:
+    """Rounds past the last committed one in which a peer's round claim is believed: the delay, the commit lag,
+    a catch-up (the same as :meth:`node.live.entry.RunEntry.round_window`)."""
+    return 8 + 2 * checkpoint_every
+
+
 @dataclass
 class StorageConfig:
     """How much of its past a node keeps on disk (``[storage]``); see node/store/retention.py.
@@ -82,6 +92,16 @@ class NodeConfig:
     # re-execute each contribution; a node checks each other replica with probability
     # spot_checks / (members - 1). 0 = this node checks nobody (it still serves its start states).
     spot_checks: float = 0.06
+    # At a normal end of run (the round limit reached), this node's queued spot checks run for up to this many
+    # seconds more while it still serves its peers; 0 = none. A stop (SIGINT/SIGTERM) never waits for them.
+    # What is left undone is logged and shown in status.json (spot_checks_left_undone).
+    spot_check_drain_s: float = 60.0
+    # A node does not begin training round t while t - (the last committed round) > max_rounds_ahead: it waits
+    # ("waiting for commits" in status.json) until the chain catches up. Peers hear a member's round claims only
+    # within 8 + 2 * checkpoint_every rounds of the last commit (node.live.entry.RunEntry.round_window), so the
+    # bound stays below that window; it is at least 2, because with the one-step delay a node starts round t
+    # having finished round t-2 only (the commits it waits for never need its own later rounds).
+    max_rounds_ahead: int = 8
     model: ModelConfig = field(default_factory=ModelConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     diloco: DilocoConfig = field(default_factory=DilocoConfig)
@@ -132,6 +152,15 @@ class NodeConfig:
             raise ConfigError(f"torch_threads={self.torch_threads}: must be >= 0 (0 = torch's default)")
         if not 0.0 <= self.spot_checks <= 1024.0:
             raise ConfigError(f"spot_checks={self.spot_checks}: must be in [0, 1024] (expected checks per contribution)")
+        if not 0.0 <= self.spot_check_drain_s <= 86400.0:
+            raise ConfigError(f"spot_check_drain_s={self.spot_check_drain_s}: must be in [0, 86400] seconds "
+                              "(0 = stop at the end of the run without finishing queued spot checks)")
+        window = claim_window(self.checkpoint_every)
+        if not MIN_ROUNDS_AHEAD <= self.max_rounds_ahead < window:
+            raise ConfigError(f"max_rounds_ahead={self.max_rounds_ahead}: must be in [{MIN_ROUNDS_AHEAD}, {window - 1}]"
+                              f" (below 8 + 2 * checkpoint_every = {window}, the rounds past the last commit in "
+                              f"which peers hear a member's round; at least {MIN_ROUNDS_AHEAD}, which the "
+                              "one-step delay needs to commit)")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port={self.metrics_port}: must be in [0, 65535]")
 

@@ -28,7 +28,7 @@ EVIDENCE = "evidence"  # a blob, not gossip: a verifier's signed proof that a co
 ACCUSATION = "accusation"  # 'this member's contribution failed my spot check; the evidence is this blob'
 VERDICT = "verdict"  # a member's EIP-712 signature over the verdict on an accusation
 # The sliced exchange (docs/PROTOCOL.md, "Sliced exchange"; diloco.exchange = "sliced"):
-PARTIAL = "partial"  # a blob, not gossip: aggregator j's signed partial (training.butterfly.partial_payload)
+PARTIAL = "partial"  # a blob, not gossip: aggregator j's signed partial (training.slicemessages.partial_payload)
 PARTIAL_ANNOUNCE = "partial_announce"  # 'my partial of slice j of (round, stage) is the blob with this hash'
 KINDS = (HELLO, CONTRIBUTION, ANNOUNCE, CLOSE, ATTESTATION, RECORD, ACCUSATION, VERDICT, PARTIAL_ANNOUNCE)
 

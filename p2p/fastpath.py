@@ -27,9 +27,11 @@ security"):
   receive open the whole window at once (a new stream starts at 256 KiB, and
   py-libp2p's sender polls every 10 ms while its window is empty).
 
-Each patch checks the py-libp2p version it was written for (pinned in
-pyproject.toml) and leaves the library alone otherwise;
-``tests/test_p2p_transfer.py`` fails if they are not applied.
+The sending side is :mod:`p2p.fastpath_send`, the yamux stream buffers and windows
+:mod:`p2p.fastpath_streams`; this module reads (TCP, Noise), hands out the calls the
+blob protocol uses and applies every patch (:data:`PATCHES`). Each patch checks the
+py-libp2p version it was written for (pinned in pyproject.toml) and leaves the
+library alone otherwise; ``tests/test_p2p_transfer.py`` fails if they are not applied.
 """
 
 from __future__ import annotations
@@ -37,8 +39,6 @@ from __future__ import annotations
 import errno
 import importlib.metadata
 import logging
-import struct
-from collections import deque
 from typing import Any
 
 import libp2p.stream_muxer.yamux.yamux as _yamux
@@ -50,20 +50,21 @@ from libp2p.io.utils import DEFAULT_RETRY_READ_COUNT
 from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.security.noise import io as _noise_io
 from libp2p.security.secure_session import SecureSession
-from libp2p.stream_muxer.exceptions import MuxedStreamEOF, MuxedStreamError, MuxedStreamReset
-from noise.backends.default.ciphers import ChaCha20Cipher
-from noise.constants import MAX_NONCE
-from noise.exceptions import NoiseInvalidMessage, NoiseMaxNonceError
+from noise.exceptions import NoiseInvalidMessage
+
+from p2p.fastpath_send import (
+    TAG_BYTES,
+    YAMUX_FRAME_PAYLOAD_BYTES,
+    chacha_state,
+    larger_yamux_frames,
+    nonce,
+    uncopied_yamux_writes,
+)
+from p2p.fastpath_streams import MAX_RECEIVE_WINDOW, batched_window_updates, chunked_stream_buffers
 
 logger = logging.getLogger(__name__)
 
 PATCHED_LIBP2P_VERSION = "0.8.1"
-#: Largest plaintext one Noise transport message carries (65535 - 16 bytes of MAC).
-NOISE_PLAINTEXT_BYTES = _noise_io.MAX_PLAINTEXT_LENGTH
-#: Noise messages per outgoing yamux data frame: fewer frames for the peer to parse.
-YAMUX_FRAME_NOISE_MESSAGES = 16
-#: Payload of a full outgoing yamux data frame (its 12-byte header shares the first message).
-YAMUX_FRAME_PAYLOAD_BYTES = YAMUX_FRAME_NOISE_MESSAGES * NOISE_PLAINTEXT_BYTES - _yamux.HEADER_SIZE
 #: Bytes asked of the kernel per TCP read at first.
 TCP_READ_BYTES = 256 * 1024
 #: ... growing (doubling each time a read fills its request) up to this on a connection carrying bulk data.
@@ -72,11 +73,6 @@ MAX_TCP_READ_BYTES = 1 << 20
 _LEFTOVER_BYTES = 2 * (_noise_io.SIZE_NOISE_MESSAGE_LEN + _noise_io.MAX_NOISE_MESSAGE_LEN)
 #: A connection's receive buffer at first: one kernel read plus a leftover message.
 TCP_BUFFER_BYTES = TCP_READ_BYTES + _LEFTOVER_BYTES
-_TAG_BYTES = 16  # Poly1305 tag closing every Noise transport message
-#: Bytes on the wire of one full outgoing yamux data frame (its Noise messages with their prefixes).
-_MAX_FRAME_WIRE_BYTES = YAMUX_FRAME_NOISE_MESSAGES * (_noise_io.SIZE_NOISE_MESSAGE_LEN + _noise_io.MAX_NOISE_MESSAGE_LEN)
-#: Largest receive window a stream grows to (go-yamux's maximum).
-MAX_RECEIVE_WINDOW = _yamux.MAX_WINDOW_SIZE
 
 applied: list[str] = []  # names of the patches in force (checked by the tests)
 
@@ -91,125 +87,6 @@ def _version_matches() -> bool:
         )
         return False
     return True
-
-
-def _chacha_state(read_writer: Any, direction: str) -> Any:
-    """The Noise cipher state of a transport read/writer if it is keyed ChaCha20-Poly1305, else None."""
-    if type(read_writer) is not _noise_io.NoiseTransportReadWriter:
-        return None
-    protocol = getattr(read_writer.noise_state, "noise_protocol", None)
-    state = getattr(protocol, f"cipher_state_{direction}", None)
-    if state is None or not isinstance(state.cipher, ChaCha20Cipher) or not state.has_key():
-        return None
-    return state
-
-
-def _nonce(state: Any) -> bytes:
-    """Noise's ChaChaPoly nonce for the state's counter (what ``ChaCha20Cipher.format_nonce`` makes)."""
-    if state.n == MAX_NONCE:
-        raise NoiseMaxNonceError("Nonce has depleted!")
-    return b"\x00\x00\x00\x00" + state.n.to_bytes(8, "little")
-
-
-def _larger_yamux_frames() -> None:
-    """Send yamux data frames of several Noise messages, and each frame in one socket write.
-
-    py-libp2p 0.8.1 sliced writes into 64 KiB + 12 byte frames, one byte more than
-    a Noise message carries, so each frame became two Noise messages. Frames of
-    ``YAMUX_FRAME_NOISE_MESSAGES`` full messages cut the receiver's per-frame work
-    by that factor; the yamux writer still never exceeds the peer's window. The
-    messages of a frame are encrypted in place into one buffer (length prefixes
-    included) rather than copied out, encrypted and joined.
-    """
-    _yamux.MAX_MESSAGE_SIZE = YAMUX_FRAME_PAYLOAD_BYTES + _yamux.HEADER_SIZE
-    prefix_bytes = _noise_io.SIZE_NOISE_MESSAGE_LEN
-
-    async def write_msg(self: Any, msg: bytes, prefix_encoded: bool = False) -> None:
-        if prefix_encoded or len(msg) <= NOISE_PLAINTEXT_BYTES:  # handshake and small writes
-            data = self.encrypt(msg.tobytes() if isinstance(msg, _YamuxFrame) else msg)
-            if prefix_encoded:
-                data = self.prefix + data
-            await self.read_writer.write_msg(data)
-            return
-        # The stock writer sent each Noise message of a large write separately:
-        # one socket write (and trio checkpoint) per 64 KiB.
-        state = _chacha_state(self, "encrypt")
-        if isinstance(msg, _YamuxFrame) and state is None:
-            msg = msg.tobytes()
-        view = msg if isinstance(msg, _YamuxFrame) else memoryview(msg)
-        if state is None:  # not ChaChaPoly: the noise library's own encrypt, then one join
-            parts = []
-            for start in range(0, len(msg), NOISE_PLAINTEXT_BYTES):
-                ciphertext = self.encrypt(bytes(view[start : start + NOISE_PLAINTEXT_BYTES]))
-                parts.append(len(ciphertext).to_bytes(prefix_bytes, "big"))
-                parts.append(ciphertext)
-            await self.read_writer.read_write_closer.write(b"".join(parts))
-            return
-        messages = -(-len(msg) // NOISE_PLAINTEXT_BYTES)
-        wire_bytes = len(msg) + messages * (prefix_bytes + _TAG_BYTES)
-        # One buffer per connection, reused write after write (writes are serialised by
-        # yamux's write lock; a concurrent writer, should there be one, gets its own).
-        wire = getattr(self, "_dlx_wire", None)
-        if wire is None or len(wire) < wire_bytes or getattr(self, "_dlx_wire_busy", False):
-            wire = bytearray(max(wire_bytes, _MAX_FRAME_WIRE_BYTES))
-            if not getattr(self, "_dlx_wire_busy", False):
-                self._dlx_wire = wire
-        busy = wire is getattr(self, "_dlx_wire", None)
-        with memoryview(wire) as out:
-            position = 0
-            for start in range(0, len(msg), NOISE_PLAINTEXT_BYTES):
-                plaintext = view[start : start + NOISE_PLAINTEXT_BYTES]  # a frame's first is a short copy
-                size = len(plaintext) + _TAG_BYTES
-                out[position : position + prefix_bytes] = size.to_bytes(prefix_bytes, "big")
-                position += prefix_bytes
-                state.cipher.cipher.encrypt_into(_nonce(state), plaintext, None, out[position : position + size])
-                state.n += 1
-                position += size
-            self._dlx_wire_busy = busy
-            try:
-                await self.read_writer.read_write_closer.write(out[:wire_bytes])
-            finally:
-                if busy:
-                    self._dlx_wire_busy = False
-
-    _noise_io.BaseNoiseMsgReadWriter.write_msg = write_msg  # type: ignore[method-assign]
-    applied.append("larger_yamux_frames")
-
-
-class _YamuxFrame:
-    """An outgoing yamux DATA frame kept as its header and a view of its payload (no concatenation).
-
-    py-libp2p 0.8.1 builds each frame as ``header + chunk``: a copy of every sent
-    byte (1 MiB per frame) just before the Noise writer encrypts it into the wire
-    buffer anyway. This stands in for those bytes between ``YamuxStream.write``
-    and ``write_msg`` (:func:`_uncopied_yamux_writes`), supporting what
-    ``Yamux._write_frame`` does with a frame (``len``, ``frame[:HEADER_SIZE]``)
-    and slices as the writer takes them: only a slice that spans the header is
-    copied (the first Noise message of a frame, 64 KiB).
-    """
-
-    __slots__ = ("header", "payload")
-
-    def __init__(self, header: bytes, payload: memoryview) -> None:
-        self.header = header
-        self.payload = payload
-
-    def __len__(self) -> int:
-        return len(self.header) + len(self.payload)
-
-    def __getitem__(self, key: slice) -> Any:
-        start, stop, step = key.indices(len(self))
-        if step != 1:
-            return self.tobytes()[key]
-        header_bytes = len(self.header)
-        if start >= header_bytes:
-            return self.payload[start - header_bytes : stop - header_bytes]
-        if stop <= header_bytes:
-            return self.header[start:stop]
-        return self.header[start:] + self.payload[: stop - header_bytes]
-
-    def tobytes(self) -> bytes:
-        return self.header + bytes(self.payload)
 
 
 class _ReceiveBuffer:
@@ -296,60 +173,6 @@ async def _next_bytes(tcp: TrioTCPStream, n: int) -> memoryview:
     return view
 
 
-def _uncopied_yamux_writes() -> None:
-    """Hand each outgoing yamux DATA frame to the Noise writer as header + payload view, not joined.
-
-    The stock ``YamuxStream.write`` (py-libp2p 0.8.1), line for line, except that
-    over a keyed ChaChaPoly Noise session a frame is a :class:`_YamuxFrame`
-    instead of ``header + chunk``; the window accounting, locks, the 10 ms poll
-    of an empty send window and its 5 s timeout are unchanged.
-    """
-    original_write = _yamux.YamuxStream.write
-
-    async def write(self: Any, data: bytes) -> None:
-        secured = self.conn.secured_conn
-        if not isinstance(secured, SecureSession) or _chacha_state(secured.conn, "encrypt") is None:
-            return await original_write(self, data)
-        if self.send_closed:
-            raise MuxedStreamError("Stream is closed for sending")
-        view = memoryview(data)
-        total_len = len(view)
-        sent = 0
-        while sent < total_len:
-            frame: _YamuxFrame | None = None
-            while frame is None:
-                async with self.rw_lock.write_lock():
-                    if self.send_closed:
-                        raise MuxedStreamError("Stream is closed for sending")
-                    async with self.window_lock:
-                        if self.closed:
-                            raise MuxedStreamError("Stream is closed")
-                        if self.send_window > 0:
-                            to_send = min(self.send_window, _yamux.MAX_MESSAGE_SIZE - _yamux.HEADER_SIZE, total_len - sent)
-                            self.send_window -= to_send
-                            header = struct.pack(
-                                _yamux.YAMUX_HEADER_FORMAT, 0, _yamux.TYPE_DATA, 0, self.stream_id, to_send
-                            )
-                            frame = _YamuxFrame(header, view[sent : sent + to_send])
-                if frame is not None:
-                    break
-                self._zero_window_waits += 1
-                with trio.move_on_after(5.0) as cancel_scope:
-                    while True:
-                        async with self.window_lock:
-                            if self.send_window > 0 or self.closed:
-                                break
-                        await trio.sleep(0.01)
-                if cancel_scope.cancelled_caught:
-                    raise MuxedStreamError("Timed out waiting for window update after 5 seconds.")
-            await self.conn._write_frame(frame)
-            sent += len(frame.payload)
-
-    write._dlx_original = original_write  # type: ignore[attr-defined]
-    _yamux.YamuxStream.write = write  # type: ignore[method-assign]
-    applied.append("uncopied_yamux_writes")
-
-
 def _buffered_tcp_reads() -> None:
     """Serve small TCP reads from one reused buffer filled 256 KiB at a time.
 
@@ -373,7 +196,6 @@ def _buffered_tcp_reads() -> None:
 
     read._dlx_original = original_read  # type: ignore[attr-defined]
     TrioTCPStream.read = read  # type: ignore[method-assign]
-    applied.append("buffered_tcp_reads")
 
 
 def _fast_noise(session: SecureSession) -> Any:
@@ -383,7 +205,7 @@ def _fast_noise(session: SecureSession) -> Any:
         noise = session.conn
         raw = getattr(getattr(noise, "read_writer", None), "read_write_closer", None)
         if (
-            _chacha_state(noise, "decrypt") is None
+            chacha_state(noise, "decrypt") is None
             or not isinstance(raw, RawConnection)
             or not isinstance(raw.stream, TrioTCPStream)
         ):
@@ -417,9 +239,9 @@ def _decrypt(noise: Any, ciphertext: memoryview, into: memoryview | None = None)
     state = noise.noise_state.noise_protocol.cipher_state_decrypt
     try:
         if into is None:
-            plaintext = state.cipher.cipher.decrypt(_nonce(state), ciphertext, None)
+            plaintext = state.cipher.cipher.decrypt(nonce(state), ciphertext, None)
         else:
-            state.cipher.cipher.decrypt_into(_nonce(state), ciphertext, None, into)
+            state.cipher.cipher.decrypt_into(nonce(state), ciphertext, None, into)
             plaintext = None
     except InvalidTag:
         raise NoiseInvalidMessage("Failed authentication of message") from None
@@ -444,12 +266,12 @@ def _decrypt_buffered(noise: Any, out: memoryview, received: int) -> int:
     with memoryview(data) as view:
         while end - start >= prefix_bytes:
             size = (data[start] << 8) | data[start + 1]
-            plain_size = size - _TAG_BYTES
+            plain_size = size - TAG_BYTES
             if end - start - prefix_bytes < size or not 0 < plain_size <= limit - received:
                 break
             body = start + prefix_bytes
             try:
-                decrypt_into(_nonce(state), view[body : body + size], None, out[received : received + plain_size])
+                decrypt_into(nonce(state), view[body : body + size], None, out[received : received + plain_size])
             except InvalidTag:
                 raise NoiseInvalidMessage("Failed authentication of message") from None
             state.n += 1
@@ -537,7 +359,7 @@ def _noise_reads_in_place() -> None:
                     break
                 # The next message is not wholly buffered, straddles the body's end or is empty.
                 ciphertext = await _next_ciphertext(noise)
-                size = len(ciphertext) - _TAG_BYTES
+                size = len(ciphertext) - TAG_BYTES
                 if 0 < size <= n - received:
                     _decrypt(noise, ciphertext, out[received : received + size])
                     received += size
@@ -575,177 +397,7 @@ def _noise_reads_in_place() -> None:
     SecureSession.read = read  # type: ignore[method-assign]
     _yamux.read_exactly = read_exactly
     _yamux.Yamux._read_data_body = read_data_body  # type: ignore[method-assign]
-    applied.append("noise_reads_in_place")
 
-
-def _batched_window_updates() -> None:
-    """Credit a yamux receive window back once half of it was consumed, and grow it.
-
-    py-libp2p 0.8.1 sends a WINDOW_UPDATE after nearly every read (one 12-byte
-    frame, one Noise message, one ``send`` per ~64 KiB received). go-yamux credits
-    once half the window is consumed and grows the window up to 16 MiB; this does
-    the same. The window only grows as the application consumes, so a stream whose
-    reader stalls never gets a larger window.
-
-    Invariant: ``target_recv_window == recv_window + buffered + _pending_recv_release``,
-    so when the sender is blocked (``recv_window == 0``) the reader draining the
-    buffer always reaches the half-window threshold: no deadlock.
-    """
-
-    async def credit(self: Any, *, bytes_read: int = 0) -> None:
-        # No await before the update is decided: atomic on the trio loop, no lock needed.
-        self._pending_recv_release += bytes_read
-        if self._pending_recv_release < self.target_recv_window // 2:
-            return
-        grown = min(self.target_recv_window * 2, MAX_RECEIVE_WINDOW)
-        increment = self._pending_recv_release + max(0, grown - self.target_recv_window)
-        self.target_recv_window = max(grown, self.target_recv_window)
-        self.recv_window += increment
-        self._pending_recv_release = 0
-        await self.send_window_update(increment)
-
-    credit._dlx_original = _yamux.YamuxStream._auto_tune_and_send_window_update  # type: ignore[attr-defined]
-    _yamux.YamuxStream._auto_tune_and_send_window_update = credit  # type: ignore[method-assign]
-    applied.append("batched_window_updates")
-
-
-class _ChunkBuffer:
-    """A yamux stream's unread bytes, kept as the frame bodies they arrived in (no copy on arrival).
-
-    Stands in for the ``bytearray`` py-libp2p 0.8.1 keeps per stream, with the
-    operations its yamux code performs on one (``extend``, ``len``, truth,
-    ``buffer[:n]``, ``del buffer[:n]``, ``bytes(buffer)``, ``clear``): appending a
-    body no longer copies it, and a stream in raw-read mode (:func:`read_raw`)
-    gets whole bodies handed over as they are.
-    """
-
-    __slots__ = ("_parts", "_offset", "_size")
-
-    def __init__(self) -> None:
-        self._parts: deque[Any] = deque()  # bytes or bytearray nobody else holds
-        self._offset = 0  # bytes of _parts[0] already consumed
-        self._size = 0
-
-    def __len__(self) -> int:
-        return self._size
-
-    def extend(self, data: Any) -> None:
-        if len(data):
-            self._parts.append(data)
-            self._size += len(data)
-
-    def clear(self) -> None:
-        self._parts.clear()
-        self._offset = self._size = 0
-
-    def take(self, n: int, whole_parts: bool = False) -> Any:
-        """Up to ``n`` bytes (``n < 0``: all), consumed. ``whole_parts``: the first body as it is, no copy."""
-        if n < 0 or n > self._size:
-            n = self._size
-        first = self._parts[0] if self._parts else b""
-        if whole_parts and self._offset == 0 and 0 < len(first) <= n:
-            self._parts.popleft()
-            self._size -= len(first)
-            return first
-        pieces = []
-        wanted = n
-        while wanted:
-            first = self._parts[0]
-            end = min(len(first), self._offset + wanted)
-            pieces.append(memoryview(first)[self._offset : end])
-            wanted -= end - self._offset
-            if end == len(first):
-                self._parts.popleft()
-                self._offset = 0
-            else:
-                self._offset = end
-        self._size -= n
-        return b"".join(pieces)
-
-    def __bytes__(self) -> bytes:
-        return b"".join(memoryview(part)[self._offset if index == 0 else 0 :] for index, part in enumerate(self._parts))
-
-    def __getitem__(self, key: slice) -> bytes:
-        if isinstance(key, slice) and key.start in (None, 0) and key.step is None and key.stop is not None:
-            parts, offset, size = list(self._parts), self._offset, self._size
-            data = self.take(key.stop)  # a peek: put everything back
-            self._parts, self._offset, self._size = deque(parts), offset, size
-            return data
-        return bytes(self)[key]
-
-    def __delitem__(self, key: slice) -> None:
-        if isinstance(key, slice) and key.start in (None, 0) and key.step is None and key.stop is not None:
-            self.take(key.stop)
-            return
-        rest = bytearray(bytes(self))
-        del rest[key]
-        self.clear()
-        self.extend(bytes(rest))
-
-
-class _StreamBuffers(dict):  # type: ignore[type-arg]
-    """Yamux's ``stream_buffers``: every new (empty ``bytearray``) buffer becomes a :class:`_ChunkBuffer`."""
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        if type(value) is bytearray and not value:
-            value = _ChunkBuffer()
-        super().__setitem__(key, value)
-
-
-def _chunked_stream_buffers() -> None:
-    """Keep yamux frame bodies as they arrive; let a blob reader take them whole.
-
-    py-libp2p 0.8.1 appends each DATA body to the stream's ``bytearray`` (a copy)
-    and ``read`` copies it out again as ``bytes``. With :class:`_ChunkBuffer` the
-    append is free, and a stream put in raw-read mode by :func:`read_raw` gets
-    each body (a ``bytearray`` decrypted in place, see :func:`_noise_reads_in_place`)
-    without a copy. Other streams still get ``bytes`` (one copy, as before).
-    """
-    original_init = _yamux.Yamux.__init__
-    original_read_stream = _yamux.Yamux.read_stream
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original_init(self, *args, **kwargs)
-        self.stream_buffers = _StreamBuffers(self.stream_buffers)
-
-    async def read_stream(self: Any, stream_id: int, n: int = -1) -> bytes:
-        stream = self.streams.get(stream_id)
-        if not getattr(stream, "_dlx_raw_reads", False):
-            return await original_read_stream(self, stream_id, n)
-        # The stock read_stream's checks, in its order; only the data is taken without a copy.
-        n = -1 if n is None else n
-        while True:
-            async with self.streams_lock:
-                if stream_id not in self.streams:
-                    raise MuxedStreamEOF("Stream closed")
-                if self.event_shutting_down.is_set():
-                    raise MuxedStreamEOF("Connection shut down")
-                stream = self.streams[stream_id]
-                buffer = self.stream_buffers.get(stream_id)
-                if buffer is None:
-                    if stream.reset_received:
-                        raise MuxedStreamReset("Stream was reset")
-                    raise MuxedStreamEOF("Stream buffer closed")
-                if buffer and (stream.recv_closed or not stream.reset_received):
-                    data = buffer.take(n, whole_parts=True)
-                    if stream.closed:  # releases the backlog slot; drops the stream once drained
-                        self._finalize_stream_locked(stream, fully_closed=True)
-                    return data
-                if stream.reset_received:
-                    raise MuxedStreamReset("Stream was reset")
-                if stream.recv_closed:
-                    raise MuxedStreamEOF("Stream is closed for receiving")
-                if stream.closed:
-                    raise MuxedStreamReset("Stream is reset or closed")
-            try:
-                await self.stream_events[stream_id].wait()
-                self.stream_events[stream_id] = trio.Event()
-            except KeyError:
-                raise MuxedStreamEOF("Stream was removed") from None
-
-    _yamux.Yamux.__init__ = __init__  # type: ignore[method-assign]
-    _yamux.Yamux.read_stream = read_stream  # type: ignore[method-assign]
-    applied.append("chunked_stream_buffers")
 
 
 #: Full-size frame bodies handed back by their readers (:func:`release_body`), reused by the next frames.
@@ -806,10 +458,22 @@ async def grant_receive_window(stream: Any, expected_bytes: int) -> None:
     await muxed.send_window_update(increment)
 
 
+#: The patches in the order they are applied, by the names :data:`applied` lists.
+PATCHES = (
+    ("larger_yamux_frames", larger_yamux_frames),
+    ("uncopied_yamux_writes", uncopied_yamux_writes),
+    ("buffered_tcp_reads", _buffered_tcp_reads),
+    ("noise_reads_in_place", _noise_reads_in_place),
+    ("chunked_stream_buffers", chunked_stream_buffers),
+    ("batched_window_updates", batched_window_updates),
+)
+
+
+def _apply_patches() -> None:
+    for name, patch in PATCHES:
+        patch()
+        applied.append(name)
+
+
 if _version_matches():
-    _larger_yamux_frames()
-    _uncopied_yamux_writes()
-    _buffered_tcp_reads()
-    _noise_reads_in_place()
-    _chunked_stream_buffers()
-    _batched_window_updates()
+    _apply_patches()

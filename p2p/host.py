@@ -8,7 +8,7 @@ delivery, ``/dlx/sync``) and :mod:`p2p.host_blobs` (store, announce, find, fetch
 The host speaks TCP + Noise + yamux only (see :mod:`p2p.transport`), runs
 gossipsub with envelope-checking topic validators (:mod:`p2p.gossip`), a
 Kademlia DHT in server mode for peer routing and provider records, and the
-``/dlx/blob/1.0.0`` bulk protocol (:mod:`p2p.blob_protocol`).
+``/dlx/blob/1.0.0`` bulk protocol (:mod:`p2p.blob_protocol`, served by :mod:`p2p.blob_server`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ from libp2p.pubsub.pubsub import ContentAddressedMessageIDGenerator, Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 
 from p2p.addrs import parse_relayed_addr
-from p2p.blob_protocol import BLOB_PROTOCOL, BlobService
+from p2p.blob_client import BlobFetcher
+from p2p.blob_protocol import BLOB_PROTOCOL
+from p2p.blob_server import BlobServer
 from p2p.blobstore import BlobStore
 from p2p.config import P2PConfig
 from p2p.dialbook import DialBook
@@ -183,7 +185,15 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
         spare_on_eviction(self._libp2p.get_peerstore(),
                           lambda: bootstrap.union(self._libp2p.get_network().connections))
         self._nat = NatTraversal(self._libp2p, config)
-        self._blobs = BlobService(
+        self._blob_server = BlobServer(
+            self.store,
+            self._run_blocking,
+            self._limiter,
+            self.stats,
+            config.blob_concurrency,
+            config.blob_stall_timeout,
+        )
+        self._blobs = BlobFetcher(
             self.store,
             self._open_stream,
             self._run_blocking,
@@ -194,7 +204,7 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
             direct_io=config.blob_direct_io,
             min_rate=config.range_min_rate(),
         )
-        self._libp2p.set_stream_handler(BLOB_PROTOCOL, self._blobs.handle_stream)
+        self._libp2p.set_stream_handler(BLOB_PROTOCOL, self._blob_server.handle_stream)
         for protocol in SYNC_PROTOCOLS:  # 1.1.0 offers ids first; 1.0.0 for older peers
             self._libp2p.set_stream_handler(protocol, self._handle_sync)
         listen = [multiaddr.Multiaddr(f"/ip4/{config.listen_host}/tcp/{config.listen_port}")] if config.listen else []

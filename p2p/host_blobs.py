@@ -2,7 +2,7 @@
 
 Blobs are files named by their sha256. They are stored in the host's :class:`p2p.blobstore.BlobStore`,
 announced as provider records on the Kademlia DHT (key: the sha2-256 multihash, as IPFS uses), and
-downloaded in parallel ranges from every provider over ``/dlx/blob/1.0.0`` (:mod:`p2p.blob_protocol`),
+downloaded in parallel ranges from every provider over ``/dlx/blob/1.0.0`` (:mod:`p2p.blob_client`),
 which verifies the hash before anything is kept.
 """
 
@@ -30,7 +30,7 @@ class HostBlobs:
 
     Expects of the host: ``config``, ``store`` (:class:`p2p.blobstore.BlobStore`), ``_call`` and
     ``_check_open`` (:class:`p2p.host_thread.HostThread`), ``_closed``, ``_token``, ``_libp2p``, ``_dht`` and
-    ``_blobs`` (:class:`p2p.blob_protocol.BlobService`).
+    ``_blobs`` (:class:`p2p.blob_client.BlobFetcher`).
     """
 
     def provide_blob(

@@ -200,7 +200,7 @@ SLICED_ENTRY_ROUND, SLICED_STAGE, SLICED_COUNT = 3, 0, 3
 
 
 def _sliced_reference() -> bytes:
-    from training.butterfly import slice_bundle
+    from training.slicebundle import slice_bundle
 
     return slice_bundle([b"a" * 10, b"b" * 20, b"c" * 5])[1]
 
@@ -237,7 +237,9 @@ def structured_closed_envelope(rng: random.Random) -> bytes:
 
 def sliced_targets() -> list:
     from fuzz_targets import GOSSIP_LIMIT, Target
-    from training.butterfly import SliceError, parse_partial, parse_slice_reference, partial_payload
+    from training.butterfly import SliceError
+    from training.slicebundle import parse_slice_reference
+    from training.slicemessages import parse_partial, partial_payload
 
     reference = _sliced_reference()
     return [

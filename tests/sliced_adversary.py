@@ -66,7 +66,7 @@ def sliced(exchange) -> dict:
 
 def wrong_root() -> dict:
     from node.live.sliced import SlicedExchange
-    from training.butterfly import partial_payload
+    from training.slicemessages import partial_payload
 
     class WrongRoot(SlicedExchange):
         def make_payload(self, slice_index, num_slices, root, members, blob):
@@ -106,14 +106,14 @@ def bad_slice() -> dict:
     import hashlib
 
     from node.live.sliced import SlicedExchange
-    from training import butterfly
+    from training import slicebundle
 
     class BadSlice(SlicedExchange):
         def publish(self, outer_round, stage, blobs):
-            bundle, reference = butterfly.slice_bundle(blobs)
+            bundle, reference = slicebundle.slice_bundle(blobs)
             tampered = bundle[:-1] + bytes([bundle[-1] ^ 1])  # the last byte belongs to the last slice
             root = reference[-32:]
-            reference = butterfly.REFERENCE_PREFIX + butterfly._REFERENCE.pack(
+            reference = slicebundle.REFERENCE_PREFIX + slicebundle._REFERENCE.pack(
                 len(blobs), hashlib.sha256(tampered).digest(), len(tampered), root)
             self.archive.put_blob(outer_round, tampered, "slice")
             self.host.provide_blob(tampered, announce=False)
@@ -125,15 +125,15 @@ def bad_slice() -> dict:
 def bad_reference() -> dict:
     from node.live.sliced import SlicedExchange
     from p2p.envelope import decode_envelope
-    from training import butterfly
+    from training import slicebundle
 
     class BadReference(SlicedExchange):
         def publish(self, outer_round, stage, blobs):
-            bundle, reference = butterfly.slice_bundle(blobs)
+            bundle, reference = slicebundle.slice_bundle(blobs)
             self.archive.put_blob(outer_round, bundle, "slice")
             self.host.provide_blob(bundle, announce=False)
-            count, digest, size, root = butterfly._REFERENCE.unpack_from(reference, len(butterfly.REFERENCE_PREFIX))
-            return butterfly.REFERENCE_PREFIX + butterfly._REFERENCE.pack(count + 1, digest, size, root)
+            count, digest, size, root = slicebundle._REFERENCE.unpack_from(reference, len(slicebundle.REFERENCE_PREFIX))
+            return slicebundle.REFERENCE_PREFIX + slicebundle._REFERENCE.pack(count + 1, digest, size, root)
 
         def close_inputs_held(self, outer_round, stage, digest, envelope):
             if decode_envelope(envelope, self.max_blob_bytes).sender_peer_id == self.peer_id:
@@ -146,11 +146,11 @@ def bad_reference() -> dict:
 def withhold() -> dict:
     from node.live.sliced import SlicedExchange
     from p2p.envelope import decode_envelope
-    from training import butterfly
+    from training import slicebundle
 
     class Withhold(SlicedExchange):
         def publish(self, outer_round, stage, blobs):
-            bundle, reference = butterfly.slice_bundle(blobs)
+            bundle, reference = slicebundle.slice_bundle(blobs)
             self.archive.put_blob(outer_round, bundle, "slice")  # kept (the auditor reads it), never served
             return reference
 
@@ -168,7 +168,7 @@ def two_partials() -> dict:
 
     from node import protocol as msg
     from node.live.sliced import SlicedExchange
-    from training.butterfly import parse_partial, partial_payload
+    from training.slicemessages import parse_partial, partial_payload
 
     class TwoPartials(SlicedExchange):
         def publish_partial(self, outer_round, stage, payload):
@@ -254,7 +254,7 @@ def copy_slices() -> dict:
     from node.live.sliced import SlicedExchange
     from node.protocol import decode_contribution_body
     from p2p.envelope import decode_envelope
-    from training.butterfly import bundle_slices, parse_slice_reference
+    from training.slicebundle import bundle_slices, parse_slice_reference
     from training.codec_wire import decode_contribution
     from training.compression import encode_contribution
 

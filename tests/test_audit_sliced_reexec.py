@@ -22,7 +22,7 @@ from node.tools.audit_replay import Replayer
 from node.tools.report import FAIL, OK, UNVERIFIABLE
 from p2p.envelope import Envelope
 from p2p.identity import Identity
-from training.butterfly import slice_bundle
+from training.slicebundle import slice_bundle
 from training.data import corpus_from_config
 from training.reexec import data_commitment, reexecute, round_meta
 from training.replica_state import initial_replica_state

@@ -17,7 +17,6 @@ import torch
 
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
 from training.data import generated_corpus, round_batches
-from training.diloco import StageEngine
 from training.pipeline import LocalReplicaTrainer
 from training.platform import (
     CROSS_PLATFORM_TOLERANCE,
@@ -29,6 +28,7 @@ from training.platform import (
 )
 from training.reexec import verify_contribution
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica, run_with_states
+from training.stage_engine import StageEngine
 
 REPO = Path(__file__).resolve().parents[1]
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: torch.cuda.is_available() is false")

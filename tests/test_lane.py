@@ -17,8 +17,8 @@ from node.config import load_config
 from node.live.lane import RoundLane
 from node.live.replica import ReplicaWorker
 from training.config import CompressionConfig, DilocoConfig
-from training.diloco import StageEngine
 from training.errors import RoundOrderError
+from training.stage_engine import StageEngine
 
 ROUNDS = 4
 

@@ -25,18 +25,21 @@ from training.butterfly import (
     average_of_partials,
     candidate,
     encode_slices,
-    bundle_slices,
     live_plan,
+    plan_slices,
+)
+from training.config import CompressionConfig, DilocoConfig
+from training.diloco import aggregate_with_report, average_contributions, step_with_average
+from training.errors import TrainingConfigError
+from training.slicebundle import (
+    bundle_slices,
     parse_slice_record,
     parse_slice_reference,
-    plan_slices,
     read_slice,
     record_range,
     slice_bundle,
 )
-from training.config import CompressionConfig, DilocoConfig
-from training.diloco import StageEngine, aggregate_with_report, average_contributions, step_with_average
-from training.errors import TrainingConfigError
+from training.stage_engine import StageEngine
 
 _IDENTITY = Identity.generate()  # one key for the hypothesis examples (generating one per example is slow)
 

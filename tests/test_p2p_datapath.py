@@ -10,10 +10,11 @@ import trio
 import trio.testing
 from libp2p.io.trio import TrioTCPStream
 
-from p2p import fastpath
+from p2p import fastpath, fastpath_send, fastpath_streams
 from p2p.errors import BlobError
 from p2p import staging as staging_module
-from p2p.blob_protocol import _InOrderHasher, _read_cached
+from p2p.blob_hashing import InOrderHasher
+from p2p.blob_server import read_cached
 from p2p.staging import DIRECT_IO_ALIGN, RangeWriter, StagingFile, buffer_pool
 from p2p.ratelimit import TokenBucket
 
@@ -31,7 +32,7 @@ def test_data_path_patches_are_in_force():
     ]
     import libp2p.stream_muxer.yamux.yamux as yamux
 
-    assert yamux.MAX_MESSAGE_SIZE == fastpath.YAMUX_FRAME_NOISE_MESSAGES * fastpath.NOISE_PLAINTEXT_BYTES
+    assert yamux.MAX_MESSAGE_SIZE == fastpath_send.YAMUX_FRAME_NOISE_MESSAGES * fastpath_send.NOISE_PLAINTEXT_BYTES
 
 
 def test_buffered_tcp_reads_return_every_byte_in_order():
@@ -65,10 +66,10 @@ def test_buffered_tcp_reads_return_every_byte_in_order():
 def test_an_unjoined_yamux_frame_slices_as_its_bytes():
     """What Yamux._write_frame and the Noise writer take of a frame equals the joined header + payload."""
     header, payload = os.urandom(12), os.urandom(200_000)
-    frame = fastpath._YamuxFrame(header, memoryview(payload))
+    frame = fastpath_send.YamuxFrame(header, memoryview(payload))
     joined = header + payload
     assert len(frame) == len(joined) and frame.tobytes() == joined
-    step = fastpath.NOISE_PLAINTEXT_BYTES
+    step = fastpath_send.NOISE_PLAINTEXT_BYTES
     for start, stop in [(0, 12), (0, step), (step, 2 * step), (5, 20), (12, 13), (3 * step, len(joined) + 99)]:
         assert bytes(frame[start:stop]) == joined[start:stop], (start, stop)
     assert bytes(frame[::7]) == joined[::7]
@@ -93,7 +94,7 @@ def hash_out_of_order(tmp_path, pieces, memory_budget):
     fd = os.open(path, os.O_RDWR)
     try:
         os.ftruncate(fd, total)
-        hasher = _InOrderHasher(fd, total, run_inline, memory_budget=memory_budget)
+        hasher = InOrderHasher(fd, total, run_inline, memory_budget=memory_budget)
 
         async def main():
             async with trio.open_nursery() as nursery:
@@ -133,7 +134,7 @@ def test_the_next_range_to_hash_is_hashed_by_the_job_that_writes_it(tmp_path):
     pool = buffer_pool(1 << 16)
     released = []
     try:
-        hasher = _InOrderHasher(staging.fd, len(blob), run_inline)
+        hasher = InOrderHasher(staging.fd, len(blob), run_inline)
 
         async def main():
             async with trio.open_nursery() as nursery:
@@ -274,8 +275,8 @@ def test_a_served_block_is_read_from_the_page_cache_in_place(tmp_path):
     buffer = bytearray(1 << 18)
     fd = os.open(path, os.O_RDONLY)
     try:
-        block = _read_cached(fd, buffer, 100_000, 150_000)
-        past_end = _read_cached(fd, buffer, 100, len(data))
+        block = read_cached(fd, buffer, 100_000, 150_000)
+        past_end = read_cached(fd, buffer, 100, len(data))
     finally:
         os.close(fd)
     if not hasattr(os, "RWF_NOWAIT"):
@@ -400,7 +401,7 @@ def test_a_blob_fetch_sends_few_window_updates(tmp_path, monkeypatch):
 def test_chunk_buffer_behaves_as_the_bytearray_yamux_expects():
     """Every operation py-libp2p's yamux performs on a stream buffer, against a real bytearray."""
     rng = random.Random(11)
-    chunked, reference = fastpath._ChunkBuffer(), bytearray()
+    chunked, reference = fastpath_streams.ChunkBuffer(), bytearray()
     for _ in range(3000):
         op = rng.choice(["extend", "extend", "slice", "del", "bytes", "take", "take_whole", "clear"])
         n = rng.choice([0, 1, 12, 100, 5000, 70000])
@@ -430,10 +431,10 @@ def test_chunk_buffer_behaves_as_the_bytearray_yamux_expects():
 
 
 def test_yamux_stream_buffers_are_chunk_buffers():
-    buffers = fastpath._StreamBuffers()
+    buffers = fastpath_streams.StreamBuffers()
     buffers[1] = bytearray()
     buffers[2] = bytearray(b"x")  # not a fresh buffer: left alone
-    assert isinstance(buffers[1], fastpath._ChunkBuffer)
+    assert isinstance(buffers[1], fastpath_streams.ChunkBuffer)
     assert isinstance(buffers[2], bytearray)
 
 

@@ -25,7 +25,7 @@ def requests(timeline):
 
 
 def download(fetcher, sha, providers):
-    """``BlobService.download`` with the providers in this order (fetch_blob shuffles them)."""
+    """``BlobFetcher.download`` with the providers in this order (fetch_blob shuffles them)."""
     fetcher._blobs.timeline = []
     ids = [ID.from_base58(p) for p in providers]
     path = fetcher._call(fetcher._blobs.download, sha, ids, 1 << 30, timeout=60, what="download")

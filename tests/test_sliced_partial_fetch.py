@@ -12,6 +12,7 @@ import pytest
 
 from node.live.partialfetch import PartialFetcher
 from node.live.sliced import SlicedExchange
+from p2p.backoff import RetryBook
 from p2p.config import P2PConfig
 from p2p.envelope import Envelope
 from p2p.host import P2PHost
@@ -103,11 +104,11 @@ def test_a_partial_nobody_serves_is_not_fetched_in_a_loop(tmp_path):
         fetcher.close()
 
 
-def test_a_provider_whose_slice_read_failed_is_not_asked_again_on_every_pass(tmp_path, monkeypatch):
+def test_a_provider_whose_slice_read_failed_is_not_asked_again_on_every_pass(tmp_path):
     """An aggregator waiting for a withheld input asked its provider again on every 0.2 s pass (a retry storm:
     ~10 requests a second per slice for whole turns); now a failed read waits BUNDLE_RETRY_S."""
     import node.live.slicedreads as reads
-    from training.butterfly import parse_slice_reference, slice_bundle
+    from training.slicebundle import parse_slice_reference, slice_bundle
 
     blobs = [bytes([j]) * (400 + j) for j in range(4)]
     bundle, data = slice_bundle(blobs)
@@ -126,8 +127,9 @@ def test_a_provider_whose_slice_read_failed_is_not_asked_again_on_every_pass(tmp
                 return holder.fetch_blob_range(*args, **kwargs)
 
         exchange = _holder(CountingHost(), tmp_path, [])
-        exchange._read_failed, exchange.evidence_dir = {}, tmp_path / "evidence"
-        monkeypatch.setattr(reads, "BUNDLE_RETRY_S", 3600.0)
+        now = [0.0]  # the book's clock: the passes below come "at once", then BUNDLE_RETRY_S later
+        exchange._read_failed = RetryBook(reads.BUNDLE_RETRY_S, clock=lambda: now[0])
+        exchange.evidence_dir = tmp_path / "evidence"
         try:
             assert exchange._read_slice(reference, 2, member.peer_id) is None  # withheld: not_found
             assert len(asked) == 1
@@ -135,7 +137,7 @@ def test_a_provider_whose_slice_read_failed_is_not_asked_again_on_every_pass(tmp
                 assert exchange._read_slice(reference, 2, member.peer_id) is None
             assert len(asked) == 1  # not asked again
             member.provide_blob(bundle, announce=False)
-            monkeypatch.setattr(reads, "BUNDLE_RETRY_S", 0.0)
+            now[0] += reads.BUNDLE_RETRY_S
             assert exchange._read_slice(reference, 2, member.peer_id) == blobs[2]
         finally:
             exchange._partials.close()

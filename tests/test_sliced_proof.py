@@ -28,8 +28,9 @@ from node.live.slicedproof import (
 )
 from p2p.envelope import Envelope
 from p2p.identity import Identity
-from training import butterfly
-from training.butterfly import partial_payload, slice_bundle
+from training import slicebundle
+from training.slicebundle import slice_bundle
+from training.slicemessages import partial_payload
 
 RUN, ROUND, STAGE, SLICES = 7, 3, 0, 2
 ACCOUNT = b"\x11" * 20
@@ -175,7 +176,7 @@ def test_a_bundle_with_a_slice_its_record_does_not_prove_convicts_its_signer_and
     assert guilty is False and "sound" in why
     # The member signs a reference to a bundle whose last slice does not match its record.
     tampered = _tampered(bundle)
-    forged = butterfly.REFERENCE_PREFIX + butterfly._REFERENCE.pack(
+    forged = slicebundle.REFERENCE_PREFIX + slicebundle._REFERENCE.pack(
         SLICES, hashlib.sha256(tampered).digest(), len(tampered), reference[-32:])
     bad = _contribution(identity, 1, forged)
     evidence = bad_bundle_evidence(ACCOUNT, 1, bad, tampered, "slice 1")

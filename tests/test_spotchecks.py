@@ -363,7 +363,8 @@ def test_chain_evidence_must_name_the_sealed_envelopes_of_both_rounds(tmp_path):
         confirm([sealed_env[0], sealed_env[1]])
         assert (signed, provided, rerun) == ([], [], [])
         sealed[1] = [ArchivedContribution(0, 1, accused.peer_id, hashlib.sha256(sealed_env[1]).digest())]
-        confirm([sealed_env[0], sealed_env[1]])  # the honest shape is served onward and rerun
+        confirm([sealed_env[0], sealed_env[1]])  # the honest shape is served onward and rerun (on the rerun thread)
+        checker.drain(60)
         assert len(provided) == 1 and rerun == [(0, 1)] and signed == []
     finally:
         ctx.stop.set()

@@ -15,17 +15,19 @@ from training.butterfly import (
     aggregator_of,
     assemble_partials,
     assemble_slices,
+    plan_slices,
+    replay_partial,
+    split_slices,
+)
+from training.slicemessages import (
     check_partial,
     inputs_root,
     merkle_root,
     parse_partial,
     parse_slice_message,
     partial_payload,
-    plan_slices,
-    replay_partial,
     slice_message,
     slice_signing_bytes,
-    split_slices,
 )
 from training.codec_wire import decode_contribution
 from training.compression import encode_contribution, encode_within_bandwidth

@@ -7,8 +7,9 @@ import torch
 
 from training.compression import encode_contribution
 from training.config import CompressionConfig, DilocoConfig
-from training.diloco import StageEngine, aggregate
+from training.diloco import aggregate
 from training.errors import RoundOrderError
+from training.stage_engine import StageEngine
 
 RAW = CompressionConfig(enabled=False)
 

@@ -16,12 +16,13 @@ import pytest
 import torch
 from codec_fixtures import encoder_sim, rerun_replica0, same_bits, shape_map
 
+from training.stage_engine import StageEngine
 from training.codec.factorize import factorize_gram
 from training.codec.registry import encoder_for
 from training.codec_wire import decode_contribution
 from training.compression import encode_contribution, encode_within_bandwidth
 from training.config import CompressionConfig, DilocoConfig
-from training.diloco import StageEngine, aggregate
+from training.diloco import aggregate
 from training.reexec import EXACT
 from training.reexec_sim import SimReplica, run_with_states
 from training.robust import contribution_norm, robust_contributions

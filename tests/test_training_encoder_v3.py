@@ -18,13 +18,13 @@ import pytest
 import torch
 from codec_fixtures import drift, encoder_sim, rerun_replica0, same_bits, shape_map, stage_like
 
+from training.stage_engine import StageEngine
 from training.codec.factorize import factorize_gram, factorize_warm, warm_basis
 from training.codec.registry import encoder_for
 from training.codec.reselect import RESELECT_ROUNDS
 from training.codec_wire import decode_contribution
 from training.compression import encode_with_memo, encode_within_bandwidth
 from training.config import CompressionConfig, DilocoConfig
-from training.diloco import StageEngine
 from training.errors import EngineStateError
 from training.reexec import EXACT, STATE_MISMATCH, restart_state_reason, verify_contribution
 from training.reexec_sim import SimReplica, run_with_states

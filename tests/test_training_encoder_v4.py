@@ -22,6 +22,7 @@ import pytest
 import torch
 from codec_fixtures import drift, encoder_sim, rerun_replica0, same_bits, shape_map, stage_like
 
+from training.stage_engine import StageEngine
 from training.codec.allocation import allocate, framing_bytes
 from training.codec.base import tensor_matrices
 from training.codec.coding import BalancedFactors, ColumnQuantizer, Option, candidates, lookup, quant_coded
@@ -32,7 +33,6 @@ from training.codec.reselect import RESELECT_ROUNDS
 from training.codec_wire import decode_contribution
 from training.compression import encode_with_memo, encode_within_bandwidth
 from training.config import CompressionConfig, DilocoConfig
-from training.diloco import StageEngine
 from training.errors import ContributionEncodeError, EngineStateError
 from training.reexec import EXACT, STATE_MISMATCH, restart_state_reason, verify_contribution
 from training.reexec_sim import SimReplica, run_with_states

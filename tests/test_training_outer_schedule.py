@@ -9,9 +9,10 @@ import torch
 
 from training.compression import encode_contribution
 from training.config import CompressionConfig, DilocoConfig
-from training.diloco import StageEngine, aggregate, outer_step
+from training.diloco import aggregate, outer_step
 from training.errors import AggregationError, TrainingConfigError
 from training.schedule import outer_lr, outer_momentum, outer_schedule_is_constant
+from training.stage_engine import StageEngine
 
 RAW = CompressionConfig(enabled=False)
 

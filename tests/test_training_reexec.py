@@ -197,7 +197,7 @@ def test_a_straggler_whose_update_was_left_out_reruns_exactly(run):
 def test_a_restart_from_the_record_is_a_valid_start_but_a_forged_one_is_not(run):
     sim, records = run
     # A node that restarts enters from the chain-verified global weights of the last applied round:
-    # fresh optimizer, zero residual, nothing pending (training.diloco.StageEngine.rebase).
+    # fresh optimizer, zero residual, nothing pending (training.stage_engine.StageEngine.rebase).
     state = records[2].states[HONEST]
     restarted = SimReplica(HONEST, sim)
     for engine, part in zip(restarted.engines, state.stages):
@@ -276,7 +276,7 @@ PIPELINE_STAGE = textwrap.dedent(
     sys.path.insert(0, sys.argv[5])
     from test_training_reexec import _pipeline_cfgs
     from training.data import round_batches
-    from training.diloco import StageEngine
+    from training.stage_engine import StageEngine
     from training.pipeline import PipelineStageTrainer, init_pipeline_group
     from training.reexec import round_meta
     from training.replica_state import capture_stage_state

@@ -17,7 +17,7 @@ from training.codec_wire import pack_contribution, pack_ints
 from training.compression import ErrorFeedbackCompressor, encode_contribution
 from training.config import CompressionConfig, DilocoConfig, ModelConfig
 from training.data import generated_corpus
-from training.diloco import StageEngine, aggregate, aggregate_with_report
+from training.diloco import aggregate, aggregate_with_report
 from training.errors import TrainingConfigError
 from training.model import init_state_dict
 from training.robust import contribution_norm, lower_median
@@ -28,6 +28,7 @@ from training.screening import (
     screening_batch,
     screening_exclusions,
 )
+from training.stage_engine import StageEngine
 
 RAW = CompressionConfig(enabled=False)
 COMPRESSED = CompressionConfig(error_budget=0.3, bit_choices=[4, 8], min_compress_numel=256, bandwidth_budget=0)

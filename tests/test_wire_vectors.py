@@ -113,7 +113,7 @@ def test_big_integers_are_strings_for_javascript():
 
 
 def test_partial_envelope_payload_is_the_sliced_layout():
-    from training.butterfly import PARTIAL_PREFIX, parse_partial
+    from training.slicemessages import PARTIAL_PREFIX, parse_partial
 
     vector = by_name(VECTORS["envelopes"])["partial"]
     payload = bytes.fromhex(vector["inputs"]["payload_hex"])

@@ -26,30 +26,15 @@ norms. The codec, the exact decoder and the strict validation are those of
 :mod:`training.compression` / :mod:`training.codec_wire`, applied to the slice's
 sub-tensors (a slice blob *is* a contribution of the slice's shapes).
 
-Payloads (byte layouts; the node signs with its :mod:`p2p.identity` key):
-
-* slice message (replica i to aggregator j, over the authenticated stream):
-  ``b"dlx-slice/1" || u32 j || u32 A || signature (64) || slice blob``, the
-  signature over :func:`slice_signing_bytes` (run, round, stage, i, j, A,
-  sha256(blob)). Not a full :mod:`p2p.envelope` envelope: that costs ~190 bytes
-  more per input, R times per aggregator, and the envelope validator allows one
-  envelope per (sender, round, kind, stage), not A of them;
-* partial (one :mod:`p2p.envelope` envelope per aggregator and stage, kind
-  ``partial``, which fits that rule): ``b"dlx-partial/2" || u32 j || u32 A ||
-  u32 R || inputs_root (32) || partial blob``, ``inputs_root`` the Merkle root
-  of :func:`input_leaf` over the R inputs in canonical order, so the partial's
-  signature binds exactly what went in and the aggregator can show the signed
-  slices it used. (The live node binds the close's contributions root instead,
-  the Merkle root of the closed envelope hashes: each signed envelope fixes its
-  reference, which fixes every slice of its bundle; docs/PROTOCOL.md.)
+The byte layouts of the slice messages and partial payloads, and the partial's audit by
+replay, are :mod:`training.slicemessages`; a replica's slices travel as one bundle
+(:mod:`training.slicebundle`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
-import struct
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -82,11 +67,7 @@ LIVE_MIN_SLICE_NUMEL = 1024
 # A slice boundary moves to a tensor boundary if that shifts it by at most SNAP_EIGHTHS / 8 of a slice.
 SNAP_EIGHTHS = 2
 
-SLICE_SIGNATURE_DOMAIN = b"dlx-slice-sig/1"
-SLICE_PREFIX = b"dlx-slice/1"
-PARTIAL_PREFIX = b"dlx-partial/2"
 MAX_SLICES = 1 << 16
-_EMPTY = bytes(32)
 
 
 class SliceError(TrainingError, ValueError):
@@ -333,7 +314,7 @@ class SlicedErrorFeedbackCompressor(ErrorFeedbackCompressor):
 
     Error feedback stays on the whole target: ``e = target - assemble(decoded
     slices)``. :meth:`compress_slices` returns the slice blobs; :meth:`compress`
-    (the interface :class:`~training.diloco.StageEngine` calls) returns them
+    (the interface :class:`~training.stage_engine.StageEngine` calls) returns them
     packed as one msgpack array, with :attr:`last_slices` holding the list.
     """
 
@@ -492,271 +473,7 @@ def assemble_partials(
     return assemble_slices(parts, plan)
 
 
-# ----------------------------------------------------------------------------- payloads and Merkle proofs
-
-
-def _sha(data: bytes) -> bytes:
-    return hashlib.sha256(data).digest()
-
-
-def slice_signing_bytes(
-    run_id: int, outer_round: int, stage_index: int, replica: int, slice_index: int, num_slices: int, blob: bytes
-) -> bytes:
-    """What replica i signs for its slice j: domain, run, round, stage, replica, j, A, sha256(blob).
-
-    The domain prefix keeps this signature from being valid over anything else
-    (an envelope's signing bytes start with ``b"dlx-envelope-v1"``).
-    """
-    return SLICE_SIGNATURE_DOMAIN + struct.pack(
-        ">QQIIII", run_id, outer_round, stage_index, replica, slice_index, num_slices
-    ) + _sha(blob)
-
-
-def slice_message(slice_index: int, num_slices: int, signature: bytes, blob: bytes) -> bytes:
-    """What a replica sends aggregator j: ``b"dlx-slice/1" || u32 j || u32 A || signature (64) || slice blob``."""
-    if len(signature) != 64:
-        raise SliceError("slice signature must be 64 bytes")
-    return SLICE_PREFIX + struct.pack(">II", slice_index, num_slices) + signature + blob
-
-
-def parse_slice_message(message: bytes, slice_index: int, num_slices: int) -> tuple[bytes, bytes]:
-    """``(signature, blob)`` of a slice message for slice ``slice_index`` of ``num_slices``; SliceError otherwise.
-
-    The caller checks the signature over :func:`slice_signing_bytes` with the
-    sender's key (``p2p.identity.verify_signature``), then decodes the blob.
-    """
-    head = len(SLICE_PREFIX) + 8
-    if len(message) < head + 64 or not message.startswith(SLICE_PREFIX):
-        raise SliceError("slice message: too short or wrong prefix")
-    index, count = struct.unpack_from(">II", message, len(SLICE_PREFIX))
-    if index != slice_index or count != num_slices:
-        raise SliceError(f"slice message for slice {index} of {count}, expected {slice_index} of {num_slices}")
-    return message[head:head + 64], message[head + 64:]
-
-
-def input_leaf(replica: int, blob: bytes | None) -> bytes:
-    """Leaf of a partial's inputs root: ``sha256(b"input" || u32 i || sha256(blob))``, 32 zero bytes for a missing one."""
-    return _sha(b"input" + struct.pack(">I", replica) + (_EMPTY if blob is None else _sha(blob)))
-
-
-def merkle_root(leaves: Sequence[bytes]) -> bytes:
-    """Binary sha256 Merkle root; an odd node is carried up unchanged; no leaves: 32 zero bytes."""
-    level = list(leaves)
-    if not level:
-        return _EMPTY
-    while len(level) > 1:
-        level = [_sha(level[k] + level[k + 1]) if k + 1 < len(level) else level[k] for k in range(0, len(level), 2)]
-    return level[0]
-
-
-def inputs_root(slice_blobs: Sequence[bytes | None]) -> bytes:
-    """The Merkle root a partial binds: :func:`input_leaf` of every input in canonical order."""
-    return merkle_root([input_leaf(replica, blob) for replica, blob in enumerate(slice_blobs)])
-
-
-@dataclass(frozen=True)
-class Partial:
-    """A parsed partial payload."""
-
-    slice_index: int
-    num_slices: int
-    num_inputs: int
-    inputs_root: bytes
-    blob: bytes
-
-
-def partial_payload(slice_index: int, num_slices: int, root: bytes, num_inputs: int, blob: bytes) -> bytes:
-    """Payload of aggregator j's ``partial`` envelope (module docstring); ``root`` is the 32-byte inputs
-    root (:func:`inputs_root` in process; the close's contributions root in the live node)."""
-    if len(root) != 32:
-        raise SliceError("the inputs root must be 32 bytes")
-    return PARTIAL_PREFIX + struct.pack(">III", slice_index, num_slices, num_inputs) + root + blob
-
-
-def parse_partial(payload: bytes) -> Partial:
-    """Strictly parse a partial payload; SliceError on anything else."""
-    head = len(PARTIAL_PREFIX) + 12 + 32
-    if len(payload) < head or not payload.startswith(PARTIAL_PREFIX):
-        raise SliceError("partial: too short or wrong prefix")
-    index, count, inputs = struct.unpack_from(">III", payload, len(PARTIAL_PREFIX))
-    if not 0 <= index < count <= MAX_SLICES:
-        raise SliceError(f"partial: slice {index} of {count}")
-    return Partial(index, count, inputs, payload[head - 32:head], payload[head:])
-
-
-def check_partial(
-    partial: Partial, slice_blobs: Sequence[bytes | None], plan: SlicePlan,
-    cfg: CompressionConfig, stage_budget: int, *, norm_clip: float, stage_index: int, outer_round: int,
-) -> str:
-    """Audit one partial by replay: ``""`` if it is exactly what these inputs give, else the reason.
-
-    Costs the slice's inputs (``~C`` bytes whatever R for ``A = R``) and one
-    aggregation of one slice.
-    """
-    if partial.num_slices != plan.num_slices:
-        return f"partial names {partial.num_slices} slices, the plan has {plan.num_slices}"
-    if partial.num_inputs != len(slice_blobs):
-        return f"partial binds {partial.num_inputs} inputs, the round has {len(slice_blobs)}"
-    if inputs_root(slice_blobs) != partial.inputs_root:
-        return "inputs root differs from the round's inputs"
-    expected = replay_partial(
-        slice_blobs, plan, partial.slice_index, cfg, stage_budget, norm_clip=norm_clip,
-        stage_index=stage_index, outer_round=outer_round,
-    )
-    if expected != partial.blob:
-        return f"partial bytes differ from the replay (sha256 {_sha(partial.blob).hex()[:16]} != {_sha(expected).hex()[:16]})"
-    return ""
-
-
 # ----------------------------------------------------------------------------- the live node's pieces
-
-# A replica's slices of one stage travel as one content-addressed *bundle* blob; its contribution
-# envelope carries only a constant-size *reference* (the bundle's hash and the Merkle root of its
-# slices), and aggregator j reads record j and slice j of each bundle by range (docs/PROTOCOL.md,
-# "Sliced exchange"): nobody fetches the R x A slice hashes.
-REFERENCE_PREFIX = b"dlx-slices/2"
-BUNDLE_PREFIX = b"dlx-bundle/1"
-_REFERENCE = struct.Struct(">I32sQ32s")  # A, bundle sha256, bundle size, slices root
-_RECORD_HEAD = struct.Struct(">32sQQ")  # slice sha256, offset in the bundle, size
-
-
-@dataclass(frozen=True)
-class SliceReference:
-    """A parsed contribution reference: the bundle to read slices from and the root they must prove to."""
-
-    num_slices: int
-    bundle_digest: bytes
-    bundle_size: int
-    slices_root: bytes
-
-
-def tree_depth(num_slices: int) -> int:
-    """Levels of a bundle's slice tree: ``ceil(log2 A)`` (0 for one slice)."""
-    return max(0, (num_slices - 1).bit_length())
-
-
-def record_size(num_slices: int) -> int:
-    """Bytes of one bundle record: slice sha256, offset, size and ``tree_depth`` sibling hashes."""
-    return _RECORD_HEAD.size + 32 * tree_depth(num_slices)
-
-
-def record_range(num_slices: int, slice_index: int) -> tuple[int, int]:
-    """``(offset, length)`` of record ``slice_index`` in a bundle of ``num_slices`` slices (fixed positions)."""
-    size = record_size(num_slices)
-    return len(BUNDLE_PREFIX) + 4 + slice_index * size, size
-
-
-def slice_leaf(slice_index: int, digest: bytes, offset: int, size: int) -> bytes:
-    """Leaf ``j`` of a bundle's slice tree: ``sha256(b"slice" || u32 j || sha256(blob) || u64 offset || u64 size)``."""
-    return _sha(b"slice" + struct.pack(">I", slice_index) + digest + struct.pack(">QQ", offset, size))
-
-
-def _tree_levels(leaves: Sequence[bytes]) -> list[list[bytes]]:
-    """Levels of the complete binary tree over ``leaves`` padded with zero hashes to a power of two."""
-    level = list(leaves) + [_EMPTY] * ((1 << tree_depth(len(leaves))) - len(leaves))
-    levels = [level]
-    while len(level) > 1:
-        level = [_sha(level[k] + level[k + 1]) for k in range(0, len(level), 2)]
-        levels.append(level)
-    return levels
-
-
-def _fold_path(leaf: bytes, index: int, siblings: Sequence[bytes]) -> bytes:
-    node = leaf
-    for sibling in siblings:
-        node = _sha(sibling + node) if index & 1 else _sha(node + sibling)
-        index >>= 1
-    return node
-
-
-def slice_bundle(blobs: Sequence[bytes]) -> tuple[bytes, bytes]:
-    """``(bundle, reference)`` of a replica's slice blobs of one stage.
-
-    bundle    = ``b"dlx-bundle/1" || u32 A || A records || slice blobs in order``, record j =
-                ``sha256(b_j) || u64 offset || u64 size || tree_depth(A) siblings`` (its Merkle path);
-    reference = ``b"dlx-slices/2" || u32 A || sha256(bundle) || u64 len(bundle) || slices root``
-                (88 bytes whatever A), what the contribution envelope signs.
-    """
-    count = len(blobs)
-    if not 1 <= count <= MAX_SLICES or any(len(blob) < 1 for blob in blobs):
-        raise SliceError(f"a bundle holds 1..{MAX_SLICES} non-empty slice blobs, got {count}")
-    offset = len(BUNDLE_PREFIX) + 4 + count * record_size(count)
-    heads = []
-    for blob in blobs:
-        heads.append((_sha(blob), offset, len(blob)))
-        offset += len(blob)
-    levels = _tree_levels([slice_leaf(j, *head) for j, head in enumerate(heads)])
-    records = []
-    for j, head in enumerate(heads):
-        siblings = [levels[level][(j >> level) ^ 1] for level in range(len(levels) - 1)]
-        records.append(_RECORD_HEAD.pack(*head) + b"".join(siblings))
-    bundle = BUNDLE_PREFIX + struct.pack(">I", count) + b"".join(records) + b"".join(blobs)
-    reference = REFERENCE_PREFIX + _REFERENCE.pack(count, _sha(bundle), len(bundle), levels[-1][0])
-    return bundle, reference
-
-
-def parse_slice_reference(data: bytes, num_slices: int, max_bundle_bytes: int) -> SliceReference:
-    """A contribution's reference for a plan of ``num_slices`` slices; SliceError on anything else."""
-    if len(data) != len(REFERENCE_PREFIX) + _REFERENCE.size or not data.startswith(REFERENCE_PREFIX):
-        raise SliceError("slice reference: wrong size or prefix")
-    count, digest, size, root = _REFERENCE.unpack_from(data, len(REFERENCE_PREFIX))
-    if count != num_slices:
-        raise SliceError(f"slice reference names {count} slices, the plan has {num_slices}")
-    smallest = len(BUNDLE_PREFIX) + 4 + count * (record_size(count) + 1)  # every slice at least one byte
-    if not smallest <= size <= max_bundle_bytes:
-        raise SliceError(f"slice reference: a bundle of {size} bytes ({smallest}..{max_bundle_bytes})")
-    return SliceReference(count, digest, size, root)
-
-
-def parse_slice_record(record: bytes, reference: SliceReference, slice_index: int) -> tuple[bytes, int, int]:
-    """``(sha256, offset, size)`` of slice ``slice_index`` from its bundle record, checked against the
-    reference (its Merkle path to the signed root, a range inside the bundle's slice area)."""
-    count = reference.num_slices
-    if not 0 <= slice_index < count or len(record) != record_size(count):
-        raise SliceError(f"slice record {slice_index}: {len(record)} bytes, expected {record_size(count)}")
-    digest, offset, size = _RECORD_HEAD.unpack_from(record)
-    head = _RECORD_HEAD.size
-    siblings = [record[head + 32 * k:head + 32 * (k + 1)] for k in range(tree_depth(count))]
-    if _fold_path(slice_leaf(slice_index, digest, offset, size), slice_index, siblings) != reference.slices_root:
-        raise SliceError(f"slice record {slice_index}: its Merkle path does not lead to the signed slices root")
-    first = len(BUNDLE_PREFIX) + 4 + count * record_size(count)
-    if size < 1 or offset < first or offset + size > reference.bundle_size:
-        raise SliceError(f"slice record {slice_index}: bytes {offset}+{size} outside the bundle's slices")
-    return digest, offset, size
-
-
-def read_slice(bundle: bytes, reference: SliceReference, slice_index: int) -> bytes | None:
-    """Slice ``slice_index`` of a whole bundle as a range reader gets it: its record must prove to the
-    reference's root and its bytes match the record; None otherwise (that input is absent)."""
-    offset, length = record_range(reference.num_slices, slice_index)
-    try:
-        digest, start, size = parse_slice_record(bundle[offset:offset + length], reference, slice_index)
-    except SliceError:
-        return None
-    blob = bundle[start:start + size]
-    return blob if _sha(blob) == digest else None
-
-
-def bundle_slices(bundle: bytes, reference: SliceReference) -> list[bytes | None]:
-    """Every slice of a whole bundle, each as :func:`read_slice` decides (the auditor's read, and an
-    aggregator's when a provider's ranges do not check). SliceError if it is not the referenced bundle."""
-    if _sha(bundle) != reference.bundle_digest or len(bundle) != reference.bundle_size:
-        raise SliceError("bundle does not match its reference")
-    return [read_slice(bundle, reference, j) for j in range(reference.num_slices)]
-
-
-def rerun_claim(bundle: bytes, reference: SliceReference) -> bytes:
-    """What a rerun compares a sliced contribution with: the msgpack array of the slice blobs its bundle
-    proves, which is what the sliced encoder returns (:class:`SlicedErrorFeedbackCompressor`), so a
-    bit-exact rerun gives the same bytes. SliceError if it is not the referenced bundle or a slice does
-    not check (the node's spot checker and the audit's ``--reexecute`` both read claims so)."""
-    import msgpack
-
-    slices = bundle_slices(bundle, reference)
-    bad = [j for j, blob in enumerate(slices) if blob is None]
-    if bad:
-        raise SliceError(f"bundle does not prove slices {bad}")
-    return msgpack.packb(slices, use_bin_type=True)
 
 
 def candidate(slice_index: int, outer_round: int, num_members: int, turn: int) -> int:
@@ -772,7 +489,7 @@ def live_plan(shapes: Mapping[str, tuple[int, ...]], num_replicas: int,
 
 
 def slice_stage(engine, num_replicas: int, min_slice_numel: int = LIVE_MIN_SLICE_NUMEL) -> SlicePlan:
-    """Make a :class:`~training.diloco.StageEngine` encode sliced contributions; returns its plan.
+    """Make a :class:`~training.stage_engine.StageEngine` encode sliced contributions; returns its plan.
 
     The plan is :func:`live_plan` of the stage's shapes for ``num_replicas`` and
     ``min_slice_numel`` (run settings, so every node derives the same plan); the

@@ -9,7 +9,7 @@ asks which device it runs on. What may differ per node and what may not
   GPU), in float32 or in bfloat16 autocast. Master weights and the inner AdamW
   state stay float32 on that device.
 * **must not**: everything the record and the audit depend on. The pseudo-gradient
-  leaves the device as float32 (``training.diloco.StageEngine`` copies the live
+  leaves the device as float32 (``training.stage_engine.StageEngine`` copies the live
   weights to the host before it subtracts them from the round start); the codec,
   the robust aggregation, the outer Nesterov step and every hash run on the CPU in
   float32, in exactly the code and order they always did. Every node therefore derives

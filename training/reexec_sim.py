@@ -25,12 +25,13 @@ import torch
 
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
 from training.data import Corpus, round_batches
-from training.diloco import StageEngine, host_float32
+from training.diloco import host_float32
 from training.model import init_state_dict
 from training.pipeline import LocalReplicaTrainer
 from training.reexec import ContributionClaim, data_commitment, pipeline_train_step, round_meta
 from training.replica_state import ReplicaStartState, capture_replica_state
 from training.schedule import APPLY, ENCODE, TRAIN, inner_lr, round_actions, set_lr
+from training.stage_engine import StageEngine
 
 logger = logging.getLogger(__name__)
 

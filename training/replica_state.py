@@ -9,13 +9,13 @@ encode read, for every stage ``s`` of the replica:
 * the inner AdamW state: step count and both moments (``adam.step/<name>``,
   ``adam.exp_avg/<name>``, ``adam.exp_avg_sq/<name>``; absent before the first
   inner step of the run);
-* the :class:`~training.diloco.StageEngine` state: global weights and outer
+* the :class:`~training.stage_engine.StageEngine` state: global weights and outer
   momentum of the last applied round (``global/``, ``momentum/``), the
   error-feedback residual (``residual/``), the local snapshot of the round
   start (``round_start/``), the snapshots of rounds encoded but not applied
   yet (``round_end.<r>/``), the decoded updates it transmitted for rounds not
   applied yet and the last applied one (``sent.<r>/``: a contribution the close
-  left out goes back into the residual, :meth:`~training.diloco.StageEngine.contribution_dropped`),
+  left out goes back into the residual, :meth:`~training.stage_engine.StageEngine.contribution_dropped`),
   and the "eager" correction's own decoded contributions (``own_decoded.<r>/``)
   and the others' previous sum (``others_previous/``), and with encoder "v3" or "v4"
   its memo: each tensor's coding (``encoder.choice/<name>``, float32
@@ -65,11 +65,11 @@ from torch import nn
 
 from training.butterfly import slice_stage
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
-from training.diloco import ENGINE_STATE_VERSION, StageEngine
 from training.errors import EngineStateError, ReplicaStateError
 from training.hashing import tensor_le_bytes
 from training.platform import PlatformError, PlatformFingerprint, parse_fingerprint
 from training.pipeline import LocalReplicaTrainer
+from training.stage_engine import ENGINE_STATE_VERSION, StageEngine
 from training.stages import merge_state_dicts, split_stages, stage_param_shapes
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ others' contributions is not counted, as for the AllReduce figure, which is
 the bytes each replica sends).
 
 The loop of :func:`simulate` is DiLoCo's Algorithm 1 with DiLoCoX's delay;
-every replica keeps one :class:`~training.diloco.StageEngine` per stage.
+every replica keeps one :class:`~training.stage_engine.StageEngine` per stage.
 
 Byzantine members (issue 12): ``tamper(outer_round, stage, contributions)``
 may replace what replicas send before the round is applied (an attacker
@@ -48,7 +48,6 @@ import torch
 
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig
 from training.data import Corpus, eval_batches, round_batches
-from training.diloco import StageEngine
 from training.screening import (
     decode_full,
     model_loss_fn,
@@ -61,6 +60,7 @@ from training.hashing import stage_weights_hash, weights_root
 from training.model import count_params, init_state_dict
 from training.pipeline import LocalReplicaTrainer
 from training.schedule import APPLY, ENCODE, TRAIN, inner_lr, round_actions, set_lr, trainer_optimizers
+from training.stage_engine import StageEngine
 
 logger = logging.getLogger(__name__)
 

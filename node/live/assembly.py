@@ -49,6 +49,7 @@ from node.live.lifecycle import Lifecycle
 from node.live.membership import Membership
 from node.live.messenger import Messenger
 from node.live.onchain import NodeChain
+from node.live.pacing import CommitPace
 from node.live.replica import ReplicaWorker, warm_up_imports
 from node.live.resume import RestartRecovery
 from node.live.roundbook import RoundBook
@@ -155,6 +156,7 @@ class NodeParts:
         self.lifecycle: Lifecycle | None = None
         self.forks: ForkRepair | None = None
         self.ending: RunEnd | None = None
+        self.pace: CommitPace | None = None
         self.spot_checks: SpotChecker | None = None
         self.committer: Committer | None = None
         self.inbox: GossipInbox | None = None
@@ -242,6 +244,8 @@ class NodeParts:
             evidence_judges=exchange.evidence_judges(), charges=charges, rerun_inputs=exchange.rerun_inputs()))
         self.ending = RunEnd(cfg=cfg, chain=chain, membership=membership, reporter=self.reporter,
                              peer_id=self.peer_id, stop=self.stop)
+        self.pace = CommitPace(cfg=cfg, chain=chain, progress=self.progress, reporter=self.reporter,
+                               clock=self.clock, stop=self.stop)
         self.forks = forks = self.kinds.forks(
             cfg=cfg, station=self.station, book=self.book, coordinator=coordinator, exchange=exchange,
             archive=self.archive, rounds=self.rounds, chain=chain, lifecycle=lifecycle, state=self.state,
@@ -378,6 +382,7 @@ class NodeParts:
             self.committer.close()
         if self.spot_checks is not None:
             self.spot_checks.close()
+            self.progress.spot_checks_left_undone = self.spot_checks.left_undone
         if self.exchange is not None:
             self.exchange.close()
         for thread in self._threads:

@@ -164,6 +164,19 @@ class Node:
         self.parts.committer.drain(timeout=self.cfg.round_timeout)
         if self.cfg.rounds > 0 and not self.stop_event.is_set():
             self.parts.ending.await_last_commit()
+            self._finish_spot_checks()
+
+    def _finish_spot_checks(self) -> None:
+        """At the run's normal end: the queued spot checks get up to ``spot_check_drain_s`` more (the node
+        still serves its peers); a stop never waits for them. What is left is logged when they close."""
+        checks = self.parts.spot_checks
+        if self.stop_event.is_set() or self.cfg.spot_check_drain_s <= 0 or checks.idle():
+            return
+        self.parts.reporter.set_state("finishing spot checks")
+        left = checks.drain(self.cfg.spot_check_drain_s)
+        if left:
+            logger.warning("%d queued spot check(s) not reached within spot_check_drain_s = %.0fs", left,
+                           self.cfg.spot_check_drain_s)
 
     def _run_rounds(self, start_round: int, unfinished: list[int]) -> None:
         """Run the rounds in the order of :func:`training.schedule.round_actions`.
@@ -207,6 +220,8 @@ class Node:
     def _train(self, action: RoundAction, unfinished: list[int]) -> None:
         if PREFETCH_APPLY and self.cfg.diloco.one_step_delay and action.first_step == 0 and unfinished:
             self.parts.finisher.prefetch(unfinished[0])  # applied after (part of) this round's steps
+        if action.first_step == 0:  # not too far ahead of the chain's commits (node/live/pacing.py)
+            self.parts.pace.await_room(action.outer_round)
         self.parts.contributor.train(action.outer_round, action.first_step, action.end_step)
 
     def _encode(self, action: RoundAction, unfinished: list[int]) -> None:

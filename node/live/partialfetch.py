@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from p2p.backoff import RetryBook
+
 logger = logging.getLogger(__name__)
 
 #: Fetches under way at once (a holder fetches about one partial per slice and stage).
@@ -42,7 +44,7 @@ class PartialFetcher:
         self._lock = threading.Condition()
         self._arrived: dict[bytes, tuple[int, bytes]] = {}  # digest -> (round, envelope bytes)
         self._in_flight: set[bytes] = set()
-        self._failed_at: dict[bytes, float] = {}  # digest -> when its last fetch failed
+        self._failed = RetryBook(retry_after)  # digests whose last fetch failed under retry_after s ago
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="partial")
 
     def get(self, outer_round: int, digest: bytes, sender: str, wait: float = 0.0) -> bytes | None:
@@ -53,9 +55,7 @@ class PartialFetcher:
             while True:
                 if digest in self._arrived:
                     return self._arrived[digest][1]
-                failed = self._failed_at.get(digest)
-                retry = failed is None or time.monotonic() - failed >= self._retry_after
-                if digest not in self._in_flight and retry:
+                if digest not in self._in_flight and not self._failed.blocked(digest):
                     self._in_flight.add(digest)
                     try:
                         self._executor.submit(self._run, outer_round, digest, sender)
@@ -80,10 +80,10 @@ class PartialFetcher:
         with self._lock:
             self._in_flight.discard(digest)
             if data is None:
-                self._failed_at[digest] = time.monotonic()
+                self._failed.failed(digest)
             else:
                 self._arrived[digest] = (outer_round, data)
-                self._failed_at.pop(digest, None)
+                self._failed.succeeded(digest)
             self._lock.notify_all()
         if data is not None:
             self._on_arrival()
@@ -91,8 +91,7 @@ class PartialFetcher:
     def forget_before(self, outer_round: int) -> None:
         with self._lock:
             self._arrived = {d: v for d, v in self._arrived.items() if v[0] >= outer_round}
-            stale = time.monotonic() - 600.0
-            self._failed_at = {d: t for d, t in self._failed_at.items() if t > stale}
+            self._failed.forget_older_than(600.0)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

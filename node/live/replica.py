@@ -3,7 +3,7 @@
 A node holds either every stage of its replica (a cluster of one: the stages
 run chained in this process) or one stage (a cluster of ``num_stages`` nodes
 joined by a torch.distributed gloo pipeline). Either way, each held stage has
-its own :class:`training.diloco.StageEngine`; this class is the node's only
+its own :class:`training.stage_engine.StageEngine`; this class is the node's only
 door into ``training/``.
 """
 
@@ -21,7 +21,7 @@ from node.config import NodeConfig
 from training.codec_wire import decode_contribution
 from training.data import corpus_from_config, eval_batches, round_batches
 from training.butterfly import SliceAggregate, SlicePlan, aggregate_slice, average_of_partials, slice_stage
-from training.diloco import RoundResult, StageEngine, aggregate_with_report, step_with_average
+from training.diloco import aggregate_with_report, step_with_average
 from training.errors import PipelineError
 from training.screening import decode_full, model_loss_fn, screen_contributions, screening_batch, screening_exclusions
 from training.hashing import stage_weights_hash, weights_root
@@ -35,6 +35,7 @@ from training.pipeline import (
     init_pipeline_group,
 )
 from training.schedule import inner_lr, set_lr, trainer_optimizers
+from training.stage_engine import RoundResult, StageEngine
 from training.stages import split_stages, stage_param_names
 
 logger = logging.getLogger(__name__)
@@ -265,7 +266,7 @@ class ReplicaWorker:
     def prepare_aggregation(self, stage: int, outer_round: int, contributions: list[bytes],
                             excluded: dict[int, str] | None = None):
         """The pure part of :meth:`apply` (decode, average, outer step, hash), computable while the next
-        round trains (:meth:`training.diloco.StageEngine.prepare_aggregation`)."""
+        round trains (:meth:`training.stage_engine.StageEngine.prepare_aggregation`)."""
         return self.engines[stage].prepare_aggregation(outer_round, contributions, excluded=excluded)
 
     def prepared_valid(self, stage: int, prepared, outer_round: int) -> bool:
@@ -279,7 +280,7 @@ class ReplicaWorker:
         rest clipped by the norm rule (:mod:`training.robust`). A round this node encoded
         goes through the engine's outer step with the one-step-delay correction; a round
         it did not encode (it joined late or sat the round out) is absorbed, local
-        progress kept (:meth:`training.diloco.StageEngine.finish_round`).
+        progress kept (:meth:`training.stage_engine.StageEngine.finish_round`).
         """
         return self.engines[stage].finish_round(outer_round, contributions, excluded=excluded, prepared=prepared)
 

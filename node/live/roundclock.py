@@ -29,7 +29,8 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 #: Phases of a period besides the inner steps, in the order they are reported.
-PHASES = ("start_state", "eval", "encode", "close_wait", "fetch_wait", "aggregate", "finish_other")
+#: ``commit_wait``: held before a round's training until the chain's commits catch up (node/live/pacing.py).
+PHASES = ("start_state", "eval", "encode", "close_wait", "fetch_wait", "aggregate", "finish_other", "commit_wait")
 #: Work on the node's background lane (node/live/lane.py), overlapping the inner steps: reported as
 #: ``lane_<name>_s`` per period, not part of the period's phases (it is not on the training thread).
 LANE_WORK = ("start_state", "eval", "encode")

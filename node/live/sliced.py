@@ -35,19 +35,14 @@ from node.live.roundstate import StageInputs
 from node.live.slicedchecks import SlicedChecks, UsedPartial, close_signers
 from node.live.slicedproof import usable_reference
 from node.live.slicedreads import BUNDLE_RETRY_S, SliceReads
+from p2p.backoff import RetryBook
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected
-from training.butterfly import (
-    SliceError,
-    SliceReference,
-    candidate,
-    parse_partial,
-    parse_slice_reference,
-    partial_payload,
-    slice_bundle,
-)
+from training.butterfly import SliceError, candidate
 from training.codec_wire import decode_contribution
 from training.errors import ContributionDecodeError
+from training.slicebundle import SliceReference, parse_slice_reference, slice_bundle
+from training.slicemessages import parse_partial, partial_payload
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +80,7 @@ class SlicedExchange(SliceReads, SlicedChecks, Exchange):
         self._bundle_missed: set[bytes] = set()  # bundles whose fetch failed (logged once)
         # (bundle digest, provider) -> when a read of it last failed: not asked again for BUNDLE_RETRY_S (each
         # pass of the wait asked a withholder again, ~10 requests a second per slice, for every turn)
-        self._read_failed: dict[tuple[bytes, str], float] = {}
+        self._read_failed = RetryBook(BUNDLE_RETRY_S)
         self._missing_said: set[tuple] = set()  # (round, stage, slice, member, turn) whose missing input was logged
         self._charged: set[bytes] = set()  # wrong partials (envelope hashes) this node accused
         self._bundles = ThreadPoolExecutor(max_workers=2, thread_name_prefix="bundle")
@@ -221,7 +216,7 @@ class SlicedExchange(SliceReads, SlicedChecks, Exchange):
             stale = time.monotonic() - 600.0
             self._bundle_tried = {k: v for k, v in self._bundle_tried.items() if v > stale}
             self._bundle_missed &= set(self._bundle_tried)
-            self._read_failed = {k: v for k, v in self._read_failed.items() if v > stale}
+            self._read_failed.forget_older_than(600.0)
             self._missing_said = {k for k in self._missing_said if k[0] >= outer_round}
         self._partials.forget_before(outer_round)
 

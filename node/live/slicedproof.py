@@ -46,7 +46,9 @@ from ledger.merkle import merkle_root
 from node import protocol as msg
 from p2p.envelope import decode_envelope
 from p2p.errors import EnvelopeRejected
-from training.butterfly import SliceError, SliceReference, bundle_slices, parse_partial, parse_slice_reference
+from training.butterfly import SliceError
+from training.slicebundle import SliceReference, bundle_slices, parse_slice_reference
+from training.slicemessages import parse_partial
 
 #: ``Evidence.verdict`` of a wrong partial's evidence (the verifier dispatches on it).
 WRONG_PARTIAL = "wrong-partial"

@@ -1,9 +1,9 @@
 """How a holder of the sliced exchange reads what others serve: partial envelopes, and a slice of a bundle.
 
 A mixin of :class:`node.live.sliced.SlicedExchange` (docs/PROTOCOL.md, "Sliced exchange"): it uses the
-exchange's host, timeouts and evidence directory, and its read-failure book (``_read_failed``: a
-provider whose read failed is not asked again for ``BUNDLE_RETRY_S``; ``_missing_said``: a missing input
-is logged once per turn).
+exchange's host, timeouts and evidence directory, and its read-failure book (``_read_failed``, a
+:class:`p2p.backoff.RetryBook`: a provider whose read failed is not asked again for ``BUNDLE_RETRY_S``;
+``_missing_said``: a missing input is logged once per turn).
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
-import time
 
 from node.fsutil import atomic_write_bytes
 from node.live.exchange import FALLBACK_PROVIDERS
 from p2p.errors import P2PError
-from training.butterfly import SliceError, SliceReference, bundle_slices, parse_slice_record, record_range
+from training.butterfly import SliceError
+from training.slicebundle import SliceReference, bundle_slices, parse_slice_record, record_range
 
 logger = logging.getLogger("node.live.sliced")  # one logger for the exchange's lines
 
@@ -65,12 +65,12 @@ class SliceReads:
         signed reference. None if it could not be read (yet); b"" if slice j of the bundle is proven bad.
 
         A range that does not check may be the provider's lie about a good bundle, so the whole
-        bundle (bound by its sha256) decides (:func:`training.butterfly.read_slice`): a bad slice
+        bundle (bound by its sha256) decides (:func:`training.slicebundle.read_slice`): a bad slice
         is an absent input for every aggregator and auditor alike (it costs only its signer).
         """
         bundle = reference.bundle_digest.hex()
         failed = (reference.bundle_digest, provider)
-        if time.monotonic() - self._read_failed.get(failed, -BUNDLE_RETRY_S) < BUNDLE_RETRY_S:
+        if self._read_failed.blocked(failed):
             return None  # it failed a moment ago: asked again on a later pass
         try:
             offset, length = record_range(reference.num_slices, j)
@@ -85,11 +85,11 @@ class SliceReads:
                            bundle[:12], provider[-8:], exc)
         except (P2PError, OSError) as exc:
             logger.info("slice %d of bundle %s from %s not read: %s", j, bundle[:12], provider[-8:], exc)
-            self._read_failed[failed] = time.monotonic()
+            self._read_failed.failed(failed)
             return None
         data = self._fetch(reference.bundle_digest, provider)
         if data is None:
-            self._read_failed[failed] = time.monotonic()
+            self._read_failed.failed(failed)
             return None
         try:
             blob = bundle_slices(data, reference)[j]

@@ -30,7 +30,9 @@ from node.live.slicedproof import bundle_fault
 from node.live.spotinputs import InputsUnavailable
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
-from training.butterfly import SliceError, parse_partial, parse_slice_reference, rerun_claim
+from training.butterfly import SliceError
+from training.slicebundle import parse_slice_reference, rerun_claim
+from training.slicemessages import parse_partial
 
 logger = logging.getLogger(__name__)
 

@@ -3,9 +3,13 @@ accusation by rerunning the contribution it names, judging accusations seen only
 and resolving them at quorum (docs/PROTOCOL.md, "Spot checks").
 
 :class:`Tribunal` is the half of :class:`node.live.verifier.SpotChecker` that judges members; the other half
-samples and reruns contributions. It runs on the spot checker's worker thread and uses its state (``ctx``,
-the lock, the job queue, the accusation and verdict books) and its reruns (``_check``, ``_envelopes_of``,
-``_chain_holds``).
+samples and reruns contributions. Its work runs on a thread of its own, the *court*
+(a :class:`node.live.jobqueue.JobQueue`), never behind a rerun: a charge against a member already found wrong
+is opened while the spot checker reruns someone else. The one part that needs a rerun, confirming another
+member's accusation, hands the rerun and the verdict after it to the spot checker's rerun thread, ahead of its
+sampled checks (``_rerun_then_judge``, :meth:`Tribunal._judge_by_rerun`). It uses the spot checker's state
+(``ctx``, the lock, the two queues, the accusation and verdict books) and its reruns (``_check``,
+``_envelopes_of``, ``_chain_holds``).
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ logger = logging.getLogger(__name__)
 EVIDENCE_FETCH_TIMEOUT_S = 60.0
 #: An accusation seen on chain is judged from the chain after this long without its gossip.
 CHAIN_ACCUSATION_GRACE_S = 20.0
-#: Job priorities of the spot checker's queue: an accusation waiting for confirmation goes before new samples.
-URGENT, ROUTINE = 0, 1
+#: The court's one job priority: its jobs run in the order they came.
+COURT = 0
 
 
 class Tribunal:
@@ -118,7 +122,7 @@ class Tribunal:
                     self._accusations[accusation.evidence_hash] = (accusation.outer_round, accusation)
                 return
             self._accusations[accusation.evidence_hash] = (accusation.outer_round, accusation)
-        self._put(URGENT, "confirm", accusation.outer_round, (env.sender_peer_id, accusation))
+        self._court.put(COURT, "confirm", accusation.outer_round, env.sender_peer_id, accusation)
 
     def _fetch_evidence(self, evidence_hash: bytes, providers: list[str] | None) -> bytes:
         """An accusation's evidence blob by its hash (hash-checked by the blob protocol; nothing kept on disk);
@@ -132,7 +136,8 @@ class Tribunal:
             dest.unlink(missing_ok=True)
 
     def _confirm(self, outer_round: int, accuser: str, accusation: msg.Accusation) -> None:
-        """Fetch the evidence, check that it names a sealed contribution of the accused, rerun it, sign a verdict.
+        """Fetch the evidence, check that it names a sealed contribution of the accused, then queue its rerun (the
+        verdict follows the rerun: :meth:`_judge_by_rerun`); self-contained evidence is judged here at once.
 
         Evidence not served in time, or malformed (not the accuser's evidence envelope of the round naming the
         accused), gets a not-guilty verdict: the accuser must show its case. Evidence this node cannot check
@@ -181,6 +186,13 @@ class Tribunal:
                            outer_round, accuser[-8:], accusation.replica)
             return
         self.ctx.host.provide_blob(data, announce=False)  # serve it onward: anyone may check it
+        self._rerun_then_judge(outer_round, accusation, ours, next_envs)
+
+    def _judge_by_rerun(self, outer_round: int, accusation: msg.Accusation, ours: list[bytes],
+                        next_envs: list[Envelope]) -> None:
+        """On the rerun thread: rerun the accused contribution (and its chain into round t+1, if the evidence
+        names one) and sign the verdict it gives; nothing if it cannot be told."""
+        who = accusation.accused_peer
         result = self._check(outer_round, accusation.replica)
         if result is None:
             return  # could not rerun: sign nothing either way
@@ -237,7 +249,7 @@ class Tribunal:
                     continue
                 # Judged once: mark it known, as a gossiped one would be.
                 self._accusations[record.evidence_hash] = (-1, None)
-            self._put(URGENT, "chain", record)
+            self._court.put(COURT, "chain", record)
         newest = max([record.opened_block for record in opened] + [self._watched_block or 0])
         self._watched_block = min(waiting) if waiting else newest
 
@@ -333,7 +345,7 @@ class Tribunal:
             signers[signer.lower()] = signature
             ready = len(signers) >= quorum
             if ready and verdict.evidence_hash not in self._resolved:
-                self._put(URGENT, "resolve", verdict, dict(signers))
+                self._court.put(COURT, "resolve", verdict, dict(signers))
 
     def _verdict_quorum(self, verdict: Verdict) -> int:
         """The signatures the accusation's verdict needs, fixed on chain when it was opened (the run's k until

@@ -27,13 +27,16 @@ is forfeited); otherwise it confirms it as a gossiped one. An accusation that no
 verdict decides lapses on chain at its deadline (docs/LEDGER.md, "Accusations").
 
 This module samples and reruns; accusing, confirming, judging and resolving are
-:class:`node.live.tribunal.Tribunal`'s, which :class:`SpotChecker` extends.
+:class:`node.live.tribunal.Tribunal`'s, which :class:`SpotChecker` extends. The two halves
+run on two threads (:class:`node.live.jobqueue.JobQueue`): the reruns one at a time, and the
+tribunal's work, which never waits behind a rerun. At a run's normal end the queued checks get
+``spot_check_drain_s`` more (:meth:`SpotChecker.drain`); what a stop leaves is counted
+(:attr:`SpotChecker.left_undone`, ``spot_checks_left_undone`` in status.json).
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
 import queue
 import shutil
@@ -47,9 +50,10 @@ from ledger.errors import LedgerError
 from node import protocol as msg
 from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
+from node.live.jobqueue import JobQueue
 from node.live.spotcheck import RerunWorker, SpotCheckJob, SpotCheckResult
 from node.live.spotinputs import HeardRound, InputsUnavailable, ReplicaInputs, heard_round
-from node.live.tribunal import ROUTINE, Tribunal
+from node.live.tribunal import COURT, Tribunal
 from p2p.envelope import Envelope
 from p2p.errors import EnvelopeRejected, P2PError
 from training.reexec import (
@@ -74,6 +78,9 @@ STATE_FETCH_TIMEOUT_S = 60.0
 MAX_LAG_ROUNDS = 4
 #: How often the node reads the run's accusations from the chain.
 ACCUSATION_POLL_S = 10.0
+#: Priorities of the rerun queue: a rerun another member's accusation waits on (its verdict) goes first,
+#: then drawing a recorded round's checks (quick: no rerun), then the sampled checks, oldest round first.
+RERUN_FOR_VERDICT, DRAW, CHECK = 0, 1, 2
 
 
 @dataclass
@@ -114,8 +121,6 @@ class SpotChecker(Tribunal):
     def __init__(self, ctx: VerifierContext) -> None:
         self.ctx = ctx
         self._states: dict[int, list[str]] = {}  # round -> blob hashes of this node's start states
-        self._jobs: queue.PriorityQueue = queue.PriorityQueue()
-        self._seq = itertools.count()
         self._newest = -1
         self._worker = RerunWorker(ctx.work_dir / "worker.log")
         self._results: dict[tuple[int, int], SpotCheckResult | None] = {}  # (round, replica) -> result
@@ -136,8 +141,15 @@ class SpotChecker(Tribunal):
         self.chain_checks = 0  # round t -> t+1 start-state links checked (node.live.verifier._chain_holds)
         self.mismatches = 0
         self.skipped = 0
-        self._thread = threading.Thread(target=self._loop, name="spotcheck", daemon=True)
-        self._thread.start()
+        self.abandoned = 0  # checks cut short because the node stopped
+        # Two threads: the reruns, one at a time in one child process (they take no more of the machine than
+        # one rerun does), and the tribunal's work, which never waits behind a rerun (node/live/jobqueue.py).
+        self._reruns = JobQueue("spotcheck", {"draw": self._draw, "check": self._check_sampled, "link": self._link,
+                                              "verdict": self._judge_by_rerun}, ctx.stop)
+        self._court = JobQueue("tribunal", {"watch": self._watch_chain, "charge": self.charge,
+                                            "accuse": self._accuse, "confirm": self._confirm,
+                                            "chain": self._judge_chain_accusation, "resolve": self._resolve},
+                               ctx.stop, tick=self._court_tick)
 
     # -- start states -------------------------------------------------------------------
     def serve_start_states(self, outer_round: int, parts: dict[int, bytes]) -> dict[int, bytes]:
@@ -167,10 +179,7 @@ class SpotChecker(Tribunal):
             # Now, on the committer's thread: the book forgets the round's closes a few rounds on.
             heard = heard_round(outer_round, self.ctx.cfg.pipeline.num_stages, self.ctx.closes,
                                 self.ctx.attestations, self.ctx.stage_hashes(outer_round) or {})
-        self._put(ROUTINE, "sample", outer_round, weights_root, heard)
-
-    def _put(self, priority: int, kind: str, *args) -> None:
-        self._jobs.put((priority, next(self._seq), kind, args))
+        self._reruns.put(DRAW, "draw", outer_round, weights_root, heard)
 
     def _record(self, outer_round: int, weights_root: bytes, heard: HeardRound) -> None:
         """Keep the round's contributions of every stage as its record on chain binds them (spotinputs)."""
@@ -183,14 +192,13 @@ class SpotChecker(Tribunal):
             logger.warning("round %d: its contributions of every stage are not bound to the record here: %s",
                            outer_round, exc)
 
-    def _sample(self, outer_round: int, weights_root: bytes, heard: HeardRound | None = None) -> None:
+    def _lagging(self, outer_round: int) -> bool:
+        return outer_round < self._newest - MAX_LAG_ROUNDS
+
+    def _draw(self, outer_round: int, weights_root: bytes, heard: HeardRound | None = None) -> None:
+        """Draw the round's checks (one ``check`` job per replica drawn), then its chain ``link`` job."""
         if heard is not None:
             self._record(outer_round, weights_root, heard)
-        if outer_round < self._newest - MAX_LAG_ROUNDS:
-            self.skipped += 1
-            logger.info("spot checks of round %d skipped: %d rounds behind the chain", outer_round,
-                        self._newest - outer_round)
-            return
         sealed = self.inputs.contributions(outer_round)
         if sealed is None:
             return
@@ -206,25 +214,40 @@ class SpotChecker(Tribunal):
         # round, docs/PROTOCOL.md "When a node's weights leave the record"): not reruns of the record.
         elsewhere = self._left_out_elsewhere(outer_round)
         for replica in chosen:
-            if any(self.ctx.membership.ejected(peer) for peer in signers[replica]):
-                continue  # already found guilty and removed: nothing left to decide
             if replica in elsewhere:
                 logger.info("spot check of replica %d round %d not run: left out of the round as built on another "
                             "result of round %d", replica, outer_round, outer_round - 1)
                 continue
-            result = self._check(outer_round, replica)
-            if result is not None and result.elsewhere:
-                logger.warning("spot check of replica %d round %d: %s (not accused: a forked member's round)",
-                               replica, outer_round, result.reason)
-            elif result is not None and not result.honest:
-                self._accuse(outer_round, replica, result)
-        # The chain: every replica this node reran exactly in round t-1 must start round t where
-        # that rerun ended (or from the record, after a restart).
+            self._reruns.put(CHECK, "check", outer_round, replica, signers[replica])
+        self._reruns.put(CHECK, "link", outer_round, signers)
+
+    def _ejected(self, signers: set[str]) -> bool:
+        return any(self.ctx.membership.ejected(peer) for peer in signers)
+
+    def _check_sampled(self, outer_round: int, replica: int, signers: set[str]) -> None:
+        """One drawn check: rerun; a contribution that does not reproduce goes to the tribunal's thread."""
+        if self._lagging(outer_round):
+            self.skipped += 1
+            logger.info("spot check of replica %d round %d skipped: %d rounds behind the chain", replica,
+                        outer_round, self._newest - outer_round)
+            return
+        if self._ejected(signers):
+            return  # already found guilty and removed: nothing left to decide
+        result = self._check(outer_round, replica)
+        if result is not None and result.elsewhere:
+            logger.warning("spot check of replica %d round %d: %s (not accused: a forked member's round)",
+                           replica, outer_round, result.reason)
+        elif result is not None and not result.honest:
+            self._court.put(COURT, "accuse", outer_round, replica, result)
+
+    def _link(self, outer_round: int, signers: dict[int, set[str]]) -> None:
+        """The chain: every replica this node reran exactly in round t-1 must start round t where that rerun
+        ended (or from the record, after a restart)."""
         with self._lock:
             linked = [(replica, result) for (r, replica), result in self._results.items()
                       if r == outer_round - 1 and result is not None and result.next_state_hashes is not None]
-        for replica, result in linked:
-            if replica not in signers or any(self.ctx.membership.ejected(peer) for peer in signers[replica]):
+        for replica, result in linked if not self._lagging(outer_round) else []:
+            if replica not in signers or self._ejected(signers[replica]):
                 continue
             try:
                 next_envs = self._envelopes_of(outer_round, replica)
@@ -240,8 +263,8 @@ class SpotChecker(Tribunal):
                 self._keep_states(self._linkable_parts(outer_round - 1, replica) + parts)
                 logger.warning("chain check of replica %d rounds %d-%d: %s", replica, outer_round - 1, outer_round,
                                reason)
-                self._accuse(outer_round - 1, replica, SpotCheckResult("state_mismatch", reason, {}, 0.0,
-                                                                       failed_stages=broken), next_envs=next_envs)
+                self._court.put(COURT, "accuse", outer_round - 1, replica,
+                                SpotCheckResult("state_mismatch", reason, {}, 0.0, failed_stages=broken), next_envs)
         self._forget_linkable(before=outer_round)
 
     def _left_out_elsewhere(self, outer_round: int) -> set[int]:
@@ -302,6 +325,7 @@ class SpotChecker(Tribunal):
             if self.ctx.stop.is_set():  # the node is stopping: the worker was closed under the check
                 logger.info("spot check of replica %d round %d abandoned: the node is stopping", replica,
                             outer_round)
+                self.abandoned += 1
                 return None
             logger.warning("spot check of replica %d round %d not done: %s", replica, outer_round, exc)
             self.not_done += 1
@@ -452,39 +476,55 @@ class SpotChecker(Tribunal):
                 excluded.setdefault(s, {})[i] = str(detail)
         return previous, excluded
 
-    # -- the worker thread --------------------------------------------------------------
-    def _loop(self) -> None:
-        while not self.ctx.stop.is_set():
-            if time.monotonic() - self._watched_at >= ACCUSATION_POLL_S:
-                self._run_job("watch", ())
-            while self.ctx.charges is not None and not self.ctx.charges.empty():
-                self._run_job("charge", self.ctx.charges.get_nowait())
-            try:
-                _priority, _seq, kind, args = self._jobs.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            self._run_job(kind, args)
+    # -- the threads ----------------------------------------------------------------------
+    def _rerun_then_judge(self, *args) -> None:
+        """Queue the rerun another member's accusation needs, ahead of the sampled checks (its verdict follows
+        it on the rerun thread: :meth:`Tribunal._judge_by_rerun`)."""
+        self._reruns.put(RERUN_FOR_VERDICT, "verdict", *args)
 
-    def _run_job(self, kind: str, args: tuple) -> None:
-        try:
-            if kind == "watch":
-                self._watch_chain()
-            elif kind == "sample":
-                self._sample(*args)
-            elif kind == "confirm":
-                outer_round, (accuser, accusation) = args
-                self._confirm(outer_round, accuser, accusation)
-            elif kind == "chain":
-                self._judge_chain_accusation(*args)
-            elif kind == "resolve":
-                self._resolve(*args)
-            elif kind == "charge":
-                self.charge(*args)
-        except (NodeError, LedgerError, P2PError, OSError) as exc:
-            logger.warning("spot checks: %s job failed: %s", kind, exc)
-        except Exception:  # one bad job must not end the checks
-            logger.exception("spot checks: %s job failed", kind)
+    def _court_tick(self) -> None:
+        """Between the tribunal's jobs: the chain's accusations every ACCUSATION_POLL_S, the exchange's charges."""
+        if time.monotonic() - self._watched_at >= ACCUSATION_POLL_S:
+            self._watched_at = time.monotonic()
+            self._court.put(COURT, "watch")
+        while self.ctx.charges is not None:
+            try:
+                self._court.put(COURT, "charge", *self.ctx.charges.get_nowait())
+            except queue.Empty:
+                break
+
+    @property
+    def pending_checks(self) -> int:
+        """Sampled checks drawn and not run yet."""
+        return self._reruns.pending("check")
+
+    def idle(self) -> bool:
+        """Nothing queued or in flight on either thread, and no charge waiting to be taken."""
+        return (self._reruns.pending() == 0 and self._reruns.running is None and self._court.pending() == 0
+                and self._court.running is None and (self.ctx.charges is None or self.ctx.charges.empty()))
+
+    def drain(self, timeout: float) -> int:
+        """At a run's normal end: let the queued checks and charges run for up to ``timeout`` seconds (the
+        node still serves its peers meanwhile); return the sampled checks still queued."""
+        deadline = time.monotonic() + timeout
+        if not self.idle():
+            logger.info("the run is over: finishing the spot checks and charges still queued or running (%d "
+                        "check(s) not started; at most %.0fs)", self.pending_checks, timeout)
+        while not self.idle() and not self.ctx.stop.is_set() and time.monotonic() < deadline:
+            self.ctx.stop.wait(0.2)
+        return self.pending_checks
+
+    @property
+    def left_undone(self) -> int:
+        """Sampled checks not done because the node stopped: still queued, or cut short."""
+        return self.pending_checks + self.abandoned
 
     def close(self) -> None:
-        self._thread.join(timeout=5)
+        """Stop both threads (``ctx.stop`` is set by the owner) and the rerun child; log what is left undone."""
+        self._court.join(timeout=5)
+        self._reruns.join(timeout=5)
         self._worker.close()
+        undone, undrawn = self.left_undone, self._reruns.pending("draw")
+        if undone or undrawn:
+            logger.warning("spot checks left undone at stop: %d sampled check(s)%s", undone,
+                           f", {undrawn} recorded round(s) not drawn" if undrawn else "")

@@ -93,7 +93,8 @@ def _contributor_bundles(cfg: Any, plan: Any, references: list[bytes], peers: li
                          round_index: int, stage: int, notes: list[str]) -> list:
     """Each contributor's slice blobs in canonical order: a list per contributor, a list of Nones for an
     absent input, None when no archive holds a bundle that checks."""
-    from training.butterfly import SliceError, bundle_slices, parse_slice_reference
+    from training.butterfly import SliceError
+    from training.slicebundle import bundle_slices, parse_slice_reference
 
     absent = [None] * plan.num_slices
     bundles = []
@@ -120,7 +121,8 @@ def _bound_partials(cfg: Any, run_id: int, round_index: int, stage: int, plan: A
     close's inputs and comes from one of the slice's candidate aggregators."""
     from p2p.envelope import decode_envelope
     from p2p.errors import EnvelopeRejected
-    from training.butterfly import SliceError, candidate, parse_partial
+    from training.butterfly import SliceError, candidate
+    from training.slicemessages import parse_partial
 
     members = len(peers)
     bound: dict[int, dict[bytes, str]] = {}
@@ -204,7 +206,8 @@ class SlicedRerunArchive:
     def claims(self, round_index: int, envs: list) -> list[bytes]:
         """Per envelope (stage order), the packed slice blobs its reference binds; raises SlicedInputsMissing."""
         from node import protocol as msg
-        from training.butterfly import SliceError, live_plan, parse_slice_reference, rerun_claim
+        from training.butterfly import SliceError, live_plan
+        from training.slicebundle import parse_slice_reference, rerun_claim
 
         out = []
         for env in envs:

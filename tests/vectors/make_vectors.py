@@ -48,7 +48,7 @@ from p2p.gossip import (SYNC_OFFER_PROTOCOL, SYNC_PROTOCOL, gossip_message_id, s
                         sync_offer_frame, sync_request_frame, sync_response_frame, sync_want_frame)
 from p2p.identity import Identity
 from p2p.wire import encode_frame
-from training.butterfly import partial_payload
+from training.slicemessages import partial_payload
 
 OUT = Path(__file__).with_name("wire.json")
 SEED = bytes(range(32))  # the test key: never use it for anything else

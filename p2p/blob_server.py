@@ -1,0 +1,154 @@
+"""The serving side of ``/dlx/blob/1.0.0`` (:mod:`p2p.blob_protocol` is the specification).
+
+A request is answered from the :class:`~p2p.blobstore.BlobStore`: one reply frame, then
+the range's bytes in ~1 MiB writes, read from the page cache on the event loop where it
+holds them and on the thread pool where the disk must be read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import trio
+
+from p2p.blob_protocol import (
+    BLOB_PROTOCOL,
+    CHUNK_BYTES,
+    FILE_IO_BYTES,
+    MAX_FRAME_BYTES,
+    RunBlocking,
+    bad_request_reply,
+    busy_reply,
+    not_found_reply,
+    ok_reply,
+    out_of_range_reply,
+    parse_request,
+)
+from p2p.blobstore import BlobStore
+from p2p.errors import BlobError
+from p2p.ratelimit import PeerRateLimiter
+from p2p.wire import ProtocolViolation, read_frame, write_frame
+
+logger = logging.getLogger(__name__)
+
+_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", None)
+_KEPT_READ_BUFFERS = 2  # read buffers kept between served ranges (~8 MiB)
+
+
+def read_cached(fd: int, buffer: bytearray, size: int, offset: int) -> memoryview | None:
+    """Up to ``size`` bytes at ``offset`` into ``buffer`` if the page cache holds them, else None.
+
+    ``preadv`` with ``RWF_NOWAIT`` (Linux) never waits for the disk: it fails with
+    EAGAIN rather than block the event loop; a filesystem or platform that cannot
+    tell gives None too. May return fewer bytes than asked (the cached part).
+    """
+    if _RWF_NOWAIT is None:
+        return None
+    with memoryview(buffer) as view:
+        try:
+            count = os.preadv(fd, [view[:size]], offset, _RWF_NOWAIT)
+        except OSError:
+            return None
+    return memoryview(buffer)[:count] if count > 0 else None
+
+
+
+class BlobServer:
+    """Serves blobs from a store to the peers that ask (runs on the host's trio loop)."""
+
+    def __init__(
+        self,
+        store: BlobStore,
+        run_blocking: RunBlocking,
+        limiter: PeerRateLimiter,
+        stats: Any,
+        concurrency: int,
+        stall_timeout: float,
+    ) -> None:
+        self.store = store
+        self._run_blocking = run_blocking
+        self._limiter = limiter
+        self._stats = stats
+        self._serve_slots = trio.Semaphore(concurrency)
+        self.stall_timeout = stall_timeout
+        self._read_buffers: list[bytearray] = []  # FILE_IO_BYTES each, reused by served ranges
+
+    async def handle_stream(self, stream: Any) -> None:
+        """Answer one request; any peer misbehaviour resets the stream and is logged, never raised."""
+        peer = stream.muxed_conn.peer_id.to_base58()
+        try:
+            with trio.fail_after(self.stall_timeout):
+                request = await read_frame(stream, MAX_FRAME_BYTES)
+            await self._serve(stream, peer, request)
+        except Exception as exc:  # a peer's bad request or a dropped connection ends only this stream
+            logger.debug("blob request from %s failed: %s: %s", peer, type(exc).__name__, exc)
+            with trio.move_on_after(1):
+                try:
+                    await stream.reset()
+                except Exception:
+                    pass
+
+    async def _serve(self, stream: Any, peer: str, request: dict[str, Any]) -> None:
+        try:
+            digest, offset, length = parse_request(request)
+        except ProtocolViolation as exc:
+            await write_frame(stream, bad_request_reply(str(exc)))
+            await stream.close()
+            return
+        sha256_hex = digest.hex()
+        path = self.store.served_path(sha256_hex)
+        try:
+            total = path.stat().st_size
+        except FileNotFoundError:
+            await write_frame(stream, not_found_reply())
+            await stream.close()
+            return
+        if offset + length > total:
+            await write_frame(stream, out_of_range_reply(total))
+            await stream.close()
+            return
+        header = ok_reply(total, digest, offset, length)
+        if length == 0:
+            await write_frame(stream, header)
+            await stream.close()
+            return
+        with trio.move_on_after(self.stall_timeout) as waited:
+            await self._serve_slots.acquire()
+        if waited.cancelled_caught:
+            await write_frame(stream, busy_reply())
+            await stream.close()
+            return
+        try:
+            await write_frame(stream, header)
+            handle = await self._run_blocking(open, path, "rb", buffering=0)
+            buffer = self._read_buffers.pop() if self._read_buffers else bytearray(FILE_IO_BYTES)
+            try:
+                position, end = offset, offset + length
+                while position < end:
+                    size = min(FILE_IO_BYTES, end - position)
+                    # A blob being served is usually in the page cache: read it here, without a
+                    # thread hop per 4 MiB (each one a wake-up the sender waits for); a block
+                    # the kernel would have to fetch from disk is read on the thread pool.
+                    block = read_cached(handle.fileno(), buffer, size, position)
+                    if block is None:
+                        block = await self._run_blocking(os.pread, handle.fileno(), size, position)
+                    if not block:
+                        raise BlobError(f"blob {sha256_hex} shrank while being served")
+                    position += len(block)
+                    view = memoryview(block)  # slices of it go to the stream without a copy
+                    for start in range(0, len(block), CHUNK_BYTES):
+                        chunk = view[start : start + CHUNK_BYTES]
+                        await self._limiter.consume(peer, "out", len(chunk))
+                        with trio.fail_after(self.stall_timeout):
+                            await stream.write(chunk)
+                        self._stats.add(BLOB_PROTOCOL, sent=len(chunk))
+                        self._stats.add_peer(peer, sent=len(chunk))
+            finally:
+                handle.close()
+                if len(self._read_buffers) < _KEPT_READ_BUFFERS:
+                    self._read_buffers.append(buffer)  # stream.write has consumed every slice of it
+            await stream.close()
+        finally:
+            self._serve_slots.release()
