@@ -56,9 +56,9 @@ chain) is the real node's. Attacks:
   so the member must stop, re-enter from the chain's latest checkpoint
   (node/live/lifecycle.py) and contribute again.
 - ``diverge-slow-verdict``: the ``diverge-once`` fault, and the chain's verdict of round 2
-  reaches the member's committer 20 s late (as on a slow RPC): without the overlap its round 4,
-  begun on its forked round 2, is encoded long before the verdict; it must hold that
-  announcement until the verdict and then withhold it, whatever the timing.
+  reaches the member's committer only once it encoded round 4 (as on a slow RPC; at most 50 s
+  late): without the overlap round 4, begun on its forked round 2, is then encoded before the
+  verdict; it must hold that announcement until the verdict and then withhold it.
 - ``fork-close``: not an attack but what a fork does to a member: in round 2
   it takes a close without the first entry of the one it accepted (as if
   another coordinator's close had reached it first), aggregates and attests
@@ -194,14 +194,29 @@ def diverging_late():
     return {**diverging_once(left_out=2), "forks": LateVerdictForks}
 
 
-def diverging_slow_verdict(delay_s: float = 20.0):
+def diverging_slow_verdict(most_s: float = 50.0):
+    import threading
+    import time
+
     from node.live.forkrepair import ForkRepair
 
     class SlowVerdictForks(ForkRepair):
+        def __init__(self, **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.encoded_round_4 = threading.Event()
+
+        def announceable(self, outer_round):
+            if outer_round == 4:  # round 4 is encoded: whether to announce it is being decided
+                self.encoded_round_4.set()
+            return super().announceable(outer_round)
+
         def diverged(self, outer_round, onchain, mine, signature):
             if outer_round == 2:  # on the committer thread: the verdict reaches the node late
-                logger.warning("adversary: the chain's verdict of round 2 reaches this node %.0fs late", delay_s)
-                self.stop.wait(delay_s)
+                logger.warning("adversary: the chain's verdict of round 2 reaches this node only after it encoded "
+                               "round 4")
+                deadline = time.monotonic() + most_s
+                while not self.encoded_round_4.wait(0.5) and not self.stop.is_set() and time.monotonic() < deadline:
+                    pass
             return super().diverged(outer_round, onchain, mine, signature)
 
     return {**diverging_once(), "forks": SlowVerdictForks}
