@@ -25,6 +25,8 @@ depend on the exchange; it writes bench/results/byzantine_sliced.json. There
 the audit (of every node's archive: a holder archives only the bundles it
 read) passes or names the attacker (a wrong partial is applied alike and
 caught after the fact, or accused by the holders' spot checks of partials).
+``--reexecute all`` makes the audit rerun every contribution and judge every
+ejection (a sliced proof by the members' rule: node/tools/audit_slicedproof.py).
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ def one_run(workdir: Path, attack: str | None, args) -> dict:
     # A sliced run's holders archive only their own bundles and the inputs they fetched, so the auditor
     # reads every member's archive, the attacker's too: docs/PROTOCOL.md, "What an auditor replays" (an
     # archive only supplies bytes that the signed record binds). The full exchange: one holder's.
-    audit_lines = audit(run, run.nodes if args.exchange == "sliced" else honest[:1], result)
+    audit_lines = audit(run, run.nodes if args.exchange == "sliced" else honest[:1], result, args.reexecute)
     if attack is not None:
         result["audit"]["names_attacker"] = names_attacker(audit_lines, attacker.peer_id, (charged or {}).get("account"))
         result["accusations"] = charged
@@ -174,9 +176,9 @@ def accusations(run: LocalRun, attacker) -> dict:
         return {"error": str(exc)}
 
 
-def audit(run: LocalRun, slots, result: dict) -> list[str]:
-    """``dlx-node audit`` of the run against a chain restarted from its state file: its exit code and last
-    lines go to ``result["audit"]``; returns every line it printed."""
+def audit(run: LocalRun, slots, result: dict, reexecute: str | None = None) -> list[str]:
+    """``dlx-node audit`` of the run against a chain restarted from its state file (with ``--reexecute``
+    if given): its exit code and last lines go to ``result["audit"]``; returns every line it printed."""
     from ledger.chain import AnvilProcess
 
     anvil = AnvilProcess(state_file=run.workdir / "chain-state.json")
@@ -187,13 +189,31 @@ def audit(run: LocalRun, slots, result: dict) -> list[str]:
             [sys.executable, "-m", "node.cli", "audit", "--rpc", url, "--ledger", deployment["ledger"],
              "--registry", deployment["registry"], "--run", str(run.run_id),
              *[arg for slot in slots for arg in ("--archive", str(slot.data_dir))], "--data", str(DATA),
-             "--json", str(run.workdir / "audit.json")],
+             "--json", str(run.workdir / "audit.json"), *(["--reexecute", reexecute] if reexecute else [])],
             capture_output=True, text=True, timeout=1800, cwd=ROOT)
     finally:
         anvil.stop()
     lines = (out.stdout + out.stderr).strip().splitlines()
     result["audit"] = {"exit_code": out.returncode, "tail": lines[-12:]}
+    if reexecute:
+        result["audit"]["reexecution"] = reexecution_summary(run.workdir / "audit.json")
     return lines
+
+
+def reexecution_summary(report_path: Path) -> dict:
+    """What ``--reexecute`` found (the audit's JSON report): reruns per status, and each guilty ejection's
+    check (a sliced proof's judgement or an evidence rerun) with its status and reason."""
+    try:
+        general = json.loads(report_path.read_text()).get("general", [])
+    except (OSError, ValueError) as exc:
+        return {"error": str(exc)}
+    reruns: dict[str, int] = {}
+    for check in general:
+        if check["name"].startswith("re-execution of round"):
+            reruns[check["status"]] = reruns.get(check["status"], 0) + 1
+    ejections = [{"status": c["status"], "reason": c["reason"][:300]} for c in general
+                 if c["name"].startswith("ejection of")]
+    return {"reruns": reruns, "ejections": ejections}
 
 
 def main() -> int:
@@ -211,6 +231,8 @@ def main() -> int:
     parser.add_argument("--exchange", choices=("full", "sliced"), default="full")
     parser.add_argument("--transfer-timeout", type=float, default=20.0, help="p2p.transfer_timeout (sliced)")
     parser.add_argument("--spot-checks", type=float, default=0.06, help="spot_checks (sliced: of partials)")
+    parser.add_argument("--reexecute", default=None, help="the audit's --reexecute (N or all): rerun contributions "
+                        "and judge every ejection's evidence (default: no re-execution)")
     parser.add_argument("--workdir", default="/tmp/dlx-bench-byzantine")
     parser.add_argument("--out", default=None, help="default bench/results/byzantine.json, "
                         "byzantine_sliced.json with --exchange sliced")

@@ -23,7 +23,9 @@ later round with every contributor (recovery rounds: how many rounds after its
 restart the replica was back; rounds after entry: the same from the round its new
 life entered at, without the process start-up; rounds missed after ready: the rounds committed
 without the replica (fewer contributors than nodes) after its restarted process was ready (node/live/startup.py, "pipeline
-formed": imports, chain, host, placement and partner done), before the round it is back in), and
+formed": imports, chain, host, placement and partner done), before the round it is back in; of those, the
+rounds still open at ready: the round the other replicas trained then or a later one, the rest being rounds
+closed before and committed after it, the commit lag), and
 overall: rounds committed (each exactly once,
 in order), rounds with fewer contributors than every node, every node exit that
 was not a kill, tracebacks in any log, the audit verdict, and a table by phase.
@@ -105,12 +107,26 @@ class Chaos:
         self.kills: list[dict] = []
         self.unexpected_exits: list[dict] = []
         self.samples: list[tuple[float, int]] = []  # (wall time, last committed round), polled
+        # (wall time, cluster -> the highest round its live nodes train), polled with the commits
+        self.trained: list[tuple[float, dict[str, int]]] = []
 
     def last_round(self) -> int:
         last = self.client.last_round(self.run.run_id)
         last = -1 if last is None else last
         self.samples.append((time.time(), last))
+        trained: dict[str, int] = {}
+        for slot in self.run.nodes:
+            if slot.process is not None and slot.process.poll() is None:
+                training = slot.status().get("round")
+                if isinstance(training, int):
+                    trained[slot.cluster] = max(trained.get(slot.cluster, -1), training)
+        self.trained.append((time.time(), trained))
         return last
+
+    def trained_at(self, when: float, cluster: str) -> int:
+        """The highest round the other clusters' nodes trained at wall time ``when`` (last sample before it)."""
+        before = [t for at, t in self.trained if at <= when]
+        return max((r for c, r in before[-1].items() if c != cluster), default=-1) if before else -1
 
     def round_at(self, when: float) -> int:
         """The last round committed at wall time ``when`` (the last sample taken before it)."""
@@ -206,14 +222,19 @@ class Chaos:
         entry["ready_s"] = marks[READY]
         entry["first_contribution_s"] = marks.get("first contribution")
         entry["round_at_ready"] = self.round_at(entry["process_started"] + marks[READY])
+        entry["round_trained_at_ready"] = self.trained_at(entry["process_started"] + marks[READY], slot.cluster)
         # Only the rounds committed short of a contributor count: a round after ready that still holds
         # the killed life's contribution (killed during its exchange, committed later) was not missed.
         # (Before, every round in between counted: kills 0/10/11 of the first --split run read 3 where
         # 2 rounds were committed without the replica.) Kills are sequential, so a short round is its.
         between = range(entry["round_at_ready"] + 1, recovered)
         entry["rounds_after_ready"] = len(between)
-        entry["rounds_missed_after_ready"] = sum(
-            1 for r in between if self.client.commit_of(self.run.run_id, r).num_contributors < self.nodes)
+        short = {r for r in between if self.client.commit_of(self.run.run_id, r).num_contributors < self.nodes}
+        entry["rounds_missed_after_ready"] = len(short)
+        # Of those, the rounds the other replicas had not yet trained through when it was ready (the round
+        # they trained then and later ones): what entering the open round (RunEntry.reenter) can save. The
+        # others are rounds closed before it was ready and committed after (the commit lag).
+        entry["rounds_missed_open_at_ready"] = sum(1 for r in short if r >= entry["round_trained_at_ready"])
 
     def fault(self, index: int) -> list[dict]:
         """One fault: a kill at a random moment, or (every --entry-every-th) a kill during entry too."""
@@ -248,6 +269,8 @@ def phase_table(kills: list[dict]) -> dict:
         after_entry = [k["rounds_after_entry"] for k in rows if k.get("rounds_after_entry") is not None]
         seconds = [k["recovery_s"] for k in rows if k.get("recovery_s") is not None]
         missed = [k["rounds_missed_after_ready"] for k in rows if k.get("rounds_missed_after_ready") is not None]
+        missed_open = [k["rounds_missed_open_at_ready"] for k in rows
+                       if k.get("rounds_missed_open_at_ready") is not None]
         ready = [k["ready_s"] for k in rows if k.get("ready_s") is not None]
         table[phase] = {"kills": len(rows), "recovered": len(rounds),
                         "recovery_rounds_mean": round(sum(rounds) / len(rounds), 2) if rounds else None,
@@ -256,6 +279,7 @@ def phase_table(kills: list[dict]) -> dict:
                         "recovery_s_mean": round(sum(seconds) / len(seconds), 1) if seconds else None,
                         "recovery_s_max": max(seconds, default=None),
                         "rounds_missed_after_ready_max": max(missed, default=None),
+                        "rounds_missed_open_at_ready_max": max(missed_open, default=None),
                         "ready_s_mean": round(sum(ready) / len(ready), 1) if ready else None}
     return table
 
@@ -291,6 +315,9 @@ def summarize(chaos: Chaos, run: LocalRun, result: dict) -> None:
     result["back_within_two_rounds_of_ready"] = all(m is not None and m <= 2 for m in missed)
     result["kills_not_back_within_two_rounds_of_ready"] = [k["kill"] for k, m in zip(chaos.kills, missed)
                                                            if m is None or m > 2]
+    # Rounds missed that were still being trained by the others when it was ready (not closed before).
+    result["kills_missing_an_open_round_at_ready"] = [k["kill"] for k in chaos.kills
+                                                      if (k.get("rounds_missed_open_at_ready") or 0) > 0]
     result["by_phase"] = phase_table(chaos.kills)
 
 

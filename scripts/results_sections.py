@@ -262,6 +262,10 @@ def byzantine(r: dict) -> list[str]:
             charged = x.get("accusations") or {}
             row += [{True: "yes", False: "no"}.get((x.get("audit") or {}).get("names_attacker"), "-"),
                     f"{charged['opened']}/{charged['guilty']}" if "opened" in charged else "-"]
+        if s.get("reexecute"):  # --reexecute: reruns by status, and each guilty ejection's judgement
+            found = (x.get("audit") or {}).get("reexecution") or {}
+            row += [", ".join(f"{n} {status}" for status, n in sorted(found.get("reruns", {}).items())) or "-",
+                    ", ".join(e["status"] for e in found.get("ejections", [])) or "-"]
         rows.append(row)
     adversary = "sliced_adversary" if sliced else "adversary"
     if sliced:
@@ -272,6 +276,11 @@ def byzantine(r: dict) -> list[str]:
                 "checks of partials accuse it on chain. A sliced run leaves a bad slice out per slice (the "
                 "aggregator's report), so `excluded` stays 0. Accusations opened near the end of these 3-round runs "
                 "mostly stay open: the nodes stop with the run before enough verdicts are signed.")
+        if s.get("reexecute"):
+            note += (f" The audit ran with `--reexecute {s['reexecute']}`: it reruns contributions from the archives "
+                     "(a rerun that does not reproduce FAILs unless its member was found guilty on chain) and "
+                     "judges every guilty accusation's evidence, a sliced proof (wrong partial, bad bundle) by the "
+                     "members' rule (node/tools/audit_slicedproof.py): ok = the ejection is justified.")
     else:
         note = (" Rows without k ran at the script's default of the time, k = 1 (one member alone can commit; the "
                 "censoring coordinator then commits its own record and the audit fails it); with k = 2, the default "
@@ -281,7 +290,8 @@ def byzantine(r: dict) -> list[str]:
             "held-out loss of the final checkpoint, then `dlx-node audit`." + note), ""] + table(
         [f"attack (1 of {s['replicas']} replicas)", "k", "honest nodes exiting non-zero", "attacker in the close (excluded)",
          "held-out", "vs honest", "audit",
-         *(["audit names the attacker", "accusations of it (guilty)"] if sliced else [])], rows)
+         *(["audit names the attacker", "accusations of it (guilty)"] if sliced else []),
+         *([f"reruns (--reexecute {s['reexecute']})", "ejections judged"] if s.get("reexecute") else [])], rows)
 
 
 def chaos(r: dict) -> list[str]:
@@ -304,14 +314,17 @@ def chaos_phases(r: dict) -> list[str]:
     if not phases:
         return []
     rows = [[phase, d["kills"], d["recovered"], f"{d['recovery_rounds_mean']} / {d['recovery_rounds_max']}",
-             d.get("rounds_missed_after_ready_max", "-"), d["rounds_after_entry_max"],
+             d.get("rounds_missed_after_ready_max", "-"), d.get("rounds_missed_open_at_ready_max", "-"),
+             d["rounds_after_entry_max"],
              f"{d['recovery_s_mean']} / {d['recovery_s_max']} s", f"{d.get('ready_s_mean', '-')} s"]
             for phase, d in sorted(phases.items())]
     return ["By the phase of the kill (the restarted node's replica is back when it contributes again; rounds "
             "missed after ready: rounds committed without it once its restarted process was ready, i.e. its "
-            "pipeline formed with its partner, before the round it is back in):", ""] + table(
+            "pipeline formed with its partner, before the round it is back in; of those still open at ready: "
+            "the round the other replicas trained then or later, the others closed before and committed "
+            "after):", ""] + table(
         ["phase", "kills", "recovered", "chain rounds after the restart (mean / max)",
-         "rounds missed after ready (max)", "rounds after its entry round (max)", "seconds (mean / max)",
+         "rounds missed after ready (max)", "of them open at ready (max)", "rounds after its entry round (max)", "seconds (mean / max)",
          "process ready after (mean)"], rows) + [
         f"Logs with a traceback: {sum(1 for v in (r.get('tracebacks') or {}).values() if v)}; forks re-based in place: {r.get('rebased', '-')}.", ""]
 

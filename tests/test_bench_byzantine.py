@@ -33,3 +33,21 @@ def test_every_sliced_attack_is_one_the_sliced_adversary_knows():
     import sliced_adversary
 
     assert set(SLICED_ATTACKS) == set(sliced_adversary.ATTACKS)
+
+
+def test_the_reexecution_summary_counts_reruns_and_lists_each_ejections_judgement(tmp_path):
+    import json
+
+    from bench_byzantine import reexecution_summary
+
+    general = [{"name": "re-execution of round 0 replica 1", "status": "ok", "reason": "reproduced"},
+               {"name": "re-execution of round 1 replica 2", "status": "FAIL", "reason": "does not reproduce"},
+               {"name": "re-execution of round 1 replica 0", "status": "ok", "reason": "reproduced"},
+               {"name": f"ejection of {ATTACKER} (evidence 10f2)", "status": "ok",
+                "reason": "wrong-partial proof holds: round 0 stage 0"},
+               {"name": "run document", "status": "ok", "reason": ""}]
+    (tmp_path / "audit.json").write_text(json.dumps({"general": general}))
+    summary = reexecution_summary(tmp_path / "audit.json")
+    assert summary["reruns"] == {"ok": 2, "FAIL": 1}
+    assert summary["ejections"] == [{"status": "ok", "reason": "wrong-partial proof holds: round 0 stage 0"}]
+    assert "error" in reexecution_summary(tmp_path / "missing.json")

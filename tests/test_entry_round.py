@@ -16,10 +16,12 @@ import pytest
 from node_fixtures import TINY
 
 from node.config import load_config
+from node.errors import StateError
 from node.live.entry import RunEntry
 from node.live.resume import first_contributed_round
 from node.live.roundbook import Announced, RoundBook
 from node.live.status import StateFile
+from p2p.errors import P2PError
 from training.schedule import pending_after_round
 
 
@@ -128,3 +130,54 @@ def test_a_restarted_node_declares_its_entry_round_not_an_earlier_round_it_re_an
     # After a whole-run restart its re-announced rounds lead up to the entry round: declared from the first.
     assert first_contributed_round(6, {4, 5}) == 4
     assert first_contributed_round(6, {2, 4, 5}) == 4
+
+
+def test_a_survivor_that_finished_rounds_while_waiting_enters_the_round_being_trained(tmp_path, delay):
+    # It applied round 6 (next_round 7) while sitting out; it still holds the global state of round 5 (and 6):
+    # round 7 trains from round 5's, so it enters the round the others train (RunEntry.reenter goes back to 5).
+    run_entry = entry(tmp_path, last_committed=5, training=7)
+    assert run_entry.agree_again(7, held={5: {}, 6: {}}) == 7
+    assert run_entry.agree_again(7, held={6: {}}) == 8  # only round 6's state: round 8 is the first it can train
+    book = RoundBook()
+    announce(book, 7, 0)  # the others are done training round 7: waiting for this replica would stall them
+    assert entry(tmp_path, last_committed=5, training=7, book=book).agree_again(7, held={5: {}, 6: {}}) == 8
+
+
+class Published:
+    def __init__(self, round_index: int) -> None:
+        self.round, self.content_hash = round_index, bytes([round_index]) * 32
+
+
+class PublishingChain(Chain):
+    """Checkpoints of rounds 4, 5 and 6 published; none of them can be fetched here."""
+
+    class client:
+        address = "0x" + "11" * 20
+
+    def checkpoints(self, run_id: int) -> list:
+        return [Published(r) for r in (4, 5, 6)]
+
+    def disputed_rounds(self, run_id: int, exclude: str) -> set[int]:
+        return set()
+
+
+class UnreachableHost:
+    def fetch_blob(self, *args, **kwargs):
+        raise P2PError("no provider serves it")
+
+
+def test_a_restarted_node_prefers_the_checkpoint_that_lets_it_train_the_open_round(tmp_path, delay):
+    # The others train round 7 and round 6 is committed: the checkpoint of round 6 would let it train round 8
+    # at the earliest, the one of round 5 round 7. It tries 5, then the older 4, the newer 6 last.
+    cfg = load_config(None, [*TINY, f"data_dir={tmp_path}", "pipeline.num_stages=2"])
+    members = Members(7)
+    members.live_providers = lambda: []
+    run_entry = RunEntry(cfg=cfg, chain=PublishingChain(6), host=UnreachableHost(), membership=members,
+                         book=RoundBook(), coordinator=Coordinator(), worker=Worker(), contributor=None,
+                         finisher=None, station=None, state=StateFile(tmp_path / "state.json", cfg.ledger.run_id),
+                         layout=None, progress=None, reporter=None, checkpoint_dir=tmp_path / "checkpoints",
+                         incoming_dir=tmp_path / "incoming", stop=threading.Event())
+    with pytest.raises(StateError) as refused:
+        run_entry.entry_point()
+    tried = [part.split(":")[0] for part in str(refused.value).split(": ", 1)[1].split(" | ")]
+    assert tried == ["round 5", "round 4", "round 6"]

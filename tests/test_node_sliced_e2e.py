@@ -186,7 +186,8 @@ def test_two_bound_partials_that_differ_are_settled_by_replaying_the_slice(make_
     and keeps the other as evidence. The honest nodes end on the chain's roots, which the auditor replays
     from the right partials; its replay names the attacker's wrong partial (the attacker applied it). The
     holders accuse it on chain with the signed partial, the inputs it binds and the close as evidence
-    (node.live.slicedproof); each judges the other's evidence by replaying it, and the verdict is guilty."""
+    (node.slicedproof); each judges the other's evidence by replaying it, and the verdict is guilty. The
+    auditor (``--reexecute``) judges that ejection by the same rule from the archived proof: justified."""
     run, honest, commits = _run(make_run, replicas=3, rounds=3, adversary="two-partials")
     attacker = run.nodes[-1].peer_id
     for slot in honest:
@@ -194,13 +195,16 @@ def test_two_bound_partials_that_differ_are_settled_by_replaying_the_slice(make_
         assert "bound partials differ: replaying the slice" in log, slot.name
         assert f"the partial of {attacker[-8:]}" in log and "differs from the replay" in log, slot.name
         assert list((slot.data_dir / "evidence").glob("*.wrong.partial")), slot.name
-    report = audit_run(run.client(), run.run_id, archives=[slot.data_dir for slot in run.nodes])
+    _assert_guilty(run, run.nodes[-1])
+    report = audit_run(run.client(), run.run_id, archives=[slot.data_dir for slot in run.nodes], reexecute=1)
+    ejections = [c for c in report.general if c.name.startswith("ejection of")]
+    assert ejections and all(c.status == OK and c.reason.startswith("wrong-partial proof holds: round")
+                             for c in ejections), ejections
     for verdict in report.rounds:
         # The committed weights are the replay's: no honest holder applied the wrong partial.
         assert next(c for c in verdict.checks if c.name == "weights root (replay)").status == OK, verdict.checks
         wrong = [c for c in verdict.checks if c.status == FAIL]
         assert all(c.name.startswith("partial") and attacker in c.reason for c in wrong), verdict.checks
-    _assert_guilty(run, run.nodes[-1])
     assert "on chain: slice" in _logs(honest)  # SpotChecker.charge: the reason is the slice's
 
 

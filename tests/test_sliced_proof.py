@@ -1,4 +1,4 @@
-"""The evidence of a wrong sliced partial (node/live/slicedproof.py): what convicts, what does not.
+"""The evidence of a wrong sliced partial (node/slicedproof.py): what convicts, what does not.
 
 The replay here is a plain pure function of the inputs (the judge takes the aggregators' rule as a
 parameter; the live rule, ``aggregate_slice``, is judged end to end in tests/test_node_sliced_e2e.py).
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from ledger.merkle import merkle_root
 from node import protocol as msg
-from node.live.slicedproof import (
+from node.slicedproof import (
     BAD_BUNDLE,
     WRONG_PARTIAL,
     bad_bundle_evidence,
@@ -152,7 +152,7 @@ def test_hostile_evidence_never_raises(items):
     assert guilty in (False, None) and why
 
 
-# -- a bad bundle (node.live.slicedproof.judge_bad_bundle) ---------------------------------------
+# -- a bad bundle (node.slicedproof.judge_bad_bundle) ---------------------------------------
 
 
 def _decodes(stage, outer_round, j, blob):

@@ -148,6 +148,11 @@ class ErrorFeedbackCompressor:
             self.residual[name] = torch.add(self.residual[name], value.to(torch.float32))
         self._carry = True
 
+    def reset_feedback(self) -> None:
+        """Zero the residual and forget any undelivered update: the feedback a fresh process starts with."""
+        self.residual = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()}
+        self._carry = False
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {name: value.clone() for name, value in self.residual.items()}
 

@@ -5,7 +5,12 @@ checkpoint that verifies (restoring its stages from it), never at a round it
 already contributed to and never past a round nobody else would close; a
 split cluster's members agree on the round (the max of their proposals). When
 a partner dies, the node sits rounds out as a non-contributor until the
-pipeline re-forms (:meth:`RunEntry.await_partner`), then enters again the same way.
+pipeline re-forms (:meth:`RunEntry.await_partner`), then enters the round the
+others train as its restarted partner does, from the record: both hold the
+global state of the round that round trains from (the survivor its own held
+one, :meth:`RunEntry.reenter`; the partner that round's checkpoint, preferred
+over a newer one), and train it from start states a restart would have
+(docs/PROTOCOL.md, "A split cluster that loses a node").
 """
 
 from __future__ import annotations
@@ -78,7 +83,11 @@ class RunEntry:
             # later than the others (a slow or loaded machine) still enters at round 0, and
             # the others wait for it up to the round deadline, as for any expected replica.
             return 0, []
-        ckpt = self._entry_checkpoint()
+        # Round t trains from the global weights of round t - 1 - pending (the one-step delay): the checkpoint
+        # of that round lets this node train the open round; a newer one only a later round.
+        not_before = self.state.get("last_contributed", -1) + 1
+        reach = max(self.open_round(live_round), not_before) - 1 - pending_after_round(self.cfg.diloco)
+        ckpt = self._entry_checkpoint(reach)
         base = -1
         if ckpt is not None:
             for stage in self.worker.stages:
@@ -172,9 +181,13 @@ class RunEntry:
         return False
 
     # -- the checkpoint it enters from ----------------------------------------------------
-    def _entry_checkpoint(self) -> Checkpoint | None:
+    def _entry_checkpoint(self, reach: int | None = None) -> Checkpoint | None:
         """The newest published checkpoint that verifies against the run and its record, preferring those
-        upstream of every dispute; None if the run has published none.
+        upstream of every dispute, and those of round ``reach`` or older; None if the run has published none.
+
+        ``reach``: the newest round whose checkpoint still lets this node train the round the others
+        train (it starts from the global weights of round ``reach``): a newer one makes it sit that
+        round out (issue 30, "back within two rounds"), an older one only costs catch-up rounds.
 
         A checkpoint that cannot be fetched, or whose metadata or tensors disagree with the run
         document or the attested record, is passed over for the next older one (a member serving
@@ -187,7 +200,10 @@ class RunEntry:
             return None
         disputed = self.chain.disputed_rounds(self.run_id, exclude=self.chain.client.address)
         first_disputed = min(disputed, default=None)
-        newest_first = sorted(published, key=lambda c: -c.round)
+        # Those of round `reach` or older first (newest first), then the newer ones (oldest first).
+        newest_first = sorted(published, key=lambda c: (reach is not None and c.round > reach,
+                                                        c.round if reach is not None and c.round > reach
+                                                        else -c.round))
         undisputed = [c for c in newest_first if first_disputed is None or c.round < first_disputed]
         downstream = [c for c in newest_first if first_disputed is not None and c.round >= first_disputed]
         refused = []
@@ -242,8 +258,9 @@ class RunEntry:
         current, it still coordinates, attests and signs records), and its hellos say it
         trains and contributes to no round, so nobody waits for this replica. Once the
         restarted partner is back, both agree on the entry round as at a start (the max of
-        their proposals: the round after the highest one another replica trains, and no
-        round this node finished or contributed to).
+        their proposals: the round the other replicas train while it is open, and no round
+        this node contributed to), and this node re-enters it as its partner does, from the
+        record: :meth:`reenter`.
         """
         logger.warning("round %d: pipeline of cluster %r broke (%s); waiting for the partner to come back",
                        broken.outer_round, self.cfg.cluster, broken.reason)
@@ -273,23 +290,33 @@ class RunEntry:
                     pass
                 except RoundStopped:
                     return None
-            start_round = self.agree_again(next_round)
+            held = self.finisher.held_states()
+            start_round = self.agree_again(next_round, held)
             if start_round is None:
                 continue
+            try:
+                catch_up = self.reenter(next_round, start_round, held)
+            except RoundStopped:
+                return None
             self.station.contribute_from(start_round)
-            logger.info("pipeline of cluster %r re-formed; entering at round %d (catching up %s)", self.cfg.cluster,
-                        start_round, list(range(next_round, start_round)) or "nothing")
-            return start_round, list(range(next_round, start_round))
+            logger.info("pipeline of cluster %r re-formed; entering at round %d (applying %s at the schedule's "
+                        "point)", self.cfg.cluster, start_round, catch_up or "nothing")
+            return start_round, catch_up
         return None
 
-    def agree_again(self, next_round: int) -> int | None:
-        """The round the re-formed pipeline agrees to enter at; None if it broke again meanwhile."""
+    def agree_again(self, next_round: int, held: dict[int, dict] | None = None) -> int | None:
+        """The round the re-formed pipeline agrees to enter at; None if it broke again meanwhile.
+
+        ``held``: round -> the global state this node held after it (RoundFinisher.held_states); every
+        round before ``next_round`` is applied here.
+        """
         last_committed = self._last_committed()
         floor = max(next_round, self.state.get("last_contributed", -1) + 1)
-        # This node applied every round before next_round: the earliest round it trains from those weights
-        # as the schedule does is next_round + pending (round t trains from the weights of round t - 1 -
-        # pending); an orphan round from `floor` on is still entered (no_orphan_round).
-        trainable = max(next_round + pending_after_round(self.cfg.diloco), floor)
+        # Round t trains from the global weights of round t - 1 - pending: from the oldest held state on
+        # (else from those of round next_round - 1, the ones it holds); an orphan round from `floor` on is
+        # still entered (no_orphan_round).
+        oldest = min([next_round - 1, *(r for r in (held or {}) if r < next_round)])
+        trainable = max(oldest + 1 + pending_after_round(self.cfg.diloco), floor)
         live_round = self.membership.live_training_round(last_committed, self.round_window())
         proposal = self.no_orphan_round(floor, max(self.open_round(live_round), trainable), last_committed)
         try:
@@ -297,6 +324,46 @@ class RunEntry:
         except PipelineError as exc:
             logger.warning("pipeline of cluster %r broke again while re-forming (%s)", self.cfg.cluster, exc)
             return None
+
+    def reenter(self, next_round: int, start_round: int, held: dict[int, dict]) -> list[int]:
+        """Put this node's stages where ``start_round`` starts, as its restarted partner's: the rounds still to
+        apply before it (at the schedule's point) returned.
+
+        Round t trains from the global weights of round ``base = t - 1 - pending``. Rounds up to
+        ``base`` not finished here yet are caught up now; then every held stage restarts from the
+        global state of ``base`` (:meth:`ReplicaWorker.restart_from`: local = global, a fresh
+        inner optimizer, a zero residual), which is what the partner restored from the checkpoint of
+        ``base``, so both train the round from states the record alone gives (their start states are
+        bound and re-executed as a restart's, training.reexec.restart_state_reason). A survivor
+        that had applied past ``base`` while sitting rounds out (it finishes the rounds the others
+        close) goes back to its held state of ``base``, and the rounds after it that it finished
+        are absorbed again from the results it had (RoundFinisher.replay): fetched, sealed,
+        attested and signed once only. Without a held state of ``base`` (an orphan round,
+        no_orphan_round) it keeps its weights and enters as before.
+        """
+        base = start_round - 1 - pending_after_round(self.cfg.diloco)
+        if next_round - 1 not in held:  # nothing applied in this life yet: the engines hold that round's state
+            held = {**held, next_round - 1: {stage: self.worker.global_state(stage) for stage in self.worker.stages}}
+        for outer_round in range(next_round, base + 1):
+            if self.stop.is_set():
+                raise RoundStopped("stopped while catching up to re-enter")
+            self.finisher.finish(outer_round)
+        held = {**held, **self.finisher.held_states()}
+        # Finished here already (a replay registered before and not consumed yet, the pipeline breaking
+        # again before that round's apply, counts: progress.last_finished does not move back).
+        finished = max(next_round - 1, self.progress.last_finished)
+        replayed = range(base + 1, min(finished + 1, start_round))
+        if base < 0 or any(r not in held for r in (base, *replayed)):
+            logger.warning("round %d: no global state of round %d held here; re-entering with the weights held "
+                           "(rounds from %d applied)", start_round, base, next_round - 1)
+            return list(range(max(next_round, base + 1), start_round))
+        self.contributor.join_engine_work()  # nothing on the lane reads the engines while they restart
+        for stage in self.worker.stages:
+            weights, momentum = held[base][stage]
+            self.worker.restart_from(stage, weights, momentum, base)
+        for outer_round in replayed:
+            self.finisher.replay(outer_round, held[outer_round])
+        return list(range(base + 1, start_round))
 
     def _last_committed(self) -> int:
         """The chain's last committed round (this node's committer may lag it), or the last it saw."""

@@ -44,6 +44,13 @@ logger = logging.getLogger(__name__)
 #: Rounds of state kept behind the last finished one (the committer and slow peers' attestations need them).
 ROUNDS_KEPT = 3
 
+#: Global states (per stage, references: the engine never changes one in place) kept behind the last
+#: applied round, for a survivor's re-entry (:meth:`RoundFinisher.held_states`, node/live/entry.py). The
+#: round it re-enters, t, is still open, so it finished t - 1 at most and needs the state of t - 1 - pending
+#: (pending <= 1): the last applied state (the engine's own, no copy) and the one before it (one copy of a
+#: stage's weights and momentum held in memory). More would cost a copy of the stage per round kept.
+HELD_ROUNDS = 1
+
 
 @dataclass
 class StageApplied:
@@ -88,10 +95,45 @@ class RoundFinisher:
         self.checkpoint_dir = checkpoint_dir
         self.peer_id = peer_id
         self.run_id = cfg.ledger.run_id
+        # round -> stage -> (global weights, momentum) once the round was applied (the state before a round's
+        # apply is recorded as the previous round's: a re-base of that round is in it).
+        self._held: dict[int, dict[int, tuple[dict, dict]]] = {}
+        self._replays: dict[int, dict[int, tuple[dict, dict]]] = {}  # finished rounds to absorb again
+
+    # -- a survivor's re-entry (node/live/entry.py, RunEntry.await_partner) ------------------
+    def held_states(self) -> dict[int, dict[int, tuple[dict, dict]]]:
+        """Round -> stage -> the global (weights, momentum) after that round, for the last rounds applied here."""
+        stages = set(self.worker.stages)
+        return {r: dict(states) for r, states in self._held.items() if set(states) == stages}
+
+    def replay(self, outer_round: int, states: dict[int, tuple[dict, dict]]) -> None:
+        """Have the next :meth:`finish` of ``outer_round`` (a round finished already, whose global state this
+        node re-entered before) absorb ``states`` again instead: nothing fetched, sealed, attested or signed
+        a second time."""
+        self._replays[outer_round] = states
+
+    def _hold(self, outer_round: int, stage: int) -> None:
+        self._held.setdefault(outer_round, {})[stage] = self.worker.global_state(stage)
+        for old in [r for r in self._held if r < outer_round - HELD_ROUNDS]:
+            del self._held[old]
+        for old in [r for r in self._replays if r < outer_round - HELD_ROUNDS]:
+            del self._replays[old]  # never asked for again (its round is long applied)
+
+    def _replay(self, outer_round: int, states: dict[int, tuple[dict, dict]]) -> None:
+        self.contributor.join_start_state()  # the start state read the engines as they were
+        self.contributor.join_engine_work()
+        for stage in self.worker.stages:
+            self.worker.absorb_held(stage, outer_round, *states[stage])
+            self._hold(outer_round, stage)
+        logger.info("round %d: applied again from the result this node finished it with (re-entry)", outer_round)
 
     # -- one round ------------------------------------------------------------------------
     def finish(self, outer_round: int) -> None:
         """Close, fetch, aggregate and attest ``outer_round`` for every stage this node holds."""
+        replayed = self._replays.pop(outer_round, None)
+        if replayed is not None:
+            self._replay(outer_round, replayed)
+            return
         self.reporter.set_state("finishing")
         started = time.monotonic()
         self._rebase_before(outer_round)
@@ -153,7 +195,9 @@ class RoundFinisher:
         mark = time.monotonic()
         self.contributor.join_start_state()  # the start state read the engines as they were
         self.forks.remember_base(outer_round, stage, self.worker.global_state(stage))
+        self._hold(outer_round - 1, stage)  # after any re-base of the round before (_rebase_before)
         inputs, (result, envelopes) = self._apply_or_reclose(outer_round, stage, inputs, waited)
+        self._hold(outer_round, stage)
         waited["aggregate"] += time.monotonic() - mark
         close = inputs.close
         for entry in close.contributions:  # when each was here: the round's exchange time
@@ -262,7 +306,7 @@ class RoundFinisher:
         are done meanwhile. The apply on the training thread joins it and uses the result
         (:meth:`_take_gathered`); an error there is raised as the inline gathering would.
         """
-        if outer_round in self.rounds.prefetched:
+        if outer_round in self.rounds.prefetched or outer_round in self._replays:
             return
         sealed_before = self.recovery.sealed_closes(outer_round)
 

@@ -21,7 +21,7 @@ from node.config import NodeConfig
 from training.codec_wire import decode_contribution
 from training.data import corpus_from_config, eval_batches, round_batches
 from training.butterfly import SliceAggregate, SlicePlan, aggregate_slice, average_of_partials, slice_stage
-from training.diloco import aggregate_with_report, step_with_average
+from training.diloco import Aggregation, aggregate_with_report, step_with_average
 from training.errors import PipelineError
 from training.screening import decode_full, model_loss_fn, screen_contributions, screening_batch, screening_exclusions
 from training.hashing import stage_weights_hash, weights_root
@@ -148,6 +148,29 @@ class ReplicaWorker:
         names = self.engines[stage].global_weights
         self.engines[stage].rebase({n: weights[n].to(torch.float32) for n in names},
                                    {n: momentum[n].to(torch.float32) for n in names}, last_round)
+
+    def restart_from(self, stage: int, weights: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor],
+                     last_round: int) -> None:
+        """Hold exactly the state a process restarted from a checkpoint of ``last_round`` holds for ``stage``:
+        local = global = ``weights``, ``momentum``, nothing pending, a zero error-feedback residual and a fresh
+        inner optimizer (training.reexec.restart_state_reason). A survivor that sat rounds out re-enters so
+        (node/live/entry.py, RunEntry.await_partner): its start state then follows from the record alone,
+        like its restarted partner's."""
+        self.load_global(stage, weights, momentum, last_round)
+        self.engines[stage].compressor.reset_feedback()
+        if isinstance(self.trainer, PipelineStageTrainer):
+            optimizers = {self.stages[0]: self.trainer.optimizer}
+        else:
+            optimizers = {spec.index: opt for spec, opt in zip(self.specs, self.trainer.optimizers)}
+        optimizers[stage].state.clear()  # AdamW keeps nothing else between steps: as freshly built
+
+    def absorb_held(self, stage: int, outer_round: int, weights: dict[str, torch.Tensor],
+                    momentum: dict[str, torch.Tensor]) -> None:
+        """Absorb ``outer_round`` again from the global state this node already computed after it (``weights``,
+        ``momentum``): the same outer step :meth:`apply` takes for a round it did not encode, without
+        fetching or aggregating that round a second time (a survivor's re-entry, RunEntry.await_partner)."""
+        aggregation = Aggregation(weights, momentum, stage_weights_hash(weights), None, [])
+        self.engines[stage].absorb_round(outer_round, [], aggregation=aggregation)
 
     def skip_to(self, stage: int, next_round: int) -> None:
         """Make ``next_round`` the next round to encode, keeping weights (a node that sat rounds out)."""

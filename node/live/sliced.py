@@ -33,8 +33,8 @@ from node.live.partialfetch import PartialFetcher
 from node.live.roundbook import Announced
 from node.live.roundstate import StageInputs
 from node.live.slicedchecks import SlicedChecks, UsedPartial, close_signers
-from node.live.slicedproof import usable_reference
 from node.live.slicedreads import BUNDLE_RETRY_S, SliceReads
+from node.slicedproof import usable_reference
 from p2p.backoff import RetryBook
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected
@@ -338,7 +338,7 @@ class SlicedExchange(SliceReads, SlicedChecks, Exchange):
         Two partials that bind the same inputs and differ prove that one candidate lied (an honest one
         publishes the pure function of the inputs); this holder then replays the slice itself, as an
         aggregator would, and takes the partial equal to its replay. The others are kept under
-        ``evidence/`` (``.wrong.partial``: the signed proof for an accusation, node.live.slicedproof).
+        ``evidence/`` (``.wrong.partial``: the signed proof for an accusation, node.slicedproof).
         ``reading``: (references, fetched slices, the close's coordinators) as in :meth:`_aggregate`.
         """
         j = got.slice_index

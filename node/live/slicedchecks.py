@@ -2,7 +2,7 @@
 
 A mixin of :class:`node.live.sliced.SlicedExchange`: spot checks of the partials a holder
 applies, the judges of the sliced evidence kinds (a wrong partial, a bad bundle:
-:mod:`node.live.slicedproof`), gathering that evidence and handing it to the spot checker
+:mod:`node.slicedproof`), gathering that evidence and handing it to the spot checker
 (``charges``), and the rerun inputs of re-execution spot checks (:mod:`node.live.slicedrerun`).
 It reads the exchange's plans, pool, host and fetches; it holds no state of its own.
 """
@@ -18,21 +18,19 @@ from dataclasses import dataclass
 
 from node import protocol as msg
 from node.fsutil import atomic_write_bytes
-from node.live.slicedproof import (
+from node.live.slicedrerun import SlicedRerunInputs
+from node.slicedproof import (
     BAD_BUNDLE,
     WRONG_PARTIAL,
     bad_bundle_evidence,
+    decodes_strictly,
     judge_bad_bundle,
     judge_wrong_partial,
     usable_reference,
     wrong_partial_evidence,
 )
-from node.live.slicedrerun import SlicedRerunInputs
 from p2p.envelope import decode_envelope
 from p2p.errors import EnvelopeRejected
-from training.butterfly import SliceError
-from training.codec_wire import decode_contribution
-from training.errors import ContributionDecodeError
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +88,7 @@ class SlicedChecks:
             self.charge(outer_round, stage, close, partial.envelope,
                         f"slice {partial.slice_index}: its partial differs from the replay of the inputs it binds")
 
-    # -- accusing a wrong partial (node.live.slicedproof) --------------------------------------
+    # -- accusing a wrong partial (node.slicedproof) --------------------------------------
     def evidence_judges(self) -> dict:
         return {WRONG_PARTIAL: self.judge_evidence, BAD_BUNDLE: self.judge_bad_bundle}
 
@@ -100,15 +98,11 @@ class SlicedChecks:
     def decodes(self, stage: int, outer_round: int, j: int, blob: bytes) -> bool:
         """Whether slice blob ``j`` of (stage, round) decodes strictly for its shapes (an aggregator's first test)."""
         worker = self.worker()
-        try:
-            decode_contribution(blob, worker.plans[stage].slice_shapes(j), stage_index=stage, outer_round=outer_round,
+        return decodes_strictly(blob, worker.plans[stage], j, stage_index=stage, outer_round=outer_round,
                                 refuse_raw=worker.cfg.compression.enabled)
-            return True
-        except (ContributionDecodeError, SliceError, ValueError):
-            return False
 
     def judge_bad_bundle(self, evidence: msg.Evidence, accused_peer: str) -> tuple[bool | None, str]:
-        """The verdict on bad-bundle evidence (node.live.slicedproof), with this node's plans."""
+        """The verdict on bad-bundle evidence (node.slicedproof), with this node's plans."""
         worker = self.worker()
         if worker is None:
             return None, "this node is not placed yet"

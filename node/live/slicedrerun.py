@@ -15,7 +15,7 @@ holder applied, read from this node's archive (``<sha256>.partial``).
 
 A bundle or reference that proves its signer wrong (a slice its record does not
 prove, a slice that does not decode, a reference that does not fit the plan)
-is charged as a bad bundle (:func:`node.live.slicedproof.judge_bad_bundle`) and
+is charged as a bad bundle (:func:`node.slicedproof.judge_bad_bundle`) and
 the check is not done; a bundle nobody serves makes the check not done: nobody is
 accused for missing inputs.
 """
@@ -26,8 +26,8 @@ import hashlib
 import logging
 
 from node import protocol as msg
-from node.live.slicedproof import bundle_fault
 from node.live.spotinputs import InputsUnavailable
+from node.slicedproof import bundle_fault
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
 from training.butterfly import SliceError

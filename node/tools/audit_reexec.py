@@ -17,7 +17,8 @@ A contribution or piece of evidence whose inputs are not in the archives is
 unverifiable, never passed. A sliced run's contribution (``diloco.exchange =
 "sliced"``) is rerun against the slices its reference binds, from the member's
 archived bundle, as the nodes' spot checks do (node/tools/audit_sliced.py,
-``SlicedRerunArchive``).
+``SlicedRerunArchive``); an ejection whose evidence is a sliced proof (a wrong
+partial, a bad bundle) is judged by the members' rule (node/tools/audit_slicedproof.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 from node import protocol as msg
 from node.errors import DLX_ERRORS
 from node.tools.audit_sliced import SlicedInputsMissing, SlicedRerunArchive
+from node.tools.audit_slicedproof import SLICED_PROOFS, SlicedProofAuditor
 from node.tools.report import FAIL, OK, UNVERIFIABLE, Check
 from p2p.envelope import decode_envelope
 from p2p.errors import EnvelopeRejected
@@ -37,9 +39,6 @@ from p2p.errors import EnvelopeRejected
 logger = logging.getLogger(__name__)
 
 _MAX_BLOB = 1 << 32
-#: The verdicts of the sliced exchange's self-contained proofs (node.live.slicedproof: a wrong partial, a bad
-#: bundle); the evidence carries no rerun. Named here as the tools do not import the live node.
-SLICED_PROOFS = ("wrong-partial", "bad-bundle")
 
 
 class _Archives:
@@ -112,16 +111,24 @@ class _Archives:
                     return data
         return None
 
+    def _named(self, hash_hex: str):
+        for d in self.dirs:
+            yield from (d / "blobs" / hash_hex, *(d / "evidence").glob(f"*{hash_hex}.envelope"),
+                        d / "evidence" / f"state-{hash_hex}.part")
+
     def blob(self, hash_hex: str) -> bytes | None:
         """A blob by content hash from any archive's blob store or evidence directory (checked)."""
-        for d in self.dirs:
-            for candidate in (d / "blobs" / hash_hex, *(d / "evidence").glob(f"*{hash_hex}.envelope"),
-                              d / "evidence" / f"state-{hash_hex}.part"):
-                if candidate.is_file():
-                    data = candidate.read_bytes()
-                    if hashlib.sha256(data).hexdigest() == hash_hex:
-                        return data
+        for candidate in self._named(hash_hex):
+            if candidate.is_file():
+                data = candidate.read_bytes()
+                if hashlib.sha256(data).hexdigest() == hash_hex:
+                    return data
         return None
+
+    def refused(self, hash_hex: str) -> list[str]:
+        """The archived files named for ``hash_hex`` whose bytes do not hash to it (tampered: never read)."""
+        return [str(path) for path in self._named(hash_hex)
+                if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() != hash_hex]
 
 
 def sample_contributions(pairs: list[tuple[int, int]], head: bytes, count: int) -> list[tuple[int, int]]:
@@ -285,19 +292,20 @@ def reexec_checks(report, history, replayer, archives, count: int) -> None:
                 f"does not reproduce ({result.verdict}: {reason})"
                 + ("; its member was found guilty on chain" if caught else "; the run did not catch it"),
                 round_index))
+    proofs = SlicedProofAuditor(auditor.cfg, history.run.run_id, auditor.archives, auditor.sealed, account_of)
     for accusation in guilty:
         name = f"ejection of {accusation.accused} (evidence {accusation.evidence_hash.hex()[:16]})"
         data = auditor.archives.blob(accusation.evidence_hash.hex())
         if data is None:
-            report.general.append(Check(name, UNVERIFIABLE, "the evidence is not in the archives"))
+            refused = auditor.archives.refused(accusation.evidence_hash.hex())
+            report.general.append(Check(name, UNVERIFIABLE, "the evidence is not in the archives" + (
+                f" (refused: {', '.join(refused)} does not hash to the chain's evidence hash)" if refused else "")))
             continue
         try:
             env = decode_envelope(data, _MAX_BLOB)
             evidence = msg.decode_payload(msg.EVIDENCE, env.payload)
-            if evidence.verdict in SLICED_PROOFS:
-                report.general.append(Check(name, UNVERIFIABLE, f"{evidence.verdict} evidence of a sliced run: "
-                                            "a signed proof, not a contribution's rerun; not judged here "
-                                            "(the replay names wrong partials)", env.round))
+            if evidence.verdict in SLICED_PROOFS:  # a signed proof, not a contribution's rerun
+                report.general.append(proofs.check(name, accusation, env, evidence))
                 continue
             envs = [decode_envelope(c, _MAX_BLOB) for c in evidence.contributions]
             # A split replica's stages are signed by different members: the accused must have signed one.

@@ -34,11 +34,17 @@ body or its reference does not fit its stage's plan (:func:`bundle_fault`), or w
 must be the one the reference names (sha256 and size), holds a slice that its record does not prove
 or that does not decode strictly for the slice's shapes. Aggregators take such an input as absent
 (it costs only its signer); the accusation makes it cost its signer's stake too.
+
+The judges are pure given a stage's plan, the aggregators' replay and the strict decode: the live node
+passes its worker's (node/live/slicedchecks.py), ``dlx-node audit --reexecute`` the ones
+:class:`RunSliceRules` derives from the run document alone (node/tools/audit_slicedproof.py), so a node
+and an auditor judge a proof by one rule.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import struct
 from collections.abc import Callable
 
@@ -46,7 +52,9 @@ from ledger.merkle import merkle_root
 from node import protocol as msg
 from p2p.envelope import decode_envelope
 from p2p.errors import EnvelopeRejected
-from training.butterfly import SliceError
+from training.butterfly import SliceError, SlicePlan, live_plan, replay_partial
+from training.codec_wire import decode_contribution
+from training.errors import ContributionDecodeError
 from training.slicebundle import SliceReference, bundle_slices, parse_slice_reference
 from training.slicemessages import parse_partial
 
@@ -233,3 +241,57 @@ def judge_bad_bundle(evidence: msg.Evidence, accused_peer: str, *, run_id: int, 
     if fault is None:
         return False, "the contribution and its bundle are sound"
     return True, f"round {env.round} stage {env.stage}: {fault}"
+
+
+def decodes_strictly(blob: bytes, plan: SlicePlan, j: int, *, stage_index: int, outer_round: int,
+                     refuse_raw: bool) -> bool:
+    """Whether slice blob ``j`` decodes strictly for the slice's shapes under ``plan`` (an aggregator's first
+    test, :func:`training.codec_wire.decode_contribution`)."""
+    try:
+        decode_contribution(blob, plan.slice_shapes(j), stage_index=stage_index, outer_round=outer_round,
+                            refuse_raw=refuse_raw)
+        return True
+    except (ContributionDecodeError, SliceError, ValueError):
+        return False
+
+
+class RunSliceRules:
+    """A sliced run's plans, its aggregators' replay and its strict decode, derived from the run's settings
+    alone (``cfg``: a node config of the run document: model, pipeline, diloco, compression): the judges'
+    callables for whoever holds no worker, an auditor. Each equals the live node's: a stage's plan is
+    :func:`training.butterfly.live_plan` of its shapes and the aggregators' byte budget is the stage
+    engine's (``stage_bandwidth_budget`` of the stage's size)."""
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self._plans: dict[int, tuple[SlicePlan, int]] = {}
+
+    def plan(self, stage: int) -> tuple[SlicePlan, int] | None:
+        """(the plan, the aggregators' byte budget) of ``stage``; None for a stage the run does not have."""
+        from training.stages import split_stages, stage_param_shapes
+
+        if stage not in self._plans:
+            specs = split_stages(self.cfg.model.n_layer, self.cfg.pipeline.num_stages)
+            if not 0 <= stage < len(specs):
+                return None
+            shapes = stage_param_shapes(self.cfg.model, specs[stage])
+            diloco = self.cfg.diloco
+            numel = sum(math.prod(shape) for shape in shapes.values())
+            budget = self.cfg.compression.stage_bandwidth_budget(numel, diloco.inner_steps, diloco.num_replicas)
+            self._plans[stage] = live_plan(shapes, diloco.num_replicas, diloco.min_slice_numel), budget
+        return self._plans[stage]
+
+    def num_slices(self, stage: int) -> int | None:
+        held = self.plan(stage)
+        return None if held is None else held[0].num_slices
+
+    def replay(self, stage: int, outer_round: int, j: int, inputs: list[bytes | None]) -> bytes:
+        """The partial an honest aggregator of slice ``j`` publishes for ``inputs`` (``replay_partial``)."""
+        plan, budget = self.plan(stage)
+        return replay_partial(inputs, plan, j, self.cfg.compression, budget, norm_clip=self.cfg.diloco.norm_clip,
+                              stage_index=stage, outer_round=outer_round)
+
+    def decodes(self, stage: int, outer_round: int, j: int, blob: bytes) -> bool:
+        plan, _budget = self.plan(stage)
+        return decodes_strictly(blob, plan, j, stage_index=stage, outer_round=outer_round,
+                                refuse_raw=self.cfg.compression.enabled)
