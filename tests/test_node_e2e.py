@@ -57,6 +57,10 @@ def test_two_replicas_by_two_stages_commit_every_round_once(make_run):
             assert hashlib.sha256(path.read_bytes()).digest() == ckpt.content_hash, path
     assert not history.disputes
     _assert_round_timing(run, rounds=3)
+    # No thread of any node died with a traceback (a start-up race logged one at every node's start once).
+    for slot in run.nodes:
+        text = "\n".join(p.read_text() for p in slot.data_dir.glob("node-*.log"))
+        assert "Traceback" not in text, (slot.name, text[-3000:])
 
 
 def _assert_round_timing(run: LocalRun, rounds: int) -> None:

@@ -59,11 +59,9 @@ def test_a_re_formed_pipeline_enters_a_round_both_replicas_contribute_to_and_it_
     _wait_for(lambda: last() >= reentry + 1, 300, "the round after the re-entry committed", run)
     run.stop_nodes()
     assert all(s.process.returncode == 0 for s in run.nodes), run_logs(run)
-    # No traceback in any log. (Left aside: the spot checker's tribunal queue ticking before its constructor
-    # returned, node/live/verifier.py "tribunal: tick job failed ... no attribute '_court'", a start-up race
-    # of the spot checks, not of the re-entry; logged once at start and harmless.)
+    # No traceback in any log.
     logs = "".join(_log(s) for s in run.nodes)
-    assert logs.count("Traceback") == logs.count("tribunal: tick job failed"), run_logs(run)
+    assert "Traceback" not in logs, run_logs(run)
 
     history = client.history(run.run_id)
     rounds = [c.commit.round for c in history.commits]
