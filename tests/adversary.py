@@ -55,6 +55,10 @@ chain) is the real node's. Attacks:
   only after round 3 was applied): the fork can no longer be re-based in place,
   so the member must stop, re-enter from the chain's latest checkpoint
   (node/live/lifecycle.py) and contribute again.
+- ``diverge-slow-verdict``: the ``diverge-once`` fault, and the chain's verdict of round 2
+  reaches the member's committer only once it encoded round 4 (as on a slow RPC; at most 50 s
+  late): without the overlap round 4, begun on its forked round 2, is then encoded before the
+  verdict; it must hold that announcement until the verdict and then withhold it.
 - ``fork-close``: not an attack but what a fork does to a member: in round 2
   it takes a close without the first entry of the one it accepted (as if
   another coordinator's close had reached it first), aggregates and attests
@@ -79,7 +83,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 CONTRIBUTION_ATTACKS = ("huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero", "perturb")
 ATTACKS = ("malformed-payload", *CONTRIBUTION_ATTACKS, "copy", "late", "empty-close", "duplicate-close",
            "equivocating-close", "censoring-close", "phantom-close", "absurd-hello", "forge-state",
-           "diverge-once", "diverge-late", "fork-close", "doctored-shard")
+           "diverge-once", "diverge-late", "diverge-slow-verdict", "fork-close", "doctored-shard")
 
 logger = logging.getLogger(__name__)
 
@@ -188,6 +192,34 @@ def diverging_late():
 
     # Two entries left out: screening may leave out the first one anyway (then one alone forks nothing).
     return {**diverging_once(left_out=2), "forks": LateVerdictForks}
+
+
+def diverging_slow_verdict(most_s: float = 50.0):
+    import threading
+    import time
+
+    from node.live.forkrepair import ForkRepair
+
+    class SlowVerdictForks(ForkRepair):
+        def __init__(self, **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.encoded_round_4 = threading.Event()
+
+        def announceable(self, outer_round):
+            if outer_round == 4:  # round 4 is encoded: whether to announce it is being decided
+                self.encoded_round_4.set()
+            return super().announceable(outer_round)
+
+        def diverged(self, outer_round, onchain, mine, signature):
+            if outer_round == 2:  # on the committer thread: the verdict reaches the node late
+                logger.warning("adversary: the chain's verdict of round 2 reaches this node only after it encoded "
+                               "round 4")
+                deadline = time.monotonic() + most_s
+                while not self.encoded_round_4.wait(0.5) and not self.stop.is_set() and time.monotonic() < deadline:
+                    pass
+            return super().diverged(outer_round, onchain, mine, signature)
+
+    return {**diverging_once(), "forks": SlowVerdictForks}
 
 
 # ---------------------------------------------------------------------- the contributor
@@ -413,7 +445,8 @@ def attack_parts(attack: str) -> dict:
             "empty-close": empty_close, "duplicate-close": duplicate_close, "equivocating-close": equivocating_close,
             "censoring-close": censoring_close, "phantom-close": phantom_close, "absurd-hello": absurd_hello,
             "forge-state": forged_start_state, "diverge-once": diverging_once, "diverge-late": diverging_late,
-            "fork-close": forking_close, "doctored-shard": doctored_shard}[attack]()
+            "diverge-slow-verdict": diverging_slow_verdict, "fork-close": forking_close,
+            "doctored-shard": doctored_shard}[attack]()
 
 
 def run_with(parts: dict) -> int:

@@ -57,7 +57,7 @@ def repair(tmp_path, own_round_2_root: bytes) -> tuple[ForkRepair, Chain, Lifecy
     chain, lifecycle = Chain(), Lifecycle()
     forks = ForkRepair(cfg=cfg, station=None, book=None, coordinator=None, exchange=SlicedExchange(), archive=None,
                        rounds=None, chain=chain, lifecycle=lifecycle, state=state, progress=None,
-                       stop=threading.Event())
+                       membership=None, stop=threading.Event())
     return forks, chain, lifecycle
 
 

@@ -10,8 +10,10 @@ restart, no re-entry from a checkpoint) and keeps its dispute only if its own co
 - ``diverge-once``: in round 2 the member's sum leaves an entry of its own close out (a local
   fault): its close gives the record's result, so it does not dispute.
 
-Either way it re-bases on round 2's record before it applies round 3, and from round 2 on every
-member holds the chain's roots. With the overlap (H=40: 4 steps) its round 3 applied its forked round 2
+Either way it re-bases on round 2's record before it applies round 3 (it applies round 3 only once round 2
+stands: its own result of round 2 is never confirmed by a quorum of attestations, so it waits for the chain's
+verdict, whenever the peers' attestations and the record come), and from round 2 on every member holds the
+chain's roots. With the overlap (H=40: 4 steps) its round 3 applied its forked round 2
 mid-round: that contribution binds the forked result (``applied_hash``), so every holder leaves it out of
 round 3; its round 4 started on the forked state before the re-base, so it is never announced; it
 contributes again from round 5. The last test reruns everything (every member's spot checks and the
@@ -88,8 +90,9 @@ def _left_out(slot, run_id: int, outer_round: int) -> list[list]:
 @pytest.mark.slow  # 3 replicas that each rerun the others' every round: several minutes (run with -m slow)
 @pytest.mark.timeout(1500)
 def test_a_forked_members_rounds_rerun_or_are_left_out_and_the_audit_with_every_rerun_passes(make_run):
-    """Whichever way the member heals (in place if it sees its round 2 disputed before it applies round 3,
-    else by re-entering from the chain: when the peers' attestations come decides, not what is checked)."""
+    """It heals in place whenever the peers' attestations and the chain's record come: it applies round 3 only
+    once round 2 stands (node/live/forkrepair.py ``ForkRepair.due``), and its round 2 is never confirmed by a
+    quorum of attestations."""
     rounds = 7
     run = make_run(replicas=3, stages=1, split=False, attest_quorum=2,
                    settings=[*TINY, "join_timeout=60", f"rounds={rounds}", "diloco.inner_steps=40",
@@ -106,15 +109,10 @@ def test_a_forked_members_rounds_rerun_or_are_left_out_and_the_audit_with_every_
     log = "\n".join(p.read_text() for p in forked.data_dir.glob("node-*.log"))
     assert "adversary: round 2 stage 0 aggregated without the close's first entry" in log
     replica = forked.status()["placement"]["replica"]
-    in_place = "re-based stage(s) [0] on the committed record" in log
-    if in_place:
-        assert node_state(forked)["rebased"] == [2]
-        assert "round 4: not contributed: trained on a result this node re-based away from" in log
-        healed = 2  # its roots are the chain's from round 2 on
-    else:
-        assert "starting again from the chain's latest checkpoint" in log, log[-4000:]
-        healed = int(re.findall(r"entering at round (\d+)", log)[-1])
-        assert healed < rounds, healed
+    assert "re-based stage(s) [0] on the committed record" in log, log[-4000:]
+    assert node_state(forked)["rebased"] == [2] and "reentered_for" not in node_state(forked)
+    assert "round 4: not contributed: trained on a result this node re-based away from" in log
+    healed = 2  # its roots are the chain's from round 2 on
     # Its round 3 (trained on its forked round 2 after the mid-round apply) is left out by every honest holder,
     # and so is any later round it sent before healing; nothing else is ever left out as built elsewhere.
     left = [sorted((r, int(e[1])) for r in range(rounds) for e in _left_out(slot, run.run_id, r)) for slot in honest]

@@ -250,7 +250,7 @@ class NodeParts:
         self.forks = forks = self.kinds.forks(
             cfg=cfg, station=self.station, book=self.book, coordinator=coordinator, exchange=exchange,
             archive=self.archive, rounds=self.rounds, chain=chain, lifecycle=lifecycle, state=self.state,
-            progress=self.progress, stop=self.stop)
+            progress=self.progress, membership=membership, stop=self.stop)
         self.committer = self.kinds.committer(CommitterContext(
             cfg=cfg, run_id=self.run_id, peer_id=self.peer_id, book=self.book, chain=chain, host=host,
             coordinator=coordinator, membership=membership, checkpoint_dir=self.checkpoint_dir,
@@ -359,7 +359,8 @@ class NodeParts:
         self.contributor = contributor = self.kinds.contributor(
             cfg=cfg, worker=worker, rounds=self.rounds, lane=self.lane, clock=self.clock, progress=self.progress,
             reporter=self.reporter, spot_checks=self.spot_checks, exchange=self.exchange, archive=self.archive,
-            book=self.book, messenger=self.messenger, state=self.state, peer_id=self.peer_id, stop=self.stop)
+            book=self.book, messenger=self.messenger, state=self.state, forks=self.forks, peer_id=self.peer_id,
+            stop=self.stop)
         self.finisher = finisher = self.kinds.finisher(
             cfg=cfg, worker=worker, rounds=self.rounds, exchange=self.exchange, coordinator=self.coordinator,
             recovery=self.recovery, contributor=contributor, committer=self.committer, forks=self.forks,

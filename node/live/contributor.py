@@ -23,6 +23,7 @@ from node import protocol as msg
 from node.config import NodeConfig
 from node.errors import StateError
 from node.live.exchange import Exchange
+from node.live.forkrepair import ForkRepair
 from node.live.lane import RoundLane
 from node.live.messenger import Messenger
 from node.live.replica import ReplicaWorker
@@ -55,8 +56,8 @@ class Contributor:
 
     def __init__(self, *, cfg: NodeConfig, worker: ReplicaWorker, rounds: RoundState, lane: RoundLane,
                  clock: RoundClock, progress: Progress, reporter: Reporter, spot_checks, exchange: Exchange,
-                 archive: Archive, book: RoundBook, messenger: Messenger, state: StateFile, peer_id: str,
-                 stop: threading.Event) -> None:
+                 archive: Archive, book: RoundBook, messenger: Messenger, state: StateFile, forks: ForkRepair,
+                 peer_id: str, stop: threading.Event) -> None:
         self.cfg = cfg
         self.worker = worker
         self.rounds = rounds
@@ -71,6 +72,7 @@ class Contributor:
         self.book = book
         self.messenger = messenger
         self.state = state
+        self.forks = forks  # whether the round a start state holds stands (announceable)
         self.peer_id = peer_id
         self.stop = stop
         self._capture_done: Future | None = None  # the last start-state capture queued on the lane
@@ -207,6 +209,10 @@ class Contributor:
         """Sign, archive, serve and announce this node's contribution of every held stage of ``outer_round``."""
         if outer_round <= self.state.get("last_contributed", -1):
             raise StateError(f"round {outer_round} was already contributed before a restart; refusing to re-sign")
+        # A round begun on a result of ours that left (or may have left) the record is never announced,
+        # whenever the chain's verdict comes (docs/PROTOCOL.md, "The rounds a fork touched").
+        if outer_round not in self.rounds.withheld and not self.forks.announceable(outer_round):
+            self.rounds.withheld.add(outer_round)
         states = self.rounds.start_states.pop(outer_round, None)
         if states is None:
             raise StateError(f"round {outer_round}: no start state was captured; refusing to contribute unbound")

@@ -166,7 +166,8 @@ class RoundFinisher:
 
     def _rebase_before(self, outer_round: int) -> None:
         """Take the chain's record of an earlier round this node forked from, before applying ``outer_round``
-        (node/live/forkrepair.py; waits for the chain's verdict of the round before if peers attested otherwise)."""
+        (node/live/forkrepair.py; waits until the round before stands: the chain's verdict, or a quorum of
+        attestations confirming this node's result, at most ``round_timeout``)."""
         rebases = self.forks.due(outer_round)
         if rebases:
             self.contributor.join_start_state()  # the start state read the engines as they were
