@@ -67,6 +67,9 @@ _ANY_SIZE = 1 << 62
 
 _COUNT = struct.Struct(">I")
 
+#: ``close_standing(round, stage, signer, close) -> (stands, why)`` of :func:`judge_wrong_partial`.
+CloseStanding = Callable[[int, int, str, msg.Close], tuple[bool | None, str]]
+
 
 def usable_reference(envelope: bytes, entry, run_id: int, outer_round: int, stage: int, num_slices: int,
                      max_blob_bytes: int) -> SliceReference | None:
@@ -121,11 +124,15 @@ def wrong_partial_evidence(accused: bytes, replica: int, partial: bytes, envelop
 
 def judge_wrong_partial(evidence: msg.Evidence, accused_peer: str, *, run_id: int, max_blob_bytes: int,
                         num_slices: Callable[[int], int | None],
-                        replay: Callable[[int, int, int, list[bytes | None]], bytes]) -> tuple[bool | None, str]:
+                        replay: Callable[[int, int, int, list[bytes | None]], bytes],
+                        close_standing: CloseStanding) -> tuple[bool | None, str]:
     """``(guilty, why)`` for wrong-partial evidence against ``accused_peer``; ``(None, why)`` when this node
-    cannot judge it (it holds no plan of that stage). Pure given ``num_slices(stage)`` (the stage's plan, None
-    if not held) and ``replay(stage, round, slice, inputs)`` (the aggregators' function); never raises on
-    hostile bytes."""
+    cannot judge it (it holds no plan of that stage, or cannot tell whether the proof's close stands). Pure
+    given ``num_slices(stage)`` (the stage's plan, None if not held), ``replay(stage, round, slice, inputs)``
+    (the aggregators' function) and ``close_standing(round, stage, signer, close)``: whether the proof's close
+    is one the round's aggregators went by (True), is not (False: not guilty) or cannot be told here (None),
+    with why. The judge takes each input's entry from that close, so a close any member could sign, made up
+    to misname an input, would frame an honest aggregator. Never raises on hostile bytes."""
     try:
         partial_env, packed_envelopes, packed_bundles, close_env = evidence.contributions
         env = decode_envelope(partial_env, max_blob_bytes)
@@ -153,6 +160,9 @@ def judge_wrong_partial(evidence: msg.Evidence, accused_peer: str, *, run_id: in
     if (closing.kind, closing.run_id, closing.round, closing.stage) != (msg.CLOSE, run_id, env.round, env.stage) \
             or [entry[2] for entry in close.contributions] != hashes:
         return False, "the close is not a close of the partial's round and stage naming its inputs"
+    stands, why = close_standing(env.round, env.stage, closing.sender_peer_id, close)
+    if not stands:
+        return stands, f"the close of {closing.sender_peer_id[-8:]} is not known to stand: {why}"
     inputs = []
     for entry, envelope, bundle in zip(close.contributions, envelopes, bundles):
         blob, why = _input_of(entry, envelope, bundle, run_id, env.round, env.stage, partial.slice_index, slices,

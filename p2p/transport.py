@@ -100,6 +100,16 @@ async def close_leftover_tcp_streams() -> int:
 STREAM_NEGOTIATION_TIMEOUT_S = 30.0
 
 
+#: py-libp2p's auto-connector dials peers of the peerstore it is not connected to whenever the connection
+#: count is under its target (the midpoint of the watermarks, 200 by default), and polls every 10 s while
+#: under ``min_connections`` (50): a node of a run with a handful of peers was always under both, so it
+#: re-dialled every known unconnected peer (a member gone, made-up peers from DHT answers) every 10 s on
+#: top of the host's own discovery, which dials with backoff and forgets peers that are gone
+#: (p2p.dialbook). No floor here (never the 10 s poll) and a slow poll: discovery does the dialling.
+AUTO_CONNECT_MIN_CONNECTIONS = 0
+AUTO_CONNECT_INTERVAL_S = 300.0
+
+
 def build_libp2p_host(identity: Identity) -> IHost:
     """A py-libp2p ``BasicHost`` keyed by ``identity``, speaking TCP + Noise + yamux only."""
     key_pair = create_new_key_pair(identity.seed)
@@ -111,6 +121,8 @@ def build_libp2p_host(identity: Identity) -> IHost:
         transports=[TCP()],
         enable_mDNS=False,  # started by the host itself, bound to one interface (start_mdns)
         connection_config=ConnectionConfig(
+            min_connections=AUTO_CONNECT_MIN_CONNECTIONS,
+            auto_connect_interval=AUTO_CONNECT_INTERVAL_S,
             outbound_stream_protocol_negotiation_timeout=STREAM_NEGOTIATION_TIMEOUT_S,
             inbound_stream_protocol_negotiation_timeout=STREAM_NEGOTIATION_TIMEOUT_S,
         ),

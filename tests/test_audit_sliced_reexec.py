@@ -55,19 +55,27 @@ def sliced_round(tmp_path_factory):
     return cfg, corpus, slices
 
 
-def _archive(root, cfg, corpus, slices_by_replica, bundles=True):
+def _archive(root, cfg, corpus, slices_by_replica, bundles=True, tampered=(), who_of=None):
     """A node data directory holding round 0 sealed: per replica and stage its envelope (a slice reference),
-    its start state and (if ``bundles``) its slice bundle."""
+    its start state and (if ``bundles``) its slice bundle. A ``tampered`` replica's bundle has its last byte
+    flipped and its signed reference names those bytes (a bundle that fails its own record); ``who_of``
+    (a dict) receives each replica's identity."""
     run_dir = root / "archive" / f"run-{RUN_ID}" / "round-00000000"
     run_dir.mkdir(parents=True)
     (root / "blobs").mkdir()
     entries = []
     for replica, slices in slices_by_replica.items():
         who = Identity.generate()
+        if who_of is not None:
+            who_of[replica] = who
         data = data_commitment(corpus, cfg.training, cfg.model, cfg.diloco, replica, 0)
         for part in _state(cfg, replica).stages:
             (root / "blobs" / part.state_hash().hex()).write_bytes(part.to_bytes())
             bundle, reference = slice_bundle(slices[part.stage_index]) if slices else (b"", b"garbage reference")
+            if replica in tampered:
+                bundle = bundle[:-1] + bytes([bundle[-1] ^ 1])  # the last slice's last byte
+                reference = slicebundle.REFERENCE_PREFIX + slicebundle._REFERENCE.pack(
+                    len(slices[part.stage_index]), hashlib.sha256(bundle).digest(), len(bundle), reference[-32:])
             if bundles and bundle:
                 (run_dir / f"{hashlib.sha256(bundle).hexdigest()}.slice").write_bytes(bundle)
             body = msg.encode_contribution_body(msg.ContributionBody(part.state_hash(), data, reference))
@@ -115,6 +123,27 @@ def test_a_sliced_contribution_without_its_inputs_is_unverifiable_never_failed(s
         path.write_bytes(path.read_bytes()[:-1] + b"x")
     checks = _audit(cfg, tmp_path / "other")
     assert checks["re-execution of round 0 replica 0"].status == UNVERIFIABLE
+
+
+def test_a_bundle_that_fails_its_own_signed_record_is_a_failing_rerun(sliced_round, tmp_path):
+    """The archived bundle is the one the member's signed reference names (sha256 checked) and a slice of it is
+    not the one its record proves: nothing honest can be rerun from it, the member's own fault. It fails the
+    audit unless the run found its member guilty (then ok): never unverifiable (bench_byzantine bad-slice)."""
+    cfg, corpus, slices = sliced_round
+    who_of: dict = {}
+    archive = _archive(tmp_path / "node", cfg, corpus, {0: slices, 1: slices}, tampered={1}, who_of=who_of)
+    checks = _audit(cfg, archive)
+    assert checks["re-execution of round 0 replica 0"].status == OK
+    bad = checks["re-execution of round 0 replica 1"]
+    assert bad.status == FAIL and "does not prove its own record" in bad.reason, bad.reason
+    assert "the run did not catch it" in bad.reason
+    account = "0x" + _account(who_of[1]).hex()
+    memberships = [SimpleNamespace(node_key=who.public_key_bytes, account="0x" + _account(who).hex())
+                   for who in who_of.values()]
+    caught = SimpleNamespace(guilty=True, accused=account, evidence_hash=b"\x00" * 32, accuser="")
+    checks = _audit(cfg, archive, [caught], memberships)
+    bad = checks["re-execution of round 0 replica 1"]
+    assert bad.status == OK and "found guilty on chain" in bad.reason, bad.reason
 
 
 def test_a_sliced_proof_on_chain_is_not_taken_for_a_rerun_evidence(sliced_round, tmp_path):

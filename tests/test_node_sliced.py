@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from node.config import config_from_dict
 from node import protocol as msg
 from node.live.coordination import PENDING
+from node.live.roundbook import Announced
 from node.runconfig import run_document
 from p2p.identity import Identity
 from training.butterfly import (
@@ -241,6 +242,33 @@ def test_a_sliced_close_is_judged_without_fetching_any_envelope():
     assert coordinator.judge(5, 0, "c-misplaced", misplaced) == PENDING
 
 
+def test_a_proofs_close_stands_only_where_the_coordinators_rules_say_it_went_by():
+    """RoundCoordinator.close_standing, what the live judge of a wrong partial asks of the proof's close: the
+    set this node aggregated; where it took no close of the round, a holder's close valid by the entry rules;
+    never a non-holder's, a refused one, or another set than the one aggregated."""
+    from test_node_rooms import PEERS, digest, entry
+
+    book, _membership, _pool, coordinator = _lazy_rooms(quorum=2)
+    real = msg.Close([entry(0, "peer-a"), entry(1, "peer-b"), entry(2, "peer-c")])
+    coordinator.adopt(4, 0, real)  # this node aggregated it
+    assert coordinator.close_standing(4, 0, "peer-b", real)[0] is True
+    framed = msg.Close([entry(0, "peer-a"), entry(1, "peer-b"), [5, "peer-c", digest("peer-c"), 100]])
+    stands, why = coordinator.close_standing(4, 0, "peer-b", framed)  # a member's made-up close
+    assert stands is False and "another set" in why
+    assert coordinator.close_standing(4, 0, "peer-x", real)[0] is False  # no holder of the stage
+    # A round this node took no close of: a holder's close whose entries were announced as named stands.
+    for replica, peer in enumerate(PEERS):
+        _announce(book, 5, 0, replica, peer, digest(peer))
+    assert coordinator.close_standing(5, 0, "peer-c", real)[0] is True
+    stands, _why = coordinator.close_standing(5, 0, "peer-c", framed)
+    assert stands is None  # its misnamed entry was never announced so: nothing is told here
+    assert coordinator.close_standing(5, 0, "peer-c", msg.Close([entry(0, "peer-a")]))[0] is False  # no quorum
+    book.add_close(5, 0, "peer-b", real, b"")
+    coordinator.withdraw(5, 0, real, "its inputs never came")  # refused here (an apply found them withheld)
+    stands, why = coordinator.close_standing(5, 0, "peer-b", real)
+    assert stands is False and "never came" in why
+
+
 def test_a_forged_sliced_close_is_refused_once_the_stall_limit_passes():
     from test_node_rooms import Clock, digest, entry, rooms
 
@@ -283,6 +311,49 @@ def test_a_lazy_pool_fetches_announced_contributions_only_where_it_may_close(tmp
         assert host.asked[0] == (b"" * 32).hex()
         pool.forget_before(3)
         assert pool._wanted == set()
+    finally:
+        pool.close()
+
+
+def test_a_wanted_contribution_has_its_inputs_fetched_as_soon_as_its_envelope_is_here(tmp_path):
+    """A fallback coordinator wants the contributions from the deadline on and closes CLOSE_FALLBACK_S later
+    with the bundles it then holds: the bundle fetch starts when the envelope arrives, not at its turn
+    (asked only by ready_close then, every honest bundle but its own was missing: bench_byzantine `late`)."""
+    import threading
+
+    from node.live.exchange import ContributionPool
+    from node.live.roundbook import RoundBook
+
+    sender = Identity.generate()
+    envelope = _contribution(sender, slice_bundle([b"x", b"y", b"z"])[1], outer_round=2, stage=0, replica=1)
+    digest = hashlib.sha256(envelope).digest()
+
+    class Host:
+        peer_id = "me"
+
+        def fetch_blob(self, sha256_hex, dest, providers=None, timeout=None):
+            dest.write_bytes(envelope)
+
+        def provide_blob(self, data, announce=True):
+            return hashlib.sha256(data).hexdigest()
+
+    asked = threading.Event()
+
+    def held(outer_round, stage, d, env):
+        assert (outer_round, stage, d, env) == (2, 0, digest, envelope)
+        asked.set()
+        return False  # its bundle is on its way
+
+    book = RoundBook()
+    pool = ContributionPool(Host(), book, 7, tmp_path, 1 << 20, 5.0, 2, lazy=True, inputs_held=held)
+    try:
+        book.add_announce(2, 0, Announced(sender.peer_id, 1, digest, len(envelope)), first=True)
+        pool.want(2, 0)  # past the deadline: this fallback coordinator may have to close
+        assert asked.wait(30)  # nobody called closable: the envelope's arrival asked for its bundle
+        assert digest in pool.have(2, 0)
+        asked.clear()
+        pool.prefetch(3, 0)  # a round not wanted asks for nothing
+        assert not asked.is_set()
     finally:
         pool.close()
 

@@ -71,9 +71,14 @@ def _inputs(bundles, j=1, absent=()):
     return [None if i in absent else bytes([i, j]) * (10 + j) for i in range(len(bundles))]
 
 
-def _judge(evidence, accused, slices=SLICES):
+def _stands(_outer_round, _stage, _signer, _close):
+    return True, "stands"
+
+
+def _judge(evidence, accused, slices=SLICES, close_standing=_stands):
     return judge_wrong_partial(evidence, accused, run_id=RUN, max_blob_bytes=1 << 20,
-                               num_slices=lambda stage: slices if stage == STAGE else None, replay=replay)
+                               num_slices=lambda stage: slices if stage == STAGE else None, replay=replay,
+                               close_standing=close_standing)
 
 
 def test_a_partial_that_differs_from_its_replay_convicts_its_signer_and_an_honest_one_does_not():
@@ -94,7 +99,7 @@ def test_a_partial_that_differs_from_its_replay_convicts_its_signer_and_an_hones
     assert _judge(evidence, identities[1].peer_id)[0] is False
     # A node that holds no plan of the stage does not judge.
     assert judge_wrong_partial(evidence, accused.peer_id, run_id=RUN, max_blob_bytes=1 << 20,
-                               num_slices=lambda stage: None, replay=replay)[0] is None
+                               num_slices=lambda stage: None, replay=replay, close_standing=_stands)[0] is None
 
 
 def test_evidence_that_does_not_bind_or_lacks_an_input_convicts_nobody():
@@ -130,6 +135,41 @@ def test_an_input_the_close_names_under_another_replica_is_absent_for_the_judge_
     assert guilty is False, why
     used_it = _partial(accused, 2, envelopes, replay(STAGE, ROUND, 1, _inputs(bundles)))
     assert _judge(wrong_partial_evidence(ACCOUNT, 2, used_it, envelopes, bundles, close, "x"), accused.peer_id)[0]
+
+
+def test_a_made_up_close_that_misnames_an_input_frames_no_honest_aggregator():
+    """Any member can sign a close: one made up to name replica 1's envelope under another replica makes that
+    input absent for the judge, so an honest aggregator's partial (which used it) would differ from the
+    replay. The judge asks ``close_standing`` about the proof's close (its signer and set) and convicts only
+    on a close the round's aggregators went by: not guilty where it does not stand, no verdict where that
+    cannot be told here."""
+    identities, envelopes, bundles, entries, real_close = _round()
+    framer, accused = identities[1], identities[2]
+    made_up = [list(e) for e in entries]
+    made_up[1] = [5, *made_up[1][1:]]
+    fake_close = Envelope.create(framer, RUN, ROUND, msg.CLOSE, msg.encode_payload(msg.Close(made_up)),
+                                 stage=STAGE).to_bytes()
+    honest = _partial(accused, 2, envelopes, replay(STAGE, ROUND, 1, _inputs(bundles)))
+    evidence = wrong_partial_evidence(ACCOUNT, 2, honest, envelopes, bundles, fake_close, "framed")
+    asked = []
+
+    def aggregated_set(outer_round, stage, signer, close):  # the rule a holder applies: the set it aggregated
+        asked.append((outer_round, stage, signer))
+        same = [list(e) for e in close.contributions] == [list(e) for e in entries]
+        return same, "the set aggregated" if same else "another set than the one aggregated"
+
+    assert _judge(evidence, accused.peer_id)[0] is True  # a judge that took any member's close was framed
+    guilty, why = _judge(evidence, accused.peer_id, close_standing=aggregated_set)
+    assert guilty is False and "another set" in why, why
+    assert asked == [(ROUND, STAGE, framer.peer_id)]
+    guilty, why = _judge(evidence, accused.peer_id, close_standing=lambda *_a: (None, "round forgotten"))
+    assert guilty is None and "round forgotten" in why
+    # Against the close the round went by, the honest partial equals its replay and a wrong one convicts.
+    real = wrong_partial_evidence(ACCOUNT, 2, honest, envelopes, bundles, real_close, "x")
+    assert _judge(real, accused.peer_id, close_standing=aggregated_set)[0] is False
+    wrong = _partial(accused, 2, envelopes, b"wrong")
+    assert _judge(wrong_partial_evidence(ACCOUNT, 2, wrong, envelopes, bundles, real_close, "x"), accused.peer_id,
+                  close_standing=aggregated_set)[0] is True
 
 
 def test_packed_items_round_trip_and_refuse_what_they_did_not_pack():

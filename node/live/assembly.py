@@ -231,6 +231,7 @@ class NodeParts:
             gossip=messenger.gossip, resync=messenger.resync,
             previous_life_finished=self.state.get("last_finished", -1), transfer_timeout=cfg.p2p.transfer_timeout,
             stop=self.stop, station=self.station)
+        exchange.close_standing = coordinator.close_standing  # what a wrong-partial proof is judged against
         self.lifecycle = lifecycle = Lifecycle(run_id=self.run_id, peer_id=self.peer_id, state=self.state,
                                                membership=membership, stop=self.stop)
         self.spot_checks = spot_checks = SpotChecker(VerifierContext(

@@ -210,6 +210,31 @@ class RoundCoordinator:
             logger.warning("round %d stage %d: close of %s ignored: %s", outer_round, stage, coordinator[-8:], reason)
         return reason
 
+    def close_standing(self, outer_round: int, stage: int, signer: str, close: msg.Close) -> tuple[bool | None, str]:
+        """Whether ``close``, signed by ``signer``, is a close the aggregators of (round, stage) went by: what a
+        wrong-partial proof is judged against (node.slicedproof.judge_wrong_partial; any member could sign a
+        made-up close that misnames an input and frame an honest aggregator). True when it names the set
+        this node aggregated, or, where this node took no close of the round, when its signer may close
+        the stage (a holder: :meth:`rotation`) and it is valid by :meth:`judge`'s entry rules (every entry
+        placed and announced as named); False when it is another set, its signer no holder or it was refused;
+        None when that cannot be told here (its entries not all here, the round forgotten)."""
+        if signer not in self.rotation(outer_round, stage):
+            return False, f"{signer[-8:]} holds no seat of stage {stage}: none of its closes counts"
+        accepted = self.accepted(outer_round, stage)
+        if accepted is not None:
+            if [list(e) for e in accepted.contributions] == [list(e) for e in close.contributions]:
+                return True, "the set this node aggregated"
+            return False, "it names another set than the close this node aggregated"
+        refused = self.invalid_closes(outer_round, stage).get(signer)
+        if refused is not None:
+            return False, f"its close was refused here: {refused}"
+        reason, _here = self._problem(outer_round, stage, close, signer) if self.contributions.lazy else (PENDING, 0)
+        if reason is None:
+            return True, "a holder's close whose every entry was announced as named"
+        if reason == PENDING:
+            return None, "its entries are not all placed and announced here as it names them"
+        return False, f"it is no valid close: {reason}"
+
     def stall_limit(self) -> float:
         """Seconds a pending close may go without one more entry arriving before it is refused."""
         return max(PENDING_LIMIT_S, min(self.round_timeout, self.transfer_timeout))

@@ -217,6 +217,8 @@ class ContributionPool:
             with self._lock:
                 if (outer_round, stage) not in self._wanted:
                     return
+            if self.inputs_held is not None:
+                self.closable(outer_round, stage)  # inputs of the envelopes already here: fetched from now on
         for a in self.book.snapshot_announces(outer_round, stage).values():
             self.fetch(outer_round, stage, a)
 
@@ -259,6 +261,7 @@ class ContributionPool:
                     return
             self.add(outer_round, stage, a.envelope_hash, data)
             self.host.provide_blob(data, announce=False)  # served onward (not announced: module docstring)
+            self._fetch_inputs(outer_round, stage, a.envelope_hash, data)
         except (P2PError, OSError) as exc:  # a header that does not match its announcement included
             logger.warning("round %d stage %d: contribution %s from %s not fetched: %s", outer_round, stage,
                            a.envelope_hash.hex()[:12], a.peer_id[-8:], exc)
@@ -266,6 +269,17 @@ class ContributionPool:
             with self._lock:
                 self._in_flight.discard(a.envelope_hash)
             self.book.notify()  # wake whoever waits on the book
+
+    def _fetch_inputs(self, outer_round: int, stage: int, digest: bytes, envelope: bytes) -> None:
+        """Where this node may close (round, stage) (:meth:`want`), start fetching what a close needs of a
+        contribution besides its envelope (``inputs_held``: the sliced exchange's bundle) as soon as the
+        envelope is here, not only at this node's turn to close: a fallback coordinator wants the
+        contributions from the deadline on and closes CLOSE_FALLBACK_S later with the inputs it then holds
+        (asking for them only then left every honest bundle but its own out of its close)."""
+        with self._lock:
+            wanted = (outer_round, stage) in self._wanted
+        if self.inputs_held is not None and wanted:
+            self.inputs_held(outer_round, stage, digest, envelope)
 
     def collect(self, outer_round: int, stage: int, close: msg.Close) -> list[bytes]:
         """The closed set's envelopes in the close's (canonical) order, fetching any still missing."""

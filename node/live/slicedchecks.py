@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from node import protocol as msg
+from node.errors import StateError
 from node.fsutil import atomic_write_bytes
 from node.live.slicedrerun import SlicedRerunInputs
 from node.slicedproof import (
@@ -52,8 +53,17 @@ def close_signers(book, outer_round: int, stage: int, close: msg.Close) -> list[
             if other.contributions == close.contributions]
 
 
+def _unknown_standing(_outer_round: int, _stage: int, _signer: str, _close: msg.Close) -> tuple[None, str]:
+    return None, "this node judges no closes (no round coordinator)"
+
+
 class SlicedChecks:
-    """Checks and accusations of a sliced exchange (module docstring)."""
+    """Checks and accusations of a sliced exchange (module docstring).
+
+    ``close_standing``: the round coordinator's rule whether a proof's close is one the aggregators went
+    by (:meth:`node.live.coordination.RoundCoordinator.close_standing`), set where the node is assembled."""
+
+    close_standing = None
 
     def spot_check_partials(self, outer_round: int, stage: int, close: msg.Close, used: list[UsedPartial]) -> None:
         """Replay some of the partials this holder takes, each with probability ``spot_checks / (n - 1)``
@@ -143,7 +153,31 @@ class SlicedChecks:
         return judge_wrong_partial(
             evidence, accused_peer, run_id=self.run_id, max_blob_bytes=self.max_blob_bytes,
             num_slices=lambda stage: worker.plans[stage].num_slices if stage in worker.plans else None,
-            replay=lambda stage, outer_round, j, inputs: worker.aggregate_slice(stage, outer_round, j, inputs).partial)
+            replay=lambda stage, outer_round, j, inputs: worker.aggregate_slice(stage, outer_round, j, inputs).partial,
+            close_standing=self.proof_close_standing)
+
+    def proof_close_standing(self, outer_round: int, stage: int, signer: str,
+                             close: msg.Close) -> tuple[bool | None, str]:
+        """Whether a wrong-partial proof's close stands (``close_standing`` of the judge): the coordinator's rule
+        (a holder's close naming the set this node aggregated, or valid by its entry rules); where that cannot
+        be told (the round left the round book), the set this node sealed of that round and stage."""
+        stands, why = (self.close_standing or _unknown_standing)(outer_round, stage, signer, close)
+        if stands is not None:
+            return stands, why
+        try:
+            sealed = self.archive.sealed(outer_round)
+        except StateError:
+            sealed = None
+        if sealed is None:
+            return None, why
+        ours = {(c.replica, c.peer_id, c.envelope_hash) for c in sealed if c.stage == stage}
+        try:
+            named = {(int(e[0]), str(e[1]), bytes(e[2])) for e in close.contributions}
+        except (TypeError, ValueError, IndexError):
+            return False, "its close holds a malformed entry"
+        if named == ours and len(named) == len(close.contributions):
+            return True, "the set this node sealed of the round"
+        return False, "it names another set than the one this node sealed of the round"
 
     def charge(self, outer_round: int, stage: int, close: msg.Close, partial: bytes, reason: str) -> None:
         """Gather the evidence against a wrong partial (in the background) and hand it to the spot checker,

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from node import protocol as msg
 from node.errors import DLX_ERRORS
-from node.tools.audit_sliced import SlicedInputsMissing, SlicedRerunArchive
+from node.tools.audit_sliced import SlicedBundleFails, SlicedInputsMissing, SlicedRerunArchive
 from node.tools.audit_slicedproof import SLICED_PROOFS, SlicedProofAuditor
 from node.tools.report import FAIL, OK, UNVERIFIABLE, Check
 from p2p.envelope import decode_envelope
@@ -185,7 +185,8 @@ class ReexecAuditor:
 
     def check(self, round_index: int, replica: int, envs=None):
         """(verdict or None if unverifiable, reason, distance) of rerunning (round, replica)."""
-        from training.reexec import ContributionClaim, verify_contribution
+        from training.platform import MISMATCH
+        from training.reexec import ContributionClaim, SpotCheck, verify_contribution
 
         envs = envs or self._envelopes(round_index, replica)
         if envs is None:
@@ -197,7 +198,13 @@ class ReexecAuditor:
         payloads, partials = [b.blob for b in bodies], None
         if self.cfg.diloco.exchange == "sliced":  # its envelopes carry slice references, not codec blobs
             try:
-                payloads, partials = self.sliced.claims(round_index, envs), self.sliced.previous(round_index - 1)
+                payloads = self.sliced.claims(round_index, envs)
+            except SlicedBundleFails as exc:  # its own signed record disproves it: a failing rerun
+                return SpotCheck(round_index, replica, MISMATCH, str(exc), failed_stages=(exc.stage,)), str(exc), None
+            except SlicedInputsMissing as exc:
+                return None, f"sliced contribution: {exc}", None
+            try:
+                partials = self.sliced.previous(round_index - 1)
             except SlicedInputsMissing as exc:
                 return None, f"sliced contribution: {exc}", None
             previous, excluded = {}, {}

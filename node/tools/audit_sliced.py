@@ -179,13 +179,24 @@ class SlicedInputsMissing(Exception):
     """A sliced contribution's rerun inputs are not in the archives (or do not check): not rerun."""
 
 
+class SlicedBundleFails(Exception):
+    """A contribution whose archived bundle is the one its signed reference names (sha256 checked) and does not
+    prove that reference's record: nothing honest can be rerun from it, so it counts as a failing rerun of
+    ``stage`` (its signer's fault alone, as for the aggregators and the bad-bundle judge)."""
+
+    def __init__(self, stage: int, reason: str) -> None:
+        super().__init__(reason)
+        self.stage = stage
+
+
 class SlicedRerunArchive:
     """What ``dlx-node audit --reexecute`` reruns a sliced contribution with, read from the archives, as the
     node's spot checker reads it from its peers (node/live/slicedrerun.py): the claims are the slices each
     envelope's reference binds, packed (:func:`training.butterfly.rerun_claim`), from the member's archived
     bundle (``<sha256>.slice``); round t-1's apply is the partial every holder had to apply per slice
-    (:func:`applied_partials`, the replay's own choice). A reference or bundle that does not check, or one
-    not archived, makes the contribution unverifiable here: the replay judges bad bundles.
+    (:func:`applied_partials`, the replay's own choice). A reference that does not parse, or a bundle not
+    archived, makes the contribution unverifiable here; the referenced bundle failing its own record is a
+    failing rerun (:class:`SlicedBundleFails`).
 
     ``archives``: node.tools.audit_reexec's archives (``round_blob``/``round_blobs``/``envelope``);
     ``sealed``: round -> its sealed [stage, replica, peer id, hash hex] entries in canonical order.
@@ -223,8 +234,9 @@ class SlicedRerunArchive:
                 raise SlicedInputsMissing(f"stage {env.stage}: its slice bundle {digest[:12]} is not in the archives")
             try:
                 out.append(rerun_claim(bundle, reference))
-            except SliceError as exc:
-                raise SlicedInputsMissing(f"stage {env.stage}: bundle {digest[:12]}: {exc}") from None
+            except SliceError as exc:  # the referenced bytes (sha256 checked) fail the member's own signed record
+                raise SlicedBundleFails(env.stage, f"stage {env.stage}: its bundle {digest[:12]} (the one its "
+                                        f"signed reference names) does not prove its own record: {exc}") from None
         return out
 
     def previous(self, round_index: int) -> dict[int, list[bytes]]:

@@ -84,7 +84,8 @@ class SlicedProofAuditor:
                 evidence = self._complete_wrong_partial(evidence, notes)
                 guilty, why = judge_wrong_partial(evidence, accused_peer, run_id=self.run_id,
                                                   max_blob_bytes=self.cfg.p2p.max_blob_bytes,
-                                                  num_slices=self.rules.num_slices, replay=self.rules.replay)
+                                                  num_slices=self.rules.num_slices, replay=self.rules.replay,
+                                                  close_standing=self.close_standing)
             else:
                 evidence = self._complete_bad_bundle(evidence, notes)
                 guilty, why = judge_bad_bundle(evidence, accused_peer, run_id=self.run_id,
@@ -133,7 +134,9 @@ class SlicedProofAuditor:
             return evidence
         if len(close.contributions) != len(envelopes) or len(bundles) != len(envelopes):
             return evidence
-        self._check_close(closing, close)
+        stands, why = self.close_standing(closing.round, closing.stage, closing.sender_peer_id, close)
+        if not stands:
+            raise ProofRefused(why)
         slices = self.rules.num_slices(header.stage)
         if slices is None:
             return evidence
@@ -159,22 +162,23 @@ class SlicedProofAuditor:
         return wrong_partial_evidence(evidence.accused, evidence.replica, partial_env, envelopes, filled, close_env,
                                       evidence.reason)
 
-    def _check_close(self, closing: Envelope, close: msg.Close) -> None:
+    def close_standing(self, outer_round: int, stage: int, signer: str, close: msg.Close) -> tuple[bool, str]:
         """The judge takes each input's entry from the proof's close: it must be a member's, and name each
-        input as the archived record of its round and stage does."""
-        if closing.sender_peer_id not in self.account_of:
-            raise ProofRefused(f"the proof's close is signed by {closing.sender_peer_id}, no member of the run")
-        record = {str(e[3]).lower(): (int(e[1]), str(e[2])) for e in self.sealed.get(closing.round, [])
-                  if int(e[0]) == closing.stage}
+        input as the archived record of its round and stage does (``close_standing`` of the judge)."""
+        if signer not in self.account_of:
+            return False, f"the proof's close is signed by {signer}, no member of the run"
+        record = {str(e[3]).lower(): (int(e[1]), str(e[2])) for e in self.sealed.get(outer_round, [])
+                  if int(e[0]) == stage}
         for entry in close.contributions:
             try:
                 named, digest = (int(entry[0]), str(entry[1])), bytes(entry[2]).hex()
             except (TypeError, ValueError, IndexError):
-                raise ProofRefused("the proof's close holds a malformed entry") from None
+                return False, "the proof's close holds a malformed entry"
             if digest in record and record[digest] != named:
-                raise ProofRefused(f"the proof's close names input {digest[:12]} as replica {named[0]} of "
-                                   f"{named[1][-8:]}, the archived record as replica {record[digest][0]} of "
-                                   f"{record[digest][1][-8:]}")
+                return False, (f"the proof's close names input {digest[:12]} as replica {named[0]} of "
+                               f"{named[1][-8:]}, the archived record as replica {record[digest][0]} of "
+                               f"{record[digest][1][-8:]}")
+        return True, "a member's close naming each input as the record does"
 
     # -- a bad bundle -------------------------------------------------------------------------------
     def _complete_bad_bundle(self, evidence: msg.Evidence, notes: list[str]) -> msg.Evidence:
