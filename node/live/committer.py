@@ -8,7 +8,7 @@ round t every node:
 2. derives the round record: ``weights_root`` over the stage weight hashes,
    ``contributions_root`` (Merkle root of every aggregated envelope hash in
    canonical order), mean losses, tokens, number of contributors;
-3. on checkpoint rounds assembles the full checkpoint from the stage shards
+3. on checkpoint rounds assembles the full checkpoint from the stage shards (node/live/checkpointbuild.py)
    (every node builds the same bytes, so every node can serve it) and puts its
    content hash in the record;
 4. once round t-1 is on chain, completes the record with the chain head
@@ -46,8 +46,8 @@ from ledger.merkle import merkle_root
 from ledger.records import RoundRecord, to_micro
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
+from node.live.checkpointbuild import CheckpointBuilder
 from node.live.coordination import RoundCoordinator
-from node.live.exchange import serve_blob
 from node.live.forkrepair import ForkRepair
 from node.live.membership import Membership
 from node.live.onchain import NodeChain
@@ -56,10 +56,9 @@ from node.live.roundbook import RoundBook
 from node.live.status import Progress, StateFile
 from node.live.verifier import SpotChecker
 from node.live.topology import committer_order
-from node.store.checkpoint import (RunLayout, build_checkpoint, checkpoint_problems, parse_checkpoint,
-                                   stage_problems, write_checkpoint)
+from node.store.checkpoint import RunLayout
 from p2p.host import P2PHost
-from training.hashing import stage_weights_hash, weights_root
+from training.hashing import weights_root
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +142,7 @@ class Committer:
 
     def __init__(self, node: CommitterContext) -> None:
         self.node = node
+        self.checkpoints = CheckpointBuilder(node)
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._idle = threading.Event()
         self._idle.set()
@@ -329,7 +329,7 @@ class Committer:
             return
         checkpoint_hash = None
         if (outer_round + 1) % node.cfg.checkpoint_every == 0:
-            checkpoint_hash = self._assemble_checkpoint(outer_round, atts, stage_hashes)
+            checkpoint_hash = self.checkpoints.assemble(outer_round, atts, stage_hashes)
         delay = CHAIN_RETRY_MIN_S
         while not node.stop_event.is_set():
             try:
@@ -498,7 +498,7 @@ class Committer:
         if mine.has_checkpoint:
             return (f"the committed checkpoint {onchain.checkpoint_hash.hex()[:12]} is not the one this node "
                     f"built from the agreed state ({mine.checkpoint_hash.hex()[:12]})")
-        problems = self.committed_checkpoint_problems(outer_round, onchain.checkpoint_hash, onchain.weights_root)
+        problems = self.checkpoints.committed_problems(outer_round, onchain.checkpoint_hash, onchain.weights_root)
         if problems:
             return f"the committed checkpoint {onchain.checkpoint_hash.hex()[:12]} does not verify: " + "; ".join(problems)
         return None
@@ -544,114 +544,3 @@ class Committer:
             if time.monotonic() >= deadline or self.node.stop_event.is_set():
                 return False
             time.sleep(0.5)
-
-    def _assemble_checkpoint(self, outer_round: int, atts, stage_hashes: list[bytes]) -> bytes | None:
-        """Build the full checkpoint from stage states verified against the round's agreed stage hashes;
-        serve it; return its content hash (None: no checkpoint this round).
-
-        A stage this node holds comes from its own shard. Another stage's comes from the shards its
-        holders attested with the agreed weights hash: each is fetched and its tensors re-hashed,
-        and one whose weights are not the agreed ones (or not the run's stage) is dropped. The
-        momentum is in no record, so it is taken only when every verified shard agrees on it; a
-        holder serving other momentum costs the round its checkpoint, never an honest signature
-        over a doctored one. The metadata is written from the run document, never copied from a
-        peer's shard, so every node that verified the same tensors builds the same bytes.
-        """
-        node = self.node
-        layout = node.layout
-        states = {}
-        for stage in range(layout.num_stages):
-            local = node.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
-            if local.exists():
-                shard = parse_checkpoint(local.read_bytes())
-                problems = stage_problems(layout, stage, shard.weights, shard.momentum, stage_hashes[stage])
-                if problems:  # our own state is not the agreed one: the record will say so, not a checkpoint
-                    logger.warning("round %d: our own shard of stage %d is not the agreed state (%s); no checkpoint",
-                                   outer_round, stage, "; ".join(problems))
-                    return None
-                states[stage] = (shard.weights, shard.momentum)
-                continue
-            state = self._verified_stage(outer_round, stage, atts, stage_hashes[stage])
-            if state is None:
-                return None
-            states[stage] = state
-        full = build_checkpoint(layout, outer_round, states)
-        path = node.checkpoint_dir / f"round-{outer_round:08d}.safetensors"
-        digest = write_checkpoint(path, full)
-        serve_blob(node.host, path.read_bytes())
-        logger.info("round %d: checkpoint %s (%d bytes)", outer_round, digest.hex()[:12], path.stat().st_size)
-        return digest
-
-    def _verified_stage(self, outer_round: int, stage: int, atts, weights_hash: bytes):
-        """(weights, momentum) of ``stage`` from its holders' shards, verified (see _assemble_checkpoint)."""
-        node = self.node
-        # Every live holder of the stage is waited for a moment (attestations still in flight), so a
-        # shard is judged against all of them: the more holders heard, the likelier an honest shard
-        # is among the offers and a disagreement on the momentum is seen.
-        expected = set(node.membership.holders(stage)) & (node.membership.alive() | {node.peer_id})
-        node.book.wait_for(lambda: expected <= set(node.book.snapshot_attestations(outer_round, stage)) or None,
-                           timeout=min(10.0, node.cfg.round_timeout), stop=node.stop_event)
-        heard = {**atts[stage], **node.book.snapshot_attestations(outer_round, stage)}
-        offered: dict[bytes, list[str]] = {}
-        for peer, att in sorted(heard.items()):
-            if att.shard_hash and att.weights_hash == weights_hash:
-                offered.setdefault(att.shard_hash, []).append(peer)
-        if not offered:
-            logger.warning("round %d: no shard of stage %d attested with the agreed weights; no checkpoint",
-                           outer_round, stage)
-            return None
-        verified = {}
-        for shard_hash in sorted(offered, key=lambda h: (-len(offered[h]), h)):
-            holders = ", ".join(p[-8:] for p in offered[shard_hash])
-            try:
-                shard = self._fetch_checkpoint_file(shard_hash)
-            except DLX_ERRORS as exc:
-                logger.warning("round %d: shard %s of stage %d (attested by %s) not fetched: %s", outer_round,
-                               shard_hash.hex()[:12], stage, holders, exc)
-                continue
-            problems = stage_problems(node.layout, stage, shard.weights, shard.momentum, weights_hash)
-            if problems:
-                logger.error("round %d: shard %s of stage %d, attested by %s, is not the agreed state: %s",
-                             outer_round, shard_hash.hex()[:12], stage, holders, "; ".join(problems))
-                continue
-            verified[stage_weights_hash(shard.momentum)] = (shard.weights, shard.momentum)
-        if len(verified) != 1:
-            logger.warning("round %d: %s; no checkpoint this round", outer_round,
-                           f"no shard of stage {stage} verified" if not verified else
-                           f"the verified shards of stage {stage} hold {len(verified)} different momenta")
-            return None
-        return next(iter(verified.values()))
-
-    def _fetch_checkpoint_file(self, content_hash: bytes):
-        """A checkpoint or stage shard from the peers, by its content hash (nothing of it kept on disk)."""
-        node = self.node
-        dest = node.incoming_dir / f"{content_hash.hex()}.part"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            node.host.fetch_blob(content_hash.hex(), dest, timeout=node.cfg.p2p.transfer_timeout)
-            return parse_checkpoint(dest.read_bytes(), content_hash)
-        finally:
-            dest.unlink(missing_ok=True)
-
-    def committed_checkpoint_problems(self, outer_round: int, content_hash: bytes, weights_root: bytes) -> list[str]:
-        """Why the committed checkpoint of a round is not the run's (empty: it verifies).
-
-        For a round this node built no checkpoint of (a momentum disagreement, a shard not
-        fetched): fetch the committed one and check it against the run document and the record,
-        and this node's own stages against its own state (momentum included).
-        """
-        node = self.node
-        try:
-            ckpt = self._fetch_checkpoint_file(content_hash)
-        except DLX_ERRORS as exc:
-            return [f"not fetched: {exc}"]
-        problems = checkpoint_problems(ckpt, node.layout, outer_round, weights_root)
-        for stage in range(node.layout.num_stages):
-            local = node.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
-            if problems or not local.exists():
-                continue
-            own = parse_checkpoint(local.read_bytes())
-            names = node.layout.stage_names(stage)
-            if stage_weights_hash({n: ckpt.momentum[n] for n in names}) != stage_weights_hash(own.momentum):
-                problems.append(f"its stage {stage} momentum is not this node's")
-        return problems
