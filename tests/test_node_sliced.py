@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
 
 import msgpack
 import pytest
@@ -368,7 +369,11 @@ def test_a_lazy_coordinator_asks_for_the_contributions_only_when_first_in_line_o
         order = committer_order(outer_round * 1000, holders)
         first = order[0] == "peer-a"
         assert coordinator._may_close(outer_round, 0, order, set(PEERS), deadline=float("inf")) == first
-        assert coordinator._may_close(outer_round, 0, order, set(PEERS), deadline=0.0)  # past the deadline
+        assert coordinator._may_close(outer_round, 0, order, set(PEERS), deadline=0.0)  # long past the deadline
+        # Just past the deadline only the first fallback's turn is one away: the holders further down fetch nothing.
+        just = time.monotonic() - 0.5
+        assert coordinator._may_close(outer_round, 0, order, set(PEERS), deadline=just) == (
+            order.index("peer-a") <= 1)
         # The first coordinator gone: the next in line is first.
         assert coordinator._may_close(outer_round, 0, order, set(PEERS) - {order[0]}, float("inf")) == (
             first or order[1] == "peer-a")

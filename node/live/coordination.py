@@ -293,11 +293,17 @@ class RoundCoordinator:
     def _may_close(self, outer_round: int, stage: int, order: list[str], present: set[str],
                    deadline: float) -> bool:
         """Whether this node may have to close (round, stage) soon: the first live, unrefused
-        coordinator in the rotation, or anyone once the deadline passed (a fallback's turn may come).
-        A lazy pool (the sliced exchange) fetches the announced contributions only then."""
+        coordinator in the rotation, or, once the deadline passed, the fallback whose turn
+        (``deadline + rank x CLOSE_FALLBACK_S``, as :meth:`await_close` decides) is at most one
+        turn away. A lazy pool (the sliced exchange) fetches the announced contributions and their
+        bundles only then: a fallback has a whole turn to fetch them before it closes, and the
+        holders whose turn is far off (every one of them in a large run) fetch nothing."""
         refused = set(self.invalid_closes(outer_round, stage))
-        first = next((c for c in order if (c == self.peer_id or c in present) and c not in refused), None)
-        return first == self.peer_id or time.monotonic() >= deadline
+        ranked = [c for c in order if (c == self.peer_id or c in present) and c not in refused]
+        if self.peer_id not in ranked:
+            return False
+        rank = ranked.index(self.peer_id)
+        return rank == 0 or time.monotonic() >= deadline + (rank - 1) * CLOSE_FALLBACK_S
 
 
     # -- waiting for the decision -------------------------------------------------------
