@@ -47,6 +47,7 @@ import hashlib
 import math
 import struct
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from ledger.merkle import merkle_root
 from node import protocol as msg
@@ -122,6 +123,33 @@ def wrong_partial_evidence(accused: bytes, replica: int, partial: bytes, envelop
     return msg.Evidence(accused, replica, items, WRONG_PARTIAL, reason, [0.0] * len(items))
 
 
+class WrongPartialProof(NamedTuple):
+    """The decoded pieces of wrong-partial evidence (:func:`wrong_partial_evidence`'s layout)."""
+
+    partial_header: Any  # the partial's signed envelope header (p2p.envelope)
+    partial: Any  # training.slicemessages parse_partial's result
+    closing: Any  # the close's signed envelope header
+    close: msg.Close
+    envelopes: list[bytes]  # one per input of the partial, in the close's order
+    bundles: list[bytes]
+
+
+def decode_wrong_partial(evidence: msg.Evidence, max_blob_bytes: int) -> WrongPartialProof:
+    """Decode wrong-partial evidence without judging it (the live judge and the audit both read it so).
+
+    Raises:
+        ValueError, EnvelopeRejected, SliceError, msg.ProtocolError: on any malformed piece.
+    """
+    partial_env, packed_envelopes, packed_bundles, close_env = evidence.contributions
+    header = decode_envelope(partial_env, max_blob_bytes)
+    partial = parse_partial(header.payload)
+    closing = decode_envelope(close_env, max_blob_bytes)
+    close = msg.decode_payload(msg.CLOSE, closing.payload)
+    envelopes = unpack_items(packed_envelopes, partial.num_inputs)
+    bundles = unpack_items(packed_bundles, partial.num_inputs)
+    return WrongPartialProof(header, partial, closing, close, envelopes, bundles)
+
+
 def judge_wrong_partial(evidence: msg.Evidence, accused_peer: str, *, run_id: int, max_blob_bytes: int,
                         num_slices: Callable[[int], int | None],
                         replay: Callable[[int, int, int, list[bytes | None]], bytes],
@@ -134,24 +162,15 @@ def judge_wrong_partial(evidence: msg.Evidence, accused_peer: str, *, run_id: in
     with why. The judge takes each input's entry from that close, so a close any member could sign, made up
     to misname an input, would frame an honest aggregator. Never raises on hostile bytes."""
     try:
-        partial_env, packed_envelopes, packed_bundles, close_env = evidence.contributions
-        env = decode_envelope(partial_env, max_blob_bytes)
-        partial = parse_partial(env.payload)
-        closing = decode_envelope(close_env, max_blob_bytes)
-        close = msg.decode_payload(msg.CLOSE, closing.payload)
+        env, partial, closing, close, envelopes, bundles = decode_wrong_partial(evidence, max_blob_bytes)
     except (ValueError, EnvelopeRejected, SliceError, msg.ProtocolError) as exc:
-        return False, f"no signed partial and close in the evidence: {exc}"
+        return False, f"no signed partial, close, envelopes and bundles in the evidence: {exc}"
     if (env.kind, env.run_id, env.sender_peer_id, env.replica) != (msg.PARTIAL, run_id, accused_peer,
                                                                     evidence.replica):
         return False, "the partial is not the accused's partial of this run"
     slices = num_slices(env.stage)
     if slices is None:
         return None, f"stage {env.stage} is not held here"
-    try:
-        envelopes = unpack_items(packed_envelopes, partial.num_inputs)
-        bundles = unpack_items(packed_bundles, partial.num_inputs)
-    except ValueError as exc:
-        return False, f"malformed evidence: {exc}"
     if (partial.num_slices, len(envelopes), len(bundles)) != (slices, partial.num_inputs, partial.num_inputs):
         return False, "the evidence does not hold one envelope and one bundle per input of the partial"
     hashes = [hashlib.sha256(e).digest() for e in envelopes]

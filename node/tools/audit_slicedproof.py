@@ -32,9 +32,9 @@ from node.slicedproof import (
     RunSliceRules,
     bad_bundle_evidence,
     bundle_fault,
+    decode_wrong_partial,
     judge_bad_bundle,
     judge_wrong_partial,
-    unpack_items,
     usable_reference,
     wrong_partial_evidence,
 )
@@ -44,7 +44,6 @@ from p2p.errors import EnvelopeRejected
 from training.butterfly import SliceError
 from training.errors import TrainingError
 from training.slicebundle import parse_slice_reference
-from training.slicemessages import parse_partial
 
 #: The verdicts of the sliced exchange's self-contained proofs.
 SLICED_PROOFS = (WRONG_PARTIAL, BAD_BUNDLE)
@@ -123,13 +122,7 @@ class SlicedProofAuditor:
         checking its close against the run's members and the archived record. Leaves what does not parse
         to the judge, which refuses it."""
         try:
-            partial_env, packed_envelopes, packed_bundles, close_env = evidence.contributions
-            header = decode_envelope(partial_env, _MAX_BLOB)
-            partial = parse_partial(header.payload)
-            closing = decode_envelope(close_env, _MAX_BLOB)
-            close = msg.decode_payload(msg.CLOSE, closing.payload)
-            envelopes = unpack_items(packed_envelopes, partial.num_inputs)
-            bundles = unpack_items(packed_bundles, partial.num_inputs)
+            header, partial, closing, close, envelopes, bundles = decode_wrong_partial(evidence, _MAX_BLOB)
         except (ValueError, EnvelopeRejected, SliceError, msg.ProtocolError):
             return evidence
         if len(close.contributions) != len(envelopes) or len(bundles) != len(envelopes):
@@ -159,6 +152,7 @@ class SlicedProofAuditor:
             raise InputsMissing("; ".join(missing) + ": the slice cannot be replayed here")
         if filled == bundles:
             return evidence
+        partial_env, close_env = evidence.contributions[0], evidence.contributions[3]
         return wrong_partial_evidence(evidence.accused, evidence.replica, partial_env, envelopes, filled, close_env,
                                       evidence.reason)
 
