@@ -29,7 +29,8 @@ POLL_S = 0.5
 class JobQueue:
     """Jobs ``(priority, kind, args)`` run on one thread by ``handlers[kind](*args)``, lowest priority first,
     in submission order within a priority. ``tick`` runs before each wait for a job (timers, intake).
-    A failing job is logged and costs only itself."""
+    A failing job is logged and costs only itself. The thread runs from :meth:`start` on, so an owner
+    whose tick or handlers read its other attributes starts it once it is fully built."""
 
     def __init__(self, name: str, handlers: dict[str, Callable], stop: threading.Event,
                  tick: Callable[[], None] | None = None) -> None:
@@ -43,7 +44,10 @@ class JobQueue:
         self._running: str | None = None
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def start(self) -> JobQueue:
         self._thread.start()
+        return self
 
     def put(self, priority: int, kind: str, *args) -> None:
         if kind not in self.handlers:

@@ -146,13 +146,13 @@ class SpotChecker(Tribunal):
         # one rerun does), and the tribunal's work, which never waits behind a rerun (node/live/jobqueue.py).
         self._reruns = JobQueue("spotcheck", {"draw": self._draw, "check": self._check_sampled, "link": self._link,
                                               "verdict": self._judge_by_rerun}, ctx.stop)
-        # The queue's thread ticks at once, before the assignment below: the tick waits for it.
-        self._court_built = threading.Event()
         self._court = JobQueue("tribunal", {"watch": self._watch_chain, "charge": self.charge,
                                             "accuse": self._accuse, "confirm": self._confirm,
                                             "chain": self._judge_chain_accusation, "resolve": self._resolve},
                                ctx.stop, tick=self._court_tick)
-        self._court_built.set()
+        # Started once both exist: the court's tick reads self._court, its first tick comes at once.
+        self._reruns.start()
+        self._court.start()
 
     # -- start states -------------------------------------------------------------------
     def serve_start_states(self, outer_round: int, parts: dict[int, bytes]) -> dict[int, bytes]:
@@ -487,8 +487,6 @@ class SpotChecker(Tribunal):
 
     def _court_tick(self) -> None:
         """Between the tribunal's jobs: the chain's accusations every ACCUSATION_POLL_S, the exchange's charges."""
-        if not self._court_built.is_set():
-            return
         if time.monotonic() - self._watched_at >= ACCUSATION_POLL_S:
             self._watched_at = time.monotonic()
             self._court.put(COURT, "watch")
