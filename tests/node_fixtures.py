@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -20,6 +21,21 @@ def run_logs(run: LocalRun, lines: int = 40) -> str:
         for path in sorted(slot.data_dir.glob("node-*.log")):
             out.append(f"==== {path}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
     return "\n".join(out)
+
+
+def node_log(slot) -> str:
+    """Every log file of a node, whole, in order (its lives after restarts included)."""
+    return "\n".join(path.read_text(errors="replace") for path in sorted(slot.data_dir.glob("node-*.log")))
+
+
+def wait_for(predicate, timeout: float, what: str, run: LocalRun) -> None:
+    """Poll ``predicate`` until true; fail naming ``what`` with the run's logs after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not within {timeout}s\n" + run_logs(run))
 
 
 def node_state(slot) -> dict:

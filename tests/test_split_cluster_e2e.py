@@ -10,25 +10,9 @@ restarted node entered from the chain-verified checkpoint.
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
-from node_fixtures import TINY, node_state, run_logs
-
-from node.commands.launcher import LocalRun
-
-
-def _wait_for(predicate, timeout: float, what: str, run: LocalRun) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {timeout}s\n" + run_logs(run))
-
-
-def _log(slot) -> str:
-    return "\n".join(path.read_text(errors="replace") for path in sorted(slot.data_dir.glob("node-*.log")))
+from node_fixtures import TINY, node_log, node_state, run_logs, wait_for
 
 
 # Slow set: a fresh-clone rehearsal saw the restarted partner and the survivor enter with different
@@ -39,17 +23,17 @@ def test_the_survivor_of_a_split_cluster_waits_and_reforms_the_pipeline(make_run
     run = make_run(replicas=1, stages=2, split=True, settings=TINY + ["rounds=0", "join_timeout=60"])
     run.start()
     client = run.client()
-    _wait_for(lambda: (client.last_round(run.run_id) or -1) >= 1, 180, "round 1 committed", run)
+    wait_for(lambda: (client.last_round(run.run_id) or -1) >= 1, 180, "round 1 committed", run)
     victim, survivor = run.nodes  # stage 0 is rank 0: it hosts the cluster's rendezvous
     run.kill(victim, signal.SIGKILL)
-    _wait_for(lambda: "waiting for the partner to come back" in _log(survivor), 120,
+    wait_for(lambda: "waiting for the partner to come back" in node_log(survivor), 120,
               "the survivor noticed the broken pipeline", run)
     assert survivor.process.poll() is None, "the survivor exited:\n" + run_logs(run)
 
     run.start_node(victim)
-    _wait_for(lambda: "re-formed; entering at round" in _log(survivor), 180, "the pipeline re-formed", run)
-    reentry = int(_log(survivor).split("re-formed; entering at round ")[1].split()[0])
-    _wait_for(lambda: (client.last_round(run.run_id) or -1) >= reentry + 1, 180,
+    wait_for(lambda: "re-formed; entering at round" in node_log(survivor), 180, "the pipeline re-formed", run)
+    reentry = int(node_log(survivor).split("re-formed; entering at round ")[1].split()[0])
+    wait_for(lambda: (client.last_round(run.run_id) or -1) >= reentry + 1, 180,
               "rounds after the re-entry committed", run)
     assert survivor.process.poll() is None and survivor.starts == 1, "the survivor exited:\n" + run_logs(run)
     run.stop_nodes()

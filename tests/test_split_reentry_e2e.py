@@ -13,25 +13,9 @@ and finds nothing wrong.
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
-from node_fixtures import TINY, run_logs
-
-from node.commands.launcher import LocalRun
-
-
-def _wait_for(predicate, timeout: float, what: str, run: LocalRun) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {timeout}s\n" + run_logs(run))
-
-
-def _log(slot) -> str:
-    return "\n".join(path.read_text(errors="replace") for path in sorted(slot.data_dir.glob("node-*.log")))
+from node_fixtures import TINY, node_log, run_logs, wait_for
 
 
 @pytest.mark.slow
@@ -45,22 +29,22 @@ def test_a_re_formed_pipeline_enters_a_round_both_replicas_contribute_to_and_it_
         committed = client.last_round(run.run_id)
         return -1 if committed is None else committed
 
-    _wait_for(lambda: last() >= 1, 300, "round 1 committed", run)
+    wait_for(lambda: last() >= 1, 300, "round 1 committed", run)
     survivor, victim = [s for s in run.nodes if s.cluster == "cluster-0"]
     run.kill(victim, signal.SIGKILL)
-    _wait_for(lambda: "waiting for the partner to come back" in _log(survivor), 180,
+    wait_for(lambda: "waiting for the partner to come back" in node_log(survivor), 180,
               "the survivor noticed the broken pipeline", run)
     at_kill = last()
     # The other replica goes on: the survivor finishes its rounds as a non-contributor meanwhile.
-    _wait_for(lambda: last() >= at_kill + 2, 300, "two rounds committed without replica 0", run)
+    wait_for(lambda: last() >= at_kill + 2, 300, "two rounds committed without replica 0", run)
     run.start_node(victim)
-    _wait_for(lambda: "re-formed; entering at round" in _log(survivor), 300, "the pipeline re-formed", run)
-    reentry = int(_log(survivor).split("re-formed; entering at round ")[1].split()[0])
-    _wait_for(lambda: last() >= reentry + 1, 300, "the round after the re-entry committed", run)
+    wait_for(lambda: "re-formed; entering at round" in node_log(survivor), 300, "the pipeline re-formed", run)
+    reentry = int(node_log(survivor).split("re-formed; entering at round ")[1].split()[0])
+    wait_for(lambda: last() >= reentry + 1, 300, "the round after the re-entry committed", run)
     run.stop_nodes()
     assert all(s.process.returncode == 0 for s in run.nodes), run_logs(run)
     # No traceback in any log.
-    logs = "".join(_log(s) for s in run.nodes)
+    logs = "".join(node_log(s) for s in run.nodes)
     assert "Traceback" not in logs, run_logs(run)
 
     history = client.history(run.run_id)
@@ -69,7 +53,7 @@ def test_a_re_formed_pipeline_enters_a_round_both_replicas_contribute_to_and_it_
     # The round the pair entered holds every node's contribution (both stages of both replicas).
     assert history.commits[reentry].commit.num_contributors == len(run.nodes), \
         [c.commit.num_contributors for c in history.commits]
-    assert f"entering at round {reentry}" in _log(victim)
+    assert f"entering at round {reentry}" in node_log(victim)
 
     from node.tools.audit import audit_run
     from node.tools.report import FAIL, OK
