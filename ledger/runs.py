@@ -1,0 +1,182 @@
+"""Runs and their members: the TrainingLedger's calls that create a run, join, leave and withdraw.
+
+:class:`RunCalls` is a mixin of :class:`ledger.client.LedgerClient` (as :class:`ledger.disputes.DisputeCalls`
+is): it uses the client's transaction sender, contract and ``_tx``/``_run_struct`` helpers.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from eth_utils import to_checksum_address
+
+from ledger.errors import LedgerError, LedgerInputError
+from ledger.events import topic_address, topic_uint
+from ledger.records import (
+    DEFAULT_ACCUSATION_BLOCKS,
+    DEFAULT_DISPUTE_BLOCKS,
+    DEFAULT_INACTIVITY_ROUNDS,
+    MEMBER_STATUSES,
+    Member,
+    RunParams,
+    check_uint,
+)
+
+logger = logging.getLogger(__name__)
+
+class RunCalls:
+    """The run and membership calls of :class:`ledger.client.LedgerClient`."""
+
+    # Runs ----------------------------------------------------------------------------------------------
+    def create_run(
+        self,
+        config_hash: bytes,
+        num_stages: int,
+        inner_steps: int,
+        config_uri: str = "",
+        *,
+        min_stake: int = 0,
+        quorum: int = 1,
+        quorum_bps: int = 0,
+        bond: int | None = None,
+        unbonding_blocks: int | None = None,
+        accusation_blocks: int = DEFAULT_ACCUSATION_BLOCKS,
+        dispute_blocks: int = DEFAULT_DISPUTE_BLOCKS,
+        inactivity_rounds: int = DEFAULT_INACTIVITY_ROUNDS,
+        max_rounds: int = 0,
+    ) -> int:
+        """Create a run; return its id. Its parameters never change (:class:`ledger.records.RunParams`).
+
+        Args:
+            config_hash: 32-byte hash of the run's full configuration (model, data, hyperparameters, stages, H).
+            num_stages: Pipeline stages (>= 1).
+            inner_steps: Inner steps H per outer round (>= 1).
+            config_uri: Where the configuration can be fetched (emitted only).
+            min_stake: Wei each member stakes to join.
+            quorum: k, the fewest distinct member signatures a commit (or a verdict) needs, in [1, 65535].
+            quorum_bps: The quorum is also at least this fraction (basis points, <= 10000) of the members
+                counted: ``max(k, ceil(quorum_bps / 10000 x members))``; 0 leaves k alone.
+            bond: Wei an accuser or disputer deposits; None: a tenth of ``min_stake``.
+            unbonding_blocks: Blocks between ``leave_run`` and the earliest ``withdraw_stake``; at least
+                ``accusation_blocks + dispute_blocks`` (None: exactly that), at most 2^32.
+            accusation_blocks: Blocks an accusation stays open before it lapses (>= 8).
+            dispute_blocks: Blocks after a commit during which members in force at it may dispute it (>= 8).
+            inactivity_rounds: Committed rounds a member may leave unattested before anyone may eject it (>= 1).
+            max_rounds: Rounds 0 .. max_rounds-1 may be committed; 0 leaves the run open-ended.
+
+        Raises:
+            LedgerZeroHash, LedgerBadRunShape, LedgerBadQuorum, LedgerBadWindow, LedgerUnbondingTooShort,
+            LedgerUnbondingTooLong, LedgerBadInactivityRounds: the contract's rules.
+        """
+        params = RunParams(
+            config_hash,
+            num_stages,
+            inner_steps,
+            min_stake=min_stake,
+            quorum=quorum,
+            quorum_bps=quorum_bps,
+            bond=bond,
+            unbonding_blocks=unbonding_blocks,
+            accusation_blocks=accusation_blocks,
+            dispute_blocks=dispute_blocks,
+            inactivity_rounds=inactivity_rounds,
+            max_rounds=max_rounds,
+        )
+        return self.create_run_with(params, config_uri)
+
+    def create_run_with(self, params: RunParams, config_uri: str = "") -> int:
+        """Create a run with ``params``; return its id (see :meth:`create_run`)."""
+        if not isinstance(params, RunParams):
+            raise LedgerInputError(f"create_run_with needs RunParams, got {type(params).__name__}")
+        receipt = self._sender.transact(self._ledger, "createRun", (params.fields(), config_uri), "createRun")
+        for log in receipt["logs"]:
+            event = self._ledger_events.decode(log)
+            if event is not None and event.name == "RunCreated":
+                return event.args["runId"]
+        raise LedgerError(
+            f"createRun transaction {receipt['transactionHash'].to_0x_hex()} emitted no RunCreated"
+        )
+
+    def run_count(self) -> int:
+        """The number of runs (the latest run id)."""
+        return self._sender.call(self._ledger, "runCount")
+
+    # Membership ----------------------------------------------------------------------------------------
+    def join_run(self, run_id: int, stake: int | None = None) -> str:
+        """Join run ``run_id`` as a signing member; return the tx hash.
+
+        Idempotent: if this account already holds an active seat, returns the MemberJoined transaction.
+
+        Args:
+            stake: Wei to stake; None sends the run's minimum stake.
+
+        Raises:
+            LedgerNotRegistered: The account is not in the NodeRegistry.
+            LedgerStakeTooLow, LedgerAlreadyMember (unbonding: withdraw first), LedgerMemberSlashed.
+        """
+        seat = self.member(run_id, self.address)
+        if seat is not None and seat.active:
+            logger.info("account %s is already a member of run %d", self.address, run_id)
+            return self._first_tx(
+                self._ledger,
+                self._ledger_events,
+                "MemberJoined",
+                [topic_uint(run_id), topic_address(self.address)],
+                last=True,
+            )
+        if stake is None:
+            stake = self._run_struct(run_id)["minStake"]
+        check_uint("stake", stake, 2**128 - 1)
+        return self._tx("joinRun", (run_id,), f"joinRun(run {run_id})", stake)
+
+    def leave_run(self, run_id: int) -> str:
+        """Stop signing for ``run_id`` now and start unbonding the stake; return the tx hash."""
+        return self._tx("leaveRun", (run_id,), f"leaveRun(run {run_id})")
+
+    def withdraw_stake(self, run_id: int) -> str:
+        """Take the stake back once unbonding is over and no accusation is open; return the tx hash.
+
+        Raises:
+            LedgerStillUnbonding, LedgerAccusationPending (an accusation past its deadline must be
+            :meth:`expire_accusation`-ed first), LedgerNotUnbonding.
+        """
+        return self._tx("withdrawStake", (run_id,), f"withdrawStake(run {run_id})")
+
+    def eject_inactive(self, run_id: int, account: str) -> str:
+        """Eject active member ``account``, which attested none of the run's last ``inactivity_rounds``
+        committed rounds: it stops counting toward the quorum and unbonds as if it had left. Anyone may.
+
+        Raises:
+            LedgerMemberNotInactive (``.values["missedRounds"]``), LedgerNotMember.
+        """
+        account = to_checksum_address(account)
+        return self._tx("ejectInactive", (run_id, account), f"ejectInactive(run {run_id}, {account})")
+
+    def quorum_of(self, run_id: int) -> int:
+        """The signatures the run's next commit needs now: ``max(k, ceil(quorum_bps x active members))``."""
+        return self._sender.call(self._ledger, "quorumOf", (run_id,))
+
+    def member(self, run_id: int, address: str) -> Member | None:
+        """The seat of ``address`` in ``run_id`` as the contract holds it now, or None (never joined/withdrew)."""
+        address = to_checksum_address(address)
+        (node_key, stake, active_round, open_accusations, status, join_round, left_round, join_block,
+         unbonding_end) = self._sender.call(self._ledger, "memberOf", (run_id, address))
+        if status == 0:
+            return None
+        return Member(
+            run_id,
+            address,
+            bytes(node_key),
+            stake,
+            unbonding_end,
+            open_accusations,
+            MEMBER_STATUSES[status],
+            active_round=active_round,
+            join_round=join_round,
+            left_round=left_round,
+            join_block=join_block,
+        )
+
+    def member_count(self, run_id: int) -> int:
+        """The number of members currently able to sign for ``run_id``."""
+        return self._run_struct(run_id)["memberCount"]
