@@ -57,7 +57,8 @@ def chain_part(rounds: int, quorum: int) -> dict:
                 identity = Identity.generate()
                 member.register(identity.public_key_bytes, identity.sign(member.my_binding_message()))
             node = members[0]
-            run_id = node.create_run(_digest("bench run"), 2, 50, quorum=quorum)
+            run_id = node.create_run(_digest("bench run"), 2, 50, quorum=quorum, quorum_bps=0,
+                                     allow_weak_quorum=quorum < 2)
             for member in members:
                 member.join_run(run_id)
             head = node.head_of(run_id)

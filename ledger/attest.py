@@ -29,12 +29,16 @@ from eth_keys.exceptions import BadSignature, ValidationError
 from eth_utils import keccak, to_checksum_address
 
 from ledger.errors import LedgerInputError
-from ledger.records import RoundRecord, Verdict, check_bytes32, check_uint
+from ledger.records import RoundRecord, RoundVerdict, Verdict, check_bytes32, check_uint
 
 __all__ = [
     "DOMAIN_NAME",
     "DOMAIN_VERSION",
     "RECORD_TYPE",
+    "ROUND_VERDICT_TYPE",
+    "RoundVerdict",
+    "round_verdict_digest",
+    "sign_round_verdict",
     "VERDICT_TYPE",
     "RoundRecord",
     "Verdict",
@@ -60,6 +64,7 @@ RECORD_TYPE = (
     "uint64 trainLossMicro,uint64 evalLossMicro,uint64 tokens,uint32 numContributors,bytes32 checkpointHash)"
 )
 VERDICT_TYPE = "Verdict(uint256 runId,address accused,bytes32 evidenceHash,bool guilty)"
+ROUND_VERDICT_TYPE = "RoundVerdict(uint256 runId,uint64 round,bytes32 recordHash,bool upheld)"
 SIGNATURE_LENGTH = 65
 
 _RECORD_FIELDS = [
@@ -75,6 +80,7 @@ _RECORD_FIELDS = [
     ("checkpointHash", "bytes32"),
 ]
 _VERDICT_FIELDS = [("runId", "uint256"), ("accused", "address"), ("evidenceHash", "bytes32"), ("guilty", "bool")]
+_ROUND_VERDICT_FIELDS = [("runId", "uint256"), ("round", "uint64"), ("recordHash", "bytes32"), ("upheld", "bool")]
 _SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 
 
@@ -109,6 +115,24 @@ def verdict_struct_hash(verdict: Verdict) -> bytes:
             ["bytes32", *(kind for _, kind in _VERDICT_FIELDS)], [keccak(text=VERDICT_TYPE), *verdict.fields()]
         )
     )
+
+
+def round_verdict_digest(verdict: RoundVerdict, chain_id: int, ledger_address: str) -> bytes:
+    """The 32-byte EIP-712 digest a counted member signs to settle a round's disputes."""
+    struct_hash = keccak(
+        encode(
+            ["bytes32", *(kind for _, kind in _ROUND_VERDICT_FIELDS)],
+            [keccak(text=ROUND_VERDICT_TYPE), *verdict.fields()],
+        )
+    )
+    return _typed_digest(chain_id, ledger_address, struct_hash)
+
+
+def sign_round_verdict(account: Any, verdict: RoundVerdict, chain_id: int, ledger_address: str) -> bytes:
+    """``account``'s 65-byte signature over ``verdict``'s EIP-712 digest."""
+    if not isinstance(verdict, RoundVerdict):
+        raise LedgerInputError(f"sign_round_verdict needs a RoundVerdict, got {type(verdict).__name__}")
+    return _sign(account, round_verdict_digest(verdict, chain_id, ledger_address))
 
 
 def _typed_digest(chain_id: int, ledger_address: str, struct_hash: bytes) -> bytes:

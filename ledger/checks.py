@@ -176,9 +176,10 @@ def check_hash_chain(history: RunHistory, chain_id: int, ledger_address: str) ->
 
 # ---------------------------------------------------------------------- members and attesters
 def check_attesters(history: RunHistory) -> list[ItemResult]:
-    """One result per commit: at least the run's quorum of distinct attesters, ascending, each a member in force
-    at the commit. The quorum at a commit is ``max(k, ceil(quorum_bps x members in force))``, as the contract
-    computed it from its count of active members.
+    """One result per commit: distinct attesters, ascending, each a member in force at the commit, at least the
+    run's quorum of them counted. The quorum at a commit is ``max(k, ceil(quorum_bps x counted members))``, as the
+    contract computed it from its count of counted members (founders, and joiners credited past their tenure:
+    MemberCounted events, which a commit's own credits emit before its RoundCommitted).
 
     The chain verified the signatures; this re-checks, from the membership events alone, that the signers it
     accepted were members when the commit was mined (and that the submitter was one).
@@ -186,13 +187,15 @@ def check_attesters(history: RunHistory) -> list[ItemResult]:
     results = []
     for record in history.commits:
         in_force = {m.account for m in history.members_at(record.position)}
-        quorum = history.run.quorum_for(len(in_force))
+        counted = {m.account for m in history.counted_at(record.position)}
+        quorum = history.run.quorum_for(len(counted))
         attesters = list(record.attesters)
         problems = []
-        if len(set(attesters)) < quorum:
+        counted_attesters = len(set(attesters) & counted)
+        if counted_attesters < quorum:
             problems.append(
-                f"{len(set(attesters))} distinct attesters, the run's quorum is {quorum}"
-                + (f" (k {history.run.quorum}, {history.run.quorum_bps} bps of {len(in_force)} members)"
+                f"{counted_attesters} counted attesters, the run's quorum is {quorum}"
+                + (f" (k {history.run.quorum}, {history.run.quorum_bps} bps of {len(counted)} counted members)"
                    if quorum != history.run.quorum else "")
             )
         if [int(a, 16) for a in attesters] != sorted({int(a, 16) for a in attesters}):

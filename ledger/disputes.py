@@ -11,13 +11,22 @@ from collections.abc import Iterable
 
 from eth_utils import to_checksum_address
 
-from ledger.attest import order_signatures, pack_signatures, verdict_digest
+from ledger.attest import (
+    order_signatures,
+    pack_signatures,
+    record_struct_hash,
+    round_verdict_digest,
+    sign_round_verdict,
+    verdict_digest,
+)
 from ledger.errors import LedgerInputError
 from ledger.records import (
     ACCUSATION_STATUSES,
+    DISPUTE_STATUSES,
     UINT64_MAX,
     AccusationState,
     RoundRecord,
+    RoundVerdict,
     Verdict,
     check_bytes32,
     check_uint,
@@ -37,11 +46,11 @@ class DisputeCalls:
     ) -> str:
         """Put on chain a member's own signed ``record`` for a committed round it differs from; return the tx.
 
-        The disputer is the signer of ``signature`` (usually this account: ``client.sign_record(record)``): a
-        member in force at the round (joined before it was committed, not left before), still staked, within
+        The disputer is this account, which must be the signer of ``signature`` (``client.sign_record(record)``):
+        a member in force at the round (joined before it was committed, not left before), still staked, within
         the run's ``dispute_blocks`` of the commit. The record must differ from the committed one in its
-        weights root, contributions root or checkpoint hash. This account pays the run's bond, which joins
-        the disputer's stake (returned with it, slashed with it). A dispute cannot be withdrawn.
+        weights root, contributions root or checkpoint hash. This account pays the run's bond: returned if a
+        verdict overturns the round, forfeited if it is upheld or the case lapses. It cannot be withdrawn.
 
         Args:
             committed: The committed record of the round; None reads it from its RoundCommitted event.
@@ -50,7 +59,7 @@ class DisputeCalls:
         Raises:
             LedgerRoundNotCommitted, LedgerDisputeMatchesCommit, LedgerDisputeOnlyMetrics,
             LedgerDisputeWindowClosed, LedgerNotInForce, LedgerAlreadyDisputed, LedgerNotBonded,
-            LedgerNotCommittedRecord, LedgerBondMismatch.
+            LedgerNotCommittedRecord, LedgerBondMismatch, LedgerDisputerNotSender, LedgerDisputeNotOpen.
         """
         if not isinstance(record, RoundRecord):
             raise LedgerInputError(f"dispute needs a RoundRecord, got {type(record).__name__}")
@@ -82,6 +91,50 @@ class DisputeCalls:
         """The first block at which ``round`` of ``run_id`` can no longer be disputed, or None if uncommitted."""
         block = self.commit_block_of(run_id, round)
         return None if block is None else block + self._run_struct(run_id)["disputeBlocks"]
+
+    def dispute_case(self, run_id: int, round: int) -> tuple[str, int, int]:
+        """(status, deadline, disputers) of the round's dispute case; status in ``DISPUTE_STATUSES``."""
+        check_uint("round", round, UINT64_MAX)
+        status, deadline, disputers = self._sender.call(self._ledger, "disputeCaseOf", (run_id, round))
+        return DISPUTE_STATUSES[status], deadline, disputers
+
+    def is_final(self, run_id: int, round: int) -> bool:
+        """Whether ``round`` is final now: committed, dispute window closed, disputes upheld, lapsed or past
+        their deadline, and not overturned (earlier rounds are not looked at)."""
+        check_uint("round", round, UINT64_MAX)
+        return self._sender.call(self._ledger, "isFinal", (run_id, round))
+
+    def commit_quorum_of(self, run_id: int, round: int) -> int:
+        """The counted signatures the round's commit needed (a verdict on its disputes needs as many)."""
+        check_uint("round", round, UINT64_MAX)
+        return self._sender.call(self._ledger, "commitQuorumOf", (run_id, round))
+
+    def sign_round_verdict(self, verdict: RoundVerdict) -> bytes:
+        """This account's signature over ``verdict``."""
+        return sign_round_verdict(self.account, verdict, self.chain_id, self.ledger_address)
+
+    def resolve_dispute(
+        self, committed: RoundRecord, upheld: bool, signatures: Iterable[bytes], attesters: Iterable[str]
+    ) -> str:
+        """Settle the round's disputes with counted members' signatures over the RoundVerdict (any order);
+        ``attesters`` as the round's RoundCommitted gave them. Return the tx hash.
+
+        Raises:
+            LedgerDisputeNotOpen, LedgerDisputeExpired, LedgerNotAttesters, LedgerQuorumNotMet,
+            LedgerSignerNotMember, LedgerSignerNotInForce, LedgerSignersNotAscending, LedgerNotCommittedRecord.
+        """
+        if not isinstance(committed, RoundRecord):
+            raise LedgerInputError(f"resolve_dispute needs a RoundRecord, got {type(committed).__name__}")
+        verdict = RoundVerdict(committed.run_id, committed.round, record_struct_hash(committed), bool(upheld))
+        digest = round_verdict_digest(verdict, self.chain_id, self.ledger_address)
+        packed = pack_signatures(order_signatures(digest, [bytes(signature) for signature in signatures]))
+        args = (committed.fields(), bool(upheld), packed, [to_checksum_address(a) for a in attesters])
+        return self._tx("resolveDispute", args, f"resolveDispute(run {committed.run_id}, round {committed.round})")
+
+    def expire_dispute(self, run_id: int, round: int) -> str:
+        """Close a round's dispute case past its deadline: the record stands, the bonds are forfeited."""
+        check_uint("round", round, UINT64_MAX)
+        return self._tx("expireDispute", (run_id, round), f"expireDispute(run {run_id}, round {round})")
 
     def report_equivocation(
         self, record_a: RoundRecord, signature_a: bytes, record_b: RoundRecord, signature_b: bytes

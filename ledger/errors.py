@@ -298,6 +298,47 @@ class LedgerAccusationNotExpired(LedgerRevert):
     """``expireAccusation`` before the accusation's deadline."""
 
 
+class LedgerBadTenure(LedgerRevert):
+    """``tenureRounds`` is 0: a joiner would count toward quorums the moment it joins."""
+
+
+class LedgerDisputerNotSender(LedgerRevert):
+    """A dispute's signature is not the sender's: a member's dispute is filed only by its own transaction."""
+
+
+class LedgerDisputeNotOpen(LedgerRevert):
+    """No open dispute case for that round (never disputed, or already upheld, overturned or lapsed)."""
+
+
+class LedgerDisputeExpired(LedgerRevert):
+    """The round's dispute case reached its deadline: it takes no verdict, only ``expireDispute``."""
+
+
+class LedgerDisputeNotExpired(LedgerRevert):
+    """``expireDispute`` before the case's deadline."""
+
+
+class LedgerNotAttesters(LedgerRevert):
+    """The attesters given to a round verdict are not the ones its commit recorded."""
+
+
+class LedgerRunHalted(LedgerRevert):
+    """A verdict overturned a round of the run: it commits nothing more."""
+
+
+class LedgerAccusationTooLate(LedgerRevert):
+    """The accused member's unbonding is over: it can no longer be accused (its stake's lock is bounded)."""
+
+
+class LedgerAttestBeforeJoin(LedgerRevert):
+    """``attest`` for a round before the member joined."""
+
+
+class LedgerWeakParams(LedgerInputError):
+    """Run parameters below the security model's floor (k < 2 or quorum fraction < 1/2) without an explicit
+    ``allow_weak_quorum``."""
+
+
 #: Every Python class that mirrors a Solidity custom error, by the error's name.
 REVERT_CLASSES: dict[str, type[ContractRevert]] = {
     cls.__name__: cls
@@ -351,5 +392,14 @@ REVERT_CLASSES: dict[str, type[ContractRevert]] = {
         LedgerAccusationNotOpen,
         LedgerAccusationExpired,
         LedgerAccusationNotExpired,
+        LedgerBadTenure,
+        LedgerDisputerNotSender,
+        LedgerDisputeNotOpen,
+        LedgerDisputeExpired,
+        LedgerDisputeNotExpired,
+        LedgerNotAttesters,
+        LedgerRunHalted,
+        LedgerAccusationTooLate,
+        LedgerAttestBeforeJoin,
     )
 }

@@ -166,6 +166,7 @@ def run_info_from(event: DecodedEvent) -> RunInfo:
         accusation_blocks=params.accusation_blocks,
         dispute_blocks=params.dispute_blocks,
         inactivity_rounds=params.inactivity_rounds,
+        tenure_rounds=params.tenure_rounds,
     )
 
 

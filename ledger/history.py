@@ -52,6 +52,11 @@ _RUN_EVENTS = (
     "MemberEjected",
     "BondForfeited",
     "BondReturned",
+    "MemberCounted",
+    "RoundAttested",
+    "DisputeResolved",
+    "DisputeLapsed",
+    "RunHalted",
 )
 #: The events that tell a run's accusations.
 _ACCUSATION_EVENTS = ("AccusationOpened", "AccusationResolved", "AccusationExpired")
@@ -94,6 +99,9 @@ def memberships_from(events: list[DecodedEvent]) -> list[Membership]:
                     joined_tx=event.tx_hash,
                 )
             )
+        elif event.name == "MemberCounted" and args["account"] in current:
+            index = current[args["account"]]
+            periods[index] = replace(periods[index], counted=position)
         elif event.name in ("MemberLeft", "MemberEjected", "MemberSlashed", "StakeWithdrawn") and (
             args["account"] in current
         ):

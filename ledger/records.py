@@ -28,6 +28,12 @@ MAX_UNBONDING_BLOCKS = 2**32
 DEFAULT_ACCUSATION_BLOCKS = 64
 DEFAULT_DISPUTE_BLOCKS = 64
 DEFAULT_INACTIVITY_ROUNDS = 16
+#: Rounds a joiner is in force before its signature counts toward quorums (founders count at once).
+DEFAULT_TENURE_ROUNDS = 4
+#: The security model's floor (docs/TRUST.md): at least this many counted signatures (k) and at least this
+#: fraction of the counted members; weaker runs need ``allow_weak_quorum``.
+SAFE_MIN_QUORUM = 2
+SAFE_MIN_QUORUM_BPS = 5000
 #: Without an explicit bond, an accuser or disputer deposits this fraction of the run's stake.
 DEFAULT_BOND_DIVISOR = 10
 
@@ -161,14 +167,15 @@ class RunParams:
     num_stages: int
     inner_steps: int
     min_stake: int = 0
-    quorum: int = 1  # k: the fewest signatures a commit or a verdict needs
-    quorum_bps: int = 0  # the quorum is also at least this fraction (basis points) of the members counted
+    quorum: int = SAFE_MIN_QUORUM  # k: the fewest counted signatures a commit or a verdict needs
+    quorum_bps: int = SAFE_MIN_QUORUM_BPS  # the quorum is also at least this fraction (bps) of the counted members
     bond: int | None = None  # wei an accuser or disputer deposits
     unbonding_blocks: int | None = None
     accusation_blocks: int = DEFAULT_ACCUSATION_BLOCKS
     dispute_blocks: int = DEFAULT_DISPUTE_BLOCKS
     inactivity_rounds: int = DEFAULT_INACTIVITY_ROUNDS
     max_rounds: int = 0
+    tenure_rounds: int = DEFAULT_TENURE_ROUNDS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "config_hash", check_bytes32("config_hash", self.config_hash))
@@ -181,6 +188,7 @@ class RunParams:
         check_uint("dispute_blocks", self.dispute_blocks, UINT64_MAX)
         check_uint("inactivity_rounds", self.inactivity_rounds, UINT32_MAX)
         check_uint("max_rounds", self.max_rounds, UINT64_MAX)
+        check_uint("tenure_rounds", self.tenure_rounds, UINT32_MAX)
         if self.bond is None:
             object.__setattr__(self, "bond", min(self.min_stake // DEFAULT_BOND_DIVISOR, UINT128_MAX))
         check_uint("bond", self.bond, UINT128_MAX)
@@ -203,7 +211,21 @@ class RunParams:
             self.dispute_blocks,
             self.inactivity_rounds,
             self.max_rounds,
+            self.tenure_rounds,
         )
+
+    def weaknesses(self) -> list[str]:
+        """What these parameters give up against the security model (docs/TRUST.md); empty when safe."""
+        weak = []
+        if self.quorum < SAFE_MIN_QUORUM:
+            weak.append(f"k={self.quorum}: one member alone commits any record and decides any verdict "
+                        f"(safe: k >= {SAFE_MIN_QUORUM})")
+        if self.quorum_bps < SAFE_MIN_QUORUM_BPS:
+            weak.append(f"quorum_bps={self.quorum_bps}: a quorum can be fewer than half of the counted members, "
+                        f"so a minority commits and slashes (safe: >= {SAFE_MIN_QUORUM_BPS})")
+        if self.min_stake == 0:
+            weak.append("min_stake=0: seats cost nothing, so anyone can take as many as it likes")
+        return weak
 
 
 @dataclass(frozen=True)
@@ -225,6 +247,32 @@ class Verdict:
     def fields(self) -> tuple:
         """The values in the order of the Solidity struct ``Verdict``."""
         return (self.run_id, self.accused, self.evidence_hash, self.guilty)
+
+
+@dataclass(frozen=True)
+class RoundVerdict:
+    """The settlement of a committed round's disputes, as the round's counted members sign it (EIP-712 type
+    ``RoundVerdict``): ``upheld`` keeps the record, otherwise its attesters are slashed and the run halts."""
+
+    run_id: int
+    round: int
+    record_hash: bytes  # the committed record's struct hash (recordHashOf)
+    upheld: bool
+
+    def __post_init__(self) -> None:
+        check_uint("run_id", self.run_id, 2**256 - 1)
+        check_uint("round", self.round, UINT64_MAX)
+        object.__setattr__(self, "record_hash", check_bytes32("record_hash", self.record_hash))
+        if not isinstance(self.upheld, bool):
+            raise LedgerInputError(f"upheld={self.upheld!r}: must be a bool")
+
+    def fields(self) -> tuple:
+        """The values in the order of the Solidity struct ``RoundVerdict``."""
+        return (self.run_id, self.round, self.record_hash, self.upheld)
+
+
+#: Dispute case states, as ``TrainingLedger.DisputeStatus`` numbers them.
+DISPUTE_STATUSES = ("none", "open", "upheld", "overturned", "lapsed")
 
 
 #: A point in chain order: (block number, log index). Comparing positions orders events and transactions.
@@ -258,6 +306,7 @@ class RunInfo:
     accusation_blocks: int = 0  # blocks an accusation stays open before it lapses
     dispute_blocks: int = 0  # blocks after a commit during which it can be disputed
     inactivity_rounds: int = 0  # committed rounds without a member's signature before it can be ejected
+    tenure_rounds: int = 0  # rounds a joiner is in force before its signature counts (founders at once)
 
     @property
     def min_unbonding_blocks(self) -> int:
@@ -307,6 +356,12 @@ class Member:
     join_round: int = 0  # the commit count when it joined: in force for this round and later ones
     left_round: int = 0  # the commit count when it left, was ejected or slashed (when not active)
     join_block: int = 0
+    counted_block: int = 0  # block from which its signatures count toward quorums; 0: not counted
+
+    @property
+    def counted(self) -> bool:
+        """Whether its signature counts toward the run's quorums now (active and counted)."""
+        return self.status == "active" and self.counted_block != 0
 
     @property
     def active(self) -> bool:
@@ -351,6 +406,7 @@ class Membership:
     slashed: Position | None = None  # MemberSlashed
     withdrawn_block: int | None = None
     ejected: Position | None = None  # MemberEjected (a MemberLeft follows it): ejected for inactivity
+    counted: Position | None = None  # MemberCounted: its signatures count toward quorums from here on
 
     @property
     def ended(self) -> Position | None:
@@ -365,6 +421,12 @@ class Membership:
         """
         ended = self.ended
         return self.joined < position and (ended is None or ended > position)
+
+    def counted_at(self, position: Position) -> bool:
+        """Whether the account's signature counted toward a quorum at ``position``: counted before it and
+        neither left nor slashed before it (a commit's own MemberCounted events come before its RoundCommitted)."""
+        ended = self.ended
+        return self.counted is not None and self.counted < position and (ended is None or ended > position)
 
 
 @dataclass(frozen=True)
@@ -499,3 +561,7 @@ class RunHistory:
     def members_at(self, position: Position) -> list[Membership]:
         """The memberships in force at ``position`` (a signer set), in join order."""
         return [membership for membership in self.memberships if membership.in_force(position)]
+
+    def counted_at(self, position: Position) -> list[Membership]:
+        """The memberships whose signatures counted toward a quorum at ``position``, in join order."""
+        return [membership for membership in self.memberships if membership.counted_at(position)]

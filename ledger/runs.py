@@ -10,14 +10,19 @@ import logging
 
 from eth_utils import to_checksum_address
 
-from ledger.errors import LedgerError, LedgerInputError
+from ledger.attest import pack_signatures
+from ledger.errors import LedgerError, LedgerInputError, LedgerWeakParams
 from ledger.events import topic_address, topic_uint
 from ledger.records import (
     DEFAULT_ACCUSATION_BLOCKS,
     DEFAULT_DISPUTE_BLOCKS,
     DEFAULT_INACTIVITY_ROUNDS,
+    DEFAULT_TENURE_ROUNDS,
     MEMBER_STATUSES,
+    SAFE_MIN_QUORUM,
+    SAFE_MIN_QUORUM_BPS,
     Member,
+    RoundRecord,
     RunParams,
     check_uint,
 )
@@ -36,14 +41,16 @@ class RunCalls:
         config_uri: str = "",
         *,
         min_stake: int = 0,
-        quorum: int = 1,
-        quorum_bps: int = 0,
+        quorum: int = SAFE_MIN_QUORUM,
+        quorum_bps: int = SAFE_MIN_QUORUM_BPS,
         bond: int | None = None,
         unbonding_blocks: int | None = None,
         accusation_blocks: int = DEFAULT_ACCUSATION_BLOCKS,
         dispute_blocks: int = DEFAULT_DISPUTE_BLOCKS,
         inactivity_rounds: int = DEFAULT_INACTIVITY_ROUNDS,
         max_rounds: int = 0,
+        tenure_rounds: int = DEFAULT_TENURE_ROUNDS,
+        allow_weak_quorum: bool = False,
     ) -> int:
         """Create a run; return its id. Its parameters never change (:class:`ledger.records.RunParams`).
 
@@ -53,9 +60,10 @@ class RunCalls:
             inner_steps: Inner steps H per outer round (>= 1).
             config_uri: Where the configuration can be fetched (emitted only).
             min_stake: Wei each member stakes to join.
-            quorum: k, the fewest distinct member signatures a commit (or a verdict) needs, in [1, 65535].
-            quorum_bps: The quorum is also at least this fraction (basis points, <= 10000) of the members
-                counted: ``max(k, ceil(quorum_bps / 10000 x members))``; 0 leaves k alone.
+            quorum: k, the fewest distinct counted member signatures a commit (or a verdict) needs (>= 2
+                unless ``allow_weak_quorum``).
+            quorum_bps: The quorum is also at least this fraction (basis points, <= 10000) of the counted
+                members: ``max(k, ceil(quorum_bps / 10000 x counted))`` (>= 5000 unless ``allow_weak_quorum``).
             bond: Wei an accuser or disputer deposits; None: a tenth of ``min_stake``.
             unbonding_blocks: Blocks between ``leave_run`` and the earliest ``withdraw_stake``; at least
                 ``accusation_blocks + dispute_blocks`` (None: exactly that), at most 2^32.
@@ -63,8 +71,13 @@ class RunCalls:
             dispute_blocks: Blocks after a commit during which members in force at it may dispute it (>= 8).
             inactivity_rounds: Committed rounds a member may leave unattested before anyone may eject it (>= 1).
             max_rounds: Rounds 0 .. max_rounds-1 may be committed; 0 leaves the run open-ended.
+            tenure_rounds: Rounds a member that joined after the first commit is in force before its
+                signatures count toward quorums (>= 1; founders count at once).
+            allow_weak_quorum: Create a run below the security model's floor (k < 2 or quorum_bps < 5000):
+                one member, or a minority, then commits and slashes alone (docs/TRUST.md).
 
         Raises:
+            LedgerWeakParams: k < 2 or quorum_bps < 5000 without ``allow_weak_quorum``.
             LedgerZeroHash, LedgerBadRunShape, LedgerBadQuorum, LedgerBadWindow, LedgerUnbondingTooShort,
             LedgerUnbondingTooLong, LedgerBadInactivityRounds: the contract's rules.
         """
@@ -81,13 +94,20 @@ class RunCalls:
             dispute_blocks=dispute_blocks,
             inactivity_rounds=inactivity_rounds,
             max_rounds=max_rounds,
+            tenure_rounds=tenure_rounds,
         )
-        return self.create_run_with(params, config_uri)
+        return self.create_run_with(params, config_uri, allow_weak_quorum=allow_weak_quorum)
 
-    def create_run_with(self, params: RunParams, config_uri: str = "") -> int:
+    def create_run_with(self, params: RunParams, config_uri: str = "", *, allow_weak_quorum: bool = False) -> int:
         """Create a run with ``params``; return its id (see :meth:`create_run`)."""
         if not isinstance(params, RunParams):
             raise LedgerInputError(f"create_run_with needs RunParams, got {type(params).__name__}")
+        weak = [w for w in params.weaknesses() if not w.startswith("min_stake")]
+        if weak and not allow_weak_quorum:
+            raise LedgerWeakParams("refusing a run below the security model's floor: " + "; ".join(weak)
+                                   + " (pass allow_weak_quorum=True to accept this)")
+        for what in weak:
+            logger.warning("creating a weak run: %s", what)
         receipt = self._sender.transact(self._ledger, "createRun", (params.fields(), config_uri), "createRun")
         for log in receipt["logs"]:
             event = self._ledger_events.decode(log)
@@ -153,14 +173,30 @@ class RunCalls:
         return self._tx("ejectInactive", (run_id, account), f"ejectInactive(run {run_id}, {account})")
 
     def quorum_of(self, run_id: int) -> int:
-        """The signatures the run's next commit needs now: ``max(k, ceil(quorum_bps x active members))``."""
+        """The counted signatures the run's next commit needs now: ``max(k, ceil(quorum_bps x counted))``."""
         return self._sender.call(self._ledger, "quorumOf", (run_id,))
+
+    def counted_count(self, run_id: int) -> int:
+        """The active members whose signatures count toward the run's quorums now."""
+        return self._run_struct(run_id)["countedCount"]
+
+    def attest(self, record: RoundRecord, signature: bytes) -> str:
+        """Credit the signer of ``signature`` with committed ``record``'s round (a member a submitter left
+        out of the commit puts its own signature on chain); return the tx hash.
+
+        Raises:
+            LedgerRoundNotCommitted, LedgerNotCommittedRecord, LedgerNotMember, LedgerAttestBeforeJoin.
+        """
+        if not isinstance(record, RoundRecord):
+            raise LedgerInputError(f"attest needs a RoundRecord, got {type(record).__name__}")
+        args = (record.fields(), pack_signatures([signature]))
+        return self._tx("attest", args, f"attest(run {record.run_id}, round {record.round})")
 
     def member(self, run_id: int, address: str) -> Member | None:
         """The seat of ``address`` in ``run_id`` as the contract holds it now, or None (never joined/withdrew)."""
         address = to_checksum_address(address)
         (node_key, stake, active_round, open_accusations, status, join_round, left_round, join_block,
-         unbonding_end) = self._sender.call(self._ledger, "memberOf", (run_id, address))
+         unbonding_end, counted_block) = self._sender.call(self._ledger, "memberOf", (run_id, address))
         if status == 0:
             return None
         return Member(
@@ -175,6 +211,7 @@ class RunCalls:
             join_round=join_round,
             left_round=left_round,
             join_block=join_block,
+            counted_block=counted_block,
         )
 
     def member_count(self, run_id: int) -> int:

@@ -197,6 +197,8 @@ def _add_demo(sub) -> None:
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--attest-quorum", type=int, default=2, metavar="K",
                    help="member signatures every round's on-chain record needs (the run's k)")
+    p.add_argument("--weak-run", action="store_true",
+                   help="allow --attest-quorum 1 or --stake 0: one member then commits and slashes alone")
     p.add_argument("--stake", type=float, default=1.0, metavar="ETH",
                    help="stake each member puts into the run (slashed for equivocation)")
     p.add_argument("--inner-steps", type=int, default=20)

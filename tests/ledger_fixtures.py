@@ -133,8 +133,12 @@ class Deployment:
         """A new run (created by the first member) that dev accounts ``members`` registered for and joined.
 
         ``params``: further ``create_run`` keywords (quorum_bps, bond, accusation_blocks, dispute_blocks,
-        inactivity_rounds); ``unbonding_blocks=None`` is the contract's floor.
+        inactivity_rounds, tenure_rounds); ``unbonding_blocks=None`` is the contract's floor. The quorum is
+        k alone (quorum_bps 0) unless given, and weak runs are allowed: these runs test the mechanics; the
+        model's defaults are tested by tests/test_trust_model.py.
         """
+        params.setdefault("quorum_bps", 0)
+        params.setdefault("allow_weak_quorum", True)
         for index in members:
             if not self.client(index).is_registered():
                 self.register(index)

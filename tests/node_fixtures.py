@@ -57,6 +57,11 @@ def make_run(tmp_path):
     runs = []
 
     def make(**kw) -> LocalRun:
+        # These runs test the protocol's other mechanics as they were written: k alone (1 unless given), no
+        # fraction. The shipped defaults (k 2, half the counted members) run in the demo and the trust tests.
+        kw.setdefault("attest_quorum", 1)
+        kw.setdefault("attest_quorum_bps", 0)
+        kw.setdefault("allow_weak_quorum", kw["attest_quorum"] < 2 or kw["attest_quorum_bps"] < 5000)
         run = LocalRun(tmp_path / f"run{len(runs)}", **kw)
         runs.append(run)
         run.setup()

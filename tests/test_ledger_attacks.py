@@ -170,13 +170,17 @@ def test_disputes_need_the_bond_the_window_and_a_replayable_field(deployment):
     with pytest.raises(errors.LedgerDisputeOnlyMetrics):
         disputer.dispute(tokens_only, disputer.sign_record(tokens_only))
     disputer.dispute(mine_, disputer.sign_record(mine_))  # a checkpoint hash differs: decided by replay
-    assert disputer.member(run.run_id, disputer.address).stake == STAKE + BOND  # the bond joins the stake
+    # The bond is held by the dispute case, apart from the stake: forfeited unless a verdict overturns the round.
+    assert disputer.member(run.run_id, disputer.address).stake == STAKE
+    assert disputer.dispute_case(run.run_id, 0)[0] == "open"
     assert disputer.disputers_of(run.run_id, 0) == [disputer.address]
     assert [d.record for d in disputer.disputes(run.run_id, 0)] == [mine_]
     # A member in force at the round that left since may still dispute, within the window.
     run.client(2).leave_run(run.run_id)
     theirs = replace(committed, weights_root=digest("member 2's weights"))
-    run.client(1).dispute(theirs, run.client(2).sign_record(theirs))  # anyone carries it; the signer disputes
+    with pytest.raises(errors.LedgerDisputerNotSender):  # a member's signature is its dispute only by its own tx
+        run.client(1).dispute(theirs, run.client(2).sign_record(theirs))
+    run.client(2).dispute(theirs, run.client(2).sign_record(theirs))
     end = disputer.dispute_window_end(run.run_id, 0)
     assert end == disputer.commit_block_of(run.run_id, 0) + MIN_WINDOW_BLOCKS
     mine(w3, end - w3.eth.block_number)
@@ -185,12 +189,23 @@ def test_disputes_need_the_bond_the_window_and_a_replayable_field(deployment):
         run.client(1).dispute(late, run.client(1).sign_record(late))
     assert raised.value.values["closedAt"] == end
     assert disputer.dispute_count(run.run_id, 0) == 2
-    # The bond comes back with the stake.
+    # No verdict by the case's deadline: the disputes lapse, the record stands and both bonds are forfeited
+    # (a dispute costs its bond unless a verdict overturns the round); the stake comes back whole.
+    status, deadline, count = disputer.dispute_case(run.run_id, 0)
+    assert (status, count) == ("open", 2)
+    assert not disputer.is_final(run.run_id, 0)
+    with pytest.raises(errors.LedgerDisputeNotExpired):
+        disputer.expire_dispute(run.run_id, 0)
+    mine(w3, deadline - w3.eth.block_number)
+    forfeited = disputer.forfeited_total()
+    disputer.expire_dispute(run.run_id, 0)
+    assert disputer.dispute_case(run.run_id, 0)[0] == "lapsed" and disputer.is_final(run.run_id, 0)
+    assert disputer.forfeited_total() - forfeited == 2 * BOND
     disputer.leave_run(run.run_id)
     mine(w3, disputer.run_info(run.run_id).unbonding_blocks)
     before = w3.eth.get_balance(disputer.address)
     tx = disputer.withdraw_stake(run.run_id)
-    assert balance_change(w3, disputer.address, before, tx) == STAKE + BOND
+    assert balance_change(w3, disputer.address, before, tx) == STAKE
 
 
 # ---------------------------------------------------------------------- item 5: slashes dodged
@@ -256,7 +271,7 @@ def test_attack_k_fresh_stakes_are_not_a_quorum_of_a_large_run(deployment):
     checks = check_chain_record(client, history, check_code=False)
     assert checks.ok, checks.problems
     too_few = replace(history, commits=[replace(history.commits[0], attesters=history.commits[0].attesters[:5])])
-    assert "quorum is 6 (k 2, 6666 bps of 8 members)" in check_chain_record(
+    assert "quorum is 6 (k 2, 6666 bps of 8 counted members)" in check_chain_record(
         client, too_few, check_code=False
     ).attesters[0].reason
     # A verdict's quorum is fixed when the accusation opens, from the members other than the accused.

@@ -152,7 +152,9 @@ def test_disputes_carry_the_disputers_signed_record(deployment):
     with pytest.raises(errors.LedgerNotBonded):
         outsider.dispute(mine, outsider.sign_record(mine))
     signature = disputer.sign_record(mine)
-    run.client(1).dispute(mine, signature)  # anyone may carry it: the disputer is the signer
+    with pytest.raises(errors.LedgerDisputerNotSender):  # nobody files a member's gossiped signature for it
+        run.client(1).dispute(mine, signature)
+    disputer.dispute(mine, signature)
     with pytest.raises(errors.LedgerAlreadyDisputed):
         disputer.dispute(mine, signature)
     assert disputer.dispute_count(run.run_id, 0) == 1

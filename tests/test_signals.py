@@ -206,7 +206,7 @@ def test_start_owning_its_anvil_stops_it_on_sigterm(tmp_path):
     """A node with ledger.backend='anvil' stops its own chain on SIGTERM; the chain's state survives."""
     from node.commands.launcher import LocalRun
 
-    run = LocalRun(tmp_path / "run", replicas=1, stages=1, split=False,
+    run = LocalRun(tmp_path / "run", replicas=1, stages=1, split=False, attest_quorum=1, allow_weak_quorum=True,
                    settings=["model.preset=tiny", "diloco.inner_steps=4", "training.batch_size=4", "rounds=0",
                              "round_timeout=60", "checkpoint_every=1"])
     run.setup()

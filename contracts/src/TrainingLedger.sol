@@ -36,23 +36,27 @@ contract TrainingLedger {
         uint64 disputeBlocks; // blocks after a commit during which it can be disputed
         uint32 inactivityRounds; // committed rounds without a member's signature after which it can be ejected
         uint64 maxRounds; // rounds 0 .. maxRounds-1 may be committed; 0: open-ended
+        uint32 tenureRounds; // rounds a joiner is in force before its signature counts (founders count at once)
     }
 
     /// @notice A run's fixed parameters and its progress.
-    /// @dev The first slot holds everything a commit reads and updates; it is nonzero from creation on
+    /// @dev The first slot holds what a commit updates and the quorum rule reads; it is nonzero from creation on
     /// (quorum >= 1), so the run's first commit costs no more than later ones.
     struct Run {
         uint64 commitCount; // rounds committed; the next round to commit has this number
-        uint64 maxRounds;
+        uint64 checkpointEnd; // 1 + the latest round that published a checkpoint; 0: none yet
         uint16 quorum;
         uint16 quorumBps;
         uint32 memberCount; // members currently able to sign (Active)
-        uint64 checkpointEnd; // 1 + the latest round that published a checkpoint; 0: none yet
+        uint32 countedCount; // Active members whose signatures count toward the quorum (see Member.countedBlock)
+        uint32 tenureRounds;
         bytes32 headHash; // head of the run's hash chain; nonzero once the run exists
         address creator;
         uint32 numStages;
         uint32 innerSteps;
         uint32 inactivityRounds;
+        uint64 maxRounds;
+        uint64 invalidFrom; // 1 + the first round a dispute verdict overturned; 0: none. The run is then halted.
         uint64 unbondingBlocks;
         uint64 accusationBlocks;
         uint64 disputeBlocks;
@@ -101,6 +105,7 @@ contract TrainingLedger {
         uint64 leftRound; // commitCount when it left or was ejected (not Active): in force for earlier rounds
         uint64 joinBlock;
         uint64 unbondingEnd; // first block at which withdrawStake succeeds (set on leaving); left at end - unbonding
+        uint64 countedBlock; // block from which its signatures count toward quorums; 0: not (yet) counted
     }
 
     enum AccusationStatus {
@@ -109,6 +114,29 @@ contract TrainingLedger {
         Guilty,
         Cleared,
         Expired
+    }
+
+    enum DisputeStatus {
+        None, // never disputed
+        Open, // disputed; a verdict may come until the deadline
+        Upheld, // a quorum of the round's counted members upheld the committed record
+        Overturned, // a quorum of the round's counted members found it wrong: its attesters were slashed
+        Lapsed // no verdict by the deadline: the committed record stands
+    }
+
+    /// @notice The disputes of one committed round, settled together.
+    struct DisputeCase {
+        DisputeStatus status;
+        uint64 deadline; // first block at which no verdict is taken (expireDispute)
+        uint32 disputers; // disputes filed, each with the run's bond
+    }
+
+    /// @notice The outcome of a round's disputes (EIP-712 type `RoundVerdict`).
+    struct RoundVerdict {
+        uint256 runId;
+        uint64 round;
+        bytes32 recordHash; // the committed record's struct hash
+        bool upheld;
     }
 
     /// @notice An accusation's state.
@@ -129,6 +157,8 @@ contract TrainingLedger {
     );
     bytes32 private constant _VERDICT_TYPEHASH =
         keccak256("Verdict(uint256 runId,address accused,bytes32 evidenceHash,bool guilty)");
+    bytes32 private constant _ROUND_VERDICT_TYPEHASH =
+        keccak256("RoundVerdict(uint256 runId,uint64 round,bytes32 recordHash,bool upheld)");
     bytes32 private constant _HASHED_NAME = keccak256("dlx-node TrainingLedger");
     bytes32 private constant _HASHED_VERSION = keccak256("1");
     /// @dev secp256k1n / 2: a larger `s` is the malleable twin of a valid signature (as OpenZeppelin ECDSA).
@@ -153,10 +183,14 @@ contract TrainingLedger {
     uint256 private _forfeitedTotal;
     mapping(uint256 runId => Run) private _runs;
     mapping(uint256 runId => mapping(uint64 round => bytes32 structHash)) private _recordHashes;
-    mapping(uint256 runId => mapping(uint64 round => uint256 blockNumber)) private _commitBlocks;
+    /// @dev The commit's block number in the low 64 bits, the quorum it needed above them.
+    mapping(uint256 runId => mapping(uint64 round => uint256 blockAndQuorum)) private _commitBlocks;
     mapping(uint256 runId => mapping(uint64 round => bytes32 contentHash)) private _checkpoints;
     mapping(uint256 runId => mapping(address account => Member)) private _members;
     mapping(uint256 runId => mapping(uint64 round => address[])) private _disputers;
+    /// @dev keccak256(abi.encode(attesters)) of each commit: who a verdict that overturns it slashes.
+    mapping(uint256 runId => mapping(uint64 round => bytes32)) private _attestations;
+    mapping(uint256 runId => mapping(uint64 round => DisputeCase)) private _disputeCases;
     mapping(uint256 runId => mapping(uint64 round => mapping(address account => bool))) private _disputed;
     mapping(uint256 runId => mapping(address accused => mapping(bytes32 evidenceHash => Accusation)))
         private _accusations;
@@ -173,6 +207,20 @@ contract TrainingLedger {
     /// @notice `ejector` ejected `account` from run `runId` for attesting none of its last `missedRounds`
     /// committed rounds (MemberLeft follows).
     event MemberEjected(uint256 indexed runId, address indexed account, address ejector, uint64 missedRounds);
+    /// @notice `account`'s signatures count toward run `runId`'s quorums from this block on (a founder, or a
+    /// joiner credited with a round after its tenure).
+    event MemberCounted(uint256 indexed runId, address indexed account);
+    /// @notice `account` was credited with round `round` of run `runId` by its own signature over the
+    /// committed record (see attest).
+    event RoundAttested(uint256 indexed runId, uint64 indexed round, address indexed account);
+    /// @notice The disputes of round `round` of run `runId` were settled: `upheld` by `signers` (ascending).
+    event DisputeResolved(uint256 indexed runId, uint64 indexed round, bool upheld, address[] signers);
+    /// @notice The disputes of round `round` of run `runId` reached their deadline without a verdict: the
+    /// committed record stands.
+    event DisputeLapsed(uint256 indexed runId, uint64 indexed round);
+    /// @notice A verdict overturned round `round` of run `runId`: it and every later round are invalid and the
+    /// run commits nothing more.
+    event RunHalted(uint256 indexed runId, uint64 round);
     /// @notice `account` took back its `stake` wei from run `runId`.
     event StakeWithdrawn(uint256 indexed runId, address indexed account, uint256 stake);
     /// @notice `account` lost its `stake` wei and its seat in run `runId` (see EquivocationReported or
@@ -267,6 +315,15 @@ contract TrainingLedger {
     error LedgerAccusationNotOpen(uint256 runId, address accused, bytes32 evidenceHash);
     error LedgerAccusationExpired(uint256 runId, address accused, bytes32 evidenceHash, uint64 deadline);
     error LedgerAccusationNotExpired(uint256 runId, address accused, bytes32 evidenceHash, uint64 deadline);
+    error LedgerBadTenure(uint32 tenureRounds);
+    error LedgerDisputerNotSender(address signer, address sender);
+    error LedgerDisputeNotOpen(uint256 runId, uint64 round);
+    error LedgerDisputeExpired(uint256 runId, uint64 round, uint64 deadline);
+    error LedgerDisputeNotExpired(uint256 runId, uint64 round, uint64 deadline);
+    error LedgerNotAttesters(uint256 runId, uint64 round);
+    error LedgerRunHalted(uint256 runId, uint64 invalidRound);
+    error LedgerAccusationTooLate(uint256 runId, address accused, uint64 unbondingEnd);
+    error LedgerAttestBeforeJoin(uint256 runId, uint64 round, address account);
 
     /// @param registry_ The NodeRegistry whose nodes may join runs.
     constructor(NodeRegistry registry_) {
@@ -298,6 +355,7 @@ contract TrainingLedger {
         run.numStages = params.numStages;
         run.innerSteps = params.innerSteps;
         run.inactivityRounds = params.inactivityRounds;
+        run.tenureRounds = params.tenureRounds;
         run.unbondingBlocks = params.unbondingBlocks;
         run.accusationBlocks = params.accusationBlocks;
         run.disputeBlocks = params.disputeBlocks;
@@ -331,6 +389,9 @@ contract TrainingLedger {
         member.joinBlock = uint64(block.number);
         run.memberCount += 1;
         emit MemberJoined(runId, msg.sender, nodeKey, msg.value);
+        // Founders (joined before the first commit) count at once; a later joiner once a commit or its own
+        // attest credits it with a round at least tenureRounds after it joined (see _credit).
+        if (round == 0) _count(runId, run, member, msg.sender);
     }
 
     /// @notice Leave run `runId`: the caller stops counting as a signer now and its stake unbonds.
@@ -387,7 +448,8 @@ contract TrainingLedger {
     /// @param record The round's record; `round` must be the run's next round and `prevHead` its current head.
     /// @param signatures Concatenated 65-byte signatures (r, s, v) over the record's EIP-712 digest, by
     /// distinct current members in strictly ascending signer address order. Every signer is credited with the
-    /// round (see ejectInactive), so a submitter should include every signature it holds.
+    /// round (see ejectInactive); only counted signers (see Member.countedBlock) make up the quorum,
+    /// max(k, ceil(quorumBps x counted members)). A member left out credits itself with attest.
     /// @dev Any current member may submit. The checkpoint, if `checkpointHash` is nonzero, is published with
     /// the round (fetchable as dlx://blob/<hash>).
     function commitRound(Record calldata record, bytes calldata signatures) external {
@@ -400,14 +462,15 @@ contract TrainingLedger {
         bytes32 head = run.headHash;
         if (record.prevHead != head) revert LedgerStaleHead(head, record.prevHead);
         if (record.weightsRoot == bytes32(0) || record.contributionsRoot == bytes32(0)) revert LedgerZeroHash();
+        if (run.invalidFrom != 0) revert LedgerRunHalted(runId, run.invalidFrom - 1);
 
         bytes32 structHash = _hashRecord(record);
-        address[] memory attesters = _commitSigners(
-            runId, round, _hashTypedData(structHash), signatures, _quorum(run.quorum, run.quorumBps, run.memberCount)
-        );
+        (address[] memory attesters, uint32 quorum) =
+            _commitSigners(runId, run, round, _hashTypedData(structHash), signatures);
         head = keccak256(abi.encode(head, structHash));
         _recordHashes[runId][round] = structHash;
-        _commitBlocks[runId][round] = block.number;
+        _commitBlocks[runId][round] = block.number | (uint256(quorum) << 64);
+        _attestations[runId][round] = keccak256(abi.encode(attesters));
         run.headHash = head;
         run.commitCount = round + 1;
         if (record.checkpointHash != bytes32(0)) {
@@ -417,16 +480,38 @@ contract TrainingLedger {
         emit RoundCommitted(runId, round, msg.sender, record, attesters, head);
     }
 
-    /// @notice Record on chain that a member computed a different record for a committed round, depositing the
-    /// run's bond, which joins the disputer's stake: returned with it on withdrawal, slashed with it.
+    /// @notice Credit the signer of `signature` with committed round `committed.round`: a member whose signature
+    /// a submitter left out of the commit puts it on chain itself, so that silence (ejectInactive) is the only
+    /// way to be ejected, and a joiner past its tenure starts to count.
+    /// @param committed The record committed for the round (from RoundCommitted).
+    /// @param signature The member's 65-byte signature over `committed`.
+    /// @dev Anyone may submit (the signature is the member's own). The signer must be an active member that
+    /// joined at or before the round.
+    function attest(Record calldata committed, bytes calldata signature) external {
+        uint256 runId = committed.runId;
+        uint64 round = committed.round;
+        Run storage run = _existingRun(runId);
+        bytes32 structHash = _committedHash(committed);
+        address signer = _recover(_hashTypedData(structHash), signature, 0);
+        Member storage member = _members[runId][signer];
+        if (member.status != MemberStatus.Active) revert LedgerNotMember(runId, signer);
+        if (member.joinRound > round) revert LedgerAttestBeforeJoin(runId, round, signer);
+        _credit(runId, run, member, signer, round);
+        emit RoundAttested(runId, round, signer);
+    }
+
+    /// @notice Dispute a committed round with the caller's own signed record of it, depositing the run's bond.
+    /// The round's disputes are settled together: by a verdict of the members counted at the round
+    /// (resolveDispute) before the case's deadline, else they lapse (expireDispute) and the record stands.
     /// @param committed The record committed for the round (from RoundCommitted), to compare fields with.
-    /// @param disputed The record the disputer computed; its weights root, contributions root or checkpoint
-    /// hash must differ from the committed one (losses, tokens and contributor counts alone are refused).
-    /// @param signature The disputer's 65-byte signature over `disputed` (the disputer is its signer).
-    /// @dev Anyone may submit (and pays the bond). The disputer must have been a member in force at the round
-    /// (joined before it was committed and not left before that) and still hold its stake; the dispute must
-    /// come within `disputeBlocks` of the commit; once per member and round; never withdrawn. A member that
-    /// also attested the committed record has now signed two records: equivocation evidence against itself.
+    /// @param disputed The record the caller computed; its weights root, contributions root or checkpoint hash
+    /// must differ from the committed one (losses, tokens and contributor counts alone are refused).
+    /// @param signature The caller's own 65-byte signature over `disputed`.
+    /// @dev The caller must be the signer, a member in force at the round (joined before it was committed and
+    /// not left before that) still holding its stake, within `disputeBlocks` of the commit; once per member and
+    /// round. The bond is returned if a verdict overturns the round, forfeited if it is upheld or lapses. The
+    /// first dispute of a round opens its case with a deadline `accusationBlocks` later. A member that also
+    /// attested the committed record has now signed two records: equivocation evidence against itself.
     function dispute(Record calldata committed, Record calldata disputed, bytes calldata signature)
         external
         payable
@@ -439,6 +524,7 @@ contract TrainingLedger {
         if (block.number >= closedAt) revert LedgerDisputeWindowClosed(runId, round, closedAt);
         if (msg.value != run.bond) revert LedgerBondMismatch(run.bond, msg.value);
         address disputer = _recover(_hashTypedData(structHash), signature, 0);
+        if (disputer != msg.sender) revert LedgerDisputerNotSender(disputer, msg.sender);
         _requireBonded(runId, disputer);
         Member storage member = _members[runId][disputer];
         if (member.joinRound > round || (member.status != MemberStatus.Active && member.leftRound <= round)) {
@@ -446,10 +532,94 @@ contract TrainingLedger {
         }
         if (_disputed[runId][round][disputer]) revert LedgerAlreadyDisputed(runId, round, disputer);
 
+        DisputeCase storage case_ = _disputeCases[runId][round];
+        if (case_.status == DisputeStatus.None) {
+            case_.status = DisputeStatus.Open;
+            case_.deadline = uint64(block.number) + run.accusationBlocks;
+        } else if (case_.status != DisputeStatus.Open) {
+            revert LedgerDisputeNotOpen(runId, round);
+        }
+        case_.disputers += 1;
         _disputed[runId][round][disputer] = true;
         _disputers[runId][round].push(disputer);
-        member.stake += uint128(msg.value);
         emit RoundDisputed(runId, round, disputer, disputed, signature);
+    }
+
+    /// @notice Settle the disputes of a committed round with the signatures of the round's quorum over a
+    /// RoundVerdict. Upheld: the record stands and the disputers' bonds are forfeited. Overturned: every
+    /// attester of the round still holding a stake is slashed, the disputers' bonds are returned, and the
+    /// round and all later ones are invalid: the run is halted (it commits nothing more).
+    /// @param committed The record committed for the round.
+    /// @param upheld Whether the committed record stands.
+    /// @param signatures Concatenated 65-byte signatures over the RoundVerdict's EIP-712 digest, ascending by
+    /// signer, by distinct members counted before the round's commit block and not left before it; at least
+    /// the quorum the commit needed.
+    /// @param attesters The round's attesters as RoundCommitted gave them (checked against the commit).
+    /// @dev Anyone may submit, before the case's deadline.
+    function resolveDispute(
+        Record calldata committed,
+        bool upheld,
+        bytes calldata signatures,
+        address[] calldata attesters
+    ) external {
+        uint256 runId = committed.runId;
+        uint64 round = committed.round;
+        _existingRun(runId);
+        bytes32 digest = _hashTypedData(
+            keccak256(abi.encode(_ROUND_VERDICT_TYPEHASH, runId, round, _committedHash(committed), upheld))
+        );
+        DisputeCase storage case_ = _disputeCases[runId][round];
+        if (case_.status != DisputeStatus.Open) revert LedgerDisputeNotOpen(runId, round);
+        if (block.number >= case_.deadline) revert LedgerDisputeExpired(runId, round, case_.deadline);
+        if (keccak256(abi.encode(attesters)) != _attestations[runId][round]) revert LedgerNotAttesters(runId, round);
+        uint256 committedAt = _commitBlocks[runId][round];
+        // Counted at or before the commit's block, as its quorum was counted; at least as many as it needed.
+        address[] memory signers =
+            _roundVerdictSigners(runId, uint64(committedAt) + 1, digest, signatures, uint32(committedAt >> 64));
+        emit DisputeResolved(runId, round, upheld, signers);
+        _settleDispute(runId, round, upheld, attesters);
+    }
+
+    function _settleDispute(uint256 runId, uint64 round, bool upheld, address[] calldata attesters) private {
+        Run storage run = _runs[runId];
+        DisputeCase storage case_ = _disputeCases[runId][round];
+        address[] storage disputers = _disputers[runId][round];
+        uint256 bond = run.bond;
+        if (upheld) {
+            case_.status = DisputeStatus.Upheld;
+            for (uint256 i = 0; i < disputers.length; ++i) {
+                _forfeitBond(runId, disputers[i], bond);
+            }
+            return;
+        }
+        case_.status = DisputeStatus.Overturned;
+        run.invalidFrom = round + 1;
+        emit RunHalted(runId, round);
+        for (uint256 i = 0; i < attesters.length; ++i) {
+            MemberStatus status = _members[runId][attesters[i]].status;
+            if (status == MemberStatus.Active || status == MemberStatus.Unbonding) _slash(runId, attesters[i]);
+        }
+        for (uint256 i = 0; i < disputers.length; ++i) {
+            _returnBond(runId, disputers[i], bond);
+        }
+    }
+
+    /// @notice Close the disputes of a round whose case deadline passed without a verdict: they lapse, the
+    /// committed record stands and the disputers' bonds are forfeited. Anyone may call.
+    /// @param runId The run.
+    /// @param round The disputed round.
+    function expireDispute(uint256 runId, uint64 round) external {
+        Run storage run = _existingRun(runId);
+        DisputeCase storage case_ = _disputeCases[runId][round];
+        if (case_.status != DisputeStatus.Open) revert LedgerDisputeNotOpen(runId, round);
+        if (block.number < case_.deadline) revert LedgerDisputeNotExpired(runId, round, case_.deadline);
+        case_.status = DisputeStatus.Lapsed;
+        emit DisputeLapsed(runId, round);
+        address[] storage disputers = _disputers[runId][round];
+        uint256 bond = run.bond;
+        for (uint256 i = 0; i < disputers.length; ++i) {
+            _forfeitBond(runId, disputers[i], bond);
+        }
     }
 
     /// @notice Slash a member that signed two different records for the same round of a run.
@@ -490,18 +660,25 @@ contract TrainingLedger {
     /// @param evidenceHash Hash of the off-chain evidence; nonzero, once per (accused, evidence).
     /// @dev Only a current member may accuse, with `msg.value` equal to the run's bond: returned if the
     /// verdict is guilty, forfeited if it is not guilty or no verdict comes within `accusationBlocks`. The
-    /// verdict's quorum is fixed now: max(k, ceil(quorumBps x active members other than the accused)).
+    /// verdict's quorum is fixed now: max(k, ceil(quorumBps x counted members other than the accused)). An
+    /// unbonding member can be accused only before its unbonding ends.
     function accuse(uint256 runId, address accused, bytes32 evidenceHash) external payable {
         Run storage run = _existingRun(runId);
         if (_members[runId][msg.sender].status != MemberStatus.Active) revert LedgerNotMember(runId, msg.sender);
         if (evidenceHash == bytes32(0)) revert LedgerZeroHash();
         if (msg.value != run.bond) revert LedgerBondMismatch(run.bond, msg.value);
         _requireBonded(runId, accused);
+        Member storage member = _members[runId][accused];
+        // An unbonding member can be accused only until its unbonding ends: its stake is locked at most one
+        // accusation deadline past that, whatever an accuser pays in bonds.
+        if (member.status == MemberStatus.Unbonding && block.number >= member.unbondingEnd) {
+            revert LedgerAccusationTooLate(runId, accused, member.unbondingEnd);
+        }
         Accusation storage accusation = _accusations[runId][accused][evidenceHash];
         if (accusation.status != AccusationStatus.None) revert LedgerAccusationExists(runId, accused, evidenceHash);
 
-        Member storage member = _members[runId][accused];
-        uint32 counted = run.memberCount - (member.status == MemberStatus.Active ? 1 : 0);
+        uint32 counted =
+            run.countedCount - (member.status == MemberStatus.Active && member.countedBlock != 0 ? 1 : 0);
         uint32 quorum = _quorum(run.quorum, run.quorumBps, counted);
         uint64 deadline = uint64(block.number) + run.accusationBlocks;
         accusation.status = AccusationStatus.Open;
@@ -519,8 +696,8 @@ contract TrainingLedger {
     /// @param verdict The decision; guilty slashes the accused, removes it from the run and returns the
     /// accuser's bond; not guilty closes the accusation and forfeits the bond.
     /// @param signatures Concatenated 65-byte signatures over the verdict's EIP-712 digest, ascending by signer
-    /// address, by distinct members that joined before the accusation's block and had not left before it
-    /// (unbonding ones included); the accused's own signature is not counted.
+    /// address, by distinct members counted before the accusation's block and not left before it (unbonding
+    /// ones included); the accused's own signature is not counted.
     /// @dev Anyone may submit.
     function resolveAccusation(Verdict calldata verdict, bytes calldata signatures) external {
         uint256 runId = verdict.runId;
@@ -629,13 +806,14 @@ contract TrainingLedger {
         return _runs[runId];
     }
 
-    /// @notice The number of member signatures the next commit of run `runId` needs:
-    /// max(k, ceil(quorumBps x active members / 10000)).
+    /// @notice The number of counted member signatures the next commit of run `runId` needs:
+    /// max(k, ceil(quorumBps x counted members / 10000)) (a joiner credited past its tenure by the commit
+    /// itself raises both).
     /// @param runId The run.
     /// @return The quorum (0 for an unknown run).
     function quorumOf(uint256 runId) external view returns (uint32) {
         Run storage run = _runs[runId];
-        return _quorum(run.quorum, run.quorumBps, run.memberCount);
+        return _quorum(run.quorum, run.quorumBps, run.countedCount);
     }
 
     /// @notice The last committed round of run `runId`.
@@ -673,7 +851,41 @@ contract TrainingLedger {
     /// @param round The outer round.
     /// @return The block number, or zero if the round is not committed.
     function commitBlockOf(uint256 runId, uint64 round) external view returns (uint256) {
-        return _commitBlocks[runId][round];
+        return uint64(_commitBlocks[runId][round]);
+    }
+
+    /// @notice The counted signatures the commit of round `round` of run `runId` needed (a verdict on its
+    /// disputes needs as many).
+    /// @param runId The run.
+    /// @param round The outer round.
+    /// @return The quorum, or zero if the round is not committed.
+    function commitQuorumOf(uint256 runId, uint64 round) external view returns (uint32) {
+        return uint32(_commitBlocks[runId][round] >> 64);
+    }
+
+    /// @notice The state of the disputes of round `round` of run `runId`.
+    /// @param runId The run.
+    /// @param round The outer round.
+    /// @return The case (status None and zeros if never disputed).
+    function disputeCaseOf(uint256 runId, uint64 round) external view returns (DisputeCase memory) {
+        return _disputeCases[runId][round];
+    }
+
+    /// @notice Whether round `round` of run `runId` is final: committed, its dispute window closed, its
+    /// disputes (if any) upheld, lapsed or past their deadline, and neither it nor an earlier round overturned.
+    /// @dev An earlier round's open dispute is not looked at here: a reader of round t checks rounds <= t.
+    /// @param runId The run.
+    /// @param round The outer round.
+    /// @return Whether it is final now.
+    function isFinal(uint256 runId, uint64 round) external view returns (bool) {
+        Run storage run = _runs[runId];
+        uint64 commitBlock = uint64(_commitBlocks[runId][round]);
+        if (commitBlock == 0) return false;
+        if (run.invalidFrom != 0 && round + 1 >= run.invalidFrom) return false;
+        if (block.number < uint256(commitBlock) + run.disputeBlocks) return false;
+        DisputeCase storage case_ = _disputeCases[runId][round];
+        if (case_.status == DisputeStatus.Open) return block.number >= case_.deadline;
+        return case_.status != DisputeStatus.Overturned;
     }
 
     /// @notice The content hash of the checkpoint committed with round `round` of run `runId`.
@@ -743,6 +955,7 @@ contract TrainingLedger {
         }
         if (params.quorum == 0 || params.quorumBps > _BPS) revert LedgerBadQuorum(params.quorum, params.quorumBps);
         if (params.inactivityRounds == 0) revert LedgerBadInactivityRounds(params.inactivityRounds);
+        if (params.tenureRounds == 0) revert LedgerBadTenure(params.tenureRounds);
         uint64 accusationBlocks = params.accusationBlocks;
         uint64 disputeBlocks = params.disputeBlocks;
         if (
@@ -790,14 +1003,17 @@ contract TrainingLedger {
         member.unbondingEnd = unbondingEnd;
         member.leftRound = run.commitCount;
         run.memberCount -= 1;
+        if (member.countedBlock != 0) run.countedCount -= 1;
         emit MemberLeft(runId, account, unbondingEnd);
     }
 
     function _slash(uint256 runId, address account) private {
         Member storage member = _members[runId][account];
         if (member.status == MemberStatus.Active) {
-            _runs[runId].memberCount -= 1;
-            member.leftRound = _runs[runId].commitCount;
+            Run storage run = _runs[runId];
+            run.memberCount -= 1;
+            if (member.countedBlock != 0) run.countedCount -= 1;
+            member.leftRound = run.commitCount;
         }
         uint256 stake = member.stake;
         member.status = MemberStatus.Slashed;
@@ -845,35 +1061,66 @@ contract TrainingLedger {
         ) revert LedgerDisputeOnlyMetrics(runId, round);
     }
 
-    /// @dev The signers of `signatures` over `digest`, strictly ascending, each a current member of `runId`,
-    /// at least `quorum` of them. Each is credited with `round` (its activeRound moves past it).
-    function _commitSigners(
-        uint256 runId,
-        uint64 round,
-        bytes32 digest,
-        bytes calldata signatures,
-        uint32 quorum
-    ) private returns (address[] memory signers) {
+    /// @dev The signers of `signatures` over `digest`, strictly ascending, each a current member of `runId`;
+    /// each is credited with `round`. At least the quorum of them must be counted members, the quorum being
+    /// max(k, ceil(quorumBps x counted members)) once this commit's credits are in (a joiner whose tenure
+    /// ends with this round counts in both).
+    function _commitSigners(uint256 runId, Run storage run, uint64 round, bytes32 digest, bytes calldata signatures)
+        private
+        returns (address[] memory signers, uint32 quorum)
+    {
+        signers = _recoverAscending(digest, signatures);
+        uint256 counted = 0;
+        for (uint256 i = 0; i < signers.length; ++i) {
+            Member storage member = _members[runId][signers[i]];
+            if (member.status != MemberStatus.Active) revert LedgerSignerNotMember(runId, signers[i]);
+            if (_credit(runId, run, member, signers[i], round)) ++counted;
+        }
+        quorum = _quorum(run.quorum, run.quorumBps, run.countedCount);
+        if (counted < quorum) revert LedgerQuorumNotMet(quorum, counted);
+    }
+
+    /// @dev The signers of the concatenated 65-byte `signatures` over `digest`, which must be strictly
+    /// ascending (so distinct).
+    function _recoverAscending(bytes32 digest, bytes calldata signatures) private pure returns (address[] memory) {
         uint256 count = _signatureCount(signatures);
-        signers = new address[](count);
+        address[] memory signers = new address[](count);
         address previous = address(0);
-        mapping(address account => Member) storage members = _members[runId];
         for (uint256 i = 0; i < count; ++i) {
             address signer = _recover(digest, signatures[i * _SIGNATURE_LENGTH:(i + 1) * _SIGNATURE_LENGTH], i);
             if (signer <= previous) revert LedgerSignersNotAscending(previous, signer);
             previous = signer;
-            Member storage member = members[signer];
-            if (member.status != MemberStatus.Active) revert LedgerSignerNotMember(runId, signer);
-            member.activeRound = round + 1;
             signers[i] = signer;
         }
-        if (count < quorum) revert LedgerQuorumNotMet(quorum, count);
+        return signers;
     }
 
-    /// @dev The signers of `signatures` over `digest`, strictly ascending; each but `accused` a member that
-    /// joined before the accusation's block and, if it left since, left at or after that block (slashed and
-    /// withdrawn accounts are not members); at least the accusation's quorum of them. Returns the counted
-    /// signers (`accused` left out).
+    /// @dev Credit the active `member` with `round`: it is not silent up to it (ejectInactive), and a joiner
+    /// whose tenure is over starts to count. Returns whether it counts now.
+    function _credit(uint256 runId, Run storage run, Member storage member, address account, uint64 round)
+        private
+        returns (bool)
+    {
+        if (member.activeRound <= round) member.activeRound = round + 1;
+        if (member.countedBlock != 0) return true;
+        // joinRound + tenureRounds < 2^64 + 2^32: no overflow in uint256.
+        if (uint256(round) >= uint256(member.joinRound) + run.tenureRounds) {
+            _count(runId, run, member, account);
+            return true;
+        }
+        return false;
+    }
+
+    function _count(uint256 runId, Run storage run, Member storage member, address account) private {
+        member.countedBlock = uint64(block.number);
+        run.countedCount += 1;
+        emit MemberCounted(runId, account);
+    }
+
+    /// @dev The signers of `signatures` over `digest`, strictly ascending; each but `accused` a member counted
+    /// before the accusation's block and, if it left since, left at or after that block (slashed and withdrawn
+    /// accounts are not members); at least the accusation's quorum of them. Returns the counted signers
+    /// (`accused` left out).
     function _verdictSigners(
         uint256 runId,
         Accusation storage accusation,
@@ -890,7 +1137,7 @@ contract TrainingLedger {
             if (signer <= previous) revert LedgerSignersNotAscending(previous, signer);
             previous = signer;
             if (signer == accused) continue; // present but not counted, whatever its seat
-            _requireInForceAt(runId, signer, accusation.openedBlock);
+            _requireCountedAt(runId, signer, accusation.openedBlock);
             signers[counted++] = signer;
         }
         if (counted < accusation.quorum) revert LedgerQuorumNotMet(accusation.quorum, counted);
@@ -899,21 +1146,46 @@ contract TrainingLedger {
         }
     }
 
-    /// @dev `signer` holds a stake in `runId` (active or unbonding), joined before `openedBlock` and, if it
-    /// left, left at or after it (it left at unbondingEnd - unbondingBlocks).
-    function _requireInForceAt(uint256 runId, address signer, uint64 openedBlock) private view {
+    /// @dev The struct hash of `committed`, which must be the record committed for its round.
+    function _committedHash(Record calldata committed) private view returns (bytes32 structHash) {
+        bytes32 stored = _recordHashes[committed.runId][committed.round];
+        if (stored == bytes32(0)) revert LedgerRoundNotCommitted(committed.runId, committed.round);
+        structHash = _hashRecord(committed);
+        if (structHash != stored) revert LedgerNotCommittedRecord(committed.runId, committed.round);
+    }
+
+    /// @dev The signers of `signatures` over `digest`, strictly ascending, each counted before `beforeBlock`
+    /// and not left before it; at least `quorum` of them.
+    function _roundVerdictSigners(
+        uint256 runId,
+        uint64 beforeBlock,
+        bytes32 digest,
+        bytes calldata signatures,
+        uint32 quorum
+    ) private view returns (address[] memory signers) {
+        signers = _recoverAscending(digest, signatures);
+        for (uint256 i = 0; i < signers.length; ++i) {
+            _requireCountedAt(runId, signers[i], beforeBlock);
+        }
+        if (signers.length < quorum) revert LedgerQuorumNotMet(quorum, signers.length);
+    }
+
+    /// @dev `signer` holds a stake in `runId` (active or unbonding), counted toward quorums before `blockNumber`
+    /// and, if it left, left at or after it (it left at unbondingEnd - unbondingBlocks).
+    function _requireCountedAt(uint256 runId, address signer, uint64 blockNumber) private view {
         Member storage member = _members[runId][signer];
         MemberStatus status = member.status;
         if (status != MemberStatus.Active && status != MemberStatus.Unbonding) {
             revert LedgerSignerNotMember(runId, signer);
         }
+        uint64 counted = member.countedBlock;
         if (
-            member.joinBlock >= openedBlock
+            counted == 0 || counted >= blockNumber
                 || (
                     status == MemberStatus.Unbonding
-                        && member.unbondingEnd - _runs[runId].unbondingBlocks < openedBlock
+                        && member.unbondingEnd - _runs[runId].unbondingBlocks < blockNumber
                 )
-        ) revert LedgerSignerNotInForce(runId, signer, openedBlock);
+        ) revert LedgerSignerNotInForce(runId, signer, blockNumber);
     }
 
     function _signatureCount(bytes calldata signatures) private pure returns (uint256) {

@@ -114,6 +114,11 @@ def run_demo(args: argparse.Namespace) -> int:
     nodes = args.replicas * args.stages
     if not 1 <= args.attest_quorum <= nodes:
         raise ConfigError(f"--attest-quorum={args.attest_quorum}: must be in [1, {nodes}] (the number of nodes)")
+    weak = args.attest_quorum < 2 or args.stake == 0
+    if weak and not args.weak_run:
+        raise ConfigError(f"--attest-quorum={args.attest_quorum} --stake={args.stake:g}: below the security "
+                          "model's floor (k >= 2 counted signatures, a nonzero stake); pass --weak-run to accept "
+                          "that one member commits and slashes alone (docs/TRUST.md)")
     if args.stake < 0:
         raise ConfigError(f"--stake={args.stake}: must be >= 0")
     # The run's unbonding is LocalRun's default: the contract's floor (accusation deadline + dispute window),
@@ -122,7 +127,7 @@ def run_demo(args: argparse.Namespace) -> int:
     # into a larger run are never a quorum (docs/LEDGER.md).
     run = LocalRun(out, replicas=args.replicas, stages=args.stages, split=args.stages > 1, settings=settings,
                    attest_quorum=args.attest_quorum, attest_quorum_bps=DEMO_QUORUM_BPS,
-                   stake_wei=int(args.stake * 10**18))
+                   stake_wei=int(args.stake * 10**18), allow_weak_quorum=weak)
     print(f"dlx-node demo: {args.replicas} replicas x {args.stages} stages, model '{args.preset}', "
           f"{args.rounds} outer rounds of H={args.inner_steps}, data: {data or 'generated corpus'}")
     view = LiveView()

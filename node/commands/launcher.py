@@ -22,7 +22,7 @@ from pathlib import Path
 from ledger.account import DEV_ACCOUNT_COUNT, dev_account, fund_accounts
 from ledger.chain import AnvilProcess, connect_rpc, terminate_with_parent
 from ledger.client import LedgerClient
-from ledger.records import DEFAULT_ACCUSATION_BLOCKS, DEFAULT_DISPUTE_BLOCKS
+from ledger.records import DEFAULT_ACCUSATION_BLOCKS, DEFAULT_DISPUTE_BLOCKS, SAFE_MIN_QUORUM, SAFE_MIN_QUORUM_BPS
 from node.commands.link import run_link
 from node.config import dump_toml, load_config
 from node.errors import NodeError
@@ -111,10 +111,12 @@ class LocalRun:
     split: bool = True
     settings: list[str] = field(default_factory=list)  # extra KEY=VALUE overrides for every node
     metrics: bool = False  # give every node a Prometheus endpoint on a free port
-    attest_quorum: int = 1  # member signatures each round's record needs on chain (the run's k)
-    # The quorum is also at least this fraction (basis points) of the members. 0 keeps k alone, because the
-    # committer gathers k signatures (the run's k, not LedgerClient.quorum_of): raise it once it gathers more.
-    attest_quorum_bps: int = 0
+    # The security model's floor (docs/TRUST.md), as create-run and the demo: k = 2 counted signatures and at
+    # least half of the counted members. Weaker runs (a one-node run, tests of other mechanics) need
+    # allow_weak_quorum=True, which logs what they give up.
+    attest_quorum: int = SAFE_MIN_QUORUM  # counted member signatures each round's record needs (the run's k)
+    attest_quorum_bps: int = SAFE_MIN_QUORUM_BPS  # ... and at least this fraction of the counted members
+    allow_weak_quorum: bool = False
     stake_wei: int = 0  # what each member stakes to join the run
     bond_wei: int | None = None  # what an accuser or disputer deposits; None: a tenth of the stake
     # Blocks: an accusation's deadline, a commit's dispute window and the unbonding period (None: their sum,
@@ -151,7 +153,8 @@ class LocalRun:
                                         quorum=self.attest_quorum, quorum_bps=self.attest_quorum_bps,
                                         bond=self.bond_wei, unbonding_blocks=self.unbonding_blocks,
                                         accusation_blocks=self.accusation_blocks,
-                                        dispute_blocks=self.dispute_blocks, max_rounds=cfg.rounds)
+                                        dispute_blocks=self.dispute_blocks, max_rounds=cfg.rounds,
+                                        allow_weak_quorum=self.allow_weak_quorum)
         (self.workdir / "run.json").write_bytes(canonical_json(document))
         (self.workdir / "deployment.json").write_text(json.dumps({
             "rpc_url": self.url, "registry": self.registry, "ledger": self.ledger, "run_id": self.run_id,

@@ -43,8 +43,10 @@ logger = logging.getLogger(__name__)
 RUN_KEYS: dict[str, tuple[type, float, str]] = {
     "stake_eth": (float, 0, "ETH each member stakes to join"),
     "bond_eth": (float, 0, "ETH an accuser or disputer deposits (default: a tenth of the stake)"),
-    "quorum": (int, 1, "k: the fewest member signatures a round's record needs"),
-    "quorum_bps": (int, 0, "the quorum is also at least this fraction (basis points) of the members"),
+    "quorum": (int, 1, "k: the fewest counted member signatures a round's record needs (safe: >= 2)"),
+    "quorum_bps": (int, 0, "the quorum is also at least this fraction (basis points) of the counted members "
+                           "(safe: >= 5000)"),
+    "tenure_rounds": (int, 1, "rounds a member that joined after the first commit waits before it counts"),
     "unbonding_blocks": (int, 0, "blocks between leaving and withdrawing (0: accusation + dispute blocks)"),
     "accusation_blocks": (int, 8, "blocks an accusation stays open"),
     "dispute_blocks": (int, 8, "blocks after a commit during which it may be disputed"),
@@ -75,6 +77,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--announce", default="127.0.0.1",
                    help="public IP address or DNS name joiners reach the organizer's node at (in the run link)")
     p.add_argument("--listen-port", type=int, default=4001, help="the organizer's node's p2p port")
+    p.add_argument("--weak-run", action="store_true",
+                   help="accept a [run] table below the security model's floor (k < 2, quorum_bps < 5000 or a "
+                        "stake of 0): one member or a minority then commits and slashes alone (docs/TRUST.md)")
     add_account_args(p, keystore_default="")
     add_fee_args(p)
 
@@ -193,14 +198,22 @@ def read_run_file(path: str) -> RunFile:
 
 
 def _check_run_table(chain: dict, path: str) -> dict:
-    from ledger.records import DEFAULT_ACCUSATION_BLOCKS, DEFAULT_DISPUTE_BLOCKS, DEFAULT_INACTIVITY_ROUNDS
+    from ledger.records import (
+        DEFAULT_ACCUSATION_BLOCKS,
+        DEFAULT_DISPUTE_BLOCKS,
+        DEFAULT_INACTIVITY_ROUNDS,
+        DEFAULT_TENURE_ROUNDS,
+        SAFE_MIN_QUORUM,
+        SAFE_MIN_QUORUM_BPS,
+    )
 
     unknown = sorted(set(chain) - set(RUN_KEYS))
     if unknown:
         raise ConfigError(f"run file {path}: unknown [run] key(s) {unknown}; known: {', '.join(RUN_KEYS)}")
-    out = {"stake_eth": 0.0, "bond_eth": None, "quorum": 1, "quorum_bps": 0, "unbonding_blocks": 0,
-           "accusation_blocks": DEFAULT_ACCUSATION_BLOCKS, "dispute_blocks": DEFAULT_DISPUTE_BLOCKS,
-           "inactivity_rounds": DEFAULT_INACTIVITY_ROUNDS}
+    out = {"stake_eth": 0.0, "bond_eth": None, "quorum": SAFE_MIN_QUORUM, "quorum_bps": SAFE_MIN_QUORUM_BPS,
+           "unbonding_blocks": 0, "accusation_blocks": DEFAULT_ACCUSATION_BLOCKS,
+           "dispute_blocks": DEFAULT_DISPUTE_BLOCKS, "inactivity_rounds": DEFAULT_INACTIVITY_ROUNDS,
+           "tenure_rounds": DEFAULT_TENURE_ROUNDS}
     for key, value in chain.items():
         kind, minimum, what = RUN_KEYS[key]
         good = isinstance(value, (int, float)) if kind is float else isinstance(value, int)
@@ -225,7 +238,8 @@ def run_params(run: RunFile):
                      bond=None if chain["bond_eth"] is None else round(chain["bond_eth"] * 10**18),
                      unbonding_blocks=chain["unbonding_blocks"] or None,
                      accusation_blocks=chain["accusation_blocks"], dispute_blocks=chain["dispute_blocks"],
-                     inactivity_rounds=chain["inactivity_rounds"], max_rounds=run.cfg.rounds)
+                     inactivity_rounds=chain["inactivity_rounds"], max_rounds=run.cfg.rounds,
+                     tenure_rounds=chain["tenure_rounds"])
 
 
 # ---------------------------------------------------------------------- create-run
@@ -253,6 +267,12 @@ def run_create_run(args: argparse.Namespace) -> int:
 
     run = read_run_file(args.run_file)
     params = run_params(run)
+    weak = params.weaknesses()
+    if weak and not getattr(args, "weak_run", False):
+        raise ConfigError(f"run file {args.run_file}: [run] is below the security model's floor: " + "; ".join(weak)
+                          + ". Raise it, or pass --weak-run to accept what this gives up (docs/TRUST.md)")
+    for what in weak:
+        print(f"warning: weak run (--weak-run): {what}")
     if not 1 <= args.listen_port <= 65535:
         raise ConfigError(f"--listen-port={args.listen_port}: must be in 1..65535 (the run link names it)")
     deployment = read_deployment(args.deployment)
@@ -279,7 +299,7 @@ def run_create_run(args: argparse.Namespace) -> int:
         run_id = existing[-1].run_id
         print(f"run {run_id} with this configHash was created by {client.address} before: finishing it")
     else:
-        run_id = client.create_run_with(params, f"dlx://blob/{params.config_hash.hex()}")
+        run_id = client.create_run_with(params, f"dlx://blob/{params.config_hash.hex()}", allow_weak_quorum=bool(weak))
         print(f"created run {run_id} on chain {chain_id} (configHash {params.config_hash.hex()[:16]})")
     table = merge_tables(run.table, {
         "data_dir": str(data_dir), "cluster": f"organizer-{identity.peer_id[-8:]}", "cluster_size": 1,

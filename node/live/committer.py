@@ -395,9 +395,12 @@ class Committer:
             record, signatures = signed[digest]
             # Only current members count: a signer slashed since it signed (a spot check found it
             # cheating) would make the chain refuse the whole commit.
-            current = [sig for signer, sig in signatures.items() if node.chain.is_member(node.run_id, signer)]
-            if len(current) >= quorum:
-                return record, current
+            current = {signer: sig for signer, sig in signatures.items() if node.chain.is_member(node.run_id, signer)}
+            # Every member's signature is submitted (each is credited), but only counted members make the
+            # quorum: a joiner within its tenure signs without counting (docs/TRUST.md).
+            counted = sum(1 for signer in current if node.chain.is_counted(node.run_id, signer))
+            if counted >= quorum:
+                return record, list(current.values())
         return None
 
     def _commit_with_quorum(self, outer_round: int, mine: RoundRecord, signature: bytes | None) -> bool:
@@ -478,6 +481,7 @@ class Committer:
             node.forks.diverged(outer_round, onchain, mine, signature)
             return
         node.forks.agreed(outer_round)
+        self._credit_self(outer_round, onchain, mine, signature)
         wrong_checkpoint = self._wrong_checkpoint(outer_round, onchain, mine)
         if wrong_checkpoint:
             if signature is None:
@@ -485,6 +489,22 @@ class Committer:
             else:
                 logger.error("round %d: %s; filing a dispute", outer_round, wrong_checkpoint)
                 node.chain.dispute(mine, signature)
+
+    def _credit_self(self, outer_round: int, onchain: RoundRecord, mine: RoundRecord, signature: bytes | None) -> None:
+        """If the commit left out this node's signature over the very record committed, put it on chain itself
+        (``attest``): a submitter cannot make an active member look silent and ejectable (docs/TRUST.md, G2)."""
+        node = self.node
+        if signature is None or onchain != mine:
+            return
+        attesters = node.chain.attesters_of(node.run_id, outer_round) or ()
+        me = node.chain.client.address.lower()
+        if any(a.lower() == me for a in attesters):
+            return
+        try:
+            node.chain.attest(mine, signature)
+            logger.info("round %d: the commit left out this node's signature; attested it on chain", outer_round)
+        except DLX_ERRORS as exc:
+            logger.warning("round %d: could not attest our signature on chain: %s", outer_round, exc)
 
     def _wrong_checkpoint(self, outer_round: int, onchain: RoundRecord, mine: RoundRecord) -> str | None:
         """Why the committed record's checkpoint is not the run's (None: it is, or it has none).

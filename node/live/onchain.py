@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 #: An account without a seat makes the node re-read the run's membership events at most this often.
 SEATS_REFRESH_S = 2.0
 SEATS_READS_PER_S = 4.0
+#: How long whether a member counts toward the quorum is cached (it changes at most once per tenure).
+COUNTED_TTL_S = 5.0
 #: How long a membership refresh waits for the chain connection another thread holds.
 SEATS_LOCK_WAIT_S = 1.0
 
@@ -49,6 +51,7 @@ class NodeChain:
         self._seats_read = 0.0
         self._unknown_checked: dict[str, float] = {}
         self._run_info: dict[int, RunInfo] = {}
+        self._counted: dict[str, tuple[bool, float]] = {}  # account -> (counted, when read)
         self._lock = threading.Lock()  # web3 HTTP sessions and nonces are not shared across threads safely
 
     @classmethod
@@ -273,6 +276,32 @@ class NodeChain:
     def commit_of(self, run_id: int, round_index: int) -> RoundRecord | None:
         with self._lock:
             return self.client.commit_of(run_id, round_index)
+
+    def attesters_of(self, run_id: int, round_index: int) -> tuple[str, ...] | None:
+        """The attesters the round's commit credited (RoundCommitted), or None if it is not committed."""
+        with self._lock:
+            committed = self.client.commit_record(run_id, round_index)
+        return None if committed is None else committed.attesters
+
+    def attest(self, record: RoundRecord, signature: bytes) -> str:
+        """Put this member's own signature over committed ``record`` on chain (it was left out of the commit)."""
+        with self._lock:
+            return self.client.attest(record, signature)
+
+    def is_counted(self, run_id: int, address: str) -> bool:
+        """Whether ``address``'s signature counts toward the run's quorum now (cached COUNTED_TTL_S)."""
+        key = address.lower()
+        now = time.monotonic()
+        cached = self._counted.get(key)
+        if cached is not None and now - cached[1] < COUNTED_TTL_S:
+            return cached[0]
+        with self._lock:
+            seat = self.client.member(run_id, address)
+        counted = seat is not None and seat.counted
+        if len(self._counted) > 4096:
+            self._counted.clear()
+        self._counted[key] = (counted, now)
+        return counted
 
     def final_commit_of(self, run_id: int, round_index: int) -> RoundRecord | None:
         """The round's committed record once its block is ``confirmations`` deep on the canonical chain; None
