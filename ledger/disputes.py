@@ -113,6 +113,11 @@ class DisputeCalls:
         """This account's signature over ``verdict``."""
         return sign_round_verdict(self.account, verdict, self.chain_id, self.ledger_address)
 
+    def sign_round_verdict_for(self, committed: RoundRecord, upheld: bool) -> bytes:
+        """This account's signature over the RoundVerdict that ``upheld`` (or overturns) ``committed``."""
+        verdict = RoundVerdict(committed.run_id, committed.round, record_struct_hash(committed), bool(upheld))
+        return self.sign_round_verdict(verdict)
+
     def resolve_dispute(
         self, committed: RoundRecord, upheld: bool, signatures: Iterable[bytes], attesters: Iterable[str]
     ) -> str:

@@ -1,0 +1,335 @@
+"""The security model of docs/TRUST.md as a stateful fuzzer of the real TrainingLedger on py-evm.
+
+Honest founders, a coalition below the quorum fraction and outsiders take any valid action in any order
+(commit with any subset of signatures, attest, eject, accuse, verdicts, dispute, settle, join, leave,
+withdraw, advance blocks); every invariant of the model is checked after every step:
+
+* I1 (safety): every committed record is the honest record of its round, so a run never changes hands.
+* I2 (no harm): no honest member is ever slashed, ejected, or has a round it disputed overturned against it.
+* I3 (credit): an honest active member is never ejectable (its own attest credits every round it signed).
+* I4 (stake back): an honest member that left withdraws its whole stake by unbondingEnd + accusationBlocks.
+* I5 (finality): a final round has its dispute window closed and no dispute case open before its deadline;
+  no round is ever overturned (honest records are right).
+* I6 (solvency): the contract holds at least every bonded stake plus every open dispute bond.
+
+The model's assumption, kept by the rules' preconditions: the coalition's active members are fewer than
+half of the counted members (``quorum_bps`` 5000), and honest members are live (they attest every commit
+that left them out before anyone can call them silent).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from ledger import errors
+from ledger.attest import record_struct_hash
+from ledger.chain import connect_pyevm
+from ledger.records import RoundRecord, Verdict
+from tests.ledger_fixtures import deploy, mine, node_key, raw_public_key
+
+STAKE = 10**15
+BOND = 10**14
+HONEST = (1, 2, 3, 4)  # founders
+COALITION = (5, 6)  # founders
+HONEST_JOINER = 7
+COALITION_JOINER = 8
+WINDOW = 8  # accusation and dispute windows, in blocks
+INACTIVITY = 2
+TENURE = 2
+#: Every revert a hostile or mistimed action may meet: the contract refusing it is the point.
+REFUSED = errors.ContractRevert
+
+
+def _digest(label: str) -> bytes:
+    return hashlib.sha256(label.encode()).digest()
+
+
+class TrustMachine(RuleBasedStateMachine):
+    """See module docstring."""
+
+    @initialize()
+    def deploy_run(self) -> None:
+        self.deployment = deploy(connect_pyevm())
+        self.w3 = self.deployment.w3
+        for index in (*HONEST, *COALITION, HONEST_JOINER, COALITION_JOINER):
+            client = self.deployment.client(index)
+            key = node_key(index + 1)
+            client.register(raw_public_key(key), key.sign(client.my_binding_message()))
+        self.run_id = self.client(HONEST[0]).create_run(
+            _digest("trust"), 1, 10, min_stake=STAKE, bond=BOND, quorum=2, quorum_bps=5000,
+            accusation_blocks=WINDOW, dispute_blocks=WINDOW, inactivity_rounds=INACTIVITY, tenure_rounds=TENURE,
+        )
+        for index in (*HONEST, *COALITION):
+            self.client(index).join_run(self.run_id)
+        self.left_at: dict[int, int] = {}  # honest index -> block its unbonding ends
+        self.ejected_honest: list[int] = []
+        self.honest_hashes: dict[int, bytes] = {}  # round -> struct hash of the honest record of that round
+        self.steps = 0
+
+    # ------------------------------------------------------------------ helpers
+    def client(self, index: int):
+        return self.deployment.client(index)
+
+    def status(self, index: int) -> str:
+        seat = self.client(index).member(self.run_id, self.client(index).address)
+        return "none" if seat is None else seat.status
+
+    def active(self, group) -> list[int]:
+        return [i for i in group if self.status(i) == "active"]
+
+    def honest_group(self) -> tuple[int, ...]:
+        return (*HONEST, HONEST_JOINER)
+
+    def coalition_group(self) -> tuple[int, ...]:
+        return (*COALITION, COALITION_JOINER)
+
+    def honest_record(self) -> RoundRecord:
+        reader = self.client(HONEST[0])
+        round_ = reader.commit_count(self.run_id)
+        record = RoundRecord(self.run_id, round_, reader.head_of(self.run_id), _digest(f"honest weights {round_}"),
+                             _digest(f"honest contributions {round_}"), 3_000_000, 3_100_000, 4096, 4, bytes(32))
+        self.honest_hashes[round_] = record_struct_hash(record)
+        return record
+
+    def assumption_holds(self, honest: int, coalition: int) -> bool:
+        """The coalition (counted or not) stays below half of the members that may count."""
+        return coalition < honest
+
+    def attest_left_out(self, record: RoundRecord, attesters) -> None:
+        """Live honest members put their own signature on chain when a commit left it out (node/live/committer)."""
+        named = {a.lower() for a in attesters}
+        for index in self.active(self.honest_group()):
+            client = self.client(index)
+            if client.address.lower() in named:
+                continue
+            seat = client.member(self.run_id, client.address)
+            if seat.join_round > record.round:
+                continue
+            client.attest(record, client.sign_record(record))
+
+    def attesters_of(self, round_: int):
+        return self.client(HONEST[0]).commit_record(self.run_id, round_).attesters
+
+    def commit(self, submitter: int, record: RoundRecord, signers) -> bool:
+        signatures = [self.client(i).sign_record(record) for i in signers]
+        try:
+            self.client(submitter).commit_round(record, signatures)
+        except REFUSED:
+            return False
+        self.attest_left_out(record, self.attesters_of(record.round))
+        return True
+
+    # ------------------------------------------------------------------ honest behaviour
+    @rule(data=st.data())
+    def honest_commit(self, data) -> None:
+        """An honest member commits the round's honest record with every honest signature it holds."""
+        honest = self.active(self.honest_group())
+        if not honest:
+            return
+        submitter = data.draw(st.sampled_from(honest))
+        extra = data.draw(st.lists(st.sampled_from(self.active(self.coalition_group()) or [0]), unique=True))
+        signers = honest + [i for i in extra if i]
+        self.commit(submitter, self.honest_record(), signers)
+
+    @rule(data=st.data())
+    def honest_leaves(self, data) -> None:
+        honest = self.active(self.honest_group())
+        coalition = self.active(self.coalition_group())
+        if len(honest) < 2 or not self.assumption_holds(len(honest) - 1, len(coalition)):
+            return  # the model's assumption: leaving must keep the coalition below half
+        index = data.draw(st.sampled_from(honest))
+        client = self.client(index)
+        client.leave_run(self.run_id)
+        self.left_at[index] = client.member(self.run_id, client.address).unbonding_end
+
+    @rule()
+    def honest_joiner_joins(self) -> None:
+        if self.status(HONEST_JOINER) == "none":
+            self.client(HONEST_JOINER).join_run(self.run_id)
+
+    @rule()
+    def honest_withdraw_when_due(self) -> None:
+        """I4: at unbondingEnd + accusationBlocks an honest leaver's stake comes back, whatever was filed."""
+        for index, end in list(self.left_at.items()):
+            if self.w3.eth.block_number < end + WINDOW:
+                continue
+            client = self.client(index)
+            for accusation in client.history(self.run_id).accusations:
+                if accusation.accused == client.address and accusation.open:
+                    client.expire_accusation(self.run_id, client.address, accusation.evidence_hash)
+            before = client.balance()
+            client.withdraw_stake(self.run_id)
+            assert client.balance() > before + STAKE - 10**13, "I4: the stake did not come back whole"
+            del self.left_at[index]
+
+    @rule(data=st.data())
+    def honest_settle_dispute(self, data) -> None:
+        """The honest counted members uphold a disputed honest round (or let it lapse past its deadline)."""
+        reader = self.client(HONEST[0])
+        count = reader.commit_count(self.run_id)
+        if count == 0:
+            return
+        round_ = data.draw(st.integers(0, count - 1))
+        status, deadline, _ = reader.dispute_case(self.run_id, round_)
+        if status != "open":
+            return
+        record = reader.commit_of(self.run_id, round_)
+        if self.w3.eth.block_number >= deadline:
+            reader.expire_dispute(self.run_id, round_)
+            return
+        signers = [i for i in self.honest_group() if self.status(i) in ("active", "unbonding")]
+        try:
+            reader.resolve_dispute(record, True, [self.client(i).sign_round_verdict_for(record, True)
+                                                  for i in signers], self.attesters_of(round_))
+        except (errors.LedgerQuorumNotMet, errors.LedgerSignerNotInForce, errors.LedgerSignerNotMember):
+            pass  # too few honest members counted at that commit: the case lapses instead
+
+    # ------------------------------------------------------------------ coalition and outsiders
+    @rule(data=st.data())
+    def coalition_commits_leaving_honest_out(self, data) -> None:
+        """The takeover's first step: commit the honest record with as few honest signatures as the quorum needs."""
+        coalition = self.active(self.coalition_group())
+        honest = self.active(self.honest_group())
+        if not coalition or not honest:
+            return
+        chosen = data.draw(st.lists(st.sampled_from(honest), unique=True, max_size=len(honest)))
+        self.commit(data.draw(st.sampled_from(coalition)), self.honest_record(), coalition + chosen)
+
+    @rule(data=st.data())
+    def coalition_commits_a_back_door(self, data) -> None:
+        coalition = self.active(self.coalition_group())
+        if not coalition:
+            return
+        honest = self.honest_record()
+        backdoor = RoundRecord(self.run_id, honest.round, honest.prev_head, _digest(f"back door {honest.round}"),
+                               honest.contributions_root, 1, 1, 1, 1, bytes(32))
+        signers = data.draw(st.lists(st.sampled_from(coalition), unique=True, min_size=1))
+        committed = self.commit(data.draw(st.sampled_from(coalition)), backdoor, signers)
+        assert not committed, "I1: the coalition committed a back-doored record alone"
+
+    @rule(data=st.data())
+    def anyone_ejects(self, data) -> None:
+        target = data.draw(st.sampled_from((*self.honest_group(), *self.coalition_group())))
+        caller = data.draw(st.sampled_from(self.coalition_group()))
+        try:
+            self.client(caller).eject_inactive(self.run_id, self.client(target).address)
+        except REFUSED:
+            return
+        if target in self.honest_group():
+            self.ejected_honest.append(target)
+
+    @rule(data=st.data())
+    def coalition_accuses_and_convicts(self, data) -> None:
+        """Accuse an honest member (active or unbonding) and try a guilty verdict signed by the coalition."""
+        coalition = self.active(self.coalition_group())
+        if not coalition:
+            return
+        accuser = data.draw(st.sampled_from(coalition))
+        target = data.draw(st.sampled_from(self.honest_group()))
+        evidence = _digest(f"made up {self.steps} {target}")
+        self.steps += 1
+        try:
+            self.client(accuser).accuse(self.run_id, self.client(target).address, evidence)
+        except REFUSED:
+            return
+        verdict = Verdict(self.run_id, self.client(target).address, evidence, True)
+        signers = [i for i in self.coalition_group() if self.status(i) != "none"]
+        try:
+            self.client(accuser).resolve_accusation(verdict, [self.client(i).sign_verdict(verdict) for i in signers])
+        except REFUSED:
+            pass
+
+    @rule(data=st.data())
+    def coalition_disputes_and_overturns(self, data) -> None:
+        """Dispute an honest round (own signature, or an honest member's gossiped one) and try to overturn it."""
+        coalition = [i for i in self.coalition_group() if self.status(i) in ("active", "unbonding")]
+        reader = self.client(HONEST[0])
+        count = reader.commit_count(self.run_id)
+        if not coalition or count == 0:
+            return
+        round_ = data.draw(st.integers(max(0, count - 3), count - 1))
+        committed = reader.commit_of(self.run_id, round_)
+        disputed = RoundRecord(committed.run_id, committed.round, committed.prev_head,
+                               _digest(f"other {round_}"), committed.contributions_root, 1, 1, 1, 1, bytes(32))
+        sender = data.draw(st.sampled_from(coalition))
+        signer = data.draw(st.sampled_from([sender, *self.honest_group()]))
+        try:
+            self.client(sender).dispute(disputed, self.client(signer).sign_record(disputed))
+        except REFUSED:
+            pass
+        status, _, _ = reader.dispute_case(self.run_id, round_)
+        if status != "open":
+            return
+        signers = [i for i in self.coalition_group() if self.status(i) in ("active", "unbonding")]
+        try:
+            reader.resolve_dispute(committed, False, [self.client(i).sign_round_verdict_for(committed, False)
+                                                      for i in signers], self.attesters_of(round_))
+        except REFUSED:
+            pass
+
+    @rule()
+    def coalition_joiner_joins(self) -> None:
+        honest = self.active(self.honest_group())
+        coalition = self.active(self.coalition_group())
+        if self.status(COALITION_JOINER) == "none" and self.assumption_holds(len(honest), len(coalition) + 1):
+            try:
+                self.client(COALITION_JOINER).join_run(self.run_id)
+            except REFUSED:
+                pass
+
+    @rule(data=st.data())
+    def coalition_leaves_or_withdraws(self, data) -> None:
+        index = data.draw(st.sampled_from(self.coalition_group()))
+        try:
+            if self.status(index) == "active":
+                self.client(index).leave_run(self.run_id)
+            elif self.status(index) == "unbonding":
+                self.client(index).withdraw_stake(self.run_id)
+        except REFUSED:
+            pass
+
+    @rule(blocks=st.integers(1, 2 * WINDOW))
+    def blocks_pass(self, blocks: int) -> None:
+        mine(self.w3, blocks)
+
+    # ------------------------------------------------------------------ invariants
+    @invariant()
+    def the_model_holds(self) -> None:
+        if not hasattr(self, "run_id"):
+            return
+        reader = self.client(HONEST[0])
+        run = reader._run_struct(self.run_id)
+        count = run["commitCount"]
+        # I1: every committed record is the honest one (the honest members sign no other).
+        for round_ in range(count):
+            assert reader.record_hash_of(self.run_id, round_) == self.honest_hashes.get(round_), \
+                f"I1: round {round_} holds a record the honest members did not sign"
+        # I2, I5: no honest member ejected or slashed; no honest round overturned.
+        assert not self.ejected_honest, f"I2/I3: honest member(s) {self.ejected_honest} ejected"
+        assert run["invalidFrom"] == 0, "I5: an honest round was overturned"
+        seats = {i: reader.member(self.run_id, self.client(i).address)
+                 for i in (*self.honest_group(), *self.coalition_group())}
+        for index in self.honest_group():
+            seat = seats[index]
+            assert seat is None or seat.status != "slashed", f"I2: honest member {index} slashed"
+            # I3: a live honest member is never behind enough to be ejected.
+            if seat is not None and seat.status == "active":
+                assert count - seat.active_round < INACTIVITY, \
+                    f"I3: live honest member {index} is {count - seat.active_round} rounds behind"
+        # I5: a final round is out of its window and has no dispute open before its deadline.
+        block = self.w3.eth.block_number
+        open_bonds = 0
+        for round_ in range(max(0, count - 4), count):
+            status, deadline, disputers = reader.dispute_case(self.run_id, round_)
+            if status == "open":
+                open_bonds += disputers * BOND
+            if reader.is_final(self.run_id, round_):
+                assert block >= reader.commit_block_of(self.run_id, round_) + WINDOW, "I5: final inside its window"
+                assert status != "open" or block >= deadline, "I5: final with an open dispute"
+        # I6: solvency (older open cases only add to what the contract must hold).
+        staked = sum(seat.stake for seat in seats.values()
+                     if seat is not None and seat.status in ("active", "unbonding"))
+        assert self.w3.eth.get_balance(reader.ledger_address) >= staked + open_bonds, "I6: insolvent"
