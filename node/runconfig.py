@@ -20,7 +20,7 @@ from typing import Any
 
 from node.config import NodeConfig
 from node.errors import ConfigError
-from training.config import LEGACY_ENCODER
+from training.config import LEGACY_ENCODER, LEGACY_INIT
 
 RUN_FORMAT = "dlx-run-v1"
 
@@ -141,7 +141,8 @@ def node_config_from_run(document: dict[str, Any], **node_fields: Any) -> NodeCo
         training.pop("data_sha256", None)
         table = {
             "run_name": document["run_name"],
-            "model": document["model"],
+            # A run made before model.init existed names none: its weights were drawn by torch's generator.
+            "model": {"init": LEGACY_INIT.value, **document["model"]},
             "training": training,
             "diloco": document["diloco"],
             # A run made before compression.encoder existed names none: it was coded by v1.

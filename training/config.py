@@ -36,6 +36,27 @@ class EncoderVersion(StrEnum):
     V4 = "v4"  # v2's selection every 4th round; bytes re-allocated from its estimates between
 
 
+class InitGenerator(StrEnum):
+    """``model.init``: where a run's initial weights are drawn from (:meth:`training.family.ModelFamily.init_state_dict`).
+
+    Part of the run configuration, so every replica and every auditor draws the run's own.
+    """
+
+    # torch.Generator + Tensor.normal_: its float32 kernel for >= 16 elements differs by CPU instruction
+    # set (AVX2 against the others), so another machine may draw other weights from the same seed.
+    TORCH = "torch"
+    # Philox4x32-10 + a Box-Muller of correctly rounded float64 ops (training/portable_rng.py): the same
+    # bits on every machine (issue 42, docs/DILOCOX.md "A starting point every machine derives alike").
+    PHILOX = "philox"
+
+
+#: The initial-weight generator of a run a configuration names none for (``dlx-node init``, ``demo``,
+#: ``create-run``, the launcher, the benches, every ModelConfig built in code).
+DEFAULT_INIT = InitGenerator.PHILOX
+#: The generator of a run document that names none: runs made before ``model.init`` existed.
+LEGACY_INIT = InitGenerator.TORCH
+
+
 #: The encoder of a run a configuration names none for: what ``dlx-node init``, ``dlx-node demo``,
 #: the local launcher (so the end-to-end tests) and bench/bench_diloco.py all run.
 DEFAULT_ENCODER = EncoderVersion.V4
@@ -165,8 +186,16 @@ class ModelConfig:
     intermediate_size: int = 0
     rope_theta: float = 0.0
     tokenizer: str = BYTES_TOKENIZER
+    # Where the initial weights come from (InitGenerator): "philox" (the same bits on every machine) for a
+    # configuration that names none; a run document that names none is an older run's, drawn by "torch"
+    # (node.runconfig.node_config_from_run), which it keeps so that it still audits.
+    init: str = DEFAULT_INIT.value
 
     def __post_init__(self) -> None:
+        generators = [generator.value for generator in InitGenerator]
+        _require(self.init in generators, f"model.init={self.init!r}: must be one of {generators} "
+                                          "(\"philox\": the same initial weights on every machine)")
+        self.init = InitGenerator(self.init).value  # a plain str, as TOML and the run document hold it
         _require(
             self.preset in MODEL_PRESETS,
             f"model.preset={self.preset!r}: must be one of {list(MODEL_PRESETS)}",
@@ -251,9 +280,12 @@ class ModelConfig:
         A GPT-2 configuration with the byte tokenizer gives exactly the fields it had before
         families and tokenizers existed, so run documents (and config hashes) of such runs do
         not change. ``tokenizer`` is returned as configured: the run document replaces a path
-        by ``sha256:<hex>`` (node/runconfig.py).
+        by ``sha256:<hex>`` (node/runconfig.py). ``init`` only when it is not the legacy
+        generator: a run document from before ``model.init`` rebuilds to the same bytes.
         """
         out = dataclasses.asdict(self)
+        if self.init == LEGACY_INIT:
+            del out["init"]
         if self.family == "gpt2":
             del out["family"]
             for name in LLAMA_ONLY:
