@@ -52,24 +52,28 @@ def factorize_range(matrix: torch.Tensor, rank: int) -> Factorization:
     return (basis @ u_small)[:, :rank], s[:rank], vh[:rank].t()
 
 
-def stable_eigh(symmetric: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def stable_eigh(symmetric: torch.Tensor, eigh=torch.linalg.eigh) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.linalg.eigh``; where LAPACK's float32 solver does not converge or returns NaN without saying so
     (both seen on the Gram matrix of a sliced exchange's average of a few decoded low-rank slices, whose
     eigenvalues repeat at zero: one live aggregator died of it, another coded a NaN scale), the same in float64,
     then with a diagonal shift of 1e-7 of the trace's mean. A pure function of the input on one platform,
-    so a partial coded through it still replays bit for bit; inputs that converged are unchanged."""
+    so a partial coded through it still replays bit for bit; inputs that converged are unchanged.
+
+    ``eigh``: the solver (``torch.linalg.eigh``); a test passes one that fails the way LAPACK did, since
+    whether a given float32 matrix makes a given LAPACK build fail depends on the CPU.
+    """
     try:
-        values, vectors = torch.linalg.eigh(symmetric)
+        values, vectors = eigh(symmetric)
         if bool(torch.isfinite(values).all()) and bool(torch.isfinite(vectors).all()):
             return values, vectors
     except torch.linalg.LinAlgError:
         pass
     wide = symmetric.double()
     try:
-        values, vectors = torch.linalg.eigh(wide)
+        values, vectors = eigh(wide)
     except torch.linalg.LinAlgError:
         shift = 1e-7 * float(torch.diagonal(wide).abs().mean()) + 1e-30
-        values, vectors = torch.linalg.eigh(wide + shift * torch.eye(wide.shape[0], dtype=wide.dtype))
+        values, vectors = eigh(wide + shift * torch.eye(wide.shape[0], dtype=wide.dtype))
         values = values - shift
     return values.to(symmetric.dtype), vectors.to(symmetric.dtype)
 
