@@ -36,10 +36,13 @@ class EncoderVersion(StrEnum):
     V4 = "v4"  # v2's selection every 4th round; bytes re-allocated from its estimates between
 
 
-class InitGenerator(StrEnum):
-    """``model.init``: where a run's initial weights are drawn from (:meth:`training.family.ModelFamily.init_state_dict`).
+class RandomSource(StrEnum):
+    """Where a run draws what it draws at random: ``model.init`` (the initial weights,
+    :meth:`training.family.ModelFamily.init_state_dict`) and ``compression.sketch`` (the codec's fixed
+    Gaussian sketch, :func:`training.codec.factorize.sketch`).
 
-    Part of the run configuration, so every replica and every auditor draws the run's own.
+    Part of the run configuration, so every replica, every re-executing verifier and every auditor draws
+    the run's own.
     """
 
     # torch.Generator + Tensor.normal_: its float32 kernel for >= 16 elements differs by CPU instruction
@@ -50,11 +53,12 @@ class InitGenerator(StrEnum):
     PHILOX = "philox"
 
 
-#: The initial-weight generator of a run a configuration names none for (``dlx-node init``, ``demo``,
+#: The random source (model.init, compression.sketch) of a run a configuration names none for (``dlx-node init``, ``demo``,
 #: ``create-run``, the launcher, the benches, every ModelConfig built in code).
-DEFAULT_INIT = InitGenerator.PHILOX
-#: The generator of a run document that names none: runs made before ``model.init`` existed.
-LEGACY_INIT = InitGenerator.TORCH
+DEFAULT_RANDOM = RandomSource.PHILOX
+#: The source of a run document that names none: runs made before ``model.init`` and ``compression.sketch``
+#: existed.
+LEGACY_RANDOM = RandomSource.TORCH
 
 
 #: The encoder of a run a configuration names none for: what ``dlx-node init``, ``dlx-node demo``,
@@ -186,16 +190,16 @@ class ModelConfig:
     intermediate_size: int = 0
     rope_theta: float = 0.0
     tokenizer: str = BYTES_TOKENIZER
-    # Where the initial weights come from (InitGenerator): "philox" (the same bits on every machine) for a
+    # Where the initial weights come from (RandomSource): "philox" (the same bits on every machine) for a
     # configuration that names none; a run document that names none is an older run's, drawn by "torch"
     # (node.runconfig.node_config_from_run), which it keeps so that it still audits.
-    init: str = DEFAULT_INIT.value
+    init: str = DEFAULT_RANDOM.value
 
     def __post_init__(self) -> None:
-        generators = [generator.value for generator in InitGenerator]
-        _require(self.init in generators, f"model.init={self.init!r}: must be one of {generators} "
+        sources = [source.value for source in RandomSource]
+        _require(self.init in sources, f"model.init={self.init!r}: must be one of {sources} "
                                           "(\"philox\": the same initial weights on every machine)")
-        self.init = InitGenerator(self.init).value  # a plain str, as TOML and the run document hold it
+        self.init = RandomSource(self.init).value  # a plain str, as TOML and the run document hold it
         _require(
             self.preset in MODEL_PRESETS,
             f"model.preset={self.preset!r}: must be one of {list(MODEL_PRESETS)}",
@@ -284,7 +288,7 @@ class ModelConfig:
         generator: a run document from before ``model.init`` rebuilds to the same bytes.
         """
         out = dataclasses.asdict(self)
-        if self.init == LEGACY_INIT:
+        if self.init == LEGACY_RANDOM:
             del out["init"]
         if self.family == "gpt2":
             del out["family"]
@@ -544,8 +548,16 @@ class CompressionConfig:
     # bytes re-allocated from its error estimates in between; state: the stage engine's encoder
     # memo); a run document that names none, LEGACY_ENCODER ("v1"; node.runconfig.node_config_from_run).
     encoder: str = DEFAULT_ENCODER.value
+    # Where the factorizations' fixed Gaussian sketch comes from (RandomSource): "philox" (the same bits on
+    # every machine) for a configuration that names none; "torch" (torch.randn, whose float32 kernel differs
+    # by CPU instruction set) for a run document that names none (node.runconfig.node_config_from_run).
+    sketch: str = DEFAULT_RANDOM.value
 
     def __post_init__(self) -> None:
+        sources = [source.value for source in RandomSource]
+        _require(self.sketch in sources, f"compression.sketch={self.sketch!r}: must be one of {sources} "
+                                         "(\"philox\": the same sketch on every machine)")
+        self.sketch = RandomSource(self.sketch).value
         _require(
             0 < self.error_budget <= 1,
             f"compression.error_budget={self.error_budget}: must be in (0, 1]",
@@ -573,6 +585,14 @@ class CompressionConfig:
         versions = [version.value for version in EncoderVersion]
         _require(self.encoder in versions, f"compression.encoder={self.encoder!r}: must be one of {versions}")
         self.encoder = EncoderVersion(self.encoder).value  # a plain str, as TOML and the run document hold it
+
+    def document(self) -> dict:
+        """The settings as plain data (the run document's [compression] table); ``sketch`` only when it is not
+        the legacy source, so a run document from before ``compression.sketch`` rebuilds to the same bytes."""
+        out = dataclasses.asdict(self)
+        if self.sketch == LEGACY_RANDOM:
+            del out["sketch"]
+        return out
 
     def stage_bandwidth_budget(self, stage_numel: int, inner_steps: int, num_replicas: int) -> int:
         """Bytes per contribution of a stage of ``stage_numel`` parameters per round (0: code to error_budget).

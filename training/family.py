@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.config import InitGenerator, ModelConfig
+from training.config import RandomSource, ModelConfig
 from training.portable_rng import normal_tensor
 
 INIT_STD = 0.02
@@ -113,7 +113,7 @@ class ModelFamily:
         """Initial weights of the full model, a pure function of (cfg, seed); the global RNG is neither read
         nor advanced.
 
-        ``cfg.init`` (:class:`training.config.InitGenerator`) says where the normal draws come from:
+        ``cfg.init`` (:class:`training.config.RandomSource`) says where the normal draws come from:
 
         * ``"philox"``: each tensor from its own stream of :mod:`training.portable_rng`, named by the seed and
           the parameter's name (``dlx-init/<seed>/<name>``): the same bits on every machine.
@@ -121,7 +121,7 @@ class ModelFamily:
           ``seed``, drawn by ``Tensor.normal_`` in canonical order; its float32 kernel differs by instruction
           set, so only machines with the run's kernel derive these weights.
         """
-        legacy = cfg.init == InitGenerator.TORCH
+        legacy = cfg.init == RandomSource.TORCH
         generator = torch.Generator(device="cpu").manual_seed(int(seed)) if legacy else None
         state: dict[str, torch.Tensor] = {}
         for name, shape in self.param_shapes(cfg).items():
