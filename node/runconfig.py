@@ -20,7 +20,7 @@ from typing import Any
 
 from node.config import NodeConfig
 from node.errors import ConfigError
-from training.config import LEGACY_ENCODER
+from training.config import LEGACY_ENCODER, LEGACY_RANDOM
 
 RUN_FORMAT = "dlx-run-v1"
 
@@ -44,7 +44,7 @@ def run_document(cfg: NodeConfig) -> dict[str, Any]:
         "model": _model_document(cfg),
         "training": training,
         "diloco": _diloco_document(cfg),
-        "compression": dataclasses.asdict(cfg.compression),
+        "compression": cfg.compression.document(),
         "pipeline": {"num_stages": cfg.pipeline.num_stages},
     }
 
@@ -141,11 +141,13 @@ def node_config_from_run(document: dict[str, Any], **node_fields: Any) -> NodeCo
         training.pop("data_sha256", None)
         table = {
             "run_name": document["run_name"],
-            "model": document["model"],
+            # A run made before model.init existed names none: its weights were drawn by torch's generator.
+            "model": {"init": LEGACY_RANDOM.value, **document["model"]},
             "training": training,
             "diloco": document["diloco"],
-            # A run made before compression.encoder existed names none: it was coded by v1.
-            "compression": {"encoder": LEGACY_ENCODER.value, **document["compression"]},
+            # A run made before compression.encoder existed names none: it was coded by v1; before
+            # compression.sketch, with torch's sketch.
+            "compression": {"encoder": LEGACY_ENCODER.value, "sketch": LEGACY_RANDOM.value, **document["compression"]},
             "pipeline": {"num_stages": document["pipeline"]["num_stages"]},
             **node_fields,
         }

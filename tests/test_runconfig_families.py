@@ -10,7 +10,10 @@ from node.runconfig import config_hash, node_config_from_run, run_document
 from training.errors import TrainingConfigError
 
 #: configHash of byte-level GPT-2 run documents, computed before model families existed (commit 57e253c). Those
-#: runs' documents name their encoder (v1 was the default then; v4 is now), so the encoder is pinned here.
+#: runs' documents name their encoder (v1 was the default then; v4 is now), so the encoder is pinned here; they
+#: drew their weights and sketch from torch's generator (the portable "philox" is the default since issue 42),
+#: which is pinned too (OLD_RANDOM).
+OLD_RANDOM = ["model.init=torch", "compression.sketch=torch"]
 GPT2_HASHES = [
     (["compression.encoder=v1"], "4793715b0970f4f70ae421d7de4571ac5b90a35c9f0fa45f00d3692ee4c3bcee"),
     (["model.preset=mini", "diloco.inner_steps=20", "compression.encoder=v4"],
@@ -24,19 +27,34 @@ FIXED_TEXT_HASH = "adb3d38a104f7451a8449df88257cd636f3645d2282c7143abe1f7b80dd60
 
 @pytest.mark.parametrize("overrides, expected", GPT2_HASHES)
 def test_gpt2_run_hashes_are_unchanged(overrides, expected):
-    document = run_document(load_config(None, overrides))
+    document = run_document(load_config(None, overrides + OLD_RANDOM))
     assert "family" not in document["model"] and "tokenizer" not in document["model"]
+    assert "init" not in document["model"] and "sketch" not in document["compression"]
     assert config_hash(document).hex() == expected
+    # the same document read back (as a joiner or an auditor does) keeps torch's generator, and its hash
+    again = node_config_from_run(document)
+    assert again.model.init == "torch" and again.compression.sketch == "torch"
+    assert config_hash(run_document(again)).hex() == expected
+
+
+def test_a_new_run_names_the_portable_generator_and_round_trips():
+    cfg = load_config(None, ["model.preset=mini"])
+    document = run_document(cfg)
+    assert document["model"]["init"] == "philox" and document["compression"]["sketch"] == "philox"
+    again = node_config_from_run(document)
+    assert again.model.init == "philox" and again.compression.sketch == "philox"
+    assert config_hash(run_document(again)) == config_hash(document)
+    assert config_hash(document) != config_hash(run_document(load_config(None, ["model.preset=mini"] + OLD_RANDOM)))
 
 
 def test_gpt2_run_on_a_text_file_keeps_its_hash(tmp_path):
     text = tmp_path / "fixed.txt"
     text.write_bytes(FIXED_TEXT)
-    cfg = load_config(None, [f"training.data_path={text}", "model.preset=mini", "compression.encoder=v1"])
+    cfg = load_config(None, [f"training.data_path={text}", "model.preset=mini", "compression.encoder=v1"] + OLD_RANDOM)
     assert config_hash(run_document(cfg)).hex() == FIXED_TEXT_HASH
     # naming the defaults explicitly changes nothing
     explicit = load_config(None, [f"training.data_path={text}", "model.preset=mini", "model.family=gpt2",
-                                  "model.tokenizer=bytes", "compression.encoder=v1"])
+                                  "model.tokenizer=bytes", "compression.encoder=v1"] + OLD_RANDOM)
     assert config_hash(run_document(explicit)).hex() == FIXED_TEXT_HASH
 
 

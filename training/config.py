@@ -36,6 +36,31 @@ class EncoderVersion(StrEnum):
     V4 = "v4"  # v2's selection every 4th round; bytes re-allocated from its estimates between
 
 
+class RandomSource(StrEnum):
+    """Where a run draws what it draws at random: ``model.init`` (the initial weights,
+    :meth:`training.family.ModelFamily.init_state_dict`) and ``compression.sketch`` (the codec's fixed
+    Gaussian sketch, :func:`training.codec.factorize.sketch`).
+
+    Part of the run configuration, so every replica, every re-executing verifier and every auditor draws
+    the run's own.
+    """
+
+    # torch.Generator + Tensor.normal_: its float32 kernel for >= 16 elements differs by CPU instruction
+    # set (AVX2 against the others), so another machine may draw other weights from the same seed.
+    TORCH = "torch"
+    # Philox4x32-10 + a Box-Muller of correctly rounded float64 ops (training/portable_rng.py): the same
+    # bits on every machine (issue 42, docs/DILOCOX.md "A starting point every machine derives alike").
+    PHILOX = "philox"
+
+
+#: The random source (model.init, compression.sketch) of a run a configuration names none for (``dlx-node init``, ``demo``,
+#: ``create-run``, the launcher, the benches, every ModelConfig built in code).
+DEFAULT_RANDOM = RandomSource.PHILOX
+#: The source of a run document that names none: runs made before ``model.init`` and ``compression.sketch``
+#: existed.
+LEGACY_RANDOM = RandomSource.TORCH
+
+
 #: The encoder of a run a configuration names none for: what ``dlx-node init``, ``dlx-node demo``,
 #: the local launcher (so the end-to-end tests) and bench/bench_diloco.py all run.
 DEFAULT_ENCODER = EncoderVersion.V4
@@ -165,8 +190,16 @@ class ModelConfig:
     intermediate_size: int = 0
     rope_theta: float = 0.0
     tokenizer: str = BYTES_TOKENIZER
+    # Where the initial weights come from (RandomSource): "philox" (the same bits on every machine) for a
+    # configuration that names none; a run document that names none is an older run's, drawn by "torch"
+    # (node.runconfig.node_config_from_run), which it keeps so that it still audits.
+    init: str = DEFAULT_RANDOM.value
 
     def __post_init__(self) -> None:
+        sources = [source.value for source in RandomSource]
+        _require(self.init in sources, f"model.init={self.init!r}: must be one of {sources} "
+                                          "(\"philox\": the same initial weights on every machine)")
+        self.init = RandomSource(self.init).value  # a plain str, as TOML and the run document hold it
         _require(
             self.preset in MODEL_PRESETS,
             f"model.preset={self.preset!r}: must be one of {list(MODEL_PRESETS)}",
@@ -251,9 +284,12 @@ class ModelConfig:
         A GPT-2 configuration with the byte tokenizer gives exactly the fields it had before
         families and tokenizers existed, so run documents (and config hashes) of such runs do
         not change. ``tokenizer`` is returned as configured: the run document replaces a path
-        by ``sha256:<hex>`` (node/runconfig.py).
+        by ``sha256:<hex>`` (node/runconfig.py). ``init`` only when it is not the legacy
+        generator: a run document from before ``model.init`` rebuilds to the same bytes.
         """
         out = dataclasses.asdict(self)
+        if self.init == LEGACY_RANDOM:
+            del out["init"]
         if self.family == "gpt2":
             del out["family"]
             for name in LLAMA_ONLY:
@@ -512,8 +548,16 @@ class CompressionConfig:
     # bytes re-allocated from its error estimates in between; state: the stage engine's encoder
     # memo); a run document that names none, LEGACY_ENCODER ("v1"; node.runconfig.node_config_from_run).
     encoder: str = DEFAULT_ENCODER.value
+    # Where the factorizations' fixed Gaussian sketch comes from (RandomSource): "philox" (the same bits on
+    # every machine) for a configuration that names none; "torch" (torch.randn, whose float32 kernel differs
+    # by CPU instruction set) for a run document that names none (node.runconfig.node_config_from_run).
+    sketch: str = DEFAULT_RANDOM.value
 
     def __post_init__(self) -> None:
+        sources = [source.value for source in RandomSource]
+        _require(self.sketch in sources, f"compression.sketch={self.sketch!r}: must be one of {sources} "
+                                         "(\"philox\": the same sketch on every machine)")
+        self.sketch = RandomSource(self.sketch).value
         _require(
             0 < self.error_budget <= 1,
             f"compression.error_budget={self.error_budget}: must be in (0, 1]",
@@ -541,6 +585,14 @@ class CompressionConfig:
         versions = [version.value for version in EncoderVersion]
         _require(self.encoder in versions, f"compression.encoder={self.encoder!r}: must be one of {versions}")
         self.encoder = EncoderVersion(self.encoder).value  # a plain str, as TOML and the run document hold it
+
+    def document(self) -> dict:
+        """The settings as plain data (the run document's [compression] table); ``sketch`` only when it is not
+        the legacy source, so a run document from before ``compression.sketch`` rebuilds to the same bytes."""
+        out = dataclasses.asdict(self)
+        if self.sketch == LEGACY_RANDOM:
+            del out["sketch"]
+        return out
 
     def stage_bandwidth_budget(self, stage_numel: int, inner_steps: int, num_replicas: int) -> int:
         """Bytes per contribution of a stage of ``stage_numel`` parameters per round (0: code to error_budget).

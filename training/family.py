@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.config import ModelConfig
+from training.config import RandomSource, ModelConfig
+from training.portable_rng import normal_tensor
 
 INIT_STD = 0.02
 
@@ -104,22 +105,33 @@ class ModelFamily:
         return None
 
     # ------------------------------------------------------------------ initialisation
-    def init_tensor(self, cfg: ModelConfig, name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
-        """Fill ``tensor`` (parameter ``name``) in place, drawing from ``generator`` only."""
+    def init_rule(self, cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> tuple[str, float]:
+        """How parameter ``name`` starts: ``("normal", std)`` (mean 0) or ``("fill", value)``."""
         raise NotImplementedError
 
     def init_state_dict(self, cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-        """Initial weights of the full model, a pure function of (cfg, seed).
+        """Initial weights of the full model, a pure function of (cfg, seed); the global RNG is neither read
+        nor advanced.
 
-        Tensors are drawn in canonical order from one local CPU generator seeded
-        with ``seed``; the global RNG is neither read nor advanced.
+        ``cfg.init`` (:class:`training.config.RandomSource`) says where the normal draws come from:
+
+        * ``"philox"``: each tensor from its own stream of :mod:`training.portable_rng`, named by the seed and
+          the parameter's name (``dlx-init/<seed>/<name>``): the same bits on every machine.
+        * ``"torch"`` (runs made before ``model.init`` existed): one local CPU ``torch.Generator`` seeded with
+          ``seed``, drawn by ``Tensor.normal_`` in canonical order; its float32 kernel differs by instruction
+          set, so only machines with the run's kernel derive these weights.
         """
-        generator = torch.Generator(device="cpu")
-        generator.manual_seed(int(seed))
+        legacy = cfg.init == RandomSource.TORCH
+        generator = torch.Generator(device="cpu").manual_seed(int(seed)) if legacy else None
         state: dict[str, torch.Tensor] = {}
         for name, shape in self.param_shapes(cfg).items():
-            tensor = torch.empty(shape, dtype=torch.float32)
-            self.init_tensor(cfg, name, tensor, generator)
+            kind, value = self.init_rule(cfg, name, shape)
+            if kind == "fill":
+                tensor = torch.full(shape, value, dtype=torch.float32)
+            elif legacy:
+                tensor = torch.empty(shape, dtype=torch.float32).normal_(0.0, value, generator=generator)
+            else:
+                tensor = normal_tensor(f"dlx-init/{int(seed)}/{name}".encode(), shape, value)
             state[name] = tensor
         return state
 

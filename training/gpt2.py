@@ -173,15 +173,14 @@ class GPT2Family(ModelFamily):
             "lm_head.weight": (cfg.vocab_size, cfg.n_embd),
         }
 
-    def init_tensor(self, cfg: ModelConfig, name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
+    def init_rule(self, cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> tuple[str, float]:
         if name.endswith("c_proj.weight"):
-            tensor.normal_(0.0, self.residual_std(cfg), generator=generator)
-        elif ".ln_" in name or "ln_f" in name:
-            tensor.fill_(1.0 if name.endswith("weight") else 0.0)
-        elif name.endswith(".bias"):
-            tensor.zero_()
-        else:
-            tensor.normal_(0.0, INIT_STD, generator=generator)
+            return "normal", self.residual_std(cfg)
+        if ".ln_" in name or "ln_f" in name:
+            return "fill", 1.0 if name.endswith("weight") else 0.0
+        if name.endswith(".bias"):
+            return "fill", 0.0
+        return "normal", INIT_STD
 
     def embedding_modules(self, cfg: ModelConfig) -> dict[str, nn.Module]:
         return {

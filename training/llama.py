@@ -170,13 +170,12 @@ class LlamaFamily(ModelFamily):
     def head_param_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         return {"model.norm.weight": (cfg.n_embd,), "lm_head.weight": (cfg.vocab_size, cfg.n_embd)}
 
-    def init_tensor(self, cfg: ModelConfig, name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
-        if tensor.dim() == 1:  # the RMSNorm weights: the only vectors
-            tensor.fill_(1.0)
-        elif name.endswith(_RESIDUAL_PROJECTIONS):
-            tensor.normal_(0.0, self.residual_std(cfg), generator=generator)
-        else:
-            tensor.normal_(0.0, INIT_STD, generator=generator)
+    def init_rule(self, cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> tuple[str, float]:
+        if len(shape) == 1:  # the RMSNorm weights: the only vectors
+            return "fill", 1.0
+        if name.endswith(_RESIDUAL_PROJECTIONS):
+            return "normal", self.residual_std(cfg)
+        return "normal", INIT_STD
 
     def embedding_modules(self, cfg: ModelConfig) -> dict[str, nn.Module]:
         return {"embed_tokens": Embedding(cfg.vocab_size, cfg.n_embd)}

@@ -12,9 +12,10 @@ both run the very same code, chaining the stages reproduces the full model's
 forward bit for bit, and every parameter keeps its full-model name so stage
 state dicts are disjoint subsets of the full one.
 
-:func:`init_state_dict` draws the initial weights from a local
-``torch.Generator`` in the canonical parameter order, so they depend on
-(config, seed) only and never on the global RNG.
+:func:`init_state_dict` draws the initial weights from the generator
+``model.init`` names (the portable Philox streams of
+:mod:`training.portable_rng`, or an older run's local ``torch.Generator``), so
+they depend on (config, seed) only and never on the global RNG.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from training.data import Corpus, round_batches
 from training.diloco import host_float32
 from training.model import init_state_dict
 from training.pipeline import LocalReplicaTrainer
+from training.portable_rng import normal_tensor
 from training.reexec import ContributionClaim, data_commitment, pipeline_train_step, round_meta
 from training.replica_state import ReplicaStartState, capture_replica_state
 from training.schedule import APPLY, ENCODE, TRAIN, inner_lr, round_actions, set_lr
@@ -149,11 +150,12 @@ class PerturbedReplica(SimReplica):
     fraction = 0.01
 
     def before_encode(self, outer_round):
-        generator = torch.Generator().manual_seed(1000 + outer_round)
         for engine in self.engines:
             start = engine.state_dict()["round_start"]
             update = {n: start[n] - host_float32(p) for n, p in engine.params.items()}
-            noise = {n: torch.randn(u.shape, generator=generator) for n, u in update.items()}
+            # The portable generator: the cheat is the same on every instruction set (torch.randn's is not).
+            noise = {n: normal_tensor(f"dlx-sim-perturb/{outer_round}/{n}".encode(), tuple(u.shape), 1.0)
+                     for n, u in update.items()}
             scale = self.fraction * _norm(update) / _norm(noise)
             with torch.no_grad():
                 for name, param in engine.params.items():

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from training.config import DEFAULT_RANDOM, RandomSource
+from training.portable_rng import standard_normal
+
 FACTOR_SEED = 0x5EED  # fixed seed of the randomized range finder
 EXACT_SVD_MAX_DIM = 96  # min(m, n) up to which an exact SVD is cheaper than sketching
 OVERSAMPLE = 8
@@ -18,21 +21,31 @@ POWER_ITERATIONS = 2
 
 Factorization = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (U, sigma, V)
 
-_SKETCHES: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}  # the fixed sketches, drawn once per shape
+_SKETCHES: dict[tuple[int, int, torch.dtype, str], torch.Tensor] = {}  # the fixed sketches, drawn once per shape
 
 
-def sketch(n: int, columns: int, dtype: torch.dtype) -> torch.Tensor:
-    """``torch.randn(n, columns)`` from a generator seeded with ``FACTOR_SEED`` (cached; never modified)."""
-    key = (n, columns, dtype)
+def sketch(n: int, columns: int, dtype: torch.dtype, source: str = DEFAULT_RANDOM) -> torch.Tensor:
+    """The fixed ``n x columns`` standard normal sketch of the run's ``compression.sketch`` (cached; never modified).
+
+    ``"philox"``: the stream ``dlx-sketch/<FACTOR_SEED>/<n>x<columns>`` of :mod:`training.portable_rng`, the
+    same bits on every machine (float64 values, rounded once to ``dtype``). ``"torch"`` (runs made before
+    ``compression.sketch``): ``torch.randn`` from a generator seeded with ``FACTOR_SEED``, whose float32
+    kernel differs by CPU instruction set, so only machines with the run's kernel re-encode its bytes.
+    """
+    key = (n, columns, dtype, source)
     if key not in _SKETCHES:
         if len(_SKETCHES) >= 64:
             _SKETCHES.clear()
-        generator = torch.Generator().manual_seed(FACTOR_SEED)
-        _SKETCHES[key] = torch.randn(n, columns, generator=generator, dtype=dtype)
+        if source == RandomSource.TORCH:
+            generator = torch.Generator().manual_seed(FACTOR_SEED)
+            _SKETCHES[key] = torch.randn(n, columns, generator=generator, dtype=dtype)
+        else:
+            values = standard_normal(f"dlx-sketch/{FACTOR_SEED}/{n}x{columns}".encode(), n * columns)
+            _SKETCHES[key] = torch.from_numpy(values).reshape(n, columns).to(dtype)
     return _SKETCHES[key]
 
 
-def factorize_range(matrix: torch.Tensor, rank: int) -> Factorization:
+def factorize_range(matrix: torch.Tensor, rank: int, sketch_source: str = DEFAULT_RANDOM) -> Factorization:
     """Encoder "v1": top-``rank`` ``(U, sigma, V)`` of ``matrix``; deterministic for given input.
 
     Exact SVD when the matrix is small; otherwise Halko et al.'s randomized
@@ -44,7 +57,7 @@ def factorize_range(matrix: torch.Tensor, rank: int) -> Factorization:
     if min(m, n) <= max(EXACT_SVD_MAX_DIM, rank + OVERSAMPLE):
         u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
         return u[:, :rank], s[:rank], vh[:rank].t()
-    basis, _ = torch.linalg.qr(matrix @ sketch(n, rank + OVERSAMPLE, matrix.dtype))
+    basis, _ = torch.linalg.qr(matrix @ sketch(n, rank + OVERSAMPLE, matrix.dtype, sketch_source))
     for _ in range(POWER_ITERATIONS):
         basis, _ = torch.linalg.qr(matrix.t() @ basis)
         basis, _ = torch.linalg.qr(matrix @ basis)
@@ -52,29 +65,33 @@ def factorize_range(matrix: torch.Tensor, rank: int) -> Factorization:
     return (basis @ u_small)[:, :rank], s[:rank], vh[:rank].t()
 
 
-def stable_eigh(symmetric: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def stable_eigh(symmetric: torch.Tensor, eigh=torch.linalg.eigh) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.linalg.eigh``; where LAPACK's float32 solver does not converge or returns NaN without saying so
     (both seen on the Gram matrix of a sliced exchange's average of a few decoded low-rank slices, whose
     eigenvalues repeat at zero: one live aggregator died of it, another coded a NaN scale), the same in float64,
     then with a diagonal shift of 1e-7 of the trace's mean. A pure function of the input on one platform,
-    so a partial coded through it still replays bit for bit; inputs that converged are unchanged."""
+    so a partial coded through it still replays bit for bit; inputs that converged are unchanged.
+
+    ``eigh``: the solver (``torch.linalg.eigh``); a test passes one that fails the way LAPACK did, since
+    whether a given float32 matrix makes a given LAPACK build fail depends on the CPU.
+    """
     try:
-        values, vectors = torch.linalg.eigh(symmetric)
+        values, vectors = eigh(symmetric)
         if bool(torch.isfinite(values).all()) and bool(torch.isfinite(vectors).all()):
             return values, vectors
     except torch.linalg.LinAlgError:
         pass
     wide = symmetric.double()
     try:
-        values, vectors = torch.linalg.eigh(wide)
+        values, vectors = eigh(wide)
     except torch.linalg.LinAlgError:
         shift = 1e-7 * float(torch.diagonal(wide).abs().mean()) + 1e-30
-        values, vectors = torch.linalg.eigh(wide + shift * torch.eye(wide.shape[0], dtype=wide.dtype))
+        values, vectors = eigh(wide + shift * torch.eye(wide.shape[0], dtype=wide.dtype))
         values = values - shift
     return values.to(symmetric.dtype), vectors.to(symmetric.dtype)
 
 
-def factorize_gram(matrix: torch.Tensor, rank: int) -> Factorization:
+def factorize_gram(matrix: torch.Tensor, rank: int, sketch_source: str = DEFAULT_RANDOM) -> Factorization:
     """Encoder "v2": top-``rank`` ``(U, sigma, V)`` of ``matrix`` through its small Gram matrix.
 
     With ``X`` of shape ``m x n`` and ``k = min(m, n)``, ``G = X X^T`` (or
@@ -99,7 +116,7 @@ def factorize_gram(matrix: torch.Tensor, rank: int) -> Factorization:
     if columns >= size:
         values, vectors = stable_eigh(gram)
     else:
-        basis = gram @ sketch(size, columns, gram.dtype)
+        basis = gram @ sketch(size, columns, gram.dtype, sketch_source)
         for _ in range(POWER_ITERATIONS):
             basis, _ = torch.linalg.qr(basis)
             basis = gram @ basis

@@ -79,7 +79,7 @@ class V1Encoder(Encoder):
     version = EncoderVersion.V1
 
     def factorize(self, matrix: torch.Tensor, rank: int) -> Factorization:
-        return factorize_range(matrix, rank)
+        return factorize_range(matrix, rank, self.cfg.sketch)
 
     def tensor_options(self, matrix: torch.Tensor, shape: tuple[int, ...], norm: float) -> TensorOptions:
         """Every candidate with its estimated error (quant ones coded, low-rank ones estimated)."""

@@ -66,7 +66,7 @@ class V2Encoder(Encoder):
     version = EncoderVersion.V2
 
     def factorize(self, matrix: torch.Tensor, rank: int) -> Factorization:
-        return factorize_gram(matrix, rank)
+        return factorize_gram(matrix, rank, self.cfg.sketch)
 
     def tensor_options(self, matrix: torch.Tensor, shape: tuple[int, ...], norm: float) -> TensorOptions:
         """v1's candidates, estimated without coding any (only the winner is).
@@ -99,7 +99,7 @@ class V2Encoder(Encoder):
         raw_factors = factors = None
         if lowrank:
             top = max(c.rank for c in lowrank)
-            raw_factors = factorize_gram(matrix, top)
+            raw_factors = factorize_gram(matrix, top, self.cfg.sketch)
             sigma = raw_factors[1]
             factors = BalancedFactors(raw_factors, top)
             left, right = factors.left.matrix, factors.right.matrix

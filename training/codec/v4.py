@@ -63,4 +63,4 @@ class V4Encoder(ReselectingEncoder):
 
     def warm_factors(self, name: str, matrix: torch.Tensor, rank: int,
                      memo: EncoderMemo) -> tuple[Factorization, torch.Tensor | None]:
-        return factorize_gram(matrix, rank), None
+        return factorize_gram(matrix, rank, self.cfg.sketch), None
