@@ -14,7 +14,8 @@ bindings, and reruns the round exactly as the node runs it::
     compare the payloads with the signed ones             # contribution_distance -> verdict
 
 A replica split over several processes (one stage per node, GPipe micro-batches)
-is re-executed whole in one process: :func:`pipeline_train_step` reproduces the
+is re-executed whole in one process: ``LocalReplicaTrainer.train_step`` with the
+pipeline's ``micro_batches`` runs the one inner step (:func:`training.pipeline.inner_step`) with the
 pipeline's arithmetic (per-micro-batch losses, gradients accumulated in
 micro-batch order and divided by their count, clipping on the summed squared
 norms), so the chained rerun is bit-exact with the split one
@@ -57,7 +58,6 @@ from training.data import Corpus, round_batches
 from training.diloco import step_with_average
 from training.errors import ContributionDecodeError, ReexecError, ReplicaStateError
 from training.hashing import stage_weights_hash, tensor_le_bytes
-from training.pipeline import LocalReplicaTrainer, clip_coefficient, grad_sq_norm, scale_grads
 from training.platform import (
     CROSS_PLATFORM_TOLERANCE,
     EXACT,
@@ -148,43 +148,6 @@ def round_meta(
 # ----------------------------------------------------------------------------- the rerun
 
 
-def pipeline_train_step(
-    trainer: LocalReplicaTrainer, x: torch.Tensor, y: torch.Tensor, micro_batches: int
-) -> float:
-    """One inner step with the arithmetic of the split pipeline (``PipelineStageTrainer`` + ``ScheduleGPipe``).
-
-    The batch is cut into ``micro_batches`` equal slices (``tensor_split`` on the
-    batch dimension, as torch's pipelining does); each slice's mean loss is
-    back-propagated in slice order, so gradients accumulate as they do stage by
-    stage; then every gradient is divided by the slice count (the schedule's
-    ``scale_grads``), clipped by the global norm from the per-stage squared
-    sums, and AdamW steps. Returns the mean of the slices' losses.
-    """
-    if x.size(0) % micro_batches:
-        raise ReexecError(f"batch size {x.size(0)} is not divisible by micro_batches={micro_batches}")
-    for module, optimizer in zip(trainer.stage_modules, trainer.optimizers):
-        module.train()
-        optimizer.zero_grad(set_to_none=True)
-    losses = []
-    for x_slice, y_slice in zip(x.tensor_split(micro_batches), y.tensor_split(micro_batches)):
-        loss = trainer.loss(x_slice, y_slice)
-        loss.backward()
-        losses.append(float(loss.detach()))
-    if micro_batches != 1:
-        for module in trainer.stage_modules:
-            for param in module.parameters():
-                if param.grad is not None:
-                    param.grad.div_(micro_batches)
-    total = torch.zeros((), dtype=torch.float64)
-    for module in trainer.stage_modules:
-        total = total + grad_sq_norm(module)
-    coefficient = clip_coefficient(total, trainer.training_cfg.grad_clip)
-    for module, optimizer in zip(trainer.stage_modules, trainer.optimizers):
-        scale_grads(module, coefficient)
-        optimizer.step()
-    return sum(losses) / len(losses)
-
-
 @dataclass
 class Reexecution:
     """What rerunning ``(replica, outer_round)`` produced."""
@@ -265,10 +228,7 @@ def reexecute(
                 for step in range(action.first_step, action.end_step):
                     set_lr(trainer.optimizers, inner_lr(training_cfg, outer_round * steps + step, horizon))
                     x, y = batches[step]
-                    if meta.micro_batches:
-                        pipeline_train_step(trainer, x, y, meta.micro_batches)
-                    else:
-                        trainer.train_step(x, y)
+                    trainer.train_step(x, y, meta.micro_batches or 1)
                 train_seconds += time.perf_counter() - started
             elif action.kind == APPLY:
                 if action.outer_round == outer_round:

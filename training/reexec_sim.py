@@ -28,7 +28,7 @@ from training.data import Corpus, round_batches
 from training.diloco import host_float32
 from training.model import init_state_dict
 from training.pipeline import LocalReplicaTrainer
-from training.reexec import ContributionClaim, data_commitment, pipeline_train_step, round_meta
+from training.reexec import ContributionClaim, data_commitment, round_meta
 from training.replica_state import ReplicaStartState, capture_replica_state
 from training.schedule import APPLY, ENCODE, TRAIN, inner_lr, round_actions, set_lr
 from training.stage_engine import StageEngine
@@ -100,10 +100,7 @@ class SimReplica:
                 continue
             set_lr(self.trainer.optimizers, inner_lr(sim.training, outer_round * steps + step, sim.rounds * steps))
             x, y = batches[step]
-            if sim.micro_batches:
-                pipeline_train_step(self.trainer, x, y, sim.micro_batches)
-            else:
-                self.trainer.train_step(x, y)
+            self.trainer.train_step(x, y, sim.micro_batches or 1)
 
     def encode(self, outer_round: int) -> dict[int, bytes]:
         self.before_encode(outer_round)
