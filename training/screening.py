@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from training.codec_wire import decode_contribution
+from training.codec_wire import decode_contribution, header_steps
 from training.config import DilocoConfig, ModelConfig
 from training.data import Corpus, check_corpus
 from training.errors import ContributionDecodeError, DataError
@@ -140,19 +140,41 @@ def decode_full(
     return merged
 
 
+def declared_steps_full(contribution_by_stage: Sequence[bytes]) -> int | None:
+    """The inner steps one replica's contributions to every stage declare (they must agree), else None.
+
+    For contributions :func:`decode_full` accepted; None also for version-1 (fixed-H) ones.
+    """
+    steps = {header_steps(blob) for blob in contribution_by_stage}
+    return steps.pop() if len(steps) == 1 else None
+
+
 def screen_contributions(
     loss_fn: LossFn,
     global_weights: Mapping[str, torch.Tensor],
     contributions: Sequence[Mapping[str, torch.Tensor] | None],
     diloco_cfg: DilocoConfig,
+    declared_steps: Sequence[int | None] | None = None,
 ) -> list[ScreeningReport]:
     """Screen each (decoded, full-model) contribution alone against ``global_weights`` (module docstring).
 
     ``loss_fn`` maps full-model float32 weights to the loss on the round's
     :func:`screening_batch` (:func:`model_loss_fn`). ``None`` entries (did not
-    decode) are reported, not screened.
+    decode) are reported, not screened. In a time-bounded run (``diloco_cfg.budgeted``)
+    ``declared_steps`` gives each contribution's declared inner steps ``k_i``
+    (:func:`declared_steps_full`), and each is screened normalised to a full round:
+    ``L_i = f32(loss(theta - f32(outer_lr * H / k_i) * d_i))`` (the factor computed in float64,
+    rounded once), so a replica that trained fewer steps is measured per step like the others;
+    one with no valid count is not screened (the aggregation excludes it, ``bad_steps``).
     """
+    if diloco_cfg.budgeted and (declared_steps is None or len(declared_steps) != len(contributions)):
+        raise ValueError("a time-bounded run screens with each contribution's declared steps")
     lr = torch.tensor(diloco_cfg.outer_lr, dtype=torch.float32)
+    factors = [lr] * len(contributions)
+    if diloco_cfg.budgeted:
+        factors = [torch.tensor(diloco_cfg.outer_lr * diloco_cfg.inner_steps / k, dtype=torch.float32)
+                   if isinstance(k, int) and diloco_cfg.min_inner_steps <= k <= diloco_cfg.inner_steps else None
+                   for k in declared_steps]
     # Every member and the audit must reach the same decision bit for bit, whatever thread count
     # they train with: torch splits float reductions (matmuls) by thread count, so the losses are
     # computed on SCREENING_THREADS threads. (Two members on 1 and 2 threads disputed a round.)
@@ -161,10 +183,10 @@ def screen_contributions(
     try:
         loss_before = _f32(loss_fn(global_weights))
         after: dict[int, float] = {}
-        for index, contribution in enumerate(contributions):
-            if contribution is None:
+        for index, (contribution, factor) in enumerate(zip(contributions, factors)):
+            if contribution is None or factor is None:
                 continue
-            stepped = {name: torch.sub(value, torch.mul(contribution[name], lr))
+            stepped = {name: torch.sub(value, torch.mul(contribution[name], factor))
                        for name, value in global_weights.items()}
             after[index] = _f32(loss_fn(stepped))
     finally:
