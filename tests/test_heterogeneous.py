@@ -27,7 +27,7 @@ from training.codec_wire import (
 )
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
 from training.data import generated_corpus, round_batches
-from training.diloco import aggregate_with_report, average_contributions, step_weighted_average
+from training.diloco import aggregate_with_report, average_contributions
 from training.errors import ContributionDecodeError, EngineStateError, ReexecError, TrainingConfigError
 from training.reexec import EXACT, MISMATCH, data_commitment, reexecute, verify_contribution
 from training.reexec_sim import OverDeclaringReplica, SimConfig, SimReplica, SlowReplica, run_with_states
@@ -148,19 +148,22 @@ def _zeros():
 
 
 def test_every_inner_step_weighs_the_same():
-    per_step = [_tensors(seed) for seed in range(3)]
+    """Delta = tau * sum_j (k_j / K) (c_j / k_j) with tau = K / M: the plain mean, bit for bit."""
+    per_step = [_tensors(seed, 0.01) for seed in range(3)]
     steps = [8, 4, 2]
     decoded = [{n: t[n] * k for n in SHAPES} for t, k in zip(per_step, steps)]  # c_j = k_j x a per-step update
-    average = step_weighted_average(decoded, steps, inner_steps=8)
-    for name in SHAPES:
-        total = (decoded[0][name] + decoded[1][name]) + decoded[2][name]
-        assert torch.equal(average[name], torch.mul(torch.div(total, torch.tensor(14.0)), torch.tensor(8.0)))
-        expected = 8 * sum(k * t[name].double() for t, k in zip(per_step, steps)) / 14
-        assert torch.allclose(average[name].double(), expected, rtol=1e-5, atol=1e-6)
-    # Equal counts of H: the plain mean (up to one rounding).
-    same = step_weighted_average(decoded, [8, 8, 8], inner_steps=8)
+    blobs = [declare_steps(_raw_blob(c), k) for c, k in zip(decoded, steps)]
+    result = aggregate_with_report(_zeros(), _zeros(), blobs, _budgeted(norm_clip=0), stage_index=0, outer_round=0)
+    total = sum(steps)
+    tau = total / len(steps)
     mean = average_contributions(decoded)
-    assert all(torch.allclose(same[n], mean[n], rtol=1e-6, atol=1e-7) for n in SHAPES)
+    for name in SHAPES:
+        normalised = tau * sum((k / total) * (c[name].double() / k) for c, k in zip(decoded, steps))
+        assert torch.allclose(result.average[name].double(), normalised, rtol=1e-6, atol=1e-9)
+        assert torch.equal(result.average[name], mean[name])
+        # Each replica's share of Delta is its share of the steps: k_j / K of the per-step mean, times K / M.
+        share = decoded[2][name].double() / len(steps)
+        assert torch.allclose(share, tau * (steps[2] / total) * per_step[2][name].double(), rtol=1e-5)
 
 
 def test_a_slow_honest_replica_is_not_clipped_and_a_bad_count_is_excluded():

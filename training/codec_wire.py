@@ -331,8 +331,14 @@ def declare_steps(blob: bytes, steps: int) -> bytes:
 
 
 def header_steps(data: bytes) -> int | None:
-    """The declared inner steps of a contribution that :func:`decode_declared` accepted (None: version 1)."""
-    return msgpack.unpackb(bytes(data), raw=False).get("ns")
+    """The inner steps a contribution declares; None for version 1 and for anything that is not a
+    well-formed declaration (never raises: the strict check is :func:`decode_declared`'s)."""
+    try:
+        message = msgpack.unpackb(bytes(data), raw=False, max_bin_len=len(data), max_map_len=16)
+        steps = message.get("ns") if isinstance(message, dict) and message.get("v") == DECLARED_STEPS_VERSION else None
+        return check_declared_steps(steps) if steps is not None else None
+    except Exception:  # noqa: BLE001 - msgpack raises several unrelated types on bad input
+        return None
 
 
 def max_contribution_bytes(expected_shapes: Mapping[str, tuple[int, ...]]) -> int:

@@ -85,41 +85,6 @@ def average_contributions(decoded: Sequence[Mapping[str, torch.Tensor]]) -> Weig
     return average
 
 
-def step_weighted_average(
-    decoded: Sequence[Mapping[str, torch.Tensor]], declared_steps: Sequence[int], inner_steps: int
-) -> Weights:
-    """The pseudo-gradient of a time-bounded round: every inner step of every replica weighs the same.
-
-    Contribution ``c_j`` is the sum of the ``k_j`` inner steps replica ``j`` declared; the average
-    per-step update over the round is ``(sum_j c_j) / K`` with ``K = sum_j k_j``, and the outer step
-    takes ``H`` of them (``H = inner_steps``, the most a round trains)::
-
-        Delta = H * (sum_j c_j) / K  =  H * sum_j (k_j / K) * (c_j / k_j)
-
-    i.e. the per-step-normalised pseudo-gradients ``c_j / k_j`` averaged with weights ``k_j / K``
-    proportional to the steps (and tokens: every step is one batch) each replica processed: FedNova's
-    normalised averaging (Wang et al. 2020, arXiv 2007.07481) with ``tau_eff = H``. With every
-    ``k_j = H`` it is the plain mean of :func:`average_contributions`. float32, elementwise, in this
-    order: ``((c_0 + c_1) + ...)``, then ``/ float32(K)``, then ``* float32(H)`` (docs/DILOCOX.md
-    section 13).
-    """
-    if not decoded:
-        raise AggregationError("no contributions to average")
-    if len(declared_steps) != len(decoded) or any(type(k) is not int or k < 1 for k in declared_steps):
-        raise AggregationError(f"declared steps {list(declared_steps)}: one whole number >= 1 per contribution")
-    total_steps, horizon = float32_scalar(float(sum(declared_steps))), float32_scalar(float(inner_steps))
-    average = {}
-    for name in sorted(decoded[0]):
-        first = decoded[0][name].to(torch.float32)
-        # A fresh tensor (the later sums, the division and the product are written into it, out=).
-        total = first.clone() if len(decoded) == 1 else torch.add(first, decoded[1][name])
-        for contribution in decoded[2:]:
-            torch.add(total, contribution[name], out=total)
-        torch.div(total, total_steps, out=total)
-        average[name] = torch.mul(total, horizon, out=total)
-    return average
-
-
 def outer_step(
     global_weights: Mapping[str, torch.Tensor],
     momentum: Mapping[str, torch.Tensor],
@@ -253,13 +218,10 @@ def aggregate_with_report(
 def aggregate_unchecked(global_weights, momentum, contributions, diloco_cfg, *, stage_index, outer_round,
                compression_cfg=None, excluded=None, known=()) -> Aggregation:
     shapes = {name: tuple(value.shape) for name, value in global_weights.items()}
-    budgeted = diloco_cfg.budgeted
-    declared: list[int] = []
     accepted, reports = robust_contributions(
         contributions, shapes, norm_clip=diloco_cfg.norm_clip, stage_index=stage_index, outer_round=outer_round,
         refuse_raw=compression_cfg is not None and compression_cfg.enabled, excluded=excluded, known=known,
-        steps_range=(diloco_cfg.min_inner_steps, diloco_cfg.inner_steps) if budgeted else None,
-        declared_out=declared,
+        steps_range=(diloco_cfg.min_inner_steps, diloco_cfg.inner_steps) if diloco_cfg.budgeted else None,
     )
     for report in reports:
         if not report.accepted or report.scale != 1.0:
@@ -267,12 +229,14 @@ def aggregate_unchecked(global_weights, momentum, contributions, diloco_cfg, *, 
                 "stage %s round %s: contribution %d %s: %s", stage_index, outer_round, report.index,
                 f"scaled by {report.scale:.3g}" if report.accepted else f"excluded ({report.reason})", report.detail,
             )
-    if not accepted:
-        average = None
-    elif budgeted:
-        average = step_weighted_average(accepted, declared, diloco_cfg.inner_steps)
-    else:
-        average = average_contributions(accepted)
+    # A time-bounded run weights every inner step the same (docs/DILOCOX.md section 13): with c_j the
+    # sum of the k_j steps replica j declared, K = sum k_j over the M accepted ones, the per-step
+    # pseudo-gradients c_j / k_j averaged with weights k_j / K (what each processed) and scaled to the
+    # mean round, tau = K / M steps (FedNova's normalised averaging, arXiv 2007.07481), is
+    #     Delta = tau * sum_j (k_j / K) (c_j / k_j) = (1/M) sum_j c_j,
+    # the plain mean: the same function, the same bits, whatever the counts. The counts enter through
+    # the per-step norm rule and screening, which must not take a slow replica's shorter update for an outlier.
+    average = average_contributions(accepted) if accepted else None
     return step_with_average(global_weights, momentum, average, diloco_cfg, outer_round, reports)
 
 

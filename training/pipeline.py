@@ -478,6 +478,18 @@ class PipelineStageTrainer:
         except Exception as exc:  # gloo timeouts and peer failures surface as RuntimeError
             raise PipelineError(f"stage {self.spec.index}: pipeline step failed: {exc}") from exc
 
+    def follow_first_stage(self, decision: bool) -> bool:
+        """The first stage's ``decision`` on every rank (a broadcast from rank 0): in a time-bounded run the
+        first stage decides whether the replica takes another inner step, so that every stage trains, and
+        declares, the same count."""
+        self._check_open()
+        flag = torch.tensor([1 if decision else 0], dtype=torch.int64)
+        try:
+            dist.broadcast(flag, group_src=0, group=self.group)
+        except Exception as exc:  # gloo timeouts and peer failures surface as RuntimeError
+            raise PipelineError(f"stage {self.spec.index}: agreeing on the next inner step failed: {exc}") from exc
+        return bool(flag.item())
+
     @torch.no_grad()
     def eval_loss(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
         """Mean held-out loss over ``batches``, forward only; every rank returns it."""

@@ -272,14 +272,12 @@ def robust_contributions(
     excluded: Mapping[int, str | tuple[str, str]] | None = None,
     known: Sequence[tuple[bytes, Mapping[str, torch.Tensor]]] = (),
     steps_range: tuple[int, int] | None = None,
-    declared_out: list[int] | None = None,
 ) -> tuple[list[dict[str, torch.Tensor]], list[ContributionReport]]:
     """Decode, exclude and clip one round's contributions (module docstring, steps 1-5).
 
     ``steps_range``: ``(min_inner_steps, inner_steps)`` of a time-bounded run (None: fixed H); each
     contribution must then declare its steps inside it, and the norm rule runs per step (module
-    docstring). ``declared_out``, when given, receives the accepted contributions' declared steps, in
-    the order of the returned tensors.
+    docstring).
 
     Returns the accepted contributions' tensors, in canonical order and already
     scaled, and one report per input contribution. ``excluded`` maps canonical
@@ -336,8 +334,6 @@ def robust_contributions(
     for index, tensors in decoded.items():
         scale = clip_scale(clip_norms[index], bound)
         accepted.append(tensors if scale == 1.0 else scaled(tensors, scale))
-        if declared_out is not None and steps_range is not None:
-            declared_out.append(steps[index])
         detail = "" if scale == 1.0 else f"norm{per} {clip_norms[index]:.6g} > {norm_clip:g} x median {median:.6g}"
         reports[index] = ContributionReport(index, True, "", detail, norms[index], scale)
     return accepted, [report for report in reports if report is not None]

@@ -141,12 +141,19 @@ def decode_full(
 
 
 def declared_steps_full(contribution_by_stage: Sequence[bytes]) -> int | None:
-    """The inner steps one replica's contributions to every stage declare (they must agree), else None.
-
-    For contributions :func:`decode_full` accepted; None also for version-1 (fixed-H) ones.
-    """
+    """The inner steps one replica's contributions to every stage declare (they must agree), else None
+    (also for version-1, fixed-H, contributions and for bytes that are no contribution)."""
     steps = {header_steps(blob) for blob in contribution_by_stage}
     return steps.pop() if len(steps) == 1 else None
+
+
+def screening_steps(diloco_cfg: DilocoConfig, contributions_by_replica: Sequence[Sequence[bytes]]) -> list | None:
+    """The ``declared_steps`` argument of :func:`screen_contributions`: each replica's declared count in a
+    time-bounded run (``contributions_by_replica[i]``: replica i's contribution to every stage), None with
+    fixed H (nothing to read)."""
+    if not diloco_cfg.budgeted:
+        return None
+    return [declared_steps_full(blobs) for blobs in contributions_by_replica]
 
 
 def screen_contributions(
@@ -162,8 +169,9 @@ def screen_contributions(
     :func:`screening_batch` (:func:`model_loss_fn`). ``None`` entries (did not
     decode) are reported, not screened. In a time-bounded run (``diloco_cfg.budgeted``)
     ``declared_steps`` gives each contribution's declared inner steps ``k_i``
-    (:func:`declared_steps_full`), and each is screened normalised to a full round:
-    ``L_i = f32(loss(theta - f32(outer_lr * H / k_i) * d_i))`` (the factor computed in float64,
+    (:func:`declared_steps_full`), and each is screened normalised to the round's mean count
+    ``tau = (sum of the valid k_i) / (their number)``:
+    ``L_i = f32(loss(theta - f32(outer_lr * tau / k_i) * d_i))`` (the factor computed in float64,
     rounded once), so a replica that trained fewer steps is measured per step like the others;
     one with no valid count is not screened (the aggregation excludes it, ``bad_steps``).
     """
@@ -172,9 +180,12 @@ def screen_contributions(
     lr = torch.tensor(diloco_cfg.outer_lr, dtype=torch.float32)
     factors = [lr] * len(contributions)
     if diloco_cfg.budgeted:
-        factors = [torch.tensor(diloco_cfg.outer_lr * diloco_cfg.inner_steps / k, dtype=torch.float32)
-                   if isinstance(k, int) and diloco_cfg.min_inner_steps <= k <= diloco_cfg.inner_steps else None
-                   for k in declared_steps]
+        valid = [isinstance(k, int) and diloco_cfg.min_inner_steps <= k <= diloco_cfg.inner_steps
+                 and contribution is not None for k, contribution in zip(declared_steps, contributions)]
+        counted = [k for k, ok in zip(declared_steps, valid) if ok]
+        tau = sum(counted) / len(counted) if counted else 1.0
+        factors = [torch.tensor(diloco_cfg.outer_lr * tau / k, dtype=torch.float32) if ok else None
+                   for k, ok in zip(declared_steps, valid)]
     # Every member and the audit must reach the same decision bit for bit, whatever thread count
     # they train with: torch splits float reductions (matmuls) by thread count, so the losses are
     # computed on SCREENING_THREADS threads. (Two members on 1 and 2 threads disputed a round.)

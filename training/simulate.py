@@ -49,12 +49,12 @@ import torch
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig
 from training.data import Corpus, eval_batches, round_batches
 from training.screening import (
-    declared_steps_full,
     decode_full,
     model_loss_fn,
     screen_contributions,
     screening_batch,
     screening_exclusions,
+    screening_steps,
 )
 from training.errors import TrainingError
 from training.hashing import stage_weights_hash, weights_root
@@ -307,8 +307,8 @@ def _simulate_diloco(
         ]
         x, y = screening_batch(corpus, training_cfg.seed, outer_round, diloco_cfg.screen_batch_size,
                                model_cfg.block_size)
-        declared = [declared_steps_full([contributions[stage][replica] for stage in range(len(contributions))])
-                    for replica in range(len(contributions[0]))]
+        declared = screening_steps(diloco_cfg, [[contributions[stage][replica] for stage in range(len(contributions))]
+                                                for replica in range(len(contributions[0]))])
         reports = screen_contributions(model_loss_fn(model_cfg, x, y), _global_state(engines[0]), decoded, diloco_cfg,
                                        declared)
         return screening_exclusions(reports), [r.to_dict() for r in reports]
