@@ -1,10 +1,12 @@
 """Heterogeneous contributors (issue 44): replicas slowed 1x, 2x, 4x by the cgroup cpu controller, rounds
 bounded by time (``diloco.round_budget_s``) against the same run with fixed H.
 
-What runs: one process per replica (``multiprocessing``, spawn), each in its own cgroup v1 cpu group
+What runs: one process per replica (``multiprocessing``, spawn), each with its own cgroup v1 cpu group
 (``/sys/fs/cgroup/cpu/<name>``) with ``cpu.cfs_quota_us = cfs_period_us * quota / factor``: the
-replica of factor 4 may use a quarter of the CPU time of the replica of factor 1, whatever the
-machine's load leaves them. Each replica holds a whole model (one stage) and runs the node's parts:
+replica of factor 4 may use a quarter of the CPU time of the replica of factor 1 (the quota is set
+below what the machine's load leaves a process, so that it binds). A replica moves into its group
+for its inner steps and back out for the rest (encode, apply): the slow part is the accelerator, as
+with a slow GPU whose host CPU is ordinary. Each replica holds a whole model (one stage) and runs the node's parts:
 ``LocalReplicaTrainer.train_step`` (the one inner step), ``training.schedule.takes_another_step``
 (the budget rule), ``StageEngine.encode_contribution`` with its declared steps and
 ``StageEngine.apply_round``. The parent is the exchange and the auditor: it gathers the
@@ -82,7 +84,6 @@ def remove_cgroup(path: Path) -> None:
 
 
 def replica_process(index: int, conn, args, mode: str, cgroup: str) -> None:
-    (Path(cgroup) / "tasks").write_text(str(os.getpid()))
     import torch
 
     torch.set_num_threads(1)
@@ -96,6 +97,7 @@ def replica_process(index: int, conn, args, mode: str, cgroup: str) -> None:
     corpus = load_corpus(args.data, training.eval_fraction, model.block_size)
     trainer = LocalReplicaTrainer(model, training, 1, state_dict=init_state_dict(model, training.seed))
     engine = StageEngine(0, dict(trainer.stage_modules[0].named_parameters()), diloco, compression)
+    slowed, unslowed = Path(cgroup) / "tasks", CGROUP_CPU / "tasks"
     conn.send(("ready", index))
     while True:
         message = conn.recv()
@@ -106,12 +108,16 @@ def replica_process(index: int, conn, args, mode: str, cgroup: str) -> None:
             batches = round_batches(corpus, training.seed, index, outer_round, diloco.inner_steps,
                                     training.batch_size, model.block_size)
             elapsed, steps = 0.0, 0
+            # The slow accelerator: the inner steps run in the replica's cgroup; the host's work (encode,
+            # apply) runs outside it, as a slow GPU's node encodes on its CPU.
+            slowed.write_text(str(os.getpid()))
             while takes_another_step(diloco, steps, elapsed):
                 started = time.perf_counter()
                 set_lr(trainer.optimizers, inner_lr(training, outer_round * diloco.inner_steps + steps, None))
                 trainer.train_step(*batches[steps])
                 elapsed += time.perf_counter() - started
                 steps += 1
+            unslowed.write_text(str(os.getpid()))
             blob, _ = engine.encode_contribution(outer_round, steps if diloco.budgeted else None)
             conn.send(("trained", blob, steps, elapsed))
         elif message[0] == "apply":

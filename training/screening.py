@@ -15,6 +15,10 @@ clearly worse than the median contribution
     tol   = max(screen_abs_tol, screen_rel_tol * L_b)                    float64
     excluded_i  <=>  not (L_i <= med + tol)
 
+In a run whose rounds are bounded by time (``diloco.round_budget_s``, issue 44) each ``d_i`` is first
+scaled to the round's mean declared count (``f32(outer_lr * tau / k_i)`` in place of ``f32(outer_lr)``,
+:func:`screen_contributions`) and the rule is ``excluded_i <=> not (L_i <= max(L_b, med) + tol)``.
+
 ``f32`` rounds the float64 loss to the nearest float32: the loss is computed in
 float64 (:func:`model_loss_fn`), whose order-dependent last bits (thread count,
 BLAS kernel) are then far below a float32 step, so two processes record the same
@@ -215,6 +219,12 @@ def judge(
     # contribution, applied alone to weights that already moved, can do worse than L_b late in a
     # run; measuring against L_b then left honest ones out (a bench run lost 1 of 4 in a round).
     threshold = median + tolerance
+    if diloco_cfg.budgeted:
+        # Replicas of a time-bounded run train different counts, and fewer steps buy less than their share
+        # of loss even normalised to the mean count (the first steps of a round are not the last ones): an
+        # honest slow replica applied alone lands above the faster ones' median, yet below L_b. Only a
+        # contribution worse than both leaving the weights alone and the median is left out (issue 44).
+        threshold = max(loss_before, median) + tolerance
     # With fewer than three screened contributions there is no majority to measure against: the
     # lower median of two is the better one, and the other, honest or not, would fall above it
     # (a 2-replica benchmark run lost an honest contribution that way). Nothing is excluded then;
