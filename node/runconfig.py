@@ -97,12 +97,16 @@ def _model_document(cfg: NodeConfig) -> dict[str, Any]:
 
 
 def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
-    """The [diloco] table; ``exchange`` and ``min_slice_numel`` only in a sliced run (the hash of every
-    "full" run stays what it was)."""
+    """The [diloco] table; ``exchange`` and ``min_slice_numel`` only in a sliced run, ``round_budget_s`` and
+    ``min_inner_steps`` only in a run whose rounds are bounded by time (the hash of every "full", fixed-H run
+    stays what it was)."""
     diloco = dataclasses.asdict(cfg.diloco)
     if diloco.get("exchange") == "full":
         del diloco["exchange"]
         del diloco["min_slice_numel"]
+    if not cfg.diloco.budgeted:
+        del diloco["round_budget_s"]
+        del diloco["min_inner_steps"]
     return diloco
 
 

@@ -21,6 +21,15 @@ Wire format (msgpack, version 1)::
              "p": packed P, "q": packed Q, "w": u16 LE weights, "x": f32 S}
           | {"n": name, "s": [dims], "c": "raw", "d": f32 values}
 
+Version 2 (a run whose rounds are bounded by time, ``diloco.round_budget_s > 0``; issue 44) adds one
+header field, the inner steps the replica trained and declares for this round::
+
+    {"v": 2, "st": stage_index, "rd": outer_round, "ns": declared_steps, "t": [entry, ...]}
+
+``ns`` is a whole number in ``[1, MAX_DECLARED_STEPS]`` (the run's own range is checked by the
+aggregation, which knows the run). A fixed-H run's contributions stay version 1, byte for byte;
+both versions decode everywhere (:func:`decode_declared`).
+
 Integers are packed as ``u = q + qmax_b`` in b bits, little-endian within bytes
 (value j of a byte at bit ``b*j``), zero padding; floats are little-endian
 float32 bytes. :func:`decode_contribution` rejects anything else with
@@ -39,11 +48,16 @@ import torch
 from training.errors import (
     ContributionCodecRefused,
     ContributionDecodeError,
+    ContributionEncodeError,
     ContributionNonFiniteError,
     ContributionShapeError,
 )
 
 CODEC_VERSION = 1
+#: The version whose header declares the inner steps trained (``"ns"``).
+DECLARED_STEPS_VERSION = 2
+#: The most inner steps a contribution may declare (far above any H; a bound for the decoder).
+MAX_DECLARED_STEPS = 1 << 20
 WEIGHT_BITS = 16  # integer weights of the low-rank columns
 MAX_WEIGHT = (1 << WEIGHT_BITS) - 1
 MAX_RANK = 64  # keeps the int64 decode product below 2**53 for every bit width
@@ -294,6 +308,39 @@ def pack_contribution(stage_index: int, outer_round: int, entries: list[dict]) -
     return msgpack.packb({"v": CODEC_VERSION, "st": stage_index, "rd": outer_round, "t": entries}, use_bin_type=True)
 
 
+def check_declared_steps(steps: object) -> int:
+    """``steps`` if it is a whole number in ``[1, MAX_DECLARED_STEPS]``, else ContributionDecodeError."""
+    if type(steps) is not int:
+        raise ContributionDecodeError(f"declared inner steps {steps!r}: not a whole number")
+    if not 1 <= steps <= MAX_DECLARED_STEPS:
+        raise ContributionDecodeError(f"declared inner steps {steps}: must be in [1, {MAX_DECLARED_STEPS}]")
+    return steps
+
+
+def declare_steps(blob: bytes, steps: int) -> bytes:
+    """The version-2 bytes of a version-1 contribution ``blob``: the same tensors, ``steps`` declared.
+
+    The encoders write version 1; the stage engine of a time-bounded run stamps the count it trained.
+    """
+    check_declared_steps(steps)
+    message = msgpack.unpackb(blob, raw=False, use_list=True)
+    if message.get("v") != CODEC_VERSION:
+        raise ContributionEncodeError(f"declare_steps needs a version {CODEC_VERSION} contribution")
+    return msgpack.packb({"v": DECLARED_STEPS_VERSION, "st": message["st"], "rd": message["rd"], "ns": steps,
+                          "t": message["t"]}, use_bin_type=True)
+
+
+def header_steps(data: bytes) -> int | None:
+    """The inner steps a contribution declares; None for version 1 and for anything that is not a
+    well-formed declaration (never raises: the strict check is :func:`decode_declared`'s)."""
+    try:
+        message = msgpack.unpackb(bytes(data), raw=False, max_bin_len=len(data), max_map_len=16)
+        steps = message.get("ns") if isinstance(message, dict) and message.get("v") == DECLARED_STEPS_VERSION else None
+        return check_declared_steps(steps) if steps is not None else None
+    except Exception:  # noqa: BLE001 - msgpack raises several unrelated types on bad input
+        return None
+
+
 def max_contribution_bytes(expected_shapes: Mapping[str, tuple[int, ...]]) -> int:
     """Upper bound on a well-formed contribution's size (raw float32 plus framing)."""
     numel = sum(math.prod(s) for s in expected_shapes.values())
@@ -308,7 +355,22 @@ def decode_contribution(
     outer_round: int | None = None,
     refuse_raw: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Decode a contribution into float32 tensors, strictly.
+    """Decode a contribution (either version) into float32 tensors, strictly: :func:`decode_declared`
+    without the declared steps."""
+    return decode_declared(data, expected_shapes, stage_index=stage_index, outer_round=outer_round,
+                           refuse_raw=refuse_raw)[1]
+
+
+def decode_declared(
+    data: bytes,
+    expected_shapes: Mapping[str, tuple[int, ...]],
+    *,
+    stage_index: int | None = None,
+    outer_round: int | None = None,
+    refuse_raw: bool = False,
+) -> tuple[int | None, dict[str, torch.Tensor]]:
+    """``(declared inner steps, float32 tensors)`` of a contribution, strictly; the steps are None for a
+    version-1 contribution (a fixed-H run's: it trained exactly H).
 
     ``expected_shapes`` is the stage's ``{name: shape}``; the contribution must
     hold exactly those tensors, in ascending name order. When given,
@@ -345,10 +407,18 @@ def decode_contribution(
         raise ContributionDecodeError(f"contribution is not valid msgpack: {type(exc).__name__}: {exc}") from None
     if not isinstance(message, dict):
         raise ContributionDecodeError("contribution is not a msgpack map")
-    _check_keys(message, {"v", "st", "rd", "t"}, "contribution")
     version = _field(message, "v", int, "contribution")
-    if version != CODEC_VERSION:
-        raise ContributionDecodeError(f"contribution version {version}, this node decodes {CODEC_VERSION}")
+    if version not in (CODEC_VERSION, DECLARED_STEPS_VERSION):
+        raise ContributionDecodeError(f"contribution version {version}, this node decodes {CODEC_VERSION} "
+                                      f"and {DECLARED_STEPS_VERSION}")
+    declared = None
+    if version == DECLARED_STEPS_VERSION:
+        _check_keys(message, {"v", "st", "rd", "ns", "t"}, "contribution")
+        if "ns" not in message:
+            raise ContributionDecodeError(f"contribution version {version} without its declared inner steps")
+        declared = check_declared_steps(message["ns"])
+    else:
+        _check_keys(message, {"v", "st", "rd", "t"}, "contribution")
     got_stage = _field(message, "st", int, "contribution")
     got_round = _field(message, "rd", int, "contribution")
     if stage_index is not None and got_stage != stage_index:
@@ -366,4 +436,4 @@ def decode_contribution(
         if unchecked and not bool(torch.isfinite(value).all()):
             raise ContributionNonFiniteError(f"tensor {index} ({name!r}): decodes to non-finite values")
         decoded[name] = value
-    return decoded
+    return declared, decoded

@@ -435,6 +435,14 @@ class DilocoConfig:
     # when "sliced". Small slices code worse (docs/DILOCOX.md section 12, "Minimum slice"); a
     # larger minimum also caps A, so only A of the R holders aggregate a slice each round.
     min_slice_numel: int = 1024
+    # Rounds bounded by time as well as steps (issue 44, docs/DILOCOX.md section 13): with
+    # round_budget_s > 0 each replica trains as many inner steps of a round as fit in that many
+    # seconds of wall time, at least min_inner_steps and at most inner_steps (H, then the maximum
+    # and the slot width of the lr schedule), and its contribution declares the count; the
+    # aggregation weights every inner step equally. 0 (the default) = fixed H: both settings are
+    # then absent from the run document, whose hash stays what it was.
+    round_budget_s: float = 0.0
+    min_inner_steps: int = 0  # with a budget: 0 means 1
 
     def __post_init__(self) -> None:
         _require(self.inner_steps >= 1, f"diloco.inner_steps={self.inner_steps}: must be >= 1")
@@ -505,6 +513,46 @@ class DilocoConfig:
             f"diloco.min_slice_numel={self.min_slice_numel}: only the sliced exchange cuts slices; "
             f"set diloco.exchange = \"sliced\" or leave it at {DEFAULT_MIN_SLICE_NUMEL}",
         )
+        self._check_round_budget()
+
+    def _check_round_budget(self) -> None:
+        budget, least = self.round_budget_s, self.min_inner_steps
+        _require(
+            isinstance(budget, (int, float)) and not isinstance(budget, bool) and 0 <= budget < float("inf"),
+            f"diloco.round_budget_s={budget!r}: must be a finite number of seconds >= 0 (0 = fixed H)",
+        )
+        _require(
+            type(least) is int and least >= 0,
+            f"diloco.min_inner_steps={least!r}: must be a whole number >= 1 (or 0 with no round budget)",
+        )
+        if budget == 0:
+            _require(least == 0, f"diloco.min_inner_steps={least} needs diloco.round_budget_s > 0 "
+                                 "(without a time budget every round trains exactly diloco.inner_steps)")
+            return
+        if least == 0:
+            self.min_inner_steps = least = 1
+        _require(least <= self.inner_steps, f"diloco.min_inner_steps={least}: must be <= diloco.inner_steps="
+                                            f"{self.inner_steps} (the most steps a round may train)")
+        _require(least > self.overlap, f"diloco.min_inner_steps={least}: must be > the steps the exchange "
+                                       f"overlaps ({self.overlap}, diloco.overlap_steps), so that every round "
+                                       "trains at least one step after applying the previous one")
+        _require(self.exchange != "sliced", "diloco.round_budget_s > 0 is not supported with diloco.exchange = "
+                                            "\"sliced\" yet (its partial averages weight every replica equally); "
+                                            "use exchange = \"full\"")
+
+    @property
+    def budgeted(self) -> bool:
+        """Whether rounds are bounded by time (``round_budget_s > 0``): contributions then declare their steps."""
+        return self.round_budget_s > 0
+
+    def check_declared_steps(self, steps: object) -> int:
+        """A contribution's declared inner steps, checked against the run's range, or TrainingConfigError."""
+        if type(steps) is not int:
+            raise TrainingConfigError(f"declared inner steps {steps!r}: not a whole number")
+        low, high = (self.min_inner_steps, self.inner_steps) if self.budgeted else (self.inner_steps, self.inner_steps)
+        if not low <= steps <= high:
+            raise TrainingConfigError(f"declared inner steps {steps}: outside the run's [{low}, {high}]")
+        return steps
 
     @property
     def overlap(self) -> int:

@@ -221,6 +221,7 @@ def aggregate_unchecked(global_weights, momentum, contributions, diloco_cfg, *, 
     accepted, reports = robust_contributions(
         contributions, shapes, norm_clip=diloco_cfg.norm_clip, stage_index=stage_index, outer_round=outer_round,
         refuse_raw=compression_cfg is not None and compression_cfg.enabled, excluded=excluded, known=known,
+        steps_range=(diloco_cfg.min_inner_steps, diloco_cfg.inner_steps) if diloco_cfg.budgeted else None,
     )
     for report in reports:
         if not report.accepted or report.scale != 1.0:
@@ -228,6 +229,13 @@ def aggregate_unchecked(global_weights, momentum, contributions, diloco_cfg, *, 
                 "stage %s round %s: contribution %d %s: %s", stage_index, outer_round, report.index,
                 f"scaled by {report.scale:.3g}" if report.accepted else f"excluded ({report.reason})", report.detail,
             )
+    # A time-bounded run weights every inner step the same (docs/DILOCOX.md section 13): with c_j the
+    # sum of the k_j steps replica j declared, K = sum k_j over the M accepted ones, the per-step
+    # pseudo-gradients c_j / k_j averaged with weights k_j / K (what each processed) and scaled to the
+    # mean round, tau = K / M steps (FedNova's normalised averaging, arXiv 2007.07481), is
+    #     Delta = tau * sum_j (k_j / K) (c_j / k_j) = (1/M) sum_j c_j,
+    # the plain mean: the same function, the same bits, whatever the counts. The counts enter through
+    # the per-step norm rule and screening, which must not take a slow replica's shorter update for an outlier.
     average = average_contributions(accepted) if accepted else None
     return step_with_average(global_weights, momentum, average, diloco_cfg, outer_round, reports)
 

@@ -3,7 +3,8 @@
 Both runners perform the same inner step (the "inner optimizer" of DiLoCo,
 arXiv 2311.08105 Algorithm 1, here per stage as in DiLoCoX arXiv 2506.21263):
 
-1. ``loss = mean cross-entropy over the batch``; backward.
+1. ``loss = mean cross-entropy over the batch``; backward (with ``micro_batches`` slices: each
+   slice's mean loss back-propagated in slice order, the gradients divided by the slice count).
 2. Global-norm gradient clipping over *all* stages' parameters::
 
        norm = sqrt(sum over stages s of sum_{g in stage s} ||g||^2)
@@ -14,6 +15,11 @@ arXiv 2311.08105 Algorithm 1, here per stage as in DiLoCoX arXiv 2506.21263):
    the single-process run (``grad_clip = 0`` disables clipping).
 3. One AdamW step per stage (lr, betas, weight decay from
    :class:`training.config.TrainingConfig`; decay only on matrices, as GPT-2).
+
+The three steps are one function, :func:`inner_step`: the chained trainer, the split pipeline's
+stage, the re-execution (:mod:`training.reexec`, which reruns a split replica chained with its
+micro-batch arithmetic) and the simulation all call it, with only how the gradients are produced
+(``backward``) and how the squared norms are summed across processes (``reduce_sq_norm``) passed in.
 
 :class:`LocalReplicaTrainer` chains the :class:`~training.stages.StageModule`
 objects in one process. :class:`PipelineStageTrainer` runs one stage per
@@ -38,6 +44,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -99,6 +106,38 @@ def scale_grads(module: nn.Module, coefficient: float) -> None:
             param.grad.mul_(coefficient)
 
 
+def inner_step(
+    modules: list[nn.Module],
+    optimizers: list[torch.optim.Optimizer],
+    grad_clip: float,
+    backward: Callable[[], float],
+    reduce_sq_norm: Callable[[torch.Tensor], None] | None = None,
+) -> float:
+    """One inner step (DiLoCo arXiv 2311.08105 Algorithm 1, the inner optimizer) over the stages this
+    process holds: the one version of this arithmetic that training, re-execution and the simulation run.
+
+    ``modules`` / ``optimizers``: the stages held here, in stage order. ``backward()`` runs the forward and
+    backward passes, leaving every held parameter's gradient as the batch-mean gradient, and returns the
+    batch loss. The squared gradient norms are summed stage by stage in float64 (``reduce_sq_norm``, when
+    given, sums that in place across the pipeline's processes: an all-reduce), then every gradient is
+    scaled by :func:`clip_coefficient` and each stage's AdamW steps. Returns ``backward()``'s loss.
+    """
+    for module, optimizer in zip(modules, optimizers):
+        module.train()
+        optimizer.zero_grad(set_to_none=True)
+    loss = backward()
+    total = torch.zeros((), dtype=torch.float64)
+    for module in modules:
+        total = total + grad_sq_norm(module)
+    if reduce_sq_norm is not None:
+        reduce_sq_norm(total)
+    coefficient = clip_coefficient(total, grad_clip)
+    for module, optimizer in zip(modules, optimizers):
+        scale_grads(module, coefficient)
+        optimizer.step()
+    return loss
+
+
 class LocalReplicaTrainer:
     """All stages of one replica chained in this process, one AdamW per stage.
 
@@ -140,22 +179,33 @@ class LocalReplicaTrainer:
         with self.platform.autocast():
             return lm_loss(self.forward(x), y.to(self.device))
 
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        """One inner step on batch ``(x, y)``; returns the batch loss before the update."""
-        for module, optimizer in zip(self.stage_modules, self.optimizers):
-            module.train()
-            optimizer.zero_grad(set_to_none=True)
-        loss = self.loss(x, y)
-        loss.backward()
-        # Summed stage by stage, exactly as the all-reduce of the pipeline runner does.
-        total = torch.zeros((), dtype=torch.float64)
-        for module in self.stage_modules:
-            total = total + grad_sq_norm(module)
-        coefficient = clip_coefficient(total, self.training_cfg.grad_clip)
-        for module, optimizer in zip(self.stage_modules, self.optimizers):
-            scale_grads(module, coefficient)
-            optimizer.step()
-        return float(loss.detach())
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, micro_batches: int = 1) -> float:
+        """One inner step (:func:`inner_step`) on batch ``(x, y)``; returns the batch loss before the update.
+
+        ``micro_batches`` > 1 gives the arithmetic of the split pipeline (``PipelineStageTrainer`` +
+        ``ScheduleGPipe``), bit for bit: the batch is cut into equal slices (``tensor_split`` on the batch
+        dimension, as torch's pipelining does), each slice's mean loss is back-propagated in slice order so
+        that gradients accumulate as they do stage by stage, then every gradient is divided by the slice
+        count (the schedule's ``scale_grads``); the loss is the mean of the slices' losses. With one slice
+        this is the plain full-batch step.
+        """
+        if micro_batches < 1 or x.size(0) % micro_batches:
+            raise PipelineError(f"batch size {x.size(0)} is not divisible by micro_batches={micro_batches}")
+
+        def backward() -> float:
+            losses = []
+            for x_slice, y_slice in zip(x.tensor_split(micro_batches), y.tensor_split(micro_batches)):
+                loss = self.loss(x_slice, y_slice)
+                loss.backward()
+                losses.append(float(loss.detach()))
+            if micro_batches != 1:
+                for module in self.stage_modules:
+                    for param in module.parameters():
+                        if param.grad is not None:
+                            param.grad.div_(micro_batches)
+            return sum(losses) / len(losses)
+
+        return inner_step(self.stage_modules, self.optimizers, self.training_cfg.grad_clip, backward)
 
     @torch.no_grad()
     def eval_loss(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
@@ -394,12 +444,12 @@ class PipelineStageTrainer:
             raise PipelineError(
                 f"batch size {x.size(0)} is not divisible by micro_batches={self.micro_batches}"
             )
-        self.module.train()
-        self.optimizer.zero_grad(set_to_none=True)
         schedule = self._schedule_for(tuple(x.shape))
-        losses: list[torch.Tensor] = []
         x, y = x.to(self.device), y.to(self.device)
-        try:
+
+        def backward() -> float:
+            # ScheduleGPipe back-propagates each micro-batch and divides the gradients by their count.
+            losses: list[torch.Tensor] = []
             with self.platform.autocast():
                 if self.spec.is_first and self.spec.is_last:
                     schedule.step(x, target=y, losses=losses)
@@ -415,15 +465,30 @@ class PipelineStageTrainer:
                 # host: scalars travel over gloo whatever the device.
                 loss = torch.stack([l.detach().double() for l in losses]).mean().cpu()
             dist.broadcast(loss, group_src=self.world_size - 1, group=self.group)
-            total = grad_sq_norm(self.module)
+            return float(loss)
+
+        def reduce_sq_norm(total: torch.Tensor) -> None:
             dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.group)
+
+        try:
+            return inner_step([self.module], [self.optimizer], self.training_cfg.grad_clip, backward,
+                              reduce_sq_norm)
         except PipelineError:
             raise
         except Exception as exc:  # gloo timeouts and peer failures surface as RuntimeError
             raise PipelineError(f"stage {self.spec.index}: pipeline step failed: {exc}") from exc
-        scale_grads(self.module, clip_coefficient(total, self.training_cfg.grad_clip))
-        self.optimizer.step()
-        return float(loss)
+
+    def follow_first_stage(self, decision: bool) -> bool:
+        """The first stage's ``decision`` on every rank (a broadcast from rank 0): in a time-bounded run the
+        first stage decides whether the replica takes another inner step, so that every stage trains, and
+        declares, the same count."""
+        self._check_open()
+        flag = torch.tensor([1 if decision else 0], dtype=torch.int64)
+        try:
+            dist.broadcast(flag, group_src=0, group=self.group)
+        except Exception as exc:  # gloo timeouts and peer failures surface as RuntimeError
+            raise PipelineError(f"stage {self.spec.index}: agreeing on the next inner step failed: {exc}") from exc
+        return bool(flag.item())
 
     @torch.no_grad()
     def eval_loss(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:

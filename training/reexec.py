@@ -14,7 +14,8 @@ bindings, and reruns the round exactly as the node runs it::
     compare the payloads with the signed ones             # contribution_distance -> verdict
 
 A replica split over several processes (one stage per node, GPipe micro-batches)
-is re-executed whole in one process: :func:`pipeline_train_step` reproduces the
+is re-executed whole in one process: ``LocalReplicaTrainer.train_step`` with the
+pipeline's ``micro_batches`` runs the one inner step (:func:`training.pipeline.inner_step`) with the
 pipeline's arithmetic (per-micro-batch losses, gradients accumulated in
 micro-batch order and divided by their count, clipping on the summed squared
 norms), so the chained rerun is bit-exact with the split one
@@ -51,13 +52,12 @@ import msgpack
 import torch
 
 from training.butterfly import assemble_slices, average_of_partials, live_plan
-from training.codec_wire import decode_contribution
+from training.codec_wire import decode_contribution, header_steps
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
 from training.data import Corpus, round_batches
 from training.diloco import step_with_average
 from training.errors import ContributionDecodeError, ReexecError, ReplicaStateError
 from training.hashing import stage_weights_hash, tensor_le_bytes
-from training.pipeline import LocalReplicaTrainer, clip_coefficient, grad_sq_norm, scale_grads
 from training.platform import (
     CROSS_PLATFORM_TOLERANCE,
     EXACT,
@@ -105,15 +105,18 @@ DEFAULT_TOLERANCE = CROSS_PLATFORM_TOLERANCE["fp32"]
 
 def data_commitment(
     corpus: Corpus, training_cfg: TrainingConfig, model_cfg: ModelConfig, diloco_cfg: DilocoConfig,
-    replica: int, outer_round: int,
+    replica: int, outer_round: int, steps: int | None = None,
 ) -> bytes:
-    """sha256 of the token ids the H inner steps of ``(replica, outer_round)`` consume.
+    """sha256 of the token ids the inner steps of ``(replica, outer_round)`` consume.
 
     ``sha256(b"dlx-round-data-v1" || corpus sha256 (32 bytes) || u64 run_seed || u64 replica
-    || u64 round || u64 H || u64 batch || u64 block || for k in 0..H-1: x_k || y_k)``,
-    integers little-endian, ``x_k``, ``y_k`` the int64 token ids of step ``k`` (row-major, LE).
+    || u64 round || u64 n || u64 batch || u64 block || for k in 0..n-1: x_k || y_k)``,
+    integers little-endian, ``x_k``, ``y_k`` the int64 token ids of step ``k`` (row-major, LE);
+    ``n = steps``: H by default, a time-bounded run's declared count (batch ``k`` of a round does not
+    depend on ``n``: :func:`training.data.window_offsets`).
     """
-    steps, batch, block = diloco_cfg.inner_steps, training_cfg.batch_size, model_cfg.block_size
+    steps = diloco_cfg.inner_steps if steps is None else steps
+    batch, block = training_cfg.batch_size, model_cfg.block_size
     digest = hashlib.sha256(DATA_MAGIC + bytes.fromhex(corpus.sha256))
     digest.update(struct.pack("<6Q", training_cfg.seed, replica, outer_round, steps, batch, block))
     for x, y in round_batches(corpus, training_cfg.seed, replica, outer_round, steps, batch, block):
@@ -146,43 +149,6 @@ def round_meta(
 
 
 # ----------------------------------------------------------------------------- the rerun
-
-
-def pipeline_train_step(
-    trainer: LocalReplicaTrainer, x: torch.Tensor, y: torch.Tensor, micro_batches: int
-) -> float:
-    """One inner step with the arithmetic of the split pipeline (``PipelineStageTrainer`` + ``ScheduleGPipe``).
-
-    The batch is cut into ``micro_batches`` equal slices (``tensor_split`` on the
-    batch dimension, as torch's pipelining does); each slice's mean loss is
-    back-propagated in slice order, so gradients accumulate as they do stage by
-    stage; then every gradient is divided by the slice count (the schedule's
-    ``scale_grads``), clipped by the global norm from the per-stage squared
-    sums, and AdamW steps. Returns the mean of the slices' losses.
-    """
-    if x.size(0) % micro_batches:
-        raise ReexecError(f"batch size {x.size(0)} is not divisible by micro_batches={micro_batches}")
-    for module, optimizer in zip(trainer.stage_modules, trainer.optimizers):
-        module.train()
-        optimizer.zero_grad(set_to_none=True)
-    losses = []
-    for x_slice, y_slice in zip(x.tensor_split(micro_batches), y.tensor_split(micro_batches)):
-        loss = trainer.loss(x_slice, y_slice)
-        loss.backward()
-        losses.append(float(loss.detach()))
-    if micro_batches != 1:
-        for module in trainer.stage_modules:
-            for param in module.parameters():
-                if param.grad is not None:
-                    param.grad.div_(micro_batches)
-    total = torch.zeros((), dtype=torch.float64)
-    for module in trainer.stage_modules:
-        total = total + grad_sq_norm(module)
-    coefficient = clip_coefficient(total, trainer.training_cfg.grad_clip)
-    for module, optimizer in zip(trainer.stage_modules, trainer.optimizers):
-        scale_grads(module, coefficient)
-        optimizer.step()
-    return sum(losses) / len(losses)
 
 
 @dataclass
@@ -219,8 +185,14 @@ def reexecute(
     previous_dropped: Collection[int] = (),
     threads: int | None = None,
     previous_partials: Mapping[int, Sequence[bytes]] | None = None,
+    declared_steps: int | None = None,
 ) -> Reexecution:
     """Rerun round ``state.meta.outer_round`` of ``state.meta.replica`` from ``state`` (module docstring).
+
+    ``declared_steps``: in a run whose rounds are bounded by time (``diloco.round_budget_s``), the
+    inner steps the contribution declares (required there): the rerun trains exactly that many and
+    encodes them declared, so a contribution that declares more (or fewer) steps than it trained
+    does not reproduce.
 
     ``previous_contributions``: stage -> the contributions of round t-1 in
     canonical order (what the round's apply(t-1) aggregated; public, archived by
@@ -246,29 +218,36 @@ def reexecute(
             f"start state has H={meta.inner_steps}, the run's diloco.inner_steps={diloco_cfg.inner_steps}"
         )
     outer_round, steps = meta.outer_round, meta.inner_steps
+    if diloco_cfg.budgeted:
+        if declared_steps is None:
+            raise ReexecError(f"round {outer_round}: a time-bounded run's rerun needs the declared inner steps")
+        try:
+            diloco_cfg.check_declared_steps(declared_steps)
+        except ValueError as exc:
+            raise ReexecError(f"round {outer_round}: {exc}") from None
+    elif declared_steps not in (None, steps):
+        raise ReexecError(f"round {outer_round}: a fixed-H run trains H={steps} steps, not {declared_steps}")
+    trained = declared_steps if declared_steps is not None else steps
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads or meta.threads)
     precision = meta.platform.precision if meta.platform is not None else "fp32"
     try:
         trainer, engines = restore_replica(state, model_cfg, replace(training_cfg, precision=precision), diloco_cfg,
                                            compression_cfg)
-        batches = round_batches(corpus, training_cfg.seed, meta.replica, outer_round, steps,
+        batches = round_batches(corpus, training_cfg.seed, meta.replica, outer_round, trained,
                                 training_cfg.batch_size, model_cfg.block_size)
         horizon = meta.lr_total_steps or None
         payloads: dict[int, bytes] = {}
         applied_hashes: dict[int, bytes] = {}
         train_seconds = encode_seconds = 0.0
         applied_previous = outer_round == 0
-        for action in round_actions(diloco_cfg, outer_round):
+        for action in round_actions(diloco_cfg, outer_round, steps=trained):
             started = time.perf_counter()
             if action.kind == TRAIN:
                 for step in range(action.first_step, action.end_step):
                     set_lr(trainer.optimizers, inner_lr(training_cfg, outer_round * steps + step, horizon))
                     x, y = batches[step]
-                    if meta.micro_batches:
-                        pipeline_train_step(trainer, x, y, meta.micro_batches)
-                    else:
-                        trainer.train_step(x, y)
+                    trainer.train_step(x, y, meta.micro_batches or 1)
                 train_seconds += time.perf_counter() - started
             elif action.kind == APPLY:
                 if action.outer_round == outer_round:
@@ -299,7 +278,7 @@ def reexecute(
             elif action.kind == ENCODE:
                 for engine in engines:  # as node.live.replica.ReplicaWorker.encode
                     engine.skip_to(outer_round)
-                    payloads[engine.stage_index], _ = engine.encode_contribution(outer_round)
+                    payloads[engine.stage_index], _ = engine.encode_contribution(outer_round, declared_steps)
                 encode_seconds += time.perf_counter() - started
         next_state = None
         if applied_previous:
@@ -493,14 +472,27 @@ def verify_contribution(
             return failed(STATE_MISMATCH,
                           f"stage {part.stage_index}: global weights are not round {applied}'s on record",
                           [part.stage_index])
-    expected_data = data_commitment(corpus, training_cfg, model_cfg, diloco_cfg, replica, outer_round)
+    declared = None
+    if diloco_cfg.budgeted:
+        # The stages of one replica train the same steps (the pipeline agrees on the count) and declare it;
+        # the rerun trains exactly that many.
+        counts = {claim.stage_index: claimed_steps(claim.payload) for claim in claims}
+        bad = [stage for stage, count in counts.items() if not _in_range(diloco_cfg, count)]
+        if bad:
+            return failed(MISMATCH, f"stage(s) {bad}: declared inner steps {[counts[s] for s in bad]} outside "
+                          f"the run's [{diloco_cfg.min_inner_steps}, {diloco_cfg.inner_steps}]", bad)
+        if len(set(counts.values())) != 1:
+            return failed(MISMATCH, f"the stages declare different inner steps {counts}")
+        declared = next(iter(counts.values()))
+    expected_data = data_commitment(corpus, training_cfg, model_cfg, diloco_cfg, replica, outer_round, declared)
     wrong_data = [claim.stage_index for claim in claims if claim.data_commitment != expected_data]
     if wrong_data:
         return failed(DATA_MISMATCH, "the data commitment is not this round's batches", wrong_data)
     try:
         rerun = reexecute(state, corpus, model_cfg, training_cfg, diloco_cfg, compression_cfg,
                           previous_contributions=previous_contributions, previous_excluded=previous_excluded,
-                          previous_dropped=previous_dropped, threads=threads, previous_partials=previous_partials)
+                          previous_dropped=previous_dropped, threads=threads, previous_partials=previous_partials,
+                          declared_steps=declared)
     except ReplicaStateError as exc:
         return failed(STATE_MISMATCH, f"state does not fit the run's model: {exc}")
     elsewhere = [c.stage_index for c in claims if c.applied_hash != rerun.applied_hashes.get(c.stage_index, NO_APPLY)]
@@ -536,6 +528,15 @@ def verify_contribution(
                                      rerun_threads=rerun.threads, tolerance=tolerance).verdict == MISMATCH)
     return SpotCheck(outer_round, replica, outcome, f"{judged.rule}: {judged.reason}", distances, next_hashes,
                      rerun.seconds, failing, judged.rule)
+
+
+def claimed_steps(payload: bytes) -> int | None:
+    """The inner steps a contribution's payload declares (None: none, or not a contribution at all)."""
+    return header_steps(payload)
+
+
+def _in_range(diloco_cfg: DilocoConfig, steps: int | None) -> bool:
+    return steps is not None and diloco_cfg.min_inner_steps <= steps <= diloco_cfg.inner_steps
 
 
 def start_global_round(diloco_cfg: DilocoConfig, outer_round: int) -> int:

@@ -9,7 +9,9 @@ and, when it encodes, states what its envelopes would bind
 
 Dishonest replicas are subclasses of :class:`SimReplica` that override one
 step (fault injection by subclass): :class:`OtherDataReplica`,
-:class:`HalfStepsReplica`, :class:`PerturbedReplica`, :class:`ForgedStateReplica`. An honest
+:class:`HalfStepsReplica`, :class:`PerturbedReplica`, :class:`ForgedStateReplica`,
+:class:`OverDeclaringReplica` (a time-bounded run's replica that declares more steps than it trained).
+An honest :class:`SlowReplica` trains fewer steps in a time-bounded run and says so. An honest
 :class:`StragglerReplica` has its round-0 contribution left out of the close (it came too late),
 as a node's can be.
 Tests and ``bench/bench_reexec.py`` use them.
@@ -29,7 +31,7 @@ from training.diloco import host_float32
 from training.model import init_state_dict
 from training.pipeline import LocalReplicaTrainer
 from training.portable_rng import normal_tensor
-from training.reexec import ContributionClaim, data_commitment, pipeline_train_step, round_meta
+from training.reexec import ContributionClaim, data_commitment, round_meta
 from training.replica_state import ReplicaStartState, capture_replica_state
 from training.schedule import APPLY, ENCODE, TRAIN, inner_lr, round_actions, set_lr
 from training.stage_engine import StageEngine
@@ -77,6 +79,15 @@ class SimReplica:
     def trains_step(self, outer_round: int, step: int) -> bool:
         return True
 
+    def trained_steps(self, outer_round: int) -> int:
+        """The inner steps this replica trains in ``outer_round``: H; in a time-bounded run, what its budget
+        fitted (:class:`SlowReplica` fixes it, so that a test does not depend on a clock)."""
+        return self.sim.diloco.inner_steps
+
+    def declared_steps(self, outer_round: int) -> int | None:
+        """What its contributions declare (None in a fixed-H run: version-1 contributions)."""
+        return self.trained_steps(outer_round) if self.sim.diloco.budgeted else None
+
     def before_capture(self, outer_round: int) -> None:
         """Hook: change the state before it is captured and committed."""
 
@@ -96,22 +107,19 @@ class SimReplica:
         sim = self.sim
         steps = sim.diloco.inner_steps
         batches = self.batches(outer_round)
-        for step in range(first_step, end_step):
+        for step in range(first_step, min(end_step, self.trained_steps(outer_round))):
             if not self.trains_step(outer_round, step):
                 continue
             set_lr(self.trainer.optimizers, inner_lr(sim.training, outer_round * steps + step, sim.rounds * steps))
             x, y = batches[step]
-            if sim.micro_batches:
-                pipeline_train_step(self.trainer, x, y, sim.micro_batches)
-            else:
-                self.trainer.train_step(x, y)
+            self.trainer.train_step(x, y, sim.micro_batches or 1)
 
     def encode(self, outer_round: int) -> dict[int, bytes]:
         self.before_encode(outer_round)
         payloads = {}
         for engine in self.engines:
             engine.skip_to(outer_round)
-            payloads[engine.stage_index], _ = engine.encode_contribution(outer_round)
+            payloads[engine.stage_index], _ = engine.encode_contribution(outer_round, self.declared_steps(outer_round))
         return payloads
 
     def finish(self, outer_round: int, contributions: dict[int, list[bytes]]) -> None:
@@ -119,6 +127,26 @@ class SimReplica:
             engine.finish_round(outer_round, contributions[engine.stage_index])
             if self.left_out(outer_round):
                 engine.contribution_dropped(outer_round)
+
+
+class SlowReplica(SimReplica):
+    """Honest, in a time-bounded run: its budget fits ``steps`` inner steps a round, which it declares."""
+
+    def __init__(self, replica: int, sim: SimConfig, steps: int) -> None:
+        super().__init__(replica, sim)
+        self.steps = steps
+
+    def trained_steps(self, outer_round):
+        return self.steps
+
+
+class OverDeclaringReplica(SlowReplica):
+    """Trains ``steps`` inner steps but declares ``steps + extra`` (to weigh more in the average)."""
+
+    extra = 2
+
+    def declared_steps(self, outer_round):
+        return self.steps + self.extra
 
 
 class StragglerReplica(SimReplica):
@@ -211,7 +239,7 @@ def run_with_states(replicas: list[SimReplica], sim: SimConfig) -> list[SimRound
                     started = time.perf_counter()
                     state = record.states[member.replica]
                     data = data_commitment(sim.corpus, sim.training, sim.model, sim.diloco, member.replica,
-                                           outer_round)
+                                           outer_round, member.declared_steps(outer_round))
                     record.claims[member.replica] = [
                         ContributionClaim(stage, part.state_hash(), data, payloads[stage])
                         for stage, part in enumerate(state.stages)

@@ -26,6 +26,15 @@ Order of operations, per stage and round, ``c_0 .. c_{K-1}`` in canonical order:
 The survivors are then averaged exactly as before (``training.diloco``); with
 none left the round is a no-op.
 
+In a run whose rounds are bounded by time (``steps_range`` given: ``diloco.round_budget_s > 0``,
+issue 44) every contribution declares the inner steps ``k_j`` it trained (codec_wire version 2).
+One that declares none, or a count outside the run's ``[min_inner_steps, inner_steps]``, is
+excluded with reason ``bad_steps`` at step 1. Steps 3-5 then run on the per-step norms
+``p_j = n_j / k_j`` (one float64 division): ``med`` is the lower median of the ``p_j``, ``bound =
+norm_clip * med`` and ``s_j = bound / p_j`` where ``p_j > bound``. An honest replica that trained
+a quarter of the steps sends a pseudo-gradient about a quarter as long; per step it is like the
+others, and it is neither clipped nor made the median. Each report's ``norm`` stays ``n_j``.
+
 Why a clipped norm and not a coordinate-wise median or trimmed mean: the norm
 rule is cheap, keeps honest rounds bit-identical to the plain average, and
 bounds what any one member can move the weights by to ``norm_clip * med / A``;
@@ -46,7 +55,7 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-from training.codec_wire import decode_contribution
+from training.codec_wire import decode_declared, header_steps
 from training.errors import (
     ContributionCodecRefused,
     ContributionDecodeError,
@@ -59,10 +68,12 @@ WRONG_SHAPE = "wrong_shape"
 NON_FINITE = "non_finite"
 RAW_IN_COMPRESSED = "raw_in_compressed"
 SCREENED = "screened"
+#: A time-bounded run's contribution that declares no inner steps, or a count outside the run's range.
+BAD_STEPS = "bad_steps"
 #: Built on another result of the round before than the holder's (a forked member's round; the caller
 #: compares the contribution's bound ``applied_hash``: docs/PROTOCOL.md "When a node's weights leave the record").
 OTHER_RESULT = "other_result"
-EXCLUSION_REASONS = (UNDECODABLE, WRONG_SHAPE, NON_FINITE, RAW_IN_COMPRESSED, SCREENED, OTHER_RESULT)
+EXCLUSION_REASONS = (UNDECODABLE, WRONG_SHAPE, NON_FINITE, RAW_IN_COMPRESSED, SCREENED, OTHER_RESULT, BAD_STEPS)
 #: The reasons a caller excludes by (step 2 of the module docstring), not re-derivable from the bytes alone.
 CALLER_REASONS = (SCREENED, OTHER_RESULT)
 
@@ -260,8 +271,13 @@ def robust_contributions(
     refuse_raw: bool = False,
     excluded: Mapping[int, str | tuple[str, str]] | None = None,
     known: Sequence[tuple[bytes, Mapping[str, torch.Tensor]]] = (),
+    steps_range: tuple[int, int] | None = None,
 ) -> tuple[list[dict[str, torch.Tensor]], list[ContributionReport]]:
     """Decode, exclude and clip one round's contributions (module docstring, steps 1-5).
+
+    ``steps_range``: ``(min_inner_steps, inner_steps)`` of a time-bounded run (None: fixed H); each
+    contribution must then declare its steps inside it, and the norm rule runs per step (module
+    docstring).
 
     Returns the accepted contributions' tensors, in canonical order and already
     scaled, and one report per input contribution. ``excluded`` maps canonical
@@ -280,30 +296,45 @@ def robust_contributions(
     reports: list[ContributionReport | None] = [None] * len(contributions)
     decoded: dict[int, dict[str, torch.Tensor]] = {}
     norms: dict[int, float] = {}
+    clip_norms: dict[int, float] = {}  # what the norm rule compares: n_j, or n_j / k_j in a time-bounded run
+    steps: dict[int, int] = {}
     for index, blob in enumerate(contributions):
         try:
             tensors = next((dict(tensors) for data, tensors in known if data == blob), None)
             if tensors is None:
-                tensors = decode_contribution(
+                declared, tensors = decode_declared(
                     blob, shapes, stage_index=stage_index, outer_round=outer_round, refuse_raw=refuse_raw
                 )
+            else:
+                declared = header_steps(blob) if steps_range is not None else None
         except ContributionDecodeError as exc:
             reason = next(code for kind, code in _DECODE_REASONS if isinstance(exc, kind))
             reports[index] = ContributionReport(index, False, reason, str(exc), None, 0.0)
             continue
         norm = contribution_norm(tensors)
+        if steps_range is not None:
+            low, high = steps_range
+            if declared is None or not low <= declared <= high:
+                detail = ("declares no inner steps" if declared is None
+                          else f"declares {declared} inner steps, outside the run's [{low}, {high}]")
+                reports[index] = ContributionReport(index, False, BAD_STEPS, detail, norm, 0.0)
+                continue
+            steps[index] = declared
         if index in excluded:
             why = excluded[index]
             reason, detail = why if isinstance(why, tuple) else (SCREENED, why)
             reports[index] = ContributionReport(index, False, reason, str(detail), norm, 0.0)
             continue
         decoded[index], norms[index] = tensors, norm
-    median = lower_median(list(norms.values())) if norms else 0.0
+        clip_norms[index] = norm / steps[index] if steps_range is not None else norm
+    median = lower_median(list(clip_norms.values())) if clip_norms else 0.0
     bound = norm_clip * median if norm_clip else math.inf
+    per = " per step" if steps_range is not None else ""
     accepted = []
     for index, tensors in decoded.items():
-        scale = clip_scale(norms[index], bound)
+        scale = clip_scale(clip_norms[index], bound)
         accepted.append(tensors if scale == 1.0 else scaled(tensors, scale))
-        detail = "" if scale == 1.0 else f"norm {norms[index]:.6g} > {norm_clip:g} x median {median:.6g}"
+        detail = "" if scale == 1.0 else f"norm{per} {clip_norms[index]:.6g} > {norm_clip:g} x median {median:.6g}"
         reports[index] = ContributionReport(index, True, "", detail, norms[index], scale)
     return accepted, [report for report in reports if report is not None]
+

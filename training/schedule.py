@@ -75,11 +75,20 @@ class RoundAction:
     end_step: int = 0
 
 
-def round_actions(diloco_cfg: DilocoConfig, outer_round: int, *, last: bool = False) -> list[RoundAction]:
-    """The ordered actions of ``outer_round`` (module docstring); ``last`` flushes the final apply."""
+def round_actions(diloco_cfg: DilocoConfig, outer_round: int, *, last: bool = False,
+                  steps: int | None = None) -> list[RoundAction]:
+    """The ordered actions of ``outer_round`` (module docstring); ``last`` flushes the final apply.
+
+    ``steps``: the inner steps the round trains, H by default; a time-bounded run's replica trains
+    the count it declared (re-execution and the audit rerun exactly that many; the overlapped first
+    part, ``diloco.overlap`` steps, is always whole: ``min_inner_steps`` exceeds it).
+    """
     if outer_round < 0:
         raise ValueError(f"outer_round={outer_round}: must be >= 0")
-    steps = diloco_cfg.inner_steps
+    if steps is None:
+        steps = diloco_cfg.inner_steps
+    elif not 1 <= steps <= diloco_cfg.inner_steps:
+        raise ValueError(f"steps={steps}: must be in [1, diloco.inner_steps={diloco_cfg.inner_steps}]")
     train = RoundAction(TRAIN, outer_round, 0, steps)
     encode = RoundAction(ENCODE, outer_round)
     if not diloco_cfg.one_step_delay:
@@ -111,6 +120,22 @@ def applies_before_encode(diloco_cfg: DilocoConfig, outer_round: int) -> bool:
         if action.kind == APPLY and action.outer_round == outer_round - 1:
             return True
     return False
+
+
+def takes_another_step(diloco_cfg: DilocoConfig, step: int, elapsed_s: float) -> bool:
+    """Whether a replica trains inner step ``step`` (0-based) of a round whose steps took ``elapsed_s`` so far.
+
+    Fixed H: ``step < H``. Time-bounded (``diloco.round_budget_s`` = B): every step below
+    ``min_inner_steps``, none from ``inner_steps`` (H) on, and in between while ``elapsed_s < B`` (the
+    step that crosses the budget is finished). This is the only place timing enters: the count it
+    yields is declared in the signed contribution, and everything downstream (aggregation weights,
+    the rerun, the data commitment, the audit) reads the declared count, never a clock.
+    """
+    if step >= diloco_cfg.inner_steps:
+        return False
+    if not diloco_cfg.budgeted or step < diloco_cfg.min_inner_steps:
+        return True
+    return elapsed_s < diloco_cfg.round_budget_s
 
 
 def pending_after_round(diloco_cfg: DilocoConfig) -> int:

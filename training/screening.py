@@ -15,6 +15,10 @@ clearly worse than the median contribution
     tol   = max(screen_abs_tol, screen_rel_tol * L_b)                    float64
     excluded_i  <=>  not (L_i <= med + tol)
 
+In a run whose rounds are bounded by time (``diloco.round_budget_s``, issue 44) each ``d_i`` is first
+scaled to the round's mean declared count (``f32(outer_lr * tau / k_i)`` in place of ``f32(outer_lr)``,
+:func:`screen_contributions`) and the rule is ``excluded_i <=> not (L_i <= max(L_b, med) + tol)``.
+
 ``f32`` rounds the float64 loss to the nearest float32: the loss is computed in
 float64 (:func:`model_loss_fn`), whose order-dependent last bits (thread count,
 BLAS kernel) are then far below a float32 step, so two processes record the same
@@ -38,7 +42,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from training.codec_wire import decode_contribution
+from training.codec_wire import decode_contribution, header_steps
 from training.config import DilocoConfig, ModelConfig
 from training.data import Corpus, check_corpus
 from training.errors import ContributionDecodeError, DataError
@@ -140,19 +144,52 @@ def decode_full(
     return merged
 
 
+def declared_steps_full(contribution_by_stage: Sequence[bytes]) -> int | None:
+    """The inner steps one replica's contributions to every stage declare (they must agree), else None
+    (also for version-1, fixed-H, contributions and for bytes that are no contribution)."""
+    steps = {header_steps(blob) for blob in contribution_by_stage}
+    return steps.pop() if len(steps) == 1 else None
+
+
+def screening_steps(diloco_cfg: DilocoConfig, contributions_by_replica: Sequence[Sequence[bytes]]) -> list | None:
+    """The ``declared_steps`` argument of :func:`screen_contributions`: each replica's declared count in a
+    time-bounded run (``contributions_by_replica[i]``: replica i's contribution to every stage), None with
+    fixed H (nothing to read)."""
+    if not diloco_cfg.budgeted:
+        return None
+    return [declared_steps_full(blobs) for blobs in contributions_by_replica]
+
+
 def screen_contributions(
     loss_fn: LossFn,
     global_weights: Mapping[str, torch.Tensor],
     contributions: Sequence[Mapping[str, torch.Tensor] | None],
     diloco_cfg: DilocoConfig,
+    declared_steps: Sequence[int | None] | None = None,
 ) -> list[ScreeningReport]:
     """Screen each (decoded, full-model) contribution alone against ``global_weights`` (module docstring).
 
     ``loss_fn`` maps full-model float32 weights to the loss on the round's
     :func:`screening_batch` (:func:`model_loss_fn`). ``None`` entries (did not
-    decode) are reported, not screened.
+    decode) are reported, not screened. In a time-bounded run (``diloco_cfg.budgeted``)
+    ``declared_steps`` gives each contribution's declared inner steps ``k_i``
+    (:func:`declared_steps_full`), and each is screened normalised to the round's mean count
+    ``tau = (sum of the valid k_i) / (their number)``:
+    ``L_i = f32(loss(theta - f32(outer_lr * tau / k_i) * d_i))`` (the factor computed in float64,
+    rounded once), so a replica that trained fewer steps is measured per step like the others;
+    one with no valid count is not screened (the aggregation excludes it, ``bad_steps``).
     """
+    if diloco_cfg.budgeted and (declared_steps is None or len(declared_steps) != len(contributions)):
+        raise ValueError("a time-bounded run screens with each contribution's declared steps")
     lr = torch.tensor(diloco_cfg.outer_lr, dtype=torch.float32)
+    factors = [lr] * len(contributions)
+    if diloco_cfg.budgeted:
+        valid = [isinstance(k, int) and diloco_cfg.min_inner_steps <= k <= diloco_cfg.inner_steps
+                 and contribution is not None for k, contribution in zip(declared_steps, contributions)]
+        counted = [k for k, ok in zip(declared_steps, valid) if ok]
+        tau = sum(counted) / len(counted) if counted else 1.0
+        factors = [torch.tensor(diloco_cfg.outer_lr * tau / k, dtype=torch.float32) if ok else None
+                   for k, ok in zip(declared_steps, valid)]
     # Every member and the audit must reach the same decision bit for bit, whatever thread count
     # they train with: torch splits float reductions (matmuls) by thread count, so the losses are
     # computed on SCREENING_THREADS threads. (Two members on 1 and 2 threads disputed a round.)
@@ -161,10 +198,10 @@ def screen_contributions(
     try:
         loss_before = _f32(loss_fn(global_weights))
         after: dict[int, float] = {}
-        for index, contribution in enumerate(contributions):
-            if contribution is None:
+        for index, (contribution, factor) in enumerate(zip(contributions, factors)):
+            if contribution is None or factor is None:
                 continue
-            stepped = {name: torch.sub(value, torch.mul(contribution[name], lr))
+            stepped = {name: torch.sub(value, torch.mul(contribution[name], factor))
                        for name, value in global_weights.items()}
             after[index] = _f32(loss_fn(stepped))
     finally:
@@ -182,6 +219,12 @@ def judge(
     # contribution, applied alone to weights that already moved, can do worse than L_b late in a
     # run; measuring against L_b then left honest ones out (a bench run lost 1 of 4 in a round).
     threshold = median + tolerance
+    if diloco_cfg.budgeted:
+        # Replicas of a time-bounded run train different counts, and fewer steps buy less than their share
+        # of loss even normalised to the mean count (the first steps of a round are not the last ones): an
+        # honest slow replica applied alone lands above the faster ones' median, yet below L_b. Only a
+        # contribution worse than both leaving the weights alone and the median is left out (issue 44).
+        threshold = max(loss_before, median) + tolerance
     # With fewer than three screened contributions there is no majority to measure against: the
     # lower median of two is the better one, and the other, honest or not, would fall above it
     # (a 2-replica benchmark run lost an honest contribution that way). Nothing is excluded then;

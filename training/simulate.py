@@ -54,12 +54,22 @@ from training.screening import (
     screen_contributions,
     screening_batch,
     screening_exclusions,
+    screening_steps,
 )
 from training.errors import TrainingError
 from training.hashing import stage_weights_hash, weights_root
 from training.model import count_params, init_state_dict
 from training.pipeline import LocalReplicaTrainer
-from training.schedule import APPLY, ENCODE, TRAIN, inner_lr, round_actions, set_lr, trainer_optimizers
+from training.schedule import (
+    APPLY,
+    ENCODE,
+    TRAIN,
+    inner_lr,
+    round_actions,
+    set_lr,
+    takes_another_step,
+    trainer_optimizers,
+)
 from training.stage_engine import StageEngine
 
 logger = logging.getLogger(__name__)
@@ -99,6 +109,8 @@ class RoundRecord:
     # The rounds applied during this one (they lag by one with the delay), each
     # {"outer_round", "screening": [ScreeningReport], "aggregation": [per stage [ContributionReport]]} as dicts.
     applied: list[dict] = field(default_factory=list)
+    # A time-bounded run's (diloco.round_budget_s): the inner steps each replica trained and declared.
+    declared_steps: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -295,7 +307,10 @@ def _simulate_diloco(
         ]
         x, y = screening_batch(corpus, training_cfg.seed, outer_round, diloco_cfg.screen_batch_size,
                                model_cfg.block_size)
-        reports = screen_contributions(model_loss_fn(model_cfg, x, y), _global_state(engines[0]), decoded, diloco_cfg)
+        declared = screening_steps(diloco_cfg, [[contributions[stage][replica] for stage in range(len(contributions))]
+                                                for replica in range(len(contributions[0]))])
+        reports = screen_contributions(model_loss_fn(model_cfg, x, y), _global_state(engines[0]), decoded, diloco_cfg,
+                                       declared)
         return screening_exclusions(reports), [r.to_dict() for r in reports]
 
     def apply(outer_round: int, contributions: list[list[bytes]], outer_seconds: list[float]) -> tuple[list, list]:
@@ -317,13 +332,19 @@ def _simulate_diloco(
 
     steps = diloco_cfg.inner_steps
 
-    def train(replica: int, outer_round: int, first_step: int, end_step: int) -> list[float]:
+    def train(replica: int, outer_round: int, first_step: int, end_step: int, elapsed: list[float]) -> list[float]:
+        """Inner steps ``first_step <= k < end_step``; in a time-bounded run only while
+        :func:`takes_another_step` says so (``elapsed[replica]``: this round's inner-step wall seconds)."""
         trainer = trainers[replica]
         optimizers = trainer_optimizers(trainer)
         losses = []
         for step, (x, y) in enumerate(batches(replica, outer_round)[first_step:end_step], start=first_step):
+            if not takes_another_step(diloco_cfg, step, elapsed[replica]):
+                break
+            started = time.perf_counter()
             set_lr(optimizers, inner_lr(training_cfg, outer_round * steps + step, outer_rounds * steps))
             losses.append(trainer.train_step(x, y))
+            elapsed[replica] += time.perf_counter() - started
         return losses
 
     for outer_round in range(outer_rounds):
@@ -336,19 +357,24 @@ def _simulate_diloco(
         raw = [0] * replicas
         tensor_stats: list[dict] = []
         applied: list[dict] = []
+        elapsed = [0.0] * replicas  # wall seconds of this round's inner steps, per replica (the budget's clock)
+        trained = [0] * replicas
         # The round's actions in the order the node runs them (training/schedule.py).
         for action in round_actions(diloco_cfg, outer_round, last=outer_round == outer_rounds - 1):
             if action.kind == TRAIN:
                 # H inner steps per replica (one after the other here, in parallel in reality).
                 for replica in range(replicas):
                     started = _clock()
-                    losses.extend(train(replica, outer_round, action.first_step, action.end_step))
+                    done = train(replica, outer_round, action.first_step, action.end_step, elapsed)
                     train_seconds[replica] += _clock() - started
+                    losses.extend(done)
+                    trained[replica] += len(done)
             elif action.kind == ENCODE:
                 for replica in range(replicas):
                     for stage, engine in enumerate(engines[replica]):
                         started = _clock()
-                        blob, stats = engine.encode_contribution(outer_round)
+                        blob, stats = engine.encode_contribution(
+                            outer_round, trained[replica] if diloco_cfg.budgeted else None)
                         codec_seconds[replica] += _clock() - started
                         contributions[stage].append(blob)
                         sent[replica] += len(blob)
@@ -380,6 +406,7 @@ def _simulate_diloco(
                 weights_root=_global_root(engines[0]).hex(),
                 tensors=tensor_stats,
                 applied=applied,
+                declared_steps=list(trained) if diloco_cfg.budgeted else [],
             )
         )
         logger.info(

@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from training.codec_wire import declare_steps
 from training.compression import CompressionStats, ErrorFeedbackCompressor
 from training.config import CompressionConfig, DilocoConfig
 from training.diloco import (
@@ -218,11 +219,30 @@ class StageEngine:
         self.last_encoded = outer_round
         self._prepared = (outer_round, pseudo_gradient)
 
-    def encode_contribution(self, outer_round: int) -> tuple[bytes, CompressionStats]:
+    def _check_declared(self, declared_steps: int | None) -> None:
+        """Refuse, before anything changes, a count the run does not allow (or a missing one)."""
+        if not self.diloco_cfg.budgeted:
+            if declared_steps not in (None, self.diloco_cfg.inner_steps):
+                raise EngineStateError(f"stage {self.stage_index}: a fixed-H run trains H="
+                                       f"{self.diloco_cfg.inner_steps} steps, not {declared_steps}")
+            return
+        if declared_steps is None:
+            raise EngineStateError(f"stage {self.stage_index}: a time-bounded run's contribution declares its steps")
+        self.diloco_cfg.check_declared_steps(declared_steps)
+
+    def _declared(self, blob: bytes, declared_steps: int | None) -> bytes:
+        """``blob`` with the inner steps it declares: a time-bounded run's contributions carry the count
+        the replica trained (codec_wire version 2); a fixed-H run's stay version 1, byte for byte."""
+        return declare_steps(blob, declared_steps) if self.diloco_cfg.budgeted else blob
+
+    def encode_contribution(self, outer_round: int, declared_steps: int | None = None) -> tuple[bytes, CompressionStats]:
         """Pseudo-gradient of ``outer_round`` (start-of-round minus current local weights), compressed.
 
         After :meth:`prepare_encode` of the same round, only the compression is left to do.
+        ``declared_steps``: the inner steps the replica trained this round, required in a run whose
+        rounds are bounded by time (``diloco.round_budget_s``), where the contribution declares them.
         """
+        self._check_declared(declared_steps)
         if self._prepared is None:
             self._check_encode_order(outer_round)
         elif self._prepared[0] != outer_round:
@@ -236,6 +256,7 @@ class StageEngine:
             blob, stats = self.compressor.compress(
                 pseudo_gradient, stage_index=self.stage_index, outer_round=outer_round
             )
+            blob = self._declared(blob, declared_steps)
             self._sent[outer_round] = self.compressor.last_decoded
             stats.encode_seconds = time.perf_counter() - started
             return blob, stats
@@ -244,6 +265,7 @@ class StageEngine:
         blob, stats = self.compressor.compress(
             pseudo_gradient, stage_index=self.stage_index, outer_round=outer_round
         )
+        blob = self._declared(blob, declared_steps)
         if self.lookahead:
             # Start the next round from this replica's own estimate of theta^t: the outer
             # step applied to its own (decoded) contribution instead of the average.

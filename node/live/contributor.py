@@ -114,7 +114,7 @@ class Contributor:
         period = self.clock.trained(outer_round, sum(p.seconds for p in parts))
         self.progress.timing = self.clock.summary()
         logger.info("round %d: %d inner steps in %.1fs (%s), loss %.4f", outer_round,
-                    self.cfg.diloco.inner_steps, period["inner_s"],
+                    tokens // (self.cfg.training.batch_size * self.cfg.model.block_size), period["inner_s"],
                     "first period" if period["wall_s"] is None else
                     f"{period['wall_s']:.1f}s since the last round's, utilization {period['utilization']:.1%}",
                     mean_loss)

@@ -23,7 +23,14 @@ from training.data import corpus_from_config, eval_batches, round_batches
 from training.butterfly import SliceAggregate, SlicePlan, aggregate_slice, average_of_partials, slice_stage
 from training.diloco import Aggregation, aggregate_with_report, step_with_average
 from training.errors import PipelineError
-from training.screening import decode_full, model_loss_fn, screen_contributions, screening_batch, screening_exclusions
+from training.screening import (
+    decode_full,
+    model_loss_fn,
+    screen_contributions,
+    screening_batch,
+    screening_exclusions,
+    screening_steps,
+)
 from training.hashing import stage_weights_hash, weights_root
 from training.model import init_state_dict
 from training.reexec import data_commitment, round_meta
@@ -34,7 +41,7 @@ from training.pipeline import (
     close_pipeline_group,
     init_pipeline_group,
 )
-from training.schedule import inner_lr, set_lr, trainer_optimizers
+from training.schedule import inner_lr, set_lr, takes_another_step, trainer_optimizers
 from training.stage_engine import RoundResult, StageEngine
 from training.stages import split_stages, stage_param_names
 
@@ -70,6 +77,8 @@ class ReplicaWorker:
         self.trainer: LocalReplicaTrainer | PipelineStageTrainer | None = None
         self.engines: dict[int, StageEngine] = {}
         self.plans: dict[int, SlicePlan] = {}  # stage -> slice plan (diloco.exchange = "sliced" only)
+        # round -> (inner steps trained, their wall seconds): a time-bounded run's count to declare
+        self._trained: dict[int, tuple[int, float]] = {}
 
     # -- set-up ---------------------------------------------------------------------
     def start(self, rendezvous_timeout: float, op_timeout: float, mark: Callable[[str], object] | None = None) -> None:
@@ -183,10 +192,18 @@ class ReplicaWorker:
 
         A round may be trained in two parts (the schedule's partial overlap applies the
         previous round between them); the batches are the same deterministic ones either way.
+        In a time-bounded run (``diloco.round_budget_s``) a step is taken only while
+        :func:`training.schedule.takes_another_step` says so, on the wall seconds of the round's inner
+        steps so far; a split replica's first stage decides and its pipeline partners follow (one
+        broadcast per step), so every stage trains, and declares, the same count
+        (:meth:`declared_steps`).
         """
         h = self.cfg.diloco.inner_steps
         end_step = h if end_step is None else end_step
-        batches = round_batches(self.corpus, self.cfg.training.seed, self.replica, outer_round, h,
+        if first_step == 0:
+            self._trained[outer_round] = (0, 0.0)
+        done, elapsed = self._trained.get(outer_round, (first_step, 0.0))
+        batches = round_batches(self.corpus, self.cfg.training.seed, self.replica, outer_round, end_step,
                                 self.cfg.training.batch_size, self.cfg.model.block_size)[first_step:end_step]
         started = time.perf_counter()
         losses = []
@@ -195,12 +212,36 @@ class ReplicaWorker:
         total_steps = self.cfg.rounds * h if self.cfg.rounds > 0 else None
         optimizers = trainer_optimizers(self.trainer)
         for step, (x, y) in enumerate(batches, start=first_step):
+            if self.cfg.diloco.budgeted and not self._another_step(step, elapsed):
+                break
+            step_started = time.perf_counter()
             set_lr(optimizers, inner_lr(self.cfg.training, outer_round * h + step, total_steps))
             losses.append(self.trainer.train_step(x, y))
+            elapsed += time.perf_counter() - step_started
+            done = step + 1
             if on_step is not None:
                 on_step(step + 1, losses[-1])
+        self._trained[outer_round] = (done, elapsed)
+        self._trained = {r: v for r, v in self._trained.items() if r >= outer_round - 2}
         tokens = len(losses) * self.cfg.training.batch_size * self.cfg.model.block_size
-        return TrainStats(sum(losses) / len(losses), tokens, time.perf_counter() - started)
+        mean = sum(losses) / len(losses) if losses else float("nan")
+        return TrainStats(mean, tokens, time.perf_counter() - started)
+
+    def _another_step(self, step: int, elapsed: float) -> bool:
+        """:func:`takes_another_step`, decided by the replica's first stage and followed by the others."""
+        decision = takes_another_step(self.cfg.diloco, step, elapsed)
+        if self.pipelined and step >= self.cfg.diloco.min_inner_steps:
+            decision = self.trainer.follow_first_stage(decision)
+        return decision
+
+    def declared_steps(self, outer_round: int) -> int | None:
+        """The inner steps this replica trained in ``outer_round`` and its contributions declare; None in a
+        fixed-H run (its contributions declare nothing: H)."""
+        if not self.cfg.diloco.budgeted:
+            return None
+        if outer_round not in self._trained:
+            raise PipelineError(f"round {outer_round}: not trained here, no step count to declare")
+        return self._trained[outer_round][0]
 
     # -- what a contribution binds (re-execution spot checks, docs/DILOCOX.md section 11) ------
     def capture_start_states(self, outer_round: int) -> dict[int, bytes]:
@@ -226,7 +267,7 @@ class ReplicaWorker:
     def data_commitment(self, outer_round: int) -> bytes:
         """sha256 of the token ids this replica's H inner steps of ``outer_round`` consume."""
         return data_commitment(self.corpus, self.cfg.training, self.cfg.model, self.cfg.diloco, self.replica,
-                               outer_round)
+                               outer_round, self.declared_steps(outer_round))
 
     def eval_loss(self) -> float:
         return self.trainer.eval_loss(self._eval)
@@ -255,7 +296,7 @@ class ReplicaWorker:
         After :meth:`prepare_encode`, only the compression is left (it may run on another thread).
         """
         self.skip_to(stage, outer_round)
-        return self.engines[stage].encode_contribution(outer_round)
+        return self.engines[stage].encode_contribution(outer_round, self.declared_steps(outer_round))
 
     def check_contribution(self, stage: int, outer_round: int, payload: bytes) -> None:
         """Raise ContributionDecodeError unless ``payload`` decodes strictly for (stage, round)."""
@@ -283,7 +324,7 @@ class ReplicaWorker:
                                self.cfg.model.block_size)
         base = engine.global_weights if global_weights is None else global_weights
         reports = screen_contributions(model_loss_fn(self.cfg.model, x, y), base, decoded,
-                                       self.cfg.diloco)
+                                       self.cfg.diloco, screening_steps(self.cfg.diloco, [[b] for b in contributions]))
         return screening_exclusions(reports), reports
 
     def prepare_aggregation(self, stage: int, outer_round: int, contributions: list[bytes],

@@ -172,6 +172,7 @@ class Replayer:
             screen_contributions,
             screening_batch,
             screening_exclusions,
+            screening_steps,
         )
 
         corpus = self._corpus()
@@ -185,7 +186,8 @@ class Replayer:
         x, y = screening_batch(corpus, self.cfg.training.seed, round_index, self.cfg.diloco.screen_batch_size,
                                self.cfg.model.block_size)
         reports = screen_contributions(model_loss_fn(self.cfg.model, x, y), self.weights[0], decoded,
-                                       self.cfg.diloco)
+                                       self.cfg.diloco, screening_steps(self.cfg.diloco,
+                                                                        [[b] for b in payloads_by_stage[0]]))
         return screening_exclusions(reports)
 
     def apply_sliced(self, round_index: int, payloads_by_stage: list[list[bytes]], peers_by_stage: list[list[str]],
