@@ -179,7 +179,13 @@ def inner(args) -> int:
               "placement": site_of}
     try:
         run.start()
-        soak.loop()
+        try:
+            soak.loop()
+        except Exception as exc:  # a fault of this harness: keep what the run did, and say so
+            import traceback
+            result["harness_error"] = traceback.format_exc()[-2000:]
+            print(result["harness_error"], file=sys.stderr, flush=True)
+        result["run_s"] = soak.now()
         soak.stop()
         soak.summarize(result)
         result["audit"] = audit(run, soak)
@@ -190,6 +196,7 @@ def inner(args) -> int:
             soak.joiner.kill()
     (workdir / "result.json").write_text(json.dumps(result, default=str))
     ok = (result["rounds_in_order_once"] and result["rounds"] > 0 and not result["tracebacks"]
+          and "harness_error" not in result
           and result["audit"]["verdict"] == "PASSED" and not result["unexpected_exits"])
     return 0 if ok else 1
 
@@ -258,8 +265,8 @@ class Soak:
         self.event("restart", node=slot.name)
 
     def outage_begin(self) -> None:
-        rules = (f"table inet {OUTAGE_TABLE} {{ chain input {{ type filter hook input priority filter; "
-                 f"policy accept; iifname \"l*\" tcp dport {self.anvil_port} drop; }} }}")
+        rules = (f"table inet {OUTAGE_TABLE} {{\n chain input {{\n  type filter hook input priority filter; "
+                 f"policy accept;\n  iifname \"l*\" tcp dport {self.anvil_port} drop\n }}\n}}\n")
         subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True, timeout=30)
         self.outage_on = True
         self.event("rpc_outage_begin", seconds=self.args.outage_s)

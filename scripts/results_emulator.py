@@ -39,7 +39,7 @@ def soak(r: dict) -> list[str]:
               f"node), each cluster in its own namespace; one-way delays {min(delays):.0f}-{max(delays):.0f} ms between "
               f"sites (jitter up to {e['jitter_ms']:g} ms), links of {min(rates):.0f}-{max(rates):.0f} Mbit/s, "
               f"{len(e['nat_sites'])} one-node clusters behind NAT ({', '.join(e['nat_sites'])}), the chain "
-              f"{e['chain_delay_ms']:g} ms away; {r['duration_min']:g} minutes"
+              f"{e['chain_delay_ms']:g} ms away; {r['run_s'] / 60:.0f} minutes of training"
               + (" with churn." if r["churn"] else " without churn.")
               + f" The emulator's forwarders used {e.get('forwarder_cpu_s', '?')} CPU seconds in all."), ""]
     lines += table(["rounds committed", "each once, in order", "short of a contributor", "round time (median, max)",
