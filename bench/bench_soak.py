@@ -36,6 +36,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -220,6 +221,8 @@ class Soak:
         self.first_seen: dict[int, float] = {}
         self.samples: list[dict] = []
         self.outage_on = False
+        self.outage_lock = threading.Lock()
+        self.outage_timer: threading.Timer | None = None
         self.schedule = [] if args.no_churn else self._schedule()
 
     def _schedule(self) -> list[tuple[float, str, object]]:
@@ -266,12 +269,19 @@ class Soak:
 
     def outage_begin(self) -> None:
         rules = (f"table inet {OUTAGE_TABLE} {{\n chain input {{\n  type filter hook input priority filter; "
-                 f"policy accept;\n  iifname \"l*\" tcp dport {self.anvil_port} drop\n }}\n}}\n")
+                 f"policy accept;\n  iifname != \"lo\" tcp dport {self.anvil_port} drop\n }}\n}}\n")
         subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True, timeout=30)
         self.outage_on = True
         self.event("rpc_outage_begin", seconds=self.args.outage_s)
+        # Ended on its own timer: the loop may be busy with a kill or a leave when the minute is up.
+        self.outage_timer = threading.Timer(self.args.outage_s, self.outage_end)
+        self.outage_timer.start()
 
     def outage_end(self) -> None:
+        with self.outage_lock:
+            self._outage_end()
+
+    def _outage_end(self) -> None:
         if self.outage_on:
             subprocess.run(["nft", "delete", "table", "inet", OUTAGE_TABLE], capture_output=True, timeout=30)
             self.outage_on = False
@@ -322,13 +332,10 @@ class Soak:
             if elapsed > duration + 1800:
                 self.event("gave_up")
                 return
-            if self.outage_on and elapsed >= self.outage_started + self.args.outage_s:
-                self.outage_end()
             while self.schedule and self.schedule[0][0] <= elapsed:
                 _, kind, slot = self.schedule.pop(0)
                 if kind == "outage":
                     self.outage_begin()
-                    self.outage_started = elapsed
                 else:
                     getattr(self, kind)(*([slot] if slot is not None else []))
             self.check_exits()
@@ -376,7 +383,9 @@ class Soak:
                 status = json.loads((data_dir / "status.json").read_text())
             except (OSError, ValueError):
                 status = {}
+            placement = status.get("placement") or {}
             entry.update(state=status.get("state"), round=status.get("round"), peers=status.get("peers"),
+                         replica=placement.get("replica"),
                          traffic={k: [v.get("sent", 0), v.get("received", 0)]
                                   for k, v in (status.get("traffic") or {}).items()},
                          paths=status.get("paths"))
@@ -432,17 +441,26 @@ class Soak:
                 entry["replicas"] |= {int(x) for x in m.group(3).split(",") if x.strip()}
                 entry["missing"] |= {int(x) for x in (m.group(5) or "").split(",") if x.strip()}
         most = max(contributors, default=0)
+        replica_names: dict[int, set[str]] = {}
+        for sample in self.samples:
+            for name, entry in sample["nodes"].items():
+                if entry.get("replica") is not None:
+                    replica_names.setdefault(entry["replica"], set()).add(name)
+        every = set().union(*(c["replicas"] for c in closes.values())) if closes else set()
         short = []
         for r, count in zip(rounds, contributors):
             if count >= most:
                 continue
-            seen = self.first_seen.get(r)
-            before = self.first_seen.get(r - 1, 0.0)
-            window = (before - 2 * self.args.round_timeout, (seen or self.now()) + 5)
-            short.append({"round": r, "contributors": count, "missing_replicas": sorted(closes.get(r, {})
-                                                                                        .get("missing", [])),
+            # The replicas no close of the round had (a coordinator names as missing only those it waited
+            # for), and the churn from the previous round's commit, less a deadline, to this one's.
+            close = closes.get(r, {"replicas": set(), "missing": set()})
+            missing = sorted((every - close["replicas"]) | close["missing"])
+            seen = self.first_seen.get(r, self.now())
+            window = (self.first_seen.get(r - 1, 0.0) - self.args.round_timeout, seen)
+            short.append({"round": r, "contributors": count, "missing_replicas": missing,
+                          "missing_nodes": sorted(n for m in missing for n in replica_names.get(m, ())),
                           "events_near": [f"{e['kind']} {e.get('node', '')}".strip() for e in self.events
-                                          if window[0] <= e["at_s"] <= window[1]]})
+                                          if window[0] <= e["at_s"] <= window[1] and e["kind"] != "poll_error"]})
         result["rounds"] = len(rounds)
         result["rounds_in_order_once"] = rounds == list(range(len(rounds)))
         result["contributors_per_round"] = contributors

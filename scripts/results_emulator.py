@@ -54,8 +54,8 @@ def soak(r: dict) -> list[str]:
                                       for ev in r["events"] if ev["kind"] != "poll_error"])
     if r["rounds_short"]:
         lines += ["Rounds short of a contributor:", ""] + table(
-            ["round", "contributors", "replicas missing from the closes", "churn near it"],
-            [[s["round"], s["contributors"], ", ".join(map(str, s["missing_replicas"])) or "-",
+            ["round", "contributors", "nodes of the replicas missing from the closes", "churn near it"],
+            [[s["round"], s["contributors"], ", ".join(s.get("missing_nodes") or map(str, s["missing_replicas"])) or "-",
               ", ".join(s["events_near"]) or "-"] for s in r["rounds_short"]])
     series = r["series"]
     rss_rows = []
