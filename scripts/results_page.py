@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from results_emulator import netlab, soak
 from results_network import (
     butterfly, join, nat, p2p, scale, scale_curve,
 )
@@ -102,6 +103,9 @@ SECTIONS = (
             "Nobody waits for a joiner until it trains a round (docs/PROTOCOL.md, \"Who a close waits for\"). In this run the joiner restored and caught up within a round with either code, so neither stalled (an earlier run of this script at a load of about 45, rounds of about a minute, showed the same); the stalls of issue 34 (rounds of 121 s and 100 s against 8-40 s, a 2x2 demo at a load of 30-45) came where restore and catch-up took longer than rounds. `tests/test_join_round_cost.py` holds a joiner's catch-up back past two deadlines and checks that at most one round waits for it."),
     Section("nat.json", "Through NATs: relayed and hole punched", "bench/bench_nat.py", nat,
             "Relayed traffic crosses the relay's process twice; hole punching (DCUtR) moves the same blob directly once both NATs keep the listen port (docs/P2P.md, NAT traversal)."),
+    Section("netlab.json", "The network emulator measured", "bench/bench_netlab.py", netlab,
+            "The delay is never below what was asked (release times are absolute) and is above it by the machine's scheduling latency; past about 500 Mbit/s per stream the shared machine, not the link's rate, is the limit. What the emulator cannot model: docs/P2P.md, \"Network emulator\"."),
+    Section("soak.json", "A day on the internet, on one machine", "bench/bench_soak.py", soak),
     Section("data_loader.json", "Data loader", "bench/bench_data_loader.py", data_loader,
             "Resident memory does not grow with the dataset because the loader releases the pages each read maps (`ShardedTokens._release`)."),
 )

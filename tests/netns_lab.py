@@ -32,7 +32,7 @@ SITE_IPS = ("10.0.1.2", "10.0.2.2")
 # Masquerade out of the WAN side; drop (not refuse) anything arriving there that is not part of a
 # connection the site opened, as home routers and cloud NAT gateways do. Without the drop, Linux
 # answers an early hole-punch SYN with a RST and kills the simultaneous open.
-_NAT_RULES = """table ip nat {
+NAT_RULES = """table ip nat {
   chain postrouting {
     type nat hook postrouting priority srcnat; policy accept;
     oifname "wan" masquerade
@@ -118,7 +118,7 @@ class NatLab:
             _run("ip", "-n", site, "link", "set", "eth0", "up")
             _run("ip", "-n", site, "route", "add", "default", "via", f"10.0.{index}.1")
             _run("ip", "netns", "exec", router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-            _run("ip", "netns", "exec", router, "nft", "-f", "-", stdin=_NAT_RULES)
+            _run("ip", "netns", "exec", router, "nft", "-f", "-", stdin=NAT_RULES)
 
     def cmd(self, namespace: str, *argv: str) -> list[str]:
         """``argv`` run inside ``namespace`` (for subprocess)."""

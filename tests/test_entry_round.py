@@ -118,6 +118,18 @@ def test_a_round_nobody_else_would_ever_close_is_still_entered(tmp_path, delay):
     assert run_entry.agree_again(5) == 5
 
 
+def test_a_node_killed_after_contributing_round_0_does_not_enter_round_0_again(tmp_path, delay):
+    """bench/bench_soak.py (issue 45): with 50-200 ms links round 0 stayed open long enough for a node
+    killed in its exchange to restart before anything was committed; the fresh-run shortcut put it back
+    in round 0, which its earlier life had signed, and it exited ("refusing to re-sign", exit 4)."""
+    for training in (-1, 0):  # the others' round 0 (or nobody's yet, as the restarted node sees it)
+        run_entry = entry(tmp_path / str(training), last_committed=-1, training=training)
+        run_entry.state.update(last_contributed=0)
+        start, catch_up = run_entry.entry_point()
+        assert start >= 1, (training, start)
+        assert catch_up == list(range(0, start))  # round 0 is re-announced and applied, not re-signed
+
+
 def test_the_open_round_of_a_run_nobody_trains_yet_is_round_0(tmp_path):
     assert entry(tmp_path, last_committed=-1, training=-1).open_round(-1) == 0
 

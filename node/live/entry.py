@@ -78,14 +78,17 @@ class RunEntry:
         """Where this node enters: round 0 of a fresh run, or after the latest checkpoint."""
         last_committed = self.chain.last_round(self.run_id)
         live_round = self.membership.live_training_round(last_committed, self.round_window())
-        if last_committed < 0 and (live_round <= 0 or not self._round_closed(0)):
+        contributed = self.state.get("last_contributed", -1)
+        if last_committed < 0 and contributed < 0 and (live_round <= 0 or not self._round_closed(0)):
             # A fresh run whose round 0 is still open: a founding replica whose cluster formed
             # later than the others (a slow or loaded machine) still enters at round 0, and
             # the others wait for it up to the round deadline, as for any expected replica.
+            # Not a node that signed round 0 in an earlier life (killed in its exchange before
+            # any commit, as slow links make likely): it re-announces round 0 and goes on.
             return 0, []
         # Round t trains from the global weights of round t - 1 - pending (the one-step delay): the checkpoint
         # of that round lets this node train the open round; a newer one only a later round.
-        not_before = self.state.get("last_contributed", -1) + 1
+        not_before = contributed + 1
         reach = max(self.open_round(live_round), not_before) - 1 - pending_after_round(self.cfg.diloco)
         ckpt = self._entry_checkpoint(reach)
         base = -1

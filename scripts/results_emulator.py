@@ -1,0 +1,95 @@
+"""Renderers of docs/RESULTS.md for the emulated internet: the emulator measured (bench/bench_netlab.py) and
+the soak on it (bench/bench_soak.py). Numbers come only from the JSON."""
+
+from __future__ import annotations
+
+from results_sections import table
+
+
+def netlab(r: dict) -> list[str]:
+    """bench/bench_netlab.py: RTT and rate given against asked, and the forwarders' CPU."""
+    delay_rows = [[f"{d['rtt_asked_ms']:g} ms" + (f" (jitter {d['jitter_ms']:g} ms each way)" if d["jitter_ms"] else ""),
+                   d["answered"], d.get("min_ms", "-"), d.get("median_ms", "-"), d.get("p90_ms", "-"),
+                   d.get("max_ms", "-")] for d in r["delay"]]
+    rate_rows = [[f"{row['rate_mbit']:g} Mbit/s" + (" (no tbf limit: the ceiling)" if row["rate_mbit"] >= 10000 else ""),
+                  f"{row['one_way_ms']} ms", f"{row['mbit_s']:.0f} Mbit/s", f"{row['forwarder_cpu_share'] * 100:.0f} %",
+                  f"{row['cpu_pct_per_100mbit']:.1f} %" if row.get("cpu_pct_per_100mbit") is not None else "-"]
+                 for row in r["rate"]]
+    nat = r["nat"]
+    return ([f"Round trips of {r['echoes']} UDP echoes between two namespaces of tests/netlab.py (the delay held "
+             "by the C forwarder of each sender's link), in milliseconds:", ""]
+            + table(["RTT asked", "answered", "min", "median", "p90", "max"], delay_rows)
+            + [f"One TCP stream (a Python socket pair, {r['stream_s']:g} s) through two emulated links (tc tbf on the "
+               "sender's), and the CPU both links' forwarders used meanwhile:", ""]
+            + table(["rate asked", "one-way delay", "received", "forwarders' CPU (of a core)", "CPU per 100 Mbit/s"],
+                    rate_rows)
+            + [f"NAT: {nat['echoes_out_answered']} of 3 echoes from behind the NAT answered, "
+               f"{nat['echoes_in_answered']} of 2 sent into it (unsolicited: dropped).", ""])
+
+
+def soak(r: dict) -> list[str]:
+    """bench/bench_soak.py: a run on the emulated internet with churn."""
+    e = r["emulator"]
+    delays = [d for row in e["delays_ms"].values() for d in row.values()]
+    rates = list(e["rates_mbit"].values())
+    splits = sum(1 for c in r["clusters"] if c["split"])
+    rounds = r["rounds_first_seen_s"]
+    durations = [d for d in r["round_s"] if d]
+    lines = [(f"{r['nodes']} nodes in {len(r['clusters'])} clusters ({splits} split over two nodes, the others one "
+              f"node), each cluster in its own namespace; one-way delays {min(delays):.0f}-{max(delays):.0f} ms between "
+              f"sites (jitter up to {e['jitter_ms']:g} ms), links of {min(rates):.0f}-{max(rates):.0f} Mbit/s, "
+              f"{len(e['nat_sites'])} one-node clusters behind NAT ({', '.join(e['nat_sites'])}), the chain "
+              f"{e['chain_delay_ms']:g} ms away; {r['run_s'] / 60:.0f} minutes of training"
+              + (" with churn." if r["churn"] else " without churn.")
+              + f" The emulator's forwarders used {e.get('forwarder_cpu_s', '?')} CPU seconds in all."), ""]
+    lines += table(["rounds committed", "each once, in order", "short of a contributor", "round time (median, max)",
+                    "unexpected exits", "tracebacks", "audit --reexecute all"],
+                   [[r["rounds"], "yes" if r["rounds_in_order_once"] else "**no**", len(r["rounds_short"]),
+                     f"{_median(durations):.0f} s, {max(durations):.0f} s" if durations else "-",
+                     len(r["unexpected_exits"]), sum(r["tracebacks"].values()) if r["tracebacks"] else 0,
+                     r["audit"]["verdict"]]])
+    if r["events"]:
+        lines += ["Churn (seconds into the run):", ""] + table(
+            ["at", "event", "node"], [[f"{ev['at_s']:.0f} s", ev["kind"].replace("_", " "), ev.get("node", "")]
+                                      for ev in r["events"] if ev["kind"] != "poll_error"])
+    if r["rounds_short"]:
+        lines += ["Rounds short of a contributor:", ""] + table(
+            ["round", "contributors", "nodes of the replicas missing from the closes", "churn near it"],
+            [[s["round"], s["contributors"], ", ".join(s.get("missing_nodes") or map(str, s["missing_replicas"])) or "-",
+              ", ".join(s["events_near"]) or "-"] for s in r["rounds_short"]])
+    series = r["series"]
+    rss_rows = []
+    for name, values in sorted(series["rss_mib"].items()):
+        seen = [v for v in values if v is not None]
+        fds = [v for v in series["fds"][name] if v is not None]
+        traffic = series["traffic_by_kind_at_end"].get(name, {})
+        rss_rows.append([name, r["placement"].get(name, "joiner"),
+                         f"{seen[0]:.0f} / {max(seen):.0f} / {seen[-1]:.0f}" if seen else "-",
+                         f"{min(fds)}-{max(fds)}" if fds else "-",
+                         ", ".join(f"{kind.split('/')[2] if kind.count('/') > 1 else kind.strip('/')} "
+                                   f"{(sent + received) / 1e6:.1f}" for kind, (sent, received) in sorted(traffic.items()))
+                         or "-"])
+    lines += ["Per node: resident memory (MiB: first sample, highest, last), open file descriptors, and traffic by "
+              "protocol at the last sample (MB sent + received, the node's own counters over its current life):", ""]
+    lines += table(["node", "site", "RSS", "fds", "traffic"], rss_rows)
+    dial_rows = []
+    for site, values in sorted(series["dials_per_min"].items()):
+        seen = [v for v in values if v is not None]
+        chain = [v for v in series["chain_connections_per_min"][site] if v is not None]
+        if seen:
+            dial_rows.append([site, f"{_median(seen):.1f}", f"{max(seen):.0f}", f"{_median(chain):.1f}" if chain else "-"])
+    lines += ["Dials per minute (TCP SYNs each site's link carried, counted by the emulator): median and highest "
+              "over the samples, and connections to the chain's RPC:", ""]
+    lines += table(["site", "dials/min (median)", "dials/min (max)", "RPC connections/min (median)"], dial_rows)
+    link = r["slowest_link"]
+    lines += [f"Round time against the slowest link: its one-way delay is {link['one_way_ms']:.0f} ms, its rate "
+              f"{link['rate_mbit']:.0f} Mbit/s; the median round took {_median(durations):.0f} s"
+              if durations else "No round times.", ""]
+    lines += [f"![round time over the run, churn marked](../bench/results/soak.svg)", ""] if rounds else []
+    return lines
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
