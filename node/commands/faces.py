@@ -141,9 +141,9 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from node.commands.data import run_prepare
+    from node.commands.data import run_data
 
-    return run_prepare(args)
+    return run_data(args)
 
 
 # ---------------------------------------------------------------------- organizer and member chain commands
