@@ -123,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
 
     from node.commands.data import add_parser as add_data_parser
+    from node.commands.explorer import add_parser as add_explorer_parser
     from node.commands.member import add_parsers as add_member_parsers
     from node.commands.organize import add_parsers as add_organizer_parsers
 
@@ -133,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=".", help="the node's data directory")
     p.add_argument("--json", action="store_true", help="print the raw status record")
     _add_audit_and_pull(sub)
+    add_explorer_parser(sub)
     return parser
 
 

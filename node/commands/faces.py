@@ -146,6 +146,12 @@ def cmd_data(args: argparse.Namespace) -> int:
     return run_data(args)
 
 
+def cmd_explorer(args: argparse.Namespace) -> int:
+    from node.commands.explorer import run_explorer
+
+    return run_explorer(args)
+
+
 # ---------------------------------------------------------------------- organizer and member chain commands
 def cmd_deploy(args: argparse.Namespace) -> int:
     from node.commands.organize import run_deploy
@@ -192,4 +198,5 @@ COMMANDS = {
     "leave": cmd_leave,
     "withdraw": cmd_withdraw,
     "run-info": cmd_run_info,
+    "explorer": cmd_explorer,
 }
