@@ -260,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level, args.log_json, args.log_file)
     if args.command in ("start", "join", "audit", "pull"):
         tame_libp2p_logging(logging.getLogger().level)
+    if args.command in ("start", "join", "demo"):  # may run a local anvil: an installed package takes PATH's
+        from node.anvil import locate_anvil
+
+        locate_anvil()
     from node.commands.faces import COMMANDS  # deferred: pulls in torch / libp2p / web3 as needed
 
     started = time.monotonic()

@@ -116,6 +116,9 @@ def run_demo(args: argparse.Namespace) -> int:
         raise ConfigError(f"--attest-quorum={args.attest_quorum}: must be in [1, {nodes}] (the number of nodes)")
     if args.stake < 0:
         raise ConfigError(f"--stake={args.stake}: must be >= 0")
+    from node.anvil import locate_anvil
+
+    locate_anvil(required=True)  # the demo's chain: say how to get anvil before anything starts
     # The run's unbonding is LocalRun's default: the contract's floor (accusation deadline + dispute window),
     # never 0, so a member cannot leave and withdraw before a report lands.
     # The quorum grows with the run: max(--attest-quorum, half the members in force), so a few seats bought
