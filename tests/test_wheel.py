@@ -8,6 +8,7 @@ clone has them, and checks its contents. The slow one installs it into a fresh v
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -79,14 +80,18 @@ print(json.dumps({"abi": len(abi), "template": "[training]" in template, "page":
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # a fresh venv: torch and the dependencies are installed
 def test_the_installed_wheel_works_outside_the_clone(tmp_path):
     wheel = build_wheel(tmp_path)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    # Nothing of the clone may leak in: with PYTHONPATH naming the checkout, pip would take its
+    # dlx_node.egg-info for an installed dlx-node and skip the wheel.
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
     # torch first, pinned: the wheel's looser torch requirement would otherwise pull the CUDA build.
-    subprocess.run([*pip, "torch==2.13.0"], check=True, timeout=1800)
-    subprocess.run([*pip, str(wheel)], check=True, timeout=1800)
+    subprocess.run([*pip, "torch==2.13.0"], check=True, timeout=1800, env=clean)
+    subprocess.run([*pip, str(wheel)], check=True, timeout=1800, env=clean)
     outside = Path("/tmp") / f"dlx-wheel-{tmp_path.name}"
     outside.mkdir(exist_ok=True)
     try:
