@@ -52,6 +52,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.benchio import default_corpus  # noqa: E402
 from node.protocol import NO_APPLY, ContributionBody, encode_contribution_body  # noqa: E402
 from p2p.envelope import Envelope  # noqa: E402
 from p2p.identity import Identity, verify_signature  # noqa: E402
@@ -86,7 +87,6 @@ from training.slicemessages import (  # noqa: E402
 from training.stage_engine import StageEngine  # noqa: E402
 from training.stages import split_stages, stage_param_shapes  # noqa: E402
 
-DEFAULT_DATA = "../shared/data/tinyshakespeare/input.txt"
 RUN_ID = 7
 
 
@@ -339,7 +339,8 @@ def convergence(scheme: str, corpus, model_cfg, training_cfg, replicas: int, num
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=DEFAULT_DATA)
+    parser.add_argument("--data", default=None,
+                        help="corpus (default: tinyshakespeare, from ../shared/data or 'dlx-node data fetch tinyshakespeare')")
     parser.add_argument("--presets", default="tiny,mini", help="traffic presets ('' to skip)")
     parser.add_argument("--replicas", default="4,8,16,64,256,1024")
     parser.add_argument("--stages", type=int, default=2)
@@ -358,7 +359,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip-convergence", action="store_true")
     parser.add_argument("--parts", default="", help="merge these JSON files (earlier runs' --out) into --out, no run")
     parser.add_argument("--out", default="bench/results/butterfly.json")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.data is None:
+        args.data = default_corpus()
+    return args
 
 
 def main() -> None:

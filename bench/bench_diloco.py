@@ -35,7 +35,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.benchio import RESULTS, write_result  # noqa: E402
+from bench.benchio import RESULTS, default_corpus, write_result  # noqa: E402
 from training.config import (  # noqa: E402
     DEFAULT_ENCODER,
     DELAY_CORRECTIONS,
@@ -53,7 +53,6 @@ from training.shards import is_dataset  # noqa: E402
 from training.simulate import MODES, set_clock, simulate  # noqa: E402
 from training.stages import split_stages, stage_param_shapes  # noqa: E402
 
-DEFAULT_DATA = "../shared/data/tinyshakespeare/input.txt"
 # nanoGPT's CPU "baby" configuration on tinyshakespeare (same model shape as `mini`, same
 # 1,536,000 training tokens; its README): held-out loss on its own val split.
 NANOGPT_BABY_VAL = 1.886
@@ -61,7 +60,8 @@ NANOGPT_BABY_VAL = 1.886
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=DEFAULT_DATA, help="corpus, relative to the repository root")
+    parser.add_argument("--data", default=None,
+                        help="corpus, relative to the repository root (default: tinyshakespeare, from ../shared/data or 'dlx-node data fetch tinyshakespeare')")
     parser.add_argument("--preset", default="mini", help="a model preset, e.g. mini or llama-20m")
     parser.add_argument("--family", default=None, choices=["gpt2", "llama"],
                         help="check the preset's family (llama presets are llama-*)")
@@ -123,7 +123,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--out", default=str(RESULTS / "diloco.json"),
                         help="where to write the result (default: the one current result, overwritten)")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.data is None:
+        args.data = default_corpus()
+    return args
 
 
 def main() -> int:

@@ -37,6 +37,7 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench.benchio import default_corpus  # noqa: E402
 
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig  # noqa: E402
 from training.data import load_corpus  # noqa: E402
@@ -63,14 +64,14 @@ from training.reexec_sim import (  # noqa: E402
     run_with_states,
 )
 
-DEFAULT_DATA = "../shared/data/tinyshakespeare/input.txt"
 CHEATS = {"other_data": OtherDataReplica, "half_steps": HalfStepsReplica, "perturbed_1pct": PerturbedReplica,
           "forged_start_state": ForgedStateReplica}
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=DEFAULT_DATA, help="corpus, relative to the repository root")
+    parser.add_argument("--data", default=None,
+                        help="corpus, relative to the repository root (default: tinyshakespeare, from ../shared/data or 'dlx-node data fetch tinyshakespeare')")
     parser.add_argument("--preset", default="mini")
     parser.add_argument("--replicas", type=int, default=3, help="honest replicas of run (a)")
     parser.add_argument("--stages", type=int, default=2)
@@ -83,7 +84,10 @@ def parse_args() -> argparse.Namespace:
                         help="expected verifiers per contribution per round: rate = this / (members - 1)")
     parser.add_argument("--confirmations", type=int, default=2, help="k: verifiers that must agree to eject")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "reexec.json"))
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.data is None:
+        args.data = default_corpus()
+    return args
 
 
 def check_all(sim, records, replicas, threads, tolerance):

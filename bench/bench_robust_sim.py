@@ -38,7 +38,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.benchio import RESULTS, write_result  # noqa: E402
+from bench.benchio import RESULTS, default_corpus, write_result  # noqa: E402
 from training.codec_wire import decode_contribution  # noqa: E402
 from training.compression import encode_contribution  # noqa: E402
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig  # noqa: E402
@@ -47,13 +47,13 @@ from training.errors import TrainingError  # noqa: E402
 from training.model import param_shapes  # noqa: E402
 from training.simulate import simulate  # noqa: E402
 
-DEFAULT_DATA = "../shared/data/tinyshakespeare/input.txt"
 ATTACKS = ("huge_1e3", "huge_1e6", "sign_flip", "noise", "zero", "copy", "stale")
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=DEFAULT_DATA, help="corpus, relative to the repository root")
+    parser.add_argument("--data", default=None,
+                        help="corpus, relative to the repository root (default: tinyshakespeare, from ../shared/data or 'dlx-node data fetch tinyshakespeare')")
     parser.add_argument("--preset", default="mini")
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--stages", type=int, default=2)
@@ -71,7 +71,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(RESULTS / "robust_sim.json"))
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.data is None:
+        args.data = default_corpus()
+    return args
 
 
 class Attacker:

@@ -74,3 +74,23 @@ def write_result(path: str | Path, result: dict, load_at_start: list[float] | No
     temporary.write_text(json.dumps(result, indent=1, default=str) + "\n")
     os.replace(temporary, path)
     return path
+
+
+#: Where the benchmarks' corpus lies beside a checkout that has the shared data (relative to the repository).
+SHARED_CORPUS = "../shared/data/tinyshakespeare/input.txt"
+
+
+def default_corpus() -> str:
+    """The benchmarks' default corpus, tinyshakespeare: ``../shared/data`` beside the checkout when there
+    (the path the recorded results name), else the copy ``dlx-node data fetch tinyshakespeare`` cached;
+    else exit saying how to get it."""
+    if (REPO / SHARED_CORPUS).is_file():
+        return SHARED_CORPUS
+    from node.datafetch import cached_path, default_cache_dir
+
+    cached = cached_path("tinyshakespeare")
+    if cached is not None:
+        return str(cached)
+    raise SystemExit(f"no tinyshakespeare corpus: neither {REPO / SHARED_CORPUS} nor the cache "
+                     f"({default_cache_dir()}) has it; run 'dlx-node data fetch tinyshakespeare' "
+                     "(or give --data FILE)")

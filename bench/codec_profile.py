@@ -31,6 +31,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.benchio import default_corpus  # noqa: E402
 from training import compression  # noqa: E402
 from training.codec.registry import encoder_for  # noqa: E402
 from training.codec.reselect import RESELECT_ROUNDS  # noqa: E402
@@ -51,7 +52,7 @@ def capture(args) -> None:
 
     torch.set_num_threads(1)
     model_cfg = ModelConfig(preset="mini")
-    training_cfg = TrainingConfig(data_path="../shared/data/tinyshakespeare/input.txt", seed=0, batch_size=8,
+    training_cfg = TrainingConfig(data_path=default_corpus(), seed=0, batch_size=8,
                                   inner_lr=3e-3, eval_batches=2, warmup_steps=100, beta2=0.99, weight_decay=0.1)
     diloco_cfg = DilocoConfig(inner_steps=args.inner_steps, outer_lr=1.0, outer_momentum=0.5, num_replicas=2,
                               screening=False)

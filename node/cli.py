@@ -95,6 +95,24 @@ def tame_libp2p_logging(level: int) -> None:
     libp2p_logger = logging.getLogger("libp2p")
     libp2p_logger.setLevel(logging.DEBUG if level <= logging.DEBUG else logging.ERROR)
     libp2p_logger.propagate = True
+    if level > logging.DEBUG:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_quiet_libp2p)
+
+
+#: py-libp2p's ERROR for one failed dial: a peer not listening yet (start-up) or gone (shutdown). The host
+#: retries with backoff and counts failures itself (status.json ``failed_dials``); at ERROR it alarms users.
+_DIAL_FAILED = "Failed to open TCP stream"
+
+
+def _quiet_libp2p(record: logging.LogRecord) -> bool:
+    """Below debug level: no py-libp2p record under ERROR (some of its modules set their own logger to INFO at
+    import, e.g. the auto-connector's per-dial-round state), and no per-dial failure line."""
+    if not record.name.startswith("libp2p"):
+        return True
+    if record.levelno < logging.ERROR:
+        return False
+    return not (record.name.startswith("libp2p.transport") and str(record.msg).startswith(_DIAL_FAILED))
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -123,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
 
     from node.commands.data import add_parser as add_data_parser
+    from node.commands.explorer import add_parser as add_explorer_parser
     from node.commands.member import add_parsers as add_member_parsers
     from node.commands.organize import add_parsers as add_organizer_parsers
 
@@ -133,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=".", help="the node's data directory")
     p.add_argument("--json", action="store_true", help="print the raw status record")
     _add_audit_and_pull(sub)
+    add_explorer_parser(sub)
     return parser
 
 
@@ -258,8 +278,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     configure_logging(args.log_level, args.log_json, args.log_file)
-    if args.command in ("start", "join", "audit", "pull"):
+    if args.command in ("start", "join", "audit", "pull", "demo"):  # the demo's --keep runs a libp2p seeder
         tame_libp2p_logging(logging.getLogger().level)
+    if args.command in ("start", "join", "demo"):  # may run a local anvil: an installed package takes PATH's
+        from node.anvil import locate_anvil
+
+        locate_anvil()
     from node.commands.faces import COMMANDS  # deferred: pulls in torch / libp2p / web3 as needed
 
     started = time.monotonic()

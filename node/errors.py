@@ -99,3 +99,11 @@ class CheckpointInconsistent(PullRefused):
     """The file has the content hash the record names, but its metadata or weights root contradict the record."""
 
     check = "consistent with its commit"
+
+
+class DataFetchError(NodeError):
+    """A public dataset could not be fetched: unknown name, HTTP error, redirect loop, truncated or oversized body."""
+
+
+class DataMismatch(DataFetchError):
+    """The bytes fetched (or copied with ``--from``) are not the pinned ones; nothing was kept."""

@@ -278,10 +278,13 @@ def _validate(message: Any) -> None:
             raise ProtocolError("partial_announce.envelope_hash must be 32 bytes, size >= 1, slice_index < 2^16")
     elif isinstance(message, Close):
         for item in message.contributions:
-            if (not isinstance(item, list) or len(item) != 4 or not isinstance(item[0], int)
+            # type() is int: a bool is not an int (true is not replica 1), as everywhere on the wire.
+            if (not isinstance(item, list) or len(item) != 4 or type(item[0]) is not int
                     or not isinstance(item[1], str) or not isinstance(item[2], bytes)
-                    or len(item[2]) != 32 or not isinstance(item[3], int)):
+                    or len(item[2]) != 32 or type(item[3]) is not int):
                 raise ProtocolError("close.contributions entries must be [replica, peer_id, hash32, size]")
+            if not 0 <= item[0] < 1 << 64 or not 1 <= item[3] < 1 << 64:
+                raise ProtocolError("close.contributions: replica must be in [0, 2^64) and size in [1, 2^64)")
     elif isinstance(message, RecordSignature):
         for name in ("prev_head", "weights_root", "contributions_root", "checkpoint_hash"):
             if len(getattr(message, name)) != 32:
@@ -316,6 +319,9 @@ def _validate(message: Any) -> None:
         for name in ("shard_hash", "checkpoint_hash"):
             if len(getattr(message, name)) not in (0, 32):
                 raise ProtocolError(f"attestation.{name} must be empty or 32 bytes")
+        for name in ("num_contributions", "tokens"):  # the record's ranges (RecordSignature)
+            if not 0 <= getattr(message, name) < 1 << 64:
+                raise ProtocolError(f"attestation.{name} must be in [0, 2^64)")
 
 
 def _container_bound(cls: type) -> dict[str, Any]:

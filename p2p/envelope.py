@@ -198,6 +198,11 @@ def decode_envelope(data: bytes, max_size: int) -> Envelope:
             raise ValueError("nested map")
         return value
 
+    def no_array(value: list) -> list:
+        # max_array_len=0 refuses an array with entries at its header; this refuses the empty one too,
+        # so "no array anywhere" holds whichever field it stands in (even the domain, checked next).
+        raise ValueError("array")
+
     try:
         decoded: Any = msgpack.unpackb(
             data,
@@ -210,6 +215,7 @@ def decode_envelope(data: bytes, max_size: int) -> Envelope:
             max_map_len=len(_FIELDS),
             max_ext_len=0,
             object_hook=one_map,
+            list_hook=no_array,
         )
     except Exception as exc:  # msgpack raises several unrelated types on bad input
         raise EnvelopeRejected("malformed", f"not a msgpack envelope: {type(exc).__name__}: {exc}") from None

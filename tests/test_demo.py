@@ -43,3 +43,45 @@ def test_demo_runs_and_summarizes_from_the_chain(tmp_path):
     again = subprocess.run([sys.executable, "-m", "node.cli", "demo", "--out", str(out)],
                            capture_output=True, text=True, timeout=120, check=False)
     assert again.returncode == 2 and "not empty" in again.stderr
+
+
+@pytest.mark.timeout(500)
+def test_demo_keep_serves_the_printed_pull_command(tmp_path):
+    """With --keep the nodes end, a seeder serves their archives, and the pull command the demo prints works."""
+    import shlex
+    import signal
+
+    out = tmp_path / "demo"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "node.cli", "demo", "--preset", "tiny", "--rounds", "2", "--inner-steps", "4",
+         "--checkpoint-every", "1", "--out", str(out), "--timeout", "300", "--no-reference", "--keep"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        for line in demo.stdout:
+            lines.append(line)
+            if line.startswith("watch the run in a browser"):
+                lines.append(next(demo.stdout))
+                break
+        text = "".join(lines)
+        assert "a seeder serves the nodes' checkpoints" in text, text[-3000:]
+        pull = lines[lines.index("pull the latest checkpoint the chain vouches for:\n") + 1].strip()
+        explorer = lines[-1].strip()
+        assert pull.startswith("dlx-node pull 'dlx://") and "&peer=/ip4/127.0.0.1/tcp/" in pull
+        assert explorer.startswith("dlx-node explorer --rpc http://127.0.0.1:") and "--deployment" in explorer
+        # The exact printed command, with no --archive: the checkpoint comes over libp2p from the seeder.
+        args = shlex.split(pull)[1:]
+        done = subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True,
+                              timeout=240, check=False)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        model = out / "model"
+        assert (model / "config.json").is_file() and list(model.glob("*.safetensors"))
+        assert "round 1" in done.stdout + done.stderr
+    finally:
+        demo.send_signal(signal.SIGINT)
+        try:
+            code = demo.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            demo.kill()
+            raise
+    assert code == 0, "".join(lines)[-2000:]

@@ -134,8 +134,40 @@ def test_envelope_payloads_are_the_payload_vectors():
 @pytest.mark.parametrize("vector", VECTORS["rejected_envelopes"], ids=lambda v: v["name"])
 def test_rejected_envelope(vector):
     with pytest.raises(EnvelopeRejected) as caught:
-        decode_envelope(bytes.fromhex(vector["envelope_hex"]), max_size=1 << 20)
+        decode_envelope(bytes.fromhex(vector["envelope_hex"]), max_size=vector["max_size"])
     assert caught.value.reason == vector["reason"]
+
+
+def test_rejected_envelopes_name_every_reason():
+    reasons = {v["reason"] for v in VECTORS["rejected_envelopes"]}
+    assert reasons == {"oversized", "malformed", "bad_domain", "bad_version", "bad_kind", "non_canonical",
+                       "payload_hash_mismatch", "bad_signature"}
+
+
+def test_contribution_vector_carries_a_real_codec_blob():
+    from training.codec_wire import decode_contribution
+
+    vector = by_name(VECTORS["envelopes"])["contribution"]
+    body = msg.decode_contribution_body(bytes.fromhex(vector["inputs"]["payload_hex"]))
+    described = vector["contribution_body"]
+    assert body.state_hash.hex() == described["state_hash_hex"]
+    assert body.applied_hash.hex() == described["applied_hash_hex"]
+    codec = described["codec"]
+    assert body.blob.hex() == codec["blob_hex"]
+    shapes = {name: tuple(shape) for name, shape in codec["shapes"].items()}
+    decoded = decode_contribution(body.blob, shapes, stage_index=codec["stage"], outer_round=codec["round"],
+                                  refuse_raw=False)
+    assert set(decoded) == set(codec["decoded"]) and {e["c"] for e in msgpack.unpackb(body.blob)["t"]} == {
+        "lowrank", "quant", "raw"}
+    for name, tensor in decoded.items():
+        assert tensor.numpy().astype("<f4").tobytes().hex() == codec["decoded"][name]["f32le_hex"], name
+
+
+def test_the_file_is_strict_json_infinities_included():
+    text = VECTORS_PATH.read_text()
+    json.loads(text, parse_constant=lambda name: pytest.fail(f"non-standard JSON constant {name}"))
+    evidence = untag(by_name(VECTORS["payloads"])["evidence_broken_chain"]["fields"])
+    assert evidence["distances"][1] == math.inf
 
 
 def _same(decoded, expected):

@@ -90,10 +90,43 @@ def run_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_fetch(args: argparse.Namespace) -> int:
+    """Bring a public dataset into the cache (node/datafetch.py); print its files' paths on stdout."""
+    from node.datafetch import default_cache_dir, fetch
+
+    if args.url and args.from_path:
+        raise ConfigError("--url and --from exclude each other: give one")
+    cache_dir = Path(args.dir).expanduser() if args.dir else default_cache_dir()
+
+    def progress(file_name: str, what: str) -> None:
+        print(f"{args.name}/{file_name}: {what}", file=sys.stderr)
+
+    paths = fetch(args.name, cache_dir=cache_dir, url=args.url,
+                  local=Path(args.from_path).expanduser() if args.from_path else None, progress=progress)
+    for path in paths:
+        print(path)
+    return 0
+
+
+def run_data(args: argparse.Namespace) -> int:
+    """``dlx-node data ACTION``: dispatch by action."""
+    return {"prepare": run_prepare, "fetch": run_fetch}[args.data_command](args)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """``dlx-node data prepare ...`` (registered by node.cli)."""
-    data = sub.add_parser("data", help="prepare a dataset: tokenizer, shards of token ids, manifest")
+    """``dlx-node data prepare|fetch ...`` (registered by node.cli)."""
+    from node.datafetch import DATASETS
+
+    data = sub.add_parser("data", help="fetch a public dataset; prepare a dataset: tokenizer, shards, manifest")
     actions = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    f = actions.add_parser("fetch", help="download a public dataset into the cache, checked against its pinned "
+                                         "sha256; prints the paths of its files")
+    f.add_argument("name", choices=sorted(DATASETS), help="the dataset")
+    f.add_argument("--dir", default="", help="cache directory (default $DLX_DATA_DIR, else ~/.cache/dlx-node/data)")
+    f.add_argument("--url", default="", help="download from this mirror instead (the file's URL; for a dataset of "
+                                             "several files, the base URL their names are appended to)")
+    f.add_argument("--from", dest="from_path", default="", metavar="FILE|DIR",
+                   help="copy from a local file or directory instead of downloading (checked the same way)")
     p = actions.add_parser("prepare", help="tokenize text / JSON lines / Parquet files into shards and a manifest")
     p.add_argument("inputs", nargs="+", metavar="INPUT",
                    help="text files (one document each), .jsonl files (a field per line), .parquet files "

@@ -121,6 +121,9 @@ def run_demo(args: argparse.Namespace) -> int:
                           "that one member commits and slashes alone (docs/TRUST.md)")
     if args.stake < 0:
         raise ConfigError(f"--stake={args.stake}: must be >= 0")
+    from node.anvil import locate_anvil
+
+    locate_anvil(required=True)  # the demo's chain: say how to get anvil before anything starts
     # The run's unbonding is LocalRun's default: the contract's floor (accusation deadline + dispute window),
     # never 0, so a member cannot leave and withdraw before a report lands.
     # The quorum grows with the run: max(--attest-quorum, half the members in force), so a few seats bought
@@ -134,14 +137,14 @@ def run_demo(args: argparse.Namespace) -> int:
 
     signals = _Signals()
     ok = keeping = False
+    seeder = None
     stopped_by: int | None = None
     with signals.installed():
         try:
             ok = _train_and_report(run, args, out, view)
             if args.keep:
                 keeping = True
-                print(f"\nthe chain stays up at {run.url} for audit/pull; Ctrl-C (or SIGTERM) stops it",
-                      flush=True)
+                seeder = _keep_serving(run, out)
                 while run.anvil is not None and run.anvil.running():
                     time.sleep(1)
         except _Stopped as stopped:
@@ -153,6 +156,8 @@ def run_demo(args: argparse.Namespace) -> int:
         finally:
             signals.interruptible = False
             view.close()
+            if seeder is not None:
+                seeder.close()
             run.stop()
     if stopped_by is not None and not keeping:
         print(f"dlx-node demo: stopped; node data, logs and chain-state.json in {out}", file=sys.stderr, flush=True)
@@ -161,6 +166,33 @@ def run_demo(args: argparse.Namespace) -> int:
         logs = ", ".join(str(s.log_path) for s in run.nodes)
         raise NodeError(f"demo did not finish cleanly; node logs: {logs}")
     return 0
+
+
+def _keep_serving(run: LocalRun, out: Path):
+    """``--keep``: the nodes have ended; a seeder serves their archives over libp2p (node/commands/seeder.py), and
+    the commands that pull a checkpoint through it and watch the run are printed."""
+    from node.commands.link import run_link
+    from node.commands.seeder import ArchiveSeeder
+
+    from node.errors import DLX_ERRORS
+
+    try:
+        seeder = ArchiveSeeder.start([slot.data_dir for slot in run.nodes], run.run_id)
+    except DLX_ERRORS as exc:  # the run is done and on chain: say how to pull without peers, go on
+        archives = " ".join(f"--archive {slot.data_dir}" for slot in run.nodes)
+        print(f"\nthe chain stays up at {run.url}; the seeder did not start ({exc}): pull from the archives with\n"
+              f"  dlx-node pull --rpc {run.url} --run {run.run_id} --deployment {out / 'deployment.json'} "
+              f"{archives} {out / 'model'}", flush=True)
+        return None
+    checkpoint_every = load_config(run.nodes[0].config_path).checkpoint_every
+    link = run_link(run.chain_id, run.ledger, run.run_id, run.url, [seeder.multiaddr],
+                    checkpoint_every=checkpoint_every)
+    print(f"\nthe chain stays up at {run.url}, and a seeder serves the nodes' checkpoints and archives at "
+          f"{seeder.multiaddr}; Ctrl-C (or SIGTERM) stops both", flush=True)
+    print(f"pull the latest checkpoint the chain vouches for:\n  dlx-node pull '{link}' {out / 'model'}", flush=True)
+    print(f"watch the run in a browser:\n  dlx-node explorer --rpc {run.url} --run {run.run_id} --deployment "
+          f"{out / 'deployment.json'}", flush=True)
+    return seeder
 
 
 def _train_and_report(run: LocalRun, args: argparse.Namespace, out: Path, view: LiveView) -> bool:

@@ -141,9 +141,15 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from node.commands.data import run_prepare
+    from node.commands.data import run_data
 
-    return run_prepare(args)
+    return run_data(args)
+
+
+def cmd_explorer(args: argparse.Namespace) -> int:
+    from node.commands.explorer import run_explorer
+
+    return run_explorer(args)
 
 
 # ---------------------------------------------------------------------- organizer and member chain commands
@@ -192,4 +198,5 @@ COMMANDS = {
     "leave": cmd_leave,
     "withdraw": cmd_withdraw,
     "run-info": cmd_run_info,
+    "explorer": cmd_explorer,
 }

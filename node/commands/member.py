@@ -136,14 +136,15 @@ def reader_for_link(link, rpc: str = ""):
     return LedgerClient(w3, None, registry, address), url
 
 
-def run_info_summary(client, run_id: int) -> dict:
-    """What run-info shows, as plain data."""
+def run_info_summary(client, run_id: int, history=None) -> dict:
+    """What run-info shows, as plain data (``history``: the run's, if the caller read it already)."""
     from ledger.errors import LedgerError
 
-    try:
-        history = client.history(run_id, with_registrations=False)
-    except LedgerError as exc:
-        raise ConfigError(f"run {run_id}: {exc}") from None
+    if history is None:
+        try:
+            history = client.history(run_id, with_registrations=False)
+        except LedgerError as exc:
+            raise ConfigError(f"run {run_id}: {exc}") from None
     info, head = history.run, client.w3.eth.block_number
     members = []
     for account in dict.fromkeys(m.account for m in history.memberships):

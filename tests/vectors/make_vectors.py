@@ -8,7 +8,8 @@ deterministic, RFC 8032). Run from the repository root::
 
 JSON conventions (so any language can read the file): ``*_hex`` strings are lowercase hex bytes.
 Inside ``fields`` and ``inputs`` objects, a msgpack ``bin`` value is written ``{"bin": "<hex>"}``, a float64
-``{"f64": <number or "nan">}``, a msgpack bool a JSON ``true``/``false``, an integer outside JavaScript's
+``{"f64": <number, or "nan", "inf", "-inf">}`` (a finite float64 as a JSON number, which round-trips exactly;
+``"nan"`` is the quiet NaN 0x7ff8000000000000, ``"inf"``/``"-inf"`` 0x7ff0000000000000/0xfff0000000000000), a msgpack bool a JSON ``true``/``false``, an integer outside JavaScript's
 exact range (|n| > 2^53 - 1) ``{"int": "<decimal>"}``, and plain JSON strings and integers are msgpack
 ``str`` and ``int``.
 """
@@ -76,7 +77,11 @@ def tag(value: Any) -> Any:
     if isinstance(value, bytes):
         return {"bin": value.hex()}
     if isinstance(value, float):
-        return {"f64": "nan" if math.isnan(value) else value}
+        if math.isnan(value):
+            return {"f64": "nan"}
+        if math.isinf(value):  # JSON has no infinity (json.dumps would write the non-standard Infinity)
+            return {"f64": "inf" if value > 0 else "-inf"}
+        return {"f64": value}
     if isinstance(value, list):
         return [tag(v) for v in value]
     if isinstance(value, dict):
@@ -146,6 +151,10 @@ def payload_messages() -> list[tuple[str, str, Any]]:
         ("evidence", msg.EVIDENCE, msg.Evidence(
             accused=bytes.fromhex("33" * 20), replica=1, contributions=[b"\x81" * 8, b"\x82" * 8],
             verdict="mismatch", reason="largest relative distance 0.28 (tolerance 0.01)", distances=[0.28, 0.1])),
+        ("evidence_broken_chain", msg.EVIDENCE, msg.Evidence(
+            accused=bytes.fromhex("33" * 20), replica=1, contributions=[b"\x81" * 8, b"\x83" * 8],
+            verdict="state_mismatch", reason="round 4's start state is not round 3's result",
+            distances=[0.0, math.inf])),
         ("partial_announce", msg.PARTIAL_ANNOUNCE, msg.PartialAnnounce(
             slice_index=1, envelope_hash=_h(14), size=8_364)),
     ]
@@ -164,6 +173,45 @@ def payload_vectors() -> list[dict[str, Any]]:
     return out
 
 
+#: The stage's tensors the contribution vector's codec blob encodes (names ascending, as the blob lists them).
+CODEC_SHAPES = {"a.lowrank": [4, 3], "b.quant": [2, 3], "c.raw": [2]}
+
+
+def codec_blob() -> bytes:
+    """A codec blob (training/codec_wire.py, docs/DILOCOX.md) with one entry of each coding, small integers
+    chosen by hand so that every party decodes the same float32 bits: stage 0, round 3 (the envelope's)."""
+    import numpy as np
+    import torch
+
+    from training.codec_wire import pack_contribution, pack_ints
+
+    def f32(values: list[float]) -> bytes:
+        return np.asarray(values, dtype="<f4").tobytes()
+
+    entries = [
+        {"n": "a.lowrank", "s": CODEC_SHAPES["a.lowrank"], "c": "lowrank", "b": 4, "r": 1,
+         "p": pack_ints(torch.tensor([1, -2, 3, 0]), 4), "q": pack_ints(torch.tensor([2, -1, 7]), 4),
+         "w": np.asarray([3], dtype="<u2").tobytes(), "x": f32([0.5])},
+        {"n": "b.quant", "s": CODEC_SHAPES["b.quant"], "c": "quant", "b": 8,
+         "q": pack_ints(torch.tensor([1, -1, 0, 127, -127, 5]), 8), "x": f32([0.25, 1.0, 0.125])},
+        {"n": "c.raw", "s": CODEC_SHAPES["c.raw"], "c": "raw", "d": f32([1.5, -2.0])},
+    ]
+    return pack_contribution(0, 3, entries)
+
+
+def codec_vector() -> dict[str, Any]:
+    """The contribution vector's codec blob and what it decodes to (float32, little-endian, row-major)."""
+    from training.codec_wire import decode_contribution
+
+    blob = codec_blob()
+    decoded = decode_contribution(blob, {k: tuple(v) for k, v in CODEC_SHAPES.items()}, stage_index=0,
+                                  outer_round=3)
+    return {"blob_hex": blob.hex(), "stage": 0, "round": 3, "shapes": CODEC_SHAPES,
+            "decoded": {name: {"values": [float(v) for v in tensor.reshape(-1).tolist()],
+                               "f32le_hex": tensor.numpy().astype("<f4").tobytes().hex()}
+                        for name, tensor in decoded.items()}}
+
+
 def envelope_cases() -> list[dict[str, Any]]:
     """Envelope inputs: one per payload kind, a contribution, and integer-width edge cases."""
     cases = []
@@ -178,7 +226,7 @@ def envelope_cases() -> list[dict[str, Any]]:
                           timestamp_ms=TIMESTAMP_MS, payload=msg.encode_payload(message)))
     cases.append(dict(name="contribution", run_id=RUN_ID, round=3, kind=msg.CONTRIBUTION, stage=0,
                       replica=1, timestamp_ms=TIMESTAMP_MS,
-                      payload=msg.encode_contribution_body(msg.ContributionBody(_h(11), _h(12), bytes(range(256)) * 2,
+                      payload=msg.encode_contribution_body(msg.ContributionBody(_h(11), _h(12), codec_blob(),
                                                                                _h(14)))))
     # The sliced exchange's partial: a blob (never gossiped), fixed layout like a contribution
     # (docs/PROTOCOL.md, "Sliced exchange"): b"dlx-partial/2" || u32 j || u32 A || u32 n || inputs_root (32) || blob.
@@ -215,7 +263,16 @@ def envelope_vectors() -> list[dict[str, Any]]:
             "envelope_hash_hex": envelope.envelope_hash,
             "gossip_message_id": gossip_message_id(data).decode("ascii"),
         })
+        if case["kind"] == msg.CONTRIBUTION:  # the fixed layout's parts, and the codec blob decoded
+            body = msg.decode_contribution_body(case["payload"])
+            out[-1]["contribution_body"] = {
+                "state_hash_hex": body.state_hash.hex(), "data_commitment_hex": body.data_commitment.hex(),
+                "applied_hash_hex": body.applied_hash.hex(), "codec": codec_vector()}
     return out
+
+
+#: The receiver's size limit a rejected envelope is decoded with (each case names it: ``max_size``).
+REJECTED_MAX_SIZE = 1 << 20
 
 
 def rejected_vectors() -> list[dict[str, Any]]:
@@ -228,8 +285,12 @@ def rejected_vectors() -> list[dict[str, Any]]:
     fields = msgpack.unpackb(good.to_bytes(), raw=False)
     cases = []
 
-    def add(name: str, data: bytes, reason: str, why: str) -> None:
-        cases.append({"name": name, "envelope_hex": data.hex(), "reason": reason, "why": why})
+    def add(name: str, data: bytes, reason: str, why: str, max_size: int = REJECTED_MAX_SIZE) -> None:
+        cases.append({"name": name, "envelope_hex": data.hex(), "max_size": max_size, "reason": reason,
+                      "why": why})
+
+    def packed(**changes: Any) -> bytes:
+        return msgpack.packb(dict(fields, **changes), use_bin_type=True)
 
     reordered = dict(reversed(list(fields.items())))
     add("keys_out_of_order", msgpack.packb(reordered, use_bin_type=True), "non_canonical",
@@ -265,6 +326,34 @@ def rejected_vectors() -> list[dict[str, Any]]:
         "malformed", "signature of 63 bytes")
     add("payload_as_map", msgpack.packb(dict(fields, payload={"a": 1}), use_bin_type=True), "malformed",
         "a nested map: refused while decoding, before anything is built")
+    add("oversized", good.to_bytes(), "oversized",
+        "a valid envelope one byte over the receiver's limit: refused before anything is decoded",
+        max_size=len(good.to_bytes()) - 1)
+    # A repeated key: the map has at most 12 entries, so a repeat leaves a field missing (check 2).
+    items = list(fields.items())
+    repeated = b"\x8c" + b"".join(msgpack.packb(k, use_bin_type=True) + msgpack.packb(v, use_bin_type=True)
+                                  for k, v in items[:-1] + [items[2]])
+    add("repeated_key", repeated, "malformed",
+        "12 entries, run_id twice and signature missing: the key set is not the twelve fields")
+    thirteen = b"\x8d" + b"".join(msgpack.packb(k, use_bin_type=True) + msgpack.packb(v, use_bin_type=True)
+                                   for k, v in items + [items[2]])
+    add("thirteen_entries", thirteen, "malformed", "a map of 13 entries (run_id twice): over the 12 a map may hold")
+    add("version_true", packed(version=True), "malformed",
+        "version as true: equal to 1 for check 4, not an int for check 5")
+    add("version_float", packed(version=1.0), "malformed",
+        "version as float64 1.0: equal to 1 for check 4, not an int for check 5")
+    add("version_false", packed(version=False), "bad_version", "version as false: not equal to 1 (check 4)")
+    add("version_str", packed(version="1"), "bad_version", "version as the str \"1\": not equal to 1 (check 4)")
+    add("empty_array", packed(payload=[]), "malformed", "an empty array as the payload: no array anywhere")
+    add("empty_array_domain", packed(domain=[]), "malformed",
+        "an empty array as the domain: refused while decoding (check 2), before the domain is compared")
+    add("str_65_bytes", packed(kind="\u00e9" * 33), "malformed",
+        "a str of 33 characters but 66 UTF-8 bytes: str lengths are counted in bytes (max 64)")
+    add("kind_64_bytes", packed(kind="a" * 64), "bad_kind", "a str of 64 bytes decodes; as a kind it is too long")
+    add("nested_empty_map", packed(payload={}), "malformed", "an empty map inside the envelope: a second map")
+    add("negative_round", packed(round=-1), "malformed", "round -1: only stage and replica may be -1")
+    add("stage_minus_2", packed(stage=-2), "malformed", "stage -2: below -1")
+    add("sender_31_bytes", packed(sender=fields["sender"][:31]), "malformed", "a sender key of 31 bytes")
     # Order of the checks (docs/P2P.md): the first failing check names the reason.
     missing = {k: v for k, v in fields.items() if k != "timestamp_ms"}
     add("order_missing_field_before_domain", msgpack.packb(dict(missing, domain=b"x"), use_bin_type=True),
@@ -279,6 +368,17 @@ def rejected_vectors() -> list[dict[str, Any]]:
     add("order_payload_hash_before_signature",
         msgpack.packb(dict(fields, payload=b"q", round=4), use_bin_type=True), "payload_hash_mismatch",
         "another payload and a tampered round: the payload hash is checked before the signature")
+    # Within check 5: int fields (version, run_id, round, timestamp_ms, stage, replica), then kind, then sender,
+    # payload_sha256, payload, signature; the first that fails names the reason.
+    add("order_int_before_kind", packed(timestamp_ms=-5, kind="Announce"), "malformed",
+        "a negative timestamp and a bad kind: the int fields are checked before the kind")
+    add("order_kind_before_bytes", packed(kind="Announce", sender=b"short"), "bad_kind",
+        "a bad kind and a short sender: the kind is checked before the bytes fields")
+    add("order_types_before_canonical", msgpack.packb(dict(reversed(list(dict(fields, kind="A").items()))),
+                                                      use_bin_type=True), "bad_kind",
+        "keys out of order and a bad kind: field types (check 5) come before the canonical form (check 6)")
+    add("order_oversized_before_malformed", b"\xc1" * 64, "oversized",
+        "not msgpack and over the limit: the size is checked before anything is decoded", max_size=63)
     return cases
 
 
@@ -308,6 +408,20 @@ def rejected_payload_vectors() -> list[dict[str, Any]]:
          encoded(messages["partial_announce"], slice_index=1 << 16), "slice_index >= 2^16"),
         ("verdict_account_as_str", msg.VERDICT, encoded(messages["verdict"], account=signer.address),
          "an account is 20 bytes of bin, not a hex str"),
+        ("close_replica_as_bool", msg.CLOSE, encoded(messages["close"], contributions=[
+            [True, *messages["close"].contributions[0][1:]]]), "a replica of true: a bool is not an int"),
+        ("close_replica_negative", msg.CLOSE, encoded(messages["close"], contributions=[
+            [-1, *messages["close"].contributions[0][1:]]]), "replica -1: a closed contribution has a replica"),
+        ("close_size_0", msg.CLOSE, encoded(messages["close"], contributions=[
+            [*messages["close"].contributions[0][:3], 0]]), "size 0: an envelope has at least one byte"),
+        ("close_entry_of_3", msg.CLOSE, encoded(messages["close"], contributions=[
+            messages["close"].contributions[0][:3]]), "an entry of 3 items, not 4"),
+        ("attestation_tokens_negative", msg.ATTESTATION, encoded(messages["attestation_last_stage"], tokens=-1),
+         "tokens < 0 (the record's range, [0, 2^64))"),
+        ("attestation_count_negative", msg.ATTESTATION,
+         encoded(messages["attestation_last_stage"], num_contributions=-1), "num_contributions < 0"),
+        ("hello_nested_list", msg.HELLO, encoded(messages["hello"], addrs=[[]]),
+         "a list inside addrs: 3 maps and arrays where a hello holds 2 (refused while decoding)"),
     ]
     return [{"name": name, "kind": kind, "payload_hex": msgpack.packb(fields, use_bin_type=True).hex(), "why": why}
             for name, kind, fields, why in cases]
@@ -405,7 +519,8 @@ def build() -> dict[str, Any]:
         "description": "dlx wire-format test vectors; see docs/P2P.md and docs/PROTOCOL.md. "
                        "Generated by tests/vectors/make_vectors.py; checked by tests/test_wire_vectors.py.",
         "conventions": "*_hex: lowercase hex bytes. In 'fields': {\"bin\": hex} is msgpack bin, "
-                       "{\"f64\": x} is msgpack float64 (\"nan\" = the quiet NaN 0x7ff8000000000000), "
+                       "{\"f64\": x} is msgpack float64 (\"nan\" = the quiet NaN 0x7ff8000000000000, "
+                       "\"inf\" / \"-inf\" = 0x7ff0000000000000 / 0xfff0000000000000, never JSON Infinity), "
                        "JSON true/false msgpack bool (only where a field's type is bool), "
                        "{\"int\": \"<decimal>\"} an integer beyond JavaScript's exact range (|n| > 2^53 - 1), "
                        "JSON strings are msgpack str, JSON integers msgpack int in the smallest encoding.",

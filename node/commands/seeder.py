@@ -1,0 +1,79 @@
+"""A light libp2p host that serves a finished run's archives, so ``pull`` and ``audit`` work from a run link.
+
+After ``dlx-node demo --keep`` the nodes have ended (their run is over); only the chain stays. The seeder serves,
+by hash over ``/dlx/blob/1.0.0``, what the nodes left in their data directories: the run document (its sha256
+is the on-chain ``configHash``), every checkpoint file and every archived contribution envelope. It trains
+nothing, holds no stake and signs nothing; every byte a client fetches is checked by that client against the
+chain, so serving a wrong file would only make it refuse the download.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def archived_files(node_dirs: Iterable[Path], run_id: int) -> dict[str, Path]:
+    """sha256 hex -> a file to serve: each node's run document, checkpoints and contribution envelopes."""
+    found: dict[str, Path] = {}
+    for directory in map(Path, node_dirs):
+        run_dir = directory / "archive" / f"run-{run_id}"
+        paths = [run_dir / "run.json", *sorted((directory / "checkpoints").glob("round-*.safetensors")),
+                 *sorted(run_dir.glob("round-*/*.env"))]
+        for path in paths:
+            if path.is_file():
+                found.setdefault(_sha256(path), path)
+    return found
+
+
+class ArchiveSeeder:
+    """A listening host serving :func:`archived_files` of ``node_dirs``; ``multiaddr`` to give to clients."""
+
+    def __init__(self, host, workdir: Path, served: dict[str, Path]) -> None:
+        self.host = host
+        self.workdir = workdir
+        self.served = served
+
+    @classmethod
+    def start(cls, node_dirs: Iterable[Path], run_id: int, listen_host: str = "127.0.0.1",
+              listen_port: int = 0) -> ArchiveSeeder:
+        from p2p.config import P2PConfig
+        from p2p.host import P2PHost
+        from p2p.identity import Identity
+
+        served = archived_files(node_dirs, run_id)
+        workdir = Path(tempfile.mkdtemp(prefix="dlx-seeder-"))
+        host = P2PHost.start(P2PConfig(listen_host=listen_host, listen_port=listen_port, gossip_resync_interval=0),
+                             Identity.generate(), data_dir=workdir)
+        try:
+            for sha256_hex, path in served.items():
+                host.provide_file(path, sha256_hex)
+        except Exception:
+            host.close()
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        logger.info("seeder %s serves %d archived files of run %d", host.peer_id, len(served), run_id)
+        return cls(host, workdir, served)
+
+    @property
+    def multiaddr(self) -> str:
+        addr = self.host.listen_addrs[0]
+        return addr if "/p2p/" in addr else f"{addr}/p2p/{self.host.peer_id}"
+
+    def close(self) -> None:
+        self.host.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)

@@ -1,0 +1,52 @@
+"""The CLI's log set-up keeps py-libp2p's routine noise out of INFO logs, and keeps its real errors."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import pytest
+
+from node.cli import configure_logging, tame_libp2p_logging
+
+
+@pytest.fixture
+def captured():
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level, logging.getLogger("libp2p").level)
+    stream = io.StringIO()
+
+    def setup(level: str) -> io.StringIO:
+        configure_logging(level)
+        root.handlers[0].stream = stream
+        tame_libp2p_logging(root.level)
+        return stream
+
+    yield setup
+    root.handlers[:], root.level = saved[0], saved[1]
+    logging.getLogger("libp2p").setLevel(saved[2])
+
+
+def _emit() -> None:
+    logging.getLogger("libp2p.transport.tcp.tcp").error(
+        "Failed to open TCP stream: all attempts to connect to 127.0.0.1:30596 failed")
+    auto = logging.getLogger("libp2p.network.auto_connector")
+    auto.setLevel(logging.INFO)  # as the module does at import
+    auto.info("AUTO_CONNECTOR_STATE: num_connections=0 (in_flight=0)")
+    logging.getLogger("libp2p.pubsub.gossipsub").error("handler crashed: boom")
+    logging.getLogger("node.live.node").info("round 1 committed")
+
+
+def test_info_logs_drop_dial_failures_and_libp2p_chatter_but_keep_its_errors(captured):
+    text = captured("info")
+    _emit()
+    out = text.getvalue()
+    assert "Failed to open TCP stream" not in out and "AUTO_CONNECTOR_STATE" not in out
+    assert "handler crashed: boom" in out and "round 1 committed" in out
+
+
+def test_debug_logs_keep_everything(captured):
+    text = captured("debug")
+    _emit()
+    out = text.getvalue()
+    assert "Failed to open TCP stream" in out and "AUTO_CONNECTOR_STATE" in out and "handler crashed" in out
