@@ -277,6 +277,7 @@ class EventReads:
         events = [event for event in (self._ledger_events.decode(log) for log in logs) if event is not None]
         run = None
         commits, disputes, equivocations, slashings = [], [], [], []
+        outcomes: dict[int, str] = {}
         accusations: dict[tuple[str, bytes], AccusationRecord] = {}
         for event in events:
             if event.name == "RunCreated":
@@ -289,6 +290,10 @@ class EventReads:
                 equivocations.append(equivocation_from(event))
             elif event.name == "MemberSlashed":
                 slashings.append(slash_from(event))
+            elif event.name == "DisputeResolved":
+                outcomes[event.args["round"]] = "upheld" if event.args["upheld"] else "overturned"
+            elif event.name == "DisputeLapsed":
+                outcomes[event.args["round"]] = "lapsed"
             elif event.name in _ACCUSATION_EVENTS:
                 accusations_from([event], accusations)  # updates ``accusations`` in place
         if run is None:
@@ -305,6 +310,8 @@ class EventReads:
             accusations=list(accusations.values()),
             slashings=slashings,
             registrations=registrations,
+            dispute_outcomes=outcomes,
+            block_number=to_block,
         )
 
     def _block_number(self) -> int:

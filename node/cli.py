@@ -265,7 +265,10 @@ def _add_audit_and_pull(sub) -> None:
                                 "its sha256 or manifest root): screened rounds and reruns read their batches from "
                                 "it as nodes do; without it they are unverifiable")
         else:
-            p.add_argument("--round", type=int, default=-1, help="checkpoint round (default: latest)")
+            p.add_argument("--round", type=int, default=-1, help="checkpoint round (default: latest final)")
+            p.add_argument("--pending", action="store_true",
+                           help="also take a round still inside its dispute window (not final: a member may still "
+                                "dispute it); by default only final rounds are installed")
             p.add_argument("--archive", action="append", default=[],
                            help="local directory holding checkpoint files to read instead of peers")
             p.add_argument("out_dir", help="output directory for the transformers model")

@@ -76,6 +76,12 @@ class RoundDisputed(RoundNotTrusted):
     check = "undisputed"
 
 
+class RoundPending(RoundNotTrusted):
+    """The round is still inside its dispute window: not final yet (``pull --pending`` takes it)."""
+
+    check = "final"
+
+
 class RoundBeyondMax(RoundNotTrusted):
     """The round is past the run's last round (``maxRounds``)."""
 

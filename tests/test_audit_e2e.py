@@ -451,7 +451,7 @@ def test_pull_from_peers_gives_a_transformers_model_with_our_logits(run, client,
     try:
         fetcher = PeerFetcher.start([info["listen_addrs"][0] for _proc, info in servers])
         out = tmp_path / "model"
-        result = pull_checkpoint(client, run.run_id, out, fetcher=fetcher)
+        result = pull_checkpoint(client, run.run_id, out, fetcher=fetcher, final_only=False)
     finally:
         if fetcher is not None:
             fetcher.close()
@@ -506,7 +506,7 @@ def test_pull_refuses_a_tampered_checkpoint(run, client, tmp_path, capsys):
 
     out = tmp_path / "out"
     with pytest.raises(PullRefused) as refused:
-        pull_checkpoint(client, run.run_id, out, archives=[tampered_dir])
+        pull_checkpoint(client, run.run_id, out, archives=[tampered_dir], final_only=False)
     assert exit_code_for(refused.value) == 9
     assert latest.content_hash.hex() in str(refused.value) and actual in str(refused.value)
     assert not out.exists()
@@ -519,7 +519,7 @@ def test_pull_refuses_a_tampered_checkpoint(run, client, tmp_path, capsys):
         blob.write_bytes(bytes(data))  # same size, one bit flipped, served as the real thing
         fetcher = PeerFetcher.start(info["listen_addrs"][:1])
         with pytest.raises(PullRefused) as refused:
-            pull_checkpoint(client, run.run_id, out, fetcher=fetcher)
+            pull_checkpoint(client, run.run_id, out, fetcher=fetcher, final_only=False)
     finally:
         if fetcher is not None:
             fetcher.close()
@@ -553,21 +553,21 @@ def test_pull_names_what_is_missing_and_never_overwrites(run, client, tmp_path):
     with pytest.raises(
         NoCheckpoint, match=r"no checkpoint published for round 99; published rounds: \[0, 1, 2\]"
     ):
-        pull_checkpoint(client, run.run_id, tmp_path / "out", round_index=99, archives=_archives(run))
+        pull_checkpoint(client, run.run_id, tmp_path / "out", round_index=99, archives=_archives(run), final_only=False)
     with pytest.raises(RunDocumentMissing, match="run document .* is not available"):
-        pull_checkpoint(client, run.run_id, tmp_path / "out", archives=[tmp_path])
+        pull_checkpoint(client, run.run_id, tmp_path / "out", archives=[tmp_path], final_only=False)
     document = run.nodes[0].data_dir / "archive" / f"run-{run.run_id}" / "run.json"
     (tmp_path / "run.json").write_bytes(document.read_bytes())
     with pytest.raises(NodeError, match="no --archive directory holds it"):
-        pull_checkpoint(client, run.run_id, tmp_path / "out", archives=[tmp_path])
+        pull_checkpoint(client, run.run_id, tmp_path / "out", archives=[tmp_path], final_only=False)
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "keep.txt").write_text("mine")
     with pytest.raises(NodeError, match="not empty"):
-        pull_checkpoint(client, run.run_id, busy, archives=_archives(run))
+        pull_checkpoint(client, run.run_id, busy, archives=_archives(run), final_only=False)
     assert [p.name for p in busy.iterdir()] == ["keep.txt"]
     # An older round on request.
-    result = pull_checkpoint(client, run.run_id, tmp_path / "round0", round_index=0, archives=_archives(run))
+    result = pull_checkpoint(client, run.run_id, tmp_path / "round0", round_index=0, archives=_archives(run), final_only=False)
     assert result.round == 0 and (tmp_path / "round0" / "config.json").exists()
 
 

@@ -158,10 +158,11 @@ def test_an_honest_attested_run_without_evidence_is_incomplete_never_passed(
     # Pull: the latest checkpoint, with its attesters printed.
     monkeypatch.setattr(pull_tool, "reader_client", lambda args: attested.reader)
     args = SimpleNamespace(run=attested.run_id, round=-1, archive=[attested.archive], bootstrap=[],
-                           out_dir=str(tmp_path / "model"))
+                           out_dir=str(tmp_path / "model"), pending=True)
     assert pull_tool.run_pull(args) == 0
     printed = capsys.readouterr().out
     assert "round 2 (block " in printed and ") attested by 3:" in printed
+    assert "round 2 is NOT final (--pending)" in printed
     for attester in attested.addresses((1, 2, 3)):  # each with how long it had been a member
         assert re.search(rf"  {attester} \(member since block \d+, \d+ blocks before the commit\)", printed)
     assert (tmp_path / "model" / "model.safetensors").exists()
@@ -182,11 +183,11 @@ def test_a_quorum_signed_forged_round_fails_the_audit_and_is_never_pulled(deploy
     assert _check(report.rounds[2], ATTESTED).status == OK  # the chain accepted it: k members signed it
     # --round 2: refused, naming the check; nothing written.
     with pytest.raises(CheckpointInconsistent, match="is not the attested record's weightsRoot") as refused:
-        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "forged", 2, archives=[attested.archive])
+        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "forged", 2, archives=[attested.archive], final_only=False)
     assert refused.value.check == "consistent with its commit" and exit_code_for(refused.value) == 9
     assert not (tmp_path / "forged").exists()
     # By default: the latest checkpoint consistent with its record, saying which was passed over and why.
-    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model", archives=[attested.archive])
+    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model", archives=[attested.archive], final_only=False)
     assert result.round == 1 and len(result.skipped) == 1
     assert result.skipped[0].startswith("round 2: consistent with its commit")
 
@@ -220,15 +221,15 @@ def test_a_disputed_round_is_shown_with_both_records_and_not_pulled(deployment, 
     assert any(f"member {run.client(2).address} slashed" in n and "equivocation on round 1" in n for n in report.notes)
     assert report.rounds[0].disputes == []
     with pytest.raises(RoundDisputed, match="round 1 of run .* is disputed") as refused:
-        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", 1, archives=[attested.archive])
+        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", 1, archives=[attested.archive], final_only=False)
     assert refused.value.check == "undisputed" and not (tmp_path / "out").exists()
-    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model", archives=[attested.archive])
+    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model", archives=[attested.archive], final_only=False)
     assert result.round == 0 and result.skipped[0].startswith("round 1: undisputed")
     # Issue 28, attack 4: a round built on the disputed one is not pulled either, by default or by --round.
     attested.commit(signers=(1, 3, 4))
     with pytest.raises(RoundDisputed, match="round 2 of run .* descends from disputed round 1"):
-        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", 2, archives=[attested.archive])
-    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model2", archives=[attested.archive])
+        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", 2, archives=[attested.archive], final_only=False)
+    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model2", archives=[attested.archive], final_only=False)
     assert result.round == 0 and result.skipped[0].startswith("round 2: undisputed") and result.cleared == {}
     assert "descends from disputed round 1" in result.skipped[0]
 
@@ -242,7 +243,7 @@ def test_without_the_run_document_a_checkpoint_is_never_verified(deployment, tmp
     assert [c.status for c in report.checkpoints] == [UNVERIFIABLE]
     assert "no verified run document" in report.checkpoints[0].reason
     with pytest.raises(RunDocumentMissing, match="run document .* is not available") as refused:
-        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", archives=[attested.archive])
+        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", archives=[attested.archive], final_only=False)
     assert refused.value.check == "run document" and not (tmp_path / "out").exists()
     # A forged run document (another model config) in the archive is no substitute: it does not hash to the
     # chain's configHash, and an oversized or non-JSON file named run.json is refused the same way.
@@ -250,7 +251,7 @@ def test_without_the_run_document_a_checkpoint_is_never_verified(deployment, tmp
     for bogus in (forged, b"\x00" * 100_000, b"{not json"):
         (attested.archive / "run.json").write_bytes(bogus)
         with pytest.raises(RunDocumentMissing, match="a copy hashes to"):
-            pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", archives=[attested.archive])
+            pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", archives=[attested.archive], final_only=False)
     assert not (tmp_path / "out").exists()
 
 
@@ -270,8 +271,8 @@ def test_a_checkpoint_whose_config_is_not_the_run_documents_is_refused(deploymen
     report = audit_run(attested.reader, attested.run_id, archives=[attested.archive])
     assert report.failed and "model config" in report.checkpoints[1].reason
     with pytest.raises(CheckpointInconsistent, match="its model config is"):
-        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", 1, archives=[attested.archive])
-    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model", archives=[attested.archive])
+        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", 1, archives=[attested.archive], final_only=False)
+    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model", archives=[attested.archive], final_only=False)
     assert result.round == 0 and "model config" in result.skipped[0]
     config = json.loads((tmp_path / "model" / "config.json").read_text())
     assert config["n_head"] == ModelConfig(preset="tiny").n_head
@@ -304,14 +305,14 @@ def test_under_attested_rounds_are_refused_by_the_chain_and_by_the_checks(deploy
     report = audit_run(crafted, attested.run_id, archives=[attested.archive])
     assert report.verdict == FAILED and report.first_bad_round == 1
     assert [_check(r, ATTESTED).status for r in report.rounds] == [OK, FAIL, FAIL]
-    assert "2 distinct attesters, the run's quorum is 3" in _check(report.rounds[1], ATTESTED).reason
+    assert "2 counted attesters, the run's quorum is 3" in _check(report.rounds[1], ATTESTED).reason
     assert outsider in _check(report.rounds[2], ATTESTED).reason
     standing = round_standing(crafted.history(attested.run_id), crafted.chain_id, crafted.ledger_address)
     assert standing[0] is None and all(isinstance(standing[r], RoundUnattested) for r in (1, 2))
-    with pytest.raises(RoundUnattested, match="not attested by 3 members in force") as refused:
-        pull_checkpoint(crafted, attested.run_id, tmp_path / "out", 2, archives=[attested.archive])
+    with pytest.raises(RoundUnattested, match="not attested by the quorum of counted members") as refused:
+        pull_checkpoint(crafted, attested.run_id, tmp_path / "out", 2, archives=[attested.archive], final_only=False)
     assert refused.value.check == "attested by k members in force" and isinstance(refused.value, PullRefused)
-    result = pull_checkpoint(crafted, attested.run_id, tmp_path / "model", archives=[attested.archive])
+    result = pull_checkpoint(crafted, attested.run_id, tmp_path / "model", archives=[attested.archive], final_only=False)
     assert result.round == 0 and [s.split(":")[0] for s in result.skipped] == ["round 2", "round 1"]
 
 
@@ -332,6 +333,6 @@ def test_rounds_past_max_rounds_are_refused_by_the_chain_and_by_the_checks(deplo
     assert [_check(r, WITHIN_MAX_ROUNDS).status for r in report.rounds] == [OK, OK, FAIL]
     assert "past the run's last round 1" in _check(report.rounds[2], WITHIN_MAX_ROUNDS).reason
     with pytest.raises(RoundBeyondMax, match="past the run's last round 1") as refused:
-        pull_checkpoint(crafted, attested.run_id, tmp_path / "out", 2, archives=[attested.archive])
+        pull_checkpoint(crafted, attested.run_id, tmp_path / "out", 2, archives=[attested.archive], final_only=False)
     assert refused.value.check == "within maxRounds"
-    assert pull_checkpoint(crafted, attested.run_id, tmp_path / "model", archives=[attested.archive]).round == 1
+    assert pull_checkpoint(crafted, attested.run_id, tmp_path / "model", archives=[attested.archive], final_only=False).round == 1

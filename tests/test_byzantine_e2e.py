@@ -129,7 +129,7 @@ def test_a_doctored_stage_shard_is_never_signed_nor_pulled(make_run, tmp_path):
     for commit in published:  # the honest stage-0 holder's own checkpoint, byte for byte
         own = run.nodes[0].data_dir / "checkpoints" / f"round-{commit.round:08d}.safetensors"
         assert hashlib.sha256(own.read_bytes()).digest() == commit.checkpoint_hash
-    result = pull_checkpoint(run.client(), run.run_id, tmp_path / "model", archives=[s.data_dir for s in honest])
+    result = pull_checkpoint(run.client(), run.run_id, tmp_path / "model", archives=[s.data_dir for s in honest], final_only=False)
     assert result.round == published[-1].round
     config = json.loads((tmp_path / "model" / "config.json").read_text())
     assert config["n_head"] == ModelConfig(preset="tiny").n_head

@@ -65,7 +65,8 @@ def test_demo_keep_serves_the_printed_pull_command(tmp_path):
                 break
         text = "".join(lines)
         assert "a seeder serves the nodes' checkpoints" in text, text[-3000:]
-        pull = lines[lines.index("pull the latest checkpoint the chain vouches for:\n") + 1].strip()
+        pull = next(lines[i + 1] for i, line in enumerate(lines)
+                    if line.startswith("pull the latest checkpoint the chain vouches for")).strip()
         explorer = lines[-1].strip()
         assert pull.startswith("dlx-node pull 'dlx://") and "&peer=/ip4/127.0.0.1/tcp/" in pull
         assert explorer.startswith("dlx-node explorer --rpc http://127.0.0.1:") and "--deployment" in explorer
@@ -77,6 +78,7 @@ def test_demo_keep_serves_the_printed_pull_command(tmp_path):
         model = out / "model"
         assert (model / "config.json").is_file() and list(model.glob("*.safetensors"))
         assert "round 1" in done.stdout + done.stderr
+        assert "round 1 is NOT final (--pending)" in done.stdout, done.stdout[-2000:]
     finally:
         demo.send_signal(signal.SIGINT)
         try:

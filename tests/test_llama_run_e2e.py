@@ -91,7 +91,7 @@ def test_pulled_into_transformers_with_its_tokenizer_it_matches_our_forward_and_
     client = run.client()
     latest = client.latest_checkpoint(run.run_id)
     out = tmp_path / "model"
-    result = pull_checkpoint(client, run.run_id, out, archives=[slot.data_dir for slot in run.nodes])
+    result = pull_checkpoint(client, run.run_id, out, archives=[slot.data_dir for slot in run.nodes], final_only=False)
     assert result.round == latest.round == ROUNDS - 1
     tok = transformers.AutoTokenizer.from_pretrained(out)
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).float().eval()

@@ -13,6 +13,8 @@ import pytest
 from ledger import errors
 from ledger.attest import record_struct_hash
 from ledger.records import RoundVerdict, Verdict
+from node.errors import RoundDisputed, RoundPending
+from node.tools.pull import round_standing
 from tests.ledger_fixtures import digest, mine
 
 STAKE = 10**15
@@ -188,3 +190,25 @@ def test_attack_5_re_accusing_cannot_lock_a_stake_past_one_deadline(deployment):
     honest.expire_accusation(run.run_id, honest.address, last)
     honest.withdraw_stake(run.run_id)
     assert honest.member(run.run_id, honest.address) is None
+
+
+def test_attack_5_pull_takes_only_final_rounds(deployment):
+    """A round is pulled as final only once its dispute window closed and its disputes are settled."""
+    w3 = deployment.w3
+    run = six_member_run(deployment)
+    reader = run.client(1)
+    committed, _ = run.commit(signers=(1, 2, 3, 4))
+
+    def standing():
+        history = reader.history(run.run_id, with_registrations=False)
+        return round_standing(history, reader.chain_id, reader.ledger_address, final_only=True)[0]
+
+    assert isinstance(standing(), RoundPending)
+    other = replace(committed, weights_root=digest("a grief"))
+    run.client(5).dispute(other, run.client(5).sign_record(other))
+    mine(w3, 7)  # the window closed, the dispute is open: not final
+    assert isinstance(standing(), RoundDisputed)
+    mine(w3, 1)  # its deadline passed without a verdict: the record stands
+    assert standing() is None
+    reader.expire_dispute(run.run_id, 0)
+    assert standing() is None and reader.is_final(run.run_id, 0)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from node.errors import (
+    RoundPending,
     DLX_ERRORS,
     CheckpointInconsistent,
     NodeError,
@@ -58,29 +59,44 @@ class NoCheckpoint(NodeError):
 
 # ---------------------------------------------------------------------- the round on chain
 def round_standing(history: Any, chain_id: int, ledger_address: str,
-                   cleared: dict[int, str] | None = None) -> dict[int, RoundNotTrusted | None]:
+                   cleared: dict[int, str] | None = None, final_only: bool = False) -> dict[int, RoundNotTrusted | None]:
     """For every committed round of ``history``: None if the chain gives no reason to distrust it, else the
     error (not raised) of the first check it fails, in this order: within ``maxRounds``, hash chain link,
-    attested by ``quorum`` members in force, neither it nor an earlier round disputed (its weights descend
-    from every earlier round). A disputed round in ``cleared`` (round -> how a replay cleared it) counts as
-    undisputed.
+    attested by the quorum of counted members, not overturned (nor after an overturned round), neither it nor
+    an earlier round under an unsettled dispute (its weights descend from every earlier round), and, with
+    ``final_only``, final: its dispute window closed at the block the history was read at.
+
+    A dispute is settled when a verdict upheld the round, when its case lapsed (an expireDispute, or its
+    deadline, ``accusation_blocks`` after the first dispute, passed without a verdict), or when a replay from
+    archives cleared it (``cleared``: round -> how).
 
     Pure: it judges a :class:`ledger.records.RunHistory` (as :mod:`ledger.checks` does) and reads nothing.
     """
-    cleared = cleared or {}
+    cleared = dict(cleared or {})
     from ledger.checks import check_attesters, check_hash_chain
 
     run = history.run
     links = check_hash_chain(history, chain_id, ledger_address).links
     attested = check_attesters(history)
+    outcomes = getattr(history, "dispute_outcomes", {}) or {}
+    now = getattr(history, "block_number", 0)
     disputes: dict[int, list] = {}
     for dispute in history.disputes:
         disputes.setdefault(dispute.round, []).append(dispute)
+    for round_index, filed in disputes.items():
+        outcome = outcomes.get(round_index)
+        deadline = min(d.block_number for d in filed) + run.accusation_blocks
+        if outcome in ("upheld", "lapsed"):
+            cleared.setdefault(round_index, f"settled: {outcome}")
+        elif outcome is None and now and now >= deadline:
+            cleared.setdefault(round_index, f"settled: no verdict by block {deadline}, the record stands")
+    overturned = min((r for r, o in outcomes.items() if o == "overturned"), default=None)
     standing: dict[int, RoundNotTrusted | None] = {}
     for record, link, attesters in zip(history.commits, links, attested):
         round_index = record.commit.round
         where = f"round {round_index} of run {run.run_id}"
         problem: RoundNotTrusted | None = None
+        window_end = record.block_number + run.dispute_blocks
         if run.max_rounds and round_index >= run.max_rounds:
             problem = RoundBeyondMax(
                 f"{where} is past the run's last round {run.max_rounds - 1} (maxRounds {run.max_rounds})"
@@ -89,19 +105,29 @@ def round_standing(history: Any, chain_id: int, ledger_address: str,
             problem = RoundNotLinked(f"{where} does not link into the run's hash chain: {link.reason}")
         elif not attesters.ok:
             problem = RoundUnattested(
-                f"{where} is not attested by {run.quorum} members in force: {attesters.reason}"
+                f"{where} is not attested by the quorum of counted members: {attesters.reason}"
+            )
+        elif overturned is not None and round_index >= overturned:
+            problem = RoundDisputed(
+                f"{where} is invalid: a verdict of the round's members overturned round {overturned} and halted "
+                "the run; pull an earlier round"
             )
         elif round_index in disputes and round_index not in cleared:
             who = ", ".join(f"{d.disputer} (block {d.block_number})" for d in disputes[round_index])
             problem = RoundDisputed(
-                f"{where} is disputed: {who} put a differing signed record on chain; "
-                "run 'dlx-node audit' to see which record replays, or pull with --archive to replay it"
+                f"{where} is disputed: {who} put a differing signed record on chain and no verdict settled it "
+                "yet; run 'dlx-node audit' to see which record replays, or pull with --archive to replay it"
             )
         elif any(d < round_index and d not in cleared for d in disputes):
             upstream = min(d for d in disputes if d < round_index and d not in cleared)
             problem = RoundDisputed(
                 f"{where} descends from disputed round {upstream}; pull with --archive to replay round "
                 f"{upstream}, or pull --round {upstream - 1} or earlier"
+            )
+        elif final_only and now < window_end:
+            problem = RoundPending(
+                f"{where} is not final: it can be disputed until block {window_end} (now {now}); pull --pending "
+                "takes it anyway"
             )
         standing[round_index] = problem
     return standing
@@ -125,6 +151,8 @@ class PullResult:
     members_since: dict[str, int] = field(default_factory=dict)  # attester -> block its membership began
     cleared: dict[int, str] = field(default_factory=dict)  # disputed rounds a replay cleared, and how
     commit_block: int = 0
+    final: bool = True  # dispute window closed when pulled (False only with final_only=False)
+    final_from: int = 0  # the block from which the round can no longer be disputed
 
 
 def _candidates(
@@ -325,6 +353,7 @@ def pull_checkpoint(
     fetcher: PeerFetcher | None = None,
     rpc_url: str = "",
     peers: Iterable[str] = (),
+    final_only: bool = True,
 ) -> PullResult:
     """Fetch, verify and export the checkpoint of ``round_index`` (None: the latest trusted one) of ``run_id``.
 
@@ -332,7 +361,9 @@ def pull_checkpoint(
     run and pull it again from ``rpc_url`` and ``peers``) and a generation config
     (:mod:`node.tools.model_card`).
 
-    The round must pass :func:`round_standing` (by default, newer checkpoints whose round does not are passed
+    With ``final_only`` (the default) only final rounds are taken: dispute window closed, disputes settled
+    (``pull --pending`` turns it off and says so). The round must pass :func:`round_standing` (by default,
+    newer checkpoints whose round does not are passed
     over and listed in ``PullResult.skipped``, as are newer ones whose file contradicts their record). Local
     ``archives`` are tried first, then peers. ``out_dir`` is written only after verification, atomically.
 
@@ -350,7 +381,7 @@ def pull_checkpoint(
     archives = list(archives)
     history = client.history(run_id, with_registrations=False)
     cleared = cleared_disputes(client, history, archives)
-    standing = round_standing(history, client.chain_id, client.ledger_address, cleared)
+    standing = round_standing(history, client.chain_id, client.ledger_address, cleared, final_only=final_only)
     candidates, skipped = _candidates(history, standing, round_index)
     layout = run_layout(history, archives, fetcher)
     record, (ckpt, model_cfg, source, size) = _first_verified(
@@ -381,6 +412,8 @@ def pull_checkpoint(
         out, run_id, commit.round, expected, source, size, model_cfg.block_size,
         attesters=tuple(record.attesters), submitter=record.submitter, skipped=skipped,
         members_since=_members_since(history, record), cleared=cleared, commit_block=record.block_number,
+        final=history.block_number >= record.block_number + history.run.dispute_blocks,
+        final_from=record.block_number + history.run.dispute_blocks,
     )
 
 
@@ -431,6 +464,7 @@ def run_pull(args: Any) -> int:
             fetcher=fetcher,
             rpc_url=getattr(args, "rpc", ""),  # for the model card; a library caller may have none
             peers=args.bootstrap,
+            final_only=not getattr(args, "pending", False),
         )
     finally:
         if fetcher is not None:
@@ -444,6 +478,10 @@ def run_pull(args: Any) -> int:
     )
     for round_index, how in sorted(result.cleared.items()):
         print(f"disputed round {round_index} cleared: {how}")
+    if result.final:
+        print(f"round {result.round} is final (its dispute window closed at block {result.final_from})")
+    else:
+        print(f"round {result.round} is NOT final (--pending): it can be disputed until block {result.final_from}")
     print(f"round {result.round} (block {result.commit_block}) attested by {len(result.attesters)}:")
     for attester in result.attesters:
         joined = result.members_since.get(attester, -1)
