@@ -1,0 +1,75 @@
+"""The trust model's stateful fuzzer at length (issue 41): tests/trust_machine.py for a time budget.
+
+Honest founders, a coalition below the quorum fraction and outsiders act in any order against the real
+TrainingLedger; every invariant of docs/TRUST.md is checked after every step. Runs batches of examples until
+``--seconds`` have passed (or ``--examples``), then writes ``bench/results/trust_fuzz.json``: examples, steps
+(invariant checks after a step), steps per second, and any counterexample (exit 1 if one was found).
+
+    nice -n 10 python bench/fuzz_trust.py --seconds 3600 --backend anvil
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+from bench.benchio import default_out, write_result  # noqa: E402
+from tests.trust_machine import TrustMachine  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=600.0, help="time budget (batches start until it is spent)")
+    parser.add_argument("--examples", type=int, default=0, help="stop after this many examples (0: time only)")
+    parser.add_argument("--steps", type=int, default=100, help="steps per example")
+    parser.add_argument("--batch", type=int, default=5, help="examples per hypothesis run")
+    parser.add_argument("--backend", choices=("pyevm", "anvil"), default="pyevm")
+    parser.add_argument("--out", default=default_out("trust_fuzz.py"))
+    args = parser.parse_args()
+    load = list(os.getloadavg())
+    anvil = None
+    if args.backend == "anvil":
+        from ledger.chain import AnvilProcess, connect_rpc
+
+        anvil = AnvilProcess()
+        url = anvil.start()
+        TrustMachine.chain = staticmethod(lambda: connect_rpc(url, timeout=30.0))
+    started = time.monotonic()
+    counterexample = ""
+    try:
+        while time.monotonic() - started < args.seconds and (not args.examples or TrustMachine.examples < args.examples):
+            TrustMachine.TestCase.settings = settings(
+                max_examples=args.batch, stateful_step_count=args.steps, deadline=None, database=None,
+                suppress_health_check=list(HealthCheck))
+            try:
+                TrustMachine.TestCase().runTest()
+            except Exception as exc:  # a counterexample: hypothesis shrank it and printed the steps
+                counterexample = f"{type(exc).__name__}: {exc}"
+                break
+    finally:
+        if anvil is not None:
+            anvil.stop()
+    seconds = time.monotonic() - started
+    steps = TrustMachine.checks - TrustMachine.examples
+    result = {
+        "backend": args.backend, "examples": TrustMachine.examples, "steps": steps,
+        "steps_per_example_max": args.steps, "seconds": round(seconds, 1),
+        "steps_per_second": round(steps / seconds, 2) if seconds else 0.0,
+        "counterexamples": [counterexample] if counterexample else [],
+        "invariants": ["I1 safety", "I2 no harm", "I3 credit", "I4 stake back", "I5 finality", "I6 solvency"],
+    }
+    path = write_result(args.out, result, load)
+    print(f"{TrustMachine.examples} examples, {steps} steps in {seconds:.0f} s ({result['steps_per_second']}/s), "
+          f"{len(result['counterexamples'])} counterexample(s) -> {path}")
+    return 1 if counterexample else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
