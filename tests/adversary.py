@@ -68,6 +68,11 @@ chain) is the real node's. Attacks:
   config (``n_head`` 8) and weights shifted by 0.01, while it attests the honest weights hash:
   holders of other stages must not build (or sign) a checkpoint from it, and pull must never
   install its config.
+- ``takeover``: a coalition member (issue 41, attack 1; ``DLX_COALITION`` names the coalition,
+  ``DLX_COALITION_DIR`` is where its members share signatures): it commits every round it can with
+  the fewest honest signatures the quorum needs, then tries to eject the honest members it left
+  out, to commit a back door with the coalition's signatures and to slash an honest member by a
+  verdict the coalition signs.
 """
 
 from __future__ import annotations
@@ -83,7 +88,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 CONTRIBUTION_ATTACKS = ("huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero", "perturb")
 ATTACKS = ("malformed-payload", *CONTRIBUTION_ATTACKS, "copy", "late", "empty-close", "duplicate-close",
            "equivocating-close", "censoring-close", "phantom-close", "absurd-hello", "forge-state",
-           "diverge-once", "diverge-late", "diverge-slow-verdict", "fork-close", "doctored-shard")
+           "diverge-once", "diverge-late", "diverge-slow-verdict", "fork-close", "doctored-shard", "takeover")
 
 logger = logging.getLogger(__name__)
 
@@ -437,6 +442,83 @@ def doctored_shard():
     return {"finisher": DoctoringFinisher}
 
 
+def takeover():
+    """A coalition member (issue 41, attack 1): it wins every commit race with the fewest honest signatures the
+    quorum needs, then tries to eject the honest members it left out, to commit a back door with its partners'
+    signatures (shared through ``DLX_COALITION_DIR``) and to slash an honest member by a verdict of its own.
+    ``DLX_COALITION``: the coalition's addresses, comma-separated."""
+    import hashlib
+    import os
+
+    from ledger import errors
+    from ledger.attest import recover_digest_signer
+    from ledger.records import RoundRecord, Verdict
+    from node.live.committer import Committer
+
+    coalition = {a.strip().lower() for a in os.environ["DLX_COALITION"].split(",")}
+    shared = Path(os.environ["DLX_COALITION_DIR"])
+
+    def partners_signatures(name: str, own: bytes) -> list[bytes]:
+        (shared / f"{name}-{own.hex()[:16]}.sig").write_bytes(own)
+        return [p.read_bytes() for p in sorted(shared.glob(f"{name}-*.sig"))]
+
+    class TakeoverCommitter(Committer):
+        def _submit(self, outer_round, mine, found, quorum):
+            node = self.node
+            client = node.chain.client
+            record, signatures = found
+            digest = client.record_digest(record)
+            ours = [s for s in signatures if recover_digest_signer(digest, s).lower() in coalition]
+            honest = [s for s in signatures if recover_digest_signer(digest, s).lower() not in coalition]
+            chosen = ours + honest[:max(0, quorum - len(ours))]
+            if node.chain.commit_of(node.run_id, outer_round) is None:
+                try:  # no waiting for its turn: it wins the race
+                    node.chain.commit_round(record, chosen)
+                    logger.warning("adversary: committed round %d with %d of %d honest signatures", outer_round,
+                                   len(chosen) - len(ours), len(honest))
+                except errors.LedgerError as exc:
+                    logger.warning("adversary: commit of round %d lost: %s", outer_round, exc)
+            self._take_over(client)
+            return node.chain.commit_of(node.run_id, outer_round) is not None
+
+        def _take_over(self, client):
+            run_id = self.node.run_id
+            history = client.history(run_id, with_registrations=False)
+            honest = sorted(m.account for m in history.memberships
+                            if m.account.lower() not in coalition and m.ended is None)
+            for account in honest:
+                try:
+                    client.eject_inactive(run_id, account)
+                    logger.warning("adversary: ejected %s", account)
+                except errors.LedgerError as exc:
+                    logger.warning("adversary: eject refused: %s", exc)
+            count, head = client.commit_count(run_id), client.head_of(run_id)
+            door = RoundRecord(run_id, count, head, hashlib.sha256(b"back door %d" % count).digest(),
+                               hashlib.sha256(b"back door contributions").digest(), 1, 1, 1, 1, bytes(32))
+            signatures = partners_signatures(f"door-{count}-{head.hex()[:16]}", client.sign_record(door))
+            try:
+                client.commit_round(door, signatures)
+                logger.warning("adversary: committed a back door at round %d", count)
+            except errors.LedgerError as exc:
+                logger.warning("adversary: back door refused: %s", exc)
+            if not honest:
+                return
+            evidence = hashlib.sha256(b"framed").digest()
+            try:
+                client.accuse(run_id, honest[0], evidence)
+            except errors.LedgerError:
+                pass  # a partner accused first, or already did
+            verdict = Verdict(run_id, honest[0], evidence, True)
+            signatures = partners_signatures("verdict", client.sign_verdict(verdict))
+            try:
+                client.resolve_accusation(verdict, signatures)
+                logger.warning("adversary: slashed %s", honest[0])
+            except errors.LedgerError as exc:
+                logger.warning("adversary: verdict refused: %s", exc)
+
+    return {"committer": TakeoverCommitter}
+
+
 def attack_parts(attack: str) -> dict:
     """The part classes of ``attack`` (keyword arguments of node.live.assembly.Kinds)."""
     if attack in CONTRIBUTION_ATTACKS:
@@ -446,7 +528,7 @@ def attack_parts(attack: str) -> dict:
             "censoring-close": censoring_close, "phantom-close": phantom_close, "absurd-hello": absurd_hello,
             "forge-state": forged_start_state, "diverge-once": diverging_once, "diverge-late": diverging_late,
             "diverge-slow-verdict": diverging_slow_verdict, "fork-close": forking_close,
-            "doctored-shard": doctored_shard}[attack]()
+            "doctored-shard": doctored_shard, "takeover": takeover}[attack]()
 
 
 def run_with(parts: dict) -> int:

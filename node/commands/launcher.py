@@ -22,7 +22,13 @@ from pathlib import Path
 from ledger.account import DEV_ACCOUNT_COUNT, dev_account, fund_accounts
 from ledger.chain import AnvilProcess, connect_rpc, terminate_with_parent
 from ledger.client import LedgerClient
-from ledger.records import DEFAULT_ACCUSATION_BLOCKS, DEFAULT_DISPUTE_BLOCKS, SAFE_MIN_QUORUM, SAFE_MIN_QUORUM_BPS
+from ledger.records import (
+    DEFAULT_ACCUSATION_BLOCKS,
+    DEFAULT_DISPUTE_BLOCKS,
+    DEFAULT_INACTIVITY_ROUNDS,
+    SAFE_MIN_QUORUM,
+    SAFE_MIN_QUORUM_BPS,
+)
 from node.commands.link import run_link
 from node.config import dump_toml, load_config
 from node.errors import NodeError
@@ -124,6 +130,7 @@ class LocalRun:
     accusation_blocks: int = DEFAULT_ACCUSATION_BLOCKS
     dispute_blocks: int = DEFAULT_DISPUTE_BLOCKS
     unbonding_blocks: int | None = None
+    inactivity_rounds: int = DEFAULT_INACTIVITY_ROUNDS  # unattested rounds before a member may be ejected
     anvil: AnvilProcess | None = None
     url: str = ""
     run_id: int = 0
@@ -154,6 +161,7 @@ class LocalRun:
                                         bond=self.bond_wei, unbonding_blocks=self.unbonding_blocks,
                                         accusation_blocks=self.accusation_blocks,
                                         dispute_blocks=self.dispute_blocks, max_rounds=cfg.rounds,
+                                        inactivity_rounds=self.inactivity_rounds,
                                         allow_weak_quorum=self.allow_weak_quorum)
         (self.workdir / "run.json").write_bytes(canonical_json(document))
         (self.workdir / "deployment.json").write_text(json.dumps({
