@@ -6,8 +6,8 @@ Runs against a real anvil started from contracts/node_modules (``npm ci --prefix
 
 Measures:
 * gas used by each call (deployments, register with and without stake, createRun, joinRun, leaveRun,
-  ejectInactive, withdrawStake, commitRound, dispute, reportEquivocation, accuse, resolveAccusation (not
-  guilty, guilty), expireAccusation, unregister);
+  ejectInactive, withdrawStake, commitRound, dispute, attest, resolveDispute (upheld), reportEquivocation,
+  accuse, resolveAccusation (not guilty, guilty), expireAccusation, unregister);
 * round-commit gas by quorum k = 1, 3, 5, 8 signatures of 8 members (target <= 150k at k = 3), first commit of
   a run and a later one, with and without a checkpoint;
 * round-commit gas at 3 of 4 and 10 of 16 members (the quorum from the fraction: k = 2 and quorumBps 7500 /
@@ -135,6 +135,10 @@ def measure_gas(w3) -> dict:
     committed = clients[1].commit_of(run_id, clients[1].commit_count(run_id) - 1)
     mine_record = RoundRecord(*committed.fields()[:3], digest("mine"), *committed.fields()[4:])
     gas["dispute"] = gas_of(clients[8], clients[8].dispute(mine_record, clients[8].sign_record(mine_record)))
+    gas["attest"] = gas_of(clients[6], clients[6].attest(committed, clients[6].sign_record(committed)))
+    attesters = clients[1].commit_record(run_id, committed.round).attesters
+    gas["resolveDispute_k3_upheld"] = gas_of(clients[1], clients[1].resolve_dispute(
+        committed, True, [clients[i].sign_round_verdict_for(committed, True) for i in (1, 2, 3)], attesters))
 
     by_fraction = {}
     for signers, members, bps in FRACTIONS:
