@@ -167,8 +167,10 @@ class TrustMachine(RuleBasedStateMachine):
                 if accusation.accused == client.address and accusation.open:
                     client.expire_accusation(self.run_id, client.address, accusation.evidence_hash)
             before = client.balance()
-            client.withdraw_stake(self.run_id)
-            assert client.balance() > before + STAKE - 10**13, "I4: the stake did not come back whole"
+            tx = client.withdraw_stake(self.run_id)
+            receipt = self.w3.eth.get_transaction_receipt(tx)
+            returned = client.balance() - before + receipt["gasUsed"] * receipt["effectiveGasPrice"]
+            assert returned == STAKE, f"I4: {returned} of the stake {STAKE} came back"
             del self.left_at[index]
 
     @rule(data=st.data())

@@ -182,7 +182,7 @@ def _keep_serving(run: LocalRun, out: Path):
         archives = " ".join(f"--archive {slot.data_dir}" for slot in run.nodes)
         print(f"\nthe chain stays up at {run.url}; the seeder did not start ({exc}): pull from the archives with\n"
               f"  dlx-node pull --rpc {run.url} --run {run.run_id} --deployment {out / 'deployment.json'} "
-              f"{archives} --pending {out / 'model'}", flush=True)
+              f"{archives} {out / 'model'} --pending", flush=True)
         return None
     checkpoint_every = load_config(run.nodes[0].config_path).checkpoint_every
     link = run_link(run.chain_id, run.ledger, run.run_id, run.url, [seeder.multiaddr],
@@ -193,7 +193,7 @@ def _keep_serving(run: LocalRun, out: Path):
     # pull takes only final rounds unless --pending says it may take one that can still be disputed.
     print(f"pull the latest checkpoint the chain vouches for (--pending: the demo's last rounds are still inside "
           f"their dispute window, which a public chain closes as blocks pass):\n"
-          f"  dlx-node pull '{link}' --pending {out / 'model'}", flush=True)
+          f"  dlx-node pull '{link}' {out / 'model'} --pending", flush=True)
     print(f"watch the run in a browser:\n  dlx-node explorer --rpc {run.url} --run {run.run_id} --deployment "
           f"{out / 'deployment.json'}", flush=True)
     return seeder
