@@ -49,6 +49,8 @@ from bench.benchio import default_out, write_result  # noqa: E402
 #: A coordinator's close line: round, stage, the replicas it closed with, the missing ones (bench_join.py).
 CLOSE = re.compile(r"round (\d+) stage (\d+) closed with replicas \[([\d, ]*)\]( \(missing \[([\d, ]*)\]\))?")
 OUTAGE_TABLE = "dlxsoak"
+#: The last line of a traceback (plain or inside an exception group's "| " frame): ``Name: message``.
+EXCEPTION_LINE = re.compile(r"^[\s|+]*(\w+(?:Error|Exception|Group|Cancelled|Exit|Interrupt)\w*: .*)$")
 
 
 def plan_clusters(args, rng: random.Random) -> list[dict]:
@@ -495,14 +497,16 @@ def proc_figures(pid: int) -> dict:
 
 
 def traceback_heads(text: str, limit: int = 3) -> list[str]:
-    """The last line of each of the first ``limit`` tracebacks in a log (the exception)."""
+    """The exception of each of the first ``limit`` tracebacks in a log (in an exception group, the first
+    one inside it that is not itself a group)."""
     heads, lines = [], text.splitlines()
     for i, line in enumerate(lines):
-        if line.startswith("Traceback"):
-            j = i + 1
-            while j < len(lines) and (lines[j].startswith(" ") or not lines[j].strip()):
-                j += 1
-            heads.append(lines[j][:300] if j < len(lines) else "")
+        if line.startswith("Traceback") or line.lstrip(" +|").startswith("Exception Group Traceback"):
+            if i and lines[i - 1].lstrip(" +|").startswith(("Traceback", "Exception Group Traceback")):
+                continue
+            found = [m.group(1) for later in lines[i + 1:i + 200] if (m := EXCEPTION_LINE.match(later))]
+            inner = [f for f in found if not f.startswith(("ExceptionGroup", "BaseExceptionGroup"))]
+            heads.append((inner or found or [""])[0][:300])
             if len(heads) >= limit:
                 break
     return heads
