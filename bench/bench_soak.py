@@ -49,6 +49,12 @@ from bench.benchio import default_out, write_result  # noqa: E402
 #: A coordinator's close line: round, stage, the replicas it closed with, the missing ones (bench_join.py).
 CLOSE = re.compile(r"round (\d+) stage (\d+) closed with replicas \[([\d, ]*)\]( \(missing \[([\d, ]*)\]\))?")
 OUTAGE_TABLE = "dlxsoak"
+#: Log lines counted over every node's logs (``log_counts`` in the JSON): timeouts that met a slow link.
+LOG_COUNTS = {"spot checks not done": r"spot check of replica \d+ round \d+ not done",
+              "contributions not fetched": r"contribution \w+ from \w+ not fetched",
+              "TooSlowError": r"TooSlowError", "timed out": r"timed out",
+              "relay reservation late": r"no reservation yet",
+              "closes at the deadline (missing)": r"closed with replicas \[[\d, ]*\] \(missing"}
 #: The last line of a traceback (plain or inside an exception group's "| " frame): ``Name: message``.
 EXCEPTION_LINE = re.compile(r"^[\s|+]*(\w+(?:Error|Exception|Group|Cancelled|Exit|Interrupt)\w*: .*)$")
 
@@ -479,6 +485,9 @@ class Soak:
         result["unexpected_exits"] = self.unexpected_exits
         result["tracebacks"] = {n: t.count("Traceback") for n, t in logs.items() if "Traceback" in t}
         result["traceback_heads"] = {n: traceback_heads(t) for n, t in logs.items() if "Traceback" in t}
+        # Where a fixed timeout met a slow link: counted over every log, for runs to compare.
+        result["log_counts"] = {label: sum(len(re.findall(pattern, t)) for t in logs.values())
+                                for label, pattern in LOG_COUNTS.items()}
         result["samples"] = self.samples
         result["series"] = series(self.samples)
 
