@@ -488,8 +488,13 @@ class Soak:
         # Where a fixed timeout met a slow link: counted over every log, for runs to compare.
         result["log_counts"] = {label: sum(len(re.findall(pattern, t)) for t in logs.values())
                                 for label, pattern in LOG_COUNTS.items()}
-        result["samples"] = self.samples
         result["series"] = series(self.samples)
+        # Connection paths (peer id -> direct/relayed/hole_punched) only as they were at the end: per
+        # sample they were most of the JSON's megabyte.
+        result["paths_at_end"] = {n: e.get("paths") for n, e in (self.samples[-1]["nodes"] if self.samples
+                                                                 else {}).items()}
+        result["samples"] = [{**sample, "nodes": {n: {k: v for k, v in e.items() if k != "paths"}
+                                                 for n, e in sample["nodes"].items()}} for sample in self.samples]
 
 
 def proc_figures(pid: int) -> dict:
