@@ -49,6 +49,14 @@ from bench.benchio import default_out, write_result  # noqa: E402
 #: A coordinator's close line: round, stage, the replicas it closed with, the missing ones (bench_join.py).
 CLOSE = re.compile(r"round (\d+) stage (\d+) closed with replicas \[([\d, ]*)\]( \(missing \[([\d, ]*)\]\))?")
 OUTAGE_TABLE = "dlxsoak"
+#: Log lines counted over every node's logs (``log_counts`` in the JSON): timeouts that met a slow link.
+LOG_COUNTS = {"spot checks not done": r"spot check of replica \d+ round \d+ not done",
+              "contributions not fetched": r"contribution \w+ from \w+ not fetched",
+              "TooSlowError": r"TooSlowError", "timed out": r"timed out",
+              "relay reservation late": r"no reservation yet",
+              "closes at the deadline (missing)": r"closed with replicas \[[\d, ]*\] \(missing"}
+#: The last line of a traceback (plain or inside an exception group's "| " frame): ``Name: message``.
+EXCEPTION_LINE = re.compile(r"^[\s|+]*(\w+(?:Error|Exception|Group|Cancelled|Exit|Interrupt)\w*: .*)$")
 
 
 def plan_clusters(args, rng: random.Random) -> list[dict]:
@@ -477,8 +485,16 @@ class Soak:
         result["unexpected_exits"] = self.unexpected_exits
         result["tracebacks"] = {n: t.count("Traceback") for n, t in logs.items() if "Traceback" in t}
         result["traceback_heads"] = {n: traceback_heads(t) for n, t in logs.items() if "Traceback" in t}
-        result["samples"] = self.samples
+        # Where a fixed timeout met a slow link: counted over every log, for runs to compare.
+        result["log_counts"] = {label: sum(len(re.findall(pattern, t)) for t in logs.values())
+                                for label, pattern in LOG_COUNTS.items()}
         result["series"] = series(self.samples)
+        # Connection paths (peer id -> direct/relayed/hole_punched) only as they were at the end: per
+        # sample they were most of the JSON's megabyte.
+        result["paths_at_end"] = {n: e.get("paths") for n, e in (self.samples[-1]["nodes"] if self.samples
+                                                                 else {}).items()}
+        result["samples"] = [{**sample, "nodes": {n: {k: v for k, v in e.items() if k != "paths"}
+                                                 for n, e in sample["nodes"].items()}} for sample in self.samples]
 
 
 def proc_figures(pid: int) -> dict:
@@ -495,14 +511,16 @@ def proc_figures(pid: int) -> dict:
 
 
 def traceback_heads(text: str, limit: int = 3) -> list[str]:
-    """The last line of each of the first ``limit`` tracebacks in a log (the exception)."""
+    """The exception of each of the first ``limit`` tracebacks in a log (in an exception group, the first
+    one inside it that is not itself a group)."""
     heads, lines = [], text.splitlines()
     for i, line in enumerate(lines):
-        if line.startswith("Traceback"):
-            j = i + 1
-            while j < len(lines) and (lines[j].startswith(" ") or not lines[j].strip()):
-                j += 1
-            heads.append(lines[j][:300] if j < len(lines) else "")
+        if line.startswith("Traceback") or line.lstrip(" +|").startswith("Exception Group Traceback"):
+            if i and lines[i - 1].lstrip(" +|").startswith(("Traceback", "Exception Group Traceback")):
+                continue
+            found = [m.group(1) for later in lines[i + 1:i + 200] if (m := EXCEPTION_LINE.match(later))]
+            inner = [f for f in found if not f.startswith(("ExceptionGroup", "BaseExceptionGroup"))]
+            heads.append((inner or found or [""])[0][:300])
             if len(heads) >= limit:
                 break
     return heads

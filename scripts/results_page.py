@@ -105,7 +105,8 @@ SECTIONS = (
             "Relayed traffic crosses the relay's process twice; hole punching (DCUtR) moves the same blob directly once both NATs keep the listen port (docs/P2P.md, NAT traversal)."),
     Section("netlab.json", "The network emulator measured", "bench/bench_netlab.py", netlab,
             "The delay is never below what was asked (release times are absolute) and is above it by the machine's scheduling latency; past about 500 Mbit/s per stream the shared machine, not the link's rate, is the limit. What the emulator cannot model: docs/P2P.md, \"Network emulator\"."),
-    Section("soak.json", "A day on the internet, on one machine", "bench/bench_soak.py", soak),
+    Section("soak.json", "A day on the internet, on one machine", "bench/bench_soak.py", soak,
+            "Shorter than the hour asked for and at a smaller scale than a real network, on a shared 2-core machine (the load is recorded below): every node of every site is a full Python process on those two cores, so round times here are mostly CPU, not link. The replica the short rounds name was the leaver's seat first and the joiner's after (one name each in time): the rounds after the leave are full for the members left; the joiner trained from its entry on but none of its contributions was in a close before the end: the members that had heard the leaver place the joiner one replica later than it places itself and refuse its announcements (diagnosed from the logs, not fixed: docs/P2P.md, \"What the soak found\"). The tracebacks are the leaver's, at its stop: gossip in flight reached pubsub after its service had stopped; fixed after this run (`p2p/host.py` closes connections first, `tests/test_netlab_p2p.py`), whose nodes started before the fix ran the earlier host code. A node killed in round 0's exchange re-entering round 0 and exiting was found by a shorter run and fixed before this one (`tests/test_entry_round.py`)."),
     Section("data_loader.json", "Data loader", "bench/bench_data_loader.py", data_loader,
             "Resident memory does not grow with the dataset because the loader releases the pages each read maps (`ShardedTokens._release`)."),
 )
@@ -157,6 +158,15 @@ def _h_chaos(r: dict) -> str:
             f"{'each once, in order' if r['rounds_in_order_once'] else '(not in order!)'}, audit {r['audit']['verdict']}")
 
 
+def _h_soak(r: dict) -> str:
+    delays = [d for row in r["emulator"]["delays_ms"].values() for d in row.values()]
+    churn = ", ".join(sorted({e["kind"].replace("rpc_outage_begin", "RPC outage") for e in r["events"]
+                              if e["kind"] in ("kill", "rpc_outage_begin", "leave", "join")}))
+    return (f"{r['nodes']} nodes, {min(delays):.0f}-{max(delays):.0f} ms links, {len(r['emulator']['nat_sites'])} "
+            f"behind NAT, {r['run_s'] / 60:.0f} min ({churn}): {r['rounds']} rounds "
+            f"{'each once, in order' if r['rounds_in_order_once'] else '(not in order!)'}, audit {r['audit']['verdict']}")
+
+
 def _h_p2p(r: dict) -> str:
     cap = r["blob"]["cap_1gbps"]
     return f"{100 * cap['achieved_fraction_of_cap']:.1f}% of a 1 Gbps cap, gossip p99 {r['gossip']['latency_ms_p99']:.0f} ms"
@@ -182,6 +192,7 @@ HEADLINES = (
     ("Compute hidden behind a slow link", "utilization.json", _h_utilization),
     ("Byzantine replica, simulated", "robust_sim.json", _h_robust),
     ("Nodes killed and restarted", "chaos.json", _h_chaos),
+    ("An internet on one machine, with churn", "soak.json", _h_soak),
     ("Blob transfer", "p2p.json", _h_p2p),
     ("Ledger", "ledger.json", _h_ledger),
     ("Audit", "audit.json", _h_audit),

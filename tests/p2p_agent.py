@@ -9,6 +9,9 @@ once the host runs, then answers one JSON line per command line read:
 - ``{"cmd": "provide", "size": n}`` -> ``{"sha256": hex}``
 - ``{"cmd": "fetch", "sha256": hex, "provider": id, "timeout": s}`` -> ``{"ok": bool, "error": ...}``
 - ``{"cmd": "status"}`` -> ``{"reachability", "listen_addrs", "relay_refusals"}``
+- ``{"cmd": "subscribe", "topic": t}`` -> ``{"ok": true}``; ``{"cmd": "received", "topic": t}`` -> ``{"count": n}``
+- ``{"cmd": "flood", "topic": t, "seconds": s}`` -> ``{"ok": true}`` at once; publishes to ``t`` without pause
+  for ``s`` seconds on a thread (messages in flight while a peer shuts down)
 
 It exits when stdin closes.
 """
@@ -19,6 +22,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -27,6 +31,10 @@ from p2p.config import P2PConfig
 from p2p.errors import P2PError
 from p2p.host import P2PHost
 from p2p.identity import Identity
+
+
+QUEUES: dict = {}  # topic -> the subscription's queue
+RECEIVED: dict[str, int] = {}
 
 
 def answer(host: P2PHost, request: dict, data_dir: str) -> dict:
@@ -56,6 +64,28 @@ def answer(host: P2PHost, request: dict, data_dir: str) -> dict:
             return {"ok": True}
         except P2PError as exc:
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    if cmd == "subscribe":
+        QUEUES[request["topic"]] = host.subscribe(request["topic"])
+        return {"ok": True}
+    if cmd == "received":
+        queue = QUEUES[request["topic"]]
+        while not queue.empty():
+            queue.get_nowait()
+            RECEIVED[request["topic"]] = RECEIVED.get(request["topic"], 0) + 1
+        return {"count": RECEIVED.get(request["topic"], 0)}
+    if cmd == "flood":
+        def flood(topic: str, until: float) -> None:
+            sent = 0
+            while time.monotonic() < until:
+                try:
+                    host.publish(topic, f"{sent}".encode() * 64)
+                except P2PError:
+                    time.sleep(0.01)
+                sent += 1
+
+        threading.Thread(target=flood, args=(request["topic"], time.monotonic() + request["seconds"]),
+                         daemon=True).start()
+        return {"ok": True}
     if cmd == "status":
         return {"reachability": host.reachability(), "listen_addrs": host.listen_addrs,
                 "relay_refusals": host.relay_refusals()}
