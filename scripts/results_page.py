@@ -29,7 +29,7 @@ from results_network import (
 from results_sections import (
     audit, byzantine, chaos, data_loader, diloco, diloco_ablations, diloco_llama, fuzz, gpu_calibration,
     ledger, longrun, pct, provenance, reexec, restart, robust_sim, settings_not_default, split_spotchecks,
-    table, utilization,
+    table, trust_fuzz, utilization,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,6 +97,8 @@ SECTIONS = (
     Section("butterfly.json", "Traffic per node to 1024 replicas: the sliced exchange in simulation",
             "bench/bench_butterfly.py", butterfly),
     Section("ledger.json", "Ledger gas and history", "bench/bench_ledger.py", ledger),
+    Section("trust_fuzz.json", "The security model, fuzzed", "bench/fuzz_trust.py", trust_fuzz,
+            "Honest founders, a coalition below the quorum fraction and outsiders take any valid action in any order against the real contract (docs/TRUST.md, \"The security model\"). Each step sends several transactions and reads the whole state back, so a loaded shared machine runs few steps per second."),
     Section("audit.json", "Audit", "bench/bench_audit.py", audit),
     Section("fuzz.json", "Bad input", "bench/fuzz_campaign.py", fuzz),
     Section("join.json", "A node joining a running run", "bench/bench_join.py", join,

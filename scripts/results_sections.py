@@ -451,3 +451,11 @@ def gpu_calibration(r: dict) -> list[str]:
              f"{a['rounds']} rounds of H = {a['inner_steps']}, devices measured: {e['device']} (GPUs: {e['gpus']})."), ""] + table(
         ["precision", "same platform", "other threads", "other device", "other precision", "smallest cheat",
          "cheats within the tolerance in force", "tolerance in force", "suggested (3x honest)"], rows)
+
+
+def trust_fuzz(r: dict) -> list[str]:
+    found = r["counterexamples"]
+    return [(f"The trust model's stateful fuzzer (tests/trust_machine.py) on {r['backend']}: **{r['steps']:,} steps** "
+             f"in {r['examples']} examples (at most {r['steps_per_example_max']} steps each), {r['seconds']:.0f} s "
+             f"({r['steps_per_second']} steps/s); invariants checked after every step: {', '.join(r['invariants'])}. "
+             + ("Counterexamples: " + "; ".join(f"`{c}`" for c in found) if found else "No counterexample.")), ""]
