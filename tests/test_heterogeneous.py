@@ -327,3 +327,26 @@ def _stage_shapes(sim, stage):
     from training.stages import split_stages, stage_param_shapes
 
     return stage_param_shapes(sim.model, split_stages(sim.model.n_layer, sim.num_stages)[stage])
+
+
+def test_the_wire_vectors_of_declared_steps():
+    """tests/vectors/wire.json "contribution_payloads": version 1 and 2 decode to their declared steps, each
+    refused payload is refused (the file itself is checked against tests/vectors/make_vectors.py by
+    tests/test_wire_vectors.py)."""
+    import json
+    from pathlib import Path
+
+    vectors = json.loads((Path(__file__).parent / "vectors" / "wire.json").read_text())["contribution_payloads"]
+    shapes = {name: tuple(shape) for name, shape in vectors["shapes"].items()}
+    decoded = []
+    for case in vectors["accepted"]:
+        steps, tensors = decode_declared(bytes.fromhex(case["payload_hex"]), shapes, stage_index=vectors["stage"],
+                                         outer_round=vectors["round"])
+        assert steps == case["declared_steps"], case["name"]
+        decoded.append(tensors)
+    assert all(torch.equal(decoded[0][n], decoded[1][n]) for n in shapes)
+    assert declare_steps(bytes.fromhex(vectors["accepted"][0]["payload_hex"]), 7).hex() == \
+        vectors["accepted"][1]["payload_hex"]
+    for case in vectors["rejected"]:
+        with pytest.raises(ContributionDecodeError):
+            decode_declared(bytes.fromhex(case["payload_hex"]), shapes)
