@@ -192,9 +192,9 @@ def test_a_fixed_h_run_aggregates_as_before():
     assert all(torch.equal(result.average[n], mean[n]) for n in SHAPES)
 
 
-def test_screening_measures_a_slow_contribution_per_step():
+def test_screening_keeps_a_slow_contribution_that_improves_the_loss():
     """Three replicas, one 4x slower: applied alone it moves a quarter as far, which the plain rule
-    would leave out (above the median + tolerance); normalised to a full round it is like the others."""
+    would leave out (above the median + tolerance); the time-bounded rule keeps what beats no update."""
     target = {name: torch.full(shape, 1.0) for name, shape in SHAPES.items()}
 
     def loss(weights):
@@ -211,6 +211,10 @@ def test_screening_measures_a_slow_contribution_per_step():
     assert [r.excluded for r in plain] == [False, False, True]
     with pytest.raises(ValueError, match="declared steps"):
         screen_contributions(loss, start, decoded, cfg)
+    # The wrong way (worse than no update and than the median) is left out; a bad count is not screened.
+    flipped = decoded[:2] + [{n: -8 * direction[n] for n in SHAPES}]
+    assert [r.excluded for r in screen_contributions(loss, start, flipped, cfg, [8, 8, 8])] == [False, False, True]
+    assert screen_contributions(loss, start, decoded, cfg, [8, 8, 99])[2].loss_after is None
 
 
 def test_the_engine_declares_in_a_budgeted_run_only():

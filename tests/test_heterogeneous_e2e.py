@@ -30,6 +30,7 @@ def _spot_checks(slot) -> list[tuple[int, int, str]]:
     return [(int(r), int(t), v) for r, t, v in SPOT_LINE.findall(text)]
 
 
+@pytest.mark.slow  # about 5 minutes at a load of 30 on 2 cores (four node processes, anvil, two gloo pipelines)
 @pytest.mark.timeout(1800)
 def test_a_time_bounded_split_run_declares_its_steps_and_reruns_them_exactly(make_run):
     run = make_run(replicas=2, stages=2, split=True, settings=[
