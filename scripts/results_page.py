@@ -28,8 +28,8 @@ from results_network import (
 )
 from results_sections import (
     audit, byzantine, chaos, data_loader, diloco, diloco_ablations, diloco_llama, fuzz, gpu_calibration,
-    ledger, longrun, pct, provenance, reexec, restart, robust_sim, settings_not_default, split_spotchecks,
-    table, trust_fuzz, utilization,
+    heterogeneous, ledger, longrun, pct, provenance, reexec, restart, robust_sim, settings_not_default,
+    split_spotchecks, table, trust_fuzz, utilization,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,6 +87,11 @@ SECTIONS = (
             "Open files and threads are flat and memory nearly so. The blob store grew in this run because the start states a verifier fetched stayed in it; a verifier now removes them once the check is done (not re-measured since)."),
     Section("utilization.json", "Compute utilization under a slow link", "bench/bench_utilization.py", utilization,
             "With the one-step delay and the per-round work off the training thread (docs/DILOCOX.md section 4), an exchange shorter than the round's compute is hidden; past about 1.0 nothing hides it. Where a run's compute lands on a shared machine decides its ratio; earlier points and before/after pairs are in git history."),
+    Section("heterogeneous.json", "Heterogeneous contributors: rounds bounded by time", "bench/bench_heterogeneous.py",
+            heterogeneous,
+            "With fixed H every round waits for the slowest replica's H steps and the fast ones idle; with a time "
+            "budget each replica trains what fits and declares it (docs/DILOCOX.md section 13). The slowdowns are "
+            "real CPU quotas on a shared machine whose load also varies, so the achieved factors are in the table."),
     Section("p2p.json", "Networking", "bench/bench_p2p.py", p2p,
             "Figures move with the machine: unchanged code used about half as much CPU per 100 MB on session 9's machine as on the one before, so compare only results recorded on the same machine (git history). `p2p.blob_direct_io` is off by default: it lowers the download's CPU but the first read then pays it."),
     Section("scale.json", "Local runs of many nodes: full exchange", "bench/bench_scale.py", scale,

@@ -459,3 +459,26 @@ def trust_fuzz(r: dict) -> list[str]:
              f"in {r['examples']} examples (at most {r['steps_per_example_max']} steps each), {r['seconds']:.0f} s "
              f"({r['steps_per_second']} steps/s); invariants checked after every step: {', '.join(r['invariants'])}. "
              + ("Counterexamples: " + "; ".join(f"`{c}`" for c in found) if found else "No counterexample.")), ""]
+
+
+def heterogeneous(r: dict) -> list[str]:
+    s, c = r["settings"], r["comparison"]
+    rows = []
+    for name, label in (("fixed", f"fixed H = {s['fixed_h']}"),
+                        ("budget", f"time-bounded: {s['budget_s']:g} s, {s['min_steps']}..{s['max_steps']} steps")):
+        run = r[name]
+        rows.append([label, run["rounds"], num(run["wall_s_per_round"], 1)]
+                    + [f"{x['steps_per_round']:.1f} / {1000 * x['s_per_step']:.0f} ms / "
+                       f"{pct(x['compute_share_reaching_outer_step'], 1).lstrip('+')}" for x in run["replicas"]]
+                    + [num(run["final_eval_loss"])])
+    factors = [f"{x['factor']:g}x (steps/round, s/step, share)" for x in r["fixed"]["replicas"]]
+    wall, tokens = c["loss_at_equal_wall"], c["loss_at_equal_tokens"]
+    return [(f"Three replicas of `{s['preset']}` (batch {s['batch_size']}) whose inner steps run under cgroup v1 "
+             f"cpu quotas of {s['quota']:g} CPU / factor (factors {', '.join(f'{f:g}' for f in s['factors'])}), "
+             "one process per replica; contributions over pipes, the parent replays the aggregation and evaluates "
+             "(not the libp2p node). Share = the replica's seconds of inner steps that reached the outer step / "
+             "the run's wall time."), ""] + table(
+        ["run", "rounds", "wall s/round", *factors, "held-out at the end"], rows) + [
+        f"Held-out loss at equal wall time ({c['equal_wall_s']:.0f} s): fixed {num(wall['fixed'])}, time-bounded "
+        f"{num(wall['budget'])} ({pct(wall['budget_vs_fixed'], 2)}); at equal tokens ({c['equal_tokens']:,}): fixed "
+        f"{num(tokens['fixed'])}, time-bounded {num(tokens['budget'])} ({pct(tokens['budget_vs_fixed'], 2)}).", ""]

@@ -192,9 +192,9 @@ def test_a_fixed_h_run_aggregates_as_before():
     assert all(torch.equal(result.average[n], mean[n]) for n in SHAPES)
 
 
-def test_screening_measures_a_slow_contribution_per_step():
+def test_screening_keeps_a_slow_contribution_that_improves_the_loss():
     """Three replicas, one 4x slower: applied alone it moves a quarter as far, which the plain rule
-    would leave out (above the median + tolerance); normalised to a full round it is like the others."""
+    would leave out (above the median + tolerance); the time-bounded rule keeps what beats no update."""
     target = {name: torch.full(shape, 1.0) for name, shape in SHAPES.items()}
 
     def loss(weights):
@@ -211,6 +211,10 @@ def test_screening_measures_a_slow_contribution_per_step():
     assert [r.excluded for r in plain] == [False, False, True]
     with pytest.raises(ValueError, match="declared steps"):
         screen_contributions(loss, start, decoded, cfg)
+    # The wrong way (worse than no update and than the median) is left out; a bad count is not screened.
+    flipped = decoded[:2] + [{n: -8 * direction[n] for n in SHAPES}]
+    assert [r.excluded for r in screen_contributions(loss, start, flipped, cfg, [8, 8, 8])] == [False, False, True]
+    assert screen_contributions(loss, start, decoded, cfg, [8, 8, 99])[2].loss_after is None
 
 
 def test_the_engine_declares_in_a_budgeted_run_only():
@@ -327,3 +331,26 @@ def _stage_shapes(sim, stage):
     from training.stages import split_stages, stage_param_shapes
 
     return stage_param_shapes(sim.model, split_stages(sim.model.n_layer, sim.num_stages)[stage])
+
+
+def test_the_wire_vectors_of_declared_steps():
+    """tests/vectors/wire.json "contribution_payloads": version 1 and 2 decode to their declared steps, each
+    refused payload is refused (the file itself is checked against tests/vectors/make_vectors.py by
+    tests/test_wire_vectors.py)."""
+    import json
+    from pathlib import Path
+
+    vectors = json.loads((Path(__file__).parent / "vectors" / "wire.json").read_text())["contribution_payloads"]
+    shapes = {name: tuple(shape) for name, shape in vectors["shapes"].items()}
+    decoded = []
+    for case in vectors["accepted"]:
+        steps, tensors = decode_declared(bytes.fromhex(case["payload_hex"]), shapes, stage_index=vectors["stage"],
+                                         outer_round=vectors["round"])
+        assert steps == case["declared_steps"], case["name"]
+        decoded.append(tensors)
+    assert all(torch.equal(decoded[0][n], decoded[1][n]) for n in shapes)
+    assert declare_steps(bytes.fromhex(vectors["accepted"][0]["payload_hex"]), 7).hex() == \
+        vectors["accepted"][1]["payload_hex"]
+    for case in vectors["rejected"]:
+        with pytest.raises(ContributionDecodeError):
+            decode_declared(bytes.fromhex(case["payload_hex"]), shapes)

@@ -15,9 +15,9 @@ clearly worse than the median contribution
     tol   = max(screen_abs_tol, screen_rel_tol * L_b)                    float64
     excluded_i  <=>  not (L_i <= med + tol)
 
-In a run whose rounds are bounded by time (``diloco.round_budget_s``, issue 44) each ``d_i`` is first
-scaled to the round's mean declared count (``f32(outer_lr * tau / k_i)`` in place of ``f32(outer_lr)``,
-:func:`screen_contributions`) and the rule is ``excluded_i <=> not (L_i <= max(L_b, med) + tol)``.
+In a run whose rounds are bounded by time (``diloco.round_budget_s``, issue 44) the rule is
+``excluded_i <=> not (L_i <= max(L_b, med) + tol)``, and a contribution without a valid declared count
+is not screened (the aggregation excludes it).
 
 ``f32`` rounds the float64 loss to the nearest float32: the loss is computed in
 float64 (:func:`model_loss_fn`), whose order-dependent last bits (thread count,
@@ -172,24 +172,17 @@ def screen_contributions(
     ``loss_fn`` maps full-model float32 weights to the loss on the round's
     :func:`screening_batch` (:func:`model_loss_fn`). ``None`` entries (did not
     decode) are reported, not screened. In a time-bounded run (``diloco_cfg.budgeted``)
-    ``declared_steps`` gives each contribution's declared inner steps ``k_i``
-    (:func:`declared_steps_full`), and each is screened normalised to the round's mean count
-    ``tau = (sum of the valid k_i) / (their number)``:
-    ``L_i = f32(loss(theta - f32(outer_lr * tau / k_i) * d_i))`` (the factor computed in float64,
-    rounded once), so a replica that trained fewer steps is measured per step like the others;
-    one with no valid count is not screened (the aggregation excludes it, ``bad_steps``).
+    ``declared_steps`` gives each contribution's declared inner steps (:func:`declared_steps_full`);
+    one with no valid count is not screened (the aggregation excludes it, ``bad_steps``), and
+    :func:`judge` applies the time-bounded rule.
     """
     if diloco_cfg.budgeted and (declared_steps is None or len(declared_steps) != len(contributions)):
         raise ValueError("a time-bounded run screens with each contribution's declared steps")
     lr = torch.tensor(diloco_cfg.outer_lr, dtype=torch.float32)
     factors = [lr] * len(contributions)
     if diloco_cfg.budgeted:
-        valid = [isinstance(k, int) and diloco_cfg.min_inner_steps <= k <= diloco_cfg.inner_steps
-                 and contribution is not None for k, contribution in zip(declared_steps, contributions)]
-        counted = [k for k, ok in zip(declared_steps, valid) if ok]
-        tau = sum(counted) / len(counted) if counted else 1.0
-        factors = [torch.tensor(diloco_cfg.outer_lr * tau / k, dtype=torch.float32) if ok else None
-                   for k, ok in zip(declared_steps, valid)]
+        factors = [lr if isinstance(k, int) and diloco_cfg.min_inner_steps <= k <= diloco_cfg.inner_steps else None
+                   for k in declared_steps]
     # Every member and the audit must reach the same decision bit for bit, whatever thread count
     # they train with: torch splits float reductions (matmuls) by thread count, so the losses are
     # computed on SCREENING_THREADS threads. (Two members on 1 and 2 threads disputed a round.)
@@ -220,10 +213,11 @@ def judge(
     # run; measuring against L_b then left honest ones out (a bench run lost 1 of 4 in a round).
     threshold = median + tolerance
     if diloco_cfg.budgeted:
-        # Replicas of a time-bounded run train different counts, and fewer steps buy less than their share
-        # of loss even normalised to the mean count (the first steps of a round are not the last ones): an
-        # honest slow replica applied alone lands above the faster ones' median, yet below L_b. Only a
-        # contribution worse than both leaving the weights alone and the median is left out (issue 44).
+        # Replicas of a time-bounded run train different counts: an honest slow replica's shorter update,
+        # applied alone, lands above the faster ones' median, yet below L_b. Scaling it up to the mean count
+        # does not help: fewer steps buy less than their share of loss, and late in a run the scaled update
+        # overshoots (bench/bench_heterogeneous.py screened the honest 4x replica out of 4 of 7 rounds that
+        # way). Only a contribution worse than both leaving the weights alone and the median is left out.
         threshold = max(loss_before, median) + tolerance
     # With fewer than three screened contributions there is no majority to measure against: the
     # lower median of two is the better one, and the other, honest or not, would fall above it

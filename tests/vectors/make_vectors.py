@@ -513,6 +513,38 @@ def sync_vectors() -> list[dict[str, Any]]:
             for name, direction, frame in frames]
 
 
+def contribution_payload_vectors() -> dict[str, Any]:
+    """Codec payloads (training/codec_wire.py) of one stage of two raw tensors: version 1 (a fixed-H run's) and
+    version 2, which declares the inner steps trained (``"ns"``, a time-bounded run's: docs/PROTOCOL.md,
+    "Declared inner steps"); then version-2 payloads every decoder must refuse."""
+    import torch
+
+    from training.codec_wire import declare_steps, pack_contribution
+
+    shapes = {"a.weight": [2, 3], "b.bias": [3]}
+    values = {"a.weight": torch.tensor([[0.5, -1.0, 2.0], [0.0, 0.25, -0.125]]), "b.bias": torch.tensor([1.5, -2.5, 3.0])}
+    entries = [{"n": name, "s": shapes[name], "c": "raw", "d": values[name].numpy().astype("<f4").tobytes()}
+               for name in sorted(shapes)]
+    v1 = pack_contribution(2, 5, entries)
+    accepted = [
+        {"name": "version 1 (no declared steps: H)", "payload_hex": v1.hex(), "declared_steps": None},
+        {"name": "version 2, 7 inner steps declared", "payload_hex": declare_steps(v1, 7).hex(), "declared_steps": 7},
+    ]
+    header = {"v": 2, "st": 2, "rd": 5, "t": entries}
+    import msgpack
+
+    def bad(name: str, **fields: Any) -> dict[str, Any]:
+        message = {**header, **fields}
+        message.pop("ns", None) if fields.get("ns", 0) is None else None
+        return {"name": name, "payload_hex": msgpack.packb(message, use_bin_type=True).hex()}
+
+    rejected = [bad("declares 0 steps", ns=0), bad("declares -1 steps", ns=-1),
+                bad("declares 2**20 + 1 steps", ns=(1 << 20) + 1), bad("declares 2**63 steps", ns=1 << 63),
+                bad("declares 7.0 (a float)", ns=7.0), bad("declares true", ns=True), bad("declares '7'", ns="7"),
+                bad("version 2 without ns", ns=None)]
+    return {"stage": 2, "round": 5, "shapes": shapes, "accepted": accepted, "rejected": rejected}
+
+
 def build() -> dict[str, Any]:
     identity = Identity.from_seed(SEED)
     return {
@@ -539,6 +571,7 @@ def build() -> dict[str, Any]:
         "eip712": eip712_vectors(),
         "blob": {"protocol": str(BLOB_PROTOCOL), "frames": blob_vectors()},
         "sync": {"protocol": str(SYNC_PROTOCOL), "offer_protocol": str(SYNC_OFFER_PROTOCOL), "frames": sync_vectors()},
+        "contribution_payloads": contribution_payload_vectors(),
     }
 
 
