@@ -103,16 +103,24 @@ def tame_libp2p_logging(level: int) -> None:
 #: py-libp2p's ERROR for one failed dial: a peer not listening yet (start-up) or gone (shutdown). The host
 #: retries with backoff and counts failures itself (status.json ``failed_dials``); at ERROR it alarms users.
 _DIAL_FAILED = "Failed to open TCP stream"
+#: py-libp2p's seven-line ERROR for a stream it could not open on a connection already closed: a peer that
+#: left (its own background protocols, e.g. autonat, probe peers as the run ends).
+_STREAM_ON_CLOSED = ("Failed to open stream to peer", "established=False")
 
 
 def _quiet_libp2p(record: logging.LogRecord) -> bool:
     """Below debug level: no py-libp2p record under ERROR (some of its modules set their own logger to INFO at
-    import, e.g. the auto-connector's per-dial-round state), and no per-dial failure line."""
+    import, e.g. the auto-connector's per-dial-round state), no per-dial failure line, and no failed stream
+    on a connection that is already closed. Its other errors are kept."""
     if not record.name.startswith("libp2p"):
         return True
     if record.levelno < logging.ERROR:
         return False
-    return not (record.name.startswith("libp2p.transport") and str(record.msg).startswith(_DIAL_FAILED))
+    if record.name.startswith("libp2p.transport") and str(record.msg).startswith(_DIAL_FAILED):
+        return False
+    if record.name == "libp2p.host.basic_host" and str(record.msg).startswith(_STREAM_ON_CLOSED[0]):
+        return _STREAM_ON_CLOSED[1] not in record.getMessage()
+    return True
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:

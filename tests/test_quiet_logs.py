@@ -34,6 +34,11 @@ def _emit() -> None:
     auto.setLevel(logging.INFO)  # as the module does at import
     auto.info("AUTO_CONNECTOR_STATE: num_connections=0 (in_flight=0)")
     logging.getLogger("libp2p.pubsub.gossipsub").error("handler crashed: boom")
+    host = logging.getLogger("libp2p.host.basic_host")
+    host.error("Failed to open stream to peer 12D3KooWA:\n  Error: protocol write failed\n  Protocols: "
+               "['/libp2p/autonat/1.0.0']\n  Connection State: established=False, handshake=False")
+    host.error("Failed to open stream to peer 12D3KooWB:\n  Error: negotiation refused\n  Connection State: "
+               "established=True, handshake=True")
     logging.getLogger("node.live.node").info("round 1 committed")
 
 
@@ -43,6 +48,8 @@ def test_info_logs_drop_dial_failures_and_libp2p_chatter_but_keep_its_errors(cap
     out = text.getvalue()
     assert "Failed to open TCP stream" not in out and "AUTO_CONNECTOR_STATE" not in out
     assert "handler crashed: boom" in out and "round 1 committed" in out
+    assert "12D3KooWA" not in out  # a stream on a closed connection: a peer that left
+    assert "12D3KooWB" in out  # on a live connection: kept
 
 
 def test_debug_logs_keep_everything(captured):
@@ -50,3 +57,4 @@ def test_debug_logs_keep_everything(captured):
     _emit()
     out = text.getvalue()
     assert "Failed to open TCP stream" in out and "AUTO_CONNECTOR_STATE" in out and "handler crashed" in out
+    assert "12D3KooWA" in out and "12D3KooWB" in out

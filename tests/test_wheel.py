@@ -67,8 +67,8 @@ import contracts, node
 assert "site-packages" in contracts.__file__ and "site-packages" in node.__file__, (contracts.__file__, node.__file__)
 abi = contracts.artifact("TrainingLedger")["abi"]
 template = files("node").joinpath("templates", "node.toml").read_text()
-from node.commands.explorer import _page
-page = _page()
+from node.commands.explorer import explorer_page
+page = explorer_page()
 from ledger.client import LedgerClient
 from ledger.chain import connect_pyevm
 from ledger.account import dev_account

@@ -180,12 +180,13 @@ def _rounds_view(rounds: list[dict], query: dict[str, list[str]]) -> dict:
     return {"total": len(rounds), "rounds": chosen}
 
 
-def _page() -> bytes:
+def explorer_page() -> bytes:
+    """The static page (``node/tools/explorer_page/index.html``, package data)."""
     return resources.files("node.tools").joinpath("explorer_page", "index.html").read_bytes()
 
 
-def make_handler(cache: SnapshotCache, page: bytes) -> type[BaseHTTPRequestHandler]:
-    """The request handler class of one explorer: GET routes by path through a table."""
+def api_routes(cache: SnapshotCache) -> dict[str, Callable[[dict], Any]]:
+    """The JSON endpoints by path: each takes the parsed query and answers from the cached snapshot."""
 
     def snapshot(query):
         data = cache.get()
@@ -207,10 +208,13 @@ def make_handler(cache: SnapshotCache, page: bytes) -> type[BaseHTTPRequestHandl
     def checks(query):
         return cache.get()["checks"]
 
-    routes: dict[str, Callable[[dict], Any]] = {
-        "/api/snapshot": snapshot, "/api/run": run, "/api/rounds": rounds,
-        "/api/accusations": accusations, "/api/checks": checks,
-    }
+    return {"/api/snapshot": snapshot, "/api/run": run, "/api/rounds": rounds,
+            "/api/accusations": accusations, "/api/checks": checks}
+
+
+def make_handler(cache: SnapshotCache, page: bytes) -> type[BaseHTTPRequestHandler]:
+    """The request handler class of one explorer: the page, and GET routes by path through a table."""
+    routes = api_routes(cache)
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "dlx-explorer"
@@ -274,7 +278,7 @@ class Explorer:
                  refresh: float = 2.0) -> None:
         self.cache = SnapshotCache(read, refresh)
         try:
-            self.httpd = ThreadingHTTPServer((host, port), make_handler(self.cache, _page()))
+            self.httpd = ThreadingHTTPServer((host, port), make_handler(self.cache, explorer_page()))
         except OSError as exc:
             raise PortBusy(f"explorer: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         self.httpd.daemon_threads = True
