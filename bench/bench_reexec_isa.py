@@ -13,6 +13,8 @@ smallest distance, and how many cheats each rule lets through:
   claimant's ``ATEN_CPU_CAPABILITY``, where its CPU has that instruction set).
 
     PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py                 # tiny, 3 rounds, H=10
+
+writes bench/results/reexec_isa.json (``benchio.write_result``).
 """
 
 from __future__ import annotations
