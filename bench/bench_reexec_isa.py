@@ -13,6 +13,8 @@ smallest distance, and how many cheats each rule lets through:
   claimant's ``ATEN_CPU_CAPABILITY``, where its CPU has that instruction set).
 
     PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py                 # tiny, 3 rounds, H=10
+
+writes bench/results/reexec_isa.json (``benchio.write_result``).
 """
 
 from __future__ import annotations
@@ -115,15 +117,27 @@ def child(args: argparse.Namespace, role: str, capability: str, file: Path, thre
 
 
 def summarize(rows: list[dict], tolerance: float) -> dict:
+    """Honest distances by what differs; per cheat the smallest distance and how many each rule lets through.
+    A check refused before any rerun (``data_mismatch``, ``state_mismatch``: no distance) is caught by both."""
     def honest(match) -> list[float]:
-        return [r["distance"] for r in rows if r["role"] == "honest" and match(r)]
+        return [r["distance"] for r in rows if r["role"] == "honest" and match(r) and r["distance"] is not None]
+
+    def smallest(values) -> float | None:
+        values = [v for v in values if v is not None]
+        return min(values) if values else None
+
+    def passes_tolerance(r) -> bool:
+        return r["verdict"] in ("exact", "within_tolerance") and r["distance"] is not None and r["distance"] <= tolerance
 
     cheats = [r for r in rows if r["role"] != "honest"]
     same = lambda r: r["claimant"] == r["rerun"] and r["threads"] == 1  # noqa: E731
+    other = lambda r: r["claimant"] != r["rerun"]  # noqa: E731
     summary = {
-        "honest_same_kernels_max": max(honest(same)),
-        "honest_other_threads_max": max(honest(lambda r: r["claimant"] == r["rerun"] and r["threads"] != 1)),
-        "honest_other_capability_max": max(honest(lambda r: r["claimant"] != r["rerun"])),
+        "honest_same_kernels_max": max(honest(same), default=None),
+        "honest_other_threads_max": max(honest(lambda r: r["claimant"] == r["rerun"] and r["threads"] != 1),
+                                        default=None),
+        "honest_other_capability_max": max(honest(other), default=None),
+        "honest_verdicts": sorted({r["verdict"] for r in rows if r["role"] == "honest"}),
         "cheats": {},
         "tolerance": tolerance,
     }
@@ -131,14 +145,14 @@ def summarize(rows: list[dict], tolerance: float) -> dict:
         mine = [r for r in cheats if r["role"] == role]
         summary["cheats"][role] = {
             "checks": len([r for r in mine if same(r)]),
-            "min_distance_same_kernels": min(r["distance"] for r in mine if same(r)),
-            "min_distance_other_capability": min(r["distance"] for r in mine if r["claimant"] != r["rerun"]),
+            "min_distance_same_kernels": smallest(r["distance"] for r in mine if same(r)),
+            "min_distance_other_capability": smallest(r["distance"] for r in mine if other(r)),
             # a cheat claiming another platform than the verifier's: judged by the tolerance
-            "pass_tolerance_other_capability": sum(1 for r in mine if r["claimant"] != r["rerun"]
-                                                   and r["distance"] <= tolerance),
-            "reruns_other_capability": sum(1 for r in mine if r["claimant"] != r["rerun"]),
+            "pass_tolerance_other_capability": sum(1 for r in mine if other(r) and passes_tolerance(r)),
+            "reruns_other_capability": sum(1 for r in mine if other(r)),
             # the same cheat rerun under its own kernels: bit-exact demanded
-            "pass_same_kernels": sum(1 for r in mine if same(r) and r["distance"] == 0.0),
+            "pass_same_kernels": sum(1 for r in mine if same(r) and r["verdict"] == "exact"),
+            "verdicts": sorted({r["verdict"] for r in mine}),
         }
     return summary
 
@@ -165,11 +179,13 @@ def main(argv: list[str]) -> int:
                 for threads in (1, 2):
                     print(f"  rerun under {capability}, {threads} threads", flush=True)
                     rows += json.loads(child(args, "rerun", capability, file, threads).strip().splitlines()[-1])
+    (REPO / args.out).with_suffix(".rows.tmp").write_text(json.dumps(rows))  # kept if the summary fails
     summary = summarize(rows, CROSS_PLATFORM_TOLERANCE["fp32"])
     print(json.dumps(summary, indent=1))
     write_result(REPO / args.out, {"args": {k: v for k, v in vars(args).items() if k not in ("role", "file")},
                                    "roles": list(ROLES), "summary": summary, "rows": rows,
                                    "wall_seconds": time.perf_counter() - started}, load)
+    (REPO / args.out).with_suffix(".rows.tmp").unlink()
     print(f"wrote {args.out}")
     return 0
 

@@ -28,8 +28,8 @@ from results_network import (
 )
 from results_sections import (
     audit, byzantine, chaos, data_loader, diloco, diloco_ablations, diloco_llama, fuzz, gpu_calibration,
-    heterogeneous, ledger, longrun, pct, provenance, reexec, restart, robust_sim, settings_not_default,
-    split_spotchecks, table, trust_fuzz, utilization,
+    heterogeneous, ledger, longrun, pct, provenance, reexec, reexec_isa, restart, robust_sim,
+    settings_not_default, split_spotchecks, table, trust_fuzz, utilization,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -78,6 +78,8 @@ SECTIONS = (
             split_spotchecks, "A stage cannot be checked alone (each inner step needs its partner's activations and gradients and the norm over every stage), so a verifier reruns the replica's whole pipeline from the start states each stage's envelope binds; a failure is attributed stage by stage."),
     Section("gpu_calibration.json", "Re-execution across platforms: honest distances", "bench/bench_gpu.py",
             gpu_calibration, "Measured on CPU only so far: no GPU was at hand. Reruns on the claimant's platform are bit-exact, so the node demands that there; the cross-platform tolerance stays the float32 one until CPU-vs-GPU distances are measured (`python bench/bench_gpu.py --calibrate` on a GPU; docs/GPU.md)."),
+    Section("reexec_isa.json", "Re-execution across CPU instruction sets", "bench/bench_reexec_isa.py", reexec_isa,
+            "The inner steps are bit-exact only under the claimant's own kernels (docs/DILOCOX.md section 11): a spot check reruns under the claimant's ATEN_CPU_CAPABILITY where its CPU has it."),
     Section("byzantine.json", "Byzantine members in real runs", "bench/bench_byzantine.py", byzantine),
     Section("chaos.json", "Faults: nodes killed and restarted", "bench/bench_chaos.py", chaos),
     Section("restart.json", "Restarting a node: where the time goes", "bench/bench_restart.py", restart,

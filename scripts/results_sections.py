@@ -482,3 +482,25 @@ def heterogeneous(r: dict) -> list[str]:
         f"Held-out loss at equal wall time ({c['equal_wall_s']:.0f} s): fixed {num(wall['fixed'])}, time-bounded "
         f"{num(wall['budget'])} ({pct(wall['budget_vs_fixed'], 2)}); at equal tokens ({c['equal_tokens']:,}): fixed "
         f"{num(tokens['fixed'])}, time-bounded {num(tokens['budget'])} ({pct(tokens['budget_vs_fixed'], 2)}).", ""]
+
+
+def reexec_isa(r: dict) -> list[str]:
+    """bench/bench_reexec_isa.py: honest distances across ATen capabilities and thread counts, cheats per rule."""
+    a, s = r["args"], r["summary"]
+
+    def g(x):
+        return "-" if x is None else f"{x:.3g}"
+    honest = table(["same kernels and threads", "other thread count", "other instruction set"],
+                   [[g(s["honest_same_kernels_max"]), g(s["honest_other_threads_max"]),
+                     g(s["honest_other_capability_max"])]])
+    rows = [[role, g(c["min_distance_same_kernels"]), g(c["min_distance_other_capability"]),
+             f"{c['pass_tolerance_other_capability']} of {c['reruns_other_capability']}",
+             f"{c['pass_same_kernels']} of {c['checks']}"] for role, c in s["cheats"].items()]
+    return [(f"Largest honest relative distance by what differs between claimant and rerun: `{a['preset']}`, "
+             f"{a['rounds']} rounds of H = {a['inner_steps']}, claimants under `default` and `avx2` on 1 thread, "
+             f"every contribution rerun under both on 1 and 2 threads."), ""] + honest + [
+        f"Cheats: smallest distance, and how many pass the tolerance rule (tolerance {g(s['tolerance'])}) when "
+        "rerun on another instruction set, against the rule that reruns under the claimant's kernels "
+        "(bit-exact demanded).", ""] + table(
+        ["cheat", "smallest, same kernels", "smallest, other instruction set", "pass the tolerance",
+         "pass under the claimant's kernels"], rows)

@@ -161,11 +161,13 @@ def test_another_thread_count_stays_within_the_tolerance(run):
 def test_each_training_cheat_is_a_mismatch(run, cheater):
     sim, records = run
     # Rounds 0 and 1 (on this 3-step tiny run the 1% perturbation of round 2 lands at a distance
-    # of 0.6%, under the tolerance: below it, only a bit-exact comparison could tell).
+    # of 0.6%, under the tolerance: below it, only a bit-exact comparison could tell). Since issue 42 the
+    # perturbation is drawn by the portable generator: its round-1 distance is 1.8e-2 (it was above 2e-2
+    # with torch.randn's draw), so only "above the tolerance" is a property of the cheat, not "twice it".
     for outer_round in range(2):
         check = _check(sim, records, cheater, outer_round)
         assert check.verdict == MISMATCH, (cheater, outer_round, check.reason)
-        assert max(check.distances.values()) > 2 * DEFAULT_TOLERANCE
+        assert max(check.distances.values()) > DEFAULT_TOLERANCE
 
 
 def test_a_forged_start_state_breaks_the_chain(run):

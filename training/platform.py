@@ -251,6 +251,35 @@ def parse_fingerprint(document) -> PlatformFingerprint:
     return PlatformFingerprint(**document)
 
 
+# ----------------------------------------------------------------------------- the claimant's kernels here
+
+#: ATen's x86 CPU capabilities (``torch.backends.cpu.get_cpu_capability()``) by level: a CPU that has one
+#: runs every lower one, chosen at process start by ``ATEN_CPU_CAPABILITY=<name in lower case>``.
+CPU_CAPABILITY_LEVELS = {"DEFAULT": 0, "AVX2": 1, "AVX512": 2}
+CAPABILITY_ENV = "ATEN_CPU_CAPABILITY"
+
+
+def capability_to_emulate(claimed: PlatformFingerprint | None, here: PlatformFingerprint) -> str | None:
+    """The ``ATEN_CPU_CAPABILITY`` under which a rerun on this machine uses the claimant's own CPU kernels, or
+    None when there is none to choose (issue 42).
+
+    The inner steps are bit-exact only under the claimant's kernels (torch's vectorised GELU, softmax,
+    LayerNorm and AdamW round differently per instruction set; docs/DILOCOX.md section 11). A float32 or
+    bfloat16 CPU claim made on this CPU model with this torch build, under a capability other than this
+    process's but one this CPU has (a lower level), can be rerun under that capability: its fingerprint is
+    then the claimant's, and :func:`compare_rerun` demands the bit-exact rerun instead of a tolerance that a
+    1% cheat can pass (bench/results/reexec_isa.json).
+    """
+    if claimed is None or claimed.device_type != "cpu" or here.device_type != "cpu":
+        return None
+    if claimed.capability == here.capability or claimed.device_name != here.device_name or claimed.torch != here.torch:
+        return None
+    level, ours = CPU_CAPABILITY_LEVELS.get(claimed.capability), CPU_CAPABILITY_LEVELS.get(here.capability)
+    if level is None or ours is None or level > ours:
+        return None
+    return claimed.capability.lower()
+
+
 # ----------------------------------------------------------------------------- judging a rerun
 
 

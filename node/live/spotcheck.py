@@ -171,40 +171,69 @@ def _child_env() -> dict[str, str]:
 
 
 class RerunWorker:
-    """A long-lived child that runs spot-check jobs one at a time (see module docstring)."""
+    """Long-lived children that run spot-check jobs one at a time (see module docstring).
+
+    One child per CPU kernel set: a job whose claimant trained on this CPU model under another ATen
+    capability this CPU has runs in a child started with that ``ATEN_CPU_CAPABILITY``
+    (:func:`training.platform.capability_to_emulate`), so its rerun uses the claimant's kernels and must be
+    bit-exact; every other job runs in the child of this process's own kernels.
+    """
 
     def __init__(self, log_path: Path) -> None:
         self.log_path = log_path
-        self._proc: subprocess.Popen | None = None
+        self._procs: dict[str | None, subprocess.Popen] = {}
         self._lock = threading.Lock()
 
-    def _start(self) -> subprocess.Popen:
+    def _start(self, capability: str | None) -> subprocess.Popen:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = _child_env()
+        if capability is not None:
+            env["ATEN_CPU_CAPABILITY"] = capability  # training.platform.CAPABILITY_ENV
         with open(self.log_path, "ab") as log:
-            return subprocess.Popen([sys.executable, "-m", "node.live.spotcheck", "--serve"], env=_child_env(),
+            return subprocess.Popen([sys.executable, "-m", "node.live.spotcheck", "--serve"], env=env,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
                                     bufsize=1)
 
+    @staticmethod
+    def kernels_for(directory: Path) -> str | None:
+        """The capability the job's claimant trained under, where this machine should rerun under it."""
+        import torch
+
+        from training.errors import TrainingError
+        from training.platform import capability_to_emulate, fingerprint
+        from training.replica_state import parse_stage_state
+
+        try:
+            doc = json.loads((directory / JOB_FILE).read_text())
+            meta = parse_stage_state((directory / doc["states"][0]).read_bytes()).meta
+        except (OSError, ValueError, KeyError, IndexError, TypeError, TrainingError):
+            return None  # the child reads the job again and gives the verdict its problems deserve
+        if meta.platform is None:
+            return None
+        return capability_to_emulate(meta.platform, fingerprint(torch.device("cpu"), meta.platform.precision))
+
     def run(self, directory: Path, timeout: float) -> SpotCheckResult:
         """Run the job in ``directory``; raise SpotCheckFailed unless it gives a verdict."""
+        capability = self.kernels_for(directory)
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
-                self._proc = self._start()
-            proc = self._proc
+            proc = self._procs.get(capability)
+            if proc is None or proc.poll() is not None:
+                proc = self._procs[capability] = self._start(capability)
             try:
                 proc.stdin.write(f"{directory}\n")
                 proc.stdin.flush()
                 ready, _, _ = select.select([proc.stdout], [], [], timeout)
                 line = proc.stdout.readline() if ready else None
             except (OSError, ValueError) as exc:
-                self._kill()
+                self._kill(capability)
                 raise SpotCheckFailed(f"spot-check worker failed: {exc}") from None
             if line is None:
-                self._kill()
+                self._kill(capability)
                 raise SpotCheckFailed(f"spot check did not finish within {timeout:.0f}s")
             if not line:
-                self._kill()
-                raise SpotCheckFailed(f"spot-check worker died (exit {proc.poll()}); see {self.log_path}")
+                code = proc.poll()
+                self._kill(capability)
+                raise SpotCheckFailed(f"spot-check worker died (exit {code}); see {self.log_path}")
             if not line.startswith("ok"):
                 raise SpotCheckFailed(f"spot check failed: {line.strip()[:300]}")
         try:
@@ -212,21 +241,21 @@ class RerunWorker:
         except OSError as exc:
             raise SpotCheckFailed(f"spot check wrote no result: {exc}") from None
 
-    def _kill(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(timeout=10)
-        self._proc = None
+    def _kill(self, capability: str | None) -> None:
+        proc = self._procs.pop(capability, None)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
 
     def close(self) -> None:
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            try:
-                proc.stdin.close()  # the worker ends at end of input
-                proc.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                proc.kill()
-        self._proc = None
+        procs, self._procs = list(self._procs.values()), {}
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    proc.stdin.close()  # the worker ends at end of input
+                    proc.wait(timeout=5)
+                except (OSError, subprocess.TimeoutExpired):
+                    proc.kill()
 
 
 def _serve() -> int:
