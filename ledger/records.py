@@ -149,7 +149,7 @@ def required_quorum(k: int, quorum_bps: int, counted: int) -> int:
     """The contract's quorum rule: ``max(k, ceil(quorum_bps / 10000 x counted))`` member signatures.
 
     ``counted`` is the number of members able to sign: the active members for a commit, the active
-    members other than the accused when an accusation is opened (its verdict's quorum).
+    counted members (the accused included) when an accusation is opened (its verdict's quorum).
     """
     return max(k, -(-quorum_bps * counted // BPS))
 

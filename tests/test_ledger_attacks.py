@@ -274,9 +274,9 @@ def test_attack_k_fresh_stakes_are_not_a_quorum_of_a_large_run(deployment):
     assert "quorum is 6 (k 2, 6666 bps of 8 counted members)" in check_chain_record(
         client, too_few, check_code=False
     ).attesters[0].reason
-    # A verdict's quorum is fixed when the accusation opens, from the members other than the accused.
+    # A verdict's quorum is fixed when the accusation opens, over every counted member, the accused included.
     client.accuse(run.run_id, run.client(6).address, digest("evidence"))
-    assert client.accusation(run.run_id, run.client(6).address, digest("evidence")).quorum == 5  # ceil(.6666 x 7)
+    assert client.accusation(run.run_id, run.client(6).address, digest("evidence")).quorum == 6  # ceil(.6666 x 8)
 
 
 def test_silent_members_are_ejected_and_the_run_commits_without_them(deployment):

@@ -212,3 +212,19 @@ def test_attack_5_pull_takes_only_final_rounds(deployment):
     assert standing() is None
     reader.expire_dispute(run.run_id, 0)
     assert standing() is None and reader.is_final(run.run_id, 0)
+
+
+def test_fuzz_counterexample_the_accused_counts_toward_its_verdicts_quorum(deployment):
+    """Found by tests/trust_machine.py: with the accused left out of the count, 2 of 5 counted members (below
+    one half) were the quorum of a verdict against an honest member. The accused now counts (its signature never
+    does): the verdict needs 3."""
+    run = deployment.member_run((1, 2, 3, 5, 6), quorum=2, quorum_bps=5000, min_stake=STAKE, bond=BOND,
+                                allow_weak_quorum=False)
+    evidence = digest("made up")
+    run.client(5).accuse(run.run_id, run.client(1).address, evidence)
+    assert run.client(1).accusation(run.run_id, run.client(1).address, evidence).quorum == 3
+    guilty = Verdict(run.run_id, run.client(1).address, evidence, True)
+    with pytest.raises(errors.LedgerQuorumNotMet) as raised:
+        run.client(6).resolve_accusation(guilty, [run.client(i).sign_verdict(guilty) for i in COALITION])
+    assert raised.value.values == {"quorum": 3, "signers": 2}
+    assert run.client(1).member(run.run_id, run.client(1).address).status == "active"

@@ -660,7 +660,7 @@ contract TrainingLedger {
     /// @param evidenceHash Hash of the off-chain evidence; nonzero, once per (accused, evidence).
     /// @dev Only a current member may accuse, with `msg.value` equal to the run's bond: returned if the
     /// verdict is guilty, forfeited if it is not guilty or no verdict comes within `accusationBlocks`. The
-    /// verdict's quorum is fixed now: max(k, ceil(quorumBps x counted members other than the accused)). An
+    /// verdict's quorum is fixed now: max(k, ceil(quorumBps x counted members, the accused included)). An
     /// unbonding member can be accused only before its unbonding ends.
     function accuse(uint256 runId, address accused, bytes32 evidenceHash) external payable {
         Run storage run = _existingRun(runId);
@@ -677,9 +677,9 @@ contract TrainingLedger {
         Accusation storage accusation = _accusations[runId][accused][evidenceHash];
         if (accusation.status != AccusationStatus.None) revert LedgerAccusationExists(runId, accused, evidenceHash);
 
-        uint32 counted =
-            run.countedCount - (member.status == MemberStatus.Active && member.countedBlock != 0 ? 1 : 0);
-        uint32 quorum = _quorum(run.quorum, run.quorumBps, counted);
+        // Over every counted member, the accused included (its own signature never counts): with the accused
+        // left out of the count, a coalition just below the fraction (2 of 5 at one half) would be a quorum.
+        uint32 quorum = _quorum(run.quorum, run.quorumBps, run.countedCount);
         uint64 deadline = uint64(block.number) + run.accusationBlocks;
         accusation.status = AccusationStatus.Open;
         accusation.accuser = msg.sender;
