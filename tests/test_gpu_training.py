@@ -148,7 +148,10 @@ class ClaimsAnotherGPU(SimReplica):
 
 
 class SlightlyPerturbed(PerturbedReplica):
-    """A perturbation far below any tolerance: only the same-platform rule sees it."""
+    """A perturbation 100x smaller than the 1% cheat. Its distance after the bf16 steps and the codec is not
+    reliably below the tolerance (a tiny weight change can move a quantization bin: 5e-2 with the portable
+    noise of issue 42), so what it shows is that the same-platform rule demands the exact bits, whatever the
+    distance."""
 
     fraction = 1e-4
 
@@ -210,10 +213,10 @@ def test_cheats_are_caught_in_bf16(bf16_run):
         check = _check(sim, records, outer_round, PERTURBED, threads=2)
         assert (check.verdict, check.rule) == (MISMATCH, RULE_CROSS_PLATFORM)
         assert max(check.distances.values()) > CROSS_PLATFORM_TOLERANCE["bf16"]
-        # a perturbation no tolerance would see, on the claimant's own platform
+        # a perturbation 100x smaller, on the claimant's own platform: any difference is a mismatch
         slight = _check(sim, records, outer_round, SLIGHT)
         assert (slight.verdict, slight.rule) == (MISMATCH, RULE_SAME_PLATFORM)
-        assert 0 < max(slight.distances.values()) < CROSS_PLATFORM_TOLERANCE["bf16"]
+        assert max(slight.distances.values()) > 0
 
 
 # ----------------------------------------------------------------------------- the benchmark's one command
