@@ -538,9 +538,11 @@ def test_pull_refuses_a_tampered_checkpoint(run, client, tmp_path, capsys):
         bootstrap=[],
         round=-1,
         out_dir=str(out),
+        pending=True,  # the run just ended: its rounds are inside their dispute window
     )
     assert run_pull(args) == 0
     printed = capsys.readouterr().out.splitlines()
+    assert any(line.startswith(f"round {latest.round} is NOT final (--pending)") for line in printed)
     assert any("AutoModelForCausalLM.from_pretrained" in line for line in printed)
     assert any(line.startswith(f"round {latest.round} (block ") and "attested by" in line for line in printed)
     assert any("member since block" in line for line in printed)
