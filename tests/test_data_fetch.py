@@ -203,25 +203,48 @@ def test_unreachable_and_unknown(tmp_path):
         fetch("tinyshakespeare", cache_dir=tmp_path, url="ftp://example.org/input.txt")
 
 
+def _local_wikitext(tmp_path: Path) -> tuple[Path, dict[str, Dataset] | None]:
+    """A directory holding wikitext-2's files: the shared copy with the real pins where it exists, else made-up
+    files pinned by a catalog of the test's own (so the copy path runs from a clone alone)."""
+    if (SHARED / "wikitext-2").is_dir():
+        return SHARED, None
+    root = tmp_path / "made-up"
+    (root / "wikitext-2").mkdir(parents=True)
+    pins = []
+    for name in ("valid.txt", "test.txt"):
+        body = b"".join(b" = %s heading %d = \n" % (name.encode(), i) for i in range(2_000))
+        (root / "wikitext-2" / name).write_bytes(body)
+        pins.append(PinnedFile(name, "http://unused.invalid/" + name, len(body), hashlib.sha256(body).hexdigest()))
+    return root, {"wikitext-2": Dataset("wikitext-2", "test copy", tuple(pins))}
+
+
 def test_from_a_local_copy(tmp_path):
-    """--from: the real files where they exist (both datasets); a wrong local file is refused."""
+    """--from: a dataset's files are copied from a local directory once their pins match; a wrong file is refused."""
     bad = tmp_path / "bad.txt"
     bad.write_text("not shakespeare")
     with pytest.raises(DataMismatch):
         fetch("tinyshakespeare", cache_dir=tmp_path / "cache", local=bad)
     with pytest.raises(DataFetchError, match="no valid.txt"):
         fetch("wikitext-2", cache_dir=tmp_path / "cache", local=tmp_path)
-    if not SHARED.is_dir():
-        pytest.skip(f"no shared data at {SHARED} (set DLX_SHARED_DATA) to copy the real files from")
-    paths = fetch("wikitext-2", cache_dir=tmp_path / "cache", local=SHARED)
+    root, catalog = _local_wikitext(tmp_path)
+    paths = fetch("wikitext-2", cache_dir=tmp_path / "cache", local=root, catalog=catalog)
     assert [p.name for p in paths] == ["valid.txt", "test.txt"]
-    assert all(p.read_bytes() == (SHARED / "wikitext-2" / p.name).read_bytes() for p in paths)
+    assert all(p.read_bytes() == (root / "wikitext-2" / p.name).read_bytes() for p in paths)
+    # A local file one byte off its pin is refused and not copied.
+    wrong = tmp_path / "wrong" / "wikitext-2"
+    wrong.mkdir(parents=True)
+    for p in paths:
+        (wrong / p.name).write_bytes(p.read_bytes()[:-1] + b"!")
+    with pytest.raises(DataMismatch, match="sha256"):
+        fetch("wikitext-2", cache_dir=tmp_path / "cache2", local=wrong.parent, catalog=catalog)
+    assert not (tmp_path / "cache2" / "wikitext-2" / "valid.txt").exists()
 
 
-def test_cli_prints_the_paths_and_exits_with_an_error_line(served, tmp_path, capsys):
+def test_cli_prints_the_paths_and_exits_with_an_error_line(served, tmp_path, capsys, monkeypatch):
     server, catalog = served
     if catalog is not DATASETS:
-        pytest.skip(f"no shared data at {SHARED}: the CLI checks the real pins")
+        # No shared copy: the CLI checks the test's own pins of the made-up file (the catalog is the boundary).
+        monkeypatch.setitem(DATASETS, "tinyshakespeare", catalog["tinyshakespeare"])
     code = main(["data", "fetch", "tinyshakespeare", "--dir", str(tmp_path), "--url", server.base + "/good"])
     out, err = capsys.readouterr()
     assert code == 0 and out.strip() == str(tmp_path / "tinyshakespeare" / "input.txt")
