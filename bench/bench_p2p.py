@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import gc
 import hashlib
-import threading
 import json
 import os
 import signal
@@ -45,28 +44,16 @@ sys.path.insert(0, str(ROOT))
 
 import trio
 
-from p2p import fastpath
 from p2p.config import P2PConfig
 from p2p.host import P2PHost
 from p2p.identity import Identity
 from p2p.ratelimit import MIN_BURST_BYTES
 
-GOSSIP_TOPIC = "bench/gossip"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """utime + stime of a live process, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
+from bench.p2p_gossip import bench_gossip  # noqa: E402
+from bench.p2p_probes import (  # noqa: E402
+    PERF_DIR, DataPathCounter, LoopCounter, perf_record, process_cpu_seconds, rss_mib, thread_cpu_seconds,
+    timeline_breakdown,
+)
 
 #: Seconds between connecting and the timed transfer: the connection's own start-up traffic
 #: (identify, the DHT's routing-table queries, pubsub hellos) is done by then (measured: the
@@ -112,121 +99,6 @@ def stop(process: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-class LoopCounter(trio.abc.Instrument):
-    """Counts a trio loop's passes (waits for I/O), task steps, and the seconds it spent waiting."""
-
-    def __init__(self) -> None:
-        self.passes = 0
-        self.task_steps = 0
-        self.io_wait_s = 0.0
-        self._since = 0.0
-
-    def before_task_step(self, task: object) -> None:
-        self.task_steps += 1
-
-    def before_io_wait(self, timeout: float) -> None:
-        self.passes += 1
-        self._since = time.perf_counter()
-
-    def after_io_wait(self, timeout: float) -> None:
-        self.io_wait_s += time.perf_counter() - self._since
-
-
-def thread_cpu_seconds() -> dict[str, float]:
-    """User and system CPU seconds of this process's live threads, by Python thread name.
-
-    Keys ``<name> user`` and ``<name> system``; the host's event loop is ``p2p-host-*``, its
-    disk/hash pool ``p2p-io-*`` (its threads summed), the calling thread ``MainThread``.
-    """
-    names = {thread.native_id: thread.name for thread in threading.enumerate()}
-    seconds: dict[str, float] = {}
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended meanwhile
-            continue
-        name = names.get(int(task.name), "other")
-        name = name.rsplit("_", 1)[0] if name.startswith("p2p-io-") else name  # the pool, as one
-        for kind, index in (("user", 11), ("system", 12)):
-            key = f"{name} {kind}"
-            seconds[key] = seconds.get(key, 0.0) + int(fields[index]) / CLOCK_TICKS
-    return seconds
-
-
-class DataPathCounter:
-    """Counts ``recv`` calls and fresh (not pooled) frame-body buffers on the fetcher's connections.
-
-    Wraps p2p.fastpath's ``_receive`` and ``_new_body`` while installed (a ``with`` block).
-    """
-
-    def __init__(self) -> None:
-        self.recv_calls = 0
-        self.fresh_bodies = 0
-        self._originals = (fastpath._receive, fastpath._new_body)
-
-    def __enter__(self) -> DataPathCounter:
-        receive, new_body = self._originals
-
-        async def counted_receive(tcp: object, buffer: object) -> bool:
-            self.recv_calls += 1
-            return await receive(tcp, buffer)
-
-        def counted_new_body(size: int) -> bytearray:
-            if size == fastpath.YAMUX_FRAME_PAYLOAD_BYTES and not fastpath._BODY_POOL:
-                self.fresh_bodies += 1
-            return new_body(size)
-
-        fastpath._receive, fastpath._new_body = counted_receive, counted_new_body
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        fastpath._receive, fastpath._new_body = self._originals
-
-
-#: With ``BENCH_P2P_PERF=<dir>``, each blob run records both processes with ``perf record`` (call graphs,
-#: CPU clock) for exactly the timed fetch, into ``<dir>/{fetcher,provider}-*.data``: ``perf report -i``.
-PERF_DIR = os.environ.get("BENCH_P2P_PERF")
-
-
-def perf_record(pid: int, name: str) -> subprocess.Popen:
-    """Start ``perf record`` on ``pid``; returns once it is sampling (it prints nothing until then)."""
-    Path(PERF_DIR).mkdir(parents=True, exist_ok=True)
-    recorder = subprocess.Popen(
-        ["perf", "record", "-q", "-e", "cpu-clock", "-F", "2999", "-g", "-p", str(pid),
-         "-o", str(Path(PERF_DIR) / f"{name}.data")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    time.sleep(0.5)  # perf attaches to every thread of the process before sampling
-    return recorder
-
-
-def timeline_breakdown(timeline: list[tuple[float, str]], start: float, end: float) -> dict:
-    """Seconds from the fetch_blob call to each download event, and the phases between them."""
-    at = [(round(t - start, 4), event) for t, event in timeline]  # (seconds from the call, event)
-    first = lambda prefix: next((t for t, e in at if e.startswith(prefix)), None)
-    last = lambda prefix: next((t for t, e in reversed(at) if e.startswith(prefix)), None)
-    points = {
-        "download": first("download"),
-        "size_known": first("size known"),
-        # the first piece's reply (a size query asks for "0+0"); it may come before the size is known
-        "first_reply": next((t for t, e in at if e.startswith("reply") and not e.endswith("+0")), None),
-        "first_bytes": first("first bytes"),
-        "last_received": last("received"),
-        "last_written": last("written"),
-        "hashed": first("hashed"),
-        "fsynced": first("fsynced"),
-        "committed": first("committed"),
-        "returned": round(end - start, 4),
-    }
-    names = list(points)
-    phases = {}
-    for before, after in zip(names, names[1:]):
-        if points[before] is not None and points[after] is not None:
-            phases[f"{before}->{after}"] = round(points[after] - points[before], 4)
-    return {"seconds_from_call": points, "phases_s": phases}
 
 
 def blob_run(
@@ -463,114 +335,6 @@ def bench_small_blob(work: Path, repeats: int) -> dict:
     return result
 
 
-def gossip_peer(bootstrap: str, expected: int, hosts: int) -> None:
-    """Child process: one host that records (receive time - send time) of each bench message."""
-    with tempfile.TemporaryDirectory(prefix="bench-gossip-") as data_dir, P2PHost.start(
-        P2PConfig(bootstrap=[bootstrap], gossip_resync_interval=0),
-        Identity.generate(),
-        data_dir=data_dir,
-    ) as host:
-        messages = host.subscribe(GOSSIP_TOPIC)
-        deadline = time.monotonic() + 60  # ready = connected to every host and seeing their subscriptions
-        while time.monotonic() < deadline and (
-            len(host.peers()) < hosts - 1 or len(host.topic_peers(GOSSIP_TOPIC)) < hosts - 1
-        ):
-            time.sleep(0.1)
-        print(json.dumps({"ready": host.peer_id, "peers": len(host.peers())}), flush=True)
-        latencies = []
-        cpu_start = time.process_time()  # CPU per message delivered: a figure the machine's load barely moves
-        deadline = time.monotonic() + 120
-        while len(latencies) < expected and time.monotonic() < deadline:
-            try:
-                data, _ = messages.get(timeout=1)
-            except Exception:  # queue.Empty: keep waiting until the deadline
-                continue
-            sent = json.loads(data)["sent"]
-            latencies.append(time.time() - sent)
-        print(json.dumps({"latencies": latencies, "cpu_s": time.process_time() - cpu_start}), flush=True)
-
-
-def bench_gossip(messages: int, rate_per_s: float, hosts: int, repeats: int) -> dict:
-    """``repeats`` runs of :func:`gossip_run`; medians of the per-run quantiles, and each run's figures."""
-    runs = [gossip_run(messages, rate_per_s, hosts) for _ in range(repeats)]
-    summary = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-    summary["runs"] = runs
-    print(
-        f"gossip median of {repeats}: p50 {summary['latency_ms_p50']:.1f} ms, "
-        f"p99 {summary['latency_ms_p99']:.1f} ms (runs {[round(r['latency_ms_p99'], 1) for r in runs]})",
-        flush=True,
-    )
-    return summary
-
-
-def gossip_run(messages: int, rate_per_s: float, hosts: int = 5) -> dict:
-    """One publisher (this process) and ``hosts - 1`` subscriber processes; latency = receive - send time."""
-    load = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="bench-gossip-") as data_dir, P2PHost.start(
-        P2PConfig(gossip_resync_interval=0),
-        Identity.generate(),
-        data_dir=data_dir,
-    ) as publisher:
-        publisher.subscribe(GOSSIP_TOPIC)
-        children = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    __file__,
-                    "--gossip-peer",
-                    publisher.listen_addrs[0],
-                    "--messages",
-                    str(messages),
-                    "--hosts",
-                    str(hosts),
-                ],
-                stdout=subprocess.PIPE,
-                text=True,
-                cwd=ROOT,
-            )
-            for _ in range(hosts - 1)
-        ]
-        for child in children:
-            json.loads(child.stdout.readline())
-        deadline = time.monotonic() + 30
-        while len(publisher.topic_peers(GOSSIP_TOPIC)) < hosts - 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(3)  # a few 1 s heartbeats for the mesh to settle after the last connection
-        for index in range(messages):
-            payload = json.dumps({"sent": time.time(), "index": index, "pad": "x" * 200}).encode()
-            publisher.publish(GOSSIP_TOPIC, payload)
-            time.sleep(1 / rate_per_s)
-        latencies: list[float] = []
-        receiver_cpu_s = 0.0
-        for child in children:
-            report = json.loads(child.stdout.readline())
-            latencies += report["latencies"]
-            receiver_cpu_s += report["cpu_s"]
-            child.wait(timeout=30)
-    latencies.sort()
-    expected = messages * (hosts - 1)
-    quantile = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000
-    result = {
-        "load_1min_at_start": load,
-        "hosts": hosts,
-        "messages": messages,
-        "publish_rate_per_s": rate_per_s,
-        "delivered_fraction": len(latencies) / expected,
-        "latency_ms_p50": quantile(0.50),
-        "latency_ms_p99": quantile(0.99),
-        "latency_ms_max": latencies[-1] * 1000,
-        # receiving processes' CPU (all their threads, while the messages came) per message delivered
-        "receiver_cpu_ms_per_message": receiver_cpu_s * 1000 / max(1, len(latencies)),
-    }
-    print(
-        f"gossip {hosts} hosts: p50 {result['latency_ms_p50']:.1f} ms, "
-        f"p99 {result['latency_ms_p99']:.1f} ms, "
-        f"delivered {result['delivered_fraction']:.3f}",
-        flush=True,
-    )
-    return result
-
-
 def bench_idle_memory() -> dict:
     """RSS of a ``python -m p2p.serve`` host with no blobs, after 5 s idle, vs a bare interpreter."""
     process = subprocess.Popen(
@@ -615,13 +379,8 @@ def main() -> None:
         action="store_true",
         help="blob runs: the fetcher writes its staging file with O_DIRECT (p2p.blob_direct_io)",
     )
-    parser.add_argument("--gossip-peer", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "p2p.json"))
     args = parser.parse_args()
-    if args.gossip_peer:
-        gossip_peer(args.gossip_peer, args.messages, args.hosts)
-        return
-
     global DIRECT_STAGING
     DIRECT_STAGING = args.direct_staging
     sections = set(args.only.split(","))
