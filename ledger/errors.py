@@ -3,7 +3,7 @@
 ``LedgerError`` is the root here (this package imports nothing from ``node/``). A contract revert becomes a
 :class:`ContractRevert` subclass named exactly like the Solidity custom error (``LedgerRoundNotNext``
 and so on), whichever backend raised it: web3 raises ``ContractCustomError`` on a JSON-RPC node such as
-anvil but eth-tester raises ``TransactionFailed`` on py-evm; ``ledger.tx.decode_revert`` maps both by the
+anvil but eth-tester raises ``TransactionFailed`` on py-evm; ``ledger.reverts.decode_revert`` maps both by the
 error's 4-byte selector. The decoded arguments are in ``.values`` (a dict by parameter name).
 """
 

@@ -13,7 +13,8 @@ from ledger import errors
 from ledger.account import dev_account
 from ledger.client import LedgerClient
 from ledger.records import RunParams
-from ledger.tx import ERROR_SELECTORS, TransactionSender, decode_revert, revert_from_data
+from ledger.reverts import ERROR_SELECTORS, decode_revert, revert_from_data
+from ledger.tx import TransactionSender
 
 
 def test_every_contract_error_has_a_python_class():
