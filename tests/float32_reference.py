@@ -2,7 +2,8 @@
 
 Shared by tests/test_float32.py (py-evm) and bench/fuzz_float32.py (anvil): :data:`OPS` mirrors the
 operation numbers of contracts/src/test/Float32Harness.sol; :func:`reference` computes each one with torch
-(or exact Python where torch has no such operation: integers wider than 64 bits); :func:`harness_call`
+(numpy where the project computes in Python floats: the norm rule's float64 division and square
+root; exact Python for integers wider than 64 bits); :func:`harness_call`
 runs a batch on the contract with one ``eth_call``; :func:`mismatches` compares bit for bit, NaN class
 only for a NaN result (the library's NaN bits follow x86's rule, docs/SOFTFLOAT.md, and ARM's differ).
 Operands are numpy arrays of the encodings: uint32 / uint64, or Python ints for the integer conversions.
@@ -69,19 +70,22 @@ F32_EDGES = {
 }
 F64_EDGES = {
     "+0": 0x0000000000000000, "-0": 0x8000000000000000,
-    "min_subnormal": 0x0000000000000001, "-min_subnormal": 0x8000000000000001,
+    "min_subnormal": 0x0000000000000001, "-min_subnormal": 0x8000000000000001, "tiny": 0x0000000000000010,
     "max_subnormal": 0x000FFFFFFFFFFFFF, "min_normal": 0x0010000000000000,
     "1": 0x3FF0000000000000, "-1": 0xBFF0000000000000, "1+ulp": 0x3FF0000000000001, "1-ulp": 0x3FEFFFFFFFFFFFFF,
-    "2": 0x4000000000000000, "3": 0x4008000000000000, "0.1": 0x3FB999999999999A,
-    "max_finite": 0x7FEFFFFFFFFFFFFF, "-max_finite": 0xFFEFFFFFFFFFFFFF,
+    "2": 0x4000000000000000, "1.5": 0x3FF8000000000000, "0.1": 0x3FB999999999999A, "2^-60": 0x3C30000000000000,
+    "max_finite": 0x7FEFFFFFFFFFFFFF, "-max_finite": 0xFFEFFFFFFFFFFFFF, "huge": 0x7FE0000000000000,
     "+inf": 0x7FF0000000000000, "-inf": 0xFFF0000000000000,
     "qnan": 0x7FF8000000000000, "-qnan": 0xFFF8000000000000, "snan": 0x7FF0000000000001,
-    # binary32 boundaries seen from binary64: the conversions' edge cases
+}
+#: binary32's boundaries seen from binary64: the edge cases of the conversions (unary operations only)
+F64_CONVERSION_EDGES = {
     "f32_max": 0x47EFFFFFE0000000, "f32_max_half_ulp_up": 0x47EFFFFFF0000000, "f32_overflow": 0x47F0000000000000,
     "f32_min_subnormal": 0x36A0000000000000, "f32_half_min_subnormal": 0x3690000000000000,
     "f32_above_half_min_subnormal": 0x3690000000000001, "f32_tie_1": 0x3FF0000010000000,
     "f32_tie_odd": 0x3FF0000030000000, "f32_above_tie": 0x3FF0000010000001, "f32_min_normal": 0x3810000000000000,
-    "f32_below_min_normal": 0x380FFFFFF0000000, "tiny": 0x0000000000000010, "huge": 0x7FE0000000000000,
+    "f32_below_min_normal": 0x380FFFFFF0000000, "f32_subnormal_tie": 0x36A8000000000000,
+    "f32_max_subnormal_up": 0x380FFFFFFFFFFFFF,
 }
 INT_EDGES = {
     "0": 0, "1": 1, "-1": -1, "2^24": 1 << 24, "2^24+1": (1 << 24) + 1, "2^24+3": (1 << 24) + 3,
@@ -92,12 +96,22 @@ INT_EDGES = {
 }
 
 
-def edge_values(width: int) -> np.ndarray | list[int]:
-    """Every edge value of an operand kind (module docstring)."""
-    if width == 32:
+def edge_values(op: Op) -> np.ndarray | list[int]:
+    """Every edge value of ``op``'s operand kind (module docstring)."""
+    if op.width == 32:
         return list(INT_EDGES.values())
-    table = F32_EDGES if width == 4 else F64_EDGES
-    return np.array(list(table.values()), dtype=_DTYPES[width][0])
+    table = F32_EDGES if op.width == 4 else F64_EDGES
+    if op.width == 8 and not op.binary:
+        table = {**table, **F64_CONVERSION_EDGES}
+    return np.array(list(table.values()), dtype=_DTYPES[op.width][0])
+
+
+def edge_operands(op: Op) -> tuple:
+    """``(a, b)``: every edge value, or for a binary operation every ordered pair of edge values."""
+    edges = edge_values(op)
+    if not op.binary:
+        return edges, None
+    return np.repeat(edges, len(edges)), np.tile(edges, len(edges))
 
 
 def random_bits(rng: np.random.Generator, width: int, count: int) -> np.ndarray | list[int]:
@@ -158,6 +172,82 @@ def near_bits(rng: np.random.Generator, values: np.ndarray) -> np.ndarray:
     return (values.astype(np.int64) + step).astype(values.dtype)
 
 
+def tie_operands(rng: np.random.Generator, op: Op, count: int) -> tuple:
+    """``(a, b)`` whose exact results lie on a rounding tie, or round up into the next binade, or are exact
+    where rounding could go wrong (perfect squares, equal and adjacent pairs for the comparisons)."""
+    name = op.name
+    signs32 = rng.integers(0, 2, size=count).astype(np.uint32) << np.uint32(31)
+    signs64 = rng.integers(0, 2, size=count).astype(np.uint64) << np.uint64(63)
+    if name in ("add", "sub"):
+        # b = 1 or 3 half units in the last place of a; a's mantissa all ones half the time (the binade carry)
+        exponent = rng.integers(30, 220, size=count).astype(np.uint32)
+        mantissa = np.where(rng.integers(0, 2, size=count) == 0, np.uint32(0x7FFFFF),
+                            rng.integers(0, 1 << 23, size=count).astype(np.uint32))
+        a = signs32 | (exponent << np.uint32(23)) | mantissa
+        three = rng.integers(0, 2, size=count).astype(np.uint32)
+        b = (a & np.uint32(0x80000000)) | ((exponent - np.uint32(24) + three) << np.uint32(23)) | (three << np.uint32(22))
+        return a, b ^ (signs32 if name == "add" else np.uint32(0))
+    if name in ("mul", "mul64"):
+        # an odd significand below 4/3 times 1.5: the product's dropped bits are exactly one half; or
+        # (2 - ulp) x (1 + ulp) = 2 - ulp^2, which rounds up to 2
+        width = op.width
+        unsigned = _DTYPES[width][0]
+        mbits, bias = (23, 127) if width == 4 else (52, 1023)
+        low = 1 << mbits
+        mantissa = (rng.integers(0, low // 3, size=count, dtype=np.uint64) | np.uint64(1))
+        ea = rng.integers(bias - 60, bias + 60, size=count).astype(np.uint64)
+        eb = rng.integers(bias - 60, bias + 60, size=count).astype(np.uint64)
+        a = (ea << np.uint64(mbits)) | mantissa
+        b = (eb << np.uint64(mbits)) | np.uint64(low >> 1)
+        carry = rng.integers(0, 2, size=count) == 0
+        a = np.where(carry, (ea << np.uint64(mbits)) | np.uint64(low - 1), a)
+        b = np.where(carry, (eb << np.uint64(mbits)) | np.uint64(1), b)
+        signs = signs32 if width == 4 else signs64
+        return (a.astype(unsigned) | signs), b.astype(unsigned)
+    if name in ("div", "div64"):
+        # an odd significand divided by 2 into the subnormal range: an exact tie between two subnormals
+        width = op.width
+        unsigned = _DTYPES[width][0]
+        mbits, bias = (23, 127) if width == 4 else (52, 1023)
+        exponent = rng.integers(0, 2, size=count).astype(np.uint64)
+        mantissa = rng.integers(0, 1 << mbits, size=count, dtype=np.uint64) | np.uint64(1)
+        a = (exponent << np.uint64(mbits)) | mantissa
+        b = np.full(count, (bias + 1) << mbits, dtype=np.uint64)
+        signs = signs32 if width == 4 else signs64
+        return a.astype(unsigned) | signs, b.astype(unsigned)
+    if name == "toFloat32":
+        # half a binary32 unit below or above: normal (low 29 bits 1 << 28) or subnormal ((2k + 1) 2^-150)
+        exponent = rng.integers(1023 - 126, 1023 + 128, size=count).astype(np.uint64)
+        mantissa = (rng.integers(0, 1 << 23, size=count, dtype=np.uint64) << np.uint64(29)) | np.uint64(1 << 28)
+        normal = signs64 | (exponent << np.uint64(52)) | mantissa
+        odd = (2 * rng.integers(0, 1 << 23, size=count) + 1).astype(np.float64)
+        subnormal = (np.ldexp(odd, -150).view(np.uint64)) | signs64
+        return np.where(rng.integers(0, 2, size=count) == 0, normal, subnormal), None
+    if name in ("fromInt", "fromInt32"):
+        keep = 53 if name == "fromInt" else 24
+        values = []
+        for shift, high, sign in zip(rng.integers(1, 200, size=count).tolist(),
+                                     rng.integers(0, 1 << 62, size=count).tolist(),
+                                     rng.integers(0, 2, size=count).tolist()):
+            top = (1 << keep) - 1 if high & 1 else (1 << (keep - 1)) | (high >> (62 - keep + 1))
+            value = (top << shift) | (1 << (shift - 1))
+            value = min(value, (1 << 255) - 1)
+            values.append(-value if sign else value)
+        return values, None
+    if name == "sqrt64":
+        roots = rng.integers(1, 1 << 26, size=count).astype(np.float64)
+        squares = (roots * roots).view(np.uint64)  # exact: 52 bits at most
+        return squares + rng.integers(0, 2, size=count).astype(np.uint64), None
+    if op.binary:  # same32, lt64, le64: equal, adjacent, and opposite-signed pairs
+        a = random_bits(rng, op.width, count)
+        unsigned = a.dtype.type
+        sign = unsigned(1 << (8 * op.width - 1))
+        step = rng.integers(0, 4, size=count)
+        b = np.select([step == 0, step == 1, step == 2], [a, a + unsigned(1), a ^ sign], a - unsigned(1))
+        return a, b.astype(a.dtype)
+    return random_bits(rng, op.width, count), None
+
+
 # ----------------------------------------------------------------------------- the torch reference
 
 
@@ -193,16 +283,20 @@ def reference(op: Op, a, b=None) -> np.ndarray:
         return np.array([int_to_float32(v) for v in a], dtype=np.uint32)
     x = _floats(a)
     y = _floats(b) if op.binary else None
-    if name in ("add", "sub", "mul", "div", "mul64", "div64"):
-        kernel = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
-                  "mul64": torch.mul, "div64": torch.div}[name]
+    if name in ("add", "sub", "mul", "div", "mul64"):
+        kernel = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "mul64": torch.mul}[name]
         return _bits(kernel(x, y))
+    # The float64 division and square root of the norm rule are Python's (training/robust.py), which are
+    # IEEE-754's correctly rounded operations; so is numpy's. torch's CPU float64 sqrt is not always (it
+    # returns 1.0 for sqrt(1 - 2**-53), whose correctly rounded root is 1 - 2**-53).
+    if name in ("div64", "sqrt64"):
+        with np.errstate(all="ignore"):
+            value = np.divide(x.numpy(), y.numpy()) if name == "div64" else np.sqrt(x.numpy())
+        return value.view(np.uint64)
     if name == "toFloat32":
         return _bits(x.to(torch.float32))
     if name == "toFloat64":
         return _bits(x.to(torch.float64))
-    if name == "sqrt64":
-        return _bits(torch.sqrt(x))
     if name == "isNaN32":
         return torch.isnan(x).numpy().astype(np.uint8)
     if name == "isFinite32":
