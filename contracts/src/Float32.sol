@@ -351,9 +351,9 @@ library Float32 {
     function _add(uint256 x, uint256 y, uint256 negate) private pure returns (uint32 r) {
         bool done;
         assembly ("memory-safe") {
-            // Fast path: both normal, no cancellation (same signs, or exponents 2 or more apart) and the result
-            // normal before rounding. The sum then has a known width (23 + gap + 0 or 1 bits, or 22 + gap + 0 or 1
-            // for a difference), so no search for its top bit.
+            // Fast path: both normal and the result normal before rounding. Without cancellation (same signs, or
+            // exponents 2 or more apart) the sum has a known width (23 + gap + 0 or 1 bits, or 22 + gap + 0 or 1
+            // for a difference), so no search for its top bit; with it, the difference is below 2^25.
             let ex := and(shr(23, x), 0xff)
             let ey := and(shr(23, y), 0xff)
             if and(lt(sub(ex, 1), 254), lt(sub(ey, 1), 254)) {
@@ -380,11 +380,25 @@ library Float32 {
                 }
                 default {
                     sig := sub(mx, my)
-                    drop := sub(add(gap, shr(add(23, gap), sig)), 1)
-                    plain := gt(gap, 1)
+                    switch gt(gap, 1)
+                    case 1 { drop := sub(add(gap, shr(add(23, gap), sig)), 1) }
+                    default {
+                        // Cancellation: sig < 2^25 (exact unless it has 25 bits); find its top bit. A zero
+                        // difference (+0) takes the general path.
+                        plain := gt(sig, 0)
+                        let top := shl(4, gt(sig, 0xffff))
+                        top := or(top, shl(3, gt(shr(top, sig), 0xff)))
+                        top := or(top, shl(2, gt(shr(top, sig), 0xf)))
+                        top := or(top, byte(add(16, shr(top, sig)), 0x00000101020202020303030303030303))
+                        drop := sub(top, 23) // negative (a left shift) when bits cancelled
+                    }
                 }
                 let e1 := sub(add(sub(ex, gap), drop), 1)
                 if and(plain, lt(e1, 254)) {
+                    if slt(drop, 0) {
+                        sig := shl(sub(0, drop), sig)
+                        drop := 0
+                    }
                     r := or(and(big, _SIGN32), _roundAt(sig, drop, e1))
                     done := 1
                 }
