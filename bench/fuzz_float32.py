@@ -67,9 +67,11 @@ def class_operands(rng: np.random.Generator, op, kind: str, count: int) -> tuple
 
 
 def typical_operands(rng: np.random.Generator, op, count: int) -> tuple:
-    """Normal values of the magnitudes the outer step sees (2^-24 .. 2^2, either sign); integers below 2^53."""
+    """Normal values of the magnitudes the outer step sees (2^-24 .. 2^2, either sign); integers as the decoder
+    converts them: |M| < 2^53 (a low-rank product, ``fromInt``), |q| <= 32767 (a quantized value, ``fromInt32``)."""
     if op.width == 32:
-        return [int(v) for v in rng.integers(-(1 << 53), 1 << 53, size=count)], None
+        bound = 1 << 53 if op.name == "fromInt" else 32768
+        return [int(v) for v in rng.integers(-bound + 1, bound, size=count)], None
     dtype = np.float32 if op.width == 4 else np.float64
 
     def draw():

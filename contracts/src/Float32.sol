@@ -57,20 +57,20 @@ library Float32 {
                 let top := shr(47, sig)
                 let e1 := add(sub(add(ex, ey), 128), top) // the result's biased exponent minus one
                 if lt(e1, 254) {
-                    r := or(and(xor(a, b), _SIGN32), _roundAt(sig, add(23, top), e1))
+                    let drop := add(23, top)
+                    // Drop `drop` bits, ties to even: up when 2 rest + (q odd) > unit, i.e. the rest exceeds half a
+                    // unit, or is half and q is odd. q keeps the hidden bit: added to the biased exponent minus one
+                    // it gives the encoding, a carry out of the significand moves into the exponent, and past the
+                    // largest finite value the result is infinity.
+                    let q := shr(drop, sig)
+                    let unit := shl(drop, 1)
+                    let rest := and(sig, sub(unit, 1))
+                    q := add(q, gt(add(add(rest, rest), and(q, 1)), unit))
+                    let bits := add(shl(23, e1), q)
+                    if gt(bits, 0x7f7fffff) { bits := _INF32 }
+                    r := or(and(xor(a, b), _SIGN32), bits)
                     done := 1
                 }
-            }
-            // sig to 24 bits by dropping `drop` bits (ties to even), placed at biased exponent e1 + 1; a carry
-            // out of the significand moves into the exponent, and past the largest finite value gives infinity.
-            function _roundAt(sig, drop, e1) -> bits {
-                let q := shr(drop, sig)
-                let unit := shl(drop, 1)
-                let rest := and(sig, sub(unit, 1))
-                // Up when 2 rest + (q odd) > unit: the rest exceeds half a unit, or is half and q is odd.
-                q := add(q, gt(add(add(rest, rest), and(q, 1)), unit))
-                bits := add(shl(23, e1), q)
-                if gt(bits, 0x7f7fffff) { bits := _INF32 }
             }
         }
         if (!done) r = _mulGeneral(a, b);
@@ -110,17 +110,17 @@ library Float32 {
                 let top := iszero(lt(mx, my))
                 let e1 := add(sub(add(ex, 125), ey), top)
                 if lt(e1, 254) {
-                    r := or(and(xor(a, b), _SIGN32), _roundAt(sig, add(3, top), e1))
+                    let drop := add(3, top)
+                    // Rounded as in `mul`.
+                    let q := shr(drop, sig)
+                    let unit := shl(drop, 1)
+                    let rest := and(sig, sub(unit, 1))
+                    q := add(q, gt(add(add(rest, rest), and(q, 1)), unit))
+                    let bits := add(shl(23, e1), q)
+                    if gt(bits, 0x7f7fffff) { bits := _INF32 }
+                    r := or(and(xor(a, b), _SIGN32), bits)
                     done := 1
                 }
-            }
-            function _roundAt(sig, drop, e1) -> bits {
-                let q := shr(drop, sig)
-                let unit := shl(drop, 1)
-                let rest := and(sig, sub(unit, 1))
-                q := add(q, gt(add(add(rest, rest), and(q, 1)), unit))
-                bits := add(shl(23, e1), q)
-                if gt(bits, 0x7f7fffff) { bits := _INF32 }
             }
         }
         if (!done) r = _divGeneral(a, b);
@@ -166,12 +166,23 @@ library Float32 {
     }
 
     /// @notice The integer `v` as a binary32, round to nearest even (exact when |v| <= 2**24).
-    function fromInt32(int256 v) internal pure returns (uint32) {
-        unchecked {
-            if (v == 0) return 0;
-            if (v > 0) return _round32(0, uint256(v), 0);
-            return _round32(_SIGN32, uint256(-v), 0); // -type(int256).min wraps to 2**255, its magnitude
+    function fromInt32(int256 v) internal pure returns (uint32 r) {
+        uint256 sign;
+        uint256 magnitude;
+        assembly ("memory-safe") {
+            sign := shl(31, slt(v, 0))
+            magnitude := v
+            if sign { magnitude := sub(0, v) } // -type(int256).min wraps to 2**255, its magnitude
+            // Fast path, 0 < |v| < 2^24 (exact): the top bit p, then the significand shifted up to bit 23.
+            if and(gt(magnitude, 0), lt(magnitude, 0x1000000)) {
+                let p := shl(4, gt(magnitude, 0xffff))
+                p := or(p, shl(3, gt(shr(p, magnitude), 0xff)))
+                p := or(p, shl(2, gt(shr(p, magnitude), 0xf)))
+                p := or(p, byte(add(16, shr(p, magnitude)), 0x00000101020202020303030303030303))
+                r := or(sign, add(shl(23, add(p, 126)), shl(sub(23, p), magnitude)))
+            }
         }
+        if (magnitude >= 0x1000000) r = _round32(sign, magnitude, 0);
     }
 
     // ------------------------------------------------------------------------------------- binary64
@@ -337,12 +348,24 @@ library Float32 {
     }
 
     /// @notice The integer `v` as a binary64, round to nearest even (exact when |v| <= 2**53).
-    function fromInt(int256 v) internal pure returns (uint64) {
-        unchecked {
-            if (v == 0) return 0;
-            if (v > 0) return _round64(0, uint256(v), 0);
-            return _round64(_SIGN64, uint256(-v), 0);
+    function fromInt(int256 v) internal pure returns (uint64 r) {
+        uint256 sign;
+        uint256 magnitude;
+        assembly ("memory-safe") {
+            sign := shl(63, slt(v, 0))
+            magnitude := v
+            if sign { magnitude := sub(0, v) }
+            // Fast path, 0 < |v| < 2^53 (exact): the top bit p, then the significand shifted up to bit 52.
+            if and(gt(magnitude, 0), lt(magnitude, 0x20000000000000)) {
+                let p := shl(5, gt(magnitude, 0xffffffff))
+                p := or(p, shl(4, gt(shr(p, magnitude), 0xffff)))
+                p := or(p, shl(3, gt(shr(p, magnitude), 0xff)))
+                p := or(p, shl(2, gt(shr(p, magnitude), 0xf)))
+                p := or(p, byte(add(16, shr(p, magnitude)), 0x00000101020202020303030303030303))
+                r := or(sign, add(shl(52, add(p, 1022)), shl(sub(52, p), magnitude)))
+            }
         }
+        if (magnitude >= 0x20000000000000) r = _round64(sign, magnitude, 0);
     }
 
     // ------------------------------------------------------------------------------------- internals
@@ -399,17 +422,16 @@ library Float32 {
                         sig := shl(sub(0, drop), sig)
                         drop := 0
                     }
-                    r := or(and(big, _SIGN32), _roundAt(sig, drop, e1))
+                    // Rounded as in `mul`.
+                    let q := shr(drop, sig)
+                    let unit := shl(drop, 1)
+                    let rest := and(sig, sub(unit, 1))
+                    q := add(q, gt(add(add(rest, rest), and(q, 1)), unit))
+                    let bits := add(shl(23, e1), q)
+                    if gt(bits, 0x7f7fffff) { bits := _INF32 }
+                    r := or(and(big, _SIGN32), bits)
                     done := 1
                 }
-            }
-            function _roundAt(sig, drop, e1) -> bits {
-                let q := shr(drop, sig)
-                let unit := shl(drop, 1)
-                let rest := and(sig, sub(unit, 1))
-                q := add(q, gt(add(add(rest, rest), and(q, 1)), unit))
-                bits := add(shl(23, e1), q)
-                if gt(bits, 0x7f7fffff) { bits := _INF32 }
             }
         }
         if (!done) r = _addGeneral(x, y, negate);
