@@ -13,8 +13,14 @@ const path = require("path");
 const solc = require("solc");
 
 const ROOT = __dirname;
-const SOURCES = ["src/NodeRegistry.sol", "src/TrainingLedger.sol"];
-const CONTRACTS = { "src/NodeRegistry.sol": "NodeRegistry", "src/TrainingLedger.sol": "TrainingLedger" };
+const SOURCES = [
+  "src/NodeRegistry.sol", "src/TrainingLedger.sol", "src/Float32.sol", "src/Float32General.sol",
+  "src/test/Float32Harness.sol",
+];
+const CONTRACTS = {
+  "src/NodeRegistry.sol": "NodeRegistry", "src/TrainingLedger.sol": "TrainingLedger",
+  "src/test/Float32Harness.sol": "Float32Harness",
+};
 const EXPECTED_COMPILER = "0.8.37";
 
 function standardInput() {

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from results_contracts import float32_fuzz
 from results_emulator import netlab, soak
 from results_network import (
     butterfly, join, nat, p2p, scale, scale_curve,
@@ -106,6 +107,8 @@ SECTIONS = (
     Section("ledger.json", "Ledger gas and history", "bench/bench_ledger.py", ledger),
     Section("trust_fuzz.json", "The security model, fuzzed", "bench/fuzz_trust.py", trust_fuzz,
             "Honest founders, a coalition below the quorum fraction and outsiders take any valid action in any order against the real contract (docs/TRUST.md, \"The security model\"). Each step sends several transactions and reads the whole state back, so a loaded shared machine runs few steps per second."),
+    Section("float32_fuzz.json", "The on-chain soft-float against torch", "bench/fuzz_float32.py", float32_fuzz,
+            "What a fraud proof recomputes the outer step with (docs/SOFTFLOAT.md): IEEE-754 binary32 and binary64 in Solidity, round to nearest even, subnormals kept. A normal operand pair takes a fast path whose result width is known; subnormals, zeros, infinities, NaNs and results outside the normal range take the general path (the max column)."),
     Section("audit.json", "Audit", "bench/bench_audit.py", audit),
     Section("fuzz.json", "Bad input", "bench/fuzz_campaign.py", fuzz),
     Section("join.json", "A node joining a running run", "bench/bench_join.py", join,

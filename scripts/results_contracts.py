@@ -1,0 +1,30 @@
+"""Renderers of docs/RESULTS.md for the contracts' arithmetic: the Float32 soft-float fuzzed against torch
+(bench/fuzz_float32.py). Numbers come only from the JSON."""
+
+from __future__ import annotations
+
+from results_sections import table
+
+
+def float32_fuzz(r: dict) -> list[str]:
+    """bench/fuzz_float32.py: operands and mismatches per operation and class, and the gas of each."""
+    classes = r["classes"]
+    rows = []
+    for name, op in r["ops"].items():
+        gas = op["gas"]
+        rows.append([f"`{name}`", f"{op['operands']:,}"] + [f"{op['by_class'].get(kind, 0):,}" for kind in classes]
+                    + [op["mismatches"], gas["typical_median"], gas["typical_max"], gas["all_classes_mean"], gas["max"]])
+    lines = [(f"Every operation of `contracts/src/Float32.sol` on **{r['operands']:,} operands** through "
+              f"`Float32Harness` on {r['backend'].split(' ')[0]}, each result compared with the reference "
+              f"({r['reference']}) bit for bit, NaN class only for a NaN result: **{r['mismatches']} mismatches** "
+              f"in {r['seconds'] / 60:.0f} min. Gas: {r['gas_method']}; `typical` operands are normal values of "
+              "2^-24 .. 2^2 of either sign and the decoder's integers (below 2^53 for `fromInt`, 32767 for "
+              "`fromInt32`): what the outer step sees."), ""]
+    lines += table(["operation", "operands"] + classes + ["mismatches", "gas typical (median)", "typical max",
+                                                          "mean over random, biased, ties", "max"], rows)
+    found = [(name, m) for name, op in r["ops"].items() for m in op["first_mismatches"]]
+    if found:
+        lines += ["First mismatches:", ""] + [
+            f"- `{name}` ({m['class']}): a = {m['a']}" + (f", b = {m['b']}" if m["b"] else "") + f" gave {m['got']}"
+            for name, m in found] + [""]
+    return lines
