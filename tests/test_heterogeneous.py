@@ -82,7 +82,6 @@ def test_fixed_h_run_document_has_no_budget_settings_and_keeps_its_hash():
     ({"round_budget_s": 10.0, "min_inner_steps": -2}, "min_inner_steps=-2"),
     ({"round_budget_s": 10.0, "min_inner_steps": 2.5}, "min_inner_steps=2.5"),
     ({"round_budget_s": 10.0, "min_inner_steps": 1, "overlap_steps": 2}, "must be > the steps the exchange overlaps"),
-    ({"round_budget_s": 10.0, "exchange": "sliced"}, "not supported with diloco.exchange"),
 ])
 def test_bad_budget_settings_are_refused_by_name(fields, message):
     with pytest.raises(TrainingConfigError, match=message):
