@@ -156,6 +156,14 @@ def reference_steps(blob: bytes) -> int | None:
     return header_steps(blob)
 
 
+def counted_steps(blob: bytes, steps_range: tuple[int, int]) -> int:
+    """What a closed contribution counts in a time-bounded run's record (its ``tokens``, the close's ``steps``):
+    the inner steps its envelope's ``blob`` declares (:func:`reference_steps`) inside the run's
+    ``(min_inner_steps, inner_steps)``, else 0 (the aggregation excludes it: ``bad_steps``)."""
+    steps = reference_steps(blob)
+    return steps if steps is not None and steps_range[0] <= steps <= steps_range[1] else 0
+
+
 def slice_declares(blob: bytes, reference: SliceReference) -> bool:
     """Whether a slice blob declares what its reference does: the same inner steps (codec_wire version 2)
     under a version-3 reference, none under a version-2 one. A slice that does not is not the one its
