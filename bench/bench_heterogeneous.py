@@ -23,6 +23,7 @@ and held-out loss against cumulative wall time and tokens; compared at equal wal
 tokens (linear interpolation between rounds).
 
     python bench/bench_heterogeneous.py                     # writes bench/results/heterogeneous.json
+    python bench/bench_heterogeneous.py --node              # the same through real dlx-node processes
 """
 
 from __future__ import annotations
@@ -241,6 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=4.0)
     parser.add_argument("--wall-s", type=float, default=90.0, help="wall seconds of rounds each mode runs")
     parser.add_argument("--eval-batches", type=int, default=16)
+    parser.add_argument("--node", action="store_true",
+                        help="drive real 'dlx-node start' processes (LocalRun: anvil, libp2p, the chain), each "
+                             "node process under its cgroup quota (bench/hetero_node.py)")
+    parser.add_argument("--node-round-timeout", type=float, default=600.0,
+                        help="--node: the nodes' round_timeout (a close waits this long for every replica)")
+    parser.add_argument("--keep-workdir", action="store_true", help="--node: keep the runs' node directories")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args(argv)
     if unavailable() is not None:
@@ -250,8 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    fixed = run_mode(args, "fixed")
-    budget = run_mode(args, "budget")
+    if args.node:
+        from bench.hetero_node import run_node_mode as run
+    else:
+        run = run_mode
+    fixed = run(args, "fixed")
+    budget = run(args, "budget")
     equal_wall = min(fixed["wall_s"], budget["wall_s"])
     equal_tokens = min(fixed["tokens"], budget["tokens"])
     comparison = {
@@ -268,8 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     comparison["min_compute_share_budget"] = min(r["compute_share_reaching_outer_step"] for r in budget["replicas"])
     comparison["min_compute_share_fixed"] = min(r["compute_share_reaching_outer_step"] for r in fixed["replicas"])
     result = {
-        "what": "replicas slowed 1x/2x/4x by cgroup v1 cpu quotas, time-bounded rounds vs fixed H "
-                "(one process per replica, contributions over pipes, the parent replays the aggregation)",
+        "what": "replicas slowed 1x/2x/4x by cgroup v1 cpu quotas, time-bounded rounds vs fixed H " + (
+            "(real dlx-node start processes: a local anvil, libp2p, the full exchange, each node process in its "
+            "cpu group)" if args.node else
+            "(one process per replica, contributions over pipes, the parent replays the aggregation)"),
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "fixed": fixed, "budget": budget, "comparison": comparison,
     }
