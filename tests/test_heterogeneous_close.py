@@ -2,7 +2,8 @@
 (issue 44, node/live/closesteps.py): exact, where a fixed-H record counts H per contribution.
 
 Real signed envelopes (p2p.envelope), real codec blobs and slice references; the coordinator's rooms are
-tests/test_node_rooms.py's (a stand-in pool that holds the envelopes it is given).
+tests/test_node_rooms.py's (a stand-in pool that holds the envelopes it is given). Last, the demo's flags for
+such a run (``--round-budget``, ``--throttle``).
 """
 
 from __future__ import annotations
@@ -129,3 +130,48 @@ def test_the_record_counts_what_was_declared_and_the_audit_recomputes_it():
     Commit.tokens = 3 * 8 * 64  # H per contribution: an upper bound, no longer the record's figure
     check = _token_check(Commit, payloads, RANGE, document)
     assert check.status == FAIL and "declare 704" in check.reason
+
+
+# ----------------------------------------------------------------------------- the demo's flags
+
+
+def _demo_args(**overrides):
+    import argparse
+
+    fields = dict(replicas=3, stages=1, rounds=2, inner_steps=20, preset="tiny", checkpoint_every=1, data="",
+                  round_budget=0.0, min_inner_steps=None, throttle=None)
+    fields.update(overrides)
+    return argparse.Namespace(**fields)
+
+
+def test_the_demo_bounds_rounds_by_time_and_refuses_bad_flags_by_name():
+    from node.commands.demo import _budget_settings, _throttled
+    from node.errors import ConfigError
+
+    base = ["model.preset=tiny", "diloco.inner_steps=20"]
+    assert _budget_settings(_demo_args(), base) == []
+    # The fewest steps default to one more than the exchange overlaps (auto: H // 10 = 2 of 20).
+    assert _budget_settings(_demo_args(round_budget=3.0), base) == ["diloco.round_budget_s=3.0",
+                                                                    "diloco.min_inner_steps=3"]
+    assert _budget_settings(_demo_args(round_budget=3.0, min_inner_steps=5), base)[1] == "diloco.min_inner_steps=5"
+    for bad in (dict(round_budget=-1.0), dict(min_inner_steps=4)):
+        with pytest.raises(ConfigError, match="--round-budget"):
+            _budget_settings(_demo_args(**bad), base)
+    assert _throttled(_demo_args()) == {}
+    with pytest.raises(ConfigError, match="positive number of CPUs"):
+        _throttled(_demo_args(throttle=0.0))
+    with pytest.raises(ConfigError, match="--replicas 2 or more"):
+        _throttled(_demo_args(throttle=0.5, replicas=1))
+
+
+def test_the_demo_throttles_the_last_replica_where_the_cpu_controller_is_writable():
+    from node.commands.demo import _throttled
+    from node.commands.throttle import unavailable
+    from node.errors import ConfigError
+
+    reason = unavailable()
+    if reason is None:
+        assert _throttled(_demo_args(throttle=0.25)) == {2: 0.25}
+    else:  # not root, or no cgroup v1: refused with the reason
+        with pytest.raises(ConfigError, match="needs root"):
+            _throttled(_demo_args(throttle=0.25))
