@@ -134,12 +134,7 @@ def run_demo(args: argparse.Namespace) -> int:
     run = LocalRun(out, replicas=args.replicas, stages=args.stages, split=args.stages > 1, settings=settings,
                    attest_quorum=args.attest_quorum, attest_quorum_bps=DEMO_QUORUM_BPS,
                    stake_wei=int(args.stake * 10**18), allow_weak_quorum=weak, cpu_limits=cpu_limits)
-    budget = (f" bounded by {args.round_budget:g} s of inner steps (each replica declares what fits)"
-              if getattr(args, "round_budget", 0) else "")
-    slowed = (f"; replica {args.replicas - 1} limited to {args.throttle:g} CPU (cgroup cpu quota)"
-              if cpu_limits else "")
-    print(f"dlx-node demo: {args.replicas} replicas x {args.stages} stages, model '{args.preset}', "
-          f"{args.rounds} outer rounds of H={args.inner_steps}{budget}, data: {data or 'generated corpus'}{slowed}")
+    print(_headline(args, data, cpu_limits))
     view = LiveView()
 
     signals = _Signals()
@@ -173,6 +168,15 @@ def run_demo(args: argparse.Namespace) -> int:
         logs = ", ".join(str(s.log_path) for s in run.nodes)
         raise NodeError(f"demo did not finish cleanly; node logs: {logs}")
     return 0
+
+
+def _headline(args: argparse.Namespace, data: str, cpu_limits: dict[int, float]) -> str:
+    budget = (f" bounded by {args.round_budget:g} s of inner steps (each replica declares what fits)"
+              if getattr(args, "round_budget", 0) else "")
+    slowed = (f"; replica {args.replicas - 1} limited to {args.throttle:g} CPU (cgroup cpu quota)"
+              if cpu_limits else "")
+    return (f"dlx-node demo: {args.replicas} replicas x {args.stages} stages, model '{args.preset}', "
+            f"{args.rounds} outer rounds of H={args.inner_steps}{budget}, data: {data or 'generated corpus'}{slowed}")
 
 
 def _budget_settings(args: argparse.Namespace, settings: list[str]) -> list[str]:
