@@ -248,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-round-timeout", type=float, default=600.0,
                         help="--node: the nodes' round_timeout (a close waits this long for every replica)")
     parser.add_argument("--keep-workdir", action="store_true", help="--node: keep the runs' node directories")
+    parser.add_argument("--node-delay", action="store_true",
+                        help="--node: the node's default one-step delay (the exchange overlaps the next round) and "
+                             "outer settings, instead of the in-process mode's algorithm")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args(argv)
     if unavailable() is not None:

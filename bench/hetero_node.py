@@ -2,8 +2,11 @@
 
 A :class:`node.commands.launcher.LocalRun` (a managed anvil, the contracts, one node process per replica,
 one stage each, libp2p on loopback, the full exchange) with every replica's node process in a cgroup v1
-cpu group of ``quota / factor`` CPUs (``LocalRun.cpu_limits``, node/commands/throttle.py): the whole node
-is slowed (its inner steps, its encode, gossip and chain work), as on a slower machine. Figures come from
+cpu group of ``quota / factor`` CPUs (node/commands/throttle.py) from the moment it logs that its start-up
+is done (``start-up: caught up``; a whole node at 0.02 CPU took minutes to import torch and join): from
+then on the whole node is slowed (its inner steps, its encode, gossip and chain work), as on a slower
+machine. Its first few inner steps of round 0 may run before the limit (round 0's wall time is not
+measured: it has no round before it). Figures come from
 what the run leaves: each node's log line per round (``round t: k inner steps in X s (Y s since the last
 round's ...)``: the replica's inner-step seconds and the round's wall time as it saw it), the chain's
 records (which rounds committed, their ``tokens``: what the contributions declared), the logs' "our
@@ -11,7 +14,10 @@ contribution was not in the close" (a contribution that did not reach the outer 
 loss of each round's checkpoint (the global weights, every round: ``checkpoint_every = 1``) evaluated
 after the run, outside its clock. A round's wall time is the mean over the nodes of the seconds between
 the ends of their inner steps of that round and of the round before; the run is stopped once the rounds
-so far add up to ``--wall-s``.
+so far add up to ``--wall-s``. Without ``--node-delay`` the nodes run the in-process mode's algorithm (no
+one-step delay: a round's exchange waits for its close and apply, the bench's outer lr and momentum); with
+it, the node's default one-step delay (the exchange of round t overlaps round t+1's inner steps, the whole
+round: ``overlap_steps = 0``) and its default outer settings.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from node.commands.throttle import CpuGroup
+
 TRAINED = re.compile(r"round (\d+): (\d+) inner steps in ([0-9.]+)s \((?:first period|([0-9.]+)s since)")
 DROPPED = re.compile(r"round (\d+) stage \d+: our contribution was not in the close")
 
@@ -30,8 +38,10 @@ def _settings(args, mode: str) -> list[str]:
     common = [f"model.preset={args.preset}", f"training.batch_size={args.batch_size}",
               f"training.inner_lr={args.inner_lr}", f"training.warmup_steps={args.warmup_steps}",
               "training.lr_schedule=constant", f"training.seed={args.seed}", f"training.data_path={args.data}",
-              f"diloco.outer_lr={args.outer_lr}", f"diloco.outer_momentum={args.outer_momentum}",
-              "diloco.one_step_delay=false", "rounds=100000", "checkpoint_every=1", "spot_checks=0",
+              *(["diloco.overlap_steps=0"] if args.node_delay else [
+                  f"diloco.outer_lr={args.outer_lr}", f"diloco.outer_momentum={args.outer_momentum}",
+                  "diloco.one_step_delay=false"]),
+              "rounds=100000", "checkpoint_every=1", "spot_checks=0",
               "join_timeout=600", f"round_timeout={args.node_round_timeout}", "p2p.transfer_timeout=120"]
     if mode == "fixed":
         return common + [f"diloco.inner_steps={args.fixed_h}"]
@@ -70,6 +80,17 @@ def _rounds_so_far(run) -> list[dict]:
     return rounds
 
 
+def _throttle_started(run, limits: dict[int, float], groups: dict) -> None:
+    """Put each node whose start-up is done into its replica's cpu group (module docstring)."""
+    for slot in run.nodes:
+        if slot.replica in groups:
+            continue
+        if any("start-up: caught up" in path.read_text(errors="replace") for path in slot.data_dir.glob("node-*.log")):
+            groups[slot.replica] = CpuGroup(f"dlx-bench-het-{run.run_id}-{time.monotonic_ns()}-r{slot.replica}",
+                                            limits[slot.replica])
+            groups[slot.replica].add(slot.process.pid)
+
+
 def run_node_mode(args, mode: str) -> dict:
     import torch
 
@@ -82,13 +103,15 @@ def run_node_mode(args, mode: str) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix=f"dlx-bench-het-node-{mode}-"))
     limits = {index: args.quota / factor for index, factor in enumerate(args.factors)}
     run = LocalRun(workdir, replicas=len(args.factors), stages=1, split=False, settings=_settings(args, mode),
-                   attest_quorum=1, attest_quorum_bps=0, allow_weak_quorum=True, cpu_limits=limits)
+                   attest_quorum=1, attest_quorum_bps=0, allow_weak_quorum=True)
     rounds: list[dict] = []
+    groups: dict[int, CpuGroup] = {}
     try:
         run.setup()
         run.start()
         while True:
-            time.sleep(2.0)
+            time.sleep(0.5 if len(groups) < len(run.nodes) else 2.0)
+            _throttle_started(run, limits, groups)
             if any(slot.process.poll() is not None for slot in run.nodes):
                 raise RuntimeError(f"a node exited; logs under {workdir}")
             rounds = _rounds_so_far(run)
@@ -124,6 +147,8 @@ def run_node_mode(args, mode: str) -> dict:
             curve.append({"wall_s": wall, "tokens": tokens, "eval_loss": r["eval_loss"]})
     finally:
         run.stop()
+        for group in groups.values():
+            group.remove()
     replicas = []
     for index, factor in enumerate(args.factors):
         steps = sum(r["steps"][index] for r in rounds)
