@@ -42,7 +42,8 @@ def _spot_checks(slot) -> list[tuple[int, int, str]]:
 @pytest.mark.slow  # about 5 minutes at a load of 30 on 2 cores (four node processes, anvil, two gloo pipelines)
 @pytest.mark.timeout(1800)
 def test_a_time_bounded_split_run_declares_its_steps_and_reruns_them_exactly(make_run):
-    run = make_run(replicas=2, stages=2, split=True, settings=[
+    # attest_quorum=4: every record needs all four members' signatures over the same bytes, tokens included.
+    run = make_run(replicas=2, stages=2, split=True, attest_quorum=4, settings=[
         *TINY, f"diloco.inner_steps={MAX_STEPS}", "diloco.round_budget_s=0.2", f"diloco.min_inner_steps={MIN_STEPS}",
         "diloco.overlap_steps=0", f"rounds={MAX_ROUNDS}", "join_timeout=60", "spot_checks=8"])
     run.start()
@@ -80,6 +81,13 @@ def test_a_time_bounded_split_run_declares_its_steps_and_reruns_them_exactly(mak
         assert len(counts) == 1, (outer_round, replica, counts)
         (count,) = counts
         assert count is not None and MIN_STEPS <= count <= MAX_STEPS, (outer_round, replica, count)
+    # Every member signed the same exact tokens (the quorum is all four), those of stage 0's nodes included (they
+    # hold no last-stage envelope: the last stage's close names the counts): the steps both replicas declared.
+    document = json.loads((run.workdir / "run.json").read_text())
+    per_step = document["training"]["batch_size"] * document["model"]["block_size"]
+    for commit in history.commits:
+        steps = sum(next(iter(declared[(commit.commit.round, replica)])) for replica in range(2))
+        assert commit.commit.tokens == steps * per_step, (commit.commit.round, commit.commit.tokens, steps)
 
 
 # ----------------------------------------------------------------------------- a throttled replica, a cheat
