@@ -23,6 +23,7 @@ and held-out loss against cumulative wall time and tokens; compared at equal wal
 tokens (linear interpolation between rounds).
 
     python bench/bench_heterogeneous.py                     # writes bench/results/heterogeneous.json
+    python bench/bench_heterogeneous.py --node              # the same through real dlx-node processes
 """
 
 from __future__ import annotations
@@ -39,8 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.benchio import default_out, write_result  # noqa: E402
 
-CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
-PERIOD_US = 100_000
+from node.commands.throttle import CpuGroup, unavailable  # noqa: E402
 
 
 def configs(args, mode: str):
@@ -59,31 +59,10 @@ def configs(args, mode: str):
     return model, training, diloco, CompressionConfig()
 
 
-# ----------------------------------------------------------------------------- cgroups
-
-
-def make_cgroup(name: str, cpus: float) -> Path:
-    """A cgroup v1 cpu group limited to ``cpus`` CPUs (cfs quota over a 100 ms period)."""
-    path = CGROUP_CPU / name
-    path.mkdir(exist_ok=True)
-    (path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-    (path / "cpu.cfs_quota_us").write_text(str(max(1000, int(PERIOD_US * cpus))))
-    return path
-
-
-def remove_cgroup(path: Path) -> None:
-    for _ in range(50):
-        try:
-            path.rmdir()
-            return
-        except OSError:
-            time.sleep(0.1)
-
-
 # ----------------------------------------------------------------------------- a replica
 
 
-def replica_process(index: int, conn, args, mode: str, cgroup: str) -> None:
+def replica_process(index: int, conn, args, mode: str, group: CpuGroup) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -97,7 +76,6 @@ def replica_process(index: int, conn, args, mode: str, cgroup: str) -> None:
     corpus = load_corpus(args.data, training.eval_fraction, model.block_size)
     trainer = LocalReplicaTrainer(model, training, 1, state_dict=init_state_dict(model, training.seed))
     engine = StageEngine(0, dict(trainer.stage_modules[0].named_parameters()), diloco, compression)
-    slowed, unslowed = Path(cgroup) / "tasks", CGROUP_CPU / "tasks"
     conn.send(("ready", index))
     while True:
         message = conn.recv()
@@ -110,14 +88,14 @@ def replica_process(index: int, conn, args, mode: str, cgroup: str) -> None:
             elapsed, steps = 0.0, 0
             # The slow accelerator: the inner steps run in the replica's cgroup; the host's work (encode,
             # apply) runs outside it, as a slow GPU's node encodes on its CPU.
-            slowed.write_text(str(os.getpid()))
+            group.add_thread(os.getpid())
             while takes_another_step(diloco, steps, elapsed):
                 started = time.perf_counter()
                 set_lr(trainer.optimizers, inner_lr(training, outer_round * diloco.inner_steps + steps, None))
                 trainer.train_step(*batches[steps])
                 elapsed += time.perf_counter() - started
                 steps += 1
-            unslowed.write_text(str(os.getpid()))
+            CpuGroup.release_thread(os.getpid())
             blob, _ = engine.encode_contribution(outer_round, steps if diloco.budgeted else None)
             conn.send(("trained", blob, steps, elapsed))
         elif message[0] == "apply":
@@ -152,9 +130,9 @@ def run_mode(args, mode: str) -> dict:
     context = mp.get_context("spawn")
     groups, processes, pipes = [], [], []
     for index, factor in enumerate(args.factors):
-        groups.append(make_cgroup(f"dlx-bench-het-{os.getpid()}-{index}", args.quota / factor))
+        groups.append(CpuGroup(f"dlx-bench-het-{os.getpid()}-{index}", args.quota / factor))
         parent, child = context.Pipe()
-        process = context.Process(target=replica_process, args=(index, child, args, mode, str(groups[-1])))
+        process = context.Process(target=replica_process, args=(index, child, args, mode, groups[-1]))
         process.start()
         processes.append(process)
         pipes.append(parent)
@@ -218,7 +196,7 @@ def run_mode(args, mode: str) -> dict:
             if process.is_alive():
                 process.kill()
         for group in groups:
-            remove_cgroup(group)
+            group.remove()
     total_wall = sum(r["wall_s"] for r in rounds)
     replicas = []
     for index, factor in enumerate(args.factors):
@@ -264,17 +242,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=4.0)
     parser.add_argument("--wall-s", type=float, default=90.0, help="wall seconds of rounds each mode runs")
     parser.add_argument("--eval-batches", type=int, default=16)
+    parser.add_argument("--node", action="store_true",
+                        help="drive real 'dlx-node start' processes (LocalRun: anvil, libp2p, the chain), each "
+                             "node process under its cgroup quota (bench/hetero_node.py)")
+    parser.add_argument("--node-round-timeout", type=float, default=600.0,
+                        help="--node: the nodes' round_timeout (a close waits this long for every replica)")
+    parser.add_argument("--keep-workdir", action="store_true", help="--node: keep the runs' node directories")
+    parser.add_argument("--node-delay", action="store_true",
+                        help="--node: the node's default one-step delay (the exchange overlaps the next round) and "
+                             "outer settings, instead of the in-process mode's algorithm")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args(argv)
-    if not (CGROUP_CPU / "cpu.cfs_quota_us").exists() or not os.access(CGROUP_CPU, os.W_OK):
-        print(f"needs a writable cgroup v1 cpu controller at {CGROUP_CPU} (run as root)", file=sys.stderr)
+    if unavailable() is not None:
+        print(f"needs the cgroup v1 cpu controller as root: {unavailable()}", file=sys.stderr)
         return 2
     load_at_start = list(os.getloadavg())
     import torch
 
     torch.set_num_threads(1)
-    fixed = run_mode(args, "fixed")
-    budget = run_mode(args, "budget")
+    if args.node:
+        from bench.hetero_node import run_node_mode as run
+    else:
+        run = run_mode
+    fixed = run(args, "fixed")
+    budget = run(args, "budget")
     equal_wall = min(fixed["wall_s"], budget["wall_s"])
     equal_tokens = min(fixed["tokens"], budget["tokens"])
     comparison = {
@@ -291,8 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     comparison["min_compute_share_budget"] = min(r["compute_share_reaching_outer_step"] for r in budget["replicas"])
     comparison["min_compute_share_fixed"] = min(r["compute_share_reaching_outer_step"] for r in fixed["replicas"])
     result = {
-        "what": "replicas slowed 1x/2x/4x by cgroup v1 cpu quotas, time-bounded rounds vs fixed H "
-                "(one process per replica, contributions over pipes, the parent replays the aggregation)",
+        "what": "replicas slowed 1x/2x/4x by cgroup v1 cpu quotas, time-bounded rounds vs fixed H " + (
+            "(real dlx-node start processes: a local anvil, libp2p, the full exchange, each node process in its "
+            "cpu group)" if args.node else
+            "(one process per replica, contributions over pipes, the parent replays the aggregation)"),
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "fixed": fixed, "budget": budget, "comparison": comparison,
     }

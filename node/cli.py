@@ -229,7 +229,17 @@ def _add_demo(sub) -> None:
                    help="allow --attest-quorum 1 or --stake 0: one member then commits and slashes alone")
     p.add_argument("--stake", type=float, default=1.0, metavar="ETH",
                    help="stake each member puts into the run (slashed for equivocation)")
-    p.add_argument("--inner-steps", type=int, default=20)
+    p.add_argument("--inner-steps", type=int, default=20,
+                   help="H: the inner steps of a round (with --round-budget, the most a round may train)")
+    p.add_argument("--round-budget", type=float, default=0.0, metavar="S",
+                   help="bound each round by S seconds of inner steps: every replica trains what fits and "
+                        "declares it (diloco.round_budget_s; default 0: fixed H)")
+    p.add_argument("--min-inner-steps", type=int, default=None, metavar="N",
+                   help="with --round-budget: the fewest inner steps of a round (default: one more than the "
+                        "exchange overlaps)")
+    p.add_argument("--throttle", type=float, default=None, metavar="CPUS",
+                   help="limit the last replica's node processes to CPUS CPUs (a cgroup v1 cpu quota: a slow "
+                        "contributor; needs root)")
     p.add_argument("--spot-checks", type=float, default=None, metavar="X",
                    help="expected re-executions of each contribution by other members (the nodes' spot_checks; "
                         "default the node's, 0.06)")

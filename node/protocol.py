@@ -8,7 +8,7 @@ bounded sizes. A bad payload raises :class:`ProtocolError` and is dropped.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, get_type_hints
 
 import msgpack
@@ -78,6 +78,10 @@ class Close:
     """The round coordinator's decision: exactly these contributions are aggregated."""
 
     contributions: list[list[Any]]  # [[replica, peer_id, envelope_hash(bytes32), size], ...] canonical order
+    # A time-bounded run's (diloco.round_budget_s, issue 44): per entry, the inner steps its envelope declares
+    # inside the run's range, 0 for none (the aggregation excludes it: bad_steps); the record's tokens are their
+    # sum over the last stage. Empty, and absent from the wire, in a fixed-H run (its closes' bytes unchanged).
+    steps: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -203,8 +207,16 @@ _TYPES = {HELLO: Hello, ANNOUNCE: Announce, CLOSE: Close, ATTESTATION: Attestati
           ACCUSATION: Accusation, VERDICT: VerdictSignature, EVIDENCE: Evidence, PARTIAL_ANNOUNCE: PartialAnnounce}
 
 
+#: Fields a payload may leave out (then their default): each absent from the wire when empty.
+_OPTIONAL = {Close: ("steps",)}
+
+
 def encode_payload(message: Any) -> bytes:
-    return msgpack.packb(asdict(message), use_bin_type=True)
+    fields_ = asdict(message)
+    for name in _OPTIONAL.get(type(message), ()):
+        if not fields_[name]:
+            del fields_[name]
+    return msgpack.packb(fields_, use_bin_type=True)
 
 
 def _check(value: Any, annotation: Any, where: str) -> Any:
@@ -246,11 +258,15 @@ def decode_payload(kind: str, data: bytes) -> Any:
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise ProtocolError(f"{kind} payload is not msgpack: {exc}") from None
     names = [f.name for f in fields(cls)]
+    optional = _OPTIONAL.get(cls, ())
     # A set, not sorted(): keys may mix str and bin (strict_map_key allows both), which do not order.
-    if not isinstance(raw, dict) or set(raw) != set(names):
-        raise ProtocolError(f"{kind} payload must have exactly the keys {names}")
+    if not isinstance(raw, dict) or not set(names) - set(optional) <= set(raw) <= set(names):
+        raise ProtocolError(f"{kind} payload must have exactly the keys {names}"
+                            + (f" ({', '.join(optional)} optional)" if optional else ""))
+    if any(name in raw and not raw[name] for name in optional):
+        raise ProtocolError(f"{kind} payload: an empty optional field is left out, not sent")
     hints = get_type_hints(cls)
-    values = {name: _check(raw[name], hints[name], f"{kind}.{name}") for name in names}
+    values = {name: _check(raw[name], hints[name], f"{kind}.{name}") for name in names if name in raw}
     message = cls(**values)
     _validate(message)
     return message
@@ -285,6 +301,9 @@ def _validate(message: Any) -> None:
                 raise ProtocolError("close.contributions entries must be [replica, peer_id, hash32, size]")
             if not 0 <= item[0] < 1 << 64 or not 1 <= item[3] < 1 << 64:
                 raise ProtocolError("close.contributions: replica must be in [0, 2^64) and size in [1, 2^64)")
+        if message.steps and (len(message.steps) != len(message.contributions)
+                              or not all(type(n) is int and 0 <= n < 1 << 32 for n in message.steps)):
+            raise ProtocolError("close.steps must be one whole number in [0, 2^32) per contribution")
     elif isinstance(message, RecordSignature):
         for name in ("prev_head", "weights_root", "contributions_root", "checkpoint_hash"):
             if len(getattr(message, name)) != 32:

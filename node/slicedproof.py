@@ -239,7 +239,8 @@ def bundle_fault(envelope_header, body_payload: bytes, bundle: bytes | None, num
         raise ValueError(str(exc)) from None
     for j, blob in enumerate(slices):
         if blob is None:
-            return f"slice {j} of its bundle is not the one its signed record proves"
+            return f"slice {j} of its bundle is not the one its signed record proves (or declares other inner " \
+                   "steps than its reference)"
         if not decodes(envelope_header.stage, envelope_header.round, j, blob):
             return f"slice {j} of its bundle does not decode for the slice's shapes"
     return None
@@ -318,7 +319,7 @@ class RunSliceRules:
         """The partial an honest aggregator of slice ``j`` publishes for ``inputs`` (``replay_partial``)."""
         plan, budget = self.plan(stage)
         return replay_partial(inputs, plan, j, self.cfg.compression, budget, norm_clip=self.cfg.diloco.norm_clip,
-                              stage_index=stage, outer_round=outer_round)
+                              stage_index=stage, outer_round=outer_round, steps_range=self.cfg.diloco.steps_range)
 
     def decodes(self, stage: int, outer_round: int, j: int, blob: bytes) -> bool:
         plan, _budget = self.plan(stage)

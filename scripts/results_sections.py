@@ -473,11 +473,21 @@ def heterogeneous(r: dict) -> list[str]:
                     + [num(run["final_eval_loss"])])
     factors = [f"{x['factor']:g}x (steps/round, s/step, share)" for x in r["fixed"]["replicas"]]
     wall, tokens = c["loss_at_equal_wall"], c["loss_at_equal_tokens"]
-    return [(f"Three replicas of `{s['preset']}` (batch {s['batch_size']}) whose inner steps run under cgroup v1 "
-             f"cpu quotas of {s['quota']:g} CPU / factor (factors {', '.join(f'{f:g}' for f in s['factors'])}), "
-             "one process per replica; contributions over pipes, the parent replays the aggregation and evaluates "
-             "(not the libp2p node). Share = the replica's seconds of inner steps that reached the outer step / "
-             "the run's wall time."), ""] + table(
+    quotas = (f"cgroup v1 cpu quotas of {s['quota']:g} CPU / factor (factors {', '.join(f'{f:g}' for f in s['factors'])})")
+    if s.get("node"):
+        how = (f"Three replicas of `{s['preset']}` (batch {s['batch_size']}), each a real `dlx-node start` process "
+               f"(a local anvil, libp2p on loopback, the full exchange, the chain's records) whose whole process "
+               f"runs under {quotas}. Wall s/round = the mean over the nodes of the seconds between the ends of "
+               "their inner steps of consecutive rounds (from their logs); tokens = the records' (what the "
+               "contributions declared); held-out = each round's checkpoint (the global weights) evaluated after "
+               "the run. Share = the replica's seconds of inner steps that reached the outer step / the run's wall "
+               "time.")
+    else:
+        how = (f"Three replicas of `{s['preset']}` (batch {s['batch_size']}) whose inner steps run under {quotas}, "
+               "one process per replica; contributions over pipes, the parent replays the aggregation and evaluates "
+               "(not the libp2p node). Share = the replica's seconds of inner steps that reached the outer step / "
+               "the run's wall time.")
+    return [how, ""] + table(
         ["run", "rounds", "wall s/round", *factors, "held-out at the end"], rows) + [
         f"Held-out loss at equal wall time ({c['equal_wall_s']:.0f} s): fixed {num(wall['fixed'])}, time-bounded "
         f"{num(wall['budget'])} ({pct(wall['budget_vs_fixed'], 2)}); at equal tokens ({c['equal_tokens']:,}): fixed "

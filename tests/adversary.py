@@ -68,6 +68,9 @@ chain) is the real node's. Attacks:
   config (``n_head`` 8) and weights shifted by 0.01, while it attests the honest weights hash:
   holders of other stages must not build (or sign) a checkpoint from it, and pull must never
   install its config.
+- ``over-declare``: in a time-bounded run (``diloco.round_budget_s``), trains the inner steps that fit in
+  the budget and declares 2 more (at most H), to weigh more in the average: its data commitment and
+  contributions are consistent with the declared count, only re-execution catches it.
 - ``takeover``: a coalition member (issue 41, attack 1; ``DLX_COALITION`` names the coalition,
   ``DLX_COALITION_DIR`` is where its members share signatures): it commits every round it can with
   the fewest honest signatures the quorum needs, then tries to eject the honest members it left
@@ -88,7 +91,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 CONTRIBUTION_ATTACKS = ("huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero", "perturb")
 ATTACKS = ("malformed-payload", *CONTRIBUTION_ATTACKS, "copy", "late", "empty-close", "duplicate-close",
            "equivocating-close", "censoring-close", "phantom-close", "absurd-hello", "forge-state",
-           "diverge-once", "diverge-late", "diverge-slow-verdict", "fork-close", "doctored-shard", "takeover")
+           "diverge-once", "diverge-late", "diverge-slow-verdict", "fork-close", "doctored-shard", "takeover",
+           "over-declare")
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +149,17 @@ def forged_contribution(attack: str):
             return blob, stats
 
     return {"worker": ForgingWorker}
+
+
+def over_declaring(extra: int = 2):
+    from node.live.replica import ReplicaWorker
+
+    class OverDeclaringWorker(ReplicaWorker):
+        def declared_steps(self, outer_round):
+            trained = super().declared_steps(outer_round)
+            return None if trained is None else min(self.cfg.diloco.inner_steps, trained + extra)
+
+    return {"worker": OverDeclaringWorker}
 
 
 def forged_start_state():
@@ -528,7 +543,7 @@ def attack_parts(attack: str) -> dict:
             "censoring-close": censoring_close, "phantom-close": phantom_close, "absurd-hello": absurd_hello,
             "forge-state": forged_start_state, "diverge-once": diverging_once, "diverge-late": diverging_late,
             "diverge-slow-verdict": diverging_slow_verdict, "fork-close": forking_close,
-            "doctored-shard": doctored_shard, "takeover": takeover}[attack]()
+            "doctored-shard": doctored_shard, "takeover": takeover, "over-declare": over_declaring}[attack]()
 
 
 def run_with(parts: dict) -> int:

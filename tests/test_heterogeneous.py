@@ -82,7 +82,6 @@ def test_fixed_h_run_document_has_no_budget_settings_and_keeps_its_hash():
     ({"round_budget_s": 10.0, "min_inner_steps": -2}, "min_inner_steps=-2"),
     ({"round_budget_s": 10.0, "min_inner_steps": 2.5}, "min_inner_steps=2.5"),
     ({"round_budget_s": 10.0, "min_inner_steps": 1, "overlap_steps": 2}, "must be > the steps the exchange overlaps"),
-    ({"round_budget_s": 10.0, "exchange": "sliced"}, "not supported with diloco.exchange"),
 ])
 def test_bad_budget_settings_are_refused_by_name(fields, message):
     with pytest.raises(TrainingConfigError, match=message):
@@ -354,3 +353,42 @@ def test_the_wire_vectors_of_declared_steps():
     for case in vectors["rejected"]:
         with pytest.raises(ContributionDecodeError):
             decode_declared(bytes.fromhex(case["payload_hex"]), shapes)
+
+
+# ----------------------------------------------------------------------------- the data order, in the node
+
+
+@pytest.mark.parametrize("budget,overlap,expected", [(1e-9, 0, 2), (1e-9, 1, 2), (1e9, 0, 6), (1e9, 1, 6)])
+def test_the_node_consumes_the_first_declared_batches_of_each_slot_and_nothing_else(budget, overlap, expected):
+    """ReplicaWorker.train_round under a budget (the smallest: every round trains min_inner_steps; the
+    largest: H), in one part or two (an overlapped exchange): the batches its trainer gets in round t are
+    batches 0 .. k_t - 1 of the slot (replica, t), k_t the count it declares, and round t+1 starts at batch 0
+    of slot (replica, t+1): batches k_t .. H-1 of slot t go to nobody, no batch twice."""
+    from node.config import load_config
+    from node.live.replica import ReplicaWorker
+
+    cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=6", "training.batch_size=2", "rounds=3",
+                             "torch_threads=1", f"diloco.overlap_steps={overlap}", f"diloco.round_budget_s={budget}",
+                             "diloco.min_inner_steps=2", "pipeline.num_stages=1"])
+    worker = ReplicaWorker(cfg, 1, (0,), 0)
+    worker.start(10, 10)
+    seen: list[torch.Tensor] = []
+    step = worker.trainer.train_step
+    worker.trainer.train_step = lambda x, y, *rest: (seen.append(x.clone()), step(x, y, *rest))[1]
+    consumed = {}
+    for outer_round in range(3):
+        before = len(seen)
+        if overlap:
+            worker.train_round(outer_round, end_step=overlap)
+            worker.train_round(outer_round, first_step=overlap)
+        else:
+            worker.train_round(outer_round)
+        consumed[outer_round] = seen[before:]
+        declared = worker.declared_steps(outer_round)
+        assert declared == len(consumed[outer_round]) == expected
+        slot = round_batches(worker.corpus, cfg.training.seed, 1, outer_round, 6, 2, cfg.model.block_size)
+        assert all(torch.equal(got, want) for got, want in zip(consumed[outer_round], [x for x, _y in slot]))
+        assert worker.data_commitment(outer_round) == data_commitment(
+            worker.corpus, cfg.training, cfg.model, cfg.diloco, 1, outer_round, declared)
+    every = [batch for batches in consumed.values() for batch in batches]
+    assert len({bytes(batch.numpy().tobytes()) for batch in every}) == len(every)  # none consumed twice

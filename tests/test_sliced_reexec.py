@@ -63,7 +63,8 @@ class SlicedReplica(SimReplica):
                 slices = [msgpack.unpackb(payload, raw=False) for payload in contributions[stage]]
                 partials = [aggregate_slice([blobs[j] for blobs in slices], plan, j, self.sim.compression,
                                             engine.compressor.bandwidth_budget, norm_clip=self.sim.diloco.norm_clip,
-                                            stage_index=stage, outer_round=outer_round).partial
+                                            stage_index=stage, outer_round=outer_round,
+                                            steps_range=self.sim.diloco.steps_range).partial
                             for j in range(plan.num_slices)]
                 self.partials[outer_round][stage] = partials
             average = average_of_partials(partials, plan, stage_index=stage, outer_round=outer_round)

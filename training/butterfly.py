@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from training.codec.allocation import framing_bytes
-from training.codec_wire import decode_contribution, matrix_view_shape
+from training.codec_wire import declare_steps, decode_contribution, matrix_view_shape
 from training.compression import (
     CompressionStats,
     ErrorFeedbackCompressor,
@@ -348,6 +348,14 @@ class SlicedErrorFeedbackCompressor(ErrorFeedbackCompressor):
         self.last_slices = blobs
         return blobs, stats
 
+    def declare(self, blob: bytes, steps: int) -> bytes:
+        """:meth:`compress`'s bytes with ``steps`` declared in every slice blob (codec_wire version 2, a
+        time-bounded run); :attr:`last_slices` become the declared blobs (what the bundle serves)."""
+        import msgpack
+
+        self.last_slices = [declare_steps(part, steps) for part in self.last_slices]
+        return msgpack.packb(self.last_slices, use_bin_type=True)
+
     def compress(self, pseudo_gradient, *, stage_index: int, outer_round: int) -> tuple[bytes, CompressionStats]:
         import msgpack
 
@@ -377,6 +385,7 @@ class SliceAggregate:
 def aggregate_slice(
     slice_blobs: Sequence[bytes | None], plan: SlicePlan, slice_index: int, cfg: CompressionConfig,
     stage_budget: int, *, norm_clip: float, stage_index: int, outer_round: int,
+    steps_range: tuple[int, int] | None = None,
 ) -> SliceAggregate:
     """Decode, exclude, clip, average and re-encode slice ``slice_index`` of one round (module docstring).
 
@@ -386,6 +395,11 @@ def aggregate_slice(
     lower median of the slice norms) and :func:`training.diloco.average_contributions`
     (float32, the given order); the average is coded like a contribution
     of the slice (same codec, same budget). Pure: :func:`replay_partial` is this.
+
+    ``steps_range``: ``(min_inner_steps, inner_steps)`` of a time-bounded run (``DilocoConfig.steps_range``):
+    each slice blob declares its replica's inner steps (codec_wire version 2), one outside the range (or
+    none) is excluded (``bad_steps``) and the norm rule runs per step, as in the full exchange
+    (docs/DILOCOX.md section 13); the average stays the plain mean.
     """
     if not 0 <= slice_index < plan.num_slices:
         raise SliceError(f"slice {slice_index} outside 0..{plan.num_slices - 1}")
@@ -394,7 +408,7 @@ def aggregate_slice(
     blobs = [b"" if blob is None else blob for blob in slice_blobs]
     accepted, reports = robust_contributions(
         blobs, shapes, norm_clip=norm_clip, stage_index=stage_index, outer_round=outer_round,
-        refuse_raw=cfg.enabled,
+        refuse_raw=cfg.enabled, steps_range=steps_range,
     )
     reports = [
         ContributionReport(r.index, False, r.reason, missing[r.index], None, 0.0) if r.index in missing else r
@@ -439,11 +453,12 @@ def partial_budget(slice_blobs: Sequence[bytes], reports: Sequence[ContributionR
 def replay_partial(
     slice_blobs: Sequence[bytes | None], plan: SlicePlan, slice_index: int, cfg: CompressionConfig,
     stage_budget: int, *, norm_clip: float, stage_index: int, outer_round: int,
+    steps_range: tuple[int, int] | None = None,
 ) -> bytes:
     """The partial's bytes an honest aggregator publishes for these inputs: compare to what was signed."""
     return aggregate_slice(
         slice_blobs, plan, slice_index, cfg, stage_budget, norm_clip=norm_clip, stage_index=stage_index,
-        outer_round=outer_round,
+        outer_round=outer_round, steps_range=steps_range,
     ).partial
 
 

@@ -102,6 +102,12 @@ class ErrorFeedbackCompressor:
         # Under a byte budget, what the encoder carries between rounds ("v3", "v4": training.codec.memo.EncoderMemo).
         self.encoder_memo: EncoderMemo | None = None
 
+    def declare(self, blob: bytes, steps: int) -> bytes:
+        """:meth:`compress`'s ``blob`` declaring ``steps`` inner steps (codec_wire version 2: a time-bounded run)."""
+        from training.codec_wire import declare_steps
+
+        return declare_steps(blob, steps)
+
     def compress(
         self, pseudo_gradient: Mapping[str, torch.Tensor], *, stage_index: int, outer_round: int
     ) -> tuple[bytes, CompressionStats]:

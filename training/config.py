@@ -536,14 +536,16 @@ class DilocoConfig:
         _require(least > self.overlap, f"diloco.min_inner_steps={least}: must be > the steps the exchange "
                                        f"overlaps ({self.overlap}, diloco.overlap_steps), so that every round "
                                        "trains at least one step after applying the previous one")
-        _require(self.exchange != "sliced", "diloco.round_budget_s > 0 is not supported with diloco.exchange = "
-                                            "\"sliced\" yet (its partial averages weight every replica equally); "
-                                            "use exchange = \"full\"")
 
     @property
     def budgeted(self) -> bool:
         """Whether rounds are bounded by time (``round_budget_s > 0``): contributions then declare their steps."""
         return self.round_budget_s > 0
+
+    @property
+    def steps_range(self) -> tuple[int, int] | None:
+        """``(min_inner_steps, inner_steps)``, the declared counts a time-bounded run accepts; None with fixed H."""
+        return (self.min_inner_steps, self.inner_steps) if self.budgeted else None
 
     def check_declared_steps(self, steps: object) -> int:
         """A contribution's declared inner steps, checked against the run's range, or TrainingConfigError."""

@@ -221,7 +221,7 @@ def aggregate_unchecked(global_weights, momentum, contributions, diloco_cfg, *, 
     accepted, reports = robust_contributions(
         contributions, shapes, norm_clip=diloco_cfg.norm_clip, stage_index=stage_index, outer_round=outer_round,
         refuse_raw=compression_cfg is not None and compression_cfg.enabled, excluded=excluded, known=known,
-        steps_range=(diloco_cfg.min_inner_steps, diloco_cfg.inner_steps) if diloco_cfg.budgeted else None,
+        steps_range=diloco_cfg.steps_range,
     )
     for report in reports:
         if not report.accepted or report.scale != 1.0:

@@ -531,8 +531,22 @@ def verify_contribution(
 
 
 def claimed_steps(payload: bytes) -> int | None:
-    """The inner steps a contribution's payload declares (None: none, or not a contribution at all)."""
-    return header_steps(payload)
+    """The inner steps a contribution's payload declares (None: none, or not a contribution at all).
+
+    A sliced claim (the msgpack array of the slice blobs its bundle proves) declares the count every one
+    of its slices declares; slices that declare different counts, or none, declare nothing valid.
+    """
+    steps = header_steps(payload)
+    if steps is not None:
+        return steps
+    try:
+        blobs = msgpack.unpackb(bytes(payload), raw=False, max_bin_len=len(payload), max_array_len=1 << 16)
+    except Exception:  # noqa: BLE001 - msgpack raises several unrelated types on bad input
+        return None
+    if not isinstance(blobs, list) or not blobs or not all(isinstance(blob, bytes) for blob in blobs):
+        return None
+    counts = {header_steps(blob) for blob in blobs}
+    return counts.pop() if len(counts) == 1 else None
 
 
 def _in_range(diloco_cfg: DilocoConfig, steps: int | None) -> bool:

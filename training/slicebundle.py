@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from training.butterfly import MAX_SLICES, SliceError
+from training.codec_wire import MAX_DECLARED_STEPS, header_steps
 
 _EMPTY = bytes(32)
 
@@ -27,8 +28,13 @@ def _sha(data: bytes) -> bytes:
 # slices), and aggregator j reads record j and slice j of each bundle by range (docs/PROTOCOL.md,
 # "Sliced exchange"): nobody fetches the R x A slice hashes.
 REFERENCE_PREFIX = b"dlx-slices/2"
+# A time-bounded run's reference (diloco.round_budget_s, issue 44) declares the replica's inner steps too: the
+# count its every slice blob declares (codec_wire version 2), so that an envelope alone says what its
+# contribution weighs (the close, the record's tokens, the audit) without its bundle.
+DECLARED_REFERENCE_PREFIX = b"dlx-slices/3"
 BUNDLE_PREFIX = b"dlx-bundle/1"
 _REFERENCE = struct.Struct(">I32sQ32s")  # A, bundle sha256, bundle size, slices root
+_STEPS = struct.Struct(">I")  # the declared inner steps of a version-3 reference
 _RECORD_HEAD = struct.Struct(">32sQQ")  # slice sha256, offset in the bundle, size
 
 
@@ -40,6 +46,7 @@ class SliceReference:
     bundle_digest: bytes
     bundle_size: int
     slices_root: bytes
+    steps: int | None = None  # the inner steps a time-bounded run's reference declares (None: version 2)
 
 
 def tree_depth(num_slices: int) -> int:
@@ -81,13 +88,15 @@ def _fold_path(leaf: bytes, index: int, siblings: Sequence[bytes]) -> bytes:
     return node
 
 
-def slice_bundle(blobs: Sequence[bytes]) -> tuple[bytes, bytes]:
+def slice_bundle(blobs: Sequence[bytes], steps: int | None = None) -> tuple[bytes, bytes]:
     """``(bundle, reference)`` of a replica's slice blobs of one stage.
 
     bundle    = ``b"dlx-bundle/1" || u32 A || A records || slice blobs in order``, record j =
                 ``sha256(b_j) || u64 offset || u64 size || tree_depth(A) siblings`` (its Merkle path);
     reference = ``b"dlx-slices/2" || u32 A || sha256(bundle) || u64 len(bundle) || slices root``
-                (88 bytes whatever A), what the contribution envelope signs.
+                (88 bytes whatever A), what the contribution envelope signs; with ``steps`` (a
+                time-bounded run) ``b"dlx-slices/3" || the same || u32 steps``, and every slice blob
+                must declare that count (:func:`read_slice`).
     """
     count = len(blobs)
     if not 1 <= count <= MAX_SLICES or any(len(blob) < 1 for blob in blobs):
@@ -103,13 +112,27 @@ def slice_bundle(blobs: Sequence[bytes]) -> tuple[bytes, bytes]:
         siblings = [levels[level][(j >> level) ^ 1] for level in range(len(levels) - 1)]
         records.append(_RECORD_HEAD.pack(*head) + b"".join(siblings))
     bundle = BUNDLE_PREFIX + struct.pack(">I", count) + b"".join(records) + b"".join(blobs)
-    reference = REFERENCE_PREFIX + _REFERENCE.pack(count, _sha(bundle), len(bundle), levels[-1][0])
-    return bundle, reference
+    fields = _REFERENCE.pack(count, _sha(bundle), len(bundle), levels[-1][0])
+    if steps is None:
+        return bundle, REFERENCE_PREFIX + fields
+    if type(steps) is not int or not 1 <= steps <= MAX_DECLARED_STEPS:
+        raise SliceError(f"declared inner steps {steps!r}: must be a whole number in [1, {MAX_DECLARED_STEPS}]")
+    return bundle, DECLARED_REFERENCE_PREFIX + fields + _STEPS.pack(steps)
 
 
 def parse_slice_reference(data: bytes, num_slices: int, max_bundle_bytes: int) -> SliceReference:
-    """A contribution's reference for a plan of ``num_slices`` slices; SliceError on anything else."""
-    if len(data) != len(REFERENCE_PREFIX) + _REFERENCE.size or not data.startswith(REFERENCE_PREFIX):
+    """A contribution's reference for a plan of ``num_slices`` slices; SliceError on anything else.
+
+    Both versions parse (the run's range of declared steps is the aggregation's to check)."""
+    steps = None
+    if len(data) == len(REFERENCE_PREFIX) + _REFERENCE.size and data.startswith(REFERENCE_PREFIX):
+        pass
+    elif (len(data) == len(DECLARED_REFERENCE_PREFIX) + _REFERENCE.size + _STEPS.size
+          and data.startswith(DECLARED_REFERENCE_PREFIX)):
+        (steps,) = _STEPS.unpack_from(data, len(DECLARED_REFERENCE_PREFIX) + _REFERENCE.size)
+        if not 1 <= steps <= MAX_DECLARED_STEPS:
+            raise SliceError(f"slice reference declares {steps} inner steps (1..{MAX_DECLARED_STEPS})")
+    else:
         raise SliceError("slice reference: wrong size or prefix")
     count, digest, size, root = _REFERENCE.unpack_from(data, len(REFERENCE_PREFIX))
     if count != num_slices:
@@ -117,7 +140,35 @@ def parse_slice_reference(data: bytes, num_slices: int, max_bundle_bytes: int) -
     smallest = len(BUNDLE_PREFIX) + 4 + count * (record_size(count) + 1)  # every slice at least one byte
     if not smallest <= size <= max_bundle_bytes:
         raise SliceError(f"slice reference: a bundle of {size} bytes ({smallest}..{max_bundle_bytes})")
-    return SliceReference(count, digest, size, root)
+    return SliceReference(count, digest, size, root, steps)
+
+
+def reference_steps(blob: bytes) -> int | None:
+    """The inner steps a contribution envelope's blob declares, whatever the exchange: a version-3 slice
+    reference's count, or a codec blob's (codec_wire version 2); None for neither (never raises)."""
+    if blob.startswith(DECLARED_REFERENCE_PREFIX):
+        if len(blob) != len(DECLARED_REFERENCE_PREFIX) + _REFERENCE.size + _STEPS.size:
+            return None
+        (steps,) = _STEPS.unpack_from(blob, len(DECLARED_REFERENCE_PREFIX) + _REFERENCE.size)
+        return steps if 1 <= steps <= MAX_DECLARED_STEPS else None
+    if blob.startswith(REFERENCE_PREFIX):
+        return None
+    return header_steps(blob)
+
+
+def counted_steps(blob: bytes, steps_range: tuple[int, int]) -> int:
+    """What a closed contribution counts in a time-bounded run's record (its ``tokens``, the close's ``steps``):
+    the inner steps its envelope's ``blob`` declares (:func:`reference_steps`) inside the run's
+    ``(min_inner_steps, inner_steps)``, else 0 (the aggregation excludes it: ``bad_steps``)."""
+    steps = reference_steps(blob)
+    return steps if steps is not None and steps_range[0] <= steps <= steps_range[1] else 0
+
+
+def slice_declares(blob: bytes, reference: SliceReference) -> bool:
+    """Whether a slice blob declares what its reference does: the same inner steps (codec_wire version 2)
+    under a version-3 reference, none under a version-2 one. A slice that does not is not the one its
+    signer's reference vouches for (an absent input, as a slice its record does not prove)."""
+    return header_steps(blob) == reference.steps
 
 
 def parse_slice_record(record: bytes, reference: SliceReference, slice_index: int) -> tuple[bytes, int, int]:
@@ -139,14 +190,15 @@ def parse_slice_record(record: bytes, reference: SliceReference, slice_index: in
 
 def read_slice(bundle: bytes, reference: SliceReference, slice_index: int) -> bytes | None:
     """Slice ``slice_index`` of a whole bundle as a range reader gets it: its record must prove to the
-    reference's root and its bytes match the record; None otherwise (that input is absent)."""
+    reference's root, its bytes match the record and declare the reference's steps (:func:`slice_declares`);
+    None otherwise (that input is absent)."""
     offset, length = record_range(reference.num_slices, slice_index)
     try:
         digest, start, size = parse_slice_record(bundle[offset:offset + length], reference, slice_index)
     except SliceError:
         return None
     blob = bundle[start:start + size]
-    return blob if _sha(blob) == digest else None
+    return blob if _sha(blob) == digest and slice_declares(blob, reference) else None
 
 
 def bundle_slices(bundle: bytes, reference: SliceReference) -> list[bytes | None]:

@@ -128,6 +128,7 @@ def parse_partial(payload: bytes) -> Partial:
 def check_partial(
     partial: Partial, slice_blobs: Sequence[bytes | None], plan: SlicePlan,
     cfg: CompressionConfig, stage_budget: int, *, norm_clip: float, stage_index: int, outer_round: int,
+    steps_range: tuple[int, int] | None = None,
 ) -> str:
     """Audit one partial by replay: ``""`` if it is exactly what these inputs give, else the reason.
 
@@ -142,7 +143,7 @@ def check_partial(
         return "inputs root differs from the round's inputs"
     expected = replay_partial(
         slice_blobs, plan, partial.slice_index, cfg, stage_budget, norm_clip=norm_clip,
-        stage_index=stage_index, outer_round=outer_round,
+        stage_index=stage_index, outer_round=outer_round, steps_range=steps_range,
     )
     if expected != partial.blob:
         return f"partial bytes differ from the replay (sha256 {_sha(partial.blob).hex()[:16]} != {_sha(expected).hex()[:16]})"

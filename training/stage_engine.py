@@ -61,7 +61,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from training.codec_wire import declare_steps
 from training.compression import CompressionStats, ErrorFeedbackCompressor
 from training.config import CompressionConfig, DilocoConfig
 from training.diloco import (
@@ -233,7 +232,9 @@ class StageEngine:
     def _declared(self, blob: bytes, declared_steps: int | None) -> bytes:
         """``blob`` with the inner steps it declares: a time-bounded run's contributions carry the count
         the replica trained (codec_wire version 2); a fixed-H run's stay version 1, byte for byte."""
-        return declare_steps(blob, declared_steps) if self.diloco_cfg.budgeted else blob
+        if not self.diloco_cfg.budgeted:
+            return blob
+        return self.compressor.declare(blob, declared_steps)  # the sliced encoder: in every slice blob
 
     def encode_contribution(self, outer_round: int, declared_steps: int | None = None) -> tuple[bytes, CompressionStats]:
         """Pseudo-gradient of ``outer_round`` (start-of-round minus current local weights), compressed.

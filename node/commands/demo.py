@@ -107,7 +107,10 @@ def run_demo(args: argparse.Namespace) -> int:
                 *model_settings]
     if getattr(args, "spot_checks", None) is not None:
         settings.append(f"spot_checks={args.spot_checks}")
-    load_config(None, settings + [f"pipeline.num_stages={args.stages}", f"diloco.num_replicas={args.replicas}"])
+    shape = [f"pipeline.num_stages={args.stages}", f"diloco.num_replicas={args.replicas}"]
+    settings += _budget_settings(args, settings + shape)
+    cpu_limits = _throttled(args)
+    load_config(None, settings + shape)
     out = Path(args.out).resolve()
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out {out} is not empty: pick a new directory (a demo starts a fresh chain)")
@@ -130,9 +133,8 @@ def run_demo(args: argparse.Namespace) -> int:
     # into a larger run are never a quorum (docs/LEDGER.md).
     run = LocalRun(out, replicas=args.replicas, stages=args.stages, split=args.stages > 1, settings=settings,
                    attest_quorum=args.attest_quorum, attest_quorum_bps=DEMO_QUORUM_BPS,
-                   stake_wei=int(args.stake * 10**18), allow_weak_quorum=weak)
-    print(f"dlx-node demo: {args.replicas} replicas x {args.stages} stages, model '{args.preset}', "
-          f"{args.rounds} outer rounds of H={args.inner_steps}, data: {data or 'generated corpus'}")
+                   stake_wei=int(args.stake * 10**18), allow_weak_quorum=weak, cpu_limits=cpu_limits)
+    print(_headline(args, data, cpu_limits))
     view = LiveView()
 
     signals = _Signals()
@@ -166,6 +168,47 @@ def run_demo(args: argparse.Namespace) -> int:
         logs = ", ".join(str(s.log_path) for s in run.nodes)
         raise NodeError(f"demo did not finish cleanly; node logs: {logs}")
     return 0
+
+
+def _headline(args: argparse.Namespace, data: str, cpu_limits: dict[int, float]) -> str:
+    budget = (f" bounded by {args.round_budget:g} s of inner steps (each replica declares what fits)"
+              if getattr(args, "round_budget", 0) else "")
+    slowed = (f"; replica {args.replicas - 1} limited to {args.throttle:g} CPU (cgroup cpu quota)"
+              if cpu_limits else "")
+    return (f"dlx-node demo: {args.replicas} replicas x {args.stages} stages, model '{args.preset}', "
+            f"{args.rounds} outer rounds of H={args.inner_steps}{budget}, data: {data or 'generated corpus'}{slowed}")
+
+
+def _budget_settings(args: argparse.Namespace, settings: list[str]) -> list[str]:
+    """``--round-budget S`` (and ``--min-inner-steps``): rounds bounded by time (docs/DILOCOX.md section 13);
+    the fewest steps default to one more than the exchange overlaps, the least the run allows."""
+    budget = getattr(args, "round_budget", 0.0) or 0.0
+    least = getattr(args, "min_inner_steps", None)
+    if budget <= 0:
+        if budget < 0 or least is not None:
+            raise ConfigError("--round-budget must be > 0 seconds (and --min-inner-steps needs it)")
+        return []
+    if least is None:
+        least = load_config(None, settings).diloco.overlap + 1
+    return [f"diloco.round_budget_s={budget}", f"diloco.min_inner_steps={least}"]
+
+
+def _throttled(args: argparse.Namespace) -> dict[int, float]:
+    """``--throttle CPUS``: the last replica's node processes share a cgroup v1 cpu quota of CPUS CPUs, a slow
+    contributor on this machine (node/commands/throttle.py; needs root)."""
+    cpus = getattr(args, "throttle", None)
+    if cpus is None:
+        return {}
+    from node.commands.throttle import unavailable
+
+    if not cpus > 0:
+        raise ConfigError(f"--throttle {cpus}: must be a positive number of CPUs")
+    if args.replicas < 2:
+        raise ConfigError("--throttle slows the last of several replicas: give --replicas 2 or more")
+    reason = unavailable()
+    if reason is not None:
+        raise ConfigError(f"--throttle needs root and the cgroup v1 cpu controller: {reason}")
+    return {args.replicas - 1: cpus}
 
 
 def _keep_serving(run: LocalRun, out: Path):
@@ -210,7 +253,10 @@ def _train_and_report(run: LocalRun, args: argparse.Namespace, out: Path, view: 
     view.tick(run, force=True)
     view.close()
     summary = summarize(run)
-    if getattr(args, "reference", True) and summary["rounds"]:
+    if getattr(args, "round_budget", 0) and getattr(args, "reference", True):
+        print("no centralized reference: it trains H steps a round, not the tokens a time-bounded run declared",
+              flush=True)
+    elif getattr(args, "reference", True) and summary["rounds"]:
         print("training the centralized reference on the same tokens (skip with --no-reference) ...", flush=True)
         summary["centralized_reference_eval_loss"] = centralized_reference_loss(run, len(summary["rounds"]))
         summary["benchmark"] = benchmark_figure(BENCHMARK_RESULT)
@@ -278,7 +324,8 @@ def summarize(run: LocalRun) -> dict:
     params = count_params(cfg.model)
     rounds = [{"round": c.commit.round, "eval_loss": from_micro(c.commit.eval_loss_micro),
                "train_loss": from_micro(c.commit.train_loss_micro), "contributors": c.commit.num_contributors,
-               "weights_root": c.commit.weights_root.hex(), "attesters": list(c.attesters)}
+               "weights_root": c.commit.weights_root.hex(), "attesters": list(c.attesters),
+               "tokens": c.commit.tokens}
               for c in history.commits]
     sent = sum(slot.status().get("bytes_sent", 0) for slot in run.nodes)
     # Pseudo-gradient traffic alone: every archived contribution envelope, counted once, is
@@ -291,7 +338,9 @@ def summarize(run: LocalRun) -> dict:
     # Ring AllReduce of fp32 gradients every inner step: 2 (M-1)/M x model bytes per replica per step.
     m = run.replicas
     steps = len(rounds) * cfg.diloco.inner_steps
-    tokens = steps * m * cfg.training.batch_size * cfg.model.block_size
+    # What the records count: H per contribution with fixed H, what each declared in a time-bounded run.
+    tokens = sum(r["tokens"] for r in rounds) if cfg.diloco.budgeted else \
+        steps * m * cfg.training.batch_size * cfg.model.block_size
     allreduce = int(2 * (m - 1) / m * params * 4 * steps * m) if m > 1 else 0
     checkpoints = [{"round": c.round, "content_hash": c.content_hash.hex(), "uri": c.uri}
                    for c in history.checkpoints]
@@ -317,6 +366,8 @@ def summarize(run: LocalRun) -> dict:
         "rpc_url": run.url, "registry": run.registry, "ledger": run.ledger,
         "model_params": params, "rounds": rounds, "bytes_sent_all_nodes": sent,
         "pseudo_gradient_bytes": exchange, "inner_steps": cfg.diloco.inner_steps, "tokens": tokens,
+        "round_budget_s": cfg.diloco.round_budget_s,
+        "tokens_per_step": cfg.training.batch_size * cfg.model.block_size,
         "data": "a generated corpus" if not cfg.training.data_path else Path(cfg.training.data_path).name,
         "allreduce_bytes_equivalent": allreduce, "checkpoints": checkpoints, "latest_checkpoint_file": ckpt_path,
         "disputes": len(history.disputes), "workdir": str(run.workdir),
@@ -343,10 +394,11 @@ def format_summary(s: dict) -> str:
     lines = ["", (f"run {s['run_id']}: {len(s['rounds'])} rounds committed on chain ({s['model_params']:,} parameters), "
                   f"each signed by at least {s['attest_quorum']} of the run's {s['members']} staked members "
                   f"({s['stake_wei'] / 1e18:g} ETH each, unbonding {s['unbonding_blocks']} blocks)"),
-             "  round  held-out  train   contributors  attesters  weights root"]
+             "  round  held-out  train   contributors  attesters  inner steps  weights root"]
     for r in s["rounds"]:
+        steps = r.get("tokens", 0) // max(1, s.get("tokens_per_step", 1))  # of every contributor together
         lines.append(f"  {r['round']:>5}  {r['eval_loss']:8.4f}  {r['train_loss']:6.4f}  {r['contributors']:>12}  "
-                     f"{len(r['attesters']):>9}  {r['weights_root'][:16]}")
+                     f"{len(r['attesters']):>9}  {steps:>11}  {r['weights_root'][:16]}")
     allreduce = s["allreduce_bytes_equivalent"]
     exchange = s["pseudo_gradient_bytes"]
     reference = s.get("centralized_reference_eval_loss")

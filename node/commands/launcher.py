@@ -30,6 +30,7 @@ from ledger.records import (
     SAFE_MIN_QUORUM_BPS,
 )
 from node.commands.link import run_link
+from node.commands.throttle import CpuGroup
 from node.config import dump_toml, load_config
 from node.errors import NodeError
 from node.runconfig import canonical_json, config_hash, run_document
@@ -87,6 +88,7 @@ class NodeSlot:
     listen_port: int
     process: subprocess.Popen | None = None
     cluster: str = ""
+    replica: int = 0
     account: int = 0  # dev account index (ledger.account.dev_account)
     master_port: int = 0  # torch.distributed rendezvous of the slot's cluster
     metrics_port: int = 0
@@ -131,6 +133,9 @@ class LocalRun:
     dispute_blocks: int = DEFAULT_DISPUTE_BLOCKS
     unbonding_blocks: int | None = None
     inactivity_rounds: int = DEFAULT_INACTIVITY_ROUNDS  # unattested rounds before a member may be ejected
+    # Replica -> the CPUs its node processes may use together (a cgroup v1 cpu quota, node/commands/throttle.py):
+    # a slow contributor on this machine (issue 44). Needs root; empty: no limit.
+    cpu_limits: dict[int, float] = field(default_factory=dict)
     anvil: AnvilProcess | None = None
     url: str = ""
     run_id: int = 0
@@ -138,6 +143,7 @@ class LocalRun:
     ledger: str = ""
     chain_id: int = 0
     nodes: list[NodeSlot] = field(default_factory=list)
+    cpu_groups: dict[int, CpuGroup] = field(default_factory=dict)
 
     def setup(self) -> None:
         self.workdir = Path(self.workdir).resolve()
@@ -177,7 +183,8 @@ class LocalRun:
                 data_dir = self.workdir / name
                 identity = Identity.load_or_create(data_dir / "identity.key")
                 slot = NodeSlot(name, data_dir, data_dir / "node.toml", identity.peer_id, free_port(),
-                                cluster=f"cluster-{replica}", account=index, master_port=master_port)
+                                cluster=f"cluster-{replica}", replica=replica, account=index,
+                                master_port=master_port)
                 self.nodes.append(slot)
         self._fund_generated_accounts(w3, deployer)
         for slot in self.nodes:
@@ -235,6 +242,11 @@ class LocalRun:
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                 preexec_fn=terminate_with_parent(),  # a launcher killed outright takes its nodes with it
             )
+        if slot.replica in self.cpu_limits:
+            if slot.replica not in self.cpu_groups:
+                self.cpu_groups[slot.replica] = CpuGroup(f"dlx-{os.getpid()}-run{self.run_id}-r{slot.replica}",
+                                                         self.cpu_limits[slot.replica])
+            self.cpu_groups[slot.replica].add(slot.process.pid)
 
     def start(self) -> None:
         for slot in self.nodes:
@@ -268,6 +280,9 @@ class LocalRun:
     def stop(self) -> None:
         """Stop every node (SIGTERM, then SIGKILL after 20 s), then the chain."""
         self.stop_nodes()
+        for group in self.cpu_groups.values():
+            group.remove()
+        self.cpu_groups.clear()
         if self.anvil is not None:
             self.anvil.stop()
             self.anvil = None

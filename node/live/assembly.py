@@ -230,7 +230,7 @@ class NodeParts:
             membership=membership, contributions=exchange.pool, contributed=self.rounds.contributed,
             gossip=messenger.gossip, resync=messenger.resync,
             previous_life_finished=self.state.get("last_finished", -1), transfer_timeout=cfg.p2p.transfer_timeout,
-            stop=self.stop, station=self.station)
+            stop=self.stop, station=self.station, steps_range=cfg.diloco.steps_range)
         exchange.close_standing = coordinator.close_standing  # what a wrong-partial proof is judged against
         self.lifecycle = lifecycle = Lifecycle(run_id=self.run_id, peer_id=self.peer_id, state=self.state,
                                                membership=membership, stop=self.stop)
@@ -355,7 +355,8 @@ class NodeParts:
         self.recovery = RestartRecovery(
             archive=self.archive, contributions=pool, host=self.host, book=self.book, peer_id=self.peer_id,
             replica=worker.replica, stages=worker.stages, max_bytes=cfg.p2p.max_blob_bytes,
-            gossip=self.messenger.gossip, previous_life_finished=self.coordinator.previous_life_finished)
+            gossip=self.messenger.gossip, previous_life_finished=self.coordinator.previous_life_finished,
+            steps_range=cfg.diloco.steps_range)
         self.contributor = contributor = self.kinds.contributor(
             cfg=cfg, worker=worker, rounds=self.rounds, lane=self.lane, clock=self.clock, progress=self.progress,
             reporter=self.reporter, spot_checks=self.spot_checks, exchange=self.exchange, archive=self.archive,

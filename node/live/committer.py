@@ -47,6 +47,7 @@ from ledger.records import RoundRecord, to_micro
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
 from node.live.checkpointbuild import CheckpointBuilder
+from node.live.closesteps import record_tokens
 from node.live.coordination import RoundCoordinator
 from node.live.forkrepair import ForkRepair
 from node.live.membership import Membership
@@ -266,7 +267,8 @@ class Committer:
         reporters = self._loss_reporters(outer_round, last, last_replicas, stage_hashes[last])
         train = [a.train_loss for _peer, a in reporters if not math.isnan(a.train_loss)]
         evals = [a.eval_loss for _peer, a in reporters if not math.isnan(a.eval_loss)]
-        tokens_per_replica = node.cfg.diloco.inner_steps * node.cfg.training.batch_size * node.cfg.model.block_size
+        tokens = record_tokens(dict(closes)[last], node.cfg.diloco.inner_steps,
+                               node.cfg.training.batch_size * node.cfg.model.block_size, node.cfg.diloco.budgeted)
         commit = RoundRecord(
             run_id=node.run_id,
             round=outer_round,
@@ -275,7 +277,7 @@ class Committer:
             contributions_root=merkle_root(leaves),
             train_loss_micro=to_micro(sum(train) / len(train)) if train else 0,
             eval_loss_micro=to_micro(sum(evals) / len(evals)) if evals else 0,
-            tokens=tokens_per_replica * len(last_replicas),
+            tokens=tokens,
             num_contributors=len(contributors),
         )
         return commit, atts, stage_hashes

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from ledger.merkle import merkle_root
 from node import protocol as msg
 from node.errors import NodeError
+from node.live.closesteps import close_steps, steps_problem
 from node.live.exchange import ContributionPool
 from node.live.membership import Membership
 from node.live.roundbook import Announced, RoundBook
@@ -85,7 +86,7 @@ class RoundCoordinator:
                  contributed: Callable[[int], bool], gossip: Callable[..., bytes], resync: Callable[[], None],
                  previous_life_finished: int, transfer_timeout: float = 60.0,
                  stop: threading.Event | None = None, clock: Callable[[], float] = time.monotonic,
-                 station=None) -> None:
+                 station=None, steps_range: tuple[int, int] | None = None) -> None:
         self.peer_id = peer_id
         self.quorum = quorum
         self.round_timeout = round_timeout
@@ -99,6 +100,9 @@ class RoundCoordinator:
         self.transfer_timeout = transfer_timeout
         self.stop = stop
         self.station = station  # node.live.station.Station: where this node entered (None: round 0)
+        # A time-bounded run's range of declared steps (DilocoConfig.steps_range): its closes name each
+        # contribution's count (node.live.closesteps); None with fixed H.
+        self.steps_range = steps_range
         self._clock = clock  # judge's stall clock (a test drives it)
         self._accepted: dict[tuple[int, int], msg.Close] = {}
         #: Peers named in a close this node took in this life: members it has seen contribute (:meth:`expects`).
@@ -249,6 +253,13 @@ class RoundCoordinator:
             return "entries not in canonical (replica, peer, hash) order", 0
         if not (len(replicas) == len({e[1] for e in entries}) == len({e[2] for e in entries}) == len(entries)):
             return "duplicate replica, peer or contribution", 0
+        # What this node holds of the named envelopes checks the named step counts; a lazy pool (the sliced
+        # exchange) holds only some, so there only the form is judged: a refusal on what some holders fetched
+        # would split them (the audit checks the counts against every envelope).
+        held = {} if self.contributions.lazy else self.contributions.have(outer_round, stage)
+        wrong_steps = steps_problem(close, held, self.steps_range)
+        if wrong_steps is not None:
+            return wrong_steps, 0
         if self.contributions.lazy:
             return self._lazy_problem(outer_round, stage, entries)
         rejected = self.contributions.rejected(outer_round, stage)
@@ -466,7 +477,7 @@ class RoundCoordinator:
             return None  # never an empty close: a round without contributions waits for them
         entries = sorted([[a.replica, a.peer_id, a.envelope_hash, a.size] for a in ready.values()],
                          key=lambda e: (e[0], e[1], e[2]))
-        close = msg.Close(entries)
+        close = msg.Close(entries, close_steps(entries, have, self.steps_range))
         late = {placements[p].replica for p in expected - set(ready)}
         logger.info("round %d stage %d closed with replicas %s%s", outer_round, stage, sorted(replicas),
                     f" (missing {sorted(late)})" if late else "")

@@ -375,7 +375,7 @@ class ReplicaWorker:
         """Aggregator's work on one slice: :func:`training.butterfly.aggregate_slice` (pure, replayable)."""
         return aggregate_slice(blobs, self.plans[stage], slice_index, self.cfg.compression,
                                self.engines[stage].compressor.bandwidth_budget, norm_clip=self.cfg.diloco.norm_clip,
-                               stage_index=stage, outer_round=outer_round)
+                               stage_index=stage, outer_round=outer_round, steps_range=self.cfg.diloco.steps_range)
 
     def apply_partials(self, stage: int, outer_round: int, partials: list[bytes]) -> RoundResult:
         """The outer step of ``outer_round`` on the average assembled from the A partial blobs."""

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from node import protocol as msg
 from node.errors import StateError
+from node.live.closesteps import close_steps
 from node.live.exchange import ContributionPool
 from node.live.roundbook import Announced, RoundBook
 from node.store.archive import Archive
@@ -52,7 +53,8 @@ class RestartRecovery:
 
     def __init__(self, archive: Archive, contributions: ContributionPool, host: P2PHost, book: RoundBook,
                  peer_id: str, replica: int, stages: tuple[int, ...], max_bytes: int,
-                 gossip: Callable[..., bytes], previous_life_finished: int) -> None:
+                 gossip: Callable[..., bytes], previous_life_finished: int,
+                 steps_range: tuple[int, int] | None = None) -> None:
         self.archive = archive
         self.contributions = contributions
         self.host = host
@@ -63,6 +65,7 @@ class RestartRecovery:
         self.max_bytes = max_bytes
         self.gossip = gossip
         self.previous_life_finished = previous_life_finished
+        self.steps_range = steps_range  # a time-bounded run's: its closes name the declared steps (closesteps)
 
     def reannounce(self, rounds: list[int]) -> set[int]:
         """Serve and announce again this node's archived contributions of the catch-up ``rounds``."""
@@ -94,6 +97,7 @@ class RestartRecovery:
         if not sealed:
             return None
         closes: dict[int, list] = {stage: [] for stage in self.stages}
+        held: dict[bytes, bytes] = {}
         try:
             for item in sealed:
                 if item.stage not in closes:
@@ -102,11 +106,13 @@ class RestartRecovery:
                 self.contributions.add(outer_round, item.stage, item.envelope_hash, envelope)
                 self.host.provide_blob(envelope, announce=False)  # its sender announced it
                 closes[item.stage].append([item.replica, item.peer_id, item.envelope_hash, len(envelope)])
+                held[item.envelope_hash] = envelope
         except StateError as exc:
             logger.warning("round %d: archive incomplete (%s); waiting for the peers' close", outer_round, exc)
             return None
         if not all(closes.values()):
             return None
         logger.info("round %d: re-applying the contributions sealed in the archive before the restart", outer_round)
-        return {stage: msg.Close(sorted(entries, key=lambda e: (e[0], e[1], e[2])))
-                for stage, entries in closes.items()}
+        ordered = {stage: sorted(entries, key=lambda e: (e[0], e[1], e[2])) for stage, entries in closes.items()}
+        return {stage: msg.Close(entries, close_steps(entries, held, self.steps_range))
+                for stage, entries in ordered.items()}

@@ -39,7 +39,7 @@ from p2p.backoff import RetryBook
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected
 from training.butterfly import SliceError, candidate
-from training.codec_wire import decode_contribution
+from training.codec_wire import decode_contribution, header_steps
 from training.errors import ContributionDecodeError
 from training.slicebundle import SliceReference, parse_slice_reference, slice_bundle
 from training.slicemessages import parse_partial, partial_payload
@@ -123,7 +123,8 @@ class SlicedExchange(SliceReads, SlicedChecks, Exchange):
         slice of the bundle. Archived too: an auditor replays any partial from
         the contributors' archives.
         """
-        bundle, reference = slice_bundle(blobs)
+        # A time-bounded run's slices each declare the replica's inner steps; its reference declares them too.
+        bundle, reference = slice_bundle(blobs, header_steps(blobs[0]))
         self.archive.put_blob(outer_round, bundle, "slice")
         self.host.provide_blob(bundle, announce=False)
         return reference

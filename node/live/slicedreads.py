@@ -16,7 +16,7 @@ from node.fsutil import atomic_write_bytes
 from node.live.exchange import FALLBACK_PROVIDERS
 from p2p.errors import P2PError
 from training.butterfly import SliceError
-from training.slicebundle import SliceReference, bundle_slices, parse_slice_record, record_range
+from training.slicebundle import SliceReference, bundle_slices, parse_slice_record, record_range, slice_declares
 
 logger = logging.getLogger("node.live.sliced")  # one logger for the exchange's lines
 
@@ -79,6 +79,8 @@ class SliceReads:
             blob = self.host.fetch_blob_range(bundle, start, size, provider, timeout=self.turn_timeout)
             if hashlib.sha256(blob).digest() != digest:
                 raise SliceError("slice bytes do not match their record")
+            if not slice_declares(blob, reference):
+                raise SliceError("slice declares other inner steps than its reference")
             return blob
         except SliceError as exc:
             logger.warning("slice %d of bundle %s from %s does not check (%s): reading the whole bundle", j,

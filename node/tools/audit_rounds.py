@@ -83,7 +83,7 @@ def _shape_problems(entries: list, commit: Any, num_stages: int, document: dict 
     peers = {p for _s, _r, p, _h in entries}
     if len(peers) != commit.num_contributors:
         problems.append(f"{len(peers)} distinct contributors, commit says {commit.num_contributors}")
-    if document is not None:
+    if document is not None and not _steps_range(document):  # a time-bounded run's: _token_check
         last_replicas = {r for s, r, _p, _h in entries if s == num_stages - 1}
         per_replica = (
             document["diloco"]["inner_steps"] * document["training"]["batch_size"] * document["model"]["block_size"]
@@ -173,6 +173,30 @@ def check_contributions(
             payloads[contributor.stage].append(b"")
         else:
             verdict.checks.append(Check(label, FAIL, reason))
+    steps_range = _steps_range(document)
+    if steps_range is not None and not missing:
+        verdict.checks.append(_token_check(commit, payloads[num_stages - 1], steps_range, document))
     if any(c.status == FAIL for c in verdict.checks) or missing:
         return None
     return payloads
+
+
+def _steps_range(document: dict | None) -> tuple[int, int] | None:
+    """``(min_inner_steps, inner_steps)`` of a run document whose rounds are bounded by time, else None."""
+    diloco = (document or {}).get("diloco", {})
+    if not diloco.get("round_budget_s"):
+        return None
+    return diloco.get("min_inner_steps") or 1, diloco["inner_steps"]
+
+
+def _token_check(commit: Any, last_payloads: list[bytes], steps_range: tuple[int, int], document: dict) -> Check:
+    """A time-bounded run's record counts the inner steps its last stage's contributions declared (in range;
+    an absent input or a bad count 0: node.live.closesteps), in tokens: recomputed from the envelopes."""
+    from training.slicebundle import counted_steps
+
+    steps = [counted_steps(blob, steps_range) for blob in last_payloads]
+    expected = sum(steps) * document["training"]["batch_size"] * document["model"]["block_size"]
+    if commit.tokens != expected:
+        return Check("tokens", FAIL, f"the record says {commit.tokens} tokens, the last stage's contributions "
+                                     f"declare {expected} ({sum(steps)} inner steps: {steps})")
+    return Check("tokens", OK, f"{sum(steps)} declared inner steps ({steps})")

@@ -156,7 +156,7 @@ def _applied_partial(cfg: Any, plan: Any, j: int, offers: dict[bytes, str], bund
     if all(bundle is not None for bundle in bundles):  # a bad slice of an archived bundle: absent
         inputs = [bundle[j] for bundle in bundles]
         expected = replay_partial(inputs, plan, j, cfg.compression, budget, norm_clip=cfg.diloco.norm_clip,
-                                  stage_index=stage, outer_round=round_index)
+                                  stage_index=stage, outer_round=round_index, steps_range=cfg.diloco.steps_range)
         for blob, signer in offers.items():
             label = f"partial s{stage} j{j} by {signer[-8:]} (replay)"
             checks.append(Check(label, OK, f"bit for bit from {members} slice blobs") if blob == expected else

@@ -16,7 +16,6 @@ exact range (|n| > 2^53 - 1) ``{"int": "<decimal>"}``, and plain JSON strings an
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -157,17 +156,27 @@ def payload_messages() -> list[tuple[str, str, Any]]:
             distances=[0.0, math.inf])),
         ("partial_announce", msg.PARTIAL_ANNOUNCE, msg.PartialAnnounce(
             slice_index=1, envelope_hash=_h(14), size=8_364)),
+        # A run whose rounds are bounded by time (issue 44): the close names each contribution's declared steps
+        # (0: none in the run's range). A fixed-H close leaves the key out ("close" above).
+        ("close_time_bounded", msg.CLOSE, msg.Close(contributions=[
+            [0, identity.peer_id, _h(2), 1000],
+            [1, "12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN", _h(3), 70_000],
+        ], steps=[12, 0])),
     ]
 
 
 def payload_vectors() -> list[dict[str, Any]]:
+    import msgpack
+
     out = []
     for name, kind, message in payload_messages():
         encoded = msg.encode_payload(message)
         out.append({
             "name": name,
             "kind": kind,
-            "fields": tag({f: getattr(message, f) for f in message.__dataclass_fields__}),
+            # The keys on the wire: an optional key left out when empty (docs/PROTOCOL.md).
+            "fields": tag({f: getattr(message, f) for f in message.__dataclass_fields__
+                           if f in msgpack.unpackb(encoded, raw=False)}),
             "payload_hex": encoded.hex(),
         })
     return out
@@ -387,7 +396,7 @@ def rejected_payload_vectors() -> list[dict[str, Any]]:
     import msgpack
 
     def encoded(message: Any, **changes: Any) -> dict[str, Any]:
-        fields = dict(dataclasses.asdict(message), **changes)
+        fields = dict(msgpack.unpackb(msg.encode_payload(message), raw=False), **changes)  # the wire's keys
         return {k: v for k, v in fields.items() if v is not _DROP}
 
     signer = Account.from_key(EIP712_KEY)
@@ -422,6 +431,14 @@ def rejected_payload_vectors() -> list[dict[str, Any]]:
          encoded(messages["attestation_last_stage"], num_contributions=-1), "num_contributions < 0"),
         ("hello_nested_list", msg.HELLO, encoded(messages["hello"], addrs=[[]]),
          "a list inside addrs: 3 maps and arrays where a hello holds 2 (refused while decoding)"),
+        ("close_steps_empty", msg.CLOSE, encoded(messages["close"], steps=[]),
+         "an optional key sent empty: a fixed-H close leaves steps out"),
+        ("close_steps_one_short", msg.CLOSE, encoded(messages["close_time_bounded"], steps=[12]),
+         "one declared step count for two contributions"),
+        ("close_steps_negative", msg.CLOSE, encoded(messages["close_time_bounded"], steps=[12, -1]),
+         "a declared step count < 0"),
+        ("close_steps_as_bool", msg.CLOSE, encoded(messages["close_time_bounded"], steps=[12, True]),
+         "a bool is not a step count"),
     ]
     return [{"name": name, "kind": kind, "payload_hex": msgpack.packb(fields, use_bin_type=True).hex(), "why": why}
             for name, kind, fields, why in cases]
