@@ -13,8 +13,12 @@ const path = require("path");
 const solc = require("solc");
 
 const ROOT = __dirname;
-const SOURCES = ["src/NodeRegistry.sol", "src/TrainingLedger.sol"];
-const CONTRACTS = { "src/NodeRegistry.sol": "NodeRegistry", "src/TrainingLedger.sol": "TrainingLedger" };
+const SOURCES = ["src/NodeRegistry.sol", "src/TrainingLedger.sol", "src/AggregationProver.sol", "src/Float32.sol"];
+const CONTRACTS = {
+  "src/NodeRegistry.sol": "NodeRegistry",
+  "src/TrainingLedger.sol": "TrainingLedger",
+  "src/AggregationProver.sol": "AggregationProver",
+};
 const EXPECTED_COMPILER = "0.8.37";
 
 function standardInput() {
