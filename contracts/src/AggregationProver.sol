@@ -291,7 +291,7 @@ contract AggregationProver {
         for (uint256 j = 1; j < accepted; ++j) {
             delta = delta.add(_scaled(_decode(proof.pieces[j].leaf, place, k), factors.scales[j]));
         }
-        delta = delta.div(Float32.toFloat32(Float32.fromInt(int256(accepted))));
+        delta = delta.div(Float32.fromInt32(int256(accepted)));
         momentum = momentum.mul(factors.mu).add(delta);
         uint32 step = factors.nesterov ? delta.add(momentum.mul(factors.mu)).mul(factors.lr) : momentum.mul(factors.lr);
         weight = weight.sub(step);
@@ -328,7 +328,7 @@ contract AggregationProver {
         if (codec == 1) {
             int256 q = _i16(piece, _PIECE_HEADER + 2 * k);
             uint32 scale = _u32(piece, _PIECE_HEADER + 2 * place.count + 4 * k);
-            return Float32.toFloat32(Float32.fromInt(q)).mul(scale); // float32(q) is exact: |q| < 2^15
+            return Float32.fromInt32(q).mul(scale); // float32(q) is exact: |q| < 2^15
         }
         return _lowrank(piece, place, k);
     }
