@@ -343,10 +343,18 @@ contract AggregationProver {
         return Float32.toFloat32(Float32.mul64(Float32.fromInt(sum), Float32.toFloat64(_u32(piece, _PIECE_HEADER + 1))));
     }
 
+    /// @dev ``sum_r P[i,r] w[r] Q[j,r]`` over a checked piece: |P|, |Q| <= 2^15, w < 2^16 and r <= 64 bound every
+    /// partial sum by 2^52, so the int256 arithmetic never wraps.
     function _lowrankSum(bytes calldata piece, uint256 rank, uint256 pAt, uint256 qAt) private pure returns (int256 sum) {
-        for (uint256 r = 0; r < rank; ++r) {
-            int256 w = int256(uint256(uint16(bytes2(piece[_WEIGHTS_AT + 2 * r:_WEIGHTS_AT + 2 * r + 2]))));
-            sum += _i16(piece, pAt + 2 * r) * w * _i16(piece, qAt + 2 * r);
+        assembly ("memory-safe") {
+            let base := piece.offset
+            for { let r := 0 } lt(r, rank) { r := add(r, 1) } {
+                let at := mul(2, r)
+                let w := shr(240, calldataload(add(base, add(_WEIGHTS_AT, at))))
+                let p := signextend(1, shr(240, calldataload(add(base, add(pAt, at)))))
+                let q := signextend(1, shr(240, calldataload(add(base, add(qAt, at)))))
+                sum := add(sum, mul(mul(p, w), q))
+            }
         }
     }
 
