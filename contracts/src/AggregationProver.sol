@@ -96,6 +96,7 @@ contract AggregationProver {
     uint256 private constant _WEIGHTS_AT = 10; // a lowrank piece's w, after its header, rank and S
     uint256 private constant _MAX_RANK = 64; // training/codec_wire.py MAX_RANK
 
+    /// @notice The TrainingLedger that deployed this prover and takes its proofs.
     TrainingLedger public immutable ledger;
 
     constructor(TrainingLedger ledger_) {

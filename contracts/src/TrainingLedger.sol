@@ -225,7 +225,7 @@ contract TrainingLedger {
     /// run commits nothing more.
     event RunHalted(uint256 indexed runId, uint64 round);
     /// @notice A fraud proof overturned round `round` of run `runId`; `prover` was paid `reward` wei of the slash.
-    event ProverPaid(uint256 indexed runId, uint64 indexed round, address indexed prover, uint256 reward);
+    event ProverRewarded(uint256 indexed runId, uint64 indexed round, address indexed prover, uint256 reward);
     /// @notice `account` took back its `stake` wei from run `runId`.
     event StakeWithdrawn(uint256 indexed runId, address indexed account, uint256 stake);
     /// @notice `account` lost its `stake` wei and its seat in run `runId` (see EquivocationReported or
@@ -641,7 +641,7 @@ contract TrainingLedger {
         _overturn(runId, round, attesters);
         reward = (_slashedTotal - before) / 2;
         _slashedTotal -= reward;
-        emit ProverPaid(runId, round, recipient, reward);
+        emit ProverRewarded(runId, round, recipient, reward);
         // Last: every effect is done. A prover that refuses the payment leaves it burned.
         (bool ok,) = payable(recipient).call{value: reward}("");
         if (!ok) _slashedTotal += reward;
