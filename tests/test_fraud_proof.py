@@ -14,6 +14,8 @@ import pytest
 from ledger import errors
 from ledger.chain import connect_pyevm
 from ledger.chunkproof import Factors, first_difference, tree_root
+from node.errors import RoundDisputed
+from node.tools.pull import round_standing
 from tests.fraud_fixtures import Round, aggregated_round, changed, commit, contribution
 from tests.ledger_fixtures import deploy, digest
 from training.chunks import CHUNK_ELEMENTS, stage_layout
@@ -71,6 +73,12 @@ def test_a_proof_of_a_one_element_change_overturns_the_round_slashes_and_pays(ag
     assert prover.balance() - before + fee == len(committed.attesters) * STAKE // 2  # half of what was slashed
     with pytest.raises(errors.LedgerRunHalted):  # the round is invalid already: no second reward
         prover.prove_wrong_aggregation(proof)
+    # pull refuses the proven round (and what descends from it), not the round before it
+    history = reader.history(committed.run_id)
+    assert history.dispute_outcomes == {1: "proven wrong"}
+    standing = round_standing(history, reader.chain_id, reader.ledger_address)
+    assert standing[0] is None
+    assert isinstance(standing[1], RoundDisputed) and "fraud proof" in str(standing[1])
 
 
 def test_a_changed_momentum_element_is_provable_too(aggregated):

@@ -58,6 +58,10 @@ class NoCheckpoint(NodeError):
 
 
 # ---------------------------------------------------------------------- the round on chain
+#: How a round became invalid, by its outcome in ``RunHistory.dispute_outcomes``.
+_HOW = {"overturned": "overturned by a verdict of the round's members",
+        "proven wrong": "proven wrong on chain by a fraud proof (AggregationProver)"}
+
 def round_standing(history: Any, chain_id: int, ledger_address: str,
                    cleared: dict[int, str] | None = None, final_only: bool = False) -> dict[int, RoundNotTrusted | None]:
     """For every committed round of ``history``: None if the chain gives no reason to distrust it, else the
@@ -90,7 +94,7 @@ def round_standing(history: Any, chain_id: int, ledger_address: str,
             cleared.setdefault(round_index, f"settled: {outcome}")
         elif outcome is None and now and now >= deadline:
             cleared.setdefault(round_index, f"settled: no verdict by block {deadline}, the record stands")
-    overturned = min((r for r, o in outcomes.items() if o == "overturned"), default=None)
+    overturned = min((r for r, o in outcomes.items() if o in ("overturned", "proven wrong")), default=None)
     standing: dict[int, RoundNotTrusted | None] = {}
     for record, link, attesters in zip(history.commits, links, attested):
         round_index = record.commit.round
@@ -109,8 +113,8 @@ def round_standing(history: Any, chain_id: int, ledger_address: str,
             )
         elif overturned is not None and round_index >= overturned:
             problem = RoundDisputed(
-                f"{where} is invalid: a verdict of the round's members overturned round {overturned} and halted "
-                "the run; pull an earlier round"
+                f"{where} is invalid: round {overturned} was {_HOW[outcomes[overturned]]} and the run halted; "
+                "pull an earlier round"
             )
         elif round_index in disputes and round_index not in cleared:
             who = ", ".join(f"{d.disputer} (block {d.block_number})" for d in disputes[round_index])
