@@ -104,37 +104,44 @@ def payload_leaves(blob: bytes, shapes: Mapping[str, tuple[int, ...]], **decode_
     """
     decode_declared(blob, shapes, **decode_args)
     entries = {entry["n"]: entry for entry in msgpack.unpackb(bytes(blob), raw=False)["t"]}
-    leaves = []
-    for place in stage_layout(shapes):
-        leaves.append(_piece(entries[place.name], tuple(shapes[place.name]), place))
-    return leaves
+    fields = {name: _fields(entries[name], tuple(shape), name) for name, shape in shapes.items()}
+    return [_piece(fields[place.name], place) for place in stage_layout(shapes)]
 
 
 def _f32_bits(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype="<u4").astype(">u4")
 
 
-def _piece(entry: dict, shape: tuple[int, ...], place: ChunkPlace) -> bytes:
-    codec = entry["c"]
-    head = struct.pack(">BI", CODEC_TAGS[codec], place.count)
+def _fields(entry: dict, shape: tuple[int, ...], name: str) -> dict:
+    """A tensor's codec fields, unpacked once: the codec, its integers and float bit patterns (big-endian)."""
     m, n = matrix_view_shape(shape)
+    codec = entry["c"]
+    fields = {"codec": codec, "cols": n}
+    if codec == "raw":
+        fields["values"] = _f32_bits(entry["d"])
+    elif codec == "quant":
+        fields["q"] = unpack_ints(entry["q"], entry["b"], m * n, name).numpy().astype(">i2")
+        fields["scales"] = _f32_bits(entry["x"])
+    else:
+        rank = entry["r"]
+        fields["head"] = (struct.pack(">B", rank) + _f32_bits(entry["x"]).tobytes()
+                          + np.frombuffer(entry["w"], dtype="<u2").astype(">u2").tobytes())
+        fields["p"] = unpack_ints(entry["p"], entry["b"], m * rank, name).numpy().reshape(m, rank).astype(">i2")
+        fields["q"] = unpack_ints(entry["q"], entry["b"], n * rank, name).numpy().reshape(n, rank).astype(">i2")
+    return fields
+
+
+def _piece(fields: dict, place: ChunkPlace) -> bytes:
+    codec, n = fields["codec"], fields["cols"]
+    head = struct.pack(">BI", CODEC_TAGS[codec], place.count)
     start, stop = place.offset, place.offset + place.count
     if codec == "raw":
-        return head + _f32_bits(entry["d"])[start:stop].tobytes()
-    bits = entry["b"]
+        return head + fields["values"][start:stop].tobytes()
     if codec == "quant":
-        q = unpack_ints(entry["q"], bits, m * n, place.name).numpy()[start:stop]
-        scales = _f32_bits(entry["x"])[np.arange(start, stop) % n]
-        return head + q.astype(">i2").tobytes() + scales.tobytes()
-    rank = entry["r"]
-    p_int = unpack_ints(entry["p"], bits, m * rank, place.name).numpy().reshape(m, rank)
-    q_int = unpack_ints(entry["q"], bits, n * rank, place.name).numpy().reshape(n, rank)
-    first, last = start // n, (stop - 1) // n
-    rows = p_int[first:last + 1]
-    cols = q_int[np.arange(start, stop) % n]
-    return (head + struct.pack(">B", rank) + _f32_bits(entry["x"]).tobytes()
-            + np.frombuffer(entry["w"], dtype="<u2").astype(">u2").tobytes()
-            + struct.pack(">I", rows.shape[0]) + rows.astype(">i2").tobytes() + cols.astype(">i2").tobytes())
+        return head + fields["q"][start:stop].tobytes() + fields["scales"][np.arange(start, stop) % n].tobytes()
+    rows = fields["p"][start // n:(stop - 1) // n + 1]
+    cols = fields["q"][np.arange(start, stop) % n]
+    return head + fields["head"] + struct.pack(">I", rows.shape[0]) + rows.tobytes() + cols.tobytes()
 
 
 def float32_bits(value: float) -> int:
