@@ -210,3 +210,26 @@ def first_difference(mine: StageState, committed: StageState) -> int | None:
     if len(mine.weight_leaves) != len(committed.weight_leaves):
         return min(len(mine.weight_leaves), len(committed.weight_leaves))
     return None
+
+
+#: ``which`` of a data-availability challenge: the new weights, the new momentum, or ``PAYLOAD + j``.
+WEIGHTS, MOMENTUM, PAYLOAD = 0, 1, 2
+
+
+def availability_target(record, stage_leaves: list[StageLeaf], factors: Factors, stage: int, which: int,
+                        chunk: int) -> tuple:
+    """The ``Target`` argument of ``AggregationProver.challengeAvailability``: leaf ``chunk`` of tree ``which``
+    (:data:`WEIGHTS`, :data:`MOMENTUM`, ``PAYLOAD + j``) of ``stage`` in the committed ``record``."""
+    leaves = [leaf.encode() for leaf in stage_leaves]
+    return (record.fields(), stage, leaves[stage], tree_path(leaves, stage), factors.encode(), which, chunk)
+
+
+def availability_answer(state: StageState, which: int, chunk: int) -> tuple[bytes, list[bytes]]:
+    """``(leaf, path)`` that answers a challenge of leaf ``chunk`` of tree ``which`` of ``state``."""
+    if which == WEIGHTS:
+        leaves = state.weight_leaves
+    elif which == MOMENTUM:
+        leaves = state.momentum_leaves
+    else:
+        leaves = state.payload_leaves[which - PAYLOAD]
+    return leaves[chunk], tree_path(leaves, chunk)

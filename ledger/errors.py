@@ -384,6 +384,34 @@ class ProverRoundCorrect(ProverError):
     """The proof's chunk is the outer step of its committed inputs: nothing to prove."""
 
 
+class ProverBadTarget(ProverError):
+    """A data-availability challenge names a contribution the round did not accept."""
+
+
+class ProverBondMismatch(ProverError):
+    """A challenge was sent with another amount than the run's bond."""
+
+
+class ProverChallengeExists(ProverError):
+    """That leaf of that round is already challenged."""
+
+
+class ProverNoChallenge(ProverError):
+    """No challenge has that id."""
+
+
+class ProverChallengeSettled(ProverError):
+    """The challenge was answered or expired already."""
+
+
+class ProverChallengeDue(ProverError):
+    """The challenge's deadline passed: it can only be expired now."""
+
+
+class ProverChallengeNotDue(ProverError):
+    """The challenge's deadline has not come: it can still be answered."""
+
+
 class LedgerWeakParams(LedgerInputError):
     """Run parameters below the security model's floor (k < 2 or quorum fraction < 1/2) without an explicit
     ``allow_weak_quorum``."""
@@ -462,5 +490,12 @@ REVERT_CLASSES: dict[str, type[ContractRevert]] = {
         ProverBadPath,
         ProverBadLeaf,
         ProverRoundCorrect,
+        ProverBadTarget,
+        ProverBondMismatch,
+        ProverChallengeExists,
+        ProverNoChallenge,
+        ProverChallengeSettled,
+        ProverChallengeDue,
+        ProverChallengeNotDue,
     )
 }

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from eth_utils import to_checksum_address
+from eth_abi import encode
+from eth_utils import keccak, to_checksum_address
 
 import contracts
 from ledger.chunkproof import AggregationProof
@@ -57,6 +58,47 @@ class ProofCalls:
         what = f"proveWrongAggregation(run {proof.record[0]}, round {proof.record[1]}, stage {proof.stage}, " \
                f"chunk {proof.chunk})"
         return self._sender.transact(self._prover, "proveWrongAggregation", self._proof_args(proof, attesters), what)
+
+    def challenge_availability(self, target: tuple, *, bond: int | None = None) -> bytes:
+        """Challenge the committers to publish one committed leaf (``ledger.chunkproof.availability_target``),
+        paying the run's bond; return the challenge's id.
+
+        Raises:
+            ProverNotCommitted, ProverBadStage, ProverBadStagePath, ProverBadChunk, ProverBadFactors,
+            ProverBadTarget, ProverBondMismatch, ProverChallengeExists.
+        """
+        record, stage, _leaf, _path, _factors, which, chunk = target
+        if bond is None:
+            bond = self._run_struct(record[0])["bond"]
+        self._sender.transact(self._prover, "challengeAvailability", (target,),
+                              f"challengeAvailability(run {record[0]}, round {record[1]}, stage {stage})", bond)
+        return keccak(encode(["uint256", "uint64", "uint32", "uint256", "uint64"],
+                             [record[0], record[1], stage, which, chunk]))
+
+    def answer_challenge(self, challenge_id: bytes, leaf: bytes, path: list[bytes]) -> dict:
+        """Publish the challenged leaf with its path (``ledger.chunkproof.availability_answer``).
+
+        Raises: ProverNoChallenge, ProverChallengeSettled, ProverChallengeDue, ProverBadPath.
+        """
+        return self._sender.transact(self._prover, "answerChallenge", (challenge_id, leaf, path), "answerChallenge")
+
+    def expire_challenge(self, challenge_id: bytes, attesters=None) -> dict:
+        """Settle an unanswered challenge past its deadline: its round is overturned (``attesters``: the round's,
+        None reads them from RoundCommitted), the challenger paid half of the slash and its bond returned.
+
+        Raises: ProverNoChallenge, ProverChallengeSettled, ProverChallengeNotDue, LedgerNotAttesters.
+        """
+        if attesters is None:
+            state = self.challenge_of(challenge_id)
+            commit = self.commit_record(state["runId"], state["round"])
+            attesters = commit.attesters if commit is not None else ()
+        return self._sender.transact(self._prover, "expireChallenge",
+                                     (challenge_id, [to_checksum_address(a) for a in attesters]), "expireChallenge")
+
+    def challenge_of(self, challenge_id: bytes) -> dict:
+        """A challenge's state by field name (a zero challenger: none)."""
+        names = ("challenger", "deadline", "numChunks", "settled", "round", "chunk", "root", "runId", "bond")
+        return dict(zip(names, self._sender.call(self._prover, "challengeOf", (challenge_id,)), strict=True))
 
     def invalid_from(self, run_id: int) -> int | None:
         """The first invalid round of ``run_id`` (overturned by a verdict or a fraud proof), or None."""

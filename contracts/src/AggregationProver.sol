@@ -43,6 +43,30 @@ contract AggregationProver {
         address[] attesters; // round t's attesters as RoundCommitted gave them
     }
 
+    /// @notice What a data-availability challenge names: one committed leaf of one stage of a committed round.
+    struct Target {
+        TrainingLedger.Record record;
+        uint32 stage;
+        bytes stageLeaf; // under record.weightsRoot
+        bytes32[] stagePath;
+        bytes factors; // the stage leaf's factors
+        uint256 which; // 0: the new weights, 1: the new momentum, 2 + j: accepted contribution j's payload
+        uint64 chunk;
+    }
+
+    /// @notice An open or settled data-availability challenge.
+    struct Challenge {
+        address challenger;
+        uint64 deadline; // first block at which an unanswered challenge can be expired
+        uint32 numChunks;
+        bool settled; // answered, or expired
+        uint64 round;
+        uint64 chunk; // the leaf's index in the tree
+        bytes32 root; // the tree the leaf must be opened in
+        uint256 runId;
+        uint256 bond;
+    }
+
     /// @dev The decoded stage leaf.
     struct StageLeaf {
         uint32 stage;
@@ -74,6 +98,23 @@ contract AggregationProver {
         uint256 indexed runId, uint64 indexed round, uint32 stage, uint64 chunk, address indexed prover, uint256 reward
     );
 
+    /// @notice `challenger` asks the committers of round `round` to publish a leaf (challenge `id`) by `deadline`.
+    event AvailabilityChallenged(
+        bytes32 indexed id, uint256 indexed runId, uint64 indexed round, uint32 stage, uint256 which, uint64 chunk,
+        address challenger, uint64 deadline
+    );
+    /// @notice The leaf of challenge `id` was published: it is `leaf` (its path checked against the commitment).
+    event AvailabilityAnswered(bytes32 indexed id, bytes leaf);
+    /// @notice Challenge `id` went unanswered: its round was overturned and the challenger paid `reward`.
+    event AvailabilityExpired(bytes32 indexed id, uint256 reward);
+
+    error ProverBadTarget(uint256 which);
+    error ProverBondMismatch(uint256 required, uint256 sent);
+    error ProverChallengeExists(bytes32 id);
+    error ProverNoChallenge(bytes32 id);
+    error ProverChallengeSettled(bytes32 id);
+    error ProverChallengeDue(bytes32 id, uint64 deadline);
+    error ProverChallengeNotDue(bytes32 id, uint64 deadline);
     error ProverBadRecords(uint256 runId, uint64 prevRound, uint64 round);
     error ProverNotCommitted(uint256 runId, uint64 round);
     error ProverBadStage(uint32 stage, uint32 numStages);
@@ -98,6 +139,8 @@ contract AggregationProver {
 
     /// @notice The TrainingLedger that deployed this prover and takes its proofs.
     TrainingLedger public immutable ledger;
+
+    mapping(bytes32 id => Challenge) private _challenges;
 
     constructor(TrainingLedger ledger_) {
         ledger = ledger_;
@@ -124,6 +167,85 @@ contract AggregationProver {
     function isWrong(Proof calldata proof) external view returns (bool) {
         (StageLeaf memory prev, StageLeaf memory next) = _stageLeaves(proof);
         return _differs(proof, prev, next);
+    }
+
+    // ------------------------------------------------------------------------------------------- availability
+
+    /// @notice Challenge the committers of a round to publish one committed leaf (a chunk of the new weights or
+    /// momentum, or of an accepted contribution's payload) on chain within the run's `accusationBlocks`,
+    /// depositing the run's bond. Answered (answerChallenge, by anyone): the bond is forfeited. Unanswered by
+    /// the deadline (expireChallenge): the round and every later one are invalid, its attesters slashed, the
+    /// challenger paid half of the slash and its bond returned.
+    /// @return id The challenge's id, keccak256(runId, round, stage, which, chunk).
+    function challengeAvailability(Target calldata target) external payable returns (bytes32 id) {
+        TrainingLedger.Record calldata record = target.record;
+        _requireCommitted(record);
+        TrainingLedger.Run memory run = ledger.runOf(record.runId);
+        if (target.stage >= run.numStages) revert ProverBadStage(target.stage, run.numStages);
+        if (msg.value != run.bond) revert ProverBondMismatch(run.bond, msg.value);
+        StageLeaf memory leaf = _stageLeaf(target.stageLeaf, target.stagePath, record, target.stage, run.numStages);
+        if (target.chunk >= leaf.numChunks) revert ProverBadChunk(target.chunk, leaf.numChunks);
+        bytes32 root = _targetRoot(target, leaf);
+        id = keccak256(abi.encode(record.runId, record.round, target.stage, target.which, target.chunk));
+        Challenge storage challenge = _challenges[id];
+        if (challenge.challenger != address(0)) revert ProverChallengeExists(id);
+        uint64 deadline = uint64(block.number) + run.accusationBlocks;
+        _challenges[id] = Challenge(
+            msg.sender, deadline, leaf.numChunks, false, record.round, target.chunk, root, record.runId, msg.value
+        );
+        emit AvailabilityChallenged(
+            id, record.runId, record.round, target.stage, target.which, target.chunk, msg.sender, deadline
+        );
+    }
+
+    /// @notice Publish the leaf a challenge names, with its Merkle path (anyone may). The bond is forfeited.
+    function answerChallenge(bytes32 id, bytes calldata leaf, bytes32[] calldata path) external {
+        Challenge storage challenge = _openChallenge(id);
+        if (block.number >= challenge.deadline) revert ProverChallengeDue(id, challenge.deadline);
+        if (!_verify(leaf, challenge.chunk, challenge.numChunks, path, challenge.root)) revert ProverBadPath(0);
+        challenge.settled = true;
+        emit AvailabilityAnswered(id, leaf);
+    }
+
+    /// @notice Settle a challenge left unanswered past its deadline: the round is overturned through the ledger
+    /// (invalidateByProof) and the challenger gets its bond back and half of the slash. If the round is already
+    /// invalid, only the bond is returned.
+    /// @param attesters The round's attesters as RoundCommitted gave them.
+    function expireChallenge(bytes32 id, address[] calldata attesters) external returns (uint256 reward) {
+        Challenge storage challenge = _openChallenge(id);
+        if (block.number < challenge.deadline) revert ProverChallengeNotDue(id, challenge.deadline);
+        challenge.settled = true;
+        address challenger = challenge.challenger;
+        uint256 bond = challenge.bond;
+        uint64 invalidFrom = ledger.runOf(challenge.runId).invalidFrom;
+        if (invalidFrom == 0 || invalidFrom > challenge.round + 1) {
+            reward = ledger.invalidateByProof(challenge.runId, challenge.round, attesters, challenger);
+        }
+        emit AvailabilityExpired(id, reward);
+        // Last: every effect is done. A challenger that refuses its bond leaves it burned.
+        (bool ok,) = payable(challenger).call{value: bond}("");
+        ok;
+    }
+
+    /// @notice A challenge's state (a zero challenger: none).
+    function challengeOf(bytes32 id) external view returns (Challenge memory) {
+        return _challenges[id];
+    }
+
+    function _openChallenge(bytes32 id) private view returns (Challenge storage challenge) {
+        challenge = _challenges[id];
+        if (challenge.challenger == address(0)) revert ProverNoChallenge(id);
+        if (challenge.settled) revert ProverChallengeSettled(id);
+    }
+
+    function _targetRoot(Target calldata target, StageLeaf memory leaf) private pure returns (bytes32) {
+        if (target.which == 0) return leaf.weightsRoot;
+        if (target.which == 1) return leaf.momentumRoot;
+        if (sha256(target.factors) != leaf.factorsHash) revert ProverBadFactors(target.record.round, target.stage);
+        (,,,, bytes32[] memory roots,) =
+            abi.decode(target.factors, (uint32, uint32, bool, bytes32[], bytes32[], uint64[]));
+        if (target.which - 2 >= roots.length) revert ProverBadTarget(target.which);
+        return roots[target.which - 2];
     }
 
     // ------------------------------------------------------------------------------------------- openings
