@@ -27,7 +27,7 @@ from results_network import (
     butterfly, join, nat, p2p, scale, scale_curve,
 )
 from results_sections import (
-    audit, byzantine, chaos, data_loader, diloco, diloco_ablations, diloco_llama, fuzz, gpu_calibration,
+    audit, byzantine, chaos, data_loader, diloco, diloco_ablations, diloco_llama, fraud_proof, fuzz, gpu_calibration,
     heterogeneous, ledger, longrun, pct, provenance, reexec, reexec_isa, restart, robust_sim,
     settings_not_default, split_spotchecks, table, trust_fuzz, utilization,
 )
@@ -106,6 +106,11 @@ SECTIONS = (
     Section("ledger.json", "Ledger gas and history", "bench/bench_ledger.py", ledger),
     Section("trust_fuzz.json", "The security model, fuzzed", "bench/fuzz_trust.py", trust_fuzz,
             "Honest founders, a coalition below the quorum fraction and outsiders take any valid action in any order against the real contract (docs/TRUST.md, \"The security model\"). Each step sends several transactions and reads the whole state back, so a loaded shared machine runs few steps per second."),
+    Section("fraud_proof.json", "The fraud proof of a wrong aggregation: gas", "bench/bench_fraud_proof.py",
+            fraud_proof,
+            "A successful proveWrongAggregation on anvil (docs/FRAUD_PROOF.md): one chunk of a 256 x 256 stage "
+            "recomputed in the contract's soft-float, every tensor in the codec named, every fourth contribution "
+            "clipped by the norm rule."),
     Section("audit.json", "Audit", "bench/bench_audit.py", audit),
     Section("fuzz.json", "Bad input", "bench/fuzz_campaign.py", fuzz),
     Section("join.json", "A node joining a running run", "bench/bench_join.py", join,
