@@ -111,3 +111,23 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
         records.append(record)
         stages.append(leaves)
     return Committed(deployment, run.run_id, records, stages, [round_.prev, new], (1, 2), prover_index)
+
+
+CHAIN_SHAPES = {"w": (2, 40)}  # 80 elements: a full chunk and a short one
+_CHAIN: list = []  # [(state, weights, momentum)] after rounds 0, 1, ...
+
+
+def honest_chain(round_: int) -> StageState:
+    """The state of a one-stage run after ``round_``: round 0 is the seeded start, each later round aggregates
+    two raw contributions onto the one before (cached: the fuzzer asks for the same rounds again and again)."""
+    if not _CHAIN:
+        weights, momentum = tensors(1, CHAIN_SHAPES), tensors(2, CHAIN_SHAPES, scale=0.0)
+        _CHAIN.append((initial_state(0, weights, momentum), weights, momentum))
+    while len(_CHAIN) <= round_:
+        t = len(_CHAIN)
+        _state, weights, momentum = _CHAIN[-1]
+        blobs = [contribution(CHAIN_SHAPES, "raw", 1000 * t + i, scale=1e-2, outer_round=t) for i in range(2)]
+        aggregation = aggregate_with_report(weights, momentum, blobs, DILOCO, stage_index=0, outer_round=t)
+        state = stage_state(0, aggregation, blobs, DILOCO, t, decode_args={"stage_index": 0, "outer_round": t})
+        _CHAIN.append((state, aggregation.new_global, aggregation.new_momentum))
+    return _CHAIN[round_][0]
