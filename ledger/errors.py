@@ -412,6 +412,10 @@ class ProverChallengeNotDue(ProverError):
     """The challenge's deadline has not come: it can still be answered."""
 
 
+class ProverChallengeTooLate(ProverError):
+    """The round's dispute window closed: its leaves can no longer be challenged (a proof still can)."""
+
+
 class LedgerWeakParams(LedgerInputError):
     """Run parameters below the security model's floor (k < 2 or quorum fraction < 1/2) without an explicit
     ``allow_weak_quorum``."""
@@ -497,5 +501,6 @@ REVERT_CLASSES: dict[str, type[ContractRevert]] = {
         ProverChallengeSettled,
         ProverChallengeDue,
         ProverChallengeNotDue,
+        ProverChallengeTooLate,
     )
 }

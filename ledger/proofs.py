@@ -65,7 +65,8 @@ class ProofCalls:
 
         Raises:
             ProverNotCommitted, ProverBadStage, ProverBadStagePath, ProverBadChunk, ProverBadFactors,
-            ProverBadTarget, ProverBondMismatch, ProverChallengeExists.
+            ProverBadTarget, ProverBondMismatch, ProverChallengeExists, ProverChallengeTooLate (the round's
+            dispute window closed).
         """
         record, stage, _leaf, _path, _factors, which, chunk = target
         if bond is None:

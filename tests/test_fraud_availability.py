@@ -82,3 +82,7 @@ def test_malformed_challenges_revert(committed):
         challenger.challenge_availability(target(committed, WEIGHTS, chunk=len(committed.states[1].weight_leaves)))
     with pytest.raises(errors.ProverNoChallenge):
         challenger.expire_challenge(bytes(32), attesters=[])
+    # after the round's dispute window nobody need keep its leaves: a challenge comes too late
+    mine(committed.deployment.w3, challenger._run_struct(committed.run_id)["disputeBlocks"])
+    with pytest.raises(errors.ProverChallengeTooLate):
+        challenger.challenge_availability(target(committed, WEIGHTS))

@@ -115,6 +115,7 @@ contract AggregationProver {
     error ProverChallengeSettled(bytes32 id);
     error ProverChallengeDue(bytes32 id, uint64 deadline);
     error ProverChallengeNotDue(bytes32 id, uint64 deadline);
+    error ProverChallengeTooLate(uint256 runId, uint64 round, uint64 closedAt);
     error ProverBadRecords(uint256 runId, uint64 prevRound, uint64 round);
     error ProverNotCommitted(uint256 runId, uint64 round);
     error ProverBadStage(uint32 stage, uint32 numStages);
@@ -173,7 +174,7 @@ contract AggregationProver {
 
     /// @notice Challenge the committers of a round to publish one committed leaf (a chunk of the new weights or
     /// momentum, or of an accepted contribution's payload) on chain within the run's `accusationBlocks`,
-    /// depositing the run's bond. Answered (answerChallenge, by anyone): the bond is forfeited. Unanswered by
+    /// depositing the run's bond; only within the round's dispute window (`disputeBlocks` after its commit). Answered (answerChallenge, by anyone): the bond is forfeited. Unanswered by
     /// the deadline (expireChallenge): the round and every later one are invalid, its attesters slashed, the
     /// challenger paid half of the slash and its bond returned.
     /// @return id The challenge's id, keccak256(runId, round, stage, which, chunk).
@@ -183,6 +184,10 @@ contract AggregationProver {
         TrainingLedger.Run memory run = ledger.runOf(record.runId);
         if (target.stage >= run.numStages) revert ProverBadStage(target.stage, run.numStages);
         if (msg.value != run.bond) revert ProverBondMismatch(run.bond, msg.value);
+        // Only while the round can be disputed: members need not keep a round's leaves available for ever, and
+        // an old right round must not fall to a challenge nobody is left to answer.
+        uint256 closedAt = ledger.commitBlockOf(record.runId, record.round) + run.disputeBlocks;
+        if (block.number >= closedAt) revert ProverChallengeTooLate(record.runId, record.round, uint64(closedAt));
         StageLeaf memory leaf = _stageLeaf(target.stageLeaf, target.stagePath, record, target.stage, run.numStages);
         if (target.chunk >= leaf.numChunks) revert ProverBadChunk(target.chunk, leaf.numChunks);
         bytes32 root = _targetRoot(target, leaf);
