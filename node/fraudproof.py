@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ledger.chunkproof import Factors, StageState, tree_root
+from ledger.chunkproof import Factors, StageState, build_proof, first_difference, tree_root
 from training.chunks import float32_bits, float64_bits, payload_leaves, tensor_leaves
 from training.config import DilocoConfig
 from training.diloco import Aggregation
@@ -54,3 +54,22 @@ def stage_state(
                       tuple(tree_root(leaves) for leaves in pieces), tuple(float64_bits(r.scale) for r in accepted))
     return StageState(stage, tensor_leaves(aggregation.new_global), tensor_leaves(aggregation.new_momentum),
                       factors, pieces)
+
+
+def proof_of_difference(prev_record, record, prev_stages, committed_stages, prev: StageState, mine: StageState,
+                        committed: StageState):
+    """``(proof, why)``: the proof of the first chunk where the committed state of a stage differs from this
+    node's own (``mine``, derived from the same inputs), or None with the reason no proof applies.
+
+    ``committed`` is the state the round's committers published (its leaves under the record's root);
+    a difference in the factors alone (another clip scale or set left out) is not provable by a chunk
+    (docs/FRAUD_PROOF.md, "Known gaps").
+    """
+    if mine.leaf() == committed.leaf():
+        return None, "the committed stage is this node's own"
+    if mine.factors != committed.factors:
+        return None, "the committed factors differ from this node's (a clip scale or the set left out): not provable"
+    chunk = first_difference(mine, committed)
+    if chunk is None:
+        return None, "the committed leaves equal this node's"
+    return build_proof(prev_record, record, prev_stages, committed_stages, prev, committed, chunk), f"chunk {chunk}"

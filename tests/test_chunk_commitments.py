@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import pytest
@@ -55,3 +56,20 @@ def test_the_stage_leaves_must_come_in_stage_order():
     assert StageLeaf.decode(leaf.encode()) == leaf
     with pytest.raises(LedgerInputError):
         Factors(0, 0, True, (bytes(32),), (), ())
+
+
+def test_a_node_finds_the_first_differing_chunk_and_builds_its_proof():
+    from node.fraudproof import proof_of_difference
+    from tests.fraud_fixtures import changed, honest_chain
+    from tests.ledger_fixtures import make_record
+
+    prev, mine = honest_chain(0), honest_chain(1)
+    records = [make_record(1, 0, bytes(32)), make_record(1, 1, bytes(32))]
+    assert proof_of_difference(*records, [prev.leaf()], [mine.leaf()], prev, mine, mine)[0] is None
+    wrong = changed(mine, 1, 3)
+    proof, why = proof_of_difference(*records, [prev.leaf()], [wrong.leaf()], prev, mine, wrong)
+    assert why == "chunk 1" and proof.chunk == 1 and proof.new_weights == wrong.weight_leaves[1]
+    other = Factors(mine.factors.lr_bits + 1, *dataclasses.astuple(mine.factors)[1:])
+    proof, why = proof_of_difference(*records, [prev.leaf()], [wrong.leaf()], prev, mine,
+                                     dataclasses.replace(wrong, factors=other))
+    assert proof is None and "not provable" in why
