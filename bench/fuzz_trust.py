@@ -63,7 +63,9 @@ def main() -> int:
         "steps_per_example_max": args.steps, "seconds": round(seconds, 1),
         "steps_per_second": round(steps / seconds, 2) if seconds else 0.0,
         "counterexamples": [counterexample] if counterexample else [],
-        "invariants": ["I1 safety", "I2 no harm", "I3 credit", "I4 stake back", "I5 finality", "I6 solvency"],
+        "invariants": ["I1 safety", "I2 no harm", "I3 credit", "I4 stake back", "I5 finality", "I6 solvency",
+                       "I7 fraud proof"],
+        "proofs_refused": TrustMachine.proofs_refused, "challenges_answered": TrustMachine.challenges_answered,
     }
     path = write_result(args.out, result, load)
     print(f"{TrustMachine.examples} examples, {steps} steps in {seconds:.0f} s ({result['steps_per_second']}/s), "

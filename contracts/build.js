@@ -14,11 +14,14 @@ const solc = require("solc");
 
 const ROOT = __dirname;
 const SOURCES = [
-  "src/NodeRegistry.sol", "src/TrainingLedger.sol", "src/Float32.sol", "src/Float32General.sol",
+  "src/NodeRegistry.sol", "src/TrainingLedger.sol", "src/AggregationProver.sol", "src/Float32.sol",
+  "src/Float32General.sol",
   "src/test/Float32Harness.sol",
 ];
 const CONTRACTS = {
-  "src/NodeRegistry.sol": "NodeRegistry", "src/TrainingLedger.sol": "TrainingLedger",
+  "src/NodeRegistry.sol": "NodeRegistry",
+  "src/TrainingLedger.sol": "TrainingLedger",
+  "src/AggregationProver.sol": "AggregationProver",
   "src/test/Float32Harness.sol": "Float32Harness",
 };
 const EXPECTED_COMPILER = "0.8.37";

@@ -8,7 +8,7 @@ record returns the original transaction instead of failing, and a different reco
 :class:`CommitConflict`. Records and verdicts are signed with :mod:`ledger.attest` (EIP-712).
 Reads of the event logs (registrations, runs, a run's history) are :class:`ledger.history.EventReads`'s.
 Creating, joining and leaving runs are :class:`ledger.runs.RunCalls`'s; disputes, equivocation proofs and
-accusations :class:`ledger.disputes.DisputeCalls`'s.
+accusations :class:`ledger.disputes.DisputeCalls`'s, fraud proofs :class:`ledger.proofs.ProofCalls`'s.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from ledger.errors import (
 from ledger.disputes import DisputeCalls
 from ledger.events import EventDecoder, topic_address
 from ledger.history import EventReads
+from ledger.proofs import ProofCalls
 from ledger.records import UINT64_MAX, RoundRecord, Verdict, check_bytes32, check_uint
 from ledger.runs import RunCalls
 from ledger.tx import DEFAULT_FEES, FeePolicy, TransactionSender
@@ -76,7 +77,7 @@ def binding_message(chain_id: int, registry_address: str, account_address: str) 
     )
 
 
-class LedgerClient(EventReads, RunCalls, DisputeCalls):
+class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
     """Client of one deployment (a NodeRegistry and its TrainingLedger) acting as ``account``.
 
     Args:

@@ -57,6 +57,7 @@ _RUN_EVENTS = (
     "DisputeResolved",
     "DisputeLapsed",
     "RunHalted",
+    "ProverRewarded",
 )
 #: The events that tell a run's accusations.
 _ACCUSATION_EVENTS = ("AccusationOpened", "AccusationResolved", "AccusationExpired")
@@ -294,6 +295,8 @@ class EventReads:
                 outcomes[event.args["round"]] = "upheld" if event.args["upheld"] else "overturned"
             elif event.name == "DisputeLapsed":
                 outcomes[event.args["round"]] = "lapsed"
+            elif event.name == "ProverRewarded":  # a fraud proof overturned the round (docs/FRAUD_PROOF.md)
+                outcomes[event.args["round"]] = "proven wrong"
             elif event.name in _ACCUSATION_EVENTS:
                 accusations_from([event], accusations)  # updates ``accusations`` in place
         if run is None:

@@ -28,7 +28,7 @@ from results_network import (
     butterfly, join, nat, p2p, scale, scale_curve,
 )
 from results_sections import (
-    audit, byzantine, chaos, data_loader, diloco, diloco_ablations, diloco_llama, fuzz, gpu_calibration,
+    audit, byzantine, chaos, data_loader, diloco, diloco_ablations, diloco_llama, fraud_proof, fuzz, gpu_calibration,
     heterogeneous, ledger, longrun, pct, provenance, reexec, reexec_isa, restart, robust_sim,
     settings_not_default, split_spotchecks, table, trust_fuzz, utilization,
 )
@@ -109,6 +109,11 @@ SECTIONS = (
             "Honest founders, a coalition below the quorum fraction and outsiders take any valid action in any order against the real contract (docs/TRUST.md, \"The security model\"). Each step sends several transactions and reads the whole state back, so a loaded shared machine runs few steps per second."),
     Section("float32_fuzz.json", "The on-chain soft-float against torch", "bench/fuzz_float32.py", float32_fuzz,
             "What a fraud proof recomputes the outer step with (docs/SOFTFLOAT.md): IEEE-754 binary32 and binary64 in Solidity, round to nearest even, subnormals kept. A normal operand pair takes a fast path whose result width is known; subnormals, zeros, infinities, NaNs and results outside the normal range take the general path (the max column)."),
+    Section("fraud_proof.json", "The fraud proof of a wrong aggregation: gas", "bench/bench_fraud_proof.py",
+            fraud_proof,
+            "A successful proveWrongAggregation on anvil (docs/FRAUD_PROOF.md): one chunk of a 256 x 256 stage "
+            "recomputed in the contract's soft-float, every tensor in the codec named, every fourth contribution "
+            "clipped by the norm rule."),
     Section("audit.json", "Audit", "bench/bench_audit.py", audit),
     Section("fuzz.json", "Bad input", "bench/fuzz_campaign.py", fuzz),
     Section("join.json", "A node joining a running run", "bench/bench_join.py", join,

@@ -461,6 +461,18 @@ def trust_fuzz(r: dict) -> list[str]:
              + ("Counterexamples: " + "; ".join(f"`{c}`" for c in found) if found else "No counterexample.")), ""]
 
 
+def fraud_proof(r: dict) -> list[str]:
+    def codec(row: dict) -> str:
+        rank = f", rank {row['rank']}" if "rank" in row else ""
+        return f"{row['codec']}{' ' + str(row['bits']) + '-bit' if 'bits' in row else ''}{rank}"
+
+    rows = [[codec(row), row["contributions"], row["clipped"], f"{row['gas']:,}" if row["gas"] else row["error"],
+             f"{row.get('calldata_bytes', 0):,}"] for row in r["rows"]]
+    return table(["codec", "contributions", "clipped", "gas", "calldata bytes"], rows) + [
+        f"One proof of one {r['chunk_elements']}-element chunk; at 16 contributions the most is "
+        f"**{r['max_gas_at_16']:,} gas** (goal: under {r['goal_gas_at_16']:,}).", ""]
+
+
 def heterogeneous(r: dict) -> list[str]:
     s, c = r["settings"], r["comparison"]
     rows = []

@@ -86,7 +86,7 @@ def test_contract_conventions():
             assert "notice" in notices.get(signature, {}), f"{name}.{signature} lacks a NatSpec @notice"
         for event in (entry for entry in artifact["abi"] if entry["type"] == "event"):
             assert event["name"].endswith(("ed", *IRREGULAR_PAST)), f"{name} event {event['name']} is not past tense"
-        prefix = "Registry" if name == "NodeRegistry" else "Ledger"
+        prefix = {"NodeRegistry": "Registry", "AggregationProver": "Prover"}.get(name, "Ledger")
         for error in (entry for entry in artifact["abi"] if entry["type"] == "error"):
             assert error["name"].startswith(prefix)
     # Public state would show up as getters named like the private variables.

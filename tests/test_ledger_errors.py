@@ -27,7 +27,9 @@ def test_every_contract_error_has_a_python_class():
     assert names == set(errors.REVERT_CLASSES)
     assert {name for name, _, _ in ERROR_SELECTORS.values()} == names
     for name, cls in errors.REVERT_CLASSES.items():
-        assert issubclass(cls, errors.RegistryError if name.startswith("Registry") else errors.LedgerRevert)
+        base = next((base for prefix, base in (("Registry", errors.RegistryError), ("Prover", errors.ProverError))
+                     if name.startswith(prefix)), errors.LedgerRevert)
+        assert issubclass(cls, base), name
 
 
 def test_revert_data_decoding():

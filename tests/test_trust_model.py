@@ -26,3 +26,33 @@ def test_the_model_holds_in_a_long_fuzz():
     examples = int(os.environ.get("DLX_TRUST_FUZZ_EXAMPLES", "400"))
     TrustMachine.TestCase.settings = settings(max_examples=examples, stateful_step_count=250, **_SETTINGS)
     TrustMachine.TestCase().runTest()
+
+
+def test_the_prover_and_the_challenger_cannot_invalidate_right_rounds():
+    """The fuzzer's I7 actors, step by step: proofs over real and tampered leaves and answered challenges
+    against right rounds are all refused, and the model holds after each."""
+    from ledger import errors
+    from ledger.chunkproof import PAYLOAD, WEIGHTS, availability_answer, availability_target
+    from tests.fraud_fixtures import honest_chain
+    from tests.trust_machine import COALITION, HONEST, OUTSIDER
+
+    machine = TrustMachine()
+    machine.deploy_run()
+    for _ in range(3):
+        assert machine.commit(HONEST[0], machine.honest_record(), list(HONEST) + list(COALITION))
+    outsider = machine.client(OUTSIDER)
+    for round_, chunk, tampered in ((1, 0, False), (2, 1, False), (2, 0, True)):
+        # the real leaves: the chunk is right; tampered leaves do not open the committed root
+        with pytest.raises(errors.ProverBadStagePath if tampered else errors.ProverRoundCorrect):
+            outsider.prove_wrong_aggregation(machine.proof_of(round_, chunk, tampered=tampered),
+                                             attesters=machine.attesters_of(round_))
+        machine.the_model_holds()
+    state = honest_chain(2)
+    for which in (WEIGHTS, PAYLOAD + 1):
+        target = availability_target(machine.records[2], [state.leaf()], state.factors, 0, which, 1)
+        challenge = outsider.challenge_availability(target)
+        machine.client(HONEST[1]).answer_challenge(challenge, *availability_answer(state, which, 1))
+        with pytest.raises(errors.ProverChallengeSettled):
+            outsider.expire_challenge(challenge, attesters=())
+        machine.the_model_holds()
+    assert outsider.invalid_from(machine.run_id) is None

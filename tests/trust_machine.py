@@ -11,6 +11,13 @@ withdraw, advance blocks); every invariant of the model is checked after every s
 * I5 (finality): a final round has its dispute window closed and no dispute case open before its deadline;
   no round is ever overturned (honest records are right).
 * I6 (solvency): the contract holds at least every bonded stake plus every open dispute bond.
+* I7 (fraud proof, docs/FRAUD_PROOF.md): a right round is never invalidated by a proof (over its real leaves,
+  or over tampered ones) nor by a data-availability challenge (the live honest members answer it). Its other
+  half, a wrong round can always be proven, has no case here: under the assumption the coalition commits no
+  round (I1); tests/test_fraud_proof.py proves committed wrong rounds.
+
+Honest records commit chunked weights roots (version 2) of a real aggregation chain (two raw contributions
+per round on one 2 x 40 stage), so the prover and the challenger (an outsider) act on real commitments.
 
 The model's assumption, kept by the rules' preconditions: the coalition's active members are fewer than
 half of the counted members (``quorum_bps`` 5000), and honest members are live (they attest every commit
@@ -27,7 +34,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from ledger import errors
 from ledger.attest import record_struct_hash
 from ledger.chain import connect_pyevm
+from ledger.chunkproof import (MOMENTUM, PAYLOAD, WEIGHTS, availability_answer, availability_target, build_proof,
+                               chunked_weights_root)
 from ledger.records import RoundRecord, Verdict
+from tests.fraud_fixtures import changed, honest_chain
 from tests.ledger_fixtures import deploy, mine, node_key, raw_public_key
 
 STAKE = 10**15
@@ -36,6 +46,7 @@ HONEST = (1, 2, 3, 4)  # founders
 COALITION = (5, 6)  # founders
 HONEST_JOINER = 7
 COALITION_JOINER = 8
+OUTSIDER = 9  # proves and challenges: no member, no stake
 WINDOW = 8  # accusation and dispute windows, in blocks
 INACTIVITY = 2
 TENURE = 2
@@ -53,6 +64,8 @@ class TrustMachine(RuleBasedStateMachine):
     chain = staticmethod(connect_pyevm)
     examples = 0  # examples started in this process (the bench reports them)
     checks = 0  # times every invariant was checked: once after each example's set-up and after every step
+    proofs_refused = 0  # fraud proofs against right rounds the prover refused (I7)
+    challenges_answered = 0  # availability challenges the honest members answered (I7)
 
     @initialize()
     def deploy_run(self) -> None:
@@ -71,6 +84,8 @@ class TrustMachine(RuleBasedStateMachine):
         self.left_at: dict[int, int] = {}  # honest index -> block its unbonding ends
         self.ejected_honest: list[int] = []
         self.honest_hashes: dict[int, bytes] = {}  # round -> struct hash of the honest record of that round
+        self.records: dict[int, RoundRecord] = {}  # committed rounds' records
+        self.challenges: list[bytes] = []
         self.verified_rounds = 0  # rounds whose committed record I1 has checked
         self.steps = 0
         TrustMachine.examples += 1
@@ -95,7 +110,8 @@ class TrustMachine(RuleBasedStateMachine):
     def honest_record(self) -> RoundRecord:
         reader = self.client(HONEST[0])
         round_ = reader.commit_count(self.run_id)
-        record = RoundRecord(self.run_id, round_, reader.head_of(self.run_id), _digest(f"honest weights {round_}"),
+        weights = chunked_weights_root([honest_chain(round_).leaf()])
+        record = RoundRecord(self.run_id, round_, reader.head_of(self.run_id), weights,
                              _digest(f"honest contributions {round_}"), 3_000_000, 3_100_000, 4096, 4, bytes(32))
         self.honest_hashes[round_] = record_struct_hash(record)
         return record
@@ -131,6 +147,7 @@ class TrustMachine(RuleBasedStateMachine):
             self.client(submitter).commit_round(record, signatures)
         except REFUSED:
             return False
+        self.records[record.round] = record
         self.attest_left_out(record, self.attesters_of(record.round))
         return True
 
@@ -306,6 +323,56 @@ class TrustMachine(RuleBasedStateMachine):
                 self.client(index).withdraw_stake(self.run_id)
         except REFUSED:
             pass
+
+    # ------------------------------------------------------------------ the prover and the challenger
+    def proof_of(self, round_: int, chunk: int, *, tampered: bool):
+        """The proof of ``chunk`` of ``round_`` with its real leaves, or over a tampered twin of the state."""
+        prev, new = honest_chain(round_ - 1), honest_chain(round_)
+        claimed = changed(new, chunk, 0) if tampered else new
+        return build_proof(self.records[round_ - 1], self.records[round_], [prev.leaf()], [claimed.leaf()], prev,
+                           claimed, chunk)
+
+    @precondition(lambda self: len(getattr(self, "records", {})) >= 2)
+    @rule(data=st.data())
+    def anyone_proves(self, data) -> None:
+        """An outsider proves a committed (right) round wrong, with its real leaves or tampered ones: refused."""
+        round_ = data.draw(st.integers(1, max(self.records)))
+        chunk = data.draw(st.integers(0, len(honest_chain(round_).weight_leaves) - 1))
+        proof = self.proof_of(round_, chunk, tampered=data.draw(st.booleans()))
+        try:
+            self.client(OUTSIDER).prove_wrong_aggregation(proof, attesters=self.attesters_of(round_))
+        except REFUSED:
+            TrustMachine.proofs_refused += 1
+            return
+        raise AssertionError(f"I7: a proof invalidated round {round_}, which is right")
+
+    @precondition(lambda self: len(getattr(self, "records", {})) >= 1)
+    @rule(data=st.data())
+    def anyone_challenges_and_the_honest_answer(self, data) -> None:
+        """An outsider challenges a committed leaf; a live honest member answers at once (any account may)."""
+        round_ = data.draw(st.sampled_from(sorted(self.records)))
+        state = honest_chain(round_)
+        which = data.draw(st.sampled_from([WEIGHTS, MOMENTUM] + [PAYLOAD + j for j in
+                                                                 range(len(state.payload_leaves))]))
+        chunk = data.draw(st.integers(0, len(state.weight_leaves) - 1))
+        target = availability_target(self.records[round_], [state.leaf()], state.factors, 0, which, chunk)
+        try:
+            challenge = self.client(OUTSIDER).challenge_availability(target)
+        except REFUSED:  # the same leaf challenged before
+            return
+        self.client(HONEST[0]).answer_challenge(challenge, *availability_answer(state, which, chunk))
+        self.challenges.append(challenge)
+        TrustMachine.challenges_answered += 1
+
+    @precondition(lambda self: bool(getattr(self, "challenges", [])))
+    @rule(data=st.data())
+    def anyone_expires_a_challenge(self, data) -> None:
+        challenge = data.draw(st.sampled_from(self.challenges))
+        try:
+            self.client(OUTSIDER).expire_challenge(challenge, attesters=())
+        except REFUSED:
+            return
+        raise AssertionError("I7: an answered challenge was expired")
 
     @rule(blocks=st.integers(1, 2 * WINDOW))
     def blocks_pass(self, blocks: int) -> None:

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 pragma solidity 0.8.37;
 
+import {AggregationProver} from "./AggregationProver.sol";
 import {NodeRegistry} from "./NodeRegistry.sol";
 
 /// @title TrainingLedger
@@ -19,8 +20,9 @@ import {NodeRegistry} from "./NodeRegistry.sol";
 /// Hash chain: head_0 = keccak256(abi.encode(chainid, ledger, runId, configHash)) and
 /// head_n = keccak256(abi.encode(head_{n-1}, hashStruct(record_n))), where record_n.prevHead == head_{n-1}.
 ///
-/// Slashed stakes and forfeited bonds stay in this contract for good: no function moves them (they are burned
-/// in effect), so a slash pays nobody and no one profits from accusing.
+/// Slashed stakes and forfeited bonds stay in this contract for good (they are burned in effect), so a slash
+/// by a vote pays nobody and no one profits from accusing; the one exception is a fraud proof
+/// (AggregationProver, deployed by this constructor): it pays its prover half of the stake it slashes.
 contract TrainingLedger {
     /// @notice The parameters a run is created with; they never change.
     struct RunParams {
@@ -56,7 +58,7 @@ contract TrainingLedger {
         uint32 innerSteps;
         uint32 inactivityRounds;
         uint64 maxRounds;
-        uint64 invalidFrom; // 1 + the first round a dispute verdict overturned; 0: none. The run is then halted.
+        uint64 invalidFrom; // 1 + the first round overturned (a verdict or a fraud proof); 0: none. Then halted.
         uint64 unbondingBlocks;
         uint64 accusationBlocks;
         uint64 disputeBlocks;
@@ -174,6 +176,7 @@ contract TrainingLedger {
     uint256 private constant _BOND_RETURN_GAS = 30_000;
 
     NodeRegistry private immutable _registry;
+    AggregationProver private immutable _prover;
     bytes32 private immutable _cachedDomainSeparator;
     uint256 private immutable _cachedChainId;
     address private immutable _cachedThis;
@@ -221,6 +224,8 @@ contract TrainingLedger {
     /// @notice A verdict overturned round `round` of run `runId`: it and every later round are invalid and the
     /// run commits nothing more.
     event RunHalted(uint256 indexed runId, uint64 round);
+    /// @notice A fraud proof overturned round `round` of run `runId`; `prover` was paid `reward` wei of the slash.
+    event ProverRewarded(uint256 indexed runId, uint64 indexed round, address indexed prover, uint256 reward);
     /// @notice `account` took back its `stake` wei from run `runId`.
     event StakeWithdrawn(uint256 indexed runId, address indexed account, uint256 stake);
     /// @notice `account` lost its `stake` wei and its seat in run `runId` (see EquivocationReported or
@@ -324,6 +329,7 @@ contract TrainingLedger {
     error LedgerRunHalted(uint256 runId, uint64 invalidRound);
     error LedgerAccusationTooLate(uint256 runId, address accused, uint64 unbondingEnd);
     error LedgerAttestBeforeJoin(uint256 runId, uint64 round, address account);
+    error LedgerNotProver(address caller);
 
     /// @param registry_ The NodeRegistry whose nodes may join runs.
     constructor(NodeRegistry registry_) {
@@ -331,6 +337,7 @@ contract TrainingLedger {
         _cachedChainId = block.chainid;
         _cachedThis = address(this);
         _cachedDomainSeparator = _buildDomainSeparator();
+        _prover = new AggregationProver(this);
     }
 
     // ------------------------------------------------------------------------------------------- runs
@@ -581,27 +588,63 @@ contract TrainingLedger {
     }
 
     function _settleDispute(uint256 runId, uint64 round, bool upheld, address[] calldata attesters) private {
-        Run storage run = _runs[runId];
         DisputeCase storage case_ = _disputeCases[runId][round];
-        address[] storage disputers = _disputers[runId][round];
-        uint256 bond = run.bond;
         if (upheld) {
             case_.status = DisputeStatus.Upheld;
+            address[] storage disputers = _disputers[runId][round];
+            uint256 bond = _runs[runId].bond;
             for (uint256 i = 0; i < disputers.length; ++i) {
                 _forfeitBond(runId, disputers[i], bond);
             }
             return;
         }
+        _overturn(runId, round, attesters);
+    }
+
+    /// @dev Round `round` is wrong: it and every later round are invalid (the run halts), every attester still
+    /// holding a stake is slashed and, if its disputes are open, the disputers' bonds are returned.
+    function _overturn(uint256 runId, uint64 round, address[] calldata attesters) private {
+        Run storage run = _runs[runId];
+        DisputeCase storage case_ = _disputeCases[runId][round];
+        bool open = case_.status == DisputeStatus.Open;
         case_.status = DisputeStatus.Overturned;
-        run.invalidFrom = round + 1;
+        if (run.invalidFrom == 0 || round < run.invalidFrom - 1) run.invalidFrom = round + 1;
         emit RunHalted(runId, round);
         for (uint256 i = 0; i < attesters.length; ++i) {
             MemberStatus status = _members[runId][attesters[i]].status;
             if (status == MemberStatus.Active || status == MemberStatus.Unbonding) _slash(runId, attesters[i]);
         }
+        if (!open) return;
+        address[] storage disputers = _disputers[runId][round];
+        uint256 bond = run.bond;
         for (uint256 i = 0; i < disputers.length; ++i) {
             _returnBond(runId, disputers[i], bond);
         }
+    }
+
+    /// @notice Overturn round `round` of run `runId` on a fraud proof: only this ledger's AggregationProver
+    /// calls it, once it has recomputed a chunk of the round and found it differs. The round and every later
+    /// one are invalid, every attester still holding a stake is slashed, open disputes of the round are
+    /// returned their bonds, and `recipient` (the prover) is paid half of the stake slashed (the rest stays burned, so an
+    /// attester proving its own round still loses at least half of what its round's attesters held).
+    /// @param attesters The round's attesters as RoundCommitted gave them (checked against the commit).
+    /// @return reward The wei paid to `recipient`.
+    function invalidateByProof(uint256 runId, uint64 round, address[] calldata attesters, address recipient)
+        external
+        returns (uint256 reward)
+    {
+        if (msg.sender != address(_prover)) revert LedgerNotProver(msg.sender);
+        Run storage run = _existingRun(runId);
+        if (run.invalidFrom != 0 && run.invalidFrom <= round + 1) revert LedgerRunHalted(runId, run.invalidFrom - 1);
+        if (keccak256(abi.encode(attesters)) != _attestations[runId][round]) revert LedgerNotAttesters(runId, round);
+        uint256 before = _slashedTotal;
+        _overturn(runId, round, attesters);
+        reward = (_slashedTotal - before) / 2;
+        _slashedTotal -= reward;
+        emit ProverRewarded(runId, round, recipient, reward);
+        // Last: every effect is done. A prover that refuses the payment leaves it burned.
+        (bool ok,) = payable(recipient).call{value: reward}("");
+        if (!ok) _slashedTotal += reward;
     }
 
     /// @notice Close the disputes of a round whose case deadline passed without a verdict: they lapse, the
@@ -743,6 +786,11 @@ contract TrainingLedger {
     }
 
     // ------------------------------------------------------------------------------------------- views
+
+    /// @notice The AggregationProver this ledger deployed and takes fraud proofs from (invalidateByProof).
+    function prover() external view returns (AggregationProver) {
+        return _prover;
+    }
 
     /// @notice The NodeRegistry this ledger trusts.
     /// @return The registry's address.

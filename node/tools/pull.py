@@ -1,7 +1,8 @@
 """``dlx-node pull``: fetch a published checkpoint, verify it against the chain, write a transformers dir.
 
 A checkpoint is published only inside an attested round record (its ``checkpointHash``, the sha256 of the
-file). ``pull`` first judges the round on the chain alone (:func:`round_standing`): its commit links into the
+file). ``pull`` first judges the round on the chain alone (:func:`node.tools.standing.round_standing`, re-exported
+here): its commit links into the
 run's hash chain, its record was attested by ``quorum`` distinct members in force at the commit, it lies
 within the run's ``maxRounds``, and no member disputed it or any round before it (a checkpoint descends from
 every earlier round), unless a replay of the disputed round from ``--archive`` reproduces its committed
@@ -35,102 +36,22 @@ from pathlib import Path
 from typing import Any
 
 from node.errors import (
-    RoundPending,
     DLX_ERRORS,
     CheckpointInconsistent,
     NodeError,
     PullRefused,
-    RoundBeyondMax,
-    RoundDisputed,
-    RoundNotLinked,
     RoundNotTrusted,
-    RoundUnattested,
     RunDocumentMissing,
 )
 from node.progress import host_progress
 from node.tools.evidence import PeerFetcher, find_checkpoint_files, reader_client
+from node.tools.standing import round_standing
 
 logger = logging.getLogger(__name__)
 
 
 class NoCheckpoint(NodeError):
     """The run has no published checkpoint (for the round asked)."""
-
-
-# ---------------------------------------------------------------------- the round on chain
-def round_standing(history: Any, chain_id: int, ledger_address: str,
-                   cleared: dict[int, str] | None = None, final_only: bool = False) -> dict[int, RoundNotTrusted | None]:
-    """For every committed round of ``history``: None if the chain gives no reason to distrust it, else the
-    error (not raised) of the first check it fails, in this order: within ``maxRounds``, hash chain link,
-    attested by the quorum of counted members, not overturned (nor after an overturned round), neither it nor
-    an earlier round under an unsettled dispute (its weights descend from every earlier round), and, with
-    ``final_only``, final: its dispute window closed at the block the history was read at.
-
-    A dispute is settled when a verdict upheld the round, when its case lapsed (an expireDispute, or its
-    deadline, ``accusation_blocks`` after the first dispute, passed without a verdict), or when a replay from
-    archives cleared it (``cleared``: round -> how).
-
-    Pure: it judges a :class:`ledger.records.RunHistory` (as :mod:`ledger.checks` does) and reads nothing.
-    """
-    cleared = dict(cleared or {})
-    from ledger.checks import check_attesters, check_hash_chain
-
-    run = history.run
-    links = check_hash_chain(history, chain_id, ledger_address).links
-    attested = check_attesters(history)
-    outcomes = getattr(history, "dispute_outcomes", {}) or {}
-    now = getattr(history, "block_number", 0)
-    disputes: dict[int, list] = {}
-    for dispute in history.disputes:
-        disputes.setdefault(dispute.round, []).append(dispute)
-    for round_index, filed in disputes.items():
-        outcome = outcomes.get(round_index)
-        deadline = min(d.block_number for d in filed) + run.accusation_blocks
-        if outcome in ("upheld", "lapsed"):
-            cleared.setdefault(round_index, f"settled: {outcome}")
-        elif outcome is None and now and now >= deadline:
-            cleared.setdefault(round_index, f"settled: no verdict by block {deadline}, the record stands")
-    overturned = min((r for r, o in outcomes.items() if o == "overturned"), default=None)
-    standing: dict[int, RoundNotTrusted | None] = {}
-    for record, link, attesters in zip(history.commits, links, attested):
-        round_index = record.commit.round
-        where = f"round {round_index} of run {run.run_id}"
-        problem: RoundNotTrusted | None = None
-        window_end = record.block_number + run.dispute_blocks
-        if run.max_rounds and round_index >= run.max_rounds:
-            problem = RoundBeyondMax(
-                f"{where} is past the run's last round {run.max_rounds - 1} (maxRounds {run.max_rounds})"
-            )
-        elif not link.ok:
-            problem = RoundNotLinked(f"{where} does not link into the run's hash chain: {link.reason}")
-        elif not attesters.ok:
-            problem = RoundUnattested(
-                f"{where} is not attested by the quorum of counted members: {attesters.reason}"
-            )
-        elif overturned is not None and round_index >= overturned:
-            problem = RoundDisputed(
-                f"{where} is invalid: a verdict of the round's members overturned round {overturned} and halted "
-                "the run; pull an earlier round"
-            )
-        elif round_index in disputes and round_index not in cleared:
-            who = ", ".join(f"{d.disputer} (block {d.block_number})" for d in disputes[round_index])
-            problem = RoundDisputed(
-                f"{where} is disputed: {who} put a differing signed record on chain and no verdict settled it "
-                "yet; run 'dlx-node audit' to see which record replays, or pull with --archive to replay it"
-            )
-        elif any(d < round_index and d not in cleared for d in disputes):
-            upstream = min(d for d in disputes if d < round_index and d not in cleared)
-            problem = RoundDisputed(
-                f"{where} descends from disputed round {upstream}; pull with --archive to replay round "
-                f"{upstream}, or pull --round {upstream - 1} or earlier"
-            )
-        elif final_only and now < window_end:
-            problem = RoundPending(
-                f"{where} is not final: it can be disputed until block {window_end} (now {now}); pull --pending "
-                "takes it anyway"
-            )
-        standing[round_index] = problem
-    return standing
 
 
 # ---------------------------------------------------------------------- pulling

@@ -1,0 +1,79 @@
+"""Gas of the on-chain fraud proof of a wrong aggregation (issue 43; docs/FRAUD_PROOF.md), on a real anvil.
+
+For 4, 16 and 64 aggregated contributions and each codec (raw, quant 8-bit, low-rank 8-bit at ranks 8 and 32),
+a stage (a 256 x 256 matrix and a bias) is aggregated by training/diloco.py, round 1 is committed with one
+element of a full chunk changed, and the successful ``proveWrongAggregation`` of that chunk is sent; its
+``gasUsed`` (and calldata bytes) go to ``bench/results/fraud_proof.json``. Every fourth contribution is made
+large so the norm rule clips it (the float64 product path is in every figure). A proof above anvil's block
+gas limit (30M) is recorded with its error.
+
+    nice -n 10 python bench/bench_fraud_proof.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.benchio import default_out, write_result  # noqa: E402
+from ledger.chain import AnvilProcess, connect_rpc  # noqa: E402
+from tests.fraud_fixtures import aggregated_round, changed, commit, contribution  # noqa: E402
+from tests.ledger_fixtures import deploy  # noqa: E402
+
+SHAPES = {"a.weight": (256, 256), "b.bias": (256,)}
+CODECS = (("raw", {}), ("quant", {"bits": 8}), ("lowrank", {"bits": 8, "rank": 8}),
+          ("lowrank", {"bits": 8, "rank": 32}))
+STAKE = 10**18
+GOAL = 10_000_000  # the issue's goal at 16 contributions
+
+
+def measure(url: str, codec: str, options: dict, count: int) -> dict:
+    blobs = [contribution(SHAPES, codec, 100 + i, scale=0.05 if i % 4 == 3 else 1e-3, **options)
+             for i in range(count)]
+    round_ = aggregated_round(SHAPES, blobs)
+    chunk = 5  # a full chunk of a.weight
+    committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_,
+                       changed(round_.honest, chunk, 7), stake=STAKE)
+    proof = committed.proof(chunk)
+    clipped = sum(bits != 0x3FF0000000000000 for bits in round_.honest.factors.scale_bits)
+    row = {"codec": codec, **options, "contributions": count, "clipped": clipped}
+    try:
+        receipt = committed.prover().prove_wrong_aggregation(proof)
+    except Exception as exc:  # noqa: BLE001 - e.g. above the block's gas limit: recorded, not hidden
+        return {**row, "gas": None, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    sent = committed.deployment.w3.eth.get_transaction(receipt["transactionHash"])
+    return {**row, "gas": receipt["gasUsed"], "calldata_bytes": len(sent["input"])}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--counts", default="4,16,64", help="aggregated contributions per case")
+    parser.add_argument("--out", default=default_out(__file__))
+    args = parser.parse_args()
+    counts = [int(c) for c in args.counts.split(",")]
+    anvil = AnvilProcess()
+    url = anvil.start()
+    started = time.monotonic()
+    rows = []
+    try:
+        for codec, options in CODECS:
+            for count in counts:
+                row = measure(url, codec, options, count)
+                rows.append(row)
+                print(row, flush=True)
+    finally:
+        anvil.stop()
+    at16 = [row["gas"] for row in rows if row["contributions"] == 16 and row["gas"] is not None]
+    result = {"chunk_elements": 64, "shapes": {k: list(v) for k, v in SHAPES.items()}, "rows": rows,
+              "goal_gas_at_16": GOAL, "max_gas_at_16": max(at16) if at16 else None,
+              "seconds": round(time.monotonic() - started, 1)}
+    write_result(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

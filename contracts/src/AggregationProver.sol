@@ -1,0 +1,502 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity 0.8.37;
+
+import {Float32} from "./Float32.sol";
+import {TrainingLedger} from "./TrainingLedger.sol";
+
+/// @title AggregationProver
+/// @notice The on-chain fraud proof of a wrong aggregation (issue 43; docs/FRAUD_PROOF.md). Anyone, staked or
+/// not, shows that one chunk of one stage of a committed round is not the outer step of its committed inputs;
+/// the contract recomputes the chunk in IEEE-754 binary32 exactly as training/diloco.py does and, if any element
+/// differs, has its TrainingLedger invalidate the round and every later one, slash every attester of the round
+/// and pay the prover half of what was slashed.
+/// @dev Deployed by its TrainingLedger's constructor (`TrainingLedger.prover()`), so the ledger trusts exactly
+/// this code. Commitments (ledger/chunkproof.py, training/chunks.py): the record's weightsRoot is the Merkle
+/// root over stage leaves abi.encode(uint32 stage, uint32 numChunks, bytes32 weightsRoot, bytes32 momentumRoot,
+/// bytes32 factorsHash); every tree is ledger/merkle.py's (sha256, 0x00 leaf and 0x01 inner prefixes, odd nodes
+/// promoted), a path's shape follows from the leaf's index and the tree's leaf count.
+contract AggregationProver {
+    using Float32 for uint32;
+
+    /// @notice One leaf of a tree and the sibling hashes from it up.
+    struct Opening {
+        bytes leaf;
+        bytes32[] path;
+    }
+
+    /// @notice Everything a proof opens (ledger/chunkproof.py, AggregationProof).
+    struct Proof {
+        TrainingLedger.Record prevRecord; // the committed record of round t - 1
+        TrainingLedger.Record record; // the committed record of round t, the one proven wrong
+        uint32 stage;
+        uint64 chunk;
+        bytes prevStageLeaf; // stage leaf of round t - 1, under prevRecord.weightsRoot
+        bytes32[] prevStagePath;
+        bytes stageLeaf; // stage leaf of round t, under record.weightsRoot
+        bytes32[] stagePath;
+        bytes factors; // preimage of the stage leaf's factorsHash
+        Opening prevWeights; // chunk `chunk` of round t - 1's weights
+        Opening prevMomentum;
+        Opening newWeights; // chunk `chunk` of round t's committed weights
+        Opening newMomentum;
+        Opening[] pieces; // chunk `chunk` of each accepted contribution's payload, in the factors' order
+        address[] attesters; // round t's attesters as RoundCommitted gave them
+    }
+
+    /// @notice What a data-availability challenge names: one committed leaf of one stage of a committed round.
+    struct Target {
+        TrainingLedger.Record record;
+        uint32 stage;
+        bytes stageLeaf; // under record.weightsRoot
+        bytes32[] stagePath;
+        bytes factors; // the stage leaf's factors
+        uint256 which; // 0: the new weights, 1: the new momentum, 2 + j: accepted contribution j's payload
+        uint64 chunk;
+    }
+
+    /// @notice An open or settled data-availability challenge.
+    struct Challenge {
+        address challenger;
+        uint64 deadline; // first block at which an unanswered challenge can be expired
+        uint32 numChunks;
+        bool settled; // answered, or expired
+        uint64 round;
+        uint64 chunk; // the leaf's index in the tree
+        bytes32 root; // the tree the leaf must be opened in
+        uint256 runId;
+        uint256 bond;
+    }
+
+    /// @dev The decoded stage leaf.
+    struct StageLeaf {
+        uint32 stage;
+        uint32 numChunks;
+        bytes32 weightsRoot;
+        bytes32 momentumRoot;
+        bytes32 factorsHash;
+    }
+
+    /// @dev The round's factors of one stage (the arrays' lengths are equal; checked).
+    struct Factors {
+        uint32 lr;
+        uint32 mu;
+        bool nesterov;
+        bytes32[] envelopes;
+        bytes32[] payloadRoots;
+        uint64[] scales;
+    }
+
+    /// @dev Where the chunk lies in its tensor (from round t - 1's weights leaf header).
+    struct Layout {
+        uint64 offset;
+        uint64 cols;
+        uint256 count;
+    }
+
+    /// @notice Round `round` of run `runId` was shown wrong at `stage`, chunk `chunk`; `prover` was paid `reward`.
+    event AggregationDisproved(
+        uint256 indexed runId, uint64 indexed round, uint32 stage, uint64 chunk, address indexed prover, uint256 reward
+    );
+
+    /// @notice `challenger` asks the committers of round `round` to publish a leaf (challenge `id`) by `deadline`.
+    event AvailabilityChallenged(
+        bytes32 indexed id, uint256 indexed runId, uint64 indexed round, uint32 stage, uint256 which, uint64 chunk,
+        address challenger, uint64 deadline
+    );
+    /// @notice The leaf of challenge `id` was published: it is `leaf` (its path checked against the commitment).
+    event AvailabilityAnswered(bytes32 indexed id, bytes leaf);
+    /// @notice Challenge `id` went unanswered: its round was overturned and the challenger paid `reward`.
+    event AvailabilityExpired(bytes32 indexed id, uint256 reward);
+
+    error ProverBadTarget(uint256 which);
+    error ProverBondMismatch(uint256 required, uint256 sent);
+    error ProverChallengeExists(bytes32 id);
+    error ProverNoChallenge(bytes32 id);
+    error ProverChallengeSettled(bytes32 id);
+    error ProverChallengeDue(bytes32 id, uint64 deadline);
+    error ProverChallengeNotDue(bytes32 id, uint64 deadline);
+    error ProverChallengeTooLate(uint256 runId, uint64 round, uint64 closedAt);
+    error ProverBadRecords(uint256 runId, uint64 prevRound, uint64 round);
+    error ProverNotCommitted(uint256 runId, uint64 round);
+    error ProverBadStage(uint32 stage, uint32 numStages);
+    error ProverBadStagePath(uint64 round, uint32 stage);
+    error ProverBadStageLeaf(uint64 round, uint32 stage);
+    error ProverBadFactors(uint64 round, uint32 stage);
+    error ProverBadChunk(uint64 chunk, uint32 numChunks);
+    /// @dev `which`: 0 previous weights, 1 previous momentum, 2 new weights, 3 new momentum, 4 + j piece j.
+    error ProverBadPath(uint256 which);
+    error ProverBadLeaf(uint256 which);
+    error ProverRoundCorrect(uint256 runId, uint64 round, uint32 stage, uint64 chunk);
+
+    bytes32 private constant _RECORD_TYPEHASH = keccak256(
+        "Record(uint256 runId,uint64 round,bytes32 prevHead,bytes32 weightsRoot,bytes32 contributionsRoot,"
+        "uint64 trainLossMicro,uint64 evalLossMicro,uint64 tokens,uint32 numContributors,bytes32 checkpointHash)"
+    );
+    uint64 private constant _SCALE_ONE = 0x3FF0000000000000; // float64 1.0
+    uint256 private constant _LEAF_HEADER = 24; // u32 tensor, u64 offset, u64 cols, u32 count
+    uint256 private constant _PIECE_HEADER = 5; // u8 codec, u32 count
+    uint256 private constant _WEIGHTS_AT = 10; // a lowrank piece's w, after its header, rank and S
+    uint256 private constant _MAX_RANK = 64; // training/codec_wire.py MAX_RANK
+
+    /// @notice The TrainingLedger that deployed this prover and takes its proofs.
+    TrainingLedger public immutable ledger;
+
+    mapping(bytes32 id => Challenge) private _challenges;
+
+    constructor(TrainingLedger ledger_) {
+        ledger = ledger_;
+    }
+
+    /// @notice Prove that chunk `proof.chunk` of stage `proof.stage` in round `proof.record.round` is not the
+    /// outer step of the previous round's committed weights and momentum with the round's committed factors and
+    /// contributions. On success the round and every later one are invalid, the round's attesters slashed and
+    /// the caller paid; a proof against a correct chunk reverts with ProverRoundCorrect.
+    /// @return reward The wei paid to the caller (half of the stake slashed).
+    function proveWrongAggregation(Proof calldata proof) external returns (uint256 reward) {
+        (StageLeaf memory prev, StageLeaf memory next) = _stageLeaves(proof);
+        if (!_differs(proof, prev, next)) {
+            revert ProverRoundCorrect(proof.record.runId, proof.record.round, proof.stage, proof.chunk);
+        }
+        reward = ledger.invalidateByProof(proof.record.runId, proof.record.round, proof.attesters, msg.sender);
+        emit AggregationDisproved(
+            proof.record.runId, proof.record.round, proof.stage, proof.chunk, msg.sender, reward
+        );
+    }
+
+    /// @notice Whether the proof would succeed (the chunk differs), without changing anything; reverts like
+    /// proveWrongAggregation on a malformed proof.
+    function isWrong(Proof calldata proof) external view returns (bool) {
+        (StageLeaf memory prev, StageLeaf memory next) = _stageLeaves(proof);
+        return _differs(proof, prev, next);
+    }
+
+    // ------------------------------------------------------------------------------------------- availability
+
+    /// @notice Challenge the committers of a round to publish one committed leaf (a chunk of the new weights or
+    /// momentum, or of an accepted contribution's payload) on chain within the run's `accusationBlocks`,
+    /// depositing the run's bond; only within the round's dispute window (`disputeBlocks` after its commit). Answered (answerChallenge, by anyone): the bond is forfeited. Unanswered by
+    /// the deadline (expireChallenge): the round and every later one are invalid, its attesters slashed, the
+    /// challenger paid half of the slash and its bond returned.
+    /// @return id The challenge's id, keccak256(runId, round, stage, which, chunk).
+    function challengeAvailability(Target calldata target) external payable returns (bytes32 id) {
+        TrainingLedger.Record calldata record = target.record;
+        _requireCommitted(record);
+        TrainingLedger.Run memory run = ledger.runOf(record.runId);
+        if (target.stage >= run.numStages) revert ProverBadStage(target.stage, run.numStages);
+        if (msg.value != run.bond) revert ProverBondMismatch(run.bond, msg.value);
+        // Only while the round can be disputed: members need not keep a round's leaves available for ever, and
+        // an old right round must not fall to a challenge nobody is left to answer.
+        uint256 closedAt = ledger.commitBlockOf(record.runId, record.round) + run.disputeBlocks;
+        if (block.number >= closedAt) revert ProverChallengeTooLate(record.runId, record.round, uint64(closedAt));
+        StageLeaf memory leaf = _stageLeaf(target.stageLeaf, target.stagePath, record, target.stage, run.numStages);
+        if (target.chunk >= leaf.numChunks) revert ProverBadChunk(target.chunk, leaf.numChunks);
+        bytes32 root = _targetRoot(target, leaf);
+        id = keccak256(abi.encode(record.runId, record.round, target.stage, target.which, target.chunk));
+        Challenge storage challenge = _challenges[id];
+        if (challenge.challenger != address(0)) revert ProverChallengeExists(id);
+        uint64 deadline = uint64(block.number) + run.accusationBlocks;
+        _challenges[id] = Challenge(
+            msg.sender, deadline, leaf.numChunks, false, record.round, target.chunk, root, record.runId, msg.value
+        );
+        emit AvailabilityChallenged(
+            id, record.runId, record.round, target.stage, target.which, target.chunk, msg.sender, deadline
+        );
+    }
+
+    /// @notice Publish the leaf a challenge names, with its Merkle path (anyone may). The bond is forfeited.
+    function answerChallenge(bytes32 id, bytes calldata leaf, bytes32[] calldata path) external {
+        Challenge storage challenge = _openChallenge(id);
+        if (block.number >= challenge.deadline) revert ProverChallengeDue(id, challenge.deadline);
+        if (!_verify(leaf, challenge.chunk, challenge.numChunks, path, challenge.root)) revert ProverBadPath(0);
+        challenge.settled = true;
+        emit AvailabilityAnswered(id, leaf);
+    }
+
+    /// @notice Settle a challenge left unanswered past its deadline: the round is overturned through the ledger
+    /// (invalidateByProof) and the challenger gets its bond back and half of the slash. If the round is already
+    /// invalid, only the bond is returned.
+    /// @param attesters The round's attesters as RoundCommitted gave them.
+    function expireChallenge(bytes32 id, address[] calldata attesters) external returns (uint256 reward) {
+        Challenge storage challenge = _openChallenge(id);
+        if (block.number < challenge.deadline) revert ProverChallengeNotDue(id, challenge.deadline);
+        challenge.settled = true;
+        address challenger = challenge.challenger;
+        uint256 bond = challenge.bond;
+        uint64 invalidFrom = ledger.runOf(challenge.runId).invalidFrom;
+        if (invalidFrom == 0 || invalidFrom > challenge.round + 1) {
+            reward = ledger.invalidateByProof(challenge.runId, challenge.round, attesters, challenger);
+        }
+        emit AvailabilityExpired(id, reward);
+        // Last: every effect is done. A challenger that refuses its bond leaves it burned.
+        (bool ok,) = payable(challenger).call{value: bond}("");
+        ok;
+    }
+
+    /// @notice A challenge's state (a zero challenger: none).
+    function challengeOf(bytes32 id) external view returns (Challenge memory) {
+        return _challenges[id];
+    }
+
+    function _openChallenge(bytes32 id) private view returns (Challenge storage challenge) {
+        challenge = _challenges[id];
+        if (challenge.challenger == address(0)) revert ProverNoChallenge(id);
+        if (challenge.settled) revert ProverChallengeSettled(id);
+    }
+
+    function _targetRoot(Target calldata target, StageLeaf memory leaf) private pure returns (bytes32) {
+        if (target.which == 0) return leaf.weightsRoot;
+        if (target.which == 1) return leaf.momentumRoot;
+        if (sha256(target.factors) != leaf.factorsHash) revert ProverBadFactors(target.record.round, target.stage);
+        (,,,, bytes32[] memory roots,) =
+            abi.decode(target.factors, (uint32, uint32, bool, bytes32[], bytes32[], uint64[]));
+        if (target.which - 2 >= roots.length) revert ProverBadTarget(target.which);
+        return roots[target.which - 2];
+    }
+
+    // ------------------------------------------------------------------------------------------- openings
+
+    /// @dev Both records committed and consecutive; both stage leaves under their records' weights roots.
+    function _stageLeaves(Proof calldata proof) private view returns (StageLeaf memory prev, StageLeaf memory next) {
+        TrainingLedger.Record calldata record = proof.record;
+        uint256 runId = record.runId;
+        if (proof.prevRecord.runId != runId || uint256(proof.prevRecord.round) + 1 != record.round) {
+            revert ProverBadRecords(runId, proof.prevRecord.round, record.round);
+        }
+        _requireCommitted(proof.prevRecord);
+        _requireCommitted(record);
+        uint32 numStages = ledger.runOf(runId).numStages;
+        if (proof.stage >= numStages) revert ProverBadStage(proof.stage, numStages);
+        prev = _stageLeaf(proof.prevStageLeaf, proof.prevStagePath, proof.prevRecord, proof.stage, numStages);
+        next = _stageLeaf(proof.stageLeaf, proof.stagePath, record, proof.stage, numStages);
+    }
+
+    function _requireCommitted(TrainingLedger.Record calldata record) private view {
+        bytes32 structHash = keccak256(abi.encode(_RECORD_TYPEHASH, record));
+        if (ledger.recordHashOf(record.runId, record.round) != structHash) {
+            revert ProverNotCommitted(record.runId, record.round);
+        }
+    }
+
+    function _stageLeaf(
+        bytes calldata leaf,
+        bytes32[] calldata path,
+        TrainingLedger.Record calldata record,
+        uint32 stage,
+        uint32 numStages
+    ) private pure returns (StageLeaf memory decoded) {
+        if (!_verify(leaf, stage, numStages, path, record.weightsRoot)) revert ProverBadStagePath(record.round, stage);
+        if (leaf.length != 160) revert ProverBadStageLeaf(record.round, stage);
+        decoded = abi.decode(leaf, (StageLeaf));
+        if (decoded.stage != stage) revert ProverBadStageLeaf(record.round, stage);
+    }
+
+    /// @dev Whether `leaf` is at position `index` of a ledger/merkle.py tree of `count` leaves with root `root`.
+    function _verify(bytes calldata leaf, uint256 index, uint256 count, bytes32[] calldata path, bytes32 root)
+        private
+        pure
+        returns (bool)
+    {
+        if (index >= count) return false;
+        bytes32 node = sha256(abi.encodePacked(bytes1(0x00), leaf));
+        uint256 used = 0;
+        for (uint256 size = count; size > 1; size = (size + 1) / 2) {
+            uint256 sibling = index ^ 1;
+            if (sibling < size) {
+                if (used == path.length) return false;
+                node = sibling < index
+                    ? sha256(abi.encodePacked(bytes1(0x01), path[used], node))
+                    : sha256(abi.encodePacked(bytes1(0x01), node, path[used]));
+                ++used;
+            }
+            index >>= 1;
+        }
+        return used == path.length && node == root;
+    }
+
+    // ------------------------------------------------------------------------------------------- the step
+
+    /// @dev Whether the committed chunk of round t differs from the outer step of its committed inputs.
+    function _differs(Proof calldata proof, StageLeaf memory prev, StageLeaf memory next)
+        private
+        pure
+        returns (bool)
+    {
+        // A different chunk count is wrong on its face: the step keeps every tensor's shape.
+        if (next.numChunks != prev.numChunks) return true;
+        if (proof.chunk >= prev.numChunks) revert ProverBadChunk(proof.chunk, prev.numChunks);
+        (Factors memory factors, bool wellFormed) = _factors(proof, next.factorsHash);
+        if (!wellFormed) return true; // committed factors an honest round never has
+        _openChunk(proof, prev, next);
+        Layout memory place = _layout(proof.prevWeights.leaf, proof.prevMomentum.leaf);
+        for (uint256 j = 0; j < proof.pieces.length; ++j) {
+            if (!_verify(proof.pieces[j].leaf, proof.chunk, prev.numChunks, proof.pieces[j].path, factors.payloadRoots[j]))
+            {
+                revert ProverBadPath(4 + j);
+            }
+            // A committed piece that does not decode: the round aggregated something no contribution holds.
+            if (!_wellFormed(proof.pieces[j].leaf, place)) return true;
+        }
+        return _compare(proof, factors, place);
+    }
+
+    /// @dev The four tensor leaves of the chunk are under their roots.
+    function _openChunk(Proof calldata proof, StageLeaf memory prev, StageLeaf memory next) private pure {
+        uint256 chunk = proof.chunk;
+        uint256 count = prev.numChunks;
+        if (!_verify(proof.prevWeights.leaf, chunk, count, proof.prevWeights.path, prev.weightsRoot)) {
+            revert ProverBadPath(0);
+        }
+        if (!_verify(proof.prevMomentum.leaf, chunk, count, proof.prevMomentum.path, prev.momentumRoot)) {
+            revert ProverBadPath(1);
+        }
+        if (!_verify(proof.newWeights.leaf, chunk, count, proof.newWeights.path, next.weightsRoot)) {
+            revert ProverBadPath(2);
+        }
+        if (!_verify(proof.newMomentum.leaf, chunk, count, proof.newMomentum.path, next.momentumRoot)) {
+            revert ProverBadPath(3);
+        }
+    }
+
+    /// @dev Whether a committed new leaf differs from the recomputation (its header must be the previous one).
+    function _compare(Proof calldata proof, Factors memory factors, Layout memory place) private pure returns (bool) {
+        bytes calldata newWeights = proof.newWeights.leaf;
+        bytes calldata newMomentum = proof.newMomentum.leaf;
+        uint256 size = _LEAF_HEADER + 4 * place.count;
+        if (newWeights.length != size || newMomentum.length != size) return true;
+        bytes32 header = keccak256(proof.prevWeights.leaf[:_LEAF_HEADER]);
+        if (keccak256(newWeights[:_LEAF_HEADER]) != header || keccak256(newMomentum[:_LEAF_HEADER]) != header) {
+            return true;
+        }
+        for (uint256 k = 0; k < place.count; ++k) {
+            (uint32 weight, uint32 momentum) = _element(proof, factors, place, k);
+            if (!Float32.same32(weight, _u32(newWeights, _LEAF_HEADER + 4 * k))) return true;
+            if (!Float32.same32(momentum, _u32(newMomentum, _LEAF_HEADER + 4 * k))) return true;
+        }
+        return false;
+    }
+
+    /// @dev The committed factors; `wellFormed` false when their lists differ in length (a wrong round).
+    function _factors(Proof calldata proof, bytes32 factorsHash)
+        private
+        pure
+        returns (Factors memory factors, bool wellFormed)
+    {
+        if (sha256(proof.factors) != factorsHash) revert ProverBadFactors(proof.record.round, proof.stage);
+        (factors.lr, factors.mu, factors.nesterov, factors.envelopes, factors.payloadRoots, factors.scales) =
+            abi.decode(proof.factors, (uint32, uint32, bool, bytes32[], bytes32[], uint64[]));
+        uint256 accepted = factors.payloadRoots.length;
+        if (proof.pieces.length != accepted) revert ProverBadFactors(proof.record.round, proof.stage);
+        wellFormed = factors.envelopes.length == accepted && factors.scales.length == accepted;
+    }
+
+    /// @dev The chunk's place, from round t - 1's weights leaf; its momentum leaf must have the same header.
+    function _layout(bytes calldata weights, bytes calldata momentum) private pure returns (Layout memory place) {
+        if (weights.length < _LEAF_HEADER) revert ProverBadLeaf(0);
+        place.count = _u32(weights, 20);
+        place.offset = uint64(bytes8(weights[4:12]));
+        place.cols = uint64(bytes8(weights[12:20]));
+        if (place.count == 0 || place.cols == 0 || weights.length != _LEAF_HEADER + 4 * place.count) {
+            revert ProverBadLeaf(0);
+        }
+        if (momentum.length != weights.length || keccak256(momentum[:_LEAF_HEADER]) != keccak256(weights[:_LEAF_HEADER]))
+        {
+            revert ProverBadLeaf(1);
+        }
+    }
+
+    /// @dev One element's new weight and momentum: decode, clip, the in-order sum, / M, the (Nesterov) step.
+    function _element(Proof calldata proof, Factors memory factors, Layout memory place, uint256 k)
+        private
+        pure
+        returns (uint32 weight, uint32 momentum)
+    {
+        uint256 p = _LEAF_HEADER + 4 * k;
+        weight = _u32(proof.prevWeights.leaf, p);
+        momentum = _u32(proof.prevMomentum.leaf, p);
+        uint256 accepted = proof.pieces.length;
+        if (accepted == 0) return (weight, momentum); // every contribution left out: a no-op round
+        uint32 delta = _scaled(_decode(proof.pieces[0].leaf, place, k), factors.scales[0]);
+        for (uint256 j = 1; j < accepted; ++j) {
+            delta = delta.add(_scaled(_decode(proof.pieces[j].leaf, place, k), factors.scales[j]));
+        }
+        delta = delta.div(Float32.fromInt32(int256(accepted)));
+        momentum = momentum.mul(factors.mu).add(delta);
+        uint32 step = factors.nesterov ? delta.add(momentum.mul(factors.mu)).mul(factors.lr) : momentum.mul(factors.lr);
+        weight = weight.sub(step);
+    }
+
+    /// @dev ``float32(float64(d) * scale)``, or ``d`` untouched when the scale is 1.0 (training/robust.py).
+    function _scaled(uint32 value, uint64 scale) private pure returns (uint32) {
+        if (scale == _SCALE_ONE) return value;
+        return Float32.toFloat32(Float32.mul64(Float32.toFloat64(value), scale));
+    }
+
+    // ------------------------------------------------------------------------------------------- pieces
+
+    /// @dev Whether a piece has its codec's size for the chunk's layout (training/chunks.py).
+    function _wellFormed(bytes calldata piece, Layout memory place) private pure returns (bool) {
+        if (piece.length < _PIECE_HEADER || _u32(piece, 1) != place.count) return false;
+        uint8 codec = uint8(piece[0]);
+        if (codec == 0) return piece.length == _PIECE_HEADER + 4 * place.count;
+        if (codec == 1) return piece.length == _PIECE_HEADER + 6 * place.count;
+        if (codec != 2 || piece.length < _WEIGHTS_AT) return false;
+        uint256 rank = uint8(piece[_PIECE_HEADER]);
+        uint256 head = _WEIGHTS_AT + 2 * rank;
+        if (rank == 0 || rank > _MAX_RANK || piece.length < head + 4) return false;
+        uint256 rows = _u32(piece, head);
+        uint256 first = place.offset / place.cols;
+        uint256 last = (uint256(place.offset) + place.count - 1) / place.cols;
+        return rows == last - first + 1 && piece.length == head + 4 + 2 * rank * (rows + place.count);
+    }
+
+    /// @dev Element `k` of a checked piece, decoded exactly as training/codec_wire.py.
+    function _decode(bytes calldata piece, Layout memory place, uint256 k) private pure returns (uint32) {
+        uint8 codec = uint8(piece[0]);
+        if (codec == 0) return _u32(piece, _PIECE_HEADER + 4 * k);
+        if (codec == 1) {
+            int256 q = _i16(piece, _PIECE_HEADER + 2 * k);
+            uint32 scale = _u32(piece, _PIECE_HEADER + 2 * place.count + 4 * k);
+            return Float32.fromInt32(q).mul(scale); // float32(q) is exact: |q| < 2^15
+        }
+        return _lowrank(piece, place, k);
+    }
+
+    /// @dev ``float32(float64(sum_r P[i,r] w[r] Q[j,r]) * float64(S))``: the integer sum is exact (< 2^53).
+    function _lowrank(bytes calldata piece, Layout memory place, uint256 k) private pure returns (uint32) {
+        uint256 rank = uint8(piece[_PIECE_HEADER]);
+        uint256 rowsAt = _WEIGHTS_AT + 2 * rank + 4;
+        uint256 pAt = rowsAt + 2 * rank * ((uint256(place.offset) + k) / place.cols - place.offset / place.cols);
+        uint256 qAt = rowsAt + 2 * rank * (_u32(piece, _WEIGHTS_AT + 2 * rank) + k);
+        int256 sum = _lowrankSum(piece, rank, pAt, qAt);
+        return Float32.toFloat32(Float32.mul64(Float32.fromInt(sum), Float32.toFloat64(_u32(piece, _PIECE_HEADER + 1))));
+    }
+
+    /// @dev ``sum_r P[i,r] w[r] Q[j,r]`` over a checked piece: |P|, |Q| <= 2^15, w < 2^16 and r <= 64 bound every
+    /// partial sum by 2^52, so the int256 arithmetic never wraps.
+    function _lowrankSum(bytes calldata piece, uint256 rank, uint256 pAt, uint256 qAt) private pure returns (int256 sum) {
+        assembly ("memory-safe") {
+            let base := piece.offset
+            for { let r := 0 } lt(r, rank) { r := add(r, 1) } {
+                let at := mul(2, r)
+                let w := shr(240, calldataload(add(base, add(_WEIGHTS_AT, at))))
+                let p := signextend(1, shr(240, calldataload(add(base, add(pAt, at)))))
+                let q := signextend(1, shr(240, calldataload(add(base, add(qAt, at)))))
+                sum := add(sum, mul(mul(p, w), q))
+            }
+        }
+    }
+
+    function _u32(bytes calldata data, uint256 position) private pure returns (uint32 value) {
+        assembly ("memory-safe") {
+            value := shr(224, calldataload(add(data.offset, position)))
+        }
+    }
+
+    function _i16(bytes calldata data, uint256 position) private pure returns (int256) {
+        uint16 raw;
+        assembly ("memory-safe") {
+            raw := shr(240, calldataload(add(data.offset, position)))
+        }
+        return int256(int16(raw));
+    }
+}

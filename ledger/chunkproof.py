@@ -1,0 +1,235 @@
+"""The commitments a fraud proof opens, and the proof itself, as bytes (issue 43; docs/FRAUD_PROOF.md).
+
+In a run with chunked commitments (run document ``diloco.commitments = "chunked"``) the record's
+``weightsRoot`` is not :func:`training.hashing.weights_root` but the Merkle root
+(:func:`ledger.merkle.merkle_root`) over one *stage leaf* per stage, in stage order::
+
+    stage leaf = abi.encode(uint32 stage, uint32 numChunks, bytes32 weightsRoot, bytes32 momentumRoot,
+                            bytes32 factorsHash)
+
+``weightsRoot`` and ``momentumRoot`` are Merkle roots over the stage's tensor leaves (chunk ``i`` at
+position ``i``; training/chunks.py makes the leaves), ``factorsHash = sha256(factors)`` with::
+
+    factors = abi.encode(uint32 lrBits, uint32 muBits, bool nesterov, bytes32[] envelopes,
+                         bytes32[] payloadRoots, uint64[] scaleBits)
+
+the round's outer learning rate and momentum as float32 bit patterns, whether the step is Nesterov, and
+for each contribution the aggregation *accepted*, in the order it summed them: its envelope digest (a leaf
+of the record's ``contributionsRoot``), the Merkle root over its payload pieces (chunk ``i`` at position
+``i``), and the float64 bit pattern of its clip scale. The contributions of the round's close that are not
+listed are the set left out (screened or refused). A round whose every contribution was left out lists
+none: its weights and momentum are the previous ones.
+
+Every tree is :mod:`ledger.merkle`'s (sha256, domain-separated, odd nodes promoted); a proof names its leaf
+by index and the tree's leaf count, from which the contract derives the path's shape, so a leaf cannot be
+passed off at another position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from eth_abi import decode, encode
+
+from ledger.errors import LedgerInputError
+from ledger.merkle import merkle_proof, merkle_root
+from ledger.records import check_bytes32, check_uint
+
+STAGE_LEAF_TYPES = ("uint32", "uint32", "bytes32", "bytes32", "bytes32")
+FACTORS_TYPES = ("uint32", "uint32", "bool", "bytes32[]", "bytes32[]", "uint64[]")
+#: The float64 bit pattern of 1.0: a contribution the norm rule left untouched.
+SCALE_ONE = 0x3FF0000000000000
+#: The ``commitments`` setting of a run whose records a fraud proof can open.
+CHUNKED = "chunked"
+
+
+def tree_root(leaves: list[bytes]) -> bytes:
+    """The root over chunk leaves (:func:`ledger.merkle.merkle_root`)."""
+    return merkle_root(leaves)
+
+
+def tree_path(leaves: list[bytes], index: int) -> list[bytes]:
+    """The sibling hashes from leaf ``index`` up (the sides follow from the index and the leaf count)."""
+    return [sibling for sibling, _left in merkle_proof(leaves, index)]
+
+
+@dataclass(frozen=True)
+class Factors:
+    """The per-round values of one stage's outer step that are not per element (module docstring)."""
+
+    lr_bits: int
+    mu_bits: int
+    nesterov: bool
+    envelopes: tuple[bytes, ...]
+    payload_roots: tuple[bytes, ...]
+    scale_bits: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        check_uint("lr_bits", self.lr_bits, 2**32 - 1)
+        check_uint("mu_bits", self.mu_bits, 2**32 - 1)
+        if not len(self.envelopes) == len(self.payload_roots) == len(self.scale_bits):
+            raise LedgerInputError("factors: envelopes, payload roots and scales differ in length")
+        for value in (*self.envelopes, *self.payload_roots):
+            check_bytes32("factors root", value)
+        for bits in self.scale_bits:
+            check_uint("scale_bits", bits, 2**64 - 1)
+
+    def encode(self) -> bytes:
+        return encode(FACTORS_TYPES, [self.lr_bits, self.mu_bits, self.nesterov, list(self.envelopes),
+                                      list(self.payload_roots), list(self.scale_bits)])
+
+    @classmethod
+    def decode(cls, data: bytes) -> Factors:
+        lr, mu, nesterov, envelopes, roots, scales = decode(FACTORS_TYPES, data)
+        return cls(lr, mu, nesterov, tuple(envelopes), tuple(roots), tuple(scales))
+
+    def digest(self) -> bytes:
+        return hashlib.sha256(self.encode()).digest()
+
+
+@dataclass(frozen=True)
+class StageLeaf:
+    """One stage's commitment after a round: its chunk roots and the round's factors' hash."""
+
+    stage: int
+    num_chunks: int
+    weights_root: bytes
+    momentum_root: bytes
+    factors_hash: bytes
+
+    def encode(self) -> bytes:
+        return encode(STAGE_LEAF_TYPES, [self.stage, self.num_chunks, self.weights_root, self.momentum_root,
+                                         self.factors_hash])
+
+    @classmethod
+    def decode(cls, data: bytes) -> StageLeaf:
+        return cls(*decode(STAGE_LEAF_TYPES, data))
+
+
+def chunked_weights_root(stage_leaves: list[StageLeaf]) -> bytes:
+    """The record's ``weightsRoot`` of a chunked run: the Merkle root over the stage leaves."""
+    for index, leaf in enumerate(stage_leaves):
+        if leaf.stage != index:
+            raise LedgerInputError(f"stage leaf {index} is for stage {leaf.stage}")
+    return merkle_root([leaf.encode() for leaf in stage_leaves])
+
+
+@dataclass(frozen=True)
+class StageState:
+    """What a party holds of one stage after a round: its leaves, the factors, each contribution's pieces."""
+
+    stage: int
+    weight_leaves: list[bytes]
+    momentum_leaves: list[bytes]
+    factors: Factors
+    payload_leaves: list[list[bytes]]  # one list per accepted contribution, in the factors' order
+
+    def leaf(self) -> StageLeaf:
+        return StageLeaf(self.stage, len(self.weight_leaves), tree_root(self.weight_leaves),
+                         tree_root(self.momentum_leaves), self.factors.digest())
+
+
+@dataclass(frozen=True)
+class AggregationProof:
+    """The arguments of ``AggregationProver.proveWrongAggregation`` (contracts/src/AggregationProver.sol)."""
+
+    prev_record: tuple  # RoundRecord.fields() of round t - 1
+    record: tuple  # RoundRecord.fields() of round t
+    stage: int
+    chunk: int
+    prev_stage_leaf: bytes
+    prev_stage_path: list[bytes]
+    stage_leaf: bytes
+    stage_path: list[bytes]
+    factors: bytes
+    prev_weights: bytes
+    prev_weights_path: list[bytes]
+    prev_momentum: bytes
+    prev_momentum_path: list[bytes]
+    new_weights: bytes
+    new_weights_path: list[bytes]
+    new_momentum: bytes
+    new_momentum_path: list[bytes]
+    pieces: list[bytes]
+    piece_paths: list[list[bytes]]
+
+    def args(self) -> tuple:
+        """The single struct argument of the contract function, in ABI order."""
+        return ((self.prev_record, self.record, self.stage, self.chunk, self.prev_stage_leaf, self.prev_stage_path,
+                 self.stage_leaf, self.stage_path, self.factors,
+                 (self.prev_weights, self.prev_weights_path), (self.prev_momentum, self.prev_momentum_path),
+                 (self.new_weights, self.new_weights_path), (self.new_momentum, self.new_momentum_path),
+                 [(piece, path) for piece, path in zip(self.pieces, self.piece_paths, strict=True)]),)
+
+    def to_json(self) -> dict:
+        """A printable form (hex strings) of the proof, as ``audit`` shows it."""
+        def hexed(value):
+            if isinstance(value, bytes):
+                return "0x" + value.hex()
+            if isinstance(value, (list, tuple)):
+                return [hexed(item) for item in value]
+            return value
+        return {name: hexed(getattr(self, name)) for name in self.__dataclass_fields__}
+
+
+def build_proof(prev_record, record, prev_stages: list[StageLeaf], committed_stages: list[StageLeaf],
+                prev: StageState, committed: StageState, chunk: int) -> AggregationProof:
+    """The proof that chunk ``chunk`` of stage ``committed.stage`` in ``record`` is not the outer step of
+    ``prev`` (the state after round t - 1) with the committed round's factors and pieces.
+
+    ``prev_stages`` and ``committed_stages`` are every stage leaf of each record (for the paths);
+    ``committed`` is the state as the round's committers published it (its factors, pieces and leaves).
+    """
+    stage = committed.stage
+    prev_leaves = [leaf.encode() for leaf in prev_stages]
+    new_leaves = [leaf.encode() for leaf in committed_stages]
+    if not 0 <= chunk < len(prev.weight_leaves):
+        raise LedgerInputError(f"chunk {chunk} outside the stage's {len(prev.weight_leaves)} chunks")
+    return AggregationProof(
+        prev_record=prev_record.fields(), record=record.fields(), stage=stage, chunk=chunk,
+        prev_stage_leaf=prev_leaves[stage], prev_stage_path=tree_path(prev_leaves, stage),
+        stage_leaf=new_leaves[stage], stage_path=tree_path(new_leaves, stage),
+        factors=committed.factors.encode(),
+        prev_weights=prev.weight_leaves[chunk], prev_weights_path=tree_path(prev.weight_leaves, chunk),
+        prev_momentum=prev.momentum_leaves[chunk], prev_momentum_path=tree_path(prev.momentum_leaves, chunk),
+        new_weights=committed.weight_leaves[chunk], new_weights_path=tree_path(committed.weight_leaves, chunk),
+        new_momentum=committed.momentum_leaves[chunk],
+        new_momentum_path=tree_path(committed.momentum_leaves, chunk),
+        pieces=[leaves[chunk] for leaves in committed.payload_leaves],
+        piece_paths=[tree_path(leaves, chunk) for leaves in committed.payload_leaves],
+    )
+
+
+def first_difference(mine: StageState, committed: StageState) -> int | None:
+    """The first chunk whose weights or momentum leaf differs between two states of a stage (None: none)."""
+    for index, (a, b, c, d) in enumerate(zip(mine.weight_leaves, committed.weight_leaves, mine.momentum_leaves,
+                                             committed.momentum_leaves)):
+        if a != b or c != d:
+            return index
+    if len(mine.weight_leaves) != len(committed.weight_leaves):
+        return min(len(mine.weight_leaves), len(committed.weight_leaves))
+    return None
+
+
+#: ``which`` of a data-availability challenge: the new weights, the new momentum, or ``PAYLOAD + j``.
+WEIGHTS, MOMENTUM, PAYLOAD = 0, 1, 2
+
+
+def availability_target(record, stage_leaves: list[StageLeaf], factors: Factors, stage: int, which: int,
+                        chunk: int) -> tuple:
+    """The ``Target`` argument of ``AggregationProver.challengeAvailability``: leaf ``chunk`` of tree ``which``
+    (:data:`WEIGHTS`, :data:`MOMENTUM`, ``PAYLOAD + j``) of ``stage`` in the committed ``record``."""
+    leaves = [leaf.encode() for leaf in stage_leaves]
+    return (record.fields(), stage, leaves[stage], tree_path(leaves, stage), factors.encode(), which, chunk)
+
+
+def availability_answer(state: StageState, which: int, chunk: int) -> tuple[bytes, list[bytes]]:
+    """``(leaf, path)`` that answers a challenge of leaf ``chunk`` of tree ``which`` of ``state``."""
+    if which == WEIGHTS:
+        leaves = state.weight_leaves
+    elif which == MOMENTUM:
+        leaves = state.momentum_leaves
+    else:
+        leaves = state.payload_leaves[which - PAYLOAD]
+    return leaves[chunk], tree_path(leaves, chunk)

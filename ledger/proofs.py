@@ -1,0 +1,107 @@
+"""The fraud proof's calls: :class:`ProofCalls` is a mixin of :class:`ledger.client.LedgerClient` (as
+:class:`ledger.disputes.DisputeCalls` is) for the TrainingLedger's AggregationProver (docs/FRAUD_PROOF.md).
+
+Anyone may prove (no stake): a read-only client can check a proof (:meth:`ProofCalls.proof_holds`) but only
+an account can send it.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from eth_abi import encode
+from eth_utils import keccak, to_checksum_address
+
+import contracts
+from ledger.chunkproof import AggregationProof
+from ledger.errors import LedgerInputError
+
+
+class ProofCalls:
+    """The AggregationProver calls of :class:`ledger.client.LedgerClient`."""
+
+    @cached_property
+    def prover_address(self) -> str:
+        """The AggregationProver the ledger deployed and takes fraud proofs from."""
+        return to_checksum_address(self._sender.call(self._ledger, "prover"))
+
+    @cached_property
+    def _prover(self):
+        return self.w3.eth.contract(address=self.prover_address, abi=contracts.artifact("AggregationProver")["abi"])
+
+    def _proof_args(self, proof: AggregationProof, attesters) -> tuple:
+        if not isinstance(proof, AggregationProof):
+            raise LedgerInputError(f"a fraud proof must be an AggregationProof, got {type(proof).__name__}")
+        if attesters is None:
+            commit = self.commit_record(proof.record[0], proof.record[1])
+            if commit is None:  # let the contract name it: ProverNotCommitted
+                attesters = ()
+            else:
+                attesters = commit.attesters
+        (args,) = proof.args()
+        return ((*args, [to_checksum_address(a) for a in attesters]),)
+
+    def proof_holds(self, proof: AggregationProof, attesters=None) -> bool:
+        """Whether the proof would succeed now (the chunk differs); raises the contract's error if malformed
+        (ProverBadPath, ProverBadFactors, ...)."""
+        return self._sender.call(self._prover, "isWrong", self._proof_args(proof, attesters), "isWrong")
+
+    def prove_wrong_aggregation(self, proof: AggregationProof, attesters=None) -> dict:
+        """Send the proof; return the receipt. ``attesters``: the round's, as RoundCommitted gave them (None
+        reads them from the event).
+
+        Raises:
+            ProverRoundCorrect (the chunk is right), ProverBadRecords, ProverNotCommitted, ProverBadStage,
+            ProverBadStagePath, ProverBadStageLeaf, ProverBadFactors, ProverBadChunk, ProverBadPath,
+            ProverBadLeaf, LedgerRunHalted (the round is already invalid), LedgerNotAttesters.
+        """
+        what = f"proveWrongAggregation(run {proof.record[0]}, round {proof.record[1]}, stage {proof.stage}, " \
+               f"chunk {proof.chunk})"
+        return self._sender.transact(self._prover, "proveWrongAggregation", self._proof_args(proof, attesters), what)
+
+    def challenge_availability(self, target: tuple, *, bond: int | None = None) -> bytes:
+        """Challenge the committers to publish one committed leaf (``ledger.chunkproof.availability_target``),
+        paying the run's bond; return the challenge's id.
+
+        Raises:
+            ProverNotCommitted, ProverBadStage, ProverBadStagePath, ProverBadChunk, ProverBadFactors,
+            ProverBadTarget, ProverBondMismatch, ProverChallengeExists, ProverChallengeTooLate (the round's
+            dispute window closed).
+        """
+        record, stage, _leaf, _path, _factors, which, chunk = target
+        if bond is None:
+            bond = self._run_struct(record[0])["bond"]
+        self._sender.transact(self._prover, "challengeAvailability", (target,),
+                              f"challengeAvailability(run {record[0]}, round {record[1]}, stage {stage})", bond)
+        return keccak(encode(["uint256", "uint64", "uint32", "uint256", "uint64"],
+                             [record[0], record[1], stage, which, chunk]))
+
+    def answer_challenge(self, challenge_id: bytes, leaf: bytes, path: list[bytes]) -> dict:
+        """Publish the challenged leaf with its path (``ledger.chunkproof.availability_answer``).
+
+        Raises: ProverNoChallenge, ProverChallengeSettled, ProverChallengeDue, ProverBadPath.
+        """
+        return self._sender.transact(self._prover, "answerChallenge", (challenge_id, leaf, path), "answerChallenge")
+
+    def expire_challenge(self, challenge_id: bytes, attesters=None) -> dict:
+        """Settle an unanswered challenge past its deadline: its round is overturned (``attesters``: the round's,
+        None reads them from RoundCommitted), the challenger paid half of the slash and its bond returned.
+
+        Raises: ProverNoChallenge, ProverChallengeSettled, ProverChallengeNotDue, LedgerNotAttesters.
+        """
+        if attesters is None:
+            state = self.challenge_of(challenge_id)
+            commit = self.commit_record(state["runId"], state["round"])
+            attesters = commit.attesters if commit is not None else ()
+        return self._sender.transact(self._prover, "expireChallenge",
+                                     (challenge_id, [to_checksum_address(a) for a in attesters]), "expireChallenge")
+
+    def challenge_of(self, challenge_id: bytes) -> dict:
+        """A challenge's state by field name (a zero challenger: none)."""
+        names = ("challenger", "deadline", "numChunks", "settled", "round", "chunk", "root", "runId", "bond")
+        return dict(zip(names, self._sender.call(self._prover, "challengeOf", (challenge_id,)), strict=True))
+
+    def invalid_from(self, run_id: int) -> int | None:
+        """The first invalid round of ``run_id`` (overturned by a verdict or a fraud proof), or None."""
+        value = self._run_struct(run_id)["invalidFrom"]
+        return value - 1 if value else None

@@ -1,0 +1,75 @@
+"""The fraud proof's wiring (issue 43; docs/FRAUD_PROOF.md): a stage's chunked commitment from an aggregation,
+and the proof of the first chunk where a committed round differs from this node's own.
+
+training/chunks.py makes the leaves (torch), ledger/chunkproof.py the trees, the stage leaf and the proof's
+bytes (no torch); this module puts a :class:`training.diloco.Aggregation` and its inputs into those.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from ledger.chunkproof import Factors, StageState, build_proof, first_difference, tree_root
+from training.chunks import float32_bits, float64_bits, payload_leaves, tensor_leaves
+from training.config import DilocoConfig
+from training.diloco import Aggregation
+from training.schedule import outer_lr, outer_momentum
+
+
+def round_factors_bits(diloco_cfg: DilocoConfig, outer_round: int) -> tuple[int, int]:
+    """``(lr, mu)`` of ``outer_round`` as the float32 bit patterns the outer step multiplies by."""
+    return float32_bits(outer_lr(diloco_cfg, outer_round)), float32_bits(outer_momentum(diloco_cfg, outer_round))
+
+
+def initial_state(stage: int, weights: Mapping[str, torch.Tensor], momentum: Mapping[str, torch.Tensor]) -> StageState:
+    """The state of a stage before any round: its weights and momentum, no factors."""
+    return StageState(stage, tensor_leaves(weights), tensor_leaves(momentum), Factors(0, 0, False, (), (), ()), [])
+
+
+def stage_state(
+    stage: int,
+    aggregation: Aggregation,
+    contributions: Sequence[bytes],
+    diloco_cfg: DilocoConfig,
+    outer_round: int,
+    *,
+    envelopes: Sequence[bytes] | None = None,
+    decode_args: Mapping | None = None,
+) -> StageState:
+    """The chunked commitment of one stage after ``aggregation`` of ``contributions`` (canonical order).
+
+    ``envelopes``: each contribution's envelope digest (the contributions root's leaves); None: the sha256
+    of its bytes (tests, simulations). ``decode_args``: as the aggregation decoded (stage_index, outer_round,
+    refuse_raw).
+    """
+    shapes = {name: tuple(value.shape) for name, value in aggregation.new_global.items()}
+    envelopes = list(envelopes) if envelopes is not None else [hashlib.sha256(c).digest() for c in contributions]
+    accepted = [report for report in aggregation.contributions if report.accepted]
+    pieces = [payload_leaves(contributions[r.index], shapes, **dict(decode_args or {})) for r in accepted]
+    lr, mu = round_factors_bits(diloco_cfg, outer_round)
+    factors = Factors(lr, mu, bool(diloco_cfg.nesterov), tuple(envelopes[r.index] for r in accepted),
+                      tuple(tree_root(leaves) for leaves in pieces), tuple(float64_bits(r.scale) for r in accepted))
+    return StageState(stage, tensor_leaves(aggregation.new_global), tensor_leaves(aggregation.new_momentum),
+                      factors, pieces)
+
+
+def proof_of_difference(prev_record, record, prev_stages, committed_stages, prev: StageState, mine: StageState,
+                        committed: StageState):
+    """``(proof, why)``: the proof of the first chunk where the committed state of a stage differs from this
+    node's own (``mine``, derived from the same inputs), or None with the reason no proof applies.
+
+    ``committed`` is the state the round's committers published (its leaves under the record's root);
+    a difference in the factors alone (another clip scale or set left out) is not provable by a chunk
+    (docs/FRAUD_PROOF.md, "Known gaps").
+    """
+    if mine.leaf() == committed.leaf():
+        return None, "the committed stage is this node's own"
+    if mine.factors != committed.factors:
+        return None, "the committed factors differ from this node's (a clip scale or the set left out): not provable"
+    chunk = first_difference(mine, committed)
+    if chunk is None:
+        return None, "the committed leaves equal this node's"
+    return build_proof(prev_record, record, prev_stages, committed_stages, prev, committed, chunk), f"chunk {chunk}"

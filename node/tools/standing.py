@@ -1,0 +1,97 @@
+"""How far the chain alone lets a round be trusted (``dlx-node pull`` and ``audit``): :func:`round_standing`.
+
+Split from :mod:`node.tools.pull`, which re-exports it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from node.errors import (
+    RoundBeyondMax,
+    RoundDisputed,
+    RoundNotLinked,
+    RoundNotTrusted,
+    RoundPending,
+    RoundUnattested,
+)
+
+#: How a round became invalid, by its outcome in ``RunHistory.dispute_outcomes``.
+_HOW = {"overturned": "overturned by a verdict of the round's members",
+        "proven wrong": "proven wrong on chain by a fraud proof (AggregationProver)"}
+
+def round_standing(history: Any, chain_id: int, ledger_address: str,
+                   cleared: dict[int, str] | None = None, final_only: bool = False) -> dict[int, RoundNotTrusted | None]:
+    """For every committed round of ``history``: None if the chain gives no reason to distrust it, else the
+    error (not raised) of the first check it fails, in this order: within ``maxRounds``, hash chain link,
+    attested by the quorum of counted members, not overturned (nor after an overturned round), neither it nor
+    an earlier round under an unsettled dispute (its weights descend from every earlier round), and, with
+    ``final_only``, final: its dispute window closed at the block the history was read at.
+
+    A dispute is settled when a verdict upheld the round, when its case lapsed (an expireDispute, or its
+    deadline, ``accusation_blocks`` after the first dispute, passed without a verdict), or when a replay from
+    archives cleared it (``cleared``: round -> how).
+
+    Pure: it judges a :class:`ledger.records.RunHistory` (as :mod:`ledger.checks` does) and reads nothing.
+    """
+    cleared = dict(cleared or {})
+    from ledger.checks import check_attesters, check_hash_chain
+
+    run = history.run
+    links = check_hash_chain(history, chain_id, ledger_address).links
+    attested = check_attesters(history)
+    outcomes = getattr(history, "dispute_outcomes", {}) or {}
+    now = getattr(history, "block_number", 0)
+    disputes: dict[int, list] = {}
+    for dispute in history.disputes:
+        disputes.setdefault(dispute.round, []).append(dispute)
+    for round_index, filed in disputes.items():
+        outcome = outcomes.get(round_index)
+        deadline = min(d.block_number for d in filed) + run.accusation_blocks
+        if outcome in ("upheld", "lapsed"):
+            cleared.setdefault(round_index, f"settled: {outcome}")
+        elif outcome is None and now and now >= deadline:
+            cleared.setdefault(round_index, f"settled: no verdict by block {deadline}, the record stands")
+    overturned = min((r for r, o in outcomes.items() if o in ("overturned", "proven wrong")), default=None)
+    standing: dict[int, RoundNotTrusted | None] = {}
+    for record, link, attesters in zip(history.commits, links, attested):
+        round_index = record.commit.round
+        where = f"round {round_index} of run {run.run_id}"
+        problem: RoundNotTrusted | None = None
+        window_end = record.block_number + run.dispute_blocks
+        if run.max_rounds and round_index >= run.max_rounds:
+            problem = RoundBeyondMax(
+                f"{where} is past the run's last round {run.max_rounds - 1} (maxRounds {run.max_rounds})"
+            )
+        elif not link.ok:
+            problem = RoundNotLinked(f"{where} does not link into the run's hash chain: {link.reason}")
+        elif not attesters.ok:
+            problem = RoundUnattested(
+                f"{where} is not attested by the quorum of counted members: {attesters.reason}"
+            )
+        elif overturned is not None and round_index >= overturned:
+            problem = RoundDisputed(
+                f"{where} is invalid: round {overturned} was {_HOW[outcomes[overturned]]} and the run halted; "
+                "pull an earlier round"
+            )
+        elif round_index in disputes and round_index not in cleared:
+            who = ", ".join(f"{d.disputer} (block {d.block_number})" for d in disputes[round_index])
+            problem = RoundDisputed(
+                f"{where} is disputed: {who} put a differing signed record on chain and no verdict settled it "
+                "yet; run 'dlx-node audit' to see which record replays, or pull with --archive to replay it"
+            )
+        elif any(d < round_index and d not in cleared for d in disputes):
+            upstream = min(d for d in disputes if d < round_index and d not in cleared)
+            problem = RoundDisputed(
+                f"{where} descends from disputed round {upstream}; pull with --archive to replay round "
+                f"{upstream}, or pull --round {upstream - 1} or earlier"
+            )
+        elif final_only and now < window_end:
+            problem = RoundPending(
+                f"{where} is not final: it can be disputed until block {window_end} (now {now}); pull --pending "
+                "takes it anyway"
+            )
+        standing[round_index] = problem
+    return standing
+
+

@@ -1,0 +1,133 @@
+"""Shared by tests/test_fraud_proof.py and bench/bench_fraud_proof.py: wire contributions of a chosen codec,
+a real aggregation of them, and a chunked run that commits it (honestly or with a change) on a real EVM."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgpack
+import numpy as np
+import torch
+
+from ledger.chunkproof import StageState, build_proof, chunked_weights_root
+from node.fraudproof import initial_state, stage_state
+from training.codec_wire import CODEC_VERSION, f32_bytes, matrix_view_shape, pack_ints, qmax
+from training.config import DilocoConfig
+from training.diloco import aggregate_with_report
+
+DILOCO = DilocoConfig(outer_lr=0.7, outer_momentum=0.9)
+OTHER = {"d.weight": (8, 8)}  # the run's second stage
+
+
+def tensors(seed: int, shapes, scale: float = 1.0) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {name: torch.randn(*shape, generator=generator) * scale for name, shape in shapes.items()}
+
+
+def contribution(shapes, codec: str, seed: int, *, bits: int = 8, rank: int = 8, scale: float = 1e-3,
+                 stage: int = 0, outer_round: int = 1) -> bytes:
+    """Wire bytes of a contribution whose every tensor uses ``codec`` (1-D tensors: quant when lowrank),
+    with random integers and scales: well-formed, decodable, any values."""
+    rng = np.random.default_rng(seed)
+    entries = []
+    for name in sorted(shapes):
+        shape = tuple(shapes[name])
+        m, n = matrix_view_shape(shape)
+        kind = "quant" if codec == "lowrank" and len(shape) < 2 else codec
+        entry = {"n": name, "s": list(shape), "c": kind}
+        if kind == "raw":
+            entry["d"] = f32_bytes(torch.from_numpy(rng.standard_normal(m * n).astype(np.float32) * scale))
+        elif kind == "quant":
+            limit = qmax(bits)
+            entry.update(b=bits, q=pack_ints(torch.from_numpy(rng.integers(-limit, limit + 1, m * n)), bits),
+                         x=f32_bytes(torch.from_numpy(rng.uniform(0, scale, n).astype(np.float32))))
+        else:
+            r, limit = min(rank, m, n), qmax(bits)
+            entry.update(b=bits, r=r, p=pack_ints(torch.from_numpy(rng.integers(-limit, limit + 1, m * r)), bits),
+                         q=pack_ints(torch.from_numpy(rng.integers(-limit, limit + 1, n * r)), bits),
+                         w=rng.integers(0, 65536, r).astype("<u2").tobytes(),
+                         x=f32_bytes(torch.tensor([scale * 1e-9], dtype=torch.float32)))
+        entries.append(entry)
+    return msgpack.packb({"v": CODEC_VERSION, "st": stage, "rd": outer_round, "t": entries}, use_bin_type=True)
+
+
+@dataclasses.dataclass
+class Round:
+    """A stage's state before (round 0's commit) and after (round 1's) a real aggregation."""
+
+    prev: StageState
+    honest: StageState
+    other: StageState  # stage 1, the same in both rounds
+    blobs: list[bytes]
+
+
+def aggregated_round(shapes, blobs: list[bytes]) -> Round:
+    """Round 1 of stage 0: ``blobs`` aggregated (training/diloco.py) onto seeded weights and momentum."""
+    weights, momentum = tensors(1, shapes), tensors(2, shapes, scale=0.1)
+    aggregation = aggregate_with_report(weights, momentum, blobs, DILOCO, stage_index=0, outer_round=1)
+    honest = stage_state(0, aggregation, blobs, DILOCO, 1, decode_args={"stage_index": 0, "outer_round": 1})
+    other = initial_state(1, tensors(3, OTHER), tensors(4, OTHER, 0.0))
+    return Round(initial_state(0, weights, momentum), honest, other, blobs)
+
+
+def changed(state: StageState, chunk: int, element: int, *, momentum: bool = False) -> StageState:
+    """``state`` with one element's lowest mantissa bit flipped (its weight, or its momentum)."""
+    leaves = list(state.momentum_leaves if momentum else state.weight_leaves)
+    leaf = bytearray(leaves[chunk])
+    leaf[24 + 4 * element + 3] ^= 1
+    leaves[chunk] = bytes(leaf)
+    return dataclasses.replace(state, **{"momentum_leaves" if momentum else "weight_leaves": leaves})
+
+
+@dataclasses.dataclass
+class Committed:
+    """A chunked run on chain whose rounds 0 and 1 hold ``states`` (stage 0), signed by ``attesters``."""
+
+    deployment: object
+    run_id: int
+    records: list
+    stages: list  # [round][stage] StageLeaf
+    states: list  # [round] StageState of stage 0
+    attesters: tuple[int, ...]
+    prover_index: int
+
+    def proof(self, chunk: int):
+        return build_proof(self.records[0], self.records[1], self.stages[0], self.stages[1], self.states[0],
+                           self.states[1], chunk)
+
+    def prover(self):
+        return self.deployment.client(self.prover_index)
+
+
+def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_index: int = 6) -> Committed:
+    """A new run on ``deployment`` (members 1, 2, 3; k = 2) whose round 0 is ``round_.prev`` and round 1 ``new``,
+    both signed by members 1 and 2."""
+    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=stake)
+    records, stages = [], []
+    for state in (round_.prev, new):
+        leaves = [state.leaf(), round_.other.leaf()]
+        record = dataclasses.replace(run.next_record(), weights_root=chunked_weights_root(leaves))
+        run.client(1).commit_round(record, run.sign(record, (1, 2)))
+        records.append(record)
+        stages.append(leaves)
+    return Committed(deployment, run.run_id, records, stages, [round_.prev, new], (1, 2), prover_index)
+
+
+CHAIN_SHAPES = {"w": (2, 40)}  # 80 elements: a full chunk and a short one
+_CHAIN: list = []  # [(state, weights, momentum)] after rounds 0, 1, ...
+
+
+def honest_chain(round_: int) -> StageState:
+    """The state of a one-stage run after ``round_``: round 0 is the seeded start, each later round aggregates
+    two raw contributions onto the one before (cached: the fuzzer asks for the same rounds again and again)."""
+    if not _CHAIN:
+        weights, momentum = tensors(1, CHAIN_SHAPES), tensors(2, CHAIN_SHAPES, scale=0.0)
+        _CHAIN.append((initial_state(0, weights, momentum), weights, momentum))
+    while len(_CHAIN) <= round_:
+        t = len(_CHAIN)
+        _state, weights, momentum = _CHAIN[-1]
+        blobs = [contribution(CHAIN_SHAPES, "raw", 1000 * t + i, scale=1e-2, outer_round=t) for i in range(2)]
+        aggregation = aggregate_with_report(weights, momentum, blobs, DILOCO, stage_index=0, outer_round=t)
+        state = stage_state(0, aggregation, blobs, DILOCO, t, decode_args={"stage_index": 0, "outer_round": t})
+        _CHAIN.append((state, aggregation.new_global, aggregation.new_momentum))
+    return _CHAIN[round_][0]
