@@ -409,7 +409,8 @@ class Soak:
                            "syns_to_chain": sent.get("100.64.0.1", {}).get("syns", 0),
                            "bytes_sent": sum(v["bytes"] for v in sent.values()),
                            "bytes_received": stats.get("received", {}).get("bytes", 0)}
-        self.samples.append({"at_s": at, "last_round": last, "nodes": nodes, "links": links})
+        self.samples.append({"at_s": at, "last_round": last, "load": [round(x, 2) for x in os.getloadavg()],
+                             "nodes": nodes, "links": links})
 
     def stop(self) -> None:
         self.outage_end()
@@ -529,7 +530,7 @@ def traceback_heads(text: str, limit: int = 3) -> list[str]:
 def series(samples: list[dict]) -> dict:
     """Per node RSS and fds, per site dials per minute, over time (from the samples)."""
     out: dict = {"at_s": [s["at_s"] for s in samples], "rss_mib": {}, "fds": {}, "dials_per_min": {},
-                 "chain_connections_per_min": {}}
+                 "chain_connections_per_min": {}, "load_1min": [(s.get("load") or [None])[0] for s in samples]}
     names = sorted({n for s in samples for n in s["nodes"]})
     for name in names:
         out["rss_mib"][name] = [s["nodes"].get(name, {}).get("rss_mib") for s in samples]
