@@ -155,3 +155,25 @@ def test_assign_stages_numbers_a_cluster_by_its_first_seat_and_place_members_sea
     placed_now = place_members(ended, 2)
     assert {placed_now["z"].replica, placed_now["v"].replica} == {2}
     assert placed_now["y"].replica == 1 and placed_now["x"].replica == 0
+
+
+def test_node_chain_reads_each_seat_index_from_the_runs_join_events_and_a_leave_ends_it(deployment):
+    # Real contracts (py-evm and anvil): three founders, one leaves, a fourth joins; every NodeChain reads
+    # the same index for every seat, the leaver's too, and a later join never renumbers an earlier one.
+    from node.live.onchain import NodeChain
+
+    run = deployment.member_run((1, 2, 3), quorum=1)
+    founders = [run.client(i) for i in (1, 2, 3)]
+    founders[2].leave_run(run.run_id)
+    joiner = deployment.register(4)
+    NodeChain(joiner).ensure_member(run.run_id)
+    accounts = [*founders, joiner]
+    for reader in (NodeChain(founders[0]), NodeChain(joiner)):
+        seats = []
+        for client in accounts:
+            period = reader.seat(run.run_id, bytes.fromhex(client.address[2:]), client.key_of(client.address),
+                                 current=False)
+            seats.append(reader.seat_of(period))
+        assert [s.index for s in seats] == [0, 1, 2, 3]
+        assert [s.current for s in seats] == [True, True, False, True]
+        assert [s.joined for s in seats] == sorted(s.joined for s in seats)
