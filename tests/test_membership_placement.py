@@ -132,6 +132,8 @@ def test_a_split_clusters_departed_member_gives_its_seat_to_a_newcomer_in_every_
     old = view(chain, "a", clusters, ["p1", "p2"])
     assert placed(old)["p1"][0] == placed(old)["p2"][0] == 1
     chain.leave("p1")
+    # Until a newcomer completes the cluster, its partner keeps the placement it signed under.
+    assert placed(old)["p2"] == (1, (1,)) and placed(old)["p1"] == (1, (0,))
     chain.join("p3")
     old.book.add_hello("p3", b"p3", msg.Hello("c-split", 2, b"\x01" * 20, [], 0, 0))
     newcomer = view(chain, "p3", clusters, ["a", "p2"])

@@ -87,18 +87,18 @@ def assign_stages(declarations: list[Declaration], num_stages: int) -> dict[str,
 
 
 def place_members(declarations: list[Declaration], num_stages: int) -> dict[str, Placement]:
-    """Placement of the run's members: the current ones among themselves, departed ones as they sat.
+    """Placement of the run's members: the current ones among themselves, the others as they sat.
 
     Current seats (:attr:`Seat.current`) are placed by :func:`assign_stages` over current seats
     only, so a member that left can neither keep a seat of its cluster from a newcomer nor, heard
-    by one view and not by another, make the two views differ. A departed member keeps the
-    placement it had among everyone declared (its late closes and attestations still check); it
-    can shift no index, since an index is a seat's own.
+    by one view and not by another, make the two views differ over a current member. A peer that
+    placement leaves out that way (a departed member; the partner of a split cluster's departed
+    member, until a newcomer completes the cluster again) keeps the placement it had among everyone
+    declared: its late closes and attestations still check, as before the departure. None of that
+    can shift an index, since an index is a seat's own.
     """
     current = assign_stages([d for d in declarations if d.seat.current], num_stages)
-    departed = {d.peer_id for d in declarations if not d.seat.current} - set(current)
-    everyone = assign_stages(declarations, num_stages)
-    return {**{p: everyone[p] for p in departed if p in everyone}, **current}
+    return {**assign_stages(declarations, num_stages), **current}
 
 
 def committer_order(round_index: int, peer_ids: list[str]) -> list[str]:
