@@ -286,14 +286,9 @@ class Committer:
         Those of the replicas aggregated in the round whose weights agree with the record's:
         every honest member derives the same set and sums it in the same order, so they sign
         the same record. A member that reported other weights (it aggregated something else)
-        does not count. Waits for the attestation of every replica aggregated in the round, up to
-        the round deadline: a record signed from a partial set is a record the members who heard
-        the whole set do not sign, and a member signs one record per round, so a round whose
-        signers split that way never commits. (A fixed 10 s wait, enough on loopback, let the
-        60-minute soak's members sign five different records of one round over 20-200 ms links on a
-        loaded machine, and the run stopped there: tests/test_committer_losses.py.) A replica that
-        contributed and attests is as slow as the round's slowest link at most; one that died
-        meanwhile is waited for until the deadline, and then every member goes on without it.
+        does not count. Waits for every aggregated replica's attestation up to the round deadline:
+        members that averaged different sets sign different records, one each, and the round never
+        commits (a 10 s wait did that over 20-200 ms links: docs/P2P.md, "What the soak found").
         """
         node = self.node
 
