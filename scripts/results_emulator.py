@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from results_sections import table
 
+#: RSS is judged flat from this far into the run on (the model, torch and the pipelines are loaded by then).
+WARM_UP_S = 600
+
 
 def netlab(r: dict) -> list[str]:
     """bench/bench_netlab.py: RTT and rate given against asked, and the forwarders' CPU."""
@@ -62,16 +65,20 @@ def soak(r: dict) -> list[str]:
     for name, values in sorted(series["rss_mib"].items()):
         seen = [v for v in values if v is not None]
         fds = [v for v in series["fds"][name] if v is not None]
+        warm = [(t, v) for t, v in zip(series["at_s"], values) if v is not None and t >= WARM_UP_S]
         traffic = series["traffic_by_kind_at_end"].get(name, {})
         rss_rows.append([name, r["placement"].get(name, "joiner"),
                          f"{seen[0]:.0f} / {max(seen):.0f} / {seen[-1]:.0f}" if seen else "-",
+                         f"{warm[-1][1] - warm[0][1]:+.0f}" if len(warm) > 1 else "-",
                          f"{min(fds)}-{max(fds)}" if fds else "-",
                          ", ".join(f"{kind.split('/')[2] if kind.count('/') > 1 else kind.strip('/')} "
                                    f"{(sent + received) / 1e6:.1f}" for kind, (sent, received) in sorted(traffic.items()))
                          or "-"])
-    lines += ["Per node: resident memory (MiB: first sample, highest, last), open file descriptors, and traffic by "
-              "protocol at the last sample (MB sent + received, the node's own counters over its current life):", ""]
-    lines += table(["node", "site", "RSS", "fds", "traffic"], rss_rows)
+    lines += ["Per node: resident memory (MiB: first sample, highest, last; and its change from the first sample "
+              f"after {WARM_UP_S // 60} minutes of the run to the last: a restart in between resets it), open file "
+              "descriptors, and traffic by protocol at the last sample (MB sent + received, the node's own counters "
+              "over its current life):", ""]
+    lines += table(["node", "site", "RSS", "RSS after warm-up", "fds", "traffic"], rss_rows)
     dial_rows = []
     for site, values in sorted(series["dials_per_min"].items()):
         seen = [v for v in values if v is not None]
@@ -85,6 +92,10 @@ def soak(r: dict) -> list[str]:
     lines += [f"Round time against the slowest link: its one-way delay is {link['one_way_ms']:.0f} ms, its rate "
               f"{link['rate_mbit']:.0f} Mbit/s; the median round took {_median(durations):.0f} s"
               if durations else "No round times.", ""]
+    load = [v for v in series.get("load_1min", []) if v is not None]
+    if load:
+        lines += [f"The machine's 1-minute load average over the samples (it has {r['recorded']['machine']['cpus']} "
+                  f"cores, shared with other work): median {_median(load):.1f}, highest {max(load):.1f}.", ""]
     lines += [f"![round time over the run, churn marked](../bench/results/soak.svg)", ""] if rounds else []
     return lines
 

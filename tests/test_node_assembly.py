@@ -20,6 +20,7 @@ from node import protocol as msg
 from node.config import load_config
 from node.live.assembly import HONEST, NodeParts
 from node.live.node import Node
+from node.live.topology import Seat
 
 TINY = ["model.preset=tiny", "diloco.inner_steps=2", "training.batch_size=2", "round_timeout=30",
         "diloco.num_replicas=1", "quorum=1", "checkpoint_every=2", "join_timeout=5"]
@@ -128,12 +129,12 @@ class FakeCommitter:
 class OfflineParts(NodeParts):
     """The node's parts with the host and the chain faked (step 1 of the assembly)."""
 
-    def connect(self) -> tuple[int, int]:
+    def connect(self) -> Seat:
         self.reporter.set_state("joining")
         self.chain = FakeChain()
         self.host = FakeHost(self.peer_id)
         self.reporter.listening(self.host.listen_addrs)
-        return (0, 0)
+        return Seat((0, 0), 0)
 
 
 def offline_node(tmp_path, exchange: str = "full", rounds: int = 3) -> Node:

@@ -24,6 +24,7 @@ from node.live.coordination import (
 )
 from node.live.membership import Membership
 from node.live.roundbook import RoundBook
+from node.live.topology import Seat
 
 PEERS = ["peer-a", "peer-b", "peer-c"]
 
@@ -75,9 +76,9 @@ def rooms(quorum: int = 1, clock=time.monotonic, round_timeout: float = 60.0, se
     """The rooms of peer-a with peer-b and peer-c placed; ``seats``: the order the three joined the run on
     chain (default: all at once, ranked by peer id)."""
     book = RoundBook()
-    joined = {key_of(peer): (index, 0) for index, peer in enumerate(seats or [])}
-    membership = Membership("peer-a", "c0", 1, 2, book, seat=lambda _account, key: joined.get(key, (0, 0)),
-                            joined=joined.get(key_of("peer-a"), (0, 0)))
+    taken = {key_of(peer): Seat((index if seats else 0, 0), index) for index, peer in enumerate(seats or PEERS)}
+    membership = Membership("peer-a", "c0", 1, 2, book, seat=lambda _account, key: taken.get(key),
+                            own_seat=taken[key_of("peer-a")])
     for index, peer in enumerate(PEERS[1:], start=1):
         book.add_hello(peer, key_of(peer), hello(f"c{index}"))
     membership.refresh()
@@ -171,8 +172,8 @@ def test_a_pending_close_is_refused_only_after_a_stall_without_progress():
 
 def test_an_absurd_training_round_claim_is_ignored_for_the_entry_round():
     book, membership, _pool, _coordinator = rooms()
-    book.add_hello("peer-b", b"k" * 32, hello("c1", training_round=12))
-    book.add_hello("peer-c", b"k" * 32, hello("c2", training_round=10**12))
+    book.add_hello("peer-b", key_of("peer-b"), hello("c1", training_round=12))
+    book.add_hello("peer-c", key_of("peer-c"), hello("c2", training_round=10**12))
     assert membership.live_training_round(last_committed=10, window=8) == 12
     # An unplaced peer's claim does not count either.
     unbound = Membership("peer-a", "c0", 1, 2, book, seat=lambda _account, _key: None)
@@ -182,11 +183,11 @@ def test_an_absurd_training_round_claim_is_ignored_for_the_entry_round():
 def test_claimed_rounds_span_each_live_replicas_first_through_current_round():
     # What a re-forming cluster checks before skipping a round: who still contributes to it.
     book, membership, _pool, _coordinator = rooms()
-    book.add_hello("peer-b", b"k" * 32, hello("c1", training_round=89, first_round=89))  # re-entered at 89
-    book.add_hello("peer-c", b"k" * 32, hello("c2", training_round=-1, first_round=2**62))  # waits for a partner
+    book.add_hello("peer-b", key_of("peer-b"), hello("c1", training_round=89, first_round=89))  # re-entered at 89
+    book.add_hello("peer-c", key_of("peer-c"), hello("c2", training_round=-1, first_round=2**62))  # waits for a partner
     assert membership.claimed_rounds(last_committed=86, window=10) == [(89, 89)]
     # A claim past the window is ignored, as for the entry round.
-    book.add_hello("peer-b", b"k" * 32, hello("c1", training_round=10**12, first_round=0))
+    book.add_hello("peer-b", key_of("peer-b"), hello("c1", training_round=10**12, first_round=0))
     assert membership.claimed_rounds(last_committed=86, window=10) == []
 
 
@@ -361,6 +362,8 @@ def test_a_round_message_that_arrives_before_its_senders_hello_is_kept_and_filed
     book, membership, pool, _coordinator = rooms()
     inbox = GossipInbox(7, EnvelopeValidator(7, max_size=1 << 16), book, membership, pool, held_stages=lambda: ())
     late = Identity.generate()
+    seats = membership.seat  # the chain: the late sender holds the run's fourth seat
+    membership.seat = lambda account, key: Seat((3, 0), 3) if key == late.public_key_bytes else seats(account, key)
     close = Envelope.create(late, 7, 1, msg.CLOSE, msg.encode_payload(msg.Close([entry(3, late.peer_id)])),
                             stage=0, replica=3).to_bytes()
     with pytest.raises(msg.ProtocolError, match="not placed yet"):
@@ -408,9 +411,9 @@ def test_coordinators_rank_by_chain_seat_so_a_joiner_heard_by_some_holders_only_
     seats = ["peer-b", "peer-a", "peer-c"]
     _book, _membership, _pool, knows_joiner = rooms(seats=seats)
     book = RoundBook()
-    joined = {key_of(peer): (index, 0) for index, peer in enumerate(seats)}
-    membership = Membership("peer-a", "c0", 1, 2, book, seat=lambda _account, key: joined.get(key),
-                            joined=joined[key_of("peer-a")])
+    taken = {key_of(peer): Seat((index, 0), index) for index, peer in enumerate(seats)}
+    membership = Membership("peer-a", "c0", 1, 2, book, seat=lambda _account, key: taken.get(key),
+                            own_seat=taken[key_of("peer-a")])
     book.add_hello("peer-b", key_of("peer-b"), hello("c1"))
     without_joiner = RoundCoordinator("peer-a", 1, 60.0, book, membership, Pool(), contributed=lambda _r: True,
                                       gossip=lambda *a: b"", resync=lambda: None, previous_life_finished=-1)

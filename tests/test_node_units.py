@@ -14,7 +14,7 @@ from node import protocol as msg
 from node.config import load_config
 from node.errors import ConfigError, NodeError, StateError
 from node.live.roundbook import Announced, RoundBook
-from node.live.topology import Declaration, assign_stages, canonical_order, committer_order
+from node.live.topology import Declaration, Seat, assign_stages, canonical_order, committer_order
 from node.runconfig import canonical_json, config_hash, parse_run_document, run_document
 from node.store.archive import Archive, ArchivedContribution
 from node.store.checkpoint import (
@@ -30,41 +30,47 @@ from node.store.checkpoint import (
 
 
 # ---------------------------------------------------------------- topology
-def test_single_node_clusters_hold_every_stage_and_are_numbered_by_name():
-    decls = [Declaration("peerB", "zeta", 1), Declaration("peerA", "alpha", 1)]
+def seat(index: int, block: int = 0) -> Seat:
+    return Seat((block or 10 + index, 0), index)
+
+
+def test_single_node_clusters_hold_every_stage_and_are_numbered_by_their_seat():
+    decls = [Declaration("peerB", "alpha", 1, seat(1)), Declaration("peerA", "zeta", 1, seat(0))]
     placed = assign_stages(decls, num_stages=3)
-    assert placed["peerA"].replica == 0 and placed["peerB"].replica == 1
+    assert placed["peerA"].replica == 0 and placed["peerB"].replica == 1  # seat order, not name order
     assert placed["peerA"].stages == (0, 1, 2) and placed["peerA"].rank == 0
 
 
 def test_split_cluster_members_take_stages_by_peer_id_and_incomplete_clusters_wait():
-    decls = [Declaration("p2", "c0", 2), Declaration("p1", "c0", 2), Declaration("q1", "c1", 2)]
+    decls = [Declaration("p2", "c0", 2, seat(1)), Declaration("p1", "c0", 2, seat(0)),
+             Declaration("q1", "c1", 2, seat(2))]
     placed = assign_stages(decls, num_stages=2)
     assert placed["p1"].stages == (0,) and placed["p2"].stages == (1,) and placed["p2"].rank == 1
+    assert placed["p1"].replica == placed["p2"].replica == 0
     assert "q1" not in placed  # its cluster declared 2 members, only one is here
     # Members disagreeing on the cluster size: the earliest-joined member's size counts.
-    placed = assign_stages([Declaration("x1", "c", 1, (5, 0)), Declaration("x2", "c", 2, (4, 0))], 2)
+    placed = assign_stages([Declaration("x1", "c", 1, seat(1)), Declaration("x2", "c", 2, seat(0))], 2)
     assert "x1" not in placed and "x2" not in placed  # x2 joined first and declared 2: incomplete
-    placed = assign_stages([Declaration("x1", "c", 1, (3, 0)), Declaration("x2", "c", 2, (4, 0))], 2)
+    placed = assign_stages([Declaration("x1", "c", 1, seat(0)), Declaration("x2", "c", 2, seat(1))], 2)
     assert placed["x1"].stages == (0, 1) and "x2" not in placed
     with pytest.raises(NodeError, match="num_stages=0"):
         assign_stages(decls, 0)
 
 
 def test_a_newcomer_cluster_never_shifts_a_replica_index_nor_squats_a_seat():
-    founders = [Declaration("a", "m-cluster", 1, (10, 0)), Declaration("b", "z-cluster", 1, (10, 1))]
+    founders = [Declaration("a", "m-cluster", 1, seat(0)), Declaration("b", "z-cluster", 1, seat(1))]
     before = assign_stages(founders, 2)
     assert [before[p].replica for p in ("a", "b")] == [0, 1]
-    # A cluster whose name sorts first, joined later: it takes the next index.
-    after = assign_stages([*founders, Declaration("c", "0-first", 1, (20, 0))], 2)
+    # A cluster whose name sorts first, joined later: it takes its own seat's index.
+    after = assign_stages([*founders, Declaration("c", "0-first", 1, seat(2))], 2)
     assert [after[p].replica for p in ("a", "b", "c")] == [0, 1, 2]
     # A late peer declaring a formed cluster's name gets no seat and changes nothing.
-    squat = assign_stages([*founders, Declaration("0-early-id", "m-cluster", 1, (30, 0))], 2)
+    squat = assign_stages([*founders, Declaration("0-early-id", "m-cluster", 1, seat(3))], 2)
     assert "0-early-id" not in squat and squat["a"] == before["a"]
 
 
 def test_assignment_is_the_same_whatever_order_peers_learn_it_in():
-    decls = [Declaration(f"p{i}", f"c{i % 3}", 1 if i % 3 else 2) for i in range(7)]
+    decls = [Declaration(f"p{i}", f"c{i % 3}", 1 if i % 3 else 2, seat(i)) for i in range(7)]
     assert assign_stages(decls, 2) == assign_stages(list(reversed(decls)), 2)
 
 

@@ -72,13 +72,18 @@ def test_every_node_of_a_split_cluster_reexecutes_the_other_replica_exactly(make
     assert all(c.commit.num_contributors == 4 for c in history.commits)
     assert not history.accusations and not history.disputes
 
+    statuses = {s.name: json.loads((s.data_dir / "status.json").read_text()) for s in run.nodes}
+    # The run's replica indices (placement: each cluster's first seat on chain), not the launcher's names.
+    replicas = {status["placement"]["replica"] for status in statuses.values()}
+    assert len(replicas) == 2, statuses
     for slot in run.nodes:
-        status = json.loads((slot.data_dir / "status.json").read_text())
-        replica = status["placement"]["replica"]  # the run's replica index (placement), not the launcher's name
+        status = statuses[slot.name]
+        replica = status["placement"]["replica"]
+        other = (replicas - {replica}).pop()
         checks = _spot_checks(slot)
         assert checks, f"{slot.name} logged no spot check\n" + run_logs(run)
         # Only the other replica, and every rerun reproduced bit-exactly (same platform, same threads).
-        assert {r for r, _t, _v in checks} == {1 - replica}, (slot.name, checks)
+        assert {r for r, _t, _v in checks} == {other}, (slot.name, checks)
         assert {v for _r, _t, v in checks} == {"exact"}, (slot.name, checks)
         assert status["spot_checks"] >= 1 and status["spot_check_mismatches"] == 0, (slot.name, status)
         log = "\n".join(p.read_text(errors="replace") for p in slot.data_dir.glob("node-*.log"))
@@ -92,7 +97,7 @@ def test_every_node_of_a_split_cluster_reexecutes_the_other_replica_exactly(make
             sealed = json.loads((round_dir / "round.json").read_text())
             assert len({s for s, _r, _p, _h in sealed["contributions"]}) == 1  # it holds one stage
             for stage, rep, _peer, digest in recorded["contributions"]:
-                if rep == 1 - replica:
+                if rep == other:
                     assert (round_dir / f"{digest}.env").exists(), (slot.name, outer_round, stage)
 
     # The audit reruns sampled contributions from the four archives merged (start states from their blob stores).

@@ -10,6 +10,7 @@ import pytest
 from node import protocol as msg
 from node.config import load_config
 from node.live.spotcheck import RerunWorker, SpotCheckFailed, SpotCheckJob
+from node.live.topology import Seat
 from node.tools.audit_reexec import sample_contributions
 from training.data import corpus_from_config
 from training.reexec import data_commitment, reexecute, round_meta
@@ -234,7 +235,7 @@ def test_accusations_from_outsiders_are_refused_and_unserved_or_malformed_eviden
     from p2p.identity import Identity
 
     book = RoundBook()
-    membership = Membership("me", "c0", 1, 1, book, seat=lambda _a, _k: (0, 0))
+    membership = Membership("me", "c0", 1, 1, book, seat=lambda _a, _k: Seat((0, 0), 0))
     outsider = Identity.generate()
     accusation = msg.Accusation(0, b"a" * 20, "peer", 1, b"e" * 32, 100)
     inbox = GossipInbox(7, EnvelopeValidator(7, max_size=1 << 16), book, membership, None, held_stages=lambda: ())
@@ -334,7 +335,7 @@ def test_chain_evidence_must_name_the_sealed_envelopes_of_both_rounds(tmp_path):
 
     rerun = []
     signed = []
-    membership = Membership("me", "c0", 1, 1, RoundBook(), seat=lambda _a, _k: (0, 0))
+    membership = Membership("me", "c0", 1, 1, RoundBook(), seat=lambda _a, _k: Seat((0, 0), 0))
     ctx = VerifierContext(
         cfg=SimpleNamespace(spot_checks=0.0, p2p=SimpleNamespace(max_blob_bytes=1 << 20), pipeline=SimpleNamespace(
             num_stages=1)), run_id=7, peer_id="me", chain=None, host=Host(),

@@ -25,6 +25,7 @@ from node.live.spotinputs import (
     heard_round,
     parse_fetched_contribution,
 )
+from node.live.topology import Seat
 from node.store.archive import Archive, ArchivedContribution
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import BlobUnavailable
@@ -211,7 +212,8 @@ def test_a_confirming_member_judges_only_the_accused_members_own_stages(tmp_path
     ctx = VerifierContext(
         cfg=SimpleNamespace(spot_checks=0.0, p2p=SimpleNamespace(max_blob_bytes=1 << 20),
                             pipeline=SimpleNamespace(num_stages=2)), run_id=RUN, peer_id="me", chain=Chain(),
-        host=Host(), archive=archive, membership=Membership("me", "c0", 1, 2, RoundBook(), seat=lambda _a, _k: (0, 0)),
+        host=Host(), archive=archive, membership=Membership("me", "c0", 1, 2, RoundBook(),
+                                                          seat=lambda _a, _k: Seat((0, 0), 0)),
         gossip=lambda *a: signed.append(a), sign_envelope=None, stage_hashes=None, own_replica=lambda: 0,
         current_round=lambda: 5, work_dir=tmp_path / "work", evidence_dir=tmp_path / "ev", stop=threading.Event(),
         on_ejected=None)

@@ -59,6 +59,7 @@ from node.live.saidlog import SaidLog
 from node.live.sliced import SlicedExchange
 from node.live.startup import StartupClock
 from node.live.station import Station
+from node.live.topology import Seat
 from node.live.status import Progress, Reporter, StateFile
 from node.live.verifier import SpotChecker, VerifierContext
 from node.protocol import run_topic
@@ -172,13 +173,13 @@ class NodeParts:
         """The three steps (see module docstring); the trainer's imports warm up meanwhile (warm_up_imports)."""
         warm_up = threading.Thread(target=warm_up_imports, name="warm-up-imports", daemon=True)
         warm_up.start()
-        joined = self.connect()
-        self.open_rooms(joined)
+        own_seat = self.connect()
+        self.open_rooms(own_seat)
         self.take_seat(warm_up)
 
     # ------------------------------------------------------------------ step 1
-    def connect(self) -> tuple[int, int]:
-        """The chain and the host; return where on chain this node's account joined the run."""
+    def connect(self) -> Seat:
+        """The chain and the host; return this node's account's seat in the run."""
         cfg = self.cfg
         self.reporter.set_state("joining")
         self.chain = chain = NodeChain.connect(cfg, stop=self.stop)
@@ -201,22 +202,22 @@ class NodeParts:
         self.host = P2PHost.start(cfg.p2p, self.identity, data_dir=self.data_dir)
         self.startup.mark("host started")
         self.reporter.listening(self.host.listen_addrs)
-        return own_seat.joined
+        return chain.seat_of(own_seat)
 
-    def _joined_on_chain(self, account: bytes, public_key: bytes) -> tuple[int, int] | None:
-        """Where on chain a hello's account joined the run, if its seat is bound to the key (Membership)."""
+    def _seat_on_chain(self, account: bytes, public_key: bytes) -> Seat | None:
+        """A hello's account's seat in the run (held or ended), if it is bound to the key (Membership)."""
         seat = self.chain.seat(self.run_id, account, public_key, current=False)
-        return None if seat is None else seat.joined
+        return None if seat is None else self.chain.seat_of(seat)
 
     # ------------------------------------------------------------------ step 2
-    def open_rooms(self, joined: tuple[int, int]) -> None:
+    def open_rooms(self, own_seat: Seat) -> None:
         """Everything that runs before this node is placed, then the bootstrap peers."""
         cfg, host, chain = self.cfg, self.host, self.chain
         self.messenger = messenger = Messenger(identity=self.identity, run_id=self.run_id, host=host,
                                                station=self.station, said=self.said)
         self.membership = membership = Membership(
             peer_id=self.peer_id, cluster=cfg.cluster, cluster_size=cfg.cluster_size,
-            num_stages=cfg.pipeline.num_stages, book=self.book, seat=self._joined_on_chain, joined=joined)
+            num_stages=cfg.pipeline.num_stages, book=self.book, seat=self._seat_on_chain, own_seat=own_seat)
         exchange_kind = self.kinds.exchanges[cfg.diloco.exchange]
         charges: Queue = Queue()  # accusations an exchange raises, opened by the spot checker
         self.exchange = exchange = exchange_kind(

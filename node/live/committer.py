@@ -288,7 +288,9 @@ class Committer:
         Those of the replicas aggregated in the round whose weights agree with the record's:
         every honest member derives the same set and sums it in the same order, so they sign
         the same record. A member that reported other weights (it aggregated something else)
-        does not count. Waits a moment for attestations still in flight.
+        does not count. Waits for every aggregated replica's attestation up to the round deadline:
+        members that averaged different sets sign different records, one each, and the round never
+        commits (a 10 s wait did that over 20-200 ms links: docs/P2P.md, "What the soak found").
         """
         node = self.node
 
@@ -301,8 +303,7 @@ class Committer:
             return [(p, a) for p, a in sorted(atts.items()) if p in placements and placements[p].replica in replicas
                     and a.weights_hash == weights_hash and not math.isnan(a.eval_loss)]
 
-        found = node.book.wait_for(lambda: agreeing(True), timeout=min(10.0, node.cfg.round_timeout),
-                                   stop=node.stop_event)
+        found = node.book.wait_for(lambda: agreeing(True), timeout=node.cfg.round_timeout, stop=node.stop_event)
         return found if found is not None else agreeing(False)
 
     def _close_matching(self, outer_round: int, stage: int, root: bytes):

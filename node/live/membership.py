@@ -2,7 +2,9 @@
 
 Owns what a node knows about its peers beyond single rounds: the placement of
 every run member that declared its cluster in a ``hello`` (pure
-:func:`node.live.topology.assign_stages` over the signed declarations), the set
+:func:`node.live.topology.place_members` over the signed declarations and the
+chain's seats: a replica index is the chain's seat index of its cluster's first
+member, so no hello heard or missed shifts another's), the set
 of peers that still count as present, and the round the live peers are
 training. The hellos themselves are filed in the :class:`RoundBook`.
 """
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from node import protocol as msg
 from node.errors import NodeError
 from node.live.roundbook import PEER_TTL_S, RoundBook
-from node.live.topology import Declaration, Placement, assign_stages
+from node.live.topology import Declaration, Placement, Seat, place_members
 
 logger = logging.getLogger(__name__)
 
@@ -25,42 +27,43 @@ logger = logging.getLogger(__name__)
 class Membership:
     """Placement and liveness of the run's peers, as this node sees them (see module docstring).
 
-    ``seat(account, public_key)`` returns where on chain the hello's account joined the
-    run ((block, log index)) if it holds a signing seat bound to the key that signed the
-    hello, else None; only such peers are placed. ``joined`` is this node's own.
+    ``seat(account, public_key)`` returns the hello's account's :class:`Seat` in the run (held
+    now or ended) if it is bound to the key that signed the hello, else None; only such peers
+    are placed. ``own_seat`` is this node's own.
     """
 
     def __init__(self, peer_id: str, cluster: str, cluster_size: int, num_stages: int, book: RoundBook,
-                 seat: Callable[[bytes, bytes], tuple[int, int] | None], joined: tuple[int, int] = (0, 0)) -> None:
+                 seat: Callable[[bytes, bytes], Seat | None], own_seat: Seat = Seat((0, 0), 0)) -> None:
         self.peer_id = peer_id
         self.cluster = cluster
         self.cluster_size = cluster_size
         self.num_stages = num_stages
         self.book = book
         self.seat = seat
-        self.joined = joined
+        self.own_seat = own_seat
         self.placements: dict[str, Placement] = {}
-        self._seats: dict[str, tuple[int, int]] = {}  # peer id -> where its account joined the run on chain
+        self._seats: dict[str, Seat] = {}  # peer id -> its account's seat in the run on chain
         self._connected: set[str] = set()
         self._ejected: set[str] = set()
         self._lock = threading.Lock()
 
     # -- placement --------------------------------------------------------------------
     def refresh(self) -> dict[str, Placement]:
-        """Recompute every peer's placement from the hellos heard so far."""
-        # Every peer ever heard of, not only the live ones: a replica index must not shift
-        # when another cluster goes away (it seeds the replica's data shard).
-        decls = [Declaration(self.peer_id, self.cluster, self.cluster_size, self.joined)]
+        """Recompute every peer's placement from the hellos heard so far and their seats on chain."""
+        # Every peer ever heard of, not only the live ones: a departed member's late closes still
+        # check. Its hello can shift nobody's index (place_members): one view hearing it and another
+        # not (a joiner, a restarted node) place every current member alike.
+        decls = [Declaration(self.peer_id, self.cluster, self.cluster_size, self.own_seat)]
         for peer_id, info in self.book.live_peers(float("inf")).items():
             if peer_id == self.peer_id:
                 continue
-            joined = self.seat(info.hello.account, info.public_key)
-            if joined is not None:
-                decls.append(Declaration(peer_id, info.hello.cluster, info.hello.cluster_size, joined))
-        placements = assign_stages(decls, self.num_stages)
+            seat = self.seat(info.hello.account, info.public_key)
+            if seat is not None:
+                decls.append(Declaration(peer_id, info.hello.cluster, info.hello.cluster_size, seat))
+        placements = place_members(decls, self.num_stages)
         with self._lock:
             self.placements = placements
-            self._seats = {d.peer_id: d.joined for d in decls}
+            self._seats = {d.peer_id: d.seat for d in decls}
         return placements
 
     def await_placement(self, want_replicas: int, join_timeout: float, stop: threading.Event) -> Placement:
@@ -95,7 +98,7 @@ class Membership:
         placements = self.refresh()
         with self._lock:
             seats = dict(self._seats)
-        return sorted((p for p, pl in placements.items() if stage in pl.stages), key=lambda p: (seats[p], p))
+        return sorted((p for p, pl in placements.items() if stage in pl.stages), key=lambda p: (seats[p].index, p))
 
     def placed_peers(self) -> list[str]:
         with self._lock:

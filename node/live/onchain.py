@@ -7,6 +7,7 @@ seats are cached, registration and joining the run happen once).
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
@@ -28,6 +29,7 @@ from ledger.records import (
 )
 from node.config import NodeConfig
 from node.errors import ConfigError, NotRegistered
+from node.live.topology import Seat
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ class NodeChain:
         self.confirmations = confirmations
         self._seats: dict[str, Membership] = {}  # account -> its current membership period
         self._placed: dict[str, Membership] = {}  # account -> its latest period, current or ended
+        self._joins: list[tuple[int, int]] = []  # where every period of the run began, in chain order
         self._seats_read = 0.0
         self._unknown_checked: dict[str, float] = {}
         self._run_info: dict[int, RunInfo] = {}
@@ -206,6 +209,11 @@ class NodeChain:
             return None
         return seat
 
+    def seat_of(self, period: Membership) -> Seat:
+        """A period from :meth:`seat` as placement reads it (node.live.topology.Seat): its index is the
+        number of the run's periods that began before it, which later joins never change."""
+        return Seat(period.joined, bisect.bisect_left(self._joins, period.joined), period.ended is None)
+
     def held_seat(self, run_id: int, address: str) -> bool:
         """Whether ``address`` holds or held a seat of the run (a member that left may still decide an
         accusation opened before it left; membership events, cached like :meth:`seat`)."""
@@ -255,6 +263,7 @@ class NodeChain:
             self._lock.release()
         self._seats = {m.account.lower(): m for m in periods if m.ended is None}
         self._placed = {m.account.lower(): m for m in periods}  # events in chain order: the latest period wins
+        self._joins = sorted(m.joined for m in periods)
         self._seats_read = time.monotonic()
 
     def signer_of(self, record: RoundRecord, signature: bytes) -> str:
