@@ -6,7 +6,9 @@ node's defaults) and a setting (``VARIANTS``: the inner optimizer, the outer ste
 correction, the replica count). Every run of a case uses the same seeds, tokens and inner-lr
 schedule. Results accumulate in ONE JSON (bench/results/convergence.json): a run given again
 replaces its row, other rows are kept, so a loaded machine can measure the plan in pieces
-(``--fresh`` starts over). The table takes, per case and mode, the best variant measured, and
+(``--fresh`` starts over; ``--merge`` adds the rows of pieces run in parallel into other files).
+The plot (bench/results/convergence.svg: the gap against the size) is drawn from the same JSON
+by scripts/results_convergence.py. The table takes, per case and mode, the best variant measured, and
 the gap against the best DDP of the case (AdamW or Muon: the strongest centralized baseline
 measured). Bytes: what a replica sends, against a float32 ring AllReduce of every step.
 
@@ -34,12 +36,14 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 
 from bench.benchio import RESULTS, default_corpus, write_result  # noqa: E402
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig  # noqa: E402
 from training.data import load_corpus  # noqa: E402
 from training.model import count_params  # noqa: E402
 from training.simulate import MODES, set_clock, simulate  # noqa: E402
+from results_convergence import svg  # noqa: E402
 
 ROUNDS, INNER_STEPS, REPLICAS, STAGES = 30, 50, 2, 2
 _LLAMA = dict(preset="llama-mini", n_layer=4, n_head=4, n_kv_head=2, block_size=64)
@@ -65,6 +69,11 @@ VARIANTS = {
     "m1": {"replicas": 1},
     "muon-m1": {"training": {"optimizer": "muon"}, "replicas": 1},
 }
+
+
+#: The plan: every case, every mode, with each inner optimizer (what the table is for); the JSON names what of it
+#: was not run.
+PLAN = [f"{case}:{mode}:{variant}" for case in CASES for mode in MODES for variant in ("adamw", "muon")]
 
 
 def run_one(case: str, mode: str, variant: str, corpus, data: str) -> dict:
@@ -147,8 +156,12 @@ def main() -> int:
 
     def save() -> None:
         ordered = sorted(runs.values(), key=lambda r: (list(CASES).index(r["case"]), MODES.index(r["mode"]), r["variant"]))
-        write_result(path, {"rounds": ROUNDS, "inner_steps": INNER_STEPS, "replicas": REPLICAS, "stages": STAGES,
-                            "data": data, "table": table(ordered), "runs": ordered}, start_load)
+        done = {f"{r['case']}:{r['mode']}:{r['variant']}" for r in ordered}
+        result = {"rounds": ROUNDS, "inner_steps": INNER_STEPS, "replicas": REPLICAS, "stages": STAGES,
+                  "data": Path(data).parent.name, "table": table(ordered),
+                  "not_run": [item for item in PLAN if item not in done], "runs": ordered}
+        write_result(path, result, start_load)
+        path.with_suffix(".svg").write_text(svg(result))
 
     if args.merge:
         save()

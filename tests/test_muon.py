@@ -16,7 +16,7 @@ from node.config import load_config
 from node.errors import ConfigError
 from node.runconfig import config_hash, node_config_from_run, run_document
 from test_sliced_reexec import SlicedReplica
-from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
+from training.config import DilocoConfig, ModelConfig, TrainingConfig
 from training.data import generated_corpus, round_batches
 from training.diloco import outer_step
 from training.errors import ReplicaStateError, TrainingConfigError
@@ -125,15 +125,14 @@ def test_the_per_group_outer_lr_scales_only_what_is_not_a_hidden_matrix():
 
 
 def _sim(**diloco) -> SimConfig:
-    return SimConfig(
-        corpus=generated_corpus(seed=0, n_bytes=30_000),
-        model=ModelConfig(preset="tiny"),
-        training=MUON,
-        diloco=DilocoConfig(inner_steps=3, num_replicas=2, **diloco),
-        compression=CompressionConfig(min_compress_numel=512),
-        num_stages=2,
-        rounds=ROUNDS,
-    )
+    """A Muon run whose settings are those an auditor rebuilds from its run document (node_config_from_run)."""
+    overrides = ["model.preset=tiny", "training.seed=3", "training.batch_size=4", "training.warmup_steps=2",
+                 "training.optimizer=muon", "diloco.inner_steps=3", "diloco.num_replicas=2",
+                 "compression.min_compress_numel=512"] + [f"diloco.{key}={value}" for key, value in diloco.items()]
+    cfg = node_config_from_run(run_document(load_config(None, overrides)))
+    assert cfg.training.optimizer == "muon" and cfg.diloco.outer_lr_other_scale == diloco.get("outer_lr_other_scale", 1)
+    return SimConfig(corpus=generated_corpus(seed=0, n_bytes=30_000), model=cfg.model, training=cfg.training,
+                     diloco=cfg.diloco, compression=cfg.compression, num_stages=2, rounds=ROUNDS)
 
 
 def _records(sim, honest, cheat):
@@ -159,6 +158,7 @@ METHODS = {
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_a_muon_contribution_reruns_bit_exactly_chains_and_a_cheat_does_not(method):
+    """Trained and checked under the configuration rebuilt from the run document, as the audit's rerun is."""
     diloco, honest, cheat = METHODS[method]
     sim = _sim(**diloco)
     SlicedReplica.partials = {}

@@ -12,7 +12,7 @@ gradient and ``lr`` the scheduled inner learning rate (training/schedule.py)::
     W  <- W - lr * muon_lr_scale * 0.2 * sqrt(max(m, n)) * O
 
 ``0.2 sqrt(max(m, n))`` gives the update the RMS of a typical AdamW update (Moonlight, arXiv
-2502.16982, section 2.2: an orthogonal ``m x n`` matrix has entries of RMS ``1 / sqrt(max(m, n))``),
+2502.16982: an orthogonal ``m x n`` matrix has entries of RMS ``1 / sqrt(max(m, n))``),
 so one inner learning rate and schedule serve both parts. ``NS5`` is the reference's quintic
 Newton-Schulz iteration, five steps, in float32 here (the reference uses bfloat16 on GPUs)::
 
