@@ -14,10 +14,10 @@ measured). Bytes: what a replica sends, against a float32 ring AllReduce of ever
 
     nice python bench/bench_convergence.py --runs llama-s:ddp:adamw,llama-s:ddp:muon ...
 
-The Llama sizes keep tokens per parameter about fixed (1.5: ``llama-s`` ~0.26M parameters,
-``llama-m`` ~0.5M, ``llama-l`` ~1.05M) by scaling the per-replica batch with the size, so that
-every size runs the same 30 rounds of H = 50 (the exchange pattern is the same; only the model
-and the tokens grow). ``gpt2-mini`` and ``llama-l`` are the default budget of each family
+The Llama sizes keep tokens per parameter about fixed (1.4 to 1.5: ``llama-xs`` 0.13M parameters,
+``llama-s`` 0.28M, ``llama-m`` 0.56M, ``llama-l`` 1.05M) by scaling the per-replica batch with the
+size, so that every size runs the same 30 rounds of H = 50 (the exchange pattern is the same; only
+the model and the tokens grow). ``gpt2-mini`` and ``llama-l`` are the default budget of each family
 (1,536,000 tokens of tinyshakespeare, bytes).
 """
 
@@ -50,6 +50,7 @@ _LLAMA = dict(preset="llama-mini", n_layer=4, n_head=4, n_kv_head=2, block_size=
 #: name -> (model fields, per-replica batch, family)
 CASES = {
     "gpt2-mini": (dict(preset="mini"), 8, "gpt2"),
+    "llama-xs": (dict(_LLAMA, n_embd=32), 1, "llama"),
     "llama-s": (dict(_LLAMA, n_embd=64), 2, "llama"),
     "llama-m": (dict(_LLAMA, n_embd=96, n_layer=5), 4, "llama"),
     "llama-l": (dict(_LLAMA, n_embd=128), 8, "llama"),

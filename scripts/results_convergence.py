@@ -8,7 +8,7 @@ import math
 from results_sections import num, pct, table
 
 MODE_NAMES = {"ddp": "DDP", "diloco": "sync DiLoCo", "diloco_x": "DiLoCoX"}
-SIZE_CASES = ("llama-s", "llama-m", "llama-l")
+SIZE_CASES = ("llama-xs", "llama-s", "llama-m", "llama-l")
 
 
 def convergence(r: dict) -> list[str]:
@@ -22,7 +22,7 @@ def convergence(r: dict) -> list[str]:
                      "1x" if row["mode"] == "ddp" else f"{row['fewer_bytes_than_ddp']:.0f}x", variants])
     lines = [f"{r['replicas']} replicas x {r['stages']} stages, H = {r['inner_steps']} x {r['rounds']} rounds of "
              "tinyshakespeare (bytes), one seed; each method's best variant measured, the gap against the best DDP "
-             "of the same case (AdamW or Muon). `llama-s/m/l` keep about 1.4 tokens per parameter (the batch grows "
+             "of the same case (AdamW or Muon). `llama-xs/s/m/l` keep 1.4 to 1.5 tokens per parameter (the batch grows "
              "with the size); `gpt2-mini` and `llama-l` are each family's default budget (1,536,000 tokens).", ""]
     lines += table(["case", "parameters", "tokens", "method", "best variant", "held-out", "gap vs best DDP",
                     "fewer bytes than fp32 AllReduce", "every variant measured (held-out)"], rows)
