@@ -151,8 +151,11 @@ def main() -> int:
     path = Path(args.out)
     previous = json.loads(path.read_text()) if path.exists() and not args.fresh else {}
     runs = {(r["case"], r["mode"], r["variant"]): r for r in previous.get("runs", [])}
+    pieces = list(previous.get("pieces", []))  # the command, machine and load of each piece merged in
     for other in args.merge:
-        runs.update({(r["case"], r["mode"], r["variant"]): r for r in json.loads(Path(other).read_text())["runs"]})
+        piece = json.loads(Path(other).read_text())
+        runs.update({(r["case"], r["mode"], r["variant"]): r for r in piece["runs"]})
+        pieces.append(piece.get("recorded"))
     start_load = list(os.getloadavg())
 
     def save() -> None:
@@ -160,7 +163,7 @@ def main() -> int:
         done = {f"{r['case']}:{r['mode']}:{r['variant']}" for r in ordered}
         result = {"rounds": ROUNDS, "inner_steps": INNER_STEPS, "replicas": REPLICAS, "stages": STAGES,
                   "data": Path(data).parent.name, "table": table(ordered),
-                  "not_run": [item for item in PLAN if item not in done], "runs": ordered}
+                  "not_run": [item for item in PLAN if item not in done], "pieces": pieces, "runs": ordered}
         write_result(path, result, start_load)
         path.with_suffix(".svg").write_text(svg(result))
 
