@@ -118,12 +118,16 @@ def table(runs: list[dict]) -> list[dict]:
             if not measured:
                 continue
             best = min(measured, key=lambda r: r["held_out_loss"])
+            optimizer = "muon" if best["variant"].startswith("muon") else "adamw"
+            same = next((r for r in ddp if r["variant"] == optimizer), None)
             rows.append({
                 "case": case, "family": best["family"], "num_params": best["num_params"], "tokens": best["tokens"],
                 "mode": mode, "best_variant": best["variant"], "held_out_loss": best["held_out_loss"],
                 "gap_vs_ddp": best["held_out_loss"] / base["held_out_loss"] - 1,
                 "fewer_bytes_than_ddp": base["bytes_per_token"] / best["bytes_per_token"],
                 "ddp_variant": base["variant"],
+                # Against DDP with the same inner optimizer (None when that DDP was not run).
+                "gap_vs_same_optimizer_ddp": None if same is None else best["held_out_loss"] / same["held_out_loss"] - 1,
                 "variants": {r["variant"]: r["held_out_loss"] for r in measured},
             })
     return rows

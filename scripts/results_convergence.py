@@ -19,14 +19,22 @@ def convergence(r: dict) -> list[str]:
         rows.append([row["case"], f"{row['num_params']:,}", f"{row['tokens']:,}", MODE_NAMES[row["mode"]],
                      row["best_variant"], num(row["held_out_loss"]),
                      "(baseline)" if row["mode"] == "ddp" else pct(row["gap_vs_ddp"], 2),
+                     "-" if row["mode"] == "ddp" else pct(row.get("gap_vs_same_optimizer_ddp"), 2),
                      "1x" if row["mode"] == "ddp" else f"{row['fewer_bytes_than_ddp']:.0f}x", variants])
     lines = [f"{r['replicas']} replicas x {r['stages']} stages, H = {r['inner_steps']} x {r['rounds']} rounds of "
              "tinyshakespeare (bytes), one seed; each method's best variant measured, the gap against the best DDP "
              "of the same case (AdamW or Muon). `llama-xs/s/m/l` keep 1.4 to 1.5 tokens per parameter (the batch grows "
              "with the size); `gpt2-mini` and `llama-l` are each family's default budget (1,536,000 tokens).", ""]
     lines += table(["case", "parameters", "tokens", "method", "best variant", "held-out", "gap vs best DDP",
+                    "vs DDP, same inner optimizer",
                     "fewer bytes than fp32 AllReduce", "every variant measured (held-out)"], rows)
     lines += [trend(r), "", "![gap to the best DDP against model size](../bench/results/convergence.svg)", ""]
+    pieces = [piece for piece in r.get("pieces", []) if piece]
+    if pieces:
+        lines += ["Measured in pieces (each row also records the load average at its start and end): "
+                  + "; ".join(f"`{piece['command'].replace(' --data /work/shared/data/tinyshakespeare/input.txt', '')}` "
+                              f"({piece.get('date', '?')}, load {piece['load_average']['start'][0]:.1f} at start)"
+                              for piece in pieces) + ".", ""]
     missing = r.get("not_run")
     if missing:
         lines += ["Not run (the machine's time): " + ", ".join(f"`{item}`" for item in missing) + ".", ""]
