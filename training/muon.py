@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from training.config import TrainingConfig
+
 #: The per-parameter state of each part, as torch names it.
 ADAM_FIELDS = ("exp_avg", "exp_avg_sq", "step")
 MUON_FIELDS = ("momentum_buffer",)
