@@ -98,8 +98,8 @@ def _model_document(cfg: NodeConfig) -> dict[str, Any]:
 
 def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
     """The [diloco] table; ``exchange`` and ``min_slice_numel`` only in a sliced run, ``round_budget_s`` and
-    ``min_inner_steps`` only in a run whose rounds are bounded by time (the hash of every "full", fixed-H run
-    stays what it was)."""
+    ``min_inner_steps`` only in a run whose rounds are bounded by time, ``outer_lr_other_scale`` only when it
+    is not 1 (the hash of every "full", fixed-H, one-outer-lr run stays what it was)."""
     diloco = dataclasses.asdict(cfg.diloco)
     if diloco.get("exchange") == "full":
         del diloco["exchange"]
@@ -107,6 +107,8 @@ def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
     if not cfg.diloco.budgeted:
         del diloco["round_budget_s"]
         del diloco["min_inner_steps"]
+    if cfg.diloco.outer_lr_other_scale == 1.0:
+        del diloco["outer_lr_other_scale"]
     return diloco
 
 

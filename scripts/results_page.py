@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from results_contracts import float32_fuzz
+from results_convergence import convergence
 from results_emulator import netlab, soak
 from results_network import (
     butterfly, join, nat, p2p, scale, scale_curve,
@@ -67,6 +68,13 @@ SECTIONS = (
     Section("diloco_llama.json", "Training method on the Llama family with a BPE tokenizer", "bench/bench_diloco.py",
             diloco_llama,
             "Data: tinyshakespeare and WikiText-2 (valid + test), as `dlx-node data fetch tinyshakespeare` and `dlx-node data fetch wikitext-2` download and check them (each prints its path), prepared with `dlx-node data prepare \"$(dlx-node data fetch tinyshakespeare)\" $(dlx-node data fetch wikitext-2) --train-tokenizer --vocab-size 8192 --out /tmp/llama-bench-data`, then `python bench/bench_diloco.py --cpu-clock --preset llama-mini --family llama --tokenizer /tmp/llama-bench-data/tokenizer.json --vocab-size 8192 --data /tmp/llama-bench-data --rounds 16 --inner-steps 30 --warmup-steps 50 --eval-every 4 --out bench/results/diloco_llama.json`. A short budget (about one epoch of the data, one seed) that fits a 2-core machine; the byte-level benchmark's ablations show the gap to DDP shrinking as runs get longer, which this budget does not test for the Llama family."),
+    Section("convergence.json", "Training method by inner optimizer and model size", "bench/bench_convergence.py",
+            convergence,
+            "Methods (docs/DILOCOX.md section 14): `muon` is Muon as the inner optimizer (MuLoCo, arXiv 2505.23725), "
+            "`olr-other2` the outer lr doubled for every tensor but the hidden matrices, `eager` the eager outer "
+            "update (arXiv 2502.12996), `m1` one replica with both batches (the scaling-law paper's M = 1, arXiv "
+            "2503.09799). One seed per run on a loaded shared machine: differences below about 0.5% are within "
+            "what seeds move (the five-seed rows of the ablations)."),
     Section("diloco_ablations.json", "Training method: ablations and codec passes", "bench/diloco_ablations.py",
             diloco_ablations),
     Section("byzantine_sliced.json", "Byzantine members in real runs: sliced exchange", "bench/bench_byzantine.py",

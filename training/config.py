@@ -326,6 +326,14 @@ class TrainingConfig:
     # the CPU. "bf16": bfloat16 autocast, float32 master weights and AdamW state.
     device: str = "auto"
     precision: str = "fp32"
+    # The inner optimizer (training/muon.py, docs/DILOCOX.md section 14): "adamw", or "muon" (MuLoCo, arXiv
+    # 2505.23725: Muon's orthogonalized Nesterov momentum for the hidden weight matrices, AdamW for embeddings,
+    # head, norms and biases). The muon_* settings are Muon's: its momentum and a factor on the inner lr for the
+    # Muon part (whose update is scaled to AdamW's RMS, so 1.0 uses the same lr). With "adamw" none of them is
+    # in the run document, whose hash stays what it was.
+    optimizer: str = "adamw"
+    muon_momentum: float = 0.95
+    muon_lr_scale: float = 1.0
 
     def __post_init__(self) -> None:
         _require(self.batch_size >= 1, f"training.batch_size={self.batch_size}: must be >= 1")
@@ -347,14 +355,33 @@ class TrainingConfig:
         _require(self.eval_batches >= 1, f"training.eval_batches={self.eval_batches}: must be >= 1")
         self.device = check_device_spec(self.device)
         check_precision(self.precision)
+        _require(self.optimizer in INNER_OPTIMIZERS,
+                 f"training.optimizer={self.optimizer!r}: must be one of {list(INNER_OPTIMIZERS)}")
+        _require(0 <= self.muon_momentum < 1, f"training.muon_momentum={self.muon_momentum}: must be in [0, 1)")
+        _require(0 < self.muon_lr_scale < float("inf"),
+                 f"training.muon_lr_scale={self.muon_lr_scale}: must be a finite factor > 0")
+        if self.optimizer != "muon":
+            for name, neutral in MUON_ONLY.items():
+                _require(getattr(self, name) == neutral, f"training.{name}={getattr(self, name)} is a setting of "
+                                                          "training.optimizer = \"muon\": remove it or set the optimizer")
 
     def document(self) -> dict:
         """The settings every replica of a run shares (the run document's [training] table): all but
-        :data:`NODE_ONLY_TRAINING`."""
+        :data:`NODE_ONLY_TRAINING`, and the optimizer's only when it is not AdamW (an AdamW run's table is what it
+        was before ``training.optimizer`` existed, so its hash is unchanged)."""
         out = dataclasses.asdict(self)
         for name in NODE_ONLY_TRAINING:
             del out[name]
+        if self.optimizer == "adamw":
+            for name in ("optimizer", *MUON_ONLY):
+                del out[name]
         return out
+
+
+#: training.optimizer's values (training/muon.py).
+INNER_OPTIMIZERS = ("adamw", "muon")
+#: Settings only Muon has, at the values an AdamW run holds (and its run document omits).
+MUON_ONLY = {"muon_momentum": 0.95, "muon_lr_scale": 1.0}
 
 
 #: [training] settings each node chooses for itself; the run document (and its hash) leaves them out.
@@ -384,6 +411,10 @@ class DilocoConfig:
     outer_lr: float = 1.0  # measured best at 30 rounds (docs/DILOCOX.md section 9); DiLoCo used 0.7
     outer_momentum: float = 0.5  # DiLoCo used 0.9, too slow for tens of rounds
     nesterov: bool = True
+    # The outer lr of every tensor that is not a hidden weight matrix (embeddings, head, norms, biases) is
+    # outer_lr times this (a decoupled outer lr per parameter group; training/diloco.py outer_step, docs/DILOCOX.md
+    # section 14). 1.0: one outer lr, and the setting is not in the run document (older hashes unchanged).
+    outer_lr_other_scale: float = 1.0
     # Outer schedule across rounds (training/schedule.py outer_lr / outer_momentum; a pure
     # function of the round index and these fields, so the auditor replays it). Linear warmup of
     # the outer lr over outer_warmup_rounds rounds, then (outer_decay "linear" or "cosine") a
@@ -451,6 +482,11 @@ class DilocoConfig:
         _require(
             0 <= self.outer_momentum < 1,
             f"diloco.outer_momentum={self.outer_momentum}: must be in [0, 1)",
+        )
+        _require(
+            isinstance(self.outer_lr_other_scale, (int, float)) and not isinstance(self.outer_lr_other_scale, bool)
+            and 0 < self.outer_lr_other_scale < float("inf"),
+            f"diloco.outer_lr_other_scale={self.outer_lr_other_scale!r}: must be a finite factor > 0 (1.0: one outer lr)",
         )
         _require(self.outer_warmup_rounds >= 0, f"diloco.outer_warmup_rounds={self.outer_warmup_rounds}: must be >= 0")
         _require(

@@ -18,7 +18,11 @@ operation elementwise in float32, in this order, never fused::
     Delta   = (((c_0 + c_1) + c_2) + ... + c_{M-1}) / M      contributions in the given order
     m_t     = mu * m_{t-1} + Delta
     u_t     = Delta + mu * m_t         (Nesterov)   |   u_t = m_t   (plain momentum)
-    theta^t = theta^{t-1} - lr * u_t
+    theta^t = theta^{t-1} - lr_g * u_t
+
+with ``lr_g = lr`` for the hidden weight matrices and ``lr_g = float32(lr * diloco.outer_lr_other_scale)``
+for every other tensor (embeddings, head, norms, biases: :func:`training.muon.is_hidden_matrix`), a
+decoupled outer learning rate per parameter group (1.0, the default, is the plain outer step).
 
 The replica's side of the loop (the one-step-delay overlap and its corrections, the
 local snapshots they need) is :class:`training.stage_engine.StageEngine`.
@@ -50,6 +54,7 @@ import torch
 from training.config import CompressionConfig, DilocoConfig
 from training.errors import AggregationError
 from training.hashing import stage_weights_hash
+from training.muon import is_hidden_matrix
 from training.robust import ContributionReport, robust_contributions
 from training.schedule import outer_lr as scheduled_outer_lr
 from training.schedule import outer_momentum as scheduled_outer_momentum
@@ -103,12 +108,16 @@ def outer_step(
     if outer_round is None:
         if not outer_schedule_is_constant(diloco_cfg):
             raise AggregationError("the outer schedule (diloco.outer_warmup_rounds / outer_decay) needs the outer round")
-        mu, lr = float32_scalar(diloco_cfg.outer_momentum), float32_scalar(diloco_cfg.outer_lr)
+        mu, lr64 = float32_scalar(diloco_cfg.outer_momentum), diloco_cfg.outer_lr
     else:
-        mu, lr = float32_scalar(scheduled_outer_momentum(diloco_cfg, outer_round)), float32_scalar(scheduled_outer_lr(diloco_cfg, outer_round))
+        mu, lr64 = float32_scalar(scheduled_outer_momentum(diloco_cfg, outer_round)), scheduled_outer_lr(diloco_cfg, outer_round)
+    # Per-group outer lr (diloco.outer_lr_other_scale): the hidden matrices step with lr, every other tensor
+    # (embeddings, head, norms, biases) with lr * scale, the product taken in float64 and rounded once.
+    lr, lr_other = float32_scalar(lr64), float32_scalar(lr64 * diloco_cfg.outer_lr_other_scale)
     new_weights, new_momentum = {}, {}
     for name in sorted(global_weights):
         delta = pseudo_gradient[name]
+        lr_name = lr if is_hidden_matrix(name, delta) else lr_other
         # The same unfused ops with the same operands in the same order; each result is written
         # over a temporary this function just made (out=), which saves allocations, not roundings.
         buffer = torch.mul(momentum[name], mu)
@@ -116,9 +125,9 @@ def outer_step(
         if diloco_cfg.nesterov:
             step = torch.mul(buffer, mu)
             torch.add(delta, step, out=step)
-            torch.mul(step, lr, out=step)
+            torch.mul(step, lr_name, out=step)
         else:
-            step = torch.mul(buffer, lr)
+            step = torch.mul(buffer, lr_name)
         new_weights[name] = torch.sub(global_weights[name], step, out=step)
         new_momentum[name] = buffer
     return new_weights, new_momentum

@@ -13,8 +13,9 @@ arXiv 2311.08105 Algorithm 1, here per stage as in DiLoCoX arXiv 2506.21263):
    In the multi-process pipeline each stage computes its own sum of squares
    and the sums are all-reduced, so every stage scales by the same factor as
    the single-process run (``grad_clip = 0`` disables clipping).
-3. One AdamW step per stage (lr, betas, weight decay from
-   :class:`training.config.TrainingConfig`; decay only on matrices, as GPT-2).
+3. One inner-optimizer step per stage (``training.optimizer``: AdamW, lr, betas, weight decay from
+   :class:`training.config.TrainingConfig`, decay only on matrices, as GPT-2; or Muon for the hidden
+   matrices and that AdamW for the rest, :mod:`training.muon`).
 
 The three steps are one function, :func:`inner_step`: the chained trainer, the split pipeline's
 stage, the re-execution (:mod:`training.reexec`, which reruns a split replica chained with its
@@ -54,6 +55,7 @@ from torch import nn
 from training.config import ModelConfig, TrainingConfig
 from training.errors import PipelineError
 from training.model import init_state_dict, lm_loss
+from training.muon import make_optimizer
 from training.platform import Platform, prepare_platform
 from training.stages import StageModule, StageSpec, merge_state_dicts, split_stages, split_state_dict
 
@@ -62,17 +64,10 @@ logger = logging.getLogger(__name__)
 _CLIP_EPS = 1e-6
 
 
-def make_inner_optimizer(module: nn.Module, training_cfg: TrainingConfig) -> torch.optim.AdamW:
-    """AdamW over ``module``'s parameters; weight decay on matrices only (not biases, LayerNorms)."""
-    decay = [p for p in module.parameters() if p.dim() >= 2]
-    no_decay = [p for p in module.parameters() if p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": training_cfg.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(
-        groups, lr=training_cfg.inner_lr, betas=(training_cfg.beta1, training_cfg.beta2)
-    )
+def make_inner_optimizer(module: nn.Module, training_cfg: TrainingConfig):
+    """The inner optimizer of one stage (``training.optimizer``, :mod:`training.muon`): AdamW with weight decay on
+    matrices only (not biases, LayerNorms), or Muon for the hidden matrices and that AdamW for the rest."""
+    return make_optimizer(module, training_cfg)
 
 
 def grad_sq_norm(module: nn.Module) -> torch.Tensor:

@@ -58,6 +58,7 @@ from training.data import Corpus, round_batches
 from training.diloco import step_with_average
 from training.errors import ContributionDecodeError, ReexecError, ReplicaStateError
 from training.hashing import stage_weights_hash, tensor_le_bytes
+from training.muon import optimizer_prefixes
 from training.platform import (
     CROSS_PLATFORM_TOLERANCE,
     EXACT,
@@ -590,8 +591,8 @@ def restart_state_reason(
     round start = the global weights, a fresh inner optimizer, a zero
     error-feedback residual, nothing pending. Such a state does not follow
     from the replica's previous one, but it follows from the record, which is
-    all the chain check asks. Every part must hash to its claim, hold no AdamW
-    state, no pending or transmitted snapshots, a zero residual, weights equal
+    all the chain check asks. Every part must hash to its claim, hold no inner-optimizer
+    state (AdamW's or Muon's), no pending or transmitted snapshots, a zero residual, weights equal
     to the round-start snapshot and that snapshot within rounding of the
     global weights, which must be the record's of ``global_round``
     (:func:`start_global_round`; ``committed_weights``: round -> stage -> hash,
@@ -608,7 +609,8 @@ def restart_state_reason(
         if part.state_hash() != claimed:
             return f"stage {stage}: served state is not the committed one"
         groups = {name.split("/", 1)[0] for name in part.tensors}
-        carried = sorted(g for g in groups if g.startswith(("adam.", "round_end.", "own_decoded.", "sent.", "encoder."))
+        carried = sorted(g for g in groups if g.startswith((*optimizer_prefixes(), "round_end.", "own_decoded.", "sent.",
+                                                             "encoder."))
                          or g == "others_previous")
         if carried:
             return f"stage {stage}: carries state a restart does not have ({', '.join(carried[:4])})"

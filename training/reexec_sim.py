@@ -31,9 +31,9 @@ from training.diloco import host_float32
 from training.model import init_state_dict
 from training.pipeline import LocalReplicaTrainer
 from training.portable_rng import normal_tensor
-from training.reexec import ContributionClaim, data_commitment, round_meta
+from training.reexec import NO_APPLY, ContributionClaim, data_commitment, round_meta
 from training.replica_state import ReplicaStartState, capture_replica_state
-from training.schedule import APPLY, ENCODE, TRAIN, inner_lr, round_actions, set_lr
+from training.schedule import APPLY, ENCODE, TRAIN, applies_before_encode, inner_lr, round_actions, set_lr
 from training.stage_engine import StageEngine
 
 logger = logging.getLogger(__name__)
@@ -240,8 +240,12 @@ def run_with_states(replicas: list[SimReplica], sim: SimConfig) -> list[SimRound
                     state = record.states[member.replica]
                     data = data_commitment(sim.corpus, sim.training, sim.model, sim.diloco, member.replica,
                                            outer_round, member.declared_steps(outer_round))
+                    # A schedule that applies round t-1 before the encode (the overlap, "lookahead", "eager") binds
+                    # that result (the global weights, which the encode does not move), as the node's envelope does.
+                    before = applies_before_encode(sim.diloco, outer_round)
                     record.claims[member.replica] = [
-                        ContributionClaim(stage, part.state_hash(), data, payloads[stage])
+                        ContributionClaim(stage, part.state_hash(), data, payloads[stage],
+                                          member.engines[stage].weights_hash() if before else NO_APPLY)
                         for stage, part in enumerate(state.stages)
                     ]
                     for stage, payload in payloads.items():

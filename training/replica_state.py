@@ -6,9 +6,10 @@ contribution commits (by hash) to everything the round's H inner steps and the
 encode read, for every stage ``s`` of the replica:
 
 * the live local weights ``theta_i`` (``param/<name>``);
-* the inner AdamW state: step count and both moments (``adam.step/<name>``,
-  ``adam.exp_avg/<name>``, ``adam.exp_avg_sq/<name>``; absent before the first
-  inner step of the run);
+* the inner optimizer's state: AdamW's step count and both moments (``adam.step/<name>``,
+  ``adam.exp_avg/<name>``, ``adam.exp_avg_sq/<name>``), and with ``training.optimizer = "muon"``
+  the hidden matrices' Muon momentum (``muon.momentum_buffer/<name>``) in place of AdamW's
+  (training/muon.py); absent before the first inner step of the run;
 * the :class:`~training.stage_engine.StageEngine` state: global weights and outer
   momentum of the last applied round (``global/``, ``momentum/``), the
   error-feedback residual (``residual/``), the local snapshot of the round
@@ -67,6 +68,7 @@ from training.butterfly import slice_stage
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
 from training.errors import EngineStateError, ReplicaStateError
 from training.hashing import tensor_le_bytes
+from training.muon import optimizer_prefixes, state_kind
 from training.platform import PlatformError, PlatformFingerprint, parse_fingerprint
 from training.pipeline import LocalReplicaTrainer
 from training.stage_engine import ENGINE_STATE_VERSION, StageEngine
@@ -78,7 +80,6 @@ STATE_MAGIC = b"dlx-replica-state-v1"
 STATE_ROOT_MAGIC = b"dlx-replica-state-root-v1"
 STATE_VERSION = 1  # header without a platform fingerprint
 STATE_VERSION_PLATFORM = 2  # header with one (issue 32)
-_ADAM_FIELDS = ("exp_avg", "exp_avg_sq", "step")
 _MAX_META_BYTES = 1 << 16
 _MAX_TENSORS = 1 << 16
 
@@ -238,10 +239,12 @@ def capture_trainer_part(module: nn.Module, optimizer: torch.optim.Optimizer) ->
         # float32 CPU copies whatever the device: the state's bytes are the host's (docs/GPU.md).
         tensors[f"param/{name}"] = param.detach().to(device="cpu", dtype=torch.float32, copy=True)
         state = optimizer.state.get(param, {})
-        if state and set(state) != set(_ADAM_FIELDS):
-            raise ReplicaStateError(f"{name!r}: inner optimizer state has fields {sorted(state)}, expected AdamW's")
+        prefix, fields = state_kind(optimizer, param)
+        if state and set(state) != set(fields):
+            raise ReplicaStateError(f"{name!r}: inner optimizer state has fields {sorted(state)}, expected "
+                                    f"{sorted(fields)} ({prefix})")
         for field_name, value in state.items():
-            tensors[f"adam.{field_name}/{name}"] = torch.as_tensor(value).detach().to(
+            tensors[f"{prefix}.{field_name}/{name}"] = torch.as_tensor(value).detach().to(
                 device="cpu", dtype=torch.float32, copy=True)
     return tensors
 
@@ -323,15 +326,7 @@ def restore_replica(
     trainer = LocalReplicaTrainer(model_cfg, training_cfg, meta.num_stages, state_dict=weights)
     engines = []
     for part, module, optimizer in zip(state.stages, trainer.stage_modules, trainer.optimizers):
-        for name, param in module.named_parameters():
-            fields = {f: part.tensors.get(f"adam.{f}/{name}") for f in _ADAM_FIELDS}
-            if all(value is not None for value in fields.values()):
-                # The moments live with the parameter; the step count stays a CPU scalar (AdamW's own
-                # choice unless capturable or fused).
-                optimizer.state[param] = {f: value.clone() if f == "step" else value.to(param.device, copy=True)
-                                          for f, value in fields.items()}
-            elif any(value is not None for value in fields.values()):
-                raise ReplicaStateError(f"stage {part.stage_index} {name!r}: AdamW state is incomplete")
+        _restore_optimizer(part, module, optimizer)
         engine = StageEngine(part.stage_index, dict(module.named_parameters()), diloco_cfg, compression_cfg)
         if diloco_cfg.exchange == "sliced":  # as the node's engines encode (node.live.replica), before the load
             slice_stage(engine, diloco_cfg.num_replicas, diloco_cfg.min_slice_numel)
@@ -339,6 +334,27 @@ def restore_replica(
         _load_engine(engine, part, diloco_cfg, last_encoded, last_applied, others_count)
         engines.append(engine)
     return trainer, engines
+
+
+def _restore_optimizer(part: StageStartState, module: nn.Module, optimizer) -> None:
+    """Put the captured inner-optimizer state of every parameter back (the run's optimizer decides which
+    fields each holds, :func:`training.muon.state_kind`); any other optimizer tensor in the state is refused."""
+    used = set()
+    for name, param in module.named_parameters():
+        prefix, names = state_kind(optimizer, param)
+        fields = {f: part.tensors.get(f"{prefix}.{f}/{name}") for f in names}
+        if all(value is not None for value in fields.values()):
+            # The moments live with the parameter; the step count stays a CPU scalar (AdamW's own
+            # choice unless capturable or fused).
+            optimizer.state[param] = {f: value.clone() if f == "step" else value.to(param.device, copy=True)
+                                      for f, value in fields.items()}
+            used.update(f"{prefix}.{f}/{name}" for f in names)
+        elif any(value is not None for value in fields.values()):
+            raise ReplicaStateError(f"stage {part.stage_index} {name!r}: inner optimizer state ({prefix}) is incomplete")
+    stray = sorted(n for n in part.tensors if n.startswith(optimizer_prefixes()) and n not in used)
+    if stray:
+        raise ReplicaStateError(f"stage {part.stage_index} state: {stray[0]!r} is not state of the run's inner "
+                                "optimizer (training.optimizer)")
 
 
 def _load_engine(engine: StageEngine, part: StageStartState, diloco_cfg: DilocoConfig, last_encoded: int,

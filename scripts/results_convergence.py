@@ -1,0 +1,102 @@
+"""Renderer of docs/RESULTS.md for the method-by-size table (bench/bench_convergence.py, issue 46) and its plot
+(bench/results/convergence.svg, drawn from the same JSON). Numbers come only from the JSON."""
+
+from __future__ import annotations
+
+import math
+
+from results_sections import num, pct, table
+
+MODE_NAMES = {"ddp": "DDP", "diloco": "sync DiLoCo", "diloco_x": "DiLoCoX"}
+SIZE_CASES = ("llama-xs", "llama-s", "llama-m", "llama-l")
+
+
+def convergence(r: dict) -> list[str]:
+    """The method-by-size table: per case and mode the best variant measured, its gap and bytes, every variant."""
+    rows = []
+    for row in r["table"]:
+        variants = ", ".join(f"{name} {loss:.4f}" for name, loss in sorted(row["variants"].items(), key=lambda kv: kv[1]))
+        rows.append([row["case"], f"{row['num_params']:,}", f"{row['tokens']:,}", MODE_NAMES[row["mode"]],
+                     row["best_variant"], num(row["held_out_loss"]),
+                     "(baseline)" if row["mode"] == "ddp" else pct(row["gap_vs_ddp"], 2),
+                     "-" if row["mode"] == "ddp" else pct(row.get("gap_vs_same_optimizer_ddp"), 2),
+                     "1x" if row["mode"] == "ddp" else f"{row['fewer_bytes_than_ddp']:.0f}x", variants])
+    lines = [f"{r['replicas']} replicas x {r['stages']} stages, H = {r['inner_steps']} x {r['rounds']} rounds of "
+             "tinyshakespeare (bytes), one seed; each method's best variant measured, the gap against the best DDP "
+             "of the same case (AdamW or Muon). `llama-xs/s/m/l` keep 1.4 to 1.5 tokens per parameter (the batch grows "
+             "with the size); `gpt2-mini` and `llama-l` are each family's default budget (1,536,000 tokens).", ""]
+    lines += table(["case", "parameters", "tokens", "method", "best variant", "held-out", "gap vs best DDP",
+                    "vs DDP, same inner optimizer",
+                    "fewer bytes than fp32 AllReduce", "every variant measured (held-out)"], rows)
+    lines += [trend(r), "", "![gap to the best DDP against model size](../bench/results/convergence.svg)", ""]
+    pieces = [piece for piece in r.get("pieces", []) if piece]
+    if pieces:
+        lines += ["Measured in pieces (each row also records the load average at its start and end): "
+                  + "; ".join(f"`{piece['command'].replace(' --data /work/shared/data/tinyshakespeare/input.txt', '')}` "
+                              f"({piece.get('date', '?')}, load {piece['load_average']['start'][0]:.1f} at start)"
+                              for piece in pieces) + ".", ""]
+    missing = r.get("not_run")
+    if missing:
+        lines += ["Not run (the machine's time): " + ", ".join(f"`{item}`" for item in missing) + ".", ""]
+    return lines
+
+
+def gaps_by_size(r: dict) -> dict[str, list[tuple[int, float]]]:
+    """mode -> [(parameters, gap)] over the Llama sizes measured, smallest first."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for row in r["table"]:
+        if row["case"] in SIZE_CASES and row["mode"] != "ddp":
+            out.setdefault(row["mode"], []).append((row["num_params"], row["gap_vs_ddp"]))
+    return {mode: sorted(points) for mode, points in out.items()}
+
+
+def trend(r: dict) -> str:
+    """Whether the gap shrinks with size, in words, from the JSON."""
+    parts = []
+    for mode, points in gaps_by_size(r).items():
+        if len(points) < 2:
+            continue
+        falling = all(b[1] < a[1] for a, b in zip(points, points[1:]))
+        steps = " -> ".join(pct(gap, 2) for _, gap in points)
+        parts.append(f"{MODE_NAMES[mode]} {steps} ({'shrinks at every step' if falling else 'does not shrink at every step'})")
+    if not parts:
+        return "Fewer than two Llama sizes measured: no trend with size yet."
+    return "Gap with size (Llama, smallest first): " + "; ".join(parts) + "."
+
+
+def svg(r: dict, width: int = 560, height: int = 300) -> str:
+    """The gap of each DiLoCo mode against the parameter count (log scale) over the Llama sizes."""
+    series = gaps_by_size(r)
+    points = [p for pts in series.values() for p in pts] or [(1, 0.0)]
+    left, right, top, bottom = 60, width - 130, 20, height - 40
+    xs = [math.log10(p) for p, _ in points]
+    x_low, x_high = min(xs) - 0.05, max(xs) + 0.05
+    y_high = max(0.01, max(g for _, g in points)) * 1.15
+    y_low = min(0.0, min(g for _, g in points))
+
+    def x_of(params: int) -> float:
+        return left + (math.log10(params) - x_low) / (x_high - x_low) * (right - left)
+
+    def y_of(gap: float) -> float:
+        return bottom - (gap - y_low) / (y_high - y_low) * (bottom - top)
+
+    colours = {"diloco": "#1f77b4", "diloco_x": "#d62728"}
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+             'font-size="12">', f'<rect width="{width}" height="{height}" fill="white"/>',
+             f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="black"/>',
+             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="black"/>',
+             f'<text x="{(left + right) / 2:.0f}" y="{height - 8}" text-anchor="middle">parameters (log scale)</text>',
+             f'<text x="14" y="{(top + bottom) / 2:.0f}" transform="rotate(-90 14 {(top + bottom) / 2:.0f})" '
+             'text-anchor="middle">held-out loss vs best DDP</text>']
+    for gap in (y_low, (y_low + y_high) / 2, y_high):
+        parts.append(f'<text x="{left - 4}" y="{y_of(gap) + 4:.1f}" text-anchor="end">{100 * gap:+.1f}%</text>')
+    for params, _ in points:
+        parts.append(f'<text x="{x_of(params):.1f}" y="{bottom + 14}" text-anchor="middle">{params / 1e6:.2f}M</text>')
+    for index, (mode, pts) in enumerate(sorted(series.items())):
+        colour = colours.get(mode, "gray")
+        path = " ".join(f"{x_of(p):.1f},{y_of(g):.1f}" for p, g in pts)
+        parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        parts += [f'<circle cx="{x_of(p):.1f}" cy="{y_of(g):.1f}" r="3" fill="{colour}"/>' for p, g in pts]
+        parts.append(f'<text x="{right + 10}" y="{top + 16 + 18 * index}" fill="{colour}">{MODE_NAMES[mode]}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
