@@ -445,12 +445,23 @@ def gpu_calibration(r: dict) -> list[str]:
     for precision, d in r["summary"].items():
         rows.append([precision, g(d["same_platform_max"]), g(d["other_threads_max"]), g(d["other_device_max"]),
                      g(d["other_precision_max"]), g(d["cheat_min"]), f"{d['cheats_below_tolerance']} of {d['cheats']}",
-                     g(d["tolerance_in_force"]), g(d["suggested_tolerance"])])
+                     g(d["tolerance_in_force"]), _zones_cell(d.get("rule_cheats")),
+                     _zones_cell(d.get("rule_honest_cross"))])
     return [(f"Largest relative distance between a contribution and its honest rerun, by what differs, and the "
              f"smallest a 1% cheat reached: `{a['preset']}` ({r['model_params']:,} parameters), {a['seeds']} seeds x "
              f"{a['rounds']} rounds of H = {a['inner_steps']}, devices measured: {e['device']} (GPUs: {e['gpus']})."), ""] + table(
         ["precision", "same platform", "other threads", "other device", "other precision", "smallest cheat",
-         "cheats within the tolerance in force", "tolerance in force", "suggested (3x honest)"], rows)
+         "cheats within the mismatch bound", "mismatch bound", "cheats under the three zones",
+         "honest cross-platform under the three zones"], rows) + [
+        "Three zones (issue 42, training.platform.compare_rerun): a rerun on another platform passes up to the "
+        "pass bound (1e-4), is a mismatch beyond the mismatch bound, and is undecided between (no verdict, nobody "
+        "accused, needs a verifier of the claimant's platform). Cells: passed / undecided / mismatch.", ""]
+
+
+def _zones_cell(zones: dict | None) -> str:
+    if not zones:
+        return "-"
+    return f"{zones['exact'] + zones['within_tolerance']} / {zones['undecided']} / {zones['mismatch']}"
 
 
 def trust_fuzz(r: dict) -> list[str]:

@@ -27,8 +27,9 @@ the verifier's own device), and then demanded: any difference is a mismatch. On
 another platform (another device, GPU model, library version, precision flags) or
 thread count the float reductions run in another order: the payloads then differ
 slightly and the check falls back to the relative L2 distance of the decoded
-pseudo-gradients against a tolerance measured from honest reruns, per precision
-(:func:`training.platform.compare_rerun`; docs/DILOCOX.md section 11, docs/GPU.md).
+pseudo-gradients in three zones: passed, undecided (no verdict: needs a verifier of the
+claimant's platform) or a mismatch (:func:`training.platform.compare_rerun`; docs/DILOCOX.md
+section 11, docs/GPU.md).
 
 The rerun also yields the replica's start state of round ``t+1``; its hash
 must equal the one the replica's round ``t+1`` contribution binds (chaining:
@@ -63,6 +64,7 @@ from training.platform import (
     EXACT,
     MISMATCH,
     RULE_CROSS_PLATFORM,
+    UNDECIDED,
     WITHIN_TOLERANCE,
     PlatformFingerprint,
     compare_rerun,
@@ -380,7 +382,7 @@ class SpotCheck:
 
     outer_round: int
     replica: int
-    verdict: str  # EXACT | WITHIN_TOLERANCE | MISMATCH | STATE_MISMATCH | DATA_MISMATCH | OTHER_RESULT
+    verdict: str  # EXACT | WITHIN_TOLERANCE | UNDECIDED | MISMATCH | STATE_MISMATCH | DATA_MISMATCH | OTHER_RESULT
     reason: str
     distances: dict[int, float] = field(default_factory=dict)  # stage -> contribution_distance
     next_state_hashes: list[bytes] | None = None  # per stage: what round t+1's envelopes must bind (EXACT only)
@@ -389,10 +391,18 @@ class SpotCheck:
     # or a failure no single stage's claim shows, e.g. states of different rounds).
     failed_stages: tuple[int, ...] = ()
     rule: str = ""  # training.platform.RULE_*: how the rerun was judged ("" if it never ran)
+    # Where it ran, for a report: "exact" (the claimant's platform), "emulated" (a child under the claimant's
+    # ATen CPU capability), "tolerance" (another platform), "" (not said; node.tools.audit_reexec sets it)
+    how: str = ""
 
     @property
     def honest(self) -> bool:
         return self.verdict in (EXACT, WITHIN_TOLERANCE)
+
+    @property
+    def undecided(self) -> bool:
+        """Another platform's rerun that can neither pass nor convict it (training.platform.UNDECIDED)."""
+        return self.verdict == UNDECIDED
 
 
 def verify_contribution(
