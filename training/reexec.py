@@ -437,8 +437,9 @@ def verify_contribution(
     round t-1 its apply gave (else :data:`OTHER_RESULT`: built on another result, not a cheat), then the
     rerun's payloads are compared stage by stage (the
     worst stage decides) under :func:`training.platform.compare_rerun`: bit-exact on
-    the claimant's platform, else within ``tolerance`` (default: the calibrated one of
-    the claimant's precision). The verdict's ``rule`` and ``reason`` say which applied.
+    the claimant's platform, else the three zones (passed up to the pass bound, mismatch beyond
+    ``tolerance``, default the claimant's precision's cross-platform tolerance, undecided between).
+    The verdict's ``rule`` and ``reason`` say which applied.
     In a sliced run each claim's payload is the msgpack array of the claimant's slice blobs
     (:func:`sliced_contribution_distance`) and ``previous_partials`` replaces ``previous_contributions``.
     """

@@ -47,11 +47,12 @@ def verify_under_capability(capability: str, *, timeout: float = CHILD_TIMEOUT_S
         done = subprocess.run([sys.executable, "-m", "training.rerun_child"], input=pickle.dumps(kwargs),
                               env=child_env(capability), capture_output=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        raise ReexecError(f"the rerun under {CAPABILITY_ENV}={capability} did not finish within {timeout:.0f}s") \
-            from None
+        raise ReexecError(f"the rerun under {CAPABILITY_ENV}={capability} did not finish within "
+                          f"{timeout:.0f}s") from None
     if done.returncode != 0:
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
-        raise ReexecError(f"the rerun under {CAPABILITY_ENV}={capability} failed (exit {done.returncode}): {tail[0]}")
+        raise ReexecError(f"the rerun under {CAPABILITY_ENV}={capability} failed (exit {done.returncode}): "
+                          f"{tail[0]}")
     try:
         return pickle.loads(done.stdout)
     except (pickle.UnpicklingError, EOFError, ValueError) as exc:

@@ -37,7 +37,8 @@ logger = logging.getLogger(__name__)
 
 JOB_FILE = "job.json"
 RESULT_FILE = "result.json"
-VERDICTS = ("exact", "within_tolerance", "undecided", "mismatch", "state_mismatch", "data_mismatch", "other_result")
+VERDICTS = ("exact", "within_tolerance", "undecided", "mismatch", "state_mismatch", "data_mismatch",
+            "other_result")
 
 
 class SpotCheckFailed(NodeError):

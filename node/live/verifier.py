@@ -241,8 +241,8 @@ class SpotChecker(Tribunal):
             logger.warning("spot check of replica %d round %d: %s (not accused: a forked member's round)",
                            replica, outer_round, result.reason)
         elif result is not None and result.undecided:
-            logger.warning("spot check of replica %d round %d undecided, not accused: %s", replica, outer_round,
-                           result.reason)
+            logger.warning("spot check of replica %d round %d undecided, not accused: %s", replica,
+                           outer_round, result.reason)
         elif result is not None and not result.honest:
             self._court.put(COURT, "accuse", outer_round, replica, result)
 

@@ -208,7 +208,8 @@ class ReexecAuditor:
                 continue
             data = self.archives.envelope(round_index, str(mine[0][3]))
             try:
-                body = msg.decode_contribution_body(decode_envelope(data, _MAX_BLOB).payload) if data else None
+                env = decode_envelope(data, _MAX_BLOB) if data else None
+                body = msg.decode_contribution_body(env.payload) if env is not None else None
                 part = self.archives.blob(body.state_hash.hex()) if body is not None else None
                 declared = parse_stage_state(part).meta.platform if part is not None else None
             except (*DLX_ERRORS, TrainingError, EnvelopeRejected, ValueError):
@@ -347,8 +348,8 @@ def reexec_checks(report, history, replayer, archives, count: int) -> None:
             report.general.append(Check(name, OK, f"reproduced ({result.verdict}, distance {distance:.3g}; "
                                         f"judged {how_judged(result)})", round_index))
         elif result.undecided:
-            report.general.append(Check(name, UNVERIFIABLE, f"undecided (judged {how_judged(result)}: {reason})",
-                                        round_index))
+            report.general.append(Check(name, UNVERIFIABLE,
+                                        f"undecided (judged {how_judged(result)}: {reason})", round_index))
         else:
             envs = auditor._envelopes(round_index, replica) or []
             account = account_of.get(envs[0].sender_peer_id, "") if envs else ""
@@ -413,7 +414,12 @@ def rerun_by_rule(state_parts, claims, corpus, *configs, **kwargs):
     import torch
 
     from training.errors import TrainingError
-    from training.platform import RULE_SAME_PLATFORM, capability_to_emulate, fingerprint, native_cpu_capability
+    from training.platform import (
+        RULE_SAME_PLATFORM,
+        capability_to_emulate,
+        fingerprint,
+        native_cpu_capability,
+    )
     from training.replica_state import parse_stage_state
     from training.reexec import verify_contribution
     from training.rerun_child import verify_under_capability
@@ -431,14 +437,18 @@ def rerun_by_rule(state_parts, claims, corpus, *configs, **kwargs):
     else:
         result = verify_contribution(state_parts, claims, corpus, *configs, **kwargs)
     exact = result.rule == RULE_SAME_PLATFORM
-    result.how = ("emulated" if capability is not None else "exact") if exact else "tolerance" if result.rule \
-        else ""
+    if exact:
+        result.how = "emulated" if capability is not None else "exact"
+    else:
+        result.how = "tolerance" if result.rule else ""
     return result
 
 
 def how_judged(result) -> str:
     """The rule a rerun was judged by, for the audit's line: exact, emulated, tolerance, or why none."""
-    return result.how or ("declared platform" if result.reason.startswith("declared platform") else "not rerun")
+    if result.how:
+        return result.how
+    return "declared platform" if result.reason.startswith("declared platform") else "not rerun"
 
 
 def _blames(envs: list, failed_stages, accused: str, account_of: dict[str, str]) -> bool:
