@@ -60,7 +60,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def overrides(args: argparse.Namespace) -> list[str]:
     return [f"model.preset={args.preset}", "pipeline.num_stages=2", f"diloco.num_replicas={len(ROLES)}",
             f"diloco.inner_steps={args.inner_steps}", "training.batch_size=8", "training.warmup_steps=5",
-            "compression.min_compress_numel=512"]
+            "compression.min_compress_numel=512",
+            # training/reexec_sim.py's claims bind no applied hash: with an overlap (H >= 10 gives 1 step) every
+            # rerun of a round > 0 would be "other_result", so the bench runs DiLoCoX's plain one-step delay
+            "diloco.overlap_steps=0"]
 
 
 def claim(args: argparse.Namespace) -> None:

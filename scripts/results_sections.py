@@ -503,7 +503,8 @@ def reexec_isa(r: dict) -> list[str]:
         return "-" if x is None else f"{x:.3g}"
 
     def zones(z: dict) -> str:
-        return f"{z.get('exact', 0) + z.get('within_tolerance', 0)} / {z.get('undecided', 0)} / {z.get('mismatch', 0)}"
+        cell = f"{z.get('exact', 0) + z.get('within_tolerance', 0)} / {z.get('undecided', 0)} / {z.get('mismatch', 0)}"
+        return cell + (f" ({z['other_result']} other_result)" if z.get("other_result") else "")
     lines = [(f"Claimants train {a['rounds']} rounds of H = {a['inner_steps']} under each ATen capability of this "
               f"CPU ({', '.join(r['capabilities'])}) on 1 thread; every contribution is rerun under each on 1 and 2 "
               "threads. Honest: the largest relative distance by what differs, and what issue 42's rule makes of "
