@@ -59,12 +59,23 @@ from training.codec_wire import decode_contribution  # noqa: E402
 from training.data import corpus_from_config, generated_corpus, round_batches  # noqa: E402
 from training.model import count_params  # noqa: E402
 from training.pipeline import LocalReplicaTrainer  # noqa: E402
-from training.platform import CROSS_PLATFORM_TOLERANCE, fingerprint, resolve_device  # noqa: E402
+from training.platform import (  # noqa: E402
+    CROSS_PLATFORM_TOLERANCE,
+    TOLERANCE_PASS_BOUND,
+    compare_rerun,
+    fingerprint,
+    resolve_device,
+)
 from training.reexec import contribution_distance, data_commitment, reexecute, round_meta  # noqa: E402
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica, run_with_states  # noqa: E402
 from training.replica_state import ReplicaStartState, capture_engine_part, capture_trainer_part  # noqa: E402
 from training.stage_engine import StageEngine  # noqa: E402
 from training.stages import split_stages, stage_param_shapes  # noqa: E402
+
+#: Fingerprints standing for "the claimant's platform is not the verifier's" in the calibration's summary.
+CPU_HERE = fingerprint(torch.device("cpu"), "fp32")
+CPU_OTHER = dataclasses.replace(CPU_HERE, device_name="another platform")
+CPU_HERE16, CPU_OTHER16 = (dataclasses.replace(f, precision="bf16") for f in (CPU_HERE, CPU_OTHER))
 
 #: Dense bf16 peak (TFLOP/s, no sparsity) by a substring of torch.cuda.get_device_name(); --peak-tflops overrides.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0,
@@ -196,12 +207,26 @@ def summarize_calibration(rows: list[dict]) -> dict:
             "cheat_min": min(cheats) if cheats else None,
             "cheats_below_tolerance": sum(1 for d in cheats if d <= CROSS_PLATFORM_TOLERANCE[precision]),
             "cheats": len(cheats),
+            # issue 42's three zones (training.platform.compare_rerun) for a claim on another platform: every
+            # cheat row is a rerun on other threads or another device, judged as such
+            "rule_pass_bound": TOLERANCE_PASS_BOUND[precision],
+            "rule_cheats": _zones([r["distance"] for r in mine if r["role"] == "cheat"], precision),
+            "rule_honest_cross": _zones([r["distance"] for r in mine if r["role"] == "honest"
+                                         and r["rerun"] in ("threads", "device")], precision),
             "tolerance_in_force": CROSS_PLATFORM_TOLERANCE[precision],
             "suggested_tolerance": suggested,
             "suggested_separates": None if suggested is None or not cheats else suggested < min(cheats),
             "measured_devices": sorted({r["rerun_device"] for r in mine} | {r["claimant_device"] for r in mine}),
         }
     return summary
+
+
+def _zones(distances: list[float], precision: str) -> dict[str, int]:
+    """How many of ``distances`` the three zones pass, leave undecided, or call a mismatch (another platform)."""
+    verdicts = [compare_rerun(CPU_OTHER, CPU_HERE, d, claimed_threads=1, rerun_threads=1).verdict
+                if precision == "fp32" else compare_rerun(CPU_OTHER16, CPU_HERE16, d, claimed_threads=1,
+                                                          rerun_threads=1).verdict for d in distances]
+    return {name: verdicts.count(name) for name in ("exact", "within_tolerance", "undecided", "mismatch")}
 
 
 def _shapes(model: ModelConfig):
@@ -402,6 +427,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--smoke", action="store_true", help="tiny sizes on any device (CPU included)")
     mode.add_argument("--calibrate", action="store_true", help="rerun distances behind the cross-platform tolerance")
+    mode.add_argument("--resummarize", action="store_true",
+                      help="recompute the calibration summary of --out (default gpu_calibration.json) from its "
+                           "stored rows under today's rule; runs nothing")
     parser.add_argument("--out", default="", help="the JSON to write (default: per mode, under bench/results/)")
     # the GPU run (--smoke: tiny sizes)
     parser.add_argument("--preset-gpu", default="llama-124m", help="model of the GPU run")
@@ -444,6 +472,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = [sys.executable, *sys.argv] if argv is None else ["bench/bench_gpu.py", *argv]
+    if args.resummarize:
+        path = Path(args.out or REPO / "bench/results/gpu_calibration.json")
+        stored = json.loads(path.read_text())
+        document = {**stored, "summary": summarize_calibration(stored["rows"]),
+                    "resummarized": f"summary recomputed from the stored rows under today's rule ({' '.join(command)})"}
+        write_json(path, document)
+        print(json.dumps(document["summary"], indent=1))
+        return 0
     if args.calibrate:
         document = {"environment": environment(command), **calibrate(args)}
         write_json(Path(args.out or REPO / "bench/results/gpu_calibration.json"), document)

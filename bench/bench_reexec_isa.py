@@ -1,18 +1,22 @@
-"""Benchmark: re-execution across CPU instruction sets and thread counts (issue 42).
+"""Benchmark: re-execution across CPU instruction sets and thread counts, and the platform rule (issue 42).
 
 Claimants train a short simulated run (training/reexec_sim.py) in a subprocess under one
 ``ATEN_CPU_CAPABILITY`` on 1 thread: honest replicas and small cheats (a 1% perturbation of the
 update, other data, half the inner steps). Every contribution is then re-executed
-(``training.reexec.verify_contribution``) in subprocesses under each capability and on 1 and 2
-threads. The table: the honest distance between capabilities and thread counts, the cheats'
-smallest distance, and how many cheats each rule lets through:
+(``training.reexec.verify_contribution``) in subprocesses under each capability this CPU has and on 1
+and 2 threads. Per model preset: the honest distance between capabilities and thread counts, the cheats'
+smallest distance, and what each rule makes of them:
 
-* ``tolerance``: today's cross-platform rule (relative L2 distance <= the float32 tolerance);
-* ``same_kernels``: a rerun under the claimant's own capability and thread count, bit-exact demanded
-  (what a verifier of another capability can do for a CPU claimant by starting its rerun with the
-  claimant's ``ATEN_CPU_CAPABILITY``, where its CPU has that instruction set).
+* ``old_tolerance``: the cross-platform rule before issue 42's (relative L2 distance <= the float32
+  tolerance 1e-2 passes);
+* ``rule``: issue 42's platform rule (training.platform.compare_rerun): a claim of this CPU model is
+  rerun under the claimant's own kernels and thread count (emulated), bit-exact demanded; a claim of a
+  platform the verifier cannot emulate (another CPU model, a GPU) gets the three zones, passed up to
+  ``TOLERANCE_PASS_BOUND``, mismatch beyond ``CROSS_PLATFORM_TOLERANCE``, undecided between: every rerun
+  on other kernels or threads is counted as such a claim.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py                 # tiny, 3 rounds, H=10
+    PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --presets llama-tiny,llama-mini
+    PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --resummarize   # the stored rows, today's rule
 
 writes bench/results/reexec_isa.json (``benchio.write_result``).
 """
@@ -34,13 +38,16 @@ sys.path.insert(0, str(REPO))
 
 from bench.benchio import default_out, write_result  # noqa: E402
 
-CAPABILITIES = ("default", "avx2")
+CAPABILITY_NAMES = ("default", "avx2", "avx512")
 ROLES = ("honest", "honest", "perturbed_1pct", "perturbed_1pct", "other_data", "half_steps")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--presets", default="llama-tiny,llama-mini", help="comma-separated model presets")
+    parser.add_argument("--preset", default="tiny", help=argparse.SUPPRESS)  # a child's
+    parser.add_argument("--resummarize", action="store_true",
+                        help="recompute the summaries of --out's stored rows under today's rule, run nothing")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--inner-steps", type=int, default=10)
     parser.add_argument("--out", default=default_out(__file__))
@@ -53,7 +60,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def overrides(args: argparse.Namespace) -> list[str]:
     return [f"model.preset={args.preset}", "pipeline.num_stages=2", f"diloco.num_replicas={len(ROLES)}",
             f"diloco.inner_steps={args.inner_steps}", "training.batch_size=8", "training.warmup_steps=5",
-            "compression.min_compress_numel=512"]
+            "compression.min_compress_numel=512",
+            # training/reexec_sim.py's claims bind no applied hash: with an overlap (H >= 10 gives 1 step) every
+            # rerun of a round > 0 would be "other_result", so the bench runs DiLoCoX's plain one-step delay
+            "diloco.overlap_steps=0"]
 
 
 def claim(args: argparse.Namespace) -> None:
@@ -116,9 +126,28 @@ def child(args: argparse.Namespace, role: str, capability: str, file: Path, thre
     return done.stdout
 
 
-def summarize(rows: list[dict], tolerance: float) -> dict:
-    """Honest distances by what differs; per cheat the smallest distance and how many each rule lets through.
-    A check refused before any rerun (``data_mismatch``, ``state_mismatch``: no distance) is caught by both."""
+def rule_verdict(row: dict) -> str:
+    """What issue 42's rule makes of a rerun row. Same kernels and threads as the claimant's (the claimant's
+    platform, or emulated): the row's own bit-exact verdict. Otherwise the claim is taken as one of a platform
+    the verifier cannot emulate: the three zones of training.platform.compare_rerun over its distance (a
+    check refused before any rerun, data_mismatch or state_mismatch, keeps its verdict)."""
+    from training.platform import CROSS_PLATFORM_TOLERANCE, MISMATCH, TOLERANCE_PASS_BOUND, UNDECIDED, \
+        WITHIN_TOLERANCE
+
+    if row["distance"] is None or (row["claimant"] == row["rerun"] and row["threads"] == 1):
+        return row["verdict"]
+    if row["distance"] == 0.0:
+        return "exact"
+    if row["distance"] <= TOLERANCE_PASS_BOUND["fp32"]:
+        return WITHIN_TOLERANCE
+    return MISMATCH if row["distance"] > CROSS_PLATFORM_TOLERANCE["fp32"] else UNDECIDED
+
+
+def summarize(rows: list[dict], old_tolerance: float = 1e-2) -> dict:
+    """Honest distances by what differs; per cheat the smallest distance and what each rule makes of it.
+    A check refused before any rerun (``data_mismatch``, ``state_mismatch``: no distance) is caught by all."""
+    from training.platform import CROSS_PLATFORM_TOLERANCE, TOLERANCE_PASS_BOUND
+
     def honest(match) -> list[float]:
         return [r["distance"] for r in rows if r["role"] == "honest" and match(r) and r["distance"] is not None]
 
@@ -126,35 +155,76 @@ def summarize(rows: list[dict], tolerance: float) -> dict:
         values = [v for v in values if v is not None]
         return min(values) if values else None
 
-    def passes_tolerance(r) -> bool:
-        return r["verdict"] in ("exact", "within_tolerance") and r["distance"] is not None and r["distance"] <= tolerance
+    def passes_old(r) -> bool:
+        return r["distance"] is not None and r["distance"] <= old_tolerance
 
-    cheats = [r for r in rows if r["role"] != "honest"]
+    def counted(mine: list[dict]) -> dict:
+        verdicts = [rule_verdict(r) for r in mine]
+        return {v: verdicts.count(v) for v in sorted(set(verdicts))}
+
     same = lambda r: r["claimant"] == r["rerun"] and r["threads"] == 1  # noqa: E731
     other = lambda r: r["claimant"] != r["rerun"]  # noqa: E731
+    other_kernels = lambda r: not same(r)  # noqa: E731
+    pairs = sorted({(r["claimant"], r["rerun"]) for r in rows if other(r)})
     summary = {
         "honest_same_kernels_max": max(honest(same), default=None),
         "honest_other_threads_max": max(honest(lambda r: r["claimant"] == r["rerun"] and r["threads"] != 1),
                                         default=None),
         "honest_other_capability_max": max(honest(other), default=None),
+        "honest_by_capability_pair": {f"{a}->{b}": {"max": max(honest(lambda r, a=a, b=b: (r["claimant"], r["rerun"])
+                                                                      == (a, b)), default=None),
+                                                     "min": smallest(honest(lambda r, a=a, b=b: (r["claimant"],
+                                                                                                  r["rerun"]) == (a, b)))}
+                                      for a, b in pairs},
         "honest_verdicts": sorted({r["verdict"] for r in rows if r["role"] == "honest"}),
+        # every honest rerun on other kernels or threads, judged as a claim of a platform nobody can emulate
+        "honest_rule_other_kernels": counted([r for r in rows if r["role"] == "honest" and other_kernels(r)]),
         "cheats": {},
-        "tolerance": tolerance,
+        "old_tolerance": old_tolerance,
+        "pass_bound": TOLERANCE_PASS_BOUND["fp32"],
+        "mismatch_bound": CROSS_PLATFORM_TOLERANCE["fp32"],
     }
-    for role in sorted({r["role"] for r in cheats}):
-        mine = [r for r in cheats if r["role"] == role]
+    for role in sorted({r["role"] for r in rows if r["role"] != "honest"}):
+        mine = [r for r in rows if r["role"] == role]
         summary["cheats"][role] = {
             "checks": len([r for r in mine if same(r)]),
             "min_distance_same_kernels": smallest(r["distance"] for r in mine if same(r)),
             "min_distance_other_capability": smallest(r["distance"] for r in mine if other(r)),
-            # a cheat claiming another platform than the verifier's: judged by the tolerance
-            "pass_tolerance_other_capability": sum(1 for r in mine if other(r) and passes_tolerance(r)),
-            "reruns_other_capability": sum(1 for r in mine if other(r)),
-            # the same cheat rerun under its own kernels: bit-exact demanded
-            "pass_same_kernels": sum(1 for r in mine if same(r) and r["verdict"] == "exact"),
-            "verdicts": sorted({r["verdict"] for r in mine}),
+            # before issue 42's rule: a cheat claiming another platform than the verifier's, judged by 1e-2
+            "pass_old_tolerance_other_kernels": sum(1 for r in mine if other_kernels(r) and passes_old(r)),
+            "reruns_other_kernels": sum(1 for r in mine if other_kernels(r)),
+            # the rule, claimant of this CPU model: rerun under its own kernels, bit-exact demanded
+            "pass_emulated": sum(1 for r in mine if same(r) and r["verdict"] == "exact"),
+            # the rule, claimant of a platform the verifier cannot emulate: the three zones
+            "rule_other_kernels": counted([r for r in mine if other_kernels(r)]),
+            "pass_rule_other_kernels": sum(1 for r in mine if other_kernels(r)
+                                           and rule_verdict(r) in ("exact", "within_tolerance")),
         }
     return summary
+
+
+def capabilities() -> list[str]:
+    """The ATen capabilities this CPU has, lowest first."""
+    from training.platform import CPU_CAPABILITY_LEVELS, native_cpu_capability
+
+    top = CPU_CAPABILITY_LEVELS[native_cpu_capability()]
+    return [name for name in CAPABILITY_NAMES if CPU_CAPABILITY_LEVELS[name.upper()] <= top]
+
+
+def measure(args: argparse.Namespace, preset: str) -> list[dict]:
+    """Every rerun row of one preset (claimants under each capability, reruns under each x 1 and 2 threads)."""
+    args = argparse.Namespace(**{**vars(args), "preset": preset})
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for claimed in capabilities():
+            file = Path(tmp) / f"{claimed}.pkl"
+            print(f"{preset}: claimants under {claimed}", flush=True)
+            child(args, "claim", claimed, file)
+            for capability in capabilities():
+                for threads in (1, 2):
+                    print(f"  rerun under {capability}, {threads} threads", flush=True)
+                    rows += json.loads(child(args, "rerun", capability, file, threads).strip().splitlines()[-1])
+    return rows
 
 
 def main(argv: list[str]) -> int:
@@ -165,27 +235,26 @@ def main(argv: list[str]) -> int:
     if args.role == "rerun":
         rerun(args)
         return 0
-    from training.platform import CROSS_PLATFORM_TOLERANCE
-
+    out = REPO / args.out
     load = list(os.getloadavg())
     started = time.perf_counter()
-    rows: list[dict] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for claimed in CAPABILITIES:
-            file = Path(tmp) / f"{claimed}.pkl"
-            print(f"claimants under {claimed}", flush=True)
-            child(args, "claim", claimed, file)
-            for capability in CAPABILITIES:
-                for threads in (1, 2):
-                    print(f"  rerun under {capability}, {threads} threads", flush=True)
-                    rows += json.loads(child(args, "rerun", capability, file, threads).strip().splitlines()[-1])
-    (REPO / args.out).with_suffix(".rows.tmp").write_text(json.dumps(rows))  # kept if the summary fails
-    summary = summarize(rows, CROSS_PLATFORM_TOLERANCE["fp32"])
-    print(json.dumps(summary, indent=1))
-    write_result(REPO / args.out, {"args": {k: v for k, v in vars(args).items() if k not in ("role", "file")},
-                                   "roles": list(ROLES), "summary": summary, "rows": rows,
-                                   "wall_seconds": time.perf_counter() - started}, load)
-    (REPO / args.out).with_suffix(".rows.tmp").unlink()
+    if args.resummarize:
+        stored = json.loads(out.read_text())
+        presets = {name: {**doc, "summary": summarize(doc["rows"])} for name, doc in stored["presets"].items()}
+        document = {**{k: v for k, v in stored.items() if k not in ("recorded",)}, "presets": presets}
+        document["resummarized"] = "summaries recomputed from the stored rows under today's rule"
+        write_result(out, document, stored.get("recorded", {}).get("load_at_start", load))
+        print(json.dumps({name: doc["summary"] for name, doc in presets.items()}, indent=1))
+        return 0
+    presets = {}
+    for preset in [p for p in args.presets.split(",") if p]:
+        rows = measure(args, preset)
+        presets[preset] = {"summary": summarize(rows), "rows": rows}
+        print(json.dumps(presets[preset]["summary"], indent=1), flush=True)
+    write_result(out, {"args": {k: v for k, v in vars(args).items()
+                                if k not in ("role", "file", "preset", "threads", "resummarize", "out")},
+                       "capabilities": capabilities(), "roles": list(ROLES), "presets": presets,
+                       "wall_seconds": time.perf_counter() - started}, load)
     print(f"wrote {args.out}")
     return 0
 

@@ -88,7 +88,7 @@ SECTIONS = (
     Section("gpu_calibration.json", "Re-execution across platforms: honest distances", "bench/bench_gpu.py",
             gpu_calibration, "Measured on CPU only so far: no GPU was at hand. Reruns on the claimant's platform are bit-exact, so the node demands that there; the cross-platform tolerance stays the float32 one until CPU-vs-GPU distances are measured (`python bench/bench_gpu.py --calibrate` on a GPU; docs/GPU.md)."),
     Section("reexec_isa.json", "Re-execution across CPU instruction sets", "bench/bench_reexec_isa.py", reexec_isa,
-            "The inner steps are bit-exact only under the claimant's own kernels (docs/DILOCOX.md section 11): a spot check reruns under the claimant's ATEN_CPU_CAPABILITY where its CPU has it."),
+            "The inner steps are bit-exact only under the claimant's own kernels (docs/DILOCOX.md section 11, \"The platform rule\"): a claim of the verifier's CPU model is rerun under the claimant's ATEN_CPU_CAPABILITY (exact); any other platform's is judged in three zones, so no cheat passes and no honest rerun is a mismatch."),
     Section("byzantine.json", "Byzantine members in real runs", "bench/bench_byzantine.py", byzantine),
     Section("chaos.json", "Faults: nodes killed and restarted", "bench/bench_chaos.py", chaos),
     Section("restart.json", "Restarting a node: where the time goes", "bench/bench_restart.py", restart,

@@ -106,6 +106,8 @@ def test_a_sliced_contribution_is_rerun_from_its_archived_bundle(sliced_round, t
     assert honest.status == OK and "reproduced (exact" in honest.reason, honest.reason
     cheat = checks["re-execution of round 0 replica 1"]
     assert cheat.status == FAIL and "does not reproduce (mismatch" in cheat.reason, cheat.reason
+    # the platform rule's line (issue 42): the claims are this process's platform, so rerun here, bit-exact
+    assert "judged exact" in honest.reason and "judged exact" in cheat.reason, (honest.reason, cheat.reason)
 
 
 def test_a_sliced_contribution_without_its_inputs_is_unverifiable_never_failed(sliced_round, tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +25,8 @@ from training.platform import (
     RULE_CROSS_PLATFORM,
     RULE_SAME_PLATFORM,
     RULE_UNRECORDED,
+    TOLERANCE_PASS_BOUND,
+    UNDECIDED,
     WITHIN_TOLERANCE,
     PlatformError,
     compare_rerun,
@@ -205,14 +208,19 @@ def test_same_platform_demands_bit_exact():
     assert "bit-exact rerun demanded" in tiny.reason
 
 
-def test_another_platform_or_thread_count_gets_the_tolerance_of_the_precision():
-    threads = compare_rerun(CPU32, CPU32, 1e-3, claimed_threads=1, rerun_threads=2)
-    assert (threads.verdict, threads.rule, threads.tolerance) == (
-        WITHIN_TOLERANCE, RULE_CROSS_PLATFORM, CROSS_PLATFORM_TOLERANCE["fp32"])
-    gpu = compare_rerun(H100, CPU16, CROSS_PLATFORM_TOLERANCE["bf16"], claimed_threads=1, rerun_threads=1)
+def test_another_platform_or_thread_count_gets_the_three_zones_of_the_precision():
+    """Passed up to the pass bound, a mismatch beyond the cross-platform tolerance, undecided between."""
+    threads = compare_rerun(CPU32, CPU32, 5e-5, claimed_threads=1, rerun_threads=2)
+    assert (threads.verdict, threads.rule, threads.tolerance, threads.pass_bound) == (
+        WITHIN_TOLERANCE, RULE_CROSS_PLATFORM, CROSS_PLATFORM_TOLERANCE["fp32"], TOLERANCE_PASS_BOUND["fp32"])
+    between = compare_rerun(CPU32, CPU32, 1e-3, claimed_threads=1, rerun_threads=2)
+    assert between.verdict == UNDECIDED and "needs a verifier of the claimant's platform" in between.reason
+    gpu = compare_rerun(H100, CPU16, TOLERANCE_PASS_BOUND["bf16"], claimed_threads=1, rerun_threads=1)
     assert (gpu.verdict, gpu.rule, gpu.tolerance) == (WITHIN_TOLERANCE, RULE_CROSS_PLATFORM,
                                                       CROSS_PLATFORM_TOLERANCE["bf16"])
-    assert "H100" in gpu.reason and "tolerance" in gpu.reason
+    assert "H100" in gpu.reason and "mismatch beyond" in gpu.reason
+    edge = compare_rerun(H100, CPU16, CROSS_PLATFORM_TOLERANCE["bf16"], claimed_threads=1, rerun_threads=1)
+    assert edge.verdict == UNDECIDED
     far = compare_rerun(H100, CPU16, 2 * CROSS_PLATFORM_TOLERANCE["bf16"], claimed_threads=1, rerun_threads=1)
     assert far.verdict == MISMATCH
     assert compare_rerun(H100, CPU16, 0.0, claimed_threads=1, rerun_threads=1).verdict == EXACT
@@ -223,16 +231,22 @@ def test_another_platform_or_thread_count_gets_the_tolerance_of_the_precision():
     assert (override.verdict, override.tolerance) == (MISMATCH, 1e-4)
 
 
-def test_state_without_fingerprint_gets_the_float32_tolerance():
-    legacy = compare_rerun(None, CPU32, 5e-3, claimed_threads=1, rerun_threads=1)
+def test_state_without_fingerprint_gets_the_float32_zones():
+    legacy = compare_rerun(None, CPU32, 5e-5, claimed_threads=1, rerun_threads=1)
     assert (legacy.verdict, legacy.rule, legacy.tolerance) == (
         WITHIN_TOLERANCE, RULE_UNRECORDED, CROSS_PLATFORM_TOLERANCE["fp32"])
+    assert compare_rerun(None, CPU32, 5e-3, claimed_threads=1, rerun_threads=1).verdict == UNDECIDED
 
 
 def test_tolerances_sit_below_the_smallest_cheat_measured():
-    """The 1%-perturbation cheat (bench/results/reexec.json) lies at 4.9e-2 and more: both tolerances are below."""
-    assert set(CROSS_PLATFORM_TOLERANCE) == {"fp32", "bf16"}
+    """The mismatch bound lies below the 1%-perturbation cheat of bench/results/reexec.json (4.9e-2 and more);
+    the pass bound below every 1% cheat the calibration measured across thread counts (3.4e-4 at its
+    smallest: bench/results/gpu_calibration.json), so no such cheat passes on another platform."""
+    assert set(CROSS_PLATFORM_TOLERANCE) == {"fp32", "bf16"} == set(TOLERANCE_PASS_BOUND)
     assert all(0 < tolerance < 4.9e-2 for tolerance in CROSS_PLATFORM_TOLERANCE.values())
+    calibration = json.loads((Path(__file__).parent.parent / "bench/results/gpu_calibration.json").read_text())
+    for precision, bound in TOLERANCE_PASS_BOUND.items():
+        assert 0 < bound < calibration["summary"][precision]["cheat_min"] < CROSS_PLATFORM_TOLERANCE[precision]
 
 
 # ----------------------------------------------------------------------------- the node's path

@@ -27,8 +27,9 @@ the verifier's own device), and then demanded: any difference is a mismatch. On
 another platform (another device, GPU model, library version, precision flags) or
 thread count the float reductions run in another order: the payloads then differ
 slightly and the check falls back to the relative L2 distance of the decoded
-pseudo-gradients against a tolerance measured from honest reruns, per precision
-(:func:`training.platform.compare_rerun`; docs/DILOCOX.md section 11, docs/GPU.md).
+pseudo-gradients in three zones: passed, undecided (no verdict: needs a verifier of the
+claimant's platform) or a mismatch (:func:`training.platform.compare_rerun`; docs/DILOCOX.md
+section 11, docs/GPU.md).
 
 The rerun also yields the replica's start state of round ``t+1``; its hash
 must equal the one the replica's round ``t+1`` contribution binds (chaining:
@@ -64,6 +65,7 @@ from training.platform import (
     EXACT,
     MISMATCH,
     RULE_CROSS_PLATFORM,
+    UNDECIDED,
     WITHIN_TOLERANCE,
     PlatformFingerprint,
     compare_rerun,
@@ -381,7 +383,7 @@ class SpotCheck:
 
     outer_round: int
     replica: int
-    verdict: str  # EXACT | WITHIN_TOLERANCE | MISMATCH | STATE_MISMATCH | DATA_MISMATCH | OTHER_RESULT
+    verdict: str  # EXACT | WITHIN_TOLERANCE | UNDECIDED | MISMATCH | STATE_MISMATCH | DATA_MISMATCH | OTHER_RESULT
     reason: str
     distances: dict[int, float] = field(default_factory=dict)  # stage -> contribution_distance
     next_state_hashes: list[bytes] | None = None  # per stage: what round t+1's envelopes must bind (EXACT only)
@@ -390,10 +392,18 @@ class SpotCheck:
     # or a failure no single stage's claim shows, e.g. states of different rounds).
     failed_stages: tuple[int, ...] = ()
     rule: str = ""  # training.platform.RULE_*: how the rerun was judged ("" if it never ran)
+    # Where it ran, for a report: "exact" (the claimant's platform), "emulated" (a child under the claimant's
+    # ATen CPU capability), "tolerance" (another platform), "" (not said; node.tools.audit_reexec sets it)
+    how: str = ""
 
     @property
     def honest(self) -> bool:
         return self.verdict in (EXACT, WITHIN_TOLERANCE)
+
+    @property
+    def undecided(self) -> bool:
+        """Another platform's rerun that can neither pass nor convict it (training.platform.UNDECIDED)."""
+        return self.verdict == UNDECIDED
 
 
 def verify_contribution(
@@ -428,8 +438,9 @@ def verify_contribution(
     round t-1 its apply gave (else :data:`OTHER_RESULT`: built on another result, not a cheat), then the
     rerun's payloads are compared stage by stage (the
     worst stage decides) under :func:`training.platform.compare_rerun`: bit-exact on
-    the claimant's platform, else within ``tolerance`` (default: the calibrated one of
-    the claimant's precision). The verdict's ``rule`` and ``reason`` say which applied.
+    the claimant's platform, else the three zones (passed up to the pass bound, mismatch beyond
+    ``tolerance``, default the claimant's precision's cross-platform tolerance, undecided between).
+    The verdict's ``rule`` and ``reason`` say which applied.
     In a sliced run each claim's payload is the msgpack array of the claimant's slice blobs
     (:func:`sliced_contribution_distance`) and ``previous_partials`` replaces ``previous_contributions``.
     """

@@ -37,7 +37,8 @@ logger = logging.getLogger(__name__)
 
 JOB_FILE = "job.json"
 RESULT_FILE = "result.json"
-VERDICTS = ("exact", "within_tolerance", "mismatch", "state_mismatch", "data_mismatch", "other_result")
+VERDICTS = ("exact", "within_tolerance", "undecided", "mismatch", "state_mismatch", "data_mismatch",
+            "other_result")
 
 
 class SpotCheckFailed(NodeError):
@@ -101,6 +102,12 @@ class SpotCheckResult:
     @property
     def honest(self) -> bool:
         return self.verdict in ("exact", "within_tolerance")
+
+    @property
+    def undecided(self) -> bool:
+        """Another platform's rerun that neither passes nor convicts (training.platform.UNDECIDED): nobody is
+        accused, and the check needs a verifier of the claimant's platform."""
+        return self.verdict == "undecided"
 
     @property
     def elsewhere(self) -> bool:
@@ -174,7 +181,8 @@ class RerunWorker:
     """Long-lived children that run spot-check jobs one at a time (see module docstring).
 
     One child per CPU kernel set: a job whose claimant trained on this CPU model under another ATen
-    capability this CPU has runs in a child started with that ``ATEN_CPU_CAPABILITY``
+    capability this CPU has (lower, or higher than this process's where the CPU has it) runs in a child
+    started with that ``ATEN_CPU_CAPABILITY``
     (:func:`training.platform.capability_to_emulate`), so its rerun uses the claimant's kernels and must be
     bit-exact; every other job runs in the child of this process's own kernels.
     """
@@ -200,7 +208,7 @@ class RerunWorker:
         import torch
 
         from training.errors import TrainingError
-        from training.platform import capability_to_emulate, fingerprint
+        from training.platform import capability_to_emulate, fingerprint, native_cpu_capability
         from training.replica_state import parse_stage_state
 
         try:
@@ -210,7 +218,8 @@ class RerunWorker:
             return None  # the child reads the job again and gives the verdict its problems deserve
         if meta.platform is None:
             return None
-        return capability_to_emulate(meta.platform, fingerprint(torch.device("cpu"), meta.platform.precision))
+        return capability_to_emulate(meta.platform, fingerprint(torch.device("cpu"), meta.platform.precision),
+                                     native_cpu_capability())
 
     def run(self, directory: Path, timeout: float) -> SpotCheckResult:
         """Run the job in ``directory``; raise SpotCheckFailed unless it gives a verdict."""

@@ -194,8 +194,8 @@ class Tribunal:
         names one) and sign the verdict it gives; nothing if it cannot be told."""
         who = accusation.accused_peer
         result = self._check(outer_round, accusation.replica)
-        if result is None:
-            return  # could not rerun: sign nothing either way
+        if result is None or result.undecided:
+            return  # could not rerun, or not on a platform that can tell: sign nothing either way
         envs = [decode_envelope(e, self.ctx.cfg.p2p.max_blob_bytes) for e in ours]
         # A forked member's round (built on another result of round t-1) is not a cheat either.
         guilty = False if result.honest or result.elsewhere else \

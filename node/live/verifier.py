@@ -240,6 +240,9 @@ class SpotChecker(Tribunal):
         if result is not None and result.elsewhere:
             logger.warning("spot check of replica %d round %d: %s (not accused: a forked member's round)",
                            replica, outer_round, result.reason)
+        elif result is not None and result.undecided:
+            logger.warning("spot check of replica %d round %d undecided, not accused: %s", replica,
+                           outer_round, result.reason)
         elif result is not None and not result.honest:
             self._court.put(COURT, "accuse", outer_round, replica, result)
 
@@ -341,7 +344,7 @@ class SpotChecker(Tribunal):
         if result is not None:
             self.checks_run += 1
             self.check_seconds += seconds
-            self.mismatches += 0 if result.honest or result.elsewhere else 1
+            self.mismatches += 0 if result.honest or result.elsewhere or result.undecided else 1
             log = logger.info if result.honest else logger.warning
             log("spot check of replica %d round %d: %s (%s, rerun %.1fs, check %.1fs)", replica, outer_round,
                 result.verdict, result.reason, result.seconds, seconds)
@@ -385,7 +388,7 @@ class SpotChecker(Tribunal):
                                committed, previous_dropped=dropped, previous_partials=partials)
             job.write(job_dir)
             result = self._worker.run(job_dir, RERUN_TIMEOUT_S)
-            if not result.honest:
+            if not result.honest and not result.undecided:
                 self._keep_states(parts)  # the start state the failed rerun used is part of the evidence
             elif result.next_state_hashes is not None:
                 self._keep_linkable(outer_round, replica, parts)

@@ -13,6 +13,15 @@ archives (node data directories), the auditor:
 * for every accusation decided guilty on chain, reruns the evidence's
   contribution: the ejection stands only if the rerun fails too.
 
+Each rerun follows the platform rule (docs/DILOCOX.md section 11): a contribution whose claimed
+platform is this auditor's is rerun here and must be bit-exact ("exact"); one trained on this CPU
+model under another instruction set this CPU has is rerun in a child under the claimant's
+``ATEN_CPU_CAPABILITY`` and must be bit-exact too ("emulated"); any other is judged by the
+three-zone tolerance ("tolerance": passed, undecided, which leaves the item unverifiable until an
+auditor of that platform reruns it, or a mismatch). Each item's line names which. A claimed platform
+must be the one its member declared by its first contribution (when the archives hold that start
+state): one that is not does not reproduce.
+
 A contribution or piece of evidence whose inputs are not in the archives is
 unverifiable, never passed. A sliced run's contribution (``diloco.exchange =
 "sliced"``) is rerun against the slices its reference binds, from the member's
@@ -150,6 +159,7 @@ class ReexecAuditor:
         self.archives = _Archives(archives, run_id)
         self.sealed = self.archives.sealed()
         self.sliced = SlicedRerunArchive(self.cfg, self.archives, self.sealed)
+        self._declared: dict = {}  # peer id -> its declared platform (declared_platform)
 
     def _envelopes(self, round_index: int, replica: int) -> list | None:
         entries = sorted((e for e in self.sealed.get(round_index, []) if int(e[1]) == replica), key=lambda e: e[0])
@@ -183,10 +193,36 @@ class ReexecAuditor:
                 excluded.setdefault(s, {})[i] = str(detail)
         return previous, excluded
 
+    def declared_platform(self, peer_id: str):
+        """The platform ``peer_id`` declared: the fingerprint of the start state its first contribution to the
+        run bound (None: no platform recorded, or that state is not in the archives)."""
+        from training.errors import TrainingError
+        from training.replica_state import parse_stage_state
+
+        if peer_id in self._declared:
+            return self._declared[peer_id]
+        declared = None
+        for round_index in sorted(self.sealed):
+            mine = [e for e in self.sealed[round_index] if str(e[2]) == peer_id]
+            if not mine:
+                continue
+            data = self.archives.envelope(round_index, str(mine[0][3]))
+            try:
+                env = decode_envelope(data, _MAX_BLOB) if data else None
+                body = msg.decode_contribution_body(env.payload) if env is not None else None
+                part = self.archives.blob(body.state_hash.hex()) if body is not None else None
+                declared = parse_stage_state(part).meta.platform if part is not None else None
+            except (*DLX_ERRORS, TrainingError, EnvelopeRejected, ValueError):
+                declared = None
+            break
+        self._declared[peer_id] = declared
+        return declared
+
     def check(self, round_index: int, replica: int, envs=None):
-        """(verdict or None if unverifiable, reason, distance) of rerunning (round, replica)."""
+        """(verdict or None if unverifiable, reason, distance) of rerunning (round, replica), by the platform
+        rule (module docstring); the result's ``how`` is "exact", "emulated" or "tolerance"."""
         from training.platform import MISMATCH
-        from training.reexec import ContributionClaim, SpotCheck, verify_contribution
+        from training.reexec import ContributionClaim, SpotCheck
 
         envs = envs or self._envelopes(round_index, replica)
         if envs is None:
@@ -219,13 +255,34 @@ class ReexecAuditor:
             return None, f"the run's training data is not available here ({self.replayer.corpus_problem})", None
         claims = [ContributionClaim(e.stage, b.state_hash, b.data_commitment, p, b.applied_hash)
                   for e, b, p in zip(envs, bodies, payloads)]
-        result = verify_contribution(parts, claims, corpus, self.cfg.model, self.cfg.training, self.cfg.diloco,
-                                     self.cfg.compression, outer_round=round_index, replica=replica,
-                                     run_rounds=self.run_rounds, previous_contributions=previous or None,
-                                     previous_excluded=excluded, previous_dropped=dropped,
-                                     previous_partials=partials or None)
+        undeclared = self._undeclared(envs, parts)
+        if undeclared is not None:
+            stage, why = undeclared
+            reason = f"declared platform: stage {stage}'s signer {why}"
+            return SpotCheck(round_index, replica, MISMATCH, reason, failed_stages=(stage,)), reason, None
+        result = rerun_by_rule(parts, claims, corpus, self.cfg.model, self.cfg.training, self.cfg.diloco,
+                               self.cfg.compression, outer_round=round_index, replica=replica,
+                               run_rounds=self.run_rounds, previous_contributions=previous or None,
+                               previous_excluded=excluded, previous_dropped=dropped,
+                               previous_partials=partials or None)
         distance = max(result.distances.values()) if result.distances else None
         return result, result.reason, distance
+
+    def _undeclared(self, envs, parts) -> tuple[int, str] | None:
+        """(stage, why) of the first stage whose claimed platform is not its signer's declared one."""
+        from training.errors import TrainingError
+        from training.platform import declared_platform_problem
+        from training.replica_state import parse_stage_state
+
+        for env, part in zip(envs, parts):
+            try:
+                claimed = parse_stage_state(part).meta.platform
+            except (TrainingError, ValueError):
+                return None  # the rerun judges a malformed state (state_mismatch)
+            why = declared_platform_problem(claimed, self.declared_platform(env.sender_peer_id))
+            if why is not None:
+                return env.stage, why
+        return None
 
     def chain_broken(self, round_index: int, result, next_envs) -> tuple[bool | None, str, tuple[int, ...]]:
         """Whether round t+1's envelopes bind a start state that follows neither from the exact rerun
@@ -288,15 +345,18 @@ def reexec_checks(report, history, replayer, archives, count: int) -> None:
         elif result.verdict == "other_result":
             report.general.append(_built_elsewhere(name, auditor, round_index, replica, reason))
         elif result.honest:
-            report.general.append(Check(name, OK, f"reproduced ({result.verdict}, distance {distance:.3g})",
-                                        round_index))
+            report.general.append(Check(name, OK, f"reproduced ({result.verdict}, distance {distance:.3g}; "
+                                        f"judged {how_judged(result)})", round_index))
+        elif result.undecided:
+            report.general.append(Check(name, UNVERIFIABLE,
+                                        f"undecided (judged {how_judged(result)}: {reason})", round_index))
         else:
             envs = auditor._envelopes(round_index, replica) or []
             account = account_of.get(envs[0].sender_peer_id, "") if envs else ""
             caught = account.lower() in guilty_accounts
             report.general.append(Check(
                 name, OK if caught else FAIL,
-                f"does not reproduce ({result.verdict}: {reason})"
+                f"does not reproduce ({result.verdict}: {reason}; judged {how_judged(result)})"
                 + ("; its member was found guilty on chain" if caught else "; the run did not catch it"),
                 round_index))
     proofs = SlicedProofAuditor(auditor.cfg, history.run.run_id, auditor.archives, auditor.sealed, account_of)
@@ -333,7 +393,7 @@ def reexec_checks(report, history, replayer, archives, count: int) -> None:
         except (*DLX_ERRORS, EnvelopeRejected, ValueError, OSError) as exc:
             report.general.append(Check(name, FAIL, f"evidence does not hold: {exc}"))
             continue
-        if result is None or (next_envs and result.honest and broken is None):
+        if result is None or result.undecided or (next_envs and result.honest and broken is None):
             report.general.append(Check(name, UNVERIFIABLE, reason, env.round))
         elif next_envs and result.honest:
             report.general.append(Check(name, OK if broken else FAIL,
@@ -345,6 +405,50 @@ def reexec_checks(report, history, replayer, archives, count: int) -> None:
                                         f"the contribution of round {env.round} "
                                         + ("reproduces: an honest member was ejected" if result.honest
                                            else f"does not reproduce ({reason})"), env.round))
+
+
+def rerun_by_rule(state_parts, claims, corpus, *configs, **kwargs):
+    """:func:`training.reexec.verify_contribution`, run where the platform rule says (module docstring):
+    here, or in a child under the claimant's ATen CPU capability where this CPU has it. The result's
+    ``how`` attribute says "exact", "emulated" or "tolerance"."""
+    import torch
+
+    from training.errors import TrainingError
+    from training.platform import (
+        RULE_SAME_PLATFORM,
+        capability_to_emulate,
+        fingerprint,
+        native_cpu_capability,
+    )
+    from training.replica_state import parse_stage_state
+    from training.reexec import verify_contribution
+    from training.rerun_child import verify_under_capability
+
+    try:
+        claimed = parse_stage_state(state_parts[0]).meta.platform
+    except (TrainingError, ValueError, IndexError):
+        claimed = None  # verify_contribution gives the malformed state its verdict
+    capability = None if claimed is None else capability_to_emulate(
+        claimed, fingerprint(torch.device("cpu"), claimed.precision), native_cpu_capability())
+    if capability is not None:
+        result = verify_under_capability(capability, state_parts=list(state_parts), claims=list(claims),
+                                         corpus=corpus, model_cfg=configs[0], training_cfg=configs[1],
+                                         diloco_cfg=configs[2], compression_cfg=configs[3], **kwargs)
+    else:
+        result = verify_contribution(state_parts, claims, corpus, *configs, **kwargs)
+    exact = result.rule == RULE_SAME_PLATFORM
+    if exact:
+        result.how = "emulated" if capability is not None else "exact"
+    else:
+        result.how = "tolerance" if result.rule else ""
+    return result
+
+
+def how_judged(result) -> str:
+    """The rule a rerun was judged by, for the audit's line: exact, emulated, tolerance, or why none."""
+    if result.how:
+        return result.how
+    return "declared platform" if result.reason.startswith("declared platform") else "not rerun"
 
 
 def _blames(envs: list, failed_stages, accused: str, account_of: dict[str, str]) -> bool:
