@@ -37,7 +37,6 @@ import math
 import os
 import platform as host_platform
 import shlex
-import statistics
 import subprocess
 import sys
 import time

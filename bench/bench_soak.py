@@ -181,7 +181,7 @@ def inner(args) -> int:
         run.start()
         try:
             soak.loop()
-        except Exception as exc:  # a fault of this harness: keep what the run did, and say so
+        except Exception:  # a fault of this harness: keep what the run did, and say so
             import traceback
             result["harness_error"] = traceback.format_exc()[-2000:]
             print(result["harness_error"], file=sys.stderr, flush=True)

@@ -96,7 +96,7 @@ def soak(r: dict) -> list[str]:
     if load:
         lines += [f"The machine's 1-minute load average over the samples (it has {r['recorded']['machine']['cpus']} "
                   f"cores, shared with other work): median {_median(load):.1f}, highest {max(load):.1f}.", ""]
-    lines += [f"![round time over the run, churn marked](../bench/results/soak.svg)", ""] if rounds else []
+    lines += ["![round time over the run, churn marked](../bench/results/soak.svg)", ""] if rounds else []
     return lines
 
 

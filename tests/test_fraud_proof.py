@@ -16,7 +16,7 @@ from ledger.chain import connect_pyevm
 from ledger.chunkproof import Factors, first_difference, tree_root
 from node.errors import RoundDisputed
 from node.tools.pull import round_standing
-from tests.fraud_fixtures import Round, aggregated_round, changed, commit, contribution
+from tests.fraud_fixtures import Committed, Round, aggregated_round, changed, commit, contribution
 from tests.ledger_fixtures import deploy, digest
 from training.chunks import CHUNK_ELEMENTS, stage_layout
 

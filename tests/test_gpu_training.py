@@ -19,7 +19,6 @@ from training.config import CompressionConfig, DilocoConfig, ModelConfig, Traini
 from training.data import generated_corpus, round_batches
 from training.pipeline import LocalReplicaTrainer
 from training.platform import (
-    CROSS_PLATFORM_TOLERANCE,
     EXACT,
     MISMATCH,
     RULE_CROSS_PLATFORM,
