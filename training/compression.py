@@ -30,6 +30,7 @@ from training.codec.base import Encoded
 from training.codec.memo import EncoderMemo
 from training.codec.registry import encoder_for
 from training.codec.stats import CompressionStats, TensorCodecStats
+from training.codec_wire import declare_steps
 from training.config import CompressionConfig
 from training.errors import ContributionEncodeError, EngineStateError
 
@@ -104,8 +105,6 @@ class ErrorFeedbackCompressor:
 
     def declare(self, blob: bytes, steps: int) -> bytes:
         """:meth:`compress`'s ``blob`` declaring ``steps`` inner steps (codec_wire version 2: a time-bounded run)."""
-        from training.codec_wire import declare_steps
-
         return declare_steps(blob, steps)
 
     def compress(
