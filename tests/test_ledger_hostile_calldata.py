@@ -1,4 +1,4 @@
-"""Hostile calldata at every state-changing function of TrainingLedger, on py-evm and on anvil.
+"""Hostile calldata at every state-changing function of TrainingLedger and its AggregationProver, on py-evm and anvil.
 
 The contract's functions are enumerated from its ABI, so a function added later is covered without editing this
 file. Each one gets calldata no honest client sends: the selector alone, a truncated head, a dynamic argument
@@ -20,7 +20,9 @@ import pytest
 from ledger.account import dev_account
 from tests.ledger_fixtures import digest
 
-ARTIFACT = json.loads((Path(__file__).resolve().parents[1] / "contracts/artifacts/TrainingLedger.json").read_text())
+ARTIFACTS = Path(__file__).resolve().parents[1] / "contracts/artifacts"
+LEDGER = json.loads((ARTIFACTS / "TrainingLedger.json").read_text())
+PROVER = json.loads((ARTIFACTS / "AggregationProver.json").read_text())
 STAKE = 10**15
 BOND = 10**14
 MEMBERS = (1, 2, 3, 4)
@@ -28,13 +30,14 @@ STRANGER = 8
 WORD = 32
 
 
-def _functions(mutability: set[str]) -> list[dict]:
-    return [item for item in ARTIFACT["abi"] if item["type"] == "function" and item["stateMutability"] in mutability]
+def _functions(mutability: set[str], artifact: dict = LEDGER) -> list[dict]:
+    return [{**item, "artifact": artifact} for item in artifact["abi"]
+            if item["type"] == "function" and item["stateMutability"] in mutability]
 
 
 def _selector(item: dict) -> bytes:
     signature = f"{item['name']}({','.join(_canonical(arg) for arg in item['inputs'])})"
-    return bytes.fromhex(ARTIFACT["methodIdentifiers"][signature])
+    return bytes.fromhex(item.get("artifact", LEDGER)["methodIdentifiers"][signature])
 
 
 def _canonical(arg: dict) -> str:
@@ -132,20 +135,24 @@ def disputed_run(deployment):
 def test_malformed_calldata_reverts_and_changes_nothing(disputed_run):
     run = disputed_run
     w3, ledger = run.deployment.w3, run.deployment.ledger
-    before = _state(run)
+    prover = run.client(MEMBERS[0]).prover_address
+    before = {**_state(run), "prover balance": w3.eth.get_balance(prover)}
     rng = random.Random(41)
     tried = 0
-    for item in _functions({"nonpayable", "payable"}):
-        for what, data in _variants(item, run.run_id, rng).items():
-            for sender in (MEMBERS[0], STRANGER):
-                status = _send(w3, sender, ledger, data)
-                assert status == 0, f"{item['name']}: {what} from account {sender} did not revert"
-                tried += 1
+    # The ledger's functions, and the fraud prover's (proveWrongAggregation, the availability challenge).
+    for artifact, address in ((LEDGER, ledger), (PROVER, prover)):
+        for item in _functions({"nonpayable", "payable"}, artifact):
+            for what, data in _variants(item, run.run_id, rng).items():
+                for sender in (MEMBERS[0], STRANGER):
+                    status = _send(w3, sender, address, data)
+                    assert status == 0, f"{item['name']}: {what} from account {sender} did not revert"
+                    tried += 1
     # An unknown selector and a bare value transfer have no function to reach.
     assert _send(w3, STRANGER, ledger, bytes.fromhex("deadbeef") + _word(run.run_id)) == 0
     assert _send(w3, STRANGER, ledger, b"") == 0
-    assert tried >= 8 * len(_functions({"nonpayable", "payable"}))
-    assert _state(run) == before
+    writes = {"nonpayable", "payable"}
+    assert tried >= 8 * (len(_functions(writes)) + len(_functions(writes, PROVER)))
+    assert {**_state(run), "prover balance": w3.eth.get_balance(prover)} == before
     # The run is not wedged: its next round commits.
     run.commit(signers=(1, 2))
     assert run.client(1).commit_count(run.run_id) == 2
