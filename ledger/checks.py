@@ -36,14 +36,8 @@ import contracts
 from ledger.client import binding_message
 from ledger.errors import AuditError, LedgerError
 from ledger.hashchain import genesis_head, next_head
-from ledger.records import (
-    DisputeRecord,
-    EquivocationRecord,
-    Membership,
-    Registration,
-    RunHistory,
-    SlashRecord,
-)
+from ledger.eventrecords import DisputeRecord, EquivocationRecord, RunHistory, SlashRecord
+from ledger.records import Membership, Registration
 
 logger = logging.getLogger(__name__)
 

@@ -18,16 +18,8 @@ from eth_utils import keccak, to_checksum_address
 from web3 import Web3
 
 from ledger.errors import LedgerDecodeError
-from ledger.records import (
-    AccusationRecord,
-    CommitRecord,
-    DisputeRecord,
-    EquivocationRecord,
-    RoundRecord,
-    RunInfo,
-    RunParams,
-    SlashRecord,
-)
+from ledger.eventrecords import AccusationRecord, DisputeRecord, EquivocationRecord, SlashRecord
+from ledger.records import CommitRecord, RoundRecord, RunInfo, RunParams
 
 logger = logging.getLogger(__name__)
 

@@ -22,19 +22,8 @@ from ledger.events import (
     slash_from,
     topic_uint,
 )
-from ledger.records import (
-    AccusationRecord,
-    CheckpointRecord,
-    CommitRecord,
-    DisputeRecord,
-    Membership,
-    Registration,
-    RunHistory,
-    RunInfo,
-    check_bytes32,
-    checkpoint_uri,
-    end_of_block,
-)
+from ledger.eventrecords import AccusationRecord, CheckpointRecord, DisputeRecord, RunHistory, checkpoint_uri
+from ledger.records import CommitRecord, Membership, Registration, RunInfo, check_bytes32, end_of_block
 
 #: The TrainingLedger events of one run (all carry the run id as their first topic).
 _RUN_EVENTS = (

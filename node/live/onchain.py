@@ -17,16 +17,8 @@ from ledger.chain import OUTAGE, AnvilProcess, connect_rpc
 from ledger.client import LedgerClient, binding_message
 from ledger.errors import DeploymentMismatch, LedgerError
 from ledger.attest import recover_signer, recover_verdict_signer
-from ledger.records import (
-    MIN_WINDOW_BLOCKS,
-    AccusationRecord,
-    AccusationState,
-    CheckpointRecord,
-    Membership,
-    RoundRecord,
-    RunInfo,
-    Verdict,
-)
+from ledger.eventrecords import AccusationRecord, CheckpointRecord
+from ledger.records import MIN_WINDOW_BLOCKS, AccusationState, Membership, RoundRecord, RunInfo, Verdict
 from node.config import NodeConfig
 from node.errors import ConfigError, NotRegistered
 from node.live.topology import Seat

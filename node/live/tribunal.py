@@ -21,7 +21,8 @@ import time
 from collections.abc import Callable
 
 from ledger.errors import LedgerError
-from ledger.records import AccusationRecord, Verdict
+from ledger.eventrecords import AccusationRecord
+from ledger.records import Verdict
 from node import protocol as msg
 from node.errors import NodeError
 from node.fsutil import atomic_write_bytes

@@ -32,7 +32,7 @@ def round_standing(history: Any, chain_id: int, ledger_address: str,
     deadline, ``accusation_blocks`` after the first dispute, passed without a verdict), or when a replay from
     archives cleared it (``cleared``: round -> how).
 
-    Pure: it judges a :class:`ledger.records.RunHistory` (as :mod:`ledger.checks` does) and reads nothing.
+    Pure: it judges a :class:`ledger.eventrecords.RunHistory` (as :mod:`ledger.checks` does) and reads nothing.
     """
     cleared = dict(cleared or {})
     from ledger.checks import check_attesters, check_hash_chain
