@@ -252,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-round-timeout", type=float, default=600.0,
                         help="--node: the nodes' round_timeout (a close waits this long for every replica)")
     parser.add_argument("--keep-workdir", action="store_true", help="--node: keep the runs' node directories")
+    parser.add_argument("--throttle", choices=("training", "process"), default="training",
+                        help="--node: what of each node the cgroup quota slows: its training thread (a slow "
+                             "accelerator, default) or its whole process (a slow machine)")
     parser.add_argument("--no-delay", action="store_true",
                         help="--node: no one-step delay (a round's exchange waits for its close and apply, as in the "
                              "in-process mode) instead of the node's default delay")
@@ -287,8 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     comparison["min_compute_share_fixed"] = min(r["compute_share_reaching_outer_step"] for r in fixed["replicas"])
     result = {
         "what": "replicas slowed 1x/2x/4x by cgroup v1 cpu quotas, time-bounded rounds vs fixed H " + (
-            "(real dlx-node start processes: a local anvil, libp2p, the full exchange, each node process in its "
-            "cpu group)" if args.node else
+            "(real dlx-node start processes: a local anvil, libp2p, the full exchange, each node's "
+            f"{'training thread' if args.throttle == 'training' else 'process'} in its cpu group)" if args.node else
             "(one process per replica, contributions over pipes, the parent replays the aggregation)"),
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "fixed": fixed, "budget": budget, "comparison": comparison,

@@ -1,11 +1,16 @@
 """bench/bench_heterogeneous.py ``--node``: the same comparison driven through real ``dlx-node start`` processes.
 
 A :class:`node.commands.launcher.LocalRun` (a managed anvil, the contracts, one node process per replica,
-one stage each, libp2p on loopback, the full exchange) with every replica's node process in a cgroup v1
+one stage each, libp2p on loopback, the full exchange) with every replica's training thread in a cgroup v1
 cpu group of ``quota / factor`` CPUs (node/commands/throttle.py) from the moment it logs that its start-up
-is done (``start-up: caught up``; a whole node at 0.02 CPU took minutes to import torch and join): from
-then on the whole node is slowed (its inner steps, its encode, gossip and chain work), as on a slower
-machine. The nodes run the node's default one-step delay (the exchange of round t overlaps round t+1's
+is done (``start-up: caught up``; a whole node at 0.02 CPU took minutes to import torch and join): a slow
+accelerator on an ordinary host, the issue's case (a consumer GPU beside a datacenter one). The training
+thread is the node process's main thread; what it does is slowed (the inner steps, and its own work around
+them: the start-state copies, the outer step) and so are the threads it starts from then on (each round's
+prefetch: the close, the fetch, the aggregation), while the node's other threads (the lane's encode and
+attestation, libp2p, the chain, status) run at the machine's pace. ``--throttle process`` slows the whole
+node process instead, a slower machine: at quotas that bind on a loaded machine its host work (about a
+CPU-second a round: libp2p, the chain, the encode) starves it. The nodes run the node's default one-step delay (the exchange of round t overlaps round t+1's
 inner steps, the whole round: ``overlap_steps = 0``) with the bench's outer lr and momentum; ``--no-delay``
 runs the in-process mode's algorithm instead (a round's exchange waits for its close and apply).
 
@@ -137,15 +142,19 @@ def _replica_figures(rounds: list[dict], index: int, factor: float, cpus: float)
             "idle_per_round": per_round}
 
 
-def _throttle_started(run, limits: dict[int, float], groups: dict) -> None:
-    """Put each node whose start-up is done into its replica's cpu group (module docstring)."""
+def _throttle_started(run, limits: dict[int, float], groups: dict, what: str) -> None:
+    """Put each node whose start-up is done into its replica's cpu group (module docstring): its training
+    thread (``what = "training"``) or its whole process (``"process"``)."""
     for slot in run.nodes:
         if slot.replica in groups:
             continue
         if any("start-up: caught up" in path.read_text(errors="replace") for path in slot.data_dir.glob("node-*.log")):
             groups[slot.replica] = CpuGroup(f"dlx-bench-het-{run.run_id}-{time.monotonic_ns()}-r{slot.replica}",
                                             limits[slot.replica])
-            groups[slot.replica].add(slot.process.pid)
+            if what == "process":
+                groups[slot.replica].add(slot.process.pid)
+            else:  # `dlx-node start` trains on its main thread, whose thread id is the process id
+                groups[slot.replica].add_thread(slot.process.pid)
 
 
 def run_node_mode(args, mode: str) -> dict:
@@ -168,7 +177,7 @@ def run_node_mode(args, mode: str) -> dict:
         run.start()
         while True:
             time.sleep(0.5 if len(groups) < len(run.nodes) else 2.0)
-            _throttle_started(run, limits, groups)
+            _throttle_started(run, limits, groups, args.throttle)
             if any(slot.process.poll() is not None for slot in run.nodes):
                 raise RuntimeError(f"a node exited; logs under {workdir}")
             rounds = _rounds_so_far(run)

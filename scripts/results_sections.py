@@ -501,8 +501,10 @@ def heterogeneous(r: dict) -> list[str]:
         delay = ("the one-step delay (the exchange of round t overlaps round t+1)" if s.get("no_delay") is False
                  else "no one-step delay")
         how = (f"Three replicas of `{s['preset']}` (batch {s['batch_size']}), each a real `dlx-node start` process "
-               f"(a local anvil, libp2p on loopback, the full exchange, {delay}, the chain's records) whose whole "
-               f"process runs under {quotas}. Wall s/round = the mean over the nodes of their periods (from the end "
+               f"(a local anvil, libp2p on loopback, the full exchange, {delay}, the chain's records) whose "
+               + ("training thread (a slow accelerator: the node's other threads, its encode, attestation, "
+                  "libp2p and chain work, run at the machine's pace)" if s.get("throttle") == "training" else
+                  "whole process") + f" runs under {quotas}. Wall s/round = the mean over the nodes of their periods (from the end "
                "of one round's inner steps to the end of the next one's, the nodes' `timing.jsonl`); tokens = the "
                "records' (what the contributions declared); held-out = each round's checkpoint (the global weights) "
                "evaluated after the run. Share = the wall seconds of the replica's inner steps whose contribution "
