@@ -22,6 +22,10 @@ each replica's wall time spent on inner steps that reached the outer step (accep
 and held-out loss against cumulative wall time and tokens; compared at equal wall time and at equal
 tokens (linear interpolation between rounds).
 
+With ``--node`` the replicas are real ``dlx-node start`` processes (bench/hetero_node.py, whose docstring
+defines the compute share exactly: the wall seconds of inner steps that reached the outer step over the wall
+seconds of the replica's periods, and beside it the CPU share of those steps in the whole node process).
+
     python bench/bench_heterogeneous.py                     # writes bench/results/heterogeneous.json
     python bench/bench_heterogeneous.py --node              # the same through real dlx-node processes
 """
@@ -152,7 +156,7 @@ def run_mode(args, mode: str) -> dict:
             trained = [pipe.recv() for pipe in pipes]
             train_done = time.perf_counter()
             blobs = [t[1] for t in trained]
-            excluded, screening = {}, []
+            excluded = {}
             if diloco.screening:
                 decoded = [decode_full([b], [shapes], outer_round=outer_round, refuse_raw=compression.enabled)
                            for b in blobs]
@@ -248,9 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-round-timeout", type=float, default=600.0,
                         help="--node: the nodes' round_timeout (a close waits this long for every replica)")
     parser.add_argument("--keep-workdir", action="store_true", help="--node: keep the runs' node directories")
-    parser.add_argument("--node-delay", action="store_true",
-                        help="--node: the node's default one-step delay (the exchange overlaps the next round) and "
-                             "outer settings, instead of the in-process mode's algorithm")
+    parser.add_argument("--throttle", choices=("training", "process"), default="training",
+                        help="--node: what of each node the cgroup quota slows: its training thread (a slow "
+                             "accelerator, default) or its whole process (a slow machine)")
+    parser.add_argument("--no-delay", action="store_true",
+                        help="--node: no one-step delay (a round's exchange waits for its close and apply, as in the "
+                             "in-process mode) instead of the node's default delay")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args(argv)
     if unavailable() is not None:
@@ -283,8 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     comparison["min_compute_share_fixed"] = min(r["compute_share_reaching_outer_step"] for r in fixed["replicas"])
     result = {
         "what": "replicas slowed 1x/2x/4x by cgroup v1 cpu quotas, time-bounded rounds vs fixed H " + (
-            "(real dlx-node start processes: a local anvil, libp2p, the full exchange, each node process in its "
-            "cpu group)" if args.node else
+            "(real dlx-node start processes: a local anvil, libp2p, the full exchange, each node's "
+            f"{'training thread' if args.throttle == 'training' else 'process'} in its cpu group)" if args.node else
             "(one process per replica, contributions over pipes, the parent replays the aggregation)"),
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "fixed": fixed, "budget": budget, "comparison": comparison,
@@ -293,7 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wall per round: fixed {fixed['wall_s_per_round']:.2f}s, budget {budget['wall_s_per_round']:.2f}s")
     for name, run in (("fixed", fixed), ("budget", budget)):
         print(name, " ".join(f"{r['factor']:g}x: {r['steps_per_round']:.1f} steps/round, {r['s_per_step'] * 1000:.0f} "
-                             f"ms/step, share {r['compute_share_reaching_outer_step']:.1%}" for r in run["replicas"]))
+                             f"ms/step, share {r['compute_share_reaching_outer_step']:.1%}" + (
+                                 f" (cpu {r['cpu_share_in_inner_steps']:.1%})" if r.get("cpu_share_in_inner_steps")
+                                 else "") for r in run["replicas"]))
     print(f"held-out at equal wall ({equal_wall:.0f}s): fixed {comparison['loss_at_equal_wall']['fixed']:.4f}, "
           f"budget {comparison['loss_at_equal_wall']['budget']:.4f}; at equal tokens ({equal_tokens:,}): fixed "
           f"{comparison['loss_at_equal_tokens']['fixed']:.4f}, budget {comparison['loss_at_equal_tokens']['budget']:.4f}")

@@ -232,8 +232,9 @@ def _add_demo(sub) -> None:
     p.add_argument("--inner-steps", type=int, default=20,
                    help="H: the inner steps of a round (with --round-budget, the most a round may train)")
     p.add_argument("--round-budget", type=float, default=0.0, metavar="S",
-                   help="bound each round by S seconds of inner steps: every replica trains what fits and "
-                        "declares it (diloco.round_budget_s; default 0: fixed H)")
+                   help="bound each round by S seconds (a replica's inner steps and its own work around them, not its "
+                        "waits for peers): every replica trains what fits and declares it (diloco.round_budget_s; "
+                        "default 0: fixed H)")
     p.add_argument("--min-inner-steps", type=int, default=None, metavar="N",
                    help="with --round-budget: the fewest inner steps of a round (default: one more than the "
                         "exchange overlaps)")

@@ -498,20 +498,40 @@ def heterogeneous(r: dict) -> list[str]:
     wall, tokens = c["loss_at_equal_wall"], c["loss_at_equal_tokens"]
     quotas = (f"cgroup v1 cpu quotas of {s['quota']:g} CPU / factor (factors {', '.join(f'{f:g}' for f in s['factors'])})")
     if s.get("node"):
+        delay = ("the one-step delay (the exchange of round t overlaps round t+1)" if s.get("no_delay") is False
+                 else "no one-step delay")
         how = (f"Three replicas of `{s['preset']}` (batch {s['batch_size']}), each a real `dlx-node start` process "
-               f"(a local anvil, libp2p on loopback, the full exchange, the chain's records) whose whole process "
-               f"runs under {quotas}. Wall s/round = the mean over the nodes of the seconds between the ends of "
-               "their inner steps of consecutive rounds (from their logs); tokens = the records' (what the "
-               "contributions declared); held-out = each round's checkpoint (the global weights) evaluated after "
-               "the run. Share = the replica's seconds of inner steps that reached the outer step / the run's wall "
-               "time.")
+               f"(a local anvil, libp2p on loopback, the full exchange, {delay}, the chain's records) whose "
+               + ("training thread (a slow accelerator: the node's other threads, its encode, attestation, "
+                  "libp2p and chain work, run at the machine's pace)" if s.get("throttle") == "training" else
+                  "whole process") + f" runs under {quotas}. Wall s/round = the mean over the nodes of their periods (from the end "
+               "of one round's inner steps to the end of the next one's, the nodes' `timing.jsonl`); tokens = the "
+               "records' (what the contributions declared); held-out = each round's checkpoint (the global weights) "
+               "evaluated after the run. Share = the wall seconds of the replica's inner steps whose contribution "
+               "reached the outer step / the wall seconds of its periods (idle: its waits for others, its own work "
+               "around the steps, steps whose contribution was lost).")
     else:
         how = (f"Three replicas of `{s['preset']}` (batch {s['batch_size']}) whose inner steps run under {quotas}, "
                "one process per replica; contributions over pipes, the parent replays the aggregation and evaluates "
                "(not the libp2p node). Share = the replica's seconds of inner steps that reached the outer step / "
                "the run's wall time.")
+    idle = []
+    if "cpu_share_in_inner_steps" in r["budget"]["replicas"][0]:
+        idle_rows = [[name, f"{x['factor']:g}x", pct(x["compute_share_reaching_outer_step"], 1).lstrip("+"),
+                      num(x["idle_per_round"]["waits_s"], 2), num(x["idle_per_round"]["own_work_s"], 2),
+                      num(x["idle_per_round"]["lost_inner_s"], 2), num(x["idle_per_round"]["lane_s"], 1),
+                      pct(x["cpu_share_in_inner_steps"], 1).lstrip("+")]
+                     for name in ("fixed", "budget") for x in r[name]["replicas"]]
+        idle = ["Where each replica's periods went (seconds per round): its waits for others (closes, "
+                "contributions, commits), its own work on the training thread around the steps, inner steps "
+                "whose contribution was lost; the lane's work beside the steps (encode, start state, eval, a "
+                "round's seal and attestation); and the CPU share: the CPU seconds of the inner steps that "
+                "reached the outer step / the CPU seconds of the whole node process (here the node's host work "
+                "shares the throttled CPU with its steps; on a GPU it would run beside them).", ""] + table(
+            ["run", "replica", "share", "waits s", "own work s", "lost steps s", "lane s", "CPU share"],
+            idle_rows)
     return [how, ""] + table(
-        ["run", "rounds", "wall s/round", *factors, "held-out at the end"], rows) + [
+        ["run", "rounds", "wall s/round", *factors, "held-out at the end"], rows) + idle + [
         f"Held-out loss at equal wall time ({c['equal_wall_s']:.0f} s): fixed {num(wall['fixed'])}, time-bounded "
         f"{num(wall['budget'])} ({pct(wall['budget_vs_fixed'], 2)}); at equal tokens ({c['equal_tokens']:,}): fixed "
         f"{num(tokens['fixed'])}, time-bounded {num(tokens['budget'])} ({pct(tokens['budget_vs_fixed'], 2)}).", ""]

@@ -28,12 +28,12 @@ def slow_catch_up(seconds: float) -> dict:
     class SlowCatchUp(RoundFinisher):
         slept = False
 
-        def finish(self, outer_round: int) -> None:
+        def finish(self, outer_round: int, overlap_tail: bool = False) -> None:
             if not SlowCatchUp.slept and outer_round not in self.rounds.trained:
                 SlowCatchUp.slept = True
                 logger.warning("slow joiner: catching up round %d after %.0f s", outer_round, seconds)
                 time.sleep(seconds)
-            super().finish(outer_round)
+            super().finish(outer_round, overlap_tail)
 
     return {"finisher": SlowCatchUp}
 

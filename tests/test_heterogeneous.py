@@ -392,3 +392,35 @@ def test_the_node_consumes_the_first_declared_batches_of_each_slot_and_nothing_e
             worker.corpus, cfg.training, cfg.model, cfg.diloco, 1, outer_round, declared)
     every = [batch for batches in consumed.values() for batch in batches]
     assert len({bytes(batch.numpy().tobytes()) for batch in every}) == len(every)  # none consumed twice
+
+
+def test_the_node_stops_where_its_round_clock_says_and_its_chunked_batches_are_the_slots():
+    """ReplicaWorker.train_round with the node's round clock (``budget_elapsed``, node/live/roundclock.py):
+    the steps stop at the first decision past the minimum that finds the budget used, whatever the inner
+    steps themselves took, and the batches, built BATCH_CHUNK steps at a time, are the slot's, across the
+    chunks' edges."""
+    from node.config import load_config
+    from node.live.replica import BATCH_CHUNK, ReplicaWorker
+
+    steps = BATCH_CHUNK + 5
+    cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=64", "training.batch_size=2", "rounds=2",
+                             "torch_threads=1", "diloco.overlap_steps=0", "diloco.round_budget_s=10.0",
+                             "diloco.min_inner_steps=2", "pipeline.num_stages=1"])
+    worker = ReplicaWorker(cfg, 0, (0,), 0)
+    worker.start(10, 10)
+    seen: list[torch.Tensor] = []
+    step = worker.trainer.train_step
+    worker.trainer.train_step = lambda x, y, *rest: (seen.append(x.clone()), step(x, y, *rest))[1]
+    asked = []
+
+    def budget_elapsed() -> float:  # the budget is used up once `steps` steps were taken
+        asked.append(len(seen))
+        return 0.0 if len(seen) < steps else 10.0
+
+    worker.train_round(1, budget_elapsed=budget_elapsed)
+    assert worker.declared_steps(1) == len(seen) == steps
+    assert asked == list(range(steps + 1))  # asked before every step, and once more (then it stops)
+    slot = round_batches(worker.corpus, cfg.training.seed, 0, 1, 64, 2, cfg.model.block_size)
+    assert all(torch.equal(got, want) for got, (want, _y) in zip(seen, slot))
+    fixed_part = round_batches(worker.corpus, cfg.training.seed, 0, 1, 64, 2, cfg.model.block_size, first_step=17)
+    assert all(torch.equal(a, b) for a, b in zip(fixed_part[0], slot[17]))

@@ -194,3 +194,31 @@ def test_the_round_machinery_is_deterministic(tmp_path):
         node.run()
         hashes.append({r: dict(h) for r, h in node.parts.rounds.stage_hashes.items()})
     assert hashes[0] == hashes[1] and set(hashes[0]) == {0, 1}
+
+
+@pytest.mark.timeout(300)
+def test_a_time_bounded_node_finishes_rounds_behind_the_next_ones_training(tmp_path):
+    """In the main loop a round's seal and attestation run on the round lane while the next round trains
+    (RoundFinisher.finish, overlap_tail), and a time-bounded round's count comes from the round clock: every
+    round is still sealed, attested and handed to the committer in order, and each period's record holds the
+    steps its round declared, within the run's range, and its CPU seconds."""
+    import dataclasses
+    import json
+
+    cfg = load_config(None, [*TINY, "rounds=4", "diloco.inner_steps=6", "diloco.round_budget_s=0.05",
+                             "diloco.min_inner_steps=2", "diloco.overlap_steps=0", f"data_dir={tmp_path}"])
+    parts = OfflineParts(cfg, stop=threading.Event(), kinds=dataclasses.replace(HONEST, committer=FakeCommitter))
+    node = Node(cfg, parts=parts)
+    progress = node.run()
+    assert progress.last_finished == 3 and parts.committer.submitted == [0, 1, 2, 3]
+    for outer_round in range(4):
+        assert parts.archive.sealed(outer_round)
+    assert set(parts.book.snapshot_attestations(3, 0)) == {node.peer_id}
+    records = [json.loads(line) for line in (tmp_path / "timing.jsonl").read_text().splitlines()]
+    periods = [r for r in records if r["kind"] == "period"]
+    finishes = {r["round"]: r for r in records if r["kind"] == "finish"}
+    assert [p["round"] for p in periods] == [0, 1, 2, 3] and sorted(finishes) == [0, 1, 2, 3]
+    assert all(2 <= p["steps"] <= 6 for p in periods)
+    assert all(p["inner_cpu_s"] > 0 for p in periods) and all(p["process_cpu_s"] > 0 for p in periods[1:])
+    # Every round here is finished by the loop's applies: each tail ran on the lane, none on this thread.
+    assert all(f["tail_overlapped_s"] > 0 and f["tail_overlapped_s"] == f["tail_s"] for f in finishes.values())

@@ -84,3 +84,48 @@ def test_lane_seconds_are_reported_apart_from_the_phases():
     with pytest.raises(ValueError):
         with rc.lane("aggregate"):
             pass
+
+
+def test_a_rounds_budget_runs_from_the_last_training_less_the_waits_for_others():
+    """The budget of a time-bounded round (RoundClock.budget_elapsed): the node's own work since the last
+    round's training (encode, the outer step) counts, its waits for closes, contributions and commits do not;
+    the first round of a life, and the first after an abandoned one, count from their own start."""
+    clock = FakeClock()
+    rc = RoundClock(None, clock=clock)
+    with pytest.raises(RuntimeError, match="round_starting"):
+        rc.budget_elapsed()
+    rc.round_starting()
+    clock.now += 3.0
+    assert rc.budget_elapsed() == pytest.approx(3.0)
+    rc.trained(0, inner_seconds=3.0)
+    with rc.phase("encode"):
+        clock.now += 0.5
+    rc.add("close_wait", 4.0)
+    rc.add("fetch_wait", 1.0)
+    rc.add("commit_wait", 2.0)
+    rc.add("aggregate", 0.25)
+    clock.now += 7.25
+    rc.round_starting()  # a period runs: it does not move the budget's start
+    clock.now += 1.0
+    assert rc.budget_elapsed() == pytest.approx(0.5 + 0.25 + 1.0)
+    rc.trained(1, inner_seconds=1.0)
+    clock.now += 2.0
+    rc.interrupted()  # the pipeline broke: the wait for the partner is in no round's budget
+    clock.now += 60.0
+    rc.round_starting()
+    clock.now += 1.5
+    assert rc.budget_elapsed() == pytest.approx(1.5)
+    assert rc.trained(2, inner_seconds=1.5)["wall_s"] is None  # nor in a period's wall time
+
+
+def test_a_period_records_its_steps_and_cpu_seconds():
+    clock, cpu = FakeClock(), FakeClock()
+    rc = RoundClock(None, clock=clock, cpu_clock=cpu)
+    first = rc.trained(0, inner_seconds=1.0, steps=12, inner_cpu_seconds=0.9)
+    assert first["steps"] == 12 and first["inner_cpu_s"] == pytest.approx(0.9)
+    assert first["process_cpu_s"] is None  # no period before it in this life
+    clock.now += 10.0
+    cpu.now += 4.0  # every thread of the process over the period
+    second = rc.trained(1, inner_seconds=9.0, steps=30, inner_cpu_seconds=3.0)
+    assert second["steps"] == 30 and second["process_cpu_s"] == pytest.approx(4.0)
+    assert second["inner_cpu_s"] == pytest.approx(3.0)

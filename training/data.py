@@ -262,19 +262,22 @@ def _check_dataset_fits(corpus: ShardedCorpus, tokenizer: Tokenizer, model_cfg: 
 
 
 def window_offsets(
-    run_seed: int, replica: int, round: int, inner_steps: int, batch_size: int, n_start: int
+    run_seed: int, replica: int, round: int, inner_steps: int, batch_size: int, n_start: int, first_step: int = 0
 ) -> list[list[int]]:
-    """Start offsets ``[step][row]`` of the windows, as derived in the module docstring."""
+    """Start offsets ``[step][row]`` of the windows of steps ``first_step <= step < inner_steps``, as derived
+    in the module docstring (each step's alone: a pure function of the run seed, replica, round and step)."""
     for name, value in (("run_seed", run_seed), ("replica", replica), ("round", round)):
         if not 0 <= value <= _U64_MAX:
             raise DataError(f"{name}={value}: must be in [0, 2**64)")
     if inner_steps < 1 or batch_size < 1:
         raise DataError(f"inner_steps={inner_steps}, batch_size={batch_size}: both must be >= 1")
+    if not 0 <= first_step < inner_steps:
+        raise DataError(f"first_step={first_step}: must be in [0, inner_steps={inner_steps})")
     if n_start < 1:
         raise DataError(f"no valid window start (n_start={n_start})")
     prefix = ROUND_BATCHES_DOMAIN + struct.pack(">QQQ", run_seed, replica, round)
     offsets = []
-    for step in range(inner_steps):
+    for step in range(first_step, inner_steps):
         row_offsets = []
         for row in range(batch_size):
             digest = hashlib.sha256(prefix + struct.pack(">QQ", step, row)).digest()
@@ -297,13 +300,15 @@ def round_batches(
     inner_steps: int,
     batch_size: int,
     block_size: int,
+    first_step: int = 0,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The ``inner_steps`` training batches ``(x, y)`` (LongTensors (B, T)) of ``replica`` in ``round``."""
+    """The training batches ``(x, y)`` (LongTensors (B, T)) of ``replica`` in ``round``, of its inner steps
+    ``first_step <= step < inner_steps`` (the same batch of a step whatever the others asked for)."""
     check_corpus(corpus, block_size)
     n_start = corpus.split_tokens("train") - block_size
-    offsets = torch.tensor(window_offsets(run_seed, replica, round, inner_steps, batch_size, n_start))
+    offsets = torch.tensor(window_offsets(run_seed, replica, round, inner_steps, batch_size, n_start, first_step))
     xs, ys = corpus.windows("train", offsets, block_size)
-    return [(xs[step], ys[step]) for step in range(inner_steps)]
+    return [(xs[step], ys[step]) for step in range(inner_steps - first_step)]
 
 
 def eval_batches(

@@ -123,11 +123,13 @@ def applies_before_encode(diloco_cfg: DilocoConfig, outer_round: int) -> bool:
 
 
 def takes_another_step(diloco_cfg: DilocoConfig, step: int, elapsed_s: float) -> bool:
-    """Whether a replica trains inner step ``step`` (0-based) of a round whose steps took ``elapsed_s`` so far.
+    """Whether a replica trains inner step ``step`` (0-based) of a round that used ``elapsed_s`` of its budget.
 
     Fixed H: ``step < H``. Time-bounded (``diloco.round_budget_s`` = B): every step below
     ``min_inner_steps``, none from ``inner_steps`` (H) on, and in between while ``elapsed_s < B`` (the
-    step that crosses the budget is finished). This is the only place timing enters: the count it
+    step that crosses the budget is finished). ``elapsed_s``: the node's round clock (its work around
+    the steps counts, its waits for peers do not: node/live/roundclock.py), the steps' own seconds in
+    the in-process benchmark. This is the only place timing enters: the count it
     yields is declared in the signed contribution, and everything downstream (aggregation weights,
     the rerun, the data commitment, the audit) reads the declared count, never a clock.
     """

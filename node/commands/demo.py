@@ -171,7 +171,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def _headline(args: argparse.Namespace, data: str, cpu_limits: dict[int, float]) -> str:
-    budget = (f" bounded by {args.round_budget:g} s of inner steps (each replica declares what fits)"
+    budget = (f" bounded by {args.round_budget:g} s (each replica declares the inner steps that fit)"
               if getattr(args, "round_budget", 0) else "")
     slowed = (f"; replica {args.replicas - 1} limited to {args.throttle:g} CPU (cgroup cpu quota)"
               if cpu_limits else "")

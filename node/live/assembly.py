@@ -369,7 +369,8 @@ class NodeParts:
             archive=self.archive,
             host=self.host, book=self.book, messenger=self.messenger, validator=self.validator, state=self.state,
             clock=self.clock, progress=self.progress, reporter=self.reporter, layout=self.layout,
-            config_hash=self.config_hash, checkpoint_dir=self.checkpoint_dir, peer_id=self.peer_id)
+            config_hash=self.config_hash, checkpoint_dir=self.checkpoint_dir, peer_id=self.peer_id,
+            lane=self.lane)
         self.entry = RunEntry(
             cfg=cfg, chain=self.chain, host=self.host, membership=self.membership, book=self.book,
             coordinator=self.coordinator, worker=worker, contributor=contributor, finisher=finisher,

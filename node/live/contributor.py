@@ -92,13 +92,16 @@ class Contributor:
                 raise RoundAbandoned()
 
         if first_step == 0:  # what the round's contributions will bind (docs/DILOCOX.md section 11)
+            self.clock.round_starting()
             if self.rounds.starting(outer_round, self.cfg.diloco):
                 logger.warning("round %d: begins on our result of a round being re-based on the record; our "
                                "contribution of it will not be announced", outer_round)
             with self.clock.phase("start_state"):
                 self._capture_start_state(outer_round)
         try:
-            stats = self.worker.train_round(outer_round, on_step, first_step, end_step)
+            # A time-bounded round's budget is the round clock's (node/live/roundclock.py).
+            stats = self.worker.train_round(outer_round, on_step, first_step, end_step,
+                                            budget_elapsed=self.clock.budget_elapsed)
         except PipelineError as exc:
             # A split cluster trains in lockstep; without its partner the replica cannot train.
             raise PipelineBroken(outer_round, str(exc)) from exc
@@ -111,10 +114,11 @@ class Contributor:
         with self.clock.phase("eval"):
             self.rounds.evals[outer_round] = self._start_eval(outer_round)
         self.rounds.trained[outer_round] = TrainFigures(mean_loss, math.nan, tokens)  # held-out loss: eval_of()
-        period = self.clock.trained(outer_round, sum(p.seconds for p in parts))
+        steps = tokens // (self.cfg.training.batch_size * self.cfg.model.block_size)
+        period = self.clock.trained(outer_round, sum(p.seconds for p in parts), steps,
+                                    sum(p.cpu_seconds for p in parts))
         self.progress.timing = self.clock.summary()
-        logger.info("round %d: %d inner steps in %.1fs (%s), loss %.4f", outer_round,
-                    tokens // (self.cfg.training.batch_size * self.cfg.model.block_size), period["inner_s"],
+        logger.info("round %d: %d inner steps in %.1fs (%s), loss %.4f", outer_round, steps, period["inner_s"],
                     "first period" if period["wall_s"] is None else
                     f"{period['wall_s']:.1f}s since the last round's, utilization {period['utilization']:.1%}",
                     mean_loss)
@@ -134,6 +138,7 @@ class Contributor:
     def abandon(self, outer_round: int) -> None:
         """The round being trained is abandoned (its split cluster's pipeline broke): nothing of it is sent."""
         self.rounds.parts.pop(outer_round, None)
+        self.clock.interrupted()  # the wait for the partner is nobody's round (nor its budget)
         self.lane.join()  # the abandoned round's start state may still be on its way
         self.rounds.start_states.pop(outer_round, None)
 

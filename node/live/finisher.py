@@ -16,6 +16,7 @@ import math
 import threading
 import time
 from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from node.live.contributor import Contributor
 from node.live.coordination import RoundCoordinator
 from node.live.exchange import Exchange, InputsWithheld, serve_blob
 from node.live.forkrepair import ForkRepair
+from node.live.lane import RoundLane
 from node.live.messenger import Messenger
 from node.live.replica import ReplicaWorker
 from node.live.resume import RestartRecovery
@@ -70,7 +72,7 @@ class RoundFinisher:
                  committer: Committer, forks: ForkRepair, archive: Archive, host: P2PHost, book: RoundBook, messenger: Messenger,
                  validator: EnvelopeValidator, state: StateFile, clock: RoundClock, progress: Progress,
                  reporter: Reporter, layout: RunLayout, config_hash: bytes, checkpoint_dir: Path,
-                 peer_id: str) -> None:
+                 peer_id: str, lane: RoundLane) -> None:
         self.cfg = cfg
         self.worker = worker
         self.rounds = rounds
@@ -99,6 +101,8 @@ class RoundFinisher:
         # apply is recorded as the previous round's: a re-base of that round is in it).
         self._held: dict[int, dict[int, tuple[dict, dict]]] = {}
         self._replays: dict[int, dict[int, tuple[dict, dict]]] = {}  # finished rounds to absorb again
+        self.lane = lane  # the round lane (node/live/lane.py): a round's seal and attestation with overlap_tail
+        self._tail: Future | None = None  # the last such round's, until settle()
 
     # -- a survivor's re-entry (node/live/entry.py, RunEntry.await_partner) ------------------
     def held_states(self) -> dict[int, dict[int, tuple[dict, dict]]]:
@@ -128,8 +132,16 @@ class RoundFinisher:
         logger.info("round %d: applied again from the result this node finished it with (re-entry)", outer_round)
 
     # -- one round ------------------------------------------------------------------------
-    def finish(self, outer_round: int) -> None:
-        """Close, fetch, aggregate and attest ``outer_round`` for every stage this node holds."""
+    def finish(self, outer_round: int, overlap_tail: bool = False) -> None:
+        """Close, fetch, aggregate and attest ``outer_round`` for every stage this node holds.
+
+        ``overlap_tail``: what follows the outer step (seal, retention, the attestation with its
+        checkpoint shard, the hand-over to the committer) runs on the round lane (node/live/lane.py)
+        while the next round trains, instead of on this thread; nothing the inner steps read
+        depends on it. The main loop's applies pass it (issue 44: it was the most of a round's idle
+        time on the training thread); every other caller gets the round finished on return.
+        """
+        self.settle()
         replayed = self._replays.pop(outer_round, None)
         if replayed is not None:
             self._replay(outer_round, replayed)
@@ -143,6 +155,39 @@ class RoundFinisher:
         waited["close_wait"] += gathered.joined_s  # the training thread waited for the prefetch
         applied = [self._apply_stage(outer_round, stage, gathered, waited, contributed)
                    for stage in self.worker.stages]
+        waited["finish_other"] = max(0.0, time.monotonic() - started - sum(waited.values()))
+        for phase, seconds in waited.items():
+            self.clock.add(phase, seconds)
+
+        def tail() -> None:
+            tail_started = time.monotonic()
+            with self.clock.lane("finish") if overlap_tail else nullcontext():
+                self._seal_and_attest(outer_round, applied, contributed, report_state=not overlap_tail)
+            tail_s = time.monotonic() - tail_started
+            if not overlap_tail:
+                self.clock.add("finish_other", tail_s)
+            self.clock.finished(outer_round, gathered.last_arrival, total=time.monotonic() - started, **waited,
+                                **overlapped, tail=tail_s, tail_overlapped=tail_s if overlap_tail else 0.0)
+            self.progress.timing = self.clock.summary()
+            self.reporter.report()
+
+        if overlap_tail:
+            self._tail = self.lane.submit(tail)
+        else:
+            tail()
+        # Rounds ROUNDS_KEPT behind this one: none of them is what the tail still reads.
+        self.forget_before(min(outer_round - ROUNDS_KEPT, self.committer.handled_through))
+
+    def settle(self) -> None:
+        """Wait until the last round finished with ``overlap_tail`` is sealed, attested and handed to the
+        committer (its failure is raised here, the round lane's first failure)."""
+        tail, self._tail = self._tail, None
+        if tail is not None:
+            self.lane.join(tail)
+
+    def _seal_and_attest(self, outer_round: int, applied: list[StageApplied], contributed: bool,
+                         report_state: bool) -> None:
+        """What follows a round's outer step: seal, retention, attest, then the committer takes it."""
         # A sliced holder archives the closed envelopes it holds; each contributor archives its own.
         self.archive.seal_round(outer_round, [c for a in applied for c in a.sealed],
                                 excluded=[e for a in applied for e in a.excluded],
@@ -151,18 +196,10 @@ class RoundFinisher:
         prune_archive(self.archive, self.cfg.storage.keep_rounds, self.progress.last_commit, self.host.remove_blob)
         prune_checkpoints(self.checkpoint_dir, self.cfg.storage.keep_checkpoints, self.progress.last_commit,
                           self.host.remove_blob)
-        self._attest(outer_round, {a.stage: a.weights_hash for a in applied}, contributed)
-        self.forget_before(min(outer_round - ROUNDS_KEPT, self.committer.handled_through))
+        self._attest(outer_round, {a.stage: a.weights_hash for a in applied}, contributed, report_state)
         self.progress.last_finished = outer_round
         self.state.update(last_finished=outer_round)
         self.committer.submit(outer_round)
-        total = time.monotonic() - started
-        waited["finish_other"] = max(0.0, total - sum(waited.values()))
-        for phase, seconds in waited.items():
-            self.clock.add(phase, seconds)
-        self.clock.finished(outer_round, gathered.last_arrival, total=total, **waited, **overlapped)
-        self.progress.timing = self.clock.summary()
-        self.reporter.report()
 
     def _rebase_before(self, outer_round: int) -> None:
         """Take the chain's record of an earlier round this node forked from, before applying ``outer_round``
@@ -235,9 +272,12 @@ class RoundFinisher:
                 self.coordinator.withdraw(outer_round, stage, inputs.close, str(exc))
                 inputs = self.gather_stage(outer_round, stage, None, waited)
 
-    def _attest(self, outer_round: int, hashes: dict[int, bytes], contributed: bool) -> None:
-        """Gossip this node's attestation of every held stage (with the stage shard on checkpoint rounds)."""
+    def _attest(self, outer_round: int, hashes: dict[int, bytes], contributed: bool,
+                report_state: bool = True) -> None:
+        """Gossip this node's attestation of every held stage (with the stage shard on checkpoint rounds);
+        ``report_state``: say "checkpointing" in status.json meanwhile (not while the next round trains)."""
         checkpoint_round = (outer_round + 1) % self.cfg.checkpoint_every == 0
+        report_state = report_state and checkpoint_round
         # A round contributed to in an earlier life is attested with that life's figures (the same
         # attestation again), not with none: the training figures left with the process.
         figures = self.state.attested(outer_round) if not contributed else None
@@ -246,7 +286,7 @@ class RoundFinisher:
             figures = (trained.train_loss, self.contributor.eval_of(outer_round), trained.tokens)
             self.state.remember_attested(outer_round, *figures)
         train_loss, eval_loss, tokens = figures if figures is not None else (math.nan, math.nan, 0)
-        if checkpoint_round:
+        if report_state:
             self.reporter.set_state("checkpointing")  # the stage shards (bench/bench_chaos.py kills by phase)
         for stage in self.worker.stages:
             shard_hash = self.write_shard(outer_round, stage, hashes[stage]) if checkpoint_round else b""
@@ -259,7 +299,7 @@ class RoundFinisher:
             # Also for a round finished in an earlier life: the same attestation again (peers
             # that kept the first one drop it as a re-signed replay), so the round can commit.
             self.messenger.gossip(outer_round, msg.ATTESTATION, att, stage)
-        if checkpoint_round:
+        if report_state:
             self.reporter.set_state("finishing")
 
     def write_shard(self, outer_round: int, stage: int, weights_hash: bytes) -> bytes:

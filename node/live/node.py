@@ -156,6 +156,7 @@ class Node:
                 self._run_rounds(start_round, unfinished)
                 break
             except PipelineBroken as broken:
+                self.parts.finisher.settle()  # the last round's attestation is out before the entry reads it
                 resumed = self.parts.entry.await_partner(broken, unfinished)
             if resumed is None:
                 break  # asked to stop while waiting, or the run's last round was finished meanwhile
@@ -203,7 +204,8 @@ class Node:
                 logger.info("round %d abandoned on request", outer_round)
                 break
             outer_round += 1
-        self.parts.lane.join()  # a contribution still being encoded goes out (or its failure is raised here)
+        self.parts.finisher.settle()  # the last round's seal and attestation, then the contribution still
+        self.parts.lane.join()  # being encoded goes out (or a failure of either is raised here)
         # Finish what was exchanged; a stopping node waits only briefly.
         try:
             for r in unfinished:
@@ -233,5 +235,6 @@ class Node:
         unfinished.append(action.outer_round)
 
     def _apply(self, action: RoundAction, unfinished: list[int]) -> None:
+        # The seal and attestation of what is applied here run while the next round trains.
         while unfinished and unfinished[0] <= action.outer_round:
-            self.parts.finisher.finish(unfinished.pop(0))
+            self.parts.finisher.finish(unfinished.pop(0), overlap_tail=True)

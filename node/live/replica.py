@@ -48,11 +48,16 @@ from training.stages import split_stages, stage_param_names
 logger = logging.getLogger(__name__)
 
 
+#: A time-bounded round builds its batches this many steps at a time (it does not know its count ahead).
+BATCH_CHUNK = 16
+
+
 @dataclass
 class TrainStats:
     mean_loss: float
     tokens: int
     seconds: float
+    cpu_seconds: float = 0.0  # the training thread's CPU seconds in the part's inner steps
 
 
 class ReplicaWorker:
@@ -187,32 +192,36 @@ class ReplicaWorker:
 
     # -- one outer round --------------------------------------------------------------
     def train_round(self, outer_round: int, on_step: Callable[[int, float], None] | None = None,
-                    first_step: int = 0, end_step: int | None = None) -> TrainStats:
+                    first_step: int = 0, end_step: int | None = None,
+                    budget_elapsed: Callable[[], float] | None = None) -> TrainStats:
         """Inner steps ``first_step <= k < end_step`` (default: all H) on this replica's batches of ``outer_round``.
 
         A round may be trained in two parts (the schedule's partial overlap applies the
         previous round between them); the batches are the same deterministic ones either way.
         In a time-bounded run (``diloco.round_budget_s``) a step is taken only while
-        :func:`training.schedule.takes_another_step` says so, on the wall seconds of the round's inner
-        steps so far; a split replica's first stage decides and its pipeline partners follow (one
-        broadcast per step), so every stage trains, and declares, the same count
-        (:meth:`declared_steps`).
+        :func:`training.schedule.takes_another_step` says so, on the seconds of the round's budget
+        used so far: ``budget_elapsed()`` (the node's round clock, node/live/roundclock.py: its own
+        work around the steps counts, its waits for peers do not), or without it the wall seconds of
+        the round's inner steps so far; a split replica's first stage decides and its pipeline
+        partners follow (one broadcast per step), so every stage trains, and declares, the same count
+        (:meth:`declared_steps`). Its batches are built a few steps at a time (BATCH_CHUNK), not for
+        all H steps it will not take.
         """
         h = self.cfg.diloco.inner_steps
         end_step = h if end_step is None else end_step
+        budgeted = self.cfg.diloco.budgeted
         if first_step == 0:
             self._trained[outer_round] = (0, 0.0)
         done, elapsed = self._trained.get(outer_round, (first_step, 0.0))
-        batches = round_batches(self.corpus, self.cfg.training.seed, self.replica, outer_round, end_step,
-                                self.cfg.training.batch_size, self.cfg.model.block_size)[first_step:end_step]
         started = time.perf_counter()
+        cpu_started = time.thread_time()
         losses = []
         # The inner learning rate follows the run's schedule over its global inner step, as the
         # simulation does (training.schedule.inner_lr; open-ended runs have no decay horizon).
         total_steps = self.cfg.rounds * h if self.cfg.rounds > 0 else None
         optimizers = trainer_optimizers(self.trainer)
-        for step, (x, y) in enumerate(batches, start=first_step):
-            if self.cfg.diloco.budgeted and not self._another_step(step, elapsed):
+        for step, (x, y) in zip(range(first_step, end_step), self._batches(outer_round, first_step, end_step)):
+            if budgeted and not self._another_step(step, elapsed if budget_elapsed is None else budget_elapsed()):
                 break
             step_started = time.perf_counter()
             set_lr(optimizers, inner_lr(self.cfg.training, outer_round * h + step, total_steps))
@@ -225,7 +234,16 @@ class ReplicaWorker:
         self._trained = {r: v for r, v in self._trained.items() if r >= outer_round - 2}
         tokens = len(losses) * self.cfg.training.batch_size * self.cfg.model.block_size
         mean = sum(losses) / len(losses) if losses else float("nan")
-        return TrainStats(mean, tokens, time.perf_counter() - started)
+        return TrainStats(mean, tokens, time.perf_counter() - started, time.thread_time() - cpu_started)
+
+    def _batches(self, outer_round: int, first_step: int, end_step: int):
+        """The batches of steps ``first_step .. end_step - 1`` of the round, in order: all at once with fixed
+        H, BATCH_CHUNK at a time in a time-bounded run (the same batches: each step's is its own)."""
+        chunk = BATCH_CHUNK if self.cfg.diloco.budgeted else max(1, end_step - first_step)
+        for start in range(first_step, end_step, chunk):
+            stop = min(end_step, start + chunk)
+            yield from round_batches(self.corpus, self.cfg.training.seed, self.replica, outer_round, stop,
+                                     self.cfg.training.batch_size, self.cfg.model.block_size, first_step=start)
 
     def _another_step(self, step: int, elapsed: float) -> bool:
         """:func:`takes_another_step`, decided by the replica's first stage and followed by the others."""
