@@ -28,16 +28,16 @@ STATE_FETCH_TIMEOUT_S = 60.0
 class HeldStates:
     """The start states of one node's spot checks (module docstring)."""
 
-    def __init__(self, host, work_dir: Path, evidence_dir: Path, num_stages: int, keep_rounds: int) -> None:
+    def __init__(self, host, work_dir: Path, evidence_dir: Path, num_stages: int) -> None:
         self.host = host  # P2PHost
         self.evidence_dir = evidence_dir
         self.num_stages = num_stages
-        self.keep_rounds = keep_rounds  # storage.keep_rounds: 0 keeps everything
         self._linkable_dir = work_dir / "linkable"
         self._served: dict[int, list[str]] = {}  # round -> blob hashes of this node's start states
 
-    def serve(self, outer_round: int, parts: dict[int, bytes]) -> dict[int, bytes]:
-        """Serve this node's start-state parts of ``outer_round``; stage -> state hash (what the envelope binds)."""
+    def serve(self, outer_round: int, parts: dict[int, bytes], keep_rounds: int) -> dict[int, bytes]:
+        """Serve this node's start-state parts of ``outer_round``; stage -> state hash (what the envelope binds).
+        ``keep_rounds``: ``storage.keep_rounds`` (0 keeps every round's)."""
         hashes = {}
         for stage, data in parts.items():
             digest = self.host.provide_blob(data, announce=False)
@@ -45,8 +45,8 @@ class HeldStates:
             hashes[stage] = bytes.fromhex(digest)
         # Kept as long as the archive keeps the round's contributions: an audit's --reexecute needs
         # both (storage.keep_rounds = 0 keeps everything, so nothing is dropped then).
-        if self.keep_rounds > 0:
-            for old in [r for r in self._served if r < outer_round - max(self.keep_rounds, STATE_ROUNDS_KEPT)]:
+        if keep_rounds > 0:
+            for old in [r for r in self._served if r < outer_round - max(keep_rounds, STATE_ROUNDS_KEPT)]:
                 for digest in self._served.pop(old):
                     self.host.remove_blob(digest)
         return hashes

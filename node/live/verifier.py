@@ -118,8 +118,7 @@ class SpotChecker(Tribunal):
 
     def __init__(self, ctx: VerifierContext) -> None:
         self.ctx = ctx
-        self.states = HeldStates(ctx.host, ctx.work_dir, ctx.evidence_dir, ctx.cfg.pipeline.num_stages,
-                                 ctx.cfg.storage.keep_rounds)
+        self.states = HeldStates(ctx.host, ctx.work_dir, ctx.evidence_dir, ctx.cfg.pipeline.num_stages)
         self._newest = -1
         self._worker = RerunWorker(ctx.work_dir / "worker.log")
         self._results: dict[tuple[int, int], SpotCheckResult | None] = {}  # (round, replica) -> result
@@ -156,7 +155,7 @@ class SpotChecker(Tribunal):
 
     def serve_start_states(self, outer_round: int, parts: dict[int, bytes]) -> dict[int, bytes]:
         """Serve this node's start-state parts of ``outer_round``; stage -> state hash (what the envelope binds)."""
-        return self.states.serve(outer_round, parts)
+        return self.states.serve(outer_round, parts, self.ctx.cfg.storage.keep_rounds)
 
     # -- sampling -----------------------------------------------------------------------
     def on_recorded(self, outer_round: int, weights_root: bytes) -> None:
