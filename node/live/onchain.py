@@ -164,7 +164,7 @@ class NodeChain:
 
     def ensure_member(self, run_id: int, platform: bytes) -> None:
         """Hold a signing seat in the run: join it with the run's minimum stake, once, declaring ``platform``
-        (the hash of the fingerprint this node trains on: node.live.routing, docs/DILOCOX.md section 11).
+        (the hash of the fingerprint this node trains on: node.platforms.own_platform, docs/DILOCOX.md section 11).
 
         A run whose stake unbonds faster than its accusation deadline plus its dispute window is refused:
         there a member could sign a bad record and take its stake out before anyone could act on it. A seat
@@ -225,11 +225,13 @@ class NodeChain:
             return None
         return seat
 
-    def declared_platforms(self, run_id: int, peer_ids) -> dict[str, bytes]:
+    def declared_platforms(self, run_id: int, peer_ids, fresh: bool = False) -> dict[str, bytes]:
         """peer id -> the platform its seat declared when it joined (the latest period of the account its key
         is bound to), for each of ``peer_ids`` that has held a seat of the run. Read from the chain's membership
-        events, waiting for the connection (not from the gossip thread): a peer not in the cache makes it
-        re-read them once. Raises LedgerError if they cannot be read, so that no caller acts on a partial view.
+        events, waiting for the connection (not from the gossip thread): a peer not in the cache, or ``fresh``
+        (before a claim is refused: its member may have left, withdrawn and joined again from other hardware),
+        makes it re-read them. Raises LedgerError if they cannot be read, so that no caller acts on a partial
+        view.
         """
         keys = {}
         for peer in peer_ids:
@@ -237,7 +239,7 @@ class NodeChain:
                 keys[peer] = public_key_from_peer_id(peer)
             except IdentityError:
                 continue  # not an ed25519 peer id: it cannot hold a seat
-        if any(key not in self._declared for key in keys.values()):
+        if fresh or any(key not in self._declared for key in keys.values()):
             with self._lock:
                 periods = self.client.memberships(run_id)
             # Events in chain order: a key's latest period wins (its account left, withdrew and joined again).

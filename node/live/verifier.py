@@ -215,9 +215,9 @@ class SpotChecker(Tribunal):
             self._reruns.put(CHECK, "check", outer_round, replica, signers[replica])
         self._reruns.put(CHECK, "link", outer_round, signers)
 
-    def _declared(self, peers) -> dict[str, bytes]:
+    def _declared(self, peers, fresh: bool = False) -> dict[str, bytes]:
         """peer id -> the platform it declared when it joined (node.live.routing; {} if none are known here)."""
-        return {} if self.ctx.declared_platforms is None else self.ctx.declared_platforms(sorted(peers))
+        return {} if self.ctx.declared_platforms is None else self.ctx.declared_platforms(sorted(peers), fresh)
 
     def _ejected(self, signers: set[str]) -> bool:
         return any(self.ctx.membership.ejected(peer) for peer in signers)
@@ -370,12 +370,13 @@ class SpotChecker(Tribunal):
             sliced = self.ctx.rerun_inputs
             payloads = [b.blob for b in bodies] if sliced is None else sliced.claims(outer_round, envs)
             parts = self.states.fetch(envs, [b.state_hash for b in bodies], job_dir)
+            claimed = [(e.stage, e.sender_peer_id, part) for e, part in zip(envs, parts)]
             try:
-                declared = self._declared(e.sender_peer_id for e in envs)
+                undeclared = undeclared_claim(claimed, self._declared(e.sender_peer_id for e in envs))
+                if undeclared is not None:  # refused only on the chain's declarations as they are now
+                    undeclared = undeclared_claim(claimed, self._declared((e.sender_peer_id for e in envs), True))
             except LedgerError as exc:
                 raise NodeError(f"the signers' declared platforms are not readable: {exc}") from exc
-            undeclared = undeclared_claim([(e.stage, e.sender_peer_id, part) for e, part in zip(envs, parts)],
-                                          declared)
             if undeclared is not None:  # refused whatever a rerun would give: the evidence is the state
                 self.states.keep_evidence(parts)
                 return SpotCheckResult("mismatch", undeclared[1], {}, 0.0, failed_stages=(undeclared[0],))
