@@ -118,7 +118,7 @@ def measure_gas(w3) -> dict:
         run_id = create_run(clients[1], f"config k={k}", quorum=k)
         gas.setdefault("createRun", w3.eth.get_block("latest")["gasUsed"])  # anvil mines one tx per block
         for i in MEMBERS:
-            tx = clients[i].join_run(run_id)
+            tx = clients[i].join_run(run_id, platform=digest(f"platform {i}"))  # as a node declares its own
             gas.setdefault("joinRun", gas_of(clients[i], tx))
         runs[k] = run_id
         first = gas_of(clients[1], commit(clients, run_id, k))

@@ -87,6 +87,7 @@ def memberships_from(events: list[DecodedEvent]) -> list[Membership]:
                     stake=args["stake"],
                     joined=position,
                     joined_tx=event.tx_hash,
+                    platform=bytes(args["platform"]),
                 )
             )
         elif event.name == "MemberCounted" and args["account"] in current:

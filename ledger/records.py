@@ -68,6 +68,8 @@ def check_uint(name: str, value: int, maximum: int) -> int:
 
 
 ZERO_HASH = bytes(32)
+#: joinRun's ``platform`` of a member that declared none (training.platform.NO_PLATFORM).
+NO_PLATFORM = ZERO_HASH
 
 
 def check_address(name: str, value: str) -> str:
@@ -407,6 +409,7 @@ class Membership:
     withdrawn_block: int | None = None
     ejected: Position | None = None  # MemberEjected (a MemberLeft follows it): ejected for inactivity
     counted: Position | None = None  # MemberCounted: its signatures count toward quorums from here on
+    platform: bytes = NO_PLATFORM  # MemberJoined's declaration: the hash of the platform it trains on
 
     @property
     def ended(self) -> Position | None:

@@ -19,11 +19,13 @@ from ledger.records import (
     DEFAULT_INACTIVITY_ROUNDS,
     DEFAULT_TENURE_ROUNDS,
     MEMBER_STATUSES,
+    NO_PLATFORM,
     SAFE_MIN_QUORUM,
     SAFE_MIN_QUORUM_BPS,
     Member,
     RoundRecord,
     RunParams,
+    check_bytes32,
     check_uint,
 )
 
@@ -122,13 +124,16 @@ class RunCalls:
         return self._sender.call(self._ledger, "runCount")
 
     # Membership ----------------------------------------------------------------------------------------
-    def join_run(self, run_id: int, stake: int | None = None) -> str:
+    def join_run(self, run_id: int, stake: int | None = None, platform: bytes = NO_PLATFORM) -> str:
         """Join run ``run_id`` as a signing member; return the tx hash.
 
         Idempotent: if this account already holds an active seat, returns the MemberJoined transaction.
 
         Args:
             stake: Wei to stake; None sends the run's minimum stake.
+            platform: The 32-byte hash of the platform the member trains on, declared in MemberJoined
+                (a node's: ``training.platform.platform_hash``); the zero hash declares none, and then
+                no contribution of the member can claim a platform (docs/DILOCOX.md section 11).
 
         Raises:
             LedgerNotRegistered: The account is not in the NodeRegistry.
@@ -147,7 +152,8 @@ class RunCalls:
         if stake is None:
             stake = self._run_struct(run_id)["minStake"]
         check_uint("stake", stake, 2**128 - 1)
-        return self._tx("joinRun", (run_id,), f"joinRun(run {run_id})", stake)
+        check_bytes32("platform", platform)
+        return self._tx("joinRun", (run_id, platform), f"joinRun(run {run_id})", stake)
 
     def leave_run(self, run_id: int) -> str:
         """Stop signing for ``run_id`` now and start unbonding the stake; return the tx hash."""

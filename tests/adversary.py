@@ -71,6 +71,9 @@ chain) is the real node's. Attacks:
 - ``over-declare``: in a time-bounded run (``diloco.round_budget_s``), trains the inner steps that fit in
   the budget and declares 2 more (at most H), to weigh more in the average: its data commitment and
   contributions are consistent with the declared count, only re-execution catches it.
+- ``other-platform``: trains honestly, but every start state it binds claims another CPU model
+  (:data:`OTHER_PLATFORM_CPU`) than the platform it declared when it joined: without the declared-platform
+  rule a verifier would judge it by the cross-platform tolerance, where it passes (issue 42).
 - ``takeover``: a coalition member (issue 41, attack 1; ``DLX_COALITION`` names the coalition,
   ``DLX_COALITION_DIR`` is where its members share signatures): it commits every round it can with
   the fewest honest signatures the quorum needs, then tries to eject the honest members it left
@@ -92,7 +95,9 @@ CONTRIBUTION_ATTACKS = ("huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "
 ATTACKS = ("malformed-payload", *CONTRIBUTION_ATTACKS, "copy", "late", "empty-close", "duplicate-close",
            "equivocating-close", "censoring-close", "phantom-close", "absurd-hello", "forge-state",
            "diverge-once", "diverge-late", "diverge-slow-verdict", "fork-close", "doctored-shard", "takeover",
-           "over-declare")
+           "over-declare", "other-platform")
+#: The CPU model ``other-platform`` claims in its start states (tests/test_reexec_e2e.py looks for it).
+OTHER_PLATFORM_CPU = "Claimed Other CPU @ 9.99GHz"
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +165,29 @@ def over_declaring(extra: int = 2):
             return None if trained is None else min(self.cfg.diloco.inner_steps, trained + extra)
 
     return {"worker": OverDeclaringWorker}
+
+
+def claiming_another_platform():
+    from node.live.replica import ReplicaWorker
+    from training.replica_state import parse_stage_state
+
+    class OtherPlatformWorker(ReplicaWorker):
+        def start_state_capture(self, outer_round):
+            serialise = super().start_state_capture(outer_round)
+
+            def relabelled():
+                # What a cheater would do to be judged by the tolerance: claim a CPU no verifier has.
+                out = {}
+                for stage, data in serialise().items():
+                    part = parse_stage_state(data)
+                    platform = dataclasses.replace(part.meta.platform, device_name=OTHER_PLATFORM_CPU)
+                    out[stage] = dataclasses.replace(part, meta=dataclasses.replace(part.meta, platform=platform)
+                                                     ).to_bytes()
+                return out
+
+            return relabelled
+
+    return {"worker": OtherPlatformWorker}
 
 
 def forged_start_state():
@@ -543,7 +571,8 @@ def attack_parts(attack: str) -> dict:
             "censoring-close": censoring_close, "phantom-close": phantom_close, "absurd-hello": absurd_hello,
             "forge-state": forged_start_state, "diverge-once": diverging_once, "diverge-late": diverging_late,
             "diverge-slow-verdict": diverging_slow_verdict, "fork-close": forking_close,
-            "doctored-shard": doctored_shard, "takeover": takeover, "over-declare": over_declaring}[attack]()
+            "doctored-shard": doctored_shard, "takeover": takeover, "over-declare": over_declaring,
+            "other-platform": claiming_another_platform}[attack]()
 
 
 def run_with(parts: dict) -> int:

@@ -26,6 +26,7 @@ from node.tools.audit_reexec import how_judged, rerun_by_rule
 from training.platform import (
     EXACT,
     MISMATCH,
+    NO_PLATFORM,
     RULE_CROSS_PLATFORM,
     RULE_SAME_PLATFORM,
     UNDECIDED,
@@ -33,6 +34,7 @@ from training.platform import (
     declared_platform_problem,
     fingerprint,
     native_cpu_capability,
+    platform_hash,
 )
 from training.reexec import ContributionClaim
 from training.replica_state import ReplicaStartState, parse_stage_state
@@ -135,15 +137,24 @@ def test_an_honest_member_on_other_kernels_is_not_accused(default_run, outer_rou
 
 
 def test_a_claimed_platform_must_be_the_declared_one(default_run):
-    """A member declares its platform by its first contribution; claiming another in a later round (to reach
-    the tolerance in the round it cheats) is a failure of its own, whatever the rerun gives."""
-    declared = claimed_platform(default_run, 0, CHEAT)
+    """A member declares its platform on chain when it joins (the hash of its fingerprint); claiming another in
+    a round (to reach the tolerance in the round it cheats) is a failure of its own, whatever the rerun gives."""
+    fingerprint_0 = claimed_platform(default_run, 0, CHEAT)
+    declared = platform_hash(fingerprint_0)
+    assert len(declared) == 32 and declared != NO_PLATFORM
+    assert platform_hash(claimed_platform(default_run, 1, CHEAT)) == declared  # one platform for the whole run
     assert declared_platform_problem(claimed_platform(default_run, 1, CHEAT), declared) is None
-    moved = dataclasses.replace(declared, device_name=OTHER_CPU)
+    moved = dataclasses.replace(fingerprint_0, device_name=OTHER_CPU)
+    assert platform_hash(moved) != declared
     why = declared_platform_problem(moved, declared)
-    assert why is not None and OTHER_CPU in why and "declared" in why
-    assert declared_platform_problem(None, declared) is not None
-    assert declared_platform_problem(moved, None) is None  # nothing declared: nothing to hold it to
+    assert why is not None and OTHER_CPU in why and declared.hex()[:16] in why
+    for field, value in (("capability", "AVX512"), ("torch", "9.9.9"), ("precision", "bf16")):
+        assert declared_platform_problem(dataclasses.replace(fingerprint_0, **{field: value}), declared) is not None
+    assert "claims no platform" in declared_platform_problem(None, declared)
+    assert "declared no platform" in declared_platform_problem(fingerprint_0, NO_PLATFORM)
+    assert "declared no platform" in declared_platform_problem(None, NO_PLATFORM)
+    assert "32-byte" in declared_platform_problem(fingerprint_0, declared[:31])
+    assert declared_platform_problem(moved, None) is None  # no declaration could be read: nothing to hold it to
 
 
 def test_the_native_capability_is_at_least_this_processs():

@@ -5,7 +5,9 @@ Real node processes and a real anvil; the cheater is tests/adversary.py: ``pertu
 pseudo-gradient plus noise of 1% of its norm, which every aggregation check lets through: the rerun
 does not reproduce it) or ``forge-state`` (drops its error-feedback residual between rounds and trains
 honestly from there: every rerun reproduces, only the chain from one round's rerun into the next
-round's start state catches it). The honest members chain-check each other all along.
+round's start state catches it) or ``other-platform`` (trains honestly but claims another CPU model
+than the platform it declared when it joined: refused by the declared-platform rule, issue 42). The
+honest members chain-check each other all along.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from adversary import OTHER_PLATFORM_CPU
 from node_fixtures import TINY, node_state, run_logs
 
 from ledger.account import dev_account
@@ -41,7 +44,9 @@ def _wait_for(predicate, timeout: float, what: str, run) -> None:
 @pytest.mark.timeout(1800)
 # perturb is slow (about a minute): forge-state keeps ejection by re-execution in the default suite, and
 # perturb's bit-exact catch is covered fast by tests/test_training_reexec.py and tests/test_spotchecks.py.
-@pytest.mark.parametrize("attack", [pytest.param("perturb", marks=pytest.mark.slow), "forge-state"])
+# other-platform (issue 42) is slow too: its catch is tested fast on a real chain by tests/test_platform_declaration.py.
+@pytest.mark.parametrize("attack", [pytest.param("perturb", marks=pytest.mark.slow), "forge-state",
+                                    pytest.param("other-platform", marks=pytest.mark.slow)])
 def test_a_cheating_member_is_ejected_by_the_quorum_and_the_run_continues(make_run, attack):
     # spot_checks=8 with 3 members: every node re-executes every other replica's contribution of every round.
     run = make_run(replicas=3, stages=2, split=False, attest_quorum=2,
@@ -98,6 +103,9 @@ def test_a_cheating_member_is_ejected_by_the_quorum_and_the_run_continues(make_r
     # mismatch itself (the accuser); the other may only have confirmed the evidence (both signed guilty).
     assert any(json.loads((s.data_dir / "status.json").read_text())["spot_check_mismatches"] >= 1
                for s in honest), run_logs(run)
+    if attack == "other-platform":  # refused for the platform it claims, not its declared one: no rerun
+        logs = "\n".join(p.read_text() for s in honest for p in s.data_dir.glob("node-*.log"))
+        assert "declared platform: stage" in logs and OTHER_PLATFORM_CPU in logs, run_logs(run)
     # The signed evidence is kept by the members that accused the cheater.
     assert any(list((s.data_dir / "evidence").glob("spotcheck-*.envelope")) for s in honest), run_logs(run)
     # ... with the start state the accusation rests on; other replicas' states fetched for checks that

@@ -35,13 +35,16 @@ A fingerprint is what the claimant says about itself: a cheater can claim a plat
 verifier does not have and so always gets the tolerance rule. The pass bound is therefore set
 below the smallest distance of the cheats re-execution must catch (a 1% perturbation of the
 update: 3.4e-4 at its smallest, bench/results/gpu_calibration.json), so claiming another platform
-never passes such a cheat, it only leaves it undecided; and ``dlx-node audit`` holds a claimed
-platform to the one the member declared by its first contribution (docs/DILOCOX.md section 11).
+never passes such a cheat, it only leaves it undecided; and the spot checks and ``dlx-node audit`` hold a
+claimed platform to the one the member declared on chain when it joined (:func:`platform_hash`,
+:func:`declared_platform_problem`; docs/DILOCOX.md section 11).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import platform as host_platform
@@ -378,18 +381,38 @@ def compare_rerun(
                         f"mismatch beyond {limit:.3g}){needs}", passes)
 
 
-def declared_platform_problem(claimed: PlatformFingerprint | None,
-                              declared: PlatformFingerprint | None) -> str | None:
-    """Why a contribution's claimed platform is not the one its member declared, or None if it is.
+#: The declaration of a member that declared no platform when it joined (``joinRun``'s zero hash).
+NO_PLATFORM = bytes(32)
+_PLATFORM_DOMAIN = b"dlx-platform/v1\x00"
 
-    A member declares its platform by its first contribution to the run (the fingerprint in the signed
-    start state it bound: in the record, so any auditor checks it later); every later contribution must
-    claim the same one (a member that moves to other hardware leaves and joins again). Without the rule a
-    cheater could claim, in the round it cheats, a platform its verifiers lack and so reach the tolerance.
-    ``declared`` None: no declaration known (nothing to hold the claim to).
+
+def platform_hash(platform: PlatformFingerprint) -> bytes:
+    """The 32-byte hash a member declares on chain when it joins (``joinRun``'s ``platform``): sha256 of a
+    domain tag and the fingerprint's canonical JSON (sorted keys, no spaces), so every node and auditor
+    derives the same bytes from the fingerprint a start state records."""
+    canonical = json.dumps(platform.document(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(_PLATFORM_DOMAIN + canonical.encode("ascii")).digest()
+
+
+def declared_platform_problem(claimed: PlatformFingerprint | None, declared: bytes | None) -> str | None:
+    """Why a contribution's claimed platform is not the one its member declared when it joined, or None if it is.
+
+    ``declared`` is the member's ``joinRun`` declaration (:func:`platform_hash` of the fingerprint it trains
+    on; :data:`NO_PLATFORM` if it declared none), read from the chain's ``MemberJoined`` event of the seat in
+    force; None: no declaration could be read (nothing to hold the claim to). A member that declared none
+    holds no platform any claim could match: a claimant cannot pick, in the round it cheats, a platform its
+    verifiers lack (docs/DILOCOX.md section 11); a member that moves to other hardware leaves and joins again.
     """
-    if declared is None or claimed == declared:
+    if declared is None:
         return None
+    if len(declared) != 32:
+        return f"its member's declared platform is {len(declared)} bytes, not a 32-byte hash"
+    if declared == NO_PLATFORM:
+        what = "no platform" if claimed is None else claimed.describe()
+        return f"claims {what}, but its member declared no platform when it joined"
     if claimed is None:
-        return f"claims no platform, but its member declared {declared.describe()}"
-    return f"claims {claimed.describe()}, but its member declared {declared.describe()}"
+        return f"claims no platform, but its member declared platform {declared.hex()[:16]} when it joined"
+    if platform_hash(claimed) != declared:
+        return (f"claims {claimed.describe()} (platform {platform_hash(claimed).hex()[:16]}), but its member "
+                f"declared platform {declared.hex()[:16]} when it joined")
+    return None

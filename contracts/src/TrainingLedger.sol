@@ -202,8 +202,11 @@ contract TrainingLedger {
     event RunCreated(
         uint256 indexed runId, address indexed creator, RunParams params, bytes32 genesisHead, string configUri
     );
-    /// @notice `account` joined run `runId` with node key `nodeKey`, staking `stake` wei.
-    event MemberJoined(uint256 indexed runId, address indexed account, bytes32 nodeKey, uint256 stake);
+    /// @notice `account` joined run `runId` with node key `nodeKey`, staking `stake` wei, declaring that it
+    /// trains on the platform whose fingerprint hashes to `platform` (held to it off-chain: docs/TRUST.md).
+    event MemberJoined(
+        uint256 indexed runId, address indexed account, bytes32 nodeKey, uint256 stake, bytes32 platform
+    );
     /// @notice `account` left run `runId` (or was ejected); its stake can be withdrawn from block
     /// `unbondingEnd` on.
     event MemberLeft(uint256 indexed runId, address indexed account, uint64 unbondingEnd);
@@ -376,9 +379,11 @@ contract TrainingLedger {
 
     /// @notice Join run `runId` as a signing member, staking `msg.value` wei.
     /// @param runId The run.
+    /// @param platform The hash of the platform fingerprint the member trains on, only emitted: every
+    /// contribution's claimed platform is held to it off-chain (docs/DILOCOX.md section 11).
     /// @dev The caller must be registered in the NodeRegistry; its node key is copied into the seat, so the
     /// membership does not depend on later registry changes. A slashed account can never join again.
-    function joinRun(uint256 runId) external payable {
+    function joinRun(uint256 runId, bytes32 platform) external payable {
         Run storage run = _existingRun(runId);
         bytes32 nodeKey = _registry.keyOf(msg.sender);
         if (nodeKey == bytes32(0)) revert LedgerNotRegistered(msg.sender);
@@ -395,7 +400,7 @@ contract TrainingLedger {
         member.joinRound = round;
         member.joinBlock = uint64(block.number);
         run.memberCount += 1;
-        emit MemberJoined(runId, msg.sender, nodeKey, msg.value);
+        emit MemberJoined(runId, msg.sender, nodeKey, msg.value, platform);
         // Founders (joined before the first commit) count at once; a later joiner once a commit or its own
         // attest credits it with a round at least tenureRounds after it joined (see _credit).
         if (round == 0) _count(runId, run, member, msg.sender);

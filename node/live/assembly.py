@@ -62,6 +62,7 @@ from node.live.station import Station
 from node.live.topology import Seat
 from node.live.status import Progress, Reporter, StateFile
 from node.live.verifier import SpotChecker, VerifierContext
+from node.platforms import own_platform
 from node.protocol import run_topic
 from node.runconfig import canonical_json, config_hash, run_document
 from node.shardfetch import provide_run_dataset
@@ -185,7 +186,7 @@ class NodeParts:
         self.chain = chain = NodeChain.connect(cfg, stop=self.stop)
         chain.check_run(self.run_id, self.config_hash, rounds=cfg.rounds)
         chain.ensure_registered(self.identity)
-        chain.ensure_member(self.run_id)
+        chain.ensure_member(self.run_id, own_platform(cfg.training))
         # Before the first message arrives: the validator's window starts where this node can
         # enter (after the chain's latest checkpoint). Left at round 0, every message of a round
         # past max_rounds_ahead (68 at checkpoint_every = 1) would be refused as "future", the
@@ -243,7 +244,8 @@ class NodeParts:
             current_round=self.progress.current_round, work_dir=self.data_dir / "spotchecks",
             evidence_dir=self.evidence_dir, stop=self.stop, on_ejected=lifecycle.member_ejected,
             closes=self.book.snapshot_closes, attestations=self.book.snapshot_attestations,
-            evidence_judges=exchange.evidence_judges(), charges=charges, rerun_inputs=exchange.rerun_inputs()))
+            evidence_judges=exchange.evidence_judges(), charges=charges, rerun_inputs=exchange.rerun_inputs(),
+            declared_platforms=functools.partial(chain.declared_platforms, self.run_id)))
         self.ending = RunEnd(cfg=cfg, chain=chain, membership=membership, reporter=self.reporter,
                              peer_id=self.peer_id, stop=self.stop)
         self.pace = CommitPace(cfg=cfg, chain=chain, progress=self.progress, reporter=self.reporter,

@@ -22,6 +22,8 @@ from ledger.records import MIN_WINDOW_BLOCKS, AccusationState, Membership, Round
 from node.config import NodeConfig
 from node.errors import ConfigError, NotRegistered
 from node.live.topology import Seat
+from p2p.errors import IdentityError
+from p2p.identity import public_key_from_peer_id
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +49,7 @@ class NodeChain:
         self._unknown_checked: dict[str, float] = {}
         self._run_info: dict[int, RunInfo] = {}
         self._counted: dict[str, tuple[bool, float]] = {}  # account -> (counted, when read)
+        self._declared: dict[bytes, bytes] = {}  # node key -> the platform its latest seat declared
         self._lock = threading.Lock()  # web3 HTTP sessions and nonces are not shared across threads safely
 
     @classmethod
@@ -151,11 +154,15 @@ class NodeChain:
                                     f"{exc}") from exc
         logger.info("registered account %s with peer id %s", self.client.address, identity.peer_id)
 
-    def ensure_member(self, run_id: int) -> None:
-        """Hold a signing seat in the run: join it with the run's minimum stake, once.
+    def ensure_member(self, run_id: int, platform: bytes) -> None:
+        """Hold a signing seat in the run: join it with the run's minimum stake, once, declaring ``platform``
+        (the hash of the fingerprint this node trains on: node.platforms.own_platform, docs/DILOCOX.md section 11).
 
         A run whose stake unbonds faster than its accusation deadline plus its dispute window is refused:
-        there a member could sign a bad record and take its stake out before anyone could act on it.
+        there a member could sign a bad record and take its stake out before anyone could act on it. A seat
+        held already must have declared ``platform``: a node that now trains on another platform (another
+        CPU, instruction set, device, precision or torch) would claim one it did not declare, which every
+        verifier refuses, so it is stopped here, saying so.
         """
         # Read (and cache) before taking the lock: run_info takes it too when the run is not cached yet.
         info = self.run_info(run_id)
@@ -163,6 +170,15 @@ class NodeChain:
         with self._lock:
             seat = self.client.member(run_id, self.client.address)
             if seat is not None and seat.active:
+                periods = [m for m in self.client.memberships(run_id)
+                           if m.account.lower() == self.client.address.lower() and m.ended is None]
+                declared = periods[-1].platform if periods else None
+                if declared is not None and declared != platform:
+                    raise NotRegistered(
+                        f"account {self.client.address} declared platform {declared.hex()[:16]} when it joined run "
+                        f"{run_id}, but this node trains on platform {platform.hex()[:16]} (another CPU, "
+                        "ATEN_CPU_CAPABILITY, device, precision or torch): run it where it joined, or leave the "
+                        "run, withdraw after unbonding and join again")
                 return
             if info.unbonding_blocks < max(info.min_unbonding_blocks, 2 * MIN_WINDOW_BLOCKS):
                 raise NotRegistered(
@@ -175,11 +191,11 @@ class NodeChain:
                                     "a member that left must withdraw its stake after unbonding before joining "
                                     "again, and a slashed member cannot rejoin")
             try:
-                self.client.join_run(run_id, stake)
+                self.client.join_run(run_id, stake, platform)
             except LedgerError as exc:
                 raise NotRegistered(f"account {self.client.address} could not join run {run_id} with a stake of "
                                     f"{stake} wei: {exc}") from exc
-        logger.info("joined run %d with a stake of %d wei", run_id, stake)
+        logger.info("joined run %d with a stake of %d wei, declaring platform %s", run_id, stake, platform.hex()[:16])
 
     def seat(self, run_id: int, account: bytes, public_key: bytes, current: bool = True) -> Membership | None:
         """The account's membership of the run if its seat is bound to ``public_key``.
@@ -200,6 +216,27 @@ class NodeChain:
         if seat is None or seat.node_key != public_key:
             return None
         return seat
+
+    def declared_platforms(self, run_id: int, peer_ids, fresh: bool = False) -> dict[str, bytes]:
+        """peer id -> the platform its seat declared when it joined (the latest period of the account its key
+        is bound to), for each of ``peer_ids`` that has held a seat of the run. Read from the chain's membership
+        events, waiting for the connection (not from the gossip thread): a peer not in the cache, or ``fresh``
+        (before a claim is refused: its member may have left, withdrawn and joined again from other hardware),
+        makes it re-read them. Raises LedgerError if they cannot be read, so that no caller acts on a partial
+        view.
+        """
+        keys = {}
+        for peer in peer_ids:
+            try:
+                keys[peer] = public_key_from_peer_id(peer)
+            except IdentityError:
+                continue  # not an ed25519 peer id: it cannot hold a seat
+        if fresh or any(key not in self._declared for key in keys.values()):
+            with self._lock:
+                periods = self.client.memberships(run_id)
+            # Events in chain order: a key's latest period wins (its account left, withdrew and joined again).
+            self._declared = {m.node_key: m.platform for m in periods}
+        return {peer: self._declared[key] for peer, key in keys.items() if key in self._declared}
 
     def seat_of(self, period: Membership) -> Seat:
         """A period from :meth:`seat` as placement reads it (node.live.topology.Seat): its index is the

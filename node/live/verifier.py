@@ -2,11 +2,15 @@
 
 Every contribution binds the hash of its replica's start state and of the data
 it trained on (:class:`node.protocol.ContributionBody`); the node serves
-its start states as blobs. Once round ``t`` is on chain, each node draws, from
-the round's attested weights root and its own peer id, which other replicas it
-re-executes (:func:`training.reexec.sample_replicas`, ``spot_checks`` expected
-checks per contribution), fetches their start states and reruns them in a
-child process (:mod:`node.live.spotcheck`).
+its start states as blobs (:mod:`node.live.heldstates`). Once round ``t`` is on
+chain, each node draws, from the round's attested weights root, its own peer id
+and the platforms the round's signers declared on chain when they joined, which
+other replicas it re-executes (:func:`node.live.routing.draw_checks`: ``spot_checks``
+expected checks per contribution from everyone, and ``spot_checks`` expected ones by
+verifiers of the claimant's declared platform where the run has any), fetches their start states and reruns them
+in a child process (:mod:`node.live.spotcheck`). A start state that claims
+another platform than its signer declared is refused without a rerun (a mismatch:
+:func:`node.platforms.undeclared_claim`).
 
 A rerun that does not reproduce the contribution becomes signed evidence: an
 ``evidence`` envelope (the accused's contribution envelopes, the verifier's
@@ -36,7 +40,6 @@ tribunal's work, which never waits behind a rerun. At a run's normal end the que
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import queue
 import shutil
@@ -49,30 +52,22 @@ from pathlib import Path
 from ledger.errors import LedgerError
 from node import protocol as msg
 from node.errors import NodeError
-from node.fsutil import atomic_write_bytes
+from node.live.heldstates import STATE_ROUNDS_KEPT, HeldStates
 from node.live.jobqueue import JobQueue
+from node.live.routing import draw_checks
 from node.live.spotcheck import RerunWorker, SpotCheckJob, SpotCheckResult
 from node.live.spotinputs import HeardRound, InputsUnavailable, ReplicaInputs, heard_round
 from node.live.tribunal import COURT, Tribunal
+from node.platforms import undeclared_claim
 from p2p.envelope import Envelope
 from p2p.errors import EnvelopeRejected, P2PError
-from training.reexec import (
-    EXACT,
-    check_state_chain,
-    restart_state_reason,
-    sample_replicas,
-    start_global_round,
-)
+from training.reexec import EXACT, check_state_chain, restart_state_reason, start_global_round
 from training.robust import CALLER_REASONS, OTHER_RESULT
 
 logger = logging.getLogger(__name__)
 
-#: Rounds of start states a node keeps serving (a verifier checks round t once it is on chain).
-STATE_ROUNDS_KEPT = 8
 #: A rerun that takes longer than this is abandoned (no verdict, nobody accused).
 RERUN_TIMEOUT_S = 900.0
-#: How long a node waits for the claimant's start state before giving the check up.
-STATE_FETCH_TIMEOUT_S = 60.0
 #: A sampled check of a round this far behind the newest recorded one is skipped: the claimant
 #: may no longer serve its start state, and a verifier must not fall ever further behind.
 MAX_LAG_ROUNDS = 4
@@ -113,6 +108,9 @@ class VerifierContext:
     # The exchange's own rerun inputs (node.live.exchange.Exchange.rerun_inputs: the sliced exchange's claims
     # are the slices its references bind, its round t-1 the partials applied); None: the full exchange's.
     rerun_inputs: object | None = None
+    # Peer ids -> the platform each declared on chain when it joined (NodeChain.declared_platforms; raises
+    # LedgerError if unreadable). None: no declarations (no routing, no declared-platform check).
+    declared_platforms: Callable[[list[str]], dict[str, bytes]] | None = None
 
 
 class SpotChecker(Tribunal):
@@ -120,7 +118,7 @@ class SpotChecker(Tribunal):
 
     def __init__(self, ctx: VerifierContext) -> None:
         self.ctx = ctx
-        self._states: dict[int, list[str]] = {}  # round -> blob hashes of this node's start states
+        self.states = HeldStates(ctx.host, ctx.work_dir, ctx.evidence_dir, ctx.cfg.pipeline.num_stages)
         self._newest = -1
         self._worker = RerunWorker(ctx.work_dir / "worker.log")
         self._results: dict[tuple[int, int], SpotCheckResult | None] = {}  # (round, replica) -> result
@@ -139,6 +137,7 @@ class SpotChecker(Tribunal):
         self.check_seconds = 0.0  # wall time of the checks done (fetching the inputs and the rerun)
         self.not_done = 0  # sampled checks whose inputs could not be had: nobody is accused for those
         self.chain_checks = 0  # round t -> t+1 start-state links checked (node.live.verifier._chain_holds)
+        self.routed = 0  # checks only the same-platform draw picked (node.live.routing)
         self.mismatches = 0
         self.skipped = 0
         self.abandoned = 0  # checks cut short because the node stopped
@@ -154,22 +153,9 @@ class SpotChecker(Tribunal):
         self._reruns.start()
         self._court.start()
 
-    # -- start states -------------------------------------------------------------------
     def serve_start_states(self, outer_round: int, parts: dict[int, bytes]) -> dict[int, bytes]:
         """Serve this node's start-state parts of ``outer_round``; stage -> state hash (what the envelope binds)."""
-        hashes = {}
-        for stage, data in parts.items():
-            digest = self.ctx.host.provide_blob(data, announce=False)
-            self._states.setdefault(outer_round, []).append(digest)
-            hashes[stage] = bytes.fromhex(digest)
-        # Kept as long as the archive keeps the round's contributions: an audit's --reexecute needs
-        # both (storage.keep_rounds = 0 keeps everything, so nothing is dropped then).
-        keep = self.ctx.cfg.storage.keep_rounds
-        if keep > 0:
-            for old in [r for r in self._states if r < outer_round - max(keep, STATE_ROUNDS_KEPT)]:
-                for digest in self._states.pop(old):
-                    self.ctx.host.remove_blob(digest)
-        return hashes
+        return self.states.serve(outer_round, parts, self.ctx.cfg.storage.keep_rounds)
 
     # -- sampling -----------------------------------------------------------------------
     def on_recorded(self, outer_round: int, weights_root: bytes) -> None:
@@ -205,14 +191,19 @@ class SpotChecker(Tribunal):
         sealed = self.inputs.contributions(outer_round)
         if sealed is None:
             return
-        replicas = sorted({c.replica for c in sealed})
-        members = max(2, len(replicas))
-        rate = min(1.0, self.ctx.cfg.spot_checks / (members - 1))
-        chosen = sample_replicas(weights_root, self.ctx.peer_id.encode(), outer_round, replicas, rate,
-                                 own_replica=self.ctx.own_replica())
         signers: dict[int, set[str]] = {}  # replica -> its stages' signers (several on a split cluster)
         for c in sealed:
             signers.setdefault(c.replica, set()).add(c.peer_id)
+        try:
+            declared = self._declared({peer for peers in signers.values() for peer in peers})
+        except LedgerError as exc:  # no draw on a partial view: every node must derive the same checks
+            logger.warning("round %d: no spot checks drawn, the members' declared platforms are not readable: %s",
+                           outer_round, exc)
+            return
+        drawn = draw_checks(weights_root, self.ctx.peer_id, outer_round, signers, declared,
+                            self.ctx.cfg.spot_checks, self.ctx.own_replica())
+        self.routed += sum(check.same_platform for check in drawn)
+        chosen = [check.replica for check in drawn]
         # Contributions the holders left out as built on another result of round t-1 (a forked member's
         # round, docs/PROTOCOL.md "When a node's weights leave the record"): not reruns of the record.
         elsewhere = self._left_out_elsewhere(outer_round)
@@ -223,6 +214,10 @@ class SpotChecker(Tribunal):
                 continue
             self._reruns.put(CHECK, "check", outer_round, replica, signers[replica])
         self._reruns.put(CHECK, "link", outer_round, signers)
+
+    def _declared(self, peers, fresh: bool = False) -> dict[str, bytes]:
+        """peer id -> the platform it declared when it joined (node.live.routing; {} if none are known here)."""
+        return {} if self.ctx.declared_platforms is None else self.ctx.declared_platforms(sorted(peers), fresh)
 
     def _ejected(self, signers: set[str]) -> bool:
         return any(self.ctx.membership.ejected(peer) for peer in signers)
@@ -266,12 +261,12 @@ class SpotChecker(Tribunal):
                 # The evidence: the state the chain does not lead to, and the start state of the rerun
                 # that shows where it should have led (an auditor reruns round t from it; the accused
                 # stops serving its own copy after STATE_ROUNDS_KEPT rounds, or at will).
-                self._keep_states(self._linkable_parts(outer_round - 1, replica) + parts)
+                self.states.keep_evidence(self.states.linkable(outer_round - 1, replica) + parts)
                 logger.warning("chain check of replica %d rounds %d-%d: %s", replica, outer_round - 1, outer_round,
                                reason)
                 self._court.put(COURT, "accuse", outer_round - 1, replica,
                                 SpotCheckResult("state_mismatch", reason, {}, 0.0, failed_stages=broken), next_envs)
-        self._forget_linkable(before=outer_round)
+        self.states.forget_linkable(before=outer_round)
 
     def _left_out_elsewhere(self, outer_round: int) -> set[int]:
         """Replicas whose contribution of the round this node's archive sealed as left out, built on another
@@ -296,13 +291,13 @@ class SpotChecker(Tribunal):
         shutil.rmtree(job_dir, ignore_errors=True)
         job_dir.mkdir(parents=True, exist_ok=True)
         try:
-            parts = self._fetch_states(next_envs, claimed, job_dir)
+            parts = self.states.fetch(next_envs, claimed, job_dir)
         except (P2PError, OSError) as exc:
             logger.warning("chain check of replica %d round %d not done: %s", replica, outer_round + 1, exc)
             return None, str(exc), [], ()
         finally:
             shutil.rmtree(job_dir, ignore_errors=True)
-            self._drop_fetched(claimed)
+            self.states.drop_fetched(claimed)
         committed = self._committed(range(outer_round - 2, outer_round + 1))
         global_round = start_global_round(self.ctx.cfg.diloco, outer_round + 1)
         # Stage by stage: a split replica's stages are signed by different members, each for its own part.
@@ -374,7 +369,17 @@ class SpotChecker(Tribunal):
         try:
             sliced = self.ctx.rerun_inputs
             payloads = [b.blob for b in bodies] if sliced is None else sliced.claims(outer_round, envs)
-            parts = self._fetch_states(envs, [b.state_hash for b in bodies], job_dir)
+            parts = self.states.fetch(envs, [b.state_hash for b in bodies], job_dir)
+            claimed = [(e.stage, e.sender_peer_id, part) for e, part in zip(envs, parts)]
+            try:
+                undeclared = undeclared_claim(claimed, self._declared(e.sender_peer_id for e in envs))
+                if undeclared is not None:  # refused only on the chain's declarations as they are now
+                    undeclared = undeclared_claim(claimed, self._declared((e.sender_peer_id for e in envs), True))
+            except LedgerError as exc:
+                raise NodeError(f"the signers' declared platforms are not readable: {exc}") from exc
+            if undeclared is not None:  # refused whatever a rerun would give: the evidence is the state
+                self.states.keep_evidence(parts)
+                return SpotCheckResult("mismatch", undeclared[1], {}, 0.0, failed_stages=(undeclared[0],))
             if sliced is None:
                 (previous, previous_excluded), partials = self._previous_round(outer_round - 1), {}
             else:
@@ -389,77 +394,13 @@ class SpotChecker(Tribunal):
             job.write(job_dir)
             result = self._worker.run(job_dir, RERUN_TIMEOUT_S)
             if not result.honest and not result.undecided:
-                self._keep_states(parts)  # the start state the failed rerun used is part of the evidence
+                self.states.keep_evidence(parts)  # the start state the failed rerun used is part of the evidence
             elif result.next_state_hashes is not None:
-                self._keep_linkable(outer_round, replica, parts)
+                self.states.hold_linkable(outer_round, replica, parts)
             return result
         finally:
             shutil.rmtree(job_dir, ignore_errors=True)
-            self._drop_fetched([b.state_hash for b in bodies])
-
-    def _fetch_states(self, envs: list[Envelope], state_hashes: list[bytes], job_dir: Path) -> list[bytes]:
-        """The start-state part each envelope binds, fetched from its signer (stage order)."""
-        parts = []
-        for env, state_hash in zip(envs, state_hashes):
-            dest = job_dir / f"fetch-{env.stage}.part"
-            self.ctx.host.fetch_blob(state_hash.hex(), dest, providers=[env.sender_peer_id],
-                                     timeout=STATE_FETCH_TIMEOUT_S)
-            parts.append(dest.read_bytes())
-        return parts
-
-    def _keep_states(self, parts: list[bytes]) -> None:
-        """Keep start-state parts under ``evidence/state-<sha256>.part`` (the audit reads them there)."""
-        for data in parts:
-            try:
-                atomic_write_bytes(self.ctx.evidence_dir / f"state-{hashlib.sha256(data).hexdigest()}.part", data)
-            except OSError as exc:
-                logger.warning("start state not kept as evidence: %s", exc)
-
-    def _linkable_dir(self) -> Path:
-        return self.ctx.work_dir / "linkable"
-
-    def _keep_linkable(self, outer_round: int, replica: int, parts: list[bytes]) -> None:
-        """Hold the start state of an exact rerun of round t until round t+1's chain check: if the
-        replica's round t+1 state does not follow, this is the other half of the evidence."""
-        try:
-            for stage, data in enumerate(parts):
-                atomic_write_bytes(self._linkable_dir() / f"round-{outer_round:08d}-replica{replica}-{stage}.part",
-                                   data)
-        except OSError as exc:
-            logger.warning("start state of replica %d round %d not held for its chain check: %s", replica,
-                           outer_round, exc)
-
-    def _linkable_parts(self, outer_round: int, replica: int) -> list[bytes]:
-        parts = []
-        for stage in range(self.ctx.cfg.pipeline.num_stages):
-            try:
-                parts.append((self._linkable_dir() / f"round-{outer_round:08d}-replica{replica}-{stage}.part")
-                             .read_bytes())
-            except OSError:
-                logger.warning("start state of replica %d round %d was not held: the evidence lacks it", replica,
-                               outer_round)
-                return []
-        return parts
-
-    def _forget_linkable(self, before: int) -> None:
-        """Drop held start states of rounds before ``before`` (their chain checks are done or skipped)."""
-        for path in self._linkable_dir().glob("round-*.part"):
-            try:
-                if int(path.name[len("round-"):len("round-") + 8]) < before:
-                    path.unlink()
-            except (ValueError, OSError):
-                continue
-
-    def _drop_fetched(self, hashes: list[bytes]) -> None:
-        """Remove other replicas' start states from the blob store once checked (a fetch keeps a copy there;
-        1000 rounds of spot checks grew it by 75 MB). Never this node's own, which it serves."""
-        own = {digest for digests in list(self._states.values()) for digest in list(digests)}  # training thread adds
-        for state_hash in hashes:
-            if state_hash.hex() not in own:
-                try:
-                    self.ctx.host.remove_blob(state_hash.hex())
-                except (P2PError, OSError) as exc:
-                    logger.debug("fetched start state %s not removed: %s", state_hash.hex()[:16], exc)
+            self.states.drop_fetched([b.state_hash for b in bodies])
 
     def _previous_round(self, outer_round: int) -> tuple[dict[int, list[bytes]], dict[int, dict[int, str]]]:
         """Round t-1's closed payloads per stage (canonical order) and its screening exclusions."""

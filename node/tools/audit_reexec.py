@@ -19,8 +19,8 @@ model under another instruction set this CPU has is rerun in a child under the c
 ``ATEN_CPU_CAPABILITY`` and must be bit-exact too ("emulated"); any other is judged by the
 three-zone tolerance ("tolerance": passed, undecided, which leaves the item unverifiable until an
 auditor of that platform reruns it, or a mismatch). Each item's line names which. A claimed platform
-must be the one its member declared by its first contribution (when the archives hold that start
-state): one that is not does not reproduce.
+must be the one its member declared on chain when it joined (``MemberJoined``'s ``platform``, the seat
+in force at the round's commit): one that is not does not reproduce.
 
 A contribution or piece of evidence whose inputs are not in the archives is
 unverifiable, never passed. A sliced run's contribution (``diloco.exchange =
@@ -150,7 +150,7 @@ def sample_contributions(pairs: list[tuple[int, int]], head: bytes, count: int) 
 class ReexecAuditor:
     """Reruns contributions for the audit (module docstring)."""
 
-    def __init__(self, replayer, archives, run_id: int, run_rounds: int) -> None:
+    def __init__(self, replayer, archives, run_id: int, run_rounds: int, history=None) -> None:
         self.replayer = replayer  # node.tools.audit_replay.Replayer: the run's settings and corpus
         self.cfg = replayer.cfg
         # The inner-lr horizon is rounds x H; the run's length is fixed on chain (maxRounds), not in
@@ -159,7 +159,7 @@ class ReexecAuditor:
         self.archives = _Archives(archives, run_id)
         self.sealed = self.archives.sealed()
         self.sliced = SlicedRerunArchive(self.cfg, self.archives, self.sealed)
-        self._declared: dict = {}  # peer id -> its declared platform (declared_platform)
+        self.history = history  # ledger.records.RunHistory: the declared platforms (declared_platform)
 
     def _envelopes(self, round_index: int, replica: int) -> list | None:
         entries = sorted((e for e in self.sealed.get(round_index, []) if int(e[1]) == replica), key=lambda e: e[0])
@@ -193,30 +193,16 @@ class ReexecAuditor:
                 excluded.setdefault(s, {})[i] = str(detail)
         return previous, excluded
 
-    def declared_platform(self, peer_id: str):
-        """The platform ``peer_id`` declared: the fingerprint of the start state its first contribution to the
-        run bound (None: no platform recorded, or that state is not in the archives)."""
-        from training.errors import TrainingError
-        from training.replica_state import parse_stage_state
-
-        if peer_id in self._declared:
-            return self._declared[peer_id]
-        declared = None
-        for round_index in sorted(self.sealed):
-            mine = [e for e in self.sealed[round_index] if str(e[2]) == peer_id]
-            if not mine:
-                continue
-            data = self.archives.envelope(round_index, str(mine[0][3]))
-            try:
-                env = decode_envelope(data, _MAX_BLOB) if data else None
-                body = msg.decode_contribution_body(env.payload) if env is not None else None
-                part = self.archives.blob(body.state_hash.hex()) if body is not None else None
-                declared = parse_stage_state(part).meta.platform if part is not None else None
-            except (*DLX_ERRORS, TrainingError, EnvelopeRejected, ValueError):
-                declared = None
-            break
-        self._declared[peer_id] = declared
-        return declared
+    def declared_platform(self, peer_id: str, round_index: int) -> bytes | None:
+        """The platform ``peer_id`` declared on chain when it joined (``MemberJoined``), in the seat in force when
+        round ``round_index`` was committed (None: no chain history here, or no such seat)."""
+        if self.history is None:
+            return None
+        commits = [c for c in self.history.commits if c.commit.round == round_index]
+        if not commits:
+            return None
+        seats = [m for m in self.history.members_at(commits[-1].position) if _peer_of(m.node_key) == peer_id]
+        return seats[-1].platform if seats else None
 
     def check(self, round_index: int, replica: int, envs=None):
         """(verdict or None if unverifiable, reason, distance) of rerunning (round, replica), by the platform
@@ -255,10 +241,9 @@ class ReexecAuditor:
             return None, f"the run's training data is not available here ({self.replayer.corpus_problem})", None
         claims = [ContributionClaim(e.stage, b.state_hash, b.data_commitment, p, b.applied_hash)
                   for e, b, p in zip(envs, bodies, payloads)]
-        undeclared = self._undeclared(envs, parts)
+        undeclared = self._undeclared(round_index, envs, parts)
         if undeclared is not None:
-            stage, why = undeclared
-            reason = f"declared platform: stage {stage}'s signer {why}"
+            stage, reason = undeclared
             return SpotCheck(round_index, replica, MISMATCH, reason, failed_stages=(stage,)), reason, None
         result = rerun_by_rule(parts, claims, corpus, self.cfg.model, self.cfg.training, self.cfg.diloco,
                                self.cfg.compression, outer_round=round_index, replica=replica,
@@ -268,21 +253,13 @@ class ReexecAuditor:
         distance = max(result.distances.values()) if result.distances else None
         return result, result.reason, distance
 
-    def _undeclared(self, envs, parts) -> tuple[int, str] | None:
+    def _undeclared(self, round_index: int, envs, parts) -> tuple[int, str] | None:
         """(stage, why) of the first stage whose claimed platform is not its signer's declared one."""
-        from training.errors import TrainingError
-        from training.platform import declared_platform_problem
-        from training.replica_state import parse_stage_state
+        from node.platforms import undeclared_claim
 
-        for env, part in zip(envs, parts):
-            try:
-                claimed = parse_stage_state(part).meta.platform
-            except (TrainingError, ValueError):
-                return None  # the rerun judges a malformed state (state_mismatch)
-            why = declared_platform_problem(claimed, self.declared_platform(env.sender_peer_id))
-            if why is not None:
-                return env.stage, why
-        return None
+        declared = {e.sender_peer_id: self.declared_platform(e.sender_peer_id, round_index) for e in envs}
+        return undeclared_claim([(e.stage, e.sender_peer_id, part) for e, part in zip(envs, parts)],
+                                {peer: platform for peer, platform in declared.items() if platform is not None})
 
     def chain_broken(self, round_index: int, result, next_envs) -> tuple[bool | None, str, tuple[int, ...]]:
         """Whether round t+1's envelopes bind a start state that follows neither from the exact rerun
@@ -328,7 +305,7 @@ def reexec_checks(report, history, replayer, archives, count: int) -> None:
     if replayer is None:
         report.general.append(Check("re-execution", UNVERIFIABLE, "the run document is not available"))
         return
-    auditor = ReexecAuditor(replayer, archives, history.run.run_id, history.run.max_rounds)
+    auditor = ReexecAuditor(replayer, archives, history.run.run_id, history.run.max_rounds, history)
     guilty = [a for a in history.accusations if a.guilty]
     guilty_accounts = {a.accused.lower() for a in guilty}
     account_of = _peer_accounts(history)
@@ -470,14 +447,17 @@ def split_chain_evidence(envs: list, stages: int, round_index: int) -> tuple[lis
     return this, following
 
 
-def _peer_accounts(history) -> dict[str, str]:
-    """Peer id -> account of every seat the run ever had (a seat binds the member's node key)."""
+def _peer_of(node_key: bytes) -> str | None:
+    """The peer id of a seat's node key (None for a key that is not an ed25519 public key)."""
     from p2p.identity import peer_id_from_public_key
 
-    out = {}
-    for membership in history.memberships:
-        try:
-            out[peer_id_from_public_key(membership.node_key)] = membership.account
-        except (ValueError, AttributeError, TypeError):
-            continue
-    return out
+    try:
+        return peer_id_from_public_key(node_key)
+    except (ValueError, AttributeError, TypeError):
+        return None
+
+
+def _peer_accounts(history) -> dict[str, str]:
+    """Peer id -> account of every seat the run ever had (a seat binds the member's node key)."""
+    peers = ((_peer_of(membership.node_key), membership.account) for membership in history.memberships)
+    return {peer: account for peer, account in peers if peer is not None}
