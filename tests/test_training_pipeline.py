@@ -160,7 +160,7 @@ FAULT_WORKER = textwrap.dedent(
 )
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(240)
 def test_a_dead_stage_gives_a_bounded_pipeline_error(tmp_path):
     script = tmp_path / "fault.py"
     script.write_text(FAULT_WORKER)
@@ -172,7 +172,7 @@ def test_a_dead_stage_gives_a_bounded_pipeline_error(tmp_path):
         for rank in range(2)
     ]
     try:
-        outputs = [p.communicate(timeout=45)[0] for p in procs]
+        outputs = [p.communicate(timeout=200)[0] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -289,7 +289,7 @@ ENTRY_WORKER = textwrap.dedent(
 )
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(240)
 def test_a_partner_dying_at_entry_gives_a_pipeline_error_not_a_traceback(tmp_path):
     """Issue 30: the entry round's all_reduce raised gloo's RuntimeError, uncaught, when the partner died during
     entry; it is a PipelineError, which the node answers by waiting for the pipeline to re-form."""
@@ -301,7 +301,7 @@ def test_a_partner_dying_at_entry_gives_a_pipeline_error_not_a_traceback(tmp_pat
     procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(port)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
     try:
-        outputs = [p.communicate(timeout=45)[0] for p in procs]
+        outputs = [p.communicate(timeout=200)[0] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
