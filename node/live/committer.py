@@ -59,7 +59,9 @@ from node.live.verifier import SpotChecker
 from node.live.topology import committer_order
 from node.store.checkpoint import RunLayout
 from p2p.host import P2PHost
-from training.hashing import weights_root
+from node.fraudproof import record_weights_root
+from node.live.chunkstate import attested_leaf
+from node.live.prover import FraudProver
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +107,7 @@ class CommitterContext:
     progress: Progress
     spot_checks: SpotChecker
     forks: ForkRepair  # a committed record that differs from this node's: dispute, re-base
+    fraud: FraudProver | None = None  # a chunked run's: proves a committed round wrong on chain (node/live/prover.py)
 
     def on_recorded(self, outer_round: int, weights_root: bytes, committed_by_me: bool) -> None:
         self.progress.weights_root = weights_root.hex()
@@ -229,36 +232,46 @@ class Committer:
         return None
 
     def record(self, outer_round: int):
-        """(record, attestations, agreed stage hashes) of the round as this node derives it (``prev_head``
-        still zero); the record is None if attestations are missing."""
+        """(record, attestations, agreed stage hashes, agreed stage leaves) of the round as this node derives it
+        (``prev_head`` still zero; the leaves are a chunked run's, else empty); the record is None if attestations
+        are missing."""
         node = self.node
         atts = self._attestations(outer_round)
         if atts is None:
             logger.info("round %d: stopped before every stage was attested; this node will not commit it", outer_round)
-            return None, None, []
+            return None, None, [], []
         if atts is ON_CHAIN:
-            return None, ON_CHAIN, []
-        stage_hashes, stage_roots = [], []
+            return None, ON_CHAIN, [], []
+        chunked = node.cfg.diloco.chunked
+        stage_hashes, stage_roots, stage_leaves = [], [], []
         for stage in range(node.cfg.pipeline.num_stages):
             mine = atts[stage].get(node.peer_id)
-            votes = Counter((a.weights_hash, a.contributions_root) for a in atts[stage].values())
+            # A chunked run's result is also the stage leaf (its weights and momentum chunk roots, its factors:
+            # node/live/chunkstate.py); an attestation without a leaf that parses counts for nothing there.
+            results = {p: (a.weights_hash, a.contributions_root, attested_leaf(a, stage) if chunked else b"")
+                       for p, a in atts[stage].items()}
+            results = {p: r for p, r in results.items() if r[2] is not None}
+            if not results:
+                logger.warning("round %d stage %d: no attestation carries a stage leaf", outer_round, stage)
+                return None, None, [], []
+            votes = Counter(results.values())
             # Most votes, a tie to the smallest: every node that heard the same attestations takes the
             # same result, whichever of them arrived first.
             chosen = min(votes, key=lambda result: (-votes[result], result))
-            if mine is not None:
-                chosen = (mine.weights_hash, mine.contributions_root)
-                others = {(a.weights_hash, a.contributions_root) for p, a in atts[stage].items() if p != node.peer_id}
-                if others - {chosen}:
+            if mine is not None and node.peer_id in results:
+                chosen = results[node.peer_id]
+                if set(results.values()) - {chosen}:
                     logger.warning("round %d stage %d: peers attested a different result than ours", outer_round, stage)
             stage_hashes.append(chosen[0])
             stage_roots.append(chosen[1])
+            stage_leaves.append(chosen[2])
         closes = []
         for stage in range(node.cfg.pipeline.num_stages):
             close = node.coordinator.accepted(outer_round, stage) or self._close_matching(outer_round, stage,
                                                                                            stage_roots[stage])
             if close is None:
                 logger.warning("round %d stage %d: no close matching the attested root", outer_round, stage)
-                return None, None, []
+                return None, None, [], []
             closes.append((stage, close))
         leaves = [digest for _stage, close in closes for (_r, _p, digest, _s) in close.contributions]
         contributors = {peer for _stage, close in closes for (_r, peer, _d, _s) in close.contributions}
@@ -273,14 +286,14 @@ class Committer:
             run_id=node.run_id,
             round=outer_round,
             prev_head=bytes(32),  # completed once round t-1 is on chain (handle)
-            weights_root=weights_root(stage_hashes),
+            weights_root=record_weights_root(stage_hashes, stage_leaves if chunked else None),
             contributions_root=merkle_root(leaves),
             train_loss_micro=to_micro(sum(train) / len(train)) if train else 0,
             eval_loss_micro=to_micro(sum(evals) / len(evals)) if evals else 0,
             tokens=tokens,
             num_contributors=len(contributors),
         )
-        return commit, atts, stage_hashes
+        return commit, atts, stage_hashes, stage_leaves if chunked else []
 
     def _loss_reporters(self, outer_round: int, last: int, replicas: set[int], weights_hash: bytes):
         """The last-stage attestations the record's loss figures are the mean of, in peer-id order.
@@ -321,7 +334,7 @@ class Committer:
         success), so a retry after an answer lost in the outage never commits twice.
         """
         node = self.node
-        derived, atts, stage_hashes = self.record(outer_round)
+        derived, atts, stage_hashes, stage_leaves = self.record(outer_round)
         if atts is ON_CHAIN:  # committed by the others; nothing of this node's to sign or dispute
             onchain = node.chain.commit_of(node.run_id, outer_round)
             node.on_recorded(outer_round, onchain.weights_root, False)
@@ -332,7 +345,7 @@ class Committer:
             return
         checkpoint_hash = None
         if (outer_round + 1) % node.cfg.checkpoint_every == 0:
-            checkpoint_hash = self.checkpoints.assemble(outer_round, atts, stage_hashes)
+            checkpoint_hash = self.checkpoints.assemble(outer_round, atts, stage_hashes, stage_leaves)
         delay = CHAIN_RETRY_MIN_S
         while not node.stop_event.is_set():
             try:
@@ -479,6 +492,8 @@ class Committer:
             return
         onchain = node.chain.final_commit_of(node.run_id, outer_round)
         node.on_confirmed(outer_round)
+        if node.fraud is not None:  # a chunked run: a wrong committed root is proven on chain by anyone
+            node.fraud.check(outer_round, onchain, mine)
         if (onchain.weights_root, onchain.contributions_root) != (mine.weights_root, mine.contributions_root):
             # A fork: node/live/forkrepair.py disputes if our own result stood, and re-bases on the record.
             node.forks.diverged(outer_round, onchain, mine, signature)
