@@ -172,6 +172,32 @@ class AggregationProof:
             return value
         return {name: hexed(getattr(self, name)) for name in self.__dataclass_fields__}
 
+    @classmethod
+    def from_json(cls, data: dict) -> AggregationProof:
+        """The proof of its :meth:`to_json` form (a file's: LedgerInputError for anything else)."""
+        def unhexed(value):
+            if isinstance(value, str):
+                if not value.startswith("0x"):
+                    raise ValueError(f"{value[:20]!r} is not 0x-hex")
+                return bytes.fromhex(value[2:])
+            if isinstance(value, list):
+                return [unhexed(item) for item in value]
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            raise ValueError(f"unexpected {type(value).__name__}")
+        try:
+            if not isinstance(data, dict) or set(data) != set(cls.__dataclass_fields__):
+                raise ValueError("not the proof's fields")
+            fields = {name: unhexed(value) for name, value in data.items()}
+            for name in ("prev_record", "record"):
+                fields[name] = tuple(fields[name])
+            for name in ("stage", "chunk"):
+                if not isinstance(fields[name], int):
+                    raise ValueError(f"{name} is not a number")
+            return cls(**fields)
+        except (ValueError, TypeError) as exc:
+            raise LedgerInputError(f"not a fraud proof: {exc}"[:200]) from None
+
 
 def build_proof(prev_record, record, prev_stages: list[StageLeaf], committed_stages: list[StageLeaf],
                 prev: StageState, committed: StageState, chunk: int) -> AggregationProof:

@@ -51,7 +51,7 @@ from node.live.membership import Membership
 from node.live.messenger import Messenger
 from node.live.onchain import NodeChain
 from node.live.pacing import CommitPace
-from node.live.prover import FraudProver
+from node.live.prover import PROOFS_DIR, FraudProver
 from node.live.replica import ReplicaWorker, warm_up_imports
 from node.live.resume import RestartRecovery
 from node.live.roundbook import RoundBook
@@ -259,7 +259,8 @@ class NodeParts:
         self.chunked = ChunkedStates(cfg=cfg, host=host, layout=self.layout, config_hash=self.config_hash) \
             if cfg.diloco.chunked else None
         fraud = FraudProver(run_id=self.run_id, chain=chain, book=self.book, states=self.chunked,
-                            stages=self.station.held_stages, num_stages=cfg.pipeline.num_stages, stop=self.stop) \
+                            stages=self.station.held_stages, num_stages=cfg.pipeline.num_stages, stop=self.stop,
+                            proofs_dir=self.data_dir / PROOFS_DIR) \
             if self.chunked is not None else None
         self.committer = self.kinds.committer(CommitterContext(
             cfg=cfg, run_id=self.run_id, peer_id=self.peer_id, book=self.book, chain=chain, host=host,

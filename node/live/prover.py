@@ -27,14 +27,17 @@ missing input costs only the proof.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ledger.chunkproof import WEIGHTS, StageLeaf, StageState, availability_target
 from ledger.errors import LedgerError, ProverChallengeNotDue
 from ledger.records import RoundRecord
 from node.errors import DLX_ERRORS
+from node.fsutil import atomic_write_bytes
 from node.fraudproof import parse_stage_leaf, proof_of_difference, record_weights_root
 from node.live.chunkstate import ChunkedStates, attested_leaf
 from node.live.onchain import NodeChain
@@ -46,6 +49,8 @@ logger = logging.getLogger(__name__)
 MAX_COMBINATIONS = 256
 #: Committed stage leaves remembered per round (round t's proof needs round t - 1's).
 ROUNDS_REMEMBERED = 8
+#: Where a node keeps the proofs it sent, under its data dir (``audit --archive`` reads them).
+PROOFS_DIR = "proofs"
 #: How often a pending availability challenge is tried for settlement.
 EXPIRE_EVERY_S = 5.0
 
@@ -64,7 +69,7 @@ class FraudProver:
     """Checks committed rounds of a chunked run and proves wrong ones (module docstring)."""
 
     def __init__(self, *, run_id: int, chain: NodeChain, book: RoundBook, states: ChunkedStates, stages,
-                 num_stages: int, stop: threading.Event) -> None:
+                 num_stages: int, stop: threading.Event, proofs_dir: Path | None = None) -> None:
         self.run_id = run_id
         self.chain = chain
         self.book = book
@@ -72,6 +77,7 @@ class FraudProver:
         self.stages = stages  # callable: the stages this node holds
         self.num_stages = num_stages
         self.stop = stop
+        self.proofs_dir = proofs_dir  # where each proof sent is kept (PROOFS_DIR of the node's data dir)
         self.log = ProverLog()
         self._committed: dict[int, list[bytes]] = {}  # round -> committed stage leaves
         self._pending: dict[bytes, int] = {}  # challenge id -> round
@@ -163,12 +169,24 @@ class FraudProver:
         attesters = self.chain.attesters_of(self.run_id, outer_round)
         logger.error("round %d stage %d: the committed weights root is wrong at %s; sending the fraud proof",
                      outer_round, stage, why)
+        self._keep(outer_round, stage, proof, attesters)
         receipt = self.chain.prove_wrong_aggregation(proof, attesters)
         self.log.proofs[outer_round] = str(_tx_of(receipt))
         logger.error("round %d: proven wrong on chain (stage %d, %s; tx %s): the round and every later one are "
                      "invalid, its %d attester(s) slashed", outer_round, stage, why, self.log.proofs[outer_round],
                      len(attesters or ()))
         return True
+
+    def _keep(self, outer_round: int, stage: int, proof, attesters) -> None:
+        """Keep the proof in the node's evidence (``audit --archive`` shows it and checks it on chain)."""
+        if self.proofs_dir is None:
+            return
+        document = {"proof": proof.to_json(), "attesters": list(attesters or ())}
+        try:
+            atomic_write_bytes(self.proofs_dir / f"round-{outer_round:08d}-stage{stage}.json",
+                               json.dumps(document, sort_keys=True).encode())
+        except OSError as exc:
+            logger.warning("round %d: the fraud proof was not kept on disk: %s", outer_round, exc)
 
     def _challenge(self, outer_round: int, stage: int, record: RoundRecord, stages: list[StageLeaf],
                    own: StageState) -> bool:
