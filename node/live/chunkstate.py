@@ -141,7 +141,7 @@ class ChunkedStates:
             try:
                 data = self.host.fetch_alias(key, peer, limit, timeout=min(60.0, self.cfg.round_timeout))
                 shard = parse_checkpoint(data)
-            except DLX_ERRORS as exc:
+            except (*DLX_ERRORS, ValueError) as exc:  # ValueError: not a peer id
                 logger.info("round %d stage %d: committed state not had from %s: %s", outer_round, stage,
                             peer[-8:], exc)
                 continue

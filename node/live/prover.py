@@ -115,7 +115,7 @@ class FraudProver:
             self._check(outer_round, onchain, mine)
         except DLX_ERRORS as exc:
             self._unprovable(outer_round, f"the proof failed: {type(exc).__name__}: {exc}")
-        self._settle_pending()
+        self.settle_challenges()
 
     def _check(self, outer_round: int, onchain: RoundRecord, mine: RoundRecord | None) -> None:
         committed = self.committed_leaves(outer_round, onchain)
@@ -127,6 +127,11 @@ class FraudProver:
             return
         if committed is None:
             self._unprovable(outer_round, "no attested stage leaves heard here give the committed weights root")
+            return
+        invalid = self.chain.invalid_from(self.run_id)
+        if invalid is not None and invalid <= outer_round:
+            self._unprovable(outer_round, f"already invalid on chain: round {invalid} and every later one were "
+                                          "overturned")
             return
         if outer_round == 0:
             self._unprovable(outer_round, "round 0 has no committed round before it to recompute from")
@@ -206,12 +211,12 @@ class FraudProver:
     # -- availability challenges ---------------------------------------------------------------
     def _expire_loop(self) -> None:
         while not self.stop.wait(EXPIRE_EVERY_S):
-            if not self._settle_pending():
+            if not self.settle_challenges():
                 return
 
-    def _settle_pending(self) -> bool:
-        """Settle every pending challenge that is due: answered ones are dropped, unanswered ones expired.
-        Whether some are still pending."""
+    def settle_challenges(self) -> bool:
+        """Settle every pending challenge that is due: answered ones are dropped, unanswered ones expired (also
+        done every EXPIRE_EVERY_S on a thread while any is pending). Whether some are still pending."""
         with self._lock:
             pending = dict(self._pending)
         for challenge_id, outer_round in pending.items():
