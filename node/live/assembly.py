@@ -34,7 +34,8 @@ from node.config import NodeConfig
 from node.errors import NotRegistered
 from node.fsutil import atomic_write_bytes
 from node.live.chunkstate import ChunkedStates
-from node.live.committer import Committer, CommitterContext, RecordSigners
+from node.live.committer import Committer, CommitterContext
+from node.live.readback import RecordSigners
 from node.live.contributor import Contributor
 from node.live.coordination import RoundCoordinator, RoundStopped
 from node.live.ending import RunEnd
