@@ -238,8 +238,10 @@ def first_difference(mine: StageState, committed: StageState) -> int | None:
     return None
 
 
-#: ``which`` of a data-availability challenge: the new weights, the new momentum, or ``PAYLOAD + j``.
+#: ``which`` of a data-availability challenge: the new weights, the new momentum, or ``PAYLOAD + j``; or the stage
+#: leaf itself (``AggregationProver.STAGE_LEAF``: a record whose root has no stage leaves behind it).
 WEIGHTS, MOMENTUM, PAYLOAD = 0, 1, 2
+STAGE_LEAF = 2**256 - 1
 
 
 def availability_target(record, stage_leaves: list[StageLeaf], factors: Factors, stage: int, which: int,
@@ -248,6 +250,18 @@ def availability_target(record, stage_leaves: list[StageLeaf], factors: Factors,
     (:data:`WEIGHTS`, :data:`MOMENTUM`, ``PAYLOAD + j``) of ``stage`` in the committed ``record``."""
     leaves = [leaf.encode() for leaf in stage_leaves]
     return (record.fields(), stage, leaves[stage], tree_path(leaves, stage), factors.encode(), which, chunk)
+
+
+def stage_leaf_target(record, stage: int) -> tuple:
+    """The ``Target`` of a challenge of stage ``stage``'s leaf under the committed ``record``'s weights root (one
+    whose preimage nobody showed: the challenger knows no stage leaf, path or factors)."""
+    return (record.fields(), stage, b"", [], b"", STAGE_LEAF, stage)
+
+
+def stage_leaf_answer(stage_leaves: list[StageLeaf], stage: int) -> tuple[bytes, list[bytes]]:
+    """``(leaf, path)`` that answers a challenge of stage ``stage``'s leaf: the committed stage leaves' own."""
+    leaves = [leaf.encode() for leaf in stage_leaves]
+    return leaves[stage], tree_path(leaves, stage)
 
 
 def availability_answer(state: StageState, which: int, chunk: int) -> tuple[bytes, list[bytes]]:

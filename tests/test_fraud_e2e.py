@@ -6,7 +6,7 @@ attest it, sign one record and commit it with their two signatures: the whole qu
 and outside the quorum, derives another weights root, fetches the state the colluders published under their
 stage leaf, finds the chunk and sends ``proveWrongAggregation`` itself: the round and every later one become
 invalid, both colluders are slashed, the honest member is paid half of the slash, and ``pull`` refuses the
-round. The in-process tier (no node processes, the same parts) is tests/test_fraud_live.py.
+round, and ``audit`` prints the proof (checked on chain) and says the round is already proven. The in-process tier (no node processes, the same parts) is tests/test_fraud_live.py.
 """
 
 from __future__ import annotations
@@ -20,11 +20,21 @@ from eth_utils import keccak
 
 from ledger.account import dev_account
 from node.errors import RoundDisputed
+from node.tools.audit import audit_run
 from node.tools.pull import pull_checkpoint
+from node.tools.report import OK
 from tests.node_fixtures import TINY, run_logs
 
 ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py"), "collude-root"]
 STAKE = 10**18
+
+
+def _proof_item(report):
+    verdict = next(r for r in report.rounds if r.round == 1)
+    item = next((c for c in verdict.checks if c.name == "fraud proof"), None)
+    assert item is not None and item.status == OK and "already proven on chain" in item.reason, verdict.checks
+    assert any(note.startswith("fraud proof (proveWrongAggregation's argument): {") for note in verdict.notes)
+    return item
 
 
 def _logs(slots) -> str:
@@ -66,6 +76,13 @@ def test_one_honest_member_alone_overturns_a_colluding_quorum(make_run, tmp_path
     assert len(rewards) == 1
     assert "0x" + bytes(rewards[0]["topics"][3])[-20:].hex() == honest_account.lower()
     assert int.from_bytes(bytes(rewards[0]["data"]), "big") == len(colluders) * STAKE // 2
+    # audit prints the proof it would submit, checked on chain (isWrong), and says the round is proven already:
+    # its own (its replay, and round 1's checkpoint the colluders published), or the one the honest node kept.
+    own = _proof_item(audit_run(client, run.run_id, archives=[honest.data_dir / "archive",
+                                                                *[slot.data_dir for slot in colluders]]))
+    assert "built from the replay and the round's checkpoint" in own.reason, own
+    kept = _proof_item(audit_run(client, run.run_id, archives=[honest.data_dir]))
+    assert "kept by a node's prover" in kept.reason or "built from the replay" in kept.reason, kept
     # pull refuses the proven round (and what descends from it); round 0 still pulls.
     with pytest.raises(RoundDisputed, match="fraud proof"):
         pull_checkpoint(client, run.run_id, tmp_path / "pulled1", round_index=1, archives=[honest.data_dir],

@@ -4,8 +4,10 @@ node's own parts (node/live/chunkstate.py, node/live/prover.py, node/live/onchai
 
 Members 1 and 2 (the quorum) collude: they commit round 1 with one element of stage 0 changed. Member 3, honest
 and outside the quorum, alone gets the round invalidated, the attesters slashed and itself paid; or, when the
-colluders withhold their state, challenges its availability and settles the challenge unanswered. A right
-round, committed factors other than its own and a malformed attested leaf send nothing.
+colluders withhold their state, challenges its availability and settles the challenge unanswered; or, for a
+back door (a root with no stage leaves behind it), challenges a stage leaf itself. A right round, committed
+factors other than its own and a malformed attested leaf send nothing, and a right round's challenges are
+answered (node/live/answerer.py).
 """
 
 from __future__ import annotations
@@ -228,3 +230,57 @@ def test_a_chunked_runs_checkpoint_is_verified_by_its_stage_leaves(world):
     doctored = {**states, 0: (world.weights, {n: t + 1 for n, t in world.momentum.items()})}
     assert any("not the chunks" in p for p in checkpoint_problems(build_checkpoint(layout, 4, doctored, leaves),
                                                                  layout, 4, root))
+
+
+def test_a_back_door_root_is_challenged_for_its_stage_leaf_and_falls_unanswered(world, tmp_path):
+    """The colluders commit a weights root with no stage leaves behind it: nobody can open a chunk of it, so the
+    honest node challenges them to publish a stage leaf itself; nobody can, and the round falls."""
+    colluder_host, prover_host = world.hosts
+    honest = _states(world, prover_host)
+    own_leaf = _record(world, honest, world.aggregation.new_global)
+    deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, own_leaf, own_leaf,
+                                                           colluder_host.peer_id)
+    door = dataclasses.replace(run.next_record(), weights_root=digest("back door"))
+    run.client(1).commit_round(door, run.sign(door, COLLUDERS))
+    prover.check(2, door, dataclasses.replace(door, weights_root=mine_record.weights_root))
+    assert set(prover.log.challenges) == {2} and "no attested stage leaves" in prover.log.unprovable[2]
+    client = deployment.client(PROVER)
+    mine(deployment.w3, client._run_struct(run.run_id)["accusationBlocks"])
+    assert not prover.settle_challenges()
+    assert set(prover.log.expired) == {2} and client.invalid_from(run.run_id) == 2
+    for index in COLLUDERS:
+        assert client.member(run.run_id, deployment.client(index).address).status == "slashed"
+    prover.stop.set()
+
+
+def test_the_challenges_of_a_right_round_are_answered_and_it_stands(world, tmp_path):
+    """A griefer challenges a right round (a weights chunk, a payload piece, the stage leaf): every honest node
+    answers from what it holds, the griefer's bonds are forfeited and the round is never invalidated."""
+    from ledger.chunkproof import PAYLOAD, STAGE_LEAF, WEIGHTS, availability_target, stage_leaf_target
+    from ledger.errors import ProverChallengeSettled
+    from node.live.answerer import ChallengeAnswerer
+
+    colluder_host, prover_host = world.hosts
+    honest = _states(world, prover_host)
+    own_leaf = _record(world, honest, world.aggregation.new_global)
+    deployment, run, records, prover, _mine = _setup(world, tmp_path, honest, own_leaf, own_leaf,
+                                                     colluder_host.peer_id)
+    griefer = deployment.client(6)
+    leaves = [StageLeaf.decode(own_leaf), world.other.leaf()]
+    factors = honest.state(1, 0).factors
+    targets = [availability_target(records[1], leaves, factors, 0, WEIGHTS, 2),
+               availability_target(records[1], leaves, factors, 0, PAYLOAD + 1, 0),
+               stage_leaf_target(records[1], 1)]
+    challenges = [griefer.challenge_availability(target) for target in targets]
+    answerer = ChallengeAnswerer(run_id=run.run_id, chain=prover.chain, states=honest, prover=prover,
+                                 stop=threading.Event())
+    answerer.poll()
+    assert all(answerer.answered[c].startswith("answered") for c in challenges), answerer.answered
+    answerer.poll()  # seen again: nothing sent twice
+    mine(deployment.w3, griefer._run_struct(run.run_id)["accusationBlocks"])
+    for challenge in challenges:
+        assert griefer.challenge_of(challenge)["settled"]
+        with pytest.raises(ProverChallengeSettled):
+            griefer.expire_challenge(challenge)
+    assert griefer.invalid_from(run.run_id) is None
+    assert STAGE_LEAF == deployment.client(PROVER)._sender.call(deployment.client(PROVER)._prover, "STAGE_LEAF")

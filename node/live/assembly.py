@@ -33,6 +33,7 @@ from node import protocol as msg
 from node.config import NodeConfig
 from node.errors import NotRegistered
 from node.fsutil import atomic_write_bytes
+from node.live.answerer import ChallengeAnswerer
 from node.live.chunkstate import ChunkedStates
 from node.live.committer import Committer, CommitterContext
 from node.live.readback import RecordSigners
@@ -281,6 +282,9 @@ class NodeParts:
                                keep_for_sync=functools.partial(inbox.keep_for_sync, own_peer_id=host.peer_id))
         self._spawn(functools.partial(inbox.run, queue, self.stop), "gossip")
         self._spawn(self.heartbeat.run, "heartbeat")
+        if fraud is not None:  # a chunked run: answer the availability challenges of its right rounds
+            self._spawn(ChallengeAnswerer(run_id=self.run_id, chain=chain, states=self.chunked, prover=fraud,
+                                          stop=self.stop).run, "challenges")
         self._meet_peers()
         self.startup.mark("peers met")
 

@@ -15,7 +15,10 @@ committed leaf differs from its own, the node
    this node half of the slash;
 3. if no attester serves the committed state (withheld), challenges the committers on chain to publish its
    first weights chunk (``challengeAvailability``, the run's bond) and, once the answer window has passed
-   unanswered, settles the challenge (``expireChallenge``): the round is then invalidated the same way.
+   unanswered, settles the challenge (``expireChallenge``): the round is then invalidated the same way; if no
+   attested stage leaves give the committed root at all (a back door: a root with nothing behind it), it
+   challenges them to publish a stage leaf itself (``STAGE_LEAF``), which nobody can answer for a back door.
+   Right rounds' challenges are answered by every node (node/live/answerer.py).
 
 What it cannot prove it says in the log and leaves to the dispute (node/live/forkrepair.py): a round whose
 contributions root differs (another set of contributions), committed factors other than its own (another
@@ -33,7 +36,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ledger.chunkproof import WEIGHTS, StageLeaf, StageState, availability_target
+from ledger.chunkproof import WEIGHTS, StageLeaf, StageState, availability_target, stage_leaf_target
 from ledger.errors import LedgerError, ProverChallengeNotDue
 from ledger.records import RoundRecord
 from node.errors import DLX_ERRORS
@@ -125,8 +128,9 @@ class FraudProver:
             self._unprovable(outer_round, "the committed contributions are not the ones this node aggregated "
                                           "(a dispute's matter, not a chunk's)")
             return
-        if committed is None:
+        if committed is None:  # a back door, or leaves nobody attested to this node: make them show the leaves
             self._unprovable(outer_round, "no attested stage leaves heard here give the committed weights root")
+            self._challenge_stage_leaf(outer_round, onchain)
             return
         invalid = self.chain.invalid_from(self.run_id)
         if invalid is not None and invalid <= outer_round:
@@ -199,14 +203,24 @@ class FraudProver:
         target = availability_target(record, stages, own.factors, stage, WEIGHTS, 0)
         logger.error("round %d stage %d: the committed state is withheld by its attesters; challenging its "
                      "availability on chain", outer_round, stage)
-        challenge_id = self.chain.challenge_availability(target)
+        self._open(outer_round, self.chain.challenge_availability(target))
+        return True
+
+    def _challenge_stage_leaf(self, outer_round: int, record: RoundRecord) -> None:
+        """Challenge the committers to publish the leaf of the first stage this node holds under the record's root:
+        a root with no stage leaves behind it (a back door) cannot be answered, and the round falls."""
+        stage = min(self.stages(), default=0)
+        logger.error("round %d: no attested stage leaves give the committed weights root; challenging the committers "
+                     "to publish stage %d's leaf on chain", outer_round, stage)
+        self._open(outer_round, self.chain.challenge_availability(stage_leaf_target(record, stage)))
+
+    def _open(self, outer_round: int, challenge_id: bytes) -> None:
         self.log.challenges[outer_round] = challenge_id
         with self._lock:
             self._pending[challenge_id] = outer_round
             if self._expirer is None or not self._expirer.is_alive():
                 self._expirer = threading.Thread(target=self._expire_loop, name="fraud-expirer", daemon=True)
                 self._expirer.start()
-        return True
 
     # -- availability challenges ---------------------------------------------------------------
     def _expire_loop(self) -> None:
