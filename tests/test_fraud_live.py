@@ -46,7 +46,7 @@ PROVER, COLLUDERS = 3, (1, 2)
 class WithholdingStates(ChunkedStates):
     """A committer that publishes nothing of its state (the prover must challenge it on chain)."""
 
-    def _publish(self, outer_round, stage, leaf, weights, momentum) -> None:
+    def publish(self, outer_round, stage, leaf, weights, momentum) -> None:
         return None
 
 

@@ -85,10 +85,11 @@ class ChunkedStates:
         leaf = state.leaf().encode()
         with self._lock:
             self._states.setdefault(outer_round, {})[stage] = state
-        self._publish(outer_round, stage, leaf, weights, momentum)
+        self.publish(outer_round, stage, leaf, weights, momentum)
         return leaf
 
-    def _publish(self, outer_round: int, stage: int, leaf: bytes, weights: dict, momentum: dict) -> None:
+    def publish(self, outer_round: int, stage: int, leaf: bytes, weights: dict, momentum: dict) -> None:
+        """Serve the stage's state (a stage shard) under ``state_key(leaf)`` (module docstring)."""
         shard = Checkpoint(self.layout.run_id, outer_round, dict(self.layout.model_config), self.config_hash, {},
                            weights, momentum)
         try:
