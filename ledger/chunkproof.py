@@ -172,6 +172,32 @@ class AggregationProof:
             return value
         return {name: hexed(getattr(self, name)) for name in self.__dataclass_fields__}
 
+    @classmethod
+    def from_json(cls, data: dict) -> AggregationProof:
+        """The proof of its :meth:`to_json` form (a file's: LedgerInputError for anything else)."""
+        def unhexed(value):
+            if isinstance(value, str):
+                if not value.startswith("0x"):
+                    raise ValueError(f"{value[:20]!r} is not 0x-hex")
+                return bytes.fromhex(value[2:])
+            if isinstance(value, list):
+                return [unhexed(item) for item in value]
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            raise ValueError(f"unexpected {type(value).__name__}")
+        try:
+            if not isinstance(data, dict) or set(data) != set(cls.__dataclass_fields__):
+                raise ValueError("not the proof's fields")
+            fields = {name: unhexed(value) for name, value in data.items()}
+            for name in ("prev_record", "record"):
+                fields[name] = tuple(fields[name])
+            for name in ("stage", "chunk"):
+                if not isinstance(fields[name], int):
+                    raise ValueError(f"{name} is not a number")
+            return cls(**fields)
+        except (ValueError, TypeError) as exc:
+            raise LedgerInputError(f"not a fraud proof: {exc}"[:200]) from None
+
 
 def build_proof(prev_record, record, prev_stages: list[StageLeaf], committed_stages: list[StageLeaf],
                 prev: StageState, committed: StageState, chunk: int) -> AggregationProof:
@@ -212,8 +238,10 @@ def first_difference(mine: StageState, committed: StageState) -> int | None:
     return None
 
 
-#: ``which`` of a data-availability challenge: the new weights, the new momentum, or ``PAYLOAD + j``.
+#: ``which`` of a data-availability challenge: the new weights, the new momentum, or ``PAYLOAD + j``; or the stage
+#: leaf itself (``AggregationProver.STAGE_LEAF``: a record whose root has no stage leaves behind it).
 WEIGHTS, MOMENTUM, PAYLOAD = 0, 1, 2
+STAGE_LEAF = 2**256 - 1
 
 
 def availability_target(record, stage_leaves: list[StageLeaf], factors: Factors, stage: int, which: int,
@@ -222,6 +250,18 @@ def availability_target(record, stage_leaves: list[StageLeaf], factors: Factors,
     (:data:`WEIGHTS`, :data:`MOMENTUM`, ``PAYLOAD + j``) of ``stage`` in the committed ``record``."""
     leaves = [leaf.encode() for leaf in stage_leaves]
     return (record.fields(), stage, leaves[stage], tree_path(leaves, stage), factors.encode(), which, chunk)
+
+
+def stage_leaf_target(record, stage: int) -> tuple:
+    """The ``Target`` of a challenge of stage ``stage``'s leaf under the committed ``record``'s weights root (one
+    whose preimage nobody showed: the challenger knows no stage leaf, path or factors)."""
+    return (record.fields(), stage, b"", [], b"", STAGE_LEAF, stage)
+
+
+def stage_leaf_answer(stage_leaves: list[StageLeaf], stage: int) -> tuple[bytes, list[bytes]]:
+    """``(leaf, path)`` that answers a challenge of stage ``stage``'s leaf: the committed stage leaves' own."""
+    leaves = [leaf.encode() for leaf in stage_leaves]
+    return leaves[stage], tree_path(leaves, stage)
 
 
 def availability_answer(state: StageState, which: int, chunk: int) -> tuple[bytes, list[bytes]]:

@@ -96,6 +96,23 @@ class ProofCalls:
         return self._sender.transact(self._prover, "expireChallenge",
                                      (challenge_id, [to_checksum_address(a) for a in attesters]), "expireChallenge")
 
+    def availability_challenges(self, run_id: int, from_block: int | None = None) -> list[dict]:
+        """The availability challenges of ``run_id`` opened from ``from_block`` on (default: the client's
+        ``from_block``), in chain order: ``AvailabilityChallenged``'s fields by name (what a member answers)."""
+        from ledger.events import EventDecoder, scan_logs, topic_uint
+
+        decoder = EventDecoder(contracts.artifact("AggregationProver")["abi"])
+        logs = scan_logs(self.w3, self.prover_address, [decoder.topic("AvailabilityChallenged"), None,
+                                                        topic_uint(run_id)],
+                         self.from_block if from_block is None else from_block, self._block_number(),
+                         self.log_page_blocks, self._sender.rpc)
+        found = []
+        for log in logs:
+            event = decoder.decode(log)
+            if event is not None:
+                found.append({**event.args, "block": event.block_number})
+        return found
+
     def challenge_of(self, challenge_id: bytes) -> dict:
         """A challenge's state by field name (a zero challenger: none)."""
         names = ("challenger", "deadline", "numChunks", "settled", "round", "chunk", "root", "runId", "bond")

@@ -12,11 +12,35 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ledger.chunkproof import Factors, StageState, build_proof, first_difference, tree_root
+from ledger.chunkproof import (Factors, StageLeaf, StageState, build_proof, chunked_weights_root, first_difference,
+                               tree_root)
+from ledger.errors import LedgerInputError
 from training.chunks import float32_bits, float64_bits, payload_leaves, tensor_leaves
 from training.config import DilocoConfig
 from training.diloco import Aggregation
+from training.hashing import weights_root as hashed_weights_root
+from training.robust import ContributionReport
 from training.schedule import outer_lr, outer_momentum
+
+
+def parse_stage_leaf(data: bytes, stage: int) -> StageLeaf:
+    """The stage leaf ``data`` (an attestation's or a checkpoint's) of stage ``stage``, or LedgerInputError."""
+    try:
+        leaf = StageLeaf.decode(bytes(data))
+    except Exception as exc:  # eth_abi's decoding errors share no base class with ours
+        raise LedgerInputError(f"stage leaf of stage {stage} does not decode: {type(exc).__name__}") from None
+    if leaf.stage != stage or leaf.encode() != bytes(data):
+        raise LedgerInputError(f"stage leaf names stage {leaf.stage} (or is not canonical), not stage {stage}")
+    return leaf
+
+
+def record_weights_root(stage_hashes: Sequence[bytes], stage_leaves: Sequence[bytes] | None) -> bytes:
+    """The record's ``weightsRoot`` of a round: version 1 over the stage weight hashes (``stage_leaves`` None,
+    a hashed run), version 2 over the stage leaves (a chunked run: docs/FRAUD_PROOF.md). LedgerInputError for
+    a stage leaf that does not parse."""
+    if stage_leaves is None:
+        return hashed_weights_root(list(stage_hashes))
+    return chunked_weights_root([parse_stage_leaf(leaf, stage) for stage, leaf in enumerate(stage_leaves)])
 
 
 def round_factors_bits(diloco_cfg: DilocoConfig, outer_round: int) -> tuple[int, int]:
@@ -45,15 +69,31 @@ def stage_state(
     of its bytes (tests, simulations). ``decode_args``: as the aggregation decoded (stage_index, outer_round,
     refuse_raw).
     """
-    shapes = {name: tuple(value.shape) for name, value in aggregation.new_global.items()}
+    return stage_state_of(stage, aggregation.new_global, aggregation.new_momentum, aggregation.contributions,
+                          contributions, diloco_cfg, outer_round, envelopes=envelopes, decode_args=decode_args)
+
+
+def stage_state_of(
+    stage: int,
+    new_global: Mapping[str, torch.Tensor],
+    new_momentum: Mapping[str, torch.Tensor],
+    reports: Sequence[ContributionReport],
+    contributions: Sequence[bytes],
+    diloco_cfg: DilocoConfig,
+    outer_round: int,
+    *,
+    envelopes: Sequence[bytes] | None = None,
+    decode_args: Mapping | None = None,
+) -> StageState:
+    """:func:`stage_state` of a round applied elsewhere (a node's engine): its new state and its reports."""
+    shapes = {name: tuple(value.shape) for name, value in new_global.items()}
     envelopes = list(envelopes) if envelopes is not None else [hashlib.sha256(c).digest() for c in contributions]
-    accepted = [report for report in aggregation.contributions if report.accepted]
+    accepted = [report for report in reports if report.accepted]
     pieces = [payload_leaves(contributions[r.index], shapes, **dict(decode_args or {})) for r in accepted]
     lr, mu = round_factors_bits(diloco_cfg, outer_round)
     factors = Factors(lr, mu, bool(diloco_cfg.nesterov), tuple(envelopes[r.index] for r in accepted),
                       tuple(tree_root(leaves) for leaves in pieces), tuple(float64_bits(r.scale) for r in accepted))
-    return StageState(stage, tensor_leaves(aggregation.new_global), tensor_leaves(aggregation.new_momentum),
-                      factors, pieces)
+    return StageState(stage, tensor_leaves(new_global), tensor_leaves(new_momentum), factors, pieces)
 
 
 def proof_of_difference(prev_record, record, prev_stages, committed_stages, prev: StageState, mine: StageState,

@@ -38,6 +38,8 @@ def run_topic(run_id: int) -> str:
     return f"/dlx/run/{run_id}/v1"
 
 MAX_GOSSIP_PAYLOAD = 64 * 1024
+#: An attestation's ``stage_leaf``: ledger.chunkproof.StageLeaf's ABI encoding (five 32-byte words).
+STAGE_LEAF_BYTES = 160
 
 
 class ProtocolError(NodeError):
@@ -96,6 +98,9 @@ class Attestation:
     tokens: int  # tokens this replica trained in the round
     shard_hash: bytes  # sha256 of the checkpoint shard of this stage (b"" if not a checkpoint round)
     checkpoint_hash: bytes  # sha256 of the assembled checkpoint (b"" if not known yet)
+    # A chunked run's (diloco.commitments, issue 43): the stage's leaf of the record's version-2 weights root
+    # (ledger.chunkproof.StageLeaf, 160 bytes). Empty, and absent from the wire, in a hashed run.
+    stage_leaf: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -208,7 +213,7 @@ _TYPES = {HELLO: Hello, ANNOUNCE: Announce, CLOSE: Close, ATTESTATION: Attestati
 
 
 #: Fields a payload may leave out (then their default): each absent from the wire when empty.
-_OPTIONAL = {Close: ("steps",)}
+_OPTIONAL = {Close: ("steps",), Attestation: ("stage_leaf",)}
 
 
 def encode_payload(message: Any) -> bytes:
@@ -338,6 +343,8 @@ def _validate(message: Any) -> None:
         for name in ("shard_hash", "checkpoint_hash"):
             if len(getattr(message, name)) not in (0, 32):
                 raise ProtocolError(f"attestation.{name} must be empty or 32 bytes")
+        if len(message.stage_leaf) not in (0, STAGE_LEAF_BYTES):
+            raise ProtocolError(f"attestation.stage_leaf must be empty or {STAGE_LEAF_BYTES} bytes")
         for name in ("num_contributions", "tokens"):  # the record's ranges (RecordSignature)
             if not 0 <= getattr(message, name) < 1 << 64:
                 raise ProtocolError(f"attestation.{name} must be in [0, 2^64)")

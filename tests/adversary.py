@@ -74,6 +74,10 @@ chain) is the real node's. Attacks:
 - ``other-platform``: trains honestly, but every start state it binds claims another CPU model
   (:data:`OTHER_PLATFORM_CPU`) than the platform it declared when it joined: without the declared-platform
   rule a verifier would judge it by the cross-platform tolerance, where it passes (issue 42).
+- ``collude-root``: a member of a colluding quorum (issue 43): in round 1 it changes one element of its
+  stage's new weights by one ulp (every colluder the same element, so they attest and sign one record) and
+  goes on from that state, attesting it and publishing it as its own (node/live/chunkstate.py). In a
+  chunked run one honest member outside the quorum must prove the round wrong on chain by itself.
 - ``takeover``: a coalition member (issue 41, attack 1; ``DLX_COALITION`` names the coalition,
   ``DLX_COALITION_DIR`` is where its members share signatures): it commits every round it can with
   the fewest honest signatures the quorum needs, then tries to eject the honest members it left
@@ -95,7 +99,7 @@ CONTRIBUTION_ATTACKS = ("huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "
 ATTACKS = ("malformed-payload", *CONTRIBUTION_ATTACKS, "copy", "late", "empty-close", "duplicate-close",
            "equivocating-close", "censoring-close", "phantom-close", "absurd-hello", "forge-state",
            "diverge-once", "diverge-late", "diverge-slow-verdict", "fork-close", "doctored-shard", "takeover",
-           "over-declare", "other-platform")
+           "over-declare", "other-platform", "collude-root")
 #: The CPU model ``other-platform`` claims in its start states (tests/test_reexec_e2e.py looks for it).
 OTHER_PLATFORM_CPU = "Claimed Other CPU @ 9.99GHz"
 
@@ -226,6 +230,34 @@ def diverging_once(left_out: int = 1):
             return super().apply(stage, outer_round, contributions, excluded=excluded, prepared=prepared)
 
     return {"worker": DivergingWorker}
+
+
+#: The round whose weights ``collude-root`` changes (round 0 has no committed round before it to prove from).
+COLLUDED_ROUND = 1
+
+
+def colluding_root():
+    import torch
+
+    from node.live.replica import ReplicaWorker
+    from training.hashing import stage_weights_hash
+
+    class ColludingWorker(ReplicaWorker):
+        def apply(self, stage, outer_round, contributions, excluded=None, prepared=None):
+            result = super().apply(stage, outer_round, contributions, excluded=excluded, prepared=prepared)
+            if outer_round != COLLUDED_ROUND:
+                return result
+            engine = self.engines[stage]
+            name = sorted(engine.global_weights)[0]
+            tensor = engine.global_weights[name].clone()
+            flat = tensor.view(-1)
+            flat[0] = torch.nextafter(flat[0], flat[0] + 1)
+            engine.global_weights = {**engine.global_weights, name: tensor}
+            logger.warning("adversary: round %d stage %d: element 0 of %s changed by one ulp", outer_round, stage,
+                           name)
+            return dataclasses.replace(result, weights_hash=stage_weights_hash(engine.global_weights))
+
+    return {"worker": ColludingWorker}
 
 
 def diverging_late():
@@ -572,7 +604,8 @@ def attack_parts(attack: str) -> dict:
             "forge-state": forged_start_state, "diverge-once": diverging_once, "diverge-late": diverging_late,
             "diverge-slow-verdict": diverging_slow_verdict, "fork-close": forking_close,
             "doctored-shard": doctored_shard, "takeover": takeover, "over-declare": over_declaring,
-            "other-platform": claiming_another_platform}[attack]()
+            "other-platform": claiming_another_platform,
+            "collude-root": colluding_root}[attack]()
 
 
 def run_with(parts: dict) -> int:

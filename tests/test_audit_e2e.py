@@ -31,6 +31,7 @@ from ledger.client import LedgerClient
 from ledger.merkle import merkle_root
 from ledger.errors import LedgerNotMember
 from ledger.records import RoundRecord
+from node import protocol as msg
 from node.cli import exit_code_for
 from node.commands.launcher import LocalRun
 from node.errors import NodeError, RunDocumentMissing
@@ -46,6 +47,7 @@ from node.tools.audit import (
     audit_run,
     run_audit,
 )
+from node.tools.audit_replay import Replayer
 from node.tools.evidence import PeerFetcher
 from node.tools.pull import NoCheckpoint, PullRefused, pull_checkpoint, run_pull
 from p2p.envelope import Envelope, decode_envelope
@@ -372,6 +374,10 @@ def test_an_outsider_cannot_commit_and_a_quorum_signed_lie_is_caught_naming_its_
     target.mkdir(parents=True)
     shutil.copy(source / "run.json", target / "run.json")
     outsider = LedgerClient(client.w3, dev_account(7, client.chain_id), run.registry, run.ledger)
+    # A chunked run's weights root binds the contributions' envelope digests (docs/FRAUD_PROOF.md): run 2's true
+    # roots are replayed from its re-signed envelopes (the same payloads, so the same weights).
+    replayer = Replayer(json.loads((source / "run.json").read_bytes()))
+    replayer.start_from_initial()
     for record in history.commits:
         round_index = record.commit.round
         manifest = json.loads((source / f"round-{round_index:08d}" / "round.json").read_text())
@@ -396,7 +402,15 @@ def test_an_outsider_cannot_commit_and_a_quorum_signed_lie_is_caught_naming_its_
         (target / f"round-{round_index:08d}" / "round.json").write_text(
             json.dumps({"round": round_index, "contributions": entries})
         )
-        weights_root = record.commit.weights_root
+        bodies = {e[3]: msg.decode_contribution_body(decode_envelope(
+            (target / f"round-{round_index:08d}" / f"{e[3]}.env").read_bytes(), BIG).payload) for e in entries}
+        stages = range(history.run.num_stages)
+        weights_root = replayer.apply(
+            round_index, [[bodies[e[3]].blob for e in entries if e[0] == s] for s in stages],
+            [[bodies[e[3]].applied_hash for e in entries if e[0] == s] for s in stages],
+            [[bytes.fromhex(e[3]) for e in entries if e[0] == s] for s in stages])
+        if replayer.cfg.diloco.commitments == "hashed":
+            assert weights_root == record.commit.weights_root  # version 1: the weights' hashes alone
         if round_index == 1:
             weights_root = hashlib.sha256(b"what the liars want the model to be").digest()
         lie = RoundRecord(
@@ -423,7 +437,12 @@ def test_an_outsider_cannot_commit_and_a_quorum_signed_lie_is_caught_naming_its_
     failure = report.first_failure()
     assert failure.name == "weights root (replay)" and "!= committed" in failure.reason
     # The chain accepted it (a full quorum signed it) and the contributions themselves were all genuine.
-    assert all(c.status == OK for c in report.rounds[1].checks if c.name != "weights root (replay)")
+    assert all(c.status == OK for c in report.rounds[1].checks if c.name not in ("weights root (replay)",
+                                                                                  "fraud proof"))
+    # A chunked run's wrong round gets its fraud-proof item: none can be built from these archives (the lie
+    # has no stage leaves behind its root and no checkpoint), and nothing was submitted.
+    proof = next(c for c in report.rounds[1].checks if c.name == "fraud proof")
+    assert proof.status == UNVERIFIABLE and "not yet submitted" in proof.reason, proof
     assert sorted(report.rounds[1].attesters) == sorted(m.address for m in members)
 
 

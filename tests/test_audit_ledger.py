@@ -68,12 +68,13 @@ def tiny_checkpoint(run_id: int, round_index: int, config_hash: bytes) -> tuple[
 
 
 def tiny_run_document() -> bytes:
-    """The run document of a 2-stage tiny run with H = 50 (the shape of ``member_run``'s runs)."""
+    """The run document of a 2-stage tiny run with H = 50 (the shape of ``member_run``'s runs); a hashed
+    (version-1) run, whose checkpoints these tests forge (a chunked run's: tests/test_fraud_live.py)."""
     from node.config import config_from_dict
     from node.runconfig import canonical_json, run_document
 
     cfg = config_from_dict({"model": {"preset": "tiny"}, "pipeline": {"num_stages": 2},
-                            "diloco": {"inner_steps": 50}})
+                            "diloco": {"inner_steps": 50, "commitments": "hashed"}})
     return canonical_json(run_document(cfg))
 
 

@@ -46,6 +46,10 @@ class FakeHost:
     def has_blob(self, digest: str) -> bool:
         return digest in self.blobs
 
+    def provide_alias(self, key: str, digest: str) -> None:  # a chunked run's published stage state
+        with self._lock:
+            self.blobs[key] = self.blobs[digest]
+
     def remove_blob(self, digest: str) -> bool:
         return self.blobs.pop(digest, None) is not None
 

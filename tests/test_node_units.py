@@ -135,7 +135,8 @@ def _layout() -> RunLayout:
     from node.config import load_config
     from node.runconfig import run_document
 
-    document = run_document(load_config(None, ["model.preset=tiny", "pipeline.num_stages=2"]))
+    # A hashed (version-1) run: a chunked run's checkpoints are tests/test_fraud_live.py's.
+    document = run_document(load_config(None, ["model.preset=tiny", "pipeline.num_stages=2", "diloco.commitments=hashed"]))
     return RunLayout.of_document(1, b"\x07" * 32, document)
 
 

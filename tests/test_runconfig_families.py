@@ -12,8 +12,9 @@ from training.errors import TrainingConfigError
 #: configHash of byte-level GPT-2 run documents, computed before model families existed (commit 57e253c). Those
 #: runs' documents name their encoder (v1 was the default then; v4 is now), so the encoder is pinned here; they
 #: drew their weights and sketch from torch's generator (the portable "philox" is the default since issue 42),
-#: which is pinned too (OLD_RANDOM).
-OLD_RANDOM = ["model.init=torch", "compression.sketch=torch"]
+#: which is pinned too (OLD_RANDOM), as are their version-1 records (chunked commitments are the default since
+#: issue 43: a hashed run's document does not name them).
+OLD_RANDOM = ["model.init=torch", "compression.sketch=torch", "diloco.commitments=hashed"]
 GPT2_HASHES = [
     (["compression.encoder=v1"], "4793715b0970f4f70ae421d7de4571ac5b90a35c9f0fa45f00d3692ee4c3bcee"),
     (["model.preset=mini", "diloco.inner_steps=20", "compression.encoder=v4"],
@@ -30,11 +31,32 @@ def test_gpt2_run_hashes_are_unchanged(overrides, expected):
     document = run_document(load_config(None, overrides + OLD_RANDOM))
     assert "family" not in document["model"] and "tokenizer" not in document["model"]
     assert "init" not in document["model"] and "sketch" not in document["compression"]
+    assert "commitments" not in document["diloco"]
     assert config_hash(document).hex() == expected
     # the same document read back (as a joiner or an auditor does) keeps torch's generator, and its hash
     again = node_config_from_run(document)
     assert again.model.init == "torch" and again.compression.sketch == "torch"
+    assert again.diloco.commitments == "hashed" and not again.diloco.chunked
     assert config_hash(run_document(again)).hex() == expected
+
+
+def test_a_new_run_commits_chunked_roots_where_a_proof_can_open_them():
+    """Secure by default: a new full-exchange run names chunked (version-2) commitments and keeps them when read
+    back; a sliced run (no proof opens its partials) or one with two outer lrs resolves to hashed, and asking
+    chunked of it is refused with the way out."""
+    document = run_document(load_config(None, []))
+    assert document["diloco"]["commitments"] == "chunked"
+    assert node_config_from_run(document).diloco.chunked
+    assert config_hash(run_document(node_config_from_run(document))) == config_hash(document)
+    sliced = run_document(load_config(None, ["diloco.exchange=sliced"]))
+    assert "commitments" not in sliced["diloco"] and not node_config_from_run(sliced).diloco.chunked
+    scaled = load_config(None, ["diloco.outer_lr_other_scale=0.5"])
+    assert scaled.diloco.commitments == "hashed"
+    for overrides in (["diloco.exchange=sliced"], ["diloco.outer_lr_other_scale=0.5"]):
+        with pytest.raises((ConfigError, TrainingConfigError), match="diloco.commitments = .hashed."):
+            load_config(None, overrides + ["diloco.commitments=chunked"])
+    with pytest.raises((ConfigError, TrainingConfigError), match="must be one of hashed, chunked"):
+        load_config(None, ["diloco.commitments=merkle"])
 
 
 def test_a_new_run_names_the_portable_generator_and_round_trips():

@@ -74,7 +74,7 @@ def test_a_recorded_round_is_bound_to_the_records_roots_whatever_else_was_heard(
 
     # From the book's snapshots: duplicates collapse, this node's own stage hash comes first.
     close = msg.Close([[r, p, h, 100] for r, p, h in split.closes[0][0]])
-    att = SimpleNamespace(weights_hash=split.hashes[1])
+    att = SimpleNamespace(weights_hash=split.hashes[1], stage_leaf=b"")  # a hashed run's
     snap = heard_round(3, 2, lambda _t, s: {"a": (close, b""), "b": (close, b"")} if s == 0 else {},
                        lambda _t, s: {"x": att, "y": att} if s == 1 else {}, {0: split.hashes[0]})
     assert snap.closes == {0: split.closes[0], 1: []} and snap.attested == {0: [split.hashes[0]], 1: [split.hashes[1]]}

@@ -391,6 +391,10 @@ NODE_ONLY_TRAINING = ("device", "precision")
 DELAY_CORRECTIONS = ("rebase", "lookahead", "eager", "reset")
 OUTER_DECAYS = ("constant", "linear", "cosine")
 EXCHANGES = ("full", "sliced")
+#: How a record commits each stage's state (docs/FRAUD_PROOF.md): "hashed", version 1 (one hash of each stage's
+#: weights, training.hashing.weights_root: no fraud proof opens it), "chunked", version 2 (the Merkle root of
+#: every stage's chunk roots and per-round factors, ledger.chunkproof: a fraud proof opens one chunk).
+COMMITMENTS = ("hashed", "chunked")
 #: diloco.exchange = "auto" (the node template's): the sliced exchange from this many replicas, the full one
 #: below. Where the sliced exchange wins: docs/PROTOCOL.md, "Sliced exchange", "Which exchange by default".
 SLICED_FROM_REPLICAS = 8
@@ -474,6 +478,11 @@ class DilocoConfig:
     # then absent from the run document, whose hash stays what it was.
     round_budget_s: float = 0.0
     min_inner_steps: int = 0  # with a budget: 0 means 1
+    # How the run's records commit the stages' states (COMMITMENTS; docs/FRAUD_PROOF.md). "auto" resolves to
+    # "chunked" (version 2: one honest node alone can prove a wrong aggregation on chain) wherever the contract's
+    # outer step is this run's: the full exchange and one outer lr; else "hashed" (version 1). "hashed" is in
+    # the run document by its absence (every older run's document, whose hash stays what it was).
+    commitments: str = AUTO
 
     def __post_init__(self) -> None:
         _require(self.inner_steps >= 1, f"diloco.inner_steps={self.inner_steps}: must be >= 1")
@@ -550,6 +559,23 @@ class DilocoConfig:
             f"set diloco.exchange = \"sliced\" or leave it at {DEFAULT_MIN_SLICE_NUMEL}",
         )
         self._check_round_budget()
+        self._check_commitments()
+
+    def _check_commitments(self) -> None:
+        provable = self.exchange == "full" and self.outer_lr_other_scale == 1.0
+        if self.commitments == AUTO:
+            self.commitments = "chunked" if provable else "hashed"
+        _require(self.commitments in COMMITMENTS,
+                 f"diloco.commitments={self.commitments!r}: must be one of {', '.join(COMMITMENTS)} or \"auto\"")
+        _require(provable or self.commitments == "hashed",
+                 f"diloco.commitments=\"chunked\" needs diloco.exchange = \"full\" (now {self.exchange!r}) and "
+                 f"diloco.outer_lr_other_scale = 1 (now {self.outer_lr_other_scale}): the fraud proof's outer step "
+                 "averages whole contributions with one outer lr; set diloco.commitments = \"hashed\"")
+
+    @property
+    def chunked(self) -> bool:
+        """Whether the run's records commit chunked (version-2) weights roots (``commitments``)."""
+        return self.commitments == "chunked"
 
     def _check_round_budget(self) -> None:
         budget, least = self.round_budget_s, self.min_inner_steps

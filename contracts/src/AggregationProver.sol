@@ -50,7 +50,9 @@ contract AggregationProver {
         bytes stageLeaf; // under record.weightsRoot
         bytes32[] stagePath;
         bytes factors; // the stage leaf's factors
-        uint256 which; // 0: the new weights, 1: the new momentum, 2 + j: accepted contribution j's payload
+        // 0: the new weights, 1: the new momentum, 2 + j: accepted contribution j's payload; STAGE_LEAF: the
+        // stage leaf (then stageLeaf, stagePath and factors are not read, and chunk must be the stage)
+        uint256 which;
         uint64 chunk;
     }
 
@@ -137,6 +139,9 @@ contract AggregationProver {
     uint256 private constant _PIECE_HEADER = 5; // u8 codec, u32 count
     uint256 private constant _WEIGHTS_AT = 10; // a lowrank piece's w, after its header, rank and S
     uint256 private constant _MAX_RANK = 64; // training/codec_wire.py MAX_RANK
+    /// @notice `Target.which` of a challenge of the stage leaf itself (its index in the record's weightsRoot is
+    /// the stage): a record whose root has no stage leaves behind it (a back door) cannot be answered.
+    uint256 public constant STAGE_LEAF = type(uint256).max;
 
     /// @notice The TrainingLedger that deployed this prover and takes its proofs.
     TrainingLedger public immutable ledger;
@@ -173,7 +178,7 @@ contract AggregationProver {
     // ------------------------------------------------------------------------------------------- availability
 
     /// @notice Challenge the committers of a round to publish one committed leaf (a chunk of the new weights or
-    /// momentum, or of an accepted contribution's payload) on chain within the run's `accusationBlocks`,
+    /// momentum, or of an accepted contribution's payload, or a stage leaf itself: `STAGE_LEAF`) on chain within the run's `accusationBlocks`,
     /// depositing the run's bond; only within the round's dispute window (`disputeBlocks` after its commit). Answered (answerChallenge, by anyone): the bond is forfeited. Unanswered by
     /// the deadline (expireChallenge): the round and every later one are invalid, its attesters slashed, the
     /// challenger paid half of the slash and its bond returned.
@@ -188,15 +193,13 @@ contract AggregationProver {
         // an old right round must not fall to a challenge nobody is left to answer.
         uint256 closedAt = ledger.commitBlockOf(record.runId, record.round) + run.disputeBlocks;
         if (block.number >= closedAt) revert ProverChallengeTooLate(record.runId, record.round, uint64(closedAt));
-        StageLeaf memory leaf = _stageLeaf(target.stageLeaf, target.stagePath, record, target.stage, run.numStages);
-        if (target.chunk >= leaf.numChunks) revert ProverBadChunk(target.chunk, leaf.numChunks);
-        bytes32 root = _targetRoot(target, leaf);
+        (bytes32 root, uint32 numChunks) = _targetTree(target, run.numStages);
         id = keccak256(abi.encode(record.runId, record.round, target.stage, target.which, target.chunk));
         Challenge storage challenge = _challenges[id];
         if (challenge.challenger != address(0)) revert ProverChallengeExists(id);
         uint64 deadline = uint64(block.number) + run.accusationBlocks;
         _challenges[id] = Challenge(
-            msg.sender, deadline, leaf.numChunks, false, record.round, target.chunk, root, record.runId, msg.value
+            msg.sender, deadline, numChunks, false, record.round, target.chunk, root, record.runId, msg.value
         );
         emit AvailabilityChallenged(
             id, record.runId, record.round, target.stage, target.which, target.chunk, msg.sender, deadline
@@ -241,6 +244,17 @@ contract AggregationProver {
         challenge = _challenges[id];
         if (challenge.challenger == address(0)) revert ProverNoChallenge(id);
         if (challenge.settled) revert ProverChallengeSettled(id);
+    }
+
+    /// @dev The tree a challenge's leaf must be opened in, and its leaf count.
+    function _targetTree(Target calldata target, uint32 numStages) private pure returns (bytes32, uint32) {
+        if (target.which == STAGE_LEAF) {
+            if (target.chunk != target.stage) revert ProverBadChunk(target.chunk, numStages);
+            return (target.record.weightsRoot, numStages);
+        }
+        StageLeaf memory leaf = _stageLeaf(target.stageLeaf, target.stagePath, target.record, target.stage, numStages);
+        if (target.chunk >= leaf.numChunks) revert ProverBadChunk(target.chunk, leaf.numChunks);
+        return (_targetRoot(target, leaf), leaf.numChunks);
     }
 
     function _targetRoot(Target calldata target, StageLeaf memory leaf) private pure returns (bytes32) {

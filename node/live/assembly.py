@@ -33,7 +33,10 @@ from node import protocol as msg
 from node.config import NodeConfig
 from node.errors import NotRegistered
 from node.fsutil import atomic_write_bytes
-from node.live.committer import Committer, CommitterContext, RecordSigners
+from node.live.answerer import ChallengeAnswerer
+from node.live.chunkstate import ChunkedStates
+from node.live.committer import Committer, CommitterContext
+from node.live.readback import RecordSigners
 from node.live.contributor import Contributor
 from node.live.coordination import RoundCoordinator, RoundStopped
 from node.live.ending import RunEnd
@@ -50,6 +53,7 @@ from node.live.membership import Membership
 from node.live.messenger import Messenger
 from node.live.onchain import NodeChain
 from node.live.pacing import CommitPace
+from node.live.prover import PROOFS_DIR, FraudProver
 from node.live.replica import ReplicaWorker, warm_up_imports
 from node.live.resume import RestartRecovery
 from node.live.roundbook import RoundBook
@@ -161,6 +165,7 @@ class NodeParts:
         self.pace: CommitPace | None = None
         self.spot_checks: SpotChecker | None = None
         self.committer: Committer | None = None
+        self.chunked: ChunkedStates | None = None  # a chunked run's stage states (step 2)
         self.inbox: GossipInbox | None = None
         self.heartbeat: Heartbeat | None = None
         # Step 3
@@ -254,11 +259,18 @@ class NodeParts:
             cfg=cfg, station=self.station, book=self.book, coordinator=coordinator, exchange=exchange,
             archive=self.archive, rounds=self.rounds, chain=chain, lifecycle=lifecycle, state=self.state,
             progress=self.progress, membership=membership, stop=self.stop)
+        # A chunked run's stage states (published to provers) and its prover (docs/FRAUD_PROOF.md).
+        self.chunked = ChunkedStates(cfg=cfg, host=host, layout=self.layout, config_hash=self.config_hash) \
+            if cfg.diloco.chunked else None
+        fraud = FraudProver(run_id=self.run_id, chain=chain, book=self.book, states=self.chunked,
+                            stages=self.station.held_stages, num_stages=cfg.pipeline.num_stages, stop=self.stop,
+                            proofs_dir=self.data_dir / PROOFS_DIR) \
+            if self.chunked is not None else None
         self.committer = self.kinds.committer(CommitterContext(
             cfg=cfg, run_id=self.run_id, peer_id=self.peer_id, book=self.book, chain=chain, host=host,
             coordinator=coordinator, membership=membership, checkpoint_dir=self.checkpoint_dir,
             incoming_dir=self.incoming_dir, stop_event=self.stop, state=self.state, gossip=messenger.gossip,
-            layout=self.layout, progress=self.progress, spot_checks=spot_checks, forks=forks))
+            layout=self.layout, progress=self.progress, spot_checks=spot_checks, forks=forks, fraud=fraud))
         self.inbox = inbox = GossipInbox(
             run_id=self.run_id, validator=self.validator, book=self.book, membership=membership,
             contributions=exchange.pool, held_stages=self.station.held_stages,
@@ -272,6 +284,9 @@ class NodeParts:
                                keep_for_sync=functools.partial(inbox.keep_for_sync, own_peer_id=host.peer_id))
         self._spawn(functools.partial(inbox.run, queue, self.stop), "gossip")
         self._spawn(self.heartbeat.run, "heartbeat")
+        if fraud is not None:  # a chunked run: answer the availability challenges of its right rounds
+            self._spawn(ChallengeAnswerer(run_id=self.run_id, chain=chain, states=self.chunked, prover=fraud,
+                                          stop=self.stop).run, "challenges")
         self._meet_peers()
         self.startup.mark("peers met")
 
@@ -372,7 +387,7 @@ class NodeParts:
             host=self.host, book=self.book, messenger=self.messenger, validator=self.validator, state=self.state,
             clock=self.clock, progress=self.progress, reporter=self.reporter, layout=self.layout,
             config_hash=self.config_hash, checkpoint_dir=self.checkpoint_dir, peer_id=self.peer_id,
-            lane=self.lane)
+            lane=self.lane, chunked=self.chunked)
         self.entry = RunEntry(
             cfg=cfg, chain=self.chain, host=self.host, membership=self.membership, book=self.book,
             coordinator=self.coordinator, worker=worker, contributor=contributor, finisher=finisher,

@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 from node.errors import DLX_ERRORS
 from node.live.exchange import serve_blob
-from node.store.checkpoint import (build_checkpoint, checkpoint_problems, parse_checkpoint, stage_problems,
-                                   write_checkpoint)
+from node.store.checkpoint import (build_checkpoint, checkpoint_problems, chunked_problems, parse_checkpoint,
+                                   stage_problems, write_checkpoint)
 from training.hashing import stage_weights_hash
 
 logger = logging.getLogger(__name__)
@@ -27,7 +27,8 @@ class CheckpointBuilder:
     def __init__(self, node) -> None:
         self.node = node  # the committer's node.live.committer.CommitterContext (not imported: no cycle)
 
-    def assemble(self, outer_round: int, atts, stage_hashes: list[bytes]) -> bytes | None:
+    def assemble(self, outer_round: int, atts, stage_hashes: list[bytes],
+                 stage_leaves: list[bytes] = ()) -> bytes | None:
         """Build the full checkpoint from stage states verified against the round's agreed stage hashes;
         serve it; return its content hash (None: no checkpoint this round).
 
@@ -57,7 +58,13 @@ class CheckpointBuilder:
             if state is None:
                 return None
             states[stage] = state
-        full = build_checkpoint(layout, outer_round, states)
+        full = build_checkpoint(layout, outer_round, states, dict(enumerate(stage_leaves)))
+        if layout.chunked:  # a chunked run's stage leaves commit the momentum too: a shard's must be the agreed one
+            problems = chunked_problems(full, layout, None)
+            if problems:
+                logger.warning("round %d: the verified shards are not the agreed stage leaves (%s); no checkpoint",
+                               outer_round, "; ".join(problems))
+                return None
         path = node.checkpoint_dir / f"round-{outer_round:08d}.safetensors"
         digest = write_checkpoint(path, full)
         serve_blob(node.host, path.read_bytes())

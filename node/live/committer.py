@@ -5,7 +5,8 @@ handled in order (the chain takes round t only right after round t-1). For
 round t every node:
 
 1. waits for attestations covering every stage (its own included);
-2. derives the round record: ``weights_root`` over the stage weight hashes,
+2. derives the round record: ``weights_root`` over the stage weight hashes (version 1) or, in a
+   chunked run, over the attested stage leaves (version 2: docs/FRAUD_PROOF.md),
    ``contributions_root`` (Merkle root of every aggregated envelope hash in
    canonical order), mean losses, tokens, number of contributors;
 3. on checkpoint rounds assembles the full checkpoint from the stage shards (node/live/checkpointbuild.py)
@@ -17,7 +18,8 @@ round t every node:
 5. waits for the run's quorum ``k`` of member signatures over one record, then
    submits it if it is first in the round's committer rotation, or if the
    previous committers left the round uncommitted for a grace period each;
-6. reads the round back from the chain; if the committed roots differ from
+6. reads the round back from the chain (node/live/readback.py); in a chunked run a wrong committed
+   weights root is proven on chain (node/live/prover.py); if the committed roots differ from
    what it computed itself, node/live/forkrepair.py files a dispute with its
    own signed record when its own result stood, and the node re-bases on the
    chain's record: the quorum's record is the run's history, and weights that
@@ -40,7 +42,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ledger.chain import OUTAGE
-from ledger.errors import (ChainUnavailable, CommitConflict, LedgerError, LedgerQuorumNotMet, LedgerSignerNotMember,
+from ledger.errors import (ChainUnavailable, CommitConflict, LedgerQuorumNotMet, LedgerSignerNotMember,
                            TransactionTimeout)
 from ledger.merkle import merkle_root
 from ledger.records import RoundRecord, to_micro
@@ -59,7 +61,10 @@ from node.live.verifier import SpotChecker
 from node.live.topology import committer_order
 from node.store.checkpoint import RunLayout
 from p2p.host import P2PHost
-from training.hashing import weights_root
+from node.fraudproof import record_weights_root
+from node.live.chunkstate import attested_leaf
+from node.live.prover import FraudProver
+from node.live.readback import EquivocationReports, ReadBack
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +110,7 @@ class CommitterContext:
     progress: Progress
     spot_checks: SpotChecker
     forks: ForkRepair  # a committed record that differs from this node's: dispute, re-base
+    fraud: FraudProver | None = None  # a chunked run's: proves a committed round wrong on chain (node/live/prover.py)
 
     def on_recorded(self, outer_round: int, weights_root: bytes, committed_by_me: bool) -> None:
         self.progress.weights_root = weights_root.hex()
@@ -114,28 +120,6 @@ class CommitterContext:
     def on_confirmed(self, outer_round: int) -> None:
         self.progress.last_commit = max(self.progress.last_commit, outer_round)
 
-
-
-class RecordSigners:
-    """Who signed a gossiped record signature: a member of the run, by its EIP-712 signature (the inbox's check)."""
-
-    def __init__(self, *, chain: NodeChain, run_id: int) -> None:
-        self.chain = chain
-        self.run_id = run_id
-
-    def signer(self, record: RoundRecord, account: bytes, signature: bytes) -> tuple[str, bytes]:
-        """(signer, EIP-712 digest) of a gossiped record signature by a member of the run, else ProtocolError."""
-        try:
-            signer = self.chain.signer_of(record, signature)
-        except LedgerError as exc:
-            raise msg.ProtocolError(f"record signature of round {record.round} does not verify: {exc}") from None
-        if signer.lower() != "0x" + account.hex():
-            raise msg.ProtocolError(f"record of round {record.round} is signed by {signer}, not by the account "
-                                    f"0x{account.hex()} it names")
-        if not self.chain.is_member(self.run_id, signer):
-            raise msg.ProtocolError(f"record of round {record.round} is signed by {signer}, not a member of run "
-                                    f"{self.run_id}")
-        return signer, self.chain.client.record_digest(record)
 
 
 class Committer:
@@ -148,7 +132,8 @@ class Committer:
         self._idle = threading.Event()
         self._idle.set()
         self.handled_through = -1  # every round up to this one has been handled (committed or given up)
-        self._unreported: list = []  # equivocation evidence the chain could not take yet (an RPC outage)
+        self.readback = ReadBack(node, self.checkpoints, self._wait)
+        self.equivocations = EquivocationReports(node)
         self._thread = threading.Thread(target=self._loop, name="committer", daemon=True)
         self._thread.start()
 
@@ -229,36 +214,46 @@ class Committer:
         return None
 
     def record(self, outer_round: int):
-        """(record, attestations, agreed stage hashes) of the round as this node derives it (``prev_head``
-        still zero); the record is None if attestations are missing."""
+        """(record, attestations, agreed stage hashes, agreed stage leaves) of the round as this node derives it
+        (``prev_head`` still zero; the leaves are a chunked run's, else empty); the record is None if attestations
+        are missing."""
         node = self.node
         atts = self._attestations(outer_round)
         if atts is None:
             logger.info("round %d: stopped before every stage was attested; this node will not commit it", outer_round)
-            return None, None, []
+            return None, None, [], []
         if atts is ON_CHAIN:
-            return None, ON_CHAIN, []
-        stage_hashes, stage_roots = [], []
+            return None, ON_CHAIN, [], []
+        chunked = node.cfg.diloco.chunked
+        stage_hashes, stage_roots, stage_leaves = [], [], []
         for stage in range(node.cfg.pipeline.num_stages):
             mine = atts[stage].get(node.peer_id)
-            votes = Counter((a.weights_hash, a.contributions_root) for a in atts[stage].values())
+            # A chunked run's result is also the stage leaf (its weights and momentum chunk roots, its factors:
+            # node/live/chunkstate.py); an attestation without a leaf that parses counts for nothing there.
+            results = {p: (a.weights_hash, a.contributions_root, attested_leaf(a, stage) if chunked else b"")
+                       for p, a in atts[stage].items()}
+            results = {p: r for p, r in results.items() if r[2] is not None}
+            if not results:
+                logger.warning("round %d stage %d: no attestation carries a stage leaf", outer_round, stage)
+                return None, None, [], []
+            votes = Counter(results.values())
             # Most votes, a tie to the smallest: every node that heard the same attestations takes the
             # same result, whichever of them arrived first.
             chosen = min(votes, key=lambda result: (-votes[result], result))
-            if mine is not None:
-                chosen = (mine.weights_hash, mine.contributions_root)
-                others = {(a.weights_hash, a.contributions_root) for p, a in atts[stage].items() if p != node.peer_id}
-                if others - {chosen}:
+            if mine is not None and node.peer_id in results:
+                chosen = results[node.peer_id]
+                if set(results.values()) - {chosen}:
                     logger.warning("round %d stage %d: peers attested a different result than ours", outer_round, stage)
             stage_hashes.append(chosen[0])
             stage_roots.append(chosen[1])
+            stage_leaves.append(chosen[2])
         closes = []
         for stage in range(node.cfg.pipeline.num_stages):
             close = node.coordinator.accepted(outer_round, stage) or self._close_matching(outer_round, stage,
                                                                                            stage_roots[stage])
             if close is None:
                 logger.warning("round %d stage %d: no close matching the attested root", outer_round, stage)
-                return None, None, []
+                return None, None, [], []
             closes.append((stage, close))
         leaves = [digest for _stage, close in closes for (_r, _p, digest, _s) in close.contributions]
         contributors = {peer for _stage, close in closes for (_r, peer, _d, _s) in close.contributions}
@@ -273,14 +268,14 @@ class Committer:
             run_id=node.run_id,
             round=outer_round,
             prev_head=bytes(32),  # completed once round t-1 is on chain (handle)
-            weights_root=weights_root(stage_hashes),
+            weights_root=record_weights_root(stage_hashes, stage_leaves if chunked else None),
             contributions_root=merkle_root(leaves),
             train_loss_micro=to_micro(sum(train) / len(train)) if train else 0,
             eval_loss_micro=to_micro(sum(evals) / len(evals)) if evals else 0,
             tokens=tokens,
             num_contributors=len(contributors),
         )
-        return commit, atts, stage_hashes
+        return commit, atts, stage_hashes, stage_leaves if chunked else []
 
     def _loss_reporters(self, outer_round: int, last: int, replicas: set[int], weights_hash: bytes):
         """The last-stage attestations the record's loss figures are the mean of, in peer-id order.
@@ -321,7 +316,7 @@ class Committer:
         success), so a retry after an answer lost in the outage never commits twice.
         """
         node = self.node
-        derived, atts, stage_hashes = self.record(outer_round)
+        derived, atts, stage_hashes, stage_leaves = self.record(outer_round)
         if atts is ON_CHAIN:  # committed by the others; nothing of this node's to sign or dispute
             onchain = node.chain.commit_of(node.run_id, outer_round)
             node.on_recorded(outer_round, onchain.weights_root, False)
@@ -332,7 +327,7 @@ class Committer:
             return
         checkpoint_hash = None
         if (outer_round + 1) % node.cfg.checkpoint_every == 0:
-            checkpoint_hash = self.checkpoints.assemble(outer_round, atts, stage_hashes)
+            checkpoint_hash = self.checkpoints.assemble(outer_round, atts, stage_hashes, stage_leaves)
         delay = CHAIN_RETRY_MIN_S
         while not node.stop_event.is_set():
             try:
@@ -360,8 +355,8 @@ class Committer:
         if onchain is None:
             committed_by_me = self._commit_with_quorum(outer_round, mine, signature)
         node.on_recorded(outer_round, mine.weights_root, committed_by_me)
-        self._verify(outer_round, mine, signature)
-        self._report_equivocations()
+        self.readback.verify(outer_round, mine, signature)
+        self.equivocations.report()
 
     def _sign(self, record: RoundRecord) -> bytes | None:
         """Sign ``record`` unless this node signed another record of the round (in any life); gossip it."""
@@ -469,82 +464,6 @@ class Committer:
                     record.num_contributors,
                     f", checkpoint {record.checkpoint_hash.hex()[:12]}" if record.has_checkpoint else "")
         return True
-
-    def _verify(self, outer_round: int, mine: RoundRecord, signature: bytes | None) -> None:
-        node = self.node
-        # Final only ledger.confirmations blocks deep: a commit a reorg drops is never confirmed here.
-        if not self._wait(lambda: node.chain.final_commit_of(node.run_id, outer_round) is not None,
-                          node.cfg.round_timeout):
-            logger.warning("round %d: no final commit on chain after %.0fs", outer_round, node.cfg.round_timeout)
-            return
-        onchain = node.chain.final_commit_of(node.run_id, outer_round)
-        node.on_confirmed(outer_round)
-        if (onchain.weights_root, onchain.contributions_root) != (mine.weights_root, mine.contributions_root):
-            # A fork: node/live/forkrepair.py disputes if our own result stood, and re-bases on the record.
-            node.forks.diverged(outer_round, onchain, mine, signature)
-            return
-        node.forks.agreed(outer_round)
-        self._credit_self(outer_round, onchain, mine, signature)
-        wrong_checkpoint = self._wrong_checkpoint(outer_round, onchain, mine)
-        if wrong_checkpoint:
-            if signature is None:
-                logger.error("round %d: %s; no signed record of ours to dispute with", outer_round, wrong_checkpoint)
-            else:
-                logger.error("round %d: %s; filing a dispute", outer_round, wrong_checkpoint)
-                node.chain.dispute(mine, signature)
-
-    def _credit_self(self, outer_round: int, onchain: RoundRecord, mine: RoundRecord, signature: bytes | None) -> None:
-        """If the commit left out this node's signature over the very record committed, put it on chain itself
-        (``attest``): a submitter cannot make an active member look silent and ejectable (docs/TRUST.md, G2)."""
-        node = self.node
-        if signature is None or onchain != mine:
-            return
-        attesters = node.chain.attesters_of(node.run_id, outer_round) or ()
-        me = node.chain.client.address.lower()
-        if any(a.lower() == me for a in attesters):
-            return
-        try:
-            node.chain.attest(mine, signature)
-            logger.info("round %d: the commit left out this node's signature; attested it on chain", outer_round)
-        except DLX_ERRORS as exc:
-            logger.warning("round %d: could not attest our signature on chain: %s", outer_round, exc)
-
-    def _wrong_checkpoint(self, outer_round: int, onchain: RoundRecord, mine: RoundRecord) -> str | None:
-        """Why the committed record's checkpoint is not the run's (None: it is, or it has none).
-
-        A committed checkpoint other than the one this node built is disputed like a weights-root
-        difference; one this node built none of is fetched and verified (a missing checkpoint is
-        no wrong state: a round whose checkpoint some nodes could not verify may commit without).
-        """
-        if not onchain.has_checkpoint or onchain.checkpoint_hash == mine.checkpoint_hash:
-            return None
-        if mine.has_checkpoint:
-            return (f"the committed checkpoint {onchain.checkpoint_hash.hex()[:12]} is not the one this node "
-                    f"built from the agreed state ({mine.checkpoint_hash.hex()[:12]})")
-        problems = self.checkpoints.committed_problems(outer_round, onchain.checkpoint_hash, onchain.weights_root)
-        if problems:
-            return f"the committed checkpoint {onchain.checkpoint_hash.hex()[:12]} does not verify: " + "; ".join(problems)
-        return None
-
-    def _report_equivocations(self) -> None:
-        """Slash members seen signing two different records of one round (the evidence is the two signatures).
-
-        Evidence that met an unreachable RPC is kept and reported with a later round.
-        """
-        node = self.node
-        self._unreported += node.book.take_record_equivocations()
-        pending, self._unreported = self._unreported, []
-        for item in pending:
-            outer_round, signer, (record_a, sig_a), (record_b, sig_b) = item
-            logger.error("round %d: member %s signed two different records; reporting it on chain", outer_round,
-                         signer)
-            try:
-                node.chain.report_equivocation(record_a, sig_a, record_b, sig_b)
-            except (ChainUnavailable, TransactionTimeout) as exc:
-                logger.warning("round %d: equivocation report for %s deferred: %s", outer_round, signer, exc)
-                self._unreported.append(item)
-            except DLX_ERRORS as exc:
-                logger.warning("round %d: equivocation report for %s not accepted: %s", outer_round, signer, exc)
 
     def _wait_reporting(self, predicate, what: str) -> bool:
         """Wait for ``predicate`` until the node stops, saying what it waits for every WAIT_REPORT_S."""

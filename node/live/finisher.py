@@ -22,6 +22,7 @@ from pathlib import Path
 
 from node import protocol as msg
 from node.config import NodeConfig
+from node.live.chunkstate import ChunkedStates
 from node.live.committer import Committer
 from node.live.contributor import Contributor
 from node.live.coordination import RoundCoordinator
@@ -62,6 +63,7 @@ class StageApplied:
     weights_hash: bytes
     sealed: list[ArchivedContribution]
     excluded: list[list]  # [stage, replica, peer id, envelope hash, reason, detail]
+    stage_leaf: bytes = b""  # a chunked run's (node/live/chunkstate.py): the stage's leaf of the record's root
 
 
 class RoundFinisher:
@@ -72,7 +74,7 @@ class RoundFinisher:
                  committer: Committer, forks: ForkRepair, archive: Archive, host: P2PHost, book: RoundBook, messenger: Messenger,
                  validator: EnvelopeValidator, state: StateFile, clock: RoundClock, progress: Progress,
                  reporter: Reporter, layout: RunLayout, config_hash: bytes, checkpoint_dir: Path,
-                 peer_id: str, lane: RoundLane) -> None:
+                 peer_id: str, lane: RoundLane, chunked: ChunkedStates | None = None) -> None:
         self.cfg = cfg
         self.worker = worker
         self.rounds = rounds
@@ -96,6 +98,7 @@ class RoundFinisher:
         self.config_hash = config_hash
         self.checkpoint_dir = checkpoint_dir
         self.peer_id = peer_id
+        self.chunked = chunked  # a chunked run's stage states (None: a hashed run)
         self.run_id = cfg.ledger.run_id
         # round -> stage -> (global weights, momentum) once the round was applied (the state before a round's
         # apply is recorded as the previous round's: a re-base of that round is in it).
@@ -196,7 +199,8 @@ class RoundFinisher:
         prune_archive(self.archive, self.cfg.storage.keep_rounds, self.progress.last_commit, self.host.remove_blob)
         prune_checkpoints(self.checkpoint_dir, self.cfg.storage.keep_checkpoints, self.progress.last_commit,
                           self.host.remove_blob)
-        self._attest(outer_round, {a.stage: a.weights_hash for a in applied}, contributed, report_state)
+        self._attest(outer_round, {a.stage: (a.weights_hash, a.stage_leaf) for a in applied}, contributed,
+                     report_state)
         self.progress.last_finished = outer_round
         self.state.update(last_finished=outer_round)
         self.committer.submit(outer_round)
@@ -259,7 +263,12 @@ class RoundFinisher:
             if envelope is not None:
                 self.archive.put(outer_round, envelope)
             sealed.append(ArchivedContribution(stage, replica, peer_id, digest))
-        return StageApplied(stage, result.weights_hash, sealed, excluded)
+        stage_leaf = b""
+        if self.chunked is not None and inputs.payloads is not None:
+            weights, momentum = self.worker.global_state(stage)
+            stage_leaf = self.chunked.record(outer_round, stage, weights, momentum, result.contributions,
+                                             inputs.payloads, [entry[2] for entry in close.contributions])
+        return StageApplied(stage, result.weights_hash, sealed, excluded, stage_leaf)
 
     def _apply_or_reclose(self, outer_round: int, stage: int, inputs: StageInputs, waited: dict[str, float]):
         """``(inputs, exchange.apply(..))``; a close whose inputs never came (InputsWithheld: a member that
@@ -272,10 +281,11 @@ class RoundFinisher:
                 self.coordinator.withdraw(outer_round, stage, inputs.close, str(exc))
                 inputs = self.gather_stage(outer_round, stage, None, waited)
 
-    def _attest(self, outer_round: int, hashes: dict[int, bytes], contributed: bool,
+    def _attest(self, outer_round: int, results: dict[int, tuple[bytes, bytes]], contributed: bool,
                 report_state: bool = True) -> None:
         """Gossip this node's attestation of every held stage (with the stage shard on checkpoint rounds);
-        ``report_state``: say "checkpointing" in status.json meanwhile (not while the next round trains)."""
+        ``results``: stage -> (weights hash, stage leaf); ``report_state``: say "checkpointing" in status.json
+        meanwhile (not while the next round trains)."""
         checkpoint_round = (outer_round + 1) % self.cfg.checkpoint_every == 0
         report_state = report_state and checkpoint_round
         # A round contributed to in an earlier life is attested with that life's figures (the same
@@ -289,12 +299,13 @@ class RoundFinisher:
         if report_state:
             self.reporter.set_state("checkpointing")  # the stage shards (bench/bench_chaos.py kills by phase)
         for stage in self.worker.stages:
-            shard_hash = self.write_shard(outer_round, stage, hashes[stage]) if checkpoint_round else b""
+            weights_hash, stage_leaf = results[stage]
+            shard_hash = self.write_shard(outer_round, stage, weights_hash) if checkpoint_round else b""
             last = stage == self.cfg.pipeline.num_stages - 1
-            att = msg.Attestation(hashes[stage], self.coordinator.stage_root(outer_round, stage),
+            att = msg.Attestation(weights_hash, self.coordinator.stage_root(outer_round, stage),
                                   len(self.coordinator.accepted(outer_round, stage).contributions),
                                   train_loss if last else math.nan, eval_loss if last else math.nan, tokens,
-                                  shard_hash, b"")
+                                  shard_hash, b"", stage_leaf)
             self.book.add_attestation(outer_round, stage, self.peer_id, att)
             # Also for a round finished in an earlier life: the same attestation again (peers
             # that kept the first one drop it as a re-signed replay), so the round can commit.
@@ -319,6 +330,8 @@ class RoundFinisher:
         self.book.forget_before(outer_round)
         self.validator.advance(outer_round)
         self.rounds.forget_before(outer_round)
+        if self.chunked is not None:
+            self.chunked.forget_before(outer_round)
 
     # -- gathering ------------------------------------------------------------------------
     def gather_stage(self, outer_round: int, stage: int, sealed_before, waited: dict[str, float],

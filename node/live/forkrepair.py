@@ -54,12 +54,15 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ledger.errors import LedgerInputError
 from ledger.merkle import merkle_root
 from ledger.records import RoundRecord
 from node import protocol as msg
 from node.binding import other_result_exclusions
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS, NodeError
+from node.fraudproof import record_weights_root
+from node.live.chunkstate import attested_leaf
 from node.live.coordination import RoundCoordinator
 from node.live.exchange import Exchange
 from node.live.lifecycle import Lifecycle
@@ -71,7 +74,7 @@ from node.live.station import Station
 from node.live.status import Progress, StateFile
 from node.store.archive import Archive, ArchivedContribution
 from p2p.envelope import decode_envelope
-from training.hashing import stage_weights_hash, weights_root
+from training.hashing import stage_weights_hash
 from training.reexec import start_global_round
 
 logger = logging.getLogger(__name__)
@@ -281,15 +284,22 @@ class ForkRepair:
             accepted = self.coordinator.accepted(outer_round, stage)
             if accepted is not None:
                 closes.setdefault(self._root(accepted), accepted)
-            results = sorted({(a.weights_hash, a.contributions_root)
+            # A chunked run's results are also the stage leaves (node/live/chunkstate.py).
+            results = sorted({(a.weights_hash, a.contributions_root, attested_leaf(a, stage) or b"")
                               for a in self.book.snapshot_attestations(outer_round, stage).values()})
-            options.append([(h, closes[root]) for h, root in results if root in closes])
+            options.append([(h, closes[root], leaf) for h, root, leaf in results if root in closes])
+        chunked = self.cfg.diloco.chunked
         for combination in itertools.islice(itertools.product(*options), MAX_COMBINATIONS):
-            if weights_root([h for h, _close in combination]) != onchain.weights_root:
+            try:
+                root = record_weights_root([h for h, _c, _l in combination],
+                                           [leaf for _h, _c, leaf in combination] if chunked else None)
+            except LedgerInputError:
+                continue  # a stage leaf missing from an attestation of a chunked run
+            if root != onchain.weights_root:
                 continue
-            leaves = [entry[2] for _h, close in combination for entry in close.contributions]
+            leaves = [entry[2] for _h, close, _l in combination for entry in close.contributions]
             if merkle_root(leaves) == onchain.contributions_root:
-                return dict(enumerate(combination))
+                return {stage: (h, close) for stage, (h, close, _l) in enumerate(combination)}
         raise ForkError("no attested result and close of each stage heard here gives the committed roots")
 
     def _payloads(self, envelopes: list[bytes]) -> list[bytes]:

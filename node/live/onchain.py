@@ -380,6 +380,38 @@ class NodeChain:
         with self._lock:
             return self.client.report_equivocation(record_a, signature_a, record_b, signature_b)
 
+    # -- fraud proofs (docs/FRAUD_PROOF.md; node/live/prover.py) -------------------------
+    def prove_wrong_aggregation(self, proof, attesters=None) -> dict:
+        with self._lock:
+            return self.client.prove_wrong_aggregation(proof, attesters)
+
+    def challenge_availability(self, target: tuple) -> bytes:
+        with self._lock:
+            return self.client.challenge_availability(target)
+
+    def expire_challenge(self, challenge_id: bytes, attesters=None) -> dict:
+        with self._lock:
+            return self.client.expire_challenge(challenge_id, attesters)
+
+    def challenge_of(self, challenge_id: bytes) -> dict:
+        with self._lock:
+            return self.client.challenge_of(challenge_id)
+
+    def availability_challenges(self, run_id: int, from_block: int) -> tuple[list[dict], int]:
+        """(the availability challenges of ``run_id`` opened in [from_block, head], head)."""
+        with self._lock:
+            head = self.client.w3.eth.block_number
+            return self.client.availability_challenges(run_id, from_block) if from_block <= head else [], head
+
+    def answer_challenge(self, challenge_id: bytes, leaf: bytes, path: list[bytes]) -> dict:
+        with self._lock:
+            return self.client.answer_challenge(challenge_id, leaf, path)
+
+    def invalid_from(self, run_id: int) -> int | None:
+        """The first round of ``run_id`` a verdict or a fraud proof overturned, or None."""
+        with self._lock:
+            return self.client.invalid_from(run_id)
+
     # -- accusations (re-execution spot checks, docs/PROTOCOL.md "Spot checks") -----------
     def sign_verdict(self, verdict: Verdict) -> bytes:
         return self.client.sign_verdict(verdict)

@@ -30,16 +30,18 @@ import hashlib
 import itertools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ledger.errors import LedgerInputError
 from ledger.merkle import merkle_root
 from node import protocol as msg
 from node.errors import NodeError, StateError
+from node.fraudproof import record_weights_root
+from node.live.chunkstate import attested_leaf
 from node.store.archive import ArchivedContribution
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
-from training.hashing import weights_root as stage_weights_root
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +66,8 @@ class HeardRound:
 
     closes: dict[int, list[tuple[tuple, ...]]]  # stage -> distinct closes, each a tuple of (replica, peer, hash)
     attested: dict[int, list[bytes]]  # stage -> distinct weights hashes attested (this node's first)
+    # A chunked run's: stage -> weights hash -> the stage leaf first attested with it (node/live/chunkstate.py).
+    leaves: dict[int, dict[bytes, bytes]] = field(default_factory=dict)
 
 
 def heard_round(outer_round: int, num_stages: int, closes: Callable, attestations: Callable,
@@ -72,6 +76,7 @@ def heard_round(outer_round: int, num_stages: int, closes: Callable, attestation
     :meth:`node.live.roundbook.RoundBook.snapshot_closes` / ``snapshot_attestations``)."""
     heard_closes: dict[int, list[tuple[tuple, ...]]] = {}
     attested: dict[int, list[bytes]] = {}
+    leaves: dict[int, dict[bytes, bytes]] = {}
     for stage in range(num_stages):
         distinct = []
         for close, _data in closes(outer_round, stage).values():
@@ -83,8 +88,11 @@ def heard_round(outer_round: int, num_stages: int, closes: Callable, attestation
         for attestation in attestations(outer_round, stage).values():
             if attestation.weights_hash not in hashes:
                 hashes.append(attestation.weights_hash)
+            leaf = attested_leaf(attestation, stage)
+            if leaf is not None:
+                leaves.setdefault(stage, {}).setdefault(attestation.weights_hash, leaf)
         attested[stage] = hashes
-    return HeardRound(heard_closes, attested)
+    return HeardRound(heard_closes, attested, leaves)
 
 
 def bind_to_record(heard: HeardRound, num_stages: int, contributions_root: bytes,
@@ -104,7 +112,7 @@ def bind_to_record(heard: HeardRound, num_stages: int, contributions_root: bytes
     hashes = None
     for combination in itertools.islice(itertools.product(*[heard.attested.get(s, []) for s in stages]),
                                         MAX_COMBINATIONS):
-        if stage_weights_root(list(combination)) == weights_root:
+        if _root_of(heard, list(combination)) == weights_root:
             hashes = list(combination)
             break
     if hashes is None:
@@ -112,6 +120,17 @@ def bind_to_record(heard: HeardRound, num_stages: int, contributions_root: bytes
     entries = [ArchivedContribution(stage, replica, peer, digest)
                for stage, close in zip(stages, chosen) for (replica, peer, digest) in close]
     return entries, hashes
+
+
+def _root_of(heard: HeardRound, hashes: list[bytes]) -> bytes | None:
+    """The record's weights root of these stage hashes: version 1, or (a chunked run's attestations heard)
+    version 2 over the stage leaves attested with them (None where one is missing)."""
+    if not heard.leaves:
+        return record_weights_root(hashes, None)
+    try:
+        return record_weights_root(hashes, [heard.leaves.get(s, {}).get(h, b"") for s, h in enumerate(hashes)])
+    except LedgerInputError:
+        return None
 
 
 def parse_fetched_contribution(data: bytes, entry: ArchivedContribution, outer_round: int, run_id: int,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,9 @@ class Checkpoint:
     stage_hashes: dict[int, bytes]  # stage index -> stage weights hash
     weights: dict[str, torch.Tensor]
     momentum: dict[str, torch.Tensor]
+    # A chunked run's (docs/FRAUD_PROOF.md): stage -> its leaf of the record's version-2 weights root, which
+    # commits the weights and the momentum. Empty, and absent from the metadata, in a hashed run.
+    stage_leaves: dict[int, bytes] = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
         tensors = {f"weights.{k}": v.detach().contiguous() for k, v in self.weights.items()}
@@ -61,6 +64,8 @@ class Checkpoint:
             "config_hash": self.config_hash.hex(),
             "stage_hashes": {str(s): h.hex() for s, h in sorted(self.stage_hashes.items())},
         }
+        if self.stage_leaves:
+            meta["stage_leaves"] = {str(s): leaf.hex() for s, leaf in sorted(self.stage_leaves.items())}
         return st_save(tensors, metadata={"dlx": json.dumps(meta, sort_keys=True, separators=(",", ":"))})
 
     def stage_state(self, names: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -102,6 +107,7 @@ def parse_checkpoint(data: bytes, expected_hash: bytes | None = None) -> Checkpo
             stage_hashes={int(s): bytes.fromhex(h) for s, h in meta["stage_hashes"].items()},
             weights=weights,
             momentum=momentum,
+            stage_leaves={int(s): bytes.fromhex(h) for s, h in meta.get("stage_leaves", {}).items()},
         )
     except (KeyError, ValueError, TypeError, AttributeError, OverflowError) as exc:
         # AttributeError: stage_hashes not a map; OverflowError: int() of an infinite JSON number.
@@ -137,6 +143,7 @@ class RunLayout:
     config_hash: bytes
     model_config: dict[str, Any]
     stage_shapes: tuple[dict[str, tuple[int, ...]], ...]  # per stage: parameter name -> shape
+    chunked: bool = False  # the run's records commit version-2 roots (diloco.commitments): stage leaves
 
     @classmethod
     def of_document(cls, run_id: int, config_hash: bytes, document: dict[str, Any]) -> RunLayout:
@@ -156,7 +163,7 @@ class RunLayout:
             shapes = tuple(stage_param_shapes(cfg.model, spec) for spec in specs)
         except TrainingError as exc:
             raise StateError(f"the run document's model does not split into its stages: {exc}") from None
-        return cls(run_id, config_hash, dict(document["model"]), shapes)
+        return cls(run_id, config_hash, dict(document["model"]), shapes, cfg.diloco.chunked)
 
     @property
     def num_stages(self) -> int:
@@ -232,14 +239,49 @@ def checkpoint_problems(ckpt: Checkpoint, layout: RunLayout, round_index: int,
     if len(hashes) == layout.num_stages:
         if dict(enumerate(hashes)) != ckpt.stage_hashes:
             problems.append("the stage hashes in its metadata are not those of its tensors")
-        if weights_root is not None and root_of(hashes) != weights_root:
+        if layout.chunked:
+            problems += chunked_problems(ckpt, layout, weights_root)
+        elif weights_root is not None and root_of(hashes) != weights_root:
             problems.append(f"its tensors' weights root {root_of(hashes).hex()[:16]} is not the attested record's weightsRoot "
                             f"{weights_root.hex()[:16]}")
     return problems
 
 
+def chunked_problems(ckpt: Checkpoint, layout: RunLayout, weights_root: bytes | None) -> list[str]:
+    """Why a chunked run's checkpoint (tensors of the run's shapes) is not committed by ``weights_root`` (the
+    record's version-2 root; None: only its own stage leaves are checked): every stage's leaf must be in its
+    metadata and hold the chunk roots of its weights and momentum (docs/FRAUD_PROOF.md)."""
+    from ledger.chunkproof import chunked_weights_root, tree_root
+    from ledger.errors import LedgerInputError
+    from node.fraudproof import parse_stage_leaf
+    from training.chunks import tensor_leaves
+
+    if sorted(ckpt.stage_leaves) != list(range(layout.num_stages)):
+        return [f"its metadata holds stage leaves of stages {sorted(ckpt.stage_leaves)[:8]}, not of each of the "
+                f"run's {layout.num_stages} (a chunked run's)"]
+    problems, leaves = [], []
+    for stage in range(layout.num_stages):
+        try:
+            leaf = parse_stage_leaf(ckpt.stage_leaves[stage], stage)
+        except LedgerInputError as exc:
+            return [f"its stage leaf {stage}: {exc}"]
+        leaves.append(leaf)
+        names = layout.stage_names(stage)
+        weights = tensor_leaves({n: ckpt.weights[n] for n in names})
+        momentum = tensor_leaves({n: ckpt.momentum[n] for n in names})
+        if (len(weights), tree_root(weights), tree_root(momentum)) != (leaf.num_chunks, leaf.weights_root,
+                                                                        leaf.momentum_root):
+            problems.append(f"its stage {stage} weights or momentum are not the chunks its stage leaf commits")
+    root = chunked_weights_root(leaves)
+    if not problems and weights_root is not None and root != weights_root:
+        problems.append(f"its stage leaves' weights root {root.hex()[:16]} is not the attested record's weightsRoot "
+                        f"{weights_root.hex()[:16]}")
+    return problems
+
+
 def build_checkpoint(layout: RunLayout, round_index: int,
-                     states: dict[int, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]) -> Checkpoint:
+                     states: dict[int, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]],
+                     stage_leaves: dict[int, bytes] | None = None) -> Checkpoint:
     """The run's checkpoint of ``round_index`` from every stage's verified (weights, momentum).
 
     The metadata comes from the run (``layout``) and the stage hashes are recomputed here, so
@@ -257,4 +299,4 @@ def build_checkpoint(layout: RunLayout, round_index: int,
         momentum.update(stage_momentum)
         hashes[stage] = stage_weights_hash(stage_weights)
     return Checkpoint(layout.run_id, round_index, dict(layout.model_config), layout.config_hash, hashes,
-                      weights, momentum)
+                      weights, momentum, dict(stage_leaves or {}))

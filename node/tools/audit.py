@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from node.errors import DLX_ERRORS, AuditFailed, AuditIncomplete, ConfigError
+from node.tools.audit_proof import check_fraud_proof
 from node.tools.audit_replay import Replayer, check_checkpoint, check_replay, check_run_document
 from node.tools.audit_rounds import check_contributions
 from node.tools.evidence import ArchiveSource, PeerFetcher, PeerSource, reader_client
@@ -252,7 +253,7 @@ def audit_run(
     report.sources = [s.name for s in sources]
     mark = time.perf_counter()
     document, replayer, layout = _replay_setup(report, history, sources, data_path, run_id)
-    _check_rounds(report, history, chain, sources, (document, replayer, layout), replay, progress)
+    _check_rounds(report, history, chain, sources, (document, replayer, layout), replay, progress, client)
     timings["rounds_s"] = time.perf_counter() - mark
     if reexecute:
         from node.tools.audit_reexec import reexec_checks
@@ -324,9 +325,10 @@ def _replay_setup(report: AuditReport, history: Any, sources: list, data_path, r
 
 def _check_rounds(
     report: AuditReport, history: Any, chain: Any, sources: list, setup: tuple, replay: bool,
-    progress: Progress | None,
+    progress: Progress | None, client: Any = None,
 ) -> None:
-    """Every committed round in order: contributions, replay, disputes, checkpoints (and orphan checkpoints)."""
+    """Every committed round in order: contributions, replay (and a chunked run's fraud proof of a round that
+    does not replay), disputes, checkpoints (and orphan checkpoints)."""
     document, replayer, layout = setup
     run = history.run
     checkpoints = {c.round: c for c in history.checkpoints}
@@ -347,6 +349,10 @@ def _check_rounds(
         payloads = check_contributions(verdict, record, sources, run.num_stages, chain.valid, previous_block, run,
                                        document)
         replayed = check_replay(verdict, commit, replayer, payloads, replay)
+        if replayed is not None and replayed != commit.weights_root and replayer.cfg.diloco.chunked \
+                and client is not None:
+            check_fraud_proof(verdict, record, commits.get(commit.round - 1), replayer, sources, client, history,
+                              layout)
         if commit.round in chain.disputes:
             _judge_disputes(verdict, chain.disputes[commit.round], commit, replayed)
         if commit.round in checkpoints:

@@ -92,6 +92,10 @@ class Replayer:
         self.data_sha256 = document.get("training", {}).get("data_sha256", "")
         self.sources: list = []  # where a sliced round's partials and slice blobs are (audit_sliced.py)
         self.run_id = 0
+        # A chunked run's stage states (ledger.chunkproof.StageState) after the last replayed round and the
+        # round before it: what the audit's fraud proof opens (node/tools/audit_proof.py). None: not known.
+        self.states: list | None = None
+        self.prev_states: list | None = None
 
     def start_from_initial(self) -> None:
         import torch
@@ -102,6 +106,7 @@ class Replayer:
         self.weights = [{n: full[n] for n in names} for names in self.names]
         self.momentum = [{n: torch.zeros_like(full[n]) for n in names} for names in self.names]
         self.base = "initial weights"
+        self._states_from_weights()
 
     def start_from_checkpoint(self, ckpt: Any) -> None:
         import torch
@@ -112,9 +117,19 @@ class Replayer:
             self.weights.append({n: weights[n].to(torch.float32) for n in names})
             self.momentum.append({n: momentum[n].to(torch.float32) for n in names})
         self.base = f"checkpoint of round {ckpt.round}"
+        self._states_from_weights()
+
+    def _states_from_weights(self) -> None:
+        """The stage states of a starting point (no round's factors: only its chunks are ever opened)."""
+        self.prev_states = None
+        if self.cfg.diloco.chunked:
+            from node.fraudproof import initial_state
+
+            self.states = [initial_state(stage, w, m) for stage, (w, m) in enumerate(zip(self.weights, self.momentum))]
 
     def drop(self) -> None:
         self.weights = self.momentum = None
+        self.states = self.prev_states = None
 
     def _corpus(self):
         """The run's training text (for screening batches), or None if this machine does not have it.
@@ -216,8 +231,11 @@ class Replayer:
         return weights_root(hashes)
 
     def apply(self, round_index: int, payloads_by_stage: list[list[bytes]],
-              applied_by_stage: list[list[bytes]] | None = None) -> bytes:
-        """Aggregate every stage of ``round_index``; return the new weights root.
+              applied_by_stage: list[list[bytes]] | None = None,
+              envelopes_by_stage: list[list[bytes]] | None = None) -> bytes:
+        """Aggregate every stage of ``round_index``; return the new weights root (a chunked run's: version 2,
+        over the stage leaves derived with ``envelopes_by_stage``, the envelope digests in the same order;
+        the stage states are kept in ``self.states``, the round before's in ``self.prev_states``).
 
         The contributions the nodes had to leave out (training.robust: undecodable, wrong shape,
         non-finite, forbidden codec, screened, and built on another result of the round before than
@@ -226,11 +244,12 @@ class Replayer:
         reason, detail).
         """
         from node.binding import other_result_exclusions
+        from node.fraudproof import record_weights_root, stage_state
         from training.diloco import aggregate_with_report
         from training.hashing import stage_weights_hash, weights_root
 
         screened = self.screened(round_index, payloads_by_stage)
-        hashes, new_weights, new_momentum, self.last_excluded = [], [], [], []
+        hashes, new_weights, new_momentum, self.last_excluded, states = [], [], [], [], []
         for stage, payloads in enumerate(payloads_by_stage):
             excluded = dict(screened) if stage == 0 else {}
             if applied_by_stage is not None:
@@ -250,8 +269,16 @@ class Replayer:
             new_momentum.append(result.new_momentum)
             hashes.append(result.weights_hash)
             self.last_excluded += [(stage, r.index, r.reason, r.detail) for r in result.contributions if not r.accepted]
+            if self.cfg.diloco.chunked:
+                states.append(stage_state(stage, result, payloads, self.cfg.diloco, round_index,
+                                          envelopes=None if envelopes_by_stage is None else envelopes_by_stage[stage],
+                                          decode_args={"stage_index": stage, "outer_round": round_index,
+                                                       "refuse_raw": self.cfg.compression.enabled}))
         self.weights, self.momentum = new_weights, new_momentum
-        return weights_root(hashes)
+        if not self.cfg.diloco.chunked:
+            return weights_root(hashes)
+        self.prev_states, self.states = self.states, states
+        return record_weights_root(hashes, [state.leaf().encode() for state in states])
 
 
 def check_replay(
@@ -297,7 +324,9 @@ def check_replay(
         else:
             applied = [[bytes.fromhex(c.applied) for c in verdict.contributors if c.stage == stage]
                        for stage in range(len(payloads))]
-            root = replayer.apply(commit.round, payloads, applied)
+            envelopes = [[bytes.fromhex(c.envelope) for c in verdict.contributors if c.stage == stage]
+                         for stage in range(len(payloads))]
+            root = replayer.apply(commit.round, payloads, applied, envelopes)
     except ScreeningUnavailable as exc:
         replayer.drop()
         verdict.checks.append(Check("weights root (replay)", UNVERIFIABLE, str(exc)))

@@ -252,6 +252,16 @@ class ArchiveSource:
         except OSError:
             return None
 
+    def proofs(self, round_index: int) -> list[bytes]:
+        """The fraud proofs of ``round_index`` a node's prover kept (``proofs/`` of its data dir), unchecked."""
+        found = []
+        for path in sorted((self.root / "proofs").glob(f"round-{round_index:08d}-stage*.json")):
+            try:
+                found.append(path.read_bytes())
+            except OSError:
+                continue
+        return found
+
     def checkpoint(self, round_index: int, content_hash_hex: str) -> bytes | None:
         """The candidate file with the expected content, else the first candidate (reported as corrupt)."""
         first = None

@@ -1,0 +1,168 @@
+"""A chunked run's stage states (diloco.commitments = "chunked", issue 43; docs/FRAUD_PROOF.md).
+
+In a chunked run the record's weights root is version 2: the Merkle root over one stage leaf per stage
+(ledger.chunkproof), each the roots of the stage's weights and outer momentum cut into chunks and the hash
+of the round's factors. After a round's outer step the finisher hands this node's new state of each held
+stage to :meth:`ChunkedStates.record`, which
+
+- derives the :class:`ledger.chunkproof.StageState` (the chunk leaves, the factors, every accepted
+  contribution's payload pieces: node.fraudproof.stage_state_of) and keeps it a few rounds, for the
+  attestation (its stage leaf) and for a fraud proof of a later round (node/live/prover.py);
+- publishes the state: the stage's weights and momentum, as a stage shard, served to any peer under the
+  alias ``sha256(stage leaf)``. A prover that derived another leaf than the committed one fetches the
+  committed state from an attester of that leaf (:meth:`ChunkedStates.committed_state`) and checks it
+  against the leaf's roots before opening any chunk of it: what a prover cannot derive itself (the
+  committers' wrong weights) the committers publish. The payload pieces are not published: every holder
+  derives them from the contributions it aggregated, and the committed factors name their roots.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Sequence
+
+from ledger.chunkproof import StageLeaf, StageState, tree_root
+from ledger.errors import LedgerInputError
+from node.config import NodeConfig
+from node.errors import DLX_ERRORS
+from node.fraudproof import parse_stage_leaf, stage_state_of
+from node.store.checkpoint import Checkpoint, RunLayout, parse_checkpoint, stage_problems
+from p2p.host import P2PHost
+from training.chunks import tensor_leaves
+from training.robust import ContributionReport
+
+logger = logging.getLogger(__name__)
+
+#: Rounds of published state kept behind the oldest round the committer has not handled yet.
+PUBLISHED_ROUNDS = 4
+#: A committed state fetched from an attester is refused above this many bytes (the stage's float32 weights
+#: and momentum, with the safetensors header: generously).
+STATE_SLACK_BYTES = 1 << 20
+
+
+def state_key(stage_leaf: bytes) -> str:
+    """The alias a stage's published state is served under: ``sha256(stage leaf)`` (hex)."""
+    return hashlib.sha256(stage_leaf).hexdigest()
+
+
+def attested_leaf(att, stage: int) -> bytes | None:
+    """The stage leaf an attestation of a chunked run carries, or None if it carries none that parses (such an
+    attestation counts for nothing: a peer's bad leaf never reaches a record)."""
+    if not att.stage_leaf:
+        return None
+    try:
+        parse_stage_leaf(att.stage_leaf, stage)
+    except LedgerInputError:
+        return None
+    return att.stage_leaf
+
+
+class ChunkedStates:
+    """This node's stage states of recent rounds in a chunked run, and their publication (module docstring)."""
+
+    def __init__(self, *, cfg: NodeConfig, host: P2PHost, layout: RunLayout, config_hash: bytes) -> None:
+        self.cfg = cfg
+        self.host = host
+        self.layout = layout
+        self.config_hash = config_hash
+        self._lock = threading.Lock()
+        self._states: dict[int, dict[int, StageState]] = {}  # round -> stage -> state
+        self._served: dict[int, list[str]] = {}  # round -> blobs published
+
+    def record(self, outer_round: int, stage: int, weights: dict, momentum: dict,
+               reports: Sequence[ContributionReport], payloads: Sequence[bytes], envelopes: Sequence[bytes]) -> bytes:
+        """Derive, keep and publish this node's state of ``stage`` after ``outer_round``; its stage leaf (bytes).
+
+        ``payloads``: the closed contributions' codec blobs, ``envelopes``: their envelope digests (the
+        contributions root's leaves), both in the close's order; ``reports``: the aggregation's, one each.
+        """
+        state = stage_state_of(stage, weights, momentum, reports, payloads, self.cfg.diloco, outer_round,
+                               envelopes=envelopes,
+                               decode_args={"stage_index": stage, "outer_round": outer_round,
+                                            "refuse_raw": self.cfg.compression.enabled})
+        leaf = state.leaf().encode()
+        with self._lock:
+            self._states.setdefault(outer_round, {})[stage] = state
+        self.publish(outer_round, stage, leaf, weights, momentum)
+        return leaf
+
+    def publish(self, outer_round: int, stage: int, leaf: bytes, weights: dict, momentum: dict) -> None:
+        """Serve the stage's state (a stage shard) under ``state_key(leaf)`` (module docstring)."""
+        shard = Checkpoint(self.layout.run_id, outer_round, dict(self.layout.model_config), self.config_hash, {},
+                           weights, momentum)
+        try:
+            digest = self.host.provide_blob(shard.to_bytes(), announce=False)
+            self.host.provide_alias(state_key(leaf), digest)
+        except DLX_ERRORS as exc:
+            logger.warning("round %d stage %d: state not published (a prover will challenge it): %s",
+                           outer_round, stage, exc)
+            return
+        with self._lock:
+            self._served.setdefault(outer_round, []).append(digest)
+
+    def state(self, outer_round: int, stage: int) -> StageState | None:
+        """This node's state of ``stage`` after ``outer_round``, if still held."""
+        with self._lock:
+            return self._states.get(outer_round, {}).get(stage)
+
+    def replace(self, outer_round: int, stage: int, state: StageState) -> None:
+        """Hold ``state`` as this node's state of the round (a re-base on the record took it)."""
+        with self._lock:
+            self._states.setdefault(outer_round, {})[stage] = state
+
+    def forget_before(self, outer_round: int) -> None:
+        """Drop (and stop serving) the states of rounds before ``outer_round - PUBLISHED_ROUNDS``."""
+        with self._lock:
+            old = [r for r in self._states if r < outer_round - PUBLISHED_ROUNDS]
+            for r in old:
+                del self._states[r]
+            blobs = [d for r in [r for r in self._served if r < outer_round - PUBLISHED_ROUNDS]
+                     for d in self._served.pop(r)]
+        for digest in blobs:
+            try:
+                self.host.remove_blob(digest)
+            except DLX_ERRORS as exc:
+                logger.debug("published state %s not removed: %s", digest[:12], exc)
+
+    def committed_state(self, outer_round: int, stage: int, leaf: StageLeaf,
+                        providers: Sequence[str]) -> tuple[list[bytes], list[bytes]] | None:
+        """``(weight leaves, momentum leaves)`` of the state published under ``leaf`` by one of ``providers``
+        (the attesters of that leaf), checked against the leaf's roots; None if none served it.
+
+        A state that does not parse, is not the run's stage, or whose chunk roots are not the leaf's is
+        refused (logged), and the next provider asked.
+        """
+        key = state_key(leaf.encode())
+        shapes = self.layout.stage_shapes[stage]
+        numel = sum(max(1, _numel(shape)) for shape in shapes.values())
+        limit = 8 * numel + STATE_SLACK_BYTES
+        for peer in providers:
+            try:
+                data = self.host.fetch_alias(key, peer, limit, timeout=min(60.0, self.cfg.round_timeout))
+                shard = parse_checkpoint(data)
+            except (*DLX_ERRORS, ValueError) as exc:  # ValueError: not a peer id
+                logger.info("round %d stage %d: committed state not had from %s: %s", outer_round, stage,
+                            peer[-8:], exc)
+                continue
+            problems = stage_problems(self.layout, stage, shard.weights, shard.momentum, None)
+            if problems:
+                logger.warning("round %d stage %d: the state %s served is not the stage's: %s", outer_round, stage,
+                               peer[-8:], "; ".join(problems))
+                continue
+            weights, momentum = tensor_leaves(shard.weights), tensor_leaves(shard.momentum)
+            if (len(weights), tree_root(weights), tree_root(momentum)) != (leaf.num_chunks, leaf.weights_root,
+                                                                            leaf.momentum_root):
+                logger.warning("round %d stage %d: the state %s served is not the committed leaf's", outer_round,
+                               stage, peer[-8:])
+                continue
+            return weights, momentum
+        return None
+
+
+def _numel(shape) -> int:
+    count = 1
+    for dim in shape:
+        count *= int(dim)
+    return count

@@ -1,0 +1,276 @@
+"""Every node checks each committed round of a chunked run and proves a wrong one on chain itself (issue 43).
+
+The committer hands each round it read back from the chain to :meth:`FraudProver.check`. In a chunked run
+(docs/FRAUD_PROOF.md) the record's weights root is the Merkle root over one stage leaf per stage; where the
+committed root is not the one this node derived from the same contributions, for each stage it holds whose
+committed leaf differs from its own, the node
+
+1. takes the committed stage leaves from the attestations it heard (the combination whose root is the
+   record's), and round t - 1's the same way (it must hold its own state of t - 1 equal to the committed
+   one: a proof recomputes chunk i of round t from round t - 1's committed chunk);
+2. fetches the committed state from an attester of the committed leaf (node/live/chunkstate.py: the state
+   served under the leaf, checked against the leaf's roots), finds the first chunk that differs from its
+   own and sends ``proveWrongAggregation`` (node.fraudproof.proof_of_difference): any account may, no stake
+   needed. The chain then invalidates the round and every later one, slashes every attester and pays
+   this node half of the slash;
+3. if no attester serves the committed state (withheld), challenges the committers on chain to publish its
+   first weights chunk (``challengeAvailability``, the run's bond) and, once the answer window has passed
+   unanswered, settles the challenge (``expireChallenge``): the round is then invalidated the same way; if no
+   attested stage leaves give the committed root at all (a back door: a root with nothing behind it), it
+   challenges them to publish a stage leaf itself (``STAGE_LEAF``), which nobody can answer for a back door.
+   Right rounds' challenges are answered by every node (node/live/answerer.py).
+
+What it cannot prove it says in the log and leaves to the dispute (node/live/forkrepair.py): a round whose
+contributions root differs (another set of contributions), committed factors other than its own (another
+clip scale or set left out: docs/FRAUD_PROOF.md, "Known gaps"), round 0 (no committed round before it), a
+round whose previous state this node no longer holds. Nothing here raises out of :meth:`check`: a bad or
+missing input costs only the proof.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ledger.chunkproof import WEIGHTS, StageLeaf, StageState, availability_target, stage_leaf_target
+from ledger.errors import LedgerError, ProverChallengeNotDue
+from ledger.records import RoundRecord
+from node.errors import DLX_ERRORS
+from node.fsutil import atomic_write_bytes
+from node.fraudproof import parse_stage_leaf, proof_of_difference, record_weights_root
+from node.live.chunkstate import ChunkedStates, attested_leaf
+from node.live.onchain import NodeChain
+from node.live.roundbook import RoundBook
+
+logger = logging.getLogger(__name__)
+
+#: Combinations of attested stage leaves tried to find the committed ones (as node/live/forkrepair.py).
+MAX_COMBINATIONS = 256
+#: Committed stage leaves remembered per round (round t's proof needs round t - 1's).
+ROUNDS_REMEMBERED = 8
+#: Where a node keeps the proofs it sent, under its data dir (``audit --archive`` reads them).
+PROOFS_DIR = "proofs"
+#: How often a pending availability challenge is tried for settlement.
+EXPIRE_EVERY_S = 5.0
+
+
+@dataclass
+class ProverLog:
+    """What the prover did, for the node's status and the tests: one line per action, by round."""
+
+    proofs: dict[int, str] = field(default_factory=dict)  # round -> tx hash or receipt of the proof sent
+    challenges: dict[int, bytes] = field(default_factory=dict)  # round -> challenge id
+    expired: dict[int, bytes] = field(default_factory=dict)  # round -> challenge id settled unanswered
+    unprovable: dict[int, str] = field(default_factory=dict)  # round -> why no proof applies
+
+
+class FraudProver:
+    """Checks committed rounds of a chunked run and proves wrong ones (module docstring)."""
+
+    def __init__(self, *, run_id: int, chain: NodeChain, book: RoundBook, states: ChunkedStates, stages,
+                 num_stages: int, stop: threading.Event, proofs_dir: Path | None = None) -> None:
+        self.run_id = run_id
+        self.chain = chain
+        self.book = book
+        self.states = states
+        self.stages = stages  # callable: the stages this node holds
+        self.num_stages = num_stages
+        self.stop = stop
+        self.proofs_dir = proofs_dir  # where each proof sent is kept (PROOFS_DIR of the node's data dir)
+        self.log = ProverLog()
+        self._committed: dict[int, list[bytes]] = {}  # round -> committed stage leaves
+        self._pending: dict[bytes, int] = {}  # challenge id -> round
+        self._lock = threading.Lock()
+        self._expirer: threading.Thread | None = None
+
+    # -- the committed leaves --------------------------------------------------------------
+    def committed_leaves(self, outer_round: int, record: RoundRecord) -> list[bytes] | None:
+        """The stage leaves whose root is ``record``'s weights root, among those attested here (None: none)."""
+        if outer_round in self._committed:
+            return self._committed[outer_round]
+        options = []
+        for stage in range(self.num_stages):
+            heard = self.book.snapshot_attestations(outer_round, stage).values()
+            options.append(sorted({leaf for att in heard if (leaf := attested_leaf(att, stage)) is not None}))
+        for combination in itertools.islice(itertools.product(*options), MAX_COMBINATIONS):
+            if record_weights_root([], list(combination)) == record.weights_root:
+                self._remember(outer_round, list(combination))
+                return list(combination)
+        return None
+
+    def _remember(self, outer_round: int, leaves: list[bytes]) -> None:
+        self._committed[outer_round] = leaves
+        for old in [r for r in self._committed if r < outer_round - ROUNDS_REMEMBERED]:
+            del self._committed[old]
+
+    def _attesters_of(self, outer_round: int, stage: int, leaf: bytes) -> list[str]:
+        return sorted(peer for peer, att in self.book.snapshot_attestations(outer_round, stage).items()
+                      if att.stage_leaf == leaf)
+
+    # -- one committed round ------------------------------------------------------------------
+    def check(self, outer_round: int, onchain: RoundRecord, mine: RoundRecord | None) -> None:
+        """Check committed round ``outer_round`` against this node's record ``mine``; prove it wrong if it is."""
+        try:
+            self._check(outer_round, onchain, mine)
+        except DLX_ERRORS as exc:
+            self._unprovable(outer_round, f"the proof failed: {type(exc).__name__}: {exc}")
+        self.settle_challenges()
+
+    def _check(self, outer_round: int, onchain: RoundRecord, mine: RoundRecord | None) -> None:
+        committed = self.committed_leaves(outer_round, onchain)
+        if mine is None or onchain.weights_root == mine.weights_root:
+            return
+        if onchain.contributions_root != mine.contributions_root:
+            self._unprovable(outer_round, "the committed contributions are not the ones this node aggregated "
+                                          "(a dispute's matter, not a chunk's)")
+            return
+        if committed is None:  # a back door, or leaves nobody attested to this node: make them show the leaves
+            self._unprovable(outer_round, "no attested stage leaves heard here give the committed weights root")
+            self._challenge_stage_leaf(outer_round, onchain)
+            return
+        invalid = self.chain.invalid_from(self.run_id)
+        if invalid is not None and invalid <= outer_round:
+            self._unprovable(outer_round, f"already invalid on chain: round {invalid} and every later one were "
+                                          "overturned")
+            return
+        if outer_round == 0:
+            self._unprovable(outer_round, "round 0 has no committed round before it to recompute from")
+            return
+        prev_record = self.chain.commit_of(self.run_id, outer_round - 1)
+        prev_leaves = self.committed_leaves(outer_round - 1, prev_record) if prev_record is not None else None
+        if prev_leaves is None:
+            self._unprovable(outer_round, f"round {outer_round - 1}'s committed stage leaves are not known here")
+            return
+        for stage in self.stages():
+            own = self.states.state(outer_round, stage)
+            if own is None or own.leaf().encode() == committed[stage]:
+                continue
+            prev = self.states.state(outer_round - 1, stage)
+            if prev is None or prev.leaf().encode() != prev_leaves[stage]:
+                self._unprovable(outer_round, f"stage {stage}: this node does not hold round {outer_round - 1}'s "
+                                              "committed state")
+                continue
+            if self._prove_stage(outer_round, stage, onchain, prev_record, prev_leaves, committed, prev, own):
+                return  # one proof invalidates the round (and every later one)
+
+    def _prove_stage(self, outer_round: int, stage: int, record: RoundRecord, prev_record: RoundRecord,
+                     prev_leaves: list[bytes], leaves: list[bytes], prev: StageState, own: StageState) -> bool:
+        leaf = parse_stage_leaf(leaves[stage], stage)
+        if leaf.factors_hash != own.factors.digest():
+            self._unprovable(outer_round, f"stage {stage}: the committed factors are not this node's (a clip scale "
+                                          "or the set left out): not provable by a chunk")
+            return False
+        prev_stages = [parse_stage_leaf(v, s) for s, v in enumerate(prev_leaves)]
+        stages = [parse_stage_leaf(v, s) for s, v in enumerate(leaves)]
+        fetched = self.states.committed_state(outer_round, stage, leaf,
+                                              self._attesters_of(outer_round, stage, leaves[stage]))
+        if fetched is None:
+            return self._challenge(outer_round, stage, record, stages, own)
+        committed = StageState(stage, fetched[0], fetched[1], own.factors, own.payload_leaves)
+        proof, why = proof_of_difference(prev_record, record, prev_stages, stages, prev, own, committed)
+        if proof is None:
+            self._unprovable(outer_round, f"stage {stage}: {why}")
+            return False
+        attesters = self.chain.attesters_of(self.run_id, outer_round)
+        logger.error("round %d stage %d: the committed weights root is wrong at %s; sending the fraud proof",
+                     outer_round, stage, why)
+        self._keep(outer_round, stage, proof, attesters)
+        receipt = self.chain.prove_wrong_aggregation(proof, attesters)
+        self.log.proofs[outer_round] = str(_tx_of(receipt))
+        logger.error("round %d: proven wrong on chain (stage %d, %s; tx %s): the round and every later one are "
+                     "invalid, its %d attester(s) slashed", outer_round, stage, why, self.log.proofs[outer_round],
+                     len(attesters or ()))
+        return True
+
+    def _keep(self, outer_round: int, stage: int, proof, attesters) -> None:
+        """Keep the proof in the node's evidence (``audit --archive`` shows it and checks it on chain)."""
+        if self.proofs_dir is None:
+            return
+        document = {"proof": proof.to_json(), "attesters": list(attesters or ())}
+        try:
+            atomic_write_bytes(self.proofs_dir / f"round-{outer_round:08d}-stage{stage}.json",
+                               json.dumps(document, sort_keys=True).encode())
+        except OSError as exc:
+            logger.warning("round %d: the fraud proof was not kept on disk: %s", outer_round, exc)
+
+    def _challenge(self, outer_round: int, stage: int, record: RoundRecord, stages: list[StageLeaf],
+                   own: StageState) -> bool:
+        """No attester serves the committed state: challenge its first weights chunk on chain."""
+        target = availability_target(record, stages, own.factors, stage, WEIGHTS, 0)
+        logger.error("round %d stage %d: the committed state is withheld by its attesters; challenging its "
+                     "availability on chain", outer_round, stage)
+        self._open(outer_round, self.chain.challenge_availability(target))
+        return True
+
+    def _challenge_stage_leaf(self, outer_round: int, record: RoundRecord) -> None:
+        """Challenge the committers to publish the leaf of the first stage this node holds under the record's root:
+        a root with no stage leaves behind it (a back door) cannot be answered, and the round falls."""
+        stage = min(self.stages(), default=0)
+        logger.error("round %d: no attested stage leaves give the committed weights root; challenging the committers "
+                     "to publish stage %d's leaf on chain", outer_round, stage)
+        self._open(outer_round, self.chain.challenge_availability(stage_leaf_target(record, stage)))
+
+    def _open(self, outer_round: int, challenge_id: bytes) -> None:
+        self.log.challenges[outer_round] = challenge_id
+        with self._lock:
+            self._pending[challenge_id] = outer_round
+            if self._expirer is None or not self._expirer.is_alive():
+                self._expirer = threading.Thread(target=self._expire_loop, name="fraud-expirer", daemon=True)
+                self._expirer.start()
+
+    # -- availability challenges ---------------------------------------------------------------
+    def _expire_loop(self) -> None:
+        while not self.stop.wait(EXPIRE_EVERY_S):
+            if not self.settle_challenges():
+                return
+
+    def settle_challenges(self) -> bool:
+        """Settle every pending challenge that is due: answered ones are dropped, unanswered ones expired (also
+        done every EXPIRE_EVERY_S on a thread while any is pending). Whether some are still pending."""
+        with self._lock:
+            pending = dict(self._pending)
+        for challenge_id, outer_round in pending.items():
+            try:
+                state = self.chain.challenge_of(challenge_id)
+                if state["settled"]:
+                    logger.warning("round %d: the availability challenge was answered (the leaf is in the "
+                                   "answer's transaction); no proof from an answered leaf is built yet", outer_round)
+                    self._drop(challenge_id)
+                    continue
+                self.chain.expire_challenge(challenge_id)
+            except ProverChallengeNotDue:
+                continue
+            except LedgerError as exc:
+                logger.warning("round %d: availability challenge not settled: %s", outer_round, exc)
+                self._drop(challenge_id)
+                continue
+            except DLX_ERRORS as exc:
+                logger.debug("round %d: availability challenge not settled yet: %s", outer_round, exc)
+                continue
+            self.log.expired[outer_round] = challenge_id
+            logger.error("round %d: the availability challenge went unanswered; the round is invalidated on chain "
+                         "and its attesters slashed", outer_round)
+            self._drop(challenge_id)
+        with self._lock:
+            return bool(self._pending)
+
+    def _drop(self, challenge_id: bytes) -> None:
+        with self._lock:
+            self._pending.pop(challenge_id, None)
+
+    def _unprovable(self, outer_round: int, why: str) -> None:
+        if self.log.unprovable.get(outer_round) != why:
+            logger.warning("round %d: the committed weights root differs from this node's; no fraud proof: %s",
+                           outer_round, why)
+        self.log.unprovable[outer_round] = why
+
+
+def _tx_of(receipt) -> str:
+    try:
+        return "0x" + bytes(receipt["transactionHash"]).hex()
+    except (TypeError, KeyError, ValueError):
+        return str(receipt)[:80]

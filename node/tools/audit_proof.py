@@ -1,0 +1,124 @@
+"""The fraud proof an audit would submit for a wrong round of a chunked run (issue 43; docs/FRAUD_PROOF.md).
+
+When the replay of a chunked run's round gives another weights root than the committed one, the audit says
+what would get the round overturned on chain, and whether that already happened:
+
+- **its own proof**: the replay holds this round's and the round before's stage states (node/tools/
+  audit_replay.py); the committed state of the round comes from the round's published checkpoint, whose
+  stage leaves must give the committed weights root (a chunked checkpoint carries them). The first chunk
+  that differs is opened (node.fraudproof.proof_of_difference) and the proof checked with the contract's
+  view ``isWrong``: it is printed (as ``proveWrongAggregation``'s argument, hex) only if the chain says it
+  holds;
+- **a kept proof**: a node's prover keeps every proof it sent (``proofs/`` of its data dir,
+  node/live/prover.py); one in an ``--archive`` for this round is checked the same way, so a proof
+  nobody has to trust.
+
+Either way the round's verdict gets a "fraud proof" item: ok with the proof (and "already proven on chain"
+or "not yet submitted"), or unverifiable with the reason no proof could be built here.
+"""
+
+import json
+from typing import Any
+
+from node.errors import DLX_ERRORS, StateError
+from node.tools.evidence import first_good_copy
+from node.tools.report import OK, UNVERIFIABLE, Check
+
+
+def check_fraud_proof(verdict: Any, record: Any, prev_commit: Any, replayer: Any, sources: list, client: Any,
+                      history: Any, layout: Any) -> None:
+    """Add the round's "fraud proof" item to ``verdict`` (a chunked round whose replay differs from its commit)."""
+    from ledger.errors import LedgerError
+
+    commit = record.commit
+    invalid = client.invalid_from(commit.run_id)
+    if history.dispute_outcomes.get(commit.round) == "proven wrong":
+        status = "already proven on chain"
+    elif invalid is not None and invalid <= commit.round:
+        status = f"already invalid on chain (from round {invalid})"
+    else:
+        status = "not yet submitted"
+    candidates, why_not = [], []
+    try:
+        own = _own_proof(commit, prev_commit, replayer, sources, layout)
+        candidates.append(("built from the replay and the round's checkpoint", own))
+    except _NoProof as exc:
+        why_not.append(str(exc))
+    candidates += [("kept by a node's prover", proof) for proof in _kept_proofs(sources, commit)]
+    for origin, proof in candidates:
+        try:
+            holds = client.proof_holds(proof, record.attesters)
+        except (*DLX_ERRORS, LedgerError) as exc:
+            why_not.append(f"a proof {origin} does not check on chain: {type(exc).__name__}: {exc}"[:300])
+            continue
+        if not holds:
+            why_not.append(f"a proof {origin} does not hold on chain (isWrong is false)")
+            continue
+        verdict.checks.append(Check("fraud proof", OK, f"stage {proof.stage} chunk {proof.chunk}, {origin}, holds "
+                                                       f"on chain (isWrong); {status}"))
+        verdict.notes.append("fraud proof (proveWrongAggregation's argument): "
+                             + json.dumps(proof.to_json(), sort_keys=True))
+        return
+    verdict.checks.append(Check("fraud proof", UNVERIFIABLE, f"no proof built here ({status}): "
+                                + "; ".join(why_not or ["no committed state of the round was found"])))
+
+
+class _NoProof(Exception):
+    """Why the audit cannot build its own proof of the round."""
+
+
+def _own_proof(commit: Any, prev_commit: Any, replayer: Any, sources: list, layout: Any):
+    from ledger.chunkproof import StageState, chunked_weights_root
+    from node.fraudproof import parse_stage_leaf, proof_of_difference
+    from node.store.checkpoint import chunked_problems, parse_checkpoint
+    from training.chunks import tensor_leaves
+
+    if commit.round == 0 or prev_commit is None:
+        raise _NoProof("round 0 (or a round after a gap) has no committed round before it to recompute from")
+    if replayer is None or replayer.states is None or replayer.prev_states is None or layout is None:
+        raise _NoProof("the replay does not hold this round's and the round before's states")
+    prev_leaves = [state.leaf() for state in replayer.prev_states]
+    if chunked_weights_root(prev_leaves) != prev_commit.weights_root:
+        raise _NoProof(f"the replayed round {commit.round - 1} is not the committed one (an earlier round differs)")
+    if not commit.has_checkpoint:
+        raise _NoProof("the round published no checkpoint: its committed state is had only from its attesters "
+                       "(a node's prover fetches it; see the proofs a node kept)")
+    expected = commit.checkpoint_hash.hex()
+    copy = first_good_copy(sources, lambda src: src.checkpoint(commit.round, expected), expected)
+    if copy.data is None:
+        raise _NoProof(f"no source holds the round's checkpoint {expected[:16]}")
+    try:
+        ckpt = parse_checkpoint(copy.data, commit.checkpoint_hash)
+    except StateError as exc:
+        raise _NoProof(f"the round's checkpoint does not parse: {exc}") from None
+    problems = chunked_problems(ckpt, layout, commit.weights_root) if len(ckpt.weights) else ["it holds no tensors"]
+    if problems:
+        raise _NoProof("the round's checkpoint is not the committed state: " + "; ".join(problems)[:300])
+    stages = [parse_stage_leaf(ckpt.stage_leaves[s], s) for s in range(layout.num_stages)]
+    for stage, mine in enumerate(replayer.states):
+        if mine.leaf() == stages[stage]:
+            continue
+        names = layout.stage_names(stage)
+        committed = StageState(stage, tensor_leaves({n: ckpt.weights[n] for n in names}),
+                               tensor_leaves({n: ckpt.momentum[n] for n in names}), mine.factors, mine.payload_leaves)
+        proof, why = proof_of_difference(prev_commit, commit, prev_leaves, stages, replayer.prev_states[stage], mine,
+                                         committed)
+        if proof is None:
+            raise _NoProof(f"stage {stage}: {why}")
+        return proof
+    raise _NoProof("every stage's committed leaf is the replayed one")
+
+
+def _kept_proofs(sources: list, commit: Any) -> list:
+    from ledger.chunkproof import AggregationProof
+
+    found = []
+    for source in sources:
+        for data in getattr(source, "proofs", lambda _r: [])(commit.round):
+            try:
+                proof = AggregationProof.from_json(json.loads(data)["proof"])
+            except (*DLX_ERRORS, ValueError, KeyError, TypeError):
+                continue  # a file that is no proof: nothing to check
+            if tuple(proof.record) == tuple(commit.fields()):
+                found.append(proof)
+    return found

@@ -1,0 +1,95 @@
+"""Issue 43 with real processes: every attester of the quorum colludes, one honest member alone overturns it.
+
+Three node processes on a real anvil, one replica each, a chunked run (the default) with k = 2: two of them
+run tests/adversary.py ``collude-root`` (in round 1 both change one element of their new weights by one ulp,
+attest it, sign one record and commit it with their two signatures: the whole quorum). The third, honest
+and outside the quorum, derives another weights root, fetches the state the colluders published under their
+stage leaf, finds the chunk and sends ``proveWrongAggregation`` itself: the round and every later one become
+invalid, both colluders are slashed, the honest member is paid half of the slash, and ``pull`` refuses the
+round, and ``audit`` prints the proof (checked on chain) and says the round is already proven. The in-process tier (no node processes, the same parts) is tests/test_fraud_live.py.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from eth_utils import keccak
+
+from ledger.account import dev_account
+from node.errors import RoundDisputed
+from node.tools.audit import audit_run
+from node.tools.pull import pull_checkpoint
+from node.tools.report import OK
+from tests.node_fixtures import TINY, run_logs
+
+ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py"), "collude-root"]
+STAKE = 10**18
+
+
+def _proof_item(report):
+    verdict = next(r for r in report.rounds if r.round == 1)
+    item = next((c for c in verdict.checks if c.name == "fraud proof"), None)
+    assert item is not None and item.status == OK and "already proven on chain" in item.reason, verdict.checks
+    assert any(note.startswith("fraud proof (proveWrongAggregation's argument): {") for note in verdict.notes)
+    return item
+
+
+def _logs(slots) -> str:
+    return "\n".join(p.read_text() for slot in slots for p in slot.data_dir.glob("node-*.log"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_one_honest_member_alone_overturns_a_colluding_quorum(make_run, tmp_path):
+    run = make_run(replicas=3, stages=1, split=False, settings=[*TINY, "join_timeout=90", "rounds=4"],
+                   attest_quorum=2, attest_quorum_bps=0, allow_weak_quorum=True, stake_wei=STAKE)
+    honest, colluders = run.nodes[0], run.nodes[1:]
+    for slot in colluders:
+        slot.command = ADVERSARY
+    run.start()
+    client = run.client()
+    deadline = time.monotonic() + 600
+    while client.invalid_from(run.run_id) is None:
+        assert time.monotonic() < deadline, "round 1 was never proven wrong\n" + run_logs(run)
+        assert run.running(), "every node exited early:\n" + run_logs(run)
+        time.sleep(2.0)
+    assert client.invalid_from(run.run_id) == 1, run_logs(run)
+    history = client.history(run.run_id)
+    assert history.dispute_outcomes.get(1) == "proven wrong", history.dispute_outcomes
+    committed = next(c for c in history.commits if c.commit.round == 1)
+    colluder_accounts = {dev_account(slot.account, run.chain_id).address.lower() for slot in colluders}
+    assert {a.lower() for a in committed.attesters} == colluder_accounts  # the whole quorum colluded
+    for account in colluder_accounts:
+        assert client.member(run.run_id, account).status == "slashed"
+    honest_account = dev_account(honest.account, run.chain_id).address
+    assert client.member(run.run_id, honest_account).status == "active"
+    logs = _logs([honest])
+    assert "proven wrong on chain (stage 0" in logs, logs[-4000:]
+    assert "adversary: round 1 stage 0: element 0" in _logs(colluders)
+    assert list((honest.data_dir / "proofs").glob("round-00000001-stage0.json"))
+    # The prover was paid: half of the two stakes slashed (the ledger's ProverRewarded, to the honest account).
+    topic = "0x" + keccak(text="ProverRewarded(uint256,uint64,address,uint256)").hex().removeprefix("0x")
+    rewards = client.w3.eth.get_logs({"address": client.ledger_address, "fromBlock": 0, "topics": [topic]})
+    assert len(rewards) == 1
+    assert "0x" + bytes(rewards[0]["topics"][3])[-20:].hex() == honest_account.lower()
+    assert int.from_bytes(bytes(rewards[0]["data"]), "big") == len(colluders) * STAKE // 2
+    # audit prints the proof it would submit, checked on chain (isWrong), and says the round is proven already:
+    # its own (its replay, and round 1's checkpoint the colluders published), or the one the honest node kept.
+    own = _proof_item(audit_run(client, run.run_id, archives=[honest.data_dir / "archive",
+                                                                *[slot.data_dir for slot in colluders]]))
+    assert "built from the replay and the round's checkpoint" in own.reason, own
+    # Without round 1's checkpoint (the colluders' archives only: their contributions, not their checkpoints),
+    # the proof the honest node kept.
+    kept = _proof_item(audit_run(client, run.run_id, archives=[honest.data_dir,
+                                                                 *[slot.data_dir / "archive" for slot in colluders]]))
+    assert "kept by a node's prover" in kept.reason, kept
+    # pull refuses the proven round (and what descends from it); round 0 still pulls.
+    with pytest.raises(RoundDisputed, match="fraud proof"):
+        pull_checkpoint(client, run.run_id, tmp_path / "pulled1", round_index=1, archives=[honest.data_dir],
+                        final_only=False)
+    pulled = pull_checkpoint(client, run.run_id, tmp_path / "pulled0", round_index=0, archives=[honest.data_dir],
+                             final_only=False)
+    assert pulled.round == 0

@@ -1,0 +1,286 @@
+"""A node proves a wrong aggregation on chain by itself (issue 43; docs/FRAUD_PROOF.md), in process: real libp2p
+hosts (the committers publish their stage state under its leaf, the prover fetches it), a real EVM (py-evm), the
+node's own parts (node/live/chunkstate.py, node/live/prover.py, node/live/onchain.py, node/live/roundbook.py).
+
+Members 1 and 2 (the quorum) collude: they commit round 1 with one element of stage 0 changed. Member 3, honest
+and outside the quorum, alone gets the round invalidated, the attesters slashed and itself paid; or, when the
+colluders withhold their state, challenges its availability and settles the challenge unanswered; or, for a
+back door (a root with no stage leaves behind it), challenges a stage leaf itself. A right round, committed
+factors other than its own and a malformed attested leaf send nothing, and a right round's challenges are
+answered (node/live/answerer.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import threading
+
+import pytest
+import torch
+
+from ledger.chain import connect_pyevm
+from ledger.chunkproof import AggregationProof, StageLeaf, chunked_weights_root
+from node import protocol as msg
+from node.config import load_config
+from node.fraudproof import initial_state
+from node.live.chunkstate import ChunkedStates
+from node.live.onchain import NodeChain
+from node.live.prover import FraudProver
+from node.live.roundbook import RoundBook
+from node.store.checkpoint import RunLayout, build_checkpoint, checkpoint_problems
+from node.tools.pull import round_standing
+from p2p.config import P2PConfig
+from p2p.host import P2PHost
+from p2p.identity import Identity
+from tests.fraud_fixtures import OTHER, contribution, tensors
+from tests.ledger_fixtures import deploy, digest, mine
+from training.diloco import aggregate_with_report
+
+SHAPES = {"a.weight": (16, 80), "b.bias": (70,)}
+STAKE = 10**18
+PROVER, COLLUDERS = 3, (1, 2)
+
+
+class WithholdingStates(ChunkedStates):
+    """A committer that publishes nothing of its state (the prover must challenge it on chain)."""
+
+    def publish(self, outer_round, stage, leaf, weights, momentum) -> None:
+        return None
+
+
+@dataclasses.dataclass
+class World:
+    cfg: object
+    layout: RunLayout
+    weights: dict
+    momentum: dict
+    blobs: list
+    aggregation: object
+    other: object  # stage 1's state, the same in both rounds
+    hosts: list
+
+
+@pytest.fixture
+def world(tmp_path):
+    cfg = load_config(None, ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2"])
+    assert cfg.diloco.chunked
+    layout = RunLayout(1, b"\x07" * 32, {}, (SHAPES, OTHER), chunked=True)
+    weights, momentum = tensors(1, SHAPES), tensors(2, SHAPES, scale=0.1)
+    blobs = [contribution(SHAPES, "lowrank", 30, rank=4), contribution(SHAPES, "quant", 31)]
+    aggregation = aggregate_with_report(weights, momentum, blobs, cfg.diloco, stage_index=0, outer_round=1,
+                                        compression_cfg=cfg.compression)
+    assert all(report.accepted for report in aggregation.contributions)
+    other = initial_state(1, tensors(3, OTHER), tensors(4, OTHER, 0.0))
+    hosts = [P2PHost.start(P2PConfig(listen_port=0), Identity.generate(), data_dir=tmp_path / f"host{i}")
+             for i in range(2)]
+    yield World(cfg, layout, weights, momentum, blobs, aggregation, other, hosts)
+    for host in hosts:
+        host.close()
+
+
+def _states(world: World, host, kind=ChunkedStates) -> ChunkedStates:
+    states = kind(cfg=world.cfg, host=host, layout=world.layout, config_hash=world.layout.config_hash)
+    states.replace(0, 0, initial_state(0, world.weights, world.momentum))
+    return states
+
+
+def _record(world: World, states: ChunkedStates, weights: dict) -> bytes:
+    envelopes = [hashlib.sha256(b"envelope" + blob).digest() for blob in world.blobs]
+    return states.record(1, 0, weights, world.aggregation.new_momentum, world.aggregation.contributions, world.blobs,
+                         envelopes)
+
+
+def _one_element_changed(weights: dict) -> dict:
+    changed = {name: tensor.clone() for name, tensor in weights.items()}
+    value = changed["a.weight"][3, 17]
+    changed["a.weight"][3, 17] = torch.nextafter(value, value + 1)  # one ulp: the smallest change there is
+    return changed
+
+
+def _setup(world: World, tmp_path, states: ChunkedStates, committed_leaf: bytes, own_leaf: bytes,
+           colluder_peer: str):
+    """The chain (rounds 0 and 1 committed by the colluders, round 1 with ``committed_leaf``), the book of
+    attestations the prover heard, and the prover (member 3, holding stage 0)."""
+    deployment = deploy(connect_pyevm(), min_stake=STAKE)
+    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE)
+    start = initial_state(0, world.weights, world.momentum).leaf().encode()
+    other = world.other.leaf().encode()
+    book, records = RoundBook(), []
+    prover_peer, second = world.hosts[1].peer_id, Identity.generate().peer_id
+    for outer_round, (stage0, own0) in enumerate([(start, start), (committed_leaf, own_leaf)]):
+        record = dataclasses.replace(run.next_record(), weights_root=chunked_weights_root(
+            [StageLeaf.decode(stage0), StageLeaf.decode(other)]))
+        run.client(1).commit_round(record, run.sign(record, COLLUDERS))
+        records.append(record)
+        for peer, leaf in ((colluder_peer, stage0), (second, stage0), (prover_peer, own0)):
+            book.add_attestation(outer_round, 0, peer, _attestation(leaf))
+            book.add_attestation(outer_round, 1, peer, _attestation(other))
+    prover = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(PROVER)), book=book, states=states,
+                         stages=lambda: (0,), num_stages=2, stop=threading.Event(), proofs_dir=tmp_path / "proofs")
+    mine_record = dataclasses.replace(records[1], weights_root=chunked_weights_root(
+        [StageLeaf.decode(own_leaf), StageLeaf.decode(other)]))
+    return deployment, run, records, prover, mine_record
+
+
+def _attestation(leaf: bytes) -> msg.Attestation:
+    return msg.Attestation(b"\x01" * 32, b"\x02" * 32, 2, float("nan"), float("nan"), 0, b"", b"", leaf)
+
+
+def test_one_honest_node_alone_proves_a_colluding_quorums_one_element_change(world, tmp_path):
+    colluder_host, prover_host = world.hosts
+    colluders = _states(world, colluder_host)
+    honest = _states(world, prover_host)
+    own_leaf = _record(world, honest, world.aggregation.new_global)
+    wrong_leaf = _record(world, colluders, _one_element_changed(world.aggregation.new_global))
+    assert own_leaf != wrong_leaf
+    prover_host.connect(colluder_host.listen_addrs[0])
+    deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
+                                                           colluder_host.peer_id)
+    client = deployment.client(PROVER)
+    before = client.balance()
+    prover.check(0, records[0], records[0])  # agreed: nothing to do, its committed leaves remembered
+    assert not prover.log.proofs and not prover.log.unprovable
+    prover.check(1, records[1], mine_record)
+    assert set(prover.log.proofs) == {1}, prover.log.unprovable
+    assert client.invalid_from(run.run_id) == 1 and not client.is_final(run.run_id, 1)
+    for index in COLLUDERS:
+        assert client.member(run.run_id, deployment.client(index).address).status == "slashed"
+    assert client.member(run.run_id, client.address).status == "active"
+    assert client.balance() > before + STAKE // 2  # half of the two slashed stakes, less the gas
+    kept = json.loads((tmp_path / "proofs" / "round-00000001-stage0.json").read_text())
+    proof = AggregationProof.from_json(kept["proof"])
+    assert proof.stage == 0 and proof.record == records[1].fields() and len(kept["attesters"]) == 2
+    history = client.history(run.run_id)
+    assert history.dispute_outcomes == {1: "proven wrong"}
+    standing = round_standing(history, client.chain_id, client.ledger_address)
+    assert standing[0] is None and standing[1] is not None  # pull refuses round 1, not round 0
+    prover.check(1, records[1], mine_record)  # seen again: already invalid, it says so and sends nothing
+    assert "already invalid" in prover.log.unprovable[1]
+
+
+def test_a_withheld_state_is_challenged_and_the_round_invalidated_unanswered(world, tmp_path):
+    colluder_host, prover_host = world.hosts
+    colluders = _states(world, colluder_host, WithholdingStates)
+    honest = _states(world, prover_host)
+    own_leaf = _record(world, honest, world.aggregation.new_global)
+    wrong_leaf = _record(world, colluders, _one_element_changed(world.aggregation.new_global))
+    prover_host.connect(colluder_host.listen_addrs[0])
+    deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
+                                                           colluder_host.peer_id)
+    prover.check(0, records[0], records[0])
+    prover.check(1, records[1], mine_record)
+    assert set(prover.log.challenges) == {1} and not prover.log.proofs
+    client = deployment.client(PROVER)
+    assert client.invalid_from(run.run_id) is None
+    assert prover.settle_challenges()  # not due yet: still pending
+    mine(deployment.w3, client._run_struct(run.run_id)["accusationBlocks"])
+    assert not prover.settle_challenges()
+    assert set(prover.log.expired) == {1} and client.invalid_from(run.run_id) == 1
+    for index in COLLUDERS:
+        assert client.member(run.run_id, deployment.client(index).address).status == "slashed"
+    prover.stop.set()
+
+
+def test_a_right_round_other_factors_or_a_bad_leaf_send_nothing(world, tmp_path):
+    colluder_host, prover_host = world.hosts
+    honest = _states(world, prover_host)
+    own_leaf = _record(world, honest, world.aggregation.new_global)
+    # A right round: the committed root is this node's own.
+    deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, own_leaf, own_leaf,
+                                                           colluder_host.peer_id)
+    prover.check(0, records[0], records[0])
+    prover.check(1, records[1], mine_record)
+    assert not prover.log.proofs and not prover.log.challenges and not prover.log.unprovable
+    # Other factors (a clip scale, the set left out): not provable by a chunk; said, nothing sent.
+    other_factors = dataclasses.replace(StageLeaf.decode(own_leaf), factors_hash=digest("other factors")).encode()
+    deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, other_factors, own_leaf,
+                                                           colluder_host.peer_id)
+    prover.check(0, records[0], records[0])
+    prover.check(1, records[1], mine_record)
+    assert "factors" in prover.log.unprovable[1] and not prover.log.proofs and not prover.log.challenges
+    assert deployment.client(PROVER).invalid_from(run.run_id) is None
+    # A malformed leaf in the attestations: it counts for nothing, the committed leaves are not found.
+    book = prover.book
+    bad = bytearray(own_leaf)
+    bad[0] = 1  # a uint32 with bits above 32 set: not an ABI encoding
+    for outer_round in (0, 1):
+        book.attestations[(outer_round, 0)] = {peer: _attestation(bytes(bad)) for peer in book.attestations[
+            (outer_round, 0)]}
+    fresh = FraudProver(run_id=run.run_id, chain=prover.chain, book=book, states=honest, stages=lambda: (0,),
+                        num_stages=2, stop=threading.Event())
+    fresh.check(1, records[1], mine_record)
+    assert "no attested stage leaves" in fresh.log.unprovable[1] and not fresh.log.proofs
+
+
+def test_a_chunked_runs_checkpoint_is_verified_by_its_stage_leaves(world):
+    """A chunked run's checkpoint carries its stage leaves: weights and momentum must be their chunks, and the
+    leaves' root the record's; a hashed checkpoint (no leaves) or a doctored momentum is refused."""
+    layout = RunLayout(1, b"\x07" * 32, {}, (SHAPES, OTHER), chunked=True)
+    first = initial_state(0, world.weights, world.momentum)
+    states = {0: (world.weights, world.momentum), 1: (tensors(3, OTHER), tensors(4, OTHER, 0.0))}
+    leaves = {0: first.leaf().encode(), 1: world.other.leaf().encode()}
+    root = chunked_weights_root([first.leaf(), world.other.leaf()])
+    full = build_checkpoint(layout, 4, states, leaves)
+    assert checkpoint_problems(full, layout, 4, root) == []
+    assert any("weightsRoot" in p for p in checkpoint_problems(full, layout, 4, digest("another root")))
+    assert any("stage leaves of stages []" in p for p in checkpoint_problems(build_checkpoint(layout, 4, states),
+                                                                               layout, 4, root))
+    doctored = {**states, 0: (world.weights, {n: t + 1 for n, t in world.momentum.items()})}
+    assert any("not the chunks" in p for p in checkpoint_problems(build_checkpoint(layout, 4, doctored, leaves),
+                                                                 layout, 4, root))
+
+
+def test_a_back_door_root_is_challenged_for_its_stage_leaf_and_falls_unanswered(world, tmp_path):
+    """The colluders commit a weights root with no stage leaves behind it: nobody can open a chunk of it, so the
+    honest node challenges them to publish a stage leaf itself; nobody can, and the round falls."""
+    colluder_host, prover_host = world.hosts
+    honest = _states(world, prover_host)
+    own_leaf = _record(world, honest, world.aggregation.new_global)
+    deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, own_leaf, own_leaf,
+                                                           colluder_host.peer_id)
+    door = dataclasses.replace(run.next_record(), weights_root=digest("back door"))
+    run.client(1).commit_round(door, run.sign(door, COLLUDERS))
+    prover.check(2, door, dataclasses.replace(door, weights_root=mine_record.weights_root))
+    assert set(prover.log.challenges) == {2} and "no attested stage leaves" in prover.log.unprovable[2]
+    client = deployment.client(PROVER)
+    mine(deployment.w3, client._run_struct(run.run_id)["accusationBlocks"])
+    assert not prover.settle_challenges()
+    assert set(prover.log.expired) == {2} and client.invalid_from(run.run_id) == 2
+    for index in COLLUDERS:
+        assert client.member(run.run_id, deployment.client(index).address).status == "slashed"
+    prover.stop.set()
+
+
+def test_the_challenges_of_a_right_round_are_answered_and_it_stands(world, tmp_path):
+    """A griefer challenges a right round (a weights chunk, a payload piece, the stage leaf): every honest node
+    answers from what it holds, the griefer's bonds are forfeited and the round is never invalidated."""
+    from ledger.chunkproof import PAYLOAD, STAGE_LEAF, WEIGHTS, availability_target, stage_leaf_target
+    from ledger.errors import ProverChallengeSettled
+    from node.live.answerer import ChallengeAnswerer
+
+    colluder_host, prover_host = world.hosts
+    honest = _states(world, prover_host)
+    own_leaf = _record(world, honest, world.aggregation.new_global)
+    deployment, run, records, prover, _mine = _setup(world, tmp_path, honest, own_leaf, own_leaf,
+                                                     colluder_host.peer_id)
+    griefer = deployment.client(6)
+    leaves = [StageLeaf.decode(own_leaf), world.other.leaf()]
+    factors = honest.state(1, 0).factors
+    targets = [availability_target(records[1], leaves, factors, 0, WEIGHTS, 2),
+               availability_target(records[1], leaves, factors, 0, PAYLOAD + 1, 0),
+               stage_leaf_target(records[1], 1)]
+    challenges = [griefer.challenge_availability(target) for target in targets]
+    answerer = ChallengeAnswerer(run_id=run.run_id, chain=prover.chain, states=honest, prover=prover,
+                                 stop=threading.Event())
+    answerer.poll()
+    assert all(answerer.answered[c].startswith("answered") for c in challenges), answerer.answered
+    answerer.poll()  # seen again: nothing sent twice
+    mine(deployment.w3, griefer._run_struct(run.run_id)["accusationBlocks"])
+    for challenge in challenges:
+        assert griefer.challenge_of(challenge)["settled"]
+        with pytest.raises(ProverChallengeSettled):
+            griefer.expire_challenge(challenge)
+    assert griefer.invalid_from(run.run_id) is None
+    assert STAGE_LEAF == deployment.client(PROVER)._sender.call(deployment.client(PROVER)._prover, "STAGE_LEAF")
