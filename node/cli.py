@@ -113,8 +113,9 @@ _STREAM_ON_CLOSED = ("Failed to open stream to peer", "established=False")
 
 
 #: py-libp2p's ERRORs for a new stream whose multistream-select negotiation broke off because the stream was
-#: reset or its connection closed meanwhile (an I/O error, not a timeout: py-libp2p's own negotiation timeout
-#: is 30 s and reads "response timed out"; none of ours bounds the handshake). It logs one line in the
+#: reset or its connection closed meanwhile (an I/O error, not a timeout: the negotiation timeout is
+#: p2p.transport.STREAM_NEGOTIATION_TIMEOUT_S, 30 s, 50 round trips of a 200 ms link, and reads "response
+#: timed out", which stays at ERROR). It logs one line in the
 #: multiselect client and a seven-line block in the host, then raises StreamFailure to the opener, which
 #: handles it (the blob client tries the other providers, gossip re-syncs, the DHT its next peer). Over
 #: 20-200 ms links with restarts and relayed connections replaced by direct ones, about 450 such lines an
