@@ -17,6 +17,8 @@ from bench.soak_sampling import take_sample
 
 #: The nftables table that drops the chain's RPC port during the outage.
 OUTAGE_TABLE = "dlxsoak"
+#: How long a member that left is given to finish its round and exit after SIGTERM before it is killed.
+LEAVE_STOP_S = 180.0
 
 
 class Soak:
@@ -110,8 +112,22 @@ class Soak:
         self.event("leave", node=slot.name, exit_code=done.returncode, out=done.stdout.strip()[-300:])
         if slot.process is not None and slot.process.poll() is None:
             self.asked_down.add(slot.process.pid)
-            self.run.kill(slot, signal.SIGTERM)
+            self.stop_member(slot)
         self.left.add(slot.name)
+
+    def stop_member(self, slot) -> None:
+        """SIGTERM a member that left and wait for it to finish its round and exit; at load 40 on two cores that
+        took over 30 s (the launcher's wait, which ended the first run on this code at minute 34), so wait up to
+        LEAVE_STOP_S, record how long it took, and SIGKILL it (recorded) only past that."""
+        started = time.monotonic()
+        slot.process.send_signal(signal.SIGTERM)
+        try:
+            slot.process.wait(timeout=LEAVE_STOP_S)
+            self.event("stopped", node=slot.name, after_s=round(time.monotonic() - started, 1))
+        except subprocess.TimeoutExpired:
+            slot.process.kill()
+            slot.process.wait(timeout=30)
+            self.event("killed_after_leave", node=slot.name, after_s=round(time.monotonic() - started, 1))
 
     def join(self) -> None:
         if self.spare_account is None:

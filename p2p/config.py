@@ -36,6 +36,9 @@ class P2PConfig:
     sync_cache_messages: int = 512  # recent messages kept per topic for /dlx/sync
     sync_cache_bytes: int = 8 << 20  # and at most this many bytes per topic
     discovery_interval: float = 30.0  # max seconds between DHT lookups for new peers
+    # Other peers' DHT provider records are kept this long (p2p.provider_records), this host's own while it
+    # serves the blob; py-libp2p alone keeps every record 48 h, a long run's memory growing by every blob.
+    provider_record_ttl: float = 600.0
     max_peers: int = 64  # stop dialling discovered peers beyond this many connections
     # A peer whose host is gone is forgotten (p2p.dialbook): after this many failed dials in a row,
     # or after this many seconds without a connection while its addresses stay known.
@@ -98,6 +101,8 @@ class P2PConfig:
             raise P2PConfigError("p2p.sync_cache_messages and p2p.sync_cache_bytes: must be >= 1")
         if self.discovery_interval <= 0:
             raise P2PConfigError(f"p2p.discovery_interval={self.discovery_interval}: must be > 0 seconds")
+        if self.provider_record_ttl <= 0:
+            raise P2PConfigError(f"p2p.provider_record_ttl={self.provider_record_ttl}: must be > 0 seconds")
         if self.max_peers < 1:
             raise P2PConfigError(f"p2p.max_peers={self.max_peers}: must be >= 1")
         if self.forget_after_failures < 1:

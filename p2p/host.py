@@ -57,6 +57,8 @@ logger = logging.getLogger(__name__)
 DIRECT_BEFORE_RELAY_S = 4.0
 #: How often the host applies its :class:`~p2p.dialbook.DialBook` (forgets peers whose host is gone).
 FORGET_SWEEP_S = 5.0
+#: How often the DHT's provider records are trimmed (p2p.provider_records).
+PROVIDER_TRIM_S = 60.0
 
 
 class TransferStats:
@@ -368,8 +370,15 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
         again the addresses of forgotten peers that came back through identify or DHT answers."""
         peerstore = self._libp2p.get_peerstore()
         me = self._libp2p.get_id()
+        trimmed_at = time.monotonic()
         while True:
             await trio.sleep(min(FORGET_SWEEP_S, self.config.forget_after_s / 4))
+            if time.monotonic() - trimmed_at >= min(PROVIDER_TRIM_S, self.config.provider_record_ttl / 2):
+                trimmed_at = time.monotonic()
+                dropped = await self._trim_provider_records()
+                if dropped:
+                    logger.debug("dropped %d DHT provider records older than %.0f s", dropped,
+                                 self.config.provider_record_ttl)
             connections = self._libp2p.get_network().connections
             known = [p for p in peerstore.peer_ids() if p != me and _addrs_of(peerstore, p)]
             for peer in self.dialbook.sweep([p.to_base58() for p in known], [p.to_base58() for p in connections]):

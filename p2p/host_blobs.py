@@ -11,13 +11,16 @@ from __future__ import annotations
 import logging
 import os
 import random
+import time
 from pathlib import Path
 
 import trio
 from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
 
 from p2p.blobstore import check_sha256_hex
 from p2p.errors import BlobError, BlobNotFound, BlobTooLarge, P2PError
+from p2p.provider_records import record_count, trim_provider_records
 from p2p.wire import ProtocolViolation
 
 logger = logging.getLogger(__name__)
@@ -118,6 +121,21 @@ class HostBlobs:
         store = self._dht.provider_store
         store.providing_keys.discard(key)  # stops the DHT's periodic re-announcement
         store.providers.get(key, {}).pop(str(self._libp2p.get_id()), None)
+
+    async def _trim_provider_records(self, now: float | None = None) -> int:
+        """Bound the DHT's provider records (:mod:`p2p.provider_records`) as of ``now`` (wall clock, as the
+        records' timestamps; default: the present); returns how many were dropped."""
+        own = PeerInfo(self._libp2p.get_id(), list(self._libp2p.get_addrs()))
+        return trim_provider_records(self._dht.provider_store, str(own.peer_id), own,
+                                     self.config.provider_record_ttl, time.time() if now is None else now)
+
+    def provider_records(self, timeout: float = 5.0) -> int:
+        """How many DHT provider records this host holds (all keys, all peers)."""
+
+        async def count() -> int:  # the store is the host thread's
+            return record_count(self._dht.provider_store)
+
+        return self._call(count, timeout=timeout, what="provider_records")
 
     def find_providers(self, sha256_hex: str, timeout: float = 10.0) -> list[str]:
         """Peer ids announcing ``sha256_hex`` (deduplicated; includes this host if it holds the blob)."""

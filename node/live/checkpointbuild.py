@@ -12,6 +12,8 @@ this node did not build is fetched and checked against the run and the record in
 from __future__ import annotations
 
 import logging
+import time
+
 from node.errors import DLX_ERRORS
 from node.live.exchange import serve_blob
 from node.store.checkpoint import (build_checkpoint, checkpoint_problems, chunked_problems, parse_checkpoint,
@@ -74,12 +76,14 @@ class CheckpointBuilder:
     def _verified_stage(self, outer_round: int, stage: int, atts, weights_hash: bytes):
         """(weights, momentum) of ``stage`` from its holders' shards, verified (see :meth:`assemble`)."""
         node = self.node
-        # Every live holder of the stage is waited for a moment (attestations still in flight), so a
-        # shard is judged against all of them: the more holders heard, the likelier an honest shard
-        # is among the offers and a disagreement on the momentum is seen.
+        # Every live holder of the stage is waited for (attestations still in flight), so a shard is
+        # judged against all of them: the more holders heard, the likelier an honest shard is among the
+        # offers and a disagreement on the momentum is seen. Members that judged different sets could
+        # sign different records (one built a checkpoint, another saw two momenta), so the wait lasts
+        # up to the round deadline, not a fixed moment that a slow link outlasts (docs/P2P.md).
         expected = set(node.membership.holders(stage)) & (node.membership.alive() | {node.peer_id})
         node.book.wait_for(lambda: expected <= set(node.book.snapshot_attestations(outer_round, stage)) or None,
-                           timeout=min(10.0, node.cfg.round_timeout), stop=node.stop_event)
+                           timeout=self.holders_wait(outer_round, stage), stop=node.stop_event)
         heard = {**atts[stage], **node.book.snapshot_attestations(outer_round, stage)}
         offered: dict[bytes, list[str]] = {}
         for peer, att in sorted(heard.items()):
@@ -110,6 +114,19 @@ class CheckpointBuilder:
                            f"the verified shards of stage {stage} hold {len(verified)} different momenta")
             return None
         return next(iter(verified.values()))
+
+    def holders_wait(self, outer_round: int, stage: int, now: float | None = None) -> float:
+        """Seconds left to wait for the attestations of ``stage``'s holders: until the round deadline,
+        ``round_timeout`` after the stage's first close reached this node (measured by the book; the
+        whole ``round_timeout`` where no close was seen). Holders attest after aggregating the closed
+        set, so an honest one is in by then whatever its link; a committer catching up after an RPC
+        outage, long past the deadline, does not wait at all."""
+        node = self.node
+        closed_at = node.book.first_close_at(outer_round, stage)
+        if closed_at is None:
+            return node.cfg.round_timeout
+        now = time.monotonic() if now is None else now
+        return max(0.0, closed_at + node.cfg.round_timeout - now)
 
     def _fetch_checkpoint_file(self, content_hash: bytes):
         """A checkpoint or stage shard from the peers, by its content hash (nothing of it kept on disk)."""

@@ -159,6 +159,12 @@ class RoundBook:
             since = self.close_times.get((round_index, stage), {}).get(coordinator)
             return 0.0 if since is None else time.monotonic() - since
 
+    def first_close_at(self, round_index: int, stage: int) -> float | None:
+        """When (monotonic) the first close of (round, stage) reached this node; None if none has."""
+        with self._cond:
+            times = self.close_times.get((round_index, stage))
+            return min(times.values()) if times else None
+
     def close_equivocators(self, round_index: int, stage: int) -> set[str]:
         with self._cond:
             return set(self.equivocators.get((round_index, stage), ()))
