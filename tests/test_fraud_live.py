@@ -284,3 +284,38 @@ def test_the_challenges_of_a_right_round_are_answered_and_it_stands(world, tmp_p
             griefer.expire_challenge(challenge)
     assert griefer.invalid_from(run.run_id) is None
     assert STAGE_LEAF == deployment.client(PROVER)._sender.call(deployment.client(PROVER)._prover, "STAGE_LEAF")
+
+
+def test_a_right_rounds_state_is_kept_while_it_can_be_challenged(world, tmp_path):
+    """A late challenge of a right round, many rounds after it, is still answered: a node keeps its state of a
+    round until the round's dispute window closes on chain (node/live/chunkstate.py, DisputeWindow), not a fixed
+    number of rounds, or a griefer's late challenge would overturn a right round and slash its honest attesters.
+    Once the window has closed the state is dropped (and no challenge can be opened any more)."""
+    from ledger.chunkproof import WEIGHTS, availability_target
+    from ledger.errors import ProverChallengeTooLate
+    from node.live.answerer import ChallengeAnswerer
+    from node.live.chunkstate import PUBLISHED_ROUNDS, DisputeWindow
+
+    colluder_host, prover_host = world.hosts
+    honest = _states(world, prover_host)
+    own_leaf = _record(world, honest, world.aggregation.new_global)
+    deployment, run, records, prover, _mine = _setup(world, tmp_path, honest, own_leaf, own_leaf,
+                                                     colluder_host.peer_id)
+    honest.window = DisputeWindow(prover.chain, run.run_id)
+    later = 1 + PUBLISHED_ROUNDS + 20  # the node has finished many rounds since
+    honest.forget_before(later)
+    assert honest.state(1, 0) is not None and honest.state(0, 0) is not None  # both rounds are still disputable
+    griefer = deployment.client(6)
+    leaves = [StageLeaf.decode(own_leaf), world.other.leaf()]
+    target = availability_target(records[1], leaves, honest.state(1, 0).factors, 0, WEIGHTS, 2)
+    challenge = griefer.challenge_availability(target)
+    answerer = ChallengeAnswerer(run_id=run.run_id, chain=prover.chain, states=honest, prover=prover,
+                                 stop=threading.Event())
+    answerer.poll()
+    assert answerer.answered[challenge].startswith("answered"), answerer.answered
+    mine(deployment.w3, prover.chain.run_info(run.run_id).dispute_blocks + 1)
+    honest.forget_before(later)
+    assert honest.state(1, 0) is None and honest.state(0, 0) is None
+    with pytest.raises(ProverChallengeTooLate):
+        griefer.challenge_availability(target)
+    assert griefer.invalid_from(run.run_id) is None

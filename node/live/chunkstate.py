@@ -24,7 +24,7 @@ import threading
 from collections.abc import Sequence
 
 from ledger.chunkproof import StageLeaf, StageState, tree_root
-from ledger.errors import LedgerInputError
+from ledger.errors import LedgerError, LedgerInputError
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
 from node.fraudproof import parse_stage_leaf, stage_state_of
@@ -35,7 +35,8 @@ from training.robust import ContributionReport
 
 logger = logging.getLogger(__name__)
 
-#: Rounds of published state kept behind the oldest round the committer has not handled yet.
+#: Rounds of published state kept behind the oldest round the committer has not handled yet, at least; a round
+#: whose availability can still be challenged on chain is kept beyond (:class:`DisputeWindow`).
 PUBLISHED_ROUNDS = 4
 #: A committed state fetched from an attester is refused above this many bytes (the stage's float32 weights
 #: and momentum, with the safetensors header: generously).
@@ -59,11 +60,43 @@ def attested_leaf(att, stage: int) -> bytes | None:
     return att.stage_leaf
 
 
+class DisputeWindow:
+    """Whether a round of the run can still be challenged on chain (``challengeAvailability`` is open until the
+    round's dispute window closes: ``disputeBlocks`` after its commit). Until then a node keeps its state of the
+    round, or a late challenge of a right round would go unanswered and overturn it, slashing honest attesters
+    (docs/FRAUD_PROOF.md, "The node"). A round not committed yet, or one the chain could not be asked about, is
+    open: keeping a state longer costs memory, dropping it early can cost a right round."""
+
+    def __init__(self, chain, run_id: int) -> None:
+        self.chain = chain
+        self.run_id = run_id
+        self._committed_at: dict[int, int] = {}  # round -> its commit's block
+
+    def open(self, outer_round: int) -> bool:
+        try:
+            block = self._committed_at.get(outer_round)
+            if block is None:
+                committed = self.chain.commit_record(self.run_id, outer_round)
+                if committed is None:
+                    return True
+                block = self._committed_at[outer_round] = committed.block_number
+            head = self.chain.block_number()
+            return head <= block + self.chain.run_info(self.run_id).dispute_blocks
+        except (*DLX_ERRORS, LedgerError) as exc:
+            logger.debug("round %d: dispute window not read (its state is kept): %s", outer_round, exc)
+            return True
+
+    def forget(self, outer_round: int) -> None:
+        self._committed_at.pop(outer_round, None)
+
+
 class ChunkedStates:
     """This node's stage states of recent rounds in a chunked run, and their publication (module docstring)."""
 
-    def __init__(self, *, cfg: NodeConfig, host: P2PHost, layout: RunLayout, config_hash: bytes) -> None:
+    def __init__(self, *, cfg: NodeConfig, host: P2PHost, layout: RunLayout, config_hash: bytes,
+                 window: DisputeWindow | None = None) -> None:
         self.cfg = cfg
+        self.window = window  # None: rounds are kept PUBLISHED_ROUNDS only (tests without a chain)
         self.host = host
         self.layout = layout
         self.config_hash = config_hash
@@ -113,13 +146,19 @@ class ChunkedStates:
             self._states.setdefault(outer_round, {})[stage] = state
 
     def forget_before(self, outer_round: int) -> None:
-        """Drop (and stop serving) the states of rounds before ``outer_round - PUBLISHED_ROUNDS``."""
+        """Drop (and stop serving) the states of rounds before ``outer_round - PUBLISHED_ROUNDS`` whose dispute
+        window has closed (:class:`DisputeWindow`)."""
         with self._lock:
-            old = [r for r in self._states if r < outer_round - PUBLISHED_ROUNDS]
-            for r in old:
-                del self._states[r]
-            blobs = [d for r in [r for r in self._served if r < outer_round - PUBLISHED_ROUNDS]
-                     for d in self._served.pop(r)]
+            candidates = sorted({*self._states, *self._served})
+        done = [r for r in candidates if r < outer_round - PUBLISHED_ROUNDS
+                and (self.window is None or not self.window.open(r))]
+        with self._lock:
+            for r in done:
+                self._states.pop(r, None)
+            blobs = [d for r in done for d in self._served.pop(r, [])]
+        for r in done:
+            if self.window is not None:
+                self.window.forget(r)
         for digest in blobs:
             try:
                 self.host.remove_blob(digest)

@@ -18,7 +18,7 @@ from ledger.client import LedgerClient, binding_message
 from ledger.errors import DeploymentMismatch, LedgerError
 from ledger.attest import recover_signer, recover_verdict_signer
 from ledger.eventrecords import AccusationRecord, CheckpointRecord
-from ledger.records import MIN_WINDOW_BLOCKS, AccusationState, Membership, RoundRecord, RunInfo, Verdict
+from ledger.records import MIN_WINDOW_BLOCKS, AccusationState, CommitRecord, Membership, RoundRecord, RunInfo, Verdict
 from node.config import NodeConfig
 from node.errors import ConfigError, NotRegistered
 from node.live.topology import Seat
@@ -340,6 +340,16 @@ class NodeChain:
             self._counted.clear()
         self._counted[key] = (counted, now)
         return counted
+
+    def commit_record(self, run_id: int, round_index: int) -> CommitRecord | None:
+        """The round's RoundCommitted event (its record and block), or None if it is not committed."""
+        with self._lock:
+            return self.client.commit_record(run_id, round_index)
+
+    def block_number(self) -> int:
+        """The chain's head block."""
+        with self._lock:
+            return self.client.w3.eth.block_number
 
     def final_commit_of(self, run_id: int, round_index: int) -> RoundRecord | None:
         """The round's committed record once its block is ``confirmations`` deep on the canonical chain; None
