@@ -10,6 +10,7 @@ from node.commands.launcher import GAS_ALLOWANCE_WEI, MAX_NODES, LocalRun
 from node.config import load_config
 from node.errors import NodeError
 from node.live.onchain import NodeChain
+from node.platforms import own_platform
 from p2p.identity import Identity
 
 
@@ -34,7 +35,7 @@ def test_a_local_run_of_twelve_funds_registers_and_seats_every_member(tmp_path):
             try:
                 assert chain.client.address == address
                 chain.ensure_registered(Identity.load_or_create(cfg.path(cfg.p2p.key_file)))
-                chain.ensure_member(run.run_id)
+                chain.ensure_member(run.run_id, own_platform(cfg.training))
             finally:
                 chain.close()
         assert client.member_count(run.run_id) == 12

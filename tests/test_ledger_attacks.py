@@ -17,6 +17,9 @@ from ledger.attest import Verdict
 from ledger.checks import check_chain_record
 from ledger.records import MAX_UNBONDING_BLOCKS, MIN_WINDOW_BLOCKS
 
+#: The platform a joiner declares (docs/DILOCOX.md section 11): any 32 bytes serve the membership rules here.
+PLATFORM = b"\x5a" * 32
+
 STAKE = 10**15
 BOND = 10**14
 
@@ -345,7 +348,7 @@ def test_a_node_refuses_to_join_a_run_below_the_unbonding_floor(deployment):
     run = deployment.member_run((1,), quorum=1)
     joiner = deployment.register(5)
     with pytest.raises(NotRegistered, match="unbonds stakes in 0 blocks"):
-        ZeroUnbonding(joiner).ensure_member(run.run_id)
+        ZeroUnbonding(joiner).ensure_member(run.run_id, PLATFORM)
     assert joiner.member(run.run_id, joiner.address) is None  # nothing staked
-    NodeChain(joiner).ensure_member(run.run_id)
+    NodeChain(joiner).ensure_member(run.run_id, PLATFORM)
     assert joiner.member(run.run_id, joiner.address).active

@@ -9,6 +9,7 @@ announcement of the joiner was refused and none of its contributions was ever cl
 
 from __future__ import annotations
 
+import hashlib
 from types import SimpleNamespace
 
 import pytest
@@ -168,7 +169,7 @@ def test_node_chain_reads_each_seat_index_from_the_runs_join_events_and_a_leave_
     founders = [run.client(i) for i in (1, 2, 3)]
     founders[2].leave_run(run.run_id)
     joiner = deployment.register(4)
-    NodeChain(joiner).ensure_member(run.run_id)
+    NodeChain(joiner).ensure_member(run.run_id, hashlib.sha256(b"a platform").digest())
     accounts = [*founders, joiner]
     for reader in (NodeChain(founders[0]), NodeChain(joiner)):
         seats = []
