@@ -74,6 +74,11 @@ def main(run_path: str, threads: int) -> dict:
     replayer.start_from_initial()
     out["roots"] = [replayer.apply(record["round"], [record["contributions"][stage] for stage in range(len(specs))]
                                    ).hex() for record in records]
+    # The replay's weights after the last round, as a version-1 root (the run's own roots are version 2 where it is
+    # chunked): what the members' engines hold (tests/test_cross_isa.py compares it with theirs).
+    from training.hashing import stage_weights_hash, weights_root
+
+    out["weights"] = weights_root([stage_weights_hash(weights) for weights in replayer.weights]).hex()
 
     out["verdicts"], out["distances"], out["chains"] = [], [], []
     for index, record in enumerate(records):
