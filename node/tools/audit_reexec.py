@@ -287,16 +287,29 @@ class ReexecAuditor:
 
 
 
-def _built_elsewhere(name: str, auditor: ReexecAuditor, round_index: int, replica: int, reason: str) -> Check:
-    """A contribution built on another result of round t-1 than the record's (a forked member's round, bound by
-    its ``applied_hash``): fine if the holders left it out of the round (the archives say so), else a finding."""
+def built_elsewhere_check(name: str, auditor: ReexecAuditor, round_index: int, replica: int,
+                          stages: tuple[int, ...], reason: str) -> Check:
+    """The item of a rerun that found ``stages`` of ``(round, replica)`` built on another result of round t-1 than
+    the record's (a forked member's round, bound by its ``applied_hash``): fine if the holders left those stages'
+    contributions out of the round (the archives say so), else a finding.
+
+    A split replica forks stage by stage (each stage's member applies its own close and is re-based by its own fork
+    repair), so only the forked stages' contributions are left out; a partner stage that followed the record was
+    aggregated as any. The rerun stops at the fork and does not judge that stage, so the item is then unverifiable,
+    never ok (before, the whole replica had to be left out: the soak's round 13, docs/P2P.md, failed the audit)."""
     left_out = {(int(stage), str(hash_hex)) for stage, _replica, _peer, hash_hex, why, _detail
                 in auditor.archives.excluded(round_index) if why == "other_result"}
     mine = {(int(e[0]), str(e[3])) for e in auditor.sealed.get(round_index, []) if int(e[1]) == replica}
-    if mine and mine <= left_out:
-        return Check(name, OK, f"not a rerun of the record: {reason}; every holder left it out of the round",
+    forked = {entry for entry in mine if entry[0] in stages}
+    if not forked or not forked <= left_out:
+        return Check(name, FAIL, f"{reason}, and the archives do not show it left out of the round's aggregate",
                      round_index)
-    return Check(name, FAIL, f"{reason}, and the archives do not show it left out of the round's aggregate",
+    aggregated = sorted(stage for stage, _hash in mine - left_out)
+    if aggregated:
+        return Check(name, UNVERIFIABLE, f"not a rerun of the record: {reason}; every holder left it out of the "
+                     f"round, and stage(s) {aggregated} of the replica, aggregated, are not judged by a rerun that "
+                     "stops at the fork", round_index)
+    return Check(name, OK, f"not a rerun of the record: {reason}; every holder left it out of the round",
                  round_index)
 
 
@@ -320,7 +333,8 @@ def reexec_checks(report, history, replayer, archives, count: int) -> None:
         if result is None:
             report.general.append(Check(name, UNVERIFIABLE, reason, round_index))
         elif result.verdict == "other_result":
-            report.general.append(_built_elsewhere(name, auditor, round_index, replica, reason))
+            report.general.append(built_elsewhere_check(name, auditor, round_index, replica,
+                                                              result.failed_stages, reason))
         elif result.honest:
             report.general.append(Check(name, OK, f"reproduced ({result.verdict}, distance {distance:.3g}; "
                                         f"judged {how_judged(result)})", round_index))
