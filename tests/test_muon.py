@@ -136,9 +136,12 @@ def _sim(**diloco) -> SimConfig:
 
 
 def _records(sim, honest, cheat):
+    """The run of an honest replica and a cheat (either None: a one-replica run of the other, as replica 0)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the claimants train on one thread (their start states record it)
     try:
+        if honest is None or cheat is None:
+            return run_with_states([(honest or cheat)(0, sim)], sim)
         return run_with_states([honest(HONEST, sim), cheat(PERTURBED, sim)], sim)
     finally:
         torch.set_num_threads(threads)
@@ -194,3 +197,38 @@ def test_muon_state_is_no_restart_and_an_adamw_run_refuses_it():
     with pytest.raises(ReplicaStateError, match="training.optimizer"):
         restore_replica(state, sim.model, dataclasses.replace(sim.training, optimizer="adamw"), sim.diloco,
                         sim.compression)
+
+
+# The DiLoCo scaling-law paper's axes (arXiv 2503.09799): one replica, and another synchronisation interval H.
+SCALING_LAW = {"m1-h5": dict(num_replicas=1, inner_steps=5), "m2-h2": dict(inner_steps=2)}
+
+
+@pytest.mark.parametrize("setting", list(SCALING_LAW))
+def test_the_scaling_law_settings_rerun_bit_exactly_with_muon_and_a_cheat_does_not(setting):
+    """The replica count and H of the scaling-law paper with Muon inner steps: every honest contribution reruns to
+    the same bytes from its start state, the next state chains, and a 1% cheat is caught (by itself where M = 1)."""
+    sim = _sim(**SCALING_LAW[setting])
+    assert (sim.diloco.num_replicas, sim.diloco.inner_steps) == (SCALING_LAW[setting].get("num_replicas", 2),
+                                                                  SCALING_LAW[setting]["inner_steps"])
+    if sim.diloco.num_replicas == 1:
+        honest, cheat = _records(sim, SimReplica, None), _records(sim, None, PerturbedReplica)
+        honest_index = cheat_index = 0
+    else:
+        honest = cheat = _records(sim, SimReplica, PerturbedReplica)
+        honest_index, cheat_index = HONEST, PERTURBED
+
+    def check(records, replica, outer_round):
+        record = records[outer_round]
+        return verify_contribution([p.to_bytes() for p in record.states[replica].stages], record.claims[replica],
+                                   sim.corpus, sim.model, sim.training, sim.diloco, sim.compression,
+                                   outer_round=outer_round, replica=replica, run_rounds=sim.rounds,
+                                   previous_contributions=records[outer_round - 1].contributions
+                                   if outer_round > 0 else None)
+
+    for outer_round in range(ROUNDS):
+        result = check(honest, honest_index, outer_round)
+        assert result.verdict == EXACT, result.reason
+        assert set(result.distances.values()) == {0.0}
+    assert check_state_chain(check(honest, honest_index, 1).next_state_hashes,
+                             [c.state_hash for c in honest[2].claims[honest_index]]) == EXACT
+    assert check(cheat, cheat_index, 1).verdict == MISMATCH
