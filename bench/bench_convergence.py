@@ -70,8 +70,9 @@ VARIANTS = {
     # scale it measured): one replica with both replicas' batch, the same tokens.
     "m1": {"training": {"optimizer": "adamw"}, "replicas": 1},
     "muon-m1": {"training": {"optimizer": "muon"}, "replicas": 1},
-    # The same paper's other axis, the synchronisation interval H at the same tokens (rounds = 1500 / H): fewer
-    # inner steps per round cost bytes per token (DiLoCoX's budget stays 1000x fewer than AllReduce of those steps).
+    # The same paper's other axis, the synchronisation interval H at the same tokens (rounds = 1500 / H): synchronous
+    # DiLoCo's bytes per token grow as H shrinks; DiLoCoX's "auto" budget is per round, 1000x below an AllReduce
+    # of its H steps, so its bytes per token stay.
     "muon-h25": {"training": {"optimizer": "muon"}, "inner_steps": 25},
     "muon-h100": {"training": {"optimizer": "muon"}, "inner_steps": 100},
 }
