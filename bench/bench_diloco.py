@@ -1,4 +1,4 @@
-"""Benchmark: centralized AdamW (DDP) vs synchronous DiLoCo vs DiLoCoX on tinyshakespeare.
+"""Benchmark: centralized training (DDP) vs synchronous DiLoCo vs DiLoCoX on tinyshakespeare.
 
 Same model, same seeds, same tokens, same inner-lr schedule for the three modes
 (see training/simulate.py). Prints a table (with nanoGPT's reference for the
@@ -39,6 +39,7 @@ from bench.benchio import RESULTS, default_corpus, write_result  # noqa: E402
 from training.config import (  # noqa: E402
     DEFAULT_ENCODER,
     DELAY_CORRECTIONS,
+    INNER_OPTIMIZERS,
     OUTER_DECAYS,
     CompressionConfig,
     DilocoConfig,
@@ -74,6 +75,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--inner-steps", type=int, default=50, help="H")
     parser.add_argument("--rounds", type=int, default=30, help="outer rounds; tokens = rounds*H*batch*block")
     parser.add_argument("--batch-size", type=int, default=8, help="per replica")
+    parser.add_argument("--optimizer", default=TrainingConfig.optimizer, choices=list(INNER_OPTIMIZERS),
+                        help="training.optimizer, the inner optimizer of every mode (muon: docs/DILOCOX.md section 14; "
+                             "bench/bench_convergence.py compares them)")
     parser.add_argument("--inner-lr", type=float, default=3e-3)
     parser.add_argument("--lr-schedule", default="cosine", choices=["cosine", "constant"])
     parser.add_argument("--warmup-steps", type=int, default=100)
@@ -144,7 +148,7 @@ def main() -> int:
     training_cfg = TrainingConfig(
         data_path=str(REPO / args.data), seed=args.seed, batch_size=args.batch_size, inner_lr=args.inner_lr,
         eval_batches=args.eval_batches, lr_schedule=args.lr_schedule, warmup_steps=args.warmup_steps,
-        min_lr_ratio=args.min_lr_ratio, beta2=args.beta2, weight_decay=args.weight_decay,
+        min_lr_ratio=args.min_lr_ratio, beta2=args.beta2, weight_decay=args.weight_decay, optimizer=args.optimizer,
     )
     diloco_cfg = DilocoConfig(
         inner_steps=args.inner_steps, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,

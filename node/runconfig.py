@@ -20,7 +20,7 @@ from typing import Any
 
 from node.config import NodeConfig
 from node.errors import ConfigError
-from training.config import LEGACY_ENCODER, LEGACY_RANDOM
+from training.config import LEGACY_ENCODER, LEGACY_OPTIMIZER, LEGACY_RANDOM
 
 RUN_FORMAT = "dlx-run-v1"
 
@@ -145,7 +145,9 @@ def node_config_from_run(document: dict[str, Any], **node_fields: Any) -> NodeCo
     from node.config import config_from_dict
 
     try:
-        training = dict(document["training"])
+        # A run document that names no inner optimizer is an AdamW run's (made before training.optimizer existed,
+        # or since: an AdamW run's table leaves it out, so its hash is what it was).
+        training = {"optimizer": LEGACY_OPTIMIZER, **document["training"]}
         training.pop("data_sha256", None)
         table = {
             "run_name": document["run_name"],

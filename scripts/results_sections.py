@@ -84,7 +84,8 @@ def diloco(r: dict, check_defaults: bool = True) -> list[str]:
              + (f" (resolved: {r['resolved']['bandwidth_budget_per_stage']} bytes per stage, overlap "
                 f"{r['resolved']['overlap_steps']} steps)" if r.get("resolved") else "") + ".", ""]
     rows = [["nanoGPT baby config (its own figure)", num(r.get("nanogpt_baby_val")), "", "", ""]] if tokens == 1_536_000 else []
-    names = {"ddp": "DDP (AdamW, gradient AllReduce every step)", "diloco": "DiLoCo (synchronous, no compression)",
+    optimizer = {"adamw": "AdamW", "muon": "Muon"}.get(a.get("optimizer") or "adamw", a.get("optimizer"))
+    names = {"ddp": f"DDP ({optimizer}, gradient AllReduce every step)", "diloco": "DiLoCo (synchronous, no compression)",
              "diloco_x": "DiLoCoX (delay + overlap + codec)"}
     for mode, m in s.items():
         fewer = m.get("fewer_bytes_than_ddp")
@@ -109,6 +110,7 @@ ABLATION_DEFAULTS = {
     "outer_min_lr_ratio": 1.0, "outer_final_momentum": "auto", "delay_correction": "rebase", "no_delay": False,
     "error_budget": 0.4, "bandwidth_budget": "auto", "target_reduction": 1000.0, "overlap_steps": "auto",
     "max_rank": 32, "bits": "2,4,8", "no_error_feedback": False, "encoder": "v4", "seed": 0, "cpu_clock": False,
+    "optimizer": "muon",  # training.config.DEFAULT_OPTIMIZER since issue 46
 }
 SHORT = {"inner_steps": "H", "rounds": "rounds", "inner_lr": "ilr", "outer_lr": "olr", "outer_momentum": "om",
          "x_outer_lr": "x olr", "x_outer_momentum": "x om", "bandwidth_budget": "bw", "overlap_steps": "overlap",
@@ -119,7 +121,8 @@ SHORT = {"inner_steps": "H", "rounds": "rounds", "inner_lr": "ilr", "outer_lr": 
 
 def settings_not_default(args: dict) -> str:
     """What of a bench_diloco.py result's settings differs from the benchmark's defaults ("" if nothing)."""
-    settings = {**args, "encoder": args.get("encoder") or "v1"}  # before compression.encoder existed: v1
+    # Before compression.encoder existed: v1; before --optimizer: AdamW.
+    settings = {**args, "encoder": args.get("encoder") or "v1", "optimizer": args.get("optimizer") or "adamw"}
     differences = _differences(settings)
     return "" if differences == "defaults" else differences
 

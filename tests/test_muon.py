@@ -14,9 +14,9 @@ import torch
 
 from node.config import load_config
 from node.errors import ConfigError
-from node.runconfig import config_hash, node_config_from_run, run_document
+from node.runconfig import RUN_FORMAT, canonical_json, config_hash, node_config_from_run, parse_run_document, run_document
 from test_sliced_reexec import SlicedReplica
-from training.config import DilocoConfig, ModelConfig, TrainingConfig
+from training.config import DEFAULT_OPTIMIZER, LEGACY_OPTIMIZER, DilocoConfig, ModelConfig, TrainingConfig
 from training.data import generated_corpus, round_batches
 from training.diloco import outer_step
 from training.errors import ReplicaStateError, TrainingConfigError
@@ -79,10 +79,12 @@ def test_a_muon_run_is_deterministic_and_not_adamw():
 
 
 def test_config_refuses_bad_settings_and_keeps_adamw_documents_as_they_were():
-    assert "optimizer" not in TrainingConfig().document() and "muon_momentum" not in TrainingConfig().document()
-    assert TrainingConfig(optimizer="muon").document()["optimizer"] == "muon"
+    adamw = TrainingConfig(optimizer="adamw").document()
+    assert "optimizer" not in adamw and "muon_momentum" not in adamw and "muon_lr_scale" not in adamw
+    assert TrainingConfig().optimizer == DEFAULT_OPTIMIZER == "muon" and LEGACY_OPTIMIZER == "adamw"
+    assert TrainingConfig().document()["optimizer"] == "muon"
     for bad in (dict(optimizer="sgd"), dict(optimizer="muon", muon_momentum=1.0),
-                dict(optimizer="muon", muon_lr_scale=0.0), dict(muon_lr_scale=2.0)):
+                dict(optimizer="muon", muon_lr_scale=0.0), dict(optimizer="adamw", muon_lr_scale=2.0)):
         with pytest.raises(TrainingConfigError):
             TrainingConfig(**bad)
     for bad in (0.0, -1.0, float("inf"), True):
@@ -90,8 +92,31 @@ def test_config_refuses_bad_settings_and_keeps_adamw_documents_as_they_were():
             DilocoConfig(outer_lr_other_scale=bad)
 
 
+#: config_hash(run_document(load_config(None, settings))) before Muon became the default (commit 0a11695): the
+#: hashes of runs made then, which the same settings with training.optimizer = "adamw" must still give.
+BEFORE_MUON_DEFAULT = {
+    (): "edf3869699c27ba799dd41b743d8ea761488aa3a0660a731bfc6149770d788e6",
+    ("model.preset=mini",): "2b4b19c8553778a4bd3b1ac034e75c2d0f7b1cb74ace4fbcd33dcbac03442deb",
+    ("model.preset=llama-tiny", "diloco.num_replicas=4"):
+        "d9402311768baf89b68c35c76bffd3c891fcf75cebab5238f94a17b898a86f9a",
+}
+
+
+@pytest.mark.parametrize("settings", list(BEFORE_MUON_DEFAULT))
+def test_muon_is_the_default_of_new_runs_and_older_runs_keep_their_hash_and_optimizer(settings):
+    new = run_document(load_config(None, list(settings)))
+    assert new["format"] == RUN_FORMAT == "dlx-run-v1"  # the document's version is unchanged
+    assert new["training"]["optimizer"] == "muon" and config_hash(new).hex() != BEFORE_MUON_DEFAULT[settings]
+    older = run_document(load_config(None, [*settings, "training.optimizer=adamw"]))
+    assert "optimizer" not in older["training"] and config_hash(older).hex() == BEFORE_MUON_DEFAULT[settings]
+    # An older run's document names no optimizer: a joiner and the auditor read it as AdamW, and rebuild its hash.
+    again = node_config_from_run(parse_run_document(canonical_json(older), config_hash(older)))
+    assert again.training.optimizer == LEGACY_OPTIMIZER and config_hash(run_document(again)) == config_hash(older)
+    assert node_config_from_run(new).training.optimizer == "muon"
+
+
 def test_a_run_document_with_the_new_methods_round_trips_and_old_ones_keep_their_hash():
-    plain = run_document(load_config(None, ["model.preset=mini"]))
+    plain = run_document(load_config(None, ["model.preset=mini", "training.optimizer=adamw"]))
     assert "optimizer" not in plain["training"] and "outer_lr_other_scale" not in plain["diloco"]
     explicit = run_document(load_config(None, ["model.preset=mini", "training.optimizer=adamw",
                                                "diloco.outer_lr_other_scale=1.0"]))
@@ -136,9 +161,12 @@ def _sim(**diloco) -> SimConfig:
 
 
 def _records(sim, honest, cheat):
+    """The run of an honest replica and a cheat (either None: a one-replica run of the other, as replica 0)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the claimants train on one thread (their start states record it)
     try:
+        if honest is None or cheat is None:
+            return run_with_states([(honest or cheat)(0, sim)], sim)
         return run_with_states([honest(HONEST, sim), cheat(PERTURBED, sim)], sim)
     finally:
         torch.set_num_threads(threads)
@@ -194,3 +222,53 @@ def test_muon_state_is_no_restart_and_an_adamw_run_refuses_it():
     with pytest.raises(ReplicaStateError, match="training.optimizer"):
         restore_replica(state, sim.model, dataclasses.replace(sim.training, optimizer="adamw"), sim.diloco,
                         sim.compression)
+
+
+# The DiLoCo scaling-law paper's axes (arXiv 2503.09799): one replica, and another synchronisation interval H.
+SCALING_LAW = {"m1-h5": dict(num_replicas=1, inner_steps=5), "m2-h2": dict(inner_steps=2)}
+
+
+@pytest.mark.parametrize("setting", list(SCALING_LAW))
+def test_the_scaling_law_settings_rerun_bit_exactly_with_muon_and_a_cheat_does_not(setting):
+    """The replica count and H of the scaling-law paper with Muon inner steps: every honest contribution reruns to
+    the same bytes from its start state, the next state chains, and a 1% cheat is caught (by itself where M = 1)."""
+    sim = _sim(**SCALING_LAW[setting])
+    assert (sim.diloco.num_replicas, sim.diloco.inner_steps) == (SCALING_LAW[setting].get("num_replicas", 2),
+                                                                  SCALING_LAW[setting]["inner_steps"])
+    if sim.diloco.num_replicas == 1:
+        honest, cheat = _records(sim, SimReplica, None), _records(sim, None, PerturbedReplica)
+        honest_index = cheat_index = 0
+    else:
+        honest = cheat = _records(sim, SimReplica, PerturbedReplica)
+        honest_index, cheat_index = HONEST, PERTURBED
+
+    def check(records, replica, outer_round):
+        record = records[outer_round]
+        return verify_contribution([p.to_bytes() for p in record.states[replica].stages], record.claims[replica],
+                                   sim.corpus, sim.model, sim.training, sim.diloco, sim.compression,
+                                   outer_round=outer_round, replica=replica, run_rounds=sim.rounds,
+                                   previous_contributions=records[outer_round - 1].contributions
+                                   if outer_round > 0 else None)
+
+    for outer_round in range(ROUNDS):
+        result = check(honest, honest_index, outer_round)
+        assert result.verdict == EXACT, result.reason
+        assert set(result.distances.values()) == {0.0}
+    assert check_state_chain(check(honest, honest_index, 1).next_state_hashes,
+                             [c.state_hash for c in honest[2].claims[honest_index]]) == EXACT
+    assert check(cheat, cheat_index, 1).verdict == MISMATCH
+
+
+def test_the_training_benchmark_defaults_to_the_library_optimizer(monkeypatch):
+    """bench/bench_diloco.py trains every mode with training.optimizer's default unless told otherwise."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("bench_diloco_optimizer", Path(__file__).parents[1] / "bench/bench_diloco.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(sys, "argv", ["bench_diloco.py", "--data", "corpus.txt"])
+    assert module.parse_args().optimizer == DEFAULT_OPTIMIZER
+    monkeypatch.setattr(sys, "argv", ["bench_diloco.py", "--data", "corpus.txt", "--optimizer", "adamw"])
+    assert module.parse_args().optimizer == "adamw"

@@ -13,8 +13,9 @@ from training.errors import TrainingConfigError
 #: runs' documents name their encoder (v1 was the default then; v4 is now), so the encoder is pinned here; they
 #: drew their weights and sketch from torch's generator (the portable "philox" is the default since issue 42),
 #: which is pinned too (OLD_RANDOM), as are their version-1 records (chunked commitments are the default since
-#: issue 43: a hashed run's document does not name them).
-OLD_RANDOM = ["model.init=torch", "compression.sketch=torch", "diloco.commitments=hashed"]
+#: issue 43: a hashed run's document does not name them); and they trained with AdamW (Muon is the default since
+#: issue 46), pinned too: an AdamW run's document leaves the optimizer out, as theirs did.
+OLD_RANDOM = ["model.init=torch", "compression.sketch=torch", "diloco.commitments=hashed", "training.optimizer=adamw"]
 GPT2_HASHES = [
     (["compression.encoder=v1"], "4793715b0970f4f70ae421d7de4571ac5b90a35c9f0fa45f00d3692ee4c3bcee"),
     (["model.preset=mini", "diloco.inner_steps=20", "compression.encoder=v4"],
@@ -35,7 +36,7 @@ def test_gpt2_run_hashes_are_unchanged(overrides, expected):
     assert config_hash(document).hex() == expected
     # the same document read back (as a joiner or an auditor does) keeps torch's generator, and its hash
     again = node_config_from_run(document)
-    assert again.model.init == "torch" and again.compression.sketch == "torch"
+    assert again.model.init == "torch" and again.compression.sketch == "torch" and again.training.optimizer == "adamw"
     assert again.diloco.commitments == "hashed" and not again.diloco.chunked
     assert config_hash(run_document(again)).hex() == expected
 

@@ -299,6 +299,13 @@ class ModelConfig:
         return out
 
 
+#: training.optimizer's values (training/muon.py).
+INNER_OPTIMIZERS = ("adamw", "muon")
+#: The inner optimizer of a configuration that names none (issue 46: Muon won in every mode at every size measured,
+#: docs/DILOCOX.md section 14), and of a run document that names none (made before the setting, or an AdamW run).
+DEFAULT_OPTIMIZER, LEGACY_OPTIMIZER = "muon", "adamw"
+
+
 @dataclass
 class TrainingConfig:
     """Local (inner) training of one replica."""
@@ -326,12 +333,13 @@ class TrainingConfig:
     # the CPU. "bf16": bfloat16 autocast, float32 master weights and AdamW state.
     device: str = "auto"
     precision: str = "fp32"
-    # The inner optimizer (training/muon.py, docs/DILOCOX.md section 14): "adamw", or "muon" (MuLoCo, arXiv
-    # 2505.23725: Muon's orthogonalized Nesterov momentum for the hidden weight matrices, AdamW for embeddings,
-    # head, norms and biases). The muon_* settings are Muon's: its momentum and a factor on the inner lr for the
-    # Muon part (whose update is scaled to AdamW's RMS, so 1.0 uses the same lr). With "adamw" none of them is
-    # in the run document, whose hash stays what it was.
-    optimizer: str = "adamw"
+    # The inner optimizer (training/muon.py, docs/DILOCOX.md section 14): "muon" (MuLoCo, arXiv 2505.23725:
+    # Muon's orthogonalized Nesterov momentum for the hidden weight matrices, AdamW for embeddings, head, norms
+    # and biases), or "adamw". The muon_* settings are Muon's: its momentum and a factor on the inner lr for the
+    # Muon part (whose update is scaled to AdamW's RMS, so 1.0 uses the same lr). A configuration that names none
+    # gets DEFAULT_OPTIMIZER; a run document that names none, LEGACY_OPTIMIZER (node.runconfig.node_config_from_run):
+    # with "adamw" none of them is in the run document, which is then what it was before the setting existed.
+    optimizer: str = DEFAULT_OPTIMIZER
     muon_momentum: float = 0.95
     muon_lr_scale: float = 1.0
 
@@ -378,8 +386,6 @@ class TrainingConfig:
         return out
 
 
-#: training.optimizer's values (training/muon.py).
-INNER_OPTIMIZERS = ("adamw", "muon")
 #: Settings only Muon has, at the values an AdamW run holds (and its run document omits).
 MUON_ONLY = {"muon_momentum": 0.95, "muon_lr_scale": 1.0}
 

@@ -29,6 +29,10 @@ from node.commands.launcher import LocalRun
 from node.commands.liveview import LiveView
 from node.config import load_config
 from node.errors import ConfigError, NodeError
+from training.config import LEGACY_OPTIMIZER
+
+#: How the summary names an inner optimizer (training.optimizer's values).
+OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon"}
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +76,7 @@ class _Signals:
 DEMO_QUORUM_BPS = 5000
 
 #: The training benchmark's one current result (bench/bench_diloco.py): DiLoCoX against centralized
-#: AdamW at a real token budget, printed beside the demo's own short-run figure.
+#: training at a real token budget, printed beside the demo's own short-run figure.
 BENCHMARK_RESULT = Path(__file__).resolve().parents[2] / "bench" / "results" / "diloco.json"
 
 
@@ -266,7 +270,8 @@ def _train_and_report(run: LocalRun, args: argparse.Namespace, out: Path, view: 
 
 
 def centralized_reference_loss(run: LocalRun, rounds: int) -> float:
-    """Held-out loss of data-parallel AdamW on the same tokens, schedule and eval batches as the run.
+    """Held-out loss of data-parallel training (the run's inner optimizer) on the same tokens, schedule and eval
+    batches as the run.
 
     :func:`training.simulate.centralized_reference` (the benchmark's DDP mode) on the
     run's own settings: what the demo's DiLoCoX loss should be read against.
@@ -305,7 +310,9 @@ def benchmark_figure(path: Path) -> dict:
                   "fewer_bytes": float(x["fewer_bytes_than_ddp"]),
                   "tokens": int(max(point["tokens"] for point in x["curve"])),
                   "rounds": int(settings["rounds"]), "inner_steps": int(settings["inner_steps"]),
-                  "data": Path(str(settings["data"])).parent.name or str(settings["data"])}
+                  "data": Path(str(settings["data"])).parent.name or str(settings["data"]),
+                  # A result recorded before bench_diloco.py had --optimizer trained with AdamW.
+                  "optimizer": str(settings.get("optimizer", LEGACY_OPTIMIZER))}
     except FileNotFoundError:
         return {"path": str(path), "missing": "not found (run bench/bench_diloco.py from a clone)"}
     except (OSError, ValueError, KeyError, TypeError) as exc:  # not a bench_diloco.py result with DDP and DiLoCoX
@@ -366,7 +373,7 @@ def summarize(run: LocalRun) -> dict:
         "rpc_url": run.url, "registry": run.registry, "ledger": run.ledger,
         "model_params": params, "rounds": rounds, "bytes_sent_all_nodes": sent,
         "pseudo_gradient_bytes": exchange, "inner_steps": cfg.diloco.inner_steps, "tokens": tokens,
-        "round_budget_s": cfg.diloco.round_budget_s,
+        "round_budget_s": cfg.diloco.round_budget_s, "optimizer": cfg.training.optimizer,
         "tokens_per_step": cfg.training.batch_size * cfg.model.block_size,
         "data": "a generated corpus" if not cfg.training.data_path else Path(cfg.training.data_path).name,
         "allreduce_bytes_equivalent": allreduce, "checkpoints": checkpoints, "latest_checkpoint_file": ckpt_path,
@@ -385,7 +392,8 @@ def _benchmark_lines(s: dict) -> list[str]:
     if "missing" in bench:
         return [demo, f"  the training benchmark's result {bench['path']}: {bench['missing']}"]
     measured = (f"  at a real budget ({bench['tokens']:,} tokens of {bench['data']}, {bench['rounds']} rounds of "
-                f"H={bench['inner_steps']}) DiLoCoX is {100 * bench['loss_vs_ddp']:+.1f}% against centralized AdamW "
+                f"H={bench['inner_steps']}) DiLoCoX is {100 * bench['loss_vs_ddp']:+.1f}% against centralized "
+                f"{OPTIMIZER_NAMES.get(bench.get('optimizer'), bench.get('optimizer'))} "
                 f"with {bench['fewer_bytes']:.0f}x fewer bytes ({bench['path']}, from bench/bench_diloco.py)")
     return [demo, measured]
 
@@ -404,7 +412,8 @@ def format_summary(s: dict) -> str:
     reference = s.get("centralized_reference_eval_loss")
     if reference is not None and s["rounds"]:
         final = s["rounds"][-1]["eval_loss"]
-        lines.append(f"held-out loss {final:.4f}; centralized data-parallel AdamW on the same tokens: {reference:.4f} "
+        optimizer = OPTIMIZER_NAMES.get(s.get("optimizer"), s.get("optimizer"))
+        lines.append(f"held-out loss {final:.4f}; centralized data-parallel {optimizer} on the same tokens: {reference:.4f} "
                      f"({100 * (final / reference - 1):+.1f}%)")
         lines.extend(_benchmark_lines(s))
     lines.append(f"pseudo-gradients exchanged: {exchange / 1e6:.2f} MB; data-parallel AllReduce of fp32 gradients "
