@@ -93,7 +93,8 @@ def test_config_refuses_bad_settings_and_keeps_adamw_documents_as_they_were():
 
 
 #: config_hash(run_document(load_config(None, settings))) before Muon became the default (commit 0a11695): the
-#: hashes of runs made then, which the same settings with training.optimizer = "adamw" must still give.
+#: hashes of runs made then, which the same settings with training.optimizer = "adamw" must still give (with
+#: diloco.commitments = "hashed": runs made then committed version-1 roots; chunked is the default since issue 43).
 BEFORE_MUON_DEFAULT = {
     (): "edf3869699c27ba799dd41b743d8ea761488aa3a0660a731bfc6149770d788e6",
     ("model.preset=mini",): "2b4b19c8553778a4bd3b1ac034e75c2d0f7b1cb74ace4fbcd33dcbac03442deb",
@@ -107,7 +108,7 @@ def test_muon_is_the_default_of_new_runs_and_older_runs_keep_their_hash_and_opti
     new = run_document(load_config(None, list(settings)))
     assert new["format"] == RUN_FORMAT == "dlx-run-v1"  # the document's version is unchanged
     assert new["training"]["optimizer"] == "muon" and config_hash(new).hex() != BEFORE_MUON_DEFAULT[settings]
-    older = run_document(load_config(None, [*settings, "training.optimizer=adamw"]))
+    older = run_document(load_config(None, [*settings, "training.optimizer=adamw", "diloco.commitments=hashed"]))
     assert "optimizer" not in older["training"] and config_hash(older).hex() == BEFORE_MUON_DEFAULT[settings]
     # An older run's document names no optimizer: a joiner and the auditor read it as AdamW, and rebuild its hash.
     again = node_config_from_run(parse_run_document(canonical_json(older), config_hash(older)))
