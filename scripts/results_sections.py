@@ -110,7 +110,7 @@ ABLATION_DEFAULTS = {
     "outer_min_lr_ratio": 1.0, "outer_final_momentum": "auto", "delay_correction": "rebase", "no_delay": False,
     "error_budget": 0.4, "bandwidth_budget": "auto", "target_reduction": 1000.0, "overlap_steps": "auto",
     "max_rank": 32, "bits": "2,4,8", "no_error_feedback": False, "encoder": "v4", "seed": 0, "cpu_clock": False,
-    "optimizer": "muon",  # training.config.DEFAULT_OPTIMIZER since issue 46
+    "optimizer": "adamw",  # training.config.DEFAULT_OPTIMIZER
 }
 SHORT = {"inner_steps": "H", "rounds": "rounds", "inner_lr": "ilr", "outer_lr": "olr", "outer_momentum": "om",
          "x_outer_lr": "x olr", "x_outer_momentum": "x om", "bandwidth_budget": "bw", "overlap_steps": "overlap",

@@ -27,8 +27,8 @@ def _check_summary(stdout: str, out) -> None:
     # The centralized reference on the same tokens is trained and printed beside the run's loss.
     reference = summary["centralized_reference_eval_loss"]
     assert 0 < reference < summary["rounds"][0]["eval_loss"] + 1.0
-    # Trained with the run's inner optimizer (training.config.DEFAULT_OPTIMIZER: Muon), and named so.
-    assert summary["optimizer"] == "muon" and "centralized data-parallel Muon on the same tokens" in stdout
+    # Trained with the run's inner optimizer (training.config.DEFAULT_OPTIMIZER: AdamW), and named so.
+    assert summary["optimizer"] == "adamw" and "centralized data-parallel AdamW on the same tokens" in stdout
     # ... and what that gap means: this run's size, beside the training benchmark's figure read from its JSON.
     assert "this demo is 2 short rounds of H=4" in stdout
     assert summary["benchmark"]["path"].endswith("bench/results/diloco.json") and "missing" not in summary["benchmark"]

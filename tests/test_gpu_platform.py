@@ -85,7 +85,9 @@ def test_device_and_precision_are_not_in_the_run_document():
     names = {f.name for f in dataclasses.fields(TrainingConfig)} - {"data_path", *NODE_ONLY_TRAINING}
     adamw = load_config(None, ["training.optimizer=adamw"])
     assert set(run_document(adamw)["training"]) == names - {"optimizer", *MUON_ONLY} | {"data_sha256"}
-    assert set(run_document(default)["training"]) == names | {"data_sha256"}  # Muon, the default
+    assert set(run_document(default)["training"]) == set(run_document(adamw)["training"])  # AdamW, the default
+    muon = load_config(None, ["training.optimizer=muon"])
+    assert set(run_document(muon)["training"]) == names | {"data_sha256"}
     # ... and still pins the run: a run setting changes it.
     assert config_hash(run_document(load_config(None, ["training.seed=1"]))) != config_hash(run_document(default))
 

@@ -81,8 +81,8 @@ def test_a_muon_run_is_deterministic_and_not_adamw():
 def test_config_refuses_bad_settings_and_keeps_adamw_documents_as_they_were():
     adamw = TrainingConfig(optimizer="adamw").document()
     assert "optimizer" not in adamw and "muon_momentum" not in adamw and "muon_lr_scale" not in adamw
-    assert TrainingConfig().optimizer == DEFAULT_OPTIMIZER == "muon" and LEGACY_OPTIMIZER == "adamw"
-    assert TrainingConfig().document()["optimizer"] == "muon"
+    assert TrainingConfig().optimizer == DEFAULT_OPTIMIZER == "adamw" and LEGACY_OPTIMIZER == "adamw"
+    assert TrainingConfig(optimizer="muon").document()["optimizer"] == "muon"
     for bad in (dict(optimizer="sgd"), dict(optimizer="muon", muon_momentum=1.0),
                 dict(optimizer="muon", muon_lr_scale=0.0), dict(optimizer="adamw", muon_lr_scale=2.0)):
         with pytest.raises(TrainingConfigError):
@@ -92,9 +92,9 @@ def test_config_refuses_bad_settings_and_keeps_adamw_documents_as_they_were():
             DilocoConfig(outer_lr_other_scale=bad)
 
 
-#: config_hash(run_document(load_config(None, settings))) before Muon became the default (commit 0a11695): the
-#: hashes of runs made then, which the same settings with training.optimizer = "adamw" must still give (with
-#: diloco.commitments = "hashed": runs made then committed version-1 roots; chunked is the default since issue 43).
+#: config_hash(run_document(load_config(None, settings))) at commit 0a11695, before Muon existed as a default
+#: candidate: the hashes of runs made then, which the same settings must still give with version-1 roots
+#: (diloco.commitments = "hashed"; chunked is the default since issue 43) and the default optimizer (AdamW).
 BEFORE_MUON_DEFAULT = {
     (): "edf3869699c27ba799dd41b743d8ea761488aa3a0660a731bfc6149770d788e6",
     ("model.preset=mini",): "2b4b19c8553778a4bd3b1ac034e75c2d0f7b1cb74ace4fbcd33dcbac03442deb",
@@ -104,16 +104,16 @@ BEFORE_MUON_DEFAULT = {
 
 
 @pytest.mark.parametrize("settings", list(BEFORE_MUON_DEFAULT))
-def test_muon_is_the_default_of_new_runs_and_older_runs_keep_their_hash_and_optimizer(settings):
-    new = run_document(load_config(None, list(settings)))
-    assert new["format"] == RUN_FORMAT == "dlx-run-v1"  # the document's version is unchanged
-    assert new["training"]["optimizer"] == "muon" and config_hash(new).hex() != BEFORE_MUON_DEFAULT[settings]
-    older = run_document(load_config(None, [*settings, "training.optimizer=adamw", "diloco.commitments=hashed"]))
+def test_adamw_runs_keep_their_hash_and_a_muon_run_names_its_optimizer(settings):
+    older = run_document(load_config(None, [*settings, "diloco.commitments=hashed"]))  # the default optimizer
+    assert older["format"] == RUN_FORMAT == "dlx-run-v1"  # the document's version is unchanged
     assert "optimizer" not in older["training"] and config_hash(older).hex() == BEFORE_MUON_DEFAULT[settings]
-    # An older run's document names no optimizer: a joiner and the auditor read it as AdamW, and rebuild its hash.
+    # A run document names no optimizer: a joiner and the auditor read it as AdamW, and rebuild its hash.
     again = node_config_from_run(parse_run_document(canonical_json(older), config_hash(older)))
     assert again.training.optimizer == LEGACY_OPTIMIZER and config_hash(run_document(again)) == config_hash(older)
-    assert node_config_from_run(new).training.optimizer == "muon"
+    muon = run_document(load_config(None, [*settings, "training.optimizer=muon"]))
+    assert muon["training"]["optimizer"] == "muon" and config_hash(muon).hex() != BEFORE_MUON_DEFAULT[settings]
+    assert node_config_from_run(muon).training.optimizer == "muon"
 
 
 def test_a_run_document_with_the_new_methods_round_trips_and_old_ones_keep_their_hash():
