@@ -14,6 +14,7 @@ def _summary(benchmark):
         "centralized_reference_eval_loss": 0.95, "allreduce_bytes_equivalent": 10**9, "pseudo_gradient_bytes": 10**6,
         "bytes_sent_all_nodes": 5 * 10**7, "checkpoints": [], "latest_checkpoint_file": None, "disputes": 0,
         "workdir": "/tmp/d", "rpc_url": "http://127.0.0.1:1", "node_dirs": [], "benchmark": benchmark,
+        "optimizer": "adamw",  # summarize() names the run's inner optimizer (cfg.training.optimizer)
     }
 
 
