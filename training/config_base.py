@@ -1,0 +1,119 @@
+"""What every configuration section shares: the validation helper, ``"auto"`` values, the encoder and
+random-source enums with their defaults, and the device and precision checks (training/config.py)."""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+
+from training.errors import TrainingConfigError
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise TrainingConfigError(message)
+
+
+AUTO = "auto"
+
+
+class EncoderVersion(StrEnum):
+    """``compression.encoder``: which encoder picks a contribution's bytes (``training/codec/``, one module each).
+
+    Every version writes the same wire format and every decoder reads them all;
+    the version is part of the run configuration so that a re-executing
+    verifier codes with the run's encoder (docs/DILOCOX.md section 3).
+    """
+
+    V1 = "v1"  # range-finder factorization, estimates from coding every candidate
+    V2 = "v2"  # Gram-matrix factorization, estimates from the factors' rounding residuals
+    V3 = "v3"  # v2's selection every 4th round; codings kept and warm power iterations between
+    V4 = "v4"  # v2's selection every 4th round; bytes re-allocated from its estimates between
+
+
+class RandomSource(StrEnum):
+    """Where a run draws what it draws at random: ``model.init`` (the initial weights,
+    :meth:`training.family.ModelFamily.init_state_dict`) and ``compression.sketch`` (the codec's fixed
+    Gaussian sketch, :func:`training.codec.factorize.sketch`).
+
+    Part of the run configuration, so every replica, every re-executing verifier and every auditor draws
+    the run's own.
+    """
+
+    # torch.Generator + Tensor.normal_: its float32 kernel for >= 16 elements differs by CPU instruction
+    # set (AVX2 against the others), so another machine may draw other weights from the same seed.
+    TORCH = "torch"
+    # Philox4x32-10 + a Box-Muller of correctly rounded float64 ops (training/portable_rng.py): the same
+    # bits on every machine (issue 42, docs/DILOCOX.md "A starting point every machine derives alike").
+    PHILOX = "philox"
+
+
+#: The random source (model.init, compression.sketch) of a run a configuration names none for (``dlx-node init``, ``demo``,
+#: ``create-run``, the launcher, the benches, every ModelConfig built in code).
+DEFAULT_RANDOM = RandomSource.PHILOX
+#: The source of a run document that names none: runs made before ``model.init`` and ``compression.sketch``
+#: existed.
+LEGACY_RANDOM = RandomSource.TORCH
+
+
+#: The encoder of a run a configuration names none for: what ``dlx-node init``, ``dlx-node demo``,
+#: the local launcher (so the end-to-end tests) and bench/bench_diloco.py all run.
+DEFAULT_ENCODER = EncoderVersion.V4
+#: The encoder of a run document that names none: runs made before ``compression.encoder`` existed.
+LEGACY_ENCODER = EncoderVersion.V1
+
+
+def _int_or_auto(value: int | str, where: str) -> int | str:
+    """``value`` as an int, or ``"auto"``; TOML gives ints, ``--set`` gives strings."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == AUTO:
+            return AUTO
+        try:
+            return int(text, 0)
+        except ValueError:
+            raise TrainingConfigError(f"{where}={value!r}: must be an integer or \"auto\"") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TrainingConfigError(f"{where}={value!r}: must be an integer or \"auto\"")
+    return value
+
+
+def _float_or_auto(value: float | str, where: str) -> float | str:
+    """``value`` as a finite float, or ``"auto"``; TOML gives numbers, ``--set`` gives strings."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == AUTO:
+            return AUTO
+        try:
+            value = float(text)
+        except ValueError:
+            raise TrainingConfigError(f"{where}={value!r}: must be a number or \"auto\"") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TrainingConfigError(f"{where}={value!r}: must be a finite number or \"auto\"")
+    return float(value)
+
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def check_device_spec(spec: str, where: str = "training.device") -> str:
+    """``spec`` normalised (``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"``), else a config error.
+
+    Only the syntax: whether this machine has the device is ``training.platform.resolve_device``'s question.
+    """
+    if not isinstance(spec, str):
+        raise TrainingConfigError(f"{where}={spec!r}: must be a string")
+    text = spec.strip().lower()
+    if text in (AUTO, "cpu", "cuda"):
+        return text
+    kind, _, index = text.partition(":")
+    if kind == "cuda" and index.isdigit() and len(index) <= 3:
+        return f"cuda:{int(index)}"
+    raise TrainingConfigError(f"{where}={spec!r}: must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\" (N a GPU index)")
+
+
+def check_precision(precision: str, where: str = "training.precision") -> str:
+    """``precision`` if it is one of :data:`PRECISIONS`, else a config error."""
+    _require(precision in PRECISIONS, f"{where}={precision!r}: must be one of {list(PRECISIONS)} "
+                                      "(bf16: bfloat16 autocast, float32 master weights and optimizer state)")
+    return precision
