@@ -17,7 +17,7 @@ from node.config import load_config
 from node.runconfig import config_hash, run_document
 from training.config import MUON_ONLY, NODE_ONLY_TRAINING, TrainingConfig
 from training.errors import ReplicaStateError, TrainingConfigError
-from training.pipeline import pipeline_backend
+from training.pipeline_group import pipeline_backend
 from training.platform import (
     CROSS_PLATFORM_TOLERANCE,
     EXACT,
