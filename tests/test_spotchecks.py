@@ -462,3 +462,76 @@ def test_the_audit_judges_a_chain_link_from_the_archives_and_never_trusts_a_serv
                     at(4, 2) + at(5, 2) + at(5, 2), []):
         with pytest.raises(ValueError):
             split_chain_evidence(hostile, 2, 4)
+
+
+def test_a_chain_link_is_checked_however_far_behind_the_chain_the_node_is(tmp_path, caplog):
+    """Round t-1's exact rerun is linked into round t even when the node is many rounds behind the chain.
+
+    On a loaded machine every link's turn came after its round's checks had put the node more than
+    MAX_LAG_ROUNDS behind, and the link was skipped with them: a member forging its start state between
+    rounds (tests/adversary.py forge-state) went uncaught until the run ended (round 94 of 100, load 30).
+    The rerun, the costly half, is already done; the link must be made. A chained link counts; a broken
+    one is accused, lag or not."""
+    import threading
+    from types import SimpleNamespace
+
+    from node.live.membership import Membership
+    from node.live.roundbook import RoundBook
+    from node.live.spotcheck import SpotCheckResult
+    from node.live.verifier import MAX_LAG_ROUNDS, SpotChecker, VerifierContext
+    from node.store.archive import ArchivedContribution
+    from p2p.envelope import Envelope
+    from p2p.identity import Identity
+
+    member = Identity.generate()
+    led_to, forged = b"\x11" * 32, b"\x22" * 32  # where round 0's rerun ended; a start state bound elsewhere
+
+    def contribution(outer_round: int, state_hash: bytes) -> bytes:
+        body = msg.ContributionBody(state_hash, b"d" * 32, b"blob")
+        return Envelope.create(member, 7, outer_round, msg.CONTRIBUTION, msg.encode_contribution_body(body),
+                               stage=0).to_bytes()
+
+    envelopes: dict[bytes, bytes] = {}
+    sealed: dict[int, list] = {}
+
+    def seal(outer_round: int, state_hash: bytes) -> None:
+        env = contribution(outer_round, state_hash)
+        envelopes[hashlib.sha256(env).digest()] = env
+        sealed[outer_round] = [ArchivedContribution(0, 1, member.peer_id, hashlib.sha256(env).digest())]
+
+    class Host:  # the forged state is not served: the chain check must still say why, and accuse nobody
+        def fetch_blob(self, digest, dest, providers=None, timeout=None):
+            from p2p.errors import P2PError
+
+            raise P2PError(f"blob {digest[:12]} is not served")
+
+        def remove_blob(self, digest):
+            pass
+
+    membership = Membership("me", "c0", 1, 1, RoundBook(), seat=lambda _a, _k: Seat((0, 0), 0))
+    ctx = VerifierContext(
+        cfg=SimpleNamespace(spot_checks=0.0, p2p=SimpleNamespace(max_blob_bytes=1 << 20), pipeline=SimpleNamespace(
+            num_stages=1)), run_id=7, peer_id="me", chain=None, host=Host(),
+        archive=SimpleNamespace(sealed=lambda r: sealed.get(r), recorded=lambda _r: None,
+                                get=lambda _r, h: envelopes[h]),
+        membership=membership, gossip=lambda *a: None, sign_envelope=None, stage_hashes=None,
+        own_replica=lambda: 0, current_round=lambda: 0, work_dir=tmp_path, evidence_dir=tmp_path,
+        stop=threading.Event(), on_ejected=None)
+    checker = SpotChecker(ctx)
+    accused = []
+    checker._court.put = lambda *job: accused.append(job)  # the tribunal's queue: what the link hands over
+    try:
+        for t in (1, 2):  # round t's link of replica 1 from an exact rerun of round t-1
+            checker._results[(t - 1, 1)] = SpotCheckResult("exact", "r", {0: 0.0}, 1.0, next_state_hashes=[led_to])
+        checker._newest = 2 + MAX_LAG_ROUNDS + 10  # far behind the chain
+        seal(1, led_to)
+        checker._link(1, {1: {member.peer_id}})
+        assert (checker.chain_checks, checker.mismatches, accused) == (1, 0, [])  # chained, counted
+        seal(2, forged)
+        checker._link(2, {1: {member.peer_id}})
+        # Not chained and the state not served: the link was made (not skipped) and could not tell: nobody accused.
+        assert (checker.chain_checks, checker.mismatches, accused) == (1, 0, [])
+        assert "chain check of replica 1 round 2 not done: blob 222222222222 is not served" in caplog.text
+    finally:
+        ctx.stop.set()
+        checker.close()

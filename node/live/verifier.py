@@ -243,11 +243,17 @@ class SpotChecker(Tribunal):
 
     def _link(self, outer_round: int, signers: dict[int, set[str]]) -> None:
         """The chain: every replica this node reran exactly in round t-1 must start round t where that rerun
-        ended (or from the record, after a restart)."""
+        ended (or from the record, after a restart).
+
+        Done however far behind the chain this node is (no :meth:`_lagging` skip): the rerun of round t-1, the
+        costly half, is done already, and a link whose hashes chain costs one comparison. Skipping it on the lag,
+        as before, skipped every link on a loaded machine (each link's turn came after its round's checks had
+        put the node behind), so a member forging its start state between rounds went uncaught for as long as
+        the load lasted (tests/test_reexec_e2e.py's forge-state, caught at round 94 of 100 at load 30)."""
         with self._lock:
             linked = [(replica, result) for (r, replica), result in self._results.items()
                       if r == outer_round - 1 and result is not None and result.next_state_hashes is not None]
-        for replica, result in linked if not self._lagging(outer_round) else []:
+        for replica, result in linked:
             if replica not in signers or self._ejected(signers[replica]):
                 continue
             try:
