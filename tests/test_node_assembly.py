@@ -109,6 +109,9 @@ class FakeChain:
     def declared_platforms(self, run_id: int, peer_ids, fresh: bool = False) -> dict[str, bytes]:
         return {}  # no seat declared a platform: the spot checks route nothing and hold no claim to one
 
+    def availability_challenges(self, run_id: int, from_block: int) -> tuple[list[dict], int]:
+        return [], from_block  # nobody challenges a round (the answerer's poll; a chunked run's node reads it)
+
     def close(self) -> None:
         pass
 
