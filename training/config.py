@@ -461,8 +461,9 @@ class DilocoConfig:
     norm_clip: float = 2.0
     # Screening (training/screening.py), only where one node holds every stage: contribution i
     # is excluded when the loss of (theta - outer_lr * c_i) on a seeded held-out batch of
-    # screen_batch_size windows exceeds min(loss of theta, median over i) + max(screen_abs_tol,
-    # screen_rel_tol * loss of theta).
+    # screen_batch_size windows exceeds the median over i (with fixed H; in a time-bounded run under
+    # version 1, max(loss of theta, that median)) + max(screen_abs_tol, screen_rel_tol * loss of theta);
+    # version 2 (screen_rule, below) judges its slope and its excess instead.
     screening: bool = True
     screen_rel_tol: float = 0.02
     screen_abs_tol: float = 0.0
