@@ -68,7 +68,8 @@ def test_a_time_bounded_run_screens_by_version_2_and_other_runs_keep_their_docum
 
 def _delayed_round():
     """Weights 0.5 from the minimum along ``u``; honest updates of 179, 80 and 35 steps:
-    ``d = -0.5 sqrt(k / 80) u - e``, ``|e|^2 = k / 80`` (``theta - lr d`` moves towards the target and off it)."""
+    ``d = -0.5 sqrt(k / 80) u - e``, ``|e|^2 = sqrt(k / 80)`` (``theta - lr d`` moves towards the target and off
+    it)."""
     generator = torch.Generator().manual_seed(0)
     u = torch.zeros(N)
     u[0] = 1.0
@@ -81,7 +82,7 @@ def _delayed_round():
     for k in STEPS:
         noise = torch.randn(N, generator=generator)
         noise[0] = 0.0
-        noise *= math.sqrt(k / 80) / float(noise.norm())
+        noise *= (k / 80) ** 0.25 / float(noise.norm())
         honest.append({"w": -0.5 * math.sqrt(k / 80) * u - noise})
     return loss, {"w": torch.zeros(N)}, honest
 

@@ -21,12 +21,13 @@ valid declared count is not screened (the aggregation excludes it), and the rule
 applied against itself, and what is judged is its slope and its excess, not its loss alone::
 
     L+_i  = f32(loss(theta + f32(outer_lr) * d_i))
-    D_i   = L+_i - L_i          (float64)   > 0: d_i descends on the batch; the quadratic term cancels
-    E_i   = L_i - L_b           (float64)   how far it lands above no update (under the one-step delay
-                                            every honest one can, the longest the furthest)
+    D_i   = L+_i - L_i                  (float64)   the slope: > 0 where d_i descends; the even terms cancel
+    C_i   = (L+_i + L_i) / 2 - L_b      (float64)   the curvature: what d_i's length costs, whatever its sign
+                                                    (under the one-step delay every honest contribution alone
+                                                    can land above L_b by it, the longest the furthest)
     excluded_i  <=>  not ( D_i > min(tol, D_med / SLOPE_SHARE) )
-                 or  not ( E_i <= EXCESS_FACTOR * max(E_med, 0) + tol )
-    D_med, E_med: the lower medians over the screened contributions
+                 or  not ( C_i <= CURVATURE_FACTOR * max(C_med, 0) + tol )
+    D_med, C_med: the lower medians over the screened contributions
 
 (version 1 of a time-bounded run, ``"one_sided"``, the rule of every run made before it:
 ``excluded_i <=> not (L_i <= max(L_b, med) + tol)``).
@@ -74,9 +75,9 @@ MIN_SCREENED = 3
 #: Version 2 (``screen_rule = "two_sided"``): a contribution must descend by at least this share of the median
 #: slope (or by the tolerance, whichever is less) ...
 SLOPE_SHARE = 4
-#: ... and land no more than this many times the median's excess above no update (plus the tolerance): the
-#: excess grows as the square of an update's length, so this is an update about twice the median's.
-EXCESS_FACTOR = 4
+#: ... and cost no more than this many times the median's curvature (plus the tolerance): the curvature grows as
+#: the square of an update's length, so this is an update twice the median's.
+CURVATURE_FACTOR = 4
 
 def screening_offsets(run_seed: int, outer_round: int, batch_size: int, n_start: int) -> list[int]:
     """``offset_b = u64be(sha256(DOMAIN || u64be(run_seed) || u64be(outer_round) || u64be(b))[:8]) % n_start``."""
@@ -286,29 +287,30 @@ def _difference(a: float, b: float) -> float:
 
 def _judge_two_sided(loss_before: float, after: Mapping[int, float], against: Mapping[int, float], count: int,
                      diloco_cfg: DilocoConfig) -> list[ScreeningReport]:
-    """Version 2 (module docstring; docs/DILOCOX.md section 13, "Screening")."""
+    """Version 2 (module docstring; docs/DILOCOX.md section 13, "Screening of a time-bounded run")."""
     tolerance = max(diloco_cfg.screen_abs_tol, diloco_cfg.screen_rel_tol * loss_before)
     # inf - inf (both sides non-finite) is NaN: such a contribution descends nowhere (-inf), and NaN never
     # enters a median's sort.
     slope = {i: _difference(against[i], after[i]) for i in after}
-    excess = {i: after[i] - loss_before for i in after}
+    curvature = {i: (against[i] + after[i]) / 2 - loss_before for i in after}  # +inf if either side is
     screens = len(after) >= MIN_SCREENED  # else no majority to measure against (judge): nothing is excluded
     least_slope = min(tolerance, lower_median(list(slope.values())) / SLOPE_SHARE) if screens else -math.inf
-    most_excess = EXCESS_FACTOR * max(lower_median(list(excess.values())), 0.0) + tolerance if screens else math.inf
+    most_curvature = (CURVATURE_FACTOR * max(lower_median(list(curvature.values())), 0.0) + tolerance if screens
+                      else math.inf)
     reports = []
     for index in range(count):
         if index not in after:
             reports.append(ScreeningReport(index, loss_before, None, False, "not screened (does not decode)"))
             continue
         descends = not screens or slope[index] > least_slope
-        near = not screens or excess[index] <= most_excess
+        near = not screens or curvature[index] <= most_curvature
         detail = ""
         if not descends:
             detail = (f"loss {loss_before:.6g} -> {after[index]:.6g} alone, {against[index]:.6g} against it: "
                       f"slope {slope[index]:.3g} not above {least_slope:.3g}")
         elif not near:
-            detail = (f"loss {loss_before:.6g} -> {after[index]:.6g} alone: {excess[index]:.3g} above no update, "
-                      f"more than {most_excess:.3g}")
+            detail = (f"loss {loss_before:.6g} -> {after[index]:.6g} alone, {against[index]:.6g} against it: "
+                      f"curvature {curvature[index]:.3g} above {most_curvature:.3g}")
         reports.append(ScreeningReport(index, loss_before, after[index], not (descends and near), detail,
                                        against[index]))
     return reports
