@@ -1,6 +1,6 @@
 """Screening of a time-bounded run (issue 44; docs/DILOCOX.md section 13, "Screening"): version 2 judges each
-contribution by its slope (its loss applied alone against its loss applied against itself) and its excess over no
-update against the median's, not by its loss alone.
+contribution by its slope (its loss applied alone against its loss applied against itself) and its curvature (their
+mean over no update) against the median's, not by its loss alone.
 
 The recorded failure it answers: under the one-step delay every contribution, applied alone to the current
 weights, landed above their loss, and the longest (the 1x replica's 179 steps against about 80 and 35) the

@@ -404,7 +404,8 @@ EXCHANGES = ("full", "sliced")
 COMMITMENTS = ("hashed", "chunked")
 #: Screening's rule (docs/DILOCOX.md sections 10 and 13, "Screening"): "one_sided", version 1, the loss of each
 #: contribution applied alone against the median's; "two_sided", version 2 (time-bounded runs), also applied against
-#: itself: a contribution must descend (its slope) and not overshoot far more than the median one (its excess).
+#: itself: a contribution must descend (its slope), and its length cost no more than four times the median one's
+#: (its curvature).
 SCREEN_RULES = ("one_sided", "two_sided")
 #: diloco.exchange = "auto" (the node template's): the sliced exchange from this many replicas, the full one
 #: below. Where the sliced exchange wins: docs/PROTOCOL.md, "Sliced exchange", "Which exchange by default".
@@ -463,7 +464,7 @@ class DilocoConfig:
     # is excluded when the loss of (theta - outer_lr * c_i) on a seeded held-out batch of
     # screen_batch_size windows exceeds the median over i (with fixed H; in a time-bounded run under
     # version 1, max(loss of theta, that median)) + max(screen_abs_tol, screen_rel_tol * loss of theta);
-    # version 2 (screen_rule, below) judges its slope and its excess instead.
+    # version 2 (screen_rule, below) judges its slope and its curvature instead.
     screening: bool = True
     screen_rel_tol: float = 0.02
     screen_abs_tol: float = 0.0

@@ -18,7 +18,7 @@ clearly worse than the median contribution
 In a run whose rounds are bounded by time (``diloco.round_budget_s``, issue 44) a contribution without a
 valid declared count is not screened (the aggregation excludes it), and the rule is version 2,
 ``diloco.screen_rule = "two_sided"`` (docs/DILOCOX.md section 13, "Screening"): each contribution is also
-applied against itself, and what is judged is its slope and its excess, not its loss alone::
+applied against itself, and what is judged is its slope and its curvature, not its loss alone::
 
     L+_i  = f32(loss(theta + f32(outer_lr) * d_i))
     D_i   = L+_i - L_i                  (float64)   the slope: > 0 where d_i descends; the even terms cancel
