@@ -1,4 +1,5 @@
-"""Screening of a time-bounded run (issue 44; docs/DILOCOX.md section 13, "Screening"): version 2 judges each
+"""Screening of a time-bounded run (issue 44; docs/DILOCOX.md section 13, "Screening"): version 2 (an option,
+``diloco.screen_rule = "two_sided"``) judges each
 contribution by its slope (its loss applied alone against its loss applied against itself) and its curvature (their
 mean over no update) against the median's, not by its loss alone.
 
@@ -33,7 +34,7 @@ STEPS = [179, 80, 35]  # the recorded run's counts
 
 def _cfg(**overrides) -> DilocoConfig:
     fields = dict(inner_steps=800, num_replicas=3, round_budget_s=40.0, min_inner_steps=4, one_step_delay=True,
-                  overlap_steps=0, outer_lr=LR, outer_momentum=0.5, screen_rel_tol=0.02)
+                  overlap_steps=0, outer_lr=LR, outer_momentum=0.5, screen_rel_tol=0.02, screen_rule="two_sided")
     fields.update(overrides)
     return DilocoConfig(**fields)
 
@@ -41,10 +42,10 @@ def _cfg(**overrides) -> DilocoConfig:
 # ----------------------------------------------------------------------------- the setting
 
 
-def test_a_time_bounded_run_screens_by_version_2_and_other_runs_keep_their_documents():
+def test_version_2_is_a_time_bounded_run_option_and_other_runs_keep_their_documents():
     assert DilocoConfig().screen_rule == "one_sided"
+    assert _cfg(screen_rule="auto").screen_rule == "one_sided"  # the default, time-bounded or not
     assert _cfg().screen_rule == "two_sided"
-    assert _cfg(screen_rule="one_sided").screen_rule == "one_sided"
     with pytest.raises(TrainingConfigError, match="screen_rule=\"two_sided\" needs diloco.round_budget_s"):
         DilocoConfig(screen_rule="two_sided")
     with pytest.raises(TrainingConfigError, match="screen_rule='median'"):
@@ -54,8 +55,8 @@ def test_a_time_bounded_run_screens_by_version_2_and_other_runs_keep_their_docum
     document = run_document(dataclasses.replace(node, diloco=_cfg(exchange="full")))
     assert document["diloco"]["screen_rule"] == "two_sided"
     assert node_config_from_run(document).diloco.screen_rule == "two_sided"
-    # A time-bounded run made before version 2 names no rule: it screened by version 1, and still does (its
-    # document, and so its hash, unchanged).
+    # A time-bounded run without the option (made before version 2 or since) names no rule: version 1 (its
+    # document, and so its hash, what it was).
     before = run_document(dataclasses.replace(node, diloco=_cfg(exchange="full", screen_rule="one_sided")))
     assert "screen_rule" not in before["diloco"]
     assert node_config_from_run(before).diloco.screen_rule == "one_sided"

@@ -469,9 +469,10 @@ class DilocoConfig:
     screen_rel_tol: float = 0.02
     screen_abs_tol: float = 0.0
     screen_batch_size: int = 16
-    # Screening's rule (SCREEN_RULES). "auto" resolves to "two_sided" in a time-bounded run (round_budget_s
-    # > 0), else "one_sided" (the rule above, as before). "one_sided" is in the run document by its absence
-    # (every fixed-H run, and every time-bounded run made before version 2: their hashes stay what they were).
+    # Screening's rule (SCREEN_RULES). "auto" resolves to "one_sided" (the rule above, as before);
+    # "two_sided" (version 2) is a time-bounded run's option: measured on the node under the one-step delay
+    # it screened out more honest contributions than version 1 (docs/DILOCOX.md section 13). "one_sided" is
+    # in the run document by its absence (every run made without the option: their hashes unchanged).
     screen_rule: str = AUTO
     # How a round's pseudo-gradients travel (docs/PROTOCOL.md "Sliced exchange", docs/DILOCOX.md
     # section 12): "full", every holder fetches every closed contribution ((R - 1) x C bytes in);
@@ -581,7 +582,7 @@ class DilocoConfig:
 
     def _check_screen_rule(self) -> None:
         if self.screen_rule == AUTO:
-            self.screen_rule = "two_sided" if self.budgeted else "one_sided"
+            self.screen_rule = "one_sided"
         _require(self.screen_rule in SCREEN_RULES,
                  f"diloco.screen_rule={self.screen_rule!r}: must be one of {', '.join(SCREEN_RULES)} or \"auto\"")
         _require(self.budgeted or self.screen_rule == "one_sided",
