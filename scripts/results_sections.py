@@ -579,7 +579,9 @@ def reexec_isa(r: dict) -> list[str]:
 
 def screening_delay(r: dict) -> list[str]:
     rules = ("version_1", "version_2", "version_2_excess", "curvature_per_step")
-    rows = [[kind, str(entry["n"]), *(str(entry[rule]) for rule in rules)] for kind, entry in r["total"].items()]
+    names = {"honest": "honest", "flip": "sign flip", "x": "scaled 4x", "noise": "noise of an honest norm"}
+    rows = [[names.get(kind, kind), str(entry["n"]), *(str(entry[rule]) for rule in rules)]
+            for kind, entry in r["total"].items()]
     runs = "; ".join(f"{' / '.join(map(str, run['counts']))} steps, {run['rounds']} rounds" for run in r["runs"])
     return [(f"The simulation (one-step delay, overlap 0, compression on, `tiny`, outer lr 0.7 / momentum 0.5), "
              f"replicas held at fixed counts ({runs}); every contribution aggregated; per round from 1, the "
