@@ -99,7 +99,7 @@ def _model_document(cfg: NodeConfig) -> dict[str, Any]:
 def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
     """The [diloco] table; ``exchange`` and ``min_slice_numel`` only in a sliced run, ``round_budget_s`` and
     ``min_inner_steps`` only in a run whose rounds are bounded by time, ``outer_lr_other_scale`` only when it
-    is not 1, ``commitments`` only when "chunked" (the hash of every "full", fixed-H, one-outer-lr run stays what it was)."""
+    is not 1, ``commitments`` only when "chunked", ``screen_rule`` only when not "one_sided" (the hash of every "full", fixed-H, one-outer-lr run stays what it was)."""
     diloco = dataclasses.asdict(cfg.diloco)
     if diloco.get("exchange") == "full":
         del diloco["exchange"]
@@ -111,6 +111,8 @@ def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
         del diloco["outer_lr_other_scale"]
     if cfg.diloco.commitments == "hashed":
         del diloco["commitments"]  # version 1: every run made before version 2 (its hash unchanged)
+    if cfg.diloco.screen_rule == "one_sided":
+        del diloco["screen_rule"]  # version 1: every fixed-H run, and every time-bounded run made before version 2
     return diloco
 
 
@@ -155,7 +157,8 @@ def node_config_from_run(document: dict[str, Any], **node_fields: Any) -> NodeCo
             "model": {"init": LEGACY_RANDOM.value, **document["model"]},
             "training": training,
             # A run made before chunked commitments names none: its records commit version-1 roots.
-            "diloco": {"commitments": "hashed", **document["diloco"]},
+            # A run made before screening rules had versions names none: it screened by version 1.
+            "diloco": {"commitments": "hashed", "screen_rule": "one_sided", **document["diloco"]},
             # A run made before compression.encoder existed names none: it was coded by v1; before
             # compression.sketch, with torch's sketch.
             "compression": {"encoder": LEGACY_ENCODER.value, "sketch": LEGACY_RANDOM.value, **document["compression"]},

@@ -30,7 +30,7 @@ from results_network import (
 )
 from results_sections import (
     audit, byzantine, chaos, data_loader, diloco, diloco_ablations, diloco_llama, fraud_proof, fuzz, gpu_calibration,
-    heterogeneous, ledger, longrun, pct, provenance, reexec, reexec_isa, restart, robust_sim,
+    heterogeneous, ledger, longrun, pct, provenance, reexec, reexec_isa, restart, robust_sim, screening_delay,
     settings_not_default, split_spotchecks, table, trust_fuzz, utilization,
 )
 
@@ -104,6 +104,12 @@ SECTIONS = (
             "With fixed H every round waits for the slowest replica's H steps and the fast ones idle; with a time "
             "budget each replica trains what fits and declares it (docs/DILOCOX.md section 13). The slowdowns are "
             "real CPU quotas on a shared machine whose load also varies, so the achieved factors are in the table."),
+    Section("screening_delay.json", "Screening under the one-step delay", "bench/bench_screening_delay.py",
+            screening_delay,
+            "Which rule leaves out what when every honest contribution, applied alone to weights the delayed outer "
+            "step already moved, can land above their loss (docs/DILOCOX.md section 13, \"Screening of a "
+            "time-bounded run\"). The simulation is not the node: there version 2 measured its slopes at weights "
+            "the contributions were not trained from, and it is an option, not the default."),
     Section("p2p.json", "Networking", "bench/bench_p2p.py", p2p,
             "Figures move with the machine: unchanged code used about half as much CPU per 100 MB on session 9's machine as on the one before, so compare only results recorded on the same machine (git history). `p2p.blob_direct_io` is off by default: it lowers the download's CPU but the first read then pays it."),
     Section("scale.json", "Local runs of many nodes: full exchange", "bench/bench_scale.py", scale,

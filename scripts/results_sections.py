@@ -576,3 +576,15 @@ def reexec_isa(r: dict) -> list[str]:
          f"undecided / mismatch > {g(s0['mismatch_bound'])})."), ""] + table(
         ["preset", "cheat", "smallest, same kernels", "smallest, other instruction set", "passed the old tolerance",
          "passed, emulated", "rule, other kernels"], cheat_rows)
+
+def screening_delay(r: dict) -> list[str]:
+    rules = ("version_1", "version_2", "version_2_excess", "curvature_per_step")
+    names = {"honest": "honest", "flip": "sign flip", "x": "scaled 4x", "noise": "noise of an honest norm"}
+    rows = [[names.get(kind, kind), str(entry["n"]), *(str(entry[rule]) for rule in rules)]
+            for kind, entry in r["total"].items()]
+    runs = "; ".join(f"{' / '.join(map(str, run['counts']))} steps, {run['rounds']} rounds" for run in r["runs"])
+    return [(f"The simulation (one-step delay, overlap 0, compression on, `tiny`, outer lr 0.7 / momentum 0.5), "
+             f"replicas held at fixed counts ({runs}); every contribution aggregated; per round from 1, the "
+             "contributions excluded by each rule among the honest ones and attacks built from them (sign flip "
+             "and 4x of the longest and shortest, noise of the median and of the longest norm)."), ""] + table(
+        ["contributions", "n", "version 1", "version 2", "v2, excess form", "curvature per step"], rows)

@@ -132,6 +132,11 @@ EXCHANGES = ("full", "sliced")
 #: weights, training.hashing.weights_root: no fraud proof opens it), "chunked", version 2 (the Merkle root of
 #: every stage's chunk roots and per-round factors, ledger.chunkproof: a fraud proof opens one chunk).
 COMMITMENTS = ("hashed", "chunked")
+#: Screening's rule (docs/DILOCOX.md sections 10 and 13, "Screening"): "one_sided", version 1, the loss of each
+#: contribution applied alone against the median's; "two_sided", version 2 (time-bounded runs), also applied against
+#: itself: a contribution must descend (its slope), and its length cost no more than four times the median one's
+#: (its curvature).
+SCREEN_RULES = ("one_sided", "two_sided")
 #: diloco.exchange = "auto" (the node template's): the sliced exchange from this many replicas, the full one
 #: below. Where the sliced exchange wins: docs/PROTOCOL.md, "Sliced exchange", "Which exchange by default".
 SLICED_FROM_REPLICAS = 8
@@ -187,12 +192,18 @@ class DilocoConfig:
     norm_clip: float = 2.0
     # Screening (training/screening.py), only where one node holds every stage: contribution i
     # is excluded when the loss of (theta - outer_lr * c_i) on a seeded held-out batch of
-    # screen_batch_size windows exceeds min(loss of theta, median over i) + max(screen_abs_tol,
-    # screen_rel_tol * loss of theta).
+    # screen_batch_size windows exceeds the median over i (with fixed H; in a time-bounded run under
+    # version 1, max(loss of theta, that median)) + max(screen_abs_tol, screen_rel_tol * loss of theta);
+    # version 2 (screen_rule, below) judges its slope and its curvature instead.
     screening: bool = True
     screen_rel_tol: float = 0.02
     screen_abs_tol: float = 0.0
     screen_batch_size: int = 16
+    # Screening's rule (SCREEN_RULES). "auto" resolves to "one_sided" (the rule above, as before);
+    # "two_sided" (version 2) is a time-bounded run's option: measured on the node under the one-step delay
+    # it screened out more honest contributions than version 1 (docs/DILOCOX.md section 13). "one_sided" is
+    # in the run document by its absence (every run made without the option: their hashes unchanged).
+    screen_rule: str = AUTO
     # How a round's pseudo-gradients travel (docs/PROTOCOL.md "Sliced exchange", docs/DILOCOX.md
     # section 12): "full", every holder fetches every closed contribution ((R - 1) x C bytes in);
     # "sliced", each stage is cut into slices, aggregator j averages slice j of every replica and
@@ -297,6 +308,16 @@ class DilocoConfig:
         )
         self._check_round_budget()
         self._check_commitments()
+        self._check_screen_rule()
+
+    def _check_screen_rule(self) -> None:
+        if self.screen_rule == AUTO:
+            self.screen_rule = "one_sided"
+        _require(self.screen_rule in SCREEN_RULES,
+                 f"diloco.screen_rule={self.screen_rule!r}: must be one of {', '.join(SCREEN_RULES)} or \"auto\"")
+        _require(self.budgeted or self.screen_rule == "one_sided",
+                 f"diloco.screen_rule=\"{self.screen_rule}\" needs diloco.round_budget_s > 0 (a fixed-H run "
+                 "screens by version 1, its run documents unchanged)")
 
     def _check_commitments(self) -> None:
         provable = self.exchange == "full" and self.outer_lr_other_scale == 1.0

@@ -15,9 +15,22 @@ clearly worse than the median contribution
     tol   = max(screen_abs_tol, screen_rel_tol * L_b)                    float64
     excluded_i  <=>  not (L_i <= med + tol)
 
-In a run whose rounds are bounded by time (``diloco.round_budget_s``, issue 44) the rule is
-``excluded_i <=> not (L_i <= max(L_b, med) + tol)``, and a contribution without a valid declared count
-is not screened (the aggregation excludes it).
+In a run whose rounds are bounded by time (``diloco.round_budget_s``, issue 44) a contribution without a
+valid declared count is not screened (the aggregation excludes it), and the rule is version 2,
+``diloco.screen_rule = "two_sided"`` (docs/DILOCOX.md section 13, "Screening"): each contribution is also
+applied against itself, and what is judged is its slope and its curvature, not its loss alone::
+
+    L+_i  = f32(loss(theta + f32(outer_lr) * d_i))
+    D_i   = L+_i - L_i                  (float64)   the slope: > 0 where d_i descends; the even terms cancel
+    C_i   = (L+_i + L_i) / 2 - L_b      (float64)   the curvature: what d_i's length costs, whatever its sign
+                                                    (under the one-step delay every honest contribution alone
+                                                    can land above L_b by it, the longest the furthest)
+    excluded_i  <=>  not ( D_i > min(tol, D_med / SLOPE_SHARE) )
+                 or  not ( C_i <= CURVATURE_FACTOR * max(C_med, 0) + tol )
+    D_med, C_med: the lower medians over the screened contributions
+
+(version 1 of a time-bounded run, ``"one_sided"``, the rule of every run made before it:
+``excluded_i <=> not (L_i <= max(L_b, med) + tol)``).
 
 ``f32`` rounds the float64 loss to the nearest float32: the loss is computed in
 float64 (:func:`model_loss_fn`), whose order-dependent last bits (thread count,
@@ -59,6 +72,12 @@ LossFn = Callable[[Mapping[str, torch.Tensor]], float]
 SCREENING_THREADS = 1
 #: Contributions a round needs before screening excludes any (a majority to measure against).
 MIN_SCREENED = 3
+#: Version 2 (``screen_rule = "two_sided"``): a contribution must descend by at least this share of the median
+#: slope (or by the tolerance, whichever is less) ...
+SLOPE_SHARE = 4
+#: ... and cost no more than this many times the median's curvature (plus the tolerance): the curvature grows as
+#: the square of an update's length, so this is an update twice the median's.
+CURVATURE_FACTOR = 4
 
 def screening_offsets(run_seed: int, outer_round: int, batch_size: int, n_start: int) -> list[int]:
     """``offset_b = u64be(sha256(DOMAIN || u64be(run_seed) || u64be(outer_round) || u64be(b))[:8]) % n_start``."""
@@ -120,6 +139,8 @@ class ScreeningReport:
     loss_after: float | None
     excluded: bool
     detail: str
+    #: Version 2 only: the loss of the contribution applied against itself (``theta + outer_lr * d``).
+    loss_against: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -191,21 +212,39 @@ def screen_contributions(
     try:
         loss_before = _f32(loss_fn(global_weights))
         after: dict[int, float] = {}
+        against: dict[int, float] = {}
         for index, (contribution, factor) in enumerate(zip(contributions, factors)):
             if contribution is None or factor is None:
                 continue
             stepped = {name: torch.sub(value, torch.mul(contribution[name], factor))
                        for name, value in global_weights.items()}
             after[index] = _f32(loss_fn(stepped))
+            if two_sided(diloco_cfg):
+                stepped = {name: torch.add(value, torch.mul(contribution[name], factor))
+                           for name, value in global_weights.items()}
+                against[index] = _f32(loss_fn(stepped))
     finally:
         torch.set_num_threads(threads)
-    return judge(loss_before, after, len(contributions), diloco_cfg)
+    return judge(loss_before, after, len(contributions), diloco_cfg, against if two_sided(diloco_cfg) else None)
+
+
+def two_sided(diloco_cfg: DilocoConfig) -> bool:
+    """Whether the run screens by version 2 (a time-bounded run made since it; module docstring)."""
+    return diloco_cfg.budgeted and diloco_cfg.screen_rule == "two_sided"
 
 
 def judge(
-    loss_before: float, loss_after: Mapping[int, float], count: int, diloco_cfg: DilocoConfig
+    loss_before: float, loss_after: Mapping[int, float], count: int, diloco_cfg: DilocoConfig,
+    loss_against: Mapping[int, float] | None = None,
 ) -> list[ScreeningReport]:
-    """The exclusion rule on recorded losses (pure; what an auditor re-derives from a round's record)."""
+    """The exclusion rule on recorded losses (pure; what an auditor re-derives from a round's record).
+
+    ``loss_against``: version 2's losses of each contribution applied against itself (the same keys as
+    ``loss_after``), which a run screened by version 2 needs."""
+    if two_sided(diloco_cfg):
+        if loss_against is None or set(loss_against) != set(loss_after):
+            raise ValueError("version-2 screening judges each contribution's loss applied against itself too")
+        return _judge_two_sided(loss_before, loss_after, loss_against, count, diloco_cfg)
     tolerance = max(diloco_cfg.screen_abs_tol, diloco_cfg.screen_rel_tol * loss_before)
     median = lower_median(list(loss_after.values())) if loss_after else math.inf
     # Against the median contribution, not min(L_b, median): with the one-step delay every honest
@@ -237,6 +276,43 @@ def judge(
             if excluded else ""
         )
         reports.append(ScreeningReport(index, loss_before, value, excluded, detail))
+    return reports
+
+
+def _difference(a: float, b: float) -> float:
+    """``a - b`` in float64, -inf where that is NaN (both infinite)."""
+    value = a - b
+    return -math.inf if math.isnan(value) else value
+
+
+def _judge_two_sided(loss_before: float, after: Mapping[int, float], against: Mapping[int, float], count: int,
+                     diloco_cfg: DilocoConfig) -> list[ScreeningReport]:
+    """Version 2 (module docstring; docs/DILOCOX.md section 13, "Screening of a time-bounded run")."""
+    tolerance = max(diloco_cfg.screen_abs_tol, diloco_cfg.screen_rel_tol * loss_before)
+    # inf - inf (both sides non-finite) is NaN: such a contribution descends nowhere (-inf), and NaN never
+    # enters a median's sort.
+    slope = {i: _difference(against[i], after[i]) for i in after}
+    curvature = {i: (against[i] + after[i]) / 2 - loss_before for i in after}  # +inf if either side is
+    screens = len(after) >= MIN_SCREENED  # else no majority to measure against (judge): nothing is excluded
+    least_slope = min(tolerance, lower_median(list(slope.values())) / SLOPE_SHARE) if screens else -math.inf
+    most_curvature = (CURVATURE_FACTOR * max(lower_median(list(curvature.values())), 0.0) + tolerance if screens
+                      else math.inf)
+    reports = []
+    for index in range(count):
+        if index not in after:
+            reports.append(ScreeningReport(index, loss_before, None, False, "not screened (does not decode)"))
+            continue
+        descends = not screens or slope[index] > least_slope
+        near = not screens or curvature[index] <= most_curvature
+        detail = ""
+        if not descends:
+            detail = (f"loss {loss_before:.6g} -> {after[index]:.6g} alone, {against[index]:.6g} against it: "
+                      f"slope {slope[index]:.3g} not above {least_slope:.3g}")
+        elif not near:
+            detail = (f"loss {loss_before:.6g} -> {after[index]:.6g} alone, {against[index]:.6g} against it: "
+                      f"curvature {curvature[index]:.3g} above {most_curvature:.3g}")
+        reports.append(ScreeningReport(index, loss_before, after[index], not (descends and near), detail,
+                                       against[index]))
     return reports
 
 
