@@ -126,8 +126,14 @@ class StageState:
     payload_leaves: list[list[bytes]]  # one list per accepted contribution, in the factors' order
 
     def leaf(self) -> StageLeaf:
-        return StageLeaf(self.stage, len(self.weight_leaves), tree_root(self.weight_leaves),
-                         tree_root(self.momentum_leaves), self.factors.digest())
+        """The stage leaf of this state (computed once: the leaves are not changed after construction; a
+        changed state is a new one, ``dataclasses.replace``)."""
+        cached = self.__dict__.get("_leaf")
+        if cached is None:
+            cached = StageLeaf(self.stage, len(self.weight_leaves), tree_root(self.weight_leaves),
+                               tree_root(self.momentum_leaves), self.factors.digest())
+            object.__setattr__(self, "_leaf", cached)
+        return cached
 
 
 @dataclass(frozen=True)
