@@ -48,6 +48,14 @@ def _levels(leaves: list[bytes]) -> list[list[bytes]]:
     return levels
 
 
+def merkle_levels(leaves: list[bytes]) -> list[list[bytes]]:
+    """Every level of the tree over ``leaves``, the leaf hashes first and the root's level last: node ``s`` of
+    level ``k`` is the root over leaves ``[s 2^k, (s + 1) 2^k)`` (an odd node is promoted, keeping its span)."""
+    if not leaves:
+        raise LedgerInputError("a tree of no leaves has no levels")
+    return _levels(list(leaves))
+
+
 def merkle_root(leaves: list[bytes]) -> bytes:
     """The 32-byte root over ``leaves`` in the given order (see the module docstring)."""
     if not leaves:

@@ -86,10 +86,10 @@ def _states(world: World, host, kind=ChunkedStates) -> ChunkedStates:
     return states
 
 
-def _record(world: World, states: ChunkedStates, weights: dict) -> bytes:
+def _record(world: World, states: ChunkedStates, weights: dict, momentum: dict | None = None) -> bytes:
     envelopes = [hashlib.sha256(b"envelope" + blob).digest() for blob in world.blobs]
-    return states.record(1, 0, weights, world.aggregation.new_momentum, world.aggregation.contributions, world.blobs,
-                         envelopes)
+    return states.record(1, 0, weights, world.aggregation.new_momentum if momentum is None else momentum,
+                         world.aggregation.contributions, world.blobs, envelopes)
 
 
 def _one_element_changed(weights: dict) -> dict:
@@ -180,6 +180,50 @@ def test_a_withheld_state_is_challenged_and_the_round_invalidated_unanswered(wor
     assert set(prover.log.expired) == {1} and client.invalid_from(run.run_id) == 1
     for index in COLLUDERS:
         assert client.member(run.run_id, deployment.client(index).address).status == "slashed"
+    prover.stop.set()
+
+
+@pytest.mark.parametrize("momentum_too", [False, True], ids=["weights", "weights-and-momentum"])
+def test_a_withheld_state_answered_leaf_by_leaf_is_still_proven(world, tmp_path, momentum_too):
+    """The colluders withhold their state, then answer every availability challenge with their (wrong) leaves:
+    each answer's path shows the honest node which subtree differs from its own, so it challenges its way down
+    to the wrong chunk (a bisection, one bond per leaf) and proves it from the published leaves."""
+    from node.live.answerer import ChallengeAnswerer
+
+    colluder_host, prover_host = world.hosts
+    colluders = _states(world, colluder_host, WithholdingStates)
+    honest = _states(world, prover_host)
+    own_leaf = _record(world, honest, world.aggregation.new_global)
+    momentum = _one_element_changed(world.aggregation.new_momentum) if momentum_too else None
+    wrong_leaf = _record(world, colluders, _one_element_changed(world.aggregation.new_global), momentum)
+    prover_host.connect(colluder_host.listen_addrs[0])
+    deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
+                                                           colluder_host.peer_id)
+    colluder = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(COLLUDERS[0])), book=prover.book,
+                           states=colluders, stages=lambda: (0,), num_stages=2, stop=threading.Event())
+    answerer = ChallengeAnswerer(run_id=run.run_id, chain=colluder.chain, states=colluders, prover=colluder,
+                                 stop=threading.Event())
+    prover.check(0, records[0], records[0])
+    prover.check(1, records[1], mine_record)
+    assert set(prover.log.challenges) == {1} and not prover.log.proofs
+    chunks = len(honest.state(1, 0).weight_leaves)
+    for _ in range(chunks.bit_length() + 2):  # each answer at least halves the subtree the wrong chunk is in
+        answerer.poll()
+        prover.settle_challenges()
+        if prover.log.proofs:
+            break
+    assert set(prover.log.proofs) == {1}, prover.log.unprovable
+    answered = sorted(answerer.answered.values())
+    assert all(a.startswith("answered") for a in answered) and len(answered) <= chunks.bit_length() + 1, answered
+    assert any("leaf 4 of tree 0" in a for a in answered)  # the changed element's chunk
+    assert any("of tree 1" in a for a in answered) == momentum_too  # its momentum leaf opened only if it differs
+    client = deployment.client(PROVER)
+    assert client.invalid_from(run.run_id) == 1 and not prover.log.expired
+    for index in COLLUDERS:
+        assert client.member(run.run_id, deployment.client(index).address).status == "slashed"
+    kept = json.loads((tmp_path / "proofs" / "round-00000001-stage0.json").read_text())
+    assert AggregationProof.from_json(kept["proof"]).chunk == 4
+    assert not prover.settle_challenges()  # nothing left pending
     prover.stop.set()
 
 
