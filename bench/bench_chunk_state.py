@@ -12,10 +12,10 @@ Figures are CPU seconds of this process (time.process_time, one torch thread, th
 other jobs' load inflates them only through shared caches. Each row carries the stage leaf (hex), so two runs
 (before and after a change of the leaves' code) show that the commitments are bit-identical.
 
-    nice -n 10 python bench/bench_chunk_state.py [--before bench/results/chunk_state_before.json]
+    nice -n 10 python bench/bench_chunk_state.py [--before /tmp/before.json --before-label "commit ..."]
 
-``--before FILE``: a result of this script on an older tree, kept under ``before`` (its rows and
-``recorded``), with each row's speed-up.
+``--before FILE``: a result of this script on an older tree (``--out /tmp/before.json`` there), kept under
+``before`` (its rows, ``recorded`` and ``--before-label``), with each row's speed-up.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ def main() -> int:
     parser.add_argument("--counts", default="2,4,8", help="contributions aggregated per case")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--before", default=None, help="this script's result on an older tree, to compare")
+    parser.add_argument("--before-label", default="", help="what that older tree is (e.g. its commit)")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -107,7 +108,7 @@ def main() -> int:
     result = {"preset": PRESET, "stages": STAGES, "inner_steps": INNER_STEPS, "rows": rows}
     if args.before:
         before = json.loads(Path(args.before).read_text())
-        result["before"] = {"rows": before["rows"], "recorded": before.get("recorded")}
+        result["before"] = {"rows": before["rows"], "recorded": before.get("recorded"), "label": args.before_label}
         old = {(row["stage"], row["contributions"]): row for row in before["rows"]}
         for row in rows:
             prior = old.get((row["stage"], row["contributions"]))

@@ -49,6 +49,9 @@ def chunk_state(r: dict) -> list[str]:
                     "state / aggregate", "check fetched s", "same stage leaf as before"], rows)
     if r.get("before", {}).get("recorded"):
         rec = r["before"]["recorded"]
-        lines += [f"Before: commit {rec.get('commit', '?')}, {rec.get('date', '?')}, load "
-                  f"{(rec.get('load_average') or {}).get('end', ['?'])[0]}.", ""]
+        load = (rec.get("load_average") or {}).get("end") or ["?"]
+        lines += [f"Before: {r['before'].get('label') or rec.get('commit') or 'an older tree'}, run "
+                  f"{rec.get('date', '?')} at load {load[0]:.1f}." if isinstance(load[0], float) else
+                  f"Before: {r['before'].get('label') or rec.get('commit') or 'an older tree'}, run "
+                  f"{rec.get('date', '?')}.", ""]
     return lines
