@@ -125,8 +125,9 @@ SECTIONS = (
             "clipped by the norm rule."),
     Section("chunk_state.json", "The fraud proof's chunk state: its cost beside the aggregation",
             "bench/bench_chunk_state.py", chunk_state,
-            "After each outer step a node of a chunked run derives the stage's chunk state (docs/FRAUD_PROOF.md): "
-            "its stage leaf goes in the attestation, so it is on the finishing path. The payload pieces dominate: "
+            "After each outer step a node of a chunked run derives the stage's chunk state (docs/FRAUD_PROOF.md) "
+            "for its attestation, in the round's tail on the round lane, not on the training thread. The leaves "
+            "are built a tensor at a time (numpy) since; the rest is mostly SHA-256 over the payload pieces: "
             "a low-rank piece carries each element's row of Q (64 bytes at rank 32), about 27 MB of pieces per "
             "contribution of a `mini` stage, all hashed."),
     Section("audit.json", "Audit", "bench/bench_audit.py", audit),
