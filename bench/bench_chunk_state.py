@@ -8,7 +8,7 @@ each of those beside the aggregation (training/diloco.py ``aggregate_with_report
 for both stages of `mini` (2 stages) and 2, 4 and 8 contributions coded by the run's default encoder at the
 "auto" byte budget (H = 50, M = 2: what a demo sends).
 
-Figures are CPU seconds of this process (time.process_time, one torch thread, the least of ``--repeat``), so
+The result goes to ``bench/results/chunk_state.json``. Figures are CPU seconds of this process (time.process_time, one torch thread, the least of ``--repeat``), so
 other jobs' load inflates them only through shared caches. Each row carries the stage leaf (hex), so two runs
 (before and after a change of the leaves' code) show that the commitments are bit-identical.
 
