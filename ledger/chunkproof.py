@@ -27,13 +27,14 @@ passed off at another position.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 
 from eth_abi import decode, encode
 
 from ledger.errors import LedgerInputError
-from ledger.merkle import merkle_proof, merkle_root
+from ledger.merkle import merkle_levels, merkle_proof, merkle_root
 from ledger.records import check_bytes32, check_uint
 
 STAGE_LEAF_TYPES = ("uint32", "uint32", "bytes32", "bytes32", "bytes32")
@@ -126,8 +127,14 @@ class StageState:
     payload_leaves: list[list[bytes]]  # one list per accepted contribution, in the factors' order
 
     def leaf(self) -> StageLeaf:
-        return StageLeaf(self.stage, len(self.weight_leaves), tree_root(self.weight_leaves),
-                         tree_root(self.momentum_leaves), self.factors.digest())
+        """The stage leaf of this state (computed once: the leaves are not changed after construction; a
+        changed state is a new one, ``dataclasses.replace``)."""
+        cached = self.__dict__.get("_leaf")
+        if cached is None:
+            cached = StageLeaf(self.stage, len(self.weight_leaves), tree_root(self.weight_leaves),
+                               tree_root(self.momentum_leaves), self.factors.digest())
+            object.__setattr__(self, "_leaf", cached)
+        return cached
 
 
 @dataclass(frozen=True)
@@ -273,3 +280,37 @@ def availability_answer(state: StageState, which: int, chunk: int) -> tuple[byte
     else:
         leaves = state.payload_leaves[which - PAYLOAD]
     return leaves[chunk], tree_path(leaves, chunk)
+
+
+def differing_subtree(own_leaves: list[bytes], chunk: int, path: list[bytes]) -> int | None:
+    """Where to look next for a committed leaf that differs from ``own_leaves``, given the committed leaf
+    ``chunk`` (equal to this node's) and its ``path`` (an answered availability challenge's): the first leaf of
+    the smallest subtree whose committed hash (a sibling on ``path``) differs from this node's node there.
+    Opening that leaf next, its path shows smaller subtrees of the differing one, so a differing leaf is found
+    in at most ``log2(leaves)`` openings (a bisection over the tree, one challenge each). None: every sibling
+    is this node's (then the committed root is not this tree's: the path is not of this tree's shape)."""
+    levels = merkle_levels(own_leaves)
+    siblings = []
+    position = chunk
+    for height, level in enumerate(levels[:-1]):
+        sibling = position ^ 1
+        if sibling < len(level):
+            siblings.append((height, sibling, level[sibling]))
+        position //= 2
+    if len(siblings) != len(path):
+        return None
+    for (height, sibling, mine), committed in zip(siblings, path, strict=True):
+        if bytes(committed) != mine:
+            return sibling << height
+    return None
+
+
+def opened_proof(prev_record, record, prev_stages: list[StageLeaf], committed_stages: list[StageLeaf],
+                 prev: StageState, own: StageState, chunk: int, weights: tuple[bytes, list[bytes]],
+                 momentum: tuple[bytes, list[bytes]]) -> AggregationProof:
+    """The proof of chunk ``chunk`` from committed leaves opened one at a time (answered availability
+    challenges): ``weights`` and ``momentum`` are the committed new leaves of the chunk with their paths; the
+    factors and payload pieces are ``own``'s (whose factors must be the committed ones)."""
+    proof = build_proof(prev_record, record, prev_stages, committed_stages, prev, own, chunk)
+    return dataclasses.replace(proof, new_weights=weights[0], new_weights_path=list(weights[1]),
+                               new_momentum=momentum[0], new_momentum_path=list(momentum[1]))

@@ -35,15 +35,25 @@ def inner_hash(left: bytes, right: bytes) -> bytes:
 
 
 def _levels(leaves: list[bytes]) -> list[list[bytes]]:
-    level = [leaf_hash(leaf) for leaf in leaves]
+    # leaf_hash and inner_hash inlined: a chunked stage's trees have ~10^4-10^6 leaves (issue 43).
+    sha256 = hashlib.sha256
+    level = [sha256(_LEAF + bytes(leaf)).digest() for leaf in leaves]
     levels = [level]
     while len(level) > 1:
-        paired = [inner_hash(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        paired = [sha256(_INNER + left + right).digest() for left, right in zip(level[0::2], level[1::2])]
         if len(level) % 2:
             paired.append(level[-1])
         level = paired
         levels.append(level)
     return levels
+
+
+def merkle_levels(leaves: list[bytes]) -> list[list[bytes]]:
+    """Every level of the tree over ``leaves``, the leaf hashes first and the root's level last: node ``s`` of
+    level ``k`` is the root over leaves ``[s 2^k, (s + 1) 2^k)`` (an odd node is promoted, keeping its span)."""
+    if not leaves:
+        raise LedgerInputError("a tree of no leaves has no levels")
+    return _levels(list(leaves))
 
 
 def merkle_root(leaves: list[bytes]) -> bytes:

@@ -113,6 +113,35 @@ class ProofCalls:
                 found.append({**event.args, "block": event.block_number})
         return found
 
+    def availability_answer(self, challenge_id: bytes, from_block: int | None = None
+                            ) -> tuple[bytes, list[bytes] | None] | None:
+        """``(leaf, path)`` a challenge was answered with, or None if it was not answered (from ``from_block``
+        on; default: the client's ``from_block``). The leaf is ``AvailabilityAnswered``'s; the path is read
+        from the answering transaction's calldata (None if that transaction is not a direct
+        ``answerChallenge`` call of this challenge and leaf, e.g. one made through another contract)."""
+        from ledger.events import EventDecoder, scan_logs
+
+        decoder = EventDecoder(contracts.artifact("AggregationProver")["abi"])
+        logs = scan_logs(self.w3, self.prover_address, [decoder.topic("AvailabilityAnswered"),
+                                                        "0x" + bytes(challenge_id).hex()],
+                         self.from_block if from_block is None else from_block, self._block_number(),
+                         self.log_page_blocks, self._sender.rpc)
+        for log in logs:
+            event = decoder.decode(log)
+            if event is None:
+                continue
+            leaf = bytes(event.args["leaf"])
+            try:
+                sent = self.w3.eth.get_transaction(event.tx_hash)
+                function, args = self._prover.decode_function_input(sent["input"])
+            except Exception:  # noqa: BLE001 - calldata of another contract, or none readable: no path
+                return leaf, None
+            if (function.fn_name != "answerChallenge" or bytes(args["id"]) != bytes(challenge_id)
+                    or bytes(args["leaf"]) != leaf):
+                return leaf, None
+            return leaf, [bytes(sibling) for sibling in args["path"]]
+        return None
+
     def challenge_of(self, challenge_id: bytes) -> dict:
         """A challenge's state by field name (a zero challenger: none)."""
         names = ("challenger", "deadline", "numChunks", "settled", "round", "chunk", "root", "runId", "bond")

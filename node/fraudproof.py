@@ -53,24 +53,12 @@ def initial_state(stage: int, weights: Mapping[str, torch.Tensor], momentum: Map
     return StageState(stage, tensor_leaves(weights), tensor_leaves(momentum), Factors(0, 0, False, (), (), ()), [])
 
 
-def stage_state(
-    stage: int,
-    aggregation: Aggregation,
-    contributions: Sequence[bytes],
-    diloco_cfg: DilocoConfig,
-    outer_round: int,
-    *,
-    envelopes: Sequence[bytes] | None = None,
-    decode_args: Mapping | None = None,
-) -> StageState:
-    """The chunked commitment of one stage after ``aggregation`` of ``contributions`` (canonical order).
-
-    ``envelopes``: each contribution's envelope digest (the contributions root's leaves); None: the sha256
-    of its bytes (tests, simulations). ``decode_args``: as the aggregation decoded (stage_index, outer_round,
-    refuse_raw).
-    """
+def stage_state(stage: int, aggregation: Aggregation, contributions: Sequence[bytes], diloco_cfg: DilocoConfig,
+                outer_round: int, **options) -> StageState:
+    """:func:`stage_state_of` after ``aggregation`` (training/diloco.py) of ``contributions``: its new state and
+    its reports."""
     return stage_state_of(stage, aggregation.new_global, aggregation.new_momentum, aggregation.contributions,
-                          contributions, diloco_cfg, outer_round, envelopes=envelopes, decode_args=decode_args)
+                          contributions, diloco_cfg, outer_round, **options)
 
 
 def stage_state_of(
@@ -85,7 +73,13 @@ def stage_state_of(
     envelopes: Sequence[bytes] | None = None,
     decode_args: Mapping | None = None,
 ) -> StageState:
-    """:func:`stage_state` of a round applied elsewhere (a node's engine): its new state and its reports."""
+    """The chunked commitment of one stage after a round that aggregated ``contributions`` (canonical order)
+    into ``new_global`` and ``new_momentum``, ``reports`` the aggregation's (one per contribution).
+
+    ``envelopes``: each contribution's envelope digest (the contributions root's leaves); None: the sha256
+    of its bytes (tests, simulations). ``decode_args``: as the aggregation decoded (stage_index, outer_round,
+    refuse_raw).
+    """
     shapes = {name: tuple(value.shape) for name, value in new_global.items()}
     envelopes = list(envelopes) if envelopes is not None else [hashlib.sha256(c).digest() for c in contributions]
     accepted = [report for report in reports if report.accepted]

@@ -28,3 +28,30 @@ def float32_fuzz(r: dict) -> list[str]:
             f"- `{name}` ({m['class']}): a = {m['a']}" + (f", b = {m['b']}" if m["b"] else "") + f" gave {m['got']}"
             for name, m in found] + [""]
     return lines
+
+
+def chunk_state(r: dict) -> list[str]:
+    """bench/bench_chunk_state.py: a stage's chunk state built vs. its aggregation, CPU seconds, before and after."""
+    before = {(row["stage"], row["contributions"]): row for row in r.get("before", {}).get("rows", [])}
+    rows = []
+    for row in r["rows"]:
+        prior = before.get((row["stage"], row["contributions"]))
+        rows.append([row["stage"], f"{row['elements']:,}", row["contributions"], f"{row['aggregate_s']:.3f}",
+                     f"{prior['state_and_leaf_s']:.3f}" if prior else "-", f"{row['state_and_leaf_s']:.3f}",
+                     f"{row['state_over_aggregate']:g}", f"{row['check_fetched_s']:.3f}",
+                     {True: "yes", False: "**no**"}.get(row.get("same_stage_leaf_as_before"), "-")])
+    lines = [(f"`{r['preset']}` in {r['stages']} stages, contributions coded by the default encoder at the auto byte "
+              f"budget (H = {r['inner_steps']}); CPU seconds of one thread, the least of the repeats: the aggregation "
+              "(training/diloco.py), the stage's chunk state and its stage leaf (node.fraudproof.stage_state: chunk "
+              "leaves, payload pieces, Merkle roots), and a prover's check of a fetched state against a leaf's roots."),
+             ""]
+    lines += table(["stage", "elements", "contributions", "aggregate s", "state + leaf s (before)", "state + leaf s",
+                    "state / aggregate", "check fetched s", "same stage leaf as before"], rows)
+    if r.get("before", {}).get("recorded"):
+        rec = r["before"]["recorded"]
+        load = (rec.get("load_average") or {}).get("end") or ["?"]
+        lines += [f"Before: {r['before'].get('label') or rec.get('commit') or 'an older tree'}, run "
+                  f"{rec.get('date', '?')} at load {load[0]:.1f}." if isinstance(load[0], float) else
+                  f"Before: {r['before'].get('label') or rec.get('commit') or 'an older tree'}, run "
+                  f"{rec.get('date', '?')}.", ""]
+    return lines

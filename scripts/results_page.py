@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from results_contracts import float32_fuzz
+from results_contracts import chunk_state, float32_fuzz
 from results_convergence import convergence
 from results_emulator import netlab, soak
 from results_network import (
@@ -129,6 +129,13 @@ SECTIONS = (
             "A successful proveWrongAggregation on anvil (docs/FRAUD_PROOF.md): one chunk of a 256 x 256 stage "
             "recomputed in the contract's soft-float, every tensor in the codec named, every fourth contribution "
             "clipped by the norm rule."),
+    Section("chunk_state.json", "The fraud proof's chunk state: its cost beside the aggregation",
+            "bench/bench_chunk_state.py", chunk_state,
+            "After each outer step a node of a chunked run derives the stage's chunk state (docs/FRAUD_PROOF.md) "
+            "for its attestation, in the round's tail on the round lane, not on the training thread. The leaves "
+            "are built a tensor at a time (numpy) since; the rest is mostly SHA-256 over the payload pieces: "
+            "a low-rank piece carries each element's row of Q (64 bytes at rank 32), about 27 MB of pieces per "
+            "contribution of a `mini` stage, all hashed."),
     Section("audit.json", "Audit", "bench/bench_audit.py", audit),
     Section("fuzz.json", "Bad input", "bench/fuzz_campaign.py", fuzz),
     Section("join.json", "A node joining a running run", "bench/bench_join.py", join,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import struct
 
+import numpy as np
 import pytest
 import torch
 
@@ -73,3 +75,45 @@ def test_a_node_finds_the_first_differing_chunk_and_builds_its_proof():
     proof, why = proof_of_difference(*records, [prev.leaf()], [wrong.leaf()], prev, mine,
                                      dataclasses.replace(wrong, factors=other))
     assert proof is None and "not provable" in why
+
+
+# Pinned leaves (issue 43 item 1: the leaves are built vectorised since; these digests were taken with the first,
+# per-chunk implementation, so every root a chunked run ever committed stays the same). Shapes with a tensor
+# shorter than a chunk, one whose columns do not divide 64 (pieces spanning rows), one whose row spans chunks
+# (210 columns), an empty one and a one-element one.
+PINNED_SHAPES = {"a": (130,), "b": (3, 50), "c": (2, 3, 70), "d": (64, 64), "e": (0,), "f": (5, 7), "g": (1,)}
+PINNED = {  # what -> (sha256 of the length-prefixed leaves, tree root)
+    "tensor": ("bf25e508fa2a35fd00ca7e79bca63914513e2f1237df6828486dc9b722fc16fa",
+               "bc7bb8f8b2a91d42a6e17b5170784b41f543f09718ba05667cb9e1503ac80004"),
+    ("raw", ()): ("a211d7cc61e699e6fbb08ad664df627313d76b3900e93a7faa3fd1a333536d4a",
+                  "ae4385c78042f4a60b082273bedb30f378beb82e368428a66752590d5ccd45c2"),
+    ("quant", (("bits", 8),)): ("b82eed59cca0ed3ec385593f45566944b9d0b5f7749f6ddda4b10c06efd369c7",
+                                "f76668f19967a583ebcab65b317dbb97c3fde47ebc09e3f634427e661c202ace"),
+    ("quant", (("bits", 2),)): ("6bb608191d32fa7e9bce2c165a5ee65bf45865e96be3b6b3f8c5bd0b37f0e451",
+                                "86a3dec3981d14169c6b70a460440905679b4f61bb4269b5979a130aeb23cb08"),
+    ("lowrank", (("bits", 8), ("rank", 8))): ("c4f8624d7cbce0f3731c8212ca6a70951752f2f15bb4e2908634201654d6de53",
+                                              "852a80ace9ccd2d9657a20a86965808635a0b1e18baeebb3fcda4bfd7a4e538a"),
+    ("lowrank", (("bits", 4), ("rank", 3))): ("987b03b6ea020691a43c0358a588cf256fb6b0a21d1ce6be12331df5502d60d2",
+                                              "4ed8eda6ff5f72a218c16a25d0db88f8def5160b38a2e2fcc342ad3372c73f72"),
+}
+
+
+def _pinned_digest(leaves: list[bytes]) -> tuple[str, str]:
+    joined = b"".join(len(leaf).to_bytes(4, "big") + leaf for leaf in leaves)
+    return hashlib.sha256(joined).hexdigest(), tree_root(leaves).hex()
+
+
+def test_tensor_leaves_and_their_root_are_pinned():
+    rng = np.random.default_rng(7)
+    values = {}
+    for name, shape in PINNED_SHAPES.items():  # every bit pattern: NaNs, infinities, subnormals, signed zeros
+        bits = rng.integers(0, 2**32, int(np.prod(shape)), dtype=np.uint64).astype(np.uint32)
+        values[name] = torch.from_numpy(bits.view(np.float32).copy()).reshape(shape)
+    assert _pinned_digest(tensor_leaves(values)) == PINNED["tensor"]
+
+
+@pytest.mark.parametrize("what", [key for key in PINNED if key != "tensor"], ids=str)
+def test_payload_pieces_and_their_root_are_pinned(what):
+    codec, options = what
+    blob = contribution(PINNED_SHAPES, codec, 11, **dict(options))
+    assert _pinned_digest(payload_leaves(blob, PINNED_SHAPES)) == PINNED[what]

@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import threading
+import time
 
 import pytest
 import torch
@@ -86,10 +87,10 @@ def _states(world: World, host, kind=ChunkedStates) -> ChunkedStates:
     return states
 
 
-def _record(world: World, states: ChunkedStates, weights: dict) -> bytes:
+def _record(world: World, states: ChunkedStates, weights: dict, momentum: dict | None = None) -> bytes:
     envelopes = [hashlib.sha256(b"envelope" + blob).digest() for blob in world.blobs]
-    return states.record(1, 0, weights, world.aggregation.new_momentum, world.aggregation.contributions, world.blobs,
-                         envelopes)
+    return states.record(1, 0, weights, world.aggregation.new_momentum if momentum is None else momentum,
+                         world.aggregation.contributions, world.blobs, envelopes)
 
 
 def _one_element_changed(weights: dict) -> dict:
@@ -180,6 +181,56 @@ def test_a_withheld_state_is_challenged_and_the_round_invalidated_unanswered(wor
     assert set(prover.log.expired) == {1} and client.invalid_from(run.run_id) == 1
     for index in COLLUDERS:
         assert client.member(run.run_id, deployment.client(index).address).status == "slashed"
+    prover.stop.set()
+
+
+@pytest.mark.parametrize(("weights_wrong", "momentum_wrong"), [(True, False), (True, True), (False, True)],
+                         ids=["weights", "weights-and-momentum", "momentum"])
+def test_a_withheld_state_answered_leaf_by_leaf_is_still_proven(world, tmp_path, weights_wrong, momentum_wrong):
+    """The colluders withhold their state, then answer every availability challenge with their (wrong) leaves:
+    each answer's path shows the honest node which subtree differs from its own, so it challenges its way down
+    to the wrong chunk (a bisection, one bond per leaf) and proves it from the published leaves."""
+    from node.live.answerer import ChallengeAnswerer
+
+    colluder_host, prover_host = world.hosts
+    colluders = _states(world, colluder_host, WithholdingStates)
+    honest = _states(world, prover_host)
+    own_leaf = _record(world, honest, world.aggregation.new_global)
+    weights, momentum = world.aggregation.new_global, world.aggregation.new_momentum
+    wrong_leaf = _record(world, colluders, _one_element_changed(weights) if weights_wrong else weights,
+                         _one_element_changed(momentum) if momentum_wrong else momentum)
+    prover_host.connect(colluder_host.listen_addrs[0])
+    deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
+                                                           colluder_host.peer_id)
+    colluder = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(COLLUDERS[0])), book=prover.book,
+                           states=colluders, stages=lambda: (0,), num_stages=2, stop=threading.Event())
+    answerer = ChallengeAnswerer(run_id=run.run_id, chain=colluder.chain, states=colluders, prover=colluder,
+                                 stop=threading.Event())
+    prover.check(0, records[0], records[0])
+    prover.check(1, records[1], mine_record)
+    assert set(prover.log.challenges) == {1} and not prover.log.proofs
+    chunks = len(honest.state(1, 0).weight_leaves)
+    # Each answer at least halves the subtree the wrong chunk is in. The prover's expirer thread may take an
+    # answered challenge (and send the proof) rather than this loop: wait for it, a generous bound.
+    deadline = time.monotonic() + 300
+    while not prover.log.proofs and not prover.log.unprovable and time.monotonic() < deadline:
+        answerer.poll()
+        prover.settle_challenges()
+        prover.stop.wait(0.2)
+    assert set(prover.log.proofs) == {1}, prover.log.unprovable
+    answered = sorted(answerer.answered.values())
+    assert all(a.startswith("answered") for a in answered) and len(answered) <= chunks.bit_length() + 1, answered
+    # The changed element's chunk is opened in each tree that differs, and nothing of a tree that does not (its
+    # leaf is this node's own).
+    assert any("leaf 4 of tree 0" in a for a in answered) == any("of tree 0" in a for a in answered) == weights_wrong
+    assert any("leaf 4 of tree 1" in a for a in answered) == any("of tree 1" in a for a in answered) == momentum_wrong
+    client = deployment.client(PROVER)
+    assert client.invalid_from(run.run_id) == 1 and not prover.log.expired
+    for index in COLLUDERS:
+        assert client.member(run.run_id, deployment.client(index).address).status == "slashed"
+    kept = json.loads((tmp_path / "proofs" / "round-00000001-stage0.json").read_text())
+    assert AggregationProof.from_json(kept["proof"]).chunk == 4
+    assert not prover.settle_challenges()  # nothing left pending
     prover.stop.set()
 
 

@@ -66,12 +66,44 @@ class ChunkPlace:
 def stage_layout(shapes: Mapping[str, tuple[int, ...]]) -> list[ChunkPlace]:
     """The chunks of a stage whose tensors have ``shapes`` (module docstring), in chunk order."""
     places = []
+    for tensor, name, numel, cols in _tensor_order(shapes):
+        for offset in range(0, numel, CHUNK_ELEMENTS):
+            places.append(ChunkPlace(len(places), tensor, name, offset, cols, min(CHUNK_ELEMENTS, numel - offset)))
+    return places
+
+
+def _tensor_order(shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[int, str, int, int]]:
+    """``(tensor index, name, elements, columns)`` of each tensor, in chunk order (names' UTF-8 bytes ascending)."""
+    order = []
     for tensor, name in enumerate(sorted(shapes, key=lambda n: n.encode("utf-8"))):
         m, n = matrix_view_shape(tuple(shapes[name]))
-        numel = m * n
-        for offset in range(0, numel, CHUNK_ELEMENTS):
-            places.append(ChunkPlace(len(places), tensor, name, offset, n, min(CHUNK_ELEMENTS, numel - offset)))
-    return places
+        order.append((tensor, name, m * n, n))
+    return order
+
+
+# The leaves are built a tensor at a time, not a chunk at a time (issue 43: a chunk at a time, a stage of `mini`
+# took longer than its aggregation): every chunk's bytes are a fixed-width row of one numpy array (the chunks of
+# a tensor are all CHUNK_ELEMENTS long but its last), or a slice of a few contiguous buffers (a low-rank piece,
+# whose rows of P vary), cut out of one bytes object. The bytes are the layout of the module docstring, pinned
+# by tests/test_chunk_commitments.py.
+
+
+def _rows(table: np.ndarray) -> list[bytes]:
+    """One bytes per row of ``table`` (``(chunks, width)`` uint8): the leaves of a tensor's full chunks (a last
+    chunk shorter than CHUNK_ELEMENTS is made by the caller)."""
+    width = table.shape[1]
+    data = np.ascontiguousarray(table).tobytes()
+    return [data[i:i + width] for i in range(0, len(data), width)]
+
+
+def _u8(array: np.ndarray, chunks: int) -> np.ndarray:
+    """``array`` (big-endian, ``chunks * k`` items) as ``(chunks, k * itemsize)`` bytes."""
+    return np.ascontiguousarray(array).view(np.uint8).reshape(chunks, -1)
+
+
+def _chunk_counts(numel: int) -> tuple[int, int]:
+    """``(full chunks, elements of the short last chunk)`` of a tensor of ``numel`` elements."""
+    return numel // CHUNK_ELEMENTS, numel % CHUNK_ELEMENTS
 
 
 def _bits_be(tensor: torch.Tensor) -> np.ndarray:
@@ -82,12 +114,25 @@ def _bits_be(tensor: torch.Tensor) -> np.ndarray:
     return flat.view(torch.int32).numpy().view(np.uint32).astype(">u4")
 
 
+_HEADER_DTYPE = np.dtype([("tensor", ">u4"), ("offset", ">u8"), ("cols", ">u8"), ("count", ">u4")])
+
+
 def tensor_leaves(tensors: Mapping[str, torch.Tensor]) -> list[bytes]:
     """The tensor leaves (module docstring) of a stage's weights or momentum, in chunk order."""
-    layout = stage_layout({name: tuple(value.shape) for name, value in tensors.items()})
-    bits = {name: _bits_be(value) for name, value in tensors.items()}
-    return [_HEADER.pack(p.tensor, p.offset, p.cols, p.count) + bits[p.name][p.offset:p.offset + p.count].tobytes()
-            for p in layout]
+    leaves: list[bytes] = []
+    for tensor, name, numel, cols in _tensor_order({name: tuple(value.shape) for name, value in tensors.items()}):
+        bits = _bits_be(tensors[name])
+        full, rest = _chunk_counts(numel)
+        if full:
+            headers = np.zeros(full, dtype=_HEADER_DTYPE)
+            headers["tensor"], headers["cols"], headers["count"] = tensor, cols, CHUNK_ELEMENTS
+            headers["offset"] = np.arange(full, dtype=np.uint64) * CHUNK_ELEMENTS
+            leaves += _rows(np.hstack([headers.view(np.uint8).reshape(full, -1),
+                                       _u8(bits[:full * CHUNK_ELEMENTS], full)]))
+        if rest:
+            offset = full * CHUNK_ELEMENTS
+            leaves.append(_HEADER.pack(tensor, offset, cols, rest) + bits[offset:].tobytes())
+    return leaves
 
 
 def leaf_values(leaf: bytes) -> tuple[tuple[int, int, int, int], list[int]]:
@@ -104,8 +149,10 @@ def payload_leaves(blob: bytes, shapes: Mapping[str, tuple[int, ...]], **decode_
     """
     decode_declared(blob, shapes, **decode_args)
     entries = {entry["n"]: entry for entry in msgpack.unpackb(bytes(blob), raw=False)["t"]}
-    fields = {name: _fields(entries[name], tuple(shape), name) for name, shape in shapes.items()}
-    return [_piece(fields[place.name], place) for place in stage_layout(shapes)]
+    leaves: list[bytes] = []
+    for _tensor, name, numel, cols in _tensor_order(shapes):
+        leaves += _pieces(_fields(entries[name], tuple(shapes[name]), name), numel, cols)
+    return leaves
 
 
 def _f32_bits(data: bytes) -> np.ndarray:
@@ -131,17 +178,54 @@ def _fields(entry: dict, shape: tuple[int, ...], name: str) -> dict:
     return fields
 
 
-def _piece(fields: dict, place: ChunkPlace) -> bytes:
-    codec, n = fields["codec"], fields["cols"]
-    head = struct.pack(">BI", CODEC_TAGS[codec], place.count)
-    start, stop = place.offset, place.offset + place.count
+def _pieces(fields: dict, numel: int, n: int) -> list[bytes]:
+    """The pieces of one tensor's chunks (module docstring), in chunk order."""
+    codec = fields["codec"]
+    tag = CODEC_TAGS[codec]
+    full, rest = _chunk_counts(numel)
+    if codec == "lowrank":  # the rows of P a chunk touches vary: slices of contiguous buffers, joined
+        return _lowrank_pieces(fields, numel, n, tag)
     if codec == "raw":
-        return head + fields["values"][start:stop].tobytes()
-    if codec == "quant":
-        return head + fields["q"][start:stop].tobytes() + fields["scales"][np.arange(start, stop) % n].tobytes()
-    rows = fields["p"][start // n:(stop - 1) // n + 1]
-    cols = fields["q"][np.arange(start, stop) % n]
-    return head + fields["head"] + struct.pack(">I", rows.shape[0]) + rows.tobytes() + cols.tobytes()
+        parts = [fields["values"]]
+    else:  # quant: each element's q, then the scale of its column
+        parts = [fields["q"], fields["scales"][np.arange(numel) % n]]
+    pieces: list[bytes] = []
+    if full:
+        head = np.frombuffer(struct.pack(">BI", tag, CHUNK_ELEMENTS), dtype=np.uint8)
+        table = np.hstack([np.broadcast_to(head, (full, head.size)),
+                           *(_u8(part[:full * CHUNK_ELEMENTS], full) for part in parts)])
+        pieces += _rows(table)
+    if rest:
+        start = full * CHUNK_ELEMENTS
+        pieces.append(struct.pack(">BI", tag, rest) + b"".join(part[start:].tobytes() for part in parts))
+    return pieces
+
+
+def _lowrank_pieces(fields: dict, numel: int, n: int, tag: int) -> list[bytes]:
+    rank = fields["p"].shape[1]
+    stride = 2 * rank
+    p_rows = memoryview(np.ascontiguousarray(fields["p"]).view(np.uint8)).cast("B")  # row i: [stride i, stride (i+1))
+    if n >= CHUNK_ELEMENTS:  # a chunk spans at most two rows: its elements' rows of Q are one or two runs of Q
+        q_rows = memoryview(np.ascontiguousarray(fields["q"]).view(np.uint8)).cast("B")
+
+        def q_part(start: int, stop: int) -> list:
+            first, last = start % n, (stop - 1) % n
+            if first <= last:
+                return [q_rows[first * stride:(last + 1) * stride]]
+            return [q_rows[first * stride:], q_rows[:(last + 1) * stride]]
+    else:  # many rows per chunk: each element's row of Q gathered once for the tensor
+        q_cols = memoryview(np.ascontiguousarray(fields["q"][np.arange(numel) % n]).view(np.uint8)).cast("B")
+
+        def q_part(start: int, stop: int) -> list:
+            return [q_cols[start * stride:stop * stride]]
+    head = fields["head"]
+    pieces = []
+    for start in range(0, numel, CHUNK_ELEMENTS):
+        stop = min(start + CHUNK_ELEMENTS, numel)
+        first, last = start // n, (stop - 1) // n + 1
+        pieces.append(b"".join((struct.pack(">BI", tag, stop - start), head, struct.pack(">I", last - first),
+                                p_rows[first * stride:last * stride], *q_part(start, stop))))
+    return pieces
 
 
 def float32_bits(value: float) -> int:

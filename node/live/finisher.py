@@ -15,9 +15,11 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from node import protocol as msg
@@ -63,7 +65,14 @@ class StageApplied:
     weights_hash: bytes
     sealed: list[ArchivedContribution]
     excluded: list[list]  # [stage, replica, peer id, envelope hash, reason, detail]
-    stage_leaf: bytes = b""  # a chunked run's (node/live/chunkstate.py): the stage's leaf of the record's root
+    # A chunked run's (node/live/chunkstate.py): derives, keeps and publishes the stage's chunk state, and
+    # returns its stage leaf (of the record's root) for the attestation. Called in the round's tail (on the
+    # round lane with overlap_tail): it costs several times the outer step (bench/bench_chunk_state.py) and
+    # nothing the next round's inner steps read depends on it.
+    record_state: Callable[[], bytes] | None = None
+
+    def stage_leaf(self) -> bytes:
+        return self.record_state() if self.record_state is not None else b""
 
 
 class RoundFinisher:
@@ -199,7 +208,7 @@ class RoundFinisher:
         prune_archive(self.archive, self.cfg.storage.keep_rounds, self.progress.last_commit, self.host.remove_blob)
         prune_checkpoints(self.checkpoint_dir, self.cfg.storage.keep_checkpoints, self.progress.last_commit,
                           self.host.remove_blob)
-        self._attest(outer_round, {a.stage: (a.weights_hash, a.stage_leaf) for a in applied}, contributed,
+        self._attest(outer_round, {a.stage: (a.weights_hash, a.stage_leaf()) for a in applied}, contributed,
                      report_state)
         self.progress.last_finished = outer_round
         self.state.update(last_finished=outer_round)
@@ -263,12 +272,14 @@ class RoundFinisher:
             if envelope is not None:
                 self.archive.put(outer_round, envelope)
             sealed.append(ArchivedContribution(stage, replica, peer_id, digest))
-        stage_leaf = b""
+        record_state = None
         if self.chunked is not None and inputs.payloads is not None:
+            # The engine replaces its global dicts at each outer step (never writes them in place), so these
+            # are the round's state whenever the tail records them.
             weights, momentum = self.worker.global_state(stage)
-            stage_leaf = self.chunked.record(outer_round, stage, weights, momentum, result.contributions,
-                                             inputs.payloads, [entry[2] for entry in close.contributions])
-        return StageApplied(stage, result.weights_hash, sealed, excluded, stage_leaf)
+            record_state = partial(self.chunked.record, outer_round, stage, weights, momentum, result.contributions,
+                                   inputs.payloads, [entry[2] for entry in close.contributions])
+        return StageApplied(stage, result.weights_hash, sealed, excluded, record_state)
 
     def _apply_or_reclose(self, outer_round: int, stage: int, inputs: StageInputs, waited: dict[str, float]):
         """``(inputs, exchange.apply(..))``; a close whose inputs never came (InputsWithheld: a member that

@@ -407,6 +407,10 @@ class NodeChain:
         with self._lock:
             return self.client.challenge_of(challenge_id)
 
+    def availability_answer(self, challenge_id: bytes) -> tuple[bytes, list[bytes] | None] | None:
+        with self._lock:
+            return self.client.availability_answer(challenge_id)
+
     def availability_challenges(self, run_id: int, from_block: int) -> tuple[list[dict], int]:
         """(the availability challenges of ``run_id`` opened in [from_block, head], head)."""
         with self._lock:

@@ -14,8 +14,12 @@ committed leaf differs from its own, the node
    needed. The chain then invalidates the round and every later one, slashes every attester and pays
    this node half of the slash;
 3. if no attester serves the committed state (withheld), challenges the committers on chain to publish its
-   first weights chunk (``challengeAvailability``, the run's bond) and, once the answer window has passed
-   unanswered, settles the challenge (``expireChallenge``): the round is then invalidated the same way; if no
+   first chunk of the tree that differs (``challengeAvailability``, the run's bond) and, once the answer window
+   has passed unanswered, settles the challenge (``expireChallenge``): the round is then invalidated the same
+   way. If they answer, the answer's leaf and path (read from its transaction) say which subtree of the
+   committed tree differs from this node's: it challenges the first leaf of that subtree next (a bisection,
+   :class:`Walk`), until a published leaf differs, then opens that chunk's other tree where its root differs
+   too, and proves the chunk from the published leaves as in 2. If no
    attested stage leaves give the committed root at all (a back door: a root with nothing behind it), it
    challenges them to publish a stage leaf itself (``STAGE_LEAF``), which nobody can answer for a back door.
    Right rounds' challenges are answered by every node (node/live/answerer.py).
@@ -36,8 +40,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ledger.chunkproof import WEIGHTS, StageLeaf, StageState, availability_target, stage_leaf_target
-from ledger.errors import LedgerError, ProverChallengeNotDue
+from ledger.chunkproof import (MOMENTUM, WEIGHTS, StageLeaf, StageState, availability_target, differing_subtree,
+                               opened_proof, stage_leaf_target, tree_path)
+from ledger.errors import LedgerError, ProverChallengeNotDue, ProverChallengeSettled
 from ledger.records import RoundRecord
 from node.errors import DLX_ERRORS
 from node.fsutil import atomic_write_bytes
@@ -68,6 +73,27 @@ class ProverLog:
     unprovable: dict[int, str] = field(default_factory=dict)  # round -> why no proof applies
 
 
+@dataclass
+class Walk:
+    """A withheld committed state opened one leaf at a time through availability challenges (docs/FRAUD_PROOF.md,
+    "The data-availability challenge"): each answer's path says which subtree of the committed tree differs
+    from this node's (:func:`ledger.chunkproof.differing_subtree`), so a differing chunk is found in at most
+    ``log2(chunks)`` challenges; then the chunk's leaf of the other tree is opened too (or is this node's, where
+    that tree's committed root is), and the proof is built from the opened leaves."""
+
+    outer_round: int
+    stage: int
+    record: RoundRecord
+    prev_record: RoundRecord
+    prev_stages: list[StageLeaf]
+    stages: list[StageLeaf]
+    prev: StageState  # this node's state of round t - 1 (the committed one), held here for the proof
+    own: StageState
+    which: int = WEIGHTS  # the open challenge's tree and chunk
+    chunk: int = 0
+    opened: dict[int, tuple[int, bytes, list[bytes]]] = field(default_factory=dict)  # which -> (chunk, leaf, path)
+
+
 class FraudProver:
     """Checks committed rounds of a chunked run and proves wrong ones (module docstring)."""
 
@@ -84,6 +110,7 @@ class FraudProver:
         self.log = ProverLog()
         self._committed: dict[int, list[bytes]] = {}  # round -> committed stage leaves
         self._pending: dict[bytes, int] = {}  # challenge id -> round
+        self._walks: dict[bytes, Walk] = {}  # challenge id -> the walk it opens a leaf of
         self._lock = threading.Lock()
         self._expirer: threading.Thread | None = None
 
@@ -169,12 +196,22 @@ class FraudProver:
         fetched = self.states.committed_state(outer_round, stage, leaf,
                                               self._attesters_of(outer_round, stage, leaves[stage]))
         if fetched is None:
-            return self._challenge(outer_round, stage, record, stages, own)
+            own_leaf = own.leaf()
+            which = WEIGHTS if leaf.weights_root != own_leaf.weights_root else MOMENTUM
+            walk = Walk(outer_round, stage, record, prev_record, prev_stages, stages, prev, own, which, 0)
+            logger.error("round %d stage %d: the committed state is withheld by its attesters; challenging its "
+                         "availability on chain", outer_round, stage)
+            self._challenge(walk)
+            return True
         committed = StageState(stage, fetched[0], fetched[1], own.factors, own.payload_leaves)
         proof, why = proof_of_difference(prev_record, record, prev_stages, stages, prev, own, committed)
         if proof is None:
             self._unprovable(outer_round, f"stage {stage}: {why}")
             return False
+        self._send(outer_round, stage, proof, why)
+        return True
+
+    def _send(self, outer_round: int, stage: int, proof, why: str) -> None:
         attesters = self.chain.attesters_of(self.run_id, outer_round)
         logger.error("round %d stage %d: the committed weights root is wrong at %s; sending the fraud proof",
                      outer_round, stage, why)
@@ -184,7 +221,6 @@ class FraudProver:
         logger.error("round %d: proven wrong on chain (stage %d, %s; tx %s): the round and every later one are "
                      "invalid, its %d attester(s) slashed", outer_round, stage, why, self.log.proofs[outer_round],
                      len(attesters or ()))
-        return True
 
     def _keep(self, outer_round: int, stage: int, proof, attesters) -> None:
         """Keep the proof in the node's evidence (``audit --archive`` shows it and checks it on chain)."""
@@ -197,14 +233,65 @@ class FraudProver:
         except OSError as exc:
             logger.warning("round %d: the fraud proof was not kept on disk: %s", outer_round, exc)
 
-    def _challenge(self, outer_round: int, stage: int, record: RoundRecord, stages: list[StageLeaf],
-                   own: StageState) -> bool:
-        """No attester serves the committed state: challenge its first weights chunk on chain."""
-        target = availability_target(record, stages, own.factors, stage, WEIGHTS, 0)
-        logger.error("round %d stage %d: the committed state is withheld by its attesters; challenging its "
-                     "availability on chain", outer_round, stage)
-        self._open(outer_round, self.chain.challenge_availability(target))
-        return True
+    def _challenge(self, walk: Walk) -> None:
+        """Challenge the committers to publish leaf ``walk.chunk`` of tree ``walk.which`` of the withheld state."""
+        target = availability_target(walk.record, walk.stages, walk.own.factors, walk.stage, walk.which, walk.chunk)
+        challenge_id = self.chain.challenge_availability(target)
+        with self._lock:
+            self._walks[challenge_id] = walk
+        self._open(walk.outer_round, challenge_id)
+
+    def _answered(self, challenge_id: bytes, outer_round: int) -> None:
+        """A challenge of this node's was answered: go on with its walk from the published leaf and path."""
+        with self._lock:
+            walk = self._walks.pop(challenge_id, None)
+        if walk is None:  # a stage leaf's challenge: the committers showed the leaf
+            logger.warning("round %d: the availability challenge was answered; the published stage leaf is not "
+                           "followed further here", outer_round)
+            return
+        answer = self.chain.availability_answer(challenge_id)
+        if answer is None:
+            self._unprovable(outer_round, "the availability challenge was settled without an answer (another party "
+                                          "expired it)")
+            return
+        leaf, path = answer
+        if path is None:
+            self._unprovable(outer_round, "the availability challenge was answered through a contract: its path "
+                                          "is not in the transaction's calldata")
+            return
+        logger.warning("round %d stage %d: the committers published leaf %d of tree %d", outer_round, walk.stage,
+                       walk.chunk, walk.which)
+        self._advance(walk, leaf, path)
+
+    def _advance(self, walk: Walk, leaf: bytes, path: list[bytes]) -> None:
+        own_leaves = walk.own.weight_leaves if walk.which == WEIGHTS else walk.own.momentum_leaves
+        other = MOMENTUM if walk.which == WEIGHTS else WEIGHTS
+        completing = other in walk.opened  # the differing chunk is known: this was its other tree's leaf
+        committed_chunks = walk.stages[walk.stage].num_chunks
+        if (completing or committed_chunks != len(own_leaves) or walk.chunk >= len(own_leaves)
+                or leaf != own_leaves[walk.chunk]):
+            walk.opened[walk.which] = (walk.chunk, leaf, path)
+            if not completing:
+                own_root = (walk.own.leaf().momentum_root if other == MOMENTUM else walk.own.leaf().weights_root)
+                committed_root = (walk.stages[walk.stage].momentum_root if other == MOMENTUM
+                                  else walk.stages[walk.stage].weights_root)
+                if committed_root != own_root:  # that tree differs too: open its leaf of this chunk
+                    walk.which = other
+                    self._challenge(walk)
+                    return
+                mine = walk.own.momentum_leaves if other == MOMENTUM else walk.own.weight_leaves
+                walk.opened[other] = (walk.chunk, mine[walk.chunk], tree_path(mine, walk.chunk))
+            proof = opened_proof(walk.prev_record, walk.record, walk.prev_stages, walk.stages, walk.prev, walk.own,
+                                 walk.chunk, walk.opened[WEIGHTS][1:], walk.opened[MOMENTUM][1:])
+            self._send(walk.outer_round, walk.stage, proof, f"chunk {walk.chunk} (opened by availability challenges)")
+            return
+        following = differing_subtree(own_leaves, walk.chunk, path)
+        if following is None:
+            self._unprovable(walk.outer_round, f"stage {walk.stage}: the published leaf {walk.chunk} and its path "
+                                               "agree with this node's tree")
+            return
+        walk.chunk = following
+        self._challenge(walk)
 
     def _challenge_stage_leaf(self, outer_round: int, record: RoundRecord) -> None:
         """Challenge the committers to publish the leaf of the first stage this node holds under the record's root:
@@ -237,12 +324,15 @@ class FraudProver:
             try:
                 state = self.chain.challenge_of(challenge_id)
                 if state["settled"]:
-                    logger.warning("round %d: the availability challenge was answered (the leaf is in the "
-                                   "answer's transaction); no proof from an answered leaf is built yet", outer_round)
-                    self._drop(challenge_id)
+                    if self._drop(challenge_id):  # this thread took it (the expirer's and check()'s may race)
+                        self._follow(challenge_id, outer_round)
                     continue
                 self.chain.expire_challenge(challenge_id)
             except ProverChallengeNotDue:
+                continue
+            except ProverChallengeSettled:  # answered since it was read (or expired by another party)
+                if self._drop(challenge_id):
+                    self._follow(challenge_id, outer_round)
                 continue
             except LedgerError as exc:
                 logger.warning("round %d: availability challenge not settled: %s", outer_round, exc)
@@ -258,9 +348,17 @@ class FraudProver:
         with self._lock:
             return bool(self._pending)
 
-    def _drop(self, challenge_id: bytes) -> None:
+    def _drop(self, challenge_id: bytes) -> bool:
+        """Forget a pending challenge; whether it was pending."""
         with self._lock:
-            self._pending.pop(challenge_id, None)
+            return self._pending.pop(challenge_id, None) is not None
+
+    def _follow(self, challenge_id: bytes, outer_round: int) -> None:
+        try:
+            self._answered(challenge_id, outer_round)
+        except DLX_ERRORS as exc:  # e.g. the round's dispute window closed: no more challenges
+            self._unprovable(outer_round, f"the proof from the answered challenge failed: {type(exc).__name__}: "
+                                          f"{exc}"[:300])
 
     def _unprovable(self, outer_round: int, why: str) -> None:
         if self.log.unprovable.get(outer_round) != why:
