@@ -3,8 +3,9 @@
 glibc gives each thread that contends for the heap an arena of its own, up to 8 x cores of them, and a
 freed block goes back to its own arena, never to another thread's: a node's many threads (gossip, the
 host, the round lane, spot checks, fetches) spread their short-lived buffers over arenas that each keep
-their high-water mark. In the 30-minute soak that was most of the growth of a node's RSS (444 -> 467 MiB
-after warm-up; with ``MALLOC_ARENA_MAX=2``, 446 -> 451 MiB). So ``dlx-node start`` and ``join`` set
+their high-water mark. On three loopback nodes that was most of the growth of a node's RSS after warm-up
+(446 -> 467 MiB; with ``MALLOC_ARENA_MAX=2``, 444 -> 451 MiB; docs/P2P.md, "What the soak found", where
+the 60-minute soak with the bound shows it is not the whole of it under churn). So ``dlx-node start`` and ``join`` set
 ``M_ARENA_MAX`` to 2 with ``mallopt`` as the process starts, before its threads do. Where the C library
 is not glibc (musl, macOS) nothing is done; ``MALLOC_ARENA_MAX`` in the environment, when set, wins (glibc
 read it at start).
