@@ -310,6 +310,11 @@ class EventReads:
     def _block_number(self) -> int:
         return self._sender.rpc(lambda: self.w3.eth.block_number, "eth_blockNumber")
 
+    def head_block(self) -> int:
+        """The chain's head block, read like every other call: retried through an RPC outage, then
+        ChainUnavailable (never the HTTP library's own exception)."""
+        return self._block_number()
+
     def _scan(self, contract, topics: list, to_block: int | None = None) -> list[dict]:
         if to_block is None:
             to_block = self._block_number()

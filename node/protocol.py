@@ -30,7 +30,12 @@ VERDICT = "verdict"  # a member's EIP-712 signature over the verdict on an accus
 # The sliced exchange (docs/PROTOCOL.md, "Sliced exchange"; diloco.exchange = "sliced"):
 PARTIAL = "partial"  # a blob, not gossip: aggregator j's signed partial (training.slicemessages.partial_payload)
 PARTIAL_ANNOUNCE = "partial_announce"  # 'my partial of slice j of (round, stage) is the blob with this hash'
-KINDS = (HELLO, CONTRIBUTION, ANNOUNCE, CLOSE, ATTESTATION, RECORD, ACCUSATION, VERDICT, PARTIAL_ANNOUNCE)
+# Taking over a close (docs/PROTOCOL.md, "Closing a round"): a lower-ranked coordinator whose turn came asks the
+# coordinators ranked above it; each answers with its close or a yield ('I will not close this (round, stage)').
+TAKEOVER = "takeover"
+YIELD = "yield"
+KINDS = (HELLO, CONTRIBUTION, ANNOUNCE, CLOSE, ATTESTATION, RECORD, ACCUSATION, VERDICT, PARTIAL_ANNOUNCE,
+         TAKEOVER, YIELD)
 
 
 def run_topic(run_id: int) -> str:
@@ -84,6 +89,16 @@ class Close:
     # inside the run's range, 0 for none (the aggregation excludes it: bad_steps); the record's tokens are their
     # sum over the last stage. Empty, and absent from the wire, in a fixed-H run (its closes' bytes unchanged).
     steps: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """'My turn to close (round, stage) came and I could close it: coordinators ranked above me, close or yield.'"""
+
+
+@dataclass(frozen=True)
+class Yield:
+    """'I will not close (round, stage)': the signer's closes of it no longer count (a later one is refused)."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +224,8 @@ def decode_contribution_body(payload: bytes) -> ContributionBody:
 
 
 _TYPES = {HELLO: Hello, ANNOUNCE: Announce, CLOSE: Close, ATTESTATION: Attestation, RECORD: RecordSignature,
-          ACCUSATION: Accusation, VERDICT: VerdictSignature, EVIDENCE: Evidence, PARTIAL_ANNOUNCE: PartialAnnounce}
+          ACCUSATION: Accusation, VERDICT: VerdictSignature, EVIDENCE: Evidence, PARTIAL_ANNOUNCE: PartialAnnounce,
+          TAKEOVER: Takeover, YIELD: Yield}
 
 
 #: Fields a payload may leave out (then their default): each absent from the wire when empty.

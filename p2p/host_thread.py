@@ -63,6 +63,16 @@ class HostThread:
             raise P2PTimeout(f"{what} did not finish within {timeout} s") from None
         except trio.RunFinishedError:
             raise HostClosed(f"p2p host {self.peer_id} is closed") from None
+        except trio.Cancelled:
+            raise HostClosed(f"p2p host {self.peer_id} closed while {what} ran") from None
+        except BaseExceptionGroup as group:
+            # The host's loop shut down under a call that runs tasks of its own (a blob download's
+            # nursery): only cancellations came back. A BaseException out of a caller's thread killed
+            # it (the 60-minute soak: a spot check's fetch at stop, "Exception in thread spotcheck").
+            _cancelled, rest = group.split(trio.Cancelled)
+            if rest is None:
+                raise HostClosed(f"p2p host {self.peer_id} closed while {what} ran") from None
+            raise
 
     async def _run_blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn`` on the host's own thread pool without blocking the event loop."""

@@ -167,3 +167,31 @@ def test_an_outage_is_logged_at_a_bounded_rate(tmp_path, caplog):
             assert call_with_retries(lambda: w3.eth.chain_id, policy, "eth_chainId") == 31337
         assert OUTAGE.down_since is None
         assert any("reachable again" in r.getMessage() for r in caplog.records)
+
+
+def test_a_nodes_head_reads_fail_as_chain_unavailable_through_an_outage(tmp_path):
+    # The 60-minute soak's chain RPC outage: NodeChain read the head block from web3 directly, so the
+    # outage reached the availability-challenge thread as requests' ReadTimeout, outside DLX_ERRORS,
+    # and killed the thread (five nodes, "Exception in thread challenges"). Every head read now goes
+    # through the client's retries and ends, when the outage outlasts them, as ChainUnavailable.
+    from node.errors import DLX_ERRORS
+    from node.live.onchain import NodeChain
+
+    anvil = AnvilProcess()
+    try:
+        anvil.start()
+        deployment = deploy(connect_rpc(anvil.url))
+        run = deployment.member_run((1, 2), quorum=2)
+        run.commit()
+        chain = NodeChain(reconnect(anvil, deployment, retry=RetryPolicy(total_seconds=0.5, initial_delay=0.1,
+                                                                          max_delay=0.2)), confirmations=3)
+        head = chain.block_number()
+        assert chain.availability_challenges(run.run_id, 0) == ([], head)
+    finally:
+        anvil.stop()
+    reads = (chain.block_number, lambda: chain.availability_challenges(run.run_id, 0),
+             lambda: chain.final_commit_of(run.run_id, 0))
+    for read in reads:
+        with pytest.raises(ChainUnavailable, match="unreachable") as caught:
+            read()
+        assert isinstance(caught.value, DLX_ERRORS)

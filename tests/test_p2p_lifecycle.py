@@ -103,3 +103,34 @@ def test_bad_config_values_name_the_field():
         P2PConfig(gossip_max_message_bytes=2 << 20)
     with pytest.raises(P2PConfigError, match="bootstrap"):
         P2PConfig(bootstrap=["127.0.0.1:4001"])
+
+
+@pytest.mark.parametrize("tasks", [1, 2])
+def test_a_call_in_flight_when_the_host_closes_ends_as_host_closed(tmp_path, tasks):
+    # The 60-minute soak: a spot check's blob fetch was running when its node stopped; the host's loop
+    # cancelled it, and the cancellation (a BaseExceptionGroup of trio.Cancelled, from the download's
+    # nursery) reached the spot checker's thread as a BaseException and killed it with a traceback.
+    import trio
+
+    async def waits_forever() -> None:
+        if tasks == 1:
+            await trio.sleep_forever()
+        async with trio.open_nursery() as nursery:  # tasks of its own, as a download has
+            for _ in range(tasks):
+                nursery.start_soon(trio.sleep_forever)
+
+    host = P2PHost.start(P2PConfig(), Identity.generate(), data_dir=tmp_path)
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            host._call(waits_forever, timeout=60, what="a download")
+        except BaseException as exc:  # noqa: BLE001 (what reached the caller's thread)
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(0.5)
+    host.close()
+    caller.join(20)
+    assert len(outcome) == 1 and isinstance(outcome[0], HostClosed), outcome

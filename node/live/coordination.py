@@ -37,6 +37,7 @@ from node.live.closesteps import close_steps, steps_problem
 from node.live.exchange import ContributionPool
 from node.live.membership import Membership
 from node.live.roundbook import Announced, RoundBook
+from node.live.takeover import TakingOver
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class CloseInterrupted(NodeError):
     """The node's ``interrupt`` condition came true while a round waited for its close (nothing applied)."""
 
 
-class RoundCoordinator:
+class RoundCoordinator(TakingOver):
     """Closes of the rounds this node finishes (see module docstring).
 
     ``contributed(t)``: whether this node trained and encoded round ``t``;
@@ -110,6 +111,7 @@ class RoundCoordinator:
         self._invalid: dict[tuple[int, int, str], str] = {}  # (round, stage, coordinator) -> reason
         # (round, stage, coordinator) -> (entries here, when that count was first reached)
         self._pending_since: dict[tuple[int, int, str], tuple[int, float]] = {}
+        self._asked: dict[tuple[int, int], float] = {}  # (round, stage) -> when this node asked to take over
         self._lock = threading.Lock()
         #: While set and true, a wait for a close gives up with CloseInterrupted (a split cluster's
         #: pipeline came back while this node sat rounds out: it must re-enter with its partner).
@@ -160,7 +162,7 @@ class RoundCoordinator:
 
     def forget_before(self, outer_round: int) -> None:
         with self._lock:
-            for book in (self._accepted, self._invalid, self._pending_since):
+            for book in (self._accepted, self._invalid, self._pending_since, self._asked):
                 for key in [k for k in book if k[0] < outer_round]:
                     del book[key]
 
@@ -309,7 +311,7 @@ class RoundCoordinator:
         turn away. A lazy pool (the sliced exchange) fetches the announced contributions and their
         bundles only then: a fallback has a whole turn to fetch them before it closes, and the
         holders whose turn is far off (every one of them in a large run) fetch nothing."""
-        refused = set(self.invalid_closes(outer_round, stage))
+        refused = set(self.invalid_closes(outer_round, stage)) | self.book.yielded(outer_round, stage)
         ranked = [c for c in order if (c == self.peer_id or c in present) and c not in refused]
         if self.peer_id not in ranked:
             return False
@@ -344,8 +346,10 @@ class RoundCoordinator:
             deadline = current_deadline()
             closes = self.book.snapshot_closes(outer_round, stage)
             verdicts = {c: self.judge(outer_round, stage, c, closes[c][0]) for c in order if c in closes}
-            refused = {c for c, verdict in verdicts.items() if verdict not in (None, PENDING)}
-            # Coordinators that are gone (Membership.present) or closed invalidly are skipped at once.
+            # A coordinator that signed it will not close (a yield) is skipped, and a close of it not used.
+            refused = {c for c, verdict in verdicts.items() if verdict not in (None, PENDING)} | \
+                self.book.yielded(outer_round, stage)
+            # Coordinators that are gone (Membership.present), closed invalidly or yielded are skipped at once.
             # Not the ejected ones: when a node learns of an ejection is its own timing, and the
             # set it aggregates must not depend on it (an ejected member's close is judged as any).
             ranked = [c for c in order if (c == self.peer_id or c in present) and c not in refused]
@@ -363,8 +367,13 @@ class RoundCoordinator:
                     return closes[coordinator][0]
             if outer_round > self.previous_life_finished and self.peer_id in ranked:
                 rank = ranked.index(self.peer_id)
-                if rank == 0 or now >= deadline + rank * CLOSE_FALLBACK_S:
-                    return self.try_close(outer_round, stage, final=now >= deadline, alive=alive)
+                if rank == 0:
+                    close = self.try_close(outer_round, stage, final=now >= deadline, alive=alive)
+                    if close is None and now >= deadline and self._asked_by_lower(outer_round, stage, order):
+                        self._yield(outer_round, stage)  # the answer to a takeover: this node will not close
+                    return close
+                if now >= deadline + rank * CLOSE_FALLBACK_S:
+                    return self._take_over(outer_round, stage, ranked[:rank], now, alive)
             return None
 
         last_resync = last_warning = started
@@ -453,9 +462,10 @@ class RoundCoordinator:
             return False
         return training >= first or peer in self.book.snapshot_announces(outer_round, stage)
 
-    def ready_close(self, outer_round: int, stage: int, final: bool, alive: set[str]) -> msg.Close | None:
+    def ready_close(self, outer_round: int, stage: int, final: bool, alive: set[str],
+                    log: bool = True) -> msg.Close | None:
         """The close this node would sign as coordinator: when every expected replica's contribution
-        is here (:meth:`expects`), or at the deadline with a quorum; None otherwise."""
+        is here (:meth:`expects`), or at the deadline with a quorum; None otherwise (``log``: say so)."""
         announced = self.book.snapshot_announces(outer_round, stage)
         have = self.contributions.closable(outer_round, stage)  # the sliced exchange: bundles held too
         ready = {a.peer_id: a for a in announced.values() if a.envelope_hash in have}
@@ -479,6 +489,7 @@ class RoundCoordinator:
                          key=lambda e: (e[0], e[1], e[2]))
         close = msg.Close(entries, close_steps(entries, have, self.steps_range))
         late = {placements[p].replica for p in expected - set(ready)}
-        logger.info("round %d stage %d closed with replicas %s%s", outer_round, stage, sorted(replicas),
-                    f" (missing {sorted(late)})" if late else "")
+        if log:
+            logger.info("round %d stage %d closed with replicas %s%s", outer_round, stage, sorted(replicas),
+                        f" (missing {sorted(late)})" if late else "")
         return close

@@ -66,6 +66,8 @@ class GossipInbox:
         self._handlers: dict[str, Callable[[Envelope, object, bytes], None]] = {
             msg.ANNOUNCE: self._on_announce,
             msg.CLOSE: self._on_close,
+            msg.TAKEOVER: lambda env, _m, _d: self.book.add_takeover(env.round, env.stage, env.sender_peer_id),
+            msg.YIELD: lambda env, _m, _d: self.book.add_yield(env.round, env.stage, env.sender_peer_id),
             msg.ATTESTATION: self._on_attestation,
             msg.RECORD: self._on_record,
             msg.ACCUSATION: self._on_accusation,

@@ -347,9 +347,9 @@ class NodeChain:
             return self.client.commit_record(run_id, round_index)
 
     def block_number(self) -> int:
-        """The chain's head block."""
+        """The chain's head block (ChainUnavailable once an RPC outage outlasts the retries)."""
         with self._lock:
-            return self.client.w3.eth.block_number
+            return self.client.head_block()
 
     def final_commit_of(self, run_id: int, round_index: int) -> RoundRecord | None:
         """The round's committed record once its block is ``confirmations`` deep on the canonical chain; None
@@ -358,7 +358,7 @@ class NodeChain:
             committed = self.client.commit_record(run_id, round_index)
             if committed is None or self.confirmations <= 1:
                 return committed.commit if committed is not None else None
-            head = self.client.w3.eth.block_number
+            head = self.client.head_block()
         return committed.commit if head - committed.block_number + 1 >= self.confirmations else None
 
     def latest_checkpoint(self, run_id: int) -> CheckpointRecord | None:
@@ -414,7 +414,7 @@ class NodeChain:
     def availability_challenges(self, run_id: int, from_block: int) -> tuple[list[dict], int]:
         """(the availability challenges of ``run_id`` opened in [from_block, head], head)."""
         with self._lock:
-            head = self.client.w3.eth.block_number
+            head = self.client.head_block()
             return self.client.availability_challenges(run_id, from_block) if from_block <= head else [], head
 
     def answer_challenge(self, challenge_id: bytes, leaf: bytes, path: list[bytes]) -> dict:

@@ -54,6 +54,10 @@ class RoundBook:
         self.closes: dict[tuple[int, int], dict[str, tuple[Close, bytes]]] = defaultdict(dict)
         self.close_times: dict[tuple[int, int], dict[str, float]] = defaultdict(dict)  # first arrival, monotonic
         self.equivocators: dict[tuple[int, int], set[str]] = defaultdict(set)  # signed two different closes
+        # A lower-ranked coordinator's request to take over the close (first arrival, monotonic), and the
+        # coordinators that signed they will not close (docs/PROTOCOL.md, "Closing a round").
+        self.takeovers: dict[tuple[int, int], dict[str, float]] = defaultdict(dict)
+        self.yields: dict[tuple[int, int], set[str]] = defaultdict(set)
         self.attestations: dict[tuple[int, int], dict[str, Attestation]] = defaultdict(dict)
         # round -> record digest -> (record, {signer address: 65-byte EIP-712 signature})
         self.signatures: dict[int, dict[bytes, tuple[object, dict[str, bytes]]]] = defaultdict(dict)
@@ -106,6 +110,26 @@ class RoundBook:
         with self._cond:
             self.equivocators[(round_index, stage)].add(coordinator)
             self._cond.notify_all()
+
+    def add_takeover(self, round_index: int, stage: int, coordinator: str) -> None:
+        with self._cond:
+            self.takeovers[(round_index, stage)].setdefault(coordinator, time.monotonic())
+            self._cond.notify_all()
+
+    def add_yield(self, round_index: int, stage: int, coordinator: str) -> None:
+        with self._cond:
+            self.yields[(round_index, stage)].add(coordinator)
+            self._cond.notify_all()
+
+    def takeovers_of(self, round_index: int, stage: int) -> dict[str, float]:
+        """Coordinators that asked to take over the close of (round, stage), with when it arrived."""
+        with self._cond:
+            return dict(self.takeovers.get((round_index, stage), {}))
+
+    def yielded(self, round_index: int, stage: int) -> set[str]:
+        """Coordinators that signed they will not close (round, stage)."""
+        with self._cond:
+            return set(self.yields.get((round_index, stage), ()))
 
     def add_attestation(self, round_index: int, stage: int, peer_id: str, att: Attestation) -> None:
         with self._cond:
@@ -192,7 +216,7 @@ class RoundBook:
         """Drop state of rounds older than ``round_index`` (bounds memory on long runs)."""
         with self._cond:
             for book in (self.announces, self.announced, self.closes, self.close_times, self.equivocators,
-                         self.attestations):
+                         self.attestations, self.takeovers, self.yields):
                 for key in [k for k in book if k[0] < round_index]:
                     del book[key]
             for key in [k for k in self.signatures if k < round_index]:

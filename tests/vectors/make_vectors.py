@@ -156,6 +156,10 @@ def payload_messages() -> list[tuple[str, str, Any]]:
             distances=[0.0, math.inf])),
         ("partial_announce", msg.PARTIAL_ANNOUNCE, msg.PartialAnnounce(
             slice_index=1, envelope_hash=_h(14), size=8_364)),
+        # Taking over a close (docs/PROTOCOL.md, "Closing a round"): both are an empty map; the envelope's
+        # round and stage say which close.
+        ("takeover", msg.TAKEOVER, msg.Takeover()),
+        ("yield", msg.YIELD, msg.Yield()),
         # A run whose rounds are bounded by time (issue 44): the close names each contribution's declared steps
         # (0: none in the run's range). A fixed-H close leaves the key out ("close" above).
         ("close_time_bounded", msg.CLOSE, msg.Close(contributions=[
@@ -413,6 +417,7 @@ def rejected_payload_vectors() -> list[dict[str, Any]]:
         ("record_signature_64_bytes", msg.RECORD, encoded(messages["record"], signature=bytes(64)),
          "an EIP-712 signature is 65 bytes (r || s || v)"),
         ("record_tokens_negative", msg.RECORD, encoded(messages["record"], tokens=-1), "tokens < 0"),
+        ("yield_extra_key", msg.YIELD, {"to": "12D3KooW"}, "a yield is an empty map"),
         ("partial_announce_slice_2_16", msg.PARTIAL_ANNOUNCE,
          encoded(messages["partial_announce"], slice_index=1 << 16), "slice_index >= 2^16"),
         ("verdict_account_as_str", msg.VERDICT, encoded(messages["verdict"], account=signer.address),

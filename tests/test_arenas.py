@@ -1,0 +1,100 @@
+"""node/arenas.py: a node process bounds glibc's malloc arenas as it starts (issue 45, "RSS flat")."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from node import arenas
+from node.arenas import M_ARENA_MAX, NODE_ARENAS, limit_arenas
+
+# Eight threads that each malloc while the others do; then glibc's own account of its arenas.
+_ARENAS_USED = textwrap.dedent("""
+    import ctypes, sys, threading
+    from node.arenas import _glibc, limit_arenas
+    libc = _glibc()
+    if libc is None:
+        print("no-glibc"); sys.exit(0)
+    if sys.argv[1] == "limit":
+        assert limit_arenas()
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    barrier = threading.Barrier(8)
+    def work():
+        barrier.wait()
+        blocks = [libc.malloc(4096) for _ in range(2000)]
+        for block in blocks:
+            libc.free(block)
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    libc.malloc_stats()  # one "Arena N:" block per arena, on stderr
+""")
+
+
+def _arenas_used(mode: str, env: dict | None = None) -> int | None:
+    done = subprocess.run([sys.executable, "-c", _ARENAS_USED, mode], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert done.returncode == 0, done.stderr
+    if "no-glibc" in done.stdout:
+        return None
+    return sum(1 for line in done.stderr.splitlines() if line.startswith("Arena "))
+
+
+def test_a_node_process_keeps_at_most_two_arenas_where_threads_would_take_more():
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    unbounded = _arenas_used("default", env)
+    if unbounded is None:
+        pytest.skip("not glibc: there is no arena limit to set")  # musl/macOS: limit_arenas is a no-op
+    assert unbounded > NODE_ARENAS  # the threads do take arenas of their own without the limit
+    assert _arenas_used("limit", env) <= NODE_ARENAS
+
+
+class FakeLibc:
+    def __init__(self, answer: int = 1) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self.answer = answer
+        outer = self
+
+        class Mallopt:
+            argtypes = restype = None
+
+            def __call__(self, param, value):
+                outer.calls.append((param, value))
+                return outer.answer
+
+        self.mallopt = Mallopt()
+
+
+def test_the_limit_is_set_once_unless_the_environment_chose(monkeypatch):
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    libc = FakeLibc()
+    assert limit_arenas(libc=libc) and libc.calls == [(M_ARENA_MAX, NODE_ARENAS)]
+    assert not limit_arenas(libc=FakeLibc(answer=0))  # refused: said so, nothing raised
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    libc = FakeLibc()
+    assert not limit_arenas(libc=libc) and libc.calls == []
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    monkeypatch.setattr(arenas, "_glibc", lambda: None)
+    assert not limit_arenas()  # no glibc: nothing to do
+
+
+@pytest.mark.parametrize("command,limited", [(["start", "--config", "x.toml"], True), (["join", "dlx://x"], True),
+                                             (["status"], False)])
+def test_start_and_join_set_the_limit_before_anything_else(monkeypatch, command, limited):
+    from node import cli
+    from node.commands import faces
+
+    order: list[str] = []
+    monkeypatch.setattr(arenas, "limit_arenas", lambda: order.append("arenas"))
+    monkeypatch.setattr(cli, "configure_logging", lambda *a: order.append("logging"))
+    monkeypatch.setattr(cli, "tame_libp2p_logging", lambda *a: None)
+    monkeypatch.setattr("node.anvil.locate_anvil", lambda: None)
+    monkeypatch.setitem(faces.COMMANDS, command[0], lambda args: order.append(args.command) or 0)
+    assert cli.main(command) == 0
+    assert order == (["arenas", "logging", command[0]] if limited else ["logging", command[0]])
