@@ -301,12 +301,8 @@ def test_chain_evidence_must_name_the_sealed_envelopes_of_both_rounds(tmp_path):
     appends anything else (another envelope of t+1, round t's replayed as t+1's, or t+1 envelopes this
     node did not seal) makes the confirming node sign nothing and serve nothing; the honest shape passes
     that gate and reaches the rerun."""
-    import threading
-    from types import SimpleNamespace
 
-    from node.live.membership import Membership
-    from node.live.roundbook import RoundBook
-    from node.live.verifier import SpotChecker, VerifierContext
+    from node.live.verifier import SpotChecker
     from node.store.archive import ArchivedContribution
     from p2p.envelope import Envelope
     from p2p.identity import Identity
@@ -335,15 +331,7 @@ def test_chain_evidence_must_name_the_sealed_envelopes_of_both_rounds(tmp_path):
 
     rerun = []
     signed = []
-    membership = Membership("me", "c0", 1, 1, RoundBook(), seat=lambda _a, _k: Seat((0, 0), 0))
-    ctx = VerifierContext(
-        cfg=SimpleNamespace(spot_checks=0.0, p2p=SimpleNamespace(max_blob_bytes=1 << 20), pipeline=SimpleNamespace(
-            num_stages=1)), run_id=7, peer_id="me", chain=None, host=Host(),
-        archive=SimpleNamespace(sealed=lambda r: sealed.get(r), recorded=lambda _r: None,
-                                get=lambda _r, h: envelopes[h]),
-        membership=membership, gossip=lambda *a: signed.append(a), sign_envelope=None, stage_hashes=None,
-        own_replica=lambda: 0, current_round=lambda: 0, work_dir=tmp_path, evidence_dir=tmp_path,
-        stop=threading.Event(), on_ejected=None)
+    ctx = one_stage_verifier(tmp_path, Host(), sealed, envelopes, gossip=lambda *a: signed.append(a))
     checker = SpotChecker(ctx)
     checker._check = lambda r, replica: rerun.append((r, replica))  # stop at the rerun: None = could not rerun
 
@@ -472,13 +460,9 @@ def test_a_chain_link_is_checked_however_far_behind_the_chain_the_node_is(tmp_pa
     rounds (tests/adversary.py forge-state) went uncaught until the run ended (round 94 of 100, load 30).
     The rerun, the costly half, is already done; the link must be made. A chained link counts; a broken
     one is accused, lag or not."""
-    import threading
-    from types import SimpleNamespace
 
-    from node.live.membership import Membership
-    from node.live.roundbook import RoundBook
     from node.live.spotcheck import SpotCheckResult
-    from node.live.verifier import MAX_LAG_ROUNDS, SpotChecker, VerifierContext
+    from node.live.verifier import MAX_LAG_ROUNDS, SpotChecker
     from node.store.archive import ArchivedContribution
     from p2p.envelope import Envelope
     from p2p.identity import Identity
@@ -508,15 +492,7 @@ def test_a_chain_link_is_checked_however_far_behind_the_chain_the_node_is(tmp_pa
         def remove_blob(self, digest):
             pass
 
-    membership = Membership("me", "c0", 1, 1, RoundBook(), seat=lambda _a, _k: Seat((0, 0), 0))
-    ctx = VerifierContext(
-        cfg=SimpleNamespace(spot_checks=0.0, p2p=SimpleNamespace(max_blob_bytes=1 << 20), pipeline=SimpleNamespace(
-            num_stages=1)), run_id=7, peer_id="me", chain=None, host=Host(),
-        archive=SimpleNamespace(sealed=lambda r: sealed.get(r), recorded=lambda _r: None,
-                                get=lambda _r, h: envelopes[h]),
-        membership=membership, gossip=lambda *a: None, sign_envelope=None, stage_hashes=None,
-        own_replica=lambda: 0, current_round=lambda: 0, work_dir=tmp_path, evidence_dir=tmp_path,
-        stop=threading.Event(), on_ejected=None)
+    ctx = one_stage_verifier(tmp_path, Host(), sealed, envelopes, gossip=lambda *a: None)
     checker = SpotChecker(ctx)
     accused = []
     checker._court.put = lambda *job: accused.append(job)  # the tribunal's queue: what the link hands over
@@ -535,3 +511,24 @@ def test_a_chain_link_is_checked_however_far_behind_the_chain_the_node_is(tmp_pa
     finally:
         ctx.stop.set()
         checker.close()
+
+
+def one_stage_verifier(tmp_path, host, sealed: dict, envelopes: dict, gossip):
+    """A spot checker's context over one-stage rounds: ``sealed`` (round -> archived entries) and ``envelopes``
+    (hash -> bytes) are the archive, ``host`` the blob boundary; nothing samples (spot_checks 0)."""
+    import threading
+    from types import SimpleNamespace
+
+    from node.live.membership import Membership
+    from node.live.roundbook import RoundBook
+    from node.live.verifier import VerifierContext
+
+    membership = Membership("me", "c0", 1, 1, RoundBook(), seat=lambda _a, _k: Seat((0, 0), 0))
+    return VerifierContext(
+        cfg=SimpleNamespace(spot_checks=0.0, p2p=SimpleNamespace(max_blob_bytes=1 << 20), pipeline=SimpleNamespace(
+            num_stages=1)), run_id=7, peer_id="me", chain=None, host=host,
+        archive=SimpleNamespace(sealed=lambda r: sealed.get(r), recorded=lambda _r: None,
+                                get=lambda _r, h: envelopes[h]),
+        membership=membership, gossip=gossip, sign_envelope=None, stage_hashes=None,
+        own_replica=lambda: 0, current_round=lambda: 0, work_dir=tmp_path, evidence_dir=tmp_path,
+        stop=threading.Event(), on_ejected=None)
