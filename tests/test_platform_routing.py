@@ -188,33 +188,35 @@ def test_the_routed_draw_is_the_same_whatever_order_signers_and_declarations_wer
     assert routed_verifiers(2, signers, DECLARED) == ["peer-0", "peer-1"]
 
 
-def _here() -> PlatformFingerprint:
+def test_a_node_under_a_lower_instruction_set_declares_it_and_its_cpu_s_own():
+    """Real processes of this machine under two instruction sets (``ATEN_CPU_CAPABILITY=default`` and the CPU's
+    own) declare one family, each its own trained level and both this CPU's native level, so each is routed to
+    the other (each reruns the other's claims under its kernels)."""
     import torch
 
-    from training.platform import fingerprint
-
-    return fingerprint(torch.device("cpu"), "fp32")
-
-
-def test_a_node_under_a_lower_instruction_set_declares_it_and_its_cpu_s_own():
-    """A real process under ATEN_CPU_CAPABILITY=default declares DEFAULT with this CPU's native capability, so a
-    verifier of this machine's own kernels is routed to it, and it to them where it can emulate them."""
     from node.config import load_config
     from node.platforms import own_platforms
-    from training.platform import native_cpu_capability
+    from training.platform import fingerprint, native_cpu_capability
 
     native = native_cpu_capability()
     if native == "DEFAULT":
         pytest.skip("this CPU has no instruction set above DEFAULT to compare with")
     here, legacy_here = own_platforms(load_config(None, ["training.device=cpu"]).training)
-    assert legacy_here == platform_hash(_here())
-    script = ("import json; from node.config import load_config; from node.platforms import own_platforms; "
-              "print(json.dumps([d.hex() for d in own_platforms(load_config(None, ['training.device=cpu']).training)]))")
-    env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
+    assert legacy_here == platform_hash(fingerprint(torch.device("cpu"), "fp32"))
+    ours = str(torch.backends.cpu.get_cpu_capability())
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    if ours != "DEFAULT":  # this process runs the CPU's own (or a middle) level: the other one runs DEFAULT
+        env["ATEN_CPU_CAPABILITY"] = "default"
+    script = ("import json, torch; from node.config import load_config; from node.platforms import own_platforms; "
+              "print(json.dumps([str(torch.backends.cpu.get_cpu_capability())] + [d.hex() for d in "
+              "own_platforms(load_config(None, ['training.device=cpu']).training)]))")
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
                          check=True)
-    lowered, legacy = (bytes.fromhex(h) for h in json.loads(out.stdout.strip().splitlines()[-1]))
-    assert lowered[:31] == here[:31] and lowered != here and legacy != platform_hash(_here())
-    assert (read_declaration(lowered).trained, read_declaration(lowered).native) == (1, read_declaration(here).native)
-    assert can_judge(here, lowered) and can_judge(lowered, here)  # the same CPU: each emulates the other
-
+    theirs, other, other_legacy = json.loads(out.stdout.strip().splitlines()[-1])
+    other, other_legacy = bytes.fromhex(other), bytes.fromhex(other_legacy)
+    assert theirs != ours and "DEFAULT" in (theirs, ours)
+    assert other[:31] == here[:31] and other != here and other_legacy != legacy_here
+    mine, its = read_declaration(here), read_declaration(other)
+    assert mine.native == its.native == {"AVX2": 2, "AVX512": 3}[native]
+    assert {mine.trained, its.trained} == {1, {"AVX2": 2, "AVX512": 3}[theirs if ours == "DEFAULT" else ours]}
+    assert can_judge(here, other) and can_judge(other, here)
