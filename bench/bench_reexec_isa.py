@@ -17,6 +17,7 @@ smallest distance, and what each rule makes of them:
 
     PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --presets llama-tiny,llama-mini
     PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --resummarize   # the stored rows, today's rule
+    PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --presets llama-mini --add   # keep the other presets
 
 writes bench/results/reexec_isa.json (``benchio.write_result``).
 """
@@ -51,6 +52,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--inner-steps", type=int, default=10)
     parser.add_argument("--out", default=default_out(__file__))
+    parser.add_argument("--add", action="store_true",
+                        help="keep the presets --out holds that this invocation does not measure (each preset "
+                             "records its own rounds, H and when it was measured)")
     parser.add_argument("--role", choices=("claim", "rerun"), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--file", default="", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
@@ -247,12 +251,19 @@ def main(argv: list[str]) -> int:
         print(json.dumps({name: doc["summary"] for name, doc in presets.items()}, indent=1))
         return 0
     presets = {}
+    if args.add and out.exists():  # kept as measured: their own rounds, H and record
+        stored = json.loads(out.read_text())
+        for name, doc in stored["presets"].items():
+            presets[name] = {"rounds": stored["args"]["rounds"], "inner_steps": stored["args"]["inner_steps"],
+                             "recorded": stored.get("recorded"), **doc}
     for preset in [p for p in args.presets.split(",") if p]:
+        preset_started = time.perf_counter()
         rows = measure(args, preset)
-        presets[preset] = {"summary": summarize(rows), "rows": rows}
+        presets[preset] = {"rounds": args.rounds, "inner_steps": args.inner_steps, "summary": summarize(rows),
+                           "rows": rows, "wall_seconds": time.perf_counter() - preset_started}
         print(json.dumps(presets[preset]["summary"], indent=1), flush=True)
     write_result(out, {"args": {k: v for k, v in vars(args).items()
-                                if k not in ("role", "file", "preset", "threads", "resummarize", "out")},
+                                if k not in ("role", "file", "preset", "threads", "resummarize", "out", "add")},
                        "capabilities": capabilities(), "roles": list(ROLES), "presets": presets,
                        "wall_seconds": time.perf_counter() - started}, load)
     print(f"wrote {args.out}")

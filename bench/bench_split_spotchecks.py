@@ -6,7 +6,8 @@ reruns the whole pipeline (node/live/spotinputs.py). This script reads what the 
 wrote, and optionally the ``dlx-node audit --reexecute all --json`` report of the same run, and writes one
 JSON (default bench/results/split_spotchecks.json):
 
-- per node: the checks its draw named (from each recorded round's weights root), every spot check done
+- per node: the checks its draw named (``node.live.routing.draw_checks``, the node's own function, over each
+  recorded round's weights root, signers and the declared platforms), every spot check done
   (round, replica, verdict, rerun seconds in the child, check seconds including
   the fetches), the checks not done (with their reasons), the round-bound skips, the checks per round;
 - the overhead: a node's spot-check seconds per round against its round's wall seconds (timing.jsonl
@@ -16,7 +17,8 @@ JSON (default bench/results/split_spotchecks.json):
 
     dlx-node demo --spot-checks 0.5 --keep --out /tmp/demo       # then, while the chain runs:
     dlx-node audit ... --reexecute all --json /tmp/audit.json
-    PYTHONPATH=. .venv/bin/python bench/bench_split_spotchecks.py --demo /tmp/demo --audit-json /tmp/audit.json
+    PYTHONPATH=. .venv/bin/python bench/bench_split_spotchecks.py --demo /tmp/demo/dlx-demo \\
+        --audit-json /tmp/audit.json --rpc http://127.0.0.1:PORT --deployment /tmp/demo/dlx-demo/deployment.json
 """
 
 from __future__ import annotations
@@ -34,23 +36,61 @@ NOT_DONE = re.compile(r"^(\S+) \w+\s+node\.live\.verifier: spot check of replica
 SKIPPED = re.compile(r"spot checks of round (\d+) skipped: (\d+) rounds behind the chain")
 
 
-def sampled(node_dir: Path, replicas: int) -> list[dict]:
-    """The checks the node's draw named (training.reexec.sample_replicas from each recorded round's weights
-    root, as node.live.verifier draws them), to set against the checks done."""
+def signers_of(node_dir: Path, run_id: int, outer_round: int) -> dict[int, set[str]] | None:
+    """replica -> the peer ids that signed its contributions of the round, as the node's archive binds them to
+    the record (``recorded.json``, else the round as sealed): what node.live.verifier draws from."""
+    from node.store.archive import Archive
+
+    archive = Archive(node_dir / "archive", run_id)
+    recorded = archive.recorded(outer_round)
+    sealed = recorded[0] if recorded is not None else archive.sealed(outer_round)
+    if sealed is None:
+        return None
+    signers: dict[int, set[str]] = {}
+    for contribution in sealed:
+        signers.setdefault(contribution.replica, set()).add(contribution.peer_id)
+    return signers
+
+
+def sampled(node_dir: Path, run_id: int, declared: dict[str, bytes]) -> list[dict]:
+    """The checks the node's draw named: node.live.routing.draw_checks (the function node.live.verifier calls)
+    over each recorded round's weights root, the round's signers and the declared platforms, to set against
+    the checks done. ``routed``: only the routed draw picked it (a verifier that reruns it exactly or by
+    emulation)."""
     from node.config import load_config
-    from training.reexec import sample_replicas
+    from node.live.routing import draw_checks
 
     cfg = load_config(node_dir / "node.toml")
     status = json.loads((node_dir / "status.json").read_text())
     roots = json.loads((node_dir / "state.json").read_text()).get("weights_roots", {})
     own = status["placement"]["replica"]
-    rate = min(1.0, cfg.spot_checks / (max(2, replicas) - 1))
-    return [{"round": int(r), "replica": replica} for r, root in sorted(roots.items(), key=lambda kv: int(kv[0]))
-            for replica in sample_replicas(bytes.fromhex(root), status["peer_id"].encode(), int(r),
-                                           list(range(replicas)), rate, own_replica=own)]
+    out = []
+    for r, root in sorted(roots.items(), key=lambda kv: int(kv[0])):
+        signers = signers_of(node_dir, run_id, int(r))
+        if signers is None:
+            continue
+        out += [{"round": int(r), "replica": check.replica, "routed": check.same_platform}
+                for check in draw_checks(bytes.fromhex(root), status["peer_id"], int(r), signers, declared,
+                                         cfg.spot_checks, own)]
+    return out
 
 
-def node_figures(node_dir: Path, replicas: int) -> dict:
+def declarations(args, dirs: list[Path]) -> tuple[dict[str, bytes], str]:
+    """peer id -> the platform it declared: read from the chain (--rpc and --deployment, as the nodes read it),
+    else each node's own declaration computed here from its node.toml (right only on the machine it ran on)."""
+    peers = {json.loads((d / "status.json").read_text())["peer_id"]: d for d in dirs}
+    if args.rpc:
+        from node.live.onchain import NodeChain
+        from node.tools.evidence import reader_client
+
+        return NodeChain(reader_client(args)).declared_platforms(args.run, sorted(peers)), "chain"
+    from node.config import load_config
+    from node.platforms import own_platform
+
+    return {peer: own_platform(load_config(d / "node.toml").training) for peer, d in peers.items()}, "computed here"
+
+
+def node_figures(node_dir: Path, run_id: int, declared: dict[str, bytes]) -> dict:
     checks, not_done, skipped = [], [], []
     for log in sorted(node_dir.glob("node-*.log")):
         for line in log.read_text(errors="replace").splitlines():
@@ -77,10 +117,10 @@ def node_figures(node_dir: Path, replicas: int) -> dict:
         status = json.loads((node_dir / "status.json").read_text())
     except (OSError, ValueError):
         pass
-    drawn = sampled(node_dir, replicas)
+    drawn = sampled(node_dir, run_id, declared)
     done = {(c["round"], c["replica"]) for c in checks}
     return {
-        "sampled": len(drawn), "sampled_done": sum((d["round"], d["replica"]) in done for d in drawn),
+        "sampled": len(drawn), "sampled_routed": sum(d["routed"] for d in drawn), "sampled_done": sum((d["round"], d["replica"]) in done for d in drawn),
         "sampled_not_reached": [d for d in drawn if (d["round"], d["replica"]) not in done
                                 and not any((n["round"], n["replica"]) == (d["round"], d["replica"])
                                             for n in not_done)],
@@ -124,15 +164,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--demo", required=True, help="the demo's --out directory")
     parser.add_argument("--audit-json", default=None, help="dlx-node audit --reexecute all --json output")
+    parser.add_argument("--rpc", default="", help="the run's chain (the demo's --keep): read the declared "
+                        "platforms from it, as the nodes do; else each node's is computed here from its node.toml")
+    parser.add_argument("--deployment", default="", help="the demo's deployment.json (with --rpc)")
+    parser.add_argument("--registry", default="")
+    parser.add_argument("--ledger", default="")
+    parser.add_argument("--run", type=int, default=1, help="run id (default 1: the demo's)")
     parser.add_argument("--out", default="bench/results/split_spotchecks.json")
     args = parser.parse_args()
     demo = Path(args.demo)
     dirs = [d for d in sorted(demo.glob("r*n*")) if d.is_dir()]
-    replicas = len({d.name.split("n")[0] for d in dirs})
-    nodes = {d.name: node_figures(d, replicas) for d in dirs}
-    if not nodes:
+    if not dirs:
         print(f"no node directories (r*n*) under {demo}", file=sys.stderr)
         return 2
+    declared, declared_from = declarations(args, dirs)
+    nodes = {d.name: node_figures(d, args.run, declared) for d in dirs}
     summary = {}
     try:
         summary = json.loads((demo / "summary.json").read_text())
@@ -142,6 +188,9 @@ def main() -> int:
         "what": "re-execution spot checks of a dlx-node demo run (split cluster: one stage per node)",
         "demo": str(demo), "rounds_committed": len(summary.get("rounds", [])),
         "accusations": summary.get("accusations"),
+        "draw": "node.live.routing.draw_checks over each round's recorded signers and their declared platforms",
+        "declared_platforms": {peer: platform.hex() for peer, platform in sorted(declared.items())},
+        "declared_platforms_from": declared_from,
         "nodes": nodes,
         "total_checks": sum(len(n["checks"]) for n in nodes.values()),
         "total_not_done": sum(len(n["not_done"]) for n in nodes.values()),
@@ -154,7 +203,7 @@ def main() -> int:
     tmp.write_text(json.dumps(out, indent=1) + "\n")
     tmp.replace(path)
     for name, n in nodes.items():
-        print(f"{name}: sampled {n['sampled']}, done {len(n['checks'])} {n['verdicts']}, "
+        print(f"{name}: sampled {n['sampled']} ({n['sampled_routed']} routed only), done {len(n['checks'])} {n['verdicts']}, "
               f"{len(n['not_done'])} not done, {len(n['sampled_not_reached'])} not reached, per round "
               f"{n['checks_per_round']}, {n['check_s_per_round']} s/round vs round wall {n['round_wall_s_mean']}")
     if out["audit"]:

@@ -131,8 +131,8 @@ class RunCalls:
 
         Args:
             stake: Wei to stake; None sends the run's minimum stake.
-            platform: The 32-byte hash of the platform the member trains on, declared in MemberJoined
-                (a node's: ``training.platform.platform_hash``); the zero hash declares none, and then
+            platform: The 32-byte declaration of the platform the member trains on, emitted in MemberJoined
+                (a node's: ``training.declaration.platform_declaration``); the zero hash declares none, and then
                 no contribution of the member can claim a platform (docs/DILOCOX.md section 11).
 
         Raises:

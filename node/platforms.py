@@ -7,16 +7,30 @@ Shared by the live spot checks (:mod:`node.live.verifier`), the commands that jo
 
 from __future__ import annotations
 
+from training.declaration import declared_platform_problem, platform_declaration, platform_hash
 from training.errors import TrainingError
-from training.platform import declared_platform_problem, platform_hash, prepare_platform
+from training.platform import native_cpu_capability, prepare_platform
 from training.replica_state import parse_stage_state
 
 
+def own_platforms(training_cfg) -> tuple[bytes, bytes]:
+    """(what this node declares when it joins a run, the version-1 form of the same platform).
+
+    The first is :func:`training.declaration.platform_declaration` of the fingerprint of training on
+    ``training.device`` in ``training.precision`` in this process (resolved as the trainer resolves them:
+    :func:`training.platform.prepare_platform`), with this CPU's highest ATen capability
+    (:func:`training.platform.native_cpu_capability`: the kernels it can rerun a claim under). The second is
+    :func:`training.declaration.platform_hash` of that fingerprint: what a node of this platform declared
+    before version 2, accepted as its seat's declaration (``NodeChain.ensure_member``'s ``also``).
+    """
+    fingerprint = prepare_platform(training_cfg.device, training_cfg.precision).fingerprint()
+    native = native_cpu_capability() if fingerprint.device_type == "cpu" else None
+    return platform_declaration(fingerprint, native), platform_hash(fingerprint)
+
+
 def own_platform(training_cfg) -> bytes:
-    """The platform this node declares when it joins a run: :func:`training.platform.platform_hash` of the
-    fingerprint of training on ``training.device`` in ``training.precision`` in this process (resolved as the
-    trainer resolves them: :func:`training.platform.prepare_platform`)."""
-    return platform_hash(prepare_platform(training_cfg.device, training_cfg.precision).fingerprint())
+    """The platform this node declares when it joins a run (the first of :func:`own_platforms`)."""
+    return own_platforms(training_cfg)[0]
 
 
 def undeclared_claim(claims: list[tuple[int, str, bytes]], declared: dict[str, bytes]) -> tuple[int, str] | None:
@@ -24,7 +38,7 @@ def undeclared_claim(claims: list[tuple[int, str, bytes]], declared: dict[str, b
 
     ``claims``: (stage, signer peer id, the start-state part its envelope binds), stage order; ``declared``:
     peer id -> declared platform (a signer absent from it has no declaration to be held to). The claimed
-    platform is the fingerprint the start state records (:func:`training.platform.declared_platform_problem`).
+    platform is the fingerprint the start state records (:func:`training.declaration.declared_platform_problem`).
     A part that does not parse is left to the rerun, which judges it (a state mismatch).
     """
     for stage, peer, part in claims:

@@ -432,7 +432,11 @@ def split_spotchecks(r: dict) -> list[str]:
         ["node", "drawn", "done", "not done", "verdicts", "checking per round", "round wall time"], rows) + [
         (f"`dlx-node audit --reexecute all` over the four archives: **{a['verdict']}**, "
          f"{a['by_status'].get('ok', 0)} of {a['reexecution_items']} reruns reproduced; accusations in the run: "
-         f"{r['accusations']}."), ""]
+         f"{r['accusations']}."), ""] + ([
+        (f"Drawn: `node.live.routing.draw_checks`, the node's own draw, over each round's recorded signers and "
+         f"their platforms as declared on chain ({len(set(r['declared_platforms'].values()))} platform(s) among "
+         f"{len(r['declared_platforms'])} members; {sum(d['sampled_routed'] for d in r['nodes'].values())} checks "
+         "drawn by the routed draw alone)."), ""] if "declared_platforms" in r else [])
 
 
 def diloco_llama(r: dict) -> list[str]:
@@ -550,7 +554,10 @@ def reexec_isa(r: dict) -> list[str]:
     def zones(z: dict) -> str:
         cell = f"{z.get('exact', 0) + z.get('within_tolerance', 0)} / {z.get('undecided', 0)} / {z.get('mismatch', 0)}"
         return cell + (f" ({z['other_result']} other_result)" if z.get("other_result") else "")
-    lines = [(f"Claimants train {a['rounds']} rounds of H = {a['inner_steps']} under each ATen capability of this "
+    runs = {(doc.get("rounds", a["rounds"]), doc.get("inner_steps", a["inner_steps"])) for doc in r["presets"].values()}
+    what = (f"{a['rounds']} rounds of H = {a['inner_steps']}" if len(runs) == 1 else
+            "the rounds of H the table's run column gives (presets measured in separate invocations)")
+    lines = [(f"Claimants train {what} under each ATen capability of this "
               f"CPU ({', '.join(r['capabilities'])}) on 1 thread; every contribution is rerun under each on 1 and 2 "
               "threads. Honest: the largest relative distance by what differs, and what issue 42's rule makes of "
               "every honest rerun on other kernels or threads judged as a claim of a platform nobody can emulate "
@@ -559,7 +566,8 @@ def reexec_isa(r: dict) -> list[str]:
     for preset, doc in r["presets"].items():
         s = doc["summary"]
         pairs = ", ".join(f"{k}: {g(v['min'])}..{g(v['max'])}" for k, v in s["honest_by_capability_pair"].items())
-        honest_rows.append([f"`{preset}`", g(s["honest_same_kernels_max"]), g(s["honest_other_threads_max"]),
+        run = f"{doc.get('rounds', a['rounds'])} x H = {doc.get('inner_steps', a['inner_steps'])}"
+        honest_rows.append([f"`{preset}`", run, g(s["honest_same_kernels_max"]), g(s["honest_other_threads_max"]),
                             pairs or "-", zones(s["honest_rule_other_kernels"])])
         for role, c in s["cheats"].items():
             cheat_rows.append([f"`{preset}`", role, g(c["min_distance_same_kernels"]),
@@ -567,7 +575,7 @@ def reexec_isa(r: dict) -> list[str]:
                                f"{c['pass_old_tolerance_other_kernels']} of {c['reruns_other_kernels']}",
                                f"{c['pass_emulated']} of {c['checks']}", zones(c["rule_other_kernels"])])
     s0 = next(iter(r["presets"].values()))["summary"]
-    return lines + table(["preset", "same kernels and threads", "other thread count",
+    return lines + table(["preset", "rounds", "same kernels and threads", "other thread count",
                           "other instruction set (claimant->rerun: min..max)", "rule, other kernels"],
                          honest_rows) + [
         (f"Cheats: smallest distance; how many the tolerance before issue 42 let through (<= {g(s0['old_tolerance'])}) "

@@ -22,11 +22,11 @@ from ledger.errors import LedgerInputError
 from node.config import load_config
 from node.errors import NotRegistered
 from node.live.onchain import NodeChain
-from node.live.routing import draw_checks, same_platform_verifiers
-from node.platforms import own_platform, undeclared_claim
+from node.live.routing import draw_checks, routed_verifiers
+from node.platforms import own_platform, own_platforms, undeclared_claim
 from node.tools.audit_reexec import ReexecAuditor
 from p2p.identity import peer_id_from_public_key
-from training.platform import NO_PLATFORM, fingerprint, platform_hash
+from training.platform import NO_PLATFORM, fingerprint, native_cpu_capability, platform_declaration, platform_hash
 from training.reexec import round_meta, sample_replicas
 from training.replica_state import initial_replica_state
 
@@ -59,7 +59,8 @@ def _start_state(tmp_path, **platform_changes) -> list[bytes]:
 def test_a_member_declares_its_platform_in_join_run_and_the_node_reads_it(deployment):
     run_id = _run(deployment)
     here = own_platform(load_config(None, ["training.device=cpu"]).training)
-    assert here == platform_hash(fingerprint(torch.device("cpu"), "fp32")) and here != NO_PLATFORM
+    assert here == platform_declaration(fingerprint(torch.device("cpu"), "fp32"), native_cpu_capability())
+    assert here != NO_PLATFORM
     NodeChain(deployment.client(1)).ensure_member(run_id, here)
     deployment.client(2).join_run(run_id)  # a raw client that declares nothing
     history = deployment.client(3).history(run_id)
@@ -75,19 +76,27 @@ def test_a_member_declares_its_platform_in_join_run_and_the_node_reads_it(deploy
     member = NodeChain(deployment.client(1))
     member.ensure_member(run_id, here)  # the same platform: the seat it holds
     with pytest.raises(NotRegistered, match="declared platform .* when it joined run .* trains on platform"):
-        member.ensure_member(run_id, platform_hash(dataclasses.replace(fingerprint(torch.device("cpu"), "fp32"),
-                                                                       capability="AVX512")))
+        member.ensure_member(run_id, platform_declaration(dataclasses.replace(fingerprint(torch.device("cpu"), "fp32"),
+                                                                              capability="AVX512")))
     deployment.register(4)
     with pytest.raises(LedgerInputError, match="platform: must be 32 bytes"):
         deployment.client(4).join_run(run_id, platform=b"\x01" * 31)
     assert deployment.client(4).member(run_id, deployment.client(4).address) is None  # nothing was sent
+
+    # A seat a node declared before version-2 declarations holds this platform's version-1 hash: still its own
+    declaration, legacy = own_platforms(load_config(None, ["training.device=cpu"]).training)
+    assert (declaration, legacy) == (here, platform_hash(fingerprint(torch.device("cpu"), "fp32")))
+    deployment.client(4).join_run(run_id, platform=legacy)
+    NodeChain(deployment.client(4)).ensure_member(run_id, declaration, also=(legacy,))
+    with pytest.raises(NotRegistered, match="declared platform"):
+        NodeChain(deployment.client(4)).ensure_member(run_id, declaration)
 
 
 def test_a_claim_of_another_platform_than_the_declared_one_is_refused(deployment, tmp_path):
     """Live (undeclared_claim over NodeChain's reads) and in the audit (the seat in force at the round's commit)."""
     run_id = _run(deployment, (1, 2))
     parts = _start_state(tmp_path / "honest")
-    declared = platform_hash(fingerprint(torch.device("cpu"), "fp32"))
+    declared = platform_declaration(fingerprint(torch.device("cpu"), "fp32"), native_cpu_capability())
     NodeChain(deployment.client(1)).ensure_member(run_id, declared)
     deployment.client(2).join_run(run_id)  # declared no platform
     reader = NodeChain(deployment.client(2))
@@ -100,7 +109,11 @@ def test_a_claim_of_another_platform_than_the_declared_one_is_refused(deployment
     assert declared.hex()[:16] in why
     lowered = _start_state(tmp_path / "lowered", capability="DEFAULT" if
                            fingerprint(torch.device("cpu"), "fp32").capability != "DEFAULT" else "AVX2")
-    assert undeclared_claim([(0, _peer(1), lowered[0])], seats)[0] == 0  # another instruction set, same CPU
+    stage, why = undeclared_claim([(0, _peer(1), lowered[0])], seats)  # another instruction set, same CPU
+    assert stage == 0 and "the same CPU model and build under" in why
+    legacy = {_peer(1): platform_hash(fingerprint(torch.device("cpu"), "fp32"))}  # a version-1 declaration
+    assert undeclared_claim([(0, _peer(1), parts[0]), (1, _peer(1), parts[1])], legacy) is None
+    assert undeclared_claim([(0, _peer(1), lowered[0])], legacy)[0] == 0
     stage, why = undeclared_claim([(0, _peer(2), parts[0])], seats)
     assert stage == 0 and "declared no platform when it joined" in why
     assert undeclared_claim([(0, _peer(2), b"not a start state")], seats) is None  # the rerun judges that one
@@ -142,9 +155,9 @@ def test_a_claimant_is_checked_by_verifiers_of_its_declared_platform():
     the plain draw; nobody ever checks its own replica."""
     signers = _signers(7)
     declared = {"peer-0": A, "peer-1": A, "peer-2": A, "peer-3": B, "peer-4": B, "peer-5": C, "peer-6": NO_PLATFORM}
-    assert same_platform_verifiers(3, signers, declared) == ["peer-4"]
-    assert same_platform_verifiers(0, signers, declared) == ["peer-1", "peer-2"]
-    assert same_platform_verifiers(5, signers, declared) == same_platform_verifiers(6, signers, declared) == []
+    assert routed_verifiers(3, signers, declared) == ["peer-4"]
+    assert routed_verifiers(0, signers, declared) == ["peer-1", "peer-2"]
+    assert routed_verifiers(5, signers, declared) == routed_verifiers(6, signers, declared) == []
     rounds = 2000
     by_same = {replica: 0 for replica in range(7)}
     everyone = {replica: 0 for replica in range(7)}
@@ -154,7 +167,7 @@ def test_a_claimant_is_checked_by_verifiers_of_its_declared_platform():
             for check in draw_checks(record, f"peer-{verifier}", outer_round, signers, declared, 1.0, verifier):
                 assert check.replica != verifier
                 everyone[check.replica] += 1
-                if f"peer-{verifier}" in same_platform_verifiers(check.replica, signers, declared):
+                if f"peer-{verifier}" in routed_verifiers(check.replica, signers, declared):
                     by_same[check.replica] += 1
                 elif check.same_platform:
                     raise AssertionError(f"peer-{verifier} routed to replica {check.replica} of another platform")
@@ -180,5 +193,5 @@ def test_the_draw_depends_on_chain_data_only_not_on_the_order_it_was_heard_in():
                 == expected
             assert all(check.replica != own for check in expected)
     # A stage signer of replica 0 declared B: replica 0's checks go to B verifiers too (a2, b2), never to its own
-    assert same_platform_verifiers(0, signers, declared) == ["a1", "a2", "b1", "b2"]
+    assert routed_verifiers(0, signers, declared) == ["a1", "a2", "b1", "b2"]
     assert draw_checks(b"r" * 32, "a0", 0, signers, declared, 0.0, 0) == []

@@ -36,15 +36,13 @@ verifier does not have and so always gets the tolerance rule. The pass bound is 
 below the smallest distance of the cheats re-execution must catch (a 1% perturbation of the
 update: 3.4e-4 at its smallest, bench/results/gpu_calibration.json), so claiming another platform
 never passes such a cheat, it only leaves it undecided; and the spot checks and ``dlx-node audit`` hold a
-claimed platform to the one the member declared on chain when it joined (:func:`platform_hash`,
-:func:`declared_platform_problem`; docs/DILOCOX.md section 11).
+claimed platform to the one the member declared on chain when it joined (training/declaration.py:
+:func:`platform_declaration`, :func:`declared_platform_problem`; docs/DILOCOX.md section 11).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import os
 import platform as host_platform
@@ -53,6 +51,12 @@ from dataclasses import asdict, dataclass, fields
 import torch
 
 from training.config import PRECISIONS, check_device_spec, check_precision
+from training.declaration import (  # noqa: F401 (re-exported: a member's declaration, training/declaration.py)
+    NO_PLATFORM,
+    declared_platform_problem,
+    platform_declaration,
+    platform_hash,
+)
 from training.errors import TrainingError
 
 logger = logging.getLogger(__name__)
@@ -379,40 +383,3 @@ def compare_rerun(
     return RerunVerdict(verdict, rule, distance, limit,
                         f"{where}: largest relative distance {distance:.3g} (passes up to {passes:.3g}, "
                         f"mismatch beyond {limit:.3g}){needs}", passes)
-
-
-#: The declaration of a member that declared no platform when it joined (``joinRun``'s zero hash).
-NO_PLATFORM = bytes(32)
-_PLATFORM_DOMAIN = b"dlx-platform/v1\x00"
-
-
-def platform_hash(platform: PlatformFingerprint) -> bytes:
-    """The 32-byte hash a member declares on chain when it joins (``joinRun``'s ``platform``): sha256 of a
-    domain tag and the fingerprint's canonical JSON (sorted keys, no spaces), so every node and auditor
-    derives the same bytes from the fingerprint a start state records."""
-    canonical = json.dumps(platform.document(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(_PLATFORM_DOMAIN + canonical.encode("ascii")).digest()
-
-
-def declared_platform_problem(claimed: PlatformFingerprint | None, declared: bytes | None) -> str | None:
-    """Why a contribution's claimed platform is not the one its member declared when it joined, or None if it is.
-
-    ``declared`` is the member's ``joinRun`` declaration (:func:`platform_hash` of the fingerprint it trains
-    on; :data:`NO_PLATFORM` if it declared none), read from the chain's ``MemberJoined`` event of the seat in
-    force; None: no declaration could be read (nothing to hold the claim to). A member that declared none
-    holds no platform any claim could match: a claimant cannot pick, in the round it cheats, a platform its
-    verifiers lack (docs/DILOCOX.md section 11); a member that moves to other hardware leaves and joins again.
-    """
-    if declared is None:
-        return None
-    if len(declared) != 32:
-        return f"its member's declared platform is {len(declared)} bytes, not a 32-byte hash"
-    if declared == NO_PLATFORM:
-        what = "no platform" if claimed is None else claimed.describe()
-        return f"claims {what}, but its member declared no platform when it joined"
-    if claimed is None:
-        return f"claims no platform, but its member declared platform {declared.hex()[:16]} when it joined"
-    if platform_hash(claimed) != declared:
-        return (f"claims {claimed.describe()} (platform {platform_hash(claimed).hex()[:16]}), but its member "
-                f"declared platform {declared.hex()[:16]} when it joined")
-    return None

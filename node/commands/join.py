@@ -300,7 +300,7 @@ def run_join(args: argparse.Namespace) -> int:
     from node.config import config_from_dict, dump_toml, load_config, merge_tables, parse_overrides
     from node.fsutil import atomic_write_bytes
     from node.live.onchain import NodeChain
-    from node.platforms import own_platform
+    from node.platforms import own_platforms
     from node.runconfig import (
         canonical_json,
         config_hash,
@@ -352,7 +352,8 @@ def run_join(args: argparse.Namespace) -> int:
     try:
         node_chain.check_run(info.run_id, config_hash(run_document(cfg)))
         node_chain.ensure_registered(identity)
-        node_chain.ensure_member(info.run_id, own_platform(cfg.training))
+        platform, legacy = own_platforms(cfg.training)
+        node_chain.ensure_member(info.run_id, platform, also=(legacy,))
     finally:
         node_chain.close()
     print(f"account {chain.client.address} is a member of run {info.run_id} with node {identity.peer_id}")

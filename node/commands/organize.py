@@ -367,7 +367,7 @@ def _take_seat(config_path: Path, identity, run_id: int) -> None:
     """Register the organizer's node key and join the run, as ``dlx-node join`` does (idempotent)."""
     from node.config import load_config
     from node.live.onchain import NodeChain
-    from node.platforms import own_platform
+    from node.platforms import own_platforms
     from node.runconfig import config_hash, run_document
 
     cfg = load_config(config_path)
@@ -375,6 +375,7 @@ def _take_seat(config_path: Path, identity, run_id: int) -> None:
     try:
         chain.check_run(run_id, config_hash(run_document(cfg)), cfg.rounds)
         chain.ensure_registered(identity)
-        chain.ensure_member(run_id, own_platform(cfg.training))
+        platform, legacy = own_platforms(cfg.training)
+        chain.ensure_member(run_id, platform, also=(legacy,))
     finally:
         chain.close()

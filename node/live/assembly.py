@@ -66,7 +66,7 @@ from node.live.station import Station
 from node.live.topology import Seat
 from node.live.status import Progress, Reporter, StateFile
 from node.live.verifier import SpotChecker, VerifierContext
-from node.platforms import own_platform
+from node.platforms import own_platforms
 from node.protocol import run_topic
 from node.runconfig import canonical_json, config_hash, run_document
 from node.shardfetch import provide_run_dataset
@@ -191,7 +191,8 @@ class NodeParts:
         self.chain = chain = NodeChain.connect(cfg, stop=self.stop)
         chain.check_run(self.run_id, self.config_hash, rounds=cfg.rounds)
         chain.ensure_registered(self.identity)
-        chain.ensure_member(self.run_id, own_platform(cfg.training))
+        platform, legacy = own_platforms(cfg.training)
+        chain.ensure_member(self.run_id, platform, also=(legacy,))
         # Before the first message arrives: the validator's window starts where this node can
         # enter (after the chain's latest checkpoint). Left at round 0, every message of a round
         # past max_rounds_ahead (68 at checkpoint_every = 1) would be refused as "future", the

@@ -154,9 +154,10 @@ class NodeChain:
                                     f"{exc}") from exc
         logger.info("registered account %s with peer id %s", self.client.address, identity.peer_id)
 
-    def ensure_member(self, run_id: int, platform: bytes) -> None:
+    def ensure_member(self, run_id: int, platform: bytes, also: tuple[bytes, ...] = ()) -> None:
         """Hold a signing seat in the run: join it with the run's minimum stake, once, declaring ``platform``
-        (the hash of the fingerprint this node trains on: node.platforms.own_platform, docs/DILOCOX.md section 11).
+        (the declaration of the platform this node trains on: node.platforms.own_platforms, docs/DILOCOX.md
+        section 11; ``also``: older forms of the same declaration a seat held already may carry).
 
         A run whose stake unbonds faster than its accusation deadline plus its dispute window is refused:
         there a member could sign a bad record and take its stake out before anyone could act on it. A seat
@@ -173,7 +174,7 @@ class NodeChain:
                 periods = [m for m in self.client.memberships(run_id)
                            if m.account.lower() == self.client.address.lower() and m.ended is None]
                 declared = periods[-1].platform if periods else None
-                if declared is not None and declared != platform:
+                if declared is not None and declared != platform and declared not in also:
                     raise NotRegistered(
                         f"account {self.client.address} declared platform {declared.hex()[:16]} when it joined run "
                         f"{run_id}, but this node trains on platform {platform.hex()[:16]} (another CPU, "
