@@ -55,7 +55,14 @@ def run(counts: list[int], rounds: int, data: str) -> list[dict]:
     def norm(d):
         return math.sqrt(sum(float((v.double() ** 2).sum()) for v in d.values()))
 
-    def screen(_loss_fn, weights, decoded, cfg, _declared):
+    held: dict = {}  # the engines of replica 0 (their momentum), caught where the simulation reads its weights
+    global_state = sim._global_state
+
+    def catch(engines):
+        held["engines"] = engines
+        return global_state(engines)
+
+    def screen(_loss_fn, weights, decoded, cfg, _declared, **_reference):
         t = len(rows)
         x, y = screening_batch(corpus, 0, t, cfg.screen_batch_size, model.block_size)
         loss = model_loss_fn(model, x, y)
@@ -70,16 +77,32 @@ def run(counts: list[int], rounds: int, data: str) -> list[dict]:
         median = sorted(norms)[(len(norms) - 1) // 2]
         variants["noise_median"] = ({k: v * (median / norm(noise)) for k, v in noise.items()}, sorted(counts)[1])
         variants["noise_longest"] = ({k: v * (norms[0] / norm(noise)) for k, v in noise.items()}, counts[0])
-        before = _f32(loss(weights))
-        row = {"round": t, "L_b": before, "variants": {}}
+        momentum = {n: m for e in held["engines"] for n, m in e.momentum.items()}
+        # The reference points: theta^{t-1} (versions 1 and 2), theta^{t-2} (the global weights the round's
+        # inner steps began from: the weights of the call before), and theta^{t-1} + a m^{t-1} (its estimate
+        # from the state the apply holds).
+        points = {"": weights, "_start": held.get("previous", weights),
+                  "_momentum": {n: weights[n] + a * momentum[n] for n in weights}}
+        held["previous"] = weights
+        row = {"round": t, "variants": {}}
+        for suffix, point in points.items():
+            row["L_b" + suffix] = _f32(loss(point))
+        flat_m = torch.cat([momentum[n].double().flatten() for n in sorted(weights)])
         for name, (d, k) in variants.items():
-            minus = _f32(loss({n: weights[n] - d[n] * a for n in weights}))
-            plus = _f32(loss({n: weights[n] + d[n] * a for n in weights}))
-            row["variants"][name] = {"declared": k, "alone": minus, "against": plus}
+            flat_d = torch.cat([d[n].double().flatten() for n in sorted(weights)])
+            scale = float(flat_d.norm() * flat_m.norm())
+            entry = {"declared": k, "direction": float(flat_d @ flat_m) / scale if scale > 0 else None}
+            for suffix, point in points.items():
+                entry["alone" + suffix] = _f32(loss({n: point[n] - d[n] * a for n in point}))
+                entry["against" + suffix] = _f32(loss({n: point[n] + d[n] * a for n in point}))
+            row["variants"][name] = entry
         rows.append(row)
-        print(t, {n: round(v["alone"] - before, 3) for n, v in row["variants"].items()}, flush=True)
+        print(t, {n: (round(v["against"] - v["alone"], 3), round(v["against_start"] - v["alone_start"], 3),
+                      round(v["against_momentum"] - v["alone_momentum"], 3)) for n, v in row["variants"].items()},
+              flush=True)
         return []
 
+    sim._global_state = catch
     sim.takes_another_step = takes
     sim.screen_contributions = screen
     sim.screening_exclusions = lambda reports: {}
@@ -88,40 +111,59 @@ def run(counts: list[int], rounds: int, data: str) -> list[dict]:
     return rows
 
 
+RULES = ("version_1", "version_2", "version_3", "version_3_momentum", "version_2_excess", "curvature_per_step")
+
+
+def _two_sided(v: dict, lb: float, honest: list[str], suffix: str) -> dict[str, bool]:
+    """Version 2's rule on the losses at one reference point (``suffix``: "" theta^{t-1}, "_start" theta^{t-2},
+    "_momentum" theta^{t-1} + a m^{t-1}): name -> excluded."""
+    tol = 0.02 * lb
+    slope = {n: v[n]["against" + suffix] - v[n]["alone" + suffix] for n in v}
+    curv = {n: (v[n]["against" + suffix] + v[n]["alone" + suffix]) / 2 - lb for n in v}
+    least = min(tol, _median([slope[n] for n in honest]) / 4)
+    most = 4 * max(_median([curv[n] for n in honest]), 0) + tol
+    return {n: not (slope[n] > least and curv[n] <= most) for n in v}
+
+
+def _median(values):
+    return sorted(values)[(len(values) - 1) // 2]
+
+
 def verdicts(rows: list[dict]) -> dict:
     """Excluded per rule and kind, rounds 1 on (round 0 starts from the initial weights, no delay yet)."""
-    rules = ("version_1", "version_2", "version_2_excess", "curvature_per_step")
     counts: dict = {}
     honest_out: list = []
     for row in rows[1:]:
         lb, tol, v = row["L_b"], 0.02 * row["L_b"], row["variants"]
         honest = [n for n in v if n.startswith("honest")]
-
-        def med(values):
-            return sorted(values)[(len(values) - 1) // 2]
-
         slope = {n: v[n]["against"] - v[n]["alone"] for n in v}
         curv = {n: (v[n]["against"] + v[n]["alone"]) / 2 - lb for n in v}
         excess = {n: v[n]["alone"] - lb for n in v}
         per_step = {n: curv[n] / v[n]["declared"] for n in v}
-        m_alone, m_slope = med([v[n]["alone"] for n in honest]), med([slope[n] for n in honest])
-        m_curv, m_excess, m_ps = (med([c[n] for n in honest]) for c in (curv, excess, per_step))
+        m_alone, m_slope = _median([v[n]["alone"] for n in honest]), _median([slope[n] for n in honest])
+        m_excess, m_ps = (_median([c[n] for n in honest]) for c in (excess, per_step))
         least = min(tol, m_slope / 4)
+        rule = {"version_2": _two_sided(v, lb, honest, ""),
+                "version_3": _two_sided(v, row["L_b_start"], honest, "_start"),
+                "version_3_momentum": _two_sided(v, row["L_b_momentum"], honest, "_momentum")}
         for n in v:
             kind = "honest" if n in honest else n.split("_")[0].rstrip("0123456789")
             out = {
                 "version_1": not v[n]["alone"] <= max(lb, m_alone) + tol,
-                "version_2": not (slope[n] > least and curv[n] <= 4 * max(m_curv, 0) + tol),
+                **{name: excluded[n] for name, excluded in rule.items()},
                 "version_2_excess": not (slope[n] > least and excess[n] <= 4 * max(m_excess, 0) + tol),
                 "curvature_per_step": not (slope[n] > least and per_step[n] <= 4 * max(m_ps, 0) + tol / v[n]["declared"]),
             }
-            entry = counts.setdefault(kind, {"n": 0, **{r: 0 for r in rules}})
+            entry = counts.setdefault(kind, {"n": 0, **{r: 0 for r in RULES}})
             entry["n"] += 1
-            for rule in rules:
-                entry[rule] += out[rule]
+            for name in RULES:
+                entry[name] += out[name]
             if kind == "honest" and any(out.values()):
                 honest_out.append({"round": row["round"], "contribution": n, "slope": slope[n], "curvature": curv[n],
-                                   "excess": excess[n], **{r: out[r] for r in rules}})
+                                   "excess": excess[n],
+                                   "slope_start": v[n]["against_start"] - v[n]["alone_start"],
+                                   "slope_momentum": v[n]["against_momentum"] - v[n]["alone_momentum"],
+                                   **{r: out[r] for r in RULES}})
     return {"excluded": counts, "honest_excluded": honest_out}
 
 
