@@ -272,3 +272,34 @@ def test_version_3_on_the_model_case_excludes_the_same_attacks():
                                    [8, 20, 50, 8, 20, 50, 20])
     assert [r.excluded for r in reports] == [False] * 3 + [True] * 3 + [False]
     assert all(r.slope_error > 0 for r in reports[:6]) and reports[6].slope_error is None
+
+
+def test_the_simulation_screens_a_version_3_run_with_each_slope_and_its_error():
+    """training.simulate (the node's algorithm, one-step delay) screens every round of a version-3 run through
+    screen_contributions: each report carries its loss against itself and its slope's error, and a sign-flipped
+    replica is left out of every round from 1 (the node, the fork repair's derive and the audit call the same
+    function: tests/test_heterogeneous_e2e.py audits a real run)."""
+    from training.compression import encode_contribution
+    from training.codec_wire import declare_steps, decode_contribution
+    from training.config import CompressionConfig, PipelineConfig, TrainingConfig
+    from training.simulate import simulate
+
+    def flip_replica_3(outer_round, stage, blobs):  # the fourth replica trains honestly and sends the sign flip
+        shapes = {n: tuple(t.shape) for n, t in init_state_dict(ModelConfig(preset="tiny"), 0).items()}
+        flipped = {n: -t for n, t in decode_contribution(blobs[3], shapes, stage_index=stage,
+                                                         outer_round=outer_round).items()}
+        blob = encode_contribution(flipped, CompressionConfig(enabled=False), stage_index=stage,
+                                   outer_round=outer_round)[0]
+        return blobs[:3] + [declare_steps(blob, 6)]
+
+    diloco = _cfg(inner_steps=6, min_inner_steps=6, round_budget_s=1.0, num_replicas=4, screen_rule="paired")
+    result = simulate("diloco_x", generated_corpus(0, n_bytes=60_000), ModelConfig(preset="tiny"),
+                      TrainingConfig(seed=0, batch_size=4), diloco, CompressionConfig(enabled=False),
+                      PipelineConfig(num_stages=1), 4, tamper=flip_replica_3)
+    applied = [a for record in result.rounds for a in record.applied]
+    assert [a["outer_round"] for a in applied] == [0, 1, 2, 3]
+    for round_ in applied:
+        reports = round_["screening"]
+        assert len(reports) == 4 and all(r["loss_against"] is not None and r["slope_error"] > 0 for r in reports)
+        if round_["outer_round"] >= 1:
+            assert [r["excluded"] for r in reports] == [False, False, False, True], reports
