@@ -37,7 +37,7 @@ taken per window ``w`` of the screening batch (:class:`ModelLoss`, ``windows``),
 the slope's standard error over the batch's ``B`` windows
 
     E_i   = f32(stdev_w(L+_{i,w} - L-_{i,w}) / sqrt(B))      (float64, exact sums; 0 unless B >= 2, every value finite)
-    excluded_i  <=>  not ( D_i + min(E_i, tol) > min(tol, D_med / SLOPE_SHARE) )
+    excluded_i  <=>  not ( D_i + min(SLOPE_ERRORS * E_i, tol) > min(tol, D_med / SLOPE_SHARE) )
                  or  not ( C_i <= CURVATURE_FACTOR * max(C_med, 0) + tol )
 
 (docs/DILOCOX.md section 13, "Version 3": under the one-step delay the honest contributions whose slope version 2
@@ -91,6 +91,9 @@ SLOPE_SHARE = 4
 #: ... and cost no more than this many times the median's curvature (plus the tolerance): the curvature grows as
 #: the square of an update's length, so this is an update twice the median's.
 CURVATURE_FACTOR = 4
+#: Version 3 (``"paired"``): a slope may fall short of the least one by this many standard errors of its
+#: measurement (at most by the tolerance): the two-sided 95% band of a normal estimate.
+SLOPE_ERRORS = 2
 
 def screening_offsets(run_seed: int, outer_round: int, batch_size: int, n_start: int) -> list[int]:
     """``offset_b = u64be(sha256(DOMAIN || u64be(run_seed) || u64be(outer_round) || u64be(b))[:8]) % n_start``."""
@@ -356,9 +359,9 @@ def _judge_two_sided(loss_before: float, after: Mapping[int, float], against: Ma
     """Versions 2 and 3 (``errors``: each slope's standard error; module docstring; docs/DILOCOX.md section 13,
     "Screening of a time-bounded run")."""
     tolerance = max(diloco_cfg.screen_abs_tol, diloco_cfg.screen_rel_tol * loss_before)
-    # Version 3: a slope may fall short of the least one by its standard error over the batch (at most by the
-    # tolerance); version 2: by nothing.
-    margin = {i: min(errors[i], tolerance) if errors is not None else 0.0 for i in after}
+    # Version 3: a slope may fall short of the least one by SLOPE_ERRORS standard errors over the batch (at most by
+    # the tolerance); version 2: by nothing.
+    margin = {i: min(SLOPE_ERRORS * errors[i], tolerance) if errors is not None else 0.0 for i in after}
     # inf - inf (both sides non-finite) is NaN: such a contribution descends nowhere (-inf), and NaN never
     # enters a median's sort.
     slope = {i: _difference(against[i], after[i]) for i in after}
