@@ -136,7 +136,7 @@ COMMITMENTS = ("hashed", "chunked")
 #: contribution applied alone against the median's; "two_sided", version 2 (time-bounded runs), also applied against
 #: itself: a contribution must descend (its slope), and its length cost no more than four times the median one's
 #: (its curvature); "paired", version 3 (time-bounded runs), version 2 with the slope judged per window of the
-#: screening batch: a contribution's slope may fall short of the least slope by one standard error of its
+#: screening batch: a contribution's slope may fall short of the least slope by two standard errors of its
 #: measurement (docs/DILOCOX.md section 13, "Version 3").
 SCREEN_RULES = ("one_sided", "two_sided", "paired")
 #: diloco.exchange = "auto" (the node template's): the sliced exchange from this many replicas, the full one
