@@ -16,7 +16,7 @@ clearly worse than the median contribution
     excluded_i  <=>  not (L_i <= med + tol)
 
 In a run whose rounds are bounded by time (``diloco.round_budget_s``, issue 44) a contribution without a
-valid declared count is not screened (the aggregation excludes it), and the rule is version 2,
+valid declared count is not screened (the aggregation excludes it), and the run may opt into version 2,
 ``diloco.screen_rule = "two_sided"`` (docs/DILOCOX.md section 13, "Screening"): each contribution is also
 applied against itself, and what is judged is its slope and its curvature, not its loss alone::
 
@@ -33,15 +33,15 @@ applied against itself, and what is judged is its slope and its curvature, not i
 ``excluded_i <=> not (L_i <= max(L_b, med) + tol)``).
 
 Version 3 (``"paired"``) is version 2 with the slope judged against its own measurement error: the losses are
-taken per window ``w`` of the screening batch (:class:`ModelLoss`, ``windows``), ``L = f32(mean_w)`` of each, and
-the slope's standard error over the batch's ``B`` windows
+taken per window ``w`` of the screening batch (:class:`ModelLoss`, ``windows``), ``L = f32(fsum_w / B)`` of each,
+and the slope's standard error over the batch's ``B`` windows::
 
     E_i   = f32(stdev_w(L+_{i,w} - L-_{i,w}) / sqrt(B))      (float64, exact sums; 0 unless B >= 2, every value finite)
     excluded_i  <=>  not ( D_i + min(SLOPE_ERRORS * E_i, tol) > min(tol, D_med / SLOPE_SHARE) )
                  or  not ( C_i <= CURVATURE_FACTOR * max(C_med, 0) + tol )
 
-(docs/DILOCOX.md section 13, "Version 3": under the one-step delay the honest contributions whose slope version 2
-found too small or negative were the batch's noise, not their direction).
+(docs/DILOCOX.md section 13, "Version 3": in the simulation the honest slopes version 2 found too small were the
+16-window batch's noise, and on the node one exclusion at that margin cost the replica its next round too).
 
 ``f32`` rounds the float64 loss to the nearest float32: the loss is computed in
 float64 (:func:`model_loss_fn`), whose order-dependent last bits (thread count,
