@@ -12,10 +12,12 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ledger.chunkproof import (Factors, StageLeaf, StageState, build_proof, chunked_weights_root, first_difference,
-                               tree_root)
+from ledger.chunkproof import (Factors, Norms, StageLeaf, StageState, build_proof, chunked_weights_root,
+                               first_difference, tree_root)
 from ledger.errors import LedgerInputError
-from training.chunks import float32_bits, float64_bits, payload_leaves, tensor_leaves
+from ledger.normproof import NORMED, SumTree, square_sum
+from training.chunks import float32_bits, float64_bits, payload_leaves, stage_layout, tensor_leaves
+from training.codec_wire import decode_declared
 from training.config import DilocoConfig
 from training.diloco import Aggregation
 from training.hashing import weights_root as hashed_weights_root
@@ -85,9 +87,38 @@ def stage_state_of(
     accepted = [report for report in reports if report.accepted]
     pieces = [payload_leaves(contributions[r.index], shapes, **dict(decode_args or {})) for r in accepted]
     lr, mu = round_factors_bits(diloco_cfg, outer_round)
+    norms, trees = None, []
+    if diloco_cfg.commitments == NORMED:
+        norms, trees = stage_norms([contributions[r.index] for r in accepted], shapes, diloco_cfg, decode_args)
     factors = Factors(lr, mu, bool(diloco_cfg.nesterov), tuple(envelopes[r.index] for r in accepted),
-                      tuple(tree_root(leaves) for leaves in pieces), tuple(float64_bits(r.scale) for r in accepted))
-    return StageState(stage, tensor_leaves(new_global), tensor_leaves(new_momentum), factors, pieces)
+                      tuple(tree_root(leaves) for leaves in pieces), tuple(float64_bits(r.scale) for r in accepted),
+                      norms)
+    return StageState(stage, tensor_leaves(new_global), tensor_leaves(new_momentum), factors, pieces, trees)
+
+
+def chunk_square_sums(tensors: Mapping[str, torch.Tensor]) -> list[int]:
+    """The exact sum of squares of each chunk of a stage's decoded (unclipped) contribution, in units of
+    2**-298 (ledger/normproof.py), chunk ``i`` over the elements its payload piece decodes to."""
+    flat = {name: value.detach().to(torch.float32).reshape(-1).contiguous().numpy().astype("<f4")
+            for name, value in tensors.items()}
+    shapes = {name: tuple(value.shape) for name, value in tensors.items()}
+    return [square_sum(flat[place.name][place.offset:place.offset + place.count].tobytes())
+            for place in stage_layout(shapes)]
+
+
+def stage_norms(accepted: Sequence[bytes], shapes: Mapping[str, tuple[int, ...]], diloco_cfg: DilocoConfig,
+                decode_args: Mapping | None = None) -> tuple[Norms, list[SumTree]]:
+    """The version-3 norm commitment of a stage's accepted contributions (their bytes, in the factors' order)
+    and each one's sum tree: what the norm rule's scales follow from (docs/FRAUD_PROOF.md)."""
+    trees, steps = [], []
+    for blob in accepted:
+        declared, tensors = decode_declared(blob, shapes, **dict(decode_args or {}))
+        trees.append(SumTree.of(chunk_square_sums(tensors)))
+        steps.append(declared)
+    steps = tuple(steps) if diloco_cfg.budgeted else ()
+    norms = Norms(float64_bits(float(diloco_cfg.norm_clip)), steps, tuple(tree.root for tree in trees),
+                  tuple(tree.total for tree in trees))
+    return norms, trees
 
 
 def proof_of_difference(prev_record, record, prev_stages, committed_stages, prev: StageState, mine: StageState,
