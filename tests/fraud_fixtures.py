@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ledger.chunkproof import StageState, build_proof, chunked_weights_root
+from ledger.normproof import SumTree, scale_proof, sum_proof
 from node.fraudproof import initial_state, stage_state
 from training.codec_wire import CODEC_VERSION, f32_bytes, matrix_view_shape, pack_ints, qmax
 from training.config import DilocoConfig
@@ -79,6 +80,29 @@ def changed(state: StageState, chunk: int, element: int, *, momentum: bool = Fal
     return dataclasses.replace(state, **{"momentum_leaves" if momentum else "weight_leaves": leaves})
 
 
+def lied_sum(state: StageState, contribution: int, chunk: int, delta: int = 1) -> StageState:
+    """``state`` (version 3) whose committed sum tree of ``contribution`` says chunk ``chunk``'s sum of squares is
+    ``delta`` units more than it is (the tree's total and the factors consistent with the lie)."""
+    sums = list(state.sum_trees[contribution].sums)
+    sums[chunk] += delta
+    fake = SumTree.of(sums)
+    norms = state.factors.norms
+    roots, totals = list(norms.roots), list(norms.sums)
+    roots[contribution], totals[contribution] = fake.root, fake.total
+    factors = dataclasses.replace(state.factors, norms=dataclasses.replace(norms, roots=tuple(roots),
+                                                                            sums=tuple(totals)))
+    trees = list(state.sum_trees)
+    trees[contribution] = fake
+    return dataclasses.replace(state, factors=factors, sum_trees=trees)
+
+
+def with_scale(state: StageState, contribution: int, bits: int) -> StageState:
+    """``state`` whose factors commit clip scale ``bits`` (float64) for ``contribution``."""
+    scales = list(state.factors.scale_bits)
+    scales[contribution] = bits
+    return dataclasses.replace(state, factors=dataclasses.replace(state.factors, scale_bits=tuple(scales)))
+
+
 @dataclasses.dataclass
 class Committed:
     """A chunked run on chain whose rounds 0 and 1 hold ``states`` (stage 0), signed by ``attesters``."""
@@ -97,6 +121,18 @@ class Committed:
 
     def prover(self):
         return self.deployment.client(self.prover_index)
+
+    def scale_proof(self):
+        """The norm proof of round 1's clip scales (a version-3 round)."""
+        leaves = [leaf.encode() for leaf in self.stages[1]]
+        return scale_proof(self.records[1], leaves, 0, self.states[1].factors.encode())
+
+    def sum_proof(self, contribution: int, chunk: int):
+        """The norm proof of chunk ``chunk`` of ``contribution``'s sum tree in round 1 (a version-3 round)."""
+        state = self.states[1]
+        return sum_proof(self.records[1], [leaf.encode() for leaf in self.stages[1]], 0, state.factors.encode(),
+                         state.weight_leaves, state.payload_leaves[contribution], state.sum_trees[contribution],
+                         contribution, chunk)
 
 
 def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_index: int = 6) -> Committed:

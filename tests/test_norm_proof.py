@@ -27,7 +27,8 @@ from ledger.chunkproof import NORMED_FACTORS_TYPES, Factors, StageLeaf, chunked_
 from ledger.normproof import (SCALES, SumTree, clip_scales, first_wrong_sum, norm_of, scale_proof, square_sum,
                               sum_bytes, sum_proof, sum_to_double, sum_words)
 from node.fraudproof import chunk_square_sums
-from tests.fraud_fixtures import DILOCO, Committed, aggregated_round, commit, contribution
+from tests.fraud_fixtures import (DILOCO, Committed, aggregated_round, commit, contribution, lied_sum,
+                                  with_scale)
 from tests.ledger_fixtures import deploy
 from training.chunks import float64_bits, stage_layout
 from training.codec_wire import decode_declared
@@ -329,22 +330,21 @@ def test_a_lied_total_is_proven_by_any_chunk(honest):
 
 
 def test_a_lied_low_rank_chunk_sum_is_proven(honest):
-    state = honest.honest
-    tree = state.sum_trees[0]
-    sums = list(tree.sums)
-    sums[3] += 1  # one unit (2**-298) off
-    fake = SumTree.of(sums)
-    norms = state.factors.norms
-    factors = dataclasses.replace(state.factors, norms=dataclasses.replace(
-        norms, roots=(fake.root, *norms.roots[1:]), sums=(fake.total, *norms.sums[1:])))
-    wrong = dataclasses.replace(state, factors=factors, sum_trees=[fake, *state.sum_trees[1:]])
+    wrong = lied_sum(honest.honest, 0, 3)  # one unit (2**-298) off
     committed = on_chain(honest, wrong)
     with pytest.raises(errors.ProverNormCorrect):  # the scales follow from the sums; the other chunks are right
-        committed.prover().prove_wrong_norm(proof_of_scales(committed))
+        committed.prover().prove_wrong_norm(committed.scale_proof())
     with pytest.raises(errors.ProverNormCorrect):
-        committed.prover().prove_wrong_norm(proof_of_sum(committed, 0, 4))
-    receipt = committed.prover().prove_wrong_norm(proof_of_sum(committed, 0, 3))
+        committed.prover().prove_wrong_norm(committed.sum_proof(0, 4))
+    receipt = committed.prover().prove_wrong_norm(committed.sum_proof(0, 3))
     GAS["wrong chunk sum (low-rank piece)"] = receipt["gasUsed"]
+    assert_overturned(committed)
+
+
+def test_a_scale_other_than_the_rules_is_proven(honest):
+    committed = on_chain(honest, with_scale(honest.honest, 0, float64_bits(0.5)))  # 0.5 for an unclipped one
+    receipt = committed.prover().prove_wrong_norm(committed.scale_proof())
+    GAS["wrong scale, one changed (M=3)"] = receipt["gasUsed"]
     assert_overturned(committed)
 
 
