@@ -214,3 +214,50 @@ def first_wrong_sum(own: Sequence[int], committed: SumTree) -> int | None:
         if mine != theirs:
             return index
     return None
+
+
+def encode_norm_state(factors: bytes, trees: Sequence[SumTree]) -> bytes:
+    """What a committer serves of a version-3 stage beside its state: the factors' bytes and each accepted
+    contribution's per-chunk sums (the leaves of its sum tree), for a prover to open (:func:`parse_norm_state`)."""
+    parts = [struct.pack(">I", len(factors)), factors]
+    for tree in trees:
+        parts.append(struct.pack(">I", len(tree.sums)))
+        parts += [sum_bytes(total) for total in tree.sums]
+    return b"".join(parts)
+
+
+def parse_norm_state(data: bytes, factors_hash: bytes, num_chunks: int):
+    """``(factors, trees)`` of :func:`encode_norm_state`'s bytes, checked against the committed stage leaf: the
+    factors hash to ``factors_hash``, are version 3, and each tree has ``num_chunks`` leaves and the committed root
+    (its total may differ from the committed one: that is a fraud a proof shows). LedgerInputError otherwise."""
+    from ledger.chunkproof import Factors
+
+    view, at = memoryview(bytes(data)), 0
+
+    def take(size: int) -> bytes:
+        nonlocal at
+        if size < 0 or at + size > len(view):
+            raise LedgerInputError("norm state truncated")
+        chunk = bytes(view[at:at + size])
+        at += size
+        return chunk
+
+    factors_bytes = take(struct.unpack(">I", take(4))[0])
+    if hashlib.sha256(factors_bytes).digest() != factors_hash:
+        raise LedgerInputError("norm state: the factors are not the committed stage leaf's")
+    factors = Factors.decode(factors_bytes)
+    if factors.norms is None:
+        return factors, []
+    trees = []
+    for root in factors.norms.roots:
+        count = struct.unpack(">I", take(4))[0]
+        if count != num_chunks:
+            raise LedgerInputError(f"norm state: a sum tree of {count} chunks, not the stage's {num_chunks}")
+        raw = take(SUM_BYTES * count)
+        tree = SumTree.of([int.from_bytes(raw[i:i + SUM_BYTES], "big") for i in range(0, len(raw), SUM_BYTES)])
+        if tree.root != root:
+            raise LedgerInputError("norm state: a sum tree is not the committed root's")
+        trees.append(tree)
+    if at != len(view):
+        raise LedgerInputError("norm state: trailing bytes")
+    return factors, trees

@@ -8,6 +8,7 @@ bytes (no torch); this module puts a :class:`training.diloco.Aggregation` and it
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -15,7 +16,7 @@ import torch
 from ledger.chunkproof import (Factors, Norms, StageLeaf, StageState, build_proof, chunked_weights_root,
                                first_difference, tree_root)
 from ledger.errors import LedgerInputError
-from ledger.normproof import NORMED, SumTree, square_sum
+from ledger.normproof import (NORMED, SumTree, clip_scales, first_wrong_sum, scale_proof, square_sum, sum_proof)
 from training.chunks import float32_bits, float64_bits, payload_leaves, stage_layout, tensor_leaves
 from training.codec_wire import decode_declared
 from training.config import DilocoConfig
@@ -138,3 +139,42 @@ def proof_of_difference(prev_record, record, prev_stages, committed_stages, prev
     if chunk is None:
         return None, "the committed leaves equal this node's"
     return build_proof(prev_record, record, prev_stages, committed_stages, prev, committed, chunk), f"chunk {chunk}"
+
+
+def norm_proof_of_difference(record, stage_leaves: Sequence[bytes], stage: int, committed: Factors,
+                             trees: Sequence[SumTree], own: StageState, committed_weights):
+    """``(proof, why)``: the norm proof (ledger/normproof.py) of a version-3 round whose committed factors
+    (``committed``, with its sum ``trees``, as the committers published them) differ from this node's (``own``),
+    or None with the reason no norm proof applies. ``committed_weights``: a callable giving the round's committed
+    weight leaves (a sum proof places its chunk by one), or None if they are not had.
+
+    First the scales against the rule of the committed sums; then, for each committed contribution whose pieces
+    are this node's own (the same envelope and payload root), its committed sum tree against this node's.
+    """
+    norms = committed.norms
+    if norms is None:
+        return None, "the committed factors carry no norm commitment (version 2 in a version-3 run): not provable"
+    rule = [float64_bits(scale) for scale in clip_scales(norms.sums, _double(norms.clip_bits), norms.steps)]
+    if tuple(rule) != committed.scale_bits:
+        index = next(j for j, (a, b) in enumerate(zip(rule, committed.scale_bits, strict=True)) if a != b)
+        return (scale_proof(record, list(stage_leaves), stage, committed.encode()),
+                f"clip scale {index} is not the norm rule of the committed sums")
+    mine = {envelope: index for index, envelope in enumerate(own.factors.envelopes)}
+    for j, envelope in enumerate(committed.envelopes):
+        i = mine.get(envelope)
+        if i is None or own.factors.payload_roots[i] != committed.payload_roots[j] or not own.sum_trees:
+            continue
+        if trees[j].root == own.sum_trees[i].root and norms.sums[j] == own.sum_trees[i].total:
+            continue
+        chunk = first_wrong_sum(own.sum_trees[i].sums, trees[j])
+        weights = committed_weights()
+        if weights is None:
+            return None, f"contribution {j}'s sum is wrong but the committed weights are not had"
+        chunk = 0 if chunk is None else chunk
+        return (sum_proof(record, list(stage_leaves), stage, committed.encode(), weights, own.payload_leaves[i],
+                          trees[j], j, chunk), f"contribution {j}'s sum of squares at chunk {chunk}")
+    return None, "the committed factors differ elsewhere (the set left out, or a contribution's pieces): not provable"
+
+
+def _double(bits: int) -> float:
+    return struct.unpack(">d", bits.to_bytes(8, "big"))[0]

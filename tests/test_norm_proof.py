@@ -444,3 +444,49 @@ def test_the_contracts_stay_within_eip_170_and_eip_3860():
 def test_zz_gas_figures():
     """Prints the gas the proofs above used (no assertion on it: figures for docs/LEDGER.md)."""
     print({name: gas for name, gas in sorted(GAS.items())})
+
+
+def test_the_node_finds_the_norm_proof_of_a_difference(honest):
+    """node.fraudproof.norm_proof_of_difference: the scales first, then the first lied chunk of a tree whose
+    pieces are this node's; nothing for a right round or version-2 factors."""
+    from node.fraudproof import norm_proof_of_difference
+
+    own = honest.honest
+    leaves = [own.leaf().encode(), honest.other.leaf().encode()]
+    record = type("Record", (), {"fields": lambda self: (1, 1)})()  # the record's fields only travel in the proof
+
+    def weights():
+        return own.weight_leaves
+
+    def find(committed):
+        return norm_proof_of_difference(record, leaves, 0, committed.factors, committed.sum_trees, own, weights)
+
+    proof, why = find(with_scale(own, 0, float64_bits(0.5)))
+    assert proof.contribution == SCALES and "clip scale 0" in why
+    proof, why = find(lied_sum(own, 1, 7))
+    assert (proof.contribution, proof.chunk) == (1, 7) and proof.sum_leaf == sum_bytes(own.sum_trees[1].sums[7] + 1)
+    proof, why = find(own)
+    assert proof is None and "differ elsewhere" in why
+    v2 = dataclasses.replace(own, factors=dataclasses.replace(own.factors, norms=None), sum_trees=[])
+    proof, why = find(v2)
+    assert proof is None and "version 2" in why
+
+
+def test_a_served_norm_state_is_checked_against_the_committed_leaf(honest):
+    from ledger.normproof import encode_norm_state, parse_norm_state
+
+    state = honest.honest
+    leaf = state.leaf()
+    data = encode_norm_state(state.factors.encode(), state.sum_trees)
+    factors, trees = parse_norm_state(data, leaf.factors_hash, leaf.num_chunks)
+    assert factors == state.factors and [t.root for t in trees] == list(state.factors.norms.roots)
+    lied = lied_sum(state, 2, 0)  # a lied tree under its own (committed) root parses: the proof shows the lie
+    parse_norm_state(encode_norm_state(lied.factors.encode(), lied.sum_trees), lied.factors.digest(), leaf.num_chunks)
+    for bad, why in ((data[:-1], "truncated"), (data + b"\x00", "trailing"),
+                     (encode_norm_state(state.factors.encode(), lied.sum_trees), "not the committed root")):
+        with pytest.raises(errors.LedgerInputError, match=why):
+            parse_norm_state(bad, leaf.factors_hash, leaf.num_chunks)
+    with pytest.raises(errors.LedgerInputError, match="not the committed stage leaf"):
+        parse_norm_state(data, bytes(32), leaf.num_chunks)
+    with pytest.raises(errors.LedgerInputError, match="chunks"):
+        parse_norm_state(data, leaf.factors_hash, leaf.num_chunks + 1)
