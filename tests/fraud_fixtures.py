@@ -150,20 +150,23 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
 
 
 CHAIN_SHAPES = {"w": (2, 40)}  # 80 elements: a full chunk and a short one
-_CHAIN: list = []  # [(state, weights, momentum)] after rounds 0, 1, ...
+_CHAINS: dict[bool, list] = {False: [], True: []}  # normed -> [(state, weights, momentum)] after rounds 0, 1, ...
 
 
-def honest_chain(round_: int) -> StageState:
+def honest_chain(round_: int, *, normed: bool = False) -> StageState:
     """The state of a one-stage run after ``round_``: round 0 is the seeded start, each later round aggregates
-    two raw contributions onto the one before (cached: the fuzzer asks for the same rounds again and again)."""
-    if not _CHAIN:
+    two raw contributions onto the one before (cached: the fuzzer asks for the same rounds again and again).
+    ``normed``: a version-3 run's (its factors carry the norm commitment, its states the sum trees)."""
+    chain = _CHAINS[normed]
+    diloco = dataclasses.replace(DILOCO, commitments="normed") if normed else DILOCO
+    if not chain:
         weights, momentum = tensors(1, CHAIN_SHAPES), tensors(2, CHAIN_SHAPES, scale=0.0)
-        _CHAIN.append((initial_state(0, weights, momentum), weights, momentum))
-    while len(_CHAIN) <= round_:
-        t = len(_CHAIN)
-        _state, weights, momentum = _CHAIN[-1]
+        chain.append((initial_state(0, weights, momentum), weights, momentum))
+    while len(chain) <= round_:
+        t = len(chain)
+        _state, weights, momentum = chain[-1]
         blobs = [contribution(CHAIN_SHAPES, "raw", 1000 * t + i, scale=1e-2, outer_round=t) for i in range(2)]
-        aggregation = aggregate_with_report(weights, momentum, blobs, DILOCO, stage_index=0, outer_round=t)
-        state = stage_state(0, aggregation, blobs, DILOCO, t, decode_args={"stage_index": 0, "outer_round": t})
-        _CHAIN.append((state, aggregation.new_global, aggregation.new_momentum))
-    return _CHAIN[round_][0]
+        aggregation = aggregate_with_report(weights, momentum, blobs, diloco, stage_index=0, outer_round=t)
+        state = stage_state(0, aggregation, blobs, diloco, t, decode_args={"stage_index": 0, "outer_round": t})
+        chain.append((state, aggregation.new_global, aggregation.new_momentum))
+    return chain[round_][0]
