@@ -182,6 +182,42 @@ class NormProof:
                  self.chunk, (self.weights, self.weights_path), (self.piece, self.piece_path), self.sum_leaf,
                  self.sum_path, list(attesters)),)
 
+    def to_json(self) -> dict:
+        """A printable form (hex strings) of the proof, as a node keeps it and ``audit`` shows it."""
+        def hexed(value):
+            if isinstance(value, bytes):
+                return "0x" + value.hex()
+            if isinstance(value, (list, tuple)):
+                return [hexed(item) for item in value]
+            return value
+        return {"kind": "norm", **{name: hexed(getattr(self, name)) for name in self.__dataclass_fields__}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> NormProof:
+        """The proof of its :meth:`to_json` form (a file's: LedgerInputError for anything else)."""
+        def unhexed(value):
+            if isinstance(value, str):
+                if not value.startswith("0x"):
+                    raise ValueError(f"{value[:20]!r} is not 0x-hex")
+                return bytes.fromhex(value[2:])
+            if isinstance(value, list):
+                return [unhexed(item) for item in value]
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            raise ValueError(f"unexpected {type(value).__name__}")
+        try:
+            if not isinstance(data, dict) or data.get("kind") != "norm" or set(data) != {"kind",
+                                                                                       *cls.__dataclass_fields__}:
+                raise ValueError("not the norm proof's fields")
+            fields = {name: unhexed(value) for name, value in data.items() if name != "kind"}
+            fields["record"] = tuple(fields["record"])
+            for name in ("stage", "chunk", "contribution"):
+                if not isinstance(fields[name], int):
+                    raise ValueError(f"{name} is not a number")
+            return cls(**fields)
+        except (ValueError, TypeError) as exc:
+            raise LedgerInputError(f"not a norm proof: {exc}"[:200]) from None
+
 
 def scale_proof(record, stage_leaves: Sequence[bytes], stage: int, factors: bytes) -> NormProof:
     """The proof that the committed scales of ``stage`` in ``record`` are not the norm rule of the committed sums

@@ -422,6 +422,21 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_unclipped_scale(tmp_pa
         for index in COLLUDERS:
             assert client.member(run.run_id, deployment.client(index).address).status == "slashed"
         assert client.member(run.run_id, client.address).status == "active"
+        # The proof is kept, and the audit shows it, checked on chain (isWrongNorm).
+        from types import SimpleNamespace
+
+        from ledger.normproof import SCALES, NormProof
+        from node.tools.audit_proof import check_fraud_proof
+        kept = (tmp_path / "proofs" / "round-00000001-stage0.json").read_bytes()
+        assert NormProof.from_json(json.loads(kept)["proof"]).contribution == SCALES
+        verdict = SimpleNamespace(checks=[], notes=[])
+        source = SimpleNamespace(proofs=lambda outer_round: [kept] if outer_round == 1 else [])
+        attesters = client.commit_record(run.run_id, 1).attesters
+        check_fraud_proof(verdict, SimpleNamespace(commit=records[1], attesters=attesters), None, None, [source],
+                          client, client.history(run.run_id), None)
+        (check,) = verdict.checks
+        assert check.status == "ok" and "the clip scales" in check.reason and "already proven" in check.reason
+        assert verdict.notes[0].startswith("fraud proof (proveWrongNorm's argument)")
     finally:
         for host in hosts:
             host.close()

@@ -240,6 +240,7 @@ class FraudProver:
             return False
         attesters = self.chain.attesters_of(self.run_id, outer_round)
         logger.error("round %d stage %d: the committed %s; sending the norm proof", outer_round, stage, why)
+        self._keep(outer_round, stage, proof, attesters)
         receipt = self.chain.prove_wrong_norm(proof, attesters)
         self.log.proofs[outer_round] = str(_tx_of(receipt))
         logger.error("round %d: proven wrong on chain (stage %d, %s; tx %s): the round and every later one are "
