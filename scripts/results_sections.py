@@ -486,9 +486,19 @@ def fraud_proof(r: dict) -> list[str]:
 
     rows = [[codec(row), row["contributions"], row["clipped"], f"{row['gas']:,}" if row["gas"] else row["error"],
              f"{row.get('calldata_bytes', 0):,}"] for row in r["rows"]]
-    return table(["codec", "contributions", "clipped", "gas", "calldata bytes"], rows) + [
+    lines = table(["codec", "contributions", "clipped", "gas", "calldata bytes"], rows) + [
         f"One proof of one {r['chunk_elements']}-element chunk; at 16 contributions the most is "
         f"**{r['max_gas_at_16']:,} gas** (goal: under {r['goal_gas_at_16']:,}).", ""]
+    if r.get("norm_rows"):
+        def gas(row: dict, kind: str) -> str:
+            return f"{row[kind]:,}" if row.get(kind) else row.get(f"{kind}_error", "")
+
+        norm = [[codec(row), row["contributions"], gas(row, "scale_gas"), gas(row, "sum_gas")] for row in r["norm_rows"]]
+        lines += ["The norm proof of a version-3 round (`proveWrongNorm`, docs/FRAUD_PROOF.md \"The clip scales\"): "
+                  "a clipped contribution committed with scale 1.0 (the scales recomputed from the committed sums), "
+                  "and one chunk's committed sum of squares one unit off (its piece decoded and squared):", ""]
+        lines += table(["codec", "contributions", "wrong scale: gas", "wrong chunk sum: gas"], norm) + [""]
+    return lines
 
 
 def heterogeneous(r: dict) -> list[str]:

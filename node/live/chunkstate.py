@@ -14,6 +14,10 @@ stage to :meth:`ChunkedStates.record`, which
   against the leaf's roots before opening any chunk of it: what a prover cannot derive itself (the
   committers' wrong weights) the committers publish. The payload pieces are not published: every holder
   derives them from the contributions it aggregated, and the committed factors name their roots.
+- in a version-3 run (``diloco.commitments = "normed"``), also publishes the factors and each accepted
+  contribution's per-chunk sums of squares (ledger.normproof.encode_norm_state) under ``norms_key(stage leaf)``:
+  a prover whose own factors differ from the committed ones opens them (:meth:`ChunkedStates.committed_norms`)
+  to prove a wrong clip scale or sum (node.fraudproof.norm_proof_of_difference).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Sequence
 
 from ledger.chunkproof import StageLeaf, StageState, tree_root
 from ledger.errors import LedgerError, LedgerInputError
+from ledger.normproof import SUM_BYTES, encode_norm_state, parse_norm_state
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
 from node.fraudproof import parse_stage_leaf, stage_state_of
@@ -46,6 +51,11 @@ STATE_SLACK_BYTES = 1 << 20
 def state_key(stage_leaf: bytes) -> str:
     """The alias a stage's published state is served under: ``sha256(stage leaf)`` (hex)."""
     return hashlib.sha256(stage_leaf).hexdigest()
+
+
+def norms_key(stage_leaf: bytes) -> str:
+    """The alias a version-3 stage's norm commitment is served under (its factors and sum trees)."""
+    return hashlib.sha256(b"dlx-node/norms/v1" + stage_leaf).hexdigest()
 
 
 def attested_leaf(att, stage: int) -> bytes | None:
@@ -119,7 +129,21 @@ class ChunkedStates:
         with self._lock:
             self._states.setdefault(outer_round, {})[stage] = state
         self.publish(outer_round, stage, leaf, weights, momentum)
+        if state.factors.norms is not None:
+            self.publish_norms(outer_round, stage, leaf, state)
         return leaf
+
+    def publish_norms(self, outer_round: int, stage: int, leaf: bytes, state: StageState) -> None:
+        """Serve a version-3 stage's factors and sum trees under ``norms_key(leaf)`` (module docstring)."""
+        try:
+            digest = self.host.provide_blob(encode_norm_state(state.factors.encode(), state.sum_trees),
+                                            announce=False)
+            self.host.provide_alias(norms_key(leaf), digest)
+        except DLX_ERRORS as exc:
+            logger.warning("round %d stage %d: norm commitment not published: %s", outer_round, stage, exc)
+            return
+        with self._lock:
+            self._served.setdefault(outer_round, []).append(digest)
 
     def publish(self, outer_round: int, stage: int, leaf: bytes, weights: dict, momentum: dict) -> None:
         """Serve the stage's state (a stage shard) under ``state_key(leaf)`` (module docstring)."""
@@ -197,6 +221,21 @@ class ChunkedStates:
                                stage, peer[-8:])
                 continue
             return weights, momentum
+        return None
+
+
+    def committed_norms(self, outer_round: int, stage: int, leaf: StageLeaf, providers: Sequence[str]):
+        """``(factors, sum trees)`` served under ``leaf`` by one of ``providers`` (its attesters), checked against
+        the leaf (ledger.normproof.parse_norm_state); None if none served it."""
+        limit = (self.cfg.diloco.num_replicas + 1) * (4 + SUM_BYTES * leaf.num_chunks + 200) + STATE_SLACK_BYTES
+        for peer in providers:
+            try:
+                data = self.host.fetch_alias(norms_key(leaf.encode()), peer, limit,
+                                             timeout=min(60.0, self.cfg.round_timeout))
+                return parse_norm_state(data, leaf.factors_hash, leaf.num_chunks)
+            except (*DLX_ERRORS, ValueError) as exc:  # ValueError: not a peer id
+                logger.info("round %d stage %d: committed norms not had from %s: %s", outer_round, stage,
+                            peer[-8:], exc)
         return None
 
 
