@@ -5,7 +5,7 @@ Runs one float32 matrix product (256x512 by 512x384, 1 thread, 50 times) in a fr
 ``MKL_CBWR`` branch and prints, per branch, the sha256 of the product's bytes and the mean time of one
 product. Equal hashes: the same code path; the times are this machine's under its current load.
 
-    python bench/probe_mkl_branches.py
+    python scripts/probe_mkl_branches.py
 """
 
 from __future__ import annotations
