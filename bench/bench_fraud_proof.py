@@ -7,12 +7,19 @@ element of a full chunk changed, and the successful ``proveWrongAggregation`` of
 large so the norm rule clips it (the float64 product path is in every figure). A proof above anvil's block
 gas limit (30M) is recorded with its error.
 
+The norm proof (``proveWrongNorm``, docs/FRAUD_PROOF.md "The clip scales") of the same stage in a version-3
+run (``diloco.commitments = "normed"``): ``norm_rows`` holds, for each codec and count, the gas of a proof that
+a committed clip scale is not the norm rule of the committed sums (a clipped contribution committed with 1.0;
+the scales of every contribution are recomputed) and of a proof that one chunk's committed sum of squares is
+not its piece's (a low leaf of the clipped contribution, its tree consistent with it).
+
     nice -n 10 python bench/bench_fraud_proof.py
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -21,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.benchio import default_out, write_result  # noqa: E402
 from ledger.chain import AnvilProcess, connect_rpc  # noqa: E402
-from tests.fraud_fixtures import aggregated_round, changed, commit, contribution  # noqa: E402
+from tests.fraud_fixtures import (DILOCO, aggregated_round, changed, commit, contribution, lied_sum,  # noqa: E402
+                                  with_scale)
 from tests.ledger_fixtures import deploy  # noqa: E402
 
 SHAPES = {"a.weight": (256, 256), "b.bias": (256,)}
@@ -49,6 +57,24 @@ def measure(url: str, codec: str, options: dict, count: int) -> dict:
     return {**row, "gas": receipt["gasUsed"], "calldata_bytes": len(sent["input"])}
 
 
+def measure_norm(url: str, codec: str, options: dict, count: int) -> dict:
+    blobs = [contribution(SHAPES, codec, 100 + i, scale=0.05 if i % 4 == 3 else 1e-3, **options)
+             for i in range(count)]
+    round_ = aggregated_round(SHAPES, blobs, dataclasses.replace(DILOCO, commitments="normed"))
+    clipped = 3  # the first large one
+    assert round_.honest.factors.scale_bits[clipped] != 0x3FF0000000000000
+    row = {"codec": codec, **options, "contributions": count}
+    for kind, wrong, proof_of in (
+            ("scale_gas", with_scale(round_.honest, clipped, 0x3FF0000000000000), lambda c: c.scale_proof()),
+            ("sum_gas", lied_sum(round_.honest, clipped, 5, -1), lambda c: c.sum_proof(clipped, 5))):
+        committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, wrong, stake=STAKE)
+        try:
+            row[kind] = committed.prover().prove_wrong_norm(proof_of(committed))["gasUsed"]
+        except Exception as exc:  # noqa: BLE001 - recorded, not hidden
+            row[kind], row[f"{kind}_error"] = None, f"{type(exc).__name__}: {str(exc)[:200]}"
+    return row
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--counts", default="4,16,64", help="aggregated contributions per case")
@@ -58,17 +84,23 @@ def main() -> int:
     anvil = AnvilProcess()
     url = anvil.start()
     started = time.monotonic()
-    rows = []
+    rows, norm_rows = [], []
     try:
         for codec, options in CODECS:
             for count in counts:
                 row = measure(url, codec, options, count)
                 rows.append(row)
                 print(row, flush=True)
+        for codec, options in CODECS:
+            for count in counts:
+                row = measure_norm(url, codec, options, count)
+                norm_rows.append(row)
+                print(row, flush=True)
     finally:
         anvil.stop()
     at16 = [row["gas"] for row in rows if row["contributions"] == 16 and row["gas"] is not None]
     result = {"chunk_elements": 64, "shapes": {k: list(v) for k, v in SHAPES.items()}, "rows": rows,
+              "norm_rows": norm_rows,
               "goal_gas_at_16": GOAL, "max_gas_at_16": max(at16) if at16 else None,
               "seconds": round(time.monotonic() - started, 1)}
     write_result(args.out, result)

@@ -59,7 +59,8 @@ def configs(args, mode: str):
         diloco = DilocoConfig(inner_steps=args.fixed_h, **common)
     else:
         diloco = DilocoConfig(inner_steps=args.max_steps, round_budget_s=args.budget_s,
-                              min_inner_steps=args.min_steps, screen_rule=args.screen_rule, **common)
+                              min_inner_steps=args.min_steps, screen_rule=args.screen_rule,
+                              screen_batch_size=args.screen_batch, **common)
     return model, training, diloco, CompressionConfig()
 
 
@@ -258,9 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-delay", action="store_true",
                         help="--node: no one-step delay (a round's exchange waits for its close and apply, as in the "
                              "in-process mode) instead of the node's default delay")
-    parser.add_argument("--screen-rule", choices=("auto", "one_sided", "two_sided"), default="auto",
+    parser.add_argument("--screen-rule", choices=("auto", "one_sided", "two_sided", "paired"), default="auto",
                         help="diloco.screen_rule of the time-bounded run (docs/DILOCOX.md section 13; auto: the "
                              "run's default, version 1)")
+    parser.add_argument("--screen-batch", type=int, default=16,
+                        help="diloco.screen_batch_size of the time-bounded run (windows of the screening batch; the "
+                             "fixed-H run keeps the default, 16)")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args(argv)
     if unavailable() is not None:

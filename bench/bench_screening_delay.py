@@ -3,15 +3,19 @@ which honest contributions and which attacks each screening rule excludes, in th
 
 What runs: ``training.simulate`` (the node's algorithm in one process: one-step delay, "rebase", ``overlap_steps =
 0``, compression on) with the heterogeneous bench's settings (``tiny``, batch 8, inner lr 3e-3, outer lr 0.7,
-momentum 0.5), three replicas held at fixed inner-step counts (``--counts``: the count a time budget fitted; no
-clock), every contribution aggregated (screening is measured, never applied). At every round the global weights
-``theta^{t-1}`` and, on the round's screening batch, the loss of each honest contribution and of attacks built
-from it applied alone (``theta - a d``) and against itself (``theta + a d``): a sign flip and a 4x scaling of
-the longest and of the shortest contribution, noise of the median honest norm and of the longest one's. Then
-each rule on those numbers: version 1 (``one_sided``, time-bounded: ``L > max(L_b, med) + tol``), version 2
-(``two_sided``: slope and curvature, training/screening.py), version 2's excess form and the curvature per
-declared step (both dropped). The simulation hooks ``training.simulate``'s step rule and screening (module
-attributes), nothing else.
+momentum 0.5), three replicas held at fixed inner-step counts (``--runs``: the counts a time budget fitted; no
+clock), every contribution aggregated (screening is measured, never applied). At every round, on the round's
+screening batch (its first 16 windows, the default ``screen_batch_size``, and its first ``--windows``), the
+per-window losses (``training.screening.ModelLoss.windows``) of the global weights and of each honest contribution
+and of attacks built from it applied alone (``theta - a d``) and against itself (``theta + a d``): a sign flip
+and a 4x scaling of the longest and of the shortest contribution, noise of the median honest norm and of the
+longest one's. The losses are taken at ``theta^{t-1}``, the weights a round is applied to, and (16 windows) at
+``theta^{t-2}``, the global weights the round's inner steps began from (the candidate of section 13's former
+"Open"). Then each rule, by ``training.screening.judge`` itself, on a round of the three honest contributions
+(honest exclusions) and on a round of the three and one attack (that attack's exclusion): version 1
+(``one_sided``), version 2 (``two_sided``) at ``theta^{t-1}`` and at ``theta^{t-2}``, version 3 (``paired``),
+and versions 2 and 3 on ``--windows`` windows. The simulation hooks ``training.simulate``'s step rule and
+screening (module attributes), nothing else.
 
     python bench/bench_screening_delay.py          # writes bench/results/screening_delay.json
 """
@@ -19,6 +23,7 @@ attributes), nothing else.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -29,14 +34,24 @@ sys.path.insert(0, str(REPO))
 
 from bench.benchio import default_out, write_result  # noqa: E402
 
+#: rule -> (diloco.screen_rule, the losses it reads: windows, and "_start" at theta^{t-2}).
+RULES = {
+    "version_1": ("one_sided", "16"),
+    "version_2": ("two_sided", "16"),
+    "version_2_start": ("two_sided", "16_start"),
+    "version_3": ("paired", "16"),
+    "version_2_wide": ("two_sided", "wide"),
+    "version_3_wide": ("paired", "wide"),
+}
 
-def run(counts: list[int], rounds: int, data: str) -> list[dict]:
+
+def run(counts: list[int], rounds: int, data: str, windows: int) -> list[dict]:
     import torch
 
     import training.simulate as sim
     from training.config import CompressionConfig, DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig
     from training.data import load_corpus
-    from training.screening import _f32, model_loss_fn, screening_batch
+    from training.screening import model_loss_fn, screening_batch, slope_error, window_mean
 
     state = {"calls": -1}
 
@@ -51,14 +66,17 @@ def run(counts: list[int], rounds: int, data: str) -> list[dict]:
                           one_step_delay=True, overlap_steps=0, outer_lr=0.7, outer_momentum=0.5)
     corpus = load_corpus(data, training.eval_fraction, model.block_size)
     rows: list[dict] = []
+    held: dict = {}
 
     def norm(d):
         return math.sqrt(sum(float((v.double() ** 2).sum()) for v in d.values()))
 
     def screen(_loss_fn, weights, decoded, cfg, _declared):
         t = len(rows)
-        x, y = screening_batch(corpus, 0, t, cfg.screen_batch_size, model.block_size)
-        loss = model_loss_fn(model, x, y)
+        # Row b of a screening batch does not depend on the batch's size: the first 16 windows are the default batch.
+        x, y = screening_batch(corpus, 0, t, windows, model.block_size)
+        wide = model_loss_fn(model, x, y)
+        narrow = model_loss_fn(model, x[:16], y[:16])
         a = torch.tensor(cfg.outer_lr, dtype=torch.float32)
         norms = [norm(d) for d in decoded]
         noise = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(t * 1000 + i))
@@ -70,14 +88,26 @@ def run(counts: list[int], rounds: int, data: str) -> list[dict]:
         median = sorted(norms)[(len(norms) - 1) // 2]
         variants["noise_median"] = ({k: v * (median / norm(noise)) for k, v in noise.items()}, sorted(counts)[1])
         variants["noise_longest"] = ({k: v * (norms[0] / norm(noise)) for k, v in noise.items()}, counts[0])
-        before = _f32(loss(weights))
-        row = {"round": t, "L_b": before, "variants": {}}
+        # theta^{t-1} (these weights) and theta^{t-2} (the weights of the call before: the global weights when this
+        # round's inner steps began; round 0 has no delay, and round 1 began from the initial weights, round 0's).
+        start = held.get("previous", weights)
+        held["previous"] = weights
+        points = {"wide": (wide, weights), "16": (narrow, weights), "16_start": (narrow, start)}
+        row: dict = {"round": t, "L_b": {}, "variants": {}}
+        base = {key: fn.windows(point) for key, (fn, point) in points.items()}
+        row["L_b"] = {key: window_mean(values) for key, values in base.items()}
         for name, (d, k) in variants.items():
-            minus = _f32(loss({n: weights[n] - d[n] * a for n in weights}))
-            plus = _f32(loss({n: weights[n] + d[n] * a for n in weights}))
-            row["variants"][name] = {"declared": k, "alone": minus, "against": plus}
+            entry: dict = {"declared": k}
+            for key, (fn, point) in points.items():
+                alone = fn.windows({n: point[n] - d[n] * a for n in point})
+                against = fn.windows({n: point[n] + d[n] * a for n in point})
+                entry[key] = {"alone": window_mean(alone), "against": window_mean(against),
+                              "error": slope_error(alone, against)}
+            row["variants"][name] = entry
         rows.append(row)
-        print(t, {n: round(v["alone"] - before, 3) for n, v in row["variants"].items()}, flush=True)
+        print(t, {n: (round(v["16"]["against"] - v["16"]["alone"], 3), round(v["16"]["error"], 3),
+                      round(v["16_start"]["against"] - v["16_start"]["alone"], 3)) for n, v in row["variants"].items()},
+              flush=True)
         return []
 
     sim.takes_another_step = takes
@@ -89,39 +119,43 @@ def run(counts: list[int], rounds: int, data: str) -> list[dict]:
 
 
 def verdicts(rows: list[dict]) -> dict:
-    """Excluded per rule and kind, rounds 1 on (round 0 starts from the initial weights, no delay yet)."""
-    rules = ("version_1", "version_2", "version_2_excess", "curvature_per_step")
+    """Excluded per rule and kind, rounds 1 on (round 0 starts from the initial weights, no delay yet): honest ones
+    in a round of the honest three, each attack in a round of the honest three and it."""
+    from training.config import DilocoConfig
+    from training.screening import judge
+
+    base = DilocoConfig(inner_steps=800, round_budget_s=40.0, min_inner_steps=4, num_replicas=4, one_step_delay=True,
+                        overlap_steps=0, outer_lr=0.7, outer_momentum=0.5)
     counts: dict = {}
     honest_out: list = []
     for row in rows[1:]:
-        lb, tol, v = row["L_b"], 0.02 * row["L_b"], row["variants"]
+        v = row["variants"]
         honest = [n for n in v if n.startswith("honest")]
-
-        def med(values):
-            return sorted(values)[(len(values) - 1) // 2]
-
-        slope = {n: v[n]["against"] - v[n]["alone"] for n in v}
-        curv = {n: (v[n]["against"] + v[n]["alone"]) / 2 - lb for n in v}
-        excess = {n: v[n]["alone"] - lb for n in v}
-        per_step = {n: curv[n] / v[n]["declared"] for n in v}
-        m_alone, m_slope = med([v[n]["alone"] for n in honest]), med([slope[n] for n in honest])
-        m_curv, m_excess, m_ps = (med([c[n] for n in honest]) for c in (curv, excess, per_step))
-        least = min(tol, m_slope / 4)
+        attacks = [n for n in v if n not in honest]
+        out: dict[str, dict[str, bool]] = {n: {} for n in v}
+        for rule, (screen_rule, key) in RULES.items():
+            cfg = dataclasses.replace(base, screen_rule=screen_rule)
+            for names in [honest] + [honest + [attack] for attack in attacks]:
+                after = {i: v[n][key]["alone"] for i, n in enumerate(names)}
+                against = {i: v[n][key]["against"] for i, n in enumerate(names)}
+                errors = {i: v[n][key]["error"] for i, n in enumerate(names)}
+                reports = judge(row["L_b"][key], after, len(names), cfg, against if screen_rule != "one_sided" else None,
+                                errors if screen_rule == "paired" else None)
+                judged = names if names is honest else names[-1:]
+                for n in judged:
+                    out[n][rule] = reports[names.index(n)].excluded
         for n in v:
             kind = "honest" if n in honest else n.split("_")[0].rstrip("0123456789")
-            out = {
-                "version_1": not v[n]["alone"] <= max(lb, m_alone) + tol,
-                "version_2": not (slope[n] > least and curv[n] <= 4 * max(m_curv, 0) + tol),
-                "version_2_excess": not (slope[n] > least and excess[n] <= 4 * max(m_excess, 0) + tol),
-                "curvature_per_step": not (slope[n] > least and per_step[n] <= 4 * max(m_ps, 0) + tol / v[n]["declared"]),
-            }
-            entry = counts.setdefault(kind, {"n": 0, **{r: 0 for r in rules}})
+            entry = counts.setdefault(kind, {"n": 0, **{r: 0 for r in RULES}})
             entry["n"] += 1
-            for rule in rules:
-                entry[rule] += out[rule]
-            if kind == "honest" and any(out.values()):
-                honest_out.append({"round": row["round"], "contribution": n, "slope": slope[n], "curvature": curv[n],
-                                   "excess": excess[n], **{r: out[r] for r in rules}})
+            for rule in RULES:
+                entry[rule] += out[n][rule]
+            if kind == "honest" and any(out[n].values()):
+                honest_out.append({"round": row["round"], "contribution": n, "declared": v[n]["declared"],
+                                   **{f"slope_{key}": v[n][key]["against"] - v[n][key]["alone"]
+                                      for key in ("16", "16_start", "wide")},
+                                   **{f"error_{key}": v[n][key]["error"] for key in ("16", "wide")},
+                                   **out[n]})
     return {"excluded": counts, "honest_excluded": honest_out}
 
 
@@ -130,16 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default="/work/shared/data/tinyshakespeare/input.txt")
     parser.add_argument("--runs", nargs="+", default=["179,80,35:14", "400,80,20:10"],
                         help="COUNTS:ROUNDS per simulated run (the replicas' fixed step counts)")
+    parser.add_argument("--windows", type=int, default=64, help="the wide screening batch (its first 16: the default)")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args(argv)
     load_at_start = list(os.getloadavg())
-    runs, rows_all = [], []
+    runs = []
     for spec in args.runs:
         counts_text, rounds = spec.split(":")
         counts = [int(c) for c in counts_text.split(",")]
-        rows = run(counts, int(rounds), args.data)
+        rows = run(counts, int(rounds), args.data, args.windows)
         runs.append({"counts": counts, "rounds": int(rounds), "rows": rows, **verdicts(rows)})
-        rows_all.extend(rows)
     total = verdicts([{}] + [r for run_ in runs for r in run_["rows"][1:]]) if runs else {}
     result = {"what": "screening rules under the one-step delay in the simulation (bench/bench_screening_delay.py)",
               "settings": {k: v for k, v in vars(args).items() if k != "out"}, "runs": runs,

@@ -65,7 +65,8 @@ def main() -> int:
         "counterexamples": [counterexample] if counterexample else [],
         "invariants": ["I1 safety", "I2 no harm", "I3 credit", "I4 stake back", "I5 finality", "I6 solvency",
                        "I7 fraud proof"],
-        "proofs_refused": TrustMachine.proofs_refused, "challenges_answered": TrustMachine.challenges_answered,
+        "proofs_refused": TrustMachine.proofs_refused, "norm_proofs_refused": TrustMachine.norm_proofs_refused,
+        "challenges_answered": TrustMachine.challenges_answered,
     }
     path = write_result(args.out, result, load)
     print(f"{TrustMachine.examples} examples, {steps} steps in {seconds:.0f} s ({result['steps_per_second']}/s), "

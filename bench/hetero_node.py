@@ -70,7 +70,8 @@ def _settings(args, mode: str) -> list[str]:
     if mode == "fixed":
         return common + [f"diloco.inner_steps={args.fixed_h}"]
     return common + [f"diloco.inner_steps={args.max_steps}", f"diloco.round_budget_s={args.budget_s}",
-                     f"diloco.min_inner_steps={args.min_steps}", f"diloco.screen_rule={args.screen_rule}"]
+                     f"diloco.min_inner_steps={args.min_steps}", f"diloco.screen_rule={args.screen_rule}",
+                     f"diloco.screen_batch_size={args.screen_batch}"]
 
 
 def _periods(slot) -> dict[int, dict]:

@@ -16,7 +16,7 @@ CONTRACTS_DIR = Path(__file__).resolve().parent
 ARTIFACT_DIR = CONTRACTS_DIR / "artifacts"
 SOURCE_DIR = CONTRACTS_DIR / "src"
 BUILD_INPUT = CONTRACTS_DIR / "build" / "input.json"
-NAMES = ("NodeRegistry", "TrainingLedger", "AggregationProver", "Float32Harness")
+NAMES = ("NodeRegistry", "TrainingLedger", "AggregationProver", "Float32Harness", "NormHarness")
 
 
 @cache

@@ -15,14 +15,15 @@ const solc = require("solc");
 const ROOT = __dirname;
 const SOURCES = [
   "src/NodeRegistry.sol", "src/TrainingLedger.sol", "src/AggregationProver.sol", "src/Float32.sol",
-  "src/Float32General.sol",
-  "src/test/Float32Harness.sol",
+  "src/Float32General.sol", "src/NormRule.sol",
+  "src/test/Float32Harness.sol", "src/test/NormHarness.sol",
 ];
 const CONTRACTS = {
   "src/NodeRegistry.sol": "NodeRegistry",
   "src/TrainingLedger.sol": "TrainingLedger",
   "src/AggregationProver.sol": "AggregationProver",
   "src/test/Float32Harness.sol": "Float32Harness",
+  "src/test/NormHarness.sol": "NormHarness",
 };
 const EXPECTED_COMPILER = "0.8.37";
 

@@ -39,6 +39,8 @@ from ledger.records import check_bytes32, check_uint
 
 STAGE_LEAF_TYPES = ("uint32", "uint32", "bytes32", "bytes32", "bytes32")
 FACTORS_TYPES = ("uint32", "uint32", "bool", "bytes32[]", "bytes32[]", "uint64[]")
+#: Version 3 (``diloco.commitments = "normed"``): the norm commitment follows (ledger/normproof.py).
+NORMED_FACTORS_TYPES = (*FACTORS_TYPES, "uint64", "uint32[]", "bytes32[]", "uint256[]")
 #: The float64 bit pattern of 1.0: a contribution the norm rule left untouched.
 SCALE_ONE = 0x3FF0000000000000
 #: The ``commitments`` setting of a run whose records a fraud proof can open.
@@ -56,8 +58,38 @@ def tree_path(leaves: list[bytes], index: int) -> list[bytes]:
 
 
 @dataclass(frozen=True)
+class Norms:
+    """A version-3 round's norm commitment of one stage (ledger/normproof.py): the run's ``norm_clip`` (float64
+    bits), each accepted contribution's declared inner steps (a run bounded by time; else empty), the root of its
+    sum tree and its exact sum of squares (units of 2**-298)."""
+
+    clip_bits: int
+    steps: tuple[int, ...]
+    roots: tuple[bytes, ...]
+    sums: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        check_uint("clip_bits", self.clip_bits, 2**64 - 1)
+        if len(self.roots) != len(self.sums) or len(self.steps) not in (0, len(self.roots)):
+            raise LedgerInputError("norms: roots, sums and steps differ in length")
+        for root in self.roots:
+            check_bytes32("norm root", root)
+        for step in self.steps:
+            check_uint("steps", step, 2**32 - 1)
+        for total in self.sums:
+            check_uint("sum of squares", total, 2**768 - 1)
+
+    def fields(self) -> list:
+        words = []
+        for total in self.sums:
+            words += [total >> 512, (total >> 256) & (2**256 - 1), total & (2**256 - 1)]
+        return [self.clip_bits, list(self.steps), list(self.roots), words]
+
+
+@dataclass(frozen=True)
 class Factors:
-    """The per-round values of one stage's outer step that are not per element (module docstring)."""
+    """The per-round values of one stage's outer step that are not per element (module docstring); ``norms``
+    is version 3's norm commitment (None: version 2, whose bytes are unchanged)."""
 
     lr_bits: int
     mu_bits: int
@@ -65,6 +97,7 @@ class Factors:
     envelopes: tuple[bytes, ...]
     payload_roots: tuple[bytes, ...]
     scale_bits: tuple[int, ...]
+    norms: Norms | None = None
 
     def __post_init__(self) -> None:
         check_uint("lr_bits", self.lr_bits, 2**32 - 1)
@@ -75,15 +108,39 @@ class Factors:
             check_bytes32("factors root", value)
         for bits in self.scale_bits:
             check_uint("scale_bits", bits, 2**64 - 1)
+        if self.norms is not None and len(self.norms.roots) != len(self.scale_bits):
+            raise LedgerInputError("factors: the norm commitment lists another number of contributions")
 
     def encode(self) -> bytes:
-        return encode(FACTORS_TYPES, [self.lr_bits, self.mu_bits, self.nesterov, list(self.envelopes),
-                                      list(self.payload_roots), list(self.scale_bits)])
+        values = [self.lr_bits, self.mu_bits, self.nesterov, list(self.envelopes), list(self.payload_roots),
+                  list(self.scale_bits)]
+        if self.norms is None:
+            return encode(FACTORS_TYPES, values)
+        return encode(NORMED_FACTORS_TYPES, values + self.norms.fields())
 
     @classmethod
     def decode(cls, data: bytes) -> Factors:
-        lr, mu, nesterov, envelopes, roots, scales = decode(FACTORS_TYPES, data)
-        return cls(lr, mu, nesterov, tuple(envelopes), tuple(roots), tuple(scales))
+        """The factors of their encoding, version 2 or 3 (the first list's offset tells: six fields or ten);
+        LedgerInputError for bytes that are not a canonical encoding."""
+        data = bytes(data)
+        try:
+            if data[96:128] == (320).to_bytes(32, "big"):
+                *head, clip, steps, roots, words = decode(NORMED_FACTORS_TYPES, data)
+                if len(words) % 3:
+                    raise ValueError("norm sums are not three words each")
+                sums = tuple((words[i] << 512) | (words[i + 1] << 256) | words[i + 2] for i in range(0, len(words), 3))
+                norms = Norms(clip, tuple(steps), tuple(roots), sums)
+            else:
+                head, norms = decode(FACTORS_TYPES, data), None
+            lr, mu, nesterov, envelopes, roots, scales = head
+            factors = cls(lr, mu, nesterov, tuple(envelopes), tuple(roots), tuple(scales), norms)
+        except LedgerInputError:
+            raise
+        except Exception as exc:  # eth_abi's decoding errors share no base class with ours
+            raise LedgerInputError(f"factors do not decode: {type(exc).__name__}") from None
+        if factors.encode() != data:
+            raise LedgerInputError("factors are not canonically encoded")
+        return factors
 
     def digest(self) -> bytes:
         return hashlib.sha256(self.encode()).digest()
@@ -125,6 +182,7 @@ class StageState:
     momentum_leaves: list[bytes]
     factors: Factors
     payload_leaves: list[list[bytes]]  # one list per accepted contribution, in the factors' order
+    sum_trees: list = dataclasses.field(default_factory=list)  # version 3: each one's ledger.normproof.SumTree
 
     def leaf(self) -> StageLeaf:
         """The stage leaf of this state (computed once: the leaves are not changed after construction; a

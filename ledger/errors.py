@@ -384,6 +384,18 @@ class ProverRoundCorrect(ProverError):
     """The proof's chunk is the outer step of its committed inputs: nothing to prove."""
 
 
+class ProverNotNormed(ProverError):
+    """The round's factors are version 2: they carry no norm commitment a norm proof could open."""
+
+
+class ProverBadSumPath(ProverError):
+    """A sum-tree leaf or its path does not lead to the contribution's committed norm root at the chunk."""
+
+
+class ProverNormCorrect(ProverError):
+    """The committed scales follow from the committed sums, and the opened sum-tree chunk is right."""
+
+
 class ProverBadTarget(ProverError):
     """A data-availability challenge names a contribution the round did not accept."""
 

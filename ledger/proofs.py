@@ -15,6 +15,7 @@ from eth_utils import keccak, to_checksum_address
 import contracts
 from ledger.chunkproof import AggregationProof
 from ledger.errors import LedgerInputError
+from ledger.normproof import SCALES, NormProof
 
 
 class ProofCalls:
@@ -58,6 +59,32 @@ class ProofCalls:
         what = f"proveWrongAggregation(run {proof.record[0]}, round {proof.record[1]}, stage {proof.stage}, " \
                f"chunk {proof.chunk})"
         return self._sender.transact(self._prover, "proveWrongAggregation", self._proof_args(proof, attesters), what)
+
+    def _norm_args(self, proof: NormProof, attesters) -> tuple:
+        if not isinstance(proof, NormProof):
+            raise LedgerInputError(f"a norm proof must be a NormProof, got {type(proof).__name__}")
+        if attesters is None:
+            commit = self.commit_record(proof.record[0], proof.record[1])
+            attesters = commit.attesters if commit is not None else ()  # else the contract names it
+        return proof.args([to_checksum_address(a) for a in attesters])
+
+    def norm_proof_holds(self, proof: NormProof, attesters=None) -> bool:
+        """Whether the norm proof would succeed now; raises the contract's error if malformed (ProverNotNormed,
+        ProverBadSumPath, ProverBadPath, ...)."""
+        return self._sender.call(self._prover, "isWrongNorm", self._norm_args(proof, attesters), "isWrongNorm")
+
+    def prove_wrong_norm(self, proof: NormProof, attesters=None) -> dict:
+        """Send a proof of a wrong clip scale or squared norm (ledger/normproof.py); return the receipt.
+
+        Raises:
+            ProverNormCorrect (the round's scales and the opened chunk are right), ProverNotNormed (a version-2
+            round), ProverNotCommitted, ProverBadStage, ProverBadStagePath, ProverBadStageLeaf,
+            ProverBadFactors, ProverBadTarget, ProverBadChunk, ProverBadPath, ProverBadLeaf, ProverBadSumPath,
+            LedgerRunHalted, LedgerNotAttesters.
+        """
+        which = "scales" if proof.contribution == SCALES else f"contribution {proof.contribution} chunk {proof.chunk}"
+        what = f"proveWrongNorm(run {proof.record[0]}, round {proof.record[1]}, stage {proof.stage}, {which})"
+        return self._sender.transact(self._prover, "proveWrongNorm", self._norm_args(proof, attesters), what)
 
     def challenge_availability(self, target: tuple, *, bond: int | None = None) -> bytes:
         """Challenge the committers to publish one committed leaf (``ledger.chunkproof.availability_target``),

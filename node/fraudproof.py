@@ -8,14 +8,17 @@ bytes (no torch); this module puts a :class:`training.diloco.Aggregation` and it
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Mapping, Sequence
 
 import torch
 
-from ledger.chunkproof import (Factors, StageLeaf, StageState, build_proof, chunked_weights_root, first_difference,
-                               tree_root)
+from ledger.chunkproof import (Factors, Norms, StageLeaf, StageState, build_proof, chunked_weights_root,
+                               first_difference, tree_root)
 from ledger.errors import LedgerInputError
-from training.chunks import float32_bits, float64_bits, payload_leaves, tensor_leaves
+from ledger.normproof import (NORMED, SumTree, clip_scales, first_wrong_sum, scale_proof, square_sum, sum_proof)
+from training.chunks import float32_bits, float64_bits, payload_leaves, stage_layout, tensor_leaves
+from training.codec_wire import decode_declared
 from training.config import DilocoConfig
 from training.diloco import Aggregation
 from training.hashing import weights_root as hashed_weights_root
@@ -85,9 +88,38 @@ def stage_state_of(
     accepted = [report for report in reports if report.accepted]
     pieces = [payload_leaves(contributions[r.index], shapes, **dict(decode_args or {})) for r in accepted]
     lr, mu = round_factors_bits(diloco_cfg, outer_round)
+    norms, trees = None, []
+    if diloco_cfg.commitments == NORMED:
+        norms, trees = stage_norms([contributions[r.index] for r in accepted], shapes, diloco_cfg, decode_args)
     factors = Factors(lr, mu, bool(diloco_cfg.nesterov), tuple(envelopes[r.index] for r in accepted),
-                      tuple(tree_root(leaves) for leaves in pieces), tuple(float64_bits(r.scale) for r in accepted))
-    return StageState(stage, tensor_leaves(new_global), tensor_leaves(new_momentum), factors, pieces)
+                      tuple(tree_root(leaves) for leaves in pieces), tuple(float64_bits(r.scale) for r in accepted),
+                      norms)
+    return StageState(stage, tensor_leaves(new_global), tensor_leaves(new_momentum), factors, pieces, trees)
+
+
+def chunk_square_sums(tensors: Mapping[str, torch.Tensor]) -> list[int]:
+    """The exact sum of squares of each chunk of a stage's decoded (unclipped) contribution, in units of
+    2**-298 (ledger/normproof.py), chunk ``i`` over the elements its payload piece decodes to."""
+    flat = {name: value.detach().to(torch.float32).reshape(-1).contiguous().numpy().astype("<f4")
+            for name, value in tensors.items()}
+    shapes = {name: tuple(value.shape) for name, value in tensors.items()}
+    return [square_sum(flat[place.name][place.offset:place.offset + place.count].tobytes())
+            for place in stage_layout(shapes)]
+
+
+def stage_norms(accepted: Sequence[bytes], shapes: Mapping[str, tuple[int, ...]], diloco_cfg: DilocoConfig,
+                decode_args: Mapping | None = None) -> tuple[Norms, list[SumTree]]:
+    """The version-3 norm commitment of a stage's accepted contributions (their bytes, in the factors' order)
+    and each one's sum tree: what the norm rule's scales follow from (docs/FRAUD_PROOF.md)."""
+    trees, steps = [], []
+    for blob in accepted:
+        declared, tensors = decode_declared(blob, shapes, **dict(decode_args or {}))
+        trees.append(SumTree.of(chunk_square_sums(tensors)))
+        steps.append(declared)
+    steps = tuple(steps) if diloco_cfg.budgeted else ()
+    norms = Norms(float64_bits(float(diloco_cfg.norm_clip)), steps, tuple(tree.root for tree in trees),
+                  tuple(tree.total for tree in trees))
+    return norms, trees
 
 
 def proof_of_difference(prev_record, record, prev_stages, committed_stages, prev: StageState, mine: StageState,
@@ -107,3 +139,42 @@ def proof_of_difference(prev_record, record, prev_stages, committed_stages, prev
     if chunk is None:
         return None, "the committed leaves equal this node's"
     return build_proof(prev_record, record, prev_stages, committed_stages, prev, committed, chunk), f"chunk {chunk}"
+
+
+def norm_proof_of_difference(record, stage_leaves: Sequence[bytes], stage: int, committed: Factors,
+                             trees: Sequence[SumTree], own: StageState, committed_weights):
+    """``(proof, why)``: the norm proof (ledger/normproof.py) of a version-3 round whose committed factors
+    (``committed``, with its sum ``trees``, as the committers published them) differ from this node's (``own``),
+    or None with the reason no norm proof applies. ``committed_weights``: a callable giving the round's committed
+    weight leaves (a sum proof places its chunk by one), or None if they are not had.
+
+    First the scales against the rule of the committed sums; then, for each committed contribution whose pieces
+    are this node's own (the same envelope and payload root), its committed sum tree against this node's.
+    """
+    norms = committed.norms
+    if norms is None:
+        return None, "the committed factors carry no norm commitment (version 2 in a version-3 run): not provable"
+    rule = [float64_bits(scale) for scale in clip_scales(norms.sums, _double(norms.clip_bits), norms.steps)]
+    if tuple(rule) != committed.scale_bits:
+        index = next(j for j, (a, b) in enumerate(zip(rule, committed.scale_bits, strict=True)) if a != b)
+        return (scale_proof(record, list(stage_leaves), stage, committed.encode()),
+                f"clip scale {index} is not the norm rule of the committed sums")
+    mine = {envelope: index for index, envelope in enumerate(own.factors.envelopes)}
+    for j, envelope in enumerate(committed.envelopes):
+        i = mine.get(envelope)
+        if i is None or own.factors.payload_roots[i] != committed.payload_roots[j] or not own.sum_trees:
+            continue
+        if trees[j].root == own.sum_trees[i].root and norms.sums[j] == own.sum_trees[i].total:
+            continue
+        chunk = first_wrong_sum(own.sum_trees[i].sums, trees[j])
+        weights = committed_weights()
+        if weights is None:
+            return None, f"contribution {j}'s sum is wrong but the committed weights are not had"
+        chunk = 0 if chunk is None else chunk
+        return (sum_proof(record, list(stage_leaves), stage, committed.encode(), weights, own.payload_leaves[i],
+                          trees[j], j, chunk), f"contribution {j}'s sum of squares at chunk {chunk}")
+    return None, "the committed factors differ elsewhere (the set left out, or a contribution's pieces): not provable"
+
+
+def _double(bits: int) -> float:
+    return struct.unpack(">d", bits.to_bytes(8, "big"))[0]

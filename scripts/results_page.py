@@ -108,8 +108,9 @@ SECTIONS = (
             screening_delay,
             "Which rule leaves out what when every honest contribution, applied alone to weights the delayed outer "
             "step already moved, can land above their loss (docs/DILOCOX.md section 13, \"Screening of a "
-            "time-bounded run\"). The simulation is not the node: there version 2 measured its slopes at weights "
-            "the contributions were not trained from, and it is an option, not the default."),
+            "time-bounded run\"). The simulation is not the node: every contribution is aggregated here, so an "
+            "exclusion's effect on the same replica's next round (the node's pairs of exclusions) does not show; "
+            "versions 2 and 3 are options, version 1 the default."),
     Section("p2p.json", "Networking", "bench/bench_p2p.py", p2p,
             "Figures move with the machine: unchanged code used about half as much CPU per 100 MB on session 9's machine as on the one before, so compare only results recorded on the same machine (git history). `p2p.blob_direct_io` is off by default: it lowers the download's CPU but the first read then pays it."),
     Section("scale.json", "Local runs of many nodes: full exchange", "bench/bench_scale.py", scale,

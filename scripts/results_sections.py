@@ -486,9 +486,19 @@ def fraud_proof(r: dict) -> list[str]:
 
     rows = [[codec(row), row["contributions"], row["clipped"], f"{row['gas']:,}" if row["gas"] else row["error"],
              f"{row.get('calldata_bytes', 0):,}"] for row in r["rows"]]
-    return table(["codec", "contributions", "clipped", "gas", "calldata bytes"], rows) + [
+    lines = table(["codec", "contributions", "clipped", "gas", "calldata bytes"], rows) + [
         f"One proof of one {r['chunk_elements']}-element chunk; at 16 contributions the most is "
         f"**{r['max_gas_at_16']:,} gas** (goal: under {r['goal_gas_at_16']:,}).", ""]
+    if r.get("norm_rows"):
+        def gas(row: dict, kind: str) -> str:
+            return f"{row[kind]:,}" if row.get(kind) else row.get(f"{kind}_error", "")
+
+        norm = [[codec(row), row["contributions"], gas(row, "scale_gas"), gas(row, "sum_gas")] for row in r["norm_rows"]]
+        lines += ["The norm proof of a version-3 round (`proveWrongNorm`, docs/FRAUD_PROOF.md \"The clip scales\"): "
+                  "a clipped contribution committed with scale 1.0 (the scales recomputed from the committed sums), "
+                  "and one chunk's committed sum of squares one unit off (its piece decoded and squared):", ""]
+        lines += table(["codec", "contributions", "wrong scale: gas", "wrong chunk sum: gas"], norm) + [""]
+    return lines
 
 
 def heterogeneous(r: dict) -> list[str]:
@@ -522,6 +532,10 @@ def heterogeneous(r: dict) -> list[str]:
                "one process per replica; contributions over pipes, the parent replays the aggregation and evaluates "
                "(not the libp2p node). Share = the replica's seconds of inner steps that reached the outer step / "
                "the run's wall time.")
+    rule = s.get("screen_rule", "auto")
+    versions = {"auto": "version 1", "one_sided": "version 1", "two_sided": "version 2", "paired": "version 3"}
+    how += (f" The time-bounded run screens by {versions.get(rule, rule)} (`diloco.screen_rule = \"{rule}\"`) on "
+            f"{s.get('screen_batch', 16)} windows; the fixed-H run by version 1 on 16.")
     idle = []
     if "cpu_share_in_inner_steps" in r["budget"]["replicas"][0]:
         idle_rows = [[name, f"{x['factor']:g}x", pct(x["compute_share_reaching_outer_step"], 1).lstrip("+"),
@@ -586,13 +600,22 @@ def reexec_isa(r: dict) -> list[str]:
          "passed, emulated", "rule, other kernels"], cheat_rows)
 
 def screening_delay(r: dict) -> list[str]:
-    rules = ("version_1", "version_2", "version_2_excess", "curvature_per_step")
     names = {"honest": "honest", "flip": "sign flip", "x": "scaled 4x", "noise": "noise of an honest norm"}
+    if "version_3" not in r["total"]["honest"]:  # the JSON of the script before version 3
+        rules = {"version_1": "version 1", "version_2": "version 2", "version_2_excess": "v2, excess form",
+                 "curvature_per_step": "curvature per step"}
+    else:
+        wide = r["settings"].get("windows", 64)
+        rules = {"version_1": "version 1", "version_2": "version 2", "version_2_start": "v2 at theta^{t-2}",
+                 "version_3": "version 3", "version_2_wide": f"version 2, {wide} windows",
+                 "version_3_wide": f"version 3, {wide} windows"}
     rows = [[names.get(kind, kind), str(entry["n"]), *(str(entry[rule]) for rule in rules)]
             for kind, entry in r["total"].items()]
     runs = "; ".join(f"{' / '.join(map(str, run['counts']))} steps, {run['rounds']} rounds" for run in r["runs"])
     return [(f"The simulation (one-step delay, overlap 0, compression on, `tiny`, outer lr 0.7 / momentum 0.5), "
              f"replicas held at fixed counts ({runs}); every contribution aggregated; per round from 1, the "
-             "contributions excluded by each rule among the honest ones and attacks built from them (sign flip "
-             "and 4x of the longest and shortest, noise of the median and of the longest norm)."), ""] + table(
-        ["contributions", "n", "version 1", "version 2", "v2, excess form", "curvature per step"], rows)
+             "contributions excluded by each rule (`training.screening.judge`, on the round's screening batch of 16 "
+             "windows unless a column says more) among the honest ones (a round of the three) and attacks built "
+             "from them (each in a round of the three and it: sign flip and 4x of the longest and shortest, noise of "
+             "the median and of the longest norm)."), ""] + table(
+        ["contributions", "n", *rules.values()], rows)

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ledger.chunkproof import StageState, build_proof, chunked_weights_root
+from ledger.normproof import SumTree, scale_proof, sum_proof
 from node.fraudproof import initial_state, stage_state
 from training.codec_wire import CODEC_VERSION, f32_bytes, matrix_view_shape, pack_ints, qmax
 from training.config import DilocoConfig
@@ -61,11 +62,11 @@ class Round:
     blobs: list[bytes]
 
 
-def aggregated_round(shapes, blobs: list[bytes]) -> Round:
+def aggregated_round(shapes, blobs: list[bytes], diloco: DilocoConfig = DILOCO) -> Round:
     """Round 1 of stage 0: ``blobs`` aggregated (training/diloco.py) onto seeded weights and momentum."""
     weights, momentum = tensors(1, shapes), tensors(2, shapes, scale=0.1)
-    aggregation = aggregate_with_report(weights, momentum, blobs, DILOCO, stage_index=0, outer_round=1)
-    honest = stage_state(0, aggregation, blobs, DILOCO, 1, decode_args={"stage_index": 0, "outer_round": 1})
+    aggregation = aggregate_with_report(weights, momentum, blobs, diloco, stage_index=0, outer_round=1)
+    honest = stage_state(0, aggregation, blobs, diloco, 1, decode_args={"stage_index": 0, "outer_round": 1})
     other = initial_state(1, tensors(3, OTHER), tensors(4, OTHER, 0.0))
     return Round(initial_state(0, weights, momentum), honest, other, blobs)
 
@@ -77,6 +78,29 @@ def changed(state: StageState, chunk: int, element: int, *, momentum: bool = Fal
     leaf[24 + 4 * element + 3] ^= 1
     leaves[chunk] = bytes(leaf)
     return dataclasses.replace(state, **{"momentum_leaves" if momentum else "weight_leaves": leaves})
+
+
+def lied_sum(state: StageState, contribution: int, chunk: int, delta: int = 1) -> StageState:
+    """``state`` (version 3) whose committed sum tree of ``contribution`` says chunk ``chunk``'s sum of squares is
+    ``delta`` units more than it is (the tree's total and the factors consistent with the lie)."""
+    sums = list(state.sum_trees[contribution].sums)
+    sums[chunk] += delta
+    fake = SumTree.of(sums)
+    norms = state.factors.norms
+    roots, totals = list(norms.roots), list(norms.sums)
+    roots[contribution], totals[contribution] = fake.root, fake.total
+    factors = dataclasses.replace(state.factors, norms=dataclasses.replace(norms, roots=tuple(roots),
+                                                                            sums=tuple(totals)))
+    trees = list(state.sum_trees)
+    trees[contribution] = fake
+    return dataclasses.replace(state, factors=factors, sum_trees=trees)
+
+
+def with_scale(state: StageState, contribution: int, bits: int) -> StageState:
+    """``state`` whose factors commit clip scale ``bits`` (float64) for ``contribution``."""
+    scales = list(state.factors.scale_bits)
+    scales[contribution] = bits
+    return dataclasses.replace(state, factors=dataclasses.replace(state.factors, scale_bits=tuple(scales)))
 
 
 @dataclasses.dataclass
@@ -98,6 +122,18 @@ class Committed:
     def prover(self):
         return self.deployment.client(self.prover_index)
 
+    def scale_proof(self):
+        """The norm proof of round 1's clip scales (a version-3 round)."""
+        leaves = [leaf.encode() for leaf in self.stages[1]]
+        return scale_proof(self.records[1], leaves, 0, self.states[1].factors.encode())
+
+    def sum_proof(self, contribution: int, chunk: int):
+        """The norm proof of chunk ``chunk`` of ``contribution``'s sum tree in round 1 (a version-3 round)."""
+        state = self.states[1]
+        return sum_proof(self.records[1], [leaf.encode() for leaf in self.stages[1]], 0, state.factors.encode(),
+                         state.weight_leaves, state.payload_leaves[contribution], state.sum_trees[contribution],
+                         contribution, chunk)
+
 
 def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_index: int = 6) -> Committed:
     """A new run on ``deployment`` (members 1, 2, 3; k = 2) whose round 0 is ``round_.prev`` and round 1 ``new``,
@@ -114,20 +150,23 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
 
 
 CHAIN_SHAPES = {"w": (2, 40)}  # 80 elements: a full chunk and a short one
-_CHAIN: list = []  # [(state, weights, momentum)] after rounds 0, 1, ...
+_CHAINS: dict[bool, list] = {False: [], True: []}  # normed -> [(state, weights, momentum)] after rounds 0, 1, ...
 
 
-def honest_chain(round_: int) -> StageState:
+def honest_chain(round_: int, *, normed: bool = False) -> StageState:
     """The state of a one-stage run after ``round_``: round 0 is the seeded start, each later round aggregates
-    two raw contributions onto the one before (cached: the fuzzer asks for the same rounds again and again)."""
-    if not _CHAIN:
+    two raw contributions onto the one before (cached: the fuzzer asks for the same rounds again and again).
+    ``normed``: a version-3 run's (its factors carry the norm commitment, its states the sum trees)."""
+    chain = _CHAINS[normed]
+    diloco = dataclasses.replace(DILOCO, commitments="normed") if normed else DILOCO
+    if not chain:
         weights, momentum = tensors(1, CHAIN_SHAPES), tensors(2, CHAIN_SHAPES, scale=0.0)
-        _CHAIN.append((initial_state(0, weights, momentum), weights, momentum))
-    while len(_CHAIN) <= round_:
-        t = len(_CHAIN)
-        _state, weights, momentum = _CHAIN[-1]
+        chain.append((initial_state(0, weights, momentum), weights, momentum))
+    while len(chain) <= round_:
+        t = len(chain)
+        _state, weights, momentum = chain[-1]
         blobs = [contribution(CHAIN_SHAPES, "raw", 1000 * t + i, scale=1e-2, outer_round=t) for i in range(2)]
-        aggregation = aggregate_with_report(weights, momentum, blobs, DILOCO, stage_index=0, outer_round=t)
-        state = stage_state(0, aggregation, blobs, DILOCO, t, decode_args={"stage_index": 0, "outer_round": t})
-        _CHAIN.append((state, aggregation.new_global, aggregation.new_momentum))
-    return _CHAIN[round_][0]
+        aggregation = aggregate_with_report(weights, momentum, blobs, diloco, stage_index=0, outer_round=t)
+        state = stage_state(0, aggregation, blobs, diloco, t, decode_args={"stage_index": 0, "outer_round": t})
+        chain.append((state, aggregation.new_global, aggregation.new_momentum))
+    return chain[round_][0]

@@ -1,7 +1,7 @@
 """A chunked run's stage states wait for their dispute window on disk, not in memory (node/live/chunkstate.py).
 
 A node keeps its state of every round until the round's dispute window closes on chain (``disputeBlocks`` after
-its commit): 64 blocks, about 25 rounds on the soak's chain, where a round takes ~2.5 blocks. Each state holds
+its commit): 64 blocks, 20-25 rounds on the soak's anvil, where a round took 2.5-3.2 blocks. Each state holds
 the stage's weights and momentum chunked and every accepted contribution's payload pieces; kept in memory for
 the whole window, they were most of the RSS growth of the 60-minute soak (tracemalloc on a 4-node run on the
 network lab: training/chunks.py's allocations +9 MiB in six minutes on a one-node replica, the largest growth

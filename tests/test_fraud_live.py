@@ -370,3 +370,73 @@ def test_a_right_rounds_state_is_kept_while_it_can_be_challenged(world, tmp_path
     with pytest.raises(ProverChallengeTooLate):
         griefer.challenge_availability(target)
     assert griefer.invalid_from(run.run_id) is None
+
+
+def test_one_honest_node_alone_proves_a_colluding_quorums_unclipped_scale(tmp_path, caplog):
+    """A version-3 run (``diloco.commitments = "normed"``): the colluders aggregate a contribution the norm rule
+    clips with scale 1.0 and weights consistent with it (no chunk differs from the step of their factors), and
+    publish their factors and sum trees; the honest node opens them and proves the scale wrong on chain."""
+    from ledger.chunkproof import build_proof
+
+    cfg = load_config(None, ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2",
+                             "diloco.commitments=normed", "compression.enabled=false"])
+    assert cfg.diloco.commitments == "normed" and cfg.diloco.norm_clip == 2.0
+    layout = RunLayout(1, b"\x07" * 32, {}, (SHAPES, OTHER), chunked=True)
+    weights, momentum = tensors(1, SHAPES), tensors(2, SHAPES, scale=0.1)
+    blobs = [contribution(SHAPES, "lowrank", 30, rank=4), contribution(SHAPES, "quant", 31),
+             contribution(SHAPES, "raw", 32, scale=0.5)]
+    honest_aggregation = aggregate_with_report(weights, momentum, blobs, cfg.diloco, stage_index=0, outer_round=1,
+                                               compression_cfg=cfg.compression)
+    assert honest_aggregation.contributions[2].scale < 1.0  # the rule clips the raw one
+    loose = dataclasses.replace(cfg.diloco, norm_clip=0.0)
+    colluded = aggregate_with_report(weights, momentum, blobs, loose, stage_index=0, outer_round=1,
+                                     compression_cfg=cfg.compression)
+    assert all(report.scale == 1.0 for report in colluded.contributions)
+    other = initial_state(1, tensors(3, OTHER), tensors(4, OTHER, 0.0))
+    hosts = [P2PHost.start(P2PConfig(listen_port=0), Identity.generate(), data_dir=tmp_path / f"host{i}")
+             for i in range(2)]
+    try:
+        world = World(cfg, layout, weights, momentum, blobs, honest_aggregation, other, hosts)
+        colluder_host, prover_host = hosts
+        colluders, honest = _states(world, colluder_host), _states(world, prover_host)
+        own_leaf = _record(world, honest, honest_aggregation.new_global)
+        envelopes = [hashlib.sha256(b"envelope" + blob).digest() for blob in blobs]
+        wrong_leaf = colluders.record(1, 0, colluded.new_global, colluded.new_momentum, colluded.contributions,
+                                      blobs, envelopes)
+        assert own_leaf != wrong_leaf
+        prover_host.connect(colluder_host.listen_addrs[0])
+        deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
+                                                               colluder_host.peer_id)
+        client = deployment.client(PROVER)
+        start = initial_state(0, weights, momentum)
+        for chunk in range(len(start.weight_leaves)):  # no chunk proof sees it: the weights follow the scales
+            assert not client.proof_holds(build_proof(
+                records[0], records[1], [start.leaf(), other.leaf()], [StageLeaf.decode(wrong_leaf), other.leaf()],
+                start, colluders.state(1, 0), chunk))
+        prover.check(0, records[0], records[0])
+        with caplog.at_level("ERROR", logger="node.live.prover"):
+            prover.check(1, records[1], mine_record)
+        assert set(prover.log.proofs) == {1}, prover.log.unprovable
+        assert "clip scale 2 is not the norm rule of the committed sums; sending the norm proof" in caplog.text
+        assert client.invalid_from(run.run_id) == 1
+        for index in COLLUDERS:
+            assert client.member(run.run_id, deployment.client(index).address).status == "slashed"
+        assert client.member(run.run_id, client.address).status == "active"
+        # The proof is kept, and the audit shows it, checked on chain (isWrongNorm).
+        from types import SimpleNamespace
+
+        from ledger.normproof import SCALES, NormProof
+        from node.tools.audit_proof import check_fraud_proof
+        kept = (tmp_path / "proofs" / "round-00000001-stage0.json").read_bytes()
+        assert NormProof.from_json(json.loads(kept)["proof"]).contribution == SCALES
+        verdict = SimpleNamespace(checks=[], notes=[])
+        source = SimpleNamespace(proofs=lambda outer_round: [kept] if outer_round == 1 else [])
+        attesters = client.commit_record(run.run_id, 1).attesters
+        check_fraud_proof(verdict, SimpleNamespace(commit=records[1], attesters=attesters), None, None, [source],
+                          client, client.history(run.run_id), None)
+        (check,) = verdict.checks
+        assert check.status == "ok" and "the clip scales" in check.reason and "already proven" in check.reason
+        assert verdict.notes[0].startswith("fraud proof (proveWrongNorm's argument)")
+    finally:
+        for host in hosts:
+            host.close()

@@ -197,7 +197,7 @@ def test_a_replica_that_declares_more_steps_than_it_trained_is_convicted_by_a_sp
 @pytest.mark.slow  # a few minutes on a loaded machine: three node processes, the full exchange, screening on
 @pytest.mark.timeout(1800)
 def test_a_screened_time_bounded_run_is_audited_bit_for_bit(make_run):
-    """Three replicas of one stage (every node holds the whole model, so every round is screened, here by version 2,
+    """Three replicas of one stage (every node holds the whole model, so every round is screened, here by version 3,
     docs/DILOCOX.md section 13), the full exchange: every round commits with all three
     contributions, and the audit re-derives every round's screening and aggregation and reruns every contribution
     (exactly its declared steps) bit for bit."""
@@ -205,12 +205,12 @@ def test_a_screened_time_bounded_run_is_audited_bit_for_bit(make_run):
     run = make_run(replicas=3, stages=1, split=False, attest_quorum=2, settings=[
         *TINY, "join_timeout=180", "round_timeout=600", f"rounds={rounds}", f"diloco.inner_steps={MAX_STEPS}",
         "diloco.round_budget_s=0.3", f"diloco.min_inner_steps={MIN_STEPS}", "diloco.overlap_steps=0",
-        "diloco.screen_rule=two_sided"])
+        "diloco.screen_rule=paired"])
     run.start()
     for slot in run.nodes:
         assert slot.process.wait(timeout=1500) == 0, run_logs(run)
     document = json.loads((run.workdir / "run.json").read_text())
-    assert document["diloco"]["screen_rule"] == "two_sided" and "exchange" not in document["diloco"]
+    assert document["diloco"]["screen_rule"] == "paired" and "exchange" not in document["diloco"]
     history = run.client().history(run.run_id)
     assert [c.commit.round for c in history.commits] == list(range(rounds)), run_logs(run)
     assert not history.accusations and not history.disputes

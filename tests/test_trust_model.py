@@ -47,7 +47,20 @@ def test_the_prover_and_the_challenger_cannot_invalidate_right_rounds():
             outsider.prove_wrong_aggregation(machine.proof_of(round_, chunk, tampered=tampered),
                                              attesters=machine.attesters_of(round_))
         machine.the_model_holds()
-    state = honest_chain(2)
+    from ledger.normproof import scale_proof
+    from tests.fraud_fixtures import with_scale
+    from training.chunks import float64_bits
+    for round_ in (0, 1, 2):  # round 0 holds version-2 (empty) factors: no norm commitment to open
+        state = honest_chain(round_, normed=True)
+        for claimed, error in ((state, errors.ProverNotNormed if round_ == 0 else errors.ProverNormCorrect),
+                               (with_scale(state, 0, float64_bits(0.5)) if round_ else None, errors.ProverBadStagePath)):
+            if claimed is None:
+                continue
+            proof = scale_proof(machine.records[round_], [claimed.leaf().encode()], 0, claimed.factors.encode())
+            with pytest.raises(error):
+                outsider.prove_wrong_norm(proof, attesters=machine.attesters_of(round_))
+        machine.the_model_holds()
+    state = honest_chain(2, normed=True)
     for which in (WEIGHTS, PAYLOAD + 1):
         target = availability_target(machine.records[2], [state.leaf()], state.factors, 0, which, 1)
         challenge = outsider.challenge_availability(target)

@@ -11,13 +11,14 @@ withdraw, advance blocks); every invariant of the model is checked after every s
 * I5 (finality): a final round has its dispute window closed and no dispute case open before its deadline;
   no round is ever overturned (honest records are right).
 * I6 (solvency): the contract holds at least every bonded stake plus every open dispute bond.
-* I7 (fraud proof, docs/FRAUD_PROOF.md): a right round is never invalidated by a proof (over its real leaves,
-  or over tampered ones) nor by a data-availability challenge (the live honest members answer it). Its other
+* I7 (fraud proof, docs/FRAUD_PROOF.md): a right round is never invalidated by a proof (a chunk's or the clip
+  scales', over its real commitments or tampered ones) nor by a data-availability challenge (the live honest members answer it). Its other
   half, a wrong round can always be proven, has no case here: under the assumption the coalition commits no
   round (I1); tests/test_fraud_proof.py proves committed wrong rounds.
 
-Honest records commit chunked weights roots (version 2) of a real aggregation chain (two raw contributions
-per round on one 2 x 40 stage), so the prover and the challenger (an outsider) act on real commitments.
+Honest records commit chunked weights roots with the norm commitment (version 3) of a real aggregation chain
+(two raw contributions per round on one 2 x 40 stage), so the provers (of a chunk and of the clip scales) and the
+challenger (an outsider) act on real commitments.
 
 The model's assumption, kept by the rules' preconditions: the coalition's active members are fewer than
 half of the counted members (``quorum_bps`` 5000), and honest members are live (they attest every commit
@@ -37,7 +38,9 @@ from ledger.chain import connect_pyevm
 from ledger.chunkproof import (MOMENTUM, PAYLOAD, WEIGHTS, availability_answer, availability_target, build_proof,
                                chunked_weights_root)
 from ledger.records import RoundRecord, Verdict
-from tests.fraud_fixtures import changed, honest_chain
+from ledger.normproof import scale_proof, sum_proof
+from tests.fraud_fixtures import changed, honest_chain, lied_sum, with_scale
+from training.chunks import float64_bits
 from tests.ledger_fixtures import deploy, mine, node_key, raw_public_key
 
 STAKE = 10**15
@@ -65,6 +68,7 @@ class TrustMachine(RuleBasedStateMachine):
     examples = 0  # examples started in this process (the bench reports them)
     checks = 0  # times every invariant was checked: once after each example's set-up and after every step
     proofs_refused = 0  # fraud proofs against right rounds the prover refused (I7)
+    norm_proofs_refused = 0  # norm proofs (clip scales, sum trees) against right rounds refused (I7)
     challenges_answered = 0  # availability challenges the honest members answered (I7)
 
     @initialize()
@@ -110,7 +114,7 @@ class TrustMachine(RuleBasedStateMachine):
     def honest_record(self) -> RoundRecord:
         reader = self.client(HONEST[0])
         round_ = reader.commit_count(self.run_id)
-        weights = chunked_weights_root([honest_chain(round_).leaf()])
+        weights = chunked_weights_root([honest_chain(round_, normed=True).leaf()])
         record = RoundRecord(self.run_id, round_, reader.head_of(self.run_id), weights,
                              _digest(f"honest contributions {round_}"), 3_000_000, 3_100_000, 4096, 4, bytes(32))
         self.honest_hashes[round_] = record_struct_hash(record)
@@ -327,7 +331,7 @@ class TrustMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ the prover and the challenger
     def proof_of(self, round_: int, chunk: int, *, tampered: bool):
         """The proof of ``chunk`` of ``round_`` with its real leaves, or over a tampered twin of the state."""
-        prev, new = honest_chain(round_ - 1), honest_chain(round_)
+        prev, new = honest_chain(round_ - 1, normed=True), honest_chain(round_, normed=True)
         claimed = changed(new, chunk, 0) if tampered else new
         return build_proof(self.records[round_ - 1], self.records[round_], [prev.leaf()], [claimed.leaf()], prev,
                            claimed, chunk)
@@ -337,7 +341,7 @@ class TrustMachine(RuleBasedStateMachine):
     def anyone_proves(self, data) -> None:
         """An outsider proves a committed (right) round wrong, with its real leaves or tampered ones: refused."""
         round_ = data.draw(st.integers(1, max(self.records)))
-        chunk = data.draw(st.integers(0, len(honest_chain(round_).weight_leaves) - 1))
+        chunk = data.draw(st.integers(0, len(honest_chain(round_, normed=True).weight_leaves) - 1))
         proof = self.proof_of(round_, chunk, tampered=data.draw(st.booleans()))
         try:
             self.client(OUTSIDER).prove_wrong_aggregation(proof, attesters=self.attesters_of(round_))
@@ -348,10 +352,35 @@ class TrustMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: len(getattr(self, "records", {})) >= 1)
     @rule(data=st.data())
+    def anyone_proves_a_norm(self, data) -> None:
+        """An outsider proves a committed (right) round's clip scales, or one chunk of a contribution's sum tree,
+        wrong, over the real commitment or a tampered one (a scale or a chunk sum changed): refused."""
+        round_ = data.draw(st.sampled_from(sorted(self.records)))
+        state = honest_chain(round_, normed=True)
+        chunk = data.draw(st.integers(0, len(state.weight_leaves) - 1))
+        kinds = ["real"] + (["scale", "sum"] if state.sum_trees else [])
+        tamper = data.draw(st.sampled_from(kinds))
+        claimed = {"real": lambda: state, "scale": lambda: with_scale(state, 0, float64_bits(0.5)),
+                   "sum": lambda: lied_sum(state, 0, chunk)}[tamper]()
+        leaves = [claimed.leaf().encode()]
+        if not claimed.sum_trees or data.draw(st.booleans()):
+            proof = scale_proof(self.records[round_], leaves, 0, claimed.factors.encode())
+        else:
+            proof = sum_proof(self.records[round_], leaves, 0, claimed.factors.encode(), claimed.weight_leaves,
+                              claimed.payload_leaves[0], claimed.sum_trees[0], 0, chunk)
+        try:
+            self.client(OUTSIDER).prove_wrong_norm(proof, attesters=self.attesters_of(round_))
+        except REFUSED:
+            TrustMachine.norm_proofs_refused += 1
+            return
+        raise AssertionError(f"I7: a norm proof invalidated round {round_}, which is right")
+
+    @precondition(lambda self: len(getattr(self, "records", {})) >= 1)
+    @rule(data=st.data())
     def anyone_challenges_and_the_honest_answer(self, data) -> None:
         """An outsider challenges a committed leaf; a live honest member answers at once (any account may)."""
         round_ = data.draw(st.sampled_from(sorted(self.records)))
-        state = honest_chain(round_)
+        state = honest_chain(round_, normed=True)
         which = data.draw(st.sampled_from([WEIGHTS, MOMENTUM] + [PAYLOAD + j for j in
                                                                  range(len(state.payload_leaves))]))
         chunk = data.draw(st.integers(0, len(state.weight_leaves) - 1))

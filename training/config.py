@@ -130,13 +130,17 @@ OUTER_DECAYS = ("constant", "linear", "cosine")
 EXCHANGES = ("full", "sliced")
 #: How a record commits each stage's state (docs/FRAUD_PROOF.md): "hashed", version 1 (one hash of each stage's
 #: weights, training.hashing.weights_root: no fraud proof opens it), "chunked", version 2 (the Merkle root of
-#: every stage's chunk roots and per-round factors, ledger.chunkproof: a fraud proof opens one chunk).
-COMMITMENTS = ("hashed", "chunked")
+#: every stage's chunk roots and per-round factors, ledger.chunkproof: a fraud proof opens one chunk), "normed",
+#: version 3 (version 2 whose factors also commit each contribution's sum of squares and its sum tree,
+#: ledger.normproof: a fraud proof opens a clip scale).
+COMMITMENTS = ("hashed", "chunked", "normed")
 #: Screening's rule (docs/DILOCOX.md sections 10 and 13, "Screening"): "one_sided", version 1, the loss of each
 #: contribution applied alone against the median's; "two_sided", version 2 (time-bounded runs), also applied against
 #: itself: a contribution must descend (its slope), and its length cost no more than four times the median one's
-#: (its curvature).
-SCREEN_RULES = ("one_sided", "two_sided")
+#: (its curvature); "paired", version 3 (time-bounded runs), version 2 with the slope judged per window of the
+#: screening batch: a contribution's slope may fall short of the least slope by two standard errors of its
+#: measurement (docs/DILOCOX.md section 13, "Version 3").
+SCREEN_RULES = ("one_sided", "two_sided", "paired")
 #: diloco.exchange = "auto" (the node template's): the sliced exchange from this many replicas, the full one
 #: below. Where the sliced exchange wins: docs/PROTOCOL.md, "Sliced exchange", "Which exchange by default".
 SLICED_FROM_REPLICAS = 8
@@ -201,8 +205,9 @@ class DilocoConfig:
     screen_batch_size: int = 16
     # Screening's rule (SCREEN_RULES). "auto" resolves to "one_sided" (the rule above, as before);
     # "two_sided" (version 2) is a time-bounded run's option: measured on the node under the one-step delay
-    # it screened out more honest contributions than version 1 (docs/DILOCOX.md section 13). "one_sided" is
-    # in the run document by its absence (every run made without the option: their hashes unchanged).
+    # it screened out more honest contributions than version 1 (docs/DILOCOX.md section 13); "paired"
+    # (version 3), the same rule with each slope judged within its measurement error, is another. "one_sided"
+    # is in the run document by its absence (every run made without an option: their hashes unchanged).
     screen_rule: str = AUTO
     # How a round's pseudo-gradients travel (docs/PROTOCOL.md "Sliced exchange", docs/DILOCOX.md
     # section 12): "full", every holder fetches every closed contribution ((R - 1) x C bytes in);
@@ -326,14 +331,15 @@ class DilocoConfig:
         _require(self.commitments in COMMITMENTS,
                  f"diloco.commitments={self.commitments!r}: must be one of {', '.join(COMMITMENTS)} or \"auto\"")
         _require(provable or self.commitments == "hashed",
-                 f"diloco.commitments=\"chunked\" needs diloco.exchange = \"full\" (now {self.exchange!r}) and "
+                 f"diloco.commitments={self.commitments!r} needs diloco.exchange = \"full\" (now {self.exchange!r}) and "
                  f"diloco.outer_lr_other_scale = 1 (now {self.outer_lr_other_scale}): the fraud proof's outer step "
                  "averages whole contributions with one outer lr; set diloco.commitments = \"hashed\"")
 
     @property
     def chunked(self) -> bool:
-        """Whether the run's records commit chunked (version-2) weights roots (``commitments``)."""
-        return self.commitments == "chunked"
+        """Whether the run's records commit chunked weights roots (``commitments``: version 2, or version 3
+        whose factors also commit the norm rule's sums of squares, docs/FRAUD_PROOF.md)."""
+        return self.commitments in ("chunked", "normed")
 
     def _check_round_budget(self) -> None:
         budget, least = self.round_budget_s, self.min_inner_steps

@@ -212,13 +212,21 @@ class PlatformFingerprint:
     deterministic: bool  # torch.are_deterministic_algorithms_enabled()
     cudnn_deterministic: bool
     tf32: bool  # TF32 matrix products allowed (CUDA)
+    # The CPU math libraries' code path where the environment chose one (blas_dispatch): "" for their own
+    # dispatch, the only value before this field existed. Left out of the document when "", so every
+    # fingerprint, declaration and start state made before it keeps its bytes.
+    blas: str = ""
 
     def document(self) -> dict:
-        return asdict(self)
+        document = asdict(self)
+        if not self.blas:
+            del document["blas"]
+        return document
 
     def describe(self) -> str:
         libs = f"torch {self.torch}" + (f", CUDA {self.cuda}, cuDNN {self.cudnn}" if self.device_type == "cuda" else "")
-        return f"{self.device_type} {self.device_name} ({self.capability}) {self.precision}, {libs}"
+        blas = f", {self.blas}" if self.blas else ""
+        return f"{self.device_type} {self.device_name} ({self.capability}{blas}) {self.precision}, {libs}"
 
 
 def _cpu_name() -> str:
@@ -230,6 +238,57 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return host_platform.processor() or host_platform.machine() or "unknown"
+
+
+#: Environment variables that choose the code path of the math libraries torch's CPU kernels call, read
+#: once when the library starts: MKL's conditional-numerical-reproducibility branch (``MKL_CBWR``; on this
+#: AMD EPYC every branch but ``COMPATIBLE`` falls back to MKL's own dispatch, and ``COMPATIBLE`` gives other
+#: sgemm bits, docs/DILOCOX.md section 11), MKL's instruction cap and CPU-type override, oneDNN's ISA cap
+#: and its implicit down-conversion of float32 math. Two processes of one CPU model and torch build that
+#: differ in them compute other bits, so they are part of the platform.
+BLAS_DISPATCH_ENV = (
+    "DNNL_DEFAULT_FPMATH_MODE", "DNNL_MAX_CPU_ISA", "MKL_CBWR", "MKL_DEBUG_CPU_TYPE", "MKL_ENABLE_INSTRUCTIONS",
+    "ONEDNN_DEFAULT_FPMATH_MODE", "ONEDNN_MAX_CPU_ISA",
+)
+
+
+def _blas_value_ok(value: str) -> bool:
+    return bool(value) and all("!" <= c <= "~" and c != ";" for c in value)
+
+
+def blas_dispatch(environ=None) -> str:
+    """``NAME=value`` of each :data:`BLAS_DISPATCH_ENV` variable set (non-empty) in ``environ`` (default: this
+    process's), sorted, joined by ``;``; "" where none is set (the libraries' own dispatch). Raises
+    PlatformError for a value no fingerprint can carry (a space, ``;``, non-ASCII, over 200 characters)."""
+    environ = os.environ if environ is None else environ
+    found = []
+    for name in BLAS_DISPATCH_ENV:
+        value = environ.get(name, "").strip()
+        if not value:
+            continue
+        if not _blas_value_ok(value):
+            raise PlatformError(f"{name}={value!r}: the value may hold printable ASCII without spaces or ';' only")
+        found.append(f"{name}={value}")
+    blas = ";".join(found)
+    if len(blas) > _MAX_FIELD:
+        raise PlatformError(f"{blas[:60]}...: the math-library settings exceed {_MAX_FIELD} characters")
+    return blas
+
+
+def blas_environment(blas: str) -> dict[str, str | None]:
+    """The :data:`BLAS_DISPATCH_ENV` settings a child needs to run with the code path ``blas`` names (the
+    value of a fingerprint's ``blas``): each variable ``blas`` sets to its value, every other one to None
+    (unset). Raises PlatformError for a ``blas`` that :func:`blas_dispatch` could not have written."""
+    settings: dict[str, str | None] = dict.fromkeys(BLAS_DISPATCH_ENV)
+    for item in blas.split(";") if blas else ():
+        name, sep, value = item.partition("=")
+        if not sep or name not in settings or settings[name] is not None or not _blas_value_ok(value):
+            raise PlatformError(f"platform fingerprint blas={blas!r}: {item!r} is not NAME=value of "
+                                f"{', '.join(BLAS_DISPATCH_ENV)}")
+        settings[name] = value
+    if blas and ";".join(f"{n}={v}" for n, v in settings.items() if v is not None) != blas:
+        raise PlatformError(f"platform fingerprint blas={blas!r}: not in canonical (sorted) order")
+    return settings
 
 
 def fingerprint(device: torch.device, precision: str) -> PlatformFingerprint:
@@ -251,16 +310,17 @@ def fingerprint(device: torch.device, precision: str) -> PlatformFingerprint:
         precision=precision, torch=torch.__version__[:_MAX_FIELD], cuda=cuda, cudnn=cudnn,
         deterministic=torch.are_deterministic_algorithms_enabled(),
         cudnn_deterministic=bool(torch.backends.cudnn.deterministic) if device.type == "cuda" else False,
-        tf32=tf32,
+        tf32=tf32, blas=blas_dispatch() if device.type == "cpu" else "",
     )
 
 
 def parse_fingerprint(document) -> PlatformFingerprint:
     """A fingerprint from a start state's header, checked strictly (exact keys and types, bounded strings)."""
     names = {f.name: f.type for f in fields(PlatformFingerprint)}
-    if not isinstance(document, dict) or set(document) != set(names):
+    if not isinstance(document, dict) or set(document) not in (set(names), set(names) - {"blas"}):
         keys = sorted(document) if isinstance(document, dict) else type(document).__name__
-        raise PlatformError(f"platform fingerprint has keys {keys}, expected {sorted(names)}")
+        raise PlatformError(f"platform fingerprint has keys {keys}, expected {sorted(names)} (blas optional)")
+    names = {name: kind for name, kind in names.items() if name in document}
     for name, kind in names.items():
         value = document[name]
         if kind == "bool":
@@ -272,6 +332,11 @@ def parse_fingerprint(document) -> PlatformFingerprint:
         raise PlatformError(f"platform fingerprint device_type={document['device_type']!r}: must be cpu or cuda")
     if document["precision"] not in PRECISIONS:
         raise PlatformError(f"platform fingerprint precision={document['precision']!r}: must be one of {list(PRECISIONS)}")
+    if "blas" in document:
+        if not document["blas"]:
+            raise PlatformError("platform fingerprint blas='': the libraries' own dispatch is written by leaving "
+                                "blas out")
+        blas_environment(document["blas"])
     return PlatformFingerprint(**document)
 
 
@@ -328,6 +393,54 @@ def capability_to_emulate(claimed: PlatformFingerprint | None, here: PlatformFin
     if level is None or ours is None or level > ours:
         return None
     return claimed.capability.lower()
+
+
+def kernels_to_emulate(claimed: PlatformFingerprint | None, here: PlatformFingerprint,
+                       native: str | None = None) -> dict[str, str | None] | None:
+    """The environment a child of this process needs to rerun a CPU claim under the claimant's own kernels,
+    or None where this process's own are the claimant's or none can be chosen here.
+
+    Two things choose them besides the CPU model and the torch build (which must be equal): ATen's
+    instruction set (:func:`capability_to_emulate`) and the math libraries' code path (the fingerprint's
+    ``blas``, :data:`BLAS_DISPATCH_ENV`). The result maps variable names to the value the child must see,
+    or to None for a variable it must not have; apply it with :func:`emulated_environment`.
+    """
+    if claimed is None or claimed.device_type != "cpu" or here.device_type != "cpu":
+        return None
+    if claimed.device_name != here.device_name or claimed.torch != here.torch:
+        return None
+    if claimed.capability == here.capability and claimed.blas == here.blas:
+        return None
+    settings: dict[str, str | None] = {}
+    if claimed.capability != here.capability:
+        capability = capability_to_emulate(claimed, here, native)
+        if capability is None:
+            return None
+        settings[CAPABILITY_ENV] = capability
+    if claimed.blas != here.blas:
+        try:
+            settings.update(blas_environment(claimed.blas))
+        except PlatformError:
+            return None
+    return settings
+
+
+def emulated_environment(settings: dict[str, str | None], environ=None) -> dict[str, str]:
+    """A copy of ``environ`` (default: this process's) with ``settings`` (:func:`kernels_to_emulate`) applied."""
+    env = dict(os.environ if environ is None else environ)
+    for name, value in settings.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+def describe_kernels(settings: dict[str, str | None]) -> str:
+    """``ATEN_CPU_CAPABILITY=avx2, MKL_CBWR=COMPATIBLE``: the variables ``settings`` sets (unset ones left out),
+    or "this process's kernels" where it sets none."""
+    shown = [f"{name}={value}" for name, value in sorted(settings.items()) if value is not None]
+    return ", ".join(shown) or "the libraries' own dispatch"
 
 
 # ----------------------------------------------------------------------------- judging a rerun

@@ -16,7 +16,7 @@ clearly worse than the median contribution
     excluded_i  <=>  not (L_i <= med + tol)
 
 In a run whose rounds are bounded by time (``diloco.round_budget_s``, issue 44) a contribution without a
-valid declared count is not screened (the aggregation excludes it), and the rule is version 2,
+valid declared count is not screened (the aggregation excludes it), and the run may opt into version 2,
 ``diloco.screen_rule = "two_sided"`` (docs/DILOCOX.md section 13, "Screening"): each contribution is also
 applied against itself, and what is judged is its slope and its curvature, not its loss alone::
 
@@ -31,6 +31,17 @@ applied against itself, and what is judged is its slope and its curvature, not i
 
 (version 1 of a time-bounded run, ``"one_sided"``, the rule of every run made before it:
 ``excluded_i <=> not (L_i <= max(L_b, med) + tol)``).
+
+Version 3 (``"paired"``) is version 2 with the slope judged against its own measurement error: the losses are
+taken per window ``w`` of the screening batch (:class:`ModelLoss`, ``windows``), ``L = f32(fsum_w / B)`` of each,
+and the slope's standard error over the batch's ``B`` windows::
+
+    E_i   = f32(stdev_w(L+_{i,w} - L-_{i,w}) / sqrt(B))      (float64, exact sums; 0 unless B >= 2, every value finite)
+    excluded_i  <=>  not ( D_i + min(SLOPE_ERRORS * E_i, tol) > min(tol, D_med / SLOPE_SHARE) )
+                 or  not ( C_i <= CURVATURE_FACTOR * max(C_med, 0) + tol )
+
+(docs/DILOCOX.md section 13, "Version 3": in the simulation the honest slopes version 2 found too small were the
+16-window batch's noise, and on the node one exclusion at that margin cost the replica its next round too).
 
 ``f32`` rounds the float64 loss to the nearest float32: the loss is computed in
 float64 (:func:`model_loss_fn`), whose order-dependent last bits (thread count,
@@ -48,12 +59,14 @@ from __future__ import annotations
 
 import hashlib
 import math
+import statistics
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from training.codec_wire import decode_contribution, header_steps
 from training.config import DilocoConfig, ModelConfig
@@ -78,6 +91,9 @@ SLOPE_SHARE = 4
 #: ... and cost no more than this many times the median's curvature (plus the tolerance): the curvature grows as
 #: the square of an update's length, so this is an update twice the median's.
 CURVATURE_FACTOR = 4
+#: Version 3 (``"paired"``): a slope may fall short of the least one by this many standard errors of its
+#: measurement (at most by the tolerance): the two-sided 95% band of a normal estimate.
+SLOPE_ERRORS = 2
 
 def screening_offsets(run_seed: int, outer_round: int, batch_size: int, n_start: int) -> list[int]:
     """``offset_b = u64be(sha256(DOMAIN || u64be(run_seed) || u64be(outer_round) || u64be(b))[:8]) % n_start``."""
@@ -108,16 +124,47 @@ def screening_batch(
     return corpus.windows("eval", starts, block_size)
 
 
-def model_loss_fn(model_cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor) -> LossFn:
-    """``weights -> mean cross-entropy of the full model on (x, y)``, evaluated in float64 (no grad, eval mode)."""
-    model = GPT(model_cfg, seed=None).to(torch.float64).eval()
+class ModelLoss:
+    """``weights -> mean cross-entropy of the full model on (x, y)``, evaluated in float64 (no grad, eval mode);
+    :meth:`windows` gives the mean of each window (row of ``x``) instead, which version 3 judges."""
 
-    def loss(weights: Mapping[str, torch.Tensor]) -> float:
-        model.load_state_dict({name: value.to(torch.float64) for name, value in weights.items()})
+    def __init__(self, model_cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.model = GPT(model_cfg, seed=None).to(torch.float64).eval()
+        self.x, self.y = x, y
+
+    def _logits(self, weights: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        self.model.load_state_dict({name: value.to(torch.float64) for name, value in weights.items()})
         with torch.no_grad():
-            return float(lm_loss(model(x)[0], y))
+            return self.model(self.x)[0]
 
-    return loss
+    def __call__(self, weights: Mapping[str, torch.Tensor]) -> float:
+        return float(lm_loss(self._logits(weights), self.y))
+
+    def windows(self, weights: Mapping[str, torch.Tensor]) -> list[float]:
+        """The mean cross-entropy of each window, in the batch's order (float64)."""
+        logits = self._logits(weights)
+        per_token = F.cross_entropy(logits.reshape(-1, logits.size(-1)), self.y.reshape(-1), reduction="none")
+        return [float(value) for value in per_token.reshape(self.y.shape).mean(dim=1)]
+
+
+def model_loss_fn(model_cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor) -> ModelLoss:
+    """The screening loss of the full model on the batch ``(x, y)`` (:class:`ModelLoss`)."""
+    return ModelLoss(model_cfg, x, y)
+
+
+def window_mean(values: Sequence[float]) -> float:
+    """``f32`` of the exact mean of per-window losses (``math.fsum``: the same bits in any order)."""
+    return _f32(math.fsum(values) / len(values)) if all(math.isfinite(v) for v in values) else math.inf
+
+
+def slope_error(after: Sequence[float], against: Sequence[float]) -> float:
+    """Version 3's ``E``: ``f32`` of the standard error of the per-window slopes ``against - after`` (0 when there are
+    fewer than two windows or a value is not finite: the slope is then judged as version 2 judges it)."""
+    slopes = [b - a for a, b in zip(after, against, strict=True)]
+    if len(slopes) < 2 or not all(math.isfinite(v) for v in slopes):
+        return 0.0
+    error = _f32(statistics.stdev(slopes) / math.sqrt(len(slopes)))  # statistics: exact sums of the floats
+    return error if math.isfinite(error) else 0.0
 
 
 def _f32(value: float) -> float:
@@ -139,8 +186,10 @@ class ScreeningReport:
     loss_after: float | None
     excluded: bool
     detail: str
-    #: Version 2 only: the loss of the contribution applied against itself (``theta + outer_lr * d``).
+    #: Versions 2 and 3: the loss of the contribution applied against itself (``theta + outer_lr * d``).
     loss_against: float | None = None
+    #: Version 3 only: the standard error of its slope over the screening batch's windows (:func:`slope_error`).
+    slope_error: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -207,44 +256,64 @@ def screen_contributions(
     # Every member and the audit must reach the same decision bit for bit, whatever thread count
     # they train with: torch splits float reductions (matmuls) by thread count, so the losses are
     # computed on SCREENING_THREADS threads. (Two members on 1 and 2 threads disputed a round.)
+    windows = getattr(loss_fn, "windows", None) if paired(diloco_cfg) else None
+    if paired(diloco_cfg) and windows is None:
+        raise ValueError("version-3 screening judges per-window losses: pass a ModelLoss (model_loss_fn)")
     threads = torch.get_num_threads()
     torch.set_num_threads(SCREENING_THREADS)
     try:
-        loss_before = _f32(loss_fn(global_weights))
+        loss_before = window_mean(windows(global_weights)) if windows else _f32(loss_fn(global_weights))
         after: dict[int, float] = {}
         against: dict[int, float] = {}
+        errors: dict[int, float] = {}
         for index, (contribution, factor) in enumerate(zip(contributions, factors)):
             if contribution is None or factor is None:
                 continue
             stepped = {name: torch.sub(value, torch.mul(contribution[name], factor))
                        for name, value in global_weights.items()}
+            opposed = {name: torch.add(value, torch.mul(contribution[name], factor))
+                       for name, value in global_weights.items()} if two_sided(diloco_cfg) else None
+            if windows:  # version 3: the same losses, per window, and the slope's standard error over them
+                alone, opposite = windows(stepped), windows(opposed)
+                after[index], against[index] = window_mean(alone), window_mean(opposite)
+                errors[index] = slope_error(alone, opposite)
+                continue
             after[index] = _f32(loss_fn(stepped))
-            if two_sided(diloco_cfg):
-                stepped = {name: torch.add(value, torch.mul(contribution[name], factor))
-                           for name, value in global_weights.items()}
-                against[index] = _f32(loss_fn(stepped))
+            if opposed is not None:
+                against[index] = _f32(loss_fn(opposed))
     finally:
         torch.set_num_threads(threads)
-    return judge(loss_before, after, len(contributions), diloco_cfg, against if two_sided(diloco_cfg) else None)
+    return judge(loss_before, after, len(contributions), diloco_cfg, against if two_sided(diloco_cfg) else None,
+                 errors if windows else None)
 
 
 def two_sided(diloco_cfg: DilocoConfig) -> bool:
-    """Whether the run screens by version 2 (a time-bounded run made since it; module docstring)."""
-    return diloco_cfg.budgeted and diloco_cfg.screen_rule == "two_sided"
+    """Whether the run screens by version 2 or 3 (a time-bounded run made since it, with the option; module
+    docstring): each contribution applied against itself too."""
+    return diloco_cfg.budgeted and diloco_cfg.screen_rule in ("two_sided", "paired")
+
+
+def paired(diloco_cfg: DilocoConfig) -> bool:
+    """Whether the run screens by version 3 (slopes judged per window: module docstring)."""
+    return diloco_cfg.budgeted and diloco_cfg.screen_rule == "paired"
 
 
 def judge(
     loss_before: float, loss_after: Mapping[int, float], count: int, diloco_cfg: DilocoConfig,
-    loss_against: Mapping[int, float] | None = None,
+    loss_against: Mapping[int, float] | None = None, slope_errors: Mapping[int, float] | None = None,
 ) -> list[ScreeningReport]:
     """The exclusion rule on recorded losses (pure; what an auditor re-derives from a round's record).
 
-    ``loss_against``: version 2's losses of each contribution applied against itself (the same keys as
-    ``loss_after``), which a run screened by version 2 needs."""
+    ``loss_against``: the losses of each contribution applied against itself (the same keys as ``loss_after``),
+    which a run screened by version 2 or 3 needs; ``slope_errors``: version 3's standard errors of the slopes
+    (:func:`slope_error`, the same keys)."""
     if two_sided(diloco_cfg):
         if loss_against is None or set(loss_against) != set(loss_after):
             raise ValueError("version-2 screening judges each contribution's loss applied against itself too")
-        return _judge_two_sided(loss_before, loss_after, loss_against, count, diloco_cfg)
+        if paired(diloco_cfg) and (slope_errors is None or set(slope_errors) != set(loss_after)):
+            raise ValueError("version-3 screening judges each slope with its standard error")
+        return _judge_two_sided(loss_before, loss_after, loss_against, count, diloco_cfg,
+                                slope_errors if paired(diloco_cfg) else None)
     tolerance = max(diloco_cfg.screen_abs_tol, diloco_cfg.screen_rel_tol * loss_before)
     median = lower_median(list(loss_after.values())) if loss_after else math.inf
     # Against the median contribution, not min(L_b, median): with the one-step delay every honest
@@ -286,9 +355,13 @@ def _difference(a: float, b: float) -> float:
 
 
 def _judge_two_sided(loss_before: float, after: Mapping[int, float], against: Mapping[int, float], count: int,
-                     diloco_cfg: DilocoConfig) -> list[ScreeningReport]:
-    """Version 2 (module docstring; docs/DILOCOX.md section 13, "Screening of a time-bounded run")."""
+                     diloco_cfg: DilocoConfig, errors: Mapping[int, float] | None = None) -> list[ScreeningReport]:
+    """Versions 2 and 3 (``errors``: each slope's standard error; module docstring; docs/DILOCOX.md section 13,
+    "Screening of a time-bounded run")."""
     tolerance = max(diloco_cfg.screen_abs_tol, diloco_cfg.screen_rel_tol * loss_before)
+    # Version 3: a slope may fall short of the least one by SLOPE_ERRORS standard errors over the batch (at most by
+    # the tolerance); version 2: by nothing.
+    margin = {i: min(SLOPE_ERRORS * errors[i], tolerance) if errors is not None else 0.0 for i in after}
     # inf - inf (both sides non-finite) is NaN: such a contribution descends nowhere (-inf), and NaN never
     # enters a median's sort.
     slope = {i: _difference(against[i], after[i]) for i in after}
@@ -302,17 +375,18 @@ def _judge_two_sided(loss_before: float, after: Mapping[int, float], against: Ma
         if index not in after:
             reports.append(ScreeningReport(index, loss_before, None, False, "not screened (does not decode)"))
             continue
-        descends = not screens or slope[index] > least_slope
+        descends = not screens or slope[index] + margin[index] > least_slope
         near = not screens or curvature[index] <= most_curvature
         detail = ""
         if not descends:
+            within = f" + {margin[index]:.3g}" if errors is not None else ""
             detail = (f"loss {loss_before:.6g} -> {after[index]:.6g} alone, {against[index]:.6g} against it: "
-                      f"slope {slope[index]:.3g} not above {least_slope:.3g}")
+                      f"slope {slope[index]:.3g}{within} not above {least_slope:.3g}")
         elif not near:
             detail = (f"loss {loss_before:.6g} -> {after[index]:.6g} alone, {against[index]:.6g} against it: "
                       f"curvature {curvature[index]:.3g} above {most_curvature:.3g}")
         reports.append(ScreeningReport(index, loss_before, after[index], not (descends and near), detail,
-                                       against[index]))
+                                       against[index], None if errors is None else errors[index]))
     return reports
 
 

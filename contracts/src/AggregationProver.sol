@@ -2,6 +2,7 @@
 pragma solidity 0.8.37;
 
 import {Float32} from "./Float32.sol";
+import {NormRule} from "./NormRule.sol";
 import {TrainingLedger} from "./TrainingLedger.sol";
 
 /// @title AggregationProver
@@ -41,6 +42,34 @@ contract AggregationProver {
         Opening newMomentum;
         Opening[] pieces; // chunk `chunk` of each accepted contribution's payload, in the factors' order
         address[] attesters; // round t's attesters as RoundCommitted gave them
+    }
+
+    /// @notice A proof that a version-3 round's committed clip scales are not the norm rule of its committed
+    /// squared norms (`contribution == SCALES`), or that one chunk of contribution `contribution`'s sum tree is
+    /// not the sum of squares of its committed piece or does not sum to the committed total (docs/FRAUD_PROOF.md).
+    struct NormProof {
+        TrainingLedger.Record record; // the committed record of round t
+        uint32 stage;
+        bytes stageLeaf; // under record.weightsRoot
+        bytes32[] stagePath;
+        bytes factors; // version 3: the preimage of the stage leaf's factorsHash
+        uint256 contribution; // SCALES, or the index j of an accepted contribution
+        uint64 chunk; // (a sum-tree proof) the chunk opened
+        Opening weights; // chunk `chunk` of round t's weights: its header places the chunk
+        Opening piece; // chunk `chunk` of contribution j's payload
+        bytes sumLeaf; // the committed sum of squares of the chunk: 96 bytes, (hi, mid, lo)
+        bytes32[] sumPath; // per level with a sibling: its hash, then its sum's hi, mid, lo
+        address[] attesters; // round t's attesters as RoundCommitted gave them
+    }
+
+    /// @dev A version-3 factors' norm commitment, located in the factors' calldata (docs/FRAUD_PROOF.md).
+    struct Norms {
+        uint64 clip; // the run's norm_clip, binary64
+        uint256 count; // the accepted contributions
+        uint256 stepsAt; // where each list's first element is in the factors (0 steps: fixed H)
+        uint256 steps;
+        uint256 rootsAt;
+        uint256 sumsAt;
     }
 
     /// @notice What a data-availability challenge names: one committed leaf of one stage of a committed round.
@@ -100,6 +129,13 @@ contract AggregationProver {
         uint256 indexed runId, uint64 indexed round, uint32 stage, uint64 chunk, address indexed prover, uint256 reward
     );
 
+    /// @notice Round `round` of run `runId` was shown to commit a wrong clip scale or squared norm at `stage`
+    /// (`contribution`: SCALES, or the contribution whose sum tree was opened at `chunk`).
+    event NormDisproved(
+        uint256 indexed runId, uint64 indexed round, uint32 stage, uint256 contribution, uint64 chunk,
+        address indexed prover, uint256 reward
+    );
+
     /// @notice `challenger` asks the committers of round `round` to publish a leaf (challenge `id`) by `deadline`.
     event AvailabilityChallenged(
         bytes32 indexed id, uint256 indexed runId, uint64 indexed round, uint32 stage, uint256 which, uint64 chunk,
@@ -129,6 +165,9 @@ contract AggregationProver {
     error ProverBadPath(uint256 which);
     error ProverBadLeaf(uint256 which);
     error ProverRoundCorrect(uint256 runId, uint64 round, uint32 stage, uint64 chunk);
+    error ProverNotNormed(uint64 round, uint32 stage);
+    error ProverBadSumPath(uint256 contribution);
+    error ProverNormCorrect(uint256 runId, uint64 round, uint32 stage, uint256 contribution);
 
     bytes32 private constant _RECORD_TYPEHASH = keccak256(
         "Record(uint256 runId,uint64 round,bytes32 prevHead,bytes32 weightsRoot,bytes32 contributionsRoot,"
@@ -142,6 +181,8 @@ contract AggregationProver {
     /// @notice `Target.which` of a challenge of the stage leaf itself (its index in the record's weightsRoot is
     /// the stage): a record whose root has no stage leaves behind it (a back door) cannot be answered.
     uint256 public constant STAGE_LEAF = type(uint256).max;
+    /// @notice `NormProof.contribution` of a proof of the clip scales themselves (from the committed sums).
+    uint256 public constant SCALES = type(uint256).max;
 
     /// @notice The TrainingLedger that deployed this prover and takes its proofs.
     TrainingLedger public immutable ledger;
@@ -173,6 +214,28 @@ contract AggregationProver {
     function isWrong(Proof calldata proof) external view returns (bool) {
         (StageLeaf memory prev, StageLeaf memory next) = _stageLeaves(proof);
         return _differs(proof, prev, next);
+    }
+
+    /// @notice Prove that a version-3 round committed a wrong clip scale: the committed scales are not the norm
+    /// rule of the committed sums of squares (`proof.contribution == SCALES`), or contribution `j`'s sum tree is
+    /// wrong at chunk `proof.chunk` (the chunk's sum is not the exact sum of squares of its committed piece, or the
+    /// tree does not sum to the committed total). On success as proveWrongAggregation; a proof against a right
+    /// round reverts with ProverNormCorrect.
+    /// @return reward The wei paid to the caller (half of the stake slashed).
+    function proveWrongNorm(NormProof calldata proof) external returns (uint256 reward) {
+        if (!_normDiffers(proof)) {
+            revert ProverNormCorrect(proof.record.runId, proof.record.round, proof.stage, proof.contribution);
+        }
+        reward = ledger.invalidateByProof(proof.record.runId, proof.record.round, proof.attesters, msg.sender);
+        emit NormDisproved(
+            proof.record.runId, proof.record.round, proof.stage, proof.contribution, proof.chunk, msg.sender, reward
+        );
+    }
+
+    /// @notice Whether the norm proof would succeed, without changing anything; reverts like proveWrongNorm on a
+    /// malformed proof.
+    function isWrongNorm(NormProof calldata proof) external view returns (bool) {
+        return _normDiffers(proof);
     }
 
     // ------------------------------------------------------------------------------------------- availability
@@ -443,6 +506,168 @@ contract AggregationProver {
     function _scaled(uint32 value, uint64 scale) private pure returns (uint32) {
         if (scale == _SCALE_ONE) return value;
         return Float32.toFloat32(Float32.mul64(Float32.toFloat64(value), scale));
+    }
+
+    // ------------------------------------------------------------------------------------------- the norm rule
+
+    /// @dev Whether the round's committed scales or squared norms are wrong (NormProof).
+    function _normDiffers(NormProof calldata proof) private view returns (bool) {
+        TrainingLedger.Record calldata record = proof.record;
+        _requireCommitted(record);
+        uint32 numStages = ledger.runOf(record.runId).numStages;
+        if (proof.stage >= numStages) revert ProverBadStage(proof.stage, numStages);
+        StageLeaf memory leaf = _stageLeaf(proof.stageLeaf, proof.stagePath, record, proof.stage, numStages);
+        bytes calldata factors = proof.factors;
+        if (sha256(factors) != leaf.factorsHash) revert ProverBadFactors(record.round, proof.stage);
+        (Norms memory norms, bool wellFormed) = _norms(factors, record.round, proof.stage);
+        if (!wellFormed) return true; // a norm commitment an honest round never makes
+        if (proof.contribution == SCALES) return _scalesDiffer(factors, norms);
+        if (proof.contribution >= norms.count) revert ProverBadTarget(proof.contribution);
+        if (proof.chunk >= leaf.numChunks) revert ProverBadChunk(proof.chunk, leaf.numChunks);
+        return _sumDiffers(proof, leaf, norms);
+    }
+
+    /// @dev The committed scales against the norm rule of the committed sums.
+    function _scalesDiffer(bytes calldata factors, Norms memory norms) private pure returns (bool) {
+        uint256[] memory sums = new uint256[](3 * norms.count);
+        for (uint256 i = 0; i < sums.length; ++i) {
+            sums[i] = _word(factors, norms.sumsAt + 32 * i);
+        }
+        uint256[] memory steps = new uint256[](norms.steps);
+        for (uint256 j = 0; j < steps.length; ++j) {
+            steps[j] = _word(factors, norms.stepsAt + 32 * j);
+        }
+        uint64[] memory expected = NormRule.scales(sums, steps, norms.clip);
+        (,,,,, uint64[] memory committed) =
+            abi.decode(factors, (uint32, uint32, bool, bytes32[], bytes32[], uint64[]));
+        for (uint256 j = 0; j < norms.count; ++j) {
+            if (committed[j] != expected[j]) return true;
+        }
+        return false;
+    }
+
+    /// @dev Contribution j's sum tree at the chunk: its leaf against the piece's squares, its total against the
+    /// committed one.
+    function _sumDiffers(NormProof calldata proof, StageLeaf memory leaf, Norms memory norms)
+        private
+        pure
+        returns (bool)
+    {
+        uint256 j = proof.contribution;
+        uint256 chunk = proof.chunk;
+        if (!_verify(proof.weights.leaf, chunk, leaf.numChunks, proof.weights.path, leaf.weightsRoot)) {
+            revert ProverBadPath(2);
+        }
+        Layout memory place = _layout(proof.weights.leaf, proof.weights.leaf);
+        (,,,, bytes32[] memory payloadRoots,) =
+            abi.decode(proof.factors, (uint32, uint32, bool, bytes32[], bytes32[], uint64[]));
+        if (!_verify(proof.piece.leaf, chunk, leaf.numChunks, proof.piece.path, payloadRoots[j])) {
+            revert ProverBadPath(4 + j);
+        }
+        // The committed leaf and the total its path gives, under the committed root.
+        (bytes32 root, uint256[3] memory total, bool overflow) = _openSum(proof.sumLeaf, chunk, leaf.numChunks,
+            proof.sumPath, j);
+        if (root != bytes32(_word(proof.factors, norms.rootsAt + 32 * j))) revert ProverBadSumPath(j);
+        if (overflow) return true; // an honest tree's sums are far below 2^768
+        uint256 sumAt = norms.sumsAt + 96 * j;
+        if (total[0] != _word(proof.factors, sumAt) || total[1] != _word(proof.factors, sumAt + 32)) return true;
+        if (total[2] != _word(proof.factors, sumAt + 64)) return true;
+        if (!_wellFormed(proof.piece.leaf, place)) return true;
+        uint256[3] memory squares;
+        for (uint256 k = 0; k < place.count; ++k) {
+            uint32 value = _decode(proof.piece.leaf, place, k);
+            if (!Float32.isFinite32(value)) return true; // an accepted contribution is finite
+            (squares[0], squares[1], squares[2],) = NormRule.addSquare(squares[0], squares[1], squares[2], value);
+        }
+        bytes calldata sum = proof.sumLeaf; // 96 bytes: checked by _openSum
+        return squares[0] != _word(sum, 0) || squares[1] != _word(sum, 32) || squares[2] != _word(sum, 64);
+    }
+
+    /// @dev The root and the total of a sum tree (ledger/normproof.py) from one leaf (96 bytes: hi, mid, lo) at
+    /// `index` of `count` and its path (per level with a sibling: its hash and sum, four words). A leaf hashes
+    /// as sha256(0x00 || sum), an inner node as sha256(0x01 || left hash || left sum || right hash || right sum)
+    /// and sums its children; an odd node is promoted. `overflow`: a sum past 2^768 on the way.
+    function _openSum(bytes calldata leaf, uint256 index, uint256 count, bytes32[] calldata path, uint256 j)
+        private
+        pure
+        returns (bytes32 node, uint256[3] memory sum, bool overflow)
+    {
+        if (leaf.length != 96) revert ProverBadSumPath(j);
+        node = sha256(abi.encodePacked(bytes1(0x00), leaf));
+        sum = [_word(leaf, 0), _word(leaf, 32), _word(leaf, 64)];
+        uint256 used = 0;
+        for (uint256 size = count; size > 1; size = (size + 1) / 2) {
+            uint256 sibling = index ^ 1;
+            if (sibling < size) {
+                if (used + 4 > path.length) revert ProverBadSumPath(j);
+                uint256[3] memory other = [uint256(path[used + 1]), uint256(path[used + 2]), uint256(path[used + 3])];
+                node = sibling < index
+                    ? sha256(abi.encodePacked(bytes1(0x01), path[used], other, node, sum))
+                    : sha256(abi.encodePacked(bytes1(0x01), node, sum, path[used], other));
+                bool carry;
+                (sum[0], sum[1], sum[2], carry) = NormRule.add(sum[0], sum[1], sum[2], other[0], other[1], other[2]);
+                overflow = overflow || carry;
+                used += 4;
+            }
+            index >>= 1;
+        }
+        if (used != path.length) revert ProverBadSumPath(j);
+    }
+
+    /// @dev Where a version-3 factors' norm commitment lies, and whether it is well formed: the canonical
+    /// encoding of abi.encode(uint32 lr, uint32 mu, bool nesterov, bytes32[] envelopes, bytes32[] payloadRoots,
+    /// uint64[] scales, uint64 normClip, uint32[] steps, bytes32[] normRoots, uint256[] normSums) with every list
+    /// of the accepted count (steps: that count, or none), sums three words each, every value in its type's range,
+    /// normClip 0 or in [1, inf) and every step at least 1. Version 2 (six fields, its first list at byte 192)
+    /// reverts ProverNotNormed.
+    function _norms(bytes calldata factors, uint64 round, uint32 stage)
+        private
+        pure
+        returns (Norms memory norms, bool ok)
+    {
+        if (factors.length < 352 || _word(factors, 96) != 320) revert ProverNotNormed(round, stage);
+        uint256 count = _word(factors, 320);
+        if (count > type(uint32).max) return (norms, false);
+        uint256 list = 32 * (1 + count);
+        uint256 stepsAt = 320 + 3 * list; // after envelopes, payloadRoots and scales
+        if (_word(factors, 128) != 320 + list || _word(factors, 160) != 320 + 2 * list) return (norms, false);
+        if (_word(factors, 224) != stepsAt || factors.length < stepsAt + 32) return (norms, false);
+        norms.count = count;
+        norms.steps = _word(factors, stepsAt);
+        if (norms.steps != 0 && norms.steps != count) return (norms, false);
+        norms.stepsAt = stepsAt + 32;
+        norms.rootsAt = norms.stepsAt + 32 * norms.steps;
+        norms.sumsAt = norms.rootsAt + list;
+        if (_word(factors, 256) != norms.rootsAt || _word(factors, 288) != norms.sumsAt) return (norms, false);
+        if (factors.length != norms.sumsAt + 32 * (1 + 3 * count)) return (norms, false);
+        if (_word(factors, 320 + list) != count || _word(factors, 320 + 2 * list) != count) return (norms, false);
+        if (_word(factors, norms.rootsAt) != count || _word(factors, norms.sumsAt) != 3 * count) return (norms, false);
+        norms.rootsAt += 32;
+        norms.sumsAt += 32;
+        uint256 clip = _word(factors, 192);
+        if (clip != 0 && (clip < NormRule.ONE || clip >= NormRule.INF)) return (norms, false);
+        norms.clip = uint64(clip);
+        ok = _normValuesOk(factors, norms, 320 + 2 * list + 32);
+    }
+
+    /// @dev Every value of the factors in its type's range (what abi.decode would revert on), every step >= 1.
+    function _normValuesOk(bytes calldata factors, Norms memory norms, uint256 scalesAt) private pure returns (bool) {
+        if (_word(factors, 0) > type(uint32).max || _word(factors, 32) > type(uint32).max) return false;
+        if (_word(factors, 64) > 1) return false;
+        for (uint256 j = 0; j < norms.count; ++j) {
+            if (_word(factors, scalesAt + 32 * j) > type(uint64).max) return false;
+            if (j < norms.steps) {
+                uint256 step = _word(factors, norms.stepsAt + 32 * j);
+                if (step == 0 || step > type(uint32).max) return false;
+            }
+        }
+        return true;
+    }
+
+    function _word(bytes calldata data, uint256 position) private pure returns (uint256 value) {
+        assembly ("memory-safe") {
+            value := calldataload(add(data.offset, position))
+        }
     }
 
     // ------------------------------------------------------------------------------------------- pieces

@@ -14,27 +14,31 @@ stage to :meth:`ChunkedStates.record`, which
   against the leaf's roots before opening any chunk of it: what a prover cannot derive itself (the
   committers' wrong weights) the committers publish. The payload pieces are not published: every holder
   derives them from the contributions it aggregated, and the committed factors name their roots.
+- in a version-3 run (``diloco.commitments = "normed"``), also publishes the factors and each accepted
+  contribution's per-chunk sums of squares (ledger.normproof.encode_norm_state) under ``norms_key(stage leaf)``:
+  a prover whose own factors differ from the committed ones opens them (:meth:`ChunkedStates.committed_norms`)
+  to prove a wrong clip scale or sum (node.fraudproof.norm_proof_of_difference).
 
 Only the last ``PUBLISHED_ROUNDS`` rounds' states (what the attestation and the prover read) stay in memory;
 an older state whose dispute window is still open is written to ``spill_dir`` and read back only when a
 challenge asks for it. A state holds its stage's weights and momentum chunked and every accepted
-contribution's payload pieces (about 1 MiB a round for a one-node replica of `tiny` in a 3-replica run): held in
-memory for the whole window (64 blocks, 25 rounds on the soak's chain, where a round takes ~2.5 blocks) it was
-most of the node's RSS growth in the 60-minute soak (docs/P2P.md, "What the soak found").
+contribution's payload pieces (about 1.4 MiB a round for a one-node replica of the soak's `tiny`): held in
+memory for the whole window (64 blocks: 20-25 rounds on the soak's anvil, where a round took 2.5-3.2 blocks)
+they were the largest growth tracemalloc found in a soak's nodes (docs/P2P.md, "What the soak found").
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import pickle
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-import msgpack
-
-from ledger.chunkproof import Factors, StageLeaf, StageState, tree_root
+from ledger.chunkproof import StageLeaf, StageState, tree_root
 from ledger.errors import LedgerError, LedgerInputError
+from ledger.normproof import SUM_BYTES, encode_norm_state, parse_norm_state
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
 from node.fraudproof import parse_stage_leaf, stage_state_of
@@ -59,6 +63,11 @@ STATE_SLACK_BYTES = 1 << 20
 def state_key(stage_leaf: bytes) -> str:
     """The alias a stage's published state is served under: ``sha256(stage leaf)`` (hex)."""
     return hashlib.sha256(stage_leaf).hexdigest()
+
+
+def norms_key(stage_leaf: bytes) -> str:
+    """The alias a version-3 stage's norm commitment is served under (its factors and sum trees)."""
+    return hashlib.sha256(b"dlx-node/norms/v1" + stage_leaf).hexdigest()
 
 
 def attested_leaf(att, stage: int) -> bytes | None:
@@ -138,7 +147,21 @@ class ChunkedStates:
         with self._lock:
             self._states.setdefault(outer_round, {})[stage] = state
         self.publish(outer_round, stage, leaf, weights, momentum)
+        if state.factors.norms is not None:
+            self.publish_norms(outer_round, stage, leaf, state)
         return leaf
+
+    def publish_norms(self, outer_round: int, stage: int, leaf: bytes, state: StageState) -> None:
+        """Serve a version-3 stage's factors and sum trees under ``norms_key(leaf)`` (module docstring)."""
+        try:
+            digest = self.host.provide_blob(encode_norm_state(state.factors.encode(), state.sum_trees),
+                                            announce=False)
+            self.host.provide_alias(norms_key(leaf), digest)
+        except DLX_ERRORS as exc:
+            logger.warning("round %d stage %d: norm commitment not published: %s", outer_round, stage, exc)
+            return
+        with self._lock:
+            self._served.setdefault(outer_round, []).append(digest)
 
     def publish(self, outer_round: int, stage: int, leaf: bytes, weights: dict, momentum: dict) -> None:
         """Serve the stage's state (a stage shard) under ``state_key(leaf)`` (module docstring)."""
@@ -261,16 +284,30 @@ class ChunkedStates:
         return None
 
 
+    def committed_norms(self, outer_round: int, stage: int, leaf: StageLeaf, providers: Sequence[str]):
+        """``(factors, sum trees)`` served under ``leaf`` by one of ``providers`` (its attesters), checked against
+        the leaf (ledger.normproof.parse_norm_state); None if none served it."""
+        limit = (self.cfg.diloco.num_replicas + 1) * (4 + SUM_BYTES * leaf.num_chunks + 200) + STATE_SLACK_BYTES
+        for peer in providers:
+            try:
+                data = self.host.fetch_alias(norms_key(leaf.encode()), peer, limit,
+                                             timeout=min(60.0, self.cfg.round_timeout))
+                return parse_norm_state(data, leaf.factors_hash, leaf.num_chunks)
+            except (*DLX_ERRORS, ValueError) as exc:  # ValueError: not a peer id
+                logger.info("round %d stage %d: committed norms not had from %s: %s", outer_round, stage,
+                            peer[-8:], exc)
+        return None
+
+
 def _encode_state(state: StageState) -> bytes:
-    return msgpack.packb([state.stage, state.weight_leaves, state.momentum_leaves, state.factors.encode(),
-                          state.payload_leaves], use_bin_type=True)
+    # pickle: this node's own file, read back only by this process (never a peer's bytes), and every field of
+    # the dataclass survives (a version-3 state's sum trees and norm factors too).
+    return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _decode_state(data: bytes) -> StageState:
-    """A state :func:`_encode_state` wrote (this node's own file: read back as written)."""
-    stage, weights, momentum, factors, payloads = msgpack.unpackb(data, raw=False)
-    return StageState(int(stage), list(weights), list(momentum), Factors.decode(factors),
-                      [list(pieces) for pieces in payloads])
+    """A state :func:`_encode_state` wrote."""
+    return pickle.loads(data)
 
 
 def _numel(shape) -> int:

@@ -396,6 +396,10 @@ class NodeChain:
         with self._lock:
             return self.client.prove_wrong_aggregation(proof, attesters)
 
+    def prove_wrong_norm(self, proof, attesters=None) -> dict:
+        with self._lock:
+            return self.client.prove_wrong_norm(proof, attesters)
+
     def challenge_availability(self, target: tuple) -> bytes:
         with self._lock:
             return self.client.challenge_availability(target)

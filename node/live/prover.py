@@ -24,9 +24,14 @@ committed leaf differs from its own, the node
    challenges them to publish a stage leaf itself (``STAGE_LEAF``), which nobody can answer for a back door.
    Right rounds' challenges are answered by every node (node/live/answerer.py).
 
+In a version-3 run (``diloco.commitments = "normed"``) committed factors other than its own are opened from an
+attester of the leaf (the factors and sum trees it serves) and a wrong clip scale or sum of squares is proven
+with ``proveWrongNorm`` (docs/FRAUD_PROOF.md, "The clip scales").
+
 What it cannot prove it says in the log and leaves to the dispute (node/live/forkrepair.py): a round whose
-contributions root differs (another set of contributions), committed factors other than its own (another
-clip scale or set left out: docs/FRAUD_PROOF.md, "Known gaps"), round 0 (no committed round before it), a
+contributions root differs (another set of contributions), committed factors other than its own in a version-2
+run (another clip scale or set left out: docs/FRAUD_PROOF.md, "Known gaps"), or in a version-3 run when the
+scales follow from right sums and only the set left out differs, or when no attester serves them, round 0 (no committed round before it), a
 round whose previous state this node no longer holds. Nothing here raises out of :meth:`check`: a bad or
 missing input costs only the proof.
 """
@@ -46,7 +51,7 @@ from ledger.errors import LedgerError, ProverChallengeNotDue, ProverChallengeSet
 from ledger.records import RoundRecord
 from node.errors import DLX_ERRORS
 from node.fsutil import atomic_write_bytes
-from node.fraudproof import parse_stage_leaf, proof_of_difference, record_weights_root
+from node.fraudproof import norm_proof_of_difference, parse_stage_leaf, proof_of_difference, record_weights_root
 from node.live.chunkstate import ChunkedStates, attested_leaf
 from node.live.onchain import NodeChain
 from node.live.roundbook import RoundBook
@@ -188,6 +193,8 @@ class FraudProver:
                      prev_leaves: list[bytes], leaves: list[bytes], prev: StageState, own: StageState) -> bool:
         leaf = parse_stage_leaf(leaves[stage], stage)
         if leaf.factors_hash != own.factors.digest():
+            if own.factors.norms is not None:  # a version-3 run: the clip scales can be proven
+                return self._prove_norms(outer_round, stage, record, leaves, leaf, own)
             self._unprovable(outer_round, f"stage {stage}: the committed factors are not this node's (a clip scale "
                                           "or the set left out): not provable by a chunk")
             return False
@@ -209,6 +216,36 @@ class FraudProver:
             self._unprovable(outer_round, f"stage {stage}: {why}")
             return False
         self._send(outer_round, stage, proof, why)
+        return True
+
+    def _prove_norms(self, outer_round: int, stage: int, record: RoundRecord, leaves: list[bytes], leaf: StageLeaf,
+                     own: StageState) -> bool:
+        """A version-3 round whose factors differ from this node's: open the committed factors and sum trees from
+        an attester of the leaf and prove a wrong clip scale or sum (node.fraudproof.norm_proof_of_difference)."""
+        providers = self._attesters_of(outer_round, stage, leaves[stage])
+        opened = self.states.committed_norms(outer_round, stage, leaf, providers)
+        if opened is None:
+            self._unprovable(outer_round, f"stage {stage}: the committed factors are not this node's and no attester "
+                                          "serves them (their norm commitment): not provable")
+            return False
+        factors, trees = opened
+
+        def committed_weights():
+            fetched = self.states.committed_state(outer_round, stage, leaf, providers)
+            return None if fetched is None else fetched[0]
+
+        proof, why = norm_proof_of_difference(record, leaves, stage, factors, trees, own, committed_weights)
+        if proof is None:
+            self._unprovable(outer_round, f"stage {stage}: {why}")
+            return False
+        attesters = self.chain.attesters_of(self.run_id, outer_round)
+        logger.error("round %d stage %d: the committed %s; sending the norm proof", outer_round, stage, why)
+        self._keep(outer_round, stage, proof, attesters)
+        receipt = self.chain.prove_wrong_norm(proof, attesters)
+        self.log.proofs[outer_round] = str(_tx_of(receipt))
+        logger.error("round %d: proven wrong on chain (stage %d, %s; tx %s): the round and every later one are "
+                     "invalid, its %d attester(s) slashed", outer_round, stage, why, self.log.proofs[outer_round],
+                     len(attesters or ()))
         return True
 
     def _send(self, outer_round: int, stage: int, proof, why: str) -> None:

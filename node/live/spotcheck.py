@@ -181,34 +181,37 @@ class RerunWorker:
     """Long-lived children that run spot-check jobs one at a time (see module docstring).
 
     One child per CPU kernel set: a job whose claimant trained on this CPU model under another ATen
-    capability this CPU has (lower, or higher than this process's where the CPU has it) runs in a child
-    started with that ``ATEN_CPU_CAPABILITY``
-    (:func:`training.platform.capability_to_emulate`), so its rerun uses the claimant's kernels and must be
+    capability this CPU has (lower, or higher than this process's where the CPU has it), or under another
+    math-library code path (``MKL_CBWR``, ...), runs in a child started with the claimant's settings
+    (:func:`training.platform.kernels_to_emulate`), so its rerun uses the claimant's kernels and must be
     bit-exact; every other job runs in the child of this process's own kernels.
     """
 
     def __init__(self, log_path: Path) -> None:
         self.log_path = log_path
-        self._procs: dict[str | None, subprocess.Popen] = {}
+        self._procs: dict[tuple | None, subprocess.Popen] = {}
         self._lock = threading.Lock()
 
-    def _start(self, capability: str | None) -> subprocess.Popen:
+    def _start(self, kernels: tuple | None) -> subprocess.Popen:
+        from training.platform import emulated_environment
+
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = _child_env()
-        if capability is not None:
-            env["ATEN_CPU_CAPABILITY"] = capability  # training.platform.CAPABILITY_ENV
+        if kernels is not None:
+            env = emulated_environment(dict(kernels), env)
         with open(self.log_path, "ab") as log:
             return subprocess.Popen([sys.executable, "-m", "node.live.spotcheck", "--serve"], env=env,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
                                     bufsize=1)
 
     @staticmethod
-    def kernels_for(directory: Path) -> str | None:
-        """The capability the job's claimant trained under, where this machine should rerun under it."""
+    def kernels_for(directory: Path) -> tuple | None:
+        """The settings (:func:`training.platform.kernels_to_emulate`, as sorted items) of the kernels the
+        job's claimant trained under, where this machine should rerun under them."""
         import torch
 
         from training.errors import TrainingError
-        from training.platform import capability_to_emulate, fingerprint, native_cpu_capability
+        from training.platform import fingerprint, kernels_to_emulate, native_cpu_capability
         from training.replica_state import parse_stage_state
 
         try:
@@ -218,30 +221,31 @@ class RerunWorker:
             return None  # the child reads the job again and gives the verdict its problems deserve
         if meta.platform is None:
             return None
-        return capability_to_emulate(meta.platform, fingerprint(torch.device("cpu"), meta.platform.precision),
+        kernels = kernels_to_emulate(meta.platform, fingerprint(torch.device("cpu"), meta.platform.precision),
                                      native_cpu_capability())
+        return None if kernels is None else tuple(sorted(kernels.items()))
 
     def run(self, directory: Path, timeout: float) -> SpotCheckResult:
         """Run the job in ``directory``; raise SpotCheckFailed unless it gives a verdict."""
-        capability = self.kernels_for(directory)
+        kernels = self.kernels_for(directory)
         with self._lock:
-            proc = self._procs.get(capability)
+            proc = self._procs.get(kernels)
             if proc is None or proc.poll() is not None:
-                proc = self._procs[capability] = self._start(capability)
+                proc = self._procs[kernels] = self._start(kernels)
             try:
                 proc.stdin.write(f"{directory}\n")
                 proc.stdin.flush()
                 ready, _, _ = select.select([proc.stdout], [], [], timeout)
                 line = proc.stdout.readline() if ready else None
             except (OSError, ValueError) as exc:
-                self._kill(capability)
+                self._kill(kernels)
                 raise SpotCheckFailed(f"spot-check worker failed: {exc}") from None
             if line is None:
-                self._kill(capability)
+                self._kill(kernels)
                 raise SpotCheckFailed(f"spot check did not finish within {timeout:.0f}s")
             if not line:
                 code = proc.poll()
-                self._kill(capability)
+                self._kill(kernels)
                 raise SpotCheckFailed(f"spot-check worker died (exit {code}); see {self.log_path}")
             if not line.startswith("ok"):
                 raise SpotCheckFailed(f"spot check failed: {line.strip()[:300]}")
@@ -250,8 +254,8 @@ class RerunWorker:
         except OSError as exc:
             raise SpotCheckFailed(f"spot check wrote no result: {exc}") from None
 
-    def _kill(self, capability: str | None) -> None:
-        proc = self._procs.pop(capability, None)
+    def _kill(self, kernels: tuple | None) -> None:
+        proc = self._procs.pop(kernels, None)
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)

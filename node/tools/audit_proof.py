@@ -10,8 +10,10 @@ what would get the round overturned on chain, and whether that already happened:
   view ``isWrong``: it is printed (as ``proveWrongAggregation``'s argument, hex) only if the chain says it
   holds;
 - **a kept proof**: a node's prover keeps every proof it sent (``proofs/`` of its data dir,
-  node/live/prover.py); one in an ``--archive`` for this round is checked the same way, so a proof
-  nobody has to trust.
+  node/live/prover.py), a chunk's or, in a version-3 run, a norm proof of the clip scales (checked with
+  ``isWrongNorm``); one in an ``--archive`` for this round is checked the same way, so a proof nobody has to
+  trust. (The audit cannot build a norm proof itself: the committed factors and sum trees are served by the
+  round's attesters, not held in its checkpoint.)
 
 Either way the round's verdict gets a "fraud proof" item: ok with the proof (and "already proven on chain"
 or "not yet submitted"), or unverifiable with the reason no proof could be built here.
@@ -29,6 +31,7 @@ def check_fraud_proof(verdict: Any, record: Any, prev_commit: Any, replayer: Any
                       history: Any, layout: Any) -> None:
     """Add the round's "fraud proof" item to ``verdict`` (a chunked round whose replay differs from its commit)."""
     from ledger.errors import LedgerError
+    from ledger.normproof import SCALES
 
     commit = record.commit
     invalid = client.invalid_from(commit.run_id)
@@ -46,18 +49,21 @@ def check_fraud_proof(verdict: Any, record: Any, prev_commit: Any, replayer: Any
         why_not.append(str(exc))
     candidates += [("kept by a node's prover", proof) for proof in _kept_proofs(sources, commit)]
     for origin, proof in candidates:
+        norm = getattr(proof, "contribution", None) is not None  # a norm proof (docs/FRAUD_PROOF.md, "The clip scales")
         try:
-            holds = client.proof_holds(proof, record.attesters)
+            holds = (client.norm_proof_holds if norm else client.proof_holds)(proof, record.attesters)
         except (*DLX_ERRORS, LedgerError) as exc:
             why_not.append(f"a proof {origin} does not check on chain: {type(exc).__name__}: {exc}"[:300])
             continue
+        view, function = ("isWrongNorm", "proveWrongNorm") if norm else ("isWrong", "proveWrongAggregation")
         if not holds:
-            why_not.append(f"a proof {origin} does not hold on chain (isWrong is false)")
+            why_not.append(f"a proof {origin} does not hold on chain ({view} is false)")
             continue
-        verdict.checks.append(Check("fraud proof", OK, f"stage {proof.stage} chunk {proof.chunk}, {origin}, holds "
-                                                       f"on chain (isWrong); {status}"))
-        verdict.notes.append("fraud proof (proveWrongAggregation's argument): "
-                             + json.dumps(proof.to_json(), sort_keys=True))
+        what = (("the clip scales" if proof.contribution == SCALES else
+                 f"contribution {proof.contribution}'s sum at chunk {proof.chunk}") if norm else f"chunk {proof.chunk}")
+        verdict.checks.append(Check("fraud proof", OK, f"stage {proof.stage} {what}, {origin}, holds on chain "
+                                                       f"({view}); {status}"))
+        verdict.notes.append(f"fraud proof ({function}'s argument): " + json.dumps(proof.to_json(), sort_keys=True))
         return
     verdict.checks.append(Check("fraud proof", UNVERIFIABLE, f"no proof built here ({status}): "
                                 + "; ".join(why_not or ["no committed state of the round was found"])))
@@ -110,13 +116,17 @@ def _own_proof(commit: Any, prev_commit: Any, replayer: Any, sources: list, layo
 
 
 def _kept_proofs(sources: list, commit: Any) -> list:
+    """The proofs (a chunk's, or a norm proof) nodes kept for this round in the sources (their ``proofs/``)."""
     from ledger.chunkproof import AggregationProof
+    from ledger.normproof import NormProof
 
     found = []
     for source in sources:
         for data in getattr(source, "proofs", lambda _r: [])(commit.round):
             try:
-                proof = AggregationProof.from_json(json.loads(data)["proof"])
+                document = json.loads(data)["proof"]
+                kind = NormProof if isinstance(document, dict) and document.get("kind") == "norm" else AggregationProof
+                proof = kind.from_json(document)
             except (*DLX_ERRORS, ValueError, KeyError, TypeError):
                 continue  # a file that is no proof: nothing to check
             if tuple(proof.record) == tuple(commit.fields()):

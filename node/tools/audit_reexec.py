@@ -437,29 +437,29 @@ def rerun_by_rule(state_parts, claims, corpus, *configs, **kwargs):
     from training.errors import TrainingError
     from training.platform import (
         RULE_SAME_PLATFORM,
-        capability_to_emulate,
         fingerprint,
+        kernels_to_emulate,
         native_cpu_capability,
     )
     from training.replica_state import parse_stage_state
     from training.reexec import verify_contribution
-    from training.rerun_child import verify_under_capability
+    from training.rerun_child import verify_under_kernels
 
     try:
         claimed = parse_stage_state(state_parts[0]).meta.platform
     except (TrainingError, ValueError, IndexError):
         claimed = None  # verify_contribution gives the malformed state its verdict
-    capability = None if claimed is None else capability_to_emulate(
+    kernels = None if claimed is None else kernels_to_emulate(
         claimed, fingerprint(torch.device("cpu"), claimed.precision), native_cpu_capability())
-    if capability is not None:
-        result = verify_under_capability(capability, state_parts=list(state_parts), claims=list(claims),
+    if kernels is not None:
+        result = verify_under_kernels(kernels, state_parts=list(state_parts), claims=list(claims),
                                          corpus=corpus, model_cfg=configs[0], training_cfg=configs[1],
                                          diloco_cfg=configs[2], compression_cfg=configs[3], **kwargs)
     else:
         result = verify_contribution(state_parts, claims, corpus, *configs, **kwargs)
     exact = result.rule == RULE_SAME_PLATFORM
     if exact:
-        result.how = "emulated" if capability is not None else "exact"
+        result.how = "emulated" if kernels is not None else "exact"
     else:
         result.how = "tolerance" if result.rule else ""
     return result

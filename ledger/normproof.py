@@ -1,0 +1,299 @@
+"""The clip scales' commitment and their fraud proofs (issue 43, "Known gaps" 2 of docs/FRAUD_PROOF.md).
+
+A version-3 round (run document ``diloco.commitments = "normed"``) commits, in each stage's factors, for every
+accepted contribution ``j`` the exact sum of squares ``S_j`` of its decoded float32 values and the root of a
+Merkle *sum tree* over the same chunks as its payload pieces:
+
+* a sum of squares is an exact integer in the unit ``2**-298`` (the square of the smallest float32 subnormal):
+  the square of a float32 ``m 2**(e - 150)`` is ``m**2 2**(2e - 2)`` units, below ``2**554``; a sum is held in
+  96 bytes big-endian (768 bits; contracts/src/NormRule.sol adds them exactly);
+* leaf ``i`` is the 96-byte sum of chunk ``i``'s squares, hashed ``sha256(0x00 || sum)``; an inner node is
+  ``sha256(0x01 || left hash || left sum || right hash || right sum)`` and its sum is its children's (an odd
+  node is promoted, as in :mod:`ledger.merkle`). So no inner node can disagree with its children: the only
+  sums a committer states freely are the leaves and the total ``S_j`` in the factors;
+* the factors (:class:`ledger.chunkproof.Factors`) gain ``normClip`` (the run's ``norm_clip``, float64 bits),
+  ``steps`` (each contribution's declared inner steps in a run bounded by time, else none), ``normRoots`` and
+  ``normSums`` (three words per contribution).
+
+From these the contract (``AggregationProver.proveWrongNorm``) recomputes DiLoCoX's norm rule (docs/DILOCOX.md
+section 10): ``n_j = sqrt(double(S_j))`` (``double`` correctly rounded: the one rounding of ``math.fsum``),
+``p_j = n_j / k_j`` in a run bounded by time, the lower median, ``bound = norm_clip * med`` and ``s_j = 1`` or
+``bound / p_j``, all binary64 and correctly rounded. A proof shows one of: the committed scales are not the
+rule of the committed totals (:func:`scale_proof`); or one chunk of a contribution's sum tree holds another sum
+than the squares of its committed piece, or the tree sums to another total than the committed one
+(:func:`sum_proof`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ledger.errors import LedgerInputError
+
+#: log2 of the unit of a sum of squares.
+UNIT_LOG2 = 298
+SUM_BYTES = 96
+#: Sums at or past this do not fit the contract's three words (none of a real stage: 2**64 squares < 2**618).
+SUM_LIMIT = 1 << (8 * SUM_BYTES)
+#: ``NormProof.contribution`` of a proof of the scales themselves (``AggregationProver.SCALES``).
+SCALES = 2**256 - 1
+#: The ``commitments`` setting of a run whose factors carry the norm commitment (version 3).
+NORMED = "normed"
+
+
+def square_sum(values: bytes) -> int:
+    """The exact sum of squares of the float32 ``values`` (little-endian bytes), in units of ``2**-298``.
+
+    A float32 squared is exact in float64 (48 significant bits, ``2**-298 .. 2**256``), and scaling it by
+    ``2**298`` is exact too, so each square is an integer as a float64. LedgerInputError for a non-finite value
+    (no accepted contribution holds one)."""
+    if len(values) % 4:
+        raise LedgerInputError(f"{len(values)} bytes are not float32 values")
+    total = 0
+    for (value,) in struct.iter_unpack("<f", values):
+        square = math.ldexp(value * value, UNIT_LOG2)
+        if not math.isfinite(square):
+            raise LedgerInputError(f"a non-finite value ({value!r}) has no sum of squares")
+        total += int(square)
+    return total
+
+
+def sum_bytes(total: int) -> bytes:
+    """A sum as the contract reads it: 96 bytes big-endian."""
+    if not 0 <= total < SUM_LIMIT:
+        raise LedgerInputError(f"a sum of squares must be in [0, 2**768), not {total}")
+    return total.to_bytes(SUM_BYTES, "big")
+
+
+def sum_words(total: int) -> tuple[int, int, int]:
+    """``(hi, mid, lo)``: the sum as three 256-bit words."""
+    data = sum_bytes(total)
+    return tuple(int.from_bytes(data[i:i + 32], "big") for i in (0, 32, 64))
+
+
+def _leaf_hash(total: int) -> bytes:
+    return hashlib.sha256(b"\x00" + sum_bytes(total)).digest()
+
+
+def _node_hash(left: tuple[bytes, int], right: tuple[bytes, int]) -> bytes:
+    return hashlib.sha256(b"\x01" + left[0] + sum_bytes(left[1]) + right[0] + sum_bytes(right[1])).digest()
+
+
+@dataclass(frozen=True)
+class SumTree:
+    """The sum tree over one contribution's per-chunk sums of squares (module docstring)."""
+
+    levels: tuple[tuple[tuple[bytes, int], ...], ...]  # levels[0]: the leaves' (hash, sum); the last: the root
+
+    @classmethod
+    def of(cls, sums: Sequence[int]) -> SumTree:
+        if not sums:
+            raise LedgerInputError("a sum tree needs at least one chunk")
+        level = tuple((_leaf_hash(total), total) for total in sums)
+        levels = [level]
+        while len(level) > 1:
+            pairs = [_pair(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+            if len(level) % 2:
+                pairs.append(level[-1])  # an odd node is promoted
+            level = tuple(pairs)
+            levels.append(level)
+        return cls(tuple(levels))
+
+    @property
+    def root(self) -> bytes:
+        return self.levels[-1][0][0]
+
+    @property
+    def total(self) -> int:
+        return self.levels[-1][0][1]
+
+    @property
+    def sums(self) -> tuple[int, ...]:
+        return tuple(total for _hash, total in self.levels[0])
+
+    def path(self, index: int) -> list[bytes]:
+        """The sibling hashes and sums from leaf ``index`` up: four 32-byte words per level with a sibling."""
+        if not 0 <= index < len(self.levels[0]):
+            raise LedgerInputError(f"chunk {index} outside the tree's {len(self.levels[0])} chunks")
+        words = []
+        for level in self.levels[:-1]:
+            sibling = index ^ 1
+            if sibling < len(level):
+                digest, total = level[sibling]
+                words += [digest, *(word.to_bytes(32, "big") for word in sum_words(total))]
+            index //= 2
+        return words
+
+
+def _pair(left: tuple[bytes, int], right: tuple[bytes, int]) -> tuple[bytes, int]:
+    total = left[1] + right[1]
+    sum_bytes(total)  # an honest tree never passes 2**768
+    return _node_hash(left, right), total
+
+
+def sum_to_double(total: int) -> float:
+    """The double nearest ``total * 2**-298`` (Python's int division is correctly rounded)."""
+    return total / (1 << UNIT_LOG2)
+
+
+def norm_of(total: int) -> float:
+    """``n_j = sqrt(double(S_j))``: what training/robust.py's ``contribution_norm`` returns for the same values."""
+    return math.sqrt(sum_to_double(total))
+
+
+def clip_scales(totals: Sequence[int], norm_clip: float, steps: Sequence[int] = ()) -> list[float]:
+    """The norm rule's scale of each accepted contribution (docs/DILOCOX.md section 10), from the exact sums of
+    squares: what training/robust.py computes and the contract recomputes."""
+    norms = [norm_of(total) for total in totals]
+    if steps:
+        norms = [norm / step for norm, step in zip(norms, steps, strict=True)]
+    if not norms:
+        return []
+    median = sorted(norms)[(len(norms) - 1) // 2]
+    bound = norm_clip * median if norm_clip else math.inf
+    return [1.0 if norm <= bound else bound / norm for norm in norms]
+
+
+@dataclass(frozen=True)
+class NormProof:
+    """The argument of ``AggregationProver.proveWrongNorm`` (contracts/src/AggregationProver.sol)."""
+
+    record: tuple  # RoundRecord.fields() of round t
+    stage: int
+    stage_leaf: bytes
+    stage_path: list[bytes]
+    factors: bytes
+    contribution: int  # SCALES, or j
+    chunk: int
+    weights: bytes
+    weights_path: list[bytes]
+    piece: bytes
+    piece_path: list[bytes]
+    sum_leaf: bytes
+    sum_path: list[bytes]
+
+    def args(self, attesters: Sequence[str]) -> tuple:
+        """The single struct argument, with the round's ``attesters`` (checksummed addresses)."""
+        return ((self.record, self.stage, self.stage_leaf, self.stage_path, self.factors, self.contribution,
+                 self.chunk, (self.weights, self.weights_path), (self.piece, self.piece_path), self.sum_leaf,
+                 self.sum_path, list(attesters)),)
+
+    def to_json(self) -> dict:
+        """A printable form (hex strings) of the proof, as a node keeps it and ``audit`` shows it."""
+        def hexed(value):
+            if isinstance(value, bytes):
+                return "0x" + value.hex()
+            if isinstance(value, (list, tuple)):
+                return [hexed(item) for item in value]
+            return value
+        return {"kind": "norm", **{name: hexed(getattr(self, name)) for name in self.__dataclass_fields__}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> NormProof:
+        """The proof of its :meth:`to_json` form (a file's: LedgerInputError for anything else)."""
+        def unhexed(value):
+            if isinstance(value, str):
+                if not value.startswith("0x"):
+                    raise ValueError(f"{value[:20]!r} is not 0x-hex")
+                return bytes.fromhex(value[2:])
+            if isinstance(value, list):
+                return [unhexed(item) for item in value]
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            raise ValueError(f"unexpected {type(value).__name__}")
+        try:
+            if not isinstance(data, dict) or data.get("kind") != "norm" or set(data) != {"kind",
+                                                                                       *cls.__dataclass_fields__}:
+                raise ValueError("not the norm proof's fields")
+            fields = {name: unhexed(value) for name, value in data.items() if name != "kind"}
+            fields["record"] = tuple(fields["record"])
+            for name in ("stage", "chunk", "contribution"):
+                if not isinstance(fields[name], int):
+                    raise ValueError(f"{name} is not a number")
+            return cls(**fields)
+        except (ValueError, TypeError) as exc:
+            raise LedgerInputError(f"not a norm proof: {exc}"[:200]) from None
+
+
+def scale_proof(record, stage_leaves: Sequence[bytes], stage: int, factors: bytes) -> NormProof:
+    """The proof that the committed scales of ``stage`` in ``record`` are not the norm rule of the committed sums
+    (``stage_leaves``: every committed stage leaf of the record, encoded; ``factors``: the stage's, encoded)."""
+    from ledger.chunkproof import tree_path
+
+    return NormProof(record.fields(), stage, stage_leaves[stage], tree_path(list(stage_leaves), stage), factors,
+                     SCALES, 0, b"", [], b"", [], b"", [])
+
+
+def sum_proof(record, stage_leaves: Sequence[bytes], stage: int, factors: bytes, weight_leaves: Sequence[bytes],
+              payload_leaves: Sequence[bytes], tree: SumTree, contribution: int, chunk: int) -> NormProof:
+    """The proof that chunk ``chunk`` of contribution ``contribution``'s committed sum tree (``tree``, as the
+    committers built it) is not the squares of its committed piece (``payload_leaves``, the contribution's),
+    or that the tree does not sum to the committed total; ``weight_leaves``: the round's committed weights."""
+    from ledger.chunkproof import tree_path
+
+    if not 0 <= chunk < len(weight_leaves):
+        raise LedgerInputError(f"chunk {chunk} outside the stage's {len(weight_leaves)} chunks")
+    return NormProof(record.fields(), stage, stage_leaves[stage], tree_path(list(stage_leaves), stage), factors,
+                     contribution, chunk, weight_leaves[chunk], tree_path(list(weight_leaves), chunk),
+                     payload_leaves[chunk], tree_path(list(payload_leaves), chunk),
+                     sum_bytes(tree.sums[chunk]), tree.path(chunk))
+
+
+def first_wrong_sum(own: Sequence[int], committed: SumTree) -> int | None:
+    """The first chunk whose committed sum differs from this node's own (``own``: the true per-chunk sums), or
+    None when every leaf agrees (then only the committed total can be wrong: any chunk proves it)."""
+    for index, (mine, theirs) in enumerate(zip(own, committed.sums, strict=True)):
+        if mine != theirs:
+            return index
+    return None
+
+
+def encode_norm_state(factors: bytes, trees: Sequence[SumTree]) -> bytes:
+    """What a committer serves of a version-3 stage beside its state: the factors' bytes and each accepted
+    contribution's per-chunk sums (the leaves of its sum tree), for a prover to open (:func:`parse_norm_state`)."""
+    parts = [struct.pack(">I", len(factors)), factors]
+    for tree in trees:
+        parts.append(struct.pack(">I", len(tree.sums)))
+        parts += [sum_bytes(total) for total in tree.sums]
+    return b"".join(parts)
+
+
+def parse_norm_state(data: bytes, factors_hash: bytes, num_chunks: int):
+    """``(factors, trees)`` of :func:`encode_norm_state`'s bytes, checked against the committed stage leaf: the
+    factors hash to ``factors_hash``, are version 3, and each tree has ``num_chunks`` leaves and the committed root
+    (its total may differ from the committed one: that is a fraud a proof shows). LedgerInputError otherwise."""
+    from ledger.chunkproof import Factors
+
+    view, at = memoryview(bytes(data)), 0
+
+    def take(size: int) -> bytes:
+        nonlocal at
+        if size < 0 or at + size > len(view):
+            raise LedgerInputError("norm state truncated")
+        chunk = bytes(view[at:at + size])
+        at += size
+        return chunk
+
+    factors_bytes = take(struct.unpack(">I", take(4))[0])
+    if hashlib.sha256(factors_bytes).digest() != factors_hash:
+        raise LedgerInputError("norm state: the factors are not the committed stage leaf's")
+    factors = Factors.decode(factors_bytes)
+    if factors.norms is None:
+        return factors, []
+    trees = []
+    for root in factors.norms.roots:
+        count = struct.unpack(">I", take(4))[0]
+        if count != num_chunks:
+            raise LedgerInputError(f"norm state: a sum tree of {count} chunks, not the stage's {num_chunks}")
+        raw = take(SUM_BYTES * count)
+        tree = SumTree.of([int.from_bytes(raw[i:i + SUM_BYTES], "big") for i in range(0, len(raw), SUM_BYTES)])
+        if tree.root != root:
+            raise LedgerInputError("norm state: a sum tree is not the committed root's")
+        trees.append(tree)
+    if at != len(view):
+        raise LedgerInputError("norm state: trailing bytes")
+    return factors, trees
