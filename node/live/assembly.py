@@ -34,7 +34,7 @@ from node.config import NodeConfig
 from node.errors import NotRegistered
 from node.fsutil import atomic_write_bytes
 from node.live.answerer import ChallengeAnswerer
-from node.live.chunkstate import ChunkedStates, DisputeWindow
+from node.live.chunkstate import CHUNK_STATES_DIR, ChunkedStates, DisputeWindow
 from node.live.committer import Committer, CommitterContext
 from node.live.readback import RecordSigners
 from node.live.contributor import Contributor
@@ -262,7 +262,8 @@ class NodeParts:
             progress=self.progress, membership=membership, stop=self.stop)
         # A chunked run's stage states (published to provers) and its prover (docs/FRAUD_PROOF.md).
         self.chunked = ChunkedStates(cfg=cfg, host=host, layout=self.layout, config_hash=self.config_hash,
-                                     window=DisputeWindow(chain, self.run_id)) if cfg.diloco.chunked else None
+                                     window=DisputeWindow(chain, self.run_id),
+                                     spill_dir=self.data_dir / CHUNK_STATES_DIR) if cfg.diloco.chunked else None
         fraud = FraudProver(run_id=self.run_id, chain=chain, book=self.book, states=self.chunked,
                             stages=self.station.held_stages, num_stages=cfg.pipeline.num_stages, stop=self.stop,
                             proofs_dir=self.data_dir / PROOFS_DIR) \

@@ -18,14 +18,23 @@ stage to :meth:`ChunkedStates.record`, which
   contribution's per-chunk sums of squares (ledger.normproof.encode_norm_state) under ``norms_key(stage leaf)``:
   a prover whose own factors differ from the committed ones opens them (:meth:`ChunkedStates.committed_norms`)
   to prove a wrong clip scale or sum (node.fraudproof.norm_proof_of_difference).
+
+Only the last ``PUBLISHED_ROUNDS`` rounds' states (what the attestation and the prover read) stay in memory;
+an older state whose dispute window is still open is written to ``spill_dir`` and read back only when a
+challenge asks for it. A state holds its stage's weights and momentum chunked and every accepted
+contribution's payload pieces (about 1.4 MiB a round for a one-node replica of the soak's `tiny`): held in
+memory for the whole window (64 blocks: 20-25 rounds on the soak's anvil, where a round took 2.5-3.2 blocks)
+they were the largest growth tracemalloc found in a soak's nodes (docs/P2P.md, "What the soak found").
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import pickle
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 from ledger.chunkproof import StageLeaf, StageState, tree_root
 from ledger.errors import LedgerError, LedgerInputError
@@ -33,6 +42,7 @@ from ledger.normproof import SUM_BYTES, encode_norm_state, parse_norm_state
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
 from node.fraudproof import parse_stage_leaf, stage_state_of
+from node.fsutil import atomic_write_bytes
 from node.store.checkpoint import Checkpoint, RunLayout, parse_checkpoint, stage_problems
 from p2p.host import P2PHost
 from training.chunks import tensor_leaves
@@ -43,6 +53,8 @@ logger = logging.getLogger(__name__)
 #: Rounds of published state kept behind the oldest round the committer has not handled yet, at least; a round
 #: whose availability can still be challenged on chain is kept beyond (:class:`DisputeWindow`).
 PUBLISHED_ROUNDS = 4
+#: The directory under the node's data directory where states older than PUBLISHED_ROUNDS wait for their window.
+CHUNK_STATES_DIR = "chunk-states"
 #: A committed state fetched from an attester is refused above this many bytes (the stage's float32 weights
 #: and momentum, with the safetensors header: generously).
 STATE_SLACK_BYTES = 1 << 20
@@ -104,15 +116,21 @@ class ChunkedStates:
     """This node's stage states of recent rounds in a chunked run, and their publication (module docstring)."""
 
     def __init__(self, *, cfg: NodeConfig, host: P2PHost, layout: RunLayout, config_hash: bytes,
-                 window: DisputeWindow | None = None) -> None:
+                 window: DisputeWindow | None = None, spill_dir: Path | None = None) -> None:
         self.cfg = cfg
         self.window = window  # None: rounds are kept PUBLISHED_ROUNDS only (tests without a chain)
         self.host = host
         self.layout = layout
         self.config_hash = config_hash
+        self.spill_dir = spill_dir  # None: every kept state stays in memory
         self._lock = threading.Lock()
         self._states: dict[int, dict[int, StageState]] = {}  # round -> stage -> state
+        self._spilled: dict[int, set[int]] = {}  # round -> stages whose state is in spill_dir, not in memory
         self._served: dict[int, list[str]] = {}  # round -> blobs published
+        if spill_dir is not None:  # an earlier life's states: not this life's (it re-derives what it attests)
+            spill_dir.mkdir(parents=True, exist_ok=True)
+            for leftover in spill_dir.glob("*.state"):
+                leftover.unlink(missing_ok=True)
 
     def record(self, outer_round: int, stage: int, weights: dict, momentum: dict,
                reports: Sequence[ContributionReport], payloads: Sequence[bytes], envelopes: Sequence[bytes]) -> bytes:
@@ -160,29 +178,71 @@ class ChunkedStates:
             self._served.setdefault(outer_round, []).append(digest)
 
     def state(self, outer_round: int, stage: int) -> StageState | None:
-        """This node's state of ``stage`` after ``outer_round``, if still held."""
+        """This node's state of ``stage`` after ``outer_round``, if still held (in memory, or spilled)."""
         with self._lock:
-            return self._states.get(outer_round, {}).get(stage)
+            held = self._states.get(outer_round, {}).get(stage)
+            spilled = stage in self._spilled.get(outer_round, ())
+        if held is not None or not spilled:
+            return held
+        try:
+            return _decode_state(self._spill_path(outer_round, stage).read_bytes())
+        except FileNotFoundError:  # dropped meanwhile: its window closed
+            return None
+
+    def in_memory(self) -> list[int]:
+        """The rounds whose states are held in memory (not spilled)."""
+        with self._lock:
+            return sorted(self._states)
 
     def replace(self, outer_round: int, stage: int, state: StageState) -> None:
         """Hold ``state`` as this node's state of the round (a re-base on the record took it)."""
         with self._lock:
             self._states.setdefault(outer_round, {})[stage] = state
+            self._spilled.get(outer_round, set()).discard(stage)
+
+    def _spill_path(self, outer_round: int, stage: int) -> Path:
+        assert self.spill_dir is not None
+        return self.spill_dir / f"round-{outer_round:08d}-stage-{stage}.state"
+
+    def _spill(self, rounds: list[int]) -> None:
+        """Move the states of ``rounds`` from memory to ``spill_dir`` (each file written before the memory
+        copy goes, so a reader finds one or the other)."""
+        for outer_round in rounds:
+            with self._lock:
+                states = dict(self._states.get(outer_round, {}))
+            for stage, state in states.items():
+                atomic_write_bytes(self._spill_path(outer_round, stage), _encode_state(state), durable=False)
+            with self._lock:
+                held = self._states.get(outer_round, {})
+                for stage, state in states.items():
+                    if held.get(stage) is state:  # not replaced meanwhile
+                        del held[stage]
+                        self._spilled.setdefault(outer_round, set()).add(stage)
+                if not held:
+                    self._states.pop(outer_round, None)
 
     def forget_before(self, outer_round: int) -> None:
         """Drop (and stop serving) the states of rounds before ``outer_round - PUBLISHED_ROUNDS`` whose dispute
         window has closed (:class:`DisputeWindow`)."""
         with self._lock:
-            candidates = sorted({*self._states, *self._served})
-        done = [r for r in candidates if r < outer_round - PUBLISHED_ROUNDS
-                and (self.window is None or not self.window.open(r))]
+            candidates = sorted({*self._states, *self._spilled, *self._served})
+        old = [r for r in candidates if r < outer_round - PUBLISHED_ROUNDS]
+        done = [r for r in old if self.window is None or not self.window.open(r)]
         with self._lock:
+            spilled = {r: self._spilled.pop(r, set()) for r in done}
             for r in done:
                 self._states.pop(r, None)
             blobs = [d for r in done for d in self._served.pop(r, [])]
         for r in done:
             if self.window is not None:
                 self.window.forget(r)
+            for stage in spilled[r]:
+                self._spill_path(r, stage).unlink(missing_ok=True)
+        if self.spill_dir is not None:
+            try:
+                self._spill([r for r in old if r not in done])
+            except OSError as exc:  # a full disk: the states stay in memory, as without a spill directory
+                logger.warning("chunked states not spilled to %s (kept in memory): %s", self.spill_dir, exc)
         for digest in blobs:
             try:
                 self.host.remove_blob(digest)
@@ -237,6 +297,17 @@ class ChunkedStates:
                 logger.info("round %d stage %d: committed norms not had from %s: %s", outer_round, stage,
                             peer[-8:], exc)
         return None
+
+
+def _encode_state(state: StageState) -> bytes:
+    # pickle: this node's own file, read back only by this process (never a peer's bytes), and every field of
+    # the dataclass survives (a version-3 state's sum trees and norm factors too).
+    return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _decode_state(data: bytes) -> StageState:
+    """A state :func:`_encode_state` wrote."""
+    return pickle.loads(data)
 
 
 def _numel(shape) -> int:

@@ -5,7 +5,9 @@ Layout under ``<data_dir>/archive/run-<run_id>/``::
     run.json                        the run document (its sha256 is the chain's configHash)
     round-00000003/
         <envelope sha256 hex>.env   one signed contribution envelope, byte for byte
-        round.json                  {"round": 3, "contributions": [[stage, replica, peer_id, hash], ...]}
+        <envelope sha256 hex>.own   [stage, replica, peer_id]: the envelope is this node's own contribution
+        round.json                  {"round": 3, "contributions": [[stage, replica, peer_id, hash], ...],
+                                     "excluded": [...], "left_out_own": [[stage, replica, peer_id, hash], ...]}
                                     in canonical aggregation order (stage, replica, peer id, hash)
         recorded.json               the round's contributions of every stage and its stage weights hashes,
                                     as the chain's record binds them (spot checks; a split node seals only
@@ -14,6 +16,10 @@ Layout under ``<data_dir>/archive/run-<run_id>/``::
 The archive is what lets an auditor re-derive every round: the contributions
 root on chain is the Merkle root of the envelope hashes in canonical order,
 and replaying the aggregation over them must give the committed weights root.
+A node keeps every contribution of its own, also one the round's close left out (it came after the
+coordinator's deadline): a one-node replica whose stage 0 was aggregated and whose stage 1 was not is
+rerun by the audit from both its stages' envelopes (the pipeline's backward pass runs through both), and
+only its own archive holds the one no close named (the 60-minute soak's round 35, docs/P2P.md).
 Pruning keeps the newest ``storage.keep_rounds`` sealed rounds (0 keeps everything) and
 never a round not yet committed on chain (node/store/retention.py).
 """
@@ -78,6 +84,29 @@ class Archive:
             atomic_write_bytes(path, envelope)
         return digest
 
+    def put_own(self, round_index: int, envelope: bytes, stage: int, replica: int, peer_id: str) -> bytes:
+        """Store one of this node's own contribution envelopes (idempotent) and mark it as its own, so that
+        sealing keeps it even when the round's close left it out (module docstring); return its sha256."""
+        digest = self.put(round_index, envelope)
+        marker = self._round_dir(round_index) / f"{digest.hex()}.own"
+        if not marker.exists():
+            atomic_write_json(marker, [int(stage), int(replica), str(peer_id)])
+        return digest
+
+    def _own(self, round_index: int) -> list[ArchivedContribution]:
+        """This node's own contributions of a round (:meth:`put_own`) whose envelope is here; unreadable
+        markers are skipped (a marker only keeps an envelope, it never makes one)."""
+        out = []
+        for marker in sorted(self._round_dir(round_index).glob("*.own")):
+            if not marker.with_suffix(".env").exists():
+                continue
+            try:
+                stage, replica, peer_id = json.loads(marker.read_text())
+                out.append(ArchivedContribution(int(stage), int(replica), str(peer_id), bytes.fromhex(marker.stem)))
+            except (ValueError, TypeError, OverflowError, RecursionError):
+                logger.warning("round %d: unreadable own-contribution marker %s ignored", round_index, marker.name)
+        return out
+
     def put_blob(self, round_index: int, data: bytes, suffix: str) -> bytes:
         """Store a round's blob that is not a contribution envelope, as ``<sha256>.<suffix>`` (idempotent;
         the sliced exchange's ``slice`` blobs and ``partial`` envelopes, docs/PROTOCOL.md). Sealing keeps them."""
@@ -121,16 +150,23 @@ class Archive:
         for c in ordered if all_held else ():
             if not (self._round_dir(round_index) / f"{c.envelope_hash.hex()}.env").exists():
                 raise StateError(f"cannot seal round {round_index}: envelope {c.envelope_hash.hex()} missing")
+        aggregated = {c.envelope_hash for c in ordered}
+        left_out_own = sorted((c for c in self._own(round_index) if c.envelope_hash not in aggregated),
+                              key=ArchivedContribution.key)
         atomic_write_json(
             self._round_dir(round_index) / "round.json",
             {
                 "round": round_index,
                 "contributions": [[c.stage, c.replica, c.peer_id, c.envelope_hash.hex()] for c in ordered],
                 "excluded": list(excluded or []),
+                "left_out_own": [[c.stage, c.replica, c.peer_id, c.envelope_hash.hex()] for c in left_out_own],
             },
         )
-        # Envelopes received but not aggregated (late, duplicate) are dropped here.
-        keep = {f"{c.envelope_hash.hex()}.env" for c in ordered}
+        for c in left_out_own:
+            logger.info("round %d stage %d: keeping our contribution %s, which the close left out (an audit "
+                        "reruns the replica from it)", round_index, c.stage, c.envelope_hash.hex()[:12])
+        # Other envelopes received but not aggregated (late, duplicate) are dropped here.
+        keep = {f"{h.hex()}.env" for h in aggregated | {c.envelope_hash for c in left_out_own}}
         for path in self._round_dir(round_index).glob("*.env"):
             if path.name not in keep:
                 logger.info("round %d: dropping unaggregated envelope %s", round_index, path.name[:16])
@@ -146,6 +182,19 @@ class Archive:
                     doc["contributions"]]
         except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
             # OverflowError: int() of an infinite JSON number; RecursionError: deeply nested JSON.
+            raise StateError(f"archive manifest {path} is corrupt: {type(exc).__name__}: {exc}"[:300]) from None
+
+    def left_out_own(self, round_index: int) -> list[ArchivedContribution]:
+        """This node's own contributions of a sealed round that its close left out (kept, see :meth:`seal_round`);
+        [] for a round not sealed here or sealed before the archive kept them."""
+        path = self.sealed_path(round_index)
+        try:
+            doc = json.loads(path.read_text())
+            return [ArchivedContribution(int(s), int(r), str(p), bytes.fromhex(h))
+                    for s, r, p, h in doc.get("left_out_own", [])]
+        except FileNotFoundError:
+            return []
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
             raise StateError(f"archive manifest {path} is corrupt: {type(exc).__name__}: {exc}"[:300]) from None
 
     def record_round(self, round_index: int, contributions: list[ArchivedContribution],

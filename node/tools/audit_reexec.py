@@ -98,6 +98,23 @@ class _Archives:
                 continue
         return merged
 
+    def left_out_own(self, round_index: int) -> list[list]:
+        """The round's contributions their signers kept though its close left them out (``left_out_own`` of
+        each archive that sealed it, node/store/archive.py), merged: [[stage, replica, peer id, hash hex], ...]."""
+        import json
+
+        merged: list[list] = []
+        for path in self._round_dirs(round_index):
+            try:
+                for stage, replica, peer, hash_hex in json.loads((path / "round.json").read_text()).get(
+                        "left_out_own", []):
+                    entry = [int(stage), int(replica), str(peer), str(hash_hex).lower()]
+                    if entry not in merged:
+                        merged.append(entry)
+            except (ValueError, OSError, AttributeError, TypeError):
+                continue
+        return merged
+
     def envelope(self, round_index: int, hash_hex: str) -> bytes | None:
         for path in self._round_dirs(round_index):
             candidate = path / f"{hash_hex}.env"
@@ -162,13 +179,26 @@ class ReexecAuditor:
         self.history = history  # ledger.records.RunHistory: the declared platforms (declared_platform)
 
     def _envelopes(self, round_index: int, replica: int) -> list | None:
-        entries = sorted((e for e in self.sealed.get(round_index, []) if int(e[1]) == replica), key=lambda e: e[0])
+        """The replica's envelope of every stage of the round, in stage order (None: not all in the archives).
+
+        A stage the close left out (its contribution came after the deadline) while another stage of the
+        replica was aggregated is taken from its signer's own archive, which keeps it (``left_out_own``): the
+        rerun of a replica runs its whole pipeline, so it needs every stage's start state and claim."""
+        entries = [(e, True) for e in self.sealed.get(round_index, []) if int(e[1]) == replica]
+        stages = {int(e[0]) for e, _ in entries}
+        entries += [(e, False) for e in self.archives.left_out_own(round_index)
+                    if e[1] == replica and e[0] not in stages and e[0] < self.cfg.pipeline.num_stages]
         envs = []
-        for _stage, _replica, _peer, hash_hex in entries:
+        for (stage, _replica, peer, hash_hex), bound in sorted(entries, key=lambda item: int(item[0][0])):
             data = self.archives.envelope(round_index, hash_hex)
             if data is None:
                 return None
-            envs.append(decode_envelope(data, _MAX_BLOB))
+            env = decode_envelope(data, _MAX_BLOB)
+            # A left-out entry is bound by no root on chain: it must be the replica's signed contribution itself.
+            if not bound and (env.kind, env.round, env.stage, env.replica, env.sender_peer_id) != \
+                    (msg.CONTRIBUTION, round_index, int(stage), replica, peer):
+                return None
+            envs.append(env)
         return envs if [e.stage for e in envs] == list(range(self.cfg.pipeline.num_stages)) else None
 
     def _previous(self, round_index: int):

@@ -1,0 +1,119 @@
+"""A chunked run's stage states wait for their dispute window on disk, not in memory (node/live/chunkstate.py).
+
+A node keeps its state of every round until the round's dispute window closes on chain (``disputeBlocks`` after
+its commit): 64 blocks, 20-25 rounds on the soak's anvil, where a round took 2.5-3.2 blocks. Each state holds
+the stage's weights and momentum chunked and every accepted contribution's payload pieces; kept in memory for
+the whole window, they were most of the RSS growth of the 60-minute soak (tracemalloc on a 4-node run on the
+network lab: training/chunks.py's allocations +9 MiB in six minutes on a one-node replica, the largest growth
+there; docs/P2P.md, "What the soak found"). Now only the last PUBLISHED_ROUNDS rounds stay in memory; older ones
+still open are written to the spill directory and read back when a challenge asks. Unit tests: real
+StageStates, a window whose rounds stay open until the test closes them, a stand-in for the p2p host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from ledger.chunkproof import Factors, StageState
+from node.live.chunkstate import PUBLISHED_ROUNDS, ChunkedStates
+from training.chunks import tensor_leaves
+
+ROUNDS = 30
+
+
+class _Window:
+    """A dispute window that stays open for every round until ``close`` (the chain's blocks, here by hand)."""
+
+    def __init__(self) -> None:
+        self.closed_through = -1
+
+    def open(self, outer_round: int) -> bool:
+        return outer_round > self.closed_through
+
+    def forget(self, outer_round: int) -> None:
+        pass
+
+
+class _Host:
+    def remove_blob(self, digest: str) -> None:
+        pass
+
+
+def _state(outer_round: int, stage: int) -> StageState:
+    generator = torch.Generator().manual_seed(1000 * outer_round + stage)
+    weights = {"w": torch.randn(48, 40, generator=generator), "b": torch.randn(40, generator=generator)}
+    momentum = {name: tensor * 0.5 for name, tensor in weights.items()}
+    envelopes = tuple(hashlib.sha256(f"envelope {outer_round} {i}".encode()).digest() for i in range(3))
+    pieces = [[f"piece {outer_round} {i} {j}".encode() * 8 for j in range(20)] for i in range(3)]
+    factors = Factors(0x3C23D70A, 0x3F666666, True, envelopes,
+                      tuple(hashlib.sha256(b"".join(p)).digest() for p in pieces), (0x3FF0000000000000,) * 3)
+    return StageState(stage, tensor_leaves(weights), tensor_leaves(momentum), factors, pieces)
+
+
+def _states(tmp_path, spill: bool, window=None) -> ChunkedStates:
+    return ChunkedStates(cfg=None, host=_Host(), layout=None, config_hash=b"", window=window or _Window(),
+                         spill_dir=tmp_path / "chunk-states" if spill else None)
+
+
+def _run(states: ChunkedStates) -> dict:
+    """Rounds 0..ROUNDS-1 of a one-node replica (both stages), each followed by the finisher's forget_before;
+    returns the states it made and the rounds held in memory after each round."""
+    made, held = {}, []
+    for outer_round in range(ROUNDS):
+        for stage in (0, 1):
+            made[outer_round, stage] = _state(outer_round, stage)
+            states.replace(outer_round, stage, made[outer_round, stage])
+        states.forget_before(outer_round)
+        held.append(len(states.in_memory()))
+    return {"made": made, "held": held}
+
+
+def test_states_of_open_rounds_leave_memory_after_published_rounds_and_are_read_back_as_they_were(tmp_path):
+    states = _states(tmp_path, spill=True)
+    run = _run(states)
+    assert max(run["held"]) <= PUBLISHED_ROUNDS + 1, run["held"]
+    assert states.in_memory() == list(range(ROUNDS - PUBLISHED_ROUNDS - 1, ROUNDS))
+    for (outer_round, stage), state in run["made"].items():  # every window is still open: every state is held
+        back = states.state(outer_round, stage)
+        assert back == state and back.leaf() == state.leaf(), (outer_round, stage)
+
+
+def test_without_a_spill_directory_every_open_rounds_state_stays_in_memory(tmp_path):
+    """What the soak's nodes did: one more round in memory for every round while the windows stay open."""
+    run = _run(_states(tmp_path, spill=False))
+    assert run["held"] == list(range(1, ROUNDS + 1))
+
+
+def test_a_closed_window_drops_the_spilled_state_and_its_file(tmp_path):
+    window = _Window()
+    states = _states(tmp_path, spill=True, window=window)
+    _run(states)
+    spilled = sorted((tmp_path / "chunk-states").glob("*.state"))
+    assert len(spilled) == 2 * (ROUNDS - PUBLISHED_ROUNDS - 1)
+    window.closed_through = 9
+    states.forget_before(ROUNDS)
+    assert states.state(9, 0) is None and states.state(9, 1) is None and states.state(10, 0) is not None
+    # Rounds 10 .. ROUNDS - PUBLISHED_ROUNDS - 1 wait on disk now (the last of them spilled by this call).
+    assert len(list((tmp_path / "chunk-states").glob("*.state"))) == 2 * (ROUNDS - PUBLISHED_ROUNDS - 10)
+
+
+def test_a_replaced_state_of_a_spilled_round_is_the_one_held(tmp_path):
+    """A re-base on the record replaces this node's state of a round (node/live/forkrepair.py)."""
+    states = _states(tmp_path, spill=True)
+    _run(states)
+    other = _state(99, 0)
+    states.replace(3, 0, other)
+    assert states.state(3, 0) == other
+    states.forget_before(ROUNDS)  # spilled again, the new one
+    assert 3 not in states.in_memory() and states.state(3, 0) == other
+
+
+def test_an_earlier_lifes_spilled_states_are_not_taken(tmp_path):
+    """A restarted node re-derives what it attests; files of its earlier life are removed, never read as its own."""
+    first = _states(tmp_path, spill=True)
+    _run(first)
+    second = _states(tmp_path, spill=True)
+    assert second.state(3, 0) is None
+    assert not list((tmp_path / "chunk-states").glob("*.state"))
