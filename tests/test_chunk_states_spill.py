@@ -117,3 +117,22 @@ def test_an_earlier_lifes_spilled_states_are_not_taken(tmp_path):
     second = _states(tmp_path, spill=True)
     assert second.state(3, 0) is None
     assert not list((tmp_path / "chunk-states").glob("*.state"))
+
+
+def test_a_spilled_file_changed_on_disk_is_refused_before_it_is_read(tmp_path):
+    """A spilled state is unpickled only if this process wrote it as it is: a file someone changed or put in
+    the data directory (pickle would run its code) is refused, and the state is answered as not held."""
+    import pickle
+
+    states = _states(tmp_path, spill=True)
+    run = _run(states)
+    path = tmp_path / "chunk-states" / "round-00000003-stage-0.state"
+    original = path.read_bytes()
+    path.write_bytes(original[:32] + pickle.dumps(_state(42, 0)))  # a well-formed pickle, not this process's
+    assert states.state(3, 0) is None
+    path.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
+    assert states.state(3, 0) is None
+    path.write_bytes(b"")
+    assert states.state(3, 0) is None
+    path.write_bytes(original)
+    assert states.state(3, 0) == run["made"][3, 0]

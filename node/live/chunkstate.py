@@ -30,8 +30,10 @@ they were the largest growth tracemalloc found in a soak's nodes (docs/P2P.md, "
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
 import pickle
+import secrets
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -184,9 +186,13 @@ class ChunkedStates:
             spilled = stage in self._spilled.get(outer_round, ())
         if held is not None or not spilled:
             return held
+        path = self._spill_path(outer_round, stage)
         try:
-            return _decode_state(self._spill_path(outer_round, stage).read_bytes())
+            return _decode_state(path.read_bytes())
         except FileNotFoundError:  # dropped meanwhile: its window closed
+            return None
+        except (OSError, SpilledStateError) as exc:  # the state is lost: answer as for a state not held
+            logger.warning("spilled state of round %d stage %d unreadable (%s): not served", outer_round, stage, exc)
             return None
 
     def in_memory(self) -> list[int]:
@@ -299,15 +305,30 @@ class ChunkedStates:
         return None
 
 
+#: The key of this process's spilled states: a file is unpickled only if this process wrote it (a file someone
+#: else wrote or changed in the data directory, or one of an earlier life, is refused before it is read).
+_SPILL_KEY = secrets.token_bytes(32)
+_TAG_BYTES = 32
+
+
+class SpilledStateError(ValueError):
+    """A spilled state file that this process did not write as it is (changed, truncated, an earlier life's)."""
+
+
 def _encode_state(state: StageState) -> bytes:
-    # pickle: this node's own file, read back only by this process (never a peer's bytes), and every field of
-    # the dataclass survives (a version-3 state's sum trees and norm factors too).
-    return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    # pickle: this node's own file, read back only by this process, and only once the tag below shows this
+    # process wrote it (never a peer's bytes); every field of the dataclass survives (a version-3 state's sum
+    # trees and norm factors too).
+    body = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    return hmac.new(_SPILL_KEY, body, hashlib.sha256).digest() + body
 
 
 def _decode_state(data: bytes) -> StageState:
-    """A state :func:`_encode_state` wrote."""
-    return pickle.loads(data)
+    """A state :func:`_encode_state` of this process wrote; raises :class:`SpilledStateError` for anything else."""
+    tag, body = data[:_TAG_BYTES], data[_TAG_BYTES:]
+    if len(tag) != _TAG_BYTES or not hmac.compare_digest(tag, hmac.new(_SPILL_KEY, body, hashlib.sha256).digest()):
+        raise SpilledStateError("spilled state was not written by this process as it is (changed or truncated)")
+    return pickle.loads(body)
 
 
 def _numel(shape) -> int:
