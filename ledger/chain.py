@@ -88,7 +88,7 @@ def is_connection_error(exc: BaseException) -> bool:
 OUTAGE_REPORT_EVERY_S = 30.0
 
 
-class _OutageLog:
+class OutageLog:
     """Process-wide, rate-limited report of an RPC outage: its start, every OUTAGE_REPORT_EVERY_S, its end."""
 
     def __init__(self) -> None:
@@ -119,18 +119,21 @@ class _OutageLog:
                 self.down_since = None
 
 
-OUTAGE = _OutageLog()
+OUTAGE = OutageLog()
 
 
 def call_with_retries(call: Callable[[], T], policy: RetryPolicy, what: str,
-                      stop: threading.Event | None = None) -> T:
+                      stop: threading.Event | None = None, outage: OutageLog | None = None) -> T:
     """Run ``call``; retry with backoff while the endpoint is unreachable, then raise ChainUnavailable.
 
     Only connection failures are retried: a revert or a rejected transaction is raised at once.
     An outage is logged once when it starts, then at most every ``OUTAGE_REPORT_EVERY_S``
     for the whole process, and once when the endpoint answers again (:data:`OUTAGE`).
-    ``stop`` cuts the wait short: once it is set, :class:`ChainWaitStopped` is raised.
+    ``stop`` cuts the wait short: once it is set, :class:`ChainWaitStopped` is raised. ``outage``: the log
+    this call reports to (default the process's, :data:`OUTAGE`; a test passes its own, so that other
+    threads of the test process, answered by other chains, do not end its outage).
     """
+    outage = OUTAGE if outage is None else outage
     deadline = time.monotonic() + policy.total_seconds
     delay = policy.initial_delay
     attempt = 0
@@ -140,9 +143,9 @@ def call_with_retries(call: Callable[[], T], policy: RetryPolicy, what: str,
             result = call()
         except Exception as exc:
             if not is_connection_error(exc):
-                OUTAGE.answered()  # a revert or a refusal is an answer: the endpoint is up
+                outage.answered()  # a revert or a refusal is an answer: the endpoint is up
                 raise
-            OUTAGE.failed(what, exc)
+            outage.failed(what, exc)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ChainUnavailable(
@@ -156,7 +159,7 @@ def call_with_retries(call: Callable[[], T], policy: RetryPolicy, what: str,
                 raise ChainWaitStopped(f"{what}: stopped while waiting for the chain RPC") from exc
             delay = min(delay * 2, policy.max_delay)
         else:
-            OUTAGE.answered()
+            outage.answered()
             return result
 
 

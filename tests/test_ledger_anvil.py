@@ -11,7 +11,7 @@ from ledger_fixtures import FAST_RETRY, deploy
 from web3 import HTTPProvider, Web3
 
 from ledger.account import dev_account
-from ledger.chain import OUTAGE, AnvilProcess, RetryPolicy, call_with_retries, connect_rpc
+from ledger.chain import AnvilProcess, OutageLog, RetryPolicy, call_with_retries, connect_rpc
 from ledger.client import LedgerClient
 from ledger.errors import ChainUnavailable
 
@@ -138,17 +138,23 @@ def test_unreachable_rpc_and_missing_binary(tmp_path, monkeypatch):
 
 
 def test_an_outage_is_logged_at_a_bounded_rate(tmp_path, caplog):
-    """Many failed requests of one outage, from several threads, give one warning, then one line when it ends."""
+    """Many failed requests of one outage, from several threads, give one warning, then one line when it ends.
+
+    The threads share a log of their own: the process's (``OUTAGE``) is also told by any other thread of the
+    test process whose chain answers (a full suite run had such threads, and each answer ended the outage).
+    """
+    log = OutageLog()
     policy = RetryPolicy(total_seconds=1.0, initial_delay=0.02, max_delay=0.02)
     with AnvilProcess() as anvil:
         url = anvil.url
         w3 = Web3(HTTPProvider(url, request_kwargs={"timeout": 1}, exception_retry_configuration=None))
-        call_with_retries(lambda: w3.eth.chain_id, policy, "eth_chainId")  # an answer: no outage in progress
+        # an answer: no outage in progress
+        call_with_retries(lambda: w3.eth.chain_id, policy, "eth_chainId", outage=log)
     failures = []
 
     def poll() -> None:
         try:
-            call_with_retries(lambda: w3.eth.chain_id, policy, "eth_chainId")
+            call_with_retries(lambda: w3.eth.chain_id, policy, "eth_chainId", outage=log)
         except ChainUnavailable as exc:
             failures.append(exc)
 
@@ -162,10 +168,10 @@ def test_an_outage_is_logged_at_a_bounded_rate(tmp_path, caplog):
         attempts = sum(int(str(exc).split(" attempt(s)")[0].rsplit(" ", 1)[1]) for exc in failures)
         warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
         assert attempts >= 20 and len(warnings) == 1, [r.getMessage() for r in warnings]
-        assert "unreachable" in warnings[0].getMessage() and OUTAGE.down_since is not None
+        assert "unreachable" in warnings[0].getMessage() and log.down_since is not None
         with AnvilProcess(port=int(url.rsplit(":", 1)[1])):
-            assert call_with_retries(lambda: w3.eth.chain_id, policy, "eth_chainId") == 31337
-        assert OUTAGE.down_since is None
+            assert call_with_retries(lambda: w3.eth.chain_id, policy, "eth_chainId", outage=log) == 31337
+        assert log.down_since is None
         assert any("reachable again" in r.getMessage() for r in caplog.records)
 
 
