@@ -223,6 +223,10 @@ class TrustMachine(RuleBasedStateMachine):
                                                   for i in signers], self.attesters_of(round_))
         except (errors.LedgerQuorumNotMet, errors.LedgerSignerNotInForce, errors.LedgerSignerNotMember):
             pass  # too few honest members counted at that commit: the case lapses instead
+        except errors.LedgerDisputeExpired:
+            # The verdict's transaction is mined in the next block, which may be the deadline's: the case
+            # lapsed meanwhile (the fuzzer met this once the prover and challenger sent transactions too).
+            reader.expire_dispute(self.run_id, round_)
 
     # ------------------------------------------------------------------ coalition and outsiders
     @rule(data=st.data())
