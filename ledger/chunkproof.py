@@ -195,6 +195,28 @@ class StageState:
         return cached
 
 
+def hexed(value):
+    """A proof field in JSON form: bytes as 0x-hex, lists and tuples item by item, numbers as they are."""
+    if isinstance(value, bytes):
+        return "0x" + value.hex()
+    if isinstance(value, (list, tuple)):
+        return [hexed(item) for item in value]
+    return value
+
+
+def unhexed(value):
+    """The inverse of :func:`hexed` for a file's JSON (ValueError for anything it could not have written)."""
+    if isinstance(value, str):
+        if not value.startswith("0x"):
+            raise ValueError(f"{value[:20]!r} is not 0x-hex")
+        return bytes.fromhex(value[2:])
+    if isinstance(value, list):
+        return [unhexed(item) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ValueError(f"unexpected {type(value).__name__}")
+
+
 @dataclass(frozen=True)
 class AggregationProof:
     """The arguments of ``AggregationProver.proveWrongAggregation`` (contracts/src/AggregationProver.sol)."""
@@ -229,27 +251,11 @@ class AggregationProof:
 
     def to_json(self) -> dict:
         """A printable form (hex strings) of the proof, as ``audit`` shows it."""
-        def hexed(value):
-            if isinstance(value, bytes):
-                return "0x" + value.hex()
-            if isinstance(value, (list, tuple)):
-                return [hexed(item) for item in value]
-            return value
         return {name: hexed(getattr(self, name)) for name in self.__dataclass_fields__}
 
     @classmethod
     def from_json(cls, data: dict) -> AggregationProof:
         """The proof of its :meth:`to_json` form (a file's: LedgerInputError for anything else)."""
-        def unhexed(value):
-            if isinstance(value, str):
-                if not value.startswith("0x"):
-                    raise ValueError(f"{value[:20]!r} is not 0x-hex")
-                return bytes.fromhex(value[2:])
-            if isinstance(value, list):
-                return [unhexed(item) for item in value]
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-            raise ValueError(f"unexpected {type(value).__name__}")
         try:
             if not isinstance(data, dict) or set(data) != set(cls.__dataclass_fields__):
                 raise ValueError("not the proof's fields")

@@ -32,6 +32,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ledger.chunkproof import hexed, unhexed
 from ledger.errors import LedgerInputError
 
 #: log2 of the unit of a sum of squares.
@@ -184,27 +185,11 @@ class NormProof:
 
     def to_json(self) -> dict:
         """A printable form (hex strings) of the proof, as a node keeps it and ``audit`` shows it."""
-        def hexed(value):
-            if isinstance(value, bytes):
-                return "0x" + value.hex()
-            if isinstance(value, (list, tuple)):
-                return [hexed(item) for item in value]
-            return value
         return {"kind": "norm", **{name: hexed(getattr(self, name)) for name in self.__dataclass_fields__}}
 
     @classmethod
     def from_json(cls, data: dict) -> NormProof:
         """The proof of its :meth:`to_json` form (a file's: LedgerInputError for anything else)."""
-        def unhexed(value):
-            if isinstance(value, str):
-                if not value.startswith("0x"):
-                    raise ValueError(f"{value[:20]!r} is not 0x-hex")
-                return bytes.fromhex(value[2:])
-            if isinstance(value, list):
-                return [unhexed(item) for item in value]
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-            raise ValueError(f"unexpected {type(value).__name__}")
         try:
             if not isinstance(data, dict) or data.get("kind") != "norm" or set(data) != {"kind",
                                                                                        *cls.__dataclass_fields__}:
