@@ -128,9 +128,9 @@ def test_byzantine_contributions_are_still_excluded_in_the_delayed_round(attack,
     assert [r.excluded for r in reports] == [False, False, False, True]
 
 
-def test_the_model_case_excludes_the_same_attacks():
-    """test_training_robust's case on the tiny GPT (three honest gradient steps, a sign flip, noise of the honest
-    norm, a 1e6-scaled update, one that does not decode) in a time-bounded run: the same exclusions as version 1."""
+def _model_case():
+    """The tiny GPT's case: three honest gradient steps, then a sign flip, noise of the honest norm, a 1e6-scaled
+    update and one that does not decode; with the loss function of its screening batch."""
     tiny = ModelConfig(preset="tiny", init="torch")
     x, y = screening_batch(generated_corpus(0, n_bytes=40_000), run_seed=7, outer_round=3, batch_size=8,
                            block_size=tiny.block_size)
@@ -146,6 +146,13 @@ def test_the_model_case_excludes_the_same_attacks():
     attacks = [{n: -v for n, v in gradient.items()}, {n: v * (norm / noise_norm) for n, v in noise.items()},
                {n: 1e6 * v for n, v in gradient.items()}, None]
     loss_fn = model_loss_fn(tiny, x, y)
+    return tiny, loss_fn, honest, attacks
+
+
+def test_the_model_case_excludes_the_same_attacks():
+    """test_training_robust's case on the tiny GPT (three honest gradient steps, a sign flip, noise of the honest
+    norm, a 1e6-scaled update, one that does not decode) in a time-bounded run: the same exclusions as version 1."""
+    tiny, loss_fn, honest, attacks = _model_case()
     weights = init_state_dict(tiny, 0)
     reports = screen_contributions(loss_fn, weights, honest + attacks, _cfg(num_replicas=7, outer_lr=1.0),
                                    [8, 20, 50, 8, 20, 50, 20])
@@ -251,21 +258,7 @@ def test_version_3_cannot_exclude_the_flip_of_a_contribution_whose_slope_the_bat
 
 def test_version_3_on_the_model_case_excludes_the_same_attacks():
     """test_the_model_case_excludes_the_same_attacks with version 3, the tiny GPT's per-window losses."""
-    tiny = ModelConfig(preset="tiny", init="torch")
-    x, y = screening_batch(generated_corpus(0, n_bytes=40_000), run_seed=7, outer_round=3, batch_size=8,
-                           block_size=tiny.block_size)
-    model = GPT(tiny, seed=0)
-    _, value = model(x, y)
-    value.backward()
-    gradient = {n: 0.5 * p.grad.detach().clone() for n, p in model.named_parameters()}
-    honest = [{n: v * (1 + 0.1 * k) for n, v in gradient.items()} for k in range(3)]
-    norm = math.sqrt(sum(float(v.double().pow(2).sum()) for v in gradient.values()))
-    g = torch.Generator().manual_seed(1)
-    noise = {n: torch.randn(v.shape, generator=g) for n, v in gradient.items()}
-    noise_norm = math.sqrt(sum(float(v.double().pow(2).sum()) for v in noise.values()))
-    attacks = [{n: -v for n, v in gradient.items()}, {n: v * (norm / noise_norm) for n, v in noise.items()},
-               {n: 1e6 * v for n, v in gradient.items()}, None]
-    loss_fn = model_loss_fn(tiny, x, y)
+    tiny, loss_fn, honest, attacks = _model_case()
     assert len(loss_fn.windows(init_state_dict(tiny, 0))) == 8
     reports = screen_contributions(loss_fn, init_state_dict(tiny, 0), honest + attacks,
                                    _cfg(num_replicas=7, outer_lr=1.0, screen_rule="paired"),
