@@ -1,7 +1,7 @@
 """Write docs/RESULTS.md from bench/results/*.json: every measured figure of the project, generated.
 
 Each file under bench/results/ is the one current result of one benchmark script (bench/benchio.py);
-this script renders each into a section (the renderers are in scripts/results_sections.py) (what was measured, a table, the command, machine and load
+this script renders each into a section (the renderers are in scripts/results_sections.py and the other scripts/results_*.py) (what was measured, a table, the command, machine and load
 the JSON recorded, links to the script and the JSON). The prose is short and lives here; the numbers
 come only from the JSON. A result file without a section here is an error, so a new benchmark gets
 its section when its result lands.
@@ -28,10 +28,11 @@ from results_emulator import netlab, soak
 from results_network import (
     butterfly, join, nat, p2p, scale, scale_curve,
 )
+from results_hetero import heterogeneous, reexec_isa, screening_delay
 from results_sections import (
     audit, byzantine, chaos, data_loader, diloco, diloco_ablations, diloco_llama, fraud_proof, fuzz, gpu_calibration,
-    heterogeneous, ledger, longrun, pct, provenance, reexec, reexec_isa, restart, robust_sim, screening_delay,
-    settings_not_default, split_spotchecks, table, trust_fuzz, utilization,
+    ledger, longrun, pct, provenance, reexec, restart, robust_sim, settings_not_default, split_spotchecks, table,
+    trust_fuzz, utilization,
 )
 
 REPO = Path(__file__).resolve().parent.parent

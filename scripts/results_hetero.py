@@ -1,0 +1,129 @@
+"""The sections of docs/RESULTS.md on contributors that differ: heterogeneous hardware (time-bounded rounds), CPU
+platforms (re-execution across instruction sets) and screening under the one-step delay.
+
+Split from :mod:`results_sections`, whose formatting helpers these renderers share.
+"""
+
+from __future__ import annotations
+
+from results_sections import num, pct, table
+
+
+def heterogeneous(r: dict) -> list[str]:
+    s, c = r["settings"], r["comparison"]
+    rows = []
+    for name, label in (("fixed", f"fixed H = {s['fixed_h']}"),
+                        ("budget", f"time-bounded: {s['budget_s']:g} s, {s['min_steps']}..{s['max_steps']} steps")):
+        run = r[name]
+        rows.append([label, run["rounds"], num(run["wall_s_per_round"], 1)]
+                    + [f"{x['steps_per_round']:.1f} / {1000 * x['s_per_step']:.0f} ms / "
+                       f"{pct(x['compute_share_reaching_outer_step'], 1).lstrip('+')}" for x in run["replicas"]]
+                    + [num(run["final_eval_loss"])])
+    factors = [f"{x['factor']:g}x (steps/round, s/step, share)" for x in r["fixed"]["replicas"]]
+    wall, tokens = c["loss_at_equal_wall"], c["loss_at_equal_tokens"]
+    quotas = (f"cgroup v1 cpu quotas of {s['quota']:g} CPU / factor (factors {', '.join(f'{f:g}' for f in s['factors'])})")
+    if s.get("node"):
+        delay = ("the one-step delay (the exchange of round t overlaps round t+1)" if s.get("no_delay") is False
+                 else "no one-step delay")
+        how = (f"Three replicas of `{s['preset']}` (batch {s['batch_size']}), each a real `dlx-node start` process "
+               f"(a local anvil, libp2p on loopback, the full exchange, {delay}, the chain's records) whose "
+               + ("training thread (a slow accelerator: the node's other threads, its encode, attestation, "
+                  "libp2p and chain work, run at the machine's pace)" if s.get("throttle") == "training" else
+                  "whole process") + f" runs under {quotas}. Wall s/round = the mean over the nodes of their periods (from the end "
+               "of one round's inner steps to the end of the next one's, the nodes' `timing.jsonl`); tokens = the "
+               "records' (what the contributions declared); held-out = each round's checkpoint (the global weights) "
+               "evaluated after the run. Share = the wall seconds of the replica's inner steps whose contribution "
+               "reached the outer step / the wall seconds of its periods (idle: its waits for others, its own work "
+               "around the steps, steps whose contribution was lost).")
+    else:
+        how = (f"Three replicas of `{s['preset']}` (batch {s['batch_size']}) whose inner steps run under {quotas}, "
+               "one process per replica; contributions over pipes, the parent replays the aggregation and evaluates "
+               "(not the libp2p node). Share = the replica's seconds of inner steps that reached the outer step / "
+               "the run's wall time.")
+    rule = s.get("screen_rule", "auto")
+    versions = {"auto": "version 1", "one_sided": "version 1", "two_sided": "version 2", "paired": "version 3"}
+    how += (f" The time-bounded run screens by {versions.get(rule, rule)} (`diloco.screen_rule = \"{rule}\"`) on "
+            f"{s.get('screen_batch', 16)} windows; the fixed-H run by version 1 on 16.")
+    idle = []
+    if "cpu_share_in_inner_steps" in r["budget"]["replicas"][0]:
+        idle_rows = [[name, f"{x['factor']:g}x", pct(x["compute_share_reaching_outer_step"], 1).lstrip("+"),
+                      num(x["idle_per_round"]["waits_s"], 2), num(x["idle_per_round"]["own_work_s"], 2),
+                      num(x["idle_per_round"]["lost_inner_s"], 2), num(x["idle_per_round"]["lane_s"], 1),
+                      pct(x["cpu_share_in_inner_steps"], 1).lstrip("+")]
+                     for name in ("fixed", "budget") for x in r[name]["replicas"]]
+        idle = ["Where each replica's periods went (seconds per round): its waits for others (closes, "
+                "contributions, commits), its own work on the training thread around the steps, inner steps "
+                "whose contribution was lost; the lane's work beside the steps (encode, start state, eval, a "
+                "round's seal and attestation); and the CPU share: the CPU seconds of the inner steps that "
+                "reached the outer step / the CPU seconds of the whole node process (here the node's host work "
+                "shares the throttled CPU with its steps; on a GPU it would run beside them).", ""] + table(
+            ["run", "replica", "share", "waits s", "own work s", "lost steps s", "lane s", "CPU share"],
+            idle_rows)
+    return [how, ""] + table(
+        ["run", "rounds", "wall s/round", *factors, "held-out at the end"], rows) + idle + [
+        f"Held-out loss at equal wall time ({c['equal_wall_s']:.0f} s): fixed {num(wall['fixed'])}, time-bounded "
+        f"{num(wall['budget'])} ({pct(wall['budget_vs_fixed'], 2)}); at equal tokens ({c['equal_tokens']:,}): fixed "
+        f"{num(tokens['fixed'])}, time-bounded {num(tokens['budget'])} ({pct(tokens['budget_vs_fixed'], 2)}).", ""]
+
+
+def reexec_isa(r: dict) -> list[str]:
+    """bench/bench_reexec_isa.py: honest distances across ATen capabilities and thread counts, cheats per rule."""
+    a = r["args"]
+
+    def g(x):
+        return "-" if x is None else f"{x:.3g}"
+
+    def zones(z: dict) -> str:
+        cell = f"{z.get('exact', 0) + z.get('within_tolerance', 0)} / {z.get('undecided', 0)} / {z.get('mismatch', 0)}"
+        return cell + (f" ({z['other_result']} other_result)" if z.get("other_result") else "")
+    runs = {(doc.get("rounds", a["rounds"]), doc.get("inner_steps", a["inner_steps"])) for doc in r["presets"].values()}
+    what = (f"{a['rounds']} rounds of H = {a['inner_steps']}" if len(runs) == 1 else
+            "the rounds of H the table's run column gives (presets measured in separate invocations)")
+    lines = [(f"Claimants train {what} under each ATen capability of this "
+              f"CPU ({', '.join(r['capabilities'])}) on 1 thread; every contribution is rerun under each on 1 and 2 "
+              "threads. Honest: the largest relative distance by what differs, and what issue 42's rule makes of "
+              "every honest rerun on other kernels or threads judged as a claim of a platform nobody can emulate "
+              "(passed / undecided / mismatch)."), ""]
+    honest_rows, cheat_rows = [], []
+    for preset, doc in r["presets"].items():
+        s = doc["summary"]
+        pairs = ", ".join(f"{k}: {g(v['min'])}..{g(v['max'])}" for k, v in s["honest_by_capability_pair"].items())
+        run = f"{doc.get('rounds', a['rounds'])} x H = {doc.get('inner_steps', a['inner_steps'])}"
+        honest_rows.append([f"`{preset}`", run, g(s["honest_same_kernels_max"]), g(s["honest_other_threads_max"]),
+                            pairs or "-", zones(s["honest_rule_other_kernels"])])
+        for role, c in s["cheats"].items():
+            cheat_rows.append([f"`{preset}`", role, g(c["min_distance_same_kernels"]),
+                               g(c["min_distance_other_capability"]),
+                               f"{c['pass_old_tolerance_other_kernels']} of {c['reruns_other_kernels']}",
+                               f"{c['pass_emulated']} of {c['checks']}", zones(c["rule_other_kernels"])])
+    s0 = next(iter(r["presets"].values()))["summary"]
+    return lines + table(["preset", "rounds", "same kernels and threads", "other thread count",
+                          "other instruction set (claimant->rerun: min..max)", "rule, other kernels"],
+                         honest_rows) + [
+        (f"Cheats: smallest distance; how many the tolerance before issue 42 let through (<= {g(s0['old_tolerance'])}) "
+         "on other kernels or threads; under the rule, rerun under the claimant's own kernels (emulated: "
+         f"bit-exact demanded), and judged as another platform's claim (passed <= {g(s0['pass_bound'])} / "
+         f"undecided / mismatch > {g(s0['mismatch_bound'])})."), ""] + table(
+        ["preset", "cheat", "smallest, same kernels", "smallest, other instruction set", "passed the old tolerance",
+         "passed, emulated", "rule, other kernels"], cheat_rows)
+
+def screening_delay(r: dict) -> list[str]:
+    names = {"honest": "honest", "flip": "sign flip", "x": "scaled 4x", "noise": "noise of an honest norm"}
+    if "version_3" not in r["total"]["honest"]:  # the JSON of the script before version 3
+        rules = {"version_1": "version 1", "version_2": "version 2", "version_2_excess": "v2, excess form",
+                 "curvature_per_step": "curvature per step"}
+    else:
+        wide = r["settings"].get("windows", 64)
+        rules = {"version_1": "version 1", "version_2": "version 2", "version_2_start": "v2 at theta^{t-2}",
+                 "version_3": "version 3", "version_2_wide": f"version 2, {wide} windows",
+                 "version_3_wide": f"version 3, {wide} windows"}
+    rows = [[names.get(kind, kind), str(entry["n"]), *(str(entry[rule]) for rule in rules)]
+            for kind, entry in r["total"].items()]
+    runs = "; ".join(f"{' / '.join(map(str, run['counts']))} steps, {run['rounds']} rounds" for run in r["runs"])
+    return [(f"The simulation (one-step delay, overlap 0, compression on, `tiny`, outer lr 0.7 / momentum 0.5), "
+             f"replicas held at fixed counts ({runs}); every contribution aggregated; per round from 1, the "
+             "contributions excluded by each rule (`training.screening.judge`, on the round's screening batch of 16 "
+             "windows unless a column says more) among the honest ones (a round of the three) and attacks built "
+             "from them (each in a round of the three and it: sign flip and 4x of the longest and shortest, noise of "
+             "the median and of the longest norm)."), ""] + table(
+        ["contributions", "n", *rules.values()], rows)
