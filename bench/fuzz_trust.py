@@ -6,6 +6,9 @@ TrainingLedger; every invariant of docs/TRUST.md is checked after every step. Ru
 (invariant checks after a step), steps per second, and any counterexample (exit 1 if one was found).
 
     nice -n 10 python bench/fuzz_trust.py --seconds 3600 --backend anvil
+
+A counterexample is shrunk before it is reported, which can take many minutes; ``--no-shrink`` reports it as
+found (longer, but the result is written at once).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
 from bench.benchio import default_out, write_result  # noqa: E402
 from tests.trust_machine import TrustMachine  # noqa: E402
@@ -31,6 +34,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=100, help="steps per example")
     parser.add_argument("--batch", type=int, default=5, help="examples per hypothesis run")
     parser.add_argument("--backend", choices=("pyevm", "anvil"), default="pyevm")
+    parser.add_argument("--no-shrink", action="store_true",
+                        help="report a counterexample as found, unshrunk (hypothesis may shrink one for many minutes; "
+                             "with this, a run under a wall-clock limit still writes its result)")
     parser.add_argument("--out", default=default_out("trust_fuzz.py"))
     args = parser.parse_args()
     load = list(os.getloadavg())
@@ -47,7 +53,8 @@ def main() -> int:
         while time.monotonic() - started < args.seconds and (not args.examples or TrustMachine.examples < args.examples):
             TrustMachine.TestCase.settings = settings(
                 max_examples=args.batch, stateful_step_count=args.steps, deadline=None, database=None,
-                suppress_health_check=list(HealthCheck))
+                suppress_health_check=list(HealthCheck),
+                phases=[p for p in Phase if p not in ((Phase.shrink, Phase.explain) if args.no_shrink else ())])
             try:
                 TrustMachine.TestCase().runTest()
             except Exception as exc:  # a counterexample: hypothesis shrank it and printed the steps
@@ -62,7 +69,7 @@ def main() -> int:
         "backend": args.backend, "examples": TrustMachine.examples, "steps": steps,
         "steps_per_example_max": args.steps, "seconds": round(seconds, 1),
         "steps_per_second": round(steps / seconds, 2) if seconds else 0.0,
-        "counterexamples": [counterexample] if counterexample else [],
+        "counterexamples": [counterexample] if counterexample else [], "shrunk": not args.no_shrink,
         "invariants": ["I1 safety", "I2 no harm", "I3 credit", "I4 stake back", "I5 finality", "I6 solvency",
                        "I7 fraud proof"],
         "proofs_refused": TrustMachine.proofs_refused, "norm_proofs_refused": TrustMachine.norm_proofs_refused,
