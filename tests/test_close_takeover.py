@@ -115,6 +115,7 @@ class Node:
 
     def close(self) -> None:
         self.stop.set()
+        self.consumer.join(timeout=5.0)  # it polls the stop every 0.5 s: no inbox thread outlives its test
         self.host.close()
 
 

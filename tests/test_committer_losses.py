@@ -13,6 +13,8 @@ import math
 import threading
 from types import SimpleNamespace
 
+import pytest
+
 from node import protocol as msg
 from node.live.committer import Committer
 from node.live.membership import Membership
@@ -29,21 +31,31 @@ def attestation(loss: float) -> msg.Attestation:
     return msg.Attestation(WEIGHTS, b"r" * 32, 3, loss, loss + 0.5, 100, b"", b"")
 
 
-def member(round_timeout: float) -> tuple[Committer, RoundBook]:
-    book = RoundBook()
-    seats = {peer.encode(): Seat((10 + i, 0), i) for i, peer in enumerate(PEERS)}
-    membership = Membership("peer-a", "c-peer-a", 1, 1, book, seat=lambda _account, key: seats.get(key),
-                            own_seat=seats[b"peer-a"])
-    for peer in PEERS[1:]:
-        book.add_hello(peer, peer.encode(), msg.Hello(f"c-{peer}", 1, b"\x01" * 20, [], 0, 0))
-    membership.refresh()
-    node = SimpleNamespace(membership=membership, book=book, stop_event=threading.Event(),
-                           cfg=SimpleNamespace(round_timeout=round_timeout))
-    committer = Committer(node)
-    return committer, book
+@pytest.fixture
+def member():
+    """A member's committer (peer-a, three seats) and its book, by round timeout; closed at the test's end."""
+    made = []
+
+    def make(round_timeout: float) -> tuple[Committer, RoundBook]:
+        book = RoundBook()
+        seats = {peer.encode(): Seat((10 + i, 0), i) for i, peer in enumerate(PEERS)}
+        membership = Membership("peer-a", "c-peer-a", 1, 1, book, seat=lambda _account, key: seats.get(key),
+                                own_seat=seats[b"peer-a"])
+        for peer in PEERS[1:]:
+            book.add_hello(peer, peer.encode(), msg.Hello(f"c-{peer}", 1, b"\x01" * 20, [], 0, 0))
+        membership.refresh()
+        node = SimpleNamespace(membership=membership, book=book, stop_event=threading.Event(),
+                               cfg=SimpleNamespace(round_timeout=round_timeout))
+        committer = Committer(node)
+        made.append(committer)
+        return committer, book
+
+    yield make
+    for committer in made:
+        committer.close()
 
 
-def test_a_late_attestation_of_an_aggregated_replica_is_waited_for_up_to_the_round_deadline():
+def test_a_late_attestation_of_an_aggregated_replica_is_waited_for_up_to_the_round_deadline(member):
     committer, book = member(round_timeout=120.0)
     book.add_attestation(7, 0, "peer-a", attestation(2.0))
     book.add_attestation(7, 0, "peer-b", attestation(3.0))
@@ -58,7 +70,7 @@ def test_a_late_attestation_of_an_aggregated_replica_is_waited_for_up_to_the_rou
     assert math.isclose(sum(a.train_loss for _p, a in reporters) / 3, 3.0)
 
 
-def test_a_replica_that_never_attests_is_left_out_once_the_deadline_passes():
+def test_a_replica_that_never_attests_is_left_out_once_the_deadline_passes(member):
     committer, book = member(round_timeout=1.0)
     book.add_attestation(7, 0, "peer-a", attestation(2.0))
     book.add_attestation(7, 0, "peer-b", attestation(3.0))

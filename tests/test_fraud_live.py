@@ -61,6 +61,7 @@ class World:
     aggregation: object
     other: object  # stage 1's state, the same in both rounds
     hosts: list
+    stop: threading.Event  # every prover's: set at the end, so no challenge expirer outlives its test
 
 
 @pytest.fixture
@@ -76,7 +77,9 @@ def world(tmp_path):
     other = initial_state(1, tensors(3, OTHER), tensors(4, OTHER, 0.0))
     hosts = [P2PHost.start(P2PConfig(listen_port=0), Identity.generate(), data_dir=tmp_path / f"host{i}")
              for i in range(2)]
-    yield World(cfg, layout, weights, momentum, blobs, aggregation, other, hosts)
+    stop = threading.Event()
+    yield World(cfg, layout, weights, momentum, blobs, aggregation, other, hosts, stop)
+    stop.set()
     for host in hosts:
         host.close()
 
@@ -119,7 +122,7 @@ def _setup(world: World, tmp_path, states: ChunkedStates, committed_leaf: bytes,
             book.add_attestation(outer_round, 0, peer, _attestation(leaf))
             book.add_attestation(outer_round, 1, peer, _attestation(other))
     prover = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(PROVER)), book=book, states=states,
-                         stages=lambda: (0,), num_stages=2, stop=threading.Event(), proofs_dir=tmp_path / "proofs")
+                         stages=lambda: (0,), num_stages=2, stop=world.stop, proofs_dir=tmp_path / "proofs")
     mine_record = dataclasses.replace(records[1], weights_root=chunked_weights_root(
         [StageLeaf.decode(own_leaf), StageLeaf.decode(other)]))
     return deployment, run, records, prover, mine_record
@@ -203,9 +206,9 @@ def test_a_withheld_state_answered_leaf_by_leaf_is_still_proven(world, tmp_path,
     deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
                                                            colluder_host.peer_id)
     colluder = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(COLLUDERS[0])), book=prover.book,
-                           states=colluders, stages=lambda: (0,), num_stages=2, stop=threading.Event())
+                           states=colluders, stages=lambda: (0,), num_stages=2, stop=world.stop)
     answerer = ChallengeAnswerer(run_id=run.run_id, chain=colluder.chain, states=colluders, prover=colluder,
-                                 stop=threading.Event())
+                                 stop=world.stop)
     prover.check(0, records[0], records[0])
     prover.check(1, records[1], mine_record)
     assert set(prover.log.challenges) == {1} and not prover.log.proofs
@@ -260,7 +263,7 @@ def test_a_right_round_other_factors_or_a_bad_leaf_send_nothing(world, tmp_path)
         book.attestations[(outer_round, 0)] = {peer: _attestation(bytes(bad)) for peer in book.attestations[
             (outer_round, 0)]}
     fresh = FraudProver(run_id=run.run_id, chain=prover.chain, book=book, states=honest, stages=lambda: (0,),
-                        num_stages=2, stop=threading.Event())
+                        num_stages=2, stop=world.stop)
     fresh.check(1, records[1], mine_record)
     assert "no attested stage leaves" in fresh.log.unprovable[1] and not fresh.log.proofs
 
@@ -324,7 +327,7 @@ def test_the_challenges_of_a_right_round_are_answered_and_it_stands(world, tmp_p
                stage_leaf_target(records[1], 1)]
     challenges = [griefer.challenge_availability(target) for target in targets]
     answerer = ChallengeAnswerer(run_id=run.run_id, chain=prover.chain, states=honest, prover=prover,
-                                 stop=threading.Event())
+                                 stop=world.stop)
     answerer.poll()
     assert all(answerer.answered[c].startswith("answered") for c in challenges), answerer.answered
     answerer.poll()  # seen again: nothing sent twice
@@ -361,7 +364,7 @@ def test_a_right_rounds_state_is_kept_while_it_can_be_challenged(world, tmp_path
     target = availability_target(records[1], leaves, honest.state(1, 0).factors, 0, WEIGHTS, 2)
     challenge = griefer.challenge_availability(target)
     answerer = ChallengeAnswerer(run_id=run.run_id, chain=prover.chain, states=honest, prover=prover,
-                                 stop=threading.Event())
+                                 stop=world.stop)
     answerer.poll()
     assert answerer.answered[challenge].startswith("answered"), answerer.answered
     mine(deployment.w3, prover.chain.run_info(run.run_id).dispute_blocks + 1)
@@ -395,8 +398,9 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_unclipped_scale(tmp_pa
     other = initial_state(1, tensors(3, OTHER), tensors(4, OTHER, 0.0))
     hosts = [P2PHost.start(P2PConfig(listen_port=0), Identity.generate(), data_dir=tmp_path / f"host{i}")
              for i in range(2)]
+    stop = threading.Event()
     try:
-        world = World(cfg, layout, weights, momentum, blobs, honest_aggregation, other, hosts)
+        world = World(cfg, layout, weights, momentum, blobs, honest_aggregation, other, hosts, stop)
         colluder_host, prover_host = hosts
         colluders, honest = _states(world, colluder_host), _states(world, prover_host)
         own_leaf = _record(world, honest, honest_aggregation.new_global)
@@ -438,5 +442,6 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_unclipped_scale(tmp_pa
         assert check.status == "ok" and "the clip scales" in check.reason and "already proven" in check.reason
         assert verdict.notes[0].startswith("fraud proof (proveWrongNorm's argument)")
     finally:
+        stop.set()
         for host in hosts:
             host.close()
