@@ -122,3 +122,38 @@ def test_a_left_out_entry_naming_another_envelope_is_not_taken(tmp_path):
     manifest.write_text(json.dumps(doc))
     auditor = ReexecAuditor(_NoCorpus(), [tmp_path / "joiner"], RUN_ID, 0)
     assert auditor._envelopes(ROUND, 8) is None
+
+
+def test_a_signer_killed_before_it_sealed_the_round_still_gives_the_audit_its_left_out_stage(tmp_path):
+    """The 60-minute soak's round 26 (issue 45): a one-node replica sent both stages' contributions, the stage-0
+    close aggregated its stage 0, the stage-1 close left its stage 1 out, and the node was killed before it sealed
+    the round (the others committed it while it was down; a restarted node does not seal rounds it missed). Its
+    archive holds the round unsealed: the envelopes and their own-contribution markers, no ``round.json``. The
+    audit takes the left-out stage from the marker (it was INCOMPLETE: "its contributions are not in the
+    archives")."""
+    _solo, joiner, late = _run(tmp_path)
+    joiner.sealed_path(ROUND).unlink()  # killed before sealing: the round's directory as put_own left it
+    assert joiner.sealed(ROUND) is None and joiner.get(ROUND, hashlib.sha256(late).digest()) == late
+    auditor = ReexecAuditor(_NoCorpus(), [tmp_path / "solo", tmp_path / "joiner"], RUN_ID, 0)
+    envs = auditor._envelopes(ROUND, 8)
+    assert envs is not None and [e.stage for e in envs] == [0, 1]
+    assert envs[1].to_bytes() == late
+    result, reason, _distance = auditor.check(ROUND, 8)
+    assert result is None and reason.startswith("the run's training data is not available here"), reason
+
+
+def test_an_own_marker_naming_another_replicas_envelope_or_garbage_is_not_taken(tmp_path):
+    """An own-contribution marker is bound by nothing: one that names replica 0's envelope as replica 8's, and
+    unreadable ones, give no stage (the rerun stays unverifiable rather than running another's claim)."""
+    _solo, joiner, late = _run(tmp_path)
+    joiner.sealed_path(ROUND).unlink()
+    round_dir = joiner.sealed_path(ROUND).parent
+    (round_dir / f"{hashlib.sha256(late).hexdigest()}.own").unlink()
+    other, _state = _contribution(SOLO, ROUND, 1)
+    digest = joiner.put(ROUND, other)
+    (round_dir / f"{digest.hex()}.own").write_text(json.dumps([1, 8, JOINER.peer_id]))
+    (round_dir / ("ab" * 32 + ".own")).write_text("[1, 8")  # truncated
+    (round_dir / ("cd" * 32 + ".own")).write_text(json.dumps({"stage": 1}))
+    (round_dir / "not-hex.own").write_text(json.dumps([1, 8, JOINER.peer_id]))
+    auditor = ReexecAuditor(_NoCorpus(), [tmp_path / "solo", tmp_path / "joiner"], RUN_ID, 0)
+    assert auditor._envelopes(ROUND, 8) is None

@@ -57,10 +57,11 @@ class _Archives:
         self.dirs = [Path(d) for d in dirs]
         self.run_id = run_id
 
-    def _round_dirs(self, round_index: int):
+    def _round_dirs(self, round_index: int, sealed: bool = True):
+        """Each archive's directory of the round: those that sealed it, or (``sealed=False``) every one."""
         for d in self.dirs:
             path = d / "archive" / f"run-{self.run_id}" / f"round-{round_index:08d}"
-            if (path / "round.json").exists():
+            if (path / "round.json").exists() or (not sealed and path.is_dir()):
                 yield path
 
     def sealed(self) -> dict[int, list[list]]:
@@ -99,24 +100,41 @@ class _Archives:
         return merged
 
     def left_out_own(self, round_index: int) -> list[list]:
-        """The round's contributions their signers kept though its close left them out (``left_out_own`` of
-        each archive that sealed it, node/store/archive.py), merged: [[stage, replica, peer id, hash hex], ...]."""
+        """The round's contributions their signers kept though its close left them out, merged: [[stage,
+        replica, peer id, hash hex], ...]: ``left_out_own`` of each archive that sealed it, and the own-contribution
+        markers (``<hash>.own``, node/store/archive.py) of each archive that holds the round, sealed or not (a node
+        killed after it sent the round's contributions and before it sealed the round, which the others committed
+        while it was down: the 60-minute soak's round 26). The caller takes an entry only for a stage no close
+        named, and only if its envelope is the replica's own signed contribution of that round and stage."""
         import json
 
         merged: list[list] = []
+
+        def add(stage, replica, peer, hash_hex) -> None:
+            entry = [int(stage), int(replica), str(peer), str(hash_hex).lower()]
+            if entry not in merged:
+                merged.append(entry)
+
         for path in self._round_dirs(round_index):
             try:
                 for stage, replica, peer, hash_hex in json.loads((path / "round.json").read_text()).get(
                         "left_out_own", []):
-                    entry = [int(stage), int(replica), str(peer), str(hash_hex).lower()]
-                    if entry not in merged:
-                        merged.append(entry)
-            except (ValueError, OSError, AttributeError, TypeError):
+                    add(stage, replica, peer, hash_hex)
+            except (ValueError, OSError, AttributeError, TypeError, OverflowError, RecursionError):
                 continue
+        for path in self._round_dirs(round_index, sealed=False):
+            for marker in sorted(path.glob("*.own")):
+                try:
+                    stage, replica, peer = json.loads(marker.read_text())
+                    bytes.fromhex(marker.stem)
+                    add(stage, replica, peer, marker.stem)
+                except (ValueError, OSError, TypeError, OverflowError, RecursionError):
+                    continue  # a marker only points at an envelope, which the caller checks
         return merged
 
     def envelope(self, round_index: int, hash_hex: str) -> bytes | None:
-        for path in self._round_dirs(round_index):
+        """The envelope of that sha256 from any archive that holds the round (sealed or not), checked."""
+        for path in self._round_dirs(round_index, sealed=False):
             candidate = path / f"{hash_hex}.env"
             if candidate.exists() and hashlib.sha256(candidate.read_bytes()).hexdigest() == hash_hex:
                 return candidate.read_bytes()
