@@ -24,6 +24,7 @@ import contracts
 from ledger import errors
 from ledger.chain import connect_pyevm
 from ledger.chunkproof import NORMED_FACTORS_TYPES, Factors, StageLeaf, chunked_weights_root
+from ledger.records import COMMITMENT_VERSIONS, commitment_version
 from ledger.normproof import (SCALES, SumTree, clip_scales, first_wrong_sum, norm_of, scale_proof, square_sum,
                               sum_bytes, sum_proof, sum_to_double, sum_words)
 from node.fraudproof import chunk_square_sums
@@ -431,6 +432,86 @@ def test_a_version_two_round_has_no_norm_proof(honest):
     committed = on_chain(v2, v2.honest)
     with pytest.raises(errors.ProverNotNormed):
         committed.prover().prove_wrong_norm(proof_of_scales(committed))
+
+
+# ----------------------------------------------------------------------------------------------- the run's version
+
+
+def test_a_quorum_committing_version_two_factors_in_a_normed_run_is_proven_and_slashed(honest):
+    """The version escape: the colluders aggregate with every scale 1.0 (the raw contribution unclipped) and commit
+    version-2 factors (no norm commitment to open) in a run created as version 3. No chunk proof sees it (the
+    weights follow the committed scales); the norm proof does, from the run's version alone."""
+    loose = aggregated_round(SHAPES, blobs(), dataclasses.replace(DILOCO, norm_clip=0.0))
+    assert loose.honest.factors.norms is None and set(loose.honest.factors.scale_bits) == {0x3FF0000000000000}
+    committed = commit(deploy(connect_pyevm(), min_stake=STAKE), loose, loose.honest, stake=STAKE,
+                       commitments=COMMITMENT_VERSIONS["normed"])
+    prover = committed.prover()
+    assert prover.run_info(committed.run_id).commitments == 3
+    with pytest.raises(errors.ProverRoundCorrect):
+        prover.prove_wrong_aggregation(committed.proof(1))
+    proof = proof_of_scales(committed)
+    assert prover.norm_proof_holds(proof)
+    before = prover.balance()
+    receipt = prover.prove_wrong_norm(proof)
+    GAS["version-2 factors in a normed run (M=3)"] = receipt["gasUsed"]
+    assert_overturned(committed)
+    fee = receipt["gasUsed"] * receipt["effectiveGasPrice"]
+    assert prover.balance() - before + fee == len(committed.attesters) * STAKE // 2
+    with pytest.raises(errors.LedgerRunHalted):  # one reward per round
+        prover.prove_wrong_norm(proof)
+
+
+def test_any_norm_proof_over_version_two_factors_in_a_normed_run_proves_it(honest):
+    """The version is checked before the proof's kind: a sum proof's contribution and chunk need not exist."""
+    v2 = aggregated_round(SHAPES, blobs(), DILOCO)
+    committed = commit(deploy(connect_pyevm(), min_stake=STAKE), v2, v2.honest, stake=STAKE,
+                       commitments=COMMITMENT_VERSIONS["normed"])
+    proof = dataclasses.replace(proof_of_scales(committed), contribution=7, chunk=10**6)
+    committed.prover().prove_wrong_norm(proof)
+    assert_overturned(committed)
+
+
+def test_version_three_factors_in_a_chunked_run_are_proven(honest):
+    """The other way round: a right version-3 round committed in a run created as version 2 is no honest node's
+    (an honest node of a chunked run writes version-2 factors)."""
+    committed = commit(deploy(connect_pyevm(), min_stake=STAKE), honest, honest.honest, stake=STAKE,
+                       commitments=COMMITMENT_VERSIONS["chunked"])
+    committed.prover().prove_wrong_norm(proof_of_scales(committed))
+    assert_overturned(committed)
+
+
+def test_an_honest_round_of_its_runs_version_is_not_proven(right, honest):
+    """A right version-3 round in a version-3 run (the ``right`` fixture), and a right version-2 round in a
+    version-2 or a hashed run: no norm proof holds (ProverNormCorrect, or ProverNotNormed: nothing to open)."""
+    assert right.prover().run_info(right.run_id).commitments == 3
+    assert not right.prover().norm_proof_holds(proof_of_scales(right))
+    v2 = aggregated_round(SHAPES, blobs(), DILOCO)
+    for version in ("chunked", "hashed"):
+        committed = commit(deploy(connect_pyevm(), min_stake=STAKE), v2, v2.honest, stake=STAKE,
+                           commitments=COMMITMENT_VERSIONS[version])
+        with pytest.raises(errors.ProverNotNormed):
+            committed.prover().prove_wrong_norm(proof_of_scales(committed))
+        assert committed.prover().invalid_from(committed.run_id) is None
+
+
+def test_a_run_names_a_known_version_of_its_commitments():
+    deployment = deploy(connect_pyevm())
+    client = deployment.client(1)
+    for bad in (0, 4, 255):
+        with pytest.raises(errors.LedgerBadCommitments) as caught:
+            client.create_run(b"v" * 32, 1, 10, commitments=bad)
+        assert caught.value.values["commitments"] == bad
+    with pytest.raises(errors.LedgerInputError, match="commitments"):
+        client.create_run(b"v" * 32, 1, 10, commitments=256)
+    for name, version in COMMITMENT_VERSIONS.items():
+        run_id = client.create_run(hashlib.sha256(name.encode()).digest(), 1, 10, commitments=version)
+        assert commitment_version(name) == version
+        assert client.run_info(run_id).commitments == version
+        assert client.commitments_of(run_id) == version
+    assert client.run_info(client.create_run(b"d" * 32, 1, 10)).commitments == COMMITMENT_VERSIONS["chunked"]
+    for bad in ("auto", "", None, 3):
+        with pytest.raises(errors.LedgerInputError, match="commitments"):
+            commitment_version(bad)
 
 
 def test_the_contracts_stay_within_eip_170_and_eip_3860():

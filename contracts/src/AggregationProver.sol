@@ -174,6 +174,7 @@ contract AggregationProver {
         "uint64 trainLossMicro,uint64 evalLossMicro,uint64 tokens,uint32 numContributors,bytes32 checkpointHash)"
     );
     uint64 private constant _SCALE_ONE = 0x3FF0000000000000; // float64 1.0
+    uint8 private constant _NORMED = 3; // RunParams.commitments of a run whose factors carry the norm commitment
     uint256 private constant _LEAF_HEADER = 24; // u32 tensor, u64 offset, u64 cols, u32 count
     uint256 private constant _PIECE_HEADER = 5; // u8 codec, u32 count
     uint256 private constant _WEIGHTS_AT = 10; // a lowrank piece's w, after its header, rank and S
@@ -514,12 +515,18 @@ contract AggregationProver {
     function _normDiffers(NormProof calldata proof) private view returns (bool) {
         TrainingLedger.Record calldata record = proof.record;
         _requireCommitted(record);
-        uint32 numStages = ledger.runOf(record.runId).numStages;
-        if (proof.stage >= numStages) revert ProverBadStage(proof.stage, numStages);
-        StageLeaf memory leaf = _stageLeaf(proof.stageLeaf, proof.stagePath, record, proof.stage, numStages);
+        TrainingLedger.Run memory run = ledger.runOf(record.runId);
+        if (proof.stage >= run.numStages) revert ProverBadStage(proof.stage, run.numStages);
+        StageLeaf memory leaf = _stageLeaf(proof.stageLeaf, proof.stagePath, record, proof.stage, run.numStages);
         bytes calldata factors = proof.factors;
         if (sha256(factors) != leaf.factorsHash) revert ProverBadFactors(record.round, proof.stage);
-        (Norms memory norms, bool wellFormed) = _norms(factors, record.round, proof.stage);
+        // The factors' version (3: ten fields, the first list at byte 320) must be the run's (RunParams.commitments):
+        // version-2 factors in a normed run would escape this proof, version-3 ones in another run are no honest
+        // node's either. Either way the round is wrong, whatever the proof's contribution.
+        bool normed = factors.length >= 352 && _word(factors, 96) == 320;
+        if (normed != (run.commitments == _NORMED)) return true;
+        if (!normed) revert ProverNotNormed(record.round, proof.stage);
+        (Norms memory norms, bool wellFormed) = _norms(factors);
         if (!wellFormed) return true; // a norm commitment an honest round never makes
         if (proof.contribution == SCALES) return _scalesDiffer(factors, norms);
         if (proof.contribution >= norms.count) revert ProverBadTarget(proof.contribution);
@@ -618,14 +625,9 @@ contract AggregationProver {
     /// encoding of abi.encode(uint32 lr, uint32 mu, bool nesterov, bytes32[] envelopes, bytes32[] payloadRoots,
     /// uint64[] scales, uint64 normClip, uint32[] steps, bytes32[] normRoots, uint256[] normSums) with every list
     /// of the accepted count (steps: that count, or none), sums three words each, every value in its type's range,
-    /// normClip 0 or in [1, inf) and every step at least 1. Version 2 (six fields, its first list at byte 192)
-    /// reverts ProverNotNormed.
-    function _norms(bytes calldata factors, uint64 round, uint32 stage)
-        private
-        pure
-        returns (Norms memory norms, bool ok)
-    {
-        if (factors.length < 352 || _word(factors, 96) != 320) revert ProverNotNormed(round, stage);
+    /// normClip 0 or in [1, inf) and every step at least 1. The caller checked that it is version 3 (at least 352
+    /// bytes, its first list at byte 320).
+    function _norms(bytes calldata factors) private pure returns (Norms memory norms, bool ok) {
         uint256 count = _word(factors, 320);
         if (count > type(uint32).max) return (norms, false);
         uint256 list = 32 * (1 + count);
