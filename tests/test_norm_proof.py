@@ -23,14 +23,15 @@ from eth_abi import encode
 import contracts
 from ledger import errors
 from ledger.chain import connect_pyevm
-from ledger.chunkproof import NORMED_FACTORS_TYPES, Factors, StageLeaf, chunked_weights_root
-from ledger.records import COMMITMENT_VERSIONS, commitment_version
+from ledger.chunkproof import (NORMED_FACTORS_TYPES, PAYLOAD, Factors, StageLeaf, availability_answer,
+                               availability_target, chunked_weights_root, sums_which)
 from ledger.normproof import (SCALES, SumTree, clip_scales, first_wrong_sum, norm_of, scale_proof, square_sum,
                               sum_bytes, sum_proof, sum_to_double, sum_words)
+from ledger.records import COMMITMENT_VERSIONS, commitment_version
 from node.fraudproof import chunk_square_sums
 from tests.fraud_fixtures import (DILOCO, Committed, aggregated_round, commit, contribution, lied_sum,
                                   with_scale)
-from tests.ledger_fixtures import deploy
+from tests.ledger_fixtures import deploy, mine
 from training.chunks import float64_bits, stage_layout
 from training.codec_wire import decode_declared
 from training.robust import contribution_norm
@@ -512,6 +513,86 @@ def test_a_run_names_a_known_version_of_its_commitments():
     for bad in ("auto", "", None, 3):
         with pytest.raises(errors.LedgerInputError, match="commitments"):
             commitment_version(bad)
+
+
+# ----------------------------------------------------------------------------------------------- sum-tree availability
+
+
+def sums_target(committed, contribution: int, chunk: int):
+    state = committed.states[1]
+    return availability_target(committed.records[1], committed.stages[1], state.factors, 0,
+                               sums_which(len(state.payload_leaves), contribution), chunk)
+
+
+def test_a_sum_tree_leaf_is_challenged_and_answered(right):
+    """A right round's sum-tree leaf: an honest member answers with the chunk's sum and its sum path; the bond is
+    forfeited and the round stands. Another chunk's leaf, a payload leaf or a cut path do not answer it."""
+    challenger, committer = right.prover(), right.deployment.client(2)
+    state = right.states[1]
+    which = sums_which(3, 2)
+    assert which == PAYLOAD + 3 + 2
+    challenge = challenger.challenge_availability(sums_target(right, 2, 5))
+    assert challenger.challenge_of(challenge)["sums"]
+    leaf, path = availability_answer(state, which, 5)
+    assert leaf == sum_bytes(state.sum_trees[2].sums[5]) and len(path) % 4 == 0
+    with pytest.raises(errors.ProverBadPath):  # chunk 6's sum does not open chunk 5
+        committer.answer_challenge(challenge, *availability_answer(state, which, 6))
+    with pytest.raises(errors.ProverBadSumPath):  # a payload leaf is no 96-byte sum
+        committer.answer_challenge(challenge, *availability_answer(state, PAYLOAD + 2, 5))
+    with pytest.raises(errors.ProverBadSumPath):
+        committer.answer_challenge(challenge, leaf, path[:-4])
+    with pytest.raises(errors.ProverBadPath):  # another contribution's tree
+        committer.answer_challenge(challenge, *availability_answer(state, sums_which(3, 1), 5))
+    committer.answer_challenge(challenge, leaf, path)
+    assert challenger.challenge_of(challenge)["settled"]
+    assert challenger.availability_answer(challenge)[0] == leaf
+    with pytest.raises(errors.ProverChallengeExists):
+        challenger.challenge_availability(sums_target(right, 2, 5))
+    assert challenger.invalid_from(right.run_id) is None
+
+
+def test_a_withheld_sum_tree_leaf_overturns_the_round(honest):
+    committed = on_chain(honest, honest.honest)
+    challenger = committed.prover()
+    challenge = challenger.challenge_availability(sums_target(committed, 0, 0))
+    mine(committed.deployment.w3, challenger.run_info(committed.run_id).accusation_blocks)
+    challenger.expire_challenge(challenge)
+    assert_overturned(committed)
+
+
+def test_a_lied_sum_opened_by_a_challenge_is_proven(honest):
+    """The colluders lied about one chunk's sum and serve no tree: the answer they must give (or lose the round)
+    is the lied leaf with its path, which is all a sum proof needs."""
+    wrong = lied_sum(honest.honest, 1, 4)
+    committed = on_chain(honest, wrong)
+    challenger = committed.prover()
+    challenge = challenger.challenge_availability(sums_target(committed, 1, 4))
+    committed.deployment.client(1).answer_challenge(challenge, *availability_answer(wrong, sums_which(3, 1), 4))
+    leaf, path = challenger.availability_answer(challenge)
+    own = honest.honest  # the prover's own state: its weights and pieces are the committed ones
+    proof = sum_proof(committed.records[1], stage_leaves(committed), 0, wrong.factors.encode(), own.weight_leaves,
+                      own.payload_leaves[1], own.sum_trees[1], 1, 4)
+    proof = dataclasses.replace(proof, sum_leaf=leaf, sum_path=list(path))
+    assert leaf != sum_bytes(own.sum_trees[1].sums[4])
+    challenger.prove_wrong_norm(proof)
+    assert_overturned(committed)
+
+
+def test_sum_tree_challenges_name_only_trees_the_round_has(right, honest):
+    challenger = right.prover()
+    state = right.states[1]
+    with pytest.raises(errors.ProverBadTarget):  # three accepted: sum trees 5, 6, 7 and no eighth
+        challenger.challenge_availability(availability_target(right.records[1], right.stages[1], state.factors, 0,
+                                                              PAYLOAD + 6, 0))
+    with pytest.raises(errors.LedgerInputError):
+        sums_which(3, 3)
+    v2 = aggregated_round(SHAPES, blobs(), DILOCO)
+    chunked = on_chain(v2, v2.honest)
+    with pytest.raises(errors.ProverBadTarget):  # version-2 factors carry no sum trees
+        chunked.prover().challenge_availability(availability_target(
+            chunked.records[1], chunked.stages[1], v2.honest.factors, 0, PAYLOAD + 3, 0))
+    with pytest.raises(IndexError):  # nor does a version-2 state answer one
+        availability_answer(v2.honest, PAYLOAD + 3, 0)
 
 
 def test_the_contracts_stay_within_eip_170_and_eip_3860():

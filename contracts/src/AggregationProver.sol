@@ -79,8 +79,9 @@ contract AggregationProver {
         bytes stageLeaf; // under record.weightsRoot
         bytes32[] stagePath;
         bytes factors; // the stage leaf's factors
-        // 0: the new weights, 1: the new momentum, 2 + j: accepted contribution j's payload; STAGE_LEAF: the
-        // stage leaf (then stageLeaf, stagePath and factors are not read, and chunk must be the stage)
+        // 0: the new weights, 1: the new momentum, 2 + j: accepted contribution j's payload, 2 + M + j (M accepted,
+        // version-3 factors): contribution j's sum tree; STAGE_LEAF: the stage leaf (then stageLeaf, stagePath
+        // and factors are not read, and chunk must be the stage)
         uint256 which;
         uint64 chunk;
     }
@@ -91,6 +92,7 @@ contract AggregationProver {
         uint64 deadline; // first block at which an unanswered challenge can be expired
         uint32 numChunks;
         bool settled; // answered, or expired
+        bool sums; // the tree is a sum tree (ledger/normproof.py): its leaves open as a NormProof's sum leaf
         uint64 round;
         uint64 chunk; // the leaf's index in the tree
         bytes32 root; // the tree the leaf must be opened in
@@ -257,24 +259,32 @@ contract AggregationProver {
         // an old right round must not fall to a challenge nobody is left to answer.
         uint256 closedAt = ledger.commitBlockOf(record.runId, record.round) + run.disputeBlocks;
         if (block.number >= closedAt) revert ProverChallengeTooLate(record.runId, record.round, uint64(closedAt));
-        (bytes32 root, uint32 numChunks) = _targetTree(target, run.numStages);
+        (bytes32 root, uint32 numChunks, bool sums) = _targetTree(target, run.numStages);
         id = keccak256(abi.encode(record.runId, record.round, target.stage, target.which, target.chunk));
         Challenge storage challenge = _challenges[id];
         if (challenge.challenger != address(0)) revert ProverChallengeExists(id);
         uint64 deadline = uint64(block.number) + run.accusationBlocks;
         _challenges[id] = Challenge(
-            msg.sender, deadline, numChunks, false, record.round, target.chunk, root, record.runId, msg.value
+            msg.sender, deadline, numChunks, false, sums, record.round, target.chunk, root, record.runId, msg.value
         );
         emit AvailabilityChallenged(
             id, record.runId, record.round, target.stage, target.which, target.chunk, msg.sender, deadline
         );
     }
 
-    /// @notice Publish the leaf a challenge names, with its Merkle path (anyone may). The bond is forfeited.
+    /// @notice Publish the leaf a challenge names, with its Merkle path (anyone may; a sum tree's leaf: its 96-byte
+    /// sum and a sum path, as NormProof's). The bond is forfeited.
     function answerChallenge(bytes32 id, bytes calldata leaf, bytes32[] calldata path) external {
         Challenge storage challenge = _openChallenge(id);
         if (block.number >= challenge.deadline) revert ProverChallengeDue(id, challenge.deadline);
-        if (!_verify(leaf, challenge.chunk, challenge.numChunks, path, challenge.root)) revert ProverBadPath(0);
+        bool opened;
+        if (challenge.sums) {
+            (bytes32 root,,) = _openSum(leaf, challenge.chunk, challenge.numChunks, path, 0);
+            opened = root == challenge.root;
+        } else {
+            opened = _verify(leaf, challenge.chunk, challenge.numChunks, path, challenge.root);
+        }
+        if (!opened) revert ProverBadPath(0);
         challenge.settled = true;
         emit AvailabilityAnswered(id, leaf);
     }
@@ -310,25 +320,33 @@ contract AggregationProver {
         if (challenge.settled) revert ProverChallengeSettled(id);
     }
 
-    /// @dev The tree a challenge's leaf must be opened in, and its leaf count.
-    function _targetTree(Target calldata target, uint32 numStages) private pure returns (bytes32, uint32) {
+    /// @dev The tree a challenge's leaf must be opened in, its leaf count, and whether it is a sum tree.
+    function _targetTree(Target calldata target, uint32 numStages) private pure returns (bytes32, uint32, bool) {
         if (target.which == STAGE_LEAF) {
             if (target.chunk != target.stage) revert ProverBadChunk(target.chunk, numStages);
-            return (target.record.weightsRoot, numStages);
+            return (target.record.weightsRoot, numStages, false);
         }
         StageLeaf memory leaf = _stageLeaf(target.stageLeaf, target.stagePath, target.record, target.stage, numStages);
         if (target.chunk >= leaf.numChunks) revert ProverBadChunk(target.chunk, leaf.numChunks);
-        return (_targetRoot(target, leaf), leaf.numChunks);
+        (bytes32 root, bool sums) = _targetRoot(target, leaf);
+        return (root, leaf.numChunks, sums);
     }
 
-    function _targetRoot(Target calldata target, StageLeaf memory leaf) private pure returns (bytes32) {
-        if (target.which == 0) return leaf.weightsRoot;
-        if (target.which == 1) return leaf.momentumRoot;
-        if (sha256(target.factors) != leaf.factorsHash) revert ProverBadFactors(target.record.round, target.stage);
-        (,,,, bytes32[] memory roots,) =
-            abi.decode(target.factors, (uint32, uint32, bool, bytes32[], bytes32[], uint64[]));
-        if (target.which - 2 >= roots.length) revert ProverBadTarget(target.which);
-        return roots[target.which - 2];
+    function _targetRoot(Target calldata target, StageLeaf memory leaf) private pure returns (bytes32, bool) {
+        uint256 which = target.which;
+        if (which == 0) return (leaf.weightsRoot, false);
+        if (which == 1) return (leaf.momentumRoot, false);
+        bytes calldata factors = target.factors;
+        if (sha256(factors) != leaf.factorsHash) revert ProverBadFactors(target.record.round, target.stage);
+        (,,,, bytes32[] memory roots,) = abi.decode(factors, (uint32, uint32, bool, bytes32[], bytes32[], uint64[]));
+        uint256 j = which - 2;
+        if (j < roots.length) return (roots[j], false);
+        // 2 + M + j: contribution j's sum tree, in well-formed version-3 factors (others are proven, not opened).
+        j -= roots.length;
+        if (j >= roots.length || factors.length < 352 || _word(factors, 96) != 320) revert ProverBadTarget(which);
+        (Norms memory norms, bool ok) = _norms(factors);
+        if (!ok) revert ProverBadTarget(which);
+        return (bytes32(_word(factors, norms.rootsAt + 32 * j)), true);
     }
 
     // ------------------------------------------------------------------------------------------- openings
