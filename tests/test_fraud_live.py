@@ -510,3 +510,44 @@ def test_a_node_refuses_a_run_created_with_another_commitments_version():
     chain.check_run(run_id, config_hash, commitments="chunked")
     with pytest.raises(ConfigError, match="commitments version 2 \\(chunked\\).*'normed' \\(version 3\\)"):
         chain.check_run(run_id, config_hash, commitments="normed")
+
+
+def test_a_right_normed_rounds_sum_tree_challenge_is_answered(tmp_path):
+    """In a version-3 run a griefer challenges a sum-tree leaf of a right round: the honest node answers it from
+    its own state (the chunk's sum and its sum path), the bond is forfeited and the round stands."""
+    from ledger.chunkproof import availability_target, sums_which
+    from node.live.answerer import ChallengeAnswerer
+
+    cfg = load_config(None, ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2",
+                             "diloco.commitments=normed", "compression.enabled=false"])
+    layout = RunLayout(1, b"\x07" * 32, {}, (SHAPES, OTHER), chunked=True)
+    weights, momentum = tensors(1, SHAPES), tensors(2, SHAPES, scale=0.1)
+    blobs = [contribution(SHAPES, "lowrank", 30, rank=4), contribution(SHAPES, "quant", 31)]
+    aggregation = aggregate_with_report(weights, momentum, blobs, cfg.diloco, stage_index=0, outer_round=1,
+                                        compression_cfg=cfg.compression)
+    other = initial_state(1, tensors(3, OTHER), tensors(4, OTHER, 0.0))
+    hosts = [P2PHost.start(P2PConfig(listen_port=0), Identity.generate(), data_dir=tmp_path / f"host{i}")
+             for i in range(2)]
+    try:
+        world = World(cfg, layout, weights, momentum, blobs, aggregation, other, hosts)
+        honest = _states(world, hosts[1])
+        own_leaf = _record(world, honest, aggregation.new_global)
+        deployment, run, records, prover, _mine = _setup(world, tmp_path, honest, own_leaf, own_leaf,
+                                                         hosts[0].peer_id)
+        assert deployment.client(PROVER).commitments_of(run.run_id) == 3
+        griefer = deployment.client(6)
+        state = honest.state(1, 0)
+        assert len(state.sum_trees) == 2
+        target = availability_target(records[1], [StageLeaf.decode(own_leaf), other.leaf()], state.factors, 0,
+                                     sums_which(2, 1), 3)
+        challenge = griefer.challenge_availability(target)
+        answerer = ChallengeAnswerer(run_id=run.run_id, chain=prover.chain, states=honest, prover=prover,
+                                     stop=threading.Event())
+        answerer.poll()
+        assert answerer.answered[challenge] == f"answered with leaf 3 of tree {sums_which(2, 1)}"
+        mine(deployment.w3, deployment.client(PROVER).run_info(run.run_id).accusation_blocks)
+        assert griefer.challenge_of(challenge)["settled"]
+        assert griefer.invalid_from(run.run_id) is None
+    finally:
+        for host in hosts:
+            host.close()
