@@ -310,9 +310,11 @@ def first_difference(mine: StageState, committed: StageState) -> int | None:
 
 
 #: ``which`` of a data-availability challenge: the new weights, the new momentum, or ``PAYLOAD + j``; in a
-#: version-3 round also ``sums_which(M, j)``, contribution ``j``'s sum tree; or the stage leaf itself
-#: (``AggregationProver.STAGE_LEAF``: a record whose root has no stage leaves behind it).
+#: version-3 round also ``sums_which(M, j)``, contribution ``j``'s sum tree; the factors themselves (``FACTORS``,
+#: chunk 0: the stage leaf's preimage of ``factorsHash``, answered with their bytes and no path); or the stage
+#: leaf itself (``AggregationProver.STAGE_LEAF``: a record whose root has no stage leaves behind it).
 WEIGHTS, MOMENTUM, PAYLOAD = 0, 1, 2
+FACTORS = 2**256 - 2
 STAGE_LEAF = 2**256 - 1
 
 
@@ -348,6 +350,10 @@ def availability_answer(state: StageState, which: int, chunk: int) -> tuple[byte
     """``(leaf, path)`` that answers a challenge of leaf ``chunk`` of tree ``which`` of ``state`` (a sum tree's:
     the chunk's 96-byte sum and its sum path). IndexError for a tree or a leaf the state does not hold."""
     accepted = len(state.payload_leaves)
+    if which == FACTORS:
+        if chunk != 0:
+            raise IndexError(f"the factors are one leaf, not chunk {chunk}")
+        return state.factors.encode(), []
     if which == WEIGHTS:
         leaves = state.weight_leaves
     elif which == MOMENTUM:

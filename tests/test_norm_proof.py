@@ -23,7 +23,7 @@ from eth_abi import encode
 import contracts
 from ledger import errors
 from ledger.chain import connect_pyevm
-from ledger.chunkproof import (NORMED_FACTORS_TYPES, PAYLOAD, Factors, StageLeaf, availability_answer,
+from ledger.chunkproof import (FACTORS, NORMED_FACTORS_TYPES, PAYLOAD, Factors, StageLeaf, availability_answer,
                                availability_target, chunked_weights_root, sums_which)
 from ledger.normproof import (SCALES, SumTree, clip_scales, first_wrong_sum, norm_of, scale_proof, square_sum,
                               sum_bytes, sum_proof, sum_to_double, sum_words)
@@ -575,6 +575,38 @@ def test_a_lied_sum_opened_by_a_challenge_is_proven(honest):
     proof = dataclasses.replace(proof, sum_leaf=leaf, sum_path=list(path))
     assert leaf != sum_bytes(own.sum_trees[1].sums[4])
     challenger.prove_wrong_norm(proof)
+    assert_overturned(committed)
+
+
+def test_withheld_version_two_factors_in_a_normed_run_are_challenged_opened_and_proven(honest):
+    """The version escape with the factors withheld: they are no tree's leaf, so the challenger asks for the stage
+    leaf's preimage of factorsHash (FACTORS); the colluders must publish them (or lose the round), and the bytes
+    they publish are a norm proof's factors."""
+    loose = aggregated_round(SHAPES, blobs(), dataclasses.replace(DILOCO, norm_clip=0.0))
+    committed = commit(deploy(connect_pyevm(), min_stake=STAKE), loose, loose.honest, stake=STAKE,
+                       commitments=COMMITMENT_VERSIONS["normed"])
+    challenger, colluder = committed.prover(), committed.deployment.client(1)
+    target = availability_target(committed.records[1], committed.stages[1], Factors(0, 0, False, (), (), ()), 0,
+                                 FACTORS, 0)  # the challenger knows no factors: they are not read
+    with pytest.raises(errors.ProverBadChunk):
+        challenger.challenge_availability(target[:-1] + (1,))
+    challenge = challenger.challenge_availability(target)
+    with pytest.raises(errors.ProverBadPath):  # any other bytes do not answer it
+        colluder.answer_challenge(challenge, honest.honest.factors.encode(), [])
+    colluder.answer_challenge(challenge, *availability_answer(loose.honest, FACTORS, 0))
+    factors, path = challenger.availability_answer(challenge)
+    assert path == [] and Factors.decode(factors).norms is None
+    challenger.prove_wrong_norm(scale_proof(committed.records[1], stage_leaves(committed), 0, factors))
+    assert_overturned(committed)
+
+
+def test_unanswered_factors_overturn_the_round(honest):
+    committed = on_chain(honest, honest.honest)
+    challenger = committed.prover()
+    challenge = challenger.challenge_availability(availability_target(
+        committed.records[1], committed.stages[1], honest.honest.factors, 0, FACTORS, 0))
+    mine(committed.deployment.w3, challenger.run_info(committed.run_id).accusation_blocks)
+    challenger.expire_challenge(challenge)
     assert_overturned(committed)
 
 

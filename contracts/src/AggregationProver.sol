@@ -80,8 +80,9 @@ contract AggregationProver {
         bytes32[] stagePath;
         bytes factors; // the stage leaf's factors
         // 0: the new weights, 1: the new momentum, 2 + j: accepted contribution j's payload, 2 + M + j (M accepted,
-        // version-3 factors): contribution j's sum tree; STAGE_LEAF: the stage leaf (then stageLeaf, stagePath
-        // and factors are not read, and chunk must be the stage)
+        // version-3 factors): contribution j's sum tree; 2^256 - 2: the factors themselves (the preimage of the
+        // stage leaf's factorsHash; chunk 0, factors not read); STAGE_LEAF: the stage leaf (then stageLeaf,
+        // stagePath and factors are not read, and chunk must be the stage)
         uint256 which;
         uint64 chunk;
     }
@@ -90,7 +91,7 @@ contract AggregationProver {
     struct Challenge {
         address challenger;
         uint64 deadline; // first block at which an unanswered challenge can be expired
-        uint32 numChunks;
+        uint32 numChunks; // 0: the factors (answered by their preimage of root)
         bool settled; // answered, or expired
         bool sums; // the tree is a sum tree (ledger/normproof.py): its leaves open as a NormProof's sum leaf
         uint64 round;
@@ -176,6 +177,8 @@ contract AggregationProver {
         "uint64 trainLossMicro,uint64 evalLossMicro,uint64 tokens,uint32 numContributors,bytes32 checkpointHash)"
     );
     uint64 private constant _SCALE_ONE = 0x3FF0000000000000; // float64 1.0
+    /// @dev `Target.which` of a challenge of the factors (a stage leaf's preimage of factorsHash, no tree's leaf).
+    uint256 private constant _FACTORS = type(uint256).max - 1;
     uint8 private constant _NORMED = 3; // RunParams.commitments of a run whose factors carry the norm commitment
     uint256 private constant _LEAF_HEADER = 24; // u32 tensor, u64 offset, u64 cols, u32 count
     uint256 private constant _PIECE_HEADER = 5; // u8 codec, u32 count
@@ -273,12 +276,14 @@ contract AggregationProver {
     }
 
     /// @notice Publish the leaf a challenge names, with its Merkle path (anyone may; a sum tree's leaf: its 96-byte
-    /// sum and a sum path, as NormProof's). The bond is forfeited.
+    /// sum and a sum path, as NormProof's; the factors: their bytes, no path). The bond is forfeited.
     function answerChallenge(bytes32 id, bytes calldata leaf, bytes32[] calldata path) external {
         Challenge storage challenge = _openChallenge(id);
         if (block.number >= challenge.deadline) revert ProverChallengeDue(id, challenge.deadline);
         bool opened;
-        if (challenge.sums) {
+        if (challenge.numChunks == 0) {
+            opened = sha256(leaf) == challenge.root;
+        } else if (challenge.sums) {
             (bytes32 root,,) = _openSum(leaf, challenge.chunk, challenge.numChunks, path, 0);
             opened = root == challenge.root;
         } else {
@@ -327,7 +332,10 @@ contract AggregationProver {
             return (target.record.weightsRoot, numStages, false);
         }
         StageLeaf memory leaf = _stageLeaf(target.stageLeaf, target.stagePath, target.record, target.stage, numStages);
-        if (target.chunk >= leaf.numChunks) revert ProverBadChunk(target.chunk, leaf.numChunks);
+        bool factors = target.which == _FACTORS;
+        uint32 count = factors ? 1 : leaf.numChunks; // the factors are one "leaf", chunk 0
+        if (target.chunk >= count) revert ProverBadChunk(target.chunk, count);
+        if (factors) return (leaf.factorsHash, 0, false);
         (bytes32 root, bool sums) = _targetRoot(target, leaf);
         return (root, leaf.numChunks, sums);
     }
