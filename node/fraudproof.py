@@ -144,7 +144,8 @@ def proof_of_difference(prev_record, record, prev_stages, committed_stages, prev
 def norm_proof_of_difference(record, stage_leaves: Sequence[bytes], stage: int, committed: Factors,
                              trees: Sequence[SumTree], own: StageState, committed_weights):
     """``(proof, why)``: the norm proof (ledger/normproof.py) of a version-3 round whose committed factors
-    (``committed``, with its sum ``trees``, as the committers published them) differ from this node's (``own``),
+    (``committed``, with its sum ``trees``, as the committers published them; None: not had) differ from this
+    node's (``own``),
     or None with the reason no norm proof applies. ``committed_weights``: a callable giving the round's committed
     weight leaves (a sum proof places its chunk by one), or None if they are not had.
 
@@ -162,6 +163,8 @@ def norm_proof_of_difference(record, stage_leaves: Sequence[bytes], stage: int, 
         index = next(j for j, (a, b) in enumerate(zip(rule, committed.scale_bits, strict=True)) if a != b)
         return (scale_proof(record, list(stage_leaves), stage, committed.encode()),
                 f"clip scale {index} is not the norm rule of the committed sums")
+    if trees is None:
+        return None, "the scales follow from the committed sums, and the committed sum trees are not had"
     mine = {envelope: index for index, envelope in enumerate(own.factors.envelopes)}
     for j, envelope in enumerate(committed.envelopes):
         i = mine.get(envelope)

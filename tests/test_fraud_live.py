@@ -551,3 +551,56 @@ def test_a_right_normed_rounds_sum_tree_challenge_is_answered(tmp_path):
     finally:
         for host in hosts:
             host.close()
+
+
+def test_withheld_version_two_factors_are_challenged_published_and_proven(tmp_path, caplog):
+    """The version escape with the factors withheld: the colluders serve their state but not their (version-2)
+    factors; the honest node challenges the factors' availability on chain, the colluders must publish them (or
+    lose the round), and the node proves the round wrong from the published bytes."""
+    cfg = load_config(None, ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2",
+                             "diloco.commitments=normed", "compression.enabled=false"])
+    chunked = load_config(None, ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2",
+                                 "diloco.commitments=chunked", "diloco.norm_clip=0", "compression.enabled=false"])
+    layout = RunLayout(1, b"\x07" * 32, {}, (SHAPES, OTHER), chunked=True)
+    weights, momentum = tensors(1, SHAPES), tensors(2, SHAPES, scale=0.1)
+    blobs = [contribution(SHAPES, "quant", 31), contribution(SHAPES, "raw", 32, scale=0.5)]
+    honest_aggregation = aggregate_with_report(weights, momentum, blobs, cfg.diloco, stage_index=0, outer_round=1,
+                                               compression_cfg=cfg.compression)
+    colluded = aggregate_with_report(weights, momentum, blobs, chunked.diloco, stage_index=0, outer_round=1,
+                                     compression_cfg=chunked.compression)
+    other = initial_state(1, tensors(3, OTHER), tensors(4, OTHER, 0.0))
+    hosts = [P2PHost.start(P2PConfig(listen_port=0), Identity.generate(), data_dir=tmp_path / f"host{i}")
+             for i in range(2)]
+    try:
+        world = World(cfg, layout, weights, momentum, blobs, honest_aggregation, other, hosts)
+        colluder_host, prover_host = hosts
+        honest = _states(world, prover_host)
+        colluders = _states(dataclasses.replace(world, cfg=chunked), colluder_host)
+        own_leaf = _record(world, honest, honest_aggregation.new_global)
+        envelopes = [hashlib.sha256(b"envelope" + blob).digest() for blob in blobs]
+        wrong_leaf = colluders.record(1, 0, colluded.new_global, colluded.new_momentum, colluded.contributions,
+                                      blobs, envelopes)  # a chunked node publishes no factors
+        prover_host.connect(colluder_host.listen_addrs[0])
+        deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
+                                                               colluder_host.peer_id)
+        client = deployment.client(PROVER)
+        prover.check(0, records[0], records[0])
+        with caplog.at_level("ERROR", logger="node.live.prover"):
+            prover.check(1, records[1], mine_record)
+        assert "no attester serves them; challenging their availability on chain" in caplog.text
+        (challenge,) = prover.log.challenges.values()
+        assert client.invalid_from(run.run_id) is None
+        # The colluders answer: the bytes whose sha256 is their stage leaf's factorsHash.
+        from ledger.chunkproof import FACTORS, availability_answer
+        deployment.client(1).answer_challenge(challenge, *availability_answer(colluders.state(1, 0), FACTORS, 0))
+        with caplog.at_level("ERROR", logger="node.live.prover"):
+            prover.settle_challenges()
+        assert set(prover.log.proofs) == {1}, prover.log.unprovable
+        assert "factors are version 2 (no norm commitment) in a version-3 run; sending the norm proof" in caplog.text
+        assert client.invalid_from(run.run_id) == 1
+        for index in COLLUDERS:
+            assert client.member(run.run_id, deployment.client(index).address).status == "slashed"
+        prover.stop.set()
+    finally:
+        for host in hosts:
+            host.close()
