@@ -37,8 +37,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from ledger import errors
 from ledger.attest import record_struct_hash
 from ledger.chain import connect_pyevm
-from ledger.chunkproof import (MOMENTUM, PAYLOAD, WEIGHTS, availability_answer, availability_target, build_proof,
-                               chunked_weights_root)
+from ledger.chunkproof import (FACTORS, MOMENTUM, PAYLOAD, WEIGHTS, availability_answer, availability_target,
+                               build_proof, chunked_weights_root, sums_which)
 from ledger.records import COMMITMENT_VERSIONS, RoundRecord, Verdict
 from ledger.normproof import scale_proof, sum_proof
 from tests.fraud_fixtures import changed, honest_chain, lied_sum, with_scale
@@ -388,12 +388,14 @@ class TrustMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(getattr(self, "records", {})) >= 1)
     @rule(data=st.data())
     def anyone_challenges_and_the_honest_answer(self, data) -> None:
-        """An outsider challenges a committed leaf; a live honest member answers at once (any account may)."""
+        """An outsider challenges a committed leaf (a weights, momentum, payload or sum-tree chunk, or the factors); a
+        live honest member answers at once (any account may)."""
         round_ = data.draw(st.sampled_from(sorted(self.records)))
         state = honest_chain(round_, normed=True)
-        which = data.draw(st.sampled_from([WEIGHTS, MOMENTUM] + [PAYLOAD + j for j in
-                                                                 range(len(state.payload_leaves))]))
-        chunk = data.draw(st.integers(0, len(state.weight_leaves) - 1))
+        accepted = len(state.payload_leaves)
+        which = data.draw(st.sampled_from([WEIGHTS, MOMENTUM, FACTORS] + [PAYLOAD + j for j in range(accepted)]
+                                          + [sums_which(accepted, j) for j in range(len(state.sum_trees))]))
+        chunk = 0 if which == FACTORS else data.draw(st.integers(0, len(state.weight_leaves) - 1))
         target = availability_target(self.records[round_], [state.leaf()], state.factors, 0, which, chunk)
         try:
             challenge = self.client(OUTSIDER).challenge_availability(target)
