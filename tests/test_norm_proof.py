@@ -662,8 +662,10 @@ def test_the_node_finds_the_norm_proof_of_a_difference(honest):
     proof, why = find(own)
     assert proof is None and "differ elsewhere" in why
     v2 = dataclasses.replace(own, factors=dataclasses.replace(own.factors, norms=None), sum_trees=[])
-    proof, why = find(v2)
-    assert proof is None and "version 2" in why
+    proof, why = find(v2)  # the run's version is on chain: version-2 factors in a version-3 run are proven
+    assert proof.contribution == SCALES and proof.factors == v2.factors.encode() and "version 2" in why
+    proof, why = norm_proof_of_difference(record, leaves, 0, own.factors, None, own, weights)
+    assert proof is None and "sum trees are not had" in why
 
 
 def test_a_served_norm_state_is_checked_against_the_committed_leaf(honest):
