@@ -25,13 +25,16 @@ committed leaf differs from its own, the node
    Right rounds' challenges are answered by every node (node/live/answerer.py).
 
 In a version-3 run (``diloco.commitments = "normed"``) committed factors other than its own are opened from an
-attester of the leaf (the factors and sum trees it serves) and a wrong clip scale or sum of squares is proven
-with ``proveWrongNorm`` (docs/FRAUD_PROOF.md, "The clip scales").
+attester of the leaf (the factors and sum trees it serves), or, when none serves them, from an availability
+challenge of the factors (``FACTORS``: the committers publish them on chain or lose the round), and a wrong clip
+scale or sum of squares, or factors of another version than the run's (``RunParams.commitments``), is proven
+with ``proveWrongNorm`` (docs/FRAUD_PROOF.md, "The clip scales", "The run's version"). A withheld sum tree is
+not walked leaf by leaf (docs/FRAUD_PROOF.md, "Known gaps" 2 (iii)).
 
 What it cannot prove it says in the log and leaves to the dispute (node/live/forkrepair.py): a round whose
 contributions root differs (another set of contributions), committed factors other than its own in a version-2
 run (another clip scale or set left out: docs/FRAUD_PROOF.md, "Known gaps"), or in a version-3 run when the
-scales follow from right sums and only the set left out differs, or when no attester serves them, round 0 (no committed round before it), a
+scales follow from right sums and only the set left out differs, or when the sum trees are not had, round 0 (no committed round before it), a
 round whose previous state this node no longer holds. Nothing here raises out of :meth:`check`: a bad or
 missing input costs only the proof.
 """
