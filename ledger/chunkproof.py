@@ -309,10 +309,21 @@ def first_difference(mine: StageState, committed: StageState) -> int | None:
     return None
 
 
-#: ``which`` of a data-availability challenge: the new weights, the new momentum, or ``PAYLOAD + j``; or the stage
+#: ``which`` of a data-availability challenge: the new weights, the new momentum, or ``PAYLOAD + j``; in a
+#: version-3 round also ``sums_which(M, j)``, contribution ``j``'s sum tree; the factors themselves (``FACTORS``,
+#: chunk 0: the stage leaf's preimage of ``factorsHash``, answered with their bytes and no path); or the stage
 #: leaf itself (``AggregationProver.STAGE_LEAF``: a record whose root has no stage leaves behind it).
 WEIGHTS, MOMENTUM, PAYLOAD = 0, 1, 2
+FACTORS = 2**256 - 2
 STAGE_LEAF = 2**256 - 1
+
+
+def sums_which(accepted: int, contribution: int) -> int:
+    """``which`` of accepted contribution ``contribution``'s sum tree in a version-3 round that accepted
+    ``accepted`` contributions (ledger/normproof.py): ``PAYLOAD + accepted + contribution``."""
+    if not 0 <= contribution < accepted:
+        raise LedgerInputError(f"contribution {contribution} is not one of the round's {accepted} accepted")
+    return PAYLOAD + accepted + contribution
 
 
 def availability_target(record, stage_leaves: list[StageLeaf], factors: Factors, stage: int, which: int,
@@ -336,13 +347,26 @@ def stage_leaf_answer(stage_leaves: list[StageLeaf], stage: int) -> tuple[bytes,
 
 
 def availability_answer(state: StageState, which: int, chunk: int) -> tuple[bytes, list[bytes]]:
-    """``(leaf, path)`` that answers a challenge of leaf ``chunk`` of tree ``which`` of ``state``."""
+    """``(leaf, path)`` that answers a challenge of leaf ``chunk`` of tree ``which`` of ``state`` (a sum tree's:
+    the chunk's 96-byte sum and its sum path). IndexError for a tree or a leaf the state does not hold."""
+    accepted = len(state.payload_leaves)
+    if which == FACTORS:
+        if chunk != 0:
+            raise IndexError(f"the factors are one leaf, not chunk {chunk}")
+        return state.factors.encode(), []
     if which == WEIGHTS:
         leaves = state.weight_leaves
     elif which == MOMENTUM:
         leaves = state.momentum_leaves
-    else:
+    elif which < PAYLOAD + accepted:
         leaves = state.payload_leaves[which - PAYLOAD]
+    else:
+        from ledger.normproof import sum_bytes
+
+        if not state.sum_trees or which >= PAYLOAD + 2 * accepted:
+            raise IndexError(f"tree {which} is not one of the state's")
+        tree = state.sum_trees[which - PAYLOAD - accepted]
+        return sum_bytes(tree.sums[chunk]), tree.path(chunk)
     return leaves[chunk], tree_path(leaves, chunk)
 
 

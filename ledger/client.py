@@ -411,6 +411,7 @@ class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
             "unbondingBlocks",
             "accusationBlocks",
             "disputeBlocks",
+            "commitments",
             "minStake",
             "bond",
             "configHash",

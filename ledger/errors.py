@@ -338,6 +338,10 @@ class LedgerNotProver(LedgerRevert):
     """``invalidateByProof`` from another account than the ledger's AggregationProver."""
 
 
+class LedgerBadCommitments(LedgerRevert):
+    """``commitments`` is not a version of a run's commitments (1 hashed, 2 chunked, 3 normed)."""
+
+
 # AggregationProver errors (the fraud proof of a wrong aggregation: docs/FRAUD_PROOF.md).
 class ProverError(ContractRevert):
     """A revert of the AggregationProver contract."""
@@ -385,7 +389,8 @@ class ProverRoundCorrect(ProverError):
 
 
 class ProverNotNormed(ProverError):
-    """The round's factors are version 2: they carry no norm commitment a norm proof could open."""
+    """The round's factors are version 2 in a run that is not normed: no norm commitment a norm proof could open
+    (version-2 factors in a normed run are a wrong round, proven)."""
 
 
 class ProverBadSumPath(ProverError):

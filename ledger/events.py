@@ -159,6 +159,7 @@ def run_info_from(event: DecodedEvent) -> RunInfo:
         dispute_blocks=params.dispute_blocks,
         inactivity_rounds=params.inactivity_rounds,
         tenure_rounds=params.tenure_rounds,
+        commitments=params.commitments,
     )
 
 

@@ -104,9 +104,11 @@ class ProofCalls:
                              [record[0], record[1], stage, which, chunk]))
 
     def answer_challenge(self, challenge_id: bytes, leaf: bytes, path: list[bytes]) -> dict:
-        """Publish the challenged leaf with its path (``ledger.chunkproof.availability_answer``).
+        """Publish the challenged leaf with its path (``ledger.chunkproof.availability_answer``; a sum tree's leaf:
+        its 96-byte sum and its sum path).
 
-        Raises: ProverNoChallenge, ProverChallengeSettled, ProverChallengeDue, ProverBadPath.
+        Raises: ProverNoChallenge, ProverChallengeSettled, ProverChallengeDue, ProverBadPath, ProverBadSumPath (a
+        sum tree's leaf of another width or a path of another length).
         """
         return self._sender.transact(self._prover, "answerChallenge", (challenge_id, leaf, path), "answerChallenge")
 
@@ -171,7 +173,7 @@ class ProofCalls:
 
     def challenge_of(self, challenge_id: bytes) -> dict:
         """A challenge's state by field name (a zero challenger: none)."""
-        names = ("challenger", "deadline", "numChunks", "settled", "round", "chunk", "root", "runId", "bond")
+        names = ("challenger", "deadline", "numChunks", "settled", "sums", "round", "chunk", "root", "runId", "bond")
         return dict(zip(names, self._sender.call(self._prover, "challengeOf", (challenge_id,)), strict=True))
 
     def invalid_from(self, run_id: int) -> int | None:

@@ -36,6 +36,19 @@ SAFE_MIN_QUORUM = 2
 SAFE_MIN_QUORUM_BPS = 5000
 #: Without an explicit bond, an accuser or disputer deposits this fraction of the run's stake.
 DEFAULT_BOND_DIVISOR = 10
+#: ``RunParams.commitments``, the version of a run's commitments, by its run document's ``diloco.commitments``
+#: (docs/FRAUD_PROOF.md): the prover holds every round's factors to the run's version.
+COMMITMENT_VERSIONS = {"hashed": 1, "chunked": 2, "normed": 3}
+#: What a run's records commit when its creator names nothing: version 2, what ``"auto"`` resolves to.
+DEFAULT_COMMITMENTS = COMMITMENT_VERSIONS["chunked"]
+
+
+def commitment_version(setting: str) -> int:
+    """``RunParams.commitments`` of a run document's ``diloco.commitments`` setting (resolved: not "auto")."""
+    try:
+        return COMMITMENT_VERSIONS[setting]
+    except (KeyError, TypeError):
+        raise LedgerInputError(f"commitments={setting!r}: must be one of {', '.join(COMMITMENT_VERSIONS)}") from None
 
 
 def to_micro(value: float) -> int:
@@ -178,9 +191,11 @@ class RunParams:
     inactivity_rounds: int = DEFAULT_INACTIVITY_ROUNDS
     max_rounds: int = 0
     tenure_rounds: int = DEFAULT_TENURE_ROUNDS
+    commitments: int = DEFAULT_COMMITMENTS  # COMMITMENT_VERSIONS: must be the run document's diloco.commitments
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "config_hash", check_bytes32("config_hash", self.config_hash))
+        check_uint("commitments", self.commitments, 255)
         check_uint("num_stages", self.num_stages, UINT32_MAX)
         check_uint("inner_steps", self.inner_steps, UINT32_MAX)
         check_uint("min_stake", self.min_stake, 2**256 - 1)
@@ -214,6 +229,7 @@ class RunParams:
             self.inactivity_rounds,
             self.max_rounds,
             self.tenure_rounds,
+            self.commitments,
         )
 
     def weaknesses(self) -> list[str]:
@@ -309,6 +325,7 @@ class RunInfo:
     dispute_blocks: int = 0  # blocks after a commit during which it can be disputed
     inactivity_rounds: int = 0  # committed rounds without a member's signature before it can be ejected
     tenure_rounds: int = 0  # rounds a joiner is in force before its signature counts (founders at once)
+    commitments: int = DEFAULT_COMMITMENTS  # the version of its commitments (COMMITMENT_VERSIONS)
 
     @property
     def min_unbonding_blocks(self) -> int:

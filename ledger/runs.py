@@ -15,6 +15,7 @@ from ledger.errors import LedgerError, LedgerInputError, LedgerWeakParams
 from ledger.events import topic_address, topic_uint
 from ledger.records import (
     DEFAULT_ACCUSATION_BLOCKS,
+    DEFAULT_COMMITMENTS,
     DEFAULT_DISPUTE_BLOCKS,
     DEFAULT_INACTIVITY_ROUNDS,
     DEFAULT_TENURE_ROUNDS,
@@ -52,6 +53,7 @@ class RunCalls:
         inactivity_rounds: int = DEFAULT_INACTIVITY_ROUNDS,
         max_rounds: int = 0,
         tenure_rounds: int = DEFAULT_TENURE_ROUNDS,
+        commitments: int = DEFAULT_COMMITMENTS,
         allow_weak_quorum: bool = False,
     ) -> int:
         """Create a run; return its id. Its parameters never change (:class:`ledger.records.RunParams`).
@@ -75,13 +77,17 @@ class RunCalls:
             max_rounds: Rounds 0 .. max_rounds-1 may be committed; 0 leaves the run open-ended.
             tenure_rounds: Rounds a member that joined after the first commit is in force before its
                 signatures count toward quorums (>= 1; founders count at once).
+            commitments: The version of the run's commitments, the run document's ``diloco.commitments``
+                (:func:`ledger.records.commitment_version`: 1 hashed, 2 chunked, 3 normed). The prover holds every
+                round's factors to it, so it must be the document's: a normed run's records committed with another
+                version's factors are proven wrong (docs/FRAUD_PROOF.md).
             allow_weak_quorum: Create a run below the security model's floor (k < 2 or quorum_bps < 5000):
                 one member, or a minority, then commits and slashes alone (docs/TRUST.md).
 
         Raises:
             LedgerWeakParams: k < 2 or quorum_bps < 5000 without ``allow_weak_quorum``.
             LedgerZeroHash, LedgerBadRunShape, LedgerBadQuorum, LedgerBadWindow, LedgerUnbondingTooShort,
-            LedgerUnbondingTooLong, LedgerBadInactivityRounds: the contract's rules.
+            LedgerUnbondingTooLong, LedgerBadInactivityRounds, LedgerBadCommitments: the contract's rules.
         """
         params = RunParams(
             config_hash,
@@ -97,6 +103,7 @@ class RunCalls:
             inactivity_rounds=inactivity_rounds,
             max_rounds=max_rounds,
             tenure_rounds=tenure_rounds,
+            commitments=commitments,
         )
         return self.create_run_with(params, config_uri, allow_weak_quorum=allow_weak_quorum)
 
@@ -185,6 +192,11 @@ class RunCalls:
     def counted_count(self, run_id: int) -> int:
         """The active members whose signatures count toward the run's quorums now."""
         return self._run_struct(run_id)["countedCount"]
+
+    def commitments_of(self, run_id: int) -> int:
+        """The version of the run's commitments as the ledger holds it (``RunParams.commitments``: 1 hashed,
+        2 chunked, 3 normed), the one the prover holds every round's factors to."""
+        return self._run_struct(run_id)["commitments"]
 
     def attest(self, record: RoundRecord, signature: bytes) -> str:
         """Credit the signer of ``signature`` with committed ``record``'s round (a member a submitter left

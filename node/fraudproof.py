@@ -144,21 +144,27 @@ def proof_of_difference(prev_record, record, prev_stages, committed_stages, prev
 def norm_proof_of_difference(record, stage_leaves: Sequence[bytes], stage: int, committed: Factors,
                              trees: Sequence[SumTree], own: StageState, committed_weights):
     """``(proof, why)``: the norm proof (ledger/normproof.py) of a version-3 round whose committed factors
-    (``committed``, with its sum ``trees``, as the committers published them) differ from this node's (``own``),
+    (``committed``, with its sum ``trees``, as the committers published them; None: not had) differ from this
+    node's (``own``),
     or None with the reason no norm proof applies. ``committed_weights``: a callable giving the round's committed
     weight leaves (a sum proof places its chunk by one), or None if they are not had.
 
-    First the scales against the rule of the committed sums; then, for each committed contribution whose pieces
-    are this node's own (the same envelope and payload root), its committed sum tree against this node's.
+    First the factors' version: version-2 factors (no norm commitment) in a version-3 run are wrong on their face
+    (the ledger holds the run's version, ``RunParams.commitments``), and any norm proof over them proves it; then
+    the scales against the rule of the committed sums; then, for each committed contribution whose pieces are this
+    node's own (the same envelope and payload root), its committed sum tree against this node's.
     """
     norms = committed.norms
     if norms is None:
-        return None, "the committed factors carry no norm commitment (version 2 in a version-3 run): not provable"
+        return (scale_proof(record, list(stage_leaves), stage, committed.encode()),
+                "factors are version 2 (no norm commitment) in a version-3 run")
     rule = [float64_bits(scale) for scale in clip_scales(norms.sums, _double(norms.clip_bits), norms.steps)]
     if tuple(rule) != committed.scale_bits:
         index = next(j for j, (a, b) in enumerate(zip(rule, committed.scale_bits, strict=True)) if a != b)
         return (scale_proof(record, list(stage_leaves), stage, committed.encode()),
                 f"clip scale {index} is not the norm rule of the committed sums")
+    if trees is None:
+        return None, "the scales follow from the committed sums, and the committed sum trees are not had"
     mine = {envelope: index for index, envelope in enumerate(own.factors.envelopes)}
     for j, envelope in enumerate(committed.envelopes):
         i = mine.get(envelope)

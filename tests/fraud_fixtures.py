@@ -9,9 +9,11 @@ import msgpack
 import numpy as np
 import torch
 
-from ledger.chunkproof import StageState, build_proof, chunked_weights_root
+from ledger.chunkproof import Norms, StageState, build_proof, chunked_weights_root
 from ledger.normproof import SumTree, scale_proof, sum_proof
+from ledger.records import COMMITMENT_VERSIONS
 from node.fraudproof import initial_state, stage_state
+from training.chunks import float64_bits
 from training.codec_wire import CODEC_VERSION, f32_bytes, matrix_view_shape, pack_ints, qmax
 from training.config import DilocoConfig
 from training.diloco import aggregate_with_report
@@ -135,10 +137,14 @@ class Committed:
                          contribution, chunk)
 
 
-def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_index: int = 6) -> Committed:
+def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_index: int = 6,
+           commitments: int | None = None) -> Committed:
     """A new run on ``deployment`` (members 1, 2, 3; k = 2) whose round 0 is ``round_.prev`` and round 1 ``new``,
-    both signed by members 1 and 2."""
-    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=stake)
+    both signed by members 1 and 2. ``commitments``: the run's version (RunParams); None: that of ``new``'s
+    factors (3 if they carry the norm commitment, else 2)."""
+    if commitments is None:
+        commitments = COMMITMENT_VERSIONS["normed" if new.factors.norms is not None else "chunked"]
+    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=stake, commitments=commitments)
     records, stages = [], []
     for state in (round_.prev, new):
         leaves = [state.leaf(), round_.other.leaf()]
@@ -161,7 +167,11 @@ def honest_chain(round_: int, *, normed: bool = False) -> StageState:
     diloco = dataclasses.replace(DILOCO, commitments="normed") if normed else DILOCO
     if not chain:
         weights, momentum = tensors(1, CHAIN_SHAPES), tensors(2, CHAIN_SHAPES, scale=0.0)
-        chain.append((initial_state(0, weights, momentum), weights, momentum))
+        start = initial_state(0, weights, momentum)
+        if normed:  # every record of a version-3 run carries version-3 factors (the run's version: RunParams)
+            norms = Norms(float64_bits(float(diloco.norm_clip)), (), (), ())
+            start = dataclasses.replace(start, factors=dataclasses.replace(start.factors, norms=norms))
+        chain.append((start, weights, momentum))
     while len(chain) <= round_:
         t = len(chain)
         _state, weights, momentum = chain[-1]

@@ -21,6 +21,7 @@ from ledger_fixtures import FAST_RETRY, digest
 
 from ledger.client import LedgerClient
 from ledger.errors import LedgerNotMember, LedgerQuorumNotMet, LedgerRoundBeyondMax
+from ledger.records import COMMITMENT_VERSIONS
 from node.cli import exit_code_for
 from node.errors import (
     AuditFailed,
@@ -82,10 +83,11 @@ class AttestedRun:
     """A member run of a real run document whose rounds publish checkpoints into ``archive/checkpoints``;
     the run document is in the archive unless ``with_document`` is False."""
 
-    def __init__(self, deployment, tmp_path, members=(1, 2, 3, 4), quorum=3, max_rounds=0, with_document=True):
+    def __init__(self, deployment, tmp_path, members=(1, 2, 3, 4), quorum=3, max_rounds=0, with_document=True,
+                 commitments=COMMITMENT_VERSIONS["hashed"]):
         document = tiny_run_document()
         self.run = deployment.member_run(members, quorum, max_rounds=max_rounds,
-                                         config_hash=hashlib.sha256(document).digest())
+                                         config_hash=hashlib.sha256(document).digest(), commitments=commitments)
         self.run_id = self.run.run_id
         self.archive = tmp_path / "archive"
         (self.archive / "checkpoints").mkdir(parents=True)
@@ -147,6 +149,8 @@ def test_an_honest_attested_run_without_evidence_is_incomplete_never_passed(
         assert verdict.status == UNVERIFIABLE
     assert [c.status for c in report.checkpoints] == [OK] * 3  # content hash and weights root of each file
     assert all(c.status == OK for c in report.general if c.name.startswith("member "))
+    version = next(c for c in report.general if c.name == "commitments version")
+    assert version.status == OK and version.reason.startswith("1 (hashed) on chain, as the document says")
     # The command: INCOMPLETE has its own exit code, never 0.
     monkeypatch.setattr(audit_tool, "reader_client", lambda args: attested.reader)
     args = SimpleNamespace(
@@ -168,6 +172,17 @@ def test_an_honest_attested_run_without_evidence_is_incomplete_never_passed(
         assert re.search(rf"  {attester} \(member since block \d+, \d+ blocks before the commit\)", printed)
     assert (tmp_path / "model" / "model.safetensors").exists()
 
+
+
+def test_a_run_created_with_another_commitments_version_than_its_documents_fails_the_audit(deployment, tmp_path):
+    """A hashed run's document on a run the chain holds as chunked: the fraud proofs would hold its rounds to
+    another version than its nodes write, so the audit fails it."""
+    attested = AttestedRun(deployment, tmp_path, commitments=COMMITMENT_VERSIONS["chunked"])
+    attested.commit()
+    report = audit_run(attested.reader, attested.run_id, archives=[attested.archive])
+    version = next(c for c in report.general if c.name == "commitments version")
+    assert version.status == FAIL and report.failed
+    assert "diloco.commitments = 'hashed', the run was created on chain with version 2 (chunked)" in version.reason
 
 # ---------------------------------------------------------------------- forged
 def test_a_quorum_signed_forged_round_fails_the_audit_and_is_never_pulled(deployment, tmp_path):

@@ -196,7 +196,10 @@ def test_create_run_creates_joins_and_a_rerun_finishes_without_a_second_run(w3, 
     assert (info.min_stake, info.quorum, info.max_rounds, info.unbonding_blocks) == (5 * 10**17, 2, 3, 16)
     organizer = dev_account(3, w3.eth.chain_id).address
     assert client.member(1, organizer).active and client.member(1, organizer).stake == 5 * 10**17
-    assert json.loads((tmp_path / "org" / "run.json").read_bytes())["diloco"]["inner_steps"] == 5
+    document = json.loads((tmp_path / "org" / "run.json").read_bytes())
+    assert document["diloco"]["inner_steps"] == 5
+    # The run's commitments version on chain is its document's (what the prover holds its rounds to).
+    assert info.commitments == {"hashed": 1, "chunked": 2, "normed": 3}[document["diloco"].get("commitments", "hashed")]
     # The same command again (as after a failure past createRun): it finds run 1 and creates no second.
     assert create(tmp_path, path, "--yes") == 0
     assert "created by" in capsys.readouterr().out and client.run_count() == 1
@@ -208,6 +211,7 @@ def test_create_run_creates_joins_and_a_rerun_finishes_without_a_second_run(w3, 
     summary = json.loads(capsys.readouterr().out)
     assert summary["members"][0]["account"] == organizer and summary["members"][0]["status"] == "active"
     assert summary["rounds_committed"] == 0 and summary["last_record"] is None
+    assert summary["commitments"] == info.commitments
 
 
 # ---------------------------------------------------------------------- leave / withdraw / run-info / links

@@ -11,6 +11,7 @@ from node.config import load_config
 from node.errors import NodeError
 from node.live.onchain import NodeChain
 from node.platforms import own_platform
+from node.runconfig import config_hash, run_document
 from p2p.identity import Identity
 
 
@@ -34,6 +35,9 @@ def test_a_local_run_of_twelve_funds_registers_and_seats_every_member(tmp_path):
             chain = NodeChain.connect(cfg)
             try:
                 assert chain.client.address == address
+                # The run the launcher created is the node's document's, its commitments version included.
+                chain.check_run(run.run_id, config_hash(run_document(cfg)), cfg.rounds,
+                                commitments=cfg.diloco.commitments)
                 chain.ensure_registered(Identity.load_or_create(cfg.path(cfg.p2p.key_file)))
                 chain.ensure_member(run.run_id, own_platform(cfg.training))
             finally:

@@ -23,13 +23,15 @@ from eth_abi import encode
 import contracts
 from ledger import errors
 from ledger.chain import connect_pyevm
-from ledger.chunkproof import NORMED_FACTORS_TYPES, Factors, StageLeaf, chunked_weights_root
+from ledger.chunkproof import (FACTORS, NORMED_FACTORS_TYPES, PAYLOAD, Factors, StageLeaf, availability_answer,
+                               availability_target, chunked_weights_root, sums_which)
 from ledger.normproof import (SCALES, SumTree, clip_scales, first_wrong_sum, norm_of, scale_proof, square_sum,
                               sum_bytes, sum_proof, sum_to_double, sum_words)
+from ledger.records import COMMITMENT_VERSIONS, commitment_version
 from node.fraudproof import chunk_square_sums
 from tests.fraud_fixtures import (DILOCO, Committed, aggregated_round, commit, contribution, lied_sum,
                                   with_scale)
-from tests.ledger_fixtures import deploy
+from tests.ledger_fixtures import deploy, mine
 from training.chunks import float64_bits, stage_layout
 from training.codec_wire import decode_declared
 from training.robust import contribution_norm
@@ -433,6 +435,198 @@ def test_a_version_two_round_has_no_norm_proof(honest):
         committed.prover().prove_wrong_norm(proof_of_scales(committed))
 
 
+# ----------------------------------------------------------------------------------------------- the run's version
+
+
+def test_a_quorum_committing_version_two_factors_in_a_normed_run_is_proven_and_slashed(honest):
+    """The version escape: the colluders aggregate with every scale 1.0 (the raw contribution unclipped) and commit
+    version-2 factors (no norm commitment to open) in a run created as version 3. No chunk proof sees it (the
+    weights follow the committed scales); the norm proof does, from the run's version alone."""
+    loose = aggregated_round(SHAPES, blobs(), dataclasses.replace(DILOCO, norm_clip=0.0))
+    assert loose.honest.factors.norms is None and set(loose.honest.factors.scale_bits) == {0x3FF0000000000000}
+    committed = commit(deploy(connect_pyevm(), min_stake=STAKE), loose, loose.honest, stake=STAKE,
+                       commitments=COMMITMENT_VERSIONS["normed"])
+    prover = committed.prover()
+    assert prover.run_info(committed.run_id).commitments == 3
+    with pytest.raises(errors.ProverRoundCorrect):
+        prover.prove_wrong_aggregation(committed.proof(1))
+    proof = proof_of_scales(committed)
+    assert prover.norm_proof_holds(proof)
+    before = prover.balance()
+    receipt = prover.prove_wrong_norm(proof)
+    GAS["version-2 factors in a normed run (M=3)"] = receipt["gasUsed"]
+    assert_overturned(committed)
+    fee = receipt["gasUsed"] * receipt["effectiveGasPrice"]
+    assert prover.balance() - before + fee == len(committed.attesters) * STAKE // 2
+    with pytest.raises(errors.LedgerRunHalted):  # one reward per round
+        prover.prove_wrong_norm(proof)
+
+
+def test_any_norm_proof_over_version_two_factors_in_a_normed_run_proves_it(honest):
+    """The version is checked before the proof's kind: a sum proof's contribution and chunk need not exist."""
+    v2 = aggregated_round(SHAPES, blobs(), DILOCO)
+    committed = commit(deploy(connect_pyevm(), min_stake=STAKE), v2, v2.honest, stake=STAKE,
+                       commitments=COMMITMENT_VERSIONS["normed"])
+    proof = dataclasses.replace(proof_of_scales(committed), contribution=7, chunk=10**6)
+    committed.prover().prove_wrong_norm(proof)
+    assert_overturned(committed)
+
+
+def test_version_three_factors_in_a_chunked_run_are_proven(honest):
+    """The other way round: a right version-3 round committed in a run created as version 2 is no honest node's
+    (an honest node of a chunked run writes version-2 factors)."""
+    committed = commit(deploy(connect_pyevm(), min_stake=STAKE), honest, honest.honest, stake=STAKE,
+                       commitments=COMMITMENT_VERSIONS["chunked"])
+    committed.prover().prove_wrong_norm(proof_of_scales(committed))
+    assert_overturned(committed)
+
+
+def test_an_honest_round_of_its_runs_version_is_not_proven(right, honest):
+    """A right version-3 round in a version-3 run (the ``right`` fixture), and a right version-2 round in a
+    version-2 or a hashed run: no norm proof holds (ProverNormCorrect, or ProverNotNormed: nothing to open)."""
+    assert right.prover().run_info(right.run_id).commitments == 3
+    assert not right.prover().norm_proof_holds(proof_of_scales(right))
+    v2 = aggregated_round(SHAPES, blobs(), DILOCO)
+    for version in ("chunked", "hashed"):
+        committed = commit(deploy(connect_pyevm(), min_stake=STAKE), v2, v2.honest, stake=STAKE,
+                           commitments=COMMITMENT_VERSIONS[version])
+        with pytest.raises(errors.ProverNotNormed):
+            committed.prover().prove_wrong_norm(proof_of_scales(committed))
+        assert committed.prover().invalid_from(committed.run_id) is None
+
+
+def test_a_run_names_a_known_version_of_its_commitments():
+    deployment = deploy(connect_pyevm())
+    client = deployment.client(1)
+    for bad in (0, 4, 255):
+        with pytest.raises(errors.LedgerBadCommitments) as caught:
+            client.create_run(b"v" * 32, 1, 10, commitments=bad)
+        assert caught.value.values["commitments"] == bad
+    with pytest.raises(errors.LedgerInputError, match="commitments"):
+        client.create_run(b"v" * 32, 1, 10, commitments=256)
+    for name, version in COMMITMENT_VERSIONS.items():
+        run_id = client.create_run(hashlib.sha256(name.encode()).digest(), 1, 10, commitments=version)
+        assert commitment_version(name) == version
+        assert client.run_info(run_id).commitments == version
+        assert client.commitments_of(run_id) == version
+    assert client.run_info(client.create_run(b"d" * 32, 1, 10)).commitments == COMMITMENT_VERSIONS["chunked"]
+    for bad in ("auto", "", None, 3):
+        with pytest.raises(errors.LedgerInputError, match="commitments"):
+            commitment_version(bad)
+
+
+# ----------------------------------------------------------------------------------------------- sum-tree availability
+
+
+def sums_target(committed, contribution: int, chunk: int):
+    state = committed.states[1]
+    return availability_target(committed.records[1], committed.stages[1], state.factors, 0,
+                               sums_which(len(state.payload_leaves), contribution), chunk)
+
+
+def test_a_sum_tree_leaf_is_challenged_and_answered(right):
+    """A right round's sum-tree leaf: an honest member answers with the chunk's sum and its sum path; the bond is
+    forfeited and the round stands. Another chunk's leaf, a payload leaf or a cut path do not answer it."""
+    challenger, committer = right.prover(), right.deployment.client(2)
+    state = right.states[1]
+    which = sums_which(3, 2)
+    assert which == PAYLOAD + 3 + 2
+    challenge = challenger.challenge_availability(sums_target(right, 2, 5))
+    assert challenger.challenge_of(challenge)["sums"]
+    leaf, path = availability_answer(state, which, 5)
+    assert leaf == sum_bytes(state.sum_trees[2].sums[5]) and len(path) % 4 == 0
+    with pytest.raises(errors.ProverBadPath):  # chunk 6's sum does not open chunk 5
+        committer.answer_challenge(challenge, *availability_answer(state, which, 6))
+    with pytest.raises(errors.ProverBadSumPath):  # a payload leaf is no 96-byte sum
+        committer.answer_challenge(challenge, *availability_answer(state, PAYLOAD + 2, 5))
+    with pytest.raises(errors.ProverBadSumPath):
+        committer.answer_challenge(challenge, leaf, path[:-4])
+    with pytest.raises(errors.ProverBadPath):  # another contribution's tree
+        committer.answer_challenge(challenge, *availability_answer(state, sums_which(3, 1), 5))
+    committer.answer_challenge(challenge, leaf, path)
+    assert challenger.challenge_of(challenge)["settled"]
+    assert challenger.availability_answer(challenge)[0] == leaf
+    with pytest.raises(errors.ProverChallengeExists):
+        challenger.challenge_availability(sums_target(right, 2, 5))
+    assert challenger.invalid_from(right.run_id) is None
+
+
+def test_a_withheld_sum_tree_leaf_overturns_the_round(honest):
+    committed = on_chain(honest, honest.honest)
+    challenger = committed.prover()
+    challenge = challenger.challenge_availability(sums_target(committed, 0, 0))
+    mine(committed.deployment.w3, challenger.run_info(committed.run_id).accusation_blocks)
+    challenger.expire_challenge(challenge)
+    assert_overturned(committed)
+
+
+def test_a_lied_sum_opened_by_a_challenge_is_proven(honest):
+    """The colluders lied about one chunk's sum and serve no tree: the answer they must give (or lose the round)
+    is the lied leaf with its path, which is all a sum proof needs."""
+    wrong = lied_sum(honest.honest, 1, 4)
+    committed = on_chain(honest, wrong)
+    challenger = committed.prover()
+    challenge = challenger.challenge_availability(sums_target(committed, 1, 4))
+    committed.deployment.client(1).answer_challenge(challenge, *availability_answer(wrong, sums_which(3, 1), 4))
+    leaf, path = challenger.availability_answer(challenge)
+    own = honest.honest  # the prover's own state: its weights and pieces are the committed ones
+    proof = sum_proof(committed.records[1], stage_leaves(committed), 0, wrong.factors.encode(), own.weight_leaves,
+                      own.payload_leaves[1], own.sum_trees[1], 1, 4)
+    proof = dataclasses.replace(proof, sum_leaf=leaf, sum_path=list(path))
+    assert leaf != sum_bytes(own.sum_trees[1].sums[4])
+    challenger.prove_wrong_norm(proof)
+    assert_overturned(committed)
+
+
+def test_withheld_version_two_factors_in_a_normed_run_are_challenged_opened_and_proven(honest):
+    """The version escape with the factors withheld: they are no tree's leaf, so the challenger asks for the stage
+    leaf's preimage of factorsHash (FACTORS); the colluders must publish them (or lose the round), and the bytes
+    they publish are a norm proof's factors."""
+    loose = aggregated_round(SHAPES, blobs(), dataclasses.replace(DILOCO, norm_clip=0.0))
+    committed = commit(deploy(connect_pyevm(), min_stake=STAKE), loose, loose.honest, stake=STAKE,
+                       commitments=COMMITMENT_VERSIONS["normed"])
+    challenger, colluder = committed.prover(), committed.deployment.client(1)
+    target = availability_target(committed.records[1], committed.stages[1], Factors(0, 0, False, (), (), ()), 0,
+                                 FACTORS, 0)  # the challenger knows no factors: they are not read
+    with pytest.raises(errors.ProverBadChunk):
+        challenger.challenge_availability(target[:-1] + (1,))
+    challenge = challenger.challenge_availability(target)
+    with pytest.raises(errors.ProverBadPath):  # any other bytes do not answer it
+        colluder.answer_challenge(challenge, honest.honest.factors.encode(), [])
+    colluder.answer_challenge(challenge, *availability_answer(loose.honest, FACTORS, 0))
+    factors, path = challenger.availability_answer(challenge)
+    assert path == [] and Factors.decode(factors).norms is None
+    challenger.prove_wrong_norm(scale_proof(committed.records[1], stage_leaves(committed), 0, factors))
+    assert_overturned(committed)
+
+
+def test_unanswered_factors_overturn_the_round(honest):
+    committed = on_chain(honest, honest.honest)
+    challenger = committed.prover()
+    challenge = challenger.challenge_availability(availability_target(
+        committed.records[1], committed.stages[1], honest.honest.factors, 0, FACTORS, 0))
+    mine(committed.deployment.w3, challenger.run_info(committed.run_id).accusation_blocks)
+    challenger.expire_challenge(challenge)
+    assert_overturned(committed)
+
+
+def test_sum_tree_challenges_name_only_trees_the_round_has(right, honest):
+    challenger = right.prover()
+    state = right.states[1]
+    with pytest.raises(errors.ProverBadTarget):  # three accepted: sum trees 5, 6, 7 and no eighth
+        challenger.challenge_availability(availability_target(right.records[1], right.stages[1], state.factors, 0,
+                                                              PAYLOAD + 6, 0))
+    with pytest.raises(errors.LedgerInputError):
+        sums_which(3, 3)
+    v2 = aggregated_round(SHAPES, blobs(), DILOCO)
+    chunked = on_chain(v2, v2.honest)
+    with pytest.raises(errors.ProverBadTarget):  # version-2 factors carry no sum trees
+        chunked.prover().challenge_availability(availability_target(
+            chunked.records[1], chunked.stages[1], v2.honest.factors, 0, PAYLOAD + 3, 0))
+    with pytest.raises(IndexError):  # nor does a version-2 state answer one
+        availability_answer(v2.honest, PAYLOAD + 3, 0)
+
+
 def test_the_contracts_stay_within_eip_170_and_eip_3860():
     for name in ("TrainingLedger", "AggregationProver"):
         size = (len(contracts.artifact(name)["deployedBytecode"]) - 2) // 2
@@ -468,8 +662,10 @@ def test_the_node_finds_the_norm_proof_of_a_difference(honest):
     proof, why = find(own)
     assert proof is None and "differ elsewhere" in why
     v2 = dataclasses.replace(own, factors=dataclasses.replace(own.factors, norms=None), sum_trees=[])
-    proof, why = find(v2)
-    assert proof is None and "version 2" in why
+    proof, why = find(v2)  # the run's version is on chain: version-2 factors in a version-3 run are proven
+    assert proof.contribution == SCALES and proof.factors == v2.factors.encode() and "version 2" in why
+    proof, why = norm_proof_of_difference(record, leaves, 0, own.factors, None, own, weights)
+    assert proof is None and "sum trees are not had" in why
 
 
 def test_a_served_norm_state_is_checked_against_the_committed_leaf(honest):

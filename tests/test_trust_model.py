@@ -4,6 +4,7 @@ after every step. A short run here; the long one is slow (``pytest -m slow``).""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -50,10 +51,12 @@ def test_the_prover_and_the_challenger_cannot_invalidate_right_rounds():
     from ledger.normproof import scale_proof
     from tests.fraud_fixtures import with_scale
     from training.chunks import float64_bits
-    for round_ in (0, 1, 2):  # round 0 holds version-2 (empty) factors: no norm commitment to open
+    for round_ in (0, 1, 2):  # round 0 holds version-3 factors of no contribution: nothing to clip
         state = honest_chain(round_, normed=True)
-        for claimed, error in ((state, errors.ProverNotNormed if round_ == 0 else errors.ProverNormCorrect),
-                               (with_scale(state, 0, float64_bits(0.5)) if round_ else None, errors.ProverBadStagePath)):
+        unnormed = dataclasses.replace(state, factors=dataclasses.replace(state.factors, norms=None), sum_trees=[])
+        for claimed, error in ((state, errors.ProverNormCorrect),
+                               (with_scale(state, 0, float64_bits(0.5)) if round_ else None, errors.ProverBadStagePath),
+                               (unnormed, errors.ProverBadStagePath)):  # its factors as version 2: not the root's
             if claimed is None:
                 continue
             proof = scale_proof(machine.records[round_], [claimed.leaf().encode()], 0, claimed.factors.encode())

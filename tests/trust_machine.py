@@ -12,12 +12,13 @@ withdraw, advance blocks); every invariant of the model is checked after every s
   no round is ever overturned (honest records are right).
 * I6 (solvency): the contract holds at least every bonded stake plus every open dispute bond.
 * I7 (fraud proof, docs/FRAUD_PROOF.md): a right round is never invalidated by a proof (a chunk's or the clip
-  scales', over its real commitments or tampered ones) nor by a data-availability challenge (the live honest members answer it). Its other
+  scales', over its real commitments or tampered ones, its factors' norm commitment dropped included) nor by a data-availability challenge (the live honest members answer it). Its other
   half, a wrong round can always be proven, has no case here: under the assumption the coalition commits no
   round (I1); tests/test_fraud_proof.py proves committed wrong rounds.
 
 Honest records commit chunked weights roots with the norm commitment (version 3) of a real aggregation chain
-(two raw contributions per round on one 2 x 40 stage), so the provers (of a chunk and of the clip scales) and the
+(two raw contributions per round on one 2 x 40 stage) in a run created as version 3 (``RunParams.commitments``:
+the prover holds every round's factors to it), so the provers (of a chunk and of the clip scales) and the
 challenger (an outsider) act on real commitments.
 
 The model's assumption, kept by the rules' preconditions: the coalition's active members are fewer than
@@ -27,6 +28,7 @@ that left them out before anyone can call them silent).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 from hypothesis import strategies as st
@@ -35,9 +37,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from ledger import errors
 from ledger.attest import record_struct_hash
 from ledger.chain import connect_pyevm
-from ledger.chunkproof import (MOMENTUM, PAYLOAD, WEIGHTS, availability_answer, availability_target, build_proof,
-                               chunked_weights_root)
-from ledger.records import RoundRecord, Verdict
+from ledger.chunkproof import (FACTORS, MOMENTUM, PAYLOAD, WEIGHTS, availability_answer, availability_target,
+                               build_proof, chunked_weights_root, sums_which)
+from ledger.records import COMMITMENT_VERSIONS, RoundRecord, Verdict
 from ledger.normproof import scale_proof, sum_proof
 from tests.fraud_fixtures import changed, honest_chain, lied_sum, with_scale
 from training.chunks import float64_bits
@@ -82,6 +84,7 @@ class TrustMachine(RuleBasedStateMachine):
         self.run_id = self.client(HONEST[0]).create_run(
             _digest("trust"), 1, 10, min_stake=STAKE, bond=BOND, quorum=2, quorum_bps=5000,
             accusation_blocks=WINDOW, dispute_blocks=WINDOW, inactivity_rounds=INACTIVITY, tenure_rounds=TENURE,
+            commitments=COMMITMENT_VERSIONS["normed"],  # its honest records carry version-3 factors
         )
         for index in (*HONEST, *COALITION):
             self.client(index).join_run(self.run_id)
@@ -362,10 +365,13 @@ class TrustMachine(RuleBasedStateMachine):
         round_ = data.draw(st.sampled_from(sorted(self.records)))
         state = honest_chain(round_, normed=True)
         chunk = data.draw(st.integers(0, len(state.weight_leaves) - 1))
-        kinds = ["real"] + (["scale", "sum"] if state.sum_trees else [])
+        kinds = ["real", "version 2"] + (["scale", "sum"] if state.sum_trees else [])
         tamper = data.draw(st.sampled_from(kinds))
         claimed = {"real": lambda: state, "scale": lambda: with_scale(state, 0, float64_bits(0.5)),
-                   "sum": lambda: lied_sum(state, 0, chunk)}[tamper]()
+                   "sum": lambda: lied_sum(state, 0, chunk),
+                   # the same round's factors without the norm commitment: what the run's version refuses
+                   "version 2": lambda: dataclasses.replace(state, factors=dataclasses.replace(state.factors, norms=None),
+                                                            sum_trees=[])}[tamper]()
         leaves = [claimed.leaf().encode()]
         if not claimed.sum_trees or data.draw(st.booleans()):
             proof = scale_proof(self.records[round_], leaves, 0, claimed.factors.encode())
@@ -382,12 +388,14 @@ class TrustMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(getattr(self, "records", {})) >= 1)
     @rule(data=st.data())
     def anyone_challenges_and_the_honest_answer(self, data) -> None:
-        """An outsider challenges a committed leaf; a live honest member answers at once (any account may)."""
+        """An outsider challenges a committed leaf (a weights, momentum, payload or sum-tree chunk, or the factors); a
+        live honest member answers at once (any account may)."""
         round_ = data.draw(st.sampled_from(sorted(self.records)))
         state = honest_chain(round_, normed=True)
-        which = data.draw(st.sampled_from([WEIGHTS, MOMENTUM] + [PAYLOAD + j for j in
-                                                                 range(len(state.payload_leaves))]))
-        chunk = data.draw(st.integers(0, len(state.weight_leaves) - 1))
+        accepted = len(state.payload_leaves)
+        which = data.draw(st.sampled_from([WEIGHTS, MOMENTUM, FACTORS] + [PAYLOAD + j for j in range(accepted)]
+                                          + [sums_which(accepted, j) for j in range(len(state.sum_trees))]))
+        chunk = 0 if which == FACTORS else data.draw(st.integers(0, len(state.weight_leaves) - 1))
         target = availability_target(self.records[round_], [state.leaf()], state.factors, 0, which, chunk)
         try:
             challenge = self.client(OUTSIDER).challenge_availability(target)

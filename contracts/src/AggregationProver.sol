@@ -79,8 +79,10 @@ contract AggregationProver {
         bytes stageLeaf; // under record.weightsRoot
         bytes32[] stagePath;
         bytes factors; // the stage leaf's factors
-        // 0: the new weights, 1: the new momentum, 2 + j: accepted contribution j's payload; STAGE_LEAF: the
-        // stage leaf (then stageLeaf, stagePath and factors are not read, and chunk must be the stage)
+        // 0: the new weights, 1: the new momentum, 2 + j: accepted contribution j's payload, 2 + M + j (M accepted,
+        // version-3 factors): contribution j's sum tree; 2^256 - 2: the factors themselves (the preimage of the
+        // stage leaf's factorsHash; chunk 0, factors not read); STAGE_LEAF: the stage leaf (then stageLeaf,
+        // stagePath and factors are not read, and chunk must be the stage)
         uint256 which;
         uint64 chunk;
     }
@@ -89,8 +91,9 @@ contract AggregationProver {
     struct Challenge {
         address challenger;
         uint64 deadline; // first block at which an unanswered challenge can be expired
-        uint32 numChunks;
+        uint32 numChunks; // 0: the factors (answered by their preimage of root)
         bool settled; // answered, or expired
+        bool sums; // the tree is a sum tree (ledger/normproof.py): its leaves open as a NormProof's sum leaf
         uint64 round;
         uint64 chunk; // the leaf's index in the tree
         bytes32 root; // the tree the leaf must be opened in
@@ -174,6 +177,9 @@ contract AggregationProver {
         "uint64 trainLossMicro,uint64 evalLossMicro,uint64 tokens,uint32 numContributors,bytes32 checkpointHash)"
     );
     uint64 private constant _SCALE_ONE = 0x3FF0000000000000; // float64 1.0
+    /// @dev `Target.which` of a challenge of the factors (a stage leaf's preimage of factorsHash, no tree's leaf).
+    uint256 private constant _FACTORS = type(uint256).max - 1;
+    uint8 private constant _NORMED = 3; // RunParams.commitments of a run whose factors carry the norm commitment
     uint256 private constant _LEAF_HEADER = 24; // u32 tensor, u64 offset, u64 cols, u32 count
     uint256 private constant _PIECE_HEADER = 5; // u8 codec, u32 count
     uint256 private constant _WEIGHTS_AT = 10; // a lowrank piece's w, after its header, rank and S
@@ -256,24 +262,34 @@ contract AggregationProver {
         // an old right round must not fall to a challenge nobody is left to answer.
         uint256 closedAt = ledger.commitBlockOf(record.runId, record.round) + run.disputeBlocks;
         if (block.number >= closedAt) revert ProverChallengeTooLate(record.runId, record.round, uint64(closedAt));
-        (bytes32 root, uint32 numChunks) = _targetTree(target, run.numStages);
+        (bytes32 root, uint32 numChunks, bool sums) = _targetTree(target, run.numStages);
         id = keccak256(abi.encode(record.runId, record.round, target.stage, target.which, target.chunk));
         Challenge storage challenge = _challenges[id];
         if (challenge.challenger != address(0)) revert ProverChallengeExists(id);
         uint64 deadline = uint64(block.number) + run.accusationBlocks;
         _challenges[id] = Challenge(
-            msg.sender, deadline, numChunks, false, record.round, target.chunk, root, record.runId, msg.value
+            msg.sender, deadline, numChunks, false, sums, record.round, target.chunk, root, record.runId, msg.value
         );
         emit AvailabilityChallenged(
             id, record.runId, record.round, target.stage, target.which, target.chunk, msg.sender, deadline
         );
     }
 
-    /// @notice Publish the leaf a challenge names, with its Merkle path (anyone may). The bond is forfeited.
+    /// @notice Publish the leaf a challenge names, with its Merkle path (anyone may; a sum tree's leaf: its 96-byte
+    /// sum and a sum path, as NormProof's; the factors: their bytes, no path). The bond is forfeited.
     function answerChallenge(bytes32 id, bytes calldata leaf, bytes32[] calldata path) external {
         Challenge storage challenge = _openChallenge(id);
         if (block.number >= challenge.deadline) revert ProverChallengeDue(id, challenge.deadline);
-        if (!_verify(leaf, challenge.chunk, challenge.numChunks, path, challenge.root)) revert ProverBadPath(0);
+        bool opened;
+        if (challenge.numChunks == 0) {
+            opened = sha256(leaf) == challenge.root;
+        } else if (challenge.sums) {
+            (bytes32 root,,) = _openSum(leaf, challenge.chunk, challenge.numChunks, path, 0);
+            opened = root == challenge.root;
+        } else {
+            opened = _verify(leaf, challenge.chunk, challenge.numChunks, path, challenge.root);
+        }
+        if (!opened) revert ProverBadPath(0);
         challenge.settled = true;
         emit AvailabilityAnswered(id, leaf);
     }
@@ -309,25 +325,36 @@ contract AggregationProver {
         if (challenge.settled) revert ProverChallengeSettled(id);
     }
 
-    /// @dev The tree a challenge's leaf must be opened in, and its leaf count.
-    function _targetTree(Target calldata target, uint32 numStages) private pure returns (bytes32, uint32) {
+    /// @dev The tree a challenge's leaf must be opened in, its leaf count, and whether it is a sum tree.
+    function _targetTree(Target calldata target, uint32 numStages) private pure returns (bytes32, uint32, bool) {
         if (target.which == STAGE_LEAF) {
             if (target.chunk != target.stage) revert ProverBadChunk(target.chunk, numStages);
-            return (target.record.weightsRoot, numStages);
+            return (target.record.weightsRoot, numStages, false);
         }
         StageLeaf memory leaf = _stageLeaf(target.stageLeaf, target.stagePath, target.record, target.stage, numStages);
-        if (target.chunk >= leaf.numChunks) revert ProverBadChunk(target.chunk, leaf.numChunks);
-        return (_targetRoot(target, leaf), leaf.numChunks);
+        bool factors = target.which == _FACTORS;
+        uint32 count = factors ? 1 : leaf.numChunks; // the factors are one "leaf", chunk 0
+        if (target.chunk >= count) revert ProverBadChunk(target.chunk, count);
+        if (factors) return (leaf.factorsHash, 0, false);
+        (bytes32 root, bool sums) = _targetRoot(target, leaf);
+        return (root, leaf.numChunks, sums);
     }
 
-    function _targetRoot(Target calldata target, StageLeaf memory leaf) private pure returns (bytes32) {
-        if (target.which == 0) return leaf.weightsRoot;
-        if (target.which == 1) return leaf.momentumRoot;
-        if (sha256(target.factors) != leaf.factorsHash) revert ProverBadFactors(target.record.round, target.stage);
-        (,,,, bytes32[] memory roots,) =
-            abi.decode(target.factors, (uint32, uint32, bool, bytes32[], bytes32[], uint64[]));
-        if (target.which - 2 >= roots.length) revert ProverBadTarget(target.which);
-        return roots[target.which - 2];
+    function _targetRoot(Target calldata target, StageLeaf memory leaf) private pure returns (bytes32, bool) {
+        uint256 which = target.which;
+        if (which == 0) return (leaf.weightsRoot, false);
+        if (which == 1) return (leaf.momentumRoot, false);
+        bytes calldata factors = target.factors;
+        if (sha256(factors) != leaf.factorsHash) revert ProverBadFactors(target.record.round, target.stage);
+        (,,,, bytes32[] memory roots,) = abi.decode(factors, (uint32, uint32, bool, bytes32[], bytes32[], uint64[]));
+        uint256 j = which - 2;
+        if (j < roots.length) return (roots[j], false);
+        // 2 + M + j: contribution j's sum tree, in well-formed version-3 factors (others are proven, not opened).
+        j -= roots.length;
+        if (j >= roots.length || factors.length < 352 || _word(factors, 96) != 320) revert ProverBadTarget(which);
+        (Norms memory norms, bool ok) = _norms(factors);
+        if (!ok) revert ProverBadTarget(which);
+        return (bytes32(_word(factors, norms.rootsAt + 32 * j)), true);
     }
 
     // ------------------------------------------------------------------------------------------- openings
@@ -514,12 +541,18 @@ contract AggregationProver {
     function _normDiffers(NormProof calldata proof) private view returns (bool) {
         TrainingLedger.Record calldata record = proof.record;
         _requireCommitted(record);
-        uint32 numStages = ledger.runOf(record.runId).numStages;
-        if (proof.stage >= numStages) revert ProverBadStage(proof.stage, numStages);
-        StageLeaf memory leaf = _stageLeaf(proof.stageLeaf, proof.stagePath, record, proof.stage, numStages);
+        TrainingLedger.Run memory run = ledger.runOf(record.runId);
+        if (proof.stage >= run.numStages) revert ProverBadStage(proof.stage, run.numStages);
+        StageLeaf memory leaf = _stageLeaf(proof.stageLeaf, proof.stagePath, record, proof.stage, run.numStages);
         bytes calldata factors = proof.factors;
         if (sha256(factors) != leaf.factorsHash) revert ProverBadFactors(record.round, proof.stage);
-        (Norms memory norms, bool wellFormed) = _norms(factors, record.round, proof.stage);
+        // The factors' version (3: ten fields, the first list at byte 320) must be the run's (RunParams.commitments):
+        // version-2 factors in a normed run would escape this proof, version-3 ones in another run are no honest
+        // node's either. Either way the round is wrong, whatever the proof's contribution.
+        bool normed = factors.length >= 352 && _word(factors, 96) == 320;
+        if (normed != (run.commitments == _NORMED)) return true;
+        if (!normed) revert ProverNotNormed(record.round, proof.stage);
+        (Norms memory norms, bool wellFormed) = _norms(factors);
         if (!wellFormed) return true; // a norm commitment an honest round never makes
         if (proof.contribution == SCALES) return _scalesDiffer(factors, norms);
         if (proof.contribution >= norms.count) revert ProverBadTarget(proof.contribution);
@@ -618,14 +651,9 @@ contract AggregationProver {
     /// encoding of abi.encode(uint32 lr, uint32 mu, bool nesterov, bytes32[] envelopes, bytes32[] payloadRoots,
     /// uint64[] scales, uint64 normClip, uint32[] steps, bytes32[] normRoots, uint256[] normSums) with every list
     /// of the accepted count (steps: that count, or none), sums three words each, every value in its type's range,
-    /// normClip 0 or in [1, inf) and every step at least 1. Version 2 (six fields, its first list at byte 192)
-    /// reverts ProverNotNormed.
-    function _norms(bytes calldata factors, uint64 round, uint32 stage)
-        private
-        pure
-        returns (Norms memory norms, bool ok)
-    {
-        if (factors.length < 352 || _word(factors, 96) != 320) revert ProverNotNormed(round, stage);
+    /// normClip 0 or in [1, inf) and every step at least 1. The caller checked that it is version 3 (at least 352
+    /// bytes, its first list at byte 320).
+    function _norms(bytes calldata factors) private pure returns (Norms memory norms, bool ok) {
         uint256 count = _word(factors, 320);
         if (count > type(uint32).max) return (norms, false);
         uint256 list = 32 * (1 + count);

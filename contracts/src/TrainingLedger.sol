@@ -39,6 +39,9 @@ contract TrainingLedger {
         uint32 inactivityRounds; // committed rounds without a member's signature after which it can be ejected
         uint64 maxRounds; // rounds 0 .. maxRounds-1 may be committed; 0: open-ended
         uint32 tenureRounds; // rounds a joiner is in force before its signature counts (founders count at once)
+        // How the run's records commit the stages' states (the run document's diloco.commitments;
+        // docs/FRAUD_PROOF.md): 1 hashed, 2 chunked, 3 normed. The prover holds a round's factors to it.
+        uint8 commitments;
     }
 
     /// @notice A run's fixed parameters and its progress.
@@ -62,6 +65,7 @@ contract TrainingLedger {
         uint64 unbondingBlocks;
         uint64 accusationBlocks;
         uint64 disputeBlocks;
+        uint8 commitments; // RunParams.commitments
         uint256 minStake;
         uint256 bond;
         bytes32 configHash;
@@ -333,6 +337,7 @@ contract TrainingLedger {
     error LedgerAccusationTooLate(uint256 runId, address accused, uint64 unbondingEnd);
     error LedgerAttestBeforeJoin(uint256 runId, uint64 round, address account);
     error LedgerNotProver(address caller);
+    error LedgerBadCommitments(uint8 commitments);
 
     /// @param registry_ The NodeRegistry whose nodes may join runs.
     constructor(NodeRegistry registry_) {
@@ -347,7 +352,7 @@ contract TrainingLedger {
 
     /// @notice Create a training run; its parameters never change.
     /// @param params The run's parameters (see RunParams). Rules: `configHash` nonzero; `numStages`,
-    /// `innerSteps`, `quorum`, `inactivityRounds` >= 1; `quorumBps` <= 10000; `accusationBlocks` and
+    /// `innerSteps`, `quorum`, `inactivityRounds` >= 1; `quorumBps` <= 10000; `commitments` 1, 2 or 3; `accusationBlocks` and
     /// `disputeBlocks` in [minWindowBlocks(), maxUnbondingBlocks()]; `unbondingBlocks` in
     /// [accusationBlocks + disputeBlocks, maxUnbondingBlocks()].
     /// @param configUri Where to fetch the configuration whose hash is `configHash` (emitted, not stored).
@@ -369,6 +374,7 @@ contract TrainingLedger {
         run.unbondingBlocks = params.unbondingBlocks;
         run.accusationBlocks = params.accusationBlocks;
         run.disputeBlocks = params.disputeBlocks;
+        run.commitments = params.commitments;
         run.minStake = params.minStake;
         run.bond = params.bond;
         run.configHash = params.configHash;
@@ -1009,6 +1015,7 @@ contract TrainingLedger {
         if (params.quorum == 0 || params.quorumBps > _BPS) revert LedgerBadQuorum(params.quorum, params.quorumBps);
         if (params.inactivityRounds == 0) revert LedgerBadInactivityRounds(params.inactivityRounds);
         if (params.tenureRounds == 0) revert LedgerBadTenure(params.tenureRounds);
+        if (params.commitments == 0 || params.commitments > 3) revert LedgerBadCommitments(params.commitments);
         uint64 accusationBlocks = params.accusationBlocks;
         uint64 disputeBlocks = params.disputeBlocks;
         if (

@@ -160,6 +160,7 @@ def run_info_summary(client, run_id: int, history=None) -> dict:
         "config_hash": info.config_hash.hex(), "stages": info.num_stages, "inner_steps": info.inner_steps,
         "quorum": info.quorum, "quorum_bps": info.quorum_bps, "stake_wei": info.min_stake,
         "unbonding_blocks": info.unbonding_blocks, "max_rounds": info.max_rounds, "head_block": head,
+        "commitments": info.commitments,
         "rounds_committed": len(history.commits), "members": members,
         "last_record": None if last is None else {
             "round": last.commit.round, "block": last.block_number, "tx": last.tx_hash,
@@ -176,7 +177,7 @@ def format_run_info(s: dict) -> str:
     rounds = f"{s['rounds_committed']} of {s['max_rounds']}" if s["max_rounds"] else f"{s['rounds_committed']}"
     lines = [f"run {s['run_id']} on chain {s['chain_id']}: ledger {s['ledger']}, registry {s['registry']}",
              (f"  created by {s['creator']} in block {s['created_block']}; configHash {s['config_hash'][:16]}; "
-              f"{s['stages']} stage(s), H={s['inner_steps']}"),
+              f"{s['stages']} stage(s), H={s['inner_steps']}; commitments version {s['commitments']}"),
              f"  quorum k={s['quorum']}" + (f" (and {s['quorum_bps'] / 100:g}% of members)" if s["quorum_bps"] else "")
              + f"; stake {s['stake_wei'] / 1e18:g} ETH; unbonding {s['unbonding_blocks']} blocks",
              f"  rounds committed: {rounds}; chain head block {s['head_block']}",

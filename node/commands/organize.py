@@ -228,7 +228,7 @@ def _check_run_table(chain: dict, path: str) -> dict:
 
 def run_params(run: RunFile):
     """The RunParams of a checked run file."""
-    from ledger.records import RunParams
+    from ledger.records import RunParams, commitment_version
     from node.runconfig import config_hash, run_document
 
     chain = run.chain
@@ -239,7 +239,7 @@ def run_params(run: RunFile):
                      unbonding_blocks=chain["unbonding_blocks"] or None,
                      accusation_blocks=chain["accusation_blocks"], dispute_blocks=chain["dispute_blocks"],
                      inactivity_rounds=chain["inactivity_rounds"], max_rounds=run.cfg.rounds,
-                     tenure_rounds=chain["tenure_rounds"])
+                     tenure_rounds=chain["tenure_rounds"], commitments=commitment_version(run.cfg.diloco.commitments))
 
 
 # ---------------------------------------------------------------------- create-run
@@ -373,7 +373,7 @@ def _take_seat(config_path: Path, identity, run_id: int) -> None:
     cfg = load_config(config_path)
     chain = NodeChain.connect(cfg)
     try:
-        chain.check_run(run_id, config_hash(run_document(cfg)), cfg.rounds)
+        chain.check_run(run_id, config_hash(run_document(cfg)), cfg.rounds, commitments=cfg.diloco.commitments)
         chain.ensure_registered(identity)
         platform, legacy = own_platforms(cfg.training)
         chain.ensure_member(run_id, platform, also=(legacy,))

@@ -18,7 +18,8 @@ from ledger.client import LedgerClient, binding_message
 from ledger.errors import DeploymentMismatch, LedgerError
 from ledger.attest import recover_signer, recover_verdict_signer
 from ledger.eventrecords import AccusationRecord, CheckpointRecord
-from ledger.records import MIN_WINDOW_BLOCKS, AccusationState, CommitRecord, Membership, RoundRecord, RunInfo, Verdict
+from ledger.records import (COMMITMENT_VERSIONS, MIN_WINDOW_BLOCKS, AccusationState, CommitRecord, Membership, RoundRecord,
+                            RunInfo, Verdict, commitment_version)
 from node.config import NodeConfig
 from node.errors import ConfigError, NotRegistered
 from node.live.topology import Seat
@@ -116,14 +117,26 @@ class NodeChain:
         with self._lock:
             return self.client.quorum_of(run_id)
 
-    def check_run(self, run_id: int, config_hash: bytes, rounds: int | None = None) -> None:
+    def check_run(self, run_id: int, config_hash: bytes, rounds: int | None = None, *, commitments: str) -> None:
         """Refuse settings that would train differently from the run's other members.
 
         ``rounds`` must be the run's ``maxRounds``: the inner learning rate follows a schedule over
         the run's ``rounds x H`` steps, so a node with another horizon would send contributions
-        that re-execute differently (a spot check would find them wrong).
+        that re-execute differently (a spot check would find them wrong). ``commitments`` (the run
+        document's ``diloco.commitments``) must be the version the ledger holds the run to
+        (``RunParams.commitments``): the prover proves wrong every round whose factors are of another
+        version, so a node of a run created with another one would sign rounds that lose its stake.
         """
         info = self.run_info(run_id)
+        version = commitment_version(commitments)
+        if info.commitments != version:
+            names = {number: name for name, number in COMMITMENT_VERSIONS.items()}
+            raise ConfigError(
+                f"run {run_id} was created on chain with commitments version {info.commitments} "
+                f"({names.get(info.commitments, 'unknown')}), but its document says diloco.commitments = "
+                f"{commitments!r} (version {version}): the prover would prove every round of this node wrong; "
+                "the run's creator must create it again with its document's version"
+            )
         if rounds is not None and rounds != info.max_rounds:
             raise ConfigError(
                 f"rounds={rounds}, but run {run_id} on chain has maxRounds={info.max_rounds}: the inner "

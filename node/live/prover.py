@@ -25,19 +25,23 @@ committed leaf differs from its own, the node
    Right rounds' challenges are answered by every node (node/live/answerer.py).
 
 In a version-3 run (``diloco.commitments = "normed"``) committed factors other than its own are opened from an
-attester of the leaf (the factors and sum trees it serves) and a wrong clip scale or sum of squares is proven
-with ``proveWrongNorm`` (docs/FRAUD_PROOF.md, "The clip scales").
+attester of the leaf (the factors and sum trees it serves), or, when none serves them, from an availability
+challenge of the factors (``FACTORS``: the committers publish them on chain or lose the round), and a wrong clip
+scale or sum of squares, or factors of another version than the run's (``RunParams.commitments``), is proven
+with ``proveWrongNorm`` (docs/FRAUD_PROOF.md, "The clip scales", "The run's version"). A withheld sum tree is
+not walked leaf by leaf (docs/FRAUD_PROOF.md, "Known gaps" 2 (iii)).
 
 What it cannot prove it says in the log and leaves to the dispute (node/live/forkrepair.py): a round whose
 contributions root differs (another set of contributions), committed factors other than its own in a version-2
 run (another clip scale or set left out: docs/FRAUD_PROOF.md, "Known gaps"), or in a version-3 run when the
-scales follow from right sums and only the set left out differs, or when no attester serves them, round 0 (no committed round before it), a
+scales follow from right sums and only the set left out differs, or when the sum trees are not had, round 0 (no committed round before it), a
 round whose previous state this node no longer holds. Nothing here raises out of :meth:`check`: a bad or
 missing input costs only the proof.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
@@ -45,9 +49,10 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ledger.chunkproof import (MOMENTUM, WEIGHTS, StageLeaf, StageState, availability_target, differing_subtree,
-                               opened_proof, stage_leaf_target, tree_path)
+from ledger.chunkproof import (FACTORS, MOMENTUM, WEIGHTS, Factors, StageLeaf, StageState, availability_target,
+                               differing_subtree, opened_proof, stage_leaf_target, tree_path)
 from ledger.errors import LedgerError, ProverChallengeNotDue, ProverChallengeSettled
+from ledger.normproof import scale_proof
 from ledger.records import RoundRecord
 from node.errors import DLX_ERRORS
 from node.fsutil import atomic_write_bytes
@@ -116,6 +121,8 @@ class FraudProver:
         self._committed: dict[int, list[bytes]] = {}  # round -> committed stage leaves
         self._pending: dict[bytes, int] = {}  # challenge id -> round
         self._walks: dict[bytes, Walk] = {}  # challenge id -> the walk it opens a leaf of
+        # challenge id of a stage's factors -> (stage, record, committed stage leaves, its leaf, this node's state)
+        self._factor_opens: dict[bytes, tuple] = {}
         self._lock = threading.Lock()
         self._expirer: threading.Thread | None = None
 
@@ -224,11 +231,27 @@ class FraudProver:
         an attester of the leaf and prove a wrong clip scale or sum (node.fraudproof.norm_proof_of_difference)."""
         providers = self._attesters_of(outer_round, stage, leaves[stage])
         opened = self.states.committed_norms(outer_round, stage, leaf, providers)
-        if opened is None:
-            self._unprovable(outer_round, f"stage {stage}: the committed factors are not this node's and no attester "
-                                          "serves them (their norm commitment): not provable")
-            return False
+        if opened is None:  # nobody serves them: the committers must publish the factors on chain, or lose the round
+            logger.error("round %d stage %d: the committed factors are not this node's and no attester serves them; "
+                         "challenging their availability on chain", outer_round, stage)
+            target = availability_target(record, [parse_stage_leaf(v, s) for s, v in enumerate(leaves)], own.factors,
+                                         stage, FACTORS, 0)
+            challenge_id = self.chain.challenge_availability(target)
+            with self._lock:
+                self._factor_opens[challenge_id] = (stage, record, leaves, leaf, own)
+            self._open(outer_round, challenge_id)
+            return True
         factors, trees = opened
+        return self._prove_norms_from(outer_round, stage, record, leaves, leaf, own, factors, trees)
+
+    def _prove_norms_from(self, outer_round: int, stage: int, record: RoundRecord, leaves: list[bytes],
+                          leaf: StageLeaf, own: StageState, factors, trees) -> bool:
+        """Prove a wrong clip scale or sum from the committed ``factors`` (their bytes if they do not decode) and
+        sum ``trees`` (None: not had)."""
+        providers = self._attesters_of(outer_round, stage, leaves[stage])
+        if isinstance(factors, bytes):  # not canonical factors: a version-3 run's proof of the scales holds on them
+            proof, why = scale_proof(record, leaves, stage, factors), "factors are not canonical version-3 factors"
+            return self._send_norm(outer_round, stage, proof, why)
 
         def committed_weights():
             fetched = self.states.committed_state(outer_round, stage, leaf, providers)
@@ -238,6 +261,9 @@ class FraudProver:
         if proof is None:
             self._unprovable(outer_round, f"stage {stage}: {why}")
             return False
+        return self._send_norm(outer_round, stage, proof, why)
+
+    def _send_norm(self, outer_round: int, stage: int, proof, why: str) -> bool:
         attesters = self.chain.attesters_of(self.run_id, outer_round)
         logger.error("round %d stage %d: the committed %s; sending the norm proof", outer_round, stage, why)
         self._keep(outer_round, stage, proof, attesters)
@@ -279,9 +305,14 @@ class FraudProver:
         self._open(walk.outer_round, challenge_id)
 
     def _answered(self, challenge_id: bytes, outer_round: int) -> None:
-        """A challenge of this node's was answered: go on with its walk from the published leaf and path."""
+        """A challenge of this node's was answered: go on with its walk from the published leaf and path, or
+        prove from the published factors."""
         with self._lock:
             walk = self._walks.pop(challenge_id, None)
+            factors_open = self._factor_opens.pop(challenge_id, None)
+        if factors_open is not None:
+            self._factors_published(challenge_id, outer_round, *factors_open)
+            return
         if walk is None:  # a stage leaf's challenge: the committers showed the leaf
             logger.warning("round %d: the availability challenge was answered; the published stage leaf is not "
                            "followed further here", outer_round)
@@ -299,6 +330,24 @@ class FraudProver:
         logger.warning("round %d stage %d: the committers published leaf %d of tree %d", outer_round, walk.stage,
                        walk.chunk, walk.which)
         self._advance(walk, leaf, path)
+
+    def _factors_published(self, challenge_id: bytes, outer_round: int, stage: int, record: RoundRecord,
+                           leaves: list[bytes], leaf: StageLeaf, own: StageState) -> None:
+        answer = self.chain.availability_answer(challenge_id)
+        if answer is None:
+            self._unprovable(outer_round, "the factors' availability challenge was settled without an answer")
+            return
+        published = bytes(answer[0])
+        if hashlib.sha256(published).digest() != leaf.factors_hash:  # the contract checked it: a misread event
+            self._unprovable(outer_round, f"stage {stage}: the published factors are not the committed stage leaf's")
+            return
+        logger.warning("round %d stage %d: the committers published their factors", outer_round, stage)
+        try:
+            factors = Factors.decode(published)
+        except LedgerError:
+            factors = published
+        # Their sum trees are not had here (nobody served them): the scales, or the factors' version, can be proven.
+        self._prove_norms_from(outer_round, stage, record, leaves, leaf, own, factors, None)
 
     def _advance(self, walk: Walk, leaf: bytes, path: list[bytes]) -> None:
         own_leaves = walk.own.weight_leaves if walk.which == WEIGHTS else walk.own.momentum_leaves

@@ -65,7 +65,26 @@ def check_run_document(report: AuditReport, history: Any, sources: list) -> dict
         return None
     note = f" (corrupt copies ignored: {'; '.join(copy.bad)})" if copy.bad else ""
     report.general.append(Check("run document", OK, f"sha256 = configHash{note}" if note else ""))
+    report.general.append(commitments_check(document, history.run.commitments))
     return document
+
+
+def commitments_check(document: dict, on_chain: int) -> Check:
+    """Whether the run was created on chain (``RunParams.commitments``) with the commitments version its document
+    names (``diloco.commitments``; a document without it is a hashed run's): the prover holds every round's factors
+    to the chain's, so a mismatch lets the norm proof overturn honest rounds, or a quorum escape it."""
+    from ledger.records import COMMITMENT_VERSIONS
+
+    diloco = document.get("diloco")
+    setting = diloco.get("commitments", "hashed") if isinstance(diloco, dict) else None
+    names = {number: name for name, number in COMMITMENT_VERSIONS.items()}
+    if COMMITMENT_VERSIONS.get(setting) != on_chain:
+        return Check("commitments version", FAIL,
+                     f"the document says diloco.commitments = {setting!r}, the run was created on chain with version "
+                     f"{on_chain} ({names.get(on_chain, 'unknown')}): the fraud proofs hold its rounds to the chain's")
+    proven = {"hashed": "no fraud proof opens its roots", "chunked": "chunk proofs open its roots",
+              "normed": "chunk and norm proofs open its roots; factors of another version are proven wrong"}[setting]
+    return Check("commitments version", OK, f"{on_chain} ({setting}) on chain, as the document says: {proven}")
 
 
 class ScreeningUnavailable(Exception):
