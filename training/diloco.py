@@ -121,7 +121,10 @@ def outer_step(
     diloco_cfg: DilocoConfig,
     outer_round: int | None = None,
 ) -> tuple[Weights, Weights]:
-    """SGD with (Nesterov) momentum on the outer weights: ``(new_weights, new_momentum)``.
+    """The outer step (``diloco.outer_optimizer``): ``(new_weights, new_momentum)``.
+
+    "nesterov" (the default), SGD with (Nesterov) momentum, below; "adam", :func:`outer_adam_step`, whose
+    "momentum" holds both moments stacked (:func:`outer_state_shape`).
 
     ``m_t = mu*m + Delta``; ``u = Delta + mu*m_t`` (Nesterov) or ``m_t``;
     ``theta_t = theta - lr*u``; each an unfused float32 elementwise op. ``lr``
