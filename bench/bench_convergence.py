@@ -81,6 +81,7 @@ VARIANTS = {
     "muon-oadam-3e-3": {"training": {"optimizer": "muon"}, "diloco": {"outer_optimizer": "adam", "outer_lr": 3e-3}},
     "muon-oadam-1e-2": {"training": {"optimizer": "muon"}, "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-2}},
     "muon-oadam-3e-2": {"training": {"optimizer": "muon"}, "diloco": {"outer_optimizer": "adam", "outer_lr": 3e-2}},
+    "muon-oadam-1e-1": {"training": {"optimizer": "muon"}, "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-1}},
 }
 
 
