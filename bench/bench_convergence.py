@@ -82,6 +82,12 @@ VARIANTS = {
     "muon-oadam-1e-2": {"training": {"optimizer": "muon"}, "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-2}},
     "muon-oadam-3e-2": {"training": {"optimizer": "muon"}, "diloco": {"outer_optimizer": "adam", "outer_lr": 3e-2}},
     "muon-oadam-1e-1": {"training": {"optimizer": "muon"}, "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-1}},
+    # FedAdam's tuned eps (its tau, arXiv 2003.00295, about 1e-3): where sqrt(v) is below it the step is about
+    # lr / eps * m, a momentum step, so small (and coarsely coded) elements are no longer moved by about lr each.
+    "muon-oadam-1e-2-eps1e-3": {"training": {"optimizer": "muon"},
+                                "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-2, "outer_adam_eps": 1e-3}},
+    "muon-oadam-3e-2-eps1e-3": {"training": {"optimizer": "muon"},
+                                "diloco": {"outer_optimizer": "adam", "outer_lr": 3e-2, "outer_adam_eps": 1e-3}},
 }
 
 
