@@ -88,6 +88,8 @@ VARIANTS = {
                                 "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-2, "outer_adam_eps": 1e-3}},
     "muon-oadam-3e-2-eps1e-3": {"training": {"optimizer": "muon"},
                                 "diloco": {"outer_optimizer": "adam", "outer_lr": 3e-2, "outer_adam_eps": 1e-3}},
+    "muon-oadam-1e-1-eps1e-3": {"training": {"optimizer": "muon"},
+                                "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-1, "outer_adam_eps": 1e-3}},
 }
 
 
