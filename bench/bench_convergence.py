@@ -75,6 +75,21 @@ VARIANTS = {
     # of its H steps, so its bytes per token stay.
     "muon-h25": {"training": {"optimizer": "muon"}, "inner_steps": 25},
     "muon-h100": {"training": {"optimizer": "muon"}, "inner_steps": 100},
+    # Outer Adam in place of Nesterov (FedAdam, arXiv 2003.00295: b1 0.9, b2 0.99, no bias correction). Its step is
+    # about lr per element whatever the pseudo-gradient's size (Nesterov's, lr 1, is about 1.5 Delta: a median
+    # |Delta| of 3e-3 to 1e-2 per round at llama-xs), hence outer lrs near 1e-2.
+    "muon-oadam-3e-3": {"training": {"optimizer": "muon"}, "diloco": {"outer_optimizer": "adam", "outer_lr": 3e-3}},
+    "muon-oadam-1e-2": {"training": {"optimizer": "muon"}, "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-2}},
+    "muon-oadam-3e-2": {"training": {"optimizer": "muon"}, "diloco": {"outer_optimizer": "adam", "outer_lr": 3e-2}},
+    "muon-oadam-1e-1": {"training": {"optimizer": "muon"}, "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-1}},
+    # FedAdam's tuned eps (its tau, arXiv 2003.00295, about 1e-3): where sqrt(v) is below it the step is about
+    # lr / eps * m, a momentum step, so small (and coarsely coded) elements are no longer moved by about lr each.
+    "muon-oadam-1e-2-eps1e-3": {"training": {"optimizer": "muon"},
+                                "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-2, "outer_adam_eps": 1e-3}},
+    "muon-oadam-3e-2-eps1e-3": {"training": {"optimizer": "muon"},
+                                "diloco": {"outer_optimizer": "adam", "outer_lr": 3e-2, "outer_adam_eps": 1e-3}},
+    "muon-oadam-1e-1-eps1e-3": {"training": {"optimizer": "muon"},
+                                "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-1, "outer_adam_eps": 1e-3}},
 }
 
 

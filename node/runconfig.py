@@ -20,7 +20,7 @@ from typing import Any
 
 from node.config import NodeConfig
 from node.errors import ConfigError
-from training.config import LEGACY_ENCODER, LEGACY_OPTIMIZER, LEGACY_RANDOM
+from training.config import LEGACY_ENCODER, LEGACY_OPTIMIZER, LEGACY_RANDOM, OUTER_ADAM_ONLY
 
 RUN_FORMAT = "dlx-run-v1"
 
@@ -99,7 +99,9 @@ def _model_document(cfg: NodeConfig) -> dict[str, Any]:
 def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
     """The [diloco] table; ``exchange`` and ``min_slice_numel`` only in a sliced run, ``round_budget_s`` and
     ``min_inner_steps`` only in a run whose rounds are bounded by time, ``outer_lr_other_scale`` only when it
-    is not 1, ``commitments`` only when "chunked", ``screen_rule`` only when not "one_sided" (the hash of every "full", fixed-H, one-outer-lr run stays what it was)."""
+    is not 1, ``commitments`` only when "chunked", ``screen_rule`` only when not "one_sided", ``outer_optimizer``
+    and its ``outer_adam_*`` settings only when it is "adam" (the hash of every "full", fixed-H, one-outer-lr,
+    Nesterov run stays what it was)."""
     diloco = dataclasses.asdict(cfg.diloco)
     if diloco.get("exchange") == "full":
         del diloco["exchange"]
@@ -111,6 +113,9 @@ def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
         del diloco["outer_lr_other_scale"]
     if cfg.diloco.commitments == "hashed":
         del diloco["commitments"]  # version 1: every run made before version 2 (its hash unchanged)
+    if cfg.diloco.outer_optimizer == "nesterov":
+        for name in ("outer_optimizer", *OUTER_ADAM_ONLY):
+            del diloco[name]  # every run made before outer Adam existed (its hash unchanged)
     if cfg.diloco.screen_rule == "one_sided":
         del diloco["screen_rule"]  # version 1: every fixed-H run, and every time-bounded run made before version 2
     return diloco

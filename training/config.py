@@ -126,6 +126,15 @@ NODE_ONLY_TRAINING = ("device", "precision")
 
 
 DELAY_CORRECTIONS = ("rebase", "lookahead", "eager", "reset")
+#: The outer optimizer (training/diloco.py outer_step; docs/DILOCOX.md section 14, "Outer Adam"): "nesterov", SGD with
+#: (Nesterov) momentum (DiLoCo's; the contract's fraud proof recomputes it), "adam", FedAdam's elementwise Adam without
+#: bias correction (Reddi et al., arXiv 2003.00295, Algorithm 2), whose state is two moments per weight.
+OUTER_OPTIMIZERS = ("nesterov", "adam")
+#: Settings only outer Adam has, at the values a Nesterov run holds (and its run document omits).
+OUTER_ADAM_ONLY = {"outer_adam_beta1": 0.9, "outer_adam_beta2": 0.99, "outer_adam_eps": 1e-8}
+#: Settings only the Nesterov step reads, at their defaults: an outer-Adam run must leave them there (it would
+#: otherwise look tuned by a setting it ignores).
+OUTER_NESTEROV_ONLY = {"outer_momentum": 0.5, "nesterov": True, "outer_final_momentum": "auto"}
 OUTER_DECAYS = ("constant", "linear", "cosine")
 EXCHANGES = ("full", "sliced")
 #: How a record commits each stage's state (docs/FRAUD_PROOF.md): "hashed", version 1 (one hash of each stage's
@@ -165,6 +174,16 @@ class DilocoConfig:
     # outer_lr times this (a decoupled outer lr per parameter group; training/diloco.py outer_step, docs/DILOCOX.md
     # section 14). 1.0: one outer lr, and the setting is not in the run document (older hashes unchanged).
     outer_lr_other_scale: float = 1.0
+    # The outer optimizer (OUTER_OPTIMIZERS; training/diloco.py outer_step). "adam": per element
+    # m = b1*m + (1-b1)*Delta, v = b2*v + (1-b2)*Delta^2, theta -= lr * m / (sqrt(v) + eps) (FedAdam, no bias
+    # correction), its lr outer_lr (and the schedule's); its state, both moments, is the run's outer momentum
+    # tensor stacked on a leading axis of 2. Not fraud-provable on chain (the contract recomputes Nesterov):
+    # an outer-Adam run commits "hashed". "nesterov" and the outer_adam_* settings are in the run document only
+    # when the optimizer is "adam" (every older hash unchanged).
+    outer_optimizer: str = "nesterov"
+    outer_adam_beta1: float = 0.9
+    outer_adam_beta2: float = 0.99
+    outer_adam_eps: float = 1e-8
     # Outer schedule across rounds (training/schedule.py outer_lr / outer_momentum; a pure
     # function of the round index and these fields, so the auditor replays it). Linear warmup of
     # the outer lr over outer_warmup_rounds rounds, then (outer_decay "linear" or "cosine") a
@@ -311,6 +330,7 @@ class DilocoConfig:
             f"diloco.min_slice_numel={self.min_slice_numel}: only the sliced exchange cuts slices; "
             f"set diloco.exchange = \"sliced\" or leave it at {DEFAULT_MIN_SLICE_NUMEL}",
         )
+        self._check_outer_optimizer()
         self._check_round_budget()
         self._check_commitments()
         self._check_screen_rule()
@@ -324,16 +344,45 @@ class DilocoConfig:
                  f"diloco.screen_rule=\"{self.screen_rule}\" needs diloco.round_budget_s > 0 (a fixed-H run "
                  "screens by version 1, its run documents unchanged)")
 
+    def _check_outer_optimizer(self) -> None:
+        _require(self.outer_optimizer in OUTER_OPTIMIZERS,
+                 f"diloco.outer_optimizer={self.outer_optimizer!r}: must be one of {', '.join(OUTER_OPTIMIZERS)}")
+        if self.outer_optimizer != "adam":
+            for name, neutral in OUTER_ADAM_ONLY.items():
+                _require(getattr(self, name) == neutral, f"diloco.{name}={getattr(self, name)!r} is a setting of "
+                                                          "diloco.outer_optimizer = \"adam\": remove it or set the optimizer")
+            return
+        for name, neutral in OUTER_NESTEROV_ONLY.items():
+            _require(getattr(self, name) == neutral,
+                     f"diloco.{name}={getattr(self, name)!r} is a setting of the Nesterov outer step, which "
+                     f"diloco.outer_optimizer = \"adam\" does not take (its first moment decays by diloco.outer_adam_beta1): "
+                     f"remove it")
+        for name in ("outer_adam_beta1", "outer_adam_beta2"):
+            value = getattr(self, name)
+            _require(isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1,
+                     f"diloco.{name}={value!r}: must be in [0, 1)")
+        eps = self.outer_adam_eps
+        _require(isinstance(eps, (int, float)) and not isinstance(eps, bool) and 0 < eps < float("inf"),
+                 f"diloco.outer_adam_eps={eps!r}: must be a finite number > 0 (0 divides 0 by 0 where a weight "
+                 "never moved)")
+
+    @property
+    def outer_moments(self) -> int:
+        """Tensors of outer state per weight: 1 (the Nesterov momentum) or 2 (outer Adam's two moments, stacked)."""
+        return 2 if self.outer_optimizer == "adam" else 1
+
     def _check_commitments(self) -> None:
-        provable = self.exchange == "full" and self.outer_lr_other_scale == 1.0
+        provable = (self.exchange == "full" and self.outer_lr_other_scale == 1.0
+                    and self.outer_optimizer == "nesterov")
         if self.commitments == AUTO:
             self.commitments = "chunked" if provable else "hashed"
         _require(self.commitments in COMMITMENTS,
                  f"diloco.commitments={self.commitments!r}: must be one of {', '.join(COMMITMENTS)} or \"auto\"")
         _require(provable or self.commitments == "hashed",
-                 f"diloco.commitments={self.commitments!r} needs diloco.exchange = \"full\" (now {self.exchange!r}) and "
-                 f"diloco.outer_lr_other_scale = 1 (now {self.outer_lr_other_scale}): the fraud proof's outer step "
-                 "averages whole contributions with one outer lr; set diloco.commitments = \"hashed\"")
+                 f"diloco.commitments={self.commitments!r} needs diloco.exchange = \"full\" (now {self.exchange!r}), "
+                 f"diloco.outer_lr_other_scale = 1 (now {self.outer_lr_other_scale}) and diloco.outer_optimizer = "
+                 f"\"nesterov\" (now {self.outer_optimizer!r}): the fraud proof's outer step averages whole "
+                 "contributions and takes a Nesterov step with one outer lr; set diloco.commitments = \"hashed\"")
 
     @property
     def chunked(self) -> bool:

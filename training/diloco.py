@@ -24,6 +24,18 @@ with ``lr_g = lr`` for the hidden weight matrices and ``lr_g = float32(lr * dilo
 for every other tensor (embeddings, head, norms, biases: :func:`training.muon.is_hidden_matrix`), a
 decoupled outer learning rate per parameter group (1.0, the default, is the plain outer step).
 
+Outer Adam (``diloco.outer_optimizer = "adam"``; FedAdam, Reddi et al., "Adaptive Federated
+Optimization", arXiv 2003.00295, Algorithm 2: no bias correction, so the step is a pure function
+of the state, with no step count), with ``b1, b2, eps`` the ``diloco.outer_adam_*`` settings and
+``lr_g`` as above, every operation elementwise in float32, in this order, never fused::
+
+    m_t     = b1 * m_{t-1} + (1 - b1) * Delta
+    v_t     = b2 * v_{t-1} + (1 - b2) * (Delta * Delta)
+    theta^t = theta^{t-1} - lr_g * (m_t / (sqrt(v_t) + eps))
+
+(``1 - b`` taken in float64 and rounded once). Its state is both moments, stacked: the momentum
+tensor of a weight of shape ``S`` has shape ``(2, *S)``, ``[m, v]`` (:func:`outer_state_shape`).
+
 The replica's side of the loop (the one-step-delay overlap and its corrections, the
 local snapshots they need) is :class:`training.stage_engine.StageEngine`.
 
@@ -90,6 +102,18 @@ def average_contributions(decoded: Sequence[Mapping[str, torch.Tensor]]) -> Weig
     return average
 
 
+def outer_state_shape(diloco_cfg: DilocoConfig, shape: Sequence[int]) -> tuple[int, ...]:
+    """The shape of the outer state ("momentum") of a weight of ``shape``: the same (Nesterov), or ``(2, *shape)``
+    (outer Adam's first and second moments, stacked)."""
+    return (2, *shape) if diloco_cfg.outer_moments == 2 else tuple(shape)
+
+
+def zero_outer_state(diloco_cfg: DilocoConfig, weights: Mapping[str, torch.Tensor]) -> Weights:
+    """The outer state of a run's first round: zeros of :func:`outer_state_shape`, float32."""
+    return {name: torch.zeros(outer_state_shape(diloco_cfg, value.shape), dtype=torch.float32)
+            for name, value in weights.items()}
+
+
 def outer_step(
     global_weights: Mapping[str, torch.Tensor],
     momentum: Mapping[str, torch.Tensor],
@@ -97,7 +121,10 @@ def outer_step(
     diloco_cfg: DilocoConfig,
     outer_round: int | None = None,
 ) -> tuple[Weights, Weights]:
-    """SGD with (Nesterov) momentum on the outer weights: ``(new_weights, new_momentum)``.
+    """The outer step (``diloco.outer_optimizer``): ``(new_weights, new_momentum)``.
+
+    "nesterov" (the default), SGD with (Nesterov) momentum, below; "adam", :func:`outer_adam_step`, whose
+    "momentum" holds both moments stacked (:func:`outer_state_shape`).
 
     ``m_t = mu*m + Delta``; ``u = Delta + mu*m_t`` (Nesterov) or ``m_t``;
     ``theta_t = theta - lr*u``; each an unfused float32 elementwise op. ``lr``
@@ -114,6 +141,8 @@ def outer_step(
     # Per-group outer lr (diloco.outer_lr_other_scale): the hidden matrices step with lr, every other tensor
     # (embeddings, head, norms, biases) with lr * scale, the product taken in float64 and rounded once.
     lr, lr_other = float32_scalar(lr64), float32_scalar(lr64 * diloco_cfg.outer_lr_other_scale)
+    if diloco_cfg.outer_optimizer == "adam":
+        return outer_adam_step(global_weights, momentum, pseudo_gradient, diloco_cfg, lr, lr_other)
     new_weights, new_momentum = {}, {}
     for name in sorted(global_weights):
         delta = pseudo_gradient[name]
@@ -131,6 +160,36 @@ def outer_step(
         new_weights[name] = torch.sub(global_weights[name], step, out=step)
         new_momentum[name] = buffer
     return new_weights, new_momentum
+
+
+def outer_adam_step(global_weights, moments, pseudo_gradient, diloco_cfg: DilocoConfig, lr: torch.Tensor,
+                    lr_other: torch.Tensor) -> tuple[Weights, Weights]:
+    """Outer Adam (module docstring; FedAdam, arXiv 2003.00295): ``(new_weights, new_moments)``, each moment
+    tensor ``[m, v]`` stacked on a leading axis; the lr of each tensor's group already resolved by :func:`outer_step`."""
+    beta1, beta2 = float32_scalar(diloco_cfg.outer_adam_beta1), float32_scalar(diloco_cfg.outer_adam_beta2)
+    one_minus_beta1 = float32_scalar(1.0 - diloco_cfg.outer_adam_beta1)
+    one_minus_beta2 = float32_scalar(1.0 - diloco_cfg.outer_adam_beta2)
+    eps = float32_scalar(diloco_cfg.outer_adam_eps)
+    new_weights, new_moments = {}, {}
+    for name in sorted(global_weights):
+        delta = pseudo_gradient[name]
+        lr_name = lr if is_hidden_matrix(name, delta) else lr_other
+        first, second = moments[name][0], moments[name][1]
+        # Unfused float32 ops only (mul, add, sqrt, div are correctly rounded in IEEE 754 on every platform);
+        # never addcmul / addcdiv, whose kernels may fuse a multiply-add.
+        first_new = torch.mul(first, beta1)
+        torch.add(first_new, torch.mul(delta, one_minus_beta1), out=first_new)
+        second_new = torch.mul(second, beta2)
+        square = torch.mul(delta, delta)
+        torch.mul(square, one_minus_beta2, out=square)
+        torch.add(second_new, square, out=second_new)
+        step = torch.sqrt(second_new)
+        torch.add(step, eps, out=step)
+        torch.div(first_new, step, out=step)
+        torch.mul(step, lr_name, out=step)
+        new_weights[name] = torch.sub(global_weights[name], step, out=step)
+        new_moments[name] = torch.stack((first_new, second_new))
+    return new_weights, new_moments
 
 
 @dataclass
@@ -216,8 +275,10 @@ def aggregate_with_report(
     for name in names:
         if global_weights[name].dtype != torch.float32 or momentum[name].dtype != torch.float32:
             raise AggregationError(f"{name!r}: global weights and momentum must be float32")
-        if global_weights[name].shape != momentum[name].shape:
-            raise AggregationError(f"{name!r}: momentum shape differs from the weights' shape")
+        if tuple(momentum[name].shape) != outer_state_shape(diloco_cfg, global_weights[name].shape):
+            raise AggregationError(f"{name!r}: momentum shape {tuple(momentum[name].shape)} is not the outer "
+                                   f"state's of the weights' shape {tuple(global_weights[name].shape)} "
+                                   f"(diloco.outer_optimizer={diloco_cfg.outer_optimizer!r})")
     return aggregate_unchecked(
         global_weights, momentum, contributions, diloco_cfg, stage_index=stage_index, outer_round=outer_round,
         compression_cfg=compression_cfg, excluded=excluded,

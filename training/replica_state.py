@@ -321,7 +321,7 @@ def restore_replica(
     meta = state.meta
     specs = split_stages(model_cfg.n_layer, meta.num_stages)
     for part, spec in zip(state.stages, specs):
-        _check_stage(part, stage_param_shapes(model_cfg, spec))
+        _check_stage(part, stage_param_shapes(model_cfg, spec), diloco_cfg.outer_moments)
     weights = merge_state_dicts([part.group("param") for part in state.stages])
     trainer = LocalReplicaTrainer(model_cfg, training_cfg, meta.num_stages, state_dict=weights)
     engines = []
@@ -393,8 +393,9 @@ def _encoder_memo(part: StageStartState) -> dict | None:
     return groups
 
 
-def _check_stage(part: StageStartState, shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Every tensor group of ``part`` names exactly the stage's parameters, with their shapes."""
+def _check_stage(part: StageStartState, shapes: Mapping[str, tuple[int, ...]], outer_moments: int = 1) -> None:
+    """Every tensor group of ``part`` names exactly the stage's parameters, with their shapes (the ``momentum``
+    group of an outer-Adam run: both moments stacked, ``(outer_moments, *shape)``)."""
     groups: dict[str, set[str]] = {}
     for name, value in part.tensors.items():
         group, _, tensor_name = name.partition("/")
@@ -405,6 +406,8 @@ def _check_stage(part: StageStartState, shapes: Mapping[str, tuple[int, ...]]) -
             groups.setdefault(group, set()).add(tensor_name)
             continue
         expected = () if group == "adam.step" else shapes.get(tensor_name)
+        if group == "momentum" and expected is not None and outer_moments != 1:
+            expected = (outer_moments, *expected)
         if expected is None or tuple(value.shape) != tuple(expected):
             raise ReplicaStateError(
                 f"stage {part.stage_index} state: unexpected tensor {name!r} {tuple(value.shape)}"

@@ -71,7 +71,9 @@ from training.diloco import (
     float32_scalar,
     host_float32,
     host_float32_copy,
+    outer_state_shape,
     outer_step,
+    zero_outer_state,
 )
 from training.errors import EngineStateError, RoundOrderError
 from training.hashing import stage_weights_hash
@@ -140,7 +142,7 @@ class StageEngine:
         self.compression_cfg = compression_cfg
         self.shapes = {name: tuple(value.shape) for name, value in self.params.items()}
         self.global_weights: Weights = host_float32_copy(self.params)
-        self.momentum: Weights = {name: torch.zeros(s, dtype=torch.float32) for name, s in self.shapes.items()}
+        self.momentum: Weights = zero_outer_state(diloco_cfg, self.global_weights)  # outer Adam: (2, *shape)
         numel = sum(math.prod(shape) for shape in self.shapes.values())  # "auto" budgets follow the stage's size
         budget = compression_cfg.stage_bandwidth_budget(numel, diloco_cfg.inner_steps, diloco_cfg.num_replicas)
         self.compressor = ErrorFeedbackCompressor(self.shapes, compression_cfg, bandwidth_budget=budget)
@@ -602,6 +604,8 @@ class StageEngine:
         if set(weights) != set(self.shapes):
             raise EngineStateError(f"engine state {what}: tensor names differ from stage {self.stage_index}'s")
         for name, value in weights.items():
-            if tuple(value.shape) != self.shapes[name]:
-                raise EngineStateError(f"engine state {what}[{name!r}]: shape {tuple(value.shape)} != {self.shapes[name]}")
+            # The outer state of outer Adam holds two moments per weight (training.diloco.outer_state_shape).
+            shape = outer_state_shape(self.diloco_cfg, self.shapes[name]) if what == "momentum" else self.shapes[name]
+            if tuple(value.shape) != shape:
+                raise EngineStateError(f"engine state {what}[{name!r}]: shape {tuple(value.shape)} != {shape}")
         return host_float32_copy(weights)

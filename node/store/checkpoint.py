@@ -144,6 +144,7 @@ class RunLayout:
     model_config: dict[str, Any]
     stage_shapes: tuple[dict[str, tuple[int, ...]], ...]  # per stage: parameter name -> shape
     chunked: bool = False  # the run's records commit version-2 roots (diloco.commitments): stage leaves
+    outer_moments: int = 1  # outer state tensors per weight: 2 with outer Adam (diloco.outer_optimizer), stacked
 
     @classmethod
     def of_document(cls, run_id: int, config_hash: bytes, document: dict[str, Any]) -> RunLayout:
@@ -163,7 +164,7 @@ class RunLayout:
             shapes = tuple(stage_param_shapes(cfg.model, spec) for spec in specs)
         except TrainingError as exc:
             raise StateError(f"the run document's model does not split into its stages: {exc}") from None
-        return cls(run_id, config_hash, dict(document["model"]), shapes, cfg.diloco.chunked)
+        return cls(run_id, config_hash, dict(document["model"]), shapes, cfg.diloco.chunked, cfg.diloco.outer_moments)
 
     @property
     def num_stages(self) -> int:
@@ -178,13 +179,16 @@ def stage_problems(layout: RunLayout, stage: int, weights: dict[str, torch.Tenso
     """Why one stage's (weights, momentum) is not a state of the run's stage ``stage`` (empty: it is).
 
     Weights and momentum must name exactly the stage's parameters, as float32 tensors of the run's
-    shapes; the weights must hash to ``weights_hash`` (the round's agreed stage hash), if given.
+    shapes (the momentum of an outer-Adam run: both moments stacked, ``(2, *shape)``); the weights must
+    hash to ``weights_hash`` (the round's agreed stage hash), if given.
     """
     from training.hashing import stage_weights_hash
 
-    shapes = layout.stage_shapes[stage]
     problems = []
     for what, tensors in (("weights", weights), ("momentum", momentum)):
+        shapes = layout.stage_shapes[stage]
+        if what == "momentum" and layout.outer_moments != 1:
+            shapes = {name: (layout.outer_moments, *shape) for name, shape in shapes.items()}
         missing, extra = sorted(set(shapes) - set(tensors)), sorted(set(tensors) - set(shapes))
         if missing:
             problems.append(f"stage {stage} {what} lack {len(missing)} parameter(s), e.g. {missing[0]!r}")

@@ -117,13 +117,12 @@ class Replayer:
         self.prev_states: list | None = None
 
     def start_from_initial(self) -> None:
-        import torch
-
+        from training.diloco import zero_outer_state
         from training.model import init_state_dict
 
         full = init_state_dict(self.cfg.model, self.cfg.training.seed)
         self.weights = [{n: full[n] for n in names} for names in self.names]
-        self.momentum = [{n: torch.zeros_like(full[n]) for n in names} for names in self.names]
+        self.momentum = [zero_outer_state(self.cfg.diloco, {n: full[n] for n in names}) for names in self.names]
         self.base = "initial weights"
         self._states_from_weights()
 
