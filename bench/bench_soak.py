@@ -24,6 +24,8 @@ link carried, to peers and to the chain, counted by the forwarder, not by the no
 by protocol (status.json); each round's time beside the slowest link of the run; tracebacks in any
 log; ``dlx-node audit --reexecute all`` at the end; the emulator's own measurement of every site's
 RTT to the relay before the run. Writes bench/results/soak.json and bench/results/soak.svg.
+``--reaudit --workdir DIR`` audits a kept soak again with today's checkout (after a fix of the audit) and
+replaces only the JSON's audit, which then says when and at which commit it was taken.
 
 Modules: this one builds the lab and the run (outside and inside the lab's core); bench/soak_churn.py
 drives the churn and the watch, bench/soak_sampling.py takes the samples, bench/soak_report.py makes
@@ -201,6 +203,39 @@ def inner(args) -> int:
     return 0 if ok else 1
 
 
+def reaudit(args) -> int:
+    """Audit a kept soak again (``--reaudit``): the chain from the run's saved state (a copy: anvil rewrites it),
+    every node's archive under ``--workdir``, this checkout's ``audit``; the result JSON keeps the run's figures and
+    its ``recorded`` block and gets the new audit, with the command, commit and date it was taken at."""
+    import shutil
+    import tempfile
+    from types import SimpleNamespace
+
+    from bench.benchio import recorded
+    from ledger.chain import AnvilProcess
+
+    workdir = Path(args.workdir).resolve()
+    out = Path(args.out or default_out(__file__))
+    result = json.loads(out.read_text())
+    deployment = json.loads((workdir / "run" / "deployment.json").read_text())
+    nodes = sorted(p.parent for p in (workdir / "run").glob("*/archive"))
+    with tempfile.TemporaryDirectory() as tmp:
+        state = Path(tmp) / "chain-state.json"
+        shutil.copyfile(workdir / "run" / "chain-state.json", state)
+        with AnvilProcess(state_file=state) as anvil:
+            run = SimpleNamespace(url=anvil.url, run_id=int(deployment["run_id"]), workdir=workdir / "run",
+                                  nodes=[SimpleNamespace(data_dir=d) for d in nodes])
+            before = result.get("audit", {})
+            result["audit"] = {**audit(run, SimpleNamespace(joiner_dir=workdir / "joiner")),
+                               "reaudited": {**recorded(), "verdict_at_the_run": before.get("verdict"),
+                                             "tail_at_the_run": before.get("tail")}}
+    temporary = out.with_name(out.name + ".tmp")
+    temporary.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    os.replace(temporary, out)
+    print(summary_line(result))
+    return 0 if result["audit"]["verdict"] == "PASSED" else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration-min", type=float, default=60.0)
@@ -222,8 +257,13 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=45)
     parser.add_argument("--workdir", default="/tmp/dlx-soak")
     parser.add_argument("--out", default="")
+    parser.add_argument("--reaudit", action="store_true",
+                        help="audit the soak kept under --workdir again with this checkout (its chain restarted from "
+                             "the saved state) and put that audit into the result JSON; the run's figures stay")
     parser.add_argument("--inside", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.reaudit:
+        return reaudit(args)
     return inner(args) if args.inside else outer(args)
 
 
