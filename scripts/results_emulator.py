@@ -51,6 +51,10 @@ def soak(r: dict) -> list[str]:
                      f"{_median(durations):.0f} s, {max(durations):.0f} s" if durations else "-",
                      len(r["unexpected_exits"]), sum(r["tracebacks"].values()) if r["tracebacks"] else 0,
                      r["audit"]["verdict"]]])
+    again = r["audit"].get("reaudited")
+    if again:
+        lines += [f"The audit above was taken again on the kept archives and chain ({again['date']}, commit "
+                  f"`{again['commit']}`, `{again['command']}`); at the run it was {again['verdict_at_the_run']}.", ""]
     if r["events"]:
         lines += ["Churn (seconds into the run):", ""] + table(
             ["at", "event", "node"], [[f"{ev['at_s']:.0f} s", ev["kind"].replace("_", " "), ev.get("node", "")]
