@@ -14,7 +14,8 @@
 #   untouched (installing python3:arm64 would replace the host's python3);
 # * PREFIX/site: torch==2.13.0 and numpy for manylinux aarch64, cp311, from PyPI through the host's pip
 #   (`pip install --target --platform`). PyPI's aarch64 torch is a CUDA build (NVPL BLAS, Arm Compute Library,
-#   the CUDA 13 libraries it links); it runs on a CPU without a GPU, so the CUDA wheels come along (~3 GB);
+#   the CUDA 13 libraries it links); it runs on a CPU without a GPU, but its import loads the CUDA libraries, so
+#   their aarch64 wheels come along (~3 GB);
 # * PREFIX/bin/python: a shell wrapper that runs the aarch64 interpreter under qemu-aarch64-static with
 #   QEMU_LD_PREFIX=PREFIX/root, PREFIX/site on the path, and the emulated CPU `max` with 256-bit SVE
 #   (QEMU_CPU, overridable: `QEMU_CPU=max,sve=off` for a NEON-only CPU).
@@ -45,20 +46,38 @@ mkdir -p "$PREFIX/root" "$PREFIX/site" "$PREFIX/bin"
 for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$PREFIX/root"; done
 rm -rf "$debs"
 
-# The host's pip config may pin local indexes or constraints for x86; these installs ask PyPI alone. torch 2.13.0
-# pins nvidia-nccl-cu13==2.29.7, which PyPI no longer serves for aarch64: torch goes in without its dependencies,
-# which follow with the NCCL PyPI has (the same libnccl.so.2; a CPU run never calls it). triton is left out
-# (imported only by torch.compile).
+# The host's pip config may pin local indexes or constraints for x86; these installs ask PyPI alone. torch goes in
+# without its dependencies: its pins (cuda-toolkit 13.0.3's nvidia-cuda-cupti 13.0.85, nvidia-nccl-cu13 2.29.7)
+# have no aarch64 wheel on PyPI today. The libraries its import loads follow, each at the newest release of the
+# major version whose soname torch links (libcudart.so.13, libcublas.so.13, libcufft.so.12, ...): a CPU run calls
+# none of them, but the dynamic loader needs them (libtorch_python.so links libtorch_cuda.so). triton and
+# cuda-bindings are left out (torch.compile and the CUDA Python bindings only). pip's --platform does not widen a
+# manylinux tag to older glibc levels, hence every level from 2_17 to the sysroot's 2_36.
 pip_arm() {
   PIP_CONFIG_FILE=/dev/null "$HOST_PIP" install --target "$PREFIX/site" --only-binary=:all: \
-    --platform manylinux_2_28_aarch64 --platform manylinux_2_27_aarch64 --platform manylinux_2_24_aarch64 \
-    --platform manylinux_2_17_aarch64 --platform manylinux2014_aarch64 \
+    $(for v in $(seq 36 -1 17); do echo "--platform manylinux_2_${v}_aarch64"; done) --platform manylinux2014_aarch64 \
     --python-version 3.11 --implementation cp --abi cp311 "$@"
 }
-pip_arm "cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.3" \
-  nvidia-cudnn-cu13==9.20.0.48 nvidia-cusparselt-cu13==0.8.1 nvidia-nccl-cu13==2.32.3 nvidia-nvshmem-cu13==3.4.5 \
-  "cuda-bindings>=13.0.3,<14" "$NUMPY" filelock typing-extensions sympy networkx jinja2 fsspec setuptools
+pip_arm "nvidia-cuda-runtime>=13,<14" "nvidia-cublas>=13,<14" "nvidia-cufft>=12,<13" "nvidia-cufile>=1.15,<2" \
+  "nvidia-curand>=10,<11" "nvidia-cusparse>=12,<13" "nvidia-cuda-nvrtc>=13,<14" "nvidia-cuda-cupti>=13,<14" \
+  "nvidia-nvjitlink>=13,<14" nvidia-cudnn-cu13==9.20.0.48 nvidia-cusparselt-cu13==0.8.1 nvidia-nccl-cu13==2.32.3 \
+  nvidia-nvshmem-cu13==3.4.5 "$NUMPY" filelock typing-extensions sympy networkx jinja2 fsspec
 pip_arm --no-deps "$TORCH"
+
+# qemu-user passes /proc/cpuinfo through from the host (an x86 one): torch's cpuinfo library finds no ARM
+# processor in it and torch's import dies of a NULL dereference. qemu opens a path under QEMU_LD_PREFIX first where
+# one exists, so the sysroot holds an ARM /proc/cpuinfo: an Arm Neoverse V1 (implementer 0x41, part 0xd40, r0p0; 256-bit
+# SVE, as QEMU_CPU below emulates), one entry per host CPU. torch takes the instruction set from the auxiliary
+# vector (AT_HWCAP), which qemu fills from the emulated CPU; this file gives only the core's name.
+mkdir -p "$PREFIX/root/proc"
+for i in $(seq 0 $(( $(nproc) - 1 ))); do
+  printf 'processor\t: %d\nBogoMIPS\t: 2100.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc dcpop sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc flagm ssbs paca pacg dcpodp svei8mm svebf16 i8mm bf16 dgh rng\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x0\nCPU part\t: 0xd40\nCPU revision\t: 0\n\n' "$i"
+done > "$PREFIX/root/proc/cpuinfo"
+# and its MIDR_EL1 where oneDNN's xbyak_aarch64 reads it (without it, a harmless "Can't open MIDR_EL1 sysfs entry")
+for i in $(seq 0 $(( $(nproc) - 1 ))); do
+  mkdir -p "$PREFIX/root/sys/devices/system/cpu/cpu$i/regs/identification"
+  echo 0x00000000410fd400 > "$PREFIX/root/sys/devices/system/cpu/cpu$i/regs/identification/midr_el1"
+done
 
 cat > "$PREFIX/bin/python" <<EOF
 #!/bin/sh
