@@ -12,7 +12,7 @@
 # * PREFIX/root: Debian bookworm's arm64 python3.11 and the libraries it and torch load, unpacked from the .deb
 #   files (`apt-get download`, `dpkg-deb -x`), not installed: the host's dpkg state and /usr/bin/python3 are
 #   untouched (installing python3:arm64 would replace the host's python3);
-# * PREFIX/site: torch==2.13.0 and numpy for manylinux aarch64, cp311, from PyPI through the host's pip
+# * PREFIX/site: torch==2.13.0, numpy and the few packages the replay imports, for manylinux aarch64, cp311, from PyPI through the host's pip
 #   (`pip install --target --platform`). PyPI's aarch64 torch is a CUDA build (NVPL BLAS, Arm Compute Library,
 #   the CUDA 13 libraries it links); it runs on a CPU without a GPU, but its import loads the CUDA libraries, so
 #   their aarch64 wheels come along (~3 GB);
@@ -62,6 +62,11 @@ pip_arm "nvidia-cuda-runtime>=13,<14" "nvidia-cublas>=13,<14" "nvidia-cufft>=12,
   "nvidia-curand>=10,<11" "nvidia-cusparse>=12,<13" "nvidia-cuda-nvrtc>=13,<14" "nvidia-cuda-cupti>=13,<14" \
   "nvidia-nvjitlink>=13,<14" nvidia-cudnn-cu13==9.20.0.48 nvidia-cusparselt-cu13==0.8.1 nvidia-nccl-cu13==2.32.3 \
   nvidia-nvshmem-cu13==3.4.5 "$NUMPY" filelock typing-extensions sympy networkx jinja2 fsspec
+# what training/, the config and the audit's replay import besides torch (node.config reads p2p's addresses; the
+# replay's chunked roots, ledger.chunkproof, ABI-encode and keccak), at the versions of the x86 .venv
+pip_arm --no-deps base58==2.1.1 msgpack==1.2.4 tqdm==4.70.1 annotated-types==0.8.0 cytoolz==1.2.0 eth-hash==0.8.0 \
+  eth-typing==6.0.0 eth-utils==6.0.0 eth_abi==6.0.0 parsimonious==0.10.0 pydantic==2.14.4 pydantic_core==2.50.5 \
+  regex==2026.11.19 toolz==1.2.0 typing-inspection==0.4.5 pycryptodome==3.24.1
 pip_arm --no-deps "$TORCH"
 
 # qemu-user passes /proc/cpuinfo through from the host (an x86 one): torch's cpuinfo library finds no ARM
