@@ -139,6 +139,7 @@ def test_bit_exact_paths_agree_under_every_capability_and_thread_count(recorded_
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # two probes under qemu-user emulation: 1 to 2 minutes each at a light load
 @pytest.mark.skipif(not ARM_PYTHON, reason="no aarch64 python: set DLX_ARM_PYTHON (scripts/setup-arm-emulation.sh)")
 def test_bit_exact_paths_agree_on_aarch64(recorded_run):
     """The x86 claimants' run probed by an aarch64 torch under its NEON (``default``) and its own (SVE256 under the
