@@ -18,6 +18,13 @@ smallest distance, and what each rule makes of them:
     PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --presets llama-tiny,llama-mini
     PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --resummarize   # the stored rows, today's rule
     PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --presets llama-mini --add   # keep the other presets
+    PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --presets llama-tiny --add \
+        --arm-python /opt/arm-venv/bin/python --rerun-threads 1      # and ARM (scripts/setup-arm-emulation.sh)
+
+With ``--arm-python`` an aarch64 Python with torch (on x86, scripts/setup-arm-emulation.sh's qemu-user wrapper)
+trains and reruns too, under each of ``--arm-capabilities`` (torch's aarch64 kernels: ``default``, NEON; ``sve256``):
+every claimant, x86 or ARM, is rerun on every platform; the preset's rows are stored as ``PRESET x86+aarch64``.
+An ARM platform's rows name it ``aarch64:CAPABILITY`` (torch calls both x86's and ARM's baseline ``DEFAULT``).
 
 writes bench/results/reexec_isa.json (``benchio.write_result``).
 """
@@ -55,6 +62,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--add", action="store_true",
                         help="keep the presets --out holds that this invocation does not measure (each preset "
                              "records its own rounds, H and when it was measured)")
+    parser.add_argument("--arm-python", default="",
+                        help="an aarch64 python with torch (scripts/setup-arm-emulation.sh): claim and rerun on ARM too")
+    parser.add_argument("--arm-capabilities", default="default,sve256",
+                        help="the ATEN_CPU_CAPABILITY values the ARM side runs under (with --arm-python)")
+    parser.add_argument("--rerun-threads", default="1,2", help="the thread counts every contribution is rerun on")
     parser.add_argument("--role", choices=("claim", "rerun"), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--file", default="", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
@@ -68,6 +80,17 @@ def overrides(args: argparse.Namespace) -> list[str]:
             # training/reexec_sim.py's claims bind no applied hash: with an overlap (H >= 10 gives 1 step) every
             # rerun of a round > 0 would be "other_result", so the bench runs DiLoCoX's plain one-step delay
             "diloco.overlap_steps=0"]
+
+
+def kernels_label() -> str:
+    """torch's CPU capability in this process, prefixed by the machine where that is not x86-64 (torch names both
+    x86's and ARM's baseline kernels ``DEFAULT``); x86 labels stay as the stored rows have them."""
+    import platform
+
+    import torch
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    return capability if platform.machine() in ("x86_64", "AMD64") else f"{platform.machine()}:{capability}"
 
 
 def claim(args: argparse.Namespace) -> None:
@@ -87,7 +110,7 @@ def claim(args: argparse.Namespace) -> None:
              "half_steps": HalfStepsReplica}
     records = run_with_states([kinds[role](index, sim) for index, role in enumerate(ROLES)], sim)
     Path(args.file).write_bytes(pickle.dumps({
-        "capability": torch.backends.cpu.get_cpu_capability(),
+        "capability": kernels_label(),
         "records": [{"round": r.outer_round, "contributions": r.contributions, "claims": r.claims,
                      "states": {i: [p.to_bytes() for p in s.stages] for i, s in r.states.items()}} for r in records],
     }))
@@ -95,8 +118,6 @@ def claim(args: argparse.Namespace) -> None:
 
 def rerun(args: argparse.Namespace) -> None:
     """Child: re-execute every contribution of the pickled run here, on ``--threads`` threads; print JSON rows."""
-    import torch
-
     from node.config import load_config
     from training.data import corpus_from_config
     from training.reexec import verify_contribution
@@ -112,21 +133,22 @@ def rerun(args: argparse.Namespace) -> None:
                                         cfg.diloco, cfg.compression, outer_round=record["round"], replica=replica,
                                         run_rounds=len(run["records"]), previous_contributions=previous,
                                         threads=args.threads)
-            rows.append({"claimant": run["capability"], "rerun": torch.backends.cpu.get_cpu_capability(),
+            rows.append({"claimant": run["capability"], "rerun": kernels_label(),
                          "threads": args.threads, "round": record["round"], "replica": replica,
                          "role": ROLES[replica], "verdict": check.verdict,
                          "distance": max(check.distances.values(), default=None), "seconds": check.reexec_seconds})
     print(json.dumps(rows))
 
 
-def child(args: argparse.Namespace, role: str, capability: str, file: Path, threads: int = 1) -> str:
+def child(args: argparse.Namespace, role: str, capability: str, file: Path, threads: int = 1,
+          python: str = sys.executable) -> str:
     env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "OMP_NUM_THREADS": str(threads),
            "PYTHONPATH": str(REPO)}
-    command = [sys.executable, __file__, "--role", role, "--file", str(file), "--threads", str(threads),
+    command = [python, __file__, "--role", role, "--file", str(file), "--threads", str(threads),
                "--preset", args.preset, "--rounds", str(args.rounds), "--inner-steps", str(args.inner_steps)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise SystemExit(f"{role} under {capability}: {done.stderr[-2000:]}")
+        raise SystemExit(f"{role} under {capability} ({python}): {done.stderr[-2000:]}")
     return done.stdout
 
 
@@ -215,19 +237,29 @@ def capabilities() -> list[str]:
     return [name for name in CAPABILITY_NAMES if CPU_CAPABILITY_LEVELS[name.upper()] <= top]
 
 
+def platforms(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(python, ATEN_CPU_CAPABILITY) of every platform claimants train and reruns run on: this CPU's capabilities,
+    then with ``--arm-python`` the ARM ones."""
+    here = [(sys.executable, capability) for capability in capabilities()]
+    arm = [c for c in args.arm_capabilities.split(",") if c] if args.arm_python else []
+    return here + [(args.arm_python, capability) for capability in arm]
+
+
 def measure(args: argparse.Namespace, preset: str) -> list[dict]:
-    """Every rerun row of one preset (claimants under each capability, reruns under each x 1 and 2 threads)."""
+    """Every rerun row of one preset (claimants under each platform, reruns under each x ``--rerun-threads``)."""
     args = argparse.Namespace(**{**vars(args), "preset": preset})
     rows: list[dict] = []
+    every = platforms(args)
     with tempfile.TemporaryDirectory() as tmp:
-        for claimed in capabilities():
-            file = Path(tmp) / f"{claimed}.pkl"
-            print(f"{preset}: claimants under {claimed}", flush=True)
-            child(args, "claim", claimed, file)
-            for capability in capabilities():
-                for threads in (1, 2):
-                    print(f"  rerun under {capability}, {threads} threads", flush=True)
-                    rows += json.loads(child(args, "rerun", capability, file, threads).strip().splitlines()[-1])
+        for index, (claim_python, claimed) in enumerate(every):
+            file = Path(tmp) / f"{index}-{claimed}.pkl"
+            print(f"{preset}: claimants under {claimed} ({claim_python})", flush=True)
+            child(args, "claim", claimed, file, python=claim_python)
+            for python, capability in every:
+                for threads in [int(t) for t in args.rerun_threads.split(",")]:
+                    print(f"  rerun under {capability} ({python}), {threads} threads", flush=True)
+                    rows += json.loads(child(args, "rerun", capability, file, threads, python=python
+                                             ).strip().splitlines()[-1])
     return rows
 
 
@@ -259,11 +291,15 @@ def main(argv: list[str]) -> int:
     for preset in [p for p in args.presets.split(",") if p]:
         preset_started = time.perf_counter()
         rows = measure(args, preset)
-        presets[preset] = {"rounds": args.rounds, "inner_steps": args.inner_steps, "summary": summarize(rows),
-                           "rows": rows, "wall_seconds": time.perf_counter() - preset_started}
-        print(json.dumps(presets[preset]["summary"], indent=1), flush=True)
+        name = f"{preset} x86+aarch64" if args.arm_python else preset
+        presets[name] = {"rounds": args.rounds, "inner_steps": args.inner_steps, "summary": summarize(rows),
+                         "rows": rows, "wall_seconds": time.perf_counter() - preset_started,
+                         "platforms": sorted({r["claimant"] for r in rows}),
+                         "rerun_threads": args.rerun_threads}
+        print(json.dumps(presets[name]["summary"], indent=1), flush=True)
     write_result(out, {"args": {k: v for k, v in vars(args).items()
-                                if k not in ("role", "file", "preset", "threads", "resummarize", "out", "add")},
+                                if k not in ("role", "file", "preset", "threads", "resummarize", "out", "add",
+                                             "arm_python")},
                        "capabilities": capabilities(), "roles": list(ROLES), "presets": presets,
                        "wall_seconds": time.perf_counter() - started}, load)
     print(f"wrote {args.out}")

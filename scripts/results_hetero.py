@@ -84,6 +84,13 @@ def reexec_isa(r: dict) -> list[str]:
               "threads. Honest: the largest relative distance by what differs, and what issue 42's rule makes of "
               "every honest rerun on other kernels or threads judged as a claim of a platform nobody can emulate "
               "(passed / undecided / mismatch)."), ""]
+    for preset, doc in r["presets"].items():
+        if doc.get("platforms"):  # bench_reexec_isa --arm-python
+            lines[-1:-1] = ["", (f"`{preset}`: claimants and verifiers on {', '.join(doc['platforms'])} (the "
+                             "`aarch64:` ones are PyPI's aarch64 torch under qemu-user, scripts/setup-arm-emulation.sh: "
+                             "every instruction's floating-point result as an ARM CPU gives it, timings meaningless), "
+                             f"every contribution rerun on every platform on {doc.get('rerun_threads', '1,2')} "
+                             "thread(s).")]
     honest_rows, cheat_rows = [], []
     for preset, doc in r["presets"].items():
         s = doc["summary"]

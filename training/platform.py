@@ -229,12 +229,34 @@ class PlatformFingerprint:
         return f"{self.device_type} {self.device_name} ({self.capability}{blas}) {self.precision}, {libs}"
 
 
+def cpu_model_name(cpuinfo: str) -> str:
+    """The CPU model a Linux ``/proc/cpuinfo`` names, or "" where it names none.
+
+    x86: its first ``model name``. An aarch64 kernel writes no model name, only each core's ``CPU implementer``
+    and ``CPU part`` (MIDR_EL1's fields: 0x41 0xd40 is an Arm Neoverse V1, 0x41 0xd0c a Neoverse N1): the name is
+    ``arm64`` and every distinct implementer:part, sorted (a big.LITTLE CPU has two). Without it every ARM CPU
+    had the model ``aarch64`` (``platform.machine()``), so two ARM core types with the same ATen capability had
+    equal fingerprints and a rerun between them was held to bit-exactness, though their math libraries may pick
+    other kernels per core (issue 42; docs/DILOCOX.md section 11, "ARM, under emulation")."""
+    cores, implementer = set(), None
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "model name" and value:
+            return value
+        if key == "CPU implementer":
+            implementer = value
+        elif key == "CPU part" and implementer is not None:
+            cores.add(f"{implementer}:{value}")
+    return "arm64 " + "+".join(sorted(cores)) if cores else ""
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            name = cpu_model_name(cpuinfo.read())
+        if name:
+            return name
     except OSError:
         pass
     return host_platform.processor() or host_platform.machine() or "unknown"
