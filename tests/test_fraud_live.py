@@ -472,8 +472,9 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_version_two_factors_in
     other = initial_state(1, tensors(3, OTHER), tensors(4, OTHER, 0.0))
     hosts = [P2PHost.start(P2PConfig(listen_port=0), Identity.generate(), data_dir=tmp_path / f"host{i}")
              for i in range(2)]
+    stop = threading.Event()
     try:
-        world = World(cfg, layout, weights, momentum, blobs, honest_aggregation, other, hosts)
+        world = World(cfg, layout, weights, momentum, blobs, honest_aggregation, other, hosts, stop)
         colluder_host, prover_host = hosts
         honest = _states(world, prover_host)
         colluders = _states(dataclasses.replace(world, cfg=chunked), colluder_host)
@@ -499,6 +500,7 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_version_two_factors_in
             assert client.member(run.run_id, deployment.client(index).address).status == "slashed"
         assert client.member(run.run_id, client.address).status == "active"
     finally:
+        stop.set()
         for host in hosts:
             host.close()
 
@@ -533,8 +535,9 @@ def test_a_right_normed_rounds_sum_tree_challenge_is_answered(tmp_path):
     other = initial_state(1, tensors(3, OTHER), tensors(4, OTHER, 0.0))
     hosts = [P2PHost.start(P2PConfig(listen_port=0), Identity.generate(), data_dir=tmp_path / f"host{i}")
              for i in range(2)]
+    stop = threading.Event()
     try:
-        world = World(cfg, layout, weights, momentum, blobs, aggregation, other, hosts)
+        world = World(cfg, layout, weights, momentum, blobs, aggregation, other, hosts, stop)
         honest = _states(world, hosts[1])
         own_leaf = _record(world, honest, aggregation.new_global)
         deployment, run, records, prover, _mine = _setup(world, tmp_path, honest, own_leaf, own_leaf,
@@ -554,6 +557,7 @@ def test_a_right_normed_rounds_sum_tree_challenge_is_answered(tmp_path):
         assert griefer.challenge_of(challenge)["settled"]
         assert griefer.invalid_from(run.run_id) is None
     finally:
+        stop.set()
         for host in hosts:
             host.close()
 
@@ -576,8 +580,9 @@ def test_withheld_version_two_factors_are_challenged_published_and_proven(tmp_pa
     other = initial_state(1, tensors(3, OTHER), tensors(4, OTHER, 0.0))
     hosts = [P2PHost.start(P2PConfig(listen_port=0), Identity.generate(), data_dir=tmp_path / f"host{i}")
              for i in range(2)]
+    stop = threading.Event()
     try:
-        world = World(cfg, layout, weights, momentum, blobs, honest_aggregation, other, hosts)
+        world = World(cfg, layout, weights, momentum, blobs, honest_aggregation, other, hosts, stop)
         colluder_host, prover_host = hosts
         honest = _states(world, prover_host)
         colluders = _states(dataclasses.replace(world, cfg=chunked), colluder_host)
@@ -607,5 +612,6 @@ def test_withheld_version_two_factors_are_challenged_published_and_proven(tmp_pa
             assert client.member(run.run_id, deployment.client(index).address).status == "slashed"
         prover.stop.set()
     finally:
+        stop.set()
         for host in hosts:
             host.close()
