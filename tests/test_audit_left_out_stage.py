@@ -81,6 +81,18 @@ class _NoCorpus:
         return None
 
 
+def _assert_the_audit_reruns_the_joiner_from_both_stages(tmp_path, late: bytes) -> None:
+    """The audit finds replica 8's envelope of both stages (stage 1's the ``late`` one) and reruns it: the rerun
+    has every input of the archives (the envelopes, both start states, round 34's contributions) and stops only at
+    the corpus this test does not give it; before, "its contributions are not in the archives"."""
+    auditor = ReexecAuditor(_NoCorpus(), [tmp_path / "solo", tmp_path / "joiner"], RUN_ID, 0)
+    envs = auditor._envelopes(ROUND, 8)
+    assert envs is not None and [e.stage for e in envs] == [0, 1]
+    assert envs[1].to_bytes() == late
+    result, reason, _distance = auditor.check(ROUND, 8)
+    assert result is None and reason.startswith("the run's training data is not available here"), reason
+
+
 def test_the_joiner_keeps_its_left_out_stage_and_the_audit_reruns_the_replica_from_both_stages(tmp_path):
     solo, joiner, late = _run(tmp_path)
     digest = hashlib.sha256(late).digest()
@@ -92,14 +104,7 @@ def test_the_joiner_keeps_its_left_out_stage_and_the_audit_reruns_the_replica_fr
     # The record's contributions are still exactly the closes' (the manifest's aggregated list).
     assert [(c.stage, c.replica) for c in joiner.sealed(ROUND)] == [(0, 0), (0, 8), (1, 0)]
 
-    auditor = ReexecAuditor(_NoCorpus(), [tmp_path / "solo", tmp_path / "joiner"], RUN_ID, 0)
-    envs = auditor._envelopes(ROUND, 8)
-    assert envs is not None and [e.stage for e in envs] == [0, 1]
-    assert envs[1].to_bytes() == late
-    # The rerun has every input of the archives (the envelopes, both start states, round 34's contributions)
-    # and stops only at the corpus this test does not give it; before, "its contributions are not in the archives".
-    result, reason, _distance = auditor.check(ROUND, 8)
-    assert result is None and reason.startswith("the run's training data is not available here"), reason
+    _assert_the_audit_reruns_the_joiner_from_both_stages(tmp_path, late)
 
 
 def test_a_second_seal_of_the_round_keeps_it(tmp_path):
@@ -134,12 +139,7 @@ def test_a_signer_killed_before_it_sealed_the_round_still_gives_the_audit_its_le
     _solo, joiner, late = _run(tmp_path)
     joiner.sealed_path(ROUND).unlink()  # killed before sealing: the round's directory as put_own left it
     assert joiner.sealed(ROUND) is None and joiner.get(ROUND, hashlib.sha256(late).digest()) == late
-    auditor = ReexecAuditor(_NoCorpus(), [tmp_path / "solo", tmp_path / "joiner"], RUN_ID, 0)
-    envs = auditor._envelopes(ROUND, 8)
-    assert envs is not None and [e.stage for e in envs] == [0, 1]
-    assert envs[1].to_bytes() == late
-    result, reason, _distance = auditor.check(ROUND, 8)
-    assert result is None and reason.startswith("the run's training data is not available here"), reason
+    _assert_the_audit_reruns_the_joiner_from_both_stages(tmp_path, late)
 
 
 def test_an_own_marker_naming_another_replicas_envelope_or_garbage_is_not_taken(tmp_path):
