@@ -12,6 +12,7 @@ answered (node/live/answerer.py).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -450,31 +451,45 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_unclipped_scale(tmp_pa
             host.close()
 
 
-def test_one_honest_node_alone_proves_a_colluding_quorums_version_two_factors_in_a_normed_run(tmp_path, caplog):
-    """The version escape: in a version-3 run the colluders aggregate with every scale 1.0 (the raw contribution
-    unclipped) and commit version-2 factors, which carry no norm commitment a proof of the scales could open, and
-    serve them. The run's version is on chain (RunParams.commitments): the honest node's norm proof over those
-    factors gets the round invalidated and the colluders slashed."""
-    cfg = load_config(None, ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2",
-                             "diloco.commitments=normed", "compression.enabled=false"])
-    chunked = load_config(None, ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2",
-                                 "diloco.commitments=chunked", "diloco.norm_clip=0", "compression.enabled=false"])
+NORMED_RUN = ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2", "compression.enabled=false"]
+
+
+@contextlib.contextmanager
+def _normed_world(tmp_path, blobs: list):
+    """A version-3 (normed) run's world over ``blobs`` (aggregated by the rule), with the colluders' config
+    (version-2 factors, ``norm_clip`` 0: every scale 1.0) and their aggregation; hosts and provers stopped at the end.
+    Yields (world, the colluders' config, their aggregation)."""
+    cfg = load_config(None, [*NORMED_RUN, "diloco.commitments=normed"])
+    chunked = load_config(None, [*NORMED_RUN, "diloco.commitments=chunked", "diloco.norm_clip=0"])
     layout = RunLayout(1, b"\x07" * 32, {}, (SHAPES, OTHER), chunked=True)
     weights, momentum = tensors(1, SHAPES), tensors(2, SHAPES, scale=0.1)
-    blobs = [contribution(SHAPES, "lowrank", 30, rank=4), contribution(SHAPES, "quant", 31),
-             contribution(SHAPES, "raw", 32, scale=0.5)]
-    honest_aggregation = aggregate_with_report(weights, momentum, blobs, cfg.diloco, stage_index=0, outer_round=1,
-                                               compression_cfg=cfg.compression)
-    assert honest_aggregation.contributions[2].scale < 1.0  # the rule clips the raw one
+    aggregation = aggregate_with_report(weights, momentum, blobs, cfg.diloco, stage_index=0, outer_round=1,
+                                        compression_cfg=cfg.compression)
     colluded = aggregate_with_report(weights, momentum, blobs, chunked.diloco, stage_index=0, outer_round=1,
                                      compression_cfg=chunked.compression)
-    assert all(report.scale == 1.0 for report in colluded.contributions)
     other = initial_state(1, tensors(3, OTHER), tensors(4, OTHER, 0.0))
     hosts = [P2PHost.start(P2PConfig(listen_port=0), Identity.generate(), data_dir=tmp_path / f"host{i}")
              for i in range(2)]
     stop = threading.Event()
     try:
-        world = World(cfg, layout, weights, momentum, blobs, honest_aggregation, other, hosts, stop)
+        yield World(cfg, layout, weights, momentum, blobs, aggregation, other, hosts, stop), chunked, colluded
+    finally:
+        stop.set()
+        for host in hosts:
+            host.close()
+
+
+def test_one_honest_node_alone_proves_a_colluding_quorums_version_two_factors_in_a_normed_run(tmp_path, caplog):
+    """The version escape: in a version-3 run the colluders aggregate with every scale 1.0 (the raw contribution
+    unclipped) and commit version-2 factors, which carry no norm commitment a proof of the scales could open, and
+    serve them. The run's version is on chain (RunParams.commitments): the honest node's norm proof over those
+    factors gets the round invalidated and the colluders slashed."""
+    blobs = [contribution(SHAPES, "lowrank", 30, rank=4), contribution(SHAPES, "quant", 31),
+             contribution(SHAPES, "raw", 32, scale=0.5)]
+    with _normed_world(tmp_path, blobs) as (world, chunked, colluded):
+        honest_aggregation, hosts = world.aggregation, world.hosts
+        assert honest_aggregation.contributions[2].scale < 1.0  # the rule clips the raw one
+        assert all(report.scale == 1.0 for report in colluded.contributions)
         colluder_host, prover_host = hosts
         honest = _states(world, prover_host)
         colluders = _states(dataclasses.replace(world, cfg=chunked), colluder_host)
@@ -499,10 +514,6 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_version_two_factors_in
         for index in COLLUDERS:
             assert client.member(run.run_id, deployment.client(index).address).status == "slashed"
         assert client.member(run.run_id, client.address).status == "active"
-    finally:
-        stop.set()
-        for host in hosts:
-            host.close()
 
 
 def test_a_node_refuses_a_run_created_with_another_commitments_version():
@@ -525,19 +536,9 @@ def test_a_right_normed_rounds_sum_tree_challenge_is_answered(tmp_path):
     from ledger.chunkproof import availability_target, sums_which
     from node.live.answerer import ChallengeAnswerer
 
-    cfg = load_config(None, ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2",
-                             "diloco.commitments=normed", "compression.enabled=false"])
-    layout = RunLayout(1, b"\x07" * 32, {}, (SHAPES, OTHER), chunked=True)
-    weights, momentum = tensors(1, SHAPES), tensors(2, SHAPES, scale=0.1)
     blobs = [contribution(SHAPES, "lowrank", 30, rank=4), contribution(SHAPES, "quant", 31)]
-    aggregation = aggregate_with_report(weights, momentum, blobs, cfg.diloco, stage_index=0, outer_round=1,
-                                        compression_cfg=cfg.compression)
-    other = initial_state(1, tensors(3, OTHER), tensors(4, OTHER, 0.0))
-    hosts = [P2PHost.start(P2PConfig(listen_port=0), Identity.generate(), data_dir=tmp_path / f"host{i}")
-             for i in range(2)]
-    stop = threading.Event()
-    try:
-        world = World(cfg, layout, weights, momentum, blobs, aggregation, other, hosts, stop)
+    with _normed_world(tmp_path, blobs) as (world, _chunked, _colluded):
+        aggregation, hosts, other = world.aggregation, world.hosts, world.other
         honest = _states(world, hosts[1])
         own_leaf = _record(world, honest, aggregation.new_global)
         deployment, run, records, prover, _mine = _setup(world, tmp_path, honest, own_leaf, own_leaf,
@@ -556,33 +557,15 @@ def test_a_right_normed_rounds_sum_tree_challenge_is_answered(tmp_path):
         mine(deployment.w3, deployment.client(PROVER).run_info(run.run_id).accusation_blocks)
         assert griefer.challenge_of(challenge)["settled"]
         assert griefer.invalid_from(run.run_id) is None
-    finally:
-        stop.set()
-        for host in hosts:
-            host.close()
 
 
 def test_withheld_version_two_factors_are_challenged_published_and_proven(tmp_path, caplog):
     """The version escape with the factors withheld: the colluders serve their state but not their (version-2)
     factors; the honest node challenges the factors' availability on chain, the colluders must publish them (or
     lose the round), and the node proves the round wrong from the published bytes."""
-    cfg = load_config(None, ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2",
-                             "diloco.commitments=normed", "compression.enabled=false"])
-    chunked = load_config(None, ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2",
-                                 "diloco.commitments=chunked", "diloco.norm_clip=0", "compression.enabled=false"])
-    layout = RunLayout(1, b"\x07" * 32, {}, (SHAPES, OTHER), chunked=True)
-    weights, momentum = tensors(1, SHAPES), tensors(2, SHAPES, scale=0.1)
     blobs = [contribution(SHAPES, "quant", 31), contribution(SHAPES, "raw", 32, scale=0.5)]
-    honest_aggregation = aggregate_with_report(weights, momentum, blobs, cfg.diloco, stage_index=0, outer_round=1,
-                                               compression_cfg=cfg.compression)
-    colluded = aggregate_with_report(weights, momentum, blobs, chunked.diloco, stage_index=0, outer_round=1,
-                                     compression_cfg=chunked.compression)
-    other = initial_state(1, tensors(3, OTHER), tensors(4, OTHER, 0.0))
-    hosts = [P2PHost.start(P2PConfig(listen_port=0), Identity.generate(), data_dir=tmp_path / f"host{i}")
-             for i in range(2)]
-    stop = threading.Event()
-    try:
-        world = World(cfg, layout, weights, momentum, blobs, honest_aggregation, other, hosts, stop)
+    with _normed_world(tmp_path, blobs) as (world, chunked, colluded):
+        honest_aggregation, hosts = world.aggregation, world.hosts
         colluder_host, prover_host = hosts
         honest = _states(world, prover_host)
         colluders = _states(dataclasses.replace(world, cfg=chunked), colluder_host)
@@ -611,7 +594,3 @@ def test_withheld_version_two_factors_are_challenged_published_and_proven(tmp_pa
         for index in COLLUDERS:
             assert client.member(run.run_id, deployment.client(index).address).status == "slashed"
         prover.stop.set()
-    finally:
-        stop.set()
-        for host in hosts:
-            host.close()
