@@ -24,13 +24,11 @@ import torch
 
 from node import protocol as msg
 from node.live.checkpointbuild import CheckpointBuilder
-from node.live.membership import Membership
 from node.live.roundbook import RoundBook
-from node.live.topology import Seat
 from node.store.checkpoint import RunLayout, build_checkpoint
+from tests.member_fixtures import PEERS, three_seat_membership
 from training.hashing import stage_weights_hash
 
-PEERS = ["peer-a", "peer-b", "peer-c"]
 ROUND = 7
 #: Later than the old fixed wait (10 s), well inside the round deadline of the test's node.
 LATE_S = 12.0
@@ -62,13 +60,7 @@ def attestation(shard_hash: bytes) -> msg.Attestation:
 
 
 def member(tmp_path, round_timeout: float) -> tuple[CheckpointBuilder, RoundBook, BlobPeers]:
-    book = RoundBook()
-    seats = {peer.encode(): Seat((10 + i, 0), i) for i, peer in enumerate(PEERS)}
-    membership = Membership("peer-a", "c-peer-a", 1, 1, book, seat=lambda _account, key: seats.get(key),
-                            own_seat=seats[b"peer-a"])
-    for peer in PEERS[1:]:
-        book.add_hello(peer, peer.encode(), msg.Hello(f"c-{peer}", 1, b"\x01" * 20, [], 0, 0))
-    membership.refresh()
+    membership, book = three_seat_membership()
     peers = BlobPeers()
     node = SimpleNamespace(peer_id="peer-a", membership=membership, book=book, stop_event=threading.Event(), layout=LAYOUT,
                            host=peers, incoming_dir=tmp_path / "incoming",

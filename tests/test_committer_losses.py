@@ -17,11 +17,9 @@ import pytest
 
 from node import protocol as msg
 from node.live.committer import Committer
-from node.live.membership import Membership
 from node.live.roundbook import RoundBook
-from node.live.topology import Seat
+from tests.member_fixtures import PEERS, three_seat_membership
 
-PEERS = ["peer-a", "peer-b", "peer-c"]
 WEIGHTS = b"w" * 32
 #: Later than the old fixed wait (10 s), well inside the round deadline of the test's node.
 LATE_S = 12.0
@@ -37,13 +35,7 @@ def member():
     made = []
 
     def make(round_timeout: float) -> tuple[Committer, RoundBook]:
-        book = RoundBook()
-        seats = {peer.encode(): Seat((10 + i, 0), i) for i, peer in enumerate(PEERS)}
-        membership = Membership("peer-a", "c-peer-a", 1, 1, book, seat=lambda _account, key: seats.get(key),
-                                own_seat=seats[b"peer-a"])
-        for peer in PEERS[1:]:
-            book.add_hello(peer, peer.encode(), msg.Hello(f"c-{peer}", 1, b"\x01" * 20, [], 0, 0))
-        membership.refresh()
+        membership, book = three_seat_membership()
         node = SimpleNamespace(membership=membership, book=book, stop_event=threading.Event(),
                                cfg=SimpleNamespace(round_timeout=round_timeout))
         committer = Committer(node)
