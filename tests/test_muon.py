@@ -26,6 +26,7 @@ from training.platform import EXACT, MISMATCH
 from training.reexec import check_state_chain, restart_state_reason, verify_contribution
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica, run_with_states
 from training.replica_state import restore_replica
+from tests.rerun_fixtures import rerun_checker
 
 ROUNDS = 3
 HONEST, PERTURBED = 0, 1
@@ -194,13 +195,7 @@ def test_a_muon_contribution_reruns_bit_exactly_chains_and_a_cheat_does_not(meth
     records = _records(sim, honest, cheat)
     partials = dict(SlicedReplica.partials)
 
-    def check(replica, outer_round):
-        record = records[outer_round]
-        previous = {"previous_partials": partials.get(outer_round - 1)} if sim.diloco.exchange == "sliced" else {
-            "previous_contributions": records[outer_round - 1].contributions if outer_round > 0 else None}
-        return verify_contribution([p.to_bytes() for p in record.states[replica].stages], record.claims[replica],
-                                   sim.corpus, sim.model, sim.training, sim.diloco, sim.compression,
-                                   outer_round=outer_round, replica=replica, run_rounds=sim.rounds, **previous)
+    check = rerun_checker(sim, records, partials)
 
     groups = {name.split("/", 1)[0] for name in records[1].states[HONEST].stages[0].tensors}
     assert {"muon.momentum_buffer", "adam.exp_avg", "adam.exp_avg_sq", "adam.step"} <= groups

@@ -29,9 +29,10 @@ from training.diloco import aggregate, outer_state_shape, outer_step, zero_outer
 from training.errors import ReplicaStateError, TrainingConfigError
 from training.hashing import stage_weights_hash, weights_root
 from training.platform import EXACT, MISMATCH
-from training.reexec import check_state_chain, verify_contribution
+from training.reexec import check_state_chain
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica
 from training.replica_state import restore_replica
+from tests.rerun_fixtures import rerun_checker
 
 ADAM = dict(outer_optimizer="adam", outer_lr=0.01)
 
@@ -182,13 +183,7 @@ def test_an_outer_adam_contribution_reruns_bit_exactly_chains_and_a_cheat_does_n
     records = _records(sim, honest, cheat)
     partials = dict(SlicedReplica.partials)
 
-    def check(replica, outer_round):
-        record = records[outer_round]
-        previous = {"previous_partials": partials.get(outer_round - 1)} if sim.diloco.exchange == "sliced" else {
-            "previous_contributions": records[outer_round - 1].contributions if outer_round > 0 else None}
-        return verify_contribution([p.to_bytes() for p in record.states[replica].stages], record.claims[replica],
-                                   sim.corpus, sim.model, sim.training, sim.diloco, sim.compression,
-                                   outer_round=outer_round, replica=replica, run_rounds=sim.rounds, **previous)
+    check = rerun_checker(sim, records, partials)
 
     moments = records[2].states[HONEST].stages[0].group("momentum")
     weights = records[2].states[HONEST].stages[0].group("global")
