@@ -12,10 +12,12 @@ signature).
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
 import random
+import shutil
 import struct
 import tempfile
 from collections.abc import Callable
@@ -413,6 +415,7 @@ class _FileTarget:
 
     def __init__(self, name: str, reader: Callable[[Path], Any]) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix=f"dlx-fuzz-{name}-"))
+        atexit.register(shutil.rmtree, self.dir, True)
         self.reader = reader
 
     def __call__(self, data: bytes) -> Any:
@@ -507,9 +510,13 @@ def _read_identity(directory: Path, data: bytes) -> Any:
 
 
 def identity_file() -> bytes:
-    path = Path(tempfile.mkdtemp(prefix="dlx-fuzz-id-")) / "identity.key"
-    IDENTITY.save(path)
-    return path.read_bytes()
+    directory = tempfile.mkdtemp(prefix="dlx-fuzz-id-")
+    try:
+        path = Path(directory) / "identity.key"
+        IDENTITY.save(path)
+        return path.read_bytes()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 TOML_SEEDS = toml_seeds()

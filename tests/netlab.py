@@ -80,6 +80,7 @@ class NetLab:
     namespaces: dict[str, str] = field(default_factory=dict)  # site -> the namespace its nodes run in
     forwarders: dict[str, subprocess.Popen] = field(default_factory=dict)
     _made: list[str] = field(default_factory=list)
+    _own_workdir: bool = False  # made here (no workdir given): removed by close()
 
     def __post_init__(self) -> None:
         reason = unavailable_reason()
@@ -90,6 +91,7 @@ class NetLab:
             raise ValueError(f"sites {names}: need 1-250 distinct names")
         remove_leftovers()
         self.prefix = f"{PREFIX}-{os.getpid()}-{next(_counter)}"
+        self._own_workdir = self.workdir is None
         self.workdir = Path(self.workdir or tempfile.mkdtemp(prefix=f"{self.prefix}-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
@@ -203,6 +205,8 @@ class NetLab:
         for name in reversed(self._made):
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
         self._made.clear()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> NetLab:
         return self

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -170,11 +169,11 @@ def lab():
 
 
 @pytest.mark.timeout(300)  # ~40 s on a quiet machine; generous for a loaded one
-def test_two_sites_behind_nat_reach_each_other(lab, capsys):
+def test_two_sites_behind_nat_reach_each_other(lab, capsys, tmp_path):
     """Site hosts cannot be dialled from outside; through the relay they connect, then DCUtR tries to punch
     a direct hole. Whichever path they end on, a blob crosses it; the table says which (on this lab's
     port-preserving NATs DCUtR punches through: "hole_punched")."""
-    root = tempfile.mkdtemp(prefix="dlx-nat-")
+    root = str(tmp_path)
     agents: list[Agent] = []
     try:
         relay = Agent(lab, lab.public, {"listen_host": PUBLIC_IP, "listen_port": 4001, "relay_serve": True},
