@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from training.reexec import verify_contribution
+from training.platform import EXACT, MISMATCH
+from training.reexec import check_state_chain, verify_contribution
 
 
 def rerun_checker(sim, records: list, partials: dict):
@@ -19,3 +20,15 @@ def rerun_checker(sim, records: list, partials: dict):
                                    outer_round=outer_round, replica=replica, run_rounds=sim.rounds, **previous)
 
     return check
+
+
+def assert_honest_exact_and_cheat_caught(check, records: list, honest: int, cheat: int, rounds: int) -> None:
+    """Every round of the honest replica reruns bit-exactly, its round-1 rerun's next state is the one its
+    round-2 claim starts from, and the cheat's round-1 contribution is a mismatch."""
+    for outer_round in range(rounds):
+        result = check(honest, outer_round)
+        assert result.verdict == EXACT, result.reason
+        assert set(result.distances.values()) == {0.0}
+    chained = check(honest, 1).next_state_hashes
+    assert check_state_chain(chained, [c.state_hash for c in records[2].claims[honest]]) == EXACT
+    assert check(cheat, 1).verdict == MISMATCH

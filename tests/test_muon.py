@@ -26,7 +26,7 @@ from training.platform import EXACT, MISMATCH
 from training.reexec import check_state_chain, restart_state_reason, verify_contribution
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica, run_with_states
 from training.replica_state import restore_replica
-from tests.rerun_fixtures import rerun_checker
+from tests.rerun_fixtures import assert_honest_exact_and_cheat_caught, rerun_checker
 
 ROUNDS = 3
 HONEST, PERTURBED = 0, 1
@@ -199,13 +199,7 @@ def test_a_muon_contribution_reruns_bit_exactly_chains_and_a_cheat_does_not(meth
 
     groups = {name.split("/", 1)[0] for name in records[1].states[HONEST].stages[0].tensors}
     assert {"muon.momentum_buffer", "adam.exp_avg", "adam.exp_avg_sq", "adam.step"} <= groups
-    for outer_round in range(ROUNDS):
-        result = check(HONEST, outer_round)
-        assert result.verdict == EXACT, result.reason
-        assert set(result.distances.values()) == {0.0}
-    first = check(HONEST, 1)
-    assert check_state_chain(first.next_state_hashes, [c.state_hash for c in records[2].claims[HONEST]]) == EXACT
-    assert check(PERTURBED, 1).verdict == MISMATCH
+    assert_honest_exact_and_cheat_caught(check, records, HONEST, PERTURBED, ROUNDS)
 
 
 def test_muon_state_is_no_restart_and_an_adamw_run_refuses_it():

@@ -28,11 +28,9 @@ from training.data import generated_corpus
 from training.diloco import aggregate, outer_state_shape, outer_step, zero_outer_state
 from training.errors import ReplicaStateError, TrainingConfigError
 from training.hashing import stage_weights_hash, weights_root
-from training.platform import EXACT, MISMATCH
-from training.reexec import check_state_chain
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica
 from training.replica_state import restore_replica
-from tests.rerun_fixtures import rerun_checker
+from tests.rerun_fixtures import assert_honest_exact_and_cheat_caught, rerun_checker
 
 ADAM = dict(outer_optimizer="adam", outer_lr=0.01)
 
@@ -189,13 +187,7 @@ def test_an_outer_adam_contribution_reruns_bit_exactly_chains_and_a_cheat_does_n
     weights = records[2].states[HONEST].stages[0].group("global")
     assert all(tuple(m.shape) == (2, *weights[n].shape) for n, m in moments.items())
     assert any(bool(m[1].abs().sum() > 0) for m in moments.values())  # a second moment, after a round applied
-    for outer_round in range(ROUNDS):
-        result = check(HONEST, outer_round)
-        assert result.verdict == EXACT, result.reason
-        assert set(result.distances.values()) == {0.0}
-    first = check(HONEST, 1)
-    assert check_state_chain(first.next_state_hashes, [c.state_hash for c in records[2].claims[HONEST]]) == EXACT
-    assert check(PERTURBED, 1).verdict == MISMATCH
+    assert_honest_exact_and_cheat_caught(check, records, HONEST, PERTURBED, ROUNDS)
 
 
 def test_an_outer_adam_start_state_round_trips_and_a_nesterov_run_refuses_it():
