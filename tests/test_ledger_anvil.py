@@ -201,3 +201,33 @@ def test_a_nodes_head_reads_fail_as_chain_unavailable_through_an_outage(tmp_path
         with pytest.raises(ChainUnavailable, match="unreachable") as caught:
             read()
         assert isinstance(caught.value, DLX_ERRORS)
+
+
+@pytest.mark.parametrize("history_states", [64, None])
+def test_anvil_writes_no_state_history_to_disk_and_keeps_logs(tmp_path, monkeypatch, history_states):
+    """By its default anvil writes every older state to ~/.foundry/anvil/tmp and never removes them (6 GB in
+    half an hour of this suite, which filled CI's disk); an AnvilProcess keeps the last ``history_states`` in
+    memory and writes none, while every block and event log stays readable."""
+    monkeypatch.setenv("HOME", str(tmp_path))  # anvil's foundry directory is $HOME/.foundry
+    anvil = AnvilProcess(history_states=history_states)
+    try:
+        anvil.start()
+        w3 = connect_rpc(anvil.url)
+        deployment = deploy(w3)
+        deployment.member_run((1, 2), quorum=2)
+        sender = w3.eth.accounts[0]
+        for _ in range(500):  # a block each, with a state (anvil writes none for empty blocks)
+            w3.provider.make_request("eth_sendTransaction", [{"from": sender, "to": sender, "value": "0x1"}])
+        assert w3.eth.block_number > 500
+        logs = w3.eth.get_logs({"fromBlock": 0, "toBlock": "latest", "address": deployment.ledger})
+        assert logs, "the deployment's events are gone"
+        assert w3.eth.get_block(1)["number"] == 1
+        written = [p for p in (tmp_path / ".foundry").rglob("*") if p.is_file()]
+    finally:
+        anvil.stop()
+    if history_states is None:
+        assert written, "anvil's default wrote no state: this test no longer shows what it guards"
+    else:
+        assert written == [], written[:3]
+        with pytest.raises(ValueError, match="history_states"):
+            AnvilProcess(history_states=0)
