@@ -151,8 +151,11 @@ def norm_proof_of_difference(record, stage_leaves: Sequence[bytes], stage: int, 
 
     First the factors' version: version-2 factors (no norm commitment) in a version-3 run are wrong on their face
     (the ledger holds the run's version, ``RunParams.commitments``), and any norm proof over them proves it; then
-    the scales against the rule of the committed sums; then, for each committed contribution whose pieces are this
-    node's own (the same envelope and payload root), its committed sum tree against this node's.
+    the scales against the rule of the committed sums; then the first committed contribution whose pieces are this
+    node's own (the same envelope and payload root) and whose committed sum tree or total is not this node's
+    (:func:`wrong_sum_contribution`). Without the committed ``trees``, a committed tree whose root is this node's is
+    this node's own; any other is not had here (the live prover then walks it through availability challenges:
+    node.live.prover.SumWalk).
     """
     norms = committed.norms
     if norms is None:
