@@ -116,8 +116,9 @@ def test_a_withheld_sum_tree_answered_leaf_by_leaf_is_proven(tmp_path, caplog):
         assert all(a.startswith("answered") for a in answered), answered
         assert f"answered with leaf 0 of tree {FACTORS}" in answered
         assert f"answered with leaf {CHUNK} of tree {which}" in answered  # the lied leaf itself was published
-        sums_opened = [a for a in answered if a.endswith(f"of tree {which}")]
-        assert 2 <= len(sums_opened) <= chunks.bit_length() + 1, answered  # a bisection, not a scan
+        # A bisection, not a scan: leaf 0's path shows the subtree of leaves 8-15 differs, leaf 8's that of 12-13, ...
+        sums_opened = {a for a in answered if a.endswith(f"of tree {which}")}
+        assert chunks == 22 and sums_opened == {f"answered with leaf {c} of tree {which}" for c in (0, 8, 12, 13)}
         assert not any(a.endswith("of tree 0") for a in answered)  # the weights are this node's: not challenged
         kept = NormProof.from_json(json.loads((tmp_path / "proofs" / "round-00000001-stage0.json").read_text())["proof"])
         assert (kept.contribution, kept.chunk) == (LIED, CHUNK)
