@@ -116,7 +116,7 @@ class SumWalk:
     whose committed tree or total is not this node's. Each answer's path carries its siblings' sums, so it shows
     the committed tree's total (a total other than the factors' is proven at any chunk) and which subtree holds a
     leaf other than this node's (:func:`ledger.normproof.differing_sum_subtree`): a lied leaf is found in at most
-    ``log2(chunks)`` challenges. Then, where the committed weights leaf of that chunk is not had (this node's own
+    ``ceil(log2(chunks)) + 1`` challenges. Then, where the committed weights leaf of that chunk is not had (this node's own
     where the weights root is, or the state an attester serves), it is challenged too (``WEIGHTS``)."""
 
     outer_round: int
