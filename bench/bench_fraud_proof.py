@@ -19,7 +19,9 @@ The data-availability challenge (docs/FRAUD_PROOF.md, "The data-availability cha
 round of the same stage: ``availability_rows`` holds, for each codec and count, the gas of
 ``challengeAvailability`` and of the committers' ``answerChallenge`` for each kind of leaf: a weights leaf
 (``which = 0``), a contribution's payload piece (``2 + j``), a leaf of its sum tree (``2 + M + j``), the stage's
-factors (``FACTORS``) and the stage leaf (``STAGE_LEAF``); ``j`` is the clipped contribution, the chunk 5.
+factors (``FACTORS``) and the stage leaf (``STAGE_LEAF``); ``j`` is the clipped contribution, the chunk 5. Then
+``expire_gas``: a sum-tree leaf's challenge left unanswered past ``accusationBlocks`` and settled with
+``expireChallenge`` (the round overturned, its two attesters slashed, the challenger paid).
 
     nice -n 10 python bench/bench_fraud_proof.py
 """
@@ -40,7 +42,7 @@ from ledger.chunkproof import (FACTORS, MOMENTUM, PAYLOAD, STAGE_LEAF, WEIGHTS, 
                                availability_target, stage_leaf_answer, stage_leaf_target, sums_which)
 from tests.fraud_fixtures import (DILOCO, aggregated_round, changed, commit, contribution, lied_sum,  # noqa: E402
                                   with_scale)
-from tests.ledger_fixtures import deploy  # noqa: E402
+from tests.ledger_fixtures import deploy, mine  # noqa: E402
 
 SHAPES = {"a.weight": (256, 256), "b.bias": (256,)}
 CODECS = (("raw", {}), ("quant", {"bits": 8}), ("lowrank", {"bits": 8, "rank": 8}),
@@ -127,6 +129,14 @@ def measure_availability(url: str, codec: str, options: dict, count: int) -> dic
         except Exception as exc:  # noqa: BLE001 - recorded, not hidden
             row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     assert challenger.invalid_from(committed.run_id) is None  # every answered challenge leaves the round standing
+    try:
+        challenge = challenger.challenge_availability(availability_target(
+            committed.records[1], committed.stages[1], state.factors, 0, sums_which(accepted, clipped), chunk + 1))
+        mine(w3, challenger.run_info(committed.run_id).accusation_blocks)
+        row["expire_gas"] = challenger.expire_challenge(challenge)["gasUsed"]
+        assert challenger.invalid_from(committed.run_id) == 1
+    except Exception as exc:  # noqa: BLE001 - recorded, not hidden
+        row["expire_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     return row
 
 

@@ -520,4 +520,9 @@ def fraud_proof(r: dict) -> list[str]:
                   "(and the published leaf's bytes) for each kind of leaf; the momentum leaf costs as the weights "
                   "leaf (in the JSON):", ""]
         lines += table(["codec", "contributions", *(name for _kind, name in kinds)], available) + [""]
+        expired = [row["expire_gas"] for row in r["availability_rows"] if row.get("expire_gas")]
+        if expired:
+            lines += [f"A sum-tree leaf's challenge left unanswered and settled (`expireChallenge`: the round "
+                      f"overturned, its two attesters slashed, the challenger paid): {min(expired):,} - "
+                      f"{max(expired):,} gas.", ""]
     return lines
