@@ -523,6 +523,6 @@ def fraud_proof(r: dict) -> list[str]:
         expired = [row["expire_gas"] for row in r["availability_rows"] if row.get("expire_gas")]
         if expired:
             lines += [f"A sum-tree leaf's challenge left unanswered and settled (`expireChallenge`: the round "
-                      f"overturned, its two attesters slashed, the challenger paid): {min(expired):,} - "
-                      f"{max(expired):,} gas.", ""]
+                      f"overturned, its two attesters slashed, the challenger paid): {min(expired):,}"
+                      + (f" - {max(expired):,}" if max(expired) != min(expired) else "") + " gas.", ""]
     return lines
