@@ -11,7 +11,17 @@ The norm proof (``proveWrongNorm``, docs/FRAUD_PROOF.md "The clip scales") of th
 run (``diloco.commitments = "normed"``): ``norm_rows`` holds, for each codec and count, the gas of a proof that
 a committed clip scale is not the norm rule of the committed sums (a clipped contribution committed with 1.0;
 the scales of every contribution are recomputed) and of a proof that one chunk's committed sum of squares is
-not its piece's (a low leaf of the clipped contribution, its tree consistent with it).
+not its piece's (a low leaf of the clipped contribution, its tree consistent with it), and ``version_gas``: the
+proof that a normed run's round committed version-2 factors (the run's version, ``RunParams.commitments``; the
+same round with its norm commitment dropped: no sum is decoded, only the factors' layout is read).
+
+The data-availability challenge (docs/FRAUD_PROOF.md, "The data-availability challenge") of a right version-3
+round of the same stage: ``availability_rows`` holds, for each codec and count, the gas of
+``challengeAvailability`` and of the committers' ``answerChallenge`` for each kind of leaf: a weights leaf
+(``which = 0``), a contribution's payload piece (``2 + j``), a leaf of its sum tree (``2 + M + j``), the stage's
+factors (``FACTORS``) and the stage leaf (``STAGE_LEAF``); ``j`` is the clipped contribution, the chunk 5. Then
+``expire_gas``: a sum-tree leaf's challenge left unanswered past ``accusationBlocks`` and settled with
+``expireChallenge`` (the round overturned, its two attesters slashed, the challenger paid).
 
     nice -n 10 python bench/bench_fraud_proof.py
 """
@@ -28,9 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.benchio import default_out, write_result  # noqa: E402
 from ledger.chain import AnvilProcess, connect_rpc  # noqa: E402
+from ledger.chunkproof import (FACTORS, MOMENTUM, PAYLOAD, STAGE_LEAF, WEIGHTS, availability_answer,  # noqa: E402
+                               availability_target, stage_leaf_answer, stage_leaf_target, sums_which)
 from tests.fraud_fixtures import (DILOCO, aggregated_round, changed, commit, contribution, lied_sum,  # noqa: E402
                                   with_scale)
-from tests.ledger_fixtures import deploy  # noqa: E402
+from tests.ledger_fixtures import deploy, mine  # noqa: E402
 
 SHAPES = {"a.weight": (256, 256), "b.bias": (256,)}
 CODECS = (("raw", {}), ("quant", {"bits": 8}), ("lowrank", {"bits": 8, "rank": 8}),
@@ -72,6 +84,59 @@ def measure_norm(url: str, codec: str, options: dict, count: int) -> dict:
             row[kind] = committed.prover().prove_wrong_norm(proof_of(committed))["gasUsed"]
         except Exception as exc:  # noqa: BLE001 - recorded, not hidden
             row[kind], row[f"{kind}_error"] = None, f"{type(exc).__name__}: {str(exc)[:200]}"
+    version_two = dataclasses.replace(round_.honest, factors=dataclasses.replace(round_.honest.factors, norms=None),
+                                      sum_trees=[])
+    committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, version_two, stake=STAKE,
+                       commitments=3)
+    try:
+        row["version_gas"] = committed.prover().prove_wrong_norm(committed.scale_proof())["gasUsed"]
+    except Exception as exc:  # noqa: BLE001 - recorded, not hidden
+        row["version_gas"], row["version_gas_error"] = None, f"{type(exc).__name__}: {str(exc)[:200]}"
+    return row
+
+
+def _last_gas(w3) -> int:
+    """The gas of the transaction just mined (anvil mines one a block; ``challenge_availability`` returns an id)."""
+    block = w3.eth.get_block("latest")
+    return w3.eth.get_transaction_receipt(block["transactions"][-1])["gasUsed"]
+
+
+def measure_availability(url: str, codec: str, options: dict, count: int) -> dict:
+    blobs = [contribution(SHAPES, codec, 100 + i, scale=0.05 if i % 4 == 3 else 1e-3, **options)
+             for i in range(count)]
+    round_ = aggregated_round(SHAPES, blobs, dataclasses.replace(DILOCO, commitments="normed"))
+    state, clipped, chunk = round_.honest, 3, 5
+    committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, state, stake=STAKE)
+    challenger, committer = committed.prover(), committed.deployment.client(2)
+    w3 = committed.deployment.w3
+    row = {"codec": codec, **options, "contributions": count}
+    accepted = len(state.payload_leaves)
+    kinds = (("weights", WEIGHTS, chunk), ("momentum", MOMENTUM, chunk), ("payload", PAYLOAD + clipped, chunk),
+             ("sums", sums_which(accepted, clipped), chunk), ("factors", FACTORS, 0), ("stage_leaf", STAGE_LEAF, 0))
+    for name, which, leaf_chunk in kinds:
+        try:
+            if which == STAGE_LEAF:
+                target = stage_leaf_target(committed.records[1], 0)
+                answer = stage_leaf_answer(committed.stages[1], 0)
+            else:
+                target = availability_target(committed.records[1], committed.stages[1], state.factors, 0, which,
+                                             leaf_chunk)
+                answer = availability_answer(state, which, leaf_chunk)
+            challenge = challenger.challenge_availability(target)
+            row[f"{name}_challenge_gas"] = _last_gas(w3)
+            row[f"{name}_answer_gas"] = committer.answer_challenge(challenge, *answer)["gasUsed"]
+            row[f"{name}_answer_bytes"] = len(answer[0])
+        except Exception as exc:  # noqa: BLE001 - recorded, not hidden
+            row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    assert challenger.invalid_from(committed.run_id) is None  # every answered challenge leaves the round standing
+    try:
+        challenge = challenger.challenge_availability(availability_target(
+            committed.records[1], committed.stages[1], state.factors, 0, sums_which(accepted, clipped), chunk + 1))
+        mine(w3, challenger.run_info(committed.run_id).accusation_blocks)
+        row["expire_gas"] = challenger.expire_challenge(challenge)["gasUsed"]
+        assert challenger.invalid_from(committed.run_id) == 1
+    except Exception as exc:  # noqa: BLE001 - recorded, not hidden
+        row["expire_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     return row
 
 
@@ -84,7 +149,7 @@ def main() -> int:
     anvil = AnvilProcess()
     url = anvil.start()
     started = time.monotonic()
-    rows, norm_rows = [], []
+    rows, norm_rows, availability_rows = [], [], []
     try:
         for codec, options in CODECS:
             for count in counts:
@@ -96,11 +161,16 @@ def main() -> int:
                 row = measure_norm(url, codec, options, count)
                 norm_rows.append(row)
                 print(row, flush=True)
+        for codec, options in CODECS:
+            for count in counts:
+                row = measure_availability(url, codec, options, count)
+                availability_rows.append(row)
+                print(row, flush=True)
     finally:
         anvil.stop()
     at16 = [row["gas"] for row in rows if row["contributions"] == 16 and row["gas"] is not None]
     result = {"chunk_elements": 64, "shapes": {k: list(v) for k, v in SHAPES.items()}, "rows": rows,
-              "norm_rows": norm_rows,
+              "norm_rows": norm_rows, "availability_rows": availability_rows,
               "goal_gas_at_16": GOAL, "max_gas_at_16": max(at16) if at16 else None,
               "seconds": round(time.monotonic() - started, 1)}
     write_result(args.out, result)

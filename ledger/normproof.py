@@ -228,6 +228,59 @@ def sum_proof(record, stage_leaves: Sequence[bytes], stage: int, factors: bytes,
                      sum_bytes(tree.sums[chunk]), tree.path(chunk))
 
 
+def opened_sum_proof(record, stage_leaves: Sequence[bytes], stage: int, factors: bytes, contribution: int, chunk: int,
+                     weights: tuple[bytes, Sequence[bytes]], piece: tuple[bytes, Sequence[bytes]],
+                     opened: tuple[bytes, Sequence[bytes]]) -> NormProof:
+    """:func:`sum_proof` from leaves opened one at a time (answered availability challenges): ``weights`` the
+    round's committed weights leaf of ``chunk`` with its path, ``piece`` contribution ``contribution``'s piece of
+    it with its path, ``opened`` the committed sum leaf (96 bytes) with its sum path, as the committers published
+    it."""
+    from ledger.chunkproof import tree_path
+
+    return NormProof(record.fields(), stage, stage_leaves[stage], tree_path(list(stage_leaves), stage), factors,
+                     contribution, chunk, weights[0], list(weights[1]), piece[0], list(piece[1]), bytes(opened[0]),
+                     list(opened[1]))
+
+
+def path_sums(path: Sequence[bytes]) -> list[tuple[bytes, int]]:
+    """A sum path's siblings from the leaf up: ``(hash, sum)`` of each (four 32-byte words each: the hash, then the
+    sum's three words). LedgerInputError for a path of another shape."""
+    if len(path) % 4 or any(len(word) != 32 for word in path):
+        raise LedgerInputError(f"a sum path is four 32-byte words a level, not {len(path)} words")
+    return [(bytes(path[i]), int.from_bytes(b"".join(bytes(w) for w in path[i + 1:i + 4]), "big"))
+            for i in range(0, len(path), 4)]
+
+
+def path_total(leaf: bytes, path: Sequence[bytes]) -> int:
+    """The total a committed sum tree's root holds, from one of its leaves (96 bytes) and that leaf's sum path: the
+    leaf's sum and every sibling's (the contract adds them as it climbs)."""
+    if len(leaf) != SUM_BYTES:
+        raise LedgerInputError(f"a sum leaf is {SUM_BYTES} bytes, not {len(leaf)}")
+    return int.from_bytes(leaf, "big") + sum(total for _hash, total in path_sums(path))
+
+
+def differing_sum_subtree(own: SumTree, chunk: int, path: Sequence[bytes]) -> int | None:
+    """Where to look next for a committed sum leaf that differs from this node's tree ``own``, given the committed
+    leaf ``chunk`` (equal to this node's) and its sum ``path`` (an answered availability challenge's): the first
+    leaf of the smallest subtree whose committed hash (a sibling on ``path``) differs from this node's node there,
+    as :func:`ledger.chunkproof.differing_subtree` over a weights tree. So a lied leaf is found in at most
+    ``log2(chunks)`` openings. None: every sibling is this node's (the path is not of this tree's shape)."""
+    siblings = []
+    position = chunk
+    for height, level in enumerate(own.levels[:-1]):
+        sibling = position ^ 1
+        if sibling < len(level):
+            siblings.append((height, sibling, level[sibling][0]))
+        position //= 2
+    committed = path_sums(path)
+    if len(siblings) != len(committed):
+        return None
+    for (height, sibling, mine), (theirs, _total) in zip(siblings, committed, strict=True):
+        if theirs != mine:
+            return sibling << height
+    return None
+
+
 def first_wrong_sum(own: Sequence[int], committed: SumTree) -> int | None:
     """The first chunk whose committed sum differs from this node's own (``own``: the true per-chunk sums), or
     None when every leaf agrees (then only the committed total can be wrong: any chunk proves it)."""

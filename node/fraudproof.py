@@ -151,8 +151,11 @@ def norm_proof_of_difference(record, stage_leaves: Sequence[bytes], stage: int, 
 
     First the factors' version: version-2 factors (no norm commitment) in a version-3 run are wrong on their face
     (the ledger holds the run's version, ``RunParams.commitments``), and any norm proof over them proves it; then
-    the scales against the rule of the committed sums; then, for each committed contribution whose pieces are this
-    node's own (the same envelope and payload root), its committed sum tree against this node's.
+    the scales against the rule of the committed sums; then the first committed contribution whose pieces are this
+    node's own (the same envelope and payload root) and whose committed sum tree or total is not this node's
+    (:func:`wrong_sum_contribution`). Without the committed ``trees``, a committed tree whose root is this node's is
+    this node's own; any other is not had here (the live prover then walks it through availability challenges:
+    node.live.prover.SumWalk).
     """
     norms = committed.norms
     if norms is None:
@@ -163,23 +166,39 @@ def norm_proof_of_difference(record, stage_leaves: Sequence[bytes], stage: int, 
         index = next(j for j, (a, b) in enumerate(zip(rule, committed.scale_bits, strict=True)) if a != b)
         return (scale_proof(record, list(stage_leaves), stage, committed.encode()),
                 f"clip scale {index} is not the norm rule of the committed sums")
-    if trees is None:
+    found = wrong_sum_contribution(committed, own)
+    if found is None:
+        return None, ("the committed factors differ elsewhere (the set left out, or a contribution's pieces): "
+                      "not provable")
+    j, i = found
+    # A committed tree whose root is this node's is this node's tree (only the committed total can differ).
+    tree = trees[j] if trees is not None else own.sum_trees[i] if own.sum_trees[i].root == norms.roots[j] else None
+    if tree is None:
         return None, "the scales follow from the committed sums, and the committed sum trees are not had"
+    chunk = first_wrong_sum(own.sum_trees[i].sums, tree)
+    weights = committed_weights()
+    if weights is None:
+        return None, f"contribution {j}'s sum is wrong but the committed weights are not had"
+    chunk = 0 if chunk is None else chunk
+    return (sum_proof(record, list(stage_leaves), stage, committed.encode(), weights, own.payload_leaves[i],
+                      tree, j, chunk), f"contribution {j}'s sum of squares at chunk {chunk}")
+
+
+def wrong_sum_contribution(committed: Factors, own: StageState) -> tuple[int, int] | None:
+    """``(j, i)``: the first contribution ``j`` of the ``committed`` version-3 factors whose pieces are this node's
+    own (its contribution ``i``: the same envelope and payload root) and whose committed sum tree root or total is
+    not this node's, or None if there is none (then no sum proof applies)."""
+    norms = committed.norms
+    if norms is None or own.factors.norms is None or not own.sum_trees:
+        return None
     mine = {envelope: index for index, envelope in enumerate(own.factors.envelopes)}
     for j, envelope in enumerate(committed.envelopes):
         i = mine.get(envelope)
-        if i is None or own.factors.payload_roots[i] != committed.payload_roots[j] or not own.sum_trees:
+        if i is None or own.factors.payload_roots[i] != committed.payload_roots[j]:
             continue
-        if trees[j].root == own.sum_trees[i].root and norms.sums[j] == own.sum_trees[i].total:
-            continue
-        chunk = first_wrong_sum(own.sum_trees[i].sums, trees[j])
-        weights = committed_weights()
-        if weights is None:
-            return None, f"contribution {j}'s sum is wrong but the committed weights are not had"
-        chunk = 0 if chunk is None else chunk
-        return (sum_proof(record, list(stage_leaves), stage, committed.encode(), weights, own.payload_leaves[i],
-                          trees[j], j, chunk), f"contribution {j}'s sum of squares at chunk {chunk}")
-    return None, "the committed factors differ elsewhere (the set left out, or a contribution's pieces): not provable"
+        if norms.roots[j] != own.sum_trees[i].root or norms.sums[j] != own.sum_trees[i].total:
+            return j, i
+    return None
 
 
 def _double(bits: int) -> float:

@@ -493,9 +493,36 @@ def fraud_proof(r: dict) -> list[str]:
         def gas(row: dict, kind: str) -> str:
             return f"{row[kind]:,}" if row.get(kind) else row.get(f"{kind}_error", "")
 
-        norm = [[codec(row), row["contributions"], gas(row, "scale_gas"), gas(row, "sum_gas")] for row in r["norm_rows"]]
+        with_version = any("version_gas" in row for row in r["norm_rows"])
+        norm = [[codec(row), row["contributions"], gas(row, "scale_gas"), gas(row, "sum_gas")]
+                + ([gas(row, "version_gas")] if with_version else []) for row in r["norm_rows"]]
         lines += ["The norm proof of a version-3 round (`proveWrongNorm`, docs/FRAUD_PROOF.md \"The clip scales\"): "
                   "a clipped contribution committed with scale 1.0 (the scales recomputed from the committed sums), "
-                  "and one chunk's committed sum of squares one unit off (its piece decoded and squared):", ""]
-        lines += table(["codec", "contributions", "wrong scale: gas", "wrong chunk sum: gas"], norm) + [""]
+                  "and one chunk's committed sum of squares one unit off (its piece decoded and squared)"
+                  + (", and version-2 factors committed in a normed run (the run's version, `RunParams.commitments`: "
+                     "no sum decoded)" if with_version else "") + ":", ""]
+        lines += table(["codec", "contributions", "wrong scale: gas", "wrong chunk sum: gas"]
+                       + (["wrong version: gas"] if with_version else []), norm) + [""]
+    if r.get("availability_rows"):
+        kinds = (("weights", "weights leaf"), ("payload", "payload piece"), ("sums", "sum-tree leaf"),
+                 ("factors", "factors"), ("stage_leaf", "stage leaf"))
+
+        def pair(row: dict, kind: str) -> str:
+            if f"{kind}_error" in row:
+                return row[f"{kind}_error"]
+            return (f"{row[kind + '_challenge_gas']:,} / {row[kind + '_answer_gas']:,} "
+                    f"({row[kind + '_answer_bytes']:,} B)")
+
+        available = [[codec(row), row["contributions"], *(pair(row, kind) for kind, _name in kinds)]
+                     for row in r["availability_rows"]]
+        lines += ["The data-availability challenge of a right version-3 round (docs/FRAUD_PROOF.md, \"The "
+                  "data-availability challenge\"): `challengeAvailability` / the committers' `answerChallenge` gas "
+                  "(and the published leaf's bytes) for each kind of leaf; the momentum leaf costs as the weights "
+                  "leaf (in the JSON):", ""]
+        lines += table(["codec", "contributions", *(name for _kind, name in kinds)], available) + [""]
+        expired = [row["expire_gas"] for row in r["availability_rows"] if row.get("expire_gas")]
+        if expired:
+            lines += [f"A sum-tree leaf's challenge left unanswered and settled (`expireChallenge`: the round "
+                      f"overturned, its two attesters slashed, the challenger paid): {min(expired):,}"
+                      + (f" - {max(expired):,}" if max(expired) != min(expired) else "") + " gas.", ""]
     return lines

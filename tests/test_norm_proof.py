@@ -552,8 +552,18 @@ def test_the_node_finds_the_norm_proof_of_a_difference(honest):
     v2 = dataclasses.replace(own, factors=dataclasses.replace(own.factors, norms=None), sum_trees=[])
     proof, why = find(v2)  # the run's version is on chain: version-2 factors in a version-3 run are proven
     assert proof.contribution == SCALES and proof.factors == v2.factors.encode() and "version 2" in why
-    proof, why = norm_proof_of_difference(record, leaves, 0, own.factors, None, own, weights)
+    # Without the committed trees: a tree other than this node's is not had (the live prover walks it: SumWalk) ...
+    lied = lied_sum(own, 1, 7)
+    proof, why = norm_proof_of_difference(record, leaves, 0, lied.factors, None, own, weights)
     assert proof is None and "sum trees are not had" in why
+    # ... but one whose root is this node's is its own: a lied total alone is proven at any chunk.
+    norms = own.factors.norms
+    total_only = dataclasses.replace(own.factors, norms=dataclasses.replace(
+        norms, sums=(norms.sums[0], norms.sums[1] - 1, *norms.sums[2:])))
+    proof, why = norm_proof_of_difference(record, leaves, 0, total_only, None, own, weights)
+    assert (proof.contribution, proof.chunk) == (1, 0) and proof.sum_leaf == sum_bytes(own.sum_trees[1].sums[0])
+    proof, why = norm_proof_of_difference(record, leaves, 0, own.factors, None, own, weights)
+    assert proof is None and "differ elsewhere" in why
 
 
 def test_a_served_norm_state_is_checked_against_the_committed_leaf(honest):

@@ -124,3 +124,29 @@ def test_sum_tree_challenges_name_only_trees_the_round_has(right, honest):
             chunked.records[1], chunked.stages[1], v2.honest.factors, 0, PAYLOAD + 3, 0))
     with pytest.raises(IndexError):  # nor does a version-2 state answer one
         availability_answer(v2.honest, PAYLOAD + 3, 0)
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 7, 22, 33])
+def test_a_walk_over_answered_sum_leaves_finds_every_lied_leaf_by_bisection(chunks):
+    """What the live prover reads of each answer (node.live.prover.SumWalk): the path's total is the committed tree's,
+    and the lowest differing sibling leads to the lied leaf in at most ceil(log2(chunks)) + 1 openings, wherever it
+    is."""
+    from ledger.normproof import SumTree, differing_sum_subtree, path_sums, path_total
+
+    own = SumTree.of([(7 * i + 3) << 250 for i in range(chunks)])
+    for lied in range(chunks):
+        sums = list(own.sums)
+        sums[lied] -= 1 << 200
+        committed = SumTree.of(sums)
+        chunk, opened = 0, 1
+        while committed.sums[chunk] == own.sums[chunk]:
+            path = committed.path(chunk)
+            assert path_total(sum_bytes(committed.sums[chunk]), path) == committed.total
+            chunk = differing_sum_subtree(own, chunk, path)
+            opened += 1
+        assert chunk == lied and opened <= (chunks - 1).bit_length() + 1
+        assert differing_sum_subtree(own, 0, own.path(0)) is None  # nothing differs: nowhere to go
+    with pytest.raises(errors.LedgerInputError):
+        path_sums([b"\x00" * 32] * 3)
+    with pytest.raises(errors.LedgerInputError):
+        path_total(b"\x00" * 95, [])

@@ -28,13 +28,17 @@ In a version-3 run (``diloco.commitments = "normed"``) committed factors other t
 attester of the leaf (the factors and sum trees it serves), or, when none serves them, from an availability
 challenge of the factors (``FACTORS``: the committers publish them on chain or lose the round), and a wrong clip
 scale or sum of squares, or factors of another version than the run's (``RunParams.commitments``), is proven
-with ``proveWrongNorm`` (docs/FRAUD_PROOF.md, "The clip scales", "The run's version"). A withheld sum tree is
-not walked leaf by leaf (docs/FRAUD_PROOF.md, "Known gaps" 2 (iii)).
+with ``proveWrongNorm`` (docs/FRAUD_PROOF.md, "The clip scales", "The run's version"). Where the committed sum
+trees are withheld too, a contribution whose committed tree or total is not this node's is walked leaf by leaf
+(:class:`SumWalk`): each answered sum-tree leaf's path (its siblings' hashes and sums) says which subtree holds a
+lied sum, or its total already differs from the committed one; the lied leaf, once opened, with the round's
+committed weights leaf of that chunk (this node's own where the weights root is, else fetched or challenged too),
+is a sum proof.
 
 What it cannot prove it says in the log and leaves to the dispute (node/live/forkrepair.py): a round whose
 contributions root differs (another set of contributions), committed factors other than its own in a version-2
 run (another clip scale or set left out: docs/FRAUD_PROOF.md, "Known gaps"), or in a version-3 run when the
-scales follow from right sums and only the set left out differs, or when the sum trees are not had, round 0 (no committed round before it), a
+scales follow from right sums and only the set left out differs, round 0 (no committed round before it), a
 round whose previous state this node no longer holds. Nothing here raises out of :meth:`check`: a bad or
 missing input costs only the proof.
 """
@@ -50,13 +54,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ledger.chunkproof import (FACTORS, MOMENTUM, WEIGHTS, Factors, StageLeaf, StageState, availability_target,
-                               differing_subtree, opened_proof, stage_leaf_target, tree_path)
+                               differing_subtree, opened_proof, stage_leaf_target, sums_which, tree_path)
 from ledger.errors import LedgerError, ProverChallengeNotDue, ProverChallengeSettled
-from ledger.normproof import scale_proof
+from ledger.normproof import SUM_BYTES, differing_sum_subtree, opened_sum_proof, path_total, scale_proof
 from ledger.records import RoundRecord
 from node.errors import DLX_ERRORS
 from node.fsutil import atomic_write_bytes
-from node.fraudproof import norm_proof_of_difference, parse_stage_leaf, proof_of_difference, record_weights_root
+from node.fraudproof import (norm_proof_of_difference, parse_stage_leaf, proof_of_difference, record_weights_root,
+                             wrong_sum_contribution)
 from node.live.chunkstate import ChunkedStates, attested_leaf
 from node.live.onchain import NodeChain
 from node.live.roundbook import RoundBook
@@ -104,6 +109,33 @@ class Walk:
     opened: dict[int, tuple[int, bytes, list[bytes]]] = field(default_factory=dict)  # which -> (chunk, leaf, path)
 
 
+@dataclass
+class SumWalk:
+    """A withheld sum tree of a version-3 round opened one leaf at a time through availability challenges
+    (``which = 2 + M + j``): contribution ``contribution`` of the committed ``factors`` (this node's ``mine``),
+    whose committed tree or total is not this node's. Each answer's path carries its siblings' sums, so it shows
+    the committed tree's total (a total other than the factors' is proven at any chunk) and which subtree holds a
+    leaf other than this node's (:func:`ledger.normproof.differing_sum_subtree`): a lied leaf is found in at most
+    ``ceil(log2(chunks)) + 1`` challenges. Then, where the committed weights leaf of that chunk is not had (this node's own
+    where the weights root is, or the state an attester serves), it is challenged too (``WEIGHTS``)."""
+
+    outer_round: int
+    stage: int
+    record: RoundRecord
+    leaves: list[bytes]  # the round's committed stage leaves, encoded
+    factors: Factors  # the committed factors (published through a FACTORS challenge, or served)
+    own: StageState
+    contribution: int
+    mine: int
+    chunk: int = 0
+    opened: tuple[bytes, list[bytes]] | None = None  # the lied sum leaf found, with its sum path
+
+    @property
+    def which(self) -> int:
+        """The tree the next challenge names: the contribution's sum tree, then the weights."""
+        return sums_which(len(self.factors.envelopes), self.contribution) if self.opened is None else WEIGHTS
+
+
 class FraudProver:
     """Checks committed rounds of a chunked run and proves wrong ones (module docstring)."""
 
@@ -120,7 +152,7 @@ class FraudProver:
         self.log = ProverLog()
         self._committed: dict[int, list[bytes]] = {}  # round -> committed stage leaves
         self._pending: dict[bytes, int] = {}  # challenge id -> round
-        self._walks: dict[bytes, Walk] = {}  # challenge id -> the walk it opens a leaf of
+        self._walks: dict[bytes, Walk | SumWalk] = {}  # challenge id -> the walk it opens a leaf of
         # challenge id of a stage's factors -> (stage, record, committed stage leaves, its leaf, this node's state)
         self._factor_opens: dict[bytes, tuple] = {}
         self._lock = threading.Lock()
@@ -258,10 +290,73 @@ class FraudProver:
             return None if fetched is None else fetched[0]
 
         proof, why = norm_proof_of_difference(record, leaves, stage, factors, trees, own, committed_weights)
+        if proof is None and trees is None and (found := wrong_sum_contribution(factors, own)) is not None:
+            walk = SumWalk(outer_round, stage, record, list(leaves), factors, own, *found)
+            logger.error("round %d stage %d: contribution %d's committed sum tree is not this node's and nobody serves "
+                         "it; opening it leaf by leaf through availability challenges", outer_round, stage, found[0])
+            self._challenge_sums(walk)
+            return True
         if proof is None:
             self._unprovable(outer_round, f"stage {stage}: {why}")
             return False
         return self._send_norm(outer_round, stage, proof, why)
+
+    def _challenge_sums(self, walk: SumWalk) -> None:
+        """Challenge the committers to publish leaf ``walk.chunk`` of ``walk.which`` (the sum tree, or the weights)."""
+        stages = [parse_stage_leaf(v, s) for s, v in enumerate(walk.leaves)]
+        target = availability_target(walk.record, stages, walk.factors, walk.stage, walk.which, walk.chunk)
+        challenge_id = self.chain.challenge_availability(target)
+        with self._lock:
+            self._walks[challenge_id] = walk
+        self._open(walk.outer_round, challenge_id)
+
+    def _advance_sums(self, walk: SumWalk, leaf: bytes, path: list[bytes]) -> None:
+        """Go on with a sum tree's walk from a published leaf (or, once the lied leaf is found, the weights')."""
+        if walk.opened is not None:  # the committed weights leaf of the lied chunk: the proof is complete
+            self._send_sum(walk, (leaf, path))
+            return
+        own_tree = walk.own.sum_trees[walk.mine]
+        if len(leaf) != SUM_BYTES:  # the contract checked the width: a misread answer
+            self._unprovable(walk.outer_round, f"stage {walk.stage}: the published sum leaf is not {SUM_BYTES} bytes")
+            return
+        wrong_total = path_total(leaf, path) != walk.factors.norms.sums[walk.contribution]
+        if wrong_total or int.from_bytes(leaf, "big") != own_tree.sums[walk.chunk]:
+            walk.opened = (leaf, path)  # a lied leaf, or a tree whose total is not the committed one
+            weights = self._committed_weight_leaf(walk)
+            if weights is None:  # the weights are withheld too: open that chunk's leaf of them
+                self._challenge_sums(walk)
+                return
+            self._send_sum(walk, weights)
+            return
+        following = differing_sum_subtree(own_tree, walk.chunk, path)
+        if following is None:
+            self._unprovable(walk.outer_round, f"stage {walk.stage}: the published sum leaf {walk.chunk} and its path "
+                                               "agree with this node's sum tree")
+            return
+        walk.chunk = following
+        self._challenge_sums(walk)
+
+    def _committed_weight_leaf(self, walk: SumWalk) -> tuple[bytes, list[bytes]] | None:
+        """The round's committed weights leaf of ``walk.chunk`` with its path: this node's own where the committed
+        weights root is its own, else from the state an attester serves; None if neither."""
+        leaf = parse_stage_leaf(walk.leaves[walk.stage], walk.stage)
+        own = walk.own
+        if (leaf.weights_root, leaf.num_chunks) == (own.leaf().weights_root, len(own.weight_leaves)):
+            weights = own.weight_leaves
+        else:
+            fetched = self.states.committed_state(walk.outer_round, walk.stage, leaf, self._attesters_of(
+                walk.outer_round, walk.stage, walk.leaves[walk.stage]))
+            if fetched is None:
+                return None
+            weights = fetched[0]
+        return weights[walk.chunk], tree_path(weights, walk.chunk)
+
+    def _send_sum(self, walk: SumWalk, weights: tuple[bytes, list[bytes]]) -> None:
+        pieces = walk.own.payload_leaves[walk.mine]
+        proof = opened_sum_proof(walk.record, walk.leaves, walk.stage, walk.factors.encode(), walk.contribution,
+                                 walk.chunk, weights, (pieces[walk.chunk], tree_path(pieces, walk.chunk)), walk.opened)
+        self._send_norm(walk.outer_round, walk.stage, proof, f"contribution {walk.contribution}'s sum of squares at "
+                                                             f"chunk {walk.chunk} (opened by availability challenges)")
 
     def _send_norm(self, outer_round: int, stage: int, proof, why: str) -> bool:
         attesters = self.chain.attesters_of(self.run_id, outer_round)
@@ -329,6 +424,9 @@ class FraudProver:
             return
         logger.warning("round %d stage %d: the committers published leaf %d of tree %d", outer_round, walk.stage,
                        walk.chunk, walk.which)
+        if isinstance(walk, SumWalk):
+            self._advance_sums(walk, leaf, path)
+            return
         self._advance(walk, leaf, path)
 
     def _factors_published(self, challenge_id: bytes, outer_round: int, stage: int, record: RoundRecord,
@@ -346,7 +444,8 @@ class FraudProver:
             factors = Factors.decode(published)
         except LedgerError:
             factors = published
-        # Their sum trees are not had here (nobody served them): the scales, or the factors' version, can be proven.
+        # Their sum trees are not had here (nobody served them): the factors' version or the scales are proven from
+        # the factors alone, a sum by walking the committed tree (SumWalk).
         self._prove_norms_from(outer_round, stage, record, leaves, leaf, own, factors, None)
 
     def _advance(self, walk: Walk, leaf: bytes, path: list[bytes]) -> None:
