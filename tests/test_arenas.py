@@ -98,3 +98,60 @@ def test_start_and_join_set_the_limit_before_anything_else(monkeypatch, command,
     monkeypatch.setitem(faces.COMMANDS, command[0], lambda args: order.append(args.command) or 0)
     assert cli.main(command) == 0
     assert order == (["arenas", "logging", command[0]] if limited else ["logging", command[0]])
+
+
+# 80 MB of 4 KiB blocks, all freed but the newest (it pins the heap's top, as a long-lived block does in a
+# node); glibc's account of what it holds free, and the process's resident anonymous memory at each step.
+_FREED_BELOW_THE_TOP = textwrap.dedent("""
+    import ctypes, json, sys
+    from node.arenas import _glibc, trim_heap
+    libc = _glibc()
+    if libc is None:
+        print("no-glibc"); sys.exit(0)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    def anon_kib():
+        return int(next(l for l in open("/proc/self/status") if l.startswith("RssAnon")).split()[1])
+    before = anon_kib()
+    blocks = [libc.malloc(4096) for _ in range(20000)]
+    for block in blocks:
+        ctypes.memset(block, 1, 4096)
+    held = anon_kib()
+    for block in blocks[:-1]:
+        libc.free(block)
+    freed = anon_kib()
+    released = trim_heap() if sys.argv[1] == "trim" else None
+    print(json.dumps({"before": before, "held": held, "freed": freed, "after": anon_kib(), "released": released}))
+""")
+
+
+def _freed_below_the_top(mode: str) -> dict | None:
+    done = subprocess.run([sys.executable, "-c", _FREED_BELOW_THE_TOP, mode], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    if "no-glibc" in done.stdout:
+        return None
+    import json
+
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_trim_heap_gives_back_the_free_pages_a_pinned_heap_top_keeps():
+    kept = _freed_below_the_top("keep")
+    if kept is None:
+        pytest.skip("not glibc: trim_heap is a no-op")
+    mib = 1024
+    assert kept["held"] - kept["before"] > 70 * mib  # the 80 MB were resident
+    # Without a trim the freed blocks stay resident: glibc shrinks a heap only from its top, which the newest
+    # block pins (the node's case: a round's buffers freed between blocks that live on).
+    assert kept["after"] - kept["before"] > 70 * mib
+    trimmed = _freed_below_the_top("trim")
+    assert trimmed["released"] is True
+    assert trimmed["freed"] - trimmed["before"] > 70 * mib
+    assert trimmed["after"] - trimmed["before"] < 10 * mib  # trim_heap gave them back
+
+
+def test_trim_heap_is_a_no_op_without_glibc(monkeypatch):
+    monkeypatch.setattr(arenas, "_LIBC", False)  # looked up already: not glibc
+    assert arenas.trim_heap() is False
