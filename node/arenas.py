@@ -46,8 +46,8 @@ def _glibc():
 
 
 def trim_heap(libc=None) -> bool:
-    """Give the whole free pages of every malloc arena back to the system (glibc's ``malloc_trim(0)``); whether
-    glibc released any memory (False also where the C library is not glibc: nothing to do there)."""
+    """Give the whole free pages of every malloc arena back to the system (glibc's ``malloc_trim(0)``);
+    whether glibc released any memory (False also where the C library is not glibc: nothing to do)."""
     libc = libc if libc is not None else _trimmer()
     if libc is None:
         return False

@@ -122,7 +122,8 @@ _FREED_BELOW_THE_TOP = textwrap.dedent("""
         libc.free(block)
     freed = anon_kib()
     released = trim_heap() if sys.argv[1] == "trim" else None
-    print(json.dumps({"before": before, "held": held, "freed": freed, "after": anon_kib(), "released": released}))
+    after = anon_kib()
+    print(json.dumps({"before": before, "held": held, "freed": freed, "after": after, "released": released}))
 """)
 
 
