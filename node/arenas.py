@@ -9,14 +9,6 @@ the 60-minute soak with the bound shows it is not the whole of it under churn). 
 ``M_ARENA_MAX`` to 2 with ``mallopt`` as the process starts, before its threads do. Where the C library
 is not glibc (musl, macOS) nothing is done; ``MALLOC_ARENA_MAX`` in the environment, when set, wins (glibc
 read it at start).
-
-The arena bound is not the whole of it: within its two arenas glibc returns freed memory to the system
-only from the top of a heap (and only past ``M_TRIM_THRESHOLD``), so the free chunks a round's buffers
-leave between long-lived blocks stay resident. A node's free memory kept in its arenas rose from about 7
-to 12 MB in 12 minutes of rounds after warm-up while the memory in use stayed within a few MB
-(docs/P2P.md, "What the soak found"). :func:`trim_heap` gives those pages back (``malloc_trim(0)``:
-``MADV_DONTNEED`` on the whole free pages of every arena, the blocks stay where they are); the round
-finisher calls it once a round, after the round's large frees.
 """
 
 from __future__ import annotations
@@ -43,32 +35,6 @@ def _glibc():
     except (OSError, AttributeError):
         return None
     return libc
-
-
-def trim_heap(libc=None) -> bool:
-    """Give the whole free pages of every malloc arena back to the system (glibc's ``malloc_trim(0)``);
-    whether glibc released any memory (False also where the C library is not glibc: nothing to do)."""
-    libc = libc if libc is not None else _trimmer()
-    if libc is None:
-        return False
-    return libc.malloc_trim(0) == 1  # 1: some memory was released
-
-
-_LIBC = None
-
-
-def _trimmer():
-    """glibc with ``malloc_trim`` typed (looked up once: the finisher calls it every round), or None."""
-    global _LIBC
-    if _LIBC is None:
-        libc = _glibc()
-        if libc is None or not hasattr(libc, "malloc_trim"):
-            _LIBC = False
-        else:
-            libc.malloc_trim.argtypes = [ctypes.c_size_t]
-            libc.malloc_trim.restype = ctypes.c_int
-            _LIBC = libc
-    return _LIBC or None
 
 
 def limit_arenas(arenas: int = NODE_ARENAS, libc=None) -> bool:

@@ -24,7 +24,6 @@ from pathlib import Path
 
 from node import protocol as msg
 from node.config import NodeConfig
-from node.arenas import trim_heap
 from node.live.chunkstate import ChunkedStates
 from node.live.committer import Committer
 from node.live.contributor import Contributor
@@ -190,8 +189,6 @@ class RoundFinisher:
             tail()
         # Rounds ROUNDS_KEPT behind this one: none of them is what the tail still reads.
         self.forget_before(min(outer_round - ROUNDS_KEPT, self.committer.handled_through))
-        # The round's large buffers are freed by now: give glibc's free pages back (node/arenas.py).
-        trim_heap()
 
     def settle(self) -> None:
         """Wait until the last round finished with ``overlap_tail`` is sealed, attested and handed to the
