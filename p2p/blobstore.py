@@ -243,10 +243,15 @@ class BlobStore:
         return dest
 
     def remove(self, sha256_hex: str) -> bool:
-        """Delete a stored blob; True if it existed."""
+        """Delete a stored blob and the aliases that served it (:meth:`alias`); True if it existed."""
         path = self.path(sha256_hex)
         existed = path.is_file()
         path.unlink(missing_ok=True)
+        # An alias of a removed blob serves nothing; kept, one stayed in memory for every chunked state a run
+        # published and dropped (two a round and stage, issue 45). list(): alias() may run on another thread.
+        for key, target in list(self._aliases.items()):
+            if target == sha256_hex:
+                self._aliases.pop(key, None)
         return existed
 
     def list(self) -> list[str]:

@@ -93,3 +93,19 @@ def test_peer_limiter_is_per_peer_and_can_be_off():
     both, off = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
     assert 1.9 <= both <= 2.0  # two peers in parallel: each at its own 1 MB/s
     assert off == 0
+
+
+def test_removing_a_blob_drops_its_aliases(tmp_path):
+    """An alias outlived its blob: one entry in memory for every published chunked state a run dropped."""
+    store = BlobStore(tmp_path / "blobs", max_blob_bytes=1 << 20)
+    kept = store.put_bytes(b"kept")
+    for n in range(50):  # a long run: a state published and dropped every round
+        sha, leaf = store.put_bytes(f"state {n}".encode()), hashlib.sha256(f"leaf {n}".encode()).hexdigest()
+        store.alias(leaf, sha)
+        assert store.served_path(leaf).read_bytes() == f"state {n}".encode()
+        assert store.remove(sha)
+    key = hashlib.sha256(b"kept leaf").hexdigest()
+    store.alias(key, kept)
+    assert store._aliases == {key: kept}  # 51 before: every removed blob's alias stayed
+    assert not store.served_path(leaf).exists()  # an alias of a removed blob served nothing before either
+    assert store.served_path(key).read_bytes() == b"kept"
