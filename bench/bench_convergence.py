@@ -91,6 +91,16 @@ VARIANTS = {
     "muon-oadam-1e-1-eps1e-3": {"training": {"optimizer": "muon"},
                                 "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-1, "outer_adam_eps": 1e-3}},
 }
+# The Nesterov outer step retuned for Muon inner steps (docs/DILOCOX.md section 14): the defaults (outer lr 1.0,
+# momentum 0.5: ``muon``) were tuned with AdamW inner steps (section 9), and MuLoCo (arXiv 2505.23725) tunes the
+# outer step per inner optimizer. ``muon-olr<lr>-om<momentum>``: the grid spans section 9's neighbours (lr 0.7 and
+# 1.3) and DiLoCo's 0.7 / 0.9 (arXiv 2311.08105); its steady-state step is lr / (1 - momentum) pseudo-gradients
+# (2 at the defaults, 7 at DiLoCo's), so the grid runs from 0.7 to 16.
+VARIANTS.update({
+    f"muon-olr{lr}-om{momentum}": {"training": {"optimizer": "muon"},
+                                   "diloco": {"outer_lr": lr, "outer_momentum": momentum}}
+    for lr in (0.5, 0.7, 1.0, 1.3, 1.6) for momentum in (0.3, 0.5, 0.7, 0.9) if (lr, momentum) != (1.0, 0.5)
+})
 
 
 #: The plan: every case, every mode, with each inner optimizer (what the table is for); the JSON names what of it

@@ -76,7 +76,9 @@ SECTIONS = (
             "update (arXiv 2502.12996), `m1` one replica with both batches (the scaling-law paper's M = 1, arXiv "
             "2503.09799; listed, not taken as a DiLoCo mode's result), `h25`/`h100` the same paper's other axis, "
             "H = 25 x 60 rounds and H = 100 x 15 (the same tokens), `oadam-<lr>` outer Adam at that outer lr in place of "
-            "the Nesterov step (FedAdam, arXiv 2003.00295: b1 0.9, b2 0.99, no bias correction). One seed per run on a loaded shared machine: differences below about 0.5% are within "
+            "the Nesterov step (FedAdam, arXiv 2003.00295: b1 0.9, b2 0.99, no bias correction), `olr<lr>-om<momentum>` "
+            "the Nesterov outer step at that outer lr and momentum (retuned for Muon inner steps; the defaults are 1.0 "
+            "and 0.5, tuned with AdamW). One seed per run on a loaded shared machine: differences below about 0.5% are within "
             "what seeds move (the five-seed rows of the ablations)."),
     Section("diloco_ablations.json", "Training method: ablations and codec passes", "bench/diloco_ablations.py",
             diloco_ablations),
