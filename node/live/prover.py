@@ -156,6 +156,9 @@ class FraudProver:
         # challenge id of a stage's factors -> (stage, record, committed stage leaves, its leaf, this node's state)
         self._factor_opens: dict[bytes, tuple] = {}
         self._lock = threading.Lock()
+        # One settlement at a time (the expirer's thread, check() and a caller): a call returns after every
+        # challenge found settled has been followed, also one another thread took first.
+        self._settling = threading.RLock()
         self._expirer: threading.Thread | None = None
 
     # -- the committed leaves --------------------------------------------------------------
@@ -502,7 +505,15 @@ class FraudProver:
 
     def settle_challenges(self) -> bool:
         """Settle every pending challenge that is due: answered ones are dropped, unanswered ones expired (also
-        done every EXPIRE_EVERY_S on a thread while any is pending). Whether some are still pending."""
+        done every EXPIRE_EVERY_S on a thread while any is pending). Whether some are still pending.
+
+        Settlements do not overlap: a call made while another thread follows an answered challenge (builds and
+        sends its proof) returns after that one, so what it reads of ``log`` afterwards includes it.
+        """
+        with self._settling:
+            return self._settle_due()
+
+    def _settle_due(self) -> bool:
         with self._lock:
             pending = dict(self._pending)
         for challenge_id, outer_round in pending.items():
