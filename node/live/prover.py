@@ -331,13 +331,8 @@ class FraudProver:
                 return
             self._send_sum(walk, weights)
             return
-        following = differing_sum_subtree(own_tree, walk.chunk, path)
-        if following is None:
-            self._unprovable(walk.outer_round, f"stage {walk.stage}: the published sum leaf {walk.chunk} and its path "
-                                               "agree with this node's sum tree")
-            return
-        walk.chunk = following
-        self._challenge_sums(walk)
+        self._descend(walk, differing_sum_subtree(own_tree, walk.chunk, path), "sum leaf", "sum tree",
+                      self._challenge_sums)
 
     def _committed_weight_leaf(self, walk: SumWalk) -> tuple[bytes, list[bytes]] | None:
         """The round's committed weights leaf of ``walk.chunk`` with its path: this node's own where the committed
@@ -473,13 +468,17 @@ class FraudProver:
                                  walk.chunk, walk.opened[WEIGHTS][1:], walk.opened[MOMENTUM][1:])
             self._send(walk.outer_round, walk.stage, proof, f"chunk {walk.chunk} (opened by availability challenges)")
             return
-        following = differing_subtree(own_leaves, walk.chunk, path)
+        self._descend(walk, differing_subtree(own_leaves, walk.chunk, path), "leaf", "tree", self._challenge)
+
+    def _descend(self, walk: Walk | SumWalk, following: int | None, leaf: str, tree: str, challenge) -> None:
+        """One bisection step of a walk: challenge the next leaf where this node's tree and the published path
+        differ, or log the round unprovable where they agree."""
         if following is None:
-            self._unprovable(walk.outer_round, f"stage {walk.stage}: the published leaf {walk.chunk} and its path "
-                                               "agree with this node's tree")
+            self._unprovable(walk.outer_round, f"stage {walk.stage}: the published {leaf} {walk.chunk} and its path "
+                                               f"agree with this node's {tree}")
             return
         walk.chunk = following
-        self._challenge(walk)
+        challenge(walk)
 
     def _challenge_stage_leaf(self, outer_round: int, record: RoundRecord) -> None:
         """Challenge the committers to publish the leaf of the first stage this node holds under the record's root:
