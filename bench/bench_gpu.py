@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -257,13 +258,21 @@ def _sync(device: torch.device) -> None:
 
 
 def throughput(model: ModelConfig, device: str, precision: str, args: argparse.Namespace, *,
-               compile_model: bool = False) -> dict:
-    """tokens/s (and MFU against the bf16 peak) of one replica, every stage in this process, on random ids."""
+               compile_model: bool = False, batch: int | None = None, fused_adamw: bool = False) -> dict:
+    """tokens/s (and MFU against the bf16 peak) of one replica, every stage in this process, on random ids.
+
+    ``fused_adamw``: torch's one-kernel AdamW (``fused=True``) in place of the engine's (measured, not used by
+    the node: its arithmetic differs from the default's)."""
+    args = argparse.Namespace(**{**vars(args), "batch": batch or args.batch})
     training = TrainingConfig(batch_size=args.batch, device=device, precision=precision, warmup_steps=0)
     trainer = LocalReplicaTrainer(model, training, num_stages=1)
     if compile_model:
         for module in trainer.stage_modules:
             module.compile()
+    if fused_adamw:
+        trainer.optimizers = [torch.optim.AdamW(o.param_groups, lr=training.inner_lr,
+                                                betas=(training.beta1, training.beta2), fused=True)
+                              for o in trainer.optimizers]
     generator = torch.Generator().manual_seed(0)
     batches = [(torch.randint(0, model.vocab_size, (args.batch, model.block_size), generator=generator),
                 torch.randint(0, model.vocab_size, (args.batch, model.block_size), generator=generator))
@@ -281,14 +290,15 @@ def throughput(model: ModelConfig, device: str, precision: str, args: argparse.N
     tokens_per_second = tokens / seconds
     peak = peak_tflops(args, trainer.device)
     achieved = flops_per_token(model) * tokens_per_second / 1e12
-    result = {"precision": precision, "compiled": compile_model, "batch": args.batch, "seq_len": model.block_size,
+    result = {"precision": precision, "compiled": compile_model, "fused_adamw": fused_adamw, "batch": args.batch, "seq_len": model.block_size,
               "steps": args.steps, "warmup_steps": args.warmup, "warmup_seconds": warmup_seconds,
               "seconds": seconds, "tokens_per_second": tokens_per_second, "achieved_tflops": achieved,
               "peak_tflops": peak, "mfu": achieved / peak if peak else None, "last_loss": losses[-1],
               "max_memory_gib": (torch.cuda.max_memory_allocated(trainer.device) / 2**30
                                  if trainer.device.type == "cuda" else None)}
     mfu = "n/a (no peak known)" if result["mfu"] is None else f"{result['mfu']:.1%}"
-    print(f"(a) {precision}{' compiled' if compile_model else ''}: {tokens_per_second:,.0f} tokens/s, "
+    print(f"(a) {precision}{' compiled' if compile_model else ''}{' fused AdamW' if fused_adamw else ''} "
+          f"batch {args.batch}: {tokens_per_second:,.0f} tokens/s, "
           f"{achieved:.3g} TFLOP/s, MFU {mfu}", flush=True)
     del trainer
     if torch.cuda.is_available():
@@ -314,16 +324,32 @@ def round_share(model: ModelConfig, device: str, args: argparse.Namespace) -> di
     _sync(trainer.device)
     parts = {}
 
+    # What the live node does each round (node/live/contributor.py), timed part by part. On the training
+    # thread (blocking): the copies of the start state's weights and optimizer state, the data commitment, and
+    # the encode's first part (the weights to the host). On the node's other lanes, overlapping the next
+    # round's training: the start state's serialisation and hash, the encode, the decode of every
+    # contribution received, the outer step.
+    blocking, lanes = {}, {}
     started = time.perf_counter()
     meta = round_meta(0, 0, model, diloco, run_rounds=0, num_stages=1)
     trainer_parts = [capture_trainer_part(m, o) for m, o in zip(trainer.stage_modules, trainer.optimizers)]
-    state_hashes = [capture_engine_part(meta, engine, part).state_hash()
-                    for engine, part in zip(engines, trainer_parts)]
-    parts["capture_and_hash"] = time.perf_counter() - started
+    blocking["start_state_copy"] = time.perf_counter() - started
 
     started = time.perf_counter()
     data_commitment(corpus, training, model, diloco, 0, 0)
-    parts["data_commitment"] = time.perf_counter() - started
+    blocking["data_commitment"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    states = [capture_engine_part(meta, engine, part) for engine, part in zip(engines, trainer_parts)]
+    state_bytes = [state.to_bytes() for state in states]
+    state_hashes = [hashlib.sha256(data).digest() for data in state_bytes]
+    lanes["start_state_serialise"] = time.perf_counter() - started
+    # The pinned asynchronous copy is the plain copy, bit for bit.
+    plain = [{f"param/{n}": p.detach().cpu().to(torch.float32) for n, p in m.named_parameters()}
+             for m in trainer.stage_modules]
+    copy_matches = all(torch.equal(part[name], value) for part, plain_part in zip(trainer_parts, plain)
+                       for name, value in plain_part.items())
+    del state_bytes, states
 
     started = time.perf_counter()
     for x, y in batches:
@@ -332,37 +358,41 @@ def round_share(model: ModelConfig, device: str, args: argparse.Namespace) -> di
     train_seconds = time.perf_counter() - started
 
     started = time.perf_counter()
-    blocking = time.perf_counter()
     for engine in engines:
         engine.prepare_encode(0)  # the part on the training thread: the weights to the host
-    blocking = time.perf_counter() - blocking
+    blocking["prepare_encode"] = time.perf_counter() - started
+    started = time.perf_counter()
     payloads = [engine.encode_contribution(0)[0] for engine in engines]
-    parts["encode"] = time.perf_counter() - started
+    lanes["encode"] = time.perf_counter() - started
 
     started = time.perf_counter()
     for engine, payload in zip(engines, payloads):  # what a holder does with each other replica's bytes
         decode_contribution(payload, engine.shapes, stage_index=engine.stage_index, outer_round=0)
-    parts["exchange_decode"] = time.perf_counter() - started
+    lanes["exchange_decode"] = time.perf_counter() - started
 
     started = time.perf_counter()
     for engine, payload in zip(engines, payloads):  # M = 2: this contribution and (the same bytes as) another's
         engine.finish_round(0, [payload, payload])
         engine.weights_hash()
-    parts["outer_step"] = time.perf_counter() - started
+    lanes["outer_step"] = time.perf_counter() - started
 
-    added = sum(parts.values())
+    blocking_seconds, lane_seconds = sum(blocking.values()), sum(lanes.values())
     tokens = args.inner_steps * args.batch * model.block_size
     result = {"inner_steps": args.inner_steps, "batch": args.batch, "tokens": tokens, "train_seconds": train_seconds,
-              "tokens_per_second": tokens / train_seconds, "parts": parts, "node_seconds": added,
-              "node_share": added / (train_seconds + added),
-              "blocking_seconds": parts["capture_and_hash"] + parts["data_commitment"] + blocking,
+              "tokens_per_second": tokens / train_seconds, "blocking": blocking, "lanes": lanes,
+              "blocking_seconds": blocking_seconds, "lane_seconds": lane_seconds,
+              # the goal's figure: what the node takes from the training thread
+              "node_share": blocking_seconds / (train_seconds + blocking_seconds),
+              "serial_share": (blocking_seconds + lane_seconds) / (train_seconds + blocking_seconds + lane_seconds),
+              "lanes_fit_in_round": lane_seconds <= train_seconds, "pinned_copy_matches": copy_matches,
               "payload_bytes": sum(len(p) for p in payloads), "state_stages": len(state_hashes),
-              "note": "parts timed one after another; in a live node the encode and the outer step overlap the "
-                      "next round's training (blocking_seconds: what stops the training thread)"}
-    result["blocking_share"] = result["blocking_seconds"] / (train_seconds + result["blocking_seconds"])
-    print(f"(b) round of H={args.inner_steps}: train {train_seconds:.2f}s, node {added:.2f}s "
-          f"({result['node_share']:.1%} serial, {result['blocking_share']:.1%} blocking): "
-          + ", ".join(f"{k} {v:.2f}s" for k, v in parts.items()), flush=True)
+              "note": "blocking: on the training thread; lanes: overlap the next round's training in a live node "
+                      "(serial_share: as if nothing overlapped); parts timed one after another"}
+    print(f"(b) round of H={args.inner_steps}: train {train_seconds:.2f}s, blocking {blocking_seconds:.2f}s "
+          f"({result['node_share']:.1%} of the round), lanes {lane_seconds:.2f}s "
+          f"({'fit' if result['lanes_fit_in_round'] else 'do NOT fit'} in the round; serial "
+          f"{result['serial_share']:.1%}); " + ", ".join(f"{k} {v:.2f}s" for k, v in {**blocking, **lanes}.items())
+          + f"; pinned copy matches: {copy_matches}", flush=True)
     return result
 
 
@@ -411,10 +441,22 @@ def perf(args: argparse.Namespace) -> dict:
     out["throughput"] = {"bf16": throughput(model, device, "bf16", args), "fp32": throughput(model, device, "fp32", args)}
     if args.compile:
         out["throughput"]["bf16_compiled"] = throughput(model, device, "bf16", args, compile_model=True)
+    out["throughput"]["bf16_fused_adamw"] = throughput(model, device, "bf16", args, fused_adamw=True)
+    for batch in args.sweep_batches:
+        out["throughput"][f"bf16_b{batch}"] = throughput(model, device, "bf16", args, batch=batch)
+        if args.compile:
+            out["throughput"][f"bf16_compiled_b{batch}"] = throughput(model, device, "bf16", args, batch=batch,
+                                                                      compile_model=True)
+    # Twice: the first round pays for the pinned host buffers the start state and encode copies land in (a
+    # node pays it once); the second reuses them (torch's caching host allocator), as every later round does.
+    out["round_share_first"] = round_share(model, device, args)
     out["round_share"] = round_share(model, device, args)
     if not args.skip_chain:
         out["chain_run"] = chain_run(args, device)
-    out["goals"] = {"mfu_bf16": out["throughput"]["bf16"]["mfu"], "mfu_goal": 0.40,
+    best = max((name for name in out["throughput"] if name.startswith("bf16")),
+               key=lambda name: out["throughput"][name]["tokens_per_second"])
+    out["goals"] = {"mfu_bf16": out["throughput"]["bf16"]["mfu"], "mfu_best": out["throughput"][best]["mfu"],
+                    "mfu_best_setting": best, "mfu_goal": 0.40,
                     "node_share": out["round_share"]["node_share"], "node_share_goal": 0.03}
     return out
 
@@ -438,6 +480,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5, help="untimed inner steps before them")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure bf16 with torch.compile")
+    parser.add_argument("--sweep-batches", default="",
+                        help="comma-separated further batch sizes of (a) in bf16 (eager, and compiled with --compile)")
     parser.add_argument("--peak-tflops", type=float, default=0.0, help="dense bf16 peak for MFU (0: by GPU name)")
     parser.add_argument("--skip-chain", action="store_true", help="leave out (c), the run on a local chain")
     parser.add_argument("--chain-preset", default="llama-20m")
@@ -459,6 +503,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.inner_steps is None:
         args.inner_steps = 20 if args.calibrate else 4 if args.smoke else 100
+    try:
+        args.sweep_batches = [int(b) for b in args.sweep_batches.split(",") if b.strip()]
+    except ValueError:
+        parser.error(f"--sweep-batches={args.sweep_batches!r}: comma-separated integers")
+    if any(b < 1 for b in args.sweep_batches):
+        parser.error(f"--sweep-batches={args.sweep_batches}: each must be >= 1")
     if args.smoke:  # tiny everything: the plumbing, on any device
         args.batch, args.steps, args.warmup, args.compile = 4, 3, 1, False
         args.chain_preset, args.chain_rounds, args.chain_inner_steps, args.chain_batch = "tiny", 2, 3, 4

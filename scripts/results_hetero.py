@@ -91,6 +91,8 @@ def reexec_isa(r: dict) -> list[str]:
                              "every instruction's floating-point result as an ARM CPU gives it, timings meaningless), "
                              f"every contribution rerun on every platform on {doc.get('rerun_threads', '1,2')} "
                              "thread(s).")]
+        if doc.get("note"):  # measured on another machine (its own recorded block)
+            lines[-1:-1] = ["", f"`{preset}`: {doc['note']}."]
     honest_rows, cheat_rows = [], []
     for preset, doc in r["presets"].items():
         s = doc["summary"]
@@ -134,3 +136,34 @@ def screening_delay(r: dict) -> list[str]:
              "from them (each in a round of the three and it: sign flip and 4x of the longest and shortest, noise of "
              "the median and of the longest norm)."), ""] + table(
         ["contributions", "n", *rules.values()], rows)
+
+
+def gpu(r: dict) -> list[str]:
+    """bench/bench_gpu.py on a GPU: (a) tokens/s and MFU of llama-124m per setting, (b) the node's share of a round."""
+    e, m = r["environment"], r["model"]
+    rows = [[name, str(t["batch"]), t["precision"], "yes" if t.get("compiled") else "no",
+             "yes" if t.get("fused_adamw") else "no", f"{t['tokens_per_second']:,.0f}", f"{t['achieved_tflops']:.0f}",
+             f"{t['mfu']:.1%}" if t.get("mfu") is not None else "-"] for name, t in r["throughput"].items()]
+    lines = [(f"On {e['device']} (torch {e['torch']}, CUDA {e['cuda']}, {e['cpus']} CPUs): one `{m['preset']}` replica "
+              f"({m['params']:,} parameters, vocabulary {m['vocab_size']}, sequences of 1024) on random ids; MFU = "
+              "(6 N + 12 L T C) x tokens/s over the dense bf16 peak. Goal: MFU >= 40% in bf16 (best here: "
+              f"{r['goals']['mfu_best']:.1%}, `{r['goals']['mfu_best_setting']}`)."), ""]
+    lines += table(["setting", "batch", "precision", "torch.compile", "fused AdamW", "tokens/s", "TFLOP/s", "MFU"], rows)
+    share_rows = []
+    for name in ("round_share_first", "round_share"):
+        b = r.get(name)
+        if not b or "blocking" not in b:
+            continue
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in {**b["blocking"], **b["lanes"]}.items())
+        share_rows.append([name, f"{b['inner_steps']}", f"{b['train_seconds']:.2f}", f"{b['blocking_seconds']:.2f}",
+                           f"{b['node_share']:.1%}", f"{b['lane_seconds']:.2f}", "yes" if b["lanes_fit_in_round"] else "no",
+                           parts])
+    lines += ["", (f"The node's share of a round (H inner steps in bf16, batch {r['round_share']['batch']}): what blocks "
+                   "the training thread, and the lanes that overlap the next round's training (seconds). Goal: "
+                   f"node share <= 3% (here {r['goals']['node_share']:.1%}). The first round allocates the pinned "
+                   "host buffers the copies land in; later rounds reuse them."), ""]
+    lines += table(["round", "H", "train s", "blocking s", "node share", "lanes s", "lanes fit", "parts (s)"],
+                   share_rows)
+    if r.get("provenance"):
+        lines += ["", f"How it was run: {r['provenance']}"]
+    return lines + [""]

@@ -131,6 +131,22 @@ def test_contribution_norm_is_the_correctly_rounded_exact_norm():
     assert lower_median([3.0, 1.0, 2.0, 4.0]) == 2.0 and lower_median([5.0]) == 5.0
 
 
+def test_contribution_norm_of_millions_of_values_is_decided_in_one_pass(monkeypatch):
+    # The one-pass bound is taken block by block: at 2**22 values (a llama-124m contribution has 2**27) it
+    # still decides the rounding, and the levels (several more passes over the whole contribution) never run.
+    import training.robust as robust
+
+    def levels(*_):
+        raise AssertionError("fell back to _levels_norm")
+
+    g = torch.Generator().manual_seed(11)
+    tensors = {"w": torch.randn(1 << 21, generator=g) * 3e-3, "b": torch.randn(1 << 21, generator=g)}
+    monkeypatch.setattr(robust, "_levels_norm", levels)
+    norm = contribution_norm(tensors)
+    squares = np.concatenate([t.numpy().astype(np.float64) ** 2 for t in tensors.values()])
+    assert norm == math.sqrt(math.fsum(squares.tolist()))
+
+
 def test_contribution_norm_equals_fsum_of_exact_squares_over_every_float32_range():
     # The vectorized exact sum must give the very double math.fsum gives (the audit's
     # earlier definition): subnormals, zeros, huge values, mixed exponents, empty tensors.

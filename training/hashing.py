@@ -63,11 +63,11 @@ _DTYPE_TAGS: dict[torch.dtype, tuple[bytes, torch.dtype]] = {
 
 def tensor_le_bytes(tensor: torch.Tensor) -> bytes:
     """Row-major little-endian bytes of ``tensor``'s elements (any strides, any host)."""
-    return _le_array(tensor).tobytes()
+    return tensor_le_array(tensor).tobytes()
 
 
-def _le_array(tensor: torch.Tensor) -> np.ndarray:
-    """:func:`tensor_le_bytes` as a C-contiguous array (hashed through the buffer protocol, without a copy)."""
+def tensor_le_array(tensor: torch.Tensor) -> np.ndarray:
+    """:func:`tensor_le_bytes` as a C-contiguous array (hashed or joined through the buffer protocol, without a copy)."""
     if tensor.dtype not in _DTYPE_TAGS:
         raise WeightsHashError(f"dtype {tensor.dtype} has no canonical hash layout")
     _, int_dtype = _DTYPE_TAGS[tensor.dtype]
@@ -95,7 +95,7 @@ def stage_weights_hash(named_tensors: Mapping[str, torch.Tensor]) -> bytes:
             raise WeightsHashError(f"{name!r}: dtype {tensor.dtype} has no canonical hash layout")
         name_bytes = name.encode("utf-8")
         tag, _ = _DTYPE_TAGS[tensor.dtype]
-        data = _le_array(tensor)
+        data = tensor_le_array(tensor)
         digest.update(struct.pack("<I", len(name_bytes)))
         digest.update(name_bytes)
         digest.update(struct.pack("<B", len(tag)))

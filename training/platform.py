@@ -27,7 +27,8 @@ depend on the hardware. A start state records the claimant's
 * otherwise (another CPU model, a GPU, another library build or thread count): the relative L2
   distance of the decoded pseudo-gradients, judged in three zones (issue 42): at most
   :data:`TOLERANCE_PASS_BOUND` passes, beyond :data:`CROSS_PLATFORM_TOLERANCE` (the largest
-  distance an honest rerun on another platform was ever measured at, with margin) is a mismatch,
+  distance an honest rerun on another platform was ever measured at, with margin; none in bf16,
+  where honest and cheating distances across platforms overlap) is a mismatch,
   and anything between is :data:`UNDECIDED`: no verdict, nobody accused, the check needs a
   verifier of the claimant's platform (the audit says so and is INCOMPLETE).
 
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import platform as host_platform
 from dataclasses import asdict, dataclass, fields
@@ -76,12 +78,17 @@ RULE_SAME_PLATFORM = "same-platform-bit-exact"
 RULE_CROSS_PLATFORM = "cross-platform-tolerance"
 RULE_UNRECORDED = "unrecorded-platform-tolerance"  # a start state from before fingerprints (float32 CPU runs)
 
-#: Relative L2 distance between decoded pseudo-gradients accepted across platforms, by the
-#: claimant's precision. float32: the value re-execution has used since issue 13 (honest reruns
-#: on another thread count reach 3.0e-3, the 1%-perturbation cheat starts at 4.9e-2;
-#: bench/results/reexec.json). bfloat16: calibrated by bench/bench_gpu.py --calibrate
-#: (bench/results/gpu_calibration.json, docs/GPU.md "Calibration").
-CROSS_PLATFORM_TOLERANCE = {"fp32": 1e-2, "bf16": 2e-2}
+#: Relative L2 distance between decoded pseudo-gradients beyond which a rerun on another platform is a
+#: mismatch, by the claimant's precision. float32: the value re-execution has used since issue 13 (honest
+#: reruns on another thread count reach 3.0e-3, the 1%-perturbation cheat starts at 4.9e-2;
+#: bench/results/reexec.json; CPU <-> H200 honest reruns at most 9.0e-7: bench/results/gpu_calibration.json).
+#: bfloat16: none. On an H200 and this CPU (bench/bench_gpu.py --calibrate, docs/GPU.md "Calibration")
+#: honest bf16 reruns on the other device lie up to 0.159 from the claim and on another CPU thread count
+#: up to 7.6e-3, while 1% cheats start at 5.6e-3: the ranges overlap, so every finite bound either
+#: accuses honest members or passes cheats. A bf16 claim rerun on another platform is passed (within
+#: :data:`TOLERANCE_PASS_BOUND`) or undecided, never a mismatch: only a verifier of the claimant's own
+#: platform, which demands the same bits, convicts it.
+CROSS_PLATFORM_TOLERANCE = {"fp32": 1e-2, "bf16": math.inf}
 
 #: The largest distance a rerun on another platform passes at (the three zones of :func:`compare_rerun`):
 #: below the smallest 1%-perturbation cheat measured in either precision (3.4e-4 in fp32, 3.4e-3 in
@@ -515,6 +522,7 @@ def compare_rerun(
         what = "other threads" if claimed == rerun else f"claimant on {claimed.describe()}"
         where = f"{what} ({claimed_threads} threads), rerun on {rerun.describe()} ({rerun_threads} threads)"
     needs = ("; needs a verifier of the claimant's platform and thread count" if verdict == UNDECIDED else "")
+    beyond = f"mismatch beyond {limit:.3g}" if math.isfinite(limit) else "never a mismatch across platforms"
     return RerunVerdict(verdict, rule, distance, limit,
                         f"{where}: largest relative distance {distance:.3g} (passes up to {passes:.3g}, "
-                        f"mismatch beyond {limit:.3g}){needs}", passes)
+                        f"{beyond}){needs}", passes)

@@ -57,7 +57,7 @@ import hashlib
 import json
 import logging
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -66,8 +66,9 @@ from torch import nn
 
 from training.butterfly import slice_stage
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
+from training.diloco import host_float32_copy
 from training.errors import EngineStateError, ReplicaStateError
-from training.hashing import tensor_le_bytes
+from training.hashing import tensor_le_array
 from training.muon import optimizer_prefixes, state_kind
 from training.platform import PlatformError, PlatformFingerprint, parse_fingerprint
 from training.pipeline import LocalReplicaTrainer
@@ -134,7 +135,11 @@ class StageStartState:
     tensors: Mapping[str, torch.Tensor]
 
     def to_bytes(self) -> bytes:
-        """The canonical bytes of the module docstring."""
+        """The canonical bytes of the module docstring (one copy of the tensors' data)."""
+        return b"".join(self._pieces())
+
+    def _pieces(self) -> Iterator[bytes | memoryview]:
+        """:meth:`to_bytes` in order, each tensor's data a view of its little-endian array (no copy)."""
         header = {
             "v": STATE_VERSION,
             "stage": self.stage_index,
@@ -144,18 +149,20 @@ class StageStartState:
         if self.meta.platform is not None:
             header.update(v=STATE_VERSION_PLATFORM, platform=self.meta.platform.document())
         meta = _canonical_json(header)
-        out = [STATE_MAGIC, struct.pack("<I", len(meta)), meta, struct.pack("<I", len(self.tensors))]
+        yield from (STATE_MAGIC, struct.pack("<I", len(meta)), meta, struct.pack("<I", len(self.tensors)))
         for name in sorted(self.tensors, key=lambda n: n.encode("utf-8")):
-            out.append(_tensor_record(name, self.tensors[name]))
-        return b"".join(out)
+            yield from _tensor_record(name, self.tensors[name])
 
     def state_hash(self) -> bytes:
-        """sha256 of :meth:`to_bytes` (what the stage's contribution envelope binds)."""
-        return hashlib.sha256(self.to_bytes()).digest()
+        """sha256 of :meth:`to_bytes` (what the stage's contribution envelope binds), without building them."""
+        digest = hashlib.sha256()
+        for piece in self._pieces():
+            digest.update(piece)
+        return digest.digest()
 
     @property
     def num_bytes(self) -> int:
-        return len(self.to_bytes())
+        return sum(memoryview(piece).nbytes for piece in self._pieces())
 
     def group(self, prefix: str) -> dict[str, torch.Tensor]:
         """The tensors under ``prefix/`` with the prefix removed (e.g. ``"param"``)."""
@@ -234,19 +241,18 @@ def capture_trainer_part(module: nn.Module, optimizer: torch.optim.Optimizer) ->
     Take it before the round's first inner step; :func:`capture_engine_part` may follow later
     (on another thread), as long as the engine has not changed in between.
     """
-    tensors: dict[str, torch.Tensor] = {}
+    live: dict[str, torch.Tensor] = {}
     for name, param in module.named_parameters():
-        # float32 CPU copies whatever the device: the state's bytes are the host's (docs/GPU.md).
-        tensors[f"param/{name}"] = param.detach().to(device="cpu", dtype=torch.float32, copy=True)
+        live[f"param/{name}"] = param
         state = optimizer.state.get(param, {})
         prefix, fields = state_kind(optimizer, param)
         if state and set(state) != set(fields):
             raise ReplicaStateError(f"{name!r}: inner optimizer state has fields {sorted(state)}, expected "
                                     f"{sorted(fields)} ({prefix})")
         for field_name, value in state.items():
-            tensors[f"{prefix}.{field_name}/{name}"] = torch.as_tensor(value).detach().to(
-                device="cpu", dtype=torch.float32, copy=True)
-    return tensors
+            live[f"{prefix}.{field_name}/{name}"] = torch.as_tensor(value)
+    # float32 CPU copies whatever the device: the state's bytes are the host's (docs/GPU.md).
+    return host_float32_copy(live)
 
 
 def capture_engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, torch.Tensor]) -> StageStartState:
@@ -506,12 +512,13 @@ def _canonical_json(value) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
-def _tensor_record(name: str, tensor: torch.Tensor) -> bytes:
+def _tensor_record(name: str, tensor: torch.Tensor) -> tuple[bytes, memoryview]:
+    """(header, data) of one tensor's record: the data a view of its little-endian float32 array."""
     if tensor.dtype != torch.float32:
         raise ReplicaStateError(f"{name!r}: dtype {tensor.dtype}, the replica state stores float32 only")
     name_bytes = name.encode("utf-8")
-    data = tensor_le_bytes(tensor)
+    data = memoryview(tensor_le_array(tensor)).cast("B")
     dims = struct.pack(f"<{tensor.dim()}Q", *tensor.shape)
-    return b"".join((struct.pack("<I", len(name_bytes)), name_bytes, struct.pack("<B", 7), b"float32",
-                     struct.pack("<I", tensor.dim()), dims, struct.pack("<Q", len(data)), data))
+    return (b"".join((struct.pack("<I", len(name_bytes)), name_bytes, struct.pack("<B", 7), b"float32",
+                      struct.pack("<I", tensor.dim()), dims, struct.pack("<Q", data.nbytes))), data)
 
