@@ -68,7 +68,7 @@ from training.platform import (  # noqa: E402
 )
 from training.reexec import contribution_distance, data_commitment, reexecute, round_meta  # noqa: E402
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica, run_with_states  # noqa: E402
-from training.replica_state import ReplicaStartState, capture_engine_part, capture_trainer_part  # noqa: E402
+from training.replica_state import ReplicaStartState, capture_trainer_part, start_state_bytes  # noqa: E402
 from training.stage_engine import StageEngine  # noqa: E402
 from training.stages import split_stages, stage_param_shapes  # noqa: E402
 
@@ -340,8 +340,7 @@ def round_share(model: ModelConfig, device: str, args: argparse.Namespace) -> di
     blocking["data_commitment"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    states = [capture_engine_part(meta, engine, part) for engine, part in zip(engines, trainer_parts)]
-    state_bytes = [state.to_bytes() for state in states]
+    state_bytes = [start_state_bytes(meta, engine, part) for engine, part in zip(engines, trainer_parts)]
     state_hashes = [hashlib.sha256(data).digest() for data in state_bytes]
     lanes["start_state_serialise"] = time.perf_counter() - started
     # The pinned asynchronous copy is the plain copy, bit for bit.
@@ -349,7 +348,7 @@ def round_share(model: ModelConfig, device: str, args: argparse.Namespace) -> di
              for m in trainer.stage_modules]
     copy_matches = all(torch.equal(part[name], value) for part, plain_part in zip(trainer_parts, plain)
                        for name, value in plain_part.items())
-    del state_bytes, states
+    del state_bytes
 
     started = time.perf_counter()
     for x, y in batches:

@@ -111,6 +111,33 @@ def test_start_state_bytes_are_canonical_and_parsed_strictly(run):
             parse_stage_state(bad)
 
 
+def test_start_state_bytes_serialise_the_engine_in_place_and_captures_are_copies():
+    """The node serialises a start state on the spot without copying the engine's tensors (gigabytes at
+    llama-124m): the same bytes as a capture; a capture kept for later stays what it was."""
+    from training.pipeline import LocalReplicaTrainer
+    from training.reexec import round_meta
+    from training.replica_state import capture_engine_part, capture_trainer_part, start_state_bytes
+    from training.stage_engine import StageEngine
+
+    model, training = ModelConfig(preset="tiny"), TrainingConfig(seed=3, batch_size=2, warmup_steps=0)
+    diloco, compression = DilocoConfig(inner_steps=1), CompressionConfig(min_compress_numel=512)
+    trainer = LocalReplicaTrainer(model, training, num_stages=1)
+    module, optimizer = trainer.stage_modules[0], trainer.optimizers[0]
+    engine = StageEngine(0, dict(module.named_parameters()), diloco, compression)
+    x = torch.randint(0, model.vocab_size, (2, model.block_size), generator=torch.Generator().manual_seed(0))
+    trainer.train_step(x, x)
+    engine.encode_contribution(0)  # the engine now holds a round's snapshots and a residual
+    meta = round_meta(1, 0, model, diloco, run_rounds=2, num_stages=1)
+    part = capture_trainer_part(module, optimizer)
+    captured = capture_engine_part(meta, engine, part)
+    before = captured.to_bytes()
+    assert start_state_bytes(meta, engine, part) == before
+    for tensor in [*engine.global_weights.values(), *engine.compressor.residual.values()]:
+        tensor.add_(1.0)  # the engine changes afterwards, in place
+    assert captured.to_bytes() == before
+    assert start_state_bytes(meta, engine, part) != before
+
+
 def test_honest_contributions_reexecute_bit_exactly_and_chain(run):
     sim, records = run
     for outer_round in range(ROUNDS):

@@ -158,8 +158,9 @@ class ErrorFeedbackCompressor:
         self.residual = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()}
         self._carry = False
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {name: value.clone() for name, value in self.residual.items()}
+    def state_dict(self, *, copy: bool = True) -> dict[str, torch.Tensor]:
+        """The residual (error feedback), cloned unless ``copy=False`` (:meth:`StageEngine.state_dict`)."""
+        return {name: value.clone() if copy else value for name, value in self.residual.items()}
 
     def encoder_state(self) -> dict[str, dict[str, torch.Tensor]] | None:
         """The encoder's memo as tensors (:meth:`~training.codec.memo.EncoderMemo.to_tensors`), None without one."""

@@ -256,9 +256,20 @@ def capture_trainer_part(module: nn.Module, optimizer: torch.optim.Optimizer) ->
 
 
 def capture_engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, torch.Tensor]) -> StageStartState:
-    """:func:`capture_stage_state` from its trainer part and the engine's current state."""
+    """:func:`capture_stage_state` from its trainer part and the engine's current state (copied)."""
+    return _engine_part(meta, engine, trainer_part, copy=True)
+
+
+def start_state_bytes(meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, torch.Tensor]) -> bytes:
+    """``capture_engine_part(...).to_bytes()`` without copying the engine's tensors first: the engine must
+    not change until this returns (the node serialises a start state before the next encode or apply)."""
+    return _engine_part(meta, engine, trainer_part, copy=False).to_bytes()
+
+
+def _engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, torch.Tensor], *,
+                 copy: bool) -> StageStartState:
     tensors = dict(trainer_part)
-    engine_state = engine.state_dict()
+    engine_state = engine.state_dict(copy=copy)
     for group, key in (("global", "global_weights"), ("momentum", "momentum"), ("residual", "error_feedback"),
                        ("round_start", "round_start")):
         tensors.update({f"{group}/{n}": t for n, t in engine_state[key].items()})

@@ -547,24 +547,29 @@ class StageEngine:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def state_dict(self) -> dict:
-        """Global weights, momentum, error feedback, local snapshots and round counters (cloned)."""
+    def state_dict(self, *, copy: bool = True) -> dict:
+        """Global weights, momentum, error feedback, local snapshots and round counters (cloned).
+
+        ``copy=False``: the engine's own host tensors, not copies, for a caller that is done with them
+        before the engine changes next (serialising a start state on the spot: a copy of gigabytes saved).
+        """
+        snap = host_float32_copy if copy else dict
         return {
             "version": ENGINE_STATE_VERSION,
             "stage_index": self.stage_index,
             "one_step_delay": self.delayed,
             "last_encoded": self.last_encoded,
             "last_applied": self.last_applied,
-            "global_weights": host_float32_copy(self.global_weights),
-            "momentum": host_float32_copy(self.momentum),
-            "error_feedback": self.compressor.state_dict(),
-            "round_start": host_float32_copy(self._round_start),
-            "round_end": {int(r): host_float32_copy(snap) for r, snap in self._round_end.items()},
-            "own_decoded": {int(r): host_float32_copy(snap) for r, snap in self._own_decoded.items()},
+            "global_weights": snap(self.global_weights),
+            "momentum": snap(self.momentum),
+            "error_feedback": self.compressor.state_dict(copy=copy),
+            "round_start": snap(self._round_start),
+            "round_end": {int(r): snap(weights) for r, weights in self._round_end.items()},
+            "own_decoded": {int(r): snap(weights) for r, weights in self._own_decoded.items()},
             "others_previous": None if self._others_previous is None else (
-                host_float32_copy(self._others_previous[0]), self._others_previous[1]
+                snap(self._others_previous[0]), self._others_previous[1]
             ),
-            "sent": {int(r): host_float32_copy(snap) for r, snap in self._sent.items()},
+            "sent": {int(r): snap(weights) for r, weights in self._sent.items()},
             # Encoders "v3", "v4" only (None otherwise): last round's codings (v3: and bases).
             "encoder_memo": self.compressor.encoder_state(),
         }

@@ -34,7 +34,7 @@ from training.screening import (
 from training.hashing import stage_weights_hash, weights_root
 from training.model import init_state_dict
 from training.reexec import data_commitment, round_meta
-from training.replica_state import capture_engine_part, capture_trainer_part
+from training.replica_state import capture_trainer_part, start_state_bytes
 from training.pipeline import (
     LocalReplicaTrainer,
     PipelineStageTrainer,
@@ -279,8 +279,7 @@ class ReplicaWorker:
             held = {spec.index: (module, optimizer) for spec, module, optimizer in
                     zip(self.specs, self.trainer.stage_modules, self.trainer.optimizers)}
         parts = {stage: capture_trainer_part(*held[stage]) for stage in self.stages}
-        return lambda: {stage: capture_engine_part(meta, self.engines[stage], parts[stage]).to_bytes()
-                        for stage in self.stages}
+        return lambda: {stage: start_state_bytes(meta, self.engines[stage], parts[stage]) for stage in self.stages}
 
     def data_commitment(self, outer_round: int) -> bytes:
         """sha256 of the token ids this replica's H inner steps of ``outer_round`` consume."""
