@@ -213,7 +213,9 @@ def summarize_calibration(rows: list[dict]) -> dict:
             "rule_cheats": _zones([r["distance"] for r in mine if r["role"] == "cheat"], precision),
             "rule_honest_cross": _zones([r["distance"] for r in mine if r["role"] == "honest"
                                          and r["rerun"] in ("threads", "device")], precision),
-            "tolerance_in_force": CROSS_PLATFORM_TOLERANCE[precision],
+            # None: no mismatch bound across platforms (bf16, training/platform.py)
+            "tolerance_in_force": (CROSS_PLATFORM_TOLERANCE[precision]
+                                   if math.isfinite(CROSS_PLATFORM_TOLERANCE[precision]) else None),
             "suggested_tolerance": suggested,
             "suggested_separates": None if suggested is None or not cheats else suggested < min(cheats),
             "measured_devices": sorted({r["rerun_device"] for r in mine} | {r["claimant_device"] for r in mine}),

@@ -452,7 +452,8 @@ def gpu_calibration(r: dict) -> list[str]:
     for precision, d in r["summary"].items():
         rows.append([precision, g(d["same_platform_max"]), g(d["other_threads_max"]), g(d["other_device_max"]),
                      g(d["other_precision_max"]), g(d["cheat_min"]), f"{d['cheats_below_tolerance']} of {d['cheats']}",
-                     g(d["tolerance_in_force"]), _zones_cell(d.get("rule_cheats")),
+                     "none" if d["tolerance_in_force"] is None else g(d["tolerance_in_force"]),
+                     _zones_cell(d.get("rule_cheats")),
                      _zones_cell(d.get("rule_honest_cross"))])
     return [(f"Largest relative distance between a contribution and its honest rerun, by what differs, and the "
              f"smallest a 1% cheat reached: `{a['preset']}` ({r['model_params']:,} parameters), {a['seeds']} seeds x "
