@@ -96,7 +96,11 @@ def link_or_copy(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -
     try:
         os.link(source, tmp)
     except OSError:
-        shutil.copyfile(source, tmp)
+        try:
+            shutil.copyfile(source, tmp)
+        except BaseException:  # a full disk: no partial copy left
+            tmp.unlink(missing_ok=True)
+            raise
     os.replace(tmp, dest)
 
 
@@ -148,10 +152,14 @@ class BlobStore:
         if self.has(sha256_hex):
             return sha256_hex
         staged = self.new_staging_file()
-        with open(staged, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        try:
+            with open(staged, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except BaseException:  # a full disk: no partial staging file left to eat the space freed later
+            staged.unlink(missing_ok=True)
+            raise
         self.commit(staged, sha256_hex, verified=True)
         return sha256_hex
 
