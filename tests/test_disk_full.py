@@ -164,3 +164,29 @@ def test_log_handler_drops_records_on_a_full_disk_without_tracebacks(full_disk, 
     text = (full_disk / "node.log").read_text()
     assert "before" in text and text.rstrip().endswith("after")
     assert "log records dropped: the log's disk was full" in text
+
+
+def test_a_fetch_onto_a_full_disk_blames_no_provider_and_succeeds_once_space_is_freed(tmp_path, full_disk):
+    from p2p.config import P2PConfig
+    from p2p.errors import BlobStoreFull
+    from p2p.host import P2PHost
+    from p2p.identity import Identity
+
+    config = {"gossip_resync_interval": 0}
+    provider = P2PHost.start(P2PConfig(**config), Identity.generate(), data_dir=tmp_path / "provider")
+    fetcher = P2PHost.start(P2PConfig(bootstrap=provider.listen_addrs, **config), Identity.generate(),
+                            data_dir=full_disk / "fetcher")
+    try:
+        data = bytes(range(256)) * 2048  # 512 KiB: more than the full disk takes
+        digest = provider.provide_blob(data, announce=False)
+        filler = fill(full_disk)
+        with pytest.raises(BlobStoreFull, match=f"disk of {full_disk / 'fetcher'}.* is full"):
+            fetcher.fetch_blob(digest, tmp_path / "out.bin", providers=[provider.peer_id], timeout=60)
+        assert not fetcher.store.has(digest)
+        assert [p for p in fetcher.store.staging.iterdir()] == []  # nothing half-fetched eats the space
+        filler.unlink()
+        out = fetcher.fetch_blob(digest, tmp_path / "out.bin", providers=[provider.peer_id], timeout=60)
+        assert out.read_bytes() == data
+    finally:
+        fetcher.close()
+        provider.close()
