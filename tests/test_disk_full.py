@@ -10,6 +10,8 @@ import errno
 import json
 import logging
 import threading
+import time
+from types import SimpleNamespace
 
 import pytest
 from tinyfs import fill, tiny_filesystem
@@ -17,6 +19,7 @@ from tinyfs import fill, tiny_filesystem
 from node.cli import _FileHandler
 from node.errors import DiskFull
 from node.fsutil import append_line, atomic_write_bytes, is_disk_full, retry_on_full_disk
+from node.live.committer import Committer
 from node.live.status import StateFile
 from node.store.archive import Archive, ArchivedContribution
 from p2p.blobstore import BlobStore
@@ -190,3 +193,41 @@ def test_a_fetch_onto_a_full_disk_blames_no_provider_and_succeeds_once_space_is_
     finally:
         fetcher.close()
         provider.close()
+
+
+class _ArchivingCommitter(Committer):
+    """A committer whose chain step of a round writes that round's file on the test's tmpfs (the real
+    step writes the checkpoint and state.json): a full disk fails it as it failed the soak's."""
+
+    def __init__(self, node, directory) -> None:
+        self.directory = directory
+        self.tries: list[int] = []
+        super().__init__(node)
+
+    def handle(self, outer_round: int) -> None:
+        self.tries.append(outer_round)
+        atomic_write_bytes(self.directory / f"round-{outer_round}.json", b"r" * 300_000)
+
+
+def test_the_committer_retries_a_round_its_full_disk_failed_and_skips_none(full_disk):
+    context = SimpleNamespace(stop_event=threading.Event())
+    committer = _ArchivingCommitter(context, full_disk)
+    try:
+        committer.submit(0)
+        assert committer.drain(60) and committer.handled_through == 0
+        filler = fill(full_disk)
+        committer.submit(1)
+        committer.submit(2)
+        deadline = time.monotonic() + 60
+        while committer.tries.count(1) < 3:  # failed, paused, and tried again, still full
+            assert time.monotonic() < deadline, committer.tries
+            time.sleep(0.05)
+        assert committer.handled_through == 0 and 2 not in committer.tries  # not handled, nothing after it ran
+        filler.unlink()  # the operator frees space
+        assert committer.drain(60)
+        assert committer.handled_through == 2
+        assert [r for i, r in enumerate(committer.tries) if r not in committer.tries[:i]] == [0, 1, 2]
+        assert all((full_disk / f"round-{r}.json").stat().st_size == 300_000 for r in range(3))
+    finally:
+        context.stop_event.set()
+        committer.close()
