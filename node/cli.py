@@ -26,6 +26,7 @@ from node.errors import (
     PullRefused,
     StateError,
 )
+from node.fsutil import disk_full_message, is_disk_full
 from p2p.errors import P2PError
 from training.errors import TrainingError
 
@@ -71,8 +72,38 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+class _FullDiskTolerant:
+    """A log handler that drops a record its full disk cannot take (ENOSPC), counted, instead of printing a
+    traceback per record to stderr (on the same disk, as a rule); the next record written says how many."""
+
+    dropped = 0
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        if is_disk_full(sys.exc_info()[1]):
+            self.dropped += 1
+            return
+        super().handleError(record)  # type: ignore[misc]
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.dropped:
+            dropped, self.dropped = self.dropped, 0
+            super().emit(logging.LogRecord(__name__, logging.WARNING, __file__, 0, "%d log records dropped: "
+                                           "the log's disk was full", (dropped,), None))  # type: ignore[misc]
+            if self.dropped:  # still full: the notice went the same way
+                self.dropped = dropped
+        super().emit(record)  # type: ignore[misc]
+
+
+class _FileHandler(_FullDiskTolerant, logging.FileHandler):
+    pass
+
+
+class _StreamHandler(_FullDiskTolerant, logging.StreamHandler):
+    pass
+
+
 def configure_logging(level: str = "info", json_logs: bool = False, log_file: str | None = None) -> None:
-    handler: logging.Handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
+    handler: logging.Handler = _FileHandler(log_file) if log_file else _StreamHandler(sys.stderr)
     if json_logs:
         handler.setFormatter(_JsonFormatter())
     else:
@@ -347,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         if os.environ.get("DLX_DEBUG"):
             raise
+        if is_disk_full(exc):  # every write is atomic: what is on disk loads on the next start
+            print(f"dlx-node {args.command}: error: {disk_full_message(exc, 'stopped; free space and start again')}",
+                  file=sys.stderr)
+            return 1
         print(f"dlx-node {args.command}: error: {exc}", file=sys.stderr)
         return 1
 

@@ -113,3 +113,9 @@ class DataFetchError(NodeError):
 
 class DataMismatch(DataFetchError):
     """The bytes fetched (or copied with ``--from``) are not the pinned ones; nothing was kept."""
+
+
+class DiskFull(StateError):
+    """A write the node cannot go on without met a full disk (ENOSPC, EDQUOT) and the node was stopped
+    before space was freed: what was on disk is still loadable (every write is atomic), the rest is redone
+    after a restart."""

@@ -1,12 +1,38 @@
-"""Atomic file writes: a crash leaves either the old file or the new one, never half of one."""
+"""Atomic file writes: a crash or a full disk leaves either the old file or the new one, never half of one.
+
+A full disk (``ENOSPC``, ``EDQUOT``) is a transient fault of a running node, not a crash
+(issue 45): :func:`retry_on_full_disk` pauses the write that needs the disk, says so in one
+rate-limited line, and does it once space is freed; :func:`report_disk_full` is that line for
+a write that is only deferred or skipped (a cache, a status file).
+"""
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
+import shutil
 import tempfile
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from node.errors import DiskFull
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: The errors of a write that found no room: a full filesystem or an exhausted quota.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: One line per kind of deferred write at most this often while the disk stays full.
+DISK_FULL_REPORT_S = 60.0
+#: A write paused by a full disk is tried again after this, doubling up to the max.
+DISK_RETRY_MIN_S = 0.5
+DISK_RETRY_MAX_S = 15.0
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, mode: int = 0o644, durable: bool = True) -> Path:
@@ -17,8 +43,11 @@ def atomic_write_bytes(path: str | Path, data: bytes, mode: int = 0o644, durable
     still never see half of it, and the two fsyncs twice a second were ~4% of a node's CPU.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise _naming(exc, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -27,11 +56,13 @@ def atomic_write_bytes(path: str | Path, data: bytes, mode: int = 0o644, durable
                 os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError):
+            raise _naming(exc, path) from None
         raise
     if not durable:
         return path
@@ -43,5 +74,108 @@ def atomic_write_bytes(path: str | Path, data: bytes, mode: int = 0o644, durable
     return path
 
 
+def _naming(exc: OSError, path: Path) -> OSError:
+    """``exc`` with the file the caller meant (a failed ``write`` names no file; the temporary name means nothing)."""
+    return OSError(exc.errno, exc.strerror, str(path))
+
+
+def append_line(path: str | Path, line: bytes) -> None:
+    """Append ``line`` (one record of a log file) whole or not at all: a write cut short by a full disk is
+    truncated away, so a reader never finds half a record (the next line would glue onto it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            if os.write(fd, line) != len(line):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as exc:
+            os.ftruncate(fd, size)
+            raise _naming(exc, Path(path)) from None
+    finally:
+        os.close(fd)
+
+
 def atomic_write_json(path: str | Path, obj: Any) -> Path:
     return atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode() + b"\n")
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write that found no room (full filesystem, exhausted quota)."""
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
+
+
+def _free_bytes(path: str | None) -> str:
+    probe = Path(path) if path else None
+    while probe is not None and not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return f"{shutil.disk_usage(probe).free} bytes free" if probe is not None else "free space unknown"
+    except OSError:
+        return "free space unknown"
+
+
+class _Reports:
+    """When each kind of full-disk line was last logged (a full disk would otherwise log every write)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+
+    def due(self, kind: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last.get(kind, -DISK_FULL_REPORT_S) < DISK_FULL_REPORT_S:
+                return False
+            self._last[kind] = now
+            return True
+
+    def clear(self, kind: str) -> None:
+        with self._lock:
+            self._last.pop(kind, None)
+
+
+_REPORTS = _Reports()
+
+
+def disk_full_message(exc: OSError, deferred: str) -> str:
+    """One line: which file's disk is full, how much is free, and what waits for space."""
+    return f"disk of {exc.filename or '(unnamed file)'} is full ({exc.strerror}, {_free_bytes(exc.filename)}): {deferred}"
+
+
+def report_disk_full(exc: OSError, deferred: str, kind: str | None = None) -> None:
+    """Log ``exc`` (a full disk) as one warning line saying what is deferred, at most once per
+    DISK_FULL_REPORT_S for each ``kind`` (default: ``deferred``); no traceback."""
+    if _REPORTS.due(kind or deferred):
+        logger.warning("%s", disk_full_message(exc, deferred))
+
+
+def retry_on_full_disk(action: Callable[[], T], *, what: str, stop: threading.Event, kind: str | None = None,
+                       min_s: float = DISK_RETRY_MIN_S, max_s: float = DISK_RETRY_MAX_S) -> T:
+    """``action()``, paused and tried again while it fails on a full disk, until it succeeds.
+
+    ``what`` names the paused work in the log ("round 7's archive seal"); ``kind`` ("archive seal",
+    default ``what``) is what the rate limit of its line counts by. Every other error is
+    raised at once. ``action`` must be safe to run again after a failed try (each file it writes
+    is written atomically: a failed try leaves the old file or none). Raises :class:`DiskFull`
+    when ``stop`` is set before space is freed.
+    """
+    delay = min_s
+    failed: OSError | None = None
+    while True:
+        try:
+            result = action()
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            failed = exc
+            report_disk_full(exc, f"{what} paused; tried again every {max_s:.0f}s at most until space is freed",
+                             kind=kind or what)
+            if stop.wait(delay):
+                raise DiskFull(disk_full_message(exc, f"{what} not done before the node stopped; free space "
+                                                      "and start the node again")) from None
+            delay = min(2 * delay, max_s)
+            continue
+        if failed is not None:
+            _REPORTS.clear(kind or what)
+            logger.warning("disk of %s has space again: %s done", failed.filename, what)
+        return result

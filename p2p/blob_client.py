@@ -11,6 +11,7 @@ to the :class:`~p2p.blobstore.BlobStore`.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -37,6 +38,7 @@ from p2p.blob_protocol import (
 from p2p.blobstore import BlobStore, check_sha256_hex
 from p2p.errors import (
     BlobHashMismatch,
+    BlobStoreFull,
     BlobNotFound,
     BlobTooLarge,
     BlobUnavailable,
@@ -432,6 +434,7 @@ class BlobFetcher:
         )
         in_flight = 0
         changed = trio.Event()
+        disk_full: OSError | None = None  # our own disk took no more: every worker stops, no provider blamed
         if early is not None:  # (0, PIECE_BYTES) is early's: in flight until its answer says otherwise
             pieces.popleft()
             in_flight += 1
@@ -442,9 +445,9 @@ class BlobFetcher:
             changed = trio.Event()
 
         async def worker(peer: ID, early: _EarlyPiece | None = None) -> None:
-            nonlocal in_flight
+            nonlocal in_flight, disk_full
             busy_retries = 0
-            while True:
+            while disk_full is None:
                 stream = None
                 if early is not None:  # this worker's first piece was asked for early
                     await early.replied.wait()
@@ -481,6 +484,9 @@ class BlobFetcher:
                     done = progress[0]
                     if done < length:
                         pieces.appendleft((offset + done, length - done))
+                    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                        disk_full = exc  # our disk, not the provider's fault: the others would fail alike
+                        return
                     if (
                         isinstance(exc, _ProviderFailed)
                         and exc.status == "busy"
@@ -506,6 +512,9 @@ class BlobFetcher:
                 for index in range(streams_per_provider):
                     takes_early = early is not None and early.peer == peer and index == 0
                     nursery.start_soon(worker, peer, early if takes_early else None)
+        if disk_full is not None:
+            raise BlobStoreFull(f"disk of {self.store.root} is full ({disk_full.strerror}): blob "
+                                f"{digest.hex()[:16]} not fetched")
         if pieces:
             raise BlobUnavailable(
                 f"blob {digest.hex()[:16]}: every provider failed with "

@@ -96,7 +96,11 @@ def link_or_copy(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -
     try:
         os.link(source, tmp)
     except OSError:
-        shutil.copyfile(source, tmp)
+        try:
+            shutil.copyfile(source, tmp)
+        except BaseException:  # a full disk: no partial copy left
+            tmp.unlink(missing_ok=True)
+            raise
     os.replace(tmp, dest)
 
 
@@ -148,10 +152,16 @@ class BlobStore:
         if self.has(sha256_hex):
             return sha256_hex
         staged = self.new_staging_file()
-        with open(staged, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        try:
+            with open(staged, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except BaseException as exc:  # a full disk: no partial staging file left to eat the space freed later
+            staged.unlink(missing_ok=True)
+            if isinstance(exc, OSError) and exc.filename is None:  # a failed write names no file: name the blob
+                raise OSError(exc.errno, exc.strerror, str(self.path(sha256_hex))) from None
+            raise
         self.commit(staged, sha256_hex, verified=True)
         return sha256_hex
 
@@ -173,8 +183,10 @@ class BlobStore:
                     dst.write(chunk)
                 dst.flush()
                 os.fsync(dst.fileno())
-        except BaseException:
+        except BaseException as exc:
             staged.unlink(missing_ok=True)
+            if isinstance(exc, OSError) and exc.filename is None:  # a failed write names no file: name the copy
+                raise OSError(exc.errno, exc.strerror, str(staged)) from None
             raise
         sha256_hex = digest.hexdigest()
         if self.has(sha256_hex):

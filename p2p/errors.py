@@ -61,6 +61,10 @@ class BlobHashMismatch(BlobError):
     """Downloaded bytes do not hash to the requested sha256; they were discarded."""
 
 
+class BlobStoreFull(BlobError):
+    """This node's own disk took no more of a blob (ENOSPC, EDQUOT): the fetch stopped, no provider is at fault."""
+
+
 class BlobUnavailable(BlobError):
     """Every provider failed before the blob was complete; what was received is kept for a retry."""
 

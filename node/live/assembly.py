@@ -221,7 +221,7 @@ class NodeParts:
         """Everything that runs before this node is placed, then the bootstrap peers."""
         cfg, host, chain = self.cfg, self.host, self.chain
         self.messenger = messenger = Messenger(identity=self.identity, run_id=self.run_id, host=host,
-                                               station=self.station, said=self.said)
+                                               station=self.station, said=self.said, stop=self.stop)
         self.membership = membership = Membership(
             peer_id=self.peer_id, cluster=cfg.cluster, cluster_size=cfg.cluster_size,
             num_stages=cfg.pipeline.num_stages, book=self.book, seat=self._seat_on_chain, own_seat=own_seat)
@@ -389,7 +389,7 @@ class NodeParts:
             host=self.host, book=self.book, messenger=self.messenger, validator=self.validator, state=self.state,
             clock=self.clock, progress=self.progress, reporter=self.reporter, layout=self.layout,
             config_hash=self.config_hash, checkpoint_dir=self.checkpoint_dir, peer_id=self.peer_id,
-            lane=self.lane, chunked=self.chunked)
+            lane=self.lane, stop=self.stop, chunked=self.chunked)
         self.entry = RunEntry(
             cfg=cfg, chain=self.chain, host=self.host, membership=self.membership, book=self.book,
             coordinator=self.coordinator, worker=worker, contributor=contributor, finisher=finisher,

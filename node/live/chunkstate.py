@@ -44,7 +44,7 @@ from ledger.normproof import SUM_BYTES, encode_norm_state, parse_norm_state
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
 from node.fraudproof import parse_stage_leaf, stage_state_of
-from node.fsutil import atomic_write_bytes
+from node.fsutil import atomic_write_bytes, is_disk_full, report_disk_full
 from node.store.checkpoint import Checkpoint, RunLayout, parse_checkpoint, stage_problems
 from p2p.host import P2PHost
 from training.chunks import tensor_leaves
@@ -248,7 +248,11 @@ class ChunkedStates:
             try:
                 self._spill([r for r in old if r not in done])
             except OSError as exc:  # a full disk: the states stay in memory, as without a spill directory
-                logger.warning("chunked states not spilled to %s (kept in memory): %s", self.spill_dir, exc)
+                if is_disk_full(exc):
+                    report_disk_full(exc, "chunked states kept in memory, not spilled (tried again next round)",
+                                     kind="chunk spill")
+                else:
+                    logger.warning("chunked states not spilled to %s (kept in memory): %s", self.spill_dir, exc)
         for digest in blobs:
             try:
                 self.host.remove_blob(digest)

@@ -48,6 +48,7 @@ from ledger.merkle import merkle_root
 from ledger.records import RoundRecord, to_micro
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
+from node.fsutil import retry_on_full_disk
 from node.live.checkpointbuild import CheckpointBuilder
 from node.live.closesteps import record_tokens
 from node.live.coordination import RoundCoordinator
@@ -131,7 +132,10 @@ class Committer:
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._idle = threading.Event()
         self._idle.set()
-        self.handled_through = -1  # every round up to this one has been handled (committed or given up)
+        # Every round up to this one has been handled: committed, found committed, or given up for good (its
+        # attestations never came before a stop); a round whose step met a full disk is not, until it was
+        # tried again. The finisher keeps what the rounds after it need until then.
+        self.handled_through = -1
         self.readback = ReadBack(node, self.checkpoints, self._wait)
         self.equivocations = EquivocationReports(node)
         self._thread = threading.Thread(target=self._loop, name="committer", daemon=True)
@@ -167,7 +171,11 @@ class Committer:
             if item is None:
                 return
             try:
-                self.handle(item)
+                # A full disk (the checkpoint, state.json) pauses the round and tries it again once space is
+                # freed: every step of handle is idempotent, and the rounds after it wait (the chain takes
+                # them in order), so none is skipped (issue 45).
+                retry_on_full_disk(lambda: self.handle(item), what=f"round {item}'s chain step",
+                                   kind="chain step", stop=self.node.stop_event)
             except DLX_ERRORS as exc:
                 logger.error("round %d: chain step failed: %s", item, exc)
             except Exception:

@@ -22,6 +22,7 @@ from concurrent.futures import Future
 from node import protocol as msg
 from node.config import NodeConfig
 from node.errors import StateError
+from node.fsutil import retry_on_full_disk
 from node.live.exchange import Exchange
 from node.live.forkrepair import ForkRepair
 from node.live.lane import RoundLane
@@ -239,15 +240,20 @@ class Contributor:
                                                                      applied[stage]))
             envelope = self.messenger.sign(outer_round, msg.CONTRIBUTION, body, stage)
             # Kept even if the close leaves it out: the audit's rerun of this replica needs it (node/store/archive.py).
-            digest = self.archive.put_own(outer_round, envelope, stage, self.worker.replica, self.peer_id)
-            self.pool.serve_own(envelope)
+            # A full disk pauses the contribution until space is freed (it must be archived before it is sent).
+            digest = retry_on_full_disk(
+                lambda: self.archive.put_own(outer_round, envelope, stage, self.worker.replica, self.peer_id),
+                what=f"round {outer_round}'s contribution of stage {stage}", kind="contribution", stop=self.stop)
+            retry_on_full_disk(lambda: self.pool.serve_own(envelope), what=f"round {outer_round}'s contribution "
+                               f"of stage {stage} (serving)", kind="contribution", stop=self.stop)
             self.pool.add(outer_round, stage, digest, envelope)
             self.book.add_announce(outer_round, stage,
                                    Announced(self.peer_id, self.worker.replica, digest, len(envelope)))
             self.messenger.gossip(outer_round, msg.ANNOUNCE, msg.Announce(digest, len(envelope)), stage)
             logger.info("round %d stage %d: contribution %s, %d bytes (ratio %.0fx)", outer_round, stage,
                         digest.hex()[:12], len(envelope), getattr(cstats, "ratio", float("nan")))
-        self.state.update(last_contributed=outer_round)
+        retry_on_full_disk(lambda: self.state.update(last_contributed=outer_round),
+                           what=f"round {outer_round}'s state.json", kind="state.json", stop=self.stop)
         self.clock.published(outer_round)
 
     def encode_stage(self, stage: int, outer_round: int):

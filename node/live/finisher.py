@@ -24,6 +24,7 @@ from pathlib import Path
 
 from node import protocol as msg
 from node.config import NodeConfig
+from node.fsutil import retry_on_full_disk
 from node.live.chunkstate import ChunkedStates
 from node.live.committer import Committer
 from node.live.contributor import Contributor
@@ -70,9 +71,13 @@ class StageApplied:
     # round lane with overlap_tail): it costs several times the outer step (bench/bench_chunk_state.py) and
     # nothing the next round's inner steps read depends on it.
     record_state: Callable[[], bytes] | None = None
+    _leaf: bytes | None = None
 
     def stage_leaf(self) -> bytes:
-        return self.record_state() if self.record_state is not None else b""
+        """The stage leaf, derived once (a tail paused by a full disk and tried again does not redo it)."""
+        if self._leaf is None:
+            self._leaf = self.record_state() if self.record_state is not None else b""
+        return self._leaf
 
 
 class RoundFinisher:
@@ -83,7 +88,7 @@ class RoundFinisher:
                  committer: Committer, forks: ForkRepair, archive: Archive, host: P2PHost, book: RoundBook, messenger: Messenger,
                  validator: EnvelopeValidator, state: StateFile, clock: RoundClock, progress: Progress,
                  reporter: Reporter, layout: RunLayout, config_hash: bytes, checkpoint_dir: Path,
-                 peer_id: str, lane: RoundLane, chunked: ChunkedStates | None = None) -> None:
+                 peer_id: str, lane: RoundLane, stop: threading.Event, chunked: ChunkedStates | None = None) -> None:
         self.cfg = cfg
         self.worker = worker
         self.rounds = rounds
@@ -108,6 +113,7 @@ class RoundFinisher:
         self.checkpoint_dir = checkpoint_dir
         self.peer_id = peer_id
         self.chunked = chunked  # a chunked run's stage states (None: a hashed run)
+        self.stop = stop  # a write paused by a full disk gives up (DiskFull) when the node stops
         self.run_id = cfg.ledger.run_id
         # round -> stage -> (global weights, momentum) once the round was applied (the state before a round's
         # apply is recorded as the previous round's: a re-base of that round is in it).
@@ -174,7 +180,13 @@ class RoundFinisher:
         def tail() -> None:
             tail_started = time.monotonic()
             with self.clock.lane("finish") if overlap_tail else nullcontext():
-                self._seal_and_attest(outer_round, applied, contributed, report_state=not overlap_tail)
+                # A full disk pauses the seal (and so, at the next round's settle, the training thread) until
+                # space is freed, then does it: every step is idempotent and the hand-over to the committer
+                # comes last, so the round is sealed, attested and committed once (issue 45).
+                retry_on_full_disk(lambda: self._seal_and_attest(outer_round, applied, contributed,
+                                                                 report_state=not overlap_tail),
+                                   what=f"round {outer_round}'s archive seal and attestation",
+                                   kind="archive seal", stop=self.stop)
             tail_s = time.monotonic() - tail_started
             if not overlap_tail:
                 self.clock.add("finish_other", tail_s)
@@ -270,7 +282,9 @@ class RoundFinisher:
         sealed = []
         for (replica, peer_id, digest, _size), envelope in zip(close.contributions, envelopes):
             if envelope is not None:
-                self.archive.put(outer_round, envelope)
+                retry_on_full_disk(lambda: self.archive.put(outer_round, envelope),
+                                   what=f"round {outer_round}'s archive of stage {stage}", kind="archive",
+                                   stop=self.stop)
             sealed.append(ArchivedContribution(stage, replica, peer_id, digest))
         record_state = None
         if self.chunked is not None and inputs.payloads is not None:

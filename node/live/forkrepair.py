@@ -61,6 +61,7 @@ from node import protocol as msg
 from node.binding import other_result_exclusions
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS, NodeError
+from node.fsutil import retry_on_full_disk
 from node.fraudproof import record_weights_root
 from node.live.chunkstate import attested_leaf
 from node.live.coordination import RoundCoordinator
@@ -439,11 +440,18 @@ class ForkRepair:
         for stage in rebase.stages:
             worker.move_global(stage.stage, stage.weights, stage.momentum)
             self.rounds.stage_hashes.setdefault(outer_round, {})[stage.stage] = stage.weights_hash
-            for envelope in stage.envelopes:
-                self.archive.put(outer_round, envelope)
-        self._reseal(rebase)
-        self.state.record_round(outer_round, rebase.weights_root, False)
-        self.state.update(rebased=[*self.state.get("rebased", [])[-15:], outer_round])
+        rebased = [*self.state.get("rebased", [])[-15:], outer_round]
+
+        def persist() -> None:  # idempotent: a full disk pauses it until space is freed (issue 45)
+            for stage in rebase.stages:
+                for envelope in stage.envelopes:
+                    self.archive.put(outer_round, envelope)
+            self._reseal(rebase)
+            self.state.record_round(outer_round, rebase.weights_root, False)
+            self.state.update(rebased=rebased)
+
+        retry_on_full_disk(persist, what=f"round {outer_round}'s re-base (archive, state.json)", kind="re-base",
+                           stop=self.stop)
         self.progress.weights_root = rebase.weights_root.hex()
         logger.warning("round %d: re-based stage(s) %s on the committed record (weights root %s); training goes "
                        "on from it", outer_round, [s.stage for s in rebase.stages], rebase.weights_root.hex()[:12])

@@ -15,6 +15,7 @@ import time
 
 from node import protocol as msg
 from node.binding import other_result_exclusions
+from node.fsutil import is_disk_full, report_disk_full
 from node.live.exchange import Exchange
 from node.live.roundstate import StageInputs
 from p2p.envelope import decode_envelope
@@ -45,8 +46,14 @@ class FullExchange(Exchange):
         prepared = None
         if prepare:
             prepared = worker.prepare_aggregation(stage, outer_round, payloads, screened)
-            for envelope in envelopes:  # stored now (idempotent): the apply's own put then writes nothing
-                self.archive.put(outer_round, envelope)
+            try:
+                for envelope in envelopes:  # stored now (idempotent): the apply's own put then writes nothing
+                    self.archive.put(outer_round, envelope)
+            except OSError as exc:
+                if not is_disk_full(exc):
+                    raise
+                report_disk_full(exc, f"round {outer_round}'s contributions archived at its apply instead "
+                                      "(which waits for space)", kind="archive at prefetch")
         waited["aggregate"] += time.monotonic() - mark
         return StageInputs(close, envelopes, payloads, screened, prepared)
 

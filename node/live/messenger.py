@@ -9,8 +9,10 @@ so every envelope names this node's replica the same way (-1 before it is placed
 from __future__ import annotations
 
 import logging
+import threading
 
 from node import protocol as msg
+from node.fsutil import retry_on_full_disk
 from node.live.saidlog import SaidLog
 from node.live.station import Station
 from node.protocol import run_topic
@@ -25,12 +27,14 @@ logger = logging.getLogger(__name__)
 class Messenger:
     """Signs and publishes this node's run messages (see module docstring)."""
 
-    def __init__(self, *, identity: Identity, run_id: int, host: P2PHost, station: Station, said: SaidLog) -> None:
+    def __init__(self, *, identity: Identity, run_id: int, host: P2PHost, station: Station, said: SaidLog,
+                 stop: threading.Event | None = None) -> None:
         self.identity = identity
         self.run_id = run_id
         self.host = host
         self.station = station
         self.said = said  # what earlier lives signed: said again identically, or not at all
+        self.stop = stop if stop is not None else threading.Event()  # ends a wait for disk space (DiskFull)
 
     def sign(self, outer_round: int, kind: str, payload: bytes, stage: int = -1) -> bytes:
         """The signed envelope bytes of ``payload`` (not published)."""
@@ -53,7 +57,10 @@ class Messenger:
         envelope = Envelope.create(self.identity, self.run_id, outer_round, kind, payload, stage=stage,
                                    replica=self.station.replica())
         data = envelope.to_bytes()
-        self.said.write(envelope, data)
+        # Kept before it is published, or never published: a message waits for a full disk to have space again
+        # (a later life must know what this one said; DiskFull, a NodeError, if the node stops meanwhile).
+        retry_on_full_disk(lambda: self.said.write(envelope, data), what=f"round {outer_round}'s {kind} message "
+                           "(kept before it is sent)", kind="signed messages", stop=self.stop)
         try:
             self.host.publish(run_topic(self.run_id), data)
         except P2PError as exc:

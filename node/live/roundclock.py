@@ -40,6 +40,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from node.fsutil import append_line, is_disk_full, report_disk_full
+
 logger = logging.getLogger(__name__)
 
 #: Phases of a period besides the inner steps, in the order they are reported.
@@ -185,7 +187,10 @@ class RoundClock:
         if self.path is None:
             return
         try:
-            with self._write_lock, open(self.path, "a") as f:  # the training thread's and the lane's records
-                f.write(json.dumps(record) + "\n")
+            with self._write_lock:  # the training thread's and the lane's records
+                append_line(self.path, (json.dumps(record) + "\n").encode())
         except OSError as exc:  # a full disk must not stop training
-            logger.debug("timing record not written: %s", exc)
+            if is_disk_full(exc):
+                report_disk_full(exc, "round timing records dropped until space is freed", kind="timing log")
+            else:
+                logger.debug("timing record not written: %s", exc)

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ledger.merkle import merkle_root
 from node import protocol as msg
-from node.fsutil import atomic_write_bytes
+from node.fsutil import atomic_write_bytes, retry_on_full_disk
 from node.live.coordination import RoundStopped
 from node.live.exchange import Exchange, InputsWithheld
 from node.live.partialfetch import PartialFetcher
@@ -125,8 +125,10 @@ class SlicedExchange(SliceReads, SlicedChecks, Exchange):
         """
         # A time-bounded run's slices each declare the replica's inner steps; its reference declares them too.
         bundle, reference = slice_bundle(blobs, header_steps(blobs[0]))
-        self.archive.put_blob(outer_round, bundle, "slice")
-        self.host.provide_blob(bundle, announce=False)
+        retry_on_full_disk(lambda: (self.archive.put_blob(outer_round, bundle, "slice"),
+                                    self.host.provide_blob(bundle, announce=False)),
+                           what=f"round {outer_round}'s slice bundle of stage {stage}", kind="contribution",
+                           stop=self.stop)
         return reference
 
     def close_inputs_held(self, outer_round: int, stage: int, digest: bytes, envelope: bytes) -> bool:
@@ -162,7 +164,9 @@ class SlicedExchange(SliceReads, SlicedChecks, Exchange):
             logger.log(logging.WARNING if first else logging.DEBUG, "round %d: bundle %s of %s not fetched: not "
                        "closed with its contribution (yet)", outer_round, bundle.hex()[:12], sender[-8:])
         else:
-            self.archive.put_blob(outer_round, data, "slice")  # fetch_blob keeps it served; the audit reads it
+            retry_on_full_disk(lambda: self.archive.put_blob(outer_round, data, "slice"),  # the audit reads it
+                               what=f"round {outer_round}'s fetched bundle {bundle.hex()[:12]}", kind="archive",
+                               stop=self.stop)
         with self._cond:
             self._bundle_tried[bundle] = time.monotonic()
         self.pool.book.notify()  # the coordinator's wait looks again
@@ -295,8 +299,9 @@ class SlicedExchange(SliceReads, SlicedChecks, Exchange):
                 with self._cond:
                     self._cond.wait(0.2)
         for partial in used.values():  # the auditor's evidence of what this node applied; served on too
-            self.archive.put_blob(outer_round, partial.envelope, "partial")
-            self.host.provide_blob(partial.envelope, announce=False)
+            retry_on_full_disk(lambda: (self.archive.put_blob(outer_round, partial.envelope, "partial"),
+                                        self.host.provide_blob(partial.envelope, announce=False)),
+                               what=f"round {outer_round}'s partials of stage {stage}", kind="archive", stop=self.stop)
         return [used[j] for j in range(plan.num_slices)]
 
     def _archived_partials(self, outer_round: int, stage: int, close: msg.Close, root: bytes,

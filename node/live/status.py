@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from node.errors import StateError
-from node.fsutil import atomic_write_bytes, atomic_write_json
+from node.fsutil import atomic_write_bytes, atomic_write_json, is_disk_full, report_disk_full
 
 logger = logging.getLogger(__name__)
 
@@ -308,7 +308,10 @@ class StatusWriter:
             try:
                 atomic_write_bytes(*item, durable=False)  # read while the node runs: no fsync
             except OSError as exc:
-                logger.debug("status not written: %s", exc)
+                if is_disk_full(exc):
+                    report_disk_full(exc, "status.json not updated (the next report writes it)", kind="status.json")
+                else:
+                    logger.debug("status not written: %s", exc)
 
 
 def _num(x: float) -> float | None:
