@@ -1,6 +1,6 @@
 """What a surviving node keeps per churn event: its RSS and container sizes across kill/restart cycles.
 
-    python bench/churn_memory.py [--cycles 6] [--inner-steps 10] [--workdir /tmp/dlx-churnmem]
+    python bench/churn_memory.py [--cycles 6] [--inner-steps 10] [--connections 20] [--workdir /tmp/dlx-churnmem]
 
 A real local run (anvil, 3 replicas of one node each, the ``tiny`` model, k = 2): once a round with
 every node is committed, one node (r2) is killed with SIGKILL and started again, ``--cycles`` times, each
@@ -10,7 +10,15 @@ warm-up and after each cycle it samples, in one pass inside the process, its RSS
 and the summed length of every dict/set/list/deque attribute of the node's, p2p's and py-libp2p's objects.
 The result gives, per container, its size at each sample and the growth per cycle fitted over the cycles,
 beside the rounds the run went through meanwhile (a container that grows with the round, not with the
-churn, grows as much in a run without churn). Writes bench/results/churn_memory.json (bench/benchio.py).
+churn, grows as much in a run without churn).
+
+Then, in this process, the cost of one inbound connection that comes and goes, without a run around it:
+``--connections`` times a fresh peer host in its own process (tests/p2p_agent.py; no listener, as a
+``dlx-node join`` fetch host or a restarted member dialling in) connects to a host, serves it a 4 MiB blob
+and exits; the host's inbound limiter
+slots held, the bytes of TCP receive buffers (p2p.fastpath) still alive and this process's RSS after the
+last one, with py-libp2p's own inbound handler (``stock``, the patch of p2p.inbound undone) and with the
+patch. Writes bench/results/churn_memory.json (bench/benchio.py).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -97,10 +106,77 @@ def growth(samples: list[dict], key: str, first: int) -> dict:
     return table
 
 
+def connection_cycles(count: int, workdir: Path, stock: bool) -> dict:
+    """``count`` peers connect to one host, serve it a 4 MiB blob and go away; what the host keeps of them."""
+    import gc
+
+    from libp2p.io.trio import TrioTCPStream
+    from libp2p.network.swarm import Swarm
+
+    from p2p import inbound  # noqa: F401  (applied by p2p.transport too)
+    from p2p.config import P2PConfig
+    from p2p.host import P2PHost
+    from p2p.identity import Identity
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    patched = Swarm._do_handle_inbound_connection, Swarm.upgrade_inbound_raw_conn
+    if stock:
+        Swarm._do_handle_inbound_connection = patched[0]._dlx_original
+        Swarm.upgrade_inbound_raw_conn = patched[1]._dlx_original
+
+    def buffers() -> int:
+        gc.collect()
+        return sum(len(o._dlx_buffer.data) for o in gc.get_objects()
+                   if type(o) is TrioTCPStream and getattr(o, "_dlx_buffer", None) is not None)
+
+    def rss_mib() -> float:
+        return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
+
+    host = P2PHost.start(P2PConfig(gossip_resync_interval=0), Identity.generate(), data_dir=workdir / "host")
+    try:
+        limiter = host._libp2p.get_network()._inbound_limiter
+        rss = []
+        for index in range(count):
+            # The peer in its own process (tests/p2p_agent.py), so this process's RSS is the host's alone.
+            agent = subprocess.Popen([sys.executable, str(ROOT / "tests" / "p2p_agent.py"),
+                                      json.dumps({"listen": False, "gossip_resync_interval": 0}),
+                                      str(workdir / f"peer{index}")],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            try:
+                peer_id = json.loads(agent.stdout.readline())["peer_id"]
+
+                def ask(request: dict) -> dict:
+                    agent.stdin.write(json.dumps(request) + "\n")
+                    agent.stdin.flush()
+                    return json.loads(agent.stdout.readline())
+
+                if not ask({"cmd": "connect", "addr": host.listen_addrs[0], "timeout": 30})["ok"]:
+                    raise SystemExit(f"peer {index} could not connect")
+                digest = ask({"cmd": "provide", "size": 4 << 20})["sha256"]
+                host.fetch_blob(digest, workdir / "fetched", providers=[peer_id], timeout=60)
+            finally:
+                agent.stdin.close()
+                agent.wait(timeout=60)
+            deadline = time.monotonic() + 30
+            while peer_id in host.peers() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            rss.append(rss_mib())
+        time.sleep(2.0)  # the last handler's end (patched) reaches the limiter
+        return {"inbound_handler": "stock" if stock else "patched", "connections": count,
+                "limiter_slots_held": limiter.borrowed_tokens, "open_connections": len(host.peers()),
+                "receive_buffer_bytes_alive": buffers(), "rss_mib": [round(x, 1) for x in rss],
+                "rss_mib_per_connection": round(slope(rss[count // 4:]), 3)}
+    finally:
+        host.close()
+        Swarm._do_handle_inbound_connection, Swarm.upgrade_inbound_raw_conn = patched
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=6)
     parser.add_argument("--inner-steps", type=int, default=10)
+    parser.add_argument("--connections", type=int, default=20, help="inbound connection cycles (0: none)")
+    parser.add_argument("--skip-run", action="store_true", help="only the inbound connection cycles")
     parser.add_argument("--round-timeout", type=float, default=60)
     parser.add_argument("--trace", default="RawConnection,SwarmEvent,YamuxStream",
                         help="classes (comma-separated) whose holders the probe counts")
@@ -108,12 +184,27 @@ def main() -> int:
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args()
     load = list(os.getloadavg())
+    workdir = Path(args.workdir)
+    result: dict = {}
+    if args.connections:
+        result["inbound_connections"] = [connection_cycles(args.connections, workdir / f"conns-{variant}",
+                                                           stock=variant == "stock")
+                                         for variant in ("stock", "patched")]
+        print(json.dumps(result["inbound_connections"]), flush=True)
+    if not args.skip_run:
+        result["restart_cycles"] = churn_run(args, workdir)
+    write_result(args.out, result, load)
+    return 0
+
+
+def churn_run(args, workdir: Path) -> dict:
+    """The local run of the module docstring: the watched node's samples across the victim's restarts."""
     settings = ["model.preset=tiny", f"diloco.inner_steps={args.inner_steps}", "training.batch_size=4",
                 f"round_timeout={args.round_timeout}", "checkpoint_every=1", "rounds=0", "join_timeout=60"]
-    run = LocalRun(Path(args.workdir), replicas=3, stages=1, split=False, settings=settings, attest_quorum=2,
+    run = LocalRun(workdir, replicas=3, stages=1, split=False, settings=settings, attest_quorum=2,
                    stake_wei=10**18)
     run.setup()
-    probe = Probe(Path(args.workdir) / "probe")
+    probe = Probe(workdir / "probe")
     watched, victim = run.nodes[0], run.nodes[2]
     cycles: list[dict] = []
     started = time.monotonic()
@@ -161,11 +252,10 @@ def main() -> int:
                                 if v["per_cycle"] >= 5.0},
               "referrers": {s["label"]: s.get("referrers", {}) for s in samples},
               "pass_s": [s.get("pass_s") for s in samples]}
-    write_result(args.out, result, load)
     print(json.dumps({k: result[k] for k in ("rss_mib", "rss_mib_per_cycle", "rounds_at_sample")}))
     for name, row in list(growing.items())[:40]:
         print(f"{row['per_cycle']:8.2f}  {name}  {row['values']}")
-    return 0
+    return result
 
 
 if __name__ == "__main__":
