@@ -16,7 +16,8 @@ security"):
   Noise messages (never more than the peer's window allows, as the yamux spec
   requires), encrypted in place into one reused buffer and sent in one write;
 - TCP reads go into one reused buffer per connection, 256 KiB at a time, and
-  the small reads (handshake messages) are served from it;
+  the small reads (handshake messages) are served from it; closing the
+  connection releases it, whoever still holds the closed stream;
 - Noise messages are decrypted straight out of that buffer, yamux DATA bodies
   straight into one buffer of their size (:func:`_noise_reads_in_place`);
 - yamux stream buffers keep frame bodies as they arrive, and
@@ -102,8 +103,8 @@ class _ReceiveBuffer:
 
     __slots__ = ("data", "start", "end", "read_bytes")
 
-    def __init__(self) -> None:
-        self.data = bytearray(TCP_BUFFER_BYTES)
+    def __init__(self, size: int = TCP_BUFFER_BYTES) -> None:
+        self.data = bytearray(size)
         self.start = 0
         self.end = 0
         self.read_bytes = TCP_READ_BYTES
@@ -152,6 +153,8 @@ async def _receive(tcp: TrioTCPStream, buffer: _ReceiveBuffer) -> bool:
 def _buffer_of(tcp: TrioTCPStream) -> _ReceiveBuffer:
     buffer = getattr(tcp, "_dlx_buffer", None)
     if buffer is None:
+        if getattr(tcp, "_dlx_closed", False):
+            return _ReceiveBuffer(0)  # a read after close: nothing to keep (it reads EOF)
         buffer = tcp._dlx_buffer = _ReceiveBuffer()  # type: ignore[attr-defined]
     return buffer
 
@@ -194,8 +197,19 @@ def _buffered_tcp_reads() -> None:
                     return b""
         return buffer.take(n)
 
+    original_close = TrioTCPStream.close
+
+    async def close(self: TrioTCPStream) -> None:
+        # The buffer goes with the socket: py-libp2p objects that outlive a connection (a handler, a list of
+        # connections) then keep a few hundred bytes of it, not 0.4-1.1 MiB (docs/P2P.md, issue 45).
+        self._dlx_closed = True  # type: ignore[attr-defined]
+        self._dlx_buffer = None  # type: ignore[attr-defined]
+        await original_close(self)
+
     read._dlx_original = original_read  # type: ignore[attr-defined]
+    close._dlx_original = original_close  # type: ignore[attr-defined]
     TrioTCPStream.read = read  # type: ignore[method-assign]
+    TrioTCPStream.close = close  # type: ignore[method-assign]
 
 
 def _fast_noise(session: SecureSession) -> Any:

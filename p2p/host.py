@@ -61,6 +61,11 @@ FORGET_SWEEP_S = 5.0
 PROVIDER_TRIM_S = 60.0
 
 
+#: Peers whose blob bytes are counted at most; past this, the peer updated longest ago is dropped (every
+#: ``dlx-node join`` fetch host is a new peer id, so the table would grow with every join for the node's life).
+MAX_PEER_STATS = 1024
+
+
 class TransferStats:
     """Bytes (and messages, where a protocol counts them) sent/received per protocol, and blob bytes per
     peer (thread-safe)."""
@@ -72,7 +77,10 @@ class TransferStats:
 
     def add_peer(self, peer_id: str, sent: int = 0, received: int = 0) -> None:
         with self._lock:
-            counters = self._peers.setdefault(peer_id, [0, 0])
+            counters = self._peers.pop(peer_id, None) or [0, 0]
+            self._peers[peer_id] = counters  # last: the dict runs from the peer updated longest ago
+            if len(self._peers) > MAX_PEER_STATS:
+                del self._peers[next(iter(self._peers))]
             counters[0] += sent
             counters[1] += received
 
@@ -458,7 +466,8 @@ class P2PHost(HostGossip, HostBlobs, HostThread):
         return self.stats.snapshot()
 
     def blob_peer_stats(self) -> dict[str, dict[str, int]]:
-        """Blob bytes sent to / received from each peer since start."""
+        """Blob bytes sent to / received from each peer since start (of the ``MAX_PEER_STATS`` peers updated
+        last)."""
         return self.stats.peers_snapshot()
 
     def __repr__(self) -> str:

@@ -59,6 +59,11 @@ class TokenBucket:
                 await trio.sleep(-self._tokens / self.rate)
 
 
+#: (peer, direction) buckets kept at most; past this, the one used longest ago is dropped (a peer that comes
+#: back starts again with a full burst): peers that came and went do not grow the table for the host's life.
+MAX_BUCKETS = 2048
+
+
 class PeerRateLimiter:
     """One :class:`TokenBucket` per (peer, direction); ``rate <= 0`` disables it.
 
@@ -78,9 +83,12 @@ class PeerRateLimiter:
 
     def _bucket(self, peer_id: str, direction: str) -> TokenBucket:
         key = (peer_id, direction)
-        bucket = self._buckets.get(key)
+        bucket = self._buckets.pop(key, None)
         if bucket is None:
-            bucket = self._buckets[key] = TokenBucket(self.rate, self.burst, receiving=direction == "in")
+            bucket = TokenBucket(self.rate, self.burst, receiving=direction == "in")
+            if len(self._buckets) >= MAX_BUCKETS:
+                del self._buckets[next(iter(self._buckets))]
+        self._buckets[key] = bucket  # last: the dict runs from the bucket used longest ago
         return bucket
 
     def expect(self, peer_id: str) -> None:

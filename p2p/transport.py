@@ -35,6 +35,7 @@ from libp2p.transport.tcp.tcp import TCP
 
 from p2p import fastpath  # noqa: F401  (patches py-libp2p's data path on import)
 from p2p import pubsub_fastpath  # noqa: F401  (per-RPC signed peer records, checked once per bytes)
+from p2p import inbound  # noqa: F401  (inbound connection handlers end with their connection)
 from p2p.errors import P2PError
 from p2p.identity import Identity
 

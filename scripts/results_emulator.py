@@ -108,3 +108,33 @@ def _median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def churn_memory(r: dict) -> list[str]:
+    """bench/churn_memory.py: what a host keeps of inbound connections gone, and a surviving node across restarts."""
+    out: list[str] = []
+    conns = r.get("inbound_connections") or []
+    if conns:
+        rows = [[c["inbound_handler"], c["connections"], c["limiter_slots_held"], c["open_connections"],
+                 f"{c['receive_buffer_bytes_alive'] / 2**20:.1f} MiB", f"{c['rss_mib'][0]} -> {c['rss_mib'][-1]} MiB",
+                 f"{c['rss_mib_per_connection']:+.2f} MiB"] for c in conns]
+        out += ["A host, and peers (each its own process, no listener) that connect to it one after the other, serve it "
+                "a 4 MiB blob and exit; what the host holds after the last one is gone, with py-libp2p's inbound handler "
+                "(stock) and with p2p/inbound.py's (patched); both release a TCP stream's receive buffer when it "
+                "closes (p2p/fastpath.py):", ""]
+        out += table(["inbound handler", "connections", "limiter slots held", "connections open",
+                      "TCP receive buffers alive", "RSS after each", "RSS fitted per connection"], rows)
+    run = r.get("restart_cycles")
+    if run:
+        growing = list(run["growing_containers"].items())[:8]
+        handlers = [sum(n for k, n in held.items() if k.endswith("Swarm._do_handle_inbound_connection"))
+                    for held in run["referrers"].values()]
+        out += [f"A local run of {run['nodes']} nodes (k = {run['k']}, settings {run['settings']}): {run['victim']} "
+                f"killed and started again {len(run['cycles'])} times, {run['watched']} sampled inside its process "
+                f"after warm-up and after each restart (rounds committed at each sample: {run['rounds_at_sample']}). "
+                f"Inbound connection handlers alive at each sample: {handlers}. RSS (MiB): {run['rss_mib']}, fitted {run['rss_mib_per_cycle']:+.2f} MiB a cycle (the run is still "
+                "warming up: caps and windows fill for about 17 minutes). The containers that grew most, summed "
+                "over instances, per sample:", ""]
+        out += table(["container", "sizes", "per cycle"],
+                     [[name, " ".join(str(v) for v in row["values"]), row["per_cycle"]] for name, row in growing])
+    return out

@@ -63,6 +63,23 @@ def test_buffered_tcp_reads_return_every_byte_in_order():
     assert trio.run(main) == payload
 
 
+def test_closing_a_tcp_stream_releases_its_receive_buffer():
+    async def main():
+        left, right = trio.socket.socketpair()
+        writer = trio.SocketStream(left)
+        reader = TrioTCPStream(trio.SocketStream(right))
+        await writer.send_all(b"x" * 100)
+        assert await reader.read(10) == b"x" * 10
+        assert len(reader._dlx_buffer.data) == fastpath.TCP_BUFFER_BYTES
+        await reader.close()
+        assert reader._dlx_buffer is None  # whoever still holds the stream holds no buffer
+        assert await reader.read(10) == b""  # EOF, as py-libp2p's read of a closed stream
+        assert reader._dlx_buffer is None  # ... and no new buffer kept
+        await writer.aclose()
+
+    trio.run(main)
+
+
 def test_an_unjoined_yamux_frame_slices_as_its_bytes():
     """What Yamux._write_frame and the Noise writer take of a frame equals the joined header + payload."""
     header, payload = os.urandom(12), os.urandom(200_000)

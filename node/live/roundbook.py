@@ -25,6 +25,10 @@ PEER_TTL_S = 20.0
 #: (peer, envelope hash) pairs kept per (round, stage): one per member, a second per equivocator
 #: (the validator refuses a third envelope of a slot as a replay or equivocation alike).
 MAX_ANNOUNCED_PER_SLOT = 8192
+#: Signers of hellos kept at most (any key can sign a hello of the run; members say hello every second):
+#: past this, the half heard from longest ago is dropped, so peer ids that came and went (a member that
+#: left, a flood of made-up keys) do not grow the book for the node's life.
+MAX_PEERS = 4096
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,9 @@ class RoundBook:
     # -- filing (gossip thread) ------------------------------------------------
     def add_hello(self, peer_id: str, public_key: bytes, hello: Hello) -> None:
         with self._cond:
+            if peer_id not in self.peers and len(self.peers) >= MAX_PEERS:
+                for stale in sorted(self.peers, key=lambda p: self.peers[p].seen_at)[: MAX_PEERS // 2]:
+                    del self.peers[stale]
             self.peers[peer_id] = PeerInfo(peer_id, public_key, hello, time.monotonic())
             self._cond.notify_all()
 

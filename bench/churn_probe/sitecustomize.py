@@ -1,0 +1,132 @@
+"""An in-process memory probe for bench/churn_memory.py (loaded as ``sitecustomize`` by a node's interpreter).
+
+bench/churn_memory.py puts this directory first on the ``PYTHONPATH`` of the node it watches and sets
+``DLX_CHURN_PROBE`` to a directory. In that process a daemon thread waits for ``<dir>/trigger`` to change;
+each new content (a label) makes one sample, appended as a JSON line to ``<dir>/samples.jsonl``:
+
+- ``rss_kib``: VmRSS from /proc/self/status, after a ``gc.collect()``;
+- ``types``: the number of gc-tracked objects by type name (those with at least 200);
+- ``containers``: for every object of a class from the node's, p2p's or py-libp2p's modules, the length of
+  each dict/set/list/deque attribute (and of dict/set/list values one level inside a dict attribute), summed
+  over the class's instances, keyed ``module.Class.attribute``; ``instances``: how many of each class.
+
+- ``referrers``: for the classes named in ``DLX_CHURN_PROBE_TRACE`` (comma-separated), who holds each
+  instance (a frame's function, a dict's owner class, or a type), counted.
+
+The pass runs with a long switch interval so the counts are of one moment. A bench tool, never imported by
+the node itself: without ``DLX_CHURN_PROBE`` in the environment it does nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import json
+import os
+import sys
+import threading
+import time
+import types
+
+_PREFIXES = ("node.", "p2p.", "libp2p.")
+_TRACE = set(filter(None, os.environ.pop("DLX_CHURN_PROBE_TRACE", "").split(",")))
+_SIZED = (dict, set, list, collections.deque, frozenset)
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _describe(referrer: object) -> str:
+    """A referrer in a few words: a frame's function, a dict's owner class, else its type."""
+    if isinstance(referrer, types.FrameType):
+        return f"frame {referrer.f_code.co_qualname}"
+    if isinstance(referrer, types.CoroutineType):
+        return f"coroutine {referrer.cr_code.co_qualname}"
+    if isinstance(referrer, dict):
+        owners = [o for o in gc.get_referrers(referrer) if getattr(o, "__dict__", None) is referrer]
+        if owners:
+            return f"__dict__ of {type(owners[0]).__module__}.{type(owners[0]).__qualname__}"
+    return type(referrer).__qualname__
+
+
+def _referrers(objects: list, names: set[str]) -> dict:
+    """For the instances of the classes named in ``names``: who holds them, counted by description."""
+    held: collections.Counter = collections.Counter()
+    for obj in objects:
+        if type(obj).__qualname__ in names:
+            for referrer in gc.get_referrers(obj):
+                if referrer is objects:
+                    continue
+                held[f"{type(obj).__qualname__} <- {_describe(referrer)}"] += 1
+    return dict(held)
+
+
+def _sample(label: str) -> dict:
+    gc.collect()
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)
+    try:
+        started = time.monotonic()
+        objects = gc.get_objects()
+        by_type: collections.Counter = collections.Counter()
+        containers: collections.Counter = collections.Counter()
+        instances: collections.Counter = collections.Counter()
+        for obj in objects:
+            cls = type(obj)
+            by_type[cls.__name__] += 1
+            module = getattr(cls, "__module__", "")
+            if not isinstance(module, str) or not module.startswith(_PREFIXES):
+                continue
+            try:
+                fields = vars(obj)
+            except TypeError:
+                continue
+            name = f"{module}.{cls.__qualname__}"
+            instances[name] += 1
+            for attribute, value in list(fields.items()):
+                if isinstance(value, _SIZED):
+                    containers[f"{name}.{attribute}"] += len(value)
+                    if isinstance(value, dict):
+                        inner = sum(len(v) for v in list(value.values()) if isinstance(v, _SIZED))
+                        if inner:
+                            containers[f"{name}.{attribute}[*]"] += inner
+        traced = _referrers(objects, _TRACE) if _TRACE else {}
+        del objects
+        took = time.monotonic() - started
+    finally:
+        sys.setswitchinterval(previous)
+    return {"label": label, "time": time.time(), "pass_s": round(took, 2), "rss_kib": _rss_kib(),
+            "allocated_blocks": sys.getallocatedblocks(),
+            "types": {k: v for k, v in by_type.items() if v >= 200},
+            "containers": dict(containers), "instances": dict(instances), "referrers": traced}
+
+
+def _watch(directory: str) -> None:
+    trigger = os.path.join(directory, "trigger")
+    last = None
+    while True:
+        time.sleep(1.0)
+        try:
+            with open(trigger) as handle:
+                label = handle.read().strip()
+        except OSError:
+            continue
+        if label and label != last:
+            last = label
+            try:
+                sample = _sample(label)
+            except Exception as exc:  # a probe must never take the node down
+                sample = {"label": label, "error": repr(exc)}
+            with open(os.path.join(directory, "samples.jsonl"), "a") as out:
+                out.write(json.dumps(sample) + "\n")
+
+
+# Popped: the processes this node starts (its spot-check reruns) inherit its environment, not the probe.
+_DIRECTORY = os.environ.pop("DLX_CHURN_PROBE", "")
+if _DIRECTORY:
+    threading.Thread(target=_watch, args=(_DIRECTORY,), name="churn-probe", daemon=True).start()
