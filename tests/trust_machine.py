@@ -13,8 +13,11 @@ withdraw, advance blocks); every invariant of the model is checked after every s
 * I6 (solvency): the contract holds at least every bonded stake plus every open dispute bond.
 * I7 (fraud proof, docs/FRAUD_PROOF.md): a right round is never invalidated by a proof (a chunk's or the clip
   scales', over its real commitments or tampered ones, its factors' norm commitment dropped included) nor by a data-availability challenge (the live honest members answer it). Its other
-  half, a wrong round can always be proven, has no case here: under the assumption the coalition commits no
-  round (I1); tests/test_fraud_proof.py proves committed wrong rounds.
+  half, a wrong round can always be proven: under the assumption the coalition commits no round here (I1), so it
+  commits lied sum trees in a run of its own, where it is the quorum, and the live prover walks them
+  (tests/trust_sums.py, mixed in: S1-S3 below); tests/test_fraud_proof.py proves other committed wrong rounds.
+* S1-S3 (sum-tree walks, tests/trust_sums.py): a lied sum never stands once its walk completes or a challenge of
+  it expires; no honest round or stake is harmed by a walk; the walker's reward is exactly half the stake slashed.
 
 Honest records commit chunked weights roots with the norm commitment (version 3) of a real aggregation chain
 (two raw contributions per round on one 2 x 40 stage) in a run created as version 3 (``RunParams.commitments``:
