@@ -92,7 +92,6 @@ def test_the_sum_walk_overturns_lied_sums_and_spares_right_rounds():
                                   (("unclipped",), ["truthful"] * 6, "proofs"),
                                   (("chunk", 2, 0, -1), ["truthful", "silent"], "expired")):
         machine.coalition_commits_a_lied_sum(lie)
-        machine.anyone_walks_the_lied_sums()
         machine.the_walk_goes_on(answers)
         case = machine.lied_rounds[-1]
         if outcome == "expired":

@@ -196,7 +196,8 @@ class SumWalks:
     @precondition(lambda self: hasattr(self, "lied_rounds") and self.lied_in_flight() is None)
     @rule(lie=lies())
     def coalition_commits_a_lied_sum(self, lie) -> None:
-        """The coalition, the quorum of a run of its own, commits a round whose sum tree lies and serves nothing."""
+        """The coalition, the quorum of a run of its own, commits a round whose sum tree lies and serves nothing; the
+        walker reads it back and starts its walk."""
         start, honest, unclipped = captured_states()
         committed = unclipped if lie[0] == "unclipped" else lied_sum(honest, *lie[1:])
         creator = self.client(COALITION[0])
@@ -214,14 +215,12 @@ class SumWalks:
             creator.commit_round(record, [self.client(i).sign_record(record) for i in COALITION])
             records.append(record)
         self.lied_rounds.append(LiedRound(run_id, records, committed, self.w3.eth.block_number))
+        self.walker_checks(self.lied_rounds[-1])
 
-    @precondition(lambda self: hasattr(self, "lied_rounds") and self.lied_in_flight() is not None
-                  and self.lied_in_flight().prover is None)
-    @rule()
-    def anyone_walks_the_lied_sums(self) -> None:
-        """The walker checks the captured round against its own (the honest) state: the committed factors differ
-        and nobody serves them, so it challenges them on chain, the first step of its walk."""
-        case = self.lied_in_flight()
+    def walker_checks(self, case: LiedRound) -> None:
+        """The walker checks the captured round as the live node does each round it reads back, against its own (the
+        honest) state: the committed factors differ and nobody serves them, so it challenges them on chain, the
+        first step of its walk."""
         start, honest, _unclipped = captured_states()
         committed_leaf, own_leaf = case.committed.leaf().encode(), honest.leaf().encode()
         case.prover = self.walker(case.run_id, {0: [start.leaf().encode()], 1: [committed_leaf, own_leaf]},
@@ -230,8 +229,7 @@ class SumWalks:
         self.walker_acts(lambda: case.prover.check(1, case.records[1], mine))
         self.count_end(case)
 
-    @precondition(lambda self: hasattr(self, "lied_rounds") and self.lied_in_flight() is not None
-                  and self.lied_in_flight().prover is not None)
+    @precondition(lambda self: hasattr(self, "lied_rounds") and self.lied_in_flight() is not None)
     @rule(answers=st.lists(st.sampled_from(ANSWERS), min_size=1, max_size=8))
     def the_walk_goes_on(self, answers) -> None:
         """At each level the coalition answers the walk's open challenge (truthfully from its lied state, with junk,
