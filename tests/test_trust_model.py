@@ -81,7 +81,7 @@ def test_the_sum_walk_overturns_lied_sums_and_spares_right_rounds():
     round of the machine's run, answered by the honest members, proves nothing. The model holds after each."""
     from tests.ledger_fixtures import mine
     from tests.trust_machine import COALITION, HONEST, STAKE
-    from tests.trust_sums import WALKER
+    from tests.trust_sums import CAPTURED_ANSWER_BLOCKS, WALKER
 
     machine = TrustMachine()
     machine.deploy_run()
@@ -91,12 +91,11 @@ def test_the_sum_walk_overturns_lied_sums_and_spares_right_rounds():
     for lie, answers, outcome in ((("chunk", 1, 5, 1), ["junk", "truthful"] * 6, "proofs"),
                                   (("unclipped",), ["truthful"] * 6, "proofs"),
                                   (("chunk", 2, 0, -1), ["truthful", "silent"], "expired")):
-        machine.coalition_commits_a_lied_sum(lie)
-        machine.the_walk_goes_on(answers)
+        machine.coalition_commits_a_lied_sum(lie, answers)
         case = machine.lied_rounds[-1]
         if outcome == "expired":
             assert not case.ended() and reader.invalid_from(case.run_id) is None
-            mine(machine.w3, 9)
+            mine(machine.w3, CAPTURED_ANSWER_BLOCKS + 1)
             machine.the_walk_goes_on(["silent"])
         assert set(getattr(case.prover.log, outcome)) == {1}, case.prover.log
         assert reader.invalid_from(case.run_id) == 1

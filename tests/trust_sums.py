@@ -51,7 +51,7 @@ from node.live.prover import FraudProver
 from node.live.roundbook import RoundBook
 from node.fraudproof import stage_state
 from tests.fraud_fixtures import DILOCO, contribution, honest_chain, lied_sum, normed_start, tensors
-from tests.trust_params import BOND, COALITION, HONEST, REFUSED, STAKE, WINDOW, digest
+from tests.trust_params import BOND, COALITION, HONEST, REFUSED, STAKE, digest
 from training.chunks import float64_bits
 from training.diloco import aggregate_with_report
 
@@ -60,6 +60,8 @@ SUM_SHAPES = {"w": (4, 100)}  # 400 elements: 7 chunks, a tree with promoted odd
 #: The captured run's dispute window: challenges are open that long after a commit, long enough for a walk at the
 #: machine's pace (blocks_pass mines up to 16 blocks a step); a shorter one cuts walks off (gap 7, allowed by S1).
 CAPTURED_DISPUTE_BLOCKS = 400
+#: Its answer window: longer than one blocks_pass step, so a coalition may answer late and still in time.
+CAPTURED_ANSWER_BLOCKS = 24
 #: The lies about one chunk's sum, in units of 2**-298: far below a half ulp of any total, the scales unchanged.
 DELTAS = (1, -1, 1 << 200, -(1 << 200))
 #: How the coalition meets each level of a walk: truthfully most often (so that walks get to their end within an
@@ -71,6 +73,11 @@ def lies():
     """A lie of the captured round: ("unclipped",) or ("chunk", contribution, chunk, delta)."""
     return st.one_of(st.just(("unclipped",)),
                      st.tuples(st.just("chunk"), st.integers(0, 2), st.integers(0, 6), st.sampled_from(DELTAS)))
+
+
+def walk_levels():
+    """How the coalition meets the next levels of a walk, one answer each."""
+    return st.lists(st.sampled_from(ANSWERS), max_size=10)
 
 
 @functools.cache
@@ -194,16 +201,16 @@ class SumWalks:
 
     # ------------------------------------------------------------------ the coalition and the walker
     @precondition(lambda self: hasattr(self, "lied_rounds") and self.lied_in_flight() is None)
-    @rule(lie=lies())
-    def coalition_commits_a_lied_sum(self, lie) -> None:
+    @rule(lie=lies(), answers=walk_levels())
+    def coalition_commits_a_lied_sum(self, lie, answers) -> None:
         """The coalition, the quorum of a run of its own, commits a round whose sum tree lies and serves nothing; the
-        walker reads it back and starts its walk."""
+        walker reads it back and starts its walk, and its first levels follow (``the_walk_goes_on``)."""
         start, honest, unclipped = captured_states()
         committed = unclipped if lie[0] == "unclipped" else lied_sum(honest, *lie[1:])
         creator = self.client(COALITION[0])
         run_id = creator.create_run(
             digest(f"captured {len(self.lied_rounds)}"), 1, 10, min_stake=STAKE, bond=BOND, quorum=2,
-            quorum_bps=5000, accusation_blocks=WINDOW, dispute_blocks=CAPTURED_DISPUTE_BLOCKS,
+            quorum_bps=5000, accusation_blocks=CAPTURED_ANSWER_BLOCKS, dispute_blocks=CAPTURED_DISPUTE_BLOCKS,
             commitments=COMMITMENT_VERSIONS["normed"])
         for index in (*COALITION, HONEST[0]):
             self.client(index).join_run(run_id)
@@ -216,6 +223,7 @@ class SumWalks:
             records.append(record)
         self.lied_rounds.append(LiedRound(run_id, records, committed, self.w3.eth.block_number))
         self.walker_checks(self.lied_rounds[-1])
+        self.the_walk_goes_on(answers)
 
     def walker_checks(self, case: LiedRound) -> None:
         """The walker checks the captured round as the live node does each round it reads back, against its own (the
@@ -230,7 +238,7 @@ class SumWalks:
         self.count_end(case)
 
     @precondition(lambda self: hasattr(self, "lied_rounds") and self.lied_in_flight() is not None)
-    @rule(answers=st.lists(st.sampled_from(ANSWERS), min_size=1, max_size=8))
+    @rule(answers=walk_levels())
     def the_walk_goes_on(self, answers) -> None:
         """At each level the coalition answers the walk's open challenge (truthfully from its lied state, with junk,
         or not at all), then the walker follows: the next challenge, the proof, or the unanswered one expired."""
@@ -255,6 +263,9 @@ class SumWalks:
         SumWalks.sum_walks_cut += not (log.proofs or log.expired)
 
     def coalition_answers(self, case: LiedRound, event: dict, junk: bool) -> None:
+        """The coalition answers the challenge ``event`` with the truthful leaf and path of its lied state, or tries
+        junk: the honest state's leaf and path (where they differ), the leaf with a bit flipped, a path cut short;
+        the contract must refuse each."""
         which, chunk = event["which"], event["chunk"]
         leaf, path = availability_answer(case.committed, which, chunk)
         answerer = self.client(COALITION[1])
