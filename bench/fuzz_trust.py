@@ -40,7 +40,7 @@ def main() -> int:
                              "with this, a run under a wall-clock limit still writes its result)")
     parser.add_argument("--out", default=default_out("trust_fuzz.py"))
     args = parser.parse_args()
-    # The walker is the live node's prover: it logs each step of a walk at ERROR, which the fuzzer does thousands of times.
+    # The walker is the live node's prover: it logs each step of a walk at ERROR, thousands of times here.
     logging.basicConfig(level=logging.CRITICAL)
     load = list(os.getloadavg())
     anvil = None

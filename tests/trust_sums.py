@@ -310,8 +310,8 @@ class SumWalks:
             self.walker_acts(prover.settle_challenges)
         assert not prover.log.proofs and not prover.log.expired, f"I7: a walk proved right round {round_} wrong"
         why = prover.log.unprovable.get(round_, "")
-        assert any(error in why for error in ("ProverNormCorrect", "ProverChallengeTooLate", "ProverChallengeExists")), \
-            f"a mistaken walk of round {round_} ended unexpectedly: {why!r}"
+        ends = ("ProverNormCorrect", "ProverChallengeTooLate", "ProverChallengeExists")
+        assert any(end in why for end in ends), f"a mistaken walk of round {round_} ended unexpectedly: {why!r}"
         SumWalks.mistaken_walks += 1
 
     # ------------------------------------------------------------------ invariants
