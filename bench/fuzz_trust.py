@@ -74,8 +74,8 @@ def main() -> int:
         "steps_per_second": round(steps / seconds, 2) if seconds else 0.0,
         "counterexamples": [counterexample] if counterexample else [], "shrunk": not args.no_shrink,
         "invariants": ["I1 safety", "I2 no harm", "I3 credit", "I4 stake back", "I5 finality", "I6 solvency",
-                       "I7 fraud proof",
-                       "S1 a lied sum falls once walked", "S2 no harm in a captured run", "S3 the walker's reward"],
+                       "I7 fraud proof", "S1 a lied sum falls once walked", "S2 no harm in a captured run",
+                       "S3 the walker's reward"],
         "proofs_refused": TrustMachine.proofs_refused, "norm_proofs_refused": TrustMachine.norm_proofs_refused,
         "challenges_answered": TrustMachine.challenges_answered,
         # the sum-tree walks (tests/trust_sums.py, S1-S3)
