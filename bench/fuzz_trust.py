@@ -14,6 +14,7 @@ found (longer, but the result is written at once).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -39,6 +40,8 @@ def main() -> int:
                              "with this, a run under a wall-clock limit still writes its result)")
     parser.add_argument("--out", default=default_out("trust_fuzz.py"))
     args = parser.parse_args()
+    # The walker is the live node's prover: it logs each step of a walk at ERROR, thousands of times here.
+    logging.basicConfig(level=logging.CRITICAL)
     load = list(os.getloadavg())
     anvil = None
     if args.backend == "anvil":
@@ -71,9 +74,14 @@ def main() -> int:
         "steps_per_second": round(steps / seconds, 2) if seconds else 0.0,
         "counterexamples": [counterexample] if counterexample else [], "shrunk": not args.no_shrink,
         "invariants": ["I1 safety", "I2 no harm", "I3 credit", "I4 stake back", "I5 finality", "I6 solvency",
-                       "I7 fraud proof"],
+                       "I7 fraud proof", "S1 a lied sum falls once walked", "S2 no harm in a captured run",
+                       "S3 the walker's reward"],
         "proofs_refused": TrustMachine.proofs_refused, "norm_proofs_refused": TrustMachine.norm_proofs_refused,
         "challenges_answered": TrustMachine.challenges_answered,
+        # the sum-tree walks (tests/trust_sums.py, S1-S3)
+        "sum_walks_proven": TrustMachine.sum_walks_proven, "sum_walks_expired": TrustMachine.sum_walks_expired,
+        "sum_walks_cut": TrustMachine.sum_walks_cut, "junk_answers_refused": TrustMachine.junk_answers_refused,
+        "mistaken_walks": TrustMachine.mistaken_walks,
     }
     path = write_result(args.out, result, load)
     print(f"{TrustMachine.examples} examples, {steps} steps in {seconds:.0f} s ({result['steps_per_second']}/s), "

@@ -155,6 +155,14 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
     return Committed(deployment, run.run_id, records, stages, [round_.prev, new], (1, 2), prover_index)
 
 
+def normed_start(weights, momentum, diloco: DilocoConfig) -> StageState:
+    """Stage 0's state before round 1 of a version-3 run: every record of such a run carries version-3 factors (the
+    run's version: RunParams), round 0's those of no contribution."""
+    start = initial_state(0, weights, momentum)
+    norms = Norms(float64_bits(float(diloco.norm_clip)), (), (), ())
+    return dataclasses.replace(start, factors=dataclasses.replace(start.factors, norms=norms))
+
+
 CHAIN_SHAPES = {"w": (2, 40)}  # 80 elements: a full chunk and a short one
 _CHAINS: dict[bool, list] = {False: [], True: []}  # normed -> [(state, weights, momentum)] after rounds 0, 1, ...
 
@@ -167,10 +175,7 @@ def honest_chain(round_: int, *, normed: bool = False) -> StageState:
     diloco = dataclasses.replace(DILOCO, commitments="normed") if normed else DILOCO
     if not chain:
         weights, momentum = tensors(1, CHAIN_SHAPES), tensors(2, CHAIN_SHAPES, scale=0.0)
-        start = initial_state(0, weights, momentum)
-        if normed:  # every record of a version-3 run carries version-3 factors (the run's version: RunParams)
-            norms = Norms(float64_bits(float(diloco.norm_clip)), (), (), ())
-            start = dataclasses.replace(start, factors=dataclasses.replace(start.factors, norms=norms))
+        start = normed_start(weights, momentum, diloco) if normed else initial_state(0, weights, momentum)
         chain.append((start, weights, momentum))
     while len(chain) <= round_:
         t = len(chain)

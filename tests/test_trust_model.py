@@ -72,3 +72,41 @@ def test_the_prover_and_the_challenger_cannot_invalidate_right_rounds():
             outsider.expire_challenge(challenge, attesters=())
         machine.the_model_holds()
     assert outsider.invalid_from(machine.run_id) is None
+
+
+def test_the_sum_walk_overturns_lied_sums_and_spares_right_rounds():
+    """The fuzzer's sum-tree actors (tests/trust_sums.py), step by step: a captured run's lied chunk sum walked with
+    truthful answers (junk refused on the way) and an unclipped scale behind lower sums are proven, an unanswered
+    sum-tree leaf expires, each round falls with its attesters slashed and the walker paid half; a walk of a right
+    round of the machine's run, answered by the honest members, proves nothing. The model holds after each."""
+    from tests.ledger_fixtures import mine
+    from tests.trust_machine import COALITION, HONEST, STAKE
+    from tests.trust_sums import CAPTURED_ANSWER_BLOCKS, WALKER
+
+    machine = TrustMachine()
+    machine.deploy_run()
+    for _ in range(2):
+        assert machine.commit(HONEST[0], machine.honest_record(), list(HONEST) + list(COALITION))
+    reader = machine.client(HONEST[0])
+    for lie, answers, outcome in ((("chunk", 1, 5, 1), ["junk", "truthful"] * 6, "proofs"),
+                                  (("unclipped",), ["truthful"] * 6, "proofs"),
+                                  (("chunk", 2, 0, -1), ["truthful", "silent"], "expired")):
+        machine.coalition_commits_a_lied_sum(lie, answers)
+        case = machine.lied_rounds[-1]
+        if outcome == "expired":
+            assert not case.ended() and reader.invalid_from(case.run_id) is None
+            mine(machine.w3, CAPTURED_ANSWER_BLOCKS + 1)
+            machine.the_walk_goes_on(["silent"])
+        assert set(getattr(case.prover.log, outcome)) == {1}, case.prover.log
+        assert reader.invalid_from(case.run_id) == 1
+        for index in COALITION:
+            assert reader.member(case.run_id, machine.client(index).address).status == "slashed"
+        machine.the_model_holds()
+    assert machine.junk_answers_refused >= 6
+    received = machine.w3.eth.get_balance(machine.client(WALKER).address) - machine.walker_start + machine.walker_paid
+    assert received >= 3 * STAKE  # half of two seats' stake, three times (and the expired challenge's bond back)
+    assert machine.commit(HONEST[0], machine.honest_record(), list(HONEST) + list(COALITION))
+    before = machine.mistaken_walks
+    machine.anyone_walks_a_right_round_mistakenly(1, 1, 1)
+    assert machine.mistaken_walks == before + 1 and reader.invalid_from(machine.run_id) is None
+    machine.the_model_holds()

@@ -13,8 +13,11 @@ withdraw, advance blocks); every invariant of the model is checked after every s
 * I6 (solvency): the contract holds at least every bonded stake plus every open dispute bond.
 * I7 (fraud proof, docs/FRAUD_PROOF.md): a right round is never invalidated by a proof (a chunk's or the clip
   scales', over its real commitments or tampered ones, its factors' norm commitment dropped included) nor by a data-availability challenge (the live honest members answer it). Its other
-  half, a wrong round can always be proven, has no case here: under the assumption the coalition commits no
-  round (I1); tests/test_fraud_proof.py proves committed wrong rounds.
+  half, a wrong round can always be proven: under the assumption the coalition commits no round here (I1), so it
+  commits lied sum trees in a run of its own, where it is the quorum, and the live prover walks them
+  (tests/trust_sums.py, mixed in: S1-S3 below); tests/test_fraud_proof.py proves other committed wrong rounds.
+* S1-S3 (sum-tree walks, tests/trust_sums.py): a lied sum never stands once its walk completes or a challenge of
+  it expires; no honest round or stake is harmed by a walk; the walker's reward is exactly half the stake slashed.
 
 Honest records commit chunked weights roots with the norm commitment (version 3) of a real aggregation chain
 (two raw contributions per round on one 2 x 40 stage) in a run created as version 3 (``RunParams.commitments``:
@@ -29,7 +32,6 @@ that left them out before anyone can call them silent).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -44,26 +46,11 @@ from ledger.normproof import scale_proof, sum_proof
 from tests.fraud_fixtures import changed, honest_chain, lied_sum, with_scale
 from training.chunks import float64_bits
 from tests.ledger_fixtures import deploy, mine, node_key, raw_public_key
+from tests.trust_params import (BOND, COALITION, COALITION_JOINER, HONEST, HONEST_JOINER, INACTIVITY, OUTSIDER,
+                                REFUSED, STAKE, TENURE, WINDOW, digest)
+from tests.trust_sums import SumWalks
 
-STAKE = 10**15
-BOND = 10**14
-HONEST = (1, 2, 3, 4)  # founders
-COALITION = (5, 6)  # founders
-HONEST_JOINER = 7
-COALITION_JOINER = 8
-OUTSIDER = 9  # proves and challenges: no member, no stake
-WINDOW = 8  # accusation and dispute windows, in blocks
-INACTIVITY = 2
-TENURE = 2
-#: Every revert a hostile or mistimed action may meet: the contract refusing it is the point.
-REFUSED = errors.ContractRevert
-
-
-def _digest(label: str) -> bytes:
-    return hashlib.sha256(label.encode()).digest()
-
-
-class TrustMachine(RuleBasedStateMachine):
+class TrustMachine(SumWalks, RuleBasedStateMachine):
     """See module docstring. ``chain`` makes the Web3 each example deploys on (py-evm; the bench may use anvil)."""
 
     chain = staticmethod(connect_pyevm)
@@ -82,7 +69,7 @@ class TrustMachine(RuleBasedStateMachine):
             key = node_key(index + 1)
             client.register(raw_public_key(key), key.sign(client.my_binding_message()))
         self.run_id = self.client(HONEST[0]).create_run(
-            _digest("trust"), 1, 10, min_stake=STAKE, bond=BOND, quorum=2, quorum_bps=5000,
+            digest("trust"), 1, 10, min_stake=STAKE, bond=BOND, quorum=2, quorum_bps=5000,
             accusation_blocks=WINDOW, dispute_blocks=WINDOW, inactivity_rounds=INACTIVITY, tenure_rounds=TENURE,
             commitments=COMMITMENT_VERSIONS["normed"],  # its honest records carry version-3 factors
         )
@@ -95,6 +82,7 @@ class TrustMachine(RuleBasedStateMachine):
         self.challenges: list[bytes] = []
         self.verified_rounds = 0  # rounds whose committed record I1 has checked
         self.steps = 0
+        self.setup_sum_walks()
         TrustMachine.examples += 1
 
     # ------------------------------------------------------------------ helpers
@@ -119,7 +107,7 @@ class TrustMachine(RuleBasedStateMachine):
         round_ = reader.commit_count(self.run_id)
         weights = chunked_weights_root([honest_chain(round_, normed=True).leaf()])
         record = RoundRecord(self.run_id, round_, reader.head_of(self.run_id), weights,
-                             _digest(f"honest contributions {round_}"), 3_000_000, 3_100_000, 4096, 4, bytes(32))
+                             digest(f"honest contributions {round_}"), 3_000_000, 3_100_000, 4096, 4, bytes(32))
         self.honest_hashes[round_] = record_struct_hash(record)
         return record
 
@@ -248,7 +236,7 @@ class TrustMachine(RuleBasedStateMachine):
         if not coalition:
             return
         honest = self.honest_record()
-        backdoor = RoundRecord(self.run_id, honest.round, honest.prev_head, _digest(f"back door {honest.round}"),
+        backdoor = RoundRecord(self.run_id, honest.round, honest.prev_head, digest(f"back door {honest.round}"),
                                honest.contributions_root, 1, 1, 1, 1, bytes(32))
         signers = data.draw(st.lists(st.sampled_from(coalition), unique=True, min_size=1))
         committed = self.commit(data.draw(st.sampled_from(coalition)), backdoor, signers)
@@ -273,7 +261,7 @@ class TrustMachine(RuleBasedStateMachine):
             return
         accuser = data.draw(st.sampled_from(coalition))
         target = data.draw(st.sampled_from(self.honest_group()))
-        evidence = _digest(f"made up {self.steps} {target}")
+        evidence = digest(f"made up {self.steps} {target}")
         self.steps += 1
         try:
             self.client(accuser).accuse(self.run_id, self.client(target).address, evidence)
@@ -297,7 +285,7 @@ class TrustMachine(RuleBasedStateMachine):
         round_ = data.draw(st.integers(max(0, count - 3), count - 1))
         committed = reader.commit_of(self.run_id, round_)
         disputed = RoundRecord(committed.run_id, committed.round, committed.prev_head,
-                               _digest(f"other {round_}"), committed.contributions_root, 1, 1, 1, 1, bytes(32))
+                               digest(f"other {round_}"), committed.contributions_root, 1, 1, 1, 1, bytes(32))
         sender = data.draw(st.sampled_from(coalition))
         signer = data.draw(st.sampled_from([sender, *self.honest_group()]))
         try:
@@ -460,3 +448,5 @@ class TrustMachine(RuleBasedStateMachine):
         staked = sum(seat.stake for seat in seats.values()
                      if seat is not None and seat.status in ("active", "unbonding"))
         assert self.w3.eth.get_balance(reader.ledger_address) >= staked + open_bonds, "I6: insolvent"
+        # S1-S3: the sum-tree walks (tests/trust_sums.py).
+        self.sum_walks_hold()

@@ -1,0 +1,25 @@
+"""The trust fuzzer's cast and parameters, shared by tests/trust_machine.py and tests/trust_sums.py."""
+
+from __future__ import annotations
+
+import hashlib
+
+from ledger import errors
+
+STAKE = 10**15
+BOND = 10**14
+HONEST = (1, 2, 3, 4)  # founders
+COALITION = (5, 6)  # founders
+HONEST_JOINER = 7
+COALITION_JOINER = 8
+OUTSIDER = 9  # proves and challenges: no member, no stake
+WINDOW = 8  # accusation and dispute windows, in blocks
+INACTIVITY = 2
+TENURE = 2
+#: Every revert a hostile or mistimed action may meet: the contract refusing it is the point.
+REFUSED = errors.ContractRevert
+
+
+def digest(label: str) -> bytes:
+    """sha256 of a label: a stand-in hash."""
+    return hashlib.sha256(label.encode()).digest()
