@@ -477,7 +477,11 @@ def trust_fuzz(r: dict) -> list[str]:
     return [(f"The trust model's stateful fuzzer (tests/trust_machine.py) on {r['backend']}: **{r['steps']:,} steps** "
              f"in {r['examples']} examples (at most {r['steps_per_example_max']} steps each), {r['seconds']:.0f} s "
              f"({r['steps_per_second']} steps/s); invariants checked after every step: {', '.join(r['invariants'])}. "
-             + ("Counterexamples: " + "; ".join(f"`{c}`" for c in found) if found else "No counterexample.")), ""]
+             + ("Counterexamples: " + "; ".join(f"`{c}`" for c in found) if found else "No counterexample.")
+             + (f" Sum-tree walks (tests/trust_sums.py): {r['sum_walks_proven']} proven, {r['sum_walks_expired']} "
+                f"expired, {r.get('sum_walks_cut', 0)} cut by the dispute window, {r['junk_answers_refused']} junk "
+                f"answers refused, {r['mistaken_walks']} mistaken walks (nobody slashed)."
+                if "sum_walks_proven" in r else "")), ""]
 
 
 def fraud_proof(r: dict) -> list[str]:
