@@ -28,12 +28,15 @@ def node_log(slot) -> str:
     return "\n".join(path.read_text(errors="replace") for path in sorted(slot.data_dir.glob("node-*.log")))
 
 
-def wait_for(predicate, timeout: float, what: str, run: LocalRun) -> None:
-    """Poll ``predicate`` until true; fail naming ``what`` with the run's logs after ``timeout`` seconds."""
+def wait_for(predicate, timeout: float, what: str, run: LocalRun, *, none_exits: bool = False) -> None:
+    """Poll ``predicate`` until true; fail naming ``what`` with the run's logs after ``timeout`` seconds
+    (``none_exits``: and as soon as any of the run's nodes has exited)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
+        if none_exits:
+            assert len(run.running()) == len(run.nodes), "a node exited:\n" + run_logs(run)
         time.sleep(0.5)
     raise AssertionError(f"{what}: not within {timeout}s\n" + run_logs(run))
 

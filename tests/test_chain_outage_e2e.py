@@ -14,20 +14,10 @@ import sys
 import time
 
 import pytest
-from node_fixtures import TINY, assert_chain_roots, node_state, run_logs
+from node_fixtures import TINY, assert_chain_roots, node_state, wait_for
 
 from ledger.chain import OUTAGE_REPORT_EVERY_S, AnvilProcess
 from node.commands.launcher import LocalRun
-
-
-def _wait_for(predicate, timeout: float, what: str, run: LocalRun) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        assert len(run.running()) == len(run.nodes), "a node exited:\n" + run_logs(run)
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {timeout}s\n" + run_logs(run))
 
 
 def _finished(run: LocalRun) -> list[int]:
@@ -48,14 +38,15 @@ def test_nodes_ride_out_a_chain_outage_and_commit_every_round_once(make_run):
                                     "ledger.retry_seconds=2"])
     run.start()
     client = run.client()
-    _wait_for(lambda: client.last_round(run.run_id) is not None, 180, "round 0 committed", run)
+    wait_for(lambda: client.last_round(run.run_id) is not None, 180, "round 0 committed", run, none_exits=True)
 
     port = int(run.url.rsplit(":", 1)[1])
     run.anvil.stop()  # SIGTERM: anvil dumps the chain, blocks and logs included, to chain-state.json
     down_at = time.monotonic()
     before = max(_finished(run))
     # The nodes keep training and finishing rounds with no chain; their commits queue up.
-    _wait_for(lambda: min(_finished(run)) >= before + 3, 180, "three rounds finished during the outage", run)
+    wait_for(lambda: min(_finished(run)) >= before + 3, 180, "three rounds finished during the outage", run,
+             none_exits=True)
     outage = time.monotonic() - down_at
     for slot in run.nodes:
         assert "chain RPC unreachable" in _logs(slot), slot.name
@@ -68,8 +59,9 @@ def test_nodes_ride_out_a_chain_outage_and_commit_every_round_once(make_run):
         return all({str(r) for r in range(trained + 1)} <= set(node_state(slot)["weights_roots"])
                    for slot in run.nodes)
 
-    _wait_for(lambda: client.last_round(run.run_id) >= trained and recorded_by_all(), 180,
-              f"every round trained during the outage (through {trained}) committed and recorded", run)
+    wait_for(lambda: client.last_round(run.run_id) >= trained and recorded_by_all(), 180,
+             f"every round trained during the outage (through {trained}) committed and recorded", run,
+             none_exits=True)
     run.stop_nodes()
     assert all(slot.process.returncode == 0 for slot in run.nodes), \
         [slot.process.returncode for slot in run.nodes]

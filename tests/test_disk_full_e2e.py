@@ -14,23 +14,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
-from node_fixtures import TINY, assert_chain_roots, node_log, node_state, run_logs
+from node_fixtures import TINY, assert_chain_roots, node_log, node_state, run_logs, wait_for
 from tinyfs import fill, tiny_filesystem
 
 from node.commands.launcher import LocalRun
-
-
-def _wait_for(predicate, timeout: float, what: str, run: LocalRun) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        assert len(run.running()) == len(run.nodes), "a node exited:\n" + run_logs(run)
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {timeout}s\n" + run_logs(run))
 
 
 def _recorded(slot) -> set[int]:
@@ -53,18 +42,20 @@ def test_a_node_whose_disk_fills_pauses_then_catches_up_and_every_round_commits_
         (slot.data_dir / "node-1.log").symlink_to(logs / "node-1.log")
         run.start()
         client = run.client()
-        _wait_for(lambda: (client.last_round(run.run_id) or -1) >= 1 and 1 in _recorded(slot), 240,
-                  "round 1 committed and recorded by the node on the small disk", run)
+        wait_for(lambda: (client.last_round(run.run_id) or -1) >= 1 and 1 in _recorded(slot), 240,
+                 "round 1 committed and recorded by the node on the small disk", run, none_exits=True)
 
         filler = fill(slot.data_dir)
         full_from = client.last_round(run.run_id)
         # Some write the node needs (the archive, every round) is paused, not only a status file skipped.
-        _wait_for(lambda: " paused; tried again " in node_log(slot), 240, "the node pauses a write for space", run)
+        wait_for(lambda: " paused; tried again " in node_log(slot), 240, "the node pauses a write for space", run,
+                 none_exits=True)
         filler.unlink()  # the operator frees space
 
         target = full_from + 3
-        _wait_for(lambda: client.last_round(run.run_id) >= target and set(range(target + 1)) <= _recorded(slot), 300,
-                  f"rounds through {target} committed and recorded by the node whose disk was full", run)
+        wait_for(lambda: client.last_round(run.run_id) >= target and set(range(target + 1)) <= _recorded(slot), 300,
+                 f"rounds through {target} committed and recorded by the node whose disk was full", run,
+                 none_exits=True)
         for s in run.nodes:  # stopped as an operator does; a loaded machine may take a while (no SIGKILL at 20 s)
             s.process.send_signal(signal.SIGTERM)
         codes = [s.process.wait(timeout=240) for s in run.nodes]

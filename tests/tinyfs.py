@@ -1,6 +1,6 @@
 """A real, tiny filesystem for disk-full tests: a tmpfs of a few MiB mounted on a test's directory.
 
-Needs root (or CAP_SYS_ADMIN); tests skip, saying so, where ``mount`` is not permitted.
+Needs root (or CAP_SYS_ADMIN); where ``mount`` is not permitted the test fails, saying so.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ def tiny_filesystem(directory: Path, size: str = "8m") -> Iterator[Path]:
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
                              capture_output=True, text=True, check=False)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs on {directory} (needs root or CAP_SYS_ADMIN): {mounted.stderr.strip()}")
+        pytest.fail(f"cannot mount a tmpfs on {directory} (the disk-full tests need root or CAP_SYS_ADMIN, "
+                    f"as the NAT tests do): {mounted.stderr.strip()}")
     try:
         yield directory
     finally:
