@@ -17,17 +17,11 @@ from p2p.dialbook import MAX_FORGOTTEN, MAX_TRACKED, DialBook
 from p2p.errors import P2PConfigError
 from p2p.host import P2PHost
 from p2p.identity import Identity
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
 
-def wait_until(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 # ---------------------------------------------------------------------- the rule alone

@@ -12,18 +12,12 @@ from p2p.envelope import Envelope, EnvelopeValidator, decode_envelope
 from p2p.errors import BlobHashMismatch, BlobNotFound, P2PError
 from p2p.host import P2PHost
 from p2p.identity import Identity
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 RUN = 42
 
 
-def wait_until(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ inbound limiter, until the host closed: the held slots counted the connections e
 """
 
 import gc
-import time
 
 import pytest
 from libp2p.network.connection.raw_connection import RawConnection
@@ -17,19 +16,13 @@ from p2p import inbound
 from p2p.config import P2PConfig
 from p2p.host import P2PHost
 from p2p.identity import Identity
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
 CYCLES = 6
 
 
-def wait_until(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def raw_connections() -> int:

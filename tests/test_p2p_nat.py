@@ -25,6 +25,7 @@ from p2p.identity import Identity
 
 sys.path.insert(0, str(Path(__file__).parent))
 from netns_lab import PUBLIC_IP, ROUTER_WAN_IPS, SITE_IPS, LabUnavailable, NatLab
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 AGENT = str(Path(__file__).parent / "p2p_agent.py")
@@ -32,13 +33,6 @@ RELAY_ID = "12D3KooWFhvohtgaaNRdphcg2YkWkoGuHRSSJLeRA3bKPtyZ5t9P"
 PEER_ID = "12D3KooWEmLVXeBBjJGvJshBzMnAjBWPK5Efb9qioDCrNp7X1HaR"
 
 
-def wait_until(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 # ---------------------------------------------------------------------------- addresses (no network)

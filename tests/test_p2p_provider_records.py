@@ -24,19 +24,13 @@ from p2p.errors import P2PConfigError
 from p2p.host import P2PHost
 from p2p.identity import Identity
 from p2p.provider_records import record_count
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
 TTL = 600.0
 
 
-def wait_until(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def records_of(host: P2PHost, peer_id: str) -> int:
