@@ -7,7 +7,7 @@ import torch
 
 from training.config import ModelConfig
 from training.errors import ModelInputError, StateDictError
-from training.model import GPT, count_params, init_state_dict, param_shapes
+from training.model import GPT, count_params, init_state_dict, param_shapes, token_ids_to
 
 
 def test_hf_names_and_canonical_order():
@@ -65,6 +65,18 @@ def test_forward_shapes_loss_and_causality():
     logits2, _ = model(idx2)
     assert torch.equal(logits[:, :-1], logits2[:, :-1])
     assert model(idx)[1] is None
+
+
+def test_bad_ids_are_refused_on_the_host_before_they_reach_a_device():
+    # On an accelerator the forward pass only queues its range check (no host synchronisation), so the
+    # trainers check a batch before moving it: a "meta" device stands in for one (no data is moved there).
+    cfg = ModelConfig(preset="tiny")
+    for bad in (-1, 256):
+        with pytest.raises(ModelInputError, match=r"\[0, 256\)"):
+            token_ids_to(torch.tensor([[1, bad]]), torch.device("meta"), cfg)
+    with pytest.raises(ModelInputError, match="LongTensor"):
+        token_ids_to(torch.zeros(1, 4), torch.device("meta"), cfg)
+    assert token_ids_to(torch.tensor([[0, 255]]), torch.device("meta"), cfg).device.type == "meta"
 
 
 def test_bad_inputs_are_refused():

@@ -136,7 +136,7 @@ class TransformerSlice(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         trunk = self.trunk
         if self.has_embeddings:
-            _check_ids(x, self.cfg)
+            check_token_ids(x, self.cfg)
             x = self.family.embed(trunk, x)
         else:
             _check_hidden(x, self.cfg)
@@ -163,13 +163,36 @@ class TransformerSlice(nn.Module):
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
 
-def _check_ids(idx: torch.Tensor, cfg: ModelConfig) -> None:
+def check_token_ids(idx: torch.Tensor, cfg: ModelConfig) -> None:
+    """Refuse token ids that are not a LongTensor (B, T) of at most ``block_size`` ids in ``[0, vocab_size)``.
+
+    On the CPU the range is checked at once (one pass, one read of its two ends). On an accelerator reading
+    the range back would stall the forward pass twice (a host synchronisation each) and break a compiled
+    graph, so there the check is queued on the device (``torch._assert_async``): the trainers check a batch
+    on the host before they move it (:func:`token_ids_to`), so a bad id from a data file is still refused
+    with a ``ModelInputError`` before it reaches the device.
+    """
     if idx.dim() != 2 or idx.dtype != torch.long:
         raise ModelInputError(f"token ids must be a LongTensor (B, T), got {idx.dtype} {tuple(idx.shape)}")
     if idx.size(1) > cfg.block_size:
         raise ModelInputError(f"sequence length {idx.size(1)} > block_size={cfg.block_size}")
-    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= cfg.vocab_size):
-        raise ModelInputError(f"token ids must be in [0, {cfg.vocab_size})")
+    if not idx.numel():
+        return
+    message = f"token ids must be in [0, {cfg.vocab_size})"
+    if idx.device.type != "cpu":
+        torch._assert_async(((idx >= 0) & (idx < cfg.vocab_size)).all(), message)
+        return
+    low, high = torch.aminmax(idx)
+    if int(low) < 0 or int(high) >= cfg.vocab_size:
+        raise ModelInputError(message)
+
+
+def token_ids_to(idx: torch.Tensor, device: torch.device, cfg: ModelConfig) -> torch.Tensor:
+    """``idx`` on ``device``, checked on the host first where the forward pass's own check is queued on the
+    device (:func:`check_token_ids`)."""
+    if idx.device.type == "cpu" and torch.device(device).type != "cpu":
+        check_token_ids(idx, cfg)
+    return idx.to(device)
 
 
 def _check_hidden(x: torch.Tensor, cfg: ModelConfig) -> None:

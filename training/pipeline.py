@@ -51,7 +51,7 @@ from torch import nn
 
 from training.config import ModelConfig, TrainingConfig
 from training.errors import PipelineError
-from training.model import init_state_dict, lm_loss
+from training.model import init_state_dict, lm_loss, token_ids_to
 from training.muon import make_optimizer
 from training.pipeline_group import close_pipeline_group, init_pipeline_group
 from training.platform import Platform, prepare_platform
@@ -162,7 +162,7 @@ class LocalReplicaTrainer:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of token ids ``x`` through every stage (call inside :meth:`Platform.autocast`)."""
-        hidden = x.to(self.device)
+        hidden = token_ids_to(x, self.device, self.model_cfg)
         for module in self.stage_modules:
             hidden = module(hidden)
         return hidden
@@ -325,7 +325,8 @@ class PipelineStageTrainer:
                 f"batch size {x.size(0)} is not divisible by micro_batches={self.micro_batches}"
             )
         schedule = self._schedule_for(tuple(x.shape))
-        x, y = x.to(self.device), y.to(self.device)
+        x = token_ids_to(x, self.device, self.cfg) if self.spec.is_first else x.to(self.device)
+        y = y.to(self.device)
 
         def backward() -> float:
             # ScheduleGPipe back-propagates each micro-batch and divides the gradients by their count.
