@@ -79,7 +79,7 @@ def run(tmp_path_factory):
     try:
         local.setup()
         local.start()
-        ok = local.wait(300)
+        ok = local.wait(300, progress=True)
         logs = "\n".join(
             p.read_text(errors="replace")[-3000:] for s in local.nodes for p in s.data_dir.glob("*.log")
         )

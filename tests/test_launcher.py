@@ -3,10 +3,14 @@ member registers and stakes through the node's own chain flow (setup only, no tr
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from ledger.account import DEV_ACCOUNT_COUNT, dev_account
-from node.commands.launcher import GAS_ALLOWANCE_WEI, MAX_NODES, LocalRun
+from node.commands.launcher import GAS_ALLOWANCE_WEI, MAX_NODES, LocalRun, NodeSlot
 from node.config import load_config
 from node.errors import NodeError
 from node.live.onchain import NodeChain
@@ -65,3 +69,41 @@ def test_listen_ports_are_picked_outside_the_ephemeral_range():
     ephemeral = _ephemeral_ports()
     ports = [free_port() for _ in range(50)]
     assert not [p for p in ports if p in ephemeral], ports  # no outgoing connection can take them meanwhile
+
+
+def _waiting_run(tmp_path) -> tuple[LocalRun, NodeSlot]:
+    """A LocalRun whose one node is a real process that runs until killed (no chain, no training)."""
+    slot = NodeSlot("n0", tmp_path, tmp_path / "node.toml", "peer", 0)
+    slot.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    return LocalRun(tmp_path, nodes=[slot]), slot
+
+
+def test_a_wait_on_progress_counts_its_timeout_from_the_last_finished_round(tmp_path):
+    # The node finishes a round (its state.json changes) at every one of the waiter's ticks (one a second) and
+    # exits after eight: longer than the 3 s timeout, which a wait on progress counts from the last change.
+    run, slot = _waiting_run(tmp_path)
+    ticks = []
+
+    def finish_a_round(_run):
+        ticks.append(1)
+        (tmp_path / "state.json").write_text(json.dumps({"rounds": len(ticks)}))
+        if len(ticks) == 8:
+            slot.process.kill()
+
+    try:
+        assert run.wait(3, on_tick=finish_a_round, progress=True) is False  # it ran to its end: killed, not 0
+        assert len(ticks) >= 8
+    finally:
+        slot.process.kill()
+        slot.process.wait()
+
+
+def test_a_wait_gives_up_when_no_round_is_finished(tmp_path):
+    run, slot = _waiting_run(tmp_path)
+    ticks = []
+    try:
+        assert run.wait(3, on_tick=lambda _run: ticks.append(1), progress=True) is False
+        assert slot.process.poll() is None  # the wait gave up on a node that still runs
+    finally:
+        slot.process.kill()
+        slot.process.wait()

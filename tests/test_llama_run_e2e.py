@@ -55,7 +55,7 @@ def run(dataset, tmp_path_factory):
     try:
         local.setup()
         local.start()
-        ok = local.wait(900)
+        ok = local.wait(900, progress=True)
         logs = "\n".join(p.read_text(errors="replace")[-3000:] for s in local.nodes for p in s.data_dir.glob("*.log"))
         assert ok, logs
         assert [c.commit.round for c in local.client().history(local.run_id).commits] == list(range(ROUNDS)), logs

@@ -36,7 +36,7 @@ def _wait_for_round(run: LocalRun, round_index: int, timeout: float) -> None:
 def test_two_replicas_by_two_stages_commit_every_round_once(make_run):
     run = make_run(replicas=2, stages=2, split=True, settings=TINY + ["rounds=3", "join_timeout=60"])
     run.start()
-    assert run.wait(360), run_logs(run)
+    assert run.wait(360, progress=True), run_logs(run)
     history = run.client().history(run.run_id)
     assert [c.commit.round for c in history.commits] == [0, 1, 2]
     assert all(c.commit.num_contributors == 4 for c in history.commits)
@@ -94,7 +94,7 @@ def test_node_runs_the_other_round_schedules(make_run, variant):
     """The node follows training.schedule.round_actions for every variant the benchmark measures."""
     run = make_run(replicas=2, stages=2, split=False, settings=TINY + ["rounds=3", "join_timeout=60", *variant])
     run.start()
-    assert run.wait(360), run_logs(run)
+    assert run.wait(360, progress=True), run_logs(run)
     history = run.client().history(run.run_id)
     assert [c.commit.round for c in history.commits] == [0, 1, 2]
     assert all(c.commit.num_contributors == 2 for c in history.commits)
@@ -145,7 +145,7 @@ def test_node_killed_mid_round_rejoins_from_checkpoint(make_run):
     run.kill(victim, signal.SIGKILL)
     time.sleep(2)
     run.start_node(victim)
-    assert run.wait(480), run_logs(run)
+    assert run.wait(480, progress=True), run_logs(run)
     history = run.client().history(run.run_id)
     rounds = [c.commit.round for c in history.commits]
     assert rounds == list(range(12)), rounds  # no duplicate, no missing round
@@ -190,7 +190,7 @@ def test_a_stalled_member_still_contributes_to_every_round(make_run):
         time.sleep(PEER_TTL_S + 5)  # the stall itself is the test's subject, not a wait for an event
     finally:
         sleeper.process.send_signal(signal.SIGCONT)
-    assert run.wait(480), run_logs(run)
+    assert run.wait(480, progress=True), run_logs(run)
     history = run.client().history(run.run_id)
     assert [c.commit.round for c in history.commits] == list(range(6))
     assert [c.commit.num_contributors for c in history.commits] == [2] * 6, run_logs(run)
@@ -221,7 +221,7 @@ def test_a_round_without_its_quorum_is_waited_for_not_an_exit(make_run):
         _wait_for(waiting, 300, "the other node reports the round without quorum", run)
     finally:
         sleeper.process.send_signal(signal.SIGCONT)
-    assert run.wait(480), run_logs(run)
+    assert run.wait(480, progress=True), run_logs(run)
     assert waiter.process.returncode == 0
     history = run.client().history(run.run_id)
     assert [c.commit.round for c in history.commits] == list(range(10))

@@ -232,7 +232,7 @@ def test_a_member_killed_mid_run_restarts_and_every_round_after_commits_with_equ
     run.kill(victim, signal.SIGKILL)
     time.sleep(2)
     run.start_node(victim)
-    assert run.wait(780), run_logs(run)
+    assert run.wait(780, progress=True), run_logs(run)
     for slot in run.nodes:
         assert slot.process.returncode == 0, slot.name + "\n" + run_logs(run)
     history = client.history(run.run_id)

@@ -262,10 +262,18 @@ class LocalRun:
     def running(self) -> list[NodeSlot]:
         return [s for s in self.nodes if s.process is not None and s.process.poll() is None]
 
-    def wait(self, timeout: float, on_tick=None) -> bool:
-        """Wait for every node process to exit; True if all exited with status 0."""
+    def wait(self, timeout: float, on_tick=None, *, progress: bool = False) -> bool:
+        """Wait for every node process to exit; True if all exited with status 0, False after ``timeout`` s.
+
+        ``progress``: the ``timeout`` counts from the last time a node finished a round (its state.json
+        changed), not from the call, so a loaded machine makes the run slower and only a run that stops
+        moving for ``timeout`` seconds gives up.
+        """
         deadline = time.monotonic() + timeout
+        marks = self._progress_marks()
         while self.running():
+            if progress and (now := self._progress_marks()) != marks:
+                marks, deadline = now, time.monotonic() + timeout
             if time.monotonic() > deadline:
                 return False
             if on_tick is not None:
@@ -274,6 +282,17 @@ class LocalRun:
         if on_tick is not None:
             on_tick(self)
         return all(s.process.returncode == 0 for s in self.nodes)
+
+    def _progress_marks(self) -> list[tuple[int, int] | None]:
+        """Each node's state.json (modification time, size): it changes when the node finishes a round."""
+        marks = []
+        for slot in self.nodes:
+            try:
+                stat = (slot.data_dir / "state.json").stat()
+                marks.append((stat.st_mtime_ns, stat.st_size))
+            except OSError:
+                marks.append(None)
+        return marks
 
     def client(self) -> LedgerClient:
         w3 = connect_rpc(self.url, wait=5)
