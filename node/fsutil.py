@@ -16,6 +16,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -179,3 +180,100 @@ def retry_on_full_disk(action: Callable[[], T], *, what: str, stop: threading.Ev
             _REPORTS.clear(kind or what)
             logger.warning("disk of %s has space again: %s done", failed.filename, what)
         return result
+
+
+#: What writes deferred by a full disk may hold in memory together; past it the oldest are dropped (each said).
+DEFERRED_MAX_BYTES = 256 << 20
+
+
+class DeferredWrites:
+    """Writes that can wait for space: evidence files and archived copies, whose loss would cost an audit
+    or an accusation's record on disk, not the round. One background thread tries them again, oldest first,
+    until space is freed. Process-wide: a node is one process, and its disk is one."""
+
+    def __init__(self, max_bytes: int = DEFERRED_MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._queue: deque[tuple[str, Callable[[], object], int]] = deque()
+        self._bytes = 0
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.dropped = 0
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def add(self, what: str, action: Callable[[], object], size: int) -> None:
+        with self._lock:
+            self._queue.append((what, action, size))
+            self._bytes += size
+            while self._bytes > self.max_bytes and len(self._queue) > 1:
+                lost, _, lost_size = self._queue.popleft()
+                self._bytes -= lost_size
+                self.dropped += 1
+                logger.warning("disk still full: %s dropped (writes waiting for space hold %d bytes at most)",
+                               lost, self.max_bytes)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="deferred-writes", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def _run(self) -> None:
+        delay = DISK_RETRY_MIN_S
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._thread = None
+                    return
+                what, action, size = self._queue[0]
+            try:
+                action()
+            except OSError as exc:
+                if is_disk_full(exc):
+                    self._wake.wait(delay)
+                    self._wake.clear()
+                    delay = min(2 * delay, DISK_RETRY_MAX_S)
+                    continue
+                logger.warning("%s not written: %s", what, exc)
+            else:
+                logger.warning("disk has space again: %s written", what)
+                delay = DISK_RETRY_MIN_S
+            with self._lock:
+                if self._queue and self._queue[0][1] is action:
+                    self._queue.popleft()
+                    self._bytes -= size
+
+
+DEFERRED = DeferredWrites()
+
+
+def write_when_space(action: Callable[[], object], *, what: str, size: int, kind: str | None = None) -> bool:
+    """``action()`` now; where the disk is full, later: kept in memory (:data:`DEFERRED`, up to
+    DEFERRED_MAX_BYTES) and done once space is freed, with one rate-limited line. True if done now.
+
+    For a write whose loss costs a record, not the round (evidence, an archived copy of what is also in
+    memory): the caller goes on at once. ``action`` must be safe to run again (atomic writes). Every other
+    error is raised. A node stopped before space is freed loses what is still waiting.
+    """
+    try:
+        action()
+        return True
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        report_disk_full(exc, f"{what} kept in memory and written once space is freed", kind=kind or what)
+        DEFERRED.add(what, action, size)
+        return False
+
+
+def keep_evidence(path: str | Path, data: bytes) -> None:
+    """Keep ``data`` (signed proof of a fault, read by the audit and served by the accuser) at ``path``:
+    atomically; on a full disk once space is freed (:func:`write_when_space`); any other failure is logged,
+    never raised (the evidence is still in memory, where the caller serves it from)."""
+    path = Path(path)
+    try:
+        write_when_space(lambda: atomic_write_bytes(path, data), what=f"evidence {path.name}", size=len(data),
+                         kind="evidence")
+    except OSError as exc:
+        logger.warning("evidence %s not kept: %s", path.name, exc)

@@ -15,10 +15,20 @@ from types import SimpleNamespace
 
 import pytest
 from tinyfs import fill, tiny_filesystem
+from waiting import wait_until
 
 from node.cli import _FileHandler
 from node.errors import DiskFull
-from node.fsutil import append_line, atomic_write_bytes, is_disk_full, retry_on_full_disk
+from node.fsutil import (
+    DEFERRED,
+    DeferredWrites,
+    append_line,
+    atomic_write_bytes,
+    is_disk_full,
+    keep_evidence,
+    retry_on_full_disk,
+    write_when_space,
+)
 from node.live.committer import Committer
 from node.live.status import StateFile
 from node.store.archive import Archive, ArchivedContribution
@@ -231,3 +241,40 @@ def test_the_committer_retries_a_round_its_full_disk_failed_and_skips_none(full_
     finally:
         context.stop_event.set()
         committer.close()
+
+
+def test_evidence_on_a_full_disk_is_kept_in_memory_and_written_once_space_is_freed(full_disk, caplog):
+    path = full_disk / "evidence" / "round-00000001-stage0-ab.envelope"
+    data = b"signed evidence" * 20_000
+    filler = fill(full_disk)
+    with caplog.at_level(logging.WARNING):
+        keep_evidence(path, data)  # returns at once: the accusation goes on, served from memory
+        assert not path.exists() and DEFERRED.pending() == 1
+        filler.unlink()
+        wait_until(lambda: DEFERRED.pending() == 0, 120, "the deferred evidence write")
+    assert path.read_bytes() == data and _leftovers(full_disk) == []
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(f"disk of {path} is full" in line and "kept in memory" in line for line in lines), lines
+    assert any("written" in line and path.name in line for line in lines), lines
+    assert not any(r.exc_info for r in caplog.records)
+
+
+def test_writes_waiting_for_space_are_capped_the_oldest_dropped(full_disk, caplog):
+    writes = DeferredWrites(max_bytes=300_000)
+    filler = fill(full_disk)
+    paths = [full_disk / f"part-{i}" for i in range(3)]
+    with caplog.at_level(logging.WARNING):
+        for path in paths:
+            writes.add(path.name, lambda path=path: atomic_write_bytes(path, b"z" * 200_000), 200_000)
+        assert writes.dropped == 2 and writes.pending() == 1  # 400 kB > 300 kB: the two oldest go
+        filler.unlink()
+        wait_until(lambda: writes.pending() == 0, 120, "the deferred write")
+    assert [p.exists() for p in paths] == [False, False, True]
+    assert sum("part-0 dropped" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_other_errors_of_a_deferred_write_are_raised_at_once(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(OSError) as raised:
+        write_when_space(lambda: atomic_write_bytes(tmp_path / "file" / "inside", b"1"), what="x", size=1)
+    assert not is_disk_full(raised.value) and DEFERRED.pending() == 0

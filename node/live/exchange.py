@@ -46,7 +46,7 @@ from queue import Queue
 
 from node import protocol as msg
 from node.errors import NodeError
-from node.fsutil import atomic_write_bytes
+from node.fsutil import keep_evidence
 from node.live.roundbook import Announced, RoundBook
 from node.live.roundstate import StageInputs
 from node.live.station import Station
@@ -198,11 +198,8 @@ class ContributionPool:
         logger.warning("round %d stage %d: contribution %s of %s rejected: %s", outer_round, stage,
                        a.envelope_hash.hex()[:12], a.peer_id[-8:], reason)
         if self.evidence_dir is not None:
-            try:  # the signed envelope is the proof; keep it
-                atomic_write_bytes(self.evidence_dir / f"round-{outer_round:08d}-stage{stage}-"
-                                   f"{a.envelope_hash.hex()}.envelope", data)
-            except OSError as exc:
-                logger.warning("evidence not kept: %s", exc)
+            keep_evidence(self.evidence_dir / f"round-{outer_round:08d}-stage{stage}-{a.envelope_hash.hex()}.envelope",
+                          data)  # the signed envelope is the proof
 
     def want(self, outer_round: int, stage: int) -> None:
         """Fetch every announced contribution of (round, stage) from now on, also in a lazy pool."""

@@ -13,7 +13,7 @@ import hashlib
 import logging
 from pathlib import Path
 
-from node.fsutil import atomic_write_bytes
+from node.fsutil import atomic_write_bytes, keep_evidence
 from p2p.envelope import Envelope
 from p2p.errors import P2PError
 
@@ -74,10 +74,7 @@ class HeldStates:
     def keep_evidence(self, parts: list[bytes]) -> None:
         """Keep start-state parts under ``evidence/state-<sha256>.part`` (the audit reads them there)."""
         for data in parts:
-            try:
-                atomic_write_bytes(self.evidence_dir / f"state-{hashlib.sha256(data).hexdigest()}.part", data)
-            except OSError as exc:
-                logger.warning("start state not kept as evidence: %s", exc)
+            keep_evidence(self.evidence_dir / f"state-{hashlib.sha256(data).hexdigest()}.part", data)
 
     def _linkable_path(self, outer_round: int, replica: int, stage: int) -> Path:
         return self._linkable_dir / f"round-{outer_round:08d}-replica{replica}-{stage}.part"

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ledger.merkle import merkle_root
 from node import protocol as msg
-from node.fsutil import atomic_write_bytes, retry_on_full_disk
+from node.fsutil import keep_evidence, retry_on_full_disk
 from node.live.coordination import RoundStopped
 from node.live.exchange import Exchange, InputsWithheld
 from node.live.partialfetch import PartialFetcher
@@ -439,11 +439,8 @@ class SlicedExchange(SliceReads, SlicedChecks, Exchange):
     def _refuse(self, outer_round, stage, j, sender, envelope_hash, reason, data) -> None:
         logger.warning("round %d stage %d slice %d: partial %s of %s refused: %s", outer_round, stage, j,
                        envelope_hash.hex()[:12], sender[-8:], reason)
-        try:  # the signed envelope is the proof; keep it
-            atomic_write_bytes(self.evidence_dir / f"round-{outer_round:08d}-stage{stage}-slice{j}-"
-                               f"{envelope_hash.hex()}.partial", data)
-        except OSError as exc:
-            logger.warning("evidence not kept: %s", exc)
+        keep_evidence(self.evidence_dir / f"round-{outer_round:08d}-stage{stage}-slice{j}-"
+                      f"{envelope_hash.hex()}.partial", data)  # the signed envelope is the proof
 
     def _wake(self) -> None:
         with self._cond:
@@ -474,11 +471,9 @@ class SlicedExchange(SliceReads, SlicedChecks, Exchange):
                            "input", outer_round, stage, digest.hex()[:12], entry[1][-8:])
             # Its signer is accused when the envelope alone shows it (not when only the close misplaced it).
             self.charge_bad_bundle(outer_round, envelope, None, "no usable contribution")
-            try:  # bound by the close and (through its announce) by its signer: keep it
-                atomic_write_bytes(self.evidence_dir / f"round-{outer_round:08d}-stage{stage}-"
-                                   f"{digest.hex()}.envelope", envelope)
-            except OSError as exc:
-                logger.warning("evidence not kept: %s", exc)
+            # Bound by the close and (through its announce) by its signer: keep it.
+            keep_evidence(self.evidence_dir / f"round-{outer_round:08d}-stage{stage}-{digest.hex()}.envelope",
+                          envelope)
         else:
             self.pool.add(outer_round, stage, digest, envelope)  # archived with the round, served
         references[digest] = reference

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from node import protocol as msg
 from node.errors import StateError
-from node.fsutil import atomic_write_bytes
+from node.fsutil import keep_evidence
 from node.live.slicedrerun import SlicedRerunInputs
 from node.slicedproof import (
     BAD_BUNDLE,
@@ -229,8 +229,5 @@ class SlicedChecks:
     def keep_wrong_partial(self, outer_round: int, stage: int, j: int, envelope: bytes) -> None:
         """Keep a bound partial that differs from its replay: the signed evidence of a wrong partial."""
         digest = hashlib.sha256(envelope).hexdigest()
-        try:
-            atomic_write_bytes(self.evidence_dir / f"round-{outer_round:08d}-stage{stage}-slice{j}-{digest}"
-                               ".wrong.partial", envelope)
-        except OSError as exc:
-            logger.warning("evidence not kept: %s", exc)
+        keep_evidence(self.evidence_dir / f"round-{outer_round:08d}-stage{stage}-slice{j}-{digest}.wrong.partial",
+                      envelope)

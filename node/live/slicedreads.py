@@ -12,7 +12,7 @@ import hashlib
 import logging
 import random
 
-from node.fsutil import atomic_write_bytes
+from node.fsutil import keep_evidence
 from node.live.exchange import FALLBACK_PROVIDERS
 from p2p.errors import P2PError
 from training.butterfly import SliceError
@@ -100,9 +100,6 @@ class SliceReads:
             return None
         if blob is None:
             logger.warning("slice %d of bundle %s of %s is bad: that input is absent", j, bundle[:12], provider[-8:])
-            try:  # the bundle is bound by the signed reference: it is the proof; keep it
-                atomic_write_bytes(self.evidence_dir / f"bundle-{bundle}.slices", data)
-            except OSError as write_error:
-                logger.warning("evidence not kept: %s", write_error)
+            keep_evidence(self.evidence_dir / f"bundle-{bundle}.slices", data)  # bound by the signed reference
             return b""
         return blob

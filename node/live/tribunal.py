@@ -25,7 +25,7 @@ from ledger.eventrecords import AccusationRecord
 from ledger.records import Verdict
 from node import protocol as msg
 from node.errors import NodeError
-from node.fsutil import atomic_write_bytes
+from node.fsutil import keep_evidence
 from node.live.spotcheck import SpotCheckResult
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
@@ -90,10 +90,7 @@ class Tribunal:
         accusation on chain, gossip it and sign our own guilty verdict."""
         data = self.ctx.sign_envelope(outer_round, msg.EVIDENCE, msg.encode_payload(evidence))
         evidence_hash = hashlib.sha256(data).digest()
-        try:
-            atomic_write_bytes(self.ctx.evidence_dir / f"{file_stem}-{evidence_hash.hex()}.envelope", data)
-        except OSError as exc:
-            logger.warning("evidence not kept on disk: %s", exc)
+        keep_evidence(self.ctx.evidence_dir / f"{file_stem}-{evidence_hash.hex()}.envelope", data)
         self.ctx.host.provide_blob(data, announce=False)
         try:
             self.ctx.chain.accuse(self.ctx.run_id, "0x" + account.hex(), evidence_hash)
