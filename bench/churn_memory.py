@@ -180,6 +180,11 @@ def main() -> int:
     parser.add_argument("--round-timeout", type=float, default=60)
     parser.add_argument("--trace", default="RawConnection,SwarmEvent,YamuxStream",
                         help="classes (comma-separated) whose holders the probe counts")
+    parser.add_argument("--sample-rounds", default="",
+                        help="after the cycles, also sample once the chain has these rounds (comma-separated): "
+                             "what grows with the rounds alone")
+    parser.add_argument("--tracemalloc", type=int, default=0,
+                        help="frames: the watched node traces its allocations from the first sample (slower)")
     parser.add_argument("--workdir", default="/tmp/dlx-churnmem")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args()
@@ -213,6 +218,8 @@ def churn_run(args, workdir: Path) -> dict:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(PROBE), str(ROOT), plain.get("PYTHONPATH", "")])
         os.environ["DLX_CHURN_PROBE"] = str(probe.directory)
         os.environ["DLX_CHURN_PROBE_TRACE"] = args.trace
+        if args.tracemalloc:
+            os.environ["DLX_CHURN_PROBE_TRACEMALLOC"] = str(args.tracemalloc)
         run.start_node(watched)
         os.environ.clear()
         os.environ.update(plain)
@@ -232,6 +239,13 @@ def churn_run(args, workdir: Path) -> dict:
             time.sleep(5.0)  # the survivor's side of the new connections settles
             probe.sample(f"cycle-{index + 1}", run)
             cycles.append({"cycle": index + 1, "peers_met_s": met})
+        for target in [int(r) for r in args.sample_rounds.split(",") if r.strip()]:
+            deadline = time.monotonic() + 60 * 60
+            while _last_round(run) < target:
+                if time.monotonic() > deadline or watched.process.poll() is not None:
+                    raise SystemExit(f"the run never reached round {target}")
+                time.sleep(2)
+            probe.sample(f"round-{target}", run)
     finally:
         run.stop()
     samples = probe.samples
@@ -250,7 +264,11 @@ def churn_run(args, workdir: Path) -> dict:
               "growing_containers": growing,
               "growing_types": {k: v for k, v in sorted(types.items(), key=lambda kv: -kv[1]["per_cycle"])
                                 if v["per_cycle"] >= 5.0},
+              "growing_module_containers": {k: v for k, v in sorted(growth(samples, "modules", 1).items(),
+                                                                    key=lambda kv: -kv[1]["per_cycle"])
+                                            if v["per_cycle"] > 0},
               "referrers": {s["label"]: s.get("referrers", {}) for s in samples},
+              "tracemalloc": {s["label"]: s["tracemalloc"] for s in samples if "tracemalloc" in s},
               "pass_s": [s.get("pass_s") for s in samples]}
     print(json.dumps({k: result[k] for k in ("rss_mib", "rss_mib_per_cycle", "rounds_at_sample")}))
     for name, row in list(growing.items())[:40]:
