@@ -14,6 +14,10 @@ each new content (a label) makes one sample, appended as a JSON line to ``<dir>/
   the current size of every ``functools.lru_cache`` among their module attributes (``module.name()``);
 - ``referrers``: for the classes named in ``DLX_CHURN_PROBE_TRACE`` (comma-separated), who holds each
   instance (a frame's function, a dict's owner class, or a type), counted;
+- ``malloc``: glibc's ``mallinfo2``: bytes in use (``in_use``), free but kept (``free``), mmapped
+  (``mmapped``): growth in use that Python's allocated blocks do not show is C memory (torch, protobuf);
+- ``yamux_streams``: py-libp2p's yamux streams alive, counted by state (still in their connection's table or
+  not, closed, each direction closed, reset, opened here): what a long-lived connection keeps of streams done;
 - ``tracemalloc``: with ``DLX_CHURN_PROBE_TRACEMALLOC=N`` set, tracing (N frames) starts at the first
   sample and every later sample gives the allocations still alive that grew most since the sample before,
   grouped by traceback (``top``) and by line (``lines``), and the traced total.
@@ -71,6 +75,31 @@ def _referrers(objects: list, names: set[str]) -> dict:
                     continue
                 held[f"{type(obj).__qualname__} <- {_describe(referrer)}"] += 1
     return dict(held)
+
+
+def _malloc() -> dict:
+    import ctypes
+
+    class Info(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                     "fordblks", "keepcost")]
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = Info
+        info = libc.mallinfo2()
+    except (OSError, AttributeError):  # not glibc, or older than 2.33
+        return {}
+    return {"in_use": info.uordblks, "free": info.fordblks, "mmapped": info.hblkhd}
+
+
+def _yamux_state(stream) -> str:
+    conn = getattr(stream, "conn", None)
+    held = stream.stream_id in getattr(conn, "streams", {})
+    flags = [name for name in ("closed", "send_closed", "recv_closed", "reset_received", "is_initiator")
+             if getattr(stream, name, False)]
+    return ("in table" if held else "dropped") + (": " + ",".join(flags) if flags else "")
 
 
 def _modules() -> dict:
@@ -139,6 +168,7 @@ def _sample(label: str) -> dict:
                         inner = sum(len(v) for v in list(value.values()) if isinstance(v, _SIZED))
                         if inner:
                             containers[f"{name}.{attribute}[*]"] += inner
+        streams = collections.Counter(_yamux_state(o) for o in objects if type(o).__name__ == "YamuxStream")
         traced = _referrers(objects, _TRACE) if _TRACE else {}
         del objects
         modules = _modules()
@@ -146,9 +176,10 @@ def _sample(label: str) -> dict:
     finally:
         sys.setswitchinterval(previous)
     return {"label": label, "time": time.time(), "pass_s": round(took, 2), "rss_kib": _rss_kib(),
-            "allocated_blocks": sys.getallocatedblocks(),
+            "allocated_blocks": sys.getallocatedblocks(), "malloc": _malloc(),
             "types": {k: v for k, v in by_type.items() if v >= 200},
             "containers": dict(containers), "instances": dict(instances), "modules": modules,
+            "yamux_streams": dict(streams),
             "referrers": traced, **({"tracemalloc": _traced()} if _FRAMES else {})}
 
 
