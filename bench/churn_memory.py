@@ -1,16 +1,22 @@
 """What a surviving node keeps per churn event: its RSS and container sizes across kill/restart cycles.
 
     python bench/churn_memory.py [--cycles 6] [--inner-steps 10] [--connections 20] [--workdir /tmp/dlx-churnmem]
+    python bench/churn_memory.py --cycles 0 --connections 0 --inner-steps 2 --sample-rounds 40,80,120 [--tracemalloc 6]
 
 A real local run (anvil, 3 replicas of one node each, the ``tiny`` model, k = 2): once a round with
-every node is committed, one node (r2) is killed with SIGKILL and started again, ``--cycles`` times, each
+every node is committed, one node (r2; ``--victim``) is killed with SIGKILL and started again (or, with
+``--stall-s S``, stopped S seconds and resumed), ``--cycles`` times, each
 time as soon as its new life has met its peers (the start-up mark "peers met", node/live/startup.py). The
 watched node r0 runs throughout with bench/churn_probe/sitecustomize.py loaded (``DLX_CHURN_PROBE``): after
 warm-up and after each cycle it samples, in one pass inside the process, its RSS, gc object counts by type
 and the summed length of every dict/set/list/deque attribute of the node's, p2p's and py-libp2p's objects.
 The result gives, per container, its size at each sample and the growth per cycle fitted over the cycles,
 beside the rounds the run went through meanwhile (a container that grows with the round, not with the
-churn, grows as much in a run without churn).
+churn, grows as much in a run without churn). ``--sample-rounds`` samples again once the chain holds each of
+those rounds (after the cycles, or instead of them with ``--cycles 0``): what grows with the rounds alone, the
+growth then fitted per sample. ``--tracemalloc N`` has the watched node trace its allocations (N frames) from
+the first sample and report, at every later one, what grew most since the one before, by traceback; it slows
+the node several times over (its peers then see stalls and reset connections), so use it to find, not to time.
 
 Then, in this process, the cost of one inbound connection that comes and goes, without a run around it:
 ``--connections`` times a fresh peer host in its own process (tests/p2p_agent.py; no listener, as a
@@ -180,6 +186,14 @@ def main() -> int:
     parser.add_argument("--round-timeout", type=float, default=60)
     parser.add_argument("--trace", default="RawConnection,SwarmEvent,YamuxStream",
                         help="classes (comma-separated) whose holders the probe counts")
+    parser.add_argument("--stall-s", type=float, default=0,
+                        help="each cycle stops the victim (SIGSTOP) this long and resumes it, instead of a restart")
+    parser.add_argument("--victim", type=int, default=2, help="the node each cycle kills or stalls (0: the watched)")
+    parser.add_argument("--sample-rounds", default="",
+                        help="after the cycles, also sample once the chain has these rounds (comma-separated): "
+                             "what grows with the rounds alone")
+    parser.add_argument("--tracemalloc", type=int, default=0,
+                        help="frames: the watched node traces its allocations from the first sample (slower)")
     parser.add_argument("--workdir", default="/tmp/dlx-churnmem")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args()
@@ -205,7 +219,7 @@ def churn_run(args, workdir: Path) -> dict:
                    stake_wei=10**18)
     run.setup()
     probe = Probe(workdir / "probe")
-    watched, victim = run.nodes[0], run.nodes[2]
+    watched, victim = run.nodes[0], run.nodes[args.victim]
     cycles: list[dict] = []
     started = time.monotonic()
     try:
@@ -213,6 +227,8 @@ def churn_run(args, workdir: Path) -> dict:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(PROBE), str(ROOT), plain.get("PYTHONPATH", "")])
         os.environ["DLX_CHURN_PROBE"] = str(probe.directory)
         os.environ["DLX_CHURN_PROBE_TRACE"] = args.trace
+        if args.tracemalloc:
+            os.environ["DLX_CHURN_PROBE_TRACEMALLOC"] = str(args.tracemalloc)
         run.start_node(watched)
         os.environ.clear()
         os.environ.update(plain)
@@ -225,6 +241,14 @@ def churn_run(args, workdir: Path) -> dict:
             time.sleep(2)
         probe.sample("warm", run)
         for index in range(args.cycles):
+            if args.stall_s:  # a node frozen (swapping, a long pause, a link down): its peers time it out
+                victim.process.send_signal(signal.SIGSTOP)
+                time.sleep(args.stall_s)
+                victim.process.send_signal(signal.SIGCONT)
+                time.sleep(20.0)  # reconnections settle
+                probe.sample(f"cycle-{index + 1}", run)
+                cycles.append({"cycle": index + 1, "stalled_s": args.stall_s})
+                continue
             run.kill(victim, signal.SIGKILL)
             time.sleep(2.0)
             run.start_node(victim)
@@ -232,6 +256,13 @@ def churn_run(args, workdir: Path) -> dict:
             time.sleep(5.0)  # the survivor's side of the new connections settles
             probe.sample(f"cycle-{index + 1}", run)
             cycles.append({"cycle": index + 1, "peers_met_s": met})
+        for target in [int(r) for r in args.sample_rounds.split(",") if r.strip()]:
+            deadline = time.monotonic() + 60 * 60
+            while _last_round(run) < target:
+                if time.monotonic() > deadline or watched.process.poll() is not None:
+                    raise SystemExit(f"the run never reached round {target}")
+                time.sleep(2)
+            probe.sample(f"round-{target}", run)
     finally:
         run.stop()
     samples = probe.samples
@@ -250,7 +281,11 @@ def churn_run(args, workdir: Path) -> dict:
               "growing_containers": growing,
               "growing_types": {k: v for k, v in sorted(types.items(), key=lambda kv: -kv[1]["per_cycle"])
                                 if v["per_cycle"] >= 5.0},
+              "growing_module_containers": {k: v for k, v in sorted(growth(samples, "modules", 1).items(),
+                                                                    key=lambda kv: -kv[1]["per_cycle"])
+                                            if v["per_cycle"] > 0},
               "referrers": {s["label"]: s.get("referrers", {}) for s in samples},
+              "tracemalloc": {s["label"]: s["tracemalloc"] for s in samples if "tracemalloc" in s},
               "pass_s": [s.get("pass_s") for s in samples]}
     print(json.dumps({k: result[k] for k in ("rss_mib", "rss_mib_per_cycle", "rounds_at_sample")}))
     for name, row in list(growing.items())[:40]:

@@ -29,9 +29,11 @@ messages to every puller made sync the largest traffic of an 8-node run::
 from __future__ import annotations
 
 import base64
+import bisect
 import hashlib
 import logging
 import os
+import time
 from collections import deque
 from dataclasses import dataclass
 from collections.abc import Callable
@@ -89,6 +91,33 @@ def _raise_pubsub_queue_depths() -> None:
 _raise_pubsub_queue_depths()
 
 
+#: What :class:`_GossipSub` keeps of py-libp2p's per-topic delivery times: the last minute (what its adaptive
+#: gossip reads), and never more than this many per topic.
+DELIVERY_TIMES_S = 60.0
+DELIVERY_TIMES_KEPT = 1024
+
+
+class _GossipSub(GossipSub):
+    """py-libp2p 0.8.1's gossipsub with its per-topic delivery times bounded.
+
+    ``publish`` (every message this host sends or forwards) appends the time to
+    ``recent_message_deliveries[topic]``, a list trimmed only by the adaptive gossip's health check,
+    which :func:`build_gossipsub` turns off: one float more per message for the life of the host
+    (~100 a round on a 3-node run, 3 kB a round; more with more members). Trimmed here after every
+    publish to the minute that check would read.
+    """
+
+    async def publish(self, msg_forwarder: ID, pubsub_msg: Any) -> None:
+        try:
+            await super().publish(msg_forwarder, pubsub_msg)
+        finally:
+            cutoff = time.time() - DELIVERY_TIMES_S
+            for topic in pubsub_msg.topicIDs:
+                times = self.recent_message_deliveries.get(topic)
+                if times:  # appended in time order (a clock stepped back: the count still bounds it)
+                    del times[:max(bisect.bisect_left(times, cutoff), len(times) - DELIVERY_TIMES_KEPT)]
+
+
 def build_gossipsub(heartbeat: float, max_msgs_per_sec: float, degree: int = 6) -> GossipSub:
     """Gossipsub v1.1/1.0 tuned for a few dozen peers exchanging round messages.
 
@@ -97,7 +126,7 @@ def build_gossipsub(heartbeat: float, max_msgs_per_sec: float, degree: int = 6) 
     eclipse protection is off because it wants >= 3 distinct IPs in a mesh,
     which a single-machine or single-LAN cluster never has.
     """
-    return GossipSub(
+    return _GossipSub(
         protocols=list(GOSSIP_PROTOCOLS),
         degree=degree,
         degree_low=max(1, degree - 2),

@@ -10,8 +10,17 @@ each new content (a label) makes one sample, appended as a JSON line to ``<dir>/
   each dict/set/list/deque attribute (and of dict/set/list values one level inside a dict attribute), summed
   over the class's instances, keyed ``module.Class.attribute``; ``instances``: how many of each class.
 
+- ``modules``: the same lengths for the module-level containers of those packages (``module.name``), and
+  the current size of every ``functools.lru_cache`` among their module attributes (``module.name()``);
 - ``referrers``: for the classes named in ``DLX_CHURN_PROBE_TRACE`` (comma-separated), who holds each
-  instance (a frame's function, a dict's owner class, or a type), counted.
+  instance (a frame's function, a dict's owner class, or a type), counted;
+- ``malloc``: glibc's ``mallinfo2``: bytes in use (``in_use``), free but kept (``free``), mmapped
+  (``mmapped``): growth in use that Python's allocated blocks do not show is C memory (torch, protobuf);
+- ``yamux_streams``: py-libp2p's yamux streams alive, counted by state (still in their connection's table or
+  not, closed, each direction closed, reset, opened here): what a long-lived connection keeps of streams done;
+- ``tracemalloc``: with ``DLX_CHURN_PROBE_TRACEMALLOC=N`` set, tracing (N frames) starts at the first
+  sample and every later sample gives the allocations still alive that grew most since the sample before,
+  grouped by traceback (``top``) and by line (``lines``), and the traced total.
 
 The pass runs with a long switch interval so the counts are of one moment. A bench tool, never imported by
 the node itself: without ``DLX_CHURN_PROBE`` in the environment it does nothing.
@@ -28,9 +37,11 @@ import threading
 import time
 import types
 
-_PREFIXES = ("node.", "p2p.", "libp2p.")
+_PREFIXES = ("node.", "p2p.", "libp2p.", "training.", "ledger.")
 _TRACE = set(filter(None, os.environ.pop("DLX_CHURN_PROBE_TRACE", "").split(",")))
 _SIZED = (dict, set, list, collections.deque, frozenset)
+_FRAMES = int(os.environ.pop("DLX_CHURN_PROBE_TRACEMALLOC", "0") or 0)
+_last_snapshot = None
 
 
 def _rss_kib() -> int:
@@ -66,6 +77,68 @@ def _referrers(objects: list, names: set[str]) -> dict:
     return dict(held)
 
 
+def _malloc() -> dict:
+    import ctypes
+
+    class Info(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                     "fordblks", "keepcost")]
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = Info
+        info = libc.mallinfo2()
+    except (OSError, AttributeError):  # not glibc, or older than 2.33
+        return {}
+    return {"in_use": info.uordblks, "free": info.fordblks, "mmapped": info.hblkhd}
+
+
+def _yamux_state(stream) -> str:
+    conn = getattr(stream, "conn", None)
+    held = stream.stream_id in getattr(conn, "streams", {})
+    flags = [name for name in ("closed", "send_closed", "recv_closed", "reset_received", "is_initiator")
+             if getattr(stream, name, False)]
+    return ("in table" if held else "dropped") + (": " + ",".join(flags) if flags else "")
+
+
+def _modules() -> dict:
+    """Module-level containers and lru_caches of the probed packages, by ``module.name``."""
+    sizes: dict = {}
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not (module_name + ".").startswith(_PREFIXES):
+            continue
+        for name, value in list(vars(module).items()):
+            if isinstance(value, _SIZED) and len(value):
+                sizes[f"{module_name}.{name}"] = len(value)
+            elif callable(getattr(value, "cache_info", None)) and getattr(value, "__module__", "") == module_name:
+                try:
+                    sizes[f"{module_name}.{name}()"] = value.cache_info().currsize
+                except Exception:  # not an lru_cache after all
+                    pass
+    return sizes
+
+
+def _traced() -> dict:
+    """Tracing's diff since the sample before (the first sample only starts it)."""
+    import tracemalloc
+
+    global _last_snapshot
+    if not tracemalloc.is_tracing():
+        tracemalloc.start(_FRAMES)
+        return {"started": True}
+    ignore = [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, __file__)]
+    snapshot = tracemalloc.take_snapshot().filter_traces(ignore)
+    result: dict = {"traced_bytes": tracemalloc.get_traced_memory()[0]}
+    if _last_snapshot is not None:
+        for key, grouping, count in (("top", "traceback", 25), ("lines", "lineno", 40)):
+            result[key] = [{"size_diff": d.size_diff, "count_diff": d.count_diff, "size": d.size,
+                            "where": [f"{f.filename}:{f.lineno}" for f in d.traceback][-_FRAMES:]}
+                           for d in snapshot.compare_to(_last_snapshot, grouping)[:count]]
+    _last_snapshot = snapshot
+    return result
+
+
 def _sample(label: str) -> dict:
     gc.collect()
     previous = sys.getswitchinterval()
@@ -95,15 +168,19 @@ def _sample(label: str) -> dict:
                         inner = sum(len(v) for v in list(value.values()) if isinstance(v, _SIZED))
                         if inner:
                             containers[f"{name}.{attribute}[*]"] += inner
+        streams = collections.Counter(_yamux_state(o) for o in objects if type(o).__name__ == "YamuxStream")
         traced = _referrers(objects, _TRACE) if _TRACE else {}
         del objects
+        modules = _modules()
         took = time.monotonic() - started
     finally:
         sys.setswitchinterval(previous)
     return {"label": label, "time": time.time(), "pass_s": round(took, 2), "rss_kib": _rss_kib(),
-            "allocated_blocks": sys.getallocatedblocks(),
+            "allocated_blocks": sys.getallocatedblocks(), "malloc": _malloc(),
             "types": {k: v for k, v in by_type.items() if v >= 200},
-            "containers": dict(containers), "instances": dict(instances), "referrers": traced}
+            "containers": dict(containers), "instances": dict(instances), "modules": modules,
+            "yamux_streams": dict(streams),
+            "referrers": traced, **({"tracemalloc": _traced()} if _FRAMES else {})}
 
 
 def _watch(directory: str) -> None:
