@@ -97,7 +97,8 @@ def measure(stage: int, count: int, repeat: int) -> dict:
     normed_s, normed_leaf = _best(
         lambda: stage_state(stage, aggregation, blobs, normed, 1, decode_args=decode_args).leaf(), repeat)
     normed_state = stage_state(stage, aggregation, blobs, normed, 1, decode_args=decode_args)
-    encode_s, served = _best(lambda: encode_norm_state(normed_state.factors.encode(), normed_state.sum_trees), repeat)
+    encode_s, served = _best(lambda: encode_norm_state(normed_state.factors.encode(), normed_state.sum_trees),
+                             repeat)
     assert normed_leaf.weights_root == leaf.weights_root and normed_leaf != leaf
     return {"stage": stage, "elements": numel, "chunks": state.leaf().num_chunks, "contributions": count,
             "contribution_bytes": [len(blob) for blob in blobs], "budget_bytes": budget,

@@ -2,11 +2,12 @@
 
 Three node processes on a real anvil, one replica each, a normed run (the default: version 3, chunked roots
 with the norm commitment) with k = 2: two of them run tests/adversary.py ``collude-root`` (in round 1 both
-change one element of their new weights by one ulp, attest it, sign one record and commit it with their two signatures: the whole quorum). The third, honest
-and outside the quorum, derives another weights root, fetches the state the colluders published under their
-stage leaf, finds the chunk and sends ``proveWrongAggregation`` itself: the round and every later one become
-invalid, both colluders are slashed, the honest member is paid half of the slash, and ``pull`` refuses the
-round, and ``audit`` prints the proof (checked on chain) and says the round is already proven. The in-process tier (no node processes, the same parts) is tests/test_fraud_live.py.
+change one element of their new weights by one ulp, attest it, sign one record and commit it with their two
+signatures: the whole quorum). The third, honest and outside the quorum, derives another weights root, fetches
+the state the colluders published under their stage leaf, finds the chunk and sends ``proveWrongAggregation``
+itself: the round and every later one become invalid, both colluders are slashed, the honest member is paid half
+of the slash, and ``pull`` refuses the round, and ``audit`` prints the proof (checked on chain) and says the round
+is already proven. The in-process tier (no node processes, the same parts) is tests/test_fraud_live.py.
 """
 
 from __future__ import annotations
