@@ -58,6 +58,7 @@ def test_one_honest_member_alone_overturns_a_colluding_quorum(make_run, tmp_path
         assert run.running(), "every node exited early:\n" + run_logs(run)
         time.sleep(2.0)
     assert client.invalid_from(run.run_id) == 1, run_logs(run)
+    assert client.commitments_of(run.run_id) == 3  # the default: version 3, created so on chain
     history = client.history(run.run_id)
     assert history.dispute_outcomes.get(1) == "proven wrong", history.dispute_outcomes
     committed = next(c for c in history.commits if c.commit.round == 1)
