@@ -12,8 +12,9 @@ Each row is measured for both fraud-provable versions: version 2 (``diloco.commi
 row's plain keys, whose stage leaf is comparable with older results) and version 3 (``"normed"``, the default
 since it became "auto"'s: keys ``normed_*``), which also decodes each accepted contribution once more and sums
 its chunks' squares exactly (node.fraudproof.stage_norms) and serves the factors and sum-tree leaves
-(ledger.normproof.encode_norm_state) beside the state: ``normed_norms_s`` is that part alone,
-``normed_state_and_leaf_s`` the whole state, ``normed_served_bytes`` the norm blob, ``normed_encode_s`` its
+(ledger.normproof.encode_norm_state) beside the state: ``normed_norms_s`` is that part alone (of the first
+contribution: ``normed_decode_s`` its second decode, ``normed_squares_s`` its exact sums, ``normed_tree_s`` its sum
+tree), ``normed_state_and_leaf_s`` the whole state, ``normed_served_bytes`` the norm blob, ``normed_encode_s`` its
 encoding.
 
 The result goes to ``bench/results/chunk_state.json``. Figures are CPU seconds of this process (time.process_time, one torch thread, the least of ``--repeat``), so
@@ -41,8 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.benchio import default_out, write_result  # noqa: E402
 from ledger.chunkproof import tree_root  # noqa: E402
-from ledger.normproof import encode_norm_state  # noqa: E402
-from node.fraudproof import stage_norms, stage_state  # noqa: E402
+from ledger.normproof import SumTree, encode_norm_state  # noqa: E402
+from node.fraudproof import chunk_square_sums, stage_norms, stage_state  # noqa: E402
+from training.codec_wire import decode_declared  # noqa: E402
 from node.store.checkpoint import Checkpoint  # noqa: E402
 from training.chunks import tensor_leaves  # noqa: E402
 from training.compression import encode_within_bandwidth  # noqa: E402
@@ -94,6 +96,9 @@ def measure(stage: int, count: int, repeat: int) -> dict:
     assert roots == (leaf.weights_root, leaf.momentum_root)
     accepted = [blobs[report.index] for report in aggregation.contributions if report.accepted]
     norms_s, _ = _best(lambda: stage_norms(accepted, shapes, normed, decode_args), repeat)
+    decode_s, (_, decoded) = _best(lambda: decode_declared(accepted[0], shapes, **decode_args), repeat)
+    squares_s, sums = _best(lambda: chunk_square_sums(decoded), repeat)
+    tree_s, _ = _best(lambda: SumTree.of(sums), repeat)
     normed_s, normed_leaf = _best(
         lambda: stage_state(stage, aggregation, blobs, normed, 1, decode_args=decode_args).leaf(), repeat)
     normed_state = stage_state(stage, aggregation, blobs, normed, 1, decode_args=decode_args)
@@ -106,7 +111,9 @@ def measure(stage: int, count: int, repeat: int) -> dict:
             "state_and_leaf_s": round(leaf_s, 4), "publish_bytes_s": round(publish_s, 4),
             "published_bytes": len(data), "check_fetched_s": round(check_s, 4),
             "state_over_aggregate": round(leaf_s / aggregate_s, 2), "stage_leaf": leaf.encode().hex(),
-            "normed_norms_s": round(norms_s, 4), "normed_state_and_leaf_s": round(normed_s, 4),
+            "normed_norms_s": round(norms_s, 4), "normed_decode_s": round(decode_s, 4),
+            "normed_squares_s": round(squares_s, 4), "normed_tree_s": round(tree_s, 4),
+            "normed_state_and_leaf_s": round(normed_s, 4),
             "normed_over_chunked": round(normed_s / leaf_s, 2), "normed_served_bytes": len(served),
             "normed_encode_s": round(encode_s, 4), "normed_stage_leaf": normed_leaf.encode().hex()}
 
