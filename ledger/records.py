@@ -39,8 +39,8 @@ DEFAULT_BOND_DIVISOR = 10
 #: ``RunParams.commitments``, the version of a run's commitments, by its run document's ``diloco.commitments``
 #: (docs/FRAUD_PROOF.md): the prover holds every round's factors to the run's version.
 COMMITMENT_VERSIONS = {"hashed": 1, "chunked": 2, "normed": 3}
-#: What a run's records commit when its creator names nothing: version 2, what ``"auto"`` resolves to.
-DEFAULT_COMMITMENTS = COMMITMENT_VERSIONS["chunked"]
+#: What a run's records commit when its creator names nothing: version 3, what ``"auto"`` resolves to.
+DEFAULT_COMMITMENTS = COMMITMENT_VERSIONS["normed"]
 
 
 def commitment_version(setting: str) -> int:

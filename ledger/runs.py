@@ -78,7 +78,8 @@ class RunCalls:
             tenure_rounds: Rounds a member that joined after the first commit is in force before its
                 signatures count toward quorums (>= 1; founders count at once).
             commitments: The version of the run's commitments, the run document's ``diloco.commitments``
-                (:func:`ledger.records.commitment_version`: 1 hashed, 2 chunked, 3 normed). The prover holds every
+                (:func:`ledger.records.commitment_version`: 1 hashed, 2 chunked, 3 normed; default 3, what a new
+                fraud-provable run's "auto" resolves to). The prover holds every
                 round's factors to it, so it must be the document's: a normed run's records committed with another
                 version's factors are proven wrong (docs/FRAUD_PROOF.md).
             allow_weak_quorum: Create a run below the security model's floor (k < 2 or quorum_bps < 5000):

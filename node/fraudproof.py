@@ -11,13 +11,14 @@ import hashlib
 import struct
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 
 from ledger.chunkproof import (Factors, Norms, StageLeaf, StageState, build_proof, chunked_weights_root,
                                first_difference, tree_root)
 from ledger.errors import LedgerInputError
-from ledger.normproof import (NORMED, SumTree, clip_scales, first_wrong_sum, scale_proof, square_sum, sum_proof)
-from training.chunks import float32_bits, float64_bits, payload_leaves, stage_layout, tensor_leaves
+from ledger.normproof import (NORMED, SumTree, clip_scales, first_wrong_sum, scale_proof, sum_proof)
+from training.chunks import CHUNK_ELEMENTS, float32_bits, float64_bits, payload_leaves, stage_layout, tensor_leaves
 from training.codec_wire import decode_declared
 from training.config import DilocoConfig
 from training.diloco import Aggregation
@@ -99,12 +100,46 @@ def stage_state_of(
 
 def chunk_square_sums(tensors: Mapping[str, torch.Tensor]) -> list[int]:
     """The exact sum of squares of each chunk of a stage's decoded (unclipped) contribution, in units of
-    2**-298 (ledger/normproof.py), chunk ``i`` over the elements its payload piece decodes to."""
-    flat = {name: value.detach().to(torch.float32).reshape(-1).contiguous().numpy().astype("<f4")
-            for name, value in tensors.items()}
+    2**-298 (ledger/normproof.py), chunk ``i`` over the elements its payload piece decodes to: the integers
+    ``ledger.normproof.square_sum`` gives chunk by chunk (tests/test_chunk_commitments.py), without a Python
+    step per element. LedgerInputError for a non-finite value."""
     shapes = {name: tuple(value.shape) for name, value in tensors.items()}
-    return [square_sum(flat[place.name][place.offset:place.offset + place.count].tobytes())
-            for place in stage_layout(shapes)]
+    sums: list[int] = []
+    for name in dict.fromkeys(place.name for place in stage_layout(shapes)):  # a tensor's chunks are consecutive
+        flat = tensors[name].detach().to(torch.float32).reshape(-1).contiguous().numpy()
+        sums += _tensor_square_sums(flat)
+    return sums
+
+
+#: Base-256 digits of one chunk's sum: a square is m**2 2**(2e - 2) units (m < 2**24, 1 <= e <= 254), so a chunk of
+#: CHUNK_ELEMENTS (64) squares sums below 2**(506 + 48 + 6) < 256**71.
+_DIGITS = 72
+
+
+def _tensor_square_sums(values: np.ndarray) -> list[int]:
+    """Each CHUNK_ELEMENTS-long chunk's exact sum of squares of the float32 ``values`` (the last chunk may be
+    short). Each square is ``m**2 2**(2e - 2)``: split as ``(m**2 << (2e - 2) % 8) << 8 q`` (q = (2e - 2) // 8),
+    the first factor below 2**55. Per chunk and q, those are added in two 28-bit halves by ``np.bincount``
+    (float64, exact: at most 64 terms below 2**28 each), then each chunk's digits (one per q) are carried in
+    base 256 and read as one integer."""
+    bits = values.astype("<f4", copy=False).view(np.uint32).astype(np.int64)
+    biased = bits >> 23 & 0xFF
+    if (biased == 0xFF).any():
+        bad = float(values[np.flatnonzero(biased == 0xFF)[0]])
+        raise LedgerInputError(f"a non-finite value ({bad!r}) has no sum of squares")
+    mantissa = np.where(biased > 0, bits & 0x7FFFFF | 0x800000, bits & 0x7FFFFF)  # a subnormal's e is 1
+    shift = 2 * np.maximum(biased, 1) - 2
+    terms = mantissa * mantissa << (shift & 7)
+    chunks = -(-len(bits) // CHUNK_ELEMENTS)
+    keys = np.arange(len(bits)) // CHUNK_ELEMENTS * _DIGITS + (shift >> 3)
+    low = np.bincount(keys, weights=terms & (2**28 - 1), minlength=chunks * _DIGITS).astype(np.int64)
+    high = np.bincount(keys, weights=terms >> 28, minlength=chunks * _DIGITS).astype(np.int64)
+    digits = (low + (high << 28)).reshape(chunks, _DIGITS)
+    for q in range(_DIGITS - 1):
+        digits[:, q + 1] += digits[:, q] >> 8
+        digits[:, q] &= 0xFF
+    data = digits.astype(np.uint8).tobytes()
+    return [int.from_bytes(data[c * _DIGITS:(c + 1) * _DIGITS], "little") for c in range(chunks)]
 
 
 def stage_norms(accepted: Sequence[bytes], shapes: Mapping[str, tuple[int, ...]], diloco_cfg: DilocoConfig,

@@ -99,7 +99,7 @@ def _model_document(cfg: NodeConfig) -> dict[str, Any]:
 def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
     """The [diloco] table; ``exchange`` and ``min_slice_numel`` only in a sliced run, ``round_budget_s`` and
     ``min_inner_steps`` only in a run whose rounds are bounded by time, ``outer_lr_other_scale`` only when it
-    is not 1, ``commitments`` only when "chunked", ``screen_rule`` only when not "one_sided", ``outer_optimizer``
+    is not 1, ``commitments`` only when not "hashed", ``screen_rule`` only when not "one_sided", ``outer_optimizer``
     and its ``outer_adam_*`` settings only when it is "adam" (the hash of every "full", fixed-H, one-outer-lr,
     Nesterov run stays what it was)."""
     diloco = dataclasses.asdict(cfg.diloco)

@@ -142,7 +142,8 @@ SECTIONS = (
             "for its attestation, in the round's tail on the round lane, not on the training thread. The leaves "
             "are built a tensor at a time (numpy) since; the rest is mostly SHA-256 over the payload pieces: "
             "a low-rank piece carries each element's row of Q (64 bytes at rank 32), about 27 MB of pieces per "
-            "contribution of a `mini` stage, all hashed."),
+            "contribution of a `mini` stage, all hashed. A version-3 (normed) run's node also decodes each accepted "
+            "contribution once more and sums its chunks' squares exactly (docs/FRAUD_PROOF.md, \"The node\")."),
     Section("audit.json", "Audit", "bench/bench_audit.py", audit),
     Section("fuzz.json", "Bad input", "bench/fuzz_campaign.py", fuzz),
     Section("join.json", "A node joining a running run", "bench/bench_join.py", join,

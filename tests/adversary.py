@@ -77,7 +77,8 @@ chain) is the real node's. Attacks:
 - ``collude-root``: a member of a colluding quorum (issue 43): in round 1 it changes one element of its
   stage's new weights by one ulp (every colluder the same element, so they attest and sign one record) and
   goes on from that state, attesting it and publishing it as its own (node/live/chunkstate.py). In a
-  chunked run one honest member outside the quorum must prove the round wrong on chain by itself.
+  chunked (version 2) or normed (version 3, the default) run one honest member outside the quorum must prove
+  the round wrong on chain by itself.
 - ``takeover``: a coalition member (issue 41, attack 1; ``DLX_COALITION`` names the coalition,
   ``DLX_COALITION_DIR`` is where its members share signatures): it commits every round it can with
   the fewest honest signatures the quorum needs, then tries to eject the honest members it left

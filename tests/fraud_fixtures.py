@@ -18,7 +18,7 @@ from training.codec_wire import CODEC_VERSION, f32_bytes, matrix_view_shape, pac
 from training.config import DilocoConfig
 from training.diloco import aggregate_with_report
 
-DILOCO = DilocoConfig(outer_lr=0.7, outer_momentum=0.9)
+DILOCO = DilocoConfig(outer_lr=0.7, outer_momentum=0.9, commitments="chunked")  # version 2 (normed: replace it)
 OTHER = {"d.weight": (8, 8)}  # the run's second stage
 
 

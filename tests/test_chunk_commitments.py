@@ -117,3 +117,28 @@ def test_payload_pieces_and_their_root_are_pinned(what):
     codec, options = what
     blob = contribution(PINNED_SHAPES, codec, 11, **dict(options))
     assert _pinned_digest(payload_leaves(blob, PINNED_SHAPES)) == PINNED[what]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_vectorized_chunk_square_sums_are_square_sums_chunk_by_chunk(seed):
+    """node.fraudproof.chunk_square_sums (numpy, a tensor at a time) gives ledger.normproof.square_sum's exact
+    integers for every chunk: values of every exponent, subnormals, signed zeros, the largest finite, short last
+    chunks, tensors in name order; a non-finite value is refused as square_sum refuses it."""
+    from ledger.normproof import square_sum
+    from node.fraudproof import chunk_square_sums
+
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32)
+    values = raw[(raw >> 23 & 0xFF) != 0xFF][:3000].view(np.float32).copy()  # every finite bit pattern
+    values[:12] = [0.0, -0.0, 2**-149, -(2**-149), 2**-126, 1.1754942e-38, 3.4028235e38, -3.4028235e38, 1.0, -2.5,
+                   1e-40, 65504.0]
+    values[100:164] = 3.4028235e38  # a whole chunk at the largest square
+    tensors = {"b": torch.from_numpy(values[:1000].reshape(10, 100)), "a": torch.from_numpy(values[1000:2930]),
+               "c": torch.from_numpy(values[2930:2931]), "e": torch.zeros(0)}
+    places = stage_layout({name: tuple(t.shape) for name, t in tensors.items()})
+    expected = [square_sum(tensors[p.name].reshape(-1)[p.offset:p.offset + p.count].numpy().astype("<f4").tobytes())
+                for p in places]
+    assert chunk_square_sums(tensors) == expected and len(expected) == 31 + 16 + 1
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        with pytest.raises(LedgerInputError, match="non-finite"):
+            chunk_square_sums({"a": torch.tensor([1.0, bad])})

@@ -38,6 +38,7 @@ def test_the_template_runs_the_benchmarks_setting_and_auto_values_round_trip(tmp
     cfg = load_config(ROOT / "node/templates/node.toml")
     assert cfg.diloco.inner_steps == 50 and cfg.diloco.overlap_steps == "auto" and cfg.diloco.overlap == 5
     assert cfg.compression.bandwidth_budget == "auto" and cfg.compression.target_reduction == 1000.0
+    assert cfg.diloco.commitments == "normed"  # secure by default: its clip scales provable on chain
     set_ = load_config(None, ["diloco.overlap_steps=3", "compression.bandwidth_budget=12000"])
     assert set_.diloco.overlap_steps == 3 and set_.compression.bandwidth_budget == 12_000
     path = tmp_path / "node.toml"

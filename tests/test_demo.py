@@ -12,8 +12,10 @@ def _check_summary(stdout: str, out) -> None:
     assert "2 rounds committed on chain" in stdout, stdout[-3000:]
     assert "AllReduce of fp32 gradients every step would have sent" in stdout
     summary = json.loads((out / "summary.json").read_text())
-    # The demo runs the default encoder (training.config.DEFAULT_ENCODER), named in its run document.
-    assert json.loads((out / "run.json").read_text())["compression"]["encoder"] == "v4"
+    # The demo runs the default encoder (training.config.DEFAULT_ENCODER), named in its run document, and commits
+    # the default version-3 roots (diloco.commitments "auto": its clip scales provable on chain).
+    document = json.loads((out / "run.json").read_text())
+    assert document["compression"]["encoder"] == "v4" and document["diloco"]["commitments"] == "normed"
     assert [r["round"] for r in summary["rounds"]] == [0, 1]
     # A staked run whose every record carries the signatures of k = 2 distinct members.
     assert summary["attest_quorum"] == 2 and summary["stake_wei"] > 0

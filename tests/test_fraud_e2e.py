@@ -1,12 +1,13 @@
 """Issue 43 with real processes: every attester of the quorum colludes, one honest member alone overturns it.
 
-Three node processes on a real anvil, one replica each, a chunked run (the default) with k = 2: two of them
-run tests/adversary.py ``collude-root`` (in round 1 both change one element of their new weights by one ulp,
-attest it, sign one record and commit it with their two signatures: the whole quorum). The third, honest
-and outside the quorum, derives another weights root, fetches the state the colluders published under their
-stage leaf, finds the chunk and sends ``proveWrongAggregation`` itself: the round and every later one become
-invalid, both colluders are slashed, the honest member is paid half of the slash, and ``pull`` refuses the
-round, and ``audit`` prints the proof (checked on chain) and says the round is already proven. The in-process tier (no node processes, the same parts) is tests/test_fraud_live.py.
+Three node processes on a real anvil, one replica each, a normed run (the default: version 3, chunked roots
+with the norm commitment) with k = 2: two of them run tests/adversary.py ``collude-root`` (in round 1 both
+change one element of their new weights by one ulp, attest it, sign one record and commit it with their two
+signatures: the whole quorum). The third, honest and outside the quorum, derives another weights root, fetches
+the state the colluders published under their stage leaf, finds the chunk and sends ``proveWrongAggregation``
+itself: the round and every later one become invalid, both colluders are slashed, the honest member is paid half
+of the slash, and ``pull`` refuses the round, and ``audit`` prints the proof (checked on chain) and says the round
+is already proven. The in-process tier (no node processes, the same parts) is tests/test_fraud_live.py.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def test_one_honest_member_alone_overturns_a_colluding_quorum(make_run, tmp_path
         assert run.running(), "every node exited early:\n" + run_logs(run)
         time.sleep(2.0)
     assert client.invalid_from(run.run_id) == 1, run_logs(run)
+    assert client.commitments_of(run.run_id) == 3  # the default: version 3, created so on chain
     history = client.history(run.run_id)
     assert history.dispute_outcomes.get(1) == "proven wrong", history.dispute_outcomes
     committed = next(c for c in history.commits if c.commit.round == 1)

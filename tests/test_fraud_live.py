@@ -67,9 +67,12 @@ class World:
 
 
 @pytest.fixture
-def world(tmp_path):
-    cfg = load_config(None, ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2"])
-    assert cfg.diloco.chunked
+def world(tmp_path, request):
+    """A chunked (version-2) run's, or the version ``request.param`` names ("auto": the default, version 3)."""
+    version = getattr(request, "param", "chunked")
+    cfg = load_config(None, ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2",
+                             f"diloco.commitments={version}"])
+    assert cfg.diloco.commitments == {"auto": "normed"}.get(version, version) and cfg.diloco.chunked
     layout = RunLayout(1, b"\x07" * 32, {}, (SHAPES, OTHER), chunked=True)
     weights, momentum = tensors(1, SHAPES), tensors(2, SHAPES, scale=0.1)
     blobs = [contribution(SHAPES, "lowrank", 30, rank=4), contribution(SHAPES, "quant", 31)]
@@ -136,6 +139,7 @@ def _attestation(leaf: bytes) -> msg.Attestation:
     return msg.Attestation(b"\x01" * 32, b"\x02" * 32, 2, float("nan"), float("nan"), 0, b"", b"", leaf)
 
 
+@pytest.mark.parametrize("world", ["chunked", "auto"], indirect=True)
 def test_one_honest_node_alone_proves_a_colluding_quorums_one_element_change(world, tmp_path):
     colluder_host, prover_host = world.hosts
     colluders = _states(world, colluder_host)
@@ -168,6 +172,7 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_one_element_change(wor
     assert "already invalid" in prover.log.unprovable[1]
 
 
+@pytest.mark.parametrize("world", ["chunked", "auto"], indirect=True)
 def test_a_withheld_state_is_challenged_and_the_round_invalidated_unanswered(world, tmp_path):
     colluder_host, prover_host = world.hosts
     colluders = _states(world, colluder_host, WithholdingStates)

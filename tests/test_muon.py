@@ -95,7 +95,8 @@ def test_config_refuses_bad_settings_and_keeps_adamw_documents_as_they_were():
 
 #: config_hash(run_document(load_config(None, settings))) at commit 0a11695, before Muon existed as a default
 #: candidate: the hashes of runs made then, which the same settings must still give with version-1 roots
-#: (diloco.commitments = "hashed"; chunked is the default since issue 43) and the default optimizer (AdamW).
+#: (diloco.commitments = "hashed"; chunked, then normed, is the default since issue 43) and the default optimizer
+#: (AdamW).
 BEFORE_MUON_DEFAULT = {
     (): "edf3869699c27ba799dd41b743d8ea761488aa3a0660a731bfc6149770d788e6",
     ("model.preset=mini",): "2b4b19c8553778a4bd3b1ac034e75c2d0f7b1cb74ace4fbcd33dcbac03442deb",

@@ -509,7 +509,7 @@ def test_a_run_names_a_known_version_of_its_commitments():
         assert commitment_version(name) == version
         assert client.run_info(run_id).commitments == version
         assert client.commitments_of(run_id) == version
-    assert client.run_info(client.create_run(b"d" * 32, 1, 10)).commitments == COMMITMENT_VERSIONS["chunked"]
+    assert client.run_info(client.create_run(b"d" * 32, 1, 10)).commitments == COMMITMENT_VERSIONS["normed"]
     for bad in ("auto", "", None, 3):
         with pytest.raises(errors.LedgerInputError, match="commitments"):
             commitment_version(bad)

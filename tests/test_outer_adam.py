@@ -57,7 +57,7 @@ def test_bad_outer_adam_settings_are_refused_saying_why(bad, message):
 
 
 def test_outer_adam_is_not_fraud_provable_and_commits_hashed():
-    assert DilocoConfig().commitments == "chunked" and DilocoConfig().outer_moments == 1
+    assert DilocoConfig().commitments == "normed" and DilocoConfig().outer_moments == 1
     adam = DilocoConfig(**ADAM)
     assert adam.commitments == "hashed" and not adam.chunked and adam.outer_moments == 2
     with pytest.raises((ConfigError, TrainingConfigError), match="diloco.commitments"):

@@ -12,9 +12,9 @@ from training.errors import TrainingConfigError
 #: configHash of byte-level GPT-2 run documents, computed before model families existed (commit 57e253c). Those
 #: runs' documents name their encoder (v1 was the default then; v4 is now), so the encoder is pinned here; they
 #: drew their weights and sketch from torch's generator (the portable "philox" is the default since issue 42),
-#: which is pinned too (OLD_RANDOM), as are their version-1 records (chunked commitments are the default since
-#: issue 43: a hashed run's document does not name them); and they trained with AdamW (Muon is the default since
-#: issue 46), pinned too: an AdamW run's document leaves the optimizer out, as theirs did.
+#: which is pinned too (OLD_RANDOM), as are their version-1 records (chunked commitments were the default from
+#: issue 43, normed ones are now: a hashed run's document does not name them); and they trained with AdamW (Muon
+#: is the default since issue 46), pinned too: an AdamW run's document leaves the optimizer out, as theirs did.
 OLD_RANDOM = ["model.init=torch", "compression.sketch=torch", "diloco.commitments=hashed", "training.optimizer=adamw"]
 GPT2_HASHES = [
     (["compression.encoder=v1"], "4793715b0970f4f70ae421d7de4571ac5b90a35c9f0fa45f00d3692ee4c3bcee"),
@@ -41,23 +41,48 @@ def test_gpt2_run_hashes_are_unchanged(overrides, expected):
     assert config_hash(run_document(again)).hex() == expected
 
 
-def test_a_new_run_commits_chunked_roots_where_a_proof_can_open_them():
-    """Secure by default: a new full-exchange run names chunked (version-2) commitments and keeps them when read
-    back; a sliced run (no proof opens its partials) or one with two outer lrs resolves to hashed, and asking
-    chunked of it is refused with the way out."""
+#: configHash of run documents made while "auto" resolved to "chunked" (commit d4cc534, before version 3 became
+#: the default): such a document names "chunked", so it keeps its hash and its records stay version 2.
+CHUNKED_HASHES = {
+    (): "47d4b943924714c6f656f8d499c1ddb6e4ac98c893a88506364c34344ae6ed6c",
+    ("model.preset=mini",): "c2d57a7e05193142bbcf4a0abc74930958009420dca6086374d8b7242b219dc0",
+}
+
+
+def test_a_new_run_commits_normed_roots_where_a_proof_can_open_them():
+    """Secure by default: a new full-exchange run names normed (version-3) commitments, its clip scales provable,
+    and keeps them when read back, the norm rule on or off; a sliced run (no proof opens its partials) or one with
+    two outer lrs resolves to hashed, and asking chunked or normed of it is refused with the way out."""
     document = run_document(load_config(None, []))
-    assert document["diloco"]["commitments"] == "chunked"
-    assert node_config_from_run(document).diloco.chunked
-    assert config_hash(run_document(node_config_from_run(document))) == config_hash(document)
+    assert document["diloco"]["commitments"] == "normed" and document["diloco"]["norm_clip"] == 2.0
+    again = node_config_from_run(document)
+    assert again.diloco.commitments == "normed" and again.diloco.chunked
+    assert config_hash(run_document(again)) == config_hash(document)
+    # With the norm rule off too: version 2 would leave every clip scale free, version 3 holds each to 1.0.
+    assert load_config(None, ["diloco.norm_clip=0"]).diloco.commitments == "normed"
     sliced = run_document(load_config(None, ["diloco.exchange=sliced"]))
     assert "commitments" not in sliced["diloco"] and not node_config_from_run(sliced).diloco.chunked
     scaled = load_config(None, ["diloco.outer_lr_other_scale=0.5"])
     assert scaled.diloco.commitments == "hashed"
     for overrides in (["diloco.exchange=sliced"], ["diloco.outer_lr_other_scale=0.5"]):
-        with pytest.raises((ConfigError, TrainingConfigError), match="diloco.commitments = .hashed."):
-            load_config(None, overrides + ["diloco.commitments=chunked"])
-    with pytest.raises((ConfigError, TrainingConfigError), match="must be one of hashed, chunked"):
+        for version in ("chunked", "normed"):
+            with pytest.raises((ConfigError, TrainingConfigError), match="diloco.commitments = .hashed."):
+                load_config(None, overrides + [f"diloco.commitments={version}"])
+    with pytest.raises((ConfigError, TrainingConfigError), match="must be one of hashed, chunked, normed"):
         load_config(None, ["diloco.commitments=merkle"])
+
+
+@pytest.mark.parametrize("settings", list(CHUNKED_HASHES))
+def test_a_chunked_runs_document_keeps_its_hash_and_its_version(settings):
+    """A run made while "auto" resolved to "chunked" names it: read back (as a joiner or the auditor does) it is
+    still version 2, its hash what it was; the same settings now give a normed run, another hash."""
+    document = run_document(load_config(None, [*settings, "diloco.commitments=chunked"]))
+    assert document["diloco"]["commitments"] == "chunked"
+    assert config_hash(document).hex() == CHUNKED_HASHES[settings]
+    again = node_config_from_run(document)
+    assert again.diloco.commitments == "chunked" and again.diloco.chunked
+    assert config_hash(run_document(again)).hex() == CHUNKED_HASHES[settings]
+    assert config_hash(run_document(load_config(None, list(settings)))).hex() != CHUNKED_HASHES[settings]
 
 
 def test_a_new_run_names_the_portable_generator_and_round_trips():

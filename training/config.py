@@ -250,10 +250,10 @@ class DilocoConfig:
     # then absent from the run document, whose hash stays what it was.
     round_budget_s: float = 0.0
     min_inner_steps: int = 0  # with a budget: 0 means 1
-    # How the run's records commit the stages' states (COMMITMENTS; docs/FRAUD_PROOF.md). "auto" resolves to
-    # "chunked" (version 2: one honest node alone can prove a wrong aggregation on chain) wherever the contract's
-    # outer step is this run's: the full exchange and one outer lr; else "hashed" (version 1). "hashed" is in
-    # the run document by its absence (every older run's document, whose hash stays what it was).
+    # How the run's records commit the stages' states (COMMITMENTS; docs/FRAUD_PROOF.md, "The node"). "auto"
+    # resolves to "normed" (version 3: a wrong aggregation or clip scale is provable on chain; norm_clip = 0 too)
+    # wherever the contract's outer step is this run's (full exchange, one outer lr, Nesterov), else "hashed".
+    # The document names what "auto" gave: a "chunked" run stays chunked, a document without it stays hashed.
     commitments: str = AUTO
 
     def __post_init__(self) -> None:
@@ -375,7 +375,7 @@ class DilocoConfig:
         provable = (self.exchange == "full" and self.outer_lr_other_scale == 1.0
                     and self.outer_optimizer == "nesterov")
         if self.commitments == AUTO:
-            self.commitments = "chunked" if provable else "hashed"
+            self.commitments = "normed" if provable else "hashed"
         _require(self.commitments in COMMITMENTS,
                  f"diloco.commitments={self.commitments!r}: must be one of {', '.join(COMMITMENTS)} or \"auto\"")
         _require(provable or self.commitments == "hashed",
