@@ -104,7 +104,7 @@ def decomposition(r: dict) -> list[str]:
 
 def seed_spread(r: dict) -> list[str]:
     """Seed noise: per case, each mode's setting that was also run at other seeds (its ``-seed<n>`` rows), the gaps
-    at each seed against DDP at the same seed, and how far they move between seeds."""
+    at each seed against DDP at the same seed, and how far they move between seeds ("-" where a run is missing)."""
     runs = {(row["case"], row["mode"], row["variant"]): row["held_out_loss"] for row in r["runs"]}
     bases: dict[tuple[str, str], str] = {}
     seeds: dict[str, set[int]] = {}
@@ -115,22 +115,28 @@ def seed_spread(r: dict) -> list[str]:
             seeds.setdefault(case, {0}).add(int(match[2]))
     rows, spreads = [], []
     for case, found in seeds.items():
-        names = [bases.get((case, mode)) for mode in ("ddp", "diloco", "diloco_x")]
-        if None in names:
+        names = {mode: bases.get((case, mode)) for mode in ("ddp", "diloco", "diloco_x")}
+        if names["ddp"] is None:
             continue
         gaps: dict[str, list[float]] = {"diloco": [], "diloco_x": []}
         for seed in sorted(found):
-            losses = [runs.get((case, mode, name if seed == 0 else f"{name}-seed{seed}"))
-                      for mode, name in zip(("ddp", "diloco", "diloco_x"), names)]
-            if None in losses:
+            losses = {mode: runs.get((case, mode, name if seed == 0 else f"{name}-seed{seed}"))
+                      for mode, name in names.items() if name is not None}
+            if losses["ddp"] is None:
                 continue
-            ddp, sync, x = losses
-            gaps["diloco"].append(sync / ddp - 1)
-            gaps["diloco_x"].append(x / ddp - 1)
-            rows.append([case, str(seed), num(ddp), num(sync), num(x), pct(sync / ddp - 1, 2), pct(x / ddp - 1, 2)])
-        if len(gaps["diloco"]) > 1:
-            spreads.append(f"`{case}` ({len(gaps['diloco'])} seeds; DDP `{names[0]}`, sync DiLoCo `{names[1]}`, DiLoCoX "
-                           f"`{names[2]}`): sync DiLoCo " + _range(gaps["diloco"]) + ", DiLoCoX " + _range(gaps["diloco_x"]))
+            row = [case, str(seed), num(losses["ddp"])]
+            cells = []
+            for mode in gaps:
+                loss = losses.get(mode)
+                row.append("-" if loss is None else num(loss))
+                cells.append("-" if loss is None else pct(loss / losses["ddp"] - 1, 2))
+                if loss is not None:
+                    gaps[mode].append(loss / losses["ddp"] - 1)
+            rows.append(row + cells)
+        moved = [f"{MODE_NAMES[mode]} `{names[mode]}` " + _range(values) for mode, values in gaps.items()
+                 if len(values) > 1]
+        if moved:
+            spreads.append(f"`{case}` (against DDP `{names['ddp']}`): " + ", ".join(moved))
     if not spreads:
         return []
     return (["Seed noise (the same settings at other `training.seed`s: initial weights and batches; each gap against DDP "

@@ -43,7 +43,11 @@ def test_a_seed_row_is_never_the_best_nor_the_baseline():
 def test_the_seed_section_gives_each_seeds_gap_and_the_spread():
     text = "\n".join(seed_spread({"runs": RUNS}))
     assert "| llama-xs | 1 | 1.9000 | 1.9000 | 2.0900 | +0.00% | +10.00% |" in text
-    assert "sync DiLoCo +0.00% to +5.00% (mean +2.50%, spread 5.00 points)" in text
-    assert "DiLoCoX +10.00% to +10.00%" in text
-    # Without a seed-0 row for one mode there is nothing to compare.
-    assert seed_spread({"runs": [r for r in RUNS if r["variant"] != "muon-olr1.0-om0.7"]}) == []
+    assert "sync DiLoCo `muon-olr1.0-om0.7` +0.00% to +5.00% (mean +2.50%, spread 5.00 points)" in text
+    assert "DiLoCoX `muon` +10.00% to +10.00%" in text
+    # A mode without its run at a seed: a "-" there, and the other mode's spread still given.
+    partial = "\n".join(seed_spread({"runs": [r for r in RUNS if r["variant"] != "muon-seed1" or r["mode"] == "ddp"]}))
+    assert "| llama-xs | 1 | 1.9000 | 1.9000 | - | +0.00% | - |" in partial
+    assert "sync DiLoCo `muon-olr1.0-om0.7` +0.00% to +5.00%" in partial and "DiLoCoX `muon`" not in partial
+    # Without DDP at the seeds there is nothing to compare.
+    assert seed_spread({"runs": [r for r in RUNS if r["mode"] != "ddp"]}) == []
