@@ -109,7 +109,8 @@ VARIANTS.update({
 INNER_LR = TrainingConfig().inner_lr
 for base in ("muon", "muon-olr1.0-om0.7"):
     VARIANTS.update({
-        f"{base}-ilr{scale}": {**VARIANTS[base], "training": {**VARIANTS[base]["training"], "inner_lr": INNER_LR * scale}}
+        f"{base}-ilr{scale}": {**VARIANTS[base],
+                               "training": {**VARIANTS[base]["training"], "inner_lr": INNER_LR * scale}}
         for scale in (0.5, 0.7, 1.4, 2)
     })
 #: Seed noise: the same setting at another ``training.seed`` (the initial weights and every replica's batches).

@@ -139,8 +139,8 @@ def seed_spread(r: dict) -> list[str]:
             spreads.append(f"`{case}` (against DDP `{names['ddp']}`): " + ", ".join(moved))
     if not spreads:
         return []
-    return (["Seed noise (the same settings at other `training.seed`s: initial weights and batches; each gap against DDP "
-             "at the same seed; `-seed<n>` rows are never a method's best above):", ""]
+    return (["Seed noise (the same settings at other `training.seed`s: initial weights and batches; each gap against "
+             "DDP at the same seed; `-seed<n>` rows are never a method's best above):", ""]
             + table(["case", "seed", "DDP", "sync DiLoCo", "DiLoCoX", "sync DiLoCo vs DDP", "DiLoCoX vs DDP"], rows)
             + ["Gap across seeds: " + "; ".join(spreads) + ".", ""])
 
