@@ -101,6 +101,32 @@ VARIANTS.update({
                                    "diloco": {"outer_lr": lr, "outer_momentum": momentum}}
     for lr in (0.5, 0.7, 1.0, 1.3, 1.6) for momentum in (0.3, 0.5, 0.7, 0.9) if (lr, momentum) != (1.0, 0.5)
 })
+# The inner learning rate (issue 46: never varied before). A replica steps on its own batch, half of DDP's global one,
+# at the same inner lr, so its steps are noisier and its best lr may not be DDP's; a fair comparison tunes each mode's.
+# ``-ilr<s>`` multiplies ``training.inner_lr`` (3e-3), hence both parts of Muon (``muon_lr_scale`` scales only the
+# Muon-stepped matrices), with the same warmup and cosine schedule; on the default outer step (DDP and DiLoCoX)
+# and on synchronous DiLoCo's best (1.0 / 0.7).
+INNER_LR = TrainingConfig().inner_lr
+for base in ("muon", "muon-olr1.0-om0.7"):
+    VARIANTS.update({
+        f"{base}-ilr{scale}": {**VARIANTS[base],
+                               "training": {**VARIANTS[base]["training"], "inner_lr": INNER_LR * scale}}
+        for scale in (0.5, 0.7, 1.4, 2)
+    })
+#: Seed noise: the same setting at another ``training.seed`` (the initial weights and every replica's batches).
+#: A ``-seed<n>`` row is never a method's best in the table (a lucky seed is no method); :func:`seed_spread` sets
+#: it beside the seed-0 row.
+SEEDS = (1, 2)
+for base in ("muon", "muon-olr1.0-om0.7"):
+    VARIANTS.update({
+        f"{base}-seed{seed}": {**VARIANTS[base], "training": {**VARIANTS[base]["training"], "seed": seed}}
+        for seed in SEEDS
+    })
+
+
+def seed_of(variant: str) -> int:
+    """The seed a variant runs at (0 unless it is a ``-seed<n>`` variant)."""
+    return VARIANTS.get(variant, {}).get("training", {}).get("seed", 0)
 
 
 #: The plan: every case, every mode, with each inner optimizer (what the table is for); the JSON names what of it
@@ -146,13 +172,14 @@ def table(runs: list[dict]) -> list[dict]:
     rows = []
     for case in CASES:
         of_case = [r for r in runs if r["case"] == case]
-        ddp = [r for r in of_case if r["mode"] == "ddp"]
+        ddp = [r for r in of_case if r["mode"] == "ddp" and seed_of(r["variant"]) == 0]
         if not ddp:
             continue
         base = min(ddp, key=lambda r: r["held_out_loss"])
         for mode in MODES:
             measured = [r for r in of_case if r["mode"] == mode]
-            candidates = [r for r in measured if mode == "ddp" or r.get("replicas", REPLICAS) == REPLICAS]
+            candidates = [r for r in measured if (mode == "ddp" or r.get("replicas", REPLICAS) == REPLICAS)
+                          and seed_of(r["variant"]) == 0]
             if not candidates:
                 continue
             best = min(candidates, key=lambda r: r["held_out_loss"])

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 from results_sections import num, pct, table
 
@@ -57,14 +58,16 @@ def convergence(r: dict) -> list[str]:
                      "1x" if row["mode"] == "ddp" else f"{row['fewer_bytes_than_ddp']:.0f}x", goal_text(row),
                      variants])
     lines = [f"{r['replicas']} replicas x {r['stages']} stages, H = {r['inner_steps']} x {r['rounds']} rounds of "
-             "tinyshakespeare (bytes), one seed; each method's best variant measured, the gap against the best DDP "
-             "of the same case (AdamW or Muon). `llama-xs/s/m/l` keep 1.4 to 1.5 tokens per parameter (the batch grows "
-             "with the size); `gpt2-mini` and `llama-l` are each family's default budget (1,536,000 tokens).", ""]
+             "tinyshakespeare (bytes), seed 0 (other seeds below, where run); each method's best variant measured, "
+             "the gap against the best DDP of the same case (AdamW or Muon). `llama-xs/s/m/l` keep 1.4 to 1.5 tokens "
+             "per parameter (the batch grows with the size); `gpt2-mini` and `llama-l` are each family's default "
+             "budget (1,536,000 tokens).", ""]
     lines += table(["case", "parameters", "tokens", "method", "best variant", "held-out", "gap vs best DDP",
                     "vs DDP, same inner optimizer",
                     "fewer bytes than fp32 AllReduce", "goal (issue 46)", "every variant measured (held-out)"], rows)
     lines += [trend(r), ""] + ([largest_goal(r), ""] if largest_goal(r) else [])
     lines += decomposition(r)
+    lines += seed_spread(r)
     lines += ["![gap to the best DDP against model size](../bench/results/convergence.svg)", ""]
     pieces = [piece for piece in r.get("pieces", []) if piece]
     if pieces:
@@ -97,6 +100,55 @@ def decomposition(r: dict) -> list[str]:
             "ran):", ""] + table(["case", "inner optimizer", "DDP", "sync DiLoCo", "DiLoCoX",
                                   "sync DiLoCo vs DDP (DiLoCo's own)", "DiLoCoX vs sync DiLoCo (delay + compression)",
                                   "DiLoCoX vs DDP"], rows)
+
+
+def seed_spread(r: dict) -> list[str]:
+    """Seed noise: per case, each mode's setting that was also run at other seeds (its ``-seed<n>`` rows), the gaps
+    at each seed against DDP at the same seed, and how far they move between seeds ("-" where a run is missing)."""
+    runs = {(row["case"], row["mode"], row["variant"]): row["held_out_loss"] for row in r["runs"]}
+    bases: dict[tuple[str, str], str] = {}
+    seeds: dict[str, set[int]] = {}
+    for case, mode, variant in runs:
+        match = re.fullmatch(r"(.+)-seed(\d+)", variant)
+        if match and (case, mode, match[1]) in runs:
+            bases.setdefault((case, mode), match[1])
+            seeds.setdefault(case, {0}).add(int(match[2]))
+    rows, spreads = [], []
+    for case, found in seeds.items():
+        names = {mode: bases.get((case, mode)) for mode in ("ddp", "diloco", "diloco_x")}
+        if names["ddp"] is None:
+            continue
+        gaps: dict[str, list[float]] = {"diloco": [], "diloco_x": []}
+        for seed in sorted(found):
+            losses = {mode: runs.get((case, mode, name if seed == 0 else f"{name}-seed{seed}"))
+                      for mode, name in names.items() if name is not None}
+            if losses["ddp"] is None:
+                continue
+            row = [case, str(seed), num(losses["ddp"])]
+            cells = []
+            for mode in gaps:
+                loss = losses.get(mode)
+                row.append("-" if loss is None else num(loss))
+                cells.append("-" if loss is None else pct(loss / losses["ddp"] - 1, 2))
+                if loss is not None:
+                    gaps[mode].append(loss / losses["ddp"] - 1)
+            rows.append(row + cells)
+        moved = [f"{MODE_NAMES[mode]} `{names[mode]}` " + _range(values) for mode, values in gaps.items()
+                 if len(values) > 1]
+        if moved:
+            spreads.append(f"`{case}` (against DDP `{names['ddp']}`): " + ", ".join(moved))
+    if not spreads:
+        return []
+    return (["Seed noise (the same settings at other `training.seed`s: initial weights and batches; each gap against "
+             "DDP at the same seed; `-seed<n>` rows are never a method's best above):", ""]
+            + table(["case", "seed", "DDP", "sync DiLoCo", "DiLoCoX", "sync DiLoCo vs DDP", "DiLoCoX vs DDP"], rows)
+            + ["Gap across seeds: " + "; ".join(spreads) + ".", ""])
+
+
+def _range(gaps: list[float]) -> str:
+    """``low to high (mean m, spread s points)`` of gaps."""
+    return (f"{pct(min(gaps), 2)} to {pct(max(gaps), 2)} (mean {pct(sum(gaps) / len(gaps), 2)}, spread "
+            f"{100 * (max(gaps) - min(gaps)):.2f} points)")
 
 
 def gaps_by_size(r: dict) -> dict[str, list[tuple[int, float]]]:

@@ -78,8 +78,10 @@ SECTIONS = (
             "H = 25 x 60 rounds and H = 100 x 15 (the same tokens), `oadam-<lr>` outer Adam at that outer lr in place of "
             "the Nesterov step (FedAdam, arXiv 2003.00295: b1 0.9, b2 0.99, no bias correction), `olr<lr>-om<momentum>` "
             "the Nesterov outer step at that outer lr and momentum (retuned for Muon inner steps; the defaults are 1.0 "
-            "and 0.5, tuned with AdamW). One seed per run on a loaded shared machine: differences below about 0.5% are within "
-            "what seeds move (the five-seed rows of the ablations)."),
+            "and 0.5, tuned with AdamW), `ilr<s>` the inner lr (`training.inner_lr`, 3e-3, for both parts of Muon) times s, "
+            "`seed<n>` the same setting at `training.seed` n (never a method's best; the seed-noise table). One seed per "
+            "run on a loaded shared machine unless the seed-noise table says otherwise: differences below about 0.5% are "
+            "within what seeds move (the five-seed rows of the ablations)."),
     Section("diloco_ablations.json", "Training method: ablations and codec passes", "bench/diloco_ablations.py",
             diloco_ablations),
     Section("byzantine_sliced.json", "Byzantine members in real runs: sliced exchange", "bench/bench_byzantine.py",
