@@ -13,6 +13,7 @@ from ledger.account import DEV_ACCOUNT_COUNT, dev_account
 from node.commands.launcher import GAS_ALLOWANCE_WEI, MAX_NODES, LocalRun, NodeSlot
 from node.config import load_config
 from node.errors import NodeError
+from node.live.topology import Declaration, Seat, assign_stages
 from node.live.onchain import NodeChain
 from node.platforms import own_platform
 from node.runconfig import config_hash, run_document
@@ -107,3 +108,25 @@ def test_a_wait_gives_up_when_no_round_is_finished(tmp_path):
     finally:
         slot.process.kill()
         slot.process.wait()
+
+
+def test_nodes_started_together_are_seated_in_a_fixed_order(tmp_path):
+    # A cluster's replica index is its first member's seat index, which seeds the replica's data shard:
+    # LocalRun.start seats the nodes one after the other (each cluster's first node first) before starting
+    # them, so the replicas' indices (hence the demo's losses) do not depend on which node process reaches
+    # the chain first.
+    run = LocalRun(tmp_path / "run", replicas=2, stages=2, split=True, settings=["model.preset=tiny", "rounds=1"])
+    try:
+        run.setup()
+        order = run.seating_order()
+        assert [slot.name for slot in order] == ["r0n0", "r1n0", "r0n1", "r1n1"]
+        run.seat(order)
+        run.seat(run.nodes)  # a node that finds its seat (what each one does again at its start) keeps it
+        client = run.client()
+        expected = [dev_account(slot.account, run.chain_id).address.lower() for slot in order]
+        assert [m.account.lower() for m in client.memberships(run.run_id)] == expected
+        declarations = [Declaration(slot.peer_id, slot.cluster, 2, Seat((0, i), i)) for i, slot in enumerate(order)]
+        placements = assign_stages(declarations, 2)
+        assert {p.cluster: p.replica for p in placements.values()} == {"cluster-0": 0, "cluster-1": 1}
+    finally:
+        run.stop()

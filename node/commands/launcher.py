@@ -34,6 +34,8 @@ from node.commands.link import run_link
 from node.commands.throttle import CpuGroup
 from node.config import dump_toml, load_config
 from node.errors import NodeError
+from node.live.onchain import NodeChain
+from node.platforms import own_platform
 from node.runconfig import canonical_json, config_hash, run_document
 from p2p.identity import Identity
 
@@ -251,8 +253,34 @@ class LocalRun:
             self.cpu_groups[slot.replica].add(slot.process.pid)
 
     def start(self) -> None:
+        """Seat every node (:meth:`seat`, in :meth:`seating_order`), then start them all."""
+        self.seat(self.seating_order())
         for slot in self.nodes:
             self.start_node(slot)
+
+    def seating_order(self) -> list[NodeSlot]:
+        """The nodes, each cluster's first node first (replica order), then each cluster's second, ...: the
+        order in which :meth:`start` seats them, so that replica ``r``'s index is ``r``."""
+        per_replica = self.stages if self.split else 1
+        return sorted(self.nodes, key=lambda slot: (self.nodes.index(slot) % per_replica, slot.replica))
+
+    def seat(self, slots: list[NodeSlot]) -> None:
+        """Do for each of ``slots``, one after the other, what its node's own chain flow does at its start:
+        register its key, then stake its seat declaring its platform (``NodeChain.ensure_member``).
+
+        Nodes started together would race for their seats, and a cluster's replica index is the seat index of
+        its first-seated member, which seeds its data shard: seated in a fixed order, two runs of one
+        configuration place their replicas alike and train alike. A node started alone later (:meth:`start_node`: a late
+        joiner, a restart) seats itself, or finds its seat.
+        """
+        for slot in slots:
+            cfg = load_config(slot.config_path)
+            chain = NodeChain.connect(cfg)
+            try:
+                chain.ensure_registered(Identity.load_or_create(cfg.path(cfg.p2p.key_file)))
+                chain.ensure_member(self.run_id, own_platform(cfg.training))
+            finally:
+                chain.close()
 
     def kill(self, slot: NodeSlot, sig: int = signal.SIGKILL) -> None:
         if slot.process is not None and slot.process.poll() is None:
