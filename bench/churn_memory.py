@@ -1,7 +1,8 @@
 """What a surviving node keeps per churn event: its RSS and container sizes across kill/restart cycles.
 
     python bench/churn_memory.py [--cycles 6] [--inner-steps 10] [--connections 20] [--workdir /tmp/dlx-churnmem]
-    python bench/churn_memory.py --cycles 0 --connections 0 --inner-steps 2 --sample-rounds 40,80,120 [--tracemalloc 6]
+    python bench/churn_memory.py --cycles 0 --connections 0 --inner-steps 2 --sample-rounds 40,80,120 \
+        [--tracemalloc 6]
 
 A real local run (anvil, 3 replicas of one node each, the ``tiny`` model, k = 2): once a round with
 every node is committed, one node (r2; ``--victim``) is killed with SIGKILL and started again (or, with
@@ -187,11 +188,12 @@ def main() -> int:
     parser.add_argument("--trace", default="RawConnection,SwarmEvent,YamuxStream",
                         help="classes (comma-separated) whose holders the probe counts")
     parser.add_argument("--stall-s", type=float, default=0,
-                        help="each cycle stops the victim (SIGSTOP) this long and resumes it, instead of a restart")
-    parser.add_argument("--victim", type=int, default=2, help="the node each cycle kills or stalls (0: the watched)")
+                        help="each cycle stops the victim (SIGSTOP) this long and resumes it (no restart)")
+    parser.add_argument("--victim", type=int, default=2,
+                        help="the node each cycle kills or stalls (0: the watched one)")
     parser.add_argument("--sample-rounds", default="",
-                        help="after the cycles, also sample once the chain has these rounds (comma-separated): "
-                             "what grows with the rounds alone")
+                        help="after the cycles, also sample once the chain has these rounds "
+                             "(comma-separated): what grows with the rounds alone")
     parser.add_argument("--tracemalloc", type=int, default=0,
                         help="frames: the watched node traces its allocations from the first sample (slower)")
     parser.add_argument("--workdir", default="/tmp/dlx-churnmem")

@@ -111,7 +111,8 @@ def _modules() -> dict:
         for name, value in list(vars(module).items()):
             if isinstance(value, _SIZED) and len(value):
                 sizes[f"{module_name}.{name}"] = len(value)
-            elif callable(getattr(value, "cache_info", None)) and getattr(value, "__module__", "") == module_name:
+            elif (callable(getattr(value, "cache_info", None))
+                  and getattr(value, "__module__", "") == module_name):
                 try:
                     sizes[f"{module_name}.{name}()"] = value.cache_info().currsize
                 except Exception:  # not an lru_cache after all
