@@ -68,6 +68,8 @@ BIG = 1 << 30
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
+    # Set up in the first test's setup: the tests' timeouts bound their own bodies (func_only), and the run's
+    # wait gives up only when no node has finished a round for 300 s, so a loaded machine makes it slower.
     local = LocalRun(
         tmp_path_factory.mktemp("audit-run"),
         replicas=2,
@@ -129,7 +131,7 @@ def _stop(proc) -> None:
 
 
 # ---------------------------------------------------------------------- audit
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120, func_only=True)
 def test_audit_passes_with_every_archive(run, client):
     report = audit_run(client, run.run_id, archives=_archives(run))
     assert report.ok, [c.line() for c in report.all_checks() if c.status != OK]
@@ -154,7 +156,7 @@ def test_audit_passes_with_every_archive(run, client):
     assert all(c.status == OK and "replayed state" in c.reason for c in report.checkpoints)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(60, func_only=True)
 def test_audit_without_evidence_reports_unverifiable_not_ok(run, client):
     report = audit_run(client, run.run_id)
     assert report.verdict == INCOMPLETE and not report.ok  # nothing contradicts the chain...
@@ -165,7 +167,7 @@ def test_audit_without_evidence_reports_unverifiable_not_ok(run, client):
     assert report.counts()[UNVERIFIABLE] >= 2 * ROUNDS
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120, func_only=True)
 def test_flipped_byte_in_one_contribution_fails_naming_its_round(run, client, tmp_path):
     node_copy = _copy_node_dir(run.nodes[0], tmp_path / "r0")
     victim = max(_round_dir(node_copy, run.run_id, 1).glob("*.env"))
@@ -202,7 +204,7 @@ def test_flipped_byte_in_one_contribution_fails_naming_its_round(run, client, tm
     assert any("corrupt copy ignored" in note for note in report.rounds[1].notes)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120, func_only=True)
 def test_replay_resumes_from_a_verified_checkpoint_after_a_gap(run, client, tmp_path):
     node_copy = _copy_node_dir(run.nodes[0], tmp_path / "r0")
     shutil.rmtree(_round_dir(node_copy, run.run_id, 0))  # as if pruned by retention_rounds
@@ -213,7 +215,7 @@ def test_replay_resumes_from_a_verified_checkpoint_after_a_gap(run, client, tmp_
     assert replay_1.reason == "from checkpoint of round 0"
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120, func_only=True)
 def test_archives_of_nodes_holding_different_stages_are_merged(run, client, tmp_path):
     """As when one node holds each stage: each archive lists only its stage; together they give the root."""
     source = run.nodes[0].data_dir / "archive" / f"run-{run.run_id}"
@@ -238,7 +240,7 @@ def test_archives_of_nodes_holding_different_stages_are_merged(run, client, tmp_
     assert "stage(s) [0]" in alone.rounds[0].first_problem().reason
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(180, func_only=True)
 def test_audit_over_libp2p_with_no_local_archive(run, client, tmp_path):
     """Everything off-chain comes from a peer: run document, close lists (gossip), envelopes, checkpoints."""
     from node import protocol as msg
@@ -284,7 +286,7 @@ def test_audit_over_libp2p_with_no_local_archive(run, client, tmp_path):
     ]
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(180, func_only=True)
 def test_cli_writes_json_and_an_html_report_chromium_renders(run, tmp_path):
     out_json, out_html = tmp_path / "audit.json", tmp_path / "audit.html"
     cmd = [
@@ -349,7 +351,7 @@ def test_cli_writes_json_and_an_html_report_chromium_renders(run, tmp_path):
     assert 'data-verdict="INCOMPLETE"' in page and page.count('class="unverified"') == ROUNDS
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(180, func_only=True)
 def test_an_outsider_cannot_commit_and_a_quorum_signed_lie_is_caught_naming_its_round(run, client, tmp_path):
     """The nodes' accounts, a full quorum of a second run, sign the true contributions but a false weights
     root in round 1; an account without a seat cannot commit at all."""
@@ -447,7 +449,7 @@ def test_an_outsider_cannot_commit_and_a_quorum_signed_lie_is_caught_naming_its_
 
 
 # ---------------------------------------------------------------------- pull
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(240, func_only=True)
 def test_pull_from_peers_gives_a_transformers_model_with_our_logits(run, client, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -510,7 +512,7 @@ def test_pull_from_peers_gives_a_transformers_model_with_our_logits(run, client,
     assert longer[0, :generated.shape[1]].tolist() == generated[0].tolist()
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(180, func_only=True)
 def test_pull_refuses_a_tampered_checkpoint(run, client, tmp_path, capsys):
     latest = client.latest_checkpoint(run.run_id)
     good = run.nodes[0].data_dir / "checkpoints" / f"round-{latest.round:08d}.safetensors"
@@ -569,7 +571,7 @@ def test_pull_refuses_a_tampered_checkpoint(run, client, tmp_path, capsys):
     assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(60, func_only=True)
 def test_pull_names_what_is_missing_and_never_overwrites(run, client, tmp_path):
     with pytest.raises(
         NoCheckpoint, match=r"no checkpoint published for round 99; published rounds: \[0, 1, 2\]"
@@ -593,7 +595,7 @@ def test_pull_names_what_is_missing_and_never_overwrites(run, client, tmp_path):
 
 
 # ---------------------------------------------------------------------- last: changes the shared registry
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120, func_only=True)
 def test_a_forged_registration_is_caught(run, client):
     forger = LedgerClient(client.w3, dev_account(8, client.chain_id), run.registry, run.ledger)
     forger.register(os.urandom(32), os.urandom(64))  # the contract cannot check ed25519: the auditor does
