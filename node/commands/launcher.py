@@ -253,8 +253,10 @@ class LocalRun:
             self.cpu_groups[slot.replica].add(slot.process.pid)
 
     def start(self) -> None:
-        """Seat every node (:meth:`seat`, in :meth:`seating_order`), then start them all."""
-        self.seat(self.seating_order())
+        """Seat every node (:meth:`seat`, in :meth:`seating_order`) while this launcher's chain runs, then
+        start them all (with no chain up, each node waits for it and seats itself)."""
+        if self.anvil is not None:
+            self.seat(self.seating_order())
         for slot in self.nodes:
             self.start_node(slot)
 
