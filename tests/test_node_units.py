@@ -236,3 +236,21 @@ def test_hellos_slow_down_as_peers_grow_but_stay_inside_the_liveness_window():
     assert hello_every(7) == 2.0 and hello_every(15) == 4.0  # the run's hellos stay ~4 a second
     assert all(hello_every(n) <= hello_every(n + 1) for n in range(200))
     assert hello_every(10_000) * 4 <= PEER_TTL_S  # a live peer is heard several times per TTL
+
+
+def test_the_warm_up_import_never_raises_into_its_thread(monkeypatch):
+    # A node that exits with its one-line error while the warm-up thread still imports (torch torn down
+    # under it at interpreter exit) must not print a thread traceback after that line (tests/test_cli.py).
+    import builtins
+
+    from node.live.replica import warm_up_imports
+
+    real_import = builtins.__import__
+
+    def torn_down(name, *args, **kwargs):
+        if name == "torch._dynamo":
+            raise AttributeError("module 'torch' has no attribute '_C' (interpreter shutting down)")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", torn_down)
+    warm_up_imports()  # returns: the trainer imports it again, and reports
