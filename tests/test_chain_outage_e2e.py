@@ -77,10 +77,14 @@ def test_nodes_ride_out_a_chain_outage_and_commit_every_round_once(make_run):
         log = _logs(slot)
         assert "chain step failed" not in log and "chain step crashed" not in log, slot.name
         # One line when an outage starts and one when it ends, one per OUTAGE_REPORT_EVERY_S between: not one
-        # per request. (A request that timed out on a loaded machine is an outage of its own, with its two lines.)
+        # per request. (A request that timed out on a loaded machine is an outage of its own, with its two lines;
+        # the node may stop inside such an episode, before a request answers and ends it: its last start line
+        # then has no end line.)
         starts, ends = log.count("chain RPC unreachable"), log.count("chain RPC reachable again")
         still = log.count("chain RPC still unreachable")
-        assert starts >= 1 and starts == ends, (slot.name, starts, ends)
+        assert ends >= 1 and starts - ends in (0, 1), (slot.name, starts, ends)
+        if starts > ends:
+            assert log.rindex("chain RPC unreachable") > log.rindex("chain RPC reachable again"), slot.name
         assert still <= 1 + outage / OUTAGE_REPORT_EVERY_S, (slot.name, still)
 
     audit = subprocess.run(
