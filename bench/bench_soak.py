@@ -20,7 +20,10 @@ short soak).
 Recorded (one JSON, time series in it): the rounds committed (each once, in order) and when each was
 first seen; rounds short of a contributor, with the replicas the closes missed and the churn events
 around them; per node RSS and open fds every ``--sample-s``; dials per minute (TCP SYNs each site's
-link carried, to peers and to the chain, counted by the forwarder, not by the node); per node traffic
+link carried, to peers and to the chain, counted by the forwarder, not by the node); what each node's RSS is
+made of (anonymous and file-backed pages, glibc's heap in use and free-but-kept, Python's blocks: every node
+loads bench/churn_probe's light probe, ``--no-probe`` not) and each part's growth from a quarter of the run to
+its end (``memory_growth``); per node traffic
 by protocol (status.json); each round's time beside the slowest link of the run; tracebacks in any
 log; ``dlx-node audit --reexecute all`` at the end; the emulator's own measurement of every site's
 RTT to the relay before the run. Writes bench/results/soak.json and bench/results/soak.svg.
@@ -46,6 +49,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
+PROBE = REPO / "bench" / "churn_probe"
 
 from bench.benchio import default_out, write_result  # noqa: E402
 from bench.soak_churn import Soak  # noqa: E402
@@ -168,6 +172,11 @@ def inner(args) -> int:
         load_config(slot.config_path)
         slot.command = ["ip", "netns", "exec", site["ns"], sys.executable, "-m", "node.cli"]
     soak = Soak(run, args, spec, site_of, rpc_url, anvil_port)
+    if not args.no_probe:  # every node (and the joiner) loads the light probe: what its RSS is made of
+        soak.probe_dir = workdir / "probe"
+        soak.probe_dir.mkdir(parents=True, exist_ok=True)
+        os.environ.update(DLX_CHURN_PROBE=str(soak.probe_dir), DLX_CHURN_PROBE_EVERY=str(args.sample_s),
+                          PYTHONPATH=os.pathsep.join(filter(None, [str(PROBE), os.environ.get("PYTHONPATH")])))
     soak.link = run_link(run.chain_id, run.ledger, run.run_id, rpc_url, [relay_addr], checkpoint_every=2)
     soak.spare_account = spare_accounts[-1] if spare_accounts else None
     result = {"nodes": len(run.nodes), "clusters": clusters, "stages": 2, "settings": settings,
@@ -253,6 +262,8 @@ def main() -> int:
     parser.add_argument("--round-timeout", type=float, default=120.0)
     parser.add_argument("--join-timeout", type=float, default=180.0)
     parser.add_argument("--sample-s", type=float, default=15.0)
+    parser.add_argument("--no-probe", action="store_true",
+                        help="nodes run without bench/churn_probe's light probe (RSS only, not what it is made of)")
     parser.add_argument("--no-churn", action="store_true")
     parser.add_argument("--seed", type=int, default=45)
     parser.add_argument("--workdir", default="/tmp/dlx-soak")

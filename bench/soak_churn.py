@@ -39,6 +39,7 @@ class Soak:
         self.unexpected_exits: list[dict] = []
         self.first_seen: dict[int, float] = {}
         self.samples: list[dict] = []
+        self.probe_dir: Path | None = None  # where the nodes' light probes write (bench_soak --no-probe: none)
         self.outage_on = False
         self.outage_lock = threading.Lock()
         self.outage_timer: threading.Timer | None = None
@@ -206,7 +207,7 @@ class Soak:
 
     def sample(self) -> None:
         last = self.poll_rounds()
-        self.samples.append(take_sample(self.members(), self.spec["sites"], self.now(), last))
+        self.samples.append(take_sample(self.members(), self.spec["sites"], self.now(), last, self.probe_dir))
 
     def stop(self) -> None:
         self.outage_end()

@@ -14,14 +14,23 @@ from pathlib import Path
 CHAIN_IP = "100.64.0.1"
 
 
-def take_sample(members, sites: dict, at: float, last: int | None) -> dict:
+#: What the in-process probe (bench/churn_probe, light mode) adds to a node's sample, in MiB: RSS split into
+#: anonymous and file-backed pages, glibc's heap in use and free-but-kept, Python's allocated blocks (a count).
+HEAP_SERIES = ("rss_anon_mib", "rss_file_mib", "malloc_in_use_mib", "malloc_free_mib", "py_blocks")
+
+
+def take_sample(members, sites: dict, at: float, last: int | None, probe_dir: Path | None = None) -> dict:
     """One sample: ``members`` are (name, process or None, data dir); ``sites`` the lab's (their forwarder's
-    stats file under ``"stats"``); ``at`` seconds into the run; ``last`` the last committed round."""
+    stats file under ``"stats"``); ``at`` seconds into the run; ``last`` the last committed round;
+    ``probe_dir`` where the nodes' light probes write (``light-<pid>.jsonl``), if they run one."""
     nodes = {}
     for name, process, data_dir in members:
         entry: dict = {}
         if process is not None and process.poll() is None:
+            entry["pid"] = process.pid
             entry.update(proc_figures(process.pid))
+            if probe_dir is not None:
+                entry.update(probe_figures(probe_dir / f"light-{process.pid}.jsonl"))
         try:
             status = json.loads((data_dir / "status.json").read_text())
         except (OSError, ValueError):
@@ -61,6 +70,61 @@ def proc_figures(pid: int) -> dict:
     return out
 
 
+def probe_figures(path: Path) -> dict:
+    """The last light-probe line of a process (bench/churn_probe/sitecustomize.py), in MiB; {} if none yet."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 4096))
+            lines = handle.read().decode("utf-8", "replace").splitlines()
+        line = json.loads(next(x for x in reversed(lines) if x.strip().endswith("}")))
+    except (OSError, ValueError, StopIteration):
+        return {}
+    malloc = line.get("malloc") or {}
+    mib = lambda kib: round(kib / 1024, 1)  # noqa: E731
+    out = {"rss_anon_mib": mib(line.get("rss_anon_kib", 0)), "rss_file_mib": mib(line.get("rss_file_kib", 0)),
+           "py_blocks": line.get("allocated_blocks"), "threads": line.get("threads")}
+    if malloc:
+        out.update(malloc_in_use_mib=mib(malloc["in_use"] / 1024), malloc_free_mib=mib(malloc["free"] / 1024))
+    return out
+
+
+def memory_growth(samples: list[dict], run_s: float) -> dict:
+    """Per node that ran one life from a quarter of the run to its end (the same pid): the growth of RSS and
+    of each part the probe sees (:data:`HEAP_SERIES`) from the first sample past the quarter to the last, and
+    its slope over the last quarter (per minute, least squares). Warm-up is the first quarter."""
+    out = {}
+    names = sorted({n for s in samples for n in s["nodes"]})
+    for name in names:
+        life = [s for s in samples if s["nodes"].get(name, {}).get("pid") is not None]
+        if not life:
+            continue
+        pid = life[-1]["nodes"][name]["pid"]
+        tail = [s for s in life if s["at_s"] >= run_s / 4]
+        if not tail or any(s["nodes"][name]["pid"] != pid for s in tail) or tail[0]["at_s"] > run_s / 2:
+            continue
+        last_quarter = [s for s in tail if s["at_s"] >= 3 * run_s / 4]
+        entry = {}
+        for key in ("rss_mib",) + HEAP_SERIES:
+            values = [(s["at_s"], s["nodes"][name].get(key)) for s in tail]
+            values = [(t, v) for t, v in values if v is not None]
+            if len(values) < 2:
+                continue
+            quarter = [(t, v) for t, v in values if t >= 3 * run_s / 4]
+            entry[key] = {"quarter_to_end": round(values[-1][1] - values[0][1], 1),
+                          "last_quarter_per_min": round(_slope(quarter) * 60, 3) if len(quarter) >= 2 else None}
+        if last_quarter and entry:
+            out[name] = entry
+    return out
+
+
+def _slope(points: list[tuple[float, float]]) -> float:
+    n = len(points)
+    mean_t, mean_v = sum(t for t, _ in points) / n, sum(v for _, v in points) / n
+    den = sum((t - mean_t) ** 2 for t, _ in points)
+    return sum((t - mean_t) * (v - mean_v) for t, v in points) / den if den else 0.0
+
+
 def series(samples: list[dict]) -> dict:
     """Per node RSS and fds, per site dials per minute, over time (from the samples)."""
     out: dict = {"at_s": [s["at_s"] for s in samples], "rss_mib": {}, "fds": {}, "dials_per_min": {},
@@ -69,6 +133,10 @@ def series(samples: list[dict]) -> dict:
     for name in names:
         out["rss_mib"][name] = [s["nodes"].get(name, {}).get("rss_mib") for s in samples]
         out["fds"][name] = [s["nodes"].get(name, {}).get("fds") for s in samples]
+        for key in HEAP_SERIES:
+            values = [s["nodes"].get(name, {}).get(key) for s in samples]
+            if any(v is not None for v in values):
+                out.setdefault(key, {})[name] = values
     sites = sorted({site for s in samples for site in s["links"]})
     for site in sites:
         for key, target in (("syns_to_peers", "dials_per_min"), ("syns_to_chain", "chain_connections_per_min")):

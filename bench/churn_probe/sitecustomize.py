@@ -24,6 +24,11 @@ each new content (a label) makes one sample, appended as a JSON line to ``<dir>/
 
 The pass runs with a long switch interval so the counts are of one moment. A bench tool, never imported by
 the node itself: without ``DLX_CHURN_PROBE`` in the environment it does nothing.
+
+**Light mode** (bench/bench_soak.py): with ``DLX_CHURN_PROBE_EVERY=S`` also set, no trigger is read and no
+object is walked: every S seconds the process appends to ``<dir>/light-<pid>.jsonl`` what costs no pause,
+VmRSS split into anonymous and file-backed pages, ``mallinfo2``, Python's allocated blocks, the live
+threads and gc's generation counts. Several processes can share the directory (one file each).
 """
 
 from __future__ import annotations
@@ -42,6 +47,36 @@ _TRACE = set(filter(None, os.environ.pop("DLX_CHURN_PROBE_TRACE", "").split(",")
 _SIZED = (dict, set, list, collections.deque, frozenset)
 _FRAMES = int(os.environ.pop("DLX_CHURN_PROBE_TRACEMALLOC", "0") or 0)
 _last_snapshot = None
+
+
+def _status_kib(*keys: str) -> dict:
+    out = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            key = line.split(":", 1)[0]
+            if key in keys:
+                out[key] = int(line.split()[1])
+    return out
+
+
+def _light_sample() -> dict:
+    memory = _status_kib("VmRSS", "RssAnon", "RssFile", "RssShmem")
+    return {"time": time.time(), "pid": os.getpid(), "rss_kib": memory.get("VmRSS", 0),
+            "rss_anon_kib": memory.get("RssAnon", 0), "rss_file_kib": memory.get("RssFile", 0),
+            "allocated_blocks": sys.getallocatedblocks(), "malloc": _malloc(),
+            "threads": threading.active_count(), "gc_count": list(gc.get_count())}
+
+
+def _light(directory: str, every: float) -> None:
+    path = os.path.join(directory, f"light-{os.getpid()}.jsonl")
+    while True:
+        try:
+            line = json.dumps(_light_sample())
+            with open(path, "a") as out:
+                out.write(line + "\n")
+        except Exception:  # a probe must never take the node down (a full disk, a /proc read)
+            pass
+        time.sleep(every)
 
 
 def _rss_kib() -> int:
@@ -206,5 +241,8 @@ def _watch(directory: str) -> None:
 
 # Popped: the processes this node starts (its spot-check reruns) inherit its environment, not the probe.
 _DIRECTORY = os.environ.pop("DLX_CHURN_PROBE", "")
-if _DIRECTORY:
+_EVERY = float(os.environ.pop("DLX_CHURN_PROBE_EVERY", "0") or 0)
+if _DIRECTORY and _EVERY > 0:
+    threading.Thread(target=_light, args=(_DIRECTORY, _EVERY), name="churn-probe-light", daemon=True).start()
+elif _DIRECTORY:
     threading.Thread(target=_watch, args=(_DIRECTORY,), name="churn-probe", daemon=True).start()
