@@ -10,11 +10,6 @@ the 60-minute soak with the bound shows it is not the whole of it under churn). 
 is not glibc (musl, macOS) nothing is done; ``MALLOC_ARENA_MAX`` in the environment, when set, wins (glibc
 read it at start).
 
-Bounded arenas still keep their free blocks resident: glibc returns memory to the kernel only from the top of
-the main heap, so a block freed in the middle (a checkpoint served to a joiner, a catch-up's states, a round's
-contributions dropped by ``forget_before``) stays in RSS until a block of its size is wanted again. After each
-round a node calls :func:`release_free_heap` (``malloc_trim(0)``: every arena's free pages are given back with
-``madvise``; the blocks stay glibc's), on the round lane, beside the next round's training, not on its thread.
 """
 
 from __future__ import annotations
@@ -41,24 +36,6 @@ def _glibc():
     except (OSError, AttributeError):
         return None
     return libc
-
-
-_LIBC = None
-
-
-def release_free_heap(libc=None) -> bool:
-    """Give the kernel back the pages of glibc's arenas that hold no live block (``malloc_trim(0)``); whether
-    any was given back. A no-op (False) where the C library is not glibc."""
-    global _LIBC
-    if libc is None:
-        if _LIBC is None:
-            _LIBC = _glibc() or False
-        libc = _LIBC or None
-    if libc is None:
-        return False
-    libc.malloc_trim.argtypes = [ctypes.c_size_t]
-    libc.malloc_trim.restype = ctypes.c_int
-    return libc.malloc_trim(0) == 1
 
 
 def limit_arenas(arenas: int = NODE_ARENAS, libc=None) -> bool:

@@ -23,7 +23,6 @@ from functools import partial
 from pathlib import Path
 
 from node import protocol as msg
-from node.arenas import release_free_heap
 from node.config import NodeConfig
 from node.fsutil import retry_on_full_disk
 from node.live.chunkstate import ChunkedStates
@@ -195,7 +194,6 @@ class RoundFinisher:
                                 **overlapped, tail=tail_s, tail_overlapped=tail_s if overlap_tail else 0.0)
             self.progress.timing = self.clock.summary()
             self.reporter.report()
-            release_free_heap()  # what earlier rounds' forget_before freed leaves RSS (node/arenas.py)
 
         if overlap_tail:
             self._tail = self.lane.submit(tail)
