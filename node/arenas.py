@@ -9,7 +9,6 @@ the 60-minute soak with the bound shows it is not the whole of it under churn). 
 ``M_ARENA_MAX`` to 2 with ``mallopt`` as the process starts, before its threads do. Where the C library
 is not glibc (musl, macOS) nothing is done; ``MALLOC_ARENA_MAX`` in the environment, when set, wins (glibc
 read it at start).
-
 """
 
 from __future__ import annotations
