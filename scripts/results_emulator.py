@@ -83,6 +83,26 @@ def soak(r: dict) -> list[str]:
               "descriptors, and traffic by protocol at the last sample (MB sent + received, the node's own counters "
               "over its current life):", ""]
     lines += table(["node", "site", "RSS", "RSS after warm-up", "fds", "traffic"], rss_rows)
+    growth = r.get("memory_growth") or {}
+    if growth:
+        parts = [("rss_mib", "RSS"), ("rss_anon_mib", "anonymous"), ("rss_file_mib", "file-backed"),
+                 ("malloc_in_use_mib", "glibc heap in use"), ("malloc_free_mib", "glibc free, kept"),
+                 ("py_blocks", "Python blocks")]
+
+        def cell(entry: dict | None, blocks: bool) -> str:
+            if not entry:
+                return "-"
+            per_min = entry["last_quarter_per_min"]
+            fmt = (lambda v: f"{v:+,.0f}") if blocks else (lambda v: f"{v:+.1f}")  # noqa: E731
+            return fmt(entry["quarter_to_end"]) + (f" ({fmt(per_min)}/min)" if per_min is not None else "")
+
+        lines += ["What the RSS is made of, on the nodes that ran one life from a quarter of the run to its end (the "
+                  "nodes load bench/churn_probe's light probe: VmRSS split into anonymous and file-backed pages, "
+                  "glibc's `mallinfo2`, Python's allocated blocks): the change from the first sample past the quarter "
+                  "to the last (MiB, blocks), and in brackets the slope over the last quarter:", ""]
+        lines += table(["node"] + [label for _, label in parts],
+                       [[name] + [cell(entry.get(key), key == "py_blocks") for key, _ in parts]
+                        for name, entry in sorted(growth.items())])
     dial_rows = []
     for site, values in sorted(series["dials_per_min"].items()):
         seen = [v for v in values if v is not None]
