@@ -123,3 +123,13 @@ def test_compile_is_a_node_setting_off_by_default_outside_the_run_document():
     assert config_hash(run_document(compiled)) == config_hash(run_document(eager))
     with pytest.raises(TrainingConfigError, match="training.compile"):
         TrainingConfig(compile="yes")
+
+
+def test_a_cluster_split_over_nodes_refuses_compile_at_load_time():
+    from node.config import ConfigError, config_from_dict
+
+    table = {"cluster_size": 2, "pipeline": {"num_stages": 2}, "training": {"compile": True}}
+    with pytest.raises(ConfigError, match="training.compile"):
+        config_from_dict(table)
+    table["training"]["compile"] = False
+    assert config_from_dict(table).training.compile is False

@@ -68,11 +68,17 @@ def compiler_ok(value) -> bool:
 
 
 def set_compile_deterministic() -> None:
-    """Inductor's deterministic mode (process-wide): no on-device benchmarking, whose pick among kernels could
-    differ between two processes and so break a same-platform rerun."""
+    """Settings (process-wide) under which a compiled replica's bits depend on its inputs, thread count and
+    fingerprint only: inductor's deterministic mode (no on-device benchmarking, whose pick among kernels could
+    differ between two processes), and an error, never a silent fall back to eager kernels (another
+    platform's bits under a compiled claim), where dynamo would stop compiling after too many recompilations;
+    errors during compilation are raised, not suppressed."""
+    import torch._dynamo.config as dynamo_config
     import torch._inductor.config as inductor_config
 
     inductor_config.deterministic = True
+    dynamo_config.suppress_errors = False
+    dynamo_config.fail_on_recompile_limit_hit = True
 
 
 def forget_compiled() -> None:
@@ -87,7 +93,10 @@ def forget_compiled() -> None:
 
 def compile_modules(modules) -> None:
     """Compile each module's forward in place (``nn.Module.compile``: the state dict keeps its names); the
-    backward is compiled with it (AOTAutograd). Each compiles at its first call."""
+    backward is compiled with it (AOTAutograd). Each compiles at its first call, for static shapes
+    (``dynamic=False``): with dynamo's automatic dynamic shapes, the graph a shape gets would depend on the
+    shapes the process saw before (a claimant that evaluated first could train on a dynamic-shape graph, its
+    verifier on a static one)."""
     for module in modules:
-        module.compile()
+        module.compile(dynamic=False)
 
