@@ -14,6 +14,8 @@ import functools
 import os
 import subprocess
 
+from training.errors import TrainingConfigError
+
 INDUCTOR = "inductor"
 
 
@@ -55,8 +57,11 @@ def compile_problem(device_type: str) -> str | None:
 def compiler_identity(device_type: str) -> str:
     """What decides a compiled replica's kernels besides the rest of its fingerprint: ``inductor;cc=g++-12.2.0`` on
     a CPU (inductor writes C++ that this compiler builds: another version may vectorise otherwise), and
-    ``inductor;triton=triton-3.5.0`` on a GPU (Triton generates the kernels). Call where
-    :func:`compile_problem` is None."""
+    ``inductor;triton=triton-3.5.0`` on a GPU (Triton generates the kernels). Raises TrainingConfigError where
+    this machine cannot compile (:func:`compile_problem`)."""
+    problem = compile_problem(device_type)
+    if problem is not None:
+        raise TrainingConfigError(problem)
     tool = f"cc={_cpp_compiler()}" if device_type == "cpu" else f"triton={_triton()}"
     return f"{INDUCTOR};{tool}"
 

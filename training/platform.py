@@ -6,8 +6,9 @@ asks which device it runs on. What may differ per node and what may not
 (docs/GPU.md):
 
 * **may differ**: the inner steps. They run on the node's device (CPU or a CUDA
-  GPU), in float32 or in bfloat16 autocast. Master weights and the inner AdamW
-  state stay float32 on that device.
+  GPU), in float32 or in bfloat16 autocast, eager or compiled (``training.compile``,
+  training/compiled.py: the fingerprint's ``compiled``). Master weights and the inner
+  AdamW state stay float32 on that device.
 * **must not**: everything the record and the audit depend on. The pseudo-gradient
   leaves the device as float32 (``training.stage_engine.StageEngine`` copies the live
   weights to the host before it subtracts them from the round start); the codec,
@@ -365,15 +366,8 @@ def fingerprint(device: torch.device, precision: str, compiled: bool = False) ->
         deterministic=torch.are_deterministic_algorithms_enabled(),
         cudnn_deterministic=bool(torch.backends.cudnn.deterministic) if device.type == "cuda" else False,
         tf32=tf32, blas=blas_dispatch() if device.type == "cpu" else "",
-        compiled=_compiled_identity(device.type) if compiled else "",
+        compiled=compiler_identity(device.type)[:_MAX_FIELD] if compiled else "",
     )
-
-
-def _compiled_identity(device_type: str) -> str:
-    problem = compile_problem(device_type)
-    if problem is not None:
-        raise PlatformError(problem)
-    return compiler_identity(device_type)[:_MAX_FIELD]
 
 
 def parse_fingerprint(document) -> PlatformFingerprint:
