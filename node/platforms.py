@@ -17,7 +17,8 @@ def own_platforms(training_cfg) -> tuple[bytes, bytes]:
     """(what this node declares when it joins a run, the version-1 form of the same platform).
 
     The first is :func:`training.declaration.platform_declaration` of the fingerprint of training on
-    ``training.device`` in ``training.precision`` (compiled if ``training.compile``) in this process (resolved as the trainer resolves them:
+    ``training.device`` in ``training.precision`` (compiled if ``training.compile``) in this process
+    (resolved as the trainer resolves them:
     :func:`training.platform.prepare_platform`), with this CPU's highest ATen capability
     (:func:`training.platform.native_cpu_capability`: the kernels it can rerun a claim under). The second is
     :func:`training.declaration.platform_hash` of that fingerprint: what a node of this platform declared

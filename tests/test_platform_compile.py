@@ -76,7 +76,8 @@ def test_a_compiled_cpu_platform_is_judged_by_an_equal_declaration_only():
     declared = platform_declaration(CPU_COMPILED, "AVX512")
     assert declared[31] == EXACT_ONLY << 4 | EXACT_ONLY  # inductor's kernels: no emulation by instruction set
     assert can_judge(declared, declared)
-    for other in (CPU, dataclasses.replace(CPU, capability="AVX512"), dataclasses.replace(CPU_COMPILED, capability="AVX512"),
+    for other in (CPU, dataclasses.replace(CPU, capability="AVX512"),
+                  dataclasses.replace(CPU_COMPILED, capability="AVX512"),
                   dataclasses.replace(CPU_COMPILED, compiled="inductor;cc=g++-13.1.0")):
         assert not can_judge(platform_declaration(other, "AVX512"), declared), other
         assert not can_judge(declared, platform_declaration(other, "AVX512")), other
@@ -88,8 +89,8 @@ def test_a_compiled_cpu_platform_is_judged_by_an_equal_declaration_only():
 
 def test_eager_verifiers_are_never_routed_a_compiled_claim():
     signers = {0: {"compiled-a"}, 1: {"eager-b"}, 2: {"eager-c"}, 3: {"compiled-d"}}
-    declared = {"compiled-a": platform_declaration(CPU_COMPILED, "AVX2"), "compiled-d": platform_declaration(CPU_COMPILED, "AVX2"),
-                "eager-b": platform_declaration(CPU, "AVX2"), "eager-c": platform_declaration(CPU, "AVX2")}
+    compiled, eager = platform_declaration(CPU_COMPILED, "AVX2"), platform_declaration(CPU, "AVX2")
+    declared = {"compiled-a": compiled, "compiled-d": compiled, "eager-b": eager, "eager-c": eager}
     assert routed_verifiers(0, signers, declared) == ["compiled-d"]
     assert routed_verifiers(1, signers, declared) == ["eager-c"]
     for outer_round in range(64):  # whatever the draw, an eager verifier's check of replica 0 is never "same platform"
@@ -102,7 +103,8 @@ def test_eager_verifiers_are_never_routed_a_compiled_claim():
 def test_an_eager_rerun_of_a_compiled_claim_is_never_held_bit_exact():
     verdict = compare_rerun(CPU_COMPILED, CPU, 0.5, claimed_threads=1, rerun_threads=1)
     assert verdict.rule == RULE_CROSS_PLATFORM and verdict.verdict == MISMATCH  # fp32: beyond 1e-2
-    assert compare_rerun(CPU_COMPILED, CPU_COMPILED, 1e-9, claimed_threads=1, rerun_threads=1).rule == RULE_SAME_PLATFORM
+    same = compare_rerun(CPU_COMPILED, CPU_COMPILED, 1e-9, claimed_threads=1, rerun_threads=1)
+    assert same.rule == RULE_SAME_PLATFORM and same.verdict == MISMATCH  # same platform: any difference
     bf16 = compare_rerun(GPU_COMPILED, GPU, 0.5, claimed_threads=1, rerun_threads=1)
     assert bf16.rule == RULE_CROSS_PLATFORM and bf16.verdict != MISMATCH  # bf16 across platforms: never convicts
 

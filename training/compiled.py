@@ -50,7 +50,8 @@ def compile_problem(device_type: str) -> str | None:
                     "g++ (or set CXX) or set training.compile = false")
         return None
     if not _triton():
-        return "training.compile = true: inductor needs Triton for CUDA kernels; install it or set training.compile = false"
+        return ("training.compile = true: inductor needs Triton for CUDA kernels; install it or set "
+                "training.compile = false")
     return None
 
 
