@@ -130,11 +130,9 @@ def throughput(model: ModelConfig, device: str, precision: str, args: argparse.N
     ``fused_adamw``: torch's one-kernel AdamW (``fused=True``) in place of the engine's (measured, not used by
     the node: its arithmetic differs from the default's)."""
     args = argparse.Namespace(**{**vars(args), "batch": batch or args.batch})
-    training = TrainingConfig(batch_size=args.batch, device=device, precision=precision, warmup_steps=0)
+    training = TrainingConfig(batch_size=args.batch, device=device, precision=precision, warmup_steps=0,
+                              compile=compile_model)  # the node's setting (training/compiled.py)
     trainer = LocalReplicaTrainer(model, training, num_stages=1)
-    if compile_model:
-        for module in trainer.stage_modules:
-            module.compile()
     if fused_adamw:
         trainer.optimizers = [torch.optim.AdamW(o.param_groups, lr=training.inner_lr,
                                                 betas=(training.beta1, training.beta2), fused=True)

@@ -119,6 +119,10 @@ class NodeConfig:
                 f"cluster_size={self.cluster_size}: must be 1 (one node holds every stage) or "
                 f"pipeline.num_stages={self.pipeline.num_stages} (one node per stage)"
             )
+        if self.cluster_size > 1 and self.training.compile:
+            raise ConfigError(f"training.compile = true with cluster_size={self.cluster_size}: a replica split over "
+                              "nodes trains eagerly (training.pipeline.PipelineStageTrainer); set training.compile "
+                              "= false or cluster_size = 1")
         host, _, port = self.cluster_master.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(f"cluster_master={self.cluster_master!r}: must be HOST:PORT, e.g. 127.0.0.1:29500")

@@ -17,13 +17,14 @@ def own_platforms(training_cfg) -> tuple[bytes, bytes]:
     """(what this node declares when it joins a run, the version-1 form of the same platform).
 
     The first is :func:`training.declaration.platform_declaration` of the fingerprint of training on
-    ``training.device`` in ``training.precision`` in this process (resolved as the trainer resolves them:
+    ``training.device`` in ``training.precision`` (compiled if ``training.compile``) in this process
+    (resolved as the trainer resolves them:
     :func:`training.platform.prepare_platform`), with this CPU's highest ATen capability
     (:func:`training.platform.native_cpu_capability`: the kernels it can rerun a claim under). The second is
     :func:`training.declaration.platform_hash` of that fingerprint: what a node of this platform declared
     before version 2, accepted as its seat's declaration (``NodeChain.ensure_member``'s ``also``).
     """
-    fingerprint = prepare_platform(training_cfg.device, training_cfg.precision).fingerprint()
+    fingerprint = prepare_platform(training_cfg.device, training_cfg.precision, training_cfg.compile).fingerprint()
     native = native_cpu_capability() if fingerprint.device_type == "cpu" else None
     return platform_declaration(fingerprint, native), platform_hash(fingerprint)
 

@@ -64,6 +64,11 @@ class TrainingConfig:
     # the CPU. "bf16": bfloat16 autocast, float32 master weights and AdamW state.
     device: str = "auto"
     precision: str = "fp32"
+    # Run the inner steps through torch.compile (training/compiled.py; a node setting too). Off by default: a
+    # compiled replica is another platform (its bits are not eager's), judged bit-exactly only by verifiers
+    # that compile with the same compiler, and the first step waits for the compilation (docs/DILOCOX.md
+    # section 11, "Compiled inner steps").
+    compile: bool = False
     # The inner optimizer (training/muon.py, docs/DILOCOX.md section 14): "adamw", or "muon" (MuLoCo, arXiv
     # 2505.23725: Muon's orthogonalized Nesterov momentum for the hidden weight matrices, AdamW for embeddings,
     # head, norms and biases). The muon_* settings are Muon's: its momentum and a factor on the inner lr for the
@@ -94,6 +99,7 @@ class TrainingConfig:
         _require(self.eval_batches >= 1, f"training.eval_batches={self.eval_batches}: must be >= 1")
         self.device = check_device_spec(self.device)
         check_precision(self.precision)
+        _require(isinstance(self.compile, bool), f"training.compile={self.compile!r}: must be true or false")
         _require(self.optimizer in INNER_OPTIMIZERS,
                  f"training.optimizer={self.optimizer!r}: must be one of {list(INNER_OPTIMIZERS)}")
         _require(0 <= self.muon_momentum < 1, f"training.muon_momentum={self.muon_momentum}: must be in [0, 1)")
@@ -122,7 +128,7 @@ MUON_ONLY = {"muon_momentum": 0.95, "muon_lr_scale": 1.0}
 
 
 #: [training] settings each node chooses for itself; the run document (and its hash) leaves them out.
-NODE_ONLY_TRAINING = ("device", "precision")
+NODE_ONLY_TRAINING = ("device", "precision", "compile")
 
 
 DELAY_CORRECTIONS = ("rebase", "lookahead", "eager", "reset")

@@ -66,7 +66,9 @@ def platform_hash(platform: PlatformFingerprint) -> bytes:
 
 
 def _emulatable(platform: PlatformFingerprint) -> bool:
-    return platform.device_type == "cpu" and platform.capability in CAPABILITY_CODES
+    # A compiled CPU platform is exact only: inductor's kernels are not shown to follow ATEN_CPU_CAPABILITY
+    # bit for bit (docs/DILOCOX.md section 11, "Compiled inner steps").
+    return platform.device_type == "cpu" and not platform.compiled and platform.capability in CAPABILITY_CODES
 
 
 def family_hash(platform: PlatformFingerprint) -> bytes:

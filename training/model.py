@@ -167,10 +167,11 @@ def check_token_ids(idx: torch.Tensor, cfg: ModelConfig) -> None:
     """Refuse token ids that are not a LongTensor (B, T) of at most ``block_size`` ids in ``[0, vocab_size)``.
 
     On the CPU the range is checked at once (one pass, one read of its two ends). On an accelerator reading
-    the range back would stall the forward pass twice (a host synchronisation each) and break a compiled
-    graph, so there the check is queued on the device (``torch._assert_async``): the trainers check a batch
+    the range back would stall the forward pass twice (a host synchronisation each), and in a compiled forward
+    (``training.compile``, on any device) it would break the graph in three (``int()`` of a tensor), so there
+    the check is queued (``torch._assert_async``, a RuntimeError when it fails): the trainers check a batch
     on the host before they move it (:func:`token_ids_to`), so a bad id from a data file is still refused
-    with a ``ModelInputError`` before it reaches the device.
+    with a ``ModelInputError`` before it reaches the device or the compiled graph.
     """
     if idx.dim() != 2 or idx.dtype != torch.long:
         raise ModelInputError(f"token ids must be a LongTensor (B, T), got {idx.dtype} {tuple(idx.shape)}")
@@ -179,7 +180,7 @@ def check_token_ids(idx: torch.Tensor, cfg: ModelConfig) -> None:
     if not idx.numel():
         return
     message = f"token ids must be in [0, {cfg.vocab_size})"
-    if idx.device.type != "cpu":
+    if idx.device.type != "cpu" or torch.compiler.is_compiling():
         torch._assert_async(((idx >= 0) & (idx < cfg.vocab_size)).all(), message)
         return
     low, high = torch.aminmax(idx)
@@ -188,9 +189,11 @@ def check_token_ids(idx: torch.Tensor, cfg: ModelConfig) -> None:
 
 
 def token_ids_to(idx: torch.Tensor, device: torch.device, cfg: ModelConfig) -> torch.Tensor:
-    """``idx`` on ``device``, checked on the host first where the forward pass's own check is queued on the
-    device (:func:`check_token_ids`)."""
-    if idx.device.type == "cpu" and torch.device(device).type != "cpu":
+    """``idx`` on ``device``, checked on the host first (:func:`check_token_ids`): where the forward pass's own
+    check is queued on the device, and where the forward pass is compiled (its check is then a queued assert
+    too, on the CPU as well), a bad id is still a ``ModelInputError`` (on an eager CPU forward this checks
+    twice: one read of a batch's ids)."""
+    if idx.device.type == "cpu":
         check_token_ids(idx, cfg)
     return idx.to(device)
 

@@ -49,6 +49,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from training.compiled import compile_modules
 from training.config import ModelConfig, TrainingConfig
 from training.errors import PipelineError
 from training.model import init_state_dict, lm_loss, token_ids_to
@@ -149,7 +150,7 @@ class LocalReplicaTrainer:
     ) -> None:
         self.model_cfg = model_cfg
         self.training_cfg = training_cfg
-        self.platform: Platform = prepare_platform(training_cfg.device, training_cfg.precision)
+        self.platform: Platform = prepare_platform(training_cfg.device, training_cfg.precision, training_cfg.compile)
         self.device = self.platform.device
         self.specs: list[StageSpec] = split_stages(model_cfg.n_layer, num_stages)
         full = state_dict if state_dict is not None else init_state_dict(model_cfg, training_cfg.seed)
@@ -159,6 +160,8 @@ class LocalReplicaTrainer:
             module.load_state_dict(part)
             self.stage_modules.append(module.to(self.device))
         self.optimizers = [make_inner_optimizer(m, training_cfg) for m in self.stage_modules]
+        if self.platform.compiled:  # training.compile: another platform (training/compiled.py)
+            compile_modules(self.stage_modules)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of token ids ``x`` through every stage (call inside :meth:`Platform.autocast`)."""
@@ -233,6 +236,7 @@ class EvalSnapshot:
     """Copies of a chained replica's stage modules for a held-out eval off the training thread."""
 
     def __init__(self, model_cfg: ModelConfig, modules: list[nn.Module], platform: Platform) -> None:
+        self.model_cfg = model_cfg
         self.platform = platform
         self.stage_modules = []
         for module in modules:
@@ -240,6 +244,8 @@ class EvalSnapshot:
             copy.load_state_dict(module.state_dict())  # copies every tensor: training may go on
             copy.eval()
             self.stage_modules.append(copy)
+        if platform.compiled:  # the trainer's eval runs compiled: so does the copy, for the same bits
+            compile_modules(self.stage_modules)
 
     @torch.no_grad()
     def eval_loss(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
@@ -248,7 +254,7 @@ class EvalSnapshot:
         device = self.platform.device
         for x, y in batches:
             with self.platform.autocast():
-                hidden = x.to(device)
+                hidden = token_ids_to(x, device, self.model_cfg)
                 for module in self.stage_modules:
                     hidden = module(hidden)
                 total += float(lm_loss(hidden, y.to(device)))
@@ -291,6 +297,10 @@ class PipelineStageTrainer:
         self.micro_batches = micro_batches
         self.training_cfg = training_cfg
         self.group = group if group is not None else dist.group.WORLD
+        if training_cfg.compile:
+            raise PipelineError("training.compile = true with the replica split over processes: not supported "
+                                "(a rerun chains the stages in one process, not shown bit-exact compiled); "
+                                "set training.compile = false")
         self.platform: Platform = prepare_platform(training_cfg.device, training_cfg.precision)
         self.device = self.platform.device
         self.module = StageModule(cfg, spec, seed=None)

@@ -6,8 +6,9 @@ asks which device it runs on. What may differ per node and what may not
 (docs/GPU.md):
 
 * **may differ**: the inner steps. They run on the node's device (CPU or a CUDA
-  GPU), in float32 or in bfloat16 autocast. Master weights and the inner AdamW
-  state stay float32 on that device.
+  GPU), in float32 or in bfloat16 autocast, eager or compiled (``training.compile``,
+  training/compiled.py: the fingerprint's ``compiled``). Master weights and the inner
+  AdamW state stay float32 on that device.
 * **must not**: everything the record and the audit depend on. The pseudo-gradient
   leaves the device as float32 (``training.stage_engine.StageEngine`` copies the live
   weights to the host before it subtracts them from the round start); the codec,
@@ -52,6 +53,7 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 
+from training.compiled import compile_problem, compiler_identity, compiler_ok, set_compile_deterministic
 from training.config import PRECISIONS, check_device_spec, check_precision
 from training.declaration import (  # noqa: F401 (re-exported: a member's declaration, training/declaration.py)
     NO_PLATFORM,
@@ -163,31 +165,41 @@ def set_deterministic(device: torch.device) -> None:
 
 @dataclass(frozen=True)
 class Platform:
-    """A node's training device and precision, resolved."""
+    """A node's training device and precision, resolved, and whether its inner steps run compiled."""
 
     device: torch.device
     precision: str
+    compiled: bool = False
 
     def autocast(self):
         return autocast(self.device, self.precision)
 
     def fingerprint(self) -> "PlatformFingerprint":
-        return fingerprint(self.device, self.precision)
+        return fingerprint(self.device, self.precision, self.compiled)
 
 
 _PROCESS_PLATFORM: Platform | None = None
 
 
-def prepare_platform(device: str, precision: str) -> Platform:
-    """Resolve ``training.device``/``training.precision`` and set the process up for it (call at the edge).
+def prepare_platform(device: str, precision: str, compiled: bool = False) -> Platform:
+    """Resolve ``training.device``/``training.precision``/``training.compile`` and set the process up for it
+    (call at the edge).
 
     Sets deterministic algorithms for CUDA (:func:`set_deterministic`) and records the
     platform as this process's training platform (:func:`process_platform`): torch's
     determinism flags are process-wide, and a node trains one replica on one device.
+    ``compiled``: the inner steps run through torch.compile; raises PlatformError where it cannot compile
+    here (:func:`compile_problem`), and sets inductor's deterministic mode (no on-device benchmarking, whose
+    pick of a kernel could differ between two processes and so break a same-platform rerun).
     """
     global _PROCESS_PLATFORM
-    resolved = Platform(resolve_device(device), check_precision(precision))
+    resolved = Platform(resolve_device(device), check_precision(precision), bool(compiled))
     set_deterministic(resolved.device)
+    if resolved.compiled:
+        problem = compile_problem(resolved.device.type)
+        if problem is not None:
+            raise PlatformError(problem)
+        set_compile_deterministic()
     _PROCESS_PLATFORM = resolved
     return resolved
 
@@ -224,16 +236,29 @@ class PlatformFingerprint:
     # fingerprint, declaration and start state made before it keeps its bytes.
     blas: str = ""
 
+    # The compiler of a replica whose inner steps run through torch.compile (``training.compile``,
+    # :func:`compiler_identity`: ``inductor;cc=...`` or ``inductor;triton=...``), "" for eager, the only value
+    # before this field existed. Left out of the document when "", like ``blas``: an eager fingerprint,
+    # declaration and start state keep their bytes, and a compiled one is another platform (docs/DILOCOX.md
+    # section 11, "Compiled inner steps").
+    compiled: str = ""
+
     def document(self) -> dict:
         document = asdict(self)
-        if not self.blas:
-            del document["blas"]
+        for name in OPTIONAL_FIELDS:
+            if not document[name]:
+                del document[name]
         return document
 
     def describe(self) -> str:
         libs = f"torch {self.torch}" + (f", CUDA {self.cuda}, cuDNN {self.cudnn}" if self.device_type == "cuda" else "")
         blas = f", {self.blas}" if self.blas else ""
-        return f"{self.device_type} {self.device_name} ({self.capability}{blas}) {self.precision}, {libs}"
+        compiled = f", compiled ({self.compiled})" if self.compiled else ""
+        return f"{self.device_type} {self.device_name} ({self.capability}{blas}) {self.precision}{compiled}, {libs}"
+
+
+#: Fingerprint fields a document leaves out at their default "" (added after the first fingerprints).
+OPTIONAL_FIELDS = ("blas", "compiled")
 
 
 def cpu_model_name(cpuinfo: str) -> str:
@@ -320,8 +345,9 @@ def blas_environment(blas: str) -> dict[str, str | None]:
     return settings
 
 
-def fingerprint(device: torch.device, precision: str) -> PlatformFingerprint:
-    """The :class:`PlatformFingerprint` of training on ``device`` in ``precision`` in this process, now."""
+def fingerprint(device: torch.device, precision: str, compiled: bool = False) -> PlatformFingerprint:
+    """The :class:`PlatformFingerprint` of training on ``device`` in ``precision`` in this process, now;
+    ``compiled``: through torch.compile (its ``compiled`` field names the compiler, :func:`compiler_identity`)."""
     check_precision(precision)
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
@@ -340,15 +366,17 @@ def fingerprint(device: torch.device, precision: str) -> PlatformFingerprint:
         deterministic=torch.are_deterministic_algorithms_enabled(),
         cudnn_deterministic=bool(torch.backends.cudnn.deterministic) if device.type == "cuda" else False,
         tf32=tf32, blas=blas_dispatch() if device.type == "cpu" else "",
+        compiled=compiler_identity(device.type)[:_MAX_FIELD] if compiled else "",
     )
 
 
 def parse_fingerprint(document) -> PlatformFingerprint:
     """A fingerprint from a start state's header, checked strictly (exact keys and types, bounded strings)."""
     names = {f.name: f.type for f in fields(PlatformFingerprint)}
-    if not isinstance(document, dict) or set(document) not in (set(names), set(names) - {"blas"}):
+    if not isinstance(document, dict) or not set(names) - set(OPTIONAL_FIELDS) <= set(document) <= set(names):
         keys = sorted(document) if isinstance(document, dict) else type(document).__name__
-        raise PlatformError(f"platform fingerprint has keys {keys}, expected {sorted(names)} (blas optional)")
+        raise PlatformError(f"platform fingerprint has keys {keys}, expected {sorted(names)} "
+                            f"({', '.join(OPTIONAL_FIELDS)} optional)")
     names = {name: kind for name, kind in names.items() if name in document}
     for name, kind in names.items():
         value = document[name]
@@ -366,6 +394,9 @@ def parse_fingerprint(document) -> PlatformFingerprint:
             raise PlatformError("platform fingerprint blas='': the libraries' own dispatch is written by leaving "
                                 "blas out")
         blas_environment(document["blas"])
+    if "compiled" in document and not compiler_ok(document["compiled"]):
+        raise PlatformError(f"platform fingerprint compiled={document['compiled']!r}: must be inductor;NAME=version "
+                            "in printable ASCII (eager is written by leaving compiled out)")
     return PlatformFingerprint(**document)
 
 
@@ -412,7 +443,7 @@ def capability_to_emulate(claimed: PlatformFingerprint | None, here: PlatformFin
     claim under AVX2), can be rerun under that capability: its fingerprint is then the claimant's, and
     :func:`compare_rerun` demands the bit-exact rerun instead of a tolerance (bench/results/reexec_isa.json).
     """
-    if claimed is None or claimed.device_type != "cpu" or here.device_type != "cpu":
+    if claimed is None or claimed.compiled or claimed.device_type != "cpu" or here.device_type != "cpu":
         return None
     if claimed.capability == here.capability or claimed.device_name != here.device_name or claimed.torch != here.torch:
         return None
@@ -436,8 +467,8 @@ def kernels_to_emulate(claimed: PlatformFingerprint | None, here: PlatformFinger
     """
     if claimed is None or claimed.device_type != "cpu" or here.device_type != "cpu":
         return None
-    if claimed.device_name != here.device_name or claimed.torch != here.torch:
-        return None
+    if claimed.compiled or claimed.device_name != here.device_name or claimed.torch != here.torch:
+        return None  # a compiled claim: inductor's own kernels, not shown to follow these settings bit for bit
     if claimed.capability == here.capability and claimed.blas == here.blas:
         return None
     settings: dict[str, str | None] = {}

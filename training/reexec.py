@@ -52,6 +52,7 @@ import torch
 
 from training.butterfly import assemble_slices, average_of_partials, live_plan
 from training.codec_wire import decode_contribution
+from training.compiled import compile_problem, forget_compiled
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
 from training.data import Corpus, round_batches
 from training.diloco import step_with_average
@@ -66,6 +67,7 @@ from training.platform import (
     WITHIN_TOLERANCE,
     PlatformFingerprint,
     compare_rerun,
+    resolve_device,
 )
 from training.reexec_rules import (
     RESTART_ATOL, RESTART_RTOL, STATE_MISMATCH, check_state_chain, data_commitment, restart_state_reason,
@@ -171,7 +173,8 @@ def reexecute(
     blobs of round t-1 in slice order (what every holder applied, docs/PROTOCOL.md "Sliced
     exchange"), in place of ``previous_contributions``.
     The inner steps run on ``training_cfg.device`` (the verifier's) in the claimant's
-    precision (``state.meta.platform``; float32 for a state that records none).
+    precision (``state.meta.platform``; float32 for a state that records none), compiled if the claimant's
+    were (:func:`rerun_compiled`), whatever the verifier's own ``training.compile``.
     """
     meta = state.meta
     if meta.inner_steps != diloco_cfg.inner_steps:
@@ -192,9 +195,13 @@ def reexecute(
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads or meta.threads)
     precision = meta.platform.precision if meta.platform is not None else "fp32"
+    compiled = rerun_compiled(meta.platform, training_cfg.device)
+    if compiled:
+        forget_compiled()  # graphs compiled under another thread count (training/compiled.py)
     try:
-        trainer, engines = restore_replica(state, model_cfg, replace(training_cfg, precision=precision), diloco_cfg,
-                                           compression_cfg)
+        trainer, engines = restore_replica(state, model_cfg, replace(training_cfg, precision=precision,
+                                                                     compile=compiled),
+                                           diloco_cfg, compression_cfg)
         batches = round_batches(corpus, training_cfg.seed, meta.replica, outer_round, trained,
                                 training_cfg.batch_size, model_cfg.block_size)
         horizon = meta.lr_total_steps or None
@@ -248,6 +255,22 @@ def reexecute(
                            torch.get_num_threads(), trainer.platform.fingerprint(), applied_hashes)
     finally:
         torch.set_num_threads(previous_threads)
+        if compiled:
+            forget_compiled()
+
+
+def rerun_compiled(claimed: PlatformFingerprint | None, device: str) -> bool:
+    """Whether a rerun of a claim made on ``claimed`` runs its inner steps compiled: as the claimant did
+    (``training.compile``, training/compiled.py). A compiled claim on a verifier that cannot compile for
+    ``device`` is rerun eagerly: its fingerprint is then another platform's, and the rerun is judged as any
+    other platform's (:func:`training.platform.compare_rerun`), never bit-exactly."""
+    if claimed is None or not claimed.compiled:
+        return False
+    problem = compile_problem(resolve_device(device).type)
+    if problem is not None:
+        logger.warning("a compiled claim (%s) is rerun eagerly here: %s", claimed.compiled, problem)
+        return False
+    return True
 
 
 def _apply_partials(engine, outer_round: int, partials: Sequence[bytes], diloco_cfg: DilocoConfig,
