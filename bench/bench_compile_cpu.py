@@ -14,7 +14,6 @@ another platform). The GPU's figures come from bench/bench_gpu.py (``--compile``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -25,6 +24,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.benchio import write_result  # noqa: E402
 from training.config import ModelConfig, TrainingConfig  # noqa: E402
 from training.data import generated_corpus, round_batches  # noqa: E402
 from training.pipeline import LocalReplicaTrainer  # noqa: E402
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    load = list(os.getloadavg())
     rows = []
     for preset in args.presets.split(","):
         eager, compiled = measure(preset, False, args), measure(preset, True, args)
@@ -80,10 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         compiled["speedup"] = compiled["tokens_per_second"] / eager["tokens_per_second"]
         compiled["cpu_speedup"] = compiled["tokens_per_cpu_second"] / eager["tokens_per_cpu_second"]
         compiled["largest_loss_difference"] = largest
-    result = {"command": "bench/bench_compile_cpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "torch": torch.__version__, "threads": torch.get_num_threads(), "load_average": os.getloadavg(),
+    result = {"torch": torch.__version__, "threads": torch.get_num_threads(),
               "platform": fingerprint(torch.device("cpu"), "fp32", compiled=True).document(), "rows": rows}
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out, result, load)
     print(f"wrote {args.out}")
     return 0
 

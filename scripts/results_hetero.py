@@ -167,3 +167,18 @@ def gpu(r: dict) -> list[str]:
     if r.get("provenance"):
         lines += ["", f"How it was run: {r['provenance']}"]
     return lines + [""]
+
+
+def compile_cpu(r: dict) -> list[str]:
+    """bench/bench_compile_cpu.py: eager against ``training.compile`` inner steps on this CPU."""
+    rows = [[row["preset"], "compiled" if row["compiled"] else "eager", f"{row['batch']} x {row['seq_len']}",
+             f"{row['first_step_seconds']:.1f} s", f"{row['tokens_per_second']:,.0f}",
+             f"{row['tokens_per_cpu_second']:,.0f}",
+             f"x{row['speedup']:.2f}" if row.get("speedup") else "-",
+             f"{row['largest_loss_difference']:.1e}" if row.get("largest_loss_difference") is not None else "-"]
+            for row in r["rows"]]
+    return [(f"One replica (every stage in one process), float32, {r['threads']} threads, torch {r['torch']}; "
+             f"the compiled platform's `compiled` field: `{r['platform'].get('compiled')}`. The first step of a "
+             "compiled trainer includes compiling its forward and backward (a fresh inductor cache)."), ""] + table(
+        ["preset", "mode", "batch x sequence", "first step", "tokens/s", "tokens per CPU second", "compiled / eager",
+         "largest loss difference"], rows)
