@@ -27,6 +27,7 @@ its end (``memory_growth``); per node traffic
 by protocol (status.json); each round's time beside the slowest link of the run; tracebacks in any
 log; ``dlx-node audit --reexecute all`` at the end; the emulator's own measurement of every site's
 RTT to the relay before the run. Writes bench/results/soak.json and bench/results/soak.svg.
+SIGTERM or SIGINT stops the run and takes its nodes, chain and lab down (no result is written).
 ``--reaudit --workdir DIR`` audits a kept soak again with today's checkout (after a fix of the audit) and
 replaces only the JSON's audit, which then says when and at which commit it was taken.
 
@@ -41,6 +42,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -98,8 +100,18 @@ def outer(args) -> int:
         spec_path.write_text(json.dumps(spec))
         cpu_before = lab.forwarder_cpu_s()
         inner_argv = [a for a in sys.argv[1:]]
-        done = subprocess.run(lab.cmd(None, sys.executable, str(Path(__file__).resolve()), "--inside",
-                                      str(spec_path), *inner_argv), timeout=args.duration_min * 60 + 3600)
+        child = subprocess.Popen(lab.cmd(None, sys.executable, str(Path(__file__).resolve()), "--inside",
+                                         str(spec_path), *inner_argv))
+        # SIGTERM or SIGINT (also where a background shell ignored SIGINT) stops the run inside, which stops
+        # its nodes and chain; then the lab comes down (below) and nothing this bench started is left.
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: child.send_signal(signal.SIGTERM))
+        try:
+            child.wait(timeout=args.duration_min * 60 + 3600)
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGTERM)
+            child.wait(timeout=600)
+        done = child
         result_path = workdir / "result.json"
         if not result_path.exists():
             print("the run inside the lab wrote no result", file=sys.stderr)
@@ -119,6 +131,12 @@ def outer(args) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ inside the lab
+
+def _stop_by_signal(signum, frame) -> None:
+    for other in (signal.SIGTERM, signal.SIGINT):  # once: a second signal must not cut the clean-up short
+        signal.signal(other, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
 
 def inner(args) -> int:
     from nat_run import forward_tcp
@@ -188,6 +206,8 @@ def inner(args) -> int:
                            "nat_sites": [name for name, s in sites.items() if s["nat"]],
                            "rtt_to_relay_ms": spec["rtt_to_relay_ms"]},
               "placement": site_of}
+    for signum in (signal.SIGTERM, signal.SIGINT):  # from here a signal unwinds: the finally stops nodes and chain
+        signal.signal(signum, _stop_by_signal)
     try:
         run.start()
         try:
