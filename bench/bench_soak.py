@@ -21,8 +21,8 @@ Recorded (one JSON, time series in it): the rounds committed (each once, in orde
 first seen; rounds short of a contributor, with the replicas the closes missed and the churn events
 around them; per node RSS and open fds every ``--sample-s``; dials per minute (TCP SYNs each site's
 link carried, to peers and to the chain, counted by the forwarder, not by the node); what each node's RSS is
-made of (anonymous and file-backed pages, glibc's heap in use and free-but-kept, Python's blocks: every node
-loads bench/churn_probe's light probe, ``--no-probe`` not) and each part's growth from a quarter of the run to
+made of (anonymous and file-backed pages, from /proc; glibc's heap in use and free-but-kept and Python's blocks,
+from bench/churn_probe's light probe, which every node loads, ``--no-probe`` not) and each part's growth from a quarter of the run to
 its end (``memory_growth``); per node traffic
 by protocol (status.json); each round's time beside the slowest link of the run; tracebacks in any
 log; ``dlx-node audit --reexecute all`` at the end; the emulator's own measurement of every site's

@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.benchio import default_out, write_result  # noqa: E402
+from bench.soak_sampling import fit_slope  # noqa: E402
 from node.commands.launcher import LocalRun  # noqa: E402
 from node.live.startup import parse_marks  # noqa: E402
 
@@ -51,12 +52,7 @@ PROBE = ROOT / "bench" / "churn_probe"
 
 def slope(values: list[float]) -> float:
     """Least-squares growth per step of ``values`` taken at steps 0, 1, 2, ..."""
-    n = len(values)
-    if n < 2:
-        return 0.0
-    mean_x, mean_y = (n - 1) / 2, sum(values) / n
-    num = sum((x - mean_x) * (y - mean_y) for x, y in enumerate(values))
-    return num / sum((x - mean_x) ** 2 for x in range(n))
+    return fit_slope(list(enumerate(values))) if len(values) >= 2 else 0.0
 
 
 class Probe:

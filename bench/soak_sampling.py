@@ -14,8 +14,9 @@ from pathlib import Path
 CHAIN_IP = "100.64.0.1"
 
 
-#: What the in-process probe (bench/churn_probe, light mode) adds to a node's sample, in MiB: RSS split into
-#: anonymous and file-backed pages, glibc's heap in use and free-but-kept, Python's allocated blocks (a count).
+#: What a node's sample holds beside its RSS: the RSS split into anonymous and file-backed pages (from /proc), and
+#: from the in-process probe (bench/churn_probe, light mode) glibc's heap in use and free-but-kept (MiB) and
+#: Python's allocated blocks (a count).
 HEAP_SERIES = ("rss_anon_mib", "rss_file_mib", "malloc_in_use_mib", "malloc_free_mib", "py_blocks")
 
 
@@ -57,13 +58,18 @@ def take_sample(members, sites: dict, at: float, last: int | None, probe_dir: Pa
             "nodes": nodes, "links": links}
 
 
+#: /proc/<pid>/status lines a sample keeps (kB), and their names in it (MiB).
+_STATUS = {"VmRSS": "rss_mib", "RssAnon": "rss_anon_mib", "RssFile": "rss_file_mib"}
+
+
 def proc_figures(pid: int) -> dict:
-    """RSS (MiB) and open file descriptors of a live process."""
+    """RSS (MiB; all of it, its anonymous and its file-backed pages) and open file descriptors of a live process."""
     out = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                out["rss_mib"] = round(int(line.split()[1]) / 1024, 1)
+            key = line.split(":", 1)[0]
+            if key in _STATUS:
+                out[_STATUS[key]] = round(int(line.split()[1]) / 1024, 1)
         out["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         pass
@@ -71,7 +77,8 @@ def proc_figures(pid: int) -> dict:
 
 
 def probe_figures(path: Path) -> dict:
-    """The last light-probe line of a process (bench/churn_probe/sitecustomize.py), in MiB; {} if none yet."""
+    """What only the process itself sees, from its last light-probe line (bench/churn_probe/sitecustomize.py):
+    glibc's heap in use and free-but-kept (MiB), Python's allocated blocks, its threads; {} if none yet."""
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -82,8 +89,7 @@ def probe_figures(path: Path) -> dict:
         return {}
     malloc = line.get("malloc") or {}
     mib = lambda kib: round(kib / 1024, 1)  # noqa: E731
-    out = {"rss_anon_mib": mib(line.get("rss_anon_kib", 0)), "rss_file_mib": mib(line.get("rss_file_kib", 0)),
-           "py_blocks": line.get("allocated_blocks"), "threads": line.get("threads")}
+    out = {"py_blocks": line.get("allocated_blocks"), "threads": line.get("threads")}
     if malloc:
         out.update(malloc_in_use_mib=mib(malloc["in_use"] / 1024), malloc_free_mib=mib(malloc["free"] / 1024))
     return out
@@ -112,13 +118,14 @@ def memory_growth(samples: list[dict], run_s: float) -> dict:
                 continue
             quarter = [(t, v) for t, v in values if t >= 3 * run_s / 4]
             entry[key] = {"quarter_to_end": round(values[-1][1] - values[0][1], 1),
-                          "last_quarter_per_min": round(_slope(quarter) * 60, 3) if len(quarter) >= 2 else None}
+                          "last_quarter_per_min": round(fit_slope(quarter) * 60, 3) if len(quarter) >= 2 else None}
         if last_quarter and entry:
             out[name] = entry
     return out
 
 
-def _slope(points: list[tuple[float, float]]) -> float:
+def fit_slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of ``points`` (x, y)."""
     n = len(points)
     mean_t, mean_v = sum(t for t, _ in points) / n, sum(v for _, v in points) / n
     den = sum((t - mean_t) ** 2 for t, _ in points)

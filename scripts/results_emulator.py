@@ -96,9 +96,9 @@ def soak(r: dict) -> list[str]:
             fmt = (lambda v: f"{v:+,.0f}") if blocks else (lambda v: f"{v:+.1f}")  # noqa: E731
             return fmt(entry["quarter_to_end"]) + (f" ({fmt(per_min)}/min)" if per_min is not None else "")
 
-        lines += ["What the RSS is made of, on the nodes that ran one life from a quarter of the run to its end (the "
-                  "nodes load bench/churn_probe's light probe: VmRSS split into anonymous and file-backed pages, "
-                  "glibc's `mallinfo2`, Python's allocated blocks): the change from the first sample past the quarter "
+        lines += ["What the RSS is made of, on the nodes that ran one life from a quarter of the run to its end (VmRSS "
+                  "split into anonymous and file-backed pages, from /proc; glibc's `mallinfo2` and Python's allocated "
+                  "blocks, from bench/churn_probe's light probe, which every node loads): the change from the first sample past the quarter "
                   "to the last (MiB, blocks), and in brackets the slope over the last quarter:", ""]
         lines += table(["node"] + [label for _, label in parts],
                        [[name] + [cell(entry.get(key), key == "py_blocks") for key, _ in parts]

@@ -80,11 +80,7 @@ def _light(directory: str, every: float) -> None:
 
 
 def _rss_kib() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+    return _status_kib("VmRSS").get("VmRSS", 0)
 
 
 def _describe(referrer: object) -> str:
