@@ -23,7 +23,8 @@ around them; per node RSS and open fds every ``--sample-s``; dials per minute (T
 link carried, to peers and to the chain, counted by the forwarder, not by the node); what each node's RSS is
 made of (anonymous and file-backed pages, from /proc; glibc's heap in use and free-but-kept and Python's blocks,
 from bench/churn_probe's light probe, which every node loads, ``--no-probe`` not) and each part's growth from a quarter of the run to
-its end (``memory_growth``); per node traffic
+its end (``memory_growth``), and from the probe's object walk every ``--deep-sample-s`` which types,
+classes and containers grew in that time (``object_growth``); per node traffic
 by protocol (status.json); each round's time beside the slowest link of the run; tracebacks in any
 log; ``dlx-node audit --reexecute all`` at the end; the emulator's own measurement of every site's
 RTT to the relay before the run. Writes bench/results/soak.json and bench/results/soak.svg.
@@ -194,6 +195,7 @@ def inner(args) -> int:
         soak.probe_dir = workdir / "probe"
         soak.probe_dir.mkdir(parents=True, exist_ok=True)
         os.environ.update(DLX_CHURN_PROBE=str(soak.probe_dir), DLX_CHURN_PROBE_EVERY=str(args.sample_s),
+                          DLX_CHURN_PROBE_DEEP_EVERY=str(args.deep_sample_s),
                           PYTHONPATH=os.pathsep.join(filter(None, [str(PROBE), os.environ.get("PYTHONPATH")])))
     soak.link = run_link(run.chain_id, run.ledger, run.run_id, rpc_url, [relay_addr], checkpoint_every=2)
     soak.spare_account = spare_accounts[-1] if spare_accounts else None
@@ -282,6 +284,8 @@ def main() -> int:
     parser.add_argument("--round-timeout", type=float, default=120.0)
     parser.add_argument("--join-timeout", type=float, default=180.0)
     parser.add_argument("--sample-s", type=float, default=15.0)
+    parser.add_argument("--deep-sample-s", type=float, default=300.0,
+                        help="every node's probe walks its objects this often (a pause of about a second; 0: never)")
     parser.add_argument("--no-probe", action="store_true",
                         help="nodes run without bench/churn_probe's light probe (RSS only, not what it is made of)")
     parser.add_argument("--no-churn", action="store_true")

@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 
-from bench.soak_sampling import memory_growth, series
+from bench.soak_sampling import memory_growth, object_growth, series
 
 #: A coordinator's close line: round, stage, the replicas it closed with, the missing ones (bench_join.py).
 CLOSE = re.compile(r"round (\d+) stage (\d+) closed with replicas \[([\d, ]*)\]( \(missing \[([\d, ]*)\]\))?")
@@ -88,6 +88,7 @@ def summarize(soak, result: dict) -> None:
                             for label, pattern in LOG_COUNTS.items()}
     result["series"] = series(soak.samples)
     result["memory_growth"] = memory_growth(soak.samples, result["run_s"])
+    result["object_growth"] = object_growth(soak.samples, soak.probe_dir, soak.started, result["run_s"])
     # Connection paths (peer id -> direct/relayed/hole_punched) only as they were at the end: per
     # sample they were most of the JSON's megabyte.
     result["paths_at_end"] = {n: e.get("paths") for n, e in (soak.samples[-1]["nodes"] if soak.samples

@@ -124,6 +124,38 @@ def memory_growth(samples: list[dict], run_s: float) -> dict:
     return out
 
 
+def object_growth(samples: list[dict], probe_dir: Path | None, started: float, run_s: float,
+                  top: int = 12) -> dict:
+    """Per node of :func:`memory_growth` (one life from the quarter on), what its deep probe samples
+    (``deep-<pid>.jsonl``, ``DLX_CHURN_PROBE_DEEP_EVERY``) say grew from the first past the quarter to the
+    last: the ``top`` largest increases of gc-tracked objects by type, of instances by class and of
+    container lengths by ``module.Class.attribute``; {} without a probe directory."""
+    if probe_dir is None:
+        return {}
+    out = {}
+    for name in memory_growth(samples, run_s):
+        pid = next(s["nodes"][name]["pid"] for s in reversed(samples) if s["nodes"].get(name, {}).get("pid"))
+        deep = []
+        try:
+            for line in (probe_dir / f"deep-{pid}.jsonl").read_text().splitlines():
+                try:
+                    deep.append(json.loads(line))
+                except ValueError:
+                    continue
+        except OSError:
+            continue
+        deep = [d for d in deep if "types" in d and d.get("time", 0) >= started + run_s / 4]
+        if len(deep) < 2:
+            continue
+        first, last = deep[0], deep[-1]
+        entry = {"span_s": round(last["time"] - first["time"]), "pass_s": max(d.get("pass_s", 0) for d in deep)}
+        for key in ("types", "instances", "containers"):
+            grown = {k: v - first[key].get(k, 0) for k, v in last[key].items() if v > first[key].get(k, 0)}
+            entry[key] = dict(sorted(grown.items(), key=lambda kv: -kv[1])[:top])
+        out[name] = entry
+    return out
+
+
 def fit_slope(points: list[tuple[float, float]]) -> float:
     """Least-squares slope of ``points`` (x, y)."""
     n = len(points)

@@ -28,7 +28,10 @@ the node itself: without ``DLX_CHURN_PROBE`` in the environment it does nothing.
 **Light mode** (bench/bench_soak.py): with ``DLX_CHURN_PROBE_EVERY=S`` also set, no trigger is read and no
 object is walked: every S seconds the process appends to ``<dir>/light-<pid>.jsonl`` what costs no pause,
 VmRSS split into anonymous and file-backed pages, ``mallinfo2``, Python's allocated blocks, the live
-threads and gc's generation counts. Several processes can share the directory (one file each).
+threads and gc's generation counts. Several processes can share the directory (one file each). With
+``DLX_CHURN_PROBE_DEEP_EVERY=D`` also set, every D seconds the full sample above (the object walk, a pause of
+about a second) is appended to ``<dir>/deep-<pid>.jsonl``: what a long run's growth is made of, by type and by
+container.
 """
 
 from __future__ import annotations
@@ -67,13 +70,21 @@ def _light_sample() -> dict:
             "threads": threading.active_count(), "gc_count": list(gc.get_count())}
 
 
-def _light(directory: str, every: float) -> None:
+def _light(directory: str, every: float, deep_every: float) -> None:
     path = os.path.join(directory, f"light-{os.getpid()}.jsonl")
+    deep_path = os.path.join(directory, f"deep-{os.getpid()}.jsonl")
+    next_deep = time.monotonic() + deep_every
     while True:
         try:
             line = json.dumps(_light_sample())
             with open(path, "a") as out:
                 out.write(line + "\n")
+            if deep_every > 0 and time.monotonic() >= next_deep:
+                next_deep = time.monotonic() + deep_every
+                deep = _sample("deep")
+                deep.pop("referrers", None)
+                with open(deep_path, "a") as out:
+                    out.write(json.dumps(deep) + "\n")
         except Exception:  # a probe must never take the node down (a full disk, a /proc read)
             pass
         time.sleep(every)
@@ -238,7 +249,8 @@ def _watch(directory: str) -> None:
 # Popped: the processes this node starts (its spot-check reruns) inherit its environment, not the probe.
 _DIRECTORY = os.environ.pop("DLX_CHURN_PROBE", "")
 _EVERY = float(os.environ.pop("DLX_CHURN_PROBE_EVERY", "0") or 0)
+_DEEP_EVERY = float(os.environ.pop("DLX_CHURN_PROBE_DEEP_EVERY", "0") or 0)
 if _DIRECTORY and _EVERY > 0:
-    threading.Thread(target=_light, args=(_DIRECTORY, _EVERY), name="churn-probe-light", daemon=True).start()
+    threading.Thread(target=_light, args=(_DIRECTORY, _EVERY, _DEEP_EVERY), name="churn-probe-light", daemon=True).start()
 elif _DIRECTORY:
     threading.Thread(target=_watch, args=(_DIRECTORY,), name="churn-probe", daemon=True).start()
