@@ -201,6 +201,7 @@ def inner(args) -> int:
     soak.spare_account = spare_accounts[-1] if spare_accounts else None
     result = {"nodes": len(run.nodes), "clusters": clusters, "stages": 2, "settings": settings,
               "k": 2, "quorum_bps": 5000, "duration_min": args.duration_min, "rounds_asked": args.rounds,
+              "deep_sample_s": 0 if args.no_probe else args.deep_sample_s,
               "churn": not args.no_churn, "load_before": load,
               "emulator": {"delays_ms": spec["delays_ms"], "jitter_ms": args.jitter_ms,
                            "chain_delay_ms": args.chain_delay_ms,

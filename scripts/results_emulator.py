@@ -103,6 +103,17 @@ def soak(r: dict) -> list[str]:
         lines += table(["node"] + [label for _, label in parts],
                        [[name] + [cell(entry.get(key), key == "py_blocks") for key, _ in parts]
                         for name, entry in sorted(growth.items())])
+    objects = r.get("object_growth") or {}
+    if objects:
+        top = lambda d: ", ".join(f"{k.rsplit('.', 2)[-2] + '.' + k.rsplit('.', 1)[-1] if k.count('.') > 1 else k} "  # noqa: E731
+                                  f"+{v:,}" for k, v in list(d.items())[:3]) or "-"
+        span = max(e["span_s"] for e in objects.values())
+        lines += [f"What grew, by object (the probe's walk of the gc-tracked objects every {r.get('deep_sample_s', 300):g} s, "
+                  f"a pause of up to {max(e['pass_s'] for e in objects.values()):.1f} s each, from the first walk past the "
+                  f"quarter to the last, {span / 60:.0f} minutes): the three largest increases of objects by type and of "
+                  "container lengths by class attribute (bytes and numbers are not gc-tracked; their containers are):", ""]
+        lines += table(["node", "objects by type", "containers (entries)"],
+                       [[name, top(e["types"]), top(e["containers"])] for name, e in sorted(objects.items())])
     dial_rows = []
     for site, values in sorted(series["dials_per_min"].items()):
         seen = [v for v in values if v is not None]
