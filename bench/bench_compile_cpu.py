@@ -27,8 +27,8 @@ sys.path.insert(0, str(REPO))
 from bench.benchio import write_result  # noqa: E402
 from training.config import ModelConfig, TrainingConfig  # noqa: E402
 from training.data import generated_corpus, round_batches  # noqa: E402
+from training.fingerprint import fingerprint  # noqa: E402
 from training.pipeline import LocalReplicaTrainer  # noqa: E402
-from training.platform import fingerprint  # noqa: E402
 
 
 def measure(preset: str, compile: bool, args: argparse.Namespace) -> dict:

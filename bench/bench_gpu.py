@@ -20,7 +20,7 @@ on whatever device there is and writes ``--out``, by default bench/results/gpu_s
     round on chain.
 
 The calibration (``--calibrate``; any machine, more with a GPU) measures what
-:data:`training.platform.CROSS_PLATFORM_TOLERANCE` rests on: honest distances between
+:data:`training.fingerprint.CROSS_PLATFORM_TOLERANCE` rests on: honest distances between
 a contribution and its rerun (training.reexec.contribution_distance, the spot check's
 metric) in float32 and bf16, several seeds: the rerun on the claimant's platform (must be
 0), on another thread count, on every other device present (CPU <-> GPU), and in the
@@ -54,9 +54,10 @@ from training.config import (  # noqa: E402
 )
 from training.codec_wire import decode_contribution  # noqa: E402
 from training.data import generated_corpus, round_batches  # noqa: E402
+from training.fingerprint import fingerprint  # noqa: E402
 from training.model import count_params  # noqa: E402
 from training.pipeline import LocalReplicaTrainer  # noqa: E402
-from training.platform import fingerprint, resolve_device  # noqa: E402
+from training.platform import resolve_device  # noqa: E402
 from training.reexec import data_commitment, round_meta  # noqa: E402
 from training.replica_state import capture_trainer_part, start_state_bytes  # noqa: E402
 from training.stage_engine import StageEngine  # noqa: E402

@@ -9,7 +9,7 @@ smallest distance, and what each rule makes of them:
 
 * ``old_tolerance``: the cross-platform rule before issue 42's (relative L2 distance <= the float32
   tolerance 1e-2 passes);
-* ``rule``: issue 42's platform rule (training.platform.compare_rerun): a claim of this CPU model is
+* ``rule``: issue 42's platform rule (training.fingerprint.compare_rerun): a claim of this CPU model is
   rerun under the claimant's own kernels and thread count (emulated), bit-exact demanded; a claim of a
   platform the verifier cannot emulate (another CPU model, a GPU) gets the three zones, passed up to
   ``TOLERANCE_PASS_BOUND``, mismatch beyond ``CROSS_PLATFORM_TOLERANCE``, undecided between: every rerun
@@ -155,10 +155,15 @@ def child(args: argparse.Namespace, role: str, capability: str, file: Path, thre
 def rule_verdict(row: dict) -> str:
     """What issue 42's rule makes of a rerun row. Same kernels and threads as the claimant's (the claimant's
     platform, or emulated): the row's own bit-exact verdict. Otherwise the claim is taken as one of a platform
-    the verifier cannot emulate: the three zones of training.platform.compare_rerun over its distance (a
+    the verifier cannot emulate: the three zones of training.fingerprint.compare_rerun over its distance (a
     check refused before any rerun, data_mismatch or state_mismatch, keeps its verdict)."""
-    from training.platform import CROSS_PLATFORM_TOLERANCE, MISMATCH, TOLERANCE_PASS_BOUND, UNDECIDED, \
-        WITHIN_TOLERANCE
+    from training.fingerprint import (
+        CROSS_PLATFORM_TOLERANCE,
+        MISMATCH,
+        TOLERANCE_PASS_BOUND,
+        UNDECIDED,
+        WITHIN_TOLERANCE,
+    )
 
     if row["distance"] is None or (row["claimant"] == row["rerun"] and row["threads"] == 1):
         return row["verdict"]
@@ -172,7 +177,7 @@ def rule_verdict(row: dict) -> str:
 def summarize(rows: list[dict], old_tolerance: float = 1e-2) -> dict:
     """Honest distances by what differs; per cheat the smallest distance and what each rule makes of it.
     A check refused before any rerun (``data_mismatch``, ``state_mismatch``: no distance) is caught by all."""
-    from training.platform import CROSS_PLATFORM_TOLERANCE, TOLERANCE_PASS_BOUND
+    from training.fingerprint import CROSS_PLATFORM_TOLERANCE, TOLERANCE_PASS_BOUND
 
     def honest(match) -> list[float]:
         return [r["distance"] for r in rows if r["role"] == "honest" and match(r) and r["distance"] is not None]
@@ -231,7 +236,7 @@ def summarize(rows: list[dict], old_tolerance: float = 1e-2) -> dict:
 
 def capabilities() -> list[str]:
     """The ATen capabilities this CPU has, lowest first."""
-    from training.platform import CPU_CAPABILITY_LEVELS, native_cpu_capability
+    from training.fingerprint import CPU_CAPABILITY_LEVELS, native_cpu_capability
 
     top = CPU_CAPABILITY_LEVELS[native_cpu_capability()]
     return [name for name in CAPABILITY_NAMES if CPU_CAPABILITY_LEVELS[name.upper()] <= top]

@@ -1,5 +1,5 @@
 """The calibration of bench/bench_gpu.py (``--calibrate``): honest and cheating rerun distances per precision
-and device, and their summary under the platform rule (training.platform.compare_rerun)."""
+and device, and their summary under the platform rule (training.fingerprint.compare_rerun)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from training.config import PRECISIONS, CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
 from training.data import corpus_from_config
-from training.platform import CROSS_PLATFORM_TOLERANCE, TOLERANCE_PASS_BOUND, compare_rerun, fingerprint
+from training.fingerprint import CROSS_PLATFORM_TOLERANCE, TOLERANCE_PASS_BOUND, compare_rerun, fingerprint
 from training.reexec import contribution_distance, reexecute
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica, run_with_states
 from training.replica_state import ReplicaStartState
@@ -115,13 +115,13 @@ def summarize_calibration(rows: list[dict]) -> dict:
             "cheat_min": min(cheats) if cheats else None,
             "cheats_below_tolerance": sum(1 for d in cheats if d <= CROSS_PLATFORM_TOLERANCE[precision]),
             "cheats": len(cheats),
-            # issue 42's three zones (training.platform.compare_rerun) for a claim on another platform: every
-            # cheat row is a rerun on other threads or another device, judged as such
+            # issue 42's three zones (training.fingerprint.compare_rerun) for a claim on another platform:
+            # every cheat row is a rerun on other threads or another device, judged as such
             "rule_pass_bound": TOLERANCE_PASS_BOUND[precision],
             "rule_cheats": _zones([r["distance"] for r in mine if r["role"] == "cheat"], precision),
             "rule_honest_cross": _zones([r["distance"] for r in mine if r["role"] == "honest"
                                          and r["rerun"] in ("threads", "device")], precision),
-            # None: no mismatch bound across platforms (bf16, training/platform.py)
+            # None: no mismatch bound across platforms (bf16, training/fingerprint.py)
             "tolerance_in_force": (CROSS_PLATFORM_TOLERANCE[precision]
                                    if math.isfinite(CROSS_PLATFORM_TOLERANCE[precision]) else None),
             "suggested_tolerance": suggested,

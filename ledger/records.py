@@ -81,7 +81,7 @@ def check_uint(name: str, value: int, maximum: int) -> int:
 
 
 ZERO_HASH = bytes(32)
-#: joinRun's ``platform`` of a member that declared none (training.platform.NO_PLATFORM).
+#: joinRun's ``platform`` of a member that declared none (training.declaration.NO_PLATFORM).
 NO_PLATFORM = ZERO_HASH
 
 

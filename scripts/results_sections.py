@@ -461,9 +461,10 @@ def gpu_calibration(r: dict) -> list[str]:
         ["precision", "same platform", "other threads", "other device", "other precision", "smallest cheat",
          "cheats within the mismatch bound", "mismatch bound", "cheats under the three zones",
          "honest cross-platform under the three zones"], rows) + [
-        "Three zones (issue 42, training.platform.compare_rerun): a rerun on another platform passes up to the "
-        "pass bound (1e-4), is a mismatch beyond the mismatch bound, and is undecided between (no verdict, nobody "
-        "accused, needs a verifier of the claimant's platform). Cells: passed / undecided / mismatch.", ""]
+        "Three zones (issue 42, training.fingerprint.compare_rerun): a rerun on another platform passes up "
+        "to the pass bound (1e-4), is a mismatch beyond the mismatch bound, and is undecided between (no "
+        "verdict, nobody accused, needs a verifier of the claimant's platform). Cells: passed / undecided / "
+        "mismatch.", ""]
 
 
 def _zones_cell(zones: dict | None) -> str:

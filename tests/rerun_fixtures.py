@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from training.platform import EXACT, MISMATCH
+from training.fingerprint import EXACT, MISMATCH
 from training.reexec import check_state_chain, verify_contribution
 
 

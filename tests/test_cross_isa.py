@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.platform import EXACT, MISMATCH
+from training.fingerprint import EXACT, MISMATCH
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = ROOT / "tests" / "isa_probe.py"

@@ -16,9 +16,8 @@ import torch
 from node.config import load_config
 from node.runconfig import config_hash, run_document
 from training.config import MUON_ONLY, NODE_ONLY_TRAINING, TrainingConfig
-from training.errors import ReplicaStateError, TrainingConfigError
-from training.pipeline_group import pipeline_backend
-from training.platform import (
+from training.errors import PlatformError, ReplicaStateError, TrainingConfigError
+from training.fingerprint import (
     CROSS_PLATFORM_TOLERANCE,
     EXACT,
     MISMATCH,
@@ -28,12 +27,12 @@ from training.platform import (
     TOLERANCE_PASS_BOUND,
     UNDECIDED,
     WITHIN_TOLERANCE,
-    PlatformError,
     compare_rerun,
     fingerprint,
     parse_fingerprint,
-    resolve_device,
 )
+from training.pipeline_group import pipeline_backend
+from training.platform import resolve_device
 from training.replica_state import (
     STATE_MAGIC,
     RoundMeta,

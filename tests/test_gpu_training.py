@@ -17,8 +17,7 @@ import torch
 
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
 from training.data import generated_corpus, round_batches
-from training.pipeline import LocalReplicaTrainer
-from training.platform import (
+from training.fingerprint import (
     EXACT,
     MISMATCH,
     RULE_CROSS_PLATFORM,
@@ -26,6 +25,7 @@ from training.platform import (
     UNDECIDED,
     WITHIN_TOLERANCE,
 )
+from training.pipeline import LocalReplicaTrainer
 from training.reexec import verify_contribution
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica, run_with_states
 from training.stage_engine import StageEngine

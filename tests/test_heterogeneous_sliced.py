@@ -25,7 +25,7 @@ from training.compression import encode_contribution
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
 from training.data import generated_corpus
 from training.errors import TrainingConfigError
-from training.platform import EXACT, MISMATCH
+from training.fingerprint import EXACT, MISMATCH
 from training.reexec import claimed_steps, verify_contribution
 from training.reexec_sim import OverDeclaringReplica, SimConfig, SlowReplica, run_with_states
 from training.robust import BAD_STEPS

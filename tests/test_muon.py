@@ -20,9 +20,9 @@ from training.config import DEFAULT_OPTIMIZER, LEGACY_OPTIMIZER, DilocoConfig, M
 from training.data import generated_corpus, round_batches
 from training.diloco import outer_step
 from training.errors import ReplicaStateError, TrainingConfigError
+from training.fingerprint import EXACT, MISMATCH
 from training.muon import MuonAdamW, is_hidden_matrix, orthogonalize
 from training.pipeline import LocalReplicaTrainer
-from training.platform import EXACT, MISMATCH
 from training.reexec import check_state_chain, restart_state_reason, verify_contribution
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica, run_with_states
 from training.replica_state import restore_replica

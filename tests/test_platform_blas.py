@@ -23,11 +23,11 @@ import pytest
 import torch
 
 from training.declaration import platform_declaration, platform_hash
-from training.platform import (
+from training.errors import PlatformError
+from training.fingerprint import (
     BLAS_DISPATCH_ENV,
     EXACT,
     RULE_CROSS_PLATFORM,
-    PlatformError,
     blas_dispatch,
     blas_environment,
     emulated_environment,

@@ -15,12 +15,11 @@ from node.live.routing import draw_checks, routed_verifiers
 from node.runconfig import config_hash, run_document
 from training.config import TrainingConfig
 from training.declaration import EXACT_ONLY, can_judge, declares, platform_declaration, platform_hash
-from training.errors import TrainingConfigError
-from training.platform import (
+from training.errors import PlatformError, TrainingConfigError
+from training.fingerprint import (
     RULE_CROSS_PLATFORM,
     RULE_SAME_PLATFORM,
     MISMATCH,
-    PlatformError,
     PlatformFingerprint,
     capability_to_emulate,
     compare_rerun,

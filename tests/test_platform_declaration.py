@@ -26,7 +26,8 @@ from node.live.routing import draw_checks, routed_verifiers
 from node.platforms import own_platform, own_platforms, undeclared_claim
 from node.tools.audit_reexec import ReexecAuditor
 from p2p.identity import peer_id_from_public_key
-from training.platform import NO_PLATFORM, fingerprint, native_cpu_capability, platform_declaration, platform_hash
+from training.declaration import NO_PLATFORM, platform_declaration, platform_hash
+from training.fingerprint import fingerprint, native_cpu_capability
 from training.reexec import round_meta, sample_replicas
 from training.replica_state import initial_replica_state
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from training.platform import (
+from training.fingerprint import (
     EXACT,
     MISMATCH,
     RULE_SAME_PLATFORM,
@@ -70,7 +70,7 @@ CPU revision\t: 1
 def test_an_arm_cpu_model_is_its_cores_implementer_and_part():
     """An aarch64 kernel writes no "model name": the model is the cores' MIDR implementer:part, so two ARM core
     types (whose BLAS may pick other kernels) have other fingerprints, not both "aarch64"."""
-    from training.platform import cpu_model_name
+    from training.fingerprint import cpu_model_name
 
     assert cpu_model_name(ARM_CPUINFO) == "arm64 0x41:0xd0c"
     assert cpu_model_name(ARM_CPUINFO.replace("0xd0c", "0xd40")) == "arm64 0x41:0xd40"  # Neoverse V1

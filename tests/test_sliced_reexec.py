@@ -24,7 +24,7 @@ from training.butterfly import aggregate_slice, average_of_partials, encode_slic
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
 from training.data import generated_corpus
 from training.diloco import step_with_average
-from training.platform import EXACT, MISMATCH
+from training.fingerprint import EXACT, MISMATCH
 from training.reexec import check_state_chain, sliced_contribution_distance, verify_contribution
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica, run_with_states
 from training.stages import split_stages, stage_param_shapes

@@ -22,8 +22,8 @@ import torch
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
 from training.data import generated_corpus
 from training.errors import ModelInputError
+from training.fingerprint import RULE_SAME_PLATFORM, fingerprint
 from training.pipeline import LocalReplicaTrainer
-from training.platform import RULE_SAME_PLATFORM, fingerprint
 from training.reexec import EXACT, verify_contribution
 from training.reexec_sim import SimConfig, SimReplica, run_with_states
 from training.stages import StageModule, split_stages

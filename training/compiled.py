@@ -4,8 +4,8 @@ A compiled replica's arithmetic is not eager's bit for bit (inductor fuses opera
 so compiling is part of the platform: the fingerprint's ``compiled`` field names the compiler
 (:func:`compiler_identity`), a compiled member declares another platform than an eager one, and a rerun of its
 inner steps is bit-exact only when it runs compiled too, with the same compiler (docs/DILOCOX.md section 11,
-"Compiled inner steps"). This module only says whether and how this machine compiles; training.platform puts
-that in the fingerprint and training.pipeline compiles the modules.
+"Compiled inner steps"). This module only says whether and how this machine compiles; training.fingerprint
+puts that in the fingerprint and training.pipeline compiles the modules.
 """
 
 from __future__ import annotations

@@ -76,6 +76,10 @@ class ReexecError(TrainingError):
     """A contribution cannot be re-executed from the inputs given (missing round, wrong replica or stages)."""
 
 
+class PlatformError(TrainingError, ValueError):
+    """A device or precision cannot be used here, or a recorded fingerprint is malformed."""
+
+
 # --- Byzantine tolerance (training/robust.py): which way a contribution was malformed ---
 
 

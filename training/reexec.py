@@ -28,7 +28,7 @@ another platform (another device, GPU model, library version, precision flags) o
 thread count the float reductions run in another order: the payloads then differ
 slightly and the check falls back to the relative L2 distance of the decoded
 pseudo-gradients in three zones: passed, undecided (no verdict: needs a verifier of the
-claimant's platform) or a mismatch (:func:`training.platform.compare_rerun`; docs/DILOCOX.md
+claimant's platform) or a mismatch (:func:`training.fingerprint.compare_rerun`; docs/DILOCOX.md
 section 11, docs/GPU.md).
 
 The rerun also yields the replica's start state of round ``t+1``; its hash
@@ -57,8 +57,7 @@ from training.config import CompressionConfig, DilocoConfig, ModelConfig, Traini
 from training.data import Corpus, round_batches
 from training.diloco import step_with_average
 from training.errors import ContributionDecodeError, ReexecError, ReplicaStateError
-from training.hashing import stage_weights_hash
-from training.platform import (
+from training.fingerprint import (
     CROSS_PLATFORM_TOLERANCE,
     EXACT,
     MISMATCH,
@@ -67,8 +66,9 @@ from training.platform import (
     WITHIN_TOLERANCE,
     PlatformFingerprint,
     compare_rerun,
-    resolve_device,
 )
+from training.hashing import stage_weights_hash
+from training.platform import resolve_device
 from training.reexec_rules import (
     RESTART_ATOL, RESTART_RTOL, STATE_MISMATCH, check_state_chain, data_commitment, restart_state_reason,
     claimed_steps, round_meta, sample_replicas, sample_score, start_global_round, steps_in_range,
@@ -95,7 +95,7 @@ __all__ = [
 
 
 
-# EXACT, WITHIN_TOLERANCE, MISMATCH: training.platform's (the rerun's comparison).
+# EXACT, WITHIN_TOLERANCE, MISMATCH: training.fingerprint's (the rerun's comparison).
 DATA_MISMATCH = "data_mismatch"  # the data commitment is not the round's data
 # Built on another result of round t-1 than the record's (its bound applied hash is not what the rerun's
 # apply gives): a forked member's round, left out of the aggregate by the holders, never a cheat to accuse.
@@ -263,7 +263,7 @@ def rerun_compiled(claimed: PlatformFingerprint | None, device: str) -> bool:
     """Whether a rerun of a claim made on ``claimed`` runs its inner steps compiled: as the claimant did
     (``training.compile``, training/compiled.py). A compiled claim on a verifier that cannot compile for
     ``device`` is rerun eagerly: its fingerprint is then another platform's, and the rerun is judged as any
-    other platform's (:func:`training.platform.compare_rerun`), never bit-exactly."""
+    other platform's (:func:`training.fingerprint.compare_rerun`), never bit-exactly."""
     if claimed is None or not claimed.compiled:
         return False
     problem = compile_problem(resolve_device(device).type)
@@ -341,7 +341,7 @@ def sliced_contribution_distance(
 
 def verdict(distance: float, tolerance: float) -> str:
     """:data:`EXACT` (bit-exact), :data:`WITHIN_TOLERANCE` or :data:`MISMATCH` under a plain tolerance
-    (:func:`training.platform.compare_rerun` is the rule a spot check applies)."""
+    (:func:`training.fingerprint.compare_rerun` is the rule a spot check applies)."""
     if distance == 0.0:
         return EXACT
     return WITHIN_TOLERANCE if distance <= tolerance else MISMATCH
@@ -372,7 +372,7 @@ class SpotCheck:
     # The stages whose own claim fails (a split replica's stages have different signers; empty: honest,
     # or a failure no single stage's claim shows, e.g. states of different rounds).
     failed_stages: tuple[int, ...] = ()
-    rule: str = ""  # training.platform.RULE_*: how the rerun was judged ("" if it never ran)
+    rule: str = ""  # training.fingerprint.RULE_*: how the rerun was judged ("" if it never ran)
     # Where it ran, for a report: "exact" (the claimant's platform), "emulated" (a child under the claimant's
     # ATen CPU capability), "tolerance" (another platform), "" (not said; node.tools.audit_reexec sets it)
     how: str = ""
@@ -383,7 +383,7 @@ class SpotCheck:
 
     @property
     def undecided(self) -> bool:
-        """Another platform's rerun that can neither pass nor convict it (training.platform.UNDECIDED)."""
+        """Another platform's rerun that can neither pass nor convict it (training.fingerprint.UNDECIDED)."""
         return self.verdict == UNDECIDED
 
 
@@ -418,7 +418,7 @@ def verify_contribution(
     round's data, then the rerun runs and each claim's ``applied_hash`` must be the result of
     round t-1 its apply gave (else :data:`OTHER_RESULT`: built on another result, not a cheat), then the
     rerun's payloads are compared stage by stage (the
-    worst stage decides) under :func:`training.platform.compare_rerun`: bit-exact on
+    worst stage decides) under :func:`training.fingerprint.compare_rerun`: bit-exact on
     the claimant's platform, else the three zones (passed up to the pass bound, mismatch beyond
     ``tolerance``, default the claimant's precision's cross-platform tolerance, undecided between).
     The verdict's ``rule`` and ``reason`` say which applied.

@@ -17,9 +17,10 @@ from training.codec_wire import header_steps
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
 from training.data import Corpus, round_batches
 from training.errors import ReplicaStateError
+from training.fingerprint import EXACT, PlatformFingerprint
 from training.hashing import stage_weights_hash, tensor_le_bytes
 from training.muon import optimizer_prefixes
-from training.platform import EXACT, PlatformFingerprint, process_platform
+from training.platform import process_platform
 from training.replica_state import RoundMeta, parse_stage_state
 from training.schedule import pending_after_round
 

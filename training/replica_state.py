@@ -27,7 +27,7 @@ encode read, for every stage ``s`` of the replica:
   schedule's horizon, the torch intra-op thread count and, for a replica split
   over several processes, the pipeline's micro-batch count (metadata);
 * the platform the replica trains on (``platform``, a
-  :class:`training.platform.PlatformFingerprint`: device, precision, library
+  :class:`training.fingerprint.PlatformFingerprint`: device, precision, library
   versions, deterministic flags), which decides whether a rerun must be
   bit-exact (docs/GPU.md).
 
@@ -67,10 +67,10 @@ from torch import nn
 from training.butterfly import slice_stage
 from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
 from training.diloco import host_float32_copy
-from training.errors import EngineStateError, ReplicaStateError
+from training.errors import EngineStateError, PlatformError, ReplicaStateError
+from training.fingerprint import PlatformFingerprint, parse_fingerprint
 from training.hashing import tensor_le_array
 from training.muon import optimizer_prefixes, state_kind
-from training.platform import PlatformError, PlatformFingerprint, parse_fingerprint
 from training.pipeline import LocalReplicaTrainer
 from training.stage_engine import ENGINE_STATE_VERSION, StageEngine
 from training.stages import merge_state_dicts, split_stages, stage_param_shapes

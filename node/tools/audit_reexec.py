@@ -130,7 +130,7 @@ class ReexecAuditor:
     def check(self, round_index: int, replica: int, envs=None):
         """(verdict or None if unverifiable, reason, distance) of rerunning (round, replica), by the platform
         rule (module docstring); the result's ``how`` is "exact", "emulated" or "tolerance"."""
-        from training.platform import MISMATCH
+        from training.fingerprint import MISMATCH
         from training.reexec import ContributionClaim, SpotCheck
 
         envs = envs or self._envelopes(round_index, replica)
@@ -328,7 +328,7 @@ def rerun_by_rule(state_parts, claims, corpus, *configs, **kwargs):
     import torch
 
     from training.errors import TrainingError
-    from training.platform import (
+    from training.fingerprint import (
         RULE_SAME_PLATFORM,
         fingerprint,
         kernels_to_emulate,

@@ -1,0 +1,426 @@
+"""What decides the bits of a replica's inner steps, and how a rerun on another machine is judged (issue 32).
+
+Device and precision are decided at the edge (training/platform.py); this module describes the platform a
+replica trained on (:class:`PlatformFingerprint`, :func:`fingerprint`) and judges a rerun against it.
+
+Re-execution (training/reexec.py) reruns another member's inner steps, which do
+depend on the hardware. A start state records the claimant's
+:class:`PlatformFingerprint`; :func:`compare_rerun` picks the rule:
+
+* same fingerprint and the same intra-op thread count: the rerun must reproduce
+  the payloads bit for bit (any difference is a mismatch). A verifier gets there for a CPU
+  claimant of its own CPU model under another instruction set its CPU has by rerunning under the
+  claimant's ``ATEN_CPU_CAPABILITY`` (:func:`capability_to_emulate`: "emulated");
+* otherwise (another CPU model, a GPU, another library build or thread count): the relative L2
+  distance of the decoded pseudo-gradients, judged in three zones (issue 42): at most
+  :data:`TOLERANCE_PASS_BOUND` passes, beyond :data:`CROSS_PLATFORM_TOLERANCE` (the largest
+  distance an honest rerun on another platform was ever measured at, with margin; none in bf16,
+  where honest and cheating distances across platforms overlap) is a mismatch,
+  and anything between is :data:`UNDECIDED`: no verdict, nobody accused, the check needs a
+  verifier of the claimant's platform (the audit says so and is INCOMPLETE).
+
+A fingerprint is what the claimant says about itself: a cheater can claim a platform the
+verifier does not have and so always gets the tolerance rule. The pass bound is therefore set
+below the smallest distance of the cheats re-execution must catch (a 1% perturbation of the
+update: 3.4e-4 at its smallest, bench/results/gpu_calibration.json), so claiming another platform
+never passes such a cheat, it only leaves it undecided; and the spot checks and ``dlx-node audit`` hold a
+claimed platform to the one the member declared on chain when it joined (training/declaration.py:
+:func:`platform_declaration`, :func:`declared_platform_problem`; docs/DILOCOX.md section 11).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform as host_platform
+from dataclasses import asdict, dataclass, fields
+
+import torch
+
+from training.compiled import compiler_identity, compiler_ok
+from training.config import PRECISIONS, check_precision
+from training.errors import PlatformError
+
+# Verdicts of a re-execution (training.reexec re-exports them).
+EXACT = "exact"  # payload bytes identical
+WITHIN_TOLERANCE = "within_tolerance"  # decoded pseudo-gradients within the tolerance
+MISMATCH = "mismatch"  # the rerun does not reproduce the contribution
+# Another platform's rerun lies between the pass bound and the cross-platform tolerance: a small cheat
+# and an honest rerun on other kernels cannot be told apart here, so no verdict (nobody accused, not passed).
+UNDECIDED = "undecided"
+
+# Rules of compare_rerun.
+RULE_SAME_PLATFORM = "same-platform-bit-exact"
+RULE_CROSS_PLATFORM = "cross-platform-tolerance"
+RULE_UNRECORDED = "unrecorded-platform-tolerance"  # a start state from before fingerprints (float32 CPU runs)
+
+#: Relative L2 distance between decoded pseudo-gradients beyond which a rerun on another platform is a
+#: mismatch, by the claimant's precision. float32: the value re-execution has used since issue 13 (honest
+#: reruns on another thread count reach 3.0e-3, the 1%-perturbation cheat starts at 4.9e-2;
+#: bench/results/reexec.json; CPU <-> H200 honest reruns at most 9.0e-7: bench/results/gpu_calibration.json).
+#: bfloat16: none. On an H200 and this CPU (bench/bench_gpu.py --calibrate, docs/GPU.md "Calibration")
+#: honest bf16 reruns on the other device lie up to 0.159 from the claim and on another CPU thread count
+#: up to 7.6e-3, while 1% cheats start at 5.6e-3: the ranges overlap, so every finite bound either
+#: accuses honest members or passes cheats. A bf16 claim rerun on another platform is passed (within
+#: :data:`TOLERANCE_PASS_BOUND`) or undecided, never a mismatch: only a verifier of the claimant's own
+#: platform, which demands the same bits, convicts it.
+CROSS_PLATFORM_TOLERANCE = {"fp32": 1e-2, "bf16": math.inf}
+
+#: The largest distance a rerun on another platform passes at (the three zones of :func:`compare_rerun`):
+#: below the smallest 1%-perturbation cheat measured in either precision (3.4e-4 in fp32, 3.4e-3 in
+#: bf16: bench/results/gpu_calibration.json, bench/results/reexec_isa.json), above the honest
+#: cross-capability and cross-thread distances of most rounds (1e-7 to 1e-5 at llama-tiny; a codec bin
+#: flip gives up to 2.6e-3: those rounds are undecided).
+TOLERANCE_PASS_BOUND = {"fp32": 1e-4, "bf16": 1e-4}
+
+_MAX_FIELD = 200
+
+
+# ----------------------------------------------------------------------------- fingerprint
+
+
+@dataclass(frozen=True)
+class PlatformFingerprint:
+    """What decides the bits of a replica's inner steps besides its inputs and thread count.
+
+    ``device_type`` "cpu" or "cuda"; ``device_name`` the GPU's name or the CPU's model;
+    ``capability`` the CUDA compute capability (``sm_90``) or torch's CPU instruction set
+    (``AVX2``, ``AVX512``); library versions; the deterministic-algorithm flags.
+    """
+
+    device_type: str
+    device_name: str
+    capability: str
+    precision: str
+    torch: str
+    cuda: str  # "" on a CPU
+    cudnn: str  # "" on a CPU
+    deterministic: bool  # torch.are_deterministic_algorithms_enabled()
+    cudnn_deterministic: bool
+    tf32: bool  # TF32 matrix products allowed (CUDA)
+    # The CPU math libraries' code path where the environment chose one (blas_dispatch): "" for their own
+    # dispatch, the only value before this field existed. Left out of the document when "", so every
+    # fingerprint, declaration and start state made before it keeps its bytes.
+    blas: str = ""
+
+    # The compiler of a replica whose inner steps run through torch.compile (``training.compile``,
+    # :func:`compiler_identity`: ``inductor;cc=...`` or ``inductor;triton=...``), "" for eager, the only value
+    # before this field existed. Left out of the document when "", like ``blas``: an eager fingerprint,
+    # declaration and start state keep their bytes, and a compiled one is another platform (docs/DILOCOX.md
+    # section 11, "Compiled inner steps").
+    compiled: str = ""
+
+    def document(self) -> dict:
+        document = asdict(self)
+        for name in OPTIONAL_FIELDS:
+            if not document[name]:
+                del document[name]
+        return document
+
+    def describe(self) -> str:
+        libs = f"torch {self.torch}" + (f", CUDA {self.cuda}, cuDNN {self.cudnn}" if self.device_type == "cuda" else "")
+        blas = f", {self.blas}" if self.blas else ""
+        compiled = f", compiled ({self.compiled})" if self.compiled else ""
+        return f"{self.device_type} {self.device_name} ({self.capability}{blas}) {self.precision}{compiled}, {libs}"
+
+
+#: Fingerprint fields a document leaves out at their default "" (added after the first fingerprints).
+OPTIONAL_FIELDS = ("blas", "compiled")
+
+
+def cpu_model_name(cpuinfo: str) -> str:
+    """The CPU model a Linux ``/proc/cpuinfo`` names, or "" where it names none.
+
+    x86: its first ``model name``. An aarch64 kernel writes no model name, only each core's ``CPU implementer``
+    and ``CPU part`` (MIDR_EL1's fields: 0x41 0xd40 is an Arm Neoverse V1, 0x41 0xd0c a Neoverse N1): the name is
+    ``arm64`` and every distinct implementer:part, sorted (a big.LITTLE CPU has two). Without it every ARM CPU
+    had the model ``aarch64`` (``platform.machine()``), so two ARM core types with the same ATen capability had
+    equal fingerprints and a rerun between them was held to bit-exactness, though their math libraries may pick
+    other kernels per core (issue 42; docs/DILOCOX.md section 11, "ARM, under emulation")."""
+    cores, implementer = set(), None
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "model name" and value:
+            return value
+        if key == "CPU implementer":
+            implementer = value
+        elif key == "CPU part" and implementer is not None:
+            cores.add(f"{implementer}:{value}")
+    return "arm64 " + "+".join(sorted(cores)) if cores else ""
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            name = cpu_model_name(cpuinfo.read())
+        if name:
+            return name
+    except OSError:
+        pass
+    return host_platform.processor() or host_platform.machine() or "unknown"
+
+
+#: Environment variables that choose the code path of the math libraries torch's CPU kernels call, read
+#: once when the library starts: MKL's conditional-numerical-reproducibility branch (``MKL_CBWR``; on this
+#: AMD EPYC every branch but ``COMPATIBLE`` falls back to MKL's own dispatch, and ``COMPATIBLE`` gives other
+#: sgemm bits, docs/DILOCOX.md section 11), MKL's instruction cap and CPU-type override, oneDNN's ISA cap
+#: and its implicit down-conversion of float32 math. Two processes of one CPU model and torch build that
+#: differ in them compute other bits, so they are part of the platform.
+BLAS_DISPATCH_ENV = (
+    "DNNL_DEFAULT_FPMATH_MODE", "DNNL_MAX_CPU_ISA", "MKL_CBWR", "MKL_DEBUG_CPU_TYPE", "MKL_ENABLE_INSTRUCTIONS",
+    "ONEDNN_DEFAULT_FPMATH_MODE", "ONEDNN_MAX_CPU_ISA",
+)
+
+
+def _blas_value_ok(value: str) -> bool:
+    return bool(value) and all("!" <= c <= "~" and c != ";" for c in value)
+
+
+def blas_dispatch(environ=None) -> str:
+    """``NAME=value`` of each :data:`BLAS_DISPATCH_ENV` variable set (non-empty) in ``environ`` (default: this
+    process's), sorted, joined by ``;``; "" where none is set (the libraries' own dispatch). Raises
+    PlatformError for a value no fingerprint can carry (a space, ``;``, non-ASCII, over 200 characters)."""
+    environ = os.environ if environ is None else environ
+    found = []
+    for name in BLAS_DISPATCH_ENV:
+        value = environ.get(name, "").strip()
+        if not value:
+            continue
+        if not _blas_value_ok(value):
+            raise PlatformError(f"{name}={value!r}: the value may hold printable ASCII without spaces or ';' only")
+        found.append(f"{name}={value}")
+    blas = ";".join(found)
+    if len(blas) > _MAX_FIELD:
+        raise PlatformError(f"{blas[:60]}...: the math-library settings exceed {_MAX_FIELD} characters")
+    return blas
+
+
+def blas_environment(blas: str) -> dict[str, str | None]:
+    """The :data:`BLAS_DISPATCH_ENV` settings a child needs to run with the code path ``blas`` names (the
+    value of a fingerprint's ``blas``): each variable ``blas`` sets to its value, every other one to None
+    (unset). Raises PlatformError for a ``blas`` that :func:`blas_dispatch` could not have written."""
+    settings: dict[str, str | None] = dict.fromkeys(BLAS_DISPATCH_ENV)
+    for item in blas.split(";") if blas else ():
+        name, sep, value = item.partition("=")
+        if not sep or name not in settings or settings[name] is not None or not _blas_value_ok(value):
+            raise PlatformError(f"platform fingerprint blas={blas!r}: {item!r} is not NAME=value of "
+                                f"{', '.join(BLAS_DISPATCH_ENV)}")
+        settings[name] = value
+    if blas and ";".join(f"{n}={v}" for n, v in settings.items() if v is not None) != blas:
+        raise PlatformError(f"platform fingerprint blas={blas!r}: not in canonical (sorted) order")
+    return settings
+
+
+def fingerprint(device: torch.device, precision: str, compiled: bool = False) -> PlatformFingerprint:
+    """The :class:`PlatformFingerprint` of training on ``device`` in ``precision`` in this process, now;
+    ``compiled``: through torch.compile (its ``compiled`` field names the compiler, :func:`compiler_identity`)."""
+    check_precision(precision)
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        name, capability = torch.cuda.get_device_name(device), f"sm_{major}{minor}"
+        cuda, cudnn = str(torch.version.cuda or ""), str(torch.backends.cudnn.version() or "")
+        tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+    elif device.type == "cpu":
+        name, capability = _cpu_name(), str(torch.backends.cpu.get_cpu_capability())
+        cuda = cudnn = ""
+        tf32 = False
+    else:
+        raise PlatformError(f"device {device}: only cpu and cuda are supported")
+    return PlatformFingerprint(
+        device_type=device.type, device_name=name[:_MAX_FIELD], capability=capability[:_MAX_FIELD],
+        precision=precision, torch=torch.__version__[:_MAX_FIELD], cuda=cuda, cudnn=cudnn,
+        deterministic=torch.are_deterministic_algorithms_enabled(),
+        cudnn_deterministic=bool(torch.backends.cudnn.deterministic) if device.type == "cuda" else False,
+        tf32=tf32, blas=blas_dispatch() if device.type == "cpu" else "",
+        compiled=compiler_identity(device.type)[:_MAX_FIELD] if compiled else "",
+    )
+
+
+def parse_fingerprint(document) -> PlatformFingerprint:
+    """A fingerprint from a start state's header, checked strictly (exact keys and types, bounded strings)."""
+    names = {f.name: f.type for f in fields(PlatformFingerprint)}
+    if not isinstance(document, dict) or not set(names) - set(OPTIONAL_FIELDS) <= set(document) <= set(names):
+        keys = sorted(document) if isinstance(document, dict) else type(document).__name__
+        raise PlatformError(f"platform fingerprint has keys {keys}, expected {sorted(names)} "
+                            f"({', '.join(OPTIONAL_FIELDS)} optional)")
+    names = {name: kind for name, kind in names.items() if name in document}
+    for name, kind in names.items():
+        value = document[name]
+        if kind == "bool":
+            if not isinstance(value, bool):
+                raise PlatformError(f"platform fingerprint {name}={value!r}: must be true or false")
+        elif not isinstance(value, str) or len(value) > _MAX_FIELD:
+            raise PlatformError(f"platform fingerprint {name}: must be a string of at most {_MAX_FIELD} characters")
+    if document["device_type"] not in ("cpu", "cuda"):
+        raise PlatformError(f"platform fingerprint device_type={document['device_type']!r}: must be cpu or cuda")
+    if document["precision"] not in PRECISIONS:
+        raise PlatformError(f"platform fingerprint precision={document['precision']!r}: must be one of {list(PRECISIONS)}")
+    if "blas" in document:
+        if not document["blas"]:
+            raise PlatformError("platform fingerprint blas='': the libraries' own dispatch is written by leaving "
+                                "blas out")
+        blas_environment(document["blas"])
+    if "compiled" in document and not compiler_ok(document["compiled"]):
+        raise PlatformError(f"platform fingerprint compiled={document['compiled']!r}: must be inductor;NAME=version "
+                            "in printable ASCII (eager is written by leaving compiled out)")
+    return PlatformFingerprint(**document)
+
+
+# ----------------------------------------------------------------------------- the claimant's kernels here
+
+#: ATen's x86 CPU capabilities (``torch.backends.cpu.get_cpu_capability()``) by level: a CPU that has one
+#: runs every lower one, chosen at process start by ``ATEN_CPU_CAPABILITY=<name in lower case>``.
+CPU_CAPABILITY_LEVELS = {"DEFAULT": 0, "AVX2": 1, "AVX512": 2}
+CAPABILITY_ENV = "ATEN_CPU_CAPABILITY"
+
+
+def native_cpu_capability() -> str:
+    """The highest ATen CPU capability this CPU has (what torch picks without ``ATEN_CPU_CAPABILITY``), from
+    the CPU's flags (x86 Linux: ``/proc/cpuinfo``; ATen's AVX512 needs avx512f, bw, vl and dq), and never
+    below this process's own. Elsewhere (ARM, no /proc) this process's capability."""
+    ours = str(torch.backends.cpu.get_cpu_capability())
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        return ours
+    native = "AVX512" if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags else \
+        "AVX2" if {"avx2", "fma"} <= flags else "DEFAULT" if flags else ours
+    levels = CPU_CAPABILITY_LEVELS
+    if ours not in levels or levels[ours] > levels[native]:
+        return ours
+    return native
+
+
+def capability_to_emulate(claimed: PlatformFingerprint | None, here: PlatformFingerprint,
+                          native: str | None = None) -> str | None:
+    """The ``ATEN_CPU_CAPABILITY`` under which a rerun on this machine uses the claimant's own CPU kernels, or
+    None when there is none to choose (issue 42).
+
+    The inner steps are bit-exact only under the claimant's kernels (torch's vectorised GELU, softmax,
+    LayerNorm and AdamW round differently per instruction set; docs/DILOCOX.md section 11). A float32 or
+    bfloat16 CPU claim made on this CPU model with this torch build, under a capability other than this
+    process's but one this CPU has (``native``: the CPU's highest, default ``here``'s capability; an auditor
+    started under ``ATEN_CPU_CAPABILITY=default`` passes :func:`native_cpu_capability` and so reruns an AVX2
+    claim under AVX2), can be rerun under that capability: its fingerprint is then the claimant's, and
+    :func:`compare_rerun` demands the bit-exact rerun instead of a tolerance (bench/results/reexec_isa.json).
+    """
+    if claimed is None or claimed.compiled or claimed.device_type != "cpu" or here.device_type != "cpu":
+        return None
+    if claimed.capability == here.capability or claimed.device_name != here.device_name or claimed.torch != here.torch:
+        return None
+    top = native if native is not None and CPU_CAPABILITY_LEVELS.get(native, -1) >= CPU_CAPABILITY_LEVELS.get(
+        here.capability, -1) else here.capability
+    level, ours = CPU_CAPABILITY_LEVELS.get(claimed.capability), CPU_CAPABILITY_LEVELS.get(top)
+    if level is None or ours is None or level > ours:
+        return None
+    return claimed.capability.lower()
+
+
+def kernels_to_emulate(claimed: PlatformFingerprint | None, here: PlatformFingerprint,
+                       native: str | None = None) -> dict[str, str | None] | None:
+    """The environment a child of this process needs to rerun a CPU claim under the claimant's own kernels,
+    or None where this process's own are the claimant's or none can be chosen here.
+
+    Two things choose them besides the CPU model and the torch build (which must be equal): ATen's
+    instruction set (:func:`capability_to_emulate`) and the math libraries' code path (the fingerprint's
+    ``blas``, :data:`BLAS_DISPATCH_ENV`). The result maps variable names to the value the child must see,
+    or to None for a variable it must not have; apply it with :func:`emulated_environment`.
+    """
+    if claimed is None or claimed.device_type != "cpu" or here.device_type != "cpu":
+        return None
+    if claimed.compiled or claimed.device_name != here.device_name or claimed.torch != here.torch:
+        return None  # a compiled claim: inductor's own kernels, not shown to follow these settings bit for bit
+    if claimed.capability == here.capability and claimed.blas == here.blas:
+        return None
+    settings: dict[str, str | None] = {}
+    if claimed.capability != here.capability:
+        capability = capability_to_emulate(claimed, here, native)
+        if capability is None:
+            return None
+        settings[CAPABILITY_ENV] = capability
+    if claimed.blas != here.blas:
+        try:
+            settings.update(blas_environment(claimed.blas))
+        except PlatformError:
+            return None
+    return settings
+
+
+def emulated_environment(settings: dict[str, str | None], environ=None) -> dict[str, str]:
+    """A copy of ``environ`` (default: this process's) with ``settings`` (:func:`kernels_to_emulate`) applied."""
+    env = dict(os.environ if environ is None else environ)
+    for name, value in settings.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+def describe_kernels(settings: dict[str, str | None]) -> str:
+    """``ATEN_CPU_CAPABILITY=avx2, MKL_CBWR=COMPATIBLE``: the variables ``settings`` sets (unset ones left out),
+    or "this process's kernels" where it sets none."""
+    shown = [f"{name}={value}" for name, value in sorted(settings.items()) if value is not None]
+    return ", ".join(shown) or "the libraries' own dispatch"
+
+
+# ----------------------------------------------------------------------------- judging a rerun
+
+
+@dataclass(frozen=True)
+class RerunVerdict:
+    """How a rerun compared with a claim: the verdict, the rule that produced it and why."""
+
+    verdict: str  # EXACT | WITHIN_TOLERANCE | UNDECIDED | MISMATCH
+    rule: str  # RULE_SAME_PLATFORM | RULE_CROSS_PLATFORM | RULE_UNRECORDED
+    distance: float
+    tolerance: float  # 0.0 under the same-platform rule; else the mismatch bound
+    reason: str
+    pass_bound: float = 0.0  # the largest distance that passes (0.0 under the same-platform rule)
+
+
+def compare_rerun(
+    claimed: PlatformFingerprint | None,
+    rerun: PlatformFingerprint,
+    distance: float,
+    *,
+    claimed_threads: int,
+    rerun_threads: int,
+    tolerance: float | None = None,
+) -> RerunVerdict:
+    """Judge a rerun whose payloads lie ``distance`` from the claim (0.0: identical bytes).
+
+    Same fingerprint and thread count: bit-exact demanded (any distance is a mismatch).
+    Otherwise three zones, by the claimant's precision: :data:`EXACT` at 0, :data:`WITHIN_TOLERANCE` up to
+    :data:`TOLERANCE_PASS_BOUND`, :data:`MISMATCH` beyond the cross-platform tolerance
+    (:data:`CROSS_PLATFORM_TOLERANCE`; ``tolerance`` overrides it), :data:`UNDECIDED` between (module
+    docstring). A start state without a fingerprint (made before they existed: float32 runs) is judged
+    the same way in float32.
+    """
+    if claimed is not None and claimed == rerun and claimed_threads == rerun_threads:
+        verdict = EXACT if distance == 0.0 else MISMATCH
+        return RerunVerdict(verdict, RULE_SAME_PLATFORM, distance, 0.0,
+                            f"same platform ({rerun.describe()}, {rerun_threads} threads): bit-exact rerun "
+                            f"demanded, largest relative distance {distance:.3g}")
+    precision = claimed.precision if claimed is not None else "fp32"
+    limit = CROSS_PLATFORM_TOLERANCE[precision] if tolerance is None else tolerance
+    passes = min(TOLERANCE_PASS_BOUND[precision], limit)
+    verdict = EXACT if distance == 0.0 else WITHIN_TOLERANCE if distance <= passes else \
+        MISMATCH if distance > limit else UNDECIDED
+    if claimed is None:
+        rule, where = RULE_UNRECORDED, f"claimant's platform not recorded, rerun on {rerun.describe()}"
+    else:
+        rule = RULE_CROSS_PLATFORM
+        what = "other threads" if claimed == rerun else f"claimant on {claimed.describe()}"
+        where = f"{what} ({claimed_threads} threads), rerun on {rerun.describe()} ({rerun_threads} threads)"
+    needs = ("; needs a verifier of the claimant's platform and thread count" if verdict == UNDECIDED else "")
+    beyond = f"mismatch beyond {limit:.3g}" if math.isfinite(limit) else "never a mismatch across platforms"
+    return RerunVerdict(verdict, rule, distance, limit,
+                        f"{where}: largest relative distance {distance:.3g} (passes up to {passes:.3g}, "
+                        f"{beyond}){needs}", passes)
