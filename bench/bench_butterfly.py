@@ -69,7 +69,8 @@ from training.butterfly import (  # noqa: E402
     split_slices,
 )
 from training.compression import encode_contribution  # noqa: E402
-from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig  # noqa: E402
+from training.config import DilocoConfig, ModelConfig, TrainingConfig  # noqa: E402
+from training.config_compression import CompressionConfig  # noqa: E402
 from training.data import eval_batches, load_corpus, round_batches  # noqa: E402
 from training.diloco import average_contributions  # noqa: E402
 from training.model import count_params, init_state_dict  # noqa: E402

@@ -48,7 +48,8 @@ from training.codec_wire import decode_declared  # noqa: E402
 from node.store.checkpoint import Checkpoint  # noqa: E402
 from training.chunks import tensor_leaves  # noqa: E402
 from training.compression import encode_within_bandwidth  # noqa: E402
-from training.config import CompressionConfig, DilocoConfig, ModelConfig  # noqa: E402
+from training.config import DilocoConfig, ModelConfig  # noqa: E402
+from training.config_compression import CompressionConfig  # noqa: E402
 from training.diloco import aggregate_with_report  # noqa: E402
 from training.stages import split_stages, stage_param_shapes  # noqa: E402
 

@@ -39,7 +39,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from bench.benchio import RESULTS, default_corpus, write_result  # noqa: E402
-from training.config import CompressionConfig, DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig  # noqa: E402
+from training.config import DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig  # noqa: E402
+from training.config_compression import CompressionConfig  # noqa: E402
 from training.data import load_corpus  # noqa: E402
 from training.model import count_params  # noqa: E402
 from training.simulate import MODES, set_clock, simulate  # noqa: E402

@@ -41,13 +41,13 @@ from training.config import (  # noqa: E402
     DELAY_CORRECTIONS,
     INNER_OPTIMIZERS,
     OUTER_DECAYS,
-    CompressionConfig,
     DilocoConfig,
     EncoderVersion,
     ModelConfig,
     PipelineConfig,
     TrainingConfig,
 )
+from training.config_compression import CompressionConfig  # noqa: E402
 from training.data import corpus_from_config, load_corpus  # noqa: E402
 from training.model import count_params  # noqa: E402
 from training.shards import is_dataset  # noqa: E402

@@ -47,11 +47,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from training.config import (  # noqa: E402
-    CompressionConfig,
     DilocoConfig,
     ModelConfig,
     TrainingConfig,
 )
+from training.config_compression import CompressionConfig  # noqa: E402
 from training.codec_wire import decode_contribution  # noqa: E402
 from training.data import generated_corpus, round_batches  # noqa: E402
 from training.fingerprint import fingerprint  # noqa: E402

@@ -48,7 +48,8 @@ from node.commands.throttle import CpuGroup, unavailable  # noqa: E402
 
 
 def configs(args, mode: str):
-    from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
+    from training.config import DilocoConfig, ModelConfig, TrainingConfig
+    from training.config_compression import CompressionConfig
 
     model = ModelConfig(preset=args.preset)
     training = TrainingConfig(seed=args.seed, batch_size=args.batch_size, inner_lr=args.inner_lr,

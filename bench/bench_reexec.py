@@ -39,7 +39,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench.benchio import default_corpus  # noqa: E402
 
-from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig  # noqa: E402
+from training.config import DilocoConfig, ModelConfig, TrainingConfig  # noqa: E402
+
+from training.config_compression import CompressionConfig  # noqa: E402
 from training.data import load_corpus  # noqa: E402
 from training.model import count_params  # noqa: E402
 from training.reexec import (  # noqa: E402

@@ -41,7 +41,8 @@ sys.path.insert(0, str(REPO))
 from bench.benchio import RESULTS, default_corpus, write_result  # noqa: E402
 from training.codec_wire import decode_contribution  # noqa: E402
 from training.compression import encode_contribution  # noqa: E402
-from training.config import CompressionConfig, DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig  # noqa: E402
+from training.config import DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig  # noqa: E402
+from training.config_compression import CompressionConfig  # noqa: E402
 from training.data import load_corpus  # noqa: E402
 from training.errors import TrainingError  # noqa: E402
 from training.model import param_shapes  # noqa: E402

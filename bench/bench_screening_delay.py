@@ -49,7 +49,8 @@ def run(counts: list[int], rounds: int, data: str, windows: int) -> list[dict]:
     import torch
 
     import training.simulate as sim
-    from training.config import CompressionConfig, DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig
+    from training.config import DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig
+    from training.config_compression import CompressionConfig
     from training.data import load_corpus
     from training.screening import model_loss_fn, screening_batch, slope_error, window_mean
 

@@ -38,12 +38,12 @@ from training.codec.reselect import RESELECT_ROUNDS  # noqa: E402
 from training.compression import encode_with_memo, encode_within_bandwidth  # noqa: E402
 from training.config import (  # noqa: E402
     DEFAULT_ENCODER,
-    CompressionConfig,
     DilocoConfig,
     ModelConfig,
     PipelineConfig,
     TrainingConfig,
 )
+from training.config_compression import CompressionConfig  # noqa: E402
 
 
 def capture(args) -> None:

@@ -10,7 +10,9 @@ import time
 
 import torch
 
-from training.config import PRECISIONS, CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
+from training.config import PRECISIONS, DilocoConfig, ModelConfig, TrainingConfig
+
+from training.config_compression import CompressionConfig
 from training.data import corpus_from_config
 from training.fingerprint import CROSS_PLATFORM_TOLERANCE, TOLERANCE_PASS_BOUND, compare_rerun, fingerprint
 from training.reexec import contribution_distance, reexecute

@@ -21,12 +21,12 @@ from ledger.config import LedgerConfig
 from node.errors import ConfigError
 from p2p.config import P2PConfig
 from training.config import (
-    CompressionConfig,
     DilocoConfig,
     ModelConfig,
     PipelineConfig,
     TrainingConfig,
 )
+from training.config_compression import CompressionConfig
 
 #: The least ``max_rounds_ahead``: with the one-step delay a node begins round t having finished only round t-2.
 MIN_ROUNDS_AHEAD = 2

@@ -45,7 +45,8 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def encoder_sim(encoder: str, rounds: int):
     """A two-replica, two-stage run of ``tiny`` with start states (training.reexec_sim) coded by ``encoder``."""
-    from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
+    from training.config import DilocoConfig, ModelConfig, TrainingConfig
+    from training.config_compression import CompressionConfig
     from training.data import generated_corpus
     from training.reexec_sim import SimConfig
 

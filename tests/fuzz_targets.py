@@ -63,7 +63,7 @@ from p2p.identity import Identity
 from p2p.wire import ProtocolViolation, decode_frame, encode_frame
 from training.codec_wire import decode_contribution
 from training.compression import encode_contribution
-from training.config import CompressionConfig
+from training.config_compression import CompressionConfig
 from training.errors import ContributionDecodeError, ReplicaStateError
 
 RUN_ID = 7

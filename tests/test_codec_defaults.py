@@ -15,7 +15,8 @@ import pytest
 from node.config import load_config
 from node.runconfig import canonical_json, config_hash, node_config_from_run, parse_run_document, run_document
 from training.codec.registry import ENCODERS
-from training.config import DEFAULT_ENCODER, LEGACY_ENCODER, CompressionConfig, EncoderVersion
+from training.config import DEFAULT_ENCODER, LEGACY_ENCODER, EncoderVersion
+from training.config_compression import CompressionConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -165,7 +165,8 @@ def test_each_codec_module_imports_on_its_own():
 @pytest.mark.parametrize("version", ["v1", "v2", "v3", "v4"])
 def test_every_version_a_configuration_can_name_is_registered(version):
     from training.codec.registry import ENCODERS, encoder_for
-    from training.config import CompressionConfig, EncoderVersion
+    from training.config import EncoderVersion
+    from training.config_compression import CompressionConfig
 
     assert set(ENCODERS) == set(EncoderVersion)
     encoder = encoder_for(CompressionConfig(encoder=version))

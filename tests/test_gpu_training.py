@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
+from training.config import DilocoConfig, ModelConfig, TrainingConfig
+
+from training.config_compression import CompressionConfig
 from training.data import generated_corpus, round_batches
 from training.fingerprint import (
     EXACT,

@@ -25,7 +25,8 @@ from training.codec_wire import (
     declare_steps,
     pack_contribution,
 )
-from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
+from training.config import DilocoConfig, ModelConfig, TrainingConfig
+from training.config_compression import CompressionConfig
 from training.data import generated_corpus, round_batches
 from training.diloco import aggregate_with_report, average_contributions
 from training.errors import ContributionDecodeError, EngineStateError, ReexecError, TrainingConfigError

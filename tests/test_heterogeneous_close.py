@@ -24,7 +24,7 @@ from p2p.envelope import Envelope
 from p2p.identity import Identity
 from training.codec_wire import declare_steps
 from training.compression import encode_contribution
-from training.config import CompressionConfig
+from training.config_compression import CompressionConfig
 from training.slicebundle import counted_steps, slice_bundle
 
 RANGE = (2, 8)

@@ -274,7 +274,8 @@ def test_the_simulation_screens_a_version_3_run_with_each_slope_and_its_error():
     function: tests/test_heterogeneous_e2e.py audits a real run)."""
     from training.compression import encode_contribution
     from training.codec_wire import declare_steps, decode_contribution
-    from training.config import CompressionConfig, PipelineConfig, TrainingConfig
+    from training.config import PipelineConfig, TrainingConfig
+    from training.config_compression import CompressionConfig
     from training.simulate import simulate
 
     def flip_replica_3(outer_round, stage, blobs):  # the fourth replica trains honestly and sends the sign flip

@@ -22,7 +22,8 @@ from test_sliced_reexec import SlicedReplica
 from training.butterfly import SliceError, aggregate_slice, plan_slices, replay_partial, slice_stage
 from training.codec_wire import decode_declared, declare_steps, header_steps
 from training.compression import encode_contribution
-from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
+from training.config import DilocoConfig, ModelConfig, TrainingConfig
+from training.config_compression import CompressionConfig
 from training.data import generated_corpus
 from training.errors import TrainingConfigError
 from training.fingerprint import EXACT, MISMATCH

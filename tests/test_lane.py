@@ -16,7 +16,8 @@ import torch
 from node.config import load_config
 from node.live.lane import RoundLane
 from node.live.replica import ReplicaWorker
-from training.config import CompressionConfig, DilocoConfig
+from training.config import DilocoConfig
+from training.config_compression import CompressionConfig
 from training.errors import RoundOrderError
 from training.stage_engine import StageEngine
 

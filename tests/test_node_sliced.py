@@ -30,7 +30,8 @@ from training.butterfly import (
     live_plan,
     plan_slices,
 )
-from training.config import CompressionConfig, DilocoConfig
+from training.config import DilocoConfig
+from training.config_compression import CompressionConfig
 from training.diloco import aggregate_with_report, average_contributions, step_with_average
 from training.errors import TrainingConfigError
 from training.slicebundle import (

@@ -23,7 +23,8 @@ from node.tools.audit_replay import Replayer
 from test_muon import BEFORE_MUON_DEFAULT, HONEST, PERTURBED, ROUNDS, SlicedPerturbed, _records
 from test_sliced_reexec import SlicedReplica
 from training.compression import encode_contribution
-from training.config import OUTER_ADAM_ONLY, CompressionConfig, DilocoConfig
+from training.config import OUTER_ADAM_ONLY, DilocoConfig
+from training.config_compression import CompressionConfig
 from training.data import generated_corpus
 from training.diloco import aggregate, outer_state_shape, outer_step, zero_outer_state
 from training.errors import ReplicaStateError, TrainingConfigError

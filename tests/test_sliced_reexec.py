@@ -21,7 +21,8 @@ import torch
 
 from node.live.spotcheck import JOB_FILE, SpotCheckJob
 from training.butterfly import aggregate_slice, average_of_partials, encode_slices, live_plan, slice_stage
-from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
+from training.config import DilocoConfig, ModelConfig, TrainingConfig
+from training.config_compression import CompressionConfig
 from training.data import generated_corpus
 from training.diloco import step_with_average
 from training.fingerprint import EXACT, MISMATCH

@@ -11,7 +11,8 @@ from training.stage_engine import StageEngine
 from training.codec.allocation import allocate, lower_hull
 from training.codec_wire import decode_contribution
 from training.compression import ErrorFeedbackCompressor, encode_within_bandwidth
-from training.config import AUTO_MAX_ROUND_RATIO, CompressionConfig, DilocoConfig
+from training.config import DilocoConfig
+from training.config_compression import AUTO_MAX_ROUND_RATIO, CompressionConfig
 
 
 def test_lower_hull_drops_dominated_and_concave_points():

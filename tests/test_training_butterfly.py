@@ -31,7 +31,7 @@ from training.slicemessages import (
 )
 from training.codec_wire import decode_contribution
 from training.compression import encode_contribution, encode_within_bandwidth
-from training.config import CompressionConfig
+from training.config_compression import CompressionConfig
 from training.diloco import average_contributions
 from training.errors import ContributionDecodeError
 

@@ -29,7 +29,8 @@ from training.codec_wire import (
     unpack_ints,
 )
 from training.compression import encode_contribution, encode_within_bandwidth
-from training.config import CompressionConfig, DilocoConfig
+from training.config import DilocoConfig
+from training.config_compression import CompressionConfig
 from training.diloco import average_contributions, outer_step
 from training.errors import ContributionDecodeError
 from training.robust import contribution_norm

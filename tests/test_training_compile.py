@@ -19,7 +19,9 @@ import textwrap
 import pytest
 import torch
 
-from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
+from training.config import DilocoConfig, ModelConfig, TrainingConfig
+
+from training.config_compression import CompressionConfig
 from training.data import generated_corpus
 from training.errors import ModelInputError
 from training.fingerprint import RULE_SAME_PLATFORM, fingerprint

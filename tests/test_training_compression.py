@@ -10,7 +10,7 @@ import torch
 
 from training.codec_wire import decode_contribution, pack_ints, qmax, unpack_ints
 from training.compression import ErrorFeedbackCompressor, encode_contribution
-from training.config import CompressionConfig
+from training.config_compression import CompressionConfig
 from training.errors import ContributionDecodeError, ContributionEncodeError
 
 

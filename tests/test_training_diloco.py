@@ -9,7 +9,8 @@ import torch
 
 from training.codec_wire import decode_contribution
 from training.compression import encode_contribution
-from training.config import CompressionConfig, DilocoConfig
+from training.config import DilocoConfig
+from training.config_compression import CompressionConfig
 from training.diloco import aggregate, average_contributions, outer_step
 from training.errors import AggregationError, EngineStateError, RoundOrderError
 from training.stage_engine import StageEngine

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from training.compression import encode_contribution
-from training.config import CompressionConfig, DilocoConfig
+from training.config import DilocoConfig
+from training.config_compression import CompressionConfig
 from training.diloco import aggregate
 from training.errors import RoundOrderError
 from training.stage_engine import StageEngine

@@ -21,7 +21,8 @@ from training.codec.factorize import factorize_gram
 from training.codec.registry import encoder_for
 from training.codec_wire import decode_contribution
 from training.compression import encode_contribution, encode_within_bandwidth
-from training.config import CompressionConfig, DilocoConfig
+from training.config import DilocoConfig
+from training.config_compression import CompressionConfig
 from training.diloco import aggregate
 from training.reexec import EXACT
 from training.reexec_sim import SimReplica, run_with_states

@@ -24,7 +24,8 @@ from training.codec.registry import encoder_for
 from training.codec.reselect import RESELECT_ROUNDS
 from training.codec_wire import decode_contribution
 from training.compression import encode_with_memo, encode_within_bandwidth
-from training.config import CompressionConfig, DilocoConfig
+from training.config import DilocoConfig
+from training.config_compression import CompressionConfig
 from training.errors import EngineStateError
 from training.reexec import EXACT, STATE_MISMATCH, restart_state_reason, verify_contribution
 from training.reexec_sim import SimReplica, run_with_states

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from training.compression import encode_contribution
-from training.config import CompressionConfig, DilocoConfig
+from training.config import DilocoConfig
+from training.config_compression import CompressionConfig
 from training.diloco import aggregate, outer_step
 from training.errors import AggregationError, TrainingConfigError
 from training.schedule import outer_lr, outer_momentum, outer_schedule_is_constant

@@ -9,7 +9,8 @@ import textwrap
 import torch
 
 from training.compression import encode_contribution
-from training.config import CompressionConfig, DilocoConfig
+from training.config import DilocoConfig
+from training.config_compression import CompressionConfig
 from training.diloco import aggregate
 
 REPLAY = textwrap.dedent(

@@ -15,7 +15,8 @@ import torch
 
 from training.codec_wire import pack_contribution, pack_ints
 from training.compression import ErrorFeedbackCompressor, encode_contribution
-from training.config import CompressionConfig, DilocoConfig, ModelConfig
+from training.config import DilocoConfig, ModelConfig
+from training.config_compression import CompressionConfig
 from training.data import generated_corpus
 from training.diloco import aggregate, aggregate_with_report
 from training.errors import TrainingConfigError
@@ -180,7 +181,8 @@ REPLAY = textwrap.dedent(
     import sys
     import torch
     torch.set_num_threads(int(sys.argv[2]))
-    from training.config import CompressionConfig, DilocoConfig
+    from training.config import DilocoConfig
+    from training.config_compression import CompressionConfig
     from training.diloco import aggregate_with_report
     case = torch.load(sys.argv[1])
     result = aggregate_with_report(case["weights"], case["momentum"], case["blobs"], DilocoConfig(), stage_index=0,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from training.config import CompressionConfig, DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig
+from training.config import DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig
+
+from training.config_compression import CompressionConfig
 from training.data import generated_corpus
 from training.errors import TrainingError
 from training.model import count_params

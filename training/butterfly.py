@@ -49,7 +49,7 @@ from training.compression import (
     encode_contribution,
     encode_within_bandwidth,
 )
-from training.config import CompressionConfig
+from training.config_compression import CompressionConfig
 from training.diloco import average_contributions
 from training.errors import ContributionDecodeError, ContributionEncodeError, TrainingError
 from training.robust import ContributionReport, lower_median, robust_contributions

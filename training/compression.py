@@ -31,7 +31,7 @@ from training.codec.memo import EncoderMemo
 from training.codec.registry import encoder_for
 from training.codec.stats import CompressionStats, TensorCodecStats
 from training.codec_wire import declare_steps
-from training.config import CompressionConfig
+from training.config_compression import CompressionConfig
 from training.errors import ContributionEncodeError, EngineStateError
 
 __all__ = [

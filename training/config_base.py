@@ -1,5 +1,6 @@
 """What every configuration section shares: the validation helper, ``"auto"`` values, the encoder and
-random-source enums with their defaults, and the device and precision checks (training/config.py)."""
+random-source enums with their defaults, and the device and precision checks (training/config.py,
+training/config_compression.py)."""
 
 from __future__ import annotations
 

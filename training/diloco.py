@@ -63,7 +63,9 @@ from dataclasses import dataclass
 
 import torch
 
-from training.config import CompressionConfig, DilocoConfig
+from training.config import DilocoConfig
+
+from training.config_compression import CompressionConfig
 from training.errors import AggregationError
 from training.hashing import stage_weights_hash
 from training.muon import is_hidden_matrix

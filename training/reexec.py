@@ -53,7 +53,8 @@ import torch
 from training.butterfly import assemble_slices, average_of_partials, live_plan
 from training.codec_wire import decode_contribution
 from training.compiled import compile_problem, forget_compiled
-from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
+from training.config import DilocoConfig, ModelConfig, TrainingConfig
+from training.config_compression import CompressionConfig
 from training.data import Corpus, round_batches
 from training.diloco import step_with_average
 from training.errors import ContributionDecodeError, ReexecError, ReplicaStateError

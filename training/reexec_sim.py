@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
+from training.config import DilocoConfig, ModelConfig, TrainingConfig
+
+from training.config_compression import CompressionConfig
 from training.data import Corpus, round_batches
 from training.diloco import host_float32
 from training.model import init_state_dict

@@ -65,7 +65,8 @@ import torch
 from torch import nn
 
 from training.butterfly import slice_stage
-from training.config import CompressionConfig, DilocoConfig, ModelConfig, TrainingConfig
+from training.config import DilocoConfig, ModelConfig, TrainingConfig
+from training.config_compression import CompressionConfig
 from training.diloco import host_float32_copy
 from training.errors import EngineStateError, PlatformError, ReplicaStateError
 from training.fingerprint import PlatformFingerprint, parse_fingerprint

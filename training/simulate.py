@@ -46,7 +46,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from training.config import CompressionConfig, DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig
+from training.config import DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig
+
+from training.config_compression import CompressionConfig
 from training.data import Corpus, eval_batches, round_batches
 from training.screening import (
     decode_full,

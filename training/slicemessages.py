@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from training.butterfly import MAX_SLICES, SliceError, SlicePlan, replay_partial
-from training.config import CompressionConfig
+from training.config_compression import CompressionConfig
 
 SLICE_SIGNATURE_DOMAIN = b"dlx-slice-sig/1"
 SLICE_PREFIX = b"dlx-slice/1"

@@ -62,7 +62,8 @@ from dataclasses import dataclass, field
 import torch
 
 from training.compression import CompressionStats, ErrorFeedbackCompressor
-from training.config import CompressionConfig, DilocoConfig
+from training.config import DilocoConfig
+from training.config_compression import CompressionConfig
 from training.diloco import (
     Aggregation,
     Weights,

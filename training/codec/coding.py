@@ -42,7 +42,7 @@ from training.codec_wire import (
     reconstruct_lowrank,
     reconstruct_quant,
 )
-from training.config import CompressionConfig
+from training.config_compression import CompressionConfig
 
 # ----------------------------------------------------------------------------- quantization
 

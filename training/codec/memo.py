@@ -17,7 +17,7 @@ import torch
 
 from training.codec.coding import candidates, lookup
 from training.codec_wire import matrix_view_shape
-from training.config import CompressionConfig
+from training.config_compression import CompressionConfig
 
 #: The number each codec is stored as in :meth:`EncoderMemo.to_tensors`.
 CODEC_IDS = {"quant": 0, "lowrank": 1}

@@ -7,7 +7,10 @@ from training.codec.v1 import V1Encoder
 from training.codec.v2 import V2Encoder
 from training.codec.v3 import V3Encoder
 from training.codec.v4 import V4Encoder
-from training.config import CompressionConfig, EncoderVersion
+from training.config import EncoderVersion
+
+#: Every encoder a run can name, by version. A run document names its encoder, so a version stays
+from training.config_compression import CompressionConfig
 
 #: Every encoder a run can name, by version. A run document names its encoder, so a version stays
 #: here as long as a run that names it may still be joined, re-executed or audited.
