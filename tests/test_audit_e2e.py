@@ -1,12 +1,10 @@
-"""``dlx-node audit`` and ``dlx-node pull`` against a real short run.
+"""``dlx-node audit`` against a real short run (tests/short_run_fixtures.py).
 
-One module-scoped run (real anvil, 2 real ``dlx-node start`` processes, 2
-replicas x 2 stages held by one node each, 3 outer rounds, a checkpoint every
-round, every round's record signed by both nodes: the run's quorum is k = 2)
-is shared by every test; anvil stays up until the module ends. Tests that change the chain (a
+The module's run is shared by every test here. Tests that change the chain (a
 second run committed by a quorum of lying members, a forged registration)
 create what they audit and never touch run 1's record, except the
 forged-registration test, which runs last because the registry is shared.
+``dlx-node pull`` is tested against its own run of the same kind in tests/test_pull_e2e.py.
 
 The audit PASSES only with every item verified; without the evidence it is
 INCOMPLETE (never PASSED), and a contradiction makes it FAIL.
@@ -33,8 +31,6 @@ from ledger.errors import LedgerNotMember
 from ledger.records import RoundRecord
 from node import protocol as msg
 from node.cli import exit_code_for
-from node.commands.launcher import LocalRun
-from node.errors import NodeError, RunDocumentMissing
 from node.tools.audit import (
     ATTESTED,
     FAIL,
@@ -49,58 +45,11 @@ from node.tools.audit import (
 )
 from node.tools.audit_replay import Replayer
 from node.tools.evidence import PeerFetcher
-from node.tools.pull import NoCheckpoint, PullRefused, pull_checkpoint, run_pull
 from p2p.envelope import Envelope, decode_envelope
 from p2p.identity import Identity
+from short_run_fixtures import ROUNDS, client, node_archives, run  # noqa: F401 (client, run: fixtures)
 
-SETTINGS = [
-    "model.preset=tiny",
-    "diloco.inner_steps=4",
-    "training.batch_size=4",
-    "round_timeout=60",
-    "checkpoint_every=1",
-    "rounds=3",
-    "join_timeout=60",
-]
-ROUNDS = 3
 BIG = 1 << 30
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    # Set up in the first test's setup: the tests' timeouts bound their own bodies (func_only), and the run's
-    # wait gives up only when no node has finished a round for 300 s, so a loaded machine makes it slower.
-    local = LocalRun(
-        tmp_path_factory.mktemp("audit-run"),
-        replicas=2,
-        stages=2,
-        split=False,
-        settings=SETTINGS,
-        attest_quorum=2,  # both nodes sign every round's record
-    )
-    try:
-        local.setup()
-        local.start()
-        ok = local.wait(300, progress=True)
-        logs = "\n".join(
-            p.read_text(errors="replace")[-3000:] for s in local.nodes for p in s.data_dir.glob("*.log")
-        )
-        assert ok, logs
-        assert [c.commit.round for c in local.client().history(local.run_id).commits] == list(
-            range(ROUNDS)
-        ), logs
-        yield local
-    finally:
-        local.stop()
-
-
-@pytest.fixture(scope="module")
-def client(run):
-    return run.client()
-
-
-def _archives(run) -> list[Path]:
-    return [slot.data_dir for slot in run.nodes]
 
 
 def _copy_node_dir(slot, dest: Path) -> Path:
@@ -113,27 +62,10 @@ def _round_dir(node_dir: Path, run_id: int, round_index: int) -> Path:
     return node_dir / "archive" / f"run-{run_id}" / f"round-{round_index:08d}"
 
 
-def _serve(tmp_path: Path, name: str, files: list[Path]):
-    """A real libp2p host in its own process (``python -m p2p.serve``) providing ``files`` as blobs."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "p2p.serve", "--data-dir", str(tmp_path / name), *map(str, files)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    info = json.loads(proc.stdout.readline())
-    return proc, info
-
-
-def _stop(proc) -> None:
-    proc.stdin.close()
-    proc.wait(timeout=30)
-
-
 # ---------------------------------------------------------------------- audit
 @pytest.mark.timeout(120, func_only=True)
 def test_audit_passes_with_every_archive(run, client):
-    report = audit_run(client, run.run_id, archives=_archives(run))
+    report = audit_run(client, run.run_id, archives=node_archives(run))
     assert report.ok, [c.line() for c in report.all_checks() if c.status != OK]
     assert report.counts()[UNVERIFIABLE] == 0 and report.counts()[FAIL] == 0
     assert [r.round for r in report.rounds] == list(range(ROUNDS))
@@ -305,7 +237,7 @@ def test_cli_writes_json_and_an_html_report_chromium_renders(run, tmp_path):
         "--html",
         str(out_html),
     ]
-    for archive in _archives(run):
+    for archive in node_archives(run):
         cmd += ["--archive", str(archive)]
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -448,159 +380,13 @@ def test_an_outsider_cannot_commit_and_a_quorum_signed_lie_is_caught_naming_its_
     assert sorted(report.rounds[1].attesters) == sorted(m.address for m in members)
 
 
-# ---------------------------------------------------------------------- pull
-@pytest.mark.timeout(240, func_only=True)
-def test_pull_from_peers_gives_a_transformers_model_with_our_logits(run, client, tmp_path):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from node.store.checkpoint import read_checkpoint
-    from training.config import ModelConfig
-    from training.model import GPT
-
-    latest = client.latest_checkpoint(run.run_id)
-    files = [s.data_dir / "checkpoints" / f"round-{latest.round:08d}.safetensors" for s in run.nodes]
-    # Two providers of the checkpoint and one bootstrap peer without it: the download still succeeds. The
-    # run document (by the chain's configHash) comes from the third.
-    document = run.nodes[0].data_dir / "archive" / f"run-{run.run_id}" / "run.json"
-    servers = [
-        _serve(tmp_path, "p0", files[:1]),
-        _serve(tmp_path, "p1", files[1:]),
-        _serve(tmp_path, "p2", [document]),
-    ]
-    fetcher = None
-    try:
-        fetcher = PeerFetcher.start([info["listen_addrs"][0] for _proc, info in servers])
-        out = tmp_path / "model"
-        result = pull_checkpoint(client, run.run_id, out, fetcher=fetcher, final_only=False)
-    finally:
-        if fetcher is not None:
-            fetcher.close()
-        for proc, _info in servers:
-            _stop(proc)
-    assert (result.round, result.content_hash, result.source) == (
-        latest.round,
-        latest.content_hash.hex(),
-        "peers",
-    )
-    assert json.loads((out / "dlx_provenance.json").read_text())["content_hash"] == latest.content_hash.hex()
-
-    tokenizer = AutoTokenizer.from_pretrained(out)
-    model = AutoModelForCausalLM.from_pretrained(out).eval()
-    ids = tokenizer("To be, or not", return_tensors="pt")
-    assert ids["input_ids"].tolist() == [list(b"To be, or not")]  # byte-level: token id = byte
-    checkpoint = read_checkpoint(files[0], latest.content_hash)
-    ours = GPT(ModelConfig(**checkpoint.model_config), seed=None)
-    ours.load_state_dict(checkpoint.weights)
-    ours.eval()
-    with torch.no_grad():
-        theirs = model(ids["input_ids"]).logits
-        mine, _ = ours(ids["input_ids"])
-    torch.testing.assert_close(theirs, mine, atol=1e-4, rtol=0)  # same weights, float32: ~1e-6 apart
-    generated = model.generate(**ids, max_new_tokens=12, do_sample=False)
-    assert generated.shape[1] == ids["input_ids"].shape[1] + 12
-    assert tokenizer.decode(generated[0]).startswith("To be, or not")
-    assert generated[0].tolist() == ours.generate(ids["input_ids"], 12)[0].tolist()
-    # Past the context: plain transformers has no position left (documented in the model card); loaded
-    # with trust_remote_code the directory's custom_generate slides the window as nanoGPT does.
-    block = model.config.n_positions
-    with pytest.raises(IndexError):
-        model.generate(**ids, max_new_tokens=block, do_sample=False)
-    sliding = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
-    longer = sliding.generate(**ids, max_new_tokens=block, do_sample=False)
-    assert longer.shape[1] == ids["input_ids"].shape[1] + block
-    assert longer[0, :generated.shape[1]].tolist() == generated[0].tolist()
-
-
-@pytest.mark.timeout(180, func_only=True)
-def test_pull_refuses_a_tampered_checkpoint(run, client, tmp_path, capsys):
-    latest = client.latest_checkpoint(run.run_id)
-    good = run.nodes[0].data_dir / "checkpoints" / f"round-{latest.round:08d}.safetensors"
-    tampered_dir = tmp_path / "tampered"
-    tampered_dir.mkdir()
-    data = bytearray(good.read_bytes())
-    data[-100] ^= 0x01  # a weight's low bit: still a valid safetensors file
-    (tampered_dir / good.name).write_bytes(bytes(data))
-    document = run.nodes[0].data_dir / "archive" / f"run-{run.run_id}" / "run.json"
-    (tampered_dir / "run.json").write_bytes(document.read_bytes())  # the run document is there: only bytes differ
-    actual = hashlib.sha256(data).hexdigest()
-
-    out = tmp_path / "out"
-    with pytest.raises(PullRefused) as refused:
-        pull_checkpoint(client, run.run_id, out, archives=[tampered_dir], final_only=False)
-    assert exit_code_for(refused.value) == 9
-    assert latest.content_hash.hex() in str(refused.value) and actual in str(refused.value)
-    assert not out.exists()
-
-    # A peer serving other bytes under the checkpoint's hash: the download is refused and deleted.
-    proc, info = _serve(tmp_path, "liar", [good, document])
-    fetcher = None
-    try:
-        blob = tmp_path / "liar" / "blobs" / latest.content_hash.hex()
-        blob.write_bytes(bytes(data))  # same size, one bit flipped, served as the real thing
-        fetcher = PeerFetcher.start(info["listen_addrs"][:1])
-        with pytest.raises(PullRefused) as refused:
-            pull_checkpoint(client, run.run_id, out, fetcher=fetcher, final_only=False)
-    finally:
-        if fetcher is not None:
-            fetcher.close()
-        _stop(proc)
-    assert latest.content_hash.hex() in str(refused.value) and actual in str(refused.value)
-    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
-
-    # The CLI with an intact archive: exit 0 and the two lines an agent developer pastes.
-    args = SimpleNamespace(
-        rpc=run.url,
-        run=run.run_id,
-        deployment=str(run.workdir / "deployment.json"),
-        registry="",
-        ledger="",
-        archive=[str(tampered_dir), str(run.nodes[1].data_dir)],
-        bootstrap=[],
-        round=-1,
-        out_dir=str(out),
-        pending=True,  # the run just ended: its rounds are inside their dispute window
-    )
-    assert run_pull(args) == 0
-    printed = capsys.readouterr().out.splitlines()
-    assert any(line.startswith(f"round {latest.round} is NOT final (--pending)") for line in printed)
-    assert any("AutoModelForCausalLM.from_pretrained" in line for line in printed)
-    assert any(line.startswith(f"round {latest.round} (block ") and "attested by" in line for line in printed)
-    assert any("member since block" in line for line in printed)
-    assert any("model.generate" in line for line in printed)
-    assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
-
-
-@pytest.mark.timeout(60, func_only=True)
-def test_pull_names_what_is_missing_and_never_overwrites(run, client, tmp_path):
-    with pytest.raises(
-        NoCheckpoint, match=r"no checkpoint published for round 99; published rounds: \[0, 1, 2\]"
-    ):
-        pull_checkpoint(client, run.run_id, tmp_path / "out", round_index=99, archives=_archives(run), final_only=False)
-    with pytest.raises(RunDocumentMissing, match="run document .* is not available"):
-        pull_checkpoint(client, run.run_id, tmp_path / "out", archives=[tmp_path], final_only=False)
-    document = run.nodes[0].data_dir / "archive" / f"run-{run.run_id}" / "run.json"
-    (tmp_path / "run.json").write_bytes(document.read_bytes())
-    with pytest.raises(NodeError, match="no --archive directory holds it"):
-        pull_checkpoint(client, run.run_id, tmp_path / "out", archives=[tmp_path], final_only=False)
-    busy = tmp_path / "busy"
-    busy.mkdir()
-    (busy / "keep.txt").write_text("mine")
-    with pytest.raises(NodeError, match="not empty"):
-        pull_checkpoint(client, run.run_id, busy, archives=_archives(run), final_only=False)
-    assert [p.name for p in busy.iterdir()] == ["keep.txt"]
-    # An older round on request.
-    result = pull_checkpoint(client, run.run_id, tmp_path / "round0", round_index=0, archives=_archives(run), final_only=False)
-    assert result.round == 0 and (tmp_path / "round0" / "config.json").exists()
-
-
 # ---------------------------------------------------------------------- last: changes the shared registry
 @pytest.mark.timeout(120, func_only=True)
 def test_a_forged_registration_is_caught(run, client):
     forger = LedgerClient(client.w3, dev_account(8, client.chain_id), run.registry, run.ledger)
     forger.register(os.urandom(32), os.urandom(64))  # the contract cannot check ed25519: the auditor does
     # Anyone can write a bogus registration to the shared registry: it is a note, not this run's failure.
-    report = audit_run(client, run.run_id, archives=_archives(run))
+    report = audit_run(client, run.run_id, archives=node_archives(run))
     assert not report.failed and report.first_bad_round is None
     assert not [c for c in report.general if c.status == FAIL]
     chain = check_chain_record(client, client.history(run.run_id), check_code=False)
@@ -611,7 +397,7 @@ def test_a_forged_registration_is_caught(run, client):
         forger.commit_round(record, [forger.sign_record(record)])
     # ...and once a seat is taken with the squatted key, the run uses it: the registration and the member fail.
     forger.join_run(run.run_id)
-    report = audit_run(client, run.run_id, archives=_archives(run))
+    report = audit_run(client, run.run_id, archives=node_archives(run))
     assert report.failed
     forged = [c for c in report.general if c.status == FAIL and c.name.startswith(f"registration {forger.address}")]
     assert len(forged) == 1
