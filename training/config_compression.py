@@ -10,7 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from training.config_base import (
-    AUTO, DEFAULT_ENCODER, DEFAULT_RANDOM, LEGACY_RANDOM, EncoderVersion, RandomSource, _int_or_auto, _require,
+    AUTO, DEFAULT_ENCODER, DEFAULT_RANDOM, LEGACY_RANDOM, EncoderVersion, RandomSource, _int_or_auto,
+    _require,
 )
 
 
