@@ -9,6 +9,7 @@ until that module ends.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -61,3 +62,10 @@ def client(run):
 
 def node_archives(run) -> list[Path]:
     return [slot.data_dir for slot in run.nodes]
+
+
+def cli_args(run, **options) -> SimpleNamespace:
+    """The parsed arguments of a command that reads the run's chain (``dlx-node audit``, ``pull``): the run's RPC,
+    run id and deployment file, no registry or ledger override, no bootstrap peers; ``options`` add the rest."""
+    return SimpleNamespace(rpc=run.url, run=run.run_id, deployment=str(run.workdir / "deployment.json"),
+                           registry="", ledger="", bootstrap=[], **options)

@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -47,7 +46,7 @@ from node.tools.audit_replay import Replayer
 from node.tools.evidence import PeerFetcher
 from p2p.envelope import Envelope, decode_envelope
 from p2p.identity import Identity
-from short_run_fixtures import ROUNDS, client, node_archives, run  # noqa: F401 (client, run: fixtures)
+from short_run_fixtures import ROUNDS, cli_args, client, node_archives, run  # noqa: F401 (client, run: fixtures)
 
 BIG = 1 << 30
 
@@ -115,14 +114,9 @@ def test_flipped_byte_in_one_contribution_fails_naming_its_round(run, client, tm
     failure = report.first_failure()
     assert victim.stem[:12] in failure.name and "hash to" in failure.reason
     # The CLI turns it into exit code 8 naming the round.
-    args = SimpleNamespace(
-        rpc=run.url,
-        run=run.run_id,
-        deployment=str(run.workdir / "deployment.json"),
-        registry="",
-        ledger="",
+    args = cli_args(
+        run,
         archive=[str(node_copy)],
-        bootstrap=[],
         json_out="",
         html_out="",
         no_replay=False,

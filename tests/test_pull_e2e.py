@@ -11,7 +11,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -19,7 +18,7 @@ from node.cli import exit_code_for
 from node.errors import NodeError, RunDocumentMissing
 from node.tools.evidence import PeerFetcher
 from node.tools.pull import NoCheckpoint, PullRefused, pull_checkpoint, run_pull
-from short_run_fixtures import client, node_archives, run  # noqa: F401 (client, run: fixtures)
+from short_run_fixtures import cli_args, client, node_archives, run  # noqa: F401 (client, run: fixtures)
 
 
 def _serve(tmp_path: Path, name: str, files: list[Path]):
@@ -140,14 +139,9 @@ def test_pull_refuses_a_tampered_checkpoint(run, client, tmp_path, capsys):
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
 
     # The CLI with an intact archive: exit 0 and the two lines an agent developer pastes.
-    args = SimpleNamespace(
-        rpc=run.url,
-        run=run.run_id,
-        deployment=str(run.workdir / "deployment.json"),
-        registry="",
-        ledger="",
+    args = cli_args(
+        run,
         archive=[str(tampered_dir), str(run.nodes[1].data_dir)],
-        bootstrap=[],
         round=-1,
         out_dir=str(out),
         pending=True,  # the run just ended: its rounds are inside their dispute window
