@@ -58,14 +58,15 @@ def slope(values: list[float]) -> float:
 class Probe:
     """Asks the watched node for a sample and waits for it."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, timeout: float = 120.0) -> None:
         self.directory = directory
+        self.timeout = timeout
         directory.mkdir(parents=True, exist_ok=True)
         self.samples: list[dict] = []
 
-    def sample(self, label: str, run: LocalRun, timeout: float = 120) -> dict:
+    def sample(self, label: str, run: LocalRun) -> dict:
         (self.directory / "trigger").write_text(label)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + self.timeout
         path = self.directory / "samples.jsonl"
         while time.monotonic() < deadline:
             if path.exists():
@@ -79,7 +80,7 @@ class Probe:
                           "pass", sample.get("pass_s"), flush=True)
                     return sample
             time.sleep(1.0)
-        raise SystemExit(f"the probe gave no sample {label!r} in {timeout} s")
+        raise SystemExit(f"the probe gave no sample {label!r} in {self.timeout:g} s (--probe-timeout)")
 
 
 def _last_round(run: LocalRun) -> int:
@@ -192,6 +193,8 @@ def main() -> int:
                              "(comma-separated): what grows with the rounds alone")
     parser.add_argument("--tracemalloc", type=int, default=0,
                         help="frames: the watched node traces its allocations from the first sample (slower)")
+    parser.add_argument("--probe-timeout", type=float, default=120.0,
+                        help="seconds to wait for one sample (a tracemalloc comparison on a loaded machine takes minutes)")
     parser.add_argument("--workdir", default="/tmp/dlx-churnmem")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args()
@@ -216,7 +219,7 @@ def churn_run(args, workdir: Path) -> dict:
     run = LocalRun(workdir, replicas=3, stages=1, split=False, settings=settings, attest_quorum=2,
                    stake_wei=10**18)
     run.setup()
-    probe = Probe(workdir / "probe")
+    probe = Probe(workdir / "probe", args.probe_timeout)
     watched, victim = run.nodes[0], run.nodes[args.victim]
     cycles: list[dict] = []
     started = time.monotonic()
