@@ -286,7 +286,7 @@ def main() -> int:
     parser.add_argument("--join-timeout", type=float, default=180.0)
     parser.add_argument("--sample-s", type=float, default=15.0)
     parser.add_argument("--deep-sample-s", type=float, default=300.0,
-                        help="every node's probe walks its objects this often (a pause of about a second; 0: never)")
+                        help="every node's probe walks its objects this often (a pause of 3 s per walk at load 11; 0: never)")
     parser.add_argument("--no-probe", action="store_true",
                         help="nodes run without bench/churn_probe's light probe (RSS only, not what it is made of)")
     parser.add_argument("--no-churn", action="store_true")

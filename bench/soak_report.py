@@ -88,7 +88,8 @@ def summarize(soak, result: dict) -> None:
                             for label, pattern in LOG_COUNTS.items()}
     result["series"] = series(soak.samples)
     result["memory_growth"] = memory_growth(soak.samples, result["run_s"])
-    result["object_growth"] = object_growth(soak.samples, soak.probe_dir, soak.started, result["run_s"])
+    result["object_growth"] = object_growth(soak.samples, result["memory_growth"], soak.probe_dir, soak.started,
+                                            result["run_s"])
     # Connection paths (peer id -> direct/relayed/hole_punched) only as they were at the end: per
     # sample they were most of the JSON's megabyte.
     result["paths_at_end"] = {n: e.get("paths") for n, e in (soak.samples[-1]["nodes"] if soak.samples

@@ -124,16 +124,16 @@ def memory_growth(samples: list[dict], run_s: float) -> dict:
     return out
 
 
-def object_growth(samples: list[dict], probe_dir: Path | None, started: float, run_s: float,
+def object_growth(samples: list[dict], names, probe_dir: Path | None, started: float, run_s: float,
                   top: int = 12) -> dict:
-    """Per node of :func:`memory_growth` (one life from the quarter on), what its deep probe samples
+    """Per node of ``names`` (those :func:`memory_growth` kept: one life from the quarter on), what its deep probe samples
     (``deep-<pid>.jsonl``, ``DLX_CHURN_PROBE_DEEP_EVERY``) say grew from the first past the quarter to the
     last: the ``top`` largest increases of gc-tracked objects by type, of instances by class and of
     container lengths by ``module.Class.attribute``; {} without a probe directory."""
     if probe_dir is None:
         return {}
     out = {}
-    for name in memory_growth(samples, run_s):
+    for name in names:
         pid = next(s["nodes"][name]["pid"] for s in reversed(samples) if s["nodes"].get(name, {}).get("pid"))
         deep = []
         try:

@@ -29,8 +29,8 @@ the node itself: without ``DLX_CHURN_PROBE`` in the environment it does nothing.
 object is walked: every S seconds the process appends to ``<dir>/light-<pid>.jsonl`` what costs no pause,
 VmRSS split into anonymous and file-backed pages, ``mallinfo2``, Python's allocated blocks, the live
 threads and gc's generation counts. Several processes can share the directory (one file each). With
-``DLX_CHURN_PROBE_DEEP_EVERY=D`` also set, every D seconds the full sample above (the object walk, a pause of
-about a second) is appended to ``<dir>/deep-<pid>.jsonl``: what a long run's growth is made of, by type and by
+``DLX_CHURN_PROBE_DEEP_EVERY=D`` also set, every D seconds the full sample above (the object walk: a pause of
+2.8-3.4 s in the soak at load 11) is appended to ``<dir>/deep-<pid>.jsonl``: what a long run's growth is made of, by type and by
 container.
 """
 
