@@ -30,10 +30,10 @@ from results_network import (
 )
 from results_hetero import compile_cpu, gpu, heterogeneous, reexec_isa, screening_delay
 from results_sections import (
-    audit, byzantine, chaos, data_loader, diloco, diloco_ablations, diloco_llama, fraud_proof, fuzz, gpu_calibration,
-    ledger, longrun, pct, provenance, reexec, restart, robust_sim, settings_not_default, split_spotchecks, table,
-    trust_fuzz, utilization,
+    audit, chaos, data_loader, diloco, diloco_ablations, diloco_llama, fuzz, ledger, longrun, pct, provenance, restart,
+    robust_sim, settings_not_default, table, utilization,
 )
+from results_verification import byzantine, fraud_proof, gpu_calibration, reexec, split_spotchecks, trust_fuzz
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
