@@ -42,22 +42,19 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-import msgpack
 import torch
 
-from training.butterfly import assemble_slices, average_of_partials, live_plan
-from training.codec_wire import decode_contribution
+from training.butterfly import average_of_partials
 from training.compiled import compile_problem, forget_compiled
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
 from training.config_compression import CompressionConfig
 from training.data import Corpus, round_batches
 from training.diloco import step_with_average
-from training.errors import ContributionDecodeError, ReexecError, ReplicaStateError
+from training.errors import ReexecError, ReplicaStateError
 from training.fingerprint import (
     CROSS_PLATFORM_TOLERANCE,
     EXACT,
@@ -70,6 +67,7 @@ from training.fingerprint import (
 )
 from training.hashing import stage_weights_hash
 from training.platform import resolve_device
+from training.reexec_distance import contribution_distance, sliced_contribution_distance
 from training.reexec_rules import (
     RESTART_ATOL, RESTART_RTOL, STATE_MISMATCH, check_state_chain, data_commitment, restart_state_reason,
     claimed_steps, round_meta, sample_replicas, sample_score, start_global_round, steps_in_range,
@@ -85,7 +83,8 @@ from training.stages import split_stages, stage_param_shapes
 
 logger = logging.getLogger(__name__)
 
-#: training.reexec_rules' names are re-exported: callers import the spot check from here.
+#: training.reexec_rules' and training.reexec_distance's names are re-exported: callers import the spot check
+#: from here.
 __all__ = [
     "RESTART_ATOL", "RESTART_RTOL", "STATE_MISMATCH", "check_state_chain", "data_commitment",
     "restart_state_reason", "round_meta", "sample_replicas", "sample_score", "start_global_round", "DATA_MISMATCH",
@@ -284,61 +283,6 @@ def _apply_partials(engine, outer_round: int, partials: Sequence[bytes], diloco_
 
 
 # ----------------------------------------------------------------------------- comparing
-
-
-def contribution_distance(
-    claimed: bytes, recomputed: bytes, shapes: Mapping[str, tuple[int, ...]], *, stage_index: int, outer_round: int
-) -> float:
-    """0.0 for identical payload bytes, else the relative L2 distance of the decoded pseudo-gradients.
-
-    ``||decode(claimed) - decode(recomputed)|| / ||decode(recomputed)||``; the norm runs over every tensor of the stage (float64 sums). A claimed
-    payload that does not decode for this stage and round is infinitely far.
-    """
-    if claimed == recomputed:
-        return 0.0
-    try:
-        theirs = decode_contribution(claimed, shapes, stage_index=stage_index, outer_round=outer_round)
-    except ContributionDecodeError:
-        return math.inf
-    ours = decode_contribution(recomputed, shapes, stage_index=stage_index, outer_round=outer_round)
-    difference = sum(float((theirs[n].double() - ours[n].double()).pow(2).sum()) for n in ours)
-    reference = sum(float(ours[n].double().pow(2).sum()) for n in ours)
-    if reference == 0.0:
-        return 0.0 if difference == 0.0 else math.inf
-    return math.sqrt(difference / reference)
-
-
-def sliced_contribution_distance(
-    claimed: bytes, recomputed: bytes, shapes: Mapping[str, tuple[int, ...]], diloco_cfg: DilocoConfig, *,
-    stage_index: int, outer_round: int
-) -> float:
-    """:func:`contribution_distance` of a sliced contribution (``diloco.exchange = "sliced"``): both are the
-    msgpack array of the A slice blobs (what the sliced encoder returns; the verifier packs the claimant's
-    from the bundle its signed reference names); each slice is decoded for its sub-shapes and the slices are
-    assembled before the distance is taken. A claim that does not unpack or decode is infinitely far."""
-    if claimed == recomputed:
-        return 0.0
-    plan = live_plan(shapes, diloco_cfg.num_replicas, diloco_cfg.min_slice_numel)
-
-    def whole(packed: bytes) -> dict[str, torch.Tensor]:
-        blobs = msgpack.unpackb(packed, raw=False)
-        if not isinstance(blobs, list) or len(blobs) != plan.num_slices or not all(isinstance(b, bytes) for b in blobs):
-            raise ContributionDecodeError(f"not {plan.num_slices} slice blobs")
-        return assemble_slices([decode_contribution(blob, plan.slice_shapes(j), stage_index=stage_index,
-                                                    outer_round=outer_round) for j, blob in enumerate(blobs)], plan)
-
-    try:
-        theirs = whole(claimed)
-    except (ContributionDecodeError, ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
-            msgpack.StackError):
-        return math.inf
-    ours = whole(recomputed)
-    difference = sum(float((theirs[n].double() - ours[n].double()).pow(2).sum()) for n in ours)
-    reference = sum(float(ours[n].double().pow(2).sum()) for n in ours)
-    if reference == 0.0:
-        return 0.0 if difference == 0.0 else math.inf
-    return math.sqrt(difference / reference)
-
 
 def verdict(distance: float, tolerance: float) -> str:
     """:data:`EXACT` (bit-exact), :data:`WITHIN_TOLERANCE` or :data:`MISMATCH` under a plain tolerance
