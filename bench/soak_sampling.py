@@ -15,9 +15,11 @@ CHAIN_IP = "100.64.0.1"
 
 
 #: What a node's sample holds beside its RSS: the RSS split into anonymous and file-backed pages (from /proc), and
-#: from the in-process probe (bench/churn_probe, light mode) glibc's heap in use and free-but-kept (MiB) and
-#: Python's allocated blocks (a count).
-HEAP_SERIES = ("rss_anon_mib", "rss_file_mib", "malloc_in_use_mib", "malloc_free_mib", "py_blocks")
+#: from the in-process probe (bench/churn_probe, light mode) glibc's heap in use and free-but-kept (MiB),
+#: Python's allocated blocks (a count) and pymalloc's arenas (MiB mapped), and the anonymous pages by mapping
+#: (MiB resident: glibc's main heap, its other arenas' heaps, the rest: pymalloc arenas, mmapped chunks).
+HEAP_SERIES = ("rss_anon_mib", "rss_file_mib", "malloc_in_use_mib", "malloc_free_mib", "py_blocks",
+               "py_arenas_mib", "anon_brk_mib", "anon_arenas_mib", "anon_other_mib")
 
 
 def take_sample(members, sites: dict, at: float, last: int | None, probe_dir: Path | None = None) -> dict:
@@ -92,6 +94,12 @@ def probe_figures(path: Path) -> dict:
     out = {"py_blocks": line.get("allocated_blocks"), "threads": line.get("threads")}
     if malloc:
         out.update(malloc_in_use_mib=mib(malloc["in_use"] / 1024), malloc_free_mib=mib(malloc["free"] / 1024))
+    if (line.get("pymalloc") or {}).get("arenas") is not None:
+        out["py_arenas_mib"] = line["pymalloc"]["arenas"]  # each arena is 1 MiB
+    mappings = line.get("mappings") or {}
+    for key in ("brk", "arenas", "other"):
+        if key in mappings:
+            out[f"anon_{key}_mib"] = mib(mappings[key])
     return out
 
 

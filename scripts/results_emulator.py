@@ -87,7 +87,10 @@ def soak(r: dict) -> list[str]:
     if growth:
         parts = [("rss_mib", "RSS"), ("rss_anon_mib", "anonymous"), ("rss_file_mib", "file-backed"),
                  ("malloc_in_use_mib", "glibc heap in use"), ("malloc_free_mib", "glibc free, kept"),
-                 ("py_blocks", "Python blocks")]
+                 ("py_blocks", "Python blocks"), ("py_arenas_mib", "pymalloc arenas"),
+                 ("anon_brk_mib", "main heap pages"), ("anon_arenas_mib", "other arenas' pages"),
+                 ("anon_other_mib", "other anonymous pages")]
+        parts = [(key, label) for key, label in parts if any(key in entry for entry in growth.values())]
 
         def cell(entry: dict | None, blocks: bool) -> str:
             if not entry:
@@ -98,7 +101,8 @@ def soak(r: dict) -> list[str]:
 
         lines += ["What the RSS is made of, on the nodes that ran one life from a quarter of the run to its end (VmRSS "
                   "split into anonymous and file-backed pages, from /proc; glibc's `mallinfo2` and Python's allocated "
-                  "blocks, from bench/churn_probe's light probe, which every node loads): the change from the first sample past the quarter "
+                  "blocks and arenas, and the anonymous pages by mapping from /proc/self/smaps, from bench/churn_probe's "
+                  "light probe, which every node loads): the change from the first sample past the quarter "
                   "to the last (MiB, blocks), and in brackets the slope over the last quarter:", ""]
         lines += table(["node"] + [label for _, label in parts],
                        [[name] + [cell(entry.get(key), key == "py_blocks") for key, _ in parts]

@@ -67,7 +67,80 @@ def _light_sample() -> dict:
     return {"time": time.time(), "pid": os.getpid(), "rss_kib": memory.get("VmRSS", 0),
             "rss_anon_kib": memory.get("RssAnon", 0), "rss_file_kib": memory.get("RssFile", 0),
             "allocated_blocks": sys.getallocatedblocks(), "malloc": _malloc(),
+            "pymalloc": _pymalloc(), "mappings": _mappings(),
             "threads": threading.active_count(), "gc_count": list(gc.get_count())}
+
+
+#: glibc's non-main arenas live in heaps of this size, mapped at an address aligned to it (HEAP_MAX_SIZE on
+#: 64-bit: 2 x DEFAULT_MMAP_THRESHOLD_MAX).
+_GLIBC_HEAP = 64 << 20
+
+
+def _mappings() -> dict:
+    """The anonymous resident pages (kB) by who mapped them, from /proc/self/smaps: glibc's main heap
+    (``brk``: the ``[heap]`` mapping), its other arenas' heaps (``arenas``: anonymous mappings at a
+    64 MiB-aligned address, a heuristic: a large mmap can land there too), the thread stacks (``stacks``) and
+    the rest (``other``: pymalloc's 1 MiB arenas, glibc's mmapped chunks, torch's large buffers); ``files``:
+    the private copies of file-backed pages (shared libraries' written data)."""
+    out = {"brk": 0, "arenas": 0, "stacks": 0, "other": 0, "files": 0}
+    kind = None
+    try:
+        with open("/proc/self/smaps") as smaps:
+            for line in smaps:
+                head = line.split(None, 6)
+                if "-" in head[0] and len(head) >= 5 and head[0][0] in "0123456789abcdef" and ":" not in head[0]:
+                    start = int(head[0].split("-", 1)[0], 16)
+                    name = head[5].strip() if len(head) > 5 else ""
+                    if name == "[heap]":
+                        kind = "brk"
+                    elif name.startswith("[stack"):
+                        kind = "stacks"
+                    elif name.startswith("["):
+                        kind = None  # [vdso], [vvar], [vsyscall]
+                    elif name or head[4] != "0":
+                        kind = "files"
+                    elif start % _GLIBC_HEAP == 0:
+                        kind = "arenas"
+                    else:
+                        kind = "other"
+                elif kind is not None and line.startswith("Anonymous:"):
+                    out[kind] += int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return {}
+    return out
+
+
+def _pymalloc() -> dict:
+    """pymalloc's arenas (each 1 MiB, mapped on their own) and the bytes in its allocated blocks, from
+    ``_PyObject_DebugMallocStats`` written to a scratch file; {} where CPython has no such function."""
+    import ctypes
+    import tempfile
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.fopen.restype, libc.fopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_char_p]
+        libc.fclose.argtypes = [ctypes.c_void_p]
+        stats = ctypes.pythonapi._PyObject_DebugMallocStats
+        stats.argtypes, stats.restype = [ctypes.c_void_p], ctypes.c_int
+        with tempfile.NamedTemporaryFile("r", prefix="pymalloc-") as scratch:
+            handle = libc.fopen(scratch.name.encode(), b"w")
+            if not handle:
+                return {}
+            try:
+                stats(handle)
+            finally:
+                libc.fclose(handle)
+            text = scratch.read()
+    except (OSError, AttributeError):
+        return {}
+    wanted = {"# arenas allocated current": "arenas", "# bytes in allocated blocks": "allocated_bytes",
+              "# bytes in available blocks": "available_bytes"}
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() in wanted:
+            out[wanted[key.strip()]] = int(value.strip().replace(",", ""))
+    return out
 
 
 def _light(directory: str, every: float, deep_every: float) -> None:
