@@ -44,3 +44,28 @@ def test_object_growth_skips_a_node_with_another_life_or_no_walks(tmp_path):
     assert memory_growth(samples, RUN_S) == {}  # restarted past the quarter: two lives, no growth figure
     assert object_growth(samples, ["n1"], tmp_path, STARTED, RUN_S) == {}  # no deep-8.jsonl
     assert object_growth(_samples(), ["n1"], None, STARTED, RUN_S) == {}  # the soak ran --no-probe
+
+
+def test_probe_figures_read_the_light_probes_heap_parts(tmp_path):
+    import importlib.util
+
+    from bench.soak_sampling import probe_figures
+
+    # The probe module itself, under another name (a sitecustomize may be imported already); it starts nothing
+    # without DLX_CHURN_PROBE in the environment.
+    spec = importlib.util.spec_from_file_location("churn_probe_light", "bench/churn_probe/sitecustomize.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    line = probe._light_sample()
+    # This process's own figures: pymalloc has arenas, and the anonymous pages by mapping add up to RssAnon.
+    assert line["pymalloc"]["arenas"] >= 1 and line["pymalloc"]["allocated_bytes"] > 0
+    parts = sum(line["mappings"].values())
+    assert abs(parts - line["rss_anon_kib"]) <= 0.05 * line["rss_anon_kib"]
+    path = tmp_path / "light-7.jsonl"
+    path.write_text(json.dumps(line) + "\n" + '{"time": 1, "malloc": {"in_u')  # the last line cut off by a kill
+    figures = probe_figures(path)
+    assert figures["py_arenas_mib"] == line["pymalloc"]["arenas"]
+    assert figures["anon_brk_mib"] == round(line["mappings"]["brk"] / 1024, 1)
+    assert {"anon_arenas_mib", "anon_other_mib", "malloc_in_use_mib", "py_blocks"} <= set(figures)
+    path.write_text('{"time": 1, "pymalloc": {}, "mappings": {}}\n')  # a probe without them (not CPython, no /proc)
+    assert "py_arenas_mib" not in probe_figures(path) and "anon_brk_mib" not in probe_figures(path)
