@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from bench.soak_sampling import memory_growth, object_growth
 
@@ -53,7 +54,8 @@ def test_probe_figures_read_the_light_probes_heap_parts(tmp_path):
 
     # The probe module itself, under another name (a sitecustomize may be imported already); it starts nothing
     # without DLX_CHURN_PROBE in the environment.
-    spec = importlib.util.spec_from_file_location("churn_probe_light", "bench/churn_probe/sitecustomize.py")
+    spec = importlib.util.spec_from_file_location(
+        "churn_probe_light", Path(__file__).resolve().parents[1] / "bench" / "churn_probe" / "sitecustomize.py")
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     line = probe._light_sample()
