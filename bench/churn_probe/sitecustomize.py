@@ -255,10 +255,27 @@ def _traced() -> dict:
     return result
 
 
+#: How long the walk lets go of the GIL once, after lengthening the switch interval (see :func:`_sample`).
+_SETTLE_S = 0.2
+
+
 def _sample(label: str) -> dict:
+    """One full sample. While it holds every object in a list no other thread may run: a thread preempted
+    while it builds a tuple from an iterator (``tuple(generator)``) resizes that tuple when it resumes,
+    which CPython refuses (``SystemError: Objects/tupleobject.c: bad argument to internal function``) if
+    anyone else holds a reference to it, as the list does (it happened once in the hour's soak of
+    2026-11-26, in a web3 formatter). So, before the walk: the switch interval goes to 30 s and this
+    thread lets go of the GIL once for ``_SETTLE_S``: a thread that waits for the GIL asks its holder to
+    drop it only when a whole wait of the interval passed without the GIL changing hands, so a wait begun
+    under the old 5 ms ends without asking (the GIL changed hands meanwhile), later waits are 30 s, and a
+    request left from before is reset when this thread takes the GIL back. The collector is off during
+    the walk, so no finalizer runs (and perhaps blocks) in the middle; the walk calls nothing that blocks."""
     gc.collect()
+    enabled = gc.isenabled()
     previous = sys.getswitchinterval()
     sys.setswitchinterval(30.0)
+    time.sleep(_SETTLE_S)
+    gc.disable()
     try:
         started = time.monotonic()
         objects = gc.get_objects()
@@ -291,6 +308,8 @@ def _sample(label: str) -> dict:
         took = time.monotonic() - started
     finally:
         sys.setswitchinterval(previous)
+        if enabled:
+            gc.enable()
     return {"label": label, "time": time.time(), "pass_s": round(took, 2), "rss_kib": _rss_kib(),
             "allocated_blocks": sys.getallocatedblocks(), "malloc": _malloc(),
             "types": {k: v for k, v in by_type.items() if v >= 200},
