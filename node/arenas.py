@@ -42,26 +42,20 @@ def _glibc():
     return libc
 
 
-def _mallopt(param: int, name: str, value: int, variable: str, libc) -> bool:
-    """``mallopt(param, value)`` unless the environment's ``variable`` chose (glibc read it at start);
-    whether it was set (False: chosen already, no glibc, or refused)."""
-    if os.environ.get(variable):
+def limit_arenas(arenas: int = NODE_ARENAS, libc=None) -> bool:
+    """Set glibc's ``M_ARENA_MAX`` to ``arenas``; whether it was set (False: no glibc, refused, or the
+    environment's ``MALLOC_ARENA_MAX`` chose already)."""
+    if os.environ.get("MALLOC_ARENA_MAX"):
         return False
     libc = libc if libc is not None else _glibc()
     if libc is None:
         return False
     libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     libc.mallopt.restype = ctypes.c_int
-    done = libc.mallopt(param, value) == 1  # mallopt returns 1 on success
+    done = libc.mallopt(M_ARENA_MAX, arenas) == 1  # mallopt returns 1 on success
     if not done:
-        logger.debug("mallopt(%s, %d) refused", name, value)
+        logger.debug("mallopt(M_ARENA_MAX, %d) refused", arenas)
     return done
-
-
-def limit_arenas(arenas: int = NODE_ARENAS, libc=None) -> bool:
-    """Set glibc's ``M_ARENA_MAX`` to ``arenas``; whether it was set (False: no glibc, refused, or the
-    environment's ``MALLOC_ARENA_MAX`` chose already)."""
-    return _mallopt(M_ARENA_MAX, "M_ARENA_MAX", arenas, "MALLOC_ARENA_MAX", libc)
 
 
 def fix_mmap_threshold(threshold: int = NODE_MMAP_THRESHOLD, libc=None) -> bool:
@@ -71,6 +65,16 @@ def fix_mmap_threshold(threshold: int = NODE_MMAP_THRESHOLD, libc=None) -> bool:
     glibc starts it at 128 KiB and raises it to the size of each larger mmapped block that is freed (up to
     32 MiB), so after a node's first rounds its blobs, wire buffers and tensors of a few MiB come from the
     arenas instead of pages of their own; freed there, between longer-lived small blocks, their pages stay
-    with the process. In the hour's soak the second arena's resident pages rose 5-17 MiB after warm-up
+    with the process. In the hour's soak the second arena's resident pages rose 11-17 MiB after warm-up
     while glibc's own mmapped total fell (12 to 4 MiB on r0n0). Setting the threshold also stops it moving."""
-    return _mallopt(M_MMAP_THRESHOLD, "M_MMAP_THRESHOLD", threshold, "MALLOC_MMAP_THRESHOLD_", libc)
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return False
+    libc = libc if libc is not None else _glibc()
+    if libc is None:
+        return False
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    libc.mallopt.restype = ctypes.c_int
+    done = libc.mallopt(M_MMAP_THRESHOLD, threshold) == 1
+    if not done:
+        logger.debug("mallopt(M_MMAP_THRESHOLD, %d) refused", threshold)
+    return done

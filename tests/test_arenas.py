@@ -12,15 +12,12 @@ from node import arenas
 from node.arenas import M_ARENA_MAX, M_MMAP_THRESHOLD, NODE_ARENAS, NODE_MMAP_THRESHOLD, fix_mmap_threshold, limit_arenas
 
 # Eight threads that each malloc while the others do; then glibc's own account of its arenas.
-#: The start of both child scripts: glibc's handle, or "no-glibc" and out.
-_GLIBC = textwrap.dedent("""
+_ARENAS_USED = textwrap.dedent("""
     import ctypes, sys, threading
-    from node.arenas import _glibc, fix_mmap_threshold, limit_arenas
+    from node.arenas import _glibc, limit_arenas
     libc = _glibc()
     if libc is None:
         print("no-glibc"); sys.exit(0)
-""")
-_ARENAS_USED = _GLIBC + textwrap.dedent("""
     if sys.argv[1] == "limit":
         assert limit_arenas()
     libc.malloc.restype = ctypes.c_void_p
@@ -106,7 +103,12 @@ def test_start_and_join_set_the_limit_before_anything_else(monkeypatch, command,
 
 
 # A 1 MiB block is mmapped (above the threshold) and freed; then glibc's account of where the next one went.
-_NEXT_BLOCK = _GLIBC + textwrap.dedent("""
+_NEXT_BLOCK = textwrap.dedent("""
+    import ctypes, sys
+    from node.arenas import _glibc, fix_mmap_threshold
+    libc = _glibc()
+    if libc is None:
+        print("no-glibc"); sys.exit(0)
     if sys.argv[1] == "fixed":
         assert fix_mmap_threshold()
     class Info(ctypes.Structure):
