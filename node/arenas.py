@@ -24,11 +24,6 @@ logger = logging.getLogger(__name__)
 M_ARENA_MAX = -8
 #: Arenas a node process keeps: the main one and one more for every other thread.
 NODE_ARENAS = 2
-#: glibc's mallopt parameter number of M_MMAP_THRESHOLD (malloc.h).
-M_MMAP_THRESHOLD = -3
-#: Allocations from this size up get pages of their own, given back when freed: glibc's starting value,
-#: fixed (see :func:`fix_mmap_threshold`).
-NODE_MMAP_THRESHOLD = 128 * 1024
 
 
 def _glibc():
@@ -55,26 +50,4 @@ def limit_arenas(arenas: int = NODE_ARENAS, libc=None) -> bool:
     done = libc.mallopt(M_ARENA_MAX, arenas) == 1  # mallopt returns 1 on success
     if not done:
         logger.debug("mallopt(M_ARENA_MAX, %d) refused", arenas)
-    return done
-
-
-def fix_mmap_threshold(threshold: int = NODE_MMAP_THRESHOLD, libc=None) -> bool:
-    """Fix glibc's ``M_MMAP_THRESHOLD`` at ``threshold``; whether it was set (False: no glibc, refused, or the
-    environment's ``MALLOC_MMAP_THRESHOLD_`` chose already).
-
-    glibc starts it at 128 KiB and raises it to the size of each larger mmapped block that is freed (up to
-    32 MiB), so after a node's first rounds its blobs, wire buffers and tensors of a few MiB come from the
-    arenas instead of pages of their own; freed there, between longer-lived small blocks, their pages stay
-    with the process. In the hour's soak the second arena's resident pages rose 11-17 MiB after warm-up
-    while glibc's own mmapped total fell (12 to 4 MiB on r0n0). Setting the threshold also stops it moving."""
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
-        return False
-    libc = libc if libc is not None else _glibc()
-    if libc is None:
-        return False
-    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    libc.mallopt.restype = ctypes.c_int
-    done = libc.mallopt(M_MMAP_THRESHOLD, threshold) == 1
-    if not done:
-        logger.debug("mallopt(M_MMAP_THRESHOLD, %d) refused", threshold)
     return done

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from node import arenas
-from node.arenas import M_ARENA_MAX, M_MMAP_THRESHOLD, NODE_ARENAS, NODE_MMAP_THRESHOLD, fix_mmap_threshold, limit_arenas
+from node.arenas import M_ARENA_MAX, NODE_ARENAS, limit_arenas
 
 # Eight threads that each malloc while the others do; then glibc's own account of its arenas.
 _ARENAS_USED = textwrap.dedent("""
@@ -92,60 +92,10 @@ def test_start_and_join_set_the_limit_before_anything_else(monkeypatch, command,
 
     order: list[str] = []
     monkeypatch.setattr(arenas, "limit_arenas", lambda: order.append("arenas"))
-    monkeypatch.setattr(arenas, "fix_mmap_threshold", lambda: order.append("mmap"))
     monkeypatch.setattr(cli, "configure_logging", lambda *a: order.append("logging"))
     monkeypatch.setattr(cli, "tame_libp2p_logging", lambda *a: None)
     monkeypatch.setattr("node.anvil.locate_anvil", lambda: None)
     monkeypatch.setitem(faces.COMMANDS, command[0], lambda args: order.append(args.command) or 0)
     assert cli.main(command) == 0
-    assert order == (["arenas", "mmap", "logging", command[0]] if limited else ["logging", command[0]])
+    assert order == (["arenas", "logging", command[0]] if limited else ["logging", command[0]])
 
-
-
-# A 1 MiB block is mmapped (above the threshold) and freed; then glibc's account of where the next one went.
-_NEXT_BLOCK = textwrap.dedent("""
-    import ctypes, sys
-    from node.arenas import _glibc, fix_mmap_threshold
-    libc = _glibc()
-    if libc is None:
-        print("no-glibc"); sys.exit(0)
-    if sys.argv[1] == "fixed":
-        assert fix_mmap_threshold()
-    class Info(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                    "fsmblks", "uordblks", "fordblks", "keepcost")]
-    libc.mallinfo2.restype = Info
-    libc.malloc.restype = ctypes.c_void_p
-    libc.free.argtypes = [ctypes.c_void_p]
-    libc.free(libc.malloc(1 << 20))
-    before = libc.mallinfo2().hblks
-    block = libc.malloc(1 << 20)
-    print(libc.mallinfo2().hblks - before)  # 1 if the second block got pages of its own
-    libc.free(block)
-""")
-
-
-@pytest.mark.parametrize("mode,mmapped", [("default", 0), ("fixed", 1)])
-def test_a_freed_large_block_does_not_move_the_next_into_the_arenas(mode, mmapped):
-    import os
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    done = subprocess.run([sys.executable, "-c", _NEXT_BLOCK, mode], capture_output=True, text=True, timeout=120,
-                          env=env)
-    assert done.returncode == 0, done.stderr
-    if "no-glibc" in done.stdout:
-        pytest.skip("not glibc: there is no threshold to fix")
-    assert int(done.stdout) == mmapped  # glibc's sliding threshold took the freed block's size; fixed, it did not
-
-
-def test_the_threshold_is_fixed_unless_the_environment_chose(monkeypatch):
-    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    libc = FakeLibc()
-    assert fix_mmap_threshold(libc=libc) and libc.calls == [(M_MMAP_THRESHOLD, NODE_MMAP_THRESHOLD)]
-    assert not fix_mmap_threshold(libc=FakeLibc(answer=0))
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
-    libc = FakeLibc()
-    assert not fix_mmap_threshold(libc=libc) and libc.calls == []
-    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
-    monkeypatch.setattr(arenas, "_glibc", lambda: None)
-    assert not fix_mmap_threshold()
