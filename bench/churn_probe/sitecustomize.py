@@ -37,6 +37,7 @@ container.
 from __future__ import annotations
 
 import collections
+import functools
 import gc
 import json
 import os
@@ -87,8 +88,8 @@ def _mappings() -> dict:
     try:
         with open("/proc/self/smaps") as smaps:
             for line in smaps:
-                head = line.split(None, 6)
-                if "-" in head[0] and len(head) >= 5 and head[0][0] in "0123456789abcdef" and ":" not in head[0]:
+                head = line.split(None, 5)
+                if not head[0].endswith(":"):  # a mapping's line: "start-end perms offset dev inode [name]"
                     start = int(head[0].split("-", 1)[0], 16)
                     name = head[5].strip() if len(head) > 5 else ""
                     if name == "[heap]":
@@ -112,27 +113,31 @@ def _mappings() -> dict:
 
 def _pymalloc() -> dict:
     """pymalloc's arenas (each 1 MiB, mapped on their own) and the bytes in its allocated blocks, from
-    ``_PyObject_DebugMallocStats`` written to a scratch file; {} where CPython has no such function."""
+    ``_PyObject_DebugMallocStats`` written into memory (``open_memstream``); {} where CPython or the C
+    library has no such function."""
     import ctypes
-    import tempfile
 
+    libc = _libc()
     try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.fopen.restype, libc.fopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_char_p]
-        libc.fclose.argtypes = [ctypes.c_void_p]
         stats = ctypes.pythonapi._PyObject_DebugMallocStats
         stats.argtypes, stats.restype = [ctypes.c_void_p], ctypes.c_int
-        with tempfile.NamedTemporaryFile("r", prefix="pymalloc-") as scratch:
-            handle = libc.fopen(scratch.name.encode(), b"w")
-            if not handle:
-                return {}
-            try:
-                stats(handle)
-            finally:
-                libc.fclose(handle)
-            text = scratch.read()
-    except (OSError, AttributeError):
+        libc.open_memstream.restype = ctypes.c_void_p
+        libc.open_memstream.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]
+        libc.fclose.argtypes, libc.free.argtypes = [ctypes.c_void_p], [ctypes.c_void_p]
+    except AttributeError:
         return {}
+    buffer, size = ctypes.c_void_p(), ctypes.c_size_t()
+    handle = libc.open_memstream(ctypes.byref(buffer), ctypes.byref(size))
+    if not handle:
+        return {}
+    try:
+        stats(handle)
+    finally:
+        libc.fclose(handle)  # flushes: buffer and size are final only now
+    try:
+        text = ctypes.string_at(buffer, size.value).decode("ascii", "replace")
+    finally:
+        libc.free(buffer)
     wanted = {"# arenas allocated current": "arenas", "# bytes in allocated blocks": "allocated_bytes",
               "# bytes in available blocks": "available_bytes"}
     out = {}
@@ -192,6 +197,14 @@ def _referrers(objects: list, names: set[str]) -> dict:
     return dict(held)
 
 
+@functools.cache
+def _libc():
+    """The C library, loaded once (every light sample calls into it)."""
+    import ctypes
+
+    return ctypes.CDLL(None)
+
+
 def _malloc() -> dict:
     import ctypes
 
@@ -201,10 +214,10 @@ def _malloc() -> dict:
                      "fordblks", "keepcost")]
 
     try:
-        libc = ctypes.CDLL("libc.so.6")
+        libc = _libc()
         libc.mallinfo2.restype = Info
         info = libc.mallinfo2()
-    except (OSError, AttributeError):  # not glibc, or older than 2.33
+    except AttributeError:  # not glibc, or older than 2.33
         return {}
     return {"in_use": info.uordblks, "free": info.fordblks, "mmapped": info.hblkhd}
 
