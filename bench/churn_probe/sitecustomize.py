@@ -248,6 +248,10 @@ def _modules() -> dict:
     return sizes
 
 
+#: The smallest block :func:`_traced` lists by holder.
+_LARGE_BYTES = 128 * 1024
+
+
 def _traced() -> dict:
     """Tracing's diff since the sample before (the first sample only starts it)."""
     import tracemalloc
@@ -264,6 +268,16 @@ def _traced() -> dict:
             result[key] = [{"size_diff": d.size_diff, "count_diff": d.count_diff, "size": d.size,
                             "where": [f"{f.filename}:{f.lineno}" for f in d.traceback][-_FRAMES:]}
                            for d in snapshot.compare_to(_last_snapshot, grouping)[:count]]
+    # The blocks of 128 KiB and more (glibc's mmap threshold before it slides) still alive, by traceback: who
+    # holds the large blocks that RSS grows by, where Python's allocator or numpy made them.
+    large: dict = {}
+    for trace in snapshot.traces:
+        if trace.size >= _LARGE_BYTES:
+            entry = large.setdefault(trace.traceback, [0, 0])
+            entry[0] += 1
+            entry[1] += trace.size
+    result["large"] = [{"count": count, "size": size, "where": [f"{f.filename}:{f.lineno}" for f in where][-_FRAMES:]}
+                       for where, (count, size) in sorted(large.items(), key=lambda item: -item[1][1])[:25]]
     _last_snapshot = snapshot
     return result
 
