@@ -236,6 +236,19 @@ def built_elsewhere_check(name: str, auditor: ReexecAuditor, round_index: int, r
                  round_index)
 
 
+def recorded_pairs(sealed: dict[int, list[list]], history) -> tuple[list[tuple[int, int]], list[int]]:
+    """The (round, replica) pairs of ``sealed`` whose round the chain committed, and the sealed rounds it did not.
+
+    The audit judges the history the chain records. A round the archives sealed but the chain never committed (the
+    nodes stopped before its commit: the end of every run that is stopped rather than run to its last round) binds
+    nothing, and its nodes may have sealed different closes of it: the archives' union of such a round is no one's
+    close, so a rerun of the next round against it would find an honest contribution "built on another result"
+    (the 25-minute soak of 2026-11-26 FAILED so, on rounds 26 and 27 of a chain that held 0-24)."""
+    committed = {c.commit.round for c in history.commits}
+    pairs = sorted({(r, int(e[1])) for r, entries in sealed.items() if r in committed for e in entries})
+    return pairs, sorted(r for r in sealed if r not in committed)
+
+
 def reexec_checks(report, history, replayer, archives, count: int) -> None:
     """Append the re-execution checks to ``report.general`` (module docstring)."""
     if replayer is None:
@@ -245,7 +258,11 @@ def reexec_checks(report, history, replayer, archives, count: int) -> None:
     guilty = [a for a in history.accusations if a.guilty]
     guilty_accounts = {a.accused.lower() for a in guilty}
     account_of = _peer_accounts(history)
-    pairs = sorted({(r, int(e[1])) for r, entries in auditor.sealed.items() for e in entries})
+    pairs, unrecorded = recorded_pairs(auditor.sealed, history)
+    if unrecorded:
+        report.notes.append(f"re-execution: round(s) {', '.join(map(str, unrecorded))} sealed in the archives but not "
+                            "committed on chain (the run stopped before their commit, or the chain never took them) "
+                            "are not judged: no record binds their contributions")
     for round_index, replica in sample_contributions(pairs, history.head_hash, count):
         name = f"re-execution of round {round_index} replica {replica}"
         try:
