@@ -84,47 +84,79 @@ def _node_hash(left: tuple[bytes, int], right: tuple[bytes, int]) -> bytes:
     return hashlib.sha256(b"\x01" + left[0] + sum_bytes(left[1]) + right[0] + sum_bytes(right[1])).digest()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SumTree:
-    """The sum tree over one contribution's per-chunk sums of squares (module docstring)."""
+    """The sum tree over one contribution's per-chunk sums of squares (module docstring).
 
-    levels: tuple[tuple[tuple[bytes, int], ...], ...]  # levels[0]: the leaves' (hash, sum); the last: the root
+    Held packed (as :mod:`ledger.packed` holds leaves): each level's hashes in one buffer and its sums in another (``SUM_BYTES``
+    each), not as a tuple of (hash, int) pairs per node: a node keeps a tree per accepted contribution and
+    stage for every round behind the commit lag (issue 45)."""
+
+    hashes: tuple[bytes, ...]  # per level, the nodes' 32-byte hashes concatenated; the leaves' first, the root's last
+    sum_levels: tuple[bytes, ...]  # per level, the nodes' sums (SUM_BYTES each, big-endian) concatenated
 
     @classmethod
     def of(cls, sums: Sequence[int]) -> SumTree:
         if not sums:
             raise LedgerInputError("a sum tree needs at least one chunk")
-        level = tuple((_leaf_hash(total), total) for total in sums)
-        levels = [level]
-        while len(level) > 1:
+        level = [(_leaf_hash(total), total) for total in sums]
+        hashes, sum_levels = [], []
+        while True:
+            hashes.append(b"".join(digest for digest, _total in level))
+            sum_levels.append(b"".join(sum_bytes(total) for _digest, total in level))
+            if len(level) == 1:
+                return cls(tuple(hashes), tuple(sum_levels))
             pairs = [_pair(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
             if len(level) % 2:
                 pairs.append(level[-1])  # an odd node is promoted
-            level = tuple(pairs)
-            levels.append(level)
-        return cls(tuple(levels))
+            level = pairs
 
-    @property
-    def root(self) -> bytes:
-        return self.levels[-1][0][0]
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SumTree):
+            return NotImplemented
+        return self.hashes == other.hashes and self.sum_levels == other.sum_levels
 
-    @property
-    def total(self) -> int:
-        return self.levels[-1][0][1]
+    __hash__ = None  # type: ignore[assignment]
+
+    def node(self, height: int, index: int) -> tuple[bytes, int]:
+        """``(hash, sum)`` of node ``index`` of level ``height`` (0: the leaves)."""
+        sums = self.sum_levels[height]
+        return (self.hashes[height][32 * index:32 * (index + 1)],
+                int.from_bytes(sums[SUM_BYTES * index:SUM_BYTES * (index + 1)], "big"))
 
     @property
     def sums(self) -> tuple[int, ...]:
-        return tuple(total for _hash, total in self.levels[0])
+        """The leaves' sums: the per-chunk sums of squares (built on each call)."""
+        leaves = self.sum_levels[0]
+        return tuple(int.from_bytes(leaves[i:i + SUM_BYTES], "big") for i in range(0, len(leaves), SUM_BYTES))
+
+    def width(self, height: int) -> int:
+        """How many nodes level ``height`` has."""
+        return len(self.hashes[height]) // 32
+
+    @property
+    def levels(self) -> tuple[tuple[tuple[bytes, int], ...], ...]:
+        """Every level's ``(hash, sum)`` nodes, the leaves' first, the root's last (built on each call)."""
+        return tuple(tuple(self.node(height, i) for i in range(self.width(height)))
+                     for height in range(len(self.hashes)))
+
+    @property
+    def root(self) -> bytes:
+        return self.hashes[-1][:32]
+
+    @property
+    def total(self) -> int:
+        return self.node(len(self.hashes) - 1, 0)[1]
 
     def path(self, index: int) -> list[bytes]:
         """The sibling hashes and sums from leaf ``index`` up: four 32-byte words per level with a sibling."""
-        if not 0 <= index < len(self.levels[0]):
-            raise LedgerInputError(f"chunk {index} outside the tree's {len(self.levels[0])} chunks")
+        if not 0 <= index < self.width(0):
+            raise LedgerInputError(f"chunk {index} outside the tree's {self.width(0)} chunks")
         words = []
-        for level in self.levels[:-1]:
+        for height in range(len(self.hashes) - 1):
             sibling = index ^ 1
-            if sibling < len(level):
-                digest, total = level[sibling]
+            if sibling < self.width(height):
+                digest, total = self.node(height, sibling)
                 words += [digest, *(word.to_bytes(32, "big") for word in sum_words(total))]
             index //= 2
         return words
@@ -267,10 +299,10 @@ def differing_sum_subtree(own: SumTree, chunk: int, path: Sequence[bytes]) -> in
     ``log2(chunks)`` openings. None: every sibling is this node's (the path is not of this tree's shape)."""
     siblings = []
     position = chunk
-    for height, level in enumerate(own.levels[:-1]):
+    for height in range(len(own.hashes) - 1):
         sibling = position ^ 1
-        if sibling < len(level):
-            siblings.append((height, sibling, level[sibling][0]))
+        if sibling < own.width(height):
+            siblings.append((height, sibling, own.node(height, sibling)[0]))
         position //= 2
     committed = path_sums(path)
     if len(siblings) != len(committed):
@@ -295,8 +327,7 @@ def encode_norm_state(factors: bytes, trees: Sequence[SumTree]) -> bytes:
     contribution's per-chunk sums (the leaves of its sum tree), for a prover to open (:func:`parse_norm_state`)."""
     parts = [struct.pack(">I", len(factors)), factors]
     for tree in trees:
-        parts.append(struct.pack(">I", len(tree.sums)))
-        parts += [sum_bytes(total) for total in tree.sums]
+        parts += [struct.pack(">I", tree.width(0)), tree.sum_levels[0]]
     return b"".join(parts)
 
 

@@ -9,14 +9,21 @@ the 60-minute soak with the bound shows it is not the whole of it under churn). 
 ``M_ARENA_MAX`` to 2 with ``mallopt`` as the process starts, before its threads do. Where the C library
 is not glibc (musl, macOS) nothing is done; ``MALLOC_ARENA_MAX`` in the environment, when set, wins (glibc
 read it at start).
+
+What the two arenas free stays resident until glibc trims it, and glibc trims only the top of a heap, past
+``M_TRIM_THRESHOLD``: a page freed inside a heap is kept. So once a round's old state is dropped the finisher
+calls :func:`trim_heap` (``malloc_trim(0)``: every arena's free pages go back to the system), and RSS follows
+what the node holds rather than its high-water mark.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
+import time
 
 logger = logging.getLogger(__name__)
 
@@ -51,3 +58,25 @@ def limit_arenas(arenas: int = NODE_ARENAS, libc=None) -> bool:
     if not done:
         logger.debug("mallopt(M_ARENA_MAX, %d) refused", arenas)
     return done
+
+
+@functools.cache
+def _trimming_libc():
+    """glibc's handle with ``malloc_trim``'s signature (looked up once), or None."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        libc.malloc_trim.restype = ctypes.c_int
+    return libc
+
+
+def trim_heap(libc=None) -> float | None:
+    """Give every malloc arena's free pages back to the system (glibc's ``malloc_trim(0)``); the seconds it
+    took, or None where the C library is not glibc."""
+    libc = libc if libc is not None else _trimming_libc()
+    if libc is None:
+        return None
+    start = time.monotonic()
+    libc.malloc_trim(0)
+    return time.monotonic() - start
+

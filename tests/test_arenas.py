@@ -99,3 +99,48 @@ def test_start_and_join_set_the_limit_before_anything_else(monkeypatch, command,
     assert cli.main(command) == 0
     assert order == (["arenas", "logging", command[0]] if limited else ["logging", command[0]])
 
+
+
+# 64 MiB in 4 KiB blocks, all freed but the last (it pins the heap's top, so glibc's own trim of the top
+# cannot give the pages back); then the process's anonymous resident pages before and after trim_heap.
+_TRIMMED = textwrap.dedent("""
+    import ctypes, sys
+    from node.arenas import _glibc, trim_heap
+    if _glibc() is None:
+        print("no-glibc"); sys.exit(0)
+    libc = _glibc()
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    def anon_kib():
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("RssAnon:"))
+    blocks = [libc.malloc(4096) for _ in range(16384)]
+    for block in blocks:
+        libc.memset(block, 1, 4096)  # resident
+    for block in blocks[:-1]:
+        libc.free(block)
+    before = anon_kib()
+    took = trim_heap()
+    print(before, anon_kib(), took)
+""")
+
+
+def test_trim_heap_gives_the_pages_freed_inside_the_heap_back():
+    done = subprocess.run([sys.executable, "-c", _TRIMMED], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    if "no-glibc" in done.stdout:
+        pytest.skip("not glibc: trim_heap has nothing to call")
+    before, after, took = done.stdout.split()
+    assert int(before) - int(after) > 48 * 1024, done.stdout  # most of the 64 MiB freed is no longer resident
+    assert float(took) >= 0
+
+
+def test_trim_heap_does_nothing_without_glibc(monkeypatch):
+    arenas._trimming_libc.cache_clear()
+    monkeypatch.setattr(arenas, "_glibc", lambda: None)
+    try:
+        assert arenas.trim_heap() is None
+    finally:
+        arenas._trimming_libc.cache_clear()

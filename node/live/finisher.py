@@ -23,6 +23,7 @@ from functools import partial
 from pathlib import Path
 
 from node import protocol as msg
+from node.arenas import trim_heap
 from node.config import NodeConfig
 from node.fsutil import retry_on_full_disk
 from node.live.chunkstate import ChunkedStates
@@ -357,6 +358,7 @@ class RoundFinisher:
         self.rounds.forget_before(outer_round)
         if self.chunked is not None:
             self.chunked.forget_before(outer_round)
+        trim_heap()  # what the dropped rounds held goes back to the system (node/arenas.py)
 
     # -- gathering ------------------------------------------------------------------------
     def gather_stage(self, outer_round: int, stage: int, sealed_before, waited: dict[str, float],
