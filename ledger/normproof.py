@@ -88,9 +88,9 @@ def _node_hash(left: tuple[bytes, int], right: tuple[bytes, int]) -> bytes:
 class SumTree:
     """The sum tree over one contribution's per-chunk sums of squares (module docstring).
 
-    Held packed (as :mod:`ledger.packed` holds leaves): each level's hashes in one buffer and its sums in another (``SUM_BYTES``
-    each), not as a tuple of (hash, int) pairs per node: a node keeps a tree per accepted contribution and
-    stage for every round behind the commit lag (issue 45)."""
+    Held packed (as :mod:`ledger.packed` holds leaves): each level's hashes in one buffer and its sums in
+    another (``SUM_BYTES`` each), not as a (hash, int) pair per node: a node keeps a tree per accepted
+    contribution and stage for every round behind the commit lag (issue 45)."""
 
     hashes: tuple[bytes, ...]  # per level, the nodes' 32-byte hashes concatenated; the leaves' first, the root's last
     sum_levels: tuple[bytes, ...]  # per level, the nodes' sums (SUM_BYTES each, big-endian) concatenated

@@ -116,6 +116,16 @@ class HostBlobs:
                 pass  # the local record expires anyway; we no longer serve the blob
         return existed
 
+    def stop_announcing(self, sha256_hex: str, timeout: float = 5.0) -> None:
+        """Keep serving the stored blob ``sha256_hex`` but no longer announce it: drop this host's provider
+        record of it and its periodic re-announcement. A fetcher that names this host as a provider still gets
+        it; a DHT lookup no longer finds it here. For blobs a run keeps (an audit reads them) but no peer looks
+        up any more: announced for ever, they grew the provider store by every round's blobs and py-libp2p
+        would re-announce them all 22 hours on."""
+        sha256_hex = check_sha256_hex(sha256_hex)
+        if not self._closed and self._token is not None:
+            self._call(self._forget_provided, sha256_hex, timeout=timeout, what="stop announcing blob")
+
     async def _forget_provided(self, sha256_hex: str) -> None:
         key = _dht_key(sha256_hex)
         store = self._dht.provider_store

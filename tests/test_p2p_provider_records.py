@@ -20,7 +20,7 @@ from libp2p.peer.peerinfo import PeerInfo
 from multiaddr import Multiaddr
 
 from p2p.config import P2PConfig
-from p2p.errors import P2PConfigError
+from p2p.errors import P2PConfigError, P2PError
 from p2p.host import P2PHost
 from p2p.identity import Identity
 from p2p.provider_records import record_count
@@ -114,3 +114,25 @@ def test_records_retained_per_round_stay_bounded_over_a_long_run(tmp_path):
 def test_the_ttl_is_checked():
     with pytest.raises(P2PConfigError, match="provider_record_ttl"):
         P2PConfig(provider_record_ttl=0)
+
+
+def test_a_blob_no_longer_announced_is_still_served_to_a_fetcher_that_names_its_holder(two_hosts, tmp_path):
+    a, b = two_hosts
+    kept, retired = a.provide_blob(b"round 9 contribution of a"), a.provide_blob(b"round 1 contribution of a")
+    wait_until(lambda: records_of(b, a.peer_id) == 2, 60, "b holding a's provider records")
+
+    async def providing() -> set[str]:
+        return {key.hex()[4:] for key in a._dht.provider_store.providing_keys}  # sha2-256 multihash: 1220 + digest
+
+    assert a._call(providing, timeout=5, what="keys") == {kept, retired}
+    a.stop_announcing(retired)
+    a._call(a._trim_provider_records, timeout=5, what="trim")
+    assert a._call(providing, timeout=5, what="keys") == {kept}  # nor re-announced 22 h on
+    assert records_of(a, a.peer_id) == 1 and a.has_blob(retired)
+    # b's copy of a's old record ages out (the TTL); then a lookup finds no provider, a named fetch still works.
+    b._call(b._trim_provider_records, time.time() + TTL + 1, timeout=5, what="trim")
+    assert a.peer_id not in b.find_providers(retired) and a.peer_id in b.find_providers(kept)
+    fetched = b.fetch_blob(retired, tmp_path / "fetched", providers=[a.peer_id])
+    assert hashlib.sha256(fetched.read_bytes()).hexdigest() == retired
+    with pytest.raises(P2PError):
+        a.stop_announcing("not a digest")

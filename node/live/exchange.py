@@ -115,35 +115,46 @@ class ContributionPool:
         self._executor = ThreadPoolExecutor(max_workers=max(2, workers), thread_name_prefix="fetch")
         self._announcer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="announce")
         self._announcing = 0
+        self._announced: dict[int, list[str]] = {}  # round -> own contributions announced on the DHT
+        self._forgotten_before = 0  # rounds before this are forgotten: their contributions no longer announced
         #: Peers a fetch falls back to once the sender and the coordinator failed (the live peers).
         self.fallback_providers: Callable[[], list[str]] = fallback_providers or list
         #: Whether a coordinator holds what a contribution here needs besides its envelope (round, stage,
         #: envelope hash, envelope): the sliced exchange's whole bundle. None: the envelope is all.
         self.inputs_held = inputs_held
 
-    def serve_own(self, envelope: bytes) -> bytes:
-        """Serve this node's own contribution at once and announce it on the DHT in the background.
+    def serve_own(self, outer_round: int, envelope: bytes) -> bytes:
+        """Serve this node's own contribution to ``outer_round`` at once and announce it on the DHT in the
+        background, until the pool forgets the round (:meth:`forget_before`; served after, not announced).
 
         Fetchers ask the sender directly, so the announcement never holds the caller (the training
         lane) up. Returns the envelope's sha256.
         """
         digest = self.host.provide_blob(envelope, announce=False)
         with self._lock:
-            queued = self._announcing < MAX_PENDING_ANNOUNCES
+            live = outer_round >= self._forgotten_before
+            queued = live and self._announcing < MAX_PENDING_ANNOUNCES
             self._announcing += queued
-        if not queued:
+        if not live:
+            logger.debug("contribution %s of round %d served; not announced (the round is past)", digest[:12],
+                         outer_round)
+        elif not queued:
             logger.info("contribution %s served; not announced on the DHT (%d announcements pending)",
                         digest[:12], MAX_PENDING_ANNOUNCES)
         else:
             try:
-                self._announcer.submit(self._announce, envelope)
+                self._announcer.submit(self._announce, outer_round, envelope, digest)
             except RuntimeError:  # closed: the node is stopping
                 with self._lock:
                     self._announcing -= 1
         return bytes.fromhex(digest)
 
-    def _announce(self, envelope: bytes) -> None:
+    def _announce(self, outer_round: int, envelope: bytes, digest: str) -> None:
         try:
+            with self._lock:
+                if outer_round < self._forgotten_before:  # forgotten while it waited: not announced
+                    return
+                self._announced.setdefault(outer_round, []).append(digest)
             serve_blob(self.host, envelope)
         except (P2PError, OSError) as exc:
             logger.info("contribution not announced on the DHT: %s", exc)
@@ -294,7 +305,13 @@ class ContributionPool:
             time.sleep(0.2)
 
     def forget_before(self, outer_round: int) -> None:
+        """Drop what the pool holds of rounds before ``outer_round``, and stop announcing this node's own
+        contributions to them: the archive keeps them (an audit reads them there) and the blob store still
+        serves them to a peer that names this node, but no peer looks them up any more, and announced for
+        ever they grew the DHT's provider store by every round's (issue 45's soak)."""
         with self._lock:
+            self._forgotten_before = max(self._forgotten_before, outer_round)
+            retired = [d for r in [r for r in self._announced if r < outer_round] for d in self._announced.pop(r)]
             self._wanted = {key for key in self._wanted if key[0] >= outer_round}
             for book in (self._have, self._rejected):
                 for key in [k for k in book if k[0] < outer_round]:
@@ -302,6 +319,11 @@ class ContributionPool:
                         self._senders.pop(digest, None)
                         self._arrived.pop(digest, None)
                     del book[key]
+        for digest in retired:
+            try:
+                self.host.stop_announcing(digest)
+            except (P2PError, OSError) as exc:  # the record ages out of no one's store but ours: logged
+                logger.debug("contribution %s still announced: %s", digest[:12], exc)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

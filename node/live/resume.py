@@ -85,7 +85,7 @@ class RestartRecovery:
                     continue
                 if env.stage not in self.stages:
                     continue
-                digest = self.contributions.serve_own(envelope)
+                digest = self.contributions.serve_own(outer_round, envelope)
                 self.contributions.add(outer_round, env.stage, digest, envelope)
                 self.book.add_announce(outer_round, env.stage, Announced(self.peer_id, env.replica, digest,
                                                                          len(envelope)))
