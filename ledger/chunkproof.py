@@ -374,7 +374,9 @@ def availability_answer(state: StageState, which: int, chunk: int) -> tuple[byte
         if not state.sum_trees or which >= PAYLOAD + 2 * accepted:
             raise IndexError(f"tree {which} is not one of the state's")
         tree = state.sum_trees[which - PAYLOAD - accepted]
-        return sum_bytes(tree.sums[chunk]), tree.path(chunk)
+        if not 0 <= chunk < tree.width(0):
+            raise IndexError(f"chunk {chunk} outside the sum tree's {tree.width(0)} chunks")
+        return sum_bytes(tree.node(0, chunk)[1]), tree.path(chunk)
     return leaves[chunk], tree_path(leaves, chunk)
 
 

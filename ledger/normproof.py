@@ -120,6 +120,8 @@ class SumTree:
 
     def node(self, height: int, index: int) -> tuple[bytes, int]:
         """``(hash, sum)`` of node ``index`` of level ``height`` (0: the leaves)."""
+        if not 0 <= index < self.width(height):
+            raise LedgerInputError(f"node {index} outside the tree's level {height} of {self.width(height)}")
         sums = self.sum_levels[height]
         return (self.hashes[height][32 * index:32 * (index + 1)],
                 int.from_bytes(sums[SUM_BYTES * index:SUM_BYTES * (index + 1)], "big"))
@@ -257,7 +259,7 @@ def sum_proof(record, stage_leaves: Sequence[bytes], stage: int, factors: bytes,
     return NormProof(record.fields(), stage, stage_leaves[stage], tree_path(list(stage_leaves), stage), factors,
                      contribution, chunk, weight_leaves[chunk], tree_path(list(weight_leaves), chunk),
                      payload_leaves[chunk], tree_path(list(payload_leaves), chunk),
-                     sum_bytes(tree.sums[chunk]), tree.path(chunk))
+                     sum_bytes(tree.node(0, chunk)[1]), tree.path(chunk))
 
 
 def opened_sum_proof(record, stage_leaves: Sequence[bytes], stage: int, factors: bytes, contribution: int, chunk: int,

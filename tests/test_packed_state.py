@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from ledger.chunkproof import Factors, StageState, tree_path, tree_root
+from ledger.chunkproof import PAYLOAD, Factors, StageState, availability_answer, tree_path, tree_root
 from ledger.normproof import SumTree, encode_norm_state, parse_norm_state
 from ledger.packed import PackedBytes, _unpickle
 from training.chunks import tensor_leaves
@@ -80,6 +80,12 @@ def test_a_sum_tree_holds_a_few_buffers_and_the_same_tree():
     assert SumTree.of(sums) == tree and SumTree.of(sums[:-1]) != tree
     assert encode_norm_state(factors.encode(), [tree]).endswith(b"".join(s.to_bytes(96, "big") for s in sums))
     assert callable(parse_norm_state)
+    # An availability challenge of a sum leaf is answered from the packed tree; one past it is refused as before.
+    state = StageState(0, [b"w"], [b"m"], factors, [[b"p"] * len(sums)], [tree])
+    leaf, path = availability_answer(state, PAYLOAD + 1, 1000)
+    assert leaf == sums[1000].to_bytes(96, "big") and path == tree.path(1000)
+    with pytest.raises(IndexError):
+        availability_answer(state, PAYLOAD + 1, 1001)
 
 
 def test_packed_bytes_reads_as_an_immutable_sequence_and_refuses_what_it_cannot_hold():
