@@ -35,7 +35,7 @@ from eth_abi import decode, encode
 
 from ledger.errors import LedgerInputError
 from ledger.merkle import merkle_levels, merkle_proof, merkle_root
-from ledger.packed import packed
+from ledger.packed import PackedBytes
 from ledger.records import check_bytes32, check_uint
 
 STAGE_LEAF_TYPES = ("uint32", "uint32", "bytes32", "bytes32", "bytes32")
@@ -188,9 +188,9 @@ class StageState:
     def __post_init__(self) -> None:
         # Held packed (ledger.packed): a node keeps a state for every round behind the commit lag, and as
         # thousands of small objects they left the allocator's arenas at their high-water mark (issue 45).
-        object.__setattr__(self, "weight_leaves", packed(self.weight_leaves))
-        object.__setattr__(self, "momentum_leaves", packed(self.momentum_leaves))
-        object.__setattr__(self, "payload_leaves", [packed(leaves) for leaves in self.payload_leaves])
+        object.__setattr__(self, "weight_leaves", PackedBytes(self.weight_leaves))
+        object.__setattr__(self, "momentum_leaves", PackedBytes(self.momentum_leaves))
+        object.__setattr__(self, "payload_leaves", [PackedBytes(leaves) for leaves in self.payload_leaves])
 
     def leaf(self) -> StageLeaf:
         """The stage leaf of this state (computed once: the leaves are not changed after construction; a

@@ -81,11 +81,6 @@ class PackedBytes(Sequence[bytes]):
     def __repr__(self) -> str:
         return f"PackedBytes({len(self)} items, {len(self._data)} bytes)"
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes held (the buffer and the offsets)."""
-        return len(self._data) + self._ends.itemsize * len(self._ends)
-
 
 def _unpickle(data: bytes, ends: array) -> PackedBytes:
     if not isinstance(data, bytes) or not isinstance(ends, array) or ends.typecode != "q":
@@ -94,7 +89,3 @@ def _unpickle(data: bytes, ends: array) -> PackedBytes:
     held._data, held._ends = data, ends
     return held
 
-
-def packed(items: Sequence[bytes]) -> PackedBytes:
-    """``items`` as :class:`PackedBytes` (itself if it already is)."""
-    return items if isinstance(items, PackedBytes) else PackedBytes(items)

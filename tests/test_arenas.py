@@ -130,8 +130,9 @@ _TRIMMED = textwrap.dedent("""
 def test_trim_heap_gives_the_pages_freed_inside_the_heap_back():
     done = subprocess.run([sys.executable, "-c", _TRIMMED], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    if "no-glibc" in done.stdout:
-        pytest.skip("not glibc: trim_heap has nothing to call")
+    if "no-glibc" in done.stdout:  # musl/macOS: nothing to trim, and trim_heap says so
+        assert arenas.trim_heap() is None
+        return
     before, after, took = done.stdout.split()
     assert int(before) - int(after) > 48 * 1024, done.stdout  # most of the 64 MiB freed is no longer resident
     assert float(took) >= 0
