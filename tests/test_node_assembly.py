@@ -34,6 +34,7 @@ class FakeHost:
         self.listen_addrs = [f"/ip4/127.0.0.1/tcp/1/p2p/{peer_id}"]
         self.blobs: dict[str, bytes] = {}
         self.published: list[bytes] = []
+        self.announcements: list[tuple[str, str]] = []  # ("announce" | "stop", digest), in order
         self._lock = threading.Lock()
 
     def provide_blob(self, source, announce: bool = True, timeout: float = 30.0) -> str:
@@ -41,6 +42,8 @@ class FakeHost:
         digest = hashlib.sha256(data).hexdigest()
         with self._lock:
             self.blobs[digest] = data
+            if announce:
+                self.announcements.append(("announce", digest))
         return digest
 
     def has_blob(self, digest: str) -> bool:
@@ -52,6 +55,10 @@ class FakeHost:
 
     def remove_blob(self, digest: str) -> bool:
         return self.blobs.pop(digest, None) is not None
+
+    def stop_announcing(self, digest: str, timeout: float = 5.0) -> None:
+        with self._lock:
+            self.announcements.append(("stop", digest))
 
     def fetch_blob(self, digest: str, dest, providers=None, timeout=None) -> Path:
         from p2p.errors import BlobNotFound
@@ -193,6 +200,16 @@ def test_a_node_runs_its_rounds_with_the_host_and_chain_faked(tmp_path, exchange
     assert parts.coordinator.accepted(0, 0) is None and parts.coordinator.accepted(1, 0) is not None
     assert not parts.book.snapshot_attestations(0, 0) and sorted(parts.rounds.stage_hashes) == [0, 1, 2, 3, 4]
     assert not parts.rounds.evals.keys() - {1, 2, 3, 4} and not parts.rounds.prefetched
+    # Its own contributions to the forgotten round 0 are served and no longer announced; round 4's still are.
+    host = parts.messenger.host
+    last = {digest: event for event, digest in host.announcements}
+    for outer_round, announced in ((0, False), (4, True)):
+        own = [c.envelope_hash.hex() for c in parts.archive.sealed(outer_round)]
+        assert own and all(d in host.blobs for d in own)
+        if announced:  # (announced by a background thread: it may still be queued)
+            assert all(last.get(d) in ("announce", None) for d in own)
+        else:
+            assert all(last.get(d) in ("stop", None) for d in own)
 
 
 @pytest.mark.timeout(300)

@@ -48,3 +48,41 @@ def test_contributions_of_forgotten_rounds_are_served_but_no_longer_announced(tm
     finally:
         pool.close()
         host.close()
+
+
+class _HeldAnnouncing:
+    """A real host whose announcements wait for ``release`` (the DHT's put under load), the rest passed through."""
+
+    def __init__(self, host: P2PHost) -> None:
+        import threading
+
+        self.host, self.started, self.release = host, threading.Event(), threading.Event()
+
+    def provide_blob(self, source, announce: bool = True, timeout: float = 30.0) -> str:
+        if announce:
+            self.started.set()
+            assert self.release.wait(60)
+        return self.host.provide_blob(source, announce=announce, timeout=timeout)
+
+    def __getattr__(self, name):
+        return getattr(self.host, name)
+
+
+def test_a_round_forgotten_while_its_contribution_was_being_announced_is_not_left_announced(tmp_path):
+    """forget_before runs while the announcer is inside the DHT put of that round's contribution: once the put
+    ends the contribution is retired (before, it was registered ahead of the put and forget_before's stop
+    came first, so the put re-announced it for good)."""
+    host = P2PHost.start(P2PConfig(gossip_resync_interval=0), Identity.generate(), data_dir=tmp_path / "h")
+    held = _HeldAnnouncing(host)
+    pool = ContributionPool(held, RoundBook(), 1, tmp_path / "incoming", 1 << 20, 5.0, 2)
+    try:
+        digest = pool.serve_own(0, b"round 0 contribution").hex()
+        assert held.started.wait(60)
+        pool.forget_before(1)
+        held.release.set()
+        kept = pool.serve_own(1, b"round 1 contribution").hex()  # queued behind round 0's announcement
+        wait_until(lambda: kept in _providing(host), 60, "round 1 announced")
+        assert digest not in _providing(host) and host.has_blob(digest)
+    finally:
+        pool.close()
+        host.close()

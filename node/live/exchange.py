@@ -154,8 +154,13 @@ class ContributionPool:
             with self._lock:
                 if outer_round < self._forgotten_before:  # forgotten while it waited: not announced
                     return
-                self._announced.setdefault(outer_round, []).append(digest)
             serve_blob(self.host, envelope)
+            with self._lock:  # registered once announced: a forget_before while it announced missed it
+                late = outer_round < self._forgotten_before
+                if not late:
+                    self._announced.setdefault(outer_round, []).append(digest)
+            if late:
+                self._retire([digest])
         except (P2PError, OSError) as exc:
             logger.info("contribution not announced on the DHT: %s", exc)
         finally:
@@ -319,7 +324,10 @@ class ContributionPool:
                         self._senders.pop(digest, None)
                         self._arrived.pop(digest, None)
                     del book[key]
-        for digest in retired:
+        self._retire(retired)
+
+    def _retire(self, digests: list[str]) -> None:
+        for digest in digests:
             try:
                 self.host.stop_announcing(digest)
             except (P2PError, OSError) as exc:  # the record ages out of no one's store but ours: logged
