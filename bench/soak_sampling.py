@@ -17,9 +17,11 @@ CHAIN_IP = "100.64.0.1"
 #: What a node's sample holds beside its RSS: the RSS split into anonymous and file-backed pages (from /proc), and
 #: from the in-process probe (bench/churn_probe, light mode) glibc's heap in use and free-but-kept (MiB),
 #: Python's allocated blocks (a count) and pymalloc's arenas (MiB mapped), and the anonymous pages by mapping
-#: (MiB resident: glibc's main heap, its other arenas' heaps, the rest: pymalloc arenas, mmapped chunks).
+#: (MiB resident: glibc's main heap, its other arenas' heaps, the rest: pymalloc arenas, mmapped chunks, thread
+#: stacks; the rest split by mapping size into threads' stacks, pymalloc's arenas and the other chunks).
 HEAP_SERIES = ("rss_anon_mib", "rss_file_mib", "malloc_in_use_mib", "malloc_free_mib", "py_blocks",
-               "py_arenas_mib", "anon_brk_mib", "anon_arenas_mib", "anon_other_mib")
+               "py_arenas_mib", "anon_brk_mib", "anon_arenas_mib", "anon_other_mib", "anon_other_stacks_mib",
+               "anon_other_pymalloc_mib", "anon_other_chunks_mib")
 
 
 def take_sample(members, sites: dict, at: float, last: int | None, probe_dir: Path | None = None) -> dict:
@@ -97,9 +99,11 @@ def probe_figures(path: Path) -> dict:
     if (line.get("pymalloc") or {}).get("arenas") is not None:
         out["py_arenas_mib"] = line["pymalloc"]["arenas"]  # each arena is 1 MiB
     mappings = line.get("mappings") or {}
-    for key in ("brk", "arenas", "other"):
+    for key in ("brk", "arenas", "other", "other_stacks", "other_pymalloc", "other_chunks"):
         if key in mappings:
             out[f"anon_{key}_mib"] = mib(mappings[key])
+    if mappings.get("other_top"):  # the largest other chunks (MiB mapped, MiB resident): what a step was
+        out["anon_other_top"] = [[mib(size), mib(kib)] for size, kib in mappings["other_top"]]
     return out
 
 

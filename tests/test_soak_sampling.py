@@ -63,17 +63,30 @@ def test_object_growth_skips_a_node_with_another_life_or_no_walks(tmp_path):
 def test_probe_figures_read_the_light_probes_heap_parts(tmp_path):
     from bench.soak_sampling import probe_figures
 
-    line = _probe()._light_sample()
+    release = threading.Event()
+    waiting = threading.Thread(target=release.wait)  # a thread's stack, mapped and touched
+    waiting.start()
+    try:
+        line = _probe()._light_sample()
+    finally:
+        release.set()
+        waiting.join()
     # This process's own figures: pymalloc has arenas, and the anonymous pages by mapping add up to RssAnon.
     assert line["pymalloc"]["arenas"] >= 1 and line["pymalloc"]["allocated_bytes"] > 0
-    parts = sum(line["mappings"].values())
+    mappings = line["mappings"]
+    parts = sum(mappings[key] for key in ("brk", "arenas", "stacks", "other", "files"))
     assert abs(parts - line["rss_anon_kib"]) <= 0.05 * line["rss_anon_kib"]
+    # The rest split by mapping size: the waiting thread's stack, pymalloc's arenas, the other chunks.
+    assert mappings["other"] == mappings["other_stacks"] + mappings["other_pymalloc"] + mappings["other_chunks"]
+    assert mappings["other_stacks"] > 0 and mappings["other_pymalloc"] > 0
+    assert all(size >= kib for size, kib in mappings["other_top"]) and len(mappings["other_top"]) <= 6
     path = tmp_path / "light-7.jsonl"
     path.write_text(json.dumps(line) + "\n" + '{"time": 1, "malloc": {"in_u')  # the last line cut off by a kill
     figures = probe_figures(path)
     assert figures["py_arenas_mib"] == line["pymalloc"]["arenas"]
     assert figures["anon_brk_mib"] == round(line["mappings"]["brk"] / 1024, 1)
-    assert {"anon_arenas_mib", "anon_other_mib", "malloc_in_use_mib", "py_blocks"} <= set(figures)
+    assert {"anon_arenas_mib", "anon_other_mib", "anon_other_stacks_mib", "anon_other_chunks_mib",
+            "malloc_in_use_mib", "py_blocks"} <= set(figures)
     path.write_text('{"time": 1, "pymalloc": {}, "mappings": {}}\n')  # a probe without them (not CPython, no /proc)
     assert "py_arenas_mib" not in probe_figures(path) and "anon_brk_mib" not in probe_figures(path)
 

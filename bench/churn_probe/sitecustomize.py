@@ -75,22 +75,31 @@ def _light_sample() -> dict:
 #: glibc's non-main arenas live in heaps of this size, mapped at an address aligned to it (HEAP_MAX_SIZE on
 #: 64-bit: 2 x DEFAULT_MMAP_THRESHOLD_MAX).
 _GLIBC_HEAP = 64 << 20
+#: A thread's stack mapping at the default 8 MiB RLIMIT_STACK, and pymalloc's arena (kB).
+_THREAD_STACK_KIB = 8 << 10
+_PYMALLOC_ARENA_KIB = 1 << 10
 
 
 def _mappings() -> dict:
     """The anonymous resident pages (kB) by who mapped them, from /proc/self/smaps: glibc's main heap
     (``brk``: the ``[heap]`` mapping), its other arenas' heaps (``arenas``: anonymous mappings at a
-    64 MiB-aligned address, a heuristic: a large mmap can land there too), the thread stacks (``stacks``) and
-    the rest (``other``: pymalloc's 1 MiB arenas, glibc's mmapped chunks, torch's large buffers); ``files``:
-    the private copies of file-backed pages (shared libraries' written data)."""
-    out = {"brk": 0, "arenas": 0, "stacks": 0, "other": 0, "files": 0}
-    kind = None
+    64 MiB-aligned address, a heuristic: a large mmap can land there too), the main thread's stack (``stacks``) and
+    the rest (``other``: the other threads' stacks, pymalloc's 1 MiB arenas, glibc's mmapped chunks, torch's
+    large buffers); ``files``: the private copies of file-backed pages (shared libraries' written data).
+    ``other`` is split by the mapping's size, a heuristic again: ``other_stacks`` (8 MiB: a thread's stack at
+    the default RLIMIT_STACK), ``other_pymalloc`` (1 MiB: pymalloc's arenas), the rest in ``other_chunks``, whose
+    largest resident mappings are ``other_top`` ([size kB, anonymous kB], at most 6)."""
+    out = {"brk": 0, "arenas": 0, "stacks": 0, "other": 0, "files": 0,
+           "other_stacks": 0, "other_pymalloc": 0, "other_chunks": 0}
+    top: list[tuple[int, int]] = []
+    kind, size = None, 0
     try:
         with open("/proc/self/smaps") as smaps:
             for line in smaps:
                 head = line.split(None, 5)
                 if not head[0].endswith(":"):  # a mapping's line: "start-end perms offset dev inode [name]"
-                    start = int(head[0].split("-", 1)[0], 16)
+                    start, end = (int(x, 16) for x in head[0].split("-", 1))
+                    size = (end - start) >> 10
                     name = head[5].strip() if len(head) > 5 else ""
                     if name == "[heap]":
                         kind = "brk"
@@ -105,9 +114,16 @@ def _mappings() -> dict:
                     else:
                         kind = "other"
                 elif kind is not None and line.startswith("Anonymous:"):
-                    out[kind] += int(line.split()[1])
+                    kib = int(line.split()[1])
+                    out[kind] += kib
+                    if kind == "other":
+                        part = {_THREAD_STACK_KIB: "other_stacks", _PYMALLOC_ARENA_KIB: "other_pymalloc"}.get(size)
+                        out[part or "other_chunks"] += kib
+                        if part is None and kib:
+                            top.append((size, kib))
     except (OSError, ValueError, IndexError):
         return {}
+    out["other_top"] = sorted(top, key=lambda m: -m[1])[:6]
     return out
 
 
