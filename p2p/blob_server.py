@@ -75,6 +75,20 @@ class BlobServer:
         self.stall_timeout = stall_timeout
         self._read_buffers: list[bytearray] = []  # FILE_IO_BYTES each, reused by served ranges
 
+    def _take_read_buffer(self, length: int) -> bytearray:
+        """The buffer a served range of ``length`` bytes is read into: a kept one of FILE_IO_BYTES for a range
+        that fills it, a buffer of its own size for a smaller one. (Every range took a 4 MiB buffer, zeroed, so
+        every page of it resident; each concurrent serve of a few-kB contribution beyond the two kept made one
+        more, and a soak's nodes' RSS stepped by 4 MiB as they came and went, and by 4 MiB for good when a
+        catch-up's concurrent fetches first filled the kept pair: issue 45.)"""
+        if length < FILE_IO_BYTES:
+            return bytearray(length)
+        return self._read_buffers.pop() if self._read_buffers else bytearray(FILE_IO_BYTES)
+
+    def _give_back_read_buffer(self, buffer: bytearray) -> None:
+        if len(buffer) == FILE_IO_BYTES and len(self._read_buffers) < _KEPT_READ_BUFFERS:
+            self._read_buffers.append(buffer)
+
     async def handle_stream(self, stream: Any) -> None:
         """Answer one request; any peer misbehaviour resets the stream and is logged, never raised."""
         peer = stream.muxed_conn.peer_id.to_base58()
@@ -123,7 +137,7 @@ class BlobServer:
         try:
             await write_frame(stream, header)
             handle = await self._run_blocking(open, path, "rb", buffering=0)
-            buffer = self._read_buffers.pop() if self._read_buffers else bytearray(FILE_IO_BYTES)
+            buffer = self._take_read_buffer(length)
             try:
                 position, end = offset, offset + length
                 while position < end:
@@ -147,8 +161,7 @@ class BlobServer:
                         self._stats.add_peer(peer, sent=len(chunk))
             finally:
                 handle.close()
-                if len(self._read_buffers) < _KEPT_READ_BUFFERS:
-                    self._read_buffers.append(buffer)  # stream.write has consumed every slice of it
+                self._give_back_read_buffer(buffer)  # stream.write has consumed every slice of it
             await stream.close()
         finally:
             self._serve_slots.release()
