@@ -369,14 +369,12 @@ def availability_answer(state: StageState, which: int, chunk: int) -> tuple[byte
     elif which < PAYLOAD + accepted:
         leaves = state.payload_leaves[which - PAYLOAD]
     else:
-        from ledger.normproof import sum_bytes
-
         if not state.sum_trees or which >= PAYLOAD + 2 * accepted:
             raise IndexError(f"tree {which} is not one of the state's")
         tree = state.sum_trees[which - PAYLOAD - accepted]
-        if not 0 <= chunk < tree.width(0):
+        if not 0 <= chunk < tree.width(0):  # (IndexError, as for the other trees' leaves below)
             raise IndexError(f"chunk {chunk} outside the sum tree's {tree.width(0)} chunks")
-        return sum_bytes(tree.node(0, chunk)[1]), tree.path(chunk)
+        return tree.leaf(chunk), tree.path(chunk)
     return leaves[chunk], tree_path(leaves, chunk)
 
 

@@ -126,6 +126,12 @@ class SumTree:
         return (self.hashes[height][32 * index:32 * (index + 1)],
                 int.from_bytes(sums[SUM_BYTES * index:SUM_BYTES * (index + 1)], "big"))
 
+    def leaf(self, index: int) -> bytes:
+        """Leaf ``index``'s sum as the contract reads it (96 bytes), straight from the packed leaf level."""
+        if not 0 <= index < self.width(0):
+            raise LedgerInputError(f"chunk {index} outside the tree's {self.width(0)} chunks")
+        return self.sum_levels[0][SUM_BYTES * index:SUM_BYTES * (index + 1)]
+
     @property
     def sums(self) -> tuple[int, ...]:
         """The leaves' sums: the per-chunk sums of squares (built on each call)."""
@@ -259,7 +265,7 @@ def sum_proof(record, stage_leaves: Sequence[bytes], stage: int, factors: bytes,
     return NormProof(record.fields(), stage, stage_leaves[stage], tree_path(list(stage_leaves), stage), factors,
                      contribution, chunk, weight_leaves[chunk], tree_path(list(weight_leaves), chunk),
                      payload_leaves[chunk], tree_path(list(payload_leaves), chunk),
-                     sum_bytes(tree.node(0, chunk)[1]), tree.path(chunk))
+                     tree.leaf(chunk), tree.path(chunk))
 
 
 def opened_sum_proof(record, stage_leaves: Sequence[bytes], stage: int, factors: bytes, contribution: int, chunk: int,

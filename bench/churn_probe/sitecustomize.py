@@ -75,9 +75,9 @@ def _light_sample() -> dict:
 #: glibc's non-main arenas live in heaps of this size, mapped at an address aligned to it (HEAP_MAX_SIZE on
 #: 64-bit: 2 x DEFAULT_MMAP_THRESHOLD_MAX).
 _GLIBC_HEAP = 64 << 20
-#: A thread's stack mapping at the default 8 MiB RLIMIT_STACK, and pymalloc's arena (kB).
-_THREAD_STACK_KIB = 8 << 10
-_PYMALLOC_ARENA_KIB = 1 << 10
+#: The parts of ``other`` known by a mapping's size (kB): a thread's stack at the default 8 MiB RLIMIT_STACK,
+#: pymalloc's 1 MiB arena.
+_OTHER_BY_SIZE = {8 << 10: "other_stacks", 1 << 10: "other_pymalloc"}
 
 
 def _mappings() -> dict:
@@ -117,7 +117,7 @@ def _mappings() -> dict:
                     kib = int(line.split()[1])
                     out[kind] += kib
                     if kind == "other":
-                        part = {_THREAD_STACK_KIB: "other_stacks", _PYMALLOC_ARENA_KIB: "other_pymalloc"}.get(size)
+                        part = _OTHER_BY_SIZE.get(size)
                         out[part or "other_chunks"] += kib
                         if part is None and kib:
                             top.append((size, kib))
