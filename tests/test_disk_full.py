@@ -7,6 +7,7 @@ log an error that names the file, and succeed once space is freed (issue 45).
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import threading
@@ -278,3 +279,61 @@ def test_other_errors_of_a_deferred_write_are_raised_at_once(tmp_path):
     with pytest.raises(OSError) as raised:
         write_when_space(lambda: atomic_write_bytes(tmp_path / "file" / "inside", b"1"), what="x", size=1)
     assert not is_disk_full(raised.value) and DEFERRED.pending() == 0
+
+
+@pytest.mark.parametrize("what", ["start state", "own contribution"])
+def test_what_a_node_serves_onto_a_full_disk_waits_for_space_then_is_served(tmp_path, full_disk, caplog, what):
+    """A start state (the spot checks') or the node's own contribution stored onto a full disk pauses until
+    space is freed, then is served; it never raises out of the lane or the pool (issue 45: a start state's
+    ENOSPC ended a node of the disk-full run)."""
+    from p2p.config import P2PConfig
+    from p2p.host import P2PHost
+    from p2p.identity import Identity
+
+    from node.live.exchange import ContributionPool
+    from node.live.heldstates import HeldStates
+    from node.live.roundbook import RoundBook
+
+    config = {"gossip_resync_interval": 0}
+    host = P2PHost.start(P2PConfig(**config), Identity.generate(), data_dir=full_disk / "node")
+    fetcher = P2PHost.start(P2PConfig(bootstrap=host.listen_addrs, **config), Identity.generate(),
+                            data_dir=tmp_path / "fetcher")
+    stop = threading.Event()
+    data = bytes(range(256)) * 2048  # 512 KiB: more than the full disk takes
+    digest = hashlib.sha256(data).hexdigest()
+    pool = ContributionPool(host, RoundBook(), 1, tmp_path / "incoming", 1 << 20, 5.0, 2, stop=stop)
+    held = HeldStates(host, tmp_path / "work", tmp_path / "evidence", 1, stop)
+    serve = (lambda: held.serve(3, {0: data}, keep_rounds=0)) if what == "start state" else (
+        lambda: pool.serve_own(3, data))
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = serve()
+        except BaseException as exc:  # what the lane would have raised into the node's main thread
+            outcome["raised"] = exc
+
+    try:
+        filler = fill(full_disk)
+        thread = threading.Thread(target=run, daemon=True)
+        with caplog.at_level(logging.WARNING):
+            thread.start()
+            wait_until(lambda: any("paused" in r.getMessage() for r in caplog.records) or not thread.is_alive(),
+                       60, f"the {what} paused for space")
+            assert thread.is_alive() and "raised" not in outcome, outcome
+            assert not host.store.has(digest)
+            filler.unlink()  # the operator frees space
+            thread.join(60)
+        assert not thread.is_alive() and "raised" not in outcome, outcome
+        expected = {0: bytes.fromhex(digest)} if what == "start state" else bytes.fromhex(digest)
+        assert outcome["value"] == expected
+        lines = [r.getMessage() for r in caplog.records]
+        assert any(f"round 3's {what}" in line and "paused" in line and "is full" in line for line in lines), lines
+        assert any("has space again" in line and f"round 3's {what}" in line for line in lines), lines
+        out = fetcher.fetch_blob(digest, tmp_path / "out.bin", providers=[host.peer_id], timeout=60)
+        assert out.read_bytes() == data  # served
+    finally:
+        stop.set()
+        pool.close()
+        fetcher.close()
+        host.close()

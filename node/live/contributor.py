@@ -244,9 +244,7 @@ class Contributor:
             digest = retry_on_full_disk(
                 lambda: self.archive.put_own(outer_round, envelope, stage, self.worker.replica, self.peer_id),
                 what=f"round {outer_round}'s contribution of stage {stage}", kind="contribution", stop=self.stop)
-            retry_on_full_disk(lambda: self.pool.serve_own(outer_round, envelope),
-                               what=f"round {outer_round}'s contribution of stage {stage} (serving)",
-                               kind="contribution", stop=self.stop)
+            self.pool.serve_own(outer_round, envelope)  # a full disk pauses it too (serve_when_space)
             self.pool.add(outer_round, stage, digest, envelope)
             self.book.add_announce(outer_round, stage,
                                    Announced(self.peer_id, self.worker.replica, digest, len(envelope)))

@@ -46,7 +46,7 @@ from queue import Queue
 
 from node import protocol as msg
 from node.errors import NodeError
-from node.fsutil import keep_evidence
+from node.fsutil import keep_evidence, serve_when_space
 from node.live.roundbook import Announced, RoundBook
 from node.live.roundstate import StageInputs
 from node.live.station import Station
@@ -95,8 +95,11 @@ class ContributionPool:
                  check_payload: Callable[[int, int, bytes], None] | None = None,
                  evidence_dir: Path | None = None, lazy: bool = False,
                  fallback_providers: Callable[[], list[str]] | None = None,
-                 inputs_held: Callable[[int, int, bytes, bytes], bool] | None = None) -> None:
+                 inputs_held: Callable[[int, int, bytes, bytes], bool] | None = None,
+                 stop: threading.Event | None = None) -> None:
         self.host = host
+        #: The node's: a serve paused by a full disk gives up when it is set (none: waits for space).
+        self.stop = stop or threading.Event()
         self.book = book
         self.run_id = run_id
         self.incoming = incoming
@@ -130,7 +133,8 @@ class ContributionPool:
         Fetchers ask the sender directly, so the announcement never holds the caller (the training
         lane) up. Returns the envelope's sha256.
         """
-        digest = self.host.provide_blob(envelope, announce=False)
+        digest = serve_when_space(self.host, envelope, what=f"round {outer_round}'s own contribution",
+                                  stop=self.stop)
         with self._lock:
             live = outer_round >= self._forgotten_before
             queued = live and self._announcing < MAX_PENDING_ANNOUNCES
@@ -273,7 +277,9 @@ class ContributionPool:
                     self._reject(outer_round, stage, a, f"payload does not decode: {exc}", data)
                     return
             self.add(outer_round, stage, a.envelope_hash, data)
-            self.host.provide_blob(data, announce=False)  # served onward (not announced: module docstring)
+            # Served onward (not announced: module docstring).
+            serve_when_space(self.host, data, what=f"round {outer_round}'s contribution of {a.peer_id[-8:]}",
+                             stop=self.stop)
             self._fetch_inputs(outer_round, stage, a.envelope_hash, data)
         except (P2PError, OSError) as exc:  # a header that does not match its announcement included
             logger.warning("round %d stage %d: contribution %s from %s not fetched: %s", outer_round, stage,
@@ -377,7 +383,8 @@ class Exchange:
                                      p2p.blob_concurrency, check_payload=self.check_payload,
                                      evidence_dir=evidence_dir, lazy=self.lazy_pool,
                                      fallback_providers=fallback_providers,
-                                     inputs_held=self.close_inputs_held if self.holds_inputs_to_close else None)
+                                     inputs_held=self.close_inputs_held if self.holds_inputs_to_close else None,
+                                     stop=stop)
 
     def check_payload(self, stage: int, outer_round: int, payload: bytes) -> None:
         """Raise (a ValueError or ProtocolError) unless a fetched contribution's payload fits the stage."""

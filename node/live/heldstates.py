@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from pathlib import Path
 
-from node.fsutil import atomic_write_bytes, keep_evidence
+from node.fsutil import atomic_write_bytes, keep_evidence, serve_when_space
 from p2p.envelope import Envelope
 from p2p.errors import P2PError
 
@@ -28,8 +29,9 @@ STATE_FETCH_TIMEOUT_S = 60.0
 class HeldStates:
     """The start states of one node's spot checks (module docstring)."""
 
-    def __init__(self, host, work_dir: Path, evidence_dir: Path, num_stages: int) -> None:
+    def __init__(self, host, work_dir: Path, evidence_dir: Path, num_stages: int, stop: threading.Event) -> None:
         self.host = host  # P2PHost
+        self.stop = stop  # the node's: a serve paused by a full disk gives up when it is set
         self.evidence_dir = evidence_dir
         self.num_stages = num_stages
         self._linkable_dir = work_dir / "linkable"
@@ -40,7 +42,8 @@ class HeldStates:
         ``keep_rounds``: ``storage.keep_rounds`` (0 keeps every round's)."""
         hashes = {}
         for stage, data in parts.items():
-            digest = self.host.provide_blob(data, announce=False)
+            digest = serve_when_space(self.host, data, what=f"round {outer_round}'s start state of stage {stage}",
+                                      stop=self.stop)
             self._served.setdefault(outer_round, []).append(digest)
             hashes[stage] = bytes.fromhex(digest)
         # Kept as long as the archive keeps the round's contributions: an audit's --reexecute needs

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from node import protocol as msg
 from node.errors import StateError
+from node.fsutil import serve_when_space
 from node.live.closesteps import close_steps
 from node.live.exchange import ContributionPool
 from node.live.roundbook import Announced, RoundBook
@@ -110,7 +111,9 @@ class RestartRecovery:
                     continue
                 envelope = self.archive.get(outer_round, item.envelope_hash)
                 self.contributions.add(outer_round, item.stage, item.envelope_hash, envelope)
-                self.host.provide_blob(envelope, announce=False)  # its sender announced it
+                # Its sender announced it.
+                serve_when_space(self.host, envelope, what=f"round {outer_round}'s sealed contribution",
+                                 stop=self.contributions.stop)
                 closes[item.stage].append([item.replica, item.peer_id, item.envelope_hash, len(envelope)])
                 held[item.envelope_hash] = envelope
         except StateError as exc:

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ledger.merkle import merkle_root
 from node import protocol as msg
-from node.fsutil import keep_evidence, retry_on_full_disk
+from node.fsutil import keep_evidence, retry_on_full_disk, serve_when_space
 from node.live.coordination import RoundStopped
 from node.live.exchange import Exchange, InputsWithheld
 from node.live.partialfetch import PartialFetcher
@@ -501,7 +501,7 @@ class SlicedExchange(SliceReads, SlicedChecks, Exchange):
     def publish_partial(self, outer_round: int, stage: int, payload: bytes) -> bytes:
         """Sign, serve and announce a partial envelope; its bytes (a seam a fault-injection test overrides)."""
         data = self.messenger.sign(outer_round, msg.PARTIAL, payload, stage)
-        self.host.provide_blob(data, announce=False)
+        serve_when_space(self.host, data, what=f"round {outer_round}'s partial of stage {stage}", stop=self.stop)
         digest = hashlib.sha256(data).digest()
         j = parse_partial(payload).slice_index
         self.messenger.gossip(outer_round, msg.PARTIAL_ANNOUNCE, msg.PartialAnnounce(j, digest, len(data)), stage)

@@ -25,7 +25,7 @@ from ledger.eventrecords import AccusationRecord
 from ledger.records import Verdict
 from node import protocol as msg
 from node.errors import NodeError
-from node.fsutil import keep_evidence
+from node.fsutil import keep_evidence, serve_when_space
 from node.live.spotcheck import SpotCheckResult
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
@@ -91,7 +91,7 @@ class Tribunal:
         data = self.ctx.sign_envelope(outer_round, msg.EVIDENCE, msg.encode_payload(evidence))
         evidence_hash = hashlib.sha256(data).digest()
         keep_evidence(self.ctx.evidence_dir / f"{file_stem}-{evidence_hash.hex()}.envelope", data)
-        self.ctx.host.provide_blob(data, announce=False)
+        serve_when_space(self.ctx.host, data, what=f"round {outer_round}'s evidence", stop=self.ctx.stop)
         try:
             self.ctx.chain.accuse(self.ctx.run_id, "0x" + account.hex(), evidence_hash)
         except LedgerError as exc:  # e.g. already slashed, or this node is no longer a member
@@ -168,7 +168,7 @@ class Tribunal:
             guilty, why = judge(evidence, who)
             logger.warning("round %d: %s's accusation of %s: %s", outer_round, accuser[-8:], who[-8:], why)
             if guilty is not None:
-                self.ctx.host.provide_blob(data, announce=False)
+                serve_when_space(self.ctx.host, data, what=f"round {outer_round}'s evidence", stop=self.ctx.stop)
                 self._sign_verdict(outer_round, accusation.accused, accusation.evidence_hash, guilty, who)
             return
         try:
@@ -183,7 +183,8 @@ class Tribunal:
             logger.warning("round %d: %s's evidence does not name the sealed contributions of replica %d",
                            outer_round, accuser[-8:], accusation.replica)
             return
-        self.ctx.host.provide_blob(data, announce=False)  # serve it onward: anyone may check it
+        # Served onward: anyone may check it.
+        serve_when_space(self.ctx.host, data, what=f"round {outer_round}'s evidence", stop=self.ctx.stop)
         self._rerun_then_judge(outer_round, accusation, ours, next_envs)
 
     def _judge_by_rerun(self, outer_round: int, accusation: msg.Accusation, ours: list[bytes],

@@ -118,7 +118,7 @@ class SpotChecker(Tribunal):
 
     def __init__(self, ctx: VerifierContext) -> None:
         self.ctx = ctx
-        self.states = HeldStates(ctx.host, ctx.work_dir, ctx.evidence_dir, ctx.cfg.pipeline.num_stages)
+        self.states = HeldStates(ctx.host, ctx.work_dir, ctx.evidence_dir, ctx.cfg.pipeline.num_stages, ctx.stop)
         self._newest = -1
         self._worker = RerunWorker(ctx.work_dir / "worker.log")
         self._results: dict[tuple[int, int], SpotCheckResult | None] = {}  # (round, replica) -> result
