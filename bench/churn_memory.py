@@ -1,11 +1,12 @@
 """What a surviving node keeps per churn event: its RSS and container sizes across kill/restart cycles.
 
-    python bench/churn_memory.py [--cycles 6] [--inner-steps 10] [--connections 20] [--workdir /tmp/dlx-churnmem]
+    python bench/churn_memory.py [--cycles 6] [--inner-steps 10] [--connections 20] [--warmup-rounds 1]
+        [--workdir /tmp/dlx-churnmem]
     python bench/churn_memory.py --cycles 0 --connections 0 --inner-steps 2 --sample-rounds 40,80,120 \
         [--tracemalloc 6]
 
 A real local run (anvil, 3 replicas of one node each, the ``tiny`` model, k = 2): once a round with
-every node is committed, one node (r2; ``--victim``) is killed with SIGKILL and started again (or, with
+every node is committed (``--warmup-rounds R``: once round R is), one node (r2; ``--victim``) is killed with SIGKILL and started again (or, with
 ``--stall-s S``, stopped S seconds and resumed), ``--cycles`` times, each
 time as soon as its new life has met its peers (the start-up mark "peers met", node/live/startup.py). The
 watched node r0 runs throughout with bench/churn_probe/sitecustomize.py loaded (``DLX_CHURN_PROBE``): after
@@ -188,6 +189,9 @@ def main() -> int:
                         help="each cycle stops the victim (SIGSTOP) this long and resumes it (no restart)")
     parser.add_argument("--victim", type=int, default=2,
                         help="the node each cycle kills or stalls (0: the watched one)")
+    parser.add_argument("--warmup-rounds", type=int, default=1,
+                        help="the first sample (and the cycles) once the chain holds this round: past the "
+                             "windows' warm-up (provider records 600 s, caches), the cycles' growth is the churn's")
     parser.add_argument("--sample-rounds", default="",
                         help="after the cycles, also sample once the chain has these rounds "
                              "(comma-separated): what grows with the rounds alone")
@@ -235,10 +239,11 @@ def churn_run(args, workdir: Path) -> dict:
         os.environ.update(plain)
         for slot in run.nodes[1:]:
             run.start_node(slot)
-        deadline = time.monotonic() + 900
-        while _last_round(run) < 1:
-            if time.monotonic() > deadline:
-                raise SystemExit("the run never committed two rounds")
+        warm = max(1, args.warmup_rounds)
+        deadline = time.monotonic() + 900 + 6 * warm  # a round of the tiny model takes 1-3 s here
+        while _last_round(run) < warm:
+            if time.monotonic() > deadline or watched.process.poll() is not None:
+                raise SystemExit(f"the run never committed round {warm}")
             time.sleep(2)
         probe.sample("warm", run)
         for index in range(args.cycles):
@@ -276,6 +281,7 @@ def churn_run(args, workdir: Path) -> dict:
     growing = {k: v for k, v in sorted(containers.items(), key=lambda kv: -kv[1]["per_cycle"])
                if v["per_cycle"] >= 1.0}
     result = {"settings": settings, "nodes": 3, "k": 2, "watched": watched.name, "victim": victim.name,
+              "warmup_rounds": max(1, args.warmup_rounds),
               "cycles": cycles, "wall_s": round(time.monotonic() - started),
               "rounds_at_sample": rounds, "rounds_per_cycle": round(per_round, 2),
               "rss_mib": [round(x, 1) for x in rss], "rss_mib_per_cycle": round(slope(rss[1:]), 2),
