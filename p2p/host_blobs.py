@@ -92,9 +92,17 @@ class HostBlobs:
 
     async def _announce(self, sha256_hex: str) -> None:
         key = _dht_key(sha256_hex)
-        ok = await self._dht.provider_store.provide(key)
-        if not ok:
+        store = self._dht.provider_store
+        ok = await store.provide(key)
+        if not ok:  # its republish time stays unset: the DHT's next maintenance pass announces it again
             logger.info("blob %s stored; no DHT peer took the provider record yet", sha256_hex[:16])
+            return
+        # py-libp2p's provide() leaves the key's republish time unset (0), and its maintenance loop (every
+        # ROUTING_TABLE_REFRESH_INTERVAL, 600 s) republishes every providing key whose last republish is over
+        # 22 hours ago: so every blob announced was announced again at the next pass, a network lookup and
+        # an ADD_PROVIDER to each of the k closest peers, one key after another on the DHT's own loop. The
+        # 22 hours count from this announcement.
+        store._last_republish[key] = time.time()
 
     def has_blob(self, sha256_hex: str) -> bool:
         return self.store.has(sha256_hex)

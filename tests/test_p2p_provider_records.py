@@ -22,6 +22,7 @@ from multiaddr import Multiaddr
 from p2p.config import P2PConfig
 from p2p.errors import P2PConfigError, P2PError
 from p2p.host import P2PHost
+from p2p.host_blobs import _dht_key
 from p2p.identity import Identity
 from p2p.provider_records import record_count
 from waiting import wait_until
@@ -136,3 +137,31 @@ def test_a_blob_no_longer_announced_is_still_served_to_a_fetcher_that_names_its_
     assert hashlib.sha256(fetched.read_bytes()).hexdigest() == retired
     with pytest.raises(P2PError):
         a.stop_announcing("not a digest")
+
+
+def test_the_dhts_maintenance_pass_does_not_announce_a_fresh_blob_again(two_hosts):
+    """py-libp2p's provide() left a key's republish time unset, so the DHT's maintenance loop (every 600 s)
+    announced every blob provided since its last pass again (a lookup and k ADD_PROVIDERs each); the 22
+    hours of the republish rule now count from the announcement. A key past them is still republished."""
+    a, b = two_hosts
+    fresh = a.provide_blob(b"a fresh checkpoint of a")
+    old = a.provide_blob(b"a checkpoint of a announced 23 hours ago")
+    store = a._dht.provider_store
+    provided: list[bytes] = []
+    original = store.provide
+
+    async def counting(key: bytes) -> bool:
+        provided.append(key)
+        return await original(key)
+
+    async def maintenance_pass() -> None:
+        store._last_republish[_dht_key(old)] = time.time() - 23 * 3600
+        store.provide = counting
+        try:
+            await store._republish_provider_records()  # what the DHT's main loop runs every 600 s
+        finally:
+            del store.provide
+
+    a._call(maintenance_pass, timeout=60, what="the DHT's maintenance pass")
+    assert provided == [_dht_key(old)], [key.hex() for key in provided]  # before: the fresh key too
+    assert _dht_key(fresh) not in provided
