@@ -167,9 +167,11 @@ def churn_memory(r: dict) -> list[str]:
         out += [f"A local run of {run['nodes']} nodes (k = {run['k']}, settings {run['settings']}): {run['victim']} "
                 f"killed and started again {len(run['cycles'])} times, {run['watched']} sampled inside its process "
                 f"after warm-up and after each restart (rounds committed at each sample: {run['rounds_at_sample']}). "
-                f"Inbound connection handlers alive at each sample: {handlers}. RSS (MiB): {run['rss_mib']}, fitted {run['rss_mib_per_cycle']:+.2f} MiB a cycle (the run is still "
-                "warming up: caps and windows fill for about 17 minutes). The containers that grew most, summed "
-                "over instances, per sample:", ""]
+                f"Inbound connection handlers alive at each sample: {handlers}. RSS (MiB): {run['rss_mib']}, fitted {run['rss_mib_per_cycle']:+.2f} MiB a cycle "
+                + (f"(the cycles began once round {run['warmup_rounds']} was on chain, past the warm-up of the caps and "
+                   "windows). " if run.get("warmup_rounds", 1) > 1 else
+                   "(the run is still warming up: caps and windows fill for about 17 minutes). ")
+                + "The containers that grew most, summed over instances, per sample:", ""]
         out += table(["container", "sizes", "per cycle"],
                      [[name, " ".join(str(v) for v in row["values"]), row["per_cycle"]] for name, row in growing])
     return out
