@@ -6,9 +6,9 @@
         [--tracemalloc 6]
 
 A real local run (anvil, 3 replicas of one node each, the ``tiny`` model, k = 2): once a round with
-every node is committed (``--warmup-rounds R``: once round R is), one node (r2; ``--victim``) is killed with SIGKILL and started again (or, with
-``--stall-s S``, stopped S seconds and resumed), ``--cycles`` times, each
-time as soon as its new life has met its peers (the start-up mark "peers met", node/live/startup.py). The
+every node is committed (``--warmup-rounds R``: once round R is), one node (r2; ``--victim``) is killed
+with SIGKILL and started again (or, with ``--stall-s S``, stopped S seconds and resumed), ``--cycles``
+times, each time as soon as its new life has met its peers (the start-up mark "peers met", node/live/startup.py). The
 watched node r0 runs throughout with bench/churn_probe/sitecustomize.py loaded (``DLX_CHURN_PROBE``): after
 warm-up and after each cycle it samples, in one pass inside the process, its RSS, gc object counts by type
 and the summed length of every dict/set/list/deque attribute of the node's, p2p's and py-libp2p's objects.

@@ -277,7 +277,7 @@ class ContributionPool:
                     self._reject(outer_round, stage, a, f"payload does not decode: {exc}", data)
                     return
             self.add(outer_round, stage, a.envelope_hash, data)
-            # Served onward (not announced: module docstring).
+            # Served onward (not announced: module docstring); the fetch stored it already, so this writes nothing.
             serve_when_space(self.host, data, what=f"round {outer_round}'s contribution of {a.peer_id[-8:]}",
                              stop=self.stop)
             self._fetch_inputs(outer_round, stage, a.envelope_hash, data)
