@@ -197,6 +197,8 @@ def inner(args) -> int:
         os.environ.update(DLX_CHURN_PROBE=str(soak.probe_dir), DLX_CHURN_PROBE_EVERY=str(args.sample_s),
                           DLX_CHURN_PROBE_DEEP_EVERY=str(args.deep_sample_s),
                           PYTHONPATH=os.pathsep.join(filter(None, [str(PROBE), os.environ.get("PYTHONPATH")])))
+        if args.arena_max:  # an experiment beside the defaults: these nodes get another M_ARENA_MAX (the probe sets it)
+            os.environ["DLX_CHURN_PROBE_ARENA_MAX"] = args.arena_max
     soak.link = run_link(run.chain_id, run.ledger, run.run_id, rpc_url, [relay_addr], checkpoint_every=2)
     soak.spare_account = spare_accounts[-1] if spare_accounts else None
     result = {"nodes": len(run.nodes), "clusters": clusters, "stages": 2, "settings": settings,
@@ -208,7 +210,7 @@ def inner(args) -> int:
                            "rates_mbit": {name: s["rate_mbit"] for name, s in sites.items()},
                            "nat_sites": [name for name, s in sites.items() if s["nat"]],
                            "rtt_to_relay_ms": spec["rtt_to_relay_ms"]},
-              "placement": site_of}
+              "placement": site_of, "arena_max": dict(item.split("=", 1) for item in args.arena_max.split(",") if item)}
     for signum in (signal.SIGTERM, signal.SIGINT):  # from here a signal unwinds: the finally stops nodes and chain
         signal.signal(signum, _stop_by_signal)
     try:
@@ -290,6 +292,9 @@ def main() -> int:
     parser.add_argument("--no-probe", action="store_true",
                         help="nodes run without bench/churn_probe's light probe (RSS only, not what it is made of)")
     parser.add_argument("--no-churn", action="store_true")
+    parser.add_argument("--arena-max", default="", metavar="NODE=N,...",
+                        help="an experiment: these nodes run with glibc's M_ARENA_MAX at N instead of the node's 2 "
+                             "(set by the probe; the JSON's arena_max says which)")
     parser.add_argument("--seed", type=int, default=45)
     parser.add_argument("--workdir", default="/tmp/dlx-soak")
     parser.add_argument("--out", default="")

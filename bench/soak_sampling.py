@@ -18,10 +18,12 @@ CHAIN_IP = "100.64.0.1"
 #: from the in-process probe (bench/churn_probe, light mode) glibc's heap in use and free-but-kept (MiB),
 #: Python's allocated blocks (a count) and pymalloc's arenas (MiB mapped), and the anonymous pages by mapping
 #: (MiB resident: glibc's main heap, its other arenas' heaps, the rest: pymalloc arenas, mmapped chunks, thread
-#: stacks; the rest split by mapping size into threads' stacks, pymalloc's arenas and the other chunks).
+#: stacks; the rest split by mapping size into threads' stacks, pymalloc's arenas and the other chunks), and glibc's
+#: bytes in use and free-but-kept in its main arena and in the others (``malloc_info``) and in mmapped blocks.
 HEAP_SERIES = ("rss_anon_mib", "rss_file_mib", "malloc_in_use_mib", "malloc_free_mib", "py_blocks",
                "py_arenas_mib", "anon_brk_mib", "anon_arenas_mib", "anon_other_mib", "anon_other_stacks_mib",
-               "anon_other_pymalloc_mib", "anon_other_chunks_mib")
+               "anon_other_pymalloc_mib", "anon_other_chunks_mib", "malloc_main_in_use_mib", "malloc_main_free_mib",
+               "malloc_others_in_use_mib", "malloc_others_free_mib", "malloc_mmapped_mib")
 
 
 def take_sample(members, sites: dict, at: float, last: int | None, probe_dir: Path | None = None) -> dict:
@@ -96,6 +98,15 @@ def probe_figures(path: Path) -> dict:
     out = {"py_blocks": line.get("allocated_blocks"), "threads": line.get("threads")}
     if malloc:
         out.update(malloc_in_use_mib=mib(malloc["in_use"] / 1024), malloc_free_mib=mib(malloc["free"] / 1024))
+        if "mmapped" in malloc:
+            out["malloc_mmapped_mib"] = mib(malloc["mmapped"] / 1024)
+    if malloc.get("arenas"):  # the main arena, then the others summed: whose pages hold what, whose hold holes
+        main, others = malloc["arenas"][0], malloc["arenas"][1:]
+        out.update(malloc_main_in_use_mib=mib(main["in_use"] / 1024), malloc_main_free_mib=mib(main["free"] / 1024),
+                   malloc_others_in_use_mib=mib(sum(a["in_use"] for a in others) / 1024),
+                   malloc_others_free_mib=mib(sum(a["free"] for a in others) / 1024))
+    if line.get("arena_max"):
+        out["arena_max"] = line["arena_max"]
     if (line.get("pymalloc") or {}).get("arenas") is not None:
         out["py_arenas_mib"] = line["pymalloc"]["arenas"]  # each arena is 1 MiB
     mappings = line.get("mappings") or {}

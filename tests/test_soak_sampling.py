@@ -86,7 +86,13 @@ def test_probe_figures_read_the_light_probes_heap_parts(tmp_path):
     assert figures["py_arenas_mib"] == line["pymalloc"]["arenas"]
     assert figures["anon_brk_mib"] == round(line["mappings"]["brk"] / 1024, 1)
     assert {"anon_arenas_mib", "anon_other_mib", "anon_other_stacks_mib", "anon_other_chunks_mib",
-            "malloc_in_use_mib", "py_blocks"} <= set(figures)
+            "malloc_in_use_mib", "py_blocks", "malloc_mmapped_mib"} <= set(figures)
+    # glibc's arenas one by one (malloc_info), main first: together they are what mallinfo2 sums.
+    arenas = line["malloc"]["arenas"]
+    assert arenas and all(a["in_use"] > 0 and a["free"] >= 0 for a in arenas)
+    assert abs(sum(a["in_use"] for a in arenas) - line["malloc"]["in_use"]) <= 0.05 * line["malloc"]["in_use"]
+    assert figures["malloc_main_in_use_mib"] == round(arenas[0]["in_use"] / 1048576, 1)
+    assert figures["malloc_others_in_use_mib"] == round(sum(a["in_use"] for a in arenas[1:]) / 1048576, 1)
     path.write_text('{"time": 1, "pymalloc": {}, "mappings": {}}\n')  # a probe without them (not CPython, no /proc)
     assert "py_arenas_mib" not in probe_figures(path) and "anon_brk_mib" not in probe_figures(path)
 

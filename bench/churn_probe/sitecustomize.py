@@ -69,7 +69,7 @@ def _light_sample() -> dict:
             "rss_anon_kib": memory.get("RssAnon", 0), "rss_file_kib": memory.get("RssFile", 0),
             "allocated_blocks": sys.getallocatedblocks(), "malloc": _malloc(),
             "pymalloc": _pymalloc(), "mappings": _mappings(),
-            "threads": threading.active_count(), "gc_count": list(gc.get_count())}
+            "threads": threading.active_count(), "gc_count": list(gc.get_count()), "arena_max": _ARENA_MAX}
 
 
 #: glibc's non-main arenas live in heaps of this size, mapped at an address aligned to it (HEAP_MAX_SIZE on
@@ -235,7 +235,40 @@ def _malloc() -> dict:
         info = libc.mallinfo2()
     except AttributeError:  # not glibc, or older than 2.33
         return {}
-    return {"in_use": info.uordblks, "free": info.fordblks, "mmapped": info.hblkhd}
+    return {"in_use": info.uordblks, "free": info.fordblks, "mmapped": info.hblkhd, "arenas": _malloc_arenas()}
+
+
+def _malloc_arenas() -> list:
+    """Each glibc arena's bytes in use and free-but-kept, main arena first, from ``malloc_info`` (mallinfo2 sums
+    them): whether an arena's pages grow with what it holds or with its holes. [] where glibc has no malloc_info."""
+    import ctypes
+    import xml.etree.ElementTree as ElementTree
+
+    libc = _libc()
+    try:
+        libc.open_memstream.restype = ctypes.c_void_p
+        libc.open_memstream.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]
+        libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.fclose.argtypes = [ctypes.c_void_p]
+        libc.free.argtypes = [ctypes.c_void_p]
+    except AttributeError:
+        return []
+    buffer, size = ctypes.c_void_p(), ctypes.c_size_t()
+    stream = libc.open_memstream(ctypes.byref(buffer), ctypes.byref(size))
+    if not stream:
+        return []
+    try:
+        libc.malloc_info(0, stream)
+    finally:
+        libc.fclose(stream)
+        text = ctypes.string_at(buffer, size.value)
+        libc.free(buffer)
+    arenas = []
+    for heap in ElementTree.fromstring(text).findall("heap"):
+        free = sum(int(total.get("size", 0)) for total in heap.findall("total") if total.get("type") in ("fast", "rest"))
+        current = next((int(x.get("size", 0)) for x in heap.findall("system") if x.get("type") == "current"), 0)
+        arenas.append({"in_use": current - free, "free": free})
+    return arenas
 
 
 def _yamux_state(stream) -> str:
@@ -381,7 +414,26 @@ def _watch(directory: str) -> None:
                 out.write(json.dumps(sample) + "\n")
 
 
+def _own_arena_max() -> int:
+    """``DLX_CHURN_PROBE_ARENA_MAX=name=N,...``: a node whose ``--config`` lies in a directory ``name`` runs with
+    glibc's ``M_ARENA_MAX`` at N (set here, before its threads start, and in its environment, which
+    node/arenas.py then leaves alone): one run compares nodes with and without. 0 where not asked."""
+    wanted = dict(item.split("=", 1) for item in os.environ.pop("DLX_CHURN_PROBE_ARENA_MAX", "").split(",") if "=" in item)
+    try:
+        with open("/proc/self/cmdline", "rb") as handle:
+            argv = handle.read().decode("utf-8", "replace").split("\0")
+        config = argv[argv.index("--config") + 1]
+    except (OSError, ValueError, IndexError):
+        return 0
+    arenas = int(wanted.get(os.path.basename(os.path.dirname(os.path.abspath(config))), 0))
+    if arenas > 0:
+        _libc().mallopt(-8, arenas)  # M_ARENA_MAX
+        os.environ["MALLOC_ARENA_MAX"] = str(arenas)
+    return arenas
+
+
 # Popped: the processes this node starts (its spot-check reruns) inherit its environment, not the probe.
+_ARENA_MAX = _own_arena_max()
 _DIRECTORY = os.environ.pop("DLX_CHURN_PROBE", "")
 _EVERY = float(os.environ.pop("DLX_CHURN_PROBE_EVERY", "0") or 0)
 _DEEP_EVERY = float(os.environ.pop("DLX_CHURN_PROBE_DEEP_EVERY", "0") or 0)
