@@ -10,6 +10,14 @@ the 60-minute soak with the bound shows it is not the whole of it under churn). 
 is not glibc (musl, macOS) nothing is done; ``MALLOC_ARENA_MAX`` in the environment, when set, wins (glibc
 read it at start).
 
+The interpreter keeps one more table that grows in steps: CPython's dict of interned strings. Python 3.11's
+pathlib interns every part of every path it builds, so a node interns and frees a few dozen path names a second
+(a blob's hash, ``round-00000071``); a freed string's entry stays spent until the table runs out of entries and
+is rebuilt at three times its live count. A node holds about 130,000 live interned strings, so its first
+rebuild doubles the table from 2^18 to 2^19 slots (3.7 to 7.3 MiB), half an hour to hours into a run; after
+that it is rebuilt at the same size. :func:`settle_interned_strings` makes that first rebuild happen as the
+node takes its seat (issue 45: a step of +3.6 MiB in every node's RSS, at a moment set by its file churn).
+
 What the two arenas free stays resident until glibc trims it, and glibc trims only the top of a heap, past
 ``M_TRIM_THRESHOLD``: a page freed inside a heap is kept. So once a round's old state is dropped the finisher
 calls :func:`trim_heap` (``malloc_trim(0)``: every arena's free pages go back to the system), and RSS follows
@@ -23,6 +31,7 @@ import ctypes.util
 import functools
 import logging
 import os
+import sys
 import time
 
 logger = logging.getLogger(__name__)
@@ -80,3 +89,20 @@ def trim_heap(libc=None) -> float | None:
     libc.malloc_trim(0)
     return time.monotonic() - start
 
+
+
+#: Strings :func:`settle_interned_strings` interns and frees: more than a 2^18-slot table's 174,762 entries.
+SETTLE_STRINGS = 180_000
+
+
+def settle_interned_strings(count: int = SETTLE_STRINGS) -> bool:
+    """Intern and free ``count`` fresh strings, so that CPython's table of interned strings is rebuilt now, at
+    three times the strings live after the node's imports: the size later rebuilds keep, rather than a doubling
+    hours into a run (above). About 35 ms. Whether it ran: only on CPython 3.11, where it was measured (3.12
+    made interned strings immortal, PEP 683, so there the strings would be kept)."""
+    if sys.implementation.name != "cpython" or sys.version_info[:2] != (3, 11):
+        return False
+    intern = sys.intern
+    for index in range(count):
+        intern(f"dlx-settle-{index}")  # not kept: freed at once, its entry spent
+    return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -145,3 +146,39 @@ def test_trim_heap_does_nothing_without_glibc(monkeypatch):
         assert arenas.trim_heap() is None
     finally:
         arenas._trimming_libc.cache_clear()
+
+
+# A node's imports, then the settling, then a run's churn of path names, each traced: the interned strings'
+# table is a dict whose rebuild is one block (tracemalloc attributes it to the line that interned).
+_SETTLED = textwrap.dedent("""
+    import json, sys, tracemalloc
+    import node.live.node  # what a node has imported when it takes its seat
+    from node.arenas import settle_interned_strings
+
+    def table_blocks(snapshot, filename):
+        return sorted(t.size for t in snapshot.traces if t.size >= 1 << 20
+                      and t.traceback[0].filename.endswith(filename))
+
+    tracemalloc.start()
+    settled = settle_interned_strings()
+    at_settle = table_blocks(tracemalloc.take_snapshot(), "arenas.py")
+    tracemalloc.stop()
+    tracemalloc.start()
+    for index in range(400_000):  # more than the settled table's free entries: a run's path names, interned
+        sys.intern(f"round-{index:08d}")
+    in_run = table_blocks(tracemalloc.take_snapshot(), "<string>")
+    print(json.dumps([settled, at_settle, in_run]))
+""")
+
+
+@pytest.mark.skipif(sys.implementation.name != "cpython" or sys.version_info[:2] != (3, 11),
+                    reason="the settling runs on CPython 3.11 only (node/arenas.py)")
+def test_the_interned_strings_table_is_rebuilt_at_its_lasting_size_as_the_node_takes_its_seat():
+    done = subprocess.run([sys.executable, "-c", _SETTLED], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    settled, at_settle, in_run = json.loads(done.stdout)
+    assert settled is True
+    # The settling rebuilt the table (one block of MiBs); the run's churn rebuilt it again at that same size,
+    # where without the settling its first rebuild doubles it (2^18 -> 2^19 slots, 3.7 -> 7.3 MiB).
+    assert len(at_settle) == 1 and at_settle[0] > 3 << 20
+    assert in_run and set(in_run) == set(at_settle)

@@ -30,6 +30,7 @@ from queue import Queue
 from types import MappingProxyType
 
 from node import protocol as msg
+from node.arenas import settle_interned_strings
 from node.config import NodeConfig
 from node.errors import NotRegistered
 from node.fsutil import atomic_write_bytes
@@ -337,6 +338,7 @@ class NodeParts:
         if warm_up is not None:
             warm_up.join()
             self.startup.mark("trainer imports warmed up")
+        settle_interned_strings()  # once the imports are in: the interned strings' table at its lasting size
         logger.info("placed: cluster %s replica %d stages %s", placement.cluster, placement.replica,
                     list(placement.stages))
         self.worker = worker = self.kinds.worker(cfg=cfg, replica=placement.replica, stages=placement.stages,
