@@ -90,7 +90,6 @@ def trim_heap(libc=None) -> float | None:
     return time.monotonic() - start
 
 
-
 #: Strings :func:`settle_interned_strings` interns and frees: more than a 2^18-slot table's 174,762 entries.
 SETTLE_STRINGS = 180_000
 
