@@ -171,13 +171,15 @@ _SETTLED = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(sys.implementation.name != "cpython" or sys.version_info[:2] != (3, 11),
-                    reason="the settling runs on CPython 3.11 only (node/arenas.py)")
 def test_the_interned_strings_table_is_rebuilt_at_its_lasting_size_as_the_node_takes_its_seat():
     done = subprocess.run([sys.executable, "-c", _SETTLED], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     settled, at_settle, in_run = json.loads(done.stdout)
-    assert settled is True
+    # The settling runs on CPython 3.11 only (node/arenas.py); elsewhere it must do nothing at all.
+    assert settled is (sys.implementation.name == "cpython" and sys.version_info[:2] == (3, 11))
+    if not settled:
+        assert at_settle == []
+        return
     # The settling rebuilt the table (one block of MiBs); the run's churn rebuilt it again at that same size,
     # where without the settling its first rebuild doubles it (2^18 -> 2^19 slots, 3.7 -> 7.3 MiB).
     assert len(at_settle) == 1 and at_settle[0] > 3 << 20

@@ -238,11 +238,10 @@ def _malloc() -> dict:
     return {"in_use": info.uordblks, "free": info.fordblks, "mmapped": info.hblkhd, "arenas": _malloc_arenas()}
 
 
-def _malloc_arenas() -> list:
-    """Each glibc arena's bytes in use and free-but-kept, main arena first, from ``malloc_info`` (mallinfo2 sums
-    them): whether an arena's pages grow with what it holds or with its holes. [] where glibc has no malloc_info."""
+@functools.cache
+def _info_libc():
+    """The C library with the signatures :func:`_malloc_arenas` calls, set once; None without malloc_info."""
     import ctypes
-    import xml.etree.ElementTree as ElementTree
 
     libc = _libc()
     try:
@@ -252,6 +251,18 @@ def _malloc_arenas() -> list:
         libc.fclose.argtypes = [ctypes.c_void_p]
         libc.free.argtypes = [ctypes.c_void_p]
     except AttributeError:
+        return None
+    return libc
+
+
+def _malloc_arenas() -> list:
+    """Each glibc arena's bytes in use and free-but-kept, main arena first, from ``malloc_info`` (mallinfo2 sums
+    them): whether an arena's pages grow with what it holds or with its holes. [] where glibc has no malloc_info."""
+    import ctypes
+    import xml.etree.ElementTree as ElementTree
+
+    libc = _info_libc()
+    if libc is None:
         return []
     buffer, size = ctypes.c_void_p(), ctypes.c_size_t()
     stream = libc.open_memstream(ctypes.byref(buffer), ctypes.byref(size))
