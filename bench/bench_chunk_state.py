@@ -3,7 +3,7 @@
 In a chunked run (docs/FRAUD_PROOF.md) every node, after a stage's outer step, derives the stage's chunk state
 (node.fraudproof.stage_state_of: the weights' and momentum's chunk leaves, each accepted contribution's payload
 pieces, their Merkle roots, the stage leaf) and serializes the stage's state to publish it
-(node/live/chunkstate.py); a prover that fetched a committed state checks its chunk roots. This bench times
+(node/live/fraud/chunkstate.py); a prover that fetched a committed state checks its chunk roots. This bench times
 each of those beside the aggregation (training/diloco.py ``aggregate_with_report``) of the same contributions,
 for both stages of `mini` (2 stages) and 2, 4 and 8 contributions coded by the run's default encoder at the
 "auto" byte budget (H = 50, M = 2: what a demo sends).

@@ -189,7 +189,7 @@ def round_share(model: ModelConfig, device: str, args: argparse.Namespace) -> di
     _sync(trainer.device)
     parts = {}
 
-    # What the live node does each round (node/live/contributor.py), timed part by part. On the training
+    # What the live node does each round (node/live/work/contributor.py), timed part by part. On the training
     # thread (blocking): the copies of the start state's weights and optimizer state, the data commitment, and
     # the encode's first part (the weights to the host). On the node's other lanes, overlapping the next
     # round's training: the start state's serialisation and hash, the encode, the decode of every

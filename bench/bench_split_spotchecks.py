@@ -2,11 +2,11 @@
 
 A demo is 2 replicas x 2 stages, one stage per node (a split cluster): to check the other replica a node
 gathers its stages (envelopes fetched by hash from the stage holders, start states from their signers) and
-reruns the whole pipeline (node/live/spotinputs.py). This script reads what the run's nodes logged and
+reruns the whole pipeline (node/live/checks/spotinputs.py). This script reads what the run's nodes logged and
 wrote, and optionally the ``dlx-node audit --reexecute all --json`` report of the same run, and writes one
 JSON (default bench/results/split_spotchecks.json):
 
-- per node: the checks its draw named (``node.live.routing.draw_checks``, the node's own function, over each
+- per node: the checks its draw named (``node.live.checks.routing.draw_checks``, the node's own function, over each
   recorded round's weights root, signers and the declared platforms), every spot check done
   (round, replica, verdict, rerun seconds in the child, check seconds including
   the fetches), the checks not done (with their reasons), the round-bound skips, the checks per round;
@@ -38,7 +38,7 @@ SKIPPED = re.compile(r"spot checks of round (\d+) skipped: (\d+) rounds behind t
 
 def signers_of(node_dir: Path, run_id: int, outer_round: int) -> dict[int, set[str]] | None:
     """replica -> the peer ids that signed its contributions of the round, as the node's archive binds them to
-    the record (``recorded.json``, else the round as sealed): what node.live.verifier draws from."""
+    the record (``recorded.json``, else the round as sealed): what node.live.checks.verifier draws from."""
     from node.store.archive import Archive
 
     archive = Archive(node_dir / "archive", run_id)
@@ -53,12 +53,12 @@ def signers_of(node_dir: Path, run_id: int, outer_round: int) -> dict[int, set[s
 
 
 def sampled(node_dir: Path, run_id: int, declared: dict[str, bytes]) -> list[dict]:
-    """The checks the node's draw named: node.live.routing.draw_checks (the function node.live.verifier calls)
+    """The checks the node's draw named: node.live.checks.routing.draw_checks (the function node.live.checks.verifier calls)
     over each recorded round's weights root, the round's signers and the declared platforms, to set against
     the checks done. ``routed``: only the routed draw picked it (a verifier that reruns it exactly or by
     emulation)."""
     from node.config import load_config
-    from node.live.routing import draw_checks
+    from node.live.checks.routing import draw_checks
 
     cfg = load_config(node_dir / "node.toml")
     status = json.loads((node_dir / "status.json").read_text())
@@ -80,7 +80,7 @@ def declarations(args, dirs: list[Path]) -> tuple[dict[str, bytes], str]:
     else each node's own declaration computed here from its node.toml (right only on the machine it ran on)."""
     peers = {json.loads((d / "status.json").read_text())["peer_id"]: d for d in dirs}
     if args.rpc:
-        from node.live.onchain import NodeChain
+        from node.live.chain.onchain import NodeChain
         from node.tools.evidence import reader_client
 
         return NodeChain(reader_client(args)).declared_platforms(args.run, sorted(peers)), "chain"
@@ -188,7 +188,7 @@ def main() -> int:
         "what": "re-execution spot checks of a dlx-node demo run (split cluster: one stage per node)",
         "demo": str(demo), "rounds_committed": len(summary.get("rounds", [])),
         "accusations": summary.get("accusations"),
-        "draw": "node.live.routing.draw_checks over each round's recorded signers and their declared platforms",
+        "draw": "node.live.checks.routing.draw_checks over each round's recorded signers and their declared platforms",
         "declared_platforms": {peer: platform.hex() for peer, platform in sorted(declared.items())},
         "declared_platforms_from": declared_from,
         "nodes": nodes,

@@ -34,7 +34,7 @@ MIN_ROUNDS_AHEAD = 2
 
 def claim_window(checkpoint_every: int) -> int:
     """Rounds past the last committed one in which a peer's round claim is believed: the delay, the commit lag,
-    a catch-up (the same as :meth:`node.live.entry.RunEntry.round_window`)."""
+    a catch-up (the same as :meth:`node.live.round.entry.RunEntry.round_window`)."""
     return 8 + 2 * checkpoint_every
 
 
@@ -98,7 +98,7 @@ class NodeConfig:
     spot_check_drain_s: float = 60.0
     # A node does not begin training round t while t - (the last committed round) > max_rounds_ahead: it waits
     # ("waiting for commits" in status.json) until the chain catches up. Peers hear a member's round claims only
-    # within 8 + 2 * checkpoint_every rounds of the last commit (node.live.entry.RunEntry.round_window), so the
+    # within 8 + 2 * checkpoint_every rounds of the last commit (node.live.round.entry.RunEntry.round_window), so the
     # bound stays below that window; it is at least 2, because with the one-step delay a node starts round t
     # having finished round t-2 only (the commits it waits for never need its own later rounds).
     max_rounds_ahead: int = 8

@@ -1,7 +1,7 @@
 """A member's declared platform (issue 42, docs/DILOCOX.md section 11): what a node declares when it joins a run,
 and the check that holds a contribution's claimed platform to its signer's declaration.
 
-Shared by the live spot checks (:mod:`node.live.verifier`), the commands that join a run and the audit
+Shared by the live spot checks (:mod:`node.live.checks.verifier`), the commands that join a run and the audit
 (:mod:`node.tools.audit_reexec`), which imports neither the live node nor the commands.
 """
 

@@ -36,7 +36,7 @@ or that does not decode strictly for the slice's shapes. Aggregators take such a
 (it costs only its signer); the accusation makes it cost its signer's stake too.
 
 The judges are pure given a stage's plan, the aggregators' replay and the strict decode: the live node
-passes its worker's (node/live/slicedchecks.py), ``dlx-node audit --reexecute`` the ones
+passes its worker's (node/live/checks/sliced.py), ``dlx-node audit --reexecute`` the ones
 :class:`RunSliceRules` derives from the run document alone (node/tools/audit_slicedproof.py), so a node
 and an auditor judge a proof by one rule.
 """

@@ -96,7 +96,7 @@ def split_spotchecks(r: dict) -> list[str]:
         (f"`dlx-node audit --reexecute all` over the four archives: **{a['verdict']}**, "
          f"{a['by_status'].get('ok', 0)} of {a['reexecution_items']} reruns reproduced; accusations in the run: "
          f"{r['accusations']}."), ""] + ([
-        (f"Drawn: `node.live.routing.draw_checks`, the node's own draw, over each round's recorded signers and "
+        (f"Drawn: `node.live.checks.routing.draw_checks`, the node's own draw, over each round's recorded signers and "
          f"their platforms as declared on chain ({len(set(r['declared_platforms'].values()))} platform(s) among "
          f"{len(r['declared_platforms'])} members; {sum(d['sampled_routed'] for d in r['nodes'].values())} checks "
          "drawn by the routed draw alone)."), ""] if "declared_platforms" in r else [])

@@ -54,7 +54,7 @@ chain) is the real node's. Attacks:
   without waiting for the chain's record of round 2 (as if that record came
   only after round 3 was applied): the fork can no longer be re-based in place,
   so the member must stop, re-enter from the chain's latest checkpoint
-  (node/live/lifecycle.py) and contribute again.
+  (node/live/round/lifecycle.py) and contribute again.
 - ``diverge-slow-verdict``: the ``diverge-once`` fault, and the chain's verdict of round 2
   reaches the member's committer only once it encoded round 4 (as on a slow RPC; at most 50 s
   late): without the overlap round 4, begun on its forked round 2, is then encoded before the
@@ -76,7 +76,7 @@ chain) is the real node's. Attacks:
   rule a verifier would judge it by the cross-platform tolerance, where it passes (issue 42).
 - ``collude-root``: a member of a colluding quorum (issue 43): in round 1 it changes one element of its
   stage's new weights by one ulp (every colluder the same element, so they attest and sign one record) and
-  goes on from that state, attesting it and publishing it as its own (node/live/chunkstate.py). In a
+  goes on from that state, attesting it and publishing it as its own (node/live/fraud/chunkstate.py). In a
   chunked (version 2) or normed (version 3, the default) run one honest member outside the quorum must prove
   the round wrong on chain by itself.
 - ``takeover``: a coalition member (issue 41, attack 1; ``DLX_COALITION`` names the coalition,
@@ -109,7 +109,7 @@ logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------- the worker (training side)
 def malformed_payload():
-    from node.live.replica import ReplicaWorker
+    from node.live.work.replica import ReplicaWorker
 
     class MalformedWorker(ReplicaWorker):
         def encode(self, stage, outer_round):
@@ -123,7 +123,7 @@ def forged_contribution(attack: str):
     """Re-encode the member's own honest pseudo-gradient after ``attack`` changed it."""
     import torch
 
-    from node.live.replica import ReplicaWorker
+    from node.live.work.replica import ReplicaWorker
     from training.codec_wire import decode_contribution
     from training.compression import encode_contribution
 
@@ -162,7 +162,7 @@ def forged_contribution(attack: str):
 
 
 def over_declaring(extra: int = 2):
-    from node.live.replica import ReplicaWorker
+    from node.live.work.replica import ReplicaWorker
 
     class OverDeclaringWorker(ReplicaWorker):
         def declared_steps(self, outer_round):
@@ -173,7 +173,7 @@ def over_declaring(extra: int = 2):
 
 
 def claiming_another_platform():
-    from node.live.replica import ReplicaWorker
+    from node.live.work.replica import ReplicaWorker
     from training.replica_state import parse_stage_state
 
     class OtherPlatformWorker(ReplicaWorker):
@@ -198,7 +198,7 @@ def claiming_another_platform():
 def forged_start_state():
     import torch
 
-    from node.live.replica import ReplicaWorker
+    from node.live.work.replica import ReplicaWorker
 
     class StateForgingWorker(ReplicaWorker):
         def start_state_capture(self, outer_round):
@@ -219,7 +219,7 @@ def forged_start_state():
 
 
 def diverging_once(left_out: int = 1):
-    from node.live.replica import ReplicaWorker
+    from node.live.work.replica import ReplicaWorker
 
     class DivergingWorker(ReplicaWorker):
         def apply(self, stage, outer_round, contributions, excluded=None, prepared=None):
@@ -240,7 +240,7 @@ COLLUDED_ROUND = 1
 def colluding_root():
     import torch
 
-    from node.live.replica import ReplicaWorker
+    from node.live.work.replica import ReplicaWorker
     from training.hashing import stage_weights_hash
 
     class ColludingWorker(ReplicaWorker):
@@ -262,7 +262,7 @@ def colluding_root():
 
 
 def diverging_late():
-    from node.live.forkrepair import ForkRepair
+    from node.live.chain.forkrepair import ForkRepair
 
     class LateVerdictForks(ForkRepair):
         def due(self, next_round):
@@ -279,7 +279,7 @@ def diverging_slow_verdict(most_s: float = 50.0):
     import threading
     import time
 
-    from node.live.forkrepair import ForkRepair
+    from node.live.chain.forkrepair import ForkRepair
 
     class SlowVerdictForks(ForkRepair):
         def __init__(self, **kwargs) -> None:
@@ -308,7 +308,7 @@ def copying_free_rider():
     """Announce, as its own, another replica's contribution of the same round."""
     import time
 
-    from node.live.contributor import Contributor
+    from node.live.work.contributor import Contributor
     from node.protocol import decode_contribution_body
     from p2p.envelope import decode_envelope
     from training.codec_wire import decode_contribution
@@ -338,7 +338,7 @@ def late_delivery():
     """Announce an honest contribution only after the others' round deadline."""
     import time
 
-    from node.live.contributor import Contributor
+    from node.live.work.contributor import Contributor
 
     class LateContributor(Contributor):
         def publish(self, outer_round):
@@ -351,7 +351,7 @@ def late_delivery():
 # ---------------------------------------------------------------------- the coordinator
 def empty_close():
     from node import protocol as msg
-    from node.live.coordination import RoundCoordinator
+    from node.live.round.coordination import RoundCoordinator
 
     class EmptyCloser(RoundCoordinator):
         def __init__(self, **kwargs) -> None:
@@ -369,7 +369,7 @@ def empty_close():
 
 def duplicate_close():
     from node import protocol as msg
-    from node.live.coordination import RoundCoordinator
+    from node.live.round.coordination import RoundCoordinator
 
     class DuplicateCloser(RoundCoordinator):
         def __init__(self, **kwargs) -> None:
@@ -389,7 +389,7 @@ def duplicate_close():
 
 def leading_coordinator():
     """A coordinator that believes it leads every (round, stage) it holds: it closes in each."""
-    from node.live.coordination import RoundCoordinator
+    from node.live.round.coordination import RoundCoordinator
 
     class Leader(RoundCoordinator):
         def rotation(self, outer_round, stage):
@@ -432,7 +432,7 @@ def phantom_close():
     import os
 
     from node import protocol as msg
-    from node.live.coordination import RoundCoordinator
+    from node.live.round.coordination import RoundCoordinator
 
     class PhantomCloser(RoundCoordinator):
         def __init__(self, **kwargs) -> None:
@@ -462,7 +462,7 @@ def phantom_close():
 def forking_close():
     from ledger.merkle import merkle_root
     from node import protocol as msg
-    from node.live.coordination import RoundCoordinator
+    from node.live.round.coordination import RoundCoordinator
 
     class ForkingCoordinator(RoundCoordinator):
         def __init__(self, **kwargs) -> None:
@@ -487,7 +487,7 @@ def forking_close():
 
 # ---------------------------------------------------------------------- the heartbeat and the finisher
 def absurd_hello():
-    from node.live.heartbeat import Heartbeat
+    from node.live.peers.heartbeat import Heartbeat
 
     class AbsurdHeartbeat(Heartbeat):
         def hello(self):
@@ -497,8 +497,8 @@ def absurd_hello():
 
 
 def doctored_shard():
-    from node.live.exchange import serve_blob
-    from node.live.finisher import RoundFinisher
+    from node.live.exchange.protocol import serve_blob
+    from node.live.round.finisher import RoundFinisher
     from node.store.checkpoint import Checkpoint, write_checkpoint
 
     class DoctoringFinisher(RoundFinisher):
@@ -529,7 +529,7 @@ def takeover():
     from ledger import errors
     from ledger.attest import recover_digest_signer
     from ledger.records import RoundRecord, Verdict
-    from node.live.committer import Committer
+    from node.live.chain.committer import Committer
 
     coalition = {a.strip().lower() for a in os.environ["DLX_COALITION"].split(",")}
     shared = Path(os.environ["DLX_COALITION_DIR"])

@@ -215,9 +215,9 @@ def _sliced_envelope(reference: bytes) -> bytes:
 
 def closed_envelope_input(data: bytes):
     """What a slice aggregator (and the auditor) does with a closed envelope's bytes: its usable
-    reference or None (an absent input), never an exception (node.live.sliced.usable_reference)."""
+    reference or None (an absent input), never an exception (node.live.exchange.sliced.usable_reference)."""
     from fuzz_targets import GOSSIP_LIMIT, IDENTITY, RUN_ID
-    from node.live.sliced import usable_reference
+    from node.live.exchange.sliced import usable_reference
 
     entry = [1, IDENTITY.peer_id, bytes(32), len(data)]
     return usable_reference(data, entry, RUN_ID, SLICED_ENTRY_ROUND, SLICED_STAGE, SLICED_COUNT, GOSSIP_LIMIT)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from node import protocol as msg
-from node.live.membership import Membership
-from node.live.roundbook import RoundBook
-from node.live.topology import Seat
+from node.live.peers.membership import Membership
+from node.live.round.roundbook import RoundBook
+from node.live.peers.topology import Seat
 
 PEERS = ["peer-a", "peer-b", "peer-c"]
 

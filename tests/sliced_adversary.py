@@ -65,7 +65,7 @@ def sliced(exchange) -> dict:
 
 
 def wrong_root() -> dict:
-    from node.live.sliced import SlicedExchange
+    from node.live.exchange.sliced import SlicedExchange
     from training.slicemessages import partial_payload
 
     class WrongRoot(SlicedExchange):
@@ -78,7 +78,7 @@ def wrong_root() -> dict:
 def wrong_blob_worker():
     import torch
 
-    from node.live.replica import ReplicaWorker
+    from node.live.work.replica import ReplicaWorker
     from training.compression import encode_contribution
 
     class WrongBlobWorker(ReplicaWorker):
@@ -105,7 +105,7 @@ def wrong_blob() -> dict:
 def bad_slice() -> dict:
     import hashlib
 
-    from node.live.sliced import SlicedExchange
+    from node.live.exchange.sliced import SlicedExchange
     from training import slicebundle
 
     class BadSlice(SlicedExchange):
@@ -123,7 +123,7 @@ def bad_slice() -> dict:
 
 
 def bad_reference() -> dict:
-    from node.live.sliced import SlicedExchange
+    from node.live.exchange.sliced import SlicedExchange
     from p2p.envelope import decode_envelope
     from training import slicebundle
 
@@ -144,7 +144,7 @@ def bad_reference() -> dict:
 
 
 def withhold() -> dict:
-    from node.live.sliced import SlicedExchange
+    from node.live.exchange.sliced import SlicedExchange
     from p2p.envelope import decode_envelope
     from training import slicebundle
 
@@ -167,7 +167,7 @@ def two_partials() -> dict:
     import time
 
     from node import protocol as msg
-    from node.live.sliced import SlicedExchange
+    from node.live.exchange.sliced import SlicedExchange
     from training.slicemessages import parse_partial, partial_payload
 
     class TwoPartials(SlicedExchange):
@@ -192,7 +192,7 @@ def two_partials() -> dict:
 def forged_slices(attack: str) -> dict:
     import torch
 
-    from node.live.replica import ReplicaWorker
+    from node.live.work.replica import ReplicaWorker
     from training.codec_wire import decode_contribution
     from training.compression import encode_contribution
 
@@ -251,7 +251,7 @@ def copy_slices() -> dict:
     import logging
     import time
 
-    from node.live.sliced import SlicedExchange
+    from node.live.exchange.sliced import SlicedExchange
     from node.protocol import decode_contribution_body
     from p2p.envelope import decode_envelope
     from training.slicebundle import bundle_slices, parse_slice_reference

@@ -23,7 +23,7 @@ logger = logging.getLogger("slow_joiner")
 
 
 def slow_catch_up(seconds: float) -> dict:
-    from node.live.finisher import RoundFinisher
+    from node.live.round.finisher import RoundFinisher
 
     class SlowCatchUp(RoundFinisher):
         slept = False

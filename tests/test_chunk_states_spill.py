@@ -1,4 +1,4 @@
-"""A chunked run's stage states wait for their dispute window on disk, not in memory (node/live/chunkstate.py).
+"""A chunked run's stage states wait for their dispute window on disk, not in memory (node/live/fraud/chunkstate.py).
 
 A node keeps its state of every round until the round's dispute window closes on chain (``disputeBlocks`` after
 its commit): 64 blocks, 20-25 rounds on the soak's anvil, where a round took 2.5-3.2 blocks. Each state holds
@@ -17,7 +17,7 @@ import hashlib
 import torch
 
 from ledger.chunkproof import Factors, StageState
-from node.live.chunkstate import PUBLISHED_ROUNDS, ChunkedStates
+from node.live.fraud.chunkstate import PUBLISHED_ROUNDS, ChunkedStates
 from training.chunks import tensor_leaves
 
 ROUNDS = 30
@@ -100,7 +100,7 @@ def test_a_closed_window_drops_the_spilled_state_and_its_file(tmp_path):
 
 
 def test_a_replaced_state_of_a_spilled_round_is_the_one_held(tmp_path):
-    """A re-base on the record replaces this node's state of a round (node/live/forkrepair.py)."""
+    """A re-base on the record replaces this node's state of a round (node/live/chain/forkrepair.py)."""
     states = _states(tmp_path, spill=True)
     _run(states)
     other = _state(99, 0)

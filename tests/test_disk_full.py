@@ -30,7 +30,7 @@ from node.fsutil import (
     retry_on_full_disk,
     write_when_space,
 )
-from node.live.committer import Committer
+from node.live.chain.committer import Committer
 from node.live.status import StateFile
 from node.store.archive import Archive, ArchivedContribution
 from p2p.blobstore import BlobStore
@@ -290,9 +290,9 @@ def test_what_a_node_serves_onto_a_full_disk_waits_for_space_then_is_served(tmp_
     from p2p.host import P2PHost
     from p2p.identity import Identity
 
-    from node.live.exchange import ContributionPool
-    from node.live.heldstates import HeldStates
-    from node.live.roundbook import RoundBook
+    from node.live.exchange.protocol import ContributionPool
+    from node.live.checks.heldstates import HeldStates
+    from node.live.round.roundbook import RoundBook
 
     config = {"gossip_resync_interval": 0}
     host = P2PHost.start(P2PConfig(**config), Identity.generate(), data_dir=full_disk / "node")

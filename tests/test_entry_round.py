@@ -1,5 +1,5 @@
 """Which round a (re)starting node enters at: the round being trained when it still can, never one it cannot
-train from the weights it holds (node/live/entry.py).
+train from the weights it holds (node/live/round/entry.py).
 
 With the one-step delay round t trains from the global weights of round t - 2. A restarted node used
 to enter one round after the highest round the others train, sitting out a round it could have made
@@ -17,9 +17,9 @@ from node_fixtures import TINY
 
 from node.config import load_config
 from node.errors import StateError
-from node.live.entry import RunEntry
-from node.live.resume import first_contributed_round
-from node.live.roundbook import Announced, RoundBook
+from node.live.round.entry import RunEntry
+from node.live.round.resume import first_contributed_round
+from node.live.round.roundbook import Announced, RoundBook
 from node.live.status import StateFile
 from p2p.errors import P2PError
 from training.schedule import pending_after_round

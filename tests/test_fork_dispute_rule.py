@@ -1,4 +1,4 @@
-"""When a node whose round left the committed record disputes it (node/live/forkrepair.py).
+"""When a node whose round left the committed record disputes it (node/live/chain/forkrepair.py).
 
 A round computed on weights the record never had (the round before had already forked and was not
 re-based) says nothing about the record: disputing it would accuse an honest quorum. Seen in
@@ -15,7 +15,7 @@ from node_fixtures import TINY
 
 from ledger.records import RoundRecord
 from node.config import load_config
-from node.live.forkrepair import ForkRepair
+from node.live.chain.forkrepair import ForkRepair
 from node.live.status import StateFile
 
 RECORD_ROOT = {2: b"\x02" * 32, 3: b"\x03" * 32}

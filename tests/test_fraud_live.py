@@ -1,13 +1,13 @@
 """A node proves a wrong aggregation on chain by itself (issue 43; docs/FRAUD_PROOF.md), in process: real libp2p
 hosts (the committers publish their stage state under its leaf, the prover fetches it), a real EVM (py-evm), the
-node's own parts (node/live/chunkstate.py, node/live/prover.py, node/live/onchain.py, node/live/roundbook.py).
+node's own parts (node/live/fraud/chunkstate.py, node/live/fraud/prover.py, node/live/chain/onchain.py, node/live/round/roundbook.py).
 
 Members 1 and 2 (the quorum) collude: they commit round 1 with one element of stage 0 changed. Member 3, honest
 and outside the quorum, alone gets the round invalidated, the attesters slashed and itself paid; or, when the
 colluders withhold their state, challenges its availability and settles the challenge unanswered; or, for a
 back door (a root with no stage leaves behind it), challenges a stage leaf itself. A right round, committed
 factors other than its own and a malformed attested leaf send nothing, and a right round's challenges are
-answered (node/live/answerer.py).
+answered (node/live/fraud/answerer.py).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from ledger.records import commitment_version
 from node import protocol as msg
 from node.config import load_config
 from node.fraudproof import initial_state
-from node.live.chunkstate import ChunkedStates
-from node.live.onchain import NodeChain
-from node.live.prover import FraudProver
-from node.live.roundbook import RoundBook
+from node.live.fraud.chunkstate import ChunkedStates
+from node.live.chain.onchain import NodeChain
+from node.live.fraud.prover import FraudProver
+from node.live.round.roundbook import RoundBook
 from node.store.checkpoint import RunLayout, build_checkpoint, checkpoint_problems
 from node.tools.pull import round_standing
 from p2p.config import P2PConfig
@@ -202,7 +202,7 @@ def test_a_withheld_state_answered_leaf_by_leaf_is_still_proven(world, tmp_path,
     """The colluders withhold their state, then answer every availability challenge with their (wrong) leaves:
     each answer's path shows the honest node which subtree differs from its own, so it challenges its way down
     to the wrong chunk (a bisection, one bond per leaf) and proves it from the published leaves."""
-    from node.live.answerer import ChallengeAnswerer
+    from node.live.fraud.answerer import ChallengeAnswerer
 
     colluder_host, prover_host = world.hosts
     colluders = _states(world, colluder_host, WithholdingStates)
@@ -321,7 +321,7 @@ def test_the_challenges_of_a_right_round_are_answered_and_it_stands(world, tmp_p
     answers from what it holds, the griefer's bonds are forfeited and the round is never invalidated."""
     from ledger.chunkproof import PAYLOAD, STAGE_LEAF, WEIGHTS, availability_target, stage_leaf_target
     from ledger.errors import ProverChallengeSettled
-    from node.live.answerer import ChallengeAnswerer
+    from node.live.fraud.answerer import ChallengeAnswerer
 
     colluder_host, prover_host = world.hosts
     honest = _states(world, prover_host)
@@ -351,13 +351,13 @@ def test_the_challenges_of_a_right_round_are_answered_and_it_stands(world, tmp_p
 
 def test_a_right_rounds_state_is_kept_while_it_can_be_challenged(world, tmp_path):
     """A late challenge of a right round, many rounds after it, is still answered: a node keeps its state of a
-    round until the round's dispute window closes on chain (node/live/chunkstate.py, DisputeWindow), not a fixed
+    round until the round's dispute window closes on chain (node/live/fraud/chunkstate.py, DisputeWindow), not a fixed
     number of rounds, or a griefer's late challenge would overturn a right round and slash its honest attesters.
     Once the window has closed the state is dropped (and no challenge can be opened any more)."""
     from ledger.chunkproof import WEIGHTS, availability_target
     from ledger.errors import ProverChallengeTooLate
-    from node.live.answerer import ChallengeAnswerer
-    from node.live.chunkstate import PUBLISHED_ROUNDS, DisputeWindow
+    from node.live.fraud.answerer import ChallengeAnswerer
+    from node.live.fraud.chunkstate import PUBLISHED_ROUNDS, DisputeWindow
 
     colluder_host, prover_host = world.hosts
     honest = _states(world, prover_host)
@@ -427,7 +427,7 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_unclipped_scale(tmp_pa
                 records[0], records[1], [start.leaf(), other.leaf()], [StageLeaf.decode(wrong_leaf), other.leaf()],
                 start, colluders.state(1, 0), chunk))
         prover.check(0, records[0], records[0])
-        with caplog.at_level("ERROR", logger="node.live.prover"):
+        with caplog.at_level("ERROR", logger="node.live.fraud.prover"):
             prover.check(1, records[1], mine_record)
         assert set(prover.log.proofs) == {1}, prover.log.unprovable
         assert "clip scale 2 is not the norm rule of the committed sums; sending the norm proof" in caplog.text
@@ -511,7 +511,7 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_version_two_factors_in
         client = deployment.client(PROVER)
         assert client.commitments_of(run.run_id) == 3
         prover.check(0, records[0], records[0])
-        with caplog.at_level("ERROR", logger="node.live.prover"):
+        with caplog.at_level("ERROR", logger="node.live.fraud.prover"):
             prover.check(1, records[1], mine_record)
         assert set(prover.log.proofs) == {1}, prover.log.unprovable
         assert "factors are version 2 (no norm commitment) in a version-3 run; sending the norm proof" in caplog.text
@@ -539,7 +539,7 @@ def test_a_right_normed_rounds_sum_tree_challenge_is_answered(tmp_path):
     """In a version-3 run a griefer challenges a sum-tree leaf of a right round: the honest node answers it from
     its own state (the chunk's sum and its sum path), the bond is forfeited and the round stands."""
     from ledger.chunkproof import availability_target, sums_which
-    from node.live.answerer import ChallengeAnswerer
+    from node.live.fraud.answerer import ChallengeAnswerer
 
     blobs = [contribution(SHAPES, "lowrank", 30, rank=4), contribution(SHAPES, "quant", 31)]
     with _normed_world(tmp_path, blobs) as (world, _chunked, _colluded):
@@ -583,7 +583,7 @@ def test_withheld_version_two_factors_are_challenged_published_and_proven(tmp_pa
                                                                colluder_host.peer_id)
         client = deployment.client(PROVER)
         prover.check(0, records[0], records[0])
-        with caplog.at_level("ERROR", logger="node.live.prover"):
+        with caplog.at_level("ERROR", logger="node.live.fraud.prover"):
             prover.check(1, records[1], mine_record)
         assert "no attester serves them; challenging their availability on chain" in caplog.text
         (challenge,) = prover.log.challenges.values()
@@ -591,7 +591,7 @@ def test_withheld_version_two_factors_are_challenged_published_and_proven(tmp_pa
         # The colluders answer: the bytes whose sha256 is their stage leaf's factorsHash.
         from ledger.chunkproof import FACTORS, availability_answer
         deployment.client(1).answer_challenge(challenge, *availability_answer(colluders.state(1, 0), FACTORS, 0))
-        with caplog.at_level("ERROR", logger="node.live.prover"):
+        with caplog.at_level("ERROR", logger="node.live.fraud.prover"):
             prover.settle_challenges()
         assert set(prover.log.proofs) == {1}, prover.log.unprovable
         assert "factors are version 2 (no norm commitment) in a version-3 run; sending the norm proof" in caplog.text

@@ -1,5 +1,5 @@
 """The live prover walks a withheld sum tree (issue 43; docs/FRAUD_PROOF.md, "Known gaps" 2 (iii)), in process: real
-libp2p hosts, a real EVM (py-evm), the node's own prover (node/live/prover.py) and answerer (node/live/answerer.py).
+libp2p hosts, a real EVM (py-evm), the node's own prover (node/live/fraud/prover.py) and answerer (node/live/fraud/answerer.py).
 
 In a version-3 run the colluding quorum (members 1 and 2) lies about a contribution's sum of squares and serves
 neither its state nor its factors and sum trees. The honest non-quorum node (member 3) challenges the factors
@@ -18,10 +18,10 @@ import time
 
 from ledger.chunkproof import FACTORS, availability_answer, sums_which
 from ledger.normproof import NormProof, SumTree, clip_scales
-from node.live.answerer import ChallengeAnswerer
-from node.live.chunkstate import ChunkedStates
-from node.live.onchain import NodeChain
-from node.live.prover import FraudProver
+from node.live.fraud.answerer import ChallengeAnswerer
+from node.live.fraud.chunkstate import ChunkedStates
+from node.live.chain.onchain import NodeChain
+from node.live.fraud.prover import FraudProver
 from tests.fraud_fixtures import contribution, lied_sum
 from tests.ledger_fixtures import mine
 from test_fraud_live import COLLUDERS, PROVER, SHAPES, _normed_world, _record, _setup, _states
@@ -104,7 +104,7 @@ def test_a_withheld_sum_tree_answered_leaf_by_leaf_is_proven(tmp_path, caplog):
         own = prover.states.state(1, 0)
         assert committed.factors.scale_bits == own.factors.scale_bits  # no proof of the scales holds
         assert committed.leaf().weights_root == own.leaf().weights_root  # nor any chunk proof
-        with caplog.at_level("ERROR", logger="node.live.prover"):
+        with caplog.at_level("ERROR", logger="node.live.fraud.prover"):
             prover.check(1, records[1], mine_record)
             assert set(prover.log.challenges) == {1} and not prover.log.proofs
             _walk(prover, answerer, lambda: prover.log.proofs or prover.log.unprovable)

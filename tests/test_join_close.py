@@ -1,7 +1,7 @@
 """Who a close waits for: a joiner or a restarted node costs the others nothing until it trains.
 
 Real RoundBook, Membership and RoundCoordinator (tests/test_node_rooms.py's rooms); the rule is
-:meth:`node.live.coordination.RoundCoordinator.expects` (docs/PROTOCOL.md, "Who a close waits for").
+:meth:`node.live.round.coordination.RoundCoordinator.expects` (docs/PROTOCOL.md, "Who a close waits for").
 peer-a coordinates, peer-b is an established member, peer-c joins.
 """
 
@@ -12,8 +12,8 @@ from types import SimpleNamespace
 from test_node_rooms import Pool, digest, hello, key_of, rooms
 
 from node import protocol as msg
-from node.live.resume import first_contributed_round
-from node.live.roundbook import Announced
+from node.live.round.resume import first_contributed_round
+from node.live.round.roundbook import Announced
 
 ALL = {"peer-a", "peer-b", "peer-c"}
 

@@ -183,7 +183,7 @@ def test_a_nodes_head_reads_fail_as_chain_unavailable_through_an_outage(tmp_path
     # and killed the thread (five nodes, "Exception in thread challenges"). Every head read now goes
     # through the client's retries and ends, when the outage outlasts them, as ChainUnavailable.
     from node.errors import DLX_ERRORS
-    from node.live.onchain import NodeChain
+    from node.live.chain.onchain import NodeChain
 
     anvil = AnvilProcess()
     try:

@@ -339,7 +339,7 @@ def test_attack_a_bogus_registration_elsewhere_does_not_fail_the_run(deployment)
 def test_a_node_refuses_to_join_a_run_below_the_unbonding_floor(deployment):
     """The contract refuses such runs; a node checks again before staking (a run of another ledger build)."""
     from node.errors import NotRegistered
-    from node.live.onchain import NodeChain
+    from node.live.chain.onchain import NodeChain
 
     class ZeroUnbonding(NodeChain):  # a run as an older ledger would have recorded it
         def run_info(self, run_id):

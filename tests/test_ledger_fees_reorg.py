@@ -187,7 +187,7 @@ def test_reorg_dropping_a_commit_resubmits_it_once(timed_anvil, caplog):
 def test_a_node_counts_a_commit_final_only_confirmations_deep(anvil_session):
     from ledger_fixtures import mine
 
-    from node.live.onchain import NodeChain
+    from node.live.chain.onchain import NodeChain
 
     w3 = connect_rpc(anvil_session.url)  # automine: a block per transaction, none otherwise
     deployment = deploy(w3)

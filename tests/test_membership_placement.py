@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 
 from node import protocol as msg
-from node.live.membership import Membership
-from node.live.roundbook import RoundBook
-from node.live.topology import Declaration, Seat, assign_stages, place_members
+from node.live.peers.membership import Membership
+from node.live.round.roundbook import RoundBook
+from node.live.peers.topology import Declaration, Seat, assign_stages, place_members
 
 
 class Chain:
@@ -163,7 +163,7 @@ def test_assign_stages_numbers_a_cluster_by_its_first_seat_and_place_members_sea
 def test_node_chain_reads_each_seat_index_from_the_runs_join_events_and_a_leave_ends_it(deployment):
     # Real contracts (py-evm and anvil): three founders, one leaves, a fourth joins; every NodeChain reads
     # the same index for every seat, the leaver's too, and a later join never renumbers an earlier one.
-    from node.live.onchain import NodeChain
+    from node.live.chain.onchain import NodeChain
 
     run = deployment.member_run((1, 2, 3), quorum=1)
     founders = [run.client(i) for i in (1, 2, 3)]

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from node.config import config_from_dict
 from node import protocol as msg
-from node.live.coordination import PENDING
-from node.live.roundbook import Announced
+from node.live.round.coordination import PENDING
+from node.live.round.roundbook import Announced
 from node.runconfig import run_document
 from p2p.identity import Identity
 from training.butterfly import (
@@ -156,7 +156,7 @@ def _contribution(identity, reference: bytes, *, run_id=7, outer_round=3, stage=
 
 def test_a_closed_envelope_is_an_input_only_if_it_is_the_named_signers_contribution_with_a_fitting_reference():
     """The aggregators' and the auditor's rule: a pure function of the bytes the close fixes by hash."""
-    from node.live.sliced import usable_reference
+    from node.live.exchange.sliced import usable_reference
     from p2p.identity import Identity
 
     identity, other = Identity.generate(), Identity.generate()
@@ -182,7 +182,7 @@ def test_a_closed_envelope_is_an_input_only_if_it_is_the_named_signers_contribut
 def test_hostile_closed_envelopes_are_absent_inputs_never_errors_nor_other_references(data):
     """Random bytes and mutations of a real contribution envelope: None (an absent input) or exactly the
     reference its signer signed; never an exception."""
-    from node.live.sliced import usable_reference
+    from node.live.exchange.sliced import usable_reference
     from p2p.identity import Identity
 
     identity = _IDENTITY
@@ -209,7 +209,7 @@ def _lazy_rooms(quorum: int = 1):
 
 
 def _announce(book, outer_round, stage, replica, peer, envelope_hash, first=True):
-    from node.live.roundbook import Announced
+    from node.live.round.roundbook import Announced
 
     book.add_announce(outer_round, stage, Announced(peer, replica, envelope_hash, 451), first=first)
 
@@ -287,8 +287,8 @@ def test_a_forged_sliced_close_is_refused_once_the_stall_limit_passes():
 def test_a_lazy_pool_fetches_announced_contributions_only_where_it_may_close(tmp_path):
     import threading
 
-    from node.live.exchange import ContributionPool
-    from node.live.roundbook import RoundBook
+    from node.live.exchange.protocol import ContributionPool
+    from node.live.round.roundbook import RoundBook
     from p2p.errors import BlobUnavailable
 
     class Host:
@@ -323,8 +323,8 @@ def test_a_wanted_contribution_has_its_inputs_fetched_as_soon_as_its_envelope_is
     (asked only by ready_close then, every honest bundle but its own was missing: bench_byzantine `late`)."""
     import threading
 
-    from node.live.exchange import ContributionPool
-    from node.live.roundbook import RoundBook
+    from node.live.exchange.protocol import ContributionPool
+    from node.live.round.roundbook import RoundBook
 
     sender = Identity.generate()
     envelope = _contribution(sender, slice_bundle([b"x", b"y", b"z"])[1], outer_round=2, stage=0, replica=1)
@@ -361,7 +361,7 @@ def test_a_wanted_contribution_has_its_inputs_fetched_as_soon_as_its_envelope_is
 
 
 def test_a_lazy_coordinator_asks_for_the_contributions_only_when_first_in_line_or_past_the_deadline():
-    from node.live.topology import committer_order
+    from node.live.peers.topology import committer_order
     from test_node_rooms import PEERS
 
     _book, membership, _pool, coordinator = _lazy_rooms()
@@ -513,7 +513,7 @@ def test_a_flood_of_partial_announces_costs_only_its_sender():
     import threading
     from types import SimpleNamespace
 
-    from node.live.sliced import ANNOUNCES_PER_SENDER, SlicedExchange
+    from node.live.exchange.sliced import ANNOUNCES_PER_SENDER, SlicedExchange
 
     exchange = SlicedExchange.__new__(SlicedExchange)  # only the announce book is exercised here
     exchange._cond, exchange._announced = threading.Condition(), {}
@@ -560,7 +560,7 @@ def test_a_coordinator_closes_only_with_contributions_whose_inputs_it_holds(tmp_
     """ContributionPool.closable (what RoundCoordinator.ready_close reads): the envelopes here whose inputs
     the exchange says it holds (the sliced exchange: the whole bundle, fetched, archived, served), so a
     member that serves its envelope but withholds its bundle is never closed by an honest coordinator."""
-    from node.live.exchange import ContributionPool
+    from node.live.exchange.protocol import ContributionPool
 
     identities = [Identity.generate() for _ in range(3)]
     envelopes = [_contribution(identity, slice_bundle([bytes([i])] * 3)[1], replica=i)

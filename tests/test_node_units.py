@@ -13,8 +13,8 @@ import torch
 from node import protocol as msg
 from node.config import load_config
 from node.errors import ConfigError, NodeError, StateError
-from node.live.roundbook import Announced, RoundBook
-from node.live.topology import Declaration, Seat, assign_stages, canonical_order, committer_order
+from node.live.round.roundbook import Announced, RoundBook
+from node.live.peers.topology import Declaration, Seat, assign_stages, canonical_order, committer_order
 from node.runconfig import canonical_json, config_hash, parse_run_document, run_document
 from node.store.archive import Archive, ArchivedContribution
 from node.store.checkpoint import (
@@ -229,8 +229,8 @@ def test_run_document_pins_the_math_not_the_node(tmp_path):
 
 
 def test_hellos_slow_down_as_peers_grow_but_stay_inside_the_liveness_window():
-    from node.live.heartbeat import HEARTBEAT_S, hello_every
-    from node.live.roundbook import PEER_TTL_S
+    from node.live.peers.heartbeat import HEARTBEAT_S, hello_every
+    from node.live.round.roundbook import PEER_TTL_S
 
     assert hello_every(0) == hello_every(3) == HEARTBEAT_S  # small runs: once a second, as before
     assert hello_every(7) == 2.0 and hello_every(15) == 4.0  # the run's hellos stay ~4 a second
@@ -243,7 +243,7 @@ def test_the_warm_up_import_never_raises_into_its_thread(monkeypatch):
     # under it at interpreter exit) must not print a thread traceback after that line (tests/test_cli.py).
     import builtins
 
-    from node.live.replica import warm_up_imports
+    from node.live.work.replica import warm_up_imports
 
     real_import = builtins.__import__
 

@@ -12,8 +12,8 @@ import hashlib
 
 import pytest
 
-from node.live.exchange import ContributionPool
-from node.live.roundbook import RoundBook
+from node.live.exchange.protocol import ContributionPool
+from node.live.round.roundbook import RoundBook
 from p2p.config import P2PConfig
 from p2p.host import P2PHost
 from p2p.identity import Identity

@@ -1,4 +1,4 @@
-"""Training does not run more than ``max_rounds_ahead`` rounds past the chain's last commit (node/live/pacing.py)."""
+"""Training does not run more than ``max_rounds_ahead`` rounds past the chain's last commit (node/live/round/pacing.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from test_node_assembly import TINY, FakeCommitter, OfflineParts
 
 from node.config import MIN_ROUNDS_AHEAD, claim_window, load_config
 from node.errors import ConfigError
-from node.live import pacing
+from node.live.round import pacing
 from node.live.assembly import HONEST
-from node.live.coordination import RoundStopped
-from node.live.entry import RunEntry
+from node.live.round.coordination import RoundStopped
+from node.live.round.entry import RunEntry
 from node.live.node import Node
-from node.live.pacing import WAITING, CommitPace, may_begin
-from node.live.roundclock import RoundClock
+from node.live.round.pacing import WAITING, CommitPace, may_begin
+from node.live.round.roundclock import RoundClock
 from node.live.status import Progress
 from p2p.errors import P2PError
 

@@ -15,7 +15,7 @@ from node_fixtures import TINY, run_logs
 
 from ledger.chain import AnvilProcess
 from node.commands.launcher import LocalRun
-from node.live.pacing import WAITING
+from node.live.round.pacing import WAITING
 
 
 def _wait_for(predicate, timeout: float, what: str, run: LocalRun) -> None:

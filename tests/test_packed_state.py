@@ -57,7 +57,7 @@ def test_a_stage_state_holds_a_few_buffers_whatever_its_chunk_count():
     assert tree_root(state.weight_leaves) == tree_root(weights)
     assert tree_path(state.weight_leaves, 7) == tree_path(weights, 7)
     assert [list(p) for p in state.payload_leaves] == pieces_of
-    # The spill file's round trip (node/live/chunkstate.py pickles a state) keeps it packed and equal.
+    # The spill file's round trip (node/live/fraud/chunkstate.py pickles a state) keeps it packed and equal.
     again = pickle.loads(pickle.dumps(state))
     assert again == state and isinstance(again.weight_leaves, PackedBytes) and again.leaf() == state.leaf()
 

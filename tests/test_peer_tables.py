@@ -6,8 +6,8 @@ flood of made-up keys would over a long run, and must hold at most its cap while
 import trio
 
 from node import protocol as msg
-from node.live import roundbook
-from node.live.roundbook import RoundBook
+from node.live.round import roundbook
+from node.live.round.roundbook import RoundBook
 from p2p import host, ratelimit
 from p2p.host import TransferStats
 from p2p.ratelimit import PeerRateLimiter

@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from node.live.routing import draw_checks, routed_verifiers
+from node.live.checks.routing import draw_checks, routed_verifiers
 from node.runconfig import config_hash, run_document
 from training.config import TrainingConfig
 from training.declaration import EXACT_ONLY, can_judge, declares, platform_declaration, platform_hash

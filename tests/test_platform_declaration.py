@@ -5,7 +5,7 @@ On a real EVM (py-evm and anvil: the ``deployment`` fixture): ``joinRun``'s plat
 node's join (:meth:`NodeChain.ensure_member`) and its reads (:meth:`NodeChain.declared_platforms`), a real
 start state's claimed fingerprint held to the declaration (the live check, :func:`undeclared_claim`, and the
 audit's, :meth:`ReexecAuditor.declared_platform`). The routing itself is a pure function of chain data
-(:func:`node.live.routing.draw_checks`), tested without a network.
+(:func:`node.live.checks.routing.draw_checks`), tested without a network.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from ledger_fixtures import MemberRun, node_key, raw_public_key
 from ledger.errors import LedgerInputError
 from node.config import load_config
 from node.errors import NotRegistered
-from node.live.onchain import NodeChain
-from node.live.routing import draw_checks, routed_verifiers
+from node.live.chain.onchain import NodeChain
+from node.live.checks.routing import draw_checks, routed_verifiers
 from node.platforms import own_platform, own_platforms, undeclared_claim
 from node.tools.audit_reexec import ReexecAuditor
 from p2p.identity import peer_id_from_public_key

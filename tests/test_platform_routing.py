@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from node.live.routing import draw_checks, routed_verifiers
+from node.live.checks.routing import draw_checks, routed_verifiers
 from training.declaration import (
     EXACT_ONLY,
     NO_PLATFORM,

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.live.spotcheck import parse_result
+from node.live.checks.spotcheck import parse_result
 from node.tools.audit_reexec import how_judged, rerun_by_rule
 from training.declaration import NO_PLATFORM, declared_platform_problem, platform_hash
 from training.fingerprint import (

@@ -2,7 +2,7 @@
 
 A split cluster's surviving node sits rounds out while its partner restarts, finishing every round the
 other replicas close. Round t trains from the global weights of round t - 2 (one-step delay): a survivor
-that has applied round t - 1 goes back to its held state of round t - 2 (node/live/entry.py,
+that has applied round t - 1 goes back to its held state of round t - 2 (node/live/round/entry.py,
 RunEntry.reenter) and absorbs round t - 1 again at the schedule's point from the result it had
 (RoundFinisher.replay). Its start state must then be, bit for bit, the one a process restarted from the
 checkpoint of round t - 2 holds, so its round reruns as a restart's (training.reexec.restart_state_reason),
@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from node.config import load_config
-from node.live.entry import RunEntry
-from node.live.finisher import RoundFinisher
-from node.live.replica import ReplicaWorker
+from node.live.round.entry import RunEntry
+from node.live.round.finisher import RoundFinisher
+from node.live.work.replica import ReplicaWorker
 from node.live.status import StateFile
 from training.reexec import restart_state_reason
 from training.replica_state import parse_stage_state

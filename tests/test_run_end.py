@@ -1,6 +1,6 @@
 """A run with a round limit ends for a node only once its last round is committed or provably cannot be.
 
-node/live/ending.py with the real membership and reporter; the chain is a stand-in at its boundary
+node/live/round/ending.py with the real membership and reporter; the chain is a stand-in at its boundary
 (what it answers for the last committed round and the quorum) and the clock a counter, so the rules
 are checked without waiting round timeouts.
 """
@@ -13,9 +13,9 @@ import pytest
 from test_node_rooms import PEERS, rooms
 
 from node.config import load_config
-from node.live import ending
-from node.live.ending import RunEnd
-from node.live.station import Station
+from node.live.round import ending
+from node.live.round.ending import RunEnd
+from node.live.work.station import Station
 from node.live.status import Progress, Reporter
 
 

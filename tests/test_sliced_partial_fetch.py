@@ -1,4 +1,4 @@
-"""A holder of the sliced exchange fetches announced partials in the background (node.live.partialfetch),
+"""A holder of the sliced exchange fetches announced partials in the background (node.live.exchange.partialfetch),
 over real libp2p hosts: a provider that does not answer holds up no other partial, and a partial whose signer
 is gone comes from a live peer that holds it (one that does not answers not_found, and costs nothing else)."""
 
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from node.live.partialfetch import PartialFetcher
-from node.live.sliced import SlicedExchange
+from node.live.exchange.partialfetch import PartialFetcher
+from node.live.exchange.sliced import SlicedExchange
 from p2p.backoff import RetryBook
 from p2p.config import P2PConfig
 from p2p.envelope import Envelope
@@ -107,7 +107,7 @@ def test_a_partial_nobody_serves_is_not_fetched_in_a_loop(tmp_path):
 def test_a_provider_whose_slice_read_failed_is_not_asked_again_on_every_pass(tmp_path):
     """An aggregator waiting for a withheld input asked its provider again on every 0.2 s pass (a retry storm:
     ~10 requests a second per slice for whole turns); now a failed read waits BUNDLE_RETRY_S."""
-    import node.live.slicedreads as reads
+    import node.live.exchange.sliced_reads as reads
     from training.slicebundle import parse_slice_reference, slice_bundle
 
     blobs = [bytes([j]) * (400 + j) for j in range(4)]

@@ -2,11 +2,11 @@
 
 Replicas encode their contributions as slices (the live node's ``slice_stage``) and apply each round
 from the partials of its slices (``aggregate_slice``, then the outer step on the assembled average),
-as node/live/replica.py does. The rerun compares the claimant's slices, packed, with its own (bit for
+as node/live/work/replica.py does. The rerun compares the claimant's slices, packed, with its own (bit for
 bit on the same platform and thread count), and applies round t-1 from the partials every holder
 applied; a replica whose slices its state does not produce is a mismatch. The live spot checker's
 side (fetching the bundle the signed reference names, the archived partials) is
-node/live/slicedrerun.py, run end to end in tests/test_sliced_spotchecks_e2e.py.
+node/live/checks/sliced_rerun.py, run end to end in tests/test_sliced_spotchecks_e2e.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import msgpack
 import pytest
 import torch
 
-from node.live.spotcheck import JOB_FILE, SpotCheckJob
+from node.live.checks.spotcheck import JOB_FILE, SpotCheckJob
 from training.butterfly import aggregate_slice, average_of_partials, encode_slices, live_plan, slice_stage
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
 from training.config_compression import CompressionConfig
@@ -47,7 +47,7 @@ def _sim() -> SimConfig:
 
 
 class SlicedReplica(SimReplica):
-    """An honest replica of a sliced run: slices out, partials in (node.live.replica.ReplicaWorker)."""
+    """An honest replica of a sliced run: slices out, partials in (node.live.work.replica.ReplicaWorker)."""
 
     partials: dict[int, dict[int, list[bytes]]] = {}  # round -> stage -> the partial blobs every holder applies
 

@@ -3,7 +3,7 @@
 A member whose slices are not what its start state produces (``tests/sliced_adversary.py
 slices-sign-flip``: every slice of its bundle negated and re-encoded; each slice's norm is the honest
 one, so the per-slice norm rule lets it through) is rerun by the others against the slices its signed
-reference binds (node/live/slicedrerun.py), accused, found guilty by the quorum, slashed and removed;
+reference binds (node/live/checks/sliced_rerun.py), accused, found guilty by the quorum, slashed and removed;
 the honest members rerun each other bit for bit and nobody accuses them.
 """
 

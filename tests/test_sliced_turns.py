@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from node import protocol as msg
-from node.live.exchange import InputsWithheld
-from node.live.sliced import CANDIDATE_TURNS, SlicedExchange
+from node.live.exchange.protocol import InputsWithheld
+from node.live.exchange.sliced import CANDIDATE_TURNS, SlicedExchange
 
 pytestmark = pytest.mark.timeout(120)
 

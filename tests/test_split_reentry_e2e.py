@@ -3,7 +3,7 @@
 Real node processes, real anvil, real gloo pipelines: 2 replicas x 2 stages. One stage node of replica 0
 is killed with SIGKILL while the other replica trains on; its partner sits rounds out, finishing the
 rounds replica 1 closes, and the killed node is started again. The pair agrees on an entry round and
-both train it from states the record gives (node/live/entry.py, RunEntry.reenter: the survivor from its
+both train it from states the record gives (node/live/round/entry.py, RunEntry.reenter: the survivor from its
 held global state, the restarted node from a checkpoint). That round holds both replicas' contributions,
 every round is committed once, in order, and ``audit --reexecute all`` over the four archives reruns
 every contribution, the re-entered ones included (their start states bind the record's global weights),

@@ -3,7 +3,7 @@
 A node of a split cluster seals only the stage it holds. To check another replica it binds the round's
 contributions of every stage to the chain's record (from the closes it heard), fetches the envelopes of the
 stage it does not hold from their signers, the start state of every stage from its signer, and reruns the
-replica's whole pipeline (node/live/spotinputs.py). Real node processes, a real anvil, real gloo pipelines.
+replica's whole pipeline (node/live/checks/spotinputs.py). Real node processes, a real anvil, real gloo pipelines.
 
 - honest: every node re-executes the other replica and reproduces it exactly; the audit's
   ``--reexecute all`` over the four archives reruns every contribution and finds nothing wrong;

@@ -1,6 +1,6 @@
 """The spot checker's two threads: a charge is opened while a rerun is in flight; queued checks at the end.
 
-The spot checker is the real one (node/live/verifier.py with its tribunal and queues); the boundary is
+The spot checker is the real one (node/live/checks/verifier.py with its tribunal and queues); the boundary is
 faked: the chain (accuse, sign), the host (serve), the archive (a sealed round of three replicas) and
 the rerun itself, which a subclass makes as slow as the test says (a rerun is a child process that takes
 tens of seconds on a real model: tests/test_spotchecks.py runs real ones).
@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 from node import protocol as msg
 from node.errors import NodeError
-from node.live.spotcheck import SpotCheckResult
-from node.live.verifier import SpotChecker, VerifierContext
+from node.live.checks.spotcheck import SpotCheckResult
+from node.live.checks.verifier import SpotChecker, VerifierContext
 from node.store.archive import ArchivedContribution
 from p2p.envelope import Envelope
 from p2p.identity import Identity

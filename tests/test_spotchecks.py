@@ -9,8 +9,8 @@ import pytest
 
 from node import protocol as msg
 from node.config import load_config
-from node.live.spotcheck import RerunWorker, SpotCheckFailed, SpotCheckJob
-from node.live.topology import Seat
+from node.live.checks.spotcheck import RerunWorker, SpotCheckFailed, SpotCheckJob
+from node.live.peers.topology import Seat
 from node.tools.audit_reexec import sample_contributions
 from training.data import corpus_from_config
 from training.reexec import data_commitment, reexecute, round_meta
@@ -109,8 +109,8 @@ def test_hostile_verdicts_are_refused_and_k_guilty_verdicts_eject_on_chain(deplo
     from ledger_fixtures import digest
 
     from ledger.records import Verdict
-    from node.live.onchain import NodeChain
-    from node.live.verifier import SpotChecker, VerifierContext
+    from node.live.chain.onchain import NodeChain
+    from node.live.checks.verifier import SpotChecker, VerifierContext
 
     run = deployment.member_run((1, 2, 3), quorum=2, min_stake=10**15)
     accused = run.client(3)
@@ -169,8 +169,8 @@ def test_an_accusation_seen_only_on_chain_whose_evidence_is_never_served_is_clea
 
     from ledger.records import Verdict
     from node.live import tribunal, verifier
-    from node.live.onchain import NodeChain
-    from node.live.verifier import SpotChecker, VerifierContext
+    from node.live.chain.onchain import NodeChain
+    from node.live.checks.verifier import SpotChecker, VerifierContext
     from p2p.errors import BlobUnavailable
 
     monkeypatch.setattr(verifier, "ACCUSATION_POLL_S", 0.2)
@@ -226,10 +226,10 @@ def test_accusations_from_outsiders_are_refused_and_unserved_or_malformed_eviden
     from types import SimpleNamespace
 
     from ledger.records import Verdict
-    from node.live.inbox import GossipInbox
-    from node.live.membership import Membership
-    from node.live.roundbook import RoundBook
-    from node.live.verifier import SpotChecker, VerifierContext
+    from node.live.peers.inbox import GossipInbox
+    from node.live.peers.membership import Membership
+    from node.live.round.roundbook import RoundBook
+    from node.live.checks.verifier import SpotChecker, VerifierContext
     from p2p.envelope import Envelope, EnvelopeValidator
     from p2p.errors import BlobUnavailable
     from p2p.identity import Identity
@@ -302,7 +302,7 @@ def test_chain_evidence_must_name_the_sealed_envelopes_of_both_rounds(tmp_path):
     node did not seal) makes the confirming node sign nothing and serve nothing; the honest shape passes
     that gate and reaches the rerun."""
 
-    from node.live.verifier import SpotChecker
+    from node.live.checks.verifier import SpotChecker
     from node.store.archive import ArchivedContribution
     from p2p.envelope import Envelope
     from p2p.identity import Identity
@@ -361,7 +361,7 @@ def test_chain_evidence_must_name_the_sealed_envelopes_of_both_rounds(tmp_path):
 
 
 def test_a_result_with_malformed_next_state_hashes_is_refused():
-    from node.live.spotcheck import parse_result
+    from node.live.checks.spotcheck import parse_result
 
     good = {"verdict": "exact", "reason": "r", "distances": {"0": 0.0}, "seconds": 1.0}
     assert parse_result(json_bytes(good)).next_state_hashes is None
@@ -461,8 +461,8 @@ def test_a_chain_link_is_checked_however_far_behind_the_chain_the_node_is(tmp_pa
     The rerun, the costly half, is already done; the link must be made. A chained link counts; a broken
     one is accused, lag or not."""
 
-    from node.live.spotcheck import SpotCheckResult
-    from node.live.verifier import MAX_LAG_ROUNDS, SpotChecker
+    from node.live.checks.spotcheck import SpotCheckResult
+    from node.live.checks.verifier import MAX_LAG_ROUNDS, SpotChecker
     from node.store.archive import ArchivedContribution
     from p2p.envelope import Envelope
     from p2p.identity import Identity
@@ -519,9 +519,9 @@ def one_stage_verifier(tmp_path, host, sealed: dict, envelopes: dict, gossip):
     import threading
     from types import SimpleNamespace
 
-    from node.live.membership import Membership
-    from node.live.roundbook import RoundBook
-    from node.live.verifier import VerifierContext
+    from node.live.peers.membership import Membership
+    from node.live.round.roundbook import RoundBook
+    from node.live.checks.verifier import VerifierContext
 
     membership = Membership("me", "c0", 1, 1, RoundBook(), seat=lambda _a, _k: Seat((0, 0), 0))
     return VerifierContext(

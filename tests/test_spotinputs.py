@@ -1,4 +1,4 @@
-"""A spot check's inputs on a split cluster (node/live/spotinputs.py): the round's contributions of every stage
+"""A spot check's inputs on a split cluster (node/live/checks/spotinputs.py): the round's contributions of every stage
 bound to the chain's roots, envelopes fetched from the stage holders and refused when they are not the ones the
 record binds, and the verdict of a confirming member that judges only the accused's own stages.
 
@@ -16,7 +16,7 @@ import pytest
 from ledger.merkle import merkle_root
 from node import protocol as msg
 from node.errors import StateError
-from node.live.spotinputs import (
+from node.live.checks.spotinputs import (
     HeardRound,
     InputRefused,
     InputsUnavailable,
@@ -25,7 +25,7 @@ from node.live.spotinputs import (
     heard_round,
     parse_fetched_contribution,
 )
-from node.live.topology import Seat
+from node.live.peers.topology import Seat
 from node.store.archive import Archive, ArchivedContribution
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import BlobUnavailable
@@ -172,10 +172,10 @@ def test_a_confirming_member_judges_only_the_accused_members_own_stages(tmp_path
     its honest stage-0 partner, with the same evidence, a not-guilty one; a failure that names no stage of a
     split replica names nobody, and nothing is signed."""
     from ledger.records import Verdict
-    from node.live.membership import Membership
-    from node.live.roundbook import RoundBook
-    from node.live.spotcheck import SpotCheckResult
-    from node.live.verifier import SpotChecker, VerifierContext
+    from node.live.peers.membership import Membership
+    from node.live.round.roundbook import RoundBook
+    from node.live.checks.spotcheck import SpotCheckResult
+    from node.live.checks.verifier import SpotChecker, VerifierContext
 
     split = _Split()
     archive = Archive(tmp_path / "archive", RUN)

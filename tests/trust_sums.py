@@ -11,14 +11,14 @@ withholding its state, factors and sum trees (nobody serves them):
 * a contribution the norm rule clips aggregated unclipped (scale 1.0), behind a tree of another contribution's
   lower sums (every leaf a lie, the weights other than the honest ones).
 
-The walker (the deployer's account: a member of no run) is the live node's own prover (node/live/prover.py,
+The walker (the deployer's account: a member of no run) is the live node's own prover (node/live/fraud/prover.py,
 ``FraudProver`` and its ``SumWalk``) without libp2p: its own states, the attestations it heard, and nothing served
 to it, so it challenges the factors, then the lied contribution's sum tree leaf by leaf (``2 + M + j``), then, where
 the weights differ, the lied chunk's weights leaf, and proves the lie. At each level the coalition answers with the
 truthful leaves of its lied tree, with junk (another leaf, the honest state's, a cut path: the contract must refuse
 it) or not at all (then, past the answer window, the walker expires the challenge: the round falls). The walker
 also walks a right round of the machine's run mistakenly (its own sums off), answered at once by the honest
-members (node/live/answerer.py answers from its state the same way): the proof it ends in is refused and nobody is
+members (node/live/fraud/answerer.py answers from its state the same way): the proof it ends in is refused and nobody is
 slashed.
 
 Invariants (checked by ``the_model_holds`` after every step):
@@ -46,9 +46,9 @@ from ledger.chunkproof import FACTORS, StageState, availability_answer, chunked_
 from ledger.normproof import SumTree
 from ledger.records import COMMITMENT_VERSIONS, RoundRecord
 from node import protocol
-from node.live.onchain import NodeChain
-from node.live.prover import FraudProver
-from node.live.roundbook import RoundBook
+from node.live.chain.onchain import NodeChain
+from node.live.fraud.prover import FraudProver
+from node.live.round.roundbook import RoundBook
 from node.fraudproof import stage_state
 from tests.fraud_fixtures import DILOCO, contribution, honest_chain, lied_sum, normed_start, tensors
 from tests.trust_params import BOND, COALITION, HONEST, REFUSED, STAKE, digest
@@ -108,7 +108,7 @@ def captured_states() -> tuple[StageState, StageState, StageState]:
 
 
 class HeldStates:
-    """The walker's own stage states by round, as node/live/chunkstate.ChunkedStates holds them; nobody serves it the
+    """The walker's own stage states by round, as node/live/fraud/chunkstate.ChunkedStates holds them; nobody serves it the
     committed ones (the coalition withholds them), so it opens them on chain."""
 
     def __init__(self, states: dict[int, StageState]) -> None:

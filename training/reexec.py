@@ -231,7 +231,7 @@ def reexecute(
                         )
                     continue
                 for engine in engines:  # as node.live.node applies a round, then hears its own was left out
-                    if previous_partials is not None:  # as node.live.replica.ReplicaWorker.apply_partials
+                    if previous_partials is not None:  # as node.live.work.replica.ReplicaWorker.apply_partials
                         _apply_partials(engine, action.outer_round, previous_partials[engine.stage_index],
                                         diloco_cfg, compression_cfg)
                     else:
@@ -244,7 +244,7 @@ def reexecute(
                 applied_previous = True
                 encode_seconds += time.perf_counter() - started
             elif action.kind == ENCODE:
-                for engine in engines:  # as node.live.replica.ReplicaWorker.encode
+                for engine in engines:  # as node.live.work.replica.ReplicaWorker.encode
                     engine.skip_to(outer_round)
                     payloads[engine.stage_index], _ = engine.encode_contribution(outer_round, declared_steps)
                 encode_seconds += time.perf_counter() - started

@@ -346,7 +346,7 @@ def restore_replica(
     for part, module, optimizer in zip(state.stages, trainer.stage_modules, trainer.optimizers):
         _restore_optimizer(part, module, optimizer)
         engine = StageEngine(part.stage_index, dict(module.named_parameters()), diloco_cfg, compression_cfg)
-        if diloco_cfg.exchange == "sliced":  # as the node's engines encode (node.live.replica), before the load
+        if diloco_cfg.exchange == "sliced":  # as the node's engines encode (node.live.work.replica), before the load
             slice_stage(engine, diloco_cfg.num_replicas, diloco_cfg.min_slice_numel)
         last_encoded, last_applied, others_count = part.engine_counters
         _load_engine(engine, part, diloco_cfg, last_encoded, last_applied, others_count)

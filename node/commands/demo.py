@@ -359,7 +359,7 @@ def summarize(run: LocalRun) -> dict:
             if p.exists():
                 ckpt_path = str(p)
                 break
-    # Re-execution spot checks of other replicas' rounds, per node (node/live/verifier.py; status.json).
+    # Re-execution spot checks of other replicas' rounds, per node (node/live/checks/verifier.py; status.json).
     spot_checks = {}
     for slot in run.nodes:
         status = slot.status()

@@ -299,7 +299,7 @@ def run_join(args: argparse.Namespace) -> int:
     """``dlx-node join`` (see module docstring)."""
     from node.config import config_from_dict, dump_toml, load_config, merge_tables, parse_overrides
     from node.fsutil import atomic_write_bytes
-    from node.live.onchain import NodeChain
+    from node.live.chain.onchain import NodeChain
     from node.platforms import own_platforms
     from node.runconfig import (
         canonical_json,

@@ -34,7 +34,7 @@ from node.commands.link import run_link
 from node.commands.throttle import CpuGroup
 from node.config import dump_toml, load_config
 from node.errors import NodeError
-from node.live.onchain import NodeChain
+from node.live.chain.onchain import NodeChain
 from node.platforms import own_platform
 from node.runconfig import canonical_json, config_hash, run_document
 from p2p.identity import Identity

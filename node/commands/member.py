@@ -36,7 +36,7 @@ def add_parsers(sub) -> None:
 def _member(args: argparse.Namespace):
     """(NodeChain, run id, seat or None) of the node.toml named by --config, the fee options applied."""
     from node.config import load_config
-    from node.live.onchain import NodeChain
+    from node.live.chain.onchain import NodeChain
 
     overrides = [f"ledger.max_fee_gwei={args.max_fee_gwei}", f"ledger.priority_fee_gwei={args.priority_fee_gwei}"]
     if args.confirmations is not None:  # else the node's own setting

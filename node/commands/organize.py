@@ -366,7 +366,7 @@ def _create_plan(client, params, identity, existing, fee: int) -> list[Spend]:
 def _take_seat(config_path: Path, identity, run_id: int) -> None:
     """Register the organizer's node key and join the run, as ``dlx-node join`` does (idempotent)."""
     from node.config import load_config
-    from node.live.onchain import NodeChain
+    from node.live.chain.onchain import NodeChain
     from node.platforms import own_platforms
     from node.runconfig import config_hash, run_document
 

@@ -11,7 +11,7 @@ Three steps, because a node learns where it sits only from its peers' hellos:
 3. :meth:`NodeParts.take_seat`: the placement, the worker of the placed stages,
    and the round machinery that trains and finishes rounds with it.
 
-The rooms built in step 2 read the :class:`~node.live.station.Station` for what
+The rooms built in step 2 read the :class:`~node.live.work.station.Station` for what
 step 3 decides. Which class builds each variable part is a :class:`Kinds`: the
 exchange by ``diloco.exchange`` (:data:`EXCHANGES`), and subclasses a test or an
 adversary injects (tests/adversary.py).
@@ -34,39 +34,39 @@ from node.arenas import settle_interned_strings
 from node.config import NodeConfig
 from node.errors import NotRegistered
 from node.fsutil import atomic_write_bytes
-from node.live.answerer import ChallengeAnswerer
-from node.live.chunkstate import CHUNK_STATES_DIR, ChunkedStates, DisputeWindow
-from node.live.committer import Committer, CommitterContext
-from node.live.readback import RecordSigners
-from node.live.contributor import Contributor
-from node.live.coordination import RoundCoordinator, RoundStopped
-from node.live.ending import RunEnd
-from node.live.entry import RunEntry
-from node.live.exchange import Exchange, serve_blob
-from node.live.finisher import RoundFinisher
-from node.live.forkrepair import ForkRepair
-from node.live.fullexchange import FullExchange
-from node.live.heartbeat import Heartbeat
-from node.live.inbox import GossipInbox
-from node.live.lane import RoundLane
-from node.live.lifecycle import Lifecycle
-from node.live.membership import Membership
-from node.live.messenger import Messenger
-from node.live.onchain import NodeChain
-from node.live.pacing import CommitPace
-from node.live.prover import PROOFS_DIR, FraudProver
-from node.live.replica import ReplicaWorker, warm_up_imports
-from node.live.resume import RestartRecovery
-from node.live.roundbook import RoundBook
-from node.live.roundclock import RoundClock
-from node.live.roundstate import RoundState
-from node.live.saidlog import SaidLog
-from node.live.sliced import SlicedExchange
+from node.live.fraud.answerer import ChallengeAnswerer
+from node.live.fraud.chunkstate import CHUNK_STATES_DIR, ChunkedStates, DisputeWindow
+from node.live.chain.committer import Committer, CommitterContext
+from node.live.chain.readback import RecordSigners
+from node.live.work.contributor import Contributor
+from node.live.round.coordination import RoundCoordinator, RoundStopped
+from node.live.round.ending import RunEnd
+from node.live.round.entry import RunEntry
+from node.live.exchange.protocol import Exchange, serve_blob
+from node.live.round.finisher import RoundFinisher
+from node.live.chain.forkrepair import ForkRepair
+from node.live.exchange.full import FullExchange
+from node.live.peers.heartbeat import Heartbeat
+from node.live.peers.inbox import GossipInbox
+from node.live.work.lane import RoundLane
+from node.live.round.lifecycle import Lifecycle
+from node.live.peers.membership import Membership
+from node.live.peers.messenger import Messenger
+from node.live.chain.onchain import NodeChain
+from node.live.round.pacing import CommitPace
+from node.live.fraud.prover import PROOFS_DIR, FraudProver
+from node.live.work.replica import ReplicaWorker, warm_up_imports
+from node.live.round.resume import RestartRecovery
+from node.live.round.roundbook import RoundBook
+from node.live.round.roundclock import RoundClock
+from node.live.round.roundstate import RoundState
+from node.live.peers.saidlog import SaidLog
+from node.live.exchange.sliced import SlicedExchange
 from node.live.startup import StartupClock
-from node.live.station import Station
-from node.live.topology import Seat
+from node.live.work.station import Station
+from node.live.peers.topology import Seat
 from node.live.status import Progress, Reporter, StateFile
-from node.live.verifier import SpotChecker, VerifierContext
+from node.live.checks.verifier import SpotChecker, VerifierContext
 from node.platforms import own_platforms
 from node.protocol import run_topic
 from node.runconfig import canonical_json, config_hash, run_document
@@ -82,7 +82,7 @@ from training.errors import PipelineError
 logger = logging.getLogger(__name__)
 
 #: Run message kinds a member may sign again with another payload (periodic or per-accusation): the
-#: validator does not hold them as equivocation, and node/live/saidlog.py does not keep them.
+#: validator does not hold them as equivocation, and node/live/peers/saidlog.py does not keep them.
 EQUIVOCATION_EXEMPT = (msg.HELLO, msg.ACCUSATION, msg.VERDICT, msg.PARTIAL_ANNOUNCE)
 
 #: The exchange kinds by ``diloco.exchange`` (docs/PROTOCOL.md, "Sliced exchange").
@@ -146,7 +146,7 @@ class NodeParts:
                             max_bytes=msg.MAX_GOSSIP_PAYLOAD + 4096)
         self.station = Station()
         self.rounds = RoundState(self.station)
-        # Per-round work off the training thread (node/live/lane.py): compressing and publishing a
+        # Per-round work off the training thread (node/live/work/lane.py): compressing and publishing a
         # contribution, serialising and serving a start state, the held-out eval on a copy.
         self.lane = RoundLane()
         self.reporter = Reporter(path=self.data_dir / "status.json", progress=self.progress, peer_id=self.peer_id,

@@ -13,15 +13,15 @@ default delay ("rebase")::
 
 :meth:`Node.run` is that loop: assemble the parts, enter the run, then act out
 each round's schedule. The parts (node/live/assembly.py builds them all):
-:class:`~node.live.contributor.Contributor` (train, encode, publish),
-:class:`~node.live.finisher.RoundFinisher` (close, fetch, aggregate, attest),
-:class:`~node.live.entry.RunEntry` (where to enter, and re-enter after a broken
-pipeline), and the rooms they use: :class:`~node.live.membership.Membership`
-(placement, liveness), :class:`~node.live.coordination.RoundCoordinator`
-(closes, quorum, rotation), :class:`~node.live.inbox.GossipInbox` (parses and
-dispatches what peers send), the :class:`~node.live.exchange.Exchange` (full or
-sliced), :class:`~node.live.committer.Committer` (the chain side) and
-:class:`~node.live.replica.ReplicaWorker` (the training side). The wire
+:class:`~node.live.work.contributor.Contributor` (train, encode, publish),
+:class:`~node.live.round.finisher.RoundFinisher` (close, fetch, aggregate, attest),
+:class:`~node.live.round.entry.RunEntry` (where to enter, and re-enter after a broken
+pipeline), and the rooms they use: :class:`~node.live.peers.membership.Membership`
+(placement, liveness), :class:`~node.live.round.coordination.RoundCoordinator`
+(closes, quorum, rotation), :class:`~node.live.peers.inbox.GossipInbox` (parses and
+dispatches what peers send), the :class:`~node.live.exchange.protocol.Exchange` (full or
+sliced), :class:`~node.live.chain.committer.Committer` (the chain side) and
+:class:`~node.live.work.replica.ReplicaWorker` (the training side). The wire
 protocol is specified in docs/PROTOCOL.md.
 """
 
@@ -35,9 +35,9 @@ from ledger.errors import ChainWaitStopped
 from node.config import NodeConfig
 from node.errors import NotRegistered
 from node.live.assembly import HONEST, Kinds, NodeParts
-from node.live.contributor import PipelineBroken, RoundAbandoned
-from node.live.coordination import RoundStopped
-from node.live.resume import first_contributed_round
+from node.live.work.contributor import PipelineBroken, RoundAbandoned
+from node.live.round.coordination import RoundStopped
+from node.live.round.resume import first_contributed_round
 from node.live.startup import StartupClock
 from node.live.status import Progress
 from p2p.errors import P2PError
@@ -150,7 +150,7 @@ class Node:
     def _train_loop(self, start_round: int, unfinished: list[int]) -> None:
         """Run the rounds; a split cluster whose partner died waits for it and re-enters with it. A run
         with a round limit then ends here only once its last round is committed or provably cannot be
-        (node/live/ending.py); until then this node keeps serving what its peers need."""
+        (node/live/round/ending.py); until then this node keeps serving what its peers need."""
         while True:
             try:
                 self._run_rounds(start_round, unfinished)
@@ -222,7 +222,7 @@ class Node:
     def _train(self, action: RoundAction, unfinished: list[int]) -> None:
         if PREFETCH_APPLY and self.cfg.diloco.one_step_delay and action.first_step == 0 and unfinished:
             self.parts.finisher.prefetch(unfinished[0])  # applied after (part of) this round's steps
-        if action.first_step == 0:  # not too far ahead of the chain's commits (node/live/pacing.py)
+        if action.first_step == 0:  # not too far ahead of the chain's commits (node/live/round/pacing.py)
             self.parts.pace.await_room(action.outer_round)
         self.parts.contributor.train(action.outer_round, action.first_step, action.end_step)
 

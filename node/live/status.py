@@ -44,13 +44,13 @@ class Progress:
     last_commit: int = -1
     last_finished: int = -1
     weights_root: str = ""
-    spot_checks: int = 0  # other replicas' contributions re-executed (node.live.verifier)
+    spot_checks: int = 0  # other replicas' contributions re-executed (node.live.checks.verifier)
     spot_check_mismatches: int = 0
     chain_checks: int = 0  # start-state links from an exact rerun into the next round checked
     spot_check_seconds: float = 0.0  # wall time of those checks (fetching their inputs and the rerun)
     spot_checks_not_done: int = 0  # sampled checks whose inputs were not served or not bound to the record
     spot_checks_left_undone: int = 0  # sampled checks still queued (or cut short) when the node stopped
-    timing: dict = field(default_factory=dict)  # node.live.roundclock.RoundClock.summary()
+    timing: dict = field(default_factory=dict)  # node.live.round.roundclock.RoundClock.summary()
     history: list[dict] = field(default_factory=list)
 
     def current_round(self) -> int:
@@ -244,7 +244,7 @@ class Reporter:
         self.progress = progress
         self.peer_id = peer_id
         self.run_id = run_id
-        self.station = station  # node.live.station.Station: the placement status.json shows
+        self.station = station  # node.live.work.station.Station: the placement status.json shows
         self.on_progress = on_progress
         self._listen_addrs: list[str] = []
         self._last_report = 0.0

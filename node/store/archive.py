@@ -200,7 +200,7 @@ class Archive:
     def record_round(self, round_index: int, contributions: list[ArchivedContribution],
                      stage_hashes: list[bytes]) -> None:
         """Keep the contributions of every stage of a sealed round and its stage weights hashes, as the
-        chain's record binds them (node.live.spotinputs checks both against the record's roots first)."""
+        chain's record binds them (node.live.checks.spotinputs checks both against the record's roots first)."""
         if not self.sealed_path(round_index).exists():
             raise StateError(f"round {round_index} is not sealed here: its record is not kept")
         atomic_write_json(self._round_dir(round_index) / RECORDED_FILE, {
@@ -243,7 +243,7 @@ class Archive:
         """Unseal the rounds from ``round_index`` on: each ``round.json`` becomes ``round.forked.json``.
 
         A life whose weights left the run's record and that could not re-base re-enters from the
-        chain's checkpoint (node/live/lifecycle.py): what it sealed of those rounds (another close or
+        chain's checkpoint (node/live/round/lifecycle.py): what it sealed of those rounds (another close or
         exclusions computed on its forked weights) is not the record, so no restart adopts it, no
         spot check reruns from it and no audit merges it. The envelopes stay (they are the signed
         contributions, served on). Returns the rounds set aside.

@@ -10,7 +10,7 @@ what would get the round overturned on chain, and whether that already happened:
   view ``isWrong``: it is printed (as ``proveWrongAggregation``'s argument, hex) only if the chain says it
   holds;
 - **a kept proof**: a node's prover keeps every proof it sent (``proofs/`` of its data dir,
-  node/live/prover.py), a chunk's or, in a version-3 run, a norm proof of the clip scales (checked with
+  node/live/fraud/prover.py), a chunk's or, in a version-3 run, a norm proof of the clip scales (checked with
   ``isWrongNorm``); one in an ``--archive`` for this round is checked the same way, so a proof nobody has to
   trust. (The audit cannot build a norm proof itself: the committed factors and sum trees are served by the
   round's attesters, not held in its checkpoint.)

@@ -98,7 +98,7 @@ def _verified_payload(
 ) -> tuple[bytes | None, str, bool]:
     """``(blob, "", _)`` for a committed envelope that verifies (its signer's account set on ``contributor``),
     else ``(None, reason, absent_ok)``; ``absent_ok``: in the sliced exchange the envelope is an absent input
-    rather than a failure (a holder does not fetch the closed envelopes: node.live.sliced.usable_reference)."""
+    rather than a failure (a holder does not fetch the closed envelopes: node.live.exchange.sliced.usable_reference)."""
     from ledger.checks import bound_account
     from p2p.envelope import decode_envelope
     from p2p.errors import EnvelopeRejected
@@ -191,7 +191,7 @@ def _steps_range(document: dict | None) -> tuple[int, int] | None:
 
 def _token_check(commit: Any, last_payloads: list[bytes], steps_range: tuple[int, int], document: dict) -> Check:
     """A time-bounded run's record counts the inner steps its last stage's contributions declared (in range;
-    an absent input or a bad count 0: node.live.closesteps), in tokens: recomputed from the envelopes."""
+    an absent input or a bad count 0: node.live.round.closesteps), in tokens: recomputed from the envelopes."""
     from training.slicebundle import counted_steps
 
     steps = [counted_steps(blob, steps_range) for blob in last_payloads]

@@ -12,7 +12,7 @@ reference, each slice read as an aggregator reads it), each partial is also
 replayed (:func:`training.butterfly.replay_partial`, bit for bit): one that
 differs is a FAIL naming its signer (an aggregator that poisoned its slice).
 Without the bundles the partial is used unreplayed and the round's note says so.
-A closed envelope that is no usable contribution (``node.live.sliced.usable_reference``:
+A closed envelope that is no usable contribution (``node.live.exchange.sliced.usable_reference``:
 its reference does not fit the plan, or it is not a contribution at all) is an absent
 input here as for the aggregators, and so is a slice its bundle does not prove.
 """
@@ -101,7 +101,7 @@ def _contributor_bundles(cfg: Any, plan: Any, references: list[bytes], peers: li
     for index, data in enumerate(references):
         try:
             reference = parse_slice_reference(data, plan.num_slices, cfg.p2p.max_blob_bytes)
-        except SliceError as exc:  # the aggregators' rule (node.live.sliced.usable_reference): absent
+        except SliceError as exc:  # the aggregators' rule (node.live.exchange.sliced.usable_reference): absent
             notes.append(f"stage {stage}: contribution {index} of {peers[index][-8:]} is no usable slice "
                          f"reference ({exc}): an absent input")
             bundles.append(absent)
@@ -191,7 +191,7 @@ class SlicedBundleFails(Exception):
 
 class SlicedRerunArchive:
     """What ``dlx-node audit --reexecute`` reruns a sliced contribution with, read from the archives, as the
-    node's spot checker reads it from its peers (node/live/slicedrerun.py): the claims are the slices each
+    node's spot checker reads it from its peers (node/live/checks/sliced_rerun.py): the claims are the slices each
     envelope's reference binds, packed (:func:`training.butterfly.rerun_claim`), from the member's archived
     bundle (``<sha256>.slice``); round t-1's apply is the partial every holder had to apply per slice
     (:func:`applied_partials`, the replay's own choice). A reference that does not parse, or a bundle not

@@ -1,0 +1,163 @@
+"""A checkpoint round's full checkpoint, built from the stage shards its holders attested (committer step 3).
+
+Every node builds the same bytes from the same verified tensors, so every node can serve the
+checkpoint the record names: a stage this node holds comes from its own shard, another stage's
+from the shards its holders attested with the round's agreed weights hash, each fetched and
+re-hashed; the momentum, in no record, is taken only when every verified shard agrees on it; the
+metadata comes from the run document, never from a peer's shard. A round whose committed checkpoint
+this node did not build is fetched and checked against the run and the record instead
+(:meth:`CheckpointBuilder.committed_problems`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from node.errors import DLX_ERRORS
+from node.live.exchange.protocol import serve_blob
+from node.store.checkpoint import (build_checkpoint, checkpoint_problems, chunked_problems, parse_checkpoint,
+                                   stage_problems, write_checkpoint)
+from training.hashing import stage_weights_hash
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointBuilder:
+    """Builds, serves and checks a round's full checkpoint for one node's committer (module docstring)."""
+
+    def __init__(self, node) -> None:
+        self.node = node  # the committer's node.live.chain.committer.CommitterContext (not imported: no cycle)
+
+    def assemble(self, outer_round: int, atts, stage_hashes: list[bytes],
+                 stage_leaves: list[bytes] = ()) -> bytes | None:
+        """Build the full checkpoint from stage states verified against the round's agreed stage hashes;
+        serve it; return its content hash (None: no checkpoint this round).
+
+        A stage this node holds comes from its own shard. Another stage's comes from the shards its
+        holders attested with the agreed weights hash: each is fetched and its tensors re-hashed,
+        and one whose weights are not the agreed ones (or not the run's stage) is dropped. The
+        momentum is in no record, so it is taken only when every verified shard agrees on it; a
+        holder serving other momentum costs the round its checkpoint, never an honest signature
+        over a doctored one. The metadata is written from the run document, never copied from a
+        peer's shard, so every node that verified the same tensors builds the same bytes.
+        """
+        node = self.node
+        layout = node.layout
+        states = {}
+        for stage in range(layout.num_stages):
+            local = node.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
+            if local.exists():
+                shard = parse_checkpoint(local.read_bytes())
+                problems = stage_problems(layout, stage, shard.weights, shard.momentum, stage_hashes[stage])
+                if problems:  # our own state is not the agreed one: the record will say so, not a checkpoint
+                    logger.warning("round %d: our own shard of stage %d is not the agreed state (%s); no checkpoint",
+                                   outer_round, stage, "; ".join(problems))
+                    return None
+                states[stage] = (shard.weights, shard.momentum)
+                continue
+            state = self._verified_stage(outer_round, stage, atts, stage_hashes[stage])
+            if state is None:
+                return None
+            states[stage] = state
+        full = build_checkpoint(layout, outer_round, states, dict(enumerate(stage_leaves)))
+        if layout.chunked:  # a chunked run's stage leaves commit the momentum too: a shard's must be the agreed one
+            problems = chunked_problems(full, layout, None)
+            if problems:
+                logger.warning("round %d: the verified shards are not the agreed stage leaves (%s); no checkpoint",
+                               outer_round, "; ".join(problems))
+                return None
+        path = node.checkpoint_dir / f"round-{outer_round:08d}.safetensors"
+        digest = write_checkpoint(path, full)
+        serve_blob(node.host, path.read_bytes())
+        logger.info("round %d: checkpoint %s (%d bytes)", outer_round, digest.hex()[:12], path.stat().st_size)
+        return digest
+
+    def _verified_stage(self, outer_round: int, stage: int, atts, weights_hash: bytes):
+        """(weights, momentum) of ``stage`` from its holders' shards, verified (see :meth:`assemble`)."""
+        node = self.node
+        # Every live holder of the stage is waited for (attestations still in flight), so a shard is
+        # judged against all of them: the more holders heard, the likelier an honest shard is among the
+        # offers and a disagreement on the momentum is seen. Members that judged different sets could
+        # sign different records (one built a checkpoint, another saw two momenta), so the wait lasts
+        # up to the round deadline, not a fixed moment that a slow link outlasts (docs/P2P.md).
+        expected = set(node.membership.holders(stage)) & (node.membership.alive() | {node.peer_id})
+        node.book.wait_for(lambda: expected <= set(node.book.snapshot_attestations(outer_round, stage)) or None,
+                           timeout=self.holders_wait(outer_round, stage), stop=node.stop_event)
+        heard = {**atts[stage], **node.book.snapshot_attestations(outer_round, stage)}
+        offered: dict[bytes, list[str]] = {}
+        for peer, att in sorted(heard.items()):
+            if att.shard_hash and att.weights_hash == weights_hash:
+                offered.setdefault(att.shard_hash, []).append(peer)
+        if not offered:
+            logger.warning("round %d: no shard of stage %d attested with the agreed weights; no checkpoint",
+                           outer_round, stage)
+            return None
+        verified = {}
+        for shard_hash in sorted(offered, key=lambda h: (-len(offered[h]), h)):
+            holders = ", ".join(p[-8:] for p in offered[shard_hash])
+            try:
+                shard = self._fetch_checkpoint_file(shard_hash)
+            except DLX_ERRORS as exc:
+                logger.warning("round %d: shard %s of stage %d (attested by %s) not fetched: %s", outer_round,
+                               shard_hash.hex()[:12], stage, holders, exc)
+                continue
+            problems = stage_problems(node.layout, stage, shard.weights, shard.momentum, weights_hash)
+            if problems:
+                logger.error("round %d: shard %s of stage %d, attested by %s, is not the agreed state: %s",
+                             outer_round, shard_hash.hex()[:12], stage, holders, "; ".join(problems))
+                continue
+            verified[stage_weights_hash(shard.momentum)] = (shard.weights, shard.momentum)
+        if len(verified) != 1:
+            logger.warning("round %d: %s; no checkpoint this round", outer_round,
+                           f"no shard of stage {stage} verified" if not verified else
+                           f"the verified shards of stage {stage} hold {len(verified)} different momenta")
+            return None
+        return next(iter(verified.values()))
+
+    def holders_wait(self, outer_round: int, stage: int, now: float | None = None) -> float:
+        """Seconds left to wait for the attestations of ``stage``'s holders: until the round deadline,
+        ``round_timeout`` after the stage's first close reached this node (measured by the book; the
+        whole ``round_timeout`` where no close was seen). Holders attest after aggregating the closed
+        set, so an honest one is in by then whatever its link; a committer catching up after an RPC
+        outage, long past the deadline, does not wait at all."""
+        node = self.node
+        closed_at = node.book.first_close_at(outer_round, stage)
+        if closed_at is None:
+            return node.cfg.round_timeout
+        now = time.monotonic() if now is None else now
+        return max(0.0, closed_at + node.cfg.round_timeout - now)
+
+    def _fetch_checkpoint_file(self, content_hash: bytes):
+        """A checkpoint or stage shard from the peers, by its content hash (nothing of it kept on disk)."""
+        node = self.node
+        dest = node.incoming_dir / f"{content_hash.hex()}.part"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            node.host.fetch_blob(content_hash.hex(), dest, timeout=node.cfg.p2p.transfer_timeout)
+            return parse_checkpoint(dest.read_bytes(), content_hash)
+        finally:
+            dest.unlink(missing_ok=True)
+
+    def committed_problems(self, outer_round: int, content_hash: bytes, weights_root: bytes) -> list[str]:
+        """Why the committed checkpoint of a round is not the run's (empty: it verifies).
+
+        For a round this node built no checkpoint of (a momentum disagreement, a shard not
+        fetched): fetch the committed one and check it against the run document and the record,
+        and this node's own stages against its own state (momentum included).
+        """
+        node = self.node
+        try:
+            ckpt = self._fetch_checkpoint_file(content_hash)
+        except DLX_ERRORS as exc:
+            return [f"not fetched: {exc}"]
+        problems = checkpoint_problems(ckpt, node.layout, outer_round, weights_root)
+        for stage in range(node.layout.num_stages):
+            local = node.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
+            if problems or not local.exists():
+                continue
+            own = parse_checkpoint(local.read_bytes())
+            names = node.layout.stage_names(stage)
+            if stage_weights_hash({n: ckpt.momentum[n] for n in names}) != stage_weights_hash(own.momentum):
+                problems.append(f"its stage {stage} momentum is not this node's")
+        return problems

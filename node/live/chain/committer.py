@@ -1,0 +1,496 @@
+"""The chain side of each finished round: sign the record, gather a quorum, commit, verify, dispute.
+
+Runs on its own thread so chain latency never stalls training. Rounds are
+handled in order (the chain takes round t only right after round t-1). For
+round t every node:
+
+1. waits for attestations covering every stage (its own included);
+2. derives the round record: ``weights_root`` over the stage weight hashes (version 1) or, in a
+   chunked run, over the attested stage leaves (version 2: docs/FRAUD_PROOF.md),
+   ``contributions_root`` (Merkle root of every aggregated envelope hash in
+   canonical order), mean losses, tokens, number of contributors;
+3. on checkpoint rounds assembles the full checkpoint from the stage shards (node/live/chain/checkpointbuild.py)
+   (every node builds the same bytes, so every node can serve it) and puts its
+   content hash in the record;
+4. once round t-1 is on chain, completes the record with the chain head
+   (``prev_head``), signs it with its Ethereum key (EIP-712, docs/LEDGER.md),
+   at most one record per round in any life, and gossips the signature;
+5. waits for the run's quorum ``k`` of member signatures over one record, then
+   submits it if it is first in the round's committer rotation, or if the
+   previous committers left the round uncommitted for a grace period each;
+6. reads the round back from the chain (node/live/chain/readback.py); in a chunked run a wrong committed
+   weights root is proven on chain (node/live/fraud/prover.py); if the committed roots differ from
+   what it computed itself, node/live/chain/forkrepair.py files a dispute with its
+   own signed record when its own result stood, and the node re-bases on the
+   chain's record: the quorum's record is the run's history, and weights that
+   left it would only make every later round of this node's disagree too.
+
+A member seen signing two different records of one round is reported on chain
+(``reportEquivocation``), which slashes its stake.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ledger.chain import OUTAGE
+from ledger.errors import (ChainUnavailable, CommitConflict, LedgerQuorumNotMet, LedgerSignerNotMember,
+                           TransactionTimeout)
+from ledger.merkle import merkle_root
+from ledger.records import RoundRecord, to_micro
+from node.config import NodeConfig
+from node.errors import DLX_ERRORS
+from node.fsutil import retry_on_full_disk
+from node.live.chain.checkpointbuild import CheckpointBuilder
+from node.live.round.closesteps import record_tokens
+from node.live.round.coordination import RoundCoordinator
+from node.live.chain.forkrepair import ForkRepair
+from node.live.peers.membership import Membership
+from node.live.chain.onchain import NodeChain
+from node import protocol as msg
+from node.live.round.roundbook import RoundBook
+from node.live.status import Progress, StateFile
+from node.live.checks.verifier import SpotChecker
+from node.live.peers.topology import committer_order
+from node.store.checkpoint import RunLayout
+from p2p.host import P2PHost
+from node.fraudproof import record_weights_root
+from node.live.fraud.chunkstate import attested_leaf
+from node.live.fraud.prover import FraudProver
+from node.live.chain.readback import EquivocationReports, ReadBack
+
+logger = logging.getLogger(__name__)
+
+COMMIT_FALLBACK_S = 8.0
+#: While a round waits for its quorum of record signatures, this node re-publishes its own this often.
+RESIGN_EVERY_S = 10.0
+#: A round waiting for the chain or for signatures says so in the log this often.
+WAIT_REPORT_S = 60.0
+#: While waiting for a round's attestations, the chain is asked this often whether the round is committed.
+ON_CHAIN_CHECK_S = 15.0
+#: What :meth:`Committer._attestations` returns for a round the chain holds while some stage's
+#: attestations never reached this node.
+ON_CHAIN = "on chain"
+#: A round whose chain step met an unreachable RPC is tried again after this, doubling up to the max.
+CHAIN_RETRY_MIN_S = 1.0
+CHAIN_RETRY_MAX_S = 15.0
+
+
+@dataclass
+class CommitterContext:
+    """What the committer reads and whom it tells (it never sees the whole node).
+
+    Once this node derived a round's record (and committed it, if it was its turn) it shows in
+    ``progress`` and ``state`` and the ``spot_checks`` draw their checks of it; once the round is
+    read back from the chain, ``progress.last_commit``; when the committed roots of a round differ
+    from this node's, ``forks.diverged`` (else ``forks.agreed``).
+    """
+
+    cfg: NodeConfig
+    run_id: int
+    peer_id: str
+    book: RoundBook
+    chain: NodeChain
+    host: P2PHost
+    coordinator: RoundCoordinator
+    membership: Membership
+    checkpoint_dir: Path
+    incoming_dir: Path
+    stop_event: threading.Event
+    state: StateFile
+    gossip: Callable[..., bytes]  # gossip(round, kind, message) signs and publishes a run message
+    layout: RunLayout  # the run document's checkpoint metadata and stage tensors
+    progress: Progress
+    spot_checks: SpotChecker
+    forks: ForkRepair  # a committed record that differs from this node's: dispute, re-base
+    fraud: FraudProver | None = None  # a chunked run's: proves a committed round wrong on chain (node/live/fraud/prover.py)
+
+    def on_recorded(self, outer_round: int, weights_root: bytes, committed_by_me: bool) -> None:
+        self.progress.weights_root = weights_root.hex()
+        self.state.record_round(outer_round, weights_root, committed_by_me)
+        self.spot_checks.on_recorded(outer_round, weights_root)
+
+    def on_confirmed(self, outer_round: int) -> None:
+        self.progress.last_commit = max(self.progress.last_commit, outer_round)
+
+
+
+class Committer:
+    """The committer thread of one node (see module docstring)."""
+
+    def __init__(self, node: CommitterContext) -> None:
+        self.node = node
+        self.checkpoints = CheckpointBuilder(node)
+        self._queue: queue.Queue[int | None] = queue.Queue()
+        self._idle = threading.Event()
+        self._idle.set()
+        # Every round up to this one has been handled: committed, found committed, or given up for good (its
+        # attestations never came before a stop); a round whose step met a full disk is not, until it was
+        # tried again. The finisher keeps what the rounds after it need until then.
+        self.handled_through = -1
+        self.readback = ReadBack(node, self.checkpoints, self._wait)
+        self.equivocations = EquivocationReports(node)
+        self._thread = threading.Thread(target=self._loop, name="committer", daemon=True)
+        self._thread.start()
+
+    def submit(self, outer_round: int) -> None:
+        self._idle.clear()
+        self._queue.put(outer_round)
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every submitted round is handled.
+
+        ``timeout`` counts only while the chain answers: rounds queued behind an RPC
+        outage are waited for until the chain is back (or the node is asked to stop),
+        so a run that ends during an outage still commits what it trained.
+        """
+        deadline = time.monotonic() + timeout
+        while not self._idle.is_set():
+            if OUTAGE.down_since is not None and not self.node.stop_event.is_set():
+                deadline = max(deadline, time.monotonic() + timeout)
+            elif time.monotonic() >= deadline:
+                break
+            self._idle.wait(0.5)
+        return self._idle.is_set()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                # A full disk (the checkpoint, state.json) pauses the round and tries it again once space is
+                # freed: every step of handle is idempotent, and the rounds after it wait (the chain takes
+                # them in order), so none is skipped (issue 45).
+                retry_on_full_disk(lambda: self.handle(item), what=f"round {item}'s chain step",
+                                   kind="chain step", stop=self.node.stop_event)
+            except DLX_ERRORS as exc:
+                logger.error("round %d: chain step failed: %s", item, exc)
+            except Exception:
+                logger.exception("round %d: chain step crashed", item)
+            self.handled_through = max(self.handled_through, item)
+            if self._queue.empty():
+                self._idle.set()
+
+    # ------------------------------------------------------------------ one round
+    def _attestations(self, outer_round: int):
+        node = self.node
+        num_stages = node.cfg.pipeline.num_stages
+
+        def all_stages():
+            atts = {s: node.book.snapshot_attestations(outer_round, s) for s in range(num_stages)}
+            return atts if all(atts.values()) else None
+
+        # Never given up on while the round is open: the chain takes rounds strictly in order,
+        # so a round this node stopped waiting for could only stall every later round's record.
+        # A stage's attestation can come late (its only contributor crashed and re-applies the
+        # round from its archive after a restart); the record pauses meanwhile, training does
+        # not. But once the round is on chain, its record no longer needs this node: a node
+        # restarted after the attestations were gossiped (and dropped from its peers' sync
+        # caches) would otherwise wait for them forever and never sign a later round.
+        started = last_report = time.monotonic()
+        while not node.stop_event.is_set():
+            atts = node.book.wait_for(all_stages, timeout=ON_CHAIN_CHECK_S, stop=node.stop_event)
+            if atts is not None:
+                return atts
+            missing = [s for s in range(num_stages) if not node.book.snapshot_attestations(outer_round, s)]
+            try:
+                committed = node.chain.commit_of(node.run_id, outer_round) is not None
+            except DLX_ERRORS as exc:
+                logger.debug("round %d: chain read failed (%s); still waiting for attestations", outer_round, exc)
+                committed = False
+            if committed:
+                logger.warning("round %d: committed on chain while attestations of stage(s) %s never reached this "
+                               "node; it takes the chain's record", outer_round, missing)
+                return ON_CHAIN
+            if missing and not node.stop_event.is_set() and time.monotonic() - last_report >= WAIT_REPORT_S:
+                last_report = time.monotonic()
+                logger.warning("round %d: waiting for attestations of stage(s) %s (%.0fs so far)", outer_round,
+                               missing, time.monotonic() - started)
+        return None
+
+    def record(self, outer_round: int):
+        """(record, attestations, agreed stage hashes, agreed stage leaves) of the round as this node derives it
+        (``prev_head`` still zero; the leaves are a chunked run's, else empty); the record is None if attestations
+        are missing."""
+        node = self.node
+        atts = self._attestations(outer_round)
+        if atts is None:
+            logger.info("round %d: stopped before every stage was attested; this node will not commit it", outer_round)
+            return None, None, [], []
+        if atts is ON_CHAIN:
+            return None, ON_CHAIN, [], []
+        chunked = node.cfg.diloco.chunked
+        stage_hashes, stage_roots, stage_leaves = [], [], []
+        for stage in range(node.cfg.pipeline.num_stages):
+            mine = atts[stage].get(node.peer_id)
+            # A chunked run's result is also the stage leaf (its weights and momentum chunk roots, its factors:
+            # node/live/fraud/chunkstate.py); an attestation without a leaf that parses counts for nothing there.
+            results = {p: (a.weights_hash, a.contributions_root, attested_leaf(a, stage) if chunked else b"")
+                       for p, a in atts[stage].items()}
+            results = {p: r for p, r in results.items() if r[2] is not None}
+            if not results:
+                logger.warning("round %d stage %d: no attestation carries a stage leaf", outer_round, stage)
+                return None, None, [], []
+            votes = Counter(results.values())
+            # Most votes, a tie to the smallest: every node that heard the same attestations takes the
+            # same result, whichever of them arrived first.
+            chosen = min(votes, key=lambda result: (-votes[result], result))
+            if mine is not None and node.peer_id in results:
+                chosen = results[node.peer_id]
+                if set(results.values()) - {chosen}:
+                    logger.warning("round %d stage %d: peers attested a different result than ours", outer_round, stage)
+            stage_hashes.append(chosen[0])
+            stage_roots.append(chosen[1])
+            stage_leaves.append(chosen[2])
+        closes = []
+        for stage in range(node.cfg.pipeline.num_stages):
+            close = node.coordinator.accepted(outer_round, stage) or self._close_matching(outer_round, stage,
+                                                                                           stage_roots[stage])
+            if close is None:
+                logger.warning("round %d stage %d: no close matching the attested root", outer_round, stage)
+                return None, None, [], []
+            closes.append((stage, close))
+        leaves = [digest for _stage, close in closes for (_r, _p, digest, _s) in close.contributions]
+        contributors = {peer for _stage, close in closes for (_r, peer, _d, _s) in close.contributions}
+        last = node.cfg.pipeline.num_stages - 1
+        last_replicas = {r for (r, _p, _d, _s) in dict(closes)[last].contributions}
+        reporters = self._loss_reporters(outer_round, last, last_replicas, stage_hashes[last])
+        train = [a.train_loss for _peer, a in reporters if not math.isnan(a.train_loss)]
+        evals = [a.eval_loss for _peer, a in reporters if not math.isnan(a.eval_loss)]
+        tokens = record_tokens(dict(closes)[last], node.cfg.diloco.inner_steps,
+                               node.cfg.training.batch_size * node.cfg.model.block_size, node.cfg.diloco.budgeted)
+        commit = RoundRecord(
+            run_id=node.run_id,
+            round=outer_round,
+            prev_head=bytes(32),  # completed once round t-1 is on chain (handle)
+            weights_root=record_weights_root(stage_hashes, stage_leaves if chunked else None),
+            contributions_root=merkle_root(leaves),
+            train_loss_micro=to_micro(sum(train) / len(train)) if train else 0,
+            eval_loss_micro=to_micro(sum(evals) / len(evals)) if evals else 0,
+            tokens=tokens,
+            num_contributors=len(contributors),
+        )
+        return commit, atts, stage_hashes, stage_leaves if chunked else []
+
+    def _loss_reporters(self, outer_round: int, last: int, replicas: set[int], weights_hash: bytes):
+        """The last-stage attestations the record's loss figures are the mean of, in peer-id order.
+
+        Those of the replicas aggregated in the round whose weights agree with the record's:
+        every honest member derives the same set and sums it in the same order, so they sign
+        the same record. A member that reported other weights (it aggregated something else)
+        does not count. Waits for every aggregated replica's attestation up to the round deadline:
+        members that averaged different sets sign different records, one each, and the round never
+        commits (a 10 s wait did that over 20-200 ms links: docs/P2P.md, "What the soak found").
+        """
+        node = self.node
+
+        def agreeing(complete: bool):
+            placements = node.membership.placements
+            atts = node.book.snapshot_attestations(outer_round, last)
+            heard = {placements[p].replica for p in atts if p in placements}
+            if complete and not replicas <= heard:
+                return None
+            return [(p, a) for p, a in sorted(atts.items()) if p in placements and placements[p].replica in replicas
+                    and a.weights_hash == weights_hash and not math.isnan(a.eval_loss)]
+
+        found = node.book.wait_for(lambda: agreeing(True), timeout=node.cfg.round_timeout, stop=node.stop_event)
+        return found if found is not None else agreeing(False)
+
+    def _close_matching(self, outer_round: int, stage: int, root: bytes):
+        for close, _data in self.node.book.snapshot_closes(outer_round, stage).values():
+            if merkle_root([c[2] for c in close.contributions]) == root:
+                return close
+        return None
+
+    def handle(self, outer_round: int) -> None:
+        """Derive the round's record (no chain needed), then settle it on chain, through any RPC outage.
+
+        The record and checkpoint are derived once; only the chain part is tried again
+        while the RPC is unreachable, so an outage never changes what this node signs.
+        Every chain step is idempotent (a commit already on chain with this record is
+        success), so a retry after an answer lost in the outage never commits twice.
+        """
+        node = self.node
+        derived, atts, stage_hashes, stage_leaves = self.record(outer_round)
+        if atts is ON_CHAIN:  # committed by the others; nothing of this node's to sign or dispute
+            onchain = node.chain.commit_of(node.run_id, outer_round)
+            node.on_recorded(outer_round, onchain.weights_root, False)
+            node.on_confirmed(outer_round)
+            node.forks.agreed(outer_round)
+            return
+        if derived is None:
+            return
+        checkpoint_hash = None
+        if (outer_round + 1) % node.cfg.checkpoint_every == 0:
+            checkpoint_hash = self.checkpoints.assemble(outer_round, atts, stage_hashes, stage_leaves)
+        delay = CHAIN_RETRY_MIN_S
+        while not node.stop_event.is_set():
+            try:
+                self._settle(outer_round, derived, checkpoint_hash)
+                return
+            except (ChainUnavailable, TransactionTimeout) as exc:
+                # ledger.chain logs the outage itself, at a bounded rate; the round stays queued.
+                logger.debug("round %d: chain unreachable (%s); trying again in %.0fs", outer_round, exc, delay)
+                node.stop_event.wait(delay)
+                delay = min(2 * delay, CHAIN_RETRY_MAX_S)
+
+    def _settle(self, outer_round: int, derived: RoundRecord, checkpoint_hash: bytes | None) -> None:
+        """Sign, commit (if it is this node's turn), read back and verify the round on chain."""
+        node = self.node
+        # The chain takes round t only right after round t-1: wait for it (a round without its
+        # quorum of signatures pauses the record, never the training).
+        if not self._wait_reporting(lambda: node.chain.last_round(node.run_id) >= outer_round - 1,
+                                    f"round {outer_round}: waiting for round {outer_round - 1} on chain"):
+            return
+        onchain = node.chain.commit_of(node.run_id, outer_round)
+        mine = replace(derived, prev_head=onchain.prev_head if onchain else node.chain.head_of(node.run_id),
+                       checkpoint_hash=checkpoint_hash or bytes(32))
+        signature = self._sign(mine)
+        committed_by_me = False
+        if onchain is None:
+            committed_by_me = self._commit_with_quorum(outer_round, mine, signature)
+        node.on_recorded(outer_round, mine.weights_root, committed_by_me)
+        self.readback.verify(outer_round, mine, signature)
+        self.equivocations.report()
+
+    def _sign(self, record: RoundRecord) -> bytes | None:
+        """Sign ``record`` unless this node signed another record of the round (in any life); gossip it."""
+        node = self.node
+        digest = node.chain.client.record_digest(record)
+        before = node.state.signed_record(record.round)
+        if before is not None and before[0] != digest:
+            logger.warning("round %d: this node signed another record of the round before (a restart?); "
+                           "it does not sign a second one", record.round)
+            return None
+        signature = before[1] if before is not None else node.chain.sign_record(record)
+        node.state.remember_signed(record.round, digest, signature)
+        node.book.add_record_signature(record.round, digest, record, node.chain.client.address, signature)
+        self._publish(record, signature)
+        return signature
+
+    def _publish(self, record: RoundRecord, signature: bytes) -> None:
+        node = self.node
+        message = msg.RecordSignature(record.prev_head, record.weights_root, record.contributions_root,
+                                      record.train_loss_micro, record.eval_loss_micro, record.tokens,
+                                      record.num_contributors, record.checkpoint_hash,
+                                      bytes.fromhex(node.chain.client.address[2:]), signature)
+        try:
+            node.gossip(record.round, msg.RECORD, message)
+        except DLX_ERRORS as exc:
+            logger.warning("round %d: record signature not published: %s", record.round, exc)
+
+    def _quorum_record(self, outer_round: int, mine: RoundRecord, quorum: int):
+        """(record, signatures) of a record of the round signed by at least ``quorum`` members, ours first."""
+        node = self.node
+        signed = node.book.snapshot_signatures(outer_round)
+        own = node.chain.client.record_digest(mine)
+        for digest in sorted(signed, key=lambda d: (d != own, -len(signed[d][1]))):
+            record, signatures = signed[digest]
+            # Only current members count: a signer slashed since it signed (a spot check found it
+            # cheating) would make the chain refuse the whole commit.
+            current = {signer: sig for signer, sig in signatures.items() if node.chain.is_member(node.run_id, signer)}
+            # Every member's signature is submitted (each is credited), but only counted members make the
+            # quorum: a joiner within its tenure signs without counting (docs/TRUST.md).
+            counted = sum(1 for signer in current if node.chain.is_counted(node.run_id, signer))
+            if counted >= quorum:
+                return record, list(current.values())
+        return None
+
+    def _commit_with_quorum(self, outer_round: int, mine: RoundRecord, signature: bytes | None) -> bool:
+        """Wait for a quorum of signatures over one record; submit it when this node's turn comes."""
+        node = self.node
+        quorum = node.chain.quorum_of(node.run_id)
+        last_publish = last_quorum_read = time.monotonic()
+        found = None
+
+        def quorum_or_committed():
+            nonlocal found, last_publish, quorum, last_quorum_read
+            if signature is not None and time.monotonic() - last_publish > RESIGN_EVERY_S:
+                last_publish = time.monotonic()
+                self._publish(mine, signature)  # gossip is best effort: say it again until the quorum forms
+            if time.monotonic() - last_quorum_read > RESIGN_EVERY_S:
+                # The quorum grows and shrinks with the members in force (joins, leaves, ejections).
+                last_quorum_read = time.monotonic()
+                quorum = node.chain.quorum_of(node.run_id)
+            found = self._quorum_record(outer_round, mine, quorum)
+            return found is not None or node.chain.commit_of(node.run_id, outer_round) is not None
+
+        while True:
+            if not self._wait_reporting(quorum_or_committed, f"round {outer_round}: waiting for {quorum} member "
+                                        "signatures over one record"):
+                return False
+            if found is None:
+                return False  # another member committed it first
+            try:
+                return self._submit(outer_round, mine, found, quorum)
+            except LedgerSignerNotMember as exc:
+                logger.warning("round %d: a signer left the run before the commit (%s); waiting for current "
+                               "members' signatures", outer_round, exc)
+                node.chain.forget_seats(node.run_id)
+            except LedgerQuorumNotMet as exc:
+                logger.warning("round %d: the run's quorum grew before the commit (%s); waiting for more "
+                               "signatures", outer_round, exc)
+                quorum = node.chain.quorum_of(node.run_id)
+
+    def _submit(self, outer_round: int, mine: RoundRecord, found, quorum: int) -> bool:
+        """Submit a quorum-signed record when this node's turn comes; False if someone else committed first."""
+        node = self.node
+        record, signatures = found
+        if record != mine:
+            logger.warning("round %d: the quorum signed a record other than ours (losses or checkpoint differ)",
+                           outer_round)
+        live = node.membership.alive()
+        order = [p for p in committer_order(outer_round, node.membership.placed_peers())
+                 if p == node.peer_id or p in live]
+        rank = order.index(node.peer_id) if node.peer_id in order else len(order)
+        if self._wait(lambda: node.chain.commit_of(node.run_id, outer_round) is not None, rank * COMMIT_FALLBACK_S):
+            return False
+        if node.stop_event.is_set():
+            return False
+        try:
+            # Every signature held, not only the quorum's: the chain credits each signer with the round,
+            # and a member whose signatures are never submitted looks silent (ejectInactive).
+            node.chain.commit_round(record, signatures)
+        except CommitConflict as exc:
+            logger.warning("round %d: another record was committed first: %s", outer_round, exc)
+            return False
+        logger.info("round %d committed with %d member signatures (weights root %s, %d contributors%s)",
+                    outer_round, len(signatures), record.weights_root.hex()[:12],
+                    record.num_contributors,
+                    f", checkpoint {record.checkpoint_hash.hex()[:12]}" if record.has_checkpoint else "")
+        return True
+
+    def _wait_reporting(self, predicate, what: str) -> bool:
+        """Wait for ``predicate`` until the node stops, saying what it waits for every WAIT_REPORT_S."""
+        started = time.monotonic()
+        while not self.node.stop_event.is_set():
+            if self._wait(predicate, WAIT_REPORT_S):
+                return True
+            if not self.node.stop_event.is_set():
+                logger.warning("%s (%.0fs so far)", what, time.monotonic() - started)
+        return False
+
+    def _wait(self, predicate, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if predicate():
+                    return True
+            except DLX_ERRORS as exc:
+                logger.debug("chain read failed (retrying): %s", exc)
+            if time.monotonic() >= deadline or self.node.stop_event.is_set():
+                return False
+            time.sleep(0.5)

@@ -1,0 +1,478 @@
+"""The node's view of the chain: one small adapter over :mod:`ledger`.
+
+Everything the runtime asks of the ledger goes through here, so the round
+protocol reads in its own terms (``last_round`` is -1 before the first commit,
+seats are cached, registration and joining the run happen once).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+
+from ledger.account import load_account
+from ledger.chain import OUTAGE, AnvilProcess, connect_rpc
+from ledger.client import LedgerClient, binding_message
+from ledger.errors import DeploymentMismatch, LedgerError
+from ledger.attest import recover_signer, recover_verdict_signer
+from ledger.eventrecords import AccusationRecord, CheckpointRecord
+from ledger.records import (COMMITMENT_VERSIONS, MIN_WINDOW_BLOCKS, AccusationState, CommitRecord, Membership, RoundRecord,
+                            RunInfo, Verdict, commitment_version)
+from node.config import NodeConfig
+from node.errors import ConfigError, NotRegistered
+from node.live.peers.topology import Seat
+from p2p.errors import IdentityError
+from p2p.identity import public_key_from_peer_id
+
+logger = logging.getLogger(__name__)
+
+#: An account without a seat makes the node re-read the run's membership events at most this often.
+SEATS_REFRESH_S = 2.0
+SEATS_READS_PER_S = 4.0
+#: How long whether a member counts toward the quorum is cached (it changes at most once per tenure).
+COUNTED_TTL_S = 5.0
+#: How long a membership refresh waits for the chain connection another thread holds.
+SEATS_LOCK_WAIT_S = 1.0
+
+
+class NodeChain:
+    def __init__(self, client: LedgerClient, anvil: AnvilProcess | None = None, *, confirmations: int = 0) -> None:
+        self.client = client
+        self._anvil = anvil
+        #: Blocks (its own included) before a commit counts as final (ledger.confirmations; 0/1: once mined).
+        self.confirmations = confirmations
+        self._seats: dict[str, Membership] = {}  # account -> its current membership period
+        self._placed: dict[str, Membership] = {}  # account -> its latest period, current or ended
+        self._joins: list[tuple[int, int]] = []  # where every period of the run began, in chain order
+        self._seats_read = 0.0
+        self._unknown_checked: dict[str, float] = {}
+        self._run_info: dict[int, RunInfo] = {}
+        self._counted: dict[str, tuple[bool, float]] = {}  # account -> (counted, when read)
+        self._declared: dict[bytes, bytes] = {}  # node key -> the platform its latest seat declared
+        self._lock = threading.Lock()  # web3 HTTP sessions and nonces are not shared across threads safely
+
+    @classmethod
+    def connect(cls, cfg: NodeConfig, stop: threading.Event | None = None) -> NodeChain:
+        """Connect to the run's chain and check that it is the run's: chain id and contracts.
+
+        A chain that does not answer yet is waited for, up to ``ledger.startup_wait`` seconds
+        (logged when the wait starts, every 30 s and when the chain answers; ``stop`` ends it
+        early with :class:`ChainWaitStopped`): nodes and their chain may start in any order.
+        What waiting cannot fix fails at once with what to change: another chain id than
+        ``ledger.chain_id``, no contract at the configured addresses, a ledger bound to
+        another registry.
+        """
+        lc = cfg.ledger
+        if not (lc.registry_address and lc.ledger_address):
+            raise ConfigError("ledger.registry_address and ledger.ledger_address must be set to the run's "
+                              "deployment (see deployment.json written by 'dlx-node demo')")
+        anvil = None
+        if lc.backend == "rpc":
+            w3 = connect_rpc(lc.rpc_url, timeout=lc.request_timeout, wait=lc.startup_wait, stop=stop)
+            where = f"ledger.rpc_url {lc.rpc_url}"
+        elif lc.backend == "anvil":
+            anvil = AnvilProcess(state_file=cfg.path(lc.anvil_state_file) if lc.anvil_state_file else None)
+            w3 = connect_rpc(anvil.start(), timeout=lc.request_timeout, wait=lc.request_timeout)
+            where = "the managed anvil"
+        else:
+            raise ConfigError("ledger.backend='pyevm' is in-process only: a node process needs "
+                              "ledger.backend='rpc' (or 'anvil') to share the chain with its peers")
+        try:
+            chain_id = w3.eth.chain_id
+            if lc.chain_id and chain_id != lc.chain_id:
+                raise ConfigError(f"{where} serves chain id {chain_id}, but ledger.chain_id = {lc.chain_id}: "
+                                  "point rpc_url at the run's chain (the run link names it)")
+            account = load_account(lc, chain_id)
+            client = LedgerClient.from_config(w3, account, lc)
+            try:
+                client.check_deployment()
+            except DeploymentMismatch as exc:
+                raise ConfigError(f"{exc}; set ledger.registry_address and ledger.ledger_address to the run's "
+                                  f"deployment on chain {chain_id} (deployment.json, or the run link)") from None
+        except BaseException:
+            if anvil is not None:
+                anvil.stop()
+            raise
+        return cls(client, anvil, confirmations=lc.confirmations)
+
+    @property
+    def account_bytes(self) -> bytes:
+        return bytes.fromhex(self.client.address[2:])
+
+    def close(self) -> None:
+        if self._anvil is not None:
+            self._anvil.stop()
+
+    def run_info(self, run_id: int) -> RunInfo:
+        """The run as created (its parameters never change: cached)."""
+        if run_id not in self._run_info:
+            with self._lock:
+                self._run_info[run_id] = self.client.run_info(run_id)
+        return self._run_info[run_id]
+
+    def quorum_of(self, run_id: int) -> int:
+        """The signatures the run's next commit needs now (it grows with the members in force)."""
+        with self._lock:
+            return self.client.quorum_of(run_id)
+
+    def check_run(self, run_id: int, config_hash: bytes, rounds: int | None = None, *, commitments: str) -> None:
+        """Refuse settings that would train differently from the run's other members.
+
+        ``rounds`` must be the run's ``maxRounds``: the inner learning rate follows a schedule over
+        the run's ``rounds x H`` steps, so a node with another horizon would send contributions
+        that re-execute differently (a spot check would find them wrong). ``commitments`` (the run
+        document's ``diloco.commitments``) must be the version the ledger holds the run to
+        (``RunParams.commitments``): the prover proves wrong every round whose factors are of another
+        version, so a node of a run created with another one would sign rounds that lose its stake.
+        """
+        info = self.run_info(run_id)
+        version = commitment_version(commitments)
+        if info.commitments != version:
+            names = {number: name for name, number in COMMITMENT_VERSIONS.items()}
+            raise ConfigError(
+                f"run {run_id} was created on chain with commitments version {info.commitments} "
+                f"({names.get(info.commitments, 'unknown')}), but its document says diloco.commitments = "
+                f"{commitments!r} (version {version}): the prover would prove every round of this node wrong; "
+                "the run's creator must create it again with its document's version"
+            )
+        if rounds is not None and rounds != info.max_rounds:
+            raise ConfigError(
+                f"rounds={rounds}, but run {run_id} on chain has maxRounds={info.max_rounds}: the inner "
+                f"learning-rate schedule spans the run's rounds; set rounds = {info.max_rounds} (stop a node "
+                "early with SIGTERM instead)"
+            )
+        if info.config_hash != config_hash:
+            raise ConfigError(
+                f"run {run_id} on chain has configHash {info.config_hash.hex()}, but this node's settings hash "
+                f"to {config_hash.hex()}: use exactly the run's [model], [training], [diloco], [compression] "
+                "and pipeline.num_stages settings and the same training text"
+            )
+
+    def ensure_registered(self, identity) -> None:
+        """Register this node's ed25519 key with its account, once."""
+        with self._lock:
+            key = self.client.key_of(self.client.address)
+            if key == identity.public_key_bytes:
+                return
+            if key is not None:
+                raise NotRegistered(f"account {self.client.address} is registered with another node key; "
+                                    "use that key's identity file or another account")
+            message = binding_message(self.client.chain_id, self.client.registry_address, self.client.address)
+            try:
+                self.client.register(identity.public_key_bytes, identity.sign(message))
+            except LedgerError as exc:
+                raise NotRegistered(f"account {self.client.address} is not registered and registering failed: "
+                                    f"{exc}") from exc
+        logger.info("registered account %s with peer id %s", self.client.address, identity.peer_id)
+
+    def ensure_member(self, run_id: int, platform: bytes, also: tuple[bytes, ...] = ()) -> None:
+        """Hold a signing seat in the run: join it with the run's minimum stake, once, declaring ``platform``
+        (the declaration of the platform this node trains on: node.platforms.own_platforms, docs/DILOCOX.md
+        section 11; ``also``: older forms of the same declaration a seat held already may carry).
+
+        A run whose stake unbonds faster than its accusation deadline plus its dispute window is refused:
+        there a member could sign a bad record and take its stake out before anyone could act on it. A seat
+        held already must have declared ``platform``: a node that now trains on another platform (another
+        CPU, instruction set, device, precision or torch) would claim one it did not declare, which every
+        verifier refuses, so it is stopped here, saying so.
+        """
+        # Read (and cache) before taking the lock: run_info takes it too when the run is not cached yet.
+        info = self.run_info(run_id)
+        stake = info.min_stake
+        with self._lock:
+            seat = self.client.member(run_id, self.client.address)
+            if seat is not None and seat.active:
+                periods = [m for m in self.client.memberships(run_id)
+                           if m.account.lower() == self.client.address.lower() and m.ended is None]
+                declared = periods[-1].platform if periods else None
+                if declared is not None and declared != platform and declared not in also:
+                    raise NotRegistered(
+                        f"account {self.client.address} declared platform {declared.hex()[:16]} when it joined run "
+                        f"{run_id}, but this node trains on platform {platform.hex()[:16]} (another CPU, "
+                        "ATEN_CPU_CAPABILITY, device, precision or torch): run it where it joined, or leave the "
+                        "run, withdraw after unbonding and join again")
+                return
+            if info.unbonding_blocks < max(info.min_unbonding_blocks, 2 * MIN_WINDOW_BLOCKS):
+                raise NotRegistered(
+                    f"run {run_id} unbonds stakes in {info.unbonding_blocks} blocks, less than its accusation "
+                    f"deadline plus dispute window ({info.min_unbonding_blocks} blocks, at least "
+                    f"{2 * MIN_WINDOW_BLOCKS}): a member could withdraw before a report or verdict lands; "
+                    "not joining it")
+            if seat is not None:
+                raise NotRegistered(f"account {self.client.address} holds a {seat.status} seat in run {run_id}; "
+                                    "a member that left must withdraw its stake after unbonding before joining "
+                                    "again, and a slashed member cannot rejoin")
+            try:
+                self.client.join_run(run_id, stake, platform)
+            except LedgerError as exc:
+                raise NotRegistered(f"account {self.client.address} could not join run {run_id} with a stake of "
+                                    f"{stake} wei: {exc}") from exc
+        logger.info("joined run %d with a stake of %d wei, declaring platform %s", run_id, stake, platform.hex()[:16])
+
+    def seat(self, run_id: int, account: bytes, public_key: bytes, current: bool = True) -> Membership | None:
+        """The account's membership of the run if its seat is bound to ``public_key``.
+
+        ``current``: only a seat held now (a signing seat); False: also one that ended (the
+        member left or was slashed), which placement keeps so that no other replica's index
+        shifts when a member goes. Read from the chain's membership events; re-read at most
+        every few seconds when an unknown account asks, so a flood of hellos from outsiders
+        cannot flood the RPC.
+        """
+        address = "0x" + account.hex()
+        table = self._seats if current else self._placed
+        seat = table.get(address.lower())
+        if seat is None and self._may_refresh(address):
+            self._refresh_seats(run_id)
+            table = self._seats if current else self._placed
+            seat = table.get(address.lower())
+        if seat is None or seat.node_key != public_key:
+            return None
+        return seat
+
+    def declared_platforms(self, run_id: int, peer_ids, fresh: bool = False) -> dict[str, bytes]:
+        """peer id -> the platform its seat declared when it joined (the latest period of the account its key
+        is bound to), for each of ``peer_ids`` that has held a seat of the run. Read from the chain's membership
+        events, waiting for the connection (not from the gossip thread): a peer not in the cache, or ``fresh``
+        (before a claim is refused: its member may have left, withdrawn and joined again from other hardware),
+        makes it re-read them. Raises LedgerError if they cannot be read, so that no caller acts on a partial
+        view.
+        """
+        keys = {}
+        for peer in peer_ids:
+            try:
+                keys[peer] = public_key_from_peer_id(peer)
+            except IdentityError:
+                continue  # not an ed25519 peer id: it cannot hold a seat
+        if fresh or any(key not in self._declared for key in keys.values()):
+            with self._lock:
+                periods = self.client.memberships(run_id)
+            # Events in chain order: a key's latest period wins (its account left, withdrew and joined again).
+            self._declared = {m.node_key: m.platform for m in periods}
+        return {peer: self._declared[key] for peer, key in keys.items() if key in self._declared}
+
+    def seat_of(self, period: Membership) -> Seat:
+        """A period from :meth:`seat` as placement reads it (node.live.peers.topology.Seat): its index is the
+        number of the run's periods that began before it, which later joins never change."""
+        return Seat(period.joined, bisect.bisect_left(self._joins, period.joined), period.ended is None)
+
+    def held_seat(self, run_id: int, address: str) -> bool:
+        """Whether ``address`` holds or held a seat of the run (a member that left may still decide an
+        accusation opened before it left; membership events, cached like :meth:`seat`)."""
+        if self._placed.get(address.lower()) is None and self._may_refresh(address):
+            self._refresh_seats(run_id)
+        return self._placed.get(address.lower()) is not None
+
+    def is_member(self, run_id: int, address: str) -> bool:
+        """Whether ``address`` holds a signing seat of the run (membership events; cached like :meth:`seat`)."""
+        if self._lookup(address) is None and self._may_refresh(address):
+            self._refresh_seats(run_id)
+        return self._lookup(address) is not None
+
+    def _may_refresh(self, address: str) -> bool:
+        """Re-read the seats for an account not seen yet at once, then at most every SEATS_REFRESH_S per
+        account, and never more than SEATS_READS_PER_S times a second overall (hellos of outsiders)."""
+        now = time.monotonic()
+        last = self._unknown_checked.get(address.lower())
+        if last is not None and now - last < SEATS_REFRESH_S:
+            return False
+        if now - self._seats_read < 1.0 / SEATS_READS_PER_S:
+            return False
+        if len(self._unknown_checked) > 4096:
+            self._unknown_checked.clear()
+        self._unknown_checked[address.lower()] = now
+        return True
+
+    def _lookup(self, address: str) -> Membership | None:
+        return self._seats.get(address.lower())
+
+    def _refresh_seats(self, run_id: int) -> None:
+        # Called from the gossip thread, which must never stall on an RPC outage: not while the
+        # endpoint is known down, nor behind the committer's call while that one retries (up to
+        # ledger.retry_seconds). A skipped refresh is tried again on the account's next message.
+        if OUTAGE.down_since is not None:
+            logger.debug("membership read skipped: the chain RPC is unreachable")
+            return
+        if not self._lock.acquire(timeout=SEATS_LOCK_WAIT_S):
+            logger.debug("membership read skipped: the chain connection is busy (an RPC outage?)")
+            return
+        try:
+            periods = self.client.memberships(run_id)
+        except LedgerError as exc:
+            logger.debug("membership read failed: %s", exc)
+            return
+        finally:
+            self._lock.release()
+        self._seats = {m.account.lower(): m for m in periods if m.ended is None}
+        self._placed = {m.account.lower(): m for m in periods}  # events in chain order: the latest period wins
+        self._joins = sorted(m.joined for m in periods)
+        self._seats_read = time.monotonic()
+
+    def signer_of(self, record: RoundRecord, signature: bytes) -> str:
+        """The account whose EIP-712 signature over ``record`` this is (raises LedgerError if malformed)."""
+        return recover_signer(record, signature, self.client.chain_id, self.client.ledger_address)
+
+    def sign_record(self, record: RoundRecord) -> bytes:
+        return self.client.sign_record(record)
+
+    def last_round(self, run_id: int) -> int:
+        with self._lock:
+            last = self.client.last_round(run_id)
+        return -1 if last is None else last
+
+    def head_of(self, run_id: int) -> bytes:
+        with self._lock:
+            return self.client.head_of(run_id)
+
+    def commit_of(self, run_id: int, round_index: int) -> RoundRecord | None:
+        with self._lock:
+            return self.client.commit_of(run_id, round_index)
+
+    def attesters_of(self, run_id: int, round_index: int) -> tuple[str, ...] | None:
+        """The attesters the round's commit credited (RoundCommitted), or None if it is not committed."""
+        with self._lock:
+            committed = self.client.commit_record(run_id, round_index)
+        return None if committed is None else committed.attesters
+
+    def attest(self, record: RoundRecord, signature: bytes) -> str:
+        """Put this member's own signature over committed ``record`` on chain (it was left out of the commit)."""
+        with self._lock:
+            return self.client.attest(record, signature)
+
+    def is_counted(self, run_id: int, address: str) -> bool:
+        """Whether ``address``'s signature counts toward the run's quorum now (cached COUNTED_TTL_S)."""
+        key = address.lower()
+        now = time.monotonic()
+        cached = self._counted.get(key)
+        if cached is not None and now - cached[1] < COUNTED_TTL_S:
+            return cached[0]
+        with self._lock:
+            seat = self.client.member(run_id, address)
+        counted = seat is not None and seat.counted
+        if len(self._counted) > 4096:
+            self._counted.clear()
+        self._counted[key] = (counted, now)
+        return counted
+
+    def commit_record(self, run_id: int, round_index: int) -> CommitRecord | None:
+        """The round's RoundCommitted event (its record and block), or None if it is not committed."""
+        with self._lock:
+            return self.client.commit_record(run_id, round_index)
+
+    def block_number(self) -> int:
+        """The chain's head block (ChainUnavailable once an RPC outage outlasts the retries)."""
+        with self._lock:
+            return self.client.head_block()
+
+    def final_commit_of(self, run_id: int, round_index: int) -> RoundRecord | None:
+        """The round's committed record once its block is ``confirmations`` deep on the canonical chain; None
+        before (or once a reorg dropped it): a node confirms a round, whoever committed it, only then."""
+        with self._lock:
+            committed = self.client.commit_record(run_id, round_index)
+            if committed is None or self.confirmations <= 1:
+                return committed.commit if committed is not None else None
+            head = self.client.head_block()
+        return committed.commit if head - committed.block_number + 1 >= self.confirmations else None
+
+    def latest_checkpoint(self, run_id: int) -> CheckpointRecord | None:
+        with self._lock:
+            return self.client.latest_checkpoint(run_id)
+
+    def checkpoints(self, run_id: int) -> list[CheckpointRecord]:
+        """Every checkpoint the run's committed records publish, oldest first."""
+        with self._lock:
+            history = self.client.history(run_id, with_registrations=False)
+        return list(history.checkpoints)
+
+    def disputed_rounds(self, run_id: int, exclude: str = "") -> set[int]:
+        """The committed rounds of ``run_id`` that a member (other than ``exclude``) disputed on chain."""
+        with self._lock:
+            history = self.client.history(run_id, with_registrations=False)
+        return {d.round for d in history.disputes if d.disputer.lower() != exclude.lower()}
+
+    def commit_round(self, record: RoundRecord, signatures: list[bytes]) -> str:
+        with self._lock:
+            return self.client.commit_round(record, signatures)
+
+    def dispute(self, record: RoundRecord, signature: bytes) -> str:
+        with self._lock:
+            return self.client.dispute(record, signature)
+
+    def report_equivocation(self, record_a: RoundRecord, signature_a: bytes, record_b: RoundRecord,
+                            signature_b: bytes) -> str:
+        with self._lock:
+            return self.client.report_equivocation(record_a, signature_a, record_b, signature_b)
+
+    # -- fraud proofs (docs/FRAUD_PROOF.md; node/live/fraud/prover.py) -------------------------
+    def prove_wrong_aggregation(self, proof, attesters=None) -> dict:
+        with self._lock:
+            return self.client.prove_wrong_aggregation(proof, attesters)
+
+    def prove_wrong_norm(self, proof, attesters=None) -> dict:
+        with self._lock:
+            return self.client.prove_wrong_norm(proof, attesters)
+
+    def challenge_availability(self, target: tuple) -> bytes:
+        with self._lock:
+            return self.client.challenge_availability(target)
+
+    def expire_challenge(self, challenge_id: bytes, attesters=None) -> dict:
+        with self._lock:
+            return self.client.expire_challenge(challenge_id, attesters)
+
+    def challenge_of(self, challenge_id: bytes) -> dict:
+        with self._lock:
+            return self.client.challenge_of(challenge_id)
+
+    def availability_answer(self, challenge_id: bytes) -> tuple[bytes, list[bytes] | None] | None:
+        with self._lock:
+            return self.client.availability_answer(challenge_id)
+
+    def availability_challenges(self, run_id: int, from_block: int) -> tuple[list[dict], int]:
+        """(the availability challenges of ``run_id`` opened in [from_block, head], head)."""
+        with self._lock:
+            head = self.client.head_block()
+            return self.client.availability_challenges(run_id, from_block) if from_block <= head else [], head
+
+    def answer_challenge(self, challenge_id: bytes, leaf: bytes, path: list[bytes]) -> dict:
+        with self._lock:
+            return self.client.answer_challenge(challenge_id, leaf, path)
+
+    def invalid_from(self, run_id: int) -> int | None:
+        """The first round of ``run_id`` a verdict or a fraud proof overturned, or None."""
+        with self._lock:
+            return self.client.invalid_from(run_id)
+
+    # -- accusations (re-execution spot checks, docs/PROTOCOL.md "Spot checks") -----------
+    def sign_verdict(self, verdict: Verdict) -> bytes:
+        return self.client.sign_verdict(verdict)
+
+    def verdict_signer(self, verdict: Verdict, signature: bytes) -> str:
+        """The account whose EIP-712 signature over ``verdict`` this is (raises LedgerError if malformed)."""
+        return recover_verdict_signer(verdict, signature, self.client.chain_id, self.client.ledger_address)
+
+    def accuse(self, run_id: int, accused: str, evidence_hash: bytes) -> str:
+        with self._lock:
+            return self.client.accuse(run_id, accused, evidence_hash)
+
+    def resolve_accusation(self, verdict: Verdict, signatures: list[bytes]) -> str:
+        with self._lock:
+            return self.client.resolve_accusation(verdict, signatures)
+
+    def accusation_status(self, run_id: int, accused: str, evidence_hash: bytes) -> str:
+        with self._lock:
+            return self.client.accusation_status(run_id, accused, evidence_hash)
+
+    def accusation(self, run_id: int, accused: str, evidence_hash: bytes) -> AccusationState | None:
+        with self._lock:
+            return self.client.accusation(run_id, accused, evidence_hash)
+
+    def accusations(self, run_id: int, from_block: int | None = None) -> list[AccusationRecord]:
+        """The run's accusations opened from ``from_block`` on (AccusationOpened events), with their outcome."""
+        with self._lock:
+            return self.client.accusations(run_id, from_block)
+
+    def forget_seats(self, run_id: int) -> None:
+        """Re-read the run's seats now (a member was slashed: it must stop counting at once)."""
+        self._refresh_seats(run_id)

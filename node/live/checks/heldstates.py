@@ -1,0 +1,114 @@
+"""Start states a verifying node holds: its own it serves, others' it fetches, and those it keeps.
+
+Split from :mod:`node.live.checks.verifier` (the spot checker owns one :class:`HeldStates`). A node serves its
+start-state parts as blobs for as long as its archive keeps the round (an audit's ``--reexecute`` needs
+both); it fetches a claimant's parts from their signer for one check and drops the copy afterwards; it
+keeps the parts a failed check used under ``evidence/`` (the audit reads them there), and holds those of
+an exact rerun of round t until round t+1's chain check (``linkable/``: the other half of its evidence).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from pathlib import Path
+
+from node.fsutil import atomic_write_bytes, keep_evidence, serve_when_space
+from p2p.envelope import Envelope
+from p2p.errors import P2PError
+
+logger = logging.getLogger(__name__)
+
+#: Rounds of start states a node keeps serving (a verifier checks round t once it is on chain).
+STATE_ROUNDS_KEPT = 8
+#: How long a node waits for the claimant's start state before giving the check up.
+STATE_FETCH_TIMEOUT_S = 60.0
+
+
+class HeldStates:
+    """The start states of one node's spot checks (module docstring)."""
+
+    def __init__(self, host, work_dir: Path, evidence_dir: Path, num_stages: int, stop: threading.Event) -> None:
+        self.host = host  # P2PHost
+        self.stop = stop  # the node's: a serve paused by a full disk gives up when it is set
+        self.evidence_dir = evidence_dir
+        self.num_stages = num_stages
+        self._linkable_dir = work_dir / "linkable"
+        self._served: dict[int, list[str]] = {}  # round -> blob hashes of this node's start states
+
+    def serve(self, outer_round: int, parts: dict[int, bytes], keep_rounds: int) -> dict[int, bytes]:
+        """Serve this node's start-state parts of ``outer_round``; stage -> state hash (what the envelope binds).
+        ``keep_rounds``: ``storage.keep_rounds`` (0 keeps every round's)."""
+        hashes = {}
+        for stage, data in parts.items():
+            digest = serve_when_space(self.host, data, what=f"round {outer_round}'s start state of stage {stage}",
+                                      stop=self.stop)
+            self._served.setdefault(outer_round, []).append(digest)
+            hashes[stage] = bytes.fromhex(digest)
+        # Kept as long as the archive keeps the round's contributions: an audit's --reexecute needs
+        # both (storage.keep_rounds = 0 keeps everything, so nothing is dropped then).
+        if keep_rounds > 0:
+            for old in [r for r in self._served if r < outer_round - max(keep_rounds, STATE_ROUNDS_KEPT)]:
+                for digest in self._served.pop(old):
+                    self.host.remove_blob(digest)
+        return hashes
+
+    def fetch(self, envs: list[Envelope], state_hashes: list[bytes], job_dir: Path) -> list[bytes]:
+        """The start-state part each envelope binds, fetched from its signer (stage order)."""
+        parts = []
+        for env, state_hash in zip(envs, state_hashes):
+            dest = job_dir / f"fetch-{env.stage}.part"
+            self.host.fetch_blob(state_hash.hex(), dest, providers=[env.sender_peer_id], timeout=STATE_FETCH_TIMEOUT_S)
+            parts.append(dest.read_bytes())
+        return parts
+
+    def drop_fetched(self, hashes: list[bytes]) -> None:
+        """Remove other replicas' start states from the blob store once checked (a fetch keeps a copy there;
+        1000 rounds of spot checks grew it by 75 MB). Never this node's own, which it serves."""
+        own = {digest for digests in list(self._served.values()) for digest in list(digests)}  # training thread adds
+        for state_hash in hashes:
+            if state_hash.hex() not in own:
+                try:
+                    self.host.remove_blob(state_hash.hex())
+                except (P2PError, OSError) as exc:
+                    logger.debug("fetched start state %s not removed: %s", state_hash.hex()[:16], exc)
+
+    def keep_evidence(self, parts: list[bytes]) -> None:
+        """Keep start-state parts under ``evidence/state-<sha256>.part`` (the audit reads them there)."""
+        for data in parts:
+            keep_evidence(self.evidence_dir / f"state-{hashlib.sha256(data).hexdigest()}.part", data)
+
+    def _linkable_path(self, outer_round: int, replica: int, stage: int) -> Path:
+        return self._linkable_dir / f"round-{outer_round:08d}-replica{replica}-{stage}.part"
+
+    def hold_linkable(self, outer_round: int, replica: int, parts: list[bytes]) -> None:
+        """Hold the start state of an exact rerun of round t until round t+1's chain check: if the
+        replica's round t+1 state does not follow, this is the other half of the evidence."""
+        try:
+            for stage, data in enumerate(parts):
+                atomic_write_bytes(self._linkable_path(outer_round, replica, stage), data)
+        except OSError as exc:
+            logger.warning("start state of replica %d round %d not held for its chain check: %s", replica,
+                           outer_round, exc)
+
+    def linkable(self, outer_round: int, replica: int) -> list[bytes]:
+        """The held start state of (round, replica), every stage's part ([] if it was not held)."""
+        parts = []
+        for stage in range(self.num_stages):
+            try:
+                parts.append(self._linkable_path(outer_round, replica, stage).read_bytes())
+            except OSError:
+                logger.warning("start state of replica %d round %d was not held: the evidence lacks it", replica,
+                               outer_round)
+                return []
+        return parts
+
+    def forget_linkable(self, before: int) -> None:
+        """Drop held start states of rounds before ``before`` (their chain checks are done or skipped)."""
+        for path in self._linkable_dir.glob("round-*.part"):
+            try:
+                if int(path.name[len("round-"):len("round-") + 8]) < before:
+                    path.unlink()
+            except (ValueError, OSError):
+                continue

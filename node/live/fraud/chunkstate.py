@@ -1,0 +1,342 @@
+"""A chunked run's stage states (diloco.commitments = "chunked", issue 43; docs/FRAUD_PROOF.md).
+
+In a chunked run the record's weights root is version 2: the Merkle root over one stage leaf per stage
+(ledger.chunkproof), each the roots of the stage's weights and outer momentum cut into chunks and the hash
+of the round's factors. After a round's outer step the finisher hands this node's new state of each held
+stage to :meth:`ChunkedStates.record`, which
+
+- derives the :class:`ledger.chunkproof.StageState` (the chunk leaves, the factors, every accepted
+  contribution's payload pieces: node.fraudproof.stage_state_of) and keeps it a few rounds, for the
+  attestation (its stage leaf) and for a fraud proof of a later round (node/live/fraud/prover.py);
+- publishes the state: the stage's weights and momentum, as a stage shard, served to any peer under the
+  alias ``sha256(stage leaf)``. A prover that derived another leaf than the committed one fetches the
+  committed state from an attester of that leaf (:meth:`ChunkedStates.committed_state`) and checks it
+  against the leaf's roots before opening any chunk of it: what a prover cannot derive itself (the
+  committers' wrong weights) the committers publish. The payload pieces are not published: every holder
+  derives them from the contributions it aggregated, and the committed factors name their roots.
+- in a version-3 run (``diloco.commitments = "normed"``), also publishes the factors and each accepted
+  contribution's per-chunk sums of squares (ledger.normproof.encode_norm_state) under ``norms_key(stage leaf)``:
+  a prover whose own factors differ from the committed ones opens them (:meth:`ChunkedStates.committed_norms`)
+  to prove a wrong clip scale or sum (node.fraudproof.norm_proof_of_difference).
+
+Only the last ``PUBLISHED_ROUNDS`` rounds' states (what the attestation and the prover read) stay in memory;
+an older state whose dispute window is still open is written to ``spill_dir`` and read back only when a
+challenge asks for it. A state holds its stage's weights and momentum chunked and every accepted
+contribution's payload pieces (about 1.4 MiB a round for a one-node replica of the soak's `tiny`): held in
+memory for the whole window (64 blocks: 20-25 rounds on the soak's anvil, where a round took 2.5-3.2 blocks)
+they were the largest growth tracemalloc found in a soak's nodes (docs/P2P.md, "What the soak found").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import pickle
+import secrets
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from ledger.chunkproof import StageLeaf, StageState, tree_root
+from ledger.errors import LedgerError, LedgerInputError
+from ledger.normproof import SUM_BYTES, encode_norm_state, parse_norm_state
+from node.config import NodeConfig
+from node.errors import DLX_ERRORS
+from node.fraudproof import parse_stage_leaf, stage_state_of
+from node.fsutil import atomic_write_bytes, is_disk_full, report_disk_full
+from node.store.checkpoint import Checkpoint, RunLayout, parse_checkpoint, stage_problems
+from p2p.host import P2PHost
+from training.chunks import tensor_leaves
+from training.robust import ContributionReport
+
+logger = logging.getLogger(__name__)
+
+#: Rounds of published state kept behind the oldest round the committer has not handled yet, at least; a round
+#: whose availability can still be challenged on chain is kept beyond (:class:`DisputeWindow`).
+PUBLISHED_ROUNDS = 4
+#: The directory under the node's data directory where states older than PUBLISHED_ROUNDS wait for their window.
+CHUNK_STATES_DIR = "chunk-states"
+#: A committed state fetched from an attester is refused above this many bytes (the stage's float32 weights
+#: and momentum, with the safetensors header: generously).
+STATE_SLACK_BYTES = 1 << 20
+
+
+def state_key(stage_leaf: bytes) -> str:
+    """The alias a stage's published state is served under: ``sha256(stage leaf)`` (hex)."""
+    return hashlib.sha256(stage_leaf).hexdigest()
+
+
+def norms_key(stage_leaf: bytes) -> str:
+    """The alias a version-3 stage's norm commitment is served under (its factors and sum trees)."""
+    return hashlib.sha256(b"dlx-node/norms/v1" + stage_leaf).hexdigest()
+
+
+def attested_leaf(att, stage: int) -> bytes | None:
+    """The stage leaf an attestation of a chunked run carries, or None if it carries none that parses (such an
+    attestation counts for nothing: a peer's bad leaf never reaches a record)."""
+    if not att.stage_leaf:
+        return None
+    try:
+        parse_stage_leaf(att.stage_leaf, stage)
+    except LedgerInputError:
+        return None
+    return att.stage_leaf
+
+
+class DisputeWindow:
+    """Whether a round of the run can still be challenged on chain (``challengeAvailability`` is open until the
+    round's dispute window closes: ``disputeBlocks`` after its commit). Until then a node keeps its state of the
+    round, or a late challenge of a right round would go unanswered and overturn it, slashing honest attesters
+    (docs/FRAUD_PROOF.md, "The node"). A round not committed yet, or one the chain could not be asked about, is
+    open: keeping a state longer costs memory, dropping it early can cost a right round."""
+
+    def __init__(self, chain, run_id: int) -> None:
+        self.chain = chain
+        self.run_id = run_id
+        self._committed_at: dict[int, int] = {}  # round -> its commit's block
+
+    def open(self, outer_round: int) -> bool:
+        try:
+            block = self._committed_at.get(outer_round)
+            if block is None:
+                committed = self.chain.commit_record(self.run_id, outer_round)
+                if committed is None:
+                    return True
+                block = self._committed_at[outer_round] = committed.block_number
+            head = self.chain.block_number()
+            return head <= block + self.chain.run_info(self.run_id).dispute_blocks
+        except (*DLX_ERRORS, LedgerError) as exc:
+            logger.debug("round %d: dispute window not read (its state is kept): %s", outer_round, exc)
+            return True
+
+    def forget(self, outer_round: int) -> None:
+        self._committed_at.pop(outer_round, None)
+
+
+class ChunkedStates:
+    """This node's stage states of recent rounds in a chunked run, and their publication (module docstring)."""
+
+    def __init__(self, *, cfg: NodeConfig, host: P2PHost, layout: RunLayout, config_hash: bytes,
+                 window: DisputeWindow | None = None, spill_dir: Path | None = None) -> None:
+        self.cfg = cfg
+        self.window = window  # None: rounds are kept PUBLISHED_ROUNDS only (tests without a chain)
+        self.host = host
+        self.layout = layout
+        self.config_hash = config_hash
+        self.spill_dir = spill_dir  # None: every kept state stays in memory
+        self._lock = threading.Lock()
+        self._states: dict[int, dict[int, StageState]] = {}  # round -> stage -> state
+        self._spilled: dict[int, set[int]] = {}  # round -> stages whose state is in spill_dir, not in memory
+        self._served: dict[int, list[str]] = {}  # round -> blobs published
+        if spill_dir is not None:  # an earlier life's states: not this life's (it re-derives what it attests)
+            spill_dir.mkdir(parents=True, exist_ok=True)
+            for leftover in spill_dir.glob("*.state"):
+                leftover.unlink(missing_ok=True)
+
+    def record(self, outer_round: int, stage: int, weights: dict, momentum: dict,
+               reports: Sequence[ContributionReport], payloads: Sequence[bytes], envelopes: Sequence[bytes]) -> bytes:
+        """Derive, keep and publish this node's state of ``stage`` after ``outer_round``; its stage leaf (bytes).
+
+        ``payloads``: the closed contributions' codec blobs, ``envelopes``: their envelope digests (the
+        contributions root's leaves), both in the close's order; ``reports``: the aggregation's, one each.
+        """
+        state = stage_state_of(stage, weights, momentum, reports, payloads, self.cfg.diloco, outer_round,
+                               envelopes=envelopes,
+                               decode_args={"stage_index": stage, "outer_round": outer_round,
+                                            "refuse_raw": self.cfg.compression.enabled})
+        leaf = state.leaf().encode()
+        with self._lock:
+            self._states.setdefault(outer_round, {})[stage] = state
+        self.publish(outer_round, stage, leaf, weights, momentum)
+        if state.factors.norms is not None:
+            self.publish_norms(outer_round, stage, leaf, state)
+        return leaf
+
+    def publish_norms(self, outer_round: int, stage: int, leaf: bytes, state: StageState) -> None:
+        """Serve a version-3 stage's factors and sum trees under ``norms_key(leaf)`` (module docstring)."""
+        try:
+            digest = self.host.provide_blob(encode_norm_state(state.factors.encode(), state.sum_trees),
+                                            announce=False)
+            self.host.provide_alias(norms_key(leaf), digest)
+        except DLX_ERRORS as exc:
+            logger.warning("round %d stage %d: norm commitment not published: %s", outer_round, stage, exc)
+            return
+        with self._lock:
+            self._served.setdefault(outer_round, []).append(digest)
+
+    def publish(self, outer_round: int, stage: int, leaf: bytes, weights: dict, momentum: dict) -> None:
+        """Serve the stage's state (a stage shard) under ``state_key(leaf)`` (module docstring)."""
+        shard = Checkpoint(self.layout.run_id, outer_round, dict(self.layout.model_config), self.config_hash, {},
+                           weights, momentum)
+        try:
+            digest = self.host.provide_blob(shard.to_bytes(), announce=False)
+            self.host.provide_alias(state_key(leaf), digest)
+        except DLX_ERRORS as exc:
+            logger.warning("round %d stage %d: state not published (a prover will challenge it): %s",
+                           outer_round, stage, exc)
+            return
+        with self._lock:
+            self._served.setdefault(outer_round, []).append(digest)
+
+    def state(self, outer_round: int, stage: int) -> StageState | None:
+        """This node's state of ``stage`` after ``outer_round``, if still held (in memory, or spilled)."""
+        with self._lock:
+            held = self._states.get(outer_round, {}).get(stage)
+            spilled = stage in self._spilled.get(outer_round, ())
+        if held is not None or not spilled:
+            return held
+        path = self._spill_path(outer_round, stage)
+        try:
+            return _decode_state(path.read_bytes())
+        except FileNotFoundError:  # dropped meanwhile: its window closed
+            return None
+        except (OSError, SpilledStateError) as exc:  # the state is lost: answer as for a state not held
+            logger.warning("spilled state of round %d stage %d unreadable (%s): not served", outer_round, stage, exc)
+            return None
+
+    def in_memory(self) -> list[int]:
+        """The rounds whose states are held in memory (not spilled)."""
+        with self._lock:
+            return sorted(self._states)
+
+    def replace(self, outer_round: int, stage: int, state: StageState) -> None:
+        """Hold ``state`` as this node's state of the round (a re-base on the record took it)."""
+        with self._lock:
+            self._states.setdefault(outer_round, {})[stage] = state
+            self._spilled.get(outer_round, set()).discard(stage)
+
+    def _spill_path(self, outer_round: int, stage: int) -> Path:
+        assert self.spill_dir is not None
+        return self.spill_dir / f"round-{outer_round:08d}-stage-{stage}.state"
+
+    def _spill(self, rounds: list[int]) -> None:
+        """Move the states of ``rounds`` from memory to ``spill_dir`` (each file written before the memory
+        copy goes, so a reader finds one or the other)."""
+        for outer_round in rounds:
+            with self._lock:
+                states = dict(self._states.get(outer_round, {}))
+            for stage, state in states.items():
+                atomic_write_bytes(self._spill_path(outer_round, stage), _encode_state(state), durable=False)
+            with self._lock:
+                held = self._states.get(outer_round, {})
+                for stage, state in states.items():
+                    if held.get(stage) is state:  # not replaced meanwhile
+                        del held[stage]
+                        self._spilled.setdefault(outer_round, set()).add(stage)
+                if not held:
+                    self._states.pop(outer_round, None)
+
+    def forget_before(self, outer_round: int) -> None:
+        """Drop (and stop serving) the states of rounds before ``outer_round - PUBLISHED_ROUNDS`` whose dispute
+        window has closed (:class:`DisputeWindow`)."""
+        with self._lock:
+            candidates = sorted({*self._states, *self._spilled, *self._served})
+        old = [r for r in candidates if r < outer_round - PUBLISHED_ROUNDS]
+        done = [r for r in old if self.window is None or not self.window.open(r)]
+        with self._lock:
+            spilled = {r: self._spilled.pop(r, set()) for r in done}
+            for r in done:
+                self._states.pop(r, None)
+            blobs = [d for r in done for d in self._served.pop(r, [])]
+        for r in done:
+            if self.window is not None:
+                self.window.forget(r)
+            for stage in spilled[r]:
+                self._spill_path(r, stage).unlink(missing_ok=True)
+        if self.spill_dir is not None:
+            try:
+                self._spill([r for r in old if r not in done])
+            except OSError as exc:  # a full disk: the states stay in memory, as without a spill directory
+                if is_disk_full(exc):
+                    report_disk_full(exc, "chunked states kept in memory, not spilled (tried again next round)",
+                                     kind="chunk spill")
+                else:
+                    logger.warning("chunked states not spilled to %s (kept in memory): %s", self.spill_dir, exc)
+        for digest in blobs:
+            try:
+                self.host.remove_blob(digest)
+            except DLX_ERRORS as exc:
+                logger.debug("published state %s not removed: %s", digest[:12], exc)
+
+    def committed_state(self, outer_round: int, stage: int, leaf: StageLeaf,
+                        providers: Sequence[str]) -> tuple[list[bytes], list[bytes]] | None:
+        """``(weight leaves, momentum leaves)`` of the state published under ``leaf`` by one of ``providers``
+        (the attesters of that leaf), checked against the leaf's roots; None if none served it.
+
+        A state that does not parse, is not the run's stage, or whose chunk roots are not the leaf's is
+        refused (logged), and the next provider asked.
+        """
+        key = state_key(leaf.encode())
+        shapes = self.layout.stage_shapes[stage]
+        numel = sum(max(1, _numel(shape)) for shape in shapes.values())
+        limit = 8 * numel + STATE_SLACK_BYTES
+        for peer in providers:
+            try:
+                data = self.host.fetch_alias(key, peer, limit, timeout=min(60.0, self.cfg.round_timeout))
+                shard = parse_checkpoint(data)
+            except (*DLX_ERRORS, ValueError) as exc:  # ValueError: not a peer id
+                logger.info("round %d stage %d: committed state not had from %s: %s", outer_round, stage,
+                            peer[-8:], exc)
+                continue
+            problems = stage_problems(self.layout, stage, shard.weights, shard.momentum, None)
+            if problems:
+                logger.warning("round %d stage %d: the state %s served is not the stage's: %s", outer_round, stage,
+                               peer[-8:], "; ".join(problems))
+                continue
+            weights, momentum = tensor_leaves(shard.weights), tensor_leaves(shard.momentum)
+            if (len(weights), tree_root(weights), tree_root(momentum)) != (leaf.num_chunks, leaf.weights_root,
+                                                                            leaf.momentum_root):
+                logger.warning("round %d stage %d: the state %s served is not the committed leaf's", outer_round,
+                               stage, peer[-8:])
+                continue
+            return weights, momentum
+        return None
+
+
+    def committed_norms(self, outer_round: int, stage: int, leaf: StageLeaf, providers: Sequence[str]):
+        """``(factors, sum trees)`` served under ``leaf`` by one of ``providers`` (its attesters), checked against
+        the leaf (ledger.normproof.parse_norm_state); None if none served it."""
+        limit = (self.cfg.diloco.num_replicas + 1) * (4 + SUM_BYTES * leaf.num_chunks + 200) + STATE_SLACK_BYTES
+        for peer in providers:
+            try:
+                data = self.host.fetch_alias(norms_key(leaf.encode()), peer, limit,
+                                             timeout=min(60.0, self.cfg.round_timeout))
+                return parse_norm_state(data, leaf.factors_hash, leaf.num_chunks)
+            except (*DLX_ERRORS, ValueError) as exc:  # ValueError: not a peer id
+                logger.info("round %d stage %d: committed norms not had from %s: %s", outer_round, stage,
+                            peer[-8:], exc)
+        return None
+
+
+#: The key of this process's spilled states: a file is unpickled only if this process wrote it (a file someone
+#: else wrote or changed in the data directory, or one of an earlier life, is refused before it is read).
+_SPILL_KEY = secrets.token_bytes(32)
+_TAG_BYTES = 32
+
+
+class SpilledStateError(ValueError):
+    """A spilled state file that this process did not write as it is (changed, truncated, an earlier life's)."""
+
+
+def _encode_state(state: StageState) -> bytes:
+    # pickle: this node's own file, read back only by this process, and only once the tag below shows this
+    # process wrote it (never a peer's bytes); every field of the dataclass survives (a version-3 state's sum
+    # trees and norm factors too).
+    body = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    return hmac.new(_SPILL_KEY, body, hashlib.sha256).digest() + body
+
+
+def _decode_state(data: bytes) -> StageState:
+    """A state :func:`_encode_state` of this process wrote; raises :class:`SpilledStateError` for anything else."""
+    tag, body = data[:_TAG_BYTES], data[_TAG_BYTES:]
+    if len(tag) != _TAG_BYTES or not hmac.compare_digest(tag, hmac.new(_SPILL_KEY, body, hashlib.sha256).digest()):
+        raise SpilledStateError("spilled state was not written by this process as it is (changed or truncated)")
+    return pickle.loads(body)
+
+
+def _numel(shape) -> int:
+    count = 1
+    for dim in shape:
+        count *= int(dim)
+    return count

@@ -1,0 +1,569 @@
+"""Every node checks each committed round of a chunked run and proves a wrong one on chain itself (issue 43).
+
+The committer hands each round it read back from the chain to :meth:`FraudProver.check`. In a chunked run
+(docs/FRAUD_PROOF.md) the record's weights root is the Merkle root over one stage leaf per stage; where the
+committed root is not the one this node derived from the same contributions, for each stage it holds whose
+committed leaf differs from its own, the node
+
+1. takes the committed stage leaves from the attestations it heard (the combination whose root is the
+   record's), and round t - 1's the same way (it must hold its own state of t - 1 equal to the committed
+   one: a proof recomputes chunk i of round t from round t - 1's committed chunk);
+2. fetches the committed state from an attester of the committed leaf (node/live/fraud/chunkstate.py: the state
+   served under the leaf, checked against the leaf's roots), finds the first chunk that differs from its
+   own and sends ``proveWrongAggregation`` (node.fraudproof.proof_of_difference): any account may, no stake
+   needed. The chain then invalidates the round and every later one, slashes every attester and pays
+   this node half of the slash;
+3. if no attester serves the committed state (withheld), challenges the committers on chain to publish its
+   first chunk of the tree that differs (``challengeAvailability``, the run's bond) and, once the answer window
+   has passed unanswered, settles the challenge (``expireChallenge``): the round is then invalidated the same
+   way. If they answer, the answer's leaf and path (read from its transaction) say which subtree of the
+   committed tree differs from this node's: it challenges the first leaf of that subtree next (a bisection,
+   :class:`Walk`), until a published leaf differs, then opens that chunk's other tree where its root differs
+   too, and proves the chunk from the published leaves as in 2. If no
+   attested stage leaves give the committed root at all (a back door: a root with nothing behind it), it
+   challenges them to publish a stage leaf itself (``STAGE_LEAF``), which nobody can answer for a back door.
+   Right rounds' challenges are answered by every node (node/live/fraud/answerer.py).
+
+In a version-3 run (``diloco.commitments = "normed"``) committed factors other than its own are opened from an
+attester of the leaf (the factors and sum trees it serves), or, when none serves them, from an availability
+challenge of the factors (``FACTORS``: the committers publish them on chain or lose the round), and a wrong clip
+scale or sum of squares, or factors of another version than the run's (``RunParams.commitments``), is proven
+with ``proveWrongNorm`` (docs/FRAUD_PROOF.md, "The clip scales", "The run's version"). Where the committed sum
+trees are withheld too, a contribution whose committed tree or total is not this node's is walked leaf by leaf
+(:class:`SumWalk`): each answered sum-tree leaf's path (its siblings' hashes and sums) says which subtree holds a
+lied sum, or its total already differs from the committed one; the lied leaf, once opened, with the round's
+committed weights leaf of that chunk (this node's own where the weights root is, else fetched or challenged too),
+is a sum proof.
+
+What it cannot prove it says in the log and leaves to the dispute (node/live/chain/forkrepair.py): a round whose
+contributions root differs (another set of contributions), committed factors other than its own in a version-2
+run (another clip scale or set left out: docs/FRAUD_PROOF.md, "Known gaps"), or in a version-3 run when the
+scales follow from right sums and only the set left out differs, round 0 (no committed round before it), a
+round whose previous state this node no longer holds. Nothing here raises out of :meth:`check`: a bad or
+missing input costs only the proof.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ledger.chunkproof import (FACTORS, MOMENTUM, WEIGHTS, Factors, StageLeaf, StageState, availability_target,
+                               differing_subtree, opened_proof, stage_leaf_target, sums_which, tree_path)
+from ledger.errors import LedgerError, ProverChallengeNotDue, ProverChallengeSettled
+from ledger.normproof import SUM_BYTES, differing_sum_subtree, opened_sum_proof, path_total, scale_proof
+from ledger.records import RoundRecord
+from node.errors import DLX_ERRORS
+from node.fsutil import atomic_write_bytes
+from node.fraudproof import (norm_proof_of_difference, parse_stage_leaf, proof_of_difference, record_weights_root,
+                             wrong_sum_contribution)
+from node.live.fraud.chunkstate import ChunkedStates, attested_leaf
+from node.live.chain.onchain import NodeChain
+from node.live.round.roundbook import RoundBook
+
+logger = logging.getLogger(__name__)
+
+#: Combinations of attested stage leaves tried to find the committed ones (as node/live/chain/forkrepair.py).
+MAX_COMBINATIONS = 256
+#: Committed stage leaves remembered per round (round t's proof needs round t - 1's).
+ROUNDS_REMEMBERED = 8
+#: Where a node keeps the proofs it sent, under its data dir (``audit --archive`` reads them).
+PROOFS_DIR = "proofs"
+#: How often a pending availability challenge is tried for settlement.
+EXPIRE_EVERY_S = 5.0
+
+
+@dataclass
+class ProverLog:
+    """What the prover did, for the node's status and the tests: one line per action, by round."""
+
+    proofs: dict[int, str] = field(default_factory=dict)  # round -> tx hash or receipt of the proof sent
+    challenges: dict[int, bytes] = field(default_factory=dict)  # round -> challenge id
+    expired: dict[int, bytes] = field(default_factory=dict)  # round -> challenge id settled unanswered
+    unprovable: dict[int, str] = field(default_factory=dict)  # round -> why no proof applies
+
+
+@dataclass
+class Walk:
+    """A withheld committed state opened one leaf at a time through availability challenges (docs/FRAUD_PROOF.md,
+    "The data-availability challenge"): each answer's path says which subtree of the committed tree differs
+    from this node's (:func:`ledger.chunkproof.differing_subtree`), so a differing chunk is found in at most
+    ``log2(chunks)`` challenges; then the chunk's leaf of the other tree is opened too (or is this node's, where
+    that tree's committed root is), and the proof is built from the opened leaves."""
+
+    outer_round: int
+    stage: int
+    record: RoundRecord
+    prev_record: RoundRecord
+    prev_stages: list[StageLeaf]
+    stages: list[StageLeaf]
+    prev: StageState  # this node's state of round t - 1 (the committed one), held here for the proof
+    own: StageState
+    which: int = WEIGHTS  # the open challenge's tree and chunk
+    chunk: int = 0
+    opened: dict[int, tuple[int, bytes, list[bytes]]] = field(default_factory=dict)  # which -> (chunk, leaf, path)
+
+
+@dataclass
+class SumWalk:
+    """A withheld sum tree of a version-3 round opened one leaf at a time through availability challenges
+    (``which = 2 + M + j``): contribution ``contribution`` of the committed ``factors`` (this node's ``mine``),
+    whose committed tree or total is not this node's. Each answer's path carries its siblings' sums, so it shows
+    the committed tree's total (a total other than the factors' is proven at any chunk) and which subtree holds a
+    leaf other than this node's (:func:`ledger.normproof.differing_sum_subtree`): a lied leaf is found in at most
+    ``ceil(log2(chunks)) + 1`` challenges. Then, where the committed weights leaf of that chunk is not had (this node's own
+    where the weights root is, or the state an attester serves), it is challenged too (``WEIGHTS``)."""
+
+    outer_round: int
+    stage: int
+    record: RoundRecord
+    leaves: list[bytes]  # the round's committed stage leaves, encoded
+    factors: Factors  # the committed factors (published through a FACTORS challenge, or served)
+    own: StageState
+    contribution: int
+    mine: int
+    chunk: int = 0
+    opened: tuple[bytes, list[bytes]] | None = None  # the lied sum leaf found, with its sum path
+
+    @property
+    def which(self) -> int:
+        """The tree the next challenge names: the contribution's sum tree, then the weights."""
+        return sums_which(len(self.factors.envelopes), self.contribution) if self.opened is None else WEIGHTS
+
+
+class FraudProver:
+    """Checks committed rounds of a chunked run and proves wrong ones (module docstring)."""
+
+    def __init__(self, *, run_id: int, chain: NodeChain, book: RoundBook, states: ChunkedStates, stages,
+                 num_stages: int, stop: threading.Event, proofs_dir: Path | None = None) -> None:
+        self.run_id = run_id
+        self.chain = chain
+        self.book = book
+        self.states = states
+        self.stages = stages  # callable: the stages this node holds
+        self.num_stages = num_stages
+        self.stop = stop
+        self.proofs_dir = proofs_dir  # where each proof sent is kept (PROOFS_DIR of the node's data dir)
+        self.log = ProverLog()
+        self._committed: dict[int, list[bytes]] = {}  # round -> committed stage leaves
+        self._pending: dict[bytes, int] = {}  # challenge id -> round
+        self._walks: dict[bytes, Walk | SumWalk] = {}  # challenge id -> the walk it opens a leaf of
+        # challenge id of a stage's factors -> (stage, record, committed stage leaves, its leaf, this node's state)
+        self._factor_opens: dict[bytes, tuple] = {}
+        self._lock = threading.Lock()
+        # One settlement at a time (the expirer's thread, check() and a caller): a call returns after every
+        # challenge found settled has been followed, also one another thread took first.
+        self._settling = threading.RLock()
+        self._expirer: threading.Thread | None = None
+
+    # -- the committed leaves --------------------------------------------------------------
+    def committed_leaves(self, outer_round: int, record: RoundRecord) -> list[bytes] | None:
+        """The stage leaves whose root is ``record``'s weights root, among those attested here (None: none)."""
+        if outer_round in self._committed:
+            return self._committed[outer_round]
+        options = []
+        for stage in range(self.num_stages):
+            heard = self.book.snapshot_attestations(outer_round, stage).values()
+            options.append(sorted({leaf for att in heard if (leaf := attested_leaf(att, stage)) is not None}))
+        for combination in itertools.islice(itertools.product(*options), MAX_COMBINATIONS):
+            if record_weights_root([], list(combination)) == record.weights_root:
+                self._remember(outer_round, list(combination))
+                return list(combination)
+        return None
+
+    def _remember(self, outer_round: int, leaves: list[bytes]) -> None:
+        self._committed[outer_round] = leaves
+        for old in [r for r in self._committed if r < outer_round - ROUNDS_REMEMBERED]:
+            del self._committed[old]
+
+    def _attesters_of(self, outer_round: int, stage: int, leaf: bytes) -> list[str]:
+        return sorted(peer for peer, att in self.book.snapshot_attestations(outer_round, stage).items()
+                      if att.stage_leaf == leaf)
+
+    # -- one committed round ------------------------------------------------------------------
+    def check(self, outer_round: int, onchain: RoundRecord, mine: RoundRecord | None) -> None:
+        """Check committed round ``outer_round`` against this node's record ``mine``; prove it wrong if it is."""
+        try:
+            self._check(outer_round, onchain, mine)
+        except DLX_ERRORS as exc:
+            self._unprovable(outer_round, f"the proof failed: {type(exc).__name__}: {exc}")
+        self.settle_challenges()
+
+    def _check(self, outer_round: int, onchain: RoundRecord, mine: RoundRecord | None) -> None:
+        committed = self.committed_leaves(outer_round, onchain)
+        if mine is None or onchain.weights_root == mine.weights_root:
+            return
+        if onchain.contributions_root != mine.contributions_root:
+            self._unprovable(outer_round, "the committed contributions are not the ones this node aggregated "
+                                          "(a dispute's matter, not a chunk's)")
+            return
+        if committed is None:  # a back door, or leaves nobody attested to this node: make them show the leaves
+            self._unprovable(outer_round, "no attested stage leaves heard here give the committed weights root")
+            self._challenge_stage_leaf(outer_round, onchain)
+            return
+        invalid = self.chain.invalid_from(self.run_id)
+        if invalid is not None and invalid <= outer_round:
+            self._unprovable(outer_round, f"already invalid on chain: round {invalid} and every later one were "
+                                          "overturned")
+            return
+        if outer_round == 0:
+            self._unprovable(outer_round, "round 0 has no committed round before it to recompute from")
+            return
+        prev_record = self.chain.commit_of(self.run_id, outer_round - 1)
+        prev_leaves = self.committed_leaves(outer_round - 1, prev_record) if prev_record is not None else None
+        if prev_leaves is None:
+            self._unprovable(outer_round, f"round {outer_round - 1}'s committed stage leaves are not known here")
+            return
+        for stage in self.stages():
+            own = self.states.state(outer_round, stage)
+            if own is None or own.leaf().encode() == committed[stage]:
+                continue
+            prev = self.states.state(outer_round - 1, stage)
+            if prev is None or prev.leaf().encode() != prev_leaves[stage]:
+                self._unprovable(outer_round, f"stage {stage}: this node does not hold round {outer_round - 1}'s "
+                                              "committed state")
+                continue
+            if self._prove_stage(outer_round, stage, onchain, prev_record, prev_leaves, committed, prev, own):
+                return  # one proof invalidates the round (and every later one)
+
+    def _prove_stage(self, outer_round: int, stage: int, record: RoundRecord, prev_record: RoundRecord,
+                     prev_leaves: list[bytes], leaves: list[bytes], prev: StageState, own: StageState) -> bool:
+        leaf = parse_stage_leaf(leaves[stage], stage)
+        if leaf.factors_hash != own.factors.digest():
+            if own.factors.norms is not None:  # a version-3 run: the clip scales can be proven
+                return self._prove_norms(outer_round, stage, record, leaves, leaf, own)
+            self._unprovable(outer_round, f"stage {stage}: the committed factors are not this node's (a clip scale "
+                                          "or the set left out): not provable by a chunk")
+            return False
+        prev_stages = [parse_stage_leaf(v, s) for s, v in enumerate(prev_leaves)]
+        stages = [parse_stage_leaf(v, s) for s, v in enumerate(leaves)]
+        fetched = self.states.committed_state(outer_round, stage, leaf,
+                                              self._attesters_of(outer_round, stage, leaves[stage]))
+        if fetched is None:
+            own_leaf = own.leaf()
+            which = WEIGHTS if leaf.weights_root != own_leaf.weights_root else MOMENTUM
+            walk = Walk(outer_round, stage, record, prev_record, prev_stages, stages, prev, own, which, 0)
+            logger.error("round %d stage %d: the committed state is withheld by its attesters; challenging its "
+                         "availability on chain", outer_round, stage)
+            self._challenge(walk)
+            return True
+        committed = StageState(stage, fetched[0], fetched[1], own.factors, own.payload_leaves)
+        proof, why = proof_of_difference(prev_record, record, prev_stages, stages, prev, own, committed)
+        if proof is None:
+            self._unprovable(outer_round, f"stage {stage}: {why}")
+            return False
+        self._send(outer_round, stage, proof, why)
+        return True
+
+    def _prove_norms(self, outer_round: int, stage: int, record: RoundRecord, leaves: list[bytes], leaf: StageLeaf,
+                     own: StageState) -> bool:
+        """A version-3 round whose factors differ from this node's: open the committed factors and sum trees from
+        an attester of the leaf and prove a wrong clip scale or sum (node.fraudproof.norm_proof_of_difference)."""
+        providers = self._attesters_of(outer_round, stage, leaves[stage])
+        opened = self.states.committed_norms(outer_round, stage, leaf, providers)
+        if opened is None:  # nobody serves them: the committers must publish the factors on chain, or lose the round
+            logger.error("round %d stage %d: the committed factors are not this node's and no attester serves them; "
+                         "challenging their availability on chain", outer_round, stage)
+            target = availability_target(record, [parse_stage_leaf(v, s) for s, v in enumerate(leaves)], own.factors,
+                                         stage, FACTORS, 0)
+            challenge_id = self.chain.challenge_availability(target)
+            with self._lock:
+                self._factor_opens[challenge_id] = (stage, record, leaves, leaf, own)
+            self._open(outer_round, challenge_id)
+            return True
+        factors, trees = opened
+        return self._prove_norms_from(outer_round, stage, record, leaves, leaf, own, factors, trees)
+
+    def _prove_norms_from(self, outer_round: int, stage: int, record: RoundRecord, leaves: list[bytes],
+                          leaf: StageLeaf, own: StageState, factors, trees) -> bool:
+        """Prove a wrong clip scale or sum from the committed ``factors`` (their bytes if they do not decode) and
+        sum ``trees`` (None: not had)."""
+        providers = self._attesters_of(outer_round, stage, leaves[stage])
+        if isinstance(factors, bytes):  # not canonical factors: a version-3 run's proof of the scales holds on them
+            proof, why = scale_proof(record, leaves, stage, factors), "factors are not canonical version-3 factors"
+            return self._send_norm(outer_round, stage, proof, why)
+
+        def committed_weights():
+            fetched = self.states.committed_state(outer_round, stage, leaf, providers)
+            return None if fetched is None else fetched[0]
+
+        proof, why = norm_proof_of_difference(record, leaves, stage, factors, trees, own, committed_weights)
+        if proof is None and trees is None and (found := wrong_sum_contribution(factors, own)) is not None:
+            walk = SumWalk(outer_round, stage, record, list(leaves), factors, own, *found)
+            logger.error("round %d stage %d: contribution %d's committed sum tree is not this node's and nobody serves "
+                         "it; opening it leaf by leaf through availability challenges", outer_round, stage, found[0])
+            self._challenge_sums(walk)
+            return True
+        if proof is None:
+            self._unprovable(outer_round, f"stage {stage}: {why}")
+            return False
+        return self._send_norm(outer_round, stage, proof, why)
+
+    def _challenge_sums(self, walk: SumWalk) -> None:
+        """Challenge the committers to publish leaf ``walk.chunk`` of ``walk.which`` (the sum tree, or the weights)."""
+        stages = [parse_stage_leaf(v, s) for s, v in enumerate(walk.leaves)]
+        target = availability_target(walk.record, stages, walk.factors, walk.stage, walk.which, walk.chunk)
+        challenge_id = self.chain.challenge_availability(target)
+        with self._lock:
+            self._walks[challenge_id] = walk
+        self._open(walk.outer_round, challenge_id)
+
+    def _advance_sums(self, walk: SumWalk, leaf: bytes, path: list[bytes]) -> None:
+        """Go on with a sum tree's walk from a published leaf (or, once the lied leaf is found, the weights')."""
+        if walk.opened is not None:  # the committed weights leaf of the lied chunk: the proof is complete
+            self._send_sum(walk, (leaf, path))
+            return
+        own_tree = walk.own.sum_trees[walk.mine]
+        if len(leaf) != SUM_BYTES:  # the contract checked the width: a misread answer
+            self._unprovable(walk.outer_round, f"stage {walk.stage}: the published sum leaf is not {SUM_BYTES} bytes")
+            return
+        wrong_total = path_total(leaf, path) != walk.factors.norms.sums[walk.contribution]
+        if wrong_total or int.from_bytes(leaf, "big") != own_tree.sums[walk.chunk]:
+            walk.opened = (leaf, path)  # a lied leaf, or a tree whose total is not the committed one
+            weights = self._committed_weight_leaf(walk)
+            if weights is None:  # the weights are withheld too: open that chunk's leaf of them
+                self._challenge_sums(walk)
+                return
+            self._send_sum(walk, weights)
+            return
+        self._descend(walk, differing_sum_subtree(own_tree, walk.chunk, path), "sum leaf", "sum tree",
+                      self._challenge_sums)
+
+    def _committed_weight_leaf(self, walk: SumWalk) -> tuple[bytes, list[bytes]] | None:
+        """The round's committed weights leaf of ``walk.chunk`` with its path: this node's own where the committed
+        weights root is its own, else from the state an attester serves; None if neither."""
+        leaf = parse_stage_leaf(walk.leaves[walk.stage], walk.stage)
+        own = walk.own
+        if (leaf.weights_root, leaf.num_chunks) == (own.leaf().weights_root, len(own.weight_leaves)):
+            weights = own.weight_leaves
+        else:
+            fetched = self.states.committed_state(walk.outer_round, walk.stage, leaf, self._attesters_of(
+                walk.outer_round, walk.stage, walk.leaves[walk.stage]))
+            if fetched is None:
+                return None
+            weights = fetched[0]
+        return weights[walk.chunk], tree_path(weights, walk.chunk)
+
+    def _send_sum(self, walk: SumWalk, weights: tuple[bytes, list[bytes]]) -> None:
+        pieces = walk.own.payload_leaves[walk.mine]
+        proof = opened_sum_proof(walk.record, walk.leaves, walk.stage, walk.factors.encode(), walk.contribution,
+                                 walk.chunk, weights, (pieces[walk.chunk], tree_path(pieces, walk.chunk)), walk.opened)
+        self._send_norm(walk.outer_round, walk.stage, proof, f"contribution {walk.contribution}'s sum of squares at "
+                                                             f"chunk {walk.chunk} (opened by availability challenges)")
+
+    def _send_norm(self, outer_round: int, stage: int, proof, why: str) -> bool:
+        attesters = self.chain.attesters_of(self.run_id, outer_round)
+        logger.error("round %d stage %d: the committed %s; sending the norm proof", outer_round, stage, why)
+        self._keep(outer_round, stage, proof, attesters)
+        receipt = self.chain.prove_wrong_norm(proof, attesters)
+        self.log.proofs[outer_round] = str(_tx_of(receipt))
+        logger.error("round %d: proven wrong on chain (stage %d, %s; tx %s): the round and every later one are "
+                     "invalid, its %d attester(s) slashed", outer_round, stage, why, self.log.proofs[outer_round],
+                     len(attesters or ()))
+        return True
+
+    def _send(self, outer_round: int, stage: int, proof, why: str) -> None:
+        attesters = self.chain.attesters_of(self.run_id, outer_round)
+        logger.error("round %d stage %d: the committed weights root is wrong at %s; sending the fraud proof",
+                     outer_round, stage, why)
+        self._keep(outer_round, stage, proof, attesters)
+        receipt = self.chain.prove_wrong_aggregation(proof, attesters)
+        self.log.proofs[outer_round] = str(_tx_of(receipt))
+        logger.error("round %d: proven wrong on chain (stage %d, %s; tx %s): the round and every later one are "
+                     "invalid, its %d attester(s) slashed", outer_round, stage, why, self.log.proofs[outer_round],
+                     len(attesters or ()))
+
+    def _keep(self, outer_round: int, stage: int, proof, attesters) -> None:
+        """Keep the proof in the node's evidence (``audit --archive`` shows it and checks it on chain)."""
+        if self.proofs_dir is None:
+            return
+        document = {"proof": proof.to_json(), "attesters": list(attesters or ())}
+        try:
+            atomic_write_bytes(self.proofs_dir / f"round-{outer_round:08d}-stage{stage}.json",
+                               json.dumps(document, sort_keys=True).encode())
+        except OSError as exc:
+            logger.warning("round %d: the fraud proof was not kept on disk: %s", outer_round, exc)
+
+    def _challenge(self, walk: Walk) -> None:
+        """Challenge the committers to publish leaf ``walk.chunk`` of tree ``walk.which`` of the withheld state."""
+        target = availability_target(walk.record, walk.stages, walk.own.factors, walk.stage, walk.which, walk.chunk)
+        challenge_id = self.chain.challenge_availability(target)
+        with self._lock:
+            self._walks[challenge_id] = walk
+        self._open(walk.outer_round, challenge_id)
+
+    def _answered(self, challenge_id: bytes, outer_round: int) -> None:
+        """A challenge of this node's was answered: go on with its walk from the published leaf and path, or
+        prove from the published factors."""
+        with self._lock:
+            walk = self._walks.pop(challenge_id, None)
+            factors_open = self._factor_opens.pop(challenge_id, None)
+        if factors_open is not None:
+            self._factors_published(challenge_id, outer_round, *factors_open)
+            return
+        if walk is None:  # a stage leaf's challenge: the committers showed the leaf
+            logger.warning("round %d: the availability challenge was answered; the published stage leaf is not "
+                           "followed further here", outer_round)
+            return
+        answer = self.chain.availability_answer(challenge_id)
+        if answer is None:
+            self._unprovable(outer_round, "the availability challenge was settled without an answer (another party "
+                                          "expired it)")
+            return
+        leaf, path = answer
+        if path is None:
+            self._unprovable(outer_round, "the availability challenge was answered through a contract: its path "
+                                          "is not in the transaction's calldata")
+            return
+        logger.warning("round %d stage %d: the committers published leaf %d of tree %d", outer_round, walk.stage,
+                       walk.chunk, walk.which)
+        if isinstance(walk, SumWalk):
+            self._advance_sums(walk, leaf, path)
+            return
+        self._advance(walk, leaf, path)
+
+    def _factors_published(self, challenge_id: bytes, outer_round: int, stage: int, record: RoundRecord,
+                           leaves: list[bytes], leaf: StageLeaf, own: StageState) -> None:
+        answer = self.chain.availability_answer(challenge_id)
+        if answer is None:
+            self._unprovable(outer_round, "the factors' availability challenge was settled without an answer")
+            return
+        published = bytes(answer[0])
+        if hashlib.sha256(published).digest() != leaf.factors_hash:  # the contract checked it: a misread event
+            self._unprovable(outer_round, f"stage {stage}: the published factors are not the committed stage leaf's")
+            return
+        logger.warning("round %d stage %d: the committers published their factors", outer_round, stage)
+        try:
+            factors = Factors.decode(published)
+        except LedgerError:
+            factors = published
+        # Their sum trees are not had here (nobody served them): the factors' version or the scales are proven from
+        # the factors alone, a sum by walking the committed tree (SumWalk).
+        self._prove_norms_from(outer_round, stage, record, leaves, leaf, own, factors, None)
+
+    def _advance(self, walk: Walk, leaf: bytes, path: list[bytes]) -> None:
+        own_leaves = walk.own.weight_leaves if walk.which == WEIGHTS else walk.own.momentum_leaves
+        other = MOMENTUM if walk.which == WEIGHTS else WEIGHTS
+        completing = other in walk.opened  # the differing chunk is known: this was its other tree's leaf
+        committed_chunks = walk.stages[walk.stage].num_chunks
+        if (completing or committed_chunks != len(own_leaves) or walk.chunk >= len(own_leaves)
+                or leaf != own_leaves[walk.chunk]):
+            walk.opened[walk.which] = (walk.chunk, leaf, path)
+            if not completing:
+                own_root = (walk.own.leaf().momentum_root if other == MOMENTUM else walk.own.leaf().weights_root)
+                committed_root = (walk.stages[walk.stage].momentum_root if other == MOMENTUM
+                                  else walk.stages[walk.stage].weights_root)
+                if committed_root != own_root:  # that tree differs too: open its leaf of this chunk
+                    walk.which = other
+                    self._challenge(walk)
+                    return
+                mine = walk.own.momentum_leaves if other == MOMENTUM else walk.own.weight_leaves
+                walk.opened[other] = (walk.chunk, mine[walk.chunk], tree_path(mine, walk.chunk))
+            proof = opened_proof(walk.prev_record, walk.record, walk.prev_stages, walk.stages, walk.prev, walk.own,
+                                 walk.chunk, walk.opened[WEIGHTS][1:], walk.opened[MOMENTUM][1:])
+            self._send(walk.outer_round, walk.stage, proof, f"chunk {walk.chunk} (opened by availability challenges)")
+            return
+        self._descend(walk, differing_subtree(own_leaves, walk.chunk, path), "leaf", "tree", self._challenge)
+
+    def _descend(self, walk: Walk | SumWalk, following: int | None, leaf: str, tree: str, challenge) -> None:
+        """One bisection step of a walk: challenge the next leaf where this node's tree and the published path
+        differ, or log the round unprovable where they agree."""
+        if following is None:
+            self._unprovable(walk.outer_round, f"stage {walk.stage}: the published {leaf} {walk.chunk} and its path "
+                                               f"agree with this node's {tree}")
+            return
+        walk.chunk = following
+        challenge(walk)
+
+    def _challenge_stage_leaf(self, outer_round: int, record: RoundRecord) -> None:
+        """Challenge the committers to publish the leaf of the first stage this node holds under the record's root:
+        a root with no stage leaves behind it (a back door) cannot be answered, and the round falls."""
+        stage = min(self.stages(), default=0)
+        logger.error("round %d: no attested stage leaves give the committed weights root; challenging the committers "
+                     "to publish stage %d's leaf on chain", outer_round, stage)
+        self._open(outer_round, self.chain.challenge_availability(stage_leaf_target(record, stage)))
+
+    def _open(self, outer_round: int, challenge_id: bytes) -> None:
+        self.log.challenges[outer_round] = challenge_id
+        with self._lock:
+            self._pending[challenge_id] = outer_round
+            if self._expirer is None or not self._expirer.is_alive():
+                self._expirer = threading.Thread(target=self._expire_loop, name="fraud-expirer", daemon=True)
+                self._expirer.start()
+
+    # -- availability challenges ---------------------------------------------------------------
+    def _expire_loop(self) -> None:
+        while not self.stop.wait(EXPIRE_EVERY_S):
+            if not self.settle_challenges():
+                return
+
+    def settle_challenges(self) -> bool:
+        """Settle every pending challenge that is due: answered ones are dropped, unanswered ones expired (also
+        done every EXPIRE_EVERY_S on a thread while any is pending). Whether some are still pending.
+
+        Settlements do not overlap: a call made while another thread follows an answered challenge (builds and
+        sends its proof) returns after that one, so what it reads of ``log`` afterwards includes it.
+        """
+        with self._settling:
+            return self._settle_due()
+
+    def _settle_due(self) -> bool:
+        with self._lock:
+            pending = dict(self._pending)
+        for challenge_id, outer_round in pending.items():
+            try:
+                state = self.chain.challenge_of(challenge_id)
+                if state["settled"]:
+                    if self._drop(challenge_id):  # this thread took it (the expirer's and check()'s may race)
+                        self._follow(challenge_id, outer_round)
+                    continue
+                self.chain.expire_challenge(challenge_id)
+            except ProverChallengeNotDue:
+                continue
+            except ProverChallengeSettled:  # answered since it was read (or expired by another party)
+                if self._drop(challenge_id):
+                    self._follow(challenge_id, outer_round)
+                continue
+            except LedgerError as exc:
+                logger.warning("round %d: availability challenge not settled: %s", outer_round, exc)
+                self._drop(challenge_id)
+                continue
+            except DLX_ERRORS as exc:
+                logger.debug("round %d: availability challenge not settled yet: %s", outer_round, exc)
+                continue
+            self.log.expired[outer_round] = challenge_id
+            logger.error("round %d: the availability challenge went unanswered; the round is invalidated on chain "
+                         "and its attesters slashed", outer_round)
+            self._drop(challenge_id)
+        with self._lock:
+            return bool(self._pending)
+
+    def _drop(self, challenge_id: bytes) -> bool:
+        """Forget a pending challenge; whether it was pending."""
+        with self._lock:
+            return self._pending.pop(challenge_id, None) is not None
+
+    def _follow(self, challenge_id: bytes, outer_round: int) -> None:
+        try:
+            self._answered(challenge_id, outer_round)
+        except DLX_ERRORS as exc:  # e.g. the round's dispute window closed: no more challenges
+            self._unprovable(outer_round, f"the proof from the answered challenge failed: {type(exc).__name__}: "
+                                          f"{exc}"[:300])
+
+    def _unprovable(self, outer_round: int, why: str) -> None:
+        if self.log.unprovable.get(outer_round) != why:
+            logger.warning("round %d: the committed weights root differs from this node's; no fraud proof: %s",
+                           outer_round, why)
+        self.log.unprovable[outer_round] = why
+
+
+def _tx_of(receipt) -> str:
+    try:
+        return "0x" + bytes(receipt["transactionHash"]).hex()
+    except (TypeError, KeyError, ValueError):
+        return str(receipt)[:80]

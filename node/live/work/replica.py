@@ -1,0 +1,464 @@
+"""The training side of a node: the stages it holds, their trainers and DiLoCoX engines.
+
+A node holds either every stage of its replica (a cluster of one: the stages
+run chained in this process) or one stage (a cluster of ``num_stages`` nodes
+joined by a torch.distributed gloo pipeline). Either way, each held stage has
+its own :class:`training.stage_engine.StageEngine`; this class is the node's only
+door into ``training/``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from node.config import NodeConfig
+from training.codec_wire import decode_contribution
+from training.data import corpus_from_config, eval_batches, round_batches
+from training.butterfly import SliceAggregate, SlicePlan, aggregate_slice, average_of_partials, slice_stage
+from training.diloco import Aggregation, aggregate_with_report, step_with_average
+from training.errors import PipelineError
+from training.screening import (
+    decode_full,
+    model_loss_fn,
+    screen_contributions,
+    screening_batch,
+    screening_exclusions,
+    screening_steps,
+)
+from training.hashing import stage_weights_hash, weights_root
+from training.model import init_state_dict
+from training.reexec import data_commitment, round_meta
+from training.replica_state import capture_trainer_part, start_state_bytes
+from training.pipeline import (
+    LocalReplicaTrainer,
+    PipelineStageTrainer,
+    close_pipeline_group,
+    init_pipeline_group,
+)
+from training.schedule import inner_lr, set_lr, takes_another_step, trainer_optimizers
+from training.stage_engine import RoundResult, StageEngine
+from training.stages import split_stages, stage_param_names
+
+logger = logging.getLogger(__name__)
+
+
+#: A time-bounded round builds its batches this many steps at a time (it does not know its count ahead).
+BATCH_CHUNK = 16
+
+
+@dataclass
+class TrainStats:
+    mean_loss: float
+    tokens: int
+    seconds: float
+    cpu_seconds: float = 0.0  # the training thread's CPU seconds in the part's inner steps
+
+
+class ReplicaWorker:
+    """Trainers and engines of the stages one node holds (see module docstring)."""
+
+    def __init__(self, cfg: NodeConfig, replica: int, stages: tuple[int, ...], rank: int) -> None:
+        self.cfg = cfg
+        self.replica = replica
+        self.stages = stages
+        self.rank = rank
+        self.specs = split_stages(cfg.model.n_layer, cfg.pipeline.num_stages)
+        training_cfg = cfg.training
+        if training_cfg.data_path:
+            # Resolve the data path against data_dir without mutating the caller's config.
+            from dataclasses import replace
+
+            training_cfg = replace(training_cfg, data_path=str(cfg.path(training_cfg.data_path)))
+        self.corpus = corpus_from_config(training_cfg, cfg.model)
+        self._eval = eval_batches(self.corpus, cfg.training.eval_batches, cfg.training.batch_size,
+                                  cfg.model.block_size)
+        self.pipelined = len(stages) < cfg.pipeline.num_stages
+        self.trainer: LocalReplicaTrainer | PipelineStageTrainer | None = None
+        self.engines: dict[int, StageEngine] = {}
+        self.plans: dict[int, SlicePlan] = {}  # stage -> slice plan (diloco.exchange = "sliced" only)
+        # round -> (inner steps trained, their wall seconds): a time-bounded run's count to declare
+        self._trained: dict[int, tuple[int, float]] = {}
+
+    # -- set-up ---------------------------------------------------------------------
+    def start(self, rendezvous_timeout: float, op_timeout: float, mark: Callable[[str], object] | None = None) -> None:
+        """Build the trainer (joining the cluster's pipeline group if the replica is split); ``mark(phase)``
+        is told when the model is initialised and the group joined (node/live/startup.py)."""
+        mark = mark or (lambda _phase: None)
+        if self.cfg.torch_threads > 0:
+            torch.set_num_threads(self.cfg.torch_threads)
+        full = init_state_dict(self.cfg.model, self.cfg.training.seed)
+        mark("model initialised")
+        if self.pipelined:
+            host, _, port = self.cfg.cluster_master.rpartition(":")
+            init_pipeline_group(self.rank, self.cfg.pipeline.num_stages, host, int(port),
+                                timeout_s=max(rendezvous_timeout, op_timeout))
+            mark("pipeline group joined")
+            spec = self.specs[self.stages[0]]
+            self.trainer = PipelineStageTrainer(
+                self.cfg.model, spec, self.rank, self.cfg.pipeline.num_stages, self.cfg.pipeline.micro_batches,
+                self.cfg.training, state_dict={n: full[n] for n in stage_param_names(self.cfg.model, spec)},
+            )
+            modules = {spec.index: self.trainer.module}
+        else:
+            self.trainer = LocalReplicaTrainer(self.cfg.model, self.cfg.training, self.cfg.pipeline.num_stages,
+                                               state_dict=full)
+            modules = {spec.index: m for spec, m in zip(self.specs, self.trainer.stage_modules)}
+        for stage in self.stages:
+            params = dict(modules[stage].named_parameters())
+            self.engines[stage] = StageEngine(stage, params, self.cfg.diloco, self.cfg.compression)
+            if self.cfg.diloco.exchange == "sliced":  # docs/PROTOCOL.md, "Sliced exchange"
+                self.plans[stage] = slice_stage(self.engines[stage], self.cfg.diloco.num_replicas,
+                                                self.cfg.diloco.min_slice_numel)
+
+    def leave_pipeline(self) -> None:
+        """Drop the cluster's broken pipeline (a partner died); weights, optimizer and engines are kept."""
+        if isinstance(self.trainer, PipelineStageTrainer):
+            self.trainer.leave_group()
+
+    def rejoin_pipeline(self, timeout: float) -> None:
+        """Re-form the cluster's pipeline with the same ranks; PipelineError if the partners are not back."""
+        host, _, port = self.cfg.cluster_master.rpartition(":")
+        self.trainer.join_group(host, int(port), timeout)
+
+    def close(self) -> None:
+        if isinstance(self.trainer, PipelineStageTrainer):
+            self.trainer.close()
+            close_pipeline_group()
+        self.trainer = None
+
+    def agree_on_round(self, proposal: int) -> int:
+        """Pipeline members agree on the next round to train (the max of their proposals)."""
+        if not self.pipelined:
+            return proposal
+        import torch.distributed as dist
+
+        value = torch.tensor([proposal], dtype=torch.int64)
+        try:
+            dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        except (RuntimeError, ValueError) as exc:  # gloo: "Connection closed by peer", a torn-down group
+            raise PipelineError(f"agreeing on the entry round failed: {exc}") from exc
+        return int(value.item())
+
+    # -- state ----------------------------------------------------------------------
+    def stage_names(self, stage: int) -> list[str]:
+        return stage_param_names(self.cfg.model, self.specs[stage])
+
+    def global_state(self, stage: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        engine = self.engines[stage]
+        return engine.global_weights, engine.momentum
+
+    def global_hash(self, stage: int) -> bytes:
+        return self.engines[stage].weights_hash()
+
+    def load_global(self, stage: int, weights: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor],
+                    last_round: int) -> None:
+        """Enter at ``last_round + 1`` from global state (a checkpoint): local = global, no pending rounds."""
+        names = self.engines[stage].global_weights
+        self.engines[stage].rebase({n: weights[n].to(torch.float32) for n in names},
+                                   {n: momentum[n].to(torch.float32) for n in names}, last_round)
+
+    def restart_from(self, stage: int, weights: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor],
+                     last_round: int) -> None:
+        """Hold exactly the state a process restarted from a checkpoint of ``last_round`` holds for ``stage``:
+        local = global = ``weights``, ``momentum``, nothing pending, a zero error-feedback residual and a fresh
+        inner optimizer (training.reexec.restart_state_reason). A survivor that sat rounds out re-enters so
+        (node/live/round/entry.py, RunEntry.await_partner): its start state then follows from the record alone,
+        like its restarted partner's."""
+        self.load_global(stage, weights, momentum, last_round)
+        self.engines[stage].compressor.reset_feedback()
+        if isinstance(self.trainer, PipelineStageTrainer):
+            optimizers = {self.stages[0]: self.trainer.optimizer}
+        else:
+            optimizers = {spec.index: opt for spec, opt in zip(self.specs, self.trainer.optimizers)}
+        optimizers[stage].state.clear()  # AdamW keeps nothing else between steps: as freshly built
+
+    def absorb_held(self, stage: int, outer_round: int, weights: dict[str, torch.Tensor],
+                    momentum: dict[str, torch.Tensor]) -> None:
+        """Absorb ``outer_round`` again from the global state this node already computed after it (``weights``,
+        ``momentum``): the same outer step :meth:`apply` takes for a round it did not encode, without
+        fetching or aggregating that round a second time (a survivor's re-entry, RunEntry.await_partner)."""
+        aggregation = Aggregation(weights, momentum, stage_weights_hash(weights), None, [])
+        self.engines[stage].absorb_round(outer_round, [], aggregation=aggregation)
+
+    def skip_to(self, stage: int, next_round: int) -> None:
+        """Make ``next_round`` the next round to encode, keeping weights (a node that sat rounds out)."""
+        self.engines[stage].skip_to(next_round)
+
+    # -- one outer round --------------------------------------------------------------
+    def train_round(self, outer_round: int, on_step: Callable[[int, float], None] | None = None,
+                    first_step: int = 0, end_step: int | None = None,
+                    budget_elapsed: Callable[[], float] | None = None) -> TrainStats:
+        """Inner steps ``first_step <= k < end_step`` (default: all H) on this replica's batches of ``outer_round``.
+
+        A round may be trained in two parts (the schedule's partial overlap applies the
+        previous round between them); the batches are the same deterministic ones either way.
+        In a time-bounded run (``diloco.round_budget_s``) a step is taken only while
+        :func:`training.schedule.takes_another_step` says so, on the seconds of the round's budget
+        used so far: ``budget_elapsed()`` (the node's round clock, node/live/round/roundclock.py: its own
+        work around the steps counts, its waits for peers do not), or without it the wall seconds of
+        the round's inner steps so far; a split replica's first stage decides and its pipeline
+        partners follow (one broadcast per step), so every stage trains, and declares, the same count
+        (:meth:`declared_steps`). Its batches are built a few steps at a time (BATCH_CHUNK), not for
+        all H steps it will not take.
+        """
+        h = self.cfg.diloco.inner_steps
+        end_step = h if end_step is None else end_step
+        budgeted = self.cfg.diloco.budgeted
+        if first_step == 0:
+            self._trained[outer_round] = (0, 0.0)
+        done, elapsed = self._trained.get(outer_round, (first_step, 0.0))
+        started = time.perf_counter()
+        cpu_started = time.thread_time()
+        losses = []
+        # The inner learning rate follows the run's schedule over its global inner step, as the
+        # simulation does (training.schedule.inner_lr; open-ended runs have no decay horizon).
+        total_steps = self.cfg.rounds * h if self.cfg.rounds > 0 else None
+        optimizers = trainer_optimizers(self.trainer)
+        for step, (x, y) in zip(range(first_step, end_step), self._batches(outer_round, first_step, end_step)):
+            if budgeted and not self._another_step(step, elapsed if budget_elapsed is None else budget_elapsed()):
+                break
+            step_started = time.perf_counter()
+            set_lr(optimizers, inner_lr(self.cfg.training, outer_round * h + step, total_steps))
+            losses.append(self.trainer.train_step(x, y))
+            elapsed += time.perf_counter() - step_started
+            done = step + 1
+            if on_step is not None:
+                on_step(step + 1, losses[-1])
+        self._trained[outer_round] = (done, elapsed)
+        self._trained = {r: v for r, v in self._trained.items() if r >= outer_round - 2}
+        tokens = len(losses) * self.cfg.training.batch_size * self.cfg.model.block_size
+        mean = sum(losses) / len(losses) if losses else float("nan")
+        return TrainStats(mean, tokens, time.perf_counter() - started, time.thread_time() - cpu_started)
+
+    def _batches(self, outer_round: int, first_step: int, end_step: int):
+        """The batches of steps ``first_step .. end_step - 1`` of the round, in order: all at once with fixed
+        H, BATCH_CHUNK at a time in a time-bounded run (the same batches: each step's is its own)."""
+        chunk = BATCH_CHUNK if self.cfg.diloco.budgeted else max(1, end_step - first_step)
+        for start in range(first_step, end_step, chunk):
+            stop = min(end_step, start + chunk)
+            yield from round_batches(self.corpus, self.cfg.training.seed, self.replica, outer_round, stop,
+                                     self.cfg.training.batch_size, self.cfg.model.block_size, first_step=start)
+
+    def _another_step(self, step: int, elapsed: float) -> bool:
+        """:func:`takes_another_step`, decided by the replica's first stage and followed by the others."""
+        decision = takes_another_step(self.cfg.diloco, step, elapsed)
+        if self.pipelined and step >= self.cfg.diloco.min_inner_steps:
+            decision = self.trainer.follow_first_stage(decision)
+        return decision
+
+    def declared_steps(self, outer_round: int) -> int | None:
+        """The inner steps this replica trained in ``outer_round`` and its contributions declare; None in a
+        fixed-H run (its contributions declare nothing: H)."""
+        if not self.cfg.diloco.budgeted:
+            return None
+        if outer_round not in self._trained:
+            raise PipelineError(f"round {outer_round}: not trained here, no step count to declare")
+        return self._trained[outer_round][0]
+
+    # -- what a contribution binds (re-execution spot checks, docs/DILOCOX.md section 11) ------
+    def capture_start_states(self, outer_round: int) -> dict[int, bytes]:
+        """Stage -> canonical bytes of the start state of ``outer_round`` (call before its first inner step)."""
+        return self.start_state_capture(outer_round)()
+
+    def start_state_capture(self, outer_round: int) -> Callable[[], dict[int, bytes]]:
+        """:meth:`capture_start_states` in two parts: copies of what the inner steps change now, and
+        a function that adds the engines' state and serialises, to call (on any thread) before the
+        engines change (the next encode or apply) and after the previous encode finished."""
+        meta = round_meta(outer_round, self.replica, self.cfg.model, self.cfg.diloco, run_rounds=self.cfg.rounds,
+                          num_stages=self.cfg.pipeline.num_stages,
+                          micro_batches=self.cfg.pipeline.micro_batches if self.pipelined else 0)
+        if self.pipelined:
+            held = {self.stages[0]: (self.trainer.module, self.trainer.optimizer)}
+        else:
+            held = {spec.index: (module, optimizer) for spec, module, optimizer in
+                    zip(self.specs, self.trainer.stage_modules, self.trainer.optimizers)}
+        parts = {stage: capture_trainer_part(*held[stage]) for stage in self.stages}
+        return lambda: {stage: start_state_bytes(meta, self.engines[stage], parts[stage]) for stage in self.stages}
+
+    def data_commitment(self, outer_round: int) -> bytes:
+        """sha256 of the token ids this replica's H inner steps of ``outer_round`` consume."""
+        return data_commitment(self.corpus, self.cfg.training, self.cfg.model, self.cfg.diloco, self.replica,
+                               outer_round, self.declared_steps(outer_round))
+
+    def eval_loss(self) -> float:
+        return self.trainer.eval_loss(self._eval)
+
+    def eval_snapshot(self) -> Callable[[], float] | None:
+        """A function returning :meth:`eval_loss` of the weights now, bit for bit, callable on another
+        thread while training goes on; None for a split replica (its eval runs the pipeline)."""
+        if self.pipelined:
+            return None
+        snapshot = self.trainer.eval_snapshot()
+        return lambda: snapshot.eval_loss(self._eval)
+
+    def prepare_encode(self, stage: int, outer_round: int) -> bool:
+        """Take the part of :meth:`encode` that reads the live weights now; False if the delay
+        variant cannot split it (then :meth:`encode` does everything, on this thread)."""
+        engine = self.engines[stage]
+        if not engine.can_prepare:
+            return False
+        self.skip_to(stage, outer_round)
+        engine.prepare_encode(outer_round)
+        return True
+
+    def encode(self, stage: int, outer_round: int):
+        """(contribution bytes, compression stats) of ``stage`` for ``outer_round``.
+
+        After :meth:`prepare_encode`, only the compression is left (it may run on another thread).
+        """
+        self.skip_to(stage, outer_round)
+        return self.engines[stage].encode_contribution(outer_round, self.declared_steps(outer_round))
+
+    def check_contribution(self, stage: int, outer_round: int, payload: bytes) -> None:
+        """Raise ContributionDecodeError unless ``payload`` decodes strictly for (stage, round)."""
+        shapes = {name: tuple(t.shape) for name, t in self.engines[stage].global_weights.items()}
+        decode_contribution(payload, shapes, stage_index=stage, outer_round=outer_round,
+                            refuse_raw=self.cfg.compression.enabled)
+
+    @property
+    def screens(self) -> bool:
+        """Whether rounds are screened (docs/DILOCOX.md section 10): a run of one stage, so that every
+        holder evaluates whole-model losses; otherwise only the norm rule applies, the same at every node."""
+        return self.cfg.diloco.screening and self.cfg.pipeline.num_stages == 1
+
+    def screen(self, outer_round: int, contributions: list[bytes],
+               global_weights: dict[str, torch.Tensor] | None = None) -> tuple[dict[int, str], list]:
+        """(excluded index -> reason, reports) of screening ``outer_round``'s contributions; ({}, []) if off.
+
+        ``global_weights``: the state screened against (default: the engine's current one)."""
+        if not self.screens:
+            return {}, []
+        engine = self.engines[0]
+        decoded = [decode_full([blob], [engine.shapes], outer_round=outer_round,
+                               refuse_raw=self.cfg.compression.enabled) for blob in contributions]
+        x, y = screening_batch(self.corpus, self.cfg.training.seed, outer_round, self.cfg.diloco.screen_batch_size,
+                               self.cfg.model.block_size)
+        base = engine.global_weights if global_weights is None else global_weights
+        reports = screen_contributions(model_loss_fn(self.cfg.model, x, y), base, decoded,
+                                       self.cfg.diloco, screening_steps(self.cfg.diloco, [[b] for b in contributions]))
+        return screening_exclusions(reports), reports
+
+    def prepare_aggregation(self, stage: int, outer_round: int, contributions: list[bytes],
+                            excluded: dict[int, str] | None = None):
+        """The pure part of :meth:`apply` (decode, average, outer step, hash), computable while the next
+        round trains (:meth:`training.stage_engine.StageEngine.prepare_aggregation`)."""
+        return self.engines[stage].prepare_aggregation(outer_round, contributions, excluded=excluded)
+
+    def prepared_valid(self, stage: int, prepared, outer_round: int) -> bool:
+        return self.engines[stage].prepared_valid(prepared, outer_round)
+
+    def apply(self, stage: int, outer_round: int, contributions: list[bytes],
+              excluded: dict[int, str] | None = None, prepared=None) -> RoundResult:
+        """Aggregate ``outer_round`` of ``stage`` (canonical order) without the ``excluded`` indices.
+
+        Contributions that fail to decode or break the run's codec are left out, the
+        rest clipped by the norm rule (:mod:`training.robust`). A round this node encoded
+        goes through the engine's outer step with the one-step-delay correction; a round
+        it did not encode (it joined late or sat the round out) is absorbed, local
+        progress kept (:meth:`training.stage_engine.StageEngine.finish_round`).
+        """
+        return self.engines[stage].finish_round(outer_round, contributions, excluded=excluded, prepared=prepared)
+
+    # -- a re-base on the run's record (node/live/chain/forkrepair.py) ---------------------------
+    def derive(self, stage: int, outer_round: int, base: tuple[dict, dict], contributions: list[bytes],
+               others: dict[int, tuple[str, str]] | None = None):
+        """The :class:`training.diloco.Aggregation` of ``contributions`` (the round's canonical order) on
+        ``base`` (the global weights and momentum before the round): what every holder that aggregated
+        that set computed, screening included, and without ``others`` (built on another result of the
+        round before: node.binding.other_result_exclusions). Pure: neither ``base`` nor the engine changes."""
+        excluded, _reports = self.screen(outer_round, contributions, global_weights=base[0])
+        excluded.update(others or {})
+        return aggregate_with_report(base[0], base[1], contributions, self.cfg.diloco, stage_index=stage,
+                                     outer_round=outer_round, compression_cfg=self.cfg.compression,
+                                     excluded=excluded)
+
+    def move_global(self, stage: int, weights: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor]) -> None:
+        """Take another global state of the last applied round, local progress kept (StageEngine.move_global)."""
+        self.engines[stage].move_global(weights, momentum)
+
+    # -- the sliced exchange (docs/PROTOCOL.md, "Sliced exchange") ------------------------
+    def last_slices(self, stage: int) -> list[bytes]:
+        """The slice blobs of the contribution :meth:`encode` just made (sliced exchange)."""
+        return list(self.engines[stage].compressor.last_slices)
+
+    def aggregate_slice(self, stage: int, outer_round: int, slice_index: int,
+                        blobs: list[bytes | None]) -> SliceAggregate:
+        """Aggregator's work on one slice: :func:`training.butterfly.aggregate_slice` (pure, replayable)."""
+        return aggregate_slice(blobs, self.plans[stage], slice_index, self.cfg.compression,
+                               self.engines[stage].compressor.bandwidth_budget, norm_clip=self.cfg.diloco.norm_clip,
+                               stage_index=stage, outer_round=outer_round, steps_range=self.cfg.diloco.steps_range)
+
+    def apply_partials(self, stage: int, outer_round: int, partials: list[bytes]) -> RoundResult:
+        """The outer step of ``outer_round`` on the average assembled from the A partial blobs."""
+        engine = self.engines[stage]
+        average = average_of_partials(partials, self.plans[stage], stage_index=stage, outer_round=outer_round,
+                                      refuse_raw=self.cfg.compression.enabled)
+        aggregation = step_with_average(engine.global_weights, engine.momentum, average, self.cfg.diloco, outer_round)
+        return engine.finish_round(outer_round, [], aggregation=aggregation)
+
+    def contribution_dropped(self, stage: int, outer_round: int) -> None:
+        """This node's contribution of ``outer_round`` was not aggregated: send its update again later."""
+        if self.engines[stage].contribution_dropped(outer_round):
+            logger.info("round %d stage %d: our contribution was not in the close; its update goes back into "
+                        "the error-feedback residual", outer_round, stage)
+
+    def weights_root_of(self, full_weights: dict) -> bytes:
+        """The record's ``weights_root`` of a full model's weights (every stage, not only the held ones)."""
+        hashes = [stage_weights_hash({n: full_weights[n] for n in self.stage_names(s)})
+                  for s in range(self.cfg.pipeline.num_stages)]
+        return weights_root(hashes)
+
+    def initial_hashes(self) -> dict[int, bytes]:
+        full = init_state_dict(self.cfg.model, self.cfg.training.seed)
+        return {s: stage_weights_hash({n: full[n] for n in self.stage_names(s)}) for s in self.stages}
+
+
+def warm_up_imports() -> None:
+    """Import what building a stage's trainer imports on first use: torch.optim's first optimizer imports
+    torch._dynamo, seconds of CPU (a minute on a loaded machine). Run on a thread while the node starts its
+    network side (chain, host, peers, placement: mostly waiting), so the import overlaps those waits."""
+    try:
+        import torch._dynamo  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - only a warm-up: the trainer imports it again, and reports.
+        # Also what a node that exits during the import (an error at start) meets as the interpreter shuts
+        # down: a traceback printed after the node's one-line error would hide it.
+        try:
+            logger.debug("warming up torch._dynamo failed: %s", exc)
+        except Exception:  # noqa: BLE001 - logging torn down at exit
+            pass
+
+
+class PipelineRejoin:
+    """Re-forms a split cluster's pipeline in the background until the partners are back (or stop).
+
+    The node keeps finishing (absorbing) the rounds the other replicas close meanwhile,
+    so its stage stays current and it keeps attesting and signing; ``done`` is set once
+    the group is formed again.
+    """
+
+    def __init__(self, worker: ReplicaWorker, timeout: float, stop: threading.Event) -> None:
+        self.worker = worker
+        self.timeout = timeout
+        self.stop = stop
+        self.done = threading.Event()
+        self.attempts = 0
+        self._thread = threading.Thread(target=self._run, name="pipeline-rejoin", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.attempts += 1
+            try:
+                self.worker.rejoin_pipeline(self.timeout)
+            except PipelineError as exc:
+                logger.info("pipeline not re-formed yet (attempt %d): %s", self.attempts, exc)
+                self.stop.wait(1.0)
+                continue
+            self.done.set()
+            return
