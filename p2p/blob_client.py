@@ -44,7 +44,8 @@ from p2p.errors import (
     BlobUnavailable,
     ProviderTooSlow,
 )
-from p2p.fastpath import grant_receive_window, read_raw, release_body
+from p2p.fastpath import grant_receive_window, read_raw
+from p2p.fastpath_bodies import release_body
 from p2p.ratelimit import PeerRateLimiter
 from p2p.staging import RangeWriter, StagingFile, buffer_pool
 from p2p.wire import ProtocolViolation, read_frame, write_frame

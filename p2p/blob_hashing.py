@@ -11,7 +11,7 @@ import trio
 
 from p2p.blob_protocol import FILE_IO_BYTES, HASH_MEMORY_BYTES, RunBlocking
 from p2p.errors import BlobError
-from p2p.fastpath import release_body
+from p2p.fastpath_bodies import release_body
 from p2p.staging import RangeWriter, WrittenBlock
 
 

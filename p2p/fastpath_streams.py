@@ -60,7 +60,7 @@ class ChunkBuffer:
     gets whole bodies handed over as they are.
     """
 
-    __slots__ = ("_parts", "_offset", "_size")
+    __slots__ = ("_offset", "_parts", "_size")
 
     def __init__(self) -> None:
         self._parts: deque[Any] = deque()  # bytes or bytearray nobody else holds
