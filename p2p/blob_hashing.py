@@ -1,4 +1,7 @@
-"""In-order hashing of a blob whose pieces land out of order (the client's verification, :mod:`p2p.blob_client`)."""
+"""In-order hashing of a blob whose pieces land out of order.
+
+The client's verification (:mod:`p2p.blob_client`).
+"""
 
 from __future__ import annotations
 

@@ -102,7 +102,8 @@ class _PieceQueue:
         #: Our own disk took no more: every worker stops, no provider blamed.
         self.disk_full: OSError | None = None
         self._changed = trio.Event()
-        if early_in_flight:  # (0, PIECE_BYTES) is the early piece's: in flight until its answer says otherwise
+        # (0, PIECE_BYTES) is the early piece's: in flight until its answer says otherwise.
+        if early_in_flight:
             self.waiting.popleft()
             self.in_flight += 1
 
@@ -212,7 +213,10 @@ class BlobPieces:
         hasher: InOrderHasher,
         early: EarlyPiece | None = None,
     ) -> None:
-        """Fetch every piece of the blob from ``providers`` into ``staging``; ``errors``: why providers failed."""
+        """Fetch every piece of the blob from ``providers`` into ``staging``.
+
+        ``errors`` gets, per provider that failed, why.
+        """
         queue = _PieceQueue(total, early_in_flight=early is not None)
         # Two streams per provider hide the per-piece request round trip; more only add
         # yamux interleaving cost on the receiving event loop (measured: ~15% more CPU).
@@ -221,9 +225,9 @@ class BlobPieces:
             for peer in providers:
                 for index in range(streams_per_provider):
                     takes_early = early is not None and early.peer == peer and index == 0
+                    worker_early = early if takes_early else None
                     nursery.start_soon(
-                        self._piece_worker, peer, early if takes_early else None, queue, digest, total, staging,
-                        hasher, errors,
+                        self._piece_worker, peer, worker_early, queue, digest, total, staging, hasher, errors
                     )
         if queue.disk_full is not None:
             raise BlobStoreFull(f"disk of {self.store.root} is full ({queue.disk_full.strerror}): blob "
@@ -275,7 +279,9 @@ class BlobPieces:
                         await self._fetch_piece(peer, digest, offset, length, staging, progress, hasher)
                 else:
                     try:
-                        await self._fetch_piece(peer, digest, offset, length, staging, progress, hasher, stream)
+                        await self._fetch_piece(
+                            peer, digest, offset, length, staging, progress, hasher, stream
+                        )
                     finally:
                         taken.release()
             except Exception as exc:  # this provider failed: give the rest of the piece back

@@ -76,11 +76,11 @@ class BlobServer:
         self._read_buffers: list[bytearray] = []  # FILE_IO_BYTES each, reused by served ranges
 
     def _take_read_buffer(self, length: int) -> bytearray:
-        """The buffer a served range of ``length`` bytes is read into: a kept one of FILE_IO_BYTES for a range
-        that fills it, a buffer of its own size for a smaller one. (Every range took a 4 MiB buffer, zeroed, so
-        every page of it resident; each concurrent serve of a few-kB contribution beyond the two kept made one
-        more, and a soak's nodes' RSS stepped by 4 MiB as they came and went, and by 4 MiB for good when a
-        catch-up's concurrent fetches first filled the kept pair: issue 45.)"""
+        """The buffer a served range of ``length`` bytes is read into: a kept one of FILE_IO_BYTES for a
+        range that fills it, a buffer of its own size for a smaller one. (Every range took a 4 MiB buffer,
+        zeroed, so every page of it resident; each concurrent serve of a few-kB contribution beyond the two
+        kept made one more, and a soak's nodes' RSS stepped by 4 MiB as they came and went, and by 4 MiB for
+        good when a catch-up's concurrent fetches first filled the kept pair: issue 45.)"""
         if length < FILE_IO_BYTES:
             return bytearray(length)
         return self._read_buffers.pop() if self._read_buffers else bytearray(FILE_IO_BYTES)

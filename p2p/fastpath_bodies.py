@@ -36,5 +36,6 @@ def release_body(chunk: Any) -> None:
     decrypted into again instead. Only call it once every use of ``chunk``
     (writes, hashing) has finished: its bytes will be overwritten.
     """
-    if type(chunk) is bytearray and len(chunk) == YAMUX_FRAME_PAYLOAD_BYTES and len(_BODY_POOL) < BODY_POOL_SIZE:
+    full_size = type(chunk) is bytearray and len(chunk) == YAMUX_FRAME_PAYLOAD_BYTES
+    if full_size and len(_BODY_POOL) < BODY_POOL_SIZE:
         _BODY_POOL.append(chunk)

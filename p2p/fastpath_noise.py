@@ -62,7 +62,8 @@ async def _exact_bytes(tcp: TrioTCPStream, count: int) -> memoryview:
 
 
 def _decrypt(noise: Any, ciphertext: memoryview, into: memoryview | None = None) -> bytes | None:
-    """Decrypt one message (into ``into``, exactly its plaintext size, if given), as the noise library does."""
+    """Decrypt one message (into ``into``, exactly its plaintext size, if given), as the noise library
+    does."""
     state = noise.noise_state.noise_protocol.cipher_state_decrypt
     try:
         if into is None:
@@ -98,7 +99,9 @@ def _decrypt_buffered(noise: Any, out: memoryview, received: int) -> int:
                 break
             body = start + prefix_bytes
             try:
-                decrypt_into(nonce(state), view[body : body + size], None, out[received : received + plain_size])
+                decrypt_into(
+                    nonce(state), view[body : body + size], None, out[received : received + plain_size]
+                )
             except InvalidTag:
                 raise NoiseInvalidMessage("Failed authentication of message") from None
             state.n += 1

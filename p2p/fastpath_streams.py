@@ -1,4 +1,4 @@
-"""Yamux receive streams for :mod:`p2p.fastpath`: frame bodies kept as they arrive, windows credited in halves.
+"""Yamux receive streams for :mod:`p2p.fastpath`: bodies kept as they arrive, windows credited in halves.
 
 A stream's unread bytes are kept as the frame bodies they came in (:class:`ChunkBuffer`,
 no copy on arrival), and a stream in raw-read mode (:func:`p2p.fastpath.read_raw`) gets
@@ -104,7 +104,9 @@ class ChunkBuffer:
         return b"".join(pieces)
 
     def __bytes__(self) -> bytes:
-        return b"".join(memoryview(part)[self._offset if index == 0 else 0 :] for index, part in enumerate(self._parts))
+        return b"".join(
+            memoryview(part)[self._offset if index == 0 else 0 :] for index, part in enumerate(self._parts)
+        )
 
     def __getitem__(self, key: slice) -> bytes:
         if isinstance(key, slice) and key.start in (None, 0) and key.step is None and key.stop is not None:

@@ -79,7 +79,9 @@ async def _receive(tcp: TrioTCPStream, buffer: ReceiveBuffer) -> bool:
     except OSError as error:
         if error.errno in (errno.EBADF, errno.ENOTSOCK):
             return False
-        raise ConnectionClosedError(f"TCP connection reset by remote peer: {error}", transport="tcp") from error
+        raise ConnectionClosedError(
+            f"TCP connection reset by remote peer: {error}", transport="tcp"
+        ) from error
     buffer.end += received
     if received == requested and buffer.read_bytes < MAX_TCP_READ_BYTES:
         buffer.grow()

@@ -252,7 +252,8 @@ def parse_sync_offer(frame: dict[str, Any]) -> tuple[list[bytes], tuple[bytes, i
 
 
 def parse_sync_want(frame: dict[str, Any], offered: int) -> list[int]:
-    """The indices of a ``/dlx/sync/1.1.0`` want into an offer of ``offered`` ids; raises ProtocolViolation."""
+    """The indices of a ``/dlx/sync/1.1.0`` want into an offer of ``offered`` ids; raises
+    ProtocolViolation."""
     want = field(frame, "want", list)
     if any(type(i) is not int for i in want) or any(b <= a for a, b in zip(want, want[1:])) \
             or (want and not 0 <= want[0] <= want[-1] < offered):

@@ -124,7 +124,8 @@ class P2PHost(HostGossip, HostBlobs, HostPeers, HostThread):
         self._closing = trio.Event()
         self._build_services()
         config = self.config
-        listen = [multiaddr.Multiaddr(f"/ip4/{config.listen_host}/tcp/{config.listen_port}")] if config.listen else []
+        listen_addr = multiaddr.Multiaddr(f"/ip4/{config.listen_host}/tcp/{config.listen_port}")
+        listen = [listen_addr] if config.listen else []
         self._mdns = None
         try:
             async with (

@@ -36,7 +36,8 @@ class Subscription:
 
     queue: queue.Queue[tuple[bytes, str]]
     validator: GossipValidator | None
-    keep_for_sync: Callable[[bytes], bool] | None = None  # None: every delivered message is served by /dlx/sync
+    #: None: every delivered message is served by /dlx/sync.
+    keep_for_sync: Callable[[bytes], bool] | None = None
     delivered: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
     sync_cursor: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # peer -> (epoch, seq)
 

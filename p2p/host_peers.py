@@ -123,7 +123,9 @@ class HostPeers:
         if self._closing is not None and self._closing.is_set():
             return  # cancelled by the host's own close
         if self.dialbook.dial_failed(peer.to_base58()):
-            logger.info("forgetting peer %s: %d dials in a row failed", peer, self.config.forget_after_failures)
+            logger.info(
+                "forgetting peer %s: %d dials in a row failed", peer, self.config.forget_after_failures
+            )
             self._drop_addresses(peer)
 
     def _drop_addresses(self, peer: ID) -> None:
@@ -148,7 +150,8 @@ class HostPeers:
                                  self.config.provider_record_ttl)
             connections = self._libp2p.get_network().connections
             known = [p for p in peerstore.peer_ids() if p != me and _addrs_of(peerstore, p)]
-            for peer in self.dialbook.sweep([p.to_base58() for p in known], [p.to_base58() for p in connections]):
+            swept = self.dialbook.sweep([p.to_base58() for p in known], [p.to_base58() for p in connections])
+            for peer in swept:
                 logger.info("forgetting peer %s: no connection for %.0f s", peer, self.config.forget_after_s)
             for peer in known + list(self._dht.routing_table.get_peer_ids()):
                 if peer not in connections and self.dialbook.forgotten(peer.to_base58()):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 
 #: Peers whose blob bytes are counted at most; past this, the peer updated longest ago is dropped (every
-#: ``dlx-node join`` fetch host is a new peer id, so the table would grow with every join for the node's life).
+#: ``dlx-node join`` fetch host is a new peer id, so the table would grow with every join for the node's
+#: life).
 MAX_PEER_STATS = 1024
 
 
