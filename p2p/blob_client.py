@@ -100,7 +100,8 @@ class BlobFetcher(BlobPieces, BlobRanges):
         async def ask(peer: ID) -> None:
             try:
                 sizes[peer] = await self.stat(peer, sha256_hex)
-            except Exception as exc:  # provider unreachable or without the blob: the others may serve
+            # A provider unreachable or without the blob must not end the other size queries.
+            except Exception as exc:  # noqa: BLE001 - a size query's task boundary
                 errors[peer.to_base58()] = f"{type(exc).__name__}: {exc}"
 
         async with trio.open_nursery() as nursery:

@@ -20,11 +20,12 @@ from libp2p.peer.id import ID
 
 from p2p.blob_hashing import InOrderHasher
 from p2p.blob_protocol import CHUNK_BYTES, FILE_IO_BYTES, PIECE_BYTES
-from p2p.blob_ranges import ProviderFailed, close_quietly, reset_quietly
+from p2p.blob_ranges import ProviderFailed
 from p2p.errors import BlobStoreFull, BlobUnavailable
 from p2p.fastpath import read_raw
 from p2p.fastpath_bodies import release_body
 from p2p.staging import RangeWriter, StagingFile
+from p2p.streams import close_quietly, reset_quietly
 
 if TYPE_CHECKING:
     from p2p.blob_client import BlobFetcher
@@ -68,7 +69,8 @@ class EarlyPiece:
             self.total = header["total"]
             if self._dropped:  # not wanted any more: stop the provider's bytes at once
                 await self.drop()
-        except Exception as exc:  # out of range, busy, gone: the piece is asked for again later
+        # Out of range, busy, gone: the piece is asked for again later; this task must not end the download.
+        except Exception as exc:  # noqa: BLE001 - the early request's task boundary
             logger.debug("early first piece from %s: %s: %s", self.peer, type(exc).__name__, exc)
         finally:
             if self.stream is None:
@@ -284,7 +286,8 @@ class BlobPieces:
                         )
                     finally:
                         taken.release()
-            except Exception as exc:  # this provider failed: give the rest of the piece back
+            # This provider failed, however: give the rest of the piece back; the other workers go on.
+            except Exception as exc:  # noqa: BLE001 - a piece worker's task boundary
                 done = progress[0]
                 if done < length:
                     queue.waiting.appendleft((offset + done, length - done))

@@ -19,6 +19,7 @@ from p2p.blob_protocol import BLOB_PROTOCOL, MAX_FRAME_BYTES, parse_reply, reque
 from p2p.blobstore import check_sha256_hex
 from p2p.errors import ProviderTooSlow
 from p2p.fastpath import grant_receive_window
+from p2p.streams import close_quietly, reset_quietly
 from p2p.wire import ProtocolViolation, read_frame, write_frame
 
 
@@ -29,25 +30,6 @@ class ProviderFailed(Exception):
         super().__init__(status)
         self.status = status
         self.total = total  # the blob's size, if the reply gave one (out_of_range)
-
-
-async def reset_quietly(stream: Any) -> None:
-    """Reset a stream we give up on, shielded and bounded (it may already be broken)."""
-    with trio.move_on_after(1) as cleanup:
-        cleanup.shield = True
-        try:
-            await stream.reset()
-        except Exception:
-            pass
-
-
-async def close_quietly(stream: Any) -> None:
-    """Close our side of a stream, giving up after 1 s (the peer may be gone)."""
-    with trio.move_on_after(1):
-        try:
-            await stream.close()
-        except Exception:
-            pass
 
 
 class BlobRanges:

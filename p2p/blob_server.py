@@ -29,6 +29,7 @@ from p2p.blob_protocol import (
 from p2p.blobstore import BlobStore
 from p2p.errors import BlobError
 from p2p.ratelimit import PeerRateLimiter
+from p2p.streams import CONNECTION_ERRORS
 from p2p.wire import ProtocolViolation, read_frame, write_frame
 
 logger = logging.getLogger(__name__)
@@ -96,13 +97,14 @@ class BlobServer:
             with trio.fail_after(self.stall_timeout):
                 request = await read_frame(stream, MAX_FRAME_BYTES)
             await self._serve(stream, peer, request)
-        except Exception as exc:  # a peer's bad request or a dropped connection ends only this stream
+        # A peer's bad request or a dropped connection ends only this stream, never the host's handler.
+        except Exception as exc:  # noqa: BLE001 - the stream handler's boundary
             logger.debug("blob request from %s failed: %s: %s", peer, type(exc).__name__, exc)
             with trio.move_on_after(1):
                 try:
                     await stream.reset()
-                except Exception:
-                    pass
+                except CONNECTION_ERRORS:
+                    pass  # already broken: nothing left to tell the peer
 
     async def _serve(self, stream: Any, peer: str, request: dict[str, Any]) -> None:
         try:

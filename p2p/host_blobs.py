@@ -87,7 +87,9 @@ class HostBlobs:
     async def _stat(self, key_hex: str, provider: str) -> int:
         try:
             return await self._blobs.stat(ID.from_base58(provider), key_hex)
-        except Exception as exc:  # a refusal (not_found), a protocol violation, a dropped stream
+        # A refusal (not_found), a protocol violation, a dropped stream, any failure of the provider's:
+        # node/ gets a BlobError, never a library's exception that would end its thread.
+        except Exception as exc:  # noqa: BLE001 - the boundary between a provider and node/
             if getattr(exc, "status", None) == "not_found":
                 raise BlobNotFound(f"blob {key_hex[:16]}: {provider[-8:]} does not serve it") from None
             raise BlobError(
@@ -180,7 +182,8 @@ class HostBlobs:
             with trio.move_on_after(5):
                 try:
                     providers, _closer = await store._get_providers_from_peer_with_closers(peer, key)
-                except Exception as exc:  # a peer without the DHT protocol, or gone
+                # A peer without the DHT protocol, or gone, must not end the other peers' queries.
+                except Exception as exc:  # noqa: BLE001 - a provider query's task boundary
                     logger.debug("GET_PROVIDERS from %s failed: %s", peer, exc)
                     return
                 infos.extend(providers)
@@ -254,7 +257,9 @@ class HostBlobs:
             )
         except BlobError:
             raise
-        except Exception as exc:  # a refusal (_ProviderFailed), a protocol violation, a dropped stream
+        # A refusal (ProviderFailed), a protocol violation, a dropped stream, any failure of the provider's:
+        # node/ gets a BlobError, never a library's exception that would end its thread.
+        except Exception as exc:  # noqa: BLE001 - the boundary between a provider and node/
             raise BlobError(f"blob {sha256_hex[:16]} range from {provider[-8:]}: "
                             f"{type(exc).__name__}: {exc}") from None
 

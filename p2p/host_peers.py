@@ -14,14 +14,17 @@ import time
 from typing import Any
 
 import multiaddr
+import multiaddr.exceptions
 import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.peer.peerstore import PeerStoreError
 
 from p2p.addrs import parse_relayed_addr
 from p2p.errors import DialError
 from p2p.nat import split_addrs
+from p2p.streams import CONNECTION_ERRORS
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +80,7 @@ class HostPeers:
                 if not fallback:
                     raise
                 logger.debug("direct dial of %s timed out; trying relays", info.peer_id)
-            except Exception as exc:  # behind a NAT: try the relays before giving up
+            except CONNECTION_ERRORS as exc:  # behind a NAT: try the relays before giving up
                 if not fallback:
                     raise
                 logger.debug("direct dial of %s failed (%s); trying relays", info.peer_id, exc)
@@ -223,7 +226,7 @@ def _addrs_of(peerstore: Any, peer: ID) -> list:
     """The peerstore's addresses of ``peer``; none for a peer it does not hold (py-libp2p raises)."""
     try:
         return list(peerstore.addrs(peer))
-    except Exception:  # PeerStoreError: not found or expired
+    except PeerStoreError:  # not found or expired
         return []
 
 
@@ -235,5 +238,5 @@ def peer_info(addr: str) -> PeerInfo:
         return PeerInfo(ID.from_base58(peer), [multiaddr.Multiaddr(addr)])
     try:
         return info_from_p2p_addr(multiaddr.Multiaddr(addr))
-    except Exception as exc:  # multiaddr raises several types on bad text
+    except (ValueError, multiaddr.exceptions.Error) as exc:  # multiaddr, peer id or p2p part malformed
         raise DialError(f"bad multiaddr {addr!r}: {exc}") from None
