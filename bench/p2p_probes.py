@@ -13,7 +13,7 @@ from pathlib import Path
 
 import trio
 
-from p2p import fastpath
+from p2p import fastpath_bodies, fastpath_tcp
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -75,13 +75,14 @@ def thread_cpu_seconds() -> dict[str, float]:
 class DataPathCounter:
     """Counts ``recv`` calls and fresh (not pooled) frame-body buffers on the fetcher's connections.
 
-    Wraps p2p.fastpath's ``_receive`` and ``_new_body`` while installed (a ``with`` block).
+    Wraps p2p.fastpath_tcp's ``_receive`` and p2p.fastpath_bodies' ``new_body`` while installed (a ``with``
+    block).
     """
 
     def __init__(self) -> None:
         self.recv_calls = 0
         self.fresh_bodies = 0
-        self._originals = (fastpath._receive, fastpath._new_body)
+        self._originals = (fastpath_tcp._receive, fastpath_bodies.new_body)
 
     def __enter__(self) -> DataPathCounter:
         receive, new_body = self._originals
@@ -91,15 +92,15 @@ class DataPathCounter:
             return await receive(tcp, buffer)
 
         def counted_new_body(size: int) -> bytearray:
-            if size == fastpath.YAMUX_FRAME_PAYLOAD_BYTES and not fastpath._BODY_POOL:
+            if size == fastpath_bodies.YAMUX_FRAME_PAYLOAD_BYTES and not fastpath_bodies._BODY_POOL:
                 self.fresh_bodies += 1
             return new_body(size)
 
-        fastpath._receive, fastpath._new_body = counted_receive, counted_new_body
+        fastpath_tcp._receive, fastpath_bodies.new_body = counted_receive, counted_new_body
         return self
 
     def __exit__(self, *exc: object) -> None:
-        fastpath._receive, fastpath._new_body = self._originals
+        fastpath_tcp._receive, fastpath_bodies.new_body = self._originals
 
 
 #: With ``BENCH_P2P_PERF=<dir>``, each blob run records both processes with ``perf record`` (call graphs,

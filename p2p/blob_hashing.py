@@ -1,4 +1,7 @@
-"""In-order hashing of a blob whose pieces land out of order (the client's verification, :mod:`p2p.blob_client`)."""
+"""In-order hashing of a blob whose pieces land out of order.
+
+The client's verification (:mod:`p2p.blob_client`).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import trio
 
 from p2p.blob_protocol import FILE_IO_BYTES, HASH_MEMORY_BYTES, RunBlocking
 from p2p.errors import BlobError
-from p2p.fastpath import release_body
+from p2p.fastpath_bodies import release_body
 from p2p.staging import RangeWriter, WrittenBlock
 
 

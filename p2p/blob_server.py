@@ -29,6 +29,7 @@ from p2p.blob_protocol import (
 from p2p.blobstore import BlobStore
 from p2p.errors import BlobError
 from p2p.ratelimit import PeerRateLimiter
+from p2p.streams import CONNECTION_ERRORS
 from p2p.wire import ProtocolViolation, read_frame, write_frame
 
 logger = logging.getLogger(__name__)
@@ -76,11 +77,11 @@ class BlobServer:
         self._read_buffers: list[bytearray] = []  # FILE_IO_BYTES each, reused by served ranges
 
     def _take_read_buffer(self, length: int) -> bytearray:
-        """The buffer a served range of ``length`` bytes is read into: a kept one of FILE_IO_BYTES for a range
-        that fills it, a buffer of its own size for a smaller one. (Every range took a 4 MiB buffer, zeroed, so
-        every page of it resident; each concurrent serve of a few-kB contribution beyond the two kept made one
-        more, and a soak's nodes' RSS stepped by 4 MiB as they came and went, and by 4 MiB for good when a
-        catch-up's concurrent fetches first filled the kept pair: issue 45.)"""
+        """The buffer a served range of ``length`` bytes is read into: a kept one of FILE_IO_BYTES for a
+        range that fills it, a buffer of its own size for a smaller one. (Every range took a 4 MiB buffer,
+        zeroed, so every page of it resident; each concurrent serve of a few-kB contribution beyond the two
+        kept made one more, and a soak's nodes' RSS stepped by 4 MiB as they came and went, and by 4 MiB for
+        good when a catch-up's concurrent fetches first filled the kept pair: issue 45.)"""
         if length < FILE_IO_BYTES:
             return bytearray(length)
         return self._read_buffers.pop() if self._read_buffers else bytearray(FILE_IO_BYTES)
@@ -96,13 +97,14 @@ class BlobServer:
             with trio.fail_after(self.stall_timeout):
                 request = await read_frame(stream, MAX_FRAME_BYTES)
             await self._serve(stream, peer, request)
-        except Exception as exc:  # a peer's bad request or a dropped connection ends only this stream
+        # A peer's bad request or a dropped connection ends only this stream, never the host's handler.
+        except Exception as exc:  # noqa: BLE001 - the stream handler's boundary
             logger.debug("blob request from %s failed: %s: %s", peer, type(exc).__name__, exc)
             with trio.move_on_after(1):
                 try:
                     await stream.reset()
-                except Exception:
-                    pass
+                except CONNECTION_ERRORS:
+                    pass  # already broken: nothing left to tell the peer
 
     async def _serve(self, stream: Any, peer: str, request: dict[str, Any]) -> None:
         try:

@@ -159,7 +159,8 @@ class BlobStore:
                 os.fsync(handle.fileno())
         except BaseException as exc:  # a full disk: no partial staging file left to eat the space freed later
             staged.unlink(missing_ok=True)
-            if isinstance(exc, OSError) and exc.filename is None:  # a failed write names no file: name the blob
+            # A failed write names no file: name the blob.
+            if isinstance(exc, OSError) and exc.filename is None:
                 raise OSError(exc.errno, exc.strerror, str(self.path(sha256_hex))) from None
             raise
         self.commit(staged, sha256_hex, verified=True)
@@ -185,7 +186,8 @@ class BlobStore:
                 os.fsync(dst.fileno())
         except BaseException as exc:
             staged.unlink(missing_ok=True)
-            if isinstance(exc, OSError) and exc.filename is None:  # a failed write names no file: name the copy
+            # A failed write names no file: name the copy.
+            if isinstance(exc, OSError) and exc.filename is None:
                 raise OSError(exc.errno, exc.strerror, str(staged)) from None
             raise
         sha256_hex = digest.hexdigest()
@@ -205,7 +207,9 @@ class BlobStore:
         if not path.is_file():
             raise BlobNotFound(f"{path}: no such file to serve")
         if path.stat().st_size > self.max_blob_bytes:
-            raise BlobTooLarge(f"{path}: {path.stat().st_size} bytes exceeds max_blob_bytes={self.max_blob_bytes}")
+            raise BlobTooLarge(
+                f"{path}: {path.stat().st_size} bytes exceeds max_blob_bytes={self.max_blob_bytes}"
+            )
         self._files[check_sha256_hex(sha256_hex)] = path
 
     def alias(self, key_hex: str, sha256_hex: str) -> None:

@@ -122,13 +122,18 @@ class P2PConfig:
                 raise P2PConfigError(f"p2p.{name}={getattr(self, name)}: must be >= 1")
         if self.relay_max_circuit_seconds < 0:
             raise P2PConfigError(
-                f"p2p.relay_max_circuit_seconds={self.relay_max_circuit_seconds}: must be >= 0 (0 = unlimited)"
+                f"p2p.relay_max_circuit_seconds={self.relay_max_circuit_seconds}: "
+                "must be >= 0 (0 = unlimited)"
             )
         if self.relay_hop_per_minute < 1:
             raise P2PConfigError(f"p2p.relay_hop_per_minute={self.relay_hop_per_minute}: must be >= 1")
         if self.rate_limit_bps < 0:
             raise P2PConfigError(f"p2p.rate_limit_bps={self.rate_limit_bps}: must be >= 0 (0 = no cap)")
         if self.blob_min_rate < 0:
-            raise P2PConfigError(f"p2p.blob_min_rate={self.blob_min_rate}: must be >= 0 bytes/s (0 = no floor)")
+            raise P2PConfigError(
+                f"p2p.blob_min_rate={self.blob_min_rate}: must be >= 0 bytes/s (0 = no floor)"
+            )
         if self.rate_limit_burst < 0:
-            raise P2PConfigError(f"p2p.rate_limit_burst={self.rate_limit_burst}: must be >= 0 (0 = the default)")
+            raise P2PConfigError(
+                f"p2p.rate_limit_burst={self.rate_limit_burst}: must be >= 0 (0 = the default)"
+            )

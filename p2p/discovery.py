@@ -12,6 +12,7 @@ import trio
 from libp2p.abc import IHost
 from libp2p.kad_dht.kad_dht import KadDHT
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.peer.peerstore import PeerStoreError
 
 from p2p.config import P2PConfig
 
@@ -43,7 +44,8 @@ class Discovery:
                     with trio.fail_after(10):
                         await self._connect(info)
                     pending.remove(addr)
-                except Exception as exc:  # keep retrying on the next round
+                # Retried on the next round: an unreachable bootstrap peer must not end the loop.
+                except Exception as exc:  # noqa: BLE001 - the bootstrap loop's boundary
                     logger.debug("bootstrap %s not reachable yet: %s", addr, exc)
             if self._host.get_network().connections:
                 await self.discover_once()
@@ -55,7 +57,8 @@ class Discovery:
         try:
             with trio.move_on_after(10):
                 await self._dht.peer_routing.find_closest_peers_network(self._host.get_id().to_bytes())
-        except Exception as exc:  # a failing lookup is retried on the next round
+        # A failing lookup is retried on the next round: it must not end the discovery loop.
+        except Exception as exc:  # noqa: BLE001 - the discovery loop's boundary
             logger.debug("DHT self-lookup failed: %s", exc)
         await self._dial_new(self._dht.routing_table.get_peer_ids())
 
@@ -74,12 +77,13 @@ class Discovery:
                 continue
             try:
                 addrs = self._host.get_peerstore().addrs(peer)
-            except Exception:  # PeerStoreError: evicted meanwhile (a bounded peerstore) or expired
+            except PeerStoreError:  # evicted meanwhile (a bounded peerstore) or expired
                 continue
             if not addrs:
                 continue
             try:
                 with trio.fail_after(10):
                     await self._connect(PeerInfo(peer, addrs))
-            except Exception as exc:  # an unreachable peer: the DHT or mDNS will drop it eventually
+            # An unreachable peer (the DHT or mDNS will drop it eventually) must not end the loop.
+            except Exception as exc:  # noqa: BLE001 - the discovery loop's boundary
                 logger.debug("could not dial discovered peer %s: %s", peer, exc)

@@ -100,18 +100,18 @@ class Envelope:
     ) -> Envelope:
         """Build and sign an envelope with ``identity``'s key."""
         payload = bytes(payload)
-        fields = dict(
-            run_id=run_id,
-            round=round,
-            kind=kind,
-            stage=stage,
-            replica=replica,
-            sender=identity.public_key_bytes,
-            payload=payload,
-            payload_sha256=hashlib.sha256(payload).digest(),
-            timestamp_ms=int(time.time() * 1000) if timestamp_ms is None else timestamp_ms,
-            signature=b"",
-        )
+        fields = {
+            "run_id": run_id,
+            "round": round,
+            "kind": kind,
+            "stage": stage,
+            "replica": replica,
+            "sender": identity.public_key_bytes,
+            "payload": payload,
+            "payload_sha256": hashlib.sha256(payload).digest(),
+            "timestamp_ms": int(time.time() * 1000) if timestamp_ms is None else timestamp_ms,
+            "signature": b"",
+        }
         unsigned = cls(**fields)
         unsigned._check_fields()
         return replace(unsigned, signature=identity.sign(unsigned.signing_bytes()))
@@ -217,7 +217,7 @@ def decode_envelope(data: bytes, max_size: int) -> Envelope:
             object_hook=one_map,
             list_hook=no_array,
         )
-    except Exception as exc:  # msgpack raises several unrelated types on bad input
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:  # msgpack's errors on bad input
         raise EnvelopeRejected("malformed", f"not a msgpack envelope: {type(exc).__name__}: {exc}") from None
     if not isinstance(decoded, dict):
         raise EnvelopeRejected("malformed", "top level must be a map")

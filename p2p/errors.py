@@ -28,7 +28,8 @@ class DialError(P2PError):
 
 
 class RelayAddressError(DialError, ValueError):
-    """A relayed address (``<relay>/p2p-circuit/p2p/<peer>``) from a peer, a run link or a setting is malformed."""
+    """A relayed address (``<relay>/p2p-circuit/p2p/<peer>``) from a peer, a run link or a setting is
+    malformed."""
 
 
 class EnvelopeRejected(P2PError):
@@ -62,7 +63,8 @@ class BlobHashMismatch(BlobError):
 
 
 class BlobStoreFull(BlobError):
-    """This node's own disk took no more of a blob (ENOSPC, EDQUOT): the fetch stopped, no provider is at fault."""
+    """This node's own disk took no more of a blob (ENOSPC, EDQUOT): the fetch stopped, no provider is at
+    fault."""
 
 
 class BlobUnavailable(BlobError):

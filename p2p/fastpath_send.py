@@ -29,7 +29,9 @@ YAMUX_FRAME_NOISE_MESSAGES = 16
 YAMUX_FRAME_PAYLOAD_BYTES = YAMUX_FRAME_NOISE_MESSAGES * NOISE_PLAINTEXT_BYTES - _yamux.HEADER_SIZE
 TAG_BYTES = 16  # Poly1305 tag closing every Noise transport message
 #: Bytes on the wire of one full outgoing yamux data frame (its Noise messages with their prefixes).
-_MAX_FRAME_WIRE_BYTES = YAMUX_FRAME_NOISE_MESSAGES * (_noise_io.SIZE_NOISE_MESSAGE_LEN + _noise_io.MAX_NOISE_MESSAGE_LEN)
+_MAX_FRAME_WIRE_BYTES = YAMUX_FRAME_NOISE_MESSAGES * (
+    _noise_io.SIZE_NOISE_MESSAGE_LEN + _noise_io.MAX_NOISE_MESSAGE_LEN
+)
 
 
 def chacha_state(read_writer: Any, direction: str) -> Any:
@@ -101,7 +103,9 @@ def larger_yamux_frames() -> None:
                 size = len(plaintext) + TAG_BYTES
                 out[position : position + prefix_bytes] = size.to_bytes(prefix_bytes, "big")
                 position += prefix_bytes
-                state.cipher.cipher.encrypt_into(nonce(state), plaintext, None, out[position : position + size])
+                state.cipher.cipher.encrypt_into(
+                    nonce(state), plaintext, None, out[position : position + size]
+                )
                 state.n += 1
                 position += size
             self._dlx_wire_busy = busy
@@ -179,7 +183,8 @@ def uncopied_yamux_writes() -> None:
                         if self.closed:
                             raise MuxedStreamError("Stream is closed")
                         if self.send_window > 0:
-                            to_send = min(self.send_window, _yamux.MAX_MESSAGE_SIZE - _yamux.HEADER_SIZE, total_len - sent)
+                            max_payload = _yamux.MAX_MESSAGE_SIZE - _yamux.HEADER_SIZE
+                            to_send = min(self.send_window, max_payload, total_len - sent)
                             self.send_window -= to_send
                             header = struct.pack(
                                 _yamux.YAMUX_HEADER_FORMAT, 0, _yamux.TYPE_DATA, 0, self.stream_id, to_send

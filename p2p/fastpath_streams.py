@@ -1,4 +1,4 @@
-"""Yamux receive streams for :mod:`p2p.fastpath`: frame bodies kept as they arrive, windows credited in halves.
+"""Yamux receive streams for :mod:`p2p.fastpath`: bodies kept as they arrive, windows credited in halves.
 
 A stream's unread bytes are kept as the frame bodies they came in (:class:`ChunkBuffer`,
 no copy on arrival), and a stream in raw-read mode (:func:`p2p.fastpath.read_raw`) gets
@@ -60,7 +60,7 @@ class ChunkBuffer:
     gets whole bodies handed over as they are.
     """
 
-    __slots__ = ("_parts", "_offset", "_size")
+    __slots__ = ("_offset", "_parts", "_size")
 
     def __init__(self) -> None:
         self._parts: deque[Any] = deque()  # bytes or bytearray nobody else holds
@@ -104,7 +104,9 @@ class ChunkBuffer:
         return b"".join(pieces)
 
     def __bytes__(self) -> bytes:
-        return b"".join(memoryview(part)[self._offset if index == 0 else 0 :] for index, part in enumerate(self._parts))
+        return b"".join(
+            memoryview(part)[self._offset if index == 0 else 0 :] for index, part in enumerate(self._parts)
+        )
 
     def __getitem__(self, key: slice) -> bytes:
         if isinstance(key, slice) and key.start in (None, 0) and key.step is None and key.stop is not None:

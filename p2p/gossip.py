@@ -31,12 +31,13 @@ from __future__ import annotations
 import base64
 import bisect
 import hashlib
+import itertools
 import logging
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import libp2p.pubsub.pubsub as _pubsub_module
@@ -47,6 +48,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 
+from p2p.streams import CONNECTION_ERRORS
 from p2p.wire import ProtocolViolation, field, read_frame, write_frame
 
 logger = logging.getLogger(__name__)
@@ -252,9 +254,10 @@ def parse_sync_offer(frame: dict[str, Any]) -> tuple[list[bytes], tuple[bytes, i
 
 
 def parse_sync_want(frame: dict[str, Any], offered: int) -> list[int]:
-    """The indices of a ``/dlx/sync/1.1.0`` want into an offer of ``offered`` ids; raises ProtocolViolation."""
+    """The indices of a ``/dlx/sync/1.1.0`` want into an offer of ``offered`` ids; raises
+    ProtocolViolation."""
     want = field(frame, "want", list)
-    if any(type(i) is not int for i in want) or any(b <= a for a, b in zip(want, want[1:])) \
+    if any(type(i) is not int for i in want) or any(b <= a for a, b in itertools.pairwise(want)) \
             or (want and not 0 <= want[0] <= want[-1] < offered):
         raise ProtocolViolation(f"sync want: indices must be strictly increasing ints in [0, {offered})")
     return want
@@ -327,11 +330,12 @@ async def serve_recent(stream: Any, recent: RecentMessages) -> int:
             await write_frame(stream, sync_response_frame(recent.epoch, last, messages))
             await stream.close()
             return sum(len(m) for m in messages)
-    except Exception as exc:  # bad request or dropped peer: end this stream only
+    # A bad request or a dropped peer ends this stream only, never the host's handler.
+    except Exception as exc:  # noqa: BLE001 - the stream handler's boundary
         logger.debug("sync request failed: %s", exc)
         with trio.move_on_after(1):
             try:
                 await stream.reset()
-            except Exception:
-                pass
+            except CONNECTION_ERRORS:
+                pass  # already broken: nothing left to tell the peer
         return 0

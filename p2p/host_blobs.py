@@ -75,7 +75,9 @@ class HostBlobs:
         Raises BlobNotFound (the provider does not serve the key), BlobTooLarge, BlobError or P2PTimeout."""
         key_hex = check_sha256_hex(key_hex)
         timeout = self.config.transfer_timeout if timeout is None else timeout
-        total = self._call(self._stat, key_hex, provider, timeout=timeout, what=f"size of blob {key_hex[:16]}")
+        total = self._call(
+            self._stat, key_hex, provider, timeout=timeout, what=f"size of blob {key_hex[:16]}"
+        )
         if total > max_bytes:
             raise BlobTooLarge(f"blob {key_hex[:16]} from {provider[-8:]}: {total} bytes, over {max_bytes}")
         if total == 0:
@@ -85,10 +87,14 @@ class HostBlobs:
     async def _stat(self, key_hex: str, provider: str) -> int:
         try:
             return await self._blobs.stat(ID.from_base58(provider), key_hex)
-        except Exception as exc:  # a refusal (not_found), a protocol violation, a dropped stream
+        # A refusal (not_found), a protocol violation, a dropped stream, any failure of the provider's:
+        # node/ gets a BlobError, never a library's exception that would end its thread.
+        except Exception as exc:  # noqa: BLE001 - the boundary between a provider and node/
             if getattr(exc, "status", None) == "not_found":
                 raise BlobNotFound(f"blob {key_hex[:16]}: {provider[-8:]} does not serve it") from None
-            raise BlobError(f"blob {key_hex[:16]} from {provider[-8:]}: {type(exc).__name__}: {exc}") from None
+            raise BlobError(
+                f"blob {key_hex[:16]} from {provider[-8:]}: {type(exc).__name__}: {exc}"
+            ) from None
 
     async def _announce(self, sha256_hex: str) -> None:
         key = _dht_key(sha256_hex)
@@ -126,10 +132,10 @@ class HostBlobs:
 
     def stop_announcing(self, sha256_hex: str, timeout: float = 5.0) -> None:
         """Keep serving the stored blob ``sha256_hex`` but no longer announce it: drop this host's provider
-        record of it and its periodic re-announcement. A fetcher that names this host as a provider still gets
-        it; a DHT lookup no longer finds it here. For blobs a run keeps (an audit reads them) but no peer looks
-        up any more: announced for ever, they grew the provider store by every round's blobs and py-libp2p
-        would re-announce them all 22 hours on."""
+        record of it and its periodic re-announcement. A fetcher that names this host as a provider still
+        gets it; a DHT lookup no longer finds it here. For blobs a run keeps (an audit reads them) but no
+        peer looks up any more: announced for ever, they grew the provider store by every round's blobs and
+        py-libp2p would re-announce them all 22 hours on."""
         sha256_hex = check_sha256_hex(sha256_hex)
         if not self._closed and self._token is not None:
             self._call(self._forget_provided, sha256_hex, timeout=timeout, what="stop announcing blob")
@@ -176,7 +182,8 @@ class HostBlobs:
             with trio.move_on_after(5):
                 try:
                     providers, _closer = await store._get_providers_from_peer_with_closers(peer, key)
-                except Exception as exc:  # a peer without the DHT protocol, or gone
+                # A peer without the DHT protocol, or gone, must not end the other peers' queries.
+                except Exception as exc:  # noqa: BLE001 - a provider query's task boundary
                     logger.debug("GET_PROVIDERS from %s failed: %s", peer, exc)
                     return
                 infos.extend(providers)
@@ -245,10 +252,14 @@ class HostBlobs:
 
     async def _fetch_range(self, sha256_hex: str, offset: int, length: int, provider: str) -> bytes:
         try:
-            return await self._blobs.fetch_range(ID.from_base58(provider), bytes.fromhex(sha256_hex), offset, length)
+            return await self._blobs.fetch_range(
+                ID.from_base58(provider), bytes.fromhex(sha256_hex), offset, length
+            )
         except BlobError:
             raise
-        except Exception as exc:  # a refusal (_ProviderFailed), a protocol violation, a dropped stream
+        # A refusal (ProviderFailed), a protocol violation, a dropped stream, any failure of the provider's:
+        # node/ gets a BlobError, never a library's exception that would end its thread.
+        except Exception as exc:  # noqa: BLE001 - the boundary between a provider and node/
             raise BlobError(f"blob {sha256_hex[:16]} range from {provider[-8:]}: "
                             f"{type(exc).__name__}: {exc}") from None
 

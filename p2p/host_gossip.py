@@ -36,7 +36,8 @@ class Subscription:
 
     queue: queue.Queue[tuple[bytes, str]]
     validator: GossipValidator | None
-    keep_for_sync: Callable[[bytes], bool] | None = None  # None: every delivered message is served by /dlx/sync
+    #: None: every delivered message is served by /dlx/sync.
+    keep_for_sync: Callable[[bytes], bool] | None = None
     delivered: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
     sync_cursor: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # peer -> (epoch, seq)
 
@@ -209,7 +210,8 @@ class HostGossip:
                 with trio.fail_after(5):
                     messages, cursor, offered = await pull_recent(self._libp2p, peer, topic, epoch, after,
                                                                   have=held.__contains__)
-            except Exception as exc:  # a peer without the protocol or gone: others still answer
+            # A peer without the protocol, or gone, must not end the other peers' pulls.
+            except Exception as exc:  # noqa: BLE001 - a pull's task boundary
                 logger.debug("sync of %s from %s failed: %s", topic, peer_text, exc)
                 return
             subscription.sync_cursor[peer_text] = cursor
@@ -261,7 +263,7 @@ class HostGossip:
                     with trio.move_on_after(5):
                         try:
                             await self._pubsub.message_all_peers(packet.SerializeToString(), announce=subopt)
-                        except Exception as exc:  # a broken peer must not end the loop
+                        except Exception as exc:  # noqa: BLE001 - a broken peer must not end the repair loop
                             logger.debug("re-announcing %s failed: %s", topic, exc)
             for peer_id in list(self._libp2p.get_network().connections):
                 if peer_id in self._pubsub.peers:
@@ -269,7 +271,7 @@ class HostGossip:
                 with trio.move_on_after(5):
                     try:
                         await self._pubsub.ensure_peer_stream(peer_id, timeout=5.0)
-                    except Exception as exc:  # a broken peer must not end the loop
+                    except Exception as exc:  # noqa: BLE001 - a broken peer must not end the repair loop
                         logger.debug("pubsub stream to %s not opened: %s", peer_id, exc)
 
     async def _resync_loop(self) -> None:

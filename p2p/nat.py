@@ -24,6 +24,7 @@ from typing import Any
 import multiaddr
 import trio
 from libp2p.abc import IHost, INetStream
+from libp2p.exceptions import BaseLibp2pError
 from libp2p.host.autonat import AutoNATService, AutoNATStatus
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
@@ -41,6 +42,7 @@ from p2p.addrs import CIRCUIT, is_relayed_addr, parse_relayed_addr, relayed_addr
 from p2p.config import P2PConfig
 from p2p.errors import DialError, RelayAddressError
 from p2p.ratelimit import Allowance
+from p2p.streams import CONNECTION_ERRORS
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +76,7 @@ def connection_is_relayed(conn: Any) -> bool:
     """True if a swarm connection runs through a relay (its transport address has /p2p-circuit)."""
     try:
         return any(is_relayed_addr(str(a)) for a in conn.get_transport_addresses())
-    except Exception:  # a connection closing under us
+    except (BaseLibp2pError, OSError, AttributeError):  # a connection closing under us
         return False
 
 
@@ -158,12 +160,12 @@ class GuardedRelay(CircuitV2Protocol):
         with trio.move_on_after(2):
             try:
                 await self._send_status(stream, code, "refused")
-            except Exception:  # the peer is gone: nothing to tell it
-                pass
+            except CONNECTION_ERRORS:
+                pass  # the peer is gone: nothing to tell it
         try:
             await stream.reset()
-        except Exception:
-            pass
+        except CONNECTION_ERRORS:
+            pass  # already broken
 
     async def handle_incoming_connection(self, stream: INetStream, remote_peer_id: bytes) -> None:
         """A relayed connection to this node (STOP side): noted, then upgraded by py-libp2p."""
@@ -197,7 +199,7 @@ class GuardedRelay(CircuitV2Protocol):
 def _remote_ip(stream: INetStream) -> str | None:
     try:
         remote = stream.get_remote_address()
-    except Exception:
+    except (BaseLibp2pError, OSError, AttributeError):  # a stream closing under us, or without a socket
         return None
     return remote[0] if remote else None
 
@@ -277,7 +279,8 @@ class NatTraversal:
                     ok = await self._transport.reserve(stream, info.peer_id, self._nursery)
                 finally:
                     await stream.close()
-        except Exception as exc:  # unreachable relay, refused protocol: retried by _keep_reservations
+        # Unreachable relay, refused protocol: retried by _keep_reservations, whose loop must go on.
+        except Exception as exc:  # noqa: BLE001 - the reservation loop's boundary
             ok = False
             logger.info("relay %s: no reservation yet (%s: %s)", info.peer_id, type(exc).__name__, exc)
         addr = relayed_addr(self._relay_addrs[info.peer_id], me)
@@ -326,7 +329,7 @@ class NatTraversal:
                 return
             except trio.TooSlowError:
                 errors.append(f"{addr}: timed out")
-            except Exception as exc:  # RelayAddressError, ConnectionError, a refused CONNECT
+            except (*CONNECTION_ERRORS, ValueError) as exc:  # RelayAddressError, a refused CONNECT
                 errors.append(f"{addr}: {type(exc).__name__}: {exc}")
         if not candidates:
             raise DialError(f"no relay to reach {peer} through (set p2p.relay_use)")

@@ -1,4 +1,4 @@
-"""Keep the DHT's provider records of a long run bounded: those of other peers age out, ours share one PeerInfo.
+"""Keep the DHT's provider records of a long run bounded: other peers' age out, ours share one PeerInfo.
 
 py-libp2p's Kademlia provider store keeps every provider record it is sent for 48 hours (the
 libp2p default), each with its own PeerInfo and address list. A run announces every round's

@@ -38,7 +38,7 @@ MAX_REMEMBERED = 4096
 _original_consume = _pubsub.maybe_consume_signed_record
 _original_env = _pubsub.env_to_send_in_RPC
 _checked: dict[tuple[Any, bytes], float] = {}  # (peer id, record bytes) -> when checked in full
-_sent: "weakref.WeakKeyDictionary[Any, tuple[float, tuple[bytes, bool]]]" = weakref.WeakKeyDictionary()
+_sent: weakref.WeakKeyDictionary[Any, tuple[float, tuple[bytes, bool]]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 

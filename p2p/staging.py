@@ -69,7 +69,7 @@ def _align_up(value: int) -> int:
 class AlignedBuffer:
     """A page-aligned, anonymous-memory buffer of fixed capacity, with its address for ``memmove``."""
 
-    __slots__ = ("capacity", "_map", "_array", "address", "view")
+    __slots__ = ("_array", "_map", "address", "capacity", "view")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = _align_up(capacity)
@@ -229,7 +229,7 @@ class WrittenBlock:
     The view lives in a pooled buffer: hand it back with :meth:`RangeWriter.release` once hashed.
     """
 
-    __slots__ = ("offset", "view", "_buffer")
+    __slots__ = ("_buffer", "offset", "view")
 
     def __init__(self, offset: int, view: memoryview, buffer: AlignedBuffer) -> None:
         self.offset = offset

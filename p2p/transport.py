@@ -33,11 +33,17 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.transport.tcp.tcp import TCP
 
-from p2p import fastpath  # noqa: F401  (patches py-libp2p's data path on import)
-from p2p import pubsub_fastpath  # noqa: F401  (per-RPC signed peer records, checked once per bytes)
-from p2p import inbound  # noqa: F401  (inbound connection handlers end with their connection)
+# isort: off  (each of these patches py-libp2p on import: kept in the order they always applied)
+from p2p import (
+    fastpath,  # noqa: F401  (patches py-libp2p's data path on import)
+    inbound,  # noqa: F401  (inbound connection handlers end with their connection)
+    pubsub_fastpath,  # noqa: F401  (per-RPC signed peer records, checked once per bytes)
+)
+
+# isort: on
 from p2p.errors import P2PError
 from p2p.identity import Identity
+from p2p.streams import CONNECTION_ERRORS
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +93,8 @@ async def close_leftover_tcp_streams() -> int:
         with trio.move_on_after(1):
             try:
                 await stream.close()
-            except Exception:  # already broken: the socket is released either way
-                pass
+            except CONNECTION_ERRORS:
+                pass  # already broken: the socket is released either way
     if closed:
         logger.debug("closed %d TCP sockets py-libp2p left open", closed)
     return closed

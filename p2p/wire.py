@@ -64,7 +64,7 @@ def decode_body(body: bytes, max_containers: int | None = None) -> dict[str, Any
         frame = msgpack.unpackb(body, raw=False, strict_map_key=True, max_ext_len=0, **hooks)
     except ProtocolViolation:
         raise
-    except Exception as exc:  # msgpack raises several types on bad input
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:  # msgpack's errors on bad input
         raise ProtocolViolation(f"malformed frame: {type(exc).__name__}: {exc}") from None
     if not isinstance(frame, dict):
         raise ProtocolViolation("frame is not a map")

@@ -156,7 +156,7 @@ def churn_memory(r: dict) -> list[str]:
         out += ["A host, and peers (each its own process, no listener) that connect to it one after the other, serve it "
                 "a 4 MiB blob and exit; what the host holds after the last one is gone, with py-libp2p's inbound handler "
                 "(stock) and with p2p/inbound.py's (patched); both release a TCP stream's receive buffer when it "
-                "closes (p2p/fastpath.py):", ""]
+                "closes (p2p/fastpath_tcp.py):", ""]
         out += table(["inbound handler", "connections", "limiter slots held", "connections open",
                       "TCP receive buffers alive", "RSS after each", "RSS fitted per connection"], rows)
     run = r.get("restart_cycles")

@@ -10,7 +10,7 @@ import trio
 import trio.testing
 from libp2p.io.trio import TrioTCPStream
 
-from p2p import fastpath, fastpath_send, fastpath_streams
+from p2p import fastpath, fastpath_send, fastpath_streams, fastpath_tcp
 from p2p.errors import BlobError
 from p2p import staging as staging_module
 from p2p.blob_hashing import InOrderHasher
@@ -70,7 +70,7 @@ def test_closing_a_tcp_stream_releases_its_receive_buffer():
         reader = TrioTCPStream(trio.SocketStream(right))
         await writer.send_all(b"x" * 100)
         assert await reader.read(10) == b"x" * 10
-        assert len(reader._dlx_buffer.data) == fastpath.TCP_BUFFER_BYTES
+        assert len(reader._dlx_buffer.data) == fastpath_tcp.TCP_BUFFER_BYTES
         await reader.close()
         assert reader._dlx_buffer is None  # whoever still holds the stream holds no buffer
         assert await reader.read(10) == b""  # EOF, as py-libp2p's read of a closed stream
@@ -93,14 +93,14 @@ def test_an_unjoined_yamux_frame_slices_as_its_bytes():
 
 
 def test_receive_buffer_grows_keeping_unread_bytes():
-    buffer = fastpath._ReceiveBuffer()
+    buffer = fastpath_tcp.ReceiveBuffer()
     buffer.data[:10] = b"0123456789"
     buffer.start, buffer.end = 3, 10
-    while buffer.read_bytes < fastpath.MAX_TCP_READ_BYTES:
+    while buffer.read_bytes < fastpath_tcp.MAX_TCP_READ_BYTES:
         buffer.grow()
-    assert buffer.read_bytes == fastpath.MAX_TCP_READ_BYTES
+    assert buffer.read_bytes == fastpath_tcp.MAX_TCP_READ_BYTES
     assert bytes(buffer.data[buffer.start : buffer.end]) == b"3456789"
-    assert len(buffer.data) >= fastpath.MAX_TCP_READ_BYTES + 2 * 65537
+    assert len(buffer.data) >= fastpath_tcp.MAX_TCP_READ_BYTES + 2 * 65537
 
 
 def hash_out_of_order(tmp_path, pieces, memory_budget):

@@ -8,22 +8,22 @@ import trio
 from node import protocol as msg
 from node.live.round import roundbook
 from node.live.round.roundbook import RoundBook
-from p2p import host, ratelimit
-from p2p.host import TransferStats
+from p2p import ratelimit, transfer_stats
 from p2p.ratelimit import PeerRateLimiter
+from p2p.transfer_stats import TransferStats
 
 
 def test_blob_stats_keep_the_peers_updated_last():
     stats = TransferStats()
     stats.add_peer("member", received=1)
-    for index in range(3 * host.MAX_PEER_STATS):
+    for index in range(3 * transfer_stats.MAX_PEER_STATS):
         stats.add_peer(f"fetch-host-{index}", sent=10)
         if index % 100 == 0:
             stats.add_peer("member", received=1)  # a peer still exchanging blobs is kept, its totals whole
     snapshot = stats.peers_snapshot()
-    assert len(snapshot) == host.MAX_PEER_STATS
-    assert snapshot["member"]["received"] == 1 + len(range(0, 3 * host.MAX_PEER_STATS, 100))
-    assert "fetch-host-0" not in snapshot and f"fetch-host-{3 * host.MAX_PEER_STATS - 1}" in snapshot
+    assert len(snapshot) == transfer_stats.MAX_PEER_STATS
+    assert snapshot["member"]["received"] == 1 + len(range(0, 3 * transfer_stats.MAX_PEER_STATS, 100))
+    assert "fetch-host-0" not in snapshot and f"fetch-host-{3 * transfer_stats.MAX_PEER_STATS - 1}" in snapshot
 
 
 def test_rate_limit_buckets_stay_bounded():
