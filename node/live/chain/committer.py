@@ -178,7 +178,7 @@ class Committer:
                                    kind="chain step", stop=self.node.stop_event)
             except DLX_ERRORS as exc:
                 logger.error("round %d: chain step failed: %s", item, exc)
-            except Exception:
+            except Exception:  # thread boundary: the committer's thread takes the next round
                 logger.exception("round %d: chain step crashed", item)
             self.handled_through = max(self.handled_through, item)
             if self._queue.empty():

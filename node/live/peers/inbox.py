@@ -126,7 +126,7 @@ class GossipInbox:
         except (EnvelopeRejected, msg.ProtocolError) as exc:
             if getattr(exc, "reason", "") != "replayed":
                 logger.debug("dropped message: %s", exc)
-        except Exception:  # a bad message must never kill the consumer
+        except Exception:  # thread boundary: a bad message must never kill the gossip consumer
             logger.exception("error while handling a gossip message; dropped")
 
     def _defer(self, sender: str, data: bytes) -> None:

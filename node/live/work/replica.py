@@ -425,12 +425,12 @@ def warm_up_imports() -> None:
     network side (chain, host, peers, placement: mostly waiting), so the import overlaps those waits."""
     try:
         import torch._dynamo  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - only a warm-up: the trainer imports it again, and reports.
+    except Exception as exc:  # noqa: BLE001 - thread boundary; only a warm-up: the trainer imports it again.
         # Also what a node that exits during the import (an error at start) meets as the interpreter shuts
         # down: a traceback printed after the node's one-line error would hide it.
         try:
             logger.debug("warming up torch._dynamo failed: %s", exc)
-        except Exception:  # noqa: BLE001 - logging torn down at exit
+        except Exception:  # noqa: BLE001 - thread boundary: logging torn down at exit
             pass
 
 
