@@ -103,7 +103,7 @@ def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
     and its ``outer_adam_*`` settings only when it is "adam" (the hash of every "full", fixed-H, one-outer-lr,
     Nesterov run stays what it was)."""
     diloco = dataclasses.asdict(cfg.diloco)
-    if diloco.get("exchange") == "full":
+    if not cfg.diloco.sliced:
         del diloco["exchange"]
         del diloco["min_slice_numel"]
     if not cfg.diloco.budgeted:

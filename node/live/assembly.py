@@ -27,7 +27,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Queue
-from types import MappingProxyType
 
 from node import protocol as msg
 from node.arenas import settle_interned_strings
@@ -43,9 +42,9 @@ from node.live.round.coordination import RoundCoordinator, RoundStopped
 from node.live.round.ending import RunEnd
 from node.live.round.entry import RunEntry
 from node.live.exchange.protocol import Exchange, serve_blob
+from node.live.exchange.registry import EXCHANGES
 from node.live.round.finisher import RoundFinisher
 from node.live.chain.forkrepair import ForkRepair
-from node.live.exchange.full import FullExchange
 from node.live.peers.heartbeat import Heartbeat
 from node.live.peers.inbox import GossipInbox
 from node.live.work.lane import RoundLane
@@ -61,7 +60,6 @@ from node.live.round.roundbook import RoundBook
 from node.live.round.roundclock import RoundClock
 from node.live.round.roundstate import RoundState
 from node.live.peers.saidlog import SaidLog
-from node.live.exchange.sliced import SlicedExchange
 from node.live.startup import StartupClock
 from node.live.work.station import Station
 from node.live.peers.topology import Seat
@@ -84,10 +82,6 @@ logger = logging.getLogger(__name__)
 #: Run message kinds a member may sign again with another payload (periodic or per-accusation): the
 #: validator does not hold them as equivocation, and node/live/peers/saidlog.py does not keep them.
 EQUIVOCATION_EXEMPT = (msg.HELLO, msg.ACCUSATION, msg.VERDICT, msg.PARTIAL_ANNOUNCE)
-
-#: The exchange kinds by ``diloco.exchange`` (docs/PROTOCOL.md, "Sliced exchange").
-EXCHANGES: Mapping[str, type[Exchange]] = MappingProxyType({"full": FullExchange, "sliced": SlicedExchange})
-
 
 @dataclass(frozen=True)
 class Kinds:

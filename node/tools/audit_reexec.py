@@ -141,7 +141,7 @@ class ReexecAuditor:
         if any(p is None for p in parts):
             return None, "its start state is not in the archives' blob stores", None
         payloads, partials = [b.blob for b in bodies], None
-        if self.cfg.diloco.exchange == "sliced":  # its envelopes carry slice references, not codec blobs
+        if self.cfg.diloco.sliced:  # its envelopes carry slice references, not codec blobs
             try:
                 payloads = self.sliced.claims(round_index, envs)
             except SlicedBundleFails as exc:  # its own signed record disproves it: a failing rerun

@@ -1,7 +1,7 @@
 """How a round's contributions travel: the exchange protocol, and the pool of fetched contributions.
 
 :class:`Exchange` is one protocol with one module per kind, named by
-``diloco.exchange`` (the registry: :data:`node.live.assembly.EXCHANGES`): the
+``diloco.exchange`` (the registry: :data:`node.live.exchange.registry.EXCHANGES`): the
 full exchange (:mod:`node.live.exchange.full`: every holder fetches every closed
 contribution and aggregates it) and the sliced exchange (:mod:`node.live.exchange.sliced`:
 aggregators of one slice each, partials in). The node never asks which kind it holds.
@@ -46,6 +46,7 @@ from queue import Queue
 
 from node import protocol as msg
 from node.errors import NodeError
+from node.exchangekinds import EXCHANGE_TRAITS
 from node.fsutil import keep_evidence, serve_when_space
 from node.live.round.roundbook import Announced, RoundBook
 from node.live.round.roundstate import StageInputs
@@ -352,10 +353,12 @@ class Exchange:
     by its class attributes, what the rest of the node must know of it.
     """
 
-    #: The pool fetches announced contributions only for the rounds and stages this node may close.
-    lazy_pool = False
-    #: A holder holds every closed envelope of the stages it aggregates (what the archive seals).
-    holds_all_envelopes = True
+    #: The kind's facts the offline tools read too (node/exchangekinds.py): whether the pool fetches
+    #: announced contributions only for the rounds and stages this node may close, whether a holder holds
+    #: every closed envelope of the stages it aggregates (what the archive seals).
+    traits = EXCHANGE_TRAITS["full"]
+    lazy_pool = traits.lazy_pool
+    holds_all_envelopes = traits.holds_all_envelopes
     #: Its contributions can be re-executed by the spot checks (docs/PROTOCOL.md, "Spot checks").
     reexecutable = True
     #: A coordinator closes only with contributions whose inputs it holds besides the envelope

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ledger.merkle import merkle_root
 from node import protocol as msg
 from node.fsutil import keep_evidence, retry_on_full_disk, serve_when_space
+from node.exchangekinds import EXCHANGE_TRAITS
 from node.live.round.coordination import RoundStopped
 from node.live.exchange.protocol import Exchange, InputsWithheld
 from node.live.exchange.partialfetch import PartialFetcher
@@ -62,8 +63,9 @@ class SlicedExchange(SliceReads, SlicedChecks, Exchange):
     round or aggregates a slice of it (:meth:`prefetch_inputs`).
     """
 
-    lazy_pool = True  # only a coordinator or an aggregator fetches envelopes
-    holds_all_envelopes = False  # a holder archives the closed envelopes it holds; each contributor its own
+    traits = EXCHANGE_TRAITS["sliced"]
+    lazy_pool = traits.lazy_pool  # only a coordinator or an aggregator fetches envelopes
+    holds_all_envelopes = traits.holds_all_envelopes  # a holder archives the closed envelopes it holds
     # Re-execution spot checks rerun a member against the slices its signed reference binds, and
     # round t-1 from the partials applied (node.live.checks.sliced_rerun).
     reexecutable = True

@@ -20,7 +20,7 @@ import torch
 from node.config import NodeConfig
 from training.codec_wire import decode_contribution
 from training.data import corpus_from_config, eval_batches, round_batches
-from training.butterfly import SliceAggregate, SlicePlan, aggregate_slice, average_of_partials, slice_stage
+from training.butterfly import SliceAggregate, SlicePlan, aggregate_slice, average_of_partials, slice_for_exchange
 from training.diloco import Aggregation, aggregate_with_report, step_with_average
 from training.errors import PipelineError
 from training.screening import (
@@ -112,9 +112,9 @@ class ReplicaWorker:
         for stage in self.stages:
             params = dict(modules[stage].named_parameters())
             self.engines[stage] = StageEngine(stage, params, self.cfg.diloco, self.cfg.compression)
-            if self.cfg.diloco.exchange == "sliced":  # docs/PROTOCOL.md, "Sliced exchange"
-                self.plans[stage] = slice_stage(self.engines[stage], self.cfg.diloco.num_replicas,
-                                                self.cfg.diloco.min_slice_numel)
+            plan = slice_for_exchange(self.engines[stage], self.cfg.diloco)  # docs/PROTOCOL.md, "Sliced exchange"
+            if plan is not None:
+                self.plans[stage] = plan
 
     def leave_pipeline(self) -> None:
         """Drop the cluster's broken pipeline (a partner died); weights, optimizer and engines are kept."""
