@@ -127,7 +127,7 @@ class HostWatch:
     def _received(self) -> int:
         try:
             return int(self.host.transfer_stats().get(BLOB_PROTOCOL, {}).get("received", 0))
-        except (P2PError, OSError):  # a closed host: the count stays where it was
+        except (P2PError, OSError, AttributeError):  # a closed host, or one keeping no stats: the count stays
             return self.base if hasattr(self, "base") else 0
 
     def poll(self) -> None:

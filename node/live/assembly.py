@@ -45,7 +45,8 @@ from node.live.round.build import (
     build_coordinator, build_ending, build_entry, build_finisher, build_lifecycle, build_pace, build_recovery)
 from node.live.round.ending import RunEnd
 from node.live.round.entry import RunEntry
-from node.live.exchange.protocol import Exchange, serve_blob
+from node.live.exchange.protocol import Exchange
+from node.live.exchange.pool import serve_blob
 from node.live.exchange.build import build_exchange
 from node.live.exchange.registry import EXCHANGES
 from node.live.round.finisher import RoundFinisher

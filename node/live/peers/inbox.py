@@ -19,7 +19,7 @@ from queue import Empty, Queue
 from ledger.errors import LedgerError
 from ledger.records import RoundRecord
 from node import protocol as msg
-from node.live.exchange.protocol import ContributionPool
+from node.live.exchange.pool import ContributionPool
 from node.live.peers.membership import Membership
 from node.live.round.roundbook import Announced, RoundBook
 from p2p.envelope import Envelope, EnvelopeValidator, decode_envelope

@@ -34,7 +34,7 @@ from ledger.merkle import merkle_root
 from node import protocol as msg
 from node.errors import NodeError
 from node.live.round.closesteps import close_steps, steps_problem
-from node.live.exchange.protocol import ContributionPool
+from node.live.exchange.pool import ContributionPool
 from node.live.peers.membership import Membership
 from node.live.round.roundbook import Announced, RoundBook
 from node.live.round.takeover import TakingOver

@@ -30,7 +30,8 @@ from node.live.fraud.chunkstate import ChunkedStates
 from node.live.chain.committer import Committer
 from node.live.work.contributor import Contributor
 from node.live.round.coordination import RoundCoordinator
-from node.live.exchange.protocol import Exchange, InputsWithheld, serve_blob
+from node.live.exchange.protocol import Exchange, InputsWithheld
+from node.live.exchange.pool import serve_blob
 from node.live.chain.forkrepair import ForkRepair
 from node.live.work.lane import RoundLane
 from node.live.peers.messenger import Messenger

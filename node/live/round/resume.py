@@ -23,7 +23,7 @@ from node import protocol as msg
 from node.errors import StateError
 from node.fsutil import serve_when_space
 from node.live.round.closesteps import close_steps
-from node.live.exchange.protocol import ContributionPool
+from node.live.exchange.pool import ContributionPool
 from node.live.round.roundbook import Announced, RoundBook
 from node.store.archive import Archive
 from p2p.envelope import decode_envelope
