@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from node.config import config_from_dict
 from node import protocol as msg
-from node.live.round.coordination import PENDING
+from node.live.round.closejudge import PENDING
 from node.live.round.roundbook import Announced
 from node.runconfig import run_document
 from p2p.identity import Identity

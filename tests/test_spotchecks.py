@@ -168,7 +168,7 @@ def test_an_accusation_seen_only_on_chain_whose_evidence_is_never_served_is_clea
     from ledger_fixtures import digest
 
     from ledger.records import Verdict
-    from node.live import tribunal, verifier
+    from node.live.checks import tribunal, verifier
     from node.live.chain.onchain import NodeChain
     from node.live.checks.verifier import SpotChecker, VerifierContext
     from p2p.errors import BlobUnavailable
