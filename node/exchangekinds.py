@@ -22,10 +22,12 @@ class ExchangeTraits:
 
 
 #: The kinds by ``diloco.exchange`` (docs/PROTOCOL.md, "Sliced exchange").
-EXCHANGE_TRAITS: Mapping[str, ExchangeTraits] = MappingProxyType({
-    "full": ExchangeTraits("full", holds_all_envelopes=True, lazy_pool=False),
-    "sliced": ExchangeTraits("sliced", holds_all_envelopes=False, lazy_pool=True),
-})
+EXCHANGE_TRAITS: Mapping[str, ExchangeTraits] = MappingProxyType(
+    {
+        "full": ExchangeTraits("full", holds_all_envelopes=True, lazy_pool=False),
+        "sliced": ExchangeTraits("sliced", holds_all_envelopes=False, lazy_pool=True),
+    }
+)
 
 
 def traits_of(document: Mapping | None) -> ExchangeTraits:

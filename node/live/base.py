@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # the parts' own modules import this one
     from node.live.fraud.chunkstate import ChunkedStates
     from node.live.peers.membership import Membership
     from node.live.peers.messenger import Messenger
+    from node.live.peers.saidlog import SaidLog
     from node.live.round.coordination import RoundCoordinator
     from node.live.round.lifecycle import Lifecycle
     from node.live.round.roundbook import RoundBook
@@ -35,7 +36,6 @@ if TYPE_CHECKING:  # the parts' own modules import this one
     from node.store.archive import Archive
     from node.store.checkpoint import RunLayout
     from p2p.envelope import EnvelopeValidator
-    from node.live.peers.saidlog import SaidLog
     from p2p.host import P2PHost
     from p2p.identity import Identity
 

@@ -1,4 +1,5 @@
-"""The chain side's parts, built from the node's base and their collaborators (node/live/assembly.py calls these)."""
+"""The chain side's parts, built from the node's base and their collaborators
+(node/live/assembly.py calls these)."""
 
 from __future__ import annotations
 
@@ -16,18 +17,65 @@ from node.live.round.lifecycle import Lifecycle
 from p2p.host import P2PHost
 
 
-def build_forks(base: NodeBase, *, kind: type[ForkRepair], chain: NodeChain, coordinator: RoundCoordinator,
-                exchange: Exchange, lifecycle: Lifecycle, membership: Membership) -> ForkRepair:
-    return kind(cfg=base.cfg, station=base.station, book=base.book, coordinator=coordinator, exchange=exchange,
-                archive=base.archive, rounds=base.rounds, chain=chain, lifecycle=lifecycle, state=base.state,
-                progress=base.progress, membership=membership, stop=base.stop)
+def build_forks(
+    base: NodeBase,
+    *,
+    kind: type[ForkRepair],
+    chain: NodeChain,
+    coordinator: RoundCoordinator,
+    exchange: Exchange,
+    lifecycle: Lifecycle,
+    membership: Membership,
+) -> ForkRepair:
+    return kind(
+        cfg=base.cfg,
+        station=base.station,
+        book=base.book,
+        coordinator=coordinator,
+        exchange=exchange,
+        archive=base.archive,
+        rounds=base.rounds,
+        chain=chain,
+        lifecycle=lifecycle,
+        state=base.state,
+        progress=base.progress,
+        membership=membership,
+        stop=base.stop,
+    )
 
 
-def build_committer(base: NodeBase, *, kind: type[Committer], chain: NodeChain, host: P2PHost,
-                    coordinator: RoundCoordinator, membership: Membership, messenger: Messenger,
-                    spot_checks: SpotChecker, forks: ForkRepair, fraud: FraudProver | None) -> Committer:
-    return kind(CommitterContext(
-        cfg=base.cfg, run_id=base.run_id, peer_id=base.peer_id, book=base.book, chain=chain, host=host,
-        coordinator=coordinator, membership=membership, checkpoint_dir=base.checkpoint_dir,
-        incoming_dir=base.incoming_dir, stop_event=base.stop, state=base.state, gossip=messenger.gossip,
-        layout=base.layout, progress=base.progress, spot_checks=spot_checks, forks=forks, fraud=fraud))
+def build_committer(
+    base: NodeBase,
+    *,
+    kind: type[Committer],
+    chain: NodeChain,
+    host: P2PHost,
+    coordinator: RoundCoordinator,
+    membership: Membership,
+    messenger: Messenger,
+    spot_checks: SpotChecker,
+    forks: ForkRepair,
+    fraud: FraudProver | None,
+) -> Committer:
+    return kind(
+        CommitterContext(
+            cfg=base.cfg,
+            run_id=base.run_id,
+            peer_id=base.peer_id,
+            book=base.book,
+            chain=chain,
+            host=host,
+            coordinator=coordinator,
+            membership=membership,
+            checkpoint_dir=base.checkpoint_dir,
+            incoming_dir=base.incoming_dir,
+            stop_event=base.stop,
+            state=base.state,
+            gossip=messenger.gossip,
+            layout=base.layout,
+            progress=base.progress,
+            spot_checks=spot_checks,
+            forks=forks,
+            fraud=fraud,
+        )
+    )

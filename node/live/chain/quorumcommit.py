@@ -1,14 +1,15 @@
-"""Signing a round's record and committing it once a quorum of members signed the same one."""
+"""Signing a round's record and committing it once a quorum of members signed the same one
+(the Committer's)."""
 
 from __future__ import annotations
 
 import logging
 import time
 
-from ledger.errors import (CommitConflict, LedgerQuorumNotMet, LedgerSignerNotMember)
+from ledger.errors import CommitConflict, LedgerQuorumNotMet, LedgerSignerNotMember
 from ledger.records import RoundRecord
-from node.errors import DLX_ERRORS
 from node import protocol as msg
+from node.errors import DLX_ERRORS
 from node.live.peers.topology import committer_order
 
 logger = logging.getLogger(__name__)
@@ -24,7 +25,7 @@ WAIT_REPORT_S = 60.0
 
 
 class QuorumCommit:
-    """Committer's signing a round's record and committing it once a quorum of members signed the same one."""
+    """Signing and committing a round's record (see the module docstring)."""
 
     def _sign(self, record: RoundRecord) -> bytes | None:
         """Sign ``record`` unless this node signed another record of the round (in any life); gossip it."""

@@ -1,4 +1,5 @@
-"""Rerunning a member's contribution: its envelopes, the committed inputs, the rerun job and its result."""
+"""Rerunning a member's contribution: its envelopes, the committed inputs, the rerun job and
+its result (the SpotChecker's)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ RERUN_TIMEOUT_S = 900.0
 
 
 class ContributionRerun:
-    """SpotChecker's rerunning a member's contribution: its envelopes, the committed inputs, the rerun job and its result."""
+    """Rerunning a member's contribution (see the module docstring)."""
 
     # -- one check ----------------------------------------------------------------------
     def _check(self, outer_round: int, replica: int) -> SpotCheckResult | None:

@@ -11,11 +11,28 @@ from node.live.peers.messenger import Messenger
 from p2p.host import P2PHost
 
 
-def build_exchange(base: NodeBase, *, kind: type[Exchange], messenger: Messenger, host: P2PHost,
-                   membership: Membership, charges: Queue) -> Exchange:
+def build_exchange(
+    base: NodeBase,
+    *,
+    kind: type[Exchange],
+    messenger: Messenger,
+    host: P2PHost,
+    membership: Membership,
+    charges: Queue,
+) -> Exchange:
     """The run's exchange (``kind``: the registry's class for ``diloco.exchange``); ``charges``: the
     accusations it raises, opened by the spot checker."""
     return kind(
-        station=base.station, messenger=messenger, host=host, book=base.book, archive=base.archive,
-        run_id=base.run_id, p2p=base.cfg.p2p, incoming=base.incoming_dir, evidence_dir=base.evidence_dir,
-        fallback_providers=membership.live_providers, charges=charges, stop=base.stop)
+        station=base.station,
+        messenger=messenger,
+        host=host,
+        book=base.book,
+        archive=base.archive,
+        run_id=base.run_id,
+        p2p=base.cfg.p2p,
+        incoming=base.incoming_dir,
+        evidence_dir=base.evidence_dir,
+        fallback_providers=membership.live_providers,
+        charges=charges,
+        stop=base.stop,
+    )

@@ -1,4 +1,5 @@
-"""The pool of a round's fetched contributions (background, verified, deduplicated; each exchange owns one), and how a node serves a blob."""
+"""The pool of a round's fetched contributions (background, verified, deduplicated; each
+exchange owns one), and how a node serves a blob."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The exchange kinds by ``diloco.exchange`` (docs/PROTOCOL.md, "Sliced exchange"): the one table that names them."""
+"""The exchange kinds by ``diloco.exchange`` (docs/PROTOCOL.md, "Sliced exchange"): the one table
+that names them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,3 @@ from node.live.exchange.sliced import SlicedExchange
 #: The exchange kinds by ``diloco.exchange``.
 EXCHANGES: Mapping[str, type[Exchange]] = MappingProxyType({"full": FullExchange, "sliced": SlicedExchange})
 
-
-def exchange_kind(name: str) -> type[Exchange]:
-    """The exchange class a run's ``diloco.exchange`` names (a run document without one: the full exchange)."""
-    return EXCHANGES[name]

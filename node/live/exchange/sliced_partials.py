@@ -1,4 +1,5 @@
-"""Gathering a round's partials: each slice's from its candidate aggregators, turn by turn, checked and settled."""
+"""Gathering a round's partials: each slice's from its candidate aggregators, turn by turn,
+checked and settled (SlicedExchange's)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ CANDIDATE_TURNS = 3
 
 
 class SlicedPartials:
-    """SlicedExchange's gathering a round's partials: each slice's from its candidate aggregators, turn by turn, checked and settled."""
+    """How a holder gathers a round's partials (see the module docstring)."""
 
     # -- one round of one stage --------------------------------------------------------
     def partials(self, outer_round: int, stage: int, close: msg.Close) -> list[UsedPartial]:

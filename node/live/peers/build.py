@@ -1,4 +1,5 @@
-"""The peers' parts, built from the node's base and their collaborators (node/live/assembly.py calls these)."""
+"""The peers' parts, built from the node's base and their collaborators
+(node/live/assembly.py calls these)."""
 
 from __future__ import annotations
 
@@ -18,27 +19,66 @@ from p2p.host import P2PHost
 
 
 def build_messenger(base: NodeBase, *, host: P2PHost) -> Messenger:
-    return Messenger(identity=base.identity, run_id=base.run_id, host=host, station=base.station, said=base.said,
-                     stop=base.stop)
+    return Messenger(
+        identity=base.identity,
+        run_id=base.run_id,
+        host=host,
+        station=base.station,
+        said=base.said,
+        stop=base.stop,
+    )
 
 
-def build_membership(base: NodeBase, *, seat: Callable[[bytes, bytes], Seat | None], own_seat: Seat) -> Membership:
+def build_membership(
+    base: NodeBase, *, seat: Callable[[bytes, bytes], Seat | None], own_seat: Seat
+) -> Membership:
     cfg = base.cfg
-    return Membership(peer_id=base.peer_id, cluster=cfg.cluster, cluster_size=cfg.cluster_size,
-                      num_stages=cfg.pipeline.num_stages, book=base.book, seat=seat, own_seat=own_seat)
+    return Membership(
+        peer_id=base.peer_id,
+        cluster=cfg.cluster,
+        cluster_size=cfg.cluster_size,
+        num_stages=cfg.pipeline.num_stages,
+        book=base.book,
+        seat=seat,
+        own_seat=own_seat,
+    )
 
 
-def build_inbox(base: NodeBase, *, chain: NodeChain, membership: Membership, exchange: Exchange,
-                spot_checks: SpotChecker) -> GossipInbox:
+def build_inbox(
+    base: NodeBase, *, chain: NodeChain, membership: Membership, exchange: Exchange, spot_checks: SpotChecker
+) -> GossipInbox:
     return GossipInbox(
-        run_id=base.run_id, validator=base.validator, book=base.book, membership=membership,
-        contributions=exchange.pool, held_stages=base.station.held_stages,
-        record_signer=RecordSigners(chain=chain, run_id=base.run_id).signer, spot_checks=spot_checks,
-        handlers=exchange.gossip_handlers())
+        run_id=base.run_id,
+        validator=base.validator,
+        book=base.book,
+        membership=membership,
+        contributions=exchange.pool,
+        held_stages=base.station.held_stages,
+        record_signer=RecordSigners(chain=chain, run_id=base.run_id).signer,
+        spot_checks=spot_checks,
+        handlers=exchange.gossip_handlers(),
+    )
 
 
-def build_heartbeat(base: NodeBase, *, kind: type[Heartbeat], chain: NodeChain, host: P2PHost, messenger: Messenger,
-                    membership: Membership, spot_checks: SpotChecker) -> Heartbeat:
-    return kind(cfg=base.cfg, account=chain.account_bytes, host=host, messenger=messenger, membership=membership,
-                station=base.station, progress=base.progress, spot_checks=spot_checks, reporter=base.reporter,
-                stop=base.stop)
+def build_heartbeat(
+    base: NodeBase,
+    *,
+    kind: type[Heartbeat],
+    chain: NodeChain,
+    host: P2PHost,
+    messenger: Messenger,
+    membership: Membership,
+    spot_checks: SpotChecker,
+) -> Heartbeat:
+    return kind(
+        cfg=base.cfg,
+        account=chain.account_bytes,
+        host=host,
+        messenger=messenger,
+        membership=membership,
+        station=base.station,
+        progress=base.progress,
+        spot_checks=spot_checks,
+        reporter=base.reporter,
+        stop=base.stop,
+    )

@@ -1,4 +1,5 @@
-"""Judging a close: valid, pending while its contributions travel, or refused with the reason."""
+"""Judging a close: valid, pending while its contributions travel, or refused with the reason
+(the RoundCoordinator's)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ PENDING = "pending"
 
 
 class CloseJudging:
-    """RoundCoordinator's judging a close: valid, pending while its contributions travel, or refused with the reason."""
+    """How a coordinator judges a close (see the module docstring)."""
 
     # -- checking a close -----------------------------------------------------------------
     def judge(self, outer_round: int, stage: int, coordinator: str, close: msg.Close) -> str | None:
