@@ -410,7 +410,8 @@ def run_audit(args: Any) -> int:
     Exit 0 only if the audit PASSED; AuditFailed (8) if an item contradicts the record, AuditIncomplete (13)
     if some items could not be verified.
     """
-    from node.tools.report import write_html, write_json
+    from node.tools.report import write_json
+    from node.tools.report_html import write_html
 
     client = reader_client(args)
     fetcher = PeerFetcher.start(args.bootstrap) if args.bootstrap else None
