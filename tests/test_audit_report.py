@@ -6,7 +6,7 @@ import io
 import json
 import math
 
-from node.tools.audit import _ProgressBar
+from node.tools.audit_cli import _ProgressBar
 from node.tools.report import (
     FAIL,
     FAILED,
