@@ -254,7 +254,7 @@ def audit_run(
     _check_rounds(report, history, chain, sources, (document, replayer, layout), replay, progress, client)
     timings["rounds_s"] = time.perf_counter() - mark
     if reexecute:
-        from node.tools.audit_reexec import reexec_checks
+        from node.tools.audit_reexec_checks import reexec_checks
 
         mark = time.perf_counter()
         reexec_checks(report, history, replayer, archives, reexecute)
