@@ -133,7 +133,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     from node.commands.member import apply_link
-    from node.tools.pull import run_pull
+    from node.tools.pull_cli import run_pull
 
     apply_link(args)
 
