@@ -20,6 +20,7 @@ import threading
 
 import pytest
 from node_fixtures import TINY
+from parts_fixtures import loose_base
 
 from ledger.errors import ChainUnavailable
 from ledger.merkle import merkle_root
@@ -115,10 +116,10 @@ def forks_at(tmp_path, *, attested: dict[str, str], alive=(PEER_A, PEER_B), quor
     results = {"ours": (OURS[0], merkle_root([entry[2] for entry in close.contributions])), "theirs": THEIRS}
     for peer, result in attested.items():
         book.add_attestation(2, 0, peer, attestation(results[result]))
-    forks = ForkRepair(cfg=cfg, station=Station(), book=book, coordinator=Coordinator({2: close}),
-                       exchange=SlicedExchange(), archive=None, rounds=rounds, chain=Chain(quorum),
-                       lifecycle=Lifecycle(), state=StateFile(tmp_path / "state.json", cfg.ledger.run_id),
-                       progress=None, membership=Membership(set(alive)), stop=threading.Event())
+    base = loose_base(cfg=cfg, station=Station(), book=book, rounds=rounds, stop=threading.Event(),
+                      state=StateFile(tmp_path / "state.json", cfg.ledger.run_id))
+    forks = ForkRepair(base, chain=Chain(quorum), coordinator=Coordinator({2: close}), exchange=SlicedExchange(),
+                       lifecycle=Lifecycle(), membership=Membership(set(alive)))
     forks.agreed(0)  # the committer's verdict of an earlier round: it reads the chain's quorum then
     return forks, book
 

@@ -34,26 +34,25 @@ from node.errors import NotRegistered
 from node.fsutil import atomic_write_bytes
 from node.live.fraud.answerer import ChallengeAnswerer
 from node.live.fraud.chunkstate import CHUNK_STATES_DIR, ChunkedStates, DisputeWindow
-from node.live.base import NodeBase, Rooms
-from node.live.chain.build import build_committer, build_forks
+from node.live.base import NodeBase
+from node.live.rooms import Rooms
+from node.live.chain.build import build_committer
 from node.live.chain.committer import Committer
 from node.live.checks.build import build_spot_checks
 from node.live.work.contributor import Contributor
 from node.live.round.coordination import RoundCoordinator, RoundStopped
 from node.live.peers.build import build_heartbeat, build_inbox, build_membership, build_messenger
 from node.live.round.build import (
-    build_coordinator, build_ending, build_entry, build_finisher, build_lifecycle, build_pace, build_recovery)
+    build_coordinator, build_ending, build_lifecycle, build_pace)
 from node.live.round.ending import RunEnd
 from node.live.round.entry import RunEntry
 from node.live.exchange.protocol import Exchange
 from node.live.exchange.pool import serve_blob
-from node.live.exchange.build import build_exchange
 from node.live.exchange.registry import EXCHANGES
 from node.live.round.finisher import RoundFinisher
 from node.live.chain.forkrepair import ForkRepair
 from node.live.peers.heartbeat import Heartbeat
 from node.live.peers.inbox import GossipInbox
-from node.live.work.build import build_contributor
 from node.live.work.lane import RoundLane
 from node.live.round.lifecycle import Lifecycle
 from node.live.peers.membership import Membership
@@ -234,9 +233,8 @@ class NodeParts:
         self.messenger = messenger = build_messenger(base, host=host)
         self.membership = membership = build_membership(base, seat=self._seat_on_chain, own_seat=own_seat)
         charges: Queue = Queue()  # accusations an exchange raises, opened by the spot checker
-        self.exchange = exchange = build_exchange(base, kind=kinds.exchanges[self.cfg.diloco.exchange],
-                                                  messenger=messenger, host=host, membership=membership,
-                                                  charges=charges)
+        self.exchange = exchange = kinds.exchanges[self.cfg.diloco.exchange](
+            base, messenger=messenger, host=host, membership=membership, charges=charges)
         self.coordinator = coordinator = build_coordinator(base, kind=kinds.coordinator, messenger=messenger,
                                                            membership=membership, exchange=exchange)
         exchange.close_standing = coordinator.close_standing  # what a wrong-partial proof is judged against
@@ -246,8 +244,8 @@ class NodeParts:
             lifecycle=lifecycle, charges=charges)
         self.ending = build_ending(base, chain=chain, membership=membership)
         self.pace = build_pace(base, chain=chain)
-        self.forks = forks = build_forks(base, kind=kinds.forks, chain=chain, coordinator=coordinator,
-                                         exchange=exchange, lifecycle=lifecycle, membership=membership)
+        self.forks = forks = kinds.forks(base, chain=chain, coordinator=coordinator, exchange=exchange,
+                                         lifecycle=lifecycle, membership=membership)
         fraud = self._open_fraud_prover()
         self.committer = build_committer(base, kind=kinds.committer, chain=chain, host=host, coordinator=coordinator,
                                          membership=membership, messenger=messenger, spot_checks=spot_checks,
@@ -361,11 +359,11 @@ class NodeParts:
     def build_round_machinery(self, worker: ReplicaWorker) -> None:
         """Recovery, contributor, finisher and entry for ``worker`` (a unit test calls this with fakes outside)."""
         base, rooms, kinds = self.base, self.rooms, self.kinds
-        self.recovery = recovery = build_recovery(base, rooms, worker)
-        self.contributor = contributor = build_contributor(base, rooms, kind=kinds.contributor, worker=worker)
-        self.finisher = finisher = build_finisher(base, rooms, kind=kinds.finisher, worker=worker, recovery=recovery,
+        self.recovery = recovery = RestartRecovery(base, rooms, worker)
+        self.contributor = contributor = kinds.contributor(base, rooms, worker=worker)
+        self.finisher = finisher = kinds.finisher(base, rooms, worker=worker, recovery=recovery,
                                                   contributor=contributor)
-        self.entry = build_entry(base, rooms, worker=worker, contributor=contributor, finisher=finisher)
+        self.entry = RunEntry(base, rooms, worker=worker, contributor=contributor, finisher=finisher)
 
     # ------------------------------------------------------------------ closing
     def close(self) -> None:

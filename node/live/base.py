@@ -1,9 +1,9 @@
 """What a node has before any of its parts: configuration, identity, files and books.
 
 :class:`NodeBase` is built once by the assembly (node/live/assembly.py) and handed to every
-part's factory (``build.py`` in each sub-package), which reads from it what its part needs;
-:class:`Rooms` are the parts built before the node is placed, handed to the round machinery's
-factories. Both are frozen: a part's collaborators are passed in, never set afterwards.
+part (or its factory, ``build.py`` in a sub-package), which reads from it what it needs;
+:class:`~node.live.rooms.Rooms` are the parts built before the node is placed. Both are
+frozen: a part's collaborators are passed in, never set afterwards.
 """
 
 from __future__ import annotations
@@ -16,17 +16,7 @@ from typing import TYPE_CHECKING, Any
 from node.config import NodeConfig
 
 if TYPE_CHECKING:  # the parts' own modules import this one
-    from node.live.chain.committer import Committer
-    from node.live.chain.forkrepair import ForkRepair
-    from node.live.chain.onchain import NodeChain
-    from node.live.checks.verifier import SpotChecker
-    from node.live.exchange.protocol import Exchange
-    from node.live.fraud.chunkstate import ChunkedStates
-    from node.live.peers.membership import Membership
-    from node.live.peers.messenger import Messenger
     from node.live.peers.saidlog import SaidLog
-    from node.live.round.coordination import RoundCoordinator
-    from node.live.round.lifecycle import Lifecycle
     from node.live.round.roundbook import RoundBook
     from node.live.round.roundclock import RoundClock
     from node.live.round.roundstate import RoundState
@@ -36,7 +26,6 @@ if TYPE_CHECKING:  # the parts' own modules import this one
     from node.store.archive import Archive
     from node.store.checkpoint import RunLayout
     from p2p.envelope import EnvelopeValidator
-    from p2p.host import P2PHost
     from p2p.identity import Identity
 
 
@@ -67,20 +56,3 @@ class NodeBase:
     reporter: Reporter
     validator: EnvelopeValidator
     said: SaidLog
-
-
-@dataclass(frozen=True)
-class Rooms:
-    """The parts that run from before the node is placed (step 2 of the assembly)."""
-
-    chain: NodeChain
-    host: P2PHost
-    messenger: Messenger
-    membership: Membership
-    exchange: Exchange
-    coordinator: RoundCoordinator
-    lifecycle: Lifecycle
-    spot_checks: SpotChecker
-    forks: ForkRepair
-    committer: Committer
-    chunked: ChunkedStates | None

@@ -8,40 +8,11 @@ from node.live.chain.committer import Committer, CommitterContext
 from node.live.chain.forkrepair import ForkRepair
 from node.live.chain.onchain import NodeChain
 from node.live.checks.verifier import SpotChecker
-from node.live.exchange.protocol import Exchange
 from node.live.fraud.prover import FraudProver
 from node.live.peers.membership import Membership
 from node.live.peers.messenger import Messenger
 from node.live.round.coordination import RoundCoordinator
-from node.live.round.lifecycle import Lifecycle
 from p2p.host import P2PHost
-
-
-def build_forks(
-    base: NodeBase,
-    *,
-    kind: type[ForkRepair],
-    chain: NodeChain,
-    coordinator: RoundCoordinator,
-    exchange: Exchange,
-    lifecycle: Lifecycle,
-    membership: Membership,
-) -> ForkRepair:
-    return kind(
-        cfg=base.cfg,
-        station=base.station,
-        book=base.book,
-        coordinator=coordinator,
-        exchange=exchange,
-        archive=base.archive,
-        rounds=base.rounds,
-        chain=chain,
-        lifecycle=lifecycle,
-        state=base.state,
-        progress=base.progress,
-        membership=membership,
-        stop=base.stop,
-    )
 
 
 def build_committer(

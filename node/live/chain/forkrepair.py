@@ -54,9 +54,9 @@ from dataclasses import dataclass, field
 from ledger.errors import LedgerInputError
 from ledger.merkle import merkle_root
 from ledger.records import RoundRecord
+from node.live.base import NodeBase
 from node import protocol as msg
 from node.binding import other_result_exclusions
-from node.config import NodeConfig
 from node.errors import DLX_ERRORS, NodeError
 from node.fsutil import retry_on_full_disk
 from node.fraudproof import record_weights_root
@@ -66,11 +66,7 @@ from node.live.exchange.protocol import Exchange
 from node.live.round.lifecycle import Lifecycle
 from node.live.peers.membership import Membership
 from node.live.chain.onchain import NodeChain
-from node.live.round.roundbook import RoundBook
-from node.live.round.roundstate import RoundState
-from node.live.work.station import Station
-from node.live.status import Progress, StateFile
-from node.store.archive import Archive, ArchivedContribution
+from node.store.archive import ArchivedContribution
 from p2p.envelope import decode_envelope
 from training.hashing import stage_weights_hash
 from node.live.chain.standing import RoundStanding
@@ -112,22 +108,21 @@ class Rebase:
 class ForkRepair(RoundStanding):
     """See module docstring."""
 
-    def __init__(self, *, cfg: NodeConfig, station: Station, book: RoundBook, coordinator: RoundCoordinator,
-                 exchange: Exchange, archive: Archive, rounds: RoundState, chain: NodeChain, lifecycle: Lifecycle,
-                 state: StateFile, progress: Progress, membership: Membership, stop: threading.Event) -> None:
-        self.cfg = cfg
-        self.station = station
-        self.book = book
+    def __init__(self, base: NodeBase, *, chain: NodeChain, coordinator: RoundCoordinator, exchange: Exchange,
+                 lifecycle: Lifecycle, membership: Membership) -> None:
+        self.cfg = base.cfg
+        self.station = base.station
+        self.book = base.book
         self.coordinator = coordinator
         self.exchange = exchange
-        self.archive = archive
-        self.rounds = rounds
+        self.archive = base.archive
+        self.rounds = base.rounds
         self.chain = chain
         self.lifecycle = lifecycle
-        self.state = state
-        self.progress = progress
+        self.state = base.state
+        self.progress = base.progress
         self.membership = membership
-        self.stop = stop
+        self.stop = base.stop
         self._cond = threading.Condition()
         self._bases: dict[tuple[int, int], tuple[dict, dict]] = {}  # (round, stage) -> (weights, momentum)
         self._settled: set[int] = set()  # rounds whose chain verdict this node has

@@ -35,20 +35,16 @@ that starved the blob fetches themselves.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
-from pathlib import Path
 from queue import Queue
 
+from node.live.base import NodeBase
+from node.live.peers.membership import Membership
 from node import protocol as msg
 from node.errors import NodeError
 from node.exchangekinds import EXCHANGE_TRAITS
 from node.live.exchange.pool import ContributionPool
-from node.live.round.roundbook import RoundBook
 from node.live.round.roundstate import StageInputs
-from node.live.work.station import Station
-from node.store.archive import Archive
-from p2p.config import P2PConfig
 from p2p.host import P2PHost
 
 logger = logging.getLogger(__name__)
@@ -79,17 +75,18 @@ class Exchange:
     #: (:meth:`close_inputs_held`): the sliced exchange's bundles, served on to the aggregators.
     holds_inputs_to_close = False
 
-    def __init__(self, *, station: Station, messenger, host: P2PHost, book: RoundBook, archive: Archive,
-                 run_id: int, p2p: P2PConfig, incoming: Path, evidence_dir: Path,
-                 fallback_providers: Callable[[], list[str]], stop: threading.Event,
+    def __init__(self, base: NodeBase, *, messenger, host: P2PHost, membership: Membership,
                  charges: Queue | None = None) -> None:
-        self.station = station
+        """``charges``: where the accusations it raises go (the spot checker opens them)."""
+        book, run_id, p2p, incoming, stop = base.book, base.run_id, base.cfg.p2p, base.incoming_dir, base.stop
+        evidence_dir = base.evidence_dir
+        self.station = base.station
         #: Accusations this exchange raises, (round, accused peer, replica, build(account) -> Evidence),
         #: opened on chain by the spot checker (node.live.checks.verifier.SpotChecker.charge).
         self.charges = charges
         self.messenger = messenger  # node.live.peers.messenger.Messenger
         self.host = host
-        self.archive = archive
+        self.archive = base.archive
         self.run_id = run_id
         self.max_blob_bytes = p2p.max_blob_bytes
         self.turn_timeout = p2p.transfer_timeout
@@ -99,7 +96,7 @@ class Exchange:
         self.pool = ContributionPool(host, book, run_id, incoming, p2p.max_blob_bytes, p2p.transfer_timeout,
                                      p2p.blob_concurrency, check_payload=self.check_payload,
                                      evidence_dir=evidence_dir, lazy=self.lazy_pool,
-                                     fallback_providers=fallback_providers,
+                                     fallback_providers=membership.live_providers,
                                      inputs_held=self.close_inputs_held if self.holds_inputs_to_close else None,
                                      stop=stop)
 

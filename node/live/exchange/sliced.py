@@ -24,6 +24,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from node.live.base import NodeBase
 from node import protocol as msg
 from node.exchangekinds import EXCHANGE_TRAITS
 from node.fsutil import retry_on_full_disk, serve_when_space
@@ -65,8 +66,8 @@ class SlicedExchange(SlicedPartials, SliceReads, SlicedChecks, Exchange):
     # Withholding costs only the withholder: a coordinator closes only with the bundles it holds and serves.
     holds_inputs_to_close = True
 
-    def __init__(self, **parts) -> None:
-        super().__init__(**parts)
+    def __init__(self, base: NodeBase, **collaborators) -> None:
+        super().__init__(base, **collaborators)
         self.peer_id = self.messenger.identity.peer_id
         self._cond = threading.Condition()
         # (round, stage, slice) -> [(sender peer id, envelope hash, size)] in arrival order

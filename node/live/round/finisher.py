@@ -13,39 +13,27 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
+from node.live.base import NodeBase
+from node.live.rooms import Rooms
 from node import protocol as msg
 from node.arenas import trim_heap
-from node.config import NodeConfig
 from node.fsutil import retry_on_full_disk
-from node.live.fraud.chunkstate import ChunkedStates
-from node.live.chain.committer import Committer
 from node.live.work.contributor import Contributor
-from node.live.round.coordination import RoundCoordinator
-from node.live.exchange.protocol import Exchange, InputsWithheld
+from node.live.exchange.protocol import InputsWithheld
 from node.live.exchange.pool import serve_blob
-from node.live.chain.forkrepair import ForkRepair
-from node.live.work.lane import RoundLane
-from node.live.peers.messenger import Messenger
 from node.live.work.replica import ReplicaWorker
 from node.live.round.resume import RestartRecovery
-from node.live.round.roundbook import RoundBook
-from node.live.round.roundclock import RoundClock
-from node.live.round.roundstate import Gathered, RoundState, StageInputs
-from node.live.status import Progress, Reporter, StateFile
-from node.store.archive import Archive, ArchivedContribution
-from node.store.checkpoint import Checkpoint, RunLayout, write_checkpoint
+from node.live.round.roundstate import Gathered, StageInputs
+from node.store.archive import ArchivedContribution
+from node.store.checkpoint import Checkpoint, write_checkpoint
 from node.store.retention import prune_archive, prune_checkpoints
-from p2p.envelope import EnvelopeValidator
-from p2p.host import P2PHost
 from node.live.round.prefetch import ApplyPrefetch
 
 logger = logging.getLogger(__name__)
@@ -86,43 +74,39 @@ class StageApplied:
 class RoundFinisher(ApplyPrefetch):
     """Finishes rounds for the stages this node holds (see module docstring)."""
 
-    def __init__(self, *, cfg: NodeConfig, worker: ReplicaWorker, rounds: RoundState, exchange: Exchange,
-                 coordinator: RoundCoordinator, recovery: RestartRecovery, contributor: Contributor,
-                 committer: Committer, forks: ForkRepair, archive: Archive, host: P2PHost, book: RoundBook, messenger: Messenger,
-                 validator: EnvelopeValidator, state: StateFile, clock: RoundClock, progress: Progress,
-                 reporter: Reporter, layout: RunLayout, config_hash: bytes, checkpoint_dir: Path,
-                 peer_id: str, lane: RoundLane, stop: threading.Event, chunked: ChunkedStates | None = None) -> None:
-        self.cfg = cfg
+    def __init__(self, base: NodeBase, rooms: Rooms, *, worker: ReplicaWorker, recovery: RestartRecovery,
+                 contributor: Contributor) -> None:
+        cfg = self.cfg = base.cfg
         self.worker = worker
-        self.rounds = rounds
-        self.exchange = exchange
-        self.pool = exchange.pool
-        self.coordinator = coordinator
+        self.rounds = base.rounds
+        self.exchange = rooms.exchange
+        self.pool = rooms.exchange.pool
+        self.coordinator = rooms.coordinator
         self.recovery = recovery
         self.contributor = contributor
-        self.committer = committer
-        self.forks = forks
-        self.archive = archive
-        self.host = host
-        self.book = book
-        self.messenger = messenger
-        self.validator = validator
-        self.state = state
-        self.clock = clock
-        self.progress = progress
-        self.reporter = reporter
-        self.layout = layout
-        self.config_hash = config_hash
-        self.checkpoint_dir = checkpoint_dir
-        self.peer_id = peer_id
-        self.chunked = chunked  # a chunked run's stage states (None: a hashed run)
-        self.stop = stop  # a write paused by a full disk gives up (DiskFull) when the node stops
+        self.committer = rooms.committer
+        self.forks = rooms.forks
+        self.archive = base.archive
+        self.host = rooms.host
+        self.book = base.book
+        self.messenger = rooms.messenger
+        self.validator = base.validator
+        self.state = base.state
+        self.clock = base.clock
+        self.progress = base.progress
+        self.reporter = base.reporter
+        self.layout = base.layout
+        self.config_hash = base.config_hash
+        self.checkpoint_dir = base.checkpoint_dir
+        self.peer_id = base.peer_id
+        self.chunked = rooms.chunked  # a chunked run's stage states (None: a hashed run)
+        self.stop = base.stop  # a write paused by a full disk gives up (DiskFull) when the node stops
         self.run_id = cfg.ledger.run_id
         # round -> stage -> (global weights, momentum) once the round was applied (the state before a round's
         # apply is recorded as the previous round's: a re-base of that round is in it).
         self._held: dict[int, dict[int, tuple[dict, dict]]] = {}
         self._replays: dict[int, dict[int, tuple[dict, dict]]] = {}  # finished rounds to absorb again
-        self.lane = lane  # the round lane (node/live/work/lane.py): a round's seal and attestation with overlap_tail
+        self.lane = base.lane  # the round lane (node/live/work/lane.py): a round's seal and attestation with overlap_tail
         self._tail: Future | None = None  # the last such round's, until settle()
 
     # -- a survivor's re-entry (node/live/round/entry.py, RunEntry.await_partner) ------------------
