@@ -11,6 +11,10 @@ Three steps, because a node learns where it sits only from its peers' hellos:
 3. :meth:`NodeParts.take_seat`: the placement, the worker of the placed stages,
    and the round machinery that trains and finishes rounds with it.
 
+Every part reads what it needs from the node's :class:`~node.live.base.NodeBase`
+(configuration, identity, files and books, built by the constructor) and is handed its
+collaborators: a step-2 part by its sub-package's factory (``build.py``) or its class,
+the round machinery of step 3 from the :class:`~node.live.rooms.Rooms` of step 2.
 The rooms built in step 2 read the :class:`~node.live.work.station.Station` for what
 step 3 decides. Which class builds each variable part is a :class:`Kinds`: the
 exchange by ``diloco.exchange`` (:data:`EXCHANGES`), and subclasses a test or an
