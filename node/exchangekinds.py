@@ -14,17 +14,24 @@ from types import MappingProxyType
 class ExchangeTraits:
     """One exchange kind's facts. ``holds_all_envelopes``: a holder holds (and archives) every closed
     envelope of the stages it aggregates; ``lazy_pool``: the pool fetches announced contributions only
-    for the rounds and stages this node may close."""
+    for the rounds and stages this node may close; ``omitted_from_document``: the [diloco] settings its run
+    document leaves out (the full exchange's: the hash of every run made before the sliced one unchanged)."""
 
     name: str
     holds_all_envelopes: bool
     lazy_pool: bool
+    omitted_from_document: tuple[str, ...] = ()
 
 
 #: The kinds by ``diloco.exchange`` (docs/PROTOCOL.md, "Sliced exchange").
 EXCHANGE_TRAITS: Mapping[str, ExchangeTraits] = MappingProxyType(
     {
-        "full": ExchangeTraits("full", holds_all_envelopes=True, lazy_pool=False),
+        "full": ExchangeTraits(
+            "full",
+            holds_all_envelopes=True,
+            lazy_pool=False,
+            omitted_from_document=("exchange", "min_slice_numel"),
+        ),
         "sliced": ExchangeTraits("sliced", holds_all_envelopes=False, lazy_pool=True),
     }
 )
