@@ -241,11 +241,10 @@ class NodeParts:
             base, messenger=messenger, host=host, membership=membership, charges=charges)
         self.coordinator = coordinator = build_coordinator(base, kind=kinds.coordinator, messenger=messenger,
                                                            membership=membership, exchange=exchange)
-        exchange.close_standing = coordinator.close_standing  # what a wrong-partial proof is judged against
         self.lifecycle = lifecycle = build_lifecycle(base, membership=membership)
         self.spot_checks = spot_checks = build_spot_checks(
             base, chain=chain, host=host, messenger=messenger, membership=membership, exchange=exchange,
-            lifecycle=lifecycle, charges=charges)
+            coordinator=coordinator, lifecycle=lifecycle, charges=charges)
         self.ending = build_ending(base, chain=chain, membership=membership)
         self.pace = build_pace(base, chain=chain)
         self.forks = forks = kinds.forks(base, chain=chain, coordinator=coordinator, exchange=exchange,

@@ -12,6 +12,7 @@ from node.live.checks.verifier import SpotChecker, VerifierContext
 from node.live.exchange.protocol import Exchange
 from node.live.peers.membership import Membership
 from node.live.peers.messenger import Messenger
+from node.live.round.coordination import RoundCoordinator
 from node.live.round.lifecycle import Lifecycle
 from p2p.host import P2PHost
 
@@ -24,10 +25,12 @@ def build_spot_checks(
     messenger: Messenger,
     membership: Membership,
     exchange: Exchange,
+    coordinator: RoundCoordinator,
     lifecycle: Lifecycle,
     charges: Queue,
 ) -> SpotChecker:
-    """The spot checker; none are drawn where the exchange's contributions cannot be re-executed."""
+    """The spot checker; none are drawn where the exchange's contributions cannot be re-executed. The
+    exchange's evidence is judged against the ``coordinator``'s rule whether a close stands."""
     cfg = base.cfg
     return SpotChecker(
         VerifierContext(
@@ -49,7 +52,7 @@ def build_spot_checks(
             on_ejected=lifecycle.member_ejected,
             closes=base.book.snapshot_closes,
             attestations=base.book.snapshot_attestations,
-            evidence_judges=exchange.evidence_judges(),
+            evidence_judges=exchange.evidence_judges(coordinator.close_standing),
             charges=charges,
             rerun_inputs=exchange.rerun_inputs(),
             declared_platforms=functools.partial(chain.declared_platforms, base.run_id),

@@ -38,12 +38,12 @@ import logging
 from collections.abc import Callable
 from queue import Queue
 
-from node.live.base import NodeBase
-from node.live.peers.membership import Membership
 from node import protocol as msg
 from node.errors import NodeError
 from node.exchangekinds import EXCHANGE_TRAITS
+from node.live.base import NodeBase
 from node.live.exchange.pool import ContributionPool
+from node.live.peers.membership import Membership
 from node.live.round.roundstate import StageInputs
 from p2p.host import P2PHost
 
@@ -129,9 +129,10 @@ class Exchange:
         and takes the next coordinator's)."""
         raise NotImplementedError
 
-    def evidence_judges(self) -> dict[str, Callable]:
+    def evidence_judges(self, close_standing: Callable) -> dict[str, Callable]:
         """Evidence kinds (``Evidence.verdict``) this exchange judges: verdict -> judge(evidence, accused peer)
-        -> (guilty, or None where it cannot judge; why)."""
+        -> (guilty, or None where it cannot judge; why). ``close_standing``: the round coordinator's rule
+        whether a close stands (:meth:`node.live.round.coordination.RoundCoordinator.close_standing`)."""
         return {}
 
     def rerun_inputs(self):
