@@ -46,8 +46,7 @@ from node.live.checks.build import build_spot_checks
 from node.live.work.contributor import Contributor
 from node.live.round.coordination import RoundCoordinator, RoundStopped
 from node.live.peers.build import build_heartbeat, build_inbox, build_membership, build_messenger
-from node.live.round.build import (
-    build_coordinator, build_ending, build_lifecycle, build_pace)
+from node.live.round.build import build_coordinator, build_ending, build_lifecycle, build_pace
 from node.live.round.ending import RunEnd
 from node.live.round.entry import RunEntry
 from node.live.exchange.protocol import Exchange
