@@ -267,7 +267,7 @@ def chain_run(args: argparse.Namespace, device: str) -> dict:
     """2 replicas (one node process each, every stage in it) on this machine's device, a local chain."""
     import tempfile
 
-    from node.commands.demo import summarize
+    from node.commands.demosummary import summarize
     from node.commands.launcher import LocalRun
 
     settings = [f"model.preset={args.chain_preset}", f"rounds={args.chain_rounds}",

@@ -293,7 +293,7 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
     unless given) before the next coordinator's close; ``spoiled_round_delay_s_every_turn`` is the
     ``(R + 1) x`` rule's.
     """
-    from node.live.exchange.sliced import CANDIDATE_TURNS
+    from node.live.exchange.sliced_partials import CANDIDATE_TURNS
     from p2p.config import P2PConfig
 
     transfer_timeout = P2PConfig().transfer_timeout if transfer_timeout is None else transfer_timeout

@@ -21,6 +21,8 @@ import time
 from collections.abc import Iterator
 from typing import IO, Any
 
+from p2p.errors import P2PError
+
 logger = logging.getLogger(__name__)
 
 BLOB_PROTOCOL = "/dlx/blob/1.0.0"  # the key of a host's transfer_stats() that counts blob bytes
@@ -125,7 +127,7 @@ class HostWatch:
     def _received(self) -> int:
         try:
             return int(self.host.transfer_stats().get(BLOB_PROTOCOL, {}).get("received", 0))
-        except Exception:  # a closed host: the count stays where it was
+        except (P2PError, OSError, AttributeError):  # a closed host, or one keeping no stats: the count stays
             return self.base if hasattr(self, "base") else 0
 
     def poll(self) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from node.config import NodeConfig
 from node.errors import ConfigError
+from node.exchangekinds import EXCHANGE_TRAITS
 from training.config import LEGACY_ENCODER, LEGACY_OPTIMIZER, LEGACY_RANDOM, OUTER_ADAM_ONLY
 
 RUN_FORMAT = "dlx-run-v1"
@@ -103,9 +104,8 @@ def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
     and its ``outer_adam_*`` settings only when it is "adam" (the hash of every "full", fixed-H, one-outer-lr,
     Nesterov run stays what it was)."""
     diloco = dataclasses.asdict(cfg.diloco)
-    if diloco.get("exchange") == "full":
-        del diloco["exchange"]
-        del diloco["min_slice_numel"]
+    for key in EXCHANGE_TRAITS[cfg.diloco.exchange].omitted_from_document:
+        del diloco[key]
     if not cfg.diloco.budgeted:
         del diloco["round_budget_s"]
         del diloco["min_inner_steps"]

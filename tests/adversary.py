@@ -497,7 +497,7 @@ def absurd_hello():
 
 
 def doctored_shard():
-    from node.live.exchange.protocol import serve_blob
+    from node.live.exchange.pool import serve_blob
     from node.live.round.finisher import RoundFinisher
     from node.store.checkpoint import Checkpoint, write_checkpoint
 

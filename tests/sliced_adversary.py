@@ -59,7 +59,7 @@ ATTACKS = ("wrong-root", "wrong-blob", "bad-slice", "bad-reference", "withhold",
 
 
 def sliced(exchange) -> dict:
-    from node.live.assembly import EXCHANGES
+    from node.live.exchange.registry import EXCHANGES
 
     return {"exchanges": {**EXCHANGES, "sliced": exchange}}
 

@@ -30,18 +30,9 @@ from ledger.errors import LedgerNotMember
 from ledger.records import RoundRecord
 from node import protocol as msg
 from node.cli import exit_code_for
-from node.tools.audit import (
-    ATTESTED,
-    FAIL,
-    FAILED,
-    INCOMPLETE,
-    OK,
-    UNVERIFIABLE,
-    AuditFailed,
-    AuditIncomplete,
-    audit_run,
-    run_audit,
-)
+from node.tools.audit import (ATTESTED, FAIL, FAILED, INCOMPLETE, OK, UNVERIFIABLE, AuditFailed, AuditIncomplete,
+                              audit_run)
+from node.tools.audit_cli import run_audit
 from node.tools.audit_replay import Replayer
 from node.tools.evidence import PeerFetcher
 from p2p.envelope import Envelope, decode_envelope

@@ -14,7 +14,8 @@ import hashlib
 from types import SimpleNamespace
 
 from node.store.archive import Archive, ArchivedContribution
-from node.tools.audit_reexec import ReexecAuditor, built_elsewhere_check
+from node.tools.audit_reexec import ReexecAuditor
+from node.tools.audit_reexec_checks import built_elsewhere_check
 from node.tools.report import FAIL, OK, UNVERIFIABLE
 
 RUN_ID, ROUND = 1, 13

@@ -34,8 +34,8 @@ from node.errors import (
     RunDocumentMissing,
 )
 from node.store.checkpoint import parse_checkpoint
-from node.tools import audit as audit_tool
-from node.tools import pull as pull_tool
+from node.tools import audit_cli as audit_tool
+from node.tools import pull_cli as pull_tool
 from node.tools.audit import (
     ATTESTED,
     FAIL,

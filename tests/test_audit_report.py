@@ -6,7 +6,7 @@ import io
 import json
 import math
 
-from node.tools.audit import _ProgressBar
+from node.tools.audit_cli import _ProgressBar
 from node.tools.report import (
     FAIL,
     FAILED,
@@ -18,11 +18,10 @@ from node.tools.report import (
     Check,
     DisputeView,
     RoundVerdict,
-    loss_curve_svg,
-    render_html,
     worst,
     write_json,
 )
+from node.tools.report_html import loss_curve_svg, render_html
 
 
 def _report(rounds: int) -> AuditReport:

@@ -21,18 +21,18 @@ from node import protocol as msg
 from node.config import load_config
 from node.runconfig import run_document
 from node.slicedproof import RunSliceRules, bad_bundle_evidence, wrong_partial_evidence
-from node.tools.audit_reexec import reexec_checks
+from node.tools.audit_reexec_checks import reexec_checks
 from node.tools.audit_replay import Replayer
 from node.tools.audit_slicedproof import SlicedProofAuditor
 from node.tools.report import FAIL, OK, UNVERIFIABLE
 from p2p.envelope import Envelope
 from p2p.identity import Identity
 from training import slicebundle
-from training.slicebundle import bundle_slices, parse_slice_reference, slice_bundle
-from training.slicemessages import partial_payload
 from training.data import corpus_from_config
 from training.reexec import data_commitment, reexecute, round_meta
 from training.replica_state import initial_replica_state
+from training.slicebundle import bundle_slices, parse_slice_reference, slice_bundle
+from training.slicemessages import partial_payload
 
 RUN_ID = 1
 

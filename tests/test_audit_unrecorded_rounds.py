@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 from node.config import NodeConfig
 from node.store.archive import Archive, ArchivedContribution
-from node.tools.audit_reexec import recorded_pairs, reexec_checks
+from node.tools.audit_reexec_checks import recorded_pairs, reexec_checks
 from node.tools.report import AuditReport
 
 RUN_ID = 1

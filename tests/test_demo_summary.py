@@ -2,7 +2,7 @@
 
 import json
 
-from node.commands.demo import BENCHMARK_RESULT, benchmark_figure, format_summary
+from node.commands.demosummary import BENCHMARK_RESULT, benchmark_figure, format_summary
 
 
 def _summary(benchmark):

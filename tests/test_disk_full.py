@@ -290,7 +290,7 @@ def test_what_a_node_serves_onto_a_full_disk_waits_for_space_then_is_served(tmp_
     from p2p.host import P2PHost
     from p2p.identity import Identity
 
-    from node.live.exchange.protocol import ContributionPool
+    from node.live.exchange.pool import ContributionPool
     from node.live.checks.heldstates import HeldStates
     from node.live.round.roundbook import RoundBook
 

@@ -14,6 +14,7 @@ import threading
 
 import pytest
 from node_fixtures import TINY
+from parts_fixtures import loose_base, loose_rooms
 
 from node.config import load_config
 from node.errors import StateError
@@ -63,11 +64,11 @@ class Coordinator:
 
 def entry(tmp_path, *, last_committed: int, training: int, book: RoundBook | None = None) -> RunEntry:
     cfg = load_config(None, [*TINY, f"data_dir={tmp_path}", "pipeline.num_stages=2"])
-    return RunEntry(cfg=cfg, chain=Chain(last_committed), host=None, membership=Members(training),
-                    book=book or RoundBook(), coordinator=Coordinator(), worker=Worker(), contributor=None,
-                    finisher=None, station=None, state=StateFile(tmp_path / "state.json", cfg.ledger.run_id),
-                    layout=None, progress=None, reporter=None, checkpoint_dir=tmp_path / "checkpoints",
-                    incoming_dir=tmp_path / "incoming", stop=threading.Event())
+    state = StateFile(tmp_path / "state.json", cfg.ledger.run_id)
+    base = loose_base(cfg=cfg, book=book or RoundBook(), state=state, checkpoint_dir=tmp_path / "checkpoints",
+                      incoming_dir=tmp_path / "incoming", stop=threading.Event())
+    rooms = loose_rooms(chain=Chain(last_committed), membership=Members(training), coordinator=Coordinator())
+    return RunEntry(base, rooms, worker=Worker(), contributor=None, finisher=None)
 
 
 def announce(book: RoundBook, outer_round: int, stage: int) -> None:
@@ -184,11 +185,12 @@ def test_a_restarted_node_prefers_the_checkpoint_that_lets_it_train_the_open_rou
     cfg = load_config(None, [*TINY, f"data_dir={tmp_path}", "pipeline.num_stages=2"])
     members = Members(7)
     members.live_providers = lambda: []
-    run_entry = RunEntry(cfg=cfg, chain=PublishingChain(6), host=UnreachableHost(), membership=members,
-                         book=RoundBook(), coordinator=Coordinator(), worker=Worker(), contributor=None,
-                         finisher=None, station=None, state=StateFile(tmp_path / "state.json", cfg.ledger.run_id),
-                         layout=None, progress=None, reporter=None, checkpoint_dir=tmp_path / "checkpoints",
-                         incoming_dir=tmp_path / "incoming", stop=threading.Event())
+    base = loose_base(cfg=cfg, book=RoundBook(), state=StateFile(tmp_path / "state.json", cfg.ledger.run_id),
+                      checkpoint_dir=tmp_path / "checkpoints", incoming_dir=tmp_path / "incoming",
+                      stop=threading.Event())
+    rooms = loose_rooms(chain=PublishingChain(6), host=UnreachableHost(), membership=members,
+                        coordinator=Coordinator())
+    run_entry = RunEntry(base, rooms, worker=Worker(), contributor=None, finisher=None)
     with pytest.raises(StateError) as refused:
         run_entry.entry_point()
     tried = [part.split(":")[0] for part in str(refused.value).split(": ", 1)[1].split(" | ")]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 
 from node_fixtures import TINY
+from parts_fixtures import loose_base
 
 from ledger.records import RoundRecord
 from node.config import load_config
@@ -55,9 +56,8 @@ def repair(tmp_path, own_round_2_root: bytes) -> tuple[ForkRepair, Chain, Lifecy
     state = StateFile(tmp_path / "state.json", cfg.ledger.run_id)
     state.record_round(2, own_round_2_root, False)
     chain, lifecycle = Chain(), Lifecycle()
-    forks = ForkRepair(cfg=cfg, station=None, book=None, coordinator=None, exchange=SlicedExchange(), archive=None,
-                       rounds=None, chain=chain, lifecycle=lifecycle, state=state, progress=None,
-                       membership=None, stop=threading.Event())
+    forks = ForkRepair(loose_base(cfg=cfg, state=state, stop=threading.Event()), chain=chain, coordinator=None,
+                       exchange=SlicedExchange(), lifecycle=lifecycle, membership=None)
     return forks, chain, lifecycle
 
 

@@ -20,13 +20,15 @@ import threading
 
 import pytest
 from node_fixtures import TINY
+from parts_fixtures import loose_base
 
 from ledger.errors import ChainUnavailable
 from ledger.merkle import merkle_root
 from node import protocol as msg
 from node.config import load_config
-from node.live.chain.forkrepair import (AGREED, CONFIRMED, CONTESTED, FORKED, NOT_OURS, PENDING, ForkRepair,
-                                  attested_standing)
+from node.live.chain.forkrepair import ForkRepair
+from node.live.chain.standing import (AGREED, CONFIRMED, CONTESTED, FORKED, NOT_OURS, PENDING,
+                                      attested_standing)
 from node.live.round.roundbook import RoundBook
 from node.live.round.roundstate import RoundState
 from node.live.status import StateFile
@@ -114,10 +116,10 @@ def forks_at(tmp_path, *, attested: dict[str, str], alive=(PEER_A, PEER_B), quor
     results = {"ours": (OURS[0], merkle_root([entry[2] for entry in close.contributions])), "theirs": THEIRS}
     for peer, result in attested.items():
         book.add_attestation(2, 0, peer, attestation(results[result]))
-    forks = ForkRepair(cfg=cfg, station=Station(), book=book, coordinator=Coordinator({2: close}),
-                       exchange=SlicedExchange(), archive=None, rounds=rounds, chain=Chain(quorum),
-                       lifecycle=Lifecycle(), state=StateFile(tmp_path / "state.json", cfg.ledger.run_id),
-                       progress=None, membership=Membership(set(alive)), stop=threading.Event())
+    base = loose_base(cfg=cfg, station=Station(), book=book, rounds=rounds, stop=threading.Event(),
+                      state=StateFile(tmp_path / "state.json", cfg.ledger.run_id))
+    forks = ForkRepair(base, chain=Chain(quorum), coordinator=Coordinator({2: close}), exchange=SlicedExchange(),
+                       lifecycle=Lifecycle(), membership=Membership(set(alive)))
     forks.agreed(0)  # the committer's verdict of an earlier round: it reads the chain's quorum then
     return forks, book
 

@@ -17,7 +17,7 @@ from test_node_rooms import Pool, rooms
 
 from node import protocol as msg
 from node.live.round.closesteps import close_steps, envelope_steps, record_tokens, steps_problem
-from node.live.round.coordination import PENDING
+from node.live.round.closejudge import PENDING
 from node.tools.audit_rounds import _steps_range, _token_check
 from node.tools.report import FAIL, OK
 from p2p.envelope import Envelope

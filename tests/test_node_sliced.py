@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from node.config import config_from_dict
 from node import protocol as msg
-from node.live.round.coordination import PENDING
+from node.live.round.closejudge import PENDING
 from node.live.round.roundbook import Announced
 from node.runconfig import run_document
 from p2p.identity import Identity
@@ -287,7 +287,7 @@ def test_a_forged_sliced_close_is_refused_once_the_stall_limit_passes():
 def test_a_lazy_pool_fetches_announced_contributions_only_where_it_may_close(tmp_path):
     import threading
 
-    from node.live.exchange.protocol import ContributionPool
+    from node.live.exchange.pool import ContributionPool
     from node.live.round.roundbook import RoundBook
     from p2p.errors import BlobUnavailable
 
@@ -323,7 +323,7 @@ def test_a_wanted_contribution_has_its_inputs_fetched_as_soon_as_its_envelope_is
     (asked only by ready_close then, every honest bundle but its own was missing: bench_byzantine `late`)."""
     import threading
 
-    from node.live.exchange.protocol import ContributionPool
+    from node.live.exchange.pool import ContributionPool
     from node.live.round.roundbook import RoundBook
 
     sender = Identity.generate()
@@ -560,7 +560,7 @@ def test_a_coordinator_closes_only_with_contributions_whose_inputs_it_holds(tmp_
     """ContributionPool.closable (what RoundCoordinator.ready_close reads): the envelopes here whose inputs
     the exchange says it holds (the sliced exchange: the whole bundle, fetched, archived, served), so a
     member that serves its envelope but withholds its bundle is never closed by an honest coordinator."""
-    from node.live.exchange.protocol import ContributionPool
+    from node.live.exchange.pool import ContributionPool
 
     identities = [Identity.generate() for _ in range(3)]
     envelopes = [_contribution(identity, slice_bundle([bytes([i])] * 3)[1], replica=i)

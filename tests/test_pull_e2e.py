@@ -17,7 +17,8 @@ import pytest
 from node.cli import exit_code_for
 from node.errors import NodeError, RunDocumentMissing
 from node.tools.evidence import PeerFetcher
-from node.tools.pull import NoCheckpoint, PullRefused, pull_checkpoint, run_pull
+from node.tools.pull import NoCheckpoint, PullRefused, pull_checkpoint
+from node.tools.pull_cli import run_pull
 from short_run_fixtures import cli_args, client, node_archives, run  # noqa: F401 (client, run: fixtures)
 
 

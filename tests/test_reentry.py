@@ -12,12 +12,12 @@ worker makes the rounds the survivor sits out.
 
 from __future__ import annotations
 
-import inspect
 import threading
 from types import SimpleNamespace
 
 import pytest
 import torch
+from parts_fixtures import loose_base, loose_rooms
 
 from node.config import load_config
 from node.live.round.entry import RunEntry
@@ -93,17 +93,16 @@ def test_a_survivor_re_enters_the_open_round_as_its_restarted_partner_does(tmp_p
         survivor.encode(stage, 0)
     survivor.train_round(1, end_step=2)  # the pipeline broke here: abandoned
     # The finisher's replay path needs only these parts (nothing is fetched, sealed or attested again).
-    unused = {name: None for name in inspect.signature(RoundFinisher).parameters}
-    finisher = RoundFinisher(**unused | {"cfg": survivor.cfg, "worker": survivor, "contributor": Lane(),
-                                         "exchange": SimpleNamespace(pool=None)})
+    finisher = RoundFinisher(loose_base(cfg=survivor.cfg), loose_rooms(exchange=SimpleNamespace(pool=None)),
+                             worker=survivor, recovery=None, contributor=Lane())
     for outer_round in range(3):  # sitting out: rounds 0-2 finished as the others closed them
         finisher.replay(outer_round, states[outer_round])
         finisher.finish(outer_round)
-    entry = RunEntry(cfg=survivor.cfg, chain=Chain(), host=None, membership=Membership(), book=Book(),
-                     coordinator=None, worker=survivor, contributor=Lane(), finisher=finisher, station=None,
-                     state=StateFile(tmp_path / "state.json", survivor.cfg.ledger.run_id), layout=None,
-                     progress=SimpleNamespace(last_finished=2), reporter=None, checkpoint_dir=tmp_path, incoming_dir=tmp_path,
-                     stop=threading.Event())
+    state = StateFile(tmp_path / "state.json", survivor.cfg.ledger.run_id)
+    base = loose_base(cfg=survivor.cfg, book=Book(), state=state, progress=SimpleNamespace(last_finished=2),
+                      checkpoint_dir=tmp_path, incoming_dir=tmp_path, stop=threading.Event())
+    entry = RunEntry(base, loose_rooms(chain=Chain(), membership=Membership()), worker=survivor,
+                     contributor=Lane(), finisher=finisher)
     held = finisher.held_states()
     start = entry.agree_again(3, held)
     assert start == 3  # the round the others train, not round 4

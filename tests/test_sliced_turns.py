@@ -12,7 +12,8 @@ import pytest
 
 from node import protocol as msg
 from node.live.exchange.protocol import InputsWithheld
-from node.live.exchange.sliced import CANDIDATE_TURNS, SlicedExchange
+from node.live.exchange.sliced import SlicedExchange
+from node.live.exchange.sliced_partials import CANDIDATE_TURNS
 
 pytestmark = pytest.mark.timeout(120)
 

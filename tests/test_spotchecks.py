@@ -168,8 +168,8 @@ def test_an_accusation_seen_only_on_chain_whose_evidence_is_never_served_is_clea
     from ledger_fixtures import digest
 
     from ledger.records import Verdict
-    from node.live import tribunal, verifier
     from node.live.chain.onchain import NodeChain
+    from node.live.checks import tribunal, verifier
     from node.live.checks.verifier import SpotChecker, VerifierContext
     from p2p.errors import BlobUnavailable
 
@@ -226,10 +226,10 @@ def test_accusations_from_outsiders_are_refused_and_unserved_or_malformed_eviden
     from types import SimpleNamespace
 
     from ledger.records import Verdict
+    from node.live.checks.verifier import SpotChecker, VerifierContext
     from node.live.peers.inbox import GossipInbox
     from node.live.peers.membership import Membership
     from node.live.round.roundbook import RoundBook
-    from node.live.checks.verifier import SpotChecker, VerifierContext
     from p2p.envelope import Envelope, EnvelopeValidator
     from p2p.errors import BlobUnavailable
     from p2p.identity import Identity
@@ -385,7 +385,8 @@ def test_the_audit_judges_a_chain_link_from_the_archives_and_never_trusts_a_serv
     as a restart: the first two break the chain, the last is unverifiable."""
     from types import SimpleNamespace
 
-    from node.tools.audit_reexec import ReexecAuditor, split_chain_evidence
+    from node.tools.audit_reexec import ReexecAuditor
+    from node.tools.audit_reexec_checks import split_chain_evidence
 
     cfg, state, _claims = _honest_job(tmp_path / "data")
     corpus = corpus_from_config(cfg.training, cfg.model)
@@ -519,9 +520,9 @@ def one_stage_verifier(tmp_path, host, sealed: dict, envelopes: dict, gossip):
     import threading
     from types import SimpleNamespace
 
+    from node.live.checks.verifier import VerifierContext
     from node.live.peers.membership import Membership
     from node.live.round.roundbook import RoundBook
-    from node.live.checks.verifier import VerifierContext
 
     membership = Membership("me", "c0", 1, 1, RoundBook(), seat=lambda _a, _k: Seat((0, 0), 0))
     return VerifierContext(

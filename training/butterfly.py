@@ -503,6 +503,14 @@ def live_plan(shapes: Mapping[str, tuple[int, ...]], num_replicas: int,
     return plan_slices(shapes, num_replicas, min_slice_numel=min_slice_numel)
 
 
+def slice_for_exchange(engine, diloco_cfg) -> SlicePlan | None:
+    """:func:`slice_stage` of ``engine`` when the run's exchange slices its stages (``diloco_cfg.sliced``),
+    its plan; None (the engine left whole) for the full exchange."""
+    if not diloco_cfg.sliced:
+        return None
+    return slice_stage(engine, diloco_cfg.num_replicas, diloco_cfg.min_slice_numel)
+
+
 def slice_stage(engine, num_replicas: int, min_slice_numel: int = LIVE_MIN_SLICE_NUMEL) -> SlicePlan:
     """Make a :class:`~training.stage_engine.StageEngine` encode sliced contributions; returns its plan.
 

@@ -416,6 +416,12 @@ class DilocoConfig:
                                        "trains at least one step after applying the previous one")
 
     @property
+    def sliced(self) -> bool:
+        """Whether the exchange cuts each stage into slices (docs/PROTOCOL.md, "Sliced exchange"): the one
+        place training/ reads the exchange's kind (the node's registry of kinds: node/live/exchange/registry.py)."""
+        return self.exchange == "sliced"
+
+    @property
     def budgeted(self) -> bool:
         """Whether rounds are bounded by time (``round_budget_s > 0``): contributions then declare their steps."""
         return self.round_budget_s > 0

@@ -40,7 +40,6 @@ one a restart rebuilds from the record alone (:func:`restart_state_reason`).
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -67,7 +66,7 @@ from training.fingerprint import (
 )
 from training.hashing import stage_weights_hash
 from training.platform import resolve_device
-from training.reexec_distance import contribution_distance, sliced_contribution_distance
+from training.reexec_distance import contribution_distance, distance_for, sliced_contribution_distance
 from training.reexec_rules import (
     RESTART_ATOL, RESTART_RTOL, STATE_MISMATCH, check_state_chain, data_commitment, restart_state_reason,
     claimed_steps, round_meta, sample_replicas, sample_score, start_global_round, steps_in_range,
@@ -440,8 +439,7 @@ def verify_contribution(
         return failed(OTHER_RESULT, f"stage(s) {elsewhere}: built on another result of round {outer_round - 1} "
                       "than the record's (its bound applied hash is not what the rerun's apply gives)", elsewhere)
     specs = split_stages(model_cfg.n_layer, num_stages)
-    distance = (functools.partial(sliced_contribution_distance, diloco_cfg=diloco_cfg)
-                if diloco_cfg.exchange == "sliced" else contribution_distance)
+    distance = distance_for(diloco_cfg)
     distances = {
         claim.stage_index: distance(
             claim.payload, rerun.payloads[claim.stage_index],

@@ -7,6 +7,7 @@ not decode is infinitely far: it can never pass a tolerance.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 
@@ -44,6 +45,14 @@ def contribution_distance(
         return math.inf
     ours = decode_contribution(recomputed, shapes, stage_index=stage_index, outer_round=outer_round)
     return relative_l2(theirs, ours)
+
+
+def distance_for(diloco_cfg: DilocoConfig):
+    """The distance of a claimed contribution from the rerun's for the run's exchange: the sliced one's
+    (slices assembled first) or the full one's."""
+    if diloco_cfg.sliced:
+        return functools.partial(sliced_contribution_distance, diloco_cfg=diloco_cfg)
+    return contribution_distance
 
 
 def sliced_contribution_distance(

@@ -64,7 +64,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.butterfly import slice_stage
+from training.butterfly import slice_for_exchange
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
 from training.config_compression import CompressionConfig
 from training.diloco import host_float32_copy
@@ -319,9 +319,8 @@ def initial_replica_state(
     trainer = LocalReplicaTrainer(model_cfg, training_cfg, meta.num_stages)
     engines = [StageEngine(spec.index, dict(module.named_parameters()), diloco_cfg, compression_cfg)
                for spec, module in zip(trainer.specs, trainer.stage_modules)]
-    if diloco_cfg.exchange == "sliced":
-        for engine in engines:
-            slice_stage(engine, diloco_cfg.num_replicas, diloco_cfg.min_slice_numel)
+    for engine in engines:
+        slice_for_exchange(engine, diloco_cfg)
     return capture_replica_state(meta, trainer, engines)
 
 
@@ -346,8 +345,7 @@ def restore_replica(
     for part, module, optimizer in zip(state.stages, trainer.stage_modules, trainer.optimizers):
         _restore_optimizer(part, module, optimizer)
         engine = StageEngine(part.stage_index, dict(module.named_parameters()), diloco_cfg, compression_cfg)
-        if diloco_cfg.exchange == "sliced":  # as the node's engines encode (node.live.work.replica), before the load
-            slice_stage(engine, diloco_cfg.num_replicas, diloco_cfg.min_slice_numel)
+        slice_for_exchange(engine, diloco_cfg)  # as the node's engines encode (node.live.work.replica), before the load
         last_encoded, last_applied, others_count = part.engine_counters
         _load_engine(engine, part, diloco_cfg, last_encoded, last_applied, others_count)
         engines.append(engine)

@@ -25,14 +25,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from node.commands.demosummary import (
+    BENCHMARK_RESULT,
+    benchmark_figure,
+    centralized_reference_loss,
+    format_summary,
+    summarize,
+)
 from node.commands.launcher import LocalRun
 from node.commands.liveview import LiveView
 from node.config import load_config
 from node.errors import ConfigError, NodeError
-from training.config import LEGACY_OPTIMIZER
-
-#: How the summary names an inner optimizer (training.optimizer's values).
-OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon"}
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +77,6 @@ class _Signals:
 
 #: The demo's quorum fraction of the members in force, in basis points (its floor is --attest-quorum).
 DEMO_QUORUM_BPS = 5000
-
-#: The training benchmark's one current result (bench/bench_diloco.py): DiLoCoX against centralized
-#: training at a real token budget, printed beside the demo's own short-run figure.
-BENCHMARK_RESULT = Path(__file__).resolve().parents[2] / "bench" / "results" / "diloco.json"
 
 
 def _dataset_model_settings(directory: Path) -> list[str]:
@@ -220,7 +219,6 @@ def _keep_serving(run: LocalRun, out: Path):
     the commands that pull a checkpoint through it and watch the run are printed."""
     from node.commands.link import run_link
     from node.commands.seeder import ArchiveSeeder
-
     from node.errors import DLX_ERRORS
 
     try:
@@ -269,169 +267,3 @@ def _train_and_report(run: LocalRun, args: argparse.Namespace, out: Path, view: 
     return ok
 
 
-def centralized_reference_loss(run: LocalRun, rounds: int) -> float:
-    """Held-out loss of data-parallel training (the run's inner optimizer) on the same tokens, schedule and eval
-    batches as the run.
-
-    :func:`training.simulate.centralized_reference` (the benchmark's DDP mode) on the
-    run's own settings: what the demo's DiLoCoX loss should be read against.
-    """
-    from dataclasses import replace
-
-    from training.data import corpus_from_config
-    from training.simulate import centralized_reference
-
-    cfg = load_config(run.nodes[0].config_path)
-    training_cfg = cfg.training
-    if training_cfg.data_path:
-        training_cfg = replace(training_cfg, data_path=str(cfg.path(training_cfg.data_path)))
-    corpus = corpus_from_config(training_cfg, cfg.model)
-    quiet = logging.getLogger("training.simulate")  # its per-round lines would interleave with the summary
-    level = quiet.level
-    quiet.setLevel(logging.WARNING)
-    try:
-        return centralized_reference(corpus, cfg.model, cfg.training, cfg.diloco, cfg.pipeline, rounds)
-    finally:
-        quiet.setLevel(level)
-
-
-def benchmark_figure(path: Path) -> dict:
-    """DiLoCoX against DDP in the training benchmark's current result at ``path``, read at run time.
-
-    Returns ``{"path", "loss_vs_ddp", "fewer_bytes", "tokens", "rounds", "inner_steps", "data"}``, or
-    ``{"path", "missing": reason}`` when the file is absent (an installed package has no bench/) or
-    is not a bench_diloco.py result with both modes; the demo then says so instead of a figure.
-    """
-    try:
-        result = json.loads(path.read_text())
-        x = result["summary"]["diloco_x"]
-        settings = result["args"]
-        figure = {"path": str(path), "loss_vs_ddp": float(x["loss_vs_ddp"]),
-                  "fewer_bytes": float(x["fewer_bytes_than_ddp"]),
-                  "tokens": int(max(point["tokens"] for point in x["curve"])),
-                  "rounds": int(settings["rounds"]), "inner_steps": int(settings["inner_steps"]),
-                  "data": Path(str(settings["data"])).parent.name or str(settings["data"]),
-                  # A result recorded before bench_diloco.py had --optimizer trained with AdamW.
-                  "optimizer": str(settings.get("optimizer", LEGACY_OPTIMIZER))}
-    except FileNotFoundError:
-        return {"path": str(path), "missing": "not found (run bench/bench_diloco.py from a clone)"}
-    except (OSError, ValueError, KeyError, TypeError) as exc:  # not a bench_diloco.py result with DDP and DiLoCoX
-        return {"path": str(path), "missing": f"unreadable ({type(exc).__name__}: {exc})"}
-    return figure
-
-
-def summarize(run: LocalRun) -> dict:
-    """Read the run back from the chain and the nodes' status files."""
-    from ledger.records import from_micro
-    from training.model import count_params
-
-    client = run.client()
-    history = client.history(run.run_id)
-    cfg = load_config(run.nodes[0].config_path)
-    params = count_params(cfg.model)
-    rounds = [{"round": c.commit.round, "eval_loss": from_micro(c.commit.eval_loss_micro),
-               "train_loss": from_micro(c.commit.train_loss_micro), "contributors": c.commit.num_contributors,
-               "weights_root": c.commit.weights_root.hex(), "attesters": list(c.attesters),
-               "tokens": c.commit.tokens}
-              for c in history.commits]
-    sent = sum(slot.status().get("bytes_sent", 0) for slot in run.nodes)
-    # Pseudo-gradient traffic alone: every archived contribution envelope, counted once, is
-    # fetched by the M-1 other replicas' holders of its stage.
-    envelopes = {}
-    for slot in run.nodes:
-        for path in (slot.data_dir / "archive").glob("run-*/round-*/*.env"):
-            envelopes[path.name] = path.stat().st_size
-    exchange = sum(envelopes.values()) * max(0, run.replicas - 1)
-    # Ring AllReduce of fp32 gradients every inner step: 2 (M-1)/M x model bytes per replica per step.
-    m = run.replicas
-    steps = len(rounds) * cfg.diloco.inner_steps
-    # What the records count: H per contribution with fixed H, what each declared in a time-bounded run.
-    tokens = sum(r["tokens"] for r in rounds) if cfg.diloco.budgeted else \
-        steps * m * cfg.training.batch_size * cfg.model.block_size
-    allreduce = int(2 * (m - 1) / m * params * 4 * steps * m) if m > 1 else 0
-    checkpoints = [{"round": c.round, "content_hash": c.content_hash.hex(), "uri": c.uri}
-                   for c in history.checkpoints]
-    latest = checkpoints[-1] if checkpoints else None
-    ckpt_path = None
-    if latest is not None:
-        for slot in run.nodes:
-            p = slot.data_dir / "checkpoints" / f"round-{latest['round']:08d}.safetensors"
-            if p.exists():
-                ckpt_path = str(p)
-                break
-    # Re-execution spot checks of other replicas' rounds, per node (node/live/checks/verifier.py; status.json).
-    spot_checks = {}
-    for slot in run.nodes:
-        status = slot.status()
-        spot_checks[slot.name] = {key: status.get(key, 0) for key in (
-            "spot_checks", "spot_check_mismatches", "spot_checks_not_done", "spot_check_seconds", "chain_checks")}
-    return {
-        "spot_checks": spot_checks, "accusations": len(history.accusations),
-        "run_id": run.run_id, "attest_quorum": history.run.quorum, "stake_wei": history.run.min_stake,
-        "unbonding_blocks": history.run.unbonding_blocks,
-        "members": len({m.account for m in history.memberships}),
-        "rpc_url": run.url, "registry": run.registry, "ledger": run.ledger,
-        "model_params": params, "rounds": rounds, "bytes_sent_all_nodes": sent,
-        "pseudo_gradient_bytes": exchange, "inner_steps": cfg.diloco.inner_steps, "tokens": tokens,
-        "round_budget_s": cfg.diloco.round_budget_s, "optimizer": cfg.training.optimizer,
-        "tokens_per_step": cfg.training.batch_size * cfg.model.block_size,
-        "data": "a generated corpus" if not cfg.training.data_path else Path(cfg.training.data_path).name,
-        "allreduce_bytes_equivalent": allreduce, "checkpoints": checkpoints, "latest_checkpoint_file": ckpt_path,
-        "disputes": len(history.disputes), "workdir": str(run.workdir),
-        "node_dirs": [str(slot.data_dir) for slot in run.nodes],
-    }
-
-
-def _benchmark_lines(s: dict) -> list[str]:
-    """What the demo's gap means: a few short rounds, beside the benchmark's figure at a real budget."""
-    demo = (f"  this demo is {len(s['rounds'])} short rounds of H={s['inner_steps']} ({s.get('tokens', 0):,} tokens) "
-            f"on {s.get('data', 'its data')}: a check that the system works, not a measure of the method;")
-    bench = s.get("benchmark")
-    if not bench:
-        return [demo]
-    if "missing" in bench:
-        return [demo, f"  the training benchmark's result {bench['path']}: {bench['missing']}"]
-    measured = (f"  at a real budget ({bench['tokens']:,} tokens of {bench['data']}, {bench['rounds']} rounds of "
-                f"H={bench['inner_steps']}) DiLoCoX is {100 * bench['loss_vs_ddp']:+.1f}% against centralized "
-                f"{OPTIMIZER_NAMES.get(bench.get('optimizer'), bench.get('optimizer'))} "
-                f"with {bench['fewer_bytes']:.0f}x fewer bytes ({bench['path']}, from bench/bench_diloco.py)")
-    return [demo, measured]
-
-
-def format_summary(s: dict) -> str:
-    lines = ["", (f"run {s['run_id']}: {len(s['rounds'])} rounds committed on chain ({s['model_params']:,} parameters), "
-                  f"each signed by at least {s['attest_quorum']} of the run's {s['members']} staked members "
-                  f"({s['stake_wei'] / 1e18:g} ETH each, unbonding {s['unbonding_blocks']} blocks)"),
-             "  round  held-out  train   contributors  attesters  inner steps  weights root"]
-    for r in s["rounds"]:
-        steps = r.get("tokens", 0) // max(1, s.get("tokens_per_step", 1))  # of every contributor together
-        lines.append(f"  {r['round']:>5}  {r['eval_loss']:8.4f}  {r['train_loss']:6.4f}  {r['contributors']:>12}  "
-                     f"{len(r['attesters']):>9}  {steps:>11}  {r['weights_root'][:16]}")
-    allreduce = s["allreduce_bytes_equivalent"]
-    exchange = s["pseudo_gradient_bytes"]
-    reference = s.get("centralized_reference_eval_loss")
-    if reference is not None and s["rounds"]:
-        final = s["rounds"][-1]["eval_loss"]
-        optimizer = OPTIMIZER_NAMES.get(s.get("optimizer"), s.get("optimizer"))
-        lines.append(f"held-out loss {final:.4f}; centralized data-parallel {optimizer} on the same tokens: {reference:.4f} "
-                     f"({100 * (final / reference - 1):+.1f}%)")
-        lines.extend(_benchmark_lines(s))
-    lines.append(f"pseudo-gradients exchanged: {exchange / 1e6:.2f} MB; data-parallel AllReduce of fp32 gradients "
-                 f"every step would have sent {allreduce / 1e6:.2f} MB "
-                 f"({allreduce / exchange if exchange else float('nan'):.0f}x more, H={s['inner_steps']})")
-    lines.append(f"all traffic of all nodes (gossip, contributions, checkpoint shards and copies): "
-                 f"{s['bytes_sent_all_nodes'] / 1e6:.2f} MB")
-    lines.append(f"checkpoints on chain: {len(s['checkpoints'])}; latest: "
-                 f"{s['checkpoints'][-1] if s['checkpoints'] else 'none'}")
-    lines.append(f"checkpoint file: {s['latest_checkpoint_file']}")
-    if s.get("spot_checks"):
-        checks = ", ".join(f"{name} {c['spot_checks']} ({c['spot_check_mismatches']} mismatches, "
-                           f"{c['spot_checks_not_done']} not done, {c['spot_check_seconds']:.0f} s)"
-                           for name, c in s["spot_checks"].items())
-        lines.append(f"spot checks (another replica's round re-executed): {checks}; accusations: "
-                     f"{s.get('accusations', 0)}")
-    lines.append(f"disputes: {s['disputes']}; node data, logs and deployment.json in {s['workdir']}")
-    archives = " ".join(f"--archive {p}" for p in s.get("node_dirs", []))
-    lines.append(f"audit it (with --keep, while the chain runs):\n  dlx-node audit --rpc {s['rpc_url']} "
-                 f"--run {s['run_id']} --deployment {s['workdir']}/deployment.json {archives}")
-    return "\n".join(lines)

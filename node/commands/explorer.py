@@ -138,7 +138,7 @@ class SnapshotCache:
                 return self._snapshot
             try:
                 snapshot = self._read()
-            except Exception as exc:  # noqa: BLE001 (a chain that fails in any way is a 503, never a crash)
+            except Exception as exc:  # noqa: BLE001 - thread boundary: any chain failure is a 503
                 reason = f"{exc.__class__.__name__}: {exc}"[:500]
                 if reason != self._last_error:
                     logger.warning("explorer: cannot read the chain: %s", reason)

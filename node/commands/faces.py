@@ -124,7 +124,7 @@ def cmd_join(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------- audit / pull
 def cmd_audit(args: argparse.Namespace) -> int:
     from node.commands.member import apply_link
-    from node.tools.audit import run_audit
+    from node.tools.audit_cli import run_audit
 
     apply_link(args)
 
@@ -133,7 +133,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     from node.commands.member import apply_link
-    from node.tools.pull import run_pull
+    from node.tools.pull_cli import run_pull
 
     apply_link(args)
 

@@ -52,6 +52,7 @@ class ArchiveSeeder:
     def start(cls, node_dirs: Iterable[Path], run_id: int, listen_host: str = "127.0.0.1",
               listen_port: int = 0) -> ArchiveSeeder:
         from p2p.config import P2PConfig
+        from p2p.errors import P2PError
         from p2p.host import P2PHost
         from p2p.identity import Identity
 
@@ -62,7 +63,7 @@ class ArchiveSeeder:
         try:
             for sha256_hex, path in served.items():
                 host.provide_file(path, sha256_hex)
-        except Exception:
+        except (P2PError, OSError):
             host.close()
             shutil.rmtree(workdir, ignore_errors=True)
             raise

@@ -11,6 +11,10 @@ Three steps, because a node learns where it sits only from its peers' hellos:
 3. :meth:`NodeParts.take_seat`: the placement, the worker of the placed stages,
    and the round machinery that trains and finishes rounds with it.
 
+Every part reads what it needs from the node's :class:`~node.live.base.NodeBase`
+(configuration, identity, files and books, built by the constructor) and is handed its
+collaborators: a step-2 part by its sub-package's factory (``build.py``) or its class,
+the round machinery of step 3 from the :class:`~node.live.rooms.Rooms` of step 2.
 The rooms built in step 2 read the :class:`~node.live.work.station.Station` for what
 step 3 decides. Which class builds each variable part is a :class:`Kinds`: the
 exchange by ``diloco.exchange`` (:data:`EXCHANGES`), and subclasses a test or an
@@ -19,7 +23,6 @@ adversary injects (tests/adversary.py).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import threading
@@ -27,7 +30,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Queue
-from types import MappingProxyType
 
 from node import protocol as msg
 from node.arenas import settle_interned_strings
@@ -36,16 +38,22 @@ from node.errors import NotRegistered
 from node.fsutil import atomic_write_bytes
 from node.live.fraud.answerer import ChallengeAnswerer
 from node.live.fraud.chunkstate import CHUNK_STATES_DIR, ChunkedStates, DisputeWindow
-from node.live.chain.committer import Committer, CommitterContext
-from node.live.chain.readback import RecordSigners
+from node.live.base import NodeBase
+from node.live.rooms import Rooms
+from node.live.chain.build import build_committer
+from node.live.chain.committer import Committer
+from node.live.checks.build import build_spot_checks
 from node.live.work.contributor import Contributor
 from node.live.round.coordination import RoundCoordinator, RoundStopped
+from node.live.peers.build import build_heartbeat, build_inbox, build_membership, build_messenger
+from node.live.round.build import build_coordinator, build_ending, build_lifecycle, build_pace
 from node.live.round.ending import RunEnd
 from node.live.round.entry import RunEntry
-from node.live.exchange.protocol import Exchange, serve_blob
+from node.live.exchange.protocol import Exchange
+from node.live.exchange.pool import serve_blob
+from node.live.exchange.registry import EXCHANGES
 from node.live.round.finisher import RoundFinisher
 from node.live.chain.forkrepair import ForkRepair
-from node.live.exchange.full import FullExchange
 from node.live.peers.heartbeat import Heartbeat
 from node.live.peers.inbox import GossipInbox
 from node.live.work.lane import RoundLane
@@ -61,12 +69,11 @@ from node.live.round.roundbook import RoundBook
 from node.live.round.roundclock import RoundClock
 from node.live.round.roundstate import RoundState
 from node.live.peers.saidlog import SaidLog
-from node.live.exchange.sliced import SlicedExchange
 from node.live.startup import StartupClock
 from node.live.work.station import Station
 from node.live.peers.topology import Seat
 from node.live.status import Progress, Reporter, StateFile
-from node.live.checks.verifier import SpotChecker, VerifierContext
+from node.live.checks.verifier import SpotChecker
 from node.platforms import own_platforms
 from node.protocol import run_topic
 from node.runconfig import canonical_json, config_hash, run_document
@@ -84,10 +91,6 @@ logger = logging.getLogger(__name__)
 #: Run message kinds a member may sign again with another payload (periodic or per-accusation): the
 #: validator does not hold them as equivocation, and node/live/peers/saidlog.py does not keep them.
 EQUIVOCATION_EXEMPT = (msg.HELLO, msg.ACCUSATION, msg.VERDICT, msg.PARTIAL_ANNOUNCE)
-
-#: The exchange kinds by ``diloco.exchange`` (docs/PROTOCOL.md, "Sliced exchange").
-EXCHANGES: Mapping[str, type[Exchange]] = MappingProxyType({"full": FullExchange, "sliced": SlicedExchange})
-
 
 @dataclass(frozen=True)
 class Kinds:
@@ -151,6 +154,13 @@ class NodeParts:
         self.lane = RoundLane()
         self.reporter = Reporter(path=self.data_dir / "status.json", progress=self.progress, peer_id=self.peer_id,
                                  run_id=self.run_id, station=self.station, on_progress=on_progress)
+        self.base = NodeBase(
+            cfg=cfg, stop=stop, run_id=self.run_id, identity=self.identity, peer_id=self.peer_id,
+            document=self.document, config_hash=self.config_hash, layout=self.layout, data_dir=self.data_dir,
+            checkpoint_dir=self.checkpoint_dir, incoming_dir=self.incoming_dir, evidence_dir=self.evidence_dir,
+            archive=self.archive, state=self.state, progress=self.progress, clock=self.clock, book=self.book,
+            station=self.station, rounds=self.rounds, lane=self.lane, reporter=self.reporter,
+            validator=self.validator, said=self.said)
         self._threads: list[threading.Thread] = []
         # Step 1
         self.chain: NodeChain | None = None
@@ -169,6 +179,7 @@ class NodeParts:
         self.chunked: ChunkedStates | None = None  # a chunked run's stage states (step 2)
         self.inbox: GossipInbox | None = None
         self.heartbeat: Heartbeat | None = None
+        self.rooms: Rooms | None = None  # what step 3 builds from
         # Step 3
         self.worker: ReplicaWorker | None = None
         self.recovery: RestartRecovery | None = None
@@ -219,70 +230,35 @@ class NodeParts:
 
     # ------------------------------------------------------------------ step 2
     def open_rooms(self, own_seat: Seat) -> None:
-        """Everything that runs before this node is placed, then the bootstrap peers."""
-        cfg, host, chain = self.cfg, self.host, self.chain
-        self.messenger = messenger = Messenger(identity=self.identity, run_id=self.run_id, host=host,
-                                               station=self.station, said=self.said, stop=self.stop)
-        self.membership = membership = Membership(
-            peer_id=self.peer_id, cluster=cfg.cluster, cluster_size=cfg.cluster_size,
-            num_stages=cfg.pipeline.num_stages, book=self.book, seat=self._seat_on_chain, own_seat=own_seat)
-        exchange_kind = self.kinds.exchanges[cfg.diloco.exchange]
+        """Everything that runs before this node is placed (each part by its sub-package's factory, in
+        dependency order), then the bootstrap peers."""
+        base, kinds, host, chain = self.base, self.kinds, self.host, self.chain
+        self.messenger = messenger = build_messenger(base, host=host)
+        self.membership = membership = build_membership(base, seat=self._seat_on_chain, own_seat=own_seat)
         charges: Queue = Queue()  # accusations an exchange raises, opened by the spot checker
-        self.exchange = exchange = exchange_kind(
-            station=self.station, messenger=messenger, host=host, book=self.book, archive=self.archive,
-            run_id=self.run_id, p2p=cfg.p2p, incoming=self.incoming_dir, evidence_dir=self.evidence_dir,
-            fallback_providers=membership.live_providers, charges=charges, stop=self.stop)
-        # Rounds this node finished in an earlier life: it never signs a second, different
-        # close or attestation for them (peers would hold both as equivocation evidence).
-        self.coordinator = coordinator = self.kinds.coordinator(
-            peer_id=self.peer_id, quorum=cfg.quorum, round_timeout=cfg.round_timeout, book=self.book,
-            membership=membership, contributions=exchange.pool, contributed=self.rounds.contributed,
-            gossip=messenger.gossip, resync=messenger.resync,
-            previous_life_finished=self.state.get("last_finished", -1), transfer_timeout=cfg.p2p.transfer_timeout,
-            stop=self.stop, station=self.station, steps_range=cfg.diloco.steps_range)
-        exchange.close_standing = coordinator.close_standing  # what a wrong-partial proof is judged against
-        self.lifecycle = lifecycle = Lifecycle(run_id=self.run_id, peer_id=self.peer_id, state=self.state,
-                                               membership=membership, stop=self.stop)
-        self.spot_checks = spot_checks = SpotChecker(VerifierContext(
-            cfg=cfg if exchange_kind.reexecutable else dataclasses.replace(cfg, spot_checks=0.0),
-            run_id=self.run_id, peer_id=self.peer_id, chain=chain, host=host, archive=self.archive,
-            membership=membership, gossip=messenger.gossip, sign_envelope=messenger.sign,
-            stage_hashes=self.rounds.stage_hashes_of, own_replica=self.station.replica,
-            current_round=self.progress.current_round, work_dir=self.data_dir / "spotchecks",
-            evidence_dir=self.evidence_dir, stop=self.stop, on_ejected=lifecycle.member_ejected,
-            closes=self.book.snapshot_closes, attestations=self.book.snapshot_attestations,
-            evidence_judges=exchange.evidence_judges(), charges=charges, rerun_inputs=exchange.rerun_inputs(),
-            declared_platforms=functools.partial(chain.declared_platforms, self.run_id)))
-        self.ending = RunEnd(cfg=cfg, chain=chain, membership=membership, reporter=self.reporter,
-                             peer_id=self.peer_id, stop=self.stop)
-        self.pace = CommitPace(cfg=cfg, chain=chain, progress=self.progress, reporter=self.reporter,
-                               clock=self.clock, stop=self.stop)
-        self.forks = forks = self.kinds.forks(
-            cfg=cfg, station=self.station, book=self.book, coordinator=coordinator, exchange=exchange,
-            archive=self.archive, rounds=self.rounds, chain=chain, lifecycle=lifecycle, state=self.state,
-            progress=self.progress, membership=membership, stop=self.stop)
-        # A chunked run's stage states (published to provers) and its prover (docs/FRAUD_PROOF.md).
-        self.chunked = ChunkedStates(cfg=cfg, host=host, layout=self.layout, config_hash=self.config_hash,
-                                     window=DisputeWindow(chain, self.run_id),
-                                     spill_dir=self.data_dir / CHUNK_STATES_DIR) if cfg.diloco.chunked else None
-        fraud = FraudProver(run_id=self.run_id, chain=chain, book=self.book, states=self.chunked,
-                            stages=self.station.held_stages, num_stages=cfg.pipeline.num_stages, stop=self.stop,
-                            proofs_dir=self.data_dir / PROOFS_DIR) \
-            if self.chunked is not None else None
-        self.committer = self.kinds.committer(CommitterContext(
-            cfg=cfg, run_id=self.run_id, peer_id=self.peer_id, book=self.book, chain=chain, host=host,
-            coordinator=coordinator, membership=membership, checkpoint_dir=self.checkpoint_dir,
-            incoming_dir=self.incoming_dir, stop_event=self.stop, state=self.state, gossip=messenger.gossip,
-            layout=self.layout, progress=self.progress, spot_checks=spot_checks, forks=forks, fraud=fraud))
-        self.inbox = inbox = GossipInbox(
-            run_id=self.run_id, validator=self.validator, book=self.book, membership=membership,
-            contributions=exchange.pool, held_stages=self.station.held_stages,
-            record_signer=RecordSigners(chain=chain, run_id=self.run_id).signer, spot_checks=spot_checks,
-            handlers=exchange.gossip_handlers())
-        self.heartbeat = self.kinds.heartbeat(
-            cfg=cfg, account=chain.account_bytes, host=host, messenger=messenger, membership=membership,
-            station=self.station, progress=self.progress, spot_checks=spot_checks, reporter=self.reporter,
-            stop=self.stop)
+        self.exchange = exchange = kinds.exchanges[self.cfg.diloco.exchange](
+            base, messenger=messenger, host=host, membership=membership, charges=charges)
+        self.coordinator = coordinator = build_coordinator(base, kind=kinds.coordinator, messenger=messenger,
+                                                           membership=membership, exchange=exchange)
+        self.lifecycle = lifecycle = build_lifecycle(base, membership=membership)
+        self.spot_checks = spot_checks = build_spot_checks(
+            base, chain=chain, host=host, messenger=messenger, membership=membership, exchange=exchange,
+            coordinator=coordinator, lifecycle=lifecycle, charges=charges)
+        self.ending = build_ending(base, chain=chain, membership=membership)
+        self.pace = build_pace(base, chain=chain)
+        self.forks = forks = kinds.forks(base, chain=chain, coordinator=coordinator, exchange=exchange,
+                                         lifecycle=lifecycle, membership=membership)
+        fraud = self._open_fraud_prover()
+        self.committer = build_committer(base, kind=kinds.committer, chain=chain, host=host, coordinator=coordinator,
+                                         membership=membership, messenger=messenger, spot_checks=spot_checks,
+                                         forks=forks, fraud=fraud)
+        self.rooms = Rooms(chain=chain, host=host, messenger=messenger, membership=membership, exchange=exchange,
+                           coordinator=coordinator, lifecycle=lifecycle, spot_checks=spot_checks, forks=forks,
+                           committer=self.committer, chunked=self.chunked)
+        self.inbox = inbox = build_inbox(base, chain=chain, membership=membership, exchange=exchange,
+                                         spot_checks=spot_checks)
+        self.heartbeat = build_heartbeat(base, kind=kinds.heartbeat, chain=chain, host=host, messenger=messenger,
+                                         membership=membership, spot_checks=spot_checks)
         queue = host.subscribe(run_topic(self.run_id), validator=inbox.relay_ok,
                                keep_for_sync=functools.partial(inbox.keep_for_sync, own_peer_id=host.peer_id))
         self._spawn(functools.partial(inbox.run, queue, self.stop), "gossip")
@@ -292,6 +268,18 @@ class NodeParts:
                                           stop=self.stop).run, "challenges")
         self._meet_peers()
         self.startup.mark("peers met")
+
+    def _open_fraud_prover(self) -> FraudProver | None:
+        """A chunked run's stage states (published to provers) and its prover (docs/FRAUD_PROOF.md)."""
+        cfg, chain, host = self.cfg, self.chain, self.host
+        self.chunked = ChunkedStates(cfg=cfg, host=host, layout=self.layout, config_hash=self.config_hash,
+                                     window=DisputeWindow(chain, self.run_id),
+                                     spill_dir=self.data_dir / CHUNK_STATES_DIR) if cfg.diloco.chunked else None
+        fraud = FraudProver(run_id=self.run_id, chain=chain, book=self.book, states=self.chunked,
+                            stages=self.station.held_stages, num_stages=cfg.pipeline.num_stages, stop=self.stop,
+                            proofs_dir=self.data_dir / PROOFS_DIR) \
+            if self.chunked is not None else None
+        return fraud
 
     def _meet_peers(self) -> None:
         """Serve the run document, dial the bootstrap peers, pull what they said recently."""
@@ -372,32 +360,12 @@ class NodeParts:
 
     def build_round_machinery(self, worker: ReplicaWorker) -> None:
         """Recovery, contributor, finisher and entry for ``worker`` (a unit test calls this with fakes outside)."""
-        cfg = self.cfg
-        pool = self.exchange.pool
-        self.recovery = RestartRecovery(
-            archive=self.archive, contributions=pool, host=self.host, book=self.book, peer_id=self.peer_id,
-            replica=worker.replica, stages=worker.stages, max_bytes=cfg.p2p.max_blob_bytes,
-            gossip=self.messenger.gossip, previous_life_finished=self.coordinator.previous_life_finished,
-            steps_range=cfg.diloco.steps_range)
-        self.contributor = contributor = self.kinds.contributor(
-            cfg=cfg, worker=worker, rounds=self.rounds, lane=self.lane, clock=self.clock, progress=self.progress,
-            reporter=self.reporter, spot_checks=self.spot_checks, exchange=self.exchange, archive=self.archive,
-            book=self.book, messenger=self.messenger, state=self.state, forks=self.forks, peer_id=self.peer_id,
-            stop=self.stop)
-        self.finisher = finisher = self.kinds.finisher(
-            cfg=cfg, worker=worker, rounds=self.rounds, exchange=self.exchange, coordinator=self.coordinator,
-            recovery=self.recovery, contributor=contributor, committer=self.committer, forks=self.forks,
-            archive=self.archive,
-            host=self.host, book=self.book, messenger=self.messenger, validator=self.validator, state=self.state,
-            clock=self.clock, progress=self.progress, reporter=self.reporter, layout=self.layout,
-            config_hash=self.config_hash, checkpoint_dir=self.checkpoint_dir, peer_id=self.peer_id,
-            lane=self.lane, stop=self.stop, chunked=self.chunked)
-        self.entry = RunEntry(
-            cfg=cfg, chain=self.chain, host=self.host, membership=self.membership, book=self.book,
-            coordinator=self.coordinator, worker=worker, contributor=contributor, finisher=finisher,
-            station=self.station, state=self.state, layout=self.layout, progress=self.progress,
-            reporter=self.reporter, checkpoint_dir=self.checkpoint_dir, incoming_dir=self.incoming_dir,
-            stop=self.stop)
+        base, rooms, kinds = self.base, self.rooms, self.kinds
+        self.recovery = recovery = RestartRecovery(base, rooms, worker)
+        self.contributor = contributor = kinds.contributor(base, rooms, worker=worker)
+        self.finisher = finisher = kinds.finisher(base, rooms, worker=worker, recovery=recovery,
+                                                  contributor=contributor)
+        self.entry = RunEntry(base, rooms, worker=worker, contributor=contributor, finisher=finisher)
 
     # ------------------------------------------------------------------ closing
     def close(self) -> None:

@@ -34,20 +34,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import replace
 
 from node import protocol as msg
-from node.errors import DLX_ERRORS
 from node.tools.audit_archives import AuditArchives
 from node.tools.audit_sliced import SlicedBundleFails, SlicedInputsMissing, SlicedRerunArchive
-from node.tools.audit_slicedproof import SLICED_PROOFS, SlicedProofAuditor
-from node.tools.report import FAIL, OK, UNVERIFIABLE, Check
 from p2p.envelope import decode_envelope
-from p2p.errors import EnvelopeRejected
 
 logger = logging.getLogger(__name__)
 
-_MAX_BLOB = 1 << 32
+MAX_BLOB = 1 << 32  # the largest envelope the audit decodes
 
 
 def sample_contributions(pairs: list[tuple[int, int]], head: bytes, count: int) -> list[tuple[int, int]]:
@@ -86,7 +81,7 @@ class ReexecAuditor:
             data = self.archives.envelope(round_index, hash_hex)
             if data is None:
                 return None
-            env = decode_envelope(data, _MAX_BLOB)
+            env = decode_envelope(data, MAX_BLOB)
             # A left-out entry is bound by no root on chain: it must be the replica's signed contribution itself.
             if not bound and (env.kind, env.round, env.stage, env.replica, env.sender_peer_id) != \
                     (msg.CONTRIBUTION, round_index, int(stage), replica, peer):
@@ -108,7 +103,7 @@ class ReexecAuditor:
                 return None, None
             payloads = previous.setdefault(int(stage), [])
             where[hash_hex] = (int(stage), len(payloads))
-            payloads.append(msg.decode_contribution_body(decode_envelope(data, _MAX_BLOB).payload).blob)
+            payloads.append(msg.decode_contribution_body(decode_envelope(data, MAX_BLOB).payload).blob)
         excluded: dict[int, dict[int, str]] = {}
         for stage, _replica, _peer, hash_hex, reason, detail in self.archives.excluded(round_index):
             if reason in ("screened", "other_result") and hash_hex in where:  # what the engine cannot re-derive
@@ -124,7 +119,7 @@ class ReexecAuditor:
         commits = [c for c in self.history.commits if c.commit.round == round_index]
         if not commits:
             return None
-        seats = [m for m in self.history.members_at(commits[-1].position) if _peer_of(m.node_key) == peer_id]
+        seats = [m for m in self.history.members_at(commits[-1].position) if peer_of(m.node_key) == peer_id]
         return seats[-1].platform if seats else None
 
     def check(self, round_index: int, replica: int, envs=None):
@@ -141,7 +136,7 @@ class ReexecAuditor:
         if any(p is None for p in parts):
             return None, "its start state is not in the archives' blob stores", None
         payloads, partials = [b.blob for b in bodies], None
-        if self.cfg.diloco.exchange == "sliced":  # its envelopes carry slice references, not codec blobs
+        if self.cfg.diloco.sliced:  # its envelopes carry slice references, not codec blobs
             try:
                 payloads = self.sliced.claims(round_index, envs)
             except SlicedBundleFails as exc:  # its own signed record disproves it: a failing rerun
@@ -209,135 +204,6 @@ class ReexecAuditor:
         return True, "; ".join(reasons[stage] for stage in broken), broken
 
 
-
-def built_elsewhere_check(name: str, auditor: ReexecAuditor, round_index: int, replica: int,
-                          stages: tuple[int, ...], reason: str) -> Check:
-    """The item of a rerun that found ``stages`` of ``(round, replica)`` built on another result of round t-1 than
-    the record's (a forked member's round, bound by its ``applied_hash``): fine if the holders left those stages'
-    contributions out of the round (the archives say so), else a finding.
-
-    A split replica forks stage by stage (each stage's member applies its own close and is re-based by its own fork
-    repair), so only the forked stages' contributions are left out; a partner stage that followed the record was
-    aggregated as any. The rerun stops at the fork and does not judge that stage, so the item is then unverifiable,
-    never ok (before, the whole replica had to be left out: the soak's round 13, docs/P2P.md, failed the audit)."""
-    left_out = {(int(stage), str(hash_hex)) for stage, _replica, _peer, hash_hex, why, _detail
-                in auditor.archives.excluded(round_index) if why == "other_result"}
-    mine = {(int(e[0]), str(e[3])) for e in auditor.sealed.get(round_index, []) if int(e[1]) == replica}
-    forked = {entry for entry in mine if entry[0] in stages}
-    if not forked or not forked <= left_out:
-        return Check(name, FAIL, f"{reason}, and the archives do not show it left out of the round's aggregate",
-                     round_index)
-    aggregated = sorted(stage for stage, _hash in mine - left_out)
-    if aggregated:
-        return Check(name, UNVERIFIABLE, f"not a rerun of the record: {reason}; every holder left it out of the "
-                     f"round, and stage(s) {aggregated} of the replica, aggregated, are not judged by a rerun that "
-                     "stops at the fork", round_index)
-    return Check(name, OK, f"not a rerun of the record: {reason}; every holder left it out of the round",
-                 round_index)
-
-
-def recorded_pairs(sealed: dict[int, list[list]], history) -> tuple[list[tuple[int, int]], list[int]]:
-    """The (round, replica) pairs of ``sealed`` whose round the chain committed, and the sealed rounds it did not.
-
-    The audit judges the history the chain records. A round the archives sealed but the chain never committed (the
-    nodes stopped before its commit: the end of every run that is stopped rather than run to its last round) binds
-    nothing, and its nodes may have sealed different closes of it: the archives' union of such a round is no one's
-    close, so a rerun of the next round against it would find an honest contribution "built on another result"
-    (the 25-minute soak of 2026-11-26 FAILED so, on rounds 26 and 27 of a chain that held 0-24)."""
-    committed = {c.commit.round for c in history.commits}
-    pairs = sorted({(r, int(e[1])) for r, entries in sealed.items() if r in committed for e in entries})
-    return pairs, sorted(r for r in sealed if r not in committed)
-
-
-def reexec_checks(report, history, replayer, archives, count: int) -> None:
-    """Append the re-execution checks to ``report.general`` (module docstring)."""
-    if replayer is None:
-        report.general.append(Check("re-execution", UNVERIFIABLE, "the run document is not available"))
-        return
-    auditor = ReexecAuditor(replayer, archives, history.run.run_id, history.run.max_rounds, history)
-    guilty = [a for a in history.accusations if a.guilty]
-    guilty_accounts = {a.accused.lower() for a in guilty}
-    account_of = _peer_accounts(history)
-    pairs, unrecorded = recorded_pairs(auditor.sealed, history)
-    if unrecorded:
-        report.notes.append(f"re-execution: round(s) {', '.join(map(str, unrecorded))} sealed in the archives but not "
-                            "committed on chain (the run stopped before their commit, or the chain never took them) "
-                            "are not judged: no record binds their contributions")
-    for round_index, replica in sample_contributions(pairs, history.head_hash, count):
-        name = f"re-execution of round {round_index} replica {replica}"
-        try:
-            result, reason, distance = auditor.check(round_index, replica)
-        except (*DLX_ERRORS, EnvelopeRejected, ValueError, OSError) as exc:
-            report.general.append(Check(name, FAIL, f"inputs do not parse: {exc}", round_index))
-            continue
-        if result is None:
-            report.general.append(Check(name, UNVERIFIABLE, reason, round_index))
-        elif result.verdict == "other_result":
-            report.general.append(built_elsewhere_check(name, auditor, round_index, replica,
-                                                              result.failed_stages, reason))
-        elif result.honest:
-            report.general.append(Check(name, OK, f"reproduced ({result.verdict}, distance {distance:.3g}; "
-                                        f"judged {how_judged(result)})", round_index))
-        elif result.undecided:
-            report.general.append(Check(name, UNVERIFIABLE,
-                                        f"undecided (judged {how_judged(result)}: {reason})", round_index))
-        else:
-            envs = auditor._envelopes(round_index, replica) or []
-            account = account_of.get(envs[0].sender_peer_id, "") if envs else ""
-            caught = account.lower() in guilty_accounts
-            report.general.append(Check(
-                name, OK if caught else FAIL,
-                f"does not reproduce ({result.verdict}: {reason}; judged {how_judged(result)})"
-                + ("; its member was found guilty on chain" if caught else "; the run did not catch it"),
-                round_index))
-    proofs = SlicedProofAuditor(auditor.cfg, history.run.run_id, auditor.archives, auditor.sealed, account_of)
-    for accusation in guilty:
-        name = f"ejection of {accusation.accused} (evidence {accusation.evidence_hash.hex()[:16]})"
-        data = auditor.archives.blob(accusation.evidence_hash.hex())
-        if data is None:
-            refused = auditor.archives.refused(accusation.evidence_hash.hex())
-            report.general.append(Check(name, UNVERIFIABLE, "the evidence is not in the archives" + (
-                f" (refused: {', '.join(refused)} does not hash to the chain's evidence hash)" if refused else "")))
-            continue
-        try:
-            env = decode_envelope(data, _MAX_BLOB)
-            evidence = msg.decode_payload(msg.EVIDENCE, env.payload)
-            if evidence.verdict in SLICED_PROOFS:  # a signed proof, not a contribution's rerun
-                report.general.append(proofs.check(name, accusation, env, evidence))
-                continue
-            envs = [decode_envelope(c, _MAX_BLOB) for c in evidence.contributions]
-            # A split replica's stages are signed by different members: the accused must have signed one.
-            signed = [account_of.get(e.sender_peer_id, "").lower() == accusation.accused.lower() for e in envs]
-            if "0x" + evidence.accused.hex() != accusation.accused.lower() or env.kind != msg.EVIDENCE or not any(
-                    signed) or len({e.replica for e in envs}) != 1 or envs[0].replica != evidence.replica:
-                raise ValueError("the evidence does not name contributions of one replica signed by the accused")
-            envs, next_envs = split_chain_evidence(envs, auditor.cfg.pipeline.num_stages, env.round)
-            result, reason, _distance = auditor.check(env.round, evidence.replica, envs)
-            broken = None
-            if result is not None and result.honest and next_envs:
-                broken, reason, stages = auditor.chain_broken(env.round, result, next_envs)
-                broken = broken and _blames(next_envs, stages, accusation.accused, account_of)
-            elif result is not None and not result.honest and not _blames(envs, result.failed_stages,
-                                                                          accusation.accused, account_of):
-                # The replica's rerun fails in a stage the accused did not sign: its own stages reproduce.
-                result = replace(result, verdict="exact", reason=f"the accused's stages reproduce; {result.reason}")
-        except (*DLX_ERRORS, EnvelopeRejected, ValueError, OSError) as exc:
-            report.general.append(Check(name, FAIL, f"evidence does not hold: {exc}"))
-            continue
-        if result is None or result.undecided or (next_envs and result.honest and broken is None):
-            report.general.append(Check(name, UNVERIFIABLE, reason, env.round))
-        elif next_envs and result.honest:
-            report.general.append(Check(name, OK if broken else FAIL,
-                                        f"the start state of round {env.round + 1} "
-                                        + (f"does not follow ({reason})" if broken
-                                           else f"follows ({reason}): an honest member was ejected"), env.round))
-        else:
-            report.general.append(Check(name, FAIL if result.honest else OK,
-                                        f"the contribution of round {env.round} "
-                                        + ("reproduces: an honest member was ejected" if result.honest
-                                           else f"does not reproduce ({reason})"), env.round))
-
-
 def rerun_by_rule(state_parts, claims, corpus, *configs, **kwargs):
     """:func:`training.reexec.verify_contribution`, run where the platform rule says (module docstring):
     here, or in a child under the claimant's ATen CPU capability where this CPU has it. The result's
@@ -351,8 +217,8 @@ def rerun_by_rule(state_parts, claims, corpus, *configs, **kwargs):
         kernels_to_emulate,
         native_cpu_capability,
     )
-    from training.replica_state import parse_stage_state
     from training.reexec import verify_contribution
+    from training.replica_state import parse_stage_state
     from training.rerun_child import verify_under_kernels
 
     try:
@@ -382,26 +248,7 @@ def how_judged(result) -> str:
     return "declared platform" if result.reason.startswith("declared platform") else "not rerun"
 
 
-def _blames(envs: list, failed_stages, accused: str, account_of: dict[str, str]) -> bool:
-    """Whether the accused signed one of the failing stages (every stage if the failure names none)."""
-    return any(account_of.get(envs[stage].sender_peer_id, "").lower() == accused.lower()
-               for stage in (failed_stages or range(len(envs))))
-
-
-def split_chain_evidence(envs: list, stages: int, round_index: int) -> tuple[list, list]:
-    """An accusation's envelopes as (round t's, round t+1's): one per stage of round t in stage order,
-    then either nothing (a contribution that does not reproduce) or one per stage of round t+1 (a broken
-    chain). Anything else raises ValueError."""
-    this, following = envs[:stages], envs[stages:]
-    if [(e.round, e.stage) for e in this] != [(round_index, s) for s in range(stages)]:
-        raise ValueError(f"the evidence does not hold round {round_index}'s envelope of every stage in order")
-    if following and [(e.round, e.stage) for e in following] != [(round_index + 1, s) for s in range(stages)]:
-        raise ValueError(f"the evidence's envelopes after round {round_index}'s are not round "
-                         f"{round_index + 1}'s of every stage in order")
-    return this, following
-
-
-def _peer_of(node_key: bytes) -> str | None:
+def peer_of(node_key: bytes) -> str | None:
     """The peer id of a seat's node key (None for a key that is not an ed25519 public key)."""
     from p2p.identity import peer_id_from_public_key
 
@@ -411,7 +258,3 @@ def _peer_of(node_key: bytes) -> str | None:
         return None
 
 
-def _peer_accounts(history) -> dict[str, str]:
-    """Peer id -> account of every seat the run ever had (a seat binds the member's node key)."""
-    peers = ((_peer_of(membership.node_key), membership.account) for membership in history.memberships)
-    return {peer: account for peer, account in peers if peer is not None}

@@ -13,6 +13,7 @@ from typing import Any
 
 from node import protocol as msg
 from node.errors import DLX_ERRORS
+from node.exchangekinds import traits_of
 from node.tools.evidence import first_good_copy
 from node.tools.report import FAIL, OK, UNVERIFIABLE, Check, Contributor, RoundVerdict
 
@@ -148,7 +149,8 @@ def check_contributions(
 
     payloads: list[list[bytes]] = [[] for _ in range(num_stages)]
     missing = 0
-    sliced = document is not None and document.get("diloco", {}).get("exchange") == "sliced"
+    # Where a holder does not hold every closed envelope (the sliced exchange), one may be absent.
+    partial_holders = document is not None and not traits_of(document).holds_all_envelopes
     for contributor in verdict.contributors:
         label = f"contribution s{contributor.stage} r{contributor.replica} {contributor.envelope[:12]}"
         copy = first_good_copy(
@@ -167,7 +169,7 @@ def check_contributions(
         if blob is not None:
             verdict.checks.append(Check(label, OK))
             payloads[contributor.stage].append(blob)
-        elif sliced and absent_ok:
+        elif partial_holders and absent_ok:
             verdict.notes.append(f"{label}: {reason}; an absent input of the sliced exchange")
             verdict.checks.append(Check(label, OK, f"absent input ({reason})"))
             payloads[contributor.stage].append(b"")

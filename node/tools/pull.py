@@ -44,7 +44,7 @@ from node.errors import (
     RunDocumentMissing,
 )
 from node.progress import host_progress
-from node.tools.evidence import PeerFetcher, find_checkpoint_files, reader_client
+from node.tools.evidence import PeerFetcher, find_checkpoint_files
 from node.tools.standing import round_standing
 
 logger = logging.getLogger(__name__)
@@ -371,52 +371,3 @@ def _write_model_dir(weights: Any, model_cfg: Any, out: Path, provenance: dict, 
     write_model_dir(weights, model_cfg, out, provenance, rpc_url, peers, tokenizer)
 
 
-def run_pull(args: Any) -> int:
-    """``dlx-node pull``: exit 0 with the model written, 9 if the round or the bytes were refused."""
-    client = reader_client(args)
-    fetcher = PeerFetcher.start(args.bootstrap) if args.bootstrap else None
-    try:
-        result = pull_checkpoint(
-            client,
-            args.run,
-            args.out_dir,
-            None if args.round < 0 else args.round,
-            archives=args.archive,
-            fetcher=fetcher,
-            rpc_url=getattr(args, "rpc", ""),  # for the model card; a library caller may have none
-            peers=args.bootstrap,
-            final_only=not getattr(args, "pending", False),
-        )
-    finally:
-        if fetcher is not None:
-            fetcher.close()
-    out = str(result.out_dir)
-    for reason in result.skipped:
-        print(f"passed over {reason}")
-    print(
-        f"verified checkpoint of run {result.run_id} round {result.round} (sha256 {result.content_hash}, "
-        f"{result.size} bytes, from {result.source}) -> {out}"
-    )
-    for round_index, how in sorted(result.cleared.items()):
-        print(f"disputed round {round_index} cleared: {how}")
-    if result.final:
-        print(f"round {result.round} is final (its dispute window closed at block {result.final_from})")
-    else:
-        print(f"round {result.round} is NOT final (--pending): it can be disputed until block {result.final_from}")
-    print(f"round {result.round} (block {result.commit_block}) attested by {len(result.attesters)}:")
-    for attester in result.attesters:
-        joined = result.members_since.get(attester, -1)
-        tenure = (f"member since block {joined}, {result.commit_block - joined} blocks before the commit"
-                  if joined >= 0 else "membership not found")
-        print(f"  {attester} ({tenure})")
-    print(
-        f'from transformers import AutoModelForCausalLM, AutoTokenizer; tok = AutoTokenizer.from_pretrained("{out}"); '
-        f'model = AutoModelForCausalLM.from_pretrained("{out}")'
-    )
-    print(f"model card with the provenance and the audit command: {out}/README.md")
-    new_tokens = max(1, min(40, result.block_size - 8))  # prompt + new tokens must fit the context
-    print(
-        f'print(tok.decode(model.generate(**tok("To be", return_tensors="pt"), max_new_tokens={new_tokens}, '
-        "do_sample=False)[0]))"
-    )
-    return 0

@@ -15,7 +15,7 @@ import logging
 import time
 
 from node.errors import DLX_ERRORS
-from node.live.exchange.protocol import serve_blob
+from node.live.exchange.pool import serve_blob
 from node.store.checkpoint import (build_checkpoint, checkpoint_problems, chunked_problems, parse_checkpoint,
                                    stage_problems, write_checkpoint)
 from training.hashing import stage_weights_hash

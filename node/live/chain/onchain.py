@@ -7,37 +7,26 @@ seats are cached, registration and joining the run happen once).
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
-import time
 
 from ledger.account import load_account
-from ledger.chain import OUTAGE, AnvilProcess, connect_rpc
+from ledger.chain import AnvilProcess, connect_rpc
 from ledger.client import LedgerClient, binding_message
 from ledger.errors import DeploymentMismatch, LedgerError
-from ledger.attest import recover_signer, recover_verdict_signer
-from ledger.eventrecords import AccusationRecord, CheckpointRecord
-from ledger.records import (COMMITMENT_VERSIONS, MIN_WINDOW_BLOCKS, AccusationState, CommitRecord, Membership, RoundRecord,
-                            RunInfo, Verdict, commitment_version)
+from ledger.attest import recover_signer
+from ledger.eventrecords import CheckpointRecord
+from ledger.records import (COMMITMENT_VERSIONS, MIN_WINDOW_BLOCKS, CommitRecord, Membership, RoundRecord,
+                            RunInfo, commitment_version)
 from node.config import NodeConfig
 from node.errors import ConfigError, NotRegistered
-from node.live.peers.topology import Seat
-from p2p.errors import IdentityError
-from p2p.identity import public_key_from_peer_id
+from node.live.chain.disputes import ChainDisputes
+from node.live.chain.seats import ChainSeats
 
 logger = logging.getLogger(__name__)
 
-#: An account without a seat makes the node re-read the run's membership events at most this often.
-SEATS_REFRESH_S = 2.0
-SEATS_READS_PER_S = 4.0
-#: How long whether a member counts toward the quorum is cached (it changes at most once per tenure).
-COUNTED_TTL_S = 5.0
-#: How long a membership refresh waits for the chain connection another thread holds.
-SEATS_LOCK_WAIT_S = 1.0
 
-
-class NodeChain:
+class NodeChain(ChainSeats, ChainDisputes):
     def __init__(self, client: LedgerClient, anvil: AnvilProcess | None = None, *, confirmations: int = 0) -> None:
         self.client = client
         self._anvil = anvil
@@ -211,104 +200,6 @@ class NodeChain:
                                     f"{stake} wei: {exc}") from exc
         logger.info("joined run %d with a stake of %d wei, declaring platform %s", run_id, stake, platform.hex()[:16])
 
-    def seat(self, run_id: int, account: bytes, public_key: bytes, current: bool = True) -> Membership | None:
-        """The account's membership of the run if its seat is bound to ``public_key``.
-
-        ``current``: only a seat held now (a signing seat); False: also one that ended (the
-        member left or was slashed), which placement keeps so that no other replica's index
-        shifts when a member goes. Read from the chain's membership events; re-read at most
-        every few seconds when an unknown account asks, so a flood of hellos from outsiders
-        cannot flood the RPC.
-        """
-        address = "0x" + account.hex()
-        table = self._seats if current else self._placed
-        seat = table.get(address.lower())
-        if seat is None and self._may_refresh(address):
-            self._refresh_seats(run_id)
-            table = self._seats if current else self._placed
-            seat = table.get(address.lower())
-        if seat is None or seat.node_key != public_key:
-            return None
-        return seat
-
-    def declared_platforms(self, run_id: int, peer_ids, fresh: bool = False) -> dict[str, bytes]:
-        """peer id -> the platform its seat declared when it joined (the latest period of the account its key
-        is bound to), for each of ``peer_ids`` that has held a seat of the run. Read from the chain's membership
-        events, waiting for the connection (not from the gossip thread): a peer not in the cache, or ``fresh``
-        (before a claim is refused: its member may have left, withdrawn and joined again from other hardware),
-        makes it re-read them. Raises LedgerError if they cannot be read, so that no caller acts on a partial
-        view.
-        """
-        keys = {}
-        for peer in peer_ids:
-            try:
-                keys[peer] = public_key_from_peer_id(peer)
-            except IdentityError:
-                continue  # not an ed25519 peer id: it cannot hold a seat
-        if fresh or any(key not in self._declared for key in keys.values()):
-            with self._lock:
-                periods = self.client.memberships(run_id)
-            # Events in chain order: a key's latest period wins (its account left, withdrew and joined again).
-            self._declared = {m.node_key: m.platform for m in periods}
-        return {peer: self._declared[key] for peer, key in keys.items() if key in self._declared}
-
-    def seat_of(self, period: Membership) -> Seat:
-        """A period from :meth:`seat` as placement reads it (node.live.peers.topology.Seat): its index is the
-        number of the run's periods that began before it, which later joins never change."""
-        return Seat(period.joined, bisect.bisect_left(self._joins, period.joined), period.ended is None)
-
-    def held_seat(self, run_id: int, address: str) -> bool:
-        """Whether ``address`` holds or held a seat of the run (a member that left may still decide an
-        accusation opened before it left; membership events, cached like :meth:`seat`)."""
-        if self._placed.get(address.lower()) is None and self._may_refresh(address):
-            self._refresh_seats(run_id)
-        return self._placed.get(address.lower()) is not None
-
-    def is_member(self, run_id: int, address: str) -> bool:
-        """Whether ``address`` holds a signing seat of the run (membership events; cached like :meth:`seat`)."""
-        if self._lookup(address) is None and self._may_refresh(address):
-            self._refresh_seats(run_id)
-        return self._lookup(address) is not None
-
-    def _may_refresh(self, address: str) -> bool:
-        """Re-read the seats for an account not seen yet at once, then at most every SEATS_REFRESH_S per
-        account, and never more than SEATS_READS_PER_S times a second overall (hellos of outsiders)."""
-        now = time.monotonic()
-        last = self._unknown_checked.get(address.lower())
-        if last is not None and now - last < SEATS_REFRESH_S:
-            return False
-        if now - self._seats_read < 1.0 / SEATS_READS_PER_S:
-            return False
-        if len(self._unknown_checked) > 4096:
-            self._unknown_checked.clear()
-        self._unknown_checked[address.lower()] = now
-        return True
-
-    def _lookup(self, address: str) -> Membership | None:
-        return self._seats.get(address.lower())
-
-    def _refresh_seats(self, run_id: int) -> None:
-        # Called from the gossip thread, which must never stall on an RPC outage: not while the
-        # endpoint is known down, nor behind the committer's call while that one retries (up to
-        # ledger.retry_seconds). A skipped refresh is tried again on the account's next message.
-        if OUTAGE.down_since is not None:
-            logger.debug("membership read skipped: the chain RPC is unreachable")
-            return
-        if not self._lock.acquire(timeout=SEATS_LOCK_WAIT_S):
-            logger.debug("membership read skipped: the chain connection is busy (an RPC outage?)")
-            return
-        try:
-            periods = self.client.memberships(run_id)
-        except LedgerError as exc:
-            logger.debug("membership read failed: %s", exc)
-            return
-        finally:
-            self._lock.release()
-        self._seats = {m.account.lower(): m for m in periods if m.ended is None}
-        self._placed = {m.account.lower(): m for m in periods}  # events in chain order: the latest period wins
-        self._joins = sorted(m.joined for m in periods)
-        self._seats_read = time.monotonic()
-
     def signer_of(self, record: RoundRecord, signature: bytes) -> str:
         """The account whose EIP-712 signature over ``record`` this is (raises LedgerError if malformed)."""
         return recover_signer(record, signature, self.client.chain_id, self.client.ledger_address)
@@ -339,21 +230,6 @@ class NodeChain:
         """Put this member's own signature over committed ``record`` on chain (it was left out of the commit)."""
         with self._lock:
             return self.client.attest(record, signature)
-
-    def is_counted(self, run_id: int, address: str) -> bool:
-        """Whether ``address``'s signature counts toward the run's quorum now (cached COUNTED_TTL_S)."""
-        key = address.lower()
-        now = time.monotonic()
-        cached = self._counted.get(key)
-        if cached is not None and now - cached[1] < COUNTED_TTL_S:
-            return cached[0]
-        with self._lock:
-            seat = self.client.member(run_id, address)
-        counted = seat is not None and seat.counted
-        if len(self._counted) > 4096:
-            self._counted.clear()
-        self._counted[key] = (counted, now)
-        return counted
 
     def commit_record(self, run_id: int, round_index: int) -> CommitRecord | None:
         """The round's RoundCommitted event (its record and block), or None if it is not committed."""
@@ -395,84 +271,3 @@ class NodeChain:
         with self._lock:
             return self.client.commit_round(record, signatures)
 
-    def dispute(self, record: RoundRecord, signature: bytes) -> str:
-        with self._lock:
-            return self.client.dispute(record, signature)
-
-    def report_equivocation(self, record_a: RoundRecord, signature_a: bytes, record_b: RoundRecord,
-                            signature_b: bytes) -> str:
-        with self._lock:
-            return self.client.report_equivocation(record_a, signature_a, record_b, signature_b)
-
-    # -- fraud proofs (docs/FRAUD_PROOF.md; node/live/fraud/prover.py) -------------------------
-    def prove_wrong_aggregation(self, proof, attesters=None) -> dict:
-        with self._lock:
-            return self.client.prove_wrong_aggregation(proof, attesters)
-
-    def prove_wrong_norm(self, proof, attesters=None) -> dict:
-        with self._lock:
-            return self.client.prove_wrong_norm(proof, attesters)
-
-    def challenge_availability(self, target: tuple) -> bytes:
-        with self._lock:
-            return self.client.challenge_availability(target)
-
-    def expire_challenge(self, challenge_id: bytes, attesters=None) -> dict:
-        with self._lock:
-            return self.client.expire_challenge(challenge_id, attesters)
-
-    def challenge_of(self, challenge_id: bytes) -> dict:
-        with self._lock:
-            return self.client.challenge_of(challenge_id)
-
-    def availability_answer(self, challenge_id: bytes) -> tuple[bytes, list[bytes] | None] | None:
-        with self._lock:
-            return self.client.availability_answer(challenge_id)
-
-    def availability_challenges(self, run_id: int, from_block: int) -> tuple[list[dict], int]:
-        """(the availability challenges of ``run_id`` opened in [from_block, head], head)."""
-        with self._lock:
-            head = self.client.head_block()
-            return self.client.availability_challenges(run_id, from_block) if from_block <= head else [], head
-
-    def answer_challenge(self, challenge_id: bytes, leaf: bytes, path: list[bytes]) -> dict:
-        with self._lock:
-            return self.client.answer_challenge(challenge_id, leaf, path)
-
-    def invalid_from(self, run_id: int) -> int | None:
-        """The first round of ``run_id`` a verdict or a fraud proof overturned, or None."""
-        with self._lock:
-            return self.client.invalid_from(run_id)
-
-    # -- accusations (re-execution spot checks, docs/PROTOCOL.md "Spot checks") -----------
-    def sign_verdict(self, verdict: Verdict) -> bytes:
-        return self.client.sign_verdict(verdict)
-
-    def verdict_signer(self, verdict: Verdict, signature: bytes) -> str:
-        """The account whose EIP-712 signature over ``verdict`` this is (raises LedgerError if malformed)."""
-        return recover_verdict_signer(verdict, signature, self.client.chain_id, self.client.ledger_address)
-
-    def accuse(self, run_id: int, accused: str, evidence_hash: bytes) -> str:
-        with self._lock:
-            return self.client.accuse(run_id, accused, evidence_hash)
-
-    def resolve_accusation(self, verdict: Verdict, signatures: list[bytes]) -> str:
-        with self._lock:
-            return self.client.resolve_accusation(verdict, signatures)
-
-    def accusation_status(self, run_id: int, accused: str, evidence_hash: bytes) -> str:
-        with self._lock:
-            return self.client.accusation_status(run_id, accused, evidence_hash)
-
-    def accusation(self, run_id: int, accused: str, evidence_hash: bytes) -> AccusationState | None:
-        with self._lock:
-            return self.client.accusation(run_id, accused, evidence_hash)
-
-    def accusations(self, run_id: int, from_block: int | None = None) -> list[AccusationRecord]:
-        """The run's accusations opened from ``from_block`` on (AccusationOpened events), with their outcome."""
-        with self._lock:
-            return self.client.accusations(run_id, from_block)
-
-    def forget_seats(self, run_id: int) -> None:
-        """Re-read the run's seats now (a member was slashed: it must stop counting at once)."""
-        self._refresh_seats(run_id)

@@ -103,5 +103,5 @@ class JobQueue:
             handler(*args)
         except (NodeError, LedgerError, P2PError, OSError) as exc:
             logger.warning("%s: %s job failed: %s", self.name, kind, exc)
-        except Exception:  # one bad job must not end the queue
+        except Exception:  # thread boundary: the queue's thread outlives one bad job
             logger.exception("%s: %s job failed", self.name, kind)

@@ -23,6 +23,7 @@ from node.live.checks.sliced_rerun import SlicedRerunInputs
 from node.slicedproof import (
     BAD_BUNDLE,
     WRONG_PARTIAL,
+    CloseStanding,
     bad_bundle_evidence,
     decodes_strictly,
     judge_bad_bundle,
@@ -53,17 +54,8 @@ def close_signers(book, outer_round: int, stage: int, close: msg.Close) -> list[
             if other.contributions == close.contributions]
 
 
-def _unknown_standing(_outer_round: int, _stage: int, _signer: str, _close: msg.Close) -> tuple[None, str]:
-    return None, "this node judges no closes (no round coordinator)"
-
-
 class SlicedChecks:
-    """Checks and accusations of a sliced exchange (module docstring).
-
-    ``close_standing``: the round coordinator's rule whether a proof's close is one the aggregators went
-    by (:meth:`node.live.round.coordination.RoundCoordinator.close_standing`), set where the node is assembled."""
-
-    close_standing = None
+    """Checks and accusations of a sliced exchange (module docstring)."""
 
     def spot_check_partials(self, outer_round: int, stage: int, close: msg.Close, used: list[UsedPartial]) -> None:
         """Replay some of the partials this holder takes, each with probability ``spot_checks / (n - 1)``
@@ -99,8 +91,11 @@ class SlicedChecks:
                         f"slice {partial.slice_index}: its partial differs from the replay of the inputs it binds")
 
     # -- accusing a wrong partial (node.slicedproof) --------------------------------------
-    def evidence_judges(self) -> dict:
-        return {WRONG_PARTIAL: self.judge_evidence, BAD_BUNDLE: self.judge_bad_bundle}
+    def evidence_judges(self, close_standing: CloseStanding) -> dict:
+        """``close_standing``: the round coordinator's rule whether a proof's close is one the aggregators
+        went by (:meth:`node.live.round.coordination.RoundCoordinator.close_standing`)."""
+        return {WRONG_PARTIAL: functools.partial(self.judge_evidence, close_standing=close_standing),
+                BAD_BUNDLE: self.judge_bad_bundle}
 
     def rerun_inputs(self) -> SlicedRerunInputs:
         return SlicedRerunInputs(self)
@@ -145,7 +140,8 @@ class SlicedChecks:
                                   reason=why)
         self.charges.put((outer_round, header.sender_peer_id, header.replica, build))
 
-    def judge_evidence(self, evidence: msg.Evidence, accused_peer: str) -> tuple[bool | None, str]:
+    def judge_evidence(self, evidence: msg.Evidence, accused_peer: str, *,
+                       close_standing: CloseStanding) -> tuple[bool | None, str]:
         """The verdict on wrong-partial evidence: replayed with this node's plans and aggregation rule."""
         worker = self.worker()
         if worker is None:
@@ -154,14 +150,14 @@ class SlicedChecks:
             evidence, accused_peer, run_id=self.run_id, max_blob_bytes=self.max_blob_bytes,
             num_slices=lambda stage: worker.plans[stage].num_slices if stage in worker.plans else None,
             replay=lambda stage, outer_round, j, inputs: worker.aggregate_slice(stage, outer_round, j, inputs).partial,
-            close_standing=self.proof_close_standing)
+            close_standing=functools.partial(self.proof_close_standing, close_standing))
 
-    def proof_close_standing(self, outer_round: int, stage: int, signer: str,
+    def proof_close_standing(self, close_standing: CloseStanding, outer_round: int, stage: int, signer: str,
                              close: msg.Close) -> tuple[bool | None, str]:
         """Whether a wrong-partial proof's close stands (``close_standing`` of the judge): the coordinator's rule
         (a holder's close naming the set this node aggregated, or valid by its entry rules); where that cannot
         be told (the round left the round book), the set this node sealed of that round and stage."""
-        stands, why = (self.close_standing or _unknown_standing)(outer_round, stage, signer, close)
+        stands, why = close_standing(outer_round, stage, signer, close)
         if stands is not None:
             return stands, why
         try:

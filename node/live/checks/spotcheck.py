@@ -278,7 +278,7 @@ def _serve() -> int:
             result = run_job(directory)
             atomic_write_bytes(directory / RESULT_FILE, json.dumps(result).encode())
             print("ok", flush=True)
-        except Exception as exc:  # one bad job costs only itself; the parent logs the line
+        except Exception as exc:  # process boundary: one bad job costs only itself; the parent logs the line
             print(f"error {type(exc).__name__}: {exc}".replace("\n", " ")[:500], flush=True)
     return 0
 

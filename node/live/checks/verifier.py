@@ -52,22 +52,20 @@ from pathlib import Path
 from ledger.errors import LedgerError
 from node import protocol as msg
 from node.errors import NodeError
-from node.live.checks.heldstates import STATE_ROUNDS_KEPT, HeldStates
+from node.live.checks.heldstates import HeldStates
 from node.live.checks.jobqueue import JobQueue
 from node.live.checks.routing import draw_checks
-from node.live.checks.spotcheck import RerunWorker, SpotCheckJob, SpotCheckResult
+from node.live.checks.spotcheck import RerunWorker, SpotCheckResult
 from node.live.checks.spotinputs import HeardRound, InputsUnavailable, ReplicaInputs, heard_round
 from node.live.checks.tribunal import COURT, Tribunal
-from node.platforms import undeclared_claim
 from p2p.envelope import Envelope
-from p2p.errors import EnvelopeRejected, P2PError
+from p2p.errors import P2PError
 from training.reexec import EXACT, check_state_chain, restart_state_reason, start_global_round
-from training.robust import CALLER_REASONS, OTHER_RESULT
+from training.robust import OTHER_RESULT
+from node.live.checks.rerun import ContributionRerun
 
 logger = logging.getLogger(__name__)
 
-#: A rerun that takes longer than this is abandoned (no verdict, nobody accused).
-RERUN_TIMEOUT_S = 900.0
 #: A sampled check of a round this far behind the newest recorded one is skipped: the claimant
 #: may no longer serve its start state, and a verifier must not fall ever further behind.
 MAX_LAG_ROUNDS = 4
@@ -113,7 +111,7 @@ class VerifierContext:
     declared_platforms: Callable[[list[str]], dict[str, bytes]] | None = None
 
 
-class SpotChecker(Tribunal):
+class SpotChecker(ContributionRerun, Tribunal):
     """Serves start states; checks sampled contributions; accuses, confirms and resolves (module docstring)."""
 
     def __init__(self, ctx: VerifierContext) -> None:
@@ -317,117 +315,6 @@ class SpotChecker(Tribunal):
         why = "; ".join(reasons[stage] for stage in broken)
         return False, (f"its round {outer_round + 1} start state follows neither from the rerun of round "
                        f"{outer_round} nor from the record: {why}"), parts, broken
-
-    # -- one check ----------------------------------------------------------------------
-    def _check(self, outer_round: int, replica: int) -> SpotCheckResult | None:
-        """Rerun (outer_round, replica) once; None if it could not be checked (inputs missing, rerun failed)."""
-        key = (outer_round, replica)
-        with self._lock:
-            if key in self._results:
-                return self._results[key]
-        started = time.monotonic()
-        try:
-            result = self._rerun(outer_round, replica)
-        except (NodeError, P2PError, OSError, EnvelopeRejected) as exc:
-            if self.ctx.stop.is_set():  # the node is stopping: the worker was closed under the check
-                logger.info("spot check of replica %d round %d abandoned: the node is stopping", replica,
-                            outer_round)
-                self.abandoned += 1
-                return None
-            logger.warning("spot check of replica %d round %d not done: %s", replica, outer_round, exc)
-            self.not_done += 1
-            result = None
-        seconds = time.monotonic() - started
-        with self._lock:
-            self._results[key] = result
-            for old in [k for k in self._results if k[0] < outer_round - 4 * STATE_ROUNDS_KEPT]:
-                del self._results[old]
-        if result is not None:
-            self.checks_run += 1
-            self.check_seconds += seconds
-            self.mismatches += 0 if result.honest or result.elsewhere or result.undecided else 1
-            log = logger.info if result.honest else logger.warning
-            log("spot check of replica %d round %d: %s (%s, rerun %.1fs, check %.1fs)", replica, outer_round,
-                result.verdict, result.reason, result.seconds, seconds)
-        return result
-
-    def _envelopes_of(self, outer_round: int, replica: int) -> list[Envelope]:
-        """The replica's envelopes of every stage as recorded (fetched from their holders if not held here)."""
-        return self.inputs.envelopes(outer_round, replica)
-
-    def _committed(self, rounds) -> dict[int, dict[int, bytes]]:
-        """round -> stage -> weights hash on record: the record's (kept when it was recorded) over this
-        node's own (which holds only its stages on a split cluster)."""
-        out = {}
-        for r in rounds:
-            hashes = {**(self.ctx.stage_hashes(r) or {}), **self.inputs.committed(r)}
-            if hashes:
-                out[r] = hashes
-        return out
-
-    def _rerun(self, outer_round: int, replica: int) -> SpotCheckResult:
-        cfg = self.ctx.cfg
-        envs = self._envelopes_of(outer_round, replica)
-        bodies = [msg.decode_contribution_body(e.payload) for e in envs]
-        job_dir = self.ctx.work_dir / f"round-{outer_round:08d}-replica{replica}"
-        shutil.rmtree(job_dir, ignore_errors=True)
-        job_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            sliced = self.ctx.rerun_inputs
-            payloads = [b.blob for b in bodies] if sliced is None else sliced.claims(outer_round, envs)
-            parts = self.states.fetch(envs, [b.state_hash for b in bodies], job_dir)
-            claimed = [(e.stage, e.sender_peer_id, part) for e, part in zip(envs, parts)]
-            try:
-                undeclared = undeclared_claim(claimed, self._declared(e.sender_peer_id for e in envs))
-                if undeclared is not None:  # refused only on the chain's declarations as they are now
-                    undeclared = undeclared_claim(claimed, self._declared((e.sender_peer_id for e in envs), True))
-            except LedgerError as exc:
-                raise NodeError(f"the signers' declared platforms are not readable: {exc}") from exc
-            if undeclared is not None:  # refused whatever a rerun would give: the evidence is the state
-                self.states.keep_evidence(parts)
-                return SpotCheckResult("mismatch", undeclared[1], {}, 0.0, failed_stages=(undeclared[0],))
-            if sliced is None:
-                (previous, previous_excluded), partials = self._previous_round(outer_round - 1), {}
-            else:
-                previous, previous_excluded, partials = {}, {}, sliced.previous(outer_round - 1)
-            committed = self._committed(range(outer_round - 3, outer_round))
-            held = {c.stage for c in (self.inputs.contributions(outer_round - 1) or []) if c.replica == replica}
-            dropped = [s for s in range(cfg.pipeline.num_stages) if s not in held] if outer_round > 0 else []
-            claims = [(e.stage, b.state_hash, b.data_commitment, p, b.applied_hash)
-                      for e, b, p in zip(envs, bodies, payloads)]
-            job = SpotCheckJob(cfg.to_dict(), outer_round, replica, claims, parts, previous, previous_excluded,
-                               committed, previous_dropped=dropped, previous_partials=partials)
-            job.write(job_dir)
-            result = self._worker.run(job_dir, RERUN_TIMEOUT_S)
-            if not result.honest and not result.undecided:
-                self.states.keep_evidence(parts)  # the start state the failed rerun used is part of the evidence
-            elif result.next_state_hashes is not None:
-                self.states.hold_linkable(outer_round, replica, parts)
-            return result
-        finally:
-            shutil.rmtree(job_dir, ignore_errors=True)
-            self.states.drop_fetched([b.state_hash for b in bodies])
-
-    def _previous_round(self, outer_round: int) -> tuple[dict[int, list[bytes]], dict[int, dict[int, str]]]:
-        """Round t-1's closed payloads per stage (canonical order) and its screening exclusions."""
-        if outer_round < 0:
-            return {}, {}
-        sealed = self.inputs.contributions(outer_round)
-        if sealed is None:
-            raise NodeError(f"round {outer_round} is not sealed here; its contributions are needed for the rerun")
-        previous: dict[int, list[bytes]] = {}
-        index: dict[bytes, tuple[int, int]] = {}
-        for c in sealed:  # every stage's (a split node fetches those of the stages it does not hold)
-            payload = self.inputs.envelope(outer_round, c).payload
-            stage_list = previous.setdefault(c.stage, [])
-            index[c.envelope_hash] = (c.stage, len(stage_list))
-            stage_list.append(msg.decode_contribution_body(payload).blob)
-        excluded: dict[int, dict[int, str]] = {}
-        for stage, _replica, _peer, digest_hex, reason, detail in self.ctx.archive.excluded(outer_round):
-            if reason in CALLER_REASONS and bytes.fromhex(digest_hex) in index:  # what the engine cannot re-derive
-                s, i = index[bytes.fromhex(digest_hex)]
-                excluded.setdefault(s, {})[i] = str(detail)
-        return previous, excluded
 
     # -- the threads ----------------------------------------------------------------------
     def _rerun_then_judge(self, *args) -> None:

@@ -75,7 +75,7 @@ class PartialFetcher:
         data = None
         try:
             data = self._fetch(digest, sender)
-        except Exception as exc:  # noqa: BLE001 - a fetch's failure is this fetch's only
+        except Exception as exc:  # noqa: BLE001 - thread boundary: a fetch's failure is this fetch's only
             logger.warning("partial %s of %s not fetched: %s", digest.hex()[:12], sender[-8:], exc)
         with self._lock:
             self._in_flight.discard(digest)

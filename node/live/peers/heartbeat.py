@@ -74,7 +74,7 @@ class Heartbeat:
                 self.reporter.report(throttle=True)
             except P2PError as exc:
                 logger.debug("heartbeat: %s", exc)
-            except Exception:
+            except Exception:  # thread boundary: the heartbeat beats on after one failed beat
                 logger.exception("heartbeat failed")
 
     def _count(self, peers: int) -> None:

@@ -19,7 +19,7 @@ from queue import Empty, Queue
 from ledger.errors import LedgerError
 from ledger.records import RoundRecord
 from node import protocol as msg
-from node.live.exchange.protocol import ContributionPool
+from node.live.exchange.pool import ContributionPool
 from node.live.peers.membership import Membership
 from node.live.round.roundbook import Announced, RoundBook
 from p2p.envelope import Envelope, EnvelopeValidator, decode_envelope
@@ -126,7 +126,7 @@ class GossipInbox:
         except (EnvelopeRejected, msg.ProtocolError) as exc:
             if getattr(exc, "reason", "") != "replayed":
                 logger.debug("dropped message: %s", exc)
-        except Exception:  # a bad message must never kill the consumer
+        except Exception:  # thread boundary: a bad message must never kill the gossip consumer
             logger.exception("error while handling a gossip message; dropped")
 
     def _defer(self, sender: str, data: bytes) -> None:

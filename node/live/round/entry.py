@@ -17,25 +17,19 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 from pathlib import Path
 
-from node.config import NodeConfig
+from node.live.base import NodeBase
+from node.live.rooms import Rooms
 from node.errors import DLX_ERRORS, StateError
 from node.fsutil import atomic_write_bytes
 from node.live.work.contributor import Contributor, PipelineBroken
-from node.live.round.coordination import CloseInterrupted, RoundCoordinator, RoundStopped
+from node.live.round.coordination import CloseInterrupted, RoundStopped
 from node.live.round.finisher import RoundFinisher
-from node.live.peers.membership import Membership
-from node.live.chain.onchain import NodeChain
 from node.live.work.replica import PipelineRejoin, ReplicaWorker
-from node.live.round.roundbook import RoundBook
-from node.live.work.station import Station
-from node.live.status import Progress, Reporter, StateFile
 from node.progress import host_progress
-from node.store.checkpoint import Checkpoint, RunLayout, checkpoint_problems, parse_checkpoint
+from node.store.checkpoint import Checkpoint, checkpoint_problems, parse_checkpoint
 from p2p.errors import P2PError
-from p2p.host import P2PHost
 from training.errors import PipelineError
 from training.schedule import pending_after_round
 
@@ -49,29 +43,26 @@ NOT_CONTRIBUTING = 2**62
 class RunEntry:
     """Decides and agrees where this node enters the run (see module docstring)."""
 
-    def __init__(self, *, cfg: NodeConfig, chain: NodeChain, host: P2PHost, membership: Membership,
-                 book: RoundBook, coordinator: RoundCoordinator, worker: ReplicaWorker, contributor: Contributor,
-                 finisher: RoundFinisher, station: Station, state: StateFile, layout: RunLayout,
-                 progress: Progress, reporter: Reporter, checkpoint_dir: Path, incoming_dir: Path,
-                 stop: threading.Event) -> None:
-        self.cfg = cfg
-        self.run_id = cfg.ledger.run_id
-        self.chain = chain
-        self.host = host
-        self.membership = membership
-        self.book = book
-        self.coordinator = coordinator
+    def __init__(self, base: NodeBase, rooms: Rooms, *, worker: ReplicaWorker, contributor: Contributor,
+                 finisher: RoundFinisher) -> None:
+        self.cfg = base.cfg
+        self.run_id = base.run_id
+        self.chain = rooms.chain
+        self.host = rooms.host
+        self.membership = rooms.membership
+        self.book = base.book
+        self.coordinator = rooms.coordinator
         self.worker = worker
         self.contributor = contributor
         self.finisher = finisher
-        self.station = station
-        self.state = state
-        self.layout = layout
-        self.progress = progress
-        self.reporter = reporter
-        self.checkpoint_dir = checkpoint_dir
-        self.incoming_dir = incoming_dir
-        self.stop = stop
+        self.station = base.station
+        self.state = base.state
+        self.layout = base.layout
+        self.progress = base.progress
+        self.reporter = base.reporter
+        self.checkpoint_dir = base.checkpoint_dir
+        self.incoming_dir = base.incoming_dir
+        self.stop = base.stop
 
     # -- at start -----------------------------------------------------------------------
     def entry_point(self) -> tuple[int, list[int]]:

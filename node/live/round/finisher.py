@@ -13,38 +13,28 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
+from node.live.base import NodeBase
+from node.live.rooms import Rooms
 from node import protocol as msg
 from node.arenas import trim_heap
-from node.config import NodeConfig
 from node.fsutil import retry_on_full_disk
-from node.live.fraud.chunkstate import ChunkedStates
-from node.live.chain.committer import Committer
 from node.live.work.contributor import Contributor
-from node.live.round.coordination import RoundCoordinator
-from node.live.exchange.protocol import Exchange, InputsWithheld, serve_blob
-from node.live.chain.forkrepair import ForkRepair
-from node.live.work.lane import RoundLane
-from node.live.peers.messenger import Messenger
+from node.live.exchange.protocol import InputsWithheld
+from node.live.exchange.pool import serve_blob
 from node.live.work.replica import ReplicaWorker
 from node.live.round.resume import RestartRecovery
-from node.live.round.roundbook import RoundBook
-from node.live.round.roundclock import RoundClock
-from node.live.round.roundstate import Gathered, RoundState, StageInputs
-from node.live.status import Progress, Reporter, StateFile
-from node.store.archive import Archive, ArchivedContribution
-from node.store.checkpoint import Checkpoint, RunLayout, write_checkpoint
+from node.live.round.roundstate import Gathered, StageInputs
+from node.store.archive import ArchivedContribution
+from node.store.checkpoint import Checkpoint, write_checkpoint
 from node.store.retention import prune_archive, prune_checkpoints
-from p2p.envelope import EnvelopeValidator
-from p2p.host import P2PHost
+from node.live.round.prefetch import ApplyPrefetch
 
 logger = logging.getLogger(__name__)
 
@@ -81,46 +71,42 @@ class StageApplied:
         return self._leaf
 
 
-class RoundFinisher:
+class RoundFinisher(ApplyPrefetch):
     """Finishes rounds for the stages this node holds (see module docstring)."""
 
-    def __init__(self, *, cfg: NodeConfig, worker: ReplicaWorker, rounds: RoundState, exchange: Exchange,
-                 coordinator: RoundCoordinator, recovery: RestartRecovery, contributor: Contributor,
-                 committer: Committer, forks: ForkRepair, archive: Archive, host: P2PHost, book: RoundBook, messenger: Messenger,
-                 validator: EnvelopeValidator, state: StateFile, clock: RoundClock, progress: Progress,
-                 reporter: Reporter, layout: RunLayout, config_hash: bytes, checkpoint_dir: Path,
-                 peer_id: str, lane: RoundLane, stop: threading.Event, chunked: ChunkedStates | None = None) -> None:
-        self.cfg = cfg
+    def __init__(self, base: NodeBase, rooms: Rooms, *, worker: ReplicaWorker, recovery: RestartRecovery,
+                 contributor: Contributor) -> None:
+        cfg = self.cfg = base.cfg
         self.worker = worker
-        self.rounds = rounds
-        self.exchange = exchange
-        self.pool = exchange.pool
-        self.coordinator = coordinator
+        self.rounds = base.rounds
+        self.exchange = rooms.exchange
+        self.pool = rooms.exchange.pool
+        self.coordinator = rooms.coordinator
         self.recovery = recovery
         self.contributor = contributor
-        self.committer = committer
-        self.forks = forks
-        self.archive = archive
-        self.host = host
-        self.book = book
-        self.messenger = messenger
-        self.validator = validator
-        self.state = state
-        self.clock = clock
-        self.progress = progress
-        self.reporter = reporter
-        self.layout = layout
-        self.config_hash = config_hash
-        self.checkpoint_dir = checkpoint_dir
-        self.peer_id = peer_id
-        self.chunked = chunked  # a chunked run's stage states (None: a hashed run)
-        self.stop = stop  # a write paused by a full disk gives up (DiskFull) when the node stops
+        self.committer = rooms.committer
+        self.forks = rooms.forks
+        self.archive = base.archive
+        self.host = rooms.host
+        self.book = base.book
+        self.messenger = rooms.messenger
+        self.validator = base.validator
+        self.state = base.state
+        self.clock = base.clock
+        self.progress = base.progress
+        self.reporter = base.reporter
+        self.layout = base.layout
+        self.config_hash = base.config_hash
+        self.checkpoint_dir = base.checkpoint_dir
+        self.peer_id = base.peer_id
+        self.chunked = rooms.chunked  # a chunked run's stage states (None: a hashed run)
+        self.stop = base.stop  # a write paused by a full disk gives up (DiskFull) when the node stops
         self.run_id = cfg.ledger.run_id
         # round -> stage -> (global weights, momentum) once the round was applied (the state before a round's
         # apply is recorded as the previous round's: a re-base of that round is in it).
         self._held: dict[int, dict[int, tuple[dict, dict]]] = {}
         self._replays: dict[int, dict[int, tuple[dict, dict]]] = {}  # finished rounds to absorb again
-        self.lane = lane  # the round lane (node/live/work/lane.py): a round's seal and attestation with overlap_tail
+        self.lane = base.lane  # the round lane (node/live/work/lane.py): a round's seal and attestation with overlap_tail
         self._tail: Future | None = None  # the last such round's, until settle()
 
     # -- a survivor's re-entry (node/live/round/entry.py, RunEntry.await_partner) ------------------
@@ -360,73 +346,4 @@ class RoundFinisher:
             self.chunked.forget_before(outer_round)
         trim_heap()  # what the dropped rounds held goes back to the system (node/arenas.py)
 
-    # -- gathering ------------------------------------------------------------------------
-    def gather_stage(self, outer_round: int, stage: int, sealed_before, waited: dict[str, float],
-                     prepare: bool = False, clock_from=None) -> StageInputs:
-        """The close of one stage of a round and what the exchange gathered for it.
 
-        Waits for the close and the contributions it names; ``prepare``: also aggregates (the pure
-        part of the outer step, valid while no round is applied). Runs on the training thread, or
-        on the prefetch thread while the next round trains (:meth:`prefetch`; ``clock_from``: when
-        the round deadline starts, see RoundCoordinator.await_close).
-        """
-        if sealed_before is not None:
-            self.coordinator.adopt(outer_round, stage, sealed_before[stage])
-        mark = time.monotonic()
-        close = self.coordinator.accepted(outer_round, stage) or self.coordinator.await_close(
-            outer_round, stage, clock_from=clock_from)
-        waited["close_wait"] += time.monotonic() - mark
-        return self.exchange.gather(outer_round, stage, close, waited, prepare)
-
-    def prefetch(self, outer_round: int) -> None:
-        """Close, fetch and aggregate ``outer_round`` on the prefetch thread while the next round trains.
-
-        With the one-step delay round t-1 is applied after round t's inner steps; its close,
-        its contributions and the pure part of its outer step do not depend on them (the
-        global state changes only when a round is applied, and none is until then), so they
-        are done meanwhile. The apply on the training thread joins it and uses the result
-        (:meth:`_take_gathered`); an error there is raised as the inline gathering would.
-        """
-        if outer_round in self.rounds.prefetched or outer_round in self._replays:
-            return
-        sealed_before = self.recovery.sealed_closes(outer_round)
-
-        # The deadline runs from when the training thread reaches the apply, as inline (set by
-        # _take_gathered): only a decision that needs no deadline is taken sooner.
-        def clock_from() -> float | None:
-            return self.rounds.apply_reached.get(outer_round)
-
-        def gather() -> Gathered:
-            waited = {"close_wait": 0.0, "fetch_wait": 0.0, "aggregate": 0.0}
-            stages = {stage: self.gather_stage(outer_round, stage, sealed_before, waited, prepare=True,
-                                               clock_from=clock_from)
-                      for stage in self.worker.stages}
-            return Gathered(sealed_before, stages, waited)
-
-        future: Future = Future()
-
-        def run() -> None:
-            try:
-                future.set_result(gather())
-            except BaseException as exc:  # noqa: BLE001 - raised on the training thread by _take_gathered
-                future.set_exception(exc)
-
-        # A daemon thread: one blocked on a close when the process exits must not hold the exit.
-        threading.Thread(target=run, name=f"round-prefetch-{outer_round}", daemon=True).start()
-        self.rounds.prefetched[outer_round] = future
-
-    def _take_gathered(self, outer_round: int) -> tuple[Gathered, dict[str, float]]:
-        """The prefetched gathering of ``outer_round`` (waiting for it), or an empty one to fill inline."""
-        future = self.rounds.prefetched.pop(outer_round, None)
-        if future is None:
-            return Gathered(self.recovery.sealed_closes(outer_round), {}, {}), {}
-        mark = time.monotonic()
-        self.rounds.apply_reached[outer_round] = mark  # the prefetch's round deadline starts now
-        self.book.notify()
-        try:
-            gathered = future.result()
-        finally:
-            self.rounds.apply_reached.pop(outer_round, None)
-        gathered.joined_s = time.monotonic() - mark
-        overlapped = {f"prefetch_{k}": v for k, v in gathered.waited.items()}
-        return gathered, overlapped

@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from node import protocol as msg
 from node.errors import StateError
 from node.fsutil import serve_when_space
+from node.live.base import NodeBase
+from node.live.rooms import Rooms
 from node.live.round.closesteps import close_steps
-from node.live.exchange.protocol import ContributionPool
-from node.live.round.roundbook import Announced, RoundBook
-from node.store.archive import Archive
+from node.live.round.roundbook import Announced
 from p2p.envelope import decode_envelope
-from p2p.host import P2PHost
+
+if TYPE_CHECKING:  # the worker's module imports torch; only its type is read here
+    from node.live.work.replica import ReplicaWorker
 
 logger = logging.getLogger(__name__)
 
@@ -53,21 +55,19 @@ def first_contributed_round(start_round: int, reannounced: set[int]) -> int:
 class RestartRecovery:
     """See module docstring. ``previous_life_finished``: the last round finished before the restart."""
 
-    def __init__(self, archive: Archive, contributions: ContributionPool, host: P2PHost, book: RoundBook,
-                 peer_id: str, replica: int, stages: tuple[int, ...], max_bytes: int,
-                 gossip: Callable[..., bytes], previous_life_finished: int,
-                 steps_range: tuple[int, int] | None = None) -> None:
-        self.archive = archive
-        self.contributions = contributions
-        self.host = host
-        self.book = book
-        self.peer_id = peer_id
-        self.replica = replica
-        self.stages = stages
-        self.max_bytes = max_bytes
-        self.gossip = gossip
-        self.previous_life_finished = previous_life_finished
-        self.steps_range = steps_range  # a time-bounded run's: its closes name the declared steps (closesteps)
+    def __init__(self, base: NodeBase, rooms: Rooms, worker: ReplicaWorker) -> None:
+        self.archive = base.archive
+        self.contributions = rooms.exchange.pool
+        self.host = rooms.host
+        self.book = base.book
+        self.peer_id = base.peer_id
+        self.replica = worker.replica
+        self.stages = worker.stages
+        self.max_bytes = base.cfg.p2p.max_blob_bytes
+        self.gossip = rooms.messenger.gossip
+        self.previous_life_finished = rooms.coordinator.previous_life_finished
+        # A time-bounded run's: its closes name the declared steps (closesteps).
+        self.steps_range = base.cfg.diloco.steps_range
 
     def reannounce(self, rounds: list[int]) -> set[int]:
         """Serve and announce again this node's archived contributions of the catch-up ``rounds``."""

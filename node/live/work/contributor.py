@@ -16,23 +16,16 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from concurrent.futures import Future
 
+from node.live.base import NodeBase
+from node.live.rooms import Rooms
 from node import protocol as msg
-from node.config import NodeConfig
 from node.errors import StateError
 from node.fsutil import retry_on_full_disk
-from node.live.exchange.protocol import Exchange
-from node.live.chain.forkrepair import ForkRepair
-from node.live.work.lane import RoundLane
-from node.live.peers.messenger import Messenger
 from node.live.work.replica import ReplicaWorker
-from node.live.round.roundbook import Announced, RoundBook
-from node.live.round.roundclock import RoundClock
-from node.live.round.roundstate import RoundState, TrainFigures
-from node.live.status import Progress, Reporter, StateFile
-from node.store.archive import Archive
+from node.live.round.roundbook import Announced
+from node.live.round.roundstate import TrainFigures
 from training.errors import PipelineError
 from training.schedule import applies_before_encode
 
@@ -55,27 +48,24 @@ class PipelineBroken(Exception):
 class Contributor:
     """Trains, encodes and publishes this node's contributions (see module docstring)."""
 
-    def __init__(self, *, cfg: NodeConfig, worker: ReplicaWorker, rounds: RoundState, lane: RoundLane,
-                 clock: RoundClock, progress: Progress, reporter: Reporter, spot_checks, exchange: Exchange,
-                 archive: Archive, book: RoundBook, messenger: Messenger, state: StateFile, forks: ForkRepair,
-                 peer_id: str, stop: threading.Event) -> None:
-        self.cfg = cfg
+    def __init__(self, base: NodeBase, rooms: Rooms, *, worker: ReplicaWorker) -> None:
+        self.cfg = base.cfg
         self.worker = worker
-        self.rounds = rounds
-        self.lane = lane
-        self.clock = clock
-        self.progress = progress
-        self.reporter = reporter
-        self.spot_checks = spot_checks  # node.live.checks.verifier.SpotChecker: serves the start states
-        self.exchange = exchange
-        self.pool = exchange.pool
-        self.archive = archive
-        self.book = book
-        self.messenger = messenger
-        self.state = state
-        self.forks = forks  # whether the round a start state holds stands (announceable)
-        self.peer_id = peer_id
-        self.stop = stop
+        self.rounds = base.rounds
+        self.lane = base.lane
+        self.clock = base.clock
+        self.progress = base.progress
+        self.reporter = base.reporter
+        self.spot_checks = rooms.spot_checks  # node.live.checks.verifier.SpotChecker: serves the start states
+        self.exchange = rooms.exchange
+        self.pool = rooms.exchange.pool
+        self.archive = base.archive
+        self.book = base.book
+        self.messenger = rooms.messenger
+        self.state = base.state
+        self.forks = rooms.forks  # whether the round a start state holds stands (announceable)
+        self.peer_id = base.peer_id
+        self.stop = base.stop
         self._capture_done: Future | None = None  # the last start-state capture queued on the lane
         self._publish_done: Future | None = None  # the last contribution encoded and published on the lane
         self._applied: dict[int, dict[int, bytes]] = {}  # round -> stage -> applied_hash its contributions bind

@@ -20,17 +20,9 @@ import torch
 from node.config import NodeConfig
 from training.codec_wire import decode_contribution
 from training.data import corpus_from_config, eval_batches, round_batches
-from training.butterfly import SliceAggregate, SlicePlan, aggregate_slice, average_of_partials, slice_stage
-from training.diloco import Aggregation, aggregate_with_report, step_with_average
+from training.butterfly import SlicePlan, slice_for_exchange
+from training.diloco import Aggregation
 from training.errors import PipelineError
-from training.screening import (
-    decode_full,
-    model_loss_fn,
-    screen_contributions,
-    screening_batch,
-    screening_exclusions,
-    screening_steps,
-)
 from training.hashing import stage_weights_hash, weights_root
 from training.model import init_state_dict
 from training.reexec import data_commitment, round_meta
@@ -42,8 +34,9 @@ from training.pipeline import (
     init_pipeline_group,
 )
 from training.schedule import inner_lr, set_lr, takes_another_step, trainer_optimizers
-from training.stage_engine import RoundResult, StageEngine
+from training.stage_engine import StageEngine
 from training.stages import split_stages, stage_param_names
+from node.live.work.aggregation import StageAggregation
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +53,7 @@ class TrainStats:
     cpu_seconds: float = 0.0  # the training thread's CPU seconds in the part's inner steps
 
 
-class ReplicaWorker:
+class ReplicaWorker(StageAggregation):
     """Trainers and engines of the stages one node holds (see module docstring)."""
 
     def __init__(self, cfg: NodeConfig, replica: int, stages: tuple[int, ...], rank: int) -> None:
@@ -112,9 +105,9 @@ class ReplicaWorker:
         for stage in self.stages:
             params = dict(modules[stage].named_parameters())
             self.engines[stage] = StageEngine(stage, params, self.cfg.diloco, self.cfg.compression)
-            if self.cfg.diloco.exchange == "sliced":  # docs/PROTOCOL.md, "Sliced exchange"
-                self.plans[stage] = slice_stage(self.engines[stage], self.cfg.diloco.num_replicas,
-                                                self.cfg.diloco.min_slice_numel)
+            plan = slice_for_exchange(self.engines[stage], self.cfg.diloco)  # docs/PROTOCOL.md, "Sliced exchange"
+            if plan is not None:
+                self.plans[stage] = plan
 
     def leave_pipeline(self) -> None:
         """Drop the cluster's broken pipeline (a partner died); weights, optimizer and engines are kept."""
@@ -321,93 +314,6 @@ class ReplicaWorker:
         decode_contribution(payload, shapes, stage_index=stage, outer_round=outer_round,
                             refuse_raw=self.cfg.compression.enabled)
 
-    @property
-    def screens(self) -> bool:
-        """Whether rounds are screened (docs/DILOCOX.md section 10): a run of one stage, so that every
-        holder evaluates whole-model losses; otherwise only the norm rule applies, the same at every node."""
-        return self.cfg.diloco.screening and self.cfg.pipeline.num_stages == 1
-
-    def screen(self, outer_round: int, contributions: list[bytes],
-               global_weights: dict[str, torch.Tensor] | None = None) -> tuple[dict[int, str], list]:
-        """(excluded index -> reason, reports) of screening ``outer_round``'s contributions; ({}, []) if off.
-
-        ``global_weights``: the state screened against (default: the engine's current one)."""
-        if not self.screens:
-            return {}, []
-        engine = self.engines[0]
-        decoded = [decode_full([blob], [engine.shapes], outer_round=outer_round,
-                               refuse_raw=self.cfg.compression.enabled) for blob in contributions]
-        x, y = screening_batch(self.corpus, self.cfg.training.seed, outer_round, self.cfg.diloco.screen_batch_size,
-                               self.cfg.model.block_size)
-        base = engine.global_weights if global_weights is None else global_weights
-        reports = screen_contributions(model_loss_fn(self.cfg.model, x, y), base, decoded,
-                                       self.cfg.diloco, screening_steps(self.cfg.diloco, [[b] for b in contributions]))
-        return screening_exclusions(reports), reports
-
-    def prepare_aggregation(self, stage: int, outer_round: int, contributions: list[bytes],
-                            excluded: dict[int, str] | None = None):
-        """The pure part of :meth:`apply` (decode, average, outer step, hash), computable while the next
-        round trains (:meth:`training.stage_engine.StageEngine.prepare_aggregation`)."""
-        return self.engines[stage].prepare_aggregation(outer_round, contributions, excluded=excluded)
-
-    def prepared_valid(self, stage: int, prepared, outer_round: int) -> bool:
-        return self.engines[stage].prepared_valid(prepared, outer_round)
-
-    def apply(self, stage: int, outer_round: int, contributions: list[bytes],
-              excluded: dict[int, str] | None = None, prepared=None) -> RoundResult:
-        """Aggregate ``outer_round`` of ``stage`` (canonical order) without the ``excluded`` indices.
-
-        Contributions that fail to decode or break the run's codec are left out, the
-        rest clipped by the norm rule (:mod:`training.robust`). A round this node encoded
-        goes through the engine's outer step with the one-step-delay correction; a round
-        it did not encode (it joined late or sat the round out) is absorbed, local
-        progress kept (:meth:`training.stage_engine.StageEngine.finish_round`).
-        """
-        return self.engines[stage].finish_round(outer_round, contributions, excluded=excluded, prepared=prepared)
-
-    # -- a re-base on the run's record (node/live/chain/forkrepair.py) ---------------------------
-    def derive(self, stage: int, outer_round: int, base: tuple[dict, dict], contributions: list[bytes],
-               others: dict[int, tuple[str, str]] | None = None):
-        """The :class:`training.diloco.Aggregation` of ``contributions`` (the round's canonical order) on
-        ``base`` (the global weights and momentum before the round): what every holder that aggregated
-        that set computed, screening included, and without ``others`` (built on another result of the
-        round before: node.binding.other_result_exclusions). Pure: neither ``base`` nor the engine changes."""
-        excluded, _reports = self.screen(outer_round, contributions, global_weights=base[0])
-        excluded.update(others or {})
-        return aggregate_with_report(base[0], base[1], contributions, self.cfg.diloco, stage_index=stage,
-                                     outer_round=outer_round, compression_cfg=self.cfg.compression,
-                                     excluded=excluded)
-
-    def move_global(self, stage: int, weights: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor]) -> None:
-        """Take another global state of the last applied round, local progress kept (StageEngine.move_global)."""
-        self.engines[stage].move_global(weights, momentum)
-
-    # -- the sliced exchange (docs/PROTOCOL.md, "Sliced exchange") ------------------------
-    def last_slices(self, stage: int) -> list[bytes]:
-        """The slice blobs of the contribution :meth:`encode` just made (sliced exchange)."""
-        return list(self.engines[stage].compressor.last_slices)
-
-    def aggregate_slice(self, stage: int, outer_round: int, slice_index: int,
-                        blobs: list[bytes | None]) -> SliceAggregate:
-        """Aggregator's work on one slice: :func:`training.butterfly.aggregate_slice` (pure, replayable)."""
-        return aggregate_slice(blobs, self.plans[stage], slice_index, self.cfg.compression,
-                               self.engines[stage].compressor.bandwidth_budget, norm_clip=self.cfg.diloco.norm_clip,
-                               stage_index=stage, outer_round=outer_round, steps_range=self.cfg.diloco.steps_range)
-
-    def apply_partials(self, stage: int, outer_round: int, partials: list[bytes]) -> RoundResult:
-        """The outer step of ``outer_round`` on the average assembled from the A partial blobs."""
-        engine = self.engines[stage]
-        average = average_of_partials(partials, self.plans[stage], stage_index=stage, outer_round=outer_round,
-                                      refuse_raw=self.cfg.compression.enabled)
-        aggregation = step_with_average(engine.global_weights, engine.momentum, average, self.cfg.diloco, outer_round)
-        return engine.finish_round(outer_round, [], aggregation=aggregation)
-
-    def contribution_dropped(self, stage: int, outer_round: int) -> None:
-        """This node's contribution of ``outer_round`` was not aggregated: send its update again later."""
-        if self.engines[stage].contribution_dropped(outer_round):
-            logger.info("round %d stage %d: our contribution was not in the close; its update goes back into "
-                        "the error-feedback residual", outer_round, stage)
-
     def weights_root_of(self, full_weights: dict) -> bytes:
         """The record's ``weights_root`` of a full model's weights (every stage, not only the held ones)."""
         hashes = [stage_weights_hash({n: full_weights[n] for n in self.stage_names(s)})
@@ -425,12 +331,12 @@ def warm_up_imports() -> None:
     network side (chain, host, peers, placement: mostly waiting), so the import overlaps those waits."""
     try:
         import torch._dynamo  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - only a warm-up: the trainer imports it again, and reports.
+    except Exception as exc:  # noqa: BLE001 - thread boundary; only a warm-up: the trainer imports it again.
         # Also what a node that exits during the import (an error at start) meets as the interpreter shuts
         # down: a traceback printed after the node's one-line error would hide it.
         try:
             logger.debug("warming up torch._dynamo failed: %s", exc)
-        except Exception:  # noqa: BLE001 - logging torn down at exit
+        except Exception:  # noqa: BLE001 - thread boundary: logging torn down at exit
             pass
 
 

@@ -1,0 +1,90 @@
+"""Disputes on chain: record disputes, equivocation reports, fraud proofs, availability
+challenges and accusations (NodeChain's)."""
+
+from __future__ import annotations
+
+from ledger.attest import recover_verdict_signer
+from ledger.eventrecords import AccusationRecord
+from ledger.records import AccusationState, RoundRecord, Verdict
+
+
+class ChainDisputes:
+    """The chain's dispute calls (see the module docstring)."""
+
+    def dispute(self, record: RoundRecord, signature: bytes) -> str:
+        with self._lock:
+            return self.client.dispute(record, signature)
+
+    def report_equivocation(self, record_a: RoundRecord, signature_a: bytes, record_b: RoundRecord,
+                            signature_b: bytes) -> str:
+        with self._lock:
+            return self.client.report_equivocation(record_a, signature_a, record_b, signature_b)
+
+    # -- fraud proofs (docs/FRAUD_PROOF.md; node/live/fraud/prover.py) -------------------------
+    def prove_wrong_aggregation(self, proof, attesters=None) -> dict:
+        with self._lock:
+            return self.client.prove_wrong_aggregation(proof, attesters)
+
+    def prove_wrong_norm(self, proof, attesters=None) -> dict:
+        with self._lock:
+            return self.client.prove_wrong_norm(proof, attesters)
+
+    def challenge_availability(self, target: tuple) -> bytes:
+        with self._lock:
+            return self.client.challenge_availability(target)
+
+    def expire_challenge(self, challenge_id: bytes, attesters=None) -> dict:
+        with self._lock:
+            return self.client.expire_challenge(challenge_id, attesters)
+
+    def challenge_of(self, challenge_id: bytes) -> dict:
+        with self._lock:
+            return self.client.challenge_of(challenge_id)
+
+    def availability_answer(self, challenge_id: bytes) -> tuple[bytes, list[bytes] | None] | None:
+        with self._lock:
+            return self.client.availability_answer(challenge_id)
+
+    def availability_challenges(self, run_id: int, from_block: int) -> tuple[list[dict], int]:
+        """(the availability challenges of ``run_id`` opened in [from_block, head], head)."""
+        with self._lock:
+            head = self.client.head_block()
+            return self.client.availability_challenges(run_id, from_block) if from_block <= head else [], head
+
+    def answer_challenge(self, challenge_id: bytes, leaf: bytes, path: list[bytes]) -> dict:
+        with self._lock:
+            return self.client.answer_challenge(challenge_id, leaf, path)
+
+    def invalid_from(self, run_id: int) -> int | None:
+        """The first round of ``run_id`` a verdict or a fraud proof overturned, or None."""
+        with self._lock:
+            return self.client.invalid_from(run_id)
+
+    # -- accusations (re-execution spot checks, docs/PROTOCOL.md "Spot checks") -----------
+    def sign_verdict(self, verdict: Verdict) -> bytes:
+        return self.client.sign_verdict(verdict)
+
+    def verdict_signer(self, verdict: Verdict, signature: bytes) -> str:
+        """The account whose EIP-712 signature over ``verdict`` this is (raises LedgerError if malformed)."""
+        return recover_verdict_signer(verdict, signature, self.client.chain_id, self.client.ledger_address)
+
+    def accuse(self, run_id: int, accused: str, evidence_hash: bytes) -> str:
+        with self._lock:
+            return self.client.accuse(run_id, accused, evidence_hash)
+
+    def resolve_accusation(self, verdict: Verdict, signatures: list[bytes]) -> str:
+        with self._lock:
+            return self.client.resolve_accusation(verdict, signatures)
+
+    def accusation_status(self, run_id: int, accused: str, evidence_hash: bytes) -> str:
+        with self._lock:
+            return self.client.accusation_status(run_id, accused, evidence_hash)
+
+    def accusation(self, run_id: int, accused: str, evidence_hash: bytes) -> AccusationState | None:
+        with self._lock:
+            return self.client.accusation(run_id, accused, evidence_hash)
+
+    def accusations(self, run_id: int, from_block: int | None = None) -> list[AccusationRecord]:
+        """The run's accusations opened from ``from_block`` on (AccusationOpened events), with their outcome."""
+        with self._lock:
+            return self.client.accusations(run_id, from_block)

@@ -1,0 +1,114 @@
+"""The dlx-node audit command: arguments in, the audit run, the report written, the exit code out."""
+
+import sys
+from typing import Any
+
+from node.errors import AuditFailed, AuditIncomplete, ConfigError
+from node.tools.audit import audit_run
+from node.tools.evidence import PeerFetcher, reader_client
+from node.tools.report import (
+    INCOMPLETE,
+    OK,
+    UNVERIFIABLE,
+)
+
+
+# ---------------------------------------------------------------------- the command
+class _ProgressBar:
+    """A progress bar on stderr (redrawn in place on a terminal; a line every 10% otherwise)."""
+
+    def __init__(self, stream: Any = None, min_total: int = 20) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.min_total = min_total
+        self._last_decile = -1
+
+    def __call__(self, done: int, total: int, what: str) -> None:
+        if total < self.min_total:
+            return
+        fraction = done / total
+        if self.tty:
+            filled = int(30 * fraction)
+            self.stream.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{total} {what:<14}")
+            if done == total:
+                self.stream.write("\n")
+            self.stream.flush()
+        elif int(fraction * 10) > self._last_decile:
+            self._last_decile = int(fraction * 10)
+            self.stream.write(f"audit: {done}/{total} rounds checked\n")
+            self.stream.flush()
+
+
+def _reexecute_count(value: str) -> int:
+    """``--reexecute`` as a count: N >= 0, or "all" (-1)."""
+    if str(value).lower() == "all":
+        return -1
+    try:
+        count = int(value)
+    except ValueError:
+        count = -2
+    if count < 0:
+        raise ConfigError(f"--reexecute {value!r}: give a number of contributions >= 0, or 'all'")
+    return count
+
+
+def run_audit(args: Any) -> int:
+    """``dlx-node audit``: print per-round verdicts and the summary, write --json/--html.
+
+    Exit 0 only if the audit PASSED; AuditFailed (8) if an item contradicts the record, AuditIncomplete (13)
+    if some items could not be verified.
+    """
+    from node.tools.report import write_json
+    from node.tools.report_html import write_html
+
+    client = reader_client(args)
+    fetcher = PeerFetcher.start(args.bootstrap) if args.bootstrap else None
+    try:
+        report = audit_run(
+            client,
+            args.run,
+            archives=args.archive,
+            fetcher=fetcher,
+            replay=not args.no_replay,
+            progress=_ProgressBar(),
+            data_path=getattr(args, "data", "") or None,
+            reexecute=_reexecute_count(getattr(args, "reexecute", "0")),
+        )
+    finally:
+        if fetcher is not None:
+            fetcher.close()
+    for check in report.general:
+        if check.status != OK or len(report.general) <= 12:
+            print(check.line())
+    for verdict in report.rounds:
+        print(verdict.line())
+        for note in verdict.notes:
+            print(f"  {note}")
+    for note in report.notes:
+        print(note)
+    for check in report.checkpoints:
+        print(check.line())
+    if args.json_out:
+        write_json(report, args.json_out)
+        print(f"JSON report: {args.json_out}")
+    if args.html_out:
+        write_html(report, args.html_out)
+        print(f"HTML report: {args.html_out}")
+    t = report.timings
+    print(
+        f"chain part {t.get('chain_total_s', 0):.2f}s, rounds {t.get('rounds_s', 0):.2f}s"
+        + (f", replay {t['replay_mean_s_per_round']:.3f}s/round" if "replay_mean_s_per_round" in t else "")
+    )
+    print(report.summary())
+    if report.failed:
+        first, bad = report.first_bad_round, report.first_failure()
+        where = f"first bad round {first}" if first is not None else "a chain-level item"
+        raise AuditFailed(f"run {args.run} does not match its record: {where}: {bad.name}: {bad.reason}")
+    if report.verdict == INCOMPLETE:
+        first, missing = report.first_unverified_round, report.first_unverifiable()
+        where = f"first unverified round {first}" if first is not None else "a chain-level item"
+        raise AuditIncomplete(
+            f"run {args.run}: audit INCOMPLETE, {report.counts()[UNVERIFIABLE]} item(s) unverifiable "
+            f"({where}: {missing.name}: {missing.reason}); pass --archive or --bootstrap with the evidence"
+        )
+    return 0
