@@ -6,7 +6,7 @@ Every point is a real local run (anvil, 2 one-node clusters, each node holding
 both stages chained, ``torch_threads=1``, spot checks off so that no rerun
 competes for the cores). Each node logs one record per *period*, from the end of
 one round's training to the end of the next one's (``timing.jsonl``,
-node/live/round/roundclock.py); compute utilization is time in inner steps / wall
+node/live/state/roundclock.py); compute utilization is time in inner steps / wall
 time of the period. Steps:
 
 1. calibrate: a run without the delay and without a cap gives one round's

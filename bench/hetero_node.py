@@ -14,7 +14,7 @@ CPU-second a round: libp2p, the chain, the encode) starves it. The nodes run the
 inner steps, the whole round: ``overlap_steps = 0``) with the bench's outer lr and momentum; ``--no-delay``
 runs the in-process mode's algorithm instead (a round's exchange waits for its close and apply).
 
-Figures come from what the run leaves: each node's ``timing.jsonl`` (node/live/round/roundclock.py: one record
+Figures come from what the run leaves: each node's ``timing.jsonl`` (node/live/state/roundclock.py: one record
 per period, from the end of one round's inner steps to the end of the next one's: its steps, the wall
 seconds of its inner steps, the period's wall seconds, the training thread's waits for others and its own
 work, the lane's work, the CPU seconds of the inner steps and of the whole process), the chain's records

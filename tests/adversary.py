@@ -54,7 +54,7 @@ chain) is the real node's. Attacks:
   without waiting for the chain's record of round 2 (as if that record came
   only after round 3 was applied): the fork can no longer be re-based in place,
   so the member must stop, re-enter from the chain's latest checkpoint
-  (node/live/round/lifecycle.py) and contribute again.
+  (node/live/peers/lifecycle.py) and contribute again.
 - ``diverge-slow-verdict``: the ``diverge-once`` fault, and the chain's verdict of round 2
   reaches the member's committer only once it encoded round 4 (as on a slow RPC; at most 50 s
   late): without the overlap round 4, begun on its forked round 2, is then encoded before the
@@ -262,7 +262,7 @@ def colluding_root():
 
 
 def diverging_late():
-    from node.live.chain.forkrepair import ForkRepair
+    from node.live.record.forkrepair import ForkRepair
 
     class LateVerdictForks(ForkRepair):
         def due(self, next_round):
@@ -279,7 +279,7 @@ def diverging_slow_verdict(most_s: float = 50.0):
     import threading
     import time
 
-    from node.live.chain.forkrepair import ForkRepair
+    from node.live.record.forkrepair import ForkRepair
 
     class SlowVerdictForks(ForkRepair):
         def __init__(self, **kwargs) -> None:
@@ -351,7 +351,7 @@ def late_delivery():
 # ---------------------------------------------------------------------- the coordinator
 def empty_close():
     from node import protocol as msg
-    from node.live.round.coordination import RoundCoordinator
+    from node.live.exchange.coordination import RoundCoordinator
 
     class EmptyCloser(RoundCoordinator):
         def __init__(self, **kwargs) -> None:
@@ -369,7 +369,7 @@ def empty_close():
 
 def duplicate_close():
     from node import protocol as msg
-    from node.live.round.coordination import RoundCoordinator
+    from node.live.exchange.coordination import RoundCoordinator
 
     class DuplicateCloser(RoundCoordinator):
         def __init__(self, **kwargs) -> None:
@@ -389,7 +389,7 @@ def duplicate_close():
 
 def leading_coordinator():
     """A coordinator that believes it leads every (round, stage) it holds: it closes in each."""
-    from node.live.round.coordination import RoundCoordinator
+    from node.live.exchange.coordination import RoundCoordinator
 
     class Leader(RoundCoordinator):
         def rotation(self, outer_round, stage):
@@ -432,7 +432,7 @@ def phantom_close():
     import os
 
     from node import protocol as msg
-    from node.live.round.coordination import RoundCoordinator
+    from node.live.exchange.coordination import RoundCoordinator
 
     class PhantomCloser(RoundCoordinator):
         def __init__(self, **kwargs) -> None:
@@ -462,7 +462,7 @@ def phantom_close():
 def forking_close():
     from ledger.merkle import merkle_root
     from node import protocol as msg
-    from node.live.round.coordination import RoundCoordinator
+    from node.live.exchange.coordination import RoundCoordinator
 
     class ForkingCoordinator(RoundCoordinator):
         def __init__(self, **kwargs) -> None:
@@ -529,7 +529,7 @@ def takeover():
     from ledger import errors
     from ledger.attest import recover_digest_signer
     from ledger.records import RoundRecord, Verdict
-    from node.live.chain.committer import Committer
+    from node.live.record.committer import Committer
 
     coalition = {a.strip().lower() for a in os.environ["DLX_COALITION"].split(",")}
     shared = Path(os.environ["DLX_COALITION_DIR"])

@@ -31,7 +31,7 @@ import torch
 from node.config import load_config
 from node.errors import CONFIG_ERRORS, ConfigError, StateError
 from node import protocol as msg
-from node.live.status import StateFile
+from node.live.state.status import StateFile
 from node.runconfig import canonical_json, node_config_from_run, parse_run_document, run_document
 from node.store.archive import Archive
 from node.store.checkpoint import Checkpoint, parse_checkpoint

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from node.live.base import NodeBase
+from node.live.state.base import NodeBase
 from node.live.rooms import Rooms
 
 

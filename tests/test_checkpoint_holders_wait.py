@@ -23,8 +23,8 @@ from types import SimpleNamespace
 import torch
 
 from node import protocol as msg
-from node.live.chain.checkpointbuild import CheckpointBuilder
-from node.live.round.roundbook import RoundBook
+from node.live.record.checkpointbuild import CheckpointBuilder
+from node.live.state.roundbook import RoundBook
 from node.store.checkpoint import RunLayout, build_checkpoint
 from tests.member_fixtures import PEERS, three_seat_membership
 from training.hashing import stage_weights_hash

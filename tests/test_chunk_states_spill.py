@@ -100,7 +100,7 @@ def test_a_closed_window_drops_the_spilled_state_and_its_file(tmp_path):
 
 
 def test_a_replaced_state_of_a_spilled_round_is_the_one_held(tmp_path):
-    """A re-base on the record replaces this node's state of a round (node/live/chain/forkrepair.py)."""
+    """A re-base on the record replaces this node's state of a round (node/live/record/forkrepair.py)."""
     states = _states(tmp_path, spill=True)
     _run(states)
     other = _state(99, 0)

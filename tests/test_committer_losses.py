@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import pytest
 
 from node import protocol as msg
-from node.live.chain.committer import Committer
-from node.live.round.roundbook import RoundBook
+from node.live.record.committer import Committer
+from node.live.state.roundbook import RoundBook
 from tests.member_fixtures import PEERS, three_seat_membership
 
 WEIGHTS = b"w" * 32

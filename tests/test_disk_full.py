@@ -30,8 +30,8 @@ from node.fsutil import (
     retry_on_full_disk,
     write_when_space,
 )
-from node.live.chain.committer import Committer
-from node.live.status import StateFile
+from node.live.record.committer import Committer
+from node.live.state.status import StateFile
 from node.store.archive import Archive, ArchivedContribution
 from p2p.blobstore import BlobStore
 
@@ -292,7 +292,7 @@ def test_what_a_node_serves_onto_a_full_disk_waits_for_space_then_is_served(tmp_
 
     from node.live.exchange.pool import ContributionPool
     from node.live.checks.heldstates import HeldStates
-    from node.live.round.roundbook import RoundBook
+    from node.live.state.roundbook import RoundBook
 
     config = {"gossip_resync_interval": 0}
     host = P2PHost.start(P2PConfig(**config), Identity.generate(), data_dir=full_disk / "node")

@@ -20,8 +20,8 @@ from node.config import load_config
 from node.errors import StateError
 from node.live.round.entry import RunEntry
 from node.live.round.resume import first_contributed_round
-from node.live.round.roundbook import Announced, RoundBook
-from node.live.status import StateFile
+from node.live.state.roundbook import Announced, RoundBook
+from node.live.state.status import StateFile
 from p2p.errors import P2PError
 from training.schedule import pending_after_round
 

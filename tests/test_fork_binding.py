@@ -17,7 +17,7 @@ import pytest
 from node import protocol as msg
 from node.binding import other_result_exclusions
 from node.config import load_config
-from node.live.round.roundstate import RoundState
+from node.live.state.roundstate import RoundState
 from node.store.archive import Archive, ArchivedContribution
 from training.data import corpus_from_config
 from training.diloco import aggregate_with_report

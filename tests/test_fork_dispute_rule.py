@@ -1,4 +1,4 @@
-"""When a node whose round left the committed record disputes it (node/live/chain/forkrepair.py).
+"""When a node whose round left the committed record disputes it (node/live/record/forkrepair.py).
 
 A round computed on weights the record never had (the round before had already forked and was not
 re-based) says nothing about the record: disputing it would accuse an honest quorum. Seen in
@@ -16,8 +16,8 @@ from parts_fixtures import loose_base
 
 from ledger.records import RoundRecord
 from node.config import load_config
-from node.live.chain.forkrepair import ForkRepair
-from node.live.status import StateFile
+from node.live.record.forkrepair import ForkRepair
+from node.live.state.status import StateFile
 
 RECORD_ROOT = {2: b"\x02" * 32, 3: b"\x03" * 32}
 

@@ -10,7 +10,7 @@ honest member, and ``audit --reexecute all`` failed it.
 
 Here the forked member (``diverge-slow-verdict`` in tests/adversary.py: the ``diverge-once`` fault,
 and the chain's verdict of round 2 reaches it only once its round 4 is encoded, whatever the load) must hold
-round 4's announcement until the verdict (node/live/chain/forkrepair.py ``ForkRepair.announceable``: its
+round 4's announcement until the verdict (node/live/record/forkrepair.py ``ForkRepair.announceable``: its
 round 2 is not confirmed by a quorum of attestations) and then withhold it; it re-bases in place
 before it applies round 3 (``ForkRepair.due`` waits for the same verdict), nobody is accused, every
 member reruns every other replica's rounds exactly, every node's roots are the chain's from round 2

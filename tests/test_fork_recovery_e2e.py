@@ -1,7 +1,7 @@
 """A member whose weights left the run's committed record re-bases on it and trains on (real processes).
 
 A fork (docs/PROTOCOL.md, "When a node's weights leave the record") leaves a member with weights
-the quorum did not commit: every later round of its would disagree too. node/live/chain/forkrepair.py
+the quorum did not commit: every later round of its would disagree too. node/live/record/forkrepair.py
 re-derives the committed round from its contributions, re-bases the member on it in place (no
 restart, no re-entry from a checkpoint) and keeps its dispute only if its own computation stood.
 
@@ -91,7 +91,7 @@ def _left_out(slot, run_id: int, outer_round: int) -> list[list]:
 @pytest.mark.timeout(1500)
 def test_a_forked_members_rounds_rerun_or_are_left_out_and_the_audit_with_every_rerun_passes(make_run):
     """It heals in place whenever the peers' attestations and the chain's record come: it applies round 3 only
-    once round 2 stands (node/live/chain/forkrepair.py ``ForkRepair.due``), and its round 2 is never confirmed by a
+    once round 2 stands (node/live/record/forkrepair.py ``ForkRepair.due``), and its round 2 is never confirmed by a
     quorum of attestations."""
     rounds = 7
     run = make_run(replicas=3, stages=1, split=False, attest_quorum=2,

@@ -2,7 +2,7 @@
 
 test_fork_recovery_e2e.py shows a forked member re-basing in place. This shows the fallback:
 
-- the fallback (node/live/round/lifecycle.py): a member that applied a later round on its forked weights
+- the fallback (node/live/peers/lifecycle.py): a member that applied a later round on its forked weights
   before the chain's record of the forked round came cannot re-base; it must stop, start again in the
   same process (``dlx-node start``'s re-entry) from the chain's latest checkpoint, and contribute
   again with every root equal to the chain's (``diverge-late`` in tests/adversary.py).

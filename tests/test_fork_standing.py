@@ -1,4 +1,4 @@
-"""When a round's result can be relied on before the chain's verdict (node/live/chain/forkrepair.py).
+"""When a round's result can be relied on before the chain's verdict (node/live/record/forkrepair.py).
 
 docs/PROTOCOL.md, "The rounds a fork touched". Two things wait on how round t stands: the apply of
 round t+1 (``ForkRepair.due``: a forked round t is re-based in place, never found only after round
@@ -26,12 +26,12 @@ from ledger.errors import ChainUnavailable
 from ledger.merkle import merkle_root
 from node import protocol as msg
 from node.config import load_config
-from node.live.chain.forkrepair import ForkRepair
-from node.live.chain.standing import (AGREED, CONFIRMED, CONTESTED, FORKED, NOT_OURS, PENDING,
+from node.live.record.forkrepair import ForkRepair
+from node.live.record.standing import (AGREED, CONFIRMED, CONTESTED, FORKED, NOT_OURS, PENDING,
                                       attested_standing)
-from node.live.round.roundbook import RoundBook
-from node.live.round.roundstate import RoundState
-from node.live.status import StateFile
+from node.live.state.roundbook import RoundBook
+from node.live.state.roundstate import RoundState
+from node.live.state.status import StateFile
 
 OURS, THEIRS = (b"\x0a" * 32, b"\x0b" * 32), (b"\x0c" * 32, b"\x0d" * 32)  # (weights hash, root)
 ME, PEER_A, PEER_B = "peer-me", "peer-a", "peer-b"

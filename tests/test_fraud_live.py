@@ -1,6 +1,6 @@
 """A node proves a wrong aggregation on chain by itself (issue 43; docs/FRAUD_PROOF.md), in process: real libp2p
 hosts (the committers publish their stage state under its leaf, the prover fetches it), a real EVM (py-evm), the
-node's own parts (node/live/fraud/chunkstate.py, node/live/fraud/prover.py, node/live/chain/onchain.py, node/live/round/roundbook.py).
+node's own parts (node/live/fraud/chunkstate.py, node/live/fraud/prover.py, node/live/chain/onchain.py, node/live/state/roundbook.py).
 
 Members 1 and 2 (the quorum) collude: they commit round 1 with one element of stage 0 changed. Member 3, honest
 and outside the quorum, alone gets the round invalidated, the attesters slashed and itself paid; or, when the
@@ -31,7 +31,7 @@ from node.fraudproof import initial_state
 from node.live.fraud.chunkstate import ChunkedStates
 from node.live.chain.onchain import NodeChain
 from node.live.fraud.prover import FraudProver
-from node.live.round.roundbook import RoundBook
+from node.live.state.roundbook import RoundBook
 from node.store.checkpoint import RunLayout, build_checkpoint, checkpoint_problems
 from node.tools.pull import round_standing
 from p2p.config import P2PConfig

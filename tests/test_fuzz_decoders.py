@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 from node import protocol as msg
 from node.config import load_config
 from node.errors import ConfigError, StateError
-from node.live.status import StateFile
+from node.live.state.status import StateFile
 from node.runconfig import node_config_from_run, parse_run_document
 from node.store.checkpoint import parse_checkpoint
 from p2p.envelope import Envelope, decode_envelope

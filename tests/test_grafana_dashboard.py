@@ -18,7 +18,7 @@ PROMQL_WORDS = {"rate", "irate", "deriv", "increase", "sum", "min", "max", "avg"
 SCRAPE = """
 import socket, sys, urllib.request
 from node.commands.start import start_metrics
-from node.live.status import Progress
+from node.live.state.status import Progress
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
 update = start_metrics(port)

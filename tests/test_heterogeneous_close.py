@@ -1,5 +1,5 @@
 """A time-bounded run's close names each contribution's declared steps, and the record's ``tokens`` is their sum
-(issue 44, node/live/round/closesteps.py): exact, where a fixed-H record counts H per contribution.
+(issue 44, node/live/state/closesteps.py): exact, where a fixed-H record counts H per contribution.
 
 Real signed envelopes (p2p.envelope), real codec blobs and slice references; the coordinator's rooms are
 tests/test_node_rooms.py's (a stand-in pool that holds the envelopes it is given). Last, the demo's flags for
@@ -16,8 +16,8 @@ import torch
 from test_node_rooms import Pool, rooms
 
 from node import protocol as msg
-from node.live.round.closesteps import close_steps, envelope_steps, record_tokens, steps_problem
-from node.live.round.closejudge import PENDING
+from node.live.state.closesteps import close_steps, envelope_steps, record_tokens, steps_problem
+from node.live.exchange.closejudge import PENDING
 from node.tools.audit_rounds import _steps_range, _token_check
 from node.tools.report import FAIL, OK
 from p2p.envelope import Envelope

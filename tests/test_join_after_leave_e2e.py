@@ -3,7 +3,7 @@
 Real node processes on loopback, a real anvil: three one-node replicas train; one is stopped and leaves
 the run (``dlx-node leave``); a fresh node joins from an empty directory with the run link. The two
 members that stayed had heard the leaver's hellos, the joiner never did: before placement came from
-chain seats (node/live/peers/topology.py, ``place_members``), the two views put the joiner on different
+chain seats (node/live/state/topology.py, ``place_members``), the two views put the joiner on different
 replicas, every one of its announcements was refused, and no round ever closed with it (the 35-minute
 soak of bench/bench_soak.py). No delay is needed: the fault is in what each node heard, not in the links.
 """

@@ -1,7 +1,7 @@
 """Who a close waits for: a joiner or a restarted node costs the others nothing until it trains.
 
 Real RoundBook, Membership and RoundCoordinator (tests/test_node_rooms.py's rooms); the rule is
-:meth:`node.live.round.coordination.RoundCoordinator.expects` (docs/PROTOCOL.md, "Who a close waits for").
+:meth:`node.live.exchange.coordination.RoundCoordinator.expects` (docs/PROTOCOL.md, "Who a close waits for").
 peer-a coordinates, peer-b is an established member, peer-c joins.
 """
 
@@ -13,7 +13,7 @@ from test_node_rooms import Pool, digest, hello, key_of, rooms
 
 from node import protocol as msg
 from node.live.round.resume import first_contributed_round
-from node.live.round.roundbook import Announced
+from node.live.state.roundbook import Announced
 
 ALL = {"peer-a", "peer-b", "peer-c"}
 

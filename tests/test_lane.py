@@ -1,4 +1,4 @@
-"""The node's per-round work on the background lane (node/live/work/lane.py) gives the inline run's bytes.
+"""The node's per-round work on the background lane (node/live/state/lane.py) gives the inline run's bytes.
 
 Two replica workers with the same seed run the same rounds of the one-step delay: one does
 everything on the test's thread in the node's old order, the other as the node does now
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from node.config import load_config
-from node.live.work.lane import RoundLane
+from node.live.state.lane import RoundLane
 from node.live.work.replica import ReplicaWorker
 from training.config import DilocoConfig
 from training.config_compression import CompressionConfig

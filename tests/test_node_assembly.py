@@ -20,7 +20,7 @@ from node import protocol as msg
 from node.config import load_config
 from node.live.assembly import HONEST, NodeParts
 from node.live.node import Node
-from node.live.peers.topology import Seat
+from node.live.state.topology import Seat
 
 TINY = ["model.preset=tiny", "diloco.inner_steps=2", "training.batch_size=2", "round_timeout=30",
         "diloco.num_replicas=1", "quorum=1", "checkpoint_every=2", "join_timeout=5"]

@@ -17,7 +17,7 @@ import pytest
 from node_fixtures import TINY, assert_chain_roots, node_state, run_logs
 
 from node.commands.launcher import LocalRun
-from node.live.round.roundbook import PEER_TTL_S
+from node.live.state.roundbook import PEER_TTL_S
 
 
 def _wait_for_round(run: LocalRun, round_index: int, timeout: float) -> None:

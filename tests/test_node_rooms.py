@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from node import protocol as msg
-from node.live.round import coordination
-from node.live.round.coordination import (
+from node.live.exchange import coordination
+from node.live.exchange.coordination import (
     CLOSE_FALLBACK_S,
     CLOSE_SETTLE_S,
     PENDING,
@@ -23,8 +23,8 @@ from node.live.round.coordination import (
     RoundCoordinator,
 )
 from node.live.peers.membership import Membership
-from node.live.round.roundbook import RoundBook
-from node.live.peers.topology import Seat
+from node.live.state.roundbook import RoundBook
+from node.live.state.topology import Seat
 
 PEERS = ["peer-a", "peer-b", "peer-c"]
 
@@ -284,7 +284,7 @@ def test_the_close_of_a_round_does_not_depend_on_when_an_ejection_is_learnt(ejec
 
 
 def test_a_hello_far_off_the_clock_or_of_another_run_is_refused():
-    from node.live.peers.inbox import HELLO_MAX_AGE_S, GossipInbox
+    from node.live.inbox import HELLO_MAX_AGE_S, GossipInbox
     from p2p.envelope import Envelope, EnvelopeValidator
     from p2p.identity import Identity
 
@@ -306,7 +306,7 @@ def test_a_hello_far_off_the_clock_or_of_another_run_is_refused():
 
 
 def test_record_signatures_are_checked_and_a_bad_one_costs_only_itself():
-    from node.live.peers.inbox import GossipInbox
+    from node.live.inbox import GossipInbox
     from p2p.envelope import Envelope, EnvelopeValidator
     from p2p.identity import Identity
 
@@ -355,7 +355,7 @@ def test_a_member_signing_two_records_of_a_round_is_kept_as_evidence_once():
 def test_a_round_message_that_arrives_before_its_senders_hello_is_kept_and_filed_once_placed():
     """The host delivers each gossip message once: a close that overtakes its sender's hello (a loaded
     machine, a joiner catching up) must not be lost, and a sender that never appears costs a bounded slot."""
-    from node.live.peers.inbox import GossipInbox
+    from node.live.inbox import GossipInbox
     from p2p.envelope import Envelope, EnvelopeValidator
     from p2p.identity import Identity
 
@@ -380,8 +380,8 @@ def test_sync_keeps_every_run_message_our_hellos_and_others_hellos_only_now_and_
     """What the host keeps to re-serve over /dlx/sync (``GossipInbox.keep_for_sync``): each peer
     re-serves what it keeps to every puller, so another sender's hellos are kept once per
     HELLO_SYNC_EVERY_S, ours and every other kind always, garbage never."""
-    import node.live.peers.inbox as inbox_module
-    from node.live.peers.inbox import HELLO_SYNC_EVERY_S, GossipInbox
+    import node.live.inbox as inbox_module
+    from node.live.inbox import HELLO_SYNC_EVERY_S, GossipInbox
     from p2p.envelope import Envelope, EnvelopeValidator
     from p2p.identity import Identity
 

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from node.config import config_from_dict
 from node import protocol as msg
-from node.live.round.closejudge import PENDING
-from node.live.round.roundbook import Announced
+from node.live.exchange.closejudge import PENDING
+from node.live.state.roundbook import Announced
 from node.runconfig import run_document
 from p2p.identity import Identity
 from training.butterfly import (
@@ -209,7 +209,7 @@ def _lazy_rooms(quorum: int = 1):
 
 
 def _announce(book, outer_round, stage, replica, peer, envelope_hash, first=True):
-    from node.live.round.roundbook import Announced
+    from node.live.state.roundbook import Announced
 
     book.add_announce(outer_round, stage, Announced(peer, replica, envelope_hash, 451), first=first)
 
@@ -288,7 +288,7 @@ def test_a_lazy_pool_fetches_announced_contributions_only_where_it_may_close(tmp
     import threading
 
     from node.live.exchange.pool import ContributionPool
-    from node.live.round.roundbook import RoundBook
+    from node.live.state.roundbook import RoundBook
     from p2p.errors import BlobUnavailable
 
     class Host:
@@ -324,7 +324,7 @@ def test_a_wanted_contribution_has_its_inputs_fetched_as_soon_as_its_envelope_is
     import threading
 
     from node.live.exchange.pool import ContributionPool
-    from node.live.round.roundbook import RoundBook
+    from node.live.state.roundbook import RoundBook
 
     sender = Identity.generate()
     envelope = _contribution(sender, slice_bundle([b"x", b"y", b"z"])[1], outer_round=2, stage=0, replica=1)
@@ -361,7 +361,7 @@ def test_a_wanted_contribution_has_its_inputs_fetched_as_soon_as_its_envelope_is
 
 
 def test_a_lazy_coordinator_asks_for_the_contributions_only_when_first_in_line_or_past_the_deadline():
-    from node.live.peers.topology import committer_order
+    from node.live.state.topology import committer_order
     from test_node_rooms import PEERS
 
     _book, membership, _pool, coordinator = _lazy_rooms()

@@ -16,7 +16,7 @@ import pytest
 from node_fixtures import TINY, node_state, run_logs
 
 from ledger.account import dev_account
-from node.live.peers.topology import committer_order
+from node.live.state.topology import committer_order
 from node.tools.audit import FAIL, OK, audit_run
 
 ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "sliced_adversary.py")]

@@ -13,8 +13,8 @@ import torch
 from node import protocol as msg
 from node.config import load_config
 from node.errors import ConfigError, NodeError, StateError
-from node.live.round.roundbook import Announced, RoundBook
-from node.live.peers.topology import Declaration, Seat, assign_stages, canonical_order, committer_order
+from node.live.state.roundbook import Announced, RoundBook
+from node.live.state.topology import Declaration, Seat, assign_stages, canonical_order, committer_order
 from node.runconfig import canonical_json, config_hash, parse_run_document, run_document
 from node.store.archive import Archive, ArchivedContribution
 from node.store.checkpoint import (
@@ -230,7 +230,7 @@ def test_run_document_pins_the_math_not_the_node(tmp_path):
 
 def test_hellos_slow_down_as_peers_grow_but_stay_inside_the_liveness_window():
     from node.live.peers.heartbeat import HEARTBEAT_S, hello_every
-    from node.live.round.roundbook import PEER_TTL_S
+    from node.live.state.roundbook import PEER_TTL_S
 
     assert hello_every(0) == hello_every(3) == HEARTBEAT_S  # small runs: once a second, as before
     assert hello_every(7) == 2.0 and hello_every(15) == 4.0  # the run's hellos stay ~4 a second

@@ -13,7 +13,7 @@ import hashlib
 import pytest
 
 from node.live.exchange.pool import ContributionPool
-from node.live.round.roundbook import RoundBook
+from node.live.state.roundbook import RoundBook
 from p2p.config import P2PConfig
 from p2p.host import P2PHost
 from p2p.identity import Identity

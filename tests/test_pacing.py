@@ -14,12 +14,12 @@ from node.config import MIN_ROUNDS_AHEAD, claim_window, load_config
 from node.errors import ConfigError
 from node.live.round import pacing
 from node.live.assembly import HONEST
-from node.live.round.coordination import RoundStopped
+from node.live.exchange.coordination import RoundStopped
 from node.live.round.entry import RunEntry
 from node.live.node import Node
 from node.live.round.pacing import WAITING, CommitPace, may_begin
-from node.live.round.roundclock import RoundClock
-from node.live.status import Progress
+from node.live.state.roundclock import RoundClock
+from node.live.state.status import Progress
 from p2p.errors import P2PError
 
 

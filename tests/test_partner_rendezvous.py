@@ -16,7 +16,7 @@ from node_fixtures import TINY
 
 from node.config import load_config
 from node.live.assembly import NodeParts
-from node.live.round.coordination import RoundStopped
+from node.live.exchange.coordination import RoundStopped
 from training.errors import PipelineError
 
 

@@ -6,8 +6,8 @@ flood of made-up keys would over a long run, and must hold at most its cap while
 import trio
 
 from node import protocol as msg
-from node.live.round import roundbook
-from node.live.round.roundbook import RoundBook
+from node.live.state import roundbook
+from node.live.state.roundbook import RoundBook
 from p2p import ratelimit, transfer_stats
 from p2p.ratelimit import PeerRateLimiter
 from p2p.transfer_stats import TransferStats

@@ -1,4 +1,4 @@
-"""The per-round timing a node logs (node/live/round/roundclock.py): periods, phases, exchange time."""
+"""The per-round timing a node logs (node/live/state/roundclock.py): periods, phases, exchange time."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from node.live.round.roundclock import RoundClock
+from node.live.state.roundclock import RoundClock
 
 
 class FakeClock:

@@ -1,4 +1,4 @@
-"""A restarted node never signs a round's slot again with other content (node/live/peers/saidlog.py).
+"""A restarted node never signs a round's slot again with other content (node/live/state/saidlog.py).
 
 Real envelopes and a real peer validator; the host is a boundary stand-in that only records what
 would be published. Life 1 attests (round 5, stage 0) and closes it; life 2 (a new log over the same
@@ -16,8 +16,8 @@ import pytest
 from node import protocol as msg
 from node.live.assembly import EQUIVOCATION_EXEMPT
 from node.live.peers.messenger import Messenger
-from node.live.peers.saidlog import SaidLog
-from node.live.work.station import Station
+from node.live.state.saidlog import SaidLog
+from node.live.state.station import Station
 from p2p.envelope import EnvelopeValidator, decode_envelope
 from p2p.errors import EnvelopeRejected
 from p2p.identity import Identity

@@ -10,7 +10,7 @@ import pytest
 from node import protocol as msg
 from node.config import load_config
 from node.live.checks.spotcheck import RerunWorker, SpotCheckFailed, SpotCheckJob
-from node.live.peers.topology import Seat
+from node.live.state.topology import Seat
 from node.tools.audit_reexec import sample_contributions
 from training.data import corpus_from_config
 from training.reexec import data_commitment, reexecute, round_meta
@@ -227,9 +227,9 @@ def test_accusations_from_outsiders_are_refused_and_unserved_or_malformed_eviden
 
     from ledger.records import Verdict
     from node.live.checks.verifier import SpotChecker, VerifierContext
-    from node.live.peers.inbox import GossipInbox
+    from node.live.inbox import GossipInbox
     from node.live.peers.membership import Membership
-    from node.live.round.roundbook import RoundBook
+    from node.live.state.roundbook import RoundBook
     from p2p.envelope import Envelope, EnvelopeValidator
     from p2p.errors import BlobUnavailable
     from p2p.identity import Identity
@@ -522,7 +522,7 @@ def one_stage_verifier(tmp_path, host, sealed: dict, envelopes: dict, gossip):
 
     from node.live.checks.verifier import VerifierContext
     from node.live.peers.membership import Membership
-    from node.live.round.roundbook import RoundBook
+    from node.live.state.roundbook import RoundBook
 
     membership = Membership("me", "c0", 1, 1, RoundBook(), seat=lambda _a, _k: Seat((0, 0), 0))
     return VerifierContext(

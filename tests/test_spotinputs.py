@@ -25,7 +25,7 @@ from node.live.checks.spotinputs import (
     heard_round,
     parse_fetched_contribution,
 )
-from node.live.peers.topology import Seat
+from node.live.state.topology import Seat
 from node.store.archive import Archive, ArchivedContribution
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import BlobUnavailable
@@ -173,7 +173,7 @@ def test_a_confirming_member_judges_only_the_accused_members_own_stages(tmp_path
     split replica names nobody, and nothing is signed."""
     from ledger.records import Verdict
     from node.live.peers.membership import Membership
-    from node.live.round.roundbook import RoundBook
+    from node.live.state.roundbook import RoundBook
     from node.live.checks.spotcheck import SpotCheckResult
     from node.live.checks.verifier import SpotChecker, VerifierContext
 

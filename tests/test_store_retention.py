@@ -81,7 +81,7 @@ def test_storage_settings_load_validate_and_keep_the_old_name(tmp_path):
 
 
 def test_state_json_stays_bounded_on_long_runs(tmp_path):
-    from node.live.status import StateFile
+    from node.live.state.status import StateFile
 
     state = StateFile(tmp_path / "state.json", run_id=3)
     for outer_round in range(30):
@@ -97,7 +97,7 @@ def test_attested_figures_survive_a_restart_as_they_were(tmp_path):
     """A restarted node attests a round it contributed to in an earlier life with that life's figures."""
     import math
 
-    from node.live.status import StateFile
+    from node.live.state.status import StateFile
 
     state = StateFile(tmp_path / "state.json", run_id=3)
     for outer_round in range(10):

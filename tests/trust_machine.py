@@ -122,7 +122,7 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
                    and reader.member(self.run_id, self.client(i).address).counted)
 
     def attest_left_out(self, record: RoundRecord, attesters) -> None:
-        """Live honest members put their own signature on chain when a commit left it out (node/live/chain/committer)."""
+        """Live honest members put their own signature on chain when a commit left it out (node/live/record/committer)."""
         named = {a.lower() for a in attesters}
         for index in self.active(self.honest_group()):
             client = self.client(index)

@@ -48,7 +48,7 @@ from ledger.records import COMMITMENT_VERSIONS, RoundRecord
 from node import protocol
 from node.live.chain.onchain import NodeChain
 from node.live.fraud.prover import FraudProver
-from node.live.round.roundbook import RoundBook
+from node.live.state.roundbook import RoundBook
 from node.fraudproof import stage_state
 from tests.fraud_fixtures import DILOCO, contribution, honest_chain, lied_sum, normed_start, tensors
 from tests.trust_params import BOND, COALITION, HONEST, REFUSED, STAKE, digest

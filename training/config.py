@@ -247,7 +247,7 @@ class DilocoConfig:
     min_slice_numel: int = 1024
     # Rounds bounded by time as well as steps (issue 44, docs/DILOCOX.md section 13): with
     # round_budget_s > 0 each replica trains as many inner steps of a round as fit in that many
-    # seconds of wall time (the node's: less its waits for peers, node/live/round/roundclock.py), at least min_inner_steps and at most inner_steps (H, then the maximum
+    # seconds of wall time (the node's: less its waits for peers, node/live/state/roundclock.py), at least min_inner_steps and at most inner_steps (H, then the maximum
     # and the slot width of the lr schedule), and its contribution declares the count; the
     # aggregation weights every inner step equally. 0 (the default) = fixed H: both settings are
     # then absent from the run document, whose hash stays what it was.

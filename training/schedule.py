@@ -128,7 +128,7 @@ def takes_another_step(diloco_cfg: DilocoConfig, step: int, elapsed_s: float) ->
     Fixed H: ``step < H``. Time-bounded (``diloco.round_budget_s`` = B): every step below
     ``min_inner_steps``, none from ``inner_steps`` (H) on, and in between while ``elapsed_s < B`` (the
     step that crosses the budget is finished). ``elapsed_s``: the node's round clock (its work around
-    the steps counts, its waits for peers do not: node/live/round/roundclock.py), the steps' own seconds in
+    the steps counts, its waits for peers do not: node/live/state/roundclock.py), the steps' own seconds in
     the in-process benchmark. This is the only place timing enters: the count it
     yields is declared in the signed contribution, and everything downstream (aggregation weights,
     the rerun, the data commitment, the audit) reads the declared count, never a clock.

@@ -11,11 +11,11 @@ Three steps, because a node learns where it sits only from its peers' hellos:
 3. :meth:`NodeParts.take_seat`: the placement, the worker of the placed stages,
    and the round machinery that trains and finishes rounds with it.
 
-Every part reads what it needs from the node's :class:`~node.live.base.NodeBase`
+Every part reads what it needs from the node's :class:`~node.live.state.base.NodeBase`
 (configuration, identity, files and books, built by the constructor) and is handed its
 collaborators: a step-2 part by its sub-package's factory (``build.py``) or its class,
 the round machinery of step 3 from the :class:`~node.live.rooms.Rooms` of step 2.
-The rooms built in step 2 read the :class:`~node.live.work.station.Station` for what
+The rooms built in step 2 read the :class:`~node.live.state.station.Station` for what
 step 3 decides. Which class builds each variable part is a :class:`Kinds`: the
 exchange by ``diloco.exchange`` (:data:`EXCHANGES`), and subclasses a test or an
 adversary injects (tests/adversary.py).
@@ -38,26 +38,26 @@ from node.errors import NotRegistered
 from node.fsutil import atomic_write_bytes
 from node.live.fraud.answerer import ChallengeAnswerer
 from node.live.fraud.chunkstate import CHUNK_STATES_DIR, ChunkedStates, DisputeWindow
-from node.live.base import NodeBase
+from node.live.state.base import NodeBase
 from node.live.rooms import Rooms
-from node.live.chain.build import build_committer
-from node.live.chain.committer import Committer
-from node.live.checks.build import build_spot_checks
+from node.live.parts.record import build_committer
+from node.live.record.committer import Committer
+from node.live.parts.checks import build_spot_checks
 from node.live.work.contributor import Contributor
-from node.live.round.coordination import RoundCoordinator, RoundStopped
-from node.live.peers.build import build_heartbeat, build_inbox, build_membership, build_messenger
-from node.live.round.build import build_coordinator, build_ending, build_lifecycle, build_pace
+from node.live.exchange.coordination import RoundCoordinator, RoundStopped
+from node.live.parts.peers import build_heartbeat, build_inbox, build_membership, build_messenger
+from node.live.parts.round import build_coordinator, build_ending, build_lifecycle, build_pace
 from node.live.round.ending import RunEnd
 from node.live.round.entry import RunEntry
 from node.live.exchange.protocol import Exchange
 from node.live.exchange.pool import serve_blob
 from node.live.exchange.registry import EXCHANGES
 from node.live.round.finisher import RoundFinisher
-from node.live.chain.forkrepair import ForkRepair
+from node.live.record.forkrepair import ForkRepair
 from node.live.peers.heartbeat import Heartbeat
-from node.live.peers.inbox import GossipInbox
-from node.live.work.lane import RoundLane
-from node.live.round.lifecycle import Lifecycle
+from node.live.inbox import GossipInbox
+from node.live.state.lane import RoundLane
+from node.live.peers.lifecycle import Lifecycle
 from node.live.peers.membership import Membership
 from node.live.peers.messenger import Messenger
 from node.live.chain.onchain import NodeChain
@@ -65,14 +65,14 @@ from node.live.round.pacing import CommitPace
 from node.live.fraud.prover import PROOFS_DIR, FraudProver
 from node.live.work.replica import ReplicaWorker, warm_up_imports
 from node.live.round.resume import RestartRecovery
-from node.live.round.roundbook import RoundBook
-from node.live.round.roundclock import RoundClock
-from node.live.round.roundstate import RoundState
-from node.live.peers.saidlog import SaidLog
+from node.live.state.roundbook import RoundBook
+from node.live.state.roundclock import RoundClock
+from node.live.state.roundstate import RoundState
+from node.live.state.saidlog import SaidLog
 from node.live.startup import StartupClock
-from node.live.work.station import Station
-from node.live.peers.topology import Seat
-from node.live.status import Progress, Reporter, StateFile
+from node.live.state.station import Station
+from node.live.state.topology import Seat
+from node.live.state.status import Progress, Reporter, StateFile
 from node.live.checks.verifier import SpotChecker
 from node.platforms import own_platforms
 from node.protocol import run_topic
@@ -89,7 +89,7 @@ from training.errors import PipelineError
 logger = logging.getLogger(__name__)
 
 #: Run message kinds a member may sign again with another payload (periodic or per-accusation): the
-#: validator does not hold them as equivocation, and node/live/peers/saidlog.py does not keep them.
+#: validator does not hold them as equivocation, and node/live/state/saidlog.py does not keep them.
 EQUIVOCATION_EXEMPT = (msg.HELLO, msg.ACCUSATION, msg.VERDICT, msg.PARTIAL_ANNOUNCE)
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ class NodeParts:
                             max_bytes=msg.MAX_GOSSIP_PAYLOAD + 4096)
         self.station = Station()
         self.rounds = RoundState(self.station)
-        # Per-round work off the training thread (node/live/work/lane.py): compressing and publishing a
+        # Per-round work off the training thread (node/live/state/lane.py): compressing and publishing a
         # contribution, serialising and serving a start state, the held-out eval on a copy.
         self.lane = RoundLane()
         self.reporter = Reporter(path=self.data_dir / "status.json", progress=self.progress, peer_id=self.peer_id,

@@ -17,10 +17,10 @@ each round's schedule. The parts (node/live/assembly.py builds them all):
 :class:`~node.live.round.finisher.RoundFinisher` (close, fetch, aggregate, attest),
 :class:`~node.live.round.entry.RunEntry` (where to enter, and re-enter after a broken
 pipeline), and the rooms they use: :class:`~node.live.peers.membership.Membership`
-(placement, liveness), :class:`~node.live.round.coordination.RoundCoordinator`
-(closes, quorum, rotation), :class:`~node.live.peers.inbox.GossipInbox` (parses and
+(placement, liveness), :class:`~node.live.exchange.coordination.RoundCoordinator`
+(closes, quorum, rotation), :class:`~node.live.inbox.GossipInbox` (parses and
 dispatches what peers send), the :class:`~node.live.exchange.protocol.Exchange` (full or
-sliced), :class:`~node.live.chain.committer.Committer` (the chain side) and
+sliced), :class:`~node.live.record.committer.Committer` (the chain side) and
 :class:`~node.live.work.replica.ReplicaWorker` (the training side). The wire
 protocol is specified in docs/PROTOCOL.md.
 """
@@ -36,10 +36,10 @@ from node.config import NodeConfig
 from node.errors import NotRegistered
 from node.live.assembly import HONEST, Kinds, NodeParts
 from node.live.work.contributor import PipelineBroken, RoundAbandoned
-from node.live.round.coordination import RoundStopped
+from node.live.exchange.coordination import RoundStopped
 from node.live.round.resume import first_contributed_round
 from node.live.startup import StartupClock
-from node.live.status import Progress
+from node.live.state.status import Progress
 from p2p.errors import P2PError
 from training.schedule import APPLY, ENCODE, TRAIN, RoundAction, pending_after_round, round_actions
 

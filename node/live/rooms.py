@@ -7,16 +7,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the parts' own modules are imported by the assembly
-    from node.live.chain.committer import Committer
-    from node.live.chain.forkrepair import ForkRepair
+    from node.live.record.committer import Committer
+    from node.live.record.forkrepair import ForkRepair
     from node.live.chain.onchain import NodeChain
     from node.live.checks.verifier import SpotChecker
     from node.live.exchange.protocol import Exchange
     from node.live.fraud.chunkstate import ChunkedStates
     from node.live.peers.membership import Membership
     from node.live.peers.messenger import Messenger
-    from node.live.round.coordination import RoundCoordinator
-    from node.live.round.lifecycle import Lifecycle
+    from node.live.exchange.coordination import RoundCoordinator
+    from node.live.peers.lifecycle import Lifecycle
     from p2p.host import P2PHost
 
 

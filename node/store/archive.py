@@ -243,7 +243,7 @@ class Archive:
         """Unseal the rounds from ``round_index`` on: each ``round.json`` becomes ``round.forked.json``.
 
         A life whose weights left the run's record and that could not re-base re-enters from the
-        chain's checkpoint (node/live/round/lifecycle.py): what it sealed of those rounds (another close or
+        chain's checkpoint (node/live/peers/lifecycle.py): what it sealed of those rounds (another close or
         exclusions computed on its forked weights) is not the record, so no restart adopts it, no
         spot check reruns from it and no audit merges it. The envelopes stay (they are the signed
         contributions, served on). Returns the rounds set aside.

@@ -193,7 +193,7 @@ def _steps_range(document: dict | None) -> tuple[int, int] | None:
 
 def _token_check(commit: Any, last_payloads: list[bytes], steps_range: tuple[int, int], document: dict) -> Check:
     """A time-bounded run's record counts the inner steps its last stage's contributions declared (in range;
-    an absent input or a bad count 0: node.live.round.closesteps), in tokens: recomputed from the envelopes."""
+    an absent input or a bad count 0: node.live.state.closesteps), in tokens: recomputed from the envelopes."""
     from training.slicebundle import counted_steps
 
     steps = [counted_steps(blob, steps_range) for blob in last_payloads]

@@ -1,1 +1,1 @@
-"""The chain side of a round: the node's view of the ledger, signing and committing records, reading them back, healing a fork."""
+"""The node's view of the chain: one small adapter over ledger, and reading a commit back."""

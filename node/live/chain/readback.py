@@ -1,8 +1,8 @@
 """The committer's last steps of a round: read the commit back from the chain and act on what it says.
 
-After a round is committed (node/live/chain/committer.py, step 6) every node reads it back once it is final:
+After a round is committed (node/live/record/committer.py, step 6) every node reads it back once it is final:
 in a chunked run a wrong weights root is proven on chain by this node itself (node/live/fraud/prover.py); a
-record whose roots differ from this node's is a fork (node/live/chain/forkrepair.py: dispute if our own result
+record whose roots differ from this node's is a fork (node/live/record/forkrepair.py: dispute if our own result
 stood, re-base on the record); a commit that left out this node's signature over the very record is
 attested; a committed checkpoint that is not the run's is disputed. Members seen signing two different
 records of one round are reported (``reportEquivocation``). :class:`RecordSigners` checks gossiped record
@@ -49,8 +49,8 @@ class ReadBack:
     """Reads a committed round back and acts on it (module docstring)."""
 
     def __init__(self, node, checkpoints, wait: Callable) -> None:
-        self.node = node  # the committer's node.live.chain.committer.CommitterContext (not imported: no cycle)
-        self.checkpoints = checkpoints  # node.live.chain.checkpointbuild.CheckpointBuilder
+        self.node = node  # the committer's node.live.record.committer.CommitterContext (not imported: no cycle)
+        self.checkpoints = checkpoints  # node.live.record.checkpointbuild.CheckpointBuilder
         self.wait = wait  # wait(predicate, timeout) -> bool, until the node stops
 
     def verify(self, outer_round: int, mine: RoundRecord, signature: bytes | None) -> None:
@@ -65,7 +65,7 @@ class ReadBack:
         if node.fraud is not None:  # a chunked run: a wrong committed root is proven on chain by anyone
             node.fraud.check(outer_round, onchain, mine)
         if (onchain.weights_root, onchain.contributions_root) != (mine.weights_root, mine.contributions_root):
-            # A fork: node/live/chain/forkrepair.py disputes if our own result stood, and re-bases on the record.
+            # A fork: node/live/record/forkrepair.py disputes if our own result stood, and re-bases on the record.
             node.forks.diverged(outer_round, onchain, mine, signature)
             return
         node.forks.agreed(outer_round)

@@ -10,7 +10,7 @@ import time
 from ledger.chain import OUTAGE
 from ledger.errors import LedgerError
 from ledger.records import Membership
-from node.live.peers.topology import Seat
+from node.live.state.topology import Seat
 from p2p.errors import IdentityError
 from p2p.identity import public_key_from_peer_id
 
@@ -74,7 +74,7 @@ class ChainSeats:
         return {peer: self._declared[key] for peer, key in keys.items() if key in self._declared}
 
     def seat_of(self, period: Membership) -> Seat:
-        """A period from :meth:`seat` as placement reads it (node.live.peers.topology.Seat): its index is the
+        """A period from :meth:`seat` as placement reads it (node.live.state.topology.Seat): its index is the
         number of the run's periods that began before it, which later joins never change."""
         return Seat(period.joined, bisect.bisect_left(self._joins, period.joined), period.ended is None)
 

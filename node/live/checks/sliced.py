@@ -93,7 +93,7 @@ class SlicedChecks:
     # -- accusing a wrong partial (node.slicedproof) --------------------------------------
     def evidence_judges(self, close_standing: CloseStanding) -> dict:
         """``close_standing``: the round coordinator's rule whether a proof's close is one the aggregators
-        went by (:meth:`node.live.round.coordination.RoundCoordinator.close_standing`)."""
+        went by (:meth:`node.live.exchange.coordination.RoundCoordinator.close_standing`)."""
         return {WRONG_PARTIAL: functools.partial(self.judge_evidence, close_standing=close_standing),
                 BAD_BUNDLE: self.judge_bad_bundle}
 

@@ -74,7 +74,7 @@ class HeardRound:
 def heard_round(outer_round: int, num_stages: int, closes: Callable, attestations: Callable,
                 own_hashes: dict[int, bytes]) -> HeardRound:
     """Snapshot the book's closes and attestations of ``outer_round`` (``closes``/``attestations``:
-    :meth:`node.live.round.roundbook.RoundBook.snapshot_closes` / ``snapshot_attestations``)."""
+    :meth:`node.live.state.roundbook.RoundBook.snapshot_closes` / ``snapshot_attestations``)."""
     heard_closes: dict[int, list[tuple[tuple, ...]]] = {}
     attested: dict[int, list[bytes]] = {}
     leaves: dict[int, dict[bytes, bytes]] = {}

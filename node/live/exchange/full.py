@@ -17,7 +17,7 @@ from node import protocol as msg
 from node.binding import other_result_exclusions
 from node.fsutil import is_disk_full, report_disk_full
 from node.live.exchange.protocol import Exchange
-from node.live.round.roundstate import StageInputs
+from node.live.state.roundstate import StageInputs
 from p2p.envelope import decode_envelope
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class FullExchange(Exchange):
         worker = self.station.worker()
         screened = inputs.screened
         if inputs.prepared is not None and not worker.prepared_valid(stage, inputs.prepared, outer_round):
-            # A re-base of round t-1 (node/live/chain/forkrepair.py) since the prefetch: its global state moved.
+            # A re-base of round t-1 (node/live/record/forkrepair.py) since the prefetch: its global state moved.
             logger.warning("round %d stage %d: prefetched aggregation is stale; aggregating again",
                            outer_round, stage)
             screened, _reports = worker.screen(outer_round, inputs.payloads)

@@ -15,7 +15,7 @@ from pathlib import Path
 from node import protocol as msg
 from node.errors import NodeError
 from node.fsutil import keep_evidence, serve_when_space
-from node.live.round.roundbook import Announced, RoundBook
+from node.live.state.roundbook import Announced, RoundBook
 from p2p.envelope import decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError, P2PTimeout
 from p2p.host import P2PHost

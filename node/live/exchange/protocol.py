@@ -41,10 +41,10 @@ from queue import Queue
 from node import protocol as msg
 from node.errors import NodeError
 from node.exchangekinds import EXCHANGE_TRAITS
-from node.live.base import NodeBase
+from node.live.state.base import NodeBase
 from node.live.exchange.pool import ContributionPool
 from node.live.peers.membership import Membership
-from node.live.round.roundstate import StageInputs
+from node.live.state.roundstate import StageInputs
 from p2p.host import P2PHost
 
 logger = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class Exchange:
     def evidence_judges(self, close_standing: Callable) -> dict[str, Callable]:
         """Evidence kinds (``Evidence.verdict``) this exchange judges: verdict -> judge(evidence, accused peer)
         -> (guilty, or None where it cannot judge; why). ``close_standing``: the round coordinator's rule
-        whether a close stands (:meth:`node.live.round.coordination.RoundCoordinator.close_standing`)."""
+        whether a close stands (:meth:`node.live.exchange.coordination.RoundCoordinator.close_standing`)."""
         return {}
 
     def rerun_inputs(self):

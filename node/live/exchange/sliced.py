@@ -24,7 +24,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from node.live.base import NodeBase
+from node.live.state.base import NodeBase
 from node import protocol as msg
 from node.exchangekinds import EXCHANGE_TRAITS
 from node.fsutil import retry_on_full_disk, serve_when_space
@@ -33,8 +33,8 @@ from node.live.exchange.partialfetch import PartialFetcher
 from node.live.exchange.protocol import Exchange
 from node.live.exchange.sliced_partials import SlicedPartials
 from node.live.exchange.sliced_reads import BUNDLE_RETRY_S, SliceReads
-from node.live.round.roundbook import Announced
-from node.live.round.roundstate import StageInputs
+from node.live.state.roundbook import Announced
+from node.live.state.roundstate import StageInputs
 from node.slicedproof import usable_reference
 from p2p.backoff import RetryBook
 from p2p.envelope import Envelope, decode_envelope

@@ -11,8 +11,8 @@ from node import protocol as msg
 from node.fsutil import keep_evidence, retry_on_full_disk
 from node.live.checks.sliced import UsedPartial, close_signers
 from node.live.exchange.protocol import InputsWithheld
-from node.live.round.coordination import RoundStopped
-from node.live.round.roundbook import Announced
+from node.live.exchange.coordination import RoundStopped
+from node.live.state.roundbook import Announced
 from p2p.envelope import decode_envelope
 from p2p.errors import EnvelopeRejected
 from training.butterfly import SliceError, candidate

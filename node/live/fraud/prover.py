@@ -35,7 +35,7 @@ lied sum, or its total already differs from the committed one; the lied leaf, on
 committed weights leaf of that chunk (this node's own where the weights root is, else fetched or challenged too),
 is a sum proof.
 
-What it cannot prove it says in the log and leaves to the dispute (node/live/chain/forkrepair.py): a round whose
+What it cannot prove it says in the log and leaves to the dispute (node/live/record/forkrepair.py): a round whose
 contributions root differs (another set of contributions), committed factors other than its own in a version-2
 run (another clip scale or set left out: docs/FRAUD_PROOF.md, "Known gaps"), or in a version-3 run when the
 scales follow from right sums and only the set left out differs, round 0 (no committed round before it), a
@@ -64,11 +64,11 @@ from node.fraudproof import (norm_proof_of_difference, parse_stage_leaf, proof_o
                              wrong_sum_contribution)
 from node.live.fraud.chunkstate import ChunkedStates, attested_leaf
 from node.live.chain.onchain import NodeChain
-from node.live.round.roundbook import RoundBook
+from node.live.state.roundbook import RoundBook
 
 logger = logging.getLogger(__name__)
 
-#: Combinations of attested stage leaves tried to find the committed ones (as node/live/chain/forkrepair.py).
+#: Combinations of attested stage leaves tried to find the committed ones (as node/live/record/forkrepair.py).
 MAX_COMBINATIONS = 256
 #: Committed stage leaves remembered per round (round t's proof needs round t - 1's).
 ROUNDS_REMEMBERED = 8

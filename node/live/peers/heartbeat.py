@@ -15,8 +15,8 @@ from node import protocol as msg
 from node.config import NodeConfig
 from node.live.peers.membership import Membership
 from node.live.peers.messenger import Messenger
-from node.live.work.station import Station
-from node.live.status import Progress, Reporter
+from node.live.state.station import Station
+from node.live.state.status import Progress, Reporter
 from p2p.errors import P2PError
 from p2p.host import P2PHost
 

@@ -2,7 +2,7 @@
 
 Owns what a node knows about its peers beyond single rounds: the placement of
 every run member that declared its cluster in a ``hello`` (pure
-:func:`node.live.peers.topology.place_members` over the signed declarations and the
+:func:`node.live.state.topology.place_members` over the signed declarations and the
 chain's seats: a replica index is the chain's seat index of its cluster's first
 member, so no hello heard or missed shifts another's), the set
 of peers that still count as present, and the round the live peers are
@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 from node import protocol as msg
 from node.errors import NodeError
-from node.live.round.roundbook import PEER_TTL_S, RoundBook
-from node.live.peers.topology import Declaration, Placement, Seat, place_members
+from node.live.state.roundbook import PEER_TTL_S, RoundBook
+from node.live.state.topology import Declaration, Placement, Seat, place_members
 
 logger = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import threading
 
 from node import protocol as msg
 from node.fsutil import retry_on_full_disk
-from node.live.peers.saidlog import SaidLog
-from node.live.work.station import Station
+from node.live.state.saidlog import SaidLog
+from node.live.state.station import Station
 from node.protocol import run_topic
 from p2p.envelope import Envelope
 from p2p.errors import P2PError
@@ -45,7 +45,7 @@ class Messenger:
         """Sign ``message`` and publish it on the run topic; return the envelope bytes (published or not).
 
         A slot (round, kind, stage) an earlier life signed with another payload is not signed again
-        (node/live/peers/saidlog.py): the earlier envelope is returned, and nothing is published."""
+        (node/live/state/saidlog.py): the earlier envelope is returned, and nothing is published."""
         payload = msg.encode_payload(message)
         if self.said.conflicts(outer_round, kind, stage, payload):
             earlier = self.said.earlier(outer_round, kind, stage)

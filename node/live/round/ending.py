@@ -29,7 +29,7 @@ from node.config import NodeConfig
 from node.errors import DLX_ERRORS
 from node.live.peers.membership import Membership
 from node.live.chain.onchain import NodeChain
-from node.live.status import Reporter
+from node.live.state.status import Reporter
 
 logger = logging.getLogger(__name__)
 

@@ -19,12 +19,12 @@ import hashlib
 import logging
 from pathlib import Path
 
-from node.live.base import NodeBase
+from node.live.state.base import NodeBase
 from node.live.rooms import Rooms
 from node.errors import DLX_ERRORS, StateError
 from node.fsutil import atomic_write_bytes
 from node.live.work.contributor import Contributor, PipelineBroken
-from node.live.round.coordination import CloseInterrupted, RoundStopped
+from node.live.exchange.coordination import CloseInterrupted, RoundStopped
 from node.live.round.finisher import RoundFinisher
 from node.live.work.replica import PipelineRejoin, ReplicaWorker
 from node.progress import host_progress

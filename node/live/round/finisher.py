@@ -20,7 +20,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 
-from node.live.base import NodeBase
+from node.live.state.base import NodeBase
 from node.live.rooms import Rooms
 from node import protocol as msg
 from node.arenas import trim_heap
@@ -30,7 +30,7 @@ from node.live.exchange.protocol import InputsWithheld
 from node.live.exchange.pool import serve_blob
 from node.live.work.replica import ReplicaWorker
 from node.live.round.resume import RestartRecovery
-from node.live.round.roundstate import Gathered, StageInputs
+from node.live.state.roundstate import Gathered, StageInputs
 from node.store.archive import ArchivedContribution
 from node.store.checkpoint import Checkpoint, write_checkpoint
 from node.store.retention import prune_archive, prune_checkpoints
@@ -106,7 +106,7 @@ class RoundFinisher(ApplyPrefetch):
         # apply is recorded as the previous round's: a re-base of that round is in it).
         self._held: dict[int, dict[int, tuple[dict, dict]]] = {}
         self._replays: dict[int, dict[int, tuple[dict, dict]]] = {}  # finished rounds to absorb again
-        self.lane = base.lane  # the round lane (node/live/work/lane.py): a round's seal and attestation with overlap_tail
+        self.lane = base.lane  # the round lane (node/live/state/lane.py): a round's seal and attestation with overlap_tail
         self._tail: Future | None = None  # the last such round's, until settle()
 
     # -- a survivor's re-entry (node/live/round/entry.py, RunEntry.await_partner) ------------------
@@ -141,7 +141,7 @@ class RoundFinisher(ApplyPrefetch):
         """Close, fetch, aggregate and attest ``outer_round`` for every stage this node holds.
 
         ``overlap_tail``: what follows the outer step (seal, retention, the attestation with its
-        checkpoint shard, the hand-over to the committer) runs on the round lane (node/live/work/lane.py)
+        checkpoint shard, the hand-over to the committer) runs on the round lane (node/live/state/lane.py)
         while the next round trains, instead of on this thread; nothing the inner steps read
         depends on it. The main loop's applies pass it (issue 44: it was the most of a round's idle
         time on the training thread); every other caller gets the round finished on return.
@@ -215,7 +215,7 @@ class RoundFinisher(ApplyPrefetch):
 
     def _rebase_before(self, outer_round: int) -> None:
         """Take the chain's record of an earlier round this node forked from, before applying ``outer_round``
-        (node/live/chain/forkrepair.py; waits until the round before stands: the chain's verdict, or a quorum of
+        (node/live/record/forkrepair.py; waits until the round before stands: the chain's verdict, or a quorum of
         attestations confirming this node's result, at most ``round_timeout``)."""
         rebases = self.forks.due(outer_round)
         if rebases:

@@ -2,7 +2,7 @@
 
 A round's record goes on chain only once a quorum of members signed it, and the chain
 takes round t only after round t-1; the committer waits for both on its own thread
-(node/live/chain/committer.py), not on the training one. Without a bound a replica trained round 38 while round 25 was
+(node/live/record/committer.py), not on the training one. Without a bound a replica trained round 38 while round 25 was
 the last committed: everything it did past that is at risk if a record goes another
 way, and peers judge a member's round claims only within
 ``8 + 2 * checkpoint_every`` rounds of the last commit (RunEntry.round_window). So a node
@@ -24,9 +24,9 @@ import time
 
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
-from node.live.round.coordination import RoundStopped
-from node.live.round.roundclock import RoundClock
-from node.live.status import Progress, Reporter
+from node.live.exchange.coordination import RoundStopped
+from node.live.state.roundclock import RoundClock
+from node.live.state.status import Progress, Reporter
 
 logger = logging.getLogger(__name__)
 

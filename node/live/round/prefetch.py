@@ -7,7 +7,7 @@ import threading
 import time
 from concurrent.futures import Future
 
-from node.live.round.roundstate import Gathered, StageInputs
+from node.live.state.roundstate import Gathered, StageInputs
 
 
 class ApplyPrefetch:

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 from node import protocol as msg
 from node.errors import StateError
 from node.fsutil import serve_when_space
-from node.live.base import NodeBase
+from node.live.state.base import NodeBase
 from node.live.rooms import Rooms
-from node.live.round.closesteps import close_steps
-from node.live.round.roundbook import Announced
+from node.live.state.closesteps import close_steps
+from node.live.state.roundbook import Announced
 from p2p.envelope import decode_envelope
 
 if TYPE_CHECKING:  # the worker's module imports torch; only its type is read here

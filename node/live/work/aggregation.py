@@ -69,7 +69,7 @@ class StageAggregation:
         """
         return self.engines[stage].finish_round(outer_round, contributions, excluded=excluded, prepared=prepared)
 
-    # -- a re-base on the run's record (node/live/chain/forkrepair.py) ---------------------------
+    # -- a re-base on the run's record (node/live/record/forkrepair.py) ---------------------------
     def derive(self, stage: int, outer_round: int, base: tuple[dict, dict], contributions: list[bytes],
                others: dict[int, tuple[str, str]] | None = None):
         """The :class:`training.diloco.Aggregation` of ``contributions`` (the round's canonical order) on

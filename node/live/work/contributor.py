@@ -5,7 +5,7 @@ step it captures the start state the round's contributions bind (docs/DILOCOX.md
 section 11) and, after its last, starts the held-out eval. :meth:`Contributor.encode`
 encodes, signs, archives, serves and announces the round's pseudo-gradients.
 
-What does not read the live weights runs on the round lane (node/live/work/lane.py),
+What does not read the live weights runs on the round lane (node/live/state/lane.py),
 in the order submitted: serialising and serving the start state, compressing and
 publishing the contribution, the eval on a copy. The training thread joins the
 lane's engine work (:meth:`Contributor.join_engine_work`) before it changes what a
@@ -18,14 +18,14 @@ import logging
 import math
 from concurrent.futures import Future
 
-from node.live.base import NodeBase
+from node.live.state.base import NodeBase
 from node.live.rooms import Rooms
 from node import protocol as msg
 from node.errors import StateError
 from node.fsutil import retry_on_full_disk
 from node.live.work.replica import ReplicaWorker
-from node.live.round.roundbook import Announced
-from node.live.round.roundstate import TrainFigures
+from node.live.state.roundbook import Announced
+from node.live.state.roundstate import TrainFigures
 from training.errors import PipelineError
 from training.schedule import applies_before_encode
 
@@ -90,7 +90,7 @@ class Contributor:
             with self.clock.phase("start_state"):
                 self._capture_start_state(outer_round)
         try:
-            # A time-bounded round's budget is the round clock's (node/live/round/roundclock.py).
+            # A time-bounded round's budget is the round clock's (node/live/state/roundclock.py).
             stats = self.worker.train_round(outer_round, on_step, first_step, end_step,
                                             budget_elapsed=self.clock.budget_elapsed)
         except PipelineError as exc:

@@ -193,7 +193,7 @@ class ReplicaWorker(StageAggregation):
         previous round between them); the batches are the same deterministic ones either way.
         In a time-bounded run (``diloco.round_budget_s``) a step is taken only while
         :func:`training.schedule.takes_another_step` says so, on the seconds of the round's budget
-        used so far: ``budget_elapsed()`` (the node's round clock, node/live/round/roundclock.py: its own
+        used so far: ``budget_elapsed()`` (the node's round clock, node/live/state/roundclock.py: its own
         work around the steps counts, its waits for peers do not), or without it the wall seconds of
         the round's inner steps so far; a split replica's first stage decides and its pipeline
         partners follow (one broadcast per step), so every stage trains, and declares, the same count

@@ -50,7 +50,7 @@ class Progress:
     spot_check_seconds: float = 0.0  # wall time of those checks (fetching their inputs and the rerun)
     spot_checks_not_done: int = 0  # sampled checks whose inputs were not served or not bound to the record
     spot_checks_left_undone: int = 0  # sampled checks still queued (or cut short) when the node stopped
-    timing: dict = field(default_factory=dict)  # node.live.round.roundclock.RoundClock.summary()
+    timing: dict = field(default_factory=dict)  # node.live.state.roundclock.RoundClock.summary()
     history: list[dict] = field(default_factory=list)
 
     def current_round(self) -> int:
@@ -244,7 +244,7 @@ class Reporter:
         self.progress = progress
         self.peer_id = peer_id
         self.run_id = run_id
-        self.station = station  # node.live.work.station.Station: the placement status.json shows
+        self.station = station  # node.live.state.station.Station: the placement status.json shows
         self.on_progress = on_progress
         self._listen_addrs: list[str] = []
         self._last_report = 0.0

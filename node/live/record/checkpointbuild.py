@@ -27,7 +27,7 @@ class CheckpointBuilder:
     """Builds, serves and checks a round's full checkpoint for one node's committer (module docstring)."""
 
     def __init__(self, node) -> None:
-        self.node = node  # the committer's node.live.chain.committer.CommitterContext (not imported: no cycle)
+        self.node = node  # the committer's node.live.record.committer.CommitterContext (not imported: no cycle)
 
     def assemble(self, outer_round: int, atts, stage_hashes: list[bytes],
                  stage_leaves: list[bytes] = ()) -> bytes | None:

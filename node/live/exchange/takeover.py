@@ -9,7 +9,7 @@ ranked higher; or a signed yield, "I will not close this round", after which non
 is gone (``Membership.present``) or refused, or stayed silent for :meth:`TakingOver.answer_limit` after
 the ask (a leader connected but mute: Byzantine, or starved past the limit). A coordinator asked by one
 ranked below it answers by its own deadline: with its close, or, having none to sign then, with a yield.
-A mixin of :class:`node.live.round.coordination.RoundCoordinator` (its book, gossip and close rules).
+A mixin of :class:`node.live.exchange.coordination.RoundCoordinator` (its book, gossip and close rules).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 
 class TakingOver:
-    """The takeover rules of :class:`~node.live.round.coordination.RoundCoordinator` (module docstring)."""
+    """The takeover rules of :class:`~node.live.exchange.coordination.RoundCoordinator` (module docstring)."""
 
     def answer_limit(self) -> float:
         """Seconds a coordinator whose turn came waits for the live coordinators ranked above it to close or

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from node.live.base import NodeBase
+from node.live.state.base import NodeBase
 from node.live.chain.onchain import NodeChain
 from node.live.chain.readback import RecordSigners
 from node.live.checks.verifier import SpotChecker
 from node.live.exchange.protocol import Exchange
 from node.live.peers.heartbeat import Heartbeat
-from node.live.peers.inbox import GossipInbox
+from node.live.inbox import GossipInbox
 from node.live.peers.membership import Membership
 from node.live.peers.messenger import Messenger
-from node.live.peers.topology import Seat
+from node.live.state.topology import Seat
 from p2p.host import P2PHost
 
 

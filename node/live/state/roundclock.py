@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 #: Phases of a period besides the inner steps, in the order they are reported.
 #: ``commit_wait``: held before a round's training until the chain's commits catch up (node/live/round/pacing.py).
 PHASES = ("start_state", "eval", "encode", "close_wait", "fetch_wait", "aggregate", "finish_other", "commit_wait")
-#: Work on the node's background lane (node/live/work/lane.py), overlapping the inner steps: reported as
+#: Work on the node's background lane (node/live/state/lane.py), overlapping the inner steps: reported as
 #: ``lane_<name>_s`` per period, not part of the period's phases (it is not on the training thread).
 #: ``finish``: a round's seal and attestation after its outer step (RoundFinisher.finish, overlap_tail).
 LANE_WORK = ("start_state", "eval", "encode", "finish")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 
 from node import protocol as msg
-from node.live.round.closesteps import steps_problem
-from node.live.round.roundbook import Announced
+from node.live.state.closesteps import steps_problem
+from node.live.state.roundbook import Announced
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ with another payload is equivocation (p2p.envelope.EnvelopeValidator keeps both 
 evidence, and a record signed twice is slashed on chain). A restarted node re-derives
 what it finishes again (attestations of rounds it finished before, closes it adopts
 from its archive), and that can come out otherwise than before the kill: a round
-re-based on the chain's record after a fork (node/live/chain/forkrepair.py), figures that
+re-based on the chain's record after a fork (node/live/record/forkrepair.py), figures that
 left with the process. So every slot this node signs is written down (the envelope,
 before it is published) and, in a later life, a message for a slot it signed before
 is published only if its payload is the same (signed anew: peers drop it as "the same

@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-from node.live.base import NodeBase
-from node.live.chain.committer import Committer, CommitterContext
-from node.live.chain.forkrepair import ForkRepair
+from node.live.state.base import NodeBase
+from node.live.record.committer import Committer, CommitterContext
+from node.live.record.forkrepair import ForkRepair
 from node.live.chain.onchain import NodeChain
 from node.live.checks.verifier import SpotChecker
 from node.live.fraud.prover import FraudProver
 from node.live.peers.membership import Membership
 from node.live.peers.messenger import Messenger
-from node.live.round.coordination import RoundCoordinator
+from node.live.exchange.coordination import RoundCoordinator
 from p2p.host import P2PHost
 
 

@@ -12,7 +12,7 @@ import logging
 import threading
 
 from node.live.peers.membership import Membership
-from node.live.status import StateFile
+from node.live.state.status import StateFile
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class Lifecycle:
 
         This node aggregated another set than the quorum did (a fork: docs/PROTOCOL.md, "When a
         node's weights leave the record"), so every later round of its would disagree as well, and
-        node/live/chain/forkrepair.py could not re-base it in place (it applied later rounds before the
+        node/live/record/forkrepair.py could not re-base it in place (it applied later rounds before the
         chain's record came, the record is not what its contributions give, or the sliced exchange
         holds only its slices). It stops, and the command starts it again, which enters after the chain's latest checkpoint
         as any restart does. Once per round in any life: if the same round diverges again (a

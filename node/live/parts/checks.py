@@ -6,14 +6,14 @@ import dataclasses
 import functools
 from queue import Queue
 
-from node.live.base import NodeBase
+from node.live.state.base import NodeBase
 from node.live.chain.onchain import NodeChain
 from node.live.checks.verifier import SpotChecker, VerifierContext
 from node.live.exchange.protocol import Exchange
 from node.live.peers.membership import Membership
 from node.live.peers.messenger import Messenger
-from node.live.round.coordination import RoundCoordinator
-from node.live.round.lifecycle import Lifecycle
+from node.live.exchange.coordination import RoundCoordinator
+from node.live.peers.lifecycle import Lifecycle
 from p2p.host import P2PHost
 
 

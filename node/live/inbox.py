@@ -21,7 +21,7 @@ from ledger.records import RoundRecord
 from node import protocol as msg
 from node.live.exchange.pool import ContributionPool
 from node.live.peers.membership import Membership
-from node.live.round.roundbook import Announced, RoundBook
+from node.live.state.roundbook import Announced, RoundBook
 from p2p.envelope import Envelope, EnvelopeValidator, decode_envelope
 from p2p.errors import EnvelopeRejected
 

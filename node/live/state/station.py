@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-from node.live.peers.topology import Placement
+from node.live.state.topology import Placement
 
 
 class Station:

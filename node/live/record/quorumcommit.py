@@ -10,7 +10,7 @@ from ledger.errors import CommitConflict, LedgerQuorumNotMet, LedgerSignerNotMem
 from ledger.records import RoundRecord
 from node import protocol as msg
 from node.errors import DLX_ERRORS
-from node.live.peers.topology import committer_order
+from node.live.state.topology import committer_order
 
 logger = logging.getLogger(__name__)
 

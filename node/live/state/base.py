@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 from node.config import NodeConfig
 
 if TYPE_CHECKING:  # the parts' own modules import this one
-    from node.live.peers.saidlog import SaidLog
-    from node.live.round.roundbook import RoundBook
-    from node.live.round.roundclock import RoundClock
-    from node.live.round.roundstate import RoundState
-    from node.live.status import Progress, Reporter, StateFile
-    from node.live.work.lane import RoundLane
-    from node.live.work.station import Station
+    from node.live.state.saidlog import SaidLog
+    from node.live.state.roundbook import RoundBook
+    from node.live.state.roundclock import RoundClock
+    from node.live.state.roundstate import RoundState
+    from node.live.state.status import Progress, Reporter, StateFile
+    from node.live.state.lane import RoundLane
+    from node.live.state.station import Station
     from node.store.archive import Archive
     from node.store.checkpoint import RunLayout
     from p2p.envelope import EnvelopeValidator

@@ -33,12 +33,12 @@ from contextlib import contextmanager
 from ledger.merkle import merkle_root
 from node import protocol as msg
 from node.errors import NodeError
-from node.live.round.closesteps import close_steps
+from node.live.state.closesteps import close_steps
 from node.live.exchange.pool import ContributionPool
 from node.live.peers.membership import Membership
-from node.live.round.roundbook import RoundBook
-from node.live.round.takeover import TakingOver
-from node.live.round.closejudge import CloseJudging, PENDING
+from node.live.state.roundbook import RoundBook
+from node.live.exchange.takeover import TakingOver
+from node.live.exchange.closejudge import CloseJudging, PENDING
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class RoundCoordinator(CloseJudging, TakingOver):
     its envelope bytes; ``resync()`` pulls recent messages from the peers.
     ``previous_life_finished``: the last round this node finished before a restart
     (it never signs a second, different close for those). ``station``: this node's
-    :class:`~node.live.work.station.Station` (the round it entered at, :meth:`expects`).
+    :class:`~node.live.state.station.Station` (the round it entered at, :meth:`expects`).
     """
 
     def __init__(self, peer_id: str, quorum: int, round_timeout: float, book: RoundBook,
@@ -99,9 +99,9 @@ class RoundCoordinator(CloseJudging, TakingOver):
         self.previous_life_finished = previous_life_finished
         self.transfer_timeout = transfer_timeout
         self.stop = stop
-        self.station = station  # node.live.work.station.Station: where this node entered (None: round 0)
+        self.station = station  # node.live.state.station.Station: where this node entered (None: round 0)
         # A time-bounded run's range of declared steps (DilocoConfig.steps_range): its closes name each
-        # contribution's count (node.live.round.closesteps); None with fixed H.
+        # contribution's count (node.live.state.closesteps); None with fixed H.
         self.steps_range = steps_range
         self._clock = clock  # judge's stall clock (a test drives it)
         self._accepted: dict[tuple[int, int], msg.Close] = {}

@@ -7,14 +7,14 @@ machinery of a placed worker (recovery, finisher, entry) takes the base and the
 
 from __future__ import annotations
 
-from node.live.base import NodeBase
+from node.live.state.base import NodeBase
 from node.live.chain.onchain import NodeChain
 from node.live.exchange.protocol import Exchange
 from node.live.peers.membership import Membership
 from node.live.peers.messenger import Messenger
-from node.live.round.coordination import RoundCoordinator
+from node.live.exchange.coordination import RoundCoordinator
 from node.live.round.ending import RunEnd
-from node.live.round.lifecycle import Lifecycle
+from node.live.peers.lifecycle import Lifecycle
 from node.live.round.pacing import CommitPace
 
 

@@ -9,7 +9,7 @@ round t every node:
    chunked run, over the attested stage leaves (version 2: docs/FRAUD_PROOF.md),
    ``contributions_root`` (Merkle root of every aggregated envelope hash in
    canonical order), mean losses, tokens, number of contributors;
-3. on checkpoint rounds assembles the full checkpoint from the stage shards (node/live/chain/checkpointbuild.py)
+3. on checkpoint rounds assembles the full checkpoint from the stage shards (node/live/record/checkpointbuild.py)
    (every node builds the same bytes, so every node can serve it) and puts its
    content hash in the record;
 4. once round t-1 is on chain, completes the record with the chain head
@@ -20,7 +20,7 @@ round t every node:
    previous committers left the round uncommitted for a grace period each;
 6. reads the round back from the chain (node/live/chain/readback.py); in a chunked run a wrong committed
    weights root is proven on chain (node/live/fraud/prover.py); if the committed roots differ from
-   what it computed itself, node/live/chain/forkrepair.py files a dispute with its
+   what it computed itself, node/live/record/forkrepair.py files a dispute with its
    own signed record when its own result stood, and the node re-bases on the
    chain's record: the quorum's record is the run's history, and weights that
    left it would only make every later round of this node's disagree too.
@@ -48,14 +48,14 @@ from ledger.records import RoundRecord, to_micro
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
 from node.fsutil import retry_on_full_disk
-from node.live.chain.checkpointbuild import CheckpointBuilder
-from node.live.round.closesteps import record_tokens
-from node.live.round.coordination import RoundCoordinator
-from node.live.chain.forkrepair import ForkRepair
+from node.live.record.checkpointbuild import CheckpointBuilder
+from node.live.state.closesteps import record_tokens
+from node.live.exchange.coordination import RoundCoordinator
+from node.live.record.forkrepair import ForkRepair
 from node.live.peers.membership import Membership
 from node.live.chain.onchain import NodeChain
-from node.live.round.roundbook import RoundBook
-from node.live.status import Progress, StateFile
+from node.live.state.roundbook import RoundBook
+from node.live.state.status import Progress, StateFile
 from node.live.checks.verifier import SpotChecker
 from node.store.checkpoint import RunLayout
 from p2p.host import P2PHost
@@ -63,7 +63,7 @@ from node.fraudproof import record_weights_root
 from node.live.fraud.chunkstate import attested_leaf
 from node.live.fraud.prover import FraudProver
 from node.live.chain.readback import EquivocationReports, ReadBack
-from node.live.chain.quorumcommit import QuorumCommit, WAIT_REPORT_S
+from node.live.record.quorumcommit import QuorumCommit, WAIT_REPORT_S
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ In a run whose rounds are bounded by time (``diloco.round_budget_s``) every cont
 steps its replica trained (in its codec blob, or in its slice reference in the sliced exchange). The
 coordinator, which holds every envelope it closes with, names each one's count in the close
 (:attr:`node.protocol.Close.steps`: inside the run's range, else 0); every holder that holds an envelope
-checks the count against it (:meth:`node.live.round.coordination.RoundCoordinator.judge`), and every member
+checks the count against it (:meth:`node.live.exchange.coordination.RoundCoordinator.judge`), and every member
 derives the record's ``tokens`` from the last stage's close alone (:func:`record_tokens`), so members that
 hold no envelope of that stage (another stage of a split replica, a holder of the sliced exchange) sign
 the same record. The audit recomputes it from the envelopes (node/tools/audit_rounds.py).

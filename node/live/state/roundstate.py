@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from node import protocol as msg
-from node.live.work.station import Station
+from node.live.state.station import Station
 from training.reexec import start_global_round
 
 #: Rounds of stage weights hashes kept behind the forgotten ones (the spot checks replay round t-1 from

@@ -28,7 +28,7 @@ committer reads the committed record back and its roots differ
 
 Two things wait on how round t stands (:meth:`ForkRepair.standing`): until the chain's
 verdict of round t is here, or the attestations heard of every held stage confirm this
-node's result (:func:`~node.live.chain.standing.attested_standing`: a quorum of the round's
+node's result (:func:`~node.live.record.standing.attested_standing`: a quorum of the round's
 expected attesters name it and no other result has that many), at most a round timeout:
 
 - the apply of round t+1 (:meth:`due`), so that a forked round t is re-based in place,
@@ -41,7 +41,7 @@ expected attesters name it and no other result has that many), at most a round t
 
 A fork found only after round t+1 was applied (the wait ran out), or one whose record this
 node cannot re-derive (the sliced exchange holds only its slices), falls back to re-entering
-from the chain's latest checkpoint (:meth:`node.live.round.lifecycle.Lifecycle.diverged`).
+from the chain's latest checkpoint (:meth:`node.live.peers.lifecycle.Lifecycle.diverged`).
 """
 
 from __future__ import annotations
@@ -54,22 +54,22 @@ from dataclasses import dataclass, field
 from ledger.errors import LedgerInputError
 from ledger.merkle import merkle_root
 from ledger.records import RoundRecord
-from node.live.base import NodeBase
+from node.live.state.base import NodeBase
 from node import protocol as msg
 from node.binding import other_result_exclusions
 from node.errors import DLX_ERRORS, NodeError
 from node.fsutil import retry_on_full_disk
 from node.fraudproof import record_weights_root
 from node.live.fraud.chunkstate import attested_leaf
-from node.live.round.coordination import RoundCoordinator
+from node.live.exchange.coordination import RoundCoordinator
 from node.live.exchange.protocol import Exchange
-from node.live.round.lifecycle import Lifecycle
+from node.live.peers.lifecycle import Lifecycle
 from node.live.peers.membership import Membership
 from node.live.chain.onchain import NodeChain
 from node.store.archive import ArchivedContribution
 from p2p.envelope import decode_envelope
 from training.hashing import stage_weights_hash
-from node.live.chain.standing import RoundStanding
+from node.live.record.standing import RoundStanding
 
 logger = logging.getLogger(__name__)
 
