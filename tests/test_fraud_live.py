@@ -24,8 +24,8 @@ import torch
 
 from ledger.chain import connect_pyevm
 from ledger.chunkproof import AggregationProof, StageLeaf, chunked_weights_root
-from ledger.records import commitment_version
 from node import protocol as msg
+from node.commitments import scheme_named
 from node.config import load_config
 from node.fraudproof import initial_state
 from node.live.fraud.chunkstate import ChunkedStates
@@ -72,7 +72,7 @@ def world(tmp_path, request):
     version = getattr(request, "param", "chunked")
     cfg = load_config(None, ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2",
                              f"diloco.commitments={version}"])
-    assert cfg.diloco.commitments == {"auto": "normed"}.get(version, version) and cfg.diloco.chunked
+    assert cfg.diloco.commitments == {"auto": "normed"}.get(version, version) and cfg.commitment_scheme.chunked
     layout = RunLayout(1, b"\x07" * 32, {}, (SHAPES, OTHER), chunked=True)
     weights, momentum = tensors(1, SHAPES), tensors(2, SHAPES, scale=0.1)
     blobs = [contribution(SHAPES, "lowrank", 30, rank=4), contribution(SHAPES, "quant", 31)]
@@ -115,7 +115,7 @@ def _setup(world: World, tmp_path, states: ChunkedStates, committed_leaf: bytes,
     commitments version of ``world.cfg`` (RunParams.commitments)."""
     deployment = deploy(connect_pyevm(), min_stake=STAKE)
     run = deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE,
-                                commitments=commitment_version(world.cfg.diloco.commitments))
+                                commitments=world.cfg.commitment_scheme.version)
     start = initial_state(0, world.weights, world.momentum).leaf().encode()
     other = world.other.leaf().encode()
     book, records = RoundBook(), []
@@ -504,7 +504,8 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_version_two_factors_in
                                       blobs, envelopes)
         committed = colluders.state(1, 0)
         assert committed.factors.norms is None and honest.state(1, 0).factors.norms is not None
-        colluders.publish_norms(1, 0, wrong_leaf, committed)  # they serve what they committed: version 2
+        for alias, blob in scheme_named("normed").published_parts(wrong_leaf, committed):
+            colluders.publish_part(1, 0, alias, blob)  # they serve what they committed: version 2
         prover_host.connect(colluder_host.listen_addrs[0])
         deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
                                                                colluder_host.peer_id)
@@ -528,7 +529,7 @@ def test_a_node_refuses_a_run_created_with_another_commitments_version():
 
     deployment = deploy(connect_pyevm())
     config_hash = digest("document")
-    run_id = deployment.client(1).create_run(config_hash, 2, 50, commitments=commitment_version("chunked"))
+    run_id = deployment.client(1).create_run(config_hash, 2, 50, commitments=scheme_named("chunked").version)
     chain = NodeChain(deployment.client(2))
     chain.check_run(run_id, config_hash, commitments="chunked")
     with pytest.raises(ConfigError, match="commitments version 2 \\(chunked\\).*'normed' \\(version 3\\)"):

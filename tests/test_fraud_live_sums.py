@@ -42,7 +42,7 @@ class WithholdingAll(ChunkedStates):
     def publish(self, outer_round, stage, leaf, weights, momentum) -> None:
         return None
 
-    def publish_norms(self, outer_round, stage, leaf, state) -> None:
+    def publish_part(self, outer_round, stage, alias, blob) -> None:
         return None
 
 

@@ -28,7 +28,6 @@ from ledger.records import (
     DEFAULT_INACTIVITY_ROUNDS,
     SAFE_MIN_QUORUM,
     SAFE_MIN_QUORUM_BPS,
-    commitment_version,
 )
 from node.commands.link import run_link
 from node.commands.throttle import CpuGroup
@@ -171,7 +170,7 @@ class LocalRun:
                                         accusation_blocks=self.accusation_blocks,
                                         dispute_blocks=self.dispute_blocks, max_rounds=cfg.rounds,
                                         inactivity_rounds=self.inactivity_rounds,
-                                        commitments=commitment_version(cfg.diloco.commitments),
+                                        commitments=cfg.commitment_scheme.version,
                                         allow_weak_quorum=self.allow_weak_quorum)
         (self.workdir / "run.json").write_bytes(canonical_json(document))
         (self.workdir / "deployment.json").write_text(json.dumps({
