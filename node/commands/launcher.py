@@ -22,7 +22,7 @@ from pathlib import Path
 from ledger.account import DEV_ACCOUNT_COUNT, dev_account, fund_accounts
 from ledger.chain import AnvilProcess, connect_rpc, terminate_with_parent
 from ledger.client import LedgerClient
-from ledger.records import (
+from ledger.runparams import (
     DEFAULT_ACCUSATION_BLOCKS,
     DEFAULT_DISPUTE_BLOCKS,
     DEFAULT_INACTIVITY_ROUNDS,

@@ -198,7 +198,7 @@ def read_run_file(path: str) -> RunFile:
 
 
 def _check_run_table(chain: dict, path: str) -> dict:
-    from ledger.records import (
+    from ledger.runparams import (
         DEFAULT_ACCUSATION_BLOCKS,
         DEFAULT_DISPUTE_BLOCKS,
         DEFAULT_INACTIVITY_ROUNDS,
@@ -228,7 +228,7 @@ def _check_run_table(chain: dict, path: str) -> dict:
 
 def run_params(run: RunFile):
     """The RunParams of a checked run file."""
-    from ledger.records import RunParams
+    from ledger.runparams import RunParams
     from node.runconfig import config_hash, run_document
 
     chain = run.chain

@@ -1,6 +1,6 @@
-"""The run's commitment scheme, one home for what differs between versions (docs/FRAUD_PROOF.md, "Where the scheme
-lives"): the protocol (base.py), one module per version (hashed.py, chunked.py, normed.py) and the registry by the
-run document's ``diloco.commitments`` (registry.py)."""
+"""The run's commitment scheme, one home for what differs between versions (docs/FRAUD_PROOF.md, "Where the
+scheme lives"): the protocol (base.py), one module per version (hashed.py, chunked.py, normed.py) and the
+registry by the run document's ``diloco.commitments`` (registry.py)."""
 
 from node.commitments.base import CommitmentScheme
 from node.commitments.registry import (
@@ -31,5 +31,6 @@ __all__ = [
 def stage_state(stage: int, aggregation, contributions, diloco, outer_round: int, **options):
     """The run's scheme's state of ``stage`` after ``aggregation`` (training.diloco.Aggregation) of
     ``contributions`` (node.fraudproof.stage_state_of)."""
-    return scheme_of(diloco).stage_state_of(stage, aggregation.new_global, aggregation.new_momentum,
-                                            aggregation.contributions, contributions, diloco, outer_round, **options)
+    scheme = scheme_of(diloco)
+    return scheme.stage_state_of(stage, aggregation.new_global, aggregation.new_momentum,
+                                 aggregation.contributions, contributions, diloco, outer_round, **options)

@@ -1,8 +1,8 @@
-"""Version 2, "chunked": a record commits one stage leaf per stage (ledger.chunkproof.StageLeaf): the roots of the
-stage's weights and outer momentum cut into chunks, and the hash of the round's factors (outer lr and momentum,
-the accepted contributions' envelopes, payload roots and clip scales). A fraud proof opens one chunk
-(docs/FRAUD_PROOF.md): the contract recomputes it with its own outer step, so the run's outer loop must be that one.
-"""
+"""Version 2, "chunked": a record commits one stage leaf per stage (ledger.chunkproof.StageLeaf): the roots of
+the stage's weights and outer momentum cut into chunks, and the hash of the round's factors (outer lr and
+momentum, the accepted contributions' envelopes, payload roots and clip scales). A fraud proof opens one chunk
+(docs/FRAUD_PROOF.md): the contract recomputes it with its own outer step, so the run's outer loop must be
+that one."""
 
 from __future__ import annotations
 
@@ -23,16 +23,19 @@ class ChunkedScheme(CommitmentScheme):
     def check_config(self, diloco) -> None:
         if not diloco.contract_outer_step:
             raise ConfigError(
-                f"diloco.commitments={self.name!r} needs diloco.exchange = \"full\" (now {diloco.exchange!r}), "
-                f"diloco.outer_lr_other_scale = 1 (now {diloco.outer_lr_other_scale}) and diloco.outer_optimizer = "
-                f"\"nesterov\" (now {diloco.outer_optimizer!r}): the fraud proof's outer step averages whole "
-                "contributions and takes a Nesterov step with one outer lr; set diloco.commitments = \"hashed\"")
+                f"diloco.commitments={self.name!r} needs diloco.exchange = \"full\" "
+                f"(now {diloco.exchange!r}), diloco.outer_lr_other_scale = 1 "
+                f"(now {diloco.outer_lr_other_scale}) and "
+                f"diloco.outer_optimizer = \"nesterov\" (now {diloco.outer_optimizer!r}): the fraud proof's "
+                "outer step averages whole contributions and takes a Nesterov step with one outer lr; set "
+                "diloco.commitments = \"hashed\"")
 
     def weights_root(self, stage_hashes: Sequence[bytes], stage_leaves: Sequence[bytes]) -> bytes:
         from ledger.chunkproof import chunked_weights_root
         from node.fraudproof import parse_stage_leaf
 
-        return chunked_weights_root([parse_stage_leaf(leaf, stage) for stage, leaf in enumerate(stage_leaves)])
+        leaves = [parse_stage_leaf(leaf, stage) for stage, leaf in enumerate(stage_leaves)]
+        return chunked_weights_root(leaves)
 
     def attested_leaf(self, attestation, stage: int) -> bytes | None:
         from ledger.errors import LedgerInputError

@@ -1,9 +1,9 @@
 """Version 1, "hashed": a record commits one hash of each stage's weights (training.hashing.weights_root).
 
-No fraud proof opens it: a wrong round is found by re-execution and the dispute (docs/TRUST.md). Every run made
-before version 2, and every run whose outer step the contract cannot recompute (the sliced exchange, outer Adam,
-a decoupled outer lr), is hashed; a run document that names no ``diloco.commitments`` is a hashed run's.
-"""
+No fraud proof opens it: a wrong round is found by re-execution and the dispute (docs/TRUST.md). Every run
+made before version 2, and every run whose outer step the contract cannot recompute (the sliced exchange,
+outer Adam, a decoupled outer lr), is hashed; a run document that names no ``diloco.commitments`` is a hashed
+run's."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""Version 3, "normed": version 2 whose factors also commit the norm rule's inputs (ledger.normproof): the clip
-bound, each accepted contribution's declared steps (a budgeted run) and the exact sum of squares of each of its
-chunks, with their sum tree. A wrong clip scale or sum of squares is then provable on chain too, and so are
-factors of another version than the run's (docs/FRAUD_PROOF.md, "The clip scales", "The run's version").
-Each stage's factors and sum trees are published beside its state, under :func:`norms_key`.
-"""
+"""Version 3, "normed": version 2 whose factors also commit the norm rule's inputs (ledger.normproof): the
+clip bound, each accepted contribution's declared steps (a budgeted run) and the exact sum of squares of each
+of its chunks, with their sum tree. A wrong clip scale or sum of squares is then provable on chain too, and so
+are factors of another version than the run's (docs/FRAUD_PROOF.md, "The clip scales", "The run's version").
+Each stage's factors and sum trees are published beside its state, under :func:`norms_key`."""
 
 from __future__ import annotations
 

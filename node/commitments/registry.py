@@ -15,8 +15,8 @@ from node.errors import ConfigError
 
 #: The schemes this node knows, oldest first.
 BUILT_IN: tuple[type[CommitmentScheme], ...] = (HashedScheme, ChunkedScheme, NormedScheme)
-#: The scheme of a run document that names no ``diloco.commitments`` (every run made before version 2): its run
-#: documents leave the setting out, so their hashes stay what they were.
+#: The scheme of a run document that names no ``diloco.commitments`` (every run made before version 2): its
+#: run documents leave the setting out, so their hashes stay what they were.
 UNNAMED = HashedScheme.name
 
 SCHEMES: dict[str, CommitmentScheme] = {}
@@ -30,8 +30,8 @@ def register(scheme_class: type[CommitmentScheme]) -> type[CommitmentScheme]:
         raise ConfigError(f"{scheme_class.__name__}: a scheme needs a name and a version in 1..255")
     for known in SCHEMES.values():
         if type(known) is not scheme_class and (known.name == scheme.name or known.version == scheme.version):
-            raise ConfigError(f"{scheme_class.__name__} ({scheme.name!r}, version {scheme.version}) clashes with "
-                              f"{known!r}")
+            raise ConfigError(f"{scheme_class.__name__} ({scheme.name!r}, version {scheme.version}) clashes "
+                              f"with {known!r}")
     SCHEMES[scheme.name] = scheme
     return scheme_class
 
@@ -47,7 +47,8 @@ def known_names() -> str:
 
 
 def scheme_named(name: str) -> CommitmentScheme:
-    """The scheme of a run's ``diloco.commitments`` (resolved: not "auto"); ConfigError naming the known ones."""
+    """The scheme of a run's ``diloco.commitments`` (resolved: not "auto"); ConfigError naming the known
+    ones."""
     scheme = SCHEMES.get(name) if isinstance(name, str) else None
     if scheme is None:
         raise ConfigError(f"diloco.commitments={name!r}: must be one of {known_names()} or \"auto\"")

@@ -18,8 +18,8 @@ from ledger.client import LedgerClient, binding_message
 from ledger.errors import DeploymentMismatch, LedgerError
 from ledger.attest import recover_signer, recover_verdict_signer
 from ledger.eventrecords import AccusationRecord, CheckpointRecord
-from ledger.records import (MIN_WINDOW_BLOCKS, AccusationState, CommitRecord, Membership, RoundRecord, RunInfo,
-                            Verdict)
+from ledger.records import AccusationState, CommitRecord, Membership, RoundRecord, Verdict
+from ledger.runparams import MIN_WINDOW_BLOCKS, RunInfo
 from node.commitments import scheme_named, version_name
 from node.config import NodeConfig
 from node.errors import ConfigError, NotRegistered
