@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.benchio import default_out, write_result  # noqa: E402
 from ledger.chain import AnvilProcess, connect_rpc  # noqa: E402
-from ledger.chunkproof import (FACTORS, MOMENTUM, PAYLOAD, STAGE_LEAF, WEIGHTS, availability_answer,  # noqa: E402
-                               availability_target, stage_leaf_answer, stage_leaf_target, sums_which)
+from ledger.availability import (FACTORS, MOMENTUM, PAYLOAD, STAGE_LEAF, WEIGHTS,  # noqa: E402
+                                 availability_answer, availability_target, stage_leaf_answer,
+                                 stage_leaf_target, sums_which)
 from node.commitments import scheme_named  # noqa: E402
 from tests.fraud_fixtures import (DILOCO, aggregated_round, changed, commit, contribution, lied_sum,  # noqa: E402
                                   with_scale)

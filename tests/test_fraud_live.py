@@ -319,7 +319,7 @@ def test_a_back_door_root_is_challenged_for_its_stage_leaf_and_falls_unanswered(
 def test_the_challenges_of_a_right_round_are_answered_and_it_stands(world, tmp_path):
     """A griefer challenges a right round (a weights chunk, a payload piece, the stage leaf): every honest node
     answers from what it holds, the griefer's bonds are forfeited and the round is never invalidated."""
-    from ledger.chunkproof import PAYLOAD, STAGE_LEAF, WEIGHTS, availability_target, stage_leaf_target
+    from ledger.availability import PAYLOAD, STAGE_LEAF, WEIGHTS, availability_target, stage_leaf_target
     from ledger.errors import ProverChallengeSettled
     from node.live.fraud.answerer import ChallengeAnswerer
 
@@ -354,7 +354,7 @@ def test_a_right_rounds_state_is_kept_while_it_can_be_challenged(world, tmp_path
     round until the round's dispute window closes on chain (node/live/fraud/chunkstate.py, DisputeWindow), not a fixed
     number of rounds, or a griefer's late challenge would overturn a right round and slash its honest attesters.
     Once the window has closed the state is dropped (and no challenge can be opened any more)."""
-    from ledger.chunkproof import WEIGHTS, availability_target
+    from ledger.availability import WEIGHTS, availability_target
     from ledger.errors import ProverChallengeTooLate
     from node.live.fraud.answerer import ChallengeAnswerer
     from node.live.fraud.chunkstate import PUBLISHED_ROUNDS, DisputeWindow
@@ -539,7 +539,7 @@ def test_a_node_refuses_a_run_created_with_another_commitments_version():
 def test_a_right_normed_rounds_sum_tree_challenge_is_answered(tmp_path):
     """In a version-3 run a griefer challenges a sum-tree leaf of a right round: the honest node answers it from
     its own state (the chunk's sum and its sum path), the bond is forfeited and the round stands."""
-    from ledger.chunkproof import availability_target, sums_which
+    from ledger.availability import availability_target, sums_which
     from node.live.fraud.answerer import ChallengeAnswerer
 
     blobs = [contribution(SHAPES, "lowrank", 30, rank=4), contribution(SHAPES, "quant", 31)]
@@ -590,7 +590,7 @@ def test_withheld_version_two_factors_are_challenged_published_and_proven(tmp_pa
         (challenge,) = prover.log.challenges.values()
         assert client.invalid_from(run.run_id) is None
         # The colluders answer: the bytes whose sha256 is their stage leaf's factorsHash.
-        from ledger.chunkproof import FACTORS, availability_answer
+        from ledger.availability import FACTORS, availability_answer
         deployment.client(1).answer_challenge(challenge, *availability_answer(colluders.state(1, 0), FACTORS, 0))
         with caplog.at_level("ERROR", logger="node.live.fraud.prover"):
             prover.settle_challenges()

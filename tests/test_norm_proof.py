@@ -23,8 +23,8 @@ from eth_abi import encode
 import contracts
 from ledger import errors
 from ledger.chain import connect_pyevm
-from ledger.chunkproof import (FACTORS, NORMED_FACTORS_TYPES, PAYLOAD, Factors, StageLeaf, availability_answer,
-                               availability_target, chunked_weights_root, sums_which)
+from ledger.availability import FACTORS, PAYLOAD, availability_answer, availability_target, sums_which
+from ledger.chunkproof import NORMED_FACTORS_TYPES, Factors, StageLeaf, chunked_weights_root
 from ledger.normproof import (SCALES, SumTree, clip_scales, first_wrong_sum, norm_of, scale_proof, square_sum,
                               sum_bytes, sum_proof, sum_to_double, sum_words)
 from node.commitments import SCHEMES, scheme_named, scheme_of_version

@@ -39,8 +39,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from ledger import errors
 from ledger.attest import record_struct_hash
 from ledger.chain import connect_pyevm
-from ledger.chunkproof import (FACTORS, MOMENTUM, PAYLOAD, WEIGHTS, availability_answer, availability_target,
-                               build_proof, chunked_weights_root, sums_which)
+from ledger.availability import (FACTORS, MOMENTUM, PAYLOAD, WEIGHTS, availability_answer,
+                                 availability_target, sums_which)
+from ledger.chunkproof import build_proof, chunked_weights_root
 from ledger.records import RoundRecord, Verdict
 from ledger.normproof import scale_proof, sum_proof
 from node.commitments import scheme_named

@@ -42,7 +42,8 @@ import threading
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from ledger.chunkproof import FACTORS, StageState, availability_answer, chunked_weights_root
+from ledger.availability import FACTORS, availability_answer
+from ledger.chunkproof import StageState, chunked_weights_root
 from ledger.normproof import SumTree
 from ledger.records import RoundRecord
 from node import protocol

@@ -53,8 +53,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ledger.chunkproof import (FACTORS, MOMENTUM, WEIGHTS, Factors, StageLeaf, StageState, availability_target,
-                               differing_subtree, opened_proof, stage_leaf_target, sums_which, tree_path)
+from ledger.availability import (FACTORS, MOMENTUM, WEIGHTS, availability_target, differing_subtree,
+                                 opened_proof, stage_leaf_target, sums_which)
+from ledger.chunkproof import Factors, StageLeaf, StageState, tree_path
 from ledger.errors import LedgerError, ProverChallengeNotDue, ProverChallengeSettled
 from ledger.normproof import SUM_BYTES, differing_sum_subtree, opened_sum_proof, path_total, scale_proof
 from ledger.records import RoundRecord
@@ -91,7 +92,7 @@ class ProverLog:
 class Walk:
     """A withheld committed state opened one leaf at a time through availability challenges (docs/FRAUD_PROOF.md,
     "The data-availability challenge"): each answer's path says which subtree of the committed tree differs
-    from this node's (:func:`ledger.chunkproof.differing_subtree`), so a differing chunk is found in at most
+    from this node's (:func:`ledger.availability.differing_subtree`), so a differing chunk is found in at most
     ``log2(chunks)`` challenges; then the chunk's leaf of the other tree is opened too (or is this node's, where
     that tree's committed root is), and the proof is built from the opened leaves."""
 
