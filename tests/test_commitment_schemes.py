@@ -9,8 +9,17 @@ from pathlib import Path
 import pytest
 
 from ledger.runparams import DEFAULT_COMMITMENTS, RunParams
-from node.commitments import (SCHEMES, UNNAMED, CommitmentScheme, register, scheme_named, scheme_of,
-                              scheme_of_version, unregister, version_name)
+from node.commitments import (
+    SCHEMES,
+    UNNAMED,
+    CommitmentScheme,
+    register,
+    scheme_named,
+    scheme_of,
+    scheme_of_version,
+    unregister,
+    version_name,
+)
 from node.commitments.normed import NormedScheme
 from node.config import load_config
 from node.errors import ConfigError
@@ -106,15 +115,18 @@ def test_a_version_four_is_one_subclass_and_one_registration(wide):
         scheme_named("wider")
 
 
+class _Factors:
+    @staticmethod
+    def encode() -> bytes:
+        return b""
+
+
 class _NormlessState:
     """The least a state needs for :meth:`NormedScheme.published_parts`: factors that encode, no sum trees."""
 
-    class factors:  # noqa: N801 - stands in for the state's Factors
-        @staticmethod
-        def encode() -> bytes:
-            return b""
-
-    sum_trees: list = []
+    def __init__(self) -> None:
+        self.factors = _Factors()
+        self.sum_trees: list = []
 
 
 def test_the_setting_is_tested_nowhere_but_in_the_schemes():
