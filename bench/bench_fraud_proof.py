@@ -38,8 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.benchio import default_out, write_result  # noqa: E402
 from ledger.chain import AnvilProcess, connect_rpc  # noqa: E402
-from ledger.chunkproof import (FACTORS, MOMENTUM, PAYLOAD, STAGE_LEAF, WEIGHTS, availability_answer,  # noqa: E402
-                               availability_target, stage_leaf_answer, stage_leaf_target, sums_which)
+from ledger.availability import (FACTORS, MOMENTUM, PAYLOAD, STAGE_LEAF, WEIGHTS,  # noqa: E402
+                                 availability_answer, availability_target, stage_leaf_answer,
+                                 stage_leaf_target, sums_which)
+from node.commitments import scheme_named  # noqa: E402
 from tests.fraud_fixtures import (DILOCO, aggregated_round, changed, commit, contribution, lied_sum,  # noqa: E402
                                   with_scale)
 from tests.ledger_fixtures import deploy, mine  # noqa: E402
@@ -87,7 +89,7 @@ def measure_norm(url: str, codec: str, options: dict, count: int) -> dict:
     version_two = dataclasses.replace(round_.honest, factors=dataclasses.replace(round_.honest.factors, norms=None),
                                       sum_trees=[])
     committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, version_two, stake=STAKE,
-                       commitments=3)
+                       commitments=scheme_named("normed").version)
     try:
         row["version_gas"] = committed.prover().prove_wrong_norm(committed.scale_proof())["gasUsed"]
     except Exception as exc:  # noqa: BLE001 - recorded, not hidden

@@ -2,7 +2,8 @@
 
 Modules: ``chain`` (py-evm / JSON-RPC / managed anvil backends), ``account`` (keystore or dev key),
 ``client`` (``LedgerClient``, ``binding_message``), ``history`` (the client's event-log reads),
-``records`` (dataclasses), ``attest`` (EIP-712 signatures over round records and verdicts), ``merkle`` (contributions root), ``hashchain`` (the commit hash chain),
-``checks`` (the chain checks of an audit, one result per item), ``events``, ``tx``, ``errors``. This package module
-imports nothing heavy, so ``ledger.config`` stays cheap to load.
+``records`` (dataclasses), ``runparams`` (a run's parameters), ``attest`` (EIP-712 signatures over round
+records and verdicts), ``merkle`` (contributions root), ``hashchain`` (the commit hash chain), ``checks`` (the
+chain checks of an audit, one result per item), ``events``, ``tx``, ``errors``. This package module imports
+nothing heavy, so ``ledger.config`` stays cheap to load.
 """

@@ -339,7 +339,8 @@ class LedgerNotProver(LedgerRevert):
 
 
 class LedgerBadCommitments(LedgerRevert):
-    """``commitments`` is not a version of a run's commitments (1 hashed, 2 chunked, 3 normed)."""
+    """``commitments`` is not a version of a run's commitments the contract knows (node/commitments/ names
+    them)."""
 
 
 # AggregationProver errors (the fraud proof of a wrong aggregation: docs/FRAUD_PROOF.md).

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ledger.records import CommitRecord, Membership, Position, Registration, RoundRecord, RunInfo
+from ledger.records import CommitRecord, Membership, Position, Registration, RoundRecord
+from ledger.runparams import RunInfo
 
 
 @dataclass(frozen=True)

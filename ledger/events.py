@@ -19,7 +19,8 @@ from web3 import Web3
 
 from ledger.errors import LedgerDecodeError
 from ledger.eventrecords import AccusationRecord, DisputeRecord, EquivocationRecord, SlashRecord
-from ledger.records import CommitRecord, RoundRecord, RunInfo, RunParams
+from ledger.records import CommitRecord, RoundRecord
+from ledger.runparams import RunInfo, RunParams
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,8 @@ from ledger.events import (
     topic_uint,
 )
 from ledger.eventrecords import AccusationRecord, CheckpointRecord, DisputeRecord, RunHistory, checkpoint_uri
-from ledger.records import CommitRecord, Membership, Registration, RunInfo, check_bytes32, end_of_block
+from ledger.records import CommitRecord, Membership, Registration, check_bytes32, end_of_block
+from ledger.runparams import RunInfo
 
 #: The TrainingLedger events of one run (all carry the run id as their first topic).
 _RUN_EVENTS = (

@@ -42,8 +42,6 @@ SUM_BYTES = 96
 SUM_LIMIT = 1 << (8 * SUM_BYTES)
 #: ``NormProof.contribution`` of a proof of the scales themselves (``AggregationProver.SCALES``).
 SCALES = 2**256 - 1
-#: The ``commitments`` setting of a run whose factors carry the norm commitment (version 3).
-NORMED = "normed"
 
 
 def square_sum(values: bytes) -> int:
@@ -303,7 +301,7 @@ def differing_sum_subtree(own: SumTree, chunk: int, path: Sequence[bytes]) -> in
     """Where to look next for a committed sum leaf that differs from this node's tree ``own``, given the committed
     leaf ``chunk`` (equal to this node's) and its sum ``path`` (an answered availability challenge's): the first
     leaf of the smallest subtree whose committed hash (a sibling on ``path``) differs from this node's node there,
-    as :func:`ledger.chunkproof.differing_subtree` over a weights tree. So a lied leaf is found in at most
+    as :func:`ledger.availability.differing_subtree` over a weights tree. So a lied leaf is found in at most
     ``log2(chunks)`` openings. None: every sibling is this node's (the path is not of this tree's shape)."""
     siblings = []
     position = chunk

@@ -87,7 +87,7 @@ class ProofCalls:
         return self._sender.transact(self._prover, "proveWrongNorm", self._norm_args(proof, attesters), what)
 
     def challenge_availability(self, target: tuple, *, bond: int | None = None) -> bytes:
-        """Challenge the committers to publish one committed leaf (``ledger.chunkproof.availability_target``),
+        """Challenge the committers to publish one committed leaf (``ledger.availability.availability_target``),
         paying the run's bond; return the challenge's id.
 
         Raises:
@@ -104,7 +104,7 @@ class ProofCalls:
                              [record[0], record[1], stage, which, chunk]))
 
     def answer_challenge(self, challenge_id: bytes, leaf: bytes, path: list[bytes]) -> dict:
-        """Publish the challenged leaf with its path (``ledger.chunkproof.availability_answer``; a sum tree's leaf:
+        """Publish the challenged leaf with its path (``ledger.availability.availability_answer``; a sum tree's leaf:
         its 96-byte sum and its sum path).
 
         Raises: ProverNoChallenge, ProverChallengeSettled, ProverChallengeDue, ProverBadPath, ProverBadSumPath (a

@@ -13,21 +13,16 @@ from eth_utils import to_checksum_address
 from ledger.attest import pack_signatures
 from ledger.errors import LedgerError, LedgerInputError, LedgerWeakParams
 from ledger.events import topic_address, topic_uint
-from ledger.records import (
+from ledger.records import MEMBER_STATUSES, NO_PLATFORM, Member, RoundRecord, check_bytes32, check_uint
+from ledger.runparams import (
     DEFAULT_ACCUSATION_BLOCKS,
     DEFAULT_COMMITMENTS,
     DEFAULT_DISPUTE_BLOCKS,
     DEFAULT_INACTIVITY_ROUNDS,
     DEFAULT_TENURE_ROUNDS,
-    MEMBER_STATUSES,
-    NO_PLATFORM,
     SAFE_MIN_QUORUM,
     SAFE_MIN_QUORUM_BPS,
-    Member,
-    RoundRecord,
     RunParams,
-    check_bytes32,
-    check_uint,
 )
 
 logger = logging.getLogger(__name__)
@@ -56,7 +51,7 @@ class RunCalls:
         commitments: int = DEFAULT_COMMITMENTS,
         allow_weak_quorum: bool = False,
     ) -> int:
-        """Create a run; return its id. Its parameters never change (:class:`ledger.records.RunParams`).
+        """Create a run; return its id. Its parameters never change (:class:`ledger.runparams.RunParams`).
 
         Args:
             config_hash: 32-byte hash of the run's full configuration (model, data, hyperparameters, stages, H).
@@ -77,11 +72,11 @@ class RunCalls:
             max_rounds: Rounds 0 .. max_rounds-1 may be committed; 0 leaves the run open-ended.
             tenure_rounds: Rounds a member that joined after the first commit is in force before its
                 signatures count toward quorums (>= 1; founders count at once).
-            commitments: The version of the run's commitments, the run document's ``diloco.commitments``
-                (:func:`ledger.records.commitment_version`: 1 hashed, 2 chunked, 3 normed; default 3, what a new
-                fraud-provable run's "auto" resolves to). The prover holds every
-                round's factors to it, so it must be the document's: a normed run's records committed with another
-                version's factors are proven wrong (docs/FRAUD_PROOF.md).
+            commitments: The version of the run's commitments: its commitment scheme's number (the node's
+                registry, node/commitments/, maps the run document's ``diloco.commitments`` to it; default
+                3, what a new fraud-provable run's "auto" resolves to). The prover holds every round's factors
+                to it, so it must be the document's: a normed run's records committed with another version's
+                factors are proven wrong (docs/FRAUD_PROOF.md).
             allow_weak_quorum: Create a run below the security model's floor (k < 2 or quorum_bps < 5000):
                 one member, or a minority, then commits and slashes alone (docs/TRUST.md).
 

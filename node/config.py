@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from ledger.config import LedgerConfig
+from node.commitments import CommitmentScheme, scheme_of
 from node.errors import ConfigError
 from p2p.config import P2PConfig
 from training.config import (
@@ -143,6 +144,7 @@ class NodeConfig:
             raise ConfigError(
                 f"quorum={self.quorum}: must be in [1, diloco.num_replicas={self.diloco.num_replicas}]"
             )
+        self.commitment_scheme.check_config(self.diloco)  # a name the registry knows, on an outer loop it can commit
         if self.retention_rounds < 0:
             raise ConfigError(f"retention_rounds={self.retention_rounds}: must be >= 0 (0 = keep all)")
         if self.retention_rounds and not self.storage.keep_rounds:
@@ -167,6 +169,11 @@ class NodeConfig:
                               "one-step delay needs to commit)")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port={self.metrics_port}: must be in [0, 65535]")
+
+    @property
+    def commitment_scheme(self) -> CommitmentScheme:
+        """The run's commitment scheme (``diloco.commitments``: node/commitments/)."""
+        return scheme_of(self.diloco)
 
     def path(self, relative: str) -> Path:
         """Resolve a configured path against ``data_dir``."""

@@ -1,28 +1,26 @@
-"""The fraud proof's wiring (issue 43; docs/FRAUD_PROOF.md): a stage's chunked commitment from an aggregation,
-and the proof of the first chunk where a committed round differs from this node's own.
+"""The fraud proof's building blocks (issue 43; docs/FRAUD_PROOF.md): a stage's chunked commitment from an
+aggregation, and the proof of the first chunk where a committed round differs from this node's own.
 
 training/chunks.py makes the leaves (torch), ledger/chunkproof.py the trees, the stage leaf and the proof's
-bytes (no torch); this module puts a :class:`training.diloco.Aggregation` and its inputs into those.
+bytes (no torch); this module puts an aggregation and its inputs into those. Which of them a run uses is its
+commitment scheme's choice (node/commitments/).
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from ledger.chunkproof import (Factors, Norms, StageLeaf, StageState, build_proof, chunked_weights_root,
-                               first_difference, tree_root)
+from ledger.chunkproof import Factors, Norms, StageLeaf, StageState, build_proof, first_difference, tree_root
 from ledger.errors import LedgerInputError
-from ledger.normproof import (NORMED, SumTree, clip_scales, first_wrong_sum, scale_proof, sum_proof)
+from ledger.normproof import SumTree, clip_scales, first_wrong_sum, scale_proof, sum_proof
 from training.chunks import CHUNK_ELEMENTS, float32_bits, float64_bits, payload_leaves, stage_layout, tensor_leaves
 from training.codec_wire import decode_declared
 from training.config import DilocoConfig
-from training.diloco import Aggregation
-from training.hashing import weights_root as hashed_weights_root
 from training.robust import ContributionReport
 from training.schedule import outer_lr, outer_momentum
 
@@ -38,15 +36,6 @@ def parse_stage_leaf(data: bytes, stage: int) -> StageLeaf:
     return leaf
 
 
-def record_weights_root(stage_hashes: Sequence[bytes], stage_leaves: Sequence[bytes] | None) -> bytes:
-    """The record's ``weightsRoot`` of a round: version 1 over the stage weight hashes (``stage_leaves`` None,
-    a hashed run), version 2 over the stage leaves (a chunked run: docs/FRAUD_PROOF.md). LedgerInputError for
-    a stage leaf that does not parse."""
-    if stage_leaves is None:
-        return hashed_weights_root(list(stage_hashes))
-    return chunked_weights_root([parse_stage_leaf(leaf, stage) for stage, leaf in enumerate(stage_leaves)])
-
-
 def round_factors_bits(diloco_cfg: DilocoConfig, outer_round: int) -> tuple[int, int]:
     """``(lr, mu)`` of ``outer_round`` as the float32 bit patterns the outer step multiplies by."""
     return float32_bits(outer_lr(diloco_cfg, outer_round)), float32_bits(outer_momentum(diloco_cfg, outer_round))
@@ -55,14 +44,6 @@ def round_factors_bits(diloco_cfg: DilocoConfig, outer_round: int) -> tuple[int,
 def initial_state(stage: int, weights: Mapping[str, torch.Tensor], momentum: Mapping[str, torch.Tensor]) -> StageState:
     """The state of a stage before any round: its weights and momentum, no factors."""
     return StageState(stage, tensor_leaves(weights), tensor_leaves(momentum), Factors(0, 0, False, (), (), ()), [])
-
-
-def stage_state(stage: int, aggregation: Aggregation, contributions: Sequence[bytes], diloco_cfg: DilocoConfig,
-                outer_round: int, **options) -> StageState:
-    """:func:`stage_state_of` after ``aggregation`` (training/diloco.py) of ``contributions``: its new state and
-    its reports."""
-    return stage_state_of(stage, aggregation.new_global, aggregation.new_momentum, aggregation.contributions,
-                          contributions, diloco_cfg, outer_round, **options)
 
 
 def stage_state_of(
@@ -76,25 +57,26 @@ def stage_state_of(
     *,
     envelopes: Sequence[bytes] | None = None,
     decode_args: Mapping | None = None,
+    norms: Callable,
 ) -> StageState:
     """The chunked commitment of one stage after a round that aggregated ``contributions`` (canonical order)
     into ``new_global`` and ``new_momentum``, ``reports`` the aggregation's (one per contribution).
 
     ``envelopes``: each contribution's envelope digest (the contributions root's leaves); None: the sha256
     of its bytes (tests, simulations). ``decode_args``: as the aggregation decoded (stage_index, outer_round,
-    refuse_raw).
+    refuse_raw). ``norms``: the run's scheme's ``stage_norms`` (node/commitments/), the factors' norm
+    commitment of the accepted contributions and their sum trees, or ``(None, [])``. Callers go through the
+    scheme (``CommitmentScheme.stage_state_of``, ``node.commitments.stage_state``).
     """
     shapes = {name: tuple(value.shape) for name, value in new_global.items()}
     envelopes = list(envelopes) if envelopes is not None else [hashlib.sha256(c).digest() for c in contributions]
     accepted = [report for report in reports if report.accepted]
     pieces = [payload_leaves(contributions[r.index], shapes, **dict(decode_args or {})) for r in accepted]
     lr, mu = round_factors_bits(diloco_cfg, outer_round)
-    norms, trees = None, []
-    if diloco_cfg.commitments == NORMED:
-        norms, trees = stage_norms([contributions[r.index] for r in accepted], shapes, diloco_cfg, decode_args)
+    committed_norms, trees = norms([contributions[r.index] for r in accepted], shapes, diloco_cfg, decode_args)
     factors = Factors(lr, mu, bool(diloco_cfg.nesterov), tuple(envelopes[r.index] for r in accepted),
                       tuple(tree_root(leaves) for leaves in pieces), tuple(float64_bits(r.scale) for r in accepted),
-                      norms)
+                      committed_norms)
     return StageState(stage, tensor_leaves(new_global), tensor_leaves(new_momentum), factors, pieces, trees)
 
 

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from node.commitments import UNNAMED
 from node.config import NodeConfig
 from node.errors import ConfigError
 from node.exchangekinds import EXCHANGE_TRAITS
@@ -100,8 +101,8 @@ def _model_document(cfg: NodeConfig) -> dict[str, Any]:
 def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
     """The [diloco] table; ``exchange`` and ``min_slice_numel`` only in a sliced run, ``round_budget_s`` and
     ``min_inner_steps`` only in a run whose rounds are bounded by time, ``outer_lr_other_scale`` only when it
-    is not 1, ``commitments`` only when not "hashed", ``screen_rule`` only when not "one_sided", ``outer_optimizer``
-    and its ``outer_adam_*`` settings only when it is "adam" (the hash of every "full", fixed-H, one-outer-lr,
+    is not 1, ``commitments`` only when not the unnamed scheme's ("hashed": node.commitments.UNNAMED),
+    ``screen_rule`` only when not "one_sided", ``outer_optimizer`` and its ``outer_adam_*`` settings only when it is "adam" (the hash of every "full", fixed-H, one-outer-lr,
     Nesterov run stays what it was)."""
     diloco = dataclasses.asdict(cfg.diloco)
     for key in EXCHANGE_TRAITS[cfg.diloco.exchange].omitted_from_document:
@@ -111,7 +112,7 @@ def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
         del diloco["min_inner_steps"]
     if cfg.diloco.outer_lr_other_scale == 1.0:
         del diloco["outer_lr_other_scale"]
-    if cfg.diloco.commitments == "hashed":
+    if cfg.diloco.commitments == UNNAMED:
         del diloco["commitments"]  # version 1: every run made before version 2 (its hash unchanged)
     if cfg.diloco.outer_optimizer == "nesterov":
         for name in ("outer_optimizer", *OUTER_ADAM_ONLY):
@@ -163,7 +164,7 @@ def node_config_from_run(document: dict[str, Any], **node_fields: Any) -> NodeCo
             "training": training,
             # A run made before chunked commitments names none: its records commit version-1 roots.
             # A run made before screening rules had versions names none: it screened by version 1.
-            "diloco": {"commitments": "hashed", "screen_rule": "one_sided", **document["diloco"]},
+            "diloco": {"commitments": UNNAMED, "screen_rule": "one_sided", **document["diloco"]},
             # A run made before compression.encoder existed names none: it was coded by v1; before
             # compression.sketch, with torch's sketch.
             "compression": {"encoder": LEGACY_ENCODER.value, "sketch": LEGACY_RANDOM.value, **document["compression"]},

@@ -44,7 +44,7 @@ def chunk_state(r: dict) -> list[str]:
                         f"{row['normed_served_bytes']:,}"] if "normed_state_and_leaf_s" in row else ["-"] * 3)])
     lines = [(f"`{r['preset']}` in {r['stages']} stages, contributions coded by the default encoder at the auto byte "
               f"budget (H = {r['inner_steps']}); CPU seconds of one thread, the least of the repeats: the aggregation "
-              "(training/diloco.py), the stage's chunk state and its stage leaf (node.fraudproof.stage_state: chunk "
+              "(training/diloco.py), the stage's chunk state and its stage leaf (node.commitments.stage_state: chunk "
               "leaves, payload pieces, Merkle roots), and a prover's check of a fetched state against a leaf's roots; "
               "the state is version 2's (diloco.commitments = \"chunked\"), and version 3's (\"normed\", the default: "
               "also each contribution's exact sums of squares and sum tree) beside it, with the norm blob it serves."),

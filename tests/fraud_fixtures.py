@@ -11,8 +11,8 @@ import torch
 
 from ledger.chunkproof import Norms, StageState, build_proof, chunked_weights_root
 from ledger.normproof import SumTree, scale_proof, sum_proof
-from ledger.records import COMMITMENT_VERSIONS
-from node.fraudproof import initial_state, stage_state
+from node.commitments import scheme_named, stage_state
+from node.fraudproof import initial_state
 from training.chunks import float64_bits
 from training.codec_wire import CODEC_VERSION, f32_bytes, matrix_view_shape, pack_ints, qmax
 from training.config import DilocoConfig
@@ -143,7 +143,7 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
     both signed by members 1 and 2. ``commitments``: the run's version (RunParams); None: that of ``new``'s
     factors (3 if they carry the norm commitment, else 2)."""
     if commitments is None:
-        commitments = COMMITMENT_VERSIONS["normed" if new.factors.norms is not None else "chunked"]
+        commitments = scheme_named("normed" if new.factors.norms is not None else "chunked").version
     run = deployment.member_run((1, 2, 3), quorum=2, min_stake=stake, commitments=commitments)
     records, stages = [], []
     for state in (round_.prev, new):

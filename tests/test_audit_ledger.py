@@ -21,8 +21,8 @@ from ledger_fixtures import FAST_RETRY, digest
 
 from ledger.client import LedgerClient
 from ledger.errors import LedgerNotMember, LedgerQuorumNotMet, LedgerRoundBeyondMax
-from ledger.records import COMMITMENT_VERSIONS
 from node.cli import exit_code_for
+from node.commitments import scheme_named
 from node.errors import (
     AuditFailed,
     AuditIncomplete,
@@ -48,6 +48,8 @@ from node.tools.audit import (
 )
 from node.tools.pull import pull_checkpoint, round_standing
 from training.config import ModelConfig
+
+HASHED_VERSION = scheme_named("hashed").version  # its tiny run document names no commitments
 
 
 # ---------------------------------------------------------------------- helpers
@@ -84,7 +86,7 @@ class AttestedRun:
     the run document is in the archive unless ``with_document`` is False."""
 
     def __init__(self, deployment, tmp_path, members=(1, 2, 3, 4), quorum=3, max_rounds=0, with_document=True,
-                 commitments=COMMITMENT_VERSIONS["hashed"]):
+                 commitments=HASHED_VERSION):
         document = tiny_run_document()
         self.run = deployment.member_run(members, quorum, max_rounds=max_rounds,
                                          config_hash=hashlib.sha256(document).digest(), commitments=commitments)
@@ -177,7 +179,7 @@ def test_an_honest_attested_run_without_evidence_is_incomplete_never_passed(
 def test_a_run_created_with_another_commitments_version_than_its_documents_fails_the_audit(deployment, tmp_path):
     """A hashed run's document on a run the chain holds as chunked: the fraud proofs would hold its rounds to
     another version than its nodes write, so the audit fails it."""
-    attested = AttestedRun(deployment, tmp_path, commitments=COMMITMENT_VERSIONS["chunked"])
+    attested = AttestedRun(deployment, tmp_path, commitments=scheme_named("chunked").version)
     attested.commit()
     report = audit_run(attested.reader, attested.run_id, archives=[attested.archive])
     version = next(c for c in report.general if c.name == "commitments version")

@@ -15,6 +15,7 @@ from ledger.chain import connect_rpc
 from ledger.client import LedgerClient
 from node.cli import main
 from node.commands.organize import read_run_file
+from node.commitments import UNNAMED, scheme_named
 from node.errors import ConfigError
 
 RUN_FILE = """\
@@ -199,7 +200,7 @@ def test_create_run_creates_joins_and_a_rerun_finishes_without_a_second_run(w3, 
     document = json.loads((tmp_path / "org" / "run.json").read_bytes())
     assert document["diloco"]["inner_steps"] == 5
     # The run's commitments version on chain is its document's (what the prover holds its rounds to).
-    assert info.commitments == {"hashed": 1, "chunked": 2, "normed": 3}[document["diloco"].get("commitments", "hashed")]
+    assert info.commitments == scheme_named(document["diloco"].get("commitments", UNNAMED)).version
     # The same command again (as after a failure past createRun): it finds run 1 and creates no second.
     assert create(tmp_path, path, "--yes") == 0
     assert "created by" in capsys.readouterr().out and client.run_count() == 1

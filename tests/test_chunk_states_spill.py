@@ -13,10 +13,12 @@ StageStates, a window whose rounds stay open until the test closes them, a stand
 from __future__ import annotations
 
 import hashlib
+from types import SimpleNamespace
 
 import torch
 
 from ledger.chunkproof import Factors, StageState
+from node.commitments import scheme_named
 from node.live.fraud.chunkstate import PUBLISHED_ROUNDS, ChunkedStates
 from training.chunks import tensor_leaves
 
@@ -53,7 +55,8 @@ def _state(outer_round: int, stage: int) -> StageState:
 
 
 def _states(tmp_path, spill: bool, window=None) -> ChunkedStates:
-    return ChunkedStates(cfg=None, host=_Host(), layout=None, config_hash=b"", window=window or _Window(),
+    cfg = SimpleNamespace(commitment_scheme=scheme_named("chunked"))  # all a state's keeping reads of it
+    return ChunkedStates(cfg=cfg, host=_Host(), layout=None, config_hash=b"", window=window or _Window(),
                          spill_dir=tmp_path / "chunk-states" if spill else None)
 
 

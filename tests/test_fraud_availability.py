@@ -8,7 +8,7 @@ import pytest
 
 from ledger import errors
 from ledger.chain import connect_pyevm
-from ledger.chunkproof import MOMENTUM, PAYLOAD, WEIGHTS, availability_answer, availability_target
+from ledger.availability import MOMENTUM, PAYLOAD, WEIGHTS, availability_answer, availability_target
 from tests.fraud_fixtures import aggregated_round, commit, contribution
 from tests.ledger_fixtures import deploy, mine
 

@@ -24,8 +24,8 @@ import torch
 
 from ledger.chain import connect_pyevm
 from ledger.chunkproof import AggregationProof, StageLeaf, chunked_weights_root
-from ledger.records import commitment_version
 from node import protocol as msg
+from node.commitments import scheme_named
 from node.config import load_config
 from node.fraudproof import initial_state
 from node.live.fraud.chunkstate import ChunkedStates
@@ -72,7 +72,7 @@ def world(tmp_path, request):
     version = getattr(request, "param", "chunked")
     cfg = load_config(None, ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2",
                              f"diloco.commitments={version}"])
-    assert cfg.diloco.commitments == {"auto": "normed"}.get(version, version) and cfg.diloco.chunked
+    assert cfg.diloco.commitments == {"auto": "normed"}.get(version, version) and cfg.commitment_scheme.chunked
     layout = RunLayout(1, b"\x07" * 32, {}, (SHAPES, OTHER), chunked=True)
     weights, momentum = tensors(1, SHAPES), tensors(2, SHAPES, scale=0.1)
     blobs = [contribution(SHAPES, "lowrank", 30, rank=4), contribution(SHAPES, "quant", 31)]
@@ -115,7 +115,7 @@ def _setup(world: World, tmp_path, states: ChunkedStates, committed_leaf: bytes,
     commitments version of ``world.cfg`` (RunParams.commitments)."""
     deployment = deploy(connect_pyevm(), min_stake=STAKE)
     run = deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE,
-                                commitments=commitment_version(world.cfg.diloco.commitments))
+                                commitments=world.cfg.commitment_scheme.version)
     start = initial_state(0, world.weights, world.momentum).leaf().encode()
     other = world.other.leaf().encode()
     book, records = RoundBook(), []
@@ -319,7 +319,7 @@ def test_a_back_door_root_is_challenged_for_its_stage_leaf_and_falls_unanswered(
 def test_the_challenges_of_a_right_round_are_answered_and_it_stands(world, tmp_path):
     """A griefer challenges a right round (a weights chunk, a payload piece, the stage leaf): every honest node
     answers from what it holds, the griefer's bonds are forfeited and the round is never invalidated."""
-    from ledger.chunkproof import PAYLOAD, STAGE_LEAF, WEIGHTS, availability_target, stage_leaf_target
+    from ledger.availability import PAYLOAD, STAGE_LEAF, WEIGHTS, availability_target, stage_leaf_target
     from ledger.errors import ProverChallengeSettled
     from node.live.fraud.answerer import ChallengeAnswerer
 
@@ -354,7 +354,7 @@ def test_a_right_rounds_state_is_kept_while_it_can_be_challenged(world, tmp_path
     round until the round's dispute window closes on chain (node/live/fraud/chunkstate.py, DisputeWindow), not a fixed
     number of rounds, or a griefer's late challenge would overturn a right round and slash its honest attesters.
     Once the window has closed the state is dropped (and no challenge can be opened any more)."""
-    from ledger.chunkproof import WEIGHTS, availability_target
+    from ledger.availability import WEIGHTS, availability_target
     from ledger.errors import ProverChallengeTooLate
     from node.live.fraud.answerer import ChallengeAnswerer
     from node.live.fraud.chunkstate import PUBLISHED_ROUNDS, DisputeWindow
@@ -504,7 +504,8 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_version_two_factors_in
                                       blobs, envelopes)
         committed = colluders.state(1, 0)
         assert committed.factors.norms is None and honest.state(1, 0).factors.norms is not None
-        colluders.publish_norms(1, 0, wrong_leaf, committed)  # they serve what they committed: version 2
+        for alias, blob in scheme_named("normed").published_parts(wrong_leaf, committed):
+            colluders.publish_part(1, 0, alias, blob)  # they serve what they committed: version 2
         prover_host.connect(colluder_host.listen_addrs[0])
         deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
                                                                colluder_host.peer_id)
@@ -528,7 +529,7 @@ def test_a_node_refuses_a_run_created_with_another_commitments_version():
 
     deployment = deploy(connect_pyevm())
     config_hash = digest("document")
-    run_id = deployment.client(1).create_run(config_hash, 2, 50, commitments=commitment_version("chunked"))
+    run_id = deployment.client(1).create_run(config_hash, 2, 50, commitments=scheme_named("chunked").version)
     chain = NodeChain(deployment.client(2))
     chain.check_run(run_id, config_hash, commitments="chunked")
     with pytest.raises(ConfigError, match="commitments version 2 \\(chunked\\).*'normed' \\(version 3\\)"):
@@ -538,7 +539,7 @@ def test_a_node_refuses_a_run_created_with_another_commitments_version():
 def test_a_right_normed_rounds_sum_tree_challenge_is_answered(tmp_path):
     """In a version-3 run a griefer challenges a sum-tree leaf of a right round: the honest node answers it from
     its own state (the chunk's sum and its sum path), the bond is forfeited and the round stands."""
-    from ledger.chunkproof import availability_target, sums_which
+    from ledger.availability import availability_target, sums_which
     from node.live.fraud.answerer import ChallengeAnswerer
 
     blobs = [contribution(SHAPES, "lowrank", 30, rank=4), contribution(SHAPES, "quant", 31)]
@@ -589,7 +590,7 @@ def test_withheld_version_two_factors_are_challenged_published_and_proven(tmp_pa
         (challenge,) = prover.log.challenges.values()
         assert client.invalid_from(run.run_id) is None
         # The colluders answer: the bytes whose sha256 is their stage leaf's factorsHash.
-        from ledger.chunkproof import FACTORS, availability_answer
+        from ledger.availability import FACTORS, availability_answer
         deployment.client(1).answer_challenge(challenge, *availability_answer(colluders.state(1, 0), FACTORS, 0))
         with caplog.at_level("ERROR", logger="node.live.fraud.prover"):
             prover.settle_challenges()

@@ -16,7 +16,7 @@ import hashlib
 import json
 import time
 
-from ledger.chunkproof import FACTORS, availability_answer, sums_which
+from ledger.availability import FACTORS, availability_answer, sums_which
 from ledger.normproof import NormProof, SumTree, clip_scales
 from node.live.fraud.answerer import ChallengeAnswerer
 from node.live.fraud.chunkstate import ChunkedStates
@@ -42,7 +42,7 @@ class WithholdingAll(ChunkedStates):
     def publish(self, outer_round, stage, leaf, weights, momentum) -> None:
         return None
 
-    def publish_norms(self, outer_round, stage, leaf, state) -> None:
+    def publish_part(self, outer_round, stage, alias, blob) -> None:
         return None
 
 

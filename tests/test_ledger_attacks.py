@@ -15,7 +15,7 @@ from ledger_fixtures import digest, mine, node_key, raw_public_key
 from ledger import errors
 from ledger.attest import Verdict
 from ledger.checks import check_chain_record
-from ledger.records import MAX_UNBONDING_BLOCKS, MIN_WINDOW_BLOCKS
+from ledger.runparams import MAX_UNBONDING_BLOCKS, MIN_WINDOW_BLOCKS
 
 #: The platform a joiner declares (docs/DILOCOX.md section 11): any 32 bytes serve the membership rules here.
 PLATFORM = b"\x5a" * 32

@@ -12,7 +12,7 @@ import contracts
 from ledger import errors
 from ledger.account import dev_account
 from ledger.client import LedgerClient
-from ledger.records import RunParams
+from ledger.runparams import RunParams
 from ledger.reverts import ERROR_SELECTORS, decode_revert, revert_from_data
 from ledger.tx import TransactionSender
 

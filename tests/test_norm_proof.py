@@ -23,11 +23,12 @@ from eth_abi import encode
 import contracts
 from ledger import errors
 from ledger.chain import connect_pyevm
-from ledger.chunkproof import (FACTORS, NORMED_FACTORS_TYPES, PAYLOAD, Factors, StageLeaf, availability_answer,
-                               availability_target, chunked_weights_root, sums_which)
+from ledger.availability import FACTORS, PAYLOAD, availability_answer, availability_target, sums_which
+from ledger.chunkproof import NORMED_FACTORS_TYPES, Factors, StageLeaf, chunked_weights_root
 from ledger.normproof import (SCALES, SumTree, clip_scales, first_wrong_sum, norm_of, scale_proof, square_sum,
                               sum_bytes, sum_proof, sum_to_double, sum_words)
-from ledger.records import COMMITMENT_VERSIONS, commitment_version
+from node.commitments import SCHEMES, scheme_named, scheme_of_version
+from node.errors import ConfigError
 from node.fraudproof import chunk_square_sums
 from tests.fraud_fixtures import (DILOCO, Committed, aggregated_round, commit, contribution, lied_sum,
                                   with_scale)
@@ -445,7 +446,7 @@ def test_a_quorum_committing_version_two_factors_in_a_normed_run_is_proven_and_s
     loose = aggregated_round(SHAPES, blobs(), dataclasses.replace(DILOCO, norm_clip=0.0))
     assert loose.honest.factors.norms is None and set(loose.honest.factors.scale_bits) == {0x3FF0000000000000}
     committed = commit(deploy(connect_pyevm(), min_stake=STAKE), loose, loose.honest, stake=STAKE,
-                       commitments=COMMITMENT_VERSIONS["normed"])
+                       commitments=scheme_named("normed").version)
     prover = committed.prover()
     assert prover.run_info(committed.run_id).commitments == 3
     with pytest.raises(errors.ProverRoundCorrect):
@@ -466,7 +467,7 @@ def test_any_norm_proof_over_version_two_factors_in_a_normed_run_proves_it(hones
     """The version is checked before the proof's kind: a sum proof's contribution and chunk need not exist."""
     v2 = aggregated_round(SHAPES, blobs(), DILOCO)
     committed = commit(deploy(connect_pyevm(), min_stake=STAKE), v2, v2.honest, stake=STAKE,
-                       commitments=COMMITMENT_VERSIONS["normed"])
+                       commitments=scheme_named("normed").version)
     proof = dataclasses.replace(proof_of_scales(committed), contribution=7, chunk=10**6)
     committed.prover().prove_wrong_norm(proof)
     assert_overturned(committed)
@@ -476,7 +477,7 @@ def test_version_three_factors_in_a_chunked_run_are_proven(honest):
     """The other way round: a right version-3 round committed in a run created as version 2 is no honest node's
     (an honest node of a chunked run writes version-2 factors)."""
     committed = commit(deploy(connect_pyevm(), min_stake=STAKE), honest, honest.honest, stake=STAKE,
-                       commitments=COMMITMENT_VERSIONS["chunked"])
+                       commitments=scheme_named("chunked").version)
     committed.prover().prove_wrong_norm(proof_of_scales(committed))
     assert_overturned(committed)
 
@@ -489,7 +490,7 @@ def test_an_honest_round_of_its_runs_version_is_not_proven(right, honest):
     v2 = aggregated_round(SHAPES, blobs(), DILOCO)
     for version in ("chunked", "hashed"):
         committed = commit(deploy(connect_pyevm(), min_stake=STAKE), v2, v2.honest, stake=STAKE,
-                           commitments=COMMITMENT_VERSIONS[version])
+                           commitments=scheme_named(version).version)
         with pytest.raises(errors.ProverNotNormed):
             committed.prover().prove_wrong_norm(proof_of_scales(committed))
         assert committed.prover().invalid_from(committed.run_id) is None
@@ -504,15 +505,15 @@ def test_a_run_names_a_known_version_of_its_commitments():
         assert caught.value.values["commitments"] == bad
     with pytest.raises(errors.LedgerInputError, match="commitments"):
         client.create_run(b"v" * 32, 1, 10, commitments=256)
-    for name, version in COMMITMENT_VERSIONS.items():
-        run_id = client.create_run(hashlib.sha256(name.encode()).digest(), 1, 10, commitments=version)
-        assert commitment_version(name) == version
-        assert client.run_info(run_id).commitments == version
-        assert client.commitments_of(run_id) == version
-    assert client.run_info(client.create_run(b"d" * 32, 1, 10)).commitments == COMMITMENT_VERSIONS["normed"]
+    for name, scheme in SCHEMES.items():  # every scheme this node knows is a version the ledger takes
+        run_id = client.create_run(hashlib.sha256(name.encode()).digest(), 1, 10, commitments=scheme.version)
+        assert scheme_of_version(scheme.version) is scheme_named(name) is scheme
+        assert client.run_info(run_id).commitments == scheme.version
+        assert client.commitments_of(run_id) == scheme.version
+    assert client.run_info(client.create_run(b"d" * 32, 1, 10)).commitments == scheme_named("normed").version
     for bad in ("auto", "", None, 3):
-        with pytest.raises(errors.LedgerInputError, match="commitments"):
-            commitment_version(bad)
+        with pytest.raises(ConfigError, match="commitments"):
+            scheme_named(bad)
 
 
 def test_the_contracts_stay_within_eip_170_and_eip_3860():

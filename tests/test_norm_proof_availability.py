@@ -11,9 +11,9 @@ import dataclasses
 import pytest
 
 from test_norm_proof import (  # noqa: F401 (honest, right: its module fixtures)
-    COMMITMENT_VERSIONS, DILOCO, FACTORS, Factors, PAYLOAD, SHAPES, STAKE, aggregated_round, assert_overturned,
+    DILOCO, FACTORS, Factors, PAYLOAD, SHAPES, STAKE, aggregated_round, assert_overturned,
     availability_answer, availability_target, blobs, commit, connect_pyevm, deploy, errors, honest, lied_sum, mine,
-    on_chain, right, scale_proof, stage_leaves, sum_bytes, sum_proof, sums_which,
+    on_chain, right, scale_proof, scheme_named, stage_leaves, sum_bytes, sum_proof, sums_which,
 )
 
 
@@ -83,7 +83,7 @@ def test_withheld_version_two_factors_in_a_normed_run_are_challenged_opened_and_
     they publish are a norm proof's factors."""
     loose = aggregated_round(SHAPES, blobs(), dataclasses.replace(DILOCO, norm_clip=0.0))
     committed = commit(deploy(connect_pyevm(), min_stake=STAKE), loose, loose.honest, stake=STAKE,
-                       commitments=COMMITMENT_VERSIONS["normed"])
+                       commitments=scheme_named("normed").version)
     challenger, colluder = committed.prover(), committed.deployment.client(1)
     target = availability_target(committed.records[1], committed.stages[1], Factors(0, 0, False, (), (), ()), 0,
                                  FACTORS, 0)  # the challenger knows no factors: they are not read

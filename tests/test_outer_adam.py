@@ -15,6 +15,7 @@ import textwrap
 import pytest
 import torch
 
+from node.commitments import scheme_of
 from node.config import load_config
 from node.errors import ConfigError
 from node.runconfig import canonical_json, config_hash, node_config_from_run, parse_run_document, run_document
@@ -49,18 +50,27 @@ ADAM = dict(outer_optimizer="adam", outer_lr=0.01)
     (dict(outer_optimizer="adam", nesterov=False), "diloco.nesterov=False is a setting of the Nesterov"),
     (dict(outer_optimizer="adam", outer_final_momentum=0.1, outer_decay="linear", outer_decay_rounds=10),
      "diloco.outer_final_momentum=0.1 is a setting of the Nesterov"),
-    (dict(outer_optimizer="adam", commitments="chunked"), "diloco.outer_optimizer = \"nesterov\" \\(now 'adam'\\)"),
-    (dict(outer_optimizer="adam", commitments="normed"), "the fraud proof's outer step"),
 ])
 def test_bad_outer_adam_settings_are_refused_saying_why(bad, message):
     with pytest.raises(TrainingConfigError, match=message):
         DilocoConfig(**bad)
 
 
+@pytest.mark.parametrize("version, message", [
+    ("chunked", "diloco.outer_optimizer = \"nesterov\" \\(now 'adam'\\)"),
+    ("normed", "the fraud proof's outer step"),
+])
+def test_outer_adam_is_refused_by_a_fraud_provable_scheme(version, message):
+    """The commitment scheme (node/commitments/) says what it needs of the outer loop."""
+    diloco = DilocoConfig(outer_optimizer="adam", commitments=version)
+    with pytest.raises(ConfigError, match=message):
+        scheme_of(diloco).check_config(diloco)
+
+
 def test_outer_adam_is_not_fraud_provable_and_commits_hashed():
     assert DilocoConfig().commitments == "normed" and DilocoConfig().outer_moments == 1
     adam = DilocoConfig(**ADAM)
-    assert adam.commitments == "hashed" and not adam.chunked and adam.outer_moments == 2
+    assert adam.commitments == "hashed" and not scheme_of(adam).chunked and adam.outer_moments == 2
     with pytest.raises((ConfigError, TrainingConfigError), match="diloco.commitments"):
         load_config(None, ["diloco.outer_optimizer=adam", "diloco.commitments=chunked"])
 

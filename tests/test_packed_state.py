@@ -17,7 +17,8 @@ import sys
 import pytest
 import torch
 
-from ledger.chunkproof import PAYLOAD, Factors, StageState, availability_answer, tree_path, tree_root
+from ledger.availability import PAYLOAD, availability_answer
+from ledger.chunkproof import Factors, StageState, tree_path, tree_root
 from ledger.normproof import SumTree, encode_norm_state, parse_norm_state
 from ledger.packed import PackedBytes, _unpickle
 from training.chunks import tensor_leaves

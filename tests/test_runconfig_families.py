@@ -37,7 +37,7 @@ def test_gpt2_run_hashes_are_unchanged(overrides, expected):
     # the same document read back (as a joiner or an auditor does) keeps torch's generator, and its hash
     again = node_config_from_run(document)
     assert again.model.init == "torch" and again.compression.sketch == "torch" and again.training.optimizer == "adamw"
-    assert again.diloco.commitments == "hashed" and not again.diloco.chunked
+    assert again.diloco.commitments == "hashed" and not again.commitment_scheme.chunked
     assert config_hash(run_document(again)).hex() == expected
 
 
@@ -56,12 +56,12 @@ def test_a_new_run_commits_normed_roots_where_a_proof_can_open_them():
     document = run_document(load_config(None, []))
     assert document["diloco"]["commitments"] == "normed" and document["diloco"]["norm_clip"] == 2.0
     again = node_config_from_run(document)
-    assert again.diloco.commitments == "normed" and again.diloco.chunked
+    assert again.diloco.commitments == "normed" and again.commitment_scheme.chunked
     assert config_hash(run_document(again)) == config_hash(document)
     # With the norm rule off too: version 2 would leave every clip scale free, version 3 holds each to 1.0.
     assert load_config(None, ["diloco.norm_clip=0"]).diloco.commitments == "normed"
     sliced = run_document(load_config(None, ["diloco.exchange=sliced"]))
-    assert "commitments" not in sliced["diloco"] and not node_config_from_run(sliced).diloco.chunked
+    assert "commitments" not in sliced["diloco"] and not node_config_from_run(sliced).commitment_scheme.chunked
     scaled = load_config(None, ["diloco.outer_lr_other_scale=0.5"])
     assert scaled.diloco.commitments == "hashed"
     for overrides in (["diloco.exchange=sliced"], ["diloco.outer_lr_other_scale=0.5"]):
@@ -80,7 +80,7 @@ def test_a_chunked_runs_document_keeps_its_hash_and_its_version(settings):
     assert document["diloco"]["commitments"] == "chunked"
     assert config_hash(document).hex() == CHUNKED_HASHES[settings]
     again = node_config_from_run(document)
-    assert again.diloco.commitments == "chunked" and again.diloco.chunked
+    assert again.diloco.commitments == "chunked" and again.commitment_scheme.chunked
     assert config_hash(run_document(again)).hex() == CHUNKED_HASHES[settings]
     assert config_hash(run_document(load_config(None, list(settings)))).hex() != CHUNKED_HASHES[settings]
 

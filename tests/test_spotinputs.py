@@ -15,6 +15,7 @@ import pytest
 
 from ledger.merkle import merkle_root
 from node import protocol as msg
+from node.commitments import scheme_named
 from node.errors import StateError
 from node.live.checks.spotinputs import (
     HeardRound,
@@ -31,6 +32,8 @@ from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import BlobUnavailable
 from p2p.identity import Identity
 from training.hashing import weights_root
+
+HASHED = scheme_named("hashed")
 
 RUN = 7
 
@@ -61,14 +64,15 @@ def test_a_recorded_round_is_bound_to_the_records_roots_whatever_else_was_heard(
     split = _Split()
     forged_close = tuple((r, p, b"\xee" * 32) for r, p, _h in split.closes[1][0])  # an equivocating coordinator's
     heard = HeardRound({0: split.closes[0], 1: [forged_close, *split.closes[1]]},
-                       {0: [b"\x09" * 32, split.hashes[0]], 1: [split.hashes[1]]})
+                       {0: [b"\x09" * 32, split.hashes[0]], 1: [split.hashes[1]]}, HASHED)
     entries, hashes = bind_to_record(heard, 2, split.root, weights_root(split.hashes))
     assert entries == split.entries and hashes == split.hashes
     with pytest.raises(InputsUnavailable, match="contributions root"):
-        bind_to_record(HeardRound({0: split.closes[0], 1: [forged_close]}, heard.attested), 2, split.root,
+        bind_to_record(HeardRound({0: split.closes[0], 1: [forged_close]}, heard.attested, HASHED), 2, split.root,
                        weights_root(split.hashes))
     with pytest.raises(InputsUnavailable, match="contributions root"):
-        bind_to_record(HeardRound({0: split.closes[0]}, heard.attested), 2, split.root, weights_root(split.hashes))
+        bind_to_record(HeardRound({0: split.closes[0]}, heard.attested, HASHED), 2, split.root,
+                       weights_root(split.hashes))
     with pytest.raises(InputsUnavailable, match="weights root"):
         bind_to_record(heard, 2, split.root, weights_root([b"\x09" * 32, b"\x09" * 32]))
 
@@ -76,7 +80,7 @@ def test_a_recorded_round_is_bound_to_the_records_roots_whatever_else_was_heard(
     close = msg.Close([[r, p, h, 100] for r, p, h in split.closes[0][0]])
     att = SimpleNamespace(weights_hash=split.hashes[1], stage_leaf=b"")  # a hashed run's
     snap = heard_round(3, 2, lambda _t, s: {"a": (close, b""), "b": (close, b"")} if s == 0 else {},
-                       lambda _t, s: {"x": att, "y": att} if s == 1 else {}, {0: split.hashes[0]})
+                       lambda _t, s: {"x": att, "y": att} if s == 1 else {}, {0: split.hashes[0]}, HASHED)
     assert snap.closes == {0: split.closes[0], 1: []} and snap.attested == {0: [split.hashes[0]], 1: [split.hashes[1]]}
 
 

@@ -33,7 +33,7 @@ def test_the_prover_and_the_challenger_cannot_invalidate_right_rounds():
     """The fuzzer's I7 actors, step by step: proofs over real and tampered leaves and answered challenges
     against right rounds are all refused, and the model holds after each."""
     from ledger import errors
-    from ledger.chunkproof import PAYLOAD, WEIGHTS, availability_answer, availability_target
+    from ledger.availability import PAYLOAD, WEIGHTS, availability_answer, availability_target
     from tests.fraud_fixtures import honest_chain
     from tests.trust_machine import COALITION, HONEST, OUTSIDER
 

@@ -39,10 +39,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from ledger import errors
 from ledger.attest import record_struct_hash
 from ledger.chain import connect_pyevm
-from ledger.chunkproof import (FACTORS, MOMENTUM, PAYLOAD, WEIGHTS, availability_answer, availability_target,
-                               build_proof, chunked_weights_root, sums_which)
-from ledger.records import COMMITMENT_VERSIONS, RoundRecord, Verdict
+from ledger.availability import (FACTORS, MOMENTUM, PAYLOAD, WEIGHTS, availability_answer,
+                                 availability_target, sums_which)
+from ledger.chunkproof import build_proof, chunked_weights_root
+from ledger.records import RoundRecord, Verdict
 from ledger.normproof import scale_proof, sum_proof
+from node.commitments import scheme_named
 from tests.fraud_fixtures import changed, honest_chain, lied_sum, with_scale
 from training.chunks import float64_bits
 from tests.ledger_fixtures import deploy, mine, node_key, raw_public_key
@@ -71,7 +73,7 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
         self.run_id = self.client(HONEST[0]).create_run(
             digest("trust"), 1, 10, min_stake=STAKE, bond=BOND, quorum=2, quorum_bps=5000,
             accusation_blocks=WINDOW, dispute_blocks=WINDOW, inactivity_rounds=INACTIVITY, tenure_rounds=TENURE,
-            commitments=COMMITMENT_VERSIONS["normed"],  # its honest records carry version-3 factors
+            commitments=scheme_named("normed").version,  # its honest records carry version-3 factors
         )
         for index in (*HONEST, *COALITION):
             self.client(index).join_run(self.run_id)

@@ -42,14 +42,15 @@ import threading
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from ledger.chunkproof import FACTORS, StageState, availability_answer, chunked_weights_root
+from ledger.availability import FACTORS, availability_answer
+from ledger.chunkproof import StageState, chunked_weights_root
 from ledger.normproof import SumTree
-from ledger.records import COMMITMENT_VERSIONS, RoundRecord
+from ledger.records import RoundRecord
 from node import protocol
+from node.commitments import scheme_named, stage_state
 from node.live.chain.onchain import NodeChain
 from node.live.fraud.prover import FraudProver
 from node.live.state.roundbook import RoundBook
-from node.fraudproof import stage_state
 from tests.fraud_fixtures import DILOCO, contribution, honest_chain, lied_sum, normed_start, tensors
 from tests.trust_params import BOND, COALITION, HONEST, REFUSED, STAKE, digest
 from training.chunks import float64_bits
@@ -110,6 +111,8 @@ def captured_states() -> tuple[StageState, StageState, StageState]:
 class HeldStates:
     """The walker's own stage states by round, as node/live/fraud/chunkstate.ChunkedStates holds them; nobody serves it the
     committed ones (the coalition withholds them), so it opens them on chain."""
+
+    scheme = scheme_named("normed")
 
     def __init__(self, states: dict[int, StageState]) -> None:
         self._states = states
@@ -211,7 +214,7 @@ class SumWalks:
         run_id = creator.create_run(
             digest(f"captured {len(self.lied_rounds)}"), 1, 10, min_stake=STAKE, bond=BOND, quorum=2,
             quorum_bps=5000, accusation_blocks=CAPTURED_ANSWER_BLOCKS, dispute_blocks=CAPTURED_DISPUTE_BLOCKS,
-            commitments=COMMITMENT_VERSIONS["normed"])
+            commitments=scheme_named("normed").version)
         for index in (*COALITION, HONEST[0]):
             self.client(index).join_run(run_id)
         records = []

@@ -26,7 +26,7 @@ __all__ = [
     "RandomSource", "check_device_spec", "check_precision", "BYTES_TOKENIZER", "DEFAULT_ROPE_THETA", "FAMILIES",
     "LLAMA_ONLY", "MODEL_PRESETS", "ModelConfig", "preset_family", "INNER_OPTIMIZERS", "DEFAULT_OPTIMIZER",
     "LEGACY_OPTIMIZER", "TrainingConfig", "MUON_ONLY", "NODE_ONLY_TRAINING", "DELAY_CORRECTIONS", "OUTER_DECAYS",
-    "EXCHANGES", "COMMITMENTS", "SLICED_FROM_REPLICAS", "DEFAULT_MIN_SLICE_NUMEL", "MAX_MIN_SLICE_NUMEL",
+    "EXCHANGES", "SLICED_FROM_REPLICAS", "DEFAULT_MIN_SLICE_NUMEL", "MAX_MIN_SLICE_NUMEL",
     "DilocoConfig", "PipelineConfig",
 ]
 
@@ -144,12 +144,6 @@ OUTER_ADAM_ONLY = {"outer_adam_beta1": 0.9, "outer_adam_beta2": 0.99, "outer_ada
 OUTER_NESTEROV_ONLY = {"outer_momentum": 0.5, "nesterov": True, "outer_final_momentum": "auto"}
 OUTER_DECAYS = ("constant", "linear", "cosine")
 EXCHANGES = ("full", "sliced")
-#: How a record commits each stage's state (docs/FRAUD_PROOF.md): "hashed", version 1 (one hash of each stage's
-#: weights, training.hashing.weights_root: no fraud proof opens it), "chunked", version 2 (the Merkle root of
-#: every stage's chunk roots and per-round factors, ledger.chunkproof: a fraud proof opens one chunk), "normed",
-#: version 3 (version 2 whose factors also commit each contribution's sum of squares and its sum tree,
-#: ledger.normproof: a fraud proof opens a clip scale).
-COMMITMENTS = ("hashed", "chunked", "normed")
 #: Screening's rule (docs/DILOCOX.md sections 10 and 13, "Screening"): "one_sided", version 1, the loss of each
 #: contribution applied alone against the median's; "two_sided", version 2 (time-bounded runs), also applied against
 #: itself: a contribution must descend (its slope), and its length cost no more than four times the median one's
@@ -253,10 +247,11 @@ class DilocoConfig:
     # then absent from the run document, whose hash stays what it was.
     round_budget_s: float = 0.0
     min_inner_steps: int = 0  # with a budget: 0 means 1
-    # How the run's records commit the stages' states (COMMITMENTS; docs/FRAUD_PROOF.md, "The node"). "auto"
-    # resolves to "normed" (version 3: a wrong aggregation or clip scale is provable on chain; norm_clip = 0 too)
-    # wherever the contract's outer step is this run's (full exchange, one outer lr, Nesterov), else "hashed".
-    # The document names what "auto" gave: a "chunked" run stays chunked, a document without it stays hashed.
+    # How the run's records commit the stages' states: the name of a commitment scheme (node/commitments/, which
+    # validates it; docs/FRAUD_PROOF.md, "Where the scheme lives"). "auto" resolves to "normed" (version 3: a
+    # wrong aggregation or clip scale is provable on chain; norm_clip = 0 too) wherever the contract's outer step
+    # is this run's (contract_outer_step), else "hashed". The document names what "auto" gave: a "chunked" run
+    # stays chunked, a document without it stays hashed.
     commitments: str = AUTO
 
     def __post_init__(self) -> None:
@@ -375,23 +370,18 @@ class DilocoConfig:
         return 2 if self.outer_optimizer == "adam" else 1
 
     def _check_commitments(self) -> None:
-        provable = (self.exchange == "full" and self.outer_lr_other_scale == 1.0
-                    and self.outer_optimizer == "nesterov")
+        # Only "auto" is resolved here: which names exist, and what each needs of the outer loop, is the
+        # registry's of commitment schemes (node/commitments/), checked when the node's configuration is built.
         if self.commitments == AUTO:
-            self.commitments = "normed" if provable else "hashed"
-        _require(self.commitments in COMMITMENTS,
-                 f"diloco.commitments={self.commitments!r}: must be one of {', '.join(COMMITMENTS)} or \"auto\"")
-        _require(provable or self.commitments == "hashed",
-                 f"diloco.commitments={self.commitments!r} needs diloco.exchange = \"full\" (now {self.exchange!r}), "
-                 f"diloco.outer_lr_other_scale = 1 (now {self.outer_lr_other_scale}) and diloco.outer_optimizer = "
-                 f"\"nesterov\" (now {self.outer_optimizer!r}): the fraud proof's outer step averages whole "
-                 "contributions and takes a Nesterov step with one outer lr; set diloco.commitments = \"hashed\"")
+            self.commitments = "normed" if self.contract_outer_step else "hashed"
+        _require(isinstance(self.commitments, str) and self.commitments != "",
+                 f"diloco.commitments={self.commitments!r}: must name a commitment scheme or be \"auto\"")
 
     @property
-    def chunked(self) -> bool:
-        """Whether the run's records commit chunked weights roots (``commitments``: version 2, or version 3
-        whose factors also commit the norm rule's sums of squares, docs/FRAUD_PROOF.md)."""
-        return self.commitments in ("chunked", "normed")
+    def contract_outer_step(self) -> bool:
+        """Whether the contract's outer step (a fraud proof recomputes it) is this run's: the full exchange, one
+        outer lr, Nesterov. Only such a run's records can commit chunks (docs/FRAUD_PROOF.md)."""
+        return self.exchange == "full" and self.outer_lr_other_scale == 1.0 and self.outer_optimizer == "nesterov"
 
     def _check_round_budget(self) -> None:
         budget, least = self.round_budget_s, self.min_inner_steps

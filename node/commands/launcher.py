@@ -22,13 +22,12 @@ from pathlib import Path
 from ledger.account import DEV_ACCOUNT_COUNT, dev_account, fund_accounts
 from ledger.chain import AnvilProcess, connect_rpc, terminate_with_parent
 from ledger.client import LedgerClient
-from ledger.records import (
+from ledger.runparams import (
     DEFAULT_ACCUSATION_BLOCKS,
     DEFAULT_DISPUTE_BLOCKS,
     DEFAULT_INACTIVITY_ROUNDS,
     SAFE_MIN_QUORUM,
     SAFE_MIN_QUORUM_BPS,
-    commitment_version,
 )
 from node.commands.link import run_link
 from node.commands.throttle import CpuGroup
@@ -171,7 +170,7 @@ class LocalRun:
                                         accusation_blocks=self.accusation_blocks,
                                         dispute_blocks=self.dispute_blocks, max_rounds=cfg.rounds,
                                         inactivity_rounds=self.inactivity_rounds,
-                                        commitments=commitment_version(cfg.diloco.commitments),
+                                        commitments=cfg.commitment_scheme.version,
                                         allow_weak_quorum=self.allow_weak_quorum)
         (self.workdir / "run.json").write_bytes(canonical_json(document))
         (self.workdir / "deployment.json").write_text(json.dumps({

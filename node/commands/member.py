@@ -14,6 +14,7 @@ import json
 import time
 
 from node.commands.chainops import Spend, add_fee_args, agree, check_funds, eta, seconds_per_block
+from node.commitments import version_name
 from node.errors import ConfigError, StateError
 
 
@@ -177,7 +178,8 @@ def format_run_info(s: dict) -> str:
     rounds = f"{s['rounds_committed']} of {s['max_rounds']}" if s["max_rounds"] else f"{s['rounds_committed']}"
     lines = [f"run {s['run_id']} on chain {s['chain_id']}: ledger {s['ledger']}, registry {s['registry']}",
              (f"  created by {s['creator']} in block {s['created_block']}; configHash {s['config_hash'][:16]}; "
-              f"{s['stages']} stage(s), H={s['inner_steps']}; commitments version {s['commitments']}"),
+              f"{s['stages']} stage(s), H={s['inner_steps']}; commitments version {s['commitments']} "
+              f"({version_name(s['commitments'])})"),
              f"  quorum k={s['quorum']}" + (f" (and {s['quorum_bps'] / 100:g}% of members)" if s["quorum_bps"] else "")
              + f"; stake {s['stake_wei'] / 1e18:g} ETH; unbonding {s['unbonding_blocks']} blocks",
              f"  rounds committed: {rounds}; chain head block {s['head_block']}",

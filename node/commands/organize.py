@@ -198,7 +198,7 @@ def read_run_file(path: str) -> RunFile:
 
 
 def _check_run_table(chain: dict, path: str) -> dict:
-    from ledger.records import (
+    from ledger.runparams import (
         DEFAULT_ACCUSATION_BLOCKS,
         DEFAULT_DISPUTE_BLOCKS,
         DEFAULT_INACTIVITY_ROUNDS,
@@ -228,7 +228,7 @@ def _check_run_table(chain: dict, path: str) -> dict:
 
 def run_params(run: RunFile):
     """The RunParams of a checked run file."""
-    from ledger.records import RunParams, commitment_version
+    from ledger.runparams import RunParams
     from node.runconfig import config_hash, run_document
 
     chain = run.chain
@@ -239,7 +239,7 @@ def run_params(run: RunFile):
                      unbonding_blocks=chain["unbonding_blocks"] or None,
                      accusation_blocks=chain["accusation_blocks"], dispute_blocks=chain["dispute_blocks"],
                      inactivity_rounds=chain["inactivity_rounds"], max_rounds=run.cfg.rounds,
-                     tenure_rounds=chain["tenure_rounds"], commitments=commitment_version(run.cfg.diloco.commitments))
+                     tenure_rounds=chain["tenure_rounds"], commitments=run.cfg.commitment_scheme.version)
 
 
 # ---------------------------------------------------------------------- create-run

@@ -274,7 +274,8 @@ class NodeParts:
         cfg, chain, host = self.cfg, self.chain, self.host
         self.chunked = ChunkedStates(cfg=cfg, host=host, layout=self.layout, config_hash=self.config_hash,
                                      window=DisputeWindow(chain, self.run_id),
-                                     spill_dir=self.data_dir / CHUNK_STATES_DIR) if cfg.diloco.chunked else None
+                                     spill_dir=self.data_dir / CHUNK_STATES_DIR) \
+            if cfg.commitment_scheme.chunked else None
         fraud = FraudProver(run_id=self.run_id, chain=chain, book=self.book, states=self.chunked,
                             stages=self.station.held_stages, num_stages=cfg.pipeline.num_stages, stop=self.stop,
                             proofs_dir=self.data_dir / PROOFS_DIR) \

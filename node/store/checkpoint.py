@@ -143,7 +143,7 @@ class RunLayout:
     config_hash: bytes
     model_config: dict[str, Any]
     stage_shapes: tuple[dict[str, tuple[int, ...]], ...]  # per stage: parameter name -> shape
-    chunked: bool = False  # the run's records commit version-2 roots (diloco.commitments): stage leaves
+    chunked: bool = False  # the run's scheme commits stage leaves (node.commitments: CommitmentScheme.chunked)
     outer_moments: int = 1  # outer state tensors per weight: 2 with outer Adam (diloco.outer_optimizer), stacked
 
     @classmethod
@@ -164,7 +164,8 @@ class RunLayout:
             shapes = tuple(stage_param_shapes(cfg.model, spec) for spec in specs)
         except TrainingError as exc:
             raise StateError(f"the run document's model does not split into its stages: {exc}") from None
-        return cls(run_id, config_hash, dict(document["model"]), shapes, cfg.diloco.chunked, cfg.diloco.outer_moments)
+        return cls(run_id, config_hash, dict(document["model"]), shapes, cfg.commitment_scheme.chunked,
+                   cfg.diloco.outer_moments)
 
     @property
     def num_stages(self) -> int:

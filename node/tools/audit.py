@@ -347,7 +347,7 @@ def _check_rounds(
         payloads = check_contributions(verdict, record, sources, run.num_stages, chain.valid, previous_block, run,
                                        document)
         replayed = check_replay(verdict, commit, replayer, payloads, replay)
-        if replayed is not None and replayed != commit.weights_root and replayer.cfg.diloco.chunked \
+        if replayed is not None and replayed != commit.weights_root and replayer.scheme.chunked \
                 and client is not None:
             check_fraud_proof(verdict, record, commits.get(commit.round - 1), replayer, sources, client, history,
                               layout)

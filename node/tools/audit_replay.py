@@ -73,18 +73,17 @@ def commitments_check(document: dict, on_chain: int) -> Check:
     """Whether the run was created on chain (``RunParams.commitments``) with the commitments version its document
     names (``diloco.commitments``; a document without it is a hashed run's): the prover holds every round's factors
     to the chain's, so a mismatch lets the norm proof overturn honest rounds, or a quorum escape it."""
-    from ledger.records import COMMITMENT_VERSIONS
+    from node.commitments import SCHEMES, UNNAMED, version_name
 
     diloco = document.get("diloco")
-    setting = diloco.get("commitments", "hashed") if isinstance(diloco, dict) else None
-    names = {number: name for name, number in COMMITMENT_VERSIONS.items()}
-    if COMMITMENT_VERSIONS.get(setting) != on_chain:
+    setting = diloco.get("commitments", UNNAMED) if isinstance(diloco, dict) else None
+    scheme = SCHEMES.get(setting) if isinstance(setting, str) else None
+    if scheme is None or scheme.version != on_chain:
         return Check("commitments version", FAIL,
                      f"the document says diloco.commitments = {setting!r}, the run was created on chain with version "
-                     f"{on_chain} ({names.get(on_chain, 'unknown')}): the fraud proofs hold its rounds to the chain's")
-    proven = {"hashed": "no fraud proof opens its roots", "chunked": "chunk proofs open its roots",
-              "normed": "chunk and norm proofs open its roots; factors of another version are proven wrong"}[setting]
-    return Check("commitments version", OK, f"{on_chain} ({setting}) on chain, as the document says: {proven}")
+                     f"{on_chain} ({version_name(on_chain)}): the fraud proofs hold its rounds to the chain's")
+    return Check("commitments version", OK, f"{on_chain} ({setting}) on chain, as the document says: "
+                                            f"{scheme.audit_note}")
 
 
 class ScreeningUnavailable(Exception):
@@ -99,6 +98,7 @@ class Replayer:
         from training.stages import split_stages, stage_param_names
 
         self.cfg = node_config_from_run(document)
+        self.scheme = self.cfg.commitment_scheme
         self.num_stages = self.cfg.pipeline.num_stages
         specs = split_stages(self.cfg.model.n_layer, self.num_stages)
         self.names = [stage_param_names(self.cfg.model, spec) for spec in specs]
@@ -140,7 +140,7 @@ class Replayer:
     def _states_from_weights(self) -> None:
         """The stage states of a starting point (no round's factors: only its chunks are ever opened)."""
         self.prev_states = None
-        if self.cfg.diloco.chunked:
+        if self.scheme.chunked:
             from node.fraudproof import initial_state
 
             self.states = [initial_state(stage, w, m) for stage, (w, m) in enumerate(zip(self.weights, self.momentum))]
@@ -229,7 +229,6 @@ class Replayer:
         (node/tools/audit_sliced.py); raises ScreeningUnavailable when the archives lack them."""
         from node.tools.audit_sliced import SlicedEvidenceMissing, sliced_average
         from training.diloco import step_with_average
-        from training.hashing import weights_root
 
         hashes, new_weights, new_momentum = [], [], []
         for stage, payloads in enumerate(payloads_by_stage):
@@ -246,7 +245,7 @@ class Replayer:
             new_momentum.append(result.new_momentum)
             hashes.append(result.weights_hash)
         self.weights, self.momentum, self.last_excluded = new_weights, new_momentum, []
-        return weights_root(hashes)
+        return self.scheme.weights_root(hashes, [])  # a sliced run's scheme is hashed (its configuration)
 
     def apply(self, round_index: int, payloads_by_stage: list[list[bytes]],
               applied_by_stage: list[list[bytes]] | None = None,
@@ -262,9 +261,9 @@ class Replayer:
         reason, detail).
         """
         from node.binding import other_result_exclusions
-        from node.fraudproof import record_weights_root, stage_state
+        from node.commitments import stage_state
         from training.diloco import aggregate_with_report
-        from training.hashing import stage_weights_hash, weights_root
+        from training.hashing import stage_weights_hash
 
         screened = self.screened(round_index, payloads_by_stage)
         hashes, new_weights, new_momentum, self.last_excluded, states = [], [], [], [], []
@@ -287,16 +286,15 @@ class Replayer:
             new_momentum.append(result.new_momentum)
             hashes.append(result.weights_hash)
             self.last_excluded += [(stage, r.index, r.reason, r.detail) for r in result.contributions if not r.accepted]
-            if self.cfg.diloco.chunked:
+            if self.scheme.chunked:
                 states.append(stage_state(stage, result, payloads, self.cfg.diloco, round_index,
                                           envelopes=None if envelopes_by_stage is None else envelopes_by_stage[stage],
                                           decode_args={"stage_index": stage, "outer_round": round_index,
                                                        "refuse_raw": self.cfg.compression.enabled}))
         self.weights, self.momentum = new_weights, new_momentum
-        if not self.cfg.diloco.chunked:
-            return weights_root(hashes)
-        self.prev_states, self.states = self.states, states
-        return record_weights_root(hashes, [state.leaf().encode() for state in states])
+        if self.scheme.chunked:
+            self.prev_states, self.states = self.states, states
+        return self.scheme.weights_root(hashes, [state.leaf().encode() for state in states])
 
 
 def check_replay(

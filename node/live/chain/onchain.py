@@ -16,8 +16,9 @@ from ledger.client import LedgerClient, binding_message
 from ledger.errors import DeploymentMismatch, LedgerError
 from ledger.attest import recover_signer
 from ledger.eventrecords import CheckpointRecord
-from ledger.records import (COMMITMENT_VERSIONS, MIN_WINDOW_BLOCKS, CommitRecord, Membership, RoundRecord,
-                            RunInfo, commitment_version)
+from ledger.records import CommitRecord, Membership, RoundRecord
+from ledger.runparams import MIN_WINDOW_BLOCKS, RunInfo
+from node.commitments import scheme_named, version_name
 from node.config import NodeConfig
 from node.errors import ConfigError, NotRegistered
 from node.live.chain.disputes import ChainDisputes
@@ -117,12 +118,11 @@ class NodeChain(ChainSeats, ChainDisputes):
         version, so a node of a run created with another one would sign rounds that lose its stake.
         """
         info = self.run_info(run_id)
-        version = commitment_version(commitments)
+        version = scheme_named(commitments).version
         if info.commitments != version:
-            names = {number: name for name, number in COMMITMENT_VERSIONS.items()}
             raise ConfigError(
                 f"run {run_id} was created on chain with commitments version {info.commitments} "
-                f"({names.get(info.commitments, 'unknown')}), but its document says diloco.commitments = "
+                f"({version_name(info.commitments)}), but its document says diloco.commitments = "
                 f"{commitments!r} (version {version}): the prover would prove every round of this node wrong; "
                 "the run's creator must create it again with its document's version"
             )

@@ -36,10 +36,9 @@ from pathlib import Path
 from ledger.errors import LedgerInputError
 from ledger.merkle import merkle_root
 from node import protocol as msg
+from node.commitments import CommitmentScheme
 from node.errors import NodeError, StateError
 from node.fsutil import write_when_space
-from node.fraudproof import record_weights_root
-from node.live.fraud.chunkstate import attested_leaf
 from node.store.archive import ArchivedContribution
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
@@ -67,14 +66,16 @@ class HeardRound:
 
     closes: dict[int, list[tuple[tuple, ...]]]  # stage -> distinct closes, each a tuple of (replica, peer, hash)
     attested: dict[int, list[bytes]]  # stage -> distinct weights hashes attested (this node's first)
+    scheme: CommitmentScheme  # the run's commitments (node/commitments/): how the record's weights root is built
     # A chunked run's: stage -> weights hash -> the stage leaf first attested with it (node/live/fraud/chunkstate.py).
     leaves: dict[int, dict[bytes, bytes]] = field(default_factory=dict)
 
 
 def heard_round(outer_round: int, num_stages: int, closes: Callable, attestations: Callable,
-                own_hashes: dict[int, bytes]) -> HeardRound:
+                own_hashes: dict[int, bytes], scheme: CommitmentScheme) -> HeardRound:
     """Snapshot the book's closes and attestations of ``outer_round`` (``closes``/``attestations``:
-    :meth:`node.live.state.roundbook.RoundBook.snapshot_closes` / ``snapshot_attestations``)."""
+    :meth:`node.live.state.roundbook.RoundBook.snapshot_closes` / ``snapshot_attestations``) in a run of
+    commitment ``scheme``."""
     heard_closes: dict[int, list[tuple[tuple, ...]]] = {}
     attested: dict[int, list[bytes]] = {}
     leaves: dict[int, dict[bytes, bytes]] = {}
@@ -89,11 +90,11 @@ def heard_round(outer_round: int, num_stages: int, closes: Callable, attestation
         for attestation in attestations(outer_round, stage).values():
             if attestation.weights_hash not in hashes:
                 hashes.append(attestation.weights_hash)
-            leaf = attested_leaf(attestation, stage)
-            if leaf is not None:
+            leaf = scheme.attested_leaf(attestation, stage)
+            if leaf:
                 leaves.setdefault(stage, {}).setdefault(attestation.weights_hash, leaf)
         attested[stage] = hashes
-    return HeardRound(heard_closes, attested, leaves)
+    return HeardRound(heard_closes, attested, scheme, leaves)
 
 
 def bind_to_record(heard: HeardRound, num_stages: int, contributions_root: bytes,
@@ -124,12 +125,10 @@ def bind_to_record(heard: HeardRound, num_stages: int, contributions_root: bytes
 
 
 def _root_of(heard: HeardRound, hashes: list[bytes]) -> bytes | None:
-    """The record's weights root of these stage hashes: version 1, or (a chunked run's attestations heard)
-    version 2 over the stage leaves attested with them (None where one is missing)."""
-    if not heard.leaves:
-        return record_weights_root(hashes, None)
+    """The record's weights root of these stage hashes in the run's scheme (a chunked one's over the stage leaves
+    attested with them: None where one is missing)."""
     try:
-        return record_weights_root(hashes, [heard.leaves.get(s, {}).get(h, b"") for s, h in enumerate(hashes)])
+        return heard.scheme.weights_root(hashes, [heard.leaves.get(s, {}).get(h, b"") for s, h in enumerate(hashes)])
     except LedgerInputError:
         return None
 

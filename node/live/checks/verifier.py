@@ -165,7 +165,8 @@ class SpotChecker(ContributionRerun, Tribunal):
         if self.ctx.closes is not None and self.ctx.attestations is not None:
             # Now, on the committer's thread: the book forgets the round's closes a few rounds on.
             heard = heard_round(outer_round, self.ctx.cfg.pipeline.num_stages, self.ctx.closes,
-                                self.ctx.attestations, self.ctx.stage_hashes(outer_round) or {})
+                                self.ctx.attestations, self.ctx.stage_hashes(outer_round) or {},
+                                self.ctx.cfg.commitment_scheme)
         self._reruns.put(DRAW, "draw", outer_round, weights_root, heard)
 
     def _record(self, outer_round: int, weights_root: bytes, heard: HeardRound) -> None:

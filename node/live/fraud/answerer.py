@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from ledger.chunkproof import STAGE_LEAF, availability_answer, stage_leaf_answer
+from ledger.availability import STAGE_LEAF, availability_answer, stage_leaf_answer
 from ledger.errors import LedgerError
 from node.errors import DLX_ERRORS
 from node.fraudproof import parse_stage_leaf

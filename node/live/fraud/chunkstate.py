@@ -1,4 +1,5 @@
-"""A chunked run's stage states (diloco.commitments = "chunked", issue 43; docs/FRAUD_PROOF.md).
+"""A chunked run's stage states (a commitment scheme whose ``chunked`` is true: node/commitments/; issue 43;
+docs/FRAUD_PROOF.md).
 
 In a chunked run the record's weights root is version 2: the Merkle root over one stage leaf per stage
 (ledger.chunkproof), each the roots of the stage's weights and outer momentum cut into chunks and the hash
@@ -6,7 +7,7 @@ of the round's factors. After a round's outer step the finisher hands this node'
 stage to :meth:`ChunkedStates.record`, which
 
 - derives the :class:`ledger.chunkproof.StageState` (the chunk leaves, the factors, every accepted
-  contribution's payload pieces: node.fraudproof.stage_state_of) and keeps it a few rounds, for the
+  contribution's payload pieces: the scheme's ``stage_state_of``) and keeps it a few rounds, for the
   attestation (its stage leaf) and for a fraud proof of a later round (node/live/fraud/prover.py);
 - publishes the state: the stage's weights and momentum, as a stage shard, served to any peer under the
   alias ``sha256(stage leaf)``. A prover that derived another leaf than the committed one fetches the
@@ -14,8 +15,8 @@ stage to :meth:`ChunkedStates.record`, which
   against the leaf's roots before opening any chunk of it: what a prover cannot derive itself (the
   committers' wrong weights) the committers publish. The payload pieces are not published: every holder
   derives them from the contributions it aggregated, and the committed factors name their roots.
-- in a version-3 run (``diloco.commitments = "normed"``), also publishes the factors and each accepted
-  contribution's per-chunk sums of squares (ledger.normproof.encode_norm_state) under ``norms_key(stage leaf)``:
+- publishes what the run's scheme adds beside it (``published_parts``): in a version-3 run
+  (node/commitments/normed.py) the factors and each accepted contribution's per-chunk sums of squares under ``norms_key(stage leaf)``:
   a prover whose own factors differ from the committed ones opens them (:meth:`ChunkedStates.committed_norms`)
   to prove a wrong clip scale or sum (node.fraudproof.norm_proof_of_difference).
 
@@ -39,11 +40,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ledger.chunkproof import StageLeaf, StageState, tree_root
-from ledger.errors import LedgerError, LedgerInputError
-from ledger.normproof import SUM_BYTES, encode_norm_state, parse_norm_state
+from ledger.errors import LedgerError
+from ledger.normproof import SUM_BYTES, parse_norm_state
+from node.commitments.normed import norms_key
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
-from node.fraudproof import parse_stage_leaf, stage_state_of
 from node.fsutil import atomic_write_bytes, is_disk_full, report_disk_full
 from node.store.checkpoint import Checkpoint, RunLayout, parse_checkpoint, stage_problems
 from p2p.host import P2PHost
@@ -65,23 +66,6 @@ STATE_SLACK_BYTES = 1 << 20
 def state_key(stage_leaf: bytes) -> str:
     """The alias a stage's published state is served under: ``sha256(stage leaf)`` (hex)."""
     return hashlib.sha256(stage_leaf).hexdigest()
-
-
-def norms_key(stage_leaf: bytes) -> str:
-    """The alias a version-3 stage's norm commitment is served under (its factors and sum trees)."""
-    return hashlib.sha256(b"dlx-node/norms/v1" + stage_leaf).hexdigest()
-
-
-def attested_leaf(att, stage: int) -> bytes | None:
-    """The stage leaf an attestation of a chunked run carries, or None if it carries none that parses (such an
-    attestation counts for nothing: a peer's bad leaf never reaches a record)."""
-    if not att.stage_leaf:
-        return None
-    try:
-        parse_stage_leaf(att.stage_leaf, stage)
-    except LedgerInputError:
-        return None
-    return att.stage_leaf
 
 
 class DisputeWindow:
@@ -120,6 +104,7 @@ class ChunkedStates:
     def __init__(self, *, cfg: NodeConfig, host: P2PHost, layout: RunLayout, config_hash: bytes,
                  window: DisputeWindow | None = None, spill_dir: Path | None = None) -> None:
         self.cfg = cfg
+        self.scheme = cfg.commitment_scheme  # what a state holds and what is published beside it
         self.window = window  # None: rounds are kept PUBLISHED_ROUNDS only (tests without a chain)
         self.host = host
         self.layout = layout
@@ -141,26 +126,26 @@ class ChunkedStates:
         ``payloads``: the closed contributions' codec blobs, ``envelopes``: their envelope digests (the
         contributions root's leaves), both in the close's order; ``reports``: the aggregation's, one each.
         """
-        state = stage_state_of(stage, weights, momentum, reports, payloads, self.cfg.diloco, outer_round,
-                               envelopes=envelopes,
-                               decode_args={"stage_index": stage, "outer_round": outer_round,
-                                            "refuse_raw": self.cfg.compression.enabled})
+        state = self.scheme.stage_state_of(stage, weights, momentum, reports, payloads, self.cfg.diloco, outer_round,
+                                           envelopes=envelopes,
+                                           decode_args={"stage_index": stage, "outer_round": outer_round,
+                                                        "refuse_raw": self.cfg.compression.enabled})
         leaf = state.leaf().encode()
         with self._lock:
             self._states.setdefault(outer_round, {})[stage] = state
         self.publish(outer_round, stage, leaf, weights, momentum)
-        if state.factors.norms is not None:
-            self.publish_norms(outer_round, stage, leaf, state)
+        for alias, blob in self.scheme.published_parts(leaf, state):
+            self.publish_part(outer_round, stage, alias, blob)
         return leaf
 
-    def publish_norms(self, outer_round: int, stage: int, leaf: bytes, state: StageState) -> None:
-        """Serve a version-3 stage's factors and sum trees under ``norms_key(leaf)`` (module docstring)."""
+    def publish_part(self, outer_round: int, stage: int, alias: str, blob: bytes) -> None:
+        """Serve what the run's scheme publishes beside a stage's state (a version-3 stage's factors and sum
+        trees under ``norms_key(leaf)``: module docstring)."""
         try:
-            digest = self.host.provide_blob(encode_norm_state(state.factors.encode(), state.sum_trees),
-                                            announce=False)
-            self.host.provide_alias(norms_key(leaf), digest)
+            digest = self.host.provide_blob(blob, announce=False)
+            self.host.provide_alias(alias, digest)
         except DLX_ERRORS as exc:
-            logger.warning("round %d stage %d: norm commitment not published: %s", outer_round, stage, exc)
+            logger.warning("round %d stage %d: %s not published: %s", outer_round, stage, alias[:12], exc)
             return
         with self._lock:
             self._served.setdefault(outer_round, []).append(digest)

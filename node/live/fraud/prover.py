@@ -24,16 +24,16 @@ committed leaf differs from its own, the node
    challenges them to publish a stage leaf itself (``STAGE_LEAF``), which nobody can answer for a back door.
    Right rounds' challenges are answered by every node (node/live/fraud/answerer.py).
 
-In a version-3 run (``diloco.commitments = "normed"``) committed factors other than its own are opened from an
-attester of the leaf (the factors and sum trees it serves), or, when none serves them, from an availability
-challenge of the factors (``FACTORS``: the committers publish them on chain or lose the round), and a wrong clip
-scale or sum of squares, or factors of another version than the run's (``RunParams.commitments``), is proven
-with ``proveWrongNorm`` (docs/FRAUD_PROOF.md, "The clip scales", "The run's version"). Where the committed sum
-trees are withheld too, a contribution whose committed tree or total is not this node's is walked leaf by leaf
-(:class:`SumWalk`): each answered sum-tree leaf's path (its siblings' hashes and sums) says which subtree holds a
-lied sum, or its total already differs from the committed one; the lied leaf, once opened, with the round's
-committed weights leaf of that chunk (this node's own where the weights root is, else fetched or challenged too),
-is a sum proof.
+In a run whose scheme proves its factors (version 3, ``"normed"``: node/commitments/normed.py) committed
+factors other than its own are opened from an attester of the leaf (the factors and sum trees it serves), or,
+when none serves them, from an availability challenge of the factors (``FACTORS``: the committers publish them
+on chain or lose the round), and a wrong clip scale or sum of squares, or factors of another version than the
+run's (``RunParams.commitments``), is proven with ``proveWrongNorm`` (docs/FRAUD_PROOF.md, "The clip scales",
+"The run's version"). Where the committed sum trees are withheld too, a contribution whose committed tree or
+total is not this node's is walked leaf by leaf (:class:`SumWalk`): each answered sum-tree leaf's path (its
+siblings' hashes and sums) says which subtree holds a lied sum, or its total already differs from the
+committed one; the lied leaf, once opened, with the round's committed weights leaf of that chunk (this node's
+own where the weights root is, else fetched or challenged too), is a sum proof.
 
 What it cannot prove it says in the log and leaves to the dispute (node/live/record/forkrepair.py): a round whose
 contributions root differs (another set of contributions), committed factors other than its own in a version-2
@@ -53,16 +53,16 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ledger.chunkproof import (FACTORS, MOMENTUM, WEIGHTS, Factors, StageLeaf, StageState, availability_target,
-                               differing_subtree, opened_proof, stage_leaf_target, sums_which, tree_path)
+from ledger.availability import (FACTORS, MOMENTUM, WEIGHTS, availability_target, differing_subtree,
+                                 opened_proof, stage_leaf_target, sums_which)
+from ledger.chunkproof import Factors, StageLeaf, StageState, tree_path
 from ledger.errors import LedgerError, ProverChallengeNotDue, ProverChallengeSettled
 from ledger.normproof import SUM_BYTES, differing_sum_subtree, opened_sum_proof, path_total, scale_proof
 from ledger.records import RoundRecord
 from node.errors import DLX_ERRORS
 from node.fsutil import atomic_write_bytes
-from node.fraudproof import (norm_proof_of_difference, parse_stage_leaf, proof_of_difference, record_weights_root,
-                             wrong_sum_contribution)
-from node.live.fraud.chunkstate import ChunkedStates, attested_leaf
+from node.fraudproof import norm_proof_of_difference, parse_stage_leaf, proof_of_difference, wrong_sum_contribution
+from node.live.fraud.chunkstate import ChunkedStates
 from node.live.chain.onchain import NodeChain
 from node.live.state.roundbook import RoundBook
 
@@ -92,7 +92,7 @@ class ProverLog:
 class Walk:
     """A withheld committed state opened one leaf at a time through availability challenges (docs/FRAUD_PROOF.md,
     "The data-availability challenge"): each answer's path says which subtree of the committed tree differs
-    from this node's (:func:`ledger.chunkproof.differing_subtree`), so a differing chunk is found in at most
+    from this node's (:func:`ledger.availability.differing_subtree`), so a differing chunk is found in at most
     ``log2(chunks)`` challenges; then the chunk's leaf of the other tree is opened too (or is this node's, where
     that tree's committed root is), and the proof is built from the opened leaves."""
 
@@ -145,6 +145,7 @@ class FraudProver:
         self.chain = chain
         self.book = book
         self.states = states
+        self.scheme = states.scheme  # the run's commitments (node/commitments/): what can be proven
         self.stages = stages  # callable: the stages this node holds
         self.num_stages = num_stages
         self.stop = stop
@@ -169,9 +170,9 @@ class FraudProver:
         options = []
         for stage in range(self.num_stages):
             heard = self.book.snapshot_attestations(outer_round, stage).values()
-            options.append(sorted({leaf for att in heard if (leaf := attested_leaf(att, stage)) is not None}))
+            options.append(sorted({leaf for att in heard if (leaf := self.scheme.attested_leaf(att, stage))}))
         for combination in itertools.islice(itertools.product(*options), MAX_COMBINATIONS):
-            if record_weights_root([], list(combination)) == record.weights_root:
+            if self.scheme.weights_root([], list(combination)) == record.weights_root:
                 self._remember(outer_round, list(combination))
                 return list(combination)
         return None
@@ -235,7 +236,7 @@ class FraudProver:
                      prev_leaves: list[bytes], leaves: list[bytes], prev: StageState, own: StageState) -> bool:
         leaf = parse_stage_leaf(leaves[stage], stage)
         if leaf.factors_hash != own.factors.digest():
-            if own.factors.norms is not None:  # a version-3 run: the clip scales can be proven
+            if self.scheme.proves_factors:  # a version-3 run: the clip scales can be proven
                 return self._prove_norms(outer_round, stage, record, leaves, leaf, own)
             self._unprovable(outer_round, f"stage {stage}: the committed factors are not this node's (a clip scale "
                                           "or the set left out): not provable by a chunk")

@@ -59,8 +59,6 @@ from node.live.state.status import Progress, StateFile
 from node.live.checks.verifier import SpotChecker
 from node.store.checkpoint import RunLayout
 from p2p.host import P2PHost
-from node.fraudproof import record_weights_root
-from node.live.fraud.chunkstate import attested_leaf
 from node.live.fraud.prover import FraudProver
 from node.live.chain.readback import EquivocationReports, ReadBack
 from node.live.record.quorumcommit import QuorumCommit, WAIT_REPORT_S
@@ -224,13 +222,13 @@ class Committer(QuorumCommit):
             return None, None, [], []
         if atts is ON_CHAIN:
             return None, ON_CHAIN, [], []
-        chunked = node.cfg.diloco.chunked
+        scheme = node.cfg.commitment_scheme
         stage_hashes, stage_roots, stage_leaves = [], [], []
         for stage in range(node.cfg.pipeline.num_stages):
             mine = atts[stage].get(node.peer_id)
             # A chunked run's result is also the stage leaf (its weights and momentum chunk roots, its factors:
             # node/live/fraud/chunkstate.py); an attestation without a leaf that parses counts for nothing there.
-            results = {p: (a.weights_hash, a.contributions_root, attested_leaf(a, stage) if chunked else b"")
+            results = {p: (a.weights_hash, a.contributions_root, scheme.attested_leaf(a, stage))
                        for p, a in atts[stage].items()}
             results = {p: r for p, r in results.items() if r[2] is not None}
             if not results:
@@ -268,14 +266,14 @@ class Committer(QuorumCommit):
             run_id=node.run_id,
             round=outer_round,
             prev_head=bytes(32),  # completed once round t-1 is on chain (handle)
-            weights_root=record_weights_root(stage_hashes, stage_leaves if chunked else None),
+            weights_root=scheme.weights_root(stage_hashes, stage_leaves),
             contributions_root=merkle_root(leaves),
             train_loss_micro=to_micro(sum(train) / len(train)) if train else 0,
             eval_loss_micro=to_micro(sum(evals) / len(evals)) if evals else 0,
             tokens=tokens,
             num_contributors=len(contributors),
         )
-        return commit, atts, stage_hashes, stage_leaves if chunked else []
+        return commit, atts, stage_hashes, [leaf for leaf in stage_leaves if leaf]  # none in a hashed run
 
     def _loss_reporters(self, outer_round: int, last: int, replicas: set[int], weights_hash: bytes):
         """The last-stage attestations the record's loss figures are the mean of, in peer-id order.

@@ -59,8 +59,6 @@ from node import protocol as msg
 from node.binding import other_result_exclusions
 from node.errors import DLX_ERRORS, NodeError
 from node.fsutil import retry_on_full_disk
-from node.fraudproof import record_weights_root
-from node.live.fraud.chunkstate import attested_leaf
 from node.live.exchange.coordination import RoundCoordinator
 from node.live.exchange.protocol import Exchange
 from node.live.peers.lifecycle import Lifecycle
@@ -242,6 +240,7 @@ class ForkRepair(RoundStanding):
     def _committed_stages(self, outer_round: int, onchain: RoundRecord) -> dict[int, tuple[bytes, msg.Close]]:
         """Stage -> (weights hash, close) of the committed record, from the attestations and closes heard."""
         num_stages = self.cfg.pipeline.num_stages
+        scheme = self.cfg.commitment_scheme
         options = []
         for stage in range(num_stages):
             closes = {self._root(c): c for c, _data in self.book.snapshot_closes(outer_round, stage).values()}
@@ -249,14 +248,12 @@ class ForkRepair(RoundStanding):
             if accepted is not None:
                 closes.setdefault(self._root(accepted), accepted)
             # A chunked run's results are also the stage leaves (node/live/fraud/chunkstate.py).
-            results = sorted({(a.weights_hash, a.contributions_root, attested_leaf(a, stage) or b"")
+            results = sorted({(a.weights_hash, a.contributions_root, scheme.attested_leaf(a, stage) or b"")
                               for a in self.book.snapshot_attestations(outer_round, stage).values()})
             options.append([(h, closes[root], leaf) for h, root, leaf in results if root in closes])
-        chunked = self.cfg.diloco.chunked
         for combination in itertools.islice(itertools.product(*options), MAX_COMBINATIONS):
             try:
-                root = record_weights_root([h for h, _c, _l in combination],
-                                           [leaf for _h, _c, leaf in combination] if chunked else None)
+                root = scheme.weights_root([h for h, _c, _l in combination], [leaf for _h, _c, leaf in combination])
             except LedgerInputError:
                 continue  # a stage leaf missing from an attestation of a chunked run
             if root != onchain.weights_root:

@@ -1,0 +1,154 @@
+"""A run's parameters: what ``TrainingLedger.createRun`` takes (:class:`RunParams`) and what a run was created
+with (:class:`RunInfo`, from its RunCreated event), their defaults and the contract's quorum rule
+(docs/LEDGER.md, "Run parameters")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ledger.records import BPS, UINT16_MAX, UINT32_MAX, UINT64_MAX, UINT128_MAX, check_bytes32, check_uint
+
+#: The contract's shortest accusation deadline and dispute window (TrainingLedger.minWindowBlocks()).
+MIN_WINDOW_BLOCKS = 8
+#: The contract's longest unbonding period and window (TrainingLedger.maxUnbondingBlocks()).
+MAX_UNBONDING_BLOCKS = 2**32
+#: Defaults of :class:`RunParams` (docs/LEDGER.md, "Run parameters").
+DEFAULT_ACCUSATION_BLOCKS = 64
+DEFAULT_DISPUTE_BLOCKS = 64
+DEFAULT_INACTIVITY_ROUNDS = 16
+#: Rounds a joiner is in force before its signature counts toward quorums (founders count at once).
+DEFAULT_TENURE_ROUNDS = 4
+#: The security model's floor (docs/TRUST.md): at least this many counted signatures (k) and at least this
+#: fraction of the counted members; weaker runs need ``allow_weak_quorum``.
+SAFE_MIN_QUORUM = 2
+SAFE_MIN_QUORUM_BPS = 5000
+#: Without an explicit bond, an accuser or disputer deposits this fraction of the run's stake.
+DEFAULT_BOND_DIVISOR = 10
+#: ``RunParams.commitments`` when a run's creator names none: version 3, the number of the commitment scheme
+#: ("normed") that a fraud-provable run's ``diloco.commitments = "auto"`` resolves to. The ledger knows only
+#: numbers (the contract checks the range); their names, and what each version commits, are the node's
+#: registry of commitment schemes (node/commitments/registry.py; tests/test_commitment_schemes.py checks
+#: that the two agree).
+DEFAULT_COMMITMENTS = 3
+
+
+def required_quorum(k: int, quorum_bps: int, counted: int) -> int:
+    """The contract's quorum rule: ``max(k, ceil(quorum_bps / 10000 x counted))`` member signatures.
+
+    ``counted`` is the number of members able to sign: the active members for a commit, the active
+    counted members (the accused included) when an accusation is opened (its verdict's quorum).
+    """
+    return max(k, -(-quorum_bps * counted // BPS))
+
+
+@dataclass(frozen=True)
+class RunParams:
+    """What ``TrainingLedger.createRun`` takes (Solidity struct ``RunParams``); a run's parameters never
+    change.
+
+    ``bond=None`` is a tenth of ``min_stake``; ``unbonding_blocks=None`` is the contract's floor,
+    ``accusation_blocks + dispute_blocks``. Only ranges are checked here; the contract's rules (floors,
+    ceilings, ``quorum_bps <= 10000``) are left to it, so a refusal is its named custom error.
+    """
+
+    config_hash: bytes
+    num_stages: int
+    inner_steps: int
+    min_stake: int = 0
+    quorum: int = SAFE_MIN_QUORUM  # k: the fewest counted signatures a commit or a verdict needs
+    quorum_bps: int = SAFE_MIN_QUORUM_BPS  # the quorum is also at least this fraction (bps) of members
+    bond: int | None = None  # wei an accuser or disputer deposits
+    unbonding_blocks: int | None = None
+    accusation_blocks: int = DEFAULT_ACCUSATION_BLOCKS
+    dispute_blocks: int = DEFAULT_DISPUTE_BLOCKS
+    inactivity_rounds: int = DEFAULT_INACTIVITY_ROUNDS
+    max_rounds: int = 0
+    tenure_rounds: int = DEFAULT_TENURE_ROUNDS
+    commitments: int = DEFAULT_COMMITMENTS  # the run's commitment scheme's version (its document's)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "config_hash", check_bytes32("config_hash", self.config_hash))
+        check_uint("commitments", self.commitments, 255)
+        check_uint("num_stages", self.num_stages, UINT32_MAX)
+        check_uint("inner_steps", self.inner_steps, UINT32_MAX)
+        check_uint("min_stake", self.min_stake, 2**256 - 1)
+        check_uint("quorum", self.quorum, UINT16_MAX)
+        check_uint("quorum_bps", self.quorum_bps, UINT16_MAX)
+        check_uint("accusation_blocks", self.accusation_blocks, UINT64_MAX)
+        check_uint("dispute_blocks", self.dispute_blocks, UINT64_MAX)
+        check_uint("inactivity_rounds", self.inactivity_rounds, UINT32_MAX)
+        check_uint("max_rounds", self.max_rounds, UINT64_MAX)
+        check_uint("tenure_rounds", self.tenure_rounds, UINT32_MAX)
+        if self.bond is None:
+            object.__setattr__(self, "bond", min(self.min_stake // DEFAULT_BOND_DIVISOR, UINT128_MAX))
+        check_uint("bond", self.bond, UINT128_MAX)
+        if self.unbonding_blocks is None:
+            object.__setattr__(self, "unbonding_blocks", self.accusation_blocks + self.dispute_blocks)
+        check_uint("unbonding_blocks", self.unbonding_blocks, UINT64_MAX)
+
+    def fields(self) -> tuple:
+        """The values in the order of the Solidity struct ``RunParams``."""
+        return (
+            self.config_hash,
+            self.num_stages,
+            self.inner_steps,
+            self.min_stake,
+            self.quorum,
+            self.quorum_bps,
+            self.bond,
+            self.unbonding_blocks,
+            self.accusation_blocks,
+            self.dispute_blocks,
+            self.inactivity_rounds,
+            self.max_rounds,
+            self.tenure_rounds,
+            self.commitments,
+        )
+
+    def weaknesses(self) -> list[str]:
+        """What these parameters give up against the security model (docs/TRUST.md); empty when safe."""
+        weak = []
+        if self.quorum < SAFE_MIN_QUORUM:
+            weak.append(f"k={self.quorum}: one member alone commits any record and decides any verdict "
+                        f"(safe: k >= {SAFE_MIN_QUORUM})")
+        if self.quorum_bps < SAFE_MIN_QUORUM_BPS:
+            weak.append(f"quorum_bps={self.quorum_bps}: a quorum can be fewer than half of the counted "
+                        f"members, so a minority commits and slashes (safe: >= {SAFE_MIN_QUORUM_BPS})")
+        if self.min_stake == 0:
+            weak.append("min_stake=0: seats cost nothing, so anyone can take as many as it likes")
+        return weak
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """A run as created on chain (from its RunCreated event); its parameters never change."""
+
+    run_id: int
+    config_hash: bytes
+    creator: str
+    num_stages: int
+    inner_steps: int
+    min_stake: int  # wei each member stakes
+    quorum: int  # k: the fewest member signatures a commit or a verdict needs
+    unbonding_blocks: int  # blocks between leaving and withdrawing the stake
+    max_rounds: int  # rounds 0 .. max_rounds-1 may be committed; 0: open-ended
+    genesis_head: bytes
+    config_uri: str
+    block_number: int
+    tx_hash: str
+    quorum_bps: int = 0  # the quorum is also at least this fraction (basis points) of the members counted
+    bond: int = 0  # wei an accuser or a disputer deposits
+    accusation_blocks: int = 0  # blocks an accusation stays open before it lapses
+    dispute_blocks: int = 0  # blocks after a commit during which it can be disputed
+    inactivity_rounds: int = 0  # committed rounds without a member's signature before it can be ejected
+    tenure_rounds: int = 0  # rounds a joiner is in force before its signature counts (founders at once)
+    commitments: int = DEFAULT_COMMITMENTS  # its commitment scheme's version (node.commitments)
+
+    @property
+    def min_unbonding_blocks(self) -> int:
+        """The contract's floor on ``unbonding_blocks``: the accusation deadline plus the dispute window."""
+        return self.accusation_blocks + self.dispute_blocks
+
+    def quorum_for(self, counted: int) -> int:
+        """The signatures a commit (or verdict) needs with ``counted`` members able to sign."""
+        return required_quorum(self.quorum, self.quorum_bps, counted)

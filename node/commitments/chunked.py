@@ -1,0 +1,58 @@
+"""Version 2, "chunked": a record commits one stage leaf per stage (ledger.chunkproof.StageLeaf): the roots of
+the stage's weights and outer momentum cut into chunks, and the hash of the round's factors (outer lr and
+momentum, the accepted contributions' envelopes, payload roots and clip scales). A fraud proof opens one chunk
+(docs/FRAUD_PROOF.md): the contract recomputes it with its own outer step, so the run's outer loop must be
+that one."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from node.commitments.base import CommitmentScheme
+from node.errors import ConfigError
+
+
+class ChunkedScheme(CommitmentScheme):
+    """Version 2: stage leaves over chunk roots and factors; chunk proofs and availability challenges."""
+
+    name = "chunked"
+    version = 2
+    chunked = True
+    audit_note = "chunk proofs open its roots"
+
+    def check_config(self, diloco) -> None:
+        if not diloco.contract_outer_step:
+            raise ConfigError(
+                f"diloco.commitments={self.name!r} needs diloco.exchange = \"full\" "
+                f"(now {diloco.exchange!r}), diloco.outer_lr_other_scale = 1 "
+                f"(now {diloco.outer_lr_other_scale}) and "
+                f"diloco.outer_optimizer = \"nesterov\" (now {diloco.outer_optimizer!r}): the fraud proof's "
+                "outer step averages whole contributions and takes a Nesterov step with one outer lr; set "
+                "diloco.commitments = \"hashed\"")
+
+    def weights_root(self, stage_hashes: Sequence[bytes], stage_leaves: Sequence[bytes]) -> bytes:
+        from ledger.chunkproof import chunked_weights_root
+        from node.fraudproof import parse_stage_leaf
+
+        leaves = [parse_stage_leaf(leaf, stage) for stage, leaf in enumerate(stage_leaves)]
+        return chunked_weights_root(leaves)
+
+    def attested_leaf(self, attestation, stage: int) -> bytes | None:
+        from ledger.errors import LedgerInputError
+        from node.fraudproof import parse_stage_leaf
+
+        if not attestation.stage_leaf:
+            return None
+        try:
+            parse_stage_leaf(attestation.stage_leaf, stage)
+        except LedgerInputError:
+            return None
+        return attestation.stage_leaf
+
+    def stage_state_of(self, stage: int, new_global: Mapping, new_momentum: Mapping, reports, contributions,
+                       diloco, outer_round: int, *, envelopes: Sequence[bytes] | None = None,
+                       decode_args: Mapping | None = None):
+        from node.fraudproof import stage_state_of
+
+        return stage_state_of(stage, new_global, new_momentum, reports, contributions, diloco, outer_round,
+                              envelopes=envelopes, decode_args=decode_args, norms=self.stage_norms)
