@@ -37,7 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.benchio import default_out, write_result  # noqa: E402
-from ledger.chain import AnvilProcess, connect_rpc  # noqa: E402
+from ledger.chain import connect_rpc
+from ledger.anvil import AnvilProcess
 from ledger.chunkproof import (FACTORS, MOMENTUM, PAYLOAD, STAGE_LEAF, WEIGHTS, availability_answer,  # noqa: E402
                                availability_target, stage_leaf_answer, stage_leaf_target, sums_which)
 from tests.fraud_fixtures import (DILOCO, aggregated_round, changed, commit, contribution, lied_sum,  # noqa: E402

@@ -13,7 +13,8 @@ import threading
 import time
 
 from ledger.account import load_account
-from ledger.chain import OUTAGE, AnvilProcess, connect_rpc
+from ledger.chain import OUTAGE, connect_rpc
+from ledger.anvil import AnvilProcess
 from ledger.client import LedgerClient, binding_message
 from ledger.errors import DeploymentMismatch, LedgerError
 from ledger.attest import recover_signer, recover_verdict_signer
