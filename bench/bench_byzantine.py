@@ -179,7 +179,7 @@ def accusations(run: LocalRun, attacker) -> dict:
 def audit(run: LocalRun, slots, result: dict, reexecute: str | None = None) -> list[str]:
     """``dlx-node audit`` of the run against a chain restarted from its state file (with ``--reexecute``
     if given): its exit code and last lines go to ``result["audit"]``; returns every line it printed."""
-    from ledger.chain import AnvilProcess
+    from ledger.anvil import AnvilProcess
 
     anvil = AnvilProcess(state_file=run.workdir / "chain-state.json")
     url = anvil.start()

@@ -37,7 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.benchio import default_out, write_result  # noqa: E402
-from ledger.chain import AnvilProcess, connect_rpc  # noqa: E402
+from ledger.chain import connect_rpc  # noqa: E402
+from ledger.anvil import AnvilProcess  # noqa: E402
 from ledger.availability import (FACTORS, MOMENTUM, PAYLOAD, STAGE_LEAF, WEIGHTS,  # noqa: E402
                                  availability_answer, availability_target, stage_leaf_answer,
                                  stage_leaf_target, sums_which)

@@ -34,7 +34,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ledger.account import dev_account, fund_accounts
-from ledger.chain import AnvilProcess, connect_rpc
+from ledger.chain import connect_rpc
+from ledger.anvil import AnvilProcess
 from ledger.checks import check_chain_record, check_hash_chain
 from ledger.client import LedgerClient
 from ledger.records import ZERO_HASH, RoundRecord, Verdict

@@ -246,7 +246,7 @@ def reaudit(args) -> int:
     from types import SimpleNamespace
 
     from bench.benchio import recorded
-    from ledger.chain import AnvilProcess
+    from ledger.anvil import AnvilProcess
 
     workdir = Path(args.workdir).resolve()
     out = Path(args.out or default_out(__file__))

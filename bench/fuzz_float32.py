@@ -28,7 +28,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.benchio import RESULTS, write_result  # noqa: E402
-from ledger.chain import AnvilProcess, connect_rpc  # noqa: E402
+from ledger.chain import connect_rpc
+from ledger.anvil import AnvilProcess
 from tests.float32_reference import (  # noqa: E402
     OPS,
     biased_bits,

@@ -45,7 +45,8 @@ def main() -> int:
     load = list(os.getloadavg())
     anvil = None
     if args.backend == "anvil":
-        from ledger.chain import AnvilProcess, connect_rpc
+        from ledger.chain import connect_rpc
+        from ledger.anvil import AnvilProcess
 
         anvil = AnvilProcess()
         url = anvil.start()

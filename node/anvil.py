@@ -1,9 +1,9 @@
 """Which ``anvil`` binary a command that runs a local chain uses, inside a clone and outside it.
 
 In a clone, ``npm ci --prefix contracts`` installs the pinned anvil under ``contracts/node_modules`` and
-:func:`ledger.chain.anvil_binary` finds it there. An installed package (``pip install dlx_node-*.whl``)
+:func:`ledger.anvil.anvil_binary` finds it there. An installed package (``pip install dlx_node-*.whl``)
 has no ``node_modules``: it then takes the ``anvil`` on ``PATH``, by setting ``DLX_ANVIL`` (which
-``ledger.chain`` reads) for this process and its children. ``DLX_ANVIL`` set by the user always wins.
+``ledger.anvil`` reads) for this process and its children. ``DLX_ANVIL`` set by the user always wins.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def locate_anvil(required: bool = False) -> str | None:
 
     ``required``: raise :class:`ConfigError` saying how to get anvil when there is none.
     """
-    from ledger.chain import DEFAULT_ANVIL
+    from ledger.anvil import DEFAULT_ANVIL
 
     override = os.environ.get("DLX_ANVIL")
     if override:

@@ -16,7 +16,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from web3 import HTTPProvider, Web3
 
 from ledger.account import dev_account
-from ledger.chain import AnvilProcess, RetryPolicy, connect_pyevm, connect_rpc
+from ledger.chain import RetryPolicy, connect_pyevm, connect_rpc
+from ledger.anvil import AnvilProcess
 from ledger.client import LedgerClient
 from ledger.records import ZERO_HASH, RoundRecord
 

@@ -17,7 +17,8 @@ import time
 import pytest
 from node_fixtures import TINY, run_logs
 
-from ledger.chain import OUTAGE_REPORT_EVERY_S, AnvilProcess
+from ledger.chain import OUTAGE_REPORT_EVERY_S
+from ledger.anvil import AnvilProcess
 from node.commands.launcher import LocalRun
 
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from ledger_fixtures import deploy, digest
 
-from ledger.chain import AnvilProcess, connect_rpc
+from ledger.chain import connect_rpc
+from ledger.anvil import AnvilProcess
 from node.commands.explorer import explorer_for_client
 
 STAKE = 10**15

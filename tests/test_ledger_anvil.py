@@ -11,7 +11,8 @@ from ledger_fixtures import FAST_RETRY, deploy
 from web3 import HTTPProvider, Web3
 
 from ledger.account import dev_account
-from ledger.chain import AnvilProcess, OutageLog, RetryPolicy, call_with_retries, connect_rpc
+from ledger.chain import OutageLog, RetryPolicy, call_with_retries, connect_rpc
+from ledger.anvil import AnvilProcess
 from ledger.client import LedgerClient
 from ledger.errors import ChainUnavailable
 

@@ -16,7 +16,8 @@ from ledger_fixtures import FAST_RETRY, deploy
 from web3 import Web3
 
 from ledger.account import dev_account
-from ledger.chain import AnvilProcess, connect_rpc
+from ledger.chain import connect_rpc
+from ledger.anvil import AnvilProcess
 from ledger.client import LedgerClient
 from ledger.errors import FeeCapTooLow, TransactionTimeout
 from ledger.tx import FeePolicy, TransactionSender

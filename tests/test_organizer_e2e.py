@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from ledger.chain import AnvilProcess
+from ledger.anvil import AnvilProcess
 from node.commands.launcher import free_port
 
 CLI = [sys.executable, "-m", "node.cli"]

@@ -13,7 +13,7 @@ import time
 import pytest
 from node_fixtures import TINY, run_logs
 
-from ledger.chain import AnvilProcess
+from ledger.anvil import AnvilProcess
 from node.commands.launcher import LocalRun
 from node.live.round.pacing import WAITING
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from ledger.chain import AnvilProcess, connect_rpc
+from ledger.chain import connect_rpc
+from ledger.anvil import AnvilProcess
 from ledger.client import LedgerClient
 from ledger.errors import ChainUnavailable
 
@@ -226,7 +227,7 @@ def test_start_owning_its_anvil_stops_it_on_sigterm(tmp_path):
 @pytest.mark.timeout(120)
 def test_a_launcher_killed_outright_takes_its_children_with_it(tmp_path):
     """SIGKILL cannot be handled; the children (anvil here, nodes likewise) get SIGTERM from the kernel."""
-    script = ("import sys, time; from ledger.chain import AnvilProcess; a = AnvilProcess(); a.start(); "
+    script = ("import sys, time; from ledger.anvil import AnvilProcess; a = AnvilProcess(); a.start(); "
               "print(a.url, flush=True); time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
     started: dict[int, str] = {}

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ledger.account import DEV_ACCOUNT_COUNT, dev_account, fund_accounts
-from ledger.chain import AnvilProcess, connect_rpc, terminate_with_parent
+from ledger.chain import connect_rpc
+from ledger.anvil import AnvilProcess, terminate_with_parent
 from ledger.client import LedgerClient
 from ledger.runparams import (
     DEFAULT_ACCUSATION_BLOCKS,

@@ -11,7 +11,8 @@ import logging
 import threading
 
 from ledger.account import load_account
-from ledger.chain import AnvilProcess, connect_rpc
+from ledger.chain import connect_rpc
+from ledger.anvil import AnvilProcess
 from ledger.client import LedgerClient, binding_message
 from ledger.errors import DeploymentMismatch, LedgerError
 from ledger.attest import recover_signer

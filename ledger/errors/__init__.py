@@ -1,0 +1,137 @@
+"""Errors of the ledger package.
+
+``LedgerError`` is the root here (this package imports nothing from ``node/``). A contract revert becomes a
+:class:`ContractRevert` subclass named exactly like the Solidity custom error (``LedgerRoundNotNext``
+and so on), whichever backend raised it: web3 raises ``ContractCustomError`` on a JSON-RPC node such as
+anvil but eth-tester raises ``TransactionFailed`` on py-evm; ``ledger.reverts.decode_revert`` maps both by the
+error's 4-byte selector. The decoded arguments are in ``.values`` (a dict by parameter name).
+
+One module per source: :mod:`ledger.errors.base` (this package's own errors), then one per contract
+(:mod:`.registry`, :mod:`.training_ledger`, :mod:`.prover`); every name is importable from here.
+"""
+
+from __future__ import annotations
+
+from ledger.errors.base import (
+    LedgerError as LedgerError,
+    LedgerConfigError as LedgerConfigError,
+    LedgerInputError as LedgerInputError,
+    LedgerDecodeError as LedgerDecodeError,
+    ChainUnavailable as ChainUnavailable,
+    ChainWaitStopped as ChainWaitStopped,
+    AccountError as AccountError,
+    RpcRejected as RpcRejected,
+    DeploymentMismatch as DeploymentMismatch,
+    TransactionTimeout as TransactionTimeout,
+    FeeCapTooLow as FeeCapTooLow,
+    TransactionDropped as TransactionDropped,
+    CommitConflict as CommitConflict,
+    AuditError as AuditError,
+    ContractRevert as ContractRevert,
+    UnknownRevert as UnknownRevert,
+    LedgerWeakParams as LedgerWeakParams,
+)
+from ledger.errors.registry import (
+    RegistryError as RegistryError,
+    RegistryAlreadyRegistered as RegistryAlreadyRegistered,
+    RegistryKeyTaken as RegistryKeyTaken,
+    RegistryZeroKey as RegistryZeroKey,
+    RegistryBadSignatureLength as RegistryBadSignatureLength,
+    RegistryStakeTooLow as RegistryStakeTooLow,
+    RegistryNotRegistered as RegistryNotRegistered,
+    RegistryRefundFailed as RegistryRefundFailed,
+)
+from ledger.errors.training_ledger import (
+    LedgerRevert as LedgerRevert,
+    LedgerNotRegistered as LedgerNotRegistered,
+    LedgerUnknownRun as LedgerUnknownRun,
+    LedgerBadRunShape as LedgerBadRunShape,
+    LedgerBadQuorum as LedgerBadQuorum,
+    LedgerBadWindow as LedgerBadWindow,
+    LedgerUnbondingTooShort as LedgerUnbondingTooShort,
+    LedgerUnbondingTooLong as LedgerUnbondingTooLong,
+    LedgerBadInactivityRounds as LedgerBadInactivityRounds,
+    LedgerZeroHash as LedgerZeroHash,
+    LedgerStakeTooLow as LedgerStakeTooLow,
+    LedgerBondMismatch as LedgerBondMismatch,
+    LedgerAlreadyMember as LedgerAlreadyMember,
+    LedgerMemberSlashed as LedgerMemberSlashed,
+    LedgerNotMember as LedgerNotMember,
+    LedgerNotUnbonding as LedgerNotUnbonding,
+    LedgerStillUnbonding as LedgerStillUnbonding,
+    LedgerAccusationPending as LedgerAccusationPending,
+    LedgerRefundFailed as LedgerRefundFailed,
+    LedgerMemberNotInactive as LedgerMemberNotInactive,
+    LedgerRoundNotNext as LedgerRoundNotNext,
+    LedgerRoundBeyondMax as LedgerRoundBeyondMax,
+    LedgerStaleHead as LedgerStaleHead,
+    LedgerBadSignaturesLength as LedgerBadSignaturesLength,
+    LedgerInvalidSignature as LedgerInvalidSignature,
+    LedgerSignerNotMember as LedgerSignerNotMember,
+    LedgerSignerNotInForce as LedgerSignerNotInForce,
+    LedgerSignersNotAscending as LedgerSignersNotAscending,
+    LedgerQuorumNotMet as LedgerQuorumNotMet,
+    LedgerNotEquivocation as LedgerNotEquivocation,
+    LedgerDifferentSigners as LedgerDifferentSigners,
+    LedgerNotBonded as LedgerNotBonded,
+    LedgerRoundNotCommitted as LedgerRoundNotCommitted,
+    LedgerNotCommittedRecord as LedgerNotCommittedRecord,
+    LedgerDisputeMatchesCommit as LedgerDisputeMatchesCommit,
+    LedgerDisputeOnlyMetrics as LedgerDisputeOnlyMetrics,
+    LedgerDisputeWindowClosed as LedgerDisputeWindowClosed,
+    LedgerNotInForce as LedgerNotInForce,
+    LedgerAlreadyDisputed as LedgerAlreadyDisputed,
+    LedgerAccusationExists as LedgerAccusationExists,
+    LedgerAccusationNotOpen as LedgerAccusationNotOpen,
+    LedgerAccusationExpired as LedgerAccusationExpired,
+    LedgerAccusationNotExpired as LedgerAccusationNotExpired,
+    LedgerBadTenure as LedgerBadTenure,
+    LedgerDisputerNotSender as LedgerDisputerNotSender,
+    LedgerDisputeNotOpen as LedgerDisputeNotOpen,
+    LedgerDisputeExpired as LedgerDisputeExpired,
+    LedgerDisputeNotExpired as LedgerDisputeNotExpired,
+    LedgerNotAttesters as LedgerNotAttesters,
+    LedgerRunHalted as LedgerRunHalted,
+    LedgerAccusationTooLate as LedgerAccusationTooLate,
+    LedgerAttestBeforeJoin as LedgerAttestBeforeJoin,
+    LedgerNotProver as LedgerNotProver,
+    LedgerBadCommitments as LedgerBadCommitments,
+)
+from ledger.errors.prover import (
+    ProverError as ProverError,
+    ProverBadRecords as ProverBadRecords,
+    ProverNotCommitted as ProverNotCommitted,
+    ProverBadStage as ProverBadStage,
+    ProverBadStagePath as ProverBadStagePath,
+    ProverBadStageLeaf as ProverBadStageLeaf,
+    ProverBadFactors as ProverBadFactors,
+    ProverBadChunk as ProverBadChunk,
+    ProverBadPath as ProverBadPath,
+    ProverBadLeaf as ProverBadLeaf,
+    ProverRoundCorrect as ProverRoundCorrect,
+    ProverNotNormed as ProverNotNormed,
+    ProverBadSumPath as ProverBadSumPath,
+    ProverNormCorrect as ProverNormCorrect,
+    ProverBadTarget as ProverBadTarget,
+    ProverBondMismatch as ProverBondMismatch,
+    ProverChallengeExists as ProverChallengeExists,
+    ProverNoChallenge as ProverNoChallenge,
+    ProverChallengeSettled as ProverChallengeSettled,
+    ProverChallengeDue as ProverChallengeDue,
+    ProverChallengeNotDue as ProverChallengeNotDue,
+    ProverChallengeTooLate as ProverChallengeTooLate,
+)
+
+
+def _descendants(base: type[ContractRevert]) -> list[type[ContractRevert]]:
+    found = []
+    for cls in base.__subclasses__():
+        found += [cls, *_descendants(cls)]
+    return found
+
+
+#: Every Python class that mirrors a Solidity custom error, by the error's name: the subclasses of the three
+#: contracts' bases (a Python class per ABI error, and none more, is tests/test_ledger_errors.py's check).
+REVERT_CLASSES: dict[str, type[ContractRevert]] = {
+    cls.__name__: cls for base in (RegistryError, LedgerRevert, ProverError) for cls in _descendants(base)
+}

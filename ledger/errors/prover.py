@@ -1,0 +1,96 @@
+"""The AggregationProver contract's custom errors (and its libraries'), one Python class each
+(the fraud proof of a wrong aggregation: docs/FRAUD_PROOF.md)."""
+
+from __future__ import annotations
+
+from ledger.errors.base import ContractRevert
+
+
+class ProverError(ContractRevert):
+    """A revert of the AggregationProver contract."""
+
+
+class ProverBadRecords(ProverError):
+    """The two records are not of one run and consecutive rounds."""
+
+
+class ProverNotCommitted(ProverError):
+    """A record is not the one committed for its round (or the round is not committed)."""
+
+
+class ProverBadStage(ProverError):
+    """The stage index is not one of the run's stages."""
+
+
+class ProverBadStagePath(ProverError):
+    """A stage leaf's Merkle path does not lead to its record's weights root."""
+
+
+class ProverBadStageLeaf(ProverError):
+    """A stage leaf is malformed or names another stage."""
+
+
+class ProverBadFactors(ProverError):
+    """The factors are not the stage leaf's, or their lists (or the pieces) differ in length."""
+
+
+class ProverBadChunk(ProverError):
+    """The chunk index is not below the stage's chunk count."""
+
+
+class ProverBadPath(ProverError):
+    """A chunk leaf's Merkle path does not lead to its root at the chunk's position (``which``: 0 previous
+    weights, 1 previous momentum, 2 new weights, 3 new momentum, 4 + j piece j)."""
+
+
+class ProverBadLeaf(ProverError):
+    """The previous round's weights or momentum leaf is malformed."""
+
+
+class ProverRoundCorrect(ProverError):
+    """The proof's chunk is the outer step of its committed inputs: nothing to prove."""
+
+
+class ProverNotNormed(ProverError):
+    """The round's factors are version 2 in a run that is not normed: no norm commitment a norm proof could
+    open (version-2 factors in a normed run are a wrong round, proven)."""
+
+
+class ProverBadSumPath(ProverError):
+    """A sum-tree leaf or its path does not lead to the contribution's committed norm root at the chunk."""
+
+
+class ProverNormCorrect(ProverError):
+    """The committed scales follow from the committed sums, and the opened sum-tree chunk is right."""
+
+
+class ProverBadTarget(ProverError):
+    """A data-availability challenge names a contribution the round did not accept."""
+
+
+class ProverBondMismatch(ProverError):
+    """A challenge was sent with another amount than the run's bond."""
+
+
+class ProverChallengeExists(ProverError):
+    """That leaf of that round is already challenged."""
+
+
+class ProverNoChallenge(ProverError):
+    """No challenge has that id."""
+
+
+class ProverChallengeSettled(ProverError):
+    """The challenge was answered or expired already."""
+
+
+class ProverChallengeDue(ProverError):
+    """The challenge's deadline passed: it can only be expired now."""
+
+
+class ProverChallengeNotDue(ProverError):
+    """The challenge's deadline has not come: it can still be answered."""
+
+
+class ProverChallengeTooLate(ProverError):
+    """The round's dispute window closed: its leaves can no longer be challenged (a proof still can)."""
