@@ -52,7 +52,8 @@ def chain_part(rounds: int, quorum: int) -> dict:
             w3 = connect_rpc(url, wait=10)
             chain_id = w3.eth.chain_id
             registry, ledger = LedgerClient.deploy(w3, dev_account(0, chain_id))
-            members = [LedgerClient(w3, dev_account(i, chain_id), registry, ledger) for i in range(1, quorum + 1)]
+            members = [LedgerClient(w3, dev_account(i, chain_id), registry, ledger)
+                       for i in range(1, quorum + 1)]
             for member in members:
                 identity = Identity.generate()
                 member.register(identity.public_key_bytes, identity.sign(member.my_binding_message()))
@@ -185,7 +186,8 @@ def main() -> None:
         old = json.loads(previous.read_text())
         if "replay" in old:
             result["replay"] = old["replay"]
-            result["replay_from_previous_command"] = old.get("replay_from_previous_command", old.get("command"))
+            result["replay_from_previous_command"] = old.get("replay_from_previous_command",
+                                                             old.get("command"))
     if not args.no_run:
         result["replay"] = []
         for preset in args.replay_preset or ["tiny"]:

@@ -133,7 +133,8 @@ def blob_run(
             gc.collect()
             datapath = DataPathCounter()
             recorders = [perf_record(pid, f"{side}-{os.getpid()}-{time.monotonic_ns()}")
-                         for side, pid in (("fetcher", os.getpid()), ("provider", provider.pid))] if PERF_DIR else []
+                         for side, pid in (("fetcher", os.getpid()), ("provider", provider.pid))] \
+                         if PERF_DIR else []
             with datapath if profile else contextlib.nullcontext():
                 threads0 = thread_cpu_seconds()
                 server_cpu0 = process_cpu_seconds(provider.pid)
@@ -220,7 +221,8 @@ def machine() -> dict:
     }
 
 
-def bench_blobs(size_mb: int, repeats: int, work: Path, profile: bool = False, caps: list[str] | None = None) -> dict:
+def bench_blobs(size_mb: int, repeats: int, work: Path, profile: bool = False,
+                caps: list[str] | None = None) -> dict:
     blob = work / "blob.bin"
     with open(blob, "wb") as handle:
         for _ in range(size_mb):
@@ -372,7 +374,8 @@ def main() -> None:
     parser.add_argument(
         "--blob-runs",
         default=None,
-        help="comma-separated blob runs to make (uncapped, cap_1gbps, cap_100mbps, small_capped; default all)",
+        help="comma-separated blob runs to make (uncapped, cap_1gbps, cap_100mbps, "
+             "small_capped; default all)",
     )
     parser.add_argument(
         "--direct-staging",

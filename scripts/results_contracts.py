@@ -12,12 +12,23 @@ def float32_fuzz(r: dict) -> list[str]:
     rows = []
     for name, op in r["ops"].items():
         gas = op["gas"]
-        rows.append([f"`{name}`", f"{op['operands']:,}"] + [f"{op['by_class'].get(kind, 0):,}" for kind in classes]
-                    + [op["mismatches"], gas["typical_median"], gas["typical_max"], gas["all_classes_mean"], gas["max"]])
+        rows.append(
+            [f"`{name}`", f"{op['operands']:,}"]
+            + [f"{op['by_class'].get(kind, 0):,}" for kind in classes]
+            + [
+                op["mismatches"],
+                gas["typical_median"],
+                gas["typical_max"],
+                gas["all_classes_mean"],
+                gas["max"],
+            ]
+        )
     lines = [(f"Every operation of `contracts/src/Float32.sol` on **{r['operands']:,} operands** through "
               f"`Float32Harness` on {r['backend'].split(' ')[0]}, each result compared with the reference "
-              f"({r['reference']}) bit for bit, NaN class only for a NaN result: **{r['mismatches']} mismatches** "
-              f"in {r['seconds'] / 60:.0f} min. Gas: {r['gas_method']}; `typical` operands are normal values of "
+              f"({r['reference']}) bit for bit, NaN class only for a NaN result: "
+              f"**{r['mismatches']} mismatches** "
+              f"in {r['seconds'] / 60:.0f} min. Gas: {r['gas_method']}; `typical` operands "
+              "are normal values of "
               "2^-24 .. 2^2 of either sign and the decoder's integers (below 2^53 for `fromInt`, 32767 for "
               "`fromInt32`): what the outer step sees."), ""]
     lines += table(["operation", "operands"] + classes + ["mismatches", "gas typical (median)", "typical max",
@@ -25,13 +36,15 @@ def float32_fuzz(r: dict) -> list[str]:
     found = [(name, m) for name, op in r["ops"].items() for m in op["first_mismatches"]]
     if found:
         lines += ["First mismatches:", ""] + [
-            f"- `{name}` ({m['class']}): a = {m['a']}" + (f", b = {m['b']}" if m["b"] else "") + f" gave {m['got']}"
+            f"- `{name}` ({m['class']}): a = {m['a']}" + (f", b = {m['b']}" if m["b"] else "")
+            + f" gave {m['got']}"
             for name, m in found] + [""]
     return lines
 
 
 def chunk_state(r: dict) -> list[str]:
-    """bench/bench_chunk_state.py: a stage's chunk state built vs. its aggregation, CPU seconds, before and after."""
+    """bench/bench_chunk_state.py: a stage's chunk state built vs. its aggregation, CPU seconds, before and
+    after."""
     before = {(row["stage"], row["contributions"]): row for row in r.get("before", {}).get("rows", [])}
     rows = []
     for row in r["rows"]:
@@ -41,15 +54,23 @@ def chunk_state(r: dict) -> list[str]:
                      f"{row['state_over_aggregate']:g}", f"{row['check_fetched_s']:.3f}",
                      {True: "yes", False: "**no**"}.get(row.get("same_stage_leaf_as_before"), "-"),
                      *([f"{row['normed_state_and_leaf_s']:.3f}", f"{row['normed_over_chunked']:g}",
-                        f"{row['normed_served_bytes']:,}"] if "normed_state_and_leaf_s" in row else ["-"] * 3)])
-    lines = [(f"`{r['preset']}` in {r['stages']} stages, contributions coded by the default encoder at the auto byte "
-              f"budget (H = {r['inner_steps']}); CPU seconds of one thread, the least of the repeats: the aggregation "
-              "(training/diloco.py), the stage's chunk state and its stage leaf (node.fraudproof.stage_state: chunk "
-              "leaves, payload pieces, Merkle roots), and a prover's check of a fetched state against a leaf's roots; "
-              "the state is version 2's (diloco.commitments = \"chunked\"), and version 3's (\"normed\", the default: "
-              "also each contribution's exact sums of squares and sum tree) beside it, with the norm blob it serves."),
+                        f"{row['normed_served_bytes']:,}"] if "normed_state_and_leaf_s" in row
+                       else ["-"] * 3)])
+    lines = [(f"`{r['preset']}` in {r['stages']} stages, contributions coded by the default "
+              "encoder at the auto byte "
+              f"budget (H = {r['inner_steps']}); CPU seconds of one thread, the least of the "
+              "repeats: the aggregation "
+              "(training/diloco.py), the stage's chunk state and its stage leaf "
+              "(node.fraudproof.stage_state: chunk "
+              "leaves, payload pieces, Merkle roots), and a prover's check of a fetched state "
+              "against a leaf's roots; "
+              "the state is version 2's (diloco.commitments = \"chunked\"), and version 3's "
+              "(\"normed\", the default: "
+              "also each contribution's exact sums of squares and sum tree) beside it, with the "
+              "norm blob it serves."),
              ""]
-    lines += table(["stage", "elements", "contributions", "aggregate s", "state + leaf s (before)", "state + leaf s",
+    lines += table(["stage", "elements", "contributions", "aggregate s", "state + leaf s (before)",
+                    "state + leaf s",
                     "state / aggregate", "check fetched s", "same stage leaf as before", "v3 state + leaf s",
                     "v3 / v2", "v3 norm blob bytes"], rows)
     if r.get("before", {}).get("recorded"):

@@ -133,7 +133,8 @@ def structured_log(rng: random.Random) -> bytes:
         words = (len(data) - body) // 32
         if words:
             i = body + 32 * rng.randrange(words)
-            data[i:i + 32] = rng.choice([2**256 - 1, 2**255, 2**64, 2**32, 1 << 20, 32, 0, 1]).to_bytes(32, "big")
+            data[i:i + 32] = rng.choice([2**256 - 1, 2**255, 2**64, 2**32, 1 << 20, 32, 0, 1]).to_bytes(32,
+                                                                                                        "big")
     return bytes(data)
 
 
@@ -243,9 +244,20 @@ def sliced_targets() -> list:
 
     reference = _sliced_reference()
     return [
-        Target("sliced_closed_envelope", closed_envelope_input, (), [_sliced_envelope(reference)],
-               structured_closed_envelope),
-        Target("slice_reference", lambda d: parse_slice_reference(d, SLICED_COUNT, GOSSIP_LIMIT), (SliceError,),
-               [reference]),
-        Target("partial_payload", parse_partial, (SliceError,), [partial_payload(1, 3, bytes(32), 4, b"blob")]),
+        Target(
+            "sliced_closed_envelope",
+            closed_envelope_input,
+            (),
+            [_sliced_envelope(reference)],
+            structured_closed_envelope,
+        ),
+        Target(
+            "slice_reference",
+            lambda d: parse_slice_reference(d, SLICED_COUNT, GOSSIP_LIMIT),
+            (SliceError,),
+            [reference],
+        ),
+        Target(
+            "partial_payload", parse_partial, (SliceError,), [partial_payload(1, 3, bytes(32), 4, b"blob")]
+        ),
     ]

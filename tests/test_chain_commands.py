@@ -1,5 +1,6 @@
-"""deploy, create-run, leave, withdraw, run-info, and audit/pull's run link: bad input is refused with one line and a
-non-zero exit code, before anything is sent; what is sent is what was listed. On the session's real anvil."""
+"""deploy, create-run, leave, withdraw, run-info, and audit/pull's run link: bad input is refused with one
+line and a non-zero exit code, before anything is sent; what is sent is what was listed. On the session's real
+anvil."""
 
 from __future__ import annotations
 
@@ -74,7 +75,8 @@ def run_count(w3, ledger: str, registry: str) -> int:
 
 def create(tmp_path, deployment, *extra, data_dir="org", account=("--dev-account", "3")) -> int:
     return main(["create-run", str(run_file(tmp_path)), "--deployment", str(deployment), "--data-dir",
-                 str(tmp_path / data_dir), "--listen-port", "24999", "--confirmations", "1", *account, *extra])
+                 str(tmp_path / data_dir), "--listen-port", "24999", "--confirmations", "1", *account,
+                 *extra])
 
 
 # ---------------------------------------------------------------------- run file
@@ -117,14 +119,15 @@ def test_deploy_refuses_a_wrong_chain_id_and_sends_nothing(w3, tmp_path, capsys)
 
 def test_deploy_writes_a_checked_deployment_and_never_overwrites_it(w3, tmp_path, capsys):
     out = tmp_path / "deployment.json"
-    assert main(["deploy", "--rpc", w3.provider.endpoint_uri, "--dev-account", "8", "--yes", "--out", str(out),
-                 "--confirmations", "1"]) == 0
+    assert main(["deploy", "--rpc", w3.provider.endpoint_uri, "--dev-account", "8", "--yes", "--out",
+                 str(out), "--confirmations", "1"]) == 0
     deployment = json.loads(out.read_text())
     client = LedgerClient(w3, None, deployment["registry"], deployment["ledger"])
     client.check_deployment()
     assert deployment["chain_id"] == w3.eth.chain_id and client.run_count() == 0
     assert "matches the committed artifacts" in capsys.readouterr().out
-    assert main(["deploy", "--rpc", w3.provider.endpoint_uri, "--dev-account", "8", "--yes", "--out", str(out)]) == 2
+    assert main(["deploy", "--rpc", w3.provider.endpoint_uri, "--dev-account", "8", "--yes", "--out",
+                 str(out)]) == 2
 
 
 def test_deploy_without_an_account_or_without_consent_sends_nothing(w3, tmp_path, capsys):
@@ -199,7 +202,8 @@ def test_create_run_creates_joins_and_a_rerun_finishes_without_a_second_run(w3, 
     document = json.loads((tmp_path / "org" / "run.json").read_bytes())
     assert document["diloco"]["inner_steps"] == 5
     # The run's commitments version on chain is its document's (what the prover holds its rounds to).
-    assert info.commitments == {"hashed": 1, "chunked": 2, "normed": 3}[document["diloco"].get("commitments", "hashed")]
+    assert info.commitments == {"hashed": 1, "chunked": 2, "normed": 3}[document["diloco"].get("commitments",
+                                                                                               "hashed")]
     # The same command again (as after a failure past createRun): it finds run 1 and creates no second.
     assert create(tmp_path, path, "--yes") == 0
     assert "created by" in capsys.readouterr().out and client.run_count() == 1
@@ -258,8 +262,8 @@ def test_a_run_link_gives_audit_and_pull_their_chain_run_and_peers(w3, deployed)
 
     _, registry, ledger = deployed
     peer = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWLYbcG2UdN5Hj6A1rxfpfLXjxeNDK9iPoFb2NMH5bEyYW"
-    args = argparse.Namespace(link=f"dlx://31337/{ledger}/3?rpc={w3.provider.endpoint_uri}&peer={peer}", rpc="",
-                              run=None, ledger="", registry="", bootstrap=[])
+    args = argparse.Namespace(link=f"dlx://31337/{ledger}/3?rpc={w3.provider.endpoint_uri}&peer={peer}",
+                              rpc="", run=None, ledger="", registry="", bootstrap=[])
     apply_link(args)
     assert (args.rpc, args.run, args.ledger, args.registry) == (w3.provider.endpoint_uri, 3, ledger, registry)
     assert args.bootstrap == [peer]

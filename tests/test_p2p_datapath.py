@@ -1,4 +1,5 @@
-"""The blob data path's parts on their own: py-libp2p patches, in-order hashing, chunk writes, the rate cap."""
+"""The blob data path's parts on their own: py-libp2p patches, in-order hashing, chunk writes, the rate
+cap."""
 
 import errno
 import hashlib
@@ -32,7 +33,8 @@ def test_data_path_patches_are_in_force():
     ]
     import libp2p.stream_muxer.yamux.yamux as yamux
 
-    assert yamux.MAX_MESSAGE_SIZE == fastpath_send.YAMUX_FRAME_NOISE_MESSAGES * fastpath_send.NOISE_PLAINTEXT_BYTES
+    assert yamux.MAX_MESSAGE_SIZE == fastpath_send.YAMUX_FRAME_NOISE_MESSAGES \
+        * fastpath_send.NOISE_PLAINTEXT_BYTES
 
 
 def test_buffered_tcp_reads_return_every_byte_in_order():
@@ -87,7 +89,8 @@ def test_an_unjoined_yamux_frame_slices_as_its_bytes():
     joined = header + payload
     assert len(frame) == len(joined) and frame.tobytes() == joined
     step = fastpath_send.NOISE_PLAINTEXT_BYTES
-    for start, stop in [(0, 12), (0, step), (step, 2 * step), (5, 20), (12, 13), (3 * step, len(joined) + 99)]:
+    for start, stop in [(0, 12), (0, step), (step, 2 * step), (5, 20), (12, 13),
+                        (3 * step, len(joined) + 99)]:
         assert bytes(frame[start:stop]) == joined[start:stop], (start, stop)
     assert bytes(frame[::7]) == joined[::7]
 

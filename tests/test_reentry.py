@@ -27,8 +27,8 @@ from node.live.status import StateFile
 from training.reexec import restart_state_reason
 from training.replica_state import parse_stage_state
 
-SETTINGS = ["model.preset=tiny", "diloco.inner_steps=3", "training.batch_size=2", "rounds=0", "torch_threads=1",
-            "pipeline.num_stages=2", "checkpoint_every=1"]
+SETTINGS = ["model.preset=tiny", "diloco.inner_steps=3", "training.batch_size=2", "rounds=0",
+            "torch_threads=1", "pipeline.num_stages=2", "checkpoint_every=1"]
 
 
 def _worker(tmp_path, replica: int) -> ReplicaWorker:
@@ -102,8 +102,8 @@ def test_a_survivor_re_enters_the_open_round_as_its_restarted_partner_does(tmp_p
     entry = RunEntry(cfg=survivor.cfg, chain=Chain(), host=None, membership=Membership(), book=Book(),
                      coordinator=None, worker=survivor, contributor=Lane(), finisher=finisher, station=None,
                      state=StateFile(tmp_path / "state.json", survivor.cfg.ledger.run_id), layout=None,
-                     progress=SimpleNamespace(last_finished=2), reporter=None, checkpoint_dir=tmp_path, incoming_dir=tmp_path,
-                     stop=threading.Event())
+                     progress=SimpleNamespace(last_finished=2), reporter=None, checkpoint_dir=tmp_path,
+                     incoming_dir=tmp_path, stop=threading.Event())
     held = finisher.held_states()
     start = entry.agree_again(3, held)
     assert start == 3  # the round the others train, not round 4

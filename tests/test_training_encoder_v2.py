@@ -36,7 +36,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/torch_fixtures
 
 
 def _stage_like(seed: int) -> dict[str, torch.Tensor]:
-    """Pseudo-gradient-like tensors: decaying spectra plus noise, a zero column, biases, an all-zero tensor."""
+    """Pseudo-gradient-like tensors: decaying spectra plus noise, a zero column, biases, an all-zero
+    tensor."""
     generator = torch.Generator().manual_seed(seed)
 
     def lowrank(m: int, n: int) -> torch.Tensor:
@@ -131,8 +132,10 @@ def test_v2_estimates_track_the_exact_error():
         for option in encoder_for(V2).tensor_options(matrix, tuple(matrix.shape), norm).options:
             if option.candidate.bits == 2:
                 continue  # ternary factors: rounding is far from the uniform noise the cross terms assume
-            exact = float(torch.linalg.vector_norm(matrix - option.coded().decode().reshape(matrix.shape))) / norm
-            assert abs(option.estimate - exact) <= 0.1 * exact + 0.01, (name, option.candidate, option.estimate, exact)
+            exact = float(torch.linalg.vector_norm(matrix - option.coded().decode().reshape(matrix.shape))) \
+                / norm
+            assert abs(option.estimate - exact) <= 0.1 * exact + 0.01, \
+                (name, option.candidate, option.estimate, exact)
 
 
 def test_robust_contributions_with_a_known_decoding_is_the_same():

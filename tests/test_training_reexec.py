@@ -74,7 +74,8 @@ def run():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the claimants train on one thread (their start states record it)
     try:
-        replicas = [SimReplica(HONEST, sim), OtherDataReplica(OTHER_DATA, sim), HalfStepsReplica(HALF_STEPS, sim),
+        replicas = [SimReplica(HONEST, sim), OtherDataReplica(OTHER_DATA, sim),
+                    HalfStepsReplica(HALF_STEPS, sim),
                     PerturbedReplica(PERTURBED, sim), ForgedStateReplica(FORGED_STATE, sim),
                     StragglerReplica(STRAGGLER, sim)]
         records = run_with_states(replicas, sim)
@@ -90,7 +91,8 @@ def _check(sim, records, replica, outer_round, **kwargs):
     claims = kwargs.pop("claims", None) or record.claims[replica]
     return verify_contribution(
         parts, claims, sim.corpus, sim.model, sim.training, sim.diloco, sim.compression,
-        outer_round=outer_round, replica=replica, run_rounds=sim.rounds, previous_contributions=previous, **kwargs,
+        outer_round=outer_round, replica=replica, run_rounds=sim.rounds, previous_contributions=previous,
+        **kwargs,
     )
 
 
@@ -147,7 +149,8 @@ def test_honest_contributions_reexecute_bit_exactly_and_chain(run):
         assert check.verdict == EXACT, check.reason
         assert check.distances == {0: 0.0, 1: 0.0}
     first = _check(sim, records, HONEST, 0)
-    assert check_state_chain(first.next_state_hashes, [c.state_hash for c in records[1].claims[HONEST]]) == EXACT
+    assert check_state_chain(first.next_state_hashes, [c.state_hash for c in records[1].claims[HONEST]]) \
+        == EXACT
 
 
 REEXEC_IN_SUBPROCESS = textwrap.dedent(
@@ -245,7 +248,8 @@ def test_a_restart_from_the_record_is_a_valid_start_but_a_forged_one_is_not(run)
     assert "on record" in restart_state_reason(parts, hashes, wrong, applied)
     assert "carries state" in restart_state_reason([p.to_bytes() for p in state.stages], state.stage_hashes())
     forged = records[2].states[FORGED_STATE]
-    assert "carries state" in restart_state_reason([p.to_bytes() for p in forged.stages], forged.stage_hashes())
+    assert "carries state" in restart_state_reason([p.to_bytes() for p in forged.stages],
+                                                   forged.stage_hashes())
     assert "not the committed one" in restart_state_reason(parts, list(reversed(hashes)))
     # Live weights moved away from the round start (trained before committing "a restart") are refused.
     moved = SimReplica(HONEST, sim)
@@ -261,7 +265,8 @@ def test_a_restart_from_the_record_is_a_valid_start_but_a_forged_one_is_not(run)
 def test_without_the_delay_a_rerun_reproduces_but_names_no_next_state():
     # Round t is applied after its own encode, from round t's close, which a rerun is not given:
     # the contribution is checked, the chain is not (next_state_hashes None, never a false link).
-    sim = dataclasses.replace(_sim(), diloco=DilocoConfig(inner_steps=3, num_replicas=2, one_step_delay=False))
+    sim = dataclasses.replace(_sim(), diloco=DilocoConfig(inner_steps=3, num_replicas=2,
+                                                          one_step_delay=False))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -348,8 +353,8 @@ def test_split_pipeline_replica_reexecutes_chained_bit_exactly(tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(port), str(tmp_path / f"s{rank}.pt"),
-                               str(steps), os.path.dirname(__file__)],
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(port),
+                               str(tmp_path / f"s{rank}.pt"), str(steps), os.path.dirname(__file__)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank in range(2)]
     try:
