@@ -2,7 +2,8 @@
 
 Usage::
 
-    /work/venv/bin/python bench/bench_audit.py [--rounds 1000] [--replay-preset tiny ...] [--out bench/results/audit.json]
+    /work/venv/bin/python bench/bench_audit.py [--rounds 1000] [--replay-preset tiny ...]
+        [--out bench/results/audit.json]
 
 1. Chain part: a managed anvil, a deployment, ``--quorum`` registered nodes (valid ed25519 bindings) that
    join a run of quorum k = ``--quorum``, ``--rounds`` rounds each signed by all k members (EIP-712) and

@@ -25,13 +25,14 @@ and a short convergence comparison on the tiny model (M replicas, no delay):
 held-out loss with today's exchange vs the sliced exchange with re-encoded
 partials. Writes bench/results/butterfly.json.
 
-    nice -n 19 .venv/bin/python bench/bench_butterfly.py            # everything in one process (hours on a loaded machine)
+    # everything in one process (hours on a loaded machine):
+    nice -n 19 .venv/bin/python bench/bench_butterfly.py
 
 The committed results were taken as five processes in parallel, then merged (load 25-43):
 
-    bench_butterfly.py --presets tiny --skip-convergence --out /tmp/s5b-tiny.json               # ~15 min
-    bench_butterfly.py --presets mini --traffic-stages 0 --skip-convergence --out /tmp/s5b-mini.json   # ~10 min
-    bench_butterfly.py --presets= --conv-only 0|4|16 --out /tmp/s5b-convN.json                  # ~12 min each
+    bench_butterfly.py --presets tiny --skip-convergence --out /tmp/s5b-tiny.json              # ~15 min
+    bench_butterfly.py --presets mini --traffic-stages 0 --skip-convergence --out /tmp/s5b-mini.json # ~10 min
+    bench_butterfly.py --presets= --conv-only 0|4|16 --out /tmp/s5b-convN.json                 # ~12 min each
     bench_butterfly.py --parts /tmp/s5b-tiny.json,/tmp/s5b-mini.json,/tmp/s5b-conv0.json,...
 """
 

@@ -1,8 +1,9 @@
 """Benchmark: GPU contributors (issue 32). One command per mode, one current JSON each.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_gpu.py               # on a CUDA GPU: bench/results/gpu.json
-    PYTHONPATH=. .venv/bin/python bench/bench_gpu.py --smoke       # any device, tiny sizes: checks the plumbing
-    PYTHONPATH=. .venv/bin/python bench/bench_gpu.py --calibrate   # bench/results/gpu_calibration.json  (bench/gpu_calibration.py)
+    PYTHONPATH=. .venv/bin/python bench/bench_gpu.py             # on a CUDA GPU: bench/results/gpu.json
+    PYTHONPATH=. .venv/bin/python bench/bench_gpu.py --smoke     # any device, tiny sizes: checks the plumbing
+    PYTHONPATH=. .venv/bin/python bench/bench_gpu.py --calibrate # bench/results/gpu_calibration.json
+                                                                 # (bench/gpu_calibration.py)
 
 The GPU run (refused without CUDA; ``--smoke`` runs the same code with tiny sizes
 on whatever device there is and writes ``--out``, by default bench/results/gpu_smoke.json):

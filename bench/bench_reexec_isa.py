@@ -16,10 +16,10 @@ smallest distance, and what each rule makes of them:
   on other kernels or threads is counted as such a claim.
 
     PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --presets llama-tiny,llama-mini
-    PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --resummarize   # the stored rows, today's rule
-    PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --presets llama-mini --add   # keep the other presets
+    PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --resummarize  # the stored rows, today's rule
+    PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --presets llama-mini --add  # keep the other ones
     PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --presets llama-tiny --add \
-        --arm-python /opt/arm-venv/bin/python --rerun-threads 1      # and ARM (scripts/setup-arm-emulation.sh)
+        --arm-python /opt/arm-venv/bin/python --rerun-threads 1  # and ARM (scripts/setup-arm-emulation.sh)
 
 With ``--arm-python`` an aarch64 Python with torch (on x86, scripts/setup-arm-emulation.sh's qemu-user
 wrapper) trains and reruns too, under each of ``--arm-capabilities`` (torch's aarch64 kernels: ``default``,

@@ -19,7 +19,7 @@ and the honest run with the defences on against off. Goals of issue 12: every
 attack within 5% of the honest run; the defences cost the honest run at most 1%.
 Writes bench/results/robust_sim.json (``--out`` elsewhere), overwriting it.
 
-    .venv/bin/python bench/bench_robust_sim.py                 # mini, M=4, S=2, H=10 x 6 rounds (~15 min on 2 shared cores)
+    .venv/bin/python bench/bench_robust_sim.py  # mini, M=4, S=2, H=10 x 6 rounds (~15 min on 2 shared cores)
 """
 
 from __future__ import annotations

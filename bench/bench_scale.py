@@ -1,8 +1,8 @@
 """Traffic, round time and CPU per node as the number of replicas grows: measured in local runs, then
 modelled.
 
-    nice -n 19 python bench/bench_scale.py [--replicas 4,8,16] [--rounds 3] [--inner-steps 2] [--exchange sliced]
-        [--attacker none,withhold]
+    nice -n 19 python bench/bench_scale.py [--replicas 4,8,16] [--rounds 3] [--inner-steps 2]
+        [--exchange sliced] [--attacker none,withhold]
 
 Each point is a real local run (anvil, one-node clusters of the ``tiny`` model,
 2 stages chained in each node, spot checks off so that only the exchange is

@@ -18,7 +18,8 @@ JSON (default bench/results/split_spotchecks.json):
     dlx-node demo --spot-checks 0.5 --keep --out /tmp/demo       # then, while the chain runs:
     dlx-node audit ... --reexecute all --json /tmp/audit.json
     PYTHONPATH=. .venv/bin/python bench/bench_split_spotchecks.py --demo /tmp/demo/dlx-demo \\
-        --audit-json /tmp/audit.json --rpc http://127.0.0.1:PORT --deployment /tmp/demo/dlx-demo/deployment.json
+        --audit-json /tmp/audit.json --rpc http://127.0.0.1:PORT \\
+        --deployment /tmp/demo/dlx-demo/deployment.json
 """
 
 from __future__ import annotations

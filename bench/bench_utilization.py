@@ -1,7 +1,8 @@
 """Compute utilization of real nodes under a rate-limited link, with and without the one-step delay (issue
 16).
 
-    python bench/bench_utilization.py [--rounds 5] [--inner-steps 100] [--batch-size 8] [--rate B/s] [--concurrent]
+    python bench/bench_utilization.py [--rounds 5] [--inner-steps 100] [--batch-size 8] [--rate B/s]
+        [--concurrent]
 
 Every point is a real local run (anvil, 2 one-node clusters, each node holding
 both stages chained, ``torch_threads=1``, spot checks off so that no rerun

@@ -132,8 +132,9 @@ def soak(r: dict) -> list[str]:
                         for name, entry in sorted(growth.items())])
     objects = r.get("object_growth") or {}
     if objects:
-        top = lambda d: ", ".join(f"{k.rsplit('.', 2)[-2] + '.' + k.rsplit('.', 1)[-1] if k.count('.') > 1 else k} "  # noqa: E731
-                                  f"+{v:,}" for k, v in list(d.items())[:3]) or "-"
+        top = lambda d: ", ".join(  # noqa: E731
+            f"{k.rsplit('.', 2)[-2] + '.' + k.rsplit('.', 1)[-1] if k.count('.') > 1 else k} "
+            f"+{v:,}" for k, v in list(d.items())[:3]) or "-"
         span = max(e["span_s"] for e in objects.values())
         lines += ["What grew, by object (the probe's walk of the gc-tracked objects every "
                   f"{r.get('deep_sample_s', 300):g} s, "

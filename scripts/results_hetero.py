@@ -79,7 +79,8 @@ def heterogeneous(r: dict) -> list[str]:
         f"{num(wall['fixed'])}, time-bounded "
         f"{num(wall['budget'])} ({pct(wall['budget_vs_fixed'], 2)}); at equal tokens "
         f"({c['equal_tokens']:,}): fixed "
-        f"{num(tokens['fixed'])}, time-bounded {num(tokens['budget'])} ({pct(tokens['budget_vs_fixed'], 2)}).", ""]
+        f"{num(tokens['fixed'])}, time-bounded {num(tokens['budget'])} "
+        f"({pct(tokens['budget_vs_fixed'], 2)}).", ""]
 
 
 def reexec_isa(r: dict) -> list[str]:

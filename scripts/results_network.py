@@ -61,7 +61,8 @@ def _scale_rows(points: list[dict]) -> list[list]:
                 f"{p['rounds_committed']} rounds, contributors {p.get('commit_contributors')}, roots "
                 f"{'agree' if p.get('weights_roots_agree') else 'differ'}, "
                 + ("honest " if attacker else "")
-                + f"{'every exit 0' if all(e == 0 for e in p.get('exits', [1])[: -1 if attacker else None]) else 'exits ' + str(p.get('exits'))}"
+                + ("every exit 0" if all(e == 0 for e in p.get("exits", [1])[: -1 if attacker else None])
+                   else "exits " + str(p.get("exits")))
                 + (", timed out" if p.get("timed_out") else ""),
                 f"{min(loads):.0f}-{max(loads):.0f}" if loads else "?",
             ]

@@ -1,8 +1,8 @@
 """Every bit-exact path of a recorded short run, computed in this process: run by tests/test_cross_isa.py in
 subprocesses under several ``ATEN_CPU_CAPABILITY`` values and thread counts, which compare what they print.
 
-    python tests/isa_probe.py RUN.pkl THREADS    # prints one JSON object
-    python tests/isa_probe.py RUN.pkl THREADS --no-wire-vectors   # where libp2p and eth-account are not installed
+    python tests/isa_probe.py RUN.pkl THREADS                     # prints one JSON object
+    python tests/isa_probe.py RUN.pkl THREADS --no-wire-vectors   # without libp2p and eth-account
 
 (``--no-wire-vectors``: the aarch64 python of scripts/setup-arm-emulation.sh has torch and numpy only; libp2p
 0.8.1 needs fastecdsa 2.3.2, which PyPI has no aarch64 wheel of. ``wire_vectors`` is then ``null``.)

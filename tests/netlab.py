@@ -219,7 +219,8 @@ class NetLab:
 #: Run inside a namespace by the probes: a UDP echo server / a TCP sink, one line of JSON out when done.
 _ECHO = """
 import json, socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", int(sys.argv[1]))); s.settimeout(float(sys.argv[2]))
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", int(sys.argv[1])))
+s.settimeout(float(sys.argv[2]))
 print("ready", flush=True)
 try:
     while True:

@@ -50,7 +50,8 @@ def test_under_the_emulated_kernels_the_same_platform_rule_applies():
 #: /proc/cpuinfo of an aarch64 Linux (two Neoverse N1 cores, as an AWS Graviton2 shows them), abridged.
 ARM_CPUINFO = """processor\t: 0
 BogoMIPS\t: 243.75
-Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp ssbs
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop \
+asimddp ssbs
 CPU implementer\t: 0x41
 CPU architecture: 8
 CPU variant\t: 0x3

@@ -48,8 +48,8 @@ from training.data import corpus_from_config
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica, run_with_states
 torch.set_num_threads(1)
 cfg = load_config(None, sys.argv[2:])
-sim = SimConfig(corpus_from_config(cfg.training, cfg.model), cfg.model, cfg.training, cfg.diloco, cfg.compression,
-                cfg.pipeline.num_stages, rounds=2)
+sim = SimConfig(corpus_from_config(cfg.training, cfg.model), cfg.model, cfg.training, cfg.diloco,
+                cfg.compression, cfg.pipeline.num_stages, rounds=2)
 records = run_with_states([SimReplica(0, sim), PerturbedReplica(1, sim)], sim)
 open(sys.argv[1], "wb").write(pickle.dumps([
     {"round": r.outer_round, "contributions": r.contributions, "claims": r.claims,

@@ -100,8 +100,8 @@ RERUN_IN_A_FRESH_PROCESS = textwrap.dedent(
     from training.reexec import verify_contribution
     case = torch.load(sys.argv[1], weights_only=False)
     sim = _sim(compile=False)
-    check = verify_contribution(case["parts"], case["claims"], sim.corpus, sim.model, sim.training, sim.diloco,
-                                sim.compression, outer_round=1, replica=0, run_rounds=sim.rounds,
+    check = verify_contribution(case["parts"], case["claims"], sim.corpus, sim.model, sim.training,
+                                sim.diloco, sim.compression, outer_round=1, replica=0, run_rounds=sim.rounds,
                                 previous_contributions=case["previous"])
     print(check.verdict, check.rule, max(check.distances.values()))
     """

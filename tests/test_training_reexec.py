@@ -161,8 +161,8 @@ REEXEC_IN_SUBPROCESS = textwrap.dedent(
     from training.reexec import verify_contribution
     case = torch.load(sys.argv[1], weights_only=False)
     sim = _sim()
-    check = verify_contribution(case["parts"], case["claims"], sim.corpus, sim.model, sim.training, sim.diloco,
-                                sim.compression, outer_round=1, replica=0, run_rounds=sim.rounds,
+    check = verify_contribution(case["parts"], case["claims"], sim.corpus, sim.model, sim.training,
+                                sim.diloco, sim.compression, outer_round=1, replica=0, run_rounds=sim.rounds,
                                 previous_contributions=case["previous"])
     print(check.verdict, max(check.distances.values()))
     """
@@ -331,7 +331,8 @@ PIPELINE_STAGE = textwrap.dedent(
         set_lr([trainer.optimizer], inner_lr(training, step, steps))
         trainer.train_step(x, y)
     payload, _ = engine.encode_contribution(0)
-    following = capture_stage_state(dataclasses.replace(meta, outer_round=1), engine, trainer.module, trainer.optimizer)
+    following = capture_stage_state(dataclasses.replace(meta, outer_round=1), engine, trainer.module,
+                                    trainer.optimizer)
     torch.save({"state": state.to_bytes(), "payload": payload, "next": following.state_hash()}, out)
     trainer.close()
     """

@@ -192,8 +192,9 @@ REPLAY = textwrap.dedent(
     from training.config_compression import CompressionConfig
     from training.diloco import aggregate_with_report
     case = torch.load(sys.argv[1])
-    result = aggregate_with_report(case["weights"], case["momentum"], case["blobs"], DilocoConfig(), stage_index=0,
-                                   outer_round=0, compression_cfg=CompressionConfig(), excluded={1: "x"})
+    result = aggregate_with_report(case["weights"], case["momentum"], case["blobs"], DilocoConfig(),
+                                   stage_index=0, outer_round=0, compression_cfg=CompressionConfig(),
+                                   excluded={1: "x"})
     print(result.weights_hash.hex(), [(r.reason, r.norm.hex() if r.norm else None, r.scale.hex())
                                       for r in result.contributions])
     """
@@ -324,7 +325,8 @@ SCREEN = textwrap.dedent(
     x, y = screening_batch(generated_corpus(0, n_bytes=40_000), 7, 3, 8, 32)
     loss_fn = model_loss_fn(ModelConfig(preset="tiny"), x, y)
     print([(r.loss_before.hex(), r.loss_after.hex() if r.loss_after is not None else None, r.excluded)
-           for r in screen_contributions(loss_fn, case["weights"], case["contributions"], DilocoConfig(outer_lr=1.0))])
+           for r in screen_contributions(loss_fn, case["weights"], case["contributions"],
+                                         DilocoConfig(outer_lr=1.0))])
     """
 )
 

@@ -66,7 +66,8 @@ _OUTSIDE = r"""
 import json, sys
 from importlib.resources import files
 import contracts, node
-assert "site-packages" in contracts.__file__ and "site-packages" in node.__file__, (contracts.__file__, node.__file__)
+assert "site-packages" in contracts.__file__ and "site-packages" in node.__file__, \
+    (contracts.__file__, node.__file__)
 abi = contracts.artifact("TrainingLedger")["abi"]
 template = files("node").joinpath("templates", "node.toml").read_text()
 from node.commands.explorer import explorer_page
