@@ -130,8 +130,8 @@ def todays_traffic(pseudo_gradients, replicas: int, cfg, budget: int, stage_inde
     for replica in range(min(replicas, materialize)):
         target = perturbed(pseudo_gradients[replica % len(pseudo_gradients)], replica)
         blob, _, _ = _encode_whole(target, cfg, budget, stage_index, outer_round)
-        # The node's own body (docs/PROTOCOL.md ContributionBody: prefix, state hash, data commitment, applied
-        # hash).
+        # The node's own body (docs/PROTOCOL.md ContributionBody:
+        # prefix, state hash, data commitment, applied hash).
         body = encode_contribution_body(ContributionBody(bytes(32), bytes(32), blob, NO_APPLY))
         envelope = Envelope.create(identity(replica), RUN_ID, outer_round, "contribution", body, stage_index,
                                    replica)
@@ -175,8 +175,8 @@ def sliced_traffic(pseudo_gradients, replicas: int, cfg, budget: int, stage_inde
     base_targets = [perturbed(g, k) for k, g in enumerate(pseudo_gradients)]
     base_budgets = [guided_slice_budgets(target, plan, cfg, budget) for target in base_targets]
     if own_slice is not None:
-        # Every replica's slice own_slice (materialized: R codings of one slice), signature checked as the
-        # node would.
+        # Every replica's slice own_slice (materialized: R codings
+        # of one slice), signature checked as the node would.
         inputs = []
         verify_seconds = 0.0
         for replica in range(replicas):
@@ -450,9 +450,9 @@ def main() -> None:
                                                norm_clip=norm_clip, audit=True)
                 # A node that aggregates nothing this round (A < R): the mean over the round's nodes.
                 idle, _ = sliced_traffic(stage_bases, replicas, compression_cfg, budget, spec.index, 0,
-                                         shapes=shapes,
-                                         min_slice_numel=args.min_slice_numel, norm_clip=norm_clip,
-                                         node=replicas - 1) if sliced.slices < replicas else (sliced, {})
+                                         shapes=shapes, min_slice_numel=args.min_slice_numel,
+                                         norm_clip=norm_clip, node=replicas - 1) if sliced.slices < replicas \
+                                         else (sliced, {})
                 share = sliced.slices / replicas
                 mean_in = share * sliced.bytes_in + (1 - share) * idle.bytes_in
                 mean_out = share * sliced.bytes_out + (1 - share) * idle.bytes_out
@@ -466,10 +466,10 @@ def main() -> None:
                 save()
                 print(f"{preset} stage {spec.index} R={replicas:5d} A={sliced.slices:4d}: all-to-all in "
                       f"{today.bytes_in:>11,} out {today.bytes_out:>11,} | sliced aggregator in "
-                      f"{sliced.bytes_in:>9,} "
-                      f"out {sliced.bytes_out:>9,} msgs {sliced.messages_in}/{sliced.messages_out} | mean in "
-                      f"{mean_in:>10,.0f} out {mean_out:>10,.0f} | audit {extra.get('audit_ok')} "
-                      f"{extra.get('audit_seconds', 0):.2f}s ({time.perf_counter() - t0:.0f}s)", flush=True)
+                      f"{sliced.bytes_in:>9,} out {sliced.bytes_out:>9,} msgs {sliced.messages_in}"
+                      f"/{sliced.messages_out} | mean in {mean_in:>10,.0f} out {mean_out:>10,.0f} | audit "
+                      f"{extra.get('audit_ok')} {extra.get('audit_seconds', 0):.2f}s "
+                      f"({time.perf_counter() - t0:.0f}s)", flush=True)
             budget = compression_cfg.stage_bandwidth_budget(numel, args.inner_steps, 4)
             out["slicing_error"][f"{preset}/stage{spec.index}"] = slicing_error(
                 stage_bases[0], shapes, compression_cfg, budget, [1, 4, 16, 32, 64, 128], 1)

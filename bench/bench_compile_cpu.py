@@ -51,9 +51,9 @@ def measure(preset: str, compile: bool, args: argparse.Namespace) -> dict:
     tokens = args.steps * args.batch * model.block_size
     row = {"preset": preset, "compiled": compile, "batch": args.batch, "seq_len": model.block_size,
            "first_step_seconds": first_seconds, "first_step_cpu_seconds": first_cpu,
-           "timed_steps": args.steps,
-           "seconds": seconds, "cpu_seconds": cpu_seconds, "tokens_per_second": tokens / seconds,
-           "tokens_per_cpu_second": tokens / cpu_seconds, "losses": losses}
+           "timed_steps": args.steps, "seconds": seconds, "cpu_seconds": cpu_seconds,
+           "tokens_per_second": tokens / seconds, "tokens_per_cpu_second": tokens / cpu_seconds,
+           "losses": losses}
     print(f"{preset} {'compiled' if compile else 'eager   '}: first step {first_seconds:.1f} s "
           f"({first_cpu:.1f} s of CPU), {row['tokens_per_second']:,.0f} tokens/s, "
           f"{row['tokens_per_cpu_second']:,.0f} tokens per CPU second", flush=True)
@@ -78,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         largest = max(abs(a - b) for a, b in zip(eager["losses"], compiled["losses"]))
         rows += [eager, compiled]
         print(f"{preset}: compiled/eager tokens/s "
-              f"x{compiled['tokens_per_second'] / eager['tokens_per_second']:.2f} "
-              f"(per CPU second x{compiled['tokens_per_cpu_second'] / eager['tokens_per_cpu_second']:.2f}), "
-              f"largest loss difference {largest:.2e}", flush=True)
+              f"x{compiled['tokens_per_second'] / eager['tokens_per_second']:.2f} (per CPU second "
+              f"x{compiled['tokens_per_cpu_second'] / eager['tokens_per_cpu_second']:.2f}), largest loss "
+              f"difference {largest:.2e}", flush=True)
         compiled["speedup"] = compiled["tokens_per_second"] / eager["tokens_per_second"]
         compiled["cpu_speedup"] = compiled["tokens_per_cpu_second"] / eager["tokens_per_cpu_second"]
         compiled["largest_loss_difference"] = largest

@@ -79,37 +79,26 @@ VARIANTS = {
     # Outer Adam in place of Nesterov (FedAdam, arXiv 2003.00295: b1 0.9, b2 0.99, no bias correction). Its
     # step is about lr per element whatever the pseudo-gradient's size (Nesterov's, lr 1, is about 1.5 Delta:
     # a median |Delta| of 3e-3 to 1e-2 per round at llama-xs), hence outer lrs near 1e-2.
-    "muon-oadam-3e-3": {
-        "training": {"optimizer": "muon"},
-        "diloco": {"outer_optimizer": "adam", "outer_lr": 3e-3},
-    },
-    "muon-oadam-1e-2": {
-        "training": {"optimizer": "muon"},
-        "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-2},
-    },
-    "muon-oadam-3e-2": {
-        "training": {"optimizer": "muon"},
-        "diloco": {"outer_optimizer": "adam", "outer_lr": 3e-2},
-    },
-    "muon-oadam-1e-1": {
-        "training": {"optimizer": "muon"},
-        "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-1},
-    },
+    "muon-oadam-3e-3": {"training": {"optimizer": "muon"},
+                        "diloco": {"outer_optimizer": "adam", "outer_lr": 3e-3}},
+    "muon-oadam-1e-2": {"training": {"optimizer": "muon"},
+                        "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-2}},
+    "muon-oadam-3e-2": {"training": {"optimizer": "muon"},
+                        "diloco": {"outer_optimizer": "adam", "outer_lr": 3e-2}},
+    "muon-oadam-1e-1": {"training": {"optimizer": "muon"},
+                        "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-1}},
     # FedAdam's tuned eps (its tau, arXiv 2003.00295, about 1e-3): where sqrt(v) is below it the step is about
-    # lr / eps * m, a momentum step, so small (and coarsely coded) elements are no longer moved by about lr
-    # each.
-    "muon-oadam-1e-2-eps1e-3": {
-        "training": {"optimizer": "muon"},
-        "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-2, "outer_adam_eps": 1e-3},
-    },
-    "muon-oadam-3e-2-eps1e-3": {
-        "training": {"optimizer": "muon"},
-        "diloco": {"outer_optimizer": "adam", "outer_lr": 3e-2, "outer_adam_eps": 1e-3},
-    },
-    "muon-oadam-1e-1-eps1e-3": {
-        "training": {"optimizer": "muon"},
-        "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-1, "outer_adam_eps": 1e-3},
-    },
+    # lr / eps * m, a momentum step, so small (and coarsely
+    # coded) elements are no longer moved by about lr each.
+    "muon-oadam-1e-2-eps1e-3": {"training": {"optimizer": "muon"},
+                                "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-2,
+                                           "outer_adam_eps": 1e-3}},
+    "muon-oadam-3e-2-eps1e-3": {"training": {"optimizer": "muon"},
+                                "diloco": {"outer_optimizer": "adam", "outer_lr": 3e-2,
+                                           "outer_adam_eps": 1e-3}},
+    "muon-oadam-1e-1-eps1e-3": {"training": {"optimizer": "muon"},
+                                "diloco": {"outer_optimizer": "adam", "outer_lr": 1e-1,
+                                           "outer_adam_eps": 1e-3}},
 }
 # The Nesterov outer step retuned for Muon inner steps (docs/DILOCOX.md section 14): the defaults (outer lr
 # 1.0, momentum 0.5: ``muon``) were tuned with AdamW inner steps (section 9), and MuLoCo (arXiv 2505.23725)
@@ -172,30 +161,18 @@ def run_one(case: str, mode: str, variant: str, corpus, data: str) -> dict:
                       PipelineConfig(num_stages=STAGES), rounds,
                       eval_every=max(1, 10 * INNER_STEPS // inner_steps))
     return {
-        "case": case,
-        "mode": mode,
-        "variant": variant,
-        "family": family,
-        "num_params": count_params(model_cfg),
-        "tokens": result.tokens_per_replica * replicas,
-        "tokens_per_param": result.tokens_per_replica * replicas / count_params(model_cfg),
-        "replicas": replicas,
-        "inner_steps": inner_steps,
-        "rounds": rounds,
+        "case": case, "mode": mode, "variant": variant, "family": family,
+        "num_params": count_params(model_cfg), "tokens": result.tokens_per_replica * replicas,
+        "tokens_per_param": result.tokens_per_replica * replicas
+        / count_params(model_cfg), "replicas": replicas, "inner_steps": inner_steps, "rounds": rounds,
         "batch_per_replica": training_cfg.batch_size,
-        "held_out_loss": result.final_eval_loss,
-        "bytes_per_token": result.bytes_per_token,
-        "codec_outer_share": result.codec_outer_share,
-        "wall_seconds": time.perf_counter() - started,
-        "cpu_seconds": time.process_time() - cpu,
-        "load_average_start": load,
+        "held_out_loss": result.final_eval_loss, "bytes_per_token": result.bytes_per_token,
+        "codec_outer_share": result.codec_outer_share, "wall_seconds": time.perf_counter() - started,
+        "cpu_seconds": time.process_time() - cpu, "load_average_start": load,
         "load_average_end": list(os.getloadavg()),
         "curve": [(r.outer_round, r.eval_loss) for r in result.rounds if r.eval_loss is not None],
-        "settings": {
-            "model": dataclasses.asdict(model_cfg),
-            "training": change.get("training", {}),
-            "diloco": {**change.get("diloco", {}), "inner_steps": inner_steps},
-        },
+        "settings": {"model": dataclasses.asdict(model_cfg), "training": change.get("training", {}),
+                     "diloco": {**change.get("diloco", {}), "inner_steps": inner_steps}},
     }
 
 
@@ -220,25 +197,18 @@ def table(runs: list[dict]) -> list[dict]:
             best = min(candidates, key=lambda r: r["held_out_loss"])
             optimizer = "muon" if best["variant"].startswith("muon") else "adamw"
             same = next((r for r in ddp if r["variant"] == optimizer), None)
-            rows.append(
-                {
-                    "case": case,
-                    "family": best["family"],
-                    "num_params": best["num_params"],
-                    "tokens": best["tokens"],
-                    "mode": mode,
-                    "best_variant": best["variant"],
-                    "held_out_loss": best["held_out_loss"],
-                    "gap_vs_ddp": best["held_out_loss"] / base["held_out_loss"] - 1,
-                    "fewer_bytes_than_ddp": base["bytes_per_token"] / best["bytes_per_token"],
-                    "ddp_variant": base["variant"],
-                    # Against DDP with the same inner optimizer (None when that DDP was not run).
-                    "gap_vs_same_optimizer_ddp": None
-                    if same is None
+            rows.append({
+                "case": case, "family": best["family"], "num_params": best["num_params"],
+                "tokens": best["tokens"], "mode": mode, "best_variant": best["variant"],
+                "held_out_loss": best["held_out_loss"],
+                "gap_vs_ddp": best["held_out_loss"] / base["held_out_loss"] - 1,
+                "fewer_bytes_than_ddp": base["bytes_per_token"] / best["bytes_per_token"],
+                "ddp_variant": base["variant"],
+                # Against DDP with the same inner optimizer (None when that DDP was not run).
+                "gap_vs_same_optimizer_ddp": None if same is None
                     else best["held_out_loss"] / same["held_out_loss"] - 1,
-                    "variants": {r["variant"]: r["held_out_loss"] for r in measured},
-                }
-            )
+                "variants": {r["variant"]: r["held_out_loss"] for r in measured},
+            })
     return rows
 
 

@@ -154,26 +154,15 @@ def main() -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="dlx-loader-bench-"))
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     out = {
-        "what": (
-            "prepared-dataset loader: resident memory per dataset size, batches delivered "
-            "vs llama-20m consumed"
-        ),
+        "what": ("prepared-dataset loader: resident memory per dataset size, batches delivered "
+                 "vs llama-20m consumed"),
         "command": "PYTHONPATH=. python bench/bench_data_loader.py " + " ".join(sys.argv[1:]),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
-        "model": {
-            "preset": PRESET,
-            "vocab_size": VOCAB,
-            "params": count_params(ModelConfig(preset=PRESET, vocab_size=VOCAB)),
-            "batch_size": BATCH,
-            "block_size": ModelConfig(preset=PRESET).block_size,
-        },
-        "rounds_read": args.rounds,
-        "inner_steps": H,
-        "datasets": {},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform()},
+        "model": {"preset": PRESET, "vocab_size": VOCAB, "params": count_params(ModelConfig(preset=PRESET,
+                  vocab_size=VOCAB)), "batch_size": BATCH,
+                  "block_size": ModelConfig(preset=PRESET).block_size},
+        "rounds_read": args.rounds, "inner_steps": H, "datasets": {},
     }
     try:
         for size in sizes:

@@ -115,14 +115,9 @@ def measure_availability(url: str, codec: str, options: dict, count: int) -> dic
     w3 = committed.deployment.w3
     row = {"codec": codec, **options, "contributions": count}
     accepted = len(state.payload_leaves)
-    kinds = (
-        ("weights", WEIGHTS, chunk),
-        ("momentum", MOMENTUM, chunk),
-        ("payload", PAYLOAD + clipped, chunk),
-        ("sums", sums_which(accepted, clipped), chunk),
-        ("factors", FACTORS, 0),
-        ("stage_leaf", STAGE_LEAF, 0),
-    )
+    kinds = (("weights", WEIGHTS, chunk), ("momentum", MOMENTUM, chunk),
+             ("payload", PAYLOAD + clipped, chunk), ("sums", sums_which(accepted, clipped), chunk),
+             ("factors", FACTORS, 0), ("stage_leaf", STAGE_LEAF, 0))
     for name, which, leaf_chunk in kinds:
         try:
             if which == STAGE_LEAF:

@@ -64,8 +64,8 @@ from training.replica_state import capture_trainer_part, start_state_bytes  # no
 from training.stage_engine import StageEngine  # noqa: E402
 
 
-#: Dense bf16 peak (TFLOP/s, no sparsity) by a substring of torch.cuda.get_device_name(); --peak-tflops
-#: overrides.
+#: Dense bf16 peak (TFLOP/s, no sparsity) by a substring of
+#: torch.cuda.get_device_name(); --peak-tflops overrides.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0,
                     "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0, "RTX 4090": 165.0}
 
@@ -161,10 +161,10 @@ def throughput(model: ModelConfig, device: str, precision: str, args: argparse.N
     peak = peak_tflops(args, trainer.device)
     achieved = flops_per_token(model) * tokens_per_second / 1e12
     result = {"precision": precision, "compiled": compile_model, "fused_adamw": fused_adamw,
-              "batch": args.batch, "seq_len": model.block_size,
-              "steps": args.steps, "warmup_steps": args.warmup, "warmup_seconds": warmup_seconds,
-              "seconds": seconds, "tokens_per_second": tokens_per_second, "achieved_tflops": achieved,
-              "peak_tflops": peak, "mfu": achieved / peak if peak else None, "last_loss": losses[-1],
+              "batch": args.batch, "seq_len": model.block_size, "steps": args.steps,
+              "warmup_steps": args.warmup, "warmup_seconds": warmup_seconds, "seconds": seconds,
+              "tokens_per_second": tokens_per_second, "achieved_tflops": achieved, "peak_tflops": peak,
+              "mfu": achieved / peak if peak else None, "last_loss": losses[-1],
               "max_memory_gib": (torch.cuda.max_memory_allocated(trainer.device) / 2**30
                                  if trainer.device.type == "cuda" else None)}
     mfu = "n/a (no peak known)" if result["mfu"] is None else f"{result['mfu']:.1%}"
@@ -250,26 +250,18 @@ def round_share(model: ModelConfig, device: str, args: argparse.Namespace) -> di
 
     blocking_seconds, lane_seconds = sum(blocking.values()), sum(lanes.values())
     tokens = args.inner_steps * args.batch * model.block_size
-    result = {
-        "inner_steps": args.inner_steps,
-        "batch": args.batch,
-        "tokens": tokens,
-        "train_seconds": train_seconds,
-        "tokens_per_second": tokens / train_seconds,
-        "blocking": blocking,
-        "lanes": lanes,
-        "blocking_seconds": blocking_seconds,
-        "lane_seconds": lane_seconds,
-        # the goal's figure: what the node takes from the training thread
-        "node_share": blocking_seconds / (train_seconds + blocking_seconds),
-        "serial_share": (blocking_seconds + lane_seconds) / (train_seconds + blocking_seconds + lane_seconds),
-        "lanes_fit_in_round": lane_seconds <= train_seconds,
-        "pinned_copy_matches": copy_matches,
-        "payload_bytes": sum(len(p) for p in payloads),
-        "state_stages": len(state_hashes),
-        "note": "blocking: on the training thread; lanes: overlap the next round's training in a live node "
-        "(serial_share: as if nothing overlapped); parts timed one after another",
-    }
+    result = {"inner_steps": args.inner_steps, "batch": args.batch, "tokens": tokens,
+              "train_seconds": train_seconds, "tokens_per_second": tokens / train_seconds,
+              "blocking": blocking, "lanes": lanes, "blocking_seconds": blocking_seconds,
+              "lane_seconds": lane_seconds,
+              # the goal's figure: what the node takes from the training thread
+              "node_share": blocking_seconds / (train_seconds + blocking_seconds),
+              "serial_share": (blocking_seconds + lane_seconds)
+                  / (train_seconds + blocking_seconds + lane_seconds),
+              "lanes_fit_in_round": lane_seconds <= train_seconds, "pinned_copy_matches": copy_matches,
+              "payload_bytes": sum(len(p) for p in payloads), "state_stages": len(state_hashes),
+              "note": "blocking: on the training thread; lanes: overlap the next round's training in a live "
+                      "node (serial_share: as if nothing overlapped); parts timed one after another"}
     print(f"(b) round of H={args.inner_steps}: train {train_seconds:.2f}s, blocking {blocking_seconds:.2f}s "
           f"({result['node_share']:.1%} of the round), lanes {lane_seconds:.2f}s "
           f"({'fit' if result['lanes_fit_in_round'] else 'do NOT fit'} in the round; serial "

@@ -192,8 +192,8 @@ def main() -> int:
     for index, name in enumerate(CHEATS):
         mine = [c for c in cheat_checks if c["replica"] == index]
         caught = [c for c in mine if c["verdict"] == MISMATCH or c["chain"] == STATE_MISMATCH]
-        # The forged state is seen through the chain, which needs round t+1's claim: the last round cannot
-        # tell.
+        # The forged state is seen through the chain, which
+        # needs round t+1's claim: the last round cannot tell.
         checkable = [c for c in mine if name != "forged_start_state" or c["chain"] is not None]
         cheats[name] = {
             "checks": len(checkable), "caught": len([c for c in caught if c in checkable]),
@@ -232,8 +232,8 @@ def main() -> int:
     print(f"honest, rerun on 1 thread (same as claimant): {exact_1}/{len(honest_2)} bit-exact; chain "
           f"{sum(1 for c in honest if c['chain'] == EXACT)}/{sum(1 for c in honest if c['chain'])} exact")
     print(f"honest, rerun on 2 threads: distance min {min(honest_2):.3g} median "
-          f"{statistics.median(honest_2):.3g} "
-          f"max {max(honest_2):.3g}; verdicts {sorted({c['verdict'] for c in honest if c['threads'] == 2})}")
+          f"{statistics.median(honest_2):.3g} max {max(honest_2):.3g}; verdicts "
+          f"{sorted({c['verdict'] for c in honest if c['threads'] == 2})}")
     print(f"split pipeline rerun chained with micro-batches: {[c['verdict'] for c in split]}; "
           f"without: max distance {max(c['distance'] for c in split_plain):.3g}")
     print(f"false accusations: {false_accusations}")
@@ -255,28 +255,15 @@ def main() -> int:
 
     out = {
         "args": vars(args),
-        "platform": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-        },
+        "platform": {"python": platform.python_version(), "torch": torch.__version__,
+                     "machine": platform.machine(), "cpus": os.cpu_count()},
         "num_params": count_params(model),
-        "honest": {
-            "checks": honest,
-            "split_pipeline": split,
-            "split_pipeline_without_microbatches": split_plain,
-            "distance_2_threads": {
-                "min": min(honest_2),
-                "median": statistics.median(honest_2),
-                "max": max(honest_2),
-            },
-            "false_accusations": false_accusations,
-        },
-        "cheats": cheats,
-        "cheat_checks": cheat_checks,
-        "costs": costs,
-        "sampling": sampling,
+        "honest": {"checks": honest, "split_pipeline": split,
+                   "split_pipeline_without_microbatches": split_plain,
+                   "distance_2_threads": {"min": min(honest_2), "median": statistics.median(honest_2),
+                                          "max": max(honest_2)},
+                   "false_accusations": false_accusations},
+        "cheats": cheats, "cheat_checks": cheat_checks, "costs": costs, "sampling": sampling,
         "wall_seconds": time.perf_counter() - started_all,
     }
     path = REPO / args.out

@@ -82,8 +82,8 @@ def overrides(args: argparse.Namespace) -> list[str]:
             f"diloco.inner_steps={args.inner_steps}", "training.batch_size=8", "training.warmup_steps=5",
             "compression.min_compress_numel=512",
             # training/reexec_sim.py's claims bind no applied hash: with an overlap (H >= 10 gives 1 step)
-            # every rerun of a round > 0 would be "other_result", so the bench runs DiLoCoX's plain one-step
-            # delay
+            # every rerun of a round > 0 would be "other_result",
+            # so the bench runs DiLoCoX's plain one-step delay
             "diloco.overlap_steps=0"]
 
 
@@ -139,9 +139,8 @@ def rerun(args: argparse.Namespace) -> None:
         for replica, parts in sorted(record["states"].items()):
             check = verify_contribution(parts, record["claims"][replica], corpus, cfg.model, cfg.training,
                                         cfg.diloco, cfg.compression, outer_round=record["round"],
-                                        replica=replica,
-                                        run_rounds=len(run["records"]), previous_contributions=previous,
-                                        threads=args.threads)
+                                        replica=replica, run_rounds=len(run["records"]),
+                                        previous_contributions=previous, threads=args.threads)
             rows.append({"claimant": run["capability"], "rerun": kernels_label(),
                          "threads": args.threads, "round": record["round"], "replica": replica,
                          "role": ROLES[replica], "verdict": check.verdict,
@@ -210,17 +209,15 @@ def summarize(rows: list[dict], old_tolerance: float = 1e-2) -> dict:
     pairs = sorted({(r["claimant"], r["rerun"]) for r in rows if other(r)})
     summary = {
         "honest_same_kernels_max": max(honest(same), default=None),
-        "honest_other_threads_max": max(
-            honest(lambda r: r["claimant"] == r["rerun"] and r["threads"] != 1), default=None
-        ),
+        "honest_other_threads_max": max(honest(lambda r: r["claimant"] == r["rerun"] and r["threads"] != 1),
+                                        default=None),
         "honest_other_capability_max": max(honest(other), default=None),
         "honest_by_capability_pair": {
-            f"{a}->{b}": {
-                "max": max(honest(lambda r, a=a, b=b: (r["claimant"], r["rerun"]) == (a, b)), default=None),
-                "min": smallest(honest(lambda r, a=a, b=b: (r["claimant"], r["rerun"]) == (a, b))),
-            }
-            for a, b in pairs
-        },
+            f"{a}->{b}": {"max": max(honest(lambda r, a=a, b=b: (r["claimant"], r["rerun"])
+                                            == (a, b)), default=None),
+                           "min": smallest(honest(lambda r, a=a, b=b: (r["claimant"],
+                                                                        r["rerun"]) == (a, b)))}
+                                      for a, b in pairs},
         "honest_verdicts": sorted({r["verdict"] for r in rows if r["role"] == "honest"}),
         # every honest rerun on other kernels or threads, judged as a claim of a platform nobody can emulate
         "honest_rule_other_kernels": counted([r for r in rows if r["role"] == "honest" and other_kernels(r)]),

@@ -141,19 +141,16 @@ def summary(entries: list[dict]) -> dict:
             per_phase[phase] = {"mean_s": round(statistics.mean(values), 2), "max_s": max(values)}
     firsts = [e["marks_s"]["first contribution"] for e in entries if "first contribution" in e["marks_s"]]
     readies = [e["marks_s"][READY] for e in entries if READY in e["marks_s"]]
-    return {
-        "phases": per_phase,
-        "ready_s": {"mean": round(statistics.mean(readies), 1), "max": max(readies)} if readies else None,
-        "first_contribution_s": {"mean": round(statistics.mean(firsts), 1), "max": max(firsts)}
-        if firsts
-        else None,
-        "rounds_missed_after_ready_max": max(
-            (e.get("rounds_missed_after_ready", 99) for e in entries), default=None
-        ),
-        "rounds_after_restart_max": max((e.get("rounds_after_restart", 99) for e in entries), default=None),
-        "recovered": sum(1 for e in entries if e.get("recovered_round") is not None),
-        "tracebacks": sum(e["tracebacks"] for e in entries),
-    }
+    return {"phases": per_phase,
+            "ready_s": {"mean": round(statistics.mean(readies), 1), "max": max(readies)} if readies else None,
+            "first_contribution_s": {"mean": round(statistics.mean(firsts), 1), "max": max(firsts)} if firsts
+                else None,
+            "rounds_missed_after_ready_max": max((e.get("rounds_missed_after_ready", 99) for e in entries),
+                                                 default=None),
+            "rounds_after_restart_max": max((e.get("rounds_after_restart", 99) for e in entries),
+                                            default=None),
+            "recovered": sum(1 for e in entries if e.get("recovered_round") is not None),
+            "tracebacks": sum(e["tracebacks"] for e in entries)}
 
 
 def keystore_decryption(workdir: Path) -> dict:

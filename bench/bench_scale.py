@@ -223,8 +223,8 @@ def one_run(workdir: Path, replicas: int, args, attacker: str = "") -> dict:
         "traffic_per_node_round": traffic_mean(nodes),
         "contribution_envelope_bytes": envelope_mean,
         "replica_contribution_bytes": envelope_mean * 2,  # one envelope per stage, 2 stages
-        # sliced: what a replica codes per round (its slice bundles, every stage); the envelopes carry
-        # references
+        # sliced: what a replica codes per round (its slice
+        # bundles, every stage); the envelopes carry references
         "replica_slice_bytes": mean("own_slice_bytes_per_round"),
         "exchange": args.exchange, "settings": settings,
         "blob_received_per_node_round": traffic_mean(nodes).get("/dlx/blob/1.0.0", {}).get("received"),
@@ -466,11 +466,10 @@ def main() -> int:
                              "p2p.gossip_resync_interval=0")
     parser.add_argument("--exchange", choices=("full", "sliced"), default="full",
                         help="diloco.exchange of every run (docs/PROTOCOL.md, \"Sliced exchange\")")
-    parser.add_argument("--attacker", default="", help="the last node runs this attack "
-                                                       "(tests/sliced_adversary.py "
-                        "or tests/adversary.py), e.g. withhold; roots are compared over the "
-                        "honest nodes. A comma "
-                        "list runs each replica count once per entry, \"none\" for no "
+    parser.add_argument("--attacker", default="",
+                        help="the last node runs this attack (tests/sliced_adversary.py "
+                        "or tests/adversary.py), e.g. withhold; roots are compared over the honest nodes. A "
+                        "comma list runs each replica count once per entry, \"none\" for no "
                         "attacker (none,withhold)")
     parser.add_argument("--workdir", default="/tmp/dlx-bench-scale")
     parser.add_argument("--out", default="",

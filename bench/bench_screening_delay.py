@@ -64,8 +64,8 @@ def run(counts: list[int], rounds: int, data: str, windows: int) -> list[dict]:
     model = ModelConfig(preset="tiny")
     training = TrainingConfig(seed=0, batch_size=8, inner_lr=3e-3, warmup_steps=20, lr_schedule="constant")
     diloco = DilocoConfig(inner_steps=max(counts), round_budget_s=1000.0, min_inner_steps=4,
-                          num_replicas=len(counts),
-                          one_step_delay=True, overlap_steps=0, outer_lr=0.7, outer_momentum=0.5)
+                          num_replicas=len(counts), one_step_delay=True, overlap_steps=0, outer_lr=0.7,
+                          outer_momentum=0.5)
     corpus = load_corpus(data, training.eval_fraction, model.block_size)
     rows: list[dict] = []
     held: dict = {}
@@ -75,8 +75,8 @@ def run(counts: list[int], rounds: int, data: str, windows: int) -> list[dict]:
 
     def screen(_loss_fn, weights, decoded, cfg, _declared):
         t = len(rows)
-        # Row b of a screening batch does not depend on the batch's size: the first 16 windows are the default
-        # batch.
+        # Row b of a screening batch does not depend on the
+        # batch's size: the first 16 windows are the default batch.
         x, y = screening_batch(corpus, 0, t, windows, model.block_size)
         wide = model_loss_fn(model, x, y)
         narrow = model_loss_fn(model, x[:16], y[:16])
@@ -93,8 +93,8 @@ def run(counts: list[int], rounds: int, data: str, windows: int) -> list[dict]:
                                     sorted(counts)[1])
         variants["noise_longest"] = ({k: v * (norms[0] / norm(noise)) for k, v in noise.items()}, counts[0])
         # theta^{t-1} (these weights) and theta^{t-2} (the weights of the call before: the global weights when
-        # this round's inner steps began; round 0 has no delay, and round 1 began from the initial weights,
-        # round 0's).
+        # this round's inner steps began; round 0 has no delay,
+        # and round 1 began from the initial weights, round 0's).
         start = held.get("previous", weights)
         held["previous"] = weights
         points = {"wide": (wide, weights), "16": (narrow, weights), "16_start": (narrow, start)}

@@ -308,9 +308,8 @@ def main() -> int:
     parser.add_argument("--workdir", default="/tmp/dlx-soak")
     parser.add_argument("--out", default="")
     parser.add_argument("--reaudit", action="store_true",
-                        help="audit the soak kept under --workdir again with this checkout (its "
-                             "chain restarted from "
-                             "the saved state) and put that audit into the result JSON; "
+                        help="audit the soak kept under --workdir again with this checkout (its chain "
+                             "restarted from the saved state) and put that audit into the result JSON; "
                              "the run's figures stay")
     parser.add_argument("--inside", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -124,39 +124,22 @@ def node_figures(node_dir: Path, run_id: int, declared: dict[str, bytes]) -> dic
     drawn = sampled(node_dir, run_id, declared)
     done = {(c["round"], c["replica"]) for c in checks}
     return {
-        "sampled": len(drawn),
-        "sampled_routed": sum(d["routed"] for d in drawn),
+        "sampled": len(drawn), "sampled_routed": sum(d["routed"] for d in drawn),
         "sampled_done": sum((d["round"], d["replica"]) in done for d in drawn),
-        "sampled_not_reached": [
-            d
-            for d in drawn
-            if (d["round"], d["replica"]) not in done
-            and not any((n["round"], n["replica"]) == (d["round"], d["replica"]) for n in not_done)
-        ],
-        "checks": checks,
-        "not_done": not_done,
-        "skipped": skipped,
+        "sampled_not_reached": [d for d in drawn if (d["round"], d["replica"]) not in done
+                                and not any((n["round"], n["replica"]) == (d["round"], d["replica"])
+                                            for n in not_done)],
+        "checks": checks, "not_done": not_done, "skipped": skipped,
         "checks_per_round": {str(r): n for r, n in sorted(per_round.items())},
         "verdicts": sorted({c["verdict"] for c in checks}),
-        "rounds_trained": rounds_trained,
-        "round_wall_s_mean": mean_wall,
-        "check_s_total": round(check_seconds, 2),
-        "rerun_s_total": round(sum(c["rerun_s"] for c in checks), 2),
+        "rounds_trained": rounds_trained, "round_wall_s_mean": mean_wall,
+        "check_s_total": round(check_seconds, 2), "rerun_s_total": round(sum(c["rerun_s"] for c in checks),
+                                                                         2),
         "check_s_per_round": round(check_seconds / rounds_trained, 2) if rounds_trained else None,
-        "check_share_of_round": (
-            round(check_seconds / rounds_trained / mean_wall, 3) if rounds_trained and mean_wall else None
-        ),
-        "status": {
-            k: status.get(k)
-            for k in (
-                "spot_checks",
-                "spot_check_mismatches",
-                "spot_checks_not_done",
-                "spot_check_seconds",
-                "chain_checks",
-                "last_commit",
-            )
-        },
+        "check_share_of_round": (round(check_seconds / rounds_trained / mean_wall, 3)
+                                 if rounds_trained and mean_wall else None),
+        "status": {k: status.get(k) for k in ("spot_checks", "spot_check_mismatches", "spot_checks_not_done",
+                                               "spot_check_seconds", "chain_checks", "last_commit")},
     }
 
 
@@ -230,9 +213,8 @@ def main() -> int:
     tmp.replace(path)
     for name, n in nodes.items():
         print(f"{name}: sampled {n['sampled']} ({n['sampled_routed']} routed only), done {len(n['checks'])} "
-              f"{n['verdicts']}, {len(n['not_done'])} not done, {len(n['sampled_not_reached'])} "
-              "not reached, per round "
-              f"{n['checks_per_round']}, {n['check_s_per_round']} s/round vs round wall "
+              f"{n['verdicts']}, {len(n['not_done'])} not done, {len(n['sampled_not_reached'])} not reached, "
+              f"per round {n['checks_per_round']}, {n['check_s_per_round']} s/round vs round wall "
               f"{n['round_wall_s_mean']}")
     if out["audit"]:
         print(f"audit: {out['audit']['verdict']} {out['audit']['by_status']}")

@@ -153,23 +153,15 @@ def paper_ratio(params: int, bytes_per_round: float, inner_steps: int) -> dict:
     rho = 4 * params / bytes_per_round
     ar_over_compute = PAPER["speedup_over_allreduce"] - 1
     fp32 = ar_over_compute / (inner_steps * rho)
-    return {
-        **PAPER,
-        "allreduce_over_compute_per_step": ar_over_compute,
-        "our_round_ratio_vs_float32": rho,
-        "our_reduction_vs_allreduce_of_H_steps": inner_steps * rho,
-        "inner_steps": inner_steps,
-        "ratio_with_our_compression": fp32,
-        "ratio_if_allreduce_was_bf16": 2 * fp32,
-        "paper_link_seconds_per_round_with_our_compression": 4
-        * PAPER["params"]
-        / rho
-        / PAPER["link_bytes_per_s"],
-        "ratio_with_their_compression": None,
-        "why_not_theirs": "the paper's H, compression ratio and step time were not in the sources reachable "
-        "from this machine (search returned only its abstract); with them: "
-        "356 / (H_paper * rho_paper)",
-    }
+    return {**PAPER, "allreduce_over_compute_per_step": ar_over_compute, "our_round_ratio_vs_float32": rho,
+            "our_reduction_vs_allreduce_of_H_steps": inner_steps * rho, "inner_steps": inner_steps,
+            "ratio_with_our_compression": fp32, "ratio_if_allreduce_was_bf16": 2 * fp32,
+            "paper_link_seconds_per_round_with_our_compression": 4 * PAPER["params"] / rho
+                / PAPER["link_bytes_per_s"],
+            "ratio_with_their_compression": None,
+            "why_not_theirs": "the paper's H, compression ratio and step time were not in the sources "
+                              "reachable from this machine (search returned only its abstract); with them: "
+                              "356 / (H_paper * rho_paper)"}
 
 
 def model_params(preset: str) -> int:
@@ -248,8 +240,8 @@ def main() -> int:
         bytes_per_round = s["envelope_bytes_mean"] * 2  # one envelope per stage from the one other replica
         rate = cap_for(bytes_per_round, s["exchange_s_median"] or 0.0, s["inner_s_mean"], args.target)
         result["calibration"] = {"bytes_per_round": bytes_per_round,
-                                 "uncapped_exchange_s": s["exchange_s_median"],
-                                 "inner_s": s["inner_s_mean"], "target": args.target, "rate_limit_bps": rate}
+                                 "uncapped_exchange_s": s["exchange_s_median"], "inner_s": s["inner_s_mean"],
+                                 "target": args.target, "rate_limit_bps": rate}
         print(f"cap: {rate:.0f} bytes/s ({bytes_per_round:.0f} bytes per round, uncapped exchange "
               f"{s['exchange_s_median']:.2f} s, compute {s['inner_s_mean']:.2f} s)", flush=True)
     result["rate_limit_bps"] = rate

@@ -39,14 +39,10 @@ KEYS = (
 
 def _budget_key(settings: dict) -> tuple:
     """Runs whose DDP baselines are comparable: same steps, inner lr, schedule, warmup, beta2, decay."""
-    return (
-        settings["rounds"] * settings["inner_steps"],
-        settings["inner_lr"],
-        settings.get("lr_schedule") or "constant",
-        settings.get("warmup_steps") or 0,
-        settings.get("beta2") or 0.95,
-        settings.get("weight_decay") or 0.0,
-    )
+    return (settings["rounds"] * settings["inner_steps"], settings["inner_lr"], settings.get("lr_schedule")
+            or "constant",
+            settings.get("warmup_steps") or 0, settings.get("beta2") or 0.95, settings.get("weight_decay")
+            or 0.0)
 
 
 def _tokens(settings: dict) -> int:

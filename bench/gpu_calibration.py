@@ -62,8 +62,8 @@ def calibrate(args: argparse.Namespace) -> dict:
         for precision in PRECISIONS:
             for seed in range(args.seeds):
                 training = TrainingConfig(seed=seed, batch_size=args.batch_size,
-                                          warmup_steps=args.warmup_steps,
-                                          device=claimant_device, precision=precision)
+                                          warmup_steps=args.warmup_steps, device=claimant_device,
+                                          precision=precision)
                 corpus = corpus_from_config(training, model)
                 sim = SimConfig(corpus, model, training,
                                 DilocoConfig(inner_steps=args.inner_steps, num_replicas=2),
@@ -88,9 +88,8 @@ def calibrate(args: argparse.Namespace) -> dict:
                             distance, seconds = _rerun_distance(record, replica, previous, sim, device=device,
                                                                 threads=threads, precision=swapped)
                             rows.append({"claimant_device": claimant_device, "precision": precision,
-                                         "seed": seed,
-                                         "round": record.outer_round, "role": role, "rerun": kind,
-                                         "rerun_device": device, "rerun_threads": threads,
+                                         "seed": seed, "round": record.outer_round, "role": role,
+                                         "rerun": kind, "rerun_device": device, "rerun_threads": threads,
                                          "rerun_precision": swapped or precision, "distance": distance,
                                          "seconds": seconds})
                             print(f"  round {record.outer_round} {role:<6} rerun {kind:<9} on {device} "

@@ -65,9 +65,9 @@ def _settings(args, mode: str) -> list[str]:
     common = [f"model.preset={args.preset}", f"training.batch_size={args.batch_size}",
               f"training.inner_lr={args.inner_lr}", f"training.warmup_steps={args.warmup_steps}",
               "training.lr_schedule=constant", f"training.seed={args.seed}",
-              f"training.data_path={args.data}",
-              f"diloco.outer_lr={args.outer_lr}", f"diloco.outer_momentum={args.outer_momentum}",
-              "diloco.one_step_delay=false" if args.no_delay else "diloco.overlap_steps=0",
+              f"training.data_path={args.data}", f"diloco.outer_lr={args.outer_lr}",
+              f"diloco.outer_momentum={args.outer_momentum}", "diloco.one_step_delay=false" if args.no_delay
+              else "diloco.overlap_steps=0",
               "rounds=100000", "checkpoint_every=1", "spot_checks=0",
               "join_timeout=600", f"round_timeout={args.node_round_timeout}", "p2p.transfer_timeout=120"]
     if mode == "fixed":
@@ -233,5 +233,5 @@ def run_node_mode(args, mode: str) -> dict:
     settings = _settings(args, mode)
     return {"mode": mode, "node_settings": settings, "rounds": len(rounds), "wall_s": wall,
             "wall_s_per_round": wall / len(rounds), "tokens": tokens,
-            "final_eval_loss": curve[-1]["eval_loss"],
-            "replicas": replicas, "curve": curve, "per_round": rounds, "workdir": str(workdir)}
+            "final_eval_loss": curve[-1]["eval_loss"], "replicas": replicas, "curve": curve,
+            "per_round": rounds, "workdir": str(workdir)}

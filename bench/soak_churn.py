@@ -141,40 +141,13 @@ class Soak:
         self.joiner_dir.mkdir(parents=True, exist_ok=True)
         log = self.joiner_dir.parent / "joiner.log"
         self.joiner = subprocess.Popen(
-            [
-                "ip",
-                "netns",
-                "exec",
-                site["ns"],
-                sys.executable,
-                "-m",
-                "node.cli",
-                "--log-file",
-                str(log),
-                "join",
-                self.link,
-                "--data-dir",
-                str(self.joiner_dir),
-                "--dev-account",
-                str(self.spare_account),
-                "--yes",
-                "--no-progress",
-                "--listen-host",
-                site["host_ip"],
-                "--listen-port",
-                "4101",
-                "--set",
-                "torch_threads=1",
-                "--set",
-                f"round_timeout={self.args.round_timeout}",
-                "--set",
-                f"join_timeout={self.args.join_timeout}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+            ["ip", "netns", "exec", site["ns"], sys.executable, "-m", "node.cli", "--log-file", str(log),
+             "join", self.link, "--data-dir", str(self.joiner_dir), "--dev-account", str(self.spare_account),
+             "--yes", "--no-progress", "--listen-host", site["host_ip"], "--listen-port", "4101",
+             "--set", "torch_threads=1", "--set", f"round_timeout={self.args.round_timeout}",
+             "--set", f"join_timeout={self.args.join_timeout}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
         self.site_of["joiner"] = "joiner"
         self.event("join", node="joiner", account=self.spare_account)
 

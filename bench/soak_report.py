@@ -120,28 +120,10 @@ def audit(run, soak) -> dict:
     archives = [str(s.data_dir) for s in run.nodes] + ([str(soak.joiner_dir)] if soak.joiner_dir.exists()
                                                        else [])
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "node.cli",
-            "audit",
-            "--rpc",
-            run.url,
-            "--run",
-            str(run.run_id),
-            "--deployment",
-            str(run.workdir / "deployment.json"),
-            "--json",
-            str(run.workdir / "audit.json"),
-            "--reexecute",
-            "all",
-            *[a for d in archives for a in ("--archive", d)],
-        ],
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        check=False,
-    )
+        [sys.executable, "-m", "node.cli", "audit", "--rpc", run.url, "--run", str(run.run_id),
+         "--deployment", str(run.workdir / "deployment.json"), "--json", str(run.workdir / "audit.json"),
+         "--reexecute", "all", *[a for d in archives for a in ("--archive", d)]],
+        capture_output=True, text=True, timeout=3600, check=False)
     return {"exit_code": done.returncode, "reexecute": "all",
             "verdict": next((w for w in ("PASSED", "INCOMPLETE", "FAILED") if w in done.stdout), None),
             "tail": done.stdout.splitlines()[-4:] + done.stderr.splitlines()[-3:]}

@@ -19,13 +19,13 @@ CHAIN_IP = "100.64.0.1"
 #: Python's allocated blocks (a count) and pymalloc's arenas (MiB mapped), and the anonymous pages by mapping
 #: (MiB resident: glibc's main heap, its other arenas' heaps, the rest: pymalloc arenas, mmapped chunks,
 #: thread stacks; the rest split by mapping size into threads' stacks, pymalloc's arenas and the other
-#: chunks), and glibc's bytes in use and free-but-kept in its main arena and in the others (``malloc_info``)
-#: and in mmapped blocks.
+#: chunks), and glibc's bytes in use and free-but-kept in its main
+#: arena and in the others (``malloc_info``) and in mmapped blocks.
 HEAP_SERIES = ("rss_anon_mib", "rss_file_mib", "malloc_in_use_mib", "malloc_free_mib", "py_blocks",
                "py_arenas_mib", "anon_brk_mib", "anon_arenas_mib", "anon_other_mib", "anon_other_stacks_mib",
                "anon_other_pymalloc_mib", "anon_other_chunks_mib", "malloc_main_in_use_mib",
-               "malloc_main_free_mib",
-               "malloc_others_in_use_mib", "malloc_others_free_mib", "malloc_mmapped_mib")
+               "malloc_main_free_mib", "malloc_others_in_use_mib", "malloc_others_free_mib",
+               "malloc_mmapped_mib")
 
 
 def take_sample(members, sites: dict, at: float, last: int | None, probe_dir: Path | None = None) -> dict:

@@ -12,22 +12,14 @@ def float32_fuzz(r: dict) -> list[str]:
     rows = []
     for name, op in r["ops"].items():
         gas = op["gas"]
-        rows.append(
-            [f"`{name}`", f"{op['operands']:,}"]
-            + [f"{op['by_class'].get(kind, 0):,}" for kind in classes]
-            + [
-                op["mismatches"],
-                gas["typical_median"],
-                gas["typical_max"],
-                gas["all_classes_mean"],
-                gas["max"],
-            ]
-        )
+        rows.append([f"`{name}`", f"{op['operands']:,}"] + [f"{op['by_class'].get(kind, 0):,}"
+                                                            for kind in classes]
+                    + [op["mismatches"], gas["typical_median"], gas["typical_max"], gas["all_classes_mean"],
+                       gas["max"]])
     lines = [(f"Every operation of `contracts/src/Float32.sol` on **{r['operands']:,} operands** through "
               f"`Float32Harness` on {r['backend'].split(' ')[0]}, each result compared with the reference "
-              f"({r['reference']}) bit for bit, NaN class only for a NaN result: "
-              f"**{r['mismatches']} mismatches** "
-              f"in {r['seconds'] / 60:.0f} min. Gas: {r['gas_method']}; `typical` operands "
+              f"({r['reference']}) bit for bit, NaN class only for a NaN result: **{r['mismatches']} "
+              f"mismatches** in {r['seconds'] / 60:.0f} min. Gas: {r['gas_method']}; `typical` operands "
               "are normal values of "
               "2^-24 .. 2^2 of either sign and the decoder's integers (below 2^53 for `fromInt`, 32767 for "
               "`fromInt32`): what the outer step sees."), ""]
@@ -56,23 +48,18 @@ def chunk_state(r: dict) -> list[str]:
                      *([f"{row['normed_state_and_leaf_s']:.3f}", f"{row['normed_over_chunked']:g}",
                         f"{row['normed_served_bytes']:,}"] if "normed_state_and_leaf_s" in row
                        else ["-"] * 3)])
-    lines = [(f"`{r['preset']}` in {r['stages']} stages, contributions coded by the default "
-              "encoder at the auto byte "
-              f"budget (H = {r['inner_steps']}); CPU seconds of one thread, the least of the "
+    lines = [(f"`{r['preset']}` in {r['stages']} stages, contributions coded by the default encoder at the "
+              f"auto byte budget (H = {r['inner_steps']}); CPU seconds of one thread, the least of the "
               "repeats: the aggregation "
               "(training/diloco.py), the stage's chunk state and its stage leaf "
-              "(node.fraudproof.stage_state: chunk "
-              "leaves, payload pieces, Merkle roots), and a prover's check of a fetched state "
-              "against a leaf's roots; "
-              "the state is version 2's (diloco.commitments = \"chunked\"), and version 3's "
-              "(\"normed\", the default: "
-              "also each contribution's exact sums of squares and sum tree) beside it, with the "
-              "norm blob it serves."),
+              "(node.fraudproof.stage_state: chunk leaves, payload pieces, Merkle roots), and a prover's "
+              "check of a fetched state against a leaf's roots; the state is version 2's (diloco.commitments "
+              "= \"chunked\"), and version 3's (\"normed\", the default: also each contribution's exact sums "
+              "of squares and sum tree) beside it, with the norm blob it serves."),
              ""]
     lines += table(["stage", "elements", "contributions", "aggregate s", "state + leaf s (before)",
-                    "state + leaf s",
-                    "state / aggregate", "check fetched s", "same stage leaf as before", "v3 state + leaf s",
-                    "v3 / v2", "v3 norm blob bytes"], rows)
+                    "state + leaf s", "state / aggregate", "check fetched s", "same stage leaf as before",
+                    "v3 state + leaf s", "v3 / v2", "v3 norm blob bytes"], rows)
     if r.get("before", {}).get("recorded"):
         rec = r["before"]["recorded"]
         load = (rec.get("load_average") or {}).get("end") or ["?"]

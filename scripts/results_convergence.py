@@ -62,14 +62,12 @@ def convergence(r: dict) -> list[str]:
                      "-" if row["mode"] == "ddp" else pct(row.get("gap_vs_same_optimizer_ddp"), 2),
                      "1x" if row["mode"] == "ddp" else f"{row['fewer_bytes_than_ddp']:.0f}x", goal_text(row),
                      variants])
-    lines = [f"{r['replicas']} replicas x {r['stages']} stages, H = {r['inner_steps']} x "
-             f"{r['rounds']} rounds of "
-             "tinyshakespeare (bytes), seed 0 (other seeds below, where run); each method's "
-             "best variant measured, "
-             "the gap against the best DDP of the same case (AdamW or Muon). `llama-xs/s/m/l` "
-             "keep 1.4 to 1.5 tokens "
-             "per parameter (the batch grows with the size); `gpt2-mini` and `llama-l` are each family's "
-             "default budget (1,536,000 tokens).", ""]
+    lines = [
+        f"{r['replicas']} replicas x {r['stages']} stages, H = {r['inner_steps']} x {r['rounds']} rounds of "
+             "tinyshakespeare (bytes), seed 0 (other seeds below, where run); each method's best variant "
+             "measured, the gap against the best DDP of the same case (AdamW or Muon). `llama-xs/s/m/l` keep "
+             "1.4 to 1.5 tokens per parameter (the batch grows with the size); `gpt2-mini` and `llama-l` are "
+             "each family's default budget (1,536,000 tokens).", ""]
     lines += table(["case", "parameters", "tokens", "method", "best variant", "held-out", "gap vs best DDP",
                     "vs DDP, same inner optimizer",
                     "fewer bytes than fp32 AllReduce", "goal (issue 46)",
@@ -211,8 +209,8 @@ def svg(r: dict, width: int = 560, height: int = 300) -> str:
         return bottom - (gap - y_low) / (y_high - y_low) * (bottom - top)
 
     colours = {"diloco": "#1f77b4", "diloco_x": "#d62728"}
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             'font-family="sans-serif" '
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
              'font-size="12">', f'<rect width="{width}" height="{height}" fill="white"/>',
              f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="black"/>',
              f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="black"/>',

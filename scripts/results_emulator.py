@@ -15,21 +15,16 @@ def netlab(r: dict) -> list[str]:
                                                   if d["jitter_ms"] else ""),
                    d["answered"], d.get("min_ms", "-"), d.get("median_ms", "-"), d.get("p90_ms", "-"),
                    d.get("max_ms", "-")] for d in r["delay"]]
-    rate_rows = [
-        [
-            f"{row['rate_mbit']:g} Mbit/s"
-            + (" (no tbf limit: the ceiling)" if row["rate_mbit"] >= 10000 else ""),
-            f"{row['one_way_ms']} ms",
-            f"{row['mbit_s']:.0f} Mbit/s",
-            f"{row['forwarder_cpu_share'] * 100:.0f} %",
-            f"{row['cpu_pct_per_100mbit']:.1f} %" if row.get("cpu_pct_per_100mbit") is not None else "-",
-        ]
-        for row in r["rate"]
-    ]
+    rate_rows = [[f"{row['rate_mbit']:g} Mbit/s" + (" (no tbf limit: the ceiling)"
+                                                    if row["rate_mbit"] >= 10000 else ""),
+                  f"{row['one_way_ms']} ms", f"{row['mbit_s']:.0f} Mbit/s",
+                  f"{row['forwarder_cpu_share'] * 100:.0f} %", f"{row['cpu_pct_per_100mbit']:.1f} %"
+                  if row.get("cpu_pct_per_100mbit") is not None else "-"]
+                 for row in r["rate"]]
     nat = r["nat"]
-    return ([f"Round trips of {r['echoes']} UDP echoes between two namespaces of "
-             "tests/netlab.py (the delay held "
-             "by the C forwarder of each sender's link), in milliseconds:", ""]
+    return (
+        [f"Round trips of {r['echoes']} UDP echoes between two namespaces of tests/netlab.py (the delay held "
+         "by the C forwarder of each sender's link), in milliseconds:", ""]
             + table(["RTT asked", "answered", "min", "median", "p90", "max"], delay_rows)
             + [f"One TCP stream (a Python socket pair, {r['stream_s']:g} s) through two emulated "
                "links (tc tbf on the "
@@ -49,14 +44,12 @@ def soak(r: dict) -> list[str]:
     splits = sum(1 for c in r["clusters"] if c["split"])
     rounds = r["rounds_first_seen_s"]
     durations = [d for d in r["round_s"] if d]
-    lines = [(f"{r['nodes']} nodes in {len(r['clusters'])} clusters ({splits} split over two "
-              "nodes, the others one "
-              f"node), each cluster in its own namespace; one-way delays {min(delays):.0f}"
-              f"-{max(delays):.0f} ms between "
-              f"sites (jitter up to {e['jitter_ms']:g} ms), links of {min(rates):.0f}"
-              f"-{max(rates):.0f} Mbit/s, "
-              f"{len(e['nat_sites'])} one-node clusters behind NAT ({', '.join(e['nat_sites'])}), the chain "
-              f"{e['chain_delay_ms']:g} ms away; {r['run_s'] / 60:.0f} minutes of training"
+    lines = [(f"{r['nodes']} nodes in {len(r['clusters'])} clusters ({splits} split over two nodes, the "
+              f"others one node), each cluster in its own namespace; one-way delays {min(delays):.0f}"
+              f"-{max(delays):.0f} ms between sites (jitter up to {e['jitter_ms']:g} ms), links of "
+              f"{min(rates):.0f}-{max(rates):.0f} Mbit/s, {len(e['nat_sites'])} one-node clusters behind NAT "
+              f"({', '.join(e['nat_sites'])}), the chain {e['chain_delay_ms']:g} ms away; "
+              f"{r['run_s'] / 60:.0f} minutes of training"
               + (" with churn." if r["churn"] else " without churn.")
               + f" The emulator's forwarders used {e.get('forwarder_cpu_s', '?')} CPU seconds in all."), ""]
     lines += table(["rounds committed", "each once, in order", "short of a contributor",
@@ -74,7 +67,7 @@ def soak(r: dict) -> list[str]:
         lines += ["Churn (seconds into the run):", ""] + table(
             ["at", "event", "node"],
             [[f"{ev['at_s']:.0f} s", ev["kind"].replace("_", " "), ev.get("node", "")]
-                                      for ev in r["events"] if ev["kind"] != "poll_error"])
+             for ev in r["events"] if ev["kind"] != "poll_error"])
     if r["rounds_short"]:
         lines += ["Rounds short of a contributor:", ""] + table(
             ["round", "contributors", "nodes of the replicas missing from the closes", "churn near it"],
@@ -96,8 +89,8 @@ def soak(r: dict) -> list[str]:
                                    f"{(sent + received) / 1e6:.1f}"
                                    for kind, (sent, received) in sorted(traffic.items()))
                          or "-"])
-    lines += ["Per node: resident memory (MiB: first sample, highest, last; and its change "
-              "from the first sample "
+    lines += [
+        "Per node: resident memory (MiB: first sample, highest, last; and its change from the first sample "
               f"after {WARM_UP_S // 60} minutes of the run to the last: a restart in between "
               "resets it), open file "
               "descriptors, and traffic by protocol at the last sample (MB sent + received, the node's own "
@@ -119,14 +112,12 @@ def soak(r: dict) -> list[str]:
             fmt = (lambda v: f"{v:+,.0f}") if blocks else (lambda v: f"{v:+.1f}")  # noqa: E731
             return fmt(entry["quarter_to_end"]) + (f" ({fmt(per_min)}/min)" if per_min is not None else "")
 
-        lines += ["What the RSS is made of, on the nodes that ran one life from a quarter of the "
-                  "run to its end (VmRSS "
-                  "split into anonymous and file-backed pages, from /proc; glibc's `mallinfo2` "
-                  "and Python's allocated "
-                  "blocks and arenas, and the anonymous pages by mapping from /proc/self/smaps, from "
-                  "bench/churn_probe's "
-                  "light probe, which every node loads): the change from the first sample past the quarter "
-                  "to the last (MiB, blocks), and in brackets the slope over the last quarter:", ""]
+        lines += ["What the RSS is made of, on the nodes that ran one life from a quarter of the run to its "
+                  "end (VmRSS split into anonymous and file-backed pages, from /proc; glibc's `mallinfo2` "
+                  "and Python's allocated blocks and arenas, and the anonymous pages by mapping from "
+                  "/proc/self/smaps, from bench/churn_probe's light probe, which every node loads): the "
+                  "change from the first sample past the quarter to the last (MiB, blocks), and in brackets "
+                  "the slope over the last quarter:", ""]
         lines += table(["node"] + [label for _, label in parts],
                        [[name] + [cell(entry.get(key), key == "py_blocks") for key, _ in parts]
                         for name, entry in sorted(growth.items())])
@@ -137,9 +128,8 @@ def soak(r: dict) -> list[str]:
             f"+{v:,}" for k, v in list(d.items())[:3]) or "-"
         span = max(e["span_s"] for e in objects.values())
         lines += ["What grew, by object (the probe's walk of the gc-tracked objects every "
-                  f"{r.get('deep_sample_s', 300):g} s, "
-                  f"a pause of up to {max(e['pass_s'] for e in objects.values()):.1f} s each, from the "
-                  "first walk past the "
+                  f"{r.get('deep_sample_s', 300):g} s, a pause of up to "
+                  f"{max(e['pass_s'] for e in objects.values()):.1f} s each, from the first walk past the "
                   f"quarter to the last, {span / 60:.0f} minutes): the three largest increases of "
                   "objects by type and of "
                   "container lengths by class attribute (bytes and numbers are not gc-tracked; "
@@ -166,8 +156,8 @@ def soak(r: dict) -> list[str]:
     load = [v for v in series.get("load_1min", []) if v is not None]
     if load:
         lines += ["The machine's 1-minute load average over the samples (it has "
-                  f"{r['recorded']['machine']['cpus']} "
-                  f"cores, shared with other work): median {_median(load):.1f}, highest {max(load):.1f}.", ""]
+                  f"{r['recorded']['machine']['cpus']} cores, shared with other work): median "
+                  f"{_median(load):.1f}, highest {max(load):.1f}.", ""]
     lines += ["![round time over the run, churn marked](../bench/results/soak.svg)", ""] if rounds else []
     return lines
 
@@ -186,14 +176,12 @@ def churn_memory(r: dict) -> list[str]:
     if conns:
         rows = [[c["inbound_handler"], c["connections"], c["limiter_slots_held"], c["open_connections"],
                  f"{c['receive_buffer_bytes_alive'] / 2**20:.1f} MiB",
-                 f"{c['rss_mib'][0]} -> {c['rss_mib'][-1]} MiB",
-                 f"{c['rss_mib_per_connection']:+.2f} MiB"] for c in conns]
-        out += ["A host, and peers (each its own process, no listener) that connect to it one after "
-                "the other, serve it "
-                "a 4 MiB blob and exit; what the host holds after the last one is gone, with "
-                "py-libp2p's inbound handler "
-                "(stock) and with p2p/inbound.py's (patched); both release a TCP stream's receive buffer "
-                "when it closes (p2p/fastpath.py):", ""]
+                 f"{c['rss_mib'][0]} -> {c['rss_mib'][-1]} MiB", f"{c['rss_mib_per_connection']:+.2f} MiB"]
+                for c in conns]
+        out += ["A host, and peers (each its own process, no listener) that connect to it one after the "
+                "other, serve it a 4 MiB blob and exit; what the host holds after the last one is gone, with "
+                "py-libp2p's inbound handler (stock) and with p2p/inbound.py's (patched); both release a TCP "
+                "stream's receive buffer when it closes (p2p/fastpath.py):", ""]
         out += table(["inbound handler", "connections", "limiter slots held", "connections open",
                       "TCP receive buffers alive", "RSS after each", "RSS fitted per connection"], rows)
     run = r.get("restart_cycles")
@@ -201,14 +189,12 @@ def churn_memory(r: dict) -> list[str]:
         growing = list(run["growing_containers"].items())[:8]
         handlers = [sum(n for k, n in held.items() if k.endswith("Swarm._do_handle_inbound_connection"))
                     for held in run["referrers"].values()]
-        out += [f"A local run of {run['nodes']} nodes (k = {run['k']}, settings "
-                f"{run['settings']}): {run['victim']} "
-                f"killed and started again {len(run['cycles'])} times, {run['watched']} "
-                "sampled inside its process "
-                "after warm-up and after each restart (rounds committed at each sample: "
-                f"{run['rounds_at_sample']}). "
-                f"Inbound connection handlers alive at each sample: {handlers}. RSS (MiB): {run['rss_mib']}, "
-                f"fitted {run['rss_mib_per_cycle']:+.2f} MiB a cycle "
+        out += [f"A local run of {run['nodes']} nodes (k = {run['k']}, settings {run['settings']}): "
+                f"{run['victim']} killed and started again {len(run['cycles'])} times, {run['watched']} "
+                "sampled inside its process after warm-up and after each restart (rounds committed at each "
+                f"sample: {run['rounds_at_sample']}). Inbound connection handlers alive at each sample: "
+                f"{handlers}. RSS (MiB): {run['rss_mib']}, fitted "
+                f"{run['rss_mib_per_cycle']:+.2f} MiB a cycle "
                 + (f"(the cycles began once round {run['warmup_rounds']} was on chain, past the "
                    "warm-up of the caps and "
                    "windows). " if run.get("warmup_rounds", 1) > 1 else

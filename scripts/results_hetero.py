@@ -29,28 +29,24 @@ def heterogeneous(r: dict) -> list[str]:
         delay = ("the one-step delay (the exchange of round t overlaps round t+1)"
                  if s.get("no_delay") is False
                  else "no one-step delay")
-        how = (f"Three replicas of `{s['preset']}` (batch {s['batch_size']}), each a real "
-               "`dlx-node start` process "
-               f"(a local anvil, libp2p on loopback, the full exchange, {delay}, the chain's records) whose "
+        how = (f"Three replicas of `{s['preset']}` (batch {s['batch_size']}), each a real `dlx-node start` "
+               f"process (a local anvil, libp2p on loopback, the full exchange, {delay}, the "
+               "chain's records) whose "
                + ("training thread (a slow accelerator: the node's other threads, its encode, attestation, "
                   "libp2p and chain work, run at the machine's pace)" if s.get("throttle") == "training" else
                   "whole process") + f" runs under {quotas}. Wall s/round = the mean over the nodes of their "
                                      "periods (from the end "
-               "of one round's inner steps to the end of the next one's, the nodes' "
-               "`timing.jsonl`); tokens = the "
-               "records' (what the contributions declared); held-out = each round's checkpoint "
-               "(the global weights) "
-               "evaluated after the run. Share = the wall seconds of the replica's inner "
-               "steps whose contribution "
-               "reached the outer step / the wall seconds of its periods (idle: its waits for others, its "
-               "own work around the steps, steps whose contribution was lost).")
+               "of one round's inner steps to the end of the next one's, the nodes' `timing.jsonl`); tokens "
+               "= the records' (what the contributions declared); held-out = each round's checkpoint (the "
+               "global weights) evaluated after the run. Share = the wall seconds of the replica's inner "
+               "steps whose contribution reached the outer step / the wall seconds of its periods (idle: its "
+               "waits for others, its own work around the steps, steps whose contribution was lost).")
     else:
         how = (f"Three replicas of `{s['preset']}` (batch {s['batch_size']}) whose inner steps "
                f"run under {quotas}, "
-               "one process per replica; contributions over pipes, the parent replays the "
-               "aggregation and evaluates "
-               "(not the libp2p node). Share = the replica's seconds of inner steps that reached the outer "
-               "step / the run's wall time.")
+               "one process per replica; contributions over pipes, the parent replays the aggregation and "
+               "evaluates (not the libp2p node). Share = the replica's seconds of inner steps that reached "
+               "the outer step / the run's wall time.")
     rule = s.get("screen_rule", "auto")
     versions = {"auto": "version 1", "one_sided": "version 1", "two_sided": "version 2",
                 "paired": "version 3"}
@@ -75,11 +71,9 @@ def heterogeneous(r: dict) -> list[str]:
             idle_rows)
     return [how, ""] + table(
         ["run", "rounds", "wall s/round", *factors, "held-out at the end"], rows) + idle + [
-        f"Held-out loss at equal wall time ({c['equal_wall_s']:.0f} s): fixed "
-        f"{num(wall['fixed'])}, time-bounded "
-        f"{num(wall['budget'])} ({pct(wall['budget_vs_fixed'], 2)}); at equal tokens "
-        f"({c['equal_tokens']:,}): fixed "
-        f"{num(tokens['fixed'])}, time-bounded {num(tokens['budget'])} "
+        f"Held-out loss at equal wall time ({c['equal_wall_s']:.0f} s): fixed {num(wall['fixed'])}, "
+        f"time-bounded {num(wall['budget'])} ({pct(wall['budget_vs_fixed'], 2)}); at equal tokens "
+        f"({c['equal_tokens']:,}): fixed {num(tokens['fixed'])}, time-bounded {num(tokens['budget'])} "
         f"({pct(tokens['budget_vs_fixed'], 2)}).", ""]
 
 
@@ -102,17 +96,15 @@ def reexec_isa(r: dict) -> list[str]:
     lines = [(f"Claimants train {what} under each ATen capability of this "
               f"CPU ({', '.join(r['capabilities'])}) on 1 thread; every contribution is rerun "
               "under each on 1 and 2 "
-              "threads. Honest: the largest relative distance by what differs, and what "
-              "issue 42's rule makes of "
-              "every honest rerun on other kernels or threads judged as a claim of a platform nobody can "
-              "emulate (passed / undecided / mismatch)."), ""]
+              "threads. Honest: the largest relative distance by what differs, and what issue 42's rule "
+              "makes of every honest rerun on other kernels or threads judged as a claim of a platform "
+              "nobody can emulate (passed / undecided / mismatch)."), ""]
     for preset, doc in r["presets"].items():
         if doc.get("platforms"):  # bench_reexec_isa --arm-python
             lines[-1:-1] = ["", (f"`{preset}`: claimants and verifiers on {', '.join(doc['platforms'])} (the "
                              "`aarch64:` ones are PyPI's aarch64 torch under qemu-user, "
-                             "scripts/setup-arm-emulation.sh: "
-                             "every instruction's floating-point result as an ARM CPU gives it, "
-                             "timings meaningless), "
+                             "scripts/setup-arm-emulation.sh: every instruction's floating-point result as "
+                             "an ARM CPU gives it, timings meaningless), "
                              "every contribution rerun on every platform on "
                              f"{doc.get('rerun_threads', '1,2')} "
                              "thread(s).")]
@@ -125,8 +117,8 @@ def reexec_isa(r: dict) -> list[str]:
                           for k, v in s["honest_by_capability_pair"].items())
         run = f"{doc.get('rounds', a['rounds'])} x H = {doc.get('inner_steps', a['inner_steps'])}"
         honest_rows.append([f"`{preset}`", run, g(s["honest_same_kernels_max"]),
-                            g(s["honest_other_threads_max"]),
-                            pairs or "-", zones(s["honest_rule_other_kernels"])])
+                            g(s["honest_other_threads_max"]), pairs or "-",
+                            zones(s["honest_rule_other_kernels"])])
         for role, c in s["cheats"].items():
             cheat_rows.append([f"`{preset}`", role, g(c["min_distance_same_kernels"]),
                                g(c["min_distance_other_capability"]),
@@ -158,15 +150,13 @@ def screening_delay(r: dict) -> list[str]:
             for kind, entry in r["total"].items()]
     runs = "; ".join(f"{' / '.join(map(str, run['counts']))} steps, {run['rounds']} rounds"
                      for run in r["runs"])
-    return [("The simulation (one-step delay, overlap 0, compression on, `tiny`, outer lr "
-             "0.7 / momentum 0.5), "
-             f"replicas held at fixed counts ({runs}); every contribution aggregated; per round from 1, the "
-             "contributions excluded by each rule (`training.screening.judge`, on the round's "
-             "screening batch of 16 "
-             "windows unless a column says more) among the honest ones (a round of the "
-             "three) and attacks built "
-             "from them (each in a round of the three and it: sign flip and 4x of the longest and shortest, "
-             "noise of the median and of the longest norm)."), ""] + table(
+    return [
+        (f"The simulation (one-step delay, overlap 0, compression on, `tiny`, outer lr 0.7 / momentum 0.5), "
+         f"replicas held at fixed counts ({runs}); every contribution aggregated; per round from 1, the "
+         "contributions excluded by each rule (`training.screening.judge`, on the round's screening batch of "
+         "16 windows unless a column says more) among the honest ones (a round of the three) and attacks "
+         "built from them (each in a round of the three and it: sign flip and 4x of the longest and "
+         "shortest, noise of the median and of the longest norm)."), ""] + table(
         ["contributions", "n", *rules.values()], rows)
 
 
@@ -176,11 +166,10 @@ def gpu(r: dict) -> list[str]:
     e, m = r["environment"], r["model"]
     rows = [[name, str(t["batch"]), t["precision"], "yes" if t.get("compiled") else "no",
              "yes" if t.get("fused_adamw") else "no", f"{t['tokens_per_second']:,.0f}",
-             f"{t['achieved_tflops']:.0f}",
-             f"{t['mfu']:.1%}" if t.get("mfu") is not None else "-"] for name, t in r["throughput"].items()]
-    lines = [(f"On {e['device']} (torch {e['torch']}, CUDA {e['cuda']}, {e['cpus']} CPUs): one "
-              f"`{m['preset']}` replica "
-              f"({m['params']:,} parameters, vocabulary {m['vocab_size']}, sequences of 1024) "
+             f"{t['achieved_tflops']:.0f}", f"{t['mfu']:.1%}" if t.get("mfu") is not None else "-"]
+            for name, t in r["throughput"].items()]
+    lines = [(f"On {e['device']} (torch {e['torch']}, CUDA {e['cuda']}, {e['cpus']} CPUs): one `{m['preset']}"
+              f"` replica ({m['params']:,} parameters, vocabulary {m['vocab_size']}, sequences of 1024) "
               "on random ids; MFU = "
               "(6 N + 12 L T C) x tokens/s over the dense bf16 peak. Goal: MFU >= 40% in bf16 (best here: "
               f"{r['goals']['mfu_best']:.1%}, `{r['goals']['mfu_best_setting']}`)."), ""]
@@ -192,18 +181,9 @@ def gpu(r: dict) -> list[str]:
         if not b or "blocking" not in b:
             continue
         parts = ", ".join(f"{k} {v:.2f}" for k, v in {**b["blocking"], **b["lanes"]}.items())
-        share_rows.append(
-            [
-                name,
-                f"{b['inner_steps']}",
-                f"{b['train_seconds']:.2f}",
-                f"{b['blocking_seconds']:.2f}",
-                f"{b['node_share']:.1%}",
-                f"{b['lane_seconds']:.2f}",
-                "yes" if b["lanes_fit_in_round"] else "no",
-                parts,
-            ]
-        )
+        share_rows.append([name, f"{b['inner_steps']}", f"{b['train_seconds']:.2f}",
+                           f"{b['blocking_seconds']:.2f}", f"{b['node_share']:.1%}",
+                           f"{b['lane_seconds']:.2f}", "yes" if b["lanes_fit_in_round"] else "no", parts])
     lines += ["", ("The node's share of a round (H inner steps in bf16, batch "
                    f"{r['round_share']['batch']}): what blocks "
                    "the training thread, and the lanes that overlap the next round's "
@@ -228,24 +208,9 @@ def compile_cpu(r: dict) -> list[str]:
              else "-"]
             for row in r["rows"]]
     return [
-        (
-            f"One replica (every stage in one process), float32, {r['threads']} threads, "
-            f"torch {r['torch']}; "
-            f"the compiled platform's `compiled` field: `{r['platform'].get('compiled')}`. "
-            "The first step of a "
-            "compiled trainer includes compiling its forward and backward (a fresh inductor cache)."
-        ),
-        "",
-    ] + table(
-        [
-            "preset",
-            "mode",
-            "batch x sequence",
-            "first step",
-            "tokens/s",
-            "tokens per CPU second",
-            "compiled / eager",
-            "largest loss difference",
-        ],
-        rows,
-    )
+        (f"One replica (every stage in one process), float32, {r['threads']} threads, torch {r['torch']}; "
+         f"the compiled platform's `compiled` field: `{r['platform'].get('compiled')}`. The first step of a "
+         "compiled trainer includes compiling its forward and backward (a fresh inductor cache)."),
+        ""] + table(
+        ["preset", "mode", "batch x sequence", "first step", "tokens/s", "tokens per CPU second",
+         "compiled / eager", "largest loss difference"], rows)

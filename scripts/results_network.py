@@ -78,8 +78,8 @@ def scale(r: dict) -> list[str]:
     lines += table(["nodes", "s/round", "sent / received", "blobs in / out", "gossip msgs sent / received",
                     "CPU s", "result", "1-min load"], _scale_rows(r["measured"]))
     if r.get("model"):
-        lines += [("The full exchange's linear model from this run: contribution bytes in "
-                   "per node and round at ")
+        lines += [
+            "The full exchange's linear model from this run: contribution bytes in per node and round at "
                   + ", ".join(f"{m['replicas']} replicas {mb(m['contribution_bytes_in'])}"
                               for m in r["model"]) + ".", ""]
     return lines
@@ -101,18 +101,15 @@ def scale_curve(r: dict) -> list[str]:
                      f"{_duration(model.get('spoiled_round_delay_s_every_turn'))})"])
     return [("Contribution blob bytes received per node and round, the full exchange against the sliced "
             "one (`diloco.exchange = \"sliced\"`): measured points of local runs and each exchange's model "
-            "(`bench_scale.py --curve`, `sliced_model`). With one attacker, modelled mean "
-            "per node and round: a "
-            "member that withholds its bundle in the rounds it coordinates (every holder reads the inputs at "
-            "the last turn, then the round again under the next coordinator), an "
-            "aggregator that withholds its "
-            "partial (the next candidate reads the slice's inputs), an aggregator that signs a wrong partial "
-            "beside a fallback's right one (every holder replays the slice); and a round's worst node: the "
-            "coordinator (it fetches every bundle to close) / a holder in a spoiled round; and how long a "
-            "spoiled round waits before its close is refused, at the default "
-            "`p2p.transfer_timeout`: the first "
-            "`CANDIDATE_TURNS` candidates' turns and the replay's, per stage (when every candidate had a "
-            "turn: `(R + 1) x` per stage)."), ""] + table(
+            "(`bench_scale.py --curve`, `sliced_model`). With one attacker, modelled mean per node and "
+            "round: a member that withholds its bundle in the rounds it coordinates (every holder reads the "
+            "inputs at the last turn, then the round again under the next coordinator), an aggregator that "
+            "withholds its partial (the next candidate reads the slice's inputs), an aggregator that signs a "
+            "wrong partial beside a fallback's right one (every holder replays the slice); and a round's "
+            "worst node: the coordinator (it fetches every bundle to close) / a holder in a spoiled round; "
+            "and how long a spoiled round waits before its close is refused, at the default "
+            "`p2p.transfer_timeout`: the first `CANDIDATE_TURNS` candidates' turns and the replay's, per "
+            "stage (when every candidate had a turn: `(R + 1) x` per stage)."), ""] + table(
         ["nodes", "full, measured", "sliced, measured", "full, model", "sliced, model",
          "withholding coordinator", "withholding aggregator", "wrong partial, replayed",
          "coordinator's / spoiled round", "spoiled round's wait"], rows)
@@ -170,54 +167,31 @@ def join(r: dict) -> list[str]:
     for name, run in r["runs"].items():
         s, j = run["summary"], run["joiner"]
         median = s["median_round_s_without_join"]
-        rows.append(
-            [
-                names.get(name, name) + (f" `{run['commit']}`" if run.get("commit") else ""),
-                f"{median:.0f} s" if median is not None else "-",
-                f"{j['placed_round']} / {j['entered_at']} / {j['first_committed_round_with_it']}",
-                f"{s['longest_round_in_window_s']} s" if s["longest_round_in_window_s"] is not None else "-",
-                f"{s['window_s_beyond_median']:+.0f} s" if s["window_s_beyond_median"] is not None else "-",
-                ", ".join(map(str, s["rounds_closed_at_deadline_missing_a_replica"])) or "none",
-                f"{run['rounds_committed']}{'' if run['rounds_in_order_once'] else ' (not in order!)'}",
-            ]
-        )
+        rows.append([names.get(name, name) + (f" `{run['commit']}`" if run.get("commit") else ""),
+                     f"{median:.0f} s" if median is not None else "-",
+                     f"{j['placed_round']} / {j['entered_at']} / {j['first_committed_round_with_it']}",
+                     f"{s['longest_round_in_window_s']} s" if s["longest_round_in_window_s"] is not None
+                     else "-",
+                     f"{s['window_s_beyond_median']:+.0f} s" if s["window_s_beyond_median"] is not None
+                     else "-",
+                     ", ".join(map(str, s["rounds_closed_at_deadline_missing_a_replica"])) or "none",
+                     f"{run['rounds_committed']}{'' if run['rounds_in_order_once'] else ' (not in order!)'}"])
         window = s["join_window_rounds"]
         shown = [row for row in run["rounds"] if window and window[0] - 2 <= row["round"] <= window[-1] + 2]
         durations.append(f"{names.get(name, name)}: " + ", ".join(
             f"r{row['round']} {row['duration_s']} s" + ("*" if row["round"] in window else "")
             for row in shown))
-    return (
-        [
-            (
-                f"A local run shaped like `dlx-node demo` ({a['replicas']} replicas x {a['stages']} "
-                f"stages, `{a['preset']}`, "
-                f"H = {a['inner_steps']}, {a['rounds']} rounds, deadline {a['round_timeout_s']} s) "
-                f"on {r['cpus']} cores; "
-                "`dlx-node join` from an empty directory once the first checkpoint is on chain"
-                + (
-                    f", the joiner's catch-up held back {a['catch_up_delay_s']:.0f} s"
-                    if a["catch_up_delay_s"]
-                    else ""
-                )
-                + ". A round's time is when its first close was signed; the join window runs from "
-                "the round open when "
-                "the joiner was placed to the first committed round holding its contribution."
-            ),
-            "",
-        ]
-        + table(
-            [
-                "node code",
-                "median round (no join)",
-                "placed / entered / first counted round",
-                "longest round in window",
-                "window beyond the median",
-                "rounds closed at the deadline",
-                "rounds committed",
-            ],
-            rows,
-        )
-        + ["Round durations around the join (* the join window):", ""]
-        + [f"- {line}" for line in durations]
+    return [(f"A local run shaped like `dlx-node demo` ({a['replicas']} replicas x {a['stages']} stages, "
+             f"`{a['preset']}`, H = {a['inner_steps']}, {a['rounds']} rounds, deadline {a['round_timeout_s']}"
+             f" s) on {r['cpus']} cores; "
+             "`dlx-node join` from an empty directory once the first checkpoint is on chain"
+             + (f", the joiner's catch-up held back {a['catch_up_delay_s']:.0f} s" if a["catch_up_delay_s"]
+                else "")
+             + ". A round's time is when its first close was signed; the join window runs from "
+               "the round open when "
+             "the joiner was placed to the first committed round holding its contribution."), ""] + table(
+        ["node code", "median round (no join)", "placed / entered / first counted round",
+         "longest round in window", "window beyond the median", "rounds closed at the deadline",
+         "rounds committed"], rows) + [
+        "Round durations around the join (* the join window):", ""] + [f"- {line}" for line in durations] \
         + [""]
-    )

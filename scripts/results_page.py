@@ -82,26 +82,18 @@ SECTIONS = (
             "not test for the Llama family."),
     Section("convergence.json", "Training method by inner optimizer and model size",
             "bench/bench_convergence.py", convergence,
-            "Methods (docs/DILOCOX.md section 14): `muon` is Muon as the inner optimizer "
-            "(MuLoCo, arXiv 2505.23725), "
-            "`olr-other2` the outer lr doubled for every tensor but the hidden matrices, "
-            "`eager` the eager outer "
-            "update (arXiv 2502.12996), `m1` one replica with both batches (the scaling-law "
-            "paper's M = 1, arXiv "
-            "2503.09799; listed, not taken as a DiLoCo mode's result), `h25`/`h100` the same "
-            "paper's other axis, "
-            "H = 25 x 60 rounds and H = 100 x 15 (the same tokens), `oadam-<lr>` outer Adam at that "
-            "outer lr in place of "
-            "the Nesterov step (FedAdam, arXiv 2003.00295: b1 0.9, b2 0.99, no bias correction), "
-            "`olr<lr>-om<momentum>` "
-            "the Nesterov outer step at that outer lr and momentum (retuned for Muon inner steps; "
-            "the defaults are 1.0 "
-            "and 0.5, tuned with AdamW), `ilr<s>` the inner lr (`training.inner_lr`, 3e-3, for both "
-            "parts of Muon) times s, "
-            "`seed<n>` the same setting at `training.seed` n (never a method's best; the seed-noise "
-            "table). One seed per "
-            "run on a loaded shared machine unless the seed-noise table says otherwise: differences below "
-            "about 0.5% are within what seeds move (the five-seed rows of the ablations)."),
+            "Methods (docs/DILOCOX.md section 14): `muon` is Muon as the inner optimizer (MuLoCo, arXiv "
+            "2505.23725), `olr-other2` the outer lr doubled for every tensor but the hidden matrices, "
+            "`eager` the eager outer update (arXiv 2502.12996), `m1` one replica with both batches (the "
+            "scaling-law paper's M = 1, arXiv 2503.09799; listed, not taken as a DiLoCo mode's result), "
+            "`h25`/`h100` the same paper's other axis, H = 25 x 60 rounds and H = 100 x 15 (the same "
+            "tokens), `oadam-<lr>` outer Adam at that outer lr in place of the Nesterov step (FedAdam, arXiv "
+            "2003.00295: b1 0.9, b2 0.99, no bias correction), `olr<lr>-om<momentum>` the Nesterov outer "
+            "step at that outer lr and momentum (retuned for Muon inner steps; the defaults are 1.0 and 0.5, "
+            "tuned with AdamW), `ilr<s>` the inner lr (`training.inner_lr`, 3e-3, for both parts of Muon) "
+            "times s, `seed<n>` the same setting at `training.seed` n (never a method's best; the seed-noise "
+            "table). One seed per run on a loaded shared machine unless the seed-noise table says otherwise: "
+            "differences below about 0.5% are within what seeds move (the five-seed rows of the ablations)."),
     Section("diloco_ablations.json", "Training method: ablations and codec passes",
             "bench/diloco_ablations.py", diloco_ablations),
     Section("byzantine_sliced.json", "Byzantine members in real runs: sliced exchange",
@@ -115,11 +107,10 @@ SECTIONS = (
             "default `spot_checks = 0.06`; a forged start state is caught only by the chain of start states, "
             "which needs bit-exact reruns."),
     Section("split_spotchecks.json", "Re-execution spot checks on split clusters",
-            "bench/bench_split_spotchecks.py",
-            split_spotchecks, "A stage cannot be checked alone (each inner step needs its partner's "
-                              "activations and gradients and the norm over every stage), so a verifier "
-                              "reruns the replica's whole pipeline from the start states each stage's "
-                              "envelope binds; a failure is attributed stage by stage."),
+            "bench/bench_split_spotchecks.py", split_spotchecks,
+            "A stage cannot be checked alone (each inner step needs its partner's activations and gradients "
+            "and the norm over every stage), so a verifier reruns the replica's whole pipeline from the "
+            "start states each stage's envelope binds; a failure is attributed stage by stage."),
     Section("gpu_calibration.json", "Re-execution across platforms: honest distances", "bench/bench_gpu.py",
             gpu_calibration, "Measured on an H200 and its Intel Xeon (claimants on each device, reruns on "
                              "the other). Reruns on the claimant's platform are bit-exact in both "
@@ -153,9 +144,9 @@ SECTIONS = (
     Section("byzantine.json", "Byzantine members in real runs", "bench/bench_byzantine.py", byzantine),
     Section("chaos.json", "Faults: nodes killed and restarted", "bench/bench_chaos.py", chaos),
     Section("restart.json", "Restarting a node: where the time goes", "bench/bench_restart.py", restart,
-            "On a loaded 2-core machine a restarted process's start is mostly CPU its "
-            "imports need (torch, web3, "
-            "libp2p; torch.optim's first optimizer imports torch._dynamo), at the load's share of a core."),
+            "On a loaded 2-core machine a restarted process's start is mostly CPU its imports need (torch, "
+            "web3, libp2p; torch.optim's first optimizer imports torch._dynamo), at the "
+            "load's share of a core."),
     Section("longrun.json", "Long runs", "bench/bench_longrun.py", longrun,
             "Open files and threads are flat and memory nearly so. The blob store grew in this run because "
             "the start states a verifier fetched stayed in it; a verifier now removes them once the check is "
@@ -168,21 +159,17 @@ SECTIONS = (
             "before/after pairs are in git history."),
     Section("heterogeneous.json", "Heterogeneous contributors: rounds bounded by time",
             "bench/bench_heterogeneous.py", heterogeneous,
-            "With fixed H every round waits for the slowest replica's H steps and the fast "
-            "ones idle; with a time "
-            "budget each replica trains what fits and declares it (docs/DILOCOX.md section "
-            "13). The slowdowns are "
-            "real CPU quotas on a shared machine whose load also varies, so the achieved "
+            "With fixed H every round waits for the slowest replica's H steps and the fast ones idle; with a "
+            "time budget each replica trains what fits and declares it (docs/DILOCOX.md section 13). The "
+            "slowdowns are real CPU quotas on a shared machine whose load also varies, so the achieved "
             "factors are in the table."),
     Section("screening_delay.json", "Screening under the one-step delay", "bench/bench_screening_delay.py",
             screening_delay,
             "Which rule leaves out what when every honest contribution, applied alone to weights the delayed "
-            "outer step already moved, can land above their loss (docs/DILOCOX.md section "
-            "13, \"Screening of a "
-            "time-bounded run\"). The simulation is not the node: every contribution is "
-            "aggregated here, so an "
-            "exclusion's effect on the same replica's next round (the node's pairs of exclusions) does not "
-            "show; versions 2 and 3 are options, version 1 the default."),
+            "outer step already moved, can land above their loss (docs/DILOCOX.md section 13, \"Screening of "
+            "a time-bounded run\"). The simulation is not the node: every contribution is aggregated here, "
+            "so an exclusion's effect on the same replica's next round (the node's pairs of exclusions) does "
+            "not show; versions 2 and 3 are options, version 1 the default."),
     Section("p2p.json", "Networking", "bench/bench_p2p.py", p2p,
             "Figures move with the machine: unchanged code used about half as much CPU per 100 MB on session "
             "9's machine as on the one before, so compare only results recorded on the same machine (git "
@@ -212,23 +199,18 @@ SECTIONS = (
             "the normal range take the general path (the max column)."),
     Section("fraud_proof.json", "The fraud proof of a wrong aggregation: gas", "bench/bench_fraud_proof.py",
             fraud_proof,
-            "A successful proveWrongAggregation on anvil (docs/FRAUD_PROOF.md): one chunk "
-            "of a 256 x 256 stage "
-            "recomputed in the contract's soft-float, every tensor in the codec named, every fourth "
+            "A successful proveWrongAggregation on anvil (docs/FRAUD_PROOF.md): one chunk of a 256 x 256 "
+            "stage recomputed in the contract's soft-float, every tensor in the codec named, every fourth "
             "contribution clipped by the norm rule."),
     Section("chunk_state.json", "The fraud proof's chunk state: its cost beside the aggregation",
             "bench/bench_chunk_state.py", chunk_state,
             "After each outer step a node of a chunked run derives the stage's chunk state "
-            "(docs/FRAUD_PROOF.md) "
-            "for its attestation, in the round's tail on the round lane, not on the "
-            "training thread. The leaves "
-            "are built a tensor at a time (numpy) since; the rest is mostly SHA-256 over the payload pieces: "
-            "a low-rank piece carries each element's row of Q (64 bytes at rank 32), about "
-            "27 MB of pieces per "
-            "contribution of a `mini` stage, all hashed. A version-3 (normed) run's node also "
-            "decodes each accepted "
-            "contribution once more and sums its chunks' squares exactly "
-            "(docs/FRAUD_PROOF.md, \"The node\")."),
+            "(docs/FRAUD_PROOF.md) for its attestation, in the round's tail on the round lane, not on the "
+            "training thread. The leaves are built a tensor at a time (numpy) since; the rest is mostly "
+            "SHA-256 over the payload pieces: a low-rank piece carries each element's row of Q (64 bytes at "
+            "rank 32), about 27 MB of pieces per contribution of a `mini` stage, all hashed. A version-3 "
+            "(normed) run's node also decodes each accepted contribution once more and sums its chunks' "
+            "squares exactly (docs/FRAUD_PROOF.md, \"The node\")."),
     Section("audit.json", "Audit", "bench/bench_audit.py", audit),
     Section("fuzz.json", "Bad input", "bench/fuzz_campaign.py", fuzz),
     Section("join.json", "A node joining a running run", "bench/bench_join.py", join,
@@ -263,26 +245,18 @@ SECTIONS = (
             "joiner is in; 266, the killed split cluster's (r4)."),
     Section("churn_memory.json", "What a surviving node keeps per churn event", "bench/churn_memory.py",
             churn_memory,
-            "py-libp2p 0.8.1 kept every accepted inbound connection's handler (its task, TCP stream "
-            "and receive buffer, "
-            "and a slot of the swarm's inbound limiter) until the host closed; "
-            "p2p/inbound.py ends it with the "
-            "connection, and closing a TCP stream releases its 0.4-1.1 MiB receive buffer. "
-            "Before both fixes the "
-            "host kept +1.13 MiB a connection (git history of this file; docs/P2P.md, "
-            "\"What a surviving node "
-            "keeps per churn event\"). The 20 restarts came after 600 rounds (about 25 "
-            "minutes), past the caps' and "
-            "windows' warm-up: the survivor's RSS moved within 460-472 MiB with no trend (+0.06 "
-            "MiB a cycle fitted), "
-            "and what still grew per cycle grows with the rounds the cycles took (about 4 a "
-            "cycle) and is kept by the "
-            "defaults on purpose (`storage.keep_checkpoints = 0`: the provider keys of every "
-            "checkpoint and shard; "
-            "`storage.keep_rounds = 0`: the start states served). The step of `_last_republish` at "
-            "cycle 15 is py-libp2p's "
-            "DHT maintenance pass announcing again every key provided since its last pass, which 3c58d34 "
-            "(after this run's 3c417d4) stops."),
+            "py-libp2p 0.8.1 kept every accepted inbound connection's handler (its task, TCP stream and "
+            "receive buffer, and a slot of the swarm's inbound limiter) until the host closed; "
+            "p2p/inbound.py ends it with the connection, and closing a TCP stream releases its 0.4-1.1 MiB "
+            "receive buffer. Before both fixes the host kept +1.13 MiB a connection (git history of this "
+            "file; docs/P2P.md, \"What a surviving node keeps per churn event\"). The 20 restarts came after "
+            "600 rounds (about 25 minutes), past the caps' and windows' warm-up: the survivor's RSS moved "
+            "within 460-472 MiB with no trend (+0.06 MiB a cycle fitted), and what still grew per cycle "
+            "grows with the rounds the cycles took (about 4 a cycle) and is kept by the defaults on purpose "
+            "(`storage.keep_checkpoints = 0`: the provider keys of every checkpoint and shard; "
+            "`storage.keep_rounds = 0`: the start states served). The step of `_last_republish` at cycle 15 "
+            "is py-libp2p's DHT maintenance pass announcing again every key provided since its last pass, "
+            "which 3c58d34 (after this run's 3c417d4) stops."),
     Section("data_loader.json", "Data loader", "bench/bench_data_loader.py", data_loader,
             "Resident memory does not grow with the dataset because the loader releases the pages each read "
             "maps (`ShardedTokens._release`)."),
@@ -308,8 +282,8 @@ def _h_training(r: dict) -> str:
 def _h_training_family(r: dict) -> str:
     x, tokens = r["summary"]["diloco_x"], max(p["tokens"] for p in r["summary"]["diloco_x"]["curve"])
     return (f"held-out loss {pct(x['loss_vs_ddp'])} against centralized AdamW with "
-            f"**{x['fewer_bytes_than_ddp']:.0f}x** "
-            f"fewer bytes ({tokens:,} tokens, `{r['args']['preset']}`, {r['args']['vocab_size']}-token BPE)")
+            f"**{x['fewer_bytes_than_ddp']:.0f}x** fewer bytes ({tokens:,} tokens, `{r['args']['preset']}`, "
+            f"{r['args']['vocab_size']}-token BPE)")
 
 
 def _h_longer(r: dict) -> str:
@@ -347,8 +321,8 @@ def _h_soak(r: dict) -> str:
     churn = ", ".join(sorted({e["kind"].replace("rpc_outage_begin", "RPC outage") for e in r["events"]
                               if e["kind"] in ("kill", "rpc_outage_begin", "leave", "join")}))
     return (f"{r['nodes']} nodes, {min(delays):.0f}-{max(delays):.0f} ms links, "
-            f"{len(r['emulator']['nat_sites'])} "
-            f"behind NAT, {r['run_s'] / 60:.0f} min ({churn}): {r['rounds']} rounds "
+            f"{len(r['emulator']['nat_sites'])} behind NAT, {r['run_s'] / 60:.0f} min ({churn}): "
+            f"{r['rounds']} rounds "
             f"{'each once, in order' if r['rounds_in_order_once'] else '(not in order!)'}, audit "
             f"{r['audit']['verdict']}")
 

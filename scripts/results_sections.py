@@ -108,60 +108,22 @@ def diloco(r: dict, check_defaults: bool = True) -> list[str]:
 
 
 ABLATION_DEFAULTS = {
-    "preset": "mini",
-    "stages": 2,
-    "replicas": 2,
-    "inner_steps": 50,
-    "rounds": 30,
-    "batch_size": 8,
-    "inner_lr": 0.003,
-    "lr_schedule": "cosine",
-    "warmup_steps": 100,
-    "beta2": 0.99,
-    "weight_decay": 0.1,
-    "outer_lr": 1.0,
-    "outer_momentum": 0.5,
-    "x_outer_lr": None,
-    "x_outer_momentum": None,
-    "outer_warmup_rounds": 0,
-    "outer_decay": "constant",
-    "outer_min_lr_ratio": 1.0,
-    "outer_final_momentum": "auto",
-    "delay_correction": "rebase",
-    "no_delay": False,
-    "error_budget": 0.4,
-    "bandwidth_budget": "auto",
-    "target_reduction": 1000.0,
-    "overlap_steps": "auto",
-    "max_rank": 32,
-    "bits": "2,4,8",
-    "no_error_feedback": False,
-    "encoder": "v4",
-    "seed": 0,
-    "cpu_clock": False,
+    "preset": "mini", "stages": 2,
+    "replicas": 2, "inner_steps": 50, "rounds": 30, "batch_size": 8, "inner_lr": 0.003,
+    "lr_schedule": "cosine", "warmup_steps": 100, "beta2": 0.99, "weight_decay": 0.1, "outer_lr": 1.0,
+    "outer_momentum": 0.5, "x_outer_lr": None, "x_outer_momentum": None, "outer_warmup_rounds": 0,
+    "outer_decay": "constant", "outer_min_lr_ratio": 1.0, "outer_final_momentum": "auto",
+    "delay_correction": "rebase", "no_delay": False, "error_budget": 0.4, "bandwidth_budget": "auto",
+    "target_reduction": 1000.0, "overlap_steps": "auto", "max_rank": 32, "bits": "2,4,8",
+    "no_error_feedback": False, "encoder": "v4", "seed": 0, "cpu_clock": False,
     "optimizer": "adamw",  # training.config.DEFAULT_OPTIMIZER
 }
-SHORT = {
-    "inner_steps": "H",
-    "rounds": "rounds",
-    "inner_lr": "ilr",
-    "outer_lr": "olr",
-    "outer_momentum": "om",
-    "x_outer_lr": "x olr",
-    "x_outer_momentum": "x om",
-    "bandwidth_budget": "bw",
-    "overlap_steps": "overlap",
-    "error_budget": "err",
-    "delay_correction": "delay",
-    "warmup_steps": "warmup",
-    "lr_schedule": "schedule",
-    "weight_decay": "wd",
-    "outer_warmup_rounds": "owarm",
-    "outer_decay": "odecay",
-    "outer_min_lr_ratio": "omin",
-    "outer_final_momentum": "ofinal",
-    "cpu_clock": "cpu clock",
-}
+SHORT = {"inner_steps": "H", "rounds": "rounds", "inner_lr": "ilr", "outer_lr": "olr", "outer_momentum": "om",
+         "x_outer_lr": "x olr", "x_outer_momentum": "x om", "bandwidth_budget": "bw",
+         "overlap_steps": "overlap", "error_budget": "err", "delay_correction": "delay",
+         "warmup_steps": "warmup", "lr_schedule": "schedule", "weight_decay": "wd",
+         "outer_warmup_rounds": "owarm", "outer_decay": "odecay", "outer_min_lr_ratio": "omin",
+         "outer_final_momentum": "ofinal", "cpu_clock": "cpu clock"}
 
 
 def settings_not_default(args: dict) -> str:
@@ -197,14 +159,11 @@ def _differences(settings: dict) -> str:
 def diloco_ablations(r: dict) -> list[str]:
     rows = r["rows"]
     lines = [("Every `bench_diloco.py` run of other settings that this project kept, one row per mode "
-             "(`bench/diloco_ablations.py` adds a run's rows). \"vs DDP\" compares with the "
-             "DDP row of the same "
-             "tokens and inner settings; \"vs best DDP\" with the best DDP row of the same "
-             "tokens. Runs before "
-             "`codec2_*` used encoder v1, those up to issue 29 v2 unless the row names "
-             "another; rows of 4 rounds "
-             "measure the codec's share of the round, not the loss. The settings column lists what differs "
-             "from the benchmark's defaults."), ""]
+             "(`bench/diloco_ablations.py` adds a run's rows). \"vs DDP\" compares with the DDP row of the "
+             "same tokens and inner settings; \"vs best DDP\" with the best DDP row of the same tokens. Runs "
+             "before `codec2_*` used encoder v1, those up to issue 29 v2 unless the row names another; rows "
+             "of 4 rounds measure the codec's share of the round, not the loss. The settings column lists "
+             "what differs from the benchmark's defaults."), ""]
     body = []
     for row in sorted(rows, key=lambda x: (x["settings"]["rounds"] * x["settings"]["inner_steps"], x["tag"],
                                            x["mode"])):
@@ -250,9 +209,8 @@ def utilization(r: dict) -> list[str]:
                      num(s.get("exchange_over_inner"), 2), pct(s.get("utilization"), 1).lstrip("+"),
                      pct(s.get("utilization_min_period"), 1).lstrip("+"), num(s.get("inner_s_mean"), 1),
                      pct(s.get("own_work_share"), 2).lstrip("+"), "yes" if run.get("all_exited_0") else "no"])
-    return [(f"Real nodes (2 one-node replicas of `{a['preset']}`, H = {a['inner_steps']}, "
-             f"batch {a['batch_size']}, "
-            f"{a['rounds']} rounds) with blob traffic capped; utilization = time in inner "
+    return [(f"Real nodes (2 one-node replicas of `{a['preset']}`, H = {a['inner_steps']}, batch "
+            f"{a['batch_size']}, {a['rounds']} rounds) with blob traffic capped; utilization = time in inner "
             "steps / wall time per "
             "round, steady periods only."), ""] + table(
         ["run", "cap", "exchange / compute", "utilization", "lowest period", "compute s/round",
@@ -288,10 +246,10 @@ def chaos(r: dict) -> list[str]:
         [[r["rounds"], "yes" if r["rounds_in_order_once"] else "**no**", len(r["kills"]),
           r.get("checkpoint_entries", "-"), len(r["unexpected_exits"]), r["rounds_with_fewer_contributors"],
           f"{rec['min']}-{rec['max']} s, mean {rec['mean']} s, unrecovered {rec['unrecovered']}",
-          f"{r['audit']['verdict']}"]]) + [(f"Wall time {r['wall_s'] / 60:.0f} min; load "
-                                            f"{load_text(r.get('load_before'))} "
+          f"{r['audit']['verdict']}"]]) \
+          + [(f"Wall time {r['wall_s'] / 60:.0f} min; load {load_text(r.get('load_before'))} "
                                            f"before, {load_text(r.get('load_after'))} after."),
-                                           ""] + chaos_phases(r)
+             ""] + chaos_phases(r)
 
 
 def chaos_phases(r: dict) -> list[str]:
@@ -304,16 +262,16 @@ def chaos_phases(r: dict) -> list[str]:
              d["rounds_after_entry_max"],
              f"{d['recovery_s_mean']} / {d['recovery_s_max']} s", f"{d.get('ready_s_mean', '-')} s"]
             for phase, d in sorted(phases.items())]
-    return ["By the phase of the kill (the restarted node's replica is back when it "
-            "contributes again; rounds "
+    return [
+        "By the phase of the kill (the restarted node's replica is back when it contributes again; rounds "
             "missed after ready: rounds committed without it once its restarted process was ready, i.e. its "
             "pipeline formed with its partner, before the round it is back in; of those still open at ready: "
             "the round the other replicas trained then or later, the others closed before and committed "
             "after):", ""] + table(
         ["phase", "kills", "recovered", "chain rounds after the restart (mean / max)",
-         "rounds missed after ready (max)", "of them open at ready (max)", ("rounds after "
-                                                                            "its entry round (max)"),
-         "seconds (mean / max)", "process ready after (mean)"], rows) + [
+         "rounds missed after ready (max)", "of them open at ready (max)",
+         "rounds after its entry round (max)", "seconds (mean / max)", "process ready after (mean)"],
+        rows) + [
         (f"Logs with a traceback: {sum(1 for v in (r.get('tracebacks') or {}).values() if v)}; forks "
          f"re-based in place: {r.get('rebased', '-')}."), ""]
 
@@ -323,12 +281,11 @@ def restart(r: dict) -> list[str]:
     s = r["summary"]
     rows = [[phase, f"{d['mean_s']} s", f"{d['max_s']} s"] for phase, d in s["phases"].items()]
     per_restart = [[e["node"], e.get("round_at_restart"),
-                    e.get("round_at_mark", {}).get("pipeline formed", "-"),
-                    e.get("entered_round"), e.get("recovered_round"), e.get("rounds_missed_after_ready", "-")]
+                    e.get("round_at_mark", {}).get("pipeline formed", "-"), e.get("entered_round"),
+                    e.get("recovered_round"), e.get("rounds_missed_after_ready", "-")]
                    for e in r["restarts"]]
-    return [(f"{r['nodes']} nodes (2 split clusters x 2 stages), k = {r['k']}, settings "
-             f"{r['settings']}: one node "
-             "after the other killed with SIGKILL and started again 2 s later, "
+    return [(f"{r['nodes']} nodes (2 split clusters x 2 stages), k = {r['k']}, settings {r['settings']}: one "
+             "node after the other killed with SIGKILL and started again 2 s later, "
              f"{len(r['restarts'])} times. Each "
              "start-up phase ends with a line in the node's log (node/live/startup.py), in seconds since the "
              "process started; a phase's time runs from the end of the one before it."), ""] + table(
@@ -361,9 +318,9 @@ def longrun(r: dict) -> list[str]:
     return [
         (
             f"{r['replicas']} one-node replicas of `{r['preset']}`, H = {r['inner_steps']}, a checkpoint "
-            f"every {r['checkpoint_every']} round(s), {r['reached_rounds']} of "
-            f"{r['target_rounds']} rounds in "
-            f"{r['wall_s'] / 60:.0f} min ({r['seconds_per_round']:.1f} s a round), settings {r['settings']}."
+            f"every {r['checkpoint_every']} round(s), {r['reached_rounds']} of {r['target_rounds']} rounds "
+            f"in {r['wall_s'] / 60:.0f} min ({r['seconds_per_round']:.1f} s a round), "
+            f"settings {r['settings']}."
         ),
         "",
     ] + table([f"per node ({' / '.join(nodes)})"] + [f"round {s['round']}" for s in wanted], rows)
@@ -400,13 +357,13 @@ def ledger(r: dict) -> list[str]:
 def audit(r: dict) -> list[str]:
     c = r["chain_part"]
     rows = [[p["preset"], f"{p['replicas']} x {p['stages']}", p["rounds"],
-             f"{p['replay_mean_seconds_per_round']:.2f} s",
-             "yes" if p["all_rounds_ok"] else "**no**"] for p in r.get("replay", [])]
+             f"{p['replay_mean_seconds_per_round']:.2f} s", "yes" if p["all_rounds_ok"] else "**no**"]
+            for p in r.get("replay", [])]
     return [(f"Chain part of `dlx-node audit` over {c['rounds']} committed rounds on anvil, each signed by "
             f"{c['quorum']} members: **{c['chain_part_seconds']:.2f} s** (target <= {c['target_seconds']} s; "
-            f"history read {c['read_history_seconds']:.2f} s, checks "
-            f"{c['chain_checks_seconds']:.2f} s; items ok "
-            f"{c['items']['ok']}, FAIL {c['items']['FAIL']}). Bit-exact replay per round:"), ""] + table(
+            f"history read {c['read_history_seconds']:.2f} s, checks {c['chain_checks_seconds']:.2f} s; "
+            f"items ok {c['items']['ok']}, FAIL {c['items']['FAIL']}). Bit-exact replay per round:"),
+            ""] + table(
         ["preset", "replicas x stages", "rounds", "replay per round", "every round reproduced"], rows)
 
 
@@ -420,29 +377,12 @@ def data_loader(r: dict) -> list[str]:
     for size, d in (r.get("without_page_release") or {}).items():
         extra = [(f"Without releasing the pages it read, the {size} loader alone held "
                  f"{d['after_loading']['RssFile']:.0f} MiB of file pages."), ""]
-    return (
-        [
-            (
-                f"A `{m['preset']}` replica (vocabulary {m['vocab_size']}, batch {m['batch_size']} "
-                f"x {m['block_size']}) "
-                f"trains, then reads {r['rounds_read']} rounds of batches by memory map, one "
-                "process per dataset."
-            ),
-            "",
-        ]
-        + table(
-            [
-                "dataset",
-                "open + check every shard",
-                "RSS after",
-                "peak RSS",
-                "loader batches/s",
-                f"{m['preset']} s/step",
-            ],
-            rows,
-        )
-        + extra
-    )
+    return [(f"A `{m['preset']}` replica (vocabulary {m['vocab_size']}, batch {m['batch_size']} x "
+            f"{m['block_size']}) trains, then reads {r['rounds_read']} rounds of batches by memory map, one "
+            "process per dataset."), ""] + table(
+        ["dataset", "open + check every shard", "RSS after", "peak RSS", "loader batches/s",
+         f"{m['preset']} s/step"],
+        rows) + extra
 
 
 def diloco_llama(r: dict) -> list[str]:

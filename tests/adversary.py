@@ -608,13 +608,12 @@ def attack_parts(attack: str) -> dict:
         return forged_contribution(attack)
     return {"malformed-payload": malformed_payload, "copy": copying_free_rider, "late": late_delivery,
             "empty-close": empty_close, "duplicate-close": duplicate_close,
-            "equivocating-close": equivocating_close,
-            "censoring-close": censoring_close, "phantom-close": phantom_close, "absurd-hello": absurd_hello,
-            "forge-state": forged_start_state, "diverge-once": diverging_once, "diverge-late": diverging_late,
+            "equivocating-close": equivocating_close, "censoring-close": censoring_close,
+            "phantom-close": phantom_close, "absurd-hello": absurd_hello, "forge-state": forged_start_state,
+            "diverge-once": diverging_once, "diverge-late": diverging_late,
             "diverge-slow-verdict": diverging_slow_verdict, "fork-close": forking_close,
             "doctored-shard": doctored_shard, "takeover": takeover, "over-declare": over_declaring,
-            "other-platform": claiming_another_platform,
-            "collude-root": colluding_root}[attack]()
+            "other-platform": claiming_another_platform, "collude-root": colluding_root}[attack]()
 
 
 def run_with(parts: dict) -> int:

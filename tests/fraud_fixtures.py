@@ -135,17 +135,9 @@ class Committed:
     def sum_proof(self, contribution: int, chunk: int):
         """The norm proof of chunk ``chunk`` of ``contribution``'s sum tree in round 1 (a version-3 round)."""
         state = self.states[1]
-        return sum_proof(
-            self.records[1],
-            [leaf.encode() for leaf in self.stages[1]],
-            0,
-            state.factors.encode(),
-            state.weight_leaves,
-            state.payload_leaves[contribution],
-            state.sum_trees[contribution],
-            contribution,
-            chunk,
-        )
+        return sum_proof(self.records[1], [leaf.encode() for leaf in self.stages[1]], 0,
+                         state.factors.encode(), state.weight_leaves, state.payload_leaves[contribution],
+                         state.sum_trees[contribution], contribution, chunk)
 
 
 def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_index: int = 6,

@@ -210,19 +210,15 @@ def valid_payloads() -> dict[str, bytes]:
     """One valid payload of every gossip kind."""
     peer = IDENTITY.peer_id
     return {
-        msg.HELLO: msg.encode_payload(
-            msg.Hello("cluster-0", 1, bytes(range(20)), [f"/ip4/127.0.0.1/tcp/4001/p2p/{peer}"], 3, 2)
-        ),
+        msg.HELLO: msg.encode_payload(msg.Hello("cluster-0", 1, bytes(range(20)),
+                                                [f"/ip4/127.0.0.1/tcp/4001/p2p/{peer}"], 3, 2)),
         msg.ANNOUNCE: msg.encode_payload(msg.Announce(bytes(range(32)), 1234)),
         msg.CLOSE: msg.encode_payload(msg.Close([[0, peer, bytes(32), 100], [1, peer, bytes(range(32)), 7]])),
-        msg.ATTESTATION: msg.encode_payload(
-            msg.Attestation(bytes(32), bytes(range(32)), 2, 3.5, math.nan, 512, b"", bytes(32))
-        ),
-        msg.RECORD: msg.encode_payload(
-            msg.RecordSignature(
-                bytes(32), bytes(32), bytes(32), 3_500_000, 3_400_000, 512, 2, bytes(32), bytes(20), bytes(65)
-            )
-        ),
+        msg.ATTESTATION: msg.encode_payload(msg.Attestation(bytes(32), bytes(range(32)), 2, 3.5, math.nan,
+                                                            512, b"", bytes(32))),
+        msg.RECORD: msg.encode_payload(msg.RecordSignature(bytes(32), bytes(32), bytes(32), 3_500_000,
+                                                           3_400_000, 512, 2, bytes(32), bytes(20),
+                                                           bytes(65))),
         **_spot_check_payloads(),
     }
 

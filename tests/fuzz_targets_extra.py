@@ -244,20 +244,10 @@ def sliced_targets() -> list:
 
     reference = _sliced_reference()
     return [
-        Target(
-            "sliced_closed_envelope",
-            closed_envelope_input,
-            (),
-            [_sliced_envelope(reference)],
-            structured_closed_envelope,
-        ),
-        Target(
-            "slice_reference",
-            lambda d: parse_slice_reference(d, SLICED_COUNT, GOSSIP_LIMIT),
-            (SliceError,),
-            [reference],
-        ),
-        Target(
-            "partial_payload", parse_partial, (SliceError,), [partial_payload(1, 3, bytes(32), 4, b"blob")]
-        ),
+        Target("sliced_closed_envelope", closed_envelope_input, (), [_sliced_envelope(reference)],
+               structured_closed_envelope),
+        Target("slice_reference", lambda d: parse_slice_reference(d, SLICED_COUNT, GOSSIP_LIMIT),
+               (SliceError,), [reference]),
+        Target("partial_payload", parse_partial, (SliceError,),
+               [partial_payload(1, 3, bytes(32), 4, b"blob")]),
     ]

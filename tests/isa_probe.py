@@ -80,8 +80,8 @@ def main(run_path: str, threads: int, wire_vectors: bool = True) -> dict:
     out["roots"] = [replayer.apply(record["round"],
                                    [record["contributions"][stage] for stage in range(len(specs))]
                                    ).hex() for record in records]
-    # The replay's weights after the last round, as a version-1 root (the run's own roots are version 2 where
-    # it is
+    # The replay's weights after the last round, as a version-1
+    # root (the run's own roots are version 2 where it is
     # chunked): what the members' engines hold (tests/test_cross_isa.py compares it with theirs).
     from training.hashing import stage_weights_hash, weights_root
 

@@ -87,7 +87,7 @@ def test_the_limit_is_set_once_unless_the_environment_chose(monkeypatch):
 
 @pytest.mark.parametrize("command,limited",
                          [(["start", "--config", "x.toml"], True), (["join", "dlx://x"], True),
-                                             (["status"], False)])
+                          (["status"], False)])
 def test_start_and_join_set_the_limit_before_anything_else(monkeypatch, command, limited):
     from node import cli
     from node.commands import faces

@@ -392,8 +392,8 @@ def test_a_forged_registration_is_caught(run, client):
                          1)
     with pytest.raises(LedgerNotMember):
         forger.commit_round(record, [forger.sign_record(record)])
-    # ...and once a seat is taken with the squatted key, the run uses it: the registration and the member
-    # fail.
+    # ...and once a seat is taken with the squatted key,
+    # the run uses it: the registration and the member fail.
     forger.join_run(run.run_id)
     report = audit_run(client, run.run_id, archives=node_archives(run))
     assert report.failed

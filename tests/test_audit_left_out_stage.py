@@ -33,8 +33,8 @@ def _contribution(identity: Identity, outer_round: int, stage: int) -> tuple[byt
     state = f"start state of {REPLICA_OF[identity]} round {outer_round} stage {stage}".encode()
     body = msg.ContributionBody(hashlib.sha256(state).digest(), bytes(32), b"pseudo-gradient", msg.NO_APPLY)
     envelope = Envelope.create(identity, RUN_ID, outer_round, msg.CONTRIBUTION,
-                               msg.encode_contribution_body(body),
-                               stage=stage, replica=REPLICA_OF[identity]).to_bytes()
+                               msg.encode_contribution_body(body), stage=stage,
+                               replica=REPLICA_OF[identity]).to_bytes()
     return envelope, state
 
 

@@ -91,16 +91,13 @@ def _archive(root, cfg, corpus, slices_by_replica, bundles=True, tampered=(), wh
 
 
 def _audit(cfg, archive, accusations=(), memberships=(), count=-1):
-    history = SimpleNamespace(
-        run=SimpleNamespace(run_id=RUN_ID, max_rounds=cfg.rounds),
-        accusations=list(accusations),
-        head_hash=b"h" * 32,
-        memberships=list(memberships),
-        # Round 0 committed (the audit judges committed rounds), at a position where no seat
-        # holds a declared platform to hold a claim to.
-        commits=[SimpleNamespace(commit=SimpleNamespace(round=0), position=None)],
-        members_at=lambda position: [],
-    )
+    history = SimpleNamespace(run=SimpleNamespace(run_id=RUN_ID, max_rounds=cfg.rounds),
+                              accusations=list(accusations), head_hash=b"h" * 32,
+                              memberships=list(memberships),
+                              # Round 0 committed (the audit judges committed rounds), at a position where no
+                              # seat holds a declared platform to hold a claim to.
+                              commits=[SimpleNamespace(commit=SimpleNamespace(round=0), position=None)],
+                              members_at=lambda position: [])
     report = SimpleNamespace(general=[], notes=[])  # what reexec_checks appends to (an AuditReport's lists)
     reexec_checks(report, history, Replayer(run_document(cfg), None), [archive], count)
     return {c.name: c for c in report.general}

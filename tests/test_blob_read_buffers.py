@@ -35,7 +35,7 @@ def test_small_blobs_are_served_from_buffers_of_their_size_and_large_ones_from_t
         with ThreadPoolExecutor(6) as pool:  # served side by side, as a round's contributions are
             fetched = list(
                 pool.map(lambda d: b.fetch_blob(d, tmp_path / f"got-{d[:8]}", providers=[a.peer_id],
-                                                           timeout=60), small))
+                                                timeout=60), small))
         assert [hashlib.sha256(p.read_bytes()).hexdigest() for p in fetched] == list(small)
         assert server._read_buffers == []  # nothing of 4 MiB made, nothing kept
         large = a.provide_blob(os.urandom(FILE_IO_BYTES + 12345), announce=False)

@@ -82,8 +82,8 @@ def test_nodes_ride_out_a_chain_outage_and_commit_every_round_once(make_run):
         # per request. (A request that timed out on a loaded machine is an outage of its own, with its two
         # lines; the node may stop inside such an episode, before a request answers and ends it: its last
         # start line then has no end line.) A start line is "<what>: chain RPC unreachable (<error>)"; a
-        # caller that gave up logs ChainUnavailable's "chain RPC unreachable after N attempt(s)", which starts
-        # nothing.
+        # caller that gave up logs ChainUnavailable's "chain RPC
+        # unreachable after N attempt(s)", which starts nothing.
         starts = [m.start() for m in re.finditer(r"chain RPC unreachable \(", log)]
         ends = [m.start() for m in re.finditer(r"chain RPC reachable again", log)]
         still = log.count("chain RPC still unreachable")

@@ -85,30 +85,20 @@ def test_a_node_finds_the_first_differing_chunk_and_builds_its_proof():
 # chunks (210 columns), an empty one and a one-element one.
 PINNED_SHAPES = {"a": (130,), "b": (3, 50), "c": (2, 3, 70), "d": (64, 64), "e": (0,), "f": (5, 7), "g": (1,)}
 PINNED = {  # what -> (sha256 of the length-prefixed leaves, tree root)
-    "tensor": (
-        "bf25e508fa2a35fd00ca7e79bca63914513e2f1237df6828486dc9b722fc16fa",
-        "bc7bb8f8b2a91d42a6e17b5170784b41f543f09718ba05667cb9e1503ac80004",
-    ),
-    ("raw", ()): (
-        "a211d7cc61e699e6fbb08ad664df627313d76b3900e93a7faa3fd1a333536d4a",
-        "ae4385c78042f4a60b082273bedb30f378beb82e368428a66752590d5ccd45c2",
-    ),
-    ("quant", (("bits", 8),)): (
-        "b82eed59cca0ed3ec385593f45566944b9d0b5f7749f6ddda4b10c06efd369c7",
-        "f76668f19967a583ebcab65b317dbb97c3fde47ebc09e3f634427e661c202ace",
-    ),
-    ("quant", (("bits", 2),)): (
-        "6bb608191d32fa7e9bce2c165a5ee65bf45865e96be3b6b3f8c5bd0b37f0e451",
-        "86a3dec3981d14169c6b70a460440905679b4f61bb4269b5979a130aeb23cb08",
-    ),
-    ("lowrank", (("bits", 8), ("rank", 8))): (
-        "c4f8624d7cbce0f3731c8212ca6a70951752f2f15bb4e2908634201654d6de53",
-        "852a80ace9ccd2d9657a20a86965808635a0b1e18baeebb3fcda4bfd7a4e538a",
-    ),
-    ("lowrank", (("bits", 4), ("rank", 3))): (
-        "987b03b6ea020691a43c0358a588cf256fb6b0a21d1ce6be12331df5502d60d2",
-        "4ed8eda6ff5f72a218c16a25d0db88f8def5160b38a2e2fcc342ad3372c73f72",
-    ),
+    "tensor": ("bf25e508fa2a35fd00ca7e79bca63914513e2f1237df6828486dc9b722fc16fa",
+               "bc7bb8f8b2a91d42a6e17b5170784b41f543f09718ba05667cb9e1503ac80004"),
+    ("raw", ()): ("a211d7cc61e699e6fbb08ad664df627313d76b3900e93a7faa3fd1a333536d4a",
+                  "ae4385c78042f4a60b082273bedb30f378beb82e368428a66752590d5ccd45c2"),
+    ("quant", (("bits", 8),)): ("b82eed59cca0ed3ec385593f45566944b9d0b5f7749f6ddda4b10c06efd369c7",
+                                "f76668f19967a583ebcab65b317dbb97c3fde47ebc09e3f634427e661c202ace"),
+    ("quant", (("bits", 2),)): ("6bb608191d32fa7e9bce2c165a5ee65bf45865e96be3b6b3f8c5bd0b37f0e451",
+                                "86a3dec3981d14169c6b70a460440905679b4f61bb4269b5979a130aeb23cb08"),
+    ("lowrank",
+     (("bits", 8), ("rank", 8))): ("c4f8624d7cbce0f3731c8212ca6a70951752f2f15bb4e2908634201654d6de53",
+                                   "852a80ace9ccd2d9657a20a86965808635a0b1e18baeebb3fcda4bfd7a4e538a"),
+    ("lowrank",
+     (("bits", 4), ("rank", 3))): ("987b03b6ea020691a43c0358a588cf256fb6b0a21d1ce6be12331df5502d60d2",
+                                   "4ed8eda6ff5f72a218c16a25d0db88f8def5160b38a2e2fcc342ad3372c73f72"),
 }
 
 
@@ -148,8 +138,8 @@ def test_the_vectorized_chunk_square_sums_are_square_sums_chunk_by_chunk(seed):
                    -2.5, 1e-40, 65504.0]
     values[100:164] = 3.4028235e38  # a whole chunk at the largest square
     tensors = {"b": torch.from_numpy(values[:1000].reshape(10, 100)),
-               "a": torch.from_numpy(values[1000:2930]),
-               "c": torch.from_numpy(values[2930:2931]), "e": torch.zeros(0)}
+               "a": torch.from_numpy(values[1000:2930]), "c": torch.from_numpy(values[2930:2931]),
+               "e": torch.zeros(0)}
     places = stage_layout({name: tuple(t.shape) for name, t in tensors.items()})
     expected = [
         square_sum(tensors[p.name].reshape(-1)[p.offset:p.offset + p.count].numpy().astype("<f4").tobytes())

@@ -90,19 +90,10 @@ class Node:
         messenger = Messenger(identity=identity, run_id=RUN, host=self.host, station=Station(),
                               said=SaidLog(root=tmp_path / name / "said", exempt_kinds=(msg.HELLO,),
                                            max_bytes=1 << 20))
-        self.coordinator = RoundCoordinator(
-            self.peer_id,
-            2,
-            round_timeout,
-            self.book,
-            self.membership,
-            self.pool,
-            contributed=lambda _r: True,
-            gossip=messenger.gossip,
-            resync=messenger.resync,
-            previous_life_finished=-1,
-            stop=self.stop,
-        )
+        self.coordinator = RoundCoordinator(self.peer_id, 2, round_timeout, self.book, self.membership,
+                                            self.pool, contributed=lambda _r: True, gossip=messenger.gossip,
+                                            resync=messenger.resync, previous_life_finished=-1,
+                                            stop=self.stop)
         queue = self.host.subscribe(run_topic(RUN), validator=self.inbox.relay_ok,
                                     keep_for_sync=lambda data: self.inbox.keep_for_sync(data, self.peer_id))
         self.consumer = threading.Thread(target=self.inbox.run, args=(queue, self.stop), daemon=True)

@@ -42,8 +42,8 @@ CLAIMANT_THREADS = 1
 NATIVE = "native"
 #: What must be the same bits under every capability and thread count.
 PORTABLE = ("init", "sketch", "data", "decode", "encode_1_thread", "roots", "weights", "wire_vectors")
-#: An aarch64 python with torch, this checkout's training/ importable (scripts/setup-arm-emulation.sh), or
-#: unset.
+#: An aarch64 python with torch, this checkout's training/
+#: importable (scripts/setup-arm-emulation.sh), or unset.
 ARM_PYTHON = os.environ.get("DLX_ARM_PYTHON", "")
 
 

@@ -247,8 +247,8 @@ def test_from_a_local_copy(tmp_path):
 def test_cli_prints_the_paths_and_exits_with_an_error_line(served, tmp_path, capsys, monkeypatch):
     server, catalog = served
     if catalog is not DATASETS:
-        # No shared copy: the CLI checks the test's own pins of the made-up file (the catalog is the
-        # boundary).
+        # No shared copy: the CLI checks the test's own pins
+        # of the made-up file (the catalog is the boundary).
         monkeypatch.setitem(DATASETS, "tinyshakespeare", catalog["tinyshakespeare"])
     code = main(["data", "fetch", "tinyshakespeare", "--dir", str(tmp_path), "--url", server.base + "/good"])
     out, err = capsys.readouterr()

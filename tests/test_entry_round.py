@@ -146,8 +146,8 @@ def test_a_restarted_node_declares_its_entry_round_not_an_earlier_round_it_re_an
 
 def test_a_survivor_that_finished_rounds_while_waiting_enters_the_round_being_trained(tmp_path, delay):
     # It applied round 6 (next_round 7) while sitting out; it still holds the global state of round 5 (and 6):
-    # round 7 trains from round 5's, so it enters the round the others train (RunEntry.reenter goes back to
-    # 5).
+    # round 7 trains from round 5's, so it enters the round
+    # the others train (RunEntry.reenter goes back to 5).
     run_entry = entry(tmp_path, last_committed=5, training=7)
     assert run_entry.agree_again(7, held={5: {}, 6: {}}) == 7
     # only round 6's state: round 8 is the first it can train
@@ -189,8 +189,8 @@ def test_a_restarted_node_prefers_the_checkpoint_that_lets_it_train_the_open_rou
     run_entry = RunEntry(cfg=cfg, chain=PublishingChain(6), host=UnreachableHost(), membership=members,
                          book=RoundBook(), coordinator=Coordinator(), worker=Worker(), contributor=None,
                          finisher=None, station=None,
-                         state=StateFile(tmp_path / "state.json", cfg.ledger.run_id),
-                         layout=None, progress=None, reporter=None, checkpoint_dir=tmp_path / "checkpoints",
+                         state=StateFile(tmp_path / "state.json", cfg.ledger.run_id), layout=None,
+                         progress=None, reporter=None, checkpoint_dir=tmp_path / "checkpoints",
                          incoming_dir=tmp_path / "incoming", stop=threading.Event())
     with pytest.raises(StateError) as refused:
         run_entry.entry_point()

@@ -98,8 +98,8 @@ def test_a_forked_members_round_is_left_out_by_honest_holders_and_never_judged_a
     elsewhere = check(fork.payloads[0], fork.applied_hashes[0])
     assert elsewhere.verdict == OTHER_RESULT and not elsewhere.honest, elsewhere.reason
     assert "another result of round 0" in elsewhere.reason and elsewhere.failed_stages == (0,)
-    # Claiming the record's result for a round trained on its own is not a binding: the rerun does not
-    # reproduce.
+    # Claiming the record's result for a round trained on
+    # its own is not a binding: the rerun does not reproduce.
     assert check(fork.payloads[0], record_result).verdict == MISMATCH
     # the overlap's binding is not optional
     assert check(fork.payloads[0], msg.NO_APPLY).verdict == OTHER_RESULT
@@ -124,8 +124,8 @@ def test_a_forked_members_round_is_left_out_by_honest_holders_and_never_judged_a
                                   outer_round=1, compression_cfg=cfg.compression)
     assert result.weights_hash == alone.weights_hash
     screened = aggregate_with_report(weights, momentum, contributions, cfg.diloco, stage_index=0,
-                                     outer_round=1,
-                                     compression_cfg=cfg.compression, excluded={1: "screening"})
+                                     outer_round=1, compression_cfg=cfg.compression,
+                                     excluded={1: "screening"})
     assert screened.excluded == {1: SCREENED} and screened.weights_hash == result.weights_hash
 
 

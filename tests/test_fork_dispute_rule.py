@@ -56,9 +56,8 @@ def repair(tmp_path, own_round_2_root: bytes) -> tuple[ForkRepair, Chain, Lifecy
     state.record_round(2, own_round_2_root, False)
     chain, lifecycle = Chain(), Lifecycle()
     forks = ForkRepair(cfg=cfg, station=None, book=None, coordinator=None, exchange=SlicedExchange(),
-                       archive=None,
-                       rounds=None, chain=chain, lifecycle=lifecycle, state=state, progress=None,
-                       membership=None, stop=threading.Event())
+                       archive=None, rounds=None, chain=chain, lifecycle=lifecycle, state=state,
+                       progress=None, membership=None, stop=threading.Event())
     return forks, chain, lifecycle
 
 

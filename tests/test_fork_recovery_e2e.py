@@ -115,8 +115,8 @@ def test_a_forked_members_rounds_rerun_or_are_left_out_and_the_audit_with_every_
     assert "round 4: not contributed: trained on a result this node re-based away from" in log
     healed = 2  # its roots are the chain's from round 2 on
     # Its round 3 (trained on its forked round 2 after the mid-round apply) is left out by every honest
-    # holder, and so is any later round it sent before healing; nothing else is ever left out as built
-    # elsewhere.
+    # holder, and so is any later round it sent before healing;
+    # nothing else is ever left out as built elsewhere.
     left = [sorted((r, int(e[1])) for r in range(rounds) for e in _left_out(slot, run.run_id, r))
             for slot in honest]
     assert left[0] == left[1] and (3, replica) in left[0], left

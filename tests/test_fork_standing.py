@@ -169,8 +169,8 @@ def test_the_threshold_is_the_chains_quorum_of_the_close_members_still_present(t
     # Both peers gone (a dead partner): this node alone attests, and waits on nobody.
     forks, _book = forks_at(tmp_path, attested={ME: "ours"}, alive=())
     assert forks.standing(2, "test") == CONFIRMED
-    # The RPC was down since the start and the quorum was never read: every present member of the close
-    # attests.
+    # The RPC was down since the start and the quorum was
+    # never read: every present member of the close attests.
     forks, _book = forks_at(tmp_path, attested={ME: "ours", PEER_A: "ours"}, quorum=None, round_timeout=0.3)
     assert forks.standing(2, "test") == PENDING
     forks, _book = forks_at(tmp_path, attested={ME: "ours", PEER_A: "ours", PEER_B: "ours"}, quorum=None)

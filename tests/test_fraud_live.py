@@ -131,8 +131,8 @@ def _setup(world: World, tmp_path, states: ChunkedStates, committed_leaf: bytes,
             book.add_attestation(outer_round, 0, peer, _attestation(leaf))
             book.add_attestation(outer_round, 1, peer, _attestation(other))
     prover = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(PROVER)), book=book,
-                         states=states,
-                         stages=lambda: (0,), num_stages=2, stop=world.stop, proofs_dir=tmp_path / "proofs")
+                         states=states, stages=lambda: (0,), num_stages=2, stop=world.stop,
+                         proofs_dir=tmp_path / "proofs")
     mine_record = dataclasses.replace(records[1], weights_root=chunked_weights_root(
         [StageLeaf.decode(own_leaf), StageLeaf.decode(other)]))
     return deployment, run, records, prover, mine_record
@@ -219,8 +219,8 @@ def test_a_withheld_state_answered_leaf_by_leaf_is_still_proven(world, tmp_path,
     deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
                                                            colluder_host.peer_id)
     colluder = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(COLLUDERS[0])),
-                           book=prover.book,
-                           states=colluders, stages=lambda: (0,), num_stages=2, stop=world.stop)
+                           book=prover.book, states=colluders, stages=lambda: (0,), num_stages=2,
+                           stop=world.stop)
     answerer = ChallengeAnswerer(run_id=run.run_id, chain=colluder.chain, states=colluders, prover=colluder,
                                  stop=world.stop)
     prover.check(0, records[0], records[0])
@@ -299,7 +299,7 @@ def test_a_chunked_runs_checkpoint_is_verified_by_its_stage_leaves(world):
     assert any("weightsRoot" in p for p in checkpoint_problems(full, layout, 4, digest("another root")))
     assert any("stage leaves of stages []" in p
                for p in checkpoint_problems(build_checkpoint(layout, 4, states),
-                                                                               layout, 4, root))
+                                              layout, 4, root))
     doctored = {**states, 0: (world.weights, {n: t + 1 for n, t in world.momentum.items()})}
     assert any("not the chunks" in p
                for p in checkpoint_problems(build_checkpoint(layout, 4, doctored, leaves),
@@ -595,8 +595,8 @@ def test_withheld_version_two_factors_are_challenged_published_and_proven(tmp_pa
         own_leaf = _record(world, honest, honest_aggregation.new_global)
         envelopes = [hashlib.sha256(b"envelope" + blob).digest() for blob in blobs]
         wrong_leaf = colluders.record(1, 0, colluded.new_global, colluded.new_momentum,
-                                      colluded.contributions,
-                                      blobs, envelopes)  # a chunked node publishes no factors
+                                      colluded.contributions, blobs,
+                                      envelopes)  # a chunked node publishes no factors
         prover_host.connect(colluder_host.listen_addrs[0])
         deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
                                                                colluder_host.peer_id)

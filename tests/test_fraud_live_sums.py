@@ -74,8 +74,8 @@ def _colluding(world, tmp_path, committed_state_of, honest_state_of=lambda state
     deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
                                                            colluder_host.peer_id)
     colluder = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(COLLUDERS[0])),
-                           book=prover.book,
-                           states=colluders, stages=lambda: (0,), num_stages=2, stop=world.stop)
+                           book=prover.book, states=colluders, stages=lambda: (0,), num_stages=2,
+                           stop=world.stop)
     answerer = ChallengeAnswerer(run_id=run.run_id, chain=colluder.chain, states=colluders, prover=colluder,
                                  stop=world.stop)
     prover.check(0, records[0], records[0])
@@ -120,8 +120,8 @@ def test_a_withheld_sum_tree_answered_leaf_by_leaf_is_proven(tmp_path, caplog):
         assert all(a.startswith("answered") for a in answered), answered
         assert f"answered with leaf 0 of tree {FACTORS}" in answered
         assert f"answered with leaf {CHUNK} of tree {which}" in answered  # the lied leaf itself was published
-        # A bisection, not a scan: leaf 0's path shows the subtree of leaves 8-15 differs, leaf 8's that of
-        # 12-13, ...
+        # A bisection, not a scan: leaf 0's path shows the subtree
+        # of leaves 8-15 differs, leaf 8's that of 12-13, ...
         sums_opened = {a for a in answered if a.endswith(f"of tree {which}")}
         assert chunks == 22 and sums_opened == {f"answered with leaf {c} of tree {which}"
                                                     for c in (0, 8, 12, 13)}

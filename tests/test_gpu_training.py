@@ -147,8 +147,8 @@ class ClaimsAnotherGPU(SimReplica):
 
         def elsewhere(meta):
             gpu_fp = dataclasses.replace(meta.platform, device_type="cuda",
-                                         device_name="NVIDIA H100 80GB HBM3",
-                                         capability="sm_90", cuda="12.8", cudnn="91002")
+                                         device_name="NVIDIA H100 80GB HBM3", capability="sm_90", cuda="12.8",
+                                         cudnn="91002")
             return dataclasses.replace(meta, platform=gpu_fp)
 
         return ReplicaStartState(tuple(dataclasses.replace(p, meta=elsewhere(p.meta)) for p in state.stages))
@@ -182,19 +182,10 @@ def bf16_run():
 def _check(sim, records, outer_round, replica, threads=None):
     record = records[outer_round]
     return verify_contribution(
-        [p.to_bytes() for p in record.states[replica].stages],
-        record.claims[replica],
-        sim.corpus,
-        sim.model,
-        sim.training,
-        sim.diloco,
-        sim.compression,
-        outer_round=outer_round,
-        replica=replica,
-        run_rounds=sim.rounds,
-        previous_contributions=records[outer_round - 1].contributions if outer_round else None,
-        threads=threads,
-    )
+        [p.to_bytes() for p in record.states[replica].stages], record.claims[replica], sim.corpus, sim.model,
+        sim.training, sim.diloco, sim.compression, outer_round=outer_round, replica=replica,
+        run_rounds=sim.rounds, previous_contributions=records[outer_round - 1].contributions if outer_round
+        else None, threads=threads)
 
 
 def test_bf16_start_states_record_the_precision(bf16_run):

@@ -179,8 +179,8 @@ def test_a_slow_honest_replica_is_not_clipped_and_a_bad_count_is_excluded():
     blobs.append(declare_steps(_raw_blob({n: 2 * base[n] for n in SHAPES}), 2))
     result = aggregate_with_report(_zeros(), _zeros(), blobs, cfg, stage_index=0, outer_round=0)
     assert result.accepted == [0, 1, 2] and all(r.scale == 1.0 for r in result.contributions)
-    # Per step the same update claimed over 2 steps is 4x too long: clipped to norm_clip x the median per
-    # step.
+    # Per step the same update claimed over 2 steps is 4x
+    # too long: clipped to norm_clip x the median per step.
     inflated = blobs[:2] + [declare_steps(_raw_blob({n: 8 * base[n] for n in SHAPES}), 2)]
     clipped = aggregate_with_report(_zeros(), _zeros(), inflated, cfg, stage_index=0, outer_round=0)
     assert clipped.contributions[2].accepted and 0.45 < clipped.contributions[2].scale < 0.55
@@ -281,17 +281,9 @@ def _check(sim, records, replica, outer_round, **kwargs):
     previous = records[outer_round - 1].contributions if outer_round > 0 else None
     return verify_contribution(
         [part.to_bytes() for part in record.states[replica].stages],
-        kwargs.pop("claims", record.claims[replica]),
-        sim.corpus,
-        sim.model,
-        sim.training,
-        sim.diloco,
-        sim.compression,
-        outer_round=outer_round,
-        replica=replica,
-        run_rounds=sim.rounds,
-        previous_contributions=previous,
-        **kwargs,
+        kwargs.pop("claims", record.claims[replica]), sim.corpus, sim.model, sim.training, sim.diloco,
+        sim.compression, outer_round=outer_round, replica=replica, run_rounds=sim.rounds,
+        previous_contributions=previous, **kwargs,
     )
 
 
@@ -395,8 +387,8 @@ def test_the_node_consumes_the_first_declared_batches_of_each_slot_and_nothing_e
 
     cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=6", "training.batch_size=2", "rounds=3",
                              "torch_threads=1", f"diloco.overlap_steps={overlap}",
-                             f"diloco.round_budget_s={budget}",
-                             "diloco.min_inner_steps=2", "pipeline.num_stages=1"])
+                             f"diloco.round_budget_s={budget}", "diloco.min_inner_steps=2",
+                             "pipeline.num_stages=1"])
     worker = ReplicaWorker(cfg, 1, (0,), 0)
     worker.start(10, 10)
     seen: list[torch.Tensor] = []
@@ -431,9 +423,9 @@ def test_the_node_stops_where_its_round_clock_says_and_its_chunked_batches_are_t
 
     steps = BATCH_CHUNK + 5
     cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=64", "training.batch_size=2",
-                             "rounds=2",
-                             "torch_threads=1", "diloco.overlap_steps=0", "diloco.round_budget_s=10.0",
-                             "diloco.min_inner_steps=2", "pipeline.num_stages=1"])
+                             "rounds=2", "torch_threads=1", "diloco.overlap_steps=0",
+                             "diloco.round_budget_s=10.0", "diloco.min_inner_steps=2",
+                             "pipeline.num_stages=1"])
     worker = ReplicaWorker(cfg, 0, (0,), 0)
     worker.start(10, 10)
     seen: list[torch.Tensor] = []

@@ -46,8 +46,8 @@ def test_a_time_bounded_split_run_declares_its_steps_and_reruns_them_exactly(mak
     # attest_quorum=4: every record needs all four members' signatures over the same bytes, tokens included.
     run = make_run(replicas=2, stages=2, split=True, attest_quorum=4, settings=[
         *TINY, f"diloco.inner_steps={MAX_STEPS}", "diloco.round_budget_s=0.2",
-        f"diloco.min_inner_steps={MIN_STEPS}",
-        "diloco.overlap_steps=0", f"rounds={MAX_ROUNDS}", "join_timeout=60", "spot_checks=8"])
+        f"diloco.min_inner_steps={MIN_STEPS}", "diloco.overlap_steps=0", f"rounds={MAX_ROUNDS}",
+        "join_timeout=60", "spot_checks=8"])
     run.start()
 
     def checked() -> bool:
@@ -84,8 +84,8 @@ def test_a_time_bounded_split_run_declares_its_steps_and_reruns_them_exactly(mak
         (count,) = counts
         assert count is not None and MIN_STEPS <= count <= MAX_STEPS, (outer_round, replica, count)
     # Every member signed the same exact tokens (the quorum is all four), those of stage 0's nodes included
-    # (they hold no last-stage envelope: the last stage's close names the counts): the steps both replicas
-    # declared.
+    # (they hold no last-stage envelope: the last stage's close
+    # names the counts): the steps both replicas declared.
     document = json.loads((run.workdir / "run.json").read_text())
     per_step = document["training"]["batch_size"] * document["model"]["block_size"]
     for commit in history.commits:
@@ -96,8 +96,8 @@ def test_a_time_bounded_split_run_declares_its_steps_and_reruns_them_exactly(mak
 # ----------------------------------------------------------------------------- a throttled replica, a cheat
 
 ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py")]
-#: The throttled replica's node process may use this many CPUs (a cgroup v1 cpu quota:
-#: node/commands/throttle.py).
+#: The throttled replica's node process may use this many
+#: CPUs (a cgroup v1 cpu quota: node/commands/throttle.py).
 THROTTLED_CPUS = 0.2
 
 
@@ -193,8 +193,8 @@ def test_a_replica_that_declares_more_steps_than_it_trained_is_convicted_by_a_sp
     run.stop_nodes()
     history = client.history(run.run_id)
     assert {a.accused.lower() for a in history.accusations} == {account}, history.accusations
-    # The replica the run placed the cheater on (its signed envelopes say), which is what the honest reruns
-    # name.
+    # The replica the run placed the cheater on (its signed
+    # envelopes say), which is what the honest reruns name.
     replicas = {decode_envelope(data, len(data)).replica for slot in run.nodes[:-1]
                 for data in Archive(slot.data_dir / "archive", run.run_id).envelopes(0)
                 if decode_envelope(data, len(data)).sender_peer_id == cheater.peer_id}

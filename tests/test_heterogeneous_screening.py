@@ -33,18 +33,9 @@ STEPS = [179, 80, 35]  # the recorded run's counts
 
 
 def _cfg(**overrides) -> DilocoConfig:
-    fields = dict(
-        inner_steps=800,
-        num_replicas=3,
-        round_budget_s=40.0,
-        min_inner_steps=4,
-        one_step_delay=True,
-        overlap_steps=0,
-        outer_lr=LR,
-        outer_momentum=0.5,
-        screen_rel_tol=0.02,
-        screen_rule="two_sided",
-    )
+    fields = dict(inner_steps=800, num_replicas=3, round_budget_s=40.0, min_inner_steps=4,
+                  one_step_delay=True, overlap_steps=0, outer_lr=LR, outer_momentum=0.5, screen_rel_tol=0.02,
+                  screen_rule="two_sided")
     fields.update(overrides)
     return DilocoConfig(**fields)
 

@@ -218,9 +218,8 @@ def _check(sim, records, partials, replica, outer_round, claims=None):
     record = records[outer_round]
     return verify_contribution(
         [part.to_bytes() for part in record.states[replica].stages], claims or record.claims[replica],
-        sim.corpus,
-        sim.model, sim.training, sim.diloco, sim.compression, outer_round=outer_round, replica=replica,
-        run_rounds=sim.rounds, previous_partials=partials.get(outer_round - 1))
+        sim.corpus, sim.model, sim.training, sim.diloco, sim.compression, outer_round=outer_round,
+        replica=replica, run_rounds=sim.rounds, previous_partials=partials.get(outer_round - 1))
 
 
 def test_each_honest_sliced_replica_reruns_exactly_its_declared_steps(run):

@@ -82,7 +82,7 @@ def test_a_newcomer_after_a_member_left_for_good_is_in_the_closes_of_the_rounds_
     for outer_round in committed_with(3, after=left_at):
         recorded = json.loads(
             (stayers[0].data_dir / "archive" / f"run-{run.run_id}" / f"round-{outer_round:08d}"
-                               / "recorded.json").read_text())
+             / "recorded.json").read_text())
         if [replica, peer_id] in [[r, p] for _s, r, p, _h in recorded["contributions"]]:
             with_joiner.append(outer_round)
     assert len(with_joiner) >= ROUNDS_WITH_JOINER and min(with_joiner) >= entered, with_joiner

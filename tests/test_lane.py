@@ -26,10 +26,9 @@ ROUNDS = 4
 
 def _worker(correction: str = "rebase", delay: bool = True) -> ReplicaWorker:
     cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=3", "training.batch_size=2",
-                             f"rounds={ROUNDS}",
-                             "torch_threads=1", f"diloco.one_step_delay={str(delay).lower()}",
-                             "diloco.overlap_steps=0", f"diloco.delay_correction={correction}",
-                             "pipeline.num_stages=2"])
+                             f"rounds={ROUNDS}", "torch_threads=1",
+                             f"diloco.one_step_delay={str(delay).lower()}", "diloco.overlap_steps=0",
+                             f"diloco.delay_correction={correction}", "pipeline.num_stages=2"])
     worker = ReplicaWorker(cfg, 0, (0, 1), 0)
     worker.start(10, 10)
     return worker
@@ -113,7 +112,7 @@ def test_lane_gives_the_inline_bytes(correction):
     assert [x.hex() for x in map(lambda v: torch.tensor(v, dtype=torch.float64).numpy().tobytes(),
                                  laned["evals"])] \
                                  == [torch.tensor(v, dtype=torch.float64).numpy().tobytes().hex()
-                                                      for v in inline["evals"]]
+                                     for v in inline["evals"]]
     assert len(set(inline["evals"])) == ROUNDS  # the eval saw the weights move: a stale copy would repeat
 
 

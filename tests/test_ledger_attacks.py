@@ -176,8 +176,8 @@ def test_disputes_need_the_bond_the_window_and_a_replayable_field(deployment):
     with pytest.raises(errors.LedgerDisputeOnlyMetrics):
         disputer.dispute(tokens_only, disputer.sign_record(tokens_only))
     disputer.dispute(mine_, disputer.sign_record(mine_))  # a checkpoint hash differs: decided by replay
-    # The bond is held by the dispute case, apart from the stake: forfeited unless a verdict overturns the
-    # round.
+    # The bond is held by the dispute case, apart from the
+    # stake: forfeited unless a verdict overturns the round.
     assert disputer.member(run.run_id, disputer.address).stake == STAKE
     assert disputer.dispute_case(run.run_id, 0)[0] == "open"
     assert disputer.disputers_of(run.run_id, 0) == [disputer.address]

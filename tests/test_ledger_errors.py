@@ -29,7 +29,7 @@ def test_every_contract_error_has_a_python_class():
     for name, cls in errors.REVERT_CLASSES.items():
         base = next(
             (base for prefix, base in (("Registry", errors.RegistryError), ("Prover", errors.ProverError))
-                     if name.startswith(prefix)), errors.LedgerRevert)
+             if name.startswith(prefix)), errors.LedgerRevert)
         assert issubclass(cls, base), name
 
 

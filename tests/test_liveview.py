@@ -14,8 +14,8 @@ from node.commands.liveview import LiveView, node_row, plain_table
 
 def test_a_joining_node_shows_dashes_not_minus_one():
     row = node_row("r0n0", {"state": "joining", "round": -1, "step": 0, "inner_steps": 20,
-                            "loss": float("nan"),
-                            "eval_loss": None, "bytes_sent": 0, "peers": 1, "last_commit": -1}, None)
+                            "loss": float("nan"), "eval_loss": None, "bytes_sent": 0, "peers": 1,
+                            "last_commit": -1}, None)
     assert row == ("r0n0", "joining", "-", "-", "-", "-", "0.00MB", "1", "-")
     assert "-1" not in " ".join(row)
 

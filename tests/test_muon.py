@@ -246,9 +246,9 @@ def test_the_scaling_law_settings_rerun_bit_exactly_with_muon_and_a_cheat_does_n
     def check(records, replica, outer_round):
         record = records[outer_round]
         return verify_contribution([p.to_bytes() for p in record.states[replica].stages],
-                                   record.claims[replica],
-                                   sim.corpus, sim.model, sim.training, sim.diloco, sim.compression,
-                                   outer_round=outer_round, replica=replica, run_rounds=sim.rounds,
+                                   record.claims[replica], sim.corpus, sim.model, sim.training, sim.diloco,
+                                   sim.compression, outer_round=outer_round, replica=replica,
+                                   run_rounds=sim.rounds,
                                    previous_contributions=records[outer_round - 1].contributions
                                    if outer_round > 0 else None)
 

@@ -428,8 +428,8 @@ def test_coordinators_rank_by_chain_seat_so_a_joiner_heard_by_some_holders_only_
                             own_seat=taken[key_of("peer-a")])
     book.add_hello("peer-b", key_of("peer-b"), hello("c1"))
     without_joiner = RoundCoordinator("peer-a", 1, 60.0, book, membership, Pool(),
-                                      contributed=lambda _r: True,
-                                      gossip=lambda *a: b"", resync=lambda: None, previous_life_finished=-1)
+                                      contributed=lambda _r: True, gossip=lambda *a: b"", resync=lambda: None,
+                                      previous_life_finished=-1)
     for outer_round in range(50):
         for stage in (0, 1):
             full = knows_joiner.rotation(outer_round, stage)

@@ -374,8 +374,8 @@ def test_a_lazy_coordinator_asks_for_the_contributions_only_when_first_in_line_o
         assert coordinator._may_close(outer_round, 0, order, set(PEERS), deadline=float("inf")) == first
         # long past the deadline
         assert coordinator._may_close(outer_round, 0, order, set(PEERS), deadline=0.0)
-        # Just past the deadline only the first fallback's turn is one away: the holders further down fetch
-        # nothing.
+        # Just past the deadline only the first fallback's turn
+        # is one away: the holders further down fetch nothing.
         just = time.monotonic() - 0.5
         assert coordinator._may_close(outer_round, 0, order, set(PEERS), deadline=just) == (
             order.index("peer-a") <= 1)

@@ -232,17 +232,9 @@ def proof_of_scales(committed):
 
 def proof_of_sum(committed, contribution: int, chunk: int, tree: SumTree | None = None):
     state = committed.states[1]
-    return sum_proof(
-        committed.records[1],
-        stage_leaves(committed),
-        0,
-        state.factors.encode(),
-        state.weight_leaves,
-        state.payload_leaves[contribution],
-        tree or state.sum_trees[contribution],
-        contribution,
-        chunk,
-    )
+    return sum_proof(committed.records[1], stage_leaves(committed), 0, state.factors.encode(),
+                     state.weight_leaves, state.payload_leaves[contribution], tree
+                     or state.sum_trees[contribution], contribution, chunk)
 
 
 def assert_overturned(committed):
@@ -579,8 +571,8 @@ def test_the_node_finds_the_norm_proof_of_a_difference(honest):
     v2 = dataclasses.replace(own, factors=dataclasses.replace(own.factors, norms=None), sum_trees=[])
     proof, why = find(v2)  # the run's version is on chain: version-2 factors in a version-3 run are proven
     assert proof.contribution == SCALES and proof.factors == v2.factors.encode() and "version 2" in why
-    # Without the committed trees: a tree other than this node's is not had (the live prover walks it:
-    # SumWalk) ...
+    # Without the committed trees: a tree other than this
+    # node's is not had (the live prover walks it: SumWalk) ...
     lied = lied_sum(own, 1, 7)
     proof, why = norm_proof_of_difference(record, leaves, 0, lied.factors, None, own, weights)
     assert proof is None and "sum trees are not had" in why

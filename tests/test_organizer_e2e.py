@@ -91,16 +91,16 @@ def test_a_run_created_and_joined_with_the_commands_alone(tmp_path):
             str(deployment))
         (tmp_path / "run.toml").write_text(RUN_FILE)
         created = cli("create-run", str(tmp_path / "run.toml"), "--deployment", str(deployment),
-                      "--dev-account",
-                      "1", "--data-dir", str(tmp_path / "org"), "--listen-port", str(free_port()), "--yes")
+                      "--dev-account", "1", "--data-dir", str(tmp_path / "org"), "--listen-port",
+                      str(free_port()), "--yes")
         assert "create run (1 stage(s), H=4, k=2, stake 2 ETH, unbonding 16 blocks, 2 rounds)" \
             in created.stdout
         link = (tmp_path / "org" / "run-link.txt").read_text().strip()
         nodes.append(start(tmp_path / "org" / "node.toml", tmp_path / "org.log"))
         wait_for_listening(tmp_path / "org.log", nodes[0])  # it serves the run document from then on
         joined = cli("join", link, "--dev-account", "2", "--data-dir", str(tmp_path / "j1"), "--yes",
-                     "--no-start",
-                     "--listen-port", str(free_port()), "--set", "ledger.confirmations=2", timeout=600)
+                     "--no-start", "--listen-port", str(free_port()), "--set", "ledger.confirmations=2",
+                     timeout=600)
         assert "fetched from the run's peers and checked against the chain" in joined.stdout
         nodes.append(start(tmp_path / "j1" / "node.toml", tmp_path / "j1.log"))
         deadline = time.monotonic() + 900

@@ -41,20 +41,20 @@ ADAM = dict(outer_optimizer="adam", outer_lr=0.01)
 @pytest.mark.parametrize("bad, message", [
     (dict(outer_optimizer="lamb"), "diloco.outer_optimizer='lamb': must be one of nesterov, adam"),
     (dict(outer_optimizer="adam", outer_adam_beta1=1.0), r"diloco.outer_adam_beta1=1.0: must be in \[0, 1\)"),
-    (dict(outer_optimizer="adam", outer_adam_beta2=-0.1), r"diloco.outer_adam_beta2=-0.1: must be in \[0, "
-                                                          r"1\)"),
-    (dict(outer_optimizer="adam", outer_adam_beta1=True), r"diloco.outer_adam_beta1=True: must be in \[0, "
-                                                          r"1\)"),
-    (dict(outer_optimizer="adam", outer_adam_eps=0.0), "diloco.outer_adam_eps=0.0: must "
-                                                       "be a finite number > 0"),
-    (dict(outer_optimizer="adam", outer_adam_eps=float("inf")), "diloco.outer_adam_eps=inf: must be a "
-                                                                "finite"),
-    (dict(outer_adam_beta2=0.999), "diloco.outer_adam_beta2=0.999 is a setting of "
-                                   "diloco.outer_optimizer = \"adam\""),
-    (dict(outer_adam_eps=1e-6), "diloco.outer_adam_eps=1e-06 is a setting of "
-                                "diloco.outer_optimizer = \"adam\""),
-    (dict(outer_optimizer="adam", outer_momentum=0.9), "diloco.outer_momentum=0.9 is a "
-                                                       "setting of the Nesterov"),
+    (dict(outer_optimizer="adam", outer_adam_beta2=-0.1),
+     r"diloco.outer_adam_beta2=-0.1: must be in \[0, 1\)"),
+    (dict(outer_optimizer="adam", outer_adam_beta1=True),
+     r"diloco.outer_adam_beta1=True: must be in \[0, 1\)"),
+    (dict(outer_optimizer="adam", outer_adam_eps=0.0),
+     "diloco.outer_adam_eps=0.0: must be a finite number > 0"),
+    (dict(outer_optimizer="adam", outer_adam_eps=float("inf")),
+     "diloco.outer_adam_eps=inf: must be a finite"),
+    (dict(outer_adam_beta2=0.999),
+     "diloco.outer_adam_beta2=0.999 is a setting of diloco.outer_optimizer = \"adam\""),
+    (dict(outer_adam_eps=1e-6),
+     "diloco.outer_adam_eps=1e-06 is a setting of diloco.outer_optimizer = \"adam\""),
+    (dict(outer_optimizer="adam", outer_momentum=0.9),
+     "diloco.outer_momentum=0.9 is a setting of the Nesterov"),
     (dict(outer_optimizer="adam", nesterov=False), "diloco.nesterov=False is a setting of the Nesterov"),
     (dict(outer_optimizer="adam", outer_final_momentum=0.1, outer_decay="linear", outer_decay_rounds=10),
      "diloco.outer_final_momentum=0.1 is a setting of the Nesterov"),
@@ -227,9 +227,8 @@ def test_the_audit_replayer_and_the_checkpoint_layout_take_outer_adam_state():
     document = run_document(load_config(None, [
         "model.preset=tiny", "training.seed=3", "training.batch_size=4", "training.warmup_steps=2",
         "training.optimizer=muon", "diloco.inner_steps=3", "diloco.num_replicas=2",
-        "diloco.outer_optimizer=adam",
-        "diloco.outer_lr=0.01", "diloco.outer_adam_beta2=0.95", "compression.min_compress_numel=512",
-        "pipeline.num_stages=2"]))
+        "diloco.outer_optimizer=adam", "diloco.outer_lr=0.01", "diloco.outer_adam_beta2=0.95",
+        "compression.min_compress_numel=512", "pipeline.num_stages=2"]))
     replayer = Replayer(document)
     replayer.start_from_initial()
     assert all(tuple(m.shape)[0] == 2 for stage in replayer.momentum for m in stage.values())

@@ -53,8 +53,8 @@ def test_a_host_keeps_nothing_of_the_inbound_connections_of_peers_gone(tmp_path)
         wait_until(lambda: limiter.borrowed_tokens == 0, 60, "the inbound handlers to end")
         assert survivor.peers() == []
         # Each handler held its RawConnection (before: CYCLES more); a peer's own may linger until collected,
-        # and the last peers' teardown may still be running on a loaded machine (once 2 here, beside a full
-        # suite).
+        # and the last peers' teardown may still be running on
+        # a loaded machine (once 2 here, beside a full suite).
         wait_until(lambda: raw_connections() - before <= 1, 60,
                    "the inbound connections' RawConnections to go")
     finally:

@@ -133,8 +133,8 @@ def test_a_blob_no_longer_announced_is_still_served_to_a_fetcher_that_names_its_
     a._call(a._trim_provider_records, timeout=5, what="trim")
     assert a._call(providing, timeout=5, what="keys") == {kept}  # nor re-announced 22 h on
     assert records_of(a, a.peer_id) == 1 and a.has_blob(retired)
-    # b's copy of a's old record ages out (the TTL); then a lookup finds no provider, a named fetch still
-    # works.
+    # b's copy of a's old record ages out (the TTL); then a
+    # lookup finds no provider, a named fetch still works.
     b._call(b._trim_provider_records, time.time() + TTL + 1, timeout=5, what="trim")
     assert a.peer_id not in b.find_providers(retired) and a.peer_id in b.find_providers(kept)
     fetched = b.fetch_blob(retired, tmp_path / "fetched", providers=[a.peer_id])

@@ -83,8 +83,8 @@ def test_a_sum_tree_holds_a_few_buffers_and_the_same_tree():
     assert SumTree.of(sums) == tree and SumTree.of(sums[:-1]) != tree
     assert encode_norm_state(factors.encode(), [tree]).endswith(b"".join(s.to_bytes(96, "big") for s in sums))
     assert callable(parse_norm_state)
-    # An availability challenge of a sum leaf is answered from the packed tree; one past it is refused as
-    # before.
+    # An availability challenge of a sum leaf is answered
+    # from the packed tree; one past it is refused as before.
     state = StageState(0, [b"w"], [b"m"], factors, [[b"p"] * len(sums)], [tree])
     leaf, path = availability_answer(state, PAYLOAD + 1, 1000)
     assert leaf == sums[1000].to_bytes(96, "big") and path == tree.path(1000)

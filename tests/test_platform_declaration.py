@@ -201,7 +201,7 @@ def test_the_draw_depends_on_chain_data_only_not_on_the_order_it_was_heard_in():
             assert draw_checks(record, verifier, outer_round, shuffled_signers, shuffled_declared, 1.0, own) \
                 == expected
             assert all(check.replica != own for check in expected)
-    # A stage signer of replica 0 declared B: replica 0's checks go to B verifiers too (a2, b2), never to its
-    # own
+    # A stage signer of replica 0 declared B: replica 0's
+    # checks go to B verifiers too (a2, b2), never to its own
     assert routed_verifiers(0, signers, declared) == ["a1", "a2", "b1", "b2"]
     assert draw_checks(b"r" * 32, "a0", 0, signers, declared, 0.0, 0) == []

@@ -38,18 +38,9 @@ MODEL, OTHER = "Some CPU Model @ 2.00GHz", "Another CPU Model @ 3.00GHz"
 
 
 def cpu(capability: str, device_name: str = MODEL, **changes) -> PlatformFingerprint:
-    base = PlatformFingerprint(
-        device_type="cpu",
-        device_name=device_name,
-        capability=capability,
-        precision="fp32",
-        torch="2.13.0+cpu",
-        cuda="",
-        cudnn="",
-        deterministic=False,
-        cudnn_deterministic=False,
-        tf32=False,
-    )
+    base = PlatformFingerprint(device_type="cpu", device_name=device_name, capability=capability,
+                               precision="fp32", torch="2.13.0+cpu", cuda="", cudnn="", deterministic=False,
+                               cudnn_deterministic=False, tf32=False)
     return dataclasses.replace(base, **changes)
 
 

@@ -49,9 +49,8 @@ def _emit() -> None:
     client = logging.getLogger("libp2p.protocol_muxer.multiselect_client")
     client.error("MultiselectClient handshake: read failed: %s", "fail to read from multiselect communicator")
     client.error("MultiselectClient handshake: write failed: %s", "fail to write to multiselect communicator")
-    host.error("Failed to open stream to peer 12D3KooWC:\n  Error: protocol read failed: fail to "
-               "read from multiselect "
-               "communicator, protocol=/ipfs/kad/1.0.0\n  Connection State: "
+    host.error("Failed to open stream to peer 12D3KooWC:\n  Error: protocol read failed: fail to read from "
+               "multiselect communicator, protocol=/ipfs/kad/1.0.0\n  Connection State: "
                "established=True, handshake=False")
     # ... but a peer answering the handshake with something else, or a negotiation timing out, is kept.
     client.error("MultiselectClient: invalid handshake %r", "/not-multistream/9")

@@ -15,8 +15,8 @@ from training.errors import TrainingConfigError
 #: here; they drew their weights and sketch from torch's generator (the portable "philox" is the default since
 #: issue 42), which is pinned too (OLD_RANDOM), as are their version-1 records (chunked commitments were the
 #: default from issue 43, normed ones are now: a hashed run's document does not name them); and they trained
-#: with AdamW (Muon is the default since issue 46), pinned too: an AdamW run's document leaves the optimizer
-#: out, as theirs did.
+#: with AdamW (Muon is the default since issue 46), pinned too: an
+#: AdamW run's document leaves the optimizer out, as theirs did.
 OLD_RANDOM = ["model.init=torch", "compression.sketch=torch", "diloco.commitments=hashed",
               "training.optimizer=adamw"]
 GPT2_HASHES = [

@@ -123,8 +123,8 @@ def test_hostile_peers_are_refused_by_file_and_peer_and_another_peer_serves(data
         liar.provide_alias(manifest.root, liar.provide_blob(json.dumps(forged).encode(), announce=False))
         for p in (liar, honest):
             joiner.connect(p.listen_addrs[0], timeout=10)
-        # an alias is read only within a size limit, checked from the reply header; an unknown key is not
-        # found
+        # an alias is read only within a size limit, checked
+        # from the reply header; an unknown key is not found
         with pytest.raises(BlobTooLarge, match="over 100"):
             joiner.fetch_alias(manifest.root, honest.peer_id, max_bytes=100)
         with pytest.raises(BlobNotFound):
@@ -184,7 +184,7 @@ def test_a_shard_that_hashes_right_but_fails_its_check_is_refused_from_every_pee
         for peer in (a, b):  # a serving node checks before it serves: these serve what they were handed
             peer.provide_alias(doctored.root,
                                peer.provide_blob((tmp_path / "bad" / MANIFEST_NAME).read_bytes(),
-                                                                announce=False))
+                                                 announce=False))
             for entry in doctored.shards:
                 peer.provide_file(tmp_path / "bad" / entry.file, entry.sha256)
             joiner.connect(peer.listen_addrs[0], timeout=10)

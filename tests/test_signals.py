@@ -175,8 +175,8 @@ def _start_node(config: Path, log: Path, *overrides: str) -> subprocess.Popen:
     sets = [arg for o in overrides for arg in ("--set", o)]
     with open(log, "ab") as sink:
         return subprocess.Popen([sys.executable, "-m", "node.cli", "start", "--no-progress", "--config",
-                                 str(config),
-                                 *sets], stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+                                 str(config), *sets], stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 def _one_life(slot, log: Path, overrides: tuple[str, ...], sig: int, before: int) -> float:
@@ -210,8 +210,8 @@ def test_start_owning_its_anvil_stops_it_on_sigterm(tmp_path):
     from node.commands.launcher import LocalRun
 
     run = LocalRun(tmp_path / "run", replicas=1, stages=1, split=False, attest_quorum=1,
-                   allow_weak_quorum=True,
-                   settings=["model.preset=tiny", "diloco.inner_steps=4", "training.batch_size=4", "rounds=0",
+                   allow_weak_quorum=True, settings=["model.preset=tiny", "diloco.inner_steps=4",
+                                                     "training.batch_size=4", "rounds=0",
                              "round_timeout=60", "checkpoint_every=1"])
     run.setup()
     # dumps the deployed contracts and the run to chain-state.json; the node now owns the chain

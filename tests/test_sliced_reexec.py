@@ -65,8 +65,8 @@ class SlicedReplica(SimReplica):
                 slices = [msgpack.unpackb(payload, raw=False) for payload in contributions[stage]]
                 partials = [aggregate_slice([blobs[j] for blobs in slices], plan, j, self.sim.compression,
                                             engine.compressor.bandwidth_budget,
-                                            norm_clip=self.sim.diloco.norm_clip,
-                                            stage_index=stage, outer_round=outer_round,
+                                            norm_clip=self.sim.diloco.norm_clip, stage_index=stage,
+                                            outer_round=outer_round,
                                             steps_range=self.sim.diloco.steps_range).partial
                             for j in range(plan.num_slices)]
                 self.partials[outer_round][stage] = partials
@@ -96,18 +96,9 @@ def run():
 def _check(sim, records, partials, replica, outer_round):
     record = records[outer_round]
     return verify_contribution(
-        [part.to_bytes() for part in record.states[replica].stages],
-        record.claims[replica],
-        sim.corpus,
-        sim.model,
-        sim.training,
-        sim.diloco,
-        sim.compression,
-        outer_round=outer_round,
-        replica=replica,
-        run_rounds=sim.rounds,
-        previous_partials=partials.get(outer_round - 1),
-    )
+        [part.to_bytes() for part in record.states[replica].stages], record.claims[replica], sim.corpus,
+        sim.model, sim.training, sim.diloco, sim.compression, outer_round=outer_round, replica=replica,
+        run_rounds=sim.rounds, previous_partials=partials.get(outer_round - 1))
 
 
 def test_an_honest_sliced_contribution_reruns_bit_exactly_and_chains_through_the_partials(run):

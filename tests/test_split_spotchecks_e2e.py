@@ -59,7 +59,7 @@ def test_every_node_of_a_split_cluster_reexecutes_the_other_replica_exactly(make
     # end before the first check does); MAX_ROUNDS only bounds it.
     run = make_run(replicas=2, stages=2, split=True,
                    settings=[*TINY, f"rounds={MAX_ROUNDS}", "join_timeout=60",
-                                                               "spot_checks=8"])
+                             "spot_checks=8"])
     run.start()
 
     def checked() -> bool:
@@ -91,8 +91,8 @@ def test_every_node_of_a_split_cluster_reexecutes_the_other_replica_exactly(make
         assert status["spot_checks"] >= 1 and status["spot_check_mismatches"] == 0, (slot.name, status)
         log = "\n".join(p.read_text(errors="replace") for p in slot.data_dir.glob("node-*.log"))
         assert "contributions of every stage are not" not in log, slot.name  # the issue-30 symptom
-        # The rounds it checked are bound to the record, and the other stage's envelopes it fetched are
-        # archived.
+        # The rounds it checked are bound to the record, and
+        # the other stage's envelopes it fetched are archived.
         archive = slot.data_dir / "archive" / f"run-{run.run_id}"
         for outer_round in {t for _r, t, _v in checks}:
             round_dir = archive / f"round-{outer_round:08d}"
@@ -104,8 +104,8 @@ def test_every_node_of_a_split_cluster_reexecutes_the_other_replica_exactly(make
                 if rep == other:
                     assert (round_dir / f"{digest}.env").exists(), (slot.name, outer_round, stage)
 
-    # The audit reruns sampled contributions from the four archives merged (start states from their blob
-    # stores).
+    # The audit reruns sampled contributions from the four
+    # archives merged (start states from their blob stores).
     from node.tools.audit import audit_run
     from node.tools.report import FAIL, OK
 

@@ -83,8 +83,8 @@ def _checker(tmp_path, stop: threading.Event) -> tuple[SlowReruns, Chain, list, 
         gossip=lambda *a: gossiped.append(a),
         sign_envelope=lambda r, kind, payload: Envelope.create(me, RUN, r, kind, payload).to_bytes(),
         stage_hashes=lambda _r: {}, own_replica=lambda: 0, current_round=lambda: 3,
-        work_dir=tmp_path / "work",
-        evidence_dir=tmp_path / "evidence", stop=stop, on_ejected=lambda *_a: None, charges=charges)
+        work_dir=tmp_path / "work", evidence_dir=tmp_path / "evidence", stop=stop,
+        on_ejected=lambda *_a: None, charges=charges)
     return SlowReruns(ctx), chain, gossiped, charges
 
 

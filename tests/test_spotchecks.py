@@ -120,27 +120,12 @@ def test_hostile_verdicts_are_refused_and_k_guilty_verdicts_eject_on_chain(deplo
     ejected: list[bytes] = []
     stop = threading.Event()
     ctx = VerifierContext(
-        cfg=SimpleNamespace(
-            spot_checks=0.0,
-            pipeline=SimpleNamespace(num_stages=1),
-            p2p=SimpleNamespace(max_blob_bytes=1 << 20),
-        ),
-        run_id=run.run_id,
-        peer_id="verifier",
-        chain=NodeChain(run.client(1)),
-        host=None,
-        archive=None,
-        membership=None,
-        gossip=None,
-        sign_envelope=None,
-        stage_hashes=None,
-        own_replica=lambda: 0,
-        current_round=lambda: 0,
-        work_dir=tmp_path / "work",
-        evidence_dir=tmp_path / "ev",
-        stop=stop,
-        on_ejected=lambda peer, account: ejected.append(account),
-    )
+        cfg=SimpleNamespace(spot_checks=0.0, pipeline=SimpleNamespace(num_stages=1),
+                            p2p=SimpleNamespace(max_blob_bytes=1 << 20)), run_id=run.run_id,
+        peer_id="verifier", chain=NodeChain(run.client(1)), host=None, archive=None, membership=None,
+        gossip=None, sign_envelope=None, stage_hashes=None, own_replica=lambda: 0, current_round=lambda: 0,
+        work_dir=tmp_path / "work", evidence_dir=tmp_path / "ev", stop=stop,
+        on_ejected=lambda peer, account: ejected.append(account))
     checker = SpotChecker(ctx)
     accused_bytes = bytes.fromhex(accused.address[2:])
     checker._accusations[evidence] = (0, msg.Accusation(0, accused_bytes, "accused-peer", 2, evidence, 100))
@@ -306,7 +291,7 @@ def test_accusations_from_outsiders_are_refused_and_unserved_or_malformed_eviden
                 served[digest] = blob
             checker._confirm(0, accuser.peer_id,
                              msg.Accusation(0, b"a" * 20, "peer", 1, bytes.fromhex(digest),
-                                                                len(blob)))
+                                            len(blob)))
         verdicts = [message for _round, kind, message in signed if kind == msg.VERDICT]
         assert [(v.evidence_hash, v.guilty) for v in verdicts] == [
             (hashlib.sha256(b"never served").digest(), False),
@@ -434,8 +419,8 @@ def test_the_audit_judges_a_chain_link_from_the_archives_and_never_trusts_a_serv
         who = Identity.generate()
         return [decode_envelope(Envelope.create(
             who, 1, 1, msg.CONTRIBUTION,
-            msg.encode_contribution_body(msg.ContributionBody(h, b"d" * 32, b"blob")),
-            stage=s).to_bytes(), 1 << 20) for s, h in enumerate(hashes)]
+            msg.encode_contribution_body(msg.ContributionBody(h, b"d" * 32, b"blob")), stage=s).to_bytes(),
+                                1 << 20) for s, h in enumerate(hashes)]
 
     exact = SimpleNamespace(next_state_hashes=trained.stage_hashes())
     broken, reason, stages = auditor.chain_broken(0, SimpleNamespace(next_state_hashes=None), [])
@@ -532,8 +517,8 @@ def test_a_chain_link_is_checked_however_far_behind_the_chain_the_node_is(tmp_pa
         assert (checker.chain_checks, checker.mismatches, accused) == (1, 0, [])  # chained, counted
         seal(2, forged)
         checker._link(2, {1: {member.peer_id}})
-        # Not chained and the state not served: the link was made (not skipped) and could not tell: nobody
-        # accused.
+        # Not chained and the state not served: the link was
+        # made (not skipped) and could not tell: nobody accused.
         assert (checker.chain_checks, checker.mismatches, accused) == (1, 0, [])
         assert "chain check of replica 1 round 2 not done: blob 222222222222 is not served" in caplog.text
     finally:

@@ -235,7 +235,7 @@ def test_a_confirming_member_judges_only_the_accused_members_own_stages(tmp_path
         signed.clear()
         checker._confirm(3, accuser.peer_id,
                          msg.Accusation(3, accounts[accused_key], split.who[accused_key].peer_id,
-                                                            1, hashlib.sha256(blob).digest(), len(blob)))
+                                        1, hashlib.sha256(blob).digest(), len(blob)))
         checker.drain(60)  # the rerun and the verdict after it run on the rerun thread
         return [m.guilty for _round, kind, m in signed if kind == msg.VERDICT]
 

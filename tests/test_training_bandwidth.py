@@ -17,8 +17,8 @@ from training.config_compression import AUTO_MAX_ROUND_RATIO, CompressionConfig
 
 def test_lower_hull_drops_dominated_and_concave_points():
     points = [(10, 100.0), (20, 40.0), (30, 35.0), (40, 5.0), (25, 90.0), (50, 6.0)]
-    # (25, 90) is dominated by (20, 40); (30, 35) lies above the segment (20, 40)-(40, 5); (50, 6) is worse
-    # than (40, 5).
+    # (25, 90) is dominated by (20, 40); (30, 35) lies above the
+    # segment (20, 40)-(40, 5); (50, 6) is worse than (40, 5).
     assert lower_hull(points) == [0, 1, 3]
 
 

@@ -285,8 +285,8 @@ def test_per_node_bytes_are_flat_in_r_while_all_to_all_grows():
     (today_8, sliced_8), (today_64, sliced_64) = rows[8], rows[64]
     assert today_64.bytes_in > 7 * today_8.bytes_in and today_64.bytes_out > 7 * today_8.bytes_out
     figures = f"R=8: {sliced_8}, R=64: {sliced_64}"
-    # 8x the members: all-to-all 9x the bytes, sliced well under 2x (measured 1.54x: the per-message constant
-    # below).
+    # 8x the members: all-to-all 9x the bytes, sliced well
+    # under 2x (measured 1.54x: the per-message constant below).
     assert sliced_64.bytes_in < 2 * sliced_8.bytes_in and sliced_64.bytes_out < 2 * sliced_8.bytes_out, \
         figures
     # What each extra member costs a node: a constant per message (today: a whole contribution).

@@ -30,9 +30,8 @@ def test_preset_parameter_counts():
     for (preset, vocab), expected in PRESET_PARAMS.items():
         cfg = ModelConfig(preset=preset, vocab_size=vocab)
         count = count_params(cfg)
-        print(f"{preset:<11} vocab {vocab:>6}: {count:>13,} parameters ({cfg.n_layer} "
-              f"layers, {cfg.n_embd} wide, "
-              f"{cfg.n_head} heads / {cfg.n_kv_head} kv, SwiGLU {cfg.intermediate_size}, "
+        print(f"{preset:<11} vocab {vocab:>6}: {count:>13,} parameters ({cfg.n_layer} layers, {cfg.n_embd} "
+              f"wide, {cfg.n_head} heads / {cfg.n_kv_head} kv, SwiGLU {cfg.intermediate_size}, "
               f"context {cfg.block_size})")
         assert cfg.family == "llama"
         assert count == expected

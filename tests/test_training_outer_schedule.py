@@ -70,16 +70,9 @@ def test_scheduled_step_is_the_constant_step_with_that_rounds_scalars():
 @pytest.mark.parametrize("delay, correction", [(False, "rebase"), (True, "rebase"), (True, "lookahead")])
 def test_engine_rounds_replay_bit_exactly_with_a_schedule(delay, correction):
     """What the auditor does (aggregate from the committed state and blobs) gives the engines' hashes."""
-    cfg = DilocoConfig(
-        one_step_delay=delay,
-        delay_correction=correction,
-        overlap_steps=0,
-        outer_warmup_rounds=2,
-        outer_decay="linear",
-        outer_decay_rounds=5,
-        outer_min_lr_ratio=0.4,
-        outer_final_momentum=0.0,
-    )
+    cfg = DilocoConfig(one_step_delay=delay, delay_correction=correction, overlap_steps=0,
+                       outer_warmup_rounds=2, outer_decay="linear", outer_decay_rounds=5,
+                       outer_min_lr_ratio=0.4, outer_final_momentum=0.0)
     params = [torch.nn.Parameter(torch.zeros(4, 3)) for _ in range(2)]
     engines = [StageEngine(0, {"w": p}, cfg, RAW) for p in params]
     replay_w, replay_m = {"w": torch.zeros(4, 3)}, {"w": torch.zeros(4, 3)}

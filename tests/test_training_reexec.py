@@ -75,9 +75,8 @@ def run():
     torch.set_num_threads(1)  # the claimants train on one thread (their start states record it)
     try:
         replicas = [SimReplica(HONEST, sim), OtherDataReplica(OTHER_DATA, sim),
-                    HalfStepsReplica(HALF_STEPS, sim),
-                    PerturbedReplica(PERTURBED, sim), ForgedStateReplica(FORGED_STATE, sim),
-                    StragglerReplica(STRAGGLER, sim)]
+                    HalfStepsReplica(HALF_STEPS, sim), PerturbedReplica(PERTURBED, sim),
+                    ForgedStateReplica(FORGED_STATE, sim), StragglerReplica(STRAGGLER, sim)]
         records = run_with_states(replicas, sim)
     finally:
         torch.set_num_threads(threads)

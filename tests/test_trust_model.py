@@ -55,11 +55,11 @@ def test_the_prover_and_the_challenger_cannot_invalidate_right_rounds():
         state = honest_chain(round_, normed=True)
         unnormed = dataclasses.replace(state, factors=dataclasses.replace(state.factors, norms=None),
                                        sum_trees=[])
-        for claimed, error in (
-            (state, errors.ProverNormCorrect),
-            (with_scale(state, 0, float64_bits(0.5)) if round_ else None, errors.ProverBadStagePath),
-            (unnormed, errors.ProverBadStagePath),
-        ):  # its factors as version 2: not the root's
+        for claimed, error in ((state, errors.ProverNormCorrect),
+                               (with_scale(state, 0, float64_bits(0.5)) if round_ else None,
+                                errors.ProverBadStagePath),
+                               # its factors as version 2: not the root's
+                               (unnormed, errors.ProverBadStagePath)):
             if claimed is None:
                 continue
             proof = scale_proof(machine.records[round_], [claimed.leaf().encode()], 0,

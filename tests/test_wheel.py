@@ -41,8 +41,8 @@ def _tracked_tree(dest: Path) -> Path:
 def build_wheel(tmp_path: Path) -> Path:
     tree = _tracked_tree(tmp_path / "src")
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", str(tree), "--no-deps",
-                           "--no-build-isolation",
-                           "-w", str(tmp_path / "dist"), "-q"], capture_output=True, text=True, timeout=300)
+                           "--no-build-isolation", "-w", str(tmp_path / "dist"), "-q"], capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     [wheel] = (tmp_path / "dist").glob("dlx_node-*.whl")
     return wheel

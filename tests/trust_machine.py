@@ -244,8 +244,8 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
             return
         honest = self.honest_record()
         backdoor = RoundRecord(self.run_id, honest.round, honest.prev_head,
-                               digest(f"back door {honest.round}"),
-                               honest.contributions_root, 1, 1, 1, 1, bytes(32))
+                               digest(f"back door {honest.round}"), honest.contributions_root, 1, 1, 1, 1,
+                               bytes(32))
         signers = data.draw(st.lists(st.sampled_from(coalition), unique=True, min_size=1))
         committed = self.commit(data.draw(st.sampled_from(coalition)), backdoor, signers)
         assert not committed, "I1: the coalition committed a back-doored record alone"
@@ -377,8 +377,8 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
             proof = scale_proof(self.records[round_], leaves, 0, claimed.factors.encode())
         else:
             proof = sum_proof(self.records[round_], leaves, 0, claimed.factors.encode(),
-                              claimed.weight_leaves,
-                              claimed.payload_leaves[0], claimed.sum_trees[0], 0, chunk)
+                              claimed.weight_leaves, claimed.payload_leaves[0], claimed.sum_trees[0], 0,
+                              chunk)
         try:
             self.client(OUTSIDER).prove_wrong_norm(proof, attesters=self.attesters_of(round_))
         except REFUSED:
@@ -396,7 +396,7 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
         accepted = len(state.payload_leaves)
         which = data.draw(
             st.sampled_from([WEIGHTS, MOMENTUM, FACTORS] + [PAYLOAD + j for j in range(accepted)]
-                                          + [sums_which(accepted, j) for j in range(len(state.sum_trees))]))
+                            + [sums_which(accepted, j) for j in range(len(state.sum_trees))]))
         chunk = 0 if which == FACTORS else data.draw(st.integers(0, len(state.weight_leaves) - 1))
         target = availability_target(self.records[round_], [state.leaf()], state.factors, 0, which, chunk)
         try:

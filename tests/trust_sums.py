@@ -59,13 +59,13 @@ from training.diloco import aggregate_with_report
 WALKER = 0  # the deployer: a member of no run, the only account that walks sum trees
 SUM_SHAPES = {"w": (4, 100)}  # 400 elements: 7 chunks, a tree with promoted odd nodes at two levels
 #: The captured run's dispute window: challenges are open that long after a commit, long enough for a walk at
-#: the machine's pace (blocks_pass mines up to 16 blocks a step); a shorter one cuts walks off (gap 7, allowed
-#: by S1).
+#: the machine's pace (blocks_pass mines up to 16 blocks a
+#: step); a shorter one cuts walks off (gap 7, allowed by S1).
 CAPTURED_DISPUTE_BLOCKS = 400
 #: Its answer window: longer than one blocks_pass step, so a coalition may answer late and still in time.
 CAPTURED_ANSWER_BLOCKS = 24
-#: The lies about one chunk's sum, in units of 2**-298: far below a half ulp of any total, the scales
-#: unchanged.
+#: The lies about one chunk's sum, in units of 2**-298:
+#: far below a half ulp of any total, the scales unchanged.
 DELTAS = (1, -1, 1 << 200, -(1 << 200))
 #: How the coalition meets each level of a walk: truthfully most often (so that walks get to their end within
 #: an example), else with junk or not at all.
@@ -102,8 +102,8 @@ def captured_states() -> tuple[StageState, StageState, StageState]:
     assert honest.factors.scale_bits[2] != float64_bits(1.0), \
         "the fixture's third contribution must be clipped"
     loose = aggregated(dataclasses.replace(diloco, norm_clip=0.0))
-    # The scales stay the rule's if the third contribution's committed sums are those of the larger of the
-    # others.
+    # The scales stay the rule's if the third contribution's
+    # committed sums are those of the larger of the others.
     larger = max((0, 1), key=lambda j: loose.sum_trees[j].total)
     lower = SumTree.of(loose.sum_trees[larger].sums)
     norms = dataclasses.replace(loose.factors.norms, clip_bits=float64_bits(diloco.norm_clip),
@@ -226,18 +226,10 @@ class SumWalks:
             self.client(index).join_run(run_id)
         records = []
         for outer_round, state in enumerate((start, committed)):
-            record = RoundRecord(
-                run_id,
-                outer_round,
-                creator.head_of(run_id),
-                chunked_weights_root([state.leaf()]),
-                digest(f"captured contributions {outer_round}"),
-                3_000_000,
-                3_100_000,
-                4096,
-                3,
-                bytes(32),
-            )
+            record = RoundRecord(run_id, outer_round, creator.head_of(run_id),
+                                 chunked_weights_root([state.leaf()]),
+                                 digest(f"captured contributions {outer_round}"), 3_000_000, 3_100_000, 4096,
+                                 3, bytes(32))
             creator.commit_round(record, [self.client(i).sign_record(record) for i in COALITION])
             records.append(record)
         self.lied_rounds.append(LiedRound(run_id, records, committed, self.w3.eth.block_number))

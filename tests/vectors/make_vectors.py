@@ -28,21 +28,9 @@ if __name__ == "__main__":  # run as a script: the repository root holds the pac
 
 from eth_account import Account
 
-from ledger.attest import (
-    DOMAIN_NAME,
-    DOMAIN_TYPE,
-    DOMAIN_VERSION,
-    RECORD_TYPE,
-    VERDICT_TYPE,
-    domain_separator,
-    record_digest,
-    record_struct_hash,
-    sign_record,
-    sign_verdict,
-    typed_data,
-    verdict_digest,
-    verdict_struct_hash,
-)
+from ledger.attest import (DOMAIN_NAME, DOMAIN_TYPE, DOMAIN_VERSION, RECORD_TYPE, VERDICT_TYPE,
+                           domain_separator, record_digest, record_struct_hash, sign_record, sign_verdict,
+                           typed_data, verdict_digest, verdict_struct_hash)
 from ledger.merkle import merkle_proof, merkle_root
 from ledger.records import RoundRecord, Verdict
 from node import protocol as msg
@@ -174,8 +162,8 @@ def payload_messages() -> list[tuple[str, str, Any]]:
         # round and stage say which close.
         ("takeover", msg.TAKEOVER, msg.Takeover()),
         ("yield", msg.YIELD, msg.Yield()),
-        # A run whose rounds are bounded by time (issue 44): the close names each contribution's declared
-        # steps
+        # A run whose rounds are bounded by time (issue 44):
+        # the close names each contribution's declared steps
         # (0: none in the run's range). A fixed-H close leaves the key out ("close" above).
         ("close_time_bounded", msg.CLOSE, msg.Close(contributions=[
             [0, identity.peer_id, _h(2), 1000],
@@ -257,8 +245,8 @@ def envelope_cases() -> list[dict[str, Any]]:
                       payload=msg.encode_contribution_body(msg.ContributionBody(_h(11), _h(12), codec_blob(),
                                                                                _h(14)))))
     # The sliced exchange's partial: a blob (never gossiped), fixed layout like a contribution
-    # (docs/PROTOCOL.md, "Sliced exchange"): b"dlx-partial/2" || u32 j || u32 A || u32 n || inputs_root (32)
-    # || blob.
+    # (docs/PROTOCOL.md, "Sliced exchange"): b"dlx-partial/2"
+    # || u32 j || u32 A || u32 n || inputs_root (32) || blob.
     cases.append(dict(name="partial", run_id=RUN_ID, round=3, kind=msg.PARTIAL, stage=1, replica=0,
                       timestamp_ms=TIMESTAMP_MS,
                       payload=partial_payload(1, 2, _h(13), 3, bytes(range(64)))))
@@ -445,8 +433,8 @@ def rejected_payload_vectors() -> list[dict[str, Any]]:
         ("close_replica_as_bool", msg.CLOSE, encoded(messages["close"], contributions=[
             [True, *messages["close"].contributions[0][1:]]]), "a replica of true: a bool is not an int"),
         ("close_replica_negative", msg.CLOSE, encoded(messages["close"], contributions=[
-            [-1, *messages["close"].contributions[0][1:]]]), "replica -1: a closed "
-                                                             "contribution has a replica"),
+            [-1, *messages["close"].contributions[0][1:]]]),
+         "replica -1: a closed contribution has a replica"),
         ("close_size_0", msg.CLOSE, encoded(messages["close"], contributions=[
             [*messages["close"].contributions[0][:3], 0]]), "size 0: an envelope has at least one byte"),
         ("close_entry_of_3", msg.CLOSE, encoded(messages["close"], contributions=[
@@ -603,9 +591,9 @@ def build() -> dict[str, Any]:
                        "{\"f64\": x} is msgpack float64 (\"nan\" = the quiet NaN 0x7ff8000000000000, "
                        "\"inf\" / \"-inf\" = 0x7ff0000000000000 / 0xfff0000000000000, never JSON Infinity), "
                        "JSON true/false msgpack bool (only where a field's type is bool), "
-                       "{\"int\": \"<decimal>\"} an integer beyond JavaScript's exact "
-                       "range (|n| > 2^53 - 1), "
-                       "JSON strings are msgpack str, JSON integers msgpack int in the smallest encoding.",
+                       "{\"int\": \"<decimal>\"} an integer beyond JavaScript's exact range (|n| > 2^53 - "
+                       "1), JSON strings are msgpack str, JSON integers msgpack int in "
+                       "the smallest encoding.",
         "key": {
             "ed25519_seed_hex": SEED.hex(),
             "public_key_hex": identity.public_key_bytes.hex(),
