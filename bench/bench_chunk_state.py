@@ -45,9 +45,9 @@ from bench.benchio import default_out, write_result  # noqa: E402
 from ledger.chunkproof import tree_root  # noqa: E402
 from ledger.normproof import SumTree, encode_norm_state  # noqa: E402
 from node.fraudproof import chunk_square_sums, stage_norms, stage_state  # noqa: E402
-from training.codec_wire import decode_declared  # noqa: E402
 from node.store.checkpoint import Checkpoint  # noqa: E402
 from training.chunks import tensor_leaves  # noqa: E402
+from training.codec_wire import decode_declared  # noqa: E402
 from training.compression import encode_within_bandwidth  # noqa: E402
 from training.config import DilocoConfig, ModelConfig  # noqa: E402
 from training.config_compression import CompressionConfig  # noqa: E402

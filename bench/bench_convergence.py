@@ -38,13 +38,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
+from results_convergence import svg  # noqa: E402
+
 from bench.benchio import RESULTS, default_corpus, write_result  # noqa: E402
 from training.config import DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig  # noqa: E402
 from training.config_compression import CompressionConfig  # noqa: E402
 from training.data import load_corpus  # noqa: E402
 from training.model import count_params  # noqa: E402
 from training.simulate import MODES, set_clock, simulate  # noqa: E402
-from results_convergence import svg  # noqa: E402
 
 ROUNDS, INNER_STEPS, REPLICAS, STAGES = 30, 50, 2, 2
 _LLAMA = dict(preset="llama-mini", n_layer=4, n_head=4, n_kv_head=2, block_size=64)

@@ -39,10 +39,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.benchio import default_out, write_result  # noqa: E402
 from ledger.chain import AnvilProcess, connect_rpc  # noqa: E402
-from ledger.chunkproof import (FACTORS, MOMENTUM, PAYLOAD, STAGE_LEAF, WEIGHTS, availability_answer,  # noqa: E402
-                               availability_target, stage_leaf_answer, stage_leaf_target, sums_which)
-from tests.fraud_fixtures import (DILOCO, aggregated_round, changed, commit, contribution, lied_sum,  # noqa: E402
-                                  with_scale)
+from ledger.chunkproof import (  # noqa: E402
+    FACTORS,
+    MOMENTUM,
+    PAYLOAD,
+    STAGE_LEAF,
+    WEIGHTS,
+    availability_answer,
+    availability_target,
+    stage_leaf_answer,
+    stage_leaf_target,
+    sums_which,
+)
+from tests.fraud_fixtures import DILOCO, aggregated_round, changed, commit, contribution, lied_sum, with_scale  # noqa: E402
 from tests.ledger_fixtures import deploy, mine  # noqa: E402
 
 SHAPES = {"a.weight": (256, 256), "b.bias": (256,)}

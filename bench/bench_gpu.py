@@ -47,13 +47,13 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from training.codec_wire import decode_contribution  # noqa: E402
 from training.config import (  # noqa: E402
     DilocoConfig,
     ModelConfig,
     TrainingConfig,
 )
 from training.config_compression import CompressionConfig  # noqa: E402
-from training.codec_wire import decode_contribution  # noqa: E402
 from training.data import generated_corpus, round_batches  # noqa: E402
 from training.fingerprint import fingerprint  # noqa: E402
 from training.model import count_params  # noqa: E402
@@ -62,7 +62,6 @@ from training.platform import resolve_device  # noqa: E402
 from training.reexec import data_commitment, round_meta  # noqa: E402
 from training.replica_state import capture_trainer_part, start_state_bytes  # noqa: E402
 from training.stage_engine import StageEngine  # noqa: E402
-
 
 #: Dense bf16 peak (TFLOP/s, no sparsity) by a substring of
 #: torch.cuda.get_device_name(); --peak-tflops overrides.
@@ -104,7 +103,6 @@ def write_json(path: Path, document: dict) -> None:
 
 
 from bench.gpu_calibration import calibrate, summarize_calibration  # noqa: E402
-
 
 # ----------------------------------------------------------------------------- (a) throughput
 

@@ -43,7 +43,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.benchio import default_out, write_result  # noqa: E402
-
 from node.commands.throttle import CpuGroup, unavailable  # noqa: E402
 
 
@@ -120,8 +119,14 @@ def run_mode(args, mode: str) -> dict:
     from training.diloco import aggregate_with_report
     from training.model import init_state_dict
     from training.pipeline import LocalReplicaTrainer
-    from training.screening import model_loss_fn, screen_contributions, screening_batch, screening_exclusions
-    from training.screening import decode_full, screening_steps
+    from training.screening import (
+        decode_full,
+        model_loss_fn,
+        screen_contributions,
+        screening_batch,
+        screening_exclusions,
+        screening_steps,
+    )
 
     model, training, diloco, compression = configs(args, mode)
     corpus = load_corpus(args.data, training.eval_fraction, model.block_size)

@@ -26,8 +26,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from bench.benchio import default_out, write_result  # noqa: E402
 from netlab import NetLab, Site, probe_rtt, probe_throughput  # noqa: E402
+
+from bench.benchio import default_out, write_result  # noqa: E402
 
 DELAYS_MS = (0, 10, 50, 100, 200)
 RATES_MBIT = (50, 200, 1000, 10000)

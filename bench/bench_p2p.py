@@ -44,16 +44,21 @@ sys.path.insert(0, str(ROOT))
 
 import trio
 
+from bench.p2p_gossip import bench_gossip  # noqa: E402
+from bench.p2p_probes import (  # noqa: E402
+    PERF_DIR,
+    DataPathCounter,
+    LoopCounter,
+    perf_record,
+    process_cpu_seconds,
+    rss_mib,
+    thread_cpu_seconds,
+    timeline_breakdown,
+)
 from p2p.config import P2PConfig
 from p2p.host import P2PHost
 from p2p.identity import Identity
 from p2p.ratelimit import MIN_BURST_BYTES
-
-from bench.p2p_gossip import bench_gossip  # noqa: E402
-from bench.p2p_probes import (  # noqa: E402
-    PERF_DIR, DataPathCounter, LoopCounter, perf_record, process_cpu_seconds, rss_mib, thread_cpu_seconds,
-    timeline_breakdown,
-)
 
 #: Seconds between connecting and the timed transfer: the connection's own start-up traffic
 #: (identify, the DHT's routing-table queries, pubsub hellos) is done by then (measured: the
@@ -225,8 +230,7 @@ def bench_blobs(size_mb: int, repeats: int, work: Path, profile: bool = False,
                 caps: list[str] | None = None) -> dict:
     blob = work / "blob.bin"
     with open(blob, "wb") as handle:
-        for _ in range(size_mb):
-            handle.write(os.urandom(1 << 20))
+        handle.writelines(os.urandom(1 << 20) for _ in range(size_mb))
     results = {}
     for label, cap in (("uncapped", 0.0), ("cap_1gbps", 125e6), ("cap_100mbps", 12.5e6)):
         if caps is not None and label not in caps:
@@ -270,8 +274,7 @@ def bench_staging(size_mb: int, rounds: int, work: Path, caps: list[str] | None 
     global DIRECT_STAGING
     blob = work / "blob.bin"
     with open(blob, "wb") as handle:
-        for _ in range(size_mb):
-            handle.write(os.urandom(1 << 20))
+        handle.writelines(os.urandom(1 << 20) for _ in range(size_mb))
     results: dict = {}
     try:
         for label, cap in (("uncapped", 0.0), ("cap_1gbps", 125e6)):

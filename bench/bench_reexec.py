@@ -38,9 +38,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench.benchio import default_corpus  # noqa: E402
-
 from training.config import DilocoConfig, ModelConfig, TrainingConfig  # noqa: E402
-
 from training.config_compression import CompressionConfig  # noqa: E402
 from training.data import load_corpus  # noqa: E402
 from training.model import count_params  # noqa: E402
@@ -54,8 +52,6 @@ from training.reexec import (  # noqa: E402
     reexecute,
     verify_contribution,
 )
-from training.replica_state import ReplicaStartState  # noqa: E402
-from training.stages import split_stages, stage_param_shapes  # noqa: E402
 from training.reexec_sim import (  # noqa: E402
     ForgedStateReplica,
     HalfStepsReplica,
@@ -65,6 +61,8 @@ from training.reexec_sim import (  # noqa: E402
     SimReplica,
     run_with_states,
 )
+from training.replica_state import ReplicaStartState  # noqa: E402
+from training.stages import split_stages, stage_param_shapes  # noqa: E402
 
 CHEATS = {"other_data": OtherDataReplica, "half_steps": HalfStepsReplica, "perturbed_1pct": PerturbedReplica,
           "forged_start_state": ForgedStateReplica}

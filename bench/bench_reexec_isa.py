@@ -104,9 +104,14 @@ def claim(args: argparse.Namespace) -> None:
 
     from node.config import load_config
     from training.data import corpus_from_config
-    from training.reexec_sim import HalfStepsReplica, OtherDataReplica, PerturbedReplica, SimConfig, \
-        SimReplica, \
-        run_with_states
+    from training.reexec_sim import (
+        HalfStepsReplica,
+        OtherDataReplica,
+        PerturbedReplica,
+        SimConfig,
+        SimReplica,
+        run_with_states,
+    )
 
     torch.set_num_threads(1)
     cfg = load_config(None, overrides(args))

@@ -365,8 +365,8 @@ def curve(full_path: str, sliced_paths: list[str], sizes: list[int], min_slices:
     the sliced model for each minimum slice in ``min_slices`` (``sliced_models``) and for the one the
     largest measured sliced point ran with (``sliced_model``)."""
     from training.butterfly import live_plan
-    from training.slicebundle import BUNDLE_PREFIX, record_size
     from training.config import ModelConfig
+    from training.slicebundle import BUNDLE_PREFIX, record_size
     from training.stages import split_stages, stage_param_shapes
 
     full = [p for p in json.loads(Path(full_path).read_text())["measured"] if is_clean(p)]

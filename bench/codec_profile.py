@@ -21,7 +21,6 @@ is bench_diloco.py --cpu-clock.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -155,8 +154,9 @@ def profile(args) -> None:
             print(f"apply stage {stage}: {label}: {1000 * seconds:.2f} ms")
         apply_total += stage_total
         codecs = {}
-        from training.codec_wire import decode_contribution as _d  # noqa: F401
         import msgpack
+
+        from training.codec_wire import decode_contribution as _d  # noqa: F401
         for entry in msgpack.unpackb(blobs[1], raw=False)["t"]:
             key = (entry["c"], entry.get("r", 0), entry.get("b", 32))
             codecs[key] = codecs.get(key, 0) + 1

@@ -11,7 +11,6 @@ import time
 import torch
 
 from training.config import PRECISIONS, DilocoConfig, ModelConfig, TrainingConfig
-
 from training.config_compression import CompressionConfig
 from training.data import corpus_from_config
 from training.fingerprint import CROSS_PLATFORM_TOLERANCE, TOLERANCE_PASS_BOUND, compare_rerun, fingerprint

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 
-from results_sections import num, kb, mb, table
+from results_sections import kb, mb, num, table
 
 
 def p2p(r: dict) -> list[str]:

@@ -25,13 +25,32 @@ from pathlib import Path
 from results_contracts import chunk_state, float32_fuzz
 from results_convergence import convergence
 from results_emulator import churn_memory, netlab, soak
-from results_network import (
-    butterfly, join, nat, p2p, scale, scale_curve,
-)
 from results_hetero import compile_cpu, gpu, heterogeneous, reexec_isa, screening_delay
+from results_network import (
+    butterfly,
+    join,
+    nat,
+    p2p,
+    scale,
+    scale_curve,
+)
 from results_sections import (
-    audit, chaos, data_loader, diloco, diloco_ablations, diloco_llama, fuzz, ledger, longrun, pct, provenance,
-    restart, robust_sim, settings_not_default, table, utilization,
+    audit,
+    chaos,
+    data_loader,
+    diloco,
+    diloco_ablations,
+    diloco_llama,
+    fuzz,
+    ledger,
+    longrun,
+    pct,
+    provenance,
+    restart,
+    robust_sim,
+    settings_not_default,
+    table,
+    utilization,
 )
 from results_verification import byzantine, fraud_proof, gpu_calibration, reexec, split_spotchecks, trust_fuzz
 

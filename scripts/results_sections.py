@@ -11,7 +11,6 @@ import math
 import statistics
 from pathlib import Path
 
-
 # ---------------------------------------------------------------------------------------------- formatting
 
 def pct(x: float | None, digits: int = 1) -> str:

@@ -447,20 +447,20 @@ def phantom_close():
 
         def try_close(self, outer_round, stage, final, alive):
             if (outer_round, stage) in self.attacked:
-                return None  # a second, honest close would be equivocation: it waits for the next coordinator
+                return  # a second, honest close would be equivocation: it waits for the next coordinator
             close = self.ready_close(outer_round, stage, final, alive)  # the honest close, kept back
             if close is None:
-                return None
+                return
             entries = [list(e) for e in close.contributions]
             victims = [e for e in entries if e[1] != self.peer_id]
             if not victims:
-                return None
+                return
             victims[0][2] = os.urandom(32)
             entries.sort(key=lambda e: (e[0], e[1], e[2]))
             self.gossip(outer_round, msg.CLOSE, msg.Close(entries), stage)
             self.attacked.add((outer_round, stage))
             logger.warning("adversary: phantom close of round %d stage %d published", outer_round, stage)
-            return None
+            return
 
     return {"coordinator": PhantomCloser}
 

@@ -28,9 +28,9 @@ from typing import Any
 import msgpack
 import torch
 
+from node import protocol as msg
 from node.config import load_config
 from node.errors import CONFIG_ERRORS, ConfigError, StateError
-from node import protocol as msg
 from node.live.status import StateFile
 from node.runconfig import canonical_json, node_config_from_run, parse_run_document, run_document
 from node.store.archive import Archive
@@ -51,13 +51,13 @@ from p2p.gossip import (
     SYNC_MAX_OFFER_BYTES,
     SYNC_MAX_RESPONSE_BYTES,
     parse_sync_offer,
-    parse_sync_want,
-    sync_offer_frame,
-    sync_want_frame,
     parse_sync_request,
     parse_sync_response,
+    parse_sync_want,
+    sync_offer_frame,
     sync_request_frame,
     sync_response_frame,
+    sync_want_frame,
 )
 from p2p.identity import Identity
 from p2p.wire import ProtocolViolation, decode_frame, encode_frame
@@ -577,4 +577,4 @@ def targets() -> list[Target]:
     ]
 
 
-__all__ = ["Target", "targets", "random_input", "ReplicaStateError"]
+__all__ = ["ReplicaStateError", "Target", "random_input", "targets"]

@@ -208,6 +208,7 @@ def _sliced_reference() -> bytes:
 
 def _sliced_envelope(reference: bytes) -> bytes:
     from fuzz_targets import sign
+
     from node import protocol as msg
 
     body = msg.encode_contribution_body(msg.ContributionBody(b"s" * 32, b"d" * 32, reference))
@@ -218,6 +219,7 @@ def closed_envelope_input(data: bytes):
     """What a slice aggregator (and the auditor) does with a closed envelope's bytes: its usable
     reference or None (an absent input), never an exception (node.live.exchange.sliced.usable_reference)."""
     from fuzz_targets import GOSSIP_LIMIT, IDENTITY, RUN_ID
+
     from node.live.exchange.sliced import usable_reference
 
     entry = [1, IDENTITY.peer_id, bytes(32), len(data)]
@@ -238,6 +240,7 @@ def structured_closed_envelope(rng: random.Random) -> bytes:
 
 def sliced_targets() -> list:
     from fuzz_targets import GOSSIP_LIMIT, Target
+
     from training.butterfly import SliceError
     from training.slicebundle import parse_slice_reference
     from training.slicemessages import parse_partial, partial_payload

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from node import protocol as msg
 from node.live.peers.membership import Membership
-from node.live.round.roundbook import RoundBook
 from node.live.peers.topology import Seat
+from node.live.round.roundbook import RoundBook
 
 PEERS = ["peer-a", "peer-b", "peer-c"]
 

@@ -371,7 +371,7 @@ def remove_leftovers() -> list[str]:
     except (OSError, subprocess.SubprocessError):
         return []
     removed = []
-    for name in re.findall(rf"^({PREFIX}-(\d+)-\d+-\S+)", names, re.M):
+    for name in re.findall(rf"^({PREFIX}-(\d+)-\d+-\S+)", names, re.MULTILINE):
         namespace, pid = name[0], int(name[1])
         if Path(f"/proc/{pid}").exists():
             continue

@@ -34,7 +34,6 @@ from p2p.errors import P2PError
 from p2p.host import P2PHost
 from p2p.identity import Identity
 
-
 QUEUES: dict = {}  # topic -> the subscription's queue
 RECEIVED: dict[str, int] = {}
 

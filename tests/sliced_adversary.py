@@ -258,9 +258,9 @@ def copy_slices() -> dict:
     from node.live.exchange.sliced import SlicedExchange
     from node.protocol import decode_contribution_body
     from p2p.envelope import decode_envelope
-    from training.slicebundle import bundle_slices, parse_slice_reference
     from training.codec_wire import decode_contribution
     from training.compression import encode_contribution
+    from training.slicebundle import bundle_slices, parse_slice_reference
 
     logger = logging.getLogger("sliced_adversary")
 

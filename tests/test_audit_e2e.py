@@ -21,12 +21,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from short_run_fixtures import ROUNDS, cli_args, client, node_archives, run  # noqa: F401 (client, run: fixtures)
 
 from ledger.account import dev_account
 from ledger.checks import check_chain_record
 from ledger.client import LedgerClient
-from ledger.merkle import merkle_root
 from ledger.errors import LedgerNotMember
+from ledger.merkle import merkle_root
 from ledger.records import RoundRecord
 from node import protocol as msg
 from node.cli import exit_code_for
@@ -46,7 +47,6 @@ from node.tools.audit_replay import Replayer
 from node.tools.evidence import PeerFetcher
 from p2p.envelope import Envelope, decode_envelope
 from p2p.identity import Identity
-from short_run_fixtures import ROUNDS, cli_args, client, node_archives, run  # noqa: F401 (client, run: fixtures)
 
 BIG = 1 << 30
 

@@ -28,11 +28,11 @@ from node.tools.report import FAIL, OK, UNVERIFIABLE
 from p2p.envelope import Envelope
 from p2p.identity import Identity
 from training import slicebundle
-from training.slicebundle import bundle_slices, parse_slice_reference, slice_bundle
-from training.slicemessages import partial_payload
 from training.data import corpus_from_config
 from training.reexec import data_commitment, reexecute, round_meta
 from training.replica_state import initial_replica_state
+from training.slicebundle import bundle_slices, parse_slice_reference, slice_bundle
+from training.slicemessages import partial_payload
 
 RUN_ID = 1
 

@@ -8,8 +8,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench.bench_convergence import VARIANTS, seed_of, table  # noqa: E402
 from results_convergence import seed_spread  # noqa: E402
+
+from bench.bench_convergence import VARIANTS, seed_of, table  # noqa: E402
 
 
 def _row(mode: str, variant: str, loss: float) -> dict:

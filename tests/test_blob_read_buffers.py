@@ -14,12 +14,12 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from waiting import wait_until
 
 from p2p.blob_protocol import FILE_IO_BYTES
 from p2p.config import P2PConfig
 from p2p.host import P2PHost
 from p2p.identity import Identity
-from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 

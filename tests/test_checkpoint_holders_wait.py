@@ -26,7 +26,7 @@ from node import protocol as msg
 from node.live.chain.checkpointbuild import CheckpointBuilder
 from node.live.round.roundbook import RoundBook
 from node.store.checkpoint import RunLayout, build_checkpoint
-from tests.member_fixtures import PEERS, three_seat_membership
+from tests.member_fixtures import three_seat_membership
 from training.hashing import stage_weights_hash
 
 ROUND = 7

@@ -16,15 +16,15 @@ import time
 import pytest
 
 from node import protocol as msg
-from node.live.round import coordination
-from node.live.round.coordination import RoundCoordinator
 from node.live.peers.inbox import GossipInbox
 from node.live.peers.membership import Membership
 from node.live.peers.messenger import Messenger
-from node.live.round.roundbook import Announced, RoundBook
 from node.live.peers.saidlog import SaidLog
-from node.live.work.station import Station
 from node.live.peers.topology import Seat
+from node.live.round import coordination
+from node.live.round.coordination import RoundCoordinator
+from node.live.round.roundbook import Announced, RoundBook
+from node.live.work.station import Station
 from node.protocol import run_topic
 from p2p.config import P2PConfig
 from p2p.envelope import EnvelopeValidator

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import pickle
+import platform
 import subprocess
 import sys
 from pathlib import Path

@@ -289,13 +289,12 @@ def test_what_a_node_serves_onto_a_full_disk_waits_for_space_then_is_served(tmp_
     """A start state (the spot checks') or the node's own contribution stored onto a full disk pauses until
     space is freed, then is served; it never raises out of the lane or the pool (issue 45: a start state's
     ENOSPC ended a node of the disk-full run)."""
+    from node.live.checks.heldstates import HeldStates
+    from node.live.exchange.protocol import ContributionPool
+    from node.live.round.roundbook import RoundBook
     from p2p.config import P2PConfig
     from p2p.host import P2PHost
     from p2p.identity import Identity
-
-    from node.live.exchange.protocol import ContributionPool
-    from node.live.checks.heldstates import HeldStates
-    from node.live.round.roundbook import RoundBook
 
     config = {"gossip_resync_interval": 0}
     host = P2PHost.start(P2PConfig(**config), Identity.generate(), data_dir=full_disk / "node")

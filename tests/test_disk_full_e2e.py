@@ -19,8 +19,6 @@ import pytest
 from node_fixtures import TINY, assert_chain_roots, node_log, node_state, run_logs, wait_for
 from tinyfs import fill, tiny_filesystem
 
-from node.commands.launcher import LocalRun
-
 
 def _recorded(slot) -> set[int]:
     try:

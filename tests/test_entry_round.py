@@ -85,7 +85,7 @@ def test_a_restarted_node_enters_the_round_being_trained_while_nobody_has_finish
     run_entry = entry(tmp_path, last_committed=5, training=7)
     start, catch_up = run_entry.entry_point()
     assert start == 7  # not 8: the others' coordinators wait for it in round 7
-    assert catch_up == list(range(0, 7))  # from its initial weights (no checkpoint here)
+    assert catch_up == list(range(7))  # from its initial weights (no checkpoint here)
 
 
 def test_once_a_contribution_to_the_round_is_announced_it_enters_the_next(tmp_path, delay):
@@ -127,7 +127,7 @@ def test_a_node_killed_after_contributing_round_0_does_not_enter_round_0_again(t
         run_entry.state.update(last_contributed=0)
         start, catch_up = run_entry.entry_point()
         assert start >= 1, (training, start)
-        assert catch_up == list(range(0, start))  # round 0 is re-announced and applied, not re-signed
+        assert catch_up == list(range(start))  # round 0 is re-announced and applied, not re-signed
 
 
 def test_the_open_round_of_a_run_nobody_trains_yet_is_round_0(tmp_path):
@@ -185,7 +185,7 @@ def test_a_restarted_node_prefers_the_checkpoint_that_lets_it_train_the_open_rou
     # at the earliest, the one of round 5 round 7. It tries 5, then the older 4, the newer 6 last.
     cfg = load_config(None, [*TINY, f"data_dir={tmp_path}", "pipeline.num_stages=2"])
     members = Members(7)
-    members.live_providers = lambda: []
+    members.live_providers = list
     run_entry = RunEntry(cfg=cfg, chain=PublishingChain(6), host=UnreachableHost(), membership=members,
                          book=RoundBook(), coordinator=Coordinator(), worker=Worker(), contributor=None,
                          finisher=None, station=None,

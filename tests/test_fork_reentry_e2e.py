@@ -23,7 +23,6 @@ from node_fixtures import TINY, node_state, run_logs
 
 from node.tools.audit import OK, audit_run
 
-
 ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py")]
 
 

@@ -25,8 +25,16 @@ from ledger.errors import ChainUnavailable
 from ledger.merkle import merkle_root
 from node import protocol as msg
 from node.config import load_config
-from node.live.chain.forkrepair import (AGREED, CONFIRMED, CONTESTED, FORKED, NOT_OURS, PENDING, ForkRepair,
-                                  attested_standing)
+from node.live.chain.forkrepair import (
+    AGREED,
+    CONFIRMED,
+    CONTESTED,
+    FORKED,
+    NOT_OURS,
+    PENDING,
+    ForkRepair,
+    attested_standing,
+)
 from node.live.round.roundbook import RoundBook
 from node.live.round.roundstate import RoundState
 from node.live.status import StateFile

@@ -29,8 +29,8 @@ from ledger.records import commitment_version
 from node import protocol as msg
 from node.config import load_config
 from node.fraudproof import initial_state
-from node.live.fraud.chunkstate import ChunkedStates
 from node.live.chain.onchain import NodeChain
+from node.live.fraud.chunkstate import ChunkedStates
 from node.live.fraud.prover import FraudProver
 from node.live.round.roundbook import RoundBook
 from node.store.checkpoint import RunLayout, build_checkpoint, checkpoint_problems

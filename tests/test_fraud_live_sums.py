@@ -18,15 +18,16 @@ import hashlib
 import json
 import time
 
+from test_fraud_live import COLLUDERS, PROVER, SHAPES, _normed_world, _record, _setup, _states
+
 from ledger.chunkproof import FACTORS, availability_answer, sums_which
 from ledger.normproof import NormProof, SumTree, clip_scales
+from node.live.chain.onchain import NodeChain
 from node.live.fraud.answerer import ChallengeAnswerer
 from node.live.fraud.chunkstate import ChunkedStates
-from node.live.chain.onchain import NodeChain
 from node.live.fraud.prover import FraudProver
 from tests.fraud_fixtures import contribution, lied_sum
 from tests.ledger_fixtures import mine
-from test_fraud_live import COLLUDERS, PROVER, SHAPES, _normed_world, _record, _setup, _states
 from training.chunks import float64_bits
 
 BLOBS = [contribution(SHAPES, "lowrank", 30, rank=4), contribution(SHAPES, "quant", 31),

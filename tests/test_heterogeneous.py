@@ -20,9 +20,9 @@ from node.config import NodeConfig
 from node.runconfig import config_hash, run_document
 from training.codec_wire import (
     MAX_DECLARED_STEPS,
+    declare_steps,
     decode_contribution,
     decode_declared,
-    declare_steps,
     pack_contribution,
 )
 from training.config import DilocoConfig, ModelConfig, TrainingConfig

@@ -279,8 +279,8 @@ def test_the_simulation_screens_a_version_3_run_with_each_slope_and_its_error():
     sign-flipped replica is left out of every round from 1 (the node, the fork repair's derive and the audit
     call the same
     function: tests/test_heterogeneous_e2e.py audits a real run)."""
-    from training.compression import encode_contribution
     from training.codec_wire import declare_steps, decode_contribution
+    from training.compression import encode_contribution
     from training.config import PipelineConfig, TrainingConfig
     from training.config_compression import CompressionConfig
     from training.simulate import simulate

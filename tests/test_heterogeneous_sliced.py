@@ -20,7 +20,7 @@ import torch
 from test_sliced_reexec import SlicedReplica
 
 from training.butterfly import SliceError, aggregate_slice, plan_slices, replay_partial, slice_stage
-from training.codec_wire import decode_declared, declare_steps, header_steps
+from training.codec_wire import declare_steps, decode_declared, header_steps
 from training.compression import encode_contribution
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
 from training.config_compression import CompressionConfig

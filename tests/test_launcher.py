@@ -13,8 +13,8 @@ from ledger.account import DEV_ACCOUNT_COUNT, dev_account
 from node.commands.launcher import GAS_ALLOWANCE_WEI, MAX_NODES, LocalRun, NodeSlot
 from node.config import load_config
 from node.errors import NodeError
-from node.live.peers.topology import Declaration, Seat, assign_stages
 from node.live.chain.onchain import NodeChain
+from node.live.peers.topology import Declaration, Seat, assign_stages
 from node.platforms import own_platform
 from node.runconfig import config_hash, run_document
 from p2p.identity import Identity

@@ -16,8 +16,8 @@ import pytest
 
 from node import protocol as msg
 from node.live.peers.membership import Membership
-from node.live.round.roundbook import RoundBook
 from node.live.peers.topology import Declaration, Seat, assign_stages, place_members
+from node.live.round.roundbook import RoundBook
 
 
 class Chain:

@@ -12,12 +12,19 @@ import dataclasses
 
 import pytest
 import torch
+from test_sliced_reexec import SlicedReplica
 
 from node.config import load_config
 from node.errors import ConfigError
-from node.runconfig import RUN_FORMAT, canonical_json, config_hash, node_config_from_run, \
-    parse_run_document, run_document
-from test_sliced_reexec import SlicedReplica
+from node.runconfig import (
+    RUN_FORMAT,
+    canonical_json,
+    config_hash,
+    node_config_from_run,
+    parse_run_document,
+    run_document,
+)
+from tests.rerun_fixtures import assert_honest_exact_and_cheat_caught, rerun_checker
 from training.config import DEFAULT_OPTIMIZER, LEGACY_OPTIMIZER, DilocoConfig, ModelConfig, TrainingConfig
 from training.data import generated_corpus, round_batches
 from training.diloco import outer_step
@@ -28,7 +35,6 @@ from training.pipeline import LocalReplicaTrainer
 from training.reexec import check_state_chain, restart_state_reason, verify_contribution
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica, run_with_states
 from training.replica_state import restore_replica
-from tests.rerun_fixtures import assert_honest_exact_and_cheat_caught, rerun_checker
 
 ROUNDS = 3
 HONEST, PERTURBED = 0, 1

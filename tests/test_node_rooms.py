@@ -14,6 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from node import protocol as msg
+from node.live.peers.membership import Membership
+from node.live.peers.topology import Seat
 from node.live.round import coordination
 from node.live.round.coordination import (
     CLOSE_FALLBACK_S,
@@ -22,9 +24,7 @@ from node.live.round.coordination import (
     PENDING_LIMIT_S,
     RoundCoordinator,
 )
-from node.live.peers.membership import Membership
 from node.live.round.roundbook import RoundBook
-from node.live.peers.topology import Seat
 
 PEERS = ["peer-a", "peer-b", "peer-c"]
 

@@ -15,8 +15,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.config import config_from_dict
 from node import protocol as msg
+from node.config import config_from_dict
 from node.live.round.coordination import PENDING
 from node.live.round.roundbook import Announced
 from node.runconfig import run_document
@@ -184,7 +184,6 @@ def test_hostile_closed_envelopes_are_absent_inputs_never_errors_nor_other_refer
     """Random bytes and mutations of a real contribution envelope: None (an absent input) or exactly the
     reference its signer signed; never an exception."""
     from node.live.exchange.sliced import usable_reference
-    from p2p.identity import Identity
 
     identity = _IDENTITY
     _bundle, reference = slice_bundle([b"a" * 10, b"b" * 20, b"c" * 5])
@@ -363,8 +362,9 @@ def test_a_wanted_contribution_has_its_inputs_fetched_as_soon_as_its_envelope_is
 
 
 def test_a_lazy_coordinator_asks_for_the_contributions_only_when_first_in_line_or_past_the_deadline():
-    from node.live.peers.topology import committer_order
     from test_node_rooms import PEERS
+
+    from node.live.peers.topology import committer_order
 
     _book, membership, _pool, coordinator = _lazy_rooms()
     holders = membership.holders(0)

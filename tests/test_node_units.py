@@ -13,8 +13,8 @@ import torch
 from node import protocol as msg
 from node.config import load_config
 from node.errors import ConfigError, NodeError, StateError
-from node.live.round.roundbook import Announced, RoundBook
 from node.live.peers.topology import Declaration, Seat, assign_stages, canonical_order, committer_order
+from node.live.round.roundbook import Announced, RoundBook
 from node.runconfig import canonical_json, config_hash, parse_run_document, run_document
 from node.store.archive import Archive, ArchivedContribution
 from node.store.checkpoint import (

@@ -23,15 +23,37 @@ from eth_abi import encode
 import contracts
 from ledger import errors
 from ledger.chain import connect_pyevm
-from ledger.chunkproof import (FACTORS, NORMED_FACTORS_TYPES, PAYLOAD, Factors, StageLeaf,
-                               availability_answer, availability_target, chunked_weights_root, sums_which)
-from ledger.normproof import (SCALES, SumTree, clip_scales, first_wrong_sum, norm_of, scale_proof, square_sum,
-                              sum_bytes, sum_proof, sum_to_double, sum_words)
+from ledger.chunkproof import (
+    NORMED_FACTORS_TYPES,
+    Factors,
+    StageLeaf,
+    chunked_weights_root,
+)
+from ledger.normproof import (
+    SCALES,
+    SumTree,
+    clip_scales,
+    first_wrong_sum,
+    norm_of,
+    scale_proof,
+    square_sum,
+    sum_bytes,
+    sum_proof,
+    sum_to_double,
+    sum_words,
+)
 from ledger.records import COMMITMENT_VERSIONS, commitment_version
 from node.fraudproof import chunk_square_sums
-from tests.fraud_fixtures import (DILOCO, Committed, aggregated_round, commit, contribution, lied_sum,
-                                  with_scale)
-from tests.ledger_fixtures import deploy, mine
+from tests.fraud_fixtures import (
+    DILOCO,
+    Committed,
+    aggregated_round,
+    commit,
+    contribution,
+    lied_sum,
+    with_scale,
+)
+from tests.ledger_fixtures import deploy
 from training.chunks import float64_bits, stage_layout
 from training.codec_wire import decode_declared
 from training.robust import contribution_norm

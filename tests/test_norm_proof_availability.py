@@ -11,11 +11,33 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from test_norm_proof import (  # noqa: F401 (honest, right: its module fixtures)
-    COMMITMENT_VERSIONS, DILOCO, FACTORS, Factors, PAYLOAD, SHAPES, STAKE, aggregated_round,
-    assert_overturned, availability_answer, availability_target, blobs, commit, connect_pyevm, deploy, errors,
-    honest, lied_sum, mine, on_chain, right, scale_proof, stage_leaves, sum_bytes, sum_proof, sums_which,
+    COMMITMENT_VERSIONS,
+    DILOCO,
+    FACTORS,
+    PAYLOAD,
+    SHAPES,
+    STAKE,
+    Factors,
+    aggregated_round,
+    assert_overturned,
+    availability_answer,
+    availability_target,
+    blobs,
+    commit,
+    connect_pyevm,
+    deploy,
+    errors,
+    honest,
+    lied_sum,
+    mine,
+    on_chain,
+    right,
+    scale_proof,
+    stage_leaves,
+    sum_bytes,
+    sum_proof,
+    sums_which,
 )
 
 

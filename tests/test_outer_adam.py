@@ -16,14 +16,15 @@ import textwrap
 
 import pytest
 import torch
+from test_muon import BEFORE_MUON_DEFAULT, HONEST, PERTURBED, ROUNDS, SlicedPerturbed, _records
+from test_sliced_reexec import SlicedReplica
 
 from node.config import load_config
 from node.errors import ConfigError
 from node.runconfig import canonical_json, config_hash, node_config_from_run, parse_run_document, run_document
 from node.store.checkpoint import RunLayout, stage_problems
 from node.tools.audit_replay import Replayer
-from test_muon import BEFORE_MUON_DEFAULT, HONEST, PERTURBED, ROUNDS, SlicedPerturbed, _records
-from test_sliced_reexec import SlicedReplica
+from tests.rerun_fixtures import assert_honest_exact_and_cheat_caught, rerun_checker
 from training.compression import encode_contribution
 from training.config import OUTER_ADAM_ONLY, DilocoConfig
 from training.config_compression import CompressionConfig
@@ -33,7 +34,6 @@ from training.errors import ReplicaStateError, TrainingConfigError
 from training.hashing import stage_weights_hash, weights_root
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica
 from training.replica_state import restore_replica
-from tests.rerun_fixtures import assert_honest_exact_and_cheat_caught, rerun_checker
 
 ADAM = dict(outer_optimizer="adam", outer_lr=0.01)
 

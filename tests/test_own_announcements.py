@@ -12,13 +12,13 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from waiting import wait_until
 
 from node.live.exchange.protocol import ContributionPool
 from node.live.round.roundbook import RoundBook
 from p2p.config import P2PConfig
 from p2p.host import P2PHost
 from p2p.identity import Identity
-from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -11,13 +11,13 @@ import threading
 import time
 
 import pytest
+from waiting import wait_until
 
 from p2p.config import P2PConfig
 from p2p.dialbook import MAX_FORGOTTEN, MAX_TRACKED, DialBook
 from p2p.errors import P2PConfigError
 from p2p.host import P2PHost
 from p2p.identity import Identity
-from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -6,13 +6,13 @@ import queue
 import time
 
 import pytest
+from waiting import wait_until
 
 from p2p.config import P2PConfig
 from p2p.envelope import Envelope, EnvelopeValidator, decode_envelope
 from p2p.errors import BlobHashMismatch, BlobNotFound, P2PError
 from p2p.host import P2PHost
 from p2p.identity import Identity
-from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 RUN = 42

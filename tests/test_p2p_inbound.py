@@ -11,12 +11,12 @@ import gc
 
 import pytest
 from libp2p.network.connection.raw_connection import RawConnection
+from waiting import wait_until
 
 from p2p import inbound
 from p2p.config import P2PConfig
 from p2p.host import P2PHost
 from p2p.identity import Identity
-from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 

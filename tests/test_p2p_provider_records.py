@@ -18,6 +18,7 @@ import pytest
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from multiaddr import Multiaddr
+from waiting import wait_until
 
 from p2p.config import P2PConfig
 from p2p.errors import P2PConfigError, P2PError
@@ -25,7 +26,6 @@ from p2p.host import P2PHost
 from p2p.host_blobs import _dht_key
 from p2p.identity import Identity
 from p2p.provider_records import record_count
-from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 

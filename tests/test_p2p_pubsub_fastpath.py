@@ -60,8 +60,7 @@ def test_same_record_is_checked_once_a_changed_or_forged_one_in_full(monkeypatch
 
 
 def test_the_patch_is_what_pubsub_and_gossipsub_call():
-    import libp2p.pubsub.gossipsub as gossipsub
-    import libp2p.pubsub.pubsub as pubsub
+    from libp2p.pubsub import gossipsub, pubsub
 
     for module in (pubsub, gossipsub):
         assert module.maybe_consume_signed_record is pubsub_fastpath.maybe_consume_signed_record

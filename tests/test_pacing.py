@@ -13,11 +13,11 @@ from test_node_assembly import TINY, FakeCommitter, OfflineParts
 
 from node.config import MIN_ROUNDS_AHEAD, claim_window, load_config
 from node.errors import ConfigError
-from node.live.round import pacing
 from node.live.assembly import HONEST
+from node.live.node import Node
+from node.live.round import pacing
 from node.live.round.coordination import RoundStopped
 from node.live.round.entry import RunEntry
-from node.live.node import Node
 from node.live.round.pacing import WAITING, CommitPace, may_begin
 from node.live.round.roundclock import RoundClock
 from node.live.status import Progress

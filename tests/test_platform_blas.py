@@ -29,7 +29,6 @@ from training.fingerprint import (
     EXACT,
     RULE_CROSS_PLATFORM,
     blas_dispatch,
-    blas_environment,
     emulated_environment,
     fingerprint,
     kernels_to_emulate,

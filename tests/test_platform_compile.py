@@ -17,9 +17,9 @@ from training.config import TrainingConfig
 from training.declaration import EXACT_ONLY, can_judge, declares, platform_declaration, platform_hash
 from training.errors import PlatformError, TrainingConfigError
 from training.fingerprint import (
+    MISMATCH,
     RULE_CROSS_PLATFORM,
     RULE_SAME_PLATFORM,
-    MISMATCH,
     PlatformFingerprint,
     capability_to_emulate,
     compare_rerun,

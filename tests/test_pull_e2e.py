@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from short_run_fixtures import cli_args, client, node_archives, run  # noqa: F401 (client, run: fixtures)
 
 from node.cli import exit_code_for
 from node.errors import NodeError, RunDocumentMissing
 from node.tools.evidence import PeerFetcher
 from node.tools.pull import NoCheckpoint, PullRefused, pull_checkpoint, run_pull
-from short_run_fixtures import cli_args, client, node_archives, run  # noqa: F401 (client, run: fixtures)
 
 
 def _serve(tmp_path: Path, name: str, files: list[Path]):

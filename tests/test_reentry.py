@@ -22,8 +22,8 @@ import torch
 from node.config import load_config
 from node.live.round.entry import RunEntry
 from node.live.round.finisher import RoundFinisher
-from node.live.work.replica import ReplicaWorker
 from node.live.status import StateFile
+from node.live.work.replica import ReplicaWorker
 from training.reexec import restart_state_reason
 from training.replica_state import parse_stage_state
 

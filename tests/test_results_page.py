@@ -75,7 +75,7 @@ def test_every_benchmark_script_writes_a_result_the_page_shows():
     # A profiler that writes no result, and the modules a
     # benchmark script imports (bench.<name>): parts of it.
     parts = {name for name in files
-             if any(re.search(rf"^\s*from bench\.{name[:-3]} import", other, re.M)
+             if any(re.search(rf"^\s*from bench\.{name[:-3]} import", other, re.MULTILINE)
                     for other in files.values())}
     tools = {"codec_profile.py"} | parts
     assert "benchio.py" in parts

@@ -15,8 +15,8 @@ from test_node_rooms import PEERS, rooms
 from node.config import load_config
 from node.live.round import ending
 from node.live.round.ending import RunEnd
-from node.live.work.station import Station
 from node.live.status import Progress, Reporter
+from node.live.work.station import Station
 
 
 class Chain:

@@ -95,7 +95,6 @@ def test_a_partial_nobody_serves_is_not_fetched_in_a_loop(tmp_path):
 
     def fetch(digest, sender):
         calls.append(digest)
-        return None
 
     fetcher = PartialFetcher(fetch, lambda: woken.append(1), retry_after=3600.0)
     try:

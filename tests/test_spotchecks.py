@@ -229,10 +229,10 @@ def test_accusations_from_outsiders_are_refused_and_unserved_or_malformed_eviden
     from types import SimpleNamespace
 
     from ledger.records import Verdict
+    from node.live.checks.verifier import SpotChecker, VerifierContext
     from node.live.peers.inbox import GossipInbox
     from node.live.peers.membership import Membership
     from node.live.round.roundbook import RoundBook
-    from node.live.checks.verifier import SpotChecker, VerifierContext
     from p2p.envelope import Envelope, EnvelopeValidator
     from p2p.errors import BlobUnavailable
     from p2p.identity import Identity
@@ -533,9 +533,9 @@ def one_stage_verifier(tmp_path, host, sealed: dict, envelopes: dict, gossip):
     import threading
     from types import SimpleNamespace
 
+    from node.live.checks.verifier import VerifierContext
     from node.live.peers.membership import Membership
     from node.live.round.roundbook import RoundBook
-    from node.live.checks.verifier import VerifierContext
 
     membership = Membership("me", "c0", 1, 1, RoundBook(), seat=lambda _a, _k: Seat((0, 0), 0))
     return VerifierContext(

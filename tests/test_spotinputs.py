@@ -177,10 +177,10 @@ def test_a_confirming_member_judges_only_the_accused_members_own_stages(tmp_path
     of its honest stage-0 partner, with the same evidence, a not-guilty one; a failure that names no stage of
     a split replica names nobody, and nothing is signed."""
     from ledger.records import Verdict
-    from node.live.peers.membership import Membership
-    from node.live.round.roundbook import RoundBook
     from node.live.checks.spotcheck import SpotCheckResult
     from node.live.checks.verifier import SpotChecker, VerifierContext
+    from node.live.peers.membership import Membership
+    from node.live.round.roundbook import RoundBook
 
     split = _Split()
     archive = Archive(tmp_path / "archive", RUN)

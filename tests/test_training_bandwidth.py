@@ -7,12 +7,12 @@ import itertools
 import pytest
 import torch
 
-from training.stage_engine import StageEngine
 from training.codec.allocation import allocate, lower_hull
 from training.codec_wire import decode_contribution
 from training.compression import ErrorFeedbackCompressor, encode_within_bandwidth
 from training.config import DilocoConfig
 from training.config_compression import AUTO_MAX_ROUND_RATIO, CompressionConfig
+from training.stage_engine import StageEngine
 
 
 def test_lower_hull_drops_dominated_and_concave_points():

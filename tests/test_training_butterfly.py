@@ -20,6 +20,11 @@ from training.butterfly import (
     replay_partial,
     split_slices,
 )
+from training.codec_wire import decode_contribution
+from training.compression import encode_contribution, encode_within_bandwidth
+from training.config_compression import CompressionConfig
+from training.diloco import average_contributions
+from training.errors import ContributionDecodeError
 from training.slicemessages import (
     check_partial,
     inputs_root,
@@ -30,11 +35,6 @@ from training.slicemessages import (
     slice_message,
     slice_signing_bytes,
 )
-from training.codec_wire import decode_contribution
-from training.compression import encode_contribution, encode_within_bandwidth
-from training.config_compression import CompressionConfig
-from training.diloco import average_contributions
-from training.errors import ContributionDecodeError
 
 SHAPES = {"a.weight": (48, 40), "b.bias": (40,), "c.weight": (64, 4, 8), "d.empty": (0, 3), "e.scale": (1,)}
 CFG = CompressionConfig(min_compress_numel=256)

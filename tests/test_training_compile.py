@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
-
 from training.config_compression import CompressionConfig
 from training.data import generated_corpus
 from training.errors import ModelInputError

@@ -16,7 +16,6 @@ import pytest
 import torch
 from codec_fixtures import encoder_sim, rerun_replica0, same_bits, shape_map
 
-from training.stage_engine import StageEngine
 from training.codec.factorize import factorize_gram
 from training.codec.registry import encoder_for
 from training.codec_wire import decode_contribution
@@ -27,6 +26,7 @@ from training.diloco import aggregate
 from training.reexec import EXACT
 from training.reexec_sim import SimReplica, run_with_states
 from training.robust import contribution_norm, robust_contributions
+from training.stage_engine import StageEngine
 
 V1 = CompressionConfig(encoder="v1")
 V2 = CompressionConfig(encoder="v2")

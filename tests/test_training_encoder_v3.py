@@ -18,7 +18,6 @@ import pytest
 import torch
 from codec_fixtures import drift, encoder_sim, rerun_replica0, same_bits, shape_map, stage_like
 
-from training.stage_engine import StageEngine
 from training.codec.factorize import factorize_gram, factorize_warm, warm_basis
 from training.codec.registry import encoder_for
 from training.codec.reselect import RESELECT_ROUNDS
@@ -30,6 +29,7 @@ from training.errors import EngineStateError
 from training.reexec import EXACT, STATE_MISMATCH, restart_state_reason, verify_contribution
 from training.reexec_sim import SimReplica, run_with_states
 from training.replica_state import StageStartState, parse_stage_state
+from training.stage_engine import StageEngine
 
 V2 = CompressionConfig(encoder="v2")
 V3 = CompressionConfig(encoder="v3")

@@ -23,7 +23,6 @@ import pytest
 import torch
 from codec_fixtures import drift, encoder_sim, rerun_replica0, same_bits, shape_map, stage_like
 
-from training.stage_engine import StageEngine
 from training.codec.allocation import allocate, framing_bytes
 from training.codec.base import tensor_matrices
 from training.codec.coding import BalancedFactors, ColumnQuantizer, Option, candidates, lookup, quant_coded
@@ -39,6 +38,7 @@ from training.errors import ContributionEncodeError, EngineStateError
 from training.reexec import EXACT, STATE_MISMATCH, restart_state_reason, verify_contribution
 from training.reexec_sim import SimReplica, run_with_states
 from training.replica_state import StageStartState
+from training.stage_engine import StageEngine
 
 V2 = CompressionConfig(encoder="v2")
 V3 = CompressionConfig(encoder="v3")

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
-
 from training.config_compression import CompressionConfig
 from training.data import generated_corpus
 from training.errors import ReplicaStateError
+from training.hashing import stage_weights_hash
 from training.reexec import (
     DATA_MISMATCH,
     DEFAULT_TOLERANCE,
@@ -35,8 +35,8 @@ from training.reexec import (
     check_state_chain,
     reexecute,
     restart_state_reason,
-    start_global_round,
     sample_replicas,
+    start_global_round,
     verify_contribution,
 )
 from training.reexec_sim import (
@@ -49,7 +49,6 @@ from training.reexec_sim import (
     StragglerReplica,
     run_with_states,
 )
-from training.hashing import stage_weights_hash
 from training.replica_state import ReplicaStartState, initial_replica_state, parse_stage_state
 
 ROUNDS = 3

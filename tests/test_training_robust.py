@@ -141,7 +141,7 @@ def test_contribution_norm_is_the_correctly_rounded_exact_norm():
 def test_contribution_norm_of_millions_of_values_is_decided_in_one_pass(monkeypatch):
     # The one-pass bound is taken block by block: at 2**22 values (a llama-124m contribution has 2**27) it
     # still decides the rounding, and the levels (several more passes over the whole contribution) never run.
-    import training.robust as robust
+    from training import robust
 
     def levels(*_):
         raise AssertionError("fell back to _levels_norm")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from training.config import DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig
-
 from training.config_compression import CompressionConfig
 from training.data import generated_corpus
 from training.errors import TrainingError

@@ -21,8 +21,14 @@ from node import protocol as msg
 from p2p.blob_protocol import MAX_FRAME_BYTES, parse_request
 from p2p.envelope import Envelope, decode_envelope, verify_header
 from p2p.errors import EnvelopeRejected
-from p2p.gossip import (gossip_message_id, sync_messages_frame, sync_offer_frame, sync_request_frame,
-                        sync_response_frame, sync_want_frame)
+from p2p.gossip import (
+    gossip_message_id,
+    sync_messages_frame,
+    sync_offer_frame,
+    sync_request_frame,
+    sync_response_frame,
+    sync_want_frame,
+)
 from p2p.identity import Identity, peer_id_from_public_key, verify_signature
 from p2p.wire import decode_frame, encode_frame
 

@@ -41,16 +41,38 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from ledger import errors
 from ledger.attest import record_struct_hash
 from ledger.chain import connect_pyevm
-from ledger.chunkproof import (FACTORS, MOMENTUM, PAYLOAD, WEIGHTS, availability_answer, availability_target,
-                               build_proof, chunked_weights_root, sums_which)
-from ledger.records import COMMITMENT_VERSIONS, RoundRecord, Verdict
+from ledger.chunkproof import (
+    FACTORS,
+    MOMENTUM,
+    PAYLOAD,
+    WEIGHTS,
+    availability_answer,
+    availability_target,
+    build_proof,
+    chunked_weights_root,
+    sums_which,
+)
 from ledger.normproof import scale_proof, sum_proof
+from ledger.records import COMMITMENT_VERSIONS, RoundRecord, Verdict
 from tests.fraud_fixtures import changed, honest_chain, lied_sum, with_scale
-from training.chunks import float64_bits
 from tests.ledger_fixtures import deploy, mine, node_key, raw_public_key
-from tests.trust_params import (BOND, COALITION, COALITION_JOINER, HONEST, HONEST_JOINER, INACTIVITY,
-                                OUTSIDER, REFUSED, STAKE, TENURE, WINDOW, digest)
+from tests.trust_params import (
+    BOND,
+    COALITION,
+    COALITION_JOINER,
+    HONEST,
+    HONEST_JOINER,
+    INACTIVITY,
+    OUTSIDER,
+    REFUSED,
+    STAKE,
+    TENURE,
+    WINDOW,
+    digest,
+)
 from tests.trust_sums import SumWalks
+from training.chunks import float64_bits
+
 
 class TrustMachine(SumWalks, RuleBasedStateMachine):
     """See module docstring. ``chain`` makes the Web3 each example deploys on (py-evm; the bench may use

@@ -47,10 +47,10 @@ from ledger.chunkproof import FACTORS, StageState, availability_answer, chunked_
 from ledger.normproof import SumTree
 from ledger.records import COMMITMENT_VERSIONS, RoundRecord
 from node import protocol
+from node.fraudproof import stage_state
 from node.live.chain.onchain import NodeChain
 from node.live.fraud.prover import FraudProver
 from node.live.round.roundbook import RoundBook
-from node.fraudproof import stage_state
 from tests.fraud_fixtures import DILOCO, contribution, honest_chain, lied_sum, normed_start, tensors
 from tests.trust_params import BOND, COALITION, HONEST, REFUSED, STAKE, digest
 from training.chunks import float64_bits

@@ -263,7 +263,7 @@ def _malloc_arenas() -> list:
     them): whether an arena's pages grow with what it holds or with its holes. [] where glibc has no
     malloc_info."""
     import ctypes
-    import xml.etree.ElementTree as ElementTree
+    from xml.etree import ElementTree
 
     libc = _info_libc()
     if libc is None:

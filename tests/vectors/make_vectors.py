@@ -28,9 +28,21 @@ if __name__ == "__main__":  # run as a script: the repository root holds the pac
 
 from eth_account import Account
 
-from ledger.attest import (DOMAIN_NAME, DOMAIN_TYPE, DOMAIN_VERSION, RECORD_TYPE, VERDICT_TYPE,
-                           domain_separator, record_digest, record_struct_hash, sign_record, sign_verdict,
-                           typed_data, verdict_digest, verdict_struct_hash)
+from ledger.attest import (
+    DOMAIN_NAME,
+    DOMAIN_TYPE,
+    DOMAIN_VERSION,
+    RECORD_TYPE,
+    VERDICT_TYPE,
+    domain_separator,
+    record_digest,
+    record_struct_hash,
+    sign_record,
+    sign_verdict,
+    typed_data,
+    verdict_digest,
+    verdict_struct_hash,
+)
 from ledger.merkle import merkle_proof, merkle_root
 from ledger.records import RoundRecord, Verdict
 from node import protocol as msg
@@ -44,8 +56,17 @@ from p2p.blob_protocol import (
     request_frame,
 )
 from p2p.envelope import DOMAIN, Envelope
-from p2p.gossip import (SYNC_OFFER_PROTOCOL, SYNC_PROTOCOL, gossip_message_id, sync_id, sync_messages_frame,
-                        sync_offer_frame, sync_request_frame, sync_response_frame, sync_want_frame)
+from p2p.gossip import (
+    SYNC_OFFER_PROTOCOL,
+    SYNC_PROTOCOL,
+    gossip_message_id,
+    sync_id,
+    sync_messages_frame,
+    sync_offer_frame,
+    sync_request_frame,
+    sync_response_frame,
+    sync_want_frame,
+)
 from p2p.identity import Identity
 from p2p.wire import encode_frame
 from training.slicemessages import partial_payload
