@@ -23,11 +23,16 @@ from eth_abi import encode
 import contracts
 from ledger import errors
 from ledger.chain import connect_pyevm
-from ledger.chunkproof import (
+from ledger.chunkproof import (  # noqa: F401 (some for tests/test_norm_proof_availability.py)
+    FACTORS,
     NORMED_FACTORS_TYPES,
+    PAYLOAD,
     Factors,
     StageLeaf,
+    availability_answer,
+    availability_target,
     chunked_weights_root,
+    sums_which,
 )
 from ledger.normproof import (
     SCALES,
@@ -53,7 +58,7 @@ from tests.fraud_fixtures import (
     lied_sum,
     with_scale,
 )
-from tests.ledger_fixtures import deploy
+from tests.ledger_fixtures import deploy, mine  # noqa: F401 (mine: tests/test_norm_proof_availability.py)
 from training.chunks import float64_bits, stage_layout
 from training.codec_wire import decode_declared
 from training.robust import contribution_norm
