@@ -371,7 +371,7 @@ def main() -> int:
             for entry in chaos.fault(fault):
                 print(
                     json.dumps({k: v for k, v in entry.items() if k not in ("killed_at", "process_started")}),
-                      flush=True)
+                    flush=True)
             fault += 1
             # Kept up to date after every fault: a run cut short still leaves its figures.
             result.update(kills=public_kills(chaos.kills),

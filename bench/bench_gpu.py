@@ -300,7 +300,7 @@ def chain_run(args: argparse.Namespace, device: str) -> dict:
               "workdir": str(workdir)}
     print(
         f"(c) 2 replicas on {device}: {len(rounds)}/{args.chain_rounds} rounds committed in {seconds:.0f}s, "
-          f"exit ok={ok}", flush=True)
+        f"exit ok={ok}", flush=True)
     return result
 
 

@@ -322,15 +322,15 @@ def main(argv: list[str] | None = None) -> int:
         print(name,
               " ".join(
                   f"{r['factor']:g}x: {r['steps_per_round']:.1f} steps/round, {r['s_per_step'] * 1000:.0f} "
-                       f"ms/step, share {r['compute_share_reaching_outer_step']:.1%}" + (
+                  f"ms/step, share {r['compute_share_reaching_outer_step']:.1%}" + (
                                  f" (cpu {r['cpu_share_in_inner_steps']:.1%})"
                                  if r.get("cpu_share_in_inner_steps")
                                  else "") for r in run["replicas"]))
     print(
         f"held-out at equal wall ({equal_wall:.0f}s): fixed {comparison['loss_at_equal_wall']['fixed']:.4f}, "
-          f"budget {comparison['loss_at_equal_wall']['budget']:.4f}; at equal tokens ({equal_tokens:,}): "
-          f"fixed {comparison['loss_at_equal_tokens']['fixed']:.4f}, budget "
-          f"{comparison['loss_at_equal_tokens']['budget']:.4f}")
+        f"budget {comparison['loss_at_equal_wall']['budget']:.4f}; at equal tokens ({equal_tokens:,}): fixed "
+        f"{comparison['loss_at_equal_tokens']['fixed']:.4f}, budget "
+        f"{comparison['loss_at_equal_tokens']['budget']:.4f}")
     print(f"wrote {path}")
     return 0
 

@@ -42,7 +42,7 @@ from node.commands.launcher import LocalRun  # noqa: E402
 
 LINE = re.compile(
     r"^(\d\d:\d\d:\d\d) \S+ +node\.live\.coordination: round (\d+) stage (\d+) closed with replicas "
-                  r"\[([\d, ]*)\]( \(missing \[([\d, ]*)\]\))?", re.MULTILINE)
+    r"\[([\d, ]*)\]( \(missing \[([\d, ]*)\]\))?", re.MULTILINE)
 STAMP = re.compile(r"^(\d\d:\d\d:\d\d) ", re.MULTILINE)
 
 

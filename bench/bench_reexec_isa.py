@@ -222,7 +222,7 @@ def summarize(rows: list[dict], old_tolerance: float = 1e-2) -> dict:
                                             == (a, b)), default=None),
                            "min": smallest(honest(lambda r, a=a, b=b: (r["claimant"],
                                                                         r["rerun"]) == (a, b)))}
-                                      for a, b in pairs},
+            for a, b in pairs},
         "honest_verdicts": sorted({r["verdict"] for r in rows if r["role"] == "honest"}),
         # every honest rerun on other kernels or threads, judged as a claim of a platform nobody can emulate
         "honest_rule_other_kernels": counted([r for r in rows if r["role"] == "honest" and other_kernels(r)]),

@@ -150,8 +150,8 @@ def main() -> int:
     runs += [(attack, "norm", attack) for attack in args.norm_only_attacks.split(",") if attack]
     results = {}
     for name, defences, attack in runs:
-        cfg = {"on": defended, "off": undefended, "norm": dataclasses.replace(defended, screening=False)}[
-            defences]
+        cfg = {"on": defended, "off": undefended,
+               "norm": dataclasses.replace(defended, screening=False)}[defences]
         tamper = Attacker(attack, args.attacker, shapes, compression_cfg, args.seed + 1) if attack else None
         started = time.perf_counter()
         try:

@@ -186,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     total = verdicts([{}] + [r for run_ in runs for r in run_["rows"][1:]]) if runs else {}
     result = {
         "what": "screening rules under the one-step delay in the simulation (bench/bench_screening_delay.py)",
-              "settings": {k: v for k, v in vars(args).items() if k != "out"}, "runs": runs,
-              "total": total["excluded"]}
+        "settings": {k: v for k, v in vars(args).items() if k != "out"}, "runs": runs,
+        "total": total["excluded"]}
     path = write_result(args.out, result, load_at_start)
     for kind, entry in total["excluded"].items():
         print(kind, entry)

@@ -57,7 +57,7 @@ def main() -> int:
     counterexample = ""
     try:
         while time.monotonic() - started < args.seconds \
-            and (not args.examples or TrustMachine.examples < args.examples):
+                and (not args.examples or TrustMachine.examples < args.examples):
             TrustMachine.TestCase.settings = settings(
                 max_examples=args.batch, stateful_step_count=args.steps, deadline=None, database=None,
                 suppress_health_check=list(HealthCheck),

@@ -160,7 +160,7 @@ def _throttle_started(run, limits: dict[int, float], groups: dict, what: str) ->
                for path in slot.data_dir.glob("node-*.log")):
             groups[slot.replica] = CpuGroup(
                 f"dlx-bench-het-{run.run_id}-{time.monotonic_ns()}-r{slot.replica}",
-                                            limits[slot.replica])
+                limits[slot.replica])
             if what == "process":
                 groups[slot.replica].add(slot.process.pid)
             else:  # `dlx-node start` trains on its main thread, whose thread id is the process id

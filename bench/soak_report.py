@@ -144,12 +144,12 @@ def svg(result: dict, width: int = 720, height: int = 260) -> str:
     y = lambda d: height - 30 - (height - 50) * d / top  # noqa: E731
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-             'font-size="11">', f'<rect width="{width}" height="{height}" fill="white"/>',
-             f'<line x1="50" y1="{height - 30}" x2="{width - 20}" y2="{height - 30}" stroke="black"/>',
-             f'<line x1="50" y1="20" x2="50" y2="{height - 30}" stroke="black"/>',
-             f'<text x="{width / 2}" y="{height - 8}" text-anchor="middle">seconds into the run</text>',
-             f'<text x="12" y="{height / 2}" transform="rotate(-90 12 {height / 2})" text-anchor="middle">'
-             'round time (s)</text>']
+        'font-size="11">', f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<line x1="50" y1="{height - 30}" x2="{width - 20}" y2="{height - 30}" stroke="black"/>',
+        f'<line x1="50" y1="20" x2="50" y2="{height - 30}" stroke="black"/>',
+        f'<text x="{width / 2}" y="{height - 8}" text-anchor="middle">seconds into the run</text>',
+        f'<text x="12" y="{height / 2}" transform="rotate(-90 12 {height / 2})" text-anchor="middle">'
+        'round time (s)</text>']
     for frac in (0, 0.5, 1):
         parts.append(f'<text x="46" y="{y(top * frac) + 4:.0f}" text-anchor="end">{top * frac:.0f}</text>')
         parts.append(

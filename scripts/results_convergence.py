@@ -42,7 +42,7 @@ def largest_goal(r: dict) -> str:
                 over = row["gap_vs_ddp"] - GOAL_LARGEST
                 parts.append(
                     f"{family} `{row['case']}` {MODE_NAMES[row['mode']]} {pct(row['gap_vs_ddp'], 2)} ("
-                             + (f"missed by {100 * over:.2f} points" if over > 0 else "met") + ")")
+                    + (f"missed by {100 * over:.2f} points" if over > 0 else "met") + ")")
     if not parts:
         return ""
     return f"At the largest size measured of each family, goal <= {100 * GOAL_LARGEST:+.0f}%: " + "; ".join(
@@ -64,10 +64,10 @@ def convergence(r: dict) -> list[str]:
                      variants])
     lines = [
         f"{r['replicas']} replicas x {r['stages']} stages, H = {r['inner_steps']} x {r['rounds']} rounds of "
-             "tinyshakespeare (bytes), seed 0 (other seeds below, where run); each method's best variant "
-             "measured, the gap against the best DDP of the same case (AdamW or Muon). `llama-xs/s/m/l` keep "
-             "1.4 to 1.5 tokens per parameter (the batch grows with the size); `gpt2-mini` and `llama-l` are "
-             "each family's default budget (1,536,000 tokens).", ""]
+        "tinyshakespeare (bytes), seed 0 (other seeds below, where run); each method's best variant "
+        "measured, the gap against the best DDP of the same case (AdamW or Muon). `llama-xs/s/m/l` keep 1.4 "
+        "to 1.5 tokens per parameter (the batch grows with the size); `gpt2-mini` and `llama-l` are each "
+        "family's default budget (1,536,000 tokens).", ""]
     lines += table(["case", "parameters", "tokens", "method", "best variant", "held-out", "gap vs best DDP",
                     "vs DDP, same inner optimizer",
                     "fewer bytes than fp32 AllReduce", "goal (issue 46)",
@@ -211,13 +211,13 @@ def svg(r: dict, width: int = 560, height: int = 300) -> str:
     colours = {"diloco": "#1f77b4", "diloco_x": "#d62728"}
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-             'font-size="12">', f'<rect width="{width}" height="{height}" fill="white"/>',
-             f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="black"/>',
-             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="black"/>',
-             (f'<text x="{(left + right) / 2:.0f}" y="{height - 8}" '
-              'text-anchor="middle">parameters (log scale)</text>'),
-             f'<text x="14" y="{(top + bottom) / 2:.0f}" transform="rotate(-90 14 {(top + bottom) / 2:.0f})" '
-             'text-anchor="middle">held-out loss vs best DDP</text>']
+        'font-size="12">', f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="black"/>',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="black"/>',
+        (f'<text x="{(left + right) / 2:.0f}" y="{height - 8}" '
+         'text-anchor="middle">parameters (log scale)</text>'),
+        f'<text x="14" y="{(top + bottom) / 2:.0f}" transform="rotate(-90 14 {(top + bottom) / 2:.0f})" '
+        'text-anchor="middle">held-out loss vs best DDP</text>']
     for gap in (y_low, (y_low + y_high) / 2, y_high):
         parts.append(
             f'<text x="{left - 4}" y="{y_of(gap) + 4:.1f}" text-anchor="end">{100 * gap:+.1f}%</text>')

@@ -25,15 +25,15 @@ def netlab(r: dict) -> list[str]:
     return (
         [f"Round trips of {r['echoes']} UDP echoes between two namespaces of tests/netlab.py (the delay held "
          "by the C forwarder of each sender's link), in milliseconds:", ""]
-            + table(["RTT asked", "answered", "min", "median", "p90", "max"], delay_rows)
-            + [f"One TCP stream (a Python socket pair, {r['stream_s']:g} s) through two emulated "
-               "links (tc tbf on the "
-               "sender's), and the CPU both links' forwarders used meanwhile:", ""]
-            + table(["rate asked", "one-way delay", "received", "forwarders' CPU (of a core)",
-                     "CPU per 100 Mbit/s"],
-                    rate_rows)
-            + [f"NAT: {nat['echoes_out_answered']} of 3 echoes from behind the NAT answered, "
-               f"{nat['echoes_in_answered']} of 2 sent into it (unsolicited: dropped).", ""])
+        + table(["RTT asked", "answered", "min", "median", "p90", "max"], delay_rows)
+        + [f"One TCP stream (a Python socket pair, {r['stream_s']:g} s) through two emulated "
+           "links (tc tbf on the "
+           "sender's), and the CPU both links' forwarders used meanwhile:", ""]
+        + table(["rate asked", "one-way delay", "received", "forwarders' CPU (of a core)",
+                 "CPU per 100 Mbit/s"],
+                rate_rows)
+        + [f"NAT: {nat['echoes_out_answered']} of 3 echoes from behind the NAT answered, "
+           f"{nat['echoes_in_answered']} of 2 sent into it (unsolicited: dropped).", ""])
 
 
 def soak(r: dict) -> list[str]:
@@ -44,14 +44,14 @@ def soak(r: dict) -> list[str]:
     splits = sum(1 for c in r["clusters"] if c["split"])
     rounds = r["rounds_first_seen_s"]
     durations = [d for d in r["round_s"] if d]
-    lines = [(f"{r['nodes']} nodes in {len(r['clusters'])} clusters ({splits} split over two nodes, the "
-              f"others one node), each cluster in its own namespace; one-way delays {min(delays):.0f}"
-              f"-{max(delays):.0f} ms between sites (jitter up to {e['jitter_ms']:g} ms), links of "
-              f"{min(rates):.0f}-{max(rates):.0f} Mbit/s, {len(e['nat_sites'])} one-node clusters behind NAT "
-              f"({', '.join(e['nat_sites'])}), the chain {e['chain_delay_ms']:g} ms away; "
-              f"{r['run_s'] / 60:.0f} minutes of training"
-              + (" with churn." if r["churn"] else " without churn.")
-              + f" The emulator's forwarders used {e.get('forwarder_cpu_s', '?')} CPU seconds in all."), ""]
+    lines = [(
+        f"{r['nodes']} nodes in {len(r['clusters'])} clusters ({splits} split over two nodes, the others one "
+        f"node), each cluster in its own namespace; one-way delays {min(delays):.0f}-{max(delays):.0f} ms "
+        f"between sites (jitter up to {e['jitter_ms']:g} ms), links of {min(rates):.0f}-{max(rates):.0f} "
+        f"Mbit/s, {len(e['nat_sites'])} one-node clusters behind NAT ({', '.join(e['nat_sites'])}), the "
+        f"chain {e['chain_delay_ms']:g} ms away; {r['run_s'] / 60:.0f} minutes of training"
+        + (" with churn." if r["churn"] else " without churn.")
+        + f" The emulator's forwarders used {e.get('forwarder_cpu_s', '?')} CPU seconds in all."), ""]
     lines += table(["rounds committed", "each once, in order", "short of a contributor",
                     "round time (median, max)", "unexpected exits", "tracebacks", "audit --reexecute all"],
                    [[r["rounds"], "yes" if r["rounds_in_order_once"] else "**no**", len(r["rounds_short"]),
@@ -91,10 +91,9 @@ def soak(r: dict) -> list[str]:
                          or "-"])
     lines += [
         "Per node: resident memory (MiB: first sample, highest, last; and its change from the first sample "
-              f"after {WARM_UP_S // 60} minutes of the run to the last: a restart in between "
-              "resets it), open file "
-              "descriptors, and traffic by protocol at the last sample (MB sent + received, the node's own "
-              "counters over its current life):", ""]
+        f"after {WARM_UP_S // 60} minutes of the run to the last: a restart in between resets it), open file "
+        "descriptors, and traffic by protocol at the last sample (MB sent + received, the node's own "
+        "counters over its current life):", ""]
     lines += table(["node", "site", "RSS", "RSS after warm-up", "fds", "traffic"], rss_rows)
     growth = r.get("memory_growth") or {}
     if growth:
@@ -145,14 +144,14 @@ def soak(r: dict) -> list[str]:
                               if chain else "-"])
     lines += [
         "Dials per minute (TCP SYNs each site's link carried, counted by the emulator): median and highest "
-              "over the samples, and connections to the chain's RPC:", ""]
+        "over the samples, and connections to the chain's RPC:", ""]
     lines += table(["site", "dials/min (median)", "dials/min (max)", "RPC connections/min (median)"],
                    dial_rows)
     link = r["slowest_link"]
     lines += [
         f"Round time against the slowest link: its one-way delay is {link['one_way_ms']:.0f} ms, its rate "
-              f"{link['rate_mbit']:.0f} Mbit/s; the median round took {_median(durations):.0f} s"
-              if durations else "No round times.", ""]
+        f"{link['rate_mbit']:.0f} Mbit/s; the median round took {_median(durations):.0f} s"
+        if durations else "No round times.", ""]
     load = [v for v in series.get("load_1min", []) if v is not None]
     if load:
         lines += ["The machine's 1-minute load average over the samples (it has "

@@ -52,7 +52,7 @@ def heterogeneous(r: dict) -> list[str]:
                 "paired": "version 3"}
     how += (
         f" The time-bounded run screens by {versions.get(rule, rule)} (`diloco.screen_rule = \"{rule}\"`) on "
-            f"{s.get('screen_batch', 16)} windows; the fixed-H run by version 1 on 16.")
+        f"{s.get('screen_batch', 16)} windows; the fixed-H run by version 1 on 16.")
     idle = []
     if "cpu_share_in_inner_steps" in r["budget"]["replicas"][0]:
         idle_rows = [[name, f"{x['factor']:g}x", pct(x["compute_share_reaching_outer_step"], 1).lstrip("+"),

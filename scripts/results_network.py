@@ -80,8 +80,8 @@ def scale(r: dict) -> list[str]:
     if r.get("model"):
         lines += [
             "The full exchange's linear model from this run: contribution bytes in per node and round at "
-                  + ", ".join(f"{m['replicas']} replicas {mb(m['contribution_bytes_in'])}"
-                              for m in r["model"]) + ".", ""]
+            + ", ".join(f"{m['replicas']} replicas {mb(m['contribution_bytes_in'])}" for m in r["model"])
+            + ".", ""]
     return lines
 
 

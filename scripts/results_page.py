@@ -412,7 +412,7 @@ def render(results: Path = RESULTS) -> str:
     if unknown:
         raise PageError(
             f"no section in scripts/results_page.py for bench/results/{', '.join(unknown)}: add one "
-                        "(every benchmark writes one current result, and each has a section)")
+            "(every benchmark writes one current result, and each has a section)")
     out = [HEADER, "## Contents", ""]
     out += [f"- [{s.title}](#{_anchor(s.title)})" for s in SECTIONS]
     out.append("")

@@ -263,10 +263,10 @@ def chaos_phases(r: dict) -> list[str]:
             for phase, d in sorted(phases.items())]
     return [
         "By the phase of the kill (the restarted node's replica is back when it contributes again; rounds "
-            "missed after ready: rounds committed without it once its restarted process was ready, i.e. its "
-            "pipeline formed with its partner, before the round it is back in; of those still open at ready: "
-            "the round the other replicas trained then or later, the others closed before and committed "
-            "after):", ""] + table(
+        "missed after ready: rounds committed without it once its restarted process was ready, i.e. its "
+        "pipeline formed with its partner, before the round it is back in; of those still open at ready: "
+        "the round the other replicas trained then or later, the others closed before and committed "
+        "after):", ""] + table(
         ["phase", "kills", "recovered", "chain rounds after the restart (mean / max)",
          "rounds missed after ready (max)", "of them open at ready (max)",
          "rounds after its entry round (max)", "seconds (mean / max)", "process ready after (mean)"],
@@ -283,11 +283,11 @@ def restart(r: dict) -> list[str]:
                     e.get("round_at_mark", {}).get("pipeline formed", "-"), e.get("entered_round"),
                     e.get("recovered_round"), e.get("rounds_missed_after_ready", "-")]
                    for e in r["restarts"]]
-    return [(f"{r['nodes']} nodes (2 split clusters x 2 stages), k = {r['k']}, settings {r['settings']}: one "
-             "node after the other killed with SIGKILL and started again 2 s later, "
-             f"{len(r['restarts'])} times. Each "
-             "start-up phase ends with a line in the node's log (node/live/startup.py), in seconds since the "
-             "process started; a phase's time runs from the end of the one before it."), ""] + table(
+    return [(
+        f"{r['nodes']} nodes (2 split clusters x 2 stages), k = {r['k']}, settings {r['settings']}: one node "
+        f"after the other killed with SIGKILL and started again 2 s later, {len(r['restarts'])} times. Each "
+        "start-up phase ends with a line in the node's log (node/live/startup.py), in seconds since the "
+        "process started; a phase's time runs from the end of the one before it."), ""] + table(
         ["phase (ends when)", "mean", "max"], rows) + table(
         ["node", "round committed at the restart", "at ready (pipeline formed)", "entered at", "back in",
          "rounds missed after ready"], per_restart) + [

@@ -64,14 +64,14 @@ def byzantine(r: dict) -> list[str]:
     if sliced:
         note = (
             f" `diloco.exchange = \"sliced\"`, `spot_checks = {s.get('spot_checks')}` (of partials and of "
-                f"contributions), `p2p.transfer_timeout = {s.get('transfer_timeout')}`; the "
-                "close and hello attacks "
-                "are `tests/adversary.py`'s; the audit reads every node's archive. A wrong partial is "
-                "applied alike by every holder and caught after the fact: the audit FAILs naming its signer, "
-                "and the holders' spot checks of partials accuse it on chain. A sliced run leaves a bad "
-                "slice out per slice (the aggregator's report), so `excluded` stays 0. Accusations opened "
-                "near the end of these 3-round runs mostly stay open: the nodes stop with the run before "
-                "enough verdicts are signed.")
+            f"contributions), `p2p.transfer_timeout = {s.get('transfer_timeout')}`; the "
+            "close and hello attacks "
+            "are `tests/adversary.py`'s; the audit reads every node's archive. A wrong partial is applied "
+            "alike by every holder and caught after the fact: the audit FAILs naming its signer, and the "
+            "holders' spot checks of partials accuse it on chain. A sliced run leaves a bad slice out per "
+            "slice (the aggregator's report), so `excluded` stays 0. Accusations opened near the end of "
+            "these 3-round runs mostly stay open: the nodes stop with the run before enough "
+            "verdicts are signed.")
         if s.get("reexecute"):
             note += (f" The audit ran with `--reexecute {s['reexecute']}`: it reruns "
                      "contributions from the archives "
@@ -210,6 +210,6 @@ def fraud_proof(r: dict) -> list[str]:
         if expired:
             lines += [
                 f"A sum-tree leaf's challenge left unanswered and settled (`expireChallenge`: the round "
-                      f"overturned, its two attesters slashed, the challenger paid): {min(expired):,}"
-                      + (f" - {max(expired):,}" if max(expired) != min(expired) else "") + " gas.", ""]
+                f"overturned, its two attesters slashed, the challenger paid): {min(expired):,}"
+                + (f" - {max(expired):,}" if max(expired) != min(expired) else "") + " gas.", ""]
     return lines

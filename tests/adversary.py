@@ -297,10 +297,10 @@ def diverging_slow_verdict(most_s: float = 50.0):
             if outer_round == 2:  # on the committer thread: the verdict reaches the node late
                 logger.warning(
                     "adversary: the chain's verdict of round 2 reaches this node only after it encoded "
-                               "round 4")
+                    "round 4")
                 deadline = time.monotonic() + most_s
                 while not self.encoded_round_4.wait(0.5) and not self.stop.is_set() \
-                    and time.monotonic() < deadline:
+                        and time.monotonic() < deadline:
                     pass
             return super().diverged(outer_round, onchain, mine, signature)
 

@@ -16,7 +16,7 @@ HONEST = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"
 def test_a_fail_naming_its_peer_id_or_an_accusation_of_its_account_names_the_attacker():
     fail = (
         f"round 0: FAIL -- partial s0 j1 by ECVGQ6JK (replay): the partial signed by {PEER} differs from its "
-            "replay from the 3 inputs it binds")
+        "replay from the 3 inputs it binds")
     assert names_attacker(["audit of run 1 FAILED", fail], PEER, ATTACKER)
     accused = (f"accusation of {ATTACKER.upper().replace('0X', '0x')} by {HONEST} (evidence "
                "10f2, block 12): open")

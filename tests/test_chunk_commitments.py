@@ -141,8 +141,8 @@ def test_the_vectorized_chunk_square_sums_are_square_sums_chunk_by_chunk(seed):
                "a": torch.from_numpy(values[1000:2930]), "c": torch.from_numpy(values[2930:2931]),
                "e": torch.zeros(0)}
     places = stage_layout({name: tuple(t.shape) for name, t in tensors.items()})
-    expected = [
-        square_sum(tensors[p.name].reshape(-1)[p.offset:p.offset + p.count].numpy().astype("<f4").tobytes())
+    expected = [square_sum(tensors[p.name].reshape(-1)[p.offset:p.offset + p.count].numpy().astype(
+        "<f4").tobytes())
                 for p in places]
     assert chunk_square_sums(tensors) == expected and len(expected) == 31 + 16 + 1
     for bad in (float("inf"), float("-inf"), float("nan")):

@@ -86,7 +86,7 @@ def test_no_private_name_crosses_into_or_out_of_a_codec_module():
     for importer, path in modules.items():
         for module, name, _ in imports(path, modules):
             if (is_codec(importer) or is_codec(module)) and name.startswith("_") \
-                and not name.startswith("__"):
+                    and not name.startswith("__"):
                 offenders.append(f"{importer} imports {module}.{name}")
         offenders += [f"{importer} uses {use}" for use in private_attribute_uses(path, modules)]
     assert not offenders, offenders

@@ -131,7 +131,7 @@ def rounding_events(op, a, b, got) -> Counter:
             events["tie"] += 1
         magnitude = abs(rounded)
         if magnitude.numerator & (magnitude.numerator - 1) == 0 \
-            and magnitude.denominator & (magnitude.denominator - 1) == 0:
+                and magnitude.denominator & (magnitude.denominator - 1) == 0:
             events["next_binade"] += abs(exact) < magnitude
     return events
 

@@ -43,8 +43,8 @@ def _selector(item: dict) -> bytes:
 
 def _canonical(arg: dict) -> str:
     if arg["type"].startswith("tuple"):
-        return "(" + ",".join(_canonical(part) for part in arg["components"]) + ")" + arg["type"][
-            len("tuple"):]
+        return "(" + ",".join(_canonical(part) for part in arg["components"]) + ")" \
+            + arg["type"][len("tuple"):]
     return arg["type"]
 
 

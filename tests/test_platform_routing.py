@@ -106,7 +106,7 @@ def test_routing_agrees_with_the_rerun_a_verifier_would_make():
     for claim, here in itertools.product(platforms, platforms):
         for native in levels:
             if here.device_type != "cpu" or here.capability not in levels \
-                or levels.index(native) < levels.index(
+                    or levels.index(native) < levels.index(
                     here.capability):
                 continue
             emulated = capability_to_emulate(claim, here, native)
@@ -218,8 +218,8 @@ def test_a_node_under_a_lower_instruction_set_declares_it_and_its_cpu_s_own():
         env["ATEN_CPU_CAPABILITY"] = "default"
     script = (
         "import json, torch; from node.config import load_config; from node.platforms import own_platforms; "
-              "print(json.dumps([str(torch.backends.cpu.get_cpu_capability())] + [d.hex() for d in "
-              "own_platforms(load_config(None, ['training.device=cpu']).training)]))")
+        "print(json.dumps([str(torch.backends.cpu.get_cpu_capability())] + [d.hex() for d in "
+        "own_platforms(load_config(None, ['training.device=cpu']).training)]))")
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
                          check=True)
     theirs, other, other_legacy = json.loads(out.stdout.strip().splitlines()[-1])

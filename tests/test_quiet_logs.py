@@ -56,7 +56,7 @@ def _emit() -> None:
     client.error("MultiselectClient: invalid handshake %r", "/not-multistream/9")
     host.error(
         "Failed to open stream to peer 12D3KooWD:\n  Error: response timed out after 30s, protocols tried: "
-               "['/libp2p/dcutr']\n  Connection State: established=True, handshake=False")
+        "['/libp2p/dcutr']\n  Connection State: established=True, handshake=False")
     logging.getLogger("node.live.node").info("round 1 committed")
 
 

@@ -274,7 +274,7 @@ def _sizes(dataset: Path, manifest: Manifest) -> dict[bytes, int]:
 def test_a_peer_that_trickles_for_ever_is_given_up_and_the_next_peer_serves(dataset, tmp_path):
     _, manifest = read_manifest(dataset)
     with _trickler(tmp_path / "slow", _sizes(dataset, manifest), 0.5) as slow, \
-        _host(tmp_path / "honest") as honest, \
+            _host(tmp_path / "honest") as honest, \
             _impatient(tmp_path / "joiner") as joiner:
         serve_dataset(honest, dataset)
         for p in (slow, honest):

@@ -56,7 +56,7 @@ def test_a_slow_signer_holds_up_no_other_partial_and_a_gone_signers_partial_come
     ids = {name: Identity.generate() for name in ("holder", "slow", "keeper", "bystander", "gone")}
     start = lambda name: P2PHost.start(P2PConfig(), ids[name], data_dir=tmp_path / name)  # noqa: E731
     with start("holder") as holder, start("slow") as slow, start("keeper") as keeper, \
-        start("bystander") as bystander:
+            start("bystander") as bystander:
         gone = start("gone")
         slice0, slice1 = _partial(ids["slow"], 0), _partial(ids["gone"], 1)
         slow.provide_blob(slice0, announce=False)
