@@ -2,7 +2,8 @@
 
 Usage::
 
-    /work/venv/bin/python bench/bench_audit.py [--rounds 1000] [--replay-preset tiny ...] [--out bench/results/audit.json]
+    /work/venv/bin/python bench/bench_audit.py [--rounds 1000] [--replay-preset tiny ...]
+        [--out bench/results/audit.json]
 
 1. Chain part: a managed anvil, a deployment, ``--quorum`` registered nodes (valid ed25519 bindings) that
    join a run of quorum k = ``--quorum``, ``--rounds`` rounds each signed by all k members (EIP-712) and
@@ -53,7 +54,8 @@ def chain_part(rounds: int, quorum: int) -> dict:
             w3 = connect_rpc(url, wait=10)
             chain_id = w3.eth.chain_id
             registry, ledger = LedgerClient.deploy(w3, dev_account(0, chain_id))
-            members = [LedgerClient(w3, dev_account(i, chain_id), registry, ledger) for i in range(1, quorum + 1)]
+            members = [LedgerClient(w3, dev_account(i, chain_id), registry, ledger)
+                       for i in range(1, quorum + 1)]
             for member in members:
                 identity = Identity.generate()
                 member.register(identity.public_key_bytes, identity.sign(member.my_binding_message()))
@@ -186,7 +188,8 @@ def main() -> None:
         old = json.loads(previous.read_text())
         if "replay" in old:
             result["replay"] = old["replay"]
-            result["replay_from_previous_command"] = old.get("replay_from_previous_command", old.get("command"))
+            result["replay_from_previous_command"] = old.get("replay_from_previous_command",
+                                                             old.get("command"))
     if not args.no_run:
         result["replay"] = []
         for preset in args.replay_preset or ["tiny"]:

@@ -25,13 +25,14 @@ and a short convergence comparison on the tiny model (M replicas, no delay):
 held-out loss with today's exchange vs the sliced exchange with re-encoded
 partials. Writes bench/results/butterfly.json.
 
-    nice -n 19 .venv/bin/python bench/bench_butterfly.py            # everything in one process (hours on a loaded machine)
+    # everything in one process (hours on a loaded machine):
+    nice -n 19 .venv/bin/python bench/bench_butterfly.py
 
 The committed results were taken as five processes in parallel, then merged (load 25-43):
 
-    bench_butterfly.py --presets tiny --skip-convergence --out /tmp/s5b-tiny.json               # ~15 min
-    bench_butterfly.py --presets mini --traffic-stages 0 --skip-convergence --out /tmp/s5b-mini.json   # ~10 min
-    bench_butterfly.py --presets= --conv-only 0|4|16 --out /tmp/s5b-convN.json                  # ~12 min each
+    bench_butterfly.py --presets tiny --skip-convergence --out /tmp/s5b-tiny.json              # ~15 min
+    bench_butterfly.py --presets mini --traffic-stages 0 --skip-convergence --out /tmp/s5b-mini.json # ~10 min
+    bench_butterfly.py --presets= --conv-only 0|4|16 --out /tmp/s5b-convN.json                 # ~12 min each
     bench_butterfly.py --parts /tmp/s5b-tiny.json,/tmp/s5b-mini.json,/tmp/s5b-conv0.json,...
 """
 
@@ -99,7 +100,8 @@ def perturbed(base: dict[str, torch.Tensor], replica: int) -> dict[str, torch.Te
     """``base * (1 + 0.01 * noise)``, noise a fixed Gaussian of ``replica`` (keeps the low-rank shape)."""
     generator = torch.Generator().manual_seed(1000 + replica)
     return {
-        name: value * (1 + 0.01 * torch.randn(value.shape, generator=generator)) for name, value in base.items()
+        name: value * (1 + 0.01 * torch.randn(value.shape, generator=generator))
+            for name, value in base.items()
     }
 
 
@@ -128,14 +130,16 @@ def todays_traffic(pseudo_gradients, replicas: int, cfg, budget: int, stage_inde
     for replica in range(min(replicas, materialize)):
         target = perturbed(pseudo_gradients[replica % len(pseudo_gradients)], replica)
         blob, _, _ = _encode_whole(target, cfg, budget, stage_index, outer_round)
-        # The node's own body (docs/PROTOCOL.md ContributionBody: prefix, state hash, data commitment, applied hash).
+        # The node's own body (docs/PROTOCOL.md ContributionBody:
+        # prefix, state hash, data commitment, applied hash).
         body = encode_contribution_body(ContributionBody(bytes(32), bytes(32), blob, NO_APPLY))
-        envelope = Envelope.create(identity(replica), RUN_ID, outer_round, "contribution", body, stage_index, replica)
+        envelope = Envelope.create(identity(replica), RUN_ID, outer_round, "contribution", body, stage_index,
+                                   replica)
         sizes.append(len(envelope.to_bytes()))
     mean = sum(sizes[1:]) / max(len(sizes) - 1, 1) if len(sizes) > 1 else sizes[0]
     bytes_in = sum(sizes[1:]) + round(mean * (replicas - len(sizes)))
-    return NodeTraffic("all_to_all", replicas, 1, bytes_in, sizes[0] * (replicas - 1), replicas - 1, replicas - 1,
-                       len(sizes))
+    return NodeTraffic("all_to_all", replicas, 1, bytes_in, sizes[0] * (replicas - 1), replicas - 1,
+                       replicas - 1, len(sizes))
 
 
 def _encode_whole(target, cfg, budget, stage_index, outer_round):
@@ -159,7 +163,8 @@ def sliced_traffic(pseudo_gradients, replicas: int, cfg, budget: int, stage_inde
     own_slice = next((j for j in range(count) if aggregator_of(j, outer_round, replicas) == node), None)
     # The node's own A signed slice messages, one to each aggregator.
     own_target = perturbed(pseudo_gradients[node % len(pseudo_gradients)], node)
-    own_blobs, _, _ = encode_slices(own_target, plan, cfg, budget, stage_index=stage_index, outer_round=outer_round)
+    own_blobs, _, _ = encode_slices(own_target, plan, cfg, budget, stage_index=stage_index,
+                                    outer_round=outer_round)
     bytes_out = messages_out = 0
     for j in range(count):
         if j != own_slice:
@@ -170,7 +175,8 @@ def sliced_traffic(pseudo_gradients, replicas: int, cfg, budget: int, stage_inde
     base_targets = [perturbed(g, k) for k, g in enumerate(pseudo_gradients)]
     base_budgets = [guided_slice_budgets(target, plan, cfg, budget) for target in base_targets]
     if own_slice is not None:
-        # Every replica's slice own_slice (materialized: R codings of one slice), signature checked as the node would.
+        # Every replica's slice own_slice (materialized: R codings
+        # of one slice), signature checked as the node would.
         inputs = []
         verify_seconds = 0.0
         for replica in range(replicas):
@@ -186,15 +192,16 @@ def sliced_traffic(pseudo_gradients, replicas: int, cfg, budget: int, stage_inde
             message = signed_slice_message(replica, outer_round, stage_index, own_slice, count, blob)
             t0 = time.perf_counter()
             signature, received = parse_slice_message(message, own_slice, count)
-            signing = slice_signing_bytes(RUN_ID, outer_round, stage_index, replica, own_slice, count, received)
+            signing = slice_signing_bytes(RUN_ID, outer_round, stage_index, replica, own_slice, count,
+                                          received)
             assert verify_signature(identity(replica).public_key_bytes, signing, signature)
             verify_seconds += time.perf_counter() - t0
             bytes_in += len(message)
             inputs.append(received)
         messages_in += replicas - 1
         started = time.perf_counter()
-        result = aggregate_slice(inputs, plan, own_slice, cfg, budget, norm_clip=norm_clip, stage_index=stage_index,
-                                 outer_round=outer_round)
+        result = aggregate_slice(inputs, plan, own_slice, cfg, budget, norm_clip=norm_clip,
+                                 stage_index=stage_index, outer_round=outer_round)
         aggregate_seconds = time.perf_counter() - started
         payload = partial_payload(own_slice, count, inputs_root(inputs), replicas, result.partial)
         partial = Envelope.create(identity(node), RUN_ID, outer_round, "partial", payload, stage_index, node)
@@ -208,15 +215,16 @@ def sliced_traffic(pseudo_gradients, replicas: int, cfg, budget: int, stage_inde
             reason = check_partial(parse_partial(partial.payload), inputs, plan, cfg, budget,
                                    norm_clip=norm_clip, stage_index=stage_index, outer_round=outer_round)
             extra.update(audit_seconds=time.perf_counter() - started, audit_ok=reason == "")
-    # The other partials (modelled: coded from the K base replicas' slices, the same rule and budget rule as a real
-    # one; a partial's size follows its inputs' sizes, not R).
-    base_blobs = [encode_slices(target, plan, cfg, budget, stage_index=stage_index, outer_round=outer_round)[0]
+    # The other partials (modelled: coded from the K base replicas' slices, the same rule and budget rule as a
+    # real one; a partial's size follows its inputs' sizes, not R).
+    base_blobs = [encode_slices(target, plan, cfg, budget, stage_index=stage_index,
+                                outer_round=outer_round)[0]
                   for target in base_targets]
     for j in range(count):
         if j == own_slice:
             continue
-        result = aggregate_slice([blobs[j] for blobs in base_blobs], plan, j, cfg, budget, norm_clip=norm_clip,
-                                 stage_index=stage_index, outer_round=outer_round)
+        result = aggregate_slice([blobs[j] for blobs in base_blobs], plan, j, cfg, budget,
+                                 norm_clip=norm_clip, stage_index=stage_index, outer_round=outer_round)
         payload = partial_payload(j, count, bytes(32), replicas, result.partial)
         aggregator = aggregator_of(j, outer_round, replicas)
         envelope = Envelope.create(identity(aggregator), RUN_ID, outer_round, "partial", payload, stage_index,
@@ -232,7 +240,8 @@ def sliced_traffic(pseudo_gradients, replicas: int, cfg, budget: int, stage_inde
 
 
 def real_pseudo_gradients(model_cfg, training_cfg, corpus, num_stages: int, replicas: int, steps: int):
-    """``[per replica: [per stage: {name: start - end}]]`` after ``steps`` real AdamW steps from the initial weights."""
+    """``[per replica: [per stage: {name: start - end}]]`` after ``steps`` real AdamW steps from the initial
+    weights."""
     initial = init_state_dict(model_cfg, training_cfg.seed)
     out = []
     for replica in range(replicas):
@@ -256,9 +265,10 @@ def slicing_error(pseudo_gradient, shapes, cfg, budget, counts, min_slice_numel)
         plan = plan_slices(shapes, count, min_slice_numel=min_slice_numel)
         row = {"requested": count, "slices": plan.num_slices, "budget": budget}
         for label, guided in (("guided", True), ("proportional", False)):
-            blobs, decoded, _ = encode_slices(pseudo_gradient, plan, cfg, budget, stage_index=0, outer_round=0,
-                                              guided=guided)
-            error = math.sqrt(sum(float(torch.sum((pseudo_gradient[n] - decoded[n]).double() ** 2)) for n in shapes))
+            blobs, decoded, _ = encode_slices(pseudo_gradient, plan, cfg, budget, stage_index=0,
+                                              outer_round=0, guided=guided)
+            error = math.sqrt(sum(float(torch.sum((pseudo_gradient[n] - decoded[n]).double() ** 2))
+                                  for n in shapes))
             row[label] = {"bytes": sum(map(len, blobs)), "rel_error": error / norm}
         rows.append(row)
     return rows
@@ -271,9 +281,11 @@ def convergence(scheme: str, corpus, model_cfg, training_cfg, replicas: int, num
                 rounds: int, compression_cfg, norm_clip: float, min_slice_numel: int, eval_every: int,
                 num_slices: int = 0):
     """Synchronous DiLoCoX (no delay) with today's exchange or the sliced one; held-out loss per round."""
-    diloco_cfg = DilocoConfig(inner_steps=steps, num_replicas=replicas, one_step_delay=False, norm_clip=norm_clip)
+    diloco_cfg = DilocoConfig(inner_steps=steps, num_replicas=replicas, one_step_delay=False,
+                              norm_clip=norm_clip)
     initial = init_state_dict(model_cfg, training_cfg.seed)
-    trainers = [LocalReplicaTrainer(model_cfg, training_cfg, num_stages, state_dict=initial) for _ in range(replicas)]
+    trainers = [LocalReplicaTrainer(model_cfg, training_cfg, num_stages, state_dict=initial)
+                for _ in range(replicas)]
     engines = [[StageEngine(spec.index, dict(m.named_parameters()), diloco_cfg, compression_cfg)
                 for spec, m in zip(t.specs, t.stage_modules)] for t in trainers]
     plans = []
@@ -283,7 +295,8 @@ def convergence(scheme: str, corpus, model_cfg, training_cfg, replicas: int, num
         for row in engines:
             for stage, engine in enumerate(row):
                 engine.compressor = SlicedErrorFeedbackCompressor(
-                    engine.shapes, compression_cfg, plans[stage], bandwidth_budget=engine.compressor.bandwidth_budget)
+                    engine.shapes, compression_cfg, plans[stage],
+                    bandwidth_budget=engine.compressor.bandwidth_budget)
                 # The assembled Delta reaches the engine as one raw contribution (its average is itself, bit
                 # for bit), so the engine's outer step and bookkeeping run unchanged.
                 engine.compression_cfg = dataclasses.replace(compression_cfg, enabled=False)
@@ -294,8 +307,8 @@ def convergence(scheme: str, corpus, model_cfg, training_cfg, replicas: int, num
     for outer_round in range(rounds):
         for replica, trainer in enumerate(trainers):
             optimizers = trainer_optimizers(trainer)
-            batches = round_batches(corpus, training_cfg.seed, replica, outer_round, steps, training_cfg.batch_size,
-                                    model_cfg.block_size)
+            batches = round_batches(corpus, training_cfg.seed, replica, outer_round, steps,
+                                    training_cfg.batch_size, model_cfg.block_size)
             for step, (x, y) in enumerate(batches):
                 set_lr(optimizers, inner_lr(training_cfg, outer_round * steps + step, rounds * steps))
                 trainer.train_step(x, y)
@@ -313,13 +326,16 @@ def convergence(scheme: str, corpus, model_cfg, training_cfg, replicas: int, num
                            for j in range(plan.num_slices)]
                 delta = assemble_partials([r.partial for r in results], plan, stage_index=stage,
                                           outer_round=outer_round)
-                exact = average_contributions([engines[r][stage].compressor.last_decoded for r in range(replicas)])
+                exact = average_contributions([engines[r][stage].compressor.last_decoded
+                                               for r in range(replicas)])
                 num = sum(float(torch.sum((delta[n] - exact[n]).double() ** 2)) for n in delta)
                 den = sum(float(torch.sum(exact[n].double() ** 2)) for n in delta)
                 partial_errors.append(math.sqrt(num / den) if den else 0.0)
                 partial_bytes += sum(len(r.partial) for r in results)
-                contributions = [encode_contribution(delta, raw_cfg, stage_index=stage, outer_round=outer_round)[0]]
-            hashes = {engines[r][stage].apply_round(outer_round, contributions).weights_hash for r in range(replicas)}
+                contributions = [encode_contribution(delta, raw_cfg, stage_index=stage,
+                                                     outer_round=outer_round)[0]]
+            hashes = {engines[r][stage].apply_round(outer_round, contributions).weights_hash
+                          for r in range(replicas)}
             assert len(hashes) == 1, "replicas disagree"
         eval_loss = None
         if (outer_round + 1) % eval_every == 0 or outer_round == rounds - 1:
@@ -328,7 +344,8 @@ def convergence(scheme: str, corpus, model_cfg, training_cfg, replicas: int, num
                 merged.update(engine.global_weights)
             evaluator.load_state_dict(merged)
             eval_loss = evaluator.eval_loss(held_out)
-        records.append({"outer_round": outer_round, "eval_loss": eval_loss, "slices": [p.num_slices for p in plans],
+        records.append({"outer_round": outer_round, "eval_loss": eval_loss,
+                        "slices": [p.num_slices for p in plans],
                         "contribution_bytes_per_replica": contribution_bytes, "partial_bytes": partial_bytes,
                         "partial_rel_error": partial_errors or None})
         print(f"  {scheme} round {outer_round}: eval {eval_loss}", flush=True)
@@ -339,14 +356,18 @@ def convergence(scheme: str, corpus, model_cfg, training_cfg, replicas: int, num
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=None,
-                        help="corpus (default: tinyshakespeare, from ../shared/data or 'dlx-node data fetch tinyshakespeare')")
+                        help="corpus (default: tinyshakespeare, from ../shared/data or 'dlx-node data "
+                             "fetch tinyshakespeare')")
     parser.add_argument("--presets", default="tiny,mini", help="traffic presets ('' to skip)")
     parser.add_argument("--replicas", default="4,8,16,64,256,1024")
     parser.add_argument("--stages", type=int, default=2)
-    parser.add_argument("--traffic-stages", default="", help="stage indices whose traffic is measured (default all)")
-    parser.add_argument("--inner-steps", type=int, default=50, help="H of the budget and of the real pseudo-gradients")
+    parser.add_argument("--traffic-stages", default="",
+                        help="stage indices whose traffic is measured (default all)")
+    parser.add_argument("--inner-steps", type=int, default=50,
+                        help="H of the budget and of the real pseudo-gradients")
     parser.add_argument("--base-replicas", type=int, default=2, help="K real pseudo-gradients")
     parser.add_argument("--materialize", type=int, default=6, help="contributions built per all-to-all node")
     parser.add_argument("--min-slice-numel", type=int, default=DEFAULT_MIN_SLICE_NUMEL)
@@ -356,9 +377,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--conv-preset", default="tiny")
     parser.add_argument("--conv-slices", default="4,16", help="slice counts of the sliced runs")
     parser.add_argument("--conv-min-slice-numel", type=int, default=1024)
-    parser.add_argument("--conv-only", type=int, default=-1, help="run only this convergence run (0: all-to-all)")
+    parser.add_argument("--conv-only", type=int, default=-1,
+                        help="run only this convergence run (0: all-to-all)")
     parser.add_argument("--skip-convergence", action="store_true")
-    parser.add_argument("--parts", default="", help="merge these JSON files (earlier runs' --out) into --out, no run")
+    parser.add_argument("--parts", default="",
+                        help="merge these JSON files (earlier runs' --out) into --out, no run")
     parser.add_argument("--out", default="bench/results/butterfly.json")
     args = parser.parse_args()
     if args.data is None:
@@ -420,29 +443,33 @@ def main() -> None:
             for replicas in replica_counts:
                 budget = compression_cfg.stage_bandwidth_budget(numel, args.inner_steps, replicas)
                 t0 = time.perf_counter()
-                today = todays_traffic(stage_bases, replicas, compression_cfg, budget, spec.index, 0, args.materialize)
+                today = todays_traffic(stage_bases, replicas, compression_cfg, budget, spec.index, 0,
+                                       args.materialize)
                 sliced, extra = sliced_traffic(stage_bases, replicas, compression_cfg, budget, spec.index, 0,
                                                shapes=shapes, min_slice_numel=args.min_slice_numel,
                                                norm_clip=norm_clip, audit=True)
                 # A node that aggregates nothing this round (A < R): the mean over the round's nodes.
-                idle, _ = sliced_traffic(stage_bases, replicas, compression_cfg, budget, spec.index, 0, shapes=shapes,
-                                         min_slice_numel=args.min_slice_numel, norm_clip=norm_clip,
-                                         node=replicas - 1) if sliced.slices < replicas else (sliced, {})
+                idle, _ = sliced_traffic(stage_bases, replicas, compression_cfg, budget, spec.index, 0,
+                                         shapes=shapes, min_slice_numel=args.min_slice_numel,
+                                         norm_clip=norm_clip, node=replicas - 1) if sliced.slices < replicas \
+                                         else (sliced, {})
                 share = sliced.slices / replicas
                 mean_in = share * sliced.bytes_in + (1 - share) * idle.bytes_in
                 mean_out = share * sliced.bytes_out + (1 - share) * idle.bytes_out
                 row = {"stage": spec.index, "stage_numel": numel, "budget": budget, "replicas": replicas,
-                       "all_to_all": dataclasses.asdict(today), "sliced_aggregator": dataclasses.asdict(sliced),
+                       "all_to_all": dataclasses.asdict(today),
+                       "sliced_aggregator": dataclasses.asdict(sliced),
                        "sliced_idle": dataclasses.asdict(idle), "sliced_mean_in": mean_in,
                        "sliced_mean_out": mean_out, **extra, "seconds": time.perf_counter() - t0}
                 rows.append(row)
                 out["traffic"][preset] = {"num_params": count_params(model_cfg), "rows": rows}
                 save()
                 print(f"{preset} stage {spec.index} R={replicas:5d} A={sliced.slices:4d}: all-to-all in "
-                      f"{today.bytes_in:>11,} out {today.bytes_out:>11,} | sliced aggregator in {sliced.bytes_in:>9,} "
-                      f"out {sliced.bytes_out:>9,} msgs {sliced.messages_in}/{sliced.messages_out} | mean in "
-                      f"{mean_in:>10,.0f} out {mean_out:>10,.0f} | audit {extra.get('audit_ok')} "
-                      f"{extra.get('audit_seconds', 0):.2f}s ({time.perf_counter() - t0:.0f}s)", flush=True)
+                      f"{today.bytes_in:>11,} out {today.bytes_out:>11,} | sliced aggregator in "
+                      f"{sliced.bytes_in:>9,} out {sliced.bytes_out:>9,} msgs {sliced.messages_in}"
+                      f"/{sliced.messages_out} | mean in {mean_in:>10,.0f} out {mean_out:>10,.0f} | audit "
+                      f"{extra.get('audit_ok')} {extra.get('audit_seconds', 0):.2f}s "
+                      f"({time.perf_counter() - t0:.0f}s)", flush=True)
             budget = compression_cfg.stage_bandwidth_budget(numel, args.inner_steps, 4)
             out["slicing_error"][f"{preset}/stage{spec.index}"] = slicing_error(
                 stage_bases[0], shapes, compression_cfg, budget, [1, 4, 16, 32, 64, 128], 1)
@@ -455,9 +482,11 @@ def main() -> None:
         model_cfg = ModelConfig(preset=args.conv_preset)
         corpus = load_corpus(REPO / args.data, training_cfg.eval_fraction, model_cfg.block_size)
         conv = {}
-        runs = [("all_to_all", 0)] + [(f"sliced_{count}", int(count)) for count in args.conv_slices.split(",")]
+        runs = [("all_to_all", 0)] + [(f"sliced_{count}", int(count))
+                                      for count in args.conv_slices.split(",")]
         if args.conv_only >= 0:
-            runs = [run for run in runs if run[1] == args.conv_only] or [(f"sliced_{args.conv_only}", args.conv_only)]
+            runs = [run for run in runs if run[1] == args.conv_only] \
+                or [(f"sliced_{args.conv_only}", args.conv_only)]
         for label, count in runs:
             t0 = time.perf_counter()
             conv[label] = convergence("sliced" if count else "all_to_all", corpus, model_cfg, training_cfg,

@@ -49,17 +49,18 @@ from node.config import load_config  # noqa: E402
 ADVERSARY = [sys.executable, str(ROOT / "tests" / "adversary.py")]
 SLICED_ADVERSARY = [sys.executable, str(ROOT / "tests" / "sliced_adversary.py")]
 SLICED_ATTACKS = ("withhold", "wrong-root", "wrong-blob", "two-partials", "bad-slice", "bad-reference",
-                  "slices-malformed", "slices-huge-1e3", "slices-huge-1e6", "slices-sign-flip", "slices-noise",
-                  "slices-stale", "slices-zero", "slices-copy")
+                  "slices-malformed", "slices-huge-1e3", "slices-huge-1e6", "slices-sign-flip",
+                  "slices-noise", "slices-stale", "slices-zero", "slices-copy")
 DEFAULT_SLICED_ATTACKS = (*SLICED_ATTACKS, "late", "empty-close", "duplicate-close", "equivocating-close",
                           "censoring-close", "absurd-hello", "first-cluster")
 DEFAULT_ATTACKS = ("malformed-payload", "huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero", "copy",
-                   "late", "empty-close", "duplicate-close", "equivocating-close", "censoring-close", "absurd-hello",
-                   "first-cluster")
+                   "late", "empty-close", "duplicate-close", "equivocating-close", "censoring-close",
+                   "absurd-hello", "first-cluster")
 #: Attacks that are a configuration, not patched behaviour: the real node with that setting.
 CONFIG_ATTACKS = {"first-cluster": ("cluster", "0-sorts-first")}
 #: The corpus: the checkout's ``shared/`` beside it (main) or, for a worktree under ``wt/``, two levels up.
-DATA = next((base / "shared" / "data" / "tinyshakespeare" / "input.txt" for base in (ROOT.parent, ROOT.parent.parent)
+DATA = next((base / "shared" / "data" / "tinyshakespeare" / "input.txt"
+             for base in (ROOT.parent, ROOT.parent.parent)
              if (base / "shared" / "data" / "tinyshakespeare" / "input.txt").exists()),
             ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt")
 
@@ -147,7 +148,8 @@ def one_run(workdir: Path, attack: str | None, args) -> dict:
     # archive only supplies bytes that the signed record binds). The full exchange: one holder's.
     audit_lines = audit(run, run.nodes if args.exchange == "sliced" else honest[:1], result, args.reexecute)
     if attack is not None:
-        result["audit"]["names_attacker"] = names_attacker(audit_lines, attacker.peer_id, (charged or {}).get("account"))
+        result["audit"]["names_attacker"] = names_attacker(audit_lines, attacker.peer_id,
+                                                           (charged or {}).get("account"))
         result["accusations"] = charged
     return result
 
@@ -224,14 +226,16 @@ def main() -> int:
     parser.add_argument("--inner-steps", type=int, default=20)
     parser.add_argument("--round-timeout", type=float, default=60.0)
     parser.add_argument("--attest-quorum", type=int, default=2,
-                        help="member signatures a round's record needs (k); with k = 1 the attacker alone can "
-                             "commit a record")
+                        help="member signatures a round's record needs (k); with k = 1 the attacker alone "
+                             "can commit a record")
     parser.add_argument("--timeout", type=float, default=1200.0, help="bound on one run (seconds)")
-    parser.add_argument("--attacks", default=None, help="comma-separated (default: every attack of the exchange)")
+    parser.add_argument("--attacks", default=None,
+                        help="comma-separated (default: every attack of the exchange)")
     parser.add_argument("--exchange", choices=("full", "sliced"), default="full")
     parser.add_argument("--transfer-timeout", type=float, default=20.0, help="p2p.transfer_timeout (sliced)")
     parser.add_argument("--spot-checks", type=float, default=0.06, help="spot_checks (sliced: of partials)")
-    parser.add_argument("--reexecute", default=None, help="the audit's --reexecute (N or all): rerun contributions "
+    parser.add_argument("--reexecute", default=None,
+                        help="the audit's --reexecute (N or all): rerun contributions "
                         "and judge every ejection's evidence (default: no re-execution)")
     parser.add_argument("--workdir", default="/tmp/dlx-bench-byzantine")
     parser.add_argument("--out", default=None, help="default bench/results/byzantine.json, "
@@ -259,7 +263,8 @@ def main() -> int:
         result = one_run(workdir, attack, args)
         results.append(result)
         print(json.dumps({k: v for k, v in result.items() if k != "audit"}), flush=True)
-        write_result(args.out, {"settings": vars(args), "runs": results, **({"earlier_parts": parts} if parts else {})},
+        write_result(args.out,
+                     {"settings": vars(args), "runs": results, **({"earlier_parts": parts} if parts else {})},
                      load_at_start)
     honest = results[0]["held_out"]
     print(f"\n{'attack':<26} {'exits':>6} {'attacker closed in (excluded)':>30} {'held-out':>9} "
@@ -274,7 +279,8 @@ def main() -> int:
         print(f"{name:<26} {len(r['honest_exits_nonzero']):>6} {seen:>30} "
               f"{loss if loss is None else round(loss, 4)!s:>9} {delta:>9} {r['audit']['exit_code']} "
               f"({r['audit'].get('names_attacker', '-')}) "
-              f"{(r.get('accusations') or {}).get('opened', '-')}/{(r.get('accusations') or {}).get('guilty', '-')}")
+              f"{(r.get('accusations') or {}).get('opened', '-')}"
+              f"/{(r.get('accusations') or {}).get('guilty', '-')}")
     return 0
 
 

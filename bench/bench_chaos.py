@@ -22,7 +22,8 @@ partner). It records, per kill, the round committed at the restart and the first
 later round with every contributor (recovery rounds: how many rounds after its
 restart the replica was back; rounds after entry: the same from the round its new
 life entered at, without the process start-up; rounds missed after ready: the rounds committed
-without the replica (fewer contributors than nodes) after its restarted process was ready (node/live/startup.py, "pipeline
+without the replica (fewer contributors than nodes) after its restarted process was ready
+(node/live/startup.py, "pipeline
 formed": imports, chain, host, placement and partner done), before the round it is back in; of those, the
 rounds still open at ready: the round the other replicas trained then or a later one, the rest being rounds
 closed before and committed after it, the commit lag), and
@@ -85,7 +86,8 @@ PHASES = {"joining": "entry", "training": "training", "finishing": "exchange", "
 
 
 def phase_of(slot) -> str:
-    state = slot.status().get("state", "") if slot.process is not None and slot.process.poll() is None else "down"
+    state = slot.status().get("state", "") if slot.process is not None and slot.process.poll() is None \
+        else "down"
     return PHASES.get(state, state or "unknown")
 
 
@@ -124,7 +126,8 @@ class Chaos:
         return last
 
     def trained_at(self, when: float, cluster: str) -> int:
-        """The highest round the other clusters' nodes trained at wall time ``when`` (last sample before it)."""
+        """The highest round the other clusters' nodes trained at wall time ``when`` (last sample before
+        it)."""
         before = [t for at, t in self.trained if at <= when]
         return max((r for c, r in before[-1].items() if c != cluster), default=-1) if before else -1
 
@@ -136,8 +139,8 @@ class Chaos:
     def kill(self, victim, phase: str | None = None) -> dict:
         """SIGKILL ``victim`` now; returns its entry (phase, round, what its life had contributed)."""
         phase = phase or phase_of(victim)
-        entry = {"kill": len(self.kills), "node": victim.name, "phase": phase, "round_at_kill": self.last_round(),
-                 "contributed_before_kill": last_contributed(victim)}
+        entry = {"kill": len(self.kills), "node": victim.name, "phase": phase,
+                 "round_at_kill": self.last_round(), "contributed_before_kill": last_contributed(victim)}
         self.killed_pids.add(victim.process.pid)
         self.run.kill(victim, signal.SIGKILL)
         entry["killed_at"] = time.monotonic()
@@ -198,7 +201,8 @@ class Chaos:
                 if recovered is not None:
                     entry["recovered_round"] = recovered
                     entry["recovery_rounds"] = recovered - entry["round_at_restart"]
-                    if entry.get("entered_round") is not None:  # the protocol's part, without process start-up
+                    # the protocol's part, without process start-up
+                    if entry.get("entered_round") is not None:
                         entry["rounds_after_entry"] = recovered - entry["entered_round"]
                     entry["recovery_s"] = round(time.monotonic() - entry["killed_at"], 1)
                     self.ready_figures(entry, recovered)
@@ -222,14 +226,16 @@ class Chaos:
         entry["ready_s"] = marks[READY]
         entry["first_contribution_s"] = marks.get("first contribution")
         entry["round_at_ready"] = self.round_at(entry["process_started"] + marks[READY])
-        entry["round_trained_at_ready"] = self.trained_at(entry["process_started"] + marks[READY], slot.cluster)
+        entry["round_trained_at_ready"] = self.trained_at(entry["process_started"] + marks[READY],
+                                                          slot.cluster)
         # Only the rounds committed short of a contributor count: a round after ready that still holds
         # the killed life's contribution (killed during its exchange, committed later) was not missed.
         # (Before, every round in between counted: kills 0/10/11 of the first --split run read 3 where
         # 2 rounds were committed without the replica.) Kills are sequential, so a short round is its.
         between = range(entry["round_at_ready"] + 1, recovered)
         entry["rounds_after_ready"] = len(between)
-        short = {r for r in between if self.client.commit_of(self.run.run_id, r).num_contributors < self.nodes}
+        short = {r for r in between if self.client.commit_of(self.run.run_id, r).num_contributors
+                     < self.nodes}
         entry["rounds_missed_after_ready"] = len(short)
         # Of those, the rounds the other replicas had not yet trained through when it was ready (the round
         # they trained then and later ones): what entering the open round (RunEntry.reenter) can save. The
@@ -268,7 +274,8 @@ def phase_table(kills: list[dict]) -> dict:
         rounds = [k["recovery_rounds"] for k in rows if k.get("recovery_rounds") is not None]
         after_entry = [k["rounds_after_entry"] for k in rows if k.get("rounds_after_entry") is not None]
         seconds = [k["recovery_s"] for k in rows if k.get("recovery_s") is not None]
-        missed = [k["rounds_missed_after_ready"] for k in rows if k.get("rounds_missed_after_ready") is not None]
+        missed = [k["rounds_missed_after_ready"] for k in rows if k.get("rounds_missed_after_ready")
+                  is not None]
         missed_open = [k["rounds_missed_open_at_ready"] for k in rows
                        if k.get("rounds_missed_open_at_ready") is not None]
         ready = [k["ready_s"] for k in rows if k.get("ready_s") is not None]
@@ -295,8 +302,10 @@ def summarize(chaos: Chaos, run: LocalRun, result: dict) -> None:
     result["contributors_per_round"] = contributors
     result["disputes"] = len(history.disputes)
     logs = {s.name: log_text(s) for s in run.nodes}
-    result["tracebacks"] = {name: text.count("Traceback") for name, text in logs.items() if "Traceback" in text}
-    result["checkpoint_entries"] = sum(t.count("from the chain-verified checkpoint of round") for t in logs.values())
+    result["tracebacks"] = {name: text.count("Traceback") for name, text in logs.items()
+                                if "Traceback" in text}
+    result["checkpoint_entries"] = sum(t.count("from the chain-verified checkpoint of round")
+                                       for t in logs.values())
     result["restarts"] = sum(s.starts - 1 for s in run.nodes)
     result["pipeline_reformed"] = sum(t.count("re-formed; entering at round") for t in logs.values())
     result["rebased"] = sum(t.count("on the committed record (weights root") for t in logs.values())
@@ -306,7 +315,8 @@ def summarize(chaos: Chaos, run: LocalRun, result: dict) -> None:
                             "unrecovered": sum(1 for k in chaos.kills if k.get("recovery_s") is None)}
     # "Back within two rounds of its restart": counted from the round the restarted life entered at
     # (process start-up on a loaded machine spans several short rounds; that part is recovery_rounds).
-    late = [k["kill"] for k in chaos.kills if k.get("rounds_after_entry") is None or k["rounds_after_entry"] > 2]
+    late = [k["kill"] for k in chaos.kills if k.get("rounds_after_entry") is None
+            or k["rounds_after_entry"] > 2]
     result["back_within_two_rounds_of_entry"] = not late
     result["kills_not_back_within_two_rounds_of_entry"] = late
     # Counted from the moment the restarted process was ready (READY): rounds committed without its
@@ -359,12 +369,14 @@ def main() -> int:
         fault = 0
         while len(chaos.kills) < args.kills or chaos.last_round() + 1 < args.min_rounds:
             for entry in chaos.fault(fault):
-                print(json.dumps({k: v for k, v in entry.items() if k not in ("killed_at", "process_started")}),
-                      flush=True)
+                print(
+                    json.dumps({k: v for k, v in entry.items() if k not in ("killed_at", "process_started")}),
+                    flush=True)
             fault += 1
             # Kept up to date after every fault: a run cut short still leaves its figures.
             result.update(kills=public_kills(chaos.kills),
-                          unexpected_exits=chaos.unexpected_exits, by_phase=phase_table(chaos.kills), partial=True)
+                          unexpected_exits=chaos.unexpected_exits, by_phase=phase_table(chaos.kills),
+                          partial=True)
             write_result(out, result, load)
         run.stop_nodes()
         result.pop("partial", None)
@@ -378,7 +390,8 @@ def main() -> int:
              "--reexecute", args.reexecute, *[a for s in run.nodes for a in ("--archive", str(s.data_dir))]],
             capture_output=True, text=True, timeout=3600, check=False)
         result["audit"] = {"exit_code": audit.returncode, "reexecute": args.reexecute,
-                           "verdict": next((w for w in ("PASSED", "INCOMPLETE", "FAILED") if w in audit.stdout), None),
+                           "verdict": next((w for w in ("PASSED", "INCOMPLETE", "FAILED")
+                                            if w in audit.stdout), None),
                            "tail": audit.stdout.splitlines()[-3:]}
     finally:
         run.stop()
@@ -386,14 +399,15 @@ def main() -> int:
     result["load_after"] = os.getloadavg()
     write_result(out, result, load)
     print(f"rounds {result['rounds']} (in order, each once: {result['rounds_in_order_once']}), kills "
-          f"{len(result['kills'])}, rounds with fewer contributors {result['rounds_with_fewer_contributors']}, "
-          f"recovery {result['recovery_s']}, back within two rounds of ready "
+          f"{len(result['kills'])}, rounds with fewer contributors {result['rounds_with_fewer_contributors']}"
+          f", recovery {result['recovery_s']}, back within two rounds of ready "
           f"{result['back_within_two_rounds_of_ready']}, unexpected "
           f"exits {len(result['unexpected_exits'])}, tracebacks {result['tracebacks']}, audit "
           f"{result['audit']['verdict']}")
     for phase, row in result["by_phase"].items():
         print(f"  {phase:<11} {row}")
-    ok = (result["rounds_in_order_once"] and not result["unexpected_exits"] and result["audit"]["exit_code"] == 0
+    ok = (result["rounds_in_order_once"] and not result["unexpected_exits"]
+          and result["audit"]["exit_code"] == 0
           and result["recovery_s"]["unrecovered"] == 0 and not result["tracebacks"])
     return 0 if ok else 1
 

@@ -13,13 +13,14 @@ row's plain keys, whose stage leaf is comparable with older results) and version
 since it became "auto"'s: keys ``normed_*``), which also decodes each accepted contribution once more and sums
 its chunks' squares exactly (node.fraudproof.stage_norms) and serves the factors and sum-tree leaves
 (ledger.normproof.encode_norm_state) beside the state: ``normed_norms_s`` is that part alone (of the first
-contribution: ``normed_decode_s`` its second decode, ``normed_squares_s`` its exact sums, ``normed_tree_s`` its sum
-tree), ``normed_state_and_leaf_s`` the whole state, ``normed_served_bytes`` the norm blob, ``normed_encode_s`` its
-encoding.
+contribution: ``normed_decode_s`` its second decode, ``normed_squares_s`` its exact sums, ``normed_tree_s``
+its sum tree), ``normed_state_and_leaf_s`` the whole state, ``normed_served_bytes`` the norm blob,
+``normed_encode_s`` its encoding.
 
-The result goes to ``bench/results/chunk_state.json``. Figures are CPU seconds of this process (time.process_time, one torch thread, the least of ``--repeat``), so
-other jobs' load inflates them only through shared caches. Each row carries the stage leaf (hex), so two runs
-(before and after a change of the leaves' code) show that the commitments are bit-identical.
+The result goes to ``bench/results/chunk_state.json``. Figures are CPU seconds of this process
+(time.process_time, one torch thread, the least of ``--repeat``), so other jobs' load inflates them only
+through shared caches. Each row carries the stage leaf (hex), so two runs (before and after a change of the
+leaves' code) show that the commitments are bit-identical.
 
     nice -n 10 python bench/bench_chunk_state.py [--before /tmp/before.json --before-label "commit ..."]
 
@@ -48,6 +49,7 @@ from node.fraudproof import chunk_square_sums, stage_norms  # noqa: E402
 from training.codec_wire import decode_declared  # noqa: E402
 from node.store.checkpoint import Checkpoint  # noqa: E402
 from training.chunks import tensor_leaves  # noqa: E402
+from training.codec_wire import decode_declared  # noqa: E402
 from training.compression import encode_within_bandwidth  # noqa: E402
 from training.config import DilocoConfig, ModelConfig  # noqa: E402
 from training.config_compression import CompressionConfig  # noqa: E402
@@ -77,22 +79,26 @@ def measure(stage: int, count: int, repeat: int) -> dict:
     budget = compression.stage_bandwidth_budget(numel, INNER_STEPS, REPLICAS)
     blobs = []
     for _ in range(count):
-        pseudo_gradient = {name: torch.randn(*shape, generator=generator) * 1e-3 for name, shape in shapes.items()}
+        pseudo_gradient = {name: torch.randn(*shape, generator=generator) * 1e-3
+                               for name, shape in shapes.items()}
         blobs.append(encode_within_bandwidth(pseudo_gradient, compression, budget, stage_index=stage,
                                              outer_round=1)[0])
     diloco = DilocoConfig(outer_lr=0.7, outer_momentum=0.9, inner_steps=INNER_STEPS, commitments="chunked")
     normed = DilocoConfig(outer_lr=0.7, outer_momentum=0.9, inner_steps=INNER_STEPS, commitments="normed")
-    aggregate_s, aggregation = _best(lambda: aggregate_with_report(weights, momentum, blobs, diloco, stage_index=stage,
-                                                                   outer_round=1), repeat)
+    aggregate_s, aggregation = _best(lambda: aggregate_with_report(weights, momentum, blobs, diloco,
+                                                                   stage_index=stage, outer_round=1), repeat)
     decode_args = {"stage_index": stage, "outer_round": 1}
-    state_s, state = _best(lambda: stage_state(stage, aggregation, blobs, diloco, 1, decode_args=decode_args), repeat)
-    leaf_s, leaf = _best(lambda: stage_state(stage, aggregation, blobs, diloco, 1, decode_args=decode_args).leaf(),
+    state_s, state = _best(lambda: stage_state(stage, aggregation, blobs, diloco, 1, decode_args=decode_args),
+                           repeat)
+    leaf_s, leaf = _best(lambda: stage_state(stage, aggregation, blobs, diloco, 1,
+                                             decode_args=decode_args).leaf(),
                          repeat)
     shard = Checkpoint(0, 1, {}, bytes(32), {}, aggregation.new_global, aggregation.new_momentum)
     publish_s, data = _best(shard.to_bytes, repeat)
 
     def check():  # a prover's check of a fetched state against the committed leaf's roots
-        return tree_root(tensor_leaves(aggregation.new_global)), tree_root(tensor_leaves(aggregation.new_momentum))
+        return tree_root(tensor_leaves(aggregation.new_global)), \
+            tree_root(tensor_leaves(aggregation.new_momentum))
 
     check_s, roots = _best(check, repeat)
     assert roots == (leaf.weights_root, leaf.momentum_root)
@@ -121,7 +127,8 @@ def measure(stage: int, count: int, repeat: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--counts", default="2,4,8", help="contributions aggregated per case")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--before", default=None, help="this script's result on an older tree, to compare")
@@ -138,7 +145,8 @@ def main() -> int:
     result = {"preset": PRESET, "stages": STAGES, "inner_steps": INNER_STEPS, "rows": rows}
     if args.before:
         before = json.loads(Path(args.before).read_text())
-        result["before"] = {"rows": before["rows"], "recorded": before.get("recorded"), "label": args.before_label}
+        result["before"] = {"rows": before["rows"], "recorded": before.get("recorded"),
+                            "label": args.before_label}
         old = {(row["stage"], row["contributions"]): row for row in before["rows"]}
         for row in rows:
             prior = old.get((row["stage"], row["contributions"]))

@@ -34,7 +34,8 @@ from training.pipeline import LocalReplicaTrainer  # noqa: E402
 def measure(preset: str, compile: bool, args: argparse.Namespace) -> dict:
     model = ModelConfig(preset=preset)
     training = TrainingConfig(batch_size=args.batch, device="cpu", compile=compile, warmup_steps=0)
-    corpus = generated_corpus(seed=0, n_bytes=max(200_000, 4 * args.batch * model.block_size * (args.steps + 1)))
+    corpus = generated_corpus(seed=0,
+                              n_bytes=max(200_000, 4 * args.batch * model.block_size * (args.steps + 1)))
     steps = 1 + args.warmup + args.steps
     batches = round_batches(corpus, training.seed, 0, 0, steps, args.batch, model.block_size)
     trainer = LocalReplicaTrainer(model, training)
@@ -49,9 +50,10 @@ def measure(preset: str, compile: bool, args: argparse.Namespace) -> dict:
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     tokens = args.steps * args.batch * model.block_size
     row = {"preset": preset, "compiled": compile, "batch": args.batch, "seq_len": model.block_size,
-           "first_step_seconds": first_seconds, "first_step_cpu_seconds": first_cpu, "timed_steps": args.steps,
-           "seconds": seconds, "cpu_seconds": cpu_seconds, "tokens_per_second": tokens / seconds,
-           "tokens_per_cpu_second": tokens / cpu_seconds, "losses": losses}
+           "first_step_seconds": first_seconds, "first_step_cpu_seconds": first_cpu,
+           "timed_steps": args.steps, "seconds": seconds, "cpu_seconds": cpu_seconds,
+           "tokens_per_second": tokens / seconds, "tokens_per_cpu_second": tokens / cpu_seconds,
+           "losses": losses}
     print(f"{preset} {'compiled' if compile else 'eager   '}: first step {first_seconds:.1f} s "
           f"({first_cpu:.1f} s of CPU), {row['tokens_per_second']:,.0f} tokens/s, "
           f"{row['tokens_per_cpu_second']:,.0f} tokens per CPU second", flush=True)
@@ -75,9 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         eager, compiled = measure(preset, False, args), measure(preset, True, args)
         largest = max(abs(a - b) for a, b in zip(eager["losses"], compiled["losses"]))
         rows += [eager, compiled]
-        print(f"{preset}: compiled/eager tokens/s x{compiled['tokens_per_second'] / eager['tokens_per_second']:.2f} "
-              f"(per CPU second x{compiled['tokens_per_cpu_second'] / eager['tokens_per_cpu_second']:.2f}), "
-              f"largest loss difference {largest:.2e}", flush=True)
+        print(f"{preset}: compiled/eager tokens/s "
+              f"x{compiled['tokens_per_second'] / eager['tokens_per_second']:.2f} (per CPU second "
+              f"x{compiled['tokens_per_cpu_second'] / eager['tokens_per_cpu_second']:.2f}), largest loss "
+              f"difference {largest:.2e}", flush=True)
         compiled["speedup"] = compiled["tokens_per_second"] / eager["tokens_per_second"]
         compiled["cpu_speedup"] = compiled["tokens_per_cpu_second"] / eager["tokens_per_cpu_second"]
         compiled["largest_loss_difference"] = largest

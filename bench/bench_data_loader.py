@@ -136,7 +136,8 @@ def run_child(directory: Path, rounds: int, train_steps: int, release: bool) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="10MB,2GB", help="dataset sizes (bytes of token ids on disk)")
-    parser.add_argument("--rounds", type=int, default=40, help="rounds of batches the loader reads (H = 50 each)")
+    parser.add_argument("--rounds", type=int, default=40,
+                        help="rounds of batches the loader reads (H = 50 each)")
     parser.add_argument("--train-steps", type=int, default=5, help="llama-20m inner steps timed")
     parser.add_argument("--workdir", default="", help="where to generate the datasets (default: a temp dir)")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "data_loader.json"))
@@ -153,18 +154,22 @@ def main() -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="dlx-loader-bench-"))
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     out = {
-        "what": "prepared-dataset loader: resident memory per dataset size, batches delivered vs llama-20m consumed",
+        "what": ("prepared-dataset loader: resident memory per dataset size, batches delivered "
+                 "vs llama-20m consumed"),
         "command": "PYTHONPATH=. python bench/bench_data_loader.py " + " ".join(sys.argv[1:]),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform()},
         "model": {"preset": PRESET, "vocab_size": VOCAB, "params": count_params(ModelConfig(preset=PRESET,
-                  vocab_size=VOCAB)), "batch_size": BATCH, "block_size": ModelConfig(preset=PRESET).block_size},
+                  vocab_size=VOCAB)), "batch_size": BATCH,
+                  "block_size": ModelConfig(preset=PRESET).block_size},
         "rounds_read": args.rounds, "inner_steps": H, "datasets": {},
     }
     try:
         for size in sizes:
             directory = work / size
             info = generate(directory, parse_size(size))
-            print(f"{size}: {info['tokens']:,} tokens in {info['shards']} shards ({info['write_s']} s to write)",
+            print(f"{size}: {info['tokens']:,} tokens in {info['shards']} shards "
+                  f"({info['write_s']} s to write)",
                   flush=True)
             info.update(run_child(directory, args.rounds, args.train_steps, release=True))
             out["datasets"][size] = info

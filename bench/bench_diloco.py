@@ -60,24 +60,27 @@ NANOGPT_BABY_VAL = 1.886
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=None,
-                        help="corpus, relative to the repository root (default: tinyshakespeare, from ../shared/data or 'dlx-node data fetch tinyshakespeare')")
+                        help="corpus, relative to the repository root (default: tinyshakespeare, from "
+                             "../shared/data or 'dlx-node data fetch tinyshakespeare')")
     parser.add_argument("--preset", default="mini", help="a model preset, e.g. mini or llama-20m")
     parser.add_argument("--family", default=None, choices=["gpt2", "llama"],
                         help="check the preset's family (llama presets are llama-*)")
     parser.add_argument("--tokenizer", default="bytes",
                         help="model.tokenizer: bytes, or a tokenizers JSON file (a prepared dataset's "
                              "tokenizer.json: dlx-node data prepare --train-tokenizer)")
-    parser.add_argument("--vocab-size", type=int, default=None, help="model.vocab_size (default: the preset's)")
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="model.vocab_size (default: the preset's)")
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--inner-steps", type=int, default=50, help="H")
     parser.add_argument("--rounds", type=int, default=30, help="outer rounds; tokens = rounds*H*batch*block")
     parser.add_argument("--batch-size", type=int, default=8, help="per replica")
     parser.add_argument("--optimizer", default=TrainingConfig.optimizer, choices=list(INNER_OPTIMIZERS),
-                        help="training.optimizer, the inner optimizer of every mode (muon: docs/DILOCOX.md section 14; "
-                             "bench/bench_convergence.py compares them)")
+                        help="training.optimizer, the inner optimizer of every mode (muon: docs/DILOCOX.md "
+                             "section 14; bench/bench_convergence.py compares them)")
     parser.add_argument("--inner-lr", type=float, default=3e-3)
     parser.add_argument("--lr-schedule", default="cosine", choices=["cosine", "constant"])
     parser.add_argument("--warmup-steps", type=int, default=100)
@@ -87,12 +90,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--outer-lr", type=float, default=1.0, help="synchronous DiLoCo")
     parser.add_argument("--outer-momentum", type=float, default=0.5, help="synchronous DiLoCo")
     parser.add_argument("--x-outer-lr", type=float, default=None, help="DiLoCoX (default: --outer-lr)")
-    parser.add_argument("--x-outer-momentum", type=float, default=None, help="DiLoCoX (default: --outer-momentum)")
+    parser.add_argument("--x-outer-momentum", type=float, default=None,
+                        help="DiLoCoX (default: --outer-momentum)")
     parser.add_argument("--outer-warmup-rounds", type=int, default=0,
                         help="both DiLoCo modes: linear warmup of the outer lr over this many rounds")
     parser.add_argument("--outer-decay", default="constant", choices=list(OUTER_DECAYS),
-                        help="both DiLoCo modes: decay of the outer lr (to --outer-min-lr-ratio) and momentum "
-                             "(to --outer-final-momentum) over the run's rounds")
+                        help="both DiLoCo modes: decay of the outer lr (to --outer-min-lr-ratio) and "
+                             "momentum (to --outer-final-momentum) over the run's rounds")
     parser.add_argument("--outer-min-lr-ratio", type=float, default=1.0)
     parser.add_argument("--outer-final-momentum", default="auto", help="auto: no momentum decay")
     parser.add_argument("--outer-decay-rounds", type=int, default=0, help="decay horizon (0: --rounds)")
@@ -114,9 +118,10 @@ def parse_args() -> argparse.Namespace:
                              "and warm-started power iterations between; docs/DILOCOX.md sections 3 and 9)")
     parser.add_argument("--no-error-feedback", action="store_true")
     parser.add_argument("--overlap-steps", default="auto",
-                        help="DiLoCoX: inner steps the exchange overlaps before it is applied (0: the whole round; "
-                             "auto: H // 10, the node's default)")
-    parser.add_argument("--no-compression", action="store_true", help="DiLoCoX with the raw codec (delay only)")
+                        help="DiLoCoX: inner steps the exchange overlaps before it is applied (0: the whole "
+                             "round; auto: H // 10, the node's default)")
+    parser.add_argument("--no-compression", action="store_true",
+                        help="DiLoCoX with the raw codec (delay only)")
     parser.add_argument("--eval-batches", type=int, default=16)
     parser.add_argument("--eval-every", type=int, default=5, help="rounds between held-out evaluations")
     parser.add_argument("--seed", type=int, default=0)
@@ -148,7 +153,8 @@ def main() -> int:
     training_cfg = TrainingConfig(
         data_path=str(REPO / args.data), seed=args.seed, batch_size=args.batch_size, inner_lr=args.inner_lr,
         eval_batches=args.eval_batches, lr_schedule=args.lr_schedule, warmup_steps=args.warmup_steps,
-        min_lr_ratio=args.min_lr_ratio, beta2=args.beta2, weight_decay=args.weight_decay, optimizer=args.optimizer,
+        min_lr_ratio=args.min_lr_ratio, beta2=args.beta2, weight_decay=args.weight_decay,
+        optimizer=args.optimizer,
     )
     diloco_cfg = DilocoConfig(
         inner_steps=args.inner_steps, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
@@ -202,7 +208,8 @@ def main() -> int:
             eval_every=args.eval_every,
         )
         results[mode] = (result, time.perf_counter() - started)
-        print(f"{mode}: done in {results[mode][1]:.0f} s, held-out loss {result.final_eval_loss:.4f}", flush=True)
+        print(f"{mode}: done in {results[mode][1]:.0f} s, held-out loss {result.final_eval_loss:.4f}",
+              flush=True)
 
     print()
     print(f"model {args.preset} ({count_params(model_cfg):,} params), M={args.replicas}, S={args.stages}, "
@@ -223,8 +230,8 @@ def main() -> int:
         loss_gap = (result.final_eval_loss / baseline.final_eval_loss - 1) if baseline else None
         ratio_text = f"{min(ratios):.1f}..{max(ratios):.1f}" if mode != "ddp" else "-"
         print(
-            f"{mode:<10} {result.final_eval_loss:>9.4f} {(f'{100 * loss_gap:+.2f}%' if baseline else '-'):>8} "
-            f"{result.bytes_per_token:>12.2f} {(f'{fewer:.0f}x' if fewer else '-'):>12} {ratio_text:>23} "
+            f"{mode:<10} {result.final_eval_loss:>9.4f} {(f'{100 * loss_gap:+.2f}%' if baseline else '-'):>8}"
+            f" {result.bytes_per_token:>12.2f} {(f'{fewer:.0f}x' if fewer else '-'):>12} {ratio_text:>23} "
             f"{100 * result.codec_outer_share:>11.2f}%"
         )
         tokens_per_round = result.tokens_per_replica // result.outer_rounds
@@ -232,7 +239,8 @@ def main() -> int:
         for record in result.rounds:
             cumulative += record.bytes_sent_per_replica
             if record.eval_loss is not None:
-                curve.append({"round": record.outer_round, "tokens": tokens_per_round * (record.outer_round + 1) * result.num_replicas,
+                curve.append({"round": record.outer_round,
+                              "tokens": tokens_per_round * (record.outer_round + 1) * result.num_replicas,
                               "bytes_per_replica": cumulative, "held_out_loss": record.eval_loss})
         summary[mode] = {
             "held_out_loss": result.final_eval_loss,
@@ -246,7 +254,8 @@ def main() -> int:
             "curve": curve,
         }
     targets = {}
-    if baseline and args.preset == "mini" and model_cfg.byte_level:  # issue 14's goal: bytes of tinyshakespeare
+    # issue 14's goal: bytes of tinyshakespeare
+    if baseline and args.preset == "mini" and model_cfg.byte_level:
         targets["ddp_le_1.80"] = baseline.final_eval_loss <= 1.80
     if baseline and "diloco" in results:
         targets["diloco_within_1pct"] = summary["diloco"]["loss_vs_ddp"] <= 0.01
@@ -258,15 +267,16 @@ def main() -> int:
         })
         print()
         print(f"DiLoCoX vs ddp: {x['fewer_bytes_than_ddp']:.0f}x fewer bytes/token, held-out loss "
-              f"{100 * x['loss_vs_ddp']:+.2f}%, codec+outer {100 * x['codec_outer_share']:.2f}% of round time")
+              f"{100 * x['loss_vs_ddp']:+.2f}%, codec+outer "
+              f"{100 * x['codec_outer_share']:.2f}% of round time")
     if targets:
         print("targets:", ", ".join(f"{k}={'PASS' if v else 'FAIL'}" for k, v in targets.items()))
 
     out = {
         "args": vars(args),
         "resolved": resolved,
-        "platform": {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine(),
-                     "cpus": os.cpu_count(), "threads": args.threads},
+        "platform": {"python": platform.python_version(), "torch": torch.__version__,
+                     "machine": platform.machine(), "cpus": os.cpu_count(), "threads": args.threads},
         "num_params": count_params(model_cfg),
         "summary": summary,
         "nanogpt_baby_val": NANOGPT_BABY_VAL,

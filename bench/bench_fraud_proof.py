@@ -8,18 +8,19 @@ large so the norm rule clips it (the float64 product path is in every figure). A
 gas limit (30M) is recorded with its error.
 
 The norm proof (``proveWrongNorm``, docs/FRAUD_PROOF.md "The clip scales") of the same stage in a version-3
-run (``diloco.commitments = "normed"``): ``norm_rows`` holds, for each codec and count, the gas of a proof that
-a committed clip scale is not the norm rule of the committed sums (a clipped contribution committed with 1.0;
-the scales of every contribution are recomputed) and of a proof that one chunk's committed sum of squares is
-not its piece's (a low leaf of the clipped contribution, its tree consistent with it), and ``version_gas``: the
-proof that a normed run's round committed version-2 factors (the run's version, ``RunParams.commitments``; the
-same round with its norm commitment dropped: no sum is decoded, only the factors' layout is read).
+run (``diloco.commitments = "normed"``): ``norm_rows`` holds, for each codec and count, the gas of a proof
+that a committed clip scale is not the norm rule of the committed sums (a clipped contribution committed with
+1.0; the scales of every contribution are recomputed) and of a proof that one chunk's committed sum of squares
+is not its piece's (a low leaf of the clipped contribution, its tree consistent with it), and ``version_gas``:
+the proof that a normed run's round committed version-2 factors (the run's version, ``RunParams.commitments``;
+the same round with its norm commitment dropped: no sum is decoded, only the factors' layout is read).
 
 The data-availability challenge (docs/FRAUD_PROOF.md, "The data-availability challenge") of a right version-3
 round of the same stage: ``availability_rows`` holds, for each codec and count, the gas of
 ``challengeAvailability`` and of the committers' ``answerChallenge`` for each kind of leaf: a weights leaf
-(``which = 0``), a contribution's payload piece (``2 + j``), a leaf of its sum tree (``2 + M + j``), the stage's
-factors (``FACTORS``) and the stage leaf (``STAGE_LEAF``); ``j`` is the clipped contribution, the chunk 5. Then
+(``which = 0``), a contribution's payload piece (``2 + j``), a leaf of its sum tree (``2 + M + j``), the
+stage's factors (``FACTORS``) and the stage leaf (``STAGE_LEAF``); ``j`` is the clipped contribution, the
+chunk 5. Then
 ``expire_gas``: a sum-tree leaf's challenge left unanswered past ``accusationBlocks`` and settled with
 ``expireChallenge`` (the round overturned, its two attesters slashed, the challenger paid).
 
@@ -82,12 +83,14 @@ def measure_norm(url: str, codec: str, options: dict, count: int) -> dict:
     for kind, wrong, proof_of in (
             ("scale_gas", with_scale(round_.honest, clipped, 0x3FF0000000000000), lambda c: c.scale_proof()),
             ("sum_gas", lied_sum(round_.honest, clipped, 5, -1), lambda c: c.sum_proof(clipped, 5))):
-        committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, wrong, stake=STAKE)
+        committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, wrong,
+                           stake=STAKE)
         try:
             row[kind] = committed.prover().prove_wrong_norm(proof_of(committed))["gasUsed"]
         except Exception as exc:  # noqa: BLE001 - recorded, not hidden
             row[kind], row[f"{kind}_error"] = None, f"{type(exc).__name__}: {str(exc)[:200]}"
-    version_two = dataclasses.replace(round_.honest, factors=dataclasses.replace(round_.honest.factors, norms=None),
+    version_two = dataclasses.replace(round_.honest, factors=dataclasses.replace(round_.honest.factors,
+                                                                                 norms=None),
                                       sum_trees=[])
     committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, version_two, stake=STAKE,
                        commitments=scheme_named("normed").version)
@@ -99,7 +102,8 @@ def measure_norm(url: str, codec: str, options: dict, count: int) -> dict:
 
 
 def _last_gas(w3) -> int:
-    """The gas of the transaction just mined (anvil mines one a block; ``challenge_availability`` returns an id)."""
+    """The gas of the transaction just mined (anvil mines one a block; ``challenge_availability`` returns an
+    id)."""
     block = w3.eth.get_block("latest")
     return w3.eth.get_transaction_receipt(block["transactions"][-1])["gasUsed"]
 
@@ -114,16 +118,17 @@ def measure_availability(url: str, codec: str, options: dict, count: int) -> dic
     w3 = committed.deployment.w3
     row = {"codec": codec, **options, "contributions": count}
     accepted = len(state.payload_leaves)
-    kinds = (("weights", WEIGHTS, chunk), ("momentum", MOMENTUM, chunk), ("payload", PAYLOAD + clipped, chunk),
-             ("sums", sums_which(accepted, clipped), chunk), ("factors", FACTORS, 0), ("stage_leaf", STAGE_LEAF, 0))
+    kinds = (("weights", WEIGHTS, chunk), ("momentum", MOMENTUM, chunk),
+             ("payload", PAYLOAD + clipped, chunk), ("sums", sums_which(accepted, clipped), chunk),
+             ("factors", FACTORS, 0), ("stage_leaf", STAGE_LEAF, 0))
     for name, which, leaf_chunk in kinds:
         try:
             if which == STAGE_LEAF:
                 target = stage_leaf_target(committed.records[1], 0)
                 answer = stage_leaf_answer(committed.stages[1], 0)
             else:
-                target = availability_target(committed.records[1], committed.stages[1], state.factors, 0, which,
-                                             leaf_chunk)
+                target = availability_target(committed.records[1], committed.stages[1], state.factors, 0,
+                                             which, leaf_chunk)
                 answer = availability_answer(state, which, leaf_chunk)
             challenge = challenger.challenge_availability(target)
             row[f"{name}_challenge_gas"] = _last_gas(w3)
@@ -131,10 +136,12 @@ def measure_availability(url: str, codec: str, options: dict, count: int) -> dic
             row[f"{name}_answer_bytes"] = len(answer[0])
         except Exception as exc:  # noqa: BLE001 - recorded, not hidden
             row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-    assert challenger.invalid_from(committed.run_id) is None  # every answered challenge leaves the round standing
+    # every answered challenge leaves the round standing
+    assert challenger.invalid_from(committed.run_id) is None
     try:
         challenge = challenger.challenge_availability(availability_target(
-            committed.records[1], committed.stages[1], state.factors, 0, sums_which(accepted, clipped), chunk + 1))
+            committed.records[1], committed.stages[1], state.factors, 0, sums_which(accepted, clipped),
+            chunk + 1))
         mine(w3, challenger.run_info(committed.run_id).accusation_blocks)
         row["expire_gas"] = challenger.expire_challenge(challenge)["gasUsed"]
         assert challenger.invalid_from(committed.run_id) == 1
@@ -144,7 +151,8 @@ def measure_availability(url: str, codec: str, options: dict, count: int) -> dic
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--counts", default="4,16,64", help="aggregated contributions per case")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args()

@@ -1,8 +1,9 @@
 """Benchmark: GPU contributors (issue 32). One command per mode, one current JSON each.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_gpu.py               # on a CUDA GPU: bench/results/gpu.json
-    PYTHONPATH=. .venv/bin/python bench/bench_gpu.py --smoke       # any device, tiny sizes: checks the plumbing
-    PYTHONPATH=. .venv/bin/python bench/bench_gpu.py --calibrate   # bench/results/gpu_calibration.json  (bench/gpu_calibration.py)
+    PYTHONPATH=. .venv/bin/python bench/bench_gpu.py             # on a CUDA GPU: bench/results/gpu.json
+    PYTHONPATH=. .venv/bin/python bench/bench_gpu.py --smoke     # any device, tiny sizes: checks the plumbing
+    PYTHONPATH=. .venv/bin/python bench/bench_gpu.py --calibrate # bench/results/gpu_calibration.json
+                                                                 # (bench/gpu_calibration.py)
 
 The GPU run (refused without CUDA; ``--smoke`` runs the same code with tiny sizes
 on whatever device there is and writes ``--out``, by default bench/results/gpu_smoke.json):
@@ -46,13 +47,13 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from training.codec_wire import decode_contribution  # noqa: E402
 from training.config import (  # noqa: E402
     DilocoConfig,
     ModelConfig,
     TrainingConfig,
 )
 from training.config_compression import CompressionConfig  # noqa: E402
-from training.codec_wire import decode_contribution  # noqa: E402
 from training.data import generated_corpus, round_batches  # noqa: E402
 from training.fingerprint import fingerprint  # noqa: E402
 from training.model import count_params  # noqa: E402
@@ -62,8 +63,8 @@ from training.reexec import data_commitment, round_meta  # noqa: E402
 from training.replica_state import capture_trainer_part, start_state_bytes  # noqa: E402
 from training.stage_engine import StageEngine  # noqa: E402
 
-
-#: Dense bf16 peak (TFLOP/s, no sparsity) by a substring of torch.cuda.get_device_name(); --peak-tflops overrides.
+#: Dense bf16 peak (TFLOP/s, no sparsity) by a substring of
+#: torch.cuda.get_device_name(); --peak-tflops overrides.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0,
                     "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0, "RTX 4090": 165.0}
 
@@ -77,7 +78,8 @@ def environment(command: list[str]) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
-        "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({fingerprint(torch.device('cpu'), 'fp32').device_name})",
+        "device": torch.cuda.get_device_name(0) if cuda
+            else f"cpu ({fingerprint(torch.device('cpu'), 'fp32').device_name})",
         "gpus": torch.cuda.device_count() if cuda else 0,
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
@@ -87,7 +89,8 @@ def environment(command: list[str]) -> dict:
 
 def _git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                             timeout=10)
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -101,12 +104,12 @@ def write_json(path: Path, document: dict) -> None:
 
 from bench.gpu_calibration import calibrate, summarize_calibration  # noqa: E402
 
-
 # ----------------------------------------------------------------------------- (a) throughput
 
 
 def flops_per_token(model: ModelConfig) -> float:
-    """Training FLOPs per token: 6 N + 12 L T C (PaLM appendix B; nanoGPT's estimate_mfu), N every parameter."""
+    """Training FLOPs per token: 6 N + 12 L T C (PaLM appendix B; nanoGPT's estimate_mfu), N every
+    parameter."""
     return 6.0 * count_params(model) + 12.0 * model.n_layer * model.block_size * model.n_embd
 
 
@@ -155,10 +158,11 @@ def throughput(model: ModelConfig, device: str, precision: str, args: argparse.N
     tokens_per_second = tokens / seconds
     peak = peak_tflops(args, trainer.device)
     achieved = flops_per_token(model) * tokens_per_second / 1e12
-    result = {"precision": precision, "compiled": compile_model, "fused_adamw": fused_adamw, "batch": args.batch, "seq_len": model.block_size,
-              "steps": args.steps, "warmup_steps": args.warmup, "warmup_seconds": warmup_seconds,
-              "seconds": seconds, "tokens_per_second": tokens_per_second, "achieved_tflops": achieved,
-              "peak_tflops": peak, "mfu": achieved / peak if peak else None, "last_loss": losses[-1],
+    result = {"precision": precision, "compiled": compile_model, "fused_adamw": fused_adamw,
+              "batch": args.batch, "seq_len": model.block_size, "steps": args.steps,
+              "warmup_steps": args.warmup, "warmup_seconds": warmup_seconds, "seconds": seconds,
+              "tokens_per_second": tokens_per_second, "achieved_tflops": achieved, "peak_tflops": peak,
+              "mfu": achieved / peak if peak else None, "last_loss": losses[-1],
               "max_memory_gib": (torch.cuda.max_memory_allocated(trainer.device) / 2**30
                                  if trainer.device.type == "cuda" else None)}
     mfu = "n/a (no peak known)" if result["mfu"] is None else f"{result['mfu']:.1%}"
@@ -172,11 +176,12 @@ def throughput(model: ModelConfig, device: str, precision: str, args: argparse.N
     return result
 
 
-# ----------------------------------------------------------------------------- (b) the node's share of a round
+# ---------------------------------------------------------------------------- (b) the node's share of a round
 
 
 def round_share(model: ModelConfig, device: str, args: argparse.Namespace) -> dict:
-    """One round of H inner steps in bf16, then each host-side part the node adds, timed (module docstring)."""
+    """One round of H inner steps in bf16, then each host-side part the node adds, timed (module
+    docstring)."""
     training = TrainingConfig(batch_size=args.batch, device=device, precision="bf16", warmup_steps=0)
     diloco = DilocoConfig(inner_steps=args.inner_steps, num_replicas=2)
     compression = CompressionConfig()
@@ -235,32 +240,36 @@ def round_share(model: ModelConfig, device: str, args: argparse.Namespace) -> di
     lanes["exchange_decode"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    for engine, payload in zip(engines, payloads):  # M = 2: this contribution and (the same bytes as) another's
+    # M = 2: this contribution and (the same bytes as) another's
+    for engine, payload in zip(engines, payloads):
         engine.finish_round(0, [payload, payload])
         engine.weights_hash()
     lanes["outer_step"] = time.perf_counter() - started
 
     blocking_seconds, lane_seconds = sum(blocking.values()), sum(lanes.values())
     tokens = args.inner_steps * args.batch * model.block_size
-    result = {"inner_steps": args.inner_steps, "batch": args.batch, "tokens": tokens, "train_seconds": train_seconds,
-              "tokens_per_second": tokens / train_seconds, "blocking": blocking, "lanes": lanes,
-              "blocking_seconds": blocking_seconds, "lane_seconds": lane_seconds,
+    result = {"inner_steps": args.inner_steps, "batch": args.batch, "tokens": tokens,
+              "train_seconds": train_seconds, "tokens_per_second": tokens / train_seconds,
+              "blocking": blocking, "lanes": lanes, "blocking_seconds": blocking_seconds,
+              "lane_seconds": lane_seconds,
               # the goal's figure: what the node takes from the training thread
               "node_share": blocking_seconds / (train_seconds + blocking_seconds),
-              "serial_share": (blocking_seconds + lane_seconds) / (train_seconds + blocking_seconds + lane_seconds),
+              "serial_share": (blocking_seconds + lane_seconds)
+                  / (train_seconds + blocking_seconds + lane_seconds),
               "lanes_fit_in_round": lane_seconds <= train_seconds, "pinned_copy_matches": copy_matches,
               "payload_bytes": sum(len(p) for p in payloads), "state_stages": len(state_hashes),
-              "note": "blocking: on the training thread; lanes: overlap the next round's training in a live node "
-                      "(serial_share: as if nothing overlapped); parts timed one after another"}
+              "note": "blocking: on the training thread; lanes: overlap the next round's training in a live "
+                      "node (serial_share: as if nothing overlapped); parts timed one after another"}
     print(f"(b) round of H={args.inner_steps}: train {train_seconds:.2f}s, blocking {blocking_seconds:.2f}s "
           f"({result['node_share']:.1%} of the round), lanes {lane_seconds:.2f}s "
           f"({'fit' if result['lanes_fit_in_round'] else 'do NOT fit'} in the round; serial "
-          f"{result['serial_share']:.1%}); " + ", ".join(f"{k} {v:.2f}s" for k, v in {**blocking, **lanes}.items())
+          f"{result['serial_share']:.1%}); " + ", ".join(f"{k} {v:.2f}s"
+                                                         for k, v in {**blocking, **lanes}.items())
           + f"; pinned copy matches: {copy_matches}", flush=True)
     return result
 
 
-# ----------------------------------------------------------------------------- (c) a run that commits on chain
+# ---------------------------------------------------------------------------- (c) a run that commits on chain
 
 
 def chain_run(args: argparse.Namespace, device: str) -> dict:
@@ -287,9 +296,11 @@ def chain_run(args: argparse.Namespace, device: str) -> dict:
     rounds = summary["rounds"]
     result = {"settings": settings, "ok": ok, "seconds": seconds, "rounds_committed": len(rounds),
               "rounds_expected": args.chain_rounds, "weights_roots": [r["weights_root"] for r in rounds],
-              "eval_loss": [r["eval_loss"] for r in rounds], "disputes": summary["disputes"], "workdir": str(workdir)}
-    print(f"(c) 2 replicas on {device}: {len(rounds)}/{args.chain_rounds} rounds committed in {seconds:.0f}s, "
-          f"exit ok={ok}", flush=True)
+              "eval_loss": [r["eval_loss"] for r in rounds], "disputes": summary["disputes"],
+              "workdir": str(workdir)}
+    print(
+        f"(c) 2 replicas on {device}: {len(rounds)}/{args.chain_rounds} rounds committed in {seconds:.0f}s, "
+        f"exit ok={ok}", flush=True)
     return result
 
 
@@ -300,17 +311,19 @@ def perf(args: argparse.Namespace) -> dict:
     else:
         model = ModelConfig(preset=args.preset_gpu, vocab_size=args.vocab_size)
     out = {"smoke": args.smoke, "model": {"preset": model.preset, "vocab_size": model.vocab_size,
-                                          "params": count_params(model), "flops_per_token": flops_per_token(model)},
+                                          "params": count_params(model),
+                                          "flops_per_token": flops_per_token(model)},
            "training_device": device, "platform": fingerprint(resolve_device(device), "bf16").document()}
-    out["throughput"] = {"bf16": throughput(model, device, "bf16", args), "fp32": throughput(model, device, "fp32", args)}
+    out["throughput"] = {"bf16": throughput(model, device, "bf16", args),
+                         "fp32": throughput(model, device, "fp32", args)}
     if args.compile:
         out["throughput"]["bf16_compiled"] = throughput(model, device, "bf16", args, compile_model=True)
     out["throughput"]["bf16_fused_adamw"] = throughput(model, device, "bf16", args, fused_adamw=True)
     for batch in args.sweep_batches:
         out["throughput"][f"bf16_b{batch}"] = throughput(model, device, "bf16", args, batch=batch)
         if args.compile:
-            out["throughput"][f"bf16_compiled_b{batch}"] = throughput(model, device, "bf16", args, batch=batch,
-                                                                      compile_model=True)
+            out["throughput"][f"bf16_compiled_b{batch}"] = throughput(model, device, "bf16", args,
+                                                                      batch=batch, compile_model=True)
     # Twice: the first round pays for the pinned host buffers the start state and encode copies land in (a
     # node pays it once); the second reuses them (torch's caching host allocator), as every later round does.
     out["round_share_first"] = round_share(model, device, args)
@@ -328,14 +341,17 @@ def perf(args: argparse.Namespace) -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--smoke", action="store_true", help="tiny sizes on any device (CPU included)")
-    mode.add_argument("--calibrate", action="store_true", help="rerun distances behind the cross-platform tolerance")
+    mode.add_argument("--calibrate", action="store_true",
+                      help="rerun distances behind the cross-platform tolerance")
     mode.add_argument("--resummarize", action="store_true",
-                      help="recompute the calibration summary of --out (default gpu_calibration.json) from its "
-                           "stored rows under today's rule; runs nothing")
-    parser.add_argument("--out", default="", help="the JSON to write (default: per mode, under bench/results/)")
+                      help="recompute the calibration summary of --out (default gpu_calibration.json) from "
+                           "its stored rows under today's rule; runs nothing")
+    parser.add_argument("--out", default="",
+                        help="the JSON to write (default: per mode, under bench/results/)")
     # the GPU run (--smoke: tiny sizes)
     parser.add_argument("--preset-gpu", default="llama-124m", help="model of the GPU run")
     parser.add_argument("--vocab-size", type=int, default=32000, help="the GPU run's vocabulary (random ids)")
@@ -345,8 +361,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure bf16 with torch.compile")
     parser.add_argument("--sweep-batches", default="",
-                        help="comma-separated further batch sizes of (a) in bf16 (eager, and compiled with --compile)")
-    parser.add_argument("--peak-tflops", type=float, default=0.0, help="dense bf16 peak for MFU (0: by GPU name)")
+                        help="comma-separated further batch sizes of (a) in bf16 (eager, and "
+                             "compiled with --compile)")
+    parser.add_argument("--peak-tflops", type=float, default=0.0,
+                        help="dense bf16 peak for MFU (0: by GPU name)")
     parser.add_argument("--skip-chain", action="store_true", help="leave out (c), the run on a local chain")
     parser.add_argument("--chain-preset", default="llama-20m")
     parser.add_argument("--chain-rounds", type=int, default=3)
@@ -358,12 +376,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--inner-steps", type=int, default=None,
-                        help="H: of the calibration runs (default 20) or of (b)'s round (default 100; smoke 4)")
+                        help="H: of the calibration runs (default 20) or of (b)'s round "
+                             "(default 100; smoke 4)")
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--warmup-steps", type=int, default=20)
     parser.add_argument("--min-compress-numel", type=int, default=CompressionConfig().min_compress_numel,
-                        help="smaller tensors are only quantized (512 gives the tiny model low-rank codings too)")
+                        help="smaller tensors are only quantized (512 gives the tiny model "
+                             "low-rank codings too)")
     args = parser.parse_args(argv)
     if args.inner_steps is None:
         args.inner_steps = 20 if args.calibrate else 4 if args.smoke else 100
@@ -389,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(args.out or REPO / "bench/results/gpu_calibration.json")
         stored = json.loads(path.read_text())
         document = {**stored, "summary": summarize_calibration(stored["rows"]),
-                    "resummarized": f"summary recomputed from the stored rows under today's rule ({' '.join(command)})"}
+                    "resummarized": ("summary recomputed from the stored rows under today's rule "
+                                     f"({' '.join(command)})")}
         write_json(path, document)
         print(json.dumps(document["summary"], indent=1))
         return 0
@@ -400,7 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.smoke and not torch.cuda.is_available():
         print("bench/bench_gpu.py needs a CUDA GPU (torch.cuda.is_available() is false here; torch "
-              f"{torch.__version__}). Run it on a GPU machine, or pass --smoke for tiny sizes on this device, "
+              f"{torch.__version__}). Run it on a GPU machine, or pass --smoke for tiny "
+              "sizes on this device, "
               "or --calibrate for the rerun distances.", file=sys.stderr)
         return 2
     document = {"environment": environment(command), **perf(args)}

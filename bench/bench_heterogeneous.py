@@ -6,8 +6,8 @@ What runs: one process per replica (``multiprocessing``, spawn), each with its o
 replica of factor 4 may use a quarter of the CPU time of the replica of factor 1 (the quota is set
 below what the machine's load leaves a process, so that it binds). A replica moves into its group
 for its inner steps and back out for the rest (encode, apply): the slow part is the accelerator, as
-with a slow GPU whose host CPU is ordinary. Each replica holds a whole model (one stage) and runs the node's parts:
-``LocalReplicaTrainer.train_step`` (the one inner step), ``training.schedule.takes_another_step``
+with a slow GPU whose host CPU is ordinary. Each replica holds a whole model (one stage) and runs the node's
+parts: ``LocalReplicaTrainer.train_step`` (the one inner step), ``training.schedule.takes_another_step``
 (the budget rule), ``StageEngine.encode_contribution`` with its declared steps and
 ``StageEngine.apply_round``. The parent is the exchange and the auditor: it gathers the
 contributions, screens them (``training.screening``, per step in the time-bounded run), replays the
@@ -43,7 +43,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.benchio import default_out, write_result  # noqa: E402
-
 from node.commands.throttle import CpuGroup, unavailable  # noqa: E402
 
 
@@ -120,8 +119,14 @@ def run_mode(args, mode: str) -> dict:
     from training.diloco import aggregate_with_report
     from training.model import init_state_dict
     from training.pipeline import LocalReplicaTrainer
-    from training.screening import model_loss_fn, screen_contributions, screening_batch, screening_exclusions
-    from training.screening import decode_full, screening_steps
+    from training.screening import (
+        decode_full,
+        model_loss_fn,
+        screen_contributions,
+        screening_batch,
+        screening_exclusions,
+        screening_steps,
+    )
 
     model, training, diloco, compression = configs(args, mode)
     corpus = load_corpus(args.data, training.eval_fraction, model.block_size)
@@ -162,7 +167,8 @@ def run_mode(args, mode: str) -> dict:
             if diloco.screening:
                 decoded = [decode_full([b], [shapes], outer_round=outer_round, refuse_raw=compression.enabled)
                            for b in blobs]
-                x, y = screening_batch(corpus, training.seed, outer_round, diloco.screen_batch_size, model.block_size)
+                x, y = screening_batch(corpus, training.seed, outer_round, diloco.screen_batch_size,
+                                       model.block_size)
                 reports = screen_contributions(model_loss_fn(model, x, y), weights, decoded, diloco,
                                                screening_steps(diloco, [[b] for b in blobs]))
                 excluded = screening_exclusions(reports)
@@ -183,8 +189,8 @@ def run_mode(args, mode: str) -> dict:
             evaluator.load_state_dict(weights)
             eval_loss = evaluator.eval_loss(held_out)
             rounds.append({
-                "round": outer_round, "wall_s": round_wall, "train_wall_s": train_done - started, "steps": steps,
-                "train_s": [t[3] for t in trained], "accepted": sorted(accepted),
+                "round": outer_round, "wall_s": round_wall, "train_wall_s": train_done - started,
+                "steps": steps, "train_s": [t[3] for t in trained], "accepted": sorted(accepted),
                 "scales": [r.scale for r in aggregation.contributions], "eval_loss": eval_loss,
             })
             curve.append({"wall_s": wall, "tokens": tokens, "eval_loss": eval_loss})
@@ -213,7 +219,8 @@ def run_mode(args, mode: str) -> dict:
                          "steps_per_round": steps / len(rounds), "s_per_step": seconds / steps,
                          "compute_share_reaching_outer_step": reached / total_wall})
     return {"mode": mode, "diloco": {k: getattr(diloco, k) for k in
-                                     ("inner_steps", "round_budget_s", "min_inner_steps", "outer_lr", "outer_momentum")},
+                                     ("inner_steps", "round_budget_s", "min_inner_steps", "outer_lr",
+                                      "outer_momentum")},
             "rounds": len(rounds), "wall_s": total_wall, "wall_s_per_round": total_wall / len(rounds),
             "tokens": tokens, "final_eval_loss": curve[-1]["eval_loss"], "replicas": replicas,
             "curve": curve, "per_round": rounds}
@@ -230,7 +237,8 @@ def at(curve: list[dict], key: str, value: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="/work/shared/data/tinyshakespeare/input.txt",
                         help="the training text (default: the shared tinyshakespeare)")
     parser.add_argument("--preset", default="tiny")
@@ -243,14 +251,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--factors", type=float, nargs="+", default=[1.0, 2.0, 4.0])
     parser.add_argument("--quota", type=float, default=0.4, help="CPUs of the 1x replica's cgroup")
     parser.add_argument("--fixed-h", type=int, default=40, help="H of the fixed-H run")
-    parser.add_argument("--max-steps", type=int, default=120, help="diloco.inner_steps of the time-bounded run")
+    parser.add_argument("--max-steps", type=int, default=120,
+                        help="diloco.inner_steps of the time-bounded run")
     parser.add_argument("--min-steps", type=int, default=4)
     parser.add_argument("--budget-s", type=float, default=4.0)
     parser.add_argument("--wall-s", type=float, default=90.0, help="wall seconds of rounds each mode runs")
     parser.add_argument("--eval-batches", type=int, default=16)
     parser.add_argument("--node", action="store_true",
-                        help="drive real 'dlx-node start' processes (LocalRun: anvil, libp2p, the chain), each "
-                             "node process under its cgroup quota (bench/hetero_node.py)")
+                        help="drive real 'dlx-node start' processes (LocalRun: anvil, libp2p, the chain), "
+                             "each node process under its cgroup quota (bench/hetero_node.py)")
     parser.add_argument("--node-round-timeout", type=float, default=600.0,
                         help="--node: the nodes' round_timeout (a close waits this long for every replica)")
     parser.add_argument("--keep-workdir", action="store_true", help="--node: keep the runs' node directories")
@@ -258,14 +267,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="--node: what of each node the cgroup quota slows: its training thread (a slow "
                              "accelerator, default) or its whole process (a slow machine)")
     parser.add_argument("--no-delay", action="store_true",
-                        help="--node: no one-step delay (a round's exchange waits for its close and apply, as in the "
-                             "in-process mode) instead of the node's default delay")
+                        help="--node: no one-step delay (a round's exchange waits for its close and apply, "
+                             "as in the in-process mode) instead of the node's default delay")
     parser.add_argument("--screen-rule", choices=("auto", "one_sided", "two_sided", "paired"), default="auto",
-                        help="diloco.screen_rule of the time-bounded run (docs/DILOCOX.md section 13; auto: the "
-                             "run's default, version 1)")
+                        help="diloco.screen_rule of the time-bounded run (docs/DILOCOX.md section 13; auto: "
+                             "the run's default, version 1)")
     parser.add_argument("--screen-batch", type=int, default=16,
-                        help="diloco.screen_batch_size of the time-bounded run (windows of the screening batch; the "
-                             "fixed-H run keeps the default, 16)")
+                        help="diloco.screen_batch_size of the time-bounded run (windows of the screening "
+                             "batch; the fixed-H run keeps the default, 16)")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args(argv)
     if unavailable() is not None:
@@ -294,12 +303,15 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("loss_at_equal_wall", "loss_at_equal_tokens"):
         pair = comparison[key]
         pair["budget_vs_fixed"] = pair["budget"] / pair["fixed"] - 1
-    comparison["min_compute_share_budget"] = min(r["compute_share_reaching_outer_step"] for r in budget["replicas"])
-    comparison["min_compute_share_fixed"] = min(r["compute_share_reaching_outer_step"] for r in fixed["replicas"])
+    comparison["min_compute_share_budget"] = min(r["compute_share_reaching_outer_step"]
+                                                 for r in budget["replicas"])
+    comparison["min_compute_share_fixed"] = min(r["compute_share_reaching_outer_step"]
+                                                for r in fixed["replicas"])
     result = {
         "what": "replicas slowed 1x/2x/4x by cgroup v1 cpu quotas, time-bounded rounds vs fixed H " + (
             "(real dlx-node start processes: a local anvil, libp2p, the full exchange, each node's "
-            f"{'training thread' if args.throttle == 'training' else 'process'} in its cpu group)" if args.node else
+            f"{'training thread' if args.throttle == 'training' else 'process'} in its cpu group)"
+            if args.node else
             "(one process per replica, contributions over pipes, the parent replays the aggregation)"),
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "fixed": fixed, "budget": budget, "comparison": comparison,
@@ -307,13 +319,18 @@ def main(argv: list[str] | None = None) -> int:
     path = write_result(args.out, result, load_at_start)
     print(f"wall per round: fixed {fixed['wall_s_per_round']:.2f}s, budget {budget['wall_s_per_round']:.2f}s")
     for name, run in (("fixed", fixed), ("budget", budget)):
-        print(name, " ".join(f"{r['factor']:g}x: {r['steps_per_round']:.1f} steps/round, {r['s_per_step'] * 1000:.0f} "
-                             f"ms/step, share {r['compute_share_reaching_outer_step']:.1%}" + (
-                                 f" (cpu {r['cpu_share_in_inner_steps']:.1%})" if r.get("cpu_share_in_inner_steps")
+        print(name,
+              " ".join(
+                  f"{r['factor']:g}x: {r['steps_per_round']:.1f} steps/round, {r['s_per_step'] * 1000:.0f} "
+                  f"ms/step, share {r['compute_share_reaching_outer_step']:.1%}" + (
+                                 f" (cpu {r['cpu_share_in_inner_steps']:.1%})"
+                                 if r.get("cpu_share_in_inner_steps")
                                  else "") for r in run["replicas"]))
-    print(f"held-out at equal wall ({equal_wall:.0f}s): fixed {comparison['loss_at_equal_wall']['fixed']:.4f}, "
-          f"budget {comparison['loss_at_equal_wall']['budget']:.4f}; at equal tokens ({equal_tokens:,}): fixed "
-          f"{comparison['loss_at_equal_tokens']['fixed']:.4f}, budget {comparison['loss_at_equal_tokens']['budget']:.4f}")
+    print(
+        f"held-out at equal wall ({equal_wall:.0f}s): fixed {comparison['loss_at_equal_wall']['fixed']:.4f}, "
+        f"budget {comparison['loss_at_equal_wall']['budget']:.4f}; at equal tokens ({equal_tokens:,}): fixed "
+        f"{comparison['loss_at_equal_tokens']['fixed']:.4f}, budget "
+        f"{comparison['loss_at_equal_tokens']['budget']:.4f}")
     print(f"wrote {path}")
     return 0
 

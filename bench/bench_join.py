@@ -40,9 +40,10 @@ from benchio import default_out, write_result  # noqa: E402
 
 from node.commands.launcher import LocalRun  # noqa: E402
 
-LINE = re.compile(r"^(\d\d:\d\d:\d\d) \S+ +node\.live\.coordination: round (\d+) stage (\d+) closed with replicas "
-                  r"\[([\d, ]*)\]( \(missing \[([\d, ]*)\]\))?", re.M)
-STAMP = re.compile(r"^(\d\d:\d\d:\d\d) ", re.M)
+LINE = re.compile(
+    r"^(\d\d:\d\d:\d\d) \S+ +node\.live\.coordination: round (\d+) stage (\d+) closed with replicas "
+    r"\[([\d, ]*)\]( \(missing \[([\d, ]*)\]\))?", re.MULTILINE)
+STAMP = re.compile(r"^(\d\d:\d\d:\d\d) ", re.MULTILINE)
 
 
 def _seconds(stamp: str) -> int:
@@ -86,8 +87,8 @@ def first_logged(text: str, pattern: str) -> tuple[int | None, re.Match | None]:
 def one_run(args, code: Path, workdir: Path) -> dict:
     """One run with the node code under ``code``; the figures of its join."""
     os.environ["PYTHONPATH"] = str(code)
-    settings = [f"model.preset={args.preset}", f"rounds={args.rounds}", f"diloco.inner_steps={args.inner_steps}",
-                "checkpoint_every=2", "round_timeout=120"]
+    settings = [f"model.preset={args.preset}", f"rounds={args.rounds}",
+                f"diloco.inner_steps={args.inner_steps}", "checkpoint_every=2", "round_timeout=120"]
     run = LocalRun(workdir / "run", replicas=2, stages=2, split=True, settings=settings, attest_quorum=2,
                    attest_quorum_bps=5000, stake_wei=10**18)
     run.setup()
@@ -108,7 +109,8 @@ def one_run(args, code: Path, workdir: Path) -> dict:
         joiner = subprocess.Popen(
             [*head, "--log-file", str(log), "join", run.link(), "--data-dir", str(workdir / "joiner"),
              "--dev-account", str(len(run.nodes) + 1), "--yes", "--no-progress", "--set", "torch_threads=1"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
         while run.running() or joiner.poll() is None:
             if time.monotonic() > deadline:
                 raise RuntimeError("the run did not finish in time")
@@ -145,7 +147,8 @@ def one_run(args, code: Path, workdir: Path) -> dict:
     return {
         "code": str(code), "commit": _commit(code),
         "rounds_committed": len(history.commits),
-        "rounds_in_order_once": [c.commit.round for c in history.commits] == list(range(len(history.commits))),
+        "rounds_in_order_once": [c.commit.round for c in history.commits]
+            == list(range(len(history.commits))),
         "join_started_round": round_at(rounds, _day_seconds(join_started)),
         "joiner": {"placed_round": placed_round, "entered_at": int(entered.group(1)) if entered else None,
                    "first_committed_round_with_it": first_in, "committed_rounds_with_it": len(with_joiner),
@@ -174,9 +177,11 @@ def main() -> int:
     parser.add_argument("--preset", default="mini")
     parser.add_argument("--inner-steps", type=int, default=20)
     parser.add_argument("--catch-up-delay", type=float, default=0.0, metavar="S")
-    parser.add_argument("--baseline", default="", metavar="DIR", help="also run the node code of this checkout")
+    parser.add_argument("--baseline", default="", metavar="DIR",
+                        help="also run the node code of this checkout")
     parser.add_argument("--keep-baseline", action="store_true",
-                        help="keep the baseline run of the result file --out already holds (its code did not change)")
+                        help="keep the baseline run of the result file --out already holds (its "
+                             "code did not change)")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args()

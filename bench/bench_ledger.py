@@ -52,7 +52,8 @@ def digest(label: str) -> bytes:
     return hashlib.sha256(label.encode()).digest()
 
 
-def next_record(client: LedgerClient, run_id: int, contributors: int, checkpoint: bytes = ZERO_HASH) -> RoundRecord:
+def next_record(client: LedgerClient, run_id: int, contributors: int,
+                checkpoint: bytes = ZERO_HASH) -> RoundRecord:
     index = client.commit_count(run_id)
     return RoundRecord(
         run_id,
@@ -153,7 +154,8 @@ def measure_gas(w3) -> dict:
             entry[f"contributors_{contributors}"] = gas_of(
                 clients[1], commit(clients, fraction_run, signers, contributors)
             )
-        entry["with_checkpoint"] = gas_of(clients[1], commit(clients, fraction_run, signers, checkpoint=digest("c")))
+        entry["with_checkpoint"] = gas_of(clients[1],
+                                          commit(clients, fraction_run, signers, checkpoint=digest("c")))
         by_fraction[f"{signers}_of_{members}"] = entry
     gas["commitRound_by_fraction"] = by_fraction
 
@@ -161,17 +163,20 @@ def measure_gas(w3) -> dict:
     gas["accuse"] = gas_of(clients[1], clients[1].accuse(run_id, clients[7].address, evidence))
     verdict = Verdict(run_id, clients[7].address, evidence, False)
     gas["resolveAccusation_k3_not_guilty"] = gas_of(
-        clients[1], clients[1].resolve_accusation(verdict, [clients[i].sign_verdict(verdict) for i in (1, 2, 3)])
+        clients[1],
+        clients[1].resolve_accusation(verdict, [clients[i].sign_verdict(verdict) for i in (1, 2, 3)])
     )
     lapsing = digest("lapsing evidence")
     clients[1].accuse(run_id, clients[7].address, lapsing)
     mine(w3, 8)
-    gas["expireAccusation"] = gas_of(clients[1], clients[1].expire_accusation(run_id, clients[7].address, lapsing))
+    gas["expireAccusation"] = gas_of(clients[1], clients[1].expire_accusation(run_id, clients[7].address,
+                                                                              lapsing))
     guilty_evidence = digest("guilty evidence")
     clients[1].accuse(run_id, clients[5].address, guilty_evidence)
     verdict = Verdict(run_id, clients[5].address, guilty_evidence, True)
     gas["resolveAccusation_k3_guilty"] = gas_of(
-        clients[1], clients[1].resolve_accusation(verdict, [clients[i].sign_verdict(verdict) for i in (1, 2, 3)])
+        clients[1],
+        clients[1].resolve_accusation(verdict, [clients[i].sign_verdict(verdict) for i in (1, 2, 3)])
     )
     gas["leaveRun"] = gas_of(clients[7], clients[7].leave_run(run_id))
     while clients[1].commit_count(run_id) < 16:  # members 4, 6 and 8 never signed: ejectable at round 16
@@ -216,7 +221,8 @@ def measure_history(w3, rounds: int) -> dict:
     problems = check_hash_chain(history, chain_id, ledger).problems
     chain_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    checks = check_chain_record(reader, reader.history(run_id))  # reads again, plus bytecode, bindings, attesters
+    # reads again, plus bytecode, bindings, attesters
+    checks = check_chain_record(reader, reader.history(run_id))
     audit_seconds = time.perf_counter() - started
     assert len(history.commits) == rounds and not problems and checks.ok, (problems, checks.problems)
     return {

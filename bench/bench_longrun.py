@@ -130,7 +130,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=1000, help="committed rounds to reach")
     parser.add_argument("--samples", default="10,100,500,1000", help="rounds at which to sample (comma list)")
-    parser.add_argument("--every", type=int, default=50, help="also sample every N rounds (0: only --samples)")
+    parser.add_argument("--every", type=int, default=50,
+                        help="also sample every N rounds (0: only --samples)")
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--inner-steps", type=int, default=1)
     parser.add_argument("--checkpoint-every", type=int, default=1)
@@ -147,8 +148,8 @@ def main() -> int:
         set(range(args.every, target + 1, args.every)) if args.every else set()))
     marks = [m for m in marks if m <= target] or [target]
     settings = ["model.preset=tiny", f"diloco.inner_steps={args.inner_steps}", "training.batch_size=4",
-                "round_timeout=60", "join_timeout=60", f"checkpoint_every={args.checkpoint_every}", "rounds=0",
-                *args.extra]
+                "round_timeout=60", "join_timeout=60", f"checkpoint_every={args.checkpoint_every}",
+                "rounds=0", *args.extra]
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dlx-longrun-"))
     run = LocalRun(workdir, replicas=args.replicas, stages=1, split=False, settings=settings)
     print(f"long run: {args.replicas} one-node replicas of 'tiny', H={args.inner_steps}, "
@@ -196,7 +197,8 @@ def main() -> int:
     per_round = None
     if first_commit_at is not None and samples and samples[-1]["round"] > first_commit_round:
         # Wall time from the first commit to the last sample, per committed round (startup excluded).
-        per_round = (started + samples[-1]["elapsed_s"] - first_commit_at) / (samples[-1]["round"] - first_commit_round)
+        per_round = (started + samples[-1]["elapsed_s"] - first_commit_at) \
+            / (samples[-1]["round"] - first_commit_round)
     print(f"seconds per round (after the first commit): {per_round}", flush=True)
     if args.measure_only:
         return exit_code

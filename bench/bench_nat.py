@@ -1,4 +1,5 @@
-"""Blob throughput between two hosts behind NAT: through the relay vs hole punched; writes bench/results/nat.json.
+"""Blob throughput between two hosts behind NAT: through the relay vs hole punched; writes
+bench/results/nat.json.
 
 Builds the lab of tests/netns_lab.py (root, ``ip`` and ``nft`` needed), a relay in the public
 namespace and one host per site (tests/p2p_agent.py processes). Once with ``hole_punch`` off (every
@@ -58,7 +59,8 @@ def measure(lab: NatLab, hole_punch: bool, size: int, repeats: int, workdir: str
             seconds = time.monotonic() - start
             if not fetched["ok"]:
                 raise RuntimeError(fetched["error"])
-            runs.append({"seconds": round(seconds, 3), "mb_per_s": round(size / seconds / 1e6, 2), "load": load})
+            runs.append({"seconds": round(seconds, 3), "mb_per_s": round(size / seconds / 1e6, 2),
+                         "load": load})
         return {"path": path, "path_after": one.ask(cmd="paths")["paths"][two.peer_id],
                 "mb_per_s_median": statistics.median(r["mb_per_s"] for r in runs), "runs": runs}
     finally:

@@ -26,8 +26,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from bench.benchio import default_out, write_result  # noqa: E402
 from netlab import NetLab, Site, probe_rtt, probe_throughput  # noqa: E402
+
+from bench.benchio import default_out, write_result  # noqa: E402
 
 DELAYS_MS = (0, 10, 50, 100, 200)
 RATES_MBIT = (50, 200, 1000, 10000)
@@ -69,12 +70,13 @@ def main() -> int:
             for d in (0, 20):
                 row = probe_throughput(lab, f"r{rate}d{d}", "sink", args.seconds)
                 row.update(rate_mbit=rate, one_way_ms=d,
-                           cpu_pct_per_100mbit=round(100 * row["forwarder_cpu_share"] / row["mbit_s"] * 100, 2)
+                           cpu_pct_per_100mbit=round(100 * row["forwarder_cpu_share"] / row["mbit_s"] * 100,
+                                                     2)
                            if row["mbit_s"] else None)
                 result["rate"].append(row)
                 print(row, flush=True)
-    with NetLab([Site("sink", SINK_MBIT), Site("jitter", SINK_MBIT)], {"sink": {"jitter": 50}, "jitter": {"sink": 50}},
-                jitter_ms=5.0) as lab:
+    with NetLab([Site("sink", SINK_MBIT), Site("jitter", SINK_MBIT)],
+                {"sink": {"jitter": 50}, "jitter": {"sink": 50}}, jitter_ms=5.0) as lab:
         result["delay"].append(rtt_row(probe_rtt(lab, "sink", "jitter", args.echoes), 100, 5.0))
     for row in result["delay"]:
         print(row)

@@ -44,16 +44,21 @@ sys.path.insert(0, str(ROOT))
 
 import trio
 
+from bench.p2p_gossip import bench_gossip  # noqa: E402
+from bench.p2p_probes import (  # noqa: E402
+    PERF_DIR,
+    DataPathCounter,
+    LoopCounter,
+    perf_record,
+    process_cpu_seconds,
+    rss_mib,
+    thread_cpu_seconds,
+    timeline_breakdown,
+)
 from p2p.config import P2PConfig
 from p2p.host import P2PHost
 from p2p.identity import Identity
 from p2p.ratelimit import MIN_BURST_BYTES
-
-from bench.p2p_gossip import bench_gossip  # noqa: E402
-from bench.p2p_probes import (  # noqa: E402
-    PERF_DIR, DataPathCounter, LoopCounter, perf_record, process_cpu_seconds, rss_mib, thread_cpu_seconds,
-    timeline_breakdown,
-)
 
 #: Seconds between connecting and the timed transfer: the connection's own start-up traffic
 #: (identify, the DHT's routing-table queries, pubsub hellos) is done by then (measured: the
@@ -133,7 +138,8 @@ def blob_run(
             gc.collect()
             datapath = DataPathCounter()
             recorders = [perf_record(pid, f"{side}-{os.getpid()}-{time.monotonic_ns()}")
-                         for side, pid in (("fetcher", os.getpid()), ("provider", provider.pid))] if PERF_DIR else []
+                         for side, pid in (("fetcher", os.getpid()), ("provider", provider.pid))] \
+                         if PERF_DIR else []
             with datapath if profile else contextlib.nullcontext():
                 threads0 = thread_cpu_seconds()
                 server_cpu0 = process_cpu_seconds(provider.pid)
@@ -220,11 +226,11 @@ def machine() -> dict:
     }
 
 
-def bench_blobs(size_mb: int, repeats: int, work: Path, profile: bool = False, caps: list[str] | None = None) -> dict:
+def bench_blobs(size_mb: int, repeats: int, work: Path, profile: bool = False,
+                caps: list[str] | None = None) -> dict:
     blob = work / "blob.bin"
     with open(blob, "wb") as handle:
-        for _ in range(size_mb):
-            handle.write(os.urandom(1 << 20))
+        handle.writelines(os.urandom(1 << 20) for _ in range(size_mb))
     results = {}
     for label, cap in (("uncapped", 0.0), ("cap_1gbps", 125e6), ("cap_100mbps", 12.5e6)):
         if caps is not None and label not in caps:
@@ -268,8 +274,7 @@ def bench_staging(size_mb: int, rounds: int, work: Path, caps: list[str] | None 
     global DIRECT_STAGING
     blob = work / "blob.bin"
     with open(blob, "wb") as handle:
-        for _ in range(size_mb):
-            handle.write(os.urandom(1 << 20))
+        handle.writelines(os.urandom(1 << 20) for _ in range(size_mb))
     results: dict = {}
     try:
         for label, cap in (("uncapped", 0.0), ("cap_1gbps", 125e6)):
@@ -372,7 +377,8 @@ def main() -> None:
     parser.add_argument(
         "--blob-runs",
         default=None,
-        help="comma-separated blob runs to make (uncapped, cap_1gbps, cap_100mbps, small_capped; default all)",
+        help="comma-separated blob runs to make (uncapped, cap_1gbps, cap_100mbps, "
+             "small_capped; default all)",
     )
     parser.add_argument(
         "--direct-staging",

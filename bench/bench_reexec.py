@@ -38,9 +38,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench.benchio import default_corpus  # noqa: E402
-
 from training.config import DilocoConfig, ModelConfig, TrainingConfig  # noqa: E402
-
 from training.config_compression import CompressionConfig  # noqa: E402
 from training.data import load_corpus  # noqa: E402
 from training.model import count_params  # noqa: E402
@@ -54,8 +52,6 @@ from training.reexec import (  # noqa: E402
     reexecute,
     verify_contribution,
 )
-from training.replica_state import ReplicaStartState  # noqa: E402
-from training.stages import split_stages, stage_param_shapes  # noqa: E402
 from training.reexec_sim import (  # noqa: E402
     ForgedStateReplica,
     HalfStepsReplica,
@@ -65,15 +61,19 @@ from training.reexec_sim import (  # noqa: E402
     SimReplica,
     run_with_states,
 )
+from training.replica_state import ReplicaStartState  # noqa: E402
+from training.stages import split_stages, stage_param_shapes  # noqa: E402
 
 CHEATS = {"other_data": OtherDataReplica, "half_steps": HalfStepsReplica, "perturbed_1pct": PerturbedReplica,
           "forged_start_state": ForgedStateReplica}
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=None,
-                        help="corpus, relative to the repository root (default: tinyshakespeare, from ../shared/data or 'dlx-node data fetch tinyshakespeare')")
+                        help="corpus, relative to the repository root (default: tinyshakespeare, from "
+                             "../shared/data or 'dlx-node data fetch tinyshakespeare')")
     parser.add_argument("--preset", default="mini")
     parser.add_argument("--replicas", type=int, default=3, help="honest replicas of run (a)")
     parser.add_argument("--stages", type=int, default=2)
@@ -109,7 +109,8 @@ def check_all(sim, records, replicas, threads, tolerance):
                 claimed = [c.state_hash for c in records[record.outer_round + 1].claims[replica]]
                 chain = check_state_chain(check.next_state_hashes, claimed)
             out.append({"round": record.outer_round, "replica": replica, "threads": threads,
-                        "verdict": check.verdict, "chain": chain, "distance": max(check.distances.values(), default=None),
+                        "verdict": check.verdict, "chain": chain,
+                        "distance": max(check.distances.values(), default=None),
                         "seconds": check.reexec_seconds})
             print(f"  round {record.outer_round} replica {replica} threads {threads}: {check.verdict:<16} "
                   f"distance {out[-1]['distance']!s:<24} chain {chain}", flush=True)
@@ -120,7 +121,8 @@ def detection(rate: float, verifiers: int, per_check: float, k: int) -> dict:
     """Per-round detection and expected rounds to ejection of a member cheating every round."""
     p_one = rate * per_check  # a given verifier samples and catches it
     p_any = 1 - (1 - p_one) ** verifiers
-    p_k = sum(math.comb(verifiers, j) * p_one ** j * (1 - p_one) ** (verifiers - j) for j in range(k, verifiers + 1))
+    p_k = sum(math.comb(verifiers, j) * p_one ** j * (1 - p_one) ** (verifiers - j)
+              for j in range(k, verifiers + 1))
     return {
         "verifiers": verifiers, "rate": rate, "p_detect_per_round": p_any,
         # Rule A: the first verifier's signed evidence triggers a rerun by the others (k agree that round).
@@ -141,7 +143,8 @@ def main() -> int:
     corpus = load_corpus(REPO / args.data, training.eval_fraction, model.block_size)
 
     def sim_for(replicas: int, rounds: int, micro_batches: int = 0) -> SimConfig:
-        return SimConfig(corpus, model, training, DilocoConfig(inner_steps=args.inner_steps, num_replicas=replicas),
+        return SimConfig(corpus, model, training,
+                         DilocoConfig(inner_steps=args.inner_steps, num_replicas=replicas),
                          CompressionConfig(), args.stages, rounds, micro_batches)
 
     # (a) honest
@@ -176,7 +179,8 @@ def main() -> int:
     cheaters = [cls(index, cheat_sim) for index, cls in enumerate(CHEATS.values())]
     cheat_records = run_with_states(cheaters, cheat_sim)
     cheat_checks = [check for threads in (1, 2)
-                    for check in check_all(cheat_sim, cheat_records, range(len(CHEATS)), threads, args.tolerance)]
+                    for check in check_all(cheat_sim, cheat_records, range(len(CHEATS)), threads,
+                                           args.tolerance)]
 
     # Summaries
     honest_2 = [c["distance"] for c in honest if c["threads"] == 2]
@@ -186,12 +190,14 @@ def main() -> int:
     for index, name in enumerate(CHEATS):
         mine = [c for c in cheat_checks if c["replica"] == index]
         caught = [c for c in mine if c["verdict"] == MISMATCH or c["chain"] == STATE_MISMATCH]
-        # The forged state is seen through the chain, which needs round t+1's claim: the last round cannot tell.
+        # The forged state is seen through the chain, which
+        # needs round t+1's claim: the last round cannot tell.
         checkable = [c for c in mine if name != "forged_start_state" or c["chain"] is not None]
         cheats[name] = {
             "checks": len(checkable), "caught": len([c for c in caught if c in checkable]),
             "min_distance": min((c["distance"] for c in mine if c["verdict"] == MISMATCH), default=None),
-            "verdicts": sorted({c["verdict"] for c in mine}), "chain": sorted({str(c["chain"]) for c in mine}),
+            "verdicts": sorted({c["verdict"] for c in mine}),
+            "chain": sorted({str(c["chain"]) for c in mine}),
         }
     per_check = min(c["caught"] / c["checks"] for c in cheats.values())
 
@@ -223,15 +229,17 @@ def main() -> int:
     exact_1 = sum(1 for c in honest if c["threads"] == 1 and c["verdict"] == EXACT)
     print(f"honest, rerun on 1 thread (same as claimant): {exact_1}/{len(honest_2)} bit-exact; chain "
           f"{sum(1 for c in honest if c['chain'] == EXACT)}/{sum(1 for c in honest if c['chain'])} exact")
-    print(f"honest, rerun on 2 threads: distance min {min(honest_2):.3g} median {statistics.median(honest_2):.3g} "
-          f"max {max(honest_2):.3g}; verdicts {sorted({c['verdict'] for c in honest if c['threads'] == 2})}")
+    print(f"honest, rerun on 2 threads: distance min {min(honest_2):.3g} median "
+          f"{statistics.median(honest_2):.3g} max {max(honest_2):.3g}; verdicts "
+          f"{sorted({c['verdict'] for c in honest if c['threads'] == 2})}")
     print(f"split pipeline rerun chained with micro-batches: {[c['verdict'] for c in split]}; "
           f"without: max distance {max(c['distance'] for c in split_plain):.3g}")
     print(f"false accusations: {false_accusations}")
     print(f"{'cheat':<20} {'caught':>8} {'min distance':>14}  verdicts / chain")
     for name, row in cheats.items():
         distance = f"{row['min_distance']:.3g}" if row["min_distance"] is not None else "-"
-        print(f"{name:<20} {row['caught']:>3}/{row['checks']:<4} {distance:>14}  {row['verdicts']} {row['chain']}")
+        print(f"{name:<20} {row['caught']:>3}/{row['checks']:<4} {distance:>14}  "
+              f"{row['verdicts']} {row['chain']}")
     print(f"member round {costs['member_round_seconds']:.2f} s, rerun {costs['rerun_seconds']:.2f} s "
           f"({costs['rerun_over_round']:.2f}x), capture+hash {costs['capture_and_hash_seconds']:.3f} s "
           f"({100 * costs['capture_share']:.1f}%), state {state_bytes / 1e6:.1f} MB per replica-round")
@@ -240,14 +248,16 @@ def main() -> int:
     for members, row in sampling.items():
         print(f"{members:>7} {row['rate']:>7.4f} {row['p_detect_per_round']:>16.3f} "
               f"{row['expected_rounds_to_ejection_triggered']:>20.1f} "
-              f"{row['expected_rounds_to_ejection_independent']:>20.0f} {100 * row['verifier_overhead_share']:>8.1f}%")
+              f"{row['expected_rounds_to_ejection_independent']:>20.0f} "
+              f"{100 * row['verifier_overhead_share']:>8.1f}%")
 
     out = {
         "args": vars(args),
-        "platform": {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine(),
-                     "cpus": os.cpu_count()},
+        "platform": {"python": platform.python_version(), "torch": torch.__version__,
+                     "machine": platform.machine(), "cpus": os.cpu_count()},
         "num_params": count_params(model),
-        "honest": {"checks": honest, "split_pipeline": split, "split_pipeline_without_microbatches": split_plain,
+        "honest": {"checks": honest, "split_pipeline": split,
+                   "split_pipeline_without_microbatches": split_plain,
                    "distance_2_threads": {"min": min(honest_2), "median": statistics.median(honest_2),
                                           "max": max(honest_2)},
                    "false_accusations": false_accusations},

@@ -16,15 +16,16 @@ smallest distance, and what each rule makes of them:
   on other kernels or threads is counted as such a claim.
 
     PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --presets llama-tiny,llama-mini
-    PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --resummarize   # the stored rows, today's rule
-    PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --presets llama-mini --add   # keep the other presets
+    PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --resummarize  # the stored rows, today's rule
+    PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --presets llama-mini --add  # keep the other ones
     PYTHONPATH=. .venv/bin/python bench/bench_reexec_isa.py --presets llama-tiny --add \
-        --arm-python /opt/arm-venv/bin/python --rerun-threads 1      # and ARM (scripts/setup-arm-emulation.sh)
+        --arm-python /opt/arm-venv/bin/python --rerun-threads 1  # and ARM (scripts/setup-arm-emulation.sh)
 
-With ``--arm-python`` an aarch64 Python with torch (on x86, scripts/setup-arm-emulation.sh's qemu-user wrapper)
-trains and reruns too, under each of ``--arm-capabilities`` (torch's aarch64 kernels: ``default``, NEON; ``sve256``):
-every claimant, x86 or ARM, is rerun on every platform; the preset's rows are stored as ``PRESET x86+aarch64``.
-An ARM platform's rows name it ``aarch64:CAPABILITY`` (torch calls both x86's and ARM's baseline ``DEFAULT``).
+With ``--arm-python`` an aarch64 Python with torch (on x86, scripts/setup-arm-emulation.sh's qemu-user
+wrapper) trains and reruns too, under each of ``--arm-capabilities`` (torch's aarch64 kernels: ``default``,
+NEON; ``sve256``): every claimant, x86 or ARM, is rerun on every platform; the preset's rows are stored as
+``PRESET x86+aarch64``. An ARM platform's rows name it ``aarch64:CAPABILITY`` (torch calls both x86's and
+ARM's baseline ``DEFAULT``).
 
 writes bench/results/reexec_isa.json (``benchio.write_result``).
 """
@@ -51,7 +52,8 @@ ROLES = ("honest", "honest", "perturbed_1pct", "perturbed_1pct", "other_data", "
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", default="llama-tiny,llama-mini", help="comma-separated model presets")
     parser.add_argument("--preset", default="tiny", help=argparse.SUPPRESS)  # a child's
     parser.add_argument("--resummarize", action="store_true",
@@ -60,13 +62,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--inner-steps", type=int, default=10)
     parser.add_argument("--out", default=default_out(__file__))
     parser.add_argument("--add", action="store_true",
-                        help="keep the presets --out holds that this invocation does not measure (each preset "
-                             "records its own rounds, H and when it was measured)")
+                        help="keep the presets --out holds that this invocation does not measure (each "
+                             "preset records its own rounds, H and when it was measured)")
     parser.add_argument("--arm-python", default="",
-                        help="an aarch64 python with torch (scripts/setup-arm-emulation.sh): claim and rerun on ARM too")
+                        help="an aarch64 python with torch (scripts/setup-arm-emulation.sh): claim "
+                             "and rerun on ARM too")
     parser.add_argument("--arm-capabilities", default="default,sve256",
                         help="the ATEN_CPU_CAPABILITY values the ARM side runs under (with --arm-python)")
-    parser.add_argument("--rerun-threads", default="1,2", help="the thread counts every contribution is rerun on")
+    parser.add_argument("--rerun-threads", default="1,2",
+                        help="the thread counts every contribution is rerun on")
     parser.add_argument("--role", choices=("claim", "rerun"), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--file", default="", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
@@ -77,14 +81,15 @@ def overrides(args: argparse.Namespace) -> list[str]:
     return [f"model.preset={args.preset}", "pipeline.num_stages=2", f"diloco.num_replicas={len(ROLES)}",
             f"diloco.inner_steps={args.inner_steps}", "training.batch_size=8", "training.warmup_steps=5",
             "compression.min_compress_numel=512",
-            # training/reexec_sim.py's claims bind no applied hash: with an overlap (H >= 10 gives 1 step) every
-            # rerun of a round > 0 would be "other_result", so the bench runs DiLoCoX's plain one-step delay
+            # training/reexec_sim.py's claims bind no applied hash: with an overlap (H >= 10 gives 1 step)
+            # every rerun of a round > 0 would be "other_result",
+            # so the bench runs DiLoCoX's plain one-step delay
             "diloco.overlap_steps=0"]
 
 
 def kernels_label() -> str:
-    """torch's CPU capability in this process, prefixed by the machine where that is not x86-64 (torch names both
-    x86's and ARM's baseline kernels ``DEFAULT``); x86 labels stay as the stored rows have them."""
+    """torch's CPU capability in this process, prefixed by the machine where that is not x86-64 (torch names
+    both x86's and ARM's baseline kernels ``DEFAULT``); x86 labels stay as the stored rows have them."""
     import platform
 
     import torch
@@ -99,8 +104,14 @@ def claim(args: argparse.Namespace) -> None:
 
     from node.config import load_config
     from training.data import corpus_from_config
-    from training.reexec_sim import HalfStepsReplica, OtherDataReplica, PerturbedReplica, SimConfig, SimReplica, \
-        run_with_states
+    from training.reexec_sim import (
+        HalfStepsReplica,
+        OtherDataReplica,
+        PerturbedReplica,
+        SimConfig,
+        SimReplica,
+        run_with_states,
+    )
 
     torch.set_num_threads(1)
     cfg = load_config(None, overrides(args))
@@ -112,12 +123,14 @@ def claim(args: argparse.Namespace) -> None:
     Path(args.file).write_bytes(pickle.dumps({
         "capability": kernels_label(),
         "records": [{"round": r.outer_round, "contributions": r.contributions, "claims": r.claims,
-                     "states": {i: [p.to_bytes() for p in s.stages] for i, s in r.states.items()}} for r in records],
+                     "states": {i: [p.to_bytes() for p in s.stages] for i, s in r.states.items()}}
+                    for r in records],
     }))
 
 
 def rerun(args: argparse.Namespace) -> None:
-    """Child: re-execute every contribution of the pickled run here, on ``--threads`` threads; print JSON rows."""
+    """Child: re-execute every contribution of the pickled run here, on ``--threads`` threads; print JSON
+    rows."""
     from node.config import load_config
     from training.data import corpus_from_config
     from training.reexec import verify_contribution
@@ -130,13 +143,14 @@ def rerun(args: argparse.Namespace) -> None:
         previous = run["records"][index - 1]["contributions"] if index > 0 else None
         for replica, parts in sorted(record["states"].items()):
             check = verify_contribution(parts, record["claims"][replica], corpus, cfg.model, cfg.training,
-                                        cfg.diloco, cfg.compression, outer_round=record["round"], replica=replica,
-                                        run_rounds=len(run["records"]), previous_contributions=previous,
-                                        threads=args.threads)
+                                        cfg.diloco, cfg.compression, outer_round=record["round"],
+                                        replica=replica, run_rounds=len(run["records"]),
+                                        previous_contributions=previous, threads=args.threads)
             rows.append({"claimant": run["capability"], "rerun": kernels_label(),
                          "threads": args.threads, "round": record["round"], "replica": replica,
                          "role": ROLES[replica], "verdict": check.verdict,
-                         "distance": max(check.distances.values(), default=None), "seconds": check.reexec_seconds})
+                         "distance": max(check.distances.values(), default=None),
+                         "seconds": check.reexec_seconds})
     print(json.dumps(rows))
 
 
@@ -180,7 +194,8 @@ def summarize(rows: list[dict], old_tolerance: float = 1e-2) -> dict:
     from training.fingerprint import CROSS_PLATFORM_TOLERANCE, TOLERANCE_PASS_BOUND
 
     def honest(match) -> list[float]:
-        return [r["distance"] for r in rows if r["role"] == "honest" and match(r) and r["distance"] is not None]
+        return [r["distance"] for r in rows if r["role"] == "honest" and match(r)
+                and r["distance"] is not None]
 
     def smallest(values) -> float | None:
         values = [v for v in values if v is not None]
@@ -202,11 +217,12 @@ def summarize(rows: list[dict], old_tolerance: float = 1e-2) -> dict:
         "honest_other_threads_max": max(honest(lambda r: r["claimant"] == r["rerun"] and r["threads"] != 1),
                                         default=None),
         "honest_other_capability_max": max(honest(other), default=None),
-        "honest_by_capability_pair": {f"{a}->{b}": {"max": max(honest(lambda r, a=a, b=b: (r["claimant"], r["rerun"])
-                                                                      == (a, b)), default=None),
-                                                     "min": smallest(honest(lambda r, a=a, b=b: (r["claimant"],
-                                                                                                  r["rerun"]) == (a, b)))}
-                                      for a, b in pairs},
+        "honest_by_capability_pair": {
+            f"{a}->{b}": {"max": max(honest(lambda r, a=a, b=b: (r["claimant"], r["rerun"])
+                                            == (a, b)), default=None),
+                           "min": smallest(honest(lambda r, a=a, b=b: (r["claimant"],
+                                                                        r["rerun"]) == (a, b)))}
+            for a, b in pairs},
         "honest_verdicts": sorted({r["verdict"] for r in rows if r["role"] == "honest"}),
         # every honest rerun on other kernels or threads, judged as a claim of a platform nobody can emulate
         "honest_rule_other_kernels": counted([r for r in rows if r["role"] == "honest" and other_kernels(r)]),
@@ -243,15 +259,16 @@ def capabilities() -> list[str]:
 
 
 def platforms(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """(python, ATEN_CPU_CAPABILITY) of every platform claimants train and reruns run on: this CPU's capabilities,
-    then with ``--arm-python`` the ARM ones."""
+    """(python, ATEN_CPU_CAPABILITY) of every platform claimants train and reruns run on: this CPU's
+    capabilities, then with ``--arm-python`` the ARM ones."""
     here = [(sys.executable, capability) for capability in capabilities()]
     arm = [c for c in args.arm_capabilities.split(",") if c] if args.arm_python else []
     return here + [(args.arm_python, capability) for capability in arm]
 
 
 def measure(args: argparse.Namespace, preset: str) -> list[dict]:
-    """Every rerun row of one preset (claimants under each platform, reruns under each x ``--rerun-threads``)."""
+    """Every rerun row of one preset (claimants under each platform, reruns under each x
+    ``--rerun-threads``)."""
     args = argparse.Namespace(**{**vars(args), "preset": preset})
     rows: list[dict] = []
     every = platforms(args)
@@ -281,7 +298,8 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     if args.resummarize:
         stored = json.loads(out.read_text())
-        presets = {name: {**doc, "summary": summarize(doc["rows"])} for name, doc in stored["presets"].items()}
+        presets = {name: {**doc, "summary": summarize(doc["rows"])}
+                       for name, doc in stored["presets"].items()}
         document = {**{k: v for k, v in stored.items() if k not in ("recorded",)}, "presets": presets}
         document["resummarized"] = "summaries recomputed from the stored rows under today's rule"
         write_result(out, document, stored.get("recorded", {}).get("load_at_start", load))

@@ -42,8 +42,8 @@ from node.live.startup import parse_marks, process_start_time  # noqa: E402
 
 #: The start-up phases in the order a node passes them (node/live/startup.py marks).
 PHASES = ("interpreter and command line", "imports", "chain checked", "host started", "peers met", "placed",
-          "trainer imports warmed up", "model initialised", "pipeline group joined", "pipeline formed", "entry point",
-          "entry round agreed with the partner", "caught up", "first contribution")
+          "trainer imports warmed up", "model initialised", "pipeline group joined", "pipeline formed",
+          "entry point", "entry round agreed with the partner", "caught up", "first contribution")
 READY = "pipeline formed"
 
 
@@ -143,10 +143,12 @@ def summary(entries: list[dict]) -> dict:
     readies = [e["marks_s"][READY] for e in entries if READY in e["marks_s"]]
     return {"phases": per_phase,
             "ready_s": {"mean": round(statistics.mean(readies), 1), "max": max(readies)} if readies else None,
-            "first_contribution_s": {"mean": round(statistics.mean(firsts), 1), "max": max(firsts)} if firsts else None,
+            "first_contribution_s": {"mean": round(statistics.mean(firsts), 1), "max": max(firsts)} if firsts
+                else None,
             "rounds_missed_after_ready_max": max((e.get("rounds_missed_after_ready", 99) for e in entries),
                                                  default=None),
-            "rounds_after_restart_max": max((e.get("rounds_after_restart", 99) for e in entries), default=None),
+            "rounds_after_restart_max": max((e.get("rounds_after_restart", 99) for e in entries),
+                                            default=None),
             "recovered": sum(1 for e in entries if e.get("recovered_round") is not None),
             "tracebacks": sum(e["tracebacks"] for e in entries)}
 
@@ -173,7 +175,8 @@ def main() -> int:
     parser.add_argument("--restarts", type=int, default=4)
     parser.add_argument("--inner-steps", type=int, default=20)
     parser.add_argument("--round-timeout", type=float, default=60)
-    parser.add_argument("--timeout", type=float, default=600, help="give up on one restart after this many seconds")
+    parser.add_argument("--timeout", type=float, default=600,
+                        help="give up on one restart after this many seconds")
     parser.add_argument("--workdir", default="/tmp/dlx-restart")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args()

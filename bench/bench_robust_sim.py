@@ -19,7 +19,7 @@ and the honest run with the defences on against off. Goals of issue 12: every
 attack within 5% of the honest run; the defences cost the honest run at most 1%.
 Writes bench/results/robust_sim.json (``--out`` elsewhere), overwriting it.
 
-    .venv/bin/python bench/bench_robust_sim.py                 # mini, M=4, S=2, H=10 x 6 rounds (~15 min on 2 shared cores)
+    .venv/bin/python bench/bench_robust_sim.py  # mini, M=4, S=2, H=10 x 6 rounds (~15 min on 2 shared cores)
 """
 
 from __future__ import annotations
@@ -52,9 +52,11 @@ ATTACKS = ("huge_1e3", "huge_1e6", "sign_flip", "noise", "zero", "copy", "stale"
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=None,
-                        help="corpus, relative to the repository root (default: tinyshakespeare, from ../shared/data or 'dlx-node data fetch tinyshakespeare')")
+                        help="corpus, relative to the repository root (default: tinyshakespeare, from "
+                             "../shared/data or 'dlx-node data fetch tinyshakespeare')")
     parser.add_argument("--preset", default="mini")
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--stages", type=int, default=2)
@@ -81,7 +83,8 @@ def parse_args() -> argparse.Namespace:
 class Attacker:
     """``tamper`` for training.simulate: replica ``index`` sends ``kind`` instead of its contribution."""
 
-    def __init__(self, kind: str, index: int, shapes: list[dict], compression_cfg: CompressionConfig, seed: int):
+    def __init__(self, kind: str, index: int, shapes: list[dict], compression_cfg: CompressionConfig,
+                 seed: int):
         self.kind, self.index, self.shapes = kind, index, shapes
         # The attacker's own encoder: 8-bit quantization of everything (valid, fast, larger than honest).
         self.codec = dataclasses.replace(compression_cfg, bandwidth_budget=0, bit_choices=[8],
@@ -90,7 +93,8 @@ class Attacker:
         self.previous: dict[int, dict[str, torch.Tensor]] = {}
 
     def __call__(self, outer_round: int, stage: int, blobs: list[bytes]) -> list[bytes]:
-        own = decode_contribution(blobs[self.index], self.shapes[stage], stage_index=stage, outer_round=outer_round)
+        own = decode_contribution(blobs[self.index], self.shapes[stage], stage_index=stage,
+                                  outer_round=outer_round)
         if self.kind == "copy":
             blobs[self.index] = blobs[0]
             return blobs
@@ -111,7 +115,8 @@ class Attacker:
             self.previous[stage] = own
         else:
             raise ValueError(f"unknown attack {self.kind!r}")
-        blobs[self.index] = encode_contribution(sent, self.codec, stage_index=stage, outer_round=outer_round)[0]
+        blobs[self.index] = encode_contribution(sent, self.codec, stage_index=stage,
+                                                outer_round=outer_round)[0]
         return blobs
 
 
@@ -130,7 +135,8 @@ def main() -> int:
     model_cfg = ModelConfig(preset=args.preset)
     training_cfg = TrainingConfig(data_path=args.data, seed=args.seed, eval_batches=args.eval_batches,
                                   warmup_steps=args.warmup_steps)
-    defended = DilocoConfig(inner_steps=args.inner_steps, num_replicas=args.replicas, overlap_steps=min(5, args.inner_steps - 1))
+    defended = DilocoConfig(inner_steps=args.inner_steps, num_replicas=args.replicas,
+                            overlap_steps=min(5, args.inner_steps - 1))
     undefended = dataclasses.replace(defended, norm_clip=0.0, screening=False)
     compression_cfg = CompressionConfig(bandwidth_budget=args.bandwidth_budget)
     pipeline_cfg = PipelineConfig(num_stages=args.stages)
@@ -144,14 +150,16 @@ def main() -> int:
     runs += [(attack, "norm", attack) for attack in args.norm_only_attacks.split(",") if attack]
     results = {}
     for name, defences, attack in runs:
-        cfg = {"on": defended, "off": undefended, "norm": dataclasses.replace(defended, screening=False)}[defences]
+        cfg = {"on": defended, "off": undefended,
+               "norm": dataclasses.replace(defended, screening=False)}[defences]
         tamper = Attacker(attack, args.attacker, shapes, compression_cfg, args.seed + 1) if attack else None
         started = time.perf_counter()
         try:
             result = simulate("diloco_x", corpus, model_cfg, training_cfg, cfg, compression_cfg, pipeline_cfg,
                               args.rounds, eval_every=args.rounds, tamper=tamper)
         except TrainingError as exc:  # an undefended run can blow up (non-finite weights): that is the result
-            results[f"{name}/{defences}"] = {"attack": attack, "defences": defences, "held_out_loss": float("inf"),
+            results[f"{name}/{defences}"] = {"attack": attack, "defences": defences,
+                                             "held_out_loss": float("inf"),
                                              "wall_seconds": time.perf_counter() - started, "error": str(exc)}
             print(f"{name:<10} defences {defences:<3} failed: {exc}", flush=True)
             continue
@@ -179,7 +187,8 @@ def main() -> int:
     honest_on = results["honest/on"]["held_out_loss"]
     honest_off = results["honest/off"]["held_out_loss"]
     print()
-    print(f"mini M={args.replicas} S={args.stages} H={args.inner_steps} rounds={args.rounds}, attacker replica {args.attacker}")
+    print(f"mini M={args.replicas} S={args.stages} H={args.inner_steps} rounds={args.rounds}, attacker "
+          f"replica {args.attacker}")
     print(f"{'run':<22} {'held-out':>9} {'vs honest (defended)':>21}")
     targets = {"defences_cost_le_1pct": honest_on / honest_off - 1 <= 0.01}
     for key, row in results.items():
@@ -192,8 +201,8 @@ def main() -> int:
     print("targets:", ", ".join(f"{k}={'PASS' if v else 'FAIL'}" for k, v in targets.items()))
     out = {
         "args": vars(args),
-        "platform": {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine(),
-                     "cpus": os.cpu_count(), "threads": args.threads},
+        "platform": {"python": platform.python_version(), "torch": torch.__version__,
+                     "machine": platform.machine(), "cpus": os.cpu_count(), "threads": args.threads},
         "defended_config": dataclasses.asdict(defended),
         "targets": targets,
         "runs": results,

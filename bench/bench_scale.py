@@ -1,7 +1,8 @@
-"""Traffic, round time and CPU per node as the number of replicas grows: measured in local runs, then modelled.
+"""Traffic, round time and CPU per node as the number of replicas grows: measured in local runs, then
+modelled.
 
-    nice -n 19 python bench/bench_scale.py [--replicas 4,8,16] [--rounds 3] [--inner-steps 2] [--exchange sliced]
-        [--attacker none,withhold]
+    nice -n 19 python bench/bench_scale.py [--replicas 4,8,16] [--rounds 3] [--inner-steps 2]
+        [--exchange sliced] [--attacker none,withhold]
 
 Each point is a real local run (anvil, one-node clusters of the ``tiny`` model,
 2 stages chained in each node, spot checks off so that only the exchange is
@@ -207,7 +208,8 @@ def one_run(workdir: Path, replicas: int, args, attacker: str = "") -> dict:
         "weights_roots_agree": len({n["weights_root"] for n in honest}) == 1,
         "attacker": attacker or None,
         "honest_exits_zero": all(n["exit"] == 0 for n in honest),
-        "honest_blob_received_per_node_round": traffic_mean(honest).get("/dlx/blob/1.0.0", {}).get("received"),
+        "honest_blob_received_per_node_round": traffic_mean(honest).get("/dlx/blob/1.0.0",
+                                                                        {}).get("received"),
         "honest_blob_sent_per_node_round": traffic_mean(honest).get("/dlx/blob/1.0.0", {}).get("sent"),
         "exits": [n["exit"] for n in nodes], "timed_out": timed_out,
         "wall_seconds": wall, "load_1min_samples": loads,
@@ -221,7 +223,8 @@ def one_run(workdir: Path, replicas: int, args, attacker: str = "") -> dict:
         "traffic_per_node_round": traffic_mean(nodes),
         "contribution_envelope_bytes": envelope_mean,
         "replica_contribution_bytes": envelope_mean * 2,  # one envelope per stage, 2 stages
-        # sliced: what a replica codes per round (its slice bundles, every stage); the envelopes carry references
+        # sliced: what a replica codes per round (its slice
+        # bundles, every stage); the envelopes carry references
         "replica_slice_bytes": mean("own_slice_bytes_per_round"),
         "exchange": args.exchange, "settings": settings,
         "blob_received_per_node_round": traffic_mean(nodes).get("/dlx/blob/1.0.0", {}).get("received"),
@@ -238,7 +241,8 @@ def model(points: list[dict], sizes: list[int]) -> list[dict]:
     c = sum(p["replica_contribution_bytes"] for p in points) / len(points)
     n = len(xs)
     mean_x, mean_y = sum(xs) / n, sum(ys) / n
-    slope = (sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / max(sum((x - mean_x) ** 2 for x in xs), 1e-9))
+    slope = (sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys))
+             / max(sum((x - mean_x) ** 2 for x in xs), 1e-9))
     intercept = mean_y - slope * mean_x
     return [{"replicas": r, "contribution_bytes_in": (r - 1) * c,
              "fitted_received_per_node_round": intercept + slope * (r - 1)} for r in sizes]
@@ -301,7 +305,8 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
     from training.slicebundle import BUNDLE_PREFIX, record_size
     from training.slicemessages import PARTIAL_PREFIX
 
-    terms = {"envelopes": 0.0, "slice_inputs": 0.0, "records": 0.0, "partials": 0.0, "coordinator_bundles": 0.0}
+    terms = {"envelopes": 0.0, "slice_inputs": 0.0, "records": 0.0, "partials": 0.0,
+             "coordinator_bundles": 0.0}
     slices = []
     peak = 0.0  # a node that aggregates a slice of every stage it holds in the round (the role rotates)
     coordinating = 0.0  # a node that coordinates every stage it holds in the round
@@ -321,7 +326,8 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
         terms["partials"] += (count - share) * partial
         bundle = len(BUNDLE_PREFIX) + 4 + count * record_size(count) + slice_bytes
         terms["coordinator_bundles"] += (replicas - 1) * bundle / replicas
-        peak += (replicas - 1) * (envelope_bytes + record_size(count) + slice_bytes / count) + (count - 1) * partial
+        peak += (replicas - 1) * (envelope_bytes + record_size(count) + slice_bytes / count) + (count - 1) \
+            * partial
         coordinating += (replicas - 1) * (envelope_bytes + bundle)
         replay += max(0, replicas - 2) * (slice_bytes + count * record_size(count))
         read = (replicas - 1) * (envelope_bytes + record_size(count) + slice_bytes / count)
@@ -340,7 +346,8 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
             "with_wrong_partial_replayed": honest + replays,
             "replay_round_received": honest + slice_read,
             "transfer_timeout": transfer_timeout,
-            "spoiled_round_delay_s": len(stage_shapes) * (min(replicas, CANDIDATE_TURNS) + 1) * transfer_timeout,
+            "spoiled_round_delay_s": len(stage_shapes) * (min(replicas, CANDIDATE_TURNS) + 1)
+                * transfer_timeout,
             "spoiled_round_delay_s_every_turn": len(stage_shapes) * (replicas + 1) * transfer_timeout}
 
 
@@ -358,12 +365,13 @@ def curve(full_path: str, sliced_paths: list[str], sizes: list[int], min_slices:
     the sliced model for each minimum slice in ``min_slices`` (``sliced_models``) and for the one the
     largest measured sliced point ran with (``sliced_model``)."""
     from training.butterfly import live_plan
-    from training.slicebundle import BUNDLE_PREFIX, record_size
     from training.config import ModelConfig
+    from training.slicebundle import BUNDLE_PREFIX, record_size
     from training.stages import split_stages, stage_param_shapes
 
     full = [p for p in json.loads(Path(full_path).read_text())["measured"] if is_clean(p)]
-    sliced = [p for path in sliced_paths for p in json.loads(Path(path).read_text())["measured"] if is_clean(p)]
+    sliced = [p for path in sliced_paths for p in json.loads(Path(path).read_text())["measured"]
+              if is_clean(p)]
     model_cfg = ModelConfig(preset="tiny")
     stage_shapes = [stage_param_shapes(model_cfg, spec) for spec in split_stages(model_cfg.n_layer, 2)]
     largest = max(sliced, key=lambda p: (p["replicas"], point_min_slice(p) == 1024))
@@ -371,7 +379,8 @@ def curve(full_path: str, sliced_paths: list[str], sizes: list[int], min_slices:
 
     def constants(point: dict) -> tuple[float, list[int]]:
         """B, one replica's slice bytes per stage (its bundle without the header and records), and A."""
-        counts = [live_plan(shapes, point["replicas"], point_min_slice(point)).num_slices for shapes in stage_shapes]
+        counts = [live_plan(shapes, point["replicas"], point_min_slice(point)).num_slices
+                  for shapes in stage_shapes]
         per_stage_bundle = point["replica_slice_bytes"] / len(stage_shapes)
         return per_stage_bundle - len(BUNDLE_PREFIX) - 4 - statistics.mean(
             count * record_size(count) for count in counts), counts
@@ -405,7 +414,8 @@ def curve(full_path: str, sliced_paths: list[str], sizes: list[int], min_slices:
                     "all_sent": point["sent_per_node_round"],
                     "seconds_per_round": point["seconds_per_round"],
                     "load_last": (point["load_1min_samples"] or [None])[-1]}
-        row["full_model_blob_received"] = (replicas - 1) * (full[0]["replica_contribution_bytes"] if full else 0)
+        row["full_model_blob_received"] = (replicas - 1) * (full[0]["replica_contribution_bytes"] if full
+                                                            else 0)
         row["sliced_model"] = sliced_model(replicas, stage_shapes, largest["contribution_envelope_bytes"],
                                            slice_bytes, framing, measured_min)
         row["sliced_models"] = {}
@@ -426,15 +436,16 @@ def curve(full_path: str, sliced_paths: list[str], sizes: list[int], min_slices:
         rows.append(row)
     return {"full": full_path, "sliced": sliced_paths, "butterfly": str(butterfly), "model_constants": {
         "envelope_bytes": largest["contribution_envelope_bytes"], "slice_bytes_per_stage": slice_bytes,
-        "envelope_framing": framing, "from_replicas": largest["replicas"], "from_min_slice_numel": measured_min,
-        "from_slices": counts, "slice_bytes_per_stage_by_min_slice": {
+        "envelope_framing": framing, "from_replicas": largest["replicas"],
+        "from_min_slice_numel": measured_min, "from_slices": counts, "slice_bytes_per_stage_by_min_slice": {
             str(m): {"slice_bytes_per_stage": model_bytes[m], "from_replicas": by_min[m]["replicas"],
                      "from_min_slice_numel": point_min_slice(by_min[m])} for m in min_slices}}, "rows": rows}
 
 
 def is_clean(point: dict) -> bool:
     """A run the model may use: every node finished every round, exited 0 and ended on the same weights."""
-    return (not point.get("attacker") and not point["timed_out"] and point["weights_roots_agree"] and all(e == 0 for e in point["exits"])
+    return (not point.get("attacker") and not point["timed_out"] and point["weights_roots_agree"]
+            and all(e == 0 for e in point["exits"])
             and point["rounds_committed"] > 0 and point["received_per_node_round"] is not None)
 
 
@@ -451,17 +462,21 @@ def main() -> int:
     parser.add_argument("--join-timeout", type=float, default=600)
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
-                        help="one more node setting for every run (repeatable), e.g. p2p.gossip_resync_interval=0")
+                        help="one more node setting for every run (repeatable), e.g. "
+                             "p2p.gossip_resync_interval=0")
     parser.add_argument("--exchange", choices=("full", "sliced"), default="full",
                         help="diloco.exchange of every run (docs/PROTOCOL.md, \"Sliced exchange\")")
-    parser.add_argument("--attacker", default="", help="the last node runs this attack (tests/sliced_adversary.py "
-                        "or tests/adversary.py), e.g. withhold; roots are compared over the honest nodes. A comma "
-                        "list runs each replica count once per entry, \"none\" for no attacker (none,withhold)")
+    parser.add_argument("--attacker", default="",
+                        help="the last node runs this attack (tests/sliced_adversary.py "
+                        "or tests/adversary.py), e.g. withhold; roots are compared over the honest nodes. A "
+                        "comma list runs each replica count once per entry, \"none\" for no "
+                        "attacker (none,withhold)")
     parser.add_argument("--workdir", default="/tmp/dlx-bench-scale")
     parser.add_argument("--out", default="",
                         help="default: the one current result of the mode, bench/results/scale.json (full "
                              "exchange), scale_sliced.json (--exchange sliced) or scale_curve.json (--curve)")
-    parser.add_argument("--curve", default="", nargs="?", const=f"{RESULTS / 'scale.json'},{RESULTS / 'scale_sliced.json'}",
+    parser.add_argument("--curve", default="", nargs="?",
+                        const=f"{RESULTS / 'scale.json'},{RESULTS / 'scale_sliced.json'}",
                         metavar="FULL.json,SLICED.json[,SLICED2.json...]",
                         help="no run: the two exchanges' measured points and models side by side, to --out "
                              "(without a value: the current scale.json and scale_sliced.json)")
@@ -469,7 +484,8 @@ def main() -> int:
                         help="--curve: the diloco.min_slice_numel values to model the sliced exchange with")
     args = parser.parse_args()
     if not args.out:
-        name = "scale_curve.json" if args.curve else ("scale_sliced.json" if args.exchange == "sliced" else "scale.json")
+        name = "scale_curve.json" if args.curve else ("scale_sliced.json" if args.exchange == "sliced"
+                                                      else "scale.json")
         args.out = str(RESULTS / name)
     if args.curve:
         full_path, *sliced_paths = args.curve.split(",")
@@ -477,8 +493,8 @@ def main() -> int:
                       [int(m) for m in args.model_min_slices.split(",")])
         for row in table["rows"]:
             measured = lambda name: _fmt(row.get(f"{name}_measured", {}).get("blob_received"), 1e3)  # noqa: E731
-            print(f"{row['replicas']:>5} replicas: blob bytes in per node and round, full {measured('full')} kB "
-                  f"measured / {row['full_model_blob_received'] / 1e3:.1f} kB modelled; sliced "
+            print(f"{row['replicas']:>5} replicas: blob bytes in per node and round, full {measured('full')} "
+                  f"kB measured / {row['full_model_blob_received'] / 1e3:.1f} kB modelled; sliced "
                   f"{measured('sliced')} kB measured / "
                   f"{row['sliced_model']['blob_received_per_node_round'] / 1e3:.1f} kB modelled "
                   f"(A = {row['sliced_model']['slices']}; "
@@ -493,8 +509,8 @@ def main() -> int:
     points = []
     attackers = ["" if a.strip() in ("", "none") else a.strip() for a in args.attacker.split(",")]
     for replicas, attacker in [(int(r), a) for r in args.replicas.split(",") for a in attackers]:
-        point = one_run(Path(args.workdir) / f"r{replicas}{'-' + attacker if attacker else ''}", replicas, args,
-                        attacker)
+        point = one_run(Path(args.workdir) / f"r{replicas}{'-' + attacker if attacker else ''}", replicas,
+                        args, attacker)
         points.append(point)
         print(f"{replicas:>3} replicas{', attacker ' + attacker if attacker else ''}: "
               f"{point['rounds_committed']} rounds committed "
@@ -514,8 +530,8 @@ def main() -> int:
     # The linear model describes the full exchange only.
     modelled = model(clean, [16, 64, 256, 1024]) if clean and args.exchange == "full" else []
     for m in modelled:
-        print(f"{m['replicas']:>5} replicas (model): {m['fitted_received_per_node_round'] / 1e6:.2f} MB received "
-              f"per node and round")
+        print(f"{m['replicas']:>5} replicas (model): {m['fitted_received_per_node_round'] / 1e6:.2f} MB "
+              f"received per node and round")
     write(args, points, modelled)
     print(f"wrote {args.out}")
     return 0

@@ -21,11 +21,11 @@ Recorded (one JSON, time series in it): the rounds committed (each once, in orde
 first seen; rounds short of a contributor, with the replicas the closes missed and the churn events
 around them; per node RSS and open fds every ``--sample-s``; dials per minute (TCP SYNs each site's
 link carried, to peers and to the chain, counted by the forwarder, not by the node); what each node's RSS is
-made of (anonymous and file-backed pages, from /proc; glibc's heap in use and free-but-kept and Python's blocks,
-from bench/churn_probe's light probe, which every node loads, ``--no-probe`` not) and each part's growth from a quarter of the run to
-its end (``memory_growth``), and from the probe's object walk every ``--deep-sample-s`` which types,
-classes and containers grew in that time (``object_growth``); per node traffic
-by protocol (status.json); each round's time beside the slowest link of the run; tracebacks in any
+made of (anonymous and file-backed pages, from /proc; glibc's heap in use and free-but-kept and Python's
+blocks, from bench/churn_probe's light probe, which every node loads, ``--no-probe`` not) and each part's
+growth from a quarter of the run to its end (``memory_growth``), and from the probe's object walk every
+``--deep-sample-s`` which types, classes and containers grew in that time (``object_growth``); per node
+traffic by protocol (status.json); each round's time beside the slowest link of the run; tracebacks in any
 log; ``dlx-node audit --reexecute all`` at the end; the emulator's own measurement of every site's
 RTT to the relay before the run. Writes bench/results/soak.json and bench/results/soak.svg.
 SIGTERM or SIGINT stops the run and takes its nodes, chain and lab down (no result is written).
@@ -131,7 +131,7 @@ def outer(args) -> int:
         lab.close()
 
 
-# ------------------------------------------------------------------------------------------------ inside the lab
+# --------------------------------------------------------------------------------------------- inside the lab
 
 def _stop_by_signal(signum, frame) -> None:
     for other in (signal.SIGTERM, signal.SIGINT):  # once: a second signal must not cut the clean-up short
@@ -196,8 +196,10 @@ def inner(args) -> int:
         soak.probe_dir.mkdir(parents=True, exist_ok=True)
         os.environ.update(DLX_CHURN_PROBE=str(soak.probe_dir), DLX_CHURN_PROBE_EVERY=str(args.sample_s),
                           DLX_CHURN_PROBE_DEEP_EVERY=str(args.deep_sample_s),
-                          PYTHONPATH=os.pathsep.join(filter(None, [str(PROBE), os.environ.get("PYTHONPATH")])))
-        if args.arena_max:  # an experiment beside the defaults: these nodes get another M_ARENA_MAX (the probe sets it)
+                          PYTHONPATH=os.pathsep.join(
+                              filter(None, [str(PROBE), os.environ.get("PYTHONPATH")])))
+        # an experiment beside the defaults: these nodes get another M_ARENA_MAX (the probe sets it)
+        if args.arena_max:
             os.environ["DLX_CHURN_PROBE_ARENA_MAX"] = args.arena_max
     soak.link = run_link(run.chain_id, run.ledger, run.run_id, rpc_url, [relay_addr], checkpoint_every=2)
     soak.spare_account = spare_accounts[-1] if spare_accounts else None
@@ -210,8 +212,10 @@ def inner(args) -> int:
                            "rates_mbit": {name: s["rate_mbit"] for name, s in sites.items()},
                            "nat_sites": [name for name, s in sites.items() if s["nat"]],
                            "rtt_to_relay_ms": spec["rtt_to_relay_ms"]},
-              "placement": site_of, "arena_max": dict(item.split("=", 1) for item in args.arena_max.split(",") if item)}
-    for signum in (signal.SIGTERM, signal.SIGINT):  # from here a signal unwinds: the finally stops nodes and chain
+              "placement": site_of, "arena_max": dict(item.split("=", 1) for item in args.arena_max.split(",")
+                                                      if item)}
+    # from here a signal unwinds: the finally stops nodes and chain
+    for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _stop_by_signal)
     try:
         run.start()
@@ -238,9 +242,10 @@ def inner(args) -> int:
 
 
 def reaudit(args) -> int:
-    """Audit a kept soak again (``--reaudit``): the chain from the run's saved state (a copy: anvil rewrites it),
-    every node's archive under ``--workdir``, this checkout's ``audit``; the result JSON keeps the run's figures and
-    its ``recorded`` block and gets the new audit, with the command, commit and date it was taken at."""
+    """Audit a kept soak again (``--reaudit``): the chain from the run's saved state (a copy: anvil rewrites
+    it), every node's archive under ``--workdir``, this checkout's ``audit``; the result JSON keeps the run's
+    figures and its ``recorded`` block and gets the new audit, with the command, commit and date it was taken
+    at."""
     import shutil
     import tempfile
     from types import SimpleNamespace
@@ -273,10 +278,12 @@ def reaudit(args) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration-min", type=float, default=60.0)
-    parser.add_argument("--rounds", type=int, default=0, help="let the nodes end the run after N rounds (0: run "
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="let the nodes end the run after N rounds (0: run "
                                                                "for --duration-min)")
     parser.add_argument("--split-clusters", type=int, default=2)
-    parser.add_argument("--single-clusters", type=int, default=4, help="one-node clusters (cluster 0 is the relay)")
+    parser.add_argument("--single-clusters", type=int, default=4,
+                        help="one-node clusters (cluster 0 is the relay)")
     parser.add_argument("--nat", type=int, default=2, help="one-node clusters behind NAT")
     parser.add_argument("--delay-ms", type=float, nargs=2, default=[20.0, 200.0], metavar=("LOW", "HIGH"))
     parser.add_argument("--rate-mbit", type=float, nargs=2, default=[50.0, 1000.0], metavar=("LOW", "HIGH"))
@@ -288,19 +295,22 @@ def main() -> int:
     parser.add_argument("--join-timeout", type=float, default=180.0)
     parser.add_argument("--sample-s", type=float, default=15.0)
     parser.add_argument("--deep-sample-s", type=float, default=300.0,
-                        help="every node's probe walks its objects this often (a pause of 3 s per walk at load 11; 0: never)")
+                        help="every node's probe walks its objects this often (a pause of 3 s per walk "
+                             "at load 11; 0: never)")
     parser.add_argument("--no-probe", action="store_true",
-                        help="nodes run without bench/churn_probe's light probe (RSS only, not what it is made of)")
+                        help="nodes run without bench/churn_probe's light probe (RSS only, "
+                             "not what it is made of)")
     parser.add_argument("--no-churn", action="store_true")
     parser.add_argument("--arena-max", default="", metavar="NODE=N,...",
-                        help="an experiment: these nodes run with glibc's M_ARENA_MAX at N instead of the node's 2 "
-                             "(set by the probe; the JSON's arena_max says which)")
+                        help="an experiment: these nodes run with glibc's M_ARENA_MAX at N instead of the "
+                             "node's 2 (set by the probe; the JSON's arena_max says which)")
     parser.add_argument("--seed", type=int, default=45)
     parser.add_argument("--workdir", default="/tmp/dlx-soak")
     parser.add_argument("--out", default="")
     parser.add_argument("--reaudit", action="store_true",
-                        help="audit the soak kept under --workdir again with this checkout (its chain restarted from "
-                             "the saved state) and put that audit into the result JSON; the run's figures stay")
+                        help="audit the soak kept under --workdir again with this checkout (its chain "
+                             "restarted from the saved state) and put that audit into the result JSON; "
+                             "the run's figures stay")
     parser.add_argument("--inside", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.reaudit:

@@ -6,8 +6,8 @@ reruns the whole pipeline (node/live/checks/spotinputs.py). This script reads wh
 wrote, and optionally the ``dlx-node audit --reexecute all --json`` report of the same run, and writes one
 JSON (default bench/results/split_spotchecks.json):
 
-- per node: the checks its draw named (``node.live.checks.routing.draw_checks``, the node's own function, over each
-  recorded round's weights root, signers and the declared platforms), every spot check done
+- per node: the checks its draw named (``node.live.checks.routing.draw_checks``, the node's own function, over
+  each recorded round's weights root, signers and the declared platforms), every spot check done
   (round, replica, verdict, rerun seconds in the child, check seconds including
   the fetches), the checks not done (with their reasons), the round-bound skips, the checks per round;
 - the overhead: a node's spot-check seconds per round against its round's wall seconds (timing.jsonl
@@ -18,7 +18,8 @@ JSON (default bench/results/split_spotchecks.json):
     dlx-node demo --spot-checks 0.5 --keep --out /tmp/demo       # then, while the chain runs:
     dlx-node audit ... --reexecute all --json /tmp/audit.json
     PYTHONPATH=. .venv/bin/python bench/bench_split_spotchecks.py --demo /tmp/demo/dlx-demo \\
-        --audit-json /tmp/audit.json --rpc http://127.0.0.1:PORT --deployment /tmp/demo/dlx-demo/deployment.json
+        --audit-json /tmp/audit.json --rpc http://127.0.0.1:PORT \\
+        --deployment /tmp/demo/dlx-demo/deployment.json
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from pathlib import Path
 
 CHECK = re.compile(r"^(\S+) \w+\s+node\.live\.verifier: spot check of replica (\d+) round (\d+): (\w+) "
                    r"\(.*rerun ([\d.]+)s, check ([\d.]+)s\)")
-NOT_DONE = re.compile(r"^(\S+) \w+\s+node\.live\.verifier: spot check of replica (\d+) round (\d+) not done: (.*)$")
+NOT_DONE = re.compile(
+    r"^(\S+) \w+\s+node\.live\.verifier: spot check of replica (\d+) round (\d+) not done: (.*)$")
 SKIPPED = re.compile(r"spot checks of round (\d+) skipped: (\d+) rounds behind the chain")
 
 
@@ -53,10 +55,10 @@ def signers_of(node_dir: Path, run_id: int, outer_round: int) -> dict[int, set[s
 
 
 def sampled(node_dir: Path, run_id: int, declared: dict[str, bytes]) -> list[dict]:
-    """The checks the node's draw named: node.live.checks.routing.draw_checks (the function node.live.checks.verifier calls)
-    over each recorded round's weights root, the round's signers and the declared platforms, to set against
-    the checks done. ``routed``: only the routed draw picked it (a verifier that reruns it exactly or by
-    emulation)."""
+    """The checks the node's draw named: node.live.checks.routing.draw_checks (the function
+    node.live.checks.verifier calls) over each recorded round's weights root, the round's signers and the
+    declared platforms, to set against the checks done. ``routed``: only the routed draw picked it (a verifier
+    that reruns it exactly or by emulation)."""
     from node.config import load_config
     from node.live.checks.routing import draw_checks
 
@@ -76,8 +78,9 @@ def sampled(node_dir: Path, run_id: int, declared: dict[str, bytes]) -> list[dic
 
 
 def declarations(args, dirs: list[Path]) -> tuple[dict[str, bytes], str]:
-    """peer id -> the platform it declared: read from the chain (--rpc and --deployment, as the nodes read it),
-    else each node's own declaration computed here from its node.toml (right only on the machine it ran on)."""
+    """peer id -> the platform it declared: read from the chain (--rpc and --deployment, as the nodes read
+    it), else each node's own declaration computed here from its node.toml (right only on the machine it ran
+    on)."""
     peers = {json.loads((d / "status.json").read_text())["peer_id"]: d for d in dirs}
     if args.rpc:
         from node.live.chain.onchain import NodeChain
@@ -87,7 +90,8 @@ def declarations(args, dirs: list[Path]) -> tuple[dict[str, bytes], str]:
     from node.config import load_config
     from node.platforms import own_platform
 
-    return {peer: own_platform(load_config(d / "node.toml").training) for peer, d in peers.items()}, "computed here"
+    return {peer: own_platform(load_config(d / "node.toml").training) for peer, d in peers.items()}, \
+        "computed here"
 
 
 def node_figures(node_dir: Path, run_id: int, declared: dict[str, bytes]) -> dict:
@@ -120,7 +124,8 @@ def node_figures(node_dir: Path, run_id: int, declared: dict[str, bytes]) -> dic
     drawn = sampled(node_dir, run_id, declared)
     done = {(c["round"], c["replica"]) for c in checks}
     return {
-        "sampled": len(drawn), "sampled_routed": sum(d["routed"] for d in drawn), "sampled_done": sum((d["round"], d["replica"]) in done for d in drawn),
+        "sampled": len(drawn), "sampled_routed": sum(d["routed"] for d in drawn),
+        "sampled_done": sum((d["round"], d["replica"]) in done for d in drawn),
         "sampled_not_reached": [d for d in drawn if (d["round"], d["replica"]) not in done
                                 and not any((n["round"], n["replica"]) == (d["round"], d["replica"])
                                             for n in not_done)],
@@ -128,7 +133,8 @@ def node_figures(node_dir: Path, run_id: int, declared: dict[str, bytes]) -> dic
         "checks_per_round": {str(r): n for r, n in sorted(per_round.items())},
         "verdicts": sorted({c["verdict"] for c in checks}),
         "rounds_trained": rounds_trained, "round_wall_s_mean": mean_wall,
-        "check_s_total": round(check_seconds, 2), "rerun_s_total": round(sum(c["rerun_s"] for c in checks), 2),
+        "check_s_total": round(check_seconds, 2), "rerun_s_total": round(sum(c["rerun_s"] for c in checks),
+                                                                         2),
         "check_s_per_round": round(check_seconds / rounds_trained, 2) if rounds_trained else None,
         "check_share_of_round": (round(check_seconds / rounds_trained / mean_wall, 3)
                                  if rounds_trained and mean_wall else None),
@@ -156,16 +162,18 @@ def audit_figures(path: Path) -> dict:
     statuses: dict[str, int] = {}
     for item in items:
         statuses[str(item["status"])] = statuses.get(str(item["status"]), 0) + 1
-    return {"verdict": doc.get("verdict") or doc.get("summary", {}).get("verdict"), "reexecution_items": len(items),
-            "by_status": statuses, "items": items}
+    return {"verdict": doc.get("verdict") or doc.get("summary", {}).get("verdict"),
+            "reexecution_items": len(items), "by_status": statuses, "items": items}
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--demo", required=True, help="the demo's --out directory")
     parser.add_argument("--audit-json", default=None, help="dlx-node audit --reexecute all --json output")
     parser.add_argument("--rpc", default="", help="the run's chain (the demo's --keep): read the declared "
-                        "platforms from it, as the nodes do; else each node's is computed here from its node.toml")
+                        "platforms from it, as the nodes do; else each node's is computed "
+                        "here from its node.toml")
     parser.add_argument("--deployment", default="", help="the demo's deployment.json (with --rpc)")
     parser.add_argument("--registry", default="")
     parser.add_argument("--ledger", default="")
@@ -188,7 +196,8 @@ def main() -> int:
         "what": "re-execution spot checks of a dlx-node demo run (split cluster: one stage per node)",
         "demo": str(demo), "rounds_committed": len(summary.get("rounds", [])),
         "accusations": summary.get("accusations"),
-        "draw": "node.live.checks.routing.draw_checks over each round's recorded signers and their declared platforms",
+        "draw": ("node.live.checks.routing.draw_checks over each round's recorded signers and "
+                 "their declared platforms"),
         "declared_platforms": {peer: platform.hex() for peer, platform in sorted(declared.items())},
         "declared_platforms_from": declared_from,
         "nodes": nodes,
@@ -203,9 +212,10 @@ def main() -> int:
     tmp.write_text(json.dumps(out, indent=1) + "\n")
     tmp.replace(path)
     for name, n in nodes.items():
-        print(f"{name}: sampled {n['sampled']} ({n['sampled_routed']} routed only), done {len(n['checks'])} {n['verdicts']}, "
-              f"{len(n['not_done'])} not done, {len(n['sampled_not_reached'])} not reached, per round "
-              f"{n['checks_per_round']}, {n['check_s_per_round']} s/round vs round wall {n['round_wall_s_mean']}")
+        print(f"{name}: sampled {n['sampled']} ({n['sampled_routed']} routed only), done {len(n['checks'])} "
+              f"{n['verdicts']}, {len(n['not_done'])} not done, {len(n['sampled_not_reached'])} not reached, "
+              f"per round {n['checks_per_round']}, {n['check_s_per_round']} s/round vs round wall "
+              f"{n['round_wall_s_mean']}")
     if out["audit"]:
         print(f"audit: {out['audit']['verdict']} {out['audit']['by_status']}")
     print(f"wrote {path}")

@@ -1,6 +1,8 @@
-"""Compute utilization of real nodes under a rate-limited link, with and without the one-step delay (issue 16).
+"""Compute utilization of real nodes under a rate-limited link, with and without the one-step delay (issue
+16).
 
-    python bench/bench_utilization.py [--rounds 5] [--inner-steps 100] [--batch-size 8] [--rate B/s] [--concurrent]
+    python bench/bench_utilization.py [--rounds 5] [--inner-steps 100] [--batch-size 8] [--rate B/s]
+        [--concurrent]
 
 Every point is a real local run (anvil, 2 one-node clusters, each node holding
 both stages chained, ``torch_threads=1``, spot checks off so that no rerun
@@ -78,7 +80,8 @@ def one_run(workdir: Path, name: str, args, extra: list[str]) -> dict:
         nodes.append({"name": slot.name, "exit": slot.process.returncode if slot.process else None,
                       "periods": [r for r in records if r["kind"] == "period"],
                       "finishes": [r for r in records if r["kind"] == "finish"],
-                      "bytes_received": status.get("bytes_received", 0), "bytes_sent": status.get("bytes_sent", 0),
+                      "bytes_received": status.get("bytes_received", 0),
+                      "bytes_sent": status.get("bytes_sent", 0),
                       "envelope_bytes_mean": (sum(p.stat().st_size for p in envelopes) / len(envelopes)
                                               if envelopes else 0), "envelopes": len(envelopes)})
     point = {"name": name, "settings": settings, "all_exited_0": ok, "wall_seconds": round(wall, 1),
@@ -113,8 +116,8 @@ def summarize(nodes: list[dict]) -> dict:
         "envelope_bytes_mean": statistics.fmean(n["envelope_bytes_mean"] for n in nodes),
     }
     if steady:
-        for phase in ("start_state", "eval", "encode", "close_wait", "fetch_wait", "aggregate", "finish_other",
-                      "other", "lane_start_state", "lane_eval", "lane_encode"):
+        for phase in ("start_state", "eval", "encode", "close_wait", "fetch_wait", "aggregate",
+                      "finish_other", "other", "lane_start_state", "lane_eval", "lane_encode"):
             summary[f"{phase}_s_mean"] = statistics.fmean(p.get(f"{phase}_s", 0.0) for p in steady)
         own = ("start_state", "eval", "encode", "aggregate", "finish_other", "other")
         wall = sum(p["wall_s"] for p in steady)
@@ -153,10 +156,11 @@ def paper_ratio(params: int, bytes_per_round: float, inner_steps: int) -> dict:
     return {**PAPER, "allreduce_over_compute_per_step": ar_over_compute, "our_round_ratio_vs_float32": rho,
             "our_reduction_vs_allreduce_of_H_steps": inner_steps * rho, "inner_steps": inner_steps,
             "ratio_with_our_compression": fp32, "ratio_if_allreduce_was_bf16": 2 * fp32,
-            "paper_link_seconds_per_round_with_our_compression": 4 * PAPER["params"] / rho / PAPER["link_bytes_per_s"],
+            "paper_link_seconds_per_round_with_our_compression": 4 * PAPER["params"] / rho
+                / PAPER["link_bytes_per_s"],
             "ratio_with_their_compression": None,
-            "why_not_theirs": "the paper's H, compression ratio and step time were not in the sources reachable "
-                              "from this machine (search returned only its abstract); with them: "
+            "why_not_theirs": "the paper's H, compression ratio and step time were not in the sources "
+                              "reachable from this machine (search returned only its abstract); with them: "
                               "356 / (H_paper * rho_paper)"}
 
 
@@ -179,7 +183,8 @@ def report(point: dict) -> None:
     print(f"{point['name']:>14}: utilization {fmt(s['utilization'], '.1%')} (min period "
           f"{fmt(s['utilization_min_period'], '.1%')}), inner {fmt(s['inner_s_mean'], '.2f')} s, wall "
           f"{fmt(s['wall_s_mean'], '.2f')} s, exchange {fmt(s['exchange_s_median'], '.2f')} s "
-          f"({fmt(s['exchange_over_inner'], '.0%')} of compute), load {point['load_start']} -> {point['load_end']}",
+          f"({fmt(s['exchange_over_inner'], '.0%')} of compute), load {point['load_start']} "
+          f"-> {point['load_end']}",
           flush=True)
 
 
@@ -189,16 +194,19 @@ def main() -> int:
     parser.add_argument("--inner-steps", type=int, default=100)
     parser.add_argument("--preset", default="mini")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--target", type=float, default=0.9, help="exchange time / compute time to calibrate to")
-    parser.add_argument("--rate", type=float, default=0.0, help="skip the calibration: use this cap (bytes/s)")
+    parser.add_argument("--target", type=float, default=0.9,
+                        help="exchange time / compute time to calibrate to")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="skip the calibration: use this cap (bytes/s)")
     parser.add_argument("--burst", type=float, default=16384.0,
-                        help="the cap's bucket (p2p.rate_limit_burst, bytes): the default 2 MiB bucket would let "
-                             "a whole round of mini's contributions (~0.35 MB) through at once")
+                        help="the cap's bucket (p2p.rate_limit_burst, bytes): the default 2 MiB bucket would "
+                             "let a whole round of mini's contributions (~0.35 MB) through at once")
     parser.add_argument("--paper-ratio", type=float, default=None,
                         help="exchange / compute of the paper's setting (default: computed, see PAPER)")
     parser.add_argument("--with-auto", action="store_true", help="also run the default partial overlap")
     parser.add_argument("--concurrent", action="store_true",
-                        help="run the capped points at the same time (a loaded machine: the same load for all)")
+                        help="run the capped points at the same time (a loaded machine: "
+                             "the same load for all)")
     parser.add_argument("--points", default="calibrate,nodelay,delay,paper")
     parser.add_argument("--timeout", type=float, default=2400)
     parser.add_argument("--workdir", default="/tmp/dlx-bench-util")
@@ -208,7 +216,8 @@ def main() -> int:
     points = args.points.split(",")
     out = Path(args.out)
     result = json.loads(out.read_text()) if out.exists() else {}
-    result.update({"args": vars(args), "load_at_start": loadavg(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+    result.update({"args": vars(args), "load_at_start": loadavg(),
+                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                            time.gmtime())})
     runs = result.setdefault("runs", {})
 
@@ -230,8 +239,9 @@ def main() -> int:
         s = runs["calibrate"]["summary"]
         bytes_per_round = s["envelope_bytes_mean"] * 2  # one envelope per stage from the one other replica
         rate = cap_for(bytes_per_round, s["exchange_s_median"] or 0.0, s["inner_s_mean"], args.target)
-        result["calibration"] = {"bytes_per_round": bytes_per_round, "uncapped_exchange_s": s["exchange_s_median"],
-                                 "inner_s": s["inner_s_mean"], "target": args.target, "rate_limit_bps": rate}
+        result["calibration"] = {"bytes_per_round": bytes_per_round,
+                                 "uncapped_exchange_s": s["exchange_s_median"], "inner_s": s["inner_s_mean"],
+                                 "target": args.target, "rate_limit_bps": rate}
         print(f"cap: {rate:.0f} bytes/s ({bytes_per_round:.0f} bytes per round, uncapped exchange "
               f"{s['exchange_s_median']:.2f} s, compute {s['inner_s_mean']:.2f} s)", flush=True)
     result["rate_limit_bps"] = rate
@@ -249,7 +259,8 @@ def main() -> int:
         if "calibrate" in runs:  # the arithmetic, from the calibration run's own H and bytes
             cal = runs["calibrate"]
             cal_h = int(next(x for x in cal["settings"] if x.startswith("diloco.inner_steps=")).split("=")[1])
-            result["paper"] = paper_ratio(model_params(args.preset), cal["summary"]["envelope_bytes_mean"] * 2, cal_h)
+            result["paper"] = paper_ratio(model_params(args.preset),
+                                          cal["summary"]["envelope_bytes_mean"] * 2, cal_h)
             if ratio is None:
                 ratio = result["paper"]["ratio_with_our_compression"]
         if ratio is None:

@@ -47,8 +47,8 @@ def machine() -> dict:
 
 def _commit() -> str:
     try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              timeout=10, check=False)
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
         return ""
     return done.stdout.strip()

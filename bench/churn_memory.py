@@ -8,17 +8,18 @@
 A real local run (anvil, 3 replicas of one node each, the ``tiny`` model, k = 2): once a round with
 every node is committed (``--warmup-rounds R``: once round R is), one node (r2; ``--victim``) is killed
 with SIGKILL and started again (or, with ``--stall-s S``, stopped S seconds and resumed), ``--cycles``
-times, each time as soon as its new life has met its peers (the start-up mark "peers met", node/live/startup.py). The
-watched node r0 runs throughout with bench/churn_probe/sitecustomize.py loaded (``DLX_CHURN_PROBE``): after
-warm-up and after each cycle it samples, in one pass inside the process, its RSS, gc object counts by type
-and the summed length of every dict/set/list/deque attribute of the node's, p2p's and py-libp2p's objects.
-The result gives, per container, its size at each sample and the growth per cycle fitted over the cycles,
-beside the rounds the run went through meanwhile (a container that grows with the round, not with the
-churn, grows as much in a run without churn). ``--sample-rounds`` samples again once the chain holds each of
-those rounds (after the cycles, or instead of them with ``--cycles 0``): what grows with the rounds alone, the
-growth then fitted per sample. ``--tracemalloc N`` has the watched node trace its allocations (N frames) from
-the first sample and report, at every later one, what grew most since the one before, by traceback; it slows
-the node several times over (its peers then see stalls and reset connections), so use it to find, not to time.
+times, each time as soon as its new life has met its peers (the start-up mark "peers met",
+node/live/startup.py). The watched node r0 runs throughout with bench/churn_probe/sitecustomize.py loaded
+(``DLX_CHURN_PROBE``): after warm-up and after each cycle it samples, in one pass inside the process, its RSS,
+gc object counts by type and the summed length of every dict/set/list/deque attribute of the node's, p2p's and
+py-libp2p's objects. The result gives, per container, its size at each sample and the growth per cycle fitted
+over the cycles, beside the rounds the run went through meanwhile (a container that grows with the round, not
+with the churn, grows as much in a run without churn). ``--sample-rounds`` samples again once the chain holds
+each of those rounds (after the cycles, or instead of them with ``--cycles 0``): what grows with the rounds
+alone, the growth then fitted per sample. ``--tracemalloc N`` has the watched node trace its allocations (N
+frames) from the first sample and report, at every later one, what grew most since the one before, by
+traceback; it slows the node several times over (its peers then see stalls and reset connections), so use it
+to find, not to time.
 
 Then, in this process, the cost of one inbound connection that comes and goes, without a run around it:
 ``--connections`` times a fresh peer host in its own process (tests/p2p_agent.py; no listener, as a
@@ -191,14 +192,16 @@ def main() -> int:
                         help="the node each cycle kills or stalls (0: the watched one)")
     parser.add_argument("--warmup-rounds", type=int, default=1,
                         help="the first sample (and the cycles) once the chain holds this round: past the "
-                             "windows' warm-up (provider records 600 s, caches), the cycles' growth is the churn's")
+                             "windows' warm-up (provider records 600 s, caches), the cycles' "
+                             "growth is the churn's")
     parser.add_argument("--sample-rounds", default="",
                         help="after the cycles, also sample once the chain has these rounds "
                              "(comma-separated): what grows with the rounds alone")
     parser.add_argument("--tracemalloc", type=int, default=0,
                         help="frames: the watched node traces its allocations from the first sample (slower)")
     parser.add_argument("--probe-timeout", type=float, default=120.0,
-                        help="seconds to wait for one sample (a tracemalloc comparison on a loaded machine takes minutes)")
+                        help="seconds to wait for one sample (a tracemalloc comparison on a loaded "
+                             "machine takes minutes)")
     parser.add_argument("--workdir", default="/tmp/dlx-churnmem")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args()

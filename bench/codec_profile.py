@@ -21,7 +21,6 @@ is bench_diloco.py --cpu-clock.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -53,7 +52,8 @@ def capture(args) -> None:
     torch.set_num_threads(1)
     model_cfg = ModelConfig(preset="mini")
     training_cfg = TrainingConfig(data_path=default_corpus(), seed=0, batch_size=8,
-                                  inner_lr=3e-3, eval_batches=2, warmup_steps=100, beta2=0.99, weight_decay=0.1)
+                                  inner_lr=3e-3, eval_batches=2, warmup_steps=100, beta2=0.99,
+                                  weight_decay=0.1)
     diloco_cfg = DilocoConfig(inner_steps=args.inner_steps, outer_lr=1.0, outer_momentum=0.5, num_replicas=2,
                               screening=False)
     compression_cfg = CompressionConfig(encoder=args.encoder)
@@ -103,23 +103,25 @@ def profile(args) -> None:
     torch.set_num_threads(1)
     data = torch.load(args.capture, weights_only=False)
     chosen = [t for t in data["targets"] if t["round"] == args.round]
-    diloco_cfg = DilocoConfig(inner_steps=data["inner_steps"], outer_lr=1.0, outer_momentum=0.5, num_replicas=2)
+    diloco_cfg = DilocoConfig(inner_steps=data["inner_steps"], outer_lr=1.0, outer_momentum=0.5,
+                              num_replicas=2)
     previous = [t for t in data["targets"] if t["round"] == args.round - 1]
     for encoder in args.encoders.split(","):
         cfg = CompressionConfig(encoder=encoder)
         total = 0.0
         for index, item in enumerate(chosen[:2]):  # replica 0's two stages
-            if encoder_for(cfg).keeps_memo:  # a warm round: the memo of a selection on the previous round's target
+            # a warm round: the memo of a selection on the previous round's target
+            if encoder_for(cfg).keeps_memo:
                 memo = encode_with_memo(previous[index]["target"], cfg, item["budget"], None,
                                         stage_index=item["stage"], outer_round=0)[3]
 
                 def run():
-                    return encode_with_memo(item["target"], cfg, item["budget"], memo, stage_index=item["stage"],
-                                            outer_round=1)
+                    return encode_with_memo(item["target"], cfg, item["budget"], memo,
+                                            stage_index=item["stage"], outer_round=1)
             else:
                 def run():
-                    return encode_within_bandwidth(item["target"], cfg, item["budget"], stage_index=item["stage"],
-                                                   outer_round=args.round)
+                    return encode_within_bandwidth(item["target"], cfg, item["budget"],
+                                                   stage_index=item["stage"], outer_round=args.round)
             seconds = _best(run, args.repeat)
             total += seconds
             print(f"encode {encoder} stage {item['stage']}: {1000 * seconds:.1f} ms")
@@ -130,13 +132,14 @@ def profile(args) -> None:
         shapes = {n: tuple(v.shape) for n, v in chosen[stage]["target"].items()}
         decoded = [decode_contribution(b, shapes, stage_index=stage, outer_round=args.round, refuse_raw=True)
                    for b in blobs]
-        weights = {n: torch.randn(s, generator=torch.Generator().manual_seed(1)) * 0.02 for n, s in shapes.items()}
+        weights = {n: torch.randn(s, generator=torch.Generator().manual_seed(1)) * 0.02
+                       for n, s in shapes.items()}
         momentum = {n: torch.zeros(s) for n, s in shapes.items()}
         average = average_contributions(decoded)
         new, _ = outer_step(weights, momentum, average, diloco_cfg, args.round)
         parts = {
-            "decode one": lambda: decode_contribution(blobs[1], shapes, stage_index=stage, outer_round=args.round,
-                                                      refuse_raw=True),
+            "decode one": lambda: decode_contribution(blobs[1], shapes, stage_index=stage,
+                                                      outer_round=args.round, refuse_raw=True),
             "norm one": lambda: contribution_norm(decoded[1]),
             "average": lambda: average_contributions(decoded),
             "outer step": lambda: outer_step(weights, momentum, average, diloco_cfg, args.round),
@@ -151,8 +154,9 @@ def profile(args) -> None:
             print(f"apply stage {stage}: {label}: {1000 * seconds:.2f} ms")
         apply_total += stage_total
         codecs = {}
-        from training.codec_wire import decode_contribution as _d  # noqa: F401
         import msgpack
+
+        from training.codec_wire import decode_contribution as _d  # noqa: F401
         for entry in msgpack.unpackb(blobs[1], raw=False)["t"]:
             key = (entry["c"], entry.get("r", 0), entry.get("b", 32))
             codecs[key] = codecs.get(key, 0) + 1
@@ -182,7 +186,8 @@ def compare(args) -> None:
                         target, cfg, item["budget"], memos[encoder].get(index), stage_index=item["stage"],
                         outer_round=outer_round)
                 else:
-                    _, decoded, _ = encode_within_bandwidth(target, cfg, item["budget"], stage_index=item["stage"],
+                    _, decoded, _ = encode_within_bandwidth(target, cfg, item["budget"],
+                                                            stage_index=item["stage"],
                                                             outer_round=outer_round)
                 for name, value in target.items():
                     squared += float(torch.sum((value.double() - decoded[name].double()) ** 2))
@@ -198,7 +203,8 @@ def compare(args) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     cap = sub.add_parser("capture")
     cap.add_argument("--rounds", type=int, default=3)

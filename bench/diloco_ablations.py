@@ -39,12 +39,15 @@ KEYS = (
 
 def _budget_key(settings: dict) -> tuple:
     """Runs whose DDP baselines are comparable: same steps, inner lr, schedule, warmup, beta2, decay."""
-    return (settings["rounds"] * settings["inner_steps"], settings["inner_lr"], settings.get("lr_schedule") or "constant",
-            settings.get("warmup_steps") or 0, settings.get("beta2") or 0.95, settings.get("weight_decay") or 0.0)
+    return (settings["rounds"] * settings["inner_steps"], settings["inner_lr"], settings.get("lr_schedule")
+            or "constant",
+            settings.get("warmup_steps") or 0, settings.get("beta2") or 0.95, settings.get("weight_decay")
+            or 0.0)
 
 
 def _tokens(settings: dict) -> int:
-    return settings["rounds"] * settings["inner_steps"] * settings["batch_size"] * (settings.get("replicas") or 2)
+    return settings["rounds"] * settings["inner_steps"] * settings["batch_size"] * (settings.get("replicas")
+                                                                                    or 2)
 
 
 def rows_of(name: str, run: dict) -> list[dict]:
@@ -84,7 +87,8 @@ def compare(rows: list[dict]) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--add", action="append", default=[], metavar="NAME=PATH",
                         help="add (or replace) the rows of a bench_diloco.py result under NAME")
     parser.add_argument("--remove", action="append", default=[], metavar="NAME")
@@ -110,7 +114,8 @@ def main() -> int:
         ref = "-" if row["ddp_same_settings"] is None else f"{row['ddp_same_settings']:.4f}"
         best_gap = "-" if row["vs_ddp_best"] is None else f"{100 * row['vs_ddp_best']:+.2f}%"
         best = "-" if row["ddp_best"] is None else f"{row['ddp_best']:.4f}"
-        print(f"{row['tag']:<34} {row['mode']:<9} {row['held_out_loss']:>9.4f} {ref:>7} {gap:>8} {best:>8} {best_gap:>8}")
+        print(f"{row['tag']:<34} {row['mode']:<9} {row['held_out_loss']:>9.4f} {ref:>7} {gap:>8} "
+              f"{best:>8} {best_gap:>8}")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Bad input at scale: a mutation fuzzer over every decoder a peer, a file or the chain reaches (issue 15, item 5).
+"""Bad input at scale: a mutation fuzzer over every decoder a peer, a file or the chain reaches (issue 15,
+item 5).
 
 Each target of ``tests/fuzz_targets.py`` is one decoder as the node calls it on untrusted bytes,
 with its defined error set. The campaign feeds each target inputs made from its valid seeds
@@ -125,7 +126,8 @@ def _save(crash_dir: Path, name: str, kind: str, index: int, data: bytes) -> str
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--inputs", type=int, default=1_000_000,
-                        help="inputs in total: split evenly over the targets, or (with --seconds) the minimum")
+                        help="inputs in total: split evenly over the targets, or (with "
+                             "--seconds) the minimum")
     parser.add_argument("--seconds", type=float, default=0.0,
                         help="time budget split evenly over the targets (fast decoders then get more inputs)")
     parser.add_argument("--only", default="", help="comma list of target names (default: all)")
@@ -144,7 +146,8 @@ def main() -> int:
     report: dict = {}
     failed = False
     started = time.perf_counter()
-    print(f"{'target':26s} {'inputs':>9s} {'inputs/s':>9s} {'slowest':>8s} {'peakKiB':>8s}  outcomes", flush=True)
+    print(f"{'target':26s} {'inputs':>9s} {'inputs/s':>9s} {'slowest':>8s} {'peakKiB':>8s}  outcomes",
+          flush=True)
     for target in chosen:
         result = run_target(target, per_target, args.seed, args.max_seconds, int(args.max_alloc_mib * 2**20),
                             args.memory_every, Path(args.crash_dir), args.seconds / len(chosen))
@@ -153,7 +156,8 @@ def main() -> int:
         failed = failed or bool(bad)
         outcomes = ", ".join(f"{k} {v}" for k, v in result["outcomes"].items())
         print(f"{target.name:26s} {result['inputs']:>9d} {result['inputs_per_second']:>9.0f} "
-              f"{result['slowest_input_s']:>8.3f} {result['traced_peak_alloc_bytes'] / 1024:>8.0f}  {outcomes}",
+              f"{result['slowest_input_s']:>8.3f} "
+              f"{result['traced_peak_alloc_bytes'] / 1024:>8.0f}  {outcomes}",
               flush=True)
         for item in result["unexpected"][:3] + result["over_time_bound"][:3] + result["over_alloc_bound"][:3]:
             print(f"    !! {item}", flush=True)
@@ -171,7 +175,8 @@ def main() -> int:
         "max_seconds": args.max_seconds,
         "max_alloc_mib": args.max_alloc_mib,
         "memory_every": args.memory_every,
-        "max_rss_growth_mib": round((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_start) / 1024, 1),
+        "max_rss_growth_mib": round((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_start) / 1024,
+                                    1),
         "loadavg": os.getloadavg(),
         "cpu_count": os.cpu_count(),
         "targets": report,

@@ -68,8 +68,9 @@ def class_operands(rng: np.random.Generator, op, kind: str, count: int) -> tuple
 
 
 def typical_operands(rng: np.random.Generator, op, count: int) -> tuple:
-    """Normal values of the magnitudes the outer step sees (2^-24 .. 2^2, either sign); integers as the decoder
-    converts them: |M| < 2^53 (a low-rank product, ``fromInt``), |q| <= 32767 (a quantized value, ``fromInt32``)."""
+    """Normal values of the magnitudes the outer step sees (2^-24 .. 2^2, either sign); integers as the
+    decoder converts them: |M| < 2^53 (a low-rank product, ``fromInt``), |q| <= 32767 (a quantized value,
+    ``fromInt32``)."""
     if op.width == 32:
         bound = 1 << 53 if op.name == "fromInt" else 32768
         return [int(v) for v in rng.integers(-bound + 1, bound, size=count)], None
@@ -77,7 +78,8 @@ def typical_operands(rng: np.random.Generator, op, count: int) -> tuple:
 
     def draw():
         magnitude = np.ldexp(rng.uniform(1.0, 2.0, size=count), rng.integers(-24, 3, size=count))
-        return (magnitude * rng.choice([-1.0, 1.0], size=count)).astype(dtype).view(np.uint32 if op.width == 4 else np.uint64)
+        return (magnitude * rng.choice([-1.0, 1.0], size=count)).astype(dtype).view(np.uint32 if op.width == 4
+                                                                                    else np.uint64)
 
     a = draw()
     if op.name == "sqrt64":
@@ -122,14 +124,17 @@ def gas_of(w3, address, op, rng: np.random.Generator, count: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--per-op", type=int, default=1_000_000, help="operands per operation (before the edges)")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--per-op", type=int, default=1_000_000,
+                        help="operands per operation (before the edges)")
     parser.add_argument("--int-per-op", type=int, default=0,
                         help="operands for the integer conversions, whose reference is per-element Python "
                              "(0: as --per-op)")
     parser.add_argument("--ops", default=",".join(OPS), help="comma-separated operations")
     parser.add_argument("--batch", type=int, default=25_000, help="operands per eth_call")
-    parser.add_argument("--gas-samples", type=int, default=2_000, help="operands per class for the gas figures")
+    parser.add_argument("--gas-samples", type=int, default=2_000,
+                        help="operands per class for the gas figures")
     parser.add_argument("--seed", type=int, default=43)
     parser.add_argument("--out", default=str(RESULTS / "float32_fuzz.json"))
     args = parser.parse_args()
@@ -167,9 +172,10 @@ def main() -> int:
         "int_per_op": args.int_per_op or args.per_op,
         "seed": args.seed,
         "backend": "anvil (eth_call, Float32Harness)",
-        "reference": "torch CPU (float32 ops, float64 multiply, conversions); numpy float64 division and sqrt "
-                     "(the norm rule's Python floats); exact Python integers",
-        "gas_method": "gasleft() around the library call minus gasleft() around an identity call, per operand",
+        "reference": "torch CPU (float32 ops, float64 multiply, conversions); numpy float64 division and "
+                     "sqrt (the norm rule's Python floats); exact Python integers",
+        "gas_method": ("gasleft() around the library call minus gasleft() around an "
+                       "identity call, per operand"),
         "classes": list(CLASS_SHARES) + ["edges"],
     }
     path = write_result(args.out, result, load)

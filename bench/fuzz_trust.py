@@ -29,15 +29,18 @@ from tests.trust_machine import TrustMachine  # noqa: E402
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=600.0, help="time budget (batches start until it is spent)")
-    parser.add_argument("--examples", type=int, default=0, help="stop after this many examples (0: time only)")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=600.0,
+                        help="time budget (batches start until it is spent)")
+    parser.add_argument("--examples", type=int, default=0,
+                        help="stop after this many examples (0: time only)")
     parser.add_argument("--steps", type=int, default=100, help="steps per example")
     parser.add_argument("--batch", type=int, default=5, help="examples per hypothesis run")
     parser.add_argument("--backend", choices=("pyevm", "anvil"), default="pyevm")
     parser.add_argument("--no-shrink", action="store_true",
-                        help="report a counterexample as found, unshrunk (hypothesis may shrink one for many minutes; "
-                             "with this, a run under a wall-clock limit still writes its result)")
+                        help="report a counterexample as found, unshrunk (hypothesis may shrink one for many "
+                             "minutes; with this, a run under a wall-clock limit still writes its result)")
     parser.add_argument("--out", default=default_out("trust_fuzz.py"))
     args = parser.parse_args()
     # The walker is the live node's prover: it logs each step of a walk at ERROR, thousands of times here.
@@ -54,11 +57,13 @@ def main() -> int:
     started = time.monotonic()
     counterexample = ""
     try:
-        while time.monotonic() - started < args.seconds and (not args.examples or TrustMachine.examples < args.examples):
+        while time.monotonic() - started < args.seconds \
+                and (not args.examples or TrustMachine.examples < args.examples):
             TrustMachine.TestCase.settings = settings(
                 max_examples=args.batch, stateful_step_count=args.steps, deadline=None, database=None,
                 suppress_health_check=list(HealthCheck),
-                phases=[p for p in Phase if p not in ((Phase.shrink, Phase.explain) if args.no_shrink else ())])
+                phases=[p for p in Phase if p not in ((Phase.shrink, Phase.explain) if args.no_shrink
+                                                      else ())])
             try:
                 TrustMachine.TestCase().runTest()
             except Exception as exc:  # a counterexample: hypothesis shrank it and printed the steps
@@ -77,16 +82,18 @@ def main() -> int:
         "invariants": ["I1 safety", "I2 no harm", "I3 credit", "I4 stake back", "I5 finality", "I6 solvency",
                        "I7 fraud proof", "S1 a lied sum falls once walked", "S2 no harm in a captured run",
                        "S3 the walker's reward"],
-        "proofs_refused": TrustMachine.proofs_refused, "norm_proofs_refused": TrustMachine.norm_proofs_refused,
+        "proofs_refused": TrustMachine.proofs_refused,
+        "norm_proofs_refused": TrustMachine.norm_proofs_refused,
         "challenges_answered": TrustMachine.challenges_answered,
         # the sum-tree walks (tests/trust_sums.py, S1-S3)
-        "sum_walks_proven": TrustMachine.sum_walks_proven, "sum_walks_expired": TrustMachine.sum_walks_expired,
-        "sum_walks_cut": TrustMachine.sum_walks_cut, "junk_answers_refused": TrustMachine.junk_answers_refused,
+        "sum_walks_proven": TrustMachine.sum_walks_proven,
+        "sum_walks_expired": TrustMachine.sum_walks_expired, "sum_walks_cut": TrustMachine.sum_walks_cut,
+        "junk_answers_refused": TrustMachine.junk_answers_refused,
         "mistaken_walks": TrustMachine.mistaken_walks,
     }
     path = write_result(args.out, result, load)
-    print(f"{TrustMachine.examples} examples, {steps} steps in {seconds:.0f} s ({result['steps_per_second']}/s), "
-          f"{len(result['counterexamples'])} counterexample(s) -> {path}")
+    print(f"{TrustMachine.examples} examples, {steps} steps in {seconds:.0f} s ({result['steps_per_second']}"
+          f"/s), {len(result['counterexamples'])} counterexample(s) -> {path}")
     return 1 if counterexample else 0
 
 

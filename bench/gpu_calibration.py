@@ -11,7 +11,6 @@ import time
 import torch
 
 from training.config import PRECISIONS, DilocoConfig, ModelConfig, TrainingConfig
-
 from training.config_compression import CompressionConfig
 from training.data import corpus_from_config
 from training.fingerprint import CROSS_PLATFORM_TOLERANCE, TOLERANCE_PASS_BOUND, compare_rerun, fingerprint
@@ -61,10 +60,12 @@ def calibrate(args: argparse.Namespace) -> dict:
     for claimant_device in devices:
         for precision in PRECISIONS:
             for seed in range(args.seeds):
-                training = TrainingConfig(seed=seed, batch_size=args.batch_size, warmup_steps=args.warmup_steps,
-                                          device=claimant_device, precision=precision)
+                training = TrainingConfig(seed=seed, batch_size=args.batch_size,
+                                          warmup_steps=args.warmup_steps, device=claimant_device,
+                                          precision=precision)
                 corpus = corpus_from_config(training, model)
-                sim = SimConfig(corpus, model, training, DilocoConfig(inner_steps=args.inner_steps, num_replicas=2),
+                sim = SimConfig(corpus, model, training,
+                                DilocoConfig(inner_steps=args.inner_steps, num_replicas=2),
                                 CompressionConfig(min_compress_numel=args.min_compress_numel), args.stages,
                                 args.rounds)
                 torch.set_num_threads(1)  # claimants train on 1 thread; reruns on 1 (same) and 2 (other)
@@ -76,16 +77,18 @@ def calibrate(args: argparse.Namespace) -> dict:
                     previous = records[record.outer_round - 1].contributions if record.outer_round else None
                     reruns = [("same", claimant_device, 1, None), ("threads", claimant_device, 2, None)]
                     reruns += [("device", other, 1, None) for other in devices if other != claimant_device]
-                    reruns.append(("precision", claimant_device, 1, "fp32" if precision == "bf16" else "bf16"))
+                    reruns.append(("precision", claimant_device, 1, "fp32" if precision == "bf16"
+                                   else "bf16"))
                     for kind, device, threads, swapped in reruns:
                         for replica, role in ((0, "honest"), (1, "cheat")):
                             if role == "cheat" and kind in ("same", "precision"):
-                                continue  # the cheat is judged across platforms (its worst case); "same" is exact
+                                # the cheat is judged across platforms (its worst case); "same" is exact
+                                continue
                             distance, seconds = _rerun_distance(record, replica, previous, sim, device=device,
                                                                 threads=threads, precision=swapped)
-                            rows.append({"claimant_device": claimant_device, "precision": precision, "seed": seed,
-                                         "round": record.outer_round, "role": role, "rerun": kind,
-                                         "rerun_device": device, "rerun_threads": threads,
+                            rows.append({"claimant_device": claimant_device, "precision": precision,
+                                         "seed": seed, "round": record.outer_round, "role": role,
+                                         "rerun": kind, "rerun_device": device, "rerun_threads": threads,
                                          "rerun_precision": swapped or precision, "distance": distance,
                                          "seconds": seconds})
                             print(f"  round {record.outer_round} {role:<6} rerun {kind:<9} on {device} "
@@ -95,7 +98,8 @@ def calibrate(args: argparse.Namespace) -> dict:
 
 
 def summarize_calibration(rows: list[dict]) -> dict:
-    """Per precision: the largest honest distance of each kind of rerun, the cheats', and the tolerance rule."""
+    """Per precision: the largest honest distance of each kind of rerun, the cheats', and the tolerance
+    rule."""
     summary = {}
     for precision in PRECISIONS:
         mine = [r for r in rows if r["precision"] == precision]
@@ -105,7 +109,8 @@ def summarize_calibration(rows: list[dict]) -> dict:
             return max(values) if values else None
 
         cheats = [r["distance"] for r in mine if r["role"] == "cheat"]
-        honest_cross = [v for v in (worst("honest", ("threads",)), worst("honest", ("device",))) if v is not None]
+        honest_cross = [v for v in (worst("honest", ("threads",)), worst("honest", ("device",)))
+                        if v is not None]
         # The rule docs/GPU.md states: 3x the largest honest cross-platform distance seen, which must stay
         # below the smallest cheat distance for the tolerance to separate them.
         suggested = 3 * max(honest_cross) if honest_cross else None
@@ -128,13 +133,15 @@ def summarize_calibration(rows: list[dict]) -> dict:
                                    if math.isfinite(CROSS_PLATFORM_TOLERANCE[precision]) else None),
             "suggested_tolerance": suggested,
             "suggested_separates": None if suggested is None or not cheats else suggested < min(cheats),
-            "measured_devices": sorted({r["rerun_device"] for r in mine} | {r["claimant_device"] for r in mine}),
+            "measured_devices": sorted({r["rerun_device"] for r in mine} | {r["claimant_device"]
+                                                                                for r in mine}),
         }
     return summary
 
 
 def _zones(distances: list[float], precision: str) -> dict[str, int]:
-    """How many of ``distances`` the three zones pass, leave undecided, or call a mismatch (another platform)."""
+    """How many of ``distances`` the three zones pass, leave undecided, or call a mismatch (another
+    platform)."""
     verdicts = [compare_rerun(CPU_OTHER, CPU_HERE, d, claimed_threads=1, rerun_threads=1).verdict
                 if precision == "fp32" else compare_rerun(CPU_OTHER16, CPU_HERE16, d, claimed_threads=1,
                                                           rerun_threads=1).verdict for d in distances]

@@ -1,4 +1,5 @@
-"""bench/bench_heterogeneous.py ``--node``: the same comparison driven through real ``dlx-node start`` processes.
+"""bench/bench_heterogeneous.py ``--node``: the same comparison driven through real ``dlx-node start``
+processes.
 
 A :class:`node.commands.launcher.LocalRun` (a managed anvil, the contracts, one node process per replica,
 one stage each, libp2p on loopback, the full exchange) with every replica's training thread in a cgroup v1
@@ -10,9 +11,10 @@ them: the start-state copies, the outer step) and so are the threads it starts f
 prefetch: the close, the fetch, the aggregation), while the node's other threads (the lane's encode and
 attestation, libp2p, the chain, status) run at the machine's pace. ``--throttle process`` slows the whole
 node process instead, a slower machine: at quotas that bind on a loaded machine its host work (about a
-CPU-second a round: libp2p, the chain, the encode) starves it. The nodes run the node's default one-step delay (the exchange of round t overlaps round t+1's
-inner steps, the whole round: ``overlap_steps = 0``) with the bench's outer lr and momentum; ``--no-delay``
-runs the in-process mode's algorithm instead (a round's exchange waits for its close and apply).
+CPU-second a round: libp2p, the chain, the encode) starves it. The nodes run the node's default one-step delay
+(the exchange of round t overlaps round t+1's inner steps, the whole round: ``overlap_steps = 0``) with the
+bench's outer lr and momentum; ``--no-delay`` runs the in-process mode's algorithm instead (a round's exchange
+waits for its close and apply).
 
 Figures come from what the run leaves: each node's ``timing.jsonl`` (node/live/state/roundclock.py: one record
 per period, from the end of one round's inner steps to the end of the next one's: its steps, the wall
@@ -62,9 +64,10 @@ OWN_WORK = ("start_state", "eval", "encode", "aggregate", "finish_other", "other
 def _settings(args, mode: str) -> list[str]:
     common = [f"model.preset={args.preset}", f"training.batch_size={args.batch_size}",
               f"training.inner_lr={args.inner_lr}", f"training.warmup_steps={args.warmup_steps}",
-              "training.lr_schedule=constant", f"training.seed={args.seed}", f"training.data_path={args.data}",
-              f"diloco.outer_lr={args.outer_lr}", f"diloco.outer_momentum={args.outer_momentum}",
-              "diloco.one_step_delay=false" if args.no_delay else "diloco.overlap_steps=0",
+              "training.lr_schedule=constant", f"training.seed={args.seed}",
+              f"training.data_path={args.data}", f"diloco.outer_lr={args.outer_lr}",
+              f"diloco.outer_momentum={args.outer_momentum}", "diloco.one_step_delay=false" if args.no_delay
+              else "diloco.overlap_steps=0",
               "rounds=100000", "checkpoint_every=1", "spot_checks=0",
               "join_timeout=600", f"round_timeout={args.node_round_timeout}", "p2p.transfer_timeout=120"]
     if mode == "fixed":
@@ -117,7 +120,8 @@ def _rounds_so_far(run) -> list[dict]:
                        "wall_s": sum(walls) / len(walls) if walls else None,
                        "dropped": [i for i in replicas if (outer_round, i) in lost], "periods": records})
     first = next((r["wall_s"] for r in rounds if r["wall_s"] is not None), None)
-    for r in rounds:  # round 0 has no period before it: the round after's (its steps ran under the same budget)
+    # round 0 has no period before it: the round after's (its steps ran under the same budget)
+    for r in rounds:
         if r["wall_s"] is None:
             r["wall_s"] = first if first is not None else max(r["train_s"])
     return rounds
@@ -127,13 +131,16 @@ def _replica_figures(rounds: list[dict], index: int, factor: float, cpus: float)
     """One replica's steps, speed, compute share and where the rest of its periods went (module docstring)."""
     steps = sum(r["steps"][index] for r in rounds)
     seconds = sum(r["train_s"][index] for r in rounds)
-    timed = [(r["periods"][index], index not in r["dropped"]) for r in rounds if r["periods"][index]["wall_s"]]
+    timed = [(r["periods"][index], index not in r["dropped"]) for r in rounds
+             if r["periods"][index]["wall_s"]]
     wall = sum(p["wall_s"] for p, _reached in timed)
-    cpu = [(p, reached) for p, reached in timed if p.get("process_cpu_s") and p.get("inner_cpu_s") is not None]
+    cpu = [(p, reached) for p, reached in timed if p.get("process_cpu_s")
+           and p.get("inner_cpu_s") is not None]
     per_round = {"waits_s": sum(p[f"{k}_s"] for p, _r in timed for k in WAITS) / len(timed),
                  "own_work_s": sum(p.get(f"{k}_s") or 0.0 for p, _r in timed for k in OWN_WORK) / len(timed),
                  "lost_inner_s": sum(p["inner_s"] for p, reached in timed if not reached) / len(timed),
-                 "lane_s": sum(v for p, _r in timed for k, v in p.items() if k.startswith("lane_")) / len(timed)}
+                 "lane_s": sum(v for p, _r in timed for k, v in p.items() if k.startswith("lane_"))
+                     / len(timed)}
     return {"factor": factor, "cpu_quota": cpus, "steps": steps, "steps_per_round": steps / len(rounds),
             "s_per_step": seconds / steps, "periods": len(timed), "period_wall_s": wall / len(timed),
             "compute_share_reaching_outer_step": sum(min(p["inner_s"], p["wall_s"]) for p, reached in timed
@@ -149,9 +156,11 @@ def _throttle_started(run, limits: dict[int, float], groups: dict, what: str) ->
     for slot in run.nodes:
         if slot.replica in groups:
             continue
-        if any("start-up: caught up" in path.read_text(errors="replace") for path in slot.data_dir.glob("node-*.log")):
-            groups[slot.replica] = CpuGroup(f"dlx-bench-het-{run.run_id}-{time.monotonic_ns()}-r{slot.replica}",
-                                            limits[slot.replica])
+        if any("start-up: caught up" in path.read_text(errors="replace")
+               for path in slot.data_dir.glob("node-*.log")):
+            groups[slot.replica] = CpuGroup(
+                f"dlx-bench-het-{run.run_id}-{time.monotonic_ns()}-r{slot.replica}",
+                limits[slot.replica])
             if what == "process":
                 groups[slot.replica].add(slot.process.pid)
             else:  # `dlx-node start` trains on its main thread, whose thread id is the process id
@@ -204,7 +213,8 @@ def run_node_mode(args, mode: str) -> dict:
         wall = tokens = 0
         for r in rounds:
             path = next(p for slot in run.nodes
-                        for p in [slot.data_dir / "checkpoints" / f"round-{r['round']:08d}.safetensors"] if p.exists())
+                        for p in [slot.data_dir / "checkpoints" / f"round-{r['round']:08d}.safetensors"]
+                        if p.exists())
             evaluator.load_state_dict(read_checkpoint(path).weights)
             r["eval_loss"] = evaluator.eval_loss(held_out)
             r["record_tokens"] = commits[r["round"]].tokens
@@ -216,10 +226,12 @@ def run_node_mode(args, mode: str) -> dict:
         run.stop()
         for group in groups.values():
             group.remove()
-    replicas = [_replica_figures(rounds, index, factor, limits[index]) for index, factor in enumerate(args.factors)]
+    replicas = [_replica_figures(rounds, index, factor, limits[index])
+                for index, factor in enumerate(args.factors)]
     if not args.keep_workdir:
         shutil.rmtree(workdir, ignore_errors=True)
     settings = _settings(args, mode)
     return {"mode": mode, "node_settings": settings, "rounds": len(rounds), "wall_s": wall,
-            "wall_s_per_round": wall / len(rounds), "tokens": tokens, "final_eval_loss": curve[-1]["eval_loss"],
-            "replicas": replicas, "curve": curve, "per_round": rounds, "workdir": str(workdir)}
+            "wall_s_per_round": wall / len(rounds), "tokens": tokens,
+            "final_eval_loss": curve[-1]["eval_loss"], "replicas": replicas, "curve": curve,
+            "per_round": rounds, "workdir": str(workdir)}

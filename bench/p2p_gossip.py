@@ -1,6 +1,7 @@
 """Gossip latency across hosts, one process each: the gossip section of bench/bench_p2p.py.
 
-A subscriber is ``python bench/p2p_gossip.py BOOTSTRAP --messages N --hosts H`` (started by :func:`gossip_run`).
+A subscriber is ``python bench/p2p_gossip.py BOOTSTRAP --messages N --hosts H`` (started by
+:func:`gossip_run`).
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ class Soak:
         self.unexpected_exits: list[dict] = []
         self.first_seen: dict[int, float] = {}
         self.samples: list[dict] = []
-        self.probe_dir: Path | None = None  # where the nodes' light probes write (bench_soak --no-probe: none)
+        # where the nodes' light probes write (bench_soak --no-probe: none)
+        self.probe_dir: Path | None = None
         self.outage_on = False
         self.outage_lock = threading.Lock()
         self.outage_timer: threading.Timer | None = None
@@ -49,8 +50,10 @@ class Soak:
         duration = self.args.duration_min * 60
         by_site = {self.site_of[s.name]: s for s in self.run.nodes}
         nat_sites = [n for n, s in self.spec["sites"].items() if s["nat"]]
-        singles = [c["name"] for c in self.spec["clusters"] if not c["split"] and not c["nat"] and c["name"] != "c0"]
-        split = next((s for s in self.run.nodes if self.spec["clusters"][int(s.cluster.split("-")[1])]["split"]),
+        singles = [c["name"] for c in self.spec["clusters"] if not c["split"] and not c["nat"]
+                   and c["name"] != "c0"]
+        split = next((s for s in self.run.nodes
+                      if self.spec["clusters"][int(s.cluster.split("-")[1])]["split"]),
                      None)
         plan = []
         if singles:
@@ -108,7 +111,8 @@ class Soak:
             self.event("rpc_outage_end")
 
     def leave(self, slot) -> None:
-        done = subprocess.run([sys.executable, "-m", "node.cli", "leave", "--config", str(slot.config_path), "--yes"],
+        done = subprocess.run([sys.executable, "-m", "node.cli", "leave", "--config", str(slot.config_path),
+                               "--yes"],
                               capture_output=True, text=True, timeout=300)
         self.event("leave", node=slot.name, exit_code=done.returncode, out=done.stdout.strip()[-300:])
         if slot.process is not None and slot.process.poll() is None:
@@ -117,9 +121,9 @@ class Soak:
         self.left.add(slot.name)
 
     def stop_member(self, slot) -> None:
-        """SIGTERM a member that left and wait for it to finish its round and exit; at load 40 on two cores that
-        took over 30 s (the launcher's wait, which ended the first run on this code at minute 34), so wait up to
-        LEAVE_STOP_S, record how long it took, and SIGKILL it (recorded) only past that."""
+        """SIGTERM a member that left and wait for it to finish its round and exit; at load 40 on two cores
+        that took over 30 s (the launcher's wait, which ended the first run on this code at minute 34), so
+        wait up to LEAVE_STOP_S, record how long it took, and SIGKILL it (recorded) only past that."""
         started = time.monotonic()
         slot.process.send_signal(signal.SIGTERM)
         try:
@@ -137,12 +141,13 @@ class Soak:
         self.joiner_dir.mkdir(parents=True, exist_ok=True)
         log = self.joiner_dir.parent / "joiner.log"
         self.joiner = subprocess.Popen(
-            ["ip", "netns", "exec", site["ns"], sys.executable, "-m", "node.cli", "--log-file", str(log), "join",
-             self.link, "--data-dir", str(self.joiner_dir), "--dev-account", str(self.spare_account), "--yes",
-             "--no-progress", "--listen-host", site["host_ip"], "--listen-port", "4101",
+            ["ip", "netns", "exec", site["ns"], sys.executable, "-m", "node.cli", "--log-file", str(log),
+             "join", self.link, "--data-dir", str(self.joiner_dir), "--dev-account", str(self.spare_account),
+             "--yes", "--no-progress", "--listen-host", site["host_ip"], "--listen-port", "4101",
              "--set", "torch_threads=1", "--set", f"round_timeout={self.args.round_timeout}",
              "--set", f"join_timeout={self.args.join_timeout}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
         self.site_of["joiner"] = "joiner"
         self.event("join", node="joiner", account=self.spare_account)
 
@@ -189,7 +194,8 @@ class Soak:
             if self.args.rounds and slot.process.returncode == 0:
                 continue  # the run ended (--rounds): its nodes exit by themselves
             self.asked_down.add(slot.process.pid)
-            self.unexpected_exits.append({"node": slot.name, "code": slot.process.returncode, "at_s": self.now()})
+            self.unexpected_exits.append({"node": slot.name, "code": slot.process.returncode,
+                                          "at_s": self.now()})
             if not self.args.rounds:
                 self.run.start_node(slot)
 
@@ -201,7 +207,8 @@ class Soak:
             self.event("poll_error", error=str(exc)[:200])
             return None
         at = self.now()
-        for r in range(0 if not self.first_seen else max(self.first_seen) + 1, (last if last is not None else -1) + 1):
+        for r in range(0 if not self.first_seen else max(self.first_seen) + 1,
+                       (last if last is not None else -1) + 1):
             self.first_seen[r] = at
         return last
 

@@ -35,7 +35,8 @@ def node_logs(soak) -> dict[str, str]:
 
 
 def summarize(soak, result: dict) -> None:
-    """The run's figures into ``result``: rounds, short rounds and why, logs' tracebacks and counts, series."""
+    """The run's figures into ``result``: rounds, short rounds and why, logs' tracebacks and counts,
+    series."""
     history = soak.client.history(soak.run.run_id)
     rounds = [c.commit.round for c in history.commits]
     contributors = [c.commit.num_contributors for c in history.commits]
@@ -88,8 +89,8 @@ def summarize(soak, result: dict) -> None:
                             for label, pattern in LOG_COUNTS.items()}
     result["series"] = series(soak.samples)
     result["memory_growth"] = memory_growth(soak.samples, result["run_s"])
-    result["object_growth"] = object_growth(soak.samples, result["memory_growth"], soak.probe_dir, soak.started,
-                                            result["run_s"])
+    result["object_growth"] = object_growth(soak.samples, result["memory_growth"], soak.probe_dir,
+                                            soak.started, result["run_s"])
     # Connection paths (peer id -> direct/relayed/hole_punched) only as they were at the end: per
     # sample they were most of the JSON's megabyte.
     result["paths_at_end"] = {n: e.get("paths") for n, e in (soak.samples[-1]["nodes"] if soak.samples
@@ -116,11 +117,12 @@ def traceback_heads(text: str, limit: int = 3) -> list[str]:
 
 def audit(run, soak) -> dict:
     """``dlx-node audit --reexecute all`` over every node's archive (the joiner's too)."""
-    archives = [str(s.data_dir) for s in run.nodes] + ([str(soak.joiner_dir)] if soak.joiner_dir.exists() else [])
+    archives = [str(s.data_dir) for s in run.nodes] + ([str(soak.joiner_dir)] if soak.joiner_dir.exists()
+                                                       else [])
     done = subprocess.run(
-        [sys.executable, "-m", "node.cli", "audit", "--rpc", run.url, "--run", str(run.run_id), "--deployment",
-         str(run.workdir / "deployment.json"), "--json", str(run.workdir / "audit.json"), "--reexecute", "all",
-         *[a for d in archives for a in ("--archive", d)]],
+        [sys.executable, "-m", "node.cli", "audit", "--rpc", run.url, "--run", str(run.run_id),
+         "--deployment", str(run.workdir / "deployment.json"), "--json", str(run.workdir / "audit.json"),
+         "--reexecute", "all", *[a for d in archives for a in ("--archive", d)]],
         capture_output=True, text=True, timeout=3600, check=False)
     return {"exit_code": done.returncode, "reexecute": "all",
             "verdict": next((w for w in ("PASSED", "INCOMPLETE", "FAILED") if w in done.stdout), None),
@@ -140,21 +142,24 @@ def svg(result: dict, width: int = 720, height: int = 260) -> str:
     top = max([d for _, d in points] + [1.0]) * 1.1
     x = lambda t: 50 + (width - 70) * t / end  # noqa: E731
     y = lambda d: height - 30 - (height - 50) * d / top  # noqa: E731
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-             'font-size="11">', f'<rect width="{width}" height="{height}" fill="white"/>',
-             f'<line x1="50" y1="{height - 30}" x2="{width - 20}" y2="{height - 30}" stroke="black"/>',
-             f'<line x1="50" y1="20" x2="50" y2="{height - 30}" stroke="black"/>',
-             f'<text x="{width / 2}" y="{height - 8}" text-anchor="middle">seconds into the run</text>',
-             f'<text x="12" y="{height / 2}" transform="rotate(-90 12 {height / 2})" text-anchor="middle">'
-             'round time (s)</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+        'font-size="11">', f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<line x1="50" y1="{height - 30}" x2="{width - 20}" y2="{height - 30}" stroke="black"/>',
+        f'<line x1="50" y1="20" x2="50" y2="{height - 30}" stroke="black"/>',
+        f'<text x="{width / 2}" y="{height - 8}" text-anchor="middle">seconds into the run</text>',
+        f'<text x="12" y="{height / 2}" transform="rotate(-90 12 {height / 2})" text-anchor="middle">'
+        'round time (s)</text>']
     for frac in (0, 0.5, 1):
         parts.append(f'<text x="46" y="{y(top * frac) + 4:.0f}" text-anchor="end">{top * frac:.0f}</text>')
-        parts.append(f'<text x="{x(end * frac):.0f}" y="{height - 18}" text-anchor="middle">{end * frac:.0f}</text>')
+        parts.append(
+            f'<text x="{x(end * frac):.0f}" y="{height - 18}" text-anchor="middle">{end * frac:.0f}</text>')
     for e in result["events"]:
         if e["kind"] in ("kill", "rpc_outage_begin", "leave", "join"):
             parts.append(f'<line x1="{x(e["at_s"]):.1f}" y1="20" x2="{x(e["at_s"]):.1f}" y2="{height - 30}" '
                          'stroke="#c33" stroke-dasharray="3,3"/>')
-            parts.append(f'<text x="{x(e["at_s"]) + 2:.1f}" y="30" fill="#c33">{e["kind"].split("_")[0]}</text>')
+            parts.append(
+                f'<text x="{x(e["at_s"]) + 2:.1f}" y="30" fill="#c33">{e["kind"].split("_")[0]}</text>')
     if points:
         path = " ".join(f"{x(t):.1f},{y(d):.1f}" for t, d in points)
         parts.append(f'<polyline points="{path}" fill="none" stroke="#246" stroke-width="1.5"/>')

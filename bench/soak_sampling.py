@@ -14,16 +14,18 @@ from pathlib import Path
 CHAIN_IP = "100.64.0.1"
 
 
-#: What a node's sample holds beside its RSS: the RSS split into anonymous and file-backed pages (from /proc), and
-#: from the in-process probe (bench/churn_probe, light mode) glibc's heap in use and free-but-kept (MiB),
+#: What a node's sample holds beside its RSS: the RSS split into anonymous and file-backed pages (from /proc),
+#: and from the in-process probe (bench/churn_probe, light mode) glibc's heap in use and free-but-kept (MiB),
 #: Python's allocated blocks (a count) and pymalloc's arenas (MiB mapped), and the anonymous pages by mapping
-#: (MiB resident: glibc's main heap, its other arenas' heaps, the rest: pymalloc arenas, mmapped chunks, thread
-#: stacks; the rest split by mapping size into threads' stacks, pymalloc's arenas and the other chunks), and glibc's
-#: bytes in use and free-but-kept in its main arena and in the others (``malloc_info``) and in mmapped blocks.
+#: (MiB resident: glibc's main heap, its other arenas' heaps, the rest: pymalloc arenas, mmapped chunks,
+#: thread stacks; the rest split by mapping size into threads' stacks, pymalloc's arenas and the other
+#: chunks), and glibc's bytes in use and free-but-kept in its main
+#: arena and in the others (``malloc_info``) and in mmapped blocks.
 HEAP_SERIES = ("rss_anon_mib", "rss_file_mib", "malloc_in_use_mib", "malloc_free_mib", "py_blocks",
                "py_arenas_mib", "anon_brk_mib", "anon_arenas_mib", "anon_other_mib", "anon_other_stacks_mib",
-               "anon_other_pymalloc_mib", "anon_other_chunks_mib", "malloc_main_in_use_mib", "malloc_main_free_mib",
-               "malloc_others_in_use_mib", "malloc_others_free_mib", "malloc_mmapped_mib")
+               "anon_other_pymalloc_mib", "anon_other_chunks_mib", "malloc_main_in_use_mib",
+               "malloc_main_free_mib", "malloc_others_in_use_mib", "malloc_others_free_mib",
+               "malloc_mmapped_mib")
 
 
 def take_sample(members, sites: dict, at: float, last: int | None, probe_dir: Path | None = None) -> dict:
@@ -69,7 +71,8 @@ _STATUS = {"VmRSS": "rss_mib", "RssAnon": "rss_anon_mib", "RssFile": "rss_file_m
 
 
 def proc_figures(pid: int) -> dict:
-    """RSS (MiB; all of it, its anonymous and its file-backed pages) and open file descriptors of a live process."""
+    """RSS (MiB; all of it, its anonymous and its file-backed pages) and open file descriptors of a live
+    process."""
     out = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -100,9 +103,11 @@ def probe_figures(path: Path) -> dict:
         out.update(malloc_in_use_mib=mib(malloc["in_use"] / 1024), malloc_free_mib=mib(malloc["free"] / 1024))
         if "mmapped" in malloc:
             out["malloc_mmapped_mib"] = mib(malloc["mmapped"] / 1024)
-    if malloc.get("arenas"):  # the main arena, then the others summed: whose pages hold what, whose hold holes
+    # the main arena, then the others summed: whose pages hold what, whose hold holes
+    if malloc.get("arenas"):
         main, others = malloc["arenas"][0], malloc["arenas"][1:]
-        out.update(malloc_main_in_use_mib=mib(main["in_use"] / 1024), malloc_main_free_mib=mib(main["free"] / 1024),
+        out.update(malloc_main_in_use_mib=mib(main["in_use"] / 1024),
+                   malloc_main_free_mib=mib(main["free"] / 1024),
                    malloc_others_in_use_mib=mib(sum(a["in_use"] for a in others) / 1024),
                    malloc_others_free_mib=mib(sum(a["free"] for a in others) / 1024))
     if line.get("arena_max"):
@@ -141,7 +146,8 @@ def memory_growth(samples: list[dict], run_s: float) -> dict:
                 continue
             quarter = [(t, v) for t, v in values if t >= 3 * run_s / 4]
             entry[key] = {"quarter_to_end": round(values[-1][1] - values[0][1], 1),
-                          "last_quarter_per_min": round(fit_slope(quarter) * 60, 3) if len(quarter) >= 2 else None}
+                          "last_quarter_per_min": round(fit_slope(quarter) * 60, 3) if len(quarter) >= 2
+                              else None}
         if last_quarter and entry:
             out[name] = entry
     return out
@@ -149,8 +155,9 @@ def memory_growth(samples: list[dict], run_s: float) -> dict:
 
 def object_growth(samples: list[dict], names, probe_dir: Path | None, started: float, run_s: float,
                   top: int = 12) -> dict:
-    """Per node of ``names`` (those :func:`memory_growth` kept: one life from the quarter on), what its deep probe samples
-    (``deep-<pid>.jsonl``, ``DLX_CHURN_PROBE_DEEP_EVERY``) say grew from the first past the quarter to the
+    """Per node of ``names`` (those :func:`memory_growth` kept: one life from the quarter on), what its deep
+    probe samples (``deep-<pid>.jsonl``, ``DLX_CHURN_PROBE_DEEP_EVERY``) say grew from the first past the
+    quarter to the
     last: the ``top`` largest increases of gc-tracked objects by type, of instances by class and of
     container lengths by ``module.Class.attribute``; {} without a probe directory."""
     if probe_dir is None:
@@ -171,7 +178,8 @@ def object_growth(samples: list[dict], names, probe_dir: Path | None, started: f
         if len(deep) < 2:
             continue
         first, last = deep[0], deep[-1]
-        entry = {"span_s": round(last["time"] - first["time"]), "pass_s": max(d.get("pass_s", 0) for d in deep)}
+        entry = {"span_s": round(last["time"] - first["time"]),
+                 "pass_s": max(d.get("pass_s", 0) for d in deep)}
         for key in ("types", "instances", "containers"):
             grown = {k: v - first[key].get(k, 0) for k, v in last[key].items() if v > first[key].get(k, 0)}
             entry[key] = dict(sorted(grown.items(), key=lambda kv: -kv[1])[:top])
@@ -190,7 +198,8 @@ def fit_slope(points: list[tuple[float, float]]) -> float:
 def series(samples: list[dict]) -> dict:
     """Per node RSS and fds, per site dials per minute, over time (from the samples)."""
     out: dict = {"at_s": [s["at_s"] for s in samples], "rss_mib": {}, "fds": {}, "dials_per_min": {},
-                 "chain_connections_per_min": {}, "load_1min": [(s.get("load") or [None])[0] for s in samples]}
+                 "chain_connections_per_min": {},
+                 "load_1min": [(s.get("load") or [None])[0] for s in samples]}
     names = sorted({n for s in samples for n in s["nodes"]})
     for name in names:
         out["rss_mib"][name] = [s["nodes"].get(name, {}).get("rss_mib") for s in samples]
@@ -201,7 +210,8 @@ def series(samples: list[dict]) -> dict:
                 out.setdefault(key, {})[name] = values
     sites = sorted({site for s in samples for site in s["links"]})
     for site in sites:
-        for key, target in (("syns_to_peers", "dials_per_min"), ("syns_to_chain", "chain_connections_per_min")):
+        for key, target in (("syns_to_peers", "dials_per_min"),
+                            ("syns_to_chain", "chain_connections_per_min")):
             values = []
             for a, b in zip(samples, samples[1:]):
                 if site in a["links"] and site in b["links"] and b["at_s"] > a["at_s"]:

@@ -37,7 +37,8 @@ def main() -> int:
         env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
         if branch != "(unset)":
             env["MKL_CBWR"] = branch
-        done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
+        done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
+                              timeout=300)
         if done.returncode != 0:
             rows.append({"MKL_CBWR": branch, "error": done.stderr.strip().splitlines()[-1:]})
             continue
@@ -49,7 +50,8 @@ def main() -> int:
 def _cpu() -> str:
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
-            return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "")
+            return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
+                        "")
     except OSError:
         return ""
 

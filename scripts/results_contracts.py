@@ -12,12 +12,15 @@ def float32_fuzz(r: dict) -> list[str]:
     rows = []
     for name, op in r["ops"].items():
         gas = op["gas"]
-        rows.append([f"`{name}`", f"{op['operands']:,}"] + [f"{op['by_class'].get(kind, 0):,}" for kind in classes]
-                    + [op["mismatches"], gas["typical_median"], gas["typical_max"], gas["all_classes_mean"], gas["max"]])
+        rows.append([f"`{name}`", f"{op['operands']:,}"] + [f"{op['by_class'].get(kind, 0):,}"
+                                                            for kind in classes]
+                    + [op["mismatches"], gas["typical_median"], gas["typical_max"], gas["all_classes_mean"],
+                       gas["max"]])
     lines = [(f"Every operation of `contracts/src/Float32.sol` on **{r['operands']:,} operands** through "
               f"`Float32Harness` on {r['backend'].split(' ')[0]}, each result compared with the reference "
-              f"({r['reference']}) bit for bit, NaN class only for a NaN result: **{r['mismatches']} mismatches** "
-              f"in {r['seconds'] / 60:.0f} min. Gas: {r['gas_method']}; `typical` operands are normal values of "
+              f"({r['reference']}) bit for bit, NaN class only for a NaN result: **{r['mismatches']} "
+              f"mismatches** in {r['seconds'] / 60:.0f} min. Gas: {r['gas_method']}; `typical` operands "
+              "are normal values of "
               "2^-24 .. 2^2 of either sign and the decoder's integers (below 2^53 for `fromInt`, 32767 for "
               "`fromInt32`): what the outer step sees."), ""]
     lines += table(["operation", "operands"] + classes + ["mismatches", "gas typical (median)", "typical max",
@@ -25,13 +28,15 @@ def float32_fuzz(r: dict) -> list[str]:
     found = [(name, m) for name, op in r["ops"].items() for m in op["first_mismatches"]]
     if found:
         lines += ["First mismatches:", ""] + [
-            f"- `{name}` ({m['class']}): a = {m['a']}" + (f", b = {m['b']}" if m["b"] else "") + f" gave {m['got']}"
+            f"- `{name}` ({m['class']}): a = {m['a']}" + (f", b = {m['b']}" if m["b"] else "")
+            + f" gave {m['got']}"
             for name, m in found] + [""]
     return lines
 
 
 def chunk_state(r: dict) -> list[str]:
-    """bench/bench_chunk_state.py: a stage's chunk state built vs. its aggregation, CPU seconds, before and after."""
+    """bench/bench_chunk_state.py: a stage's chunk state built vs. its aggregation, CPU seconds, before and
+    after."""
     before = {(row["stage"], row["contributions"]): row for row in r.get("before", {}).get("rows", [])}
     rows = []
     for row in r["rows"]:
@@ -49,9 +54,9 @@ def chunk_state(r: dict) -> list[str]:
               "the state is version 2's (diloco.commitments = \"chunked\"), and version 3's (\"normed\", the default: "
               "also each contribution's exact sums of squares and sum tree) beside it, with the norm blob it serves."),
              ""]
-    lines += table(["stage", "elements", "contributions", "aggregate s", "state + leaf s (before)", "state + leaf s",
-                    "state / aggregate", "check fetched s", "same stage leaf as before", "v3 state + leaf s",
-                    "v3 / v2", "v3 norm blob bytes"], rows)
+    lines += table(["stage", "elements", "contributions", "aggregate s", "state + leaf s (before)",
+                    "state + leaf s", "state / aggregate", "check fetched s", "same stage leaf as before",
+                    "v3 state + leaf s", "v3 / v2", "v3 norm blob bytes"], rows)
     if r.get("before", {}).get("recorded"):
         rec = r["before"]["recorded"]
         load = (rec.get("load_average") or {}).get("end") or ["?"]

@@ -1,5 +1,5 @@
-"""Renderer of docs/RESULTS.md for the method-by-size table (bench/bench_convergence.py, issue 46) and its plot
-(bench/results/convergence.svg, drawn from the same JSON). Numbers come only from the JSON."""
+"""Renderer of docs/RESULTS.md for the method-by-size table (bench/bench_convergence.py, issue 46) and its
+plot (bench/results/convergence.svg, drawn from the same JSON). Numbers come only from the JSON."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def goal_text(row: dict) -> str:
     text = f"<= {100 * goal:+.0f}%: " + (f"missed by {100 * over:.2f} points" if over > 0 else "met")
     if mode in GOAL_BYTES:
         bytes_goal = GOAL_BYTES[mode]
-        text += f"; >= {bytes_goal:.0f}x: " + ("met" if row["fewer_bytes_than_ddp"] >= bytes_goal else "missed")
+        text += f"; >= {bytes_goal:.0f}x: " + ("met" if row["fewer_bytes_than_ddp"] >= bytes_goal
+                                               else "missed")
     return text
 
 
@@ -39,42 +40,54 @@ def largest_goal(r: dict) -> str:
         for row in rows:
             if row["num_params"] == largest and row["mode"] in GOAL_GAP:
                 over = row["gap_vs_ddp"] - GOAL_LARGEST
-                parts.append(f"{family} `{row['case']}` {MODE_NAMES[row['mode']]} {pct(row['gap_vs_ddp'], 2)} ("
-                             + (f"missed by {100 * over:.2f} points" if over > 0 else "met") + ")")
+                parts.append(
+                    f"{family} `{row['case']}` {MODE_NAMES[row['mode']]} {pct(row['gap_vs_ddp'], 2)} ("
+                    + (f"missed by {100 * over:.2f} points" if over > 0 else "met") + ")")
     if not parts:
         return ""
-    return f"At the largest size measured of each family, goal <= {100 * GOAL_LARGEST:+.0f}%: " + "; ".join(parts) + "."
+    return f"At the largest size measured of each family, goal <= {100 * GOAL_LARGEST:+.0f}%: " + "; ".join(
+        parts) + "."
 
 
 def convergence(r: dict) -> list[str]:
-    """The method-by-size table: per case and mode the best variant measured, its gap and bytes, every variant."""
+    """The method-by-size table: per case and mode the best variant measured, its gap and bytes, every
+    variant."""
     rows = []
     for row in r["table"]:
-        variants = ", ".join(f"{name} {loss:.4f}" for name, loss in sorted(row["variants"].items(), key=lambda kv: kv[1]))
+        variants = ", ".join(f"{name} {loss:.4f}" for name, loss in sorted(row["variants"].items(),
+                                                                           key=lambda kv: kv[1]))
         rows.append([row["case"], f"{row['num_params']:,}", f"{row['tokens']:,}", MODE_NAMES[row["mode"]],
                      row["best_variant"], num(row["held_out_loss"]),
                      "(baseline)" if row["mode"] == "ddp" else pct(row["gap_vs_ddp"], 2),
                      "-" if row["mode"] == "ddp" else pct(row.get("gap_vs_same_optimizer_ddp"), 2),
                      "1x" if row["mode"] == "ddp" else f"{row['fewer_bytes_than_ddp']:.0f}x", goal_text(row),
                      variants])
-    lines = [f"{r['replicas']} replicas x {r['stages']} stages, H = {r['inner_steps']} x {r['rounds']} rounds of "
-             "tinyshakespeare (bytes), seed 0 (other seeds below, where run); each method's best variant measured, "
-             "the gap against the best DDP of the same case (AdamW or Muon). `llama-xs/s/m/l` keep 1.4 to 1.5 tokens "
-             "per parameter (the batch grows with the size); `gpt2-mini` and `llama-l` are each family's default "
-             "budget (1,536,000 tokens).", ""]
+    lines = [
+        f"{r['replicas']} replicas x {r['stages']} stages, H = {r['inner_steps']} x {r['rounds']} rounds of "
+        "tinyshakespeare (bytes), seed 0 (other seeds below, where run); each method's best variant "
+        "measured, the gap against the best DDP of the same case (AdamW or Muon). `llama-xs/s/m/l` keep 1.4 "
+        "to 1.5 tokens per parameter (the batch grows with the size); `gpt2-mini` and `llama-l` are each "
+        "family's default budget (1,536,000 tokens).", ""]
     lines += table(["case", "parameters", "tokens", "method", "best variant", "held-out", "gap vs best DDP",
                     "vs DDP, same inner optimizer",
-                    "fewer bytes than fp32 AllReduce", "goal (issue 46)", "every variant measured (held-out)"], rows)
+                    "fewer bytes than fp32 AllReduce", "goal (issue 46)",
+                    "every variant measured (held-out)"], rows)
     lines += [trend(r), ""] + ([largest_goal(r), ""] if largest_goal(r) else [])
     lines += decomposition(r)
     lines += seed_spread(r)
     lines += ["![gap to the best DDP against model size](../bench/results/convergence.svg)", ""]
     pieces = [piece for piece in r.get("pieces", []) if piece]
     if pieces:
-        lines += ["Measured in pieces (each row also records the load average at its start and end): "
-                  + "; ".join(f"`{piece['command'].replace(' --data /work/shared/data/tinyshakespeare/input.txt', '')}` "
-                              f"({piece.get('date', '?')}, load {piece['load_average']['start'][0]:.1f} at start)"
-                              for piece in pieces) + ".", ""]
+        lines += [
+            "Measured in pieces (each row also records the load average at its start and end): "
+            + "; ".join(
+                f"`{piece['command'].replace(' --data /work/shared/data/tinyshakespeare/input.txt', '')}` "
+                f"({piece.get('date', '?')}, load {piece['load_average']['start'][0]:.1f} at start)"
+                for piece in pieces
+            )
+            + ".",
+            "",
+        ]
     missing = r.get("not_run")
     if missing:
         lines += ["Not run (the machine's time): " + ", ".join(f"`{item}`" for item in missing) + ".", ""]
@@ -82,9 +95,10 @@ def convergence(r: dict) -> list[str]:
 
 
 def decomposition(r: dict) -> list[str]:
-    """Where the gap comes from, per case and inner optimizer measured in all three modes: synchronous DiLoCo against
-    DDP with the same inner optimizer (DiLoCo's own share: the outer loop, H local steps, M replicas), DiLoCoX against
-    synchronous DiLoCo (the one-step delay and the compression), and DiLoCoX against that DDP (their sum, compounded)."""
+    """Where the gap comes from, per case and inner optimizer measured in all three modes: synchronous DiLoCo
+    against DDP with the same inner optimizer (DiLoCo's own share: the outer loop, H local steps, M replicas),
+    DiLoCoX against synchronous DiLoCo (the one-step delay and the compression), and DiLoCoX against that DDP
+    (their sum, compounded)."""
     runs = {(row["case"], row["mode"], row["variant"]): row["held_out_loss"] for row in r["runs"]}
     rows = []
     for case in dict.fromkeys(row["case"] for row in r["runs"]):
@@ -92,19 +106,21 @@ def decomposition(r: dict) -> list[str]:
             ddp, sync, x = (runs.get((case, mode, variant)) for mode in ("ddp", "diloco", "diloco_x"))
             if None in (ddp, sync, x):
                 continue
-            rows.append([case, variant, num(ddp), num(sync), num(x), pct(sync / ddp - 1, 2), pct(x / sync - 1, 2),
-                         pct(x / ddp - 1, 2)])
+            rows.append([case, variant, num(ddp), num(sync), num(x), pct(sync / ddp - 1, 2),
+                         pct(x / sync - 1, 2), pct(x / ddp - 1, 2)])
     if not rows:
         return []
-    return ["Where the gap comes from (each inner optimizer against DDP with the same one; rows where all three modes "
-            "ran):", ""] + table(["case", "inner optimizer", "DDP", "sync DiLoCo", "DiLoCoX",
-                                  "sync DiLoCo vs DDP (DiLoCo's own)", "DiLoCoX vs sync DiLoCo (delay + compression)",
+    return ["Where the gap comes from (each inner optimizer against DDP with the same one; rows where all "
+            "three modes ran):", ""] + table(["case", "inner optimizer", "DDP", "sync DiLoCo", "DiLoCoX",
+                                  "sync DiLoCo vs DDP (DiLoCo's own)",
+                                              "DiLoCoX vs sync DiLoCo (delay + compression)",
                                   "DiLoCoX vs DDP"], rows)
 
 
 def seed_spread(r: dict) -> list[str]:
-    """Seed noise: per case, each mode's setting that was also run at other seeds (its ``-seed<n>`` rows), the gaps
-    at each seed against DDP at the same seed, and how far they move between seeds ("-" where a run is missing)."""
+    """Seed noise: per case, each mode's setting that was also run at other seeds (its ``-seed<n>`` rows), the
+    gaps at each seed against DDP at the same seed, and how far they move between seeds ("-" where a run is
+    missing)."""
     runs = {(row["case"], row["mode"], row["variant"]): row["held_out_loss"] for row in r["runs"]}
     bases: dict[tuple[str, str], str] = {}
     seeds: dict[str, set[int]] = {}
@@ -139,9 +155,10 @@ def seed_spread(r: dict) -> list[str]:
             spreads.append(f"`{case}` (against DDP `{names['ddp']}`): " + ", ".join(moved))
     if not spreads:
         return []
-    return (["Seed noise (the same settings at other `training.seed`s: initial weights and batches; each gap against "
-             "DDP at the same seed; `-seed<n>` rows are never a method's best above):", ""]
-            + table(["case", "seed", "DDP", "sync DiLoCo", "DiLoCoX", "sync DiLoCo vs DDP", "DiLoCoX vs DDP"], rows)
+    return (["Seed noise (the same settings at other `training.seed`s: initial weights and batches; each gap "
+             "against DDP at the same seed; `-seed<n>` rows are never a method's best above):", ""]
+            + table(["case", "seed", "DDP", "sync DiLoCo", "DiLoCoX", "sync DiLoCo vs DDP", "DiLoCoX vs DDP"],
+                    rows)
             + ["Gap across seeds: " + "; ".join(spreads) + ".", ""])
 
 
@@ -168,7 +185,8 @@ def trend(r: dict) -> str:
             continue
         falling = all(b[1] < a[1] for a, b in zip(points, points[1:]))
         steps = " -> ".join(pct(gap, 2) for _, gap in points)
-        parts.append(f"{MODE_NAMES[mode]} {steps} ({'shrinks at every step' if falling else 'does not shrink at every step'})")
+        parts.append(f"{MODE_NAMES[mode]} {steps} "
+                     f"({'shrinks at every step' if falling else 'does not shrink at every step'})")
     if not parts:
         return "Fewer than two Llama sizes measured: no trend with size yet."
     return "Gap with size (Llama, smallest first): " + "; ".join(parts) + "."
@@ -191,22 +209,27 @@ def svg(r: dict, width: int = 560, height: int = 300) -> str:
         return bottom - (gap - y_low) / (y_high - y_low) * (bottom - top)
 
     colours = {"diloco": "#1f77b4", "diloco_x": "#d62728"}
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-             'font-size="12">', f'<rect width="{width}" height="{height}" fill="white"/>',
-             f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="black"/>',
-             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="black"/>',
-             f'<text x="{(left + right) / 2:.0f}" y="{height - 8}" text-anchor="middle">parameters (log scale)</text>',
-             f'<text x="14" y="{(top + bottom) / 2:.0f}" transform="rotate(-90 14 {(top + bottom) / 2:.0f})" '
-             'text-anchor="middle">held-out loss vs best DDP</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+        'font-size="12">', f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="black"/>',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="black"/>',
+        (f'<text x="{(left + right) / 2:.0f}" y="{height - 8}" '
+         'text-anchor="middle">parameters (log scale)</text>'),
+        f'<text x="14" y="{(top + bottom) / 2:.0f}" transform="rotate(-90 14 {(top + bottom) / 2:.0f})" '
+        'text-anchor="middle">held-out loss vs best DDP</text>']
     for gap in (y_low, (y_low + y_high) / 2, y_high):
-        parts.append(f'<text x="{left - 4}" y="{y_of(gap) + 4:.1f}" text-anchor="end">{100 * gap:+.1f}%</text>')
+        parts.append(
+            f'<text x="{left - 4}" y="{y_of(gap) + 4:.1f}" text-anchor="end">{100 * gap:+.1f}%</text>')
     for params, _ in points:
-        parts.append(f'<text x="{x_of(params):.1f}" y="{bottom + 14}" text-anchor="middle">{params / 1e6:.2f}M</text>')
+        parts.append(
+            f'<text x="{x_of(params):.1f}" y="{bottom + 14}" text-anchor="middle">{params / 1e6:.2f}M</text>')
     for index, (mode, pts) in enumerate(sorted(series.items())):
         colour = colours.get(mode, "gray")
         path = " ".join(f"{x_of(p):.1f},{y_of(g):.1f}" for p, g in pts)
         parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
         parts += [f'<circle cx="{x_of(p):.1f}" cy="{y_of(g):.1f}" r="3" fill="{colour}"/>' for p, g in pts]
-        parts.append(f'<text x="{right + 10}" y="{top + 16 + 18 * index}" fill="{colour}">{MODE_NAMES[mode]}</text>')
+        parts.append(
+            f'<text x="{right + 10}" y="{top + 16 + 18 * index}" fill="{colour}">{MODE_NAMES[mode]}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"

@@ -1,5 +1,5 @@
-"""The sections of docs/RESULTS.md on contributors that differ: heterogeneous hardware (time-bounded rounds), CPU
-platforms (re-execution across instruction sets) and screening under the one-step delay.
+"""The sections of docs/RESULTS.md on contributors that differ: heterogeneous hardware (time-bounded rounds),
+CPU platforms (re-execution across instruction sets) and screening under the one-step delay.
 
 Split from :mod:`results_sections`, whose formatting helpers these renderers share.
 """
@@ -13,37 +13,46 @@ def heterogeneous(r: dict) -> list[str]:
     s, c = r["settings"], r["comparison"]
     rows = []
     for name, label in (("fixed", f"fixed H = {s['fixed_h']}"),
-                        ("budget", f"time-bounded: {s['budget_s']:g} s, {s['min_steps']}..{s['max_steps']} steps")):
+                        ("budget",
+                         f"time-bounded: {s['budget_s']:g} s, {s['min_steps']}..{s['max_steps']} steps")):
         run = r[name]
         rows.append([label, run["rounds"], num(run["wall_s_per_round"], 1)]
                     + [f"{x['steps_per_round']:.1f} / {1000 * x['s_per_step']:.0f} ms / "
-                       f"{pct(x['compute_share_reaching_outer_step'], 1).lstrip('+')}" for x in run["replicas"]]
+                       f"{pct(x['compute_share_reaching_outer_step'], 1).lstrip('+')}"
+                       for x in run["replicas"]]
                     + [num(run["final_eval_loss"])])
     factors = [f"{x['factor']:g}x (steps/round, s/step, share)" for x in r["fixed"]["replicas"]]
     wall, tokens = c["loss_at_equal_wall"], c["loss_at_equal_tokens"]
-    quotas = (f"cgroup v1 cpu quotas of {s['quota']:g} CPU / factor (factors {', '.join(f'{f:g}' for f in s['factors'])})")
+    quotas = (f"cgroup v1 cpu quotas of {s['quota']:g} CPU / factor (factors "
+              f"{', '.join(f'{f:g}' for f in s['factors'])})")
     if s.get("node"):
-        delay = ("the one-step delay (the exchange of round t overlaps round t+1)" if s.get("no_delay") is False
+        delay = ("the one-step delay (the exchange of round t overlaps round t+1)"
+                 if s.get("no_delay") is False
                  else "no one-step delay")
-        how = (f"Three replicas of `{s['preset']}` (batch {s['batch_size']}), each a real `dlx-node start` process "
-               f"(a local anvil, libp2p on loopback, the full exchange, {delay}, the chain's records) whose "
+        how = (f"Three replicas of `{s['preset']}` (batch {s['batch_size']}), each a real `dlx-node start` "
+               f"process (a local anvil, libp2p on loopback, the full exchange, {delay}, the "
+               "chain's records) whose "
                + ("training thread (a slow accelerator: the node's other threads, its encode, attestation, "
                   "libp2p and chain work, run at the machine's pace)" if s.get("throttle") == "training" else
-                  "whole process") + f" runs under {quotas}. Wall s/round = the mean over the nodes of their periods (from the end "
-               "of one round's inner steps to the end of the next one's, the nodes' `timing.jsonl`); tokens = the "
-               "records' (what the contributions declared); held-out = each round's checkpoint (the global weights) "
-               "evaluated after the run. Share = the wall seconds of the replica's inner steps whose contribution "
-               "reached the outer step / the wall seconds of its periods (idle: its waits for others, its own work "
-               "around the steps, steps whose contribution was lost).")
+                  "whole process") + f" runs under {quotas}. Wall s/round = the mean over the nodes of their "
+                                     "periods (from the end "
+               "of one round's inner steps to the end of the next one's, the nodes' `timing.jsonl`); tokens "
+               "= the records' (what the contributions declared); held-out = each round's checkpoint (the "
+               "global weights) evaluated after the run. Share = the wall seconds of the replica's inner "
+               "steps whose contribution reached the outer step / the wall seconds of its periods (idle: its "
+               "waits for others, its own work around the steps, steps whose contribution was lost).")
     else:
-        how = (f"Three replicas of `{s['preset']}` (batch {s['batch_size']}) whose inner steps run under {quotas}, "
-               "one process per replica; contributions over pipes, the parent replays the aggregation and evaluates "
-               "(not the libp2p node). Share = the replica's seconds of inner steps that reached the outer step / "
-               "the run's wall time.")
+        how = (f"Three replicas of `{s['preset']}` (batch {s['batch_size']}) whose inner steps "
+               f"run under {quotas}, "
+               "one process per replica; contributions over pipes, the parent replays the aggregation and "
+               "evaluates (not the libp2p node). Share = the replica's seconds of inner steps that reached "
+               "the outer step / the run's wall time.")
     rule = s.get("screen_rule", "auto")
-    versions = {"auto": "version 1", "one_sided": "version 1", "two_sided": "version 2", "paired": "version 3"}
-    how += (f" The time-bounded run screens by {versions.get(rule, rule)} (`diloco.screen_rule = \"{rule}\"`) on "
-            f"{s.get('screen_batch', 16)} windows; the fixed-H run by version 1 on 16.")
+    versions = {"auto": "version 1", "one_sided": "version 1", "two_sided": "version 2",
+                "paired": "version 3"}
+    how += (
+        f" The time-bounded run screens by {versions.get(rule, rule)} (`diloco.screen_rule = \"{rule}\"`) on "
+        f"{s.get('screen_batch', 16)} windows; the fixed-H run by version 1 on 16.")
     idle = []
     if "cpu_share_in_inner_steps" in r["budget"]["replicas"][0]:
         idle_rows = [[name, f"{x['factor']:g}x", pct(x["compute_share_reaching_outer_step"], 1).lstrip("+"),
@@ -55,51 +64,61 @@ def heterogeneous(r: dict) -> list[str]:
                 "contributions, commits), its own work on the training thread around the steps, inner steps "
                 "whose contribution was lost; the lane's work beside the steps (encode, start state, eval, a "
                 "round's seal and attestation); and the CPU share: the CPU seconds of the inner steps that "
-                "reached the outer step / the CPU seconds of the whole node process (here the node's host work "
+                "reached the outer step / the CPU seconds of the whole node process (here "
+                "the node's host work "
                 "shares the throttled CPU with its steps; on a GPU it would run beside them).", ""] + table(
             ["run", "replica", "share", "waits s", "own work s", "lost steps s", "lane s", "CPU share"],
             idle_rows)
     return [how, ""] + table(
         ["run", "rounds", "wall s/round", *factors, "held-out at the end"], rows) + idle + [
-        f"Held-out loss at equal wall time ({c['equal_wall_s']:.0f} s): fixed {num(wall['fixed'])}, time-bounded "
-        f"{num(wall['budget'])} ({pct(wall['budget_vs_fixed'], 2)}); at equal tokens ({c['equal_tokens']:,}): fixed "
-        f"{num(tokens['fixed'])}, time-bounded {num(tokens['budget'])} ({pct(tokens['budget_vs_fixed'], 2)}).", ""]
+        f"Held-out loss at equal wall time ({c['equal_wall_s']:.0f} s): fixed {num(wall['fixed'])}, "
+        f"time-bounded {num(wall['budget'])} ({pct(wall['budget_vs_fixed'], 2)}); at equal tokens "
+        f"({c['equal_tokens']:,}): fixed {num(tokens['fixed'])}, time-bounded {num(tokens['budget'])} "
+        f"({pct(tokens['budget_vs_fixed'], 2)}).", ""]
 
 
 def reexec_isa(r: dict) -> list[str]:
-    """bench/bench_reexec_isa.py: honest distances across ATen capabilities and thread counts, cheats per rule."""
+    """bench/bench_reexec_isa.py: honest distances across ATen capabilities and thread counts, cheats per
+    rule."""
     a = r["args"]
 
     def g(x):
         return "-" if x is None else f"{x:.3g}"
 
     def zones(z: dict) -> str:
-        cell = f"{z.get('exact', 0) + z.get('within_tolerance', 0)} / {z.get('undecided', 0)} / {z.get('mismatch', 0)}"
+        cell = (f"{z.get('exact', 0) + z.get('within_tolerance', 0)} / {z.get('undecided', 0)} / "
+                f"{z.get('mismatch', 0)}")
         return cell + (f" ({z['other_result']} other_result)" if z.get("other_result") else "")
-    runs = {(doc.get("rounds", a["rounds"]), doc.get("inner_steps", a["inner_steps"])) for doc in r["presets"].values()}
+    runs = {(doc.get("rounds", a["rounds"]), doc.get("inner_steps", a["inner_steps"]))
+                for doc in r["presets"].values()}
     what = (f"{a['rounds']} rounds of H = {a['inner_steps']}" if len(runs) == 1 else
             "the rounds of H the table's run column gives (presets measured in separate invocations)")
     lines = [(f"Claimants train {what} under each ATen capability of this "
-              f"CPU ({', '.join(r['capabilities'])}) on 1 thread; every contribution is rerun under each on 1 and 2 "
-              "threads. Honest: the largest relative distance by what differs, and what issue 42's rule makes of "
-              "every honest rerun on other kernels or threads judged as a claim of a platform nobody can emulate "
-              "(passed / undecided / mismatch)."), ""]
+              f"CPU ({', '.join(r['capabilities'])}) on 1 thread; every contribution is rerun "
+              "under each on 1 and 2 "
+              "threads. Honest: the largest relative distance by what differs, and what issue 42's rule "
+              "makes of every honest rerun on other kernels or threads judged as a claim of a platform "
+              "nobody can emulate (passed / undecided / mismatch)."), ""]
     for preset, doc in r["presets"].items():
         if doc.get("platforms"):  # bench_reexec_isa --arm-python
             lines[-1:-1] = ["", (f"`{preset}`: claimants and verifiers on {', '.join(doc['platforms'])} (the "
-                             "`aarch64:` ones are PyPI's aarch64 torch under qemu-user, scripts/setup-arm-emulation.sh: "
-                             "every instruction's floating-point result as an ARM CPU gives it, timings meaningless), "
-                             f"every contribution rerun on every platform on {doc.get('rerun_threads', '1,2')} "
+                             "`aarch64:` ones are PyPI's aarch64 torch under qemu-user, "
+                             "scripts/setup-arm-emulation.sh: every instruction's floating-point result as "
+                             "an ARM CPU gives it, timings meaningless), "
+                             "every contribution rerun on every platform on "
+                             f"{doc.get('rerun_threads', '1,2')} "
                              "thread(s).")]
         if doc.get("note"):  # measured on another machine (its own recorded block)
             lines[-1:-1] = ["", f"`{preset}`: {doc['note']}."]
     honest_rows, cheat_rows = [], []
     for preset, doc in r["presets"].items():
         s = doc["summary"]
-        pairs = ", ".join(f"{k}: {g(v['min'])}..{g(v['max'])}" for k, v in s["honest_by_capability_pair"].items())
+        pairs = ", ".join(f"{k}: {g(v['min'])}..{g(v['max'])}"
+                          for k, v in s["honest_by_capability_pair"].items())
         run = f"{doc.get('rounds', a['rounds'])} x H = {doc.get('inner_steps', a['inner_steps'])}"
-        honest_rows.append([f"`{preset}`", run, g(s["honest_same_kernels_max"]), g(s["honest_other_threads_max"]),
-                            pairs or "-", zones(s["honest_rule_other_kernels"])])
+        honest_rows.append([f"`{preset}`", run, g(s["honest_same_kernels_max"]),
+                            g(s["honest_other_threads_max"]), pairs or "-",
+                            zones(s["honest_rule_other_kernels"])])
         for role, c in s["cheats"].items():
             cheat_rows.append([f"`{preset}`", role, g(c["min_distance_same_kernels"]),
                                g(c["min_distance_other_capability"]),
@@ -109,12 +128,13 @@ def reexec_isa(r: dict) -> list[str]:
     return lines + table(["preset", "rounds", "same kernels and threads", "other thread count",
                           "other instruction set (claimant->rerun: min..max)", "rule, other kernels"],
                          honest_rows) + [
-        (f"Cheats: smallest distance; how many the tolerance before issue 42 let through (<= {g(s0['old_tolerance'])}) "
+        ("Cheats: smallest distance; how many the tolerance before issue 42 let through (<= "
+         f"{g(s0['old_tolerance'])}) "
          "on other kernels or threads; under the rule, rerun under the claimant's own kernels (emulated: "
          f"bit-exact demanded), and judged as another platform's claim (passed <= {g(s0['pass_bound'])} / "
          f"undecided / mismatch > {g(s0['mismatch_bound'])})."), ""] + table(
-        ["preset", "cheat", "smallest, same kernels", "smallest, other instruction set", "passed the old tolerance",
-         "passed, emulated", "rule, other kernels"], cheat_rows)
+        ["preset", "cheat", "smallest, same kernels", "smallest, other instruction set",
+         "passed the old tolerance", "passed, emulated", "rule, other kernels"], cheat_rows)
 
 def screening_delay(r: dict) -> list[str]:
     names = {"honest": "honest", "flip": "sign flip", "x": "scaled 4x", "noise": "noise of an honest norm"}
@@ -128,39 +148,48 @@ def screening_delay(r: dict) -> list[str]:
                  "version_3_wide": f"version 3, {wide} windows"}
     rows = [[names.get(kind, kind), str(entry["n"]), *(str(entry[rule]) for rule in rules)]
             for kind, entry in r["total"].items()]
-    runs = "; ".join(f"{' / '.join(map(str, run['counts']))} steps, {run['rounds']} rounds" for run in r["runs"])
-    return [(f"The simulation (one-step delay, overlap 0, compression on, `tiny`, outer lr 0.7 / momentum 0.5), "
-             f"replicas held at fixed counts ({runs}); every contribution aggregated; per round from 1, the "
-             "contributions excluded by each rule (`training.screening.judge`, on the round's screening batch of 16 "
-             "windows unless a column says more) among the honest ones (a round of the three) and attacks built "
-             "from them (each in a round of the three and it: sign flip and 4x of the longest and shortest, noise of "
-             "the median and of the longest norm)."), ""] + table(
+    runs = "; ".join(f"{' / '.join(map(str, run['counts']))} steps, {run['rounds']} rounds"
+                     for run in r["runs"])
+    return [
+        (f"The simulation (one-step delay, overlap 0, compression on, `tiny`, outer lr 0.7 / momentum 0.5), "
+         f"replicas held at fixed counts ({runs}); every contribution aggregated; per round from 1, the "
+         "contributions excluded by each rule (`training.screening.judge`, on the round's screening batch of "
+         "16 windows unless a column says more) among the honest ones (a round of the three) and attacks "
+         "built from them (each in a round of the three and it: sign flip and 4x of the longest and "
+         "shortest, noise of the median and of the longest norm)."), ""] + table(
         ["contributions", "n", *rules.values()], rows)
 
 
 def gpu(r: dict) -> list[str]:
-    """bench/bench_gpu.py on a GPU: (a) tokens/s and MFU of llama-124m per setting, (b) the node's share of a round."""
+    """bench/bench_gpu.py on a GPU: (a) tokens/s and MFU of llama-124m per setting, (b) the node's share of a
+    round."""
     e, m = r["environment"], r["model"]
     rows = [[name, str(t["batch"]), t["precision"], "yes" if t.get("compiled") else "no",
-             "yes" if t.get("fused_adamw") else "no", f"{t['tokens_per_second']:,.0f}", f"{t['achieved_tflops']:.0f}",
-             f"{t['mfu']:.1%}" if t.get("mfu") is not None else "-"] for name, t in r["throughput"].items()]
-    lines = [(f"On {e['device']} (torch {e['torch']}, CUDA {e['cuda']}, {e['cpus']} CPUs): one `{m['preset']}` replica "
-              f"({m['params']:,} parameters, vocabulary {m['vocab_size']}, sequences of 1024) on random ids; MFU = "
+             "yes" if t.get("fused_adamw") else "no", f"{t['tokens_per_second']:,.0f}",
+             f"{t['achieved_tflops']:.0f}", f"{t['mfu']:.1%}" if t.get("mfu") is not None else "-"]
+            for name, t in r["throughput"].items()]
+    lines = [(f"On {e['device']} (torch {e['torch']}, CUDA {e['cuda']}, {e['cpus']} CPUs): one `{m['preset']}"
+              f"` replica ({m['params']:,} parameters, vocabulary {m['vocab_size']}, sequences of 1024) "
+              "on random ids; MFU = "
               "(6 N + 12 L T C) x tokens/s over the dense bf16 peak. Goal: MFU >= 40% in bf16 (best here: "
               f"{r['goals']['mfu_best']:.1%}, `{r['goals']['mfu_best_setting']}`)."), ""]
-    lines += table(["setting", "batch", "precision", "torch.compile", "fused AdamW", "tokens/s", "TFLOP/s", "MFU"], rows)
+    lines += table(["setting", "batch", "precision", "torch.compile", "fused AdamW", "tokens/s", "TFLOP/s",
+                    "MFU"], rows)
     share_rows = []
     for name in ("round_share_first", "round_share"):
         b = r.get(name)
         if not b or "blocking" not in b:
             continue
         parts = ", ".join(f"{k} {v:.2f}" for k, v in {**b["blocking"], **b["lanes"]}.items())
-        share_rows.append([name, f"{b['inner_steps']}", f"{b['train_seconds']:.2f}", f"{b['blocking_seconds']:.2f}",
-                           f"{b['node_share']:.1%}", f"{b['lane_seconds']:.2f}", "yes" if b["lanes_fit_in_round"] else "no",
-                           parts])
-    lines += ["", (f"The node's share of a round (H inner steps in bf16, batch {r['round_share']['batch']}): what blocks "
-                   "the training thread, and the lanes that overlap the next round's training (seconds). Goal: "
-                   f"node share <= 3% (here {r['goals']['node_share']:.1%}). The first round allocates the pinned "
+        share_rows.append([name, f"{b['inner_steps']}", f"{b['train_seconds']:.2f}",
+                           f"{b['blocking_seconds']:.2f}", f"{b['node_share']:.1%}",
+                           f"{b['lane_seconds']:.2f}", "yes" if b["lanes_fit_in_round"] else "no", parts])
+    lines += ["", ("The node's share of a round (H inner steps in bf16, batch "
+                   f"{r['round_share']['batch']}): what blocks "
+                   "the training thread, and the lanes that overlap the next round's "
+                   "training (seconds). Goal: "
+                   f"node share <= 3% (here {r['goals']['node_share']:.1%}). The first round "
+                   "allocates the pinned "
                    "host buffers the copies land in; later rounds reuse them."), ""]
     lines += table(["round", "H", "train s", "blocking s", "node share", "lanes s", "lanes fit", "parts (s)"],
                    share_rows)
@@ -175,10 +204,13 @@ def compile_cpu(r: dict) -> list[str]:
              f"{row['first_step_seconds']:.1f} s", f"{row['tokens_per_second']:,.0f}",
              f"{row['tokens_per_cpu_second']:,.0f}",
              f"x{row['speedup']:.2f}" if row.get("speedup") else "-",
-             f"{row['largest_loss_difference']:.1e}" if row.get("largest_loss_difference") is not None else "-"]
+             f"{row['largest_loss_difference']:.1e}" if row.get("largest_loss_difference") is not None
+             else "-"]
             for row in r["rows"]]
-    return [(f"One replica (every stage in one process), float32, {r['threads']} threads, torch {r['torch']}; "
-             f"the compiled platform's `compiled` field: `{r['platform'].get('compiled')}`. The first step of a "
-             "compiled trainer includes compiling its forward and backward (a fresh inductor cache)."), ""] + table(
-        ["preset", "mode", "batch x sequence", "first step", "tokens/s", "tokens per CPU second", "compiled / eager",
-         "largest loss difference"], rows)
+    return [
+        (f"One replica (every stage in one process), float32, {r['threads']} threads, torch {r['torch']}; "
+         f"the compiled platform's `compiled` field: `{r['platform'].get('compiled')}`. The first step of a "
+         "compiled trainer includes compiling its forward and backward (a fresh inductor cache)."),
+        ""] + table(
+        ["preset", "mode", "batch x sequence", "first step", "tokens/s", "tokens per CPU second",
+         "compiled / eager", "largest loss difference"], rows)

@@ -1,10 +1,10 @@
 """Write docs/RESULTS.md from bench/results/*.json: every measured figure of the project, generated.
 
 Each file under bench/results/ is the one current result of one benchmark script (bench/benchio.py);
-this script renders each into a section (the renderers are in scripts/results_sections.py and the other scripts/results_*.py) (what was measured, a table, the command, machine and load
-the JSON recorded, links to the script and the JSON). The prose is short and lives here; the numbers
-come only from the JSON. A result file without a section here is an error, so a new benchmark gets
-its section when its result lands.
+this script renders each into a section (the renderers are in scripts/results_sections.py and the other
+scripts/results_*.py) (what was measured, a table, the command, machine and load the JSON recorded, links to
+the script and the JSON). The prose is short and lives here; the numbers come only from the JSON. A result
+file without a section here is an error, so a new benchmark gets its section when its result lands.
 
     .venv/bin/python scripts/results_page.py            # rewrite docs/RESULTS.md and README's headline table
     .venv/bin/python scripts/results_page.py --check    # exit 1 if either is not what the JSON gives
@@ -25,13 +25,32 @@ from pathlib import Path
 from results_contracts import chunk_state, float32_fuzz
 from results_convergence import convergence
 from results_emulator import churn_memory, netlab, soak
-from results_network import (
-    butterfly, join, nat, p2p, scale, scale_curve,
-)
 from results_hetero import compile_cpu, gpu, heterogeneous, reexec_isa, screening_delay
+from results_network import (
+    butterfly,
+    join,
+    nat,
+    p2p,
+    scale,
+    scale_curve,
+)
 from results_sections import (
-    audit, chaos, data_loader, diloco, diloco_ablations, diloco_llama, fuzz, ledger, longrun, pct, provenance, restart,
-    robust_sim, settings_not_default, table, utilization,
+    audit,
+    chaos,
+    data_loader,
+    diloco,
+    diloco_ablations,
+    diloco_llama,
+    fuzz,
+    ledger,
+    longrun,
+    pct,
+    provenance,
+    restart,
+    robust_sim,
+    settings_not_default,
+    table,
+    utilization,
 )
 from results_verification import byzantine, fraud_proof, gpu_calibration, reexec, split_spotchecks, trust_fuzz
 
@@ -65,114 +84,201 @@ class Section:
 
 SECTIONS = (
     Section("diloco.json", "Training method: DDP, DiLoCo, DiLoCoX", "bench/bench_diloco.py", diloco,
-            "The gap to DDP shrinks with training length (the ablations' longest run, below); one seed, and the five-seed encoder rows below show how far single runs spread. Why each default is what it is: docs/DILOCOX.md section 9."),
-    Section("diloco_llama.json", "Training method on the Llama family with a BPE tokenizer", "bench/bench_diloco.py",
-            diloco_llama,
-            "Data: tinyshakespeare and WikiText-2 (valid + test), as `dlx-node data fetch tinyshakespeare` and `dlx-node data fetch wikitext-2` download and check them (each prints its path), prepared with `dlx-node data prepare \"$(dlx-node data fetch tinyshakespeare)\" $(dlx-node data fetch wikitext-2) --train-tokenizer --vocab-size 8192 --out /tmp/llama-bench-data`, then `python bench/bench_diloco.py --cpu-clock --preset llama-mini --family llama --tokenizer /tmp/llama-bench-data/tokenizer.json --vocab-size 8192 --data /tmp/llama-bench-data --rounds 16 --inner-steps 30 --warmup-steps 50 --eval-every 4 --out bench/results/diloco_llama.json`. A short budget (about one epoch of the data, one seed) that fits a 2-core machine; the byte-level benchmark's ablations show the gap to DDP shrinking as runs get longer, which this budget does not test for the Llama family."),
-    Section("convergence.json", "Training method by inner optimizer and model size", "bench/bench_convergence.py",
-            convergence,
-            "Methods (docs/DILOCOX.md section 14): `muon` is Muon as the inner optimizer (MuLoCo, arXiv 2505.23725), "
-            "`olr-other2` the outer lr doubled for every tensor but the hidden matrices, `eager` the eager outer "
-            "update (arXiv 2502.12996), `m1` one replica with both batches (the scaling-law paper's M = 1, arXiv "
-            "2503.09799; listed, not taken as a DiLoCo mode's result), `h25`/`h100` the same paper's other axis, "
-            "H = 25 x 60 rounds and H = 100 x 15 (the same tokens), `oadam-<lr>` outer Adam at that outer lr in place of "
-            "the Nesterov step (FedAdam, arXiv 2003.00295: b1 0.9, b2 0.99, no bias correction), `olr<lr>-om<momentum>` "
-            "the Nesterov outer step at that outer lr and momentum (retuned for Muon inner steps; the defaults are 1.0 "
-            "and 0.5, tuned with AdamW), `ilr<s>` the inner lr (`training.inner_lr`, 3e-3, for both parts of Muon) times s, "
-            "`seed<n>` the same setting at `training.seed` n (never a method's best; the seed-noise table). One seed per "
-            "run on a loaded shared machine unless the seed-noise table says otherwise: differences below about 0.5% are "
-            "within what seeds move (the five-seed rows of the ablations)."),
-    Section("diloco_ablations.json", "Training method: ablations and codec passes", "bench/diloco_ablations.py",
-            diloco_ablations),
-    Section("byzantine_sliced.json", "Byzantine members in real runs: sliced exchange", "bench/bench_byzantine.py",
-            byzantine),
+            "The gap to DDP shrinks with training length (the ablations' longest run, below); one seed, and "
+            "the five-seed encoder rows below show how far single runs spread. Why each default is what it "
+            "is: docs/DILOCOX.md section 9."),
+    Section("diloco_llama.json", "Training method on the Llama family with a BPE tokenizer",
+            "bench/bench_diloco.py", diloco_llama,
+            "Data: tinyshakespeare and WikiText-2 (valid + test), as `dlx-node data fetch tinyshakespeare` "
+            "and `dlx-node data fetch wikitext-2` download and check them (each prints its path), prepared "
+            "with `dlx-node data prepare \"$(dlx-node data fetch tinyshakespeare)\" $(dlx-node data fetch "
+            "wikitext-2) --train-tokenizer --vocab-size 8192 --out /tmp/llama-bench-data`, then `python "
+            "bench/bench_diloco.py --cpu-clock --preset llama-mini --family llama --tokenizer "
+            "/tmp/llama-bench-data/tokenizer.json --vocab-size 8192 --data /tmp/llama-bench-data --rounds 16 "
+            "--inner-steps 30 --warmup-steps 50 --eval-every 4 --out bench/results/diloco_llama.json`. A "
+            "short budget (about one epoch of the data, one seed) that fits a 2-core machine; the byte-level "
+            "benchmark's ablations show the gap to DDP shrinking as runs get longer, which this budget does "
+            "not test for the Llama family."),
+    Section("convergence.json", "Training method by inner optimizer and model size",
+            "bench/bench_convergence.py", convergence,
+            "Methods (docs/DILOCOX.md section 14): `muon` is Muon as the inner optimizer (MuLoCo, arXiv "
+            "2505.23725), `olr-other2` the outer lr doubled for every tensor but the hidden matrices, "
+            "`eager` the eager outer update (arXiv 2502.12996), `m1` one replica with both batches (the "
+            "scaling-law paper's M = 1, arXiv 2503.09799; listed, not taken as a DiLoCo mode's result), "
+            "`h25`/`h100` the same paper's other axis, H = 25 x 60 rounds and H = 100 x 15 (the same "
+            "tokens), `oadam-<lr>` outer Adam at that outer lr in place of the Nesterov step (FedAdam, arXiv "
+            "2003.00295: b1 0.9, b2 0.99, no bias correction), `olr<lr>-om<momentum>` the Nesterov outer "
+            "step at that outer lr and momentum (retuned for Muon inner steps; the defaults are 1.0 and 0.5, "
+            "tuned with AdamW), `ilr<s>` the inner lr (`training.inner_lr`, 3e-3, for both parts of Muon) "
+            "times s, `seed<n>` the same setting at `training.seed` n (never a method's best; the seed-noise "
+            "table). One seed per run on a loaded shared machine unless the seed-noise table says otherwise: "
+            "differences below about 0.5% are within what seeds move (the five-seed rows of the ablations)."),
+    Section("diloco_ablations.json", "Training method: ablations and codec passes",
+            "bench/diloco_ablations.py", diloco_ablations),
+    Section("byzantine_sliced.json", "Byzantine members in real runs: sliced exchange",
+            "bench/bench_byzantine.py", byzantine),
     Section("robust_sim.json", "Robust aggregation in simulation", "bench/bench_robust_sim.py", robust_sim,
-            "A huge contribution clipped to twice the median still points where the attacker chose, so without screening (split clusters) it is bounded, not free; screening against the median can leave out an honest replica when a copy pulls the median."),
+            "A huge contribution clipped to twice the median still points where the attacker chose, so "
+            "without screening (split clusters) it is bounded, not free; screening against the median can "
+            "leave out an honest replica when a copy pulls the median."),
     Section("reexec.json", "Re-execution spot checks", "bench/bench_reexec.py", reexec,
-            "At 0.1 expected checks per contribution the overhead is above the 10% goal, hence the node's default `spot_checks = 0.06`; a forged start state is caught only by the chain of start states, which needs bit-exact reruns."),
-    Section("split_spotchecks.json", "Re-execution spot checks on split clusters", "bench/bench_split_spotchecks.py",
-            split_spotchecks, "A stage cannot be checked alone (each inner step needs its partner's activations and gradients and the norm over every stage), so a verifier reruns the replica's whole pipeline from the start states each stage's envelope binds; a failure is attributed stage by stage."),
+            "At 0.1 expected checks per contribution the overhead is above the 10% goal, hence the node's "
+            "default `spot_checks = 0.06`; a forged start state is caught only by the chain of start states, "
+            "which needs bit-exact reruns."),
+    Section("split_spotchecks.json", "Re-execution spot checks on split clusters",
+            "bench/bench_split_spotchecks.py", split_spotchecks,
+            "A stage cannot be checked alone (each inner step needs its partner's activations and gradients "
+            "and the norm over every stage), so a verifier reruns the replica's whole pipeline from the "
+            "start states each stage's envelope binds; a failure is attributed stage by stage."),
     Section("gpu_calibration.json", "Re-execution across platforms: honest distances", "bench/bench_gpu.py",
-            gpu_calibration, "Measured on an H200 and its Intel Xeon (claimants on each device, reruns on the other). Reruns on the claimant's platform are bit-exact in both precisions, so the node demands that there. float32 reruns on the other device stay within 1e-6, far below every cheat. bf16 ones do not: honest CPU <-> GPU distances reach 0.159 and honest CPU reruns on another thread count 7.6e-3, while 1% cheats start at 5.6e-3, so no tolerance separates them: a bf16 claim rerun on another platform is passed (<= 1e-4) or undecided, never a mismatch, and only a verifier of the claimant's platform convicts (docs/GPU.md section 4)."),
+            gpu_calibration, "Measured on an H200 and its Intel Xeon (claimants on each device, reruns on "
+                             "the other). Reruns on the claimant's platform are bit-exact in both "
+                             "precisions, so the node demands that there. float32 reruns on the other device "
+                             "stay within 1e-6, far below every cheat. bf16 ones do not: honest CPU <-> GPU "
+                             "distances reach 0.159 and honest CPU reruns on another thread count 7.6e-3, "
+                             "while 1% cheats start at 5.6e-3, so no tolerance separates them: a bf16 claim "
+                             "rerun on another platform is passed (<= 1e-4) or undecided, never a mismatch, "
+                             "and only a verifier of the claimant's platform convicts "
+                             "(docs/GPU.md section 4)."),
     Section("gpu.json", "GPU contributors: throughput and the node's share", "bench/bench_gpu.py", gpu,
-            "`torch.compile` and a larger batch lift MFU from 18% (eager, batch 16) to 39.9% (compiled, batch 64; goal 40%); these are the bench's own compile; the node compiles with `training.compile` (deterministic mode, static shapes, part of the platform a rerun must match: bench_compile_cpu.py below), whose MFU on a GPU is not measured yet. The node's share fell from 50% of a round (capture and hash on the training thread, pageable copies) to 1.2% (pinned asynchronous copies on the training thread; serialisation, hash and outer step on the lanes)."),
+            "`torch.compile` and a larger batch lift MFU from 18% (eager, batch 16) to 39.9% (compiled, "
+            "batch 64; goal 40%); these are the bench's own compile; the node compiles with "
+            "`training.compile` (deterministic mode, static shapes, part of the platform a rerun must match: "
+            "bench_compile_cpu.py below), whose MFU on a GPU is not measured yet. The node's share fell from "
+            "50% of a round (capture and hash on the training thread, pageable copies) to 1.2% (pinned "
+            "asynchronous copies on the training thread; serialisation, hash and outer step on the lanes)."),
     Section("compile_cpu.json", "Compiled inner steps on the CPU", "bench/bench_compile_cpu.py", compile_cpu,
-            "`training.compile` is a node setting that enters the platform fingerprint (docs/DILOCOX.md section 11, \"Compiled inner steps\"): compiled and eager arithmetic differ (the losses above), so a compiled claim is rerun compiled, and judged bit-exactly only by an equal declaration. On this 2-core CPU compiling pays only for the smallest model, and takes 25-31 s before the first step (minutes under load); its purpose is a GPU's MFU, not measured with the setting yet (no GPU this session)."),
-    Section("reexec_isa.json", "Re-execution across CPU instruction sets", "bench/bench_reexec_isa.py", reexec_isa,
-            "The inner steps are bit-exact only under the claimant's own kernels (docs/DILOCOX.md section 11, \"The platform rule\"): a claim of the verifier's CPU model is rerun under the claimant's ATEN_CPU_CAPABILITY (exact); any other platform's is judged in three zones, so no cheat passes and no honest rerun is a mismatch."),
+            "`training.compile` is a node setting that enters the platform fingerprint (docs/DILOCOX.md "
+            "section 11, \"Compiled inner steps\"): compiled and eager arithmetic differ (the losses above), "
+            "so a compiled claim is rerun compiled, and judged bit-exactly only by an equal declaration. On "
+            "this 2-core CPU compiling pays only for the smallest model, and takes 25-31 s before the first "
+            "step (minutes under load); its purpose is a GPU's MFU, not measured with the setting yet "
+            "(no GPU this session)."),
+    Section("reexec_isa.json", "Re-execution across CPU instruction sets", "bench/bench_reexec_isa.py",
+            reexec_isa,
+            "The inner steps are bit-exact only under the claimant's own kernels (docs/DILOCOX.md section "
+            "11, \"The platform rule\"): a claim of the verifier's CPU model is rerun under the claimant's "
+            "ATEN_CPU_CAPABILITY (exact); any other platform's is judged in three zones, so no cheat passes "
+            "and no honest rerun is a mismatch."),
     Section("byzantine.json", "Byzantine members in real runs", "bench/bench_byzantine.py", byzantine),
     Section("chaos.json", "Faults: nodes killed and restarted", "bench/bench_chaos.py", chaos),
     Section("restart.json", "Restarting a node: where the time goes", "bench/bench_restart.py", restart,
-            "On a loaded 2-core machine a restarted process's start is mostly CPU its imports need (torch, web3, "
-            "libp2p; torch.optim's first optimizer imports torch._dynamo), at the load's share of a core."),
+            "On a loaded 2-core machine a restarted process's start is mostly CPU its imports need (torch, "
+            "web3, libp2p; torch.optim's first optimizer imports torch._dynamo), at the "
+            "load's share of a core."),
     Section("longrun.json", "Long runs", "bench/bench_longrun.py", longrun,
-            "Open files and threads are flat and memory nearly so. The blob store grew in this run because the start states a verifier fetched stayed in it; a verifier now removes them once the check is done (not re-measured since)."),
-    Section("utilization.json", "Compute utilization under a slow link", "bench/bench_utilization.py", utilization,
-            "With the one-step delay and the per-round work off the training thread (docs/DILOCOX.md section 4), an exchange shorter than the round's compute is hidden; past about 1.0 nothing hides it. Where a run's compute lands on a shared machine decides its ratio; earlier points and before/after pairs are in git history."),
-    Section("heterogeneous.json", "Heterogeneous contributors: rounds bounded by time", "bench/bench_heterogeneous.py",
-            heterogeneous,
-            "With fixed H every round waits for the slowest replica's H steps and the fast ones idle; with a time "
-            "budget each replica trains what fits and declares it (docs/DILOCOX.md section 13). The slowdowns are "
-            "real CPU quotas on a shared machine whose load also varies, so the achieved factors are in the table."),
+            "Open files and threads are flat and memory nearly so. The blob store grew in this run because "
+            "the start states a verifier fetched stayed in it; a verifier now removes them once the check is "
+            "done (not re-measured since)."),
+    Section("utilization.json", "Compute utilization under a slow link", "bench/bench_utilization.py",
+            utilization,
+            "With the one-step delay and the per-round work off the training thread (docs/DILOCOX.md section "
+            "4), an exchange shorter than the round's compute is hidden; past about 1.0 nothing hides it. "
+            "Where a run's compute lands on a shared machine decides its ratio; earlier points and "
+            "before/after pairs are in git history."),
+    Section("heterogeneous.json", "Heterogeneous contributors: rounds bounded by time",
+            "bench/bench_heterogeneous.py", heterogeneous,
+            "With fixed H every round waits for the slowest replica's H steps and the fast ones idle; with a "
+            "time budget each replica trains what fits and declares it (docs/DILOCOX.md section 13). The "
+            "slowdowns are real CPU quotas on a shared machine whose load also varies, so the achieved "
+            "factors are in the table."),
     Section("screening_delay.json", "Screening under the one-step delay", "bench/bench_screening_delay.py",
             screening_delay,
-            "Which rule leaves out what when every honest contribution, applied alone to weights the delayed outer "
-            "step already moved, can land above their loss (docs/DILOCOX.md section 13, \"Screening of a "
-            "time-bounded run\"). The simulation is not the node: every contribution is aggregated here, so an "
-            "exclusion's effect on the same replica's next round (the node's pairs of exclusions) does not show; "
-            "versions 2 and 3 are options, version 1 the default."),
+            "Which rule leaves out what when every honest contribution, applied alone to weights the delayed "
+            "outer step already moved, can land above their loss (docs/DILOCOX.md section 13, \"Screening of "
+            "a time-bounded run\"). The simulation is not the node: every contribution is aggregated here, "
+            "so an exclusion's effect on the same replica's next round (the node's pairs of exclusions) does "
+            "not show; versions 2 and 3 are options, version 1 the default."),
     Section("p2p.json", "Networking", "bench/bench_p2p.py", p2p,
-            "Figures move with the machine: unchanged code used about half as much CPU per 100 MB on session 9's machine as on the one before, so compare only results recorded on the same machine (git history). `p2p.blob_direct_io` is off by default: it lowers the download's CPU but the first read then pays it."),
+            "Figures move with the machine: unchanged code used about half as much CPU per 100 MB on session "
+            "9's machine as on the one before, so compare only results recorded on the same machine (git "
+            "history). `p2p.blob_direct_io` is off by default: it lowers the download's CPU but the "
+            "first read then pays it."),
     Section("scale.json", "Local runs of many nodes: full exchange", "bench/bench_scale.py", scale,
-            "At 16 nodes on 2 cores what made the run clean was less CPU per idle node: only a contribution's sender announces it, fewer hellos as the run grows, patient stream negotiation, status.json without fsync (docs/PROTOCOL.md). Runs at higher load forked; they are in git history."),
+            "At 16 nodes on 2 cores what made the run clean was less CPU per idle node: only a "
+            "contribution's sender announces it, fewer hellos as the run grows, patient stream negotiation, "
+            "status.json without fsync (docs/PROTOCOL.md). Runs at higher load forked; "
+            "they are in git history."),
     Section("scale_sliced.json", "Local runs of many nodes: sliced exchange", "bench/bench_scale.py", scale),
-    Section("scale_curve.json", "Traffic per node to 1024 replicas: measured and modelled", "bench/bench_scale.py",
-            scale_curve),
+    Section("scale_curve.json", "Traffic per node to 1024 replicas: measured and modelled",
+            "bench/bench_scale.py", scale_curve),
     Section("butterfly.json", "Traffic per node to 1024 replicas: the sliced exchange in simulation",
             "bench/bench_butterfly.py", butterfly),
     Section("ledger.json", "Ledger gas and history", "bench/bench_ledger.py", ledger),
     Section("trust_fuzz.json", "The security model, fuzzed", "bench/fuzz_trust.py", trust_fuzz,
-            "Honest founders, a coalition below the quorum fraction and outsiders take any valid action in any order against the real contract (docs/TRUST.md, \"The security model\"). Each step sends several transactions and reads the whole state back, so a loaded shared machine runs few steps per second."),
-    Section("float32_fuzz.json", "The on-chain soft-float against torch", "bench/fuzz_float32.py", float32_fuzz,
-            "What a fraud proof recomputes the outer step with (docs/SOFTFLOAT.md): IEEE-754 binary32 and binary64 in Solidity, round to nearest even, subnormals kept. A normal operand pair takes a fast path whose result width is known; subnormals, zeros, infinities, NaNs and results outside the normal range take the general path (the max column)."),
+            "Honest founders, a coalition below the quorum fraction and outsiders take any valid action in "
+            "any order against the real contract (docs/TRUST.md, \"The security model\"). Each step sends "
+            "several transactions and reads the whole state back, so a loaded shared machine runs "
+            "few steps per second."),
+    Section("float32_fuzz.json", "The on-chain soft-float against torch", "bench/fuzz_float32.py",
+            float32_fuzz,
+            "What a fraud proof recomputes the outer step with (docs/SOFTFLOAT.md): IEEE-754 binary32 and "
+            "binary64 in Solidity, round to nearest even, subnormals kept. A normal operand pair takes a "
+            "fast path whose result width is known; subnormals, zeros, infinities, NaNs and results outside "
+            "the normal range take the general path (the max column)."),
     Section("fraud_proof.json", "The fraud proof of a wrong aggregation: gas", "bench/bench_fraud_proof.py",
             fraud_proof,
-            "A successful proveWrongAggregation on anvil (docs/FRAUD_PROOF.md): one chunk of a 256 x 256 stage "
-            "recomputed in the contract's soft-float, every tensor in the codec named, every fourth contribution "
-            "clipped by the norm rule."),
+            "A successful proveWrongAggregation on anvil (docs/FRAUD_PROOF.md): one chunk of a 256 x 256 "
+            "stage recomputed in the contract's soft-float, every tensor in the codec named, every fourth "
+            "contribution clipped by the norm rule."),
     Section("chunk_state.json", "The fraud proof's chunk state: its cost beside the aggregation",
             "bench/bench_chunk_state.py", chunk_state,
-            "After each outer step a node of a chunked run derives the stage's chunk state (docs/FRAUD_PROOF.md) "
-            "for its attestation, in the round's tail on the round lane, not on the training thread. The leaves "
-            "are built a tensor at a time (numpy) since; the rest is mostly SHA-256 over the payload pieces: "
-            "a low-rank piece carries each element's row of Q (64 bytes at rank 32), about 27 MB of pieces per "
-            "contribution of a `mini` stage, all hashed. A version-3 (normed) run's node also decodes each accepted "
-            "contribution once more and sums its chunks' squares exactly (docs/FRAUD_PROOF.md, \"The node\")."),
+            "After each outer step a node of a chunked run derives the stage's chunk state "
+            "(docs/FRAUD_PROOF.md) for its attestation, in the round's tail on the round lane, not on the "
+            "training thread. The leaves are built a tensor at a time (numpy) since; the rest is mostly "
+            "SHA-256 over the payload pieces: a low-rank piece carries each element's row of Q (64 bytes at "
+            "rank 32), about 27 MB of pieces per contribution of a `mini` stage, all hashed. A version-3 "
+            "(normed) run's node also decodes each accepted contribution once more and sums its chunks' "
+            "squares exactly (docs/FRAUD_PROOF.md, \"The node\")."),
     Section("audit.json", "Audit", "bench/bench_audit.py", audit),
     Section("fuzz.json", "Bad input", "bench/fuzz_campaign.py", fuzz),
     Section("join.json", "A node joining a running run", "bench/bench_join.py", join,
-            "Nobody waits for a joiner until it trains a round (docs/PROTOCOL.md, \"Who a close waits for\"). In this run the joiner restored and caught up within a round with either code, so neither stalled (an earlier run of this script at a load of about 45, rounds of about a minute, showed the same); the stalls of issue 34 (rounds of 121 s and 100 s against 8-40 s, a 2x2 demo at a load of 30-45) came where restore and catch-up took longer than rounds. `tests/test_join_round_cost.py` holds a joiner's catch-up back past two deadlines and checks that at most one round waits for it."),
+            "Nobody waits for a joiner until it trains a round (docs/PROTOCOL.md, \"Who a close waits "
+            "for\"). In this run the joiner restored and caught up within a round with either code, so "
+            "neither stalled (an earlier run of this script at a load of about 45, rounds of about a minute, "
+            "showed the same); the stalls of issue 34 (rounds of 121 s and 100 s against 8-40 s, a 2x2 demo "
+            "at a load of 30-45) came where restore and catch-up took longer than rounds. "
+            "`tests/test_join_round_cost.py` holds a joiner's catch-up back past two deadlines and checks "
+            "that at most one round waits for it."),
     Section("nat.json", "Through NATs: relayed and hole punched", "bench/bench_nat.py", nat,
-            "Relayed traffic crosses the relay's process twice; hole punching (DCUtR) moves the same blob directly once both NATs keep the listen port (docs/P2P.md, NAT traversal)."),
+            "Relayed traffic crosses the relay's process twice; hole punching (DCUtR) moves the same blob "
+            "directly once both NATs keep the listen port (docs/P2P.md, NAT traversal)."),
     Section("netlab.json", "The network emulator measured", "bench/bench_netlab.py", netlab,
-            "The delay is never below what was asked (release times are absolute) and is above it by the machine's scheduling latency; past about 500 Mbit/s per stream the shared machine, not the link's rate, is the limit. What the emulator cannot model: docs/P2P.md, \"Network emulator\"."),
+            "The delay is never below what was asked (release times are absolute) and is above it by the "
+            "machine's scheduling latency; past about 500 Mbit/s per stream the shared machine, not the "
+            "link's rate, is the limit. What the emulator cannot model: docs/P2P.md, \"Network emulator\"."),
     Section("soak.json", "A day on the internet, on one machine", "bench/bench_soak.py", soak,
-            "The hour on a shared 2-core machine (an AMD EPYC with AVX-512) at load 6.4 (median of the samples; 15.3 highest), the test suite running beside it for 36 minutes: every node of every site is a full Python process on those two cores, so round times here are mostly CPU, not link. 333 rounds, each committed once and in order, no unexpected exit, no traceback, `audit --reexecute all` PASSED (8054 items). RSS is flat after a half-hour warm-up: from minute 30 to the end each node's 7.5-minute medians stay within 1.8 MiB (r2n0: 3.9), last-quarter slopes -0.02 to +0.13 MiB a minute. The step every node took mid-run in the hours before (+3.6 MiB: CPython's table of interned strings doubling once Python 3.11's pathlib had interned and freed enough path names) now happens as the node takes its seat (node/arenas.py). What still rises, glibc's other arena's bytes in use by -0.1 to +1.4 MB in the last half hour, is named in docs/P2P.md, \"What the soak found\": records kept by design (own DHT provider keys, the start states and StateFile entries kept for the audit under keep_rounds = 0). The short rounds: 52-53 and 147 beside the kills; 178-216, the seat of the member that left for good (r3n0) until the joiner is in; 266, the killed split cluster's (r4)."),
+            "The hour on a shared 2-core machine (an AMD EPYC with AVX-512) at load 6.4 (median of the "
+            "samples; 15.3 highest), the test suite running beside it for 36 minutes: every node of every "
+            "site is a full Python process on those two cores, so round times here are mostly CPU, not link. "
+            "333 rounds, each committed once and in order, no unexpected exit, no traceback, `audit "
+            "--reexecute all` PASSED (8054 items). RSS is flat after a half-hour warm-up: from minute 30 to "
+            "the end each node's 7.5-minute medians stay within 1.8 MiB (r2n0: 3.9), last-quarter slopes "
+            "-0.02 to +0.13 MiB a minute. The step every node took mid-run in the hours before (+3.6 MiB: "
+            "CPython's table of interned strings doubling once Python 3.11's pathlib had interned and freed "
+            "enough path names) now happens as the node takes its seat (node/arenas.py). What still rises, "
+            "glibc's other arena's bytes in use by -0.1 to +1.4 MB in the last half hour, is named in "
+            "docs/P2P.md, \"What the soak found\": records kept by design (own DHT provider keys, the start "
+            "states and StateFile entries kept for the audit under keep_rounds = 0). The short rounds: 52-53 "
+            "and 147 beside the kills; 178-216, the seat of the member that left for good (r3n0) until the "
+            "joiner is in; 266, the killed split cluster's (r4)."),
     Section("churn_memory.json", "What a surviving node keeps per churn event", "bench/churn_memory.py",
             churn_memory,
-            "py-libp2p 0.8.1 kept every accepted inbound connection's handler (its task, TCP stream and receive buffer, "
-            "and a slot of the swarm's inbound limiter) until the host closed; p2p/inbound.py ends it with the "
-            "connection, and closing a TCP stream releases its 0.4-1.1 MiB receive buffer. Before both fixes the "
-            "host kept +1.13 MiB a connection (git history of this file; docs/P2P.md, \"What a surviving node "
-            "keeps per churn event\"). The 20 restarts came after 600 rounds (about 25 minutes), past the caps' and "
-            "windows' warm-up: the survivor's RSS moved within 460-472 MiB with no trend (+0.06 MiB a cycle fitted), "
-            "and what still grew per cycle grows with the rounds the cycles took (about 4 a cycle) and is kept by the "
-            "defaults on purpose (`storage.keep_checkpoints = 0`: the provider keys of every checkpoint and shard; "
-            "`storage.keep_rounds = 0`: the start states served). The step of `_last_republish` at cycle 15 is py-libp2p's "
-            "DHT maintenance pass announcing again every key provided since its last pass, which 3c58d34 (after this "
-            "run's 3c417d4) stops."),
+            "py-libp2p 0.8.1 kept every accepted inbound connection's handler (its task, TCP stream and "
+            "receive buffer, and a slot of the swarm's inbound limiter) until the host closed; "
+            "p2p/inbound.py ends it with the connection, and closing a TCP stream releases its 0.4-1.1 MiB "
+            "receive buffer. Before both fixes the host kept +1.13 MiB a connection (git history of this "
+            "file; docs/P2P.md, \"What a surviving node keeps per churn event\"). The 20 restarts came after "
+            "600 rounds (about 25 minutes), past the caps' and windows' warm-up: the survivor's RSS moved "
+            "within 460-472 MiB with no trend (+0.06 MiB a cycle fitted), and what still grew per cycle "
+            "grows with the rounds the cycles took (about 4 a cycle) and is kept by the defaults on purpose "
+            "(`storage.keep_checkpoints = 0`: the provider keys of every checkpoint and shard; "
+            "`storage.keep_rounds = 0`: the start states served). The step of `_last_republish` at cycle 15 "
+            "is py-libp2p's DHT maintenance pass announcing again every key provided since its last pass, "
+            "which 3c58d34 (after this run's 3c417d4) stops."),
     Section("data_loader.json", "Data loader", "bench/bench_data_loader.py", data_loader,
-            "Resident memory does not grow with the dataset because the loader releases the pages each read maps (`ShardedTokens._release`)."),
+            "Resident memory does not grow with the dataset because the loader releases the pages each read "
+            "maps (`ShardedTokens._release`)."),
 )
 
 
@@ -186,19 +292,23 @@ END = "<!-- end of generated headline figures -->"
 def _h_training(r: dict) -> str:
     x, tokens = r["summary"]["diloco_x"], max(p["tokens"] for p in r["summary"]["diloco_x"]["curve"])
     stale = settings_not_default(r["args"])
-    return (f"held-out loss {pct(x['loss_vs_ddp'])} against centralized AdamW with **{x['fewer_bytes_than_ddp']:.0f}x** "
-            f"fewer bytes ({tokens:,} tokens, `{r['args']['preset']}`" + (f"; {stale}" if stale else "") + ")")
+    return (f"held-out loss {pct(x['loss_vs_ddp'])} against centralized AdamW with "
+            f"**{x['fewer_bytes_than_ddp']:.0f}x** "
+            f"fewer bytes ({tokens:,} tokens, `{r['args']['preset']}`" + (f"; {stale}" if stale else "")
+            + ")")
 
 
 def _h_training_family(r: dict) -> str:
     x, tokens = r["summary"]["diloco_x"], max(p["tokens"] for p in r["summary"]["diloco_x"]["curve"])
-    return (f"held-out loss {pct(x['loss_vs_ddp'])} against centralized AdamW with **{x['fewer_bytes_than_ddp']:.0f}x** "
-            f"fewer bytes ({tokens:,} tokens, `{r['args']['preset']}`, {r['args']['vocab_size']}-token BPE)")
+    return (f"held-out loss {pct(x['loss_vs_ddp'])} against centralized AdamW with "
+            f"**{x['fewer_bytes_than_ddp']:.0f}x** fewer bytes ({tokens:,} tokens, `{r['args']['preset']}`, "
+            f"{r['args']['vocab_size']}-token BPE)")
 
 
 def _h_longer(r: dict) -> str:
     rows = [row for row in r["rows"] if row["mode"] == "diloco_x" and row.get("vs_ddp") is not None]
-    longest = max(rows, key=lambda row: (row["settings"]["rounds"] * row["settings"]["inner_steps"], row["tag"]))
+    longest = max(rows, key=lambda row: (row["settings"]["rounds"] * row["settings"]["inner_steps"],
+                                         row["tag"]))
     return (f"{pct(longest['vs_ddp'])} at {longest['settings']['rounds']} rounds of H = "
             f"{longest['settings']['inner_steps']}, {longest['fewer_bytes_than_ddp']:.0f}x fewer bytes "
             f"(row `{longest['tag']}`)")
@@ -206,34 +316,40 @@ def _h_longer(r: dict) -> str:
 
 def _h_utilization(r: dict) -> str:
     s = r["runs"]["delay"]["summary"]
-    return f"{100 * s['utilization']:.1f}% of wall time in inner steps at exchange / compute {s['exchange_over_inner']:.2f}"
+    return (f"{100 * s['utilization']:.1f}% of wall time in inner steps at exchange / compute "
+            f"{s['exchange_over_inner']:.2f}")
 
 
 def _h_robust(r: dict) -> str:
     honest = r["runs"]["honest/on"]["held_out_loss"]
     attacks = [run for run in r["runs"].values() if run["defences"] == "on" and run["attack"]]
     worst = max(run["held_out_loss"] / honest - 1 for run in attacks)
-    return (f"{len(attacks)} attacks by 1 of {r['args']['replicas']} replicas: held-out loss within {pct(worst, 2)} "
+    return (f"{len(attacks)} attacks by 1 of {r['args']['replicas']} replicas: held-out loss "
+            f"within {pct(worst, 2)} "
             "of the honest run (defences on)")
 
 
 def _h_chaos(r: dict) -> str:
     return (f"{len(r['kills'])} SIGKILLs: {r['rounds']} rounds committed "
-            f"{'each once, in order' if r['rounds_in_order_once'] else '(not in order!)'}, audit {r['audit']['verdict']}")
+            f"{'each once, in order' if r['rounds_in_order_once'] else '(not in order!)'}, audit "
+            f"{r['audit']['verdict']}")
 
 
 def _h_soak(r: dict) -> str:
     delays = [d for row in r["emulator"]["delays_ms"].values() for d in row.values()]
     churn = ", ".join(sorted({e["kind"].replace("rpc_outage_begin", "RPC outage") for e in r["events"]
                               if e["kind"] in ("kill", "rpc_outage_begin", "leave", "join")}))
-    return (f"{r['nodes']} nodes, {min(delays):.0f}-{max(delays):.0f} ms links, {len(r['emulator']['nat_sites'])} "
-            f"behind NAT, {r['run_s'] / 60:.0f} min ({churn}): {r['rounds']} rounds "
-            f"{'each once, in order' if r['rounds_in_order_once'] else '(not in order!)'}, audit {r['audit']['verdict']}")
+    return (f"{r['nodes']} nodes, {min(delays):.0f}-{max(delays):.0f} ms links, "
+            f"{len(r['emulator']['nat_sites'])} behind NAT, {r['run_s'] / 60:.0f} min ({churn}): "
+            f"{r['rounds']} rounds "
+            f"{'each once, in order' if r['rounds_in_order_once'] else '(not in order!)'}, audit "
+            f"{r['audit']['verdict']}")
 
 
 def _h_p2p(r: dict) -> str:
     cap = r["blob"]["cap_1gbps"]
-    return f"{100 * cap['achieved_fraction_of_cap']:.1f}% of a 1 Gbps cap, gossip p99 {r['gossip']['latency_ms_p99']:.0f} ms"
+    return (f"{100 * cap['achieved_fraction_of_cap']:.1f}% of a 1 Gbps cap, gossip p99 "
+            f"{r['gossip']['latency_ms_p99']:.0f} ms")
 
 
 def _h_ledger(r: dict) -> str:
@@ -246,7 +362,8 @@ def _h_audit(r: dict) -> str:
 
 
 def _h_fuzz(r: dict) -> str:
-    return f"{r['inputs']:,} malformed inputs to {len(r['targets'])} decoders: {r['unexpected']} unexpected exceptions"
+    return (f"{r['inputs']:,} malformed inputs to {len(r['targets'])} decoders: {r['unexpected']} "
+            "unexpected exceptions")
 
 
 HEADLINES = (
@@ -272,7 +389,8 @@ def headline(results: Path = RESULTS) -> str:
         try:
             value = figure(json.loads((results / file).read_text()))
         except (OSError, ValueError, KeyError, TypeError, IndexError, ZeroDivisionError) as exc:
-            raise PageError(f"README headline {label!r} from bench/results/{file}: {type(exc).__name__}: {exc}") from exc
+            raise PageError(
+                f"README headline {label!r} from bench/results/{file}: {type(exc).__name__}: {exc}") from exc
         rows.append([label, value, (f"[`{Path(scripts[file]).name}`]({scripts[file]}), "
                                    f"[`{file}`](bench/results/{file})")])
     return "\n".join([BEGIN, "", *table(["what", "measured", "produced by"], rows), END])
@@ -292,8 +410,9 @@ def render(results: Path = RESULTS) -> str:
     known = {s.file for s in SECTIONS}
     unknown = sorted(p.name for p in results.glob("*.json") if p.name not in known)
     if unknown:
-        raise PageError(f"no section in scripts/results_page.py for bench/results/{', '.join(unknown)}: add one "
-                        "(every benchmark writes one current result, and each has a section)")
+        raise PageError(
+            f"no section in scripts/results_page.py for bench/results/{', '.join(unknown)}: add one "
+            "(every benchmark writes one current result, and each has a section)")
     out = [HEADER, "## Contents", ""]
     out += [f"- [{s.title}](#{_anchor(s.title)})" for s in SECTIONS]
     out.append("")
@@ -322,7 +441,8 @@ def _anchor(title: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true",
                         help="exit 1 if the page or README's headline table differs from what the JSON gives")
     parser.add_argument("--results", default=str(RESULTS))
@@ -340,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
         stale = [str(path) for path, want in ((page, text), (readme, readme_text))
                  if not path.exists() or path.read_text() != want]
         if stale:
-            print(f"results_page: {', '.join(stale)} stale: run python scripts/results_page.py", file=sys.stderr)
+            print(f"results_page: {', '.join(stale)} stale: run python scripts/results_page.py",
+                  file=sys.stderr)
             return 1
         print(f"{page} and {readme}'s headline table are up to date")
         return 0

@@ -22,12 +22,14 @@ def reexec(r: dict) -> list[str]:
              ["capturing and hashing the start state", f"{100 * c['capture_share']:.1f}% of a round"],
              ["start state per replica and round", mb(c["state_bytes_per_replica_round"])]]
     sampling = [[m, f"{s['rate']:.4f}", f"{s['p_detect_per_round']:.3f}",
-                 f"{s['expected_rounds_to_ejection_triggered']:.1f}", f"{100 * s['verifier_overhead_share']:.1f}%"]
+                 f"{s['expected_rounds_to_ejection_triggered']:.1f}",
+                 f"{100 * s['verifier_overhead_share']:.1f}%"]
                 for m, s in r["sampling"].items()]
     a = r["args"]
     return [(f"`{a['preset']}`, {a['stages']} stages, H = {a['inner_steps']}, {a['replicas']} replicas x "
             f"{a['rounds']} rounds, every contribution re-executed (training/reexec_sim.py)."), ""] + table(
-        ["measure", "value"], rows) + [f"At {a['checks_per_contribution']} expected checks per contribution:", ""] + table(
+        ["measure", "value"], rows) + [f"At {a['checks_per_contribution']} expected checks per contribution:",
+                                       ""] + table(
         ["members", "rate per verifier", "P(detect) per round", "expected rounds to an accusation",
          "verifier overhead"], sampling)
 
@@ -45,7 +47,8 @@ def byzantine(r: dict) -> list[str]:
         row = [x["attack"], x.get("attest_quorum", "1"), len(x.get("honest_exits_nonzero", [])),
                f"{arch.get('rounds_with_attacker', '-')}/{arch.get('rounds_sealed', '-')}"
                f" ({arch.get('rounds_attacker_excluded', '-')} excluded)" if arch else "-",
-               num(x.get("held_out")), pct(x["held_out"] / honest - 1) if honest and x.get("held_out") else "",
+               num(x.get("held_out")), pct(x["held_out"] / honest - 1) if honest and x.get("held_out")
+               else "",
                verdict]
         if sliced:  # the audit may name the attacker (a wrong partial), and the spot checks accuse it
             charged = x.get("accusations") or {}
@@ -53,52 +56,63 @@ def byzantine(r: dict) -> list[str]:
                     f"{charged['opened']}/{charged['guilty']}" if "opened" in charged else "-"]
         if s.get("reexecute"):  # --reexecute: reruns by status, and each guilty ejection's judgement
             found = (x.get("audit") or {}).get("reexecution") or {}
-            row += [", ".join(f"{n} {status}" for status, n in sorted(found.get("reruns", {}).items())) or "-",
+            row += [", ".join(f"{n} {status}" for status, n in sorted(found.get("reruns", {}).items()))
+                    or "-",
                     ", ".join(e["status"] for e in found.get("ejections", [])) or "-"]
         rows.append(row)
     adversary = "sliced_adversary" if sliced else "adversary"
     if sliced:
-        note = (f" `diloco.exchange = \"sliced\"`, `spot_checks = {s.get('spot_checks')}` (of partials and of "
-                f"contributions), `p2p.transfer_timeout = {s.get('transfer_timeout')}`; the close and hello attacks "
-                "are `tests/adversary.py`'s; the audit reads every node's archive. A wrong partial is applied alike by "
-                "every holder and caught after the fact: the audit FAILs naming its signer, and the holders' spot "
-                "checks of partials accuse it on chain. A sliced run leaves a bad slice out per slice (the "
-                "aggregator's report), so `excluded` stays 0. Accusations opened near the end of these 3-round runs "
-                "mostly stay open: the nodes stop with the run before enough verdicts are signed.")
+        note = (
+            f" `diloco.exchange = \"sliced\"`, `spot_checks = {s.get('spot_checks')}` (of partials and of "
+            f"contributions), `p2p.transfer_timeout = {s.get('transfer_timeout')}`; the "
+            "close and hello attacks "
+            "are `tests/adversary.py`'s; the audit reads every node's archive. A wrong partial is applied "
+            "alike by every holder and caught after the fact: the audit FAILs naming its signer, and the "
+            "holders' spot checks of partials accuse it on chain. A sliced run leaves a bad slice out per "
+            "slice (the aggregator's report), so `excluded` stays 0. Accusations opened near the end of "
+            "these 3-round runs mostly stay open: the nodes stop with the run before enough "
+            "verdicts are signed.")
         if s.get("reexecute"):
-            note += (f" The audit ran with `--reexecute {s['reexecute']}`: it reruns contributions from the archives "
-                     "(a rerun that does not reproduce FAILs unless its member was found guilty on chain) and "
-                     "judges every guilty accusation's evidence, a sliced proof (wrong partial, bad bundle) by the "
-                     "members' rule (node/tools/audit_slicedproof.py): ok = the ejection is justified.")
+            note += (f" The audit ran with `--reexecute {s['reexecute']}`: it reruns "
+                     "contributions from the archives "
+                     "(a rerun that does not reproduce FAILs unless its member was found guilty on chain) "
+                     "and judges every guilty accusation's evidence, a sliced proof (wrong partial, bad "
+                     "bundle) by the members' rule (node/tools/audit_slicedproof.py): ok = the "
+                     "ejection is justified.")
     else:
-        note = (" Rows without k ran at the script's default of the time, k = 1 (one member alone can commit; the "
-                "censoring coordinator then commits its own record and the audit fails it); with k = 2, the default "
-                "now, that attack is refused.")
+        note = (" Rows without k ran at the script's default of the time, k = 1 (one member alone can "
+                "commit; the censoring coordinator then commits its own record and the audit fails it); with "
+                "k = 2, the default now, that attack is refused.")
     return [(f"A real local run per attack (anvil, {s['replicas']} one-node replicas of `{s['preset']}`, H = "
-            f"{s['inner_steps']} x {s['rounds']} rounds), the last replica `tests/{adversary}.py` with that attack; "
+            f"{s['inner_steps']} x {s['rounds']} rounds), the last replica `tests/{adversary}"
+            ".py` with that attack; "
             "held-out loss of the final checkpoint, then `dlx-node audit`." + note), ""] + table(
-        [f"attack (1 of {s['replicas']} replicas)", "k", "honest nodes exiting non-zero", "attacker in the close (excluded)",
-         "held-out", "vs honest", "audit",
+        [f"attack (1 of {s['replicas']} replicas)", "k", "honest nodes exiting non-zero",
+         "attacker in the close (excluded)", "held-out", "vs honest", "audit",
          *(["audit names the attacker", "accusations of it (guilty)"] if sliced else []),
-         *([f"reruns (--reexecute {s['reexecute']})", "ejections judged"] if s.get("reexecute") else [])], rows)
+         *([f"reruns (--reexecute {s['reexecute']})", "ejections judged"] if s.get("reexecute") else [])],
+        rows)
 
 
 def split_spotchecks(r: dict) -> list[str]:
-    rows = [[name, d["sampled"], len(d["checks"]), len(d["not_done"]), ", ".join(sorted(set(d["verdicts"]))) or "-",
+    rows = [[name, d["sampled"], len(d["checks"]), len(d["not_done"]), ", ".join(sorted(set(d["verdicts"])))
+             or "-",
              f"{d['check_s_per_round']:.0f} s", f"{d['round_wall_s_mean']:.0f} s"]
             for name, d in sorted(r["nodes"].items())]
     a = r["audit"]
     return [(f"Re-execution spot checks on a split cluster (one stage per node): a `dlx-node demo` of "
-             f"{r['rounds_committed']} committed rounds; each check fetches the other stages' envelopes and reruns "
-             "the whole pipeline. Checks run in a worker process beside training, so seconds per round are the "
-             "time spent checking, not a slowdown."), ""] + table(
+             f"{r['rounds_committed']} committed rounds; each check fetches the other stages' "
+             "envelopes and reruns "
+             "the whole pipeline. Checks run in a worker process beside training, so seconds per round are "
+             "the time spent checking, not a slowdown."), ""] + table(
         ["node", "drawn", "done", "not done", "verdicts", "checking per round", "round wall time"], rows) + [
         (f"`dlx-node audit --reexecute all` over the four archives: **{a['verdict']}**, "
-         f"{a['by_status'].get('ok', 0)} of {a['reexecution_items']} reruns reproduced; accusations in the run: "
-         f"{r['accusations']}."), ""] + ([
-        (f"Drawn: `node.live.checks.routing.draw_checks`, the node's own draw, over each round's recorded signers and "
-         f"their platforms as declared on chain ({len(set(r['declared_platforms'].values()))} platform(s) among "
-         f"{len(r['declared_platforms'])} members; {sum(d['sampled_routed'] for d in r['nodes'].values())} checks "
+         f"{a['by_status'].get('ok', 0)} of {a['reexecution_items']} reruns reproduced; accusations in the "
+         f"run: {r['accusations']}."), ""] + ([
+        ("Drawn: `node.live.checks.routing.draw_checks`, the node's own draw, over each round's recorded "
+         f"signers and their platforms as declared on chain ({len(set(r['declared_platforms'].values()))} "
+         f"platform(s) among {len(r['declared_platforms'])} members; "
+         f"{sum(d['sampled_routed'] for d in r['nodes'].values())} checks "
          "drawn by the routed draw alone)."), ""] if "declared_platforms" in r else [])
 
 
@@ -109,14 +123,17 @@ def gpu_calibration(r: dict) -> list[str]:
         return "-" if x is None else f"{x:.3g}"
     rows = []
     for precision, d in r["summary"].items():
-        rows.append([precision, g(d["same_platform_max"]), g(d["other_threads_max"]), g(d["other_device_max"]),
-                     g(d["other_precision_max"]), g(d["cheat_min"]), f"{d['cheats_below_tolerance']} of {d['cheats']}",
-                     "none" if d["tolerance_in_force"] is None else g(d["tolerance_in_force"]),
+        rows.append([precision, g(d["same_platform_max"]), g(d["other_threads_max"]),
+                     g(d["other_device_max"]), g(d["other_precision_max"]), g(d["cheat_min"]),
+                     f"{d['cheats_below_tolerance']} of {d['cheats']}", "none"
+                     if d["tolerance_in_force"] is None else g(d["tolerance_in_force"]),
                      _zones_cell(d.get("rule_cheats")),
                      _zones_cell(d.get("rule_honest_cross"))])
-    return [(f"Largest relative distance between a contribution and its honest rerun, by what differs, and the "
-             f"smallest a 1% cheat reached: `{a['preset']}` ({r['model_params']:,} parameters), {a['seeds']} seeds x "
-             f"{a['rounds']} rounds of H = {a['inner_steps']}, devices measured: {e['device']} (GPUs: {e['gpus']})."), ""] + table(
+    return [
+        (f"Largest relative distance between a contribution and its honest rerun, by what differs, and the "
+         f"smallest a 1% cheat reached: `{a['preset']}` ({r['model_params']:,} parameters), {a['seeds']} "
+         f"seeds x {a['rounds']} rounds of H = {a['inner_steps']}, devices measured: {e['device']} "
+         f"(GPUs: {e['gpus']})."), ""] + table(
         ["precision", "same platform", "other threads", "other device", "other precision", "smallest cheat",
          "cheats within the mismatch bound", "mismatch bound", "cheats under the three zones",
          "honest cross-platform under the three zones"], rows) + [
@@ -134,13 +151,15 @@ def _zones_cell(zones: dict | None) -> str:
 
 def trust_fuzz(r: dict) -> list[str]:
     found = r["counterexamples"]
-    return [(f"The trust model's stateful fuzzer (tests/trust_machine.py) on {r['backend']}: **{r['steps']:,} steps** "
-             f"in {r['examples']} examples (at most {r['steps_per_example_max']} steps each), {r['seconds']:.0f} s "
-             f"({r['steps_per_second']} steps/s); invariants checked after every step: {', '.join(r['invariants'])}. "
+    return [(f"The trust model's stateful fuzzer (tests/trust_machine.py) on {r['backend']}: **{r['steps']:,}"
+             f" steps** in {r['examples']} examples (at most {r['steps_per_example_max']} steps each), "
+             f"{r['seconds']:.0f} s ({r['steps_per_second']} steps/s); invariants checked after every step: "
+             f"{', '.join(r['invariants'])}. "
              + ("Counterexamples: " + "; ".join(f"`{c}`" for c in found) if found else "No counterexample.")
-             + (f" Sum-tree walks (tests/trust_sums.py): {r['sum_walks_proven']} proven, {r['sum_walks_expired']} "
-                f"expired, {r.get('sum_walks_cut', 0)} cut by the dispute window, {r['junk_answers_refused']} junk "
-                f"answers refused, {r['mistaken_walks']} mistaken walks (nobody slashed)."
+             + (f" Sum-tree walks (tests/trust_sums.py): {r['sum_walks_proven']} proven, "
+                f"{r['sum_walks_expired']} expired, {r.get('sum_walks_cut', 0)} cut by the dispute window, "
+                f"{r['junk_answers_refused']} junk answers refused, {r['mistaken_walks']} mistaken "
+                "walks (nobody slashed)."
                 if "sum_walks_proven" in r else "")), ""]
 
 
@@ -149,7 +168,8 @@ def fraud_proof(r: dict) -> list[str]:
         rank = f", rank {row['rank']}" if "rank" in row else ""
         return f"{row['codec']}{' ' + str(row['bits']) + '-bit' if 'bits' in row else ''}{rank}"
 
-    rows = [[codec(row), row["contributions"], row["clipped"], f"{row['gas']:,}" if row["gas"] else row["error"],
+    rows = [[codec(row), row["contributions"], row["clipped"], f"{row['gas']:,}" if row["gas"]
+             else row["error"],
              f"{row.get('calldata_bytes', 0):,}"] for row in r["rows"]]
     lines = table(["codec", "contributions", "clipped", "gas", "calldata bytes"], rows) + [
         f"One proof of one {r['chunk_elements']}-element chunk; at 16 contributions the most is "
@@ -161,11 +181,12 @@ def fraud_proof(r: dict) -> list[str]:
         with_version = any("version_gas" in row for row in r["norm_rows"])
         norm = [[codec(row), row["contributions"], gas(row, "scale_gas"), gas(row, "sum_gas")]
                 + ([gas(row, "version_gas")] if with_version else []) for row in r["norm_rows"]]
-        lines += ["The norm proof of a version-3 round (`proveWrongNorm`, docs/FRAUD_PROOF.md \"The clip scales\"): "
-                  "a clipped contribution committed with scale 1.0 (the scales recomputed from the committed sums), "
-                  "and one chunk's committed sum of squares one unit off (its piece decoded and squared)"
-                  + (", and version-2 factors committed in a normed run (the run's version, `RunParams.commitments`: "
-                     "no sum decoded)" if with_version else "") + ":", ""]
+        lines += ["The norm proof of a version-3 round (`proveWrongNorm`, docs/FRAUD_PROOF.md \"The clip "
+                  "scales\"): a clipped contribution committed with scale 1.0 (the scales recomputed from "
+                  "the committed sums), and one chunk's committed sum of squares one unit off (its piece "
+                  "decoded and squared)"
+                  + (", and version-2 factors committed in a normed run (the run's version, "
+                     "`RunParams.commitments`: no sum decoded)" if with_version else "") + ":", ""]
         lines += table(["codec", "contributions", "wrong scale: gas", "wrong chunk sum: gas"]
                        + (["wrong version: gas"] if with_version else []), norm) + [""]
     if r.get("availability_rows"):
@@ -181,13 +202,14 @@ def fraud_proof(r: dict) -> list[str]:
         available = [[codec(row), row["contributions"], *(pair(row, kind) for kind, _name in kinds)]
                      for row in r["availability_rows"]]
         lines += ["The data-availability challenge of a right version-3 round (docs/FRAUD_PROOF.md, \"The "
-                  "data-availability challenge\"): `challengeAvailability` / the committers' `answerChallenge` gas "
-                  "(and the published leaf's bytes) for each kind of leaf; the momentum leaf costs as the weights "
-                  "leaf (in the JSON):", ""]
+                  "data-availability challenge\"): `challengeAvailability` / the committers' "
+                  "`answerChallenge` gas (and the published leaf's bytes) for each kind of leaf; the "
+                  "momentum leaf costs as the weights leaf (in the JSON):", ""]
         lines += table(["codec", "contributions", *(name for _kind, name in kinds)], available) + [""]
         expired = [row["expire_gas"] for row in r["availability_rows"] if row.get("expire_gas")]
         if expired:
-            lines += [f"A sum-tree leaf's challenge left unanswered and settled (`expireChallenge`: the round "
-                      f"overturned, its two attesters slashed, the challenger paid): {min(expired):,}"
-                      + (f" - {max(expired):,}" if max(expired) != min(expired) else "") + " gas.", ""]
+            lines += [
+                f"A sum-tree leaf's challenge left unanswered and settled (`expireChallenge`: the round "
+                f"overturned, its two attesters slashed, the challenger paid): {min(expired):,}"
+                + (f" - {max(expired):,}" if max(expired) != min(expired) else "") + " gas.", ""]
     return lines

@@ -186,7 +186,8 @@ def claiming_another_platform():
                 for stage, data in serialise().items():
                     part = parse_stage_state(data)
                     platform = dataclasses.replace(part.meta.platform, device_name=OTHER_PLATFORM_CPU)
-                    out[stage] = dataclasses.replace(part, meta=dataclasses.replace(part.meta, platform=platform)
+                    out[stage] = dataclasses.replace(part,
+                                                     meta=dataclasses.replace(part.meta, platform=platform)
                                                      ).to_bytes()
                 return out
 
@@ -254,8 +255,8 @@ def colluding_root():
             flat = tensor.view(-1)
             flat[0] = torch.nextafter(flat[0], flat[0] + 1)
             engine.global_weights = {**engine.global_weights, name: tensor}
-            logger.warning("adversary: round %d stage %d: element 0 of %s changed by one ulp", outer_round, stage,
-                           name)
+            logger.warning("adversary: round %d stage %d: element 0 of %s changed by one ulp", outer_round,
+                           stage, name)
             return dataclasses.replace(result, weights_hash=stage_weights_hash(engine.global_weights))
 
     return {"worker": ColludingWorker}
@@ -267,7 +268,8 @@ def diverging_late():
     class LateVerdictForks(ForkRepair):
         def due(self, next_round):
             if next_round == 3:  # neither waits for round 2's verdict nor takes its re-base before round 3
-                logger.warning("adversary: applying round 3 without waiting for the chain's record of round 2")
+                logger.warning(
+                    "adversary: applying round 3 without waiting for the chain's record of round 2")
                 return []
             return super().due(next_round)
 
@@ -293,10 +295,12 @@ def diverging_slow_verdict(most_s: float = 50.0):
 
         def diverged(self, outer_round, onchain, mine, signature):
             if outer_round == 2:  # on the committer thread: the verdict reaches the node late
-                logger.warning("adversary: the chain's verdict of round 2 reaches this node only after it encoded "
-                               "round 4")
+                logger.warning(
+                    "adversary: the chain's verdict of round 2 reaches this node only after it encoded "
+                    "round 4")
                 deadline = time.monotonic() + most_s
-                while not self.encoded_round_4.wait(0.5) and not self.stop.is_set() and time.monotonic() < deadline:
+                while not self.encoded_round_4.wait(0.5) and not self.stop.is_set() \
+                        and time.monotonic() < deadline:
                     pass
             return super().diverged(outer_round, onchain, mine, signature)
 
@@ -325,8 +329,8 @@ def copying_free_rider():
                     payload = decode_contribution_body(envelope.payload).blob
                     shapes = {n: tuple(t.shape) for n, t in self.worker.engines[stage].global_weights.items()}
                     copied = decode_contribution(payload, shapes, stage_index=stage, outer_round=outer_round)
-                    blob, _decoded, _stats = encode_contribution(copied, self.cfg.compression, stage_index=stage,
-                                                                 outer_round=outer_round)
+                    blob, _decoded, _stats = encode_contribution(copied, self.cfg.compression,
+                                                                 stage_index=stage, outer_round=outer_round)
                     break
                 time.sleep(0.2)
             return blob, stats
@@ -394,7 +398,8 @@ def leading_coordinator():
     class Leader(RoundCoordinator):
         def rotation(self, outer_round, stage):
             ranked = super().rotation(outer_round, stage)
-            return [self.peer_id, *(p for p in ranked if p != self.peer_id)] if self.peer_id in ranked else ranked
+            return [self.peer_id, *(p for p in ranked if p != self.peer_id)] if self.peer_id in ranked \
+                else ranked
 
     return Leader
 
@@ -404,7 +409,8 @@ def censoring_close():
 
     class Censor(leading_coordinator()):
         def try_close(self, outer_round, stage, final, alive):
-            own = [a for a in self.book.snapshot_announces(outer_round, stage).values() if a.peer_id == self.peer_id]
+            own = [a for a in self.book.snapshot_announces(outer_round, stage).values()
+                   if a.peer_id == self.peer_id]
             if not own:
                 return None
             close = msg.Close([[own[0].replica, own[0].peer_id, own[0].envelope_hash, own[0].size]])
@@ -441,20 +447,20 @@ def phantom_close():
 
         def try_close(self, outer_round, stage, final, alive):
             if (outer_round, stage) in self.attacked:
-                return None  # a second, honest close would be equivocation: it waits for the next coordinator
+                return  # a second, honest close would be equivocation: it waits for the next coordinator
             close = self.ready_close(outer_round, stage, final, alive)  # the honest close, kept back
             if close is None:
-                return None
+                return
             entries = [list(e) for e in close.contributions]
             victims = [e for e in entries if e[1] != self.peer_id]
             if not victims:
-                return None
+                return
             victims[0][2] = os.urandom(32)
             entries.sort(key=lambda e: (e[0], e[1], e[2]))
             self.gossip(outer_round, msg.CLOSE, msg.Close(entries), stage)
             self.attacked.add((outer_round, stage))
             logger.warning("adversary: phantom close of round %d stage %d published", outer_round, stage)
-            return None
+            return
 
     return {"coordinator": PhantomCloser}
 
@@ -506,22 +512,23 @@ def doctored_shard():
             weights, momentum = self.worker.global_state(stage)
             doctored = {name: tensor + 0.01 for name, tensor in weights.items()}
             model_config = {**self.layout.model_config, "n_head": 8}
-            shard = Checkpoint(self.run_id, outer_round, model_config, self.config_hash, {stage: weights_hash},
-                               doctored, momentum)
+            shard = Checkpoint(self.run_id, outer_round, model_config, self.config_hash,
+                               {stage: weights_hash}, doctored, momentum)
             path = self.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
             digest = write_checkpoint(path, shard)
             serve_blob(self.host, path.read_bytes())
-            logger.warning("adversary: doctored shard %s of round %d stage %d", digest.hex()[:12], outer_round,
-                           stage)
+            logger.warning("adversary: doctored shard %s of round %d stage %d", digest.hex()[:12],
+                           outer_round, stage)
             return digest
 
     return {"finisher": DoctoringFinisher}
 
 
 def takeover():
-    """A coalition member (issue 41, attack 1): it wins every commit race with the fewest honest signatures the
-    quorum needs, then tries to eject the honest members it left out, to commit a back door with its partners'
-    signatures (shared through ``DLX_COALITION_DIR``) and to slash an honest member by a verdict of its own.
+    """A coalition member (issue 41, attack 1): it wins every commit race with the fewest honest signatures
+    the quorum needs, then tries to eject the honest members it left out, to commit a back door with its
+    partners' signatures (shared through ``DLX_COALITION_DIR``) and to slash an honest member by a verdict of
+    its own.
     ``DLX_COALITION``: the coalition's addresses, comma-separated."""
     import hashlib
     import os
@@ -550,8 +557,8 @@ def takeover():
             if node.chain.commit_of(node.run_id, outer_round) is None:
                 try:  # no waiting for its turn: it wins the race
                     node.chain.commit_round(record, chosen)
-                    logger.warning("adversary: committed round %d with %d of %d honest signatures", outer_round,
-                                   len(chosen) - len(ours), len(honest))
+                    logger.warning("adversary: committed round %d with %d of %d honest signatures",
+                                   outer_round, len(chosen) - len(ours), len(honest))
                 except errors.LedgerError as exc:
                     logger.warning("adversary: commit of round %d lost: %s", outer_round, exc)
             self._take_over(client)
@@ -600,13 +607,13 @@ def attack_parts(attack: str) -> dict:
     if attack in CONTRIBUTION_ATTACKS:
         return forged_contribution(attack)
     return {"malformed-payload": malformed_payload, "copy": copying_free_rider, "late": late_delivery,
-            "empty-close": empty_close, "duplicate-close": duplicate_close, "equivocating-close": equivocating_close,
-            "censoring-close": censoring_close, "phantom-close": phantom_close, "absurd-hello": absurd_hello,
-            "forge-state": forged_start_state, "diverge-once": diverging_once, "diverge-late": diverging_late,
+            "empty-close": empty_close, "duplicate-close": duplicate_close,
+            "equivocating-close": equivocating_close, "censoring-close": censoring_close,
+            "phantom-close": phantom_close, "absurd-hello": absurd_hello, "forge-state": forged_start_state,
+            "diverge-once": diverging_once, "diverge-late": diverging_late,
             "diverge-slow-verdict": diverging_slow_verdict, "fork-close": forking_close,
             "doctored-shard": doctored_shard, "takeover": takeover, "over-declare": over_declaring,
-            "other-platform": claiming_another_platform,
-            "collude-root": colluding_root}[attack]()
+            "other-platform": claiming_another_platform, "collude-root": colluding_root}[attack]()
 
 
 def run_with(parts: dict) -> int:

@@ -34,7 +34,8 @@ def main(out: str) -> None:
     record = run_with_states(replicas, sim)[0]
     Path(out).write_bytes(pickle.dumps({
         "round": record.outer_round, "claims": record.claims,
-        "states": {replica: [part.to_bytes() for part in state.stages] for replica, state in record.states.items()},
+        "states": {replica: [part.to_bytes() for part in state.stages]
+                       for replica, state in record.states.items()},
     }))
 
 

@@ -28,7 +28,8 @@ def stage_like(seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:
 
 
 def drift(base: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
-    """Round ``step``'s pseudo-gradient: the base directions, rescaled, plus fresh noise (as training drifts)."""
+    """Round ``step``'s pseudo-gradient: the base directions, rescaled, plus fresh noise (as training
+    drifts)."""
     noise = stage_like(100 + step)
     return {name: value * (1 + 0.2 * step) + 0.3 * noise[name] for name, value in base.items()}
 
@@ -44,7 +45,8 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def encoder_sim(encoder: str, rounds: int):
-    """A two-replica, two-stage run of ``tiny`` with start states (training.reexec_sim) coded by ``encoder``."""
+    """A two-replica, two-stage run of ``tiny`` with start states (training.reexec_sim) coded by
+    ``encoder``."""
     from training.config import DilocoConfig, ModelConfig, TrainingConfig
     from training.config_compression import CompressionConfig
     from training.data import generated_corpus

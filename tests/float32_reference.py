@@ -72,20 +72,21 @@ F64_EDGES = {
     "+0": 0x0000000000000000, "-0": 0x8000000000000000,
     "min_subnormal": 0x0000000000000001, "-min_subnormal": 0x8000000000000001, "tiny": 0x0000000000000010,
     "max_subnormal": 0x000FFFFFFFFFFFFF, "min_normal": 0x0010000000000000,
-    "1": 0x3FF0000000000000, "-1": 0xBFF0000000000000, "1+ulp": 0x3FF0000000000001, "1-ulp": 0x3FEFFFFFFFFFFFFF,
-    "2": 0x4000000000000000, "1.5": 0x3FF8000000000000, "0.1": 0x3FB999999999999A, "2^-60": 0x3C30000000000000,
-    "max_finite": 0x7FEFFFFFFFFFFFFF, "-max_finite": 0xFFEFFFFFFFFFFFFF, "huge": 0x7FE0000000000000,
-    "+inf": 0x7FF0000000000000, "-inf": 0xFFF0000000000000,
-    "qnan": 0x7FF8000000000000, "-qnan": 0xFFF8000000000000, "snan": 0x7FF0000000000001,
+    "1": 0x3FF0000000000000, "-1": 0xBFF0000000000000, "1+ulp": 0x3FF0000000000001,
+    "1-ulp": 0x3FEFFFFFFFFFFFFF, "2": 0x4000000000000000, "1.5": 0x3FF8000000000000,
+    "0.1": 0x3FB999999999999A, "2^-60": 0x3C30000000000000, "max_finite": 0x7FEFFFFFFFFFFFFF,
+    "-max_finite": 0xFFEFFFFFFFFFFFFF, "huge": 0x7FE0000000000000, "+inf": 0x7FF0000000000000,
+    "-inf": 0xFFF0000000000000, "qnan": 0x7FF8000000000000, "-qnan": 0xFFF8000000000000,
+    "snan": 0x7FF0000000000001,
 }
 #: binary32's boundaries seen from binary64: the edge cases of the conversions (unary operations only)
 F64_CONVERSION_EDGES = {
-    "f32_max": 0x47EFFFFFE0000000, "f32_max_half_ulp_up": 0x47EFFFFFF0000000, "f32_overflow": 0x47F0000000000000,
-    "f32_min_subnormal": 0x36A0000000000000, "f32_half_min_subnormal": 0x3690000000000000,
-    "f32_above_half_min_subnormal": 0x3690000000000001, "f32_tie_1": 0x3FF0000010000000,
-    "f32_tie_odd": 0x3FF0000030000000, "f32_above_tie": 0x3FF0000010000001, "f32_min_normal": 0x3810000000000000,
-    "f32_below_min_normal": 0x380FFFFFF0000000, "f32_subnormal_tie": 0x36A8000000000000,
-    "f32_max_subnormal_up": 0x380FFFFFFFFFFFFF,
+    "f32_max": 0x47EFFFFFE0000000, "f32_max_half_ulp_up": 0x47EFFFFFF0000000,
+    "f32_overflow": 0x47F0000000000000, "f32_min_subnormal": 0x36A0000000000000,
+    "f32_half_min_subnormal": 0x3690000000000000, "f32_above_half_min_subnormal": 0x3690000000000001,
+    "f32_tie_1": 0x3FF0000010000000, "f32_tie_odd": 0x3FF0000030000000, "f32_above_tie": 0x3FF0000010000001,
+    "f32_min_normal": 0x3810000000000000, "f32_below_min_normal": 0x380FFFFFF0000000,
+    "f32_subnormal_tie": 0x36A8000000000000, "f32_max_subnormal_up": 0x380FFFFFFFFFFFFF,
 }
 INT_EDGES = {
     "0": 0, "1": 1, "-1": -1, "2^24": 1 << 24, "2^24+1": (1 << 24) + 1, "2^24+3": (1 << 24) + 3,
@@ -132,7 +133,8 @@ def biased_bits(rng: np.random.Generator, width: int, count: int) -> np.ndarray 
     """Random encodings biased to the edges: exponents near 0, 1, the bias and the top, mantissas near 0
     and all ones, and short mantissas (exact ties and exact results are frequent)."""
     if width == 32:
-        lengths = rng.choice([1, 2, 23, 24, 25, 26, 52, 53, 54, 55, 63, 64, 127, 128, 129, 200, 255], size=count)
+        lengths = rng.choice([1, 2, 23, 24, 25, 26, 52, 53, 54, 55, 63, 64, 127, 128, 129, 200, 255],
+                             size=count)
         values = []
         for length, low, sign in zip(lengths.tolist(), rng.integers(0, 1 << 8, size=count).tolist(),
                                      rng.integers(0, 2, size=count).tolist()):
@@ -153,7 +155,8 @@ def biased_bits(rng: np.random.Generator, width: int, count: int) -> np.ndarray 
         # binary32's range seen from binary64: the conversions' overflow and underflow boundaries
         near = rng.integers(0, 3, size=count)
         exponents = np.where(near == 0, rng.integers(1023 - 152, 1023 - 124, size=count).astype(np.uint64),
-                             np.where(near == 1, rng.integers(1023 + 125, 1023 + 130, size=count).astype(np.uint64),
+                             np.where(near == 1,
+                                      rng.integers(1023 + 125, 1023 + 130, size=count).astype(np.uint64),
                                       exponents))
     kind = rng.integers(0, 4, size=count)
     full = np.uint64((1 << mantissa_bits) - 1)
@@ -185,7 +188,8 @@ def tie_operands(rng: np.random.Generator, op: Op, count: int) -> tuple:
                             rng.integers(0, 1 << 23, size=count).astype(np.uint32))
         a = signs32 | (exponent << np.uint32(23)) | mantissa
         three = rng.integers(0, 2, size=count).astype(np.uint32)
-        b = (a & np.uint32(0x80000000)) | ((exponent - np.uint32(24) + three) << np.uint32(23)) | (three << np.uint32(22))
+        b = (a & np.uint32(0x80000000)) | ((exponent - np.uint32(24) + three) << np.uint32(23)) \
+            | (three << np.uint32(22))
         return a, b ^ (signs32 if name == "add" else np.uint32(0))
     if name in ("mul", "mul64"):
         # an odd significand below 4/3 times 1.5: the product's dropped bits are exactly one half; or
@@ -218,7 +222,8 @@ def tie_operands(rng: np.random.Generator, op: Op, count: int) -> tuple:
     if name == "toFloat32":
         # half a binary32 unit below or above: normal (low 29 bits 1 << 28) or subnormal ((2k + 1) 2^-150)
         exponent = rng.integers(1023 - 126, 1023 + 128, size=count).astype(np.uint64)
-        mantissa = (rng.integers(0, 1 << 23, size=count, dtype=np.uint64) << np.uint64(29)) | np.uint64(1 << 28)
+        mantissa = (rng.integers(0, 1 << 23, size=count, dtype=np.uint64) << np.uint64(29)) | np.uint64(
+            1 << 28)
         normal = signs64 | (exponent << np.uint64(52)) | mantissa
         odd = (2 * rng.integers(0, 1 << 23, size=count) + 1).astype(np.float64)
         subnormal = (np.ldexp(odd, -150).view(np.uint64)) | signs64
@@ -284,7 +289,8 @@ def reference(op: Op, a, b=None) -> np.ndarray:
     x = _floats(a)
     y = _floats(b) if op.binary else None
     if name in ("add", "sub", "mul", "div", "mul64"):
-        kernel = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "mul64": torch.mul}[name]
+        kernel = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+                  "mul64": torch.mul}[name]
         return _bits(kernel(x, y))
     # The float64 division and square root of the norm rule are Python's (training/robust.py), which are
     # IEEE-754's correctly rounded operations; so is numpy's. torch's CPU float64 sqrt is not always (it
@@ -353,9 +359,11 @@ def deploy_harness(w3) -> str:
     return w3.eth.wait_for_transaction_receipt(tx)["contractAddress"]
 
 
-def harness_call(w3, address: str, op: Op, a, b=None, *, gas: int | None = None, measure: bool = False) -> np.ndarray:
+def harness_call(w3, address: str, op: Op, a, b=None, *, gas: int | None = None,
+                 measure: bool = False) -> np.ndarray:
     """One ``eth_call`` of the harness: ``op`` on every operand; ``measure``: the gas of each instead."""
-    payload = encode(["uint256", "bytes", "bytes"], [op.number, pack(op, a), pack(op, b) if op.binary else b""])
+    payload = encode(["uint256", "bytes", "bytes"],
+                     [op.number, pack(op, a), pack(op, b) if op.binary else b""])
     call = {"to": address, "data": (_GAS if measure else _RUN) + payload}
     if gas is not None:
         call["gas"] = gas

@@ -18,7 +18,8 @@ from training.codec_wire import CODEC_VERSION, f32_bytes, matrix_view_shape, pac
 from training.config import DilocoConfig
 from training.diloco import aggregate_with_report
 
-DILOCO = DilocoConfig(outer_lr=0.7, outer_momentum=0.9, commitments="chunked")  # version 2 (normed: replace it)
+# version 2 (normed: replace it)
+DILOCO = DilocoConfig(outer_lr=0.7, outer_momentum=0.9, commitments="chunked")
 OTHER = {"d.weight": (8, 8)}  # the run's second stage
 
 
@@ -46,12 +47,14 @@ def contribution(shapes, codec: str, seed: int, *, bits: int = 8, rank: int = 8,
                          x=f32_bytes(torch.from_numpy(rng.uniform(0, scale, n).astype(np.float32))))
         else:
             r, limit = min(rank, m, n), qmax(bits)
-            entry.update(b=bits, r=r, p=pack_ints(torch.from_numpy(rng.integers(-limit, limit + 1, m * r)), bits),
+            entry.update(b=bits, r=r, p=pack_ints(torch.from_numpy(rng.integers(-limit, limit + 1, m * r)),
+                                                  bits),
                          q=pack_ints(torch.from_numpy(rng.integers(-limit, limit + 1, n * r)), bits),
                          w=rng.integers(0, 65536, r).astype("<u2").tobytes(),
                          x=f32_bytes(torch.tensor([scale * 1e-9], dtype=torch.float32)))
         entries.append(entry)
-    return msgpack.packb({"v": CODEC_VERSION, "st": stage, "rd": outer_round, "t": entries}, use_bin_type=True)
+    return msgpack.packb({"v": CODEC_VERSION, "st": stage, "rd": outer_round, "t": entries},
+                         use_bin_type=True)
 
 
 @dataclasses.dataclass
@@ -83,8 +86,8 @@ def changed(state: StageState, chunk: int, element: int, *, momentum: bool = Fal
 
 
 def lied_sum(state: StageState, contribution: int, chunk: int, delta: int = 1) -> StageState:
-    """``state`` (version 3) whose committed sum tree of ``contribution`` says chunk ``chunk``'s sum of squares is
-    ``delta`` units more than it is (the tree's total and the factors consistent with the lie)."""
+    """``state`` (version 3) whose committed sum tree of ``contribution`` says chunk ``chunk``'s sum of
+    squares is ``delta`` units more than it is (the tree's total and the factors consistent with the lie)."""
     sums = list(state.sum_trees[contribution].sums)
     sums[chunk] += delta
     fake = SumTree.of(sums)
@@ -132,16 +135,16 @@ class Committed:
     def sum_proof(self, contribution: int, chunk: int):
         """The norm proof of chunk ``chunk`` of ``contribution``'s sum tree in round 1 (a version-3 round)."""
         state = self.states[1]
-        return sum_proof(self.records[1], [leaf.encode() for leaf in self.stages[1]], 0, state.factors.encode(),
-                         state.weight_leaves, state.payload_leaves[contribution], state.sum_trees[contribution],
-                         contribution, chunk)
+        return sum_proof(self.records[1], [leaf.encode() for leaf in self.stages[1]], 0,
+                         state.factors.encode(), state.weight_leaves, state.payload_leaves[contribution],
+                         state.sum_trees[contribution], contribution, chunk)
 
 
 def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_index: int = 6,
            commitments: int | None = None) -> Committed:
-    """A new run on ``deployment`` (members 1, 2, 3; k = 2) whose round 0 is ``round_.prev`` and round 1 ``new``,
-    both signed by members 1 and 2. ``commitments``: the run's version (RunParams); None: that of ``new``'s
-    factors (3 if they carry the norm commitment, else 2)."""
+    """A new run on ``deployment`` (members 1, 2, 3; k = 2) whose round 0 is ``round_.prev`` and round 1
+    ``new``, both signed by members 1 and 2. ``commitments``: the run's version (RunParams); None: that of
+    ``new``'s factors (3 if they carry the norm commitment, else 2)."""
     if commitments is None:
         commitments = scheme_named("normed" if new.factors.norms is not None else "chunked").version
     run = deployment.member_run((1, 2, 3), quorum=2, min_stake=stake, commitments=commitments)
@@ -156,15 +159,16 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
 
 
 def normed_start(weights, momentum, diloco: DilocoConfig) -> StageState:
-    """Stage 0's state before round 1 of a version-3 run: every record of such a run carries version-3 factors (the
-    run's version: RunParams), round 0's those of no contribution."""
+    """Stage 0's state before round 1 of a version-3 run: every record of such a run carries version-3 factors
+    (the run's version: RunParams), round 0's those of no contribution."""
     start = initial_state(0, weights, momentum)
     norms = Norms(float64_bits(float(diloco.norm_clip)), (), (), ())
     return dataclasses.replace(start, factors=dataclasses.replace(start.factors, norms=norms))
 
 
 CHAIN_SHAPES = {"w": (2, 40)}  # 80 elements: a full chunk and a short one
-_CHAINS: dict[bool, list] = {False: [], True: []}  # normed -> [(state, weights, momentum)] after rounds 0, 1, ...
+# normed -> [(state, weights, momentum)] after rounds 0, 1, ...
+_CHAINS: dict[bool, list] = {False: [], True: []}
 
 
 def honest_chain(round_: int, *, normed: bool = False) -> StageState:
@@ -182,6 +186,7 @@ def honest_chain(round_: int, *, normed: bool = False) -> StageState:
         _state, weights, momentum = chain[-1]
         blobs = [contribution(CHAIN_SHAPES, "raw", 1000 * t + i, scale=1e-2, outer_round=t) for i in range(2)]
         aggregation = aggregate_with_report(weights, momentum, blobs, diloco, stage_index=0, outer_round=t)
-        state = stage_state(0, aggregation, blobs, diloco, t, decode_args={"stage_index": 0, "outer_round": t})
+        state = stage_state(0, aggregation, blobs, diloco, t,
+                            decode_args={"stage_index": 0, "outer_round": t})
         chain.append((state, aggregation.new_global, aggregation.new_momentum))
     return chain[round_][0]

@@ -28,6 +28,7 @@ from typing import Any
 import msgpack
 import torch
 
+from node import protocol as msg
 from node.config import load_config
 from node.errors import CONFIG_ERRORS, ConfigError, StateError
 from node import protocol as msg
@@ -51,13 +52,13 @@ from p2p.gossip import (
     SYNC_MAX_OFFER_BYTES,
     SYNC_MAX_RESPONSE_BYTES,
     parse_sync_offer,
-    parse_sync_want,
-    sync_offer_frame,
-    sync_want_frame,
     parse_sync_request,
     parse_sync_response,
+    parse_sync_want,
+    sync_offer_frame,
     sync_request_frame,
     sync_response_frame,
+    sync_want_frame,
 )
 from p2p.identity import Identity
 from p2p.wire import ProtocolViolation, decode_frame, encode_frame
@@ -102,7 +103,8 @@ def random_value(rng: random.Random, depth: int = 0) -> Any:
     if choice in (4, 5):
         return rng.randbytes(rng.choice([0, 1, 19, 20, 21, 31, 32, 33, 64, 65, 66, rng.randrange(300)]))
     if choice in (6, 7):
-        return "".join(rng.choice("az09_-/:.\x00\u00e9\U0001f600 ") for _ in range(rng.choice([0, 1, 5, 40, 513])))
+        return "".join(rng.choice("az09_-/:.\x00\u00e9\U0001f600 ")
+                       for _ in range(rng.choice([0, 1, 5, 40, 513])))
     if choice == 8:
         return rng.choice(["hello", "ok", "busy", "not_found", "raw", "quant", "lowrank", "dlx-run-v1"])
     if choice == 9:
@@ -165,8 +167,8 @@ def mutate_bytes(rng: random.Random, data: bytes, seeds: list[bytes]) -> bytes:
             i = rng.randrange(len(buf))
             buf[i] ^= 1 << rng.randrange(8)
         elif roll == 1 and buf:
-            buf[rng.randrange(len(buf))] = rng.choice([0x00, 0xFF, 0x7F, 0x80, 0xC0, 0xC1, 0xC4, 0xD9, 0xDC, 0xDD,
-                                                       0xDE, 0xDF, 0xCF, 0xCB, 0x90, 0x80, 0x9F])
+            buf[rng.randrange(len(buf))] = rng.choice([0x00, 0xFF, 0x7F, 0x80, 0xC0, 0xC1, 0xC4, 0xD9, 0xDC,
+                                                       0xDD, 0xDE, 0xDF, 0xCF, 0xCB, 0x90, 0x80, 0x9F])
         elif roll == 2 and buf:
             del buf[rng.randrange(len(buf) + 1):]  # truncation
         elif roll == 3:
@@ -213,10 +215,11 @@ def valid_payloads() -> dict[str, bytes]:
                                                 [f"/ip4/127.0.0.1/tcp/4001/p2p/{peer}"], 3, 2)),
         msg.ANNOUNCE: msg.encode_payload(msg.Announce(bytes(range(32)), 1234)),
         msg.CLOSE: msg.encode_payload(msg.Close([[0, peer, bytes(32), 100], [1, peer, bytes(range(32)), 7]])),
-        msg.ATTESTATION: msg.encode_payload(msg.Attestation(bytes(32), bytes(range(32)), 2, 3.5, math.nan, 512,
-                                                            b"", bytes(32))),
-        msg.RECORD: msg.encode_payload(msg.RecordSignature(bytes(32), bytes(32), bytes(32), 3_500_000, 3_400_000,
-                                                           512, 2, bytes(32), bytes(20), bytes(65))),
+        msg.ATTESTATION: msg.encode_payload(msg.Attestation(bytes(32), bytes(range(32)), 2, 3.5, math.nan,
+                                                            512, b"", bytes(32))),
+        msg.RECORD: msg.encode_payload(msg.RecordSignature(bytes(32), bytes(32), bytes(32), 3_500_000,
+                                                           3_400_000, 512, 2, bytes(32), bytes(20),
+                                                           bytes(65))),
         **_spot_check_payloads(),
     }
 
@@ -225,9 +228,11 @@ def _spot_check_payloads() -> dict[str, bytes]:
     """The re-execution kinds (accusation, verdict, evidence), where this tree has them."""
     out = {}
     if hasattr(msg, "Accusation"):
-        out[msg.ACCUSATION] = msg.encode_payload(msg.Accusation(4, bytes(20), IDENTITY.peer_id, 1, bytes(32), 900))
+        out[msg.ACCUSATION] = msg.encode_payload(msg.Accusation(4, bytes(20), IDENTITY.peer_id, 1, bytes(32),
+                                                                900))
     if hasattr(msg, "VerdictSignature"):
-        out[msg.VERDICT] = msg.encode_payload(msg.VerdictSignature(bytes(20), bytes(32), True, bytes(20), bytes(65)))
+        out[msg.VERDICT] = msg.encode_payload(msg.VerdictSignature(bytes(20), bytes(32), True, bytes(20),
+                                                                   bytes(65)))
     if hasattr(msg, "Evidence"):
         out[msg.EVIDENCE] = msg.encode_payload(msg.Evidence(bytes(20), 1, [b"envelope"], "guilty", "distance",
                                                             [0.5]))
@@ -326,7 +331,8 @@ def structured_frame(rng: random.Random, seeds: list[bytes]) -> bytes:
     return length.to_bytes(4, "big") + packed
 
 
-BLOB_REQUESTS = frame_seeds([request_frame(bytes(range(32)), 0, 0), request_frame(bytes(32), 8 << 20, 8 << 20)])
+BLOB_REQUESTS = frame_seeds([request_frame(bytes(range(32)), 0, 0),
+                             request_frame(bytes(32), 8 << 20, 8 << 20)])
 BLOB_REPLIES = frame_seeds([ok_reply(100, bytes(range(32)), 0, 100), not_found_reply(), out_of_range_reply(5),
                             {"status": "busy"}, bad_request_reply("sha256 must be 32 bytes")])
 SYNC_REQUESTS = frame_seeds([sync_request_frame("/dlx/run/7/v1", b"", 0),
@@ -372,10 +378,11 @@ def decode_sync_want(data: bytes) -> Any:
 
 def checkpoint_seed() -> bytes:
     generator = torch.Generator().manual_seed(1)
-    weights = {"a.weight": torch.randn(4, 3, generator=generator), "b.bias": torch.randn(3, generator=generator)}
+    weights = {"a.weight": torch.randn(4, 3, generator=generator),
+               "b.bias": torch.randn(3, generator=generator)}
     momentum = {name: torch.zeros_like(t) for name, t in weights.items()}
-    return Checkpoint(RUN_ID, 5, {"preset": "tiny", "n_layer": 2}, bytes(range(32)), {0: bytes(32), 1: bytes(32)},
-                      weights, momentum).to_bytes()
+    return Checkpoint(RUN_ID, 5, {"preset": "tiny", "n_layer": 2}, bytes(range(32)),
+                      {0: bytes(32), 1: bytes(32)}, weights, momentum).to_bytes()
 
 
 CHECKPOINT = checkpoint_seed()
@@ -491,7 +498,8 @@ def _read_state(directory: Path, data: bytes) -> Any:
 
 
 def archive_seed() -> bytes:
-    return json.dumps({"round": 3, "contributions": [[0, 1, IDENTITY.peer_id, "ab" * 32]], "excluded": []}).encode()
+    return json.dumps({"round": 3, "contributions": [[0, 1, IDENTITY.peer_id, "ab" * 32]],
+                       "excluded": []}).encode()
 
 
 def _read_manifest(directory: Path, data: bytes) -> Any:
@@ -538,7 +546,8 @@ def targets() -> list[Target]:
         *[Target(f"payload_{kind}", lambda d, kind=kind: msg.decode_payload(kind, d), (msg.ProtocolError,),
                  [payload], lambda rng, kind=kind: structured_payload(rng, kind))
           for kind, payload in PAYLOADS.items()],
-        Target("contribution", decode_codec, (ContributionDecodeError,), CONTRIBUTIONS, structured_contribution),
+        Target("contribution", decode_codec, (ContributionDecodeError,), CONTRIBUTIONS,
+               structured_contribution),
         Target("contribution_refuse_raw", decode_codec_strict, (ContributionDecodeError,), CONTRIBUTIONS,
                structured_contribution),
         Target("blob_request", decode_blob_request, (ProtocolViolation,), BLOB_REQUESTS,
@@ -569,4 +578,4 @@ def targets() -> list[Target]:
     ]
 
 
-__all__ = ["Target", "targets", "random_input", "ReplicaStateError"]
+__all__ = ["ReplicaStateError", "Target", "random_input", "targets"]

@@ -133,7 +133,8 @@ def structured_log(rng: random.Random) -> bytes:
         words = (len(data) - body) // 32
         if words:
             i = body + 32 * rng.randrange(words)
-            data[i:i + 32] = rng.choice([2**256 - 1, 2**255, 2**64, 2**32, 1 << 20, 32, 0, 1]).to_bytes(32, "big")
+            data[i:i + 32] = rng.choice([2**256 - 1, 2**255, 2**64, 2**32, 1 << 20, 32, 0, 1]).to_bytes(32,
+                                                                                                        "big")
     return bytes(data)
 
 
@@ -207,6 +208,7 @@ def _sliced_reference() -> bytes:
 
 def _sliced_envelope(reference: bytes) -> bytes:
     from fuzz_targets import sign
+
     from node import protocol as msg
 
     body = msg.encode_contribution_body(msg.ContributionBody(b"s" * 32, b"d" * 32, reference))
@@ -217,6 +219,7 @@ def closed_envelope_input(data: bytes):
     """What a slice aggregator (and the auditor) does with a closed envelope's bytes: its usable
     reference or None (an absent input), never an exception (node.live.exchange.sliced.usable_reference)."""
     from fuzz_targets import GOSSIP_LIMIT, IDENTITY, RUN_ID
+
     from node.live.exchange.sliced import usable_reference
 
     entry = [1, IDENTITY.peer_id, bytes(32), len(data)]
@@ -237,6 +240,7 @@ def structured_closed_envelope(rng: random.Random) -> bytes:
 
 def sliced_targets() -> list:
     from fuzz_targets import GOSSIP_LIMIT, Target
+
     from training.butterfly import SliceError
     from training.slicebundle import parse_slice_reference
     from training.slicemessages import parse_partial, partial_payload
@@ -245,7 +249,8 @@ def sliced_targets() -> list:
     return [
         Target("sliced_closed_envelope", closed_envelope_input, (), [_sliced_envelope(reference)],
                structured_closed_envelope),
-        Target("slice_reference", lambda d: parse_slice_reference(d, SLICED_COUNT, GOSSIP_LIMIT), (SliceError,),
-               [reference]),
-        Target("partial_payload", parse_partial, (SliceError,), [partial_payload(1, 3, bytes(32), 4, b"blob")]),
+        Target("slice_reference", lambda d: parse_slice_reference(d, SLICED_COUNT, GOSSIP_LIMIT),
+               (SliceError,), [reference]),
+        Target("partial_payload", parse_partial, (SliceError,),
+               [partial_payload(1, 3, bytes(32), 4, b"blob")]),
     ]

@@ -1,11 +1,11 @@
 """Every bit-exact path of a recorded short run, computed in this process: run by tests/test_cross_isa.py in
 subprocesses under several ``ATEN_CPU_CAPABILITY`` values and thread counts, which compare what they print.
 
-    python tests/isa_probe.py RUN.pkl THREADS    # prints one JSON object
-    python tests/isa_probe.py RUN.pkl THREADS --no-wire-vectors   # where libp2p and eth-account are not installed
+    python tests/isa_probe.py RUN.pkl THREADS                     # prints one JSON object
+    python tests/isa_probe.py RUN.pkl THREADS --no-wire-vectors   # without libp2p and eth-account
 
-(``--no-wire-vectors``: the aarch64 python of scripts/setup-arm-emulation.sh has torch and numpy only; libp2p 0.8.1
-needs fastecdsa 2.3.2, which PyPI has no aarch64 wheel of. ``wire_vectors`` is then ``null``.)
+(``--no-wire-vectors``: the aarch64 python of scripts/setup-arm-emulation.sh has torch and numpy only; libp2p
+0.8.1 needs fastecdsa 2.3.2, which PyPI has no aarch64 wheel of. ``wire_vectors`` is then ``null``.)
 
 ``RUN.pkl`` (written by the test): the run's config overrides and, per round, the start states, claims and
 contributions of tests/test_cross_isa.py's claimants. Printed: the portable initial weights' hash, the codec's
@@ -58,7 +58,8 @@ def main(run_path: str, threads: int, wire_vectors: bool = True) -> dict:
     out["sketch"] = digest(sketch(64, 24, torch.float32, cfg.compression.sketch))
     corpus = corpus_from_config(cfg.training, cfg.model)
     out["data"] = digest(*(t for replica in range(2) for x, y in round_batches(
-        corpus, cfg.training.seed, replica, 1, cfg.diloco.inner_steps, cfg.training.batch_size, cfg.model.block_size)
+        corpus, cfg.training.seed, replica, 1, cfg.diloco.inner_steps, cfg.training.batch_size,
+        cfg.model.block_size)
         for t in (x, y)))
 
     specs = split_stages(cfg.model.n_layer, cfg.pipeline.num_stages)
@@ -76,9 +77,11 @@ def main(run_path: str, threads: int, wire_vectors: bool = True) -> dict:
 
     replayer = Replayer(document)
     replayer.start_from_initial()
-    out["roots"] = [replayer.apply(record["round"], [record["contributions"][stage] for stage in range(len(specs))]
+    out["roots"] = [replayer.apply(record["round"],
+                                   [record["contributions"][stage] for stage in range(len(specs))]
                                    ).hex() for record in records]
-    # The replay's weights after the last round, as a version-1 root (the run's own roots are version 2 where it is
+    # The replay's weights after the last round, as a version-1
+    # root (the run's own roots are version 2 where it is
     # chunked): what the members' engines hold (tests/test_cross_isa.py compares it with theirs).
     from training.hashing import stage_weights_hash, weights_root
 
@@ -89,8 +92,8 @@ def main(run_path: str, threads: int, wire_vectors: bool = True) -> dict:
         previous = records[index - 1]["contributions"] if index > 0 else None
         for replica, parts in sorted(record["states"].items()):
             check = verify_contribution(
-                parts, record["claims"][replica], corpus, cfg.model, cfg.training, cfg.diloco, cfg.compression,
-                outer_round=record["round"], replica=replica, run_rounds=len(records),
+                parts, record["claims"][replica], corpus, cfg.model, cfg.training, cfg.diloco,
+                cfg.compression, outer_round=record["round"], replica=replica, run_rounds=len(records),
                 previous_contributions=previous, threads=run["claimant_threads"])
             out["verdicts"].append(check.verdict)
             out["distances"].append(max(check.distances.values(), default=None))
@@ -108,4 +111,5 @@ def main(run_path: str, threads: int, wire_vectors: bool = True) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], int(sys.argv[2]), wire_vectors="--no-wire-vectors" not in sys.argv[3:])))
+    print(
+        json.dumps(main(sys.argv[1], int(sys.argv[2]), wire_vectors="--no-wire-vectors" not in sys.argv[3:])))

@@ -37,7 +37,8 @@ def make_record(
     contributors: int = 4,
     checkpoint_hash: bytes = ZERO_HASH,
 ) -> RoundRecord:
-    """A distinct, deterministic RoundRecord for ``round`` on top of ``prev_head`` (``label`` varies its roots)."""
+    """A distinct, deterministic RoundRecord for ``round`` on top of ``prev_head`` (``label`` varies its
+    roots)."""
     return RoundRecord(
         run_id=run_id,
         round=round,
@@ -128,7 +129,8 @@ class Deployment:
         return LedgerClient(self.w3, account, self.registry, self.ledger, **kwargs)
 
     def register(self, index: int, seed: int | None = None) -> LedgerClient:
-        """Register dev account ``index`` with a valid binding signature of node key ``seed`` (default index+1)."""
+        """Register dev account ``index`` with a valid binding signature of node key ``seed`` (default
+        index+1)."""
         client = self.client(index)
         key = node_key(index + 1 if seed is None else seed)
         client.register(raw_public_key(key), key.sign(client.my_binding_message()), stake=self.min_stake)

@@ -1,4 +1,5 @@
-"""A member's view of a three-seat run for unit tests of node.live parts (the committer, the checkpoint builder)."""
+"""A member's view of a three-seat run for unit tests of node.live parts (the committer, the checkpoint
+builder)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ PEERS = ["peer-a", "peer-b", "peer-c"]
 
 
 def three_seat_membership() -> tuple[Membership, RoundBook]:
-    """peer-a's membership and book: seats 0-2 held by ``PEERS`` (replicas 10-12), each other peer's hello heard."""
+    """peer-a's membership and book: seats 0-2 held by ``PEERS`` (replicas 10-12), each other peer's hello
+    heard."""
     book = RoundBook()
     seats = {peer.encode(): Seat((10 + i, 0), i) for i, peer in enumerate(PEERS)}
     membership = Membership("peer-a", "c-peer-a", 1, 1, book, seat=lambda _account, key: seats.get(key),

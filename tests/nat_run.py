@@ -1,6 +1,7 @@
 """One training run across NATs, orchestrated from inside the lab's public namespace (tests/netns_lab.py).
 
-``ip netns exec <public ns> python tests/nat_run.py '<lab JSON>' WORKDIR ROUNDS TIMEOUT [relay-only]`` sets up a
+``ip netns exec <public ns> python tests/nat_run.py '<lab JSON>' WORKDIR ROUNDS TIMEOUT [relay-only]`` sets up
+a
 :class:`node.commands.launcher.LocalRun` of three one-node replicas (its anvil on the public
 namespace's loopback, reachable from the sites through a TCP forwarder on the public address),
 places replica 0 on the public network as the run's relay, replicas 1 and 2 each behind its own NAT
@@ -30,7 +31,8 @@ from node.config import dump_toml, load_config
 
 
 def forward_tcp(listen_ip: str, port: int, target_ip: str, target_port: int) -> socket.socket:
-    """Accept on ``listen_ip:port`` and splice each connection to ``target_ip:target_port`` (daemon threads)."""
+    """Accept on ``listen_ip:port`` and splice each connection to ``target_ip:target_port`` (daemon
+    threads)."""
     server = socket.create_server((listen_ip, port))
 
     def pump(src: socket.socket, dst: socket.socket) -> None:
@@ -113,7 +115,8 @@ def main() -> int:
         names = {slot.peer_id: slot.name for slot in run.nodes}
         result = {
             "ok": ok,
-            "exit_codes": {slot.name: slot.process.returncode if slot.process else None for slot in run.nodes},
+            "exit_codes": {slot.name: slot.process.returncode if slot.process else None
+                               for slot in run.nodes},
             "placement": {slot.name: where[slot.peer_id] for slot in run.nodes},
             "committed": [c.commit.round for c in history.commits],
             "contributors": [c.commit.num_contributors for c in history.commits],

@@ -139,7 +139,8 @@ class NetLab:
             edge, tun = host, "eth0"
             if spec.nat:
                 edge, tun = self._add(f"{self.prefix}-r{i}"), "wan"
-                _run("ip", "-n", edge, "link", "add", "lan", "type", "veth", "peer", "name", "eth0", "netns", host)
+                _run("ip", "-n", edge, "link", "add", "lan", "type", "veth", "peer", "name", "eth0", "netns",
+                     host)
                 _run("ip", "-n", edge, "addr", "add", f"10.0.{i}.1/24", "dev", "lan")
                 _run("ip", "-n", edge, "link", "set", "lan", "up")
                 _run("ip", "-n", host, "addr", "add", f"10.0.{i}.2/24", "dev", "eth0")
@@ -218,7 +219,8 @@ class NetLab:
 #: Run inside a namespace by the probes: a UDP echo server / a TCP sink, one line of JSON out when done.
 _ECHO = """
 import json, socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", int(sys.argv[1]))); s.settimeout(float(sys.argv[2]))
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", int(sys.argv[1])))
+s.settimeout(float(sys.argv[2]))
 print("ready", flush=True)
 try:
     while True:
@@ -273,22 +275,24 @@ def probe_rtt(lab: NetLab, source: str, destination: str, count: int = 20, port:
     """Round-trip times (ms) of ``count`` UDP echoes from ``source`` to ``destination``'s public address."""
     server = _serve(lab, destination, _ECHO, str(port), "10")
     try:
-        done = subprocess.run(lab.cmd(source, sys.executable, "-c", _PING, lab.public_ip(destination), str(port),
-                                      str(count)), capture_output=True, text=True, timeout=120)
+        done = subprocess.run(lab.cmd(source, sys.executable, "-c", _PING, lab.public_ip(destination),
+                                      str(port), str(count)), capture_output=True, text=True, timeout=120)
         return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else []
     finally:
         server.kill()
         server.wait(timeout=10)
 
 
-def probe_throughput(lab: NetLab, source: str, destination: str, seconds: float = 5.0, port: int = 9902) -> dict:
+def probe_throughput(lab: NetLab, source: str, destination: str, seconds: float = 5.0,
+                     port: int = 9902) -> dict:
     """One TCP stream from ``source`` to ``destination`` for ``seconds``: Mbit/s received, and the CPU
     seconds the lab's forwarders used meanwhile (the emulator's own cost)."""
     sink = _serve(lab, destination, _SINK, str(port))
     cpu_before, started = lab.forwarder_cpu_s(), time.monotonic()
     try:
         subprocess.run(lab.cmd(source, sys.executable, "-c", _SOURCE, lab.public_ip(destination), str(port),
-                               str(seconds)), capture_output=True, text=True, timeout=seconds + 60, check=True)
+                               str(seconds)), capture_output=True, text=True, timeout=seconds + 60,
+                       check=True)
         out, _ = sink.communicate(timeout=60)
     finally:
         if sink.poll() is None:
@@ -309,7 +313,8 @@ def tbf_args(rate_mbit: float) -> list[str]:
     return ["tbf", "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "50ms"]
 
 
-def random_delays(sites: list[str], low_ms: float, high_ms: float, rng: random.Random) -> dict[str, dict[str, float]]:
+def random_delays(sites: list[str], low_ms: float, high_ms: float,
+                  rng: random.Random) -> dict[str, dict[str, float]]:
     """A symmetric matrix of one-way delays drawn uniformly from [low_ms, high_ms]."""
     delays: dict[str, dict[str, float]] = {s: {} for s in sites}
     for i, a in enumerate(sites):
@@ -366,11 +371,12 @@ def remove_leftovers() -> list[str]:
     except (OSError, subprocess.SubprocessError):
         return []
     removed = []
-    for name in re.findall(rf"^({PREFIX}-(\d+)-\d+-\S+)", names, re.M):
+    for name in re.findall(rf"^({PREFIX}-(\d+)-\d+-\S+)", names, re.MULTILINE):
         namespace, pid = name[0], int(name[1])
         if Path(f"/proc/{pid}").exists():
             continue
-        for proc in Path("/proc").iterdir():  # forwarders of that lab (started by this module) hold its devices
+        # forwarders of that lab (started by this module) hold its devices
+        for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
                 try:
                     argv = (proc / "cmdline").read_bytes().split(b"\0")

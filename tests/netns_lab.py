@@ -70,7 +70,8 @@ def unavailable_reason() -> str | None:
         return "network namespaces need root"
     for tool in ("ip", "nft"):
         if shutil.which(tool) is None:
-            return f"`{tool}` is not installed (apt-get install -y {'iproute2' if tool == 'ip' else 'nftables'})"
+            return (f"`{tool}` is not installed (apt-get install -y "
+                    f"{'iproute2' if tool == 'ip' else 'nftables'})")
     return None
 
 
@@ -111,7 +112,8 @@ class NatLab:
             _run("ip", "-n", self.public, "link", "set", f"port{index}", "master", "br0", "up")
             _run("ip", "-n", router, "addr", "add", f"{ROUTER_WAN_IPS[index - 1]}/24", "dev", "wan")
             _run("ip", "-n", router, "link", "set", "wan", "up")
-            _run("ip", "-n", router, "link", "add", "lan", "type", "veth", "peer", "name", "eth0", "netns", site)
+            _run("ip", "-n", router, "link", "add", "lan", "type", "veth", "peer", "name", "eth0", "netns",
+                 site)
             _run("ip", "-n", router, "addr", "add", f"10.0.{index}.1/24", "dev", "lan")
             _run("ip", "-n", router, "link", "set", "lan", "up")
             _run("ip", "-n", site, "addr", "add", f"{SITE_IPS[index - 1]}/24", "dev", "eth0")

@@ -50,7 +50,8 @@ def assert_chain_roots(run: LocalRun, commits) -> None:
     """Every node recorded, for every committed round, the weights root the chain holds."""
     for slot in run.nodes:
         roots = node_state(slot)["weights_roots"]
-        assert [roots.get(str(c.commit.round)) for c in commits] == [c.commit.weights_root.hex() for c in commits], \
+        assert [roots.get(str(c.commit.round)) for c in commits] == [c.commit.weights_root.hex()
+                                                                     for c in commits], \
             slot.name
 
 

@@ -3,13 +3,15 @@
 ``python tests/p2p_agent.py '<P2PConfig fields as JSON>' DATA_DIR`` prints ``{"peer_id", "listen_addrs"}``
 once the host runs, then answers one JSON line per command line read:
 
-- ``{"cmd": "connect", "addr": A, "timeout": s}`` -> ``{"ok": true, "peer": id}`` or ``{"ok": false, "error": ...}``
+- ``{"cmd": "connect", "addr": A, "timeout": s}`` -> ``{"ok": true, "peer": id}`` or ``{"ok": false, "error":
+  ...}``
 - ``{"cmd": "paths"}`` -> ``{"paths": {peer: "direct" | "relayed"}}``
 - ``{"cmd": "wait_path", "peer": id, "path": "direct", "timeout": s}`` -> ``{"path": ...}`` (the last seen)
 - ``{"cmd": "provide", "size": n}`` -> ``{"sha256": hex}``
 - ``{"cmd": "fetch", "sha256": hex, "provider": id, "timeout": s}`` -> ``{"ok": bool, "error": ...}``
 - ``{"cmd": "status"}`` -> ``{"reachability", "listen_addrs", "relay_refusals"}``
-- ``{"cmd": "subscribe", "topic": t}`` -> ``{"ok": true}``; ``{"cmd": "received", "topic": t}`` -> ``{"count": n}``
+- ``{"cmd": "subscribe", "topic": t}`` -> ``{"ok": true}``; ``{"cmd": "received", "topic": t}`` -> ``{"count":
+  n}``
 - ``{"cmd": "flood", "topic": t, "seconds": s}`` -> ``{"ok": true}`` at once; publishes to ``t`` without pause
   for ``s`` seconds on a thread (messages in flight while a peer shuts down)
 
@@ -31,7 +33,6 @@ from p2p.config import P2PConfig
 from p2p.errors import P2PError
 from p2p.host import P2PHost
 from p2p.identity import Identity
-
 
 QUEUES: dict = {}  # topic -> the subscription's queue
 RECEIVED: dict[str, int] = {}
@@ -59,8 +60,8 @@ def answer(host: P2PHost, request: dict, data_dir: str) -> dict:
         return {"sha256": host.provide_blob(os.urandom(request["size"]), announce=False)}
     if cmd == "fetch":
         try:
-            host.fetch_blob(request["sha256"], os.path.join(data_dir, "fetched"), providers=[request["provider"]],
-                            timeout=request.get("timeout", 60))
+            host.fetch_blob(request["sha256"], os.path.join(data_dir, "fetched"),
+                            providers=[request["provider"]], timeout=request.get("timeout", 60))
             return {"ok": True}
         except P2PError as exc:
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}

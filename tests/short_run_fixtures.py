@@ -65,7 +65,8 @@ def node_archives(run) -> list[Path]:
 
 
 def cli_args(run, **options) -> SimpleNamespace:
-    """The parsed arguments of a command that reads the run's chain (``dlx-node audit``, ``pull``): the run's RPC,
-    run id and deployment file, no registry or ledger override, no bootstrap peers; ``options`` add the rest."""
+    """The parsed arguments of a command that reads the run's chain (``dlx-node audit``, ``pull``): the run's
+    RPC, run id and deployment file, no registry or ledger override, no bootstrap peers; ``options`` add the
+    rest."""
     return SimpleNamespace(rpc=run.url, run=run.run_id, deployment=str(run.workdir / "deployment.json"),
                            registry="", ledger="", bootstrap=[], **options)

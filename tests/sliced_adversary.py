@@ -52,8 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adversary import run_with  # tests/ is on the path: this file's directory
 
-FORGED = ("slices-huge-1e3", "slices-huge-1e6", "slices-sign-flip", "slices-noise", "slices-zero", "slices-stale",
-          "slices-malformed")
+FORGED = ("slices-huge-1e3", "slices-huge-1e6", "slices-sign-flip", "slices-noise", "slices-zero",
+          "slices-stale", "slices-malformed")
 ATTACKS = ("wrong-root", "wrong-blob", "bad-slice", "bad-reference", "withhold", "two-partials", *FORGED,
            "slices-copy")
 
@@ -132,7 +132,8 @@ def bad_reference() -> dict:
             bundle, reference = slicebundle.slice_bundle(blobs)
             self.archive.put_blob(outer_round, bundle, "slice")
             self.host.provide_blob(bundle, announce=False)
-            count, digest, size, root = slicebundle._REFERENCE.unpack_from(reference, len(slicebundle.REFERENCE_PREFIX))
+            count, digest, size, root = slicebundle._REFERENCE.unpack_from(reference,
+                                                                           len(slicebundle.REFERENCE_PREFIX))
             return slicebundle.REFERENCE_PREFIX + slicebundle._REFERENCE.pack(count + 1, digest, size, root)
 
         def close_inputs_held(self, outer_round, stage, digest, envelope):
@@ -225,9 +226,11 @@ def forged_slices(attack: str) -> dict:
                 return [bytes(b ^ 0x5A for b in blob) for blob in super().last_slices(stage)]
             forged, honest_slices = [], []
             for j, blob in enumerate(super().last_slices(stage)):
-                honest = decode_contribution(blob, plan.slice_shapes(j), stage_index=stage, outer_round=outer_round)
+                honest = decode_contribution(blob, plan.slice_shapes(j), stage_index=stage,
+                                             outer_round=outer_round)
                 honest_slices.append(honest)
-                if kind == "stale":  # the previous round's honest slice (the first round's own: nothing older)
+                # the previous round's honest slice (the first round's own: nothing older)
+                if kind == "stale":
                     values = self.previous.get(stage, honest_slices)[j]
                 else:
                     values = {name: forge(value, generator) for name, value in honest.items()}
@@ -236,7 +239,8 @@ def forged_slices(attack: str) -> dict:
                                                outer_round=outer_round)[0]
                 except torch.linalg.LinAlgError:  # a decoded low-rank slice, negated: its Gram matrix may not
                     # factorize (training/codec); the forgery with a 1e-6 jitter does
-                    values = {name: value + 1e-6 * value.abs().max() * torch.randn(value.shape, generator=generator)
+                    values = {name: value + 1e-6 * value.abs().max() * torch.randn(value.shape,
+                                                                                   generator=generator)
                               for name, value in values.items()}
                     blob = encode_contribution(values, self.cfg.compression, stage_index=stage,
                                                outer_round=outer_round)[0]
@@ -254,9 +258,9 @@ def copy_slices() -> dict:
     from node.live.exchange.sliced import SlicedExchange
     from node.protocol import decode_contribution_body
     from p2p.envelope import decode_envelope
-    from training.slicebundle import bundle_slices, parse_slice_reference
     from training.codec_wire import decode_contribution
     from training.compression import encode_contribution
+    from training.slicebundle import bundle_slices, parse_slice_reference
 
     logger = logging.getLogger("sliced_adversary")
 
@@ -277,18 +281,19 @@ def copy_slices() -> dict:
                     if envelope is None:
                         continue
                     env = decode_envelope(envelope, self.max_blob_bytes)
-                    reference = parse_slice_reference(decode_contribution_body(env.payload).blob, plan.num_slices,
-                                                      self.max_blob_bytes)
+                    reference = parse_slice_reference(decode_contribution_body(env.payload).blob,
+                                                      plan.num_slices, self.max_blob_bytes)
                     bundle = self._fetch(reference.bundle_digest, announced.peer_id)
                     if bundle is None:
                         continue
                     theirs = bundle_slices(bundle, reference)
                     if any(blob is None for blob in theirs):
                         continue
-                    logger.warning("adversary: round %d stage %d: publishing %s's slices as its own", outer_round,
-                                   stage, announced.peer_id[-8:])
+                    logger.warning("adversary: round %d stage %d: publishing %s's slices as its own",
+                                   outer_round, stage, announced.peer_id[-8:])
                     return [encode_contribution(
-                        decode_contribution(blob, plan.slice_shapes(j), stage_index=stage, outer_round=outer_round),
+                        decode_contribution(blob, plan.slice_shapes(j), stage_index=stage,
+                                            outer_round=outer_round),
                         self.worker().cfg.compression, stage_index=stage, outer_round=outer_round)[0]
                         for j, blob in enumerate(theirs)]
                 time.sleep(0.2)

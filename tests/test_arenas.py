@@ -37,8 +37,8 @@ _ARENAS_USED = textwrap.dedent("""
 
 
 def _arenas_used(mode: str, env: dict | None = None) -> int | None:
-    done = subprocess.run([sys.executable, "-c", _ARENAS_USED, mode], capture_output=True, text=True, timeout=120,
-                          env=env)
+    done = subprocess.run([sys.executable, "-c", _ARENAS_USED, mode], capture_output=True, text=True,
+                          timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     if "no-glibc" in done.stdout:
         return None
@@ -85,8 +85,9 @@ def test_the_limit_is_set_once_unless_the_environment_chose(monkeypatch):
     assert not limit_arenas()  # no glibc: nothing to do
 
 
-@pytest.mark.parametrize("command,limited", [(["start", "--config", "x.toml"], True), (["join", "dlx://x"], True),
-                                             (["status"], False)])
+@pytest.mark.parametrize("command,limited",
+                         [(["start", "--config", "x.toml"], True), (["join", "dlx://x"], True),
+                          (["status"], False)])
 def test_start_and_join_set_the_limit_before_anything_else(monkeypatch, command, limited):
     from node import cli
     from node.commands import faces

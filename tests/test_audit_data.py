@@ -1,5 +1,5 @@
-"""``dlx-node audit --data DIR`` on a run with a prepared dataset: the auditor reads batches from the dataset exactly
-as nodes do, and only from the run's dataset; anything else is refused naming the mismatch."""
+"""``dlx-node audit --data DIR`` on a run with a prepared dataset: the auditor reads batches from the dataset
+exactly as nodes do, and only from the run's dataset; anything else is refused naming the mismatch."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def run(tmp_path_factory):
     prepare_dataset([text], root / "ds", tokenizer, shard_tokens=3000)
     prepare_dataset([text], root / "other", tokenizer, eval_fraction=0.2, shard_tokens=3000)
     cfg = load_config(None, ["model.preset=llama-tiny", f"model.vocab_size={tokenizer.vocab_size}",
-                             f"model.tokenizer={root / 'ds' / 'tokenizer.json'}", f"training.data_path={root / 'ds'}"])
+                             f"model.tokenizer={root / 'ds' / 'tokenizer.json'}",
+                             f"training.data_path={root / 'ds'}"])
     return root, cfg, run_document(cfg)
 
 
@@ -36,10 +37,12 @@ def test_the_auditor_reads_the_batches_the_nodes_read(run):
     node = corpus_from_config(cfg.training, cfg.model, [root / "ds"])  # what a node opens
     assert audited.sha256 == node.sha256 == read_manifest(root / "ds")[1].root
     seed, block = cfg.training.seed, cfg.model.block_size
-    batches = zip(round_batches(audited, seed, 1, 3, 4, 2, block), round_batches(node, seed, 1, 3, 4, 2, block))
+    batches = zip(round_batches(audited, seed, 1, 3, 4, 2, block),
+                  round_batches(node, seed, 1, 3, 4, 2, block))
     for ours, theirs in batches:
         assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
-    assert torch.equal(screening_batch(audited, seed, 3, 8, block)[0], screening_batch(node, seed, 3, 8, block)[0])
+    assert torch.equal(screening_batch(audited, seed, 3, 8, block)[0],
+                       screening_batch(node, seed, 3, 8, block)[0])
 
 
 @pytest.mark.parametrize("data, expected", [

@@ -21,12 +21,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from short_run_fixtures import ROUNDS, cli_args, client, node_archives, run  # noqa: F401 (client, run: fixtures)
 
 from ledger.account import dev_account
 from ledger.checks import check_chain_record
 from ledger.client import LedgerClient
-from ledger.merkle import merkle_root
 from ledger.errors import LedgerNotMember
+from ledger.merkle import merkle_root
 from ledger.records import RoundRecord
 from node import protocol as msg
 from node.cli import exit_code_for
@@ -37,7 +38,6 @@ from node.tools.audit_replay import Replayer
 from node.tools.evidence import PeerFetcher
 from p2p.envelope import Envelope, decode_envelope
 from p2p.identity import Identity
-from short_run_fixtures import ROUNDS, cli_args, client, node_archives, run  # noqa: F401 (client, run: fixtures)
 
 BIG = 1 << 30
 
@@ -293,8 +293,8 @@ def test_an_outsider_cannot_commit_and_a_quorum_signed_lie_is_caught_naming_its_
     target.mkdir(parents=True)
     shutil.copy(source / "run.json", target / "run.json")
     outsider = LedgerClient(client.w3, dev_account(7, client.chain_id), run.registry, run.ledger)
-    # A chunked run's weights root binds the contributions' envelope digests (docs/FRAUD_PROOF.md): run 2's true
-    # roots are replayed from its re-signed envelopes (the same payloads, so the same weights).
+    # A chunked run's weights root binds the contributions' envelope digests (docs/FRAUD_PROOF.md): run 2's
+    # true roots are replayed from its re-signed envelopes (the same payloads, so the same weights).
     replayer = Replayer(json.loads((source / "run.json").read_bytes()))
     replayer.start_from_initial()
     for record in history.commits:
@@ -322,7 +322,8 @@ def test_an_outsider_cannot_commit_and_a_quorum_signed_lie_is_caught_naming_its_
             json.dumps({"round": round_index, "contributions": entries})
         )
         bodies = {e[3]: msg.decode_contribution_body(decode_envelope(
-            (target / f"round-{round_index:08d}" / f"{e[3]}.env").read_bytes(), BIG).payload) for e in entries}
+            (target / f"round-{round_index:08d}" / f"{e[3]}.env").read_bytes(), BIG).payload)
+                      for e in entries}
         stages = range(history.run.num_stages)
         weights_root = replayer.apply(
             round_index, [[bodies[e[3]].blob for e in entries if e[0] == s] for s in stages],
@@ -345,7 +346,8 @@ def test_an_outsider_cannot_commit_and_a_quorum_signed_lie_is_caught_naming_its_
         )
         signatures = [member.sign_record(lie) for member in members]
         if round_index == 1:
-            with pytest.raises(LedgerNotMember):  # the quorum's signatures do not make a non-member a submitter
+            # the quorum's signatures do not make a non-member a submitter
+            with pytest.raises(LedgerNotMember):
                 outsider.commit_round(lie, signatures)
         members[0].commit_round(lie, signatures)
 
@@ -377,14 +379,17 @@ def test_a_forged_registration_is_caught(run, client):
     chain = check_chain_record(client, client.history(run.run_id), check_code=False)
     assert [note for note in chain.notes if note.startswith(f"registration {forger.address}")]
     # ...a registration alone gives no right to commit...
-    record = RoundRecord(run.run_id, ROUNDS, client.head_of(run.run_id), b"\x01" * 32, b"\x02" * 32, 1, 1, 1, 1)
+    record = RoundRecord(run.run_id, ROUNDS, client.head_of(run.run_id), b"\x01" * 32, b"\x02" * 32, 1, 1, 1,
+                         1)
     with pytest.raises(LedgerNotMember):
         forger.commit_round(record, [forger.sign_record(record)])
-    # ...and once a seat is taken with the squatted key, the run uses it: the registration and the member fail.
+    # ...and once a seat is taken with the squatted key,
+    # the run uses it: the registration and the member fail.
     forger.join_run(run.run_id)
     report = audit_run(client, run.run_id, archives=node_archives(run))
     assert report.failed
-    forged = [c for c in report.general if c.status == FAIL and c.name.startswith(f"registration {forger.address}")]
+    forged = [c for c in report.general if c.status == FAIL
+              and c.name.startswith(f"registration {forger.address}")]
     assert len(forged) == 1
     member = [c for c in report.general if c.status == FAIL and c.name.startswith(f"member {forger.address}")]
     assert len(member) == 1 and "no registration with a valid binding" in member[0].reason

@@ -28,7 +28,8 @@ def _sealed(tmp_path, left_out_stages: tuple[int, ...]):
     records it as excluded ``other_result``. Returns the archive directories."""
     envelopes = {key: f"envelope {key}".encode() for key in PEERS}
     hashes = {key: hashlib.sha256(data).digest() for key, data in envelopes.items()}
-    holders = {"solo": [(0, 0), (1, 0), (0, 2), (1, 2)], "split-s0": [(0, 0), (0, 2)], "split-s1": [(1, 0), (1, 2)]}
+    holders = {"solo": [(0, 0), (1, 0), (0, 2), (1, 2)], "split-s0": [(0, 0), (0, 2)],
+               "split-s1": [(1, 0), (1, 2)]}
     dirs = []
     for name, held in holders.items():
         root = tmp_path / name

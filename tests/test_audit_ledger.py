@@ -89,14 +89,16 @@ class AttestedRun:
                  commitments=HASHED_VERSION):
         document = tiny_run_document()
         self.run = deployment.member_run(members, quorum, max_rounds=max_rounds,
-                                         config_hash=hashlib.sha256(document).digest(), commitments=commitments)
+                                         config_hash=hashlib.sha256(document).digest(),
+                                         commitments=commitments)
         self.run_id = self.run.run_id
         self.archive = tmp_path / "archive"
         (self.archive / "checkpoints").mkdir(parents=True)
         if with_document:
             (self.archive / "run.json").write_bytes(document)
         self.config_hash = self.run.reader.run_info(self.run_id).config_hash
-        self.reader = LedgerClient(deployment.w3, None, deployment.registry, deployment.ledger, retry=FAST_RETRY)
+        self.reader = LedgerClient(deployment.w3, None, deployment.registry, deployment.ledger,
+                                   retry=FAST_RETRY)
         self.records = []
 
     def commit(self, lie: bool = False, signers=None):
@@ -144,7 +146,8 @@ def test_an_honest_attested_run_without_evidence_is_incomplete_never_passed(
     assert report.counts()[FAIL] == 0 and report.counts()[UNVERIFIABLE] > 0
     for verdict in report.rounds:
         assert verdict.attesters == attested.addresses((1, 2, 3))
-        assert _check(verdict, ATTESTED).status == OK and "3 of 4 members in force" in _check(verdict, ATTESTED).reason
+        assert _check(verdict, ATTESTED).status == OK and "3 of 4 members in force" in _check(verdict,
+                                                                                              ATTESTED).reason
         assert _check(verdict, "hash chain link").status == OK
         assert _check(verdict, WITHIN_MAX_ROUNDS).status == OK
         assert _check(verdict, "weights root (replay)").status == UNVERIFIABLE  # no run document, no evidence
@@ -156,7 +159,8 @@ def test_an_honest_attested_run_without_evidence_is_incomplete_never_passed(
     # The command: INCOMPLETE has its own exit code, never 0.
     monkeypatch.setattr(audit_tool, "reader_client", lambda args: attested.reader)
     args = SimpleNamespace(
-        run=attested.run_id, archive=[attested.archive], bootstrap=[], no_replay=False, json_out="", html_out=""
+        run=attested.run_id, archive=[attested.archive], bootstrap=[], no_replay=False, json_out="",
+        html_out=""
     )
     with pytest.raises(AuditIncomplete, match="first unverified round 0") as incomplete:
         audit_tool.run_audit(args)
@@ -176,7 +180,8 @@ def test_an_honest_attested_run_without_evidence_is_incomplete_never_passed(
 
 
 
-def test_a_run_created_with_another_commitments_version_than_its_documents_fails_the_audit(deployment, tmp_path):
+def test_a_run_created_with_another_commitments_version_than_its_documents_fails_the_audit(deployment,
+                                                                                           tmp_path):
     """A hashed run's document on a run the chain holds as chunked: the fraud proofs would hold its rounds to
     another version than its nodes write, so the audit fails it."""
     attested = AttestedRun(deployment, tmp_path, commitments=scheme_named("chunked").version)
@@ -184,7 +189,8 @@ def test_a_run_created_with_another_commitments_version_than_its_documents_fails
     report = audit_run(attested.reader, attested.run_id, archives=[attested.archive])
     version = next(c for c in report.general if c.name == "commitments version")
     assert version.status == FAIL and report.failed
-    assert "diloco.commitments = 'hashed', the run was created on chain with version 2 (chunked)" in version.reason
+    assert "diloco.commitments = 'hashed', the run was created on chain with version 2 (chunked)" \
+        in version.reason
 
 # ---------------------------------------------------------------------- forged
 def test_a_quorum_signed_forged_round_fails_the_audit_and_is_never_pulled(deployment, tmp_path):
@@ -201,11 +207,13 @@ def test_a_quorum_signed_forged_round_fails_the_audit_and_is_never_pulled(deploy
     assert _check(report.rounds[2], ATTESTED).status == OK  # the chain accepted it: k members signed it
     # --round 2: refused, naming the check; nothing written.
     with pytest.raises(CheckpointInconsistent, match="is not the attested record's weightsRoot") as refused:
-        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "forged", 2, archives=[attested.archive], final_only=False)
+        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "forged", 2, archives=[attested.archive],
+                        final_only=False)
     assert refused.value.check == "consistent with its commit" and exit_code_for(refused.value) == 9
     assert not (tmp_path / "forged").exists()
     # By default: the latest checkpoint consistent with its record, saying which was passed over and why.
-    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model", archives=[attested.archive], final_only=False)
+    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model",
+                             archives=[attested.archive], final_only=False)
     assert result.round == 1 and len(result.skipped) == 1
     assert result.skipped[0].startswith("round 2: consistent with its commit")
 
@@ -235,19 +243,25 @@ def test_a_disputed_round_is_shown_with_both_records_and_not_pulled(deployment, 
         n.startswith(f"disputed by {run.client(4).address}") and "differs in weights_root" in n
         for n in disputed.notes
     )
-    assert any(f"an attester of this round, {run.client(2).address}, signed two records" in n for n in disputed.notes)
-    assert any(f"member {run.client(2).address} slashed" in n and "equivocation on round 1" in n for n in report.notes)
+    assert any(f"an attester of this round, {run.client(2).address}, signed two records" in n
+               for n in disputed.notes)
+    assert any(f"member {run.client(2).address} slashed" in n and "equivocation on round 1" in n
+               for n in report.notes)
     assert report.rounds[0].disputes == []
     with pytest.raises(RoundDisputed, match="round 1 of run .* is disputed") as refused:
-        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", 1, archives=[attested.archive], final_only=False)
+        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", 1, archives=[attested.archive],
+                        final_only=False)
     assert refused.value.check == "undisputed" and not (tmp_path / "out").exists()
-    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model", archives=[attested.archive], final_only=False)
+    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model",
+                             archives=[attested.archive], final_only=False)
     assert result.round == 0 and result.skipped[0].startswith("round 1: undisputed")
     # Issue 28, attack 4: a round built on the disputed one is not pulled either, by default or by --round.
     attested.commit(signers=(1, 3, 4))
     with pytest.raises(RoundDisputed, match="round 2 of run .* descends from disputed round 1"):
-        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", 2, archives=[attested.archive], final_only=False)
-    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model2", archives=[attested.archive], final_only=False)
+        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", 2, archives=[attested.archive],
+                        final_only=False)
+    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model2",
+                             archives=[attested.archive], final_only=False)
     assert result.round == 0 and result.skipped[0].startswith("round 2: undisputed") and result.cleared == {}
     assert "descends from disputed round 1" in result.skipped[0]
 
@@ -261,7 +275,8 @@ def test_without_the_run_document_a_checkpoint_is_never_verified(deployment, tmp
     assert [c.status for c in report.checkpoints] == [UNVERIFIABLE]
     assert "no verified run document" in report.checkpoints[0].reason
     with pytest.raises(RunDocumentMissing, match="run document .* is not available") as refused:
-        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", archives=[attested.archive], final_only=False)
+        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", archives=[attested.archive],
+                        final_only=False)
     assert refused.value.check == "run document" and not (tmp_path / "out").exists()
     # A forged run document (another model config) in the archive is no substitute: it does not hash to the
     # chain's configHash, and an oversized or non-JSON file named run.json is refused the same way.
@@ -269,7 +284,8 @@ def test_without_the_run_document_a_checkpoint_is_never_verified(deployment, tmp
     for bogus in (forged, b"\x00" * 100_000, b"{not json"):
         (attested.archive / "run.json").write_bytes(bogus)
         with pytest.raises(RunDocumentMissing, match="a copy hashes to"):
-            pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", archives=[attested.archive], final_only=False)
+            pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", archives=[attested.archive],
+                            final_only=False)
     assert not (tmp_path / "out").exists()
 
 
@@ -289,8 +305,10 @@ def test_a_checkpoint_whose_config_is_not_the_run_documents_is_refused(deploymen
     report = audit_run(attested.reader, attested.run_id, archives=[attested.archive])
     assert report.failed and "model config" in report.checkpoints[1].reason
     with pytest.raises(CheckpointInconsistent, match="its model config is"):
-        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", 1, archives=[attested.archive], final_only=False)
-    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model", archives=[attested.archive], final_only=False)
+        pull_checkpoint(attested.reader, attested.run_id, tmp_path / "out", 1, archives=[attested.archive],
+                        final_only=False)
+    result = pull_checkpoint(attested.reader, attested.run_id, tmp_path / "model",
+                             archives=[attested.archive], final_only=False)
     assert result.round == 0 and "model config" in result.skipped[0]
     config = json.loads((tmp_path / "model" / "config.json").read_text())
     assert config["n_head"] == ModelConfig(preset="tiny").n_head
@@ -328,9 +346,11 @@ def test_under_attested_rounds_are_refused_by_the_chain_and_by_the_checks(deploy
     standing = round_standing(crafted.history(attested.run_id), crafted.chain_id, crafted.ledger_address)
     assert standing[0] is None and all(isinstance(standing[r], RoundUnattested) for r in (1, 2))
     with pytest.raises(RoundUnattested, match="not attested by the quorum of counted members") as refused:
-        pull_checkpoint(crafted, attested.run_id, tmp_path / "out", 2, archives=[attested.archive], final_only=False)
+        pull_checkpoint(crafted, attested.run_id, tmp_path / "out", 2, archives=[attested.archive],
+                        final_only=False)
     assert refused.value.check == "attested by k members in force" and isinstance(refused.value, PullRefused)
-    result = pull_checkpoint(crafted, attested.run_id, tmp_path / "model", archives=[attested.archive], final_only=False)
+    result = pull_checkpoint(crafted, attested.run_id, tmp_path / "model", archives=[attested.archive],
+                             final_only=False)
     assert result.round == 0 and [s.split(":")[0] for s in result.skipped] == ["round 2", "round 1"]
 
 
@@ -351,6 +371,8 @@ def test_rounds_past_max_rounds_are_refused_by_the_chain_and_by_the_checks(deplo
     assert [_check(r, WITHIN_MAX_ROUNDS).status for r in report.rounds] == [OK, OK, FAIL]
     assert "past the run's last round 1" in _check(report.rounds[2], WITHIN_MAX_ROUNDS).reason
     with pytest.raises(RoundBeyondMax, match="past the run's last round 1") as refused:
-        pull_checkpoint(crafted, attested.run_id, tmp_path / "out", 2, archives=[attested.archive], final_only=False)
+        pull_checkpoint(crafted, attested.run_id, tmp_path / "out", 2, archives=[attested.archive],
+                        final_only=False)
     assert refused.value.check == "within maxRounds"
-    assert pull_checkpoint(crafted, attested.run_id, tmp_path / "model", archives=[attested.archive], final_only=False).round == 1
+    assert pull_checkpoint(crafted, attested.run_id, tmp_path / "model", archives=[attested.archive],
+                           final_only=False).round == 1

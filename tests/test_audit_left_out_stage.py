@@ -32,18 +32,21 @@ def _contribution(identity: Identity, outer_round: int, stage: int) -> tuple[byt
     """(a signed contribution envelope of ``identity``'s replica, the start-state blob it binds)."""
     state = f"start state of {REPLICA_OF[identity]} round {outer_round} stage {stage}".encode()
     body = msg.ContributionBody(hashlib.sha256(state).digest(), bytes(32), b"pseudo-gradient", msg.NO_APPLY)
-    envelope = Envelope.create(identity, RUN_ID, outer_round, msg.CONTRIBUTION, msg.encode_contribution_body(body),
-                               stage=stage, replica=REPLICA_OF[identity]).to_bytes()
+    envelope = Envelope.create(identity, RUN_ID, outer_round, msg.CONTRIBUTION,
+                               msg.encode_contribution_body(body), stage=stage,
+                               replica=REPLICA_OF[identity]).to_bytes()
     return envelope, state
 
 
 def _entry(identity: Identity, stage: int, envelope: bytes) -> ArchivedContribution:
-    return ArchivedContribution(stage, REPLICA_OF[identity], identity.peer_id, hashlib.sha256(envelope).digest())
+    return ArchivedContribution(stage, REPLICA_OF[identity], identity.peer_id,
+                                hashlib.sha256(envelope).digest())
 
 
 def _node(root, identity: Identity, own: dict, closes: dict, received: dict) -> Archive:
     """One node's archive as its contributor and finisher leave it: its own contributions put as its own
-    (``put_own``, what the contributor does), the others' it received put, and each round sealed on its closes."""
+    (``put_own``, what the contributor does), the others' it received put, and each round sealed on its
+    closes."""
     archive = Archive(root / "archive", RUN_ID)
     (root / "blobs").mkdir(parents=True, exist_ok=True)
     for outer_round in sorted(set(own) | set(closes)):
@@ -58,7 +61,8 @@ def _node(root, identity: Identity, own: dict, closes: dict, received: dict) -> 
 
 def _run(tmp_path):
     """Round 34 (replica 0 alone: the joiner enters at 35) and round 35 (stage 0 closed on replicas 0 and 8,
-    stage 1 on replica 0 only: the joiner's stage-1 contribution came late) as the soak's nodes sealed them."""
+    stage 1 on replica 0 only: the joiner's stage-1 contribution came late) as the soak's nodes sealed
+    them."""
     solo = {r: {s: _contribution(SOLO, r, s) for s in (0, 1)} for r in (34, 35)}
     joiner = {35: {s: _contribution(JOINER, 35, s) for s in (0, 1)}}
     closes = {34: [_entry(SOLO, s, solo[34][s][0]) for s in (0, 1)],
@@ -82,9 +86,10 @@ class _NoCorpus:
 
 
 def _assert_the_audit_reruns_the_joiner_from_both_stages(tmp_path, late: bytes) -> None:
-    """The audit finds replica 8's envelope of both stages (stage 1's the ``late`` one) and reruns it: the rerun
-    has every input of the archives (the envelopes, both start states, round 34's contributions) and stops only at
-    the corpus this test does not give it; before, "its contributions are not in the archives"."""
+    """The audit finds replica 8's envelope of both stages (stage 1's the ``late`` one) and reruns it: the
+    rerun has every input of the archives (the envelopes, both start states, round 34's contributions) and
+    stops only at the corpus this test does not give it; before, "its contributions are not in the
+    archives"."""
     auditor = ReexecAuditor(_NoCorpus(), [tmp_path / "solo", tmp_path / "joiner"], RUN_ID, 0)
     envs = auditor._envelopes(ROUND, 8)
     assert envs is not None and [e.stage for e in envs] == [0, 1]
@@ -130,12 +135,12 @@ def test_a_left_out_entry_naming_another_envelope_is_not_taken(tmp_path):
 
 
 def test_a_signer_killed_before_it_sealed_the_round_still_gives_the_audit_its_left_out_stage(tmp_path):
-    """The 60-minute soak's round 26 (issue 45): a one-node replica sent both stages' contributions, the stage-0
-    close aggregated its stage 0, the stage-1 close left its stage 1 out, and the node was killed before it sealed
-    the round (the others committed it while it was down; a restarted node does not seal rounds it missed). Its
-    archive holds the round unsealed: the envelopes and their own-contribution markers, no ``round.json``. The
-    audit takes the left-out stage from the marker (it was INCOMPLETE: "its contributions are not in the
-    archives")."""
+    """The 60-minute soak's round 26 (issue 45): a one-node replica sent both stages' contributions, the
+    stage-0 close aggregated its stage 0, the stage-1 close left its stage 1 out, and the node was killed
+    before it sealed the round (the others committed it while it was down; a restarted node does not seal
+    rounds it missed). Its archive holds the round unsealed: the envelopes and their own-contribution markers,
+    no ``round.json``. The audit takes the left-out stage from the marker (it was INCOMPLETE: "its
+    contributions are not in the archives")."""
     _solo, joiner, late = _run(tmp_path)
     joiner.sealed_path(ROUND).unlink()  # killed before sealing: the round's directory as put_own left it
     assert joiner.sealed(ROUND) is None and joiner.get(ROUND, hashlib.sha256(late).digest()) == late

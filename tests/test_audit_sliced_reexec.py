@@ -71,11 +71,13 @@ def _archive(root, cfg, corpus, slices_by_replica, bundles=True, tampered=(), wh
         data = data_commitment(corpus, cfg.training, cfg.model, cfg.diloco, replica, 0)
         for part in _state(cfg, replica).stages:
             (root / "blobs" / part.state_hash().hex()).write_bytes(part.to_bytes())
-            bundle, reference = slice_bundle(slices[part.stage_index]) if slices else (b"", b"garbage reference")
+            bundle, reference = slice_bundle(slices[part.stage_index]) if slices \
+                else (b"", b"garbage reference")
             if replica in tampered:
                 bundle = bundle[:-1] + bytes([bundle[-1] ^ 1])  # the last slice's last byte
                 reference = slicebundle.REFERENCE_PREFIX + slicebundle._REFERENCE.pack(
-                    len(slices[part.stage_index]), hashlib.sha256(bundle).digest(), len(bundle), reference[-32:])
+                    len(slices[part.stage_index]), hashlib.sha256(bundle).digest(), len(bundle),
+                    reference[-32:])
             if bundles and bundle:
                 (run_dir / f"{hashlib.sha256(bundle).hexdigest()}.slice").write_bytes(bundle)
             body = msg.encode_contribution_body(msg.ContributionBody(part.state_hash(), data, reference))
@@ -90,9 +92,10 @@ def _archive(root, cfg, corpus, slices_by_replica, bundles=True, tampered=(), wh
 
 def _audit(cfg, archive, accusations=(), memberships=(), count=-1):
     history = SimpleNamespace(run=SimpleNamespace(run_id=RUN_ID, max_rounds=cfg.rounds),
-                              accusations=list(accusations), head_hash=b"h" * 32, memberships=list(memberships),
-                              # Round 0 committed (the audit judges committed rounds), at a position where no seat
-                              # holds a declared platform to hold a claim to.
+                              accusations=list(accusations), head_hash=b"h" * 32,
+                              memberships=list(memberships),
+                              # Round 0 committed (the audit judges committed rounds), at a position where no
+                              # seat holds a declared platform to hold a claim to.
                               commits=[SimpleNamespace(commit=SimpleNamespace(round=0), position=None)],
                               members_at=lambda position: [])
     report = SimpleNamespace(general=[], notes=[])  # what reexec_checks appends to (an AuditReport's lists)
@@ -119,8 +122,10 @@ def test_a_sliced_contribution_without_its_inputs_is_unverifiable_never_failed(s
     bad reference; nobody is failed for missing inputs)."""
     cfg, corpus, slices = sliced_round
     checks = _audit(cfg, _archive(tmp_path / "node", cfg, corpus, {0: slices, 1: None}, bundles=False))
-    missing, garbage = checks["re-execution of round 0 replica 0"], checks["re-execution of round 0 replica 1"]
-    assert missing.status == UNVERIFIABLE and "sliced contribution: stage 0: its slice bundle" in missing.reason
+    missing, garbage = checks["re-execution of round 0 replica 0"], \
+        checks["re-execution of round 0 replica 1"]
+    assert missing.status == UNVERIFIABLE and "sliced contribution: stage 0: its slice bundle" \
+        in missing.reason
     assert garbage.status == UNVERIFIABLE and "no usable slice reference" in garbage.reason, garbage.reason
     # A bundle that is not the referenced one (same name, other bytes) is not read.
     run_dir = tmp_path / "other" / "archive" / f"run-{RUN_ID}" / "round-00000000"
@@ -132,9 +137,10 @@ def test_a_sliced_contribution_without_its_inputs_is_unverifiable_never_failed(s
 
 
 def test_a_bundle_that_fails_its_own_signed_record_is_a_failing_rerun(sliced_round, tmp_path):
-    """The archived bundle is the one the member's signed reference names (sha256 checked) and a slice of it is
-    not the one its record proves: nothing honest can be rerun from it, the member's own fault. It fails the
-    audit unless the run found its member guilty (then ok): never unverifiable (bench_byzantine bad-slice)."""
+    """The archived bundle is the one the member's signed reference names (sha256 checked) and a slice of it
+    is not the one its record proves: nothing honest can be rerun from it, the member's own fault. It fails
+    the audit unless the run found its member guilty (then ok): never unverifiable (bench_byzantine
+    bad-slice)."""
     cfg, corpus, slices = sliced_round
     who_of: dict = {}
     archive = _archive(tmp_path / "node", cfg, corpus, {0: slices, 1: slices}, tampered={1}, who_of=who_of)
@@ -163,13 +169,17 @@ def test_a_sliced_proof_on_chain_is_not_taken_for_a_rerun_evidence(sliced_round,
     checks = {}
     for verdict in ("bad-bundle", "wrong-partial"):
         evidence = msg.Evidence(accused, 0, [b"an envelope", b"a bundle"], verdict, "r", [0.0, 0.0])
-        blob = Envelope.create(Identity.generate(), RUN_ID, 0, msg.EVIDENCE, msg.encode_payload(evidence)).to_bytes()
+        blob = Envelope.create(Identity.generate(), RUN_ID, 0, msg.EVIDENCE,
+                               msg.encode_payload(evidence)).to_bytes()
         digest = hashlib.sha256(blob).digest()
         (archive / "evidence" / f"{verdict}-{digest.hex()}.envelope").write_bytes(blob)
-        accusation = SimpleNamespace(guilty=True, accused="0x" + accused.hex(), evidence_hash=digest, accuser="0xb0b")
+        accusation = SimpleNamespace(guilty=True, accused="0x" + accused.hex(), evidence_hash=digest,
+                                     accuser="0xb0b")
         checks.update(_audit(cfg, archive, [accusation], count=0))
-        check = next(c for name, c in checks.items() if name.startswith("ejection of") and digest.hex()[:16] in name)
-        assert check.status == FAIL and f"{verdict} proof does not hold (the proof's first item is no signed " \
+        check = next(c for name, c in checks.items() if name.startswith("ejection of")
+                     and digest.hex()[:16] in name)
+        assert check.status == FAIL \
+            and f"{verdict} proof does not hold (the proof's first item is no signed " \
             "envelope" in check.reason and "accused by 0xb0b" in check.reason, check
 
 
@@ -212,10 +222,12 @@ class _ProofRound:
                             for who in self.identities[:2]]
 
     def signed_close(self, who, entries):
-        return Envelope.create(who, RUN_ID, 0, msg.CLOSE, msg.encode_payload(msg.Close(entries)), stage=0).to_bytes()
+        return Envelope.create(who, RUN_ID, 0, msg.CLOSE, msg.encode_payload(msg.Close(entries)),
+                               stage=0).to_bytes()
 
     def inputs(self, j):
-        return [bundle_slices(bundle, reference)[j] for bundle, reference in zip(self.bundles, self.references)]
+        return [bundle_slices(bundle, reference)[j]
+                for bundle, reference in zip(self.bundles, self.references)]
 
     def partial(self, j, blob, who=1):
         root = merkle_root([hashlib.sha256(e).digest() for e in self.envelopes])
@@ -225,9 +237,11 @@ class _ProofRound:
 
     def eject(self, evidence, accused=1):
         """The accuser (replica 0) keeps its signed evidence; the chain found ``accused`` guilty on it."""
-        blob = Envelope.create(self.identities[0], RUN_ID, 0, msg.EVIDENCE, msg.encode_payload(evidence)).to_bytes()
+        blob = Envelope.create(self.identities[0], RUN_ID, 0, msg.EVIDENCE,
+                               msg.encode_payload(evidence)).to_bytes()
         digest = hashlib.sha256(blob).digest()
-        (self.root / "evidence" / f"{evidence.verdict}-round-00000000-{digest.hex()}.envelope").write_bytes(blob)
+        (self.root / "evidence" / f"{evidence.verdict}-round-00000000-{digest.hex()}.envelope").write_bytes(
+            blob)
         return SimpleNamespace(guilty=True, accused="0x" + _account(self.identities[accused]).hex(),
                                evidence_hash=digest, accuser="0x" + _account(self.identities[0]).hex())
 
@@ -243,7 +257,8 @@ def _wrong_partial(proof, j=0, *, honest=False, bundles=None, close=None, partia
     blob = blob if honest else blob[:-1] + bytes([blob[-1] ^ 1])
     partial = partial or proof.partial(j, blob)
     return wrong_partial_evidence(_account(proof.identities[1]), 1, partial, proof.envelopes,
-                                  proof.bundles if bundles is None else bundles, close or proof.close, "slice differs")
+                                  proof.bundles if bundles is None else bundles, close or proof.close,
+                                  "slice differs")
 
 
 def test_an_ejection_on_a_wrong_partial_proof_is_judged_by_replaying_the_slice(sliced_round, tmp_path):
@@ -253,7 +268,8 @@ def test_an_ejection_on_a_wrong_partial_proof_is_judged_by_replaying_the_slice(s
     cfg, _corpus, slices = sliced_round
     proof = _ProofRound(tmp_path / "node", cfg, slices)
     check = proof.audit(proof.eject(_wrong_partial(proof)))
-    assert check.status == OK and "wrong-partial proof holds: round 0 stage 0: the partial of slice 0 differs" \
+    assert check.status == OK \
+        and "wrong-partial proof holds: round 0 stage 0: the partial of slice 0 differs" \
         in check.reason, check
     accusation = proof.eject(_wrong_partial(proof, honest=True))
     check = proof.audit(accusation)
@@ -309,8 +325,8 @@ def test_a_sliced_proof_without_its_inputs_is_unverifiable_never_failed(sliced_r
 
 
 def test_an_ejection_on_a_bad_bundle_proof_is_judged_by_the_members_rule(sliced_round, tmp_path):
-    """A bundle whose slice its signed record does not prove justifies the ejection; a sound one, judged from the
-    archives where the proof holds the envelope alone, ejected an honest member."""
+    """A bundle whose slice its signed record does not prove justifies the ejection; a sound one, judged from
+    the archives where the proof holds the envelope alone, ejected an honest member."""
     cfg, _corpus, slices = sliced_round
     proof = _ProofRound(tmp_path / "node", cfg, slices)
     who = proof.identities[1]
@@ -321,19 +337,25 @@ def test_an_ejection_on_a_bad_bundle_proof_is_judged_by_the_members_rule(sliced_
     body = msg.encode_contribution_body(msg.ContributionBody(b"s" * 32, b"d" * 32, forged))
     bad = Envelope.create(who, RUN_ID, 0, msg.CONTRIBUTION, body, stage=0, replica=1).to_bytes()
     check = proof.audit(proof.eject(bad_bundle_evidence(_account(who), 1, bad, tampered, "bad slice")))
-    assert check.status == OK and "of its bundle is not the one its signed record proves" in check.reason, check
-    check = proof.audit(proof.eject(bad_bundle_evidence(_account(who), 1, proof.envelopes[1], None, "claimed")))
-    assert check.status == FAIL and "sound" in check.reason and "the archived one is judged" in check.reason, check
+    assert check.status == OK and "of its bundle is not the one its signed record proves" in check.reason, \
+        check
+    check = proof.audit(proof.eject(bad_bundle_evidence(_account(who), 1, proof.envelopes[1], None,
+                                                        "claimed")))
+    assert check.status == FAIL and "sound" in check.reason \
+        and "the archived one is judged" in check.reason, check
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(items=st.lists(st.binary(max_size=200), max_size=5), verdict=st.sampled_from(["wrong-partial", "bad-bundle"]))
+@given(items=st.lists(st.binary(max_size=200), max_size=5),
+       verdict=st.sampled_from(["wrong-partial", "bad-bundle"]))
 def test_hostile_sliced_proofs_never_raise_and_never_pass(sliced_round, items, verdict):
-    """Whatever bytes a proof holds, the auditor answers with a check (not ok: nothing proven), never an error."""
+    """Whatever bytes a proof holds, the auditor answers with a check (not ok: nothing proven), never an
+    error."""
     cfg, _corpus, _slices = sliced_round
     accuser, accused = Identity.generate(), b"\x22" * 20
     env = Envelope.create(accuser, RUN_ID, 0, msg.EVIDENCE, b"")
     evidence = msg.Evidence(accused, 0, items, verdict, "hostile", [0.0] * len(items))
     auditor = SlicedProofAuditor(cfg, RUN_ID, SimpleNamespace(round_blob=lambda *_: None), {}, {})
-    check = auditor.check("ejection", SimpleNamespace(accused="0x" + accused.hex(), accuser=""), env, evidence)
+    check = auditor.check("ejection", SimpleNamespace(accused="0x" + accused.hex(), accuser=""), env,
+                          evidence)
     assert check.status in (FAIL, UNVERIFIABLE) and check.reason

@@ -1,10 +1,10 @@
 """The audit re-executes only rounds the chain committed.
 
 A run that is stopped (not run to its last round) leaves rounds its nodes sealed but never committed, and at a
-fork the nodes may have sealed different closes of such a round. The archives' union of an uncommitted round is
-no one's close: rerun against it, an honest contribution of the next round is "built on another result". The
-25-minute soak of 2026-11-26 (issue 45) FAILED its audit so, on rounds 26 and 27 of a chain that held 0-24.
-Real node archives (node.store.archive.Archive, as the nodes seal them), the audit's own reexec_checks.
+fork the nodes may have sealed different closes of such a round. The archives' union of an uncommitted round
+is no one's close: rerun against it, an honest contribution of the next round is "built on another result".
+The 25-minute soak of 2026-11-26 (issue 45) FAILED its audit so, on rounds 26 and 27 of a chain that held
+0-24. Real node archives (node.store.archive.Archive, as the nodes seal them), the audit's own reexec_checks.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def _archives(tmp_path, rounds_by_node: dict[str, dict[int, list[int]]]):
             for replica in replicas:
                 envelope = f"round {outer_round} replica {replica}".encode()
                 archive.put(outer_round, envelope)
-                sealed.append(ArchivedContribution(0, replica, f"peer-{replica}", hashlib.sha256(envelope).digest()))
+                sealed.append(ArchivedContribution(0, replica, f"peer-{replica}",
+                                                   hashlib.sha256(envelope).digest()))
             archive.seal_round(outer_round, sealed, [])
         dirs.append(tmp_path / name)
     return dirs
@@ -51,8 +52,8 @@ def test_recorded_pairs_leave_out_rounds_the_chain_did_not_commit():
 
 
 def test_the_audit_judges_no_contribution_of_a_round_past_the_chain(tmp_path):
-    """Two nodes sealed different closes of round 14 (a fork at the run's end) and the chain holds 12 and 13: the
-    re-execution items name rounds 12 and 13 only, and a note says which sealed rounds were not judged."""
+    """Two nodes sealed different closes of round 14 (a fork at the run's end) and the chain holds 12 and 13:
+    the re-execution items name rounds 12 and 13 only, and a note says which sealed rounds were not judged."""
     dirs = _archives(tmp_path, {"n0": {12: [0, 1], 13: [0, 1], 14: [0]},
                                 "n1": {12: [0, 1], 13: [0, 1], 14: [1]}})
     report = AuditReport(run_id=RUN_ID, chain_id=1, registry="", ledger="", config_hash="", num_stages=1,
@@ -63,4 +64,5 @@ def test_the_audit_judges_no_contribution_of_a_round_past_the_chain(tmp_path):
     reexec_checks(report, _history([12, 13]), replayer, dirs, -1)
     judged = sorted(check.round for check in report.general)
     assert judged == [12, 12, 13, 13], [(c.name, c.status, c.reason) for c in report.general]
-    assert any("round(s) 14 sealed in the archives but not committed" in note for note in report.notes), report.notes
+    assert any("round(s) 14 sealed in the archives but not committed" in note for note in report.notes), \
+        report.notes

@@ -14,10 +14,12 @@ HONEST = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"
 
 
 def test_a_fail_naming_its_peer_id_or_an_accusation_of_its_account_names_the_attacker():
-    fail = (f"round 0: FAIL -- partial s0 j1 by ECVGQ6JK (replay): the partial signed by {PEER} differs from its "
-            "replay from the 3 inputs it binds")
+    fail = (
+        f"round 0: FAIL -- partial s0 j1 by ECVGQ6JK (replay): the partial signed by {PEER} differs from its "
+        "replay from the 3 inputs it binds")
     assert names_attacker(["audit of run 1 FAILED", fail], PEER, ATTACKER)
-    accused = f"accusation of {ATTACKER.upper().replace('0X', '0x')} by {HONEST} (evidence 10f2, block 12): open"
+    accused = (f"accusation of {ATTACKER.upper().replace('0X', '0x')} by {HONEST} (evidence "
+               "10f2, block 12): open")
     assert names_attacker([accused], PEER, ATTACKER)
     assert names_attacker([f"member {ATTACKER} slashed 0 wei at block 15 (a guilty verdict)"], PEER, ATTACKER)
 
@@ -41,7 +43,8 @@ def test_the_reexecution_summary_counts_reruns_and_lists_each_ejections_judgemen
     from bench_byzantine import reexecution_summary
 
     general = [{"name": "re-execution of round 0 replica 1", "status": "ok", "reason": "reproduced"},
-               {"name": "re-execution of round 1 replica 2", "status": "FAIL", "reason": "does not reproduce"},
+               {"name": "re-execution of round 1 replica 2", "status": "FAIL",
+                "reason": "does not reproduce"},
                {"name": "re-execution of round 1 replica 0", "status": "ok", "reason": "reproduced"},
                {"name": f"ejection of {ATTACKER} (evidence 10f2)", "status": "ok",
                 "reason": "wrong-partial proof holds: round 0 stage 0"},

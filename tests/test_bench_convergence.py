@@ -1,5 +1,6 @@
-"""bench/bench_convergence.py's table and the results page's seed-noise section (issue 46): a run at another seed is
-set beside its seed-0 row and is never a method's best (a lucky seed is no method, and no weaker DDP baseline)."""
+"""bench/bench_convergence.py's table and the results page's seed-noise section (issue 46): a run at another
+seed is set beside its seed-0 row and is never a method's best (a lucky seed is no method, and no weaker DDP
+baseline)."""
 
 import sys
 from pathlib import Path
@@ -7,8 +8,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench.bench_convergence import VARIANTS, seed_of, table  # noqa: E402
 from results_convergence import seed_spread  # noqa: E402
+
+from bench.bench_convergence import VARIANTS, seed_of, table  # noqa: E402
 
 
 def _row(mode: str, variant: str, loss: float) -> dict:
@@ -46,7 +48,8 @@ def test_the_seed_section_gives_each_seeds_gap_and_the_spread():
     assert "sync DiLoCo `muon-olr1.0-om0.7` +0.00% to +5.00% (mean +2.50%, spread 5.00 points)" in text
     assert "DiLoCoX `muon` +10.00% to +10.00%" in text
     # A mode without its run at a seed: a "-" there, and the other mode's spread still given.
-    partial = "\n".join(seed_spread({"runs": [r for r in RUNS if r["variant"] != "muon-seed1" or r["mode"] == "ddp"]}))
+    partial = "\n".join(
+        seed_spread({"runs": [r for r in RUNS if r["variant"] != "muon-seed1" or r["mode"] == "ddp"]}))
     assert "| llama-xs | 1 | 1.9000 | 1.9000 | - | +0.00% | - |" in partial
     assert "sync DiLoCo `muon-olr1.0-om0.7` +0.00% to +5.00%" in partial and "DiLoCoX `muon`" not in partial
     # Without DDP at the seeds there is nothing to compare.

@@ -2,8 +2,9 @@
 
 Every served range took a read buffer of FILE_IO_BYTES (4 MiB), zeroed, so all of it resident: each concurrent
 serve of a few-kB contribution beyond the two kept made one more for the length of the serve, and the soak's
-nodes' RSS stepped by 4 MiB up and down with them (the probe's mapping of 4,100 kB: glibc's mmapped 4 MiB), and
-for good once a catch-up's concurrent fetches first filled the kept pair. Real py-libp2p hosts on 127.0.0.1.
+nodes' RSS stepped by 4 MiB up and down with them (the probe's mapping of 4,100 kB: glibc's mmapped 4 MiB),
+and for good once a catch-up's concurrent fetches first filled the kept pair. Real py-libp2p hosts on
+127.0.0.1.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from waiting import wait_until
 
 from p2p.blob_protocol import FILE_IO_BYTES
 from p2p.config import P2PConfig
 from p2p.host import P2PHost
 from p2p.identity import Identity
-from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -32,8 +33,9 @@ def test_small_blobs_are_served_from_buffers_of_their_size_and_large_ones_from_t
         wait_until(lambda: b.peer_id in a.peers() and a.peer_id in b.peers(), 60, "a and b connected")
         small = {a.provide_blob(os.urandom(3000 + i), announce=False): i for i in range(12)}
         with ThreadPoolExecutor(6) as pool:  # served side by side, as a round's contributions are
-            fetched = list(pool.map(lambda d: b.fetch_blob(d, tmp_path / f"got-{d[:8]}", providers=[a.peer_id],
-                                                           timeout=60), small))
+            fetched = list(
+                pool.map(lambda d: b.fetch_blob(d, tmp_path / f"got-{d[:8]}", providers=[a.peer_id],
+                                                timeout=60), small))
         assert [hashlib.sha256(p.read_bytes()).hexdigest() for p in fetched] == list(small)
         assert server._read_buffers == []  # nothing of 4 MiB made, nothing kept
         large = a.provide_blob(os.urandom(FILE_IO_BYTES + 12345), announce=False)
@@ -50,7 +52,8 @@ def test_the_read_buffer_fits_the_range():
 
     server = BlobServer.__new__(BlobServer)
     server._read_buffers = []
-    assert len(server._take_read_buffer(1)) == 1 and len(server._take_read_buffer(FILE_IO_BYTES - 1)) == FILE_IO_BYTES - 1
+    assert len(server._take_read_buffer(1)) == 1 and len(server._take_read_buffer(FILE_IO_BYTES - 1)) \
+        == FILE_IO_BYTES - 1
     for length in (FILE_IO_BYTES - 1, 10):  # buffers smaller than the kept size are never kept
         server._give_back_read_buffer(bytearray(length))
     assert server._read_buffers == []

@@ -22,7 +22,8 @@ def _roots(slot) -> dict:
 
 def _attacked_run(make_run, attack: str, replicas: int = 3, quorum: int = 2, extra: tuple[str, ...] = ()):
     """A 4-round run whose last member is the adversary; the honest nodes must exit 0, every round
-    must be committed once, and every honest node must hold the chain's roots. Returns (run, honest, commits)."""
+    must be committed once, and every honest node must hold the chain's roots. Returns (run, honest,
+    commits)."""
     run = make_run(replicas=replicas, stages=2, split=False, settings=[*SETTINGS, "rounds=4", *extra],
                    attest_quorum=quorum)
     run.nodes[-1].command = [*ADVERSARY, attack]
@@ -34,7 +35,8 @@ def _attacked_run(make_run, attack: str, replicas: int = 3, quorum: int = 2, ext
     assert [c.commit.round for c in commits] == [0, 1, 2, 3]
     for slot in honest:
         roots = _roots(slot)
-        assert [roots[str(c.commit.round)] for c in commits] == [c.commit.weights_root.hex() for c in commits], \
+        assert [roots[str(c.commit.round)] for c in commits] == [c.commit.weights_root.hex()
+                                                                 for c in commits], \
             run_logs(run)
     return run, honest, commits
 
@@ -129,7 +131,8 @@ def test_a_doctored_stage_shard_is_never_signed_nor_pulled(make_run, tmp_path):
     for commit in published:  # the honest stage-0 holder's own checkpoint, byte for byte
         own = run.nodes[0].data_dir / "checkpoints" / f"round-{commit.round:08d}.safetensors"
         assert hashlib.sha256(own.read_bytes()).digest() == commit.checkpoint_hash
-    result = pull_checkpoint(run.client(), run.run_id, tmp_path / "model", archives=[s.data_dir for s in honest], final_only=False)
+    result = pull_checkpoint(run.client(), run.run_id, tmp_path / "model",
+                             archives=[s.data_dir for s in honest], final_only=False)
     assert result.round == published[-1].round
     config = json.loads((tmp_path / "model" / "config.json").read_text())
     assert config["n_head"] == ModelConfig(preset="tiny").n_head

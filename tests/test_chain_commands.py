@@ -1,5 +1,6 @@
-"""deploy, create-run, leave, withdraw, run-info, and audit/pull's run link: bad input is refused with one line and a
-non-zero exit code, before anything is sent; what is sent is what was listed. On the session's real anvil."""
+"""deploy, create-run, leave, withdraw, run-info, and audit/pull's run link: bad input is refused with one
+line and a non-zero exit code, before anything is sent; what is sent is what was listed. On the session's real
+anvil."""
 
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def run_count(w3, ledger: str, registry: str) -> int:
 
 def create(tmp_path, deployment, *extra, data_dir="org", account=("--dev-account", "3")) -> int:
     return main(["create-run", str(run_file(tmp_path)), "--deployment", str(deployment), "--data-dir",
-                 str(tmp_path / data_dir), "--listen-port", "24999", "--confirmations", "1", *account, *extra])
+                 str(tmp_path / data_dir), "--listen-port", "24999", "--confirmations", "1", *account,
+                 *extra])
 
 
 # ---------------------------------------------------------------------- run file
@@ -118,14 +120,15 @@ def test_deploy_refuses_a_wrong_chain_id_and_sends_nothing(w3, tmp_path, capsys)
 
 def test_deploy_writes_a_checked_deployment_and_never_overwrites_it(w3, tmp_path, capsys):
     out = tmp_path / "deployment.json"
-    assert main(["deploy", "--rpc", w3.provider.endpoint_uri, "--dev-account", "8", "--yes", "--out", str(out),
-                 "--confirmations", "1"]) == 0
+    assert main(["deploy", "--rpc", w3.provider.endpoint_uri, "--dev-account", "8", "--yes", "--out",
+                 str(out), "--confirmations", "1"]) == 0
     deployment = json.loads(out.read_text())
     client = LedgerClient(w3, None, deployment["registry"], deployment["ledger"])
     client.check_deployment()
     assert deployment["chain_id"] == w3.eth.chain_id and client.run_count() == 0
     assert "matches the committed artifacts" in capsys.readouterr().out
-    assert main(["deploy", "--rpc", w3.provider.endpoint_uri, "--dev-account", "8", "--yes", "--out", str(out)]) == 2
+    assert main(["deploy", "--rpc", w3.provider.endpoint_uri, "--dev-account", "8", "--yes", "--out",
+                 str(out)]) == 2
 
 
 def test_deploy_without_an_account_or_without_consent_sends_nothing(w3, tmp_path, capsys):
@@ -259,8 +262,8 @@ def test_a_run_link_gives_audit_and_pull_their_chain_run_and_peers(w3, deployed)
 
     _, registry, ledger = deployed
     peer = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWLYbcG2UdN5Hj6A1rxfpfLXjxeNDK9iPoFb2NMH5bEyYW"
-    args = argparse.Namespace(link=f"dlx://31337/{ledger}/3?rpc={w3.provider.endpoint_uri}&peer={peer}", rpc="",
-                              run=None, ledger="", registry="", bootstrap=[])
+    args = argparse.Namespace(link=f"dlx://31337/{ledger}/3?rpc={w3.provider.endpoint_uri}&peer={peer}",
+                              rpc="", run=None, ledger="", registry="", bootstrap=[])
     apply_link(args)
     assert (args.rpc, args.run, args.ledger, args.registry) == (w3.provider.endpoint_uri, 3, ledger, registry)
     assert args.bootstrap == [peer]

@@ -40,7 +40,8 @@ def test_nodes_ride_out_a_chain_outage_and_commit_every_round_once(make_run):
                                     "ledger.retry_seconds=2"])
     run.start()
     client = run.client()
-    wait_for(lambda: client.last_round(run.run_id) is not None, 180, "round 0 committed", run, none_exits=True)
+    wait_for(lambda: client.last_round(run.run_id) is not None, 180, "round 0 committed", run,
+             none_exits=True)
 
     port = int(run.url.rsplit(":", 1)[1])
     run.anvil.stop()  # SIGTERM: anvil dumps the chain, blocks and logs included, to chain-state.json
@@ -79,10 +80,11 @@ def test_nodes_ride_out_a_chain_outage_and_commit_every_round_once(make_run):
         log = _logs(slot)
         assert "chain step failed" not in log and "chain step crashed" not in log, slot.name
         # One line when an outage starts and one when it ends, one per OUTAGE_REPORT_EVERY_S between: not one
-        # per request. (A request that timed out on a loaded machine is an outage of its own, with its two lines;
-        # the node may stop inside such an episode, before a request answers and ends it: its last start line
-        # then has no end line.) A start line is "<what>: chain RPC unreachable (<error>)"; a caller that gave
-        # up logs ChainUnavailable's "chain RPC unreachable after N attempt(s)", which starts nothing.
+        # per request. (A request that timed out on a loaded machine is an outage of its own, with its two
+        # lines; the node may stop inside such an episode, before a request answers and ends it: its last
+        # start line then has no end line.) A start line is "<what>: chain RPC unreachable (<error>)"; a
+        # caller that gave up logs ChainUnavailable's "chain RPC
+        # unreachable after N attempt(s)", which starts nothing.
         starts = [m.start() for m in re.finditer(r"chain RPC unreachable \(", log)]
         ends = [m.start() for m in re.finditer(r"chain RPC reachable again", log)]
         still = log.count("chain RPC still unreachable")

@@ -26,7 +26,7 @@ from node import protocol as msg
 from node.live.record.checkpointbuild import CheckpointBuilder
 from node.live.state.roundbook import RoundBook
 from node.store.checkpoint import RunLayout, build_checkpoint
-from tests.member_fixtures import PEERS, three_seat_membership
+from tests.member_fixtures import three_seat_membership
 from training.hashing import stage_weights_hash
 
 ROUND = 7
@@ -62,9 +62,10 @@ def attestation(shard_hash: bytes) -> msg.Attestation:
 def member(tmp_path, round_timeout: float) -> tuple[CheckpointBuilder, RoundBook, BlobPeers]:
     membership, book = three_seat_membership()
     peers = BlobPeers()
-    node = SimpleNamespace(peer_id="peer-a", membership=membership, book=book, stop_event=threading.Event(), layout=LAYOUT,
-                           host=peers, incoming_dir=tmp_path / "incoming",
-                           cfg=SimpleNamespace(round_timeout=round_timeout, p2p=SimpleNamespace(transfer_timeout=5)))
+    node = SimpleNamespace(peer_id="peer-a", membership=membership, book=book, stop_event=threading.Event(),
+                           layout=LAYOUT, host=peers, incoming_dir=tmp_path / "incoming",
+                           cfg=SimpleNamespace(round_timeout=round_timeout,
+                                               p2p=SimpleNamespace(transfer_timeout=5)))
     return CheckpointBuilder(node), book, peers
 
 

@@ -23,12 +23,14 @@ SHAPES = {"b": (3, 50), "a": (130,), "e": (0,)}
 def test_the_layout_cuts_each_tensor_in_name_order_and_skips_empty_ones():
     layout = stage_layout(SHAPES)
     assert [(p.name, p.offset, p.count, p.cols) for p in layout] == [
-        ("a", 0, 64, 1), ("a", 64, 64, 1), ("a", 128, 2, 1), ("b", 0, 64, 50), ("b", 64, 64, 50), ("b", 128, 22, 50)]
+        ("a", 0, 64, 1), ("a", 64, 64, 1), ("a", 128, 2, 1), ("b", 0, 64, 50), ("b", 64, 64, 50),
+        ("b", 128, 22, 50)]
     assert all(p.count <= CHUNK_ELEMENTS for p in layout)
 
 
 def test_tensor_leaves_hold_the_exact_bits_signed_zeros_included():
-    values = {"a": torch.arange(130, dtype=torch.float32) - 64.5, "b": torch.zeros(3, 50), "e": torch.zeros(0)}
+    values = {"a": torch.arange(130, dtype=torch.float32) - 64.5, "b": torch.zeros(3, 50),
+              "e": torch.zeros(0)}
     values["b"][0, 1] = -0.0
     leaves = tensor_leaves(values)
     header, bits = leaf_values(leaves[3])
@@ -77,10 +79,10 @@ def test_a_node_finds_the_first_differing_chunk_and_builds_its_proof():
     assert proof is None and "not provable" in why
 
 
-# Pinned leaves (issue 43 item 1: the leaves are built vectorised since; these digests were taken with the first,
-# per-chunk implementation, so every root a chunked run ever committed stays the same). Shapes with a tensor
-# shorter than a chunk, one whose columns do not divide 64 (pieces spanning rows), one whose row spans chunks
-# (210 columns), an empty one and a one-element one.
+# Pinned leaves (issue 43 item 1: the leaves are built vectorised since; these digests were taken with the
+# first, per-chunk implementation, so every root a chunked run ever committed stays the same). Shapes with a
+# tensor shorter than a chunk, one whose columns do not divide 64 (pieces spanning rows), one whose row spans
+# chunks (210 columns), an empty one and a one-element one.
 PINNED_SHAPES = {"a": (130,), "b": (3, 50), "c": (2, 3, 70), "d": (64, 64), "e": (0,), "f": (5, 7), "g": (1,)}
 PINNED = {  # what -> (sha256 of the length-prefixed leaves, tree root)
     "tensor": ("bf25e508fa2a35fd00ca7e79bca63914513e2f1237df6828486dc9b722fc16fa",
@@ -91,10 +93,12 @@ PINNED = {  # what -> (sha256 of the length-prefixed leaves, tree root)
                                 "f76668f19967a583ebcab65b317dbb97c3fde47ebc09e3f634427e661c202ace"),
     ("quant", (("bits", 2),)): ("6bb608191d32fa7e9bce2c165a5ee65bf45865e96be3b6b3f8c5bd0b37f0e451",
                                 "86a3dec3981d14169c6b70a460440905679b4f61bb4269b5979a130aeb23cb08"),
-    ("lowrank", (("bits", 8), ("rank", 8))): ("c4f8624d7cbce0f3731c8212ca6a70951752f2f15bb4e2908634201654d6de53",
-                                              "852a80ace9ccd2d9657a20a86965808635a0b1e18baeebb3fcda4bfd7a4e538a"),
-    ("lowrank", (("bits", 4), ("rank", 3))): ("987b03b6ea020691a43c0358a588cf256fb6b0a21d1ce6be12331df5502d60d2",
-                                              "4ed8eda6ff5f72a218c16a25d0db88f8def5160b38a2e2fcc342ad3372c73f72"),
+    ("lowrank",
+     (("bits", 8), ("rank", 8))): ("c4f8624d7cbce0f3731c8212ca6a70951752f2f15bb4e2908634201654d6de53",
+                                   "852a80ace9ccd2d9657a20a86965808635a0b1e18baeebb3fcda4bfd7a4e538a"),
+    ("lowrank",
+     (("bits", 4), ("rank", 3))): ("987b03b6ea020691a43c0358a588cf256fb6b0a21d1ce6be12331df5502d60d2",
+                                   "4ed8eda6ff5f72a218c16a25d0db88f8def5160b38a2e2fcc342ad3372c73f72"),
 }
 
 
@@ -122,21 +126,23 @@ def test_payload_pieces_and_their_root_are_pinned(what):
 @pytest.mark.parametrize("seed", range(4))
 def test_the_vectorized_chunk_square_sums_are_square_sums_chunk_by_chunk(seed):
     """node.fraudproof.chunk_square_sums (numpy, a tensor at a time) gives ledger.normproof.square_sum's exact
-    integers for every chunk: values of every exponent, subnormals, signed zeros, the largest finite, short last
-    chunks, tensors in name order; a non-finite value is refused as square_sum refuses it."""
+    integers for every chunk: values of every exponent, subnormals, signed zeros, the largest finite, short
+    last chunks, tensors in name order; a non-finite value is refused as square_sum refuses it."""
     from ledger.normproof import square_sum
     from node.fraudproof import chunk_square_sums
 
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32)
     values = raw[(raw >> 23 & 0xFF) != 0xFF][:3000].view(np.float32).copy()  # every finite bit pattern
-    values[:12] = [0.0, -0.0, 2**-149, -(2**-149), 2**-126, 1.1754942e-38, 3.4028235e38, -3.4028235e38, 1.0, -2.5,
-                   1e-40, 65504.0]
+    values[:12] = [0.0, -0.0, 2**-149, -(2**-149), 2**-126, 1.1754942e-38, 3.4028235e38, -3.4028235e38, 1.0,
+                   -2.5, 1e-40, 65504.0]
     values[100:164] = 3.4028235e38  # a whole chunk at the largest square
-    tensors = {"b": torch.from_numpy(values[:1000].reshape(10, 100)), "a": torch.from_numpy(values[1000:2930]),
-               "c": torch.from_numpy(values[2930:2931]), "e": torch.zeros(0)}
+    tensors = {"b": torch.from_numpy(values[:1000].reshape(10, 100)),
+               "a": torch.from_numpy(values[1000:2930]), "c": torch.from_numpy(values[2930:2931]),
+               "e": torch.zeros(0)}
     places = stage_layout({name: tuple(t.shape) for name, t in tensors.items()})
-    expected = [square_sum(tensors[p.name].reshape(-1)[p.offset:p.offset + p.count].numpy().astype("<f4").tobytes())
+    expected = [square_sum(tensors[p.name].reshape(-1)[p.offset:p.offset + p.count].numpy().astype(
+        "<f4").tobytes())
                 for p in places]
     assert chunk_square_sums(tensors) == expected and len(expected) == 31 + 16 + 1
     for bad in (float("inf"), float("-inf"), float("nan")):

@@ -1,13 +1,15 @@
-"""A chunked run's stage states wait for their dispute window on disk, not in memory (node/live/fraud/chunkstate.py).
+"""A chunked run's stage states wait for their dispute window on disk, not in memory
+(node/live/fraud/chunkstate.py).
 
-A node keeps its state of every round until the round's dispute window closes on chain (``disputeBlocks`` after
-its commit): 64 blocks, 20-25 rounds on the soak's anvil, where a round took 2.5-3.2 blocks. Each state holds
-the stage's weights and momentum chunked and every accepted contribution's payload pieces; kept in memory for
-the whole window, they were most of the RSS growth of the 60-minute soak (tracemalloc on a 4-node run on the
-network lab: training/chunks.py's allocations +9 MiB in six minutes on a one-node replica, the largest growth
-there; docs/P2P.md, "What the soak found"). Now only the last PUBLISHED_ROUNDS rounds stay in memory; older ones
-still open are written to the spill directory and read back when a challenge asks. Unit tests: real
-StageStates, a window whose rounds stay open until the test closes them, a stand-in for the p2p host.
+A node keeps its state of every round until the round's dispute window closes on chain (``disputeBlocks``
+after its commit): 64 blocks, 20-25 rounds on the soak's anvil, where a round took 2.5-3.2 blocks. Each state
+holds the stage's weights and momentum chunked and every accepted contribution's payload pieces; kept in
+memory for the whole window, they were most of the RSS growth of the 60-minute soak (tracemalloc on a 4-node
+run on the network lab: training/chunks.py's allocations +9 MiB in six minutes on a one-node replica, the
+largest growth there; docs/P2P.md, "What the soak found"). Now only the last PUBLISHED_ROUNDS rounds stay in
+memory; older ones still open are written to the spill directory and read back when a challenge asks. Unit
+tests: real StageStates, a window whose rounds stay open until the test closes them, a stand-in for the p2p
+host.
 """
 
 from __future__ import annotations
@@ -114,7 +116,8 @@ def test_a_replaced_state_of_a_spilled_round_is_the_one_held(tmp_path):
 
 
 def test_an_earlier_lifes_spilled_states_are_not_taken(tmp_path):
-    """A restarted node re-derives what it attests; files of its earlier life are removed, never read as its own."""
+    """A restarted node re-derives what it attests; files of its earlier life are removed, never read as its
+    own."""
     first = _states(tmp_path, spill=True)
     _run(first)
     second = _states(tmp_path, spill=True)

@@ -60,7 +60,8 @@ def _one_line_error(proc, code, *needles):
 
 
 def test_rpc_unreachable_past_the_startup_wait_exits_5(deployed):
-    # A starting node waits ledger.startup_wait for its chain (tests/test_chain_startup_e2e.py); past it, exit 5.
+    # A starting node waits ledger.startup_wait for its chain
+    # (tests/test_chain_startup_e2e.py); past it, exit 5.
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]

@@ -60,7 +60,8 @@ class Pool:
         return {}
 
     def fetch(self, _round, _stage, announced, also_from=None) -> None:
-        self.held.add(announced.peer_id)  # a named contribution is fetched (from its sender or the coordinator)
+        # a named contribution is fetched (from its sender or the coordinator)
+        self.held.add(announced.peer_id)
 
     def prefetch(self, _round, _stage) -> None:
         pass
@@ -84,13 +85,15 @@ class Node:
                                      own_seat=seats[self.peer_id])
         self.pool = Pool(held)
         validator = EnvelopeValidator(RUN, max_size=msg.MAX_GOSSIP_PAYLOAD + 4096, max_rounds_ahead=64)
-        self.inbox = GossipInbox(RUN, validator, self.book, self.membership, self.pool, held_stages=lambda: (0,))
+        self.inbox = GossipInbox(RUN, validator, self.book, self.membership, self.pool,
+                                 held_stages=lambda: (0,))
         messenger = Messenger(identity=identity, run_id=RUN, host=self.host, station=Station(),
                               said=SaidLog(root=tmp_path / name / "said", exempt_kinds=(msg.HELLO,),
                                            max_bytes=1 << 20))
-        self.coordinator = RoundCoordinator(self.peer_id, 2, round_timeout, self.book, self.membership, self.pool,
-                                            contributed=lambda _r: True, gossip=messenger.gossip,
-                                            resync=messenger.resync, previous_life_finished=-1, stop=self.stop)
+        self.coordinator = RoundCoordinator(self.peer_id, 2, round_timeout, self.book, self.membership,
+                                            self.pool, contributed=lambda _r: True, gossip=messenger.gossip,
+                                            resync=messenger.resync, previous_life_finished=-1,
+                                            stop=self.stop)
         queue = self.host.subscribe(run_topic(RUN), validator=self.inbox.relay_ok,
                                     keep_for_sync=lambda data: self.inbox.keep_for_sync(data, self.peer_id))
         self.consumer = threading.Thread(target=self.inbox.run, args=(queue, self.stop), daemon=True)
@@ -204,12 +207,14 @@ def test_a_dead_leader_is_taken_over_without_waiting_for_an_answer(members, monk
     started = time.monotonic()
     results = run_all([backup, third])
     assert all(isinstance(r, msg.Close) for r in results), results
-    assert results[0] == results[1] and [e[1] for e in results[0].contributions] == [backup.peer_id, third.peer_id]
+    assert results[0] == results[1] and [e[1] for e in results[0].contributions] == [backup.peer_id,
+                                                                                     third.peer_id]
     assert time.monotonic() - started < coordination.PENDING_LIMIT_S  # no answer was waited for
     assert not backup.book.takeovers_of(ROUND, 0)
 
 
-def test_a_connected_leader_that_answers_nothing_is_closed_without_after_the_answer_limit(members, monkeypatch):
+def test_a_connected_leader_that_answers_nothing_is_closed_without_after_the_answer_limit(members,
+                                                                                          monkeypatch):
     # Byzantine or starved past the limit: connected (so present) but it never closes nor yields. The
     # backup waits the answer limit after its takeover, then closes, and everyone takes that close.
     monkeypatch.setattr(coordination, "CLOSE_FALLBACK_S", 0.5)

@@ -35,8 +35,8 @@ def test_init_writes_the_default():
 def test_demo_and_launcher_runs_take_the_default_and_their_run_document_validates():
     # dlx-node demo and the launcher (so every end-to-end test) build the run from load_config(None, settings)
     # with settings that name no encoder (tests/test_demo.py checks the real demo's run document).
-    settings = ["model.preset=tiny", "rounds=2", "diloco.inner_steps=4", "checkpoint_every=1", "round_timeout=120",
-                "pipeline.num_stages=2", "diloco.num_replicas=2", "torch_threads=1"]
+    settings = ["model.preset=tiny", "rounds=2", "diloco.inner_steps=4", "checkpoint_every=1",
+                "round_timeout=120", "pipeline.num_stages=2", "diloco.num_replicas=2", "torch_threads=1"]
     cfg = load_config(None, settings)
     assert cfg.compression.encoder == DEFAULT_ENCODER
     document = run_document(cfg)

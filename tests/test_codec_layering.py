@@ -25,7 +25,8 @@ def module_name(path: Path) -> str:
 
 
 def project_modules() -> dict[str, Path]:
-    return {module_name(path): path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
+    return {module_name(path): path for package in PACKAGES
+                for path in sorted((ROOT / package).rglob("*.py"))}
 
 
 def codec_modules() -> list[str]:
@@ -84,7 +85,8 @@ def test_no_private_name_crosses_into_or_out_of_a_codec_module():
     offenders = []
     for importer, path in modules.items():
         for module, name, _ in imports(path, modules):
-            if (is_codec(importer) or is_codec(module)) and name.startswith("_") and not name.startswith("__"):
+            if (is_codec(importer) or is_codec(module)) and name.startswith("_") \
+                    and not name.startswith("__"):
                 offenders.append(f"{importer} imports {module}.{name}")
         offenders += [f"{importer} uses {use}" for use in private_attribute_uses(path, modules)]
     assert not offenders, offenders
@@ -147,16 +149,16 @@ def test_each_codec_module_imports_on_its_own():
         f"names = {names!r}\n"
         "failed = {}\n"
         "for name in names:\n"
-        "    for loaded in [m for m in sys.modules if m.split('.')[0] in ('training', 'node', 'p2p', 'ledger')]:\n"
-        "        del sys.modules[loaded]\n"
+        "    for loaded in [m for m in sys.modules if m.split('.')[0] in ('training', 'node', 'p2p', "
+        "'ledger')]:\n        del sys.modules[loaded]\n"
         "    try:\n"
         "        importlib.import_module(name)\n"
         "    except Exception as exc:\n"
         "        failed[name] = f'{type(exc).__name__}: {exc}'\n"
         "print(json.dumps(failed))\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          check=False, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, check=False, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {}
     assert len(names) >= 12  # the front door, the wire format and the package's modules

@@ -65,7 +65,8 @@ def test_artifacts_pin_compiler_and_settings():
 
 
 def canonical_type(item: dict) -> str:
-    """An ABI input's canonical type (a struct is ``(t1,t2,...)``), as signatures and NatSpec keys spell it."""
+    """An ABI input's canonical type (a struct is ``(t1,t2,...)``), as signatures and NatSpec keys spell
+    it."""
     if item["type"].startswith("tuple"):
         return "(" + ",".join(canonical_type(c) for c in item["components"]) + ")" + item["type"][5:]
     return item["type"]
@@ -85,7 +86,8 @@ def test_contract_conventions():
             signature = f"{function['name']}({','.join(canonical_type(item) for item in function['inputs'])})"
             assert "notice" in notices.get(signature, {}), f"{name}.{signature} lacks a NatSpec @notice"
         for event in (entry for entry in artifact["abi"] if entry["type"] == "event"):
-            assert event["name"].endswith(("ed", *IRREGULAR_PAST)), f"{name} event {event['name']} is not past tense"
+            assert event["name"].endswith(("ed", *IRREGULAR_PAST)), \
+                f"{name} event {event['name']} is not past tense"
         prefix = {"NodeRegistry": "Registry", "AggregationProver": "Prover"}.get(name, "Ledger")
         for error in (entry for entry in artifact["abi"] if entry["type"] == "error"):
             assert error["name"].startswith(prefix)

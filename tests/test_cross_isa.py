@@ -1,5 +1,5 @@
-"""Every bit-exact path gives the same bits under every CPU instruction set torch can pick, and any thread count
-(issue 42, "Verification anywhere").
+"""Every bit-exact path gives the same bits under every CPU instruction set torch can pick, and any thread
+count (issue 42, "Verification anywhere").
 
 A short run (tiny, 2 replicas x 2 stages, 2 rounds) is trained here, once, by claimants on 1 thread. Then
 tests/isa_probe.py runs in subprocesses under ``ATEN_CPU_CAPABILITY=default`` (no AVX: what an ARM or an old
@@ -13,18 +13,18 @@ docs/DILOCOX.md): under the claimant's own kernels the verdict must be ``exact``
 the honest claimant (no ``mismatch``); the state chain is checked from the bit-exact reruns only.
 
 The default suite runs this machine's own kernels on 1 thread and ``default`` on 2; the full grid is ``slow``.
-With ``DLX_ARM_PYTHON`` naming an aarch64 Python with torch (scripts/setup-arm-emulation.sh: qemu-user on x86),
-a ``slow`` test runs the probe there too, under torch's aarch64 ``default`` (NEON) and native (SVE256) kernels:
-the same bits demanded (the wire vectors are not rebuilt there: libp2p is not installed), every rerun of the
-x86 claims on other kernels, so none exact and none a mismatch.
+With ``DLX_ARM_PYTHON`` naming an aarch64 Python with torch (scripts/setup-arm-emulation.sh: qemu-user on
+x86), a ``slow`` test runs the probe there too, under torch's aarch64 ``default`` (NEON) and native (SVE256)
+kernels: the same bits demanded (the wire vectors are not rebuilt there: libp2p is not installed), every rerun
+of the x86 claims on other kernels, so none exact and none a mismatch.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
 import pickle
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -42,13 +42,15 @@ CLAIMANT_THREADS = 1
 NATIVE = "native"
 #: What must be the same bits under every capability and thread count.
 PORTABLE = ("init", "sketch", "data", "decode", "encode_1_thread", "roots", "weights", "wire_vectors")
-#: An aarch64 python with torch, this checkout's training/ importable (scripts/setup-arm-emulation.sh), or unset.
+#: An aarch64 python with torch, this checkout's training/
+#: importable (scripts/setup-arm-emulation.sh), or unset.
 ARM_PYTHON = os.environ.get("DLX_ARM_PYTHON", "")
 
 
 @pytest.fixture(scope="module")
 def recorded_run(tmp_path_factory) -> tuple[Path, list[str]]:
-    """The short run, trained in this process by honest claimants on 1 thread; its file and the members' roots."""
+    """The short run, trained in this process by honest claimants on 1 thread; its file and the members'
+    roots."""
     from node.config import load_config
     from training.data import corpus_from_config
     from training.reexec_sim import SimConfig, SimReplica, run_with_states
@@ -67,7 +69,8 @@ def recorded_run(tmp_path_factory) -> tuple[Path, list[str]]:
     run = {
         "overrides": OVERRIDES, "claimant_threads": CLAIMANT_THREADS,
         "records": [{"round": r.outer_round, "contributions": r.contributions,
-                     "states": {replica: [part.to_bytes() for part in state.stages] for replica, state in r.states.items()},
+                     "states": {replica: [part.to_bytes() for part in state.stages]
+                                    for replica, state in r.states.items()},
                      "claims": r.claims} for r in records],
     }
     path = tmp_path_factory.mktemp("isa") / "run.pkl"
@@ -88,7 +91,8 @@ def probe(run: Path, capability: str, threads: int, python: str = sys.executable
     if capability != NATIVE:
         env["ATEN_CPU_CAPABILITY"] = capability
     arm = python != sys.executable
-    done = subprocess.run([python, str(PROBE), str(run), str(threads)] + (["--no-wire-vectors"] if arm else []),
+    done = subprocess.run([python, str(PROBE), str(run), str(threads)] + (["--no-wire-vectors"] if arm
+                                                                          else []),
                           env=env, capture_output=True, text=True, timeout=1800 if arm else 600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
@@ -100,7 +104,8 @@ def probe(run: Path, capability: str, threads: int, python: str = sys.executable
     return out
 
 
-def check_grid(run: Path, member_root: str, grid: list[tuple[str, int]], arm: list[tuple[str, int]] = ()) -> None:
+def check_grid(run: Path, member_root: str, grid: list[tuple[str, int]],
+               arm: list[tuple[str, int]] = ()) -> None:
     """``grid``: (capability, threads) of this machine's probes, the first one x86's; ``arm``: the same under
     ``ARM_PYTHON``."""
     native_capability = torch.backends.cpu.get_cpu_capability()
@@ -113,7 +118,8 @@ def check_grid(run: Path, member_root: str, grid: list[tuple[str, int]], arm: li
     for key, out in results.items():
         out["encode_1_thread"] = out["encode"] if key[1] == 1 else None
         for name in PORTABLE:
-            if name == "encode_1_thread" or (name == "wire_vectors" and out[name] is None):  # not rebuilt on ARM
+            # not rebuilt on ARM
+            if name == "encode_1_thread" or (name == "wire_vectors" and out[name] is None):
                 continue
             assert out[name] == first[name], f"{name} differs under {key}: {out[name]} != {first[name]}"
         print(key, out["capability"], out["verdicts"], out["distances"], out["chains"])
@@ -140,11 +146,13 @@ def test_bit_exact_paths_agree_under_every_capability_and_thread_count(recorded_
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # two probes under qemu-user emulation: 1 to 2 minutes each at a light load
-@pytest.mark.skipif(not ARM_PYTHON, reason="no aarch64 python: set DLX_ARM_PYTHON (scripts/setup-arm-emulation.sh)")
+@pytest.mark.skipif(not ARM_PYTHON,
+                    reason="no aarch64 python: set DLX_ARM_PYTHON (scripts/setup-arm-emulation.sh)")
 def test_bit_exact_paths_agree_on_aarch64(recorded_run):
-    """The x86 claimants' run probed by an aarch64 torch under its NEON (``default``) and its own (SVE256 under the
-    setup's emulated CPU) kernels: the replay, decode, init, sketch, data order and encode are x86's bits; the
-    reruns of the inner steps are on other kernels, so the exact-verdict check above does not apply to them."""
+    """The x86 claimants' run probed by an aarch64 torch under its NEON (``default``) and its own (SVE256
+    under the setup's emulated CPU) kernels: the replay, decode, init, sketch, data order and encode are x86's
+    bits; the reruns of the inner steps are on other kernels, so the exact-verdict check above does not apply
+    to them."""
     assert platform.machine() != "aarch64", "on an ARM machine this file's other tests are the ARM ones"
     run, member_root = recorded_run
     check_grid(run, member_root, [(NATIVE, 1)], arm=[("default", 1), (NATIVE, 1)])

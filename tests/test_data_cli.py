@@ -1,4 +1,5 @@
-"""``dlx-node data prepare``: a trained tokenizer and shards from the command line, and the settings it prints."""
+"""``dlx-node data prepare``: a trained tokenizer and shards from the command line, and the settings it
+prints."""
 
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ def test_the_demo_takes_a_prepared_dataset_with_its_tokenizer(tmp_path):
     tokenizer = train_tokenizer([text], 300)
     prepare_dataset([text], tmp_path / "bpe", tokenizer)
     settings = _dataset_model_settings(tmp_path / "bpe")
-    assert settings == [f"model.vocab_size={tokenizer.vocab_size}", f"model.tokenizer={tmp_path / 'bpe' / 'tokenizer.json'}"]
+    assert settings == [f"model.vocab_size={tokenizer.vocab_size}",
+                        f"model.tokenizer={tmp_path / 'bpe' / 'tokenizer.json'}"]
     cfg = load_config(None, ["model.preset=llama-tiny", f"training.data_path={tmp_path / 'bpe'}", *settings])
     assert corpus_from_config(cfg.training, cfg.model).sha256 == json.loads(
         (tmp_path / "bpe" / "manifest.json").read_text())["root"]

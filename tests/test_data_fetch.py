@@ -29,7 +29,8 @@ def _served_file(tmp_path: Path) -> tuple[bytes, dict[str, Dataset]]:
     if real.is_file():
         return real.read_bytes(), DATASETS
     body = b"".join(b"line %d of a made-up corpus\n" % i for i in range(20_000))
-    pinned = PinnedFile("input.txt", "http://unused.invalid/input.txt", len(body), hashlib.sha256(body).hexdigest())
+    pinned = PinnedFile("input.txt", "http://unused.invalid/input.txt", len(body),
+                        hashlib.sha256(body).hexdigest())
     return body, {"tinyshakespeare": Dataset("tinyshakespeare", "test copy", (pinned,))}
 
 
@@ -68,7 +69,8 @@ class _Server:
                     if rng:
                         server.ranges.append(rng)
                         start = int(rng.split("=")[1].rstrip("-"))
-                        self._send(206, body[start:], {"Content-Range": f"bytes {start}-{len(body) - 1}/{len(body)}"},
+                        self._send(206, body[start:],
+                                   {"Content-Range": f"bytes {start}-{len(body) - 1}/{len(body)}"},
                                    len(body) - start)
                     else:
                         self._send(200, body, length=len(body))
@@ -204,8 +206,8 @@ def test_unreachable_and_unknown(tmp_path):
 
 
 def _local_wikitext(tmp_path: Path) -> tuple[Path, dict[str, Dataset] | None]:
-    """A directory holding wikitext-2's files: the shared copy with the real pins where it exists, else made-up
-    files pinned by a catalog of the test's own (so the copy path runs from a clone alone)."""
+    """A directory holding wikitext-2's files: the shared copy with the real pins where it exists, else
+    made-up files pinned by a catalog of the test's own (so the copy path runs from a clone alone)."""
     if (SHARED / "wikitext-2").is_dir():
         return SHARED, None
     root = tmp_path / "made-up"
@@ -214,12 +216,14 @@ def _local_wikitext(tmp_path: Path) -> tuple[Path, dict[str, Dataset] | None]:
     for name in ("valid.txt", "test.txt"):
         body = b"".join(b" = %s heading %d = \n" % (name.encode(), i) for i in range(2_000))
         (root / "wikitext-2" / name).write_bytes(body)
-        pins.append(PinnedFile(name, "http://unused.invalid/" + name, len(body), hashlib.sha256(body).hexdigest()))
+        pins.append(PinnedFile(name, "http://unused.invalid/" + name, len(body),
+                               hashlib.sha256(body).hexdigest()))
     return root, {"wikitext-2": Dataset("wikitext-2", "test copy", tuple(pins))}
 
 
 def test_from_a_local_copy(tmp_path):
-    """--from: a dataset's files are copied from a local directory once their pins match; a wrong file is refused."""
+    """--from: a dataset's files are copied from a local directory once their pins match; a wrong file is
+    refused."""
     bad = tmp_path / "bad.txt"
     bad.write_text("not shakespeare")
     with pytest.raises(DataMismatch):
@@ -243,7 +247,8 @@ def test_from_a_local_copy(tmp_path):
 def test_cli_prints_the_paths_and_exits_with_an_error_line(served, tmp_path, capsys, monkeypatch):
     server, catalog = served
     if catalog is not DATASETS:
-        # No shared copy: the CLI checks the test's own pins of the made-up file (the catalog is the boundary).
+        # No shared copy: the CLI checks the test's own pins
+        # of the made-up file (the catalog is the boundary).
         monkeypatch.setitem(DATASETS, "tinyshakespeare", catalog["tinyshakespeare"])
     code = main(["data", "fetch", "tinyshakespeare", "--dir", str(tmp_path), "--url", server.base + "/good"])
     out, err = capsys.readouterr()

@@ -12,8 +12,8 @@ def _check_summary(stdout: str, out) -> None:
     assert "2 rounds committed on chain" in stdout, stdout[-3000:]
     assert "AllReduce of fp32 gradients every step would have sent" in stdout
     summary = json.loads((out / "summary.json").read_text())
-    # The demo runs the default encoder (training.config.DEFAULT_ENCODER), named in its run document, and commits
-    # the default version-3 roots (diloco.commitments "auto": its clip scales provable on chain).
+    # The demo runs the default encoder (training.config.DEFAULT_ENCODER), named in its run document, and
+    # commits the default version-3 roots (diloco.commitments "auto": its clip scales provable on chain).
     document = json.loads((out / "run.json").read_text())
     assert document["compression"]["encoder"] == "v4" and document["diloco"]["commitments"] == "normed"
     assert [r["round"] for r in summary["rounds"]] == [0, 1]
@@ -33,15 +33,19 @@ def _check_summary(stdout: str, out) -> None:
     assert summary["optimizer"] == "adamw" and "centralized data-parallel AdamW on the same tokens" in stdout
     # ... and what that gap means: this run's size, beside the training benchmark's figure read from its JSON.
     assert "this demo is 2 short rounds of H=4" in stdout
-    assert summary["benchmark"]["path"].endswith("bench/results/diloco.json") and "missing" not in summary["benchmark"]
-    named = {"adamw": "AdamW", "muon": "Muon"}[summary["benchmark"]["optimizer"]]  # the benchmark's, from its JSON
-    assert f"DiLoCoX is {100 * summary['benchmark']['loss_vs_ddp']:+.1f}% against centralized {named}" in stdout
+    assert summary["benchmark"]["path"].endswith("bench/results/diloco.json") \
+        and "missing" not in summary["benchmark"]
+    # the benchmark's, from its JSON
+    named = {"adamw": "AdamW", "muon": "Muon"}[summary["benchmark"]["optimizer"]]
+    assert f"DiLoCoX is {100 * summary['benchmark']['loss_vs_ddp']:+.1f}% against centralized {named}" \
+        in stdout
 
 
 @pytest.mark.timeout(600)
 def test_demo_runs_reports_from_the_chain_and_keep_serves_the_printed_pull_command(tmp_path):
-    """The demo trains, reports from the chain (summary, reference); with --keep the nodes end, a seeder serves
-    their archives, and the pull command the demo prints works. (One demo run: it is the suite's costliest.)"""
+    """The demo trains, reports from the chain (summary, reference); with --keep the nodes end, a seeder
+    serves their archives, and the pull command the demo prints works. (One demo run: it is the suite's
+    costliest.)"""
     import shlex
     import signal
 

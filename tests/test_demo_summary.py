@@ -9,11 +9,12 @@ def _summary(benchmark):
     return {
         "run_id": 1, "model_params": 867_072, "attest_quorum": 2, "members": 4, "stake_wei": 10**18,
         "unbonding_blocks": 128, "inner_steps": 20, "tokens": 163_840, "data": "a generated corpus",
-        "rounds": [{"round": r, "eval_loss": 1.56, "train_loss": 1.63, "contributors": 4, "attesters": ["a", "b"],
-                    "weights_root": "00" * 32} for r in range(8)],
-        "centralized_reference_eval_loss": 0.95, "allreduce_bytes_equivalent": 10**9, "pseudo_gradient_bytes": 10**6,
-        "bytes_sent_all_nodes": 5 * 10**7, "checkpoints": [], "latest_checkpoint_file": None, "disputes": 0,
-        "workdir": "/tmp/d", "rpc_url": "http://127.0.0.1:1", "node_dirs": [], "benchmark": benchmark,
+        "rounds": [{"round": r, "eval_loss": 1.56, "train_loss": 1.63, "contributors": 4,
+                    "attesters": ["a", "b"], "weights_root": "00" * 32} for r in range(8)],
+        "centralized_reference_eval_loss": 0.95, "allreduce_bytes_equivalent": 10**9,
+        "pseudo_gradient_bytes": 10**6, "bytes_sent_all_nodes": 5 * 10**7, "checkpoints": [],
+        "latest_checkpoint_file": None, "disputes": 0, "workdir": "/tmp/d", "rpc_url": "http://127.0.0.1:1",
+        "node_dirs": [], "benchmark": benchmark,
         "optimizer": "adamw",  # summarize() names the run's inner optimizer (cfg.training.optimizer)
     }
 

@@ -87,7 +87,8 @@ def test_retry_pauses_until_space_is_freed_and_says_so_once(full_disk, caplog):
         return "done"
 
     with caplog.at_level(logging.WARNING):
-        assert retry_on_full_disk(write, what="round 3's archive seal", stop=threading.Event(), min_s=0.01) == "done"
+        assert retry_on_full_disk(write, what="round 3's archive seal", stop=threading.Event(),
+                                  min_s=0.01) == "done"
     assert len(tries) == 4 and path.read_bytes() == b"sealed\n"
     lines = [r.getMessage() for r in caplog.records]
     full = [line for line in lines if "is full" in line]
@@ -233,7 +234,8 @@ def test_the_committer_retries_a_round_its_full_disk_failed_and_skips_none(full_
         while committer.tries.count(1) < 3:  # failed, paused, and tried again, still full
             assert time.monotonic() < deadline, committer.tries
             time.sleep(0.05)
-        assert committer.handled_through == 0 and 2 not in committer.tries  # not handled, nothing after it ran
+        # not handled, nothing after it ran
+        assert committer.handled_through == 0 and 2 not in committer.tries
         filler.unlink()  # the operator frees space
         assert committer.drain(60)
         assert committer.handled_through == 2
@@ -282,10 +284,14 @@ def test_other_errors_of_a_deferred_write_are_raised_at_once(tmp_path):
 
 
 @pytest.mark.parametrize("what", ["start state", "own contribution"])
-def test_what_a_node_serves_onto_a_full_disk_waits_for_space_then_is_served(tmp_path, full_disk, caplog, what):
+def test_what_a_node_serves_onto_a_full_disk_waits_for_space_then_is_served(tmp_path, full_disk, caplog,
+                                                                            what):
     """A start state (the spot checks') or the node's own contribution stored onto a full disk pauses until
     space is freed, then is served; it never raises out of the lane or the pool (issue 45: a start state's
     ENOSPC ended a node of the disk-full run)."""
+    from node.live.checks.heldstates import HeldStates
+    from node.live.exchange.protocol import ContributionPool
+    from node.live.state.roundbook import RoundBook
     from p2p.config import P2PConfig
     from p2p.host import P2PHost
     from p2p.identity import Identity
@@ -318,7 +324,8 @@ def test_what_a_node_serves_onto_a_full_disk_waits_for_space_then_is_served(tmp_
         thread = threading.Thread(target=run, daemon=True)
         with caplog.at_level(logging.WARNING):
             thread.start()
-            wait_until(lambda: any("paused" in r.getMessage() for r in caplog.records) or not thread.is_alive(),
+            wait_until(lambda: any("paused" in r.getMessage() for r in caplog.records)
+                       or not thread.is_alive(),
                        60, f"the {what} paused for space")
             assert thread.is_alive() and "raised" not in outcome, outcome
             assert not host.store.has(digest)
@@ -328,7 +335,8 @@ def test_what_a_node_serves_onto_a_full_disk_waits_for_space_then_is_served(tmp_
         expected = {0: bytes.fromhex(digest)} if what == "start state" else bytes.fromhex(digest)
         assert outcome["value"] == expected
         lines = [r.getMessage() for r in caplog.records]
-        assert any(f"round 3's {what}" in line and "paused" in line and "is full" in line for line in lines), lines
+        assert any(f"round 3's {what}" in line and "paused" in line and "is full" in line
+                   for line in lines), lines
         assert any("has space again" in line and f"round 3's {what}" in line for line in lines), lines
         out = fetcher.fetch_blob(digest, tmp_path / "out.bin", providers=[host.peer_id], timeout=60)
         assert out.read_bytes() == data  # served

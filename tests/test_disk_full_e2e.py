@@ -19,8 +19,6 @@ import pytest
 from node_fixtures import TINY, assert_chain_roots, node_log, node_state, run_logs, wait_for
 from tinyfs import fill, tiny_filesystem
 
-from node.commands.launcher import LocalRun
-
 
 def _recorded(slot) -> set[int]:
     try:
@@ -48,15 +46,17 @@ def test_a_node_whose_disk_fills_pauses_then_catches_up_and_every_round_commits_
         filler = fill(slot.data_dir)
         full_from = client.last_round(run.run_id)
         # Some write the node needs (the archive, every round) is paused, not only a status file skipped.
-        wait_for(lambda: " paused; tried again " in node_log(slot), 240, "the node pauses a write for space", run,
-                 none_exits=True)
+        wait_for(lambda: " paused; tried again " in node_log(slot), 240, "the node pauses a write for space",
+                 run, none_exits=True)
         filler.unlink()  # the operator frees space
 
         target = full_from + 3
-        wait_for(lambda: client.last_round(run.run_id) >= target and set(range(target + 1)) <= _recorded(slot), 300,
+        wait_for(lambda: client.last_round(run.run_id) >= target
+                 and set(range(target + 1)) <= _recorded(slot), 300,
                  f"rounds through {target} committed and recorded by the node whose disk was full", run,
                  none_exits=True)
-        for s in run.nodes:  # stopped as an operator does; a loaded machine may take a while (no SIGKILL at 20 s)
+        # stopped as an operator does; a loaded machine may take a while (no SIGKILL at 20 s)
+        for s in run.nodes:
             s.process.send_signal(signal.SIGTERM)
         codes = [s.process.wait(timeout=240) for s in run.nodes]
         usage = subprocess.run(["du", "-ak", str(slot.data_dir)], capture_output=True, text=True).stdout

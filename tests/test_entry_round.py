@@ -86,7 +86,7 @@ def test_a_restarted_node_enters_the_round_being_trained_while_nobody_has_finish
     run_entry = entry(tmp_path, last_committed=5, training=7)
     start, catch_up = run_entry.entry_point()
     assert start == 7  # not 8: the others' coordinators wait for it in round 7
-    assert catch_up == list(range(0, 7))  # from its initial weights (no checkpoint here)
+    assert catch_up == list(range(7))  # from its initial weights (no checkpoint here)
 
 
 def test_once_a_contribution_to_the_round_is_announced_it_enters_the_next(tmp_path, delay):
@@ -128,7 +128,7 @@ def test_a_node_killed_after_contributing_round_0_does_not_enter_round_0_again(t
         run_entry.state.update(last_contributed=0)
         start, catch_up = run_entry.entry_point()
         assert start >= 1, (training, start)
-        assert catch_up == list(range(0, start))  # round 0 is re-announced and applied, not re-signed
+        assert catch_up == list(range(start))  # round 0 is re-announced and applied, not re-signed
 
 
 def test_the_open_round_of_a_run_nobody_trains_yet_is_round_0(tmp_path):
@@ -147,10 +147,12 @@ def test_a_restarted_node_declares_its_entry_round_not_an_earlier_round_it_re_an
 
 def test_a_survivor_that_finished_rounds_while_waiting_enters_the_round_being_trained(tmp_path, delay):
     # It applied round 6 (next_round 7) while sitting out; it still holds the global state of round 5 (and 6):
-    # round 7 trains from round 5's, so it enters the round the others train (RunEntry.reenter goes back to 5).
+    # round 7 trains from round 5's, so it enters the round
+    # the others train (RunEntry.reenter goes back to 5).
     run_entry = entry(tmp_path, last_committed=5, training=7)
     assert run_entry.agree_again(7, held={5: {}, 6: {}}) == 7
-    assert run_entry.agree_again(7, held={6: {}}) == 8  # only round 6's state: round 8 is the first it can train
+    # only round 6's state: round 8 is the first it can train
+    assert run_entry.agree_again(7, held={6: {}}) == 8
     book = RoundBook()
     announce(book, 7, 0)  # the others are done training round 7: waiting for this replica would stall them
     assert entry(tmp_path, last_committed=5, training=7, book=book).agree_again(7, held={5: {}, 6: {}}) == 8

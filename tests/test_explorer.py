@@ -85,7 +85,8 @@ def test_explorer_shows_the_run_live_and_refuses_bad_requests(watched_run, tmp_p
         assert code == 200
         assert [r["round"] for r in snap["rounds"]] == [0, 1, 2] and snap["rounds_total"] == 3
         assert snap["checks"]["ok"] is True and snap["checks"]["failed"] == 0
-        assert all(r["verified"]["hash_chain"]["ok"] and r["verified"]["attesters"]["ok"] for r in snap["rounds"])
+        assert all(r["verified"]["hash_chain"]["ok"] and r["verified"]["attesters"]["ok"]
+                   for r in snap["rounds"])
         assert len(snap["rounds"][0]["attesters"]) == 2 and snap["rounds"][0]["tx"].startswith("0x")
         assert snap["rounds"][2]["checkpoint"]["hash"] == "0x" + digest("checkpoint 2").hex()
         assert snap["rounds"][0]["checkpoint"] is None
@@ -111,7 +112,8 @@ def test_explorer_shows_the_run_live_and_refuses_bad_requests(watched_run, tmp_p
         # Hostile requests: specific answers, and the server goes on.
         for query, message in (("limit=abc", "not a whole number"), ("limit=0", "within 1..5000"),
                                ("limit=99999999", "within 1..5000"), ("limit=1&limit=2", "given 2 times"),
-                               ("from=-3", "not a whole number"), ("limit=" + "9" * 40, "not a whole number")):
+                               ("from=-3", "not a whole number"),
+                               ("limit=" + "9" * 40, "not a whole number")):
             code, answer = _get(base + "api/rounds?" + query)
             assert code == 400 and message in answer["error"], (query, answer)
         code, answer = _get(base + "../../etc/passwd")

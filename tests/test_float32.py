@@ -130,7 +130,8 @@ def rounding_events(op, a, b, got) -> Counter:
         if np.isfinite(neighbour) and 2 * exact == rounded + Fraction(float(neighbour)):
             events["tie"] += 1
         magnitude = abs(rounded)
-        if magnitude.numerator & (magnitude.numerator - 1) == 0 and magnitude.denominator & (magnitude.denominator - 1) == 0:
+        if magnitude.numerator & (magnitude.numerator - 1) == 0 \
+                and magnitude.denominator & (magnitude.denominator - 1) == 0:
             events["next_binade"] += abs(exact) < magnitude
     return events
 
@@ -163,8 +164,10 @@ def test_ties_and_random_operands_match_torch_on_anvil(anvil, name):
     if op.binary:
         # the second operand: random, edge-biased, or a's neighbours (results near a tie or a cancellation)
         half = RANDOM_PER_OP // 2
-        random_part = (uniform, np.concatenate([random_bits(rng, op.width, half), near_bits(rng, uniform[half:])]))
-        biased_part = (biased, np.concatenate([biased_bits(rng, op.width, half), near_bits(rng, biased[half:])]))
+        random_part = (uniform,
+                       np.concatenate([random_bits(rng, op.width, half), near_bits(rng, uniform[half:])]))
+        biased_part = (biased,
+                       np.concatenate([biased_bits(rng, op.width, half), near_bits(rng, biased[half:])]))
     else:
         random_part, biased_part = (uniform, None), (biased, None)
     a, b = operands(op, edges, ties, random_part, biased_part)
@@ -178,7 +181,8 @@ def test_ties_and_random_operands_match_torch_on_anvil(anvil, name):
 
 
 def test_nan_rule_is_x86s(pyevm):
-    """The documented NaN bits (docs/SOFTFLOAT.md): the first NaN operand quieted, else the negative default NaN."""
+    """The documented NaN bits (docs/SOFTFLOAT.md): the first NaN operand quieted, else the negative default
+    NaN."""
     w3, address = pyevm
     inf, nan_payload, snan = 0x7F800000, 0x7FC12345, 0xFFA00001
 
@@ -193,7 +197,8 @@ def test_nan_rule_is_x86s(pyevm):
     assert run("mul", [0, 0x3F800000], [inf, snan]) == [0xFFC00000, snan | 0x00400000]
     assert run("div", [0, inf], [0x80000000, inf]) == [0xFFC00000, 0xFFC00000]
     assert run("sub", [0x3F800000], [snan]) == [snan | 0x00400000]  # b's own sign, not negated
-    assert run("toFloat32", [0x7FF0000000000001, 0xFFF8000012345678]) == [0x7FC00000, 0xFFC00000 | (0x12345678 >> 29)]
+    assert run("toFloat32", [0x7FF0000000000001, 0xFFF8000012345678]) == [0x7FC00000,
+                                                                          0xFFC00000 | (0x12345678 >> 29)]
     assert run("toFloat64", [snan]) == [0xFFF4000020000000 | 0x0008000000000000]
     assert run("sqrt64", [0xBFF0000000000000]) == [0xFFF8000000000000]
 

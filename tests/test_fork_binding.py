@@ -1,4 +1,5 @@
-"""A forked member's round binds the result it applied mid-round: holders leave it out, checks do not accuse it.
+"""A forked member's round binds the result it applied mid-round: holders leave it out, checks do not accuse
+it.
 
 docs/PROTOCOL.md, "When a node's weights leave the record". With the overlap, round t+1 trains tau
 steps, applies round t, then trains on: a member whose round t forked trains the rest of round t+1
@@ -63,7 +64,8 @@ def test_the_schedule_says_which_rounds_apply_the_round_before_their_encode(tmp_
 
 def test_a_forked_members_round_is_left_out_by_honest_holders_and_never_judged_a_cheat(tmp_path):
     cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=4", "diloco.overlap_steps=2",
-                             "training.batch_size=2", "rounds=3", "diloco.num_replicas=2", f"data_dir={tmp_path}"])
+                             "training.batch_size=2", "rounds=3", "diloco.num_replicas=2",
+                             f"data_dir={tmp_path}"])
     corpus = corpus_from_config(cfg.training, cfg.model)
     run = dict(model_cfg=cfg.model, training_cfg=cfg.training, diloco_cfg=cfg.diloco,
                compression_cfg=cfg.compression)
@@ -87,17 +89,20 @@ def test_a_forked_members_round_is_left_out_by_honest_holders_and_never_judged_a
 
     def check(payload: bytes, applied: bytes):
         claim = ContributionClaim(0, start.stages[0].state_hash(),
-                                  data_commitment(corpus, cfg.training, cfg.model, cfg.diloco, 1, 1), payload, applied)
-        return verify_contribution([start.stages[0].to_bytes()], [claim], corpus, **run, outer_round=1, replica=1,
-                                   run_rounds=cfg.rounds, previous_contributions=record, threads=1)
+                                  data_commitment(corpus, cfg.training, cfg.model, cfg.diloco, 1, 1), payload,
+                                  applied)
+        return verify_contribution([start.stages[0].to_bytes()], [claim], corpus, **run, outer_round=1,
+                                   replica=1, run_rounds=cfg.rounds, previous_contributions=record, threads=1)
 
     assert check(honest.payloads[0], record_result).verdict == EXACT
     elsewhere = check(fork.payloads[0], fork.applied_hashes[0])
     assert elsewhere.verdict == OTHER_RESULT and not elsewhere.honest, elsewhere.reason
     assert "another result of round 0" in elsewhere.reason and elsewhere.failed_stages == (0,)
-    # Claiming the record's result for a round trained on its own is not a binding: the rerun does not reproduce.
+    # Claiming the record's result for a round trained on
+    # its own is not a binding: the rerun does not reproduce.
     assert check(fork.payloads[0], record_result).verdict == MISMATCH
-    assert check(fork.payloads[0], msg.NO_APPLY).verdict == OTHER_RESULT  # the overlap's binding is not optional
+    # the overlap's binding is not optional
+    assert check(fork.payloads[0], msg.NO_APPLY).verdict == OTHER_RESULT
 
     # An honest holder (the record's round 0) leaves exactly the forked one out of round 1, with its reason;
     # the same rule at a holder that still held the fork would leave the honest one out instead.
@@ -105,19 +110,22 @@ def test_a_forked_members_round_is_left_out_by_honest_holders_and_never_judged_a
     left_out = other_result_exclusions(cfg.diloco, 1, closed, record_result)
     assert list(left_out) == [1] and left_out[1][0] == OTHER_RESULT
     assert list(other_result_exclusions(cfg.diloco, 1, closed, fork.applied_hashes[0])) == [0]
-    assert other_result_exclusions(cfg.diloco, 0, [msg.NO_APPLY], record_result) == {}  # round 0 applies nothing
+    # round 0 applies nothing
+    assert other_result_exclusions(cfg.diloco, 0, [msg.NO_APPLY], record_result) == {}
     contributions = [honest.payloads[0], fork.payloads[0]]
     base = initial_replica_state(round_meta(0, 0, cfg.model, cfg.diloco, run_rounds=cfg.rounds, num_stages=1,
-                                            threads=1), cfg.model, cfg.training, cfg.diloco, cfg.compression).stages[0]
+                                            threads=1), cfg.model, cfg.training, cfg.diloco,
+                                 cfg.compression).stages[0]
     weights, momentum = base.group("global"), base.group("momentum")
     result = aggregate_with_report(weights, momentum, contributions, cfg.diloco, stage_index=0, outer_round=1,
                                    compression_cfg=cfg.compression, excluded=left_out)
     assert result.excluded == {1: OTHER_RESULT}
-    alone = aggregate_with_report(weights, momentum, contributions[:1], cfg.diloco, stage_index=0, outer_round=1,
-                                  compression_cfg=cfg.compression)
+    alone = aggregate_with_report(weights, momentum, contributions[:1], cfg.diloco, stage_index=0,
+                                  outer_round=1, compression_cfg=cfg.compression)
     assert result.weights_hash == alone.weights_hash
-    screened = aggregate_with_report(weights, momentum, contributions, cfg.diloco, stage_index=0, outer_round=1,
-                                     compression_cfg=cfg.compression, excluded={1: "screening"})
+    screened = aggregate_with_report(weights, momentum, contributions, cfg.diloco, stage_index=0,
+                                     outer_round=1, compression_cfg=cfg.compression,
+                                     excluded={1: "screening"})
     assert screened.excluded == {1: SCREENED} and screened.weights_hash == result.weights_hash
 
 
@@ -137,7 +145,8 @@ def test_a_re_entering_life_sets_aside_what_it_sealed_off_the_record(tmp_path):
 
 
 def test_a_forked_member_withholds_every_round_whose_start_state_holds_its_forked_result(tmp_path):
-    diloco = load_config(None, ["diloco.inner_steps=4", "diloco.overlap_steps=2", f"data_dir={tmp_path}"]).diloco
+    diloco = load_config(None, ["diloco.inner_steps=4", "diloco.overlap_steps=2",
+                                f"data_dir={tmp_path}"]).diloco
     rounds = RoundState(station=None)
     # Round 2 forked here. When the chain's verdict of round 2 comes, round 3 is being trained (its start
     # state holds round 1, the record's) and round 4 has not begun.

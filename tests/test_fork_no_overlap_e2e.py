@@ -1,4 +1,5 @@
-"""Without the overlap, a round begun on a forked result is never announced, whenever the verdict comes (real processes).
+"""Without the overlap, a round begun on a forked result is never announced, whenever the verdict comes (real
+processes).
 
 docs/PROTOCOL.md, "The rounds a fork touched". With the one-step delay and no overlap
 ("rebase", ``diloco.overlap_steps=0``) round t+2 starts from a state that holds round t's result
@@ -41,9 +42,11 @@ def _excluded(slot, run_id: int, outer_round: int) -> list[list]:
     return json.loads(manifest.read_text()).get("excluded", []) if manifest.exists() else []
 
 
-@pytest.mark.slow  # 3 replicas that each rerun the others' every round, and a 60 s round deadline (run with -m slow)
+# 3 replicas that each rerun the others' every round, and a 60 s round deadline (run with -m slow)
+@pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_without_the_overlap_a_round_begun_on_a_forked_result_is_withheld_whenever_the_verdict_comes(make_run):
+def test_without_the_overlap_a_round_begun_on_a_forked_result_is_withheld_whenever_the_verdict_comes(
+    make_run):
     rounds = 7
     run = make_run(replicas=3, stages=1, split=False, attest_quorum=2,
                    settings=[*TINY, "join_timeout=60", f"rounds={rounds}", "diloco.inner_steps=40",
@@ -60,15 +63,18 @@ def test_without_the_overlap_a_round_begun_on_a_forked_result_is_withheld_whenev
     log = _log(forked)
     assert "adversary: round 2 stage 0 aggregated without the close's first entry" in log
     assert "adversary: the chain's verdict of round 2 reaches this node only after it encoded round 4" in log
-    # Round 4 (begun on the forked round 2) waited for the verdict, then was withheld; the node re-based in place.
-    assert re.search(r"round 2: [^\n]*; waiting for the chain's record before announcing round 4", log), log[-6000:]
+    # Round 4 (begun on the forked round 2) waited for the
+    # verdict, then was withheld; the node re-based in place.
+    assert re.search(r"round 2: [^\n]*; waiting for the chain's record before announcing round 4", log), \
+        log[-6000:]
     assert "round 4: not contributed: trained on a result this node re-based away from" in log
     assert "re-based stage(s) [0] on the committed record" in log, log[-6000:]
     state = node_state(forked)
     assert state["rebased"] == [2] and "reentered_for" not in state, state
     assert "Traceback" not in log
     assert not history.disputes, run_logs(run)  # its own close gives the record: a local fault
-    # Round 4 closed without it; every other round holds all three (round 3 started from the record's round 1).
+    # Round 4 closed without it; every other round holds
+    # all three (round 3 started from the record's round 1).
     assert [c.commit.num_contributors for c in commits] == [3, 3, 3, 3, 2, 3, 3], run_logs(run)
     replica = forked.status()["placement"]["replica"]
     for slot in run.nodes:
@@ -84,7 +90,8 @@ def test_without_the_overlap_a_round_begun_on_a_forked_result_is_withheld_whenev
     assert not [e for slot in honest for r in range(rounds) for e in _excluded(slot, run.run_id, r)
                 if e[4] == "other_result"]
     assert not history.accusations, run_logs(run)
-    # Every contribution reruns exactly from the archives, the forked member's included (it announced no round 4).
+    # Every contribution reruns exactly from the archives,
+    # the forked member's included (it announced no round 4).
     report = audit_run(client, run.run_id, archives=[s.data_dir for s in run.nodes], reexecute=-1)
     assert report.ok, [c.line() for c in report.all_checks() if c.status != OK]
     checks = {c.name: c.reason for c in report.all_checks() if c.name.startswith("re-execution of round")}

@@ -80,7 +80,8 @@ def test_a_forked_member_re_bases_on_the_record_and_every_root_stays_equal(make_
 
 
 def _left_out(slot, run_id: int, outer_round: int) -> list[list]:
-    """The entries a node's archive sealed as left out of ``outer_round`` for being built on another result."""
+    """The entries a node's archive sealed as left out of ``outer_round`` for being built on another
+    result."""
     manifest = slot.data_dir / "archive" / f"run-{run_id}" / f"round-{outer_round:08d}" / "round.json"
     if not manifest.exists():
         return []
@@ -113,9 +114,11 @@ def test_a_forked_members_rounds_rerun_or_are_left_out_and_the_audit_with_every_
     assert node_state(forked)["rebased"] == [2] and "reentered_for" not in node_state(forked)
     assert "round 4: not contributed: trained on a result this node re-based away from" in log
     healed = 2  # its roots are the chain's from round 2 on
-    # Its round 3 (trained on its forked round 2 after the mid-round apply) is left out by every honest holder,
-    # and so is any later round it sent before healing; nothing else is ever left out as built elsewhere.
-    left = [sorted((r, int(e[1])) for r in range(rounds) for e in _left_out(slot, run.run_id, r)) for slot in honest]
+    # Its round 3 (trained on its forked round 2 after the mid-round apply) is left out by every honest
+    # holder, and so is any later round it sent before healing;
+    # nothing else is ever left out as built elsewhere.
+    left = [sorted((r, int(e[1])) for r in range(rounds) for e in _left_out(slot, run.run_id, r))
+            for slot in honest]
     assert left[0] == left[1] and (3, replica) in left[0], left
     assert all(who == replica and r < max(healed, 5) for r, who in left[0]), left
     for slot in run.nodes:

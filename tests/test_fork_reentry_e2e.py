@@ -23,7 +23,6 @@ from node_fixtures import TINY, node_state, run_logs
 
 from node.tools.audit import OK, audit_run
 
-
 ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py")]
 
 
@@ -31,7 +30,8 @@ def _log(slot) -> str:
     return "\n".join(p.read_text(errors="replace") for p in sorted(slot.data_dir.glob("node-*.log")))
 
 
-@pytest.mark.slow  # 3 replicas, 12 rounds and a re-entry: several minutes on a loaded machine (run with -m slow)
+# 3 replicas, 12 rounds and a re-entry: several minutes on a loaded machine (run with -m slow)
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_a_fork_found_too_late_re_enters_from_the_chain_and_contributes_again(make_run):
     rounds = 12
@@ -54,7 +54,8 @@ def test_a_fork_found_too_late_re_enters_from_the_chain_and_contributes_again(ma
     assert state.get("reentered_for") and set(state["reentered_for"]) <= {2, 3}, state.get("reentered_for")
     assert "rebased" not in state
     second_life = log.split("starting again from the chain's latest checkpoint", 1)[1]
-    restored = re.search(r"restored stages \[[\d, ]+\] from the chain-verified checkpoint of round (\d+)", second_life)
+    restored = re.search(r"restored stages \[[\d, ]+\] from the chain-verified checkpoint of round (\d+)",
+                         second_life)
     assert restored, second_life[-4000:]
     entered = int(re.search(r"entering at round (\d+)", second_life).group(1))
     assert int(restored.group(1)) >= 2 and entered < rounds, (restored.group(0), entered)

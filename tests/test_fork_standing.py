@@ -42,7 +42,8 @@ def test_the_attestations_confirm_a_result_only_a_quorum_names_and_no_other_resu
     assert attested_standing(OURS, {OURS: 1, THEIRS: 2}, threshold=2) == CONTESTED  # the forked member
     assert attested_standing(OURS, {OURS: 1}, threshold=2) == PENDING  # the peers' attestations not here yet
     assert attested_standing(OURS, {OURS: 1, THEIRS: 1}, threshold=2) == CONTESTED  # as often as ours
-    assert attested_standing(OURS, {OURS: 2, THEIRS: 2}, threshold=2) == CONTESTED  # two quorums: the chain decides
+    # two quorums: the chain decides
+    assert attested_standing(OURS, {OURS: 2, THEIRS: 2}, threshold=2) == CONTESTED
     # A quorum of one: any other result heard could be committed as well.
     assert attested_standing(OURS, {OURS: 2, THEIRS: 1}, threshold=1) == CONTESTED
     assert attested_standing(OURS, {OURS: 1}, threshold=1) == CONFIRMED  # a member alone in its round
@@ -170,7 +171,8 @@ def test_the_threshold_is_the_chains_quorum_of_the_close_members_still_present(t
     # Both peers gone (a dead partner): this node alone attests, and waits on nobody.
     forks, _book = forks_at(tmp_path, attested={ME: "ours"}, alive=())
     assert forks.standing(2, "test") == CONFIRMED
-    # The RPC was down since the start and the quorum was never read: every present member of the close attests.
+    # The RPC was down since the start and the quorum was
+    # never read: every present member of the close attests.
     forks, _book = forks_at(tmp_path, attested={ME: "ours", PEER_A: "ours"}, quorum=None, round_timeout=0.3)
     assert forks.standing(2, "test") == PENDING
     forks, _book = forks_at(tmp_path, attested={ME: "ours", PEER_A: "ours", PEER_B: "ours"}, quorum=None)
@@ -180,8 +182,8 @@ def test_the_threshold_is_the_chains_quorum_of_the_close_members_still_present(t
 @pytest.mark.parametrize(("settings", "begun_on_round_2"), [((), 4), (("diloco.overlap_steps=2",), 4),
                                                             (("diloco.one_step_delay=false",), 3)])
 def test_the_round_judged_is_the_one_the_start_state_holds(tmp_path, settings, begun_on_round_2):
-    forks, _book = forks_at(tmp_path, attested={ME: "ours", PEER_A: "theirs", PEER_B: "theirs"}, round_timeout=0.3,
-                            settings=settings)
+    forks, _book = forks_at(tmp_path, attested={ME: "ours", PEER_A: "theirs", PEER_B: "theirs"},
+                            round_timeout=0.3, settings=settings)
     assert not forks.announceable(begun_on_round_2)  # begun on the contested round 2
     assert forks.announceable(1) and forks.announceable(0)  # begun on the initial weights
     assert forks.standing(5, "test") == NOT_OURS  # a round this life did not compute: nothing to hold

@@ -18,7 +18,8 @@ STAKE = 10**18
 
 @pytest.fixture(scope="module")
 def round_():
-    return aggregated_round(SHAPES, [contribution(SHAPES, "lowrank", 20, rank=4), contribution(SHAPES, "quant", 21)])
+    return aggregated_round(SHAPES,
+                            [contribution(SHAPES, "lowrank", 20, rank=4), contribution(SHAPES, "quant", 21)])
 
 
 @pytest.fixture
@@ -27,8 +28,8 @@ def committed(round_):
 
 
 def target(committed, which: int, chunk: int = 3):
-    return availability_target(committed.records[1], committed.stages[1], committed.states[1].factors, 0, which,
-                               chunk)
+    return availability_target(committed.records[1], committed.stages[1], committed.states[1].factors, 0,
+                               which, chunk)
 
 
 def test_an_unanswered_challenge_overturns_the_round_and_pays_the_challenger(committed):
@@ -48,7 +49,8 @@ def test_an_unanswered_challenge_overturns_the_round_and_pays_the_challenger(com
     challenger.expire_challenge(challenge)
     assert challenger.invalid_from(committed.run_id) == 1
     for index in committed.attesters:
-        assert challenger.member(committed.run_id, committed.deployment.client(index).address).status == "slashed"
+        assert challenger.member(committed.run_id, committed.deployment.client(index).address).status \
+            == "slashed"
     spent = before - challenger.balance()  # gas only: the bond came back, and half of two stakes on top
     assert -STAKE < spent + STAKE < 10**16
     with pytest.raises(errors.ProverChallengeSettled):
@@ -79,7 +81,8 @@ def test_malformed_challenges_revert(committed):
     with pytest.raises(errors.ProverBadTarget):  # two contributions accepted: there is no third
         challenger.challenge_availability(target(committed, PAYLOAD + 2))
     with pytest.raises(errors.ProverBadChunk):
-        challenger.challenge_availability(target(committed, WEIGHTS, chunk=len(committed.states[1].weight_leaves)))
+        challenger.challenge_availability(target(committed, WEIGHTS,
+                                                 chunk=len(committed.states[1].weight_leaves)))
     with pytest.raises(errors.ProverNoChallenge):
         challenger.expire_challenge(bytes(32), attesters=[])
     # after the round's dispute window nobody need keep its leaves: a challenge comes too late

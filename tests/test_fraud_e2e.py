@@ -5,9 +5,10 @@ with the norm commitment) with k = 2: two of them run tests/adversary.py ``collu
 change one element of their new weights by one ulp, attest it, sign one record and commit it with their two
 signatures: the whole quorum). The third, honest and outside the quorum, derives another weights root, fetches
 the state the colluders published under their stage leaf, finds the chunk and sends ``proveWrongAggregation``
-itself: the round and every later one become invalid, both colluders are slashed, the honest member is paid half
-of the slash, and ``pull`` refuses the round, and ``audit`` prints the proof (checked on chain) and says the round
-is already proven. The in-process tier (no node processes, the same parts) is tests/test_fraud_live.py.
+itself: the round and every later one become invalid, both colluders are slashed, the honest member is paid
+half of the slash, and ``pull`` refuses the round, and ``audit`` prints the proof (checked on chain) and says
+the round is already proven. The in-process tier (no node processes, the same parts) is
+tests/test_fraud_live.py.
 """
 
 from __future__ import annotations
@@ -72,26 +73,29 @@ def test_one_honest_member_alone_overturns_a_colluding_quorum(make_run, tmp_path
     assert "proven wrong on chain (stage 0" in logs, logs[-4000:]
     assert "adversary: round 1 stage 0: element 0" in _logs(colluders)
     assert list((honest.data_dir / "proofs").glob("round-00000001-stage0.json"))
-    # The prover was paid: half of the two stakes slashed (the ledger's ProverRewarded, to the honest account).
+    # The prover was paid: half of the two stakes slashed
+    # (the ledger's ProverRewarded, to the honest account).
     topic = "0x" + keccak(text="ProverRewarded(uint256,uint64,address,uint256)").hex().removeprefix("0x")
     rewards = client.w3.eth.get_logs({"address": client.ledger_address, "fromBlock": 0, "topics": [topic]})
     assert len(rewards) == 1
     assert "0x" + bytes(rewards[0]["topics"][3])[-20:].hex() == honest_account.lower()
     assert int.from_bytes(bytes(rewards[0]["data"]), "big") == len(colluders) * STAKE // 2
-    # audit prints the proof it would submit, checked on chain (isWrong), and says the round is proven already:
-    # its own (its replay, and round 1's checkpoint the colluders published), or the one the honest node kept.
+    # audit prints the proof it would submit, checked on chain (isWrong), and says the round is proven
+    # already: its own (its replay, and round 1's checkpoint
+    # the colluders published), or the one the honest node kept.
     own = _proof_item(audit_run(client, run.run_id, archives=[honest.data_dir / "archive",
                                                                 *[slot.data_dir for slot in colluders]]))
     assert "built from the replay and the round's checkpoint" in own.reason, own
     # Without round 1's checkpoint (the colluders' archives only: their contributions, not their checkpoints),
     # the proof the honest node kept.
     kept = _proof_item(audit_run(client, run.run_id, archives=[honest.data_dir,
-                                                                 *[slot.data_dir / "archive" for slot in colluders]]))
+                                                                 *[slot.data_dir / "archive"
+                                                                   for slot in colluders]]))
     assert "kept by a node's prover" in kept.reason, kept
     # pull refuses the proven round (and what descends from it); round 0 still pulls.
     with pytest.raises(RoundDisputed, match="fraud proof"):
         pull_checkpoint(client, run.run_id, tmp_path / "pulled1", round_index=1, archives=[honest.data_dir],
                         final_only=False)
-    pulled = pull_checkpoint(client, run.run_id, tmp_path / "pulled0", round_index=0, archives=[honest.data_dir],
-                             final_only=False)
+    pulled = pull_checkpoint(client, run.run_id, tmp_path / "pulled0", round_index=0,
+                             archives=[honest.data_dir], final_only=False)
     assert pulled.round == 0

@@ -2,12 +2,12 @@
 hosts (the committers publish their stage state under its leaf, the prover fetches it), a real EVM (py-evm), the
 node's own parts (node/live/fraud/chunkstate.py, node/live/fraud/prover.py, node/live/chain/onchain.py, node/live/state/roundbook.py).
 
-Members 1 and 2 (the quorum) collude: they commit round 1 with one element of stage 0 changed. Member 3, honest
-and outside the quorum, alone gets the round invalidated, the attesters slashed and itself paid; or, when the
-colluders withhold their state, challenges its availability and settles the challenge unanswered; or, for a
-back door (a root with no stage leaves behind it), challenges a stage leaf itself. A right round, committed
-factors other than its own and a malformed attested leaf send nothing, and a right round's challenges are
-answered (node/live/fraud/answerer.py).
+Members 1 and 2 (the quorum) collude: they commit round 1 with one element of stage 0 changed. Member 3,
+honest and outside the quorum, alone gets the round invalidated, the attesters slashed and itself paid; or,
+when the colluders withhold their state, challenges its availability and settles the challenge unanswered; or,
+for a back door (a root with no stage leaves behind it), challenges a stage leaf itself. A right round,
+committed factors other than its own and a malformed attested leaf send nothing, and a right round's
+challenges are answered (node/live/fraud/answerer.py).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from node import protocol as msg
 from node.commitments import scheme_named
 from node.config import load_config
 from node.fraudproof import initial_state
-from node.live.fraud.chunkstate import ChunkedStates
 from node.live.chain.onchain import NodeChain
+from node.live.fraud.chunkstate import ChunkedStates
 from node.live.fraud.prover import FraudProver
 from node.live.state.roundbook import RoundBook
 from node.store.checkpoint import RunLayout, build_checkpoint, checkpoint_problems
@@ -68,7 +68,8 @@ class World:
 
 @pytest.fixture
 def world(tmp_path, request):
-    """A chunked (version-2) run's, or the version ``request.param`` names ("auto": the default, version 3)."""
+    """A chunked (version-2) run's, or the version ``request.param`` names ("auto": the default, version
+    3)."""
     version = getattr(request, "param", "chunked")
     cfg = load_config(None, ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2",
                              f"diloco.commitments={version}"])
@@ -128,8 +129,9 @@ def _setup(world: World, tmp_path, states: ChunkedStates, committed_leaf: bytes,
         for peer, leaf in ((colluder_peer, stage0), (second, stage0), (prover_peer, own0)):
             book.add_attestation(outer_round, 0, peer, _attestation(leaf))
             book.add_attestation(outer_round, 1, peer, _attestation(other))
-    prover = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(PROVER)), book=book, states=states,
-                         stages=lambda: (0,), num_stages=2, stop=world.stop, proofs_dir=tmp_path / "proofs")
+    prover = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(PROVER)), book=book,
+                         states=states, stages=lambda: (0,), num_stages=2, stop=world.stop,
+                         proofs_dir=tmp_path / "proofs")
     mine_record = dataclasses.replace(records[1], weights_root=chunked_weights_root(
         [StageLeaf.decode(own_leaf), StageLeaf.decode(other)]))
     return deployment, run, records, prover, mine_record
@@ -198,7 +200,8 @@ def test_a_withheld_state_is_challenged_and_the_round_invalidated_unanswered(wor
 
 @pytest.mark.parametrize(("weights_wrong", "momentum_wrong"), [(True, False), (True, True), (False, True)],
                          ids=["weights", "weights-and-momentum", "momentum"])
-def test_a_withheld_state_answered_leaf_by_leaf_is_still_proven(world, tmp_path, weights_wrong, momentum_wrong):
+def test_a_withheld_state_answered_leaf_by_leaf_is_still_proven(world, tmp_path, weights_wrong,
+                                                                momentum_wrong):
     """The colluders withhold their state, then answer every availability challenge with their (wrong) leaves:
     each answer's path shows the honest node which subtree differs from its own, so it challenges its way down
     to the wrong chunk (a bisection, one bond per leaf) and proves it from the published leaves."""
@@ -214,8 +217,9 @@ def test_a_withheld_state_answered_leaf_by_leaf_is_still_proven(world, tmp_path,
     prover_host.connect(colluder_host.listen_addrs[0])
     deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
                                                            colluder_host.peer_id)
-    colluder = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(COLLUDERS[0])), book=prover.book,
-                           states=colluders, stages=lambda: (0,), num_stages=2, stop=world.stop)
+    colluder = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(COLLUDERS[0])),
+                           book=prover.book, states=colluders, stages=lambda: (0,), num_stages=2,
+                           stop=world.stop)
     answerer = ChallengeAnswerer(run_id=run.run_id, chain=colluder.chain, states=colluders, prover=colluder,
                                  stop=world.stop)
     prover.check(0, records[0], records[0])
@@ -231,11 +235,14 @@ def test_a_withheld_state_answered_leaf_by_leaf_is_still_proven(world, tmp_path,
         prover.stop.wait(0.2)
     assert set(prover.log.proofs) == {1}, prover.log.unprovable
     answered = sorted(answerer.answered.values())
-    assert all(a.startswith("answered") for a in answered) and len(answered) <= chunks.bit_length() + 1, answered
-    # The changed element's chunk is opened in each tree that differs, and nothing of a tree that does not (its
-    # leaf is this node's own).
-    assert any("leaf 4 of tree 0" in a for a in answered) == any("of tree 0" in a for a in answered) == weights_wrong
-    assert any("leaf 4 of tree 1" in a for a in answered) == any("of tree 1" in a for a in answered) == momentum_wrong
+    assert all(a.startswith("answered") for a in answered) and len(answered) <= chunks.bit_length() + 1, \
+        answered
+    # The changed element's chunk is opened in each tree that differs, and nothing of a tree that does not
+    # (its leaf is this node's own).
+    assert any("leaf 4 of tree 0" in a for a in answered) == any("of tree 0" in a for a in answered) \
+        == weights_wrong
+    assert any("leaf 4 of tree 1" in a for a in answered) == any("of tree 1" in a for a in answered) \
+        == momentum_wrong
     client = deployment.client(PROVER)
     assert client.invalid_from(run.run_id) == 1 and not prover.log.expired
     for index in COLLUDERS:
@@ -257,7 +264,8 @@ def test_a_right_round_other_factors_or_a_bad_leaf_send_nothing(world, tmp_path)
     prover.check(1, records[1], mine_record)
     assert not prover.log.proofs and not prover.log.challenges and not prover.log.unprovable
     # Other factors (a clip scale, the set left out): not provable by a chunk; said, nothing sent.
-    other_factors = dataclasses.replace(StageLeaf.decode(own_leaf), factors_hash=digest("other factors")).encode()
+    other_factors = dataclasses.replace(StageLeaf.decode(own_leaf),
+                                        factors_hash=digest("other factors")).encode()
     deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, other_factors, own_leaf,
                                                            colluder_host.peer_id)
     prover.check(0, records[0], records[0])
@@ -288,16 +296,18 @@ def test_a_chunked_runs_checkpoint_is_verified_by_its_stage_leaves(world):
     full = build_checkpoint(layout, 4, states, leaves)
     assert checkpoint_problems(full, layout, 4, root) == []
     assert any("weightsRoot" in p for p in checkpoint_problems(full, layout, 4, digest("another root")))
-    assert any("stage leaves of stages []" in p for p in checkpoint_problems(build_checkpoint(layout, 4, states),
-                                                                               layout, 4, root))
+    assert any("stage leaves of stages []" in p
+               for p in checkpoint_problems(build_checkpoint(layout, 4, states),
+                                              layout, 4, root))
     doctored = {**states, 0: (world.weights, {n: t + 1 for n, t in world.momentum.items()})}
-    assert any("not the chunks" in p for p in checkpoint_problems(build_checkpoint(layout, 4, doctored, leaves),
+    assert any("not the chunks" in p
+               for p in checkpoint_problems(build_checkpoint(layout, 4, doctored, leaves),
                                                                  layout, 4, root))
 
 
 def test_a_back_door_root_is_challenged_for_its_stage_leaf_and_falls_unanswered(world, tmp_path):
-    """The colluders commit a weights root with no stage leaves behind it: nobody can open a chunk of it, so the
-    honest node challenges them to publish a stage leaf itself; nobody can, and the round falls."""
+    """The colluders commit a weights root with no stage leaves behind it: nobody can open a chunk of it, so
+    the honest node challenges them to publish a stage leaf itself; nobody can, and the round falls."""
     colluder_host, prover_host = world.hosts
     honest = _states(world, prover_host)
     own_leaf = _record(world, honest, world.aggregation.new_global)
@@ -346,7 +356,8 @@ def test_the_challenges_of_a_right_round_are_answered_and_it_stands(world, tmp_p
         with pytest.raises(ProverChallengeSettled):
             griefer.expire_challenge(challenge)
     assert griefer.invalid_from(run.run_id) is None
-    assert STAGE_LEAF == deployment.client(PROVER)._sender.call(deployment.client(PROVER)._prover, "STAGE_LEAF")
+    assert STAGE_LEAF == deployment.client(PROVER)._sender.call(deployment.client(PROVER)._prover,
+                                                                "STAGE_LEAF")
 
 
 def test_a_right_rounds_state_is_kept_while_it_can_be_challenged(world, tmp_path):
@@ -367,7 +378,8 @@ def test_a_right_rounds_state_is_kept_while_it_can_be_challenged(world, tmp_path
     honest.window = DisputeWindow(prover.chain, run.run_id)
     later = 1 + PUBLISHED_ROUNDS + 20  # the node has finished many rounds since
     honest.forget_before(later)
-    assert honest.state(1, 0) is not None and honest.state(0, 0) is not None  # both rounds are still disputable
+    # both rounds are still disputable
+    assert honest.state(1, 0) is not None and honest.state(0, 0) is not None
     griefer = deployment.client(6)
     leaves = [StageLeaf.decode(own_leaf), world.other.leaf()]
     target = availability_target(records[1], leaves, honest.state(1, 0).factors, 0, WEIGHTS, 2)
@@ -385,9 +397,10 @@ def test_a_right_rounds_state_is_kept_while_it_can_be_challenged(world, tmp_path
 
 
 def test_one_honest_node_alone_proves_a_colluding_quorums_unclipped_scale(tmp_path, caplog):
-    """A version-3 run (``diloco.commitments = "normed"``): the colluders aggregate a contribution the norm rule
-    clips with scale 1.0 and weights consistent with it (no chunk differs from the step of their factors), and
-    publish their factors and sum trees; the honest node opens them and proves the scale wrong on chain."""
+    """A version-3 run (``diloco.commitments = "normed"``): the colluders aggregate a contribution the norm
+    rule clips with scale 1.0 and weights consistent with it (no chunk differs from the step of their
+    factors), and publish their factors and sum trees; the honest node opens them and proves the scale wrong
+    on chain."""
     from ledger.chunkproof import build_proof
 
     cfg = load_config(None, ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2",
@@ -397,8 +410,8 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_unclipped_scale(tmp_pa
     weights, momentum = tensors(1, SHAPES), tensors(2, SHAPES, scale=0.1)
     blobs = [contribution(SHAPES, "lowrank", 30, rank=4), contribution(SHAPES, "quant", 31),
              contribution(SHAPES, "raw", 32, scale=0.5)]
-    honest_aggregation = aggregate_with_report(weights, momentum, blobs, cfg.diloco, stage_index=0, outer_round=1,
-                                               compression_cfg=cfg.compression)
+    honest_aggregation = aggregate_with_report(weights, momentum, blobs, cfg.diloco, stage_index=0,
+                                               outer_round=1, compression_cfg=cfg.compression)
     assert honest_aggregation.contributions[2].scale < 1.0  # the rule clips the raw one
     loose = dataclasses.replace(cfg.diloco, norm_clip=0.0)
     colluded = aggregate_with_report(weights, momentum, blobs, loose, stage_index=0, outer_round=1,
@@ -414,8 +427,8 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_unclipped_scale(tmp_pa
         colluders, honest = _states(world, colluder_host), _states(world, prover_host)
         own_leaf = _record(world, honest, honest_aggregation.new_global)
         envelopes = [hashlib.sha256(b"envelope" + blob).digest() for blob in blobs]
-        wrong_leaf = colluders.record(1, 0, colluded.new_global, colluded.new_momentum, colluded.contributions,
-                                      blobs, envelopes)
+        wrong_leaf = colluders.record(1, 0, colluded.new_global, colluded.new_momentum,
+                                      colluded.contributions, blobs, envelopes)
         assert own_leaf != wrong_leaf
         prover_host.connect(colluder_host.listen_addrs[0])
         deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
@@ -424,13 +437,14 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_unclipped_scale(tmp_pa
         start = initial_state(0, weights, momentum)
         for chunk in range(len(start.weight_leaves)):  # no chunk proof sees it: the weights follow the scales
             assert not client.proof_holds(build_proof(
-                records[0], records[1], [start.leaf(), other.leaf()], [StageLeaf.decode(wrong_leaf), other.leaf()],
-                start, colluders.state(1, 0), chunk))
+                records[0], records[1], [start.leaf(), other.leaf()],
+                [StageLeaf.decode(wrong_leaf), other.leaf()], start, colluders.state(1, 0), chunk))
         prover.check(0, records[0], records[0])
         with caplog.at_level("ERROR", logger="node.live.fraud.prover"):
             prover.check(1, records[1], mine_record)
         assert set(prover.log.proofs) == {1}, prover.log.unprovable
-        assert "clip scale 2 is not the norm rule of the committed sums; sending the norm proof" in caplog.text
+        assert "clip scale 2 is not the norm rule of the committed sums; sending the norm proof" \
+            in caplog.text
         assert client.invalid_from(run.run_id) == 1
         for index in COLLUDERS:
             assert client.member(run.run_id, deployment.client(index).address).status == "slashed"
@@ -445,8 +459,8 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_unclipped_scale(tmp_pa
         verdict = SimpleNamespace(checks=[], notes=[])
         source = SimpleNamespace(proofs=lambda outer_round: [kept] if outer_round == 1 else [])
         attesters = client.commit_record(run.run_id, 1).attesters
-        check_fraud_proof(verdict, SimpleNamespace(commit=records[1], attesters=attesters), None, None, [source],
-                          client, client.history(run.run_id), None)
+        check_fraud_proof(verdict, SimpleNamespace(commit=records[1], attesters=attesters), None, None,
+                          [source], client, client.history(run.run_id), None)
         (check,) = verdict.checks
         assert check.status == "ok" and "the clip scales" in check.reason and "already proven" in check.reason
         assert verdict.notes[0].startswith("fraud proof (proveWrongNorm's argument)")
@@ -456,14 +470,15 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_unclipped_scale(tmp_pa
             host.close()
 
 
-NORMED_RUN = ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2", "compression.enabled=false"]
+NORMED_RUN = ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2",
+              "compression.enabled=false"]
 
 
 @contextlib.contextmanager
 def _normed_world(tmp_path, blobs: list):
     """A version-3 (normed) run's world over ``blobs`` (aggregated by the rule), with the colluders' config
-    (version-2 factors, ``norm_clip`` 0: every scale 1.0) and their aggregation; hosts and provers stopped at the end.
-    Yields (world, the colluders' config, their aggregation)."""
+    (version-2 factors, ``norm_clip`` 0: every scale 1.0) and their aggregation; hosts and provers stopped at
+    the end. Yields (world, the colluders' config, their aggregation)."""
     cfg = load_config(None, [*NORMED_RUN, "diloco.commitments=normed"])
     chunked = load_config(None, [*NORMED_RUN, "diloco.commitments=chunked", "diloco.norm_clip=0"])
     layout = RunLayout(1, b"\x07" * 32, {}, (SHAPES, OTHER), chunked=True)
@@ -484,11 +499,12 @@ def _normed_world(tmp_path, blobs: list):
             host.close()
 
 
-def test_one_honest_node_alone_proves_a_colluding_quorums_version_two_factors_in_a_normed_run(tmp_path, caplog):
-    """The version escape: in a version-3 run the colluders aggregate with every scale 1.0 (the raw contribution
-    unclipped) and commit version-2 factors, which carry no norm commitment a proof of the scales could open, and
-    serve them. The run's version is on chain (RunParams.commitments): the honest node's norm proof over those
-    factors gets the round invalidated and the colluders slashed."""
+def test_one_honest_node_alone_proves_a_colluding_quorums_version_two_factors_in_a_normed_run(tmp_path,
+                                                                                              caplog):
+    """The version escape: in a version-3 run the colluders aggregate with every scale 1.0 (the raw
+    contribution unclipped) and commit version-2 factors, which carry no norm commitment a proof of the scales
+    could open, and serve them. The run's version is on chain (RunParams.commitments): the honest node's norm
+    proof over those factors gets the round invalidated and the colluders slashed."""
     blobs = [contribution(SHAPES, "lowrank", 30, rank=4), contribution(SHAPES, "quant", 31),
              contribution(SHAPES, "raw", 32, scale=0.5)]
     with _normed_world(tmp_path, blobs) as (world, chunked, colluded):
@@ -500,8 +516,8 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_version_two_factors_in
         colluders = _states(dataclasses.replace(world, cfg=chunked), colluder_host)
         own_leaf = _record(world, honest, honest_aggregation.new_global)
         envelopes = [hashlib.sha256(b"envelope" + blob).digest() for blob in blobs]
-        wrong_leaf = colluders.record(1, 0, colluded.new_global, colluded.new_momentum, colluded.contributions,
-                                      blobs, envelopes)
+        wrong_leaf = colluders.record(1, 0, colluded.new_global, colluded.new_momentum,
+                                      colluded.contributions, blobs, envelopes)
         committed = colluders.state(1, 0)
         assert committed.factors.norms is None and honest.state(1, 0).factors.norms is not None
         for alias, blob in scheme_named("normed").published_parts(wrong_leaf, committed):
@@ -515,7 +531,8 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_version_two_factors_in
         with caplog.at_level("ERROR", logger="node.live.fraud.prover"):
             prover.check(1, records[1], mine_record)
         assert set(prover.log.proofs) == {1}, prover.log.unprovable
-        assert "factors are version 2 (no norm commitment) in a version-3 run; sending the norm proof" in caplog.text
+        assert "factors are version 2 (no norm commitment) in a version-3 run; sending the norm proof" \
+            in caplog.text
         assert client.invalid_from(run.run_id) == 1
         for index in COLLUDERS:
             assert client.member(run.run_id, deployment.client(index).address).status == "slashed"
@@ -567,8 +584,8 @@ def test_a_right_normed_rounds_sum_tree_challenge_is_answered(tmp_path):
 
 def test_withheld_version_two_factors_are_challenged_published_and_proven(tmp_path, caplog):
     """The version escape with the factors withheld: the colluders serve their state but not their (version-2)
-    factors; the honest node challenges the factors' availability on chain, the colluders must publish them (or
-    lose the round), and the node proves the round wrong from the published bytes."""
+    factors; the honest node challenges the factors' availability on chain, the colluders must publish them
+    (or lose the round), and the node proves the round wrong from the published bytes."""
     blobs = [contribution(SHAPES, "quant", 31), contribution(SHAPES, "raw", 32, scale=0.5)]
     with _normed_world(tmp_path, blobs) as (world, chunked, colluded):
         honest_aggregation, hosts = world.aggregation, world.hosts
@@ -577,8 +594,9 @@ def test_withheld_version_two_factors_are_challenged_published_and_proven(tmp_pa
         colluders = _states(dataclasses.replace(world, cfg=chunked), colluder_host)
         own_leaf = _record(world, honest, honest_aggregation.new_global)
         envelopes = [hashlib.sha256(b"envelope" + blob).digest() for blob in blobs]
-        wrong_leaf = colluders.record(1, 0, colluded.new_global, colluded.new_momentum, colluded.contributions,
-                                      blobs, envelopes)  # a chunked node publishes no factors
+        wrong_leaf = colluders.record(1, 0, colluded.new_global, colluded.new_momentum,
+                                      colluded.contributions, blobs,
+                                      envelopes)  # a chunked node publishes no factors
         prover_host.connect(colluder_host.listen_addrs[0])
         deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
                                                                colluder_host.peer_id)
@@ -595,7 +613,8 @@ def test_withheld_version_two_factors_are_challenged_published_and_proven(tmp_pa
         with caplog.at_level("ERROR", logger="node.live.fraud.prover"):
             prover.settle_challenges()
         assert set(prover.log.proofs) == {1}, prover.log.unprovable
-        assert "factors are version 2 (no norm commitment) in a version-3 run; sending the norm proof" in caplog.text
+        assert "factors are version 2 (no norm commitment) in a version-3 run; sending the norm proof" \
+            in caplog.text
         assert client.invalid_from(run.run_id) == 1
         for index in COLLUDERS:
             assert client.member(run.run_id, deployment.client(index).address).status == "slashed"

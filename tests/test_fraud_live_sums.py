@@ -1,12 +1,14 @@
-"""The live prover walks a withheld sum tree (issue 43; docs/FRAUD_PROOF.md, "Known gaps" 2 (iii)), in process: real
-libp2p hosts, a real EVM (py-evm), the node's own prover (node/live/fraud/prover.py) and answerer (node/live/fraud/answerer.py).
+"""The live prover walks a withheld sum tree (issue 43; docs/FRAUD_PROOF.md, "Known gaps" 2 (iii)), in
+process: real libp2p hosts, a real EVM (py-evm), the node's own prover (node/live/fraud/prover.py) and
+answerer (node/live/fraud/answerer.py).
 
-In a version-3 run the colluding quorum (members 1 and 2) lies about a contribution's sum of squares and serves
-neither its state nor its factors and sum trees. The honest non-quorum node (member 3) challenges the factors
-(``FACTORS``), then the lied contribution's sum tree leaf by leaf (``which = 2 + M + j``): each answer's path carries
-its siblings' sums and halves where the lied leaf can be, until the colluders must publish the lied leaf itself,
-which (with the round's weights leaf of that chunk, challenged too where the weights differ) is a sum proof. Answered
-or not, the round falls; an honest quorum that answers every challenge of a right round keeps its stake.
+In a version-3 run the colluding quorum (members 1 and 2) lies about a contribution's sum of squares and
+serves neither its state nor its factors and sum trees. The honest non-quorum node (member 3) challenges the
+factors (``FACTORS``), then the lied contribution's sum tree leaf by leaf (``which = 2 + M + j``): each
+answer's path carries its siblings' sums and halves where the lied leaf can be, until the colluders must
+publish the lied leaf itself, which (with the round's weights leaf of that chunk, challenged too where the
+weights differ) is a sum proof. Answered or not, the round falls; an honest quorum that answers every
+challenge of a right round keeps its stake.
 """
 
 from __future__ import annotations
@@ -16,23 +18,24 @@ import hashlib
 import json
 import time
 
+from test_fraud_live import COLLUDERS, PROVER, SHAPES, _normed_world, _record, _setup, _states
+
 from ledger.availability import FACTORS, availability_answer, sums_which
 from ledger.normproof import NormProof, SumTree, clip_scales
+from node.live.chain.onchain import NodeChain
 from node.live.fraud.answerer import ChallengeAnswerer
 from node.live.fraud.chunkstate import ChunkedStates
-from node.live.chain.onchain import NodeChain
 from node.live.fraud.prover import FraudProver
 from tests.fraud_fixtures import contribution, lied_sum
 from tests.ledger_fixtures import mine
-from test_fraud_live import COLLUDERS, PROVER, SHAPES, _normed_world, _record, _setup, _states
 from training.chunks import float64_bits
 
 BLOBS = [contribution(SHAPES, "lowrank", 30, rank=4), contribution(SHAPES, "quant", 31),
          contribution(SHAPES, "raw", 32, scale=0.5)]
 LIED = 1  # the contribution whose sum the colluders lie about
 CHUNK = 13  # of its 22 chunks: the walk must go down the tree to it
-#: The lie, in units of 2**-298: far below the half ulp of the contribution's total as a double (about 2**236 here),
-#: so the scales stay the rule's and only a sum proof can show it.
+#: The lie, in units of 2**-298: far below the half ulp of the contribution's total as a double (about 2**236
+#: here), so the scales stay the rule's and only a sum proof can show it.
 LIE = 1 << 200
 
 
@@ -58,8 +61,8 @@ def _walk(prover: FraudProver, answerer: ChallengeAnswerer | None, done) -> None
 
 def _colluding(world, tmp_path, committed_state_of, honest_state_of=lambda state: state):
     """Rounds 0 and 1 on chain, round 1 committed by the colluders as ``committed_state_of(their state)``; the
-    prover's own state ``honest_state_of(its state)``. Returns (deployment, run, records, prover, answerer, mine
-    record, the colluders' states)."""
+    prover's own state ``honest_state_of(its state)``. Returns (deployment, run, records, prover, answerer,
+    mine record, the colluders' states)."""
     colluder_host, prover_host = world.hosts
     honest = _states(world, prover_host)
     colluders = _states(world, colluder_host, WithholdingAll)
@@ -71,8 +74,9 @@ def _colluding(world, tmp_path, committed_state_of, honest_state_of=lambda state
     prover_host.connect(colluder_host.listen_addrs[0])
     deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
                                                            colluder_host.peer_id)
-    colluder = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(COLLUDERS[0])), book=prover.book,
-                           states=colluders, stages=lambda: (0,), num_stages=2, stop=world.stop)
+    colluder = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(COLLUDERS[0])),
+                           book=prover.book, states=colluders, stages=lambda: (0,), num_stages=2,
+                           stop=world.stop)
     answerer = ChallengeAnswerer(run_id=run.run_id, chain=colluder.chain, states=colluders, prover=colluder,
                                  stop=world.stop)
     prover.check(0, records[0], records[0])
@@ -95,8 +99,9 @@ def _assert_overturned(deployment, run) -> None:
 
 
 def test_a_withheld_sum_tree_answered_leaf_by_leaf_is_proven(tmp_path, caplog):
-    """The colluders lie low about one chunk's sum (a tree and total consistent with it, the scales the rule's) and
-    serve nothing: the honest node gets the factors, walks the tree down to the lied chunk and proves it."""
+    """The colluders lie low about one chunk's sum (a tree and total consistent with it, the scales the
+    rule's) and serve nothing: the honest node gets the factors, walks the tree down to the lied chunk and
+    proves it."""
     with _normed_world(tmp_path, BLOBS) as (world, _chunked, _colluded):
         deployment, run, records, prover, answerer, mine_record, colluders = _colluding(
             world, tmp_path, _lie_about_one_leaf(world))
@@ -116,20 +121,25 @@ def test_a_withheld_sum_tree_answered_leaf_by_leaf_is_proven(tmp_path, caplog):
         assert all(a.startswith("answered") for a in answered), answered
         assert f"answered with leaf 0 of tree {FACTORS}" in answered
         assert f"answered with leaf {CHUNK} of tree {which}" in answered  # the lied leaf itself was published
-        # A bisection, not a scan: leaf 0's path shows the subtree of leaves 8-15 differs, leaf 8's that of 12-13, ...
+        # A bisection, not a scan: leaf 0's path shows the subtree
+        # of leaves 8-15 differs, leaf 8's that of 12-13, ...
         sums_opened = {a for a in answered if a.endswith(f"of tree {which}")}
-        assert chunks == 22 and sums_opened == {f"answered with leaf {c} of tree {which}" for c in (0, 8, 12, 13)}
-        assert not any(a.endswith("of tree 0") for a in answered)  # the weights are this node's: not challenged
-        kept = NormProof.from_json(json.loads((tmp_path / "proofs" / "round-00000001-stage0.json").read_text())["proof"])
+        assert chunks == 22 and sums_opened == {f"answered with leaf {c} of tree {which}"
+                                                    for c in (0, 8, 12, 13)}
+        # the weights are this node's: not challenged
+        assert not any(a.endswith("of tree 0") for a in answered)
+        kept = NormProof.from_json(
+            json.loads((tmp_path / "proofs" / "round-00000001-stage0.json").read_text())["proof"])
         assert (kept.contribution, kept.chunk) == (LIED, CHUNK)
         _assert_overturned(deployment, run)
         assert not prover.log.expired and not prover.settle_challenges()
 
 
 def test_an_unclipped_scale_behind_a_withheld_lied_tree_is_proven(tmp_path):
-    """The colluders aggregate the raw contribution unclipped (scale 1.0), and to keep the scales the rule's they
-    commit, for it, the sums of a small contribution: every leaf lies, and the weights differ from the honest node's.
-    The first leaf opened is a lie; its chunk's weights leaf is challenged too, and the proof is sent."""
+    """The colluders aggregate the raw contribution unclipped (scale 1.0), and to keep the scales the rule's
+    they commit, for it, the sums of a small contribution: every leaf lies, and the weights differ from the
+    honest node's. The first leaf opened is a lie; its chunk's weights leaf is challenged too, and the proof
+    is sent."""
     with _normed_world(tmp_path, BLOBS) as (world, _chunked, colluded):
         loose = dataclasses.replace(world.cfg, diloco=dataclasses.replace(world.cfg.diloco, norm_clip=0.0))
 
@@ -140,29 +150,35 @@ def test_an_unclipped_scale_behind_a_withheld_lied_tree_is_proven(tmp_path):
                              envelopes)
             state = colluders.state(1, 0)
             larger = max((0, 1), key=lambda j: state.sum_trees[j].total)  # the median of the rule's norms
-            small = SumTree.of(state.sum_trees[larger].sums)  # its sums, said of contribution 2: the rule clips none
+            # its sums, said of contribution 2: the rule clips none
+            small = SumTree.of(state.sum_trees[larger].sums)
             norms = state.factors.norms
             norms = dataclasses.replace(norms, clip_bits=float64_bits(world.cfg.diloco.norm_clip),
-                                        roots=(*norms.roots[:2], small.root), sums=(*norms.sums[:2], small.total))
-            colluders.replace(1, 0, dataclasses.replace(state, factors=dataclasses.replace(state.factors, norms=norms),
+                                        roots=(*norms.roots[:2], small.root),
+                                        sums=(*norms.sums[:2], small.total))
+            colluders.replace(1, 0, dataclasses.replace(state, factors=dataclasses.replace(state.factors,
+                                                                                           norms=norms),
                                                         sum_trees=[*state.sum_trees[:2], small]))
 
-        deployment, run, records, prover, answerer, mine_record, colluders = _colluding(world, tmp_path, commit)
+        deployment, run, records, prover, answerer, mine_record, colluders = _colluding(world, tmp_path,
+                                                                                        commit)
         assert world.aggregation.contributions[2].scale < 1.0 and colluded.contributions[2].scale == 1.0
         committed = colluders.state(1, 0).factors
         assert committed.scale_bits == (float64_bits(1.0),) * 3
-        assert clip_scales(committed.norms.sums, world.cfg.diloco.norm_clip) == [1.0] * 3  # no proof of the scales
+        # no proof of the scales
+        assert clip_scales(committed.norms.sums, world.cfg.diloco.norm_clip) == [1.0] * 3
         prover.check(1, records[1], mine_record)
         _walk(prover, answerer, lambda: prover.log.proofs or prover.log.unprovable)
         assert set(prover.log.proofs) == {1}, prover.log.unprovable
         answered = set(answerer.answered.values())
-        assert {f"answered with leaf 0 of tree {sums_which(3, 2)}", "answered with leaf 0 of tree 0"} <= answered
+        assert {f"answered with leaf 0 of tree {sums_which(3, 2)}", "answered with leaf 0 of tree 0"} \
+            <= answered
         _assert_overturned(deployment, run)
 
 
 def test_an_unanswered_sum_tree_leaf_overturns_the_round(tmp_path):
-    """The colluders publish their factors (or lose the round) but not the sum-tree leaf the walk then asks for:
-    past the answer window the honest node settles the challenge and the round falls."""
+    """The colluders publish their factors (or lose the round) but not the sum-tree leaf the walk then asks
+    for: past the answer window the honest node settles the challenge and the round falls."""
     with _normed_world(tmp_path, BLOBS) as (world, _chunked, _colluded):
         deployment, run, records, prover, _answerer, mine_record, colluders = _colluding(
             world, tmp_path, _lie_about_one_leaf(world))
@@ -182,10 +198,10 @@ def test_an_unanswered_sum_tree_leaf_overturns_the_round(tmp_path):
 
 
 def test_an_honest_quorum_answering_a_mistaken_walk_keeps_its_stake(tmp_path):
-    """A right round, its honest quorum serving nothing but answering every challenge from its state; the prover's own
-    state is the one that is wrong (a sum leaf of its own tree off). Its walk reaches that chunk, the proof it sends is
-    refused (ProverNormCorrect: the committed leaf is the squares of its piece), and the round stands: no one is
-    slashed, no challenge expires."""
+    """A right round, its honest quorum serving nothing but answering every challenge from its state; the
+    prover's own state is the one that is wrong (a sum leaf of its own tree off). Its walk reaches that chunk,
+    the proof it sends is refused (ProverNormCorrect: the committed leaf is the squares of its piece), and the
+    round stands: no one is slashed, no challenge expires."""
     with _normed_world(tmp_path, BLOBS) as (world, _chunked, _colluded):
         def commit(quorum):
             _record(world, quorum, world.aggregation.new_global)
@@ -194,7 +210,8 @@ def test_an_honest_quorum_answering_a_mistaken_walk_keeps_its_stake(tmp_path):
             world, tmp_path, commit, lambda state: lied_sum(state, LIED, CHUNK, LIE))
         prover.check(1, records[1], mine_record)
         _walk(prover, answerer, lambda: prover.log.proofs or prover.log.unprovable)
-        assert not prover.log.proofs and "ProverNormCorrect" in prover.log.unprovable[1], prover.log.unprovable
+        assert not prover.log.proofs and "ProverNormCorrect" in prover.log.unprovable[1], \
+            prover.log.unprovable
         answered = set(answerer.answered.values())
         assert f"answered with leaf {CHUNK} of tree {sums_which(3, LIED)}" in answered
         assert all(a.startswith("answered") for a in answered)

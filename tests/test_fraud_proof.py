@@ -53,7 +53,8 @@ def test_the_chunk_leaves_cover_every_codec_and_tensor(aggregated):
 
 
 def test_a_proof_of_a_one_element_change_overturns_the_round_slashes_and_pays(aggregated):
-    chunk = 1  # a.weight's rows 0..1: low-rank (the integer product and two roundings), quant and a clipped raw
+    # a.weight's rows 0..1: low-rank (the integer product and two roundings), quant and a clipped raw
+    chunk = 1
     wrong = changed(aggregated.honest, chunk, 17)
     committed = on_chain(aggregated, wrong)
     assert first_difference(aggregated.honest, wrong) == chunk
@@ -70,7 +71,8 @@ def test_a_proof_of_a_one_element_change_overturns_the_round_slashes_and_pays(ag
         assert member.status == "slashed"
     assert reader.member(committed.run_id, committed.deployment.client(3).address).status == "active"
     fee = receipt["gasUsed"] * receipt["effectiveGasPrice"]
-    assert prover.balance() - before + fee == len(committed.attesters) * STAKE // 2  # half of what was slashed
+    # half of what was slashed
+    assert prover.balance() - before + fee == len(committed.attesters) * STAKE // 2
     with pytest.raises(errors.LedgerRunHalted):  # the round is invalid already: no second reward
         prover.prove_wrong_aggregation(proof)
     # pull refuses the proven round (and what descends from it), not the round before it
@@ -96,7 +98,8 @@ def honest(aggregated) -> Committed:
 @pytest.mark.parametrize("where", ["first", "bias", "last"])
 def test_a_proof_against_a_correct_round_reverts(honest, aggregated, where):
     layout = stage_layout(SHAPES)
-    chunk = {"first": 0, "bias": next(p.index for p in layout if p.name == "b.bias"), "last": len(layout) - 1}[where]
+    chunk = {"first": 0, "bias": next(p.index for p in layout if p.name == "b.bias"),
+             "last": len(layout) - 1}[where]
     with pytest.raises(errors.ProverRoundCorrect):
         honest.prover().prove_wrong_aggregation(honest.proof(chunk))
     assert honest.prover().invalid_from(honest.run_id) is None
@@ -176,9 +179,11 @@ def test_the_deployed_contracts_stay_under_eip_170_and_the_ledger_trusts_only_it
     run = deployment.member_run((1, 2), quorum=2, min_stake=STAKE)
     run.commit()
     client = deployment.client(1)
-    prover = client.w3.eth.contract(address=client.prover_address, abi=contracts.artifact("AggregationProver")["abi"])
+    prover = client.w3.eth.contract(address=client.prover_address,
+                                    abi=contracts.artifact("AggregationProver")["abi"])
     assert prover.functions.ledger().call() == client.ledger_address
     attesters = list(client.commit_record(run.run_id, 0).attesters)
     with pytest.raises(errors.LedgerNotProver):  # a member cannot overturn a round by calling the hook itself
-        client._sender.transact(client._ledger, "invalidateByProof", (run.run_id, 0, attesters, client.address))
+        client._sender.transact(client._ledger, "invalidateByProof",
+                                (run.run_id, 0, attesters, client.address))
     assert client.invalid_from(run.run_id) is None

@@ -116,7 +116,8 @@ def test_an_envelope_field_of_any_type_is_rejected_by_reason(name, value):
 
 @pytest.mark.timeout(60)
 @FUZZ
-@given(kind=st.sampled_from(sorted(PAYLOADS)), values=st.dictionaries(st.text(max_size=20), _ANY, max_size=10),
+@given(kind=st.sampled_from(sorted(PAYLOADS)), values=st.dictionaries(st.text(max_size=20), _ANY,
+                                                                      max_size=10),
        keep=st.booleans())
 def test_a_signed_payload_of_any_shape_is_refused_with_protocol_error(kind, values, keep):
     """Behind a valid signature, a payload map of any keys and values: decoded or ProtocolError."""

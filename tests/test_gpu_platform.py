@@ -40,13 +40,14 @@ from training.replica_state import (
     parse_stage_state,
 )
 
-needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(),
+                                   reason="checks the refusal on a machine without CUDA")
 
 # ----------------------------------------------------------------------------- settings
 
 
-@pytest.mark.parametrize("spec, normal", [("auto", "auto"), ("CPU", "cpu"), ("cuda", "cuda"), (" cuda:1 ", "cuda:1"),
-                                          ("cuda:07", "cuda:7")])
+@pytest.mark.parametrize("spec, normal", [("auto", "auto"), ("CPU", "cpu"), ("cuda", "cuda"),
+                                          (" cuda:1 ", "cuda:1"), ("cuda:07", "cuda:7")])
 def test_device_setting_is_normalised(spec, normal):
     assert TrainingConfig(device=spec).device == normal
 
@@ -84,11 +85,13 @@ def test_device_and_precision_are_not_in_the_run_document():
     names = {f.name for f in dataclasses.fields(TrainingConfig)} - {"data_path", *NODE_ONLY_TRAINING}
     adamw = load_config(None, ["training.optimizer=adamw"])
     assert set(run_document(adamw)["training"]) == names - {"optimizer", *MUON_ONLY} | {"data_sha256"}
-    assert set(run_document(default)["training"]) == set(run_document(adamw)["training"])  # AdamW, the default
+    # AdamW, the default
+    assert set(run_document(default)["training"]) == set(run_document(adamw)["training"])
     muon = load_config(None, ["training.optimizer=muon"])
     assert set(run_document(muon)["training"]) == names | {"data_sha256"}
     # ... and still pins the run: a run setting changes it.
-    assert config_hash(run_document(load_config(None, ["training.seed=1"]))) != config_hash(run_document(default))
+    assert config_hash(run_document(load_config(None, ["training.seed=1"]))) \
+        != config_hash(run_document(default))
 
 
 # ----------------------------------------------------------------------------- device
@@ -148,11 +151,13 @@ def test_malformed_fingerprint_is_refused(change):
 def _part(platform=None) -> StageStartState:
     meta = RoundMeta(outer_round=2, replica=1, num_stages=1, inner_steps=3, lr_total_steps=9, threads=1,
                      micro_batches=0, platform=platform)
-    return StageStartState(meta, 0, (2, 1, -1), {"param/w": torch.arange(6, dtype=torch.float32).reshape(2, 3)})
+    return StageStartState(meta, 0, (2, 1, -1),
+                           {"param/w": torch.arange(6, dtype=torch.float32).reshape(2, 3)})
 
 
 def test_state_without_fingerprint_keeps_the_bytes_of_before():
-    """A start state that records no platform is byte for byte the version-1 layout (hashes of old runs hold)."""
+    """A start state that records no platform is byte for byte the version-1 layout (hashes of old runs
+    hold)."""
     data = _part().to_bytes()
     assert data.startswith(STATE_MAGIC)
     (length,) = struct.unpack("<I", data[len(STATE_MAGIC):len(STATE_MAGIC) + 4])
@@ -219,7 +224,8 @@ def test_another_platform_or_thread_count_gets_the_three_zones_of_the_precision(
         WITHIN_TOLERANCE, RULE_CROSS_PLATFORM, CROSS_PLATFORM_TOLERANCE["fp32"], TOLERANCE_PASS_BOUND["fp32"])
     between = compare_rerun(CPU32, CPU32, 1e-3, claimed_threads=1, rerun_threads=2)
     assert between.verdict == UNDECIDED and "needs a verifier of the claimant's platform" in between.reason
-    far32 = compare_rerun(CPU32, CPU32, 2 * CROSS_PLATFORM_TOLERANCE["fp32"], claimed_threads=1, rerun_threads=2)
+    far32 = compare_rerun(CPU32, CPU32, 2 * CROSS_PLATFORM_TOLERANCE["fp32"], claimed_threads=1,
+                          rerun_threads=2)
     assert far32.verdict == MISMATCH and "mismatch beyond" in far32.reason
     # bf16: passed or undecided, never a mismatch on another platform, however far (the honest H200 <-> CPU
     # distance reaches 0.159: bench/results/gpu_calibration.json).
@@ -253,12 +259,14 @@ def test_the_zones_fit_the_calibration():
     bound lies below the 1%-perturbation cheat of bench/results/reexec.json (4.9e-2 and more)."""
     assert set(CROSS_PLATFORM_TOLERANCE) == {"fp32", "bf16"} == set(TOLERANCE_PASS_BOUND)
     assert 0 < CROSS_PLATFORM_TOLERANCE["fp32"] < 4.9e-2
-    calibration = json.loads((Path(__file__).parent.parent / "bench/results/gpu_calibration.json").read_text())
+    calibration = json.loads(
+        (Path(__file__).parent.parent / "bench/results/gpu_calibration.json").read_text())
     assert {"cpu", "cuda"} <= set(calibration["summary"]["bf16"]["measured_devices"])
     for precision, bound in TOLERANCE_PASS_BOUND.items():
         assert 0 < bound < calibration["summary"][precision]["cheat_min"]
         honest = [r["distance"] for r in calibration["rows"]
-                  if r["precision"] == precision and r["role"] == "honest" and r["rerun"] in ("threads", "device")]
+                  if r["precision"] == precision and r["role"] == "honest"
+                  and r["rerun"] in ("threads", "device")]
         assert honest and max(honest) <= CROSS_PLATFORM_TOLERANCE[precision]
 
 

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
-
 from training.config_compression import CompressionConfig
 from training.data import generated_corpus, round_batches
 from training.fingerprint import (
@@ -33,14 +32,16 @@ from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica, run_wit
 from training.stage_engine import StageEngine
 
 REPO = Path(__file__).resolve().parents[1]
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: torch.cuda.is_available() is false")
+gpu = pytest.mark.skipif(not torch.cuda.is_available(),
+                         reason="no CUDA GPU: torch.cuda.is_available() is false")
 
 MODEL = ModelConfig(preset="llama-tiny")
 CORPUS = generated_corpus(seed=0, n_bytes=30_000)
 
 
 def _trainer(precision: str, device: str = "cpu") -> LocalReplicaTrainer:
-    return LocalReplicaTrainer(MODEL, TrainingConfig(seed=1, batch_size=4, device=device, precision=precision), 2)
+    return LocalReplicaTrainer(MODEL, TrainingConfig(seed=1, batch_size=4, device=device,
+                                                     precision=precision), 2)
 
 
 def _train(trainer: LocalReplicaTrainer, steps: int = 4) -> list[float]:
@@ -96,7 +97,8 @@ def test_bf16_eval_snapshot_equals_eval_loss(one_thread):
 
 
 def _engines(trainer: LocalReplicaTrainer) -> list[StageEngine]:
-    return [StageEngine(spec.index, dict(module.named_parameters()), DilocoConfig(inner_steps=4, num_replicas=2),
+    return [StageEngine(spec.index, dict(module.named_parameters()),
+                        DilocoConfig(inner_steps=4, num_replicas=2),
                         CompressionConfig(min_compress_numel=512))
             for spec, module in zip(trainer.specs, trainer.stage_modules)]
 
@@ -112,7 +114,8 @@ def test_the_outer_step_does_not_depend_on_the_inner_platform(one_thread):
     payloads = [[engine.encode_contribution(0)[0] for engine in stage_engines] for stage_engines in engines]
     for stage_engines in engines:
         for engine in stage_engines:
-            assert all(t.device.type == "cpu" and t.dtype == torch.float32 for t in engine.global_weights.values())
+            assert all(t.device.type == "cpu" and t.dtype == torch.float32
+                       for t in engine.global_weights.values())
             assert all(t.dtype == torch.float32 for t in engine.compressor.last_decoded.values())
     assert payloads[0] != payloads[1]  # the replicas did train differently
     for stage in range(2):
@@ -142,8 +145,9 @@ class ClaimsAnotherGPU(SimReplica):
         from training.replica_state import ReplicaStartState
 
         def elsewhere(meta):
-            gpu_fp = dataclasses.replace(meta.platform, device_type="cuda", device_name="NVIDIA H100 80GB HBM3",
-                                         capability="sm_90", cuda="12.8", cudnn="91002")
+            gpu_fp = dataclasses.replace(meta.platform, device_type="cuda",
+                                         device_name="NVIDIA H100 80GB HBM3", capability="sm_90", cuda="12.8",
+                                         cudnn="91002")
             return dataclasses.replace(meta, platform=gpu_fp)
 
         return ReplicaStartState(tuple(dataclasses.replace(p, meta=elsewhere(p.meta)) for p in state.stages))
@@ -178,8 +182,9 @@ def _check(sim, records, outer_round, replica, threads=None):
     record = records[outer_round]
     return verify_contribution(
         [p.to_bytes() for p in record.states[replica].stages], record.claims[replica], sim.corpus, sim.model,
-        sim.training, sim.diloco, sim.compression, outer_round=outer_round, replica=replica, run_rounds=sim.rounds,
-        previous_contributions=records[outer_round - 1].contributions if outer_round else None, threads=threads)
+        sim.training, sim.diloco, sim.compression, outer_round=outer_round, replica=replica,
+        run_rounds=sim.rounds, previous_contributions=records[outer_round - 1].contributions if outer_round
+        else None, threads=threads)
 
 
 def test_bf16_start_states_record_the_precision(bf16_run):
@@ -233,8 +238,8 @@ def test_cheats_are_caught_in_bf16(bf16_run):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_bench_refuses_without_a_gpu(tmp_path):
-    refused = subprocess.run([sys.executable, "bench/bench_gpu.py", "--out", str(tmp_path / "no.json")], cwd=REPO,
-                             capture_output=True, text=True, timeout=300)
+    refused = subprocess.run([sys.executable, "bench/bench_gpu.py", "--out", str(tmp_path / "no.json")],
+                             cwd=REPO, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert "needs a CUDA GPU" in refused.stderr and "--smoke" in refused.stderr
     assert not (tmp_path / "no.json").exists()
@@ -242,9 +247,11 @@ def test_bench_refuses_without_a_gpu(tmp_path):
 
 @pytest.mark.slow
 def test_bench_smoke_runs_on_any_device(tmp_path):
-    """The GPU benchmark's code, tiny sizes, on this machine's device (the on-chain run left out: it needs anvil)."""
+    """The GPU benchmark's code, tiny sizes, on this machine's device (the on-chain run left out: it needs
+    anvil)."""
     out = tmp_path / "smoke.json"
-    done = subprocess.run([sys.executable, "bench/bench_gpu.py", "--smoke", "--skip-chain", "--out", str(out)],
+    done = subprocess.run([sys.executable, "bench/bench_gpu.py", "--smoke", "--skip-chain", "--out",
+                           str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
@@ -256,7 +263,8 @@ def test_bench_smoke_runs_on_any_device(tmp_path):
     assert throughput["bf16"]["tokens_per_second"] > 0 and throughput["fp32"]["tokens_per_second"] > 0
     share = result["round_share"]
     assert 0 < share["node_share"] < 1 and share["train_seconds"] > 0
-    assert set(share["parts"]) == {"capture_and_hash", "data_commitment", "encode", "exchange_decode", "outer_step"}
+    assert set(share["parts"]) == {"capture_and_hash", "data_commitment", "encode", "exchange_decode",
+                                   "outer_step"}
     assert "chain_run" not in result
 
 
@@ -284,7 +292,8 @@ def test_cuda_and_cpu_replicas_derive_the_same_global_weights():
     payloads = [[engine.encode_contribution(0)[0] for engine in stage_engines] for stage_engines in engines]
     for stage in range(2):
         closed = [payloads[0][stage], payloads[1][stage]]
-        assert len({stage_engines[stage].finish_round(0, closed).weights_hash for stage_engines in engines}) == 1
+        assert len({stage_engines[stage].finish_round(0, closed).weights_hash for stage_engines in engines}) \
+            == 1
 
 
 @gpu

@@ -53,7 +53,8 @@ def test_every_plotted_metric_is_in_a_nodes_metrics_output():
     dashboard = json.loads(DASHBOARD.read_text())
     plotted = set().union(*(metric_names(q) for q in dashboard_queries(dashboard)))
     assert {"dlx_round", "dlx_last_commit", "dlx_loss", "dlx_eval_loss", "dlx_bytes_sent"} <= plotted
-    scrape = subprocess.run([sys.executable, "-c", SCRAPE], capture_output=True, text=True, timeout=120, check=True)
+    scrape = subprocess.run([sys.executable, "-c", SCRAPE], capture_output=True, text=True, timeout=120,
+                            check=True)
     exported = {line.split("{")[0].split()[0] for line in scrape.stdout.splitlines()
                 if line and not line.startswith("#")}
     assert not plotted - exported, f"plotted but not exported: {sorted(plotted - exported)}"

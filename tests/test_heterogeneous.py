@@ -20,9 +20,9 @@ from node.config import NodeConfig
 from node.runconfig import config_hash, run_document
 from training.codec_wire import (
     MAX_DECLARED_STEPS,
+    declare_steps,
     decode_contribution,
     decode_declared,
-    declare_steps,
     pack_contribution,
 )
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
@@ -65,10 +65,11 @@ def test_fixed_h_run_document_has_no_budget_settings_and_keeps_its_hash():
     cfg = NodeConfig()
     document = run_document(cfg)
     assert "round_budget_s" not in document["diloco"] and "min_inner_steps" not in document["diloco"]
-    timed = dataclasses.replace(cfg, diloco=dataclasses.replace(cfg.diloco, round_budget_s=30.0, min_inner_steps=10,
-                                                                exchange="full"))
+    timed = dataclasses.replace(cfg, diloco=dataclasses.replace(cfg.diloco, round_budget_s=30.0,
+                                                                min_inner_steps=10, exchange="full"))
     timed_document = run_document(timed)
-    assert timed_document["diloco"]["round_budget_s"] == 30.0 and timed_document["diloco"]["min_inner_steps"] == 10
+    assert timed_document["diloco"]["round_budget_s"] == 30.0 \
+        and timed_document["diloco"]["min_inner_steps"] == 10
     assert config_hash(timed_document) != config_hash(document)
     # Dropping the two keys gives the fixed-H document back, byte for byte.
     del timed_document["diloco"]["round_budget_s"], timed_document["diloco"]["min_inner_steps"]
@@ -82,7 +83,8 @@ def test_fixed_h_run_document_has_no_budget_settings_and_keeps_its_hash():
     ({"round_budget_s": 10.0, "min_inner_steps": 9}, "must be <= diloco.inner_steps=8"),
     ({"round_budget_s": 10.0, "min_inner_steps": -2}, "min_inner_steps=-2"),
     ({"round_budget_s": 10.0, "min_inner_steps": 2.5}, "min_inner_steps=2.5"),
-    ({"round_budget_s": 10.0, "min_inner_steps": 1, "overlap_steps": 2}, "must be > the steps the exchange overlaps"),
+    ({"round_budget_s": 10.0, "min_inner_steps": 1, "overlap_steps": 2},
+     "must be > the steps the exchange overlaps"),
 ])
 def test_bad_budget_settings_are_refused_by_name(fields, message):
     with pytest.raises(TrainingConfigError, match=message):
@@ -124,7 +126,8 @@ def test_declared_steps_travel_in_version_2_and_version_1_still_decodes():
 
 @pytest.mark.parametrize("ns, message", [
     (0, "must be in"), (-3, "must be in"), (MAX_DECLARED_STEPS + 1, "must be in"), (2**63, "must be in"),
-    (2.0, "not a whole number"), (True, "not a whole number"), ("5", "not a whole number"), (None, "not a whole"),
+    (2.0, "not a whole number"), (True, "not a whole number"), ("5", "not a whole number"),
+    (None, "not a whole"),
 ])
 def test_a_bad_declared_count_is_refused(ns, message):
     header = msgpack.unpackb(_raw_blob(_tensors(0)))
@@ -151,9 +154,11 @@ def test_every_inner_step_weighs_the_same():
     """Delta = tau * sum_j (k_j / K) (c_j / k_j) with tau = K / M: the plain mean, bit for bit."""
     per_step = [_tensors(seed, 0.01) for seed in range(3)]
     steps = [8, 4, 2]
-    decoded = [{n: t[n] * k for n in SHAPES} for t, k in zip(per_step, steps)]  # c_j = k_j x a per-step update
+    # c_j = k_j x a per-step update
+    decoded = [{n: t[n] * k for n in SHAPES} for t, k in zip(per_step, steps)]
     blobs = [declare_steps(_raw_blob(c), k) for c, k in zip(decoded, steps)]
-    result = aggregate_with_report(_zeros(), _zeros(), blobs, _budgeted(norm_clip=0), stage_index=0, outer_round=0)
+    result = aggregate_with_report(_zeros(), _zeros(), blobs, _budgeted(norm_clip=0), stage_index=0,
+                                   outer_round=0)
     total = sum(steps)
     tau = total / len(steps)
     mean = average_contributions(decoded)
@@ -174,13 +179,15 @@ def test_a_slow_honest_replica_is_not_clipped_and_a_bad_count_is_excluded():
     blobs.append(declare_steps(_raw_blob({n: 2 * base[n] for n in SHAPES}), 2))
     result = aggregate_with_report(_zeros(), _zeros(), blobs, cfg, stage_index=0, outer_round=0)
     assert result.accepted == [0, 1, 2] and all(r.scale == 1.0 for r in result.contributions)
-    # Per step the same update claimed over 2 steps is 4x too long: clipped to norm_clip x the median per step.
+    # Per step the same update claimed over 2 steps is 4x
+    # too long: clipped to norm_clip x the median per step.
     inflated = blobs[:2] + [declare_steps(_raw_blob({n: 8 * base[n] for n in SHAPES}), 2)]
     clipped = aggregate_with_report(_zeros(), _zeros(), inflated, cfg, stage_index=0, outer_round=0)
     assert clipped.contributions[2].accepted and 0.45 < clipped.contributions[2].scale < 0.55
     # Out of the run's [2, 8], or no count at all (version 1 in a time-bounded run): excluded, bad_steps.
     for bad in (declare_steps(_raw_blob(base), 1), declare_steps(_raw_blob(base), 9), _raw_blob(base)):
-        result = aggregate_with_report(_zeros(), _zeros(), blobs[:2] + [bad], cfg, stage_index=0, outer_round=0)
+        result = aggregate_with_report(_zeros(), _zeros(), blobs[:2] + [bad], cfg, stage_index=0,
+                                       outer_round=0)
         assert result.excluded.keys() == {2} and result.contributions[2].reason == BAD_STEPS
 
 
@@ -201,7 +208,8 @@ def test_screening_keeps_a_slow_contribution_that_improves_the_loss():
         return float(sum(((weights[n].double() - target[n].double()) ** 2).sum() for n in SHAPES))
 
     start = _zeros()
-    direction = {n: -(target[n] - start[n]) / 8 for n in SHAPES}  # one step's update (theta - lr*d moves to target)
+    # one step's update (theta - lr*d moves to target)
+    direction = {n: -(target[n] - start[n]) / 8 for n in SHAPES}
     decoded = [{n: 8 * direction[n] * 0.9 for n in SHAPES}, {n: 8 * direction[n] * 0.95 for n in SHAPES},
                {n: 2 * direction[n] * 0.9 for n in SHAPES}]
     cfg = _budgeted(screening=True, screen_rel_tol=0.02, outer_lr=1.0)
@@ -213,7 +221,8 @@ def test_screening_keeps_a_slow_contribution_that_improves_the_loss():
         screen_contributions(loss, start, decoded, cfg)
     # The wrong way (worse than no update and than the median) is left out; a bad count is not screened.
     flipped = decoded[:2] + [{n: -8 * direction[n] for n in SHAPES}]
-    assert [r.excluded for r in screen_contributions(loss, start, flipped, cfg, [8, 8, 8])] == [False, False, True]
+    assert [r.excluded for r in screen_contributions(loss, start, flipped, cfg, [8, 8, 8])] == [False, False,
+                                                                                                True]
     assert screen_contributions(loss, start, decoded, cfg, [8, 8, 99])[2].loss_after is None
 
 
@@ -245,8 +254,8 @@ def _sim() -> SimConfig:
         corpus=generated_corpus(seed=0, n_bytes=30_000),
         model=ModelConfig(preset="tiny"),
         training=TrainingConfig(seed=3, batch_size=4, warmup_steps=2),
-        diloco=DilocoConfig(inner_steps=6, num_replicas=4, round_budget_s=1.0, min_inner_steps=2, overlap_steps=0,
-                            screening=False),
+        diloco=DilocoConfig(inner_steps=6, num_replicas=4, round_budget_s=1.0, min_inner_steps=2,
+                            overlap_steps=0, screening=False),
         compression=CompressionConfig(min_compress_numel=512),
         num_stages=2,
         rounds=ROUNDS,
@@ -271,9 +280,10 @@ def _check(sim, records, replica, outer_round, **kwargs):
     record = records[outer_round]
     previous = records[outer_round - 1].contributions if outer_round > 0 else None
     return verify_contribution(
-        [part.to_bytes() for part in record.states[replica].stages], kwargs.pop("claims", record.claims[replica]),
-        sim.corpus, sim.model, sim.training, sim.diloco, sim.compression, outer_round=outer_round, replica=replica,
-        run_rounds=sim.rounds, previous_contributions=previous, **kwargs,
+        [part.to_bytes() for part in record.states[replica].stages],
+        kwargs.pop("claims", record.claims[replica]), sim.corpus, sim.model, sim.training, sim.diloco,
+        sim.compression, outer_round=outer_round, replica=replica, run_rounds=sim.rounds,
+        previous_contributions=previous, **kwargs,
     )
 
 
@@ -298,11 +308,15 @@ def test_declaring_more_steps_than_trained_is_a_mismatch(run):
 def test_the_data_commitment_covers_the_declared_steps_only(run):
     sim, records = run
     claim = records[1].claims[HALF][0]
-    assert claim.data_commitment == data_commitment(sim.corpus, sim.training, sim.model, sim.diloco, HALF, 1, 3)
-    assert claim.data_commitment != data_commitment(sim.corpus, sim.training, sim.model, sim.diloco, HALF, 1, 6)
+    assert claim.data_commitment == data_commitment(sim.corpus, sim.training, sim.model, sim.diloco, HALF, 1,
+                                                    3)
+    assert claim.data_commitment != data_commitment(sim.corpus, sim.training, sim.model, sim.diloco, HALF, 1,
+                                                    6)
     # Batch k of a round does not depend on how many steps the round trained.
-    short = round_batches(sim.corpus, sim.training.seed, HALF, 1, 3, sim.training.batch_size, sim.model.block_size)
-    full = round_batches(sim.corpus, sim.training.seed, HALF, 1, 6, sim.training.batch_size, sim.model.block_size)
+    short = round_batches(sim.corpus, sim.training.seed, HALF, 1, 3, sim.training.batch_size,
+                          sim.model.block_size)
+    full = round_batches(sim.corpus, sim.training.seed, HALF, 1, 6, sim.training.batch_size,
+                         sim.model.block_size)
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(short, full[:3]))
 
 
@@ -318,7 +332,8 @@ def test_stages_that_declare_different_counts_or_out_of_range_are_refused(run):
     state = records[0].states[HALF]
     for bad in (None, 0, 7, -1):
         with pytest.raises(ReexecError):
-            reexecute(state, sim.corpus, sim.model, sim.training, sim.diloco, sim.compression, declared_steps=bad)
+            reexecute(state, sim.corpus, sim.model, sim.training, sim.diloco, sim.compression,
+                      declared_steps=bad)
 
 
 def _redeclare(payload: bytes, steps: int) -> bytes:
@@ -340,12 +355,13 @@ def test_the_wire_vectors_of_declared_steps():
     import json
     from pathlib import Path
 
-    vectors = json.loads((Path(__file__).parent / "vectors" / "wire.json").read_text())["contribution_payloads"]
+    vectors = json.loads((Path(__file__).parent / "vectors" / "wire.json").read_text())[
+        "contribution_payloads"]
     shapes = {name: tuple(shape) for name, shape in vectors["shapes"].items()}
     decoded = []
     for case in vectors["accepted"]:
-        steps, tensors = decode_declared(bytes.fromhex(case["payload_hex"]), shapes, stage_index=vectors["stage"],
-                                         outer_round=vectors["round"])
+        steps, tensors = decode_declared(bytes.fromhex(case["payload_hex"]), shapes,
+                                         stage_index=vectors["stage"], outer_round=vectors["round"])
         assert steps == case["declared_steps"], case["name"]
         decoded.append(tensors)
     assert all(torch.equal(decoded[0][n], decoded[1][n]) for n in shapes)
@@ -360,7 +376,8 @@ def test_the_wire_vectors_of_declared_steps():
 
 
 @pytest.mark.parametrize("budget,overlap,expected", [(1e-9, 0, 2), (1e-9, 1, 2), (1e9, 0, 6), (1e9, 1, 6)])
-def test_the_node_consumes_the_first_declared_batches_of_each_slot_and_nothing_else(budget, overlap, expected):
+def test_the_node_consumes_the_first_declared_batches_of_each_slot_and_nothing_else(budget, overlap,
+                                                                                    expected):
     """ReplicaWorker.train_round under a budget (the smallest: every round trains min_inner_steps; the
     largest: H), in one part or two (an overlapped exchange): the batches its trainer gets in round t are
     batches 0 .. k_t - 1 of the slot (replica, t), k_t the count it declares, and round t+1 starts at batch 0
@@ -369,8 +386,9 @@ def test_the_node_consumes_the_first_declared_batches_of_each_slot_and_nothing_e
     from node.live.work.replica import ReplicaWorker
 
     cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=6", "training.batch_size=2", "rounds=3",
-                             "torch_threads=1", f"diloco.overlap_steps={overlap}", f"diloco.round_budget_s={budget}",
-                             "diloco.min_inner_steps=2", "pipeline.num_stages=1"])
+                             "torch_threads=1", f"diloco.overlap_steps={overlap}",
+                             f"diloco.round_budget_s={budget}", "diloco.min_inner_steps=2",
+                             "pipeline.num_stages=1"])
     worker = ReplicaWorker(cfg, 1, (0,), 0)
     worker.start(10, 10)
     seen: list[torch.Tensor] = []
@@ -404,9 +422,10 @@ def test_the_node_stops_where_its_round_clock_says_and_its_chunked_batches_are_t
     from node.live.work.replica import BATCH_CHUNK, ReplicaWorker
 
     steps = BATCH_CHUNK + 5
-    cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=64", "training.batch_size=2", "rounds=2",
-                             "torch_threads=1", "diloco.overlap_steps=0", "diloco.round_budget_s=10.0",
-                             "diloco.min_inner_steps=2", "pipeline.num_stages=1"])
+    cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=64", "training.batch_size=2",
+                             "rounds=2", "torch_threads=1", "diloco.overlap_steps=0",
+                             "diloco.round_budget_s=10.0", "diloco.min_inner_steps=2",
+                             "pipeline.num_stages=1"])
     worker = ReplicaWorker(cfg, 0, (0,), 0)
     worker.start(10, 10)
     seen: list[torch.Tensor] = []
@@ -423,5 +442,6 @@ def test_the_node_stops_where_its_round_clock_says_and_its_chunked_batches_are_t
     assert asked == list(range(steps + 1))  # asked before every step, and once more (then it stops)
     slot = round_batches(worker.corpus, cfg.training.seed, 0, 1, 64, 2, cfg.model.block_size)
     assert all(torch.equal(got, want) for got, (want, _y) in zip(seen, slot))
-    fixed_part = round_batches(worker.corpus, cfg.training.seed, 0, 1, 64, 2, cfg.model.block_size, first_step=17)
+    fixed_part = round_batches(worker.corpus, cfg.training.seed, 0, 1, 64, 2, cfg.model.block_size,
+                               first_step=17)
     assert all(torch.equal(a, b) for a, b in zip(fixed_part[0], slot[17]))

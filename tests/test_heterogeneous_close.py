@@ -45,7 +45,8 @@ def _envelope(identity, blob: bytes, replica: int) -> bytes:
 def test_a_fixed_h_close_is_the_same_bytes_and_a_budgeted_one_names_its_steps():
     entries = [[0, "peer-a", b"a" * 32, 10], [1, "peer-b", b"b" * 32, 12]]
     fixed = msg.encode_payload(msg.Close(entries))
-    assert msgpack.unpackb(fixed) == {"contributions": entries}  # no "steps" key: a fixed-H close is unchanged
+    # no "steps" key: a fixed-H close is unchanged
+    assert msgpack.unpackb(fixed) == {"contributions": entries}
     assert msg.decode_payload(msg.CLOSE, fixed) == msg.Close(entries)
     budgeted = msg.encode_payload(msg.Close(entries, [5, 0]))
     assert msg.decode_payload(msg.CLOSE, budgeted).steps == [5, 0]
@@ -117,7 +118,8 @@ def test_the_judge_refuses_a_misnamed_count_where_it_holds_the_envelope():
 def test_the_record_counts_what_was_declared_and_the_audit_recomputes_it():
     close = msg.Close([[0, "a", b"a" * 32, 1], [1, "b", b"b" * 32, 1], [2, "c", b"c" * 32, 1]], [8, 3, 0])
     assert record_tokens(close, 8, 64, budgeted=True) == 11 * 64
-    assert record_tokens(msg.Close(close.contributions), 8, 64, budgeted=False) == 3 * 8 * 64  # fixed H: as before
+    # fixed H: as before
+    assert record_tokens(msg.Close(close.contributions), 8, 64, budgeted=False) == 3 * 8 * 64
     document = {"diloco": {"inner_steps": 8, "round_budget_s": 2.0, "min_inner_steps": 2},
                 "training": {"batch_size": 4}, "model": {"block_size": 16}}
     assert _steps_range(document) == RANGE and _steps_range({"diloco": {"inner_steps": 8}}) is None
@@ -153,7 +155,8 @@ def test_the_demo_bounds_rounds_by_time_and_refuses_bad_flags_by_name():
     # The fewest steps default to one more than the exchange overlaps (auto: H // 10 = 2 of 20).
     assert _budget_settings(_demo_args(round_budget=3.0), base) == ["diloco.round_budget_s=3.0",
                                                                     "diloco.min_inner_steps=3"]
-    assert _budget_settings(_demo_args(round_budget=3.0, min_inner_steps=5), base)[1] == "diloco.min_inner_steps=5"
+    assert _budget_settings(_demo_args(round_budget=3.0, min_inner_steps=5),
+                            base)[1] == "diloco.min_inner_steps=5"
     for bad in (dict(round_budget=-1.0), dict(min_inner_steps=4)):
         with pytest.raises(ConfigError, match="--round-budget"):
             _budget_settings(_demo_args(**bad), base)

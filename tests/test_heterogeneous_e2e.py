@@ -1,5 +1,5 @@
-"""Time-bounded runs of real node processes (issue 44), a real anvil. First: 2 replicas x 2 stages, one stage per
-node, real gloo pipelines, ``diloco.round_budget_s`` set.
+"""Time-bounded runs of real node processes (issue 44), a real anvil. First: 2 replicas x 2 stages, one stage
+per node, real gloo pipelines, ``diloco.round_budget_s`` set.
 
 Every replica trains the inner steps that fit in the budget (the count depends on the machine's load; the
 test asserts nothing about it beyond the run's range), the stages of a replica agree on the count (the first
@@ -39,13 +39,15 @@ def _spot_checks(slot) -> list[tuple[int, int, str]]:
     return [(int(r), int(t), v) for r, t, v in SPOT_LINE.findall(text)]
 
 
-@pytest.mark.slow  # about 5 minutes at a load of 30 on 2 cores (four node processes, anvil, two gloo pipelines)
+# about 5 minutes at a load of 30 on 2 cores (four node processes, anvil, two gloo pipelines)
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_a_time_bounded_split_run_declares_its_steps_and_reruns_them_exactly(make_run):
     # attest_quorum=4: every record needs all four members' signatures over the same bytes, tokens included.
     run = make_run(replicas=2, stages=2, split=True, attest_quorum=4, settings=[
-        *TINY, f"diloco.inner_steps={MAX_STEPS}", "diloco.round_budget_s=0.2", f"diloco.min_inner_steps={MIN_STEPS}",
-        "diloco.overlap_steps=0", f"rounds={MAX_ROUNDS}", "join_timeout=60", "spot_checks=8"])
+        *TINY, f"diloco.inner_steps={MAX_STEPS}", "diloco.round_budget_s=0.2",
+        f"diloco.min_inner_steps={MIN_STEPS}", "diloco.overlap_steps=0", f"rounds={MAX_ROUNDS}",
+        "join_timeout=60", "spot_checks=8"])
     run.start()
 
     def checked() -> bool:
@@ -81,8 +83,9 @@ def test_a_time_bounded_split_run_declares_its_steps_and_reruns_them_exactly(mak
         assert len(counts) == 1, (outer_round, replica, counts)
         (count,) = counts
         assert count is not None and MIN_STEPS <= count <= MAX_STEPS, (outer_round, replica, count)
-    # Every member signed the same exact tokens (the quorum is all four), those of stage 0's nodes included (they
-    # hold no last-stage envelope: the last stage's close names the counts): the steps both replicas declared.
+    # Every member signed the same exact tokens (the quorum is all four), those of stage 0's nodes included
+    # (they hold no last-stage envelope: the last stage's close
+    # names the counts): the steps both replicas declared.
     document = json.loads((run.workdir / "run.json").read_text())
     per_step = document["training"]["batch_size"] * document["model"]["block_size"]
     for commit in history.commits:
@@ -93,12 +96,14 @@ def test_a_time_bounded_split_run_declares_its_steps_and_reruns_them_exactly(mak
 # ----------------------------------------------------------------------------- a throttled replica, a cheat
 
 ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py")]
-#: The throttled replica's node process may use this many CPUs (a cgroup v1 cpu quota: node/commands/throttle.py).
+#: The throttled replica's node process may use this many
+#: CPUs (a cgroup v1 cpu quota: node/commands/throttle.py).
 THROTTLED_CPUS = 0.2
 
 
 def _declared_counts(run, rounds: int) -> dict[tuple[int, int], set[int | None]]:
-    """(round, replica) -> the counts its archived contribution envelopes declare (slice references included)."""
+    """(round, replica) -> the counts its archived contribution envelopes declare (slice references
+    included)."""
     declared: dict[tuple[int, int], set[int | None]] = {}
     for slot in run.nodes:
         archive = Archive(slot.data_dir / "archive", run.run_id)
@@ -124,7 +129,8 @@ def test_a_throttled_replica_contributes_to_every_round_of_a_time_bounded_sliced
         pytest.skip(f"no throttled replica here: {reason}")
     rounds = 3
     # round_timeout: a close waits for every expected replica up to it; the throttled one is expected.
-    run = make_run(replicas=3, stages=1, split=False, attest_quorum=2, cpu_limits={2: THROTTLED_CPUS}, settings=[
+    run = make_run(replicas=3, stages=1, split=False, attest_quorum=2, cpu_limits={2: THROTTLED_CPUS},
+                   settings=[
         *TINY, "join_timeout=180", "diloco.exchange=sliced", "p2p.transfer_timeout=30", "round_timeout=600",
         f"rounds={rounds}", f"diloco.inner_steps={MAX_STEPS}", "diloco.round_budget_s=0.3",
         f"diloco.min_inner_steps={MIN_STEPS}", "diloco.overlap_steps=0"])
@@ -134,7 +140,8 @@ def test_a_throttled_replica_contributes_to_every_round_of_a_time_bounded_sliced
         assert slot.process.wait(timeout=1500) == 0, run_logs(run)
     history = run.client().history(run.run_id)
     assert [c.commit.round for c in history.commits] == list(range(rounds)), run_logs(run)
-    assert all(c.commit.num_contributors == 3 for c in history.commits), run_logs(run)  # the throttled one too
+    # the throttled one too
+    assert all(c.commit.num_contributors == 3 for c in history.commits), run_logs(run)
     assert not history.accusations and not history.disputes
     assert_chain_roots(run, history.commits)
 
@@ -144,8 +151,10 @@ def test_a_throttled_replica_contributes_to_every_round_of_a_time_bounded_sliced
     for commit in history.commits:
         counts = []
         for replica in range(3):
-            (count,) = declared[(commit.commit.round, replica)]  # one count per contribution, in every archive
-            assert count is not None and MIN_STEPS <= count <= MAX_STEPS, (commit.commit.round, replica, count)
+            # one count per contribution, in every archive
+            (count,) = declared[(commit.commit.round, replica)]
+            assert count is not None and MIN_STEPS <= count <= MAX_STEPS, (commit.commit.round, replica,
+                                                                           count)
             counts.append(count)
         assert commit.commit.tokens == sum(counts) * tokens_per_step, (commit.commit.round, counts)
 
@@ -176,14 +185,16 @@ def test_a_replica_that_declares_more_steps_than_it_trained_is_convicted_by_a_sp
     account = dev_account(cheater.account, client.chain_id).address.lower()
 
     def convicted() -> bool:
-        assert all(s.process.poll() is None for s in run.nodes[:-1]), "an honest node exited:\n" + run_logs(run)
+        assert all(s.process.poll() is None for s in run.nodes[:-1]), \
+            "an honest node exited:\n" + run_logs(run)
         return any(a.guilty and a.accused.lower() == account for a in client.history(run.run_id).accusations)
 
     wait_for(convicted, 1500, "the over-declaring replica convicted", run)
     run.stop_nodes()
     history = client.history(run.run_id)
     assert {a.accused.lower() for a in history.accusations} == {account}, history.accusations
-    # The replica the run placed the cheater on (its signed envelopes say), which is what the honest reruns name.
+    # The replica the run placed the cheater on (its signed
+    # envelopes say), which is what the honest reruns name.
     replicas = {decode_envelope(data, len(data)).replica for slot in run.nodes[:-1]
                 for data in Archive(slot.data_dir / "archive", run.run_id).envelopes(0)
                 if decode_envelope(data, len(data)).sender_peer_id == cheater.peer_id}
@@ -197,10 +208,10 @@ def test_a_replica_that_declares_more_steps_than_it_trained_is_convicted_by_a_sp
 @pytest.mark.slow  # a few minutes on a loaded machine: three node processes, the full exchange, screening on
 @pytest.mark.timeout(1800)
 def test_a_screened_time_bounded_run_is_audited_bit_for_bit(make_run):
-    """Three replicas of one stage (every node holds the whole model, so every round is screened, here by version 3,
-    docs/DILOCOX.md section 13), the full exchange: every round commits with all three
-    contributions, and the audit re-derives every round's screening and aggregation and reruns every contribution
-    (exactly its declared steps) bit for bit."""
+    """Three replicas of one stage (every node holds the whole model, so every round is screened, here by
+    version 3, docs/DILOCOX.md section 13), the full exchange: every round commits with all three
+    contributions, and the audit re-derives every round's screening and aggregation and reruns every
+    contribution (exactly its declared steps) bit for bit."""
     rounds = 3
     run = make_run(replicas=3, stages=1, split=False, attest_quorum=2, settings=[
         *TINY, "join_timeout=180", "round_timeout=600", f"rounds={rounds}", f"diloco.inner_steps={MAX_STEPS}",

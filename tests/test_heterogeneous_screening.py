@@ -1,14 +1,14 @@
 """Screening of a time-bounded run (issue 44; docs/DILOCOX.md section 13, "Screening"): version 2 (an option,
 ``diloco.screen_rule = "two_sided"``) judges each
-contribution by its slope (its loss applied alone against its loss applied against itself) and its curvature (their
-mean over no update) against the median's, not by its loss alone.
+contribution by its slope (its loss applied alone against its loss applied against itself) and its curvature
+(their mean over no update) against the median's, not by its loss alone.
 
 The recorded failure it answers: under the one-step delay every contribution, applied alone to the current
 weights, landed above their loss, and the longest (the 1x replica's 179 steps against about 80 and 35) the
 furthest: "loss 2.21719 -> 2.42978 alone, above the median 2.37147 + 0.0443", an honest fast replica screened
-out. The shape here: a quadratic loss (above a floor of 2, the cross-entropy's scale) whose minimum the weights
-have nearly reached (the outer step already moved them), honest updates whose useful part grows with the square
-root of their steps and whose noise with their steps.
+out. The shape here: a quadratic loss (above a floor of 2, the cross-entropy's scale) whose minimum the
+weights have nearly reached (the outer step already moved them), honest updates whose useful part grows with
+the square root of their steps and whose noise with their steps.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ STEPS = [179, 80, 35]  # the recorded run's counts
 
 
 def _cfg(**overrides) -> DilocoConfig:
-    fields = dict(inner_steps=800, num_replicas=3, round_budget_s=40.0, min_inner_steps=4, one_step_delay=True,
-                  overlap_steps=0, outer_lr=LR, outer_momentum=0.5, screen_rel_tol=0.02, screen_rule="two_sided")
+    fields = dict(inner_steps=800, num_replicas=3, round_budget_s=40.0, min_inner_steps=4,
+                  one_step_delay=True, overlap_steps=0, outer_lr=LR, outer_momentum=0.5, screen_rel_tol=0.02,
+                  screen_rule="two_sided")
     fields.update(overrides)
     return DilocoConfig(**fields)
 
@@ -69,8 +70,8 @@ def test_version_2_is_a_time_bounded_run_option_and_other_runs_keep_their_docume
 
 def _delayed_round():
     """Weights 0.5 from the minimum along ``u``; honest updates of 179, 80 and 35 steps:
-    ``d = -0.5 sqrt(k / 80) u - e``, ``|e|^2 = sqrt(k / 80)`` (``theta - lr d`` moves towards the target and off
-    it)."""
+    ``d = -0.5 sqrt(k / 80) u - e``, ``|e|^2 = sqrt(k / 80)`` (``theta - lr d`` moves towards the target and
+    off it)."""
     generator = torch.Generator().manual_seed(0)
     u = torch.zeros(N)
     u[0] = 1.0
@@ -124,13 +125,14 @@ def test_byzantine_contributions_are_still_excluded_in_the_delayed_round(attack,
         bad = noise * (float(template.norm()) / float(noise.norm()))
     else:
         bad = float(attack.split("-")[1]) * template
-    reports = screen_contributions(loss, weights, honest + [{"w": bad}], _cfg(num_replicas=4), STEPS + [STEPS[like]])
+    reports = screen_contributions(loss, weights, honest + [{"w": bad}], _cfg(num_replicas=4),
+                                   STEPS + [STEPS[like]])
     assert [r.excluded for r in reports] == [False, False, False, True]
 
 
 def _model_case():
-    """The tiny GPT's case: three honest gradient steps, then a sign flip, noise of the honest norm, a 1e6-scaled
-    update and one that does not decode; with the loss function of its screening batch."""
+    """The tiny GPT's case: three honest gradient steps, then a sign flip, noise of the honest norm, a
+    1e6-scaled update and one that does not decode; with the loss function of its screening batch."""
     tiny = ModelConfig(preset="tiny", init="torch")
     x, y = screening_batch(generated_corpus(0, n_bytes=40_000), run_seed=7, outer_round=3, batch_size=8,
                            block_size=tiny.block_size)
@@ -150,8 +152,9 @@ def _model_case():
 
 
 def test_the_model_case_excludes_the_same_attacks():
-    """test_training_robust's case on the tiny GPT (three honest gradient steps, a sign flip, noise of the honest
-    norm, a 1e6-scaled update, one that does not decode) in a time-bounded run: the same exclusions as version 1."""
+    """test_training_robust's case on the tiny GPT (three honest gradient steps, a sign flip, noise of the
+    honest norm, a 1e6-scaled update, one that does not decode) in a time-bounded run: the same exclusions as
+    version 1."""
     tiny, loss_fn, honest, attacks = _model_case()
     weights = init_state_dict(tiny, 0)
     reports = screen_contributions(loss_fn, weights, honest + attacks, _cfg(num_replicas=7, outer_lr=1.0),
@@ -169,10 +172,11 @@ WINDOWS = 16
 
 
 def _noisy_batch_round():
-    """:func:`_delayed_round`'s weights and honest updates, on a screening batch of 16 windows whose losses differ by
-    a linear term ``b_w . theta`` (each window's own gradient noise) along the longest update's noise part: on this
-    batch its slope is 0.0043 with a standard error of 0.061 (the node's recorded version-2 exclusions were slopes
-    of 0.019 to 0.033 under a least slope of 0.045), the others' 0.70 and 0.47 with errors near 0."""
+    """:func:`_delayed_round`'s weights and honest updates, on a screening batch of 16 windows whose losses
+    differ by a linear term ``b_w . theta`` (each window's own gradient noise) along the longest update's
+    noise part: on this batch its slope is 0.0043 with a standard error of 0.061 (the node's recorded
+    version-2 exclusions were slopes of 0.019 to 0.033 under a least slope of 0.045), the others' 0.70 and
+    0.47 with errors near 0."""
     _, weights, honest = _delayed_round()
     u = torch.zeros(N)
     u[0] = 1.0
@@ -201,7 +205,8 @@ def test_version_3_is_a_time_bounded_run_option_named_in_its_document():
     assert _cfg(screen_rule="paired").screen_rule == "paired"
     with pytest.raises(TrainingConfigError, match="screen_rule=\"paired\" needs diloco.round_budget_s"):
         DilocoConfig(screen_rule="paired")
-    document = run_document(dataclasses.replace(NodeConfig(), diloco=_cfg(exchange="full", screen_rule="paired")))
+    document = run_document(dataclasses.replace(NodeConfig(),
+                                                diloco=_cfg(exchange="full", screen_rule="paired")))
     assert document["diloco"]["screen_rule"] == "paired"
     assert node_config_from_run(document).diloco.screen_rule == "paired"
 
@@ -242,14 +247,15 @@ def test_version_3_still_excludes_attacks_on_the_noisy_batch(attack, like):
         bad = noise * (float(template.norm()) / float(noise.norm()))
     else:
         bad = float(attack.split("-")[1]) * template
-    reports = screen_contributions(loss, weights, honest + [{"w": bad}], _cfg(num_replicas=4, screen_rule="paired"),
-                                   STEPS + [STEPS[like]])
+    reports = screen_contributions(loss, weights, honest + [{"w": bad}],
+                                   _cfg(num_replicas=4, screen_rule="paired"), STEPS + [STEPS[like]])
     assert [r.excluded for r in reports] == [False, False, False, True]
 
 
 def test_version_3_cannot_exclude_the_flip_of_a_contribution_whose_slope_the_batch_cannot_tell():
-    """The rule's limit, written down: the batch that cannot tell the longest update's direction (its slope within
-    its error of the least one) cannot tell its negation's either; a sign flip there passes, as the update does."""
+    """The rule's limit, written down: the batch that cannot tell the longest update's direction (its slope
+    within its error of the least one) cannot tell its negation's either; a sign flip there passes, as the
+    update does."""
     loss, weights, honest = _noisy_batch_round()
     reports = screen_contributions(loss, weights, honest + [{"w": -honest[0]["w"]}],
                                    _cfg(num_replicas=4, screen_rule="paired"), STEPS + [STEPS[0]])
@@ -269,16 +275,18 @@ def test_version_3_on_the_model_case_excludes_the_same_attacks():
 
 def test_the_simulation_screens_a_version_3_run_with_each_slope_and_its_error():
     """training.simulate (the node's algorithm, one-step delay) screens every round of a version-3 run through
-    screen_contributions: each report carries its loss against itself and its slope's error, and a sign-flipped
-    replica is left out of every round from 1 (the node, the fork repair's derive and the audit call the same
+    screen_contributions: each report carries its loss against itself and its slope's error, and a
+    sign-flipped replica is left out of every round from 1 (the node, the fork repair's derive and the audit
+    call the same
     function: tests/test_heterogeneous_e2e.py audits a real run)."""
-    from training.compression import encode_contribution
     from training.codec_wire import declare_steps, decode_contribution
+    from training.compression import encode_contribution
     from training.config import PipelineConfig, TrainingConfig
     from training.config_compression import CompressionConfig
     from training.simulate import simulate
 
-    def flip_replica_3(outer_round, stage, blobs):  # the fourth replica trains honestly and sends the sign flip
+    # the fourth replica trains honestly and sends the sign flip
+    def flip_replica_3(outer_round, stage, blobs):
         shapes = {n: tuple(t.shape) for n, t in init_state_dict(ModelConfig(preset="tiny"), 0).items()}
         flipped = {n: -t for n, t in decode_contribution(blobs[3], shapes, stage_index=stage,
                                                          outer_round=outer_round).items()}
@@ -294,6 +302,7 @@ def test_the_simulation_screens_a_version_3_run_with_each_slope_and_its_error():
     assert [a["outer_round"] for a in applied] == [0, 1, 2, 3]
     for round_ in applied:
         reports = round_["screening"]
-        assert len(reports) == 4 and all(r["loss_against"] is not None and r["slope_error"] > 0 for r in reports)
+        assert len(reports) == 4 and all(r["loss_against"] is not None and r["slope_error"] > 0
+                                         for r in reports)
         if round_["outer_round"] >= 1:
             assert [r["excluded"] for r in reports] == [False, False, False, True], reports

@@ -20,7 +20,7 @@ import torch
 from test_sliced_reexec import SlicedReplica
 
 from training.butterfly import SliceError, aggregate_slice, plan_slices, replay_partial, slice_stage
-from training.codec_wire import decode_declared, declare_steps, header_steps
+from training.codec_wire import declare_steps, decode_declared, header_steps
 from training.compression import encode_contribution
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
 from training.config_compression import CompressionConfig
@@ -64,7 +64,8 @@ def test_a_sliced_run_may_bound_its_rounds_by_time():
 
 def _engine(diloco: DilocoConfig) -> tuple[StageEngine, object]:
     generator = torch.Generator().manual_seed(1)
-    params = {name: torch.nn.Parameter(torch.randn(shape, generator=generator)) for name, shape in SHAPES.items()}
+    params = {name: torch.nn.Parameter(torch.randn(shape, generator=generator))
+                  for name, shape in SHAPES.items()}
     engine = StageEngine(0, params, diloco, CFG)
     plan = slice_stage(engine, diloco.num_replicas, 256)
     with torch.no_grad():
@@ -86,13 +87,15 @@ def test_every_slice_and_the_reference_declare_the_count_in_a_budgeted_run_only(
     assert parsed.steps == 5 and bundle_slices(bundle, parsed) == slices
     assert rerun_claim(bundle, parsed) == packed
 
-    fixed, _plan = _engine(DilocoConfig(inner_steps=8, num_replicas=3, one_step_delay=False, exchange="sliced"))
+    fixed, _plan = _engine(DilocoConfig(inner_steps=8, num_replicas=3, one_step_delay=False,
+                                        exchange="sliced"))
     fixed_packed, _ = fixed.encode_contribution(0)
     fixed_slices = msgpack.unpackb(fixed_packed, raw=False)
     assert [header_steps(blob) for blob in fixed_slices] == [None] * 3 and claimed_steps(fixed_packed) is None
     _bundle, fixed_reference = slice_bundle(fixed_slices, header_steps(fixed_slices[0]))
     assert fixed_reference.startswith(REFERENCE_PREFIX) and len(fixed_reference) == 88  # version 2, unchanged
-    assert parse_slice_reference(fixed_reference, 3, 1 << 20).steps is None and reference_steps(fixed_reference) is None
+    assert parse_slice_reference(fixed_reference, 3, 1 << 20).steps is None \
+        and reference_steps(fixed_reference) is None
 
 
 def test_a_slice_that_declares_another_count_than_its_reference_is_not_proven():
@@ -128,7 +131,8 @@ def test_a_reference_declaring_a_count_out_of_bounds_is_refused(steps):
 
 def _undeclared(blob: bytes) -> bytes:
     message = msgpack.unpackb(blob, raw=False)
-    return msgpack.packb({"v": 1, "st": message["st"], "rd": message["rd"], "t": message["t"]}, use_bin_type=True)
+    return msgpack.packb({"v": 1, "st": message["st"], "rd": message["rd"], "t": message["t"]},
+                         use_bin_type=True)
 
 
 def _slice_inputs(plan, counts_and_scales):
@@ -165,8 +169,8 @@ def test_the_aggregator_checks_the_range_and_clips_per_step():
     partial = parse_partial(partial_payload(0, plan.num_slices, inputs_root(inputs), 4, result.partial))
     assert check_partial(partial, inputs, plan, CFG, 0, norm_clip=2.0, stage_index=0, outer_round=2,
                          steps_range=diloco.steps_range) == ""
-    assert "differ from the replay" in check_partial(partial, inputs, plan, CFG, 0, norm_clip=2.0, stage_index=0,
-                                                     outer_round=2)
+    assert "differ from the replay" in check_partial(partial, inputs, plan, CFG, 0, norm_clip=2.0,
+                                                     stage_index=0, outer_round=2)
 
 
 # ----------------------------------------------------------------------------- re-execution
@@ -188,8 +192,8 @@ def _sim() -> SimConfig:
         corpus=generated_corpus(seed=0, n_bytes=30_000),
         model=ModelConfig(preset="tiny"),
         training=TrainingConfig(seed=3, batch_size=4, warmup_steps=2),
-        diloco=DilocoConfig(inner_steps=6, num_replicas=3, round_budget_s=1.0, min_inner_steps=2, overlap_steps=0,
-                            screening=False, exchange="sliced"),
+        diloco=DilocoConfig(inner_steps=6, num_replicas=3, round_budget_s=1.0, min_inner_steps=2,
+                            overlap_steps=0, screening=False, exchange="sliced"),
         compression=CompressionConfig(min_compress_numel=512),
         num_stages=2,
         rounds=ROUNDS,
@@ -213,9 +217,9 @@ def run():
 def _check(sim, records, partials, replica, outer_round, claims=None):
     record = records[outer_round]
     return verify_contribution(
-        [part.to_bytes() for part in record.states[replica].stages], claims or record.claims[replica], sim.corpus,
-        sim.model, sim.training, sim.diloco, sim.compression, outer_round=outer_round, replica=replica,
-        run_rounds=sim.rounds, previous_partials=partials.get(outer_round - 1))
+        [part.to_bytes() for part in record.states[replica].stages], claims or record.claims[replica],
+        sim.corpus, sim.model, sim.training, sim.diloco, sim.compression, outer_round=outer_round,
+        replica=replica, run_rounds=sim.rounds, previous_partials=partials.get(outer_round - 1))
 
 
 def test_each_honest_sliced_replica_reruns_exactly_its_declared_steps(run):

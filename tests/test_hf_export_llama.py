@@ -1,5 +1,6 @@
-"""A pulled Llama run with a trained BPE: LlamaForCausalLM + AutoTokenizer from the directory, logits equal ours
-(float32, within 1e-5), text round-trips and generates; the run's tokenizer is found by its hash and nothing else."""
+"""A pulled Llama run with a trained BPE: LlamaForCausalLM + AutoTokenizer from the directory, logits equal
+ours (float32, within 1e-5), text round-trips and generates; the run's tokenizer is found by its hash and
+nothing else."""
 
 from __future__ import annotations
 
@@ -51,15 +52,16 @@ def test_directory_holds_a_llama_with_the_runs_tokenizer(pulled, bpe):
     tokenizer, _ = bpe
     cfg, _, out = pulled
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["README.md", "config.json", "custom_generate", "dlx_provenance.json", "generation_config.json",
-                     "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    assert names == ["README.md", "config.json", "custom_generate", "dlx_provenance.json",
+                     "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
     assert hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest() == tokenizer.sha256
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["num_key_value_heads"] == 2
     generation = json.loads((out / "generation_config.json").read_text())
     assert generation["eos_token_id"] == tokenizer.eos_id == 0 and generation["max_length"] == cfg.block_size
     card = (out / "README.md").read_text()
-    assert "- llama" in card and "Llama-architecture" in card and f"byte-level BPE of {tokenizer.vocab_size}" in card
+    assert "- llama" in card and "Llama-architecture" in card \
+        and f"byte-level BPE of {tokenizer.vocab_size}" in card
 
 
 def test_transformers_loads_both_and_they_work_together(pulled, bpe):
@@ -103,7 +105,8 @@ def test_the_tokenizer_is_taken_only_with_its_hash(bpe, tmp_path):
         find_tokenizer(reference, [], _Fetcher(tokenizer.data + b" "))
     impostor = tmp_path / "tokenizers"
     impostor.mkdir()
-    (impostor / f"{tokenizer.sha256}.json").write_bytes(tokenizer.data.replace(b"<|endoftext|>", b"<|endoftxet|>"))
+    (impostor / f"{tokenizer.sha256}.json").write_bytes(tokenizer.data.replace(b"<|endoftext|>",
+                                                                               b"<|endoftxet|>"))
     with pytest.raises(NodeError, match="found neither in --archive"):
         find_tokenizer(reference, [tmp_path])
     assert find_tokenizer("bytes").vocab_size == 256

@@ -22,8 +22,8 @@ PEER = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWJWoaqZhDaoEFshF7Rh1bpY9ohihFhzcW6d69
 
 
 def test_a_run_link_round_trips_and_keeps_urls_readable():
-    text = run_link(31337, LEDGER, 7, "https://rpc.example/v1?key=a&b=c", [PEER, PEER.replace("4001", "4002")],
-                    checkpoint_every=2)
+    text = run_link(31337, LEDGER, 7, "https://rpc.example/v1?key=a&b=c",
+                    [PEER, PEER.replace("4001", "4002")], checkpoint_every=2)
     assert text.startswith(f"dlx://31337/{LEDGER}/7?rpc=https://rpc.example/v1%3Fkey%3Da%26b%3Dc&peer=/ip4/")
     link = parse_run_link(text)
     assert link == RunLink(31337, LEDGER, 7, "https://rpc.example/v1?key=a&b=c",
@@ -61,7 +61,8 @@ def test_checkpoint_every_is_inferred_from_the_checkpointed_rounds():
 def test_join_without_peers_or_chain_facts_says_what_to_pass(tmp_path):
     from node.cli import main
 
-    assert main(["join", "--data-dir", str(tmp_path / "j"), "--rpc", "http://127.0.0.1:1", "--dev-account", "1"]) == 2
+    assert main(["join", "--data-dir", str(tmp_path / "j"), "--rpc", "http://127.0.0.1:1", "--dev-account",
+                 "1"]) == 2
     assert main(["join", f"dlx://1/{LEDGER}/1?rpc=http://127.0.0.1:1", "--data-dir", str(tmp_path / "j"),
                  "--dev-account", "1"]) == 2  # no peer
     assert not (tmp_path / "j" / "node.toml").exists()
@@ -72,7 +73,8 @@ def _wait_for(predicate, timeout: float, what: str, run, joiner=None) -> None:
     while time.monotonic() < deadline:
         if predicate():
             return
-        assert joiner is None or joiner.poll() is None, f"dlx-node join exited with {joiner.returncode}\n" + run_logs(run)
+        assert joiner is None or joiner.poll() is None, f"dlx-node join exited with {joiner.returncode}\n" \
+            + run_logs(run)
         assert run.running(), "the founder exited\n" + run_logs(run)
         time.sleep(1.0)
     raise AssertionError(f"{what} within {timeout}s\n" + run_logs(run))
@@ -92,8 +94,8 @@ def test_a_fresh_node_joins_a_running_run_with_one_command(make_run, tmp_path):
     log = tmp_path / "join.log"
     account = dev_account(5, run.chain_id).address
     joiner = subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "--log-file", str(log), "join", run.link(), "--data-dir", str(joiner_dir),
-         "--dev-account", "5", "--yes", "--no-progress",
+        [sys.executable, "-m", "node.cli", "--log-file", str(log), "join", run.link(), "--data-dir",
+         str(joiner_dir), "--dev-account", "5", "--yes", "--no-progress",
          # The founder's thread count: one-stage screening evaluates losses with matmuls whose float sums
          # depend on it, and a decision at the threshold can then differ between members (reported).
          "--set", "torch_threads=1"],

@@ -29,7 +29,8 @@ ROUNDS_WITH_JOINER = 3
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_newcomer_after_a_member_left_for_good_is_in_the_closes_of_the_rounds_after_its_entry(make_run, tmp_path):
+def test_a_newcomer_after_a_member_left_for_good_is_in_the_closes_of_the_rounds_after_its_entry(make_run,
+                                                                                                tmp_path):
     run = make_run(replicas=3, stages=1, split=False, stake_wei=10**18,
                    settings=[*TINY, "rounds=0", "join_timeout=5", "checkpoint_every=2", "quorum=2"])
     run.start()
@@ -45,7 +46,8 @@ def test_a_newcomer_after_a_member_left_for_good_is_in_the_closes_of_the_rounds_
     # The leaver goes for good: stopped, then out of the run on chain (its seat ends).
     run.kill(leaver, signal.SIGTERM)
     leaver.process.wait(timeout=120)
-    done = subprocess.run([sys.executable, "-m", "node.cli", "leave", "--config", str(leaver.config_path), "--yes"],
+    done = subprocess.run([sys.executable, "-m", "node.cli", "leave", "--config", str(leaver.config_path),
+                           "--yes"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     left_at = client.last_round(run.run_id)
@@ -54,8 +56,8 @@ def test_a_newcomer_after_a_member_left_for_good_is_in_the_closes_of_the_rounds_
 
     joiner_dir, log = tmp_path / "joiner", tmp_path / "join.log"
     joiner = subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "--log-file", str(log), "join", run.link(), "--data-dir", str(joiner_dir),
-         "--dev-account", "5", "--yes", "--no-progress", "--set", "torch_threads=1"],
+        [sys.executable, "-m", "node.cli", "--log-file", str(log), "join", run.link(), "--data-dir",
+         str(joiner_dir), "--dev-account", "5", "--yes", "--no-progress", "--set", "torch_threads=1"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         def joiner_in_closes() -> bool:
@@ -78,8 +80,9 @@ def test_a_newcomer_after_a_member_left_for_good_is_in_the_closes_of_the_rounds_
     entered = int(re.search(r"first contribution of this process: round (\d+)", log.read_text()).group(1))
     with_joiner = []
     for outer_round in committed_with(3, after=left_at):
-        recorded = json.loads((stayers[0].data_dir / "archive" / f"run-{run.run_id}" / f"round-{outer_round:08d}"
-                               / "recorded.json").read_text())
+        recorded = json.loads(
+            (stayers[0].data_dir / "archive" / f"run-{run.run_id}" / f"round-{outer_round:08d}"
+             / "recorded.json").read_text())
         if [replica, peer_id] in [[r, p] for _s, r, p, _h in recorded["contributions"]]:
             with_joiner.append(outer_round)
     assert len(with_joiner) >= ROUNDS_WITH_JOINER and min(with_joiner) >= entered, with_joiner

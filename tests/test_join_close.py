@@ -28,7 +28,8 @@ def setup(joiner_training: int, joiner_first: int, outer_round: int = 5):
     pool = HeldPool()
     coordinator.contributions = pool
     book.add_hello("peer-b", key_of("peer-b"), hello("c1", training_round=outer_round, first_round=0))
-    book.add_hello("peer-c", key_of("peer-c"), hello("c2", training_round=joiner_training, first_round=joiner_first))
+    book.add_hello("peer-c", key_of("peer-c"),
+                   hello("c2", training_round=joiner_training, first_round=joiner_first))
     for replica, peer in ((0, "peer-a"), (1, "peer-b")):
         contribute(book, pool, outer_round, replica, peer)
     return book, pool, coordinator
@@ -77,7 +78,8 @@ def test_a_joiner_that_has_started_training_is_waited_for_even_where_it_is_behin
     book, _pool, coordinator = setup(joiner_training=9, joiner_first=6, outer_round=10)
     assert coordinator.expects("peer-c", 10, 0)  # caught up, training round 9: it comes
     assert closed_replicas(coordinator, 10) is None
-    book.add_hello("peer-c", key_of("peer-c"), hello("c2", training_round=5, first_round=6))  # still catching up
+    # still catching up
+    book.add_hello("peer-c", key_of("peer-c"), hello("c2", training_round=5, first_round=6))
     assert not coordinator.expects("peer-c", 10, 0)
     book.add_announce(10, 0, Announced("peer-c", 2, digest("peer-c"), 100))  # announced 10: on its way
     assert coordinator.expects("peer-c", 10, 0) and closed_replicas(coordinator, 10) is None
@@ -135,7 +137,8 @@ def test_a_restarted_member_is_not_waited_for_in_the_rounds_it_sits_out_before_i
 
 
 def test_a_round_before_its_first_that_a_member_re_announced_waits_for_that_contribution():
-    """Its earlier life's contribution of round 48, announced again: the close holds it whatever the timing."""
+    """Its earlier life's contribution of round 48, announced again: the close holds it whatever the
+    timing."""
     book, pool, coordinator = setup(joiner_training=-1, joiner_first=51, outer_round=48)
     took(coordinator, 47, ["peer-a", "peer-b", "peer-c"])
     book.add_announce(48, 0, Announced("peer-c", 2, digest("peer-c"), 100))  # on its way, not fetched yet

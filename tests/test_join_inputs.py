@@ -25,7 +25,8 @@ def run(tmp_path_factory):
     tokenizer = train_tokenizer([text], 320)
     prepare_dataset([text], root / "ds", tokenizer)
     cfg = load_config(None, ["model.preset=llama-tiny", f"model.vocab_size={tokenizer.vocab_size}",
-                             f"model.tokenizer={root / 'ds' / 'tokenizer.json'}", f"training.data_path={root / 'ds'}"])
+                             f"model.tokenizer={root / 'ds' / 'tokenizer.json'}",
+                             f"training.data_path={root / 'ds'}"])
     return root, tokenizer, run_document(cfg)
 
 

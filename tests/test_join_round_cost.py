@@ -4,9 +4,10 @@ Real processes: a managed anvil, two founding replicas and a joiner that takes a
 ``dlx-node join``. The joiner's catch-up is made slower than two round deadlines
 (tests/slow_joiner.py), as on the loaded machine where issue 34 saw two rounds of about a deadline
 each. (Run once against the code before the change, this test passed too: there the founders did
-not wait for that joiner either; the rule itself is tested in tests/test_join_close.py.) Asserted on rounds, not seconds: of the rounds the founders closed while the joiner was on
-its way, at most one closed by the deadline waiting for it; every round is committed once in order,
-and the joiner's contributions are then in committed rounds.
+not wait for that joiner either; the rule itself is tested in tests/test_join_close.py.) Asserted on rounds,
+not seconds: of the rounds the founders closed while the joiner was on its way, at most one closed by the
+deadline waiting for it; every round is committed once in order, and the joiner's contributions are then in
+committed rounds.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ ROUND_TIMEOUT_S = 30
 #: founder that waited for it would close a round by the deadline, naming it missing.
 CATCH_UP_DELAY_S = 2 * ROUND_TIMEOUT_S + 10
 JOINER = 2  # its replica index: the founders are 0 and 1
-CLOSED = re.compile(r"round (\d+) stage (\d+) closed with replicas \[([\d, ]*)\]( \(missing \[([\d, ]*)\]\))?")
+CLOSED = re.compile(
+    r"round (\d+) stage (\d+) closed with replicas \[([\d, ]*)\]( \(missing \[([\d, ]*)\]\))?")
 
 
 def closes_at(log_text: str) -> list[tuple[str, int, list[int]]]:
@@ -35,7 +37,8 @@ def closes_at(log_text: str) -> list[tuple[str, int, list[int]]]:
     for line in log_text.splitlines():
         match = CLOSED.search(line)
         if match:
-            found.append((line[:8], int(match.group(1)), [int(x) for x in (match.group(5) or "").split(",") if x.strip()]))
+            found.append((line[:8], int(match.group(1)),
+                          [int(x) for x in (match.group(5) or "").split(",") if x.strip()]))
     return found
 
 
@@ -48,7 +51,8 @@ def _wait_for(predicate, timeout: float, what: str, run, joiner=None) -> None:
     while time.monotonic() < deadline:
         if predicate():
             return
-        assert joiner is None or joiner.poll() is None, f"the joiner exited with {joiner.returncode}\n" + run_logs(run)
+        assert joiner is None or joiner.poll() is None, \
+            f"the joiner exited with {joiner.returncode}\n" + run_logs(run)
         assert len(run.running()) == len(run.nodes), "a founder exited\n" + run_logs(run)
         time.sleep(1.0)
     raise AssertionError(f"{what} within {timeout}s\n" + run_logs(run))
@@ -66,8 +70,8 @@ def test_a_joiner_slower_than_the_deadline_to_catch_up_costs_the_run_no_round(ma
     joiner_dir = tmp_path / "joiner"
     here = Path(__file__).resolve().parent
     wrote = subprocess.run(
-        [sys.executable, "-m", "node.cli", "join", run.link(), "--data-dir", str(joiner_dir), "--dev-account", "5",
-         "--yes", "--no-start", "--set", "torch_threads=1"],
+        [sys.executable, "-m", "node.cli", "join", run.link(), "--data-dir", str(joiner_dir), "--dev-account",
+         "5", "--yes", "--no-start", "--set", "torch_threads=1"],
         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert wrote.returncode == 0, wrote.stdout + wrote.stderr
     log = tmp_path / "joiner.log"
@@ -103,7 +107,8 @@ def test_a_joiner_slower_than_the_deadline_to_catch_up_costs_the_run_no_round(ma
         text = "\n".join(p.read_text() for p in slot.data_dir.glob("node-*.log"))
         for stamp, round_index, missing in closes_at(text):
             founders.setdefault(round_index, []).append((stamp, missing))
-    during = [r for r in sorted(founders) if r >= entered and all(stamp < started for stamp, _ in founders[r])]
+    during = [r for r in sorted(founders) if r >= entered
+              and all(stamp < started for stamp, _ in founders[r])]
     assert during, f"no round closed while the joiner caught up (entered at {entered})"
     waited = [r for r in during if any(JOINER in missing for _stamp, missing in founders[r])]
     assert not waited, f"rounds closed by the deadline waiting for a joiner still catching up: {waited}"

@@ -25,10 +25,10 @@ ROUNDS = 4
 
 
 def _worker(correction: str = "rebase", delay: bool = True) -> ReplicaWorker:
-    cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=3", "training.batch_size=2", f"rounds={ROUNDS}",
-                             "torch_threads=1", f"diloco.one_step_delay={str(delay).lower()}",
-                             "diloco.overlap_steps=0", f"diloco.delay_correction={correction}",
-                             "pipeline.num_stages=2"])
+    cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=3", "training.batch_size=2",
+                             f"rounds={ROUNDS}", "torch_threads=1",
+                             f"diloco.one_step_delay={str(delay).lower()}", "diloco.overlap_steps=0",
+                             f"diloco.delay_correction={correction}", "pipeline.num_stages=2"])
     worker = ReplicaWorker(cfg, 0, (0, 1), 0)
     worker.start(10, 10)
     return worker
@@ -51,10 +51,12 @@ def _inline_run(worker: ReplicaWorker) -> dict:
         if outer_round >= 1:
             for stage in worker.stages:
                 out["hashes"].append(worker.apply(stage, outer_round - 1,
-                                                  _peer_blob(worker, stage, outer_round - 1, pending[stage])).weights_hash)
+                                                  _peer_blob(worker, stage, outer_round - 1,
+                                                             pending[stage])).weights_hash)
         pending = blobs
     for stage in worker.stages if worker.cfg.diloco.delay_correction != "reset" else ():  # see _lane_run
-        out["hashes"].append(worker.apply(stage, ROUNDS - 1, _peer_blob(worker, stage, ROUNDS - 1, pending[stage])).weights_hash)
+        out["hashes"].append(worker.apply(stage, ROUNDS - 1,
+                                          _peer_blob(worker, stage, ROUNDS - 1, pending[stage])).weights_hash)
     return out
 
 
@@ -89,7 +91,8 @@ def _lane_run(worker: ReplicaWorker) -> dict:
         last = lane.join(encodes[-1])
         # ("reset" applies no round after the last one's encode: its params are no longer that round's end.)
         for stage in worker.stages if worker.cfg.diloco.delay_correction != "reset" else ():
-            out["hashes"].append(worker.apply(stage, ROUNDS - 1, _peer_blob(worker, stage, ROUNDS - 1, last[stage])).weights_hash)
+            out["hashes"].append(worker.apply(stage, ROUNDS - 1, _peer_blob(worker, stage, ROUNDS - 1,
+                                                                            last[stage])).weights_hash)
         out["states"] = [lane.join(f) for f in captures]
         out["evals"] = [lane.join(f) for f in evals]
         out["blobs"] = [lane.join(f) for f in encodes]
@@ -107,8 +110,9 @@ def test_lane_gives_the_inline_bytes(correction):
     assert laned["blobs"] == inline["blobs"]  # contribution bytes
     assert laned["hashes"] == inline["hashes"]  # weights after every outer step
     assert [x.hex() for x in map(lambda v: torch.tensor(v, dtype=torch.float64).numpy().tobytes(),
-                                 laned["evals"])] == [torch.tensor(v, dtype=torch.float64).numpy().tobytes().hex()
-                                                      for v in inline["evals"]]
+                                 laned["evals"])] \
+                                 == [torch.tensor(v, dtype=torch.float64).numpy().tobytes().hex()
+                                     for v in inline["evals"]]
     assert len(set(inline["evals"])) == ROUNDS  # the eval saw the weights move: a stale copy would repeat
 
 
@@ -177,8 +181,8 @@ def _engine_pair():
         engines.append((StageEngine(0, {"w": param}, DilocoConfig(one_step_delay=True, outer_lr=0.7,
                                                                    outer_momentum=0.9),
                                     CompressionConfig(enabled=False)), param))
-    blobs = [encode_contribution({"w": torch.full((4, 3), v)}, CompressionConfig(enabled=False), stage_index=0,
-                                 outer_round=0)[0] for v in (0.25, -0.125)]
+    blobs = [encode_contribution({"w": torch.full((4, 3), v)}, CompressionConfig(enabled=False),
+                                 stage_index=0, outer_round=0)[0] for v in (0.25, -0.125)]
     return engines, blobs
 
 

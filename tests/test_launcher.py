@@ -15,6 +15,7 @@ from node.config import load_config
 from node.errors import NodeError
 from node.live.state.topology import Declaration, Seat, assign_stages
 from node.live.chain.onchain import NodeChain
+from node.live.state.topology import Declaration, Seat, assign_stages
 from node.platforms import own_platform
 from node.runconfig import config_hash, run_document
 from p2p.identity import Identity
@@ -115,7 +116,8 @@ def test_nodes_started_together_are_seated_in_a_fixed_order(tmp_path):
     # LocalRun.start seats the nodes one after the other (each cluster's first node first) before starting
     # them, so the replicas' indices (hence the demo's losses) do not depend on which node process reaches
     # the chain first.
-    run = LocalRun(tmp_path / "run", replicas=2, stages=2, split=True, settings=["model.preset=tiny", "rounds=1"])
+    run = LocalRun(tmp_path / "run", replicas=2, stages=2, split=True,
+                   settings=["model.preset=tiny", "rounds=1"])
     try:
         run.setup()
         order = run.seating_order()
@@ -125,7 +127,8 @@ def test_nodes_started_together_are_seated_in_a_fixed_order(tmp_path):
         client = run.client()
         expected = [dev_account(slot.account, run.chain_id).address.lower() for slot in order]
         assert [m.account.lower() for m in client.memberships(run.run_id)] == expected
-        declarations = [Declaration(slot.peer_id, slot.cluster, 2, Seat((0, i), i)) for i, slot in enumerate(order)]
+        declarations = [Declaration(slot.peer_id, slot.cluster, 2, Seat((0, i), i))
+                        for i, slot in enumerate(order)]
         placements = assign_stages(declarations, 2)
         assert {p.cluster: p.replica for p in placements.values()} == {"cluster-0": 0, "cluster-1": 1}
     finally:

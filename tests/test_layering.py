@@ -64,7 +64,8 @@ def module_names(package: str) -> dict[str, Path]:
 
 
 def project_imports(path: Path) -> list[tuple[str, str]]:
-    """(module, name) of every ``from <project module> import name`` and ``import <project module>`` in a file."""
+    """(module, name) of every ``from <project module> import name`` and ``import <project module>`` in a
+    file."""
     found = []
     for node in ast.walk(parse(path.read_text(), path)):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \

@@ -220,10 +220,12 @@ def test_anvil_writes_no_state_history_to_disk_and_keeps_logs(tmp_path, monkeypa
         deployment.member_run((1, 2), quorum=2)
         sender = w3.eth.accounts[0]
         for _ in range(500):  # a block each, with a state (anvil writes none for empty blocks)
-            sent = w3.provider.make_request("eth_sendTransaction", [{"from": sender, "to": sender, "value": "0x1"}])
+            sent = w3.provider.make_request("eth_sendTransaction",
+                                            [{"from": sender, "to": sender, "value": "0x1"}])
             assert "error" not in sent, sent
-            # Mined before the next is sent: anvil answers with the hash once the transaction is in its pool, and
-            # two sent back to back on a loaded machine can share a block (a full suite once counted 499 blocks).
+            # Mined before the next is sent: anvil answers with the hash once the transaction is in its pool,
+            # and two sent back to back on a loaded machine can
+            # share a block (a full suite once counted 499 blocks).
             w3.eth.wait_for_transaction_receipt(sent["result"], timeout=60, poll_latency=0.01)
         assert w3.eth.block_number > 500
         logs = w3.eth.get_logs({"fromBlock": 0, "toBlock": "latest", "address": deployment.ledger})

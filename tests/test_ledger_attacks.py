@@ -50,7 +50,8 @@ def test_attack_accusing_for_free_is_refused(deployment):
 
 def test_attack_an_accusation_that_nobody_decides_lapses_and_frees_the_stake(deployment):
     w3 = deployment.w3
-    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE, bond=BOND, accusation_blocks=MIN_WINDOW_BLOCKS)
+    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE, bond=BOND,
+                                accusation_blocks=MIN_WINDOW_BLOCKS)
     accuser, accused = run.client(1), run.client(3)
     evidence = digest("evidence never served")
     accuser.accuse(run.run_id, accused.address, evidence)
@@ -152,13 +153,15 @@ def test_attack_an_outsider_stakes_into_a_finished_run_and_disputes_it(deploymen
         weights = replace(record, weights_root=digest("a back door"))
         with pytest.raises(errors.LedgerNotInForce) as raised:
             outsider.dispute(weights, outsider.sign_record(weights))
-        assert raised.value.values == {"runId": run.run_id, "round": record.round, "account": outsider.address}
+        assert raised.value.values == {"runId": run.run_id, "round": record.round,
+                                       "account": outsider.address}
     assert all(outsider.dispute_count(run.run_id, r) == 0 for r in range(3))
 
 
 def test_disputes_need_the_bond_the_window_and_a_replayable_field(deployment):
     w3 = deployment.w3
-    run = deployment.member_run((1, 2, 3, 4), quorum=2, min_stake=STAKE, bond=BOND, dispute_blocks=MIN_WINDOW_BLOCKS)
+    run = deployment.member_run((1, 2, 3, 4), quorum=2, min_stake=STAKE, bond=BOND,
+                                dispute_blocks=MIN_WINDOW_BLOCKS)
     leaver, disputer = run.client(4), run.client(3)
     leaver.leave_run(run.run_id)  # left before round 0 was committed: not in force at it
     committed, _ = run.commit(signers=(1, 2))
@@ -173,7 +176,8 @@ def test_disputes_need_the_bond_the_window_and_a_replayable_field(deployment):
     with pytest.raises(errors.LedgerDisputeOnlyMetrics):
         disputer.dispute(tokens_only, disputer.sign_record(tokens_only))
     disputer.dispute(mine_, disputer.sign_record(mine_))  # a checkpoint hash differs: decided by replay
-    # The bond is held by the dispute case, apart from the stake: forfeited unless a verdict overturns the round.
+    # The bond is held by the dispute case, apart from the
+    # stake: forfeited unless a verdict overturns the round.
     assert disputer.member(run.run_id, disputer.address).stake == STAKE
     assert disputer.dispute_case(run.run_id, 0)[0] == "open"
     assert disputer.disputers_of(run.run_id, 0) == [disputer.address]
@@ -181,7 +185,8 @@ def test_disputes_need_the_bond_the_window_and_a_replayable_field(deployment):
     # A member in force at the round that left since may still dispute, within the window.
     run.client(2).leave_run(run.run_id)
     theirs = replace(committed, weights_root=digest("member 2's weights"))
-    with pytest.raises(errors.LedgerDisputerNotSender):  # a member's signature is its dispute only by its own tx
+    # a member's signature is its dispute only by its own tx
+    with pytest.raises(errors.LedgerDisputerNotSender):
         run.client(1).dispute(theirs, run.client(2).sign_record(theirs))
     run.client(2).dispute(theirs, run.client(2).sign_record(theirs))
     end = disputer.dispute_window_end(run.run_id, 0)
@@ -266,20 +271,23 @@ def test_attack_k_fresh_stakes_are_not_a_quorum_of_a_large_run(deployment):
     assert client.quorum_of(run.run_id) == 6  # ceil(0.6666 x 8): they raised the bar they must clear
     backdoored = run.next_record("back door")
     with pytest.raises(errors.LedgerQuorumNotMet) as raised:
-        deployment.client(7).commit_round(backdoored, [deployment.client(i).sign_record(backdoored) for i in (7, 8)])
+        deployment.client(7).commit_round(backdoored,
+                                          [deployment.client(i).sign_record(backdoored) for i in (7, 8)])
     assert raised.value.values == {"quorum": 6, "signers": 2}
     # The honest members' record commits; the audit recomputes the quorum each commit needed.
     run.commit(signers=(1, 2, 3, 4, 5, 6))
     history = client.history(run.run_id)
     checks = check_chain_record(client, history, check_code=False)
     assert checks.ok, checks.problems
-    too_few = replace(history, commits=[replace(history.commits[0], attesters=history.commits[0].attesters[:5])])
+    too_few = replace(history,
+                      commits=[replace(history.commits[0], attesters=history.commits[0].attesters[:5])])
     assert "quorum is 6 (k 2, 6666 bps of 8 counted members)" in check_chain_record(
         client, too_few, check_code=False
     ).attesters[0].reason
     # A verdict's quorum is fixed when the accusation opens, over every counted member, the accused included.
     client.accuse(run.run_id, run.client(6).address, digest("evidence"))
-    assert client.accusation(run.run_id, run.client(6).address, digest("evidence")).quorum == 6  # ceil(.6666 x 8)
+    # ceil(.6666 x 8)
+    assert client.accusation(run.run_id, run.client(6).address, digest("evidence")).quorum == 6
 
 
 def test_silent_members_are_ejected_and_the_run_commits_without_them(deployment):
@@ -332,7 +340,8 @@ def test_attack_a_bogus_registration_elsewhere_does_not_fail_the_run(deployment)
     squatter.join_run(run.run_id)
     checks = check_chain_record(client, client.history(run.run_id), check_code=False)
     assert not checks.ok and not checks.notes
-    assert any(squatter.address in problem and "forged registration" in problem for problem in checks.problems)
+    assert any(squatter.address in problem and "forged registration" in problem
+               for problem in checks.problems)
 
 
 # ---------------------------------------------------------------------- the node side

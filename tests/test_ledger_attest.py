@@ -62,7 +62,8 @@ def test_every_field_and_the_domain_change_the_digest():
         replace(record, checkpoint_hash=digest("ckpt")),
     ]
     digests = {record_digest(v, CHAIN_ID, LEDGER) for v in variants}
-    digests |= {record_digest(record, CHAIN_ID + 1, LEDGER), record_digest(record, CHAIN_ID, "0x" + "43" * 20)}
+    digests |= {record_digest(record, CHAIN_ID + 1, LEDGER),
+                record_digest(record, CHAIN_ID, "0x" + "43" * 20)}
     assert len(digests) == 12 and base not in digests
 
 
@@ -78,7 +79,8 @@ def test_sign_and_recover():
     theirs = account.sign_typed_data(full_message=typed_data(record, CHAIN_ID, LEDGER)).signature
     assert bytes(theirs) == signature
     verdict = Verdict(1, account.address, digest("e"), False)
-    assert recover_verdict_signer(verdict, sign_verdict(account, verdict, CHAIN_ID, LEDGER), CHAIN_ID, LEDGER) == (
+    assert recover_verdict_signer(verdict, sign_verdict(account, verdict, CHAIN_ID, LEDGER), CHAIN_ID,
+                                  LEDGER) == (
         account.address
     )
 
@@ -102,7 +104,8 @@ def test_order_signatures_sorts_by_signer_and_keeps_what_the_chain_must_refuse()
     accounts = [Account.from_key(bytes([i]) * 32) for i in range(1, 6)]
     record = make_record(1, 0, digest("genesis"))
     signatures = [sign_record(a, record, CHAIN_ID, LEDGER) for a in accounts]
-    ordered = order_signatures(record_digest(record, CHAIN_ID, LEDGER), [b"\x00" * 65, *signatures, signatures[0]])
+    ordered = order_signatures(record_digest(record, CHAIN_ID, LEDGER),
+                               [b"\x00" * 65, *signatures, signatures[0]])
     signers = [recover_signer(record, s, CHAIN_ID, LEDGER) for s in ordered[:-1]]
     assert [int(a, 16) for a in signers] == sorted(int(a.address, 16) for a in [*accounts, accounts[0]])
     assert ordered[-1] == b"\x00" * 65

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 from dataclasses import replace
 
+import pytest
 from ledger_fixtures import deploy, digest, mine, node_key, raw_public_key
 
 import contracts

@@ -44,7 +44,8 @@ def test_create_run_records_its_shape(deployment):
         client.address,
     )
     assert (info.min_stake, info.quorum, info.unbonding_blocks, info.max_rounds) == (70, 5, 300, 100)
-    assert (info.quorum_bps, info.bond, info.accusation_blocks, info.dispute_blocks, info.inactivity_rounds) == (
+    assert (info.quorum_bps, info.bond, info.accusation_blocks, info.dispute_blocks, info.inactivity_rounds) \
+        == (
         6000, 3, 100, 200, 4)
     # The defaults: the security model's floor (k 2, half the counted members), a tenth of the stake as bond,
     # unbonding at its floor.
@@ -88,7 +89,8 @@ def test_happy_path_three_of_four_members(run):
     assert client.record_hash_of(run.run_id, 1) == record_struct_hash(records[1])
     history = client.history(run.run_id)
     addresses = {i: run.client(i).address for i in range(1, 5)}
-    expected = [sorted((addresses[i] for i in s), key=lambda a: int(a, 16)) for s in ((1, 2, 3), (2, 3, 4), (1, 3, 4))]
+    expected = [sorted((addresses[i] for i in s), key=lambda a: int(a, 16))
+                for s in ((1, 2, 3), (2, 3, 4), (1, 3, 4))]
     assert [list(c.attesters) for c in history.commits] == expected
     assert all(c.submitter == client.address for c in history.commits)
     assert all(item.ok for item in check_attesters(history))
@@ -100,7 +102,8 @@ def test_commit_is_idempotent_and_conflicts_are_named(run):
     record, first = run.commit()
     block = run.deployment.w3.eth.block_number
     assert client.commit_round(record, run.sign(record)) == first  # nothing sent
-    assert run.client(3).commit_round(record, run.sign(record, (2, 3, 4))) == first  # another member, same record
+    # another member, same record
+    assert run.client(3).commit_round(record, run.sign(record, (2, 3, 4))) == first
     assert run.deployment.w3.eth.block_number == block
     other = replace(record, weights_root=digest("other"))
     with pytest.raises(errors.CommitConflict) as conflict:
@@ -190,7 +193,8 @@ def test_signatures_of_another_run_chain_or_ledger_fail(run):
     accounts = [run.client(i).account for i in (1, 2, 3)]
     forgeries = {
         "another run": run.sign(other_run),
-        "another chain id": [sign_record(a, record, client.chain_id + 1, client.ledger_address) for a in accounts],
+        "another chain id": [sign_record(a, record, client.chain_id + 1, client.ledger_address)
+                             for a in accounts],
         "another ledger": [sign_record(a, record, client.chain_id, other_ledger.ledger) for a in accounts],
     }
     for what, signatures in forgeries.items():
@@ -269,7 +273,8 @@ def test_checkpoints_are_published_only_with_an_attested_record(run):
         f"dlx://blob/{digest('ckpt1').hex()}",
         client.address,
     )
-    assert [(c.round, c.content_hash) for c in client.history(run.run_id).checkpoints] == [(1, digest("ckpt1"))]
+    assert [(c.round, c.content_hash) for c in client.history(run.run_id).checkpoints] \
+        == [(1, digest("ckpt1"))]
 
 
 def test_history_reads_everything_back_page_by_page(run):

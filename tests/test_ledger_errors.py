@@ -27,8 +27,9 @@ def test_every_contract_error_has_a_python_class():
     assert names == set(errors.REVERT_CLASSES)
     assert {name for name, _, _ in ERROR_SELECTORS.values()} == names
     for name, cls in errors.REVERT_CLASSES.items():
-        base = next((base for prefix, base in (("Registry", errors.RegistryError), ("Prover", errors.ProverError))
-                     if name.startswith(prefix)), errors.LedgerRevert)
+        base = next(
+            (base for prefix, base in (("Registry", errors.RegistryError), ("Prover", errors.ProverError))
+             if name.startswith(prefix)), errors.LedgerRevert)
         assert issubclass(cls, base), name
 
 
@@ -39,7 +40,8 @@ def test_revert_data_decoding():
     assert revert.values == {"expected": 7, "got": 3} and revert.data == data
     assert "LedgerRoundNotNext(expected=7, got=3)" in str(revert)
     signer = "0x" + "ab" * 20
-    data = keccak(text="LedgerSignerNotMember(uint256,address)")[:4] + encode(["uint256", "address"], [1, signer])
+    data = keccak(text="LedgerSignerNotMember(uint256,address)")[:4] + encode(["uint256", "address"],
+                                                                              [1, signer])
     assert revert_from_data(data, "commit").values["signer"] == to_checksum_address(signer)
     reason = revert_from_data(bytes.fromhex("08c379a0") + encode(["string"], ["no"]), "x")
     assert type(reason) is errors.UnknownRevert and reason.values == {"reason": "no"}

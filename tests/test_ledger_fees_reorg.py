@@ -103,10 +103,11 @@ def test_stuck_transaction_of_an_earlier_life_is_cancelled(manual_anvil, caplog)
     account = dev_account(4, w3.eth.chain_id)
     low = w3.eth.get_block("latest")["baseFeePerGas"]
     nonce = w3.eth.get_transaction_count(account.address)
-    # What a node killed after sending left in the pool: a transfer offering little more than today's base fee.
-    stale = account.sign_transaction({"to": dev_account(5, w3.eth.chain_id).address, "value": 12345, "gas": 21000,
-                                      "maxFeePerGas": 2 * low, "maxPriorityFeePerGas": 1, "nonce": nonce,
-                                      "chainId": w3.eth.chain_id, "type": 2})
+    # What a node killed after sending left in the pool: a
+    # transfer offering little more than today's base fee.
+    stale = account.sign_transaction({"to": dev_account(5, w3.eth.chain_id).address, "value": 12345,
+                                      "gas": 21000, "maxFeePerGas": 2 * low, "maxPriorityFeePerGas": 1,
+                                      "nonce": nonce, "chainId": w3.eth.chain_id, "type": 2})
     w3.eth.send_raw_transaction(stale.raw_transaction)
     sender = TransactionSender(w3, account, retry=FAST_RETRY, receipt_timeout=60,
                                fees=FeePolicy(priority_fee=GWEI, replace_after=1.0))
@@ -145,7 +146,8 @@ def test_fees_stay_under_the_cap(manual_anvil):
     account = dev_account(7, w3.eth.chain_id)
     base = w3.eth.get_block("latest")["baseFeePerGas"]
     cap = base + base // 2  # above the base fee, below the usual 2 x base + tip
-    sender = TransactionSender(w3, account, retry=FAST_RETRY, fees=FeePolicy(max_fee_cap=cap, priority_fee=GWEI))
+    sender = TransactionSender(w3, account, retry=FAST_RETRY,
+                               fees=FeePolicy(max_fee_cap=cap, priority_fee=GWEI))
     thread, box = in_thread(lambda: sender.send({"to": account.address, "value": 1}, "capped"))
     mine_until(w3, thread, base)
     assert "error" not in box, box.get("error")
@@ -180,7 +182,8 @@ def test_reorg_dropping_a_commit_resubmits_it_once(timed_anvil, caplog):
     assert history.commits[0].tx_hash == tx_hash and history.commits[0].commit == record
     receipt = w3.eth.get_transaction_receipt(tx_hash)
     assert w3.eth.block_number - receipt["blockNumber"] + 1 >= 6
-    # Whether the committer itself saw the reorg (and logged it) depends on where its thread was when the blocks
+    # Whether the committer itself saw the reorg (and logged
+    # it) depends on where its thread was when the blocks
     # went: still waiting for the first receipt on a loaded machine, it only ever sees the re-mined one. What
     # must hold either way is asserted above: one commit, by the same transaction, final 6 blocks deep.
 

@@ -1,11 +1,12 @@
-"""Hostile calldata at every state-changing function of TrainingLedger and its AggregationProver, on py-evm and anvil.
+"""Hostile calldata at every state-changing function of TrainingLedger and its AggregationProver, on py-evm
+and anvil.
 
-The contract's functions are enumerated from its ABI, so a function added later is covered without editing this
-file. Each one gets calldata no honest client sends: the selector alone, a truncated head, a dynamic argument
-whose offset points far outside the calldata, a length word of 2**64, dirty high bits in an address / uint64 /
-bool word, and random words. Each transaction must revert (receipt status 0), whoever sends it (a member of the
-run or an unregistered stranger), and afterwards every view of the run's state must read exactly as before, and
-the run must still commit its next round.
+The contract's functions are enumerated from its ABI, so a function added later is covered without editing
+this file. Each one gets calldata no honest client sends: the selector alone, a truncated head, a dynamic
+argument whose offset points far outside the calldata, a length word of 2**64, dirty high bits in an address /
+uint64 / bool word, and random words. Each transaction must revert (receipt status 0), whoever sends it (a
+member of the run or an unregistered stranger), and afterwards every view of the run's state must read exactly
+as before, and the run must still commit its next round.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def _selector(item: dict) -> bytes:
 
 def _canonical(arg: dict) -> str:
     if arg["type"].startswith("tuple"):
-        return "(" + ",".join(_canonical(part) for part in arg["components"]) + ")" + arg["type"][len("tuple"):]
+        return "(" + ",".join(_canonical(part) for part in arg["components"]) + ")" \
+            + arg["type"][len("tuple"):]
     return arg["type"]
 
 
@@ -56,7 +58,8 @@ def _is_dynamic(arg: dict) -> bool:
 
 
 def _head_words(arg: dict) -> int:
-    """Words an argument takes in the head: one for a dynamic one (its offset), its size for a static tuple."""
+    """Words an argument takes in the head: one for a dynamic one (its offset), its size for a static
+    tuple."""
     if _is_dynamic(arg) or not arg["type"].startswith("tuple"):
         return 1
     return sum(_head_words(part) for part in arg["components"])
@@ -168,4 +171,5 @@ def test_malformed_calldata_to_views_is_an_error_not_a_value(disputed_run):
         data = _selector(item) + b"\x00" * (_head_words(item["inputs"][0]) * WORD - 1)
         with pytest.raises(Exception) as info:
             w3.eth.call({"to": ledger, "data": data})
-        assert "revert" in str(info.value).lower() or "execution" in str(info.value).lower(), (item["name"], info.value)
+        assert "revert" in str(info.value).lower() or "execution" in str(info.value).lower(), \
+            (item["name"], info.value)

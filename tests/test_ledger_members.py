@@ -64,7 +64,8 @@ def test_leave_unbond_withdraw(deployment):
     balance = w3.eth.get_balance(leaver.address)
     tx = leaver.withdraw_stake(run.run_id)
     receipt = w3.eth.get_transaction_receipt(tx)
-    assert w3.eth.get_balance(leaver.address) == balance + STAKE - receipt["gasUsed"] * receipt["effectiveGasPrice"]
+    assert w3.eth.get_balance(leaver.address) == balance + STAKE - receipt["gasUsed"] \
+        * receipt["effectiveGasPrice"]
     assert leaver.member(run.run_id, leaver.address) is None
     with pytest.raises(errors.LedgerNotUnbonding):
         leaver.withdraw_stake(run.run_id)
@@ -97,7 +98,8 @@ def test_equivocation_slashes_and_removes_the_member(deployment):
     with pytest.raises(errors.LedgerNotEquivocation):
         reporter.report_equivocation(honest, cheat.sign_record(honest), honest, cheat.sign_record(honest))
     with pytest.raises(errors.LedgerDifferentSigners):
-        reporter.report_equivocation(honest, cheat.sign_record(honest), forked, run.client(3).sign_record(forked))
+        reporter.report_equivocation(honest, cheat.sign_record(honest), forked,
+                                     run.client(3).sign_record(forked))
     reporter.report_equivocation(honest, cheat.sign_record(honest), forked, cheat.sign_record(forked))
     assert cheat.member(run.run_id, cheat.address).status == "slashed"
     assert cheat.member(run.run_id, cheat.address).stake == 0
@@ -116,7 +118,8 @@ def test_equivocation_slashes_and_removes_the_member(deployment):
 
     history = cheat.history(run.run_id)
     [equivocation] = history.equivocations
-    assert (equivocation.account, equivocation.round, equivocation.reporter) == (cheat.address, 0, reporter.address)
+    assert (equivocation.account, equivocation.round, equivocation.reporter) == (cheat.address, 0,
+                                                                                 reporter.address)
     assert {equivocation.record_hash_a, equivocation.record_hash_b} == {
         record_struct_hash(honest),
         record_struct_hash(forked),
@@ -192,7 +195,8 @@ def test_accusation_blocks_withdrawal_and_a_guilty_verdict_slashes(deployment):
 
     guilty = Verdict(run.run_id, accused.address, evidence, True)
     with pytest.raises(errors.LedgerQuorumNotMet):  # the accused's own signature does not count
-        run.client(1).resolve_accusation(guilty, [run.client(1).sign_verdict(guilty), accused.sign_verdict(guilty)])
+        run.client(1).resolve_accusation(guilty,
+                                         [run.client(1).sign_verdict(guilty), accused.sign_verdict(guilty)])
     with pytest.raises(errors.LedgerSignerNotMember):
         stranger = deployment.client(6).sign_verdict(guilty)
         run.client(1).resolve_accusation(guilty, [run.client(1).sign_verdict(guilty), stranger])
@@ -248,5 +252,6 @@ def test_audit_rechecks_attesters_from_membership_events(deployment):
     results = check_attesters(doctored)
     assert [item.ok for item in results] == [True, False]
     assert run.client(2).address in results[1].reason
-    too_few = replace(history, commits=[replace(history.commits[0], attesters=history.commits[0].attesters[:1])])
+    too_few = replace(history,
+                      commits=[replace(history.commits[0], attesters=history.commits[0].attesters[:1])])
     assert "quorum is 2" in check_attesters(too_few)[0].reason

@@ -1,4 +1,5 @@
-"""The demo's live view: rows for humans (no -1 while a node joins), rich on a terminal, plain text elsewhere."""
+"""The demo's live view: rows for humans (no -1 while a node joins), rich on a terminal, plain text
+elsewhere."""
 
 from __future__ import annotations
 
@@ -12,16 +13,18 @@ from node.commands.liveview import LiveView, node_row, plain_table
 
 
 def test_a_joining_node_shows_dashes_not_minus_one():
-    row = node_row("r0n0", {"state": "joining", "round": -1, "step": 0, "inner_steps": 20, "loss": float("nan"),
-                            "eval_loss": None, "bytes_sent": 0, "peers": 1, "last_commit": -1}, None)
+    row = node_row("r0n0", {"state": "joining", "round": -1, "step": 0, "inner_steps": 20,
+                            "loss": float("nan"), "eval_loss": None, "bytes_sent": 0, "peers": 1,
+                            "last_commit": -1}, None)
     assert row == ("r0n0", "joining", "-", "-", "-", "-", "0.00MB", "1", "-")
     assert "-1" not in " ".join(row)
 
 
 def test_a_training_node_and_an_exited_one():
-    status = {"state": "training", "round": 3, "step": 7, "inner_steps": 20, "loss": 2.34567, "eval_loss": 2.5,
-              "bytes_sent": 1_234_567, "peers": 3, "last_commit": 2}
-    assert node_row("r1", status, None) == ("r1", "training", "3", "7/20", "2.346", "2.500", "1.23MB", "3", "2")
+    status = {"state": "training", "round": 3, "step": 7, "inner_steps": 20, "loss": 2.34567,
+              "eval_loss": 2.5, "bytes_sent": 1_234_567, "peers": 3, "last_commit": 2}
+    assert node_row("r1", status, None) == ("r1", "training", "3", "7/20", "2.346", "2.500", "1.23MB", "3",
+                                            "2")
     assert node_row("r1", status, 0)[1] == "exit 0"
     assert node_row("r2", {}, None) == ("r2", "starting", "-", "-", "-", "-", "-", "-", "-")
 

@@ -1,7 +1,7 @@
 """What issue 31 must show, end to end: a Llama run of real nodes on a prepared dataset with a trained BPE
 tokenizer, committing on anvil; audited with the dataset (screening and reruns read their batches from it as
-the nodes did; a wrong dataset is refused naming the mismatch); pulled into ``transformers`` with its tokenizer,
-whose logits match the project's forward within 1e-5 and which generates text.
+the nodes did; a wrong dataset is refused naming the mismatch); pulled into ``transformers`` with its
+tokenizer, whose logits match the project's forward within 1e-5 and which generates text.
 
 One module-scoped run: anvil, 2 ``dlx-node start`` processes (2 replicas x 1 stage: every round is screened),
 ``llama-tiny`` at a 384-token byte-level BPE trained on the project's generated text, 2 outer rounds of H=4, a
@@ -56,9 +56,11 @@ def run(dataset, tmp_path_factory):
         local.setup()
         local.start()
         ok = local.wait(900, progress=True)
-        logs = "\n".join(p.read_text(errors="replace")[-3000:] for s in local.nodes for p in s.data_dir.glob("*.log"))
+        logs = "\n".join(p.read_text(errors="replace")[-3000:] for s in local.nodes
+                         for p in s.data_dir.glob("*.log"))
         assert ok, logs
-        assert [c.commit.round for c in local.client().history(local.run_id).commits] == list(range(ROUNDS)), logs
+        assert [c.commit.round for c in local.client().history(local.run_id).commits] \
+            == list(range(ROUNDS)), logs
         yield local
     finally:
         local.stop()
@@ -85,25 +87,29 @@ def test_the_run_committed_to_its_dataset_and_an_audit_with_it_passes(run, datas
     assert read_manifest(root / "other")[1].root in refused[0]
 
 
-def test_pulled_into_transformers_with_its_tokenizer_it_matches_our_forward_and_generates(run, dataset, tmp_path):
+def test_pulled_into_transformers_with_its_tokenizer_it_matches_our_forward_and_generates(run, dataset,
+                                                                                          tmp_path):
     transformers = pytest.importorskip("transformers")
     _, tokenizer = dataset
     client = run.client()
     latest = client.latest_checkpoint(run.run_id)
     out = tmp_path / "model"
-    result = pull_checkpoint(client, run.run_id, out, archives=[slot.data_dir for slot in run.nodes], final_only=False)
+    result = pull_checkpoint(client, run.run_id, out, archives=[slot.data_dir for slot in run.nodes],
+                             final_only=False)
     assert result.round == latest.round == ROUNDS - 1
     tok = transformers.AutoTokenizer.from_pretrained(out)
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).float().eval()
     assert type(hf).__name__ == "LlamaForCausalLM"
     text = "The quick brown fox"
     assert tok(text)["input_ids"] == tokenizer.encode(text) and tok.decode(tok(text)["input_ids"]) == text
-    checkpoint = read_checkpoint(run.nodes[0].data_dir / "checkpoints" / f"round-{latest.round:08d}.safetensors",
+    checkpoint = read_checkpoint(run.nodes[0].data_dir / "checkpoints"
+                                 / f"round-{latest.round:08d}.safetensors",
                                  latest.content_hash)
     ours = GPT(ModelConfig(**checkpoint.model_config), seed=None)
     ours.load_state_dict(checkpoint.weights)
     ours.eval()
-    batch = torch.randint(0, tokenizer.vocab_size, (2, ours.cfg.block_size), generator=torch.Generator().manual_seed(5))
+    batch = torch.randint(0, tokenizer.vocab_size, (2, ours.cfg.block_size),
+                          generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         torch.testing.assert_close(hf(batch).logits, ours(batch)[0], atol=1e-5, rtol=0)
         prompt = tok(text, return_tensors="pt")

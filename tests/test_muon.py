@@ -1,5 +1,6 @@
-"""The methods of issue 46 as engine settings: Muon as the inner optimizer (training/muon.py) and the per-group
-outer lr (diloco.outer_lr_other_scale), with the full and the sliced exchange, re-execution and the restart rule.
+"""The methods of issue 46 as engine settings: Muon as the inner optimizer (training/muon.py) and the
+per-group outer lr (diloco.outer_lr_other_scale), with the full and the sliced exchange, re-execution and the
+restart rule.
 
 Each is bit-exact where the engine promises it: a rerun of a contribution from its start state (which carries
 the Muon momentum) gives the same bytes, and its next state chains.
@@ -11,11 +12,19 @@ import dataclasses
 
 import pytest
 import torch
+from test_sliced_reexec import SlicedReplica
 
 from node.config import load_config
 from node.errors import ConfigError
-from node.runconfig import RUN_FORMAT, canonical_json, config_hash, node_config_from_run, parse_run_document, run_document
-from test_sliced_reexec import SlicedReplica
+from node.runconfig import (
+    RUN_FORMAT,
+    canonical_json,
+    config_hash,
+    node_config_from_run,
+    parse_run_document,
+    run_document,
+)
+from tests.rerun_fixtures import assert_honest_exact_and_cheat_caught, rerun_checker
 from training.config import DEFAULT_OPTIMIZER, LEGACY_OPTIMIZER, DilocoConfig, ModelConfig, TrainingConfig
 from training.data import generated_corpus, round_batches
 from training.diloco import outer_step
@@ -26,7 +35,6 @@ from training.pipeline import LocalReplicaTrainer
 from training.reexec import check_state_chain, restart_state_reason, verify_contribution
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica, run_with_states
 from training.replica_state import restore_replica
-from tests.rerun_fixtures import assert_honest_exact_and_cheat_caught, rerun_checker
 
 ROUNDS = 3
 HONEST, PERTURBED = 0, 1
@@ -39,8 +47,8 @@ def test_newton_schulz_orthogonalizes():
         out = orthogonalize(torch.randn(shape, generator=generator))
         assert out.shape == shape
         singular = torch.linalg.svdvals(out)
-        # NS5 maps the singular values into about [0.7, 1.2] (the reference's quintic, not exactly 1); only the
-        # smallest of a square random matrix (near 0) stay below.
+        # NS5 maps the singular values into about [0.7, 1.2] (the reference's quintic, not exactly 1); only
+        # the smallest of a square random matrix (near 0) stay below.
         bulk = ((singular > 0.6) & (singular < 1.3)).float().mean()
         assert singular.max() < 1.5 and bulk > 0.9, singular
 
@@ -95,8 +103,8 @@ def test_config_refuses_bad_settings_and_keeps_adamw_documents_as_they_were():
 
 #: config_hash(run_document(load_config(None, settings))) at commit 0a11695, before Muon existed as a default
 #: candidate: the hashes of runs made then, which the same settings must still give with version-1 roots
-#: (diloco.commitments = "hashed"; chunked, then normed, is the default since issue 43) and the default optimizer
-#: (AdamW).
+#: (diloco.commitments = "hashed"; chunked, then normed, is the default since issue 43) and the default
+#: optimizer (AdamW).
 BEFORE_MUON_DEFAULT = {
     (): "edf3869699c27ba799dd41b743d8ea761488aa3a0660a731bfc6149770d788e6",
     ("model.preset=mini",): "2b4b19c8553778a4bd3b1ac034e75c2d0f7b1cb74ace4fbcd33dcbac03442deb",
@@ -112,9 +120,11 @@ def test_adamw_runs_keep_their_hash_and_a_muon_run_names_its_optimizer(settings)
     assert "optimizer" not in older["training"] and config_hash(older).hex() == BEFORE_MUON_DEFAULT[settings]
     # A run document names no optimizer: a joiner and the auditor read it as AdamW, and rebuild its hash.
     again = node_config_from_run(parse_run_document(canonical_json(older), config_hash(older)))
-    assert again.training.optimizer == LEGACY_OPTIMIZER and config_hash(run_document(again)) == config_hash(older)
+    assert again.training.optimizer == LEGACY_OPTIMIZER \
+        and config_hash(run_document(again)) == config_hash(older)
     muon = run_document(load_config(None, [*settings, "training.optimizer=muon"]))
-    assert muon["training"]["optimizer"] == "muon" and config_hash(muon).hex() != BEFORE_MUON_DEFAULT[settings]
+    assert muon["training"]["optimizer"] == "muon" \
+        and config_hash(muon).hex() != BEFORE_MUON_DEFAULT[settings]
     assert node_config_from_run(muon).training.optimizer == "muon"
 
 
@@ -153,18 +163,22 @@ def test_the_per_group_outer_lr_scales_only_what_is_not_a_hidden_matrix():
 
 
 def _sim(**diloco) -> SimConfig:
-    """A Muon run whose settings are those an auditor rebuilds from its run document (node_config_from_run)."""
+    """A Muon run whose settings are those an auditor rebuilds from its run document
+    (node_config_from_run)."""
     overrides = ["model.preset=tiny", "training.seed=3", "training.batch_size=4", "training.warmup_steps=2",
                  "training.optimizer=muon", "diloco.inner_steps=3", "diloco.num_replicas=2",
-                 "compression.min_compress_numel=512"] + [f"diloco.{key}={value}" for key, value in diloco.items()]
+                 "compression.min_compress_numel=512"] + [f"diloco.{key}={value}"
+                                                          for key, value in diloco.items()]
     cfg = node_config_from_run(run_document(load_config(None, overrides)))
-    assert cfg.training.optimizer == "muon" and cfg.diloco.outer_lr_other_scale == diloco.get("outer_lr_other_scale", 1)
+    assert cfg.training.optimizer == "muon" \
+        and cfg.diloco.outer_lr_other_scale == diloco.get("outer_lr_other_scale", 1)
     return SimConfig(corpus=generated_corpus(seed=0, n_bytes=30_000), model=cfg.model, training=cfg.training,
                      diloco=cfg.diloco, compression=cfg.compression, num_stages=2, rounds=ROUNDS)
 
 
 def _records(sim, honest, cheat):
-    """The run of an honest replica and a cheat (either None: a one-replica run of the other, as replica 0)."""
+    """The run of an honest replica and a cheat (either None: a one-replica run of the other, as replica
+    0)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the claimants train on one thread (their start states record it)
     try:
@@ -209,7 +223,8 @@ def test_muon_state_is_no_restart_and_an_adamw_run_refuses_it():
     state = records[2].states[HONEST]
     reason = restart_state_reason([p.to_bytes() for p in state.stages], state.stage_hashes())
     assert reason is not None and "carries state" in reason
-    restore_replica(state, sim.model, sim.training, sim.diloco, sim.compression)  # the run's own optimizer: fine
+    # the run's own optimizer: fine
+    restore_replica(state, sim.model, sim.training, sim.diloco, sim.compression)
     with pytest.raises(ReplicaStateError, match="training.optimizer"):
         restore_replica(state, sim.model, dataclasses.replace(sim.training, optimizer="adamw"), sim.diloco,
                         sim.compression)
@@ -221,8 +236,9 @@ SCALING_LAW = {"m1-h5": dict(num_replicas=1, inner_steps=5), "m2-h2": dict(inner
 
 @pytest.mark.parametrize("setting", list(SCALING_LAW))
 def test_the_scaling_law_settings_rerun_bit_exactly_with_muon_and_a_cheat_does_not(setting):
-    """The replica count and H of the scaling-law paper with Muon inner steps: every honest contribution reruns to
-    the same bytes from its start state, the next state chains, and a 1% cheat is caught (by itself where M = 1)."""
+    """The replica count and H of the scaling-law paper with Muon inner steps: every honest contribution
+    reruns to the same bytes from its start state, the next state chains, and a 1% cheat is caught (by itself
+    where M = 1)."""
     sim = _sim(**SCALING_LAW[setting])
     assert (sim.diloco.num_replicas, sim.diloco.inner_steps) == (SCALING_LAW[setting].get("num_replicas", 2),
                                                                   SCALING_LAW[setting]["inner_steps"])
@@ -235,9 +251,10 @@ def test_the_scaling_law_settings_rerun_bit_exactly_with_muon_and_a_cheat_does_n
 
     def check(records, replica, outer_round):
         record = records[outer_round]
-        return verify_contribution([p.to_bytes() for p in record.states[replica].stages], record.claims[replica],
-                                   sim.corpus, sim.model, sim.training, sim.diloco, sim.compression,
-                                   outer_round=outer_round, replica=replica, run_rounds=sim.rounds,
+        return verify_contribution([p.to_bytes() for p in record.states[replica].stages],
+                                   record.claims[replica], sim.corpus, sim.model, sim.training, sim.diloco,
+                                   sim.compression, outer_round=outer_round, replica=replica,
+                                   run_rounds=sim.rounds,
                                    previous_contributions=records[outer_round - 1].contributions
                                    if outer_round > 0 else None)
 
@@ -256,7 +273,8 @@ def test_the_training_benchmark_defaults_to_the_library_optimizer(monkeypatch):
     import sys
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("bench_diloco_optimizer", Path(__file__).parents[1] / "bench/bench_diloco.py")
+    spec = importlib.util.spec_from_file_location("bench_diloco_optimizer",
+                                                  Path(__file__).parents[1] / "bench/bench_diloco.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     monkeypatch.setattr(sys, "argv", ["bench_diloco.py", "--data", "corpus.txt"])

@@ -38,7 +38,8 @@ def test_a_run_across_two_nats_commits_every_round(tmp_path, capsys, mode):
         spec = {"public_ip": PUBLIC_IP, "sites": [[ns, ip] for ns, ip in zip(lab.sites, SITE_IPS)]}
         proc = subprocess.run(
             lab.cmd(lab.public, sys.executable, str(Path(__file__).parent / "nat_run.py"), json.dumps(spec),
-                    str(tmp_path / "run"), str(ROUNDS), "720", *(["relay-only"] if mode == "relay-only" else [])),
+                    str(tmp_path / "run"), str(ROUNDS), "720",
+                    *(["relay-only"] if mode == "relay-only" else [])),
             capture_output=True, text=True, timeout=840, env=dict(os.environ),
         )
     finally:

@@ -28,7 +28,8 @@ class Agent:
         data_dir.mkdir(parents=True, exist_ok=True)
         self.log = data_dir / "agent.log"
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(lab.cmd(site, sys.executable, AGENT, json.dumps(config), str(data_dir)),
+            self.proc = subprocess.Popen(lab.cmd(site, sys.executable, AGENT, json.dumps(config),
+                                                 str(data_dir)),
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
                                          env=dict(os.environ, DLX_AGENT_LOG="ERROR"))
         hello = self._read()
@@ -58,7 +59,8 @@ class Agent:
 @pytest.fixture
 def lab(tmp_path):
     try:
-        made = NetLab([Site("a", 1000), Site("b", 1000)], {"a": {"b": 100}, "b": {"a": 100}}, workdir=tmp_path / "lab")
+        made = NetLab([Site("a", 1000), Site("b", 1000)], {"a": {"b": 100}, "b": {"a": 100}},
+                      workdir=tmp_path / "lab")
     except LabUnavailable as exc:
         pytest.skip(f"cannot build the network emulator here: {exc}")
     try:

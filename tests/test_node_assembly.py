@@ -38,7 +38,8 @@ class FakeHost:
         self._lock = threading.Lock()
 
     def provide_blob(self, source, announce: bool = True, timeout: float = 30.0) -> str:
-        data = bytes(source) if isinstance(source, (bytes, bytearray, memoryview)) else Path(source).read_bytes()
+        data = bytes(source) if isinstance(source, (bytes, bytearray, memoryview)) \
+            else Path(source).read_bytes()
         digest = hashlib.sha256(data).hexdigest()
         with self._lock:
             self.blobs[digest] = data
@@ -117,7 +118,8 @@ class FakeChain:
         return {}  # no seat declared a platform: the spot checks route nothing and hold no claim to one
 
     def availability_challenges(self, run_id: int, from_block: int) -> tuple[list[dict], int]:
-        return [], from_block  # nobody challenges a round (the answerer's poll; a chunked run's node reads it)
+        # nobody challenges a round (the answerer's poll; a chunked run's node reads it)
+        return [], from_block
 
     def close(self) -> None:
         pass
@@ -157,8 +159,10 @@ class OfflineParts(NodeParts):
 def offline_node(tmp_path, exchange: str = "full", rounds: int = 3) -> Node:
     import dataclasses
 
-    cfg = load_config(None, [*TINY, f"rounds={rounds}", f"diloco.exchange={exchange}", f"data_dir={tmp_path}"])
-    parts = OfflineParts(cfg, stop=threading.Event(), kinds=dataclasses.replace(HONEST, committer=FakeCommitter))
+    cfg = load_config(None, [*TINY, f"rounds={rounds}", f"diloco.exchange={exchange}",
+                             f"data_dir={tmp_path}"])
+    parts = OfflineParts(cfg, stop=threading.Event(),
+                         kinds=dataclasses.replace(HONEST, committer=FakeCommitter))
     return Node(cfg, parts=parts)
 
 
@@ -234,7 +238,8 @@ def test_a_time_bounded_node_finishes_rounds_behind_the_next_ones_training(tmp_p
 
     cfg = load_config(None, [*TINY, "rounds=4", "diloco.inner_steps=6", "diloco.round_budget_s=0.05",
                              "diloco.min_inner_steps=2", "diloco.overlap_steps=0", f"data_dir={tmp_path}"])
-    parts = OfflineParts(cfg, stop=threading.Event(), kinds=dataclasses.replace(HONEST, committer=FakeCommitter))
+    parts = OfflineParts(cfg, stop=threading.Event(),
+                         kinds=dataclasses.replace(HONEST, committer=FakeCommitter))
     node = Node(cfg, parts=parts)
     progress = node.run()
     assert progress.last_finished == 3 and parts.committer.submitted == [0, 1, 2, 3]
@@ -248,4 +253,5 @@ def test_a_time_bounded_node_finishes_rounds_behind_the_next_ones_training(tmp_p
     assert all(2 <= p["steps"] <= 6 for p in periods)
     assert all(p["inner_cpu_s"] > 0 for p in periods) and all(p["process_cpu_s"] > 0 for p in periods[1:])
     # Every round here is finished by the loop's applies: each tail ran on the lane, none on this thread.
-    assert all(f["tail_overlapped_s"] > 0 and f["tail_overlapped_s"] == f["tail_s"] for f in finishes.values())
+    assert all(f["tail_overlapped_s"] > 0 and f["tail_overlapped_s"] == f["tail_s"]
+               for f in finishes.values())

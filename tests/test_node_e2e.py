@@ -74,11 +74,13 @@ def _assert_round_timing(run: LocalRun, rounds: int) -> None:
         assert periods[0]["wall_s"] is None  # no previous round in this life
         for r in periods[1:]:
             assert 0 < r["inner_s"] <= r["wall_s"], (slot.name, r)
-            assert r["inner_s"] + sum(r[f"{p}_s"] for p in ("encode", "close_wait", "fetch_wait", "aggregate")) \
+            assert r["inner_s"] + sum(r[f"{p}_s"] for p in ("encode", "close_wait", "fetch_wait",
+                                                            "aggregate")) \
                 <= r["wall_s"] + 1e-3, (slot.name, r)
             assert 0 < r["utilization"] <= 1
         for r in finishes:
-            assert r["close_wait_s"] + r["fetch_wait_s"] + r["aggregate_s"] <= r["total_s"] + 1e-3, (slot.name, r)
+            assert r["close_wait_s"] + r["fetch_wait_s"] + r["aggregate_s"] <= r["total_s"] + 1e-3, \
+                (slot.name, r)
         timing = slot.status()["timing"]
         assert timing["periods"] == rounds - 1 and 0 < timing["utilization"] <= 1, timing
 
@@ -92,7 +94,8 @@ def _assert_round_timing(run: LocalRun, rounds: int) -> None:
 ])
 def test_node_runs_the_other_round_schedules(make_run, variant):
     """The node follows training.schedule.round_actions for every variant the benchmark measures."""
-    run = make_run(replicas=2, stages=2, split=False, settings=TINY + ["rounds=3", "join_timeout=60", *variant])
+    run = make_run(replicas=2, stages=2, split=False,
+                   settings=TINY + ["rounds=3", "join_timeout=60", *variant])
     run.start()
     assert run.wait(360, progress=True), run_logs(run)
     history = run.client().history(run.run_id)
@@ -237,7 +240,8 @@ def test_late_joiner_catches_up_and_contributes_despite_an_absurd_hello(make_run
     # One founder is an adversary whose hellos claim round 10**12: the joiner must not believe it.
     run = make_run(replicas=3, stages=2, split=False,
                    settings=TINY + ["rounds=0", "join_timeout=5", "diloco.inner_steps=40"])
-    run.nodes[1].command = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py"), "absurd-hello"]
+    run.nodes[1].command = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py"),
+                            "absurd-hello"]
     for slot in run.nodes[:2]:
         run.start_node(slot)
     _wait_for_round(run, 2, 300)

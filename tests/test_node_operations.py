@@ -57,7 +57,8 @@ def test_status_metrics_and_graceful_sigterm(tmp_path):
         status = cli("status", "--data-dir", str(slot.data_dir))
         assert status.returncode == 0, status.stderr
         assert slot.peer_id in status.stdout and "running" in status.stdout
-        body = urllib.request.urlopen(f"http://127.0.0.1:{slot.metrics_port}/metrics", timeout=10).read().decode()
+        body = urllib.request.urlopen(f"http://127.0.0.1:{slot.metrics_port}/metrics",
+                                      timeout=10).read().decode()
         assert "dlx_round" in body and "dlx_bytes_sent" in body
         round_metric = next(line for line in body.splitlines() if line.startswith("dlx_round "))
         assert float(round_metric.split()[1]) >= 1

@@ -76,7 +76,8 @@ def rooms(quorum: int = 1, clock=time.monotonic, round_timeout: float = 60.0, se
     """The rooms of peer-a with peer-b and peer-c placed; ``seats``: the order the three joined the run on
     chain (default: all at once, ranked by peer id)."""
     book = RoundBook()
-    taken = {key_of(peer): Seat((index if seats else 0, 0), index) for index, peer in enumerate(seats or PEERS)}
+    taken = {key_of(peer): Seat((index if seats else 0, 0), index)
+                 for index, peer in enumerate(seats or PEERS)}
     membership = Membership("peer-a", "c0", 1, 2, book, seat=lambda _account, key: taken.get(key),
                             own_seat=taken[key_of("peer-a")])
     for index, peer in enumerate(PEERS[1:], start=1):
@@ -101,7 +102,8 @@ def test_a_valid_close_passes_and_bad_ones_are_refused_with_a_reason():
     assert coordinator.judge(0, 0, "c-good", good) is None
     assert "quorum" in coordinator.judge(0, 0, "c-empty", msg.Close([]))
     assert "quorum" in coordinator.judge(0, 0, "c-short", msg.Close([entry(0, "peer-a")]))
-    assert "canonical" in coordinator.judge(0, 0, "c-order", msg.Close([entry(1, "peer-b"), entry(0, "peer-a")]))
+    assert "canonical" in coordinator.judge(0, 0, "c-order",
+                                            msg.Close([entry(1, "peer-b"), entry(0, "peer-a")]))
     duplicate = msg.Close([entry(0, "peer-a"), [0, "peer-a", digest("other"), 100], entry(1, "peer-b")])
     assert "duplicate" in coordinator.judge(0, 0, "c-dup", duplicate)
     pool.refused[digest("peer-c")] = ("peer-c", "payload does not decode")
@@ -183,8 +185,10 @@ def test_an_absurd_training_round_claim_is_ignored_for_the_entry_round():
 def test_claimed_rounds_span_each_live_replicas_first_through_current_round():
     # What a re-forming cluster checks before skipping a round: who still contributes to it.
     book, membership, _pool, _coordinator = rooms()
-    book.add_hello("peer-b", key_of("peer-b"), hello("c1", training_round=89, first_round=89))  # re-entered at 89
-    book.add_hello("peer-c", key_of("peer-c"), hello("c2", training_round=-1, first_round=2**62))  # waits for a partner
+    # re-entered at 89
+    book.add_hello("peer-b", key_of("peer-b"), hello("c1", training_round=89, first_round=89))
+    # waits for a partner
+    book.add_hello("peer-c", key_of("peer-c"), hello("c2", training_round=-1, first_round=2**62))
     assert membership.claimed_rounds(last_committed=86, window=10) == [(89, 89)]
     # A claim past the window is ignored, as for the entry round.
     book.add_hello("peer-b", key_of("peer-b"), hello("c1", training_round=10**12, first_round=0))
@@ -245,7 +249,8 @@ def test_a_deadline_that_has_not_started_holds_back_the_fallback(monkeypatch):
     reached: list[float] = []
     started = time.monotonic()
     threading.Timer(3.0, lambda: reached.append(time.monotonic())).start()
-    assert coordinator.await_close(outer_round, 0, clock_from=lambda: reached[0] if reached else None) == censoring
+    assert coordinator.await_close(outer_round, 0, clock_from=lambda: reached[0] if reached else None) \
+        == censoring
     # Not before the apply was reached + deadline + 1 x fallback (settled long before).
     assert time.monotonic() - started >= 3.0 + 0.3 + 0.2
 
@@ -279,7 +284,8 @@ def test_the_close_of_a_round_does_not_depend_on_when_an_ejection_is_learnt(ejec
     # The ejection still counts where it is the node's own choice: its announces are refused and
     # a coordinator no longer waits for its contribution.
     with pytest.raises(msg.ProtocolError):
-        membership.check_sender(SimpleNamespace(kind=msg.ANNOUNCE, sender_peer_id="peer-c", stage=0, replica=0))
+        membership.check_sender(SimpleNamespace(kind=msg.ANNOUNCE, sender_peer_id="peer-c", stage=0,
+                                                replica=0))
     assert "peer-c" not in membership.alive() and "peer-c" in membership.present()
 
 
@@ -289,7 +295,8 @@ def test_a_hello_far_off_the_clock_or_of_another_run_is_refused():
     from p2p.identity import Identity
 
     book, membership, pool, _coordinator = rooms()
-    inbox = GossipInbox(7, EnvelopeValidator(7, max_size=1 << 16), book, membership, pool, held_stages=lambda: ())
+    inbox = GossipInbox(7, EnvelopeValidator(7, max_size=1 << 16), book, membership, pool,
+                        held_stages=lambda: ())
     identity = Identity.generate()
     payload = msg.encode_payload(hello("c9"))
 
@@ -322,9 +329,11 @@ def test_record_signatures_are_checked_and_a_bad_one_costs_only_itself():
 
     inbox = GossipInbox(7, EnvelopeValidator(7, max_size=1 << 16), book, membership, pool,
                         held_stages=lambda: (), record_signer=signer)
-    def sent(account: bytes, signature: bytes, root: bytes = b"\x01" * 32, payload: bytes | None = None) -> bytes:
+    def sent(account: bytes, signature: bytes, root: bytes = b"\x01" * 32,
+             payload: bytes | None = None) -> bytes:
         body = payload if payload is not None else msg.encode_payload(
-            msg.RecordSignature(b"\x00" * 32, root, b"\x02" * 32, 1, 2, 3, 4, b"\x00" * 32, account, signature))
+            msg.RecordSignature(b"\x00" * 32, root, b"\x02" * 32, 1, 2, 3, 4, b"\x00" * 32, account,
+                                signature))
         return Envelope.create(Identity.generate(), 7, 0, msg.RECORD, body).to_bytes()  # one sender each
 
     with pytest.raises(msg.ProtocolError):  # malformed: a 64-byte signature
@@ -360,10 +369,12 @@ def test_a_round_message_that_arrives_before_its_senders_hello_is_kept_and_filed
     from p2p.identity import Identity
 
     book, membership, pool, _coordinator = rooms()
-    inbox = GossipInbox(7, EnvelopeValidator(7, max_size=1 << 16), book, membership, pool, held_stages=lambda: ())
+    inbox = GossipInbox(7, EnvelopeValidator(7, max_size=1 << 16), book, membership, pool,
+                        held_stages=lambda: ())
     late = Identity.generate()
     seats = membership.seat  # the chain: the late sender holds the run's fourth seat
-    membership.seat = lambda account, key: Seat((3, 0), 3) if key == late.public_key_bytes else seats(account, key)
+    membership.seat = lambda account, key: Seat((3, 0), 3) if key == late.public_key_bytes \
+        else seats(account, key)
     close = Envelope.create(late, 7, 1, msg.CLOSE, msg.encode_payload(msg.Close([entry(3, late.peer_id)])),
                             stage=0, replica=3).to_bytes()
     with pytest.raises(msg.ProtocolError, match="not placed yet"):
@@ -386,7 +397,8 @@ def test_sync_keeps_every_run_message_our_hellos_and_others_hellos_only_now_and_
     from p2p.identity import Identity
 
     book, membership, pool, _coordinator = rooms()
-    inbox = GossipInbox(7, EnvelopeValidator(7, max_size=1 << 16), book, membership, pool, held_stages=lambda: ())
+    inbox = GossipInbox(7, EnvelopeValidator(7, max_size=1 << 16), book, membership, pool,
+                        held_stages=lambda: ())
     me, other = Identity.generate(), Identity.generate()
     clock = [1000.0]
     monkeypatch.setattr(inbox_module.time, "monotonic", lambda: clock[0])
@@ -415,8 +427,9 @@ def test_coordinators_rank_by_chain_seat_so_a_joiner_heard_by_some_holders_only_
     membership = Membership("peer-a", "c0", 1, 2, book, seat=lambda _account, key: taken.get(key),
                             own_seat=taken[key_of("peer-a")])
     book.add_hello("peer-b", key_of("peer-b"), hello("c1"))
-    without_joiner = RoundCoordinator("peer-a", 1, 60.0, book, membership, Pool(), contributed=lambda _r: True,
-                                      gossip=lambda *a: b"", resync=lambda: None, previous_life_finished=-1)
+    without_joiner = RoundCoordinator("peer-a", 1, 60.0, book, membership, Pool(),
+                                      contributed=lambda _r: True, gossip=lambda *a: b"", resync=lambda: None,
+                                      previous_life_finished=-1)
     for outer_round in range(50):
         for stage in (0, 1):
             full = knows_joiner.rotation(outer_round, stage)

@@ -15,8 +15,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.config import config_from_dict
 from node import protocol as msg
+from node.config import config_from_dict
 from node.live.exchange.closejudge import PENDING
 from node.live.state.roundbook import Announced
 from node.runconfig import run_document
@@ -142,7 +142,8 @@ def test_a_record_that_does_not_prove_its_slice_is_refused():
     signed = type(reference)(5, hashlib.sha256(tampered).digest(), len(tampered), reference.slices_root)
     # A signed reference to a bundle with one bad slice: that slice is absent, the others are read.
     assert bundle_slices(tampered, signed) == [*blobs[:4], None]
-    lying = type(reference)(5, hashlib.sha256(other_bundle).digest(), len(other_bundle), reference.slices_root)
+    lying = type(reference)(5, hashlib.sha256(other_bundle).digest(), len(other_bundle),
+                            reference.slices_root)
     assert bundle_slices(other_bundle, lying) == [None] * 5  # no record proves to the signed root
 
 
@@ -154,7 +155,7 @@ def _contribution(identity, reference: bytes, *, run_id=7, outer_round=3, stage=
     return Envelope.create(identity, run_id, outer_round, kind, body, stage=stage, replica=replica).to_bytes()
 
 
-def test_a_closed_envelope_is_an_input_only_if_it_is_the_named_signers_contribution_with_a_fitting_reference():
+def test_a_closed_envelope_is_an_input_only_if_it_is_the_named_signers_contribution_with_a_fitting_reference():  # noqa: E501
     """The aggregators' and the auditor's rule: a pure function of the bytes the close fixes by hash."""
     from node.live.exchange.sliced import usable_reference
     from p2p.identity import Identity
@@ -183,7 +184,6 @@ def test_hostile_closed_envelopes_are_absent_inputs_never_errors_nor_other_refer
     """Random bytes and mutations of a real contribution envelope: None (an absent input) or exactly the
     reference its signer signed; never an exception."""
     from node.live.exchange.sliced import usable_reference
-    from p2p.identity import Identity
 
     identity = _IDENTITY
     _bundle, reference = slice_bundle([b"a" * 10, b"b" * 20, b"c" * 5])
@@ -264,7 +264,8 @@ def test_a_proofs_close_stands_only_where_the_coordinators_rules_say_it_went_by(
     assert coordinator.close_standing(5, 0, "peer-c", real)[0] is True
     stands, _why = coordinator.close_standing(5, 0, "peer-c", framed)
     assert stands is None  # its misnamed entry was never announced so: nothing is told here
-    assert coordinator.close_standing(5, 0, "peer-c", msg.Close([entry(0, "peer-a")]))[0] is False  # no quorum
+    # no quorum
+    assert coordinator.close_standing(5, 0, "peer-c", msg.Close([entry(0, "peer-a")]))[0] is False
     book.add_close(5, 0, "peer-b", real, b"")
     coordinator.withdraw(5, 0, real, "its inputs never came")  # refused here (an apply found them withheld)
     stands, why = coordinator.close_standing(5, 0, "peer-b", real)
@@ -364,14 +365,18 @@ def test_a_lazy_coordinator_asks_for_the_contributions_only_when_first_in_line_o
     from node.live.state.topology import committer_order
     from test_node_rooms import PEERS
 
+    from node.live.state.topology import committer_order
+
     _book, membership, _pool, coordinator = _lazy_rooms()
     holders = membership.holders(0)
     for outer_round in range(12):
         order = committer_order(outer_round * 1000, holders)
         first = order[0] == "peer-a"
         assert coordinator._may_close(outer_round, 0, order, set(PEERS), deadline=float("inf")) == first
-        assert coordinator._may_close(outer_round, 0, order, set(PEERS), deadline=0.0)  # long past the deadline
-        # Just past the deadline only the first fallback's turn is one away: the holders further down fetch nothing.
+        # long past the deadline
+        assert coordinator._may_close(outer_round, 0, order, set(PEERS), deadline=0.0)
+        # Just past the deadline only the first fallback's turn
+        # is one away: the holders further down fetch nothing.
         just = time.monotonic() - 0.5
         assert coordinator._may_close(outer_round, 0, order, set(PEERS), deadline=just) == (
             order.index("peer-a") <= 1)
@@ -389,7 +394,8 @@ def test_min_slice_numel_is_a_validated_run_setting_of_sliced_runs_only():
     assert "min_slice_numel" not in full and "exchange" not in full  # a full run's hash is unchanged
     sliced = run_document(config_from_dict({"diloco": {"exchange": "sliced", "min_slice_numel": 4096}}))
     assert sliced["diloco"]["min_slice_numel"] == 4096
-    assert run_document(config_from_dict({"diloco": {"exchange": "sliced"}}))["diloco"]["min_slice_numel"] == 1024
+    assert run_document(config_from_dict({"diloco": {"exchange": "sliced"}}))["diloco"]["min_slice_numel"] \
+        == 1024
     for bad in (0, -1, 1 << 31, True, 2.5, "4096"):
         with pytest.raises((TrainingConfigError, ConfigError), match="min_slice_numel"):
             DilocoConfig(exchange="sliced", min_slice_numel=bad)
@@ -440,13 +446,15 @@ def test_partial_announce_is_decoded_strictly():
 
 def test_exchange_setting_is_validated_and_named_in_the_run_document_only_when_sliced():
     assert "exchange" not in run_document(config_from_dict({}))["diloco"]
-    assert run_document(config_from_dict({"diloco": {"exchange": "sliced"}}))["diloco"]["exchange"] == "sliced"
+    assert run_document(config_from_dict({"diloco": {"exchange": "sliced"}}))["diloco"]["exchange"] \
+        == "sliced"
     with pytest.raises(TrainingConfigError, match="diloco.exchange"):
         DilocoConfig(exchange="butterfly")
 
 
 def test_outer_step_on_assembled_partials_matches_the_full_exchange_when_the_partials_are_exact():
-    """With the codec off, partials are the exact slice averages: the sliced round equals the full one bit for bit."""
+    """With the codec off, partials are the exact slice averages: the sliced round equals the full one bit for
+    bit."""
     torch.manual_seed(0)
     shapes = {"a": (64, 300), "b": (300,), "c": (40, 40)}
     plan = plan_slices(shapes, 3, min_slice_numel=1000)
@@ -455,13 +463,14 @@ def test_outer_step_on_assembled_partials_matches_the_full_exchange_when_the_par
     diloco = DilocoConfig(norm_clip=0.0, num_replicas=3)
     grads = [{n: torch.randn(s) for n, s in shapes.items()} for _ in range(3)]
     slices = [encode_slices(g, plan, cfg, 0, stage_index=0, outer_round=4)[0] for g in grads]
-    partials = [aggregate_slice([slices[i][j] for i in range(3)], plan, j, cfg, 0, norm_clip=0.0, stage_index=0,
-                                outer_round=4).partial for j in range(3)]
+    partials = [aggregate_slice([slices[i][j] for i in range(3)], plan, j, cfg, 0, norm_clip=0.0,
+                                stage_index=0, outer_round=4).partial for j in range(3)]
     weights = {n: torch.randn(s) for n, s in shapes.items()}
     momentum = {n: torch.zeros(s) for n, s in shapes.items()}
     average = average_of_partials(partials, plan, stage_index=0, outer_round=4, refuse_raw=False)
     sliced = step_with_average(weights, momentum, average, diloco, 4)
-    full_blobs = [encode_slices(g, plan_slices(shapes, 1), cfg, 0, stage_index=0, outer_round=4)[0][0] for g in grads]
+    full_blobs = [encode_slices(g, plan_slices(shapes, 1), cfg, 0, stage_index=0, outer_round=4)[0][0]
+                  for g in grads]
     full = aggregate_with_report(weights, momentum, full_blobs, diloco, stage_index=0, outer_round=4)
     assert torch.equal(average_contributions([{n: g[n] for n in shapes} for g in grads])["a"], average["a"])
     assert sliced.weights_hash == full.weights_hash
@@ -474,7 +483,8 @@ def test_outer_step_on_assembled_partials_matches_the_full_exchange_when_the_par
 def test_engine_applies_a_precomputed_aggregation():
     torch.manual_seed(1)
     params = {"w": torch.nn.Parameter(torch.randn(8, 8))}
-    engine = StageEngine(0, params, DilocoConfig(one_step_delay=False, num_replicas=1), CompressionConfig(enabled=False))
+    engine = StageEngine(0, params, DilocoConfig(one_step_delay=False, num_replicas=1),
+                         CompressionConfig(enabled=False))
     with torch.no_grad():
         params["w"].sub_(0.1)
     engine.encode_contribution(0)
@@ -500,8 +510,8 @@ def test_a_partial_is_coded_alike_whatever_the_callers_thread_count():
         out = []
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            out.append(aggregate_slice([s[0] for s in slices], plan, 0, cfg, budget, norm_clip=2.0, stage_index=0,
-                                       outer_round=1).partial)
+            out.append(aggregate_slice([s[0] for s in slices], plan, 0, cfg, budget, norm_clip=2.0,
+                                       stage_index=0, outer_round=1).partial)
             assert torch.get_num_threads() == threads  # restored
     finally:
         torch.set_num_threads(before)

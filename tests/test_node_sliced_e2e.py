@@ -1,4 +1,5 @@
-"""End to end, ``diloco.exchange = "sliced"``: real anvil, real node processes, partials instead of contributions.
+"""End to end, ``diloco.exchange = "sliced"``: real anvil, real node processes, partials instead of
+contributions.
 
 One-node replicas of a one-stage tiny model (the stage is cut into one slice
 per replica); every node must compute the chain's weights root every round, a
@@ -51,7 +52,8 @@ def _run(make_run, replicas: int, rounds: int, adversary: str | None = None, ext
     assert [c.commit.round for c in commits] == list(range(rounds)), run_logs(run)
     for slot in honest:
         roots = node_state(slot)["weights_roots"]
-        assert [roots[str(c.commit.round)] for c in commits] == [c.commit.weights_root.hex() for c in commits], \
+        assert [roots[str(c.commit.round)] for c in commits] == [c.commit.weights_root.hex()
+                                                                 for c in commits], \
             slot.name + "\n" + run_logs(run)
     return run, honest, commits
 
@@ -97,13 +99,15 @@ def test_a_wrong_partial_over_the_right_inputs_is_applied_alike_the_audit_names_
     """The limit of checking bindings only: holders agree on the poisoned slice; the replay catches it. With
     spot checks on (every holder replays every other partial here), the holders accuse the aggregator on
     chain with the signed partial as evidence and it is found guilty."""
-    run, honest, commits = _run(make_run, replicas=3, rounds=3, adversary="wrong-blob", extra=["spot_checks=2"])
+    run, honest, commits = _run(make_run, replicas=3, rounds=3, adversary="wrong-blob",
+                                extra=["spot_checks=2"])
     report = audit_run(run.client(), run.run_id, archives=[slot.data_dir for slot in run.nodes])
     assert not report.ok
     attacker = run.nodes[-1].peer_id
     for verdict in report.rounds:
         # The holders applied the attacker's partial alike: the weights root replays from it...
-        assert next(c for c in verdict.checks if c.name == "weights root (replay)").status == OK, verdict.checks
+        assert next(c for c in verdict.checks if c.name == "weights root (replay)").status == OK, \
+            verdict.checks
         # ...and the replay of the attacker's slice names it.
         wrong = [c for c in verdict.checks if c.status == FAIL]
         assert all(c.name.startswith("partial") and attacker in c.reason for c in wrong), verdict.checks
@@ -152,7 +156,8 @@ def test_a_member_that_withholds_its_bundle_costs_only_itself_also_when_it_coord
     come, every honest holder refuses that close and takes the next coordinator's. Every honest node
     keeps going and ends every round on the chain's roots."""
     rounds = 2
-    run = make_run(replicas=3, stages=1, split=False, settings=SETTINGS + [f"rounds={rounds}"], attest_quorum=2)
+    run = make_run(replicas=3, stages=1, split=False, settings=SETTINGS + [f"rounds={rounds}"],
+                   attest_quorum=2)
     # The attacker is the slot that coordinates round 1 (stage 0's rotation over every holder).
     first = committer_order(1 * 1000 + 0, [slot.peer_id for slot in run.nodes])[0]
     attacker = next(slot for slot in run.nodes if slot.peer_id == first)
@@ -165,7 +170,8 @@ def test_a_member_that_withholds_its_bundle_costs_only_itself_also_when_it_coord
     assert [c.commit.round for c in commits] == list(range(rounds)), run_logs(run)
     for slot in honest:
         roots = node_state(slot)["weights_roots"]
-        assert [roots[str(c.commit.round)] for c in commits] == [c.commit.weights_root.hex() for c in commits], \
+        assert [roots[str(c.commit.round)] for c in commits] == [c.commit.weights_root.hex()
+                                                                 for c in commits], \
             slot.name + "\n" + run_logs(run)
     # The withholder is in no committed round: only the two honest replicas contributed.
     assert all(c.commit.num_contributors == 2 for c in commits), [c.commit for c in commits]
@@ -202,7 +208,8 @@ def test_two_bound_partials_that_differ_are_settled_by_replaying_the_slice(make_
                              for c in ejections), ejections
     for verdict in report.rounds:
         # The committed weights are the replay's: no honest holder applied the wrong partial.
-        assert next(c for c in verdict.checks if c.name == "weights root (replay)").status == OK, verdict.checks
+        assert next(c for c in verdict.checks if c.name == "weights root (replay)").status == OK, \
+            verdict.checks
         wrong = [c for c in verdict.checks if c.status == FAIL]
         assert all(c.name.startswith("partial") and attacker in c.reason for c in wrong), verdict.checks
     assert "on chain: slice" in _logs(honest)  # SpotChecker.charge: the reason is the slice's
@@ -242,7 +249,8 @@ def test_a_member_killed_mid_run_restarts_and_every_round_after_commits_with_equ
     for slot in run.nodes:
         roots = node_state(slot)["weights_roots"]
         applied = {int(r): root for r, root in roots.items() if int(r) in chain}
-        assert applied and all(root == chain[r] for r, root in applied.items()), slot.name + "\n" + run_logs(run)
+        assert applied and all(root == chain[r] for r, root in applied.items()), \
+            slot.name + "\n" + run_logs(run)
         assert max(applied) == rounds - 1, slot.name
     assert "from the chain-verified checkpoint of round" in _logs([victim]), _logs([victim])[-4000:]
     assert commits[-1].commit.num_contributors == 3, [c.commit for c in commits]  # the victim is back

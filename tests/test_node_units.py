@@ -136,7 +136,8 @@ def _layout() -> RunLayout:
     from node.runconfig import run_document
 
     # A hashed (version-1) run: a chunked run's checkpoints are tests/test_fraud_live.py's.
-    document = run_document(load_config(None, ["model.preset=tiny", "pipeline.num_stages=2", "diloco.commitments=hashed"]))
+    document = run_document(
+        load_config(None, ["model.preset=tiny", "pipeline.num_stages=2", "diloco.commitments=hashed"]))
     return RunLayout.of_document(1, b"\x07" * 32, document)
 
 
@@ -180,12 +181,14 @@ def test_checkpoint_against_the_run_refuses_doctored_metadata_and_tensors():
     root = weights_root([stage_weights_hash(states[s][0]) for s in (0, 1)])
     honest = build_checkpoint(layout, 4, states)
     doctored_config = dict(honest.model_config, n_head=8)
-    forged = Checkpoint(1, 4, doctored_config, honest.config_hash, honest.stage_hashes, honest.weights, honest.momentum)
+    forged = Checkpoint(1, 4, doctored_config, honest.config_hash, honest.stage_hashes, honest.weights,
+                        honest.momentum)
     assert any("model config" in p for p in checkpoint_problems(forged, layout, 4, root))
     assert any("round is 4" in p for p in checkpoint_problems(honest, layout, 5, root))
     other = dict(states)
     other[0] = ({n: t + 1 for n, t in states[0][0].items()}, states[0][1])
-    assert any("weights root" in p for p in checkpoint_problems(build_checkpoint(layout, 4, other), layout, 4, root))
+    assert any("weights root" in p for p in checkpoint_problems(build_checkpoint(layout, 4, other), layout, 4,
+                                                                root))
     extra = Checkpoint(1, 4, honest.model_config, honest.config_hash, honest.stage_hashes,
                        {**honest.weights, "backdoor": torch.zeros(1)}, honest.momentum)
     assert any("the run has not" in p for p in checkpoint_problems(extra, layout, 4, root))

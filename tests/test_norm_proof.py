@@ -1,10 +1,10 @@
 """The fraud proof of a wrong clip scale (issue 43, docs/FRAUD_PROOF.md "The clip scales"), on py-evm.
 
-A version-3 (``diloco.commitments = "normed"``) round commits each accepted contribution's exact sum of squares
-and its sum tree. A quorum that commits scale 1.0 for a contribution the norm rule clips, with weights
-consistent with it (no chunk proof can catch that), is proven wrong from the committed sums; a quorum that also
-lies about the sums is proven wrong at the chunk whose sum is not its piece's squares, or by the tree's total.
-The integer binary64 arithmetic behind it (NormRule.sol) is compared with Python's float.
+A version-3 (``diloco.commitments = "normed"``) round commits each accepted contribution's exact sum of
+squares and its sum tree. A quorum that commits scale 1.0 for a contribution the norm rule clips, with weights
+consistent with it (no chunk proof can catch that), is proven wrong from the committed sums; a quorum that
+also lies about the sums is proven wrong at the chunk whose sum is not its piece's squares, or by the tree's
+total. The integer binary64 arithmetic behind it (NormRule.sol) is compared with Python's float.
 """
 
 from __future__ import annotations
@@ -30,9 +30,16 @@ from ledger.normproof import (SCALES, SumTree, clip_scales, first_wrong_sum, nor
 from node.commitments import SCHEMES, scheme_named, scheme_of_version
 from node.errors import ConfigError
 from node.fraudproof import chunk_square_sums
-from tests.fraud_fixtures import (DILOCO, Committed, aggregated_round, commit, contribution, lied_sum,
-                                  with_scale)
-from tests.ledger_fixtures import deploy, mine
+from tests.fraud_fixtures import (
+    DILOCO,
+    Committed,
+    aggregated_round,
+    commit,
+    contribution,
+    lied_sum,
+    with_scale,
+)
+from tests.ledger_fixtures import deploy, mine  # noqa: F401 (mine: tests/test_norm_proof_availability.py)
 from training.chunks import float64_bits, stage_layout
 from training.codec_wire import decode_declared
 from training.robust import contribution_norm
@@ -45,7 +52,8 @@ GAS: dict[str, int] = {}
 
 
 def blobs() -> list[bytes]:
-    """Three contributions, one per codec, the raw one large enough to be clipped (tests/test_fraud_proof.py)."""
+    """Three contributions, one per codec, the raw one large enough to be clipped
+    (tests/test_fraud_proof.py)."""
     return [contribution(SHAPES, "lowrank", 10, rank=4), contribution(SHAPES, "quant", 11),
             contribution(SHAPES, "raw", 12, scale=0.5)]
 
@@ -63,11 +71,12 @@ def bits64(value: float) -> int:
     return int.from_bytes(struct.pack(">d", value), "big")
 
 
-# ----------------------------------------------------------------------------------------------- the Python side
+# -------------------------------------------------------------------------------------------- the Python side
 
 
 def test_the_sums_are_the_training_norms_exactly(honest):
-    """n_j = sqrt(double(S_j)) is training/robust.py's norm bit for bit, and the committed scales are its rule."""
+    """n_j = sqrt(double(S_j)) is training/robust.py's norm bit for bit, and the committed scales are its
+    rule."""
     norms = honest.honest.factors.norms
     decoded = [decode_declared(blob, SHAPES, stage_index=0, outer_round=1)[1] for blob in blobs()]
     assert [norm_of(total) for total in norms.sums] == [contribution_norm(t) for t in decoded]
@@ -85,7 +94,8 @@ def test_square_sums_match_fsum_on_random_tensors_with_subnormals_and_extremes(s
     rng = np.random.default_rng(seed)
     values = (rng.standard_normal(3000) * 10.0 ** rng.integers(-45, 38, 3000)).astype(np.float32)
     values[:20] = np.array([0.0, -0.0, 1e-45, -1e-45, 1.17e-38, 3.4028235e38, -3.4028235e38, 2**-149, 2**-126,
-                            1.0, -1.0, 0.5, 2.0, 3.0, 7.0, 1e-40, 1e20, -1e30, 65504.0, 1e-20], dtype=np.float32)
+                            1.0, -1.0, 0.5, 2.0, 3.0, 7.0, 1e-40, 1e20, -1e30, 65504.0, 1e-20],
+                           dtype=np.float32)
     rng.shuffle(values)
     total = square_sum(values.astype("<f4").tobytes())
     exact = math.fsum(float(x) * float(x) for x in values)  # each square exact; one rounding of the sum
@@ -126,7 +136,8 @@ def harness():
     w3 = connect_pyevm()
     artifact = contracts.artifact("NormHarness")
     factory = w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
-    address = w3.eth.wait_for_transaction_receipt(factory.constructor().transact({"from": w3.eth.accounts[0]}))[
+    address = w3.eth.wait_for_transaction_receipt(
+        factory.constructor().transact({"from": w3.eth.accounts[0]}))[
         "contractAddress"]
     return w3.eth.contract(address=address, abi=artifact["abi"])
 
@@ -153,7 +164,8 @@ def test_to_double_is_correctly_rounded_over_every_width(harness):
 
 def test_square_sums_on_chain_are_exact(harness):
     rng = np.random.default_rng(3)
-    edge = [0, 0x80000000, 1, 0x80000001, 0x007FFFFF, 0x00800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x3F800000, 0x00000003]
+    edge = [0, 0x80000000, 1, 0x80000001, 0x007FFFFF, 0x00800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x3F800000,
+            0x00000003]
     for batch in (edge, rng.integers(0, 0x7F800000, 64).tolist(), rng.integers(0, 0x00800000, 64).tolist(),
                   (rng.integers(0x7E000000, 0x7F800000, 64) | 0x80000000).tolist()):
         values = struct.pack(f"<{len(batch)}I", *batch)
@@ -177,17 +189,20 @@ def test_binary64_multiply_divide_and_sqrt_are_pythons_float(harness):
     w3 = harness.w3
     artifact = contracts.artifact("Float32Harness")
     factory = w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
-    address = w3.eth.wait_for_transaction_receipt(factory.constructor().transact({"from": w3.eth.accounts[0]}))[
+    address = w3.eth.wait_for_transaction_receipt(
+        factory.constructor().transact({"from": w3.eth.accounts[0]}))[
         "contractAddress"]
     float32 = w3.eth.contract(address=address, abi=artifact["abi"])
     rng = random.Random(7)
-    a = [random_double(rng) for _ in range(1500)] + [5e-324, 2.2250738585072014e-308, 1.7976931348623157e308, 1.0,
-                                                     2.0, 0.1, 9.0, 2.0 ** -1074 * 3]
+    a = [random_double(rng) for _ in range(1500)] + [5e-324, 2.2250738585072014e-308, 1.7976931348623157e308,
+                                                     1.0, 2.0, 0.1, 9.0, 2.0 ** -1074 * 3]
     b = [random_double(rng) for _ in range(len(a) - 8)] + [2.0, 0.5, 0.5, 3.0, 1.5, 3.0, 3.0, 4.0]
     pack = lambda xs: b"".join(struct.pack(">d", x) for x in xs)  # noqa: E731
     unpack = lambda data: [f64(int.from_bytes(data[i:i + 8], "big")) for i in range(0, len(data), 8)]  # noqa: E731
-    assert unpack(float32.functions.run(4, pack(a), pack(b)).call({"gas": 10**9})) == [x * y for x, y in zip(a, b)]
-    assert unpack(float32.functions.run(12, pack(a), pack(b)).call({"gas": 10**9})) == [x / y for x, y in zip(a, b)]
+    assert unpack(float32.functions.run(4, pack(a), pack(b)).call({"gas": 10**9})) == [x * y
+                                                                                       for x, y in zip(a, b)]
+    assert unpack(float32.functions.run(12, pack(a), pack(b)).call({"gas": 10**9})) == [x / y
+                                                                                        for x, y in zip(a, b)]
     assert unpack(float32.functions.run(13, pack(a), b"").call({"gas": 10**9})) == [math.sqrt(x) for x in a]
 
 
@@ -225,8 +240,9 @@ def proof_of_scales(committed):
 
 def proof_of_sum(committed, contribution: int, chunk: int, tree: SumTree | None = None):
     state = committed.states[1]
-    return sum_proof(committed.records[1], stage_leaves(committed), 0, state.factors.encode(), state.weight_leaves,
-                     state.payload_leaves[contribution], tree or state.sum_trees[contribution], contribution, chunk)
+    return sum_proof(committed.records[1], stage_leaves(committed), 0, state.factors.encode(),
+                     state.weight_leaves, state.payload_leaves[contribution], tree
+                     or state.sum_trees[contribution], contribution, chunk)
 
 
 def assert_overturned(committed):
@@ -258,8 +274,9 @@ def test_proofs_against_a_right_round_revert(right, honest):
 
 
 def unclipped_round(honest):
-    """What a colluding quorum commits: the same contributions aggregated with scale 1.0 for all (norm_clip off),
-    so the weights are consistent with the scales, but the norm commitment says the run's norm_clip = 2."""
+    """What a colluding quorum commits: the same contributions aggregated with scale 1.0 for all (norm_clip
+    off), so the weights are consistent with the scales, but the norm commitment says the run's norm_clip =
+    2."""
     loose = aggregated_round(SHAPES, blobs(), UNCLIPPED)
     state = loose.honest
     assert set(state.factors.scale_bits) == {0x3FF0000000000000}
@@ -272,7 +289,8 @@ def test_scale_one_for_a_contribution_the_rule_clips_is_proven_and_slashes(hones
     loose = unclipped_round(honest)
     committed = on_chain(loose, loose.honest)
     prover = committed.prover()
-    with pytest.raises(errors.ProverRoundCorrect):  # the chunk proof cannot see it: the weights follow the scales
+    # the chunk proof cannot see it: the weights follow the scales
+    with pytest.raises(errors.ProverRoundCorrect):
         prover.prove_wrong_aggregation(committed.proof(1))
     before = prover.balance()
     receipt = prover.prove_wrong_norm(proof_of_scales(committed))
@@ -285,9 +303,9 @@ def test_scale_one_for_a_contribution_the_rule_clips_is_proven_and_slashes(hones
 
 
 def lied_sum_round(loose, contribution_index: int, *, total_only: bool = False):
-    """The colluders also shrink contribution ``contribution_index``'s sum of squares so that scale 1.0 follows
-    (to the largest other one's): every chunk's leaf scaled down (the tree's total consistent with them), or only
-    the committed total."""
+    """The colluders also shrink contribution ``contribution_index``'s sum of squares so that scale 1.0
+    follows (to the largest other one's): every chunk's leaf scaled down (the tree's total consistent with
+    them), or only the committed total."""
     state = loose.honest
     tree = state.sum_trees[contribution_index]
     norms = state.factors.norms
@@ -335,7 +353,8 @@ def test_a_lied_total_is_proven_by_any_chunk(honest):
 def test_a_lied_low_rank_chunk_sum_is_proven(honest):
     wrong = lied_sum(honest.honest, 0, 3)  # one unit (2**-298) off
     committed = on_chain(honest, wrong)
-    with pytest.raises(errors.ProverNormCorrect):  # the scales follow from the sums; the other chunks are right
+    # the scales follow from the sums; the other chunks are right
+    with pytest.raises(errors.ProverNormCorrect):
         committed.prover().prove_wrong_norm(committed.scale_proof())
     with pytest.raises(errors.ProverNormCorrect):
         committed.prover().prove_wrong_norm(committed.sum_proof(0, 4))
@@ -351,8 +370,8 @@ def test_a_scale_other_than_the_rules_is_proven(honest):
     assert_overturned(committed)
 
 
-@pytest.mark.parametrize("change", ["clip below one", "clip infinite", "a zero step", "steps of another length",
-                                    "a trailing word"])
+@pytest.mark.parametrize("change", ["clip below one", "clip infinite", "a zero step",
+                                    "steps of another length", "a trailing word"])
 def test_a_norm_commitment_no_honest_round_makes_is_wrong(honest, change):
     state = honest.honest
     norms = state.factors.norms
@@ -374,7 +393,8 @@ def test_a_norm_commitment_no_honest_round_makes_is_wrong(honest, change):
     leaf = StageLeaf(0, len(state.weight_leaves), state.leaf().weights_root, state.leaf().momentum_root,
                      hashlib.sha256(encoded).digest())
     committed = commit_leaf(honest, state, leaf)
-    committed.prover().prove_wrong_norm(scale_proof(committed.records[1], stage_leaves(committed), 0, encoded))
+    committed.prover().prove_wrong_norm(scale_proof(committed.records[1], stage_leaves(committed), 0,
+                                                    encoded))
     assert_overturned(committed)
 
 
@@ -402,7 +422,8 @@ def test_hostile_norm_proofs_revert_with_their_errors(right, honest):
         prover.prove_wrong_norm(dataclasses.replace(proof, sum_path=proof.sum_path[:-4]))
     with pytest.raises(errors.ProverBadSumPath):  # a leaf of the wrong width
         prover.prove_wrong_norm(dataclasses.replace(proof, sum_leaf=proof.sum_leaf[1:]))
-    with pytest.raises(errors.ProverBadSumPath):  # chunk 2's sum leaf named as chunk 3's (its other openings right)
+    # chunk 2's sum leaf named as chunk 3's (its other openings right)
+    with pytest.raises(errors.ProverBadSumPath):
         good = proof_of_sum(right, 1, 3)
         prover.prove_wrong_norm(dataclasses.replace(good, sum_leaf=proof.sum_leaf))
     with pytest.raises(errors.ProverBadPath) as caught:
@@ -436,13 +457,13 @@ def test_a_version_two_round_has_no_norm_proof(honest):
         committed.prover().prove_wrong_norm(proof_of_scales(committed))
 
 
-# ----------------------------------------------------------------------------------------------- the run's version
+# ------------------------------------------------------------------------------------------ the run's version
 
 
 def test_a_quorum_committing_version_two_factors_in_a_normed_run_is_proven_and_slashed(honest):
-    """The version escape: the colluders aggregate with every scale 1.0 (the raw contribution unclipped) and commit
-    version-2 factors (no norm commitment to open) in a run created as version 3. No chunk proof sees it (the
-    weights follow the committed scales); the norm proof does, from the run's version alone."""
+    """The version escape: the colluders aggregate with every scale 1.0 (the raw contribution unclipped) and
+    commit version-2 factors (no norm commitment to open) in a run created as version 3. No chunk proof sees
+    it (the weights follow the committed scales); the norm proof does, from the run's version alone."""
     loose = aggregated_round(SHAPES, blobs(), dataclasses.replace(DILOCO, norm_clip=0.0))
     assert loose.honest.factors.norms is None and set(loose.honest.factors.scale_bits) == {0x3FF0000000000000}
     committed = commit(deploy(connect_pyevm(), min_stake=STAKE), loose, loose.honest, stake=STAKE,
@@ -474,8 +495,8 @@ def test_any_norm_proof_over_version_two_factors_in_a_normed_run_proves_it(hones
 
 
 def test_version_three_factors_in_a_chunked_run_are_proven(honest):
-    """The other way round: a right version-3 round committed in a run created as version 2 is no honest node's
-    (an honest node of a chunked run writes version-2 factors)."""
+    """The other way round: a right version-3 round committed in a run created as version 2 is no honest
+    node's (an honest node of a chunked run writes version-2 factors)."""
     committed = commit(deploy(connect_pyevm(), min_stake=STAKE), honest, honest.honest, stake=STAKE,
                        commitments=scheme_named("chunked").version)
     committed.prover().prove_wrong_norm(proof_of_scales(committed))
@@ -484,7 +505,8 @@ def test_version_three_factors_in_a_chunked_run_are_proven(honest):
 
 def test_an_honest_round_of_its_runs_version_is_not_proven(right, honest):
     """A right version-3 round in a version-3 run (the ``right`` fixture), and a right version-2 round in a
-    version-2 or a hashed run: no norm proof holds (ProverNormCorrect, or ProverNotNormed: nothing to open)."""
+    version-2 or a hashed run: no norm proof holds (ProverNormCorrect, or ProverNotNormed: nothing to
+    open)."""
     assert right.prover().run_info(right.run_id).commitments == 3
     assert not right.prover().norm_proof_holds(proof_of_scales(right))
     v2 = aggregated_round(SHAPES, blobs(), DILOCO)
@@ -521,7 +543,8 @@ def test_the_contracts_stay_within_eip_170_and_eip_3860():
         size = (len(contracts.artifact(name)["deployedBytecode"]) - 2) // 2
         assert size <= 24_576, f"{name}: {size} bytes of deployed code, EIP-170 allows 24,576"
     initcode = (len(contracts.artifact("TrainingLedger")["bytecode"]) - 2) // 2
-    assert initcode <= 49_152, f"TrainingLedger: {initcode} bytes of initcode (holding the prover's), EIP-3860 allows 49,152"
+    assert initcode <= 49_152, \
+        f"TrainingLedger: {initcode} bytes of initcode (holding the prover's), EIP-3860 allows 49,152"
 
 
 def test_zz_gas_figures():
@@ -536,24 +559,28 @@ def test_the_node_finds_the_norm_proof_of_a_difference(honest):
 
     own = honest.honest
     leaves = [own.leaf().encode(), honest.other.leaf().encode()]
-    record = type("Record", (), {"fields": lambda self: (1, 1)})()  # the record's fields only travel in the proof
+    # the record's fields only travel in the proof
+    record = type("Record", (), {"fields": lambda self: (1, 1)})()
 
     def weights():
         return own.weight_leaves
 
     def find(committed):
-        return norm_proof_of_difference(record, leaves, 0, committed.factors, committed.sum_trees, own, weights)
+        return norm_proof_of_difference(record, leaves, 0, committed.factors, committed.sum_trees, own,
+                                        weights)
 
     proof, why = find(with_scale(own, 0, float64_bits(0.5)))
     assert proof.contribution == SCALES and "clip scale 0" in why
     proof, why = find(lied_sum(own, 1, 7))
-    assert (proof.contribution, proof.chunk) == (1, 7) and proof.sum_leaf == sum_bytes(own.sum_trees[1].sums[7] + 1)
+    assert (proof.contribution, proof.chunk) == (1, 7) \
+        and proof.sum_leaf == sum_bytes(own.sum_trees[1].sums[7] + 1)
     proof, why = find(own)
     assert proof is None and "differ elsewhere" in why
     v2 = dataclasses.replace(own, factors=dataclasses.replace(own.factors, norms=None), sum_trees=[])
     proof, why = find(v2)  # the run's version is on chain: version-2 factors in a version-3 run are proven
     assert proof.contribution == SCALES and proof.factors == v2.factors.encode() and "version 2" in why
-    # Without the committed trees: a tree other than this node's is not had (the live prover walks it: SumWalk) ...
+    # Without the committed trees: a tree other than this
+    # node's is not had (the live prover walks it: SumWalk) ...
     lied = lied_sum(own, 1, 7)
     proof, why = norm_proof_of_difference(record, leaves, 0, lied.factors, None, own, weights)
     assert proof is None and "sum trees are not had" in why
@@ -562,7 +589,8 @@ def test_the_node_finds_the_norm_proof_of_a_difference(honest):
     total_only = dataclasses.replace(own.factors, norms=dataclasses.replace(
         norms, sums=(norms.sums[0], norms.sums[1] - 1, *norms.sums[2:])))
     proof, why = norm_proof_of_difference(record, leaves, 0, total_only, None, own, weights)
-    assert (proof.contribution, proof.chunk) == (1, 0) and proof.sum_leaf == sum_bytes(own.sum_trees[1].sums[0])
+    assert (proof.contribution, proof.chunk) == (1, 0) \
+        and proof.sum_leaf == sum_bytes(own.sum_trees[1].sums[0])
     proof, why = norm_proof_of_difference(record, leaves, 0, own.factors, None, own, weights)
     assert proof is None and "differ elsewhere" in why
 
@@ -576,7 +604,8 @@ def test_a_served_norm_state_is_checked_against_the_committed_leaf(honest):
     factors, trees = parse_norm_state(data, leaf.factors_hash, leaf.num_chunks)
     assert factors == state.factors and [t.root for t in trees] == list(state.factors.norms.roots)
     lied = lied_sum(state, 2, 0)  # a lied tree under its own (committed) root parses: the proof shows the lie
-    parse_norm_state(encode_norm_state(lied.factors.encode(), lied.sum_trees), lied.factors.digest(), leaf.num_chunks)
+    parse_norm_state(encode_norm_state(lied.factors.encode(), lied.sum_trees), lied.factors.digest(),
+                     leaf.num_chunks)
     for bad, why in ((data[:-1], "truncated"), (data + b"\x00", "trailing"),
                      (encode_norm_state(state.factors.encode(), lied.sum_trees), "not the committed root")):
         with pytest.raises(errors.LedgerInputError, match=why):

@@ -1,7 +1,9 @@
-"""Availability of a version-3 round's sum trees and factors (issue 43): the challenge names a contribution's sum-tree
-leaf or a stage's factors; answered, the round stands (or a lie the answer opens is proven); unanswered, it falls.
+"""Availability of a version-3 round's sum trees and factors (issue 43): the challenge names a contribution's
+sum-tree leaf or a stage's factors; answered, the round stands (or a lie the answer opens is proven);
+unanswered, it falls.
 
-Split from tests/test_norm_proof.py, whose rounds, fixtures and proof builders these tests use (py-evm, in process).
+Split from tests/test_norm_proof.py, whose rounds, fixtures and proof builders these tests use (py-evm, in
+process).
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from test_norm_proof import (  # noqa: F401 (honest, right: its module fixtures)
     DILOCO, FACTORS, Factors, PAYLOAD, SHAPES, STAKE, aggregated_round, assert_overturned,
     availability_answer, availability_target, blobs, commit, connect_pyevm, deploy, errors, honest, lied_sum, mine,
@@ -24,8 +25,8 @@ def sums_target(committed, contribution: int, chunk: int):
 
 
 def test_a_sum_tree_leaf_is_challenged_and_answered(right):
-    """A right round's sum-tree leaf: an honest member answers with the chunk's sum and its sum path; the bond is
-    forfeited and the round stands. Another chunk's leaf, a payload leaf or a cut path do not answer it."""
+    """A right round's sum-tree leaf: an honest member answers with the chunk's sum and its sum path; the bond
+    is forfeited and the round stands. Another chunk's leaf, a payload leaf or a cut path do not answer it."""
     challenger, committer = right.prover(), right.deployment.client(2)
     state = right.states[1]
     which = sums_which(3, 2)
@@ -60,17 +61,18 @@ def test_a_withheld_sum_tree_leaf_overturns_the_round(honest):
 
 
 def test_a_lied_sum_opened_by_a_challenge_is_proven(honest):
-    """The colluders lied about one chunk's sum and serve no tree: the answer they must give (or lose the round)
-    is the lied leaf with its path, which is all a sum proof needs."""
+    """The colluders lied about one chunk's sum and serve no tree: the answer they must give (or lose the
+    round) is the lied leaf with its path, which is all a sum proof needs."""
     wrong = lied_sum(honest.honest, 1, 4)
     committed = on_chain(honest, wrong)
     challenger = committed.prover()
     challenge = challenger.challenge_availability(sums_target(committed, 1, 4))
-    committed.deployment.client(1).answer_challenge(challenge, *availability_answer(wrong, sums_which(3, 1), 4))
+    committed.deployment.client(1).answer_challenge(challenge,
+                                                    *availability_answer(wrong, sums_which(3, 1), 4))
     leaf, path = challenger.availability_answer(challenge)
     own = honest.honest  # the prover's own state: its weights and pieces are the committed ones
-    proof = sum_proof(committed.records[1], stage_leaves(committed), 0, wrong.factors.encode(), own.weight_leaves,
-                      own.payload_leaves[1], own.sum_trees[1], 1, 4)
+    proof = sum_proof(committed.records[1], stage_leaves(committed), 0, wrong.factors.encode(),
+                      own.weight_leaves, own.payload_leaves[1], own.sum_trees[1], 1, 4)
     proof = dataclasses.replace(proof, sum_leaf=leaf, sum_path=list(path))
     assert leaf != sum_bytes(own.sum_trees[1].sums[4])
     challenger.prove_wrong_norm(proof)
@@ -78,15 +80,15 @@ def test_a_lied_sum_opened_by_a_challenge_is_proven(honest):
 
 
 def test_withheld_version_two_factors_in_a_normed_run_are_challenged_opened_and_proven(honest):
-    """The version escape with the factors withheld: they are no tree's leaf, so the challenger asks for the stage
-    leaf's preimage of factorsHash (FACTORS); the colluders must publish them (or lose the round), and the bytes
-    they publish are a norm proof's factors."""
+    """The version escape with the factors withheld: they are no tree's leaf, so the challenger asks for the
+    stage leaf's preimage of factorsHash (FACTORS); the colluders must publish them (or lose the round), and
+    the bytes they publish are a norm proof's factors."""
     loose = aggregated_round(SHAPES, blobs(), dataclasses.replace(DILOCO, norm_clip=0.0))
     committed = commit(deploy(connect_pyevm(), min_stake=STAKE), loose, loose.honest, stake=STAKE,
                        commitments=scheme_named("normed").version)
     challenger, colluder = committed.prover(), committed.deployment.client(1)
-    target = availability_target(committed.records[1], committed.stages[1], Factors(0, 0, False, (), (), ()), 0,
-                                 FACTORS, 0)  # the challenger knows no factors: they are not read
+    target = availability_target(committed.records[1], committed.stages[1], Factors(0, 0, False, (), (), ()),
+                                 0, FACTORS, 0)  # the challenger knows no factors: they are not read
     with pytest.raises(errors.ProverBadChunk):
         challenger.challenge_availability(target[:-1] + (1,))
     challenge = challenger.challenge_availability(target)
@@ -113,8 +115,8 @@ def test_sum_tree_challenges_name_only_trees_the_round_has(right, honest):
     challenger = right.prover()
     state = right.states[1]
     with pytest.raises(errors.ProverBadTarget):  # three accepted: sum trees 5, 6, 7 and no eighth
-        challenger.challenge_availability(availability_target(right.records[1], right.stages[1], state.factors, 0,
-                                                              PAYLOAD + 6, 0))
+        challenger.challenge_availability(availability_target(right.records[1], right.stages[1],
+                                                              state.factors, 0, PAYLOAD + 6, 0))
     with pytest.raises(errors.LedgerInputError):
         sums_which(3, 3)
     v2 = aggregated_round(SHAPES, blobs(), DILOCO)
@@ -128,9 +130,9 @@ def test_sum_tree_challenges_name_only_trees_the_round_has(right, honest):
 
 @pytest.mark.parametrize("chunks", [1, 2, 7, 22, 33])
 def test_a_walk_over_answered_sum_leaves_finds_every_lied_leaf_by_bisection(chunks):
-    """What the live prover reads of each answer (node.live.fraud.prover.SumWalk): the path's total is the committed tree's,
-    and the lowest differing sibling leads to the lied leaf in at most ceil(log2(chunks)) + 1 openings, wherever it
-    is."""
+    """What the live prover reads of each answer (node.live.fraud.prover.SumWalk): the path's total is the
+    committed tree's, and the lowest differing sibling leads to the lied leaf in at most ceil(log2(chunks)) +
+    1 openings, wherever it is."""
     from ledger.normproof import SumTree, differing_sum_subtree, path_sums, path_total
 
     own = SumTree.of([(7 * i + 3) << 250 for i in range(chunks)])

@@ -48,8 +48,10 @@ dispute_blocks = 8
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    done = subprocess.run([*CLI, *args], check=False, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, f"dlx-node {args[0]} exited {done.returncode}:\n{done.stdout}\n{done.stderr[-3000:]}"
+    done = subprocess.run([*CLI, *args], check=False, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, \
+        f"dlx-node {args[0]} exited {done.returncode}:\n{done.stdout}\n{done.stderr[-3000:]}"
     return done
 
 
@@ -85,16 +87,20 @@ def test_a_run_created_and_joined_with_the_commands_alone(tmp_path):
     nodes: list[subprocess.Popen] = []
     try:
         deployment = tmp_path / "deployment.json"
-        cli("deploy", "--rpc", url, "--chain-id", "31337", "--dev-account", "0", "--yes", "--out", str(deployment))
+        cli("deploy", "--rpc", url, "--chain-id", "31337", "--dev-account", "0", "--yes", "--out",
+            str(deployment))
         (tmp_path / "run.toml").write_text(RUN_FILE)
-        created = cli("create-run", str(tmp_path / "run.toml"), "--deployment", str(deployment), "--dev-account",
-                      "1", "--data-dir", str(tmp_path / "org"), "--listen-port", str(free_port()), "--yes")
-        assert "create run (1 stage(s), H=4, k=2, stake 2 ETH, unbonding 16 blocks, 2 rounds)" in created.stdout
+        created = cli("create-run", str(tmp_path / "run.toml"), "--deployment", str(deployment),
+                      "--dev-account", "1", "--data-dir", str(tmp_path / "org"), "--listen-port",
+                      str(free_port()), "--yes")
+        assert "create run (1 stage(s), H=4, k=2, stake 2 ETH, unbonding 16 blocks, 2 rounds)" \
+            in created.stdout
         link = (tmp_path / "org" / "run-link.txt").read_text().strip()
         nodes.append(start(tmp_path / "org" / "node.toml", tmp_path / "org.log"))
         wait_for_listening(tmp_path / "org.log", nodes[0])  # it serves the run document from then on
-        joined = cli("join", link, "--dev-account", "2", "--data-dir", str(tmp_path / "j1"), "--yes", "--no-start",
-                     "--listen-port", str(free_port()), "--set", "ledger.confirmations=2", timeout=600)
+        joined = cli("join", link, "--dev-account", "2", "--data-dir", str(tmp_path / "j1"), "--yes",
+                     "--no-start", "--listen-port", str(free_port()), "--set", "ledger.confirmations=2",
+                     timeout=600)
         assert "fetched from the run's peers and checked against the chain" in joined.stdout
         nodes.append(start(tmp_path / "j1" / "node.toml", tmp_path / "j1.log"))
         deadline = time.monotonic() + 900
@@ -111,7 +117,8 @@ def test_a_run_created_and_joined_with_the_commands_alone(tmp_path):
 
         left = cli("leave", "--config", str(tmp_path / "j1" / "node.toml"), "--yes")
         assert "can be withdrawn from block" in left.stdout
-        withdrawn = cli("withdraw", "--config", str(tmp_path / "j1" / "node.toml"), "--yes", "--wait", timeout=300)
+        withdrawn = cli("withdraw", "--config", str(tmp_path / "j1" / "node.toml"), "--yes", "--wait",
+                        timeout=300)
         assert "unbonding:" in withdrawn.stdout and "withdrew 2 ETH" in withdrawn.stdout
         info = json.loads(cli("run-info", link, "--json").stdout)
         assert sorted(m["status"] for m in info["members"]) == ["active", "withdrawn"]

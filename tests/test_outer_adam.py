@@ -1,9 +1,11 @@
-"""Outer Adam (diloco.outer_optimizer = "adam"; FedAdam, arXiv 2003.00295) as a setting of the engine (issue 46).
+"""Outer Adam (diloco.outer_optimizer = "adam"; FedAdam, arXiv 2003.00295) as a setting of the engine (issue
+46).
 
 Its settings are checked at load time, its run document names it only when it is chosen (every older hash is
-unchanged), its state (both moments, stacked) is in the start state and the checkpoint's layout, its step replays
-bit-exactly in another process and in the audit's replayer, and a contribution of an outer-Adam run reruns to the
-same bytes with the full and the sliced exchange. It is not fraud-provable on chain: it commits "hashed".
+unchanged), its state (both moments, stacked) is in the start state and the checkpoint's layout, its step
+replays bit-exactly in another process and in the audit's replayer, and a contribution of an outer-Adam run
+reruns to the same bytes with the full and the sliced exchange. It is not fraud-provable on chain: it commits
+"hashed".
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import textwrap
 
 import pytest
 import torch
+from test_muon import BEFORE_MUON_DEFAULT, HONEST, PERTURBED, ROUNDS, SlicedPerturbed, _records
+from test_sliced_reexec import SlicedReplica
 
 from node.commitments import scheme_of
 from node.config import load_config
@@ -21,8 +25,7 @@ from node.errors import ConfigError
 from node.runconfig import canonical_json, config_hash, node_config_from_run, parse_run_document, run_document
 from node.store.checkpoint import RunLayout, stage_problems
 from node.tools.audit_replay import Replayer
-from test_muon import BEFORE_MUON_DEFAULT, HONEST, PERTURBED, ROUNDS, SlicedPerturbed, _records
-from test_sliced_reexec import SlicedReplica
+from tests.rerun_fixtures import assert_honest_exact_and_cheat_caught, rerun_checker
 from training.compression import encode_contribution
 from training.config import OUTER_ADAM_ONLY, DilocoConfig
 from training.config_compression import CompressionConfig
@@ -32,7 +35,6 @@ from training.errors import ReplicaStateError, TrainingConfigError
 from training.hashing import stage_weights_hash, weights_root
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica
 from training.replica_state import restore_replica
-from tests.rerun_fixtures import assert_honest_exact_and_cheat_caught, rerun_checker
 
 ADAM = dict(outer_optimizer="adam", outer_lr=0.01)
 
@@ -40,13 +42,20 @@ ADAM = dict(outer_optimizer="adam", outer_lr=0.01)
 @pytest.mark.parametrize("bad, message", [
     (dict(outer_optimizer="lamb"), "diloco.outer_optimizer='lamb': must be one of nesterov, adam"),
     (dict(outer_optimizer="adam", outer_adam_beta1=1.0), r"diloco.outer_adam_beta1=1.0: must be in \[0, 1\)"),
-    (dict(outer_optimizer="adam", outer_adam_beta2=-0.1), r"diloco.outer_adam_beta2=-0.1: must be in \[0, 1\)"),
-    (dict(outer_optimizer="adam", outer_adam_beta1=True), r"diloco.outer_adam_beta1=True: must be in \[0, 1\)"),
-    (dict(outer_optimizer="adam", outer_adam_eps=0.0), "diloco.outer_adam_eps=0.0: must be a finite number > 0"),
-    (dict(outer_optimizer="adam", outer_adam_eps=float("inf")), "diloco.outer_adam_eps=inf: must be a finite"),
-    (dict(outer_adam_beta2=0.999), "diloco.outer_adam_beta2=0.999 is a setting of diloco.outer_optimizer = \"adam\""),
-    (dict(outer_adam_eps=1e-6), "diloco.outer_adam_eps=1e-06 is a setting of diloco.outer_optimizer = \"adam\""),
-    (dict(outer_optimizer="adam", outer_momentum=0.9), "diloco.outer_momentum=0.9 is a setting of the Nesterov"),
+    (dict(outer_optimizer="adam", outer_adam_beta2=-0.1),
+     r"diloco.outer_adam_beta2=-0.1: must be in \[0, 1\)"),
+    (dict(outer_optimizer="adam", outer_adam_beta1=True),
+     r"diloco.outer_adam_beta1=True: must be in \[0, 1\)"),
+    (dict(outer_optimizer="adam", outer_adam_eps=0.0),
+     "diloco.outer_adam_eps=0.0: must be a finite number > 0"),
+    (dict(outer_optimizer="adam", outer_adam_eps=float("inf")),
+     "diloco.outer_adam_eps=inf: must be a finite"),
+    (dict(outer_adam_beta2=0.999),
+     "diloco.outer_adam_beta2=0.999 is a setting of diloco.outer_optimizer = \"adam\""),
+    (dict(outer_adam_eps=1e-6),
+     "diloco.outer_adam_eps=1e-06 is a setting of diloco.outer_optimizer = \"adam\""),
+    (dict(outer_optimizer="adam", outer_momentum=0.9),
+     "diloco.outer_momentum=0.9 is a setting of the Nesterov"),
     (dict(outer_optimizer="adam", nesterov=False), "diloco.nesterov=False is a setting of the Nesterov"),
     (dict(outer_optimizer="adam", outer_final_momentum=0.1, outer_decay="linear", outer_decay_rounds=10),
      "diloco.outer_final_momentum=0.1 is a setting of the Nesterov"),
@@ -113,7 +122,8 @@ def test_the_outer_adam_step_is_fedadam_elementwise_with_stacked_moments():
     for name in SHAPES:
         m = 0.1 * delta[name].double()
         v = 0.01 * delta[name].double() ** 2
-        lr = 0.01 if name == "transformer.h.0.attn.c_attn.weight" else 0.02  # the per-group outer lr applies too
+        # the per-group outer lr applies too
+        lr = 0.01 if name == "transformer.h.0.attn.c_attn.weight" else 0.02
         torch.testing.assert_close(new_moments[name][0].double(), m, rtol=1e-5, atol=1e-9)
         torch.testing.assert_close(new_moments[name][1].double(), v, rtol=1e-5, atol=1e-12)
         # First step, no bias correction: (1 - b1) / sqrt(1 - b2) = 1, a step of lr * sign(Delta).
@@ -154,7 +164,8 @@ def test_an_outer_adam_aggregation_replays_bit_exactly_in_another_process(tmp_pa
     case = tmp_path / "case.pt"
     torch.save({"weights": weights, "momentum": moments, "contributions": contributions, "cfg": cfg}, case)
     replayed = subprocess.run(
-        [sys.executable, "-c", REPLAY, str(case), "1"], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", REPLAY, str(case), "1"], capture_output=True, text=True, timeout=120,
+        check=True
     ).stdout.split()
     assert replayed == [digest.hex(), repr(new_moments["h.1.mlp.c_fc.weight"].double().sum().item())]
     with pytest.raises(Exception, match="momentum shape"):  # a Nesterov-shaped state is refused, not misread
@@ -167,7 +178,8 @@ def _sim(**diloco) -> SimConfig:
     overrides = ["model.preset=tiny", "training.seed=3", "training.batch_size=4", "training.warmup_steps=2",
                  "training.optimizer=muon", "diloco.inner_steps=3", "diloco.num_replicas=2",
                  "diloco.outer_optimizer=adam", "diloco.outer_lr=0.01", "diloco.outer_adam_beta2=0.95",
-                 "compression.min_compress_numel=512"] + [f"diloco.{key}={value}" for key, value in diloco.items()]
+                 "compression.min_compress_numel=512"] + [f"diloco.{key}={value}"
+                                                          for key, value in diloco.items()]
     cfg = node_config_from_run(run_document(load_config(None, overrides)))
     assert (cfg.diloco.outer_optimizer, cfg.diloco.outer_adam_beta2) == ("adam", 0.95)
     return SimConfig(corpus=generated_corpus(seed=0, n_bytes=30_000), model=cfg.model, training=cfg.training,
@@ -223,9 +235,9 @@ def test_the_audit_replayer_and_the_checkpoint_layout_take_outer_adam_state():
     records = run_with_states(replicas, sim)
     document = run_document(load_config(None, [
         "model.preset=tiny", "training.seed=3", "training.batch_size=4", "training.warmup_steps=2",
-        "training.optimizer=muon", "diloco.inner_steps=3", "diloco.num_replicas=2", "diloco.outer_optimizer=adam",
-        "diloco.outer_lr=0.01", "diloco.outer_adam_beta2=0.95", "compression.min_compress_numel=512",
-        "pipeline.num_stages=2"]))
+        "training.optimizer=muon", "diloco.inner_steps=3", "diloco.num_replicas=2",
+        "diloco.outer_optimizer=adam", "diloco.outer_lr=0.01", "diloco.outer_adam_beta2=0.95",
+        "compression.min_compress_numel=512", "pipeline.num_stages=2"]))
     replayer = Replayer(document)
     replayer.start_from_initial()
     assert all(tuple(m.shape)[0] == 2 for stage in replayer.momentum for m in stage.values())

@@ -1,9 +1,10 @@
 """A node announces its own contributions on the DHT only while the round is live (issue 45, the soak).
 
-Under the default ``storage.keep_rounds = 0`` a node keeps every contribution it made, for the audit; announced
-for ever, each one added a provider record, a ``providing_keys`` entry and a republish time to the DHT's store,
-round after round, and py-libp2p would re-announce all of them 22 hours on. The pool stops announcing a round's
-contributions when it forgets the round; the blob store keeps serving them to a peer that names this node.
+Under the default ``storage.keep_rounds = 0`` a node keeps every contribution it made, for the audit;
+announced for ever, each one added a provider record, a ``providing_keys`` entry and a republish time to the
+DHT's store, round after round, and py-libp2p would re-announce all of them 22 hours on. The pool stops
+announcing a round's contributions when it forgets the round; the blob store keeps serving them to a peer that
+names this node.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from waiting import wait_until
 
 from node.live.exchange.pool import ContributionPool
 from node.live.state.roundbook import RoundBook
 from p2p.config import P2PConfig
 from p2p.host import P2PHost
 from p2p.identity import Identity
-from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -38,8 +39,8 @@ def test_contributions_of_forgotten_rounds_are_served_but_no_longer_announced(tm
         pool.forget_before(6)
         assert _providing(host) == {digests[r] for r in range(6, 10)}
         assert all(host.has_blob(digest) for digest in digests.values())  # still served, from the store
-        # A contribution to a round already forgotten (a restart's re-announcement of an old one) is served and
-        # never announced; a live round's is.
+        # A contribution to a round already forgotten (a restart's re-announcement of an old one) is served
+        # and never announced; a live round's is.
         late = pool.serve_own(3, b"round 3 contribution, again").hex()
         live = pool.serve_own(11, b"round 11 contribution").hex()
         wait_until(lambda: live in _providing(host), 60, "round 11 announced")
@@ -51,7 +52,8 @@ def test_contributions_of_forgotten_rounds_are_served_but_no_longer_announced(tm
 
 
 class _HeldAnnouncing:
-    """A real host whose announcements wait for ``release`` (the DHT's put under load), the rest passed through."""
+    """A real host whose announcements wait for ``release`` (the DHT's put under load), the rest passed
+    through."""
 
     def __init__(self, host: P2PHost) -> None:
         import threading

@@ -1,4 +1,5 @@
-"""The blob data path's parts on their own: py-libp2p patches, in-order hashing, chunk writes, the rate cap."""
+"""The blob data path's parts on their own: py-libp2p patches, in-order hashing, chunk writes, the rate
+cap."""
 
 import errno
 import hashlib
@@ -7,6 +8,7 @@ import random
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 from libp2p.io.trio import TrioTCPStream
 
@@ -15,8 +17,9 @@ from p2p.errors import BlobError
 from p2p import staging as staging_module
 from p2p.blob_hashing import InOrderHasher
 from p2p.blob_server import read_cached
-from p2p.staging import DIRECT_IO_ALIGN, RangeWriter, StagingFile, buffer_pool
+from p2p.errors import BlobError
 from p2p.ratelimit import TokenBucket
+from p2p.staging import DIRECT_IO_ALIGN, RangeWriter, StagingFile, buffer_pool
 
 
 async def run_inline(fn, *args, **kwargs):
@@ -30,9 +33,10 @@ def test_data_path_patches_are_in_force():
         "batched_window_updates", "buffered_tcp_reads", "chunked_stream_buffers", "larger_yamux_frames",
         "noise_reads_in_place", "uncopied_yamux_writes",
     ]
-    import libp2p.stream_muxer.yamux.yamux as yamux
+    from libp2p.stream_muxer.yamux import yamux
 
-    assert yamux.MAX_MESSAGE_SIZE == fastpath_send.YAMUX_FRAME_NOISE_MESSAGES * fastpath_send.NOISE_PLAINTEXT_BYTES
+    assert yamux.MAX_MESSAGE_SIZE == fastpath_send.YAMUX_FRAME_NOISE_MESSAGES \
+        * fastpath_send.NOISE_PLAINTEXT_BYTES
 
 
 def test_buffered_tcp_reads_return_every_byte_in_order():
@@ -87,7 +91,8 @@ def test_an_unjoined_yamux_frame_slices_as_its_bytes():
     joined = header + payload
     assert len(frame) == len(joined) and frame.tobytes() == joined
     step = fastpath_send.NOISE_PLAINTEXT_BYTES
-    for start, stop in [(0, 12), (0, step), (step, 2 * step), (5, 20), (12, 13), (3 * step, len(joined) + 99)]:
+    for start, stop in [(0, 12), (0, step), (step, 2 * step), (5, 20), (12, 13),
+                        (3 * step, len(joined) + 99)]:
         assert bytes(frame[start:stop]) == joined[start:stop], (start, stop)
     assert bytes(frame[::7]) == joined[::7]
 
@@ -120,7 +125,7 @@ def hash_out_of_order(tmp_path, pieces, memory_budget):
                     chunks = [data[i : i + 1000] for i in range(0, len(data), 1000)]
                     os.pwritev(fd, chunks, offset)
                     hasher.written(offset, chunks)
-                    await trio.sleep(0)  # let the hasher take what is contiguous
+                    await trio.lowlevel.checkpoint()  # let the hasher take what is contiguous
 
         trio.run(main)
     finally:
@@ -167,7 +172,7 @@ def test_the_next_range_to_hash_is_hashed_by_the_job_that_writes_it(tmp_path):
                         block = writer.write(chunks, final=True)
                         assert hasher.written(start, [block.view], released.append)
                     assert writer.position == end
-                    await trio.sleep(0)
+                    await trio.lowlevel.checkpoint()
 
         trio.run(main)
     finally:
@@ -279,9 +284,8 @@ def test_a_closed_staging_file_waits_for_its_running_write(tmp_path):
         assert staging.fd >= 0  # still open for the running write
         staging.write_buffered(memoryview(b"late"), 0)
     assert staging.fd == -1 and staging.direct_fd is None
-    with pytest.raises(BlobError):
-        with staging.writing():
-            pass
+    with pytest.raises(BlobError), staging.writing():
+        pass
     assert path.read_bytes()[:4] == b"late"
 
 
@@ -388,7 +392,7 @@ def test_peer_limiter_receiving_clock_starts_at_the_request():
 
 def test_a_blob_fetch_sends_few_window_updates(tmp_path, monkeypatch):
     """py-libp2p alone credits the yamux window after every read: ~400 updates for 24 MiB."""
-    import libp2p.stream_muxer.yamux.yamux as yamux
+    from libp2p.stream_muxer.yamux import yamux
 
     from p2p.config import P2PConfig
     from p2p.host import P2PHost
@@ -498,7 +502,7 @@ def test_noise_messages_read_in_place_give_the_exact_plaintext():
     """Yamux-sized reads (12-byte headers, bodies straddling Noise messages) over a real socket."""
     from types import SimpleNamespace
 
-    import libp2p.stream_muxer.yamux.yamux as yamux
+    from libp2p.stream_muxer.yamux import yamux
 
     sender, receiver = _noise_pair()
     rng = random.Random(5)
@@ -542,9 +546,8 @@ def test_noise_messages_read_in_place_give_the_exact_plaintext():
 @pytest.mark.parametrize("damage", ["tampered", "truncated"])
 def test_noise_reader_refuses_a_tampered_or_cut_message(damage):
     from libp2p.io.exceptions import IncompleteReadError
+    from libp2p.stream_muxer.yamux import yamux
     from noise.exceptions import NoiseInvalidMessage
-
-    import libp2p.stream_muxer.yamux.yamux as yamux
 
     sender, receiver = _noise_pair()
     wire = bytearray(_wire(sender, [b"a" * 1000, b"b" * 1000]))

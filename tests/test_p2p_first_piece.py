@@ -44,7 +44,8 @@ def test_first_piece_is_asked_for_with_the_size_and_each_piece_once(tmp_path):
         received = fetcher.transfer_stats()["/dlx/blob/1.0.0"]["received"]
     asked = requests(timeline)
     # one size query, then each piece once: the first one asked for before the size was known
-    assert sorted(asked) == [(0, 0), (0, PIECE_BYTES), (PIECE_BYTES, PIECE_BYTES), (2 * PIECE_BYTES, PIECE_BYTES - 1000)]
+    assert sorted(asked) == [(0, 0), (0, PIECE_BYTES), (PIECE_BYTES, PIECE_BYTES),
+                             (2 * PIECE_BYTES, PIECE_BYTES - 1000)]
     events = [event for _, event in timeline]
     assert events.index(f"request 0+{PIECE_BYTES}") < events.index("size known")
     assert received == len(blob)  # nothing fetched twice
@@ -77,7 +78,8 @@ def test_first_piece_from_a_provider_outvoted_on_the_size_is_dropped(tmp_path):
     assert asked.count((0, 0)) == 3
     # not a byte of the liar's was taken in; the others gave the blob exactly once
     assert per_peer.get(liar.peer_id, {}).get("received", 0) == 0
-    assert sum(per_peer.get(peer, {}).get("received", 0) for peer in (honest.peer_id, other.peer_id)) == len(blob)
+    assert sum(per_peer.get(peer, {}).get("received", 0) for peer in (honest.peer_id, other.peer_id)) \
+        == len(blob)
 
 
 @pytest.mark.parametrize("total", [0, 99, 110])

@@ -11,13 +11,13 @@ import threading
 import time
 
 import pytest
+from waiting import wait_until
 
 from p2p.config import P2PConfig
 from p2p.dialbook import MAX_FORGOTTEN, MAX_TRACKED, DialBook
 from p2p.errors import P2PConfigError
 from p2p.host import P2PHost
 from p2p.identity import Identity
-from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -101,9 +101,11 @@ def _port(host: P2PHost) -> int:
 @pytest.fixture
 def two_hosts(tmp_path):
     # Short intervals so that the test sees several discovery passes and sweeps.
-    config = dict(gossip_resync_interval=0, discovery_interval=1.0, forget_after_failures=3, forget_after_s=15.0)
+    config = dict(gossip_resync_interval=0, discovery_interval=1.0, forget_after_failures=3,
+                  forget_after_s=15.0)
     a = P2PHost.start(P2PConfig(**config), Identity.generate(), data_dir=tmp_path / "a")
-    b = P2PHost.start(P2PConfig(bootstrap=a.listen_addrs, **config), Identity.generate(), data_dir=tmp_path / "b")
+    b = P2PHost.start(P2PConfig(bootstrap=a.listen_addrs, **config), Identity.generate(),
+                      data_dir=tmp_path / "b")
     wait_until(lambda: b.peer_id in a.peers(), 60, "b connected to a")
     yield a, b
     b.close()
@@ -127,7 +129,8 @@ def test_a_host_that_connected_and_went_away_is_dialled_a_bounded_number_of_time
         assert all(host.known_addrs(gone.peer_id) == [] for host in (a, b))
         # Several discovery passes (1 s apart) and forget sweeps later: not one dial more.
         time.sleep(8)
-        assert counter.count == forgotten_at, f"dialled {counter.count - forgotten_at} more time(s) once forgotten"
+        assert counter.count == forgotten_at, \
+            f"dialled {counter.count - forgotten_at} more time(s) once forgotten"
         # Before it was forgotten, each host dialled it a few times at most (libp2p's auto-connector
         # and our discovery, each with backoff), not once a second.
         assert forgotten_at <= 2 * 8, forgotten_at
@@ -210,7 +213,8 @@ def test_a_host_flooded_with_made_up_peers_keeps_its_book_bounded_and_its_real_p
     from libp2p.peer.id import ID
     from multiaddr import Multiaddr
 
-    config = dict(gossip_resync_interval=0, discovery_interval=1.0, forget_after_failures=1, forget_after_s=2.0)
+    config = dict(gossip_resync_interval=0, discovery_interval=1.0, forget_after_failures=1,
+                  forget_after_s=2.0)
     boot = P2PHost.start(P2PConfig(**config), Identity.generate(), data_dir=tmp_path / "boot")
     host = P2PHost.start(P2PConfig(bootstrap=boot.listen_addrs, **config), Identity.generate(),
                          data_dir=tmp_path / "host")

@@ -6,13 +6,13 @@ import queue
 import time
 
 import pytest
+from waiting import wait_until
 
 from p2p.config import P2PConfig
 from p2p.envelope import Envelope, EnvelopeValidator, decode_envelope
 from p2p.errors import BlobHashMismatch, BlobNotFound, P2PError
 from p2p.host import P2PHost
 from p2p.identity import Identity
-from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 RUN = 42
@@ -218,8 +218,8 @@ def test_messages_a_subscriber_does_not_keep_are_delivered_but_not_served_by_syn
     from p2p.gossip import pull_recent
 
     async def pull():  # the /dlx/sync client, aimed at host 0 alone
-        messages, _cursor, _offered = await pull_recent(cluster[2]._libp2p, ID.from_base58(cluster[0].peer_id),
-                                                        topic, b"", 0)
+        messages, _cursor, _offered = await pull_recent(cluster[2]._libp2p,
+                                                        ID.from_base58(cluster[0].peer_id), topic, b"", 0)
         return messages
 
     served = cluster[2]._call(pull, timeout=15, what="pull from host 0")

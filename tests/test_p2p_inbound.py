@@ -11,12 +11,12 @@ import gc
 
 import pytest
 from libp2p.network.connection.raw_connection import RawConnection
+from waiting import wait_until
 
 from p2p import inbound
 from p2p.config import P2PConfig
 from p2p.host import P2PHost
 from p2p.identity import Identity
-from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -32,7 +32,8 @@ def raw_connections() -> int:
 
 def test_a_host_keeps_nothing_of_the_inbound_connections_of_peers_gone(tmp_path):
     assert inbound.applied == ["inbound handler ends with its connection"]
-    survivor = P2PHost.start(P2PConfig(gossip_resync_interval=0), Identity.generate(), data_dir=tmp_path / "a")
+    survivor = P2PHost.start(P2PConfig(gossip_resync_interval=0), Identity.generate(),
+                             data_dir=tmp_path / "a")
     limiter = survivor._libp2p.get_network()._inbound_limiter
     try:
         before = raw_connections()
@@ -51,8 +52,10 @@ def test_a_host_keeps_nothing_of_the_inbound_connections_of_peers_gone(tmp_path)
         # Every peer is gone: no inbound connection is open, so none holds a limiter slot (before: CYCLES).
         wait_until(lambda: limiter.borrowed_tokens == 0, 60, "the inbound handlers to end")
         assert survivor.peers() == []
-        # Each handler held its RawConnection (before: CYCLES more); a peer's own may linger until collected, and
-        # the last peers' teardown may still be running on a loaded machine (once 2 here, beside a full suite).
-        wait_until(lambda: raw_connections() - before <= 1, 60, "the inbound connections' RawConnections to go")
+        # Each handler held its RawConnection (before: CYCLES more); a peer's own may linger until collected,
+        # and the last peers' teardown may still be running on
+        # a loaded machine (once 2 here, beside a full suite).
+        wait_until(lambda: raw_connections() - before <= 1, 60,
+                   "the inbound connections' RawConnections to go")
     finally:
         survivor.close()

@@ -7,9 +7,8 @@ import time
 
 import pytest
 
-from p2p.errors import P2PConfigError
 from p2p.config import P2PConfig
-from p2p.errors import HostClosed, P2PError
+from p2p.errors import HostClosed, P2PConfigError, P2PError
 from p2p.host import P2PHost
 from p2p.identity import Identity
 

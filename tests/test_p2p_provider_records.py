@@ -18,6 +18,7 @@ import pytest
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from multiaddr import Multiaddr
+from waiting import wait_until
 
 from p2p.config import P2PConfig
 from p2p.errors import P2PConfigError, P2PError
@@ -25,7 +26,6 @@ from p2p.host import P2PHost
 from p2p.host_blobs import _dht_key
 from p2p.identity import Identity
 from p2p.provider_records import record_count
-from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -45,7 +45,8 @@ def records_of(host: P2PHost, peer_id: str) -> int:
 def two_hosts(tmp_path):
     config = dict(gossip_resync_interval=0, provider_record_ttl=TTL)
     a = P2PHost.start(P2PConfig(**config), Identity.generate(), data_dir=tmp_path / "a")
-    b = P2PHost.start(P2PConfig(bootstrap=a.listen_addrs, **config), Identity.generate(), data_dir=tmp_path / "b")
+    b = P2PHost.start(P2PConfig(bootstrap=a.listen_addrs, **config), Identity.generate(),
+                      data_dir=tmp_path / "b")
     wait_until(lambda: b.peer_id in a.peers() and a.peer_id in b.peers(), 60, "a and b connected")
     yield a, b
     b.close()
@@ -95,7 +96,8 @@ def test_records_retained_per_round_stay_bounded_over_a_long_run(tmp_path):
         for round_index in range(100):
             at = start + 30 * round_index
             for peer in peers:
-                info = PeerInfo(ID.from_base58(peer), [Multiaddr(f"/ip4/10.0.0.{len(held) % 250 + 1}/tcp/4001")])
+                info = PeerInfo(ID.from_base58(peer),
+                                [Multiaddr(f"/ip4/10.0.0.{len(held) % 250 + 1}/tcp/4001")])
                 for blob in range(3):
                     key = hashlib.sha256(f"{round_index}/{peer}/{blob}".encode()).digest()
                     store.add_provider(key, info)
@@ -123,14 +125,16 @@ def test_a_blob_no_longer_announced_is_still_served_to_a_fetcher_that_names_its_
     wait_until(lambda: records_of(b, a.peer_id) == 2, 60, "b holding a's provider records")
 
     async def providing() -> set[str]:
-        return {key.hex()[4:] for key in a._dht.provider_store.providing_keys}  # sha2-256 multihash: 1220 + digest
+        # sha2-256 multihash: 1220 + digest
+        return {key.hex()[4:] for key in a._dht.provider_store.providing_keys}
 
     assert a._call(providing, timeout=5, what="keys") == {kept, retired}
     a.stop_announcing(retired)
     a._call(a._trim_provider_records, timeout=5, what="trim")
     assert a._call(providing, timeout=5, what="keys") == {kept}  # nor re-announced 22 h on
     assert records_of(a, a.peer_id) == 1 and a.has_blob(retired)
-    # b's copy of a's old record ages out (the TTL); then a lookup finds no provider, a named fetch still works.
+    # b's copy of a's old record ages out (the TTL); then a
+    # lookup finds no provider, a named fetch still works.
     b._call(b._trim_provider_records, time.time() + TTL + 1, timeout=5, what="trim")
     assert a.peer_id not in b.find_providers(retired) and a.peer_id in b.find_providers(kept)
     fetched = b.fetch_blob(retired, tmp_path / "fetched", providers=[a.peer_id])

@@ -55,12 +55,12 @@ def test_same_record_is_checked_once_a_changed_or_forged_one_in_full(monkeypatch
     assert not pubsub_fastpath.maybe_consume_signed_record(_rpc(record), host, other)  # not the sender's
     assert len(full_checks) == 5
 
-    assert pubsub_fastpath.maybe_consume_signed_record(rpc_pb2.RPC(), host, peer)  # no record: nothing to check
+    # no record: nothing to check
+    assert pubsub_fastpath.maybe_consume_signed_record(rpc_pb2.RPC(), host, peer)
 
 
 def test_the_patch_is_what_pubsub_and_gossipsub_call():
-    import libp2p.pubsub.gossipsub as gossipsub
-    import libp2p.pubsub.pubsub as pubsub
+    from libp2p.pubsub import gossipsub, pubsub
 
     for module in (pubsub, gossipsub):
         assert module.maybe_consume_signed_record is pubsub_fastpath.maybe_consume_signed_record

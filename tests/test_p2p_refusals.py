@@ -1,4 +1,5 @@
-"""A peer that refuses /meshsub, /dlx/sync or Kademlia is asked again only after a backoff, and logged once."""
+"""A peer that refuses /meshsub, /dlx/sync or Kademlia is asked again only after a backoff, and logged
+once."""
 
 import logging
 
@@ -89,7 +90,8 @@ def test_a_peer_without_our_protocols_is_not_asked_every_few_seconds(tmp_path):
         for logger, level in zip(watched, old_levels):
             logger.removeHandler(handler)
             logger.setLevel(level)
-    errors = [r.getMessage() for r in records if r.name == "libp2p.host.basic_host" and r.levelno >= logging.ERROR]
+    errors = [r.getMessage() for r in records if r.name == "libp2p.host.basic_host"
+              and r.levelno >= logging.ERROR]
     # Before: one ERROR per attempt (about 4 for /meshsub and 8 for /dlx/sync in 9 s). Now at
     # most the attempts already under way when the first refusal came back.
     assert sum("/meshsub/1.1.0" in e for e in errors) <= 2, errors

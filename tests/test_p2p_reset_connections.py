@@ -18,12 +18,12 @@ import sys
 import pytest
 import trio
 from libp2p.network.connection.swarm_connection import SwarmConn
+from waiting import wait_until
 
 from p2p import inbound
 from p2p.config import P2PConfig
 from p2p.host import P2PHost
 from p2p.identity import Identity
-from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(600)
 

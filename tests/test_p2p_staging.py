@@ -134,14 +134,13 @@ class RawProvider:
 def test_a_provider_that_sends_header_and_bytes_in_one_write_is_understood(tmp_path, direct_io):
     data = os.urandom(PIECE_BYTES + 3 * 4096 + 99)
     sha = hashlib.sha256(data).hexdigest()
-    with RawProvider(data) as provider:
-        with P2PHost.start(
-            P2PConfig(blob_direct_io=direct_io), Identity.generate(), data_dir=tmp_path / "b"
-        ) as fetcher:
-            fetcher.connect(provider.addr)
-            out = fetcher.fetch_blob(sha, tmp_path / "out.bin", providers=[provider.peer_id], timeout=60)
-            assert out.read_bytes() == data
-            assert staging_is_empty(tmp_path / "b")
+    with RawProvider(data) as provider, P2PHost.start(
+        P2PConfig(blob_direct_io=direct_io), Identity.generate(), data_dir=tmp_path / "b"
+    ) as fetcher:
+        fetcher.connect(provider.addr)
+        out = fetcher.fetch_blob(sha, tmp_path / "out.bin", providers=[provider.peer_id], timeout=60)
+        assert out.read_bytes() == data
+        assert staging_is_empty(tmp_path / "b")
 
 
 def test_a_lying_provider_costs_only_its_transfer(tmp_path):

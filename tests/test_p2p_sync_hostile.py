@@ -28,8 +28,15 @@ def _drain(q: queue.Queue) -> list[bytes]:
 
 
 def test_a_sync_server_cannot_push_what_it_did_not_offer_or_the_puller_did_not_want(tmp_path):
-    from p2p.gossip import SYNC_OFFER_PROTOCOL, parse_sync_request, parse_sync_want, sync_id
-    from p2p.gossip import sync_messages_frame, sync_offer_frame, want_frame_limit
+    from p2p.gossip import (
+        SYNC_OFFER_PROTOCOL,
+        parse_sync_request,
+        parse_sync_want,
+        sync_id,
+        sync_messages_frame,
+        sync_offer_frame,
+        want_frame_limit,
+    )
     from p2p.wire import read_frame, write_frame
 
     offered = [b"offered %d " % i + bytes(64) for i in range(3)]

@@ -131,8 +131,7 @@ def test_sole_provider_killed_gives_blob_unavailable(tmp_path, blob_file):
 def test_100_mb_blob_between_processes(tmp_path):
     path = tmp_path / "big.bin"
     with open(path, "wb") as handle:
-        for _ in range(100):
-            handle.write(os.urandom(1 << 20))
+        handle.writelines(os.urandom(1 << 20) for _ in range(100))
     provider, info = start_provider(path, tmp_path / "provider")
     try:
         with P2PHost.start(P2PConfig(), Identity.generate(), data_dir=tmp_path / "fetcher") as fetcher:

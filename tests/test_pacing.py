@@ -1,4 +1,5 @@
-"""Training does not run more than ``max_rounds_ahead`` rounds past the chain's last commit (node/live/round/pacing.py)."""
+"""Training does not run more than ``max_rounds_ahead`` rounds past the chain's last commit
+(node/live/round/pacing.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from test_node_assembly import TINY, FakeCommitter, OfflineParts
 
 from node.config import MIN_ROUNDS_AHEAD, claim_window, load_config
 from node.errors import ConfigError
-from node.live.round import pacing
 from node.live.assembly import HONEST
 from node.live.exchange.coordination import RoundStopped
-from node.live.round.entry import RunEntry
 from node.live.node import Node
+from node.live.round import pacing
+from node.live.round.entry import RunEntry
 from node.live.round.pacing import WAITING, CommitPace, may_begin
 from node.live.state.roundclock import RoundClock
 from node.live.state.status import Progress
@@ -71,7 +72,8 @@ def test_a_round_waits_for_commits_and_goes_on_when_they_catch_up(monkeypatch):
 
     reporter = SimpleNamespace(set_state=set_state)
     stop = threading.Event()
-    pace = CommitPace(cfg=cfg, chain=chain, progress=progress, reporter=reporter, clock=RoundClock(), stop=stop)
+    pace = CommitPace(cfg=cfg, chain=chain, progress=progress, reporter=reporter, clock=RoundClock(),
+                      stop=stop)
     pace.await_room(2)
     assert chain.reads == 0  # well inside the bound: the chain is not asked
     progress.last_commit = 4  # this node's own confirmed commits count
@@ -134,13 +136,14 @@ class HeldCommitter(FakeCommitter):
 
 @pytest.mark.timeout(300)
 def test_a_node_waits_at_the_bound_and_its_own_commits_let_it_go_on(tmp_path):
-    """The real run loop (host and chain faked) at the least bound, 2: with nothing committed it trains rounds 0
-    and 1 and waits before round 2, having finished round 0 (what the chain needs from it); once round 0 is
+    """The real run loop (host and chain faked) at the least bound, 2: with nothing committed it trains rounds
+    0 and 1 and waits before round 2, having finished round 0 (what the chain needs from it); once round 0 is
     committed it goes on and finishes the run: the rounds it waits on never need it to train further."""
     import dataclasses
 
     cfg = load_config(None, [*TINY, "rounds=5", "max_rounds_ahead=2", f"data_dir={tmp_path}"])
-    parts = OfflineParts(cfg, stop=threading.Event(), kinds=dataclasses.replace(HONEST, committer=HeldCommitter))
+    parts = OfflineParts(cfg, stop=threading.Event(),
+                         kinds=dataclasses.replace(HONEST, committer=HeldCommitter))
     node = Node(cfg, parts=parts)
     outcome = []
     thread = threading.Thread(target=lambda: outcome.append(node.run()), daemon=True)

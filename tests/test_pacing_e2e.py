@@ -32,7 +32,8 @@ def _wait_for(predicate, timeout: float, what: str, run: LocalRun) -> None:
 @pytest.mark.timeout(400)
 def test_a_node_waits_for_commits_through_an_outage_and_goes_on(make_run):
     run = make_run(replicas=1, stages=1, split=False,
-                   settings=TINY + ["rounds=0", "join_timeout=60", "max_rounds_ahead=2", "ledger.retry_seconds=2"])
+                   settings=TINY + ["rounds=0", "join_timeout=60", "max_rounds_ahead=2",
+                                    "ledger.retry_seconds=2"])
     run.start()
     [slot] = run.nodes
     client = run.client()
@@ -50,8 +51,8 @@ def test_a_node_waits_for_commits_through_an_outage_and_goes_on(make_run):
     run.anvil = AnvilProcess(state_file=run.workdir / "chain-state.json", port=port)
     run.anvil.start()
     client = run.client()
-    _wait_for(lambda: slot.status().get("round", -1) >= held_round + 3, 240, "training going on after the outage",
-              run)
+    _wait_for(lambda: slot.status().get("round", -1) >= held_round + 3, 240,
+              "training going on after the outage", run)
     # Round held_round + 3 began only with round held_round + 1 committed (2 rounds ahead at most).
     assert client.last_round(run.run_id) >= held_round + 1
     run.stop_nodes()

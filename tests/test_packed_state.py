@@ -1,9 +1,10 @@
 """ledger/packed.py: a round's stage state is held in a few buffers, not as one object per chunk (issue 45).
 
 A node holds a chunked run's stage states for every round behind the commit lag. As one bytes object per chunk
-leaf and a (hash, int) tuple per sum tree node they were thousands of small-object blocks a round, and a lag of a
-few rounds left CPython's arenas at their high-water mark for good (the soak's RSS steps). These tests count the
-blocks a state holds with ``sys.getallocatedblocks`` and check that what a state answers is what it was given.
+leaf and a (hash, int) tuple per sum tree node they were thousands of small-object blocks a round, and a lag
+of a few rounds left CPython's arenas at their high-water mark for good (the soak's RSS steps). These tests
+count the blocks a state holds with ``sys.getallocatedblocks`` and check that what a state answers is what it
+was given.
 """
 
 from __future__ import annotations
@@ -70,8 +71,10 @@ def test_a_sum_tree_holds_a_few_buffers_and_the_same_tree():
     assert held < 50, f"{held} blocks for a tree of {len(sums)} leaves"
     assert tree.sums == tuple(sums) and tree.total == sum(sums)
     levels = tree.levels
-    assert [len(level) for level in levels][:3] == [1001, 501, 251] and levels[-1] == ((tree.root, tree.total),)
-    assert all(level[i][1] == level_below[2 * i][1] + (level_below[2 * i + 1][1] if 2 * i + 1 < len(level_below)
+    assert [len(level) for level in levels][:3] == [1001, 501, 251] \
+        and levels[-1] == ((tree.root, tree.total),)
+    assert all(level[i][1] == level_below[2 * i][1] + (level_below[2 * i + 1][1]
+                                                       if 2 * i + 1 < len(level_below)
                                                        else 0)
                for level_below, level in zip(levels, levels[1:]) for i in range(len(level)))
     assert len(tree.path(1000)) % 4 == 0 and tree.path(0)[0] == levels[0][1][0]
@@ -81,7 +84,8 @@ def test_a_sum_tree_holds_a_few_buffers_and_the_same_tree():
     assert SumTree.of(sums) == tree and SumTree.of(sums[:-1]) != tree
     assert encode_norm_state(factors.encode(), [tree]).endswith(b"".join(s.to_bytes(96, "big") for s in sums))
     assert callable(parse_norm_state)
-    # An availability challenge of a sum leaf is answered from the packed tree; one past it is refused as before.
+    # An availability challenge of a sum leaf is answered
+    # from the packed tree; one past it is refused as before.
     state = StageState(0, [b"w"], [b"m"], factors, [[b"p"] * len(sums)], [tree])
     leaf, path = availability_answer(state, PAYLOAD + 1, 1000)
     assert leaf == sums[1000].to_bytes(96, "big") and path == tree.path(1000)

@@ -39,7 +39,8 @@ class Worker:
 
 @pytest.fixture
 def node(tmp_path):
-    cfg = load_config(None, [*TINY, f"data_dir={tmp_path}", "cluster=c0", "cluster_size=2", "pipeline.num_stages=2"])
+    cfg = load_config(None, [*TINY, f"data_dir={tmp_path}", "cluster=c0", "cluster_size=2",
+                             "pipeline.num_stages=2"])
     parts = NodeParts(cfg, stop=threading.Event())
     yield parts
     parts.close()

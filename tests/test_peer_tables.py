@@ -1,6 +1,7 @@
 """Tables keyed by peer id stay bounded as peers come and go (docs/P2P.md, "What a surviving node keeps per
 churn event"): each is fed more distinct peer ids than its cap, as joiners, ``dlx-node join`` fetch hosts or a
-flood of made-up keys would over a long run, and must hold at most its cap while keeping the peers still active.
+flood of made-up keys would over a long run, and must hold at most its cap while keeping the peers still
+active.
 """
 
 import trio

@@ -29,7 +29,6 @@ from training.fingerprint import (
     EXACT,
     RULE_CROSS_PLATFORM,
     blas_dispatch,
-    blas_environment,
     emulated_environment,
     fingerprint,
     kernels_to_emulate,
@@ -137,7 +136,8 @@ def test_an_honest_claim_under_another_math_library_path_is_rerun_exactly(claima
         direct = verify_contribution(parts, claims, corpus, *configs, **kwargs)
         assert direct.rule == RULE_CROSS_PLATFORM, direct.reason
         print(f"replica {replica}: rerun under MKL's own dispatch: {direct.verdict}, {direct.reason}")
-        if torch.backends.mkl.is_available():  # MKL's path changed the bits: why the setting is in the platform
+        # MKL's path changed the bits: why the setting is in the platform
+        if torch.backends.mkl.is_available():
             assert max(direct.distances.values()) > 0.0, direct.distances
         # under the platform rule: a child with the claimant's setting, bit-exact demanded and given
         judged = rerun_by_rule(parts, claims, corpus, *configs, **kwargs)

@@ -17,9 +17,9 @@ from training.config import TrainingConfig
 from training.declaration import EXACT_ONLY, can_judge, declares, platform_declaration, platform_hash
 from training.errors import PlatformError, TrainingConfigError
 from training.fingerprint import (
+    MISMATCH,
     RULE_CROSS_PLATFORM,
     RULE_SAME_PLATFORM,
-    MISMATCH,
     PlatformFingerprint,
     capability_to_emulate,
     compare_rerun,
@@ -32,13 +32,13 @@ CPU = PlatformFingerprint(device_type="cpu", device_name="Some CPU Model @ 2.00G
                           precision="fp32", torch="2.13.0+cpu", cuda="", cudnn="", deterministic=False,
                           cudnn_deterministic=False, tf32=False)
 GPU = PlatformFingerprint(device_type="cuda", device_name="NVIDIA H100", capability="sm_90", precision="bf16",
-                          torch="2.13.0", cuda="12.8", cudnn="91000", deterministic=True, cudnn_deterministic=True,
-                          tf32=False)
+                          torch="2.13.0", cuda="12.8", cudnn="91000", deterministic=True,
+                          cudnn_deterministic=True, tf32=False)
 CPU_COMPILED = dataclasses.replace(CPU, compiled="inductor;cc=g++-12.2.0")
 GPU_COMPILED = dataclasses.replace(GPU, compiled="inductor;triton=triton-3.5.0")
 
-#: What the code before ``compiled`` existed (main at ef68df3) gave for CPU and GPU: the version-1 hash and the
-#: version-2 declaration with native AVX512. Pinned: an eager platform's declarations must not move.
+#: What the code before ``compiled`` existed (main at ef68df3) gave for CPU and GPU: the version-1 hash and
+#: the version-2 declaration with native AVX512. Pinned: an eager platform's declarations must not move.
 BEFORE = {
     "cpu": ("f21ea6f3960749e7d1c1da0c74ac26ce84b63fa2c603fc7c5384c49a3134aeba",
             "5a701a941fd0adace3adebeb40889d3938b146a21f5e4e0d4d2f7a66e3071632"),
@@ -62,10 +62,12 @@ def test_a_compiled_platform_is_another_platform(eager, compiled):
     assert "compiled" in compiled.describe()
     assert platform_hash(compiled) != platform_hash(eager)
     assert platform_declaration(compiled)[:31] != platform_declaration(eager)[:31]  # another family
-    assert not declares(platform_declaration(eager), compiled) and not declares(platform_declaration(compiled), eager)
+    assert not declares(platform_declaration(eager), compiled) \
+        and not declares(platform_declaration(compiled), eager)
 
 
-@pytest.mark.parametrize("value", ["", "inductor", "eager;x", "inductor;cc=g++ 12", "inductor;" + "x" * 200, True])
+@pytest.mark.parametrize("value", ["", "inductor", "eager;x", "inductor;cc=g++ 12", "inductor;" + "x" * 200,
+                                   True])
 def test_a_malformed_compiled_field_is_refused(value):
     with pytest.raises(PlatformError, match="compiled"):
         parse_fingerprint({**CPU.document(), "compiled": value})
@@ -92,7 +94,8 @@ def test_eager_verifiers_are_never_routed_a_compiled_claim():
     declared = {"compiled-a": compiled, "compiled-d": compiled, "eager-b": eager, "eager-c": eager}
     assert routed_verifiers(0, signers, declared) == ["compiled-d"]
     assert routed_verifiers(1, signers, declared) == ["eager-c"]
-    for outer_round in range(64):  # whatever the draw, an eager verifier's check of replica 0 is never "same platform"
+    # whatever the draw, an eager verifier's check of replica 0 is never "same platform"
+    for outer_round in range(64):
         for verifier in ("eager-b", "eager-c"):
             own = next(r for r, peers in signers.items() if verifier in peers)
             checks = draw_checks(bytes(32), verifier, outer_round, signers, declared, 1.0, own)
@@ -105,7 +108,8 @@ def test_an_eager_rerun_of_a_compiled_claim_is_never_held_bit_exact():
     same = compare_rerun(CPU_COMPILED, CPU_COMPILED, 1e-9, claimed_threads=1, rerun_threads=1)
     assert same.rule == RULE_SAME_PLATFORM and same.verdict == MISMATCH  # same platform: any difference
     bf16 = compare_rerun(GPU_COMPILED, GPU, 0.5, claimed_threads=1, rerun_threads=1)
-    assert bf16.rule == RULE_CROSS_PLATFORM and bf16.verdict != MISMATCH  # bf16 across platforms: never convicts
+    # bf16 across platforms: never convicts
+    assert bf16.rule == RULE_CROSS_PLATFORM and bf16.verdict != MISMATCH
 
 
 def test_a_rerun_compiles_only_a_compiled_claim():

@@ -1,5 +1,5 @@
-"""A member declares its platform on chain when it joins; spot checks and the audit hold every claim to it, and
-route a claimant's checks to verifiers of its declared platform (issue 42, docs/DILOCOX.md section 11).
+"""A member declares its platform on chain when it joins; spot checks and the audit hold every claim to it,
+and route a claimant's checks to verifiers of its declared platform (issue 42, docs/DILOCOX.md section 11).
 
 On a real EVM (py-evm and anvil: the ``deployment`` fixture): ``joinRun``'s platform in ``MemberJoined``, the
 node's join (:meth:`NodeChain.ensure_member`) and its reads (:meth:`NodeChain.declared_platforms`), a real
@@ -42,8 +42,8 @@ def _peer(index: int) -> str:
 def _run(deployment, members=(1, 2, 3)) -> int:
     for index in members:
         deployment.register(index)
-    return deployment.client(members[0]).create_run(b"c" * 32, 2, 50, "file:///run.toml", quorum=1, quorum_bps=0,
-                                                    allow_weak_quorum=True)
+    return deployment.client(members[0]).create_run(b"c" * 32, 2, 50, "file:///run.toml", quorum=1,
+                                                    quorum_bps=0, allow_weak_quorum=True)
 
 
 def _start_state(tmp_path, **platform_changes) -> list[bytes]:
@@ -52,7 +52,8 @@ def _start_state(tmp_path, **platform_changes) -> list[bytes]:
     cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=2", "training.batch_size=2", "rounds=3",
                              "pipeline.num_stages=2", f"data_dir={tmp_path}"])
     platform = dataclasses.replace(fingerprint(torch.device("cpu"), "fp32"), **platform_changes)
-    meta = round_meta(0, 0, cfg.model, cfg.diloco, run_rounds=cfg.rounds, num_stages=2, threads=1, platform=platform)
+    meta = round_meta(0, 0, cfg.model, cfg.diloco, run_rounds=cfg.rounds, num_stages=2, threads=1,
+                      platform=platform)
     state = initial_replica_state(meta, cfg.model, cfg.training, cfg.diloco, cfg.compression)
     return [part.to_bytes() for part in state.stages]
 
@@ -96,7 +97,8 @@ def test_a_member_declares_its_platform_in_join_run_and_the_node_reads_it(deploy
 
 
 def test_a_claim_of_another_platform_than_the_declared_one_is_refused(deployment, tmp_path):
-    """Live (undeclared_claim over NodeChain's reads) and in the audit (the seat in force at the round's commit)."""
+    """Live (undeclared_claim over NodeChain's reads) and in the audit (the seat in force at the round's
+    commit)."""
     run_id = _run(deployment, (1, 2))
     parts = _start_state(tmp_path / "honest")
     declared = platform_declaration(fingerprint(torch.device("cpu"), "fp32"), native_cpu_capability())
@@ -153,11 +155,12 @@ def test_one_platform_routes_nothing_the_draw_is_the_plain_sample():
 
 
 def test_a_claimant_is_checked_by_verifiers_of_its_declared_platform():
-    """Replicas 0-2 declared A, 3-4 B, 5 C (nobody else), 6 nothing: with spot_checks = 1, replica 3 is checked
-    by peer-4 in every round, replica 0 by one of peer-1/peer-2 per round on average, replicas 5 and 6 only by
-    the plain draw; nobody ever checks its own replica."""
+    """Replicas 0-2 declared A, 3-4 B, 5 C (nobody else), 6 nothing: with spot_checks = 1, replica 3 is
+    checked by peer-4 in every round, replica 0 by one of peer-1/peer-2 per round on average, replicas 5 and 6
+    only by the plain draw; nobody ever checks its own replica."""
     signers = _signers(7)
-    declared = {"peer-0": A, "peer-1": A, "peer-2": A, "peer-3": B, "peer-4": B, "peer-5": C, "peer-6": NO_PLATFORM}
+    declared = {"peer-0": A, "peer-1": A, "peer-2": A, "peer-3": B, "peer-4": B, "peer-5": C,
+                "peer-6": NO_PLATFORM}
     assert routed_verifiers(3, signers, declared) == ["peer-4"]
     assert routed_verifiers(0, signers, declared) == ["peer-1", "peer-2"]
     assert routed_verifiers(5, signers, declared) == routed_verifiers(6, signers, declared) == []
@@ -167,13 +170,15 @@ def test_a_claimant_is_checked_by_verifiers_of_its_declared_platform():
     for outer_round in range(rounds):
         record = outer_round.to_bytes(32, "big")
         for verifier in range(7):
-            for check in draw_checks(record, f"peer-{verifier}", outer_round, signers, declared, 1.0, verifier):
+            for check in draw_checks(record, f"peer-{verifier}", outer_round, signers, declared, 1.0,
+                                     verifier):
                 assert check.replica != verifier
                 everyone[check.replica] += 1
                 if f"peer-{verifier}" in routed_verifiers(check.replica, signers, declared):
                     by_same[check.replica] += 1
                 elif check.same_platform:
-                    raise AssertionError(f"peer-{verifier} routed to replica {check.replica} of another platform")
+                    raise AssertionError(
+                        f"peer-{verifier} routed to replica {check.replica} of another platform")
     assert by_same[3] == rounds  # peer-4 alone shares B: it checks replica 3 every round
     assert 0.9 * rounds < by_same[0] < 1.1 * rounds  # about one check per round by peer-1 or peer-2
     assert by_same[5] == by_same[6] == 0
@@ -182,7 +187,8 @@ def test_a_claimant_is_checked_by_verifiers_of_its_declared_platform():
 
 
 def test_the_draw_depends_on_chain_data_only_not_on_the_order_it_was_heard_in():
-    signers = {0: {"a0", "b0"}, 1: {"a1", "b1"}, 2: {"a2", "b2"}, 3: {"a3", "b3"}}  # split clusters: 2 signers each
+    # split clusters: 2 signers each
+    signers = {0: {"a0", "b0"}, 1: {"a1", "b1"}, 2: {"a2", "b2"}, 3: {"a3", "b3"}}
     declared = {"a0": A, "b0": B, "a1": A, "b1": A, "a2": B, "b2": B, "a3": C, "b3": C}
     rng = random.Random(7)
     for outer_round in range(30):
@@ -195,6 +201,7 @@ def test_the_draw_depends_on_chain_data_only_not_on_the_order_it_was_heard_in():
             assert draw_checks(record, verifier, outer_round, shuffled_signers, shuffled_declared, 1.0, own) \
                 == expected
             assert all(check.replica != own for check in expected)
-    # A stage signer of replica 0 declared B: replica 0's checks go to B verifiers too (a2, b2), never to its own
+    # A stage signer of replica 0 declared B: replica 0's
+    # checks go to B verifiers too (a2, b2), never to its own
     assert routed_verifiers(0, signers, declared) == ["a1", "a2", "b1", "b2"]
     assert draw_checks(b"r" * 32, "a0", 0, signers, declared, 0.0, 0) == []

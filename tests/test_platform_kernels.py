@@ -50,7 +50,8 @@ def test_under_the_emulated_kernels_the_same_platform_rule_applies():
 #: /proc/cpuinfo of an aarch64 Linux (two Neoverse N1 cores, as an AWS Graviton2 shows them), abridged.
 ARM_CPUINFO = """processor\t: 0
 BogoMIPS\t: 243.75
-Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp ssbs
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop \
+asimddp ssbs
 CPU implementer\t: 0x41
 CPU architecture: 8
 CPU variant\t: 0x3
@@ -68,8 +69,8 @@ CPU revision\t: 1
 
 
 def test_an_arm_cpu_model_is_its_cores_implementer_and_part():
-    """An aarch64 kernel writes no "model name": the model is the cores' MIDR implementer:part, so two ARM core
-    types (whose BLAS may pick other kernels) have other fingerprints, not both "aarch64"."""
+    """An aarch64 kernel writes no "model name": the model is the cores' MIDR implementer:part, so two ARM
+    core types (whose BLAS may pick other kernels) have other fingerprints, not both "aarch64"."""
     from training.fingerprint import cpu_model_name
 
     assert cpu_model_name(ARM_CPUINFO) == "arm64 0x41:0xd0c"
@@ -77,7 +78,8 @@ def test_an_arm_cpu_model_is_its_cores_implementer_and_part():
     big_little = ARM_CPUINFO.replace("CPU part\t: 0xd0c\nCPU revision\t: 1\n\nprocessor\t: 1",
                                      "CPU part\t: 0xd05\nCPU revision\t: 1\n\nprocessor\t: 1")
     assert cpu_model_name(big_little) == "arm64 0x41:0xd05+0x41:0xd0c"
-    assert cpu_model_name("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t: fpu avx2\n") == "AMD EPYC 7B13"
+    assert cpu_model_name("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t: fpu avx2\n") \
+        == "AMD EPYC 7B13"
     assert cpu_model_name("") == ""
     here = fingerprint(torch.device("cpu"), "fp32")
     assert here.device_name and here.device_name != "aarch64"

@@ -1,9 +1,9 @@
 """Version-2 platform declarations and routing by emulation (issue 42, docs/DILOCOX.md section 11).
 
-A declaration is 31 bytes of the platform's family (CPU model, torch build, device, precision, ...) and one byte
-of instruction sets (the one the member trains under, the highest its CPU has), so routing can tell from the
-chain alone which verifiers rerun a claim bit-exactly: the same platform, or the same family on a CPU that has
-the claimant's instruction set (it reruns under the claimant's kernels). Pure functions, tested without a
+A declaration is 31 bytes of the platform's family (CPU model, torch build, device, precision, ...) and one
+byte of instruction sets (the one the member trains under, the highest its CPU has), so routing can tell from
+the chain alone which verifiers rerun a claim bit-exactly: the same platform, or the same family on a CPU that
+has the claimant's instruction set (it reruns under the claimant's kernels). Pure functions, tested without a
 network; the one subprocess is a real process under another ``ATEN_CPU_CAPABILITY``.
 """
 
@@ -38,15 +38,15 @@ MODEL, OTHER = "Some CPU Model @ 2.00GHz", "Another CPU Model @ 3.00GHz"
 
 
 def cpu(capability: str, device_name: str = MODEL, **changes) -> PlatformFingerprint:
-    base = PlatformFingerprint(device_type="cpu", device_name=device_name, capability=capability, precision="fp32",
-                               torch="2.13.0+cpu", cuda="", cudnn="", deterministic=False, cudnn_deterministic=False,
-                               tf32=False)
+    base = PlatformFingerprint(device_type="cpu", device_name=device_name, capability=capability,
+                               precision="fp32", torch="2.13.0+cpu", cuda="", cudnn="", deterministic=False,
+                               cudnn_deterministic=False, tf32=False)
     return dataclasses.replace(base, **changes)
 
 
 GPU = PlatformFingerprint(device_type="cuda", device_name="NVIDIA H100", capability="sm_90", precision="bf16",
-                          torch="2.13.0", cuda="12.8", cudnn="91000", deterministic=True, cudnn_deterministic=True,
-                          tf32=False)
+                          torch="2.13.0", cuda="12.8", cudnn="91000", deterministic=True,
+                          cudnn_deterministic=True, tf32=False)
 
 
 def test_a_declaration_holds_the_family_and_the_instruction_sets():
@@ -67,7 +67,8 @@ def test_a_declaration_holds_the_family_and_the_instruction_sets():
 
     # Both versions name the platform; neither names another one (the native is no part of a claim)
     for claimed in (cpu("AVX2"), cpu("DEFAULT"), GPU):
-        assert declares(platform_declaration(claimed, "AVX512"), claimed) and declares(platform_hash(claimed), claimed)
+        assert declares(platform_declaration(claimed, "AVX512"), claimed) and declares(platform_hash(claimed),
+                                                                                       claimed)
         assert declared_platform_problem(claimed, platform_declaration(claimed, "AVX512")) is None
         assert declared_platform_problem(claimed, platform_hash(claimed)) is None
     assert not declares(avx2, cpu("DEFAULT")) and not declares(avx2, cpu("AVX512"))
@@ -99,20 +100,24 @@ def test_routing_agrees_with_the_rerun_a_verifier_would_make():
     levels = ("DEFAULT", "AVX2", "AVX512")
     platforms = [cpu(capability, name, precision=precision, torch=build)
                  for capability, name, precision, build in itertools.product(
-                     levels, (MODEL, OTHER), ("fp32", "bf16"), ("2.13.0+cpu", "2.12.0+cpu"))] + [GPU, cpu("NEON")]
+                     levels, (MODEL, OTHER), ("fp32", "bf16"), ("2.13.0+cpu", "2.12.0+cpu"))] + [GPU,
+                                                                                                 cpu("NEON")]
     checked = 0
     for claim, here in itertools.product(platforms, platforms):
         for native in levels:
-            if here.device_type != "cpu" or here.capability not in levels or levels.index(native) < levels.index(
+            if here.device_type != "cpu" or here.capability not in levels \
+                    or levels.index(native) < levels.index(
                     here.capability):
                 continue
             emulated = capability_to_emulate(claim, here, native)
             rerun = dataclasses.replace(here, capability=emulated.upper() if emulated else here.capability)
             exact = rerun == claim
-            assert can_judge(platform_declaration(here, native), platform_declaration(claim)) == exact, (claim, here)
+            assert can_judge(platform_declaration(here, native), platform_declaration(claim)) == exact, \
+                (claim, here)
             checked += 1
         assert can_judge(platform_declaration(GPU), platform_declaration(claim)) == (claim == GPU)
-        assert can_judge(platform_hash(here), platform_hash(claim)) == (here == claim)  # version 1: equality only
+        # version 1: equality only
+        assert can_judge(platform_hash(here), platform_hash(claim)) == (here == claim)
         assert not can_judge(platform_hash(here), platform_declaration(claim))
         assert not can_judge(platform_declaration(here, "AVX512"), platform_hash(claim))
     assert checked > 500
@@ -138,7 +143,8 @@ def _signers(n: int) -> dict[int, set[str]]:
 def test_a_verifier_of_the_same_model_and_build_that_can_emulate_the_claim_is_routed():
     signers = _signers(7)
     assert routed_verifiers(0, signers, DECLARED) == ["peer-1"]  # not peer-2 (lacks AVX2), 3, 4 or 5
-    assert routed_verifiers(2, signers, DECLARED) == ["peer-0", "peer-1"]  # DEFAULT: both of its model emulate it
+    # DEFAULT: both of its model emulate it
+    assert routed_verifiers(2, signers, DECLARED) == ["peer-0", "peer-1"]
     assert routed_verifiers(1, signers, DECLARED) == []  # nobody else has AVX512
     for replica in (3, 4, 5, 6):
         assert routed_verifiers(replica, signers, DECLARED) == []
@@ -146,7 +152,8 @@ def test_a_verifier_of_the_same_model_and_build_that_can_emulate_the_claim_is_ro
     for outer_round in range(rounds):
         record = outer_round.to_bytes(32, "big")
         for verifier in range(7):
-            for check in draw_checks(record, f"peer-{verifier}", outer_round, signers, DECLARED, 1.0, verifier):
+            for check in draw_checks(record, f"peer-{verifier}", outer_round, signers, DECLARED, 1.0,
+                                     verifier):
                 assert check.replica != verifier
                 everyone[check.replica] += 1
                 if f"peer-{verifier}" in routed_verifiers(check.replica, signers, DECLARED):
@@ -181,17 +188,19 @@ def test_the_routed_draw_is_the_same_whatever_order_signers_and_declarations_wer
                 expected = draw_checks(record, verifier, outer_round, signers, DECLARED, 1.0, own)
                 for _ in range(3):
                     heard_signers = {replica: set(rng.sample(sorted(members), len(members)))
-                                     for replica, members in rng.sample(sorted(signers.items()), len(signers))}
+                                     for replica, members in rng.sample(sorted(signers.items()),
+                                                                        len(signers))}
                     heard = dict(rng.sample(sorted(DECLARED.items()), len(DECLARED)))
-                    assert draw_checks(record, verifier, outer_round, heard_signers, heard, 1.0, own) == expected
+                    assert draw_checks(record, verifier, outer_round, heard_signers, heard, 1.0,
+                                       own) == expected
     # replica 2's signers declared DEFAULT and bf16: peer-0 and peer-1 emulate the DEFAULT one
     assert routed_verifiers(2, signers, DECLARED) == ["peer-0", "peer-1"]
 
 
 def test_a_node_under_a_lower_instruction_set_declares_it_and_its_cpu_s_own():
-    """Real processes of this machine under two instruction sets (``ATEN_CPU_CAPABILITY=default`` and the CPU's
-    own) declare one family, each its own trained level and both this CPU's native level, so each is routed to
-    the other (each reruns the other's claims under its kernels)."""
+    """Real processes of this machine under two instruction sets (``ATEN_CPU_CAPABILITY=default`` and the
+    CPU's own) declare one family, each its own trained level and both this CPU's native level, so each is
+    routed to the other (each reruns the other's claims under its kernels)."""
     import torch
 
     from node.config import load_config
@@ -207,9 +216,10 @@ def test_a_node_under_a_lower_instruction_set_declares_it_and_its_cpu_s_own():
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     if ours != "DEFAULT":  # this process runs the CPU's own (or a middle) level: the other one runs DEFAULT
         env["ATEN_CPU_CAPABILITY"] = "default"
-    script = ("import json, torch; from node.config import load_config; from node.platforms import own_platforms; "
-              "print(json.dumps([str(torch.backends.cpu.get_cpu_capability())] + [d.hex() for d in "
-              "own_platforms(load_config(None, ['training.device=cpu']).training)]))")
+    script = (
+        "import json, torch; from node.config import load_config; from node.platforms import own_platforms; "
+        "print(json.dumps([str(torch.backends.cpu.get_cpu_capability())] + [d.hex() for d in "
+        "own_platforms(load_config(None, ['training.device=cpu']).training)]))")
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
                          check=True)
     theirs, other, other_legacy = json.loads(out.stdout.strip().splitlines()[-1])

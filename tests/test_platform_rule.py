@@ -48,8 +48,8 @@ from training.data import corpus_from_config
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica, run_with_states
 torch.set_num_threads(1)
 cfg = load_config(None, sys.argv[2:])
-sim = SimConfig(corpus_from_config(cfg.training, cfg.model), cfg.model, cfg.training, cfg.diloco, cfg.compression,
-                cfg.pipeline.num_stages, rounds=2)
+sim = SimConfig(corpus_from_config(cfg.training, cfg.model), cfg.model, cfg.training, cfg.diloco,
+                cfg.compression, cfg.pipeline.num_stages, rounds=2)
 records = run_with_states([SimReplica(0, sim), PerturbedReplica(1, sim)], sim)
 open(sys.argv[1], "wb").write(pickle.dumps([
     {"round": r.outer_round, "contributions": r.contributions, "claims": r.claims,
@@ -66,8 +66,8 @@ def default_run(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("rule") / "run.pkl"
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", CLAIMANT, str(path), *OVERRIDES], env=env, capture_output=True,
-                          text=True, timeout=600, cwd=ROOT)
+    done = subprocess.run([sys.executable, "-c", CLAIMANT, str(path), *OVERRIDES], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     cfg = load_config(None, OVERRIDES)
     return pickle.loads(path.read_bytes()), cfg, corpus_from_config(cfg.training, cfg.model)
@@ -77,8 +77,10 @@ def relabelled(parts: list[bytes], claims: list[ContributionClaim], **platform_c
     """The same start state and claims, as if the claimant had declared another platform from the start."""
     state = ReplicaStartState(tuple(parse_stage_state(p) for p in parts))
     stages = tuple(dataclasses.replace(part, meta=dataclasses.replace(
-        part.meta, platform=dataclasses.replace(part.meta.platform, **platform_changes))) for part in state.stages)
-    new_claims = [dataclasses.replace(claim, state_hash=stages[claim.stage_index].state_hash()) for claim in claims]
+        part.meta, platform=dataclasses.replace(part.meta.platform, **platform_changes)))
+                   for part in state.stages)
+    new_claims = [dataclasses.replace(claim, state_hash=stages[claim.stage_index].state_hash())
+                  for claim in claims]
     return [part.to_bytes() for part in stages], new_claims
 
 
@@ -90,7 +92,8 @@ def judge(default_run, outer_round: int, replica: int, **platform_changes):
         parts, claims = relabelled(parts, claims, **platform_changes)
     return rerun_by_rule(parts, claims, corpus, cfg.model, cfg.training, cfg.diloco, cfg.compression,
                          outer_round=outer_round, replica=replica, run_rounds=len(records),
-                         previous_contributions=records[outer_round - 1]["contributions"] if outer_round else None)
+                         previous_contributions=records[outer_round - 1]["contributions"] if outer_round
+                         else None)
 
 
 def claimed_platform(default_run, outer_round: int, replica: int):
@@ -98,17 +101,19 @@ def claimed_platform(default_run, outer_round: int, replica: int):
 
 
 def test_on_the_claimants_platform_the_rerun_is_exact_or_emulated(default_run):
-    """Claimed DEFAULT on this CPU model: this process reruns it itself if it runs DEFAULT, else in a child under
-    ``ATEN_CPU_CAPABILITY=default``; bit-exact either way, so the 1% cheat is a mismatch (round 1: it applies
-    round 0's contributions first, and its rerun chains on)."""
+    """Claimed DEFAULT on this CPU model: this process reruns it itself if it runs DEFAULT, else in a child
+    under ``ATEN_CPU_CAPABILITY=default``; bit-exact either way, so the 1% cheat is a mismatch (round 1: it
+    applies round 0's contributions first, and its rerun chains on)."""
     outer_round = 1
     assert claimed_platform(default_run, outer_round, HONEST).capability == "DEFAULT"
     expected = "exact" if torch.backends.cpu.get_cpu_capability() == "DEFAULT" else "emulated"
     honest = judge(default_run, outer_round, HONEST)
-    assert (honest.verdict, honest.rule, how_judged(honest)) == (EXACT, RULE_SAME_PLATFORM, expected), honest.reason
+    assert (honest.verdict, honest.rule, how_judged(honest)) == (EXACT, RULE_SAME_PLATFORM, expected), \
+        honest.reason
     assert honest.next_state_hashes is not None  # an exact rerun chains into the next round
     cheat = judge(default_run, outer_round, CHEAT)
-    assert (cheat.verdict, cheat.rule, how_judged(cheat)) == (MISMATCH, RULE_SAME_PLATFORM, expected), cheat.reason
+    assert (cheat.verdict, cheat.rule, how_judged(cheat)) == (MISMATCH, RULE_SAME_PLATFORM, expected), \
+        cheat.reason
     assert cheat.failed_stages == (0, 1)
 
 
@@ -135,24 +140,28 @@ def test_an_honest_member_on_other_kernels_is_not_accused(default_run, outer_rou
 
 
 def test_a_claimed_platform_must_be_the_declared_one(default_run):
-    """A member declares its platform on chain when it joins (the hash of its fingerprint); claiming another in
-    a round (to reach the tolerance in the round it cheats) is a failure of its own, whatever the rerun gives."""
+    """A member declares its platform on chain when it joins (the hash of its fingerprint); claiming another
+    in a round (to reach the tolerance in the round it cheats) is a failure of its own, whatever the rerun
+    gives."""
     fingerprint_0 = claimed_platform(default_run, 0, CHEAT)
     declared = platform_hash(fingerprint_0)
     assert len(declared) == 32 and declared != NO_PLATFORM
-    assert platform_hash(claimed_platform(default_run, 1, CHEAT)) == declared  # one platform for the whole run
+    # one platform for the whole run
+    assert platform_hash(claimed_platform(default_run, 1, CHEAT)) == declared
     assert declared_platform_problem(claimed_platform(default_run, 1, CHEAT), declared) is None
     moved = dataclasses.replace(fingerprint_0, device_name=OTHER_CPU)
     assert platform_hash(moved) != declared
     why = declared_platform_problem(moved, declared)
     assert why is not None and OTHER_CPU in why and declared.hex()[:16] in why
     for field, value in (("capability", "AVX512"), ("torch", "9.9.9"), ("precision", "bf16")):
-        assert declared_platform_problem(dataclasses.replace(fingerprint_0, **{field: value}), declared) is not None
+        assert declared_platform_problem(dataclasses.replace(fingerprint_0, **{field: value}),
+                                         declared) is not None
     assert "claims no platform" in declared_platform_problem(None, declared)
     assert "declared no platform" in declared_platform_problem(fingerprint_0, NO_PLATFORM)
     assert "declared no platform" in declared_platform_problem(None, NO_PLATFORM)
     assert "32-byte" in declared_platform_problem(fingerprint_0, declared[:31])
-    assert declared_platform_problem(moved, None) is None  # no declaration could be read: nothing to hold it to
+    # no declaration could be read: nothing to hold it to
+    assert declared_platform_problem(moved, None) is None
 
 
 def test_the_native_capability_is_at_least_this_processs():
@@ -171,7 +180,8 @@ def test_the_native_capability_is_at_least_this_processs():
 
 def test_an_undecided_spot_check_accuses_nobody():
     """The node's view of the child's result: undecided is neither honest nor a failure to accuse."""
-    result = parse_result(b'{"verdict": "undecided", "reason": "r", "distances": {"0": 1e-3}, "seconds": 1.0}')
+    result = parse_result(
+        b'{"verdict": "undecided", "reason": "r", "distances": {"0": 1e-3}, "seconds": 1.0}')
     assert result.undecided and not result.honest and not result.elsewhere
     with pytest.raises(Exception, match="verdict"):
         parse_result(b'{"verdict": "maybe", "reason": "r", "distances": {}, "seconds": 1.0}')

@@ -33,7 +33,8 @@ def test_log_and_angle_are_accurate():
     u = np.concatenate([u, [1.0, 2.0**-53, 0.5, np.sqrt(0.5)]])
     assert float(np.abs(_log(u) - np.log(u)).max()) < 1e-14
     angle = np.random.default_rng(1).integers(0, 2**32, 200_000, dtype=np.uint64)
-    angle = np.concatenate([angle, np.array([0, 1 << 29, 1 << 30, 3 << 29, 1 << 31, 2**32 - 1], dtype=np.uint64)])
+    angle = np.concatenate([angle, np.array([0, 1 << 29, 1 << 30, 3 << 29, 1 << 31, 2**32 - 1],
+                                            dtype=np.uint64)])
     cos, sin = _cos_sin(angle)
     phi = angle.astype(np.float64) * (2 * np.pi / 2.0**32)
     assert float(np.abs(cos - np.cos(phi)).max()) < 1e-14 and float(np.abs(sin - np.sin(phi)).max()) < 1e-14

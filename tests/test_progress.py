@@ -1,5 +1,5 @@
-"""Progress of long transfers: one updating line with size and rate on a terminal, one log line at the start and
-one at the end otherwise (the TTY flag is forced; no timing is asserted)."""
+"""Progress of long transfers: one updating line with size and rate on a terminal, one log line at the start
+and one at the end otherwise (the TTY flag is forced; no timing is asserted)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ def test_a_real_blob_transfer_counts_its_bytes(tmp_path, caplog):
         with host_progress(client, "blob", total=len(blob), stream=out, tty=True) as progress:
             client.fetch_blob(digest, tmp_path / "got", providers=[server.peer_id], timeout=120)
         assert progress.done == len(blob)
-        assert out.getvalue().rstrip("\n").split("\r\x1b[2K")[-1].startswith("blob: 3.0 MiB of 3.0 MiB (100%), ")
+        assert out.getvalue().rstrip("\n").split("\r\x1b[2K")[-1].startswith(
+            "blob: 3.0 MiB of 3.0 MiB (100%), ")
         failed = io.StringIO()
         try:
             with host_progress(client, "missing", stream=failed, tty=False):

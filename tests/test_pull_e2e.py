@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from short_run_fixtures import cli_args, client, node_archives, run  # noqa: F401 (client, run: fixtures)
 
 from node.cli import exit_code_for
 from node.errors import NodeError, RunDocumentMissing
@@ -113,7 +114,8 @@ def test_pull_refuses_a_tampered_checkpoint(run, client, tmp_path, capsys):
     data[-100] ^= 0x01  # a weight's low bit: still a valid safetensors file
     (tampered_dir / good.name).write_bytes(bytes(data))
     document = run.nodes[0].data_dir / "archive" / f"run-{run.run_id}" / "run.json"
-    (tampered_dir / "run.json").write_bytes(document.read_bytes())  # the run document is there: only bytes differ
+    # the run document is there: only bytes differ
+    (tampered_dir / "run.json").write_bytes(document.read_bytes())
     actual = hashlib.sha256(data).hexdigest()
 
     out = tmp_path / "out"
@@ -162,7 +164,8 @@ def test_pull_names_what_is_missing_and_never_overwrites(run, client, tmp_path):
     with pytest.raises(
         NoCheckpoint, match=r"no checkpoint published for round 99; published rounds: \[0, 1, 2\]"
     ):
-        pull_checkpoint(client, run.run_id, tmp_path / "out", round_index=99, archives=node_archives(run), final_only=False)
+        pull_checkpoint(client, run.run_id, tmp_path / "out", round_index=99, archives=node_archives(run),
+                        final_only=False)
     with pytest.raises(RunDocumentMissing, match="run document .* is not available"):
         pull_checkpoint(client, run.run_id, tmp_path / "out", archives=[tmp_path], final_only=False)
     document = run.nodes[0].data_dir / "archive" / f"run-{run.run_id}" / "run.json"
@@ -176,5 +179,6 @@ def test_pull_names_what_is_missing_and_never_overwrites(run, client, tmp_path):
         pull_checkpoint(client, run.run_id, busy, archives=node_archives(run), final_only=False)
     assert [p.name for p in busy.iterdir()] == ["keep.txt"]
     # An older round on request.
-    result = pull_checkpoint(client, run.run_id, tmp_path / "round0", round_index=0, archives=node_archives(run), final_only=False)
+    result = pull_checkpoint(client, run.run_id, tmp_path / "round0", round_index=0,
+                             archives=node_archives(run), final_only=False)
     assert result.round == 0 and (tmp_path / "round0" / "config.json").exists()

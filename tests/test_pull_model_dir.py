@@ -14,8 +14,8 @@ from training.model import init_state_dict
 PROVENANCE = {
     "run_id": 3, "round": 7, "content_hash": "c1" * 32, "weights_root": "e6" * 32,
     "attesters": ["0x70997970C51812dc3A010C7d01b50e0d17dc79C8", "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC"],
-    "commit_tx": "0x" + "ab" * 32, "chain_id": 31337, "ledger": "0x" + "11" * 20, "registry": "0x" + "22" * 20,
-    "config_hash": "33" * 32,
+    "commit_tx": "0x" + "ab" * 32, "chain_id": 31337, "ledger": "0x" + "11" * 20,
+    "registry": "0x" + "22" * 20, "config_hash": "33" * 32,
 }
 
 
@@ -29,9 +29,11 @@ def model_dir(tmp_path_factory):
 
 
 def test_every_file_is_readable_by_others_and_nothing_is_left_beside(model_dir):
-    modes = {p.relative_to(model_dir).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in model_dir.rglob("*")}
+    modes = {p.relative_to(model_dir).as_posix(): stat.S_IMODE(p.stat().st_mode)
+                 for p in model_dir.rglob("*")}
     assert modes["model.safetensors"] == 0o644
-    assert all(mode == (0o755 if (model_dir / name).is_dir() else 0o644) for name, mode in modes.items()), modes
+    assert all(mode == (0o755 if (model_dir / name).is_dir() else 0o644) for name, mode in modes.items()), \
+        modes
     assert stat.S_IMODE(model_dir.stat().st_mode) == 0o755
     assert [p.name for p in model_dir.parent.iterdir()] == ["model"]  # no staging directory left
 

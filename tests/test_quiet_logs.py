@@ -31,9 +31,11 @@ def _emit() -> None:
     logging.getLogger("libp2p.transport.tcp.tcp").error(
         "Failed to open TCP stream: all attempts to connect to 127.0.0.1:30596 failed")
     logging.getLogger("libp2p.transport.tcp.tcp").error(
-        "Unexpected error opening TCP stream: %s", "Failed to connect 10.45.2.2:4001 from 10.45.1.2:4001: [Errno 99] "
+        "Unexpected error opening TCP stream: %s",
+        "Failed to connect 10.45.2.2:4001 from 10.45.1.2:4001: [Errno 99] "
         "Cannot assign requested address")
-    logging.getLogger("libp2p.transport.tcp.tcp").error("Unexpected error opening TCP stream: %s", "KeyError('x')")
+    logging.getLogger("libp2p.transport.tcp.tcp").error("Unexpected error opening TCP stream: %s",
+                                                        "KeyError('x')")
     auto = logging.getLogger("libp2p.network.auto_connector")
     auto.setLevel(logging.INFO)  # as the module does at import
     auto.info("AUTO_CONNECTOR_STATE: num_connections=0 (in_flight=0)")
@@ -47,12 +49,14 @@ def _emit() -> None:
     client = logging.getLogger("libp2p.protocol_muxer.multiselect_client")
     client.error("MultiselectClient handshake: read failed: %s", "fail to read from multiselect communicator")
     client.error("MultiselectClient handshake: write failed: %s", "fail to write to multiselect communicator")
-    host.error("Failed to open stream to peer 12D3KooWC:\n  Error: protocol read failed: fail to read from multiselect "
-               "communicator, protocol=/ipfs/kad/1.0.0\n  Connection State: established=True, handshake=False")
+    host.error("Failed to open stream to peer 12D3KooWC:\n  Error: protocol read failed: fail to read from "
+               "multiselect communicator, protocol=/ipfs/kad/1.0.0\n  Connection State: "
+               "established=True, handshake=False")
     # ... but a peer answering the handshake with something else, or a negotiation timing out, is kept.
     client.error("MultiselectClient: invalid handshake %r", "/not-multistream/9")
-    host.error("Failed to open stream to peer 12D3KooWD:\n  Error: response timed out after 30s, protocols tried: "
-               "['/libp2p/dcutr']\n  Connection State: established=True, handshake=False")
+    host.error(
+        "Failed to open stream to peer 12D3KooWD:\n  Error: response timed out after 30s, protocols tried: "
+        "['/libp2p/dcutr']\n  Connection State: established=True, handshake=False")
     logging.getLogger("node.live.node").info("round 1 committed")
 
 
@@ -61,7 +65,8 @@ def test_info_logs_drop_dial_failures_and_libp2p_chatter_but_keep_its_errors(cap
     _emit()
     out = text.getvalue()
     assert "Failed to open TCP stream" not in out and "AUTO_CONNECTOR_STATE" not in out
-    assert "Cannot assign requested address" not in out and "KeyError('x')" in out  # a dial failure; a bug kept
+    # a dial failure; a bug kept
+    assert "Cannot assign requested address" not in out and "KeyError('x')" in out
     assert "handler crashed: boom" in out and "round 1 committed" in out
     assert "12D3KooWA" not in out  # a stream on a closed connection: a peer that left
     assert "12D3KooWB" in out  # on a live connection: kept

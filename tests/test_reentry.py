@@ -27,8 +27,8 @@ from node.live.state.status import StateFile
 from training.reexec import restart_state_reason
 from training.replica_state import parse_stage_state
 
-SETTINGS = ["model.preset=tiny", "diloco.inner_steps=3", "training.batch_size=2", "rounds=0", "torch_threads=1",
-            "pipeline.num_stages=2", "checkpoint_every=1"]
+SETTINGS = ["model.preset=tiny", "diloco.inner_steps=3", "training.batch_size=2", "rounds=0",
+            "torch_threads=1", "pipeline.num_stages=2", "checkpoint_every=1"]
 
 
 def _worker(tmp_path, replica: int) -> ReplicaWorker:

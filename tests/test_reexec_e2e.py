@@ -44,7 +44,8 @@ def _wait_for(predicate, timeout: float, what: str, run) -> None:
 @pytest.mark.timeout(1800)
 # perturb is slow (about a minute): forge-state keeps ejection by re-execution in the default suite, and
 # perturb's bit-exact catch is covered fast by tests/test_training_reexec.py and tests/test_spotchecks.py.
-# other-platform (issue 42) is slow too: its catch is tested fast on a real chain by tests/test_platform_declaration.py.
+# other-platform (issue 42) is slow too: its catch is tested
+# fast on a real chain by tests/test_platform_declaration.py.
 @pytest.mark.parametrize("attack", [pytest.param("perturb", marks=pytest.mark.slow), "forge-state",
                                     pytest.param("other-platform", marks=pytest.mark.slow)])
 def test_a_cheating_member_is_ejected_by_the_quorum_and_the_run_continues(make_run, attack):

@@ -72,9 +72,11 @@ def test_every_benchmark_script_writes_a_result_the_page_shows():
     assert sorted(p.name for p in (ROOT / "bench" / "results").glob("*.json")) == sorted(sections)
     scripts = {Path(s).name for s in sections.values()}
     files = {p.name: p.read_text() for p in (ROOT / "bench").glob("*.py")}
-    # A profiler that writes no result, and the modules a benchmark script imports (bench.<name>): parts of it.
+    # A profiler that writes no result, and the modules a
+    # benchmark script imports (bench.<name>): parts of it.
     parts = {name for name in files
-             if any(re.search(rf"^\s*from bench\.{name[:-3]} import", other, re.M) for other in files.values())}
+             if any(re.search(rf"^\s*from bench\.{name[:-3]} import", other, re.MULTILINE)
+                    for other in files.values())}
     tools = {"codec_profile.py"} | parts
     assert "benchio.py" in parts
     assert set(files) - tools == scripts

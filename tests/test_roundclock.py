@@ -81,9 +81,8 @@ def test_lane_seconds_are_reported_apart_from_the_phases():
     assert record["lane_encode_s"] == pytest.approx(3.0) and record["encode_s"] == 0.0
     assert record["utilization"] == pytest.approx(1.0) and record["other_s"] == pytest.approx(0.0)
     assert rc.trained(2, inner_seconds=1.0)["lane_encode_s"] == 0.0  # reset with the period
-    with pytest.raises(ValueError):
-        with rc.lane("aggregate"):
-            pass
+    with pytest.raises(ValueError), rc.lane("aggregate"):
+        pass
 
 
 def test_a_rounds_budget_runs_from_the_last_training_less_the_waits_for_others():

@@ -1,4 +1,5 @@
-"""The run document with model families and tokenizers: GPT-2 runs keep their hashes, Llama runs pin theirs."""
+"""The run document with model families and tokenizers: GPT-2 runs keep their hashes, Llama runs pin
+theirs."""
 
 import hashlib
 
@@ -9,13 +10,15 @@ from node.errors import ConfigError
 from node.runconfig import config_hash, node_config_from_run, run_document
 from training.errors import TrainingConfigError
 
-#: configHash of byte-level GPT-2 run documents, computed before model families existed (commit 57e253c). Those
-#: runs' documents name their encoder (v1 was the default then; v4 is now), so the encoder is pinned here; they
-#: drew their weights and sketch from torch's generator (the portable "philox" is the default since issue 42),
-#: which is pinned too (OLD_RANDOM), as are their version-1 records (chunked commitments were the default from
-#: issue 43, normed ones are now: a hashed run's document does not name them); and they trained with AdamW (Muon
-#: is the default since issue 46), pinned too: an AdamW run's document leaves the optimizer out, as theirs did.
-OLD_RANDOM = ["model.init=torch", "compression.sketch=torch", "diloco.commitments=hashed", "training.optimizer=adamw"]
+#: configHash of byte-level GPT-2 run documents, computed before model families existed (commit 57e253c).
+#: Those runs' documents name their encoder (v1 was the default then; v4 is now), so the encoder is pinned
+#: here; they drew their weights and sketch from torch's generator (the portable "philox" is the default since
+#: issue 42), which is pinned too (OLD_RANDOM), as are their version-1 records (chunked commitments were the
+#: default from issue 43, normed ones are now: a hashed run's document does not name them); and they trained
+#: with AdamW (Muon is the default since issue 46), pinned too: an
+#: AdamW run's document leaves the optimizer out, as theirs did.
+OLD_RANDOM = ["model.init=torch", "compression.sketch=torch", "diloco.commitments=hashed",
+              "training.optimizer=adamw"]
 GPT2_HASHES = [
     (["compression.encoder=v1"], "4793715b0970f4f70ae421d7de4571ac5b90a35c9f0fa45f00d3692ee4c3bcee"),
     (["model.preset=mini", "diloco.inner_steps=20", "compression.encoder=v4"],
@@ -24,7 +27,8 @@ GPT2_HASHES = [
      "d32749f2106714507fccf3aaef8bd62b0bf9844853f95c41b9f18581b45564d8"),
 ]
 FIXED_TEXT = b"To be, or not to be, that is the question.\n" * 50
-FIXED_TEXT_HASH = "adb3d38a104f7451a8449df88257cd636f3645d2282c7143abe1f7b80dd60723"  # preset mini on FIXED_TEXT
+# preset mini on FIXED_TEXT
+FIXED_TEXT_HASH = "adb3d38a104f7451a8449df88257cd636f3645d2282c7143abe1f7b80dd60723"
 
 
 @pytest.mark.parametrize("overrides, expected", GPT2_HASHES)
@@ -41,8 +45,8 @@ def test_gpt2_run_hashes_are_unchanged(overrides, expected):
     assert config_hash(run_document(again)).hex() == expected
 
 
-#: configHash of run documents made while "auto" resolved to "chunked" (commit d4cc534, before version 3 became
-#: the default): such a document names "chunked", so it keeps its hash and its records stay version 2.
+#: configHash of run documents made while "auto" resolved to "chunked" (commit d4cc534, before version 3
+#: became the default): such a document names "chunked", so it keeps its hash and its records stay version 2.
 CHUNKED_HASHES = {
     (): "47d4b943924714c6f656f8d499c1ddb6e4ac98c893a88506364c34344ae6ed6c",
     ("model.preset=mini",): "c2d57a7e05193142bbcf4a0abc74930958009420dca6086374d8b7242b219dc0",
@@ -50,9 +54,10 @@ CHUNKED_HASHES = {
 
 
 def test_a_new_run_commits_normed_roots_where_a_proof_can_open_them():
-    """Secure by default: a new full-exchange run names normed (version-3) commitments, its clip scales provable,
-    and keeps them when read back, the norm rule on or off; a sliced run (no proof opens its partials) or one with
-    two outer lrs resolves to hashed, and asking chunked or normed of it is refused with the way out."""
+    """Secure by default: a new full-exchange run names normed (version-3) commitments, its clip scales
+    provable, and keeps them when read back, the norm rule on or off; a sliced run (no proof opens its
+    partials) or one with two outer lrs resolves to hashed, and asking chunked or normed of it is refused with
+    the way out."""
     document = run_document(load_config(None, []))
     assert document["diloco"]["commitments"] == "normed" and document["diloco"]["norm_clip"] == 2.0
     again = node_config_from_run(document)
@@ -74,8 +79,8 @@ def test_a_new_run_commits_normed_roots_where_a_proof_can_open_them():
 
 @pytest.mark.parametrize("settings", list(CHUNKED_HASHES))
 def test_a_chunked_runs_document_keeps_its_hash_and_its_version(settings):
-    """A run made while "auto" resolved to "chunked" names it: read back (as a joiner or the auditor does) it is
-    still version 2, its hash what it was; the same settings now give a normed run, another hash."""
+    """A run made while "auto" resolved to "chunked" names it: read back (as a joiner or the auditor does) it
+    is still version 2, its hash what it was; the same settings now give a normed run, another hash."""
     document = run_document(load_config(None, [*settings, "diloco.commitments=chunked"]))
     assert document["diloco"]["commitments"] == "chunked"
     assert config_hash(document).hex() == CHUNKED_HASHES[settings]
@@ -92,13 +97,15 @@ def test_a_new_run_names_the_portable_generator_and_round_trips():
     again = node_config_from_run(document)
     assert again.model.init == "philox" and again.compression.sketch == "philox"
     assert config_hash(run_document(again)) == config_hash(document)
-    assert config_hash(document) != config_hash(run_document(load_config(None, ["model.preset=mini"] + OLD_RANDOM)))
+    assert config_hash(document) \
+        != config_hash(run_document(load_config(None, ["model.preset=mini"] + OLD_RANDOM)))
 
 
 def test_gpt2_run_on_a_text_file_keeps_its_hash(tmp_path):
     text = tmp_path / "fixed.txt"
     text.write_bytes(FIXED_TEXT)
-    cfg = load_config(None, [f"training.data_path={text}", "model.preset=mini", "compression.encoder=v1"] + OLD_RANDOM)
+    cfg = load_config(None, [f"training.data_path={text}", "model.preset=mini", "compression.encoder=v1"]
+                      + OLD_RANDOM)
     assert config_hash(run_document(cfg)).hex() == FIXED_TEXT_HASH
     # naming the defaults explicitly changes nothing
     explicit = load_config(None, [f"training.data_path={text}", "model.preset=mini", "model.family=gpt2",
@@ -128,7 +135,8 @@ def test_tokenizer_is_named_by_content_not_path(tmp_path):
             for name in ("a.json", "b.json")]
     assert docs[0]["model"]["tokenizer"] == f"sha256:{digest}"
     assert config_hash(docs[0]) == config_hash(docs[1])
-    by_reference = run_document(load_config(None, ["model.preset=llama-tiny", f"model.tokenizer=sha256:{digest}"]))
+    by_reference = run_document(load_config(None,
+                                            ["model.preset=llama-tiny", f"model.tokenizer=sha256:{digest}"]))
     assert config_hash(by_reference) == config_hash(docs[0])
     # a GPT-2 run with a BPE tokenizer names it too
     gpt2 = run_document(load_config(None, [f"model.tokenizer={tmp_path / 'a.json'}"]))

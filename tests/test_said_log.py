@@ -48,7 +48,8 @@ def life(tmp_path, identity) -> tuple[Messenger, Host]:
 
 def test_a_restarted_node_says_a_slot_again_only_identically(tmp_path):
     identity = Identity.generate()
-    peer = EnvelopeValidator(RUN, max_size=MAX, max_rounds_ahead=64, equivocation_exempt_kinds=EQUIVOCATION_EXEMPT)
+    peer = EnvelopeValidator(RUN, max_size=MAX, max_rounds_ahead=64,
+                             equivocation_exempt_kinds=EQUIVOCATION_EXEMPT)
     first, host1 = life(tmp_path, identity)
     first.gossip(5, msg.ATTESTATION, attestation(b"\x01"), 0)
     first.gossip(5, msg.CLOSE, msg.Close([[0, "p", b"\x03" * 32, 10]]), 0)

@@ -54,7 +54,8 @@ def _host(path: Path) -> P2PHost:
 
 
 def _serve_bad(host: P2PHost, data: bytes, under: str, tmp: Path) -> None:
-    """A hostile peer: ``data`` put in its blob store under the hash ``under`` (its store trusts its owner)."""
+    """A hostile peer: ``data`` put in its blob store under the hash ``under`` (its store trusts its
+    owner)."""
     bad = tmp / f"bad-{under[:8]}"
     bad.write_bytes(data)
     host.provide_file(bad, under)
@@ -122,7 +123,8 @@ def test_hostile_peers_are_refused_by_file_and_peer_and_another_peer_serves(data
         liar.provide_alias(manifest.root, liar.provide_blob(json.dumps(forged).encode(), announce=False))
         for p in (liar, honest):
             joiner.connect(p.listen_addrs[0], timeout=10)
-        # an alias is read only within a size limit, checked from the reply header; an unknown key is not found
+        # an alias is read only within a size limit, checked
+        # from the reply header; an unknown key is not found
         with pytest.raises(BlobTooLarge, match="over 100"):
             joiner.fetch_alias(manifest.root, honest.peer_id, max_bytes=100)
         with pytest.raises(BlobNotFound):
@@ -169,7 +171,8 @@ def _doctored_dataset(dataset: Path, out: Path, ids: np.ndarray, header_vocab: i
 @pytest.mark.parametrize("fault", ["ids beyond the vocabulary", "wrong header"])
 def test_a_shard_that_hashes_right_but_fails_its_check_is_refused_from_every_peer(dataset, tmp_path, fault):
     _, manifest = read_manifest(dataset)
-    ids = np.frombuffer((dataset / manifest.shards[0].file).read_bytes()[SHARD_HEADER.size:], dtype="<u2").copy()
+    ids = np.frombuffer((dataset / manifest.shards[0].file).read_bytes()[SHARD_HEADER.size:],
+                        dtype="<u2").copy()
     if fault == "ids beyond the vocabulary":
         ids[100] = manifest.vocab_size  # 256: one past the byte vocabulary (uint16 holds it)
         doctored = _doctored_dataset(dataset, tmp_path / "bad", ids)
@@ -179,8 +182,9 @@ def test_a_shard_that_hashes_right_but_fails_its_check_is_refused_from_every_pee
         expected = "wrong header"
     with _host(tmp_path / "a") as a, _host(tmp_path / "b") as b, _host(tmp_path / "joiner") as joiner:
         for peer in (a, b):  # a serving node checks before it serves: these serve what they were handed
-            peer.provide_alias(doctored.root, peer.provide_blob((tmp_path / "bad" / MANIFEST_NAME).read_bytes(),
-                                                                announce=False))
+            peer.provide_alias(doctored.root,
+                               peer.provide_blob((tmp_path / "bad" / MANIFEST_NAME).read_bytes(),
+                                                 announce=False))
             for entry in doctored.shards:
                 peer.provide_file(tmp_path / "bad" / entry.file, entry.sha256)
             joiner.connect(peer.listen_addrs[0], timeout=10)
@@ -269,7 +273,8 @@ def _sizes(dataset: Path, manifest: Manifest) -> dict[bytes, int]:
 
 def test_a_peer_that_trickles_for_ever_is_given_up_and_the_next_peer_serves(dataset, tmp_path):
     _, manifest = read_manifest(dataset)
-    with _trickler(tmp_path / "slow", _sizes(dataset, manifest), 0.5) as slow, _host(tmp_path / "honest") as honest, \
+    with _trickler(tmp_path / "slow", _sizes(dataset, manifest), 0.5) as slow, \
+            _host(tmp_path / "honest") as honest, \
             _impatient(tmp_path / "joiner") as joiner:
         serve_dataset(honest, dataset)
         for p in (slow, honest):
@@ -287,7 +292,8 @@ def test_a_peer_that_trickles_for_ever_is_given_up_and_the_next_peer_serves(data
 
 
 @pytest.mark.parametrize("interval, cause", [
-    pytest.param(0.5, "ProviderTooSlow", marks=pytest.mark.slow),  # (~13 s; the test above gives up on it too)
+    # (~13 s; the test above gives up on it too)
+    pytest.param(0.5, "ProviderTooSlow", marks=pytest.mark.slow),
     (None, "no byte for 3 s"),
 ])
 def test_with_only_a_slow_peer_the_fetch_ends_naming_it(dataset, tmp_path, interval, cause):

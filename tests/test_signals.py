@@ -25,8 +25,8 @@ from ledger.anvil import AnvilProcess
 from ledger.client import LedgerClient
 from ledger.errors import ChainUnavailable
 
-DEMO = [sys.executable, "-m", "node.cli", "demo", "--preset", "tiny", "--inner-steps", "4", "--checkpoint-every", "1",
-        "--replicas", "2", "--stages", "1"]
+DEMO = [sys.executable, "-m", "node.cli", "demo", "--preset", "tiny", "--inner-steps", "4",
+        "--checkpoint-every", "1", "--replicas", "2", "--stages", "1"]
 #: Bound on the demo's own orderly stop: nodes 20 s, then anvil 10 s, with room for a loaded machine.
 STOP_BOUND = 90
 
@@ -75,7 +75,8 @@ def _wait_for(what: str, condition, timeout: float, proc: subprocess.Popen, log:
         value = condition()
         if value:
             return value
-        assert proc.poll() is None, f"demo exited ({proc.returncode}) before {what}:\n{log.read_text()[-3000:]}"
+        assert proc.poll() is None, \
+            f"demo exited ({proc.returncode}) before {what}:\n{log.read_text()[-3000:]}"
         assert time.monotonic() < deadline, f"no {what} within {timeout}s:\n{log.read_text()[-3000:]}"
         time.sleep(0.2)
 
@@ -174,12 +175,14 @@ def test_demo_stopped_mid_run_by_sigint_leaves_nothing(tmp_path):
 def _start_node(config: Path, log: Path, *overrides: str) -> subprocess.Popen:
     sets = [arg for o in overrides for arg in ("--set", o)]
     with open(log, "ab") as sink:
-        return subprocess.Popen([sys.executable, "-m", "node.cli", "start", "--no-progress", "--config", str(config),
-                                 *sets], stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen([sys.executable, "-m", "node.cli", "start", "--no-progress", "--config",
+                                 str(config), *sets], stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 def _one_life(slot, log: Path, overrides: tuple[str, ...], sig: int, before: int) -> float:
-    """Start the node, wait for a commit past ``before``, signal it; it and its children stop. Seconds to exit."""
+    """Start the node, wait for a commit past ``before``, signal it; it and its children stop. Seconds to
+    exit."""
     node = _start_node(slot.config_path, log, *overrides)
     started: dict[int, str] = {}
     try:
@@ -207,11 +210,13 @@ def test_start_owning_its_anvil_stops_it_on_sigterm(tmp_path):
     """A node with ledger.backend='anvil' stops its own chain on SIGTERM; the chain's state survives."""
     from node.commands.launcher import LocalRun
 
-    run = LocalRun(tmp_path / "run", replicas=1, stages=1, split=False, attest_quorum=1, allow_weak_quorum=True,
-                   settings=["model.preset=tiny", "diloco.inner_steps=4", "training.batch_size=4", "rounds=0",
+    run = LocalRun(tmp_path / "run", replicas=1, stages=1, split=False, attest_quorum=1,
+                   allow_weak_quorum=True, settings=["model.preset=tiny", "diloco.inner_steps=4",
+                                                     "training.batch_size=4", "rounds=0",
                              "round_timeout=60", "checkpoint_every=1"])
     run.setup()
-    run.anvil.stop()  # dumps the deployed contracts and the run to chain-state.json; the node now owns the chain
+    # dumps the deployed contracts and the run to chain-state.json; the node now owns the chain
+    run.anvil.stop()
     run.anvil = None
     slot = run.nodes[0]
     chain_state = run.workdir / "chain-state.json"
@@ -229,7 +234,8 @@ def test_a_launcher_killed_outright_takes_its_children_with_it(tmp_path):
     """SIGKILL cannot be handled; the children (anvil here, nodes likewise) get SIGTERM from the kernel."""
     script = ("import sys, time; from ledger.anvil import AnvilProcess; a = AnvilProcess(); a.start(); "
               "print(a.url, flush=True); time.sleep(600)")
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
     started: dict[int, str] = {}
     try:
         url = proc.stdout.readline().strip()

@@ -1,6 +1,7 @@
-"""A holder of the sliced exchange fetches announced partials in the background (node.live.exchange.partialfetch),
-over real libp2p hosts: a provider that does not answer holds up no other partial, and a partial whose signer
-is gone comes from a live peer that holds it (one that does not answers not_found, and costs nothing else)."""
+"""A holder of the sliced exchange fetches announced partials in the background
+(node.live.exchange.partialfetch), over real libp2p hosts: a provider that does not answer holds up no other
+partial, and a partial whose signer is gone comes from a live peer that holds it (one that does not answers
+not_found, and costs nothing else)."""
 
 from __future__ import annotations
 
@@ -47,13 +48,15 @@ def _holder(host, tmp_path, fallback: list[str]) -> SlowSignerExchange:
 
 
 def _partial(identity: Identity, slice_index: int) -> bytes:
-    return Envelope.create(identity, 7, 3, "partial", bytes([slice_index]) * 600, stage=0, replica=1).to_bytes()
+    return Envelope.create(identity, 7, 3, "partial", bytes([slice_index]) * 600, stage=0,
+                           replica=1).to_bytes()
 
 
 def test_a_slow_signer_holds_up_no_other_partial_and_a_gone_signers_partial_comes_from_a_holder(tmp_path):
     ids = {name: Identity.generate() for name in ("holder", "slow", "keeper", "bystander", "gone")}
     start = lambda name: P2PHost.start(P2PConfig(), ids[name], data_dir=tmp_path / name)  # noqa: E731
-    with start("holder") as holder, start("slow") as slow, start("keeper") as keeper, start("bystander") as bystander:
+    with start("holder") as holder, start("slow") as slow, start("keeper") as keeper, \
+            start("bystander") as bystander:
         gone = start("gone")
         slice0, slice1 = _partial(ids["slow"], 0), _partial(ids["gone"], 1)
         slow.provide_blob(slice0, announce=False)
@@ -85,20 +88,21 @@ def test_a_slow_signer_holds_up_no_other_partial_and_a_gone_signers_partial_come
 
 
 def test_a_partial_nobody_serves_is_not_fetched_in_a_loop(tmp_path):
-    """A fetch that failed is tried again only after ``retry_after`` seconds, and get() says None meanwhile."""
+    """A fetch that failed is tried again only after ``retry_after`` seconds, and get() says None
+    meanwhile."""
     calls = []
     woken = []
 
     def fetch(digest, sender):
         calls.append(digest)
-        return None
 
     fetcher = PartialFetcher(fetch, lambda: woken.append(1), retry_after=3600.0)
     try:
         assert fetcher.get(1, b"\x01" * 32, "signer", wait=0.5) is None
         while fetcher.in_flight(b"\x01" * 32):
             threading.Event().wait(0.05)
-        assert fetcher.get(1, b"\x01" * 32, "signer", wait=0.2) is None  # failed under an hour ago: not asked again
+        # failed under an hour ago: not asked again
+        assert fetcher.get(1, b"\x01" * 32, "signer", wait=0.2) is None
         assert len(calls) == 1 and not woken
     finally:
         fetcher.close()

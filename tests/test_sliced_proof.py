@@ -42,7 +42,8 @@ def replay(stage, outer_round, j, inputs):
 
 def _contribution(identity, replica, reference):
     body = msg.encode_contribution_body(msg.ContributionBody(b"s" * 32, b"d" * 32, reference))
-    return Envelope.create(identity, RUN, ROUND, msg.CONTRIBUTION, body, stage=STAGE, replica=replica).to_bytes()
+    return Envelope.create(identity, RUN, ROUND, msg.CONTRIBUTION, body, stage=STAGE,
+                           replica=replica).to_bytes()
 
 
 def _round(members=3):
@@ -63,7 +64,8 @@ def _round(members=3):
 def _partial(identity, replica, envelopes, blob, j=1):
     root = merkle_root([hashlib.sha256(e).digest() for e in envelopes])
     payload = partial_payload(j, SLICES, root, len(envelopes), blob)
-    return Envelope.create(identity, RUN, ROUND, msg.PARTIAL, payload, stage=STAGE, replica=replica).to_bytes()
+    return Envelope.create(identity, RUN, ROUND, msg.PARTIAL, payload, stage=STAGE,
+                           replica=replica).to_bytes()
 
 
 def _inputs(bundles, j=1, absent=()):
@@ -93,13 +95,15 @@ def test_a_partial_that_differs_from_its_replay_convicts_its_signer_and_an_hones
     decoded = msg.decode_payload(msg.EVIDENCE, msg.encode_payload(evidence))
     assert _judge(decoded, accused.peer_id)[0] is True
     honest = _partial(accused, 2, envelopes, replay(STAGE, ROUND, 1, _inputs(bundles)))
-    guilty, why = _judge(wrong_partial_evidence(ACCOUNT, 2, honest, envelopes, bundles, close, "x"), accused.peer_id)
+    guilty, why = _judge(wrong_partial_evidence(ACCOUNT, 2, honest, envelopes, bundles, close, "x"),
+                         accused.peer_id)
     assert guilty is False and "equals its replay" in why
     # Evidence names the signer it accuses: another member is not convicted by it.
     assert _judge(evidence, identities[1].peer_id)[0] is False
     # A node that holds no plan of the stage does not judge.
     assert judge_wrong_partial(evidence, accused.peer_id, run_id=RUN, max_blob_bytes=1 << 20,
-                               num_slices=lambda stage: None, replay=replay, close_standing=_stands)[0] is None
+                               num_slices=lambda stage: None, replay=replay, close_standing=_stands)[0] \
+                               is None
 
 
 def test_evidence_that_does_not_bind_or_lacks_an_input_convicts_nobody():
@@ -109,7 +113,8 @@ def test_evidence_that_does_not_bind_or_lacks_an_input_convicts_nobody():
     _ids, other_envelopes, _bundles, _e, other_close = _round()
     cases = {
         "swapped envelope": (wrong, [other_envelopes[0], *envelopes[1:]], bundles, close),
-        "reordered": (wrong, [envelopes[1], envelopes[0], envelopes[2]], [bundles[1], bundles[0], bundles[2]], close),
+        "reordered": (wrong, [envelopes[1], envelopes[0], envelopes[2]], [bundles[1], bundles[0], bundles[2]],
+                      close),
         "one envelope short": (wrong, envelopes[:2], bundles[:2], close),
         "a bundle left out": (wrong, envelopes, [b"", *bundles[1:]], close),
         "another bundle": (wrong, envelopes, [bundles[1], *bundles[1:]], close),
@@ -117,7 +122,8 @@ def test_evidence_that_does_not_bind_or_lacks_an_input_convicts_nobody():
         "not a partial": (envelopes[2], envelopes, bundles, close),
     }
     for name, (partial, envs, bunds, closing) in cases.items():
-        guilty, why = _judge(wrong_partial_evidence(ACCOUNT, 2, partial, envs, bunds, closing, name), accused.peer_id)
+        guilty, why = _judge(wrong_partial_evidence(ACCOUNT, 2, partial, envs, bunds, closing, name),
+                             accused.peer_id)
         assert guilty is False, (name, why)
 
 
@@ -131,10 +137,12 @@ def test_an_input_the_close_names_under_another_replica_is_absent_for_the_judge_
                             stage=STAGE).to_bytes()
     accused = identities[2]
     honest = _partial(accused, 2, envelopes, replay(STAGE, ROUND, 1, _inputs(bundles, absent={1})))
-    guilty, why = _judge(wrong_partial_evidence(ACCOUNT, 2, honest, envelopes, bundles, close, "x"), accused.peer_id)
+    guilty, why = _judge(wrong_partial_evidence(ACCOUNT, 2, honest, envelopes, bundles, close, "x"),
+                         accused.peer_id)
     assert guilty is False, why
     used_it = _partial(accused, 2, envelopes, replay(STAGE, ROUND, 1, _inputs(bundles)))
-    assert _judge(wrong_partial_evidence(ACCOUNT, 2, used_it, envelopes, bundles, close, "x"), accused.peer_id)[0]
+    assert _judge(wrong_partial_evidence(ACCOUNT, 2, used_it, envelopes, bundles, close, "x"),
+                  accused.peer_id)[0]
 
 
 def test_a_made_up_close_that_misnames_an_input_frames_no_honest_aggregator():
@@ -168,14 +176,15 @@ def test_a_made_up_close_that_misnames_an_input_frames_no_honest_aggregator():
     real = wrong_partial_evidence(ACCOUNT, 2, honest, envelopes, bundles, real_close, "x")
     assert _judge(real, accused.peer_id, close_standing=aggregated_set)[0] is False
     wrong = _partial(accused, 2, envelopes, b"wrong")
-    assert _judge(wrong_partial_evidence(ACCOUNT, 2, wrong, envelopes, bundles, real_close, "x"), accused.peer_id,
-                  close_standing=aggregated_set)[0] is True
+    assert _judge(wrong_partial_evidence(ACCOUNT, 2, wrong, envelopes, bundles, real_close, "x"),
+                  accused.peer_id, close_standing=aggregated_set)[0] is True
 
 
 def test_packed_items_round_trip_and_refuse_what_they_did_not_pack():
     items = [b"", b"a", b"bc" * 100]
     assert unpack_items(pack_items(items), 3) == items
-    for bad in (b"", b"\x00\x00\x00", pack_items(items) + b"x", pack_items(items)[:-1], pack_items(items * 2)):
+    for bad in (b"", b"\x00\x00\x00", pack_items(items) + b"x", pack_items(items)[:-1],
+                pack_items(items * 2)):
         try:
             unpack_items(bad, 3)
         except ValueError:
@@ -212,7 +221,8 @@ def test_a_bundle_with_a_slice_its_record_does_not_prove_convicts_its_signer_and
     identity = Identity.generate()
     bundle, reference = slice_bundle([b"slice zero", b"slice one"])
     honest = _contribution(identity, 1, reference)
-    guilty, why = _judge_bundle(bad_bundle_evidence(ACCOUNT, 1, honest, bundle, "claimed bad"), identity.peer_id)
+    guilty, why = _judge_bundle(bad_bundle_evidence(ACCOUNT, 1, honest, bundle, "claimed bad"),
+                                identity.peer_id)
     assert guilty is False and "sound" in why
     # The member signs a reference to a bundle whose last slice does not match its record.
     tampered = _tampered(bundle)
@@ -236,17 +246,20 @@ def test_a_bundle_with_a_slice_its_record_does_not_prove_convicts_its_signer_and
 def test_a_slice_that_does_not_decode_or_a_reference_that_does_not_fit_convicts_its_signer():
     identity = Identity.generate()
     bundle, reference = slice_bundle([b"slice zero", b"garbage slice"])
-    guilty, why = _judge_bundle(bad_bundle_evidence(ACCOUNT, 0, _contribution(identity, 0, reference), bundle, ""),
+    guilty, why = _judge_bundle(bad_bundle_evidence(ACCOUNT, 0, _contribution(identity, 0, reference), bundle,
+                                                    ""),
                                 identity.peer_id)
     assert guilty is True and "does not decode" in why
     # A reference naming one slice too many, or bytes that are no reference: the envelope alone convicts.
     _bundle, three = slice_bundle([b"a", b"b", b"c"])
     for blob in (three, b"not a reference"):
-        guilty, why = _judge_bundle(bad_bundle_evidence(ACCOUNT, 0, _contribution(identity, 0, blob), None, ""),
+        guilty, why = _judge_bundle(bad_bundle_evidence(ACCOUNT, 0, _contribution(identity, 0, blob), None,
+                                                        ""),
                                     identity.peer_id)
         assert guilty is True and "reference does not fit" in why, why
     # A body that is no contribution body at all.
-    envelope = Envelope.create(identity, RUN, ROUND, msg.CONTRIBUTION, b"no body", stage=STAGE, replica=0).to_bytes()
+    envelope = Envelope.create(identity, RUN, ROUND, msg.CONTRIBUTION, b"no body", stage=STAGE,
+                               replica=0).to_bytes()
     guilty, why = _judge_bundle(bad_bundle_evidence(ACCOUNT, 0, envelope, None, ""), identity.peer_id)
     assert guilty is True and "malformed" in why
     # A close or a partial is no contribution: nobody is convicted for another kind of envelope.

@@ -49,7 +49,8 @@ def _sim() -> SimConfig:
 class SlicedReplica(SimReplica):
     """An honest replica of a sliced run: slices out, partials in (node.live.work.replica.ReplicaWorker)."""
 
-    partials: dict[int, dict[int, list[bytes]]] = {}  # round -> stage -> the partial blobs every holder applies
+    # round -> stage -> the partial blobs every holder applies
+    partials: dict[int, dict[int, list[bytes]]] = {}
 
     def __init__(self, replica, sim):
         super().__init__(replica, sim)
@@ -63,8 +64,9 @@ class SlicedReplica(SimReplica):
             if partials is None:  # the aggregators' work, once for everyone (a pure function of the inputs)
                 slices = [msgpack.unpackb(payload, raw=False) for payload in contributions[stage]]
                 partials = [aggregate_slice([blobs[j] for blobs in slices], plan, j, self.sim.compression,
-                                            engine.compressor.bandwidth_budget, norm_clip=self.sim.diloco.norm_clip,
-                                            stage_index=stage, outer_round=outer_round,
+                                            engine.compressor.bandwidth_budget,
+                                            norm_clip=self.sim.diloco.norm_clip, stage_index=stage,
+                                            outer_round=outer_round,
                                             steps_range=self.sim.diloco.steps_range).partial
                             for j in range(plan.num_slices)]
                 self.partials[outer_round][stage] = partials
@@ -94,9 +96,9 @@ def run():
 def _check(sim, records, partials, replica, outer_round):
     record = records[outer_round]
     return verify_contribution(
-        [part.to_bytes() for part in record.states[replica].stages], record.claims[replica], sim.corpus, sim.model,
-        sim.training, sim.diloco, sim.compression, outer_round=outer_round, replica=replica, run_rounds=sim.rounds,
-        previous_partials=partials.get(outer_round - 1))
+        [part.to_bytes() for part in record.states[replica].stages], record.claims[replica], sim.corpus,
+        sim.model, sim.training, sim.diloco, sim.compression, outer_round=outer_round, replica=replica,
+        run_rounds=sim.rounds, previous_partials=partials.get(outer_round - 1))
 
 
 def test_an_honest_sliced_contribution_reruns_bit_exactly_and_chains_through_the_partials(run):
@@ -105,10 +107,12 @@ def test_an_honest_sliced_contribution_reruns_bit_exactly_and_chains_through_the
         check = _check(sim, records, partials, HONEST, outer_round)
         assert check.verdict == EXACT, check.reason
         assert check.distances == {0: 0.0, 1: 0.0}
-        if outer_round > 0:  # round t-1 applied from its partials: the next state is round t+1's committed one
+        # round t-1 applied from its partials: the next state is round t+1's committed one
+        if outer_round > 0:
             assert check.next_state_hashes is not None
     first = _check(sim, records, partials, HONEST, 1)
-    assert check_state_chain(first.next_state_hashes, [c.state_hash for c in records[2].claims[HONEST]]) == EXACT
+    assert check_state_chain(first.next_state_hashes, [c.state_hash for c in records[2].claims[HONEST]]) \
+        == EXACT
 
 
 def test_a_sliced_contribution_its_state_does_not_produce_is_a_mismatch(run):
@@ -133,10 +137,12 @@ def test_the_sliced_distance_is_zero_for_the_same_slices_finite_for_others_infin
     engine_plan = live_plan(shapes, sim.diloco.num_replicas, sim.diloco.min_slice_numel)
     generator = torch.Generator().manual_seed(0)
     target = {name: torch.randn(shape, generator=generator) * 1e-3 for name, shape in shapes.items()}
-    other = {name: value + torch.randn(value.shape, generator=generator) * 1e-4 for name, value in target.items()}
+    other = {name: value + torch.randn(value.shape, generator=generator) * 1e-4
+                 for name, value in target.items()}
 
     def packed(values):
-        blobs, _decoded, _stats = encode_slices(values, engine_plan, sim.compression, 0, stage_index=0, outer_round=0)
+        blobs, _decoded, _stats = encode_slices(values, engine_plan, sim.compression, 0, stage_index=0,
+                                                outer_round=0)
         return msgpack.packb(blobs, use_bin_type=True)
 
     ours = packed(target)
@@ -172,9 +178,9 @@ def _recorded_nan_gram() -> torch.Tensor:
 
 
 def _assert_eigendecomposition(gram: torch.Tensor, values: torch.Tensor, vectors: torch.Tensor) -> None:
-    """Finite, and ``V diag(w) V^T`` within a backward-stable float32 solver's error of ``gram`` (n eps ||gram||_F,
-    with a factor 2 of room): what LAPACK promises on every CPU, not what one CPU's float32 kernel happens to give
-    (an AMD EPYC's is 3.3e-9 here, an Intel's below 1.9e-9; the bound is 1.3e-7)."""
+    """Finite, and ``V diag(w) V^T`` within a backward-stable float32 solver's error of ``gram`` (n eps
+    ||gram||_F, with a factor 2 of room): what LAPACK promises on every CPU, not what one CPU's float32 kernel
+    happens to give (an AMD EPYC's is 3.3e-9 here, an Intel's below 1.9e-9; the bound is 1.3e-7)."""
     assert values.dtype == gram.dtype and vectors.dtype == gram.dtype
     assert bool(torch.isfinite(values).all()) and bool(torch.isfinite(vectors).all())
     rebuilt = (vectors.double() * values.double()) @ vectors.double().t()
@@ -195,7 +201,8 @@ def test_stable_eigh_is_finite_where_float32_eigh_returns_nan():
     def nan_in_float32(matrix: torch.Tensor):
         calls.append(matrix.dtype)
         values, vectors = torch.linalg.eigh(matrix)
-        return (values, torch.full_like(vectors, math.nan)) if matrix.dtype == torch.float32 else (values, vectors)
+        return (values, torch.full_like(vectors, math.nan)) if matrix.dtype == torch.float32 \
+            else (values, vectors)
 
     def raises_in_float32(matrix: torch.Tensor):
         calls.append(matrix.dtype)

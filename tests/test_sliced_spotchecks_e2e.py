@@ -82,4 +82,5 @@ def test_a_member_whose_slices_its_state_does_not_produce_is_rerun_accused_and_e
     assert caught and all(c.status == OK and "found guilty on chain" in c.reason for c in caught), reruns
     assert any(c.reason.startswith("reproduced (exact") for c in reruns), reruns
     ejection = [c for c in report.general if c.name.startswith(f"ejection of {guilty[0].accused}")]
-    assert ejection and all(c.status == OK and "does not reproduce" in c.reason for c in ejection), report.general
+    assert ejection and all(c.status == OK and "does not reproduce" in c.reason for c in ejection), \
+        report.general

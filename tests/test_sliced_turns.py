@@ -53,7 +53,8 @@ def _holder(turn_timeout: float) -> tuple[SlicedExchange, NothingServed]:
 @pytest.mark.parametrize("members", [3, 16, 64])
 def test_a_withheld_slice_is_refused_after_the_first_candidates_turns_whatever_the_members(members):
     exchange, _nothing = _holder(turn_timeout=0.2)
-    close = msg.Close([[replica, f"member-{replica}", bytes([replica]) * 32, 451] for replica in range(members)])
+    close = msg.Close([[replica, f"member-{replica}", bytes([replica]) * 32, 451]
+                       for replica in range(members)])
     with pytest.raises(InputsWithheld) as refused:
         exchange.partials(5, 0, close)
     turns = min(members, CANDIDATE_TURNS)

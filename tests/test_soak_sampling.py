@@ -1,4 +1,5 @@
-"""bench/soak_sampling.py's growth figures from a soak's samples and its nodes' probe files (no run needed)."""
+"""bench/soak_sampling.py's growth figures from a soak's samples and its nodes' probe files (no run
+needed)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def _probe():
     """The probe module itself, under another name (a sitecustomize may be imported already); it starts
     nothing without DLX_CHURN_PROBE in the environment."""
     spec = importlib.util.spec_from_file_location(
-        "churn_probe_light", Path(__file__).resolve().parents[1] / "bench" / "churn_probe" / "sitecustomize.py")
+        "churn_probe_light", Path(__file__).resolve().parents[1] / "bench" / "churn_probe"
+        / "sitecustomize.py")
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     return probe
@@ -41,7 +43,8 @@ def _deep(path, walks: list[tuple[float, dict]]) -> None:
 
 def test_object_growth_names_what_grew_from_the_quarter_to_the_end(tmp_path):
     _deep(tmp_path / "deep-7.jsonl", [(300, {"p2p.X.seen": 50}), (900, {"p2p.X.seen": 10, "p2p.X.gone": 5}),
-                                      (2100, {"p2p.X.seen": 20}), (3600, {"p2p.X.seen": 40, "p2p.X.gone": 1})])
+                                      (2100, {"p2p.X.seen": 20}),
+                                      (3600, {"p2p.X.seen": 40, "p2p.X.gone": 1})])
     with open(tmp_path / "deep-7.jsonl", "a") as out:
         out.write('{"time": 4000, "types": {"dic')  # a walk cut off by the node's kill: skipped
     samples = _samples()
@@ -77,11 +80,13 @@ def test_probe_figures_read_the_light_probes_heap_parts(tmp_path):
     parts = sum(mappings[key] for key in ("brk", "arenas", "stacks", "other", "files"))
     assert abs(parts - line["rss_anon_kib"]) <= 0.05 * line["rss_anon_kib"]
     # The rest split by mapping size: the waiting thread's stack, pymalloc's arenas, the other chunks.
-    assert mappings["other"] == mappings["other_stacks"] + mappings["other_pymalloc"] + mappings["other_chunks"]
+    assert mappings["other"] == mappings["other_stacks"] + mappings["other_pymalloc"] + mappings[
+        "other_chunks"]
     assert mappings["other_stacks"] > 0 and mappings["other_pymalloc"] > 0
     assert all(size >= kib for size, kib in mappings["other_top"]) and len(mappings["other_top"]) <= 6
     path = tmp_path / "light-7.jsonl"
-    path.write_text(json.dumps(line) + "\n" + '{"time": 1, "malloc": {"in_u')  # the last line cut off by a kill
+    # the last line cut off by a kill
+    path.write_text(json.dumps(line) + "\n" + '{"time": 1, "malloc": {"in_u')
     figures = probe_figures(path)
     assert figures["py_arenas_mib"] == line["pymalloc"]["arenas"]
     assert figures["anon_brk_mib"] == round(line["mappings"]["brk"] / 1024, 1)
@@ -93,7 +98,8 @@ def test_probe_figures_read_the_light_probes_heap_parts(tmp_path):
     assert abs(sum(a["in_use"] for a in arenas) - line["malloc"]["in_use"]) <= 0.05 * line["malloc"]["in_use"]
     assert figures["malloc_main_in_use_mib"] == round(arenas[0]["in_use"] / 1048576, 1)
     assert figures["malloc_others_in_use_mib"] == round(sum(a["in_use"] for a in arenas[1:]) / 1048576, 1)
-    path.write_text('{"time": 1, "pymalloc": {}, "mappings": {}}\n')  # a probe without them (not CPython, no /proc)
+    # a probe without them (not CPython, no /proc)
+    path.write_text('{"time": 1, "pymalloc": {}, "mappings": {}}\n')
     assert "py_arenas_mib" not in probe_figures(path) and "anon_brk_mib" not in probe_figures(path)
 
 

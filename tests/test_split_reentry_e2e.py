@@ -1,4 +1,5 @@
-"""A split cluster's survivor and its restarted partner re-enter together and their rounds re-execute (issue 30).
+"""A split cluster's survivor and its restarted partner re-enter together and their rounds re-execute (issue
+30).
 
 Real node processes, real anvil, real gloo pipelines: 2 replicas x 2 stages. One stage node of replica 0
 is killed with SIGKILL while the other replica trains on; its partner sits rounds out, finishing the
@@ -58,7 +59,8 @@ def test_a_re_formed_pipeline_enters_a_round_both_replicas_contribute_to_and_it_
     from node.tools.audit import audit_run
     from node.tools.report import FAIL, OK
 
-    report = audit_run(client, run.run_id, archives=[s.data_dir for s in run.nodes], replay=False, reexecute=-1)
+    report = audit_run(client, run.run_id, archives=[s.data_dir for s in run.nodes], replay=False,
+                       reexecute=-1)
     reruns = [c for c in report.general if c.name.startswith("re-execution")]
     assert reruns, [c.line() for c in report.general]
     assert all(c.status == OK for c in reruns), [c.line() for c in reruns if c.status != OK]

@@ -1,9 +1,11 @@
-"""Re-execution spot checks on a split cluster (2 replicas x 2 stages, one stage per node, as ``dlx-node demo``).
+"""Re-execution spot checks on a split cluster (2 replicas x 2 stages, one stage per node, as ``dlx-node
+demo``).
 
 A node of a split cluster seals only the stage it holds. To check another replica it binds the round's
 contributions of every stage to the chain's record (from the closes it heard), fetches the envelopes of the
 stage it does not hold from their signers, the start state of every stage from its signer, and reruns the
-replica's whole pipeline (node/live/checks/spotinputs.py). Real node processes, a real anvil, real gloo pipelines.
+replica's whole pipeline (node/live/checks/spotinputs.py). Real node processes, a real anvil, real gloo
+pipelines.
 
 - honest: every node re-executes the other replica and reproduces it exactly; the audit's
   ``--reexecute all`` over the four archives reruns every contribution and finds nothing wrong;
@@ -55,8 +57,9 @@ def test_every_node_of_a_split_cluster_reexecutes_the_other_replica_exactly(make
     # spot_checks=8 with 2 replicas: every node checks the other replica in every round. The run is stopped
     # once every node has done two checks (a rerun's child imports torch first: under load a short run can
     # end before the first check does); MAX_ROUNDS only bounds it.
-    run = make_run(replicas=2, stages=2, split=True, settings=[*TINY, f"rounds={MAX_ROUNDS}", "join_timeout=60",
-                                                               "spot_checks=8"])
+    run = make_run(replicas=2, stages=2, split=True,
+                   settings=[*TINY, f"rounds={MAX_ROUNDS}", "join_timeout=60",
+                             "spot_checks=8"])
     run.start()
 
     def checked() -> bool:
@@ -88,7 +91,8 @@ def test_every_node_of_a_split_cluster_reexecutes_the_other_replica_exactly(make
         assert status["spot_checks"] >= 1 and status["spot_check_mismatches"] == 0, (slot.name, status)
         log = "\n".join(p.read_text(errors="replace") for p in slot.data_dir.glob("node-*.log"))
         assert "contributions of every stage are not" not in log, slot.name  # the issue-30 symptom
-        # The rounds it checked are bound to the record, and the other stage's envelopes it fetched are archived.
+        # The rounds it checked are bound to the record, and
+        # the other stage's envelopes it fetched are archived.
         archive = slot.data_dir / "archive" / f"run-{run.run_id}"
         for outer_round in {t for _r, t, _v in checks}:
             round_dir = archive / f"round-{outer_round:08d}"
@@ -100,11 +104,13 @@ def test_every_node_of_a_split_cluster_reexecutes_the_other_replica_exactly(make
                 if rep == other:
                     assert (round_dir / f"{digest}.env").exists(), (slot.name, outer_round, stage)
 
-    # The audit reruns sampled contributions from the four archives merged (start states from their blob stores).
+    # The audit reruns sampled contributions from the four
+    # archives merged (start states from their blob stores).
     from node.tools.audit import audit_run
     from node.tools.report import FAIL, OK
 
-    report = audit_run(client, run.run_id, archives=[s.data_dir for s in run.nodes], replay=False, reexecute=8)
+    report = audit_run(client, run.run_id, archives=[s.data_dir for s in run.nodes], replay=False,
+                       reexecute=8)
     reruns = [c for c in report.general if c.name.startswith("re-execution")]
     assert len(reruns) == 8, [c.line() for c in reruns]
     assert all(c.status == OK and "reproduced" in c.reason for c in reruns), [c.line() for c in reruns]
@@ -154,8 +160,10 @@ def test_a_cheating_stage_holder_of_a_split_cluster_is_caught_and_only_it_is_acc
     from node.tools.audit import audit_run
     from node.tools.report import FAIL, OK
 
-    report = audit_run(client, run.run_id, archives=[s.data_dir for s in run.nodes], replay=False, reexecute=2)
+    report = audit_run(client, run.run_id, archives=[s.data_dir for s in run.nodes], replay=False,
+                       reexecute=2)
     ejections = [c for c in report.general if c.name.startswith("ejection")]
     assert ejections and all(c.status == OK for c in ejections), [c.line() for c in ejections]
-    assert not [c for c in report.general if c.name.startswith(("re-execution", "ejection")) and c.status == FAIL], \
+    assert not [c for c in report.general if c.name.startswith(("re-execution", "ejection"))
+                and c.status == FAIL], \
         [c.line() for c in report.general]

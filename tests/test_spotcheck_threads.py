@@ -67,7 +67,8 @@ class Chain:
 
 def _checker(tmp_path, stop: threading.Event) -> tuple[SlowReruns, Chain, list, queue.Queue]:
     me = Identity.generate()
-    sealed = [ArchivedContribution(0, replica, f"peer-{replica}", bytes([replica]) * 32) for replica in range(3)]
+    sealed = [ArchivedContribution(0, replica, f"peer-{replica}", bytes([replica]) * 32)
+              for replica in range(3)]
     gossiped: list = []
     charges: queue.Queue = queue.Queue()
     chain = Chain()
@@ -81,8 +82,9 @@ def _checker(tmp_path, stop: threading.Event) -> tuple[SlowReruns, Chain, list, 
             live_peers=lambda _age: {"peer-1": SimpleNamespace(hello=SimpleNamespace(account=CHEATER))})),
         gossip=lambda *a: gossiped.append(a),
         sign_envelope=lambda r, kind, payload: Envelope.create(me, RUN, r, kind, payload).to_bytes(),
-        stage_hashes=lambda _r: {}, own_replica=lambda: 0, current_round=lambda: 3, work_dir=tmp_path / "work",
-        evidence_dir=tmp_path / "evidence", stop=stop, on_ejected=lambda *_a: None, charges=charges)
+        stage_hashes=lambda _r: {}, own_replica=lambda: 0, current_round=lambda: 3,
+        work_dir=tmp_path / "work", evidence_dir=tmp_path / "evidence", stop=stop,
+        on_ejected=lambda *_a: None, charges=charges)
     return SlowReruns(ctx), chain, gossiped, charges
 
 
@@ -105,15 +107,17 @@ def test_a_charge_is_opened_while_a_rerun_is_in_flight(tmp_path):
         assert checker.rerun_started.wait(60), "the sampled rerun did not start"
 
         def build(account: bytes) -> msg.Evidence:
-            return msg.Evidence(account, 1, [b"the accused's signed partial"], "wrong-partial", "slice 3 differs",
-                                [math.inf])
+            return msg.Evidence(account, 1, [b"the accused's signed partial"], "wrong-partial",
+                                "slice 3 differs", [math.inf])
 
         charges.put((0, "peer-1", 1, build))
-        _wait(lambda: any(kind == msg.VERDICT for _r, kind, _m in gossiped), "no verdict signed on the charge")
+        _wait(lambda: any(kind == msg.VERDICT for _r, kind, _m in gossiped),
+              "no verdict signed on the charge")
         assert not checker.release.is_set() and checker.reran == []  # the rerun is still in flight
         [(accused, evidence_hash)] = chain.accused
         assert accused == "0x" + CHEATER.hex()
-        kinds = [(kind, getattr(m, "evidence_hash", None), getattr(m, "guilty", None)) for _r, kind, m in gossiped]
+        kinds = [(kind, getattr(m, "evidence_hash", None), getattr(m, "guilty", None))
+                 for _r, kind, m in gossiped]
         assert kinds == [(msg.ACCUSATION, evidence_hash, None), (msg.VERDICT, evidence_hash, True)]
         assert checker.pending_checks == 1  # replica 2's check waits its turn behind replica 1's
 

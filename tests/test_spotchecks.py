@@ -79,7 +79,8 @@ def test_rerun_worker_reproduces_an_honest_round_catches_a_changed_one_and_survi
         # A contribution that is not what its start state produces: another replica's data.
         stage, state_hash, data, payload, applied = claims[1]
         other = tmp_path / "other"
-        cheat = [claims[0], (stage, state_hash, data, claims[0][3], applied)]  # stage 0's payload sent as stage 1's
+        # stage 0's payload sent as stage 1's
+        cheat = [claims[0], (stage, state_hash, data, claims[0][3], applied)]
         SpotCheckJob(cfg.to_dict(), 0, 0, cheat, [p.to_bytes() for p in state.stages]).write(other)
         assert not worker.run(other, timeout=300).honest
 
@@ -120,10 +121,11 @@ def test_hostile_verdicts_are_refused_and_k_guilty_verdicts_eject_on_chain(deplo
     stop = threading.Event()
     ctx = VerifierContext(
         cfg=SimpleNamespace(spot_checks=0.0, pipeline=SimpleNamespace(num_stages=1),
-                            p2p=SimpleNamespace(max_blob_bytes=1 << 20)), run_id=run.run_id, peer_id="verifier", chain=NodeChain(run.client(1)),
-        host=None, archive=None, membership=None, gossip=None, sign_envelope=None, stage_hashes=None,
-        own_replica=lambda: 0, current_round=lambda: 0, work_dir=tmp_path / "work", evidence_dir=tmp_path / "ev",
-        stop=stop, on_ejected=lambda peer, account: ejected.append(account))
+                            p2p=SimpleNamespace(max_blob_bytes=1 << 20)), run_id=run.run_id,
+        peer_id="verifier", chain=NodeChain(run.client(1)), host=None, archive=None, membership=None,
+        gossip=None, sign_envelope=None, stage_hashes=None, own_replica=lambda: 0, current_round=lambda: 0,
+        work_dir=tmp_path / "work", evidence_dir=tmp_path / "ev", stop=stop,
+        on_ejected=lambda peer, account: ejected.append(account))
     checker = SpotChecker(ctx)
     accused_bytes = bytes.fromhex(accused.address[2:])
     checker._accusations[evidence] = (0, msg.Accusation(0, accused_bytes, "accused-peer", 2, evidence, 100))
@@ -208,7 +210,8 @@ def test_an_accusation_seen_only_on_chain_whose_evidence_is_never_served_is_clea
         cleared = Verdict(run.run_id, accused.address, evidence, False)
         member3 = run.client(3)
         checker.on_verdict(None, msg.VerdictSignature(bytes.fromhex(accused.address[2:]), evidence, False,
-                                                      bytes.fromhex(member3.address[2:]), member3.sign_verdict(cleared)))
+                                                      bytes.fromhex(member3.address[2:]),
+                                                      member3.sign_verdict(cleared)))
         while chain.accusation_status(run.run_id, accused.address, evidence) != "cleared":
             assert time.monotonic() < deadline, "the accusation was not cleared on chain"
             time.sleep(0.2)
@@ -238,7 +241,8 @@ def test_accusations_from_outsiders_are_refused_and_unserved_or_malformed_eviden
     membership = Membership("me", "c0", 1, 1, book, seat=lambda _a, _k: Seat((0, 0), 0))
     outsider = Identity.generate()
     accusation = msg.Accusation(0, b"a" * 20, "peer", 1, b"e" * 32, 100)
-    inbox = GossipInbox(7, EnvelopeValidator(7, max_size=1 << 16), book, membership, None, held_stages=lambda: ())
+    inbox = GossipInbox(7, EnvelopeValidator(7, max_size=1 << 16), book, membership, None,
+                        held_stages=lambda: ())
     data = Envelope.create(outsider, 7, 0, msg.ACCUSATION, msg.encode_payload(accusation)).to_bytes()
     with pytest.raises(msg.ProtocolError, match="not a placed member"):
         inbox.handle(data)
@@ -268,7 +272,8 @@ def test_accusations_from_outsiders_are_refused_and_unserved_or_malformed_eviden
 
     signed = []
     ctx = VerifierContext(
-        cfg=SimpleNamespace(spot_checks=0.0, p2p=SimpleNamespace(max_blob_bytes=1 << 20), pipeline=SimpleNamespace(
+        cfg=SimpleNamespace(spot_checks=0.0, p2p=SimpleNamespace(max_blob_bytes=1 << 20),
+                            pipeline=SimpleNamespace(
             num_stages=1)), run_id=7, peer_id="me", chain=Chain(), host=Host(),
         archive=SimpleNamespace(sealed=lambda _r: [], recorded=lambda _r: None, get=lambda *_a: b""),
         membership=membership,
@@ -284,8 +289,9 @@ def test_accusations_from_outsiders_are_refused_and_unserved_or_malformed_eviden
             digest = hashlib.sha256(blob).hexdigest()
             if served_here:
                 served[digest] = blob
-            checker._confirm(0, accuser.peer_id, msg.Accusation(0, b"a" * 20, "peer", 1, bytes.fromhex(digest),
-                                                                len(blob)))
+            checker._confirm(0, accuser.peer_id,
+                             msg.Accusation(0, b"a" * 20, "peer", 1, bytes.fromhex(digest),
+                                            len(blob)))
         verdicts = [message for _round, kind, message in signed if kind == msg.VERDICT]
         assert [(v.evidence_hash, v.guilty) for v in verdicts] == [
             (hashlib.sha256(b"never served").digest(), False),
@@ -333,10 +339,12 @@ def test_chain_evidence_must_name_the_sealed_envelopes_of_both_rounds(tmp_path):
     signed = []
     ctx = one_stage_verifier(tmp_path, Host(), sealed, envelopes, gossip=lambda *a: signed.append(a))
     checker = SpotChecker(ctx)
-    checker._check = lambda r, replica: rerun.append((r, replica))  # stop at the rerun: None = could not rerun
+    # stop at the rerun: None = could not rerun
+    checker._check = lambda r, replica: rerun.append((r, replica))
 
     def confirm(contributions: list[bytes]) -> None:
-        evidence = msg.Evidence(b"a" * 20, 1, contributions, "state_mismatch", "r", [0.0] * len(contributions))
+        evidence = msg.Evidence(b"a" * 20, 1, contributions, "state_mismatch", "r",
+                                [0.0] * len(contributions))
         blob = Envelope.create(accuser, 7, 0, msg.EVIDENCE, msg.encode_payload(evidence)).to_bytes()
         digest = hashlib.sha256(blob).hexdigest()
         served[digest] = blob
@@ -352,7 +360,8 @@ def test_chain_evidence_must_name_the_sealed_envelopes_of_both_rounds(tmp_path):
         confirm([sealed_env[0], sealed_env[1]])
         assert (signed, provided, rerun) == ([], [], [])
         sealed[1] = [ArchivedContribution(0, 1, accused.peer_id, hashlib.sha256(sealed_env[1]).digest())]
-        confirm([sealed_env[0], sealed_env[1]])  # the honest shape is served onward and rerun (on the rerun thread)
+        # the honest shape is served onward and rerun (on the rerun thread)
+        confirm([sealed_env[0], sealed_env[1]])
         checker.drain(60)
         assert len(provided) == 1 and rerun == [(0, 1)] and signed == []
     finally:
@@ -365,7 +374,8 @@ def test_a_result_with_malformed_next_state_hashes_is_refused():
 
     good = {"verdict": "exact", "reason": "r", "distances": {"0": 0.0}, "seconds": 1.0}
     assert parse_result(json_bytes(good)).next_state_hashes is None
-    assert parse_result(json_bytes({**good, "next_state_hashes": ["ab" * 32]})).next_state_hashes == [b"\xab" * 32]
+    assert parse_result(json_bytes({**good, "next_state_hashes": ["ab" * 32]})).next_state_hashes \
+        == [b"\xab" * 32]
     for bad in (["ab"], ["zz" * 32], "ab" * 32, [1]):
         with pytest.raises(SpotCheckFailed):
             parse_result(json_bytes({**good, "next_state_hashes": bad}))
@@ -409,8 +419,9 @@ def test_the_audit_judges_a_chain_link_from_the_archives_and_never_trusts_a_serv
 
         who = Identity.generate()
         return [decode_envelope(Envelope.create(
-            who, 1, 1, msg.CONTRIBUTION, msg.encode_contribution_body(msg.ContributionBody(h, b"d" * 32, b"blob")),
-            stage=s).to_bytes(), 1 << 20) for s, h in enumerate(hashes)]
+            who, 1, 1, msg.CONTRIBUTION,
+            msg.encode_contribution_body(msg.ContributionBody(h, b"d" * 32, b"blob")), stage=s).to_bytes(),
+                                1 << 20) for s, h in enumerate(hashes)]
 
     exact = SimpleNamespace(next_state_hashes=trained.stage_hashes())
     broken, reason, stages = auditor.chain_broken(0, SimpleNamespace(next_state_hashes=None), [])
@@ -499,14 +510,16 @@ def test_a_chain_link_is_checked_however_far_behind_the_chain_the_node_is(tmp_pa
     checker._court.put = lambda *job: accused.append(job)  # the tribunal's queue: what the link hands over
     try:
         for t in (1, 2):  # round t's link of replica 1 from an exact rerun of round t-1
-            checker._results[(t - 1, 1)] = SpotCheckResult("exact", "r", {0: 0.0}, 1.0, next_state_hashes=[led_to])
+            checker._results[(t - 1, 1)] = SpotCheckResult("exact", "r", {0: 0.0}, 1.0,
+                                                           next_state_hashes=[led_to])
         checker._newest = 2 + MAX_LAG_ROUNDS + 10  # far behind the chain
         seal(1, led_to)
         checker._link(1, {1: {member.peer_id}})
         assert (checker.chain_checks, checker.mismatches, accused) == (1, 0, [])  # chained, counted
         seal(2, forged)
         checker._link(2, {1: {member.peer_id}})
-        # Not chained and the state not served: the link was made (not skipped) and could not tell: nobody accused.
+        # Not chained and the state not served: the link was
+        # made (not skipped) and could not tell: nobody accused.
         assert (checker.chain_checks, checker.mismatches, accused) == (1, 0, [])
         assert "chain check of replica 1 round 2 not done: blob 222222222222 is not served" in caplog.text
     finally:
@@ -515,8 +528,9 @@ def test_a_chain_link_is_checked_however_far_behind_the_chain_the_node_is(tmp_pa
 
 
 def one_stage_verifier(tmp_path, host, sealed: dict, envelopes: dict, gossip):
-    """A spot checker's context over one-stage rounds: ``sealed`` (round -> archived entries) and ``envelopes``
-    (hash -> bytes) are the archive, ``host`` the blob boundary; nothing samples (spot_checks 0)."""
+    """A spot checker's context over one-stage rounds: ``sealed`` (round -> archived entries) and
+    ``envelopes`` (hash -> bytes) are the archive, ``host`` the blob boundary; nothing samples (spot_checks
+    0)."""
     import threading
     from types import SimpleNamespace
 
@@ -526,7 +540,8 @@ def one_stage_verifier(tmp_path, host, sealed: dict, envelopes: dict, gossip):
 
     membership = Membership("me", "c0", 1, 1, RoundBook(), seat=lambda _a, _k: Seat((0, 0), 0))
     return VerifierContext(
-        cfg=SimpleNamespace(spot_checks=0.0, p2p=SimpleNamespace(max_blob_bytes=1 << 20), pipeline=SimpleNamespace(
+        cfg=SimpleNamespace(spot_checks=0.0, p2p=SimpleNamespace(max_blob_bytes=1 << 20),
+                            pipeline=SimpleNamespace(
             num_stages=1)), run_id=7, peer_id="me", chain=None, host=host,
         archive=SimpleNamespace(sealed=lambda r: sealed.get(r), recorded=lambda _r: None,
                                 get=lambda _r, h: envelopes[h]),

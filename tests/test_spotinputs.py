@@ -1,6 +1,6 @@
-"""A spot check's inputs on a split cluster (node/live/checks/spotinputs.py): the round's contributions of every stage
-bound to the chain's roots, envelopes fetched from the stage holders and refused when they are not the ones the
-record binds, and the verdict of a confirming member that judges only the accused's own stages.
+"""A spot check's inputs on a split cluster (node/live/checks/spotinputs.py): the round's contributions of
+every stage bound to the chain's roots, envelopes fetched from the stage holders and refused when they are not
+the ones the record binds, and the verdict of a confirming member that judges only the accused's own stages.
 
 Real archives on disk and real signed envelopes; the blob transfer and the chain are boundaries here (the
 multi-process runs are tests/test_split_spotchecks_e2e.py)."""
@@ -40,8 +40,8 @@ RUN = 7
 
 def _contribution(who: Identity, outer_round: int, stage: int, replica: int, blob: bytes) -> bytes:
     body = msg.ContributionBody(bytes([stage + 1]) * 32, b"d" * 32, blob)
-    return Envelope.create(who, RUN, outer_round, msg.CONTRIBUTION, msg.encode_contribution_body(body), stage=stage,
-                           replica=replica).to_bytes()
+    return Envelope.create(who, RUN, outer_round, msg.CONTRIBUTION, msg.encode_contribution_body(body),
+                           stage=stage, replica=replica).to_bytes()
 
 
 class _Split:
@@ -54,7 +54,8 @@ class _Split:
         self.entries = [ArchivedContribution(s, r, self.who[(r, s)].peer_id,
                                              hashlib.sha256(self.envelopes[(r, s)]).digest())
                         for s in range(2) for r in range(2)]
-        self.closes = {s: [tuple((e.replica, e.peer_id, e.envelope_hash) for e in self.entries if e.stage == s)]
+        self.closes = {s: [tuple((e.replica, e.peer_id, e.envelope_hash) for e in self.entries
+                                 if e.stage == s)]
                        for s in range(2)}
         self.root = merkle_root([e.envelope_hash for e in self.entries])
         self.hashes = [b"\x01" * 32, b"\x02" * 32]
@@ -62,7 +63,8 @@ class _Split:
 
 def test_a_recorded_round_is_bound_to_the_records_roots_whatever_else_was_heard():
     split = _Split()
-    forged_close = tuple((r, p, b"\xee" * 32) for r, p, _h in split.closes[1][0])  # an equivocating coordinator's
+    # an equivocating coordinator's
+    forged_close = tuple((r, p, b"\xee" * 32) for r, p, _h in split.closes[1][0])
     heard = HeardRound({0: split.closes[0], 1: [forged_close, *split.closes[1]]},
                        {0: [b"\x09" * 32, split.hashes[0]], 1: [split.hashes[1]]}, HASHED)
     entries, hashes = bind_to_record(heard, 2, split.root, weights_root(split.hashes))
@@ -128,7 +130,8 @@ def test_envelopes_of_other_stages_are_fetched_checked_and_archived_and_wrong_on
     placements = {split.who[(0, 1)].peer_id: stage1_holder, split.who[(1, 1)].peer_id: stage1_holder,
                   "me": SimpleNamespace(stages=(0,))}
     inputs = ReplicaInputs(archive=archive, host=Host(), membership=SimpleNamespace(placements=placements),
-                           run_id=RUN, peer_id="me", num_stages=2, max_blob_bytes=1 << 20, work_dir=tmp_path / "w")
+                           run_id=RUN, peer_id="me", num_stages=2, max_blob_bytes=1 << 20,
+                           work_dir=tmp_path / "w")
     wanted = split.entries[3]  # stage 1, replica 1
     assert (wanted.stage, wanted.replica) == (1, 1)
 
@@ -172,14 +175,16 @@ def test_envelopes_of_other_stages_are_fetched_checked_and_archived_and_wrong_on
 
 
 def test_a_confirming_member_judges_only_the_accused_members_own_stages(tmp_path):
-    """Replica 1's rerun fails in stage 1 only. An accusation of the stage-1 signer gets a guilty verdict; one of
-    its honest stage-0 partner, with the same evidence, a not-guilty one; a failure that names no stage of a
-    split replica names nobody, and nothing is signed."""
+    """Replica 1's rerun fails in stage 1 only. An accusation of the stage-1 signer gets a guilty verdict; one
+    of its honest stage-0 partner, with the same evidence, a not-guilty one; a failure that names no stage of
+    a split replica names nobody, and nothing is signed."""
     from ledger.records import Verdict
     from node.live.peers.membership import Membership
     from node.live.state.roundbook import RoundBook
     from node.live.checks.spotcheck import SpotCheckResult
     from node.live.checks.verifier import SpotChecker, VerifierContext
+    from node.live.peers.membership import Membership
+    from node.live.state.roundbook import RoundBook
 
     split = _Split()
     archive = Archive(tmp_path / "archive", RUN)
@@ -219,8 +224,8 @@ def test_a_confirming_member_judges_only_the_accused_members_own_stages(tmp_path
         host=Host(), archive=archive, membership=Membership("me", "c0", 1, 2, RoundBook(),
                                                           seat=lambda _a, _k: Seat((0, 0), 0)),
         gossip=lambda *a: signed.append(a), sign_envelope=None, stage_hashes=None, own_replica=lambda: 0,
-        current_round=lambda: 5, work_dir=tmp_path / "work", evidence_dir=tmp_path / "ev", stop=threading.Event(),
-        on_ejected=None)
+        current_round=lambda: 5, work_dir=tmp_path / "work", evidence_dir=tmp_path / "ev",
+        stop=threading.Event(), on_ejected=None)
     checker = SpotChecker(ctx)
     outcome = [SpotCheckResult("mismatch", "stage 1 off by 0.05", {0: 0.0, 1: 0.05}, 1.0, failed_stages=(1,))]
     checker._check = lambda _r, _replica: outcome[0]  # the rerun's verdict (tests/test_spotchecks.py reruns)
@@ -232,8 +237,9 @@ def test_a_confirming_member_judges_only_the_accused_members_own_stages(tmp_path
         blob = Envelope.create(accuser, RUN, 3, msg.EVIDENCE, msg.encode_payload(evidence)).to_bytes()
         served[hashlib.sha256(blob).hexdigest()] = blob
         signed.clear()
-        checker._confirm(3, accuser.peer_id, msg.Accusation(3, accounts[accused_key], split.who[accused_key].peer_id,
-                                                            1, hashlib.sha256(blob).digest(), len(blob)))
+        checker._confirm(3, accuser.peer_id,
+                         msg.Accusation(3, accounts[accused_key], split.who[accused_key].peer_id,
+                                        1, hashlib.sha256(blob).digest(), len(blob)))
         checker.drain(60)  # the rerun and the verdict after it run on the rerun thread
         return [m.guilty for _round, kind, m in signed if kind == msg.VERDICT]
 

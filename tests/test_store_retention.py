@@ -57,12 +57,14 @@ def test_checkpoints_keep_the_newest_committed_and_every_uncommitted_one(tmp_pat
     _checkpoints(directory, [6, 7], full=False)  # shards only: the full checkpoint was never assembled
     (directory / "notes.txt").write_text("not a checkpoint")
     forgotten: list[str] = []
-    assert prune_checkpoints(directory, 1, committed_through=6, forget_blob=forgotten.append) == [0, 1, 2, 3, 4]
+    assert prune_checkpoints(directory, 1, committed_through=6, forget_blob=forgotten.append) == [0, 1, 2, 3,
+                                                                                                  4]
     # Kept: round 5 (the newest committed full checkpoint: joiners download it), round 6 (the newest
     # committed round), round 7 (not committed yet).
     assert sorted(checkpoint_files(directory)) == [5, 6, 7]
     assert (directory / "notes.txt").exists()
-    assert hashlib.sha256(b"full 0").hexdigest() in forgotten and hashlib.sha256(b"shard 4").hexdigest() in forgotten
+    assert hashlib.sha256(b"full 0").hexdigest() in forgotten and hashlib.sha256(b"shard 4").hexdigest() \
+        in forgotten
     assert prune_checkpoints(directory, 0, committed_through=7) == []  # 0 keeps everything
     assert prune_checkpoints(directory, 2, committed_through=-1) == []  # nothing committed: nothing goes
 
@@ -72,7 +74,8 @@ def test_storage_settings_load_validate_and_keep_the_old_name(tmp_path):
     assert (cfg.storage.keep_rounds, cfg.storage.keep_checkpoints) == (20, 3)
     default = load_config(None, []).storage
     assert (default.keep_rounds, default.keep_checkpoints) == (0, 0)  # keep all: an audit needs every round
-    assert load_config(None, ["retention_rounds=7"]).storage.keep_rounds == 7  # the older setting still applies
+    # the older setting still applies
+    assert load_config(None, ["retention_rounds=7"]).storage.keep_rounds == 7
     with pytest.raises(ConfigError, match="storage.keep_checkpoints"):
         load_config(None, ["storage.keep_checkpoints=-1"])
     path = tmp_path / "node.toml"
@@ -85,7 +88,8 @@ def test_state_json_stays_bounded_on_long_runs(tmp_path):
 
     state = StateFile(tmp_path / "state.json", run_id=3)
     for outer_round in range(30):
-        state.record_round(outer_round, bytes([outer_round]) * 32, committed_by_me=outer_round % 2 == 0, keep=8)
+        state.record_round(outer_round, bytes([outer_round]) * 32, committed_by_me=outer_round % 2 == 0,
+                           keep=8)
         state.remember_signed(outer_round, bytes(32), bytes(65), keep=8)
     reloaded = StateFile(tmp_path / "state.json", run_id=3)
     assert sorted(map(int, reloaded.get("weights_roots"))) == list(range(22, 30))
@@ -101,7 +105,8 @@ def test_attested_figures_survive_a_restart_as_they_were(tmp_path):
 
     state = StateFile(tmp_path / "state.json", run_id=3)
     for outer_round in range(10):
-        state.remember_attested(outer_round, 2.5 + outer_round, math.nan if outer_round % 2 else 2.25, 4096, keep=4)
+        state.remember_attested(outer_round, 2.5 + outer_round, math.nan if outer_round % 2 else 2.25, 4096,
+                                keep=4)
     reloaded = StateFile(tmp_path / "state.json", run_id=3)
     assert reloaded.attested(5) is None  # only the last 4 are kept
     assert reloaded.attested(8) == (10.5, 2.25, 4096)

@@ -7,17 +7,18 @@ import itertools
 import pytest
 import torch
 
-from training.stage_engine import StageEngine
 from training.codec.allocation import allocate, lower_hull
 from training.codec_wire import decode_contribution
 from training.compression import ErrorFeedbackCompressor, encode_within_bandwidth
 from training.config import DilocoConfig
 from training.config_compression import AUTO_MAX_ROUND_RATIO, CompressionConfig
+from training.stage_engine import StageEngine
 
 
 def test_lower_hull_drops_dominated_and_concave_points():
     points = [(10, 100.0), (20, 40.0), (30, 35.0), (40, 5.0), (25, 90.0), (50, 6.0)]
-    # (25, 90) is dominated by (20, 40); (30, 35) lies above the segment (20, 40)-(40, 5); (50, 6) is worse than (40, 5).
+    # (25, 90) is dominated by (20, 40); (30, 35) lies above the
+    # segment (20, 40)-(40, 5); (50, 6) is worse than (40, 5).
     assert lower_hull(points) == [0, 1, 3]
 
 
@@ -121,7 +122,8 @@ def test_every_ranks_estimate_from_one_quantization_matches_coding_each_rank():
     from training.codec.v1 import lowrank_estimates
 
     g = torch.Generator().manual_seed(4)
-    for matrix in (torch.randn(128, 6, generator=g) @ torch.randn(6, 512, generator=g) + 0.1 * torch.randn(128, 512, generator=g),
+    for matrix in (torch.randn(128, 6, generator=g) @ torch.randn(6, 512, generator=g) + 0.1
+                   * torch.randn(128, 512, generator=g),
                    torch.randn(96, 40, generator=g)):
         norm = float(torch.linalg.vector_norm(matrix))
         ranks = [1, 2, 4, 8, 16, 32]

@@ -1,4 +1,5 @@
-"""The sliced (butterfly) exchange: slice plan, bit-exact partials, replay, tampering, bad inputs, flat traffic."""
+"""The sliced (butterfly) exchange: slice plan, bit-exact partials, replay, tampering, bad inputs, flat
+traffic."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ from training.butterfly import (
     replay_partial,
     split_slices,
 )
+from training.codec_wire import decode_contribution
+from training.compression import encode_contribution, encode_within_bandwidth
+from training.config_compression import CompressionConfig
+from training.diloco import average_contributions
+from training.errors import ContributionDecodeError
 from training.slicemessages import (
     check_partial,
     inputs_root,
@@ -29,11 +35,6 @@ from training.slicemessages import (
     slice_message,
     slice_signing_bytes,
 )
-from training.codec_wire import decode_contribution
-from training.compression import encode_contribution, encode_within_bandwidth
-from training.config_compression import CompressionConfig
-from training.diloco import average_contributions
-from training.errors import ContributionDecodeError
 
 SHAPES = {"a.weight": (48, 40), "b.bias": (40,), "c.weight": (64, 4, 8), "d.empty": (0, 3), "e.scale": (1,)}
 CFG = CompressionConfig(min_compress_numel=256)
@@ -64,7 +65,8 @@ def low_rank_tensors(seed: int) -> dict[str, torch.Tensor]:
 
 def honest_round(replicas: int, num_slices: int, outer_round: int = 3, stage: int = 1):
     plan = plan_slices(SHAPES, num_slices, min_slice_numel=64)
-    compressors = [SlicedErrorFeedbackCompressor(SHAPES, CFG, plan, bandwidth_budget=BUDGET) for _ in range(replicas)]
+    compressors = [SlicedErrorFeedbackCompressor(SHAPES, CFG, plan, bandwidth_budget=BUDGET)
+                   for _ in range(replicas)]
     slices = [c.compress_slices(low_rank_tensors(i), stage_index=stage, outer_round=outer_round)[0]
               for i, c in enumerate(compressors)]
     return plan, compressors, slices
@@ -130,29 +132,34 @@ def test_assembled_partials_equal_a_direct_reference_bit_for_bit():
     expected_parts = []
     for j, part in enumerate(split_slices(average, plan)):
         budget = sorted(len(s[j]) for s in slices)[(replicas - 1) // 2]  # lower median of the input sizes
-        blob, decoded, _ = encode_within_bandwidth(part, CFG, budget, stage_index=stage, outer_round=outer_round)
+        blob, decoded, _ = encode_within_bandwidth(part, CFG, budget, stage_index=stage,
+                                                   outer_round=outer_round)
         assert blob == results[j].partial
         expected_parts.append(decoded)
     assert bitwise_equal(delta, assemble_slices(expected_parts, plan))
     # And the error feedback of each replica closes over the whole target.
     for i, compressor in enumerate(compressors):
         target = low_rank_tensors(i)
-        assert all(torch.allclose(compressor.residual[n] + compressor.last_decoded[n], target[n]) for n in SHAPES)
+        assert all(torch.allclose(compressor.residual[n] + compressor.last_decoded[n], target[n])
+                   for n in SHAPES)
 
 
 def test_replay_gives_identical_bytes_and_check_passes():
     plan, _, slices = honest_round(4, 3)
     inputs = [s[1] for s in slices]
     result = aggregate_slice(inputs, plan, 1, CFG, BUDGET, norm_clip=2.0, stage_index=1, outer_round=3)
-    assert replay_partial(inputs, plan, 1, CFG, BUDGET, norm_clip=2.0, stage_index=1, outer_round=3) == result.partial
+    assert replay_partial(inputs, plan, 1, CFG, BUDGET, norm_clip=2.0, stage_index=1,
+                          outer_round=3) == result.partial
     partial = parse_partial(partial_payload(1, plan.num_slices, inputs_root(inputs), 4, result.partial))
-    assert check_partial(partial, inputs, plan, CFG, BUDGET, norm_clip=2.0, stage_index=1, outer_round=3) == ""
+    assert check_partial(partial, inputs, plan, CFG, BUDGET, norm_clip=2.0, stage_index=1,
+                         outer_round=3) == ""
 
 
 def test_a_tampered_partial_is_detected():
     plan, _, slices = honest_round(4, 3)
     inputs = [s[0] for s in slices]
-    honest = aggregate_slice(inputs, plan, 0, CFG, BUDGET, norm_clip=2.0, stage_index=1, outer_round=3).partial
+    honest = aggregate_slice(inputs, plan, 0, CFG, BUDGET, norm_clip=2.0, stage_index=1,
+                             outer_round=3).partial
     root = inputs_root(inputs)
 
     def verdict(blob: bytes, inputs_root: bytes = root, count: int = 4) -> str:
@@ -160,7 +167,8 @@ def test_a_tampered_partial_is_detected():
         return check_partial(partial, inputs, plan, CFG, BUDGET, norm_clip=2.0, stage_index=1, outer_round=3)
 
     # A poisoned average that still decodes: replica 0's slice alone, scaled up, re-encoded.
-    poisoned = {n: v * 10 for n, v in decode_contribution(inputs[0], plan.slice_shapes(0), refuse_raw=True).items()}
+    poisoned = {n: v * 10 for n, v in decode_contribution(inputs[0], plan.slice_shapes(0),
+                                                          refuse_raw=True).items()}
     forged, _, _ = encode_contribution(poisoned, CFG, stage_index=1, outer_round=3)
     assert "differ from the replay" in verdict(forged)
     flipped = bytearray(honest)
@@ -196,7 +204,8 @@ def test_a_malformed_slice_blob_is_excluded_and_costs_only_itself():
 
 def test_the_norm_rule_runs_per_slice():
     plan, _, slices = honest_round(5, 2)
-    huge = {n: v * 1000 for n, v in decode_contribution(slices[4][0], plan.slice_shapes(0), refuse_raw=True).items()}
+    huge = {n: v * 1000 for n, v in decode_contribution(slices[4][0], plan.slice_shapes(0),
+                                                        refuse_raw=True).items()}
     slices[4][0], _, _ = encode_contribution(huge, CFG, stage_index=1, outer_round=3)
     result = aggregate_slice([s[0] for s in slices], plan, 0, CFG, BUDGET, norm_clip=2.0, stage_index=1,
                              outer_round=3)
@@ -269,15 +278,18 @@ def test_per_node_bytes_are_flat_in_r_while_all_to_all_grows():
     rows = {}
     for replicas in (8, 64):
         today = bench.todays_traffic(bases, replicas, cfg, budget, 0, 0, materialize=4)
-        sliced, extra = bench.sliced_traffic(bases, replicas, cfg, budget, 0, 0, shapes=shapes, min_slice_numel=64,
-                                             norm_clip=2.0, audit=True)
+        sliced, extra = bench.sliced_traffic(bases, replicas, cfg, budget, 0, 0, shapes=shapes,
+                                             min_slice_numel=64, norm_clip=2.0, audit=True)
         assert sliced.slices == replicas and sliced.aggregator and extra["audit_ok"]
         rows[replicas] = today, sliced
     (today_8, sliced_8), (today_64, sliced_64) = rows[8], rows[64]
     assert today_64.bytes_in > 7 * today_8.bytes_in and today_64.bytes_out > 7 * today_8.bytes_out
     figures = f"R=8: {sliced_8}, R=64: {sliced_64}"
-    # 8x the members: all-to-all 9x the bytes, sliced well under 2x (measured 1.54x: the per-message constant below).
-    assert sliced_64.bytes_in < 2 * sliced_8.bytes_in and sliced_64.bytes_out < 2 * sliced_8.bytes_out, figures
+    # 8x the members: all-to-all 9x the bytes, sliced well
+    # under 2x (measured 1.54x: the per-message constant below).
+    assert sliced_64.bytes_in < 2 * sliced_8.bytes_in and sliced_64.bytes_out < 2 * sliced_8.bytes_out, \
+        figures
     # What each extra member costs a node: a constant per message (today: a whole contribution).
-    assert (sliced_64.bytes_in - sliced_8.bytes_in) / 56 < 2000 < (today_64.bytes_in - today_8.bytes_in) / 56, figures
+    assert (sliced_64.bytes_in - sliced_8.bytes_in) / 56 < 2000 < (today_64.bytes_in - today_8.bytes_in) \
+        / 56, figures
     assert sliced_64.bytes_in < today_64.bytes_in / 4

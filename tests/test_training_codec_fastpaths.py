@@ -97,7 +97,8 @@ def reference_outer_step(global_weights, momentum, pseudo_gradient, mu, lr, nest
 
 
 def reference_norm(tensors) -> float:
-    squares = [v * v for name in sorted(tensors) for v in tensors[name].to(torch.float64).reshape(-1).tolist()]
+    squares = [v * v for name in sorted(tensors)
+               for v in tensors[name].to(torch.float64).reshape(-1).tolist()]
     return math.sqrt(math.fsum(squares))
 
 
@@ -209,7 +210,8 @@ def _pseudo_gradients(seed: int, kind: str) -> dict[str, torch.Tensor]:
     for name, shape in shapes.items():
         x = torch.randn(shape, generator=g)
         if kind == "lowrank" and len(shape) == 2 and min(shape) > 0:
-            x = 1e-3 * x + 1e-2 * (torch.randn(shape[0], 3, generator=g) @ torch.randn(3, shape[1], generator=g))
+            x = 1e-3 * x + 1e-2 * (torch.randn(shape[0], 3, generator=g) @ torch.randn(3, shape[1],
+                                                                                       generator=g))
         elif kind == "wide":
             x = x * torch.exp(4 * torch.randn(shape, generator=g))
         elif kind == "sparse":
@@ -235,7 +237,8 @@ def test_float64_lowrank_product_is_the_int64_product_bit_for_bit():
             q = torch.randint(-limit, limit + 1, (n, rank), generator=g)
             w = torch.randint(0, MAX_WEIGHT + 1, (rank,), generator=g)
             if trial == 1:  # the largest magnitudes the wire allows: partial sums near 2**52
-                p, q, w = torch.full_like(p, limit), torch.full_like(q, -limit), torch.full_like(w, MAX_WEIGHT)
+                p, q, w = torch.full_like(p, limit), torch.full_like(q, -limit), \
+                    torch.full_like(w, MAX_WEIGHT)
             if trial == 2:  # zero rows: products 0 * negative = -0.0 in float64, +0 in int64
                 p[::2] = 0
                 q[1::3] = 0
@@ -319,7 +322,8 @@ def test_overflowing_scales_are_still_refused_and_large_finite_ones_accepted():
 
     m, n, rank, bits = 4, 6, 2, 8
     entry = {"n": "w", "s": [m, n], "c": "lowrank", "b": bits, "r": rank,
-             "p": pack_ints(torch.full((m, rank), 127), bits), "q": pack_ints(torch.full((n, rank), 127), bits),
+             "p": pack_ints(torch.full((m, rank), 127), bits),
+             "q": pack_ints(torch.full((n, rank), 127), bits),
              "w": np.array([65535, 1], dtype="<u2").tobytes()}
     for scale, finite in ((3.0e38, False), (1.0e28, True)):
         blob = pack_contribution(0, 0, [{**entry, "x": np.array([scale], dtype="<f4").tobytes()}])
@@ -330,8 +334,10 @@ def test_overflowing_scales_are_still_refused_and_large_finite_ones_accepted():
                 decode_contribution(blob, {"w": (m, n)})
     quant = {"n": "b", "s": [3], "c": "quant", "b": 8, "q": pack_ints(torch.tensor([127, 0, -3]), 8)}
     with pytest.raises(ContributionNonFiniteError, match="decodes to non-finite"):
-        decode_contribution(pack_contribution(0, 0, [{**quant, "x": np.array([3e37], "<f4").tobytes()}]), {"b": (3,)})
-    ok = decode_contribution(pack_contribution(0, 0, [{**quant, "x": np.array([2e36], "<f4").tobytes()}]), {"b": (3,)})
+        decode_contribution(pack_contribution(0, 0, [{**quant, "x": np.array([3e37], "<f4").tobytes()}]),
+                            {"b": (3,)})
+    ok = decode_contribution(pack_contribution(0, 0, [{**quant, "x": np.array([2e36], "<f4").tobytes()}]),
+                             {"b": (3,)})
     assert float(ok["b"][0]) == float(np.float32(127) * np.float32(2e36))
 
 
@@ -369,12 +375,14 @@ def test_norm_rounding_that_needs_more_than_one_level():
 
 
 def test_blocked_norm_matches_the_level_norm_across_blocks_and_tensors(monkeypatch):
-    """The one-pass norm (cache-sized blocks filled across tensor boundaries) gives the level routine's double."""
+    """The one-pass norm (cache-sized blocks filled across tensor boundaries) gives the level routine's
+    double."""
     from training import robust
 
     g = torch.Generator().manual_seed(17)
     for trial in range(6):
-        sizes = [int(s) for s in torch.randint(1, 3000, (int(torch.randint(1, 40, (1,), generator=g)),), generator=g)]
+        sizes = [int(s) for s in torch.randint(1, 3000, (int(torch.randint(1, 40, (1,), generator=g)),),
+                                               generator=g)]
         scales = torch.logspace(-30, 10, 9)[torch.randint(0, 9, (len(sizes),), generator=g)]
         tensors = {f"t{i:02d}": torch.randn(size, generator=g) * float(scale)
                    for i, (size, scale) in enumerate(zip(sizes, scales))}
@@ -416,8 +424,8 @@ def _check_encoders_against_references(kind, configs, budgets, monkeypatch):
 
 
 # Encoder "v1": the references above are v1's previous estimates and error-budget coding.
-_DEFAULT_CODEC = CompressionConfig(error_budget=0.4, bit_choices=[2, 4, 8], max_rank=32, min_compress_numel=256,
-                                   encoder="v1")
+_DEFAULT_CODEC = CompressionConfig(error_budget=0.4, bit_choices=[2, 4, 8], max_rank=32,
+                                   min_compress_numel=256, encoder="v1")
 _FINE_CODEC = CompressionConfig(error_budget=0.05, bit_choices=[4, 8, 16], max_rank=64, min_compress_numel=64,
                                 encoder="v1")
 
@@ -430,7 +438,8 @@ def test_encoders_give_the_reference_bytes_and_decoded_values(kind, monkeypatch)
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_encoders_give_the_reference_bytes_on_more_budgets_and_codecs(kind, monkeypatch):
-    _check_encoders_against_references(kind, (_DEFAULT_CODEC, _FINE_CODEC), (2_000, 12_000, 60_000), monkeypatch)
+    _check_encoders_against_references(kind, (_DEFAULT_CODEC, _FINE_CODEC), (2_000, 12_000, 60_000),
+                                       monkeypatch)
 
 
 @pytest.mark.parametrize("nesterov", [True, False])

@@ -104,7 +104,8 @@ def test_disabled_compression_is_lossless():
 
 def test_non_finite_pseudo_gradient_is_refused():
     with pytest.raises(ContributionEncodeError):
-        encode_contribution({"w": torch.tensor([1.0, float("nan")])}, CompressionConfig(), stage_index=0, outer_round=0)
+        encode_contribution({"w": torch.tensor([1.0, float("nan")])}, CompressionConfig(), stage_index=0,
+                            outer_round=0)
 
 
 @pytest.mark.parametrize("bits", [2, 4, 8, 16])
@@ -148,7 +149,8 @@ def test_error_feedback_makes_decoded_sum_track_the_input_sum():
 
 def _valid():
     g = torch.Generator().manual_seed(0)
-    tensors = {"a": torch.randn(48, 2, generator=g) @ torch.randn(2, 40, generator=g), "b": torch.randn(5, generator=g)}
+    tensors = {"a": torch.randn(48, 2, generator=g) @ torch.randn(2, 40, generator=g),
+               "b": torch.randn(5, generator=g)}
     cfg = CompressionConfig(error_budget=0.3, min_compress_numel=1)
     blob, _, stats = encode_contribution(tensors, cfg, stage_index=2, outer_round=4)
     assert [t.codec for t in stats.tensors] == ["lowrank", "quant"]

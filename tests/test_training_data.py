@@ -75,7 +75,8 @@ def test_round_batches_depend_on_seed_replica_round_only():
     longer = round_batches(corpus, 5, 0, 2, inner_steps=5, batch_size=4, block_size=16)
     assert _digest(longer[:3]) == _digest(a)
     # nor on the steps asked for before it (a time-bounded round builds its batches a few at a time)
-    assert _digest(round_batches(corpus, 5, 0, 2, inner_steps=5, batch_size=4, block_size=16, first_step=2)) == \
+    assert _digest(round_batches(corpus, 5, 0, 2, inner_steps=5, batch_size=4, block_size=16, first_step=2)) \
+        == \
         _digest(longer[2:])
     for bad in (-1, 5):
         with pytest.raises(DataError, match=f"first_step={bad}"):

@@ -25,7 +25,8 @@ def test_outer_step_by_hand():
     # m = 0.9*0 + 0.5 = 0.5; u = 0.5 + 0.9*0.5 = 0.95; theta = 1 - 0.7*0.95 = 0.335
     assert momentum["w"].item() == pytest.approx(0.5)
     assert new["w"].item() == pytest.approx(0.335, abs=1e-7)
-    plain, _ = outer_step(theta, {"w": torch.tensor([1.0])}, delta, DilocoConfig(outer_lr=0.7, outer_momentum=0.9, nesterov=False))
+    plain, _ = outer_step(theta, {"w": torch.tensor([1.0])}, delta,
+                          DilocoConfig(outer_lr=0.7, outer_momentum=0.9, nesterov=False))
     # m = 0.9*1 + 0.5 = 1.4; theta = 1 - 0.7*1.4 = 0.02
     assert plain["w"].item() == pytest.approx(0.02, abs=1e-7)
 
@@ -47,7 +48,8 @@ def test_outer_step_matches_torch_sgd(nesterov):
 
 
 def test_average_is_fixed_order_float32_sum_then_divide():
-    parts = [{"w": torch.tensor([0.1, 1e8])}, {"w": torch.tensor([0.2, 1.0])}, {"w": torch.tensor([0.3, -1e8])}]
+    parts = [{"w": torch.tensor([0.1, 1e8])}, {"w": torch.tensor([0.2, 1.0])},
+             {"w": torch.tensor([0.3, -1e8])}]
     expected = ((parts[0]["w"] + parts[1]["w"]) + parts[2]["w"]) / torch.tensor(3.0)
     assert torch.equal(average_contributions(parts)["w"], expected)
     with pytest.raises(AggregationError):
@@ -96,7 +98,8 @@ def _sgd_step(stages, x, y, lr):
 def test_diloco_h1_sgd_outer_lr1_no_momentum_equals_data_parallel_sgd():
     replicas, lr, rounds = 3, 0.1, 6
     g = torch.Generator().manual_seed(1)
-    data = [[(torch.randn(5, 4, generator=g), torch.randn(5, 2, generator=g)) for _ in range(replicas)] for _ in range(rounds)]
+    data = [[(torch.randn(5, 4, generator=g), torch.randn(5, 2, generator=g)) for _ in range(replicas)]
+            for _ in range(rounds)]
     reference = _toy_stages(0)
     for batches in data:  # DP-SGD: the gradient averaged over replicas
         for stage in reference:
@@ -111,13 +114,16 @@ def test_diloco_h1_sgd_outer_lr1_no_momentum_equals_data_parallel_sgd():
             for i, p in enumerate(p for stage in reference for p in stage.parameters()):
                 p -= lr * torch.stack([grad[i] for grad in grads]).mean(0)
 
-    cfg = DilocoConfig(inner_steps=1, outer_lr=1.0, outer_momentum=0.0, one_step_delay=False, num_replicas=replicas)
+    cfg = DilocoConfig(inner_steps=1, outer_lr=1.0, outer_momentum=0.0, one_step_delay=False,
+                       num_replicas=replicas)
     models = [_toy_stages(0) for _ in range(replicas)]
-    engines = [[StageEngine(s, dict(stage.named_parameters()), cfg, RAW) for s, stage in enumerate(m)] for m in models]
+    engines = [[StageEngine(s, dict(stage.named_parameters()), cfg, RAW) for s, stage in enumerate(m)]
+               for m in models]
     for outer_round, batches in enumerate(data):
         for model, (x, y) in zip(models, batches):
             _sgd_step(model, x, y, lr)
-        blobs = [[engines[r][s].encode_contribution(outer_round)[0] for r in range(replicas)] for s in range(2)]
+        blobs = [[engines[r][s].encode_contribution(outer_round)[0] for r in range(replicas)]
+                 for s in range(2)]
         for r in range(replicas):
             for s in range(2):
                 engines[r][s].apply_round(outer_round, blobs[s])
@@ -215,7 +221,8 @@ def test_bad_contribution_is_excluded_and_the_round_goes_on():
     result = engines[0].apply_round(0, [good, b"\x80"])
     alone = engines[1].apply_round(0, [good])
     assert result.weights_hash == alone.weights_hash and torch.equal(params[0], params[1])
-    assert [(r.index, r.accepted, r.reason) for r in result.contributions] == [(0, True, ""), (1, False, "undecodable")]
+    assert [(r.index, r.accepted, r.reason) for r in result.contributions] == [(0, True, ""),
+                                                                               (1, False, "undecodable")]
     assert result.num_contributions == 2 and result.num_accepted == 1
 
 
@@ -282,7 +289,8 @@ def test_lookahead_with_one_replica_is_synchronous_diloco(correction):
     steps = [0.1 * torch.randn(6, generator=g) for _ in range(4)]
     init = torch.randn(6, generator=g)
     results = []
-    for cfg in (DilocoConfig(one_step_delay=False), DilocoConfig(one_step_delay=True, delay_correction=correction)):
+    for cfg in (DilocoConfig(one_step_delay=False),
+                DilocoConfig(one_step_delay=True, delay_correction=correction)):
         param = init.clone()
         engine = StageEngine(0, {"w": param}, cfg, RAW)
         pending = None
@@ -316,7 +324,8 @@ def test_reset_refuses_to_drop_unencoded_progress():
 def test_eager_starts_from_own_plus_the_others_previous_contribution():
     # Two replicas; after round 0 is applied, replica 0's start for round 2 is the outer step
     # from theta^0 with (own_1 + other_0) / 2 (arXiv 2502.12996), not own_1 alone.
-    cfg = DilocoConfig(delay_correction="eager", outer_lr=0.7, outer_momentum=0.9, norm_clip=0)  # unequal norms on purpose
+    # unequal norms on purpose
+    cfg = DilocoConfig(delay_correction="eager", outer_lr=0.7, outer_momentum=0.9, norm_clip=0)
     param = torch.zeros(3)
     engine = StageEngine(0, {"w": param}, cfg, RAW)
     other = encode_contribution({"w": torch.tensor([1.0, 2.0, 3.0])}, RAW, stage_index=0, outer_round=0)[0]
@@ -326,5 +335,6 @@ def test_eager_starts_from_own_plus_the_others_previous_contribution():
     engine.apply_round(0, [own0, other])
     global0, momentum0 = engine.global_weights["w"].clone(), engine.momentum["w"].clone()
     engine.encode_contribution(1)  # own_1 = 0.25 (progress of round 1)
-    expected, _ = outer_step({"w": global0}, {"w": momentum0}, {"w": (torch.full((3,), 0.25) + torch.tensor([1.0, 2.0, 3.0])) / 2}, cfg)
+    expected, _ = outer_step({"w": global0}, {"w": momentum0},
+                             {"w": (torch.full((3,), 0.25) + torch.tensor([1.0, 2.0, 3.0])) / 2}, cfg)
     assert torch.allclose(param, expected["w"], atol=1e-6)

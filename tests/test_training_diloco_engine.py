@@ -15,7 +15,8 @@ from training.stage_engine import StageEngine
 RAW = CompressionConfig(enabled=False)
 
 
-def _engine(delay: bool = True, correction: str = "rebase", seed: int = 0) -> tuple[StageEngine, torch.nn.Parameter]:
+def _engine(delay: bool = True, correction: str = "rebase", seed: int = 0) -> tuple[StageEngine,
+                                                                                    torch.nn.Parameter]:
     g = torch.Generator().manual_seed(seed)
     param = torch.nn.Parameter(torch.randn(4, 3, generator=g))
     cfg = DilocoConfig(one_step_delay=delay, delay_correction=correction, outer_lr=0.7, outer_momentum=0.9)
@@ -28,7 +29,8 @@ def _train(param: torch.nn.Parameter, seed: int) -> None:
 
 
 def _blob(value: float, outer_round: int) -> bytes:
-    return encode_contribution({"w": torch.full((4, 3), value)}, RAW, stage_index=0, outer_round=outer_round)[0]
+    return encode_contribution({"w": torch.full((4, 3), value)}, RAW, stage_index=0,
+                               outer_round=outer_round)[0]
 
 
 def test_rebase_enters_after_a_round_from_global_state():
@@ -43,7 +45,8 @@ def test_rebase_enters_after_a_round_from_global_state():
     weights["w"].add_(1.0)  # the engine keeps its own copy
     assert engine.global_weights["w"][0, 0].item() == 2.0
     _train(param, 2)
-    blob, _ = engine.encode_contribution(7)  # the next round is 7; its pseudo-gradient is from the rebased start
+    # the next round is 7; its pseudo-gradient is from the rebased start
+    blob, _ = engine.encode_contribution(7)
     with pytest.raises(RoundOrderError):
         engine.encode_contribution(9)
     assert blob
@@ -75,7 +78,8 @@ def _absorb_by_state_dict(engine: StageEngine, outer_round: int, contributions: 
     delta = {n: torch.sub(new_global[n], old[n]) for n in old}
     state["global_weights"], state["momentum"] = new_global, new_momentum
     state["round_start"] = {n: torch.add(t, delta[n]) for n, t in state["round_start"].items()}
-    state["round_end"] = {r: {n: torch.add(t, delta[n]) for n, t in snap.items()} for r, snap in state["round_end"].items()}
+    state["round_end"] = {r: {n: torch.add(t, delta[n]) for n, t in snap.items()}
+                              for r, snap in state["round_end"].items()}
     state["last_applied"] = max(state["last_applied"], min(outer_round, state["last_encoded"]))
     engine.load_state_dict(state)
     with torch.no_grad():

@@ -16,7 +16,6 @@ import pytest
 import torch
 from codec_fixtures import encoder_sim, rerun_replica0, same_bits, shape_map
 
-from training.stage_engine import StageEngine
 from training.codec.factorize import factorize_gram
 from training.codec.registry import encoder_for
 from training.codec_wire import decode_contribution
@@ -27,6 +26,7 @@ from training.diloco import aggregate
 from training.reexec import EXACT
 from training.reexec_sim import SimReplica, run_with_states
 from training.robust import contribution_norm, robust_contributions
+from training.stage_engine import StageEngine
 
 V1 = CompressionConfig(encoder="v1")
 V2 = CompressionConfig(encoder="v2")
@@ -36,7 +36,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/torch_fixtures
 
 
 def _stage_like(seed: int) -> dict[str, torch.Tensor]:
-    """Pseudo-gradient-like tensors: decaying spectra plus noise, a zero column, biases, an all-zero tensor."""
+    """Pseudo-gradient-like tensors: decaying spectra plus noise, a zero column, biases, an all-zero
+    tensor."""
     generator = torch.Generator().manual_seed(seed)
 
     def lowrank(m: int, n: int) -> torch.Tensor:
@@ -131,8 +132,10 @@ def test_v2_estimates_track_the_exact_error():
         for option in encoder_for(V2).tensor_options(matrix, tuple(matrix.shape), norm).options:
             if option.candidate.bits == 2:
                 continue  # ternary factors: rounding is far from the uniform noise the cross terms assume
-            exact = float(torch.linalg.vector_norm(matrix - option.coded().decode().reshape(matrix.shape))) / norm
-            assert abs(option.estimate - exact) <= 0.1 * exact + 0.01, (name, option.candidate, option.estimate, exact)
+            exact = float(torch.linalg.vector_norm(matrix - option.coded().decode().reshape(matrix.shape))) \
+                / norm
+            assert abs(option.estimate - exact) <= 0.1 * exact + 0.01, \
+                (name, option.candidate, option.estimate, exact)
 
 
 def test_robust_contributions_with_a_known_decoding_is_the_same():

@@ -18,7 +18,6 @@ import pytest
 import torch
 from codec_fixtures import drift, encoder_sim, rerun_replica0, same_bits, shape_map, stage_like
 
-from training.stage_engine import StageEngine
 from training.codec.factorize import factorize_gram, factorize_warm, warm_basis
 from training.codec.registry import encoder_for
 from training.codec.reselect import RESELECT_ROUNDS
@@ -30,6 +29,7 @@ from training.errors import EngineStateError
 from training.reexec import EXACT, STATE_MISMATCH, restart_state_reason, verify_contribution
 from training.reexec_sim import SimReplica, run_with_states
 from training.replica_state import StageStartState, parse_stage_state
+from training.stage_engine import StageEngine
 
 V2 = CompressionConfig(encoder="v2")
 V3 = CompressionConfig(encoder="v3")
@@ -41,8 +41,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/torch_fixtures
 def test_v3_without_state_codes_as_v2(budget):
     tensors = stage_like(0)
     v2 = encode_within_bandwidth(tensors, V2, budget, stage_index=1, outer_round=5)[0]
-    assert encode_within_bandwidth(tensors, V3, budget, stage_index=1, outer_round=5)[0] == v2  # stateless path
-    blob, _, _, memo = encode_with_memo(tensors, V3, budget, None, stage_index=1, outer_round=5)  # no memo: selects
+    # stateless path
+    assert encode_within_bandwidth(tensors, V3, budget, stage_index=1, outer_round=5)[0] == v2
+    # no memo: selects
+    blob, _, _, memo = encode_with_memo(tensors, V3, budget, None, stage_index=1, outer_round=5)
     assert blob == v2
     lowrank = {name for name, (codec, _, _) in memo.choices.items() if codec == "lowrank"}
     assert set(memo.bases) == lowrank and "g.empty" not in memo.choices
@@ -74,7 +76,8 @@ def test_v3_rounds_decode_bit_exactly_keep_the_bytes_and_reselect(budget):
 
 
 def test_warm_power_iteration_tracks_the_top_subspace():
-    """From last round's factor of a nearby matrix, one iteration is about as good as the full factorization."""
+    """From last round's factor of a nearby matrix, one iteration is about as good as the full
+    factorization."""
     generator = torch.Generator().manual_seed(3)
     for m, n in ((128, 384), (512, 128)):
         k = min(m, n)
@@ -136,7 +139,8 @@ def test_engine_checkpoint_carries_the_memo():
 
 
 def test_v3_contributions_reexecute_bit_exactly_and_chain_their_memo():
-    """Warm rounds depend on the memo in the start state: a rerun from it gives the same bytes and next state."""
+    """Warm rounds depend on the memo in the start state: a rerun from it gives the same bytes and next
+    state."""
     sim = encoder_sim("v3", 3)
     records = run_with_states([SimReplica(0, sim), SimReplica(1, sim)], sim)
     assert any(name.startswith("encoder.basis/") for name in records[1].states[0].stages[0].tensors)
@@ -144,7 +148,8 @@ def test_v3_contributions_reexecute_bit_exactly_and_chain_their_memo():
         check = rerun_replica0(sim, records, outer_round)
         assert check.verdict == EXACT, check.reason
         if outer_round + 1 < 3 and check.next_state_hashes is not None:
-            assert check.next_state_hashes == [claim.state_hash for claim in records[outer_round + 1].claims[0]]
+            assert check.next_state_hashes == [claim.state_hash
+                                               for claim in records[outer_round + 1].claims[0]]
     # A state that carries a memo is not one a restart rebuilds from the record alone.
     parts = [part.to_bytes() for part in records[1].states[0].stages]
     why = restart_state_reason(parts, [claim.state_hash for claim in records[1].claims[0]])
@@ -161,12 +166,14 @@ def test_a_malformed_memo_in_a_served_state_is_a_state_mismatch():
             break
     else:
         pytest.fail("no encoder basis in the state")
-    for broken in ({name: torch.zeros(3, 2)}, {name.replace("basis", "choice"): torch.tensor([7.0, 1.0, 4.0])},
+    for broken in ({name: torch.zeros(3, 2)},
+                   {name.replace("basis", "choice"): torch.tensor([7.0, 1.0, 4.0])},
                    {name.replace("basis", "other"): torch.zeros(2)}):
         tensors = {**parts[0].tensors, **broken}
         forged = StageStartState(parts[0].meta, parts[0].stage_index, parts[0].engine_counters, tensors)
         assert parse_stage_state(forged.to_bytes()).tensors.keys() == tensors.keys()
-        claims = [dataclasses.replace(record.claims[0][0], state_hash=forged.state_hash()), record.claims[0][1]]
+        claims = [dataclasses.replace(record.claims[0][0], state_hash=forged.state_hash()),
+                  record.claims[0][1]]
         check = verify_contribution(
             [forged.to_bytes(), parts[1].to_bytes()], claims, sim.corpus, sim.model, sim.training, sim.diloco,
             sim.compression, outer_round=1, replica=0, run_rounds=sim.rounds,
@@ -185,7 +192,8 @@ def test_memo_tensors_round_trip_and_refuse_nonsense():
     state = memo.to_tensors()
     name = next(iter(memo.bases))
     for broken in (
-        {**state, "choice": {**state["choice"], name: torch.tensor([1.0, 5.0, 4.0])}},  # rank 5 is no candidate
+        # rank 5 is no candidate
+        {**state, "choice": {**state["choice"], name: torch.tensor([1.0, 5.0, 4.0])}},
         {**state, "choice": {**state["choice"], name: torch.tensor([1.0, 2.5, 4.0])}},
         {**state, "basis": {**state["basis"], name: torch.full_like(state["basis"][name], float("nan"))}},
         {**state, "basis": {}},

@@ -1,4 +1,5 @@
-"""Encoder "v4" (compression.encoder; issue 16 item 3): v2's selection every few rounds, cheap re-allocations between.
+"""Encoder "v4" (compression.encoder; issue 16 item 3): v2's selection every few rounds, cheap re-allocations
+between.
 
 v4 changes which bytes the encoder picks, never the wire format or the
 decoder. It selects as v2 every ``RESELECT_ROUNDS``-th round and keeps
@@ -22,7 +23,6 @@ import pytest
 import torch
 from codec_fixtures import drift, encoder_sim, rerun_replica0, same_bits, shape_map, stage_like
 
-from training.stage_engine import StageEngine
 from training.codec.allocation import allocate, framing_bytes
 from training.codec.base import tensor_matrices
 from training.codec.coding import BalancedFactors, ColumnQuantizer, Option, candidates, lookup, quant_coded
@@ -38,6 +38,7 @@ from training.errors import ContributionEncodeError, EngineStateError
 from training.reexec import EXACT, STATE_MISMATCH, restart_state_reason, verify_contribution
 from training.reexec_sim import SimReplica, run_with_states
 from training.replica_state import StageStartState
+from training.stage_engine import StageEngine
 
 V2 = CompressionConfig(encoder="v2")
 V3 = CompressionConfig(encoder="v3")
@@ -46,7 +47,7 @@ V4 = CompressionConfig(encoder="v4")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/torch_fixtures.py
 
 
-# ----------------------------------------------------------------------------- the previous encode_v3, verbatim
+# --------------------------------------------------------------------------- the previous encode_v3, verbatim
 
 
 def reference_encode_v3(tensors, cfg, budget, memo, *, stage_index, outer_round):
@@ -62,14 +63,16 @@ def reference_encode_v3(tensors, cfg, budget, memo, *, stage_index, outer_round)
             candidate = winner.candidate
             choices[name] = (candidate.codec, candidate.rank, candidate.bits)
             if candidate.codec == "lowrank":
-                next_bases[name] = warm_basis(found[name].factors, tuple(matrices[name].shape), candidate.rank)
+                next_bases[name] = warm_basis(found[name].factors, tuple(matrices[name].shape),
+                                              candidate.rank)
         return blob, decoded, stats, EncoderMemo(choices, next_bases)
     chosen, next_bases = {}, {}
     for name, matrix in matrices.items():
         codec, rank, bits = memo.choices[name]
         candidate = lookup(tuple(tensors[name].shape), cfg, (codec, rank, bits))
         if candidate is None:
-            raise ContributionEncodeError(f"{name!r}: encoder memo coding {(codec, rank, bits)} is not a candidate")
+            raise ContributionEncodeError(
+                f"{name!r}: encoder memo coding {(codec, rank, bits)} is not a candidate")
         if codec == "quant":
             quantizer = ColumnQuantizer(matrix)
             chosen[name] = Option(candidate, math.nan,
@@ -89,7 +92,8 @@ def test_v3_keeps_its_bytes_after_the_refactoring(budget):
     memo = reference = None
     for outer_round in range(RESELECT_ROUNDS + 2):
         tensors = drift(base, outer_round)
-        blob, decoded, _, memo = encode_with_memo(tensors, V3, budget, memo, stage_index=0, outer_round=outer_round)
+        blob, decoded, _, memo = encode_with_memo(tensors, V3, budget, memo, stage_index=0,
+                                                  outer_round=outer_round)
         want, want_decoded, _, reference = reference_encode_v3(tensors, V3, budget, reference, stage_index=0,
                                                                outer_round=outer_round)
         assert blob == want
@@ -105,7 +109,8 @@ def test_v3_keeps_its_bytes_after_the_refactoring(budget):
 def test_v4_without_state_codes_as_v2(budget):
     tensors = stage_like(0)
     v2 = encode_within_bandwidth(tensors, V2, budget, stage_index=1, outer_round=5)[0]
-    assert encode_within_bandwidth(tensors, V4, budget, stage_index=1, outer_round=5)[0] == v2  # stateless path
+    # stateless path
+    assert encode_within_bandwidth(tensors, V4, budget, stage_index=1, outer_round=5)[0] == v2
     blob, _, _, memo = encode_with_memo(tensors, V4, budget, None, stage_index=1, outer_round=5)
     assert blob == v2
     assert memo.bases == {} and "g.empty" not in memo.choices
@@ -113,11 +118,13 @@ def test_v4_without_state_codes_as_v2(budget):
 
 
 def _warm_reference(tensors, memo, cfg, budget, outer_round):
-    """A warm v4 round built by hand: allocate() on (cost, (estimate * norm)^2), then v2's factorization at r."""
+    """A warm v4 round built by hand: allocate() on (cost, (estimate * norm)^2), then v2's factorization at
+    r."""
     matrices, norms = tensor_matrices(tensors)
     overhead = 32 + sum(framing_bytes(name, tuple(tensors[name].shape)) for name in sorted(tensors))
     codings = {name: candidates(tuple(tensors[name].shape), cfg) for name in matrices}
-    options = {name: [(c.cost, (float(e) * norms[name]) ** 2) for c, e in zip(codings[name], memo.estimates[name])]
+    options = {name: [(c.cost, (float(e) * norms[name]) ** 2)
+                      for c, e in zip(codings[name], memo.estimates[name])]
                for name in matrices}
     choice = allocate(options, budget - overhead)
     chosen = {}
@@ -129,7 +136,8 @@ def _warm_reference(tensors, memo, cfg, budget, outer_round):
         else:
             factors = BalancedFactors(factorize_gram(matrix, candidate.rank), candidate.rank)
             chosen[name] = Option(candidate, 0.0, lambda f=factors, c=candidate: f.coded(c, 0.0))
-    return encoder_for(cfg).finish(tensors, matrices, norms, chosen, stage_index=0, outer_round=outer_round)[0]
+    return encoder_for(cfg).finish(tensors, matrices, norms, chosen, stage_index=0,
+                                   outer_round=outer_round)[0]
 
 
 @pytest.mark.parametrize("budget", [6_000, 40_000])
@@ -185,8 +193,8 @@ def test_v4_warm_rounds_code_closer_than_v3s_single_power_iteration():
     for outer_round in range(RESELECT_ROUNDS):
         tensors = drift(base, outer_round)
         for version, cfg in (("v3", V3), ("v4", V4)):
-            _, _, stats, memos[version] = encode_with_memo(tensors, cfg, 40_000, memos[version], stage_index=0,
-                                                           outer_round=outer_round)
+            _, _, stats, memos[version] = encode_with_memo(tensors, cfg, 40_000, memos[version],
+                                                           stage_index=0, outer_round=outer_round)
             if outer_round:
                 errors[version] += [t.rel_error for t in stats.tensors if t.codec == "lowrank"]
     assert errors["v4"] and len(errors["v4"]) == len(errors["v3"])
@@ -217,7 +225,8 @@ def test_v4_engine_checkpoint_carries_the_memo_and_refuses_a_v3_memo():
     warm = engine.encode_contribution(1)[0]
     assert twin.encode_contribution(1)[0] == warm
     assert blank.encode_contribution(1)[0] != warm  # without the memo round 1 selects afresh
-    lowrank = next(n for n, (codec, _, _) in engine.compressor.encoder_memo.choices.items() if codec == "lowrank")
+    lowrank = next(n for n, (codec, _, _) in engine.compressor.encoder_memo.choices.items()
+                   if codec == "lowrank")
     v3_like = {"choice": state["encoder_memo"]["choice"], "basis": {lowrank: torch.zeros(512, 4)},
                "estimate": state["encoder_memo"]["estimate"]}
     with pytest.raises(EngineStateError, match="encoder memo"):
@@ -236,7 +245,8 @@ def test_v4_memo_tensors_round_trip_and_refuse_nonsense():
     rank = memo.choices[name][1]
     estimate = state["estimate"][name]
     for broken in (
-        {**state, "choice": {**state["choice"], name: torch.tensor([1.0, 5.0, 4.0])}},  # rank 5 is no candidate
+        # rank 5 is no candidate
+        {**state, "choice": {**state["choice"], name: torch.tensor([1.0, 5.0, 4.0])}},
         {**state, "basis": {name: torch.zeros(max(shapes[name]), rank)}},  # a basis: v3's memo, not v4's
         {"choice": state["choice"], "basis": {}},  # no estimates
         {**state, "estimate": {n: v for n, v in state["estimate"].items() if n != name}},
@@ -254,7 +264,8 @@ def test_v4_memo_tensors_round_trip_and_refuse_nonsense():
 
 
 def test_v4_contributions_reexecute_bit_exactly_and_chain_their_memo():
-    """Warm rounds depend on the memo in the start state: a rerun from it gives the same bytes and next state."""
+    """Warm rounds depend on the memo in the start state: a rerun from it gives the same bytes and next
+    state."""
     sim = encoder_sim("v4", 3)
     records = run_with_states([SimReplica(0, sim), SimReplica(1, sim)], sim)
     names = records[1].states[0].stages[0].tensors
@@ -265,7 +276,8 @@ def test_v4_contributions_reexecute_bit_exactly_and_chain_their_memo():
         check = rerun_replica0(sim, records, outer_round)
         assert check.verdict == EXACT, check.reason
         if outer_round + 1 < 3 and check.next_state_hashes is not None:
-            assert check.next_state_hashes == [claim.state_hash for claim in records[outer_round + 1].claims[0]]
+            assert check.next_state_hashes == [claim.state_hash
+                                               for claim in records[outer_round + 1].claims[0]]
     parts = [part.to_bytes() for part in records[1].states[0].stages]
     assert restart_state_reason(parts, [claim.state_hash for claim in records[1].claims[0]]) is not None
 
@@ -285,7 +297,8 @@ def test_a_malformed_v4_memo_in_a_served_state_is_a_state_mismatch():
                    {name.replace("estimate", "basis"): torch.zeros(3, 2)}):
         tensors = {**parts[0].tensors, **broken}
         forged = StageStartState(parts[0].meta, parts[0].stage_index, parts[0].engine_counters, tensors)
-        claims = [dataclasses.replace(record.claims[0][0], state_hash=forged.state_hash()), record.claims[0][1]]
+        claims = [dataclasses.replace(record.claims[0][0], state_hash=forged.state_hash()),
+                  record.claims[0][1]]
         check = verify_contribution(
             [forged.to_bytes(), parts[1].to_bytes()], claims, sim.corpus, sim.model, sim.training, sim.diloco,
             sim.compression, outer_round=1, replica=0, run_rounds=sim.rounds,

@@ -16,7 +16,6 @@ from training.export import bytes_to_unicode, export_hf
 from training.model import GPT
 from training.tokenizer import ByteTokenizer
 
-
 ATOL = 1e-4
 
 

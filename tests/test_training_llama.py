@@ -30,8 +30,9 @@ def test_preset_parameter_counts():
     for (preset, vocab), expected in PRESET_PARAMS.items():
         cfg = ModelConfig(preset=preset, vocab_size=vocab)
         count = count_params(cfg)
-        print(f"{preset:<11} vocab {vocab:>6}: {count:>13,} parameters ({cfg.n_layer} layers, {cfg.n_embd} wide, "
-              f"{cfg.n_head} heads / {cfg.n_kv_head} kv, SwiGLU {cfg.intermediate_size}, context {cfg.block_size})")
+        print(f"{preset:<11} vocab {vocab:>6}: {count:>13,} parameters ({cfg.n_layer} layers, {cfg.n_embd} "
+              f"wide, {cfg.n_head} heads / {cfg.n_kv_head} kv, SwiGLU {cfg.intermediate_size}, "
+              f"context {cfg.block_size})")
         assert cfg.family == "llama"
         assert count == expected
     assert count_params(TINY) == sum(p.numel() for p in GPT(TINY).parameters())
@@ -61,7 +62,8 @@ def test_init_is_deterministic_and_scaled():
     c = init_state_dict(TINY, seed=8)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
-    assert torch.all(a["model.layers.0.input_layernorm.weight"] == 1) and torch.all(a["model.norm.weight"] == 1)
+    assert torch.all(a["model.layers.0.input_layernorm.weight"] == 1) \
+        and torch.all(a["model.norm.weight"] == 1)
     big = ModelConfig(preset="llama-20m")
     d = init_state_dict(big, seed=0)
     assert d["model.layers.0.mlp.up_proj.weight"].std().item() == pytest.approx(0.02, rel=0.05)

@@ -36,7 +36,8 @@ def test_warmup_then_linear_and_cosine_decay():
     cosine = dataclasses.replace(linear, outer_decay="cosine", outer_warmup_rounds=2)
     assert [outer_lr(cosine, t) for t in (0, 1, 2, 6, 10)] == pytest.approx([0.5, 1.0, 1.0, 0.75, 0.5])
     # A momentum that ramps up instead (outer_final_momentum above outer_momentum).
-    ramp = DilocoConfig(outer_decay="linear", outer_decay_rounds=4, outer_momentum=0.0, outer_final_momentum=0.8)
+    ramp = DilocoConfig(outer_decay="linear", outer_decay_rounds=4, outer_momentum=0.0,
+                        outer_final_momentum=0.8)
     assert [outer_momentum(ramp, t) for t in range(5)] == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8])
 
 
@@ -55,8 +56,8 @@ def test_bad_schedules_are_refused_with_the_field(fields, fix):
 def test_scheduled_step_is_the_constant_step_with_that_rounds_scalars():
     g = torch.Generator().manual_seed(1)
     weights, momentum, delta = ({"w": torch.randn(5, 3, generator=g)} for _ in range(3))
-    cfg = DilocoConfig(outer_warmup_rounds=2, outer_decay="cosine", outer_decay_rounds=9, outer_min_lr_ratio=0.3,
-                       outer_final_momentum=0.1)
+    cfg = DilocoConfig(outer_warmup_rounds=2, outer_decay="cosine", outer_decay_rounds=9,
+                       outer_min_lr_ratio=0.3, outer_final_momentum=0.1)
     for t in (0, 1, 4, 8, 12):
         fixed = DilocoConfig(outer_lr=outer_lr(cfg, t), outer_momentum=outer_momentum(cfg, t))
         scheduled = outer_step(weights, momentum, delta, cfg, t)
@@ -69,8 +70,9 @@ def test_scheduled_step_is_the_constant_step_with_that_rounds_scalars():
 @pytest.mark.parametrize("delay, correction", [(False, "rebase"), (True, "rebase"), (True, "lookahead")])
 def test_engine_rounds_replay_bit_exactly_with_a_schedule(delay, correction):
     """What the auditor does (aggregate from the committed state and blobs) gives the engines' hashes."""
-    cfg = DilocoConfig(one_step_delay=delay, delay_correction=correction, overlap_steps=0, outer_warmup_rounds=2,
-                       outer_decay="linear", outer_decay_rounds=5, outer_min_lr_ratio=0.4, outer_final_momentum=0.0)
+    cfg = DilocoConfig(one_step_delay=delay, delay_correction=correction, overlap_steps=0,
+                       outer_warmup_rounds=2, outer_decay="linear", outer_decay_rounds=5,
+                       outer_min_lr_ratio=0.4, outer_final_momentum=0.0)
     params = [torch.nn.Parameter(torch.zeros(4, 3)) for _ in range(2)]
     engines = [StageEngine(0, {"w": p}, cfg, RAW) for p in params]
     replay_w, replay_m = {"w": torch.zeros(4, 3)}, {"w": torch.zeros(4, 3)}
@@ -80,7 +82,8 @@ def test_engine_rounds_replay_bit_exactly_with_a_schedule(delay, correction):
     def apply(outer_round: int, blobs: list[bytes]) -> None:
         nonlocal replay_w, replay_m
         results = [engine.apply_round(outer_round, blobs) for engine in engines]
-        replay_w, replay_m, digest = aggregate(replay_w, replay_m, blobs, cfg, stage_index=0, outer_round=outer_round)
+        replay_w, replay_m, digest = aggregate(replay_w, replay_m, blobs, cfg, stage_index=0,
+                                               outer_round=outer_round)
         assert {r.weights_hash for r in results} == {digest}
         hashes.append(digest)
 
@@ -103,4 +106,5 @@ def test_engine_rounds_replay_bit_exactly_with_a_schedule(delay, correction):
     constant = dataclasses.replace(cfg, outer_warmup_rounds=0, outer_decay="constant")
     first = encode_contribution({"w": torch.ones(4, 3)}, RAW, stage_index=0, outer_round=0)[0]
     zeros = {"w": torch.zeros(4, 3)}
-    assert aggregate(zeros, zeros, [first], cfg, outer_round=0)[2] != aggregate(zeros, zeros, [first], constant, outer_round=0)[2]
+    assert aggregate(zeros, zeros, [first], cfg, outer_round=0)[2] != aggregate(zeros, zeros, [first],
+                                                                                constant, outer_round=0)[2]

@@ -291,15 +291,16 @@ ENTRY_WORKER = textwrap.dedent(
 
 @pytest.mark.timeout(240)
 def test_a_partner_dying_at_entry_gives_a_pipeline_error_not_a_traceback(tmp_path):
-    """Issue 30: the entry round's all_reduce raised gloo's RuntimeError, uncaught, when the partner died during
-    entry; it is a PipelineError, which the node answers by waiting for the pipeline to re-form."""
+    """Issue 30: the entry round's all_reduce raised gloo's RuntimeError, uncaught, when the partner died
+    during entry; it is a PipelineError, which the node answers by waiting for the pipeline to re-form."""
     script = tmp_path / "entry.py"
     script.write_text(ENTRY_WORKER)
     port = _free_port()
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
                PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(port)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in range(2)]
     try:
         outputs = [p.communicate(timeout=200)[0] for p in procs]
     finally:

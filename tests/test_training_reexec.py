@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
-
 from training.config_compression import CompressionConfig
 from training.data import generated_corpus
 from training.errors import ReplicaStateError
+from training.hashing import stage_weights_hash
 from training.reexec import (
     DATA_MISMATCH,
     DEFAULT_TOLERANCE,
@@ -35,8 +35,8 @@ from training.reexec import (
     check_state_chain,
     reexecute,
     restart_state_reason,
-    start_global_round,
     sample_replicas,
+    start_global_round,
     verify_contribution,
 )
 from training.reexec_sim import (
@@ -49,7 +49,6 @@ from training.reexec_sim import (
     StragglerReplica,
     run_with_states,
 )
-from training.hashing import stage_weights_hash
 from training.replica_state import ReplicaStartState, initial_replica_state, parse_stage_state
 
 ROUNDS = 3
@@ -74,9 +73,9 @@ def run():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the claimants train on one thread (their start states record it)
     try:
-        replicas = [SimReplica(HONEST, sim), OtherDataReplica(OTHER_DATA, sim), HalfStepsReplica(HALF_STEPS, sim),
-                    PerturbedReplica(PERTURBED, sim), ForgedStateReplica(FORGED_STATE, sim),
-                    StragglerReplica(STRAGGLER, sim)]
+        replicas = [SimReplica(HONEST, sim), OtherDataReplica(OTHER_DATA, sim),
+                    HalfStepsReplica(HALF_STEPS, sim), PerturbedReplica(PERTURBED, sim),
+                    ForgedStateReplica(FORGED_STATE, sim), StragglerReplica(STRAGGLER, sim)]
         records = run_with_states(replicas, sim)
     finally:
         torch.set_num_threads(threads)
@@ -90,7 +89,8 @@ def _check(sim, records, replica, outer_round, **kwargs):
     claims = kwargs.pop("claims", None) or record.claims[replica]
     return verify_contribution(
         parts, claims, sim.corpus, sim.model, sim.training, sim.diloco, sim.compression,
-        outer_round=outer_round, replica=replica, run_rounds=sim.rounds, previous_contributions=previous, **kwargs,
+        outer_round=outer_round, replica=replica, run_rounds=sim.rounds, previous_contributions=previous,
+        **kwargs,
     )
 
 
@@ -147,7 +147,8 @@ def test_honest_contributions_reexecute_bit_exactly_and_chain(run):
         assert check.verdict == EXACT, check.reason
         assert check.distances == {0: 0.0, 1: 0.0}
     first = _check(sim, records, HONEST, 0)
-    assert check_state_chain(first.next_state_hashes, [c.state_hash for c in records[1].claims[HONEST]]) == EXACT
+    assert check_state_chain(first.next_state_hashes, [c.state_hash for c in records[1].claims[HONEST]]) \
+        == EXACT
 
 
 REEXEC_IN_SUBPROCESS = textwrap.dedent(
@@ -158,8 +159,8 @@ REEXEC_IN_SUBPROCESS = textwrap.dedent(
     from training.reexec import verify_contribution
     case = torch.load(sys.argv[1], weights_only=False)
     sim = _sim()
-    check = verify_contribution(case["parts"], case["claims"], sim.corpus, sim.model, sim.training, sim.diloco,
-                                sim.compression, outer_round=1, replica=0, run_rounds=sim.rounds,
+    check = verify_contribution(case["parts"], case["claims"], sim.corpus, sim.model, sim.training,
+                                sim.diloco, sim.compression, outer_round=1, replica=0, run_rounds=sim.rounds,
                                 previous_contributions=case["previous"])
     print(check.verdict, max(check.distances.values()))
     """
@@ -245,7 +246,8 @@ def test_a_restart_from_the_record_is_a_valid_start_but_a_forged_one_is_not(run)
     assert "on record" in restart_state_reason(parts, hashes, wrong, applied)
     assert "carries state" in restart_state_reason([p.to_bytes() for p in state.stages], state.stage_hashes())
     forged = records[2].states[FORGED_STATE]
-    assert "carries state" in restart_state_reason([p.to_bytes() for p in forged.stages], forged.stage_hashes())
+    assert "carries state" in restart_state_reason([p.to_bytes() for p in forged.stages],
+                                                   forged.stage_hashes())
     assert "not the committed one" in restart_state_reason(parts, list(reversed(hashes)))
     # Live weights moved away from the round start (trained before committing "a restart") are refused.
     moved = SimReplica(HONEST, sim)
@@ -261,7 +263,8 @@ def test_a_restart_from_the_record_is_a_valid_start_but_a_forged_one_is_not(run)
 def test_without_the_delay_a_rerun_reproduces_but_names_no_next_state():
     # Round t is applied after its own encode, from round t's close, which a rerun is not given:
     # the contribution is checked, the chain is not (next_state_hashes None, never a false link).
-    sim = dataclasses.replace(_sim(), diloco=DilocoConfig(inner_steps=3, num_replicas=2, one_step_delay=False))
+    sim = dataclasses.replace(_sim(), diloco=DilocoConfig(inner_steps=3, num_replicas=2,
+                                                          one_step_delay=False))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -326,7 +329,8 @@ PIPELINE_STAGE = textwrap.dedent(
         set_lr([trainer.optimizer], inner_lr(training, step, steps))
         trainer.train_step(x, y)
     payload, _ = engine.encode_contribution(0)
-    following = capture_stage_state(dataclasses.replace(meta, outer_round=1), engine, trainer.module, trainer.optimizer)
+    following = capture_stage_state(dataclasses.replace(meta, outer_round=1), engine, trainer.module,
+                                    trainer.optimizer)
     torch.save({"state": state.to_bytes(), "payload": payload, "next": following.state_hash()}, out)
     trainer.close()
     """
@@ -348,8 +352,8 @@ def test_split_pipeline_replica_reexecutes_chained_bit_exactly(tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(port), str(tmp_path / f"s{rank}.pt"),
-                               str(steps), os.path.dirname(__file__)],
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(port),
+                               str(tmp_path / f"s{rank}.pt"), str(steps), os.path.dirname(__file__)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank in range(2)]
     try:

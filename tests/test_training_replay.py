@@ -39,7 +39,8 @@ def test_aggregation_replays_bit_exactly_in_another_process(tmp_path):
         # Low-rank structure plus noise: the codec picks low-rank entries for the matrices.
         pseudo_gradient = {
             n: 0.01 * (torch.randn(s[0], 2, generator=g) @ torch.randn(2, s[1], generator=g)
-                       + 0.1 * torch.randn(s, generator=g)) if len(s) == 2 else 0.01 * torch.randn(s, generator=g)
+                       + 0.1 * torch.randn(s, generator=g)) if len(s) == 2
+                else 0.01 * torch.randn(s, generator=g)
             for n, s in shapes.items()
         }
         blob, _, stats = encode_contribution(pseudo_gradient, compression, stage_index=1, outer_round=5)
@@ -47,12 +48,14 @@ def test_aggregation_replays_bit_exactly_in_another_process(tmp_path):
         codecs.update(t.codec for t in stats.tensors)
     assert codecs == {"lowrank", "quant"}
     cfg = dict(outer_lr=0.7, outer_momentum=0.9, nesterov=True)
-    _, _, digest = aggregate(weights, momentum, contributions, DilocoConfig(**cfg), stage_index=1, outer_round=5)
+    _, _, digest = aggregate(weights, momentum, contributions, DilocoConfig(**cfg), stage_index=1,
+                             outer_round=5)
 
     case = tmp_path / "case.pt"
     torch.save({"weights": weights, "momentum": momentum, "contributions": contributions, "cfg": cfg}, case)
     # One intra-op thread there, torch's default (all cores) here.
     replayed = subprocess.run(
-        [sys.executable, "-c", REPLAY, str(case), "1"], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", REPLAY, str(case), "1"], capture_output=True, text=True, timeout=120,
+        check=True
     ).stdout.strip()
     assert replayed == digest.hex()

@@ -1,4 +1,5 @@
-"""Byzantine tolerance: exclusion with reasons, the norm rule, bit-exact replay, screening, straggler feedback."""
+"""Byzantine tolerance: exclusion with reasons, the norm rule, bit-exact replay, screening, straggler
+feedback."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ from training.screening import (
 from training.stage_engine import StageEngine
 
 RAW = CompressionConfig(enabled=False)
-COMPRESSED = CompressionConfig(error_budget=0.3, bit_choices=[4, 8], min_compress_numel=256, bandwidth_budget=0)
+COMPRESSED = CompressionConfig(error_budget=0.3, bit_choices=[4, 8], min_compress_numel=256,
+                               bandwidth_budget=0)
 SHAPES = {"a.weight": (24, 32), "b.bias": (24,)}
 
 
@@ -81,7 +83,8 @@ def test_a_huge_contribution_is_clipped_to_the_bound(factor):
     norms = [r.norm for r in result.contributions]
     bound = 2.0 * lower_median(norms)
     report = result.contributions[3]
-    assert report.accepted and report.scale == pytest.approx(bound / norms[3], rel=1e-12) and report.scale < 1e-2
+    assert report.accepted and report.scale == pytest.approx(bound / norms[3], rel=1e-12) \
+        and report.scale < 1e-2
     # The step can move the weights by at most the mean of the clipped norms.
     step = math.sqrt(sum(float(torch.sum((result.new_global[n] - weights[n]).double() ** 2)) for n in SHAPES))
     assert step <= (sum(norms[:3]) + bound) / 4 * (1 + 1e-5)
@@ -92,20 +95,23 @@ def test_values_near_float32_max_are_bounded_not_nan():
     weights, momentum = _state()
     entries = [_raw_entry("a.weight", np.full((24, 32), 3e38)), _raw_entry("b.bias", np.full(24, -3e38))]
     attack = pack_contribution(0, 0, entries)
-    result = aggregate_with_report(weights, momentum, _honest(3, RAW) + [attack], DilocoConfig(), outer_round=0)
+    result = aggregate_with_report(weights, momentum, _honest(3, RAW) + [attack], DilocoConfig(),
+                                   outer_round=0)
     assert result.contributions[3].accepted and math.isfinite(result.contributions[3].norm)
-    assert all(bool(torch.isfinite(v).all()) and float(v.abs().max()) < 100 for v in result.new_global.values())
+    assert all(bool(torch.isfinite(v).all()) and float(v.abs().max()) < 100
+               for v in result.new_global.values())
 
 
 def test_bad_contributions_are_excluded_with_their_reasons():
     weights, momentum = _state()
     honest = _honest(3)
-    a_weight = encode_contribution({"a.weight": torch.ones(24, 32)}, COMPRESSED, stage_index=0, outer_round=0)[0]
+    a_weight = encode_contribution({"a.weight": torch.ones(24, 32)}, COMPRESSED, stage_index=0,
+                                   outer_round=0)[0]
     quant_inf = {"n": "b.bias", "s": [24], "c": "quant", "b": 8, "q": pack_ints(torch.zeros(24), 8),
                  "x": np.array([np.inf]).astype("<f4").tobytes()}
     non_finite = pack_contribution(0, 0, [msgpack.unpackb(a_weight)["t"][0], quant_inf])
-    wrong_shape = encode_contribution({"a.weight": torch.zeros(24, 31), "b.bias": torch.zeros(24)}, COMPRESSED,
-                                      stage_index=0, outer_round=0)[0]
+    wrong_shape = encode_contribution({"a.weight": torch.zeros(24, 31), "b.bias": torch.zeros(24)},
+                                      COMPRESSED, stage_index=0, outer_round=0)[0]
     raw = _honest(1, RAW)[0]
     blobs = honest + [non_finite, wrong_shape, raw, b"\x93junk", _honest(1, outer_round=1)[0]]
     result = aggregate_with_report(weights, momentum, blobs, DilocoConfig(), stage_index=0, outer_round=0,
@@ -135,7 +141,7 @@ def test_contribution_norm_is_the_correctly_rounded_exact_norm():
 def test_contribution_norm_of_millions_of_values_is_decided_in_one_pass(monkeypatch):
     # The one-pass bound is taken block by block: at 2**22 values (a llama-124m contribution has 2**27) it
     # still decides the rounding, and the levels (several more passes over the whole contribution) never run.
-    import training.robust as robust
+    from training import robust
 
     def levels(*_):
         raise AssertionError("fell back to _levels_norm")
@@ -152,7 +158,8 @@ def test_contribution_norm_equals_fsum_of_exact_squares_over_every_float32_range
     # The vectorized exact sum must give the very double math.fsum gives (the audit's
     # earlier definition): subnormals, zeros, huge values, mixed exponents, empty tensors.
     def fsum_norm(tensors):
-        squares = [v * v for name in sorted(tensors) for v in tensors[name].to(torch.float64).reshape(-1).tolist()]
+        squares = [v * v for name in sorted(tensors)
+                   for v in tensors[name].to(torch.float64).reshape(-1).tolist()]
         return math.sqrt(math.fsum(squares))
 
     g = torch.Generator().manual_seed(5)
@@ -185,8 +192,9 @@ REPLAY = textwrap.dedent(
     from training.config_compression import CompressionConfig
     from training.diloco import aggregate_with_report
     case = torch.load(sys.argv[1])
-    result = aggregate_with_report(case["weights"], case["momentum"], case["blobs"], DilocoConfig(), stage_index=0,
-                                   outer_round=0, compression_cfg=CompressionConfig(), excluded={1: "x"})
+    result = aggregate_with_report(case["weights"], case["momentum"], case["blobs"], DilocoConfig(),
+                                   stage_index=0, outer_round=0, compression_cfg=CompressionConfig(),
+                                   excluded={1: "x"})
     print(result.weights_hash.hex(), [(r.reason, r.norm.hex() if r.norm else None, r.scale.hex())
                                       for r in result.contributions])
     """
@@ -197,7 +205,8 @@ def test_robust_aggregation_replays_bit_exactly_in_another_process(tmp_path):
     weights, momentum = _state()
     g = torch.Generator().manual_seed(5)
     huge = {n: 1e6 * torch.randn(s, generator=g) for n, s in SHAPES.items()}
-    blobs = _honest(4, scale=[1.0, 1.0, 1.3, 0.8]) + [encode_contribution(huge, COMPRESSED, stage_index=0, outer_round=0)[0]]
+    blobs = _honest(4, scale=[1.0, 1.0, 1.3, 0.8]) + [encode_contribution(huge, COMPRESSED, stage_index=0,
+                                                                          outer_round=0)[0]]
     blobs.append(_honest(1, RAW)[0])
     case = tmp_path / "case.pt"
     torch.save({"weights": weights, "momentum": momentum, "blobs": blobs}, case)
@@ -217,8 +226,8 @@ def test_robust_aggregation_replays_bit_exactly_in_another_process(tmp_path):
 
 
 def test_a_dropped_contribution_goes_back_into_the_residual_and_is_sent_next_round():
-    for cfg in (COMPRESSED, RAW, CompressionConfig(error_feedback=False, bit_choices=[8], min_compress_numel=256,
-                                                   bandwidth_budget=0)):
+    for cfg in (COMPRESSED, RAW, CompressionConfig(error_feedback=False, bit_choices=[8],
+                                                   min_compress_numel=256, bandwidth_budget=0)):
         param = torch.zeros(24, 32)
         engine = StageEngine(0, {"a.weight": param}, DilocoConfig(one_step_delay=False), cfg)
         g = torch.Generator().manual_seed(2)
@@ -316,7 +325,8 @@ SCREEN = textwrap.dedent(
     x, y = screening_batch(generated_corpus(0, n_bytes=40_000), 7, 3, 8, 32)
     loss_fn = model_loss_fn(ModelConfig(preset="tiny"), x, y)
     print([(r.loss_before.hex(), r.loss_after.hex() if r.loss_after is not None else None, r.excluded)
-           for r in screen_contributions(loss_fn, case["weights"], case["contributions"], DilocoConfig(outer_lr=1.0))])
+           for r in screen_contributions(loss_fn, case["weights"], case["contributions"],
+                                         DilocoConfig(outer_lr=1.0))])
     """
 )
 

@@ -1,4 +1,5 @@
-"""The shared schedules: inner learning rate per step, and the train / encode / apply order per delay variant."""
+"""The shared schedules: inner learning rate per step, and the train / encode / apply order per delay
+variant."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def test_round_order_of_every_delay_variant():
 def test_every_round_is_applied_exactly_once_in_order():
     for cfg in (DilocoConfig(one_step_delay=False), DilocoConfig(), DilocoConfig(overlap_steps=0),
                 DilocoConfig(delay_correction="lookahead", overlap_steps=0)):
-        applied = [a.outer_round for t in range(6) for a in round_actions(cfg, t, last=t == 5) if a.kind == APPLY]
+        applied = [a.outer_round for t in range(6) for a in round_actions(cfg, t, last=t == 5)
+                   if a.kind == APPLY]
         assert applied == list(range(6))
 
 
@@ -86,7 +88,8 @@ def test_set_lr_reaches_every_group_of_every_trainer_kind():
 
 
 def test_config_validates_the_schedule_fields():
-    for bad in (dict(lr_schedule="linear"), dict(warmup_steps=-1), dict(min_lr_ratio=1.5), dict(lr_decay_steps=-2)):
+    for bad in (dict(lr_schedule="linear"), dict(warmup_steps=-1), dict(min_lr_ratio=1.5),
+                dict(lr_decay_steps=-2)):
         with pytest.raises(ValueError):  # the config error class is a ValueError
             TrainingConfig(**bad)
 
@@ -97,18 +100,22 @@ def test_partial_overlap_applies_the_previous_round_inside_the_next():
     assert [(a.kind, a.outer_round, a.first_step, a.end_step) for a in actions] == [
         (TRAIN, 2, 0, 3), (APPLY, 1, 0, 0), (TRAIN, 2, 3, 10), (ENCODE, 2, 0, 0), (APPLY, 2, 0, 0)
     ]
-    assert [(a.kind, a.first_step, a.end_step) for a in round_actions(cfg, 0)] == [(TRAIN, 0, 10), (ENCODE, 0, 0)]
-    for bad in (dict(overlap_steps=10), dict(overlap_steps=-1), dict(overlap_steps=2, delay_correction="reset")):
+    assert [(a.kind, a.first_step, a.end_step) for a in round_actions(cfg, 0)] == [(TRAIN, 0, 10),
+                                                                                   (ENCODE, 0, 0)]
+    for bad in (dict(overlap_steps=10), dict(overlap_steps=-1),
+                dict(overlap_steps=2, delay_correction="reset")):
         with pytest.raises(ValueError):
             DilocoConfig(inner_steps=10, **bad)
 
 
 def test_auto_overlap_is_a_tenth_of_the_round_and_whole_round_when_that_is_under_one_step():
-    assert DilocoConfig().overlap_steps == "auto" and DilocoConfig().overlap == 5  # H = 50: the benchmark's best
+    # H = 50: the benchmark's best
+    assert DilocoConfig().overlap_steps == "auto" and DilocoConfig().overlap == 5
     assert [DilocoConfig(inner_steps=h).overlap for h in (1, 9, 10, 20, 25, 99)] == [0, 0, 1, 2, 2, 9]
     assert DilocoConfig(delay_correction="reset").overlap == 0
     assert DilocoConfig(one_step_delay=False).overlap == 0
-    assert DilocoConfig(overlap_steps="3").overlap == 3 == DilocoConfig(overlap_steps=" Auto ", inner_steps=30).overlap
+    assert DilocoConfig(overlap_steps="3").overlap == 3 == DilocoConfig(overlap_steps=" Auto ",
+                                                                        inner_steps=30).overlap
     # "auto" schedules exactly what the explicit number does.
     for t in (0, 3):
         assert round_actions(DilocoConfig(), t) == round_actions(DilocoConfig(overlap_steps=5), t)

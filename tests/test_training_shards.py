@@ -1,4 +1,5 @@
-"""Prepared datasets: shards + manifest, the memory-mapped reader, refusals that name the file, the prepare step."""
+"""Prepared datasets: shards + manifest, the memory-mapped reader, refusals that name the file, the prepare
+step."""
 
 import dataclasses
 import hashlib
@@ -47,13 +48,15 @@ def test_byte_dataset_gives_exactly_the_batches_of_the_text_file(text_file, byte
     dataset = open_dataset(byte_dataset)
     text = load_corpus(text_file, 0.1)
     assert len(dataset.manifest.shards) == 9  # 60,000 ids in 7,000-id shards
-    assert dataset.split_tokens("train") == text.train.numel() and dataset.split_tokens("eval") == text.eval.numel()
+    assert dataset.split_tokens("train") == text.train.numel() \
+        and dataset.split_tokens("eval") == text.eval.numel()
     for replica, outer_round in ((0, 0), (1, 5), (3, 2**40)):
         ours = round_batches(dataset, 7, replica, outer_round, 6, 8, 64)
         theirs = round_batches(text, 7, replica, outer_round, 6, 8, 64)
         assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(ours, theirs))
         assert ours[0][0].dtype == torch.long
-    assert all(torch.equal(a[0], b[0]) for a, b in zip(eval_batches(dataset, 3, 4, 64), eval_batches(text, 3, 4, 64)))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(eval_batches(dataset, 3, 4, 64),
+                                                       eval_batches(text, 3, 4, 64)))
     assert torch.equal(screening_batch(dataset, 7, 3, 16, 64)[0], screening_batch(text, 7, 3, 16, 64)[0])
 
 
@@ -196,9 +199,11 @@ def test_prepare_jsonl_with_a_trained_bpe_and_a_held_out_file(tmp_path):
         expected += ([0] if i else []) + tokenizer.encode(record["text"])
     assert train_ids.tolist() == expected
     eval_ids = dataset.eval.windows(torch.tensor([0]), dataset.split_tokens("eval"))[0]
-    assert eval_ids.tolist() == [0] + tokenizer.encode(records[10]["text"]) + [0] + tokenizer.encode(records[11]["text"])
+    assert eval_ids.tolist() == [0] + tokenizer.encode(records[10]["text"]) + [0] + tokenizer.encode(
+        records[11]["text"])
 
-    model = ModelConfig(preset="llama-tiny", vocab_size=tokenizer.vocab_size, tokenizer=str(tmp_path / "ds" / "tokenizer.json"))
+    model = ModelConfig(preset="llama-tiny", vocab_size=tokenizer.vocab_size,
+                        tokenizer=str(tmp_path / "ds" / "tokenizer.json"))
     corpus = corpus_from_config(TrainingConfig(data_path=str(tmp_path / "ds")), model)
     assert corpus.sha256 == manifest.root
     x, _ = round_batches(corpus, 0, 0, 0, 2, 4, model.block_size)[0]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from training.config import DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig
-
 from training.config_compression import CompressionConfig
 from training.data import generated_corpus
 from training.errors import TrainingError
@@ -67,7 +66,8 @@ def test_one_replica_lossless_lookahead_variants_are_synchronous_diloco(corpus, 
     # schedule (apply before encode) reaches synchronous DiLoCo up to float rounding.
     cfg = DilocoConfig(inner_steps=3, num_replicas=1, delay_correction=correction)
     sync = simulate("diloco", corpus, MODEL, TRAINING, cfg, CompressionConfig(), PIPELINE, 3)
-    delayed = simulate("diloco_x", corpus, MODEL, TRAINING, cfg, CompressionConfig(enabled=False), PIPELINE, 3)
+    delayed = simulate("diloco_x", corpus, MODEL, TRAINING, cfg, CompressionConfig(enabled=False), PIPELINE,
+                       3)
     assert delayed.final_eval_loss == pytest.approx(sync.final_eval_loss, abs=1e-4)
 
 
@@ -75,7 +75,8 @@ def test_ddp_and_diloco_follow_the_inner_lr_schedule(corpus):
     # The cosine schedule over the run changes the result; a constant rate reproduces the old one.
     cfg = DilocoConfig(inner_steps=3, num_replicas=2)
     runs = {
-        schedule: simulate(mode, corpus, MODEL, TrainingConfig(batch_size=4, eval_batches=2, lr_schedule=schedule, warmup_steps=0),
+        schedule: simulate(mode, corpus, MODEL,
+                           TrainingConfig(batch_size=4, eval_batches=2, lr_schedule=schedule, warmup_steps=0),
                            cfg, CompressionConfig(), PIPELINE, 2)
         for schedule in ("cosine", "constant") for mode in ("ddp",)
     }

@@ -1,5 +1,5 @@
-"""The attacks of issue 41, each refused by the security model (docs/TRUST.md) with a specific error, on py-evm
-and on anvil. The fuzzer (tests/trust_machine.py) tries them in any order; these pin each one by name.
+"""The attacks of issue 41, each refused by the security model (docs/TRUST.md) with a specific error, on
+py-evm and on anvil. The fuzzer (tests/trust_machine.py) tries them in any order; these pin each one by name.
 
 Run shape of the takeover: 6 founders, k = 2, quorumBps 5000 (quorum 3); members 5 and 6 are the coalition.
 """
@@ -124,8 +124,8 @@ def test_attack_3_disputes_are_settled_and_filed_only_by_the_disputer(deployment
                                                  for i in HONEST], attesters[:-1])
     # ... the honest members uphold it: the disputer's bond is forfeited, the round is final after its window.
     forfeited = reader.forfeited_total()
-    reader.resolve_dispute(committed, True, [run.client(i).sign_round_verdict_for(committed, True) for i in HONEST],
-                           attesters)
+    reader.resolve_dispute(committed, True,
+                           [run.client(i).sign_round_verdict_for(committed, True) for i in HONEST], attesters)
     assert reader.dispute_case(run.run_id, 0)[0] == "upheld"
     assert reader.forfeited_total() - forfeited == BOND
     with pytest.raises(errors.LedgerDisputeNotOpen):  # a settled round takes no more disputes
@@ -216,7 +216,8 @@ def test_attack_5_pull_takes_only_final_rounds(deployment):
 
 def test_fuzz_counterexample_the_accused_counts_toward_its_verdicts_quorum(deployment):
     """Found by tests/trust_machine.py: with the accused left out of the count, 2 of 5 counted members (below
-    one half) were the quorum of a verdict against an honest member. The accused now counts (its signature never
+    one half) were the quorum of a verdict against an honest member. The accused now counts (its signature
+    never
     does): the verdict needs 3."""
     run = deployment.member_run((1, 2, 3, 5, 6), quorum=2, quorum_bps=5000, min_stake=STAKE, bond=BOND,
                                 allow_weak_quorum=False)

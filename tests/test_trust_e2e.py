@@ -1,6 +1,6 @@
-"""Issue 41's takeover tried by a real 2-of-6 coalition: six node processes on a real anvil, the shipped quorum
-rule (k 2, half of the counted members), two of them tests/adversary.py ``takeover``. The coalition wins
-commit races with one honest signature; the honest nodes attest the rounds it left them out of, so every
+"""Issue 41's takeover tried by a real 2-of-6 coalition: six node processes on a real anvil, the shipped
+quorum rule (k 2, half of the counted members), two of them tests/adversary.py ``takeover``. The coalition
+wins commit races with one honest signature; the honest nodes attest the rounds it left them out of, so every
 ejection, the back door and the coalition's verdict are refused, and the run ends with every honest member
 in force and every round the honest one."""
 

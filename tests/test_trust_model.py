@@ -53,13 +53,17 @@ def test_the_prover_and_the_challenger_cannot_invalidate_right_rounds():
     from training.chunks import float64_bits
     for round_ in (0, 1, 2):  # round 0 holds version-3 factors of no contribution: nothing to clip
         state = honest_chain(round_, normed=True)
-        unnormed = dataclasses.replace(state, factors=dataclasses.replace(state.factors, norms=None), sum_trees=[])
+        unnormed = dataclasses.replace(state, factors=dataclasses.replace(state.factors, norms=None),
+                                       sum_trees=[])
         for claimed, error in ((state, errors.ProverNormCorrect),
-                               (with_scale(state, 0, float64_bits(0.5)) if round_ else None, errors.ProverBadStagePath),
-                               (unnormed, errors.ProverBadStagePath)):  # its factors as version 2: not the root's
+                               (with_scale(state, 0, float64_bits(0.5)) if round_ else None,
+                                errors.ProverBadStagePath),
+                               # its factors as version 2: not the root's
+                               (unnormed, errors.ProverBadStagePath)):
             if claimed is None:
                 continue
-            proof = scale_proof(machine.records[round_], [claimed.leaf().encode()], 0, claimed.factors.encode())
+            proof = scale_proof(machine.records[round_], [claimed.leaf().encode()], 0,
+                                claimed.factors.encode())
             with pytest.raises(error):
                 outsider.prove_wrong_norm(proof, attesters=machine.attesters_of(round_))
         machine.the_model_holds()
@@ -75,10 +79,11 @@ def test_the_prover_and_the_challenger_cannot_invalidate_right_rounds():
 
 
 def test_the_sum_walk_overturns_lied_sums_and_spares_right_rounds():
-    """The fuzzer's sum-tree actors (tests/trust_sums.py), step by step: a captured run's lied chunk sum walked with
-    truthful answers (junk refused on the way) and an unclipped scale behind lower sums are proven, an unanswered
-    sum-tree leaf expires, each round falls with its attesters slashed and the walker paid half; a walk of a right
-    round of the machine's run, answered by the honest members, proves nothing. The model holds after each."""
+    """The fuzzer's sum-tree actors (tests/trust_sums.py), step by step: a captured run's lied chunk sum
+    walked with truthful answers (junk refused on the way) and an unclipped scale behind lower sums are
+    proven, an unanswered sum-tree leaf expires, each round falls with its attesters slashed and the walker
+    paid half; a walk of a right round of the machine's run, answered by the honest members, proves nothing.
+    The model holds after each."""
     from tests.ledger_fixtures import mine
     from tests.trust_machine import COALITION, HONEST, STAKE
     from tests.trust_sums import CAPTURED_ANSWER_BLOCKS, WALKER
@@ -103,8 +108,10 @@ def test_the_sum_walk_overturns_lied_sums_and_spares_right_rounds():
             assert reader.member(case.run_id, machine.client(index).address).status == "slashed"
         machine.the_model_holds()
     assert machine.junk_answers_refused >= 6
-    received = machine.w3.eth.get_balance(machine.client(WALKER).address) - machine.walker_start + machine.walker_paid
-    assert received >= 3 * STAKE  # half of two seats' stake, three times (and the expired challenge's bond back)
+    received = machine.w3.eth.get_balance(machine.client(WALKER).address) - machine.walker_start \
+        + machine.walker_paid
+    # half of two seats' stake, three times (and the expired challenge's bond back)
+    assert received >= 3 * STAKE
     assert machine.commit(HONEST[0], machine.honest_record(), list(HONEST) + list(COALITION))
     before = machine.mistaken_walks
     machine.anyone_walks_a_right_round_mistakenly(1, 1, 1)

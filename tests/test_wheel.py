@@ -26,7 +26,8 @@ DATA_FILES = ("contracts/artifacts/NodeRegistry.json", "contracts/artifacts/Trai
 
 
 def _tracked_tree(dest: Path) -> Path:
-    """A copy of the files git tracks or would add (what a clone of this branch holds), without build outputs."""
+    """A copy of the files git tracks or would add (what a clone of this branch holds), without build
+    outputs."""
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
                             capture_output=True).stdout.decode().split("\0")
     for name in filter(None, listed):
@@ -39,8 +40,9 @@ def _tracked_tree(dest: Path) -> Path:
 
 def build_wheel(tmp_path: Path) -> Path:
     tree = _tracked_tree(tmp_path / "src")
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", str(tree), "--no-deps", "--no-build-isolation",
-                           "-w", str(tmp_path / "dist"), "-q"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", str(tree), "--no-deps",
+                           "--no-build-isolation", "-w", str(tmp_path / "dist"), "-q"], capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     [wheel] = (tmp_path / "dist").glob("dlx_node-*.whl")
     return wheel
@@ -49,8 +51,8 @@ def build_wheel(tmp_path: Path) -> Path:
 def test_the_wheel_holds_every_module_and_the_package_data(tmp_path):
     wheel = build_wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
-    tracked = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", *PACKAGES], cwd=REPO, check=True,
-                             capture_output=True, text=True).stdout.split()
+    tracked = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", *PACKAGES], cwd=REPO,
+                             check=True, capture_output=True, text=True).stdout.split()
     modules = [name for name in tracked if name.endswith(".py") and "node_modules" not in name]
     missing = [name for name in modules if name not in names]
     assert not missing, f"modules left out of the wheel (a package missing from pyproject.toml?): {missing}"
@@ -64,7 +66,8 @@ _OUTSIDE = r"""
 import json, sys
 from importlib.resources import files
 import contracts, node
-assert "site-packages" in contracts.__file__ and "site-packages" in node.__file__, (contracts.__file__, node.__file__)
+assert "site-packages" in contracts.__file__ and "site-packages" in node.__file__, \
+    (contracts.__file__, node.__file__)
 abi = contracts.artifact("TrainingLedger")["abi"]
 template = files("node").joinpath("templates", "node.toml").read_text()
 from node.commands.explorer import explorer_page
@@ -97,7 +100,8 @@ def test_the_installed_wheel_works_outside_the_clone(tmp_path):
     try:
         env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(outside)}
         cli = str(venv / "bin" / "dlx-node")
-        done = subprocess.run([cli, "--help"], cwd=outside, env=env, capture_output=True, text=True, timeout=120)
+        done = subprocess.run([cli, "--help"], cwd=outside, env=env, capture_output=True, text=True,
+                              timeout=120)
         assert done.returncode == 0 and "explorer" in done.stdout and "demo" in done.stdout, done.stderr
         done = subprocess.run([cli, "init", "--data-dir", "n", "--dev-account", "1"], cwd=outside, env=env,
                               capture_output=True, text=True, timeout=300)
@@ -109,8 +113,8 @@ def test_the_installed_wheel_works_outside_the_clone(tmp_path):
         assert '"template": true' in done.stdout and '"page": true' in done.stdout
         assert '"deployed": true' in done.stdout
         # No anvil on this PATH: the demo says exactly how to get it, and starts nothing.
-        done = subprocess.run([cli, "demo", "--out", "d"], cwd=outside, env=env, capture_output=True, text=True,
-                              timeout=300)
+        done = subprocess.run([cli, "demo", "--out", "d"], cwd=outside, env=env, capture_output=True,
+                              text=True, timeout=300)
         assert done.returncode == 2 and "npm install -g @foundry-rs/anvil@" in done.stderr, done.stderr
     finally:
         shutil.rmtree(outside, ignore_errors=True)

@@ -21,8 +21,14 @@ from node import protocol as msg
 from p2p.blob_protocol import MAX_FRAME_BYTES, parse_request
 from p2p.envelope import Envelope, decode_envelope, verify_header
 from p2p.errors import EnvelopeRejected
-from p2p.gossip import (gossip_message_id, sync_messages_frame, sync_offer_frame, sync_request_frame,
-                        sync_response_frame, sync_want_frame)
+from p2p.gossip import (
+    gossip_message_id,
+    sync_messages_frame,
+    sync_offer_frame,
+    sync_request_frame,
+    sync_response_frame,
+    sync_want_frame,
+)
 from p2p.identity import Identity, peer_id_from_public_key, verify_signature
 from p2p.wire import decode_frame, encode_frame
 
@@ -68,7 +74,8 @@ def test_envelope(vector):
         assert getattr(envelope, name) == inputs[name], name
     assert envelope.payload == payload
     assert envelope.sender.hex() == KEY["public_key_hex"]
-    assert envelope.payload_sha256.hex() == vector["payload_sha256_hex"] == hashlib.sha256(payload).hexdigest()
+    assert envelope.payload_sha256.hex() == vector["payload_sha256_hex"] \
+        == hashlib.sha256(payload).hexdigest()
     assert envelope.signing_bytes() == signing_bytes
     assert envelope.signature == signature
     assert envelope.to_bytes() == data
@@ -84,7 +91,8 @@ def test_envelope(vector):
     # Signing the inputs again gives the same bytes (ed25519 is deterministic).
     identity = Identity.from_seed(bytes.fromhex(KEY["ed25519_seed_hex"]))
     again = Envelope.create(identity, inputs["run_id"], inputs["round"], inputs["kind"], payload,
-                            stage=inputs["stage"], replica=inputs["replica"], timestamp_ms=inputs["timestamp_ms"])
+                            stage=inputs["stage"], replica=inputs["replica"],
+                            timestamp_ms=inputs["timestamp_ms"])
     assert again.to_bytes() == data
 
     message_id = vector["gossip_message_id"].encode("ascii")
@@ -249,8 +257,10 @@ def test_eip712_known_answer(vector):
     assert keccak(b"\x19\x01" + signable.header + signable.body).hex() == vector["digest_hex"]
     signature = bytes.fromhex(vector["signature_hex"])
     assert Account.recover_message(signable, signature=signature) == eip712["key"]["address"]
-    assert Account.from_key(bytes.fromhex(eip712["key"]["private_key_hex"])).address == eip712["key"]["address"]
-    assert int.from_bytes(signature[32:64], "big") <= 0x7FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF5D576E7357A4501DDFE92F46681B20A0
+    assert Account.from_key(bytes.fromhex(eip712["key"]["private_key_hex"])).address \
+        == eip712["key"]["address"]
+    assert int.from_bytes(signature[32:64],
+                          "big") <= 0x7FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF5D576E7357A4501DDFE92F46681B20A0
     # The gossip payload of the same kind carries exactly this signature and signer.
     payload = untag(by_name(VECTORS["payloads"])[vector["name"]]["fields"])
     assert payload["signature"] == signature

@@ -17,7 +17,8 @@ import pytest
 
 @contextmanager
 def tiny_filesystem(directory: Path, size: str = "8m") -> Iterator[Path]:
-    """Mount a tmpfs of ``size`` on ``directory`` (created; what it held is hidden meanwhile); unmount after."""
+    """Mount a tmpfs of ``size`` on ``directory`` (created; what it held is hidden meanwhile); unmount
+    after."""
     directory.mkdir(parents=True, exist_ok=True)
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
                              capture_output=True, text=True, check=False)

@@ -12,17 +12,19 @@ withdraw, advance blocks); every invariant of the model is checked after every s
   no round is ever overturned (honest records are right).
 * I6 (solvency): the contract holds at least every bonded stake plus every open dispute bond.
 * I7 (fraud proof, docs/FRAUD_PROOF.md): a right round is never invalidated by a proof (a chunk's or the clip
-  scales', over its real commitments or tampered ones, its factors' norm commitment dropped included) nor by a data-availability challenge (the live honest members answer it). Its other
-  half, a wrong round can always be proven: under the assumption the coalition commits no round here (I1), so it
-  commits lied sum trees in a run of its own, where it is the quorum, and the live prover walks them
-  (tests/trust_sums.py, mixed in: S1-S3 below); tests/test_fraud_proof.py proves other committed wrong rounds.
-* S1-S3 (sum-tree walks, tests/trust_sums.py): a lied sum never stands once its walk completes or a challenge of
-  it expires; no honest round or stake is harmed by a walk; the walker's reward is exactly half the stake slashed.
+  scales', over its real commitments or tampered ones, its factors' norm commitment dropped included) nor by a
+  data-availability challenge (the live honest members answer it). Its other half, a wrong round can always be
+  proven: under the assumption the coalition commits no round here (I1), so it commits lied sum trees in a run
+  of its own, where it is the quorum, and the live prover walks them (tests/trust_sums.py, mixed in: S1-S3
+  below); tests/test_fraud_proof.py proves other committed wrong rounds.
+* S1-S3 (sum-tree walks, tests/trust_sums.py): a lied sum never stands once its walk completes or a challenge
+  of it expires; no honest round or stake is harmed by a walk; the walker's reward is exactly half the stake
+  slashed.
 
 Honest records commit chunked weights roots with the norm commitment (version 3) of a real aggregation chain
-(two raw contributions per round on one 2 x 40 stage) in a run created as version 3 (``RunParams.commitments``:
-the prover holds every round's factors to it), so the provers (of a chunk and of the clip scales) and the
-challenger (an outsider) act on real commitments.
+(two raw contributions per round on one 2 x 40 stage) in a run created as version 3
+(``RunParams.commitments``: the prover holds every round's factors to it), so the provers (of a chunk and of
+the clip scales) and the challenger (an outsider) act on real commitments.
 
 The model's assumption, kept by the rules' preconditions: the coalition's active members are fewer than
 half of the counted members (``quorum_bps`` 5000), and honest members are live (they attest every commit
@@ -46,14 +48,28 @@ from ledger.records import RoundRecord, Verdict
 from ledger.normproof import scale_proof, sum_proof
 from node.commitments import scheme_named
 from tests.fraud_fixtures import changed, honest_chain, lied_sum, with_scale
-from training.chunks import float64_bits
 from tests.ledger_fixtures import deploy, mine, node_key, raw_public_key
-from tests.trust_params import (BOND, COALITION, COALITION_JOINER, HONEST, HONEST_JOINER, INACTIVITY, OUTSIDER,
-                                REFUSED, STAKE, TENURE, WINDOW, digest)
+from tests.trust_params import (
+    BOND,
+    COALITION,
+    COALITION_JOINER,
+    HONEST,
+    HONEST_JOINER,
+    INACTIVITY,
+    OUTSIDER,
+    REFUSED,
+    STAKE,
+    TENURE,
+    WINDOW,
+    digest,
+)
 from tests.trust_sums import SumWalks
+from training.chunks import float64_bits
+
 
 class TrustMachine(SumWalks, RuleBasedStateMachine):
-    """See module docstring. ``chain`` makes the Web3 each example deploys on (py-evm; the bench may use anvil)."""
+    """See module docstring. ``chain`` makes the Web3 each example deploys on (py-evm; the bench may use
+    anvil)."""
 
     chain = staticmethod(connect_pyevm)
     examples = 0  # examples started in this process (the bench reports them)
@@ -109,7 +125,8 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
         round_ = reader.commit_count(self.run_id)
         weights = chunked_weights_root([honest_chain(round_, normed=True).leaf()])
         record = RoundRecord(self.run_id, round_, reader.head_of(self.run_id), weights,
-                             digest(f"honest contributions {round_}"), 3_000_000, 3_100_000, 4096, 4, bytes(32))
+                             digest(f"honest contributions {round_}"), 3_000_000, 3_100_000, 4096, 4,
+                             bytes(32))
         self.honest_hashes[round_] = record_struct_hash(record)
         return record
 
@@ -224,7 +241,8 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
     # ------------------------------------------------------------------ coalition and outsiders
     @rule(data=st.data())
     def coalition_commits_leaving_honest_out(self, data) -> None:
-        """The takeover's first step: commit the honest record with as few honest signatures as the quorum needs."""
+        """The takeover's first step: commit the honest record with as few honest signatures as the quorum
+        needs."""
         coalition = self.active(self.coalition_group())
         honest = self.active(self.honest_group())
         if not coalition or not honest:
@@ -238,8 +256,9 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
         if not coalition:
             return
         honest = self.honest_record()
-        backdoor = RoundRecord(self.run_id, honest.round, honest.prev_head, digest(f"back door {honest.round}"),
-                               honest.contributions_root, 1, 1, 1, 1, bytes(32))
+        backdoor = RoundRecord(self.run_id, honest.round, honest.prev_head,
+                               digest(f"back door {honest.round}"), honest.contributions_root, 1, 1, 1, 1,
+                               bytes(32))
         signers = data.draw(st.lists(st.sampled_from(coalition), unique=True, min_size=1))
         committed = self.commit(data.draw(st.sampled_from(coalition)), backdoor, signers)
         assert not committed, "I1: the coalition committed a back-doored record alone"
@@ -272,13 +291,15 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
         verdict = Verdict(self.run_id, self.client(target).address, evidence, True)
         signers = [i for i in self.coalition_group() if self.status(i) != "none"]
         try:
-            self.client(accuser).resolve_accusation(verdict, [self.client(i).sign_verdict(verdict) for i in signers])
+            self.client(accuser).resolve_accusation(verdict,
+                                                    [self.client(i).sign_verdict(verdict) for i in signers])
         except REFUSED:
             pass
 
     @rule(data=st.data())
     def coalition_disputes_and_overturns(self, data) -> None:
-        """Dispute an honest round (own signature, or an honest member's gossiped one) and try to overturn it."""
+        """Dispute an honest round (own signature, or an honest member's gossiped one) and try to overturn
+        it."""
         coalition = [i for i in self.coalition_group() if self.status(i) in ("active", "unbonding")]
         reader = self.client(HONEST[0])
         count = reader.commit_count(self.run_id)
@@ -330,13 +351,14 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
         """The proof of ``chunk`` of ``round_`` with its real leaves, or over a tampered twin of the state."""
         prev, new = honest_chain(round_ - 1, normed=True), honest_chain(round_, normed=True)
         claimed = changed(new, chunk, 0) if tampered else new
-        return build_proof(self.records[round_ - 1], self.records[round_], [prev.leaf()], [claimed.leaf()], prev,
-                           claimed, chunk)
+        return build_proof(self.records[round_ - 1], self.records[round_], [prev.leaf()], [claimed.leaf()],
+                           prev, claimed, chunk)
 
     @precondition(lambda self: len(getattr(self, "records", {})) >= 2)
     @rule(data=st.data())
     def anyone_proves(self, data) -> None:
-        """An outsider proves a committed (right) round wrong, with its real leaves or tampered ones: refused."""
+        """An outsider proves a committed (right) round wrong, with its real leaves or tampered ones:
+        refused."""
         round_ = data.draw(st.integers(1, max(self.records)))
         chunk = data.draw(st.integers(0, len(honest_chain(round_, normed=True).weight_leaves) - 1))
         proof = self.proof_of(round_, chunk, tampered=data.draw(st.booleans()))
@@ -350,8 +372,8 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
     @precondition(lambda self: len(getattr(self, "records", {})) >= 1)
     @rule(data=st.data())
     def anyone_proves_a_norm(self, data) -> None:
-        """An outsider proves a committed (right) round's clip scales, or one chunk of a contribution's sum tree,
-        wrong, over the real commitment or a tampered one (a scale or a chunk sum changed): refused."""
+        """An outsider proves a committed (right) round's clip scales, or one chunk of a contribution's sum
+        tree, wrong, over the real commitment or a tampered one (a scale or a chunk sum changed): refused."""
         round_ = data.draw(st.sampled_from(sorted(self.records)))
         state = honest_chain(round_, normed=True)
         chunk = data.draw(st.integers(0, len(state.weight_leaves) - 1))
@@ -360,14 +382,16 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
         claimed = {"real": lambda: state, "scale": lambda: with_scale(state, 0, float64_bits(0.5)),
                    "sum": lambda: lied_sum(state, 0, chunk),
                    # the same round's factors without the norm commitment: what the run's version refuses
-                   "version 2": lambda: dataclasses.replace(state, factors=dataclasses.replace(state.factors, norms=None),
+                   "version 2": lambda: dataclasses.replace(state, factors=dataclasses.replace(state.factors,
+                                                                                               norms=None),
                                                             sum_trees=[])}[tamper]()
         leaves = [claimed.leaf().encode()]
         if not claimed.sum_trees or data.draw(st.booleans()):
             proof = scale_proof(self.records[round_], leaves, 0, claimed.factors.encode())
         else:
-            proof = sum_proof(self.records[round_], leaves, 0, claimed.factors.encode(), claimed.weight_leaves,
-                              claimed.payload_leaves[0], claimed.sum_trees[0], 0, chunk)
+            proof = sum_proof(self.records[round_], leaves, 0, claimed.factors.encode(),
+                              claimed.weight_leaves, claimed.payload_leaves[0], claimed.sum_trees[0], 0,
+                              chunk)
         try:
             self.client(OUTSIDER).prove_wrong_norm(proof, attesters=self.attesters_of(round_))
         except REFUSED:
@@ -378,13 +402,14 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
     @precondition(lambda self: len(getattr(self, "records", {})) >= 1)
     @rule(data=st.data())
     def anyone_challenges_and_the_honest_answer(self, data) -> None:
-        """An outsider challenges a committed leaf (a weights, momentum, payload or sum-tree chunk, or the factors); a
-        live honest member answers at once (any account may)."""
+        """An outsider challenges a committed leaf (a weights, momentum, payload or sum-tree chunk, or the
+        factors); a live honest member answers at once (any account may)."""
         round_ = data.draw(st.sampled_from(sorted(self.records)))
         state = honest_chain(round_, normed=True)
         accepted = len(state.payload_leaves)
-        which = data.draw(st.sampled_from([WEIGHTS, MOMENTUM, FACTORS] + [PAYLOAD + j for j in range(accepted)]
-                                          + [sums_which(accepted, j) for j in range(len(state.sum_trees))]))
+        which = data.draw(
+            st.sampled_from([WEIGHTS, MOMENTUM, FACTORS] + [PAYLOAD + j for j in range(accepted)]
+                            + [sums_which(accepted, j) for j in range(len(state.sum_trees))]))
         chunk = 0 if which == FACTORS else data.draw(st.integers(0, len(state.weight_leaves) - 1))
         target = availability_target(self.records[round_], [state.leaf()], state.factors, 0, which, chunk)
         try:
@@ -444,7 +469,8 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
             if status == "open":
                 open_bonds += disputers * BOND
             if reader.is_final(self.run_id, round_):
-                assert block >= reader.commit_block_of(self.run_id, round_) + WINDOW, "I5: final inside its window"
+                assert block >= reader.commit_block_of(self.run_id, round_) + WINDOW, \
+                    "I5: final inside its window"
                 assert status != "open" or block >= deadline, "I5: final with an open dispute"
         # I6: solvency (older open cases only add to what the contract must hold).
         staked = sum(seat.stake for seat in seats.values()

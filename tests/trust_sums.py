@@ -1,36 +1,37 @@
-"""The sum-tree walk's actors of the trust fuzzer (tests/trust_machine.py; issue 43, docs/FRAUD_PROOF.md, "The clip
-scales" and gap 2 (iii)), mixed into :class:`tests.trust_machine.TrustMachine`.
+"""The sum-tree walk's actors of the trust fuzzer (tests/trust_machine.py; issue 43, docs/FRAUD_PROOF.md, "The
+clip scales" and gap 2 (iii)), mixed into :class:`tests.trust_machine.TrustMachine`.
 
-G7 holds whatever the coalition holds, so here it holds a quorum: below the quorum fraction of the machine's run
-(I1) it cannot commit a lie there, so it creates a *captured run* of its own (its two founders and one honest
-member, k = 2: the coalition alone is the quorum) and commits in it a version-3 round whose sum tree lies,
-withholding its state, factors and sum trees (nobody serves them):
+G7 holds whatever the coalition holds, so here it holds a quorum: below the quorum fraction of the machine's
+run (I1) it cannot commit a lie there, so it creates a *captured run* of its own (its two founders and one
+honest member, k = 2: the coalition alone is the quorum) and commits in it a version-3 round whose sum tree
+lies, withholding its state, factors and sum trees (nobody serves them):
 
-* one chunk's sum of one contribution off (the tree and its total consistent with the lie, the scales the rule's:
-  only a sum proof shows it), or
+* one chunk's sum of one contribution off (the tree and its total consistent with the lie, the scales the
+  rule's: only a sum proof shows it), or
 * a contribution the norm rule clips aggregated unclipped (scale 1.0), behind a tree of another contribution's
   lower sums (every leaf a lie, the weights other than the honest ones).
 
-The walker (the deployer's account: a member of no run) is the live node's own prover (node/live/fraud/prover.py,
-``FraudProver`` and its ``SumWalk``) without libp2p: its own states, the attestations it heard, and nothing served
-to it, so it challenges the factors, then the lied contribution's sum tree leaf by leaf (``2 + M + j``), then, where
-the weights differ, the lied chunk's weights leaf, and proves the lie. At each level the coalition answers with the
-truthful leaves of its lied tree, with junk (another leaf, the honest state's, a cut path: the contract must refuse
-it) or not at all (then, past the answer window, the walker expires the challenge: the round falls). The walker
-also walks a right round of the machine's run mistakenly (its own sums off), answered at once by the honest
-members (node/live/fraud/answerer.py answers from its state the same way): the proof it ends in is refused and nobody is
-slashed.
+The walker (the deployer's account: a member of no run) is the live node's own prover
+(node/live/fraud/prover.py, ``FraudProver`` and its ``SumWalk``) without libp2p: its own states, the
+attestations it heard, and nothing served to it, so it challenges the factors, then the lied contribution's
+sum tree leaf by leaf (``2 + M + j``), then, where the weights differ, the lied chunk's weights leaf, and
+proves the lie. At each level the coalition answers with the truthful leaves of its lied tree, with junk
+(another leaf, the honest state's, a cut path: the contract must refuse it) or not at all (then, past the
+answer window, the walker expires the challenge: the round falls). The walker also walks a right round of the
+machine's run mistakenly (its own sums off), answered at once by the honest members
+(node/live/fraud/answerer.py answers from its state the same way): the proof it ends in is refused and nobody
+is slashed.
 
 Invariants (checked by ``the_model_holds`` after every step):
 
 * S1: a captured round whose walk sent its proof or expired a challenge is invalid (from round 1), its two
   attesters slashed; a walk ends without either only when the round's dispute window closed (gap 7,
   ``ProverChallengeTooLate``), and no captured run is ever invalidated by anything but its walk.
-* S2: the honest round 0 of a captured run is never invalidated and its honest member never slashed (the machine's
-  I2, I5 and I7 cover the mistaken walks of the machine's run).
-* S3: the walker's reward comes only from slashed stake: what it received (its balance's change plus its gas and
-  the bonds it sent) is exactly half the stake slashed in the captured rounds it overturned, plus the bonds of its
-  expired challenges.
+* S2: the honest round 0 of a captured run is never invalidated and its honest member never slashed (the
+  machine's I2, I5 and I7 cover the mistaken walks of the machine's run).
+* S3: the walker's reward comes only from slashed stake: what it received (its balance's change plus its gas
+  and the bonds it sent) is exactly half the stake slashed in the captured rounds it overturned, plus the
+  bonds of its expired challenges.
 """
 
 from __future__ import annotations
@@ -58,22 +59,25 @@ from training.diloco import aggregate_with_report
 
 WALKER = 0  # the deployer: a member of no run, the only account that walks sum trees
 SUM_SHAPES = {"w": (4, 100)}  # 400 elements: 7 chunks, a tree with promoted odd nodes at two levels
-#: The captured run's dispute window: challenges are open that long after a commit, long enough for a walk at the
-#: machine's pace (blocks_pass mines up to 16 blocks a step); a shorter one cuts walks off (gap 7, allowed by S1).
+#: The captured run's dispute window: challenges are open that long after a commit, long enough for a walk at
+#: the machine's pace (blocks_pass mines up to 16 blocks a
+#: step); a shorter one cuts walks off (gap 7, allowed by S1).
 CAPTURED_DISPUTE_BLOCKS = 400
 #: Its answer window: longer than one blocks_pass step, so a coalition may answer late and still in time.
 CAPTURED_ANSWER_BLOCKS = 24
-#: The lies about one chunk's sum, in units of 2**-298: far below a half ulp of any total, the scales unchanged.
+#: The lies about one chunk's sum, in units of 2**-298:
+#: far below a half ulp of any total, the scales unchanged.
 DELTAS = (1, -1, 1 << 200, -(1 << 200))
-#: How the coalition meets each level of a walk: truthfully most often (so that walks get to their end within an
-#: example), else with junk or not at all.
+#: How the coalition meets each level of a walk: truthfully most often (so that walks get to their end within
+#: an example), else with junk or not at all.
 ANSWERS = ("truthful", "truthful", "truthful", "junk", "silent")
 
 
 def lies():
     """A lie of the captured round: ("unclipped",) or ("chunk", contribution, chunk, delta)."""
     return st.one_of(st.just(("unclipped",)),
-                     st.tuples(st.just("chunk"), st.integers(0, 2), st.integers(0, 6), st.sampled_from(DELTAS)))
+                     st.tuples(st.just("chunk"), st.integers(0, 2), st.integers(0, 6),
+                               st.sampled_from(DELTAS)))
 
 
 def walk_levels():
@@ -83,8 +87,9 @@ def walk_levels():
 
 @functools.cache
 def captured_states() -> tuple[StageState, StageState, StageState]:
-    """The captured run's stage 0 (one stage): round 0's state, round 1's honest state (three raw contributions, the
-    third ten times larger: the norm rule clips it) and round 1 aggregated unclipped behind lower sums."""
+    """The captured run's stage 0 (one stage): round 0's state, round 1's honest state (three raw
+    contributions, the third ten times larger: the norm rule clips it) and round 1 aggregated unclipped behind
+    lower sums."""
     diloco = dataclasses.replace(DILOCO, commitments="normed")
     weights, momentum = tensors(11, SUM_SHAPES), tensors(12, SUM_SHAPES, scale=0.0)
     blobs = [contribution(SUM_SHAPES, "raw", 2000 + i, scale=scale, outer_round=1)
@@ -95,9 +100,11 @@ def captured_states() -> tuple[StageState, StageState, StageState]:
         return stage_state(0, aggregation, blobs, cfg, 1, decode_args={"stage_index": 0, "outer_round": 1})
 
     honest = aggregated(diloco)
-    assert honest.factors.scale_bits[2] != float64_bits(1.0), "the fixture's third contribution must be clipped"
+    assert honest.factors.scale_bits[2] != float64_bits(1.0), \
+        "the fixture's third contribution must be clipped"
     loose = aggregated(dataclasses.replace(diloco, norm_clip=0.0))
-    # The scales stay the rule's if the third contribution's committed sums are those of the larger of the others.
+    # The scales stay the rule's if the third contribution's
+    # committed sums are those of the larger of the others.
     larger = max((0, 1), key=lambda j: loose.sum_trees[j].total)
     lower = SumTree.of(loose.sum_trees[larger].sums)
     norms = dataclasses.replace(loose.factors.norms, clip_bits=float64_bits(diloco.norm_clip),
@@ -109,8 +116,8 @@ def captured_states() -> tuple[StageState, StageState, StageState]:
 
 
 class HeldStates:
-    """The walker's own stage states by round, as node/live/fraud/chunkstate.ChunkedStates holds them; nobody serves it the
-    committed ones (the coalition withholds them), so it opens them on chain."""
+    """The walker's own stage states by round, as node/live/fraud/chunkstate.ChunkedStates holds them; nobody
+    serves it the committed ones (the coalition withholds them), so it opens them on chain."""
 
     scheme = scheme_named("normed")
 
@@ -163,17 +170,19 @@ class SumWalks:
         self.walker_paid = 0  # gas and bonds the walker's transactions cost it
 
     # ------------------------------------------------------------------ helpers
-    def walker(self, run_id: int, attested: dict[int, list[bytes]], own: dict[int, StageState]) -> FraudProver:
-        """The walker's prover for ``run_id``: it heard ``attested[round]`` stage leaves and holds ``own`` states.
-        Its expirer thread ends at once (its stop is set): the machine settles its challenges as a step."""
+    def walker(self, run_id: int, attested: dict[int, list[bytes]],
+               own: dict[int, StageState]) -> FraudProver:
+        """The walker's prover for ``run_id``: it heard ``attested[round]`` stage leaves and holds ``own``
+        states. Its expirer thread ends at once (its stop is set): the machine settles its challenges as a
+        step."""
         book = RoundBook()
         for outer_round, leaves in attested.items():
             for peer, leaf in enumerate(leaves):
                 book.add_attestation(outer_round, 0, f"peer-{peer}", _attestation(leaf))
         stop = threading.Event()
         stop.set()
-        return FraudProver(run_id=run_id, chain=NodeChain(self.client(WALKER)), book=book, states=HeldStates(own),
-                           stages=lambda: (0,), num_stages=1, stop=stop)
+        return FraudProver(run_id=run_id, chain=NodeChain(self.client(WALKER)), book=book,
+                           states=HeldStates(own), stages=lambda: (0,), num_stages=1, stop=stop)
 
     def walker_acts(self, action) -> None:
         """Run ``action`` (the walker's), adding what its mined transactions cost it to ``walker_paid``."""
@@ -206,8 +215,9 @@ class SumWalks:
     @precondition(lambda self: hasattr(self, "lied_rounds") and self.lied_in_flight() is None)
     @rule(lie=lies(), answers=walk_levels())
     def coalition_commits_a_lied_sum(self, lie, answers) -> None:
-        """The coalition, the quorum of a run of its own, commits a round whose sum tree lies and serves nothing; the
-        walker reads it back and starts its walk, and its first levels follow (``the_walk_goes_on``)."""
+        """The coalition, the quorum of a run of its own, commits a round whose sum tree lies and serves
+        nothing; the walker reads it back and starts its walk, and its first levels follow
+        (``the_walk_goes_on``)."""
         start, honest, unclipped = captured_states()
         committed = unclipped if lie[0] == "unclipped" else lied_sum(honest, *lie[1:])
         creator = self.client(COALITION[0])
@@ -219,9 +229,10 @@ class SumWalks:
             self.client(index).join_run(run_id)
         records = []
         for outer_round, state in enumerate((start, committed)):
-            record = RoundRecord(run_id, outer_round, creator.head_of(run_id), chunked_weights_root([state.leaf()]),
-                                 digest(f"captured contributions {outer_round}"), 3_000_000, 3_100_000, 4096, 3,
-                                 bytes(32))
+            record = RoundRecord(run_id, outer_round, creator.head_of(run_id),
+                                 chunked_weights_root([state.leaf()]),
+                                 digest(f"captured contributions {outer_round}"), 3_000_000, 3_100_000, 4096,
+                                 3, bytes(32))
             creator.commit_round(record, [self.client(i).sign_record(record) for i in COALITION])
             records.append(record)
         self.lied_rounds.append(LiedRound(run_id, records, committed, self.w3.eth.block_number))
@@ -229,9 +240,9 @@ class SumWalks:
         self.the_walk_goes_on(answers)
 
     def walker_checks(self, case: LiedRound) -> None:
-        """The walker checks the captured round as the live node does each round it reads back, against its own (the
-        honest) state: the committed factors differ and nobody serves them, so it challenges them on chain, the
-        first step of its walk."""
+        """The walker checks the captured round as the live node does each round it reads back, against its
+        own (the honest) state: the committed factors differ and nobody serves them, so it challenges them on
+        chain, the first step of its walk."""
         start, honest, _unclipped = captured_states()
         committed_leaf, own_leaf = case.committed.leaf().encode(), honest.leaf().encode()
         case.prover = self.walker(case.run_id, {0: [start.leaf().encode()], 1: [committed_leaf, own_leaf]},
@@ -243,8 +254,9 @@ class SumWalks:
     @precondition(lambda self: hasattr(self, "lied_rounds") and self.lied_in_flight() is not None)
     @rule(answers=walk_levels())
     def the_walk_goes_on(self, answers) -> None:
-        """At each level the coalition answers the walk's open challenge (truthfully from its lied state, with junk,
-        or not at all), then the walker follows: the next challenge, the proof, or the unanswered one expired."""
+        """At each level the coalition answers the walk's open challenge (truthfully from its lied state, with
+        junk, or not at all), then the walker follows: the next challenge, the proof, or the unanswered one
+        expired."""
         case = self.lied_in_flight()
         for how in answers:
             if case.ended():
@@ -266,9 +278,10 @@ class SumWalks:
         SumWalks.sum_walks_cut += not (log.proofs or log.expired)
 
     def coalition_answers(self, case: LiedRound, event: dict, junk: bool) -> None:
-        """The coalition answers the challenge ``event`` with the truthful leaf and path of its lied state, or tries
-        junk: the honest state's leaf and path (where they differ), the leaf with a bit flipped, a path cut short;
-        the contract must refuse each."""
+        """The coalition answers the challenge ``event`` with the truthful leaf and path of its lied state, or
+        tries
+        junk: the honest state's leaf and path (where they differ), the leaf with a bit flipped, a path cut
+        short; the contract must refuse each."""
         which, chunk = event["which"], event["chunk"]
         leaf, path = availability_answer(case.committed, which, chunk)
         answerer = self.client(COALITION[1])
@@ -284,7 +297,8 @@ class SumWalks:
                                        (leaf[:-1] + bytes([leaf[-1] ^ 1]), path),
                                        (leaf, path[:-1] if path else [bytes(32)])):
             if (other_leaf, other_path) == (leaf, path) or (which == FACTORS and other_leaf == leaf):
-                continue  # not junk: the same answer (a tree the lie left alone), or a path the factors have not
+                # not junk: the same answer (a tree the lie left alone), or a path the factors have not
+                continue
             try:
                 answerer.answer_challenge(bytes(event["id"]), other_leaf, other_path)
             except REFUSED:
@@ -295,9 +309,10 @@ class SumWalks:
     @precondition(lambda self: len(getattr(self, "records", {})) >= 2)
     @rule(contribution=st.integers(0, 1), chunk=st.integers(0, 1), delta=st.sampled_from(DELTAS))
     def anyone_walks_a_right_round_mistakenly(self, contribution: int, chunk: int, delta: int) -> None:
-        """The walker, its own sum of one chunk off, walks the machine's latest (right) round; the honest members
-        answer every challenge at once from their state. The proof it ends in is refused (or the window or an
-        earlier challenge of the same leaf stops it): nothing invalidated, nobody slashed (I7, I2)."""
+        """The walker, its own sum of one chunk off, walks the machine's latest (right) round; the honest
+        members answer every challenge at once from their state. The proof it ends in is refused (or the
+        window or an earlier challenge of the same leaf stops it): nothing invalidated, nobody slashed (I7,
+        I2)."""
         round_ = max(self.records)
         honest, prev = honest_chain(round_, normed=True), honest_chain(round_ - 1, normed=True)
         own = lied_sum(honest, contribution, chunk, delta)
@@ -309,12 +324,15 @@ class SumWalks:
         self.walker_acts(lambda: prover.check(round_, self.records[round_], mine))
         while (event := self.open_challenge(prover, self.run_id, round_, since)) is not None:
             self.client(HONEST[0]).answer_challenge(bytes(event["id"]),
-                                                    *availability_answer(honest, event["which"], event["chunk"]))
+                                                    *availability_answer(honest, event["which"],
+                                                                         event["chunk"]))
             self.walker_acts(prover.settle_challenges)
-        assert not prover.log.proofs and not prover.log.expired, f"I7: a walk proved right round {round_} wrong"
+        assert not prover.log.proofs and not prover.log.expired, \
+            f"I7: a walk proved right round {round_} wrong"
         why = prover.log.unprovable.get(round_, "")
         ends = ("ProverNormCorrect", "ProverChallengeTooLate", "ProverChallengeExists")
-        assert any(end in why for end in ends), f"a mistaken walk of round {round_} ended unexpectedly: {why!r}"
+        assert any(end in why for end in ends), \
+            f"a mistaken walk of round {round_} ended unexpectedly: {why!r}"
         SumWalks.mistaken_walks += 1
 
     # ------------------------------------------------------------------ invariants
@@ -326,7 +344,8 @@ class SumWalks:
             invalid = reader.invalid_from(case.run_id)
             assert invalid in (None, 1), f"S2: captured run {case.run_id}'s honest round 0 was invalidated"
             honest_seat = reader.member(case.run_id, reader.address)
-            assert honest_seat is not None and honest_seat.status == "active", "S2: an honest member was harmed"
+            assert honest_seat is not None and honest_seat.status == "active", \
+                "S2: an honest member was harmed"
             log = case.prover.log if case.prover is not None else None
             completed = log is not None and bool(log.proofs or log.expired)
             if invalid is None:
@@ -338,9 +357,11 @@ class SumWalks:
             assert completed, f"S1: run {case.run_id} was invalidated by something other than its walk"
             slashed = [i for i in COALITION
                        if reader.member(case.run_id, self.client(i).address).status == "slashed"]
-            assert len(slashed) == len(COALITION), f"S1: only {slashed} of the lied round's attesters were slashed"
+            assert len(slashed) == len(COALITION), \
+                f"S1: only {slashed} of the lied round's attesters were slashed"
             rewards += STAKE * len(slashed) // 2
             returned += BOND * len(log.expired)
         received = self.w3.eth.get_balance(self.client(WALKER).address) - self.walker_start + self.walker_paid
         assert received == rewards + returned, \
-            f"S3: the walker received {received} wei; half the stake slashed is {rewards}, its bonds back {returned}"
+            (f"S3: the walker received {received} wei; half the stake slashed is {rewards}, its "
+             f"bonds back {returned}")

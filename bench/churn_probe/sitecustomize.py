@@ -30,8 +30,8 @@ object is walked: every S seconds the process appends to ``<dir>/light-<pid>.jso
 VmRSS split into anonymous and file-backed pages, ``mallinfo2``, Python's allocated blocks, the live
 threads and gc's generation counts. Several processes can share the directory (one file each). With
 ``DLX_CHURN_PROBE_DEEP_EVERY=D`` also set, every D seconds the full sample above (the object walk: a pause of
-2.8-3.4 s in the soak at load 11) is appended to ``<dir>/deep-<pid>.jsonl``: what a long run's growth is made of, by type and by
-container.
+2.8-3.4 s in the soak at load 11) is appended to ``<dir>/deep-<pid>.jsonl``: what a long run's growth is made
+of, by type and by container.
 """
 
 from __future__ import annotations
@@ -83,12 +83,13 @@ _OTHER_BY_SIZE = {8 << 10: "other_stacks", 1 << 10: "other_pymalloc"}
 def _mappings() -> dict:
     """The anonymous resident pages (kB) by who mapped them, from /proc/self/smaps: glibc's main heap
     (``brk``: the ``[heap]`` mapping), its other arenas' heaps (``arenas``: anonymous mappings at a
-    64 MiB-aligned address, a heuristic: a large mmap can land there too), the main thread's stack (``stacks``) and
-    the rest (``other``: the other threads' stacks, pymalloc's 1 MiB arenas, glibc's mmapped chunks, torch's
-    large buffers); ``files``: the private copies of file-backed pages (shared libraries' written data).
-    ``other`` is split by the mapping's size, a heuristic again: ``other_stacks`` (8 MiB: a thread's stack at
-    the default RLIMIT_STACK), ``other_pymalloc`` (1 MiB: pymalloc's arenas), the rest in ``other_chunks``, whose
-    largest resident mappings are ``other_top`` ([size kB, anonymous kB], at most 6)."""
+    64 MiB-aligned address, a heuristic: a large mmap can land there too), the main thread's stack
+    (``stacks``) and the rest (``other``: the other threads' stacks, pymalloc's 1 MiB arenas, glibc's mmapped
+    chunks, torch's large buffers); ``files``: the private copies of file-backed pages (shared libraries'
+    written data). ``other`` is split by the mapping's size, a heuristic again: ``other_stacks`` (8 MiB: a
+    thread's stack at the default RLIMIT_STACK), ``other_pymalloc`` (1 MiB: pymalloc's arenas), the rest in
+    ``other_chunks``, whose largest resident mappings are ``other_top`` ([size kB, anonymous kB], at most
+    6)."""
     out = {"brk": 0, "arenas": 0, "stacks": 0, "other": 0, "files": 0,
            "other_stacks": 0, "other_pymalloc": 0, "other_chunks": 0}
     top: list[tuple[int, int]] = []
@@ -235,7 +236,8 @@ def _malloc() -> dict:
         info = libc.mallinfo2()
     except AttributeError:  # not glibc, or older than 2.33
         return {}
-    return {"in_use": info.uordblks, "free": info.fordblks, "mmapped": info.hblkhd, "arenas": _malloc_arenas()}
+    return {"in_use": info.uordblks, "free": info.fordblks, "mmapped": info.hblkhd,
+            "arenas": _malloc_arenas()}
 
 
 @functools.cache
@@ -256,10 +258,12 @@ def _info_libc():
 
 
 def _malloc_arenas() -> list:
-    """Each glibc arena's bytes in use and free-but-kept, main arena first, from ``malloc_info`` (mallinfo2 sums
-    them): whether an arena's pages grow with what it holds or with its holes. [] where glibc has no malloc_info."""
+    """Each glibc arena's bytes in use and free-but-kept, main arena first, from ``malloc_info`` (mallinfo2
+    sums
+    them): whether an arena's pages grow with what it holds or with its holes. [] where glibc has no
+    malloc_info."""
     import ctypes
-    import xml.etree.ElementTree as ElementTree
+    from xml.etree import ElementTree
 
     libc = _info_libc()
     if libc is None:
@@ -276,8 +280,10 @@ def _malloc_arenas() -> list:
         libc.free(buffer)
     arenas = []
     for heap in ElementTree.fromstring(text).findall("heap"):
-        free = sum(int(total.get("size", 0)) for total in heap.findall("total") if total.get("type") in ("fast", "rest"))
-        current = next((int(x.get("size", 0)) for x in heap.findall("system") if x.get("type") == "current"), 0)
+        free = sum(int(total.get("size", 0)) for total in heap.findall("total")
+                   if total.get("type") in ("fast", "rest"))
+        current = next((int(x.get("size", 0)) for x in heap.findall("system") if x.get("type") == "current"),
+                       0)
         arenas.append({"in_use": current - free, "free": free})
     return arenas
 
@@ -336,7 +342,8 @@ def _traced() -> dict:
             entry = large.setdefault(trace.traceback, [0, 0])
             entry[0] += 1
             entry[1] += trace.size
-    result["large"] = [{"count": count, "size": size, "where": [f"{f.filename}:{f.lineno}" for f in where][-_FRAMES:]}
+    result["large"] = [{"count": count, "size": size,
+                        "where": [f"{f.filename}:{f.lineno}" for f in where][-_FRAMES:]}
                        for where, (count, size) in sorted(large.items(), key=lambda item: -item[1][1])[:25]]
     _last_snapshot = snapshot
     return result
@@ -426,10 +433,11 @@ def _watch(directory: str) -> None:
 
 
 def _own_arena_max() -> int:
-    """``DLX_CHURN_PROBE_ARENA_MAX=name=N,...``: a node whose ``--config`` lies in a directory ``name`` runs with
-    glibc's ``M_ARENA_MAX`` at N (set here, before its threads start, and in its environment, which
+    """``DLX_CHURN_PROBE_ARENA_MAX=name=N,...``: a node whose ``--config`` lies in a directory ``name`` runs
+    with glibc's ``M_ARENA_MAX`` at N (set here, before its threads start, and in its environment, which
     node/arenas.py then leaves alone): one run compares nodes with and without. 0 where not asked."""
-    wanted = dict(item.split("=", 1) for item in os.environ.pop("DLX_CHURN_PROBE_ARENA_MAX", "").split(",") if "=" in item)
+    wanted = dict(item.split("=", 1) for item in os.environ.pop("DLX_CHURN_PROBE_ARENA_MAX", "").split(",")
+                  if "=" in item)
     try:
         with open("/proc/self/cmdline", "rb") as handle:
             argv = handle.read().decode("utf-8", "replace").split("\0")
@@ -449,6 +457,7 @@ _DIRECTORY = os.environ.pop("DLX_CHURN_PROBE", "")
 _EVERY = float(os.environ.pop("DLX_CHURN_PROBE_EVERY", "0") or 0)
 _DEEP_EVERY = float(os.environ.pop("DLX_CHURN_PROBE_DEEP_EVERY", "0") or 0)
 if _DIRECTORY and _EVERY > 0:
-    threading.Thread(target=_light, args=(_DIRECTORY, _EVERY, _DEEP_EVERY), name="churn-probe-light", daemon=True).start()
+    threading.Thread(target=_light, args=(_DIRECTORY, _EVERY, _DEEP_EVERY), name="churn-probe-light",
+                     daemon=True).start()
 elif _DIRECTORY:
     threading.Thread(target=_watch, args=(_DIRECTORY,), name="churn-probe", daemon=True).start()

@@ -9,9 +9,9 @@ deterministic, RFC 8032). Run from the repository root::
 JSON conventions (so any language can read the file): ``*_hex`` strings are lowercase hex bytes.
 Inside ``fields`` and ``inputs`` objects, a msgpack ``bin`` value is written ``{"bin": "<hex>"}``, a float64
 ``{"f64": <number, or "nan", "inf", "-inf">}`` (a finite float64 as a JSON number, which round-trips exactly;
-``"nan"`` is the quiet NaN 0x7ff8000000000000, ``"inf"``/``"-inf"`` 0x7ff0000000000000/0xfff0000000000000), a msgpack bool a JSON ``true``/``false``, an integer outside JavaScript's
-exact range (|n| > 2^53 - 1) ``{"int": "<decimal>"}``, and plain JSON strings and integers are msgpack
-``str`` and ``int``.
+``"nan"`` is the quiet NaN 0x7ff8000000000000, ``"inf"``/``"-inf"`` 0x7ff0000000000000/0xfff0000000000000), a
+msgpack bool a JSON ``true``/``false``, an integer outside JavaScript's exact range (|n| > 2^53 - 1) ``{"int":
+"<decimal>"}``, and plain JSON strings and integers are msgpack ``str`` and ``int``.
 """
 
 from __future__ import annotations
@@ -28,9 +28,21 @@ if __name__ == "__main__":  # run as a script: the repository root holds the pac
 
 from eth_account import Account
 
-from ledger.attest import (DOMAIN_NAME, DOMAIN_TYPE, DOMAIN_VERSION, RECORD_TYPE, VERDICT_TYPE, domain_separator,
-                           record_digest, record_struct_hash, sign_record, sign_verdict, typed_data, verdict_digest,
-                           verdict_struct_hash)
+from ledger.attest import (
+    DOMAIN_NAME,
+    DOMAIN_TYPE,
+    DOMAIN_VERSION,
+    RECORD_TYPE,
+    VERDICT_TYPE,
+    domain_separator,
+    record_digest,
+    record_struct_hash,
+    sign_record,
+    sign_verdict,
+    typed_data,
+    verdict_digest,
+    verdict_struct_hash,
+)
 from ledger.merkle import merkle_proof, merkle_root
 from ledger.records import RoundRecord, Verdict
 from node import protocol as msg
@@ -44,8 +56,17 @@ from p2p.blob_protocol import (
     request_frame,
 )
 from p2p.envelope import DOMAIN, Envelope
-from p2p.gossip import (SYNC_OFFER_PROTOCOL, SYNC_PROTOCOL, gossip_message_id, sync_id, sync_messages_frame,
-                        sync_offer_frame, sync_request_frame, sync_response_frame, sync_want_frame)
+from p2p.gossip import (
+    SYNC_OFFER_PROTOCOL,
+    SYNC_PROTOCOL,
+    gossip_message_id,
+    sync_id,
+    sync_messages_frame,
+    sync_offer_frame,
+    sync_request_frame,
+    sync_response_frame,
+    sync_want_frame,
+)
 from p2p.identity import Identity
 from p2p.wire import encode_frame
 from training.slicemessages import partial_payload
@@ -106,7 +127,8 @@ def untag(value: Any) -> Any:
 def eip712_record() -> RoundRecord:
     """The record the ``record`` payload vector signs (run 7, round 3: the envelope's run and round)."""
     return RoundRecord(run_id=RUN_ID, round=3, prev_head=_h(7), weights_root=_h(8), contributions_root=_h(9),
-                       train_loss_micro=3_250_000, eval_loss_micro=3_500_000, tokens=131_072, num_contributors=2)
+                       train_loss_micro=3_250_000, eval_loss_micro=3_500_000, tokens=131_072,
+                       num_contributors=2)
 
 
 def eip712_verdict() -> Verdict:
@@ -149,7 +171,8 @@ def payload_messages() -> list[tuple[str, str, Any]]:
             signature=sign_verdict(signer, eip712_verdict(), CHAIN_ID, LEDGER_ADDRESS))),
         ("evidence", msg.EVIDENCE, msg.Evidence(
             accused=bytes.fromhex("33" * 20), replica=1, contributions=[b"\x81" * 8, b"\x82" * 8],
-            verdict="mismatch", reason="largest relative distance 0.28 (tolerance 0.01)", distances=[0.28, 0.1])),
+            verdict="mismatch", reason="largest relative distance 0.28 (tolerance 0.01)",
+            distances=[0.28, 0.1])),
         ("evidence_broken_chain", msg.EVIDENCE, msg.Evidence(
             accused=bytes.fromhex("33" * 20), replica=1, contributions=[b"\x81" * 8, b"\x83" * 8],
             verdict="state_mismatch", reason="round 4's start state is not round 3's result",
@@ -160,7 +183,8 @@ def payload_messages() -> list[tuple[str, str, Any]]:
         # round and stage say which close.
         ("takeover", msg.TAKEOVER, msg.Takeover()),
         ("yield", msg.YIELD, msg.Yield()),
-        # A run whose rounds are bounded by time (issue 44): the close names each contribution's declared steps
+        # A run whose rounds are bounded by time (issue 44):
+        # the close names each contribution's declared steps
         # (0: none in the run's range). A fixed-H close leaves the key out ("close" above).
         ("close_time_bounded", msg.CLOSE, msg.Close(contributions=[
             [0, identity.peer_id, _h(2), 1000],
@@ -231,18 +255,19 @@ def envelope_cases() -> list[dict[str, Any]]:
     # Header values as the node sets them (docs/PROTOCOL.md, "Messages"): a hello always says
     # round 0, stage and replica -1; a record names no stage; the others name (round, stage)
     # and the sender's replica.
-    header = {msg.HELLO: (0, -1, -1), msg.RECORD: (3, -1, 0), msg.ACCUSATION: (5, -1, 0), msg.VERDICT: (5, -1, 0),
-              msg.EVIDENCE: (3, -1, 0)}
+    header = {msg.HELLO: (0, -1, -1), msg.RECORD: (3, -1, 0), msg.ACCUSATION: (5, -1, 0),
+              msg.VERDICT: (5, -1, 0), msg.EVIDENCE: (3, -1, 0)}
     for name, kind, message in payload_messages():
         outer_round, stage, replica = header.get(kind, (3, 1, 0))
-        cases.append(dict(name=name, run_id=RUN_ID, round=outer_round, kind=kind, stage=stage, replica=replica,
-                          timestamp_ms=TIMESTAMP_MS, payload=msg.encode_payload(message)))
+        cases.append(dict(name=name, run_id=RUN_ID, round=outer_round, kind=kind, stage=stage,
+                          replica=replica, timestamp_ms=TIMESTAMP_MS, payload=msg.encode_payload(message)))
     cases.append(dict(name="contribution", run_id=RUN_ID, round=3, kind=msg.CONTRIBUTION, stage=0,
                       replica=1, timestamp_ms=TIMESTAMP_MS,
                       payload=msg.encode_contribution_body(msg.ContributionBody(_h(11), _h(12), codec_blob(),
                                                                                _h(14)))))
     # The sliced exchange's partial: a blob (never gossiped), fixed layout like a contribution
-    # (docs/PROTOCOL.md, "Sliced exchange"): b"dlx-partial/2" || u32 j || u32 A || u32 n || inputs_root (32) || blob.
+    # (docs/PROTOCOL.md, "Sliced exchange"): b"dlx-partial/2"
+    # || u32 j || u32 A || u32 n || inputs_root (32) || blob.
     cases.append(dict(name="partial", run_id=RUN_ID, round=3, kind=msg.PARTIAL, stage=1, replica=0,
                       timestamp_ms=TIMESTAMP_MS,
                       payload=partial_payload(1, 2, _h(13), 3, bytes(range(64)))))
@@ -330,8 +355,8 @@ def rejected_vectors() -> list[dict[str, Any]]:
     add("bool_for_int", msgpack.packb(boolean, use_bin_type=True), "malformed", "stage encoded as true")
     add("domain_short", msgpack.packb(dict(fields, domain=b"dlx"), use_bin_type=True), "bad_domain",
         "a domain of another length: the domain is compared before any field's type or length")
-    add("domain_as_str", msgpack.packb(dict(fields, domain="dlx-envelope-v1"), use_bin_type=True), "bad_domain",
-        "the domain as str, not bin")
+    add("domain_as_str", msgpack.packb(dict(fields, domain="dlx-envelope-v1"), use_bin_type=True),
+        "bad_domain", "the domain as str, not bin")
     add("bad_version", msgpack.packb(dict(fields, version=2), use_bin_type=True), "bad_version", "version 2")
     add("bad_kind", msgpack.packb(dict(fields, kind="Announce"), use_bin_type=True), "bad_kind",
         "kind outside [a-z0-9_]{1,32}")
@@ -350,19 +375,22 @@ def rejected_vectors() -> list[dict[str, Any]]:
         "12 entries, run_id twice and signature missing: the key set is not the twelve fields")
     thirteen = b"\x8d" + b"".join(msgpack.packb(k, use_bin_type=True) + msgpack.packb(v, use_bin_type=True)
                                    for k, v in items + [items[2]])
-    add("thirteen_entries", thirteen, "malformed", "a map of 13 entries (run_id twice): over the 12 a map may hold")
+    add("thirteen_entries", thirteen, "malformed",
+        "a map of 13 entries (run_id twice): over the 12 a map may hold")
     add("version_true", packed(version=True), "malformed",
         "version as true: equal to 1 for check 4, not an int for check 5")
     add("version_float", packed(version=1.0), "malformed",
         "version as float64 1.0: equal to 1 for check 4, not an int for check 5")
     add("version_false", packed(version=False), "bad_version", "version as false: not equal to 1 (check 4)")
-    add("version_str", packed(version="1"), "bad_version", "version as the str \"1\": not equal to 1 (check 4)")
+    add("version_str", packed(version="1"), "bad_version",
+        "version as the str \"1\": not equal to 1 (check 4)")
     add("empty_array", packed(payload=[]), "malformed", "an empty array as the payload: no array anywhere")
     add("empty_array_domain", packed(domain=[]), "malformed",
         "an empty array as the domain: refused while decoding (check 2), before the domain is compared")
     add("str_65_bytes", packed(kind="\u00e9" * 33), "malformed",
         "a str of 33 characters but 66 UTF-8 bytes: str lengths are counted in bytes (max 64)")
-    add("kind_64_bytes", packed(kind="a" * 64), "bad_kind", "a str of 64 bytes decodes; as a kind it is too long")
+    add("kind_64_bytes", packed(kind="a" * 64), "bad_kind",
+        "a str of 64 bytes decodes; as a kind it is too long")
     add("nested_empty_map", packed(payload={}), "malformed", "an empty map inside the envelope: a second map")
     add("negative_round", packed(round=-1), "malformed", "round -1: only stage and replica may be -1")
     add("stage_minus_2", packed(stage=-2), "malformed", "stage -2: below -1")
@@ -376,13 +404,14 @@ def rejected_vectors() -> list[dict[str, Any]]:
     add("order_version_before_types", msgpack.packb(dict(fields, version=2, stage=True), use_bin_type=True),
         "bad_version", "a bad version and a bool for an int: the version is checked before field types")
     add("order_non_canonical_before_signature",
-        msgpack.packb(dict(reversed(list(dict(fields, round=4).items()))), use_bin_type=True), "non_canonical",
+        msgpack.packb(dict(reversed(list(dict(fields, round=4).items()))), use_bin_type=True),
+        "non_canonical",
         "keys out of order and a tampered round: canonical form is checked before the signature")
     add("order_payload_hash_before_signature",
         msgpack.packb(dict(fields, payload=b"q", round=4), use_bin_type=True), "payload_hash_mismatch",
         "another payload and a tampered round: the payload hash is checked before the signature")
-    # Within check 5: int fields (version, run_id, round, timestamp_ms, stage, replica), then kind, then sender,
-    # payload_sha256, payload, signature; the first that fails names the reason.
+    # Within check 5: int fields (version, run_id, round, timestamp_ms, stage, replica), then kind, then
+    # sender, payload_sha256, payload, signature; the first that fails names the reason.
     add("order_int_before_kind", packed(timestamp_ms=-5, kind="Announce"), "malformed",
         "a negative timestamp and a bad kind: the int fields are checked before the kind")
     add("order_kind_before_bytes", packed(kind="Announce", sender=b"short"), "bad_kind",
@@ -425,12 +454,14 @@ def rejected_payload_vectors() -> list[dict[str, Any]]:
         ("close_replica_as_bool", msg.CLOSE, encoded(messages["close"], contributions=[
             [True, *messages["close"].contributions[0][1:]]]), "a replica of true: a bool is not an int"),
         ("close_replica_negative", msg.CLOSE, encoded(messages["close"], contributions=[
-            [-1, *messages["close"].contributions[0][1:]]]), "replica -1: a closed contribution has a replica"),
+            [-1, *messages["close"].contributions[0][1:]]]),
+         "replica -1: a closed contribution has a replica"),
         ("close_size_0", msg.CLOSE, encoded(messages["close"], contributions=[
             [*messages["close"].contributions[0][:3], 0]]), "size 0: an envelope has at least one byte"),
         ("close_entry_of_3", msg.CLOSE, encoded(messages["close"], contributions=[
             messages["close"].contributions[0][:3]]), "an entry of 3 items, not 4"),
-        ("attestation_tokens_negative", msg.ATTESTATION, encoded(messages["attestation_last_stage"], tokens=-1),
+        ("attestation_tokens_negative", msg.ATTESTATION,
+         encoded(messages["attestation_last_stage"], tokens=-1),
          "tokens < 0 (the record's range, [0, 2^64))"),
         ("attestation_count_negative", msg.ATTESTATION,
          encoded(messages["attestation_last_stage"], num_contributions=-1), "num_contributions < 0"),
@@ -445,7 +476,8 @@ def rejected_payload_vectors() -> list[dict[str, Any]]:
         ("close_steps_as_bool", msg.CLOSE, encoded(messages["close_time_bounded"], steps=[12, True]),
          "a bool is not a step count"),
     ]
-    return [{"name": name, "kind": kind, "payload_hex": msgpack.packb(fields, use_bin_type=True).hex(), "why": why}
+    return [{"name": name, "kind": kind, "payload_hex": msgpack.packb(fields, use_bin_type=True).hex(),
+             "why": why}
             for name, kind, fields, why in cases]
 
 
@@ -485,8 +517,8 @@ def eip712_vectors() -> dict[str, Any]:
         "messages": [],
     }
     for name, message, type_string, struct_hash, digest, sign in (
-        ("record", record, RECORD_TYPE, record_struct_hash(record), record_digest(record, CHAIN_ID, LEDGER_ADDRESS),
-         sign_record),
+        ("record", record, RECORD_TYPE, record_struct_hash(record),
+         record_digest(record, CHAIN_ID, LEDGER_ADDRESS), sign_record),
         ("verdict", verdict, VERDICT_TYPE, verdict_struct_hash(verdict),
          verdict_digest(verdict, CHAIN_ID, LEDGER_ADDRESS), sign_verdict),
     ):
@@ -514,7 +546,8 @@ def blob_vectors() -> list[dict[str, Any]]:
         ("reply_busy", "reply", busy_reply()),
         ("reply_bad_request", "reply", bad_request_reply("sha256 must be 32 bytes")),
     ]
-    return [{"name": name, "direction": direction, "fields": tag(frame), "frame_hex": encode_frame(frame).hex()}
+    return [{"name": name, "direction": direction, "fields": tag(frame),
+             "frame_hex": encode_frame(frame).hex()}
             for name, direction, frame in frames]
 
 
@@ -531,26 +564,29 @@ def sync_vectors() -> list[dict[str, Any]]:
         ("want", "want", sync_want_frame([1])),
         ("messages", "messages", sync_messages_frame([b"second"])),
     ]
-    return [{"name": name, "direction": direction, "fields": tag(frame), "frame_hex": encode_frame(frame).hex()}
+    return [{"name": name, "direction": direction, "fields": tag(frame),
+             "frame_hex": encode_frame(frame).hex()}
             for name, direction, frame in frames]
 
 
 def contribution_payload_vectors() -> dict[str, Any]:
-    """Codec payloads (training/codec_wire.py) of one stage of two raw tensors: version 1 (a fixed-H run's) and
-    version 2, which declares the inner steps trained (``"ns"``, a time-bounded run's: docs/PROTOCOL.md,
+    """Codec payloads (training/codec_wire.py) of one stage of two raw tensors: version 1 (a fixed-H run's)
+    and version 2, which declares the inner steps trained (``"ns"``, a time-bounded run's: docs/PROTOCOL.md,
     "Declared inner steps"); then version-2 payloads every decoder must refuse."""
     import torch
 
     from training.codec_wire import declare_steps, pack_contribution
 
     shapes = {"a.weight": [2, 3], "b.bias": [3]}
-    values = {"a.weight": torch.tensor([[0.5, -1.0, 2.0], [0.0, 0.25, -0.125]]), "b.bias": torch.tensor([1.5, -2.5, 3.0])}
+    values = {"a.weight": torch.tensor([[0.5, -1.0, 2.0], [0.0, 0.25, -0.125]]),
+              "b.bias": torch.tensor([1.5, -2.5, 3.0])}
     entries = [{"n": name, "s": shapes[name], "c": "raw", "d": values[name].numpy().astype("<f4").tobytes()}
                for name in sorted(shapes)]
     v1 = pack_contribution(2, 5, entries)
     accepted = [
         {"name": "version 1 (no declared steps: H)", "payload_hex": v1.hex(), "declared_steps": None},
-        {"name": "version 2, 7 inner steps declared", "payload_hex": declare_steps(v1, 7).hex(), "declared_steps": 7},
+        {"name": "version 2, 7 inner steps declared", "payload_hex": declare_steps(v1, 7).hex(),
+         "declared_steps": 7},
     ]
     header = {"v": 2, "st": 2, "rd": 5, "t": entries}
     import msgpack
@@ -562,8 +598,8 @@ def contribution_payload_vectors() -> dict[str, Any]:
 
     rejected = [bad("declares 0 steps", ns=0), bad("declares -1 steps", ns=-1),
                 bad("declares 2**20 + 1 steps", ns=(1 << 20) + 1), bad("declares 2**63 steps", ns=1 << 63),
-                bad("declares 7.0 (a float)", ns=7.0), bad("declares true", ns=True), bad("declares '7'", ns="7"),
-                bad("version 2 without ns", ns=None)]
+                bad("declares 7.0 (a float)", ns=7.0), bad("declares true", ns=True),
+                bad("declares '7'", ns="7"), bad("version 2 without ns", ns=None)]
     return {"stage": 2, "round": 5, "shapes": shapes, "accepted": accepted, "rejected": rejected}
 
 
@@ -576,8 +612,9 @@ def build() -> dict[str, Any]:
                        "{\"f64\": x} is msgpack float64 (\"nan\" = the quiet NaN 0x7ff8000000000000, "
                        "\"inf\" / \"-inf\" = 0x7ff0000000000000 / 0xfff0000000000000, never JSON Infinity), "
                        "JSON true/false msgpack bool (only where a field's type is bool), "
-                       "{\"int\": \"<decimal>\"} an integer beyond JavaScript's exact range (|n| > 2^53 - 1), "
-                       "JSON strings are msgpack str, JSON integers msgpack int in the smallest encoding.",
+                       "{\"int\": \"<decimal>\"} an integer beyond JavaScript's exact range (|n| > 2^53 - "
+                       "1), JSON strings are msgpack str, JSON integers msgpack int in "
+                       "the smallest encoding.",
         "key": {
             "ed25519_seed_hex": SEED.hex(),
             "public_key_hex": identity.public_key_bytes.hex(),
@@ -592,7 +629,8 @@ def build() -> dict[str, Any]:
         "merkle": merkle_vectors(),
         "eip712": eip712_vectors(),
         "blob": {"protocol": str(BLOB_PROTOCOL), "frames": blob_vectors()},
-        "sync": {"protocol": str(SYNC_PROTOCOL), "offer_protocol": str(SYNC_OFFER_PROTOCOL), "frames": sync_vectors()},
+        "sync": {"protocol": str(SYNC_PROTOCOL), "offer_protocol": str(SYNC_OFFER_PROTOCOL),
+                 "frames": sync_vectors()},
         "contribution_payloads": contribution_payload_vectors(),
     }
 
